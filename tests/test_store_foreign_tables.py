@@ -1,0 +1,88 @@
+"""A store opened where another program's tables already use the names signoff's schema
+creates: refused on both stores, the file or schema left as it was, not marked as a store."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import signoff as so
+from signoff.stores.postgres import PostgresStore
+from signoff.stores.sqlite import SQLiteStore
+
+from ._cli import invoke
+
+
+def _foreign_sqlite(path: Path, ddl: str) -> None:
+    conn = sqlite3.connect(path)
+    conn.execute(ddl)
+    conn.execute("INSERT INTO events (id, name) VALUES (1, 'signup')")
+    conn.commit()
+    conn.close()
+
+
+FOREIGN = [
+    "CREATE TABLE events (id INTEGER PRIMARY KEY, name TEXT)",
+    "CREATE TABLE events (id INTEGER PRIMARY KEY, name TEXT, seq INTEGER, sk INTEGER)",
+]
+
+
+@pytest.mark.parametrize("ddl", FOREIGN)
+async def test_a_sqlite_file_with_another_programs_events_table_is_refused(
+    tmp_path: Path, ddl: str
+) -> None:
+    """Another program's database with a table named `events` (or `audit`, `leases`...) was
+    marked as a signoff store of this schema, `SCHEMA` skipping the table it found: `migrate`
+    reported the schema created, then every session's first write failed on a missing column.
+    It is refused, and the file keeps every byte (not even switched to WAL mode)."""
+    db = tmp_path / "app.db"
+    _foreign_sqlite(db, ddl)
+    before = db.read_bytes()
+    for attempt in (SQLiteStore(f"sqlite:///{db}").migrate, SQLiteStore(f"sqlite:///{db}").open):
+        with pytest.raises(so.StoreError, match="another program's database") as info:
+            await attempt()
+        assert "(events)" in str(info.value)
+    rt = so.Runtime([], store=f"sqlite:///{db}")
+    with pytest.raises(so.StoreError, match="another program's database"):
+        await rt.open()
+    await rt.close()
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
+def test_db_upgrade_refuses_a_sqlite_file_with_another_programs_tables(tmp_path: Path) -> None:
+    """`signoff db upgrade` said "schema created" of such a file; it is one error line now."""
+    db = tmp_path / "app.db"
+    _foreign_sqlite(db, FOREIGN[0])
+    before = db.read_bytes()
+    result = invoke("db", "upgrade", "--store", f"sqlite:///{db}")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith(f"error: StoreError: {db} has no store schema mark")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert db.read_bytes() == before
+
+
+def test_a_postgresql_schema_with_another_programs_events_table_is_refused(
+    pg_url: str,
+) -> None:
+    """The same on PostgreSQL (a schema shared with another program, `?schema=public`): the
+    migration is refused by name and rolled back whole, leaving no `schema_version` behind."""
+    url = f"{pg_url}?schema=public"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.events (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO public.events VALUES (1, 'signup')")
+        for attempt in (PostgresStore(url).migrate, PostgresStore(url).open):
+            with pytest.raises(so.StoreError, match='"events" already exists'):
+                asyncio.run(attempt())
+        result = invoke("db", "upgrade", "--store", url)
+        assert result.exit_code == 1, result.output
+        assert result.stderr.startswith("error: StoreError: cannot migrate"), result.stderr
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema='public'"
+        ).fetchall()
+        assert tables == [("events",)]
+        assert conn.execute("SELECT * FROM public.events").fetchall() == [(1, "signup")]
