@@ -86,3 +86,35 @@ def test_a_postgresql_schema_with_another_programs_events_table_is_refused(
         ).fetchall()
         assert tables == [("events",)]
         assert conn.execute("SELECT * FROM public.events").fetchall() == [(1, "signup")]
+
+
+def test_a_store_created_while_another_process_checks_the_file_is_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check for tables without a mark reads the mark, then the table names: a process
+    creating the store between the two reads (two opening a new file together) must not make
+    the other one see signoff's tables without their mark and refuse the store as foreign."""
+    from signoff.stores.sqlite import _connection
+    from signoff.stores.sqlite._schema import names_taken as real
+
+    db = tmp_path / "state.db"
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA journal_mode=WAL")  # as a creation killed after the switch leaves it
+    conn.close()
+    other = SQLiteStore(f"sqlite:///{db}")
+    checks: list[str] = []
+
+    def created_meanwhile(conn: sqlite3.Connection) -> list[str]:
+        checks.append("checked")
+        if len(checks) == 1:
+            other.open_sync()  # another process creates the store and commits
+        return real(conn)
+
+    monkeypatch.setattr(_connection, "names_taken", created_meanwhile)
+    store = SQLiteStore(f"sqlite:///{db}")
+    try:
+        store.open_sync()
+        assert other.schema_found == 0
+    finally:
+        asyncio.run(store.close())
+        asyncio.run(other.close())

@@ -279,7 +279,14 @@ class Connection:
         try:
             conn = self._connect(access)
             if not _is_current(conn):  # checked before WAL mode is set: nothing is written
-                found = _refuse_newer(self.path, conn)
+                # One snapshot, begun by a read (not by a statement naming a missing table):
+                # a store another process makes meanwhile is seen whole or not at all.
+                conn.execute("BEGIN").execute("SELECT count(*) FROM sqlite_master").fetchone()
+                try:
+                    found = _refuse_newer(self.path, conn)
+                finally:
+                    if conn.in_transaction:  # an error may have ended it
+                        conn.execute("ROLLBACK")
                 if not upgrade and found < STORE_SCHEMA:
                     raise older_schema(self.path, found, STORE_SCHEMA)
             if access == "rw":
