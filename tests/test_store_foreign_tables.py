@@ -118,3 +118,43 @@ def test_a_store_created_while_another_process_checks_the_file_is_not_refused(
     finally:
         asyncio.run(store.close())
         asyncio.run(other.close())
+
+
+@pytest.mark.parametrize(
+    ("ddl", "row"),
+    [
+        ("version INTEGER PRIMARY KEY, dirty BOOLEAN", "(20210101, false)"),
+        ("version INTEGER PRIMARY KEY, dirty BOOLEAN", "(3, false)"),
+        (
+            "installed_rank INTEGER PRIMARY KEY, version VARCHAR(50), description TEXT",
+            "(1, '1', 'x')",
+        ),
+    ],
+)
+def test_another_programs_schema_version_table_is_named_not_read_as_signoffs(
+    pg_url: str, ddl: str, row: str
+) -> None:
+    """A schema shared with a program keeping its own `schema_version` table: its numbers were
+    read as signoff's store schema, so a date-like version was "newer, upgrade signoff" (also
+    from `db status`) and a small one had signoff's later migrations run on tables it lacks.
+    The table is named as another program's, and nothing is written."""
+    url = f"{pg_url}?schema=public"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE public.schema_version ({ddl})")
+        conn.execute(f"INSERT INTO public.schema_version VALUES {row}")
+        for attempt in (
+            PostgresStore(url).migrate,
+            PostgresStore(url).open,
+            PostgresStore(url, migrate=False).open,
+        ):
+            with pytest.raises(so.StoreError, match="schema_version that is not signoff's") as info:
+                asyncio.run(attempt())
+            assert not isinstance(info.value, so.SchemaVersionError)
+        for command in (["db", "upgrade"], ["db", "status"]):
+            result = invoke(*command, "--store", url)
+            assert result.exit_code == 1, result.output
+            assert "that is not signoff's" in result.stderr, result.stderr
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema='public'"
+        ).fetchall()
+        assert tables == [("schema_version",)]
