@@ -308,10 +308,23 @@ class Connections(Transactions):
 
     async def _read_version(self, conn: Conn) -> int:
         try:
-            cur = await conn.execute("SELECT to_regclass(%s)", (f"{self._s}.schema_version",))
+            cur = await conn.execute(
+                "SELECT t.oid, ARRAY(SELECT attname::text FROM pg_attribute WHERE attrelid = t.oid "
+                "AND attnum > 0 AND NOT attisdropped ORDER BY attnum) "
+                "FROM (SELECT to_regclass(%s) AS oid) t",
+                (f"{self._s}.schema_version",),
+            )
             row = await cur.fetchone()
             if row is None or row[0] is None:
                 return 0
+            if not {"version", "description", "applied_at"} <= set(row[1]):
+                # Another program's table (a schema shared with it): its numbers are no
+                # store schema, and "upgrade signoff" would be the wrong advice.
+                raise StoreError(
+                    f"PostgreSQL store {self._where} (schema {self.schema!r}) holds a table "
+                    f"schema_version that is not signoff's (columns {', '.join(row[1])}): "
+                    "another program's; give signoff a schema of its own (?schema=NAME)"
+                )
             cur = await conn.execute(
                 f"SELECT COALESCE(MAX(version), 0) FROM {self._s}.schema_version"
             )
@@ -337,7 +350,14 @@ class Connections(Transactions):
             await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
             async with conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{s}.migrate",))
-                await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+                # Created only if missing: PostgreSQL checks the right to create schemas in the
+                # database even for one that exists, which the owner of a schema a DBA made
+                # for it (`CREATE SCHEMA ... AUTHORIZATION`) need not have.
+                cur = await conn.execute(
+                    "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)
+                )
+                if await cur.fetchone() is None:
+                    await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
                 await conn.execute(
                     f"CREATE TABLE IF NOT EXISTS {s}.schema_version ("
                     "version INTEGER PRIMARY KEY, description TEXT NOT NULL, "

@@ -30,6 +30,7 @@ from ._schema import (
     keep_session_initiators,
     keep_session_parents,
     keep_stream_heads,
+    names_taken,
     order_children_by_expiry,
     upgrade_from_1,
 )
@@ -111,14 +112,12 @@ def _refuse_newer(path: str, conn: sqlite3.Connection) -> int:
         row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
     except sqlite3.OperationalError:
         row = None  # no meta table yet: a new file
-    if (
-        row is None
-        and conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'"
-        ).fetchone()
-    ):
+    if row is None and (taken := names_taken(conn)):
         # Every signoff writes its tables and their mark in one transaction.
-        raise StoreError(f"{path} is damaged: it has signoff's tables but no store schema mark")
+        raise StoreError(
+            f"{path} has no store schema mark but has tables of signoff's names "
+            f"({', '.join(taken)}): a damaged store or another program's database, not written to"
+        )
     found = 0 if row is None else _schema_version(path, row[0])
     if found > STORE_SCHEMA:
         raise SchemaVersionError(
@@ -279,9 +278,16 @@ class Connection:
             self._shm = _identity(f"{self.path}-shm")
         try:
             conn = self._connect(access)
-            if not upgrade and not _is_current(conn):
-                found = _refuse_newer(self.path, conn)
-                if found < STORE_SCHEMA:  # checked before WAL mode is set: nothing is written
+            if not _is_current(conn):  # checked before WAL mode is set: nothing is written
+                # One snapshot, begun by a read (not by a statement naming a missing table):
+                # a store another process makes meanwhile is seen whole or not at all.
+                conn.execute("BEGIN").execute("SELECT count(*) FROM sqlite_master").fetchone()
+                try:
+                    found = _refuse_newer(self.path, conn)
+                finally:
+                    if conn.in_transaction:  # an error may have ended it
+                        conn.execute("ROLLBACK")
+                if not upgrade and found < STORE_SCHEMA:
                     raise older_schema(self.path, found, STORE_SCHEMA)
             if access == "rw":
                 conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new file only; before WAL

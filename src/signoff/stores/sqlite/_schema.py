@@ -4,6 +4,7 @@ them."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 
 from ..._exceptions import StoreError
@@ -24,6 +25,7 @@ __all__ = [
     "keep_session_initiators",
     "keep_session_parents",
     "keep_stream_heads",
+    "names_taken",
     "order_children_by_expiry",
     "upgrade_from_1",
 ]
@@ -280,3 +282,17 @@ def order_children_by_expiry(conn: sqlite3.Connection) -> None:
     """Schema 7 (or older, upgraded) to 8, in the opening transaction: the index of children by
     status is dropped, for `SCHEMA` to create it again on their status and deadline."""
     conn.execute("DROP INDEX IF EXISTS sessions_children")
+
+
+SCHEMA_NAMES = tuple(re.findall(r"CREATE (?:UNIQUE )?(?:TABLE|INDEX) IF NOT EXISTS (\w+)", SCHEMA))
+"""The tables and indexes `SCHEMA` creates, each only if none of its name exists."""
+
+
+def names_taken(conn: sqlite3.Connection) -> list[str]:
+    """Which of the names `SCHEMA` creates a file already uses: in one without signoff's mark,
+    another program's tables (or a damaged store), which `SCHEMA` would leave as they are."""
+    marks = ",".join("?" * len(SCHEMA_NAMES))
+    rows = conn.execute(
+        f"SELECT name FROM sqlite_master WHERE name IN ({marks}) ORDER BY name", SCHEMA_NAMES
+    )
+    return [row[0] for row in rows]
