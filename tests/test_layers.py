@@ -42,6 +42,7 @@ LAYERS: list[set[str]] = [
     {"_answering"},
     {"_messages"},
     {"_work"},
+    {"_work_audit"},
     {"_wire", "_payloads"},
     {"_live_session"},
     {"_runtime", "_client"},

@@ -13,14 +13,12 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import IO, Any, Self, get_args
+from typing import Any, Self, get_args
 
-from . import _audit_trail as _audit
 from . import _child_sessions, _subagents, stores
 from ._answers import Reply as _Reply
 from ._answers import check_principal, check_text
 from ._answers import decisions as _decisions
-from ._audit_trail import AuditProblem
 from ._cancellation import cancel_specs, stop_calls, withdrawal
 from ._deadlines import expiry_specs, summary_after_expiry
 from ._engine import Driver
@@ -49,8 +47,8 @@ from ._state import SessionState
 from ._sync import blocking_doc, twin
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKind
 from ._work import Workers
+from ._work_audit import Auditing
 from .stores import PendingFilter, SessionSummary, Store
-from .stores._audit import AuditEntry
 from .stores._base import created_before
 
 __all__ = ["Runtime"]
@@ -65,7 +63,7 @@ its expiry is due): one deleted under a follower would otherwise be waited on fo
 _UNSET = (None, None, None, None, None, 100, 0)  # `Runtime.pending`'s keyword defaults
 
 
-class Runtime(Workers):
+class Runtime(Auditing):
     """Runs the turns of `agents` (a list of `Agent`) against a store, and answers, lists,
     follows and cancels them.
 
@@ -523,41 +521,6 @@ class Runtime(Workers):
             return await self._after_cancel(driver.state)
         raise SessionBusy(f"could not cancel session {session_id!r}", session_id)
 
-    # -- the audit trail ----------------------------------------------------------------------
-
-    async def audit(
-        self, session_id: str | None = None, *, stream: str | None = None, limit: int = 10_000
-    ) -> list[AuditEntry]:
-        """Audit entries (requests, evaluations, decisions, edits, expiries, executions and tool
-        setting changes), oldest first; for one session or across all."""
-        session_id = _audit.check_stream(session_id, "session_id")
-        stream = _audit.check_stream(stream)
-        if session_id is not None and stream is not None and session_id != stream:
-            raise UsageError("give session_id or stream, not two different ones")
-        check_page(limit, 0)
-        await self.open()
-        out: list[AuditEntry] = []
-        if limit == 0:
-            return out
-        async for e in _audit.entries(self.store, stream=session_id or stream):
-            out.append(e)
-            if len(out) >= limit:
-                break
-        return out
-
-    async def verify_audit(self, session_id: str | None = None) -> list[AuditProblem]:
-        """Recompute the hash chains; an empty list means nothing was altered."""
-        session_id = _audit.check_stream(session_id, "session_id")
-        await self.open()
-        return await _audit.verify(self.store, stream=session_id)
-
-    async def export_audit(self, out: IO[str], session_id: str | None = None) -> int:
-        """Write the audit trail as JSON lines to `out`; returns the number of entries."""
-        session_id = _audit.check_stream(session_id, "session_id")
-        _audit.check_writable(out)
-        await self.open()
-        return await _audit.export(self.store, out, stream=session_id)
-
     # -- sync twins ---------------------------------------------------------------------------
 
     generate_sync = twin(generate)
@@ -571,9 +534,6 @@ class Runtime(Workers):
     state_sync = twin(state)
     create_session_sync = twin(create_session)
     sessions_sync = twin(sessions)
-    audit_sync = twin(audit)
-    verify_audit_sync = twin(verify_audit)
-    export_audit_sync = twin(export_audit)
 
     def events_sync(self, session_id: str, after: int = 0) -> list[Event]:
         """The session's events after `seq`, without following."""

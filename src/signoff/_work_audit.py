@@ -1,0 +1,56 @@
+"""`Runtime`'s audit-trail methods: the hash-chained entries read, verified and exported."""
+
+from __future__ import annotations
+
+from typing import IO
+
+from . import _audit_trail as _audit
+from ._audit_trail import AuditProblem
+from ._exceptions import UsageError
+from ._settings import check_page
+from ._sync import twin
+from ._work import Workers
+from .stores._audit import AuditEntry
+
+__all__ = ["Auditing"]
+
+
+class Auditing(Workers):
+    """The audit trail's reads, which `Runtime` offers beside its turns and answers."""
+
+    async def audit(
+        self, session_id: str | None = None, *, stream: str | None = None, limit: int = 10_000
+    ) -> list[AuditEntry]:
+        """Audit entries (requests, evaluations, decisions, edits, expiries, executions and tool
+        setting changes), oldest first; for one session or across all."""
+        session_id = _audit.check_stream(session_id, "session_id")
+        stream = _audit.check_stream(stream)
+        if session_id is not None and stream is not None and session_id != stream:
+            raise UsageError("give session_id or stream, not two different ones")
+        check_page(limit, 0)
+        await self.open()
+        out: list[AuditEntry] = []
+        if limit == 0:
+            return out
+        async for e in _audit.entries(self.store, stream=session_id or stream):
+            out.append(e)
+            if len(out) >= limit:
+                break
+        return out
+
+    async def verify_audit(self, session_id: str | None = None) -> list[AuditProblem]:
+        """Recompute the hash chains; an empty list means nothing was altered."""
+        session_id = _audit.check_stream(session_id, "session_id")
+        await self.open()
+        return await _audit.verify(self.store, stream=session_id)
+
+    async def export_audit(self, out: IO[str], session_id: str | None = None) -> int:
+        """Write the audit trail as JSON lines to `out`; returns the number of entries."""
+        session_id = _audit.check_stream(session_id, "session_id")
+        _audit.check_writable(out)
+        await self.open()
+        return await _audit.export(self.store, out, stream=session_id)
+
+    audit_sync = twin(audit)
+    verify_audit_sync = twin(verify_audit)
+    export_audit_sync = twin(export_audit)
