@@ -20,6 +20,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
+from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import ignored_auth, positive_data_acceptance
 from starlette.testclient import TestClient
 
@@ -110,16 +111,27 @@ def _other_body(case: Any) -> dict[str, Any]:
     return body
 
 
-@schema.parametrize()
-@settings(
-    max_examples=15,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
-def test_api_conforms_to_its_schema(case: Any) -> None:
-    # `ignored_auth` probes with a wrong token, which counts toward the guessing bound: that a
-    # token is required, a wrong one a 401 and too many a 429 is tests/test_server_bearer.py.
-    case.call_and_validate(headers=_authorized(case), excluded_checks=[ignored_auth])
+# One test per operation and generation mode, each with its own id: `schema.parametrize()`
+# gives its nine tests one node id, and pytest-xdist's `--dist loadfile` keeps one test of a
+# node id, so `./scripts/test` ran one operation of nine.
+OPERATIONS = {op.label: op for op in (r.ok() for r in schema.get_all_operations())}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("mode", list(GenerationMode), ids=lambda m: m.value)
+@pytest.mark.parametrize("label", list(OPERATIONS))
+def test_api_conforms_to_its_schema(label: str, mode: GenerationMode) -> None:
+    @given(case=OPERATIONS[label].as_strategy(generation_mode=mode))
+    @settings(
+        max_examples=15,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    def conforms(case: Any) -> None:
+        # `ignored_auth` probes with a wrong token, which counts toward the guessing bound: that
+        # a token is required, a wrong one a 401 and too many a 429 is test_server_bearer.py.
+        case.call_and_validate(headers=_authorized(case), excluded_checks=[ignored_auth])
+
+    conforms()
 
 
 # -- stateful: chains of calls that follow the schema's links -------------------------------------
