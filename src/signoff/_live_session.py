@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -73,18 +74,27 @@ class LiveSession:
     # with what passed since applied (a deadline, the TTL, its subagent's request), again
     # at each read, so a view the session's later events overtake is shown anew.
     _recorded: dict[str, _Recorded] = field(default_factory=dict, init=False, repr=False)
+    # What the last showing of every request (`_refresh`) left: the earliest time passing
+    # may show one anew (a deadline, a subagent's), and whether the session showed lapsed;
+    # until either changes, an event shows anew only the requests it touched.
+    _due: float = field(default=math.inf, init=False, repr=False)
+    _shown_lapsed: bool = field(default=False, init=False, repr=False)
+    # The requests (mirrors) that stand for each subagent session's.
+    _mirrors: dict[str, list[str]] = field(default_factory=dict, init=False, repr=False)
 
     def apply(self, event: Event) -> None:
         """Fold one event in; one at or before `seq` was already folded and is skipped. One
         that does not hold what its type says is a `RemoteError` (`http_error`), as the
         client's other calls say an answer not a signoff server's, and nothing of it is folded."""
-        if self._folded(event):
-            self._refresh()
+        touched = self._folded(event)
+        if touched is not None:
+            self._refresh(touched)
 
-    def _folded(self, event: Event) -> bool:
-        """`apply` but for showing the result (`_refresh`): whether the event was folded."""
+    def _folded(self, event: Event) -> tuple[str, ...] | None:
+        """`apply` but for showing the result (`_refresh`): the requests the event touched,
+        or `None` if it was not folded."""
         if event.seq <= self.seq:
-            return False
+            return None
         try:
             fold = self._folding(event)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
@@ -96,53 +106,67 @@ class LiveSession:
             ) from None
         self.seq = event.seq
         self._updated_at = event.at
-        fold()
-        return True
+        return fold()
 
-    def _folding(self, event: Event) -> Callable[[], None]:
-        """What folding `event` changes, checked whole first and applied by the call."""
+    def _folding(self, event: Event) -> Callable[[], tuple[str, ...]]:
+        """What folding `event` changes, checked whole first and applied by the call, which
+        says which requests it touched."""
         d = event.data
         if event.type == "session.created":
             ttl = d.get("ttl")
             if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float))):
                 raise TypeError(f"its ttl is {ttl!r}, not seconds")
             seconds = None if ttl is None else float(ttl)  # 10**400: an OverflowError, here
-            return lambda: setattr(self, "_ttl", seconds)
+
+            def created() -> tuple[str, ...]:
+                self._ttl = seconds
+                return ()
+
+            return created
         if event.type == "input.requested":
             raws = d.get("requests", [])
             if not isinstance(raws, list):
                 raise TypeError(f"its requests are {type(raws).__name__}, not a list")
             requests = [InputRequest.model_validate(raw) for raw in raws]
 
-            def ask() -> None:
+            def ask() -> tuple[str, ...]:
                 for r in requests:
                     self.requests[r.id] = RequestView(request=r)
                     self._recorded[r.id] = _Recorded(r, "pending", None)
+                    if r.child is not None:
+                        self._mirrors.setdefault(r.child.session_id, []).append(r.id)
+                return tuple(r.id for r in requests)
 
             return ask
         if event.type not in ("approval.candidate", "input.resolved"):
-            return lambda: None
+            return tuple
         request_id = d.get("request_id", "")
         if not isinstance(request_id, str):
             raise TypeError(f"its request_id is {request_id!r}")
         was = self._recorded.get(request_id)
         if was is None:
-            return lambda: None
+            return tuple
         if event.type == "approval.candidate":  # a quorum's vote, or an escalation
             if was.status not in ("pending", "responded"):  # closed on the server
-                return lambda: None
+                return tuple
             if not isinstance(d.get("to"), str | None):
                 raise TypeError(f"it escalates to {d.get('to')!r}")
             request = candidate_applied(was.request, d)
-            return lambda: self._record(request_id, request=request)
+
+            def candidate() -> tuple[str, ...]:
+                self._record(request_id, request=request)
+                return (request_id,)
+
+            return candidate
         status, outcome = d.get("status") or "settled", d.get("outcome")
         if not isinstance(status, str) or not isinstance(outcome, str | None):
             raise TypeError(f"it closes the request as {status!r} ({outcome!r})")
 
-        def resolve() -> None:
+        def resolve() -> tuple[str, ...]:
             self._record(request_id, status=status, outcome=outcome)
             if was.request.child is None and d.get("reason") == EXPIRED:
                 self._lapsed = True  # as the server's fold: the session expired
+            return (request_id,)
 
         return resolve
 
@@ -180,16 +204,29 @@ class LiveSession:
         refs = [r.request.child for r in recorded if r.status in ("pending", "responded")]
         return list(dict.fromkeys(ref.session_id for ref in refs if ref is not None))
 
-    def _refresh(self) -> None:
-        """Show each request as it stands now (`_shown`), its subagents' sessions' first."""
-        for live in self.children.values():
-            live._refresh()
+    def _refresh(self, touched: Iterable[str] | None = None) -> None:
+        """Show each request as it stands now (`_shown`), its subagents' sessions' first; or,
+        given the requests an event `touched`, those alone (their subagents' first), unless
+        what passed since the last such showing (a deadline, the TTL) may show others anew."""
         now = self.clock()
         lapsed = self._expired(now)
-        for request_id, view in self.requests.items():
-            recorded = self._recorded.get(request_id)
-            if recorded is not None:
-                view.request, view.status, view.outcome = self._shown(recorded, now, lapsed)
+        whole = touched is None or now >= self._due or lapsed != self._shown_lapsed
+        if whole:
+            for live in self.children.values():
+                live._refresh()
+            self._due, self._shown_lapsed = math.inf, lapsed
+        for request_id in self.requests if whole or touched is None else touched:
+            view, recorded = self.requests.get(request_id), self._recorded.get(request_id)
+            if view is None or recorded is None:
+                continue
+            ref = recorded.request.child
+            child = None if ref is None else self.children.get(ref.session_id)
+            if child is not None and ref is not None and not whole:
+                child._refresh((ref.request_id,))
+            shown = self._shown(recorded, now, lapsed)
+            view.request, view.status, view.outcome = shown
+            if shown.status in ("pending", "responded"):
+                self._due = min(self._due, _due(shown.request, child, now))
 
     def _shown(self, recorded: _Recorded, now: float, lapsed: bool) -> _Recorded:
         """An open request as the server's reads show it before anyone records what passed:
@@ -273,15 +310,20 @@ class LiveSession:
                         return
                     if isinstance(item, Exception):
                         raise item
-                    self.apply(item)
-                    await watch()
+                    touched = self._folded(item)
+                    if touched is not None:
+                        self._refresh(touched)
+                    if touched is None or any(
+                        self._recorded[i].request.child is not None for i in touched
+                    ):  # the open mirrors may have changed: one asked or closed
+                        await watch()
                     yield item
                     continue
                 if item is None or isinstance(item, (errors.UnknownSession, errors.SessionExpired)):
                     continue  # its stream ended: the mirror closes by this session's events
                 if isinstance(item, Exception):
                     raise item
-                self._refresh()
+                self._refresh(self._mirrors.get(key, ()))  # as its subagent's session shows
                 if item.type in _MIRRORED:  # the subagent's turn is not this session's
                     yield item
         finally:
@@ -354,7 +396,7 @@ class LiveSession:
         recorded = self._recorded.get(request_id)
         if recorded is not None and recorded.status == was:
             self._record(request_id, status=status)
-            self._refresh()
+            self._refresh((request_id,))
 
 
 _MIRRORED = ("approval.candidate", "input.resolved")
@@ -365,6 +407,17 @@ class _Recorded(NamedTuple):
     request: InputRequest
     status: str
     outcome: str | None
+
+
+def _due(request: InputRequest, child: LiveSession | None, now: float) -> float:
+    """The earliest time after `now` that passing may show an open request anew: its
+    deadline (a mirror's, its subagent's request's), or what may change its subagent's."""
+    times = [request.expires_at]
+    if child is not None:
+        times.append(child._due)
+        if child._ttl is not None:
+            times.append(child._updated_at + child._ttl)
+    return min((t for t in times if t is not None and t > now), default=math.inf)
 
 
 def _copied(value: Any) -> Any:

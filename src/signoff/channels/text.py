@@ -173,7 +173,8 @@ class TextChannel(Channel):
         return "Reply with your answer."
 
     def render_resolution(self, request: InputRequest, resolution: Resolution) -> str:
-        """The text that says how a request closed elsewhere (who, how, when)."""
+        """The text that says how a request closed elsewhere (who, how, when); `_say` escapes
+        its bidirectional controls as it sends it, as every message but `render`'s."""
         what = request.tool_name if request.kind == "tool-approval" else "the question"
         when = _when(resolution.at)
         by = describe_principal(resolution.by)
@@ -189,16 +190,16 @@ class TextChannel(Channel):
             text = f"{what} was withdrawn at {when}"
         if resolution.reason and resolution.outcome != "answered":
             text += f" ({resolution.reason})"
-        return _shown(text + ".")
+        return text + "."
 
     def render_escalation(self, request: InputRequest, escalation: Escalation, kept: bool) -> str:
         """The text that says the request shown was handed to a group (and, unless `kept`, that
-        this channel no longer shows it)."""
+        this channel no longer shows it); `_say` escapes its bidirectional controls."""
         what = request.tool_name if request.kind == "tool-approval" else "the question"
         text = f"{what} was escalated to {escalation.to}"
         if escalation.reason:
             text += f" ({escalation.reason})"
-        return _shown(text + ("." if kept else "; it is no longer shown here."))
+        return text + ("." if kept else "; it is no longer shown here.")
 
     # -- what the hub tells it ----------------------------------------------------------------
 
