@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
     {"_tools"},
     {"_agent", "_ask", "_auto", "_answers"},
     {"_recording", "_audit_trail"},
-    {"_prompts"},
+    {"_prompts", "_verdicts"},
     {"_mirrors", "_leasing", "_creation"},
     {"_child_sessions"},
     {"_deadlines", "_journal", "_subagents", "_eligibility"},

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,7 @@ from ._approval import ApprovalContext, ApprovalPolicy, Verdict
 from ._error_text import error_text
 from ._exceptions import UsageError
 from ._settings import positive_seconds, shown_value
-from ._types import Usage, UserMessage
+from ._types import Usage, UserMessage, billable
 
 if TYPE_CHECKING:
     from .models import Model
@@ -94,7 +93,7 @@ class _Auto(ApprovalPolicy):
         except Exception as exc:
             return _caution("failed", f"the review failed: {error_text(exc)}")
         # What the review cost counts in the session's usage and budgets, as a turn's reply.
-        spent = _spent(getattr(response, "usage", None))
+        spent = billable(getattr(response, "usage", None))
         # An input that holds a verdict may be quoted by the reviewer: see `_parse`.
         planted = "verdict" in json.dumps(tool_input).lower()
         verdict, reason = _parse(getattr(response, "text", ""), planted=planted)
@@ -107,20 +106,6 @@ class _Auto(ApprovalPolicy):
 
 def _caution(verdict: str, reason: str, usage: Usage | None = None) -> Verdict:
     return Verdict("ask", auto=(verdict, reason), usage=usage)
-
-
-def _spent(usage: object) -> Usage | None:
-    """A review's usage when it is a plain count (not negative, finite), that is not nothing:
-    anything else would give budget back or could not be added up."""
-    if not isinstance(usage, Usage) or usage == Usage():
-        return None
-    counts = (usage.input_tokens, usage.output_tokens)
-    if not all(type(n) is int and n >= 0 for n in counts):
-        return None
-    cost = usage.cost_usd
-    if type(cost) not in (int, float) or not (math.isfinite(cost) and cost >= 0):
-        return None
-    return usage
 
 
 _CAUTION = re.compile(r"\bcaution\b", re.IGNORECASE)

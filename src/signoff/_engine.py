@@ -84,6 +84,7 @@ class Driver(ToolCalls, ModelStep):
         # Shared by the runtime's drivers: a call whose body ran but whose outcome the store
         # failed to take (a full disk) is recorded from here, not run again, by a later drive.
         self.unrecorded = {} if unrecorded is None else unrecorded
+        self.deferred = {}  # verdicts of calls waiting behind a workflow call (`ToolCalls`)
         self.tracing = tracing  # spans of model calls and tool bodies (`_tracing`)
         self.counts = Counts() if counts is None else counts  # the runtime's, for metrics
         # Set by a traced drive: its W3C trace context, kept with the `turn.waiting` that parks

@@ -146,6 +146,8 @@ def _tool_completed(s: SessionState, e: Event) -> None:
     call = _call(s, e)
     call.status = "done"
     _revive(_turn(s, e))
+    if "usage" in e.data:  # a review (an auto() policy's model) of a call that did not run
+        s.usage = s.usage + Usage(**e.data["usage"])
     if s.conversation is not None:
         s.conversation.add(e)
 

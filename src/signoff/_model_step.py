@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from typing import Any
 
 from ._error_text import error_text
@@ -21,6 +20,7 @@ from ._types import (
     ToolCall,
     ToolResultMessage,
     Usage,
+    billable,
 )
 from .models import ModelRequest, ToolSpec
 
@@ -267,20 +267,9 @@ def _over_budget(s: SessionState, max_tokens: int | None, max_cost: float | None
 
 
 def _billed(exc: BaseException) -> Usage | None:
-    """What the refused reply behind a `ModelError` cost, when it says and is a plain, positive
-    count: the failed turn adds it to the session's usage, as the provider billed it."""
-    usage = exc.usage if isinstance(exc, ModelError) else None
-    if not (
-        isinstance(usage, Usage)
-        and type(usage.input_tokens) is int
-        and type(usage.output_tokens) is int
-        and type(usage.cost_usd) in (int, float)
-        and min(usage.input_tokens, usage.output_tokens, usage.cost_usd) >= 0
-        and math.isfinite(usage.cost_usd)
-        and usage != Usage()
-    ):
-        return None
-    return usage
+    """What the refused reply behind a `ModelError` cost, when it says (see `billable`): the
+    failed turn adds it to the session's usage, as the provider billed it."""
+    return billable(exc.usage) if isinstance(exc, ModelError) else None
 
 
 def _check_recordable(response: ModelResponse, max_bytes: int) -> None:

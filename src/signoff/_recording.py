@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from ._events import Event, EventType
 from ._exceptions import StoreError, UnknownSession
 from ._state import CallState, SessionState, TurnState, fold, runnable
-from ._types import InputRequest
+from ._types import InputRequest, Usage
 from .stores import Resolve, Store
 
 if TYPE_CHECKING:
@@ -235,11 +235,12 @@ class Batch:
     updated_requests: Sequence[InputRequest] = ()
 
 
-def tool_result(call: CallState, status: str, result: Any) -> EventSpec:
-    return (
-        "tool.completed",
-        {"call_id": call.id, "tool_name": call.tool_name, "status": status, "result": result},
-    )
+def tool_result(
+    call: CallState, status: str, result: Any, *, usage: Usage | None = None
+) -> EventSpec:
+    """A call's outcome; `usage` is what reviewing a call that did not run cost (`auto()`)."""
+    data = {"call_id": call.id, "tool_name": call.tool_name, "status": status, "result": result}
+    return ("tool.completed", data if usage is None else {**data, "usage": usage.model_dump()})
 
 
 def denial(decision: dict[str, Any]) -> dict[str, Any]:
@@ -289,6 +290,9 @@ class DriverPart:
     held: Held | None  # the drive's lease: a tool body runs as its `body`
     # Outcomes of tool bodies that ran but the store failed to record, by idempotency key.
     unrecorded: dict[str, list[EventSpec]]
+    # Verdicts of calls held behind a busy workflow call, by response and call id: the drive
+    # asks again with them, not with a second (billed) review.
+    deferred: dict[str, Any]
     tracing: Tracing  # starts the spans of model calls and tool bodies
 
     if TYPE_CHECKING:  # `Driver.record`

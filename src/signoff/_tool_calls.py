@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict, reason_text
+from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
 from ._error_text import error_message, error_text
 from ._exceptions import LeaseLost, StoreError
 from ._journal import CallJournal
@@ -36,6 +36,7 @@ from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
 from ._tools import Tool
 from ._tracing import ToolSpan
 from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, Usage, input_hash
+from ._verdicts import strictest
 
 __all__ = ["UNRECORDED_KEPT", "ToolCalls"]
 
@@ -92,7 +93,8 @@ class ToolCalls(DriverPart):
                 abort_signal=self.abort_signal,
                 pending_tools=frozenset(pending_tools),
             )
-            verdict = await self.verdict(tool, ctx)
+            held = self.deferred.pop(f"{s.model_responses}:{call.id}", None)
+            verdict = held if held is not None else await self.verdict(tool, ctx)
             if verdict.action == "ask":
                 pending_tools.add(tool.name)
             decided.append((call, tool, validated, verdict))
@@ -104,19 +106,23 @@ class ToolCalls(DriverPart):
         ) or any(t.workflow and v.action == "run" for _, t, _, v in decided)
         requests: list[InputRequest] = []
         to_run: list[tuple[CallState, Tool, BaseModel, Verdict]] = []
+        held_back: list[tuple[str, Verdict]] = []
         for call, tool, validated, verdict in decided:
+            # The outcome of a call that does not run carries what reviewing it cost.
+            billed = {"usage": verdict.usage}
             if verdict.action == "deny":
                 by_policy = {"denied": True, "reason": verdict.reason, "by": "policy"}
                 # The policy's reason is cut as a reviewer's is: the model reads it every call.
-                results.append(tool_result(call, "denied", self._cut(call, by_policy)))
+                results.append(tool_result(call, "denied", self._cut(call, by_policy), **billed))
             elif verdict.action == "ask":
                 if workflow_busy and not tool.workflow:
+                    held_back.append((f"{s.model_responses}:{call.id}", verdict))
                     continue
                 if turn.steered:
                     # A steering message came while this approval waited to be asked: it is
                     # ignored like one already asked, and the model reads the message.
                     why = {"reason": "the user sent a new message instead", "outcome": "ignored"}
-                    results.append(tool_result(call, "denied", denial(why)))
+                    results.append(tool_result(call, "denied", denial(why), **billed))
                     continue
                 try:
                     requests.append(self._approval_request(call, tool, validated, verdict))
@@ -127,7 +133,7 @@ class ToolCalls(DriverPart):
                         "error": f"the input of {tool.name} has no JSON form to show a "
                         f"reviewer, so it cannot be approved: {exc}"
                     }
-                    results.append(tool_result(call, "error", shown))
+                    results.append(tool_result(call, "error", shown, **billed))
             else:
                 to_run.append((call, tool, validated, verdict))
         specs: list[EventSpec] = []
@@ -139,6 +145,17 @@ class ToolCalls(DriverPart):
                 asked["usage"] = reviewed.model_dump()
             specs.append(("input.requested", asked))
         specs.extend(results)
+        # The reviews of held-back calls are billed with the first event recorded here (or the
+        # first call started), once: their kept verdicts are asked again without usage.
+        unbilled = Verdict.spent(v for _, v in held_back)
+        if unbilled is not None and specs:
+            kind, data = specs[0]
+            paid = _plus(unbilled, Usage(**data["usage"]) if "usage" in data else None)
+            specs[0] = (kind, {**data, "usage": paid.model_dump()})  # type: ignore[union-attr]
+            unbilled = None
+        for key, verdict in held_back:
+            keep = unbilled is not None and not to_run
+            self.deferred[key] = verdict if keep else dataclasses.replace(verdict, usage=None)
         if specs and requests and not to_run:
 
             def parked(state: SessionState) -> Batch:
@@ -155,9 +172,10 @@ class ToolCalls(DriverPart):
             if verdict.reason and verdict.auto is None:  # Approved(reason): the model hears why
                 note = self._cut(call, {"approved": True, "by": "policy", "reason": verdict.reason})
             principal = self.state.turn.principal  # type: ignore[union-attr]
-            await self.run_tool(
-                current, tool, validated, principal, approval=note, usage=verdict.usage
-            )
+            paid, unbilled = _plus(unbilled, verdict.usage), None
+            await self.run_tool(current, tool, validated, principal, approval=note, usage=paid)
+        if unbilled is not None and to_run:  # no call started after all: asked with it later
+            self.deferred.update(held_back)
         return len(requests) + len(results) + len(to_run)
 
     def _unknown_tool(self, name: str) -> dict[str, Any]:
@@ -202,25 +220,7 @@ class ToolCalls(DriverPart):
 
     async def verdict(self, tool: Tool, ctx: ApprovalContext) -> Verdict:
         """The strictest of the tool's policy and the agent's guardrails: deny > ask > run."""
-        try:
-            own = await tool.approval.decide(ctx)
-        except (Exception, asyncio.CancelledError) as exc:  # fail closed: a person is asked
-            own = Verdict("ask", error=f"approval policy raised {_policy_error(exc)}")
-        if not _is_verdict(own):
-            own = Verdict("ask", error=f"approval policy returned {_shown(own)}, not a Verdict")
-        verdicts = [own]
-        for guardrail in self.agent.guardrails:
-            try:
-                v = await guardrail.decide(ctx)
-            except (Exception, asyncio.CancelledError) as exc:  # fail closed, like a policy
-                v = Verdict("ask", error=f"guardrail raised {_policy_error(exc)}")
-            if v is not None and not _is_verdict(v):
-                v = Verdict("ask", error=f"guardrail returned {_shown(v)}, not a Verdict or None")
-            if v is not None:
-                verdicts.append(v if v.action != "ask" else Verdict("ask", "guardrail", v.error))
-        chosen = next((v for a in ("deny", "ask") for v in verdicts if v.action == a), verdicts[0])
-        # What any of them spent (an auto() review) is counted whichever decides.
-        return _with_text_reason(dataclasses.replace(chosen, usage=Verdict.spent(verdicts)))
+        return await strictest(tool, ctx, self.agent.guardrails)
 
     # -- tools --------------------------------------------------------------------------------
 
@@ -568,33 +568,5 @@ def _traced(span: ToolSpan, task: asyncio.Future[Any] | None) -> None:
         span.fail(exc)
 
 
-def _policy_error(exc: BaseException) -> str:
-    """What a policy or guardrail raised, as its request names it. A CancelledError it raised
-    on its own is its failure like any other; the cancel of the drive itself is raised again."""
-    if not isinstance(exc, Exception) and not own_cancel(exc):
-        raise exc
-    return error_text(exc)
-
-
-def _is_verdict(value: object) -> bool:
-    """Whether `value` is a verdict of a known action: any other action ran the call, as only
-    `deny` and `ask` are looked for."""
-    return isinstance(value, Verdict) and value.action in ("run", "deny", "ask")
-
-
-def _shown(value: object) -> str:
-    """`value` as a policy error names it: a verdict by its action, anything else by repr."""
-    if isinstance(value, Verdict):
-        action = value.action
-        named = repr(action) if isinstance(action, str) else f"a {type(action).__name__}"
-        return f"a Verdict of action {named}"
-    try:
-        return repr(value)
-    except Exception as exc:
-        return f"a {type(value).__name__} (its repr raised {type(exc).__name__})"
-
-
-def _with_text_reason(verdict: Verdict) -> Verdict:
-    """The verdict with its reason as text: a policy's `Denied(reason)` may carry any object."""
-    reason = reason_text(verdict.reason)
-    return verdict if reason is verdict.reason else dataclasses.replace(verdict, reason=reason)
+def _plus(a: Usage | None, b: Usage | None) -> Usage | None:
+    return b if a is None else a if b is None else a + b

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import unicodedata
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -32,6 +33,7 @@ __all__ = [
     "ToolResultMessage",
     "Usage",
     "UserMessage",
+    "billable",
     "folded",
     "how_to_choose",
     "input_hash",
@@ -87,6 +89,20 @@ class Usage(_Model):
     def total_tokens(self) -> int:
         """Input and output tokens together."""
         return self.input_tokens + self.output_tokens
+
+
+def billable(usage: object) -> Usage | None:
+    """`usage` when a reply reports it as a plain count (not negative, finite) that is not
+    nothing, else None: anything else would give budget back or could not be added up."""
+    if not isinstance(usage, Usage) or usage == Usage():
+        return None
+    counts = (usage.input_tokens, usage.output_tokens)
+    if not all(type(n) is int and n >= 0 for n in counts):
+        return None
+    cost = usage.cost_usd
+    if type(cost) not in (int, float) or not (math.isfinite(cost) and cost >= 0):
+        return None
+    return usage
 
 
 class ToolCall(_Model):

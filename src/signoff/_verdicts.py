@@ -1,0 +1,70 @@
+"""A proposed call's verdict: the strictest of its tool's policy and the agent's guardrails,
+each failing closed (a person is asked) when it raises or returns something else."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+
+from ._approval import ApprovalContext, Guardrail, Verdict, reason_text
+from ._error_text import error_text
+from ._recording import own_cancel
+from ._tools import Tool
+
+__all__ = ["strictest"]
+
+
+async def strictest(tool: Tool, ctx: ApprovalContext, guardrails: Sequence[Guardrail]) -> Verdict:
+    """The strictest of the tool's policy and `guardrails`: deny > ask > run."""
+    try:
+        own = await tool.approval.decide(ctx)
+    except (Exception, asyncio.CancelledError) as exc:  # fail closed: a person is asked
+        own = Verdict("ask", error=f"approval policy raised {_policy_error(exc)}")
+    if not _is_verdict(own):
+        own = Verdict("ask", error=f"approval policy returned {_shown(own)}, not a Verdict")
+    verdicts = [own]
+    for guardrail in guardrails:
+        try:
+            v = await guardrail.decide(ctx)
+        except (Exception, asyncio.CancelledError) as exc:  # fail closed, like a policy
+            v = Verdict("ask", error=f"guardrail raised {_policy_error(exc)}")
+        if v is not None and not _is_verdict(v):
+            v = Verdict("ask", error=f"guardrail returned {_shown(v)}, not a Verdict or None")
+        if v is not None:
+            verdicts.append(v if v.action != "ask" else Verdict("ask", "guardrail", v.error))
+    chosen = next((v for a in ("deny", "ask") for v in verdicts if v.action == a), verdicts[0])
+    # What any of them spent (an auto() review) is counted whichever decides.
+    return _with_text_reason(dataclasses.replace(chosen, usage=Verdict.spent(verdicts)))
+
+
+def _policy_error(exc: BaseException) -> str:
+    """What a policy or guardrail raised, as its request names it. A CancelledError it raised
+    on its own is its failure like any other; the cancel of the drive itself is raised again."""
+    if not isinstance(exc, Exception) and not own_cancel(exc):
+        raise exc
+    return error_text(exc)
+
+
+def _is_verdict(value: object) -> bool:
+    """Whether `value` is a verdict of a known action: any other action ran the call, as only
+    `deny` and `ask` are looked for."""
+    return isinstance(value, Verdict) and value.action in ("run", "deny", "ask")
+
+
+def _shown(value: object) -> str:
+    """`value` as a policy error names it: a verdict by its action, anything else by repr."""
+    if isinstance(value, Verdict):
+        action = value.action
+        named = repr(action) if isinstance(action, str) else f"a {type(action).__name__}"
+        return f"a Verdict of action {named}"
+    try:
+        return repr(value)
+    except Exception as exc:
+        return f"a {type(value).__name__} (its repr raised {type(exc).__name__})"
+
+
+def _with_text_reason(verdict: Verdict) -> Verdict:
+    """The verdict with its reason as text: a policy's `Denied(reason)` may carry any object."""
+    reason = reason_text(verdict.reason)
+    return verdict if reason is verdict.reason else dataclasses.replace(verdict, reason=reason)

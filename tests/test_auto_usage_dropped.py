@@ -1,0 +1,89 @@
+"""What an `auto()` review costs counts once in the session's usage also when its verdict is not
+the one acted on: another guardrail denies the call, a steering message makes the drive ignore it,
+the input has no JSON form to show, or the call waits behind a busy workflow call. Both stores.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import signoff as so
+from signoff.testing import ExecutionLog, call, scripted_agent
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+BILLED = so.Usage(input_tokens=300, output_tokens=20, cost_usd=5.0)
+TURN = so.Usage(input_tokens=10, output_tokens=2, cost_usd=0.01)
+
+
+def review(kind: str) -> so.ModelResponse:
+    text = json.dumps({"verdict": kind, "reason": f"{kind} it is"})
+    return so.ModelResponse(text=text, usage=BILLED)
+
+
+def refunds(log: ExecutionLog, reviewer: Any) -> so.Tool:
+    @log.tool(approval=so.auto(reviewer))
+    async def refund_charge(charge_id: str, amount: float) -> dict[str, Any]:
+        """Refund a charge."""
+        return {"refunded": amount}
+
+    return refund_charge
+
+
+async def test_a_review_of_a_call_a_guardrail_denies_counts(store_url: str) -> None:
+    log = ExecutionLog()
+    reviewer = so.models.Scripted([review("clear")])
+    steps = [
+        so.ModelResponse(
+            tool_calls=[call("refund_charge", charge_id="ch_1", amount=40)], usage=TURN
+        ),
+        so.ModelResponse(text="denied", usage=TURN),
+    ]
+    agent = scripted_agent(
+        "billing",
+        steps,
+        tools=[refunds(log, reviewer)],
+        guardrails=[so.tool_policy(deny=["refund_charge"])],
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1", auth=ALICE)
+        assert r.status == "completed"
+        assert log.count() == 0
+        assert reviewer.calls == 1
+        assert (await rt.state(r.session_id)).usage == TURN + TURN + BILLED
+    again = scripted_agent("billing", [], tools=[refunds(ExecutionLog(), None)])
+    async with so.Runtime([again], store=store_url) as rt2:
+        assert (await rt2.state(r.session_id)).usage == TURN + TURN + BILLED
+
+
+async def test_a_review_of_a_call_behind_a_busy_workflow_counts_once(store_url: str) -> None:
+    """The reviewed call waits while a workflow call of the same response runs: it is reviewed
+    once in the drive, and that review counts once."""
+    log = ExecutionLog()
+    reviewer = so.models.Scripted([review("caution")], repeat_last=True)
+
+    @log.tool()
+    async def plan(ctx: so.ToolContext, goal: str) -> str:
+        """Plan a refund."""
+        return "planned"
+
+    steps = [
+        so.ModelResponse(
+            tool_calls=[
+                call("plan", goal="refund"),
+                call("refund_charge", charge_id="ch_1", amount=40),
+            ],
+            usage=TURN,
+        ),
+    ]
+    agent = scripted_agent("billing", steps, tools=[plan, refunds(log, reviewer)])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1", auth=ALICE)
+        assert r.status == "waiting"
+        (req,) = r.pending
+        assert req.auto_verdict == "caution"
+        assert reviewer.calls == 1
+        assert (await rt.state(r.session_id)).usage == TURN + BILLED
+    again = scripted_agent("billing", [], tools=[plan, refunds(ExecutionLog(), None)])
+    async with so.Runtime([again], store=store_url) as rt2:
+        assert (await rt2.state(r.session_id)).usage == TURN + BILLED
