@@ -42,7 +42,7 @@ from ._results import GenerateResult, Outcome
 from ._settings import flag
 from ._state import SessionState
 from ._text import is_utf8
-from ._tool_json import json_size
+from ._tool_json import json_size, result_bound
 from ._tools import Tool
 from ._types import InputRequest, InputResponse, Principal
 from .stores import Resolve
@@ -190,7 +190,7 @@ class Answering(Candidates):
                         check_quorum_eligibility(request, principal)
                     else:
                         authorize(request, principal)
-                    limit = tool.max_result_bytes or agent.limits.max_result_bytes
+                    limit = result_bound(tool, agent.limits)
                     _check_edit_size(request, wanted["edited_input"], limit)
                     await self._check_edit(state, tool, request, wanted["edited_input"])
                 if gate and wanted["decision"] == "approve" and voted(request, principal):

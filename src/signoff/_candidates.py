@@ -24,6 +24,8 @@ from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_resp
 from ._results import Outcome
 from ._sessions import SessionRunner
 from ._state import SessionState
+from ._text import cut
+from ._tool_json import result_bound
 from ._tools import Tool
 from ._types import InputRequest, Principal
 from .stores import Resolve
@@ -187,12 +189,8 @@ class Candidates(SessionRunner):
             if verdict.outcome != "allowed":
                 # A reason of megabytes is cut, as an approval policy's is: it is recorded
                 # for every answer refused, and returned with each.
-                cap = (
-                    tool.max_result_bytes or self.agent(state.agent).limits.max_result_bytes
-                ) // 8
-                reason = verdict.reason
-                if reason is not None and len(reason) > cap:
-                    reason = reason[:cap] + " [cut]"
+                cap = result_bound(tool, self.agent(state.agent).limits) // 8
+                reason = None if verdict.reason is None else cut(verdict.reason, cap)
                 refusal = {**base, "outcome": verdict.outcome, "reason": reason}
 
                 def refuse(st: SessionState) -> list[EventSpec]:
