@@ -42,7 +42,7 @@ from ._results import GenerateResult, Outcome
 from ._settings import flag
 from ._state import SessionState
 from ._text import is_utf8
-from ._tool_json import json_size, result_bound
+from ._tool_json import over_limit, result_bound
 from ._tools import Tool
 from ._types import InputRequest, InputResponse, Principal
 from .stores import Resolve
@@ -315,13 +315,14 @@ class Answering(Candidates):
 def _check_edit_size(request: InputRequest, edited: dict[str, Any], limit: int) -> None:
     """Refuse an edit over the tool's `max_result_bytes`: the call's result repeats it to the
     model, which reads it again in every later call of the session."""
-    size = json_size(edited)
-    if size > limit:
-        raise InvalidAnswer(
-            f"request {request.id}: the edited input is {size} bytes, over the limit of {limit} "
-            f"bytes (max_result_bytes of {request.tool_name})",
-            [request.id],
-        )
+    why = over_limit(
+        f"request {request.id}: the edited input is",
+        edited,
+        limit,
+        tail=f"(max_result_bytes of {request.tool_name})",
+    )
+    if why is not None:
+        raise InvalidAnswer(why, [request.id])
 
 
 def _in_time(

@@ -89,14 +89,17 @@ def result_bound(tool: Tool | None, limits: Limits) -> int:
     return (None if tool is None else tool.max_result_bytes) or limits.max_result_bytes
 
 
-def over_limit(what: str, value: Any, limit: int) -> str | None:
-    """Why `value` may not be stored (its JSON is over `limit` bytes), or None when it fits."""
+def over_limit(
+    what: str, value: Any, limit: int, *, tail: str = "(max_result_bytes); return less"
+) -> str | None:
+    """Why `value` may not be stored (its JSON is over `limit` bytes, ending with `tail`, the
+    setting to blame and what to do), or None when it fits."""
     if isinstance(value, str) and len(value) * 4 + 2 <= limit:
         return None  # fits however it encodes: no need to measure
     size = json_size(value)
     if size <= limit:
         return None
-    return f"{what} {size} bytes, over the limit of {limit} bytes (max_result_bytes); return less"
+    return f"{what} {size} bytes, over the limit of {limit} bytes {tail}"
 
 
 def _finite(value: Any) -> Any:
