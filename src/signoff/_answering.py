@@ -16,7 +16,7 @@ from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
 from ._approval import ApprovalContext
-from ._candidates import Candidates, session_info, typed_input
+from ._candidates import Candidates, already_counted, session_info, typed_input
 from ._counts import counted_answers
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import (
@@ -196,10 +196,7 @@ class Answering(Candidates):
                 if gate and wanted["decision"] == "approve" and voted(request, principal):
                     # Counted already: a no-op, as without a response policy, which need not
                     # judge it again (nor a candidate be recorded, to be closed at once).
-                    progress = f"already counted: {request.progress}"
-                    outcomes.append(
-                        Outcome(request_id=rid, outcome="counted", applied=False, reason=progress)
-                    )
+                    outcomes.append(already_counted(request))
                     continue
                 if gate:
                     gated.append((request, reply, wanted))
