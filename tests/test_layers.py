@@ -22,6 +22,7 @@ LAYERS: list[set[str]] = [
         "_settings",
         "_counts",
         "_tool_signals",
+        "_sweeps",
     },
     {"_state_parts", "_tool_json"},
     {"_event_handlers"},

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import signoff as so
-from signoff import _child_sessions
+from signoff import _child_sessions, _subagents
 from signoff.testing import ManualClock
 
 from ._delegation import refund_desk
@@ -146,3 +146,32 @@ async def test_a_child_finishing_after_its_parents_ttl_passed_does_not_revive_th
         assert ended.error is not None and ended.error.get("code") == "session_expired"
         with pytest.raises(so.SessionExpired):
             await rt.send(r.session_id, "and another")
+
+
+async def test_a_child_the_orphan_sweep_fails_on_is_logged_and_tried_again_later(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cancelling an orphan fails with an error not the store's (a bug, a bad row): the sweep
+    logs it and goes on, as the worker's sweeps do, and the next sweep cancels the child."""
+    ran: list[str] = []
+    rt, _, parent, child = await _parked(store_url, ran)
+
+    async def refused(*args: object) -> None:
+        raise so.StoreError("the store refused the write")
+
+    async def broken(*args: object) -> int:
+        raise ValueError("a bug cancelling the orphan")
+
+    async with rt:
+        with monkeypatch.context() as m:
+            m.setattr(_child_sessions, "cancel_delegated", refused)
+            with pytest.raises(so.SessionExpired):
+                await rt.cancel(parent)
+        with monkeypatch.context() as m:
+            m.setattr(_subagents, "cancel_orphan", broken)
+            assert await rt.expire_due() == 0
+        assert f"session {child}: its orphaned turn not cancelled" in caplog.text
+        assert (await rt.state(child)).turn.status == "waiting"  # type: ignore[union-attr]
+        assert await rt.expire_due() == 1
+        await _assert_child_cancelled(rt, parent, child)
+        assert ran == []

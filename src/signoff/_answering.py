@@ -16,7 +16,7 @@ from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
 from ._approval import ApprovalContext
-from ._candidates import Candidates, session_info, typed_input
+from ._candidates import Candidates, already_counted, session_info, typed_input
 from ._counts import counted_answers
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import (
@@ -42,7 +42,7 @@ from ._results import GenerateResult, Outcome
 from ._settings import flag
 from ._state import SessionState
 from ._text import is_utf8
-from ._tool_json import json_size
+from ._tool_json import over_limit, result_bound
 from ._tools import Tool
 from ._types import InputRequest, InputResponse, Principal
 from .stores import Resolve
@@ -190,16 +190,13 @@ class Answering(Candidates):
                         check_quorum_eligibility(request, principal)
                     else:
                         authorize(request, principal)
-                    limit = tool.max_result_bytes or agent.limits.max_result_bytes
+                    limit = result_bound(tool, agent.limits)
                     _check_edit_size(request, wanted["edited_input"], limit)
                     await self._check_edit(state, tool, request, wanted["edited_input"])
                 if gate and wanted["decision"] == "approve" and voted(request, principal):
                     # Counted already: a no-op, as without a response policy, which need not
                     # judge it again (nor a candidate be recorded, to be closed at once).
-                    progress = f"already counted: {request.progress}"
-                    outcomes.append(
-                        Outcome(request_id=rid, outcome="counted", applied=False, reason=progress)
-                    )
+                    outcomes.append(already_counted(request))
                     continue
                 if gate:
                     gated.append((request, reply, wanted))
@@ -315,13 +312,14 @@ class Answering(Candidates):
 def _check_edit_size(request: InputRequest, edited: dict[str, Any], limit: int) -> None:
     """Refuse an edit over the tool's `max_result_bytes`: the call's result repeats it to the
     model, which reads it again in every later call of the session."""
-    size = json_size(edited)
-    if size > limit:
-        raise InvalidAnswer(
-            f"request {request.id}: the edited input is {size} bytes, over the limit of {limit} "
-            f"bytes (max_result_bytes of {request.tool_name})",
-            [request.id],
-        )
+    why = over_limit(
+        f"request {request.id}: the edited input is",
+        edited,
+        limit,
+        tail=f"(max_result_bytes of {request.tool_name})",
+    )
+    if why is not None:
+        raise InvalidAnswer(why, [request.id])
 
 
 def _in_time(

@@ -24,11 +24,20 @@ from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_resp
 from ._results import Outcome
 from ._sessions import SessionRunner
 from ._state import SessionState
+from ._text import cut
+from ._tool_json import result_bound
 from ._tools import Tool
 from ._types import InputRequest, Principal
 from .stores import Resolve
 
-__all__ = ["LATE", "RECOVERY_GRACE", "Candidates", "session_info", "typed_input"]
+__all__ = [
+    "LATE",
+    "RECOVERY_GRACE",
+    "Candidates",
+    "already_counted",
+    "session_info",
+    "typed_input",
+]
 
 log = logging.getLogger("signoff.runtime")
 
@@ -91,11 +100,7 @@ class Candidates(SessionRunner):
         """End a recorded response that can no longer settle its request (`stale`, saying
         why); the request stays open for another answer."""
         ended = {
-            "request_id": request.id,
-            "call_id": request.call_id,
-            "candidate_id": cid,
-            "decision": candidate.get("decision"),
-            "by": candidate.get("by"),
+            **_base(request, cid, candidate.get("decision"), candidate.get("by")),
             "outcome": "stale",
             "reason": f"this response can no longer settle the request: {why}",
         }
@@ -103,14 +108,7 @@ class Candidates(SessionRunner):
         def end(st: SessionState) -> list[EventSpec]:
             if cid not in st.candidates:
                 return []  # another process ended it meanwhile
-            live = st.requests.get(request.id)
-            if live is None or live.status != "pending":
-                return [("approval.candidate", ended)]
-            ids = [r.id for r in st.pending_requests()]
-            return [
-                ("approval.candidate", ended),
-                ("turn.waiting", {"on": "input", "request_ids": ids}),
-            ]
+            return _ending(st, request.id, ended)
 
         await self._append(session_id, end, turn_id=request.turn_id)
 
@@ -133,18 +131,8 @@ class Candidates(SessionRunner):
         state = await self._state(session_id)
         tool = self.agent(state.agent).tools.get(request.tool_name or "")
         by = None if principal is None else principal.model_dump()
-        base = {
-            "request_id": rid,
-            "call_id": request.call_id,
-            "candidate_id": recovered or new_id("cand"),
-            "decision": wanted["decision"],
-            "by": by,
-        }
+        base = _base(request, recovered or new_id("cand"), wanted["decision"], by)
         tid = request.turn_id
-
-        def waiting(st: SessionState) -> EventSpec:
-            ids = [r.id for r in st.pending_requests()]
-            return ("turn.waiting", {"on": "input", "request_ids": ids})
 
         if tool is not None and tool.response_policy is not None:
             # Record the response first (all of it), so slow policy work cannot lose it.
@@ -187,20 +175,11 @@ class Candidates(SessionRunner):
             if verdict.outcome != "allowed":
                 # A reason of megabytes is cut, as an approval policy's is: it is recorded
                 # for every answer refused, and returned with each.
-                cap = (
-                    tool.max_result_bytes or self.agent(state.agent).limits.max_result_bytes
-                ) // 8
-                reason = verdict.reason
-                if reason is not None and len(reason) > cap:
-                    reason = reason[:cap] + " [cut]"
+                cap = result_bound(tool, self.agent(state.agent).limits) // 8
+                reason = None if verdict.reason is None else cut(verdict.reason, cap)
                 refusal = {**base, "outcome": verdict.outcome, "reason": reason}
 
-                def refuse(st: SessionState) -> list[EventSpec]:
-                    if rid not in st.requests or st.requests[rid].status != "pending":
-                        return [("approval.candidate", {**refusal, "outcome": "stale"})]
-                    return [("approval.candidate", refusal), waiting(st)]
-
-                await self._append(session_id, refuse, turn_id=tid)
+                await self._append(session_id, lambda st: _ending(st, rid, refusal), turn_id=tid)
                 return Outcome(
                     request_id=rid, outcome=verdict.outcome, applied=False, reason=reason
                 )
@@ -260,14 +239,12 @@ class Candidates(SessionRunner):
             me = None if principal is None else principal.principal_id
             if wanted["decision"] == "approve" and current.approvers > 1:
                 if voted(current, principal):
-                    again = f"already counted: {current.progress}"
-                    outcome.append(
-                        Outcome(request_id=rid, outcome="counted", applied=False, reason=again)
-                    )
+                    again = already_counted(current)
+                    outcome.append(again)
                     if not evaluated:
                         return Batch(specs=[])
                     # Its pending candidate ends here, lest every later drive judge it again.
-                    spent = {**base, "outcome": "stale", "reason": again}
+                    spent = {**base, "outcome": "stale", "reason": again.reason}
                     return Batch(specs=[("approval.candidate", spent)])
                 votes = [*current.approved_by, str(me)]
                 if len(votes) < current.approvers:
@@ -287,7 +264,7 @@ class Candidates(SessionRunner):
                         "needed": current.approvers,
                     }
                     return Batch(
-                        specs=[("approval.candidate", counted), waiting(st)],
+                        specs=[("approval.candidate", counted), _waiting(st)],
                         updated_requests=[progressed],
                     )
                 wanted["approved_by"] = votes
@@ -322,6 +299,39 @@ class Candidates(SessionRunner):
         if refused:
             raise refused[-1]
         return outcome[-1]
+
+
+def already_counted(request: InputRequest) -> Outcome:
+    """The outcome of an approval from someone whose vote `request` has counted already: a
+    no-op, saying how far the quorum is."""
+    reason = f"already counted: {request.progress}"
+    return Outcome(request_id=request.id, outcome="counted", applied=False, reason=reason)
+
+
+def _base(request: InputRequest, cid: str, decision: Any, by: Any) -> dict[str, Any]:
+    """What every `approval.candidate` event of candidate `cid` (a response to `request`)
+    says."""
+    return {
+        "request_id": request.id,
+        "call_id": request.call_id,
+        "candidate_id": cid,
+        "decision": decision,
+        "by": by,
+    }
+
+
+def _waiting(st: SessionState) -> EventSpec:
+    """The turn waiting again, on the requests still pending."""
+    return ("turn.waiting", {"on": "input", "request_ids": [r.id for r in st.pending_requests()]})
+
+
+def _ending(st: SessionState, rid: str, ended: dict[str, Any]) -> list[EventSpec]:
+    """A candidate ending as `ended` says, the turn waiting on again; or `stale` if its request
+    `rid` closed meanwhile."""
+    live = st.requests.get(rid)
+    if live is None or live.status != "pending":
+        return [("approval.candidate", {**ended, "outcome": "stale"})]
+    return [("approval.candidate", ended), _waiting(st)]
 
 
 def _proposed_input(state: SessionState, tool: Tool, request: InputRequest) -> Any:

@@ -11,7 +11,7 @@ from ._exceptions import SignoffError, StoreError, TooLarge
 from ._recording import Batch, EventSpec, TurnStopped, dump_request, new_id
 from ._state import CallState, SessionState
 from ._steps import failure_of
-from ._tool_json import over_limit
+from ._tool_json import over_limit, result_bound
 from ._tool_signals import ApprovalRequired, QuestionWithdrawn
 from ._types import Action, ChildRef, InputRequest, Option, Principal
 from .stores import Resolve
@@ -125,8 +125,7 @@ class CallJournal:
 
     def _limit(self) -> int:
         tool = self.driver.agent.tools.get(self._call().tool_name)
-        own = None if tool is None else tool.max_result_bytes
-        return own or self.driver.agent.limits.max_result_bytes
+        return result_bound(tool, self.driver.agent.limits)
 
     def _busy(self, change: int) -> None:
         self.inflight += change

@@ -12,6 +12,7 @@ from ._error_text import error_text
 from ._exceptions import LeaseLost, ModelError, SignoffError
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
 from ._state import MESSAGE_EVENT_TYPES, Conversation, SessionState, conversation
+from ._text import cut
 from ._types import (
     InputRequest,
     Message,
@@ -116,10 +117,8 @@ class ModelStep(DriverPart):
             if isinstance(exc, LeaseLost) and self.held is not None and self.held.lost:
                 raise  # another process drives the turn now: nothing is recorded here
             code = exc.code if isinstance(exc, SignoffError) else "model_error"
-            message = error_text(exc)
-            cap = limits.max_response_bytes // 4
-            if len(message) > cap:  # a message of megabytes is cut, not stored on every retry
-                message = message[:cap] + " [cut]"
+            # A message of megabytes is cut, not stored on every retry.
+            message = cut(error_text(exc), limits.max_response_bytes // 4)
             failed: dict[str, Any] = {"error": {"code": code, "message": message}}
             failed["retryable"] = True
             spent = _billed(exc)

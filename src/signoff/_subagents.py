@@ -26,10 +26,7 @@ from ._exceptions import (
     SessionBusy,
     SessionExpired,
     SignoffError,
-    StoreBusy,
     StoreError,
-    StoreGone,
-    StoreUnavailable,
     UnknownAgent,
     UnknownSession,
     UsageError,
@@ -37,6 +34,7 @@ from ._exceptions import (
 from ._recording import TurnStopped, new_id, runnable
 from ._results import GenerateResult
 from ._state import SessionState, fold
+from ._sweeps import one_of_many
 from ._text import NOTHING_SAID, is_blank
 from ._tool_context import ToolContext
 from ._tools import TOOL_NAME, Tool
@@ -410,14 +408,13 @@ async def sweep_orphans(rt: Runtime) -> int:
                 rows += await _all(partial(_listed, rt, agent, status))
     cancelled = 0
     for row in rows:
-        try:
-            with contextlib.suppress(SessionExpired, UnknownSession):
-                cancelled += await cancel_orphan(rt, await rt._state(row.id))
-        except (StoreGone, StoreUnavailable, StoreBusy):
-            raise  # the store failing as a whole ends the sweep
-        except StoreError as exc:  # one child it cannot read holds up neither the rest nor
-            # the deadlines the sweep applies next: tried again at the next sweep
-            log.warning("session %s: its orphaned turn not cancelled: %s", row.id, exc)
+        # One child it cannot cancel holds up neither the rest nor the deadlines the sweep
+        # applies next: tried again at the next sweep. The store failing as a whole ends it.
+        with (
+            one_of_many(log, row.id, "its orphaned turn not cancelled"),
+            contextlib.suppress(SessionExpired, UnknownSession),
+        ):
+            cancelled += await cancel_orphan(rt, await rt._state(row.id))
     return cancelled
 
 

@@ -208,14 +208,14 @@ async def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return await asyncio.to_thread(call)
 
 
-async def called_off_loop(fn: Callable[..., Any], *args: Any) -> Any:
-    """`fn(*args)`, awaited if it gives an awaitable: a coroutine function on the loop, any other
-    function in a thread (`in_thread`), as a sync tool runs, so one that blocks stops no lease
-    renewal of the process's sessions."""
+async def called_off_loop(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)`, awaited if it gives an awaitable: a coroutine function on the
+    loop, any other function (a sync tool, a hook) in a thread (`in_thread`), so one that blocks
+    stops no lease renewal of the process's sessions."""
     if inspect.iscoroutinefunction(fn):
-        result = await fn(*args)
+        result = await fn(*args, **kwargs)
     else:
-        result = await in_thread(fn, *args)
+        result = await in_thread(fn, *args, **kwargs)
     if inspect.isawaitable(result):
         result = await result
     return result

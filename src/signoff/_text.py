@@ -11,6 +11,7 @@ __all__ = [
     "HIDDEN",
     "NOTHING_SAID",
     "SAID",
+    "cut",
     "escape_as_json",
     "far_off",
     "in_utc",
@@ -34,6 +35,12 @@ Inside a JSON string they can be escaped and the text still parses to the same v
 
 
 _C0 = re.compile("[\x00-\x1f]")
+
+
+def cut(text: str, cap: int) -> str:
+    """`text`, or its first `cap` characters marked ` [cut]` when longer: a message or reason of
+    megabytes is stored, and read again by the model, no longer than its bound allows."""
+    return text if len(text) <= cap else text[:cap] + " [cut]"
 
 
 def is_blank(text: str) -> bool:

@@ -30,8 +30,9 @@ from ._recording import (
     waiting_after,
 )
 from ._state import CallState, SessionState
+from ._text import cut
 from ._tool_context import ToolContext
-from ._tool_json import holds_mask, jsonable, over_limit
+from ._tool_json import holds_mask, jsonable, over_limit, result_bound
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
 from ._tools import Tool
 from ._tracing import ToolSpan
@@ -191,9 +192,9 @@ class ToolCalls(DriverPart):
         dumped = tool.approved_form(validated)
         rules = tool.approval.rules
         now = self.clock()
-        error, limit = verdict.error, self.max_result_bytes(tool) // 4
-        if error is not None and len(error) > limit:  # a policy's message of megabytes
-            error = error[:limit] + " [cut]"
+        error = verdict.error  # a policy's message of megabytes is cut
+        if error is not None:
+            error = cut(error, self.max_result_bytes(tool) // 4)
         return InputRequest(
             kind="tool-approval",
             id=new_id("req"),
@@ -359,10 +360,8 @@ class ToolCalls(DriverPart):
             if journal.failed is not None:  # the store refused a step, or a child its drive: not
                 # the tool's outcome either
                 raise journal.failed from None
-            error = error_text(exc)
-            limit = self.max_result_bytes(tool)
-            if len(error) > limit // 4:  # a message of megabytes is cut, not stored whole
-                error = error[: limit // 4] + " [cut]"
+            # A message of megabytes is cut, not stored whole.
+            error = cut(error_text(exc), self.max_result_bytes(tool) // 4)
             await self.end_call(key, journal, [tool_result(call, "error", {"error": error})])
             return
         too_large = over_limit("the result is", result, self.max_result_bytes(tool))
@@ -444,17 +443,14 @@ class ToolCalls(DriverPart):
         policy's) cut to an eighth of the call's result bound: the model reads it with the
         result, or twice in a denial, in every later call of the session."""
         reason = decision.get("reason")
-        tool = self.agent.tools.get(call.tool_name)
-        cap = (
-            self.agent.limits.max_result_bytes if tool is None else self.max_result_bytes(tool)
-        ) // 8
+        cap = result_bound(self.agent.tools.get(call.tool_name), self.agent.limits) // 8
         if not isinstance(reason, str) or len(reason) <= cap:
             return decision
-        return {**decision, "reason": reason[:cap] + " [cut]"}
+        return {**decision, "reason": cut(reason, cap)}
 
     def max_result_bytes(self, tool: Tool) -> int:
         """The bound on `tool`'s results: its own, or its agent's `Limits.max_result_bytes`."""
-        return tool.max_result_bytes or self.agent.limits.max_result_bytes
+        return result_bound(tool, self.agent.limits)
 
     async def request_from_tool(
         self,

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Secret, SecretBytes, SecretStr
 from pydantic_core import to_jsonable_python
 
 from ._events import FITS_BITS, check_digits, dumps
+
+if TYPE_CHECKING:
+    from ._agent import Limits
+    from ._tools import Tool
 
 MAX_RESULT_BYTES = 1 << 20
 """The default bound on a tool's or step's result as JSON (`Limits.max_result_bytes`)."""
@@ -23,6 +27,7 @@ __all__ = [
     "jsonable",
     "non_finite",
     "over_limit",
+    "result_bound",
     "sets_sorted",
 ]
 
@@ -78,14 +83,23 @@ def json_size(value: Any) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
-def over_limit(what: str, value: Any, limit: int) -> str | None:
-    """Why `value` may not be stored (its JSON is over `limit` bytes), or None when it fits."""
+def result_bound(tool: Tool | None, limits: Limits) -> int:
+    """The bound on `tool`'s results: its own `max_result_bytes`, or else (as for a tool the
+    agent no longer has) its agent's `limits`."""
+    return (None if tool is None else tool.max_result_bytes) or limits.max_result_bytes
+
+
+def over_limit(
+    what: str, value: Any, limit: int, *, tail: str = "(max_result_bytes); return less"
+) -> str | None:
+    """Why `value` may not be stored (its JSON is over `limit` bytes, ending with `tail`, the
+    setting to blame and what to do), or None when it fits."""
     if isinstance(value, str) and len(value) * 4 + 2 <= limit:
         return None  # fits however it encodes: no need to measure
     size = json_size(value)
     if size <= limit:
         return None
-    return f"{what} {size} bytes, over the limit of {limit} bytes (max_result_bytes); return less"
+    return f"{what} {size} bytes, over the limit of {limit} bytes {tail}"
 
 
 def _finite(value: Any) -> Any:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, PydanticUserError, ValidationError, 
 from ._approval import ApprovalPolicy, as_policy
 from ._exceptions import UsageError
 from ._response import ApprovalSpec, ResponsePolicy
-from ._sync import in_thread
+from ._sync import called_off_loop
 from ._tool_context import ToolContext
 from ._tool_json import jsonable, non_finite, sets_sorted
 
@@ -144,13 +144,7 @@ class Tool:
         """Run the body with validated input; returns its result as JSON-able data."""
         kwargs = {name: getattr(validated, name) for name in type(validated).model_fields}
         args = (ctx,) if self.takes_context else ()
-        if self.is_async:
-            result = await self.fn(*args, **kwargs)
-        else:
-            result = await in_thread(self.fn, *args, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
-        return jsonable(result)
+        return jsonable(await called_off_loop(self.fn, *args, **kwargs))
 
 
 def _describe(fn: Callable[..., Any]) -> str:

@@ -7,20 +7,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from ._deadlines import is_due, is_lapsed
 from ._exceptions import (
     SessionExpired,
-    StoreBusy,
     StoreError,
     StoreGone,
-    StoreUnavailable,
     UsageError,
 )
 from ._leasing import lost_line
 from ._messages import Messages
 from ._settings import seconds, whole
+from ._sweeps import one_of_many
 from ._types import InputRequest
 from .stores import PendingFilter, SessionSummary
 
@@ -125,7 +124,10 @@ class Workers(Messages):
         passed with their turn unfinished; returns how many there were."""
         ids = [r.id for r in rows if is_lapsed(r, now) and r.agent in self.agents]
         for sid in ids:
-            with contextlib.suppress(SessionExpired), _one_of_many(sid, "its expiry not recorded"):
+            with (
+                contextlib.suppress(SessionExpired),
+                one_of_many(log, sid, "its expiry not recorded"),
+            ):
                 await self._checked(sid)
         return len(ids)
 
@@ -140,7 +142,7 @@ class Workers(Messages):
         for sid in sessions:
             with contextlib.suppress(SessionExpired):
                 if not listing:
-                    with _one_of_many(sid, "its passed deadlines not applied"):
+                    with one_of_many(log, sid, "its passed deadlines not applied"):
                         await self._checked(sid)  # records the expiries; the turn is runnable
                         await self._drive(sid)
                     continue
@@ -319,21 +321,6 @@ class Workers(Messages):
                 session_id,
                 self.lease_ttl,
             )
-
-
-@contextlib.contextmanager
-def _one_of_many(session_id: str, what: str) -> Iterator[None]:
-    """A sweep's work on one of many sessions: its failure is logged and the sweep goes on, so a
-    session the store cannot read (listed first at every sweep) does not stop the others'. A
-    store failing as a whole (gone, down, out of connections) still ends the sweep."""
-    try:
-        yield
-    except (SessionExpired, StoreGone, StoreUnavailable, StoreBusy):
-        raise
-    except StoreError as exc:
-        log.warning("session %s: %s: %s", session_id, what, exc)
-    except Exception:
-        log.exception("session %s: %s", session_id, what)
 
 
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:

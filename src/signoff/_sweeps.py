@@ -1,0 +1,28 @@
+"""How a sweep (expiries, deadlines, orphaned children) treats one of the many sessions it works
+on: a failure of that one is logged and the sweep goes on, a failure of the store ends it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+from ._exceptions import SessionExpired, StoreBusy, StoreError, StoreGone, StoreUnavailable
+
+__all__ = ["one_of_many"]
+
+
+@contextlib.contextmanager
+def one_of_many(log: logging.Logger, session_id: str, what: str) -> Iterator[None]:
+    """A sweep's work on one of many sessions: its failure is logged and the sweep goes on, so a
+    session the store cannot read (listed first at every sweep) does not stop the others'. A
+    store failing as a whole (gone, down, out of connections) still ends the sweep. Logged to
+    `log`, the sweeping module's."""
+    try:
+        yield
+    except (SessionExpired, StoreGone, StoreUnavailable, StoreBusy):
+        raise
+    except StoreError as exc:
+        log.warning("session %s: %s: %s", session_id, what, exc)
+    except Exception:
+        log.exception("session %s: %s", session_id, what)
