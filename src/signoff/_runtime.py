@@ -428,11 +428,12 @@ class Runtime(Auditing):
                 return
             if self.now() >= expires_at or time.monotonic() - checked >= _RECHECK_FOLLOWED:
                 state = await self._state(session_id)  # UnknownSession once deleted
-                if state.seq == after and state.expired(self.now()):
-                    if await self._running_on(state):  # followed on until that drive's events
+                now = self.now()
+                if state.seq == after and state.expired(now):
+                    expired = await self._ended(state, now)
+                    if expired is None:  # a drive runs it on: followed until that drive's events
                         expires_at, checked = math.inf, time.monotonic()
                         continue
-                    expired = SessionExpired(session_id, [r.id for r in state.pending_requests()])
                     if expiry_specs(state) and state.agent in self.agents:
                         # Record it as a listing would (its requests expire, its turn fails),
                         # then yield those events before raising.

@@ -325,6 +325,13 @@ class SessionCache(Leasing):
         except StoreError:  # a store this process may only read: it cannot tell
             return False
 
+    async def _ended(self, state: SessionState, now: float) -> SessionExpired | None:
+        """The `SessionExpired` a follower of `state` meets at `now`: its TTL passed and no live
+        drive runs its turn on (`_running_on`). None while it lives, or while a drive runs it on."""
+        if not state.expired(now) or await self._running_on(state):
+            return None
+        return SessionExpired(state.id, [r.id for r in state.pending_requests()])
+
     def _result(
         self, state: SessionState, outcomes: Sequence[Outcome] = (), *, busy: bool = False
     ) -> GenerateResult:
