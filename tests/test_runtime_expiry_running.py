@@ -119,3 +119,39 @@ async def test_a_listing_shows_a_turn_running_past_the_ttl_running(store_url: st
             result = await turn
         assert result.status == "completed"
         assert [r.status for r in await rt.sessions()] == ["idle"]
+
+
+@pytest.mark.parametrize("status", [None, "running", "failed"])
+async def test_a_listing_probes_a_turn_running_past_the_ttl_once(
+    store_url: str, status: str | None
+) -> None:
+    """Whether a live drive holds a turn the TTL caught running is a lease taken and released
+    (a store write): one `rt.sessions()` took it two to four times for one session (its expiry,
+    then which are held, again on the page). The first look's answer is used throughout."""
+    clock = ManualClock()
+    started, go = asyncio.Event(), asyncio.Event()
+    async with so.Runtime(
+        [slow_agent(started, go)], store=store_url, clock=clock, lease_ttl=600
+    ) as rt:
+        turn = asyncio.create_task(rt.generate("a", prompt="hi"))
+        try:
+            await started.wait()
+            clock.advance(61)
+            probes: list[str] = []
+            acquire = rt.store.acquire_lease
+
+            async def counted(session_id: str, *args: Any, **kwargs: Any) -> Any:
+                probes.append(session_id)
+                return await acquire(session_id, *args, **kwargs)
+
+            rt.store.acquire_lease = counted  # type: ignore[method-assign]
+            try:
+                listed = await rt.sessions(status=status)
+            finally:
+                del rt.store.acquire_lease
+            shown = [] if status == "failed" else ["running"]
+            assert [r.status for r in listed] == shown
+            assert len(probes) == 1
+        finally:
+            go.set()
+            assert (await turn).status == "completed"

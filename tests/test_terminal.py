@@ -327,6 +327,20 @@ def test_channel_approves_on_y() -> None:
     assert "(y/N)" in prompts[0]
 
 
+@pytest.mark.parametrize(("typed", "option"), [("ｙｅｓ", "approve"), ("Ｎ", "cancel")])
+def test_channel_reads_a_full_width_yes_or_no_as_the_text_channel_does(
+    typed: str, option: str
+) -> None:
+    """An input method's wide mode types `ｙｅｓ`: the text channel folds it (NFKC, casefold)
+    into `yes`, and the terminal took it for nonsense and asked again."""
+    channel, prompts, console = _channel([typed, ""])
+    try:
+        assert channel.ask(_request()) == so.InputResponse(request_id="req_1", option_id=option)
+    finally:
+        console.file.close()
+    assert "answer y or n" not in console.export_text()
+
+
 def test_channel_denies_by_default_and_asks_why() -> None:
     channel, prompts, console = _channel(["", "too much"])
     try:

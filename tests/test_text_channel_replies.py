@@ -17,7 +17,7 @@ from signoff.channels import ChannelHub
 from signoff.channels.text import parse_reply
 from signoff.testing import call, call_tools, reply, scripted_agent
 
-from .test_text_channel import BOB, Texts, manual
+from .test_text_channel import BOB, CAROL, Texts, manual
 
 
 def _two_questions() -> so.Agent:
@@ -68,6 +68,26 @@ async def test_a_message_sent_on_does_not_answer_another_request_than_the_one_sh
             outcome = await sms.reply("blue", BOB)  # the one shown is still answered
             assert outcome is not None and outcome.outcome == "answered"
             assert await _pending(rt, text.id)
+
+
+async def test_a_message_another_person_sends_on_is_sent_as_runtime_send_takes_it(
+    store_url: str,
+) -> None:
+    """Carol may not answer Bob's requests, so `Runtime.send` takes her message as a message
+    (queued for Bob's turn), not an answer to the first open request; the channel predicted
+    the answer and refused it ("it would answer another request"), unlike what send does."""
+    async with so.Runtime([_two_questions()], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="Reorder", auth=BOB)
+        text, choice = r.pending
+        sms = Texts(unmatched="send", accepts=_choices_only)
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            await hub.poll()
+            assert sms.current is not None and sms.current.id == choice.id
+            assert await sms.reply("what is the difference?", CAROL) is None
+            assert not any("would answer another request" in m for m in sms.sent)
+            assert await _pending(rt, text.id, choice.id)
+            queued = (await rt.state(r.session_id)).queued
+            assert [q["message"] for q in queued] == ["what is the difference?"]
 
 
 def _drinks(*labels: str) -> so.InputRequest:

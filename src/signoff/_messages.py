@@ -107,14 +107,11 @@ class Messages(Answering):
             pending = state.pending_requests()
             serves = turn.principal
             same_person = serves is None or (principal is not None and principal.same_as(serves))
-            first = first_open(pending)
+            first = await self._answering(state, message, principal)
             if first is not None:
+                check_unambiguous(first, message)
                 reply = _match(first, message)
-                if names_several(first, message) and (
-                    same_person or await self._may_answer(first, principal)
-                ):
-                    check_unambiguous(first, message)
-                if reply is not None and (same_person or await self._may_answer(first, principal)):
+                if reply is not None:
                     try:
                         outcomes = await self._settle(
                             session_id,
@@ -148,6 +145,22 @@ class Messages(Answering):
             except (Changed, TurnStopped):
                 continue  # the turn ended or its requests changed meanwhile: decide again
         raise SessionBusy(f"could not deliver the message to {session_id!r}", session_id)
+
+    async def _answering(
+        self, state: SessionState, message: str, principal: Principal | None
+    ) -> InputRequest | None:
+        """The open request `message`, sent by `principal`, is taken as an answer to (or refused
+        for naming several of its options): the first, if it reads as one and the sender is the
+        person the turn serves or may answer it. None: `send` takes it as a message."""
+        first = first_open(state.pending_requests())
+        if state.turn is None or first is None:
+            return None
+        if _match(first, message) is None and not names_several(first, message):
+            return None
+        serves = state.turn.principal
+        if serves is None or (principal is not None and principal.same_as(serves)):
+            return first
+        return first if await self._may_answer(first, principal) else None
 
     async def _drive_after(
         self, session_id: str, message: str, principal: Principal | None, idem: Keyed | None

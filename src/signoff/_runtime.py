@@ -134,10 +134,12 @@ class Runtime(Auditing):
         # Children a parent's cancel missed (that process died): a sweep cancels them.
         return await _subagents.sweep_orphans(self)
 
-    async def _expire(self, state: SessionState, lease: int | None = None) -> None:
+    async def _expire(
+        self, state: SessionState, lease: int | None = None, probes: dict[str, bool] | None = None
+    ) -> None:
         kids = _child_sessions.awaited(state)  # before: recording the expiry moves `state` on
         try:
-            await super()._expire(state, lease)
+            await super()._expire(state, lease, probes)
         except SessionExpired:
             # A subagent's session expired: its parent's delegate call goes on without it.
             await _child_sessions.after_close(self, state)
@@ -355,18 +357,19 @@ class Runtime(Auditing):
         check_page(limit, offset)
         check_listing(agent, status)
         now = self.now()
-        lapsed = await lapsed_page(self, agent, status, limit, offset, now)
+        probes: dict[str, bool] = {}  # which drives hold a turn: asked once a session
+        lapsed = await lapsed_page(self, agent, status, limit, offset, now, probes)
         if lapsed is not None:
             return lapsed
         page = await self.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
         try:
-            if await self._record_lapsed(page, now):
+            if await self._record_lapsed(page, now, probes):
                 page = await self.store.sessions(
                     agent=agent, status=status, limit=limit, offset=offset
                 )
         except StoreError as exc:  # a store this process may only read, say
             log.warning("sessions whose TTL passed not recorded: %s", exc)
-        held = await self._running_past(page, now)
+        held = await self._running_past(page, now, probes)
         shown = [summary_after_expiry(r, now, held) for r in page]
         return [r for r in shown if status is None or r.status == status]
 
@@ -425,11 +428,12 @@ class Runtime(Auditing):
                 return
             if self.now() >= expires_at or time.monotonic() - checked >= _RECHECK_FOLLOWED:
                 state = await self._state(session_id)  # UnknownSession once deleted
-                if state.seq == after and state.expired(self.now()):
-                    if await self._running_on(state):  # followed on until that drive's events
+                now = self.now()
+                if state.seq == after and state.expired(now):
+                    expired = await self._ended(state, now)
+                    if expired is None:  # a drive runs it on: followed until that drive's events
                         expires_at, checked = math.inf, time.monotonic()
                         continue
-                    expired = SessionExpired(session_id, [r.id for r in state.pending_requests()])
                     if expiry_specs(state) and state.agent in self.agents:
                         # Record it as a listing would (its requests expire, its turn fails),
                         # then yield those events before raising.

@@ -243,11 +243,12 @@ class SessionCache(Leasing):
         trust_cache: bool = False,
         lease: int | None = None,
         head: int | None = None,
+        probes: dict[str, bool] | None = None,
     ) -> SessionState:
         """The session's state with its lapsed TTL and passed deadlines applied; `lease` is the
         caller's token on it, if any, and `head` the session's head when it was granted.
         `trust_cache` skips the store's head when nothing is due on the cached state: a stale
-        cache makes the caller's append conflict instead."""
+        cache makes the caller's append conflict instead. `probes`: see `_busy`."""
         check_session_id(session_id)
         now = self.now()
         cached = self._cache.get(session_id) if trust_cache else None
@@ -255,7 +256,7 @@ class SessionCache(Leasing):
             return cached
         state = await self._state_at(session_id, head)
         if state.expired(now):
-            await self._expire(state, lease)
+            await self._expire(state, lease, probes)
         if due_batch(state, now) is not None:
             await self._append(
                 session_id,
@@ -266,13 +267,15 @@ class SessionCache(Leasing):
             state = await self._state(session_id)
         return state
 
-    async def _expire(self, state: SessionState, lease: int | None = None) -> None:
+    async def _expire(
+        self, state: SessionState, lease: int | None = None, probes: dict[str, bool] | None = None
+    ) -> None:
         """Record that the session's TTL passed (its open requests expire, its unfinished turn
         fails), then raise `SessionExpired`. A turn without open requests that another drive
         holds is left to the next look; the caller's own `lease` fences the record instead."""
         pending = state.pending_requests()
         specs = expiry_specs(state)
-        if specs and (pending or lease is not None or not await self._busy(state.id)):
+        if specs and (pending or lease is not None or not await self._busy(state.id, probes)):
             driver = self._driver(state, lease)
             with contextlib.suppress(Exception):  # LeaseLost: another drive took it over
                 await driver.record(specs, resolve=expiry_resolves(state))
@@ -293,7 +296,17 @@ class SessionCache(Leasing):
             counts=self._counts,
         )
 
-    async def _busy(self, session_id: str) -> bool:
+    async def _busy(self, session_id: str, probes: dict[str, bool] | None = None) -> bool:
+        """Whether a drive holds the session's lease: a lease taken and released, a store write.
+        `probes` holds the answers one listing already had, so it asks the store once a session."""
+        if probes is not None and session_id in probes:
+            return probes[session_id]
+        busy = await self._probe(session_id)
+        if probes is not None:
+            probes[session_id] = busy
+        return busy
+
+    async def _probe(self, session_id: str) -> bool:
         token = await self.store.acquire_lease(session_id, self.owner, 1.0, self.now())
         if token is None:
             return True
@@ -311,6 +324,13 @@ class SessionCache(Leasing):
             return await self._busy(state.id)
         except StoreError:  # a store this process may only read: it cannot tell
             return False
+
+    async def _ended(self, state: SessionState, now: float) -> SessionExpired | None:
+        """The `SessionExpired` a follower of `state` meets at `now`: its TTL passed and no live
+        drive runs its turn on (`_running_on`). None while it lives, or while a drive runs it on."""
+        if not state.expired(now) or await self._running_on(state):
+            return None
+        return SessionExpired(state.id, [r.id for r in state.pending_requests()])
 
     def _result(
         self, state: SessionState, outcomes: Sequence[Outcome] = (), *, busy: bool = False

@@ -67,22 +67,29 @@ async def counted_sessions(
 
 
 async def lapsed_page(
-    rt: Workers, agent: str | None, status: str | None, limit: int, offset: int, now: float
+    rt: Workers,
+    agent: str | None,
+    status: str | None,
+    limit: int,
+    offset: int,
+    now: float,
+    probes: dict[str, bool] | None = None,
 ) -> list[SessionSummary] | None:
     """The page of `Runtime.sessions` when a session it matches passed its TTL unrecorded (of
     an agent this runtime lacks, or a store it may only read): it reads `failed` though the
     store holds it `running` or `waiting`, so the store's own filter would list it under the
     wrong status. Those of this runtime's agents are recorded first. None when the store's
-    filter is right (no such session, or a status a passed TTL does not touch)."""
+    filter is right (no such session, or a status a passed TTL does not touch). `probes`
+    keeps which drives hold a turn, for the caller to reuse (`Workers._busy`)."""
     if status not in _LAPSING:
         return None
     stale = await _stale(rt, agent, now)
     try:
-        if stale and await rt._record_lapsed(stale, now):
+        if stale and await rt._record_lapsed(stale, now, probes):
             stale = await _stale(rt, agent, now)
     except StoreError as exc:  # a store this process may only read, say
         log.warning("sessions whose TTL passed not recorded: %s", exc)
-    held = await rt._running_past(stale, now)  # shown as the store holds them
+    held = await rt._running_past(stale, now, probes)  # shown as the store holds them
     if not [r for r in stale if r.id not in held]:
         return None
     # `failed` ones are also those the store holds running or waiting: read them all.

@@ -101,16 +101,18 @@ class Workers(Messages):
                 offset += 500
         return lapsed
 
-    async def _running_past(self, rows: Sequence[SessionSummary], now: float) -> set[str]:
+    async def _running_past(
+        self, rows: Sequence[SessionSummary], now: float, probes: dict[str, bool] | None = None
+    ) -> set[str]:
         """The ids of `rows` whose TTL passed while a live drive runs their turn on (a tool
         slower than the TTL): not idle, so listed as the store holds them, not `failed`; their
         expiry is left to a look after that drive (`_expire`). A lease check each, for only
-        those the TTL caught running."""
+        those the TTL caught running, none for those in `probes` (`_busy`)."""
         held: set[str] = set()
         for row in rows:
             if row.status == "running" and is_lapsed(row, now):
                 with contextlib.suppress(StoreError):  # a store this process may only read
-                    if await self._busy(row.id):
+                    if await self._busy(row.id, probes):
                         held.add(row.id)
         return held
 
@@ -119,16 +121,18 @@ class Workers(Messages):
         returns how many."""
         return 0
 
-    async def _record_lapsed(self, rows: Sequence[SessionSummary], now: float) -> int:
+    async def _record_lapsed(
+        self, rows: Sequence[SessionSummary], now: float, probes: dict[str, bool] | None = None
+    ) -> int:
         """Record the expiry of the sessions of `rows` (of agents this runtime has) whose TTL
-        passed with their turn unfinished; returns how many there were."""
+        passed with their turn unfinished; returns how many there were. `probes`: see `_busy`."""
         ids = [r.id for r in rows if is_lapsed(r, now) and r.agent in self.agents]
         for sid in ids:
             with (
                 contextlib.suppress(SessionExpired),
                 one_of_many(log, sid, "its expiry not recorded"),
             ):
-                await self._checked(sid)
+                await self._checked(sid, probes=probes)
         return len(ids)
 
     async def _apply_deadlines(self, due: Sequence[InputRequest], *, listing: bool = False) -> int:

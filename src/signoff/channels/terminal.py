@@ -19,7 +19,7 @@ from rich.markup import escape
 
 from .._exceptions import UsageError
 from .._text import HIDDEN, escape_as_json, is_blank
-from .._types import InputRequest, InputResponse, how_to_choose, named_options
+from .._types import InputRequest, InputResponse, folded, how_to_choose, named_options
 from ._tty import read_terminal_line, terminal_stdin
 
 __all__ = ["TerminalChannel", "compact_json", "duration", "printable"]
@@ -188,7 +188,7 @@ class TerminalChannel:
             answer = self.read(prompt)
             if answer is None:
                 return None
-            answer = answer.lower()
+            answer = folded(answer)  # as the text channel reads it: `ｙｅｓ` is yes
             if answer in _YES:
                 return InputResponse(request_id=request.id, option_id="approve")
             if answer in _NO:

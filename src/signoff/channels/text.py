@@ -13,9 +13,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from .._answers import match, names_several
 from .._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
-from .._messages import first_open
 from .._results import Outcome
 from .._text import BIDI, escape_as_json, is_blank, utc_text
 from .._types import InputRequest, InputResponse, Principal, folded, how_to_choose, named_options
@@ -314,7 +312,7 @@ class TextChannel(Channel):
                 return None
             if self.unmatched == "send" and not is_blank(text):
                 try:
-                    other = await self._answered_instead(request, text)
+                    other = await self._answered_instead(request, text, principal)
                     if other is None:
                         sent = await self.runtime.send(
                             request.session_id, text, principal=principal
@@ -349,16 +347,14 @@ class TextChannel(Channel):
             return None
         return stored.request
 
-    async def _answered_instead(self, request: InputRequest, text: str) -> str | None:
-        """The id of the request other than the one shown that `text`, sent to the session,
-        would answer (the session's first open one: one this channel does not show, say)."""
+    async def _answered_instead(
+        self, request: InputRequest, text: str, principal: Principal | None
+    ) -> str | None:
+        """The id of the request other than the one shown that `text`, sent to the session by
+        `principal`, would answer (by `Runtime.send`'s own rule: one this channel does not show)."""
         state = await self.runtime.state(request.session_id)
-        first = first_open(state.pending_requests())
-        if first is None or first.id == request.id:
-            return None
-        if match(first, text) is None and not names_several(first, text):
-            return None
-        return first.id
+        first = await self.runtime._answering(state, text, principal)
+        return None if first is None or first.id == request.id else first.id
 
     async def answer(
         self, request: InputRequest, response: InputResponse, principal: Principal | None

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body, Header, Path, Query, Request
 from starlette.responses import StreamingResponse
 
 from .._deadlines import stored_after_deadline
-from .._exceptions import SessionExpired, UnknownRequest
+from .._exceptions import UnknownRequest
 from .._mirrors import followed, stored_followed
 from .._types import Decision, InputResponse
 from ..stores import PendingFilter
@@ -241,15 +241,12 @@ async def events(
             "invalid_request",
             f"{start} is past the session's last event ({state.seq}); resume from an id it sent",
         )
-    if (
-        follow
-        and start >= state.seq
-        and state.expired(ctx.runtime.now())
-        and not await ctx.runtime._running_on(state)  # a drive runs its turn on past the TTL
-    ):
-        # Nothing more will come: a 410 stops a reconnecting EventSource, which a stream that
-        # merely ends again would not.
-        raise SessionExpired(session_id, [r.id for r in state.pending_requests()])
+    if follow and start >= state.seq:  # not ended while a drive runs its turn on past the TTL
+        ended = await ctx.runtime._ended(state, ctx.runtime.now())
+        if ended is not None:
+            # Nothing more will come: a 410 stops a reconnecting EventSource, which a stream
+            # that merely ends again would not.
+            raise ended
     release = ctx.streams.take(caller)  # last: a refusal above holds no slot
     return stream_response(event_stream(request, ctx, session_id, start, follow=follow), release)
 

@@ -112,10 +112,12 @@ async def session_end(ctx: ServerContext, session_id: str) -> tuple[SignoffError
         state = await ctx.runtime._state(session_id)
     except UnknownSession as exc:
         return exc, 0.0
-    if state.expired(ctx.runtime.now()):
-        if await ctx.runtime._running_on(state):  # a drive runs on past it: read again later
-            return None, math.inf
-        return SessionExpired(session_id, [r.id for r in state.pending_requests()]), 0.0
+    now = ctx.runtime.now()
+    ended = await ctx.runtime._ended(state, now)
+    if ended is not None:
+        return ended, 0.0
+    if state.expired(now):  # a drive runs on past it: read again later
+        return None, math.inf
     expires = state.expires_at
     return None, math.inf if expires is None else expires
 
