@@ -15,6 +15,24 @@ from ._leasing import event_types
 from ._steer import ALICE, BOB, events
 
 
+def _crawler(entered: asyncio.Event, seen: list[bool]) -> so.Tool:
+    """`crawl`: a long task that sets `entered`, waits up to 8 s for its abort signal (a steer
+    or a cancel), and notes in `seen` whether the signal was set."""
+
+    @so.tool
+    async def crawl(ctx: so.ToolContext) -> str:
+        """A long task that stops when the turn is steered or cancelled."""
+        entered.set()
+        try:
+            await asyncio.wait_for(ctx.abort_signal.wait(), timeout=8)
+        except TimeoutError:
+            pass
+        seen.append(ctx.abort_signal.is_set())
+        return "stopped"
+
+    return crawl
+
+
 async def test_a_steer_made_in_another_process_sets_the_running_body_s_abort_signal(
     store_url: str,
 ) -> None:
@@ -23,17 +41,7 @@ async def test_a_steer_made_in_another_process_sets_the_running_body_s_abort_sig
     the body stops at once and the model reads the message. It used to run on to its own end."""
     entered = asyncio.Event()
     seen: list[bool] = []
-
-    @so.tool
-    async def crawl(ctx: so.ToolContext) -> str:
-        """A long task that stops when the turn is steered."""
-        entered.set()
-        try:
-            await asyncio.wait_for(ctx.abort_signal.wait(), timeout=8)
-        except TimeoutError:
-            pass
-        seen.append(ctx.abort_signal.is_set())
-        return "stopped"
+    crawl = _crawler(entered, seen)
 
     model = Capture(reply("Stopped; what next?"))
     agent = scripted_agent("bot", [call_tools(call("crawl")), model], tools=[crawl])
@@ -159,17 +167,7 @@ async def test_a_cancel_behind_hundreds_of_queued_messages_still_sets_the_abort_
     the cancel behind them never reached the body."""
     entered = asyncio.Event()
     seen: list[bool] = []
-
-    @so.tool
-    async def crawl(ctx: so.ToolContext) -> str:
-        """A long task that stops when the turn is cancelled."""
-        entered.set()
-        try:
-            await asyncio.wait_for(ctx.abort_signal.wait(), timeout=8)
-        except TimeoutError:
-            pass
-        seen.append(ctx.abort_signal.is_set())
-        return "stopped"
+    crawl = _crawler(entered, seen)
 
     agent = scripted_agent("bot", [call_tools(call("crawl")), reply("ok")], tools=[crawl])
     async with (

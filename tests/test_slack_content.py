@@ -269,8 +269,18 @@ async def test_the_notes_only_the_responder_sees_are_escaped_too(
     """A response policy's reason (or any text in an error) told back to the person who acted
     reaches Slack with `&`, `<` and `>` escaped, so it reads as written and mentions no one."""
 
+    told = await _refused_note(tmp_path, slack_api, "over 100 & <!channel> must approve")
+    assert told["text"] == (
+        "Your answer was not accepted (rejected: over 100 &amp; &lt;!channel&gt; must approve)."
+    )
+
+
+async def _refused_note(tmp_path: Path, slack_api: FakeSlack, reason: str) -> dict[str, Any]:
+    """The note only the responder sees (its `chat.postEphemeral`) after a response policy
+    rejects their click with `reason`."""
+
     async def refuse(ctx: so.ResponseContext) -> so.Rejected:
-        return so.Rejected(reason="over 100 & <!channel> must approve")
+        return so.Rejected(reason=reason)
 
     @so.tool(approval=so.ApprovalSpec(request=so.always(), response=refuse))
     async def run(cmd: str) -> str:
@@ -287,10 +297,8 @@ async def test_the_notes_only_the_responder_sees_are_escaped_too(
             body = click(approve, user="U5")
             await slack.handle(body, sign(body, int(time.time())))
             await slack.idle()
-        (told,) = slack_api.of("chat.postEphemeral")
-        assert told["text"] == (
-            "Your answer was not accepted (rejected: over 100 &amp; &lt;!channel&gt; must approve)."
-        )
+    (told,) = slack_api.of("chat.postEphemeral")
+    return dict(told)
 
 
 HOSTILE = "<!here> <@U123> <#C1> <http://x|y> & *bold* @here @channel #general"
@@ -332,24 +340,6 @@ async def test_the_notification_text_is_never_parsed_for_mentions_or_links(
 async def test_the_notes_only_the_responder_sees_are_never_parsed_either(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
-    async def refuse(ctx: so.ResponseContext) -> so.Rejected:
-        return so.Rejected(reason=HOSTILE)
-
-    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=refuse))
-    async def run(cmd: str) -> str:
-        """Run a command."""
-        return "ran"
-
-    agent = scripted_agent("ops", [call_tools(call("run", cmd="ls")), reply("ok")], tools=[run])
-    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
-        (req,) = (await rt.generate("ops", prompt="go")).pending
-        slack = channel(slack_api)
-        async with manual(ChannelHub(rt, [slack])) as hub:
-            await hub.poll()
-            approve = {"action_id": "signoff.approve", "block_id": "b", "value": req.id}
-            body = click(approve, user="U5")
-            await slack.handle(body, sign(body, int(time.time())))
-            await slack.idle()
-        (told,) = slack_api.of("chat.postEphemeral")
-        _unparsed(told)
-        assert "@here @channel #general" in told["text"]
+    told = await _refused_note(tmp_path, slack_api, HOSTILE)
+    _unparsed(told)
+    assert "@here @channel #general" in told["text"]
