@@ -106,12 +106,6 @@ class Listener:
         self._listening.clear()
         self._wake_all()
 
-    def forget(self) -> None:
-        """Drop the task and the waiters of an event loop that is gone."""
-        self._listener = None
-        self._listening = asyncio.Event()
-        self._waiters.clear()
-
     def _ensure_listener(self) -> None:
         if self._listener is None or self._listener.done():
             self._listener = asyncio.get_running_loop().create_task(self._listen(), name=self._name)

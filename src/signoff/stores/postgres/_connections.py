@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -135,8 +137,14 @@ class Connections(Transactions):
         # The pools of other event loops still running (a runtime's async calls and its sync
         # twins on its bridge loop), each taken back when its loop calls again.
         self._parked: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Conn]] = {}
+        # Those loops run in other threads: who holds the pool changes under this lock, and
+        # each loop opens its pool under an asyncio lock of its own (one loop's lock released
+        # from another thread would not wake the loop waiting on it).
+        self._swap = threading.Lock()
+        self._open_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
         self._server_async = False
-        self._open_lock: asyncio.Lock | None = None
         self._checking: asyncio.Future[None] | None = None  # the pool's test (`_after_loss`)
         self._fault: FaultHook | None = None
         self._sk: PerSession[int] = PerSession()
@@ -148,7 +156,9 @@ class Connections(Transactions):
         # The head each session had when this store granted a lease on it, by token
         # (`granted_head`): the drive under that lease needs no round trip to read it.
         self._granted: PerSession[tuple[int, int]] = PerSession()
-        self._changes = Listener(self.channel, self._connect, f"signoff-listen-{schema}")
+        # Each event loop that waits for changes has its own LISTEN connection and waiters, kept
+        # while that loop runs: a waiter must be woken from its own loop's thread.
+        self._listeners: dict[asyncio.AbstractEventLoop, Listener] = {}
         self._outage = Outage(self._probe_connect, self._where, grace)
         self._s = f'"{schema}"'
 
@@ -158,71 +168,95 @@ class Connections(Transactions):
         await self._get_pool()
 
     async def _get_pool(self) -> AsyncConnectionPool[Conn]:
-        if self._pool is not None:
-            if self._loop is asyncio.get_running_loop():
-                return self._pool
-            self._abandon()  # e.g. a second asyncio.run(): the old loop took its pool with it
-        if self._open_lock is None:
-            self._open_lock = asyncio.Lock()
-        async with self._open_lock:
-            if self._pool is not None:
-                return self._pool
-            parked = self._parked.pop(asyncio.get_running_loop(), None)
-            if parked is not None and not parked.closed:
-                self._pool, self._loop = parked, asyncio.get_running_loop()
-                return parked
-            conn = await self._connect()
-            try:
-                version = await self._read_version(conn)
-                self._refuse_newer(version)
-                if version < _schema.STORE_SCHEMA:
-                    if not self.auto_migrate:
-                        where = f"PostgreSQL store {self._where} (schema {self.schema!r})"
-                        raise older_schema(where, version, _schema.STORE_SCHEMA)
-                    await self._migrate(conn)
-                cur = await conn.execute("SELECT current_setting('synchronous_commit')")
-                row = await cur.fetchone()
-                self._server_async = row is not None and row[0] == "off"
-            except psycopg.Error as exc:
-                raise StoreError(f"cannot read settings at {self._where}: {exc}") from exc
-            finally:
-                await conn.close()
-            pool = Pool(
-                self._dsn,
-                min_size=self.min_size,
-                max_size=self.max_size,
-                timeout=self.timeout,
-                kwargs={
-                    "autocommit": True,
-                    "client_encoding": "utf8",  # whatever the role's or database's default
-                },
-                open=False,
-                name=f"signoff-{self.schema}",
-                reconnect_timeout=RECONNECT_WITHIN,
-                reconnect_failed=_reconnect_again,
-                configure=partial(_configure, operation_timeout=self.operation_timeout),
-                operation_timeout=self.operation_timeout,
-            )
-            try:
-                await pool.open(wait=True, timeout=self.timeout)
-            except PoolTimeout as exc:
-                await pool.close()
-                raise StoreError(f"cannot connect to PostgreSQL at {self._where}: {exc}") from exc
-            self._pool = pool
-            self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        pool = self._pool
+        if pool is not None and self._loop is loop:
+            return pool
+        with self._swap:
+            lock = self._open_locks.get(loop)
+            if lock is None:
+                lock = self._open_locks[loop] = asyncio.Lock()
+        async with lock:
+            with self._swap:
+                if self._pool is not None and self._loop is loop:
+                    return self._pool
+                if self._pool is not None:
+                    self._abandon()  # another loop's (or a loop gone: a second asyncio.run())
+                parked = self._parked.pop(loop, None)
+                if parked is not None and not parked.closed:
+                    self._pool, self._loop = parked, loop
+                    return parked
+            pool = await self._open_pool()
+            with self._swap:
+                if self._pool is not None:
+                    self._abandon()  # another loop's, taken while this one was opening
+                self._pool, self._loop = pool, loop
             return pool
 
+    async def _open_pool(self) -> AsyncConnectionPool[Conn]:
+        """A new pool of this event loop, once the schema is checked (and migrated if allowed)."""
+        conn = await self._connect()
+        try:
+            version = await self._read_version(conn)
+            self._refuse_newer(version)
+            if version < _schema.STORE_SCHEMA:
+                if not self.auto_migrate:
+                    where = f"PostgreSQL store {self._where} (schema {self.schema!r})"
+                    raise older_schema(where, version, _schema.STORE_SCHEMA)
+                await self._migrate(conn)
+            cur = await conn.execute("SELECT current_setting('synchronous_commit')")
+            row = await cur.fetchone()
+            self._server_async = row is not None and row[0] == "off"
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot read settings at {self._where}: {exc}") from exc
+        finally:
+            await conn.close()
+        pool = Pool(
+            self._dsn,
+            min_size=self.min_size,
+            max_size=self.max_size,
+            timeout=self.timeout,
+            kwargs={
+                "autocommit": True,
+                "client_encoding": "utf8",  # whatever the role's or database's default
+            },
+            open=False,
+            name=f"signoff-{self.schema}",
+            reconnect_timeout=RECONNECT_WITHIN,
+            reconnect_failed=_reconnect_again,
+            configure=partial(_configure, operation_timeout=self.operation_timeout),
+            operation_timeout=self.operation_timeout,
+        )
+        try:
+            await pool.open(wait=True, timeout=self.timeout)
+        except PoolTimeout as exc:
+            await pool.close()
+            raise StoreError(f"cannot connect to PostgreSQL at {self._where}: {exc}") from exc
+        return pool
+
+    @property
+    def _changes(self) -> Listener:
+        """The running event loop's listener, started by its first wait."""
+        loop = asyncio.get_running_loop()
+        with self._swap:
+            listener = self._listeners.get(loop)
+            if listener is None:
+                self._listeners = {
+                    there: kept for there, kept in self._listeners.items() if not there.is_closed()
+                }
+                name = f"signoff-listen-{self.schema}"
+                listener = self._listeners[loop] = Listener(self.channel, self._connect, name)
+        return listener
+
     def _abandon(self) -> None:
-        """Put away the pool of another event loop: kept for its loop's next call while that
-        loop runs, forgotten once it is closed (its connections close when collected)."""
+        """Put away the pool of another event loop (under `_swap`): kept for its loop's next call
+        while that loop runs, forgotten once it is closed (its connections close when collected)."""
         if self._pool is not None and self._loop is not None:
             self._parked[self._loop] = self._pool
         self._parked = {loop: pool for loop, pool in self._parked.items() if not loop.is_closed()}
         self._pool = None
         self._loop = None
-        self._open_lock = None
         self._checking = None
-        self._changes.forget()
         self._outage.forget()
 
     async def _connect(self) -> Conn:
@@ -259,20 +293,27 @@ class Connections(Transactions):
 
     async def close(self) -> None:
         here = asyncio.get_running_loop()
-        foreign = self._pool is not None and self._loop is not here
-        if foreign:
-            self._abandon()
-        parked, self._parked = self._parked, {}
+        with self._swap:
+            foreign = self._pool is not None and self._loop is not here
+            if foreign:
+                self._abandon()
+            parked, self._parked = self._parked, {}
+            listeners, self._listeners = self._listeners, {}
+        for loop, listener in listeners.items():
+            if loop is here:
+                await listener.stop()
+            else:
+                await _on_its_loop(loop, listener.stop)
         for loop, spare in parked.items():
             if loop is here:
                 await spare.close()
             else:
-                await _close_there(loop, spare)
-        if foreign:  # what listens and probes belonged to the other loop, and went with it
+                await _on_its_loop(loop, spare.close)
+        if foreign:  # what probes belonged to the other loop, and went with it
             return
-        await self._changes.stop()
-        pool, self._pool = self._pool, None
-        self._loop = None
+        with self._swap:
+            pool, self._pool = self._pool, None
+            self._loop = None
         if pool is not None:
             await pool.close()
         checking, self._checking = self._checking, None
@@ -467,18 +508,25 @@ async def _reconnect_again(pool: AsyncConnectionPool[Conn]) -> None:
 
 
 CLOSE_THERE_WAIT = 2.0
-"""Seconds `close` waits for another loop to close that loop's pool before it goes on."""
+"""Seconds `close` waits for another loop to close that loop's pool (or listener) before it goes
+on."""
 
 
-async def _close_there(loop: asyncio.AbstractEventLoop, pool: AsyncConnectionPool[Conn]) -> None:
-    """Close a pool on its own event loop, which still runs, and wait for it there (a while): a
-    store closed from another loop must not leave that loop's connections open, and that loop
-    may be stopped right after (a runtime's sync bridge), which would cancel a close still
-    under way and leave the pool's workers pending."""
+async def _on_its_loop(
+    loop: asyncio.AbstractEventLoop, close: Callable[[], Awaitable[None]]
+) -> None:
+    """Close a pool or listener on its own event loop, which still runs, and wait for it there
+    (a while): a store closed from another loop must not leave that loop's connections open,
+    and that loop may be stopped right after (a runtime's sync bridge), which would cancel a
+    close still under way and leave the pool's workers pending."""
     if loop.is_closed() or not loop.is_running():
-        return  # its pool went, or goes, with it
+        return  # its connections went, or go, with it
+
+    async def closing() -> None:
+        await close()
+
     try:
-        done = asyncio.run_coroutine_threadsafe(pool.close(), loop)
+        done = asyncio.run_coroutine_threadsafe(closing(), loop)
     except RuntimeError:  # that loop closed meanwhile
         return
     # Polled, not awaited through a wrapping future: giving up on that would cancel the close

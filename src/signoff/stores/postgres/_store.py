@@ -409,8 +409,12 @@ class PostgresStore(Reads, Leases):
 
     @property
     def changes_seen(self) -> int:
-        """How many changes this store has heard announced (a mark for `wait_for_change`)."""
-        return self._changes.seen
+        """How many changes this store has heard announced on this event loop (a mark for
+        `wait_for_change` on the same loop); 0 outside one."""
+        try:
+            return self._changes.seen
+        except RuntimeError:  # no running event loop
+            return 0
 
     async def wait_for_change(
         self,

@@ -179,7 +179,11 @@ class Transactions:
         the test runs as a task of its own, as `pool.check()` takes a cancellation for a broken
         connection: the caller's must reach the caller."""
         checking = self._checking
-        if checking is None or checking.done():
+        if (
+            checking is None
+            or checking.done()
+            or checking.get_loop() is not asyncio.get_running_loop()
+        ):
             checking = self._checking = asyncio.ensure_future(pool.check())
             checking.add_done_callback(_seen)
         await asyncio.wait({checking}, timeout=min(CHECK_WAIT, self.operation_timeout))
