@@ -4,6 +4,7 @@ what a call learns when it joins a check of the server already under way."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import psycopg
@@ -78,3 +79,36 @@ async def test_calls_that_ask_after_a_check_began_and_find_it_down_check_once_mo
     assert await joined is None
     assert len(server.attempts) == 2
     assert outage.since is not None
+
+
+async def test_a_call_on_another_loop_does_not_join_that_loops_check() -> None:
+    """A runtime's sync twins run on a loop of their own: a call on this loop while a check of
+    the server begun on that loop is still under way starts a check of its own (it waited on the
+    other loop's future, a bare ValueError out of a store call)."""
+    gate = threading.Event()
+    calls: list[asyncio.AbstractEventLoop] = []
+
+    async def connect() -> Any:
+        calls.append(asyncio.get_running_loop())
+        if len(calls) == 1:
+            await asyncio.to_thread(gate.wait, 10)
+        raise psycopg.OperationalError(STARTING)
+
+    outage = Outage(connect, "test", grace=0.0)
+    other = asyncio.new_event_loop()
+    thread = threading.Thread(target=other.run_forever, daemon=True)
+    thread.start()
+    try:
+        theirs = asyncio.run_coroutine_threadsafe(outage.probe(5.0), other)
+        while not calls:
+            await asyncio.sleep(0.01)
+        assert await outage.probe(1.0) is None  # its own check, which found the server down
+        assert calls == [other, asyncio.get_running_loop()]
+        assert outage.since is not None
+        gate.set()
+        assert await asyncio.wrap_future(theirs) is None
+    finally:
+        gate.set()
+        other.call_soon_threadsafe(other.stop)
+        await asyncio.to_thread(thread.join, 10)
+        other.close()

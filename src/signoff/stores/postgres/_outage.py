@@ -197,11 +197,17 @@ class Outage:
         return self._spare.pop() if self._spare else None
 
     def _start_probe(self) -> asyncio.Future[None]:
-        """The check of the server under way, started now if there is none."""
-        if self._probing is None or self._probing.done():
-            self._probing = asyncio.ensure_future(self._probe())
-            self._probing.add_done_callback(_seen)
-        return self._probing
+        """The check of the server under way on this event loop, started now if there is none
+        (a future of another loop's check would not wake this one)."""
+        probing = self._probing
+        if (
+            probing is None
+            or probing.done()
+            or probing.get_loop() is not asyncio.get_running_loop()
+        ):
+            probing = self._probing = asyncio.ensure_future(self._probe())
+            probing.add_done_callback(_seen)
+        return probing
 
     async def _probe(self) -> None:
         """Connect once: record the outage or clear it, and keep a connection found back."""
