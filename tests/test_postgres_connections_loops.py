@@ -23,7 +23,7 @@ from .test_runtime import refund_agent
 from .test_sqlite_store_threads import two_thread_calls
 
 T = TypeVar("T")
-ROUNDS = 2  # each call that follows one on the other loop waits about a second
+ROUNDS = 25
 
 
 async def test_async_and_sync_calls_from_two_threads(pg_store_url: str) -> None:
