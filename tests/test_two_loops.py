@@ -122,3 +122,38 @@ async def test_the_abort_signal_a_body_waited_on_the_bridge_loop_works_on_the_ap
         ]
         assert results == ["crawled", "crawled"]
         assert len(kept) == 2
+
+
+async def test_a_respond_and_a_cancel_sync_of_one_session_at_once_both_return(
+    store_url: str,
+) -> None:
+    """`await rt.respond(...)` on the app's loop while another thread cancels the same turn:
+    the cancel waited, on the bridge's loop, for the lock the answer's commit held, and hung."""
+    store = make_store(store_url)
+    holding = threading.Event()
+    log = ExecutionLog()
+    async with so.Runtime([refund_agent(log, reply("Refunded."))], store=store) as rt:
+        r = await rt.generate("support", prompt="refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        _slow_first_commit(store, holding)
+        approve = [so.InputResponse(request_id=req.id, option_id="approve")]
+        answering = asyncio.create_task(rt.respond(r.session_id, approve, principal=ALICE))
+        assert await asyncio.to_thread(holding.wait, BOUND)
+        results: list[so.GenerateResult] = []
+        start = time.monotonic()
+        thread = threading.Thread(
+            target=lambda: results.append(rt.cancel_sync(r.session_id)), daemon=True
+        )
+        thread.start()
+        answered = await asyncio.wait_for(answering, BOUND)
+        await asyncio.to_thread(thread.join, BOUND)
+        took = time.monotonic() - start
+        assert not thread.is_alive(), "the cancel hung"
+        assert took < PROMPT, took
+        # The answer was recorded first (the cancel waited for its commit); the drive it started
+        # either finished the turn before the cancel, or was stopped by it.
+        [(outcome,)] = [[o.outcome for o in answered.outcomes]]
+        assert outcome == "approved"
+        assert {answered.status, results[0].status} <= {"completed", "cancelled"}
+        assert (await rt.state(r.session_id)).turn_status == results[0].status
+        assert log.count() <= 1
