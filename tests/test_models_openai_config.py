@@ -219,3 +219,30 @@ def test_extra_body_may_not_set_what_params_may_not(taken) -> None:
         so.models.OpenAIChat("m", api_key="k", params={"extra_body": {taken: True}})
     m = so.models.OpenAIChat("m", api_key="k", params={"extra_body": {"top_k": 5}})
     assert m.params == {"extra_body": {"top_k": 5}}
+
+
+async def test_a_client_passed_in_used_on_a_second_loop_fails_saying_why(fake: FakeLLM) -> None:
+    """A runtime's `*_sync` twins run on a loop of their own: a `client=` whose connections
+    belong to the app's loop failed there with httpx's bare 'bound to a different event loop'."""
+    client = openai.AsyncOpenAI(api_key=API_KEY, base_url=fake.base_url, max_retries=0)
+    fake.queue(*(openai_completion(t) for t in ("main", "thread", "main again")))
+    m = so.models.OpenAIChat("m", client=client)
+    try:
+        assert (await m.complete(request())).text == "main"
+
+        def in_another_loop() -> BaseException | None:
+            async def call() -> BaseException | None:
+                try:
+                    await m.complete(request())
+                except Exception as exc:
+                    return exc
+                return None
+
+            return asyncio.run(call())
+
+        failed = await asyncio.to_thread(in_another_loop)
+        assert isinstance(failed, so.ModelError), failed
+        assert "first used on another event loop" in str(failed)
+        assert "base_url=" in str(failed)
+    finally:
+        await client.close()

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ._agent import Agent
+from ._any_loop import AnyLoopLock
 from ._counts import Counts
 from ._events import Event
 from ._exceptions import AppendConflict, LeaseLost
@@ -53,12 +54,12 @@ class Driver(ToolCalls, ModelStep):
         lease_token: int | None,
         clock: Callable[[], float] = time.time,
         abort_signal: asyncio.Event | None = None,
-        lock: asyncio.Lock | None = None,
+        lock: AnyLoopLock | None = None,
         unrecorded: dict[str, list[EventSpec]] | None = None,
         tracing: Tracing = OFF,
         counts: Counts | None = None,
     ) -> None:
-        self.lock = lock or asyncio.Lock()
+        self.lock = lock or AnyLoopLock()  # the runtime's, which its loops share
         self.store = store
         self.agent = agent
         self.state = state

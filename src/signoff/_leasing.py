@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from ._any_loop import AnyLoopEvent
 from ._exceptions import LeaseLost, StoreError
 from .stores import Store
 
@@ -128,7 +129,7 @@ class Leasing:
     # When each lease this process was just granted (and confirmed) lapses, by session:
     # `(token, expiry)`, taken by the drive that holds it (`_hold`).
     _expiries: dict[str, tuple[int, float]]
-    _aborts: weakref.WeakValueDictionary[str, asyncio.Event]  # each session's abort signal
+    _aborts: weakref.WeakValueDictionary[str, AnyLoopEvent]  # each session's abort signal
 
     def _unmeasured(self) -> None:
         """No measurement of the store's clock yet: `clock` is read as it is until `open`."""

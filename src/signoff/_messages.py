@@ -4,7 +4,6 @@ its end. Built on `Answering`, which settles what a message answers."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from typing import Any, Literal
 
@@ -211,7 +210,7 @@ class Messages(Answering):
             raise
         # The calls the turn waits on see it, and so does the drive below, which holds it
         # meanwhile (the engine clears it once the model reads).
-        stop_calls(self._aborts.setdefault(state.id, asyncio.Event()))
+        stop_calls(self._abort_of(state.id))
         self._remember(driver.state)
         return await self._drive(state.id)
 

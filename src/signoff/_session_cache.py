@@ -7,11 +7,11 @@ so nothing is trusted from memory that the store does not also hold.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 import weakref
 from collections import OrderedDict
@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 from ._agent import Agent, by_name
+from ._any_loop import AnyLoopEvent, AnyLoopLock
 from ._audit_trail import record_tool_settings
 from ._counts import Counts
 from ._deadlines import due_batch, expiry_resolves, expiry_specs
@@ -129,10 +130,11 @@ class SessionCache(Leasing):
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
         # Per session, only while in use (weak: none is kept for the sessions a process is done
         # with). A lock serializes this process's appends to one session: commit, then apply.
-        self._aborts: weakref.WeakValueDictionary[str, asyncio.Event] = (
-            weakref.WeakValueDictionary()
-        )
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        # Both are shared by the app's loop and the `*_sync` twins' (`_any_loop`), and made under
+        # `_per_session`, so two threads asking at once get the same one.
+        self._aborts: weakref.WeakValueDictionary[str, AnyLoopEvent] = weakref.WeakValueDictionary()
+        self._locks: weakref.WeakValueDictionary[str, AnyLoopLock] = weakref.WeakValueDictionary()
+        self._per_session = threading.Lock()
         # Outcomes of tool bodies that ran but were not recorded (`ToolCalls.end_call`).
         self._unrecorded: dict[str, list[EventSpec]] = {}
         # Leases of ended drives the store refused to release: given back by the next drive here.
@@ -219,7 +221,7 @@ class SessionCache(Leasing):
                 return cached
             try:
                 # Drivers commit and apply under this lock: fold in only what none has applied.
-                async with self._locks.setdefault(session_id, asyncio.Lock()):
+                async with self._lock_of(session_id):
                     tail = await self.store.read_events(session_id, after=cached.seq)
                     state = fold(tail, cached)
                 self._remember(state)
@@ -289,12 +291,23 @@ class SessionCache(Leasing):
             state=state,
             lease_token=token,
             clock=self.now,
-            abort_signal=self._aborts.setdefault(state.id, asyncio.Event()),
-            lock=self._locks.setdefault(state.id, asyncio.Lock()),
+            abort_signal=self._abort_of(state.id),
+            lock=self._lock_of(state.id),
             unrecorded=self._unrecorded,
             tracing=self._tracing,
             counts=self._counts,
         )
+
+    def _lock_of(self, session_id: str) -> AnyLoopLock:
+        """The lock this process's appends to the session take, whichever loop they run on."""
+        with self._per_session:
+            return self._locks.setdefault(session_id, AnyLoopLock())
+
+    def _abort_of(self, session_id: str) -> AnyLoopEvent:
+        """The session's abort signal, which its tool bodies wait on and a cancel or steer from
+        any thread sets (`stop_calls`)."""
+        with self._per_session:
+            return self._aborts.setdefault(session_id, AnyLoopEvent())
 
     async def _busy(self, session_id: str, probes: dict[str, bool] | None = None) -> bool:
         """Whether a drive holds the session's lease: a lease taken and released, a store write.
@@ -366,7 +379,7 @@ class SessionCache(Leasing):
                 state=state,
                 lease_token=None,
                 clock=self.now,
-                lock=self._locks.setdefault(state.id, asyncio.Lock()),
+                lock=self._lock_of(state.id),
             )
         try:
             await driver.record(build, **kw)

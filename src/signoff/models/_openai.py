@@ -63,6 +63,9 @@ class OpenAIChat(SdkModel):
     HTTP client's proxies and CA bundle (`HTTPS_PROXY`, `NO_PROXY`, `SSL_CERT_FILE`, ...): none
     is then read from `os.environ`. A reply body past `max_reply_bytes` (as inflated) fails
     the call while it is read.
+    A client signoff makes is one per event loop; a `client` passed in is used as it is on every
+    loop, but its HTTP connections belong to the loop that first used it: a runtime used from two
+    loops (its `*_sync` twins run on one of their own) fails there with a `ModelError` saying so.
     """
 
     _sdk_error = "OpenAIError"

@@ -329,19 +329,37 @@ C = TypeVar("C")
 class LoopClients(Generic[C]):
     """One SDK client per event loop: an HTTP connection pool cannot move between loops."""
 
-    def __init__(self, factory: Callable[[], C], close: Callable[[C], Awaitable[Any]]) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], C],
+        close: Callable[[C], Awaitable[Any]],
+        *,
+        shared: bool = False,
+    ) -> None:
+        """`shared`: the factory gives every loop the same client (one passed in), which
+        `crossed` then tells about."""
         self._factory = factory
         self._close = close
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, C] = (
             weakref.WeakKeyDictionary()
         )
+        self._shared = shared
+        self._first: weakref.ReferenceType[asyncio.AbstractEventLoop] | None = None
 
     def get(self) -> C:
         loop = asyncio.get_running_loop()
+        if self._first is None:
+            self._first = weakref.ref(loop)
         client = self._clients.get(loop)
         if client is None:
             client = self._clients[loop] = self._factory()
         return client
+
+    def crossed(self) -> bool:
+        """Whether the one client passed in is used on another loop than the first that used
+        it: its HTTP connections (and their locks) belong to that one."""
+        first = None if self._first is None else self._first()
+        return self._shared and first is not asyncio.get_running_loop()
 
     async def aclose(self) -> None:
         """Close the client of the running loop (each loop closes its own)."""
@@ -379,7 +397,7 @@ class SdkModel:
             if c is not client:
                 await c.close()
 
-        self._clients = LoopClients(make, close)
+        self._clients = LoopClients(make, close, shared=client is not None)
 
     def __repr__(self) -> str:
         where = f", base_url={shown_url(self._base_url)!r}" if self._base_url else ""
@@ -440,6 +458,17 @@ class SdkModel:
             raise ModelError(
                 f"{what} for {where} returned a body that cannot be read: "
                 f"{type(exc).__name__}: {exc}"
+            ) from exc
+        except RuntimeError as exc:
+            if not self._clients.crossed() or "loop" not in str(exc):
+                raise
+            # A Runtime's *_sync twins run on a loop of their own: the pool cannot follow.
+            raise ModelError(
+                f"{what} for {where} failed: the client= passed to {type(self).__name__} was "
+                "first used on another event loop, and its HTTP connections cannot be used on "
+                "this one (a Runtime's *_sync calls run on a loop of their own): pass base_url="
+                "/api_key= (or env=) instead, and a client is made for each loop; or use the "
+                f"runtime from one loop ({type(exc).__name__}: {exc})"
             ) from exc
 
     async def aclose(self) -> None:

@@ -1,0 +1,146 @@
+"""A lock and an event that tasks of several event loops, in several threads, may share.
+
+A runtime's async calls run on the app's loop while its `*_sync` twins run on the runtime's
+bridge loop, in another thread (`_sync`): both use one session's lock (`Driver.record`) and abort
+signal (`ToolContext.abort_signal`). asyncio's own bind to the first loop that waits on them:
+another loop's task is then refused ("bound to a different event loop"), and a release or `set`
+made on the other loop's thread completes a waiter's future without waking its loop, which may
+sleep on for ever. Here each waiter is woken on its own loop (`call_soon_threadsafe`), and the
+state is guarded by a thread lock held only for a few statements, never across an await.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+from typing import Literal
+
+__all__ = ["AnyLoopEvent", "AnyLoopLock"]
+
+
+def _wake(fut: asyncio.Future[None]) -> bool:
+    """Complete `fut` from any thread, on its loop; False if it cannot be woken (its loop is
+    closed): nothing awaits it any more."""
+    loop = fut.get_loop()
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if loop is running:
+        if not fut.done():
+            fut.set_result(None)
+        return True
+    try:
+        loop.call_soon_threadsafe(_settle, fut)
+    except RuntimeError:  # its loop was closed
+        return False
+    return True
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class AnyLoopLock:
+    """An `asyncio.Lock` any loop's tasks may share: first come, first served; the lock is handed
+    to the next waiter on release, on that waiter's loop. Not reentrant."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locked = False
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def locked(self) -> bool:
+        return self._locked
+
+    async def acquire(self) -> Literal[True]:
+        loop = asyncio.get_running_loop()
+        with self._guard:
+            if not self._locked:
+                self._locked = True
+                return True
+            fut: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            with self._guard:
+                try:
+                    self._waiters.remove(fut)
+                    handed = False
+                except ValueError:
+                    handed = True  # `release` handed the lock to this waiter meanwhile
+            if handed:
+                self.release()  # pass it on: this task gave up on it
+            raise
+        return True
+
+    def release(self) -> None:
+        """Hand the lock to the next waiter whose loop can still run it, or free it."""
+        while True:
+            with self._guard:
+                if not self._locked:
+                    raise RuntimeError("Lock is not acquired.")
+                if not self._waiters:
+                    self._locked = False
+                    return
+                fut = self._waiters.popleft()  # handed over: it stays locked
+            if _wake(fut):
+                return
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "locked" if self._locked else "unlocked"
+        return f"<AnyLoopLock [{state}, waiters:{len(self._waiters)}]>"
+
+
+class AnyLoopEvent(asyncio.Event):
+    """An `asyncio.Event` any loop's tasks may wait on and any thread may set: each waiter is
+    woken on its own loop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._guard = threading.Lock()
+        self._waiting: set[asyncio.Future[None]] = set()
+        self._on = False  # asyncio.Event's own flag is left unused
+
+    def is_set(self) -> bool:
+        return self._on
+
+    async def wait(self) -> Literal[True]:
+        loop = asyncio.get_running_loop()
+        with self._guard:
+            if self._on:
+                return True
+            fut: asyncio.Future[None] = loop.create_future()
+            self._waiting.add(fut)
+        try:
+            await fut
+        finally:
+            with self._guard:
+                self._waiting.discard(fut)
+        return True
+
+    def set(self) -> None:
+        with self._guard:
+            if self._on:
+                return
+            self._on = True
+            waiting = list(self._waiting)
+        for fut in waiting:
+            _wake(fut)
+
+    def clear(self) -> None:
+        with self._guard:
+            self._on = False
+
+    def __repr__(self) -> str:
+        state = "set" if self.is_set() else "unset"
+        return f"<AnyLoopEvent [{state}, waiters:{len(self._waiting)}]>"
