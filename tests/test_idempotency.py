@@ -534,7 +534,8 @@ async def test_a_repeat_while_another_process_runs_its_turn_says_so(store_url: s
 
     async with (
         so.Runtime([so.Agent(name="chat", model=Slow())], store=store_url) as one,
-        so.Runtime([chat_agent()], store=store_url) as two,
+        # `two` does not wait out `lease_wait` for the turn `one` holds: it answers what it finds
+        so.Runtime([chat_agent()], store=store_url, lease_wait=0) as two,
     ):
         task = asyncio.create_task(
             one.generate("chat", prompt="hello", auth=ALICE, idempotency_key="slow")

@@ -4,6 +4,7 @@ silent."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
@@ -111,8 +112,15 @@ async def test_a_listen_connection_gone_silent_is_given_up_and_listening_resumes
             if store._changes._listening.is_set():
                 break
             await asyncio.sleep(0.01)
+        seen = store._changes.seen
         proxy.silence()
-        await asyncio.sleep(1.5)  # quiet past `check_every`, no answer within `check_within`
+        silenced = time.monotonic()
+        # Quiet past `check_every`, no answer within `check_within`: given up, and listening on
+        # a new connection (which wakes every waiter, as it may have missed some), soon after
+        # (not after psycopg's own 5 s wait for a cancelled query to end, which never comes).
+        while not (store._changes.seen > seen and store._changes._listening.is_set()):
+            assert time.monotonic() - silenced < 4.0, "the silent connection was not given up"
+            await asyncio.sleep(0.01)
         for head in range(1, 4):
             waiting = asyncio.create_task(store.wait_for_change(sid, 5))
             await asyncio.sleep(0.1)

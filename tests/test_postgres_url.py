@@ -345,9 +345,21 @@ async def test_a_server_that_accepts_and_never_answers_fails_open_with_the_defau
 
 
 class _StallingProxy(Relay):
-    """A TCP relay to PostgreSQL that can be made to stop reading what its clients send, with a
-    receive buffer small enough for them to fill: the connection's window closes and what a
-    client sends next stays unsent, as when the far side's network stops taking data."""
+    """A TCP relay to PostgreSQL that can be made to stop reading what a client sends once it
+    sends more than a short statement, with a receive buffer small enough for the client to
+    fill: the connection's window closes and what is left of the client's message stays unsent,
+    as when the far side's network stops taking data. Its short statements before (a BEGIN, a
+    read of the session's state) are relayed and answered, so that what is stuck is data sent
+    and unacknowledged, never a query sent whole and waiting for its answer (which only
+    `operation_timeout` ends)."""
+
+    SHORT = 16384
+    """Bytes more than a few short statements'."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(host, port)
+        self.readers: list[asyncio.StreamReader] = []  # each relayed connection's client side
+        self.stalling: dict[asyncio.StreamReader, int] = {}  # and the bytes taken since
 
     def listening(self) -> socket.socket:
         listening = super().listening()
@@ -355,19 +367,28 @@ class _StallingProxy(Relay):
         listening.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         return listening
 
-    def stall(self) -> None:
-        """Stop relaying, and reading from clients, on every connection open now; later ones
-        relay as before."""
-        self.silence()
-        for client in self.clients:
-            transport = client.transport
-            assert isinstance(transport, asyncio.Transport)
-            transport.pause_reading()
-        self.clients = []
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.readers.append(reader)
+        await super()._accept(reader, writer)
 
-    async def close(self) -> None:
-        self.stall()
-        await super().close()
+    async def _relay(  # type: ignore[override]
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                if reader in self.stalling:
+                    self.stalling[reader] += len(data)
+                    if self.stalling[reader] > self.SHORT:
+                        # Read no more: the reader's buffer, then the socket's, fill up.
+                        await asyncio.Event().wait()
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    def stall(self) -> None:
+        """Stop taking data from every connection open now once it sends a long message; later
+        ones relay as before."""
+        self.stalling = dict.fromkeys(self.readers, 0)
 
 
 @pytest.mark.skipif(
@@ -380,17 +401,20 @@ async def test_a_connection_that_stops_taking_data_is_given_up_and_the_commit_go
     sent) fails its connection after `tcp_user_timeout` instead of waiting for ever, and is
     retried on a fresh connection: stored once. A relay that stops forwarding but whose kernel
     still acknowledges what it is sent (a frozen proxy or server process) is not caught by any
-    TCP setting; only a connection whose sent data goes unacknowledged is, as here."""
+    TCP setting; only a connection whose sent data goes unacknowledged is, as here. The
+    `operation_timeout`, which would end either, is longer than the test's own limit."""
     params = conninfo_to_dict(pg_store_url)
     proxy = _StallingProxy(str(params["host"]), int(str(params["port"])))
     port = await proxy.start()
     url = pg_store_url.replace(f":{params['port']}/", f":{port}/")
-    store = PostgresStore(f"{url}?tcp_user_timeout=1000", min_size=1, max_size=1)
+    store = PostgresStore(
+        f"{url}?tcp_user_timeout=1000&operation_timeout=600", min_size=1, max_size=1
+    )
     try:
         sid = f"ses_{uuid.uuid4().hex[:20]}"
         first = Event(session_id=sid, seq=1, type="session.created", at=1.0)
         await store.create_session(sid, "support", [first], None)
-        proxy.stall()  # the pool's one connection, idle now, stops taking data
+        proxy.stall()  # the pool's one connection, idle now, stops taking its next long message
         big = Event(
             session_id=sid, seq=2, type="turn.started", at=2.0, data={"x": secrets.token_hex(2**20)}
         )

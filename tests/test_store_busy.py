@@ -24,7 +24,7 @@ from signoff.stores.postgres import PostgresStore
 from .test_server_common import TOKENS, auth, make_runtime
 
 BOUND = 10.0
-"""A generous bound on a prompt failure with a 1 s wait: far below the pool's 30 s."""
+"""A generous bound on a prompt failure with a 0.3 s wait: far below the pool's 30 s."""
 
 
 @contextlib.asynccontextmanager
@@ -51,9 +51,9 @@ def _alice() -> so.Principal:
 
 async def test_an_http_call_on_a_busy_pool_is_a_prompt_503_store_busy(pg_store_url: str) -> None:
     """With every pooled connection held, the API answers 503 `store_busy` with Retry-After in
-    about the configured second, not after the pool's 30 s, and the answer it refused was not
+    about the configured wait, not after the pool's 30 s, and the answer it refused was not
     recorded; once connections are free again, the same call succeeds."""
-    runtime = make_runtime(f"{pg_store_url}?pool_min=2&pool_max=2&request_pool_timeout=1")
+    runtime = make_runtime(f"{pg_store_url}?pool_min=2&pool_max=2&request_pool_timeout=0.3")
     app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
     transport = httpx.ASGITransport(app=app)
     async with app.router.lifespan_context(app):
@@ -88,12 +88,12 @@ async def test_an_http_call_on_a_busy_pool_is_a_prompt_503_store_busy(pg_store_u
 async def test_calls_outside_a_request_keep_the_pools_whole_wait(pg_store_url: str) -> None:
     """A worker's or a script's call is not made for an HTTP request: it still waits for a
     connection (up to `pool_timeout`) and goes through once one is free."""
-    store = PostgresStore(f"{pg_store_url}?pool_min=2&pool_max=2&request_pool_timeout=1")
+    store = PostgresStore(f"{pg_store_url}?pool_min=2&pool_max=2&request_pool_timeout=0.3")
     await store.open()
     try:
         async with held(store, 2):
             reading = asyncio.ensure_future(store.count_pending(so.stores.PendingFilter()))
-            await asyncio.sleep(2.5)
+            await asyncio.sleep(1.0)  # past the request's wait (0.3 s)
             assert not reading.done()
         assert await asyncio.wait_for(reading, BOUND) == 0
     finally:
@@ -118,7 +118,7 @@ async def test_a_patient_call_that_finds_no_connection_is_a_plain_store_error(
 
 async def test_a_prompt_call_fails_with_store_busy(pg_store_url: str) -> None:
     """Inside `promptly()` a read fails with `StoreBusy`, a `StoreError`, after the short wait."""
-    store = PostgresStore(f"{pg_store_url}?pool_min=2&pool_max=2&request_pool_timeout=1")
+    store = PostgresStore(f"{pg_store_url}?pool_min=2&pool_max=2&request_pool_timeout=0.3")
     await store.open()
     try:
         loop = asyncio.get_running_loop()
@@ -126,7 +126,7 @@ async def test_a_prompt_call_fails_with_store_busy(pg_store_url: str) -> None:
             started = loop.time()
             with promptly(), pytest.raises(so.StoreBusy, match="no free PostgreSQL connection"):
                 await asyncio.wait_for(store.count_pending(so.stores.PendingFilter()), BOUND)
-            assert 0.9 < loop.time() - started < BOUND
+            assert 0.25 < loop.time() - started < BOUND
         assert issubclass(so.StoreBusy, so.StoreError)
     finally:
         await store.close()
@@ -136,7 +136,7 @@ async def test_after_a_write_the_rest_of_the_request_waits(pg_store_url: str) ->
     """Once a call made for a request has written, the rest of that request waits as workers
     do: failing it now would leave half of what the request does recorded (an answer whose
     turn never runs) behind a 503 that says to retry."""
-    store = PostgresStore(f"{pg_store_url}?pool_min=2&pool_max=2&request_pool_timeout=1")
+    store = PostgresStore(f"{pg_store_url}?pool_min=2&pool_max=2&request_pool_timeout=0.3")
     await store.open()
     try:
         with promptly():
@@ -145,7 +145,7 @@ async def test_after_a_write_the_rest_of_the_request_waits(pg_store_url: str) ->
             )
             async with held(store, 2):
                 reading = asyncio.ensure_future(store.head("ses_busy1"))
-                await asyncio.sleep(2.5)
+                await asyncio.sleep(1.0)  # past the request's wait (0.3 s)
                 assert not reading.done()
             assert await asyncio.wait_for(reading, BOUND) == 1
     finally:

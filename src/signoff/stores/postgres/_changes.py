@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from ..._exceptions import StoreError, UnknownSession
+from ._borrowed import sever
 
 if TYPE_CHECKING:
     from ._connections import Conn
@@ -141,13 +142,18 @@ class Listener:
 
     async def _notes(self, conn: Conn) -> AsyncIterator[str]:
         """The notifications `conn` receives. Every `check_every` seconds it must answer a
-        query within `check_within` (else `TimeoutError`): a connection whose network went
-        silent fails no read, and would leave every wait on it unwoken for ever."""
+        query within `check_within`: a connection whose network went silent fails no read, and
+        would leave every wait on it unwoken for ever. Past `check_within` it is cut under the
+        check (`sever`), which fails at once: cancelling the check instead had psycopg wait 5 s
+        more for the server to end a query it never received."""
         while True:
             async for note in conn.notifies(timeout=self.check_every):
                 yield note.payload
-            async with asyncio.timeout(self.check_within):
+            timer = asyncio.get_running_loop().call_later(self.check_within, sever, conn)
+            try:
                 await conn.execute("SELECT 1")
+            finally:
+                timer.cancel()
 
     def _wake(self, session_id: str) -> None:
         self.seen += 1
