@@ -21,6 +21,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
+from schemathesis.python.asgi import shutdown_lifespans
 from schemathesis.specs.openapi.checks import ignored_auth, positive_data_acceptance
 from starlette.testclient import TestClient
 
@@ -212,6 +213,10 @@ class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
             Chains.scenarios.append(self.trace)
             Chains.settled += self.settled
         finally:
+            # Schemathesis starts an app's lifespan at its first call and keeps it to the end of
+            # the process: every scenario's sweep went on every 5 s, reopening (and migrating
+            # anew) the store deleted below, and 159 of them took CPU from the later scenarios.
+            shutdown_lifespans()
             self.runtime.close_sync()
             for path in self.store.parent.glob(f"{self.store.name}*"):
                 path.unlink()

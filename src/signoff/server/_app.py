@@ -31,7 +31,7 @@ from ._auth import (
 from ._context import ServerContext
 from ._dashboard import SignIn
 from ._dashboard import router as dashboard_router
-from ._errors import ApiError, error_response, install_error_handlers
+from ._errors import ApiError, add_error_body, error_response, install_error_handlers
 from ._head import HeadAsGet
 from ._headers import SecurityHeaders
 from ._health import router as health_router
@@ -290,6 +290,7 @@ def create_app(
                 description=app.description,
                 routes=app.routes,
             )
+            doc = add_error_body(doc)
             # The agents are this server's: name them, so clients and fuzzers know them.
             body = doc.get("components", {}).get("schemas", {}).get("CreateSession")
             if body is not None:
