@@ -14,6 +14,7 @@ points it saw.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -21,8 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import signoff as so
+import signoff.stores.postgres
+import signoff.stores.sqlite  # each store imported once here, not in each child
 
 from ._forks import serve
+
+with contextlib.suppress(ImportError):  # what a runtime's first drive imports, if installed
+    import opentelemetry.trace  # noqa: F401
 
 PEOPLE = so.Principal(authenticator="test", principal_id="alice")
 BOB = so.Principal(authenticator="test", principal_id="bob")

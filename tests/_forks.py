@@ -22,17 +22,31 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import traceback
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Forks", "Scripts", "serve", "serve_scripts"]
+__all__ = ["Forks", "Scripts", "python_env", "serve", "serve_scripts"]
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 60
 """Seconds a child may run before SIGALRM ends it (what `subprocess.run(timeout=60)` gave)."""
+PYCACHE = Path(tempfile.gettempdir()) / f"signoff-tests-pycache-{os.getuid()}"
+"""Where child Pythons keep their bytecode when this environment says to write none."""
+
+
+def python_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`env` (else this process's) for a child `python`: under `PYTHONDONTWRITEBYTECODE` each
+    child compiled signoff's modules from source again (0.3 s of CPU each, 0.5 s with the CLI);
+    instead they share compiled files in `PYCACHE`, outside the tree (`PYTHONPYCACHEPREFIX`,
+    checked against each source's mtime and size, written atomically)."""
+    out = dict(os.environ if env is None else env)
+    if out.pop("PYTHONDONTWRITEBYTECODE", None):
+        out["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
+    return out
 
 
 def serve(run: Callable[[list[str]], Coroutine[Any, Any, dict[str, Any]]]) -> None:
@@ -93,6 +107,7 @@ class Forks:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module],
             cwd=ROOT,
+            env=python_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.err,

@@ -28,6 +28,8 @@ from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 import signoff as so
 from signoff.stores._codec import stored_type
 
+from ._forks import python_env
+
 __all__ = [
     "ROOT",
     "Child",
@@ -201,6 +203,7 @@ class Child:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests._procs", *argv],
             cwd=ROOT,
+            env=python_env(),
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,

@@ -21,6 +21,7 @@ from typing import Any
 
 import signoff as so
 
+from ._forks import python_env
 from ._procs import ROOT, is_type, query, record_execution
 
 __all__ = [
@@ -98,7 +99,7 @@ class Worker:
         for key, value in options.items():
             argv += [f"--{key.replace('_', '-')}", str(value)]
         env = {
-            **os.environ,
+            **python_env(),
             "SIGNOFF_TEST_RECORDS": str(records),
             "SIGNOFF_TEST_TOOL_DELAY": str(delay),
         }

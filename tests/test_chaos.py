@@ -36,6 +36,7 @@ from . import _proof
 from ._chaos import Chaos, Ledger, _root
 from ._chaos_checks import _check
 from ._chaos_procs import AGENT, CHILD, PARENT, make_agents
+from ._forks import python_env
 from ._procs import ROOT
 from .test_server_common import auth, free_port
 
@@ -103,7 +104,7 @@ async def _killer(rng: random.Random, slots: list[Slot], stop: asyncio.Event) ->
 
 def _slots(url: str, tmp: Path, records: Path, port: int) -> list[Slot]:
     env = {
-        **os.environ,
+        **python_env(),
         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         "SIGNOFF_TEST_RECORDS": str(records),
     }

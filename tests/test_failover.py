@@ -22,6 +22,7 @@ import httpx
 
 import signoff as so
 
+from ._forks import python_env
 from ._procs import ROOT, is_type, query
 from ._worker_procs import (
     AGENT,
@@ -205,7 +206,7 @@ async def test_a_database_restart_under_serve_and_a_worker_loses_nothing(tmp_pat
     try:
         port = free_port()
         env = {
-            **os.environ,
+            **python_env(),
             "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
             "SIGNOFF_TEST_RECORDS": str(records),
         }

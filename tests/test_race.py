@@ -18,6 +18,7 @@ from typing import IO, Any
 
 import signoff as so
 
+from ._forks import python_env
 from ._procs import ROOT, query
 from ._worker_procs import AGENT, ALICE, check_logs, make_agent, read_records, settled_counts
 
@@ -52,7 +53,9 @@ async def test_eight_processes_answer_the_same_hundred_requests(
             err: IO[str] = (tmp_path / f"answerer-{n}.err").open("w")
             logs.append(err)
             children.append(
-                subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
+                subprocess.Popen(
+                    argv, cwd=ROOT, env=python_env(), stdout=subprocess.PIPE, stderr=err, text=True
+                )
             )
         for child in children:  # the barrier: every process is connected and waiting
             assert child.stdout is not None

@@ -25,6 +25,7 @@ import uvicorn
 import signoff as so
 from signoff.server import AccessRule, TokenAuth, create_app
 
+from ._forks import python_env
 from ._ttl import ttl_agent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -213,7 +214,7 @@ def spawn_serve(
     """Start `signoff serve` on `store`; returns once *this* process has bound its port."""
     # This tree's code, not whichever checkout the virtualenv's editable install points at.
     path = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
-    env = {**os.environ, "SIGNOFF_TEST_STORE": store, "PYTHONPATH": path}
+    env = {**python_env(), "SIGNOFF_TEST_STORE": store, "PYTHONPATH": path}
     for _ in range(1 if port is not None else 5):
         chosen = port or free_port()
         args = ["serve", "tests.test_server_common:make_runtime", "--port", str(chosen)]

@@ -60,9 +60,10 @@ def receiver() -> Iterator[Receiver]:
         r.close()
 
 
-@pytest.fixture
-def children(tmp_path: Path) -> Iterator[Forks]:
-    forks = Forks("tests._webhook_child", tmp_path)
+@pytest.fixture(scope="module")
+def children(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Forks]:
+    """One process that imported signoff, forking a child per run, for all the file's tests."""
+    forks = Forks("tests._webhook_child", tmp_path_factory.mktemp("children"))
     try:
         yield forks
     finally:

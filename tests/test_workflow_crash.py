@@ -26,6 +26,8 @@ import pytest
 import signoff as so
 from signoff.testing import call, call_tools, reply, scripted_agent, timeline
 
+from ._forks import python_env
+
 ROOT = Path(__file__).resolve().parent.parent
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
 LEASE_TTL = 0.5
@@ -153,6 +155,7 @@ class Child:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.test_workflow_crash", *argv, "--workdir", str(workdir)],
             cwd=ROOT,
+            env=python_env(),
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
