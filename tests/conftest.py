@@ -34,6 +34,9 @@ from signoff.stores.postgres import PostgresStore
 
 from ._forks import Scripts
 
+# The longest test files are handed to the pytest-xdist workers first (`durations.json`).
+from ._order import pytest_collection_modifyitems as pytest_collection_modifyitems
+
 # The "signoff proof" summary, with each pytest-xdist worker's tally sent to the controller.
 from ._proof import pytest_sessionfinish as pytest_sessionfinish
 from ._proof import pytest_terminal_summary as pytest_terminal_summary
