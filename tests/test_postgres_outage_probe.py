@@ -112,3 +112,36 @@ async def test_a_call_on_another_loop_does_not_join_that_loops_check() -> None:
         other.call_soon_threadsafe(other.stop)
         await asyncio.to_thread(thread.join, 10)
         other.close()
+
+
+async def test_closing_on_this_loop_cancels_another_loops_check_there_without_waiting_on_it() -> (
+    None
+):
+    """The check under way may be another loop's (a `*_sync` call's during an outage): closing
+    the store from this loop cancels it on its own loop and returns (cancelling it from this
+    thread and waiting on its future here could wait for ever: nothing wakes this loop)."""
+    cancelled = threading.Event()
+
+    async def connect() -> Any:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        raise AssertionError("not cancelled")
+
+    outage = Outage(connect, "test", grace=0.0)
+    other = asyncio.new_event_loop()
+    thread = threading.Thread(target=other.run_forever, daemon=True)
+    thread.start()
+    try:
+        theirs = asyncio.run_coroutine_threadsafe(outage.probe(30.0), other)
+        while outage._probing is None:
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(outage.close(), 5)
+        assert await asyncio.to_thread(cancelled.wait, 5)  # cancelled on its own loop
+        assert await asyncio.wrap_future(theirs) is None
+    finally:
+        other.call_soon_threadsafe(other.stop)
+        await asyncio.to_thread(thread.join, 10)
+        other.close()

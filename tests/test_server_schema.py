@@ -216,10 +216,12 @@ class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
             # Schemathesis starts an app's lifespan at its first call and keeps it to the end of
             # the process: every scenario's sweep went on every 5 s, reopening (and migrating
             # anew) the store deleted below, and 159 of them took CPU from the later scenarios.
-            shutdown_lifespans()
-            self.runtime.close_sync()
-            for path in self.store.parent.glob(f"{self.store.name}*"):
-                path.unlink()
+            try:
+                shutdown_lifespans()
+            finally:
+                self.runtime.close_sync()
+                for path in self.store.parent.glob(f"{self.store.name}*"):
+                    path.unlink()
 
     def get_call_kwargs(self, case: Any) -> dict[str, Any]:
         return {"headers": _authorized(case), "app": self.app}

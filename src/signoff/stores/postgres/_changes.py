@@ -1,5 +1,6 @@
-"""Waiting for changes on PostgreSQL: one connection per store LISTENs to the `NOTIFY` every
-commit sends, and wakes the calls waiting on the session it names, so a wait needs no polling."""
+"""Waiting for changes on PostgreSQL: one connection per store and event loop LISTENs to the
+`NOTIFY` every commit sends, and wakes the calls waiting on the session it names, so a wait needs
+no polling."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from .._prompt import REQUEST_WAIT
 from . import _schema
 from ._borrowed import OPERATION_TIMEOUT, Pool
 from ._changes import Listener
-from ._outage import GRACE, Outage, is_down
+from ._outage import GRACE, Outage, is_down, settle
 from ._transactions import Conn, Transactions
 from ._url import (
     check_parameters,
@@ -317,8 +317,10 @@ class Connections(Transactions):
         if pool is not None:
             await pool.close()
         checking, self._checking = self._checking, None
-        if checking is not None:
+        if checking is not None and checking.get_loop() is here:
             await asyncio.wait({checking})  # each connection it holds is cut at its deadline
+        elif checking is not None:  # another loop's, started after its pool was put away
+            await settle(checking)
         await self._outage.close()
 
     def set_fault_hook(self, hook: FaultHook | None) -> None:

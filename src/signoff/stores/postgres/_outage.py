@@ -114,8 +114,9 @@ class Outage:
         the probe's connection (not the pool's) rather than wait for the pool to reconnect.
         The server up, a call waits `busy_after` seconds if given (else the pool's timeout),
         then fails (`busy`)."""
-        if self._spare:
-            return self._spare.pop(), False
+        spare = self._take_spare()
+        if spare is not None:
+            return spare, False
         if self.since is None and pool.get_stats().get("pool_available", 0):
             try:  # the usual case: an idle connection
                 return await pool.getconn(busy_after), True
@@ -155,8 +156,9 @@ class Outage:
                         raise self.busy(pool, busy_after) from exc
                     handed = True
                     return conn, True
-                if self._spare:
-                    return self._spare.pop(), False
+                spare = self._take_spare()
+                if spare is not None:
+                    return spare, False
                 if self.over_grace():
                     raise self.unavailable()
                 if (
@@ -194,7 +196,15 @@ class Outage:
                 probing = self._start_probe()
                 await asyncio.wait({probing}, timeout=left)
                 _raise(probing)
-        return self._spare.pop() if self._spare else None
+        return self._take_spare()
+
+    def _take_spare(self) -> Conn | None:
+        """The connection a check found the server back on, if no call took it first (the
+        calls of another event loop's thread may be after it too)."""
+        try:
+            return self._spare.pop()
+        except IndexError:
+            return None
 
     def _start_probe(self) -> asyncio.Future[None]:
         """The check of the server under way on this event loop, started now if there is none
@@ -236,16 +246,15 @@ class Outage:
         is closing."""
         probing, self._probing = self._probing, None
         if probing is not None and not probing.done():
-            probing.cancel()
-            await asyncio.wait({probing})
-        while self._spare:
+            await settle(probing)
+        while (spare := self._take_spare()) is not None:
             with contextlib.suppress(psycopg.Error):
-                await self._spare.pop().close()
+                await spare.close()
 
     def forget(self) -> None:
-        """Drop what belonged to an event loop that is gone (its connections with it)."""
+        """Drop the check of an event loop that is no longer this store's (a connection it
+        left for a call is kept: a connection is not bound to a loop)."""
         self._probing = None
-        self._spare.clear()
 
 
 def _seen(probing: asyncio.Future[None]) -> None:
@@ -261,3 +270,16 @@ def _raise(probing: asyncio.Future[None]) -> None:
         error = probing.exception()
         if error is not None:
             raise error
+
+
+async def settle(task: asyncio.Future[Any]) -> None:
+    """Cancel `task` and wait for it to end: on this loop if it is this loop's; if it is another
+    running loop's, the cancel is sent there and not waited for (its completion would never
+    wake this loop); a stopped loop's task ends with that loop."""
+    there = task.get_loop()
+    if there is asyncio.get_running_loop():
+        task.cancel()
+        await asyncio.wait({task})
+        return
+    with contextlib.suppress(RuntimeError):  # that loop is closed
+        there.call_soon_threadsafe(task.cancel)
