@@ -18,6 +18,7 @@ from signoff.stores import Commit
 from signoff.stores.postgres import PostgresStore
 from signoff.testing import ExecutionLog
 
+from ._loops import other_loop
 from ._sqlite_store import event
 from .test_runtime import refund_agent
 from .test_sqlite_store_threads import two_thread_calls
@@ -120,39 +121,34 @@ async def test_a_loop_waiting_while_another_opens_its_pool_is_woken_and_gets_its
     other thread, which never woke this loop: a test hung for the 600 s of the pool's next timer)
     and must get a pool of this loop, not the other loop's."""
     store = PostgresStore(pg_store_url)
-    other = asyncio.new_event_loop()
-    thread = threading.Thread(target=other.run_forever, daemon=True)
-    thread.start()
-    entered, gate = threading.Event(), threading.Event()
-    connect = store._connect
+    async with other_loop() as other:
+        entered, gate = threading.Event(), threading.Event()
+        connect = store._connect
 
-    async def held_connect() -> Any:
-        if asyncio.get_running_loop() is other and not gate.is_set():
-            entered.set()
-            await asyncio.to_thread(gate.wait, 30)
-        return await connect()
+        async def held_connect() -> Any:
+            if asyncio.get_running_loop() is other and not gate.is_set():
+                entered.set()
+                await asyncio.to_thread(gate.wait, 30)
+            return await connect()
 
-    store._connect = held_connect  # type: ignore[method-assign]
-    try:
-        theirs = asyncio.run_coroutine_threadsafe(store._get_pool(), other)
-        assert await asyncio.to_thread(entered.wait, 10)
-        ours = asyncio.ensure_future(store._get_pool())
-        await asyncio.sleep(0.2)  # this loop's call is waiting now
-        started = time.monotonic()
-        gate.set()
-        our_pool = await asyncio.wait_for(ours, 30)  # nothing else would wake this loop
-        assert time.monotonic() - started < 5
-        their_pool = await asyncio.wrap_future(theirs)
-        assert our_pool is not their_pool
-        assert await store._get_pool() is our_pool
-        await store.create_session("ses_1", "a", [event("ses_1", 1, "session.created")], None)
-        assert await store.head("ses_1") == 1
-    finally:
-        gate.set()
-        await store.close()
-        other.call_soon_threadsafe(other.stop)
-        await asyncio.to_thread(thread.join, 10)
-        other.close()
+        store._connect = held_connect  # type: ignore[method-assign]
+        try:
+            theirs = asyncio.run_coroutine_threadsafe(store._get_pool(), other)
+            assert await asyncio.to_thread(entered.wait, 10)
+            ours = asyncio.ensure_future(store._get_pool())
+            await asyncio.sleep(0.2)  # this loop's call is waiting now
+            started = time.monotonic()
+            gate.set()
+            our_pool = await asyncio.wait_for(ours, 30)  # nothing else would wake this loop
+            assert time.monotonic() - started < 5
+            their_pool = await asyncio.wrap_future(theirs)
+            assert our_pool is not their_pool
+            assert await store._get_pool() is our_pool
+            await store.create_session("ses_1", "a", [event("ses_1", 1, "session.created")], None)
+            assert await store.head("ses_1") == 1
+        finally:
+            gate.set()
+            await store.close()
     assert await _backends_gone(pg_store_url)
 
 
@@ -164,38 +160,36 @@ async def test_waits_on_two_loops_by_turns_keep_one_listen_connection_each(
     previous listener running and started another: two more backends per round trip); closing
     the store from this loop closes both."""
     store = PostgresStore(pg_store_url)
-    other = asyncio.new_event_loop()
-    thread = threading.Thread(target=other.run_forever, daemon=True)
-    thread.start()
+    async with other_loop() as other:
 
-    def there(coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, other).result(10)
+        def there(coro: Coroutine[Any, Any, T]) -> T:
+            return asyncio.run_coroutine_threadsafe(coro, other).result(10)
 
-    try:
-        await store.create_session("ses_1", "a", [event("ses_1", 1, "session.created")], None)
-        counts = []
-        for _ in range(4):
-            assert not await store.wait_for_change("ses_1", 0.1)
-            assert not await asyncio.to_thread(there, store.wait_for_change("ses_1", 0.1))
-            counts.append(await asyncio.to_thread(_backends, pg_store_url))
-        assert counts == [4] * 4  # a pool of one and a listener on each loop
-        waiting = asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(store.wait_for_change("ses_1", 20), other)
-        )
-        started = time.monotonic()
-        await asyncio.sleep(0.2)
-        token = await store.acquire_lease("ses_1", "w", 30.0, 1.0)
-        assert token is not None
-        await store.commit(
-            Commit(
-                session_id="ses_1", expected_seq=1, events=[event("ses_1", 2)], lease_token=token
+        try:
+            await store.create_session("ses_1", "a", [event("ses_1", 1, "session.created")], None)
+            counts = []
+            for _ in range(4):
+                assert not await store.wait_for_change("ses_1", 0.1)
+                assert not await asyncio.to_thread(there, store.wait_for_change("ses_1", 0.1))
+                counts.append(await asyncio.to_thread(_backends, pg_store_url))
+            assert counts == [4] * 4  # a pool of one and a listener on each loop
+            waiting = asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(store.wait_for_change("ses_1", 20), other)
             )
-        )
-        assert await waiting  # woken by the commit on this loop, not by its timeout
-        assert time.monotonic() - started < 5
-    finally:
-        await store.close()
-        other.call_soon_threadsafe(other.stop)
-        await asyncio.to_thread(thread.join, 10)
-        other.close()
+            started = time.monotonic()
+            await asyncio.sleep(0.2)
+            token = await store.acquire_lease("ses_1", "w", 30.0, 1.0)
+            assert token is not None
+            await store.commit(
+                Commit(
+                    session_id="ses_1",
+                    expected_seq=1,
+                    events=[event("ses_1", 2)],
+                    lease_token=token,
+                )
+            )
+            assert await waiting  # woken by the commit on this loop, not by its timeout
+            assert time.monotonic() - started < 5
+        finally:
+            await store.close()
     assert await _backends_gone(pg_store_url)

@@ -11,6 +11,8 @@ import psycopg
 
 from signoff.stores.postgres._outage import Outage
 
+from ._loops import other_loop
+
 STARTING = "connection failed: FATAL:  the database system is starting up"
 
 
@@ -95,23 +97,18 @@ async def test_a_call_on_another_loop_does_not_join_that_loops_check() -> None:
         raise psycopg.OperationalError(STARTING)
 
     outage = Outage(connect, "test", grace=0.0)
-    other = asyncio.new_event_loop()
-    thread = threading.Thread(target=other.run_forever, daemon=True)
-    thread.start()
-    try:
-        theirs = asyncio.run_coroutine_threadsafe(outage.probe(5.0), other)
-        while not calls:
-            await asyncio.sleep(0.01)
-        assert await outage.probe(1.0) is None  # its own check, which found the server down
-        assert calls == [other, asyncio.get_running_loop()]
-        assert outage.since is not None
-        gate.set()
-        assert await asyncio.wrap_future(theirs) is None
-    finally:
-        gate.set()
-        other.call_soon_threadsafe(other.stop)
-        await asyncio.to_thread(thread.join, 10)
-        other.close()
+    async with other_loop() as other:
+        try:
+            theirs = asyncio.run_coroutine_threadsafe(outage.probe(5.0), other)
+            while not calls:
+                await asyncio.sleep(0.01)
+            assert await outage.probe(1.0) is None  # its own check, which found the server down
+            assert calls == [other, asyncio.get_running_loop()]
+            assert outage.since is not None
+            gate.set()
+            assert await asyncio.wrap_future(theirs) is None
+        finally:
+            gate.set()
 
 
 async def test_closing_on_this_loop_cancels_another_loops_check_there_without_waiting_on_it() -> (
@@ -131,17 +128,10 @@ async def test_closing_on_this_loop_cancels_another_loops_check_there_without_wa
         raise AssertionError("not cancelled")
 
     outage = Outage(connect, "test", grace=0.0)
-    other = asyncio.new_event_loop()
-    thread = threading.Thread(target=other.run_forever, daemon=True)
-    thread.start()
-    try:
+    async with other_loop() as other:
         theirs = asyncio.run_coroutine_threadsafe(outage.probe(30.0), other)
         while outage._probing is None:
             await asyncio.sleep(0.01)
         await asyncio.wait_for(outage.close(), 5)
         assert await asyncio.to_thread(cancelled.wait, 5)  # cancelled on its own loop
         assert await asyncio.wrap_future(theirs) is None
-    finally:
-        other.call_soon_threadsafe(other.stop)
-        await asyncio.to_thread(thread.join, 10)
-        other.close()
