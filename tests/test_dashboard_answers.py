@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -15,11 +16,14 @@ from signoff.server import TokenAuth, create_app
 from signoff.stores._codec import unpack
 
 from ._audit import alter
-from ._dashboard import csrf_of, signed_in, start
+from ._dashboard import PLAIN, csrf_of, signed_in, start
 from ._procs import query
 from .test_server_common import TOKENS, auth, running, served
 
 JSON = {"Accept": "application/json"}
+# httpx.get and .post with one TLS context, not one built per call (`PLAIN`)
+get = partial(httpx.get, verify=PLAIN)
+post = partial(httpx.post, verify=PLAIN)
 
 
 @pytest.fixture
@@ -41,7 +45,7 @@ def test_a_request_the_viewer_may_not_answer_offers_no_buttons(base: str) -> Non
             assert "You may not answer this" in card and "asked by alice" in card, path
         pending = c.get(f"/_signoff/fragments/sessions/{sid}").json()["pending"]
         assert "data-not-allowed" in pending and 'value="approve"' not in pending
-    page = httpx.get(f"{base}/_signoff/", headers=auth("alice-token")).text
+    page = get(f"{base}/_signoff/", headers=auth("alice-token")).text
     assert 'value="approve"' in page and "data-not-allowed" not in page
 
 
@@ -59,11 +63,11 @@ def test_the_requester_of_a_four_eyes_call_is_told_someone_else_must_approve(
     runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/eyes.db")
     with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
         start(base, "ops")
-        mine = httpx.get(f"{base}/_signoff/", headers=auth("alice-token")).text
+        mine = get(f"{base}/_signoff/", headers=auth("alice-token")).text
         assert 'value="approve"' not in mine
         assert "the requester may not approve their own call" in mine
         # another reviewer of the tenant may
-        assert 'value="approve"' in httpx.get(f"{base}/_signoff/", headers=auth("admin-token")).text
+        assert 'value="approve"' in get(f"{base}/_signoff/", headers=auth("admin-token")).text
 
 
 def test_the_same_answer_from_a_stale_page_names_who_gave_it_first(base: str) -> None:
@@ -77,15 +81,15 @@ def test_the_same_answer_from_a_stale_page_names_who_gave_it_first(base: str) ->
     with signed_in(base, "admin-token") as admin:
         token = csrf_of(admin.get("/_signoff/").text)  # the page, before the votes
         for who in ("alice-token", "bob-token"):
-            assert httpx.post(url, json=vote, headers=auth(who)).status_code == 200
-        before = httpx.get(f"{base}/v1/requests/{rid}", headers=auth("admin-token")).json()
+            assert post(url, json=vote, headers=auth(who)).status_code == 200
+        before = get(f"{base}/v1/requests/{rid}", headers=auth("admin-token")).json()
         form = {"option": "approve", "csrf": token}
         r = admin.post(f"/_signoff/requests/{rid}/respond", data=form, headers=JSON)
         assert r.status_code == 200 and r.json()["outcome"] == "approved"
         assert r.json()["already_by"] == "Bob (bob)"
         r = admin.post(f"/_signoff/requests/{rid}/respond", data={**form, "next": "/_signoff/"})
         assert r.status_code == 200 and "Already approved by Bob (bob)" in r.text
-        after = httpx.get(f"{base}/v1/requests/{rid}", headers=auth("admin-token")).json()
+        after = get(f"{base}/v1/requests/{rid}", headers=auth("admin-token")).json()
         assert after == before  # nothing changed
     with signed_in(base, "bob-token") as bob:
         form = {"option": "approve", "csrf": csrf_of(bob.get("/_signoff/").text)}
@@ -122,7 +126,7 @@ def test_a_stale_answer_to_a_request_settled_by_a_damaged_principal_is_still_ans
         with signed_in(base, "admin-token") as admin:
             token = csrf_of(admin.get("/_signoff/").text)  # the page, before the votes
             for who in ("alice-token", "bob-token"):
-                assert httpx.post(url, json=vote, headers=auth(who)).status_code == 200
+                assert post(url, json=vote, headers=auth(who)).status_code == 200
             ((stored,),) = query(store_url, "SELECT resolution FROM {t}requests WHERE id={p}", rid)
             resolution = damaged if part == "resolution" else {**unpack(stored), "by": damaged}
             raw = json.dumps(resolution).encode()
@@ -159,7 +163,7 @@ def test_a_reviewer_who_voted_on_a_quorum_is_told_so_and_may_still_deny(base: st
     sid, rid = body["session_id"], body["pending"][0]["id"]
     vote = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
     url = f"{base}/v1/sessions/{sid}/responses"
-    assert httpx.post(url, json=vote, headers=auth("alice-token")).json()["status"] == "waiting"
+    assert post(url, json=vote, headers=auth("alice-token")).json()["status"] == "waiting"
     with signed_in(base, "alice-token") as c:
         for path in ("/_signoff/", f"/_signoff/sessions/{sid}"):
             page = c.get(path).text
@@ -174,10 +178,10 @@ def test_a_reviewer_who_voted_on_a_quorum_is_told_so_and_may_still_deny(base: st
         form = {"option": "cancel", "text": "wrong account", "csrf": csrf_of(page)}
         r = c.post(f"/_signoff/requests/{rid}/respond", data=form, headers=JSON)
         assert r.status_code == 200 and r.json()["outcome"] == "cancelled", r.text
-    got = httpx.get(f"{base}/v1/requests/{rid}", headers=auth("admin-token")).json()
+    got = get(f"{base}/v1/requests/{rid}", headers=auth("admin-token")).json()
     assert (got["status"], got["outcome"]) == ("settled", "cancelled"), got
     body = start(base, "treasury")
-    bobs = httpx.get(f"{base}/_signoff/", headers=auth("bob-token")).text
+    bobs = get(f"{base}/_signoff/", headers=auth("bob-token")).text
     card = bobs[bobs.index(f'data-request-id="{body["pending"][0]["id"]}"') :]
     card = card[: card.index("</article>")]
     assert 'value="approve"' in card and 'value="cancel"' in card and "data-voted" not in card
@@ -313,7 +317,7 @@ def test_every_answer_the_card_offers_is_taken_and_no_other(
                     for who in voted:
                         vote = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
                         url = f"{base}/v1/sessions/{sid}/responses"
-                        r = httpx.post(url, json=vote, headers=auth(f"{who}-token"))
+                        r = post(url, json=vote, headers=auth(f"{who}-token"))
                         assert r.json()["status"] == "waiting", r.text
                     page = c.get(f"/_signoff/sessions/{sid}").text
                     card = page[page.index(f'data-request-id="{rid}"') :]

@@ -171,3 +171,30 @@ async def test_verification_reads_a_large_trail_by_index(
                     assert "Index Cond" in node or "Recheck Cond" in node, (q, tables)
     finally:
         await conn.close()
+
+
+async def test_a_read_of_events_after_the_head_takes_no_round_trip_for_the_row_key(
+    pg: PostgresStore, pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`head` reads the session's row key with its head, so the read of its events that follows
+    (`Runtime.events`) is one statement: a store that had not read the session yet looked the
+    key up first, a round trip more on each session's first read."""
+    sid = await new_session(pg, events=3)
+    other = PostgresStore(pg_store_url)  # knows nothing of the session yet
+    await other.open()
+    try:
+        await other.head("ses_none")  # its pool is open: only the reads below are counted
+        statements: list[str] = []
+        execute = psycopg.AsyncConnection.execute
+
+        async def traced(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+            statements.append(str(query))
+            return await execute(self, query, params, **kw)
+
+        monkeypatch.setattr(psycopg.AsyncConnection, "execute", traced)
+        assert await other.head(sid) == 3
+        assert [e.seq for e in await other.read_events(sid, after=1)] == [2, 3]
+        monkeypatch.undo()
+        assert len(statements) == 2, statements
+    finally:
+        await other.close()

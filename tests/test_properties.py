@@ -13,8 +13,8 @@ import asyncio
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Hashable
+from typing import Any, cast
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -64,7 +64,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         self.requests: dict[str, Request] = {}
         self.moved = False
         self.other: so.Runtime | None = None  # a second process's runtime, once one answered
-        self.seen: dict[str, tuple[list[dict[str, Any]], so.SessionState]] = {}
+        self.seen: dict[Hashable, Any] = {}  # reads made since the store last changed
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -95,11 +95,21 @@ class RuntimeMachine(RuleBasedStateMachine):
 
     def step(self) -> None:
         self.moved = True  # something ran since the last restart: another one is worth it
-        self.seen.clear()
         _proof.record(f"hypothesis:{self.proof}:steps")
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a call that may write (any call but the cached reads below): what was read
+        before it is forgotten."""
+        self.seen.clear()
         return self.loop.run_until_complete(coro)
+
+    def read(self, key: Hashable, call: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """A read through the API, made once until the next `run` (the store changes only
+        through this machine's calls): the invariants of a pass, and a rule's `before` after a
+        step that wrote nothing since that pass, share it (a round trip each on PostgreSQL)."""
+        if key not in self.seen:
+            self.seen[key] = self.loop.run_until_complete(call())
+        return cast("T", self.seen[key])
 
     def teardown(self) -> None:
         try:
@@ -118,27 +128,36 @@ class RuntimeMachine(RuleBasedStateMachine):
     async def _events(self, sid: str) -> list[dict[str, Any]]:
         return [e.to_dict() async for e in self.rt.events(sid, follow=False)]
 
-    def observed(self, sid: str) -> tuple[list[dict[str, Any]], so.SessionState]:
-        """A session's events and state as the store has them after the last step, read once
-        for all the invariants (a round trip each on PostgreSQL)."""
-        if sid not in self.seen:
-            self.seen[sid] = (self.run(self._events(sid)), self.run(self.rt.state(sid)))
-        return self.seen[sid]
+    def log(self, sid: str) -> list[dict[str, Any]]:
+        """A session's events as the store has them now."""
+        return self.read(("events", sid), lambda: self._events(sid))
 
-    async def _everything(self) -> Any:
-        """All the public API shows: events of every session, the queue, sessions, audit."""
-        events = {sid: await self._events(sid) for sid in self.sessions}
-        pending = [r.model_dump() for r in await self.rt.pending(limit=10_000)]
-        sessions = await self.rt.sessions(limit=10_000)
-        audit = await self.rt.audit()
-        return events, pending, sessions, audit
+    def observed(self, sid: str) -> tuple[list[dict[str, Any]], so.SessionState]:
+        """A session's events and state as the store has them now."""
+        return self.log(sid), self.read(("state", sid), lambda: self.rt.state(sid))
+
+    def queue(self) -> list[so.InputRequest]:
+        """The whole queue of open requests as the store has it now."""
+        return self.read("pending", lambda: self.rt.pending(limit=10_000))
+
+    def trail(self) -> list[so.AuditEntry]:
+        """The whole audit trail as the store has it now."""
+        return self.read("audit", lambda: self.rt.audit())
+
+    def _everything(self) -> Any:
+        """All the public API shows now: events of every session, the queue, sessions, audit
+        (through `self.rt` as it is when read: after a restart, the new runtime)."""
+        events = {sid: self.log(sid) for sid in self.sessions}
+        pending = [r.model_dump() for r in self.queue()]
+        sessions = self.read("sessions", lambda: self.rt.sessions(limit=10_000))
+        return events, pending, sessions, self.trail()
 
     def rejected(self, exc: type[so.SignoffError], coro: Coroutine[Any, Any, Any]) -> None:
         """`coro` must raise `exc` and leave everything the API shows unchanged."""
-        before = self.run(self._everything())
+        before = self._everything()
         with pytest.raises(exc):
             self.run(coro)
-        assert self.run(self._everything()) == before, f"a rejected {exc.__name__} changed data"
+        assert self._everything() == before, f"a rejected {exc.__name__} changed data"
 
     def pending_of(self, sid: str) -> list[Request]:
         return [r for r in self.requests.values() if r.session_id == sid and r.outcome is None]
@@ -332,11 +351,11 @@ class RuntimeMachine(RuleBasedStateMachine):
             response = so.InputResponse(request_id=req.id, option_id=other)
             self.rejected(so.ConflictingAnswer, self.rt.respond(req.session_id, [response]))
             return
-        before = self.run(self._everything())
+        before = self._everything()
         response = so.InputResponse(request_id=req.id, **req.answer)
         result = self.run(self.rt.respond(req.session_id, [response]))
         assert [(o.request_id, o.applied) for o in result.outcomes] == [(req.id, False)]
-        assert self.run(self._everything()) == before, "a repeated answer changed data"
+        assert self._everything() == before, "a repeated answer changed data"
 
     @precondition(
         lambda self: any(r.outcome is not None and r.answer is None for r in self.requests.values())
@@ -399,12 +418,13 @@ class RuntimeMachine(RuleBasedStateMachine):
         _proof.record(f"hypothesis:{self.proof}:restarts")
         self.moved = False
         self.close_second()
-        before = self.run(self._everything())
+        before = self._everything()
         old = self.rt
         self.run(old.close())
         self.rt = self.open_runtime()
         assert self.rt is not old and self.rt.store is not old.store
-        assert self.run(self._everything()) == before, "a restart changed what the store shows"
+        assert not self.seen  # read again, all of it, through the new runtime
+        assert self._everything() == before, "a restart changed what the store shows"
 
     # -- invariants ---------------------------------------------------------------------------
 
@@ -419,7 +439,7 @@ class RuntimeMachine(RuleBasedStateMachine):
 
     @invariant()
     def every_request_is_pending_or_resolved_once(self) -> None:
-        queue = {r.id for r in self.run(self.rt.pending(limit=10_000))}
+        queue = {r.id for r in self.queue()}
         assert queue == {r.id for r in self.requests.values() if r.outcome is None}
         for sid in self.sessions:
             log, state = self.observed(sid)
@@ -466,7 +486,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         """Each session's audit stream holds its requests, decisions and executions, each once,
         in the order and with the data the log has."""
         trail: dict[str, list[tuple[str, int | None, dict[str, Any]]]] = {}
-        for entry in self.run(self.rt.audit()):
+        for entry in self.trail():
             trail.setdefault(entry.stream, []).append((entry.type, entry.seq, entry.data))
         for sid in self.sessions:
             log = self.observed(sid)[0]

@@ -48,12 +48,12 @@ class QueueMachine(RuntimeMachine):
         result = self.run(rt.send(sid, prompt(plan), turn_policy="queue", idempotency_key=key))
         assert result.outcomes == [] and not result.replayed
         if again:
-            before = self.run(self._everything())
+            before = self._everything()
             other = self.rt if elsewhere else self.second()
             repeat = self.run(
                 other.send(sid, prompt(plan), turn_policy="queue", idempotency_key=key)
             )
-            assert self.run(self._everything()) == before, "a repeated message changed data"
+            assert self._everything() == before, "a repeated message changed data"
             assert repeat.replayed and repeat.queued == result.queued, (repeat, result)
             if repeat.turn_id == result.turn_id:
                 assert repeat.status == result.status, (repeat, result)
@@ -77,7 +77,7 @@ class QueueMachine(RuntimeMachine):
     ) -> None:
         """A repeat answers with the turn its message went to, which ended before the turn a
         queued message started and the first call went on to drive (README, idempotency)."""
-        log = self.run(self._events(sid))
+        log = self.log(sid)  # as read after the repeat: nothing written since
         started = {e["turn_id"]: e["data"] for e in log if e["type"] == "turn.started"}
         order = list(started)
         assert repeat.status in ("completed", "cancelled"), repeat
@@ -91,7 +91,7 @@ class QueueMachine(RuntimeMachine):
         and its requests withdrawn (the base machine's rule), and the first message waiting
         starts the next turn, which a resume then reports as it stands."""
         sid = self.pick(list(self.sessions), i)
-        behind = len(self.run(self.rt.state(sid)).queued)
+        behind = len(self.observed(sid)[1].queued)  # read already if nothing was written since
         RuntimeMachine.cancel(self, i)
         if behind:
             left = len(self.run(self.rt.state(sid)).queued)
@@ -127,9 +127,9 @@ class QueueMachine(RuntimeMachine):
         self.step()
         sid = self.pick(list(self.sessions), i)
         rt = self.second() if elsewhere else self.rt
-        before = self.run(self._everything())
+        before = self._everything()
         result = self.run(rt.generate(session_id=sid))
-        assert self.run(self._everything()) == before, "a resume changed data"
+        assert self._everything() == before, "a resume changed data"
         assert {r.id for r in result.pending} == {r.id for r in self.pending_of(sid)}
         status = {"waiting": "waiting", "completed": "idle", "cancelled": "cancelled"}
         assert status.get(result.status) == self.sessions[sid].status, result

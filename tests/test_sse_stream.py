@@ -1,6 +1,7 @@
 """`event_stream` read directly: a read that is not followed never ends quietly short of the log
 when the store fails, nor when the server stops, and a server that is stopping ends a followed
-stream after the batch in flight rather than sending it the whole backlog first."""
+stream after the batch in flight rather than sending it the whole backlog first; and, over
+HTTP, that a read that is not followed stops at the head its request read."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from signoff.server import TokenAuth
 from signoff.server._context import ServerContext
 from signoff.server._sse import event_stream
 
-from .test_server_common import ALICE, make_agents
+from .test_server_common import ALICE, auth, in_process, make_agents
 
 
 class _Request:
@@ -117,3 +118,38 @@ async def test_a_stopping_server_still_sends_a_read_that_is_not_followed_to_its_
         assert await _ids(event_stream(_request(), ctx, sid, 2, follow=False)) == list(
             range(3, head + 1)
         )
+
+
+async def test_a_read_that_is_not_followed_stops_at_the_head_the_request_read(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`GET .../events?follow=false` ends at the session's head as the request read it (its
+    state is read to check the caller's access and the start): it read once more to find the
+    log's end, a round trip for nothing on each such request. A read bounded by bytes still
+    reads on to that head."""
+    async with in_process(store_url) as (rt, c):
+        c.headers.update(auth("alice-token"))
+        made = await c.post("/v1/sessions", json={"agent": "support", "message": "Refund 1042"})
+        sid = made.json()["session_id"]
+        head = (await rt._state(sid)).seq
+        assert head > 2
+        real = rt.store.read_events
+        reads = [0]
+
+        async def counted(*args: Any, **kwargs: Any) -> list[so.Event]:
+            reads[0] += kwargs.get("max_bytes") is not None  # the stream's own reads
+            return await real(*args, **kwargs)
+
+        monkeypatch.setattr(rt.store, "read_events", counted)
+        url = f"/v1/sessions/{sid}/events"
+
+        async def ids(after: int) -> list[int]:
+            reads[0] = 0
+            r = await c.get(url, params={"follow": "false", "after": str(after)})
+            assert r.status_code == 200, r.text
+            return [int(x.removeprefix("id: ")) for x in r.text.splitlines() if x[:4] == "id: "]
+
+        assert await ids(0) == list(range(1, head + 1)) and reads == [1]
+        assert await ids(head) == [] and reads == [0]
+        monkeypatch.setattr(stores, "READ_BYTES", 1)  # one event a read
+        assert await ids(1) == list(range(2, head + 1)) and reads == [head - 1]

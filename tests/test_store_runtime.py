@@ -145,3 +145,56 @@ def test_runtime_across_event_loops(store_url: str) -> None:
     )
     assert r.status == "completed" and len(runs) == 2
     rt.close_sync()
+
+
+async def test_a_read_that_is_not_followed_stops_at_the_head_it_read(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`events(follow=False)` reads the head, then the events up to it, and stops there: it read
+    once more to find the log's end, a round trip for nothing on every such call. A read bounded
+    by bytes still reads on to the head. It is a snapshot as of the call: events written while
+    it yields are not among them."""
+    from signoff import stores
+
+    runs: list[dict[str, Any]] = []
+    rt = so.Runtime([refund_agent(runs)], store=store_url)
+    try:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        sid = r.session_id
+        head = await rt.store.head(sid)
+        assert head is not None and head > 2
+        calls: list[str] = []
+        real_head, real_read = rt.store.head, rt.store.read_events
+
+        async def counted_head(*args: Any, **kwargs: Any) -> int | None:
+            calls.append("head")
+            return await real_head(*args, **kwargs)
+
+        async def counted_read(*args: Any, **kwargs: Any) -> list[so.Event]:
+            calls.append("read")
+            return await real_read(*args, **kwargs)
+
+        monkeypatch.setattr(rt.store, "head", counted_head)
+        monkeypatch.setattr(rt.store, "read_events", counted_read)
+
+        async def seqs(after: int = 0) -> list[int]:
+            calls.clear()
+            return [e.seq async for e in rt.events(sid, after, follow=False)]
+
+        assert await seqs() == list(range(1, head + 1)) and calls == ["head", "read"]
+        assert await seqs(2) == list(range(3, head + 1)) and calls == ["head", "read"]
+        assert await seqs(head) == [] and calls == ["head"]
+        with monkeypatch.context() as m:
+            m.setattr(stores, "READ_BYTES", 1)  # one event a read
+            assert await seqs() == list(range(1, head + 1))
+            assert calls == ["head"] + ["read"] * head
+
+        stream = rt.events(sid, follow=False)
+        first = await anext(stream)
+        r = await rt.respond(
+            sid, [so.InputResponse(request_id=r.pending[0].id, option_id="approve")]
+        )
+        assert r.status == "completed" and (await real_head(sid) or 0) > head
+        assert [first.seq] + [e.seq async for e in stream] == list(range(1, head + 1))
+    finally:
+        await rt.close()

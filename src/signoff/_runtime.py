@@ -391,7 +391,9 @@ class Runtime(Auditing):
         """The session's events after `seq` (one past its last event is a `UsageError`); with
         `follow`, keeps waiting for new ones until the session can have no more: then, after its
         last event, it raises `SessionExpired` (its TTL passed; a turn it caught unfinished is
-        recorded and read first) or `UnknownSession` (it was deleted from the store)."""
+        recorded and read first) or `UnknownSession` (it was deleted from the store). Without
+        `follow`, it is a snapshot as of the call: the events up to the last one stored when it
+        began, none written after."""
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             # Anything else matched no event (a followed stream then waited for ever in
             # silence) or overflowed the store's integers.
@@ -413,6 +415,8 @@ class Runtime(Auditing):
         checked = time.monotonic()  # when the session was last seen in the store
         expired: SessionExpired | None = None  # raised once the events its record wrote are read
         while True:
+            if not follow and after >= head:
+                return  # read up to the head read above: no read to find the end
             batch = await self.store.read_events(
                 session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
             )

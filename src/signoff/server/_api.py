@@ -248,7 +248,8 @@ async def events(
             # that merely ends again would not.
             raise ended
     release = ctx.streams.take(caller)  # last: a refusal above holds no slot
-    return stream_response(event_stream(request, ctx, session_id, start, follow=follow), release)
+    stream = event_stream(request, ctx, session_id, start, follow=follow, head=state.seq)
+    return stream_response(stream, release)
 
 
 @router.get("/requests", tags=["requests"])

@@ -129,12 +129,14 @@ async def event_stream(
     after: int,
     *,
     follow: bool,
+    head: int | None = None,
 ) -> AsyncIterator[str]:
     """Everything after `after`, then (when following) new events as the store gains them,
     until the client goes, the server stops (`ctx.closing`; a read that is not followed is
     still sent to its end), the session can have no more (it expired, was deleted, or its
     store is gone for good), or the sign-in cookie that opened it ended (checked every
-    `heartbeat`): then a final `stream.end`.
+    `heartbeat`): then a final `stream.end`. A read that is not followed, given the session's
+    `head` as the request read it, ends there (a snapshot: no read to find the log's end).
 
     It polls the store rather than an in-process signal, so any server process can serve any
     session, whoever writes to it. A following stream outlives a store failing for a while (the
@@ -148,6 +150,8 @@ async def event_stream(
     check_at = 0.0  # monotonic: when to read the state again (was the session deleted?)
     signed_at = time.monotonic() + heartbeat  # when to check the caller's sign-in again
     while True:
+        if not follow and head is not None and after >= head:
+            return
         ended: SignoffError | None = None
         batch: list[Event] = []
         try:

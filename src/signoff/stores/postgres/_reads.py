@@ -176,19 +176,23 @@ class Reads(AuditReads):
 
     async def head(self, session_id: str) -> int | None:
         """The session's head. The state a commit guesses is read with it, so that the next
-        commit to a session another process moved on needs no round trip to read it first."""
+        commit to a session another process moved on needs no round trip to read it first; and
+        its row key, so that a read of its events after it (`Runtime.events`) needs none."""
         s = self._s
         if not storable(session_id):
             return None
 
         async def body(conn: Conn) -> int | None:
             cur = await conn.execute(
-                f"SELECT s.head, s.audit_n, s.audit_hash, t.seq, t.turn FROM {s}.sessions s "
+                f"SELECT s.head, s.audit_n, s.audit_hash, t.seq, t.turn, s.sk FROM {s}.sessions s "
                 f"LEFT JOIN LATERAL ({named_turn(s, 's.sk', 's.head')}) t ON true WHERE s.id=%s",
                 (session_id,),
             )
             row = await cur.fetchone()
-            return None if row is None else self._moved(session_id, row)
+            if row is None:
+                return None
+            self._sk[session_id] = int(row[5])
+            return self._moved(session_id, row)
 
         return await self._read(body, f"reading the head of session {session_id!r}")
 
