@@ -39,6 +39,7 @@ from ._settings import flag, seconds, whole
 from ._sync import SyncBridge
 from ._text import is_utf8
 from ._types import Decision, InputRequest, InputResponse
+from .models._reply_cap import KNOWN_ENCODINGS, ReplyTooLarge, cap_reply, check_reply_cap
 from .stores import SessionSummary
 
 __all__ = [
@@ -54,6 +55,10 @@ __all__ = [
 RemoteError = errors.RemoteError
 P = ParamSpec("P")
 T = TypeVar("T")
+
+DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
+"""A reply longer than this (as inflated), or a line of an event stream, fails the call: far
+over a page of 500 sessions or requests, or a long session's state."""
 
 
 def _session_path(session_id: str, tail: str = "") -> str:
@@ -73,6 +78,12 @@ def _filter(name: str, value: str | None) -> None:
         raise errors.UsageError(f"{name} is not valid Unicode text: it holds a lone surrogate")
 
 
+def _too_large(exc: ReplyTooLarge) -> errors.RemoteError:
+    """A reply cut off at `max_reply_bytes`, as the `RemoteError` the caller gets: the server
+    answered, but more than the client reads (it may have applied the call)."""
+    return errors.RemoteError(str(exc), "reply_too_large", exc.reply_status)
+
+
 def _unanswered(exc: errors.RemoteError) -> bool:
     """A call that was sent but got no answer: it may or may not have been applied. A proxy's
     own 502 or 504 page (not a signoff error body) says the same: the server died mid-call,
@@ -83,7 +94,9 @@ def _unanswered(exc: errors.RemoteError) -> bool:
 
 
 class AsyncClient:
-    """The signoff HTTP API (`/v1`), async; pass `token` for bearer authentication."""
+    """The signoff HTTP API (`/v1`), async; pass `token` for bearer authentication. A reply is
+    read up to `max_reply_bytes` (a stream's, line by line), so a broken or hostile server
+    cannot fill the process's memory."""
 
     def __init__(
         self,
@@ -92,6 +105,7 @@ class AsyncClient:
         token: str | None = None,
         timeout: float = 60.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         if token is not None and not isinstance(token, str):  # an AttributeError below
             raise errors.UsageError(f"the token must be text, not {type(token).__name__}")
@@ -109,10 +123,21 @@ class AsyncClient:
         if scheme not in ("http", "https"):
             raise errors.UsageError(f"the base URL must be http(s)://host[:port], not {base_url!r}")
         seconds("timeout", timeout)  # httpx took 0, NaN or "5", and every call failed
+        self._max_reply = cap = check_reply_cap("AsyncClient", max_reply_bytes)
         self._timeout = float(timeout)
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {"Accept-Encoding": KNOWN_ENCODINGS}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+
+        async def cap_replies(response: httpx.Response) -> None:
+            cap_reply(response, cap, ReplyTooLarge, streams=True)
+
         self.http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=timeout,
+            transport=transport,
+            event_hooks={"response": [cap_replies]},
         )
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -172,6 +197,8 @@ class AsyncClient:
             raise self._too_slow(path) from None
         except httpx.TransportError as exc:
             raise wire.transport_error(exc, self._url(path)) from exc
+        except ReplyTooLarge as exc:
+            raise _too_large(exc) from None
         wire.raise_for(response)
         try:
             data = response.json()
@@ -386,7 +413,7 @@ class AsyncClient:
                         opening.reschedule(None)
                         streaming = True
                         lines = heard.lines(response.aiter_lines())
-                        async for kind, data in wire.sse_data(lines):
+                        async for kind, data in wire.sse_data(lines, self._max_reply):
                             if kind == ":":  # a keep-alive: the server is alive
                                 failures = 0
                                 continue
@@ -415,6 +442,8 @@ class AsyncClient:
                 # else less and less often (up to every 2 s), not ten times a second for ever.
                 quiet = 0 if last_seen < last else quiet + 1
                 await asyncio.sleep(wire.backoff(quiet) if quiet else 0.1)
+            except ReplyTooLarge as exc:  # the next try would be as large
+                raise _too_large(exc) from None
             except TimeoutError:  # the opening trickled past twice the timeout
                 failures += 1
                 if failures > retries:
@@ -481,8 +510,15 @@ class Client:
         token: str | None = None,
         timeout: float = 60.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
-        self._async = AsyncClient(base_url, token=token, timeout=timeout, transport=transport)
+        self._async = AsyncClient(
+            base_url,
+            token=token,
+            timeout=timeout,
+            transport=transport,
+            max_reply_bytes=max_reply_bytes,
+        )
         self._bridge = SyncBridge()
         self._closed = False
         # Dropped unclosed: its pooled connections are closed on its loop before the loop

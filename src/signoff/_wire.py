@@ -217,13 +217,18 @@ def streamed(kind: str, data: Any) -> Event:
     raise end
 
 
-async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, Any]]:
+async def sse_data(
+    lines: AsyncIterator[str], most: int | None = None
+) -> AsyncIterator[tuple[str, Any]]:
     """Each message's event type (`message` if it names none) and its JSON data; a comment
-    (the server's keep-alive) as `(":", None)`, which says the server is still there."""
+    (the server's keep-alive) as `(":", None)`, which says the server is still there. A message
+    whose data lines add up to more than `most` characters is `reply_too_large`."""
     data: list[str] = []
+    size = 0
     kind = "message"
     async for line in lines:
         if line == "":
+            size = 0
             if data:
                 text = "\n".join(data)
                 try:
@@ -238,6 +243,14 @@ async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, Any]]:
             data, kind = [], "message"
         elif line.startswith("data:"):
             data.append(line[5:].removeprefix(" "))
+            size += len(data[-1]) + 1
+            if most is not None and size > most:
+                raise errors.RemoteError(
+                    f"an event of the stream passed {most:,} characters (max_reply_bytes); "
+                    "it was cut off there",
+                    "reply_too_large",
+                    200,
+                )
         elif line.startswith("event:"):
             kind = line[6:].removeprefix(" ")
         elif line.startswith(":"):

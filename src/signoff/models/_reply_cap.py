@@ -18,7 +18,14 @@ from typing import Any
 
 from ._urls import shown_url
 
-__all__ = ["DEFAULT_MAX_REPLY_BYTES", "ReplyTooLarge", "capped_http_client", "check_reply_cap"]
+__all__ = [
+    "DEFAULT_MAX_REPLY_BYTES",
+    "KNOWN_ENCODINGS",
+    "ReplyTooLarge",
+    "cap_reply",
+    "capped_http_client",
+    "check_reply_cap",
+]
 
 DEFAULT_MAX_REPLY_BYTES = 16 * 1024 * 1024
 """A reply body (as inflated) longer than this fails the call: far over any real completion."""
@@ -28,7 +35,10 @@ _STREAMS: dict[str, type[_CappedStream]] = {}
 
 
 class ReplyTooLarge(Exception):
-    """A reply body passed the cap while it was read (or announced a length over it)."""
+    """A reply body passed the cap while it was read (or announced a length over it);
+    `reply_status` is the HTTP status of the reply."""
+
+    reply_status = 0
 
 
 def _error_for(sdk_error: type[Exception]) -> type[ReplyTooLarge]:
@@ -41,7 +51,8 @@ def _error_for(sdk_error: type[Exception]) -> type[ReplyTooLarge]:
 
 
 def check_reply_cap(owner: str, value: object) -> int:
-    """`max_reply_bytes` as given to a model adapter: a whole number of bytes, at least 1 KiB."""
+    """`max_reply_bytes` as given to a model adapter or a client: a whole number of bytes, at
+    least 1 KiB."""
     from .._exceptions import UsageError
 
     if isinstance(value, bool) or not isinstance(value, int) or value < 1024:
@@ -80,22 +91,39 @@ class _Inflater:
 
 class _CappedStream:
     """A response body stream that stops with `error` once more than `cap` bytes came out of it
-    (inflated, when `encoding` is gzip or deflate)."""
+    (inflated, when `encoding` is gzip or deflate), or, `per_line`, more than `cap` bytes
+    without a line break: an event stream may go on for ever, but no line of it may."""
 
     def __init__(
-        self, inner: Any, cap: int, encoding: str | None, error: type[ReplyTooLarge], url: str
+        self,
+        inner: Any,
+        cap: int,
+        encoding: str | None,
+        error: type[ReplyTooLarge],
+        url: str,
+        *,
+        status: int = 0,
+        per_line: bool = False,
     ) -> None:
         self._inner, self._cap, self._error, self._url = inner, cap, error, url
         self._inflater = _Inflater(encoding) if encoding else None
         self._seen = 0
+        self._status, self._per_line = status, per_line
 
     def _count(self, data: bytes) -> bytes:
-        self._seen += len(data)
+        if self._per_line:
+            end = max(data.rfind(b"\n"), data.rfind(b"\r"))
+            self._seen = len(data) - end - 1 if end >= 0 else self._seen + len(data)
+        else:
+            self._seen += len(data)
         if self._seen > self._cap:
-            raise self._error(
-                f"the reply from {self._url} passed {self._cap:,} bytes (max_reply_bytes); "
+            what = "a line of the reply" if self._per_line else "the reply"
+            exc = self._error(
+                f"{what} from {self._url} passed {self._cap:,} bytes (max_reply_bytes); "
                 "it was cut off there"
             )
+            exc.reply_status = self._status
+            raise exc
         return data
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -113,10 +141,12 @@ class _CappedStream:
             if inflater is not None:
                 yield self._count(inflater.flush())
         except zlib.error as exc:
-            raise self._error(
+            error = self._error(
                 f"the reply from {self._url} is labelled compressed, but the body could not be "
                 f"decoded: {exc}"
-            ) from exc
+            )
+            error.reply_status = self._status
+            raise error from exc
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -149,6 +179,43 @@ def _coding(header: str, url: str, error: type[ReplyTooLarge]) -> str | None:
     return codings[0]
 
 
+def cap_reply(
+    response: Any, cap: int, error: type[ReplyTooLarge], *, streams: bool = False
+) -> None:
+    """Have `response` (an httpx response, before its body is read) read its body within `cap`
+    bytes, raising `error`. With `streams`, an event stream asked for as one (`Accept:
+    text/event-stream`) is capped line by line instead: it may go on for ever."""
+    url = shown_url(response.request.url.copy_with(query=None))
+    status = response.status_code
+    per_line = (
+        streams
+        and response.request.headers.get("accept", "") == "text/event-stream"
+        and response.headers.get("content-type", "").startswith("text/event-stream")
+    )
+    length = response.headers.get("content-length", "")
+    if not per_line and length.isdigit() and int(length) > cap:
+        exc = error(
+            f"the reply from {url} announced {int(length):,} bytes, over max_reply_bytes ({cap:,})"
+        )
+        exc.reply_status = status
+        raise exc
+    try:
+        encoding = _coding(response.headers.get("content-encoding", ""), url, error)
+    except ReplyTooLarge as exc:
+        exc.reply_status = status
+        raise
+    if encoding is not None:
+        del response.headers["content-encoding"]  # inflated here, counted as it inflates
+    capped = _stream_type(response)
+    response.stream = capped(
+        response.stream, cap, encoding, error, url, status=status, per_line=per_line
+    )
+
+
+KNOWN_ENCODINGS = "gzip, deflate"
+"""The `Accept-Encoding` a capped client sends: the codings `cap_reply` inflates itself."""
+
+
 def capped_http_client(
     sdk: ModuleType, sdk_error: type[Exception], cap: int, options: Mapping[str, Any] | None = None
 ) -> Any:
@@ -156,24 +223,13 @@ def capped_http_client(
     every reply body capped at `cap` bytes; `options` are further arguments for it."""
     error = _error_for(sdk_error)
 
-    async def cap_reply(response: Any) -> None:
-        url = shown_url(response.request.url.copy_with(query=None))
-        length = response.headers.get("content-length", "")
-        if length.isdigit() and int(length) > cap:
-            raise error(
-                f"the reply from {url} announced {int(length):,} bytes, over max_reply_bytes "
-                f"({cap:,})"
-            )
-        encoding = _coding(response.headers.get("content-encoding", ""), url, error)
-        if encoding is not None:
-            del response.headers["content-encoding"]  # inflated here, counted as it inflates
-        capped = _stream_type(response)
-        response.stream = capped(response.stream, cap, encoding, error, url)
+    async def cap_replies(response: Any) -> None:
+        cap_reply(response, cap, error)
 
     async def ask_for_known_encodings(request: Any) -> None:
-        request.headers["Accept-Encoding"] = "gzip, deflate"
+        request.headers["Accept-Encoding"] = KNOWN_ENCODINGS
 
     return sdk.DefaultAsyncHttpxClient(
-        event_hooks={"request": [ask_for_known_encodings], "response": [cap_reply]},
+        event_hooks={"request": [ask_for_known_encodings], "response": [cap_replies]},
         **(options or {}),
     )
