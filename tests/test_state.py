@@ -381,6 +381,7 @@ def _every_field_set() -> so.SessionState:
         queued=[{"message": "later", "principal": None}],
         lapsed=True,
         limit_grants=2,
+        earlier_requests=True,
         keys={"k1": ["asked", "trn_1", 2]},
         candidates={"cand_1": {"request_id": "req_1", "at": 1.5}},
         conversation=None,

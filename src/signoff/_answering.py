@@ -78,12 +78,47 @@ class Answering(Candidates):
             _Reply(r.request_id, r.option_id, r.text, r.value, r.edited_input, r.input_hash)
             for r in input_responses(responses)
         ]
+        judged: list[SessionState] = []
         outcomes = await self._settle(
-            session_id, answers, principal, require_all=False, drive_expired=resume
+            session_id, answers, principal, require_all=False, drive_expired=resume, judged=judged
         )
         if not resume:
-            return self._result(await self._state(session_id), outcomes)
-        return await self._drive(session_id, outcomes=outcomes)
+            state = judged[0] if judged else await self._state(session_id)
+            return self._result(state, outcomes)
+        return await self._go_on(session_id, outcomes, judged)
+
+    async def _go_on(
+        self,
+        session_id: str,
+        outcomes: Sequence[Outcome],
+        judged: Sequence[SessionState],
+        *,
+        retry: bool = False,
+    ) -> GenerateResult:
+        """Continue the turn after answers were settled; answers that only repeated earlier
+        ones (`judged`: the state they were judged on, which they left as it was) return that
+        state if a drive of it would do nothing, without taking and giving back the lease."""
+        if judged and self._nothing_to_drive(judged[0], retry=retry):
+            return self._result(judged[0], outcomes)
+        return await self._drive(session_id, outcomes=outcomes, retry=retry)
+
+    def _nothing_to_drive(self, state: SessionState, *, retry: bool) -> bool:
+        """Whether a drive of `state` would record nothing: its turn waits on a person for a
+        call (or is over), and nothing is due for it to finish first: a deadline or TTL passed,
+        a verdict or mirror a dead process left (`_recover`), a subagent's parent to tell, a
+        lease of this process's own to give back."""
+        now = self.now()
+        if runnable(state, retry=retry) or state.expired(now) or due_batch(state, now) is not None:
+            return False
+        if state.parent is not None or state.candidates or state.id in self._unreleased:
+            return False
+        if any(r.child is not None for r in state.pending_requests()):
+            return False
+        turn = state.turn
+        if turn is None or turn.status != "waiting":
+            return True  # over, no message queued, or failed for good: not runnable
+        statuses = {c.status for c in turn.calls.values()}
+        return "proposed" not in statuses and bool(statuses & {"requested", "awaiting", "asking"})
 
     @counted_answers
     async def _settle(
@@ -99,6 +134,7 @@ class Answering(Candidates):
         mark: Keyed | None = None,
         only_approvals: bool = False,
         from_message: bool = False,
+        judged: list[SessionState] | None = None,
     ) -> list[Outcome]:
         """Validate every answer, then settle them all in one durable commit (or none);
         `check_only` raises what settling would raise and records nothing. An answer to a request
@@ -107,7 +143,9 @@ class Answering(Candidates):
         `mark` is the idempotency key of the message that gave the answers: the settlement's
         first event records it. `only_approvals`: the answers are decisions (approve or deny),
         which answer approvals only. `from_message`: the answer is a message's, which `send`
-        delivers as a message if its request closed meanwhile (no refusal to count: `_counts`)."""
+        delivers as a message if its request closed meanwhile (no refusal to count: `_counts`).
+        `judged` is given the state the answers were judged on when settling recorded nothing
+        (they only repeat earlier ones)."""
         if len(answers) > MAX_ANSWERS:
             raise InvalidAnswer(
                 f"at most {MAX_ANSWERS} answers in one call, not {len(answers)}: "
@@ -151,8 +189,10 @@ class Answering(Candidates):
                 if live is not None:
                     request, status, resolution = live.request, live.status, live.resolution
                 else:
-                    # An id holding a lone surrogate names no request (no store can look it up).
-                    stored = await self.store.get_request(rid) if is_utf8(rid) else None
+                    # An id holding a lone surrogate names no request (no store can look it up),
+                    # and one a state holding every request of the session lacks names none.
+                    looked_up = state.earlier_requests and is_utf8(rid)
+                    stored = await self.store.get_request(rid) if looked_up else None
                     if stored is None or stored.request.session_id != session_id:
                         unknown.append(rid)
                         continue
@@ -261,6 +301,8 @@ class Answering(Candidates):
                         await self._drive(session_id)
                     raise
                 outcomes.append(outcome)
+            if judged is not None and not (resolves or gated):
+                judged.append(state)
             return outcomes
         raise RequestClosed(f"could not settle in session {session_id!r}: too much contention", ids)
 

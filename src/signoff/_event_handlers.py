@@ -69,7 +69,9 @@ def _turn_started(s: SessionState, e: Event) -> None:
     if taken is not None and known is not None and known[1:] == ["", None]:
         s.keys[taken] = [known[0], e.turn_id, e.seq]  # its queued message's turn, at last
     # Requests of earlier turns are all closed by now; keep the state small.
-    s.requests = {k: r for k, r in s.requests.items() if r.status == "pending"}
+    kept = {k: r for k, r in s.requests.items() if r.status == "pending"}
+    s.earlier_requests = s.earlier_requests or len(kept) < len(s.requests)
+    s.requests = kept
     if s.conversation is not None:
         s.conversation.add(e)
 

@@ -198,10 +198,11 @@ class Runtime(Auditing):
                 )
                 for d in decisions
             ]
+            judged: list[SessionState] = []
             outcomes = await self._settle(
-                session_id, answers, auth, require_all=True, only_approvals=True
+                session_id, answers, auth, require_all=True, only_approvals=True, judged=judged
             )
-            return await self._drive(session_id, outcomes=outcomes, retry=True)
+            return await self._go_on(session_id, outcomes, judged, retry=True)
         if session_id is None:
             if agent is None:
                 raise UsageError("generate() needs an agent name for a new session")

@@ -67,6 +67,9 @@ class SessionState:
     parent: str | None = None
     turn: TurnState | None = None
     requests: dict[str, RequestState] = field(default_factory=dict)
+    # Whether a turn's start dropped closed requests of earlier turns from `requests`: until
+    # then it holds every request the session ever had, so an id it lacks names none of them.
+    earlier_requests: bool = False
     approved_tools: set[str] = field(default_factory=set)
     model_responses: int = 0
     usage: Usage = field(default_factory=Usage)
@@ -167,6 +170,7 @@ class SessionState:
             "queued": self.queued,
             "lapsed": self.lapsed,
             "limit_grants": self.limit_grants,
+            "earlier_requests": self.earlier_requests,
             "keys": self.keys,
             "candidates": self.candidates,
             "requests": [
@@ -270,6 +274,7 @@ class SessionState:
             queued=list(self.queued),
             lapsed=self.lapsed,
             limit_grants=self.limit_grants,
+            earlier_requests=self.earlier_requests,
             keys=dict(self.keys),
             candidates=dict(self.candidates),
             conversation=None,
@@ -325,6 +330,8 @@ class SessionState:
             queued=list(data.get("queued", [])),
             lapsed=bool(data.get("lapsed", False)),
             limit_grants=int(data.get("limit_grants", 0)),
+            # A snapshot that does not say (an older signoff's) may have dropped some.
+            earlier_requests=bool(data.get("earlier_requests", True)),
             keys={str(k): list(v) for k, v in data.get("keys", {}).items()},
             candidates=dict(data.get("candidates", {})),
             requests={
