@@ -166,7 +166,8 @@ class Runtime(Auditing):
         `PartialAnswer` (answer it with `respond`). With neither, resume the session's turn
         (a retry after a failure, or picking up a turn another process left); a turn that
         failed for good (`retryable` false: `max_steps`, a budget nobody can raise) is returned
-        as it is.
+        as it is, unless a message queued behind it has yet to start (its process died): the
+        turn that message starts is run and returned.
         With an `idempotency_key`, a call repeated with the same key (by the same `auth`) starts
         nothing: it returns the turn its prompt went to, as that turn stands now (`replayed`),
         or raises `IdempotencyKeyReused` if the key was given for another agent, prompt or
