@@ -159,3 +159,41 @@ async def test_a_turn_a_retry_can_resume_keeps_the_queued_message_until_it_is_re
         assert again.status == "completed" and again.text == "Hi Bob."
         assert texts(bob.last)[-1] == ("user", "bob here")
         assert (await rt.state(sid)).queued == []
+
+
+async def test_cancelling_a_turn_a_retry_could_resume_starts_the_queued_message(
+    store_url: str,
+) -> None:
+    """Alice gives up on her failed turn instead of retrying it: the cancel ends it for good and
+    Bob's message starts, as after the cancel of a turn that waits. The cancel used to find the
+    turn ended and do nothing, leaving Bob's message waiting on a retry nobody would make."""
+    # The failed call took no step of the script: Bob's turn gets the step's second call.
+    step = Capture(Flaky(reply("Hi Bob."), error=ValueError("the model broke")))
+    async with so.Runtime([plan_agent(step)], store=store_url) as rt:
+        sid, alice = await parked_with_bob_queued(rt)
+        assert (await rt.send(sid, "pro", principal=ALICE)).status == "failed"
+        c = await rt.cancel(sid, "never mind", principal=ALICE)
+        assert (c.status, c.turn_id) == ("cancelled", alice)
+        assert len(step.conversations) == 2  # her turn's failed call, then Bob's turn
+        assert texts(step.last)[-1] == ("user", "bob here")
+        state = await rt.state(sid)
+        assert state.queued == [] and state.turn is not None and state.turn.id != alice
+        assert (state.turn.status, state.turn.text) == ("completed", "Hi Bob.")
+        log = timeline(await events(rt, sid))
+        assert log[-8:] == ["turn.failed", "session.waiting", "turn.cancelled", *ENDED_THEN_BOB[1:]]
+
+
+async def test_a_cancelled_turn_a_retry_could_resume_is_not_resumed(store_url: str) -> None:
+    """With nothing queued, the cancel ends the failed turn: a retry then finds nothing to do."""
+    broken = Capture(Flaky(reply("Pro it is."), error=ValueError("the model broke")))
+    async with so.Runtime([plan_agent(broken)], store=store_url) as rt:
+        r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        [question] = r.pending
+        answer = so.InputResponse(request_id=question.id, option_id="pro")
+        assert (await rt.respond(r.session_id, [answer], principal=ALICE)).status == "failed"
+        c = await rt.cancel(r.session_id)
+        assert (c.status, c.turn_id) == ("cancelled", r.turn_id)
+        again = await rt.generate(session_id=r.session_id)
+        assert (again.status, again.turn_id) == ("cancelled", r.turn_id)
+        assert len(broken.conversations) == 1
+        assert (await rt.state(r.session_id)).status == "cancelled"

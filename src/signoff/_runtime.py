@@ -43,7 +43,7 @@ from ._results import GenerateResult
 from ._session_cache import check_session_id
 from ._session_page import check_listing, lapsed_page
 from ._settings import check_page, finite, flag, seconds
-from ._state import SessionState
+from ._state import SessionState, turn_over
 from ._sync import blocking_doc, twin
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKind
 from ._work import Workers
@@ -459,9 +459,10 @@ class Runtime(Auditing):
     async def cancel(
         self, session_id: str, reason: str | None = None, *, principal: Principal | None = None
     ) -> GenerateResult:
-        """Cancel the running or waiting turn; its open requests are withdrawn. `principal`,
-        who cancels, is recorded with the cancellation (in the audited `turn.cancelled`). A
-        session past its TTL raises `SessionExpired`, as every call does: nothing revives it."""
+        """Cancel the running or waiting turn, or one a retry could resume (it failed on a
+        model error, say); its open requests are withdrawn. `principal`, who cancels, is
+        recorded with the cancellation (in the audited `turn.cancelled`). A session past its
+        TTL raises `SessionExpired`, as every call does: nothing revives it."""
         await self.open()
         if reason is not None and not isinstance(reason, str):
             raise UsageError(f"reason must be a string, not {type(reason).__name__}")
@@ -469,7 +470,6 @@ class Runtime(Auditing):
             check_text(reason, "the reason")
         check_principal(principal, "principal")
         by = None if principal is None else principal.model_dump()
-        ended = ("completed", "cancelled", "failed")
         began: tuple[str, int] | None = None  # the turn to cancel: not one that followed it
         for _ in range(20):
             state = await self._state(session_id)
@@ -478,7 +478,7 @@ class Runtime(Auditing):
             turn = state.turn
             if began is not None and (turn is None or turn.id != began[0]):  # ended meanwhile
                 return self._result(await load_turn(self.store, session_id, *began))
-            if turn is None or turn.status in ended:
+            if turn is None or turn_over(turn):
                 if turn is not None and turn.status == "cancelled":
                     # A cancel that died before reaching the turn's subagents: finish it.
                     for child in _child_sessions.delegated(state):
@@ -498,7 +498,7 @@ class Runtime(Auditing):
                 # Built from the state it is committed on: after a concurrent append the turn
                 # may have ended (nothing to cancel) or opened other requests (withdrawn too).
                 now = current.turn
-                if now is None or now.id != tid or now.status in ended:
+                if now is None or now.id != tid or turn_over(now):
                     return Batch(specs=[])
                 withdrawn[:] = current.pending_requests()
                 delegated[:] = _child_sessions.delegated(current)
