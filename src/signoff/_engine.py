@@ -91,8 +91,9 @@ class Driver(ToolCalls, ModelStep):
         # Set by a traced drive: its W3C trace context, kept with the `turn.waiting` that parks
         # the turn, so the drive that resumes it links to this one.
         self.traceparent: str | None = None
-        # Set when a turn this drive ran failed for good and it went on to a queued message.
-        self.failed_turn = False
+        # The state as a turn this drive ran failed for good, when it went on to the message
+        # queued behind it: the drive is a failed one, and its span says that turn's failure.
+        self.failed_turn: SessionState | None = None
 
     def position(self) -> tuple[str | None, int]:
         """The turn this drive runs and the last event it knows of (`Held.drive`)."""
@@ -228,7 +229,7 @@ class Driver(ToolCalls, ModelStep):
             raise
         if state.seq != seq:
             failed = state.turn is not None and state.turn.status == "failed"
-            self.counts.drove(failed=failed or self.failed_turn)
+            self.counts.drove(failed=failed or self.failed_turn is not None)
         return state
 
     async def _forward(self, retry: bool) -> SessionState:
@@ -266,7 +267,8 @@ class Driver(ToolCalls, ModelStep):
                         return self.state
                     # It failed for good (`max_steps`): a message queued behind it starts, in
                     # this drive, which counts the failure all the same.
-                    self.failed_turn = True
+                    if self.failed_turn is None:
+                        self.failed_turn = self.state.copy()
         except TurnStopped:
             return self.state
 

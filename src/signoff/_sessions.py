@@ -245,7 +245,8 @@ class SessionRunner(SessionCache):
             finally:
                 try:
                     if not (failed or lost or cancelled) and driver is not None:
-                        span.finish(driver.state)
+                        # A turn it failed for good, not the queued message's turn it then ran.
+                        span.finish(driver.failed_turn or driver.state)
                 finally:
                     span.end()
                 renewing.clear()  # ends the loop even if the cancel below is swallowed
