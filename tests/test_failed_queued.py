@@ -197,3 +197,38 @@ async def test_a_cancelled_turn_a_retry_could_resume_is_not_resumed(store_url: s
         assert (again.status, again.turn_id) == ("cancelled", r.turn_id)
         assert len(broken.conversations) == 1
         assert (await rt.state(r.session_id)).status == "cancelled"
+
+
+@pytest.mark.parametrize("ends", ["fails for good", "completes"])
+async def test_a_queued_message_another_call_starts_first_is_not_started_twice(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, ends: str
+) -> None:
+    """Alice's turn ends; just before its drive starts Bob's message, a prompt from Carol
+    (through a runtime leaving turns to workers) starts Bob's turn itself, Carol's prompt queued
+    behind it. The drive's start then conflicts: it must not start Bob's message again from the
+    state it read first, taking Carol's place in the queue (her prompt was lost)."""
+    carol = so.Principal(authenticator="okta", principal_id="carol")
+    if ends == "completes":
+        agent = plan_agent(Capture(reply("Pro it is.")), reply("Hi Bob."), reply("Hi Carol."))
+    else:
+        agent = one_step_agent(reply("Hi Bob."), reply("Hi Carol."))
+    async with (
+        so.Runtime([agent], store=store_url) as rt,
+        so.Runtime([agent], store=store_url, inline=False) as other,
+    ):
+        sid, _ = await parked_with_bob_queued(rt)
+        start_queued = Driver.start_queued
+
+        async def raced(self: Driver) -> None:
+            monkeypatch.setattr(Driver, "start_queued", start_queued)
+            r = await other.generate(session_id=sid, prompt="carol here", auth=carol)
+            assert r.status == "running" and r.queued is False
+            await start_queued(self)
+
+        monkeypatch.setattr(Driver, "start_queued", raced)
+        await rt.send(sid, "pro", principal=ALICE)
+        for _ in range(3):  # each call drives the session as far as it goes
+            await rt.generate(session_id=sid)
+        started = [e.data["message"] for e in await events(rt, sid) if e.type == "turn.started"]
+        assert started == ["upgrade me", "bob here", "carol here"]
+        assert (await rt.state(sid)).queued == []

@@ -273,15 +273,21 @@ class Driver(ToolCalls, ModelStep):
             return self.state
 
     async def start_queued(self) -> None:
-        """A message kept for after the turn starts the next turn."""
-        queued = self.state.queued[0]
-        spec: EventSpec = (
-            "turn.started",
-            {
+        """A message kept for after the turn starts the next turn. Decided on the state it is
+        committed on: after a concurrent append (a prompt that started the queued message's turn
+        itself) nothing is recorded, and the loop finds the turn no longer this drive's."""
+        ended = self.own_turn
+
+        def start(state: SessionState) -> list[EventSpec]:
+            if state.turn is None or state.turn.id != ended or not starts_queued(state):
+                return []
+            queued = state.queued[0]
+            data = {
                 "message": queued["message"],
                 "principal": queued.get("principal"),
                 "source": queued.get("source", "message"),
                 "dequeued": True,
-            },
-        )
-        await self.record([spec], turn_id=new_id("trn"))
+            }
+            return [("turn.started", data)]
+
+        await self.record(start, turn_id=new_id("trn"))
