@@ -4,6 +4,7 @@ sessions (a subagent's mirror) it passes through."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +190,49 @@ def test_refusals_are_counted_by_a_fixed_code_and_failures_are_not(exc: so.Signo
         raise exc
     refusal = isinstance(exc, so.SessionError)
     assert counts.refused == ({type(exc).code: 1} if refusal else {})
+
+
+def _rejects(ctx: so.ResponseContext) -> so.Rejected:
+    return so.Rejected("Only the requester's manager may answer.")
+
+
+def _raises(ctx: so.ResponseContext) -> so.Allowed:
+    raise LookupError("directory service is down")
+
+
+async def _hangs(ctx: so.ResponseContext) -> so.Allowed:
+    await asyncio.sleep(10)
+    return so.Allowed()
+
+
+@pytest.mark.parametrize(
+    ("policy", "code"),
+    [
+        (_rejects, "response_rejected"),
+        (_raises, "response_policy_failed"),
+        (_hangs, "response_policy_timed_out"),
+    ],
+    ids=["rejects", "raises", "hangs"],
+)
+async def test_an_answer_a_response_policy_refuses_is_counted_by_its_verdict(
+    tmp_path: Path, policy: Any, code: str
+) -> None:
+    """A response policy's refusal is returned as an outcome (`applied` false), not raised: it
+    was counted neither accepted nor refused, so `signoff_answers_refused_total` missed every
+    answer a who-may-answer policy turned away. Its code says which verdict refused it."""
+    spec = so.ApprovalSpec(request=so.always(), response=policy, timeout=0.05)
+
+    @so.tool(approval=spec)
+    async def guarded_refund(order_id: str) -> str:
+        """Refund an order, if the response policy lets the answer stand."""
+        return f"refunded {order_id}"
+
+    steps = [call_tools(call("guarded_refund", order_id="1")), reply("done")]
+    rt = sqlite_runtime(tmp_path, scripted_agent("a", steps, tools=[guarded_refund]))
+    r = await rt.generate("a", prompt="refund order 1")
+    (req,) = r.pending
+    approve = [so.InputResponse(request_id=req.id, option_id="approve")]
+    refused = await rt.respond(r.session_id, approve)
+    assert [o.applied for o in refused.outcomes] == [False] and refused.status == "waiting"
+    assert rt._counts.refused == {code: 1} and rt._counts.accepted == 0
+    await rt.close()

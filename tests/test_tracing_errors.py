@@ -250,3 +250,30 @@ async def test_trace_content_records_an_error_whose_message_cannot_be_read(
     assert str((exc.attributes or {})["exception.type"]).endswith("_Unprintable")
     model = spans["chat"][1]
     assert model.status.status_code == StatusCode.ERROR
+
+
+async def test_a_turn_failed_for_good_fails_the_drive_that_goes_on_to_a_queued_message(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """The drive that fails a turn at `max_steps` runs the message queued behind it too: its span
+    still says the turn it failed, as the call's result does, not the queued turn's end."""
+    agent = _agent()
+    agent.limits = so.Limits(max_steps=1)
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider)
+    alice = so.Principal(authenticator="okta", principal_id="alice")
+    bob = so.Principal(authenticator="okta", principal_id="bob")
+    r = await rt.generate("support", "refund A1", auth=alice)
+    (req,) = r.pending
+    assert (await rt.send(r.session_id, "bob here", principal=bob)).queued
+    exporter.clear()
+    approve = [so.InputResponse(request_id=req.id, option_id="approve")]
+    done = await rt.respond(r.session_id, approve, principal=alice)
+    state = await rt.state(r.session_id)
+    await rt.close()
+    assert (done.status, done.turn_id) == ("failed", r.turn_id)
+    assert state.turn is not None and state.turn.status == "completed" and not state.queued
+    (drive,) = _by_name(exporter.get_finished_spans())["invoke_agent support"]
+    d = drive.attributes or {}
+    assert drive.status.status_code == StatusCode.ERROR
+    assert (d["signoff.turn.status"], d["signoff.turn_id"]) == ("failed", r.turn_id)
+    assert d["error.type"] == "session_limit_reached"

@@ -30,7 +30,7 @@ from ._recording import (
     stored_status,
     tells_a_person,
 )
-from ._state import SessionState
+from ._state import SessionState, starts_queued
 from ._tool_calls import ToolCalls
 from ._tracing import OFF, Tracing, parked_by
 from ._types import InputRequest
@@ -91,6 +91,9 @@ class Driver(ToolCalls, ModelStep):
         # Set by a traced drive: its W3C trace context, kept with the `turn.waiting` that parks
         # the turn, so the drive that resumes it links to this one.
         self.traceparent: str | None = None
+        # The state as a turn this drive ran failed for good, when it went on to the message
+        # queued behind it: the drive is a failed one, and its span says that turn's failure.
+        self.failed_turn: SessionState | None = None
 
     def position(self) -> tuple[str | None, int]:
         """The turn this drive runs and the last event it knows of (`Held.drive`)."""
@@ -213,8 +216,10 @@ class Driver(ToolCalls, ModelStep):
     # -- the loop -----------------------------------------------------------------------------
 
     async def drive(self, *, retry: bool = False) -> SessionState:
-        """Run the turn until it completes, fails, is cancelled or waits for a person; counted
-        in `counts` if it recorded anything or failed (a cancelled drive is stopped, not failed)."""
+        """Run the turn until it completes, fails, is cancelled or waits for a person, and on to
+        the messages queued behind a turn that ended for good; counted in `counts` if it
+        recorded anything, failed if it raised or a turn failed (a cancelled drive is stopped,
+        not failed)."""
         seq = self.state.seq
         self._steered_meanwhile()
         try:
@@ -223,7 +228,8 @@ class Driver(ToolCalls, ModelStep):
             self.counts.drove(failed=True)
             raise
         if state.seq != seq:
-            self.counts.drove(failed=state.turn is not None and state.turn.status == "failed")
+            failed = state.turn is not None and state.turn.status == "failed"
+            self.counts.drove(failed=failed or self.failed_turn is not None)
         return state
 
     async def _forward(self, retry: bool) -> SessionState:
@@ -232,8 +238,7 @@ class Driver(ToolCalls, ModelStep):
                 turn = self.state.turn
                 if turn is not None and turn.id != self.own_turn:
                     return self.state  # replaced under this drive: not its turn to run
-                ended = turn is not None and turn.status in ("completed", "cancelled")
-                if ended and self.state.queued:
+                if starts_queued(self.state):  # the turn ended: the next message starts
                     await self.start_queued()
                     continue
                 if turn is None or turn.status in ("completed", "cancelled"):
@@ -258,20 +263,31 @@ class Driver(ToolCalls, ModelStep):
                         await self.record([("turn.waiting", {"on": "input", "request_ids": ids})])
                     return self.state
                 if await self.step_model():
-                    return self.state
+                    if not starts_queued(self.state):
+                        return self.state
+                    # It failed for good (`max_steps`): a message queued behind it starts, in
+                    # this drive, which counts the failure all the same.
+                    if self.failed_turn is None:
+                        self.failed_turn = self.state.copy()
         except TurnStopped:
             return self.state
 
     async def start_queued(self) -> None:
-        """A message kept for after the turn starts the next turn."""
-        queued = self.state.queued[0]
-        spec: EventSpec = (
-            "turn.started",
-            {
+        """A message kept for after the turn starts the next turn. Decided on the state it is
+        committed on: after a concurrent append (a prompt that started the queued message's turn
+        itself) nothing is recorded, and the loop finds the turn no longer this drive's."""
+        ended = self.own_turn
+
+        def start(state: SessionState) -> list[EventSpec]:
+            if state.turn is None or state.turn.id != ended or not starts_queued(state):
+                return []
+            queued = state.queued[0]
+            data = {
                 "message": queued["message"],
                 "principal": queued.get("principal"),
                 "source": queued.get("source", "message"),
                 "dequeued": True,
-            },
-        )
-        await self.record([spec], turn_id=new_id("trn"))
+            }
+            return [("turn.started", data)]
+
+        await self.record(start, turn_id=new_id("trn"))

@@ -17,7 +17,7 @@ from ._idempotency import Keyed, keyed, seen, session_for, turn_of
 from ._mirrors import following_mirrors
 from ._recording import Changed, TurnStopped, load_turn, unchanged
 from ._results import GenerateResult
-from ._state import SessionState
+from ._state import SessionState, turn_over
 from ._text import NOTHING_SAID, is_blank
 from ._types import InputRequest, Principal
 from .stores import Resolve
@@ -74,8 +74,9 @@ class Messages(Answering):
                 return await self._replay(session_id, idem)
             turn = state.turn
             if turn is None or turn.status in ("completed", "failed", "cancelled"):
-                if state.queued and turn is not None and turn.status != "failed":
-                    # Messages that waited for the turn's end go first: this one queues too.
+                if state.queued and turn is not None and turn_over(turn):
+                    # Messages that waited for the turn's end go first: this one queues too
+                    # (a drive or a worker starts the first of them).
                     who = None if principal is None else principal.model_dump()
                     data = {"message": message, "principal": who, "policy": turn_policy, **key}
                     driver = self._driver(state, None)
@@ -101,7 +102,8 @@ class Messages(Answering):
                     raise
                 if not state.queued:
                     return await self._drive(session_id)  # the turn is this message's
-                # Behind messages a failed turn left waiting, this one may be queued too.
+                # Behind messages a turn a retry could resume left waiting, this one may be
+                # queued too.
                 return await self._drive_after(session_id, message, principal, idem)
             pending = state.pending_requests()
             serves = turn.principal

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from ._events import Event, EventType
 from ._exceptions import StoreError, UnknownSession
-from ._state import CallState, SessionState, TurnState, fold, runnable
+from ._state import CallState, SessionState, TurnState, fold, runnable, turn_over
 from ._types import InputRequest, Usage
 from .stores import Resolve, Store
 
@@ -38,7 +38,7 @@ __all__ = [
     "load_state",
     "load_turn",
     "own_cancel",
-    "cancelled_under",
+    "ended_under",
     "new_id",
     "runnable",
     "shadow",
@@ -107,12 +107,12 @@ def shadow(state: SessionState, events: Sequence[Event], before: int) -> Session
 
 
 def ends_drive(events: Sequence[Event], after: SessionState) -> bool:
-    """Whether `Driver.drive` returns right after these events: the turn parked or failed, or
-    ended with no queued message to start the next one."""
+    """Whether `Driver.drive` returns right after these events: the turn parked, failed in a way
+    a retry can resume, or ended with no queued message to start the next one."""
     types = {e.type for e in events}
-    if types & {"turn.waiting", "turn.failed"}:
+    if "turn.waiting" in types:
         return True
-    return bool(types & {"turn.completed", "turn.cancelled"}) and not after.queued
+    return bool(types & {"turn.completed", "turn.cancelled", "turn.failed"}) and not runnable(after)
 
 
 def waiting_after(state: SessionState, specs: Sequence[EventSpec]) -> list[EventSpec]:
@@ -187,16 +187,18 @@ async def load_turn(store: Store, session_id: str, turn_id: str, first_seq: int)
     return state
 
 
-async def cancelled_under(
+async def ended_under(
     store: Store, state: SessionState, began: TurnState | None
 ) -> SessionState | None:
-    """The turn `began` as its cancel left it, when it was cancelled under a drive that then
-    ran the turn that followed (`state`'s): what that drive's caller is told, rather than the
-    other turn's result. None if `began` is still the session's turn, or ended otherwise."""
+    """The turn `began` as it ended, when it was cancelled or failed for good under a drive
+    that then ran the turn a queued message started (`state`'s): what that drive's caller is
+    told, rather than the other turn's result. None if `began` is still the session's turn, or
+    completed."""
     if began is None or state.turn is None or state.turn.id == began.id:
         return None
     ended = await load_turn(store, state.id, began.id, began.first_seq)
-    return ended if ended.turn is not None and ended.turn.status == "cancelled" else None
+    turn = ended.turn
+    return ended if turn is not None and turn_over(turn) and turn.status != "completed" else None
 
 
 _TURN_PAGE = 256

@@ -43,7 +43,7 @@ from ._results import GenerateResult
 from ._session_cache import check_session_id
 from ._session_page import check_listing, lapsed_page
 from ._settings import check_page, finite, flag, seconds
-from ._state import SessionState
+from ._state import SessionState, turn_over
 from ._sync import blocking_doc, twin
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKind
 from ._work import Workers
@@ -166,7 +166,8 @@ class Runtime(Auditing):
         `PartialAnswer` (answer it with `respond`). With neither, resume the session's turn
         (a retry after a failure, or picking up a turn another process left); a turn that
         failed for good (`retryable` false: `max_steps`, a budget nobody can raise) is returned
-        as it is.
+        as it is, unless a message queued behind it has yet to start (its process died): the
+        turn that message starts is run and returned.
         With an `idempotency_key`, a call repeated with the same key (by the same `auth`) starts
         nothing: it returns the turn its prompt went to, as that turn stands now (`replayed`),
         or raises `IdempotencyKeyReused` if the key was given for another agent, prompt or
@@ -459,9 +460,10 @@ class Runtime(Auditing):
     async def cancel(
         self, session_id: str, reason: str | None = None, *, principal: Principal | None = None
     ) -> GenerateResult:
-        """Cancel the running or waiting turn; its open requests are withdrawn. `principal`,
-        who cancels, is recorded with the cancellation (in the audited `turn.cancelled`). A
-        session past its TTL raises `SessionExpired`, as every call does: nothing revives it."""
+        """Cancel the running or waiting turn, or one a retry could resume (it failed on a
+        model error, say); its open requests are withdrawn. `principal`, who cancels, is
+        recorded with the cancellation (in the audited `turn.cancelled`). A session past its
+        TTL raises `SessionExpired`, as every call does: nothing revives it."""
         await self.open()
         if reason is not None and not isinstance(reason, str):
             raise UsageError(f"reason must be a string, not {type(reason).__name__}")
@@ -469,7 +471,6 @@ class Runtime(Auditing):
             check_text(reason, "the reason")
         check_principal(principal, "principal")
         by = None if principal is None else principal.model_dump()
-        ended = ("completed", "cancelled", "failed")
         began: tuple[str, int] | None = None  # the turn to cancel: not one that followed it
         for _ in range(20):
             state = await self._state(session_id)
@@ -478,7 +479,7 @@ class Runtime(Auditing):
             turn = state.turn
             if began is not None and (turn is None or turn.id != began[0]):  # ended meanwhile
                 return self._result(await load_turn(self.store, session_id, *began))
-            if turn is None or turn.status in ended:
+            if turn is None or turn_over(turn):
                 if turn is not None and turn.status == "cancelled":
                     # A cancel that died before reaching the turn's subagents: finish it.
                     for child in _child_sessions.delegated(state):
@@ -498,7 +499,7 @@ class Runtime(Auditing):
                 # Built from the state it is committed on: after a concurrent append the turn
                 # may have ended (nothing to cancel) or opened other requests (withdrawn too).
                 now = current.turn
-                if now is None or now.id != tid or now.status in ended:
+                if now is None or now.id != tid or turn_over(now):
                     return Batch(specs=[])
                 withdrawn[:] = current.pending_requests()
                 delegated[:] = _child_sessions.delegated(current)

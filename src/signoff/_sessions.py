@@ -16,10 +16,10 @@ from ._exceptions import LeaseLost, PartialAnswer, SessionBusy, StoreError
 from ._idempotency import Keyed, seen
 from ._leasing import lost_line
 from ._prompts import check_prompt, next_turn
-from ._recording import Changed, EventSpec, cancelled_under, new_id, runnable
+from ._recording import Changed, EventSpec, ended_under, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._session_cache import SessionCache, check_session_id
-from ._state import SessionState, TurnState
+from ._state import SessionState, TurnState, turn_over
 from ._types import Principal
 
 __all__ = ["SessionRunner"]
@@ -181,7 +181,7 @@ class SessionRunner(SessionCache):
         # once per TTL, not claimed again at once by every worker in a loop.
         keep_on_error = claimed is not None
         granted = getattr(self.store, "granted_head", None)
-        began: TurnState | None = None  # the live turn the first pass found (`cancelled_under`)
+        began: TurnState | None = None  # the live turn the first pass found (`ended_under`)
         for n in range(100):
             given = claimed or leased
             if given is not None:
@@ -194,7 +194,7 @@ class SessionRunner(SessionCache):
                 if acquired is None:
                     state = await self._state(session_id)
                     # A cancel that started the message queued behind this drive's turn, say.
-                    ended = await cancelled_under(self.store, state, began)
+                    ended = await ended_under(self.store, state, began)
                     if ended is not None:
                         return self._result(ended, outcomes)
                     return self._result(state, outcomes, busy=True)
@@ -213,7 +213,7 @@ class SessionRunner(SessionCache):
                 state = await self._checked(session_id, lease=token, head=head)
                 if await self._recover(state):  # under the lease, its renewals running
                     state = await self._checked(session_id, lease=token)
-                if n == 0 and state.turn is not None and state.turn.status != "cancelled":
+                if n == 0 and state.turn is not None and not turn_over(state.turn):
                     began = state.turn
                 span.begin(state, self.now())
                 driver = self._driver(state, token)
@@ -245,7 +245,8 @@ class SessionRunner(SessionCache):
             finally:
                 try:
                     if not (failed or lost or cancelled) and driver is not None:
-                        span.finish(driver.state)
+                        # A turn it failed for good, not the queued message's turn it then ran.
+                        span.finish(driver.failed_turn or driver.state)
                 finally:
                     span.end()
                 renewing.clear()  # ends the loop even if the cancel below is swallowed
@@ -271,7 +272,7 @@ class SessionRunner(SessionCache):
             if lost:
                 return self._result(state, outcomes, busy=runnable(state))
             if not runnable(state):
-                ended = await cancelled_under(self.store, state, began)
+                ended = await ended_under(self.store, state, began)
                 return self._result(state if ended is None else ended, outcomes)
         raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
 

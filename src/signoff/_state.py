@@ -41,6 +41,8 @@ __all__ = [
     "TurnState",
     "fold",
     "runnable",
+    "starts_queued",
+    "turn_over",
 ]
 
 # What a handler or the snapshot loader raises on data of the wrong shape (pydantic's
@@ -348,15 +350,31 @@ class SessionState:
         )
 
 
+def turn_over(turn: TurnState) -> bool:
+    """Whether the turn has ended for good: completed, cancelled, or failed where no retry can
+    resume it (`max_steps`, a budget nobody can raise). A turn a retry can resume has not."""
+    return turn.status in ("completed", "cancelled") or (
+        turn.status == "failed" and not turn.retryable
+    )
+
+
+def starts_queued(state: SessionState) -> bool:
+    """Whether the session's turn has ended for good and a message queued behind it starts
+    the next turn now."""
+    return state.turn is not None and turn_over(state.turn) and runnable(state)
+
+
 def runnable(state: SessionState, *, retry: bool = False) -> bool:
     """Whether the session's turn has something to do now (as opposed to waiting or over)."""
     turn = state.turn
     if turn is None:
         return False
-    if turn.status in ("completed", "cancelled"):
-        return bool(state.queued)  # messages that waited for the turn's end start now
-    if turn.status == "failed":
-        return retry and turn.retryable  # a limit no retry can lift ends the turn for good
+    if turn.status == "failed" and turn.retryable:
+        return retry  # the messages queued behind it wait for the retry (or the next message)
+    if turn_over(turn):
+        # Messages that waited for the turn's end start now, whichever way it ended; not in a
+        # session whose TTL ended it (it stays expired).
+        return bool(state.queued) and not (turn.status == "failed" and state.lapsed)
     if turn.status == "waiting":
         statuses = {c.status for c in turn.calls.values()}
         if statuses & {"approved", "denied", "decided", "running"}:

@@ -1,0 +1,234 @@
+"""A message queued behind a turn that fails: a turn that failed for good (`max_steps`, a budget
+nobody can raise) has ended, as a completed or cancelled one has, so the message starts its turn
+then (at once inline, else by a worker); a turn a retry can resume keeps the message waiting
+until it is retried. Run on both stores."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff._engine import Driver
+from signoff.testing import Capture, Flaky, reply, timeline
+
+from ._steer import ALICE, BOB, events, plan_agent, texts
+
+ENDED_THEN_BOB = [
+    "turn.failed",
+    "session.waiting",
+    "turn.started",
+    "model.completed",
+    "turn.completed",
+    "session.waiting",
+]
+
+
+def one_step_agent(*steps: Any) -> so.Agent:
+    """Alice's turn asks which plan (its one model step); answered, it reaches `max_steps`."""
+    agent = plan_agent(*steps)
+    agent.limits = so.Limits(max_steps=1)
+    return agent
+
+
+async def parked_with_bob_queued(rt: so.Runtime) -> tuple[str, str]:
+    """Alice's turn waits on a question, Bob's message waits for its end: the session, her turn."""
+    r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+    assert r.status == "waiting"
+    b = await rt.send(r.session_id, "bob here", principal=BOB)
+    assert b.queued and b.status == "waiting"
+    assert r.turn_id is not None
+    return r.session_id, r.turn_id
+
+
+async def settled(rt: so.Runtime, session_id: str) -> so.SessionState:
+    """The session once its queue is empty and its turn completed, or as it stands after 10 s."""
+    for _ in range(500):
+        state = await rt.state(session_id)
+        if not state.queued and state.turn is not None and state.turn.status == "completed":
+            break
+        await asyncio.sleep(0.02)
+    return state
+
+
+async def test_a_turn_that_fails_for_good_starts_the_message_queued_behind_it(
+    store_url: str,
+) -> None:
+    """Alice's answer takes her turn to `max_steps`: it fails for good, and Bob's message starts
+    its turn at once, as at the end of a completed turn. Her call reports her turn failed (as
+    a cancel reports the cancelled turn), and the failure counts. It used to sit in the queue
+    until the next message, the session `failed` with nothing to run it."""
+    bob = Capture(reply("Hi Bob."))
+    async with so.Runtime([one_step_agent(bob)], store=store_url) as rt:
+        sid, alice = await parked_with_bob_queued(rt)
+        failed_before = rt._counts.failed_drives
+        r = await rt.send(sid, "pro", principal=ALICE)
+        assert (r.status, r.turn_id, r.retryable) == ("failed", alice, False)
+        assert (r.error or {}).get("code") == "session_limit_reached"
+        assert rt._counts.failed_drives == failed_before + 1
+        assert texts(bob.last)[-1] == ("user", "bob here")
+        state = await rt.state(sid)
+        assert state.queued == [] and state.turn is not None and state.turn.id != alice
+        assert state.turn.status == "completed" and state.status == "idle"
+        assert timeline(await events(rt, sid))[-6:] == ENDED_THEN_BOB
+
+
+async def test_a_worker_starts_the_message_queued_behind_a_turn_that_failed_for_good(
+    store_url: str,
+) -> None:
+    """As above with `inline=False`: the worker whose drive failed Alice's turn goes on to
+    Bob's message."""
+    bob = Capture(reply("Hi Bob."))
+    agent = one_step_agent(bob)
+    async with so.Runtime([agent], store=store_url, inline=False) as rt:
+        stop = asyncio.Event()
+        working = asyncio.create_task(rt.work(stop=stop, idle_wait=0.05))
+        try:
+            r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+            sid = r.session_id
+            for _ in range(500):
+                if (await rt.state(sid)).status == "waiting":
+                    break
+                await asyncio.sleep(0.02)
+            assert (await rt.send(sid, "bob here", principal=BOB)).queued
+            assert (await rt.send(sid, "pro", principal=ALICE)).status == "running"
+            state = await settled(rt, sid)
+        finally:
+            stop.set()
+            await asyncio.wait_for(working, timeout=10)
+        assert state.queued == [] and state.turn is not None
+        assert (state.turn.status, state.turn.text) == ("completed", "Hi Bob.")
+        assert texts(bob.last)[-1] == ("user", "bob here")
+        assert timeline(await events(rt, sid))[-6:] == ENDED_THEN_BOB
+
+
+async def test_a_crash_after_a_turn_failed_for_good_leaves_the_queued_message_to_a_worker(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process dies between the commit that fails Alice's turn and the one that starts Bob's
+    message: that commit left the session `running` in the store, so a worker runs Bob's turn."""
+    bob = Capture(reply("Hi Bob."))
+    agent = one_step_agent(bob)
+    async with so.Runtime([agent], store=store_url) as rt:
+        sid, _ = await parked_with_bob_queued(rt)
+
+        async def crash(self: Driver) -> None:
+            raise KeyboardInterrupt  # a dead process records nothing more
+
+        monkeypatch.setattr(Driver, "start_queued", crash)
+        with pytest.raises(KeyboardInterrupt):
+            await rt.send(sid, "pro", principal=ALICE)
+        monkeypatch.undo()
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.status == "failed"
+        assert len(state.queued) == 1
+        assert [s.status for s in await rt.store.sessions()] == ["running"]
+    async with so.Runtime([agent], store=store_url, inline=False) as workers:
+        stop = asyncio.Event()
+        working = asyncio.create_task(workers.work(stop=stop, idle_wait=0.05))
+        try:
+            state = await settled(workers, sid)
+        finally:
+            stop.set()
+            await asyncio.wait_for(working, timeout=10)
+        assert state.queued == [] and state.turn is not None
+        assert (state.turn.status, state.turn.text) == ("completed", "Hi Bob.")
+        assert timeline(await events(workers, sid))[-6:] == ENDED_THEN_BOB
+
+
+async def test_a_turn_a_retry_can_resume_keeps_the_queued_message_until_it_is_retried(
+    store_url: str,
+) -> None:
+    """Alice's turn fails on a model error a retry can resume: Bob's message keeps waiting
+    (the session reads `failed`, no worker's to claim), as the turn has not ended; the retry
+    finishes her turn, and Bob's starts then."""
+    bob = Capture(reply("Hi Bob."))
+    broken = Capture(Flaky(reply("Pro it is."), error=ValueError("the model broke")))
+    agent = plan_agent(broken, bob)
+    async with so.Runtime([agent], store=store_url) as rt:
+        sid, alice = await parked_with_bob_queued(rt)
+        r = await rt.send(sid, "pro", principal=ALICE)
+        assert (r.status, r.turn_id, r.retryable) == ("failed", alice, True)
+        state = await rt.state(sid)
+        assert len(state.queued) == 1 and state.status == "failed"
+        assert [s.status for s in await rt.store.sessions()] == ["failed"]
+        assert bob.conversations == []
+        again = await rt.generate(session_id=sid)
+        assert again.status == "completed" and again.text == "Hi Bob."
+        assert texts(bob.last)[-1] == ("user", "bob here")
+        assert (await rt.state(sid)).queued == []
+
+
+async def test_cancelling_a_turn_a_retry_could_resume_starts_the_queued_message(
+    store_url: str,
+) -> None:
+    """Alice gives up on her failed turn instead of retrying it: the cancel ends it for good and
+    Bob's message starts, as after the cancel of a turn that waits. The cancel used to find the
+    turn ended and do nothing, leaving Bob's message waiting on a retry nobody would make."""
+    # The failed call took no step of the script: Bob's turn gets the step's second call.
+    step = Capture(Flaky(reply("Hi Bob."), error=ValueError("the model broke")))
+    async with so.Runtime([plan_agent(step)], store=store_url) as rt:
+        sid, alice = await parked_with_bob_queued(rt)
+        assert (await rt.send(sid, "pro", principal=ALICE)).status == "failed"
+        c = await rt.cancel(sid, "never mind", principal=ALICE)
+        assert (c.status, c.turn_id) == ("cancelled", alice)
+        assert len(step.conversations) == 2  # her turn's failed call, then Bob's turn
+        assert texts(step.last)[-1] == ("user", "bob here")
+        state = await rt.state(sid)
+        assert state.queued == [] and state.turn is not None and state.turn.id != alice
+        assert (state.turn.status, state.turn.text) == ("completed", "Hi Bob.")
+        log = timeline(await events(rt, sid))
+        assert log[-8:] == ["turn.failed", "session.waiting", "turn.cancelled", *ENDED_THEN_BOB[1:]]
+
+
+async def test_a_cancelled_turn_a_retry_could_resume_is_not_resumed(store_url: str) -> None:
+    """With nothing queued, the cancel ends the failed turn: a retry then finds nothing to do."""
+    broken = Capture(Flaky(reply("Pro it is."), error=ValueError("the model broke")))
+    async with so.Runtime([plan_agent(broken)], store=store_url) as rt:
+        r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        [question] = r.pending
+        answer = so.InputResponse(request_id=question.id, option_id="pro")
+        assert (await rt.respond(r.session_id, [answer], principal=ALICE)).status == "failed"
+        c = await rt.cancel(r.session_id)
+        assert (c.status, c.turn_id) == ("cancelled", r.turn_id)
+        again = await rt.generate(session_id=r.session_id)
+        assert (again.status, again.turn_id) == ("cancelled", r.turn_id)
+        assert len(broken.conversations) == 1
+        assert (await rt.state(r.session_id)).status == "cancelled"
+
+
+@pytest.mark.parametrize("ends", ["fails for good", "completes"])
+async def test_a_queued_message_another_call_starts_first_is_not_started_twice(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, ends: str
+) -> None:
+    """Alice's turn ends; just before its drive starts Bob's message, a prompt from Carol
+    (through a runtime leaving turns to workers) starts Bob's turn itself, Carol's prompt queued
+    behind it. The drive's start then conflicts: it must not start Bob's message again from the
+    state it read first, taking Carol's place in the queue (her prompt was lost)."""
+    carol = so.Principal(authenticator="okta", principal_id="carol")
+    if ends == "completes":
+        agent = plan_agent(Capture(reply("Pro it is.")), reply("Hi Bob."), reply("Hi Carol."))
+    else:
+        agent = one_step_agent(reply("Hi Bob."), reply("Hi Carol."))
+    async with (
+        so.Runtime([agent], store=store_url) as rt,
+        so.Runtime([agent], store=store_url, inline=False) as other,
+    ):
+        sid, _ = await parked_with_bob_queued(rt)
+        start_queued = Driver.start_queued
+
+        async def raced(self: Driver) -> None:
+            monkeypatch.setattr(Driver, "start_queued", start_queued)
+            r = await other.generate(session_id=sid, prompt="carol here", auth=carol)
+            assert r.status == "running" and r.queued is False
+            await start_queued(self)
+
+        monkeypatch.setattr(Driver, "start_queued", raced)
+        await rt.send(sid, "pro", principal=ALICE)
+        for _ in range(3):  # each call drives the session as far as it goes
+            await rt.generate(session_id=sid)
+        started = [e.data["message"] for e in await events(rt, sid) if e.type == "turn.started"]
+        assert started == ["upgrade me", "bob here", "carol here"]
+        assert (await rt.state(sid)).queued == []
