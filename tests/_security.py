@@ -19,7 +19,7 @@ from signoff.server import TokenAuth, create_app
 from signoff.server._app import MAX_BODY_SIZE
 from signoff.testing import ManualClock
 
-from .test_server_common import ALICE, TOKENS, _echo, make_agents
+from .test_server_common import ALICE, TOKENS, _echo, analysed_once, make_agents
 
 __all__ = [
     "A",
@@ -193,7 +193,8 @@ class Served:
 
 @pytest.fixture
 async def served(world: World) -> AsyncIterator[Served]:
-    app = create_app(world.rt, auth=TokenAuth(TOKENS), sweep_every=None)
+    """The app over the test's own world, routed as the first one was (`analysed_once`)."""
+    app = analysed_once(create_app(world.rt, auth=TokenAuth(TOKENS), sweep_every=None))
     transport = httpx.ASGITransport(app=app)
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=transport, base_url="http://signoff.test") as c:
