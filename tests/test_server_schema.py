@@ -30,7 +30,7 @@ from signoff._idempotency import MAX_KEY, check_key, keyed, session_for
 from signoff.server import TokenAuth, create_app
 
 from . import _proof
-from .test_server_common import ALICE, TOKENS, make_runtime
+from .test_server_common import ALICE, TOKENS, analysed_once, make_runtime
 
 _dir = tempfile.TemporaryDirectory(prefix="signoff-schema-")
 atexit.register(_dir.cleanup)
@@ -59,9 +59,11 @@ def _schema(app: Any) -> schemathesis.BaseSchema:
 
 schema = _schema(app)
 # The state machine reads its document from an app of its own; its calls go to a new app and
-# store in every scenario (`APIWorkflow.setup`).
+# store in every scenario (`APIWorkflow.setup`), the app routed as this one (`analysed_once`)
+# and its runtime this one's agents and settings on the scenario's store (`with_store`).
 _template = Path(_dir.name) / "stateful.db"
-stateful_app = create_app(make_runtime(f"sqlite:///{_template}"), auth=TokenAuth(TOKENS))
+stateful_runtime = make_runtime(f"sqlite:///{_template}")
+stateful_app = analysed_once(create_app(stateful_runtime, auth=TokenAuth(TOKENS)))
 stateful_schema = _schema(stateful_app)
 with TestClient(stateful_app) as _client:  # the template each scenario's store copies, migrated
     assert _client.get("/v1/sessions", headers={"Authorization": "Bearer alice-token"}).is_success
@@ -199,8 +201,8 @@ class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
         self.calls = itertools.count()
         self.store = Path(_dir.name) / f"stateful-{next(_stores)}.db"
         shutil.copyfile(_template, self.store)
-        self.runtime = make_runtime(f"sqlite:///{self.store}")
-        self.app = create_app(self.runtime, auth=TokenAuth(TOKENS))
+        self.runtime = stateful_runtime.with_store(f"sqlite:///{self.store}")
+        self.app = analysed_once(create_app(self.runtime, auth=TokenAuth(TOKENS)))
         self.reads = TestClient(self.app)
 
     def teardown(self) -> None:

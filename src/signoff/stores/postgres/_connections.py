@@ -30,7 +30,8 @@ from .._prompt import REQUEST_WAIT
 from . import _schema
 from ._borrowed import OPERATION_TIMEOUT, Pool
 from ._changes import Listener
-from ._outage import GRACE, Outage, is_down, settle
+from ._outage import GRACE, Outage, is_down
+from ._shared import settle
 from ._transactions import Conn, Transactions
 from ._url import (
     check_parameters,

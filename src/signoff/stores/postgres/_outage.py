@@ -15,6 +15,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..._exceptions import StoreBusy, StoreError, StoreUnavailable
+from ._shared import settle, shared
 
 if TYPE_CHECKING:
     from psycopg.rows import TupleRow
@@ -207,16 +208,8 @@ class Outage:
             return None
 
     def _start_probe(self) -> asyncio.Future[None]:
-        """The check of the server under way on this event loop, started now if there is none
-        (a future of another loop's check would not wake this one)."""
-        probing = self._probing
-        if (
-            probing is None
-            or probing.done()
-            or probing.get_loop() is not asyncio.get_running_loop()
-        ):
-            probing = self._probing = asyncio.ensure_future(self._probe())
-            probing.add_done_callback(_seen)
+        """The check of the server under way on this event loop, started now if there is none."""
+        probing = self._probing = shared(self._probing, self._probe)
         return probing
 
     async def _probe(self) -> None:
@@ -257,29 +250,9 @@ class Outage:
         self._probing = None
 
 
-def _seen(probing: asyncio.Future[None]) -> None:
-    """A check of the server ended: what failed it other than a connection (`_raise`) reaches
-    the calls that waited for it, not asyncio's log of exceptions never retrieved."""
-    if not probing.cancelled():
-        probing.exception()
-
-
 def _raise(probing: asyncio.Future[None]) -> None:
     """Raise what failed a check of the server that ended, other than a connection refused."""
     if probing.done() and not probing.cancelled():
         error = probing.exception()
         if error is not None:
             raise error
-
-
-async def settle(task: asyncio.Future[Any]) -> None:
-    """Cancel `task` and wait for it to end: on this loop if it is this loop's; if it is another
-    running loop's, the cancel is sent there and not waited for (its completion would never
-    wake this loop); a stopped loop's task ends with that loop."""
-    there = task.get_loop()
-    if there is asyncio.get_running_loop():
-        task.cancel()
-        await asyncio.wait({task})
-        return
-    with contextlib.suppress(RuntimeError):  # that loop is closed
-        there.call_soon_threadsafe(task.cancel)

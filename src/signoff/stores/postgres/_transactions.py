@@ -18,6 +18,7 @@ from ..._exceptions import AppendConflict, RequestClosed, StoreError, StoreUnava
 from .._prompt import is_prompt, wrote
 from ._borrowed import Borrowed
 from ._outage import Outage
+from ._shared import shared
 
 __all__ = ["Conn", "Transactions"]
 
@@ -178,14 +179,7 @@ class Transactions:
         them: the connections it still holds do not answer, and are out of the pool meanwhile);
         the test runs as a task of its own, as `pool.check()` takes a cancellation for a broken
         connection: the caller's must reach the caller."""
-        checking = self._checking
-        if (
-            checking is None
-            or checking.done()
-            or checking.get_loop() is not asyncio.get_running_loop()
-        ):
-            checking = self._checking = asyncio.ensure_future(pool.check())
-            checking.add_done_callback(_seen)
+        checking = self._checking = shared(self._checking, pool.check)
         await asyncio.wait({checking}, timeout=min(CHECK_WAIT, self.operation_timeout))
 
     def _sync_setting(self, synchronous: bool) -> str | None:
@@ -198,12 +192,6 @@ class Transactions:
 CHECK_WAIT = 1.0
 """Seconds a call that lost its connection waits for the pool's test (`_after_loss`): dead
 connections fail it at once; a slower one is a silent server, met as an outage (its grace)."""
-
-
-def _seen(checking: asyncio.Future[None]) -> None:
-    """A test of the pool has ended: its failure (the pool closed under it) only means that."""
-    if not checking.cancelled():
-        checking.exception()
 
 
 _OPEN = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
