@@ -13,13 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from .test_server_common import auth, served
+from .test_server_common import PLAIN, auth, served
 
 __all__ = ["PLAIN", "base", "cookie_of", "csrf_of", "signed_in", "start"]
-
-# The TLS context every httpx client builds unless given one (42 ms of CPU each: the CA bundle
-# loaded anew), though these tests only speak plain http:// to a local server. One, made once.
-PLAIN = httpx.create_ssl_context()
 
 
 @pytest.fixture

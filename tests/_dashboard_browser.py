@@ -13,7 +13,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
-from .test_server_common import auth, served
+from .test_server_common import PLAIN, auth, served
 
 __all__ = [
     "base",
@@ -108,6 +108,7 @@ def start(base: str, agent: str = "support") -> dict[str, Any]:
         json={"agent": agent, "message": "Refund order 1042, it arrived broken"},
         headers=auth("alice-token"),
         timeout=10,
+        verify=PLAIN,
     )
     assert r.status_code == 201, r.text
     body: dict[str, Any] = r.json()
@@ -115,6 +116,8 @@ def start(base: str, agent: str = "support") -> dict[str, Any]:
 
 
 def session(base: str, sid: str) -> dict[str, Any]:
-    r = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token"), timeout=10)
+    r = httpx.get(
+        f"{base}/v1/sessions/{sid}", headers=auth("alice-token"), timeout=10, verify=PLAIN
+    )
     body: dict[str, Any] = r.json()
     return body

@@ -17,6 +17,7 @@ import signoff as so
 from signoff.server import TokenAuth, create_app
 
 from .test_server_common import (
+    PLAIN,
     TOKENS,
     auth,
     make_runtime,
@@ -39,12 +40,12 @@ def base(store: str) -> Iterator[str]:
 
 @pytest.fixture
 def alice(base: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=base, headers=auth("alice-token"), timeout=10) as c:
+    with httpx.Client(base_url=base, headers=auth("alice-token"), timeout=10, verify=PLAIN) as c:
         yield c
 
 
 def client(base: str, token: str) -> httpx.Client:
-    return httpx.Client(base_url=base, headers=auth(token), timeout=10)
+    return httpx.Client(base_url=base, headers=auth(token), timeout=10, verify=PLAIN)
 
 
 @asynccontextmanager

@@ -3,6 +3,8 @@
 `runtime()` is the MODULE:RUNTIME target of `signoff worker tests._worker_procs:runtime`: one
 support agent whose gated refund tool writes a `start` record (with its idempotency key and pid)
 before its body sleeps and a `done` record after, to the file named by `SIGNOFF_TEST_RECORDS`.
+With `SIGNOFF_TEST_HOLD` naming a file, each body also waits after its `start` record until
+that file exists, so a test knows which bodies are in flight when it signals a worker.
 `python -m tests._worker_procs answer ...` answers a list of requests at once behind a barrier.
 """
 
@@ -41,14 +43,17 @@ ORDER = {"order_id": "1042", "amount": 180.0}
 ALICE = so.Principal(authenticator="test", principal_id="alice")
 
 
-def make_agent(records: str, delay: float = 0.0) -> so.Agent:
-    """The support agent: one refund call that needs approval, then a final text."""
+def make_agent(records: str, delay: float = 0.0, hold: str | None = None) -> so.Agent:
+    """The support agent: one refund call that needs approval, then a final text. With `hold`,
+    each tool body waits (after its `start` record) until the file `hold` exists."""
 
     @so.tool(approval=so.always())
     async def issue_refund(ctx: so.ToolContext, order_id: str, amount: float) -> dict[str, Any]:
         """Refund an order."""
         key = ctx.idempotency_key()
         record_execution(records, f"start {key}", os.getpid())
+        while hold is not None and not os.path.exists(hold):
+            await asyncio.sleep(0.05)
         if delay:
             await asyncio.sleep(delay)
         record_execution(records, f"done {key}", os.getpid())
@@ -69,7 +74,8 @@ def runtime() -> so.Runtime:
     """The factory `signoff worker` loads; the store comes from `--store`."""
     records = os.environ["SIGNOFF_TEST_RECORDS"]
     delay = float(os.environ.get("SIGNOFF_TEST_TOOL_DELAY", "0"))
-    return so.Runtime([make_agent(records, delay)], store="sqlite:///:memory:")
+    hold = os.environ.get("SIGNOFF_TEST_HOLD") or None
+    return so.Runtime([make_agent(records, delay, hold)], store="sqlite:///:memory:")
 
 
 def read_records(path: str | Path) -> list[tuple[str, str, int]]:
@@ -87,11 +93,13 @@ def read_records(path: str | Path) -> list[tuple[str, str, int]]:
 
 
 class Worker:
-    """One `signoff worker` subprocess, its stderr in a file."""
+    """One `signoff worker` subprocess, its stderr in a file; its tool bodies wait for the file
+    named by the option `hold` when one is given (the others are its command line's)."""
 
     def __init__(
         self, url: str, tmp: Path, name: str, records: Path, *, delay: float, **options: Any
     ) -> None:
+        hold = options.pop("hold", None)
         self.log_path = tmp / f"worker-{name}.log"
         self._log = self.log_path.open("w")
         argv = [sys.executable, "-m", "signoff", "worker", "tests._worker_procs:runtime"]
@@ -102,6 +110,7 @@ class Worker:
             **python_env(),
             "SIGNOFF_TEST_RECORDS": str(records),
             "SIGNOFF_TEST_TOOL_DELAY": str(delay),
+            "SIGNOFF_TEST_HOLD": "" if hold is None else str(hold),
         }
         self.proc = subprocess.Popen(
             argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=self._log

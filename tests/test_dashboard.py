@@ -23,13 +23,13 @@ from ._dashboard import (
     signed_in,
     start,
 )
-from .test_server_common import TOKENS, auth, running
+from .test_server_common import PLAIN, TOKENS, auth, running
 
 __all__ = ["base"]  # the fixture, used by name
 
 
 def test_pages_need_a_signed_in_reviewer(base: str) -> None:
-    r = httpx.get(base + "/_signoff/")
+    r = httpx.get(base + "/_signoff/", verify=PLAIN)
     assert r.status_code == 303 and r.headers["location"] == "/_signoff/login"
     for path in (
         "/_signoff/tools",
@@ -37,18 +37,22 @@ def test_pages_need_a_signed_in_reviewer(base: str) -> None:
         "/_signoff/sessions",
         "/_signoff/sessions/x",
     ):
-        r = httpx.get(base + path)
+        r = httpx.get(base + path, verify=PLAIN)
         # back to the page once signed in
         assert r.status_code == 303, path
         assert r.headers["location"] == "/_signoff/login?" + urlencode({"next": path}), path
-    r = httpx.get(base + "/_signoff/fragments/queue", headers={"Accept": "application/json"})
+    r = httpx.get(
+        base + "/_signoff/fragments/queue", headers={"Accept": "application/json"}, verify=PLAIN
+    )
     assert r.status_code == 401
-    with httpx.Client(base_url=base) as c:
+    with httpx.Client(base_url=base, verify=PLAIN) as c:
         page = c.get("/_signoff/login")
         r = c.post("/_signoff/login", data={"token": "nope", "csrf": csrf_of(page.text)})
         assert r.status_code == 401 and "not recognised" in r.text
     # a bearer token works for the pages too
-    assert httpx.get(base + "/_signoff/", headers=auth("alice-token")).status_code == 200
+    assert (
+        httpx.get(base + "/_signoff/", headers=auth("alice-token"), verify=PLAIN).status_code == 200
+    )
 
 
 def test_forms_without_the_csrf_token_are_refused(base: str) -> None:
@@ -66,11 +70,14 @@ def test_forms_without_the_csrf_token_are_refused(base: str) -> None:
             base + url,
             data={"option": "approve", "csrf": token},
             headers={**auth("alice-token"), "Accept": "application/json"},
+            verify=PLAIN,
         )
         assert r.status_code == 403
         # logging out is a CSRF-protected form too
         assert c.post("/_signoff/logout", data={}).status_code == 403
-        state = httpx.get(f"{base}/v1/sessions/{body['session_id']}", headers=auth("alice-token"))
+        state = httpx.get(
+            f"{base}/v1/sessions/{body['session_id']}", headers=auth("alice-token"), verify=PLAIN
+        )
         assert state.json()["status"] == "waiting"  # nothing was settled
 
 
@@ -132,20 +139,21 @@ def test_everything_shown_is_escaped(tmp_path: Path) -> None:
             f"{base}/v1/sessions",
             json={"agent": "dba", "message": evil},
             headers=auth("alice-token"),
+            verify=PLAIN,
         )
         sid = r.json()["session_id"]
         for path in ("/_signoff/", f"/_signoff/sessions/{sid}", "/_signoff/tools"):
-            html = httpx.get(base + path, headers=auth("alice-token")).text
+            html = httpx.get(base + path, headers=auth("alice-token"), verify=PLAIN).text
             assert evil not in html, path
             assert "<b>SQL</b>" not in html
-        queue = httpx.get(base + "/_signoff/", headers=auth("alice-token")).text
+        queue = httpx.get(base + "/_signoff/", headers=auth("alice-token"), verify=PLAIN).text
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in queue
 
 
 def test_pages_name_their_script_and_style_by_content(base: str) -> None:
     """The script and style are served without a lifetime, so a browser may keep an old copy
     for days: an upgraded page ran the previous script. Their URLs carry a hash of them."""
-    page = httpx.get(f"{base}/_signoff/", headers=auth("alice-token")).text
+    page = httpx.get(f"{base}/_signoff/", headers=auth("alice-token"), verify=PLAIN).text
     static = Path(so.__file__).parent / "server" / "static"
     for name in ("app.js", "app.css"):
         url = re.search(rf'"(/_signoff/static/{re.escape(name)}[^"]*)"', page)
@@ -153,7 +161,7 @@ def test_pages_name_their_script_and_style_by_content(base: str) -> None:
         version = url.group(1).partition("?v=")[2]
         digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(static.iterdir())))
         assert version == digest.hexdigest()[:12], url.group(1)
-        assert httpx.get(base + url.group(1)).status_code == 200
+        assert httpx.get(base + url.group(1), verify=PLAIN).status_code == 200
 
 
 def test_pages_carry_security_headers(base: str) -> None:
@@ -169,7 +177,7 @@ def test_pages_carry_security_headers(base: str) -> None:
             assert "frame-ancestors 'none'" in policy, path
             assert "script-src 'self'" in policy and "unsafe-inline" not in policy, path
         assert c.get("/_signoff/").headers["cache-control"] == "no-store"
-    api = httpx.get(f"{base}/v1/requests", headers=auth("alice-token"))
+    api = httpx.get(f"{base}/v1/requests", headers=auth("alice-token"), verify=PLAIN)
     assert api.headers["x-content-type-options"] == "nosniff"
     assert api.headers["x-frame-options"] == "DENY"
 
@@ -215,7 +223,7 @@ def test_another_tenant_reaches_nothing_through_dashboard_urls(base: str) -> Non
             headers=json_only,
         )
         assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_session"
-    state = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token")).json()
+    state = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token"), verify=PLAIN).json()
     assert state["status"] == "waiting" and [p["id"] for p in state["pending"]] == [rid]
 
 

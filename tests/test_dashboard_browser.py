@@ -19,7 +19,7 @@ import signoff as so
 from signoff.server import TokenAuth, create_app
 
 from ._dashboard_browser import base, browser, page, session, start
-from .test_server_common import ROOT, TOKENS, auth, running, tool_output
+from .test_server_common import PLAIN, ROOT, TOKENS, auth, running, tool_output
 
 __all__ = ["base", "browser", "page"]  # the fixtures, used by name
 
@@ -61,7 +61,9 @@ def test_reviewer_approves_a_refund_live(page: Page, base: str, tmp_path: Path) 
     seen = tool_output(state["turn"]["text"])
     assert seen["result"] == {"order_id": "1042", "refunded": 180.0}
     assert seen["approval"]["reason"] == "Customer sent photos of the damage"
-    record = httpx.get(f"{base}/v1/requests/{rid}", headers=auth("alice-token")).json()
+    record = httpx.get(
+        f"{base}/v1/requests/{rid}", headers=auth("alice-token"), verify=PLAIN
+    ).json()
     assert record["resolution"]["reason"] == "Customer sent photos of the damage"
 
     # the audit page lists the settlement
@@ -115,6 +117,7 @@ def test_session_page_follows_the_run_live(page: Page, base: str) -> None:
         json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
         headers=auth("alice-token"),
         timeout=10,
+        verify=PLAIN,
     )
     assert r.json()["status"] == "completed"
     expect(page.locator("#trace li .badge.type", has_text="turn.completed")).to_be_visible()
@@ -173,6 +176,7 @@ def test_a_message_to_someone_elses_turn_says_it_waits(page: Page, base: str) ->
         json={"agent": "support", "message": "Refund order 1042, it arrived broken"},
         headers=auth("bob-token"),
         timeout=10,
+        verify=PLAIN,
     )
     sid = r.json()["session_id"]
     page.goto(f"/_signoff/sessions/{sid}")
@@ -214,6 +218,7 @@ def test_a_page_left_from_another_sign_in_does_not_post(page: Page, base: str) -
         json={"agent": "support", "message": "Refund order 7"},
         headers=auth("bob-token"),
         timeout=10,
+        verify=PLAIN,
     )
     mine = page.locator(f"[data-request-id='{r.json()['pending'][0]['id']}']")
     mine.get_by_role("button", name="Approve").click()  # Bob's own page posts (as Bob)
@@ -240,7 +245,9 @@ def test_a_filtered_queue_counts_its_own_requests_live(page: Page, base: str) ->
 
 
 def request_record(base: str, rid: str) -> dict[str, Any]:
-    r = httpx.get(f"{base}/v1/requests/{rid}", headers=auth("alice-token"), timeout=10)
+    r = httpx.get(
+        f"{base}/v1/requests/{rid}", headers=auth("alice-token"), timeout=10, verify=PLAIN
+    )
     body: dict[str, Any] = r.json()
     return body
 
@@ -424,6 +431,7 @@ def test_approving_what_others_just_approved_says_it_was_theirs(page: Page, base
             json=vote,
             headers=auth(who),
             timeout=10,
+            verify=PLAIN,
         )
         assert r.status_code == 200, r.text
     card = page.locator(f"[data-request-id='{rid}']")
@@ -445,7 +453,9 @@ def test_a_counted_vote_leaves_deny_in_place(page: Page, base: str) -> None:
     card.locator("input[name=text]").fill("wrong account")
     card.get_by_role("button", name="Deny").click()
     expect(card.locator(".result-note").last).to_contain_text("Denied")
-    got = httpx.get(f"{base}/v1/requests/{rid}", headers=auth("admin-token"), timeout=10).json()
+    got = httpx.get(
+        f"{base}/v1/requests/{rid}", headers=auth("admin-token"), timeout=10, verify=PLAIN
+    ).json()
     assert (got["status"], got["outcome"]) == ("settled", "cancelled"), got
     assert got["resolution"]["reason"] == "wrong account"
 
@@ -465,6 +475,7 @@ def test_live_changes_are_announced_to_a_screen_reader(page: Page, base: str) ->
         json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
         headers=auth("alice-token"),
         timeout=10,
+        verify=PLAIN,
     )
     assert r.status_code == 200, r.text
     expect(page.locator("[data-session-status]")).to_have_text("idle")

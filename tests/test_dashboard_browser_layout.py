@@ -14,7 +14,7 @@ import signoff as so
 from signoff.server import TokenAuth, create_app
 
 from ._dashboard_browser import base, browser, start
-from .test_server_common import TOKENS, auth, running
+from .test_server_common import PLAIN, TOKENS, auth, running
 
 __all__ = ["base", "browser"]  # the fixtures, used by name
 
@@ -40,6 +40,7 @@ def test_long_unbroken_text_keeps_the_buttons_in_reach(browser: Browser, tmp_pat
             json={"agent": agent.name, "message": "M" + word},
             headers=auth("alice-token"),
             timeout=10,
+            verify=PLAIN,
         )
         sid = r.json()["session_id"]
         context = browser.new_context(
@@ -85,6 +86,7 @@ def test_a_huge_input_leaves_approve_on_the_first_screen(browser: Browser, tmp_p
             json={"agent": "files", "message": "store it"},
             headers=auth("alice-token"),
             timeout=30,
+            verify=PLAIN,
         )
         rid = r.json()["pending"][0]["id"]
         context = browser.new_context(
@@ -157,6 +159,7 @@ def test_tables_and_tabs_keep_their_words_whole_on_a_phone(browser: Browser, bas
         json={"inputResponses": [{"requestId": body["pending"][0]["id"], "optionId": "approve"}]},
         headers=auth("alice-token"),
         timeout=10,
+        verify=PLAIN,
     )
     context = browser.new_context(
         viewport={"width": 375, "height": 800},
@@ -231,6 +234,7 @@ def test_long_model_text_leaves_the_buttons_near_the_top(
                 json={"agent": agent, "message": message},
                 headers=auth("alice-token"),
                 timeout=30,
+                verify=PLAIN,
             )
             sessions.append(r.json()["session_id"])
         context = browser.new_context(

@@ -13,7 +13,7 @@ import signoff as so
 from signoff.server import TokenAuth, create_app
 
 from ._dashboard_browser import base, browser, csp_violations, page
-from .test_server_common import TOKENS, auth, running
+from .test_server_common import PLAIN, TOKENS, auth, running
 
 __all__ = ["base", "browser", "page"]  # the fixtures, used by name
 
@@ -101,6 +101,7 @@ def test_untrusted_text_never_runs_as_script(browser: Browser, tmp_path: Path) -
             json={"agent": "crm" + EVIL, "message": "M" + EVIL},
             headers=auth("alice-token"),
             timeout=10,
+            verify=PLAIN,
         )
         assert r.status_code == 201, r.text
         sid = r.json()["session_id"]
@@ -165,6 +166,7 @@ def test_a_models_lines_and_right_to_left_text_read_as_written(
             json={"agent": "lines", "message": "go"},
             headers=auth("alice-token"),
             timeout=10,
+            verify=PLAIN,
         )
         sid = r.json()["session_id"]
         context = browser.new_context(base_url=url, extra_http_headers=auth("alice-token"))

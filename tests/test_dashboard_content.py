@@ -14,7 +14,7 @@ import signoff as so
 from signoff.server import TokenAuth, create_app
 
 from ._dashboard import csrf_of, signed_in
-from .test_server_common import ALICE, TOKENS, auth, running
+from .test_server_common import ALICE, PLAIN, TOKENS, auth, running
 
 
 def test_a_huge_input_is_shown_clipped_with_a_link_to_all_of_it(tmp_path: Path) -> None:
@@ -36,6 +36,7 @@ def test_a_huge_input_is_shown_clipped_with_a_link_to_all_of_it(tmp_path: Path) 
             json={"agent": "files", "message": "store it"},
             headers=auth("alice-token"),
             timeout=30,
+            verify=PLAIN,
         )
         sid, rid = r.json()["session_id"], r.json()["pending"][0]["id"]
         with signed_in(base) as c:
@@ -96,6 +97,7 @@ def test_a_tools_payload_is_shown_beside_its_input_and_whole_behind_a_link(
             json={"agent": "shop", "message": "refund o9"},
             headers=auth("alice-token"),
             timeout=10,
+            verify=PLAIN,
         )
         sid, rid = r.json()["session_id"], r.json()["pending"][0]["id"]
         with signed_in(base) as c:
@@ -140,6 +142,7 @@ def test_invisible_and_bidi_characters_in_an_input_are_shown_escaped(tmp_path: P
             json={"agent": "bank", "message": "pay"},
             headers=auth("alice-token"),
             timeout=10,
+            verify=PLAIN,
         )
         sid, rid = r.json()["session_id"], r.json()["pending"][0]["id"]
         with signed_in(base) as c:

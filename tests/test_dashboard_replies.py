@@ -18,7 +18,7 @@ from ._dashboard import (
     signed_in,
     start,
 )
-from .test_server_common import TOKENS, auth, running
+from .test_server_common import PLAIN, TOKENS, auth, running
 
 __all__ = ["base"]  # the fixture, used by name
 
@@ -106,7 +106,9 @@ def test_starting_and_messaging_from_the_dashboard(base: str) -> None:
         )
         assert r.status_code == 303
         sid = r.headers["location"].rsplit("/", 1)[1]
-        state = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token")).json()
+        state = httpx.get(
+            f"{base}/v1/sessions/{sid}", headers=auth("alice-token"), verify=PLAIN
+        ).json()
         assert state["status"] == "waiting" and state["initiator"]["principal_id"] == "alice"
         # a message that steers: the open approval is ignored
         r = c.post(
@@ -115,7 +117,9 @@ def test_starting_and_messaging_from_the_dashboard(base: str) -> None:
             headers=j,
         )
         assert r.status_code == 200 and r.json()["ok"] is True
-        state = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token")).json()
+        state = httpx.get(
+            f"{base}/v1/sessions/{sid}", headers=auth("alice-token"), verify=PLAIN
+        ).json()
         assert state["pending"] == []
     with signed_in(base, "mallory-token") as m:
         token = csrf_of(m.get("/_signoff/").text)
@@ -139,7 +143,7 @@ def test_a_message_that_waits_for_the_turns_end_is_said_to_wait(base: str) -> No
         assert r.status_code == 200, r.text
         assert r.json()["ok"] is True and r.json()["queued"] is True
         assert r.json()["status"] == "waiting"
-    state = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token")).json()
+    state = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token"), verify=PLAIN).json()
     assert [p["id"] for p in state["pending"]] == [body["pending"][0]["id"]]
 
 

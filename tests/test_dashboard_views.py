@@ -20,7 +20,7 @@ from ._dashboard import (
     signed_in,
     start,
 )
-from .test_server_common import TOKENS, auth, make_runtime, running
+from .test_server_common import PLAIN, TOKENS, auth, make_runtime, running
 
 __all__ = ["base"]  # the fixture, used by name
 
@@ -38,7 +38,7 @@ def test_tools_page_and_visibility(base: str) -> None:
 
 @pytest.mark.parametrize("token", ["alice-token", "admin-token"])
 def test_queue_stream_announces_changes(base: str, token: str) -> None:
-    with httpx.Client(base_url=base, headers=auth(token), timeout=10) as c:
+    with httpx.Client(base_url=base, headers=auth(token), timeout=10, verify=PLAIN) as c:
         with c.stream("GET", "/_signoff/stream") as s:
             lines = s.iter_lines()
             first = _next_data(lines)
@@ -54,6 +54,7 @@ def test_queue_stream_announces_changes(base: str, token: str) -> None:
                 f"{base}/v1/sessions/{one['session_id']}/responses",
                 json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
                 headers=auth("alice-token"),
+                verify=PLAIN,
             )
             assert r.status_code == 200
             start(base)
@@ -80,7 +81,10 @@ def test_the_queue_stream_outlives_a_store_outage(
         return await real(*args, **kwargs)
 
     monkeypatch.setattr(runtime.store, "count_pending", down_a_while)
-    with running(app) as base, httpx.Client(base_url=base, headers=auth("admin-token")) as c:
+    with (
+        running(app) as base,
+        httpx.Client(base_url=base, headers=auth("admin-token"), verify=PLAIN) as c,
+    ):
         with c.stream("GET", "/_signoff/stream") as s:
             lines = s.iter_lines()
             assert _next_data(lines)["total"] == 0
@@ -96,12 +100,13 @@ def test_an_admin_sees_every_tenant(base: str) -> None:
         f"{base}/v1/sessions",
         json={"agent": "support", "message": "x"},
         headers=auth("mallory-token"),
+        verify=PLAIN,
     )
     assert r.status_code == 201
-    queue = httpx.get(f"{base}/v1/requests", headers=auth("admin-token")).json()
+    queue = httpx.get(f"{base}/v1/requests", headers=auth("admin-token"), verify=PLAIN).json()
     assert queue["total"] == 2
     assert {r["requested_by"]["principal_id"] for r in queue["items"]} == {"alice", "mallory"}
-    page = httpx.get(f"{base}/_signoff/", headers=auth("admin-token")).text
+    page = httpx.get(f"{base}/_signoff/", headers=auth("admin-token"), verify=PLAIN).text
     assert page.count("data-request-id=") == 2
 
 
@@ -110,12 +115,17 @@ def test_the_sessions_page_lists_the_viewers_sessions_without_javascript(base: s
     the navigation) lists every session the viewer may see, filtered by plain GET forms and
     paged, and another tenant's sessions are not there, nor counted."""
     waiting = start(base)["session_id"]
-    with httpx.Client(base_url=base, headers=auth("alice-token"), timeout=10) as alice:
+    with httpx.Client(
+        base_url=base, headers=auth("alice-token"), timeout=10, verify=PLAIN
+    ) as alice:
         opened = [alice.post("/v1/sessions", json={"agent": "batch"}) for _ in range(50)]
     assert all(r.status_code == 201 for r in opened)
     opened_ids = [r.json()["session_id"] for r in opened]
     theirs = httpx.post(
-        f"{base}/v1/sessions", json={"agent": "support"}, headers=auth("mallory-token")
+        f"{base}/v1/sessions",
+        json={"agent": "support"},
+        headers=auth("mallory-token"),
+        verify=PLAIN,
     ).json()["session_id"]
     with signed_in(base) as c:
         assert 'href="/_signoff/sessions"' in c.get("/_signoff/").text
@@ -140,10 +150,12 @@ def test_the_sessions_page_lists_the_viewers_sessions_without_javascript(base: s
         odd = c.get("/_signoff/sessions", params={"agent": hostile, "page": "2"})
         assert odd.status_code == 200 and "No sessions match" in odd.text
         assert "alert(1)" not in odd.text  # an unknown agent is not reflected, escaped or not
-    mallory = httpx.get(f"{base}/_signoff/sessions", headers=auth("mallory-token")).text
+    mallory = httpx.get(
+        f"{base}/_signoff/sessions", headers=auth("mallory-token"), verify=PLAIN
+    ).text
     assert "1 session," in mallory and theirs in mallory
     assert not any(sid in mallory for sid in (waiting, *opened_ids))
-    admin = httpx.get(f"{base}/_signoff/sessions", headers=auth("admin-token")).text
+    admin = httpx.get(f"{base}/_signoff/sessions", headers=auth("admin-token"), verify=PLAIN).text
     assert "52 sessions" in admin and theirs in admin
 
 
@@ -164,11 +176,16 @@ def test_audit_lists_newest_first_and_by_status(base: str) -> None:
             f"{base}/v1/sessions/{body['session_id']}/responses",
             json={"inputResponses": [{"requestId": rid, "optionId": option}]},
             headers=auth("alice-token"),
+            verify=PLAIN,
         )
         assert r.status_code == 200
         rids.append(rid)
     withdrawn = start(base)
-    httpx.post(f"{base}/v1/sessions/{withdrawn['session_id']}/cancel", headers=auth("alice-token"))
+    httpx.post(
+        f"{base}/v1/sessions/{withdrawn['session_id']}/cancel",
+        headers=auth("alice-token"),
+        verify=PLAIN,
+    )
     with signed_in(base) as c:
         html = c.get("/_signoff/audit").text
         assert "2 settled requests" in html
@@ -191,9 +208,11 @@ def test_odd_query_strings_are_not_server_errors(base: str) -> None:
         f"/_signoff/fragments/sessions/{sid}?after=99999999999999999999999",
         "/_signoff/fragments/queue?page=2",
     ):
-        r = httpx.get(base + path, headers=h)
+        r = httpx.get(base + path, headers=h, verify=PLAIN)
         assert r.status_code == 200, (path, r.status_code)
-    r = httpx.get(f"{base}/_signoff/fragments/sessions/{sid}?after=2", headers=h).json()
+    r = httpx.get(
+        f"{base}/_signoff/fragments/sessions/{sid}?after=2", headers=h, verify=PLAIN
+    ).json()
     assert r["seq"] == 5 and r["rows"].count("<li") == 3
 
 
@@ -203,7 +222,7 @@ def test_a_page_past_the_end_of_the_queue_shows_its_last_page(base: str, token: 
     last page, not "All caught up" beside a count of open requests."""
     rid = start(base)["pending"][0]["id"]
     for path in ("/_signoff/?page=2", "/_signoff/fragments/queue?page=7"):
-        page = httpx.get(base + path, headers=auth(token)).text
+        page = httpx.get(base + path, headers=auth(token), verify=PLAIN).text
         assert rid in page and "All caught up" not in page, path
 
 
@@ -216,14 +235,17 @@ def test_a_page_past_the_end_of_the_audit_shows_its_last_page(base: str) -> None
         f"{base}/v1/sessions/{body['session_id']}/responses",
         json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
         headers=auth("alice-token"),
+        verify=PLAIN,
     )
-    page = httpx.get(f"{base}/_signoff/audit?page=5", headers=auth("alice-token")).text
+    page = httpx.get(
+        f"{base}/_signoff/audit?page=5", headers=auth("alice-token"), verify=PLAIN
+    ).text
     assert rid in page and "Nothing here yet" not in page
 
 
 def test_demo_models_are_labelled(base: str, tmp_path: Path) -> None:
     start(base)
-    page = httpx.get(f"{base}/_signoff/", headers=auth("alice-token")).text
+    page = httpx.get(f"{base}/_signoff/", headers=auth("alice-token"), verify=PLAIN).text
     assert "Demo model" in page and "demo model</span>" in page
 
     class Echo:
@@ -232,7 +254,7 @@ def test_demo_models_are_labelled(base: str, tmp_path: Path) -> None:
 
     runtime = so.Runtime([so.Agent(name="real", model=Echo())], store=f"sqlite:///{tmp_path}/r.db")
     with running(create_app(runtime, auth=TokenAuth(TOKENS))) as other:
-        page = httpx.get(f"{other}/_signoff/", headers=auth("alice-token")).text
+        page = httpx.get(f"{other}/_signoff/", headers=auth("alice-token"), verify=PLAIN).text
         assert "Demo model" not in page
 
 
@@ -254,16 +276,18 @@ async def test_tool_setting_changes_are_shown(tmp_path: Path) -> None:
     second = runtime(so.never())  # someone turned approval off
     with running(create_app(second, auth=TokenAuth(TOKENS))) as base:
         h = auth("admin-token")
-        tools = httpx.get(f"{base}/_signoff/tools", headers=h).text
+        tools = httpx.get(f"{base}/_signoff/tools", headers=h, verify=PLAIN).text
         assert "first seen as <strong>Always</strong>" in tools
         assert '<span class="muted">Always</span> → <strong>Never</strong>' in tools
-        changes = httpx.get(f"{base}/_signoff/audit/tools", headers=h).text
+        changes = httpx.get(f"{base}/_signoff/audit/tools", headers=h, verify=PLAIN).text
         table = changes[changes.index('id="tool-changes"') :]
         assert table.index("<strong>Never</strong>") < table.index("<strong>Always</strong>")
-        verified = httpx.get(f"{base}/_signoff/audit/tools?verify=1", headers=h).text
+        verified = httpx.get(f"{base}/_signoff/audit/tools?verify=1", headers=h, verify=PLAIN).text
         assert "nothing was altered" in verified
         # only admins may run the check
-        plain = httpx.get(f"{base}/_signoff/audit/tools?verify=1", headers=auth("alice-token"))
+        plain = httpx.get(
+            f"{base}/_signoff/audit/tools?verify=1", headers=auth("alice-token"), verify=PLAIN
+        )
         assert "nothing was altered" not in plain.text and "delete_account" in plain.text
 
 
@@ -284,7 +308,9 @@ async def test_the_audit_lists_the_changes_of_tools_this_server_lacks(store_url:
     await old.close()
     now = so.Runtime([so.Agent(name="ops", model=model)], store=store_url)  # the tool is gone
     with running(create_app(now, auth=TokenAuth(TOKENS), sweep_every=None)) as base:
-        changes = httpx.get(f"{base}/_signoff/audit/tools", headers=auth("admin-token")).text
+        changes = httpx.get(
+            f"{base}/_signoff/audit/tools", headers=auth("admin-token"), verify=PLAIN
+        ).text
         table = changes[changes.index('id="tool-changes"') :]
         assert "No tool settings recorded yet" not in table
         assert "<td>ops.eu</td>" in table and '<td class="mono">delete_account</td>' in table

@@ -4,6 +4,11 @@ SIGTERMed, and every session still completes with each approved tool run once.
 A front runtime (`inline=False`) starts the sessions and approves each request as it appears;
 the workers do all the turns. The tool writes a `start` and a `done` record per run, keyed by
 its idempotency key, so we can count how often each body really ran across processes.
+
+Every tool body waits at a gate (a file) after its `start` record until both signals are sent:
+with more sessions than the other workers' concurrency can hold, the victim and the stopping
+worker each must come to hold a body there, so the SIGKILL lands mid-body and the SIGTERM with
+turns in flight however loaded the machine is, rather than when a poll happens to see one.
 """
 
 from __future__ import annotations
@@ -41,6 +46,14 @@ CONCURRENCY = 20  # with a pool as large: a renewal never waits for a connection
 TOOL_DELAY = 0.3
 
 
+async def _logged(worker: Worker, line: str) -> None:
+    """Wait until `worker` has logged `line`."""
+    deadline = time.monotonic() + 20
+    while line not in worker.log():
+        assert time.monotonic() < deadline, f"not logged: {line!r}\n{worker.log()}"
+        await asyncio.sleep(0.02)
+
+
 def _in_flight(records: Path, pid: int) -> set[str]:
     """Keys whose tool body `pid` started and has not finished."""
     started: set[str] = set()
@@ -55,26 +68,30 @@ def _in_flight(records: Path, pid: int) -> set[str]:
 
 async def _run(url: str, tmp: Path, *, workers: int, sessions: int, sigterm: bool) -> None:
     records = tmp / "runs.jsonl"
+    gate = tmp / "gate"  # the tool bodies wait for it: created once the signals are sent
+    # Then the others' slots cannot take every session: each worker must come to hold a body.
+    assert sessions > (workers - 1) * CONCURRENCY
     options = {
         "concurrency": CONCURRENCY,
         "lease_ttl": LEASE_TTL,
         "idle_wait": 0.2,
         "sweep_every": 60,
         "delay": TOOL_DELAY,
+        "hold": gate,
     }
     pool: list[Worker] = []
     try:
         async with so.Runtime([make_agent(str(records))], store=url, inline=False) as front:
-            gate = asyncio.Semaphore(10)
+            calls = asyncio.Semaphore(10)
 
             async def start(i: int) -> str:
-                async with gate:
+                async with calls:
                     r = await front.generate(AGENT, prompt=f"Refund order {i}")
                 assert r.status == "running"  # recorded only: a worker runs it
                 return r.session_id
 
             async def approve(req: so.InputRequest) -> None:
-                async with gate:
+                async with calls:
                     r = await front.respond(
                         req.session_id, [so.InputResponse(request_id=req.id, option_id="approve")]
                     )
@@ -88,7 +105,7 @@ async def _run(url: str, tmp: Path, *, workers: int, sessions: int, sigterm: boo
 
             answered: set[str] = set()
             interrupted: set[str] = set()
-            stop_sent = False
+            killed = stop_sent = False
             deadline = time.monotonic() + 50
             while True:
                 assert time.monotonic() < deadline, "sessions did not complete in time"
@@ -97,7 +114,8 @@ async def _run(url: str, tmp: Path, *, workers: int, sessions: int, sigterm: boo
                 answered.update(r.id for r in fresh)
                 if victim.proc.poll() is None:
                     flight = _in_flight(records, victim.pid)
-                    if flight:
+                    # Both wait at the gate until the signals: each signal finds bodies running.
+                    if flight and (stopping is None or _in_flight(records, stopping.pid)):
                         os.kill(victim.pid, signal.SIGKILL)  # mid tool body
                         victim.proc.wait(timeout=10)
                         # Its calls whose result it never recorded may run again elsewhere.
@@ -117,9 +135,16 @@ async def _run(url: str, tmp: Path, *, workers: int, sessions: int, sigterm: boo
                             and key.split(":")[0] not in recorded
                         }
                         assert flight <= interrupted  # some were killed mid-body
-                elif stopping is not None and not stop_sent and _in_flight(records, stopping.pid):
-                    stopping.proc.send_signal(signal.SIGTERM)  # with turns in flight
-                    stop_sent = True
+                        killed = True
+                if killed and not gate.exists():
+                    if stopping is not None:
+                        assert _in_flight(records, stopping.pid)  # held at the gate
+                        stopping.proc.send_signal(signal.SIGTERM)  # with turns in flight
+                        stop_sent = True
+                        # Its loop has stopped claiming with those turns still running.
+                        await _logged(stopping, "SIGTERM: stopping after the running turns")
+                        await _logged(stopping, "stopping: waiting for")
+                    gate.touch()  # the running bodies go on
                 done = query(
                     url, "SELECT COUNT(*) FROM {t}events WHERE type " + is_type("turn.completed")
                 )

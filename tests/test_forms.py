@@ -17,7 +17,7 @@ from signoff.stores import SessionSummary
 from signoff.stores._audit import AuditRow
 
 from ._dashboard import csrf_of, signed_in, start
-from .test_server_common import ALICE, BOB, auth, make_runtime, served
+from .test_server_common import ALICE, BOB, PLAIN, auth, make_runtime, served
 
 SECRET = "forms-test-secret"
 
@@ -41,7 +41,10 @@ def sessions_of(url: str) -> list[SessionSummary]:
 
 def messages_in(base: str, sid: str) -> list[str]:
     r = httpx.get(
-        f"{base}/v1/sessions/{sid}/events?follow=false", headers=auth("alice-token"), timeout=10
+        f"{base}/v1/sessions/{sid}/events?follow=false",
+        headers=auth("alice-token"),
+        timeout=10,
+        verify=PLAIN,
     )
     assert r.status_code == 200, r.text
     found = []
@@ -109,7 +112,9 @@ def test_a_double_click_racing_itself_acts_once(store_url: str) -> None:
         form["form"] = form_of(page)
 
         async def both() -> list[httpx.Response]:
-            async with httpx.AsyncClient(base_url=base, cookies=c.cookies, timeout=10) as a:
+            async with httpx.AsyncClient(
+                base_url=base, cookies=c.cookies, timeout=10, verify=PLAIN
+            ) as a:
                 return list(
                     await asyncio.gather(*(a.post("/_signoff/sessions", data=form) for _ in "ab"))
                 )
@@ -146,7 +151,9 @@ def test_another_viewers_or_an_old_token_is_refused(tmp_path: Path) -> None:
         sid = start(base)["session_id"]
         page = c.get(f"/_signoff/sessions/{sid}").text
         form = {"message": "hello", "csrf": csrf_of(page)}
-        now = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token")).json()
+        now = httpx.get(
+            f"{base}/v1/sessions/{sid}", headers=auth("alice-token"), verify=PLAIN
+        ).json()
         bobs = form_token(key, BOB, now["created_at"])
         r = c.post(f"/_signoff/sessions/{sid}/messages", data={**form, "form": bobs})
         assert r.status_code == 400
@@ -208,6 +215,7 @@ def test_answering_a_request_twice_settles_it_once(store_url: str) -> None:
             f"{base}/v1/sessions/{body['session_id']}/events?follow=false",
             headers=auth("alice-token"),
             timeout=10,
+            verify=PLAIN,
         )
         assert (
             r.text.count('"type":"input.resolved"') + r.text.count('"type": "input.resolved"') == 1

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .test_server_common import auth, served
+from .test_server_common import PLAIN, auth, served
 
 ALICE = auth("alice-token")
 
@@ -26,6 +26,7 @@ def started(base: str) -> dict[str, str]:
         json={"agent": "support", "message": "Refund 1042"},
         headers=ALICE,
         timeout=10,
+        verify=PLAIN,
     )
     assert r.status_code == 201, r.text
     body = r.json()
@@ -52,7 +53,7 @@ def test_head_answers_like_get_without_a_body(base: str) -> None:
         "/_signoff/static/app.js",
         "/",
     ]
-    with httpx.Client(base_url=base, headers=ALICE, timeout=10) as c:
+    with httpx.Client(base_url=base, headers=ALICE, timeout=10, verify=PLAIN) as c:
         for path in paths:
             get = c.get(path)
             head = c.head(path)
@@ -62,15 +63,15 @@ def test_head_answers_like_get_without_a_body(base: str) -> None:
                 assert head.headers.get(name) == get.headers.get(name), (path, name)
         # an unknown session or one not signed in: the same answer as GET's, without its body
         assert c.head("/v1/sessions/ses_nope").status_code == 404
-        assert httpx.head(f"{base}/v1/requests").status_code == 401
-        r = httpx.head(f"{base}/_signoff/tools")
+        assert httpx.head(f"{base}/v1/requests", verify=PLAIN).status_code == 401
+        r = httpx.head(f"{base}/_signoff/tools", verify=PLAIN)
         back = "/_signoff/login?next=%2F_signoff%2Ftools"
         assert (r.status_code, r.headers["location"]) == (303, back)
 
 
 def test_head_on_a_route_without_get_is_still_405(base: str) -> None:
     ids = started(base)
-    with httpx.Client(base_url=base, headers=ALICE, timeout=10) as c:
+    with httpx.Client(base_url=base, headers=ALICE, timeout=10, verify=PLAIN) as c:
         for path in (
             f"/v1/sessions/{ids['sid']}/messages",
             f"/v1/sessions/{ids['sid']}/cancel",
@@ -91,7 +92,7 @@ def test_a_405_on_a_get_route_names_head_among_its_methods(base: str) -> None:
     """HEAD is answered wherever GET is, but a PUT (or OPTIONS) there was told `Allow: GET`:
     the header must list every method the resource supports (RFC 9110, section 15.5.6)."""
     ids = started(base)
-    with httpx.Client(base_url=base, headers=ALICE, timeout=10) as c:
+    with httpx.Client(base_url=base, headers=ALICE, timeout=10, verify=PLAIN) as c:
         for path in ("/v1/requests", f"/v1/sessions/{ids['sid']}", "/_signoff/tools"):
             for method in ("PUT", "DELETE", "OPTIONS"):
                 r = c.request(method, path)
@@ -106,7 +107,7 @@ def test_a_405_on_a_get_route_names_head_among_its_methods(base: str) -> None:
 
 def test_head_on_the_streams_returns_at_once(base: str) -> None:
     ids = started(base)
-    with httpx.Client(base_url=base, headers=ALICE, timeout=5) as c:
+    with httpx.Client(base_url=base, headers=ALICE, timeout=5, verify=PLAIN) as c:
         seq = c.get(f"/v1/sessions/{ids['sid']}").json()["seq"]
         for path in (f"/v1/sessions/{ids['sid']}/events", "/_signoff/stream"):
             began = time.monotonic()

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from signoff.server import create_app
 
 from ._dashboard import csrf_of, signed_in, start
-from .test_server_common import auth, make_runtime, served
+from .test_server_common import PLAIN, auth, make_runtime, served
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_error_pages_of_a_signed_in_reviewer_lead_back_to_the_queue(base: str) -
         for who in ("alice-token", "bob-token"):  # the quorum settles elsewhere
             vote = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
             url = f"{base}/v1/sessions/{sid}/responses"
-            assert httpx.post(url, json=vote, headers=auth(who)).status_code == 200
+            assert httpx.post(url, json=vote, headers=auth(who), verify=PLAIN).status_code == 200
         failures.append(
             c.post(f"/_signoff/requests/{rid}/respond", data={"option": "approve", "csrf": token})
         )

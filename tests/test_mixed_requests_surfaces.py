@@ -29,7 +29,7 @@ from .test_mixed_requests import (
     assert_whole,
     park,
 )
-from .test_server_common import TOKENS, auth, read_sse, running
+from .test_server_common import PLAIN, TOKENS, auth, read_sse, running
 
 # -- HTTP and its stream ------------------------------------------------------------------
 
@@ -47,6 +47,7 @@ def start(base: str, agent: str) -> dict[str, Any]:
         json={"agent": agent, "message": "order 7 arrived broken"},
         headers=auth("alice-token"),
         timeout=30,
+        verify=PLAIN,
     )
     assert r.status_code == 201, r.text
     body: dict[str, Any] = r.json()
@@ -92,26 +93,28 @@ def test_http_approvals_refused_then_both_responses_and_the_stream(
             f"{url}/approvals",
             json={"approvals": [{"id": approval["id"], "approved": True}]},
             headers=h,
+            verify=PLAIN,
         )
         assert r.status_code == 422, r.text
         error = r.json()["error"]
         assert error["code"] == "partial_answer" and question["id"] in error["message"]
         assert f"POST /v1/sessions/{sid}/responses" in error["message"]  # where it is answered
         both = [{"id": approval["id"], "approved": True}, {"id": question["id"], "approved": True}]
-        r = httpx.post(f"{url}/approvals", json={"approvals": both}, headers=h)
+        r = httpx.post(f"{url}/approvals", json={"approvals": both}, headers=h, verify=PLAIN)
         assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_answer", r.text
         assert stored(store_url, sid) == before
-        assert httpx.get(url, headers=h).json()["status"] == "waiting"
+        assert httpx.get(url, headers=h, verify=PLAIN).json()["status"] == "waiting"
         r = httpx.post(
             f"{url}/responses",
             json={"inputResponses": [wire_answer(approval), wire_answer(question)]},
             headers=h,
             timeout=30,
+            verify=PLAIN,
         )
         assert r.status_code == 200, r.text
         assert (r.json()["status"], r.json()["text"]) == ("completed", EXPECTED[agent])
         log = whole(store_url, sid, GATED_TOOL[agent])
-        with httpx.stream("GET", f"{url}/events", headers=h, timeout=30) as s:
+        with httpx.stream("GET", f"{url}/events", headers=h, timeout=30, verify=PLAIN) as s:
             sse = read_sse(s, count=len(log))
         assert [int(m["id"]) for m in sse] == list(range(1, len(log) + 1))
         assert [m["event"] for m in sse] == [e.type for e in log]
@@ -143,6 +146,7 @@ def test_http_approvals_with_only_a_question_open_are_invalid(store_url: str) ->
             f"{url}/approvals",
             json={"approvals": [{"id": question["id"], "approved": True}]},
             headers=h,
+            verify=PLAIN,
         )
         assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_answer", r.text
         assert f"POST /v1/sessions/{sid}/responses" in r.json()["error"]["message"]
@@ -152,12 +156,15 @@ def test_http_approvals_with_only_a_question_open_are_invalid(store_url: str) ->
             json={"inputResponses": [wire_answer(question)]},
             headers=h,
             timeout=30,
+            verify=PLAIN,
         )
         assert r.status_code == 200, r.text
         [approval] = r.json()["pending"]
         assert approval["kind"] == "tool-approval"
         decision = {"id": approval["id"], "approved": True}
-        r = httpx.post(f"{url}/approvals", json={"approvals": [decision]}, headers=h, timeout=30)
+        r = httpx.post(
+            f"{url}/approvals", json={"approvals": [decision]}, headers=h, timeout=30, verify=PLAIN
+        )
         assert r.status_code == 200, r.text
         assert r.json()["text"] == EXPECTED["deferred"]
         whole(store_url, sid, "refund_plain")
@@ -231,7 +238,9 @@ def test_dashboard_queue_shows_both_and_answers_each(store_url: str, first: str)
                 assert request["id"] not in page.text
                 assert all(i in page.text for i in left)
             assert "All caught up" in page.text
-        state = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token")).json()
+        state = httpx.get(
+            f"{base}/v1/sessions/{sid}", headers=auth("alice-token"), verify=PLAIN
+        ).json()
         assert (state["status"], state["turn"]["status"]) == ("idle", "completed")
         log = whole(store_url, sid, "refund")
         done = next(e for e in reversed(log) if e.type == "model.completed")

@@ -10,7 +10,7 @@ import signoff as so
 from signoff._audit_trail import record_tool_settings
 from signoff.server import TokenAuth, create_app
 
-from .test_server_common import TOKENS, auth, running
+from .test_server_common import PLAIN, TOKENS, auth, running
 
 T0 = 1_700_000_000.0
 NEWEST = ["Conditional (large)", "Never", "Always"]
@@ -43,11 +43,11 @@ async def test_a_tool_changed_often_shows_its_newest_settings(store_url: str) ->
     last = so.Runtime([_ops(large)], store=store_url)  # opening records the newest
     with running(create_app(last, auth=TokenAuth(TOKENS), sweep_every=None)) as base:
         h = auth("admin-token")
-        tools = httpx.get(f"{base}/_signoff/tools", headers=h).text
+        tools = httpx.get(f"{base}/_signoff/tools", headers=h, verify=PLAIN).text
         history = tools[tools.index('class="history"') :]
         shown = re.findall(r"<strong>([^<]+)</strong>", history[: history.index("</td>")])
         assert shown == NEWEST, shown
-        changes = httpx.get(f"{base}/_signoff/audit/tools", headers=h).text
+        changes = httpx.get(f"{base}/_signoff/audit/tools", headers=h, verify=PLAIN).text
         table = changes[changes.index('id="tool-changes"') :]
         rows = re.findall(r"<td><strong>([^<]+)</strong></td>", table)
         assert rows[:3] == NEWEST, rows[:3]

@@ -15,7 +15,7 @@ import signoff as so
 from signoff.server import TokenAuth, create_app
 
 from ._dashboard import cookie_of, csrf_of, signed_in, start
-from .test_server_common import TOKENS, auth, make_runtime, running, served
+from .test_server_common import PLAIN, TOKENS, auth, make_runtime, running, served
 
 JSON = {"Accept": "application/json"}
 
@@ -28,7 +28,7 @@ def base(tmp_path: Path) -> Iterator[str]:
 
 def token_of(base: str, cookies: dict[str, str] | None = None) -> str:
     """The CSRF token a page gives a browser with `cookies` (none: a visitor not signed in)."""
-    with httpx.Client(base_url=base, cookies=cookies, timeout=10) as c:
+    with httpx.Client(base_url=base, cookies=cookies, timeout=10, verify=PLAIN) as c:
         path = "/_signoff/" if cookies else "/_signoff/login"
         return csrf_of(c.get(path).text)
 
@@ -38,7 +38,7 @@ def post_as(
 ) -> httpx.Response:
     """A browser holding `cookies` posting a form that carries `token`, in the field and the
     header, as the dashboard's script does."""
-    with httpx.Client(base_url=base, cookies=cookies, timeout=10) as c:
+    with httpx.Client(base_url=base, cookies=cookies, timeout=10, verify=PLAIN) as c:
         return c.post(path, data={**data, "csrf": token}, headers={**JSON, "X-CSRF-Token": token})
 
 
@@ -52,7 +52,9 @@ def forged_post(
 
 
 def waiting(base: str, body: dict[str, Any]) -> bool:
-    r = httpx.get(f"{base}/v1/sessions/{body['session_id']}", headers=auth("alice-token"))
+    r = httpx.get(
+        f"{base}/v1/sessions/{body['session_id']}", headers=auth("alice-token"), verify=PLAIN
+    )
     return bool(r.json()["status"] == "waiting")
 
 
@@ -101,7 +103,9 @@ def test_switching_users_in_one_browser_refuses_the_old_pages_token(base: str) -
         assert fresh != old
         r = browser.post("/_signoff/sessions", data={**form, "csrf": fresh}, headers=JSON)
         assert r.status_code == 200 and r.json()["ok"] is True, r.text
-    sessions = httpx.get(f"{base}/v1/requests", headers=auth("admin-token")).json()["items"]
+    sessions = httpx.get(f"{base}/v1/requests", headers=auth("admin-token"), verify=PLAIN).json()[
+        "items"
+    ]
     assert [s["requested_by"]["principal_id"] for s in sessions] == ["bob"]
 
 
@@ -115,12 +119,16 @@ def test_tokens_are_keyed_by_the_servers_secret(tmp_path: Path) -> None:
 
     def bearer_post(base: str, token: str, data: dict[str, str]) -> httpx.Response:
         """Alice posting with her bearer token, the CSRF cookie and field set to `token`."""
-        with httpx.Client(base_url=base, headers=auth("alice-token"), timeout=10) as c:
+        with httpx.Client(
+            base_url=base, headers=auth("alice-token"), timeout=10, verify=PLAIN
+        ) as c:
             c.cookies.set("signoff_csrf", token)
             return c.post("/_signoff/sessions", data={**data, "csrf": token}, headers=JSON)
 
     def bearer_token_of(base: str) -> str:
-        with httpx.Client(base_url=base, headers=auth("alice-token"), timeout=10) as c:
+        with httpx.Client(
+            base_url=base, headers=auth("alice-token"), timeout=10, verify=PLAIN
+        ) as c:
             return csrf_of(c.get("/_signoff/new").text)
 
     form = {"agent": "support", "message": "x"}
@@ -168,12 +176,16 @@ async def test_dev_mode_forms_still_work(tmp_path: Path) -> None:
 def test_bearer_clients_post_with_the_token_of_their_page(base: str) -> None:
     """A client authenticating with a bearer header (no sign-in cookie) uses the token its page
     gave it; another bearer's page token is refused."""
-    with httpx.Client(base_url=base, headers=auth("alice-token"), timeout=10) as alice:
+    with httpx.Client(
+        base_url=base, headers=auth("alice-token"), timeout=10, verify=PLAIN
+    ) as alice:
         token = csrf_of(alice.get("/_signoff/new").text)
         form = {"agent": "support", "message": "Refund 1042", "csrf": token}
         r = alice.post("/_signoff/sessions", data=form, headers=JSON)
         assert r.status_code == 200, r.text
-        with httpx.Client(base_url=base, headers=auth("bob-token"), timeout=10) as bob:
+        with httpx.Client(
+            base_url=base, headers=auth("bob-token"), timeout=10, verify=PLAIN
+        ) as bob:
             bob.cookies.set("signoff_csrf", token)
             r = bob.post("/_signoff/sessions", data=form, headers=JSON)
             assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
@@ -231,7 +243,7 @@ def test_a_form_body_that_cannot_be_read_is_malformed_form(base: str, name: str)
         "/_signoff/login",
         "/_signoff/logout",
     ]
-    with httpx.Client(base_url=base, cookies=me, timeout=10) as c:
+    with httpx.Client(base_url=base, cookies=me, timeout=10, verify=PLAIN) as c:
         for path in paths:
             headers = {"Content-Type": content_type}
             r = c.post(path, content=raw, headers={**headers, **JSON})
@@ -243,7 +255,7 @@ def test_a_form_body_that_cannot_be_read_is_malformed_form(base: str, name: str)
             assert page.headers["content-type"].startswith("text/html"), (name, path)
             assert "could not be read" in page.text, (name, path)
     assert waiting(base, body)
-    listed = httpx.get(f"{base}/v1/requests", headers=auth("alice-token")).json()
+    listed = httpx.get(f"{base}/v1/requests", headers=auth("alice-token"), verify=PLAIN).json()
     assert listed["total"] == 1
 
 
@@ -285,7 +297,9 @@ def test_a_deadline_past_the_year_9999_is_shown(tmp_path: Path) -> None:
     runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db")
     with running(create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)) as base:
         h = auth("alice-token")
-        body = httpx.post(f"{base}/v1/sessions", json={"agent": "mail", "message": "go"}, headers=h)
+        body = httpx.post(
+            f"{base}/v1/sessions", json={"agent": "mail", "message": "go"}, headers=h, verify=PLAIN
+        )
         sid = body.json()["session_id"]
         for path in (
             "/_signoff/",
@@ -293,6 +307,6 @@ def test_a_deadline_past_the_year_9999_is_shown(tmp_path: Path) -> None:
             f"/_signoff/sessions/{sid}",
             f"/_signoff/fragments/sessions/{sid}",
         ):
-            r = httpx.get(f"{base}{path}", headers=h)
+            r = httpx.get(f"{base}{path}", headers=h, verify=PLAIN)
             assert r.status_code == 200, (path, r.text[:200])
             assert "after 9999-12-31" in r.text, path

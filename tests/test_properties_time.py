@@ -67,6 +67,7 @@ class ClockMachine(RuleBasedStateMachine):
         self.requests: dict[str, Request] = {}
         self.logs: dict[str, list[dict[str, Any]]] = {}
         self.expired_seen: set[str] = set()
+        self.read: dict[str, list[dict[str, Any]]] | None = None  # this pass's logs
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -77,7 +78,16 @@ class ClockMachine(RuleBasedStateMachine):
         return self.loop.run_until_complete(coro)
 
     def step(self) -> None:
+        """Every rule starts here: counted, and the logs the last invariants read are dropped."""
         _proof.record("hypothesis:test_clock_machine:steps")
+        self.read = None
+
+    def read_logs(self) -> dict[str, list[dict[str, Any]]]:
+        """Every session's log, read once per pass of the invariants (which write nothing) and
+        shared by them: a rule's `step()` makes the next pass read them anew."""
+        if self.read is None:
+            self.read = {sid: self.run(self._events(sid)) for sid in self.sessions}
+        return self.read
 
     def teardown(self) -> None:
         try:
@@ -363,8 +373,7 @@ class ClockMachine(RuleBasedStateMachine):
 
     @invariant()
     def logs_are_gap_free_and_append_only(self) -> None:
-        for sid in self.sessions:
-            log = self.run(self._events(sid))
+        for sid, log in self.read_logs().items():
             assert [e["seq"] for e in log] == list(range(1, len(log) + 1)), sid
             known = self.logs.get(sid, [])
             assert log[: len(known)] == known, "the log was rewritten"
@@ -376,8 +385,7 @@ class ClockMachine(RuleBasedStateMachine):
         """A session past its TTL takes no event but the record of its expiry, and stays
         expired: every surface (its state, the store's row) says so from then on."""
         now = self.clock.now
-        for sid in self.sessions:
-            log = self.run(self._events(sid))
+        for sid, log in self.read_logs().items():
             lapsed_at = None
             for prev, e in zip(log, log[1:], strict=False):
                 if lapsed_at is not None:
@@ -408,15 +416,14 @@ class ClockMachine(RuleBasedStateMachine):
 
     @invariant()
     def time_is_honoured_by_every_request(self) -> None:
-        for sid in self.sessions:
-            check_requests(self.run(self._events(sid)))
+        for log in self.read_logs().values():
+            check_requests(log)
 
     @invariant()
     def approved_calls_ran_once_and_refused_ones_never(self) -> None:
         assert set(self.runs.count.values()) <= {1}, f"a tool body ran twice: {self.runs.count}"
         ran = {(sid, cid) for sid, cid in self.runs.where.values()}
-        for sid in self.sessions:
-            log = self.run(self._events(sid))
+        for sid, log in self.read_logs().items():
             approved = set()
             for e in log:
                 d = e["data"]

@@ -16,7 +16,7 @@ import pytest
 import signoff as so
 from signoff.server import TokenAuth, create_app
 
-from .test_server_common import TOKENS, auth, make_agents, running
+from .test_server_common import PLAIN, TOKENS, auth, make_agents, running
 
 
 def _refused(r: httpx.Response) -> None:
@@ -36,7 +36,7 @@ def test_a_caller_holds_at_most_max_streams_open(tmp_path: Path) -> None:
         max_streams=2,
     )
     alice = auth("alice-token")
-    with running(app) as base, httpx.Client(base_url=base, timeout=10) as c:
+    with running(app) as base, httpx.Client(base_url=base, timeout=10, verify=PLAIN) as c:
         r = c.post(
             "/v1/sessions", json={"agent": "support", "message": "Refund 1042"}, headers=alice
         )
@@ -48,8 +48,8 @@ def test_a_caller_holds_at_most_max_streams_open(tmp_path: Path) -> None:
             past = c.get(events, headers={**alice, "Last-Event-ID": "99"})
             assert past.status_code == 422
         with (
-            httpx.Client(base_url=base, timeout=10) as one,
-            httpx.Client(base_url=base, timeout=10) as two,
+            httpx.Client(base_url=base, timeout=10, verify=PLAIN) as one,
+            httpx.Client(base_url=base, timeout=10, verify=PLAIN) as two,
             one.stream("GET", events, headers=alice) as first,
             two.stream("GET", "/_signoff/stream", headers=alice) as second,
         ):
@@ -72,8 +72,8 @@ def test_a_caller_holds_at_most_max_streams_open(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert r.status_code == 200, r.text[:300]
         with (
-            httpx.Client(base_url=base, timeout=10) as one,
-            httpx.Client(base_url=base, timeout=10) as two,
+            httpx.Client(base_url=base, timeout=10, verify=PLAIN) as one,
+            httpx.Client(base_url=base, timeout=10, verify=PLAIN) as two,
             one.stream("GET", events, headers=alice) as first,
             two.stream("GET", events, headers=alice) as second,
         ):

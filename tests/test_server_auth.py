@@ -25,6 +25,7 @@ from ._server_api import (
     store,
 )
 from .test_server_common import (
+    PLAIN,
     TOKENS,
     auth,
 )
@@ -37,8 +38,12 @@ def test_authentication_and_visibility(base: str) -> None:
         with client(base, "mallory-token") as mallory:
             body = start(alice)
             sid, rid = body["session_id"], body["pending"][0]["id"]
-            error(httpx.get(f"{base}/v1/sessions/{sid}"), 401, "unauthenticated")
-            error(httpx.get(f"{base}/v1/requests", headers=auth("wrong")), 401, "unauthenticated")
+            error(httpx.get(f"{base}/v1/sessions/{sid}", verify=PLAIN), 401, "unauthenticated")
+            error(
+                httpx.get(f"{base}/v1/requests", headers=auth("wrong"), verify=PLAIN),
+                401,
+                "unauthenticated",
+            )
             # another tenant cannot see the session, its events, or its requests
             error(mallory.get(f"/v1/sessions/{sid}"), 404, "unknown_session")
             error(mallory.get(f"/v1/sessions/{sid}/events?follow=false"), 404, "unknown_session")
@@ -99,9 +104,13 @@ def test_only_the_bearer_scheme_carries_an_api_token(base: str) -> None:
     """A token under another scheme (`Basic`, `Token`) or bare is not a bearer token: 401.
     The scheme's name is case-insensitive (RFC 9110)."""
     for header in ("Basic alice-token", "Token alice-token", "alice-token", "Bearer"):
-        r = httpx.get(f"{base}/v1/requests", headers={"Authorization": header}, timeout=10)
+        r = httpx.get(
+            f"{base}/v1/requests", headers={"Authorization": header}, timeout=10, verify=PLAIN
+        )
         assert r.status_code == 401, header
-    r = httpx.get(f"{base}/v1/requests", headers={"Authorization": "bearer alice-token"})
+    r = httpx.get(
+        f"{base}/v1/requests", headers={"Authorization": "bearer alice-token"}, verify=PLAIN
+    )
     assert r.status_code == 200, r.text
 
 
@@ -133,7 +142,7 @@ def test_a_caller_without_credentials_is_401_whatever_it_sent(base: str, store: 
     before = _stored(store)
     json_type = {"Content-Type": "application/json"}
     for headers in ({}, auth("wrong")):
-        with httpx.Client(base_url=base, headers=headers, timeout=10) as anon:
+        with httpx.Client(base_url=base, headers=headers, timeout=10, verify=PLAIN) as anon:
             for r in (
                 anon.post("/v1/sessions", json={"agent": 1}),
                 anon.post("/v1/sessions", content=b"{not json", headers=json_type),
@@ -171,7 +180,7 @@ def test_two_authorization_headers_authenticate_no_one(base: str, store: str) ->
     before = _stored(store)
     for tokens in (("alice-token", "alice-token"), ("mallory-token", "admin-token")):
         two = [("Authorization", f"Bearer {t}") for t in tokens]
-        with httpx.Client(base_url=base, timeout=10) as c:
+        with httpx.Client(base_url=base, timeout=10, verify=PLAIN) as c:
             r = c.get("/v1/requests", headers=two)
             assert "one Authorization header" in error(r, 401, "unauthenticated")["message"]
             r = c.post("/v1/sessions", json={"agent": "support", "message": "hi"}, headers=two)

@@ -27,6 +27,7 @@ from ._server_api import (
 )
 from ._ttl import ttl_agent
 from .test_server_common import (
+    PLAIN,
     TOKENS,
     auth,
     make_agents,
@@ -149,7 +150,7 @@ def test_conflicting_and_repeated_answers(alice: httpx.Client) -> None:
 
 
 def test_openapi_is_served(base: str) -> None:
-    doc = httpx.get(f"{base}/v1/openapi.json").json()
+    doc = httpx.get(f"{base}/v1/openapi.json", verify=PLAIN).json()
     paths = doc["paths"]
     for path in (
         "/v1/sessions",
@@ -170,8 +171,8 @@ def test_openapi_is_served(base: str) -> None:
         "support",
         "treasury",
     ]
-    assert httpx.get(f"{base}/v1/docs").status_code == 200
-    root = httpx.get(f"{base}/")
+    assert httpx.get(f"{base}/v1/docs", verify=PLAIN).status_code == 200
+    root = httpx.get(f"{base}/", verify=PLAIN)
     assert root.status_code == 307 and root.headers["location"] == "/_signoff/"
 
 
@@ -313,10 +314,13 @@ def test_a_server_failure_is_a_json_500(store: str, monkeypatch: pytest.MonkeyPa
     with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
         # a session alice may see: whether she may is read before its state
         created = httpx.post(
-            f"{base}/v1/sessions", json={"agent": "support"}, headers=auth("alice-token")
+            f"{base}/v1/sessions",
+            json={"agent": "support"},
+            headers=auth("alice-token"),
+            verify=PLAIN,
         )
         sid = created.json()["session_id"]
-        r = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token"))
+        r = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token"), verify=PLAIN)
         detail = error(r, 500, "internal_error")
         assert "RuntimeError" in detail["message"] and "disk" not in detail["message"]
 

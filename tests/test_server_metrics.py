@@ -22,7 +22,7 @@ import signoff as so
 from signoff.server import TokenAuth, _metrics, create_app
 
 from ._cli import invoke, refused_usage
-from .test_server_common import TOKENS, auth, make_agents, running
+from .test_server_common import PLAIN, TOKENS, auth, make_agents, running
 
 ADMIN = auth("admin-token")
 SCRAPE = "scrape-s3cret"
@@ -252,7 +252,7 @@ def test_open_event_streams_are_counted(tmp_path: Path) -> None:
     )
     route = "/v1/sessions/{session_id}/events"
     took = ("signoff_http_request_duration_seconds_sum", (("method", "GET"), ("route", route)))
-    with running(app) as base, httpx.Client(base_url=base, timeout=10) as c:
+    with running(app) as base, httpx.Client(base_url=base, timeout=10, verify=PLAIN) as c:
         alice = auth("alice-token")
         made = c.post("/v1/sessions", json={"agent": "support", "message": "Hi"}, headers=alice)
         sid = made.json()["session_id"]

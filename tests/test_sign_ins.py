@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 import signoff as so
 from signoff.server import TokenAuth, create_app
 
-from .test_server_common import ALICE, TOKENS, make_agents, running
+from .test_server_common import ALICE, PLAIN, TOKENS, make_agents, running
 from .test_sse import _follow_until_closed
 
 JSON = {"Accept": "application/json"}
@@ -296,7 +296,7 @@ def test_a_stream_opened_with_a_sign_in_ends_when_it_is_signed_out(
         sweep_every=None,
         sign_in_lifetime=3600,
     )
-    with running(app) as base, httpx.Client(base_url=base, timeout=10) as browser:
+    with running(app) as base, httpx.Client(base_url=base, timeout=10, verify=PLAIN) as browser:
         page = browser.get("/_signoff/login")
         browser.post("/_signoff/login", data={"token": "alice-token", "csrf": _csrf(page.text)})
         copied = {"signoff_token": browser.cookies["signoff_token"]}
@@ -318,7 +318,7 @@ def test_a_stream_opened_with_a_sign_in_ends_when_it_is_signed_out(
             assert browser.post("/_signoff/logout", data={"csrf": csrf}).status_code == 303
 
         with (
-            httpx.Client(base_url=base, cookies=copied, timeout=10) as thief,
+            httpx.Client(base_url=base, cookies=copied, timeout=10, verify=PLAIN) as thief,
             thief.stream("GET", path) as s,
         ):
             lines = _follow_until_closed(s, seen, sign_out)

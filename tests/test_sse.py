@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
-from .test_server_common import auth, read_sse, served, spawn_serve
+from .test_server_common import PLAIN, auth, read_sse, served, spawn_serve
 
 
 @pytest.fixture
@@ -29,7 +29,10 @@ def store(tmp_path: Path) -> str:
 def test_both_streams_tell_proxies_not_to_buffer_or_cache(store: str) -> None:
     """nginx buffers a proxied response unless told otherwise (`X-Accel-Buffering: no`): the
     dashboard's queue would then update only when the buffer fills."""
-    with served(store) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+    with (
+        served(store) as base,
+        httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as c,
+    ):
         sid = c.post("/v1/sessions", json={"agent": "support"}).json()["session_id"]
         for path in (f"/v1/sessions/{sid}/events", "/_signoff/stream"):
             with c.stream("GET", path) as s:
@@ -46,7 +49,7 @@ def test_signoff_serve_stops_promptly_with_streams_open(tmp_path: Path) -> None:
     with tempfile.TemporaryFile() as log:
         proc, base = spawn_serve(store, ["alice-token=alice"], log)
         try:
-            c = httpx.Client(base_url=base, headers=auth("alice-token"), timeout=30)
+            c = httpx.Client(base_url=base, headers=auth("alice-token"), timeout=30, verify=PLAIN)
             sid = c.post("/v1/sessions", json={"agent": "support"}).json()["session_id"]
             ended: list[str] = []
             opened = threading.Semaphore(0)
@@ -84,7 +87,10 @@ def test_signoff_serve_stops_promptly_with_streams_open(tmp_path: Path) -> None:
 def test_last_event_id_is_plain_digits(store: str) -> None:
     """`int()` also reads `1_0` as 10 and `+2` as 2: an id the server never sent is refused,
     not taken to mean another one."""
-    with served(store) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+    with (
+        served(store) as base,
+        httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as c,
+    ):
         body = c.post("/v1/sessions", json={"agent": "support", "message": "Refund 1042"}).json()
         url = f"/v1/sessions/{body['session_id']}/events"
         for bad in ("1_0", "+2", "-0", "1e3", "0x1", "3.0", "abc"):
@@ -98,7 +104,10 @@ def test_last_event_id_is_plain_digits(store: str) -> None:
 def test_last_event_id_takes_precedence_over_after(store: str) -> None:
     """A reconnecting EventSource asks its first URL again (`?after=` included) with the id of
     the last event it got: the header says where to resume, lower or higher than `after`."""
-    with served(store) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+    with (
+        served(store) as base,
+        httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as c,
+    ):
         body = c.post("/v1/sessions", json={"agent": "support", "message": "Refund 1042"}).json()
         url = f"/v1/sessions/{body['session_id']}/events"
         for after, last, ids in ((4, "2", ["3", "4", "5"]), (1, "4", ["5"])):
@@ -128,7 +137,10 @@ def test_an_idle_dashboard_stream_does_not_rescan_the_queue(
     monkeypatch.setattr(ServerContext, "visible_requests", counted)
     runtime = make_runtime(f"sqlite:///{tmp_path}/state.db")
     app = create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.02, sweep_every=None)
-    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+    with (
+        running(app) as base,
+        httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as c,
+    ):
         for _ in range(3):
             c.post("/v1/sessions", json={"agent": "support", "message": "Refund 1042"})
         with c.stream("GET", "/_signoff/stream") as s:
@@ -181,7 +193,10 @@ def test_a_stream_ends_when_its_sqlite_file_is_deleted(tmp_path: Path) -> None:
     app = create_app(
         runtime, auth=TokenAuth(TOKENS), poll_interval=0.02, heartbeat=0.1, sweep_every=None
     )
-    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+    with (
+        running(app) as base,
+        httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as c,
+    ):
         sid = c.post("/v1/sessions", json={"agent": "support"}).json()["session_id"]
 
         def delete() -> None:
@@ -209,7 +224,10 @@ def test_the_dashboard_stream_ends_when_its_sqlite_file_is_deleted(tmp_path: Pat
     app = create_app(
         runtime, auth=TokenAuth(TOKENS), poll_interval=0.02, heartbeat=0.1, sweep_every=None
     )
-    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+    with (
+        running(app) as base,
+        httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as c,
+    ):
         c.post("/v1/sessions", json={"agent": "support", "message": "Refund 1042"})
 
         def delete() -> None:
@@ -243,7 +261,10 @@ def _followed_past_its_ttl(tmp_path: Path) -> Iterator[_Expired]:
 
     now = [1_000_000.0]
     _, app = ttl_app(tmp_path, now)
-    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+    with (
+        running(app) as base,
+        httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as c,
+    ):
         body = c.post("/v1/sessions", json={"agent": "desk", "message": "reset"}).json()
         sid, rid = body["session_id"], body["pending"][0]["id"]
         head = c.get(f"/v1/sessions/{sid}").json()["seq"]
@@ -309,7 +330,10 @@ def test_a_stream_of_a_session_deleted_from_the_store_ends(tmp_path: Path) -> No
 
     now = [1_000_000.0]
     _, app = ttl_app(tmp_path, now)
-    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+    with (
+        running(app) as base,
+        httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as c,
+    ):
         sid = c.post("/v1/sessions", json={"agent": "desk"}).json()["session_id"]
 
         def delete() -> None:
@@ -338,7 +362,7 @@ def test_signoff_serve_stops_with_a_stream_whose_client_never_reads(tmp_path: Pa
     with tempfile.TemporaryFile() as log:
         proc, base = spawn_serve(store, ["alice-token=alice"], log)
         try:
-            c = httpx.Client(base_url=base, headers=auth("alice-token"), timeout=60)
+            c = httpx.Client(base_url=base, headers=auth("alice-token"), timeout=60, verify=PLAIN)
             sid = c.post("/v1/sessions", json={"agent": "support"}).json()["session_id"]
             for _ in range(4):  # some 24 MB of events: more than any socket buffers
                 r = c.post(f"/v1/sessions/{sid}/messages", json={"text": "x" * 3_000_000})
@@ -370,7 +394,10 @@ def test_a_last_event_id_past_the_session_is_refused(store: str) -> None:
     """An id this session never reached (a store restored from an older backup, a client mixing
     sessions) made a followed stream wait in silence until the session caught up, skipping every
     event before it. It is refused, as any id the server never sent; garbage too, whatever it is."""
-    with served(store) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+    with (
+        served(store) as base,
+        httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as c,
+    ):
         sid = c.post("/v1/sessions", json={"agent": "support"}).json()["session_id"]
         url = f"/v1/sessions/{sid}/events"
         ids = [b"2", b"999999", b"%d" % 2**53, b"-1", b"%d" % 2**64, b"9" * 5000, b"1 2"]
@@ -394,7 +421,10 @@ def test_a_stream_read_in_small_bounded_reads_loses_no_event(
     import signoff.stores
 
     monkeypatch.setattr(signoff.stores, "READ_BYTES", 1)  # one event per read
-    with served(store) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+    with (
+        served(store) as base,
+        httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as c,
+    ):
         body = c.post("/v1/sessions", json={"agent": "support", "message": "Refund 1042"}).json()
         url = f"/v1/sessions/{body['session_id']}/events"
         with c.stream("GET", url, params={"follow": "false"}) as s:
@@ -412,7 +442,10 @@ def test_a_followed_stream_ends_exactly_when_the_session_ttl_passes(tmp_path: Pa
 
     now = [1_000_000.0]
     _, app = ttl_app(tmp_path, now)
-    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+    with (
+        running(app) as base,
+        httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as c,
+    ):
         sid = c.post("/v1/sessions", json={"agent": "desk", "message": "reset"}).json()[
             "session_id"
         ]

@@ -15,7 +15,7 @@ import signoff as so
 from signoff.server import TokenAuth, create_app
 from signoff.testing import call, call_tools, reply, scripted_agent
 
-from .test_server_common import ALICE, TOKENS, auth, running
+from .test_server_common import ALICE, PLAIN, TOKENS, auth, running
 
 
 def test_a_stream_of_a_turn_running_past_the_ttl_follows_it_to_the_end(tmp_path: Path) -> None:
@@ -57,7 +57,10 @@ def test_a_stream_of_a_turn_running_past_the_ttl_follows_it_to_the_end(tmp_path:
         app = create_app(
             runtime, auth=TokenAuth(TOKENS), poll_interval=0.02, heartbeat=0.1, sweep_every=None
         )
-        with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+        with (
+            running(app) as base,
+            httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as c,
+        ):
             [row] = c.get("/v1/sessions").json()["items"]
             head = c.get(f"/v1/sessions/{row['id']}").json()["seq"]
             now[0] += 61
