@@ -25,6 +25,7 @@ from .._exceptions import (
 )
 from .._results import GenerateResult
 from .._runtime import Runtime
+from .._state import starts_queued, turn_over
 from .._text import is_blank
 from .._types import InputRequest, Principal
 from ..channels.terminal import TerminalChannel, printable
@@ -186,7 +187,8 @@ class _Chat:
         )
 
     async def reopen(self, session_id: str) -> bool:
-        """Pick up an existing session where it stands; False if the person left."""
+        """Pick up an existing session where it stands, running what it has to do (its turn, or
+        the message queued behind a turn that ended); False if the person left."""
         state = await self.runtime._state(session_id)
         if state.agent != self.agent.name:
             how = (
@@ -199,11 +201,18 @@ class _Chat:
         self.seen = state.seq
         self.console.print(f"[dim]session {session_id} (resumed)[/]")
         turn = state.turn
-        if turn is None or turn.status in ("completed", "cancelled"):
+        if turn is None:
             return True
         if turn.status == "failed" and not turn.retryable:
             self.console.print(f"[red]the last turn failed: {printable(error_text(turn.error))}[/]")
-            return True
+        if turn_over(turn):
+            if not starts_queued(state):
+                return True
+            # Its process died before the message queued behind it started: resuming the
+            # session starts it (`generate` drives it, as a worker would).
+            n = len(state.queued)
+            which = "the message queued behind it starts" if n == 1 else f"the {n} queued start"
+            self.console.print(f"[dim]the last turn ended; {which} now[/]")
         with self.console.status(f"{printable(self.agent.name)} is working..."):
             result = await self.runtime.generate(session_id=session_id)
         return await self.follow(result)

@@ -1,0 +1,106 @@
+"""`signoff chat --session` on a session whose turn ended (completed, cancelled or failed for
+good) with a message queued behind it that never started: its process died between the commit
+that ended the turn and the one that starts the message. Chat runs that message's turn, as
+`generate(session_id=...)` does. Run on both stores."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from typer.testing import CliRunner
+
+import signoff as so
+from signoff._engine import Driver
+from signoff.cli import app
+from signoff.testing import ExecutionLog, call, call_tools
+
+from ._steer import ALICE, BOB, events, refund_tool
+
+__all__ = ["clerk", "limited"]
+
+
+def _echo(conversation: list[so.Message]) -> so.ModelResponse:
+    """Each step after the refund's call says the last thing a person said."""
+    said = [m.text for m in conversation if isinstance(m, so.UserMessage)]
+    return so.ModelResponse(text=f"re: {said[-1]}")
+
+
+def _clerk(*, max_steps: int | None = None) -> so.Agent:
+    """Asks to refund an order (an approval parks its turn), then echoes."""
+    first = call_tools(call("issue_refund", id="r1", order_id="1042", amount=180))
+    agent = so.Agent(
+        name="clerk",
+        model=so.models.Scripted([first, _echo], repeat_last=True),
+        tools=[refund_tool(ExecutionLog())],
+    )
+    if max_steps is not None:
+        agent.limits = so.Limits(max_steps=max_steps)
+    return agent
+
+
+clerk = _clerk()
+# The same agent, whose turn fails for good (`max_steps`) once its refund is approved.
+limited = _clerk(max_steps=1)
+
+
+async def _crashed(url: str, agent: so.Agent, ends: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Alice's turn waits on the refund's approval with Bob's message queued behind it; her turn
+    ends (`ends`) and the process dies before Bob's message starts. The session's id."""
+    async with so.Runtime([agent], store=url) as rt:
+        r = await rt.generate("clerk", "refund order 1042", auth=ALICE)
+        assert r.status == "waiting"
+        assert (await rt.send(r.session_id, "bob here", principal=BOB)).queued
+
+        async def crash(self: Driver) -> None:
+            raise KeyboardInterrupt  # a dead process records nothing more
+
+        monkeypatch.setattr(Driver, "start_queued", crash)
+        with pytest.raises(KeyboardInterrupt):
+            if ends == "cancelled":
+                await rt.cancel(r.session_id, "never mind", principal=ALICE)
+            else:
+                await rt.respond(
+                    r.session_id,
+                    [so.InputResponse(request_id=r.pending[0].id, option_id="approve")],
+                    principal=ALICE,
+                )
+        monkeypatch.undo()
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.id == r.turn_id
+        assert state.turn.status == ends and state.turn.retryable is False
+        assert [q["message"] for q in state.queued] == ["bob here"]
+        return r.session_id
+
+
+async def _after(url: str, session_id: str) -> tuple[so.SessionState, list[str]]:
+    """The session as it stands, and the messages its turns started with."""
+    async with so.Runtime([clerk], store=url) as rt:
+        log = await events(rt, session_id)
+        started = [e.data["message"] for e in log if e.type == "turn.started"]
+        return await rt.state(session_id), started
+
+
+@pytest.mark.parametrize("ends", ["completed", "cancelled", "failed"])
+def test_chat_reopening_a_session_starts_the_message_queued_behind_its_ended_turn(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, ends: str
+) -> None:
+    """Chat runs Bob's turn and shows its answer; the queue is empty after. It used to find the
+    turn ended and wait for a new message, leaving Bob's never started (and, typed, the new one
+    queued behind it too, neither run)."""
+    agent = limited if ends == "failed" else clerk
+    sid = asyncio.run(_crashed(store_url, agent, ends, monkeypatch))
+    target = f"tests.test_cli_chat_queued:{'limited' if ends == 'failed' else 'clerk'}"
+    chat = CliRunner().invoke(
+        app, ["chat", target, "--session", sid, "--store", store_url], input="/exit\n"
+    )
+    assert chat.exit_code == 0, chat.output
+    assert "the last turn ended; the message queued behind it starts now" in chat.output
+    assert "clerk: re: bob here" in chat.output, chat.output
+    if ends == "failed":
+        assert "the last turn failed: " in chat.output, chat.output
+    state, started = asyncio.run(_after(store_url, sid))
+    assert started == ["refund order 1042", "bob here"]
+    assert state.queued == [] and state.turn is not None
+    assert (state.turn.status, state.turn.text) == ("completed", "re: bob here")
+    assert state.turn.principal == BOB
