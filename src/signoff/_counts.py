@@ -26,7 +26,7 @@ from ._exceptions import (
 if TYPE_CHECKING:
     from ._results import Outcome
 
-__all__ = ["POLICY_REFUSALS", "REFUSALS", "Counts", "counted_answers"]
+__all__ = ["REFUSALS", "REFUSED_OUTCOMES", "Counts", "counted_answers"]
 
 _Settle = TypeVar("_Settle", bound=Callable[..., Awaitable[list["Outcome"]]])
 
@@ -52,13 +52,13 @@ class Counts:
             self.failed_drives += 1
 
     def answered(self, outcomes: Iterable[Outcome]) -> None:
-        """Count the answers that took effect (not those repeating an earlier one), and those a
-        response policy refused (`POLICY_REFUSALS`), which are outcomes rather than errors."""
+        """Count the answers that took effect (not those repeating an earlier one), and those
+        refused by an outcome rather than an error (`REFUSED_OUTCOMES`)."""
         for o in outcomes:
             if o.applied:
                 self.accepted += 1
-            elif o.outcome in POLICY_REFUSALS:
-                self.refused[POLICY_REFUSALS[o.outcome]] += 1
+            elif o.outcome in REFUSED_OUTCOMES:
+                self.refused[REFUSED_OUTCOMES[o.outcome]] += 1
 
     def refuse(self, exc: BaseException) -> None:
         """Count an answer refused with `exc` if it is a refusal (`REFUSALS`), by its class's
@@ -82,14 +82,16 @@ REFUSALS = (AnswerError, InvalidAnswer, SessionError)
 a malformed answer, and its session's (`unknown_session`, `session_expired`, `session_busy`)."""
 
 
-POLICY_REFUSALS = {
+REFUSED_OUTCOMES = {
     "rejected": "response_rejected",
     "failed": "response_policy_failed",
     "timed-out": "response_policy_timed_out",
+    "stale": "response_stale",
 }
-"""The code an answer a response policy refused is counted under, by the policy's verdict: the
-request stays open and the call returns the verdict as its outcome (`applied` false), raising
-nothing for `refuse` to count. A fixed set, as the error codes are."""
+"""The code an answer refused by its outcome is counted under: a response policy's verdict, or
+`stale` for one whose request's deadline passed while it was decided and escalated the request.
+The request stays open and the call returns the outcome (`applied` false), raising nothing for
+`refuse` to count. A fixed set, as the error codes are."""
 
 
 _DELIVERED_ANEW = (RequestClosed, ConflictingAnswer)
