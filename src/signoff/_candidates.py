@@ -4,7 +4,6 @@ recorded is judged again (`_recover`)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any
 
@@ -52,7 +51,9 @@ class Candidates(SessionRunner):
 
     async def _recover(self, state: SessionState) -> bool:
         """Evaluate again the responses whose policy verdict was never recorded: the process
-        that recorded them died while the policy ran (a live one has had its timeout)."""
+        that recorded them died while the policy ran (a live one has had its timeout). Each is
+        counted (`_counts`) as accepted or refused here, as its dead process never did, by the
+        process that ends it: another judging it at once records and counts nothing."""
         if not state.candidates:
             return False
         session_id = state.id
@@ -81,12 +82,23 @@ class Candidates(SessionRunner):
             except (InvalidAnswer, AnswerError) as exc:
                 # Valid when given, it is not under this deploy (the tool's schema changed):
                 # it ends here, as raising would refuse everyone who touches the session.
-                await self._spoiled(session_id, live.request, cid, c, error_text(exc))
+                if await self._spoiled(session_id, live.request, cid, c, error_text(exc)):
+                    self._counts.refuse(exc)  # as that answer given now is refused
                 continue
-            with contextlib.suppress(AnswerError):
-                await self._candidate(
+            try:
+                outcome = await self._candidate(
                     session_id, live.request, reply, wanted, principal, recovered=cid
                 )
+            except _EndedElsewhere:
+                continue  # another process judged it again meanwhile, and counted it
+            except (AnswerError, SessionExpired) as exc:
+                # Its request closed or was answered otherwise meanwhile, or the session's TTL
+                # passed: refused, as the answer's own call would have been.
+                self._counts.refuse(exc)
+                if isinstance(exc, SessionExpired):
+                    raise
+                continue
+            self._counts.answered([outcome])
         return recovered
 
     async def _spoiled(
@@ -96,21 +108,25 @@ class Candidates(SessionRunner):
         cid: str,
         candidate: dict[str, Any],
         why: str,
-    ) -> None:
+    ) -> bool:
         """End a recorded response that can no longer settle its request (`stale`, saying
-        why); the request stays open for another answer."""
+        why); the request stays open for another answer. False if another process ended it
+        meanwhile (nothing recorded)."""
         ended = {
             **_base(request, cid, candidate.get("decision"), candidate.get("by")),
             "outcome": "stale",
             "reason": f"this response can no longer settle the request: {why}",
         }
+        here: list[bool] = []
 
         def end(st: SessionState) -> list[EventSpec]:
-            if cid not in st.candidates:
+            here[:] = [cid in st.candidates]
+            if not here[0]:
                 return []  # another process ended it meanwhile
             return _ending(st, request.id, ended)
 
         await self._append(session_id, end, turn_id=request.turn_id)
+        return here == [True]
 
     async def _candidate(
         self,
@@ -125,9 +141,18 @@ class Candidates(SessionRunner):
         """Settle an approval that has a response policy or a quorum, recording its candidacy.
 
         `recovered` names a candidate recorded earlier whose evaluation never finished (its
-        process died): it is evaluated again without being recorded again.
+        process died): it is evaluated again without being recorded again, and ended only if
+        it is still pending then; else (another process judged it again meanwhile) nothing is
+        recorded and `_EndedElsewhere` is raised.
         """
         rid = request.id
+        gone: list[bool] = []
+
+        def ours(st: SessionState) -> bool:
+            """Whether the candidate is there to end in `st`: one this call recorded always."""
+            gone[:] = [] if recovered is None or recovered in st.candidates else [True]
+            return not gone
+
         state = await self._state(session_id)
         tool = self.agent(state.agent).tools.get(request.tool_name or "")
         by = None if principal is None else principal.model_dump()
@@ -179,7 +204,12 @@ class Candidates(SessionRunner):
                 reason = None if verdict.reason is None else cut(verdict.reason, cap)
                 refusal = {**base, "outcome": verdict.outcome, "reason": reason}
 
-                await self._append(session_id, lambda st: _ending(st, rid, refusal), turn_id=tid)
+                def refuse(st: SessionState) -> list[EventSpec]:
+                    return _ending(st, rid, refusal) if ours(st) else []
+
+                await self._append(session_id, refuse, turn_id=tid)
+                if gone:
+                    raise _EndedElsewhere(base["candidate_id"])
                 return Outcome(
                     request_id=rid, outcome=verdict.outcome, applied=False, reason=reason
                 )
@@ -194,6 +224,8 @@ class Candidates(SessionRunner):
         def settle_or_count(st: SessionState) -> Batch:
             late.clear()
             lapsed.clear()
+            if not ours(st):
+                return Batch(specs=[])
             live = st.requests.get(rid)
             if live is None or live.status != "pending":
                 refused.clear()
@@ -283,6 +315,8 @@ class Candidates(SessionRunner):
             )
 
         await self._append(session_id, settle_or_count, durable=True, turn_id=tid)
+        if gone:
+            raise _EndedElsewhere(base["candidate_id"])
         if lapsed:
             raise SessionExpired(session_id, [rid])
         if late:
@@ -299,6 +333,11 @@ class Candidates(SessionRunner):
         if refused:
             raise refused[-1]
         return outcome[-1]
+
+
+class _EndedElsewhere(Exception):
+    """A candidate judged again after its process died was ended by another process judging it
+    at the same time: this one recorded nothing, and counts nothing."""
 
 
 def already_counted(request: InputRequest) -> Outcome:
