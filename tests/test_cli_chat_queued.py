@@ -86,8 +86,8 @@ def test_chat_reopening_a_session_starts_the_message_queued_behind_its_ended_tur
     store_url: str, monkeypatch: pytest.MonkeyPatch, ends: str
 ) -> None:
     """Chat runs Bob's turn and shows its answer; the queue is empty after. It used to find the
-    turn ended and wait for a new message, leaving Bob's never started (and, typed, the new one
-    queued behind it too, neither run)."""
+    turn ended and wait for the person to type: Bob's message stayed unstarted until then (and
+    left at once, as here, for good)."""
     agent = limited if ends == "failed" else clerk
     sid = asyncio.run(_crashed(store_url, agent, ends, monkeypatch))
     target = f"tests.test_cli_chat_queued:{'limited' if ends == 'failed' else 'clerk'}"
