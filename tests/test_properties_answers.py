@@ -167,22 +167,23 @@ def test_an_option_round_trips_by_id_label_and_index(options: list[Option], data
     o = options[i]
     pad = data.draw(st.sampled_from(["", " ", "\t", "  \n"]))
 
-    def answering(t: str) -> set[str]:
-        """The ids of the options that answer to the typed text `t` (folded)."""
+    def answering(typed: str) -> set[str]:
+        """The ids of the options that answer to the typed text: its id or label compared
+        folded (no case, Unicode's compatibility form: `²` reads as `2`), or its number."""
+        t = typed.strip()
         return {
             p.id
             for j, p in enumerate(options)
-            if t in (p.id.strip().casefold(), p.label.strip().casefold())
+            if folded(t) in (folded(p.id), folded(p.label))
             or (t.isdecimal() and len(t) <= 9 and int(t) == j + 1)
         }
 
     for typed in (o.id, o.label):
         for variant in (typed, typed.upper(), typed.lower(), typed.swapcase()):
             got = match_option(options, pad + variant + pad)
-            t = (pad + variant + pad).strip().casefold()
-            if t != typed.strip().casefold():
+            if folded(variant) != folded(typed):
                 continue  # casing changed the text itself (e.g. ß -> SS): not the same reply
-            who = answering(t)
+            who = answering(pad + variant + pad)
             assert o.id in who
             if len(who) == 1:
                 assert got is o, (variant, options)
@@ -191,6 +192,15 @@ def test_an_option_round_trips_by_id_label_and_index(options: list[Option], data
     index = match_option(options, f" {i + 1} ")
     who = answering(str(i + 1))
     assert index is (o if who == {o.id} else None), (i, options, who)
+
+
+def test_a_number_that_also_folds_to_an_id_picks_none() -> None:
+    """Found by the property above: `2` is the second option's number, and also, folded, the
+    first option's id `²`; two options answer to it, so it picks neither."""
+    options = [Option(id="²", label="0"), Option(id="0", label="zero")]
+    assert match_option(options, " 2 ") is None
+    assert match_option(options, "²") is options[0]  # typed as it is shown, it is that id
+    assert match_option(options, "zero") is options[1]
 
 
 @given(text=st.text(max_size=60), allow_text=st.booleans(), options=unique_options)
