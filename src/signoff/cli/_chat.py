@@ -211,7 +211,8 @@ class _Chat:
             # Its process died before the message queued behind it started: resuming the
             # session starts it (`generate` drives it, as a worker would).
             n = len(state.queued)
-            which = "the message queued behind it starts" if n == 1 else f"the {n} queued start"
+            which = "the message" if n == 1 else f"the {n} messages"
+            which += " queued behind it " + ("starts" if n == 1 else "start")
             self.console.print(f"[dim]the last turn ended; {which} now[/]")
         with self.console.status(f"{printable(self.agent.name)} is working..."):
             result = await self.runtime.generate(session_id=session_id)
