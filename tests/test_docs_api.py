@@ -52,7 +52,7 @@ def test_the_client_calls_are_the_ones_docs_server_md_names(tmp_path: Path) -> N
             del async_["follow"]  # `retries` it takes too
         assert list(sync) == list(async_), name
     assert hasattr(AsyncClient, "session") and not hasattr(Client, "session")
-    arguments = ["base_url", "token", "timeout", "transport", "max_reply_bytes"]
+    arguments = ["base_url", "token", "timeout", "transport", "max_reply_bytes", "verify"]
     for cls in (Client, AsyncClient):
         assert list(inspect.signature(cls).parameters) == arguments
     assert f"Both take the same arguments (`{'`, `'.join(arguments)}`;" in text

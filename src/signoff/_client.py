@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import functools
 import secrets
+import ssl
 import weakref
 from collections.abc import (
     AsyncGenerator,
@@ -94,9 +95,10 @@ def _unanswered(exc: errors.RemoteError) -> bool:
 
 
 class AsyncClient:
-    """The signoff HTTP API (`/v1`), async; pass `token` for bearer authentication. A reply is
-    read up to `max_reply_bytes` (a stream's, line by line), so a broken or hostile server
-    cannot fill the process's memory."""
+    """The signoff HTTP API (`/v1`), async; pass `token` for bearer authentication, and `verify`
+    an `ssl.SSLContext` for an https server whose certificate authority is a private one. A
+    reply is read up to `max_reply_bytes` (a stream's, line by line), so a broken or hostile
+    server cannot fill the process's memory."""
 
     def __init__(
         self,
@@ -106,7 +108,13 @@ class AsyncClient:
         timeout: float = 60.0,
         transport: httpx.AsyncBaseTransport | None = None,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
+        if not isinstance(verify, (bool, ssl.SSLContext)):  # a CA file's path: httpx deprecates it
+            raise errors.UsageError(
+                "verify must be True, False or an ssl.SSLContext (for a CA file: "
+                f"ssl.create_default_context(cafile=...)), not {verify!r}"
+            )
         if token is not None and not isinstance(token, str):  # an AttributeError below
             raise errors.UsageError(f"the token must be text, not {type(token).__name__}")
         if not isinstance(base_url, str):  # httpx's TypeError
@@ -137,6 +145,7 @@ class AsyncClient:
             headers=headers,
             timeout=timeout,
             transport=transport,
+            verify=verify,
             event_hooks={"response": [cap_replies]},
         )
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -511,6 +520,7 @@ class Client:
         timeout: float = 60.0,
         transport: httpx.AsyncBaseTransport | None = None,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         self._async = AsyncClient(
             base_url,
@@ -518,6 +528,7 @@ class Client:
             timeout=timeout,
             transport=transport,
             max_reply_bytes=max_reply_bytes,
+            verify=verify,
         )
         self._bridge = SyncBridge()
         self._closed = False

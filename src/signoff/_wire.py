@@ -4,6 +4,7 @@ the JSON of results, and the event stream's messages; anything else is a `Remote
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -257,6 +258,17 @@ async def sse_data(
             yield ":", None
 
 
+def _untrusted(exc: BaseException) -> bool:
+    """Whether a failed connection failed on the server's certificate (httpx keeps the `ssl`
+    error as the cause, or in its text when it came through httpcore's mapping)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "CERTIFICATE_VERIFY_FAILED" in str(exc)
+
+
 def transport_error(exc: httpx.TransportError, url: object) -> errors.RemoteError:
     """A call that got no answer, as a `RemoteError` (status 0) saying whether it was sent:
     `unreachable` (it was not), `timeout` or `connection_lost` (it may have been applied)."""
@@ -264,6 +276,10 @@ def transport_error(exc: httpx.TransportError, url: object) -> errors.RemoteErro
         code = "unreachable"
         what = "every connection of the client stayed in use (100, followed streams included)"
         what += "; the call was not sent"
+    elif isinstance(exc, httpx.ConnectError) and _untrusted(exc):
+        code = "unreachable"
+        what = "the server's TLS certificate could not be verified; the call was not sent "
+        what += "(pass verify= an ssl.SSLContext that trusts its certificate authority)"
     elif isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
         code, what = "unreachable", "could not reach the server; the call was not sent"
     elif isinstance(exc, httpx.TimeoutException):
