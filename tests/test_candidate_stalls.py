@@ -157,3 +157,47 @@ async def test_a_stalled_answer_a_deadline_overtook_is_refused_once(
         assert stored is not None and stored.status == "expired"
         assert _total(own_rt, other) == (0, {"request_closed": 1})
         assert log.count() == 0
+
+
+async def test_a_stalled_vote_of_a_quorum_counted_elsewhere_is_counted_once(
+    store_url: str,
+) -> None:
+    """Bob's vote, one of two a quorum needs, stalls in its policy and is counted by the process
+    that judges it again: the stalled call says it was counted (1 of 2) and records nothing
+    more, so the quorum holds one vote, and the answer is counted accepted once."""
+    now = [1_000_000.0]
+    started, release = asyncio.Event(), asyncio.Event()
+    judged: list[int] = []
+
+    async def stalls_first(ctx: so.ResponseContext) -> so.Allowed:
+        judged.append(1)
+        if len(judged) == 1:
+            started.set()
+            await release.wait()
+        return so.Allowed()
+
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(approvers=2), response=stalls_first, timeout=_TIMEOUT)
+    agent = refund_agent(log, spec)
+    async with (
+        so.Runtime([agent], store=store_url, clock=lambda: now[0]) as own_rt,
+        so.Runtime([agent], store=store_url, clock=lambda: now[0]) as other,
+    ):
+        sid, req, head = await asked(own_rt, ALICE)
+        yes = so.InputResponse(request_id=req.id, option_id="approve")
+        stalled = asyncio.create_task(own_rt.respond(sid, [yes], principal=BOB))
+        await started.wait()
+        now[0] += _TIMEOUT + RECOVERY_GRACE + 1
+        assert (await other.generate(session_id=sid)).status == "waiting"
+        release.set()
+        r = await stalled
+        [outcome] = r.outcomes
+        assert (outcome.outcome, outcome.applied, outcome.reason) == ("counted", True, "1 of 2")
+        assert r.status == "waiting"
+        events = await events_of(own_rt, sid, head)
+        ends = [e.data["outcome"] for e in events if e.type == "approval.candidate"]
+        assert ends == ["pending", "counted"]
+        state = await own_rt.state(sid)
+        assert state.requests[req.id].request.approved_by == ["bob"]
+        assert _total(own_rt, other) == (1, {})
+        assert log.count() == 0
