@@ -5,6 +5,7 @@ recorded is judged again (`_recover`)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -14,10 +15,11 @@ from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
 from ._approval import SessionAuth, SessionInfo
+from ._counts import counted_elsewhere
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import authorize, voted
 from ._error_text import error_text
-from ._exceptions import AnswerError, InvalidAnswer, RequestClosed, SessionExpired
+from ._exceptions import AnswerError, InvalidAnswer, RequestClosed, SessionExpired, StoreError
 from ._recording import Batch, EventSpec, new_id
 from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_response
 from ._results import Outcome
@@ -31,6 +33,7 @@ from .stores import Resolve
 
 __all__ = [
     "LATE",
+    "RECHECKED",
     "RECOVERY_GRACE",
     "Candidates",
     "already_counted",
@@ -44,6 +47,13 @@ LATE = "the deadline passed before this response could settle it"
 
 RECOVERY_GRACE = 5.0
 """Seconds beyond a response policy's timeout after which a pending candidate counts as lost."""
+
+RECHECKED = (
+    "settled by another process, which judged this response again while this one was stalled "
+    "past the response policy's timeout"
+)
+"""The reason of an answer's outcome when its own call stalled and another process's check of
+it settled its request (`Candidates._told`)."""
 
 
 class Candidates(SessionRunner):
@@ -128,6 +138,62 @@ class Candidates(SessionRunner):
         await self._append(session_id, end, turn_id=request.turn_id)
         return here == [True]
 
+    async def _told(
+        self,
+        session_id: str,
+        request: InputRequest,
+        cid: str,
+        after: int,
+        wanted: dict[str, Any],
+    ) -> Outcome | None:
+        """What became of response `cid` to `request`, ended by another process (which judged
+        it again, taking this one, stalled, for dead) after seq `after`: the outcome its call
+        returns, or the error it raises, as if this process had recorded that end; left out of
+        this process's counts, as that one counted it. None if no one ended it: its request
+        closed under it (another answer, a deadline), and this call records its end."""
+        rid = request.id
+        kinds = ["approval.candidate", "approval.settled"]
+        for e in await self.store.read_events(session_id, after, types=kinds):
+            d = e.data
+            if d.get("candidate_id") != cid or d.get("outcome") == "pending":
+                continue
+            if e.type == "approval.settled":
+                outcome = Outcome(
+                    request_id=rid, outcome=wanted["outcome"], applied=True, reason=RECHECKED
+                )
+            elif d.get("outcome") == "counted":
+                votes = f"{d.get('votes')} of {d.get('needed')}"
+                outcome = Outcome(request_id=rid, outcome="counted", applied=True, reason=votes)
+            else:
+                outcome = await self._ended_as(session_id, request, d, wanted)
+            return counted_elsewhere(outcome)
+        return None
+
+    async def _ended_as(
+        self, session_id: str, request: InputRequest, ended: dict[str, Any], wanted: dict[str, Any]
+    ) -> Outcome:
+        """The outcome of a response another process refused (`ended` says how): its verdict
+        while the request stays open, or what a repeat of the answer meets once it closed (the
+        deadline or TTL that overtook it there)."""
+        rid = request.id
+        state = await self._state(session_id)
+        live = state.requests.get(rid)
+        if ended.get("outcome") != "stale" or (live is not None and live.status == "pending"):
+            return Outcome(
+                request_id=rid, outcome=ended["outcome"], applied=False, reason=ended.get("reason")
+            )
+        if state.lapsed:
+            raise counted_elsewhere(SessionExpired(session_id, [rid]))
+        try:
+            return _repeat(
+                request,
+                live.status if live else "withdrawn",
+                live.resolution if live else None,
+                wanted,
+            )
+        except AnswerError as exc:
+            raise counted_elsewhere(exc) from None
+
     async def _candidate(
         self,
         session_id: str,
@@ -141,23 +207,54 @@ class Candidates(SessionRunner):
         """Settle an approval that has a response policy or a quorum, recording its candidacy.
 
         `recovered` names a candidate recorded earlier whose evaluation never finished (its
-        process died): it is evaluated again without being recorded again, and ended only if
-        it is still pending then; else (another process judged it again meanwhile) nothing is
-        recorded and `_EndedElsewhere` is raised.
+        process died): it is evaluated again without being recorded again. Either way the
+        candidate is ended only if it is still pending then. If another process ended it
+        meanwhile (judging it again, as this one stalled past the policy's timeout and
+        `RECOVERY_GRACE`), nothing is recorded: a candidate judged again raises
+        `_EndedElsewhere`, the answer's own call returns (or raises) what was recorded (`_told`).
         """
         rid = request.id
+        cid = recovered or new_id("cand")
         gone: list[bool] = []
-
-        def ours(st: SessionState) -> bool:
-            """Whether the candidate is there to end in `st`: one this call recorded always."""
-            gone[:] = [] if recovered is None or recovered in st.candidates else [True]
-            return not gone
-
+        closed: list[bool] = []  # no process ended it: its request closed under it (`_told`)
         state = await self._state(session_id)
         tool = self.agent(state.agent).tools.get(request.tool_name or "")
+        evaluated = tool is not None and tool.response_policy is not None
+
+        def ours(st: SessionState) -> bool:
+            """Whether the candidate is there to end in `st`: still pending, or dropped when its
+            request closed with its end recorded by no one (`closed`). Read in the commit's own
+            state, this costs nothing when no other process touched it."""
+            live = st.requests.get(rid)
+            shut = live is None or live.status != "pending"
+            mine = not evaluated or cid in st.candidates or (bool(closed) and shut)
+            gone[:] = [] if mine else [True]
+            return mine
+
+        async def end(
+            build: Callable[[SessionState], Any], durable: bool = False
+        ) -> Outcome | None:
+            """Record `build`, which ends the candidate: None if it did, else what ended it."""
+            await self._append(session_id, build, durable=durable, turn_id=tid)
+            if gone and recovered is None:
+                told = await self._told(session_id, request, cid, after, wanted)
+                if told is not None:
+                    return told
+                closed.append(True)  # its request closed under it: its end is recorded here
+                await self._append(session_id, build, durable=durable, turn_id=tid)
+                if gone:
+                    raise StoreError(
+                        f"session {session_id!r} is damaged: response {cid} to request {rid} "
+                        "is no longer pending in its log, which records no end of it"
+                    )
+            if gone:
+                raise _EndedElsewhere(cid)
+            return None
+
         by = None if principal is None else principal.model_dump()
-        base = _base(request, recovered or new_id("cand"), wanted["decision"], by)
+        base = _base(request, cid, wanted["decision"], by)
         tid = request.turn_id
+        after = 0  # the seq of the candidate this call records: its end is looked for after it
 
         if tool is not None and tool.response_policy is not None:
             # Record the response first (all of it), so slow policy work cannot lose it.
@@ -169,12 +266,13 @@ class Candidates(SessionRunner):
                 "edited_input": reply.edited_input,
             }
             if recovered is None:
-                await self._append(
+                recorded = await self._append(
                     session_id,
                     lambda st: [("approval.candidate", pending)],
                     durable=True,
                     turn_id=tid,
                 )
+                after = recorded[0].seq
             verdict = await evaluate_response(
                 tool.response_policy,
                 ResponseContext(
@@ -207,9 +305,9 @@ class Candidates(SessionRunner):
                 def refuse(st: SessionState) -> list[EventSpec]:
                     return _ending(st, rid, refusal) if ours(st) else []
 
-                await self._append(session_id, refuse, turn_id=tid)
-                if gone:
-                    raise _EndedElsewhere(base["candidate_id"])
+                told = await end(refuse)
+                if told is not None:
+                    return told
                 return Outcome(
                     request_id=rid, outcome=verdict.outcome, applied=False, reason=reason
                 )
@@ -219,7 +317,6 @@ class Candidates(SessionRunner):
         refused: list[AnswerError] = []
         late: list[InputRequest] = []
         lapsed: list[bool] = []
-        evaluated = tool is not None and tool.response_policy is not None
 
         def settle_or_count(st: SessionState) -> Batch:
             late.clear()
@@ -302,8 +399,9 @@ class Candidates(SessionRunner):
                 wanted["approved_by"] = votes
             resolution = {**wanted, "by": by}
             outcome.append(Outcome(request_id=rid, outcome=wanted["outcome"], applied=True))
+            settled = _settlement_events(current, reply, resolution)
             return Batch(
-                specs=_settlement_events(current, reply, resolution),
+                specs=_naming(settled, cid) if evaluated else settled,
                 resolve=[
                     Resolve(
                         request_id=rid,
@@ -314,9 +412,9 @@ class Candidates(SessionRunner):
                 ],
             )
 
-        await self._append(session_id, settle_or_count, durable=True, turn_id=tid)
-        if gone:
-            raise _EndedElsewhere(base["candidate_id"])
+        told = await end(settle_or_count, durable=True)
+        if told is not None:
+            return told
         if lapsed:
             raise SessionExpired(session_id, [rid])
         if late:
@@ -357,6 +455,12 @@ def _base(request: InputRequest, cid: str, decision: Any, by: Any) -> dict[str, 
         "decision": decision,
         "by": by,
     }
+
+
+def _naming(specs: list[EventSpec], cid: str) -> list[EventSpec]:
+    """A settlement's events, its `approval.settled` naming candidate `cid`, whose response it
+    is: a process that judged the same response finds it there (`Candidates._told`)."""
+    return [(t, {**d, "candidate_id": cid} if t == "approval.settled" else d) for t, d in specs]
 
 
 def _waiting(st: SessionState) -> EventSpec:

@@ -26,13 +26,17 @@ from ._exceptions import (
 if TYPE_CHECKING:
     from ._results import Outcome
 
-__all__ = ["REFUSALS", "REFUSED_OUTCOMES", "Counts", "counted_answers"]
+__all__ = ["REFUSALS", "REFUSED_OUTCOMES", "Counts", "counted_answers", "counted_elsewhere"]
 
 _Settle = TypeVar("_Settle", bound=Callable[..., Awaitable[list["Outcome"]]])
+_Told = TypeVar("_Told", bound="Outcome | BaseException")
 
 # Set while a settlement runs: answers to a subagent's requests are settled by nested calls,
 # which the outermost one counts.
 _settling: ContextVar[bool] = ContextVar("signoff_settling", default=False)
+
+# What the settlement running returns or raises that another process counted (`counted_elsewhere`).
+_elsewhere: ContextVar[list[object] | None] = ContextVar("signoff_elsewhere", default=None)
 
 
 @dataclass(slots=True)
@@ -109,16 +113,30 @@ def counted_answers(settle: _Settle) -> _Settle:
         if kwargs.get("check_only") or _settling.get():
             return await settle(self, *args, **kwargs)
         token = _settling.set(True)
+        told: list[object] = []
+        told_token = _elsewhere.set(told)
         try:
             outcomes = await settle(self, *args, **kwargs)
         except SignoffError as exc:
             # A message's answer closed or answered meanwhile: `send` delivers it as a message.
-            if not (kwargs.get("from_message") and isinstance(exc, _DELIVERED_ANEW)):
+            anew = kwargs.get("from_message") and isinstance(exc, _DELIVERED_ANEW)
+            if not (anew or any(exc is t for t in told)):
                 self._counts.refuse(exc)
             raise
         finally:
             _settling.reset(token)
-        self._counts.answered(outcomes)
+            _elsewhere.reset(told_token)
+        self._counts.answered(o for o in outcomes if not any(o is t for t in told))
         return outcomes
 
     return cast(_Settle, counted)
+
+
+def counted_elsewhere(told: _Told) -> _Told:
+    """`told`, an answer's outcome or refusal that another process recorded and counted (it
+    judged the answer again, taking this one for dead), left out of the count of the settlement
+    that returns or raises it here, so the processes' sum counts the answer once."""
+    elsewhere = _elsewhere.get()
+    if elsewhere is not None:
+        elsewhere.append(told)
+    return told

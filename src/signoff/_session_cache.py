@@ -24,6 +24,7 @@ from ._audit_trail import record_tool_settings
 from ._counts import Counts
 from ._deadlines import due_batch, expiry_resolves, expiry_specs
 from ._engine import Driver
+from ._events import Event
 from ._exceptions import (
     ModelError,
     SessionExpired,
@@ -367,7 +368,7 @@ class SessionCache(Leasing):
 
     async def _append(
         self, session_id: str, build: Callable[[SessionState], Any], **kw: Any
-    ) -> None:
+    ) -> list[Event]:
         state = await self._state(session_id)
         if state.agent in self.agents:
             driver = self._driver(state, None)
@@ -382,8 +383,9 @@ class SessionCache(Leasing):
                 lock=self._lock_of(state.id),
             )
         try:
-            await driver.record(build, **kw)
+            events = await driver.record(build, **kw)
         except Exception:
             self._cache.pop(session_id, None)
             raise
         self._remember(driver.state)
+        return events
