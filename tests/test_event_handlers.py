@@ -94,3 +94,24 @@ def test_the_newest_keys_are_kept_a_key_recorded_again_counting_as_new() -> None
     state.apply(event(KEPT + 2, "turn.message", message="m", queued=True, idem=["new", "m"]))
     assert len(state.keys) == KEPT
     assert "k0" in state.keys and "new" in state.keys and "k1" not in state.keys
+
+
+def test_a_delegate_calls_end_adds_its_childs_spend_apart_from_the_sessions_own() -> None:
+    """`tool.completed` with `delegated` (what a delegate call's child spent) adds to the
+    session's `delegated`, not its `usage`; one without it (an older log, any other call)
+    leaves both as they were."""
+
+    def event(seq: int, type: EventType, **data: Any) -> so.Event:
+        return so.Event(session_id="ses_1", seq=seq, type=type, at=1.0, turn_id="trn_1", data=data)
+
+    calls = [{"id": "c1", "name": "orders", "input": {}}, {"id": "c2", "name": "x", "input": {}}]
+    state = so.SessionState(id="ses_1")
+    state.apply(event(1, "session.created", agent="a"))
+    state.apply(event(2, "turn.started", message="go"))
+    state.apply(event(3, "model.completed", tool_calls=calls, usage={"input_tokens": 5}))
+    ended = {"tool_name": "orders", "status": "ok", "result": "done"}
+    spent = {"input_tokens": 100, "output_tokens": 20, "cost_usd": 0.5}
+    state.apply(event(4, "tool.completed", call_id="c1", **ended, delegated=spent))
+    state.apply(event(5, "tool.completed", call_id="c2", **ended))  # as older logs have it
+    assert state.usage == so.Usage(input_tokens=5)
+    assert state.delegated == so.Usage(**spent)

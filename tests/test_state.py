@@ -378,6 +378,7 @@ def _every_field_set() -> so.SessionState:
         approved_tools={"t"},
         model_responses=2,
         usage=so.Usage(input_tokens=3),
+        delegated=so.Usage(output_tokens=7, cost_usd=0.25),
         queued=[{"message": "later", "principal": None}],
         lapsed=True,
         limit_grants=2,
@@ -394,6 +395,18 @@ def test_a_snapshot_and_a_copy_keep_every_field() -> None:
     state = _every_field_set()
     assert so.SessionState.from_snapshot(state.to_snapshot()) == state
     assert state.copy() == state
+
+
+def test_a_snapshot_without_delegated_spend_loads_as_none_and_leaves_it_out() -> None:
+    """Snapshots of older signoff have no `delegated`: it loads as nothing spent by subagents;
+    a session that never delegated writes none (its snapshot is as before)."""
+    snap = _every_field_set().to_snapshot()
+    assert snap["delegated"] == {"input_tokens": 0, "output_tokens": 7, "cost_usd": 0.25}
+    del snap["delegated"]
+    restored = so.SessionState.from_snapshot(snap)
+    assert restored.delegated == so.Usage()
+    assert "delegated" not in restored.to_snapshot()
+    assert restored.copy().delegated == so.Usage()
 
 
 def test_a_copy_shares_no_key_or_candidate_with_the_original() -> None:

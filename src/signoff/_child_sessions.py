@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 from ._events import Event
 from ._exceptions import SessionExpired, SignoffError, UnknownAgent, UnknownSession
 from ._mirrors import close_mirror
-from ._recording import runnable
-from ._state import SessionState, fold
-from ._types import InputRequest, Principal
+from ._recording import EventSpec, runnable
+from ._state import CallState, SessionState, fold
+from ._types import InputRequest, Principal, Usage
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -33,6 +33,7 @@ __all__ = [
     "delegating",
     "first_turn",
     "reconcile",
+    "with_spend",
 ]
 
 log = logging.getLogger("signoff.runtime")
@@ -283,13 +284,37 @@ def _journaled(state: SessionState, *, done: bool) -> list[str]:
     for c in [] if turn is None else turn.calls.values():
         if c.status == "done" and not done:
             continue
-        for entry in c.journal:
-            child = None if entry is None else entry.get("result")
-            if (
-                entry is not None
-                and entry.get("name") == "subagent.session"
-                and isinstance(child, str)
-                and child not in out
-            ):
-                out.append(child)
+        out += [child for child in _created(c) if child not in out]
     return out
+
+
+def _created(call: CallState) -> list[str]:
+    """The child sessions a delegate call journaled creating (`tool.step` `subagent.session`)."""
+    out: list[str] = []
+    for entry in call.journal:
+        child = None if entry is None else entry.get("result")
+        if entry is not None and entry.get("name") == "subagent.session" and isinstance(child, str):
+            out.append(child)
+    return out
+
+
+async def with_spend(rt: Runtime, call: CallState, specs: list[EventSpec]) -> list[EventSpec]:
+    """`specs` ending `call`, its `tool.completed` carrying as `delegated` what the call's
+    child spent through the turn the call started (its own usage and its children's, which its
+    own delegate calls recorded): the parent's budgets count it. A call ended again after a
+    failure to record it (a replay, a restart) reads the same figure from the child's log."""
+    kids = _created(call)
+    if not kids or any(kind == "tool.completed" and "delegated" in d for kind, d in specs):
+        return specs
+    spent = Usage()
+    for child in dict.fromkeys(kids):
+        with contextlib.suppress(UnknownSession):
+            first = await first_turn(rt, await rt._state(child))
+            spent = spent + first.usage + first.delegated
+    if spent == Usage():
+        return specs
+    dumped = spent.model_dump()
+    return [
+        (kind, {**d, "delegated": dumped}) if kind == "tool.completed" else (kind, d)
+        for kind, d in specs
+    ]

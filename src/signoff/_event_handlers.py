@@ -150,6 +150,8 @@ def _tool_completed(s: SessionState, e: Event) -> None:
     _revive(_turn(s, e))
     if "usage" in e.data:  # a review (an auto() policy's model) of a call that did not run
         s.usage = s.usage + Usage(**e.data["usage"])
+    if "delegated" in e.data:  # what a delegate call's child spent (`with_spend`)
+        s.delegated = s.delegated + Usage(**e.data["delegated"])
     if s.conversation is not None:
         s.conversation.add(e)
 

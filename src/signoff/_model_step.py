@@ -256,12 +256,16 @@ LIMIT_OPTIONS = [
 
 
 def _over_budget(s: SessionState, max_tokens: int | None, max_cost: float | None) -> str | None:
-    """Which budget the session has spent, each raised once per `continue` answered."""
+    """Which budget the session has spent, each raised once per `continue` answered: its own
+    usage and what its delegate calls' children spent count alike."""
     times = 1 + s.limit_grants
-    if max_tokens is not None and s.usage.total_tokens >= max_tokens * times:
-        return f"the session used {s.usage.total_tokens} of max_tokens={max_tokens * times}"
-    if max_cost is not None and s.usage.cost_usd >= max_cost * times:
-        return f"the session cost {s.usage.cost_usd:.4f} of max_cost_usd={max_cost * times:g}"
+    spent, theirs = s.usage + s.delegated, s.delegated
+    if max_tokens is not None and spent.total_tokens >= max_tokens * times:
+        by = f" ({theirs.total_tokens} of them by its subagents)" if theirs.total_tokens else ""
+        return f"the session used {spent.total_tokens} of max_tokens={max_tokens * times}{by}"
+    if max_cost is not None and spent.cost_usd >= max_cost * times:
+        by = f" ({theirs.cost_usd:.4f} of it by its subagents)" if theirs.cost_usd else ""
+        return f"the session cost {spent.cost_usd:.4f} of max_cost_usd={max_cost * times:g}{by}"
     return None
 
 

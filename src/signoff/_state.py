@@ -75,6 +75,10 @@ class SessionState:
     approved_tools: set[str] = field(default_factory=set)
     model_responses: int = 0
     usage: Usage = field(default_factory=Usage)
+    # What the children of its delegate calls spent (theirs and their own children's), recorded
+    # as each call ended: its budgets count it, apart from `usage`, which a sum of the usage of
+    # many sessions would otherwise count twice.
+    delegated: Usage = field(default_factory=Usage)
     queued: list[dict[str, Any]] = field(default_factory=list)
     lapsed: bool = False  # its TTL passed and its requests were expired: it stays expired
     limit_grants: int = 0  # `continue` answers to session-limit prompts: each raises budgets
@@ -169,6 +173,8 @@ class SessionState:
             "approved_tools": sorted(self.approved_tools),
             "model_responses": self.model_responses,
             "usage": self.usage.model_dump(),
+            # Left out while nothing was delegated: such a snapshot is as an older signoff's.
+            **({} if self.delegated == Usage() else {"delegated": self.delegated.model_dump()}),
             "queued": self.queued,
             "lapsed": self.lapsed,
             "limit_grants": self.limit_grants,
@@ -273,6 +279,7 @@ class SessionState:
             approved_tools=set(self.approved_tools),
             model_responses=self.model_responses,
             usage=self.usage,
+            delegated=self.delegated,
             queued=list(self.queued),
             lapsed=self.lapsed,
             limit_grants=self.limit_grants,
@@ -329,6 +336,7 @@ class SessionState:
             approved_tools=set(data["approved_tools"]),
             model_responses=data["model_responses"],
             usage=Usage(**data["usage"]),
+            delegated=Usage(**data.get("delegated", {})),
             queued=list(data.get("queued", [])),
             lapsed=bool(data.get("lapsed", False)),
             limit_grants=int(data.get("limit_grants", 0)),

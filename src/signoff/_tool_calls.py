@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
+from ._child_sessions import with_spend
 from ._error_text import error_message, error_text
 from ._exceptions import LeaseLost, StoreError
 from ._journal import CallJournal
@@ -430,6 +431,12 @@ class ToolCalls(DriverPart):
             if kind == "input.requested"
             for r in data["requests"]
         ]
+        turn = self.state.turn
+        call = (
+            None if turn is None or turn.id != journal.turn_id else turn.calls.get(journal.call_id)
+        )
+        if call is not None and self.host is not None:  # a delegate call: what its child spent
+            specs = await with_spend(self.host.runtime, call, specs)
         try:
             await self.record(journal.ending(specs, requests))
         except StoreError:

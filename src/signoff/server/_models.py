@@ -208,6 +208,10 @@ class SessionView(_View):
     expires_at: float | None
     initiator: Principal | None
     usage: Usage
+    delegated: Usage = Field(
+        description="What the child sessions of its delegate calls spent (theirs and their own "
+        "children's), counted against its budgets beside `usage`, its own model calls'"
+    )
     turn: TurnView | None
     pending: list[InputRequest]
 
@@ -308,6 +312,7 @@ def session_view(s: SessionState) -> SessionView:
         expires_at=s.expires_at,
         initiator=s.initiator,
         usage=s.usage,
+        delegated=s.delegated,
         turn=None
         if t is None
         else TurnView(
