@@ -49,8 +49,9 @@ def runs(tmp: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def check_log(url: str, session_id: str) -> list[str]:
-    """What the store holds after the turn, read through its own API."""
+def read_log(url: str, session_id: str) -> list[so.Event]:
+    """The session's events, read through the store's own API, once the checks every crash
+    scenario shares hold: seq gap-free, no request lost, none answered twice, all settled."""
 
     async def read() -> tuple[list[so.Event], int | None, dict[str, str]]:
         store = open_store(url)
@@ -75,6 +76,12 @@ def check_log(url: str, session_id: str) -> list[str]:
     assert sorted(resolved) == sorted(statuses), "a request was lost"
     assert set(resolved.values()) == {1}, "an answer was applied twice"
     assert set(statuses.values()) == {"settled"}
+    return events
+
+
+def check_log(url: str, session_id: str) -> list[str]:
+    """What the store holds after the turn, read through its own API."""
+    events = read_log(url, session_id)
     assert Counter(e.type for e in events)["model.completed"] == 3
     # Bob's message was queued once and answered once, in a turn after Alice's
     queued = [e for e in events if e.type == "turn.message" and e.data.get("queued")]
