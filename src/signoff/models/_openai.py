@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import ModelError, UsageError
+from .._tool_json import nests_deeper
 from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
 from ._base import ModelRequest, ToolSpec
 from ._environment import openai_client
@@ -322,16 +323,17 @@ def tool_text(m: ToolResultMessage) -> str:
 
 def parse_arguments(arguments: Any) -> Any:
     """Tool-call arguments as data; text that is not plain JSON (NaN and Infinity are not, and
-    would slip past checks like `amount > 100`; nor is 1e400, read as infinity) is passed on to
-    fail validation."""
+    would slip past checks like `amount > 100`; nor is 1e400, read as infinity) or nests deeper
+    than `MAX_INPUT_DEPTH` levels is passed on to fail validation."""
     if arguments is None or arguments == "":
         return {}
     if not isinstance(arguments, str):
         return plain_input(arguments)  # some compatible servers send an object, not a string
     try:
-        return json.loads(arguments, parse_constant=_not_json, parse_float=_finite)
+        value = json.loads(arguments, parse_constant=_not_json, parse_float=_finite)
     except (ValueError, RecursionError):
         return {UNPARSED_ARGUMENTS: arguments}
+    return {UNPARSED_ARGUMENTS: arguments} if nests_deeper(value) else value
 
 
 def _not_json(constant: str) -> Any:
