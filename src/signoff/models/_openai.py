@@ -195,7 +195,13 @@ class OpenAIChat(SdkModel):
         if message is None or isinstance(message, str | int | float | list):
             # Not an object: read as one it would pass for an empty answer.
             raise ModelError(f"OpenAI chat completion for {where} returned no message", usage=usage)
-        text = _text(getattr(message, "content", None))
+        content = getattr(message, "content", None)
+        text = _text(content)
+        if text is None:
+            # Read as no text, it passed for an empty answer that ended the turn.
+            raise ModelError(
+                f"OpenAI chat completion for {where} has {_misshapen(content)}", usage=usage
+            )
         refusal = getattr(message, "refusal", None)
         if not text and isinstance(refusal, str):
             text = refusal
@@ -356,14 +362,27 @@ def format_arguments(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts, from some compatible servers
-        parts = []
-        for part in content:
-            value = part.get("text") if isinstance(part, dict) else getattr(part, "text", None)
-            if isinstance(value, str):
-                parts.append(value)
-        return "".join(parts)
-    return ""
+def _text(content: Any) -> str | None:
+    """A message's text: its content, or the text of its content parts (from some compatible
+    servers); None when the content has the wrong shape (see `_misshapen`)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        return None
+    parts = []
+    for part in content:
+        if not isinstance(part, dict) or not isinstance(part.get("text", ""), str):
+            return None
+        parts.append(part.get("text", ""))
+    return "".join(parts)
+
+
+def _misshapen(content: Any) -> str:
+    """What is wrong with content `_text` cannot read."""
+    if not isinstance(content, list):
+        return f"content that is neither text nor a list of parts: {type(content).__name__}"
+    for part in content:
+        if not isinstance(part, dict):
+            return f"a content part that is not an object: {type(part).__name__}"
+    bad = next(p["text"] for p in content if not isinstance(p.get("text", ""), str))
+    return f"a content part whose text is not text: {type(bad).__name__}"
