@@ -371,10 +371,16 @@ def _text(content: Any) -> str | None:
         return None
     parts = []
     for part in content:
-        if not isinstance(part, dict) or not isinstance(part.get("text", ""), str):
+        if not isinstance(part, dict) or _bad_text_part(part):
             return None
-        parts.append(part.get("text", ""))
+        if isinstance(part.get("text"), str):
+            parts.append(part["text"])
     return "".join(parts)
+
+
+def _bad_text_part(part: dict[str, Any]) -> bool:
+    """Whether `part` is a text part without text (other parts may carry none)."""
+    return part.get("type") == "text" and not isinstance(part.get("text"), str)
 
 
 def _misshapen(content: Any) -> str:
@@ -384,5 +390,5 @@ def _misshapen(content: Any) -> str:
     for part in content:
         if not isinstance(part, dict):
             return f"a content part that is not an object: {type(part).__name__}"
-    bad = next(p["text"] for p in content if not isinstance(p.get("text", ""), str))
-    return f"a content part whose text is not text: {type(bad).__name__}"
+    bad = next(p.get("text") for p in content if _bad_text_part(p))
+    return f"a text part whose text is not text: {type(bad).__name__}"
