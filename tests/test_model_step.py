@@ -47,6 +47,8 @@ NUMBERED = so.ToolCall.model_construct(name="refund", id=5)  # type: ignore[arg-
         (so.ModelResponse(text="x", usage=so.Usage(cost_usd=float("nan"))), "not plain JSON"),
         (so.ModelResponse(text="x", usage=so.Usage(input_tokens=-5)), "negative usage"),
         (so.ModelResponse(text="x", usage=so.Usage(cost_usd=-0.5)), "negative usage"),
+        (so.ModelResponse(text="x", usage=so.Usage(cost_usd=1.7e308)), "usage too large"),
+        (so.ModelResponse(text="x", usage=so.Usage(output_tokens=2**53)), "usage too large"),
         (so.ModelResponse(text="x" * 2_000_000), "over the limit of 1048576 bytes"),
         (call(order_id="1" * 2_000_000, amount=1), "over the limit of 1048576 bytes"),
         # Built past validation (model_construct, or a list appended to): recorded, such a
@@ -65,6 +67,8 @@ NUMBERED = so.ToolCall.model_construct(name="refund", id=5)  # type: ignore[arg-
         "nan-cost",
         "negative-tokens",
         "negative-cost",
+        "huge-cost",
+        "huge-count",
         "huge-text",
         "huge-input",
         "text-none",
@@ -243,8 +247,11 @@ async def _spend_once(model: so.models.Model, store_url: str) -> None:
         so.Usage.model_construct(input_tokens="9", output_tokens=1, cost_usd=0.0),  # type: ignore[arg-type]
         so.Usage(),
         {"input_tokens": 5},
+        # Counted, two of them made the session's cost infinite: no JSON reply could show it.
+        so.Usage(input_tokens=1, output_tokens=1, cost_usd=1.7e308),
+        so.Usage(input_tokens=2**53, output_tokens=1, cost_usd=0.0),
     ],
-    ids=["negative", "nan-cost", "text-count", "zero", "dict"],
+    ids=["negative", "nan-cost", "text-count", "zero", "dict", "huge-cost", "huge-count"],
 )
 async def test_a_model_errors_usage_counts_only_when_it_is_a_plain_count(
     tmp_path: Path, usage: Any

@@ -249,6 +249,28 @@ async def test_a_block_type_or_stop_reason_that_is_not_text_is_ignored(fake, mod
     assert [(c.id, c.name) for c in response.tool_calls] == [("toolu_1", "issue_refund")]
 
 
+@pytest.mark.parametrize(
+    ("block", "said"),
+    [
+        ("Hello", "a content block that is not an object: str"),
+        (None, "a content block that is not an object: NoneType"),
+        (["Hello"], "a content block that is not an object: list"),
+        ({"type": "text", "text": ["Hello"]}, "a text block whose text is not text: list"),
+        ({"type": "text"}, "a text block whose text is not text: NoneType"),
+    ],
+)
+async def test_a_content_block_of_the_wrong_shape_is_a_model_error(
+    fake, model, block, said
+) -> None:
+    # Skipped, it passed for an empty answer that ended the turn, saying nothing of why.
+    body = anthropic_message()
+    body["content"] = [block]
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match=said) as info:
+        await model.complete(request())
+    assert info.value.usage == so.Usage(input_tokens=10, output_tokens=5, cost_usd=0.000035)
+
+
 async def test_text_cut_off_at_max_tokens_is_returned(fake, model) -> None:
     body = anthropic_message("A long answer that")
     body["stop_reason"] = "max_tokens"

@@ -258,6 +258,11 @@ async def test_choices_that_are_not_a_list_are_a_model_error(fake, model) -> Non
         # A message that is not an object passed for an empty answer.
         (None, "hello", "returned no message"),
         (None, ["hello"], "returned no message"),
+        # So did content that is neither text nor a list of parts, or parts of the wrong shape.
+        ("content", 5, "content that is neither text nor a list of parts: int"),
+        ("content", {"text": "hello"}, "content that is neither text nor a list of parts: dict"),
+        ("content", ["hello"], "a content part that is not an object: str"),
+        ("content", [{"type": "text", "text": 5}], "a text part whose text is not text: int"),
     ],
 )
 async def test_a_message_of_the_wrong_shape_is_a_model_error(
@@ -271,6 +276,18 @@ async def test_a_message_of_the_wrong_shape_is_a_model_error(
     fake.queue(body)
     with pytest.raises(so.ModelError, match=said):
         await model.complete(request())
+
+
+async def test_content_parts_are_read_as_their_text(fake, model) -> None:
+    body = openai_completion(None)
+    parts = [
+        {"type": "text", "text": "Hello"},
+        {"type": "image_url", "text": None},
+        {"type": "text", "text": "!"},
+    ]
+    body["choices"][0]["message"]["content"] = parts
+    fake.queue(body)
+    assert (await model.complete(request())).text == "Hello!"
 
 
 async def test_a_refusal_that_is_not_text_is_ignored(fake, model) -> None:

@@ -4,6 +4,7 @@ sees; the refund agent and helpers the other runtime tests share."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -262,6 +263,43 @@ async def test_invalid_model_input_becomes_a_tool_error(
         assert result.call_id == "bad"
         assert result.content["error"] == "invalid input"
         assert expected_loc in [d["loc"] for d in result.content["details"]]
+
+
+async def test_input_with_many_errors_is_a_tool_error_of_bounded_size(tmp_path: Path) -> None:
+    # Every error was listed: 60,000 bad keys (a response of 770 KB, under max_response_bytes)
+    # made a tool error of 5 MB, past max_result_bytes, that the model read on every later call.
+    log = ExecutionLog()
+    seen = Capture(reply("let me fix that"))
+    many: dict[str, Any] = {f"k{i}": 0 for i in range(60_000)}
+    long_key = {"x" * 200_000: 0}
+    agent = scripted_agent(
+        "a",
+        [
+            call_tools(
+                so.ToolCall(name="issue_refund", input=many, id="many"),
+                so.ToolCall(name="issue_refund", input=long_key, id="long"),
+            ),
+            seen,
+        ],
+        tools=tools(log),
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert (r.status, log.count()) == ("completed", 0)
+        results = {m.call_id: m.content for m in tool_results(seen.last)}
+        sizes = [
+            len(json.dumps(e.data))
+            async for e in rt.events(r.session_id, follow=False)
+            if e.type == "tool.completed"
+        ]
+    shown = results["many"]
+    assert shown["error"] == "invalid input"
+    # 60,000 extra keys, and the two required ones missing
+    assert len(shown["details"]) == 20 and shown["more_errors"] == 60_002 - 20
+    assert ["k0"] in [d["loc"] for d in shown["details"]]
+    [key] = [d["loc"][0] for d in results["long"]["details"] if d["type"] == "extra_forbidden"]
+    assert key == "x" * 100 + " [cut]"
+    assert len(sizes) == 2 and max(sizes) < 4096
 
 
 async def test_unknown_tool_becomes_a_tool_error(tmp_path: Path) -> None:

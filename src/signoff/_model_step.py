@@ -13,6 +13,7 @@ from ._exceptions import LeaseLost, ModelError, SignoffError
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
 from ._state import MESSAGE_EVENT_TYPES, Conversation, SessionState, conversation
 from ._text import cut
+from ._tool_json import MAX_INPUT_DEPTH, nests_deeper
 from ._types import (
     InputRequest,
     Message,
@@ -22,6 +23,7 @@ from ._types import (
     ToolResultMessage,
     Usage,
     billable,
+    usage_too_large,
 )
 from .models import ModelRequest, ToolSpec
 
@@ -279,7 +281,8 @@ def _check_recordable(response: ModelResponse, max_bytes: int) -> None:
     """Refuse a response the log cannot hold faithfully: one built past validation (fields of
     the wrong type could be recorded but never read back), NaN, infinity or objects that are
     not JSON (a NaN amount slips past `amount > 100`, infinity is read back as null), negative
-    usage (which would give budget back), or JSON over `max_bytes`."""
+    usage (which would give budget back) or usage too large to add up, tool-call input or
+    reasoning nested deeper than `MAX_INPUT_DEPTH` levels, or JSON over `max_bytes`."""
     problem = _malformed(response)
     if problem is not None:
         raise ModelError(f"model response is malformed: {problem}")
@@ -287,6 +290,22 @@ def _check_recordable(response: ModelResponse, max_bytes: int) -> None:
     usage = response.usage
     if min(usage.input_tokens, usage.output_tokens, usage.cost_usd) < 0:
         raise ModelError(f"model response has negative usage: {usage!r}")
+    if usage_too_large(usage):
+        # Counted, a session's cost could add up to infinity, which no JSON reply can show.
+        raise ModelError(f"model response has usage too large to add up: {usage!r}")
+    for c in response.tool_calls:
+        if nests_deeper(c.input):
+            # Recorded, it would fail every later drive: pydantic cannot show it to a reviewer.
+            raise ModelError(
+                f"model response has a call to {cut(c.name, 100)!r} whose input nests deeper "
+                f"than {MAX_INPUT_DEPTH} levels",
+                usage=usage,
+            )
+    if nests_deeper(response.reasoning):
+        raise ModelError(
+            f"model response has reasoning nested deeper than {MAX_INPUT_DEPTH} levels",
+            usage=usage,
+        )
     try:
         text = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from ._events import Event, EventType
 from ._exceptions import StoreError, UnknownSession
 from ._state import CallState, SessionState, TurnState, fold, runnable, turn_over
+from ._text import cut
 from ._types import InputRequest, Usage
 from .stores import Resolve, Store
 
@@ -263,14 +264,29 @@ def denial(decision: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+SHOWN_ERRORS = 20
+"""How many of an invalid input's errors its tool error lists (it counts the rest)."""
+
+
 def invalid_input(exc: ValidationError) -> dict[str, Any]:
-    return {
+    """The tool error of input that failed validation: its first `SHOWN_ERRORS` errors, keys cut
+    to 100 characters and messages to 500. Listed whole, a response of thousands of bad keys made
+    a result of megabytes, past `max_result_bytes`, that the model read on every later call."""
+    errors = exc.errors(include_url=False)
+    shown: dict[str, Any] = {
         "error": "invalid input",
         "details": [
-            {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
-            for e in exc.errors(include_url=False)
+            {
+                "loc": [cut(p, 100) if isinstance(p, str) else p for p in e["loc"]],
+                "msg": cut(e["msg"], 500),
+                "type": e["type"],
+            }
+            for e in errors[:SHOWN_ERRORS]
         ],
     }
+    if len(errors) > SHOWN_ERRORS:
+        shown["more_errors"] = len(errors) - SHOWN_ERRORS
+    return shown
 
 
 def dump_request(request: InputRequest) -> dict[str, Any]:

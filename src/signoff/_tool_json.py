@@ -19,12 +19,19 @@ if TYPE_CHECKING:
 MAX_RESULT_BYTES = 1 << 20
 """The default bound on a tool's or step's result as JSON (`Limits.max_result_bytes`)."""
 
+MAX_INPUT_DEPTH = 100
+"""How deeply a tool call's input may nest (objects and lists), as a person's answer may: deeper
+input pydantic cannot show a reviewer (past about 250 levels) and Python's recursion limit stops
+on its way back to the model."""
+
 __all__ = [
+    "MAX_INPUT_DEPTH",
     "MAX_RESULT_BYTES",
     "copied",
     "holds_mask",
     "json_size",
     "jsonable",
+    "nests_deeper",
     "non_finite",
     "over_limit",
     "result_bound",
@@ -68,6 +75,20 @@ def copied(value: Any) -> Any:
     """A copy of journaled JSON, as the log gives it back: a JSON round trip, three times as
     fast as `copy.deepcopy` for a result of a megabyte."""
     return json.loads(json.dumps(value))
+
+
+def nests_deeper(value: Any, limit: int = MAX_INPUT_DEPTH) -> bool:
+    """Whether `value` holds objects or lists more than `limit` levels deep (the outermost is
+    level 1); a value that holds itself does. Counted without recursion."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def jsonable(value: Any) -> Any:

@@ -33,7 +33,10 @@ __all__ = [
     "ToolResultMessage",
     "Usage",
     "UserMessage",
+    "MAX_REPLY_COST_USD",
+    "MAX_REPLY_TOKENS",
     "billable",
+    "usage_too_large",
     "folded",
     "how_to_choose",
     "input_hash",
@@ -91,9 +94,28 @@ class Usage(_Model):
         return self.input_tokens + self.output_tokens
 
 
+MAX_REPLY_TOKENS = 2**53 - 1
+"""The most input or output tokens one reply may count: more than any model reads or writes in a
+call, and than JSON readers hold exactly (the shipped models count a larger figure as 0)."""
+
+MAX_REPLY_COST_USD = 1e18
+"""The most one reply may cost: over what `MAX_REPLY_TOKENS` cost at any price a shipped model
+takes, and far enough from a float's range that a session's sum stays finite (two replies of
+1e308 added up to infinity, which no JSON reply can show)."""
+
+
+def usage_too_large(usage: Usage) -> bool:
+    """Whether `usage` counts more than one reply may (see `MAX_REPLY_TOKENS`)."""
+    return (
+        max(usage.input_tokens, usage.output_tokens) > MAX_REPLY_TOKENS
+        or usage.cost_usd > MAX_REPLY_COST_USD
+    )
+
+
 def billable(usage: object) -> Usage | None:
-    """`usage` when a reply reports it as a plain count (not negative, finite) that is not
-    nothing, else None: anything else would give budget back or could not be added up."""
+    """`usage` when a reply reports it as a plain count (not negative, finite, not too large)
+    that is not nothing, else None: anything else would give budget back or could not be added
+    up."""
     if not isinstance(usage, Usage) or usage == Usage():
         return None
     counts = (usage.input_tokens, usage.output_tokens)
@@ -102,7 +124,7 @@ def billable(usage: object) -> Usage | None:
     cost = usage.cost_usd
     if type(cost) not in (int, float) or not (math.isfinite(cost) and cost >= 0):
         return None
-    return usage
+    return None if usage_too_large(usage) else usage
 
 
 class ToolCall(_Model):

@@ -225,11 +225,23 @@ class Anthropic(SdkModel):
         calls: list[ToolCall] = []
         reasoning: list[dict[str, Any]] = []
         for block in content:
+            if block is None or isinstance(block, str | int | float | list):
+                # Skipped, a reply of such blocks passed for an empty answer that ended the turn.
+                raise ModelError(
+                    f"Anthropic messages call for {where} has a content block that is not an "
+                    f"object: {type(block).__name__}",
+                    usage=usage,
+                )
             kind = plain_str(getattr(block, "type", None))
             if kind == "text":
                 text = getattr(block, "text", None)
-                if isinstance(text, str):
-                    texts.append(text)
+                if not isinstance(text, str):
+                    raise ModelError(
+                        f"Anthropic messages call for {where} has a text block whose text is not "
+                        f"text: {type(text).__name__}",
+                        usage=usage,
+                    )
+                texts.append(text)
             elif kind == "tool_use":
                 name = getattr(block, "name", None)
                 if not isinstance(name, str) or not name:

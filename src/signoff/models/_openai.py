@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import ModelError, UsageError
+from .._tool_json import nests_deeper
 from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
 from ._base import ModelRequest, ToolSpec
 from ._environment import openai_client
@@ -194,7 +195,13 @@ class OpenAIChat(SdkModel):
         if message is None or isinstance(message, str | int | float | list):
             # Not an object: read as one it would pass for an empty answer.
             raise ModelError(f"OpenAI chat completion for {where} returned no message", usage=usage)
-        text = _text(getattr(message, "content", None))
+        content = getattr(message, "content", None)
+        text = _text(content)
+        if text is None:
+            # Read as no text, it passed for an empty answer that ended the turn.
+            raise ModelError(
+                f"OpenAI chat completion for {where} has {_misshapen(content)}", usage=usage
+            )
         refusal = getattr(message, "refusal", None)
         if not text and isinstance(refusal, str):
             text = refusal
@@ -322,16 +329,17 @@ def tool_text(m: ToolResultMessage) -> str:
 
 def parse_arguments(arguments: Any) -> Any:
     """Tool-call arguments as data; text that is not plain JSON (NaN and Infinity are not, and
-    would slip past checks like `amount > 100`; nor is 1e400, read as infinity) is passed on to
-    fail validation."""
+    would slip past checks like `amount > 100`; nor is 1e400, read as infinity) or nests deeper
+    than `MAX_INPUT_DEPTH` levels is passed on to fail validation."""
     if arguments is None or arguments == "":
         return {}
     if not isinstance(arguments, str):
         return plain_input(arguments)  # some compatible servers send an object, not a string
     try:
-        return json.loads(arguments, parse_constant=_not_json, parse_float=_finite)
+        value = json.loads(arguments, parse_constant=_not_json, parse_float=_finite)
     except (ValueError, RecursionError):
         return {UNPARSED_ARGUMENTS: arguments}
+    return {UNPARSED_ARGUMENTS: arguments} if nests_deeper(value) else value
 
 
 def _not_json(constant: str) -> Any:
@@ -354,14 +362,33 @@ def format_arguments(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts, from some compatible servers
-        parts = []
-        for part in content:
-            value = part.get("text") if isinstance(part, dict) else getattr(part, "text", None)
-            if isinstance(value, str):
-                parts.append(value)
-        return "".join(parts)
-    return ""
+def _text(content: Any) -> str | None:
+    """A message's text: its content, or the text of its content parts (from some compatible
+    servers); None when the content has the wrong shape (see `_misshapen`)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        return None
+    parts = []
+    for part in content:
+        if not isinstance(part, dict) or _bad_text_part(part):
+            return None
+        if isinstance(part.get("text"), str):
+            parts.append(part["text"])
+    return "".join(parts)
+
+
+def _bad_text_part(part: dict[str, Any]) -> bool:
+    """Whether `part` is a text part without text (other parts may carry none)."""
+    return part.get("type") == "text" and not isinstance(part.get("text"), str)
+
+
+def _misshapen(content: Any) -> str:
+    """What is wrong with content `_text` cannot read."""
+    if not isinstance(content, list):
+        return f"content that is neither text nor a list of parts: {type(content).__name__}"
+    for part in content:
+        if not isinstance(part, dict):
+            return f"a content part that is not an object: {type(part).__name__}"
+    bad = next(p.get("text") for p in content if _bad_text_part(p))
+    return f"a text part whose text is not text: {type(bad).__name__}"

@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any, Generic, Self, TypeVar
 
 from .._exceptions import ModelError, UsageError
+from .._tool_json import nests_deeper
 from ._http_env import HttpEnv
 from ._reply_cap import ReplyTooLarge, capped_http_client
 from ._urls import shown_url
@@ -179,11 +180,14 @@ def scrub(value: Any) -> Any:
 
 
 def plain_input(value: Any) -> Any:
-    """A tool input parsed by the SDK, if it is plain JSON; else its text under
-    `UNPARSED_ARGUMENTS`, so validation fails and the model is told (a NaN would slip past
-    checks like `amount > 100`)."""
+    """A tool input parsed by the SDK, if it is plain JSON nested at most `MAX_INPUT_DEPTH`
+    levels; else its text under `UNPARSED_ARGUMENTS`, so validation fails and the model is told
+    (a NaN would slip past checks like `amount > 100`; input nested deeper breaks what shows it
+    to a reviewer and sends it back)."""
     try:
         json.dumps(value, allow_nan=False)
+        if nests_deeper(value):
+            raise ValueError("nested too deeply")
     except (TypeError, ValueError, RecursionError):
         try:
             text = json.dumps(value, default=str)
