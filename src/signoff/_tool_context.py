@@ -152,14 +152,15 @@ class ToolContext:
             idle = 0 if len(now) < len(left) else idle + 1
             left = now
 
-    async def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run a side effect once and journal its result; a replay returns the recorded result.
 
         A step that raises is journaled too, and its replay raises the same exception again
         (`StepFailed` when it cannot be rebuilt) instead of running the step again. Replay finds
         a step by its name and occurrence: concurrent branches that step under the same name
         must reach it in the same order on every run, so give each its own name. The step's
-        own function may not step or ask (`UsageError`); a plain one runs in a thread.
+        own function may not step or ask (`UsageError`); a plain one runs in a thread. `name`
+        and `fn` are positional only, so `fn` may take keyword arguments of those names.
         """
         # The name is journaled as JSON and looked up by it on replay: a tuple came back a list
         # (unhashable, so the replay failed after the step had run), a number was no name.
