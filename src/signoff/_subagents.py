@@ -160,6 +160,17 @@ async def _run(ctx: ToolContext, agent: str, message: str) -> Any:
     journal = getattr(ctx, "_journal", None)
     if not isinstance(journal, _DelegateJournal) or journal.host is None:
         raise UsageError(f"delegating to {agent!r} needs a call run by a signoff Runtime")
+    try:
+        return await _delegated(ctx, journal, agent, message)
+    except StoreError as exc:
+        # The store failed creating, starting or driving the child (the database down a
+        # moment): the runtime's failure, not the call's outcome. The drive fails and records
+        # nothing; a retry replays the call, which reuses the child.
+        journal.failed = exc
+        raise
+
+
+async def _delegated(ctx: ToolContext, journal: _DelegateJournal, agent: str, message: str) -> Any:
     host: RuntimeHost = journal.host
     principal = ctx.session.auth.current
     who = None if principal is None else principal.model_dump(mode="json")
@@ -335,6 +346,12 @@ class RuntimeHost:
         reset = delegating.set(delegating.get() | {child})
         try:
             result = await rt._drive(child, claimed=(owner, token))
+        except StoreError:
+            # A worker's failed drive keeps its lease until it lapses; this one is given back
+            # (or kept to give back first here), so a retry of the parent need not wait it out.
+            with contextlib.suppress(StoreError):
+                await rt._release(child, owner, token)
+            raise
         finally:
             delegating.reset(reset)
         return await self._delegated_turn(child) or result
