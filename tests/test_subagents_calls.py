@@ -441,3 +441,55 @@ async def test_a_store_failure_in_a_delegate_call_fails_the_drive_not_the_call(
         assert ran == ["7"]
         log = [e async for e in rt.events(sid, follow=False)]
         assert [e.data["status"] for e in log if e.type == "tool.completed"] == ["ok"]
+
+
+async def test_a_child_drive_that_loses_its_lease_is_waited_for_not_a_busy_error(
+    store_url: str,
+) -> None:
+    """The child's drive gives up its lease when no renewal gets through (the database down a
+    moment): the child is then another drive's, and the delegate call waits for it, driving
+    it itself once the lease lapses, as for a child driven elsewhere. It read `SessionBusy` as
+    its result, and the child was left running with no one to take its result."""
+    ran: list[str] = []
+
+    @so.tool
+    async def lookup(order_id: str) -> str:
+        """Look an order up."""
+        ran.append("start")
+        await asyncio.sleep(1.0)
+        ran.append("end")
+        return "paid"
+
+    child = scripted_agent(
+        "billing",
+        [call_tools(call("lookup", order_id="7")), reply("Order 7 is paid.")],
+        tools=[lookup],
+    )
+    after = Counted("Billing says it is paid.")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Is order 7 paid?")), after],
+        tools=[so.delegate("billing")],
+    )
+    async with so.Runtime([parent, child], store=store_url, lease_ttl=0.6) as rt:
+        sid = await rt.create_session("support")
+        renew = rt.store.renew_lease
+        down: list[int] = []  # the child's first lease: none of its renewals gets through
+
+        async def renew_lease(
+            session_id: str, owner: str, token: int, ttl: float, now: float
+        ) -> bool:
+            if session_id != sid and (not down or down == [token]):
+                down[:] = [token]
+                raise so.StoreUnavailable("the database is down")
+            return await renew(session_id, owner, token, ttl, now)
+
+        rt.store.renew_lease = renew_lease  # type: ignore[method-assign]
+        async with asyncio.timeout(20):
+            done = await rt.generate(session_id=sid, prompt="Is order 7 paid?", auth=ALICE)
+        assert (done.status, done.text) == ("completed", "Billing says it is paid.")
+        [result] = tool_results(after.capture.last)
+        assert (result.is_error, result.content) == (False, "Order 7 is paid.")
+        assert ran == ["start", "start", "end"]  # stopped with its lease, run again under one
+        [kid] = [s for s in await rt.sessions() if s.agent == "billing"]
+        assert kid.status == "idle"

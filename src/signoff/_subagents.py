@@ -336,25 +336,30 @@ class RuntimeHost:
             return ended
         if agent not in rt.agents:
             return self._undriven(await rt._state(child))
-        owner = f"{rt.owner}:{new_id('sub')}"
-        token = await rt._acquire(child, owner)
-        while token is None:
-            state = await rt._state(child)
-            if not runnable(state):  # the other drive ended or parked the turn
-                return await self._delegated_turn(child) or rt._result(state)
+        while True:
+            owner = f"{rt.owner}:{new_id('sub')}"
             token = await rt._acquire(child, owner)
-        reset = delegating.set(delegating.get() | {child})
-        try:
-            result = await rt._drive(child, claimed=(owner, token))
-        except StoreError:
-            # A worker's failed drive keeps its lease until it lapses; this one is given back
-            # (or kept to give back first here), so a retry of the parent need not wait it out.
-            with contextlib.suppress(StoreError):
-                await rt._release(child, owner, token)
-            raise
-        finally:
-            delegating.reset(reset)
-        return await self._delegated_turn(child) or result
+            while token is None:
+                state = await rt._state(child)
+                if not runnable(state):  # the other drive ended or parked the turn
+                    return await self._delegated_turn(child) or rt._result(state)
+                token = await rt._acquire(child, owner)
+            reset = delegating.set(delegating.get() | {child})
+            try:
+                result = await rt._drive(child, claimed=(owner, token))
+            except StoreError:
+                # A worker's failed drive keeps its lease until it lapses; this one is given
+                # back (or kept to give back first here), so a retry of the parent need not
+                # wait it out.
+                with contextlib.suppress(StoreError):
+                    await rt._release(child, owner, token)
+                raise
+            finally:
+                delegating.reset(reset)
+            if result.status != "running":
+                return await self._delegated_turn(child) or result
+            # Its lease was lost (no renewal got through in time): the child is another
+            # drive's now, or ours again once the lease lapses; waited for as above.
 
     def _undriven(self, state: SessionState) -> GenerateResult:
         """The child as it is, for a runtime lacking its agent: a turn ended or waiting on people
