@@ -9,6 +9,7 @@ once the child's turn has finished and its text became the delegate call's resul
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -186,13 +187,15 @@ async def _delegated(ctx: ToolContext, journal: _DelegateJournal, agent: str, me
     if journal.steered():
         return await _interrupted(host, agent, child)
     try:
-        result = await host.drive_child(child, agent)
+        result = await _driven(host, ctx.abort_signal, agent, child)
     except UnknownAgent as exc:
         # The child has work its agent must do (an approval recorded without resuming, say):
         # the call is not over, so this drive fails and records nothing; a process with that
         # agent runs the child, and the call then takes its result.
         journal.failed = exc
         raise
+    if isinstance(result, _Steered):
+        return result.result
     if result.status == "waiting":
         if await journal.mirror(child, agent, result.pending):
             await journal.park()
@@ -223,6 +226,40 @@ async def _interrupted(host: RuntimeHost, agent: str, child: str) -> Any:
     if result.status in ("completed", "failed"):
         return _ended(result, agent, child)
     return {"interrupted": True, "session_id": child}
+
+
+class _Steered:
+    """The parent's call was aborted (a steering message) while its child's turn ran: the
+    call's `result` (`_interrupted`'s), the child's turn cancelled and its drive here over."""
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+
+async def _driven(
+    host: RuntimeHost, abort: asyncio.Event, agent: str, child: str
+) -> GenerateResult | _Steered:
+    """`host.drive_child`, until the parent's call is aborted (a steering message, a cancel)
+    while the child's turn runs: its turn is then cancelled, as a steer cancels a waiting
+    child (its tool sees its own abort signal), and the call's result is `_interrupted`'s once
+    this drive of the child has stopped (at its next record)."""
+    drive = asyncio.ensure_future(host.drive_child(child, agent))
+    aborted = asyncio.ensure_future(abort.wait())
+    try:
+        await asyncio.wait({drive, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        if drive.done():
+            result: GenerateResult = drive.result()
+            return result
+        outcome = await _interrupted(host, agent, child)
+        await drive
+        return _Steered(outcome)
+    except BaseException:  # this drive is cancelled or failed: the child's stops with it
+        drive.cancel()
+        with contextlib.suppress(BaseException):
+            await drive
+        raise
+    finally:
+        aborted.cancel()
 
 
 class RuntimeHost:
