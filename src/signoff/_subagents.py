@@ -250,8 +250,10 @@ async def _driven(
         if drive.done():
             result: GenerateResult = drive.result()
             return result
-        outcome = await _interrupted(host, agent, child)
-        await drive
+        try:
+            outcome = await _interrupted(host, agent, child)  # a child that failed first raises
+        finally:
+            await drive  # its turn over, it stops at its next record
         return _Steered(outcome)
     except BaseException:  # this drive is cancelled or failed: the child's stops with it
         drive.cancel()
