@@ -456,7 +456,7 @@ async def test_a_child_drive_that_loses_its_lease_is_waited_for_not_a_busy_error
     async def lookup(order_id: str) -> str:
         """Look an order up."""
         ran.append("start")
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.5)
         ran.append("end")
         return "paid"
 
@@ -471,7 +471,7 @@ async def test_a_child_drive_that_loses_its_lease_is_waited_for_not_a_busy_error
         [call_tools(call("billing", id="d1", message="Is order 7 paid?")), after],
         tools=[so.delegate("billing")],
     )
-    async with so.Runtime([parent, child], store=store_url, lease_ttl=0.6) as rt:
+    async with so.Runtime([parent, child], store=store_url, lease_ttl=1.0) as rt:
         sid = await rt.create_session("support")
         renew = rt.store.renew_lease
         down: list[int] = []  # the child's first lease: none of its renewals gets through
