@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 import signoff as so
 from signoff._steps import failure_of, raise_recorded
+from signoff.testing import (
+    Capture,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    tool_results,
+)
 
 
 class Declined(Exception):
@@ -55,3 +65,66 @@ def test_arguments_the_log_cannot_give_back_as_they_were_are_not_kept(arg: objec
     again = replayed(error)
     assert isinstance(again, so.StepFailed)
     assert again.error_type == "ValueError" and again.error_message == str(exc)
+
+
+def _raised(fn: object, *args: object) -> Exception:
+    with pytest.raises(Exception) as info:
+        fn(*args)  # type: ignore[operator]
+    assert isinstance(info.value, Exception)
+    return info.value
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        _raised(open, "/nonexistent/signoff/quote.json"),
+        _raised(json.loads, '{"fee": '),
+        FileExistsError(17, "File exists", "a.txt", None, "b.txt"),
+    ],
+    ids=["file-not-found", "json-decode", "two-filenames"],
+)
+def test_an_exception_rebuilt_as_pickle_rebuilds_it_is_raised_again(exc: Exception) -> None:
+    """An exception whose `args` leave out what its message says (the file of an `OSError`, the
+    document of a `JSONDecodeError`) is kept with the arguments that build it again, as pickle
+    takes them: a tool's `except FileNotFoundError:` takes the same path on replay, not a
+    `StepFailed`."""
+    again = replayed(failure_of(exc))
+    assert type(again) is type(exc) and str(again) == str(exc)
+    if isinstance(exc, OSError):
+        assert isinstance(again, OSError)
+        assert (again.errno, again.filename, again.filename2) == (
+            exc.errno,
+            exc.filename,
+            exc.filename2,
+        )
+
+
+async def test_a_tool_catching_a_missing_file_takes_the_same_path_on_replay(tmp_path: Path) -> None:
+    """The body runs again once the question is answered: its step's `FileNotFoundError` is
+    raised again as itself, so the tool's `except` takes it as on the first run."""
+    reads: list[str] = []
+    missing = tmp_path / "rates.json"
+
+    def read_rates() -> str:
+        reads.append("read")
+        return missing.read_text()
+
+    @so.tool
+    async def rates(ctx: so.ToolContext) -> str:
+        """Read the rates file, or ask what to use."""
+        try:
+            return str(await ctx.step("read", read_rates))
+        except FileNotFoundError as exc:
+            answer = await ctx.ask(f"{exc.filename} is missing. Use the defaults?", ["yes", "no"])
+            return f"defaults: {answer.value}"
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("fx", [call_tools(call("rates")), seen], tools=[rates])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("fx", prompt="rates")
+        assert [p.question for p in r.pending] == [f"{missing} is missing. Use the defaults?"]
+        r = await rt.send(r.session_id, "yes")
+        assert r.status == "completed"
+    [result] = tool_results(seen.last)
+    assert (result.is_error, result.content) == (False, "defaults: yes")
+    assert reads == ["read"]

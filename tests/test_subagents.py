@@ -239,6 +239,52 @@ async def test_a_message_that_answers_nothing_stops_the_child(tmp_path: Path) ->
     await rt.close()
 
 
+async def test_a_message_while_the_child_runs_stops_the_child(store_url: str) -> None:
+    """Steering the parent while its child's turn runs (a slow tool, not a request) cancels
+    the child's turn too, its tool seeing its abort signal: the child ran on to its end, its
+    model called again, and the parent's model read the message only after."""
+    ran: list[str] = []
+
+    @so.tool
+    async def reconcile(ctx: so.ToolContext, account: str) -> str:
+        """Reconcile an account, a slow job."""
+        ran.append("start")
+        for _ in range(200):
+            if ctx.abort_signal.is_set():
+                ran.append("aborted")
+                return "stopped"
+            await asyncio.sleep(0.05)
+        ran.append("end")
+        return "reconciled"
+
+    child_after = Counted("Reconciled.")
+    child = scripted_agent(
+        "billing",
+        [call_tools(call("reconcile", account="acme")), child_after],
+        tools=[reconcile],
+    )
+    after = Counted("Okay, stopped.")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Reconcile acme")), after],
+        tools=[so.delegate("billing")],
+    )
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        sid = await rt.create_session("support")
+        running = asyncio.create_task(rt.generate(session_id=sid, prompt="go", auth=ALICE))
+        async with asyncio.timeout(5):
+            while not ran:
+                await asyncio.sleep(0.01)
+            done = await rt.send(sid, "actually, leave it", principal=ALICE)
+            first = await running
+        assert first.status == "completed" and done.text == "Okay, stopped."
+        assert ran == ["start", "aborted"] and child_after.calls == 0
+        [kid] = [s.id for s in await rt.sessions() if s.agent == "billing"]
+        [result] = tool_results(after.capture.last)
+        assert result.content == {"interrupted": True, "session_id": kid}
+        assert (await rt.state(kid)).status == "cancelled"
+
+
 async def test_the_childs_response_policy_decides_answers_given_through_the_parent(
     tmp_path: Path,
 ) -> None:

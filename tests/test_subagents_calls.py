@@ -385,3 +385,111 @@ async def test_a_delegate_call_whose_parent_turn_was_replaced_records_nothing_in
         [row] = await rt.sessions(agent="billing")
         assert row.status == "cancelled", row
         assert await rt.verify_audit() == []
+
+
+@pytest.mark.parametrize(
+    ("label", "nth"),
+    [("session.created", 1), ("turn.started", 2), ("tool.started", 2)],
+    ids=["creating-the-child", "starting-its-turn", "driving-it"],
+)
+async def test_a_store_failure_in_a_delegate_call_fails_the_drive_not_the_call(
+    store_url: str, label: str, nth: int
+) -> None:
+    """The store failing as the delegate call creates, starts or drives its child (the
+    database down a moment) is the runtime's failure, as a step's record the store refuses:
+    the drive fails with it and a retry goes on, rather than the model reading
+    `StoreUnavailable` as what the billing agent answered."""
+    ran: list[str] = []
+
+    @so.tool
+    async def lookup(order_id: str) -> str:
+        """Look an order up."""
+        ran.append(order_id)
+        return "paid"
+
+    child = scripted_agent(
+        "billing",
+        [call_tools(call("lookup", order_id="7")), reply("Order 7 is paid.")],
+        tools=[lookup],
+    )
+    after = Counted("Billing says it is paid.")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Is order 7 paid?")), after],
+        tools=[so.delegate("billing")],
+    )
+    seen: list[str] = []
+
+    def down_once(when: str, at: str) -> None:
+        if when == "before" and at == label:
+            seen.append(at)
+            if len(seen) == nth:
+                raise so.StoreUnavailable("the database is down")
+
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        sid = await rt.create_session("support")
+        rt.store.set_fault_hook(down_once)
+        with pytest.raises(so.StoreUnavailable):
+            await rt.generate(session_id=sid, prompt="Is order 7 paid?", auth=ALICE)
+        rt.store.set_fault_hook(None)
+        assert after.calls == 0
+        async with asyncio.timeout(10):  # not waiting out the child's lease (30 s)
+            done = await rt.generate(session_id=sid)
+        assert (done.status, done.text) == ("completed", "Billing says it is paid.")
+        [result] = tool_results(after.capture.last)
+        assert (result.is_error, result.content) == (False, "Order 7 is paid.")
+        assert ran == ["7"]
+        log = [e async for e in rt.events(sid, follow=False)]
+        assert [e.data["status"] for e in log if e.type == "tool.completed"] == ["ok"]
+
+
+async def test_a_child_drive_that_loses_its_lease_is_waited_for_not_a_busy_error(
+    store_url: str,
+) -> None:
+    """The child's drive gives up its lease when no renewal gets through (the database down a
+    moment): the child is then another drive's, and the delegate call waits for it, driving
+    it itself once the lease lapses, as for a child driven elsewhere. It read `SessionBusy` as
+    its result, and the child was left running with no one to take its result."""
+    ran: list[str] = []
+
+    @so.tool
+    async def lookup(order_id: str) -> str:
+        """Look an order up."""
+        ran.append("start")
+        await asyncio.sleep(1.5)
+        ran.append("end")
+        return "paid"
+
+    child = scripted_agent(
+        "billing",
+        [call_tools(call("lookup", order_id="7")), reply("Order 7 is paid.")],
+        tools=[lookup],
+    )
+    after = Counted("Billing says it is paid.")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Is order 7 paid?")), after],
+        tools=[so.delegate("billing")],
+    )
+    async with so.Runtime([parent, child], store=store_url, lease_ttl=1.0) as rt:
+        sid = await rt.create_session("support")
+        renew = rt.store.renew_lease
+        down: list[int] = []  # the child's first lease: none of its renewals gets through
+
+        async def renew_lease(
+            session_id: str, owner: str, token: int, ttl: float, now: float
+        ) -> bool:
+            if session_id != sid and (not down or down == [token]):
+                down[:] = [token]
+                raise so.StoreUnavailable("the database is down")
+            return await renew(session_id, owner, token, ttl, now)
+
+        rt.store.renew_lease = renew_lease  # type: ignore[method-assign]
+        async with asyncio.timeout(20):
+            done = await rt.generate(session_id=sid, prompt="Is order 7 paid?", auth=ALICE)
+        assert (done.status, done.text) == ("completed", "Billing says it is paid.")
+        [result] = tool_results(after.capture.last)
+        assert (result.is_error, result.content) == (False, "Order 7 is paid.")
+        assert ran == ["start", "start", "end"]  # stopped with its lease, run again under one
+        [kid] = [s for s in await rt.sessions() if s.agent == "billing"]
+        assert kid.status == "idle"

@@ -228,6 +228,56 @@ async def test_stop_iteration_from_a_sync_tool_or_step_is_an_error_not_a_hang(
     )
 
 
+async def test_arguments_named_fn_or_name_reach_the_tool_and_the_step(tmp_path: Path) -> None:
+    """A tool's parameter named `fn`, and a step function's keyword argument named `name` or
+    `fn`, reach the function: they were taken for signoff's own parameters (a `TypeError` of
+    `called_off_loop()` or `ToolContext.step()` every call)."""
+    ran: list[tuple[str, str]] = []
+
+    @so.tool
+    def plot(fn: str) -> str:
+        """Plot a function."""
+        return f"plotted {fn}"
+
+    @so.tool
+    async def aplot(fn: str) -> str:
+        """Plot a function."""
+        return f"plotted {fn}"
+
+    def create(name: str, fn: str) -> str:
+        ran.append((name, fn))
+        return f"{name}:{fn}"
+
+    async def acreate(name: str, fn: str) -> str:
+        return create(name, fn)
+
+    @so.tool
+    async def onboard(ctx: so.ToolContext) -> list[str]:
+        """Create two users, then confirm."""
+        made = [
+            await ctx.step("create", create, name="alice", fn="admin"),
+            await ctx.step("acreate", acreate, "bob", fn="viewer"),
+        ]
+        await ctx.ask("Confirm?", options=["yes", "no"])
+        return made
+
+    seen = Capture(reply("done"))
+    calls = call_tools(call("plot", fn="sin"), call("aplot", fn="cos"), call("onboard"))
+    agent = scripted_agent("a", [calls, seen], tools=[plot, aplot, onboard])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert [p.question for p in r.pending] == ["Confirm?"]
+        r = await rt.send(r.session_id, "yes")
+        assert r.status == "completed"
+    contents = [(t.is_error, t.content) for t in tool_results(seen.last)]
+    assert contents == [
+        (False, "plotted sin"),
+        (False, "plotted cos"),
+        (False, ["alice:admin", "bob:viewer"]),
+    ]
+    assert ran == [("alice", "admin"), ("bob", "viewer")]  # once each: replayed after the answer
+
+
 async def test_a_tool_raising_cancelled_error_itself_is_an_error_result(tmp_path: Path) -> None:
     # Nothing cancelled the turn: the body raised CancelledError on its own (an inner task it
     # awaited was cancelled, say). That is the call's error, not a turn left running for good.

@@ -343,3 +343,52 @@ async def test_a_step_under_way_when_a_sibling_parks_finishes_and_is_journaled(
         assert r.status == "completed"
         assert tool_results(seen.last)[0].content == ["charged", "morning"]
         assert ran == ["charge"]
+
+
+async def test_a_sibling_that_awaits_io_before_its_recorded_step_is_waited_for(
+    store_url: str,
+) -> None:
+    """On replay a branch reaching a new step waits for its siblings to replay what they
+    recorded: one that first awaits something else (a read, not a step) gets there later than a
+    few loop passes, and is waited for rather than taken for a changed tool (a ReplayError that
+    failed the call for good after the person had answered)."""
+    ran: list[str] = []
+
+    async def quote() -> float:
+        await asyncio.sleep(0.3)  # slower than the sibling's read: recorded after its step
+        ran.append("quote")
+        return 2.5
+
+    def reserve() -> str:
+        ran.append("reserve")
+        return "reserved"
+
+    def send() -> str:
+        ran.append("send")
+        return "sent"
+
+    @so.tool
+    async def order(ctx: so.ToolContext) -> list[str]:
+        """Quote, confirm and send, while reading the catalogue and reserving."""
+
+        async def confirm_and_send() -> str:
+            fee = await ctx.step("quote", quote)
+            await ctx.ask(f"The fee is {fee}. Proceed?", options=["yes", "no"])
+            return str(await ctx.step("send", send))
+
+        async def read_and_reserve() -> str:
+            await asyncio.sleep(0.02)  # a catalogue read: not a side effect, so not a step
+            return str(await ctx.step("reserve", reserve))
+
+        return list(await asyncio.gather(confirm_and_send(), read_and_reserve()))
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("shop", [call_tools(call("order", id="o1")), seen], tools=[order])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="order", auth=ALICE)
+        assert [p.question for p in r.pending] == ["The fee is 2.5. Proceed?"]
+        r = await rt.send(r.session_id, "yes", principal=ALICE)
+        assert r.status == "completed"
+        [result] = tool_results(seen.last)
+        assert (result.is_error, result.content) == (False, ["sent", "reserved"])
+        assert ran == ["reserve", "quote", "send"]  # each once

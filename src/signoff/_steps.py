@@ -19,7 +19,7 @@ def failure_of(exc: Exception, *, cut: int | None = None) -> dict[str, Any]:
     too big to store), the message's first `cut` characters and no arguments."""
     cls = type(exc)
     message = error_message(exc)
-    args: list[Any] | None = list(exc.args)
+    args: list[Any] | None = _arguments(exc)
     if cut is not None:
         message, args = message[:cut] + " [cut]", None
     return {
@@ -46,6 +46,19 @@ def raise_recorded(step: str, error: dict[str, Any]) -> NoReturn:
             raise again
     name = qualname if module == "builtins" else f"{module}.{qualname}"
     raise StepFailed(step, name, message)
+
+
+def _arguments(exc: Exception) -> list[Any]:
+    """The arguments that build `exc` again, as pickle takes them (`__reduce__`): an `OSError`'s
+    file and a `JSONDecodeError`'s document are in its message but not in its `args`."""
+    try:
+        reduced = exc.__reduce__()
+    except Exception:
+        reduced = None
+    if isinstance(reduced, tuple) and len(reduced) >= 2 and reduced[0] is type(exc):
+        if isinstance(reduced[1], tuple):
+            return list(reduced[1])
+    return list(exc.args)
 
 
 def _loaded_class(module: str, qualname: str) -> type[Exception] | None:

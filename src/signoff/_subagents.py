@@ -9,6 +9,7 @@ once the child's turn has finished and its text became the delegate call's resul
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -160,6 +161,17 @@ async def _run(ctx: ToolContext, agent: str, message: str) -> Any:
     journal = getattr(ctx, "_journal", None)
     if not isinstance(journal, _DelegateJournal) or journal.host is None:
         raise UsageError(f"delegating to {agent!r} needs a call run by a signoff Runtime")
+    try:
+        return await _delegated(ctx, journal, agent, message)
+    except StoreError as exc:
+        # The store failed creating, starting or driving the child (the database down a
+        # moment): the runtime's failure, not the call's outcome. The drive fails and records
+        # nothing; a retry replays the call, which reuses the child.
+        journal.failed = exc
+        raise
+
+
+async def _delegated(ctx: ToolContext, journal: _DelegateJournal, agent: str, message: str) -> Any:
     host: RuntimeHost = journal.host
     principal = ctx.session.auth.current
     who = None if principal is None else principal.model_dump(mode="json")
@@ -175,13 +187,15 @@ async def _run(ctx: ToolContext, agent: str, message: str) -> Any:
     if journal.steered():
         return await _interrupted(host, agent, child)
     try:
-        result = await host.drive_child(child, agent)
+        result = await _driven(host, ctx.abort_signal, agent, child)
     except UnknownAgent as exc:
         # The child has work its agent must do (an approval recorded without resuming, say):
         # the call is not over, so this drive fails and records nothing; a process with that
         # agent runs the child, and the call then takes its result.
         journal.failed = exc
         raise
+    if isinstance(result, _Steered):
+        return result.result
     if result.status == "waiting":
         if await journal.mirror(child, agent, result.pending):
             await journal.park()
@@ -212,6 +226,42 @@ async def _interrupted(host: RuntimeHost, agent: str, child: str) -> Any:
     if result.status in ("completed", "failed"):
         return _ended(result, agent, child)
     return {"interrupted": True, "session_id": child}
+
+
+class _Steered:
+    """The parent's call was aborted (a steering message) while its child's turn ran: the
+    call's `result` (`_interrupted`'s), the child's turn cancelled and its drive here over."""
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+
+async def _driven(
+    host: RuntimeHost, abort: asyncio.Event, agent: str, child: str
+) -> GenerateResult | _Steered:
+    """`host.drive_child`, until the parent's call is aborted (a steering message, a cancel)
+    while the child's turn runs: its turn is then cancelled, as a steer cancels a waiting
+    child (its tool sees its own abort signal), and the call's result is `_interrupted`'s once
+    this drive of the child has stopped (at its next record)."""
+    drive = asyncio.ensure_future(host.drive_child(child, agent))
+    aborted = asyncio.ensure_future(abort.wait())
+    try:
+        await asyncio.wait({drive, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        if drive.done():
+            result: GenerateResult = drive.result()
+            return result
+        try:
+            outcome = await _interrupted(host, agent, child)  # a child that failed first raises
+        finally:
+            await drive  # its turn over, it stops at its next record
+        return _Steered(outcome)
+    except BaseException:  # this drive is cancelled or failed: the child's stops with it
+        drive.cancel()
+        with contextlib.suppress(BaseException):
+            await drive
+        raise
+    finally:
+        aborted.cancel()
 
 
 class RuntimeHost:
@@ -325,19 +375,30 @@ class RuntimeHost:
             return ended
         if agent not in rt.agents:
             return self._undriven(await rt._state(child))
-        owner = f"{rt.owner}:{new_id('sub')}"
-        token = await rt._acquire(child, owner)
-        while token is None:
-            state = await rt._state(child)
-            if not runnable(state):  # the other drive ended or parked the turn
-                return await self._delegated_turn(child) or rt._result(state)
+        while True:
+            owner = f"{rt.owner}:{new_id('sub')}"
             token = await rt._acquire(child, owner)
-        reset = delegating.set(delegating.get() | {child})
-        try:
-            result = await rt._drive(child, claimed=(owner, token))
-        finally:
-            delegating.reset(reset)
-        return await self._delegated_turn(child) or result
+            while token is None:
+                state = await rt._state(child)
+                if not runnable(state):  # the other drive ended or parked the turn
+                    return await self._delegated_turn(child) or rt._result(state)
+                token = await rt._acquire(child, owner)
+            reset = delegating.set(delegating.get() | {child})
+            try:
+                result = await rt._drive(child, claimed=(owner, token))
+            except StoreError:
+                # A worker's failed drive keeps its lease until it lapses; this one is given
+                # back (or kept to give back first here), so a retry of the parent need not
+                # wait it out.
+                with contextlib.suppress(StoreError):
+                    await rt._release(child, owner, token)
+                raise
+            finally:
+                delegating.reset(reset)
+            if result.status != "running":
+                return await self._delegated_turn(child) or result
+            # Its lease was lost (no renewal got through in time): the child is another
+            # drive's now, or ours again once the lease lapses; waited for as above.
 
     def _undriven(self, state: SessionState) -> GenerateResult:
         """The child as it is, for a runtime lacking its agent: a turn ended or waiting on people

@@ -194,7 +194,7 @@ def blocking_doc(method: Callable[..., Any]) -> str:
     return f"`{method.__name__}`, blocking until it returns.\n\n{inspect.getdoc(method) or ''}"
 
 
-async def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+async def in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """`fn(*args, **kwargs)` run in a thread. A `StopIteration` it raises is a `RuntimeError`,
     as a coroutine makes it: asyncio cannot hand one to the task awaiting the thread, which
     then waited for ever."""
@@ -208,7 +208,7 @@ async def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return await asyncio.to_thread(call)
 
 
-async def called_off_loop(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+async def called_off_loop(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """`fn(*args, **kwargs)`, awaited if it gives an awaitable: a coroutine function on the
     loop, any other function (a sync tool, a hook) in a thread (`in_thread`), so one that blocks
     stops no lease renewal of the process's sessions."""

@@ -51,6 +51,10 @@ class Journal(Protocol):
     async def settle(self) -> None: ...
 
 
+REPLAY_GRACE = 2.0
+"""Seconds a new entry waits, on replay, for sibling branches to reach the entries they
+recorded (they may first await what is not journaled, a read say) before it is a ReplayError."""
+
 _IN_STEP: contextvars.ContextVar[tuple[ToolContext, str] | None] = contextvars.ContextVar(
     "signoff_in_step", default=None
 )
@@ -138,28 +142,36 @@ class ToolContext:
 
     async def _replayed_first(self, kind: str, name: str) -> None:
         """Before a new entry, let sibling branches replay what they recorded (they may be
-        behind this one now); one that no branch reaches means the tool changed: ReplayError."""
+        behind this one now, awaiting a read before their step); one that no branch reaches
+        within `REPLAY_GRACE` seconds of the last one reached means the tool changed:
+        ReplayError, and the new entry is not run."""
         assert self._journal is not None
         if not self._journal.keyed:
             return
         position = self._cursor - 1  # claimed just before this is called, with no await between
-        left, idle = self._unreplayed(), 0
+        loop = asyncio.get_running_loop()
+        left, idle, since = self._unreplayed(), 0, loop.time()
         while left:
-            if idle == 20:
+            if idle >= 20 and loop.time() - since >= REPLAY_GRACE:
                 raise self._diverged(kind, name, position, left[0])
-            await asyncio.sleep(0)
+            # A few loop passes first (a sibling's replay needs no more), then real waits.
+            await asyncio.sleep(0 if idle < 20 else 0.02)
             now = self._unreplayed()
-            idle = 0 if len(now) < len(left) else idle + 1
+            if len(now) < len(left):
+                idle, since = 0, loop.time()
+            else:
+                idle += 1
             left = now
 
-    async def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run a side effect once and journal its result; a replay returns the recorded result.
 
         A step that raises is journaled too, and its replay raises the same exception again
         (`StepFailed` when it cannot be rebuilt) instead of running the step again. Replay finds
         a step by its name and occurrence: concurrent branches that step under the same name
         must reach it in the same order on every run, so give each its own name. The step's
-        own function may not step or ask (`UsageError`); a plain one runs in a thread.
+        own function may not step or ask (`UsageError`); a plain one runs in a thread. `name`
+        and `fn` are positional only, so `fn` may take keyword arguments of those names.
         """
         # The name is journaled as JSON and looked up by it on replay: a tuple came back a list
         # (unhashable, so the replay failed after the step had run), a number was no name.
