@@ -5,23 +5,28 @@ told exactly that, not that it can no longer be answered."""
 from __future__ import annotations
 
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub
 from signoff.channels.slack import SlackPayloadError, slack_principal
 from signoff.channels.slack._clicks import read
+from signoff.server import create_app
 
 from ._slack import (
     ALICE,
+    PATH,
     TEAM,
     FakeSlack,
     channel,
     click,
     fake,
+    form,
     manual,
     question_agent,
     refund_requested,
@@ -150,3 +155,37 @@ def test_another_apps_modal_submission_is_not_ours() -> None:
         "view": {"id": "V9", "callback_id": "acme.feedback", "state": {"values": {}}},
     }
     assert read(payload) == (None, None)
+
+
+async def test_a_signed_payload_nested_too_deep_to_read_is_a_400_not_a_500(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """JSON nested deeper than Python's parser goes (a RecursionError) in a correctly signed
+    interaction, modal metadata or Events API request is a payload signoff cannot read: a 400
+    `invalid_payload` on either endpoint, not a 500, and nothing is acted on."""
+    deep = "[" * 100_000 + "]" * 100_000
+    meta_deep = _press("U045EF6GH", TEAM) | {
+        "type": "view_submission",
+        "view": {"callback_id": "signoff.deny", "private_metadata": deep, "state": {}},
+    }
+    bodies = {
+        PATH: [urllib.parse.urlencode({"payload": deep}).encode(), form(meta_deep)],
+        "/channels/slack/events": [deep.encode()],
+    }
+    async with refund_requested(tmp_path, []) as (rt, req):
+        slack = channel(fake)
+        hub = ChannelHub(rt, [slack])
+        app = create_app(rt, dev=True, channels=hub)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                for path, sent in bodies.items():
+                    for body in sent:
+                        headers = sign(body, int(time.time()))
+                        response = await http.post(path, content=body, headers=headers)
+                        assert response.status_code == 400, (path, response.text)
+                        assert response.json()["error"]["code"] == "invalid_payload"
+            await slack.idle()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        assert fake.of("chat.postEphemeral") == [] and fake.of("views.open") == []

@@ -206,8 +206,9 @@ def read(payload: dict[str, Any]) -> tuple[Interaction | None, dict[str, Any] | 
             return _action(payload, team, user), None
         if kind == "view_submission":
             return _submission(payload, team, user)
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-        # AttributeError: a field of the wrong type (a string where an object belongs)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+        # AttributeError: a field of the wrong type (a string where an object belongs);
+        # RecursionError: modal metadata nested deeper than json reads
         raise SlackPayloadError(f"unreadable Slack interaction: {exc!r}") from None
     return None, None  # other interactions are not ours
 

@@ -40,7 +40,8 @@ def interaction_of(body: bytes) -> dict[str, Any]:
     try:
         form = urllib.parse.parse_qs(body.decode(), strict_parsing=True)
         payload = json.loads(form["payload"][0])
-    except (UnicodeDecodeError, ValueError, KeyError) as exc:
+    # RecursionError: JSON nested deeper than the parser goes, which no retry makes readable
+    except (UnicodeDecodeError, ValueError, KeyError, RecursionError) as exc:
         raise SlackPayloadError(f"expected a form with a JSON payload field: {exc}") from None
     if not isinstance(payload, dict):
         raise SlackPayloadError("the payload is not a JSON object")
@@ -51,7 +52,7 @@ def envelope_of(body: bytes) -> dict[str, Any]:
     """The JSON object of an Events API request (a challenge or an event callback)."""
     try:
         envelope = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise SlackPayloadError(f"expected a JSON Events API request: {exc}") from None
     if not isinstance(envelope, dict):
         raise SlackPayloadError("the event is not a JSON object")
