@@ -189,6 +189,9 @@ class FakeSlack:
             if body["trigger_id"] in self.triggers:
                 return web.json_response({"ok": False, "error": "invalid_trigger_id"})
             self.triggers.add(body["trigger_id"])
+            if self.lost.get(method, 0) > 0:
+                self.lost[method] -= 1
+                return web.Response(status=504, text="<html>gateway timeout</html>")
             if self.dropped.get(method, 0) > 0 and request.transport is not None:
                 self.dropped[method] -= 1
                 request.transport.abort()  # the form is open; the client sees a disconnect

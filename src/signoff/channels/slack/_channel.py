@@ -35,7 +35,7 @@ from ._blocks import (
     request_blocks,
 )
 from ._clicks import Clicks
-from ._payloads import SlackPayloadError, api_error, slack_principal
+from ._payloads import SlackPayloadError, api_error, maybe_done, slack_principal
 from ._replies import ThreadReplies, thread_key
 from ._routes import routes
 
@@ -53,8 +53,6 @@ _UNPARSED: dict[str, Any] = {"parse": "none", "link_names": False}
 
 # chat.update errors no retry can cure: the message was deleted, or can no longer be edited.
 _GONE = frozenset({"message_not_found", "cant_update_message", "edit_window_closed"})
-# Errors Slack documents as possibly after part of the call was carried out.
-_MAYBE_DONE = frozenset({"internal_error", "fatal_error"})
 
 
 class _Clock(Clock):
@@ -226,7 +224,7 @@ class SlackChannel(Channel):
                 **_UNPARSED,
             )
         except SlackApiError as exc:
-            if not _maybe_done(exc):  # Slack posted nothing: no message to find
+            if not maybe_done(exc):  # Slack posted nothing: no message to find
                 with contextlib.suppress(SignoffError):
                     await off_loop(self.forget, _attempt_key(request.id))
             _raise_if_limited(exc, "chat.postMessage")
@@ -458,17 +456,6 @@ class SlackChannel(Channel):
             thread_ts=where.get("thread_ts"),
             **_UNPARSED,
         )
-
-
-def _maybe_done(exc: SlackApiError) -> bool:
-    """Whether a failed call may have been carried out all the same: a 5xx other than 501 and
-    503 (which say the call was not taken; a gateway's 502 or 504 is sent whatever the server
-    did), or the errors Slack documents as possibly after "some aspect of the operation
-    succeeded"."""
-    status = getattr(exc.response, "status_code", None)
-    if not isinstance(status, int) or (status >= 500 and status not in (501, 503)):
-        return True
-    return api_error(exc) in _MAYBE_DONE
 
 
 def _raise_if_limited(exc: SlackApiError, method: str) -> None:

@@ -38,7 +38,13 @@ from ._blocks import (
     text_view,
 )
 from ._inbox import Inbox
-from ._payloads import SlackPayloadError, api_error, interaction_of, slack_principal
+from ._payloads import (
+    SlackPayloadError,
+    api_error,
+    interaction_of,
+    maybe_done,
+    slack_principal,
+)
 from ._replies import outcome_note
 
 if TYPE_CHECKING:
@@ -162,9 +168,10 @@ class Clicks:
     async def _open_form(self, click: Interaction, again: bool) -> None:
         """Open Deny's or free text's form for the person who pressed, or tell them why not
         (a trigger that expired, say after a restart: they press again). When it is unknown
-        whether the form opened (the connection dropped, or an earlier run of this press was
-        cut short, after which the single-use trigger is refused either way), they are told to
-        press again only if no form opened: never "Slack could not open it" over an open form."""
+        whether the form opened (the connection dropped, a gateway's 5xx, or an earlier run of
+        this press was cut short, after which the single-use trigger is refused either way),
+        they are told to press again only if no form opened: never "Slack could not open it"
+        over an open form."""
         ch = self.channel
         rid = click.request_id
         where = {"channel": click.channel, "user": click.user}
@@ -180,7 +187,9 @@ class Clicks:
         except SlackApiError as exc:  # e.g. the trigger expired: the click must not vanish
             logger.warning("slack: opening a view for %s failed", rid, exc_info=True)
             error = api_error(exc)
-            if error in _USED_TRIGGER or (again and error == "expired_trigger_id"):
+            # A gateway's 5xx or Slack's internal_error may come after the form opened.
+            used = error in _USED_TRIGGER or (again and error == "expired_trigger_id")
+            if used or maybe_done(exc):
                 await ch._tell(where, _MAYBE_OPEN)
                 return
             shown = f" ({error})" if error else ""

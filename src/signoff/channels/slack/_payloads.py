@@ -18,8 +18,13 @@ __all__ = [
     "api_error",
     "envelope_of",
     "interaction_of",
+    "maybe_done",
     "slack_principal",
 ]
+
+
+# Errors Slack documents as possibly after part of the call was carried out.
+_MAYBE_DONE = frozenset({"internal_error", "fatal_error"})
 
 
 class SlackPayloadError(SignoffError):
@@ -65,3 +70,14 @@ def api_error(exc: SlackApiError, field: str = "error") -> str | None:
     data = getattr(exc.response, "data", None)
     value = data.get(field) if isinstance(data, dict) else None
     return value if isinstance(value, str) else None
+
+
+def maybe_done(exc: SlackApiError) -> bool:
+    """Whether a failed call may have been carried out all the same: a 5xx other than 501 and
+    503 (which say the call was not taken; a gateway's 502 or 504 is sent whatever the server
+    did), or the errors Slack documents as possibly after "some aspect of the operation
+    succeeded"."""
+    status = getattr(exc.response, "status_code", None)
+    if not isinstance(status, int) or (status >= 500 and status not in (501, 503)):
+        return True
+    return api_error(exc) in _MAYBE_DONE

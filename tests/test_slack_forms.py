@@ -1,0 +1,54 @@
+"""Deny's and free text's forms (`views.open`): what the person who pressed is told when Slack's
+answer does not say whether the form opened."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from signoff.channels import ChannelHub
+
+from ._slack import FakeSlack, channel, click, fake, manual, refund_requested, sign
+
+__all__ = ["fake"]  # the fixture, used by name
+
+MAYBE = "Slack did not confirm that the form opened: if it did not, press the button again."
+
+
+@pytest.mark.parametrize(
+    ("answer", "told"),
+    [
+        ("lost", MAYBE),  # a gateway's 504 after Slack opened the form
+        ("internal_error", MAYBE),  # Slack's own "some aspect may have succeeded"
+        ("down", "Slack could not open the form: press the button again."),  # 503: not taken
+        (
+            "invalid_arguments",
+            "Slack could not open the form (invalid_arguments): press the button again.",
+        ),
+    ],
+)
+async def test_a_form_slack_may_have_opened_is_never_said_to_have_failed(
+    tmp_path: Path, fake: FakeSlack, answer: str, told: str
+) -> None:
+    """A gateway's 5xx (other than 503, which says the call was not taken) or Slack's
+    `internal_error` can come after the form opened: the person is told to press again only if
+    no form opened, as after a dropped connection, never that Slack could not open it."""
+    async with refund_requested(tmp_path, []) as (rt, req):
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            if answer == "lost":
+                fake.lost["views.open"] = 1
+            elif answer == "down":
+                fake.down["views.open"] = 1
+            else:
+                fake.failing["views.open"] = answer
+            body = click({"action_id": "signoff.deny", "value": req.id, "type": "button"})
+            assert await slack.handle(body, sign(body, int(time.time()))) is None
+            await slack.idle()
+        assert len(fake.of("views.open")) == 1
+        assert [e["text"] for e in fake.of("chat.postEphemeral")] == [told]
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
