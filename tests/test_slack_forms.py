@@ -8,9 +8,20 @@ from pathlib import Path
 
 import pytest
 
+import signoff as so
 from signoff.channels import ChannelHub
 
-from ._slack import FakeSlack, channel, click, fake, manual, refund_requested, sign
+from ._slack import (
+    ALICE,
+    FakeSlack,
+    channel,
+    click,
+    fake,
+    manual,
+    question_agent,
+    refund_requested,
+    sign,
+)
 
 __all__ = ["fake"]  # the fixture, used by name
 
@@ -52,3 +63,30 @@ async def test_a_form_slack_may_have_opened_is_never_said_to_have_failed(
         assert [e["text"] for e in fake.of("chat.postEphemeral")] == [told]
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.status == "pending"
+
+
+async def test_a_form_is_not_opened_for_a_person_who_may_not_answer(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """Alice's question is hers to answer: a Slack user's press of "Answer in your own words"
+    opens no form (its submission could only be refused, after they wrote their answer); they
+    are told at once that they may not answer, and the request stays open. A question asked
+    with no principal is anyone's: its form opens."""
+    async with so.Runtime([question_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        (hers,) = (await rt.generate("shop", prompt="Reorder the soap", auth=ALICE)).pending
+        (anyones,) = (await rt.generate("shop", prompt="Reorder the soap")).pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            for req, trigger in ((hers, "1.2.hers"), (anyones, "1.2.anyones")):
+                press = {"action_id": "signoff.text", "value": req.id, "type": "button"}
+                body = click(press, trigger=trigger)
+                assert await slack.handle(body, sign(body, int(time.time()))) is None
+                await slack.idle()
+        assert [v["trigger_id"] for v in fake.of("views.open")] == ["1.2.anyones"]
+        (note,) = fake.of("chat.postEphemeral")
+        assert note["text"].startswith("You may not answer this request: "), note["text"]
+        assert note["user"] == "U045EF6GH" and note["channel"] == "C42"
+        for req in (hers, anyones):
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.status == "pending"

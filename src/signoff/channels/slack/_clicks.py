@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from slack_sdk.errors import SlackApiError
 
+from ..._eligibility import refusal
 from ..._exceptions import AnswerError, ConflictingAnswer, NotAllowed, SignoffError, StoreError
 from ..._text import is_blank
 from ..._types import InputRequest, InputResponse, Principal
@@ -167,7 +168,8 @@ class Clicks:
 
     async def _open_form(self, click: Interaction, again: bool) -> None:
         """Open Deny's or free text's form for the person who pressed, or tell them why not
-        (a trigger that expired, say after a restart: they press again). When it is unknown
+        (the request closed, they may not answer it, or a trigger that expired, say after a
+        restart: they press again). When it is unknown
         whether the form opened (the connection dropped, a gateway's 5xx, or an earlier run of
         this press was cut short, after which the single-use trigger is refused either way),
         they are told to press again only if no form opened: never "Slack could not open it"
@@ -178,6 +180,11 @@ class Clicks:
         stored = await ch.runtime.store.get_request(rid)
         if stored is None or stored.status != "pending":
             await ch._tell(where, f"Request {rid} is no longer open.")
+            return
+        principal = slack_principal(click.team, click.user)
+        refused = await refusal(ch.runtime.agents, ch.runtime.store, stored.request, principal)
+        if refused is not None:  # its submission could only be refused, once they wrote it
+            await ch._tell(where, f"You may not answer this request: {refused}")
             return
         meta = {"request_id": rid, **where}
         try:
