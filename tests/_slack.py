@@ -142,6 +142,8 @@ class FakeSlack:
         )
         if refused is not None:
             return web.json_response({"ok": False, "error": "invalid_blocks", "why": refused})
+        if len(str(body.get("text", ""))) > MAX_MESSAGE:
+            return web.json_response({"ok": False, "error": "msg_too_long"})
         if self.limited.get(method, 0) > 0:
             self.limited[method] -= 1
             return web.json_response(
@@ -235,6 +237,9 @@ class FakeSlack:
 
 
 HISTORY = "conversations.history"
+
+
+MAX_MESSAGE = 40_000  # characters of a message's text past which Slack refuses it (msg_too_long)
 
 
 HISTORY_SCOPE = "channels:history,groups:history,mpim:history,im:history"

@@ -1,5 +1,6 @@
-"""Deny's and free text's forms (`views.open`): what the person who pressed is told when Slack's
-answer does not say whether the form opened."""
+"""What the person who pressed a request's button is told: whether Deny's or free text's form
+(`views.open`) opened when Slack's answer does not say, that they may not answer before any form
+opens, and notes of any length, clipped to what Slack takes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub
+from signoff.testing import call, call_tools, reply, scripted_agent
 
 from ._slack import (
     ALICE,
@@ -90,3 +92,39 @@ async def test_a_form_is_not_opened_for_a_person_who_may_not_answer(
         for req in (hers, anyones):
             stored = await rt.store.get_request(req.id)
             assert stored is not None and stored.status == "pending"
+
+
+async def test_a_note_too_long_for_slack_reaches_the_person_clipped(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """The note a person is told (here a response policy's refusal, whose reason is the
+    policy's own and can be any length) is clipped to what Slack takes: one past its limit
+    would be refused (`msg_too_long`) and the person told nothing of why their answer did not
+    count."""
+
+    async def verbose(ctx: so.ResponseContext) -> so.Rejected:
+        return so.Rejected(reason="not on the rota; " + "see the policy. " * 5000)
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=verbose))
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    agent = scripted_agent(
+        "support",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Done.")],
+        tools=[issue_refund],
+    )
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        (req,) = (await rt.generate("support", prompt="Refund 1042")).pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            body = click({"action_id": "signoff.approve", "value": req.id, "type": "button"})
+            assert await slack.handle(body, sign(body, int(time.time()))) is None
+            await slack.idle()
+        (note,) = fake.of("chat.postEphemeral")
+        assert note["text"].startswith("Your answer was not accepted (rejected: not on the rota;")
+        assert len(note["text"]) <= 3000 and note["text"].endswith("…")
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"

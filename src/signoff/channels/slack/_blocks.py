@@ -25,6 +25,7 @@ __all__ = [
     "closed_as",
     "deny_view",
     "fallback_text",
+    "note_text",
     "request_blocks",
     "slack_mention",
     "text_view",
@@ -133,6 +134,12 @@ def fallback_text(request: InputRequest, resolution: Resolution | None = None) -
         text = f"{request.agent} asks: {request.question or 'a question'}"
     if resolution is not None:
         text = f"{closed_as(resolution)}: {text}"
+    return _clip(escape(text), _MAX_TEXT)
+
+
+def note_text(text: str) -> str:
+    """A note for the person who acted, escaped like the messages and clipped to what Slack
+    takes: its text can hold a response policy's reason or an error of any length."""
     return _clip(escape(text), _MAX_TEXT)
 
 

@@ -30,8 +30,8 @@ from .._base import Channel, InvalidSignature, RateLimited, Resolution, logger, 
 from .._lease import Presence, alive
 from ._adopt import find_post, metadata, new_attempt, retry_handlers
 from ._blocks import (
-    escape,
     fallback_text,
+    note_text,
     request_blocks,
 )
 from ._clicks import Clicks
@@ -448,11 +448,11 @@ class SlackChannel(Channel):
     async def _tell(self, where: dict[str, str], text: str) -> None:
         """An ephemeral note only the person who acted sees (in the thread they typed in, if
         they typed); its text (reasons, errors naming what was answered) is escaped like the
-        messages'."""
+        messages' and clipped to what Slack takes (a longer one is refused: `msg_too_long`)."""
         await self.client.chat_postEphemeral(
             channel=where["channel"],
             user=where["user"],
-            text=escape(text),
+            text=note_text(text),
             thread_ts=where.get("thread_ts"),
             **_UNPARSED,
         )
