@@ -39,13 +39,7 @@ from ._blocks import (
     text_view,
 )
 from ._inbox import Inbox
-from ._payloads import (
-    SlackPayloadError,
-    api_error,
-    interaction_of,
-    maybe_done,
-    slack_principal,
-)
+from ._payloads import SlackPayloadError, api_error, interaction_of, maybe_done, slack_principal
 from ._replies import outcome_note
 
 if TYPE_CHECKING:
@@ -169,11 +163,10 @@ class Clicks:
     async def _open_form(self, click: Interaction, again: bool) -> None:
         """Open Deny's or free text's form for the person who pressed, or tell them why not
         (the request closed, they may not answer it, or a trigger that expired, say after a
-        restart: they press again). When it is unknown
-        whether the form opened (the connection dropped, a gateway's 5xx, or an earlier run of
-        this press was cut short, after which the single-use trigger is refused either way),
-        they are told to press again only if no form opened: never "Slack could not open it"
-        over an open form."""
+        restart: they press again). When it is unknown whether the form opened (the connection
+        dropped, a gateway's 5xx, or an earlier run of this press was cut short, after which
+        the single-use trigger is refused either way), they are told to press again only if
+        no form opened: never "Slack could not open it" over an open form."""
         ch = self.channel
         rid = click.request_id
         where = {"channel": click.channel, "user": click.user}
