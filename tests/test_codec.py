@@ -338,6 +338,7 @@ def test_type_codes_are_the_ones_files_already_hold() -> None:
         "model.completed": "d",
         "session.created": "a",
         "session.waiting": "q",
+        "subagent.spent": "r",
         "tool.completed": "g",
         "tool.started": "e",
         "tool.step": "f",

@@ -115,3 +115,58 @@ def test_a_delegate_calls_end_adds_its_childs_spend_apart_from_the_sessions_own(
     state.apply(event(5, "tool.completed", call_id="c2", **ended))  # as older logs have it
     assert state.usage == so.Usage(input_tokens=5)
     assert state.delegated == so.Usage(**spent)
+
+
+def _delegating() -> tuple[so.SessionState, Any]:
+    """A session whose turn trn_1 runs a delegate call (c1) that created child ses_c."""
+
+    def event(seq: int, type: EventType, turn: str | None = "trn_1", **data: Any) -> so.Event:
+        return so.Event(
+            session_id="ses_1", seq=seq, type=type, at=float(seq), turn_id=turn, data=data
+        )
+
+    calls = [{"id": "c1", "name": "orders", "input": {}}]
+    state = so.SessionState(id="ses_1")
+    state.apply(event(1, "session.created", turn=None, agent="a"))
+    state.apply(event(2, "turn.started", message="go"))
+    state.apply(event(3, "model.completed", tool_calls=calls, usage={"input_tokens": 5}))
+    state.apply(event(4, "tool.started", call_id="c1", tool_name="orders"))
+    step: dict[str, Any] = {"call_id": "c1", "tool_name": "orders", "index": 0, "kind": "step"}
+    state.apply(event(5, "tool.step", **step, name="subagent.session", result="ses_c"))
+    return state, event
+
+
+def test_a_turn_cancelled_under_a_delegate_call_owes_its_childs_spend_counted_once() -> None:
+    """Cancelling the turn leaves the call without a result: its child is owed, and the first
+    `subagent.spent` for it adds to `delegated` (not `usage`); a repeated one adds nothing, a
+    later turn owes it no more, and neither does the call's end in an older log."""
+    state, event = _delegating()
+    state.apply(event(6, "turn.cancelled", reason=None, by=None))
+    assert state.owed == {"ses_c": "trn_1"} and state.delegated == so.Usage()
+    spent = {"input_tokens": 40, "output_tokens": 0, "cost_usd": 0.1}
+    state.apply(event(7, "subagent.spent", session_id="ses_c", delegated=spent))
+    state.apply(event(8, "subagent.spent", session_id="ses_c", delegated=spent))
+    assert state.owed == {} and state.delegated == so.Usage(**spent)
+    assert state.usage == so.Usage(input_tokens=5)
+    assert state.updated_at == 6.0  # bookkeeping: its TTL runs from the cancel on
+    state.apply(event(9, "turn.started", turn="trn_2", message="again"))
+    assert state.owed == {} and state.delegated == so.Usage(**spent)
+
+
+def test_a_turn_failed_for_good_or_replaced_owes_its_open_calls_children() -> None:
+    """The TTL fails the turn for good under the call: owed. A retryable failure is not (a
+    retry takes the result), until a new turn replaces that turn. A call that ended is not."""
+    state, event = _delegating()
+    failed = {"error": {"code": "x", "message": "x"}}
+    state.apply(event(6, "turn.failed", **failed, retryable=False, reason="session expired"))
+    assert state.owed == {"ses_c": "trn_1"}
+    state, event = _delegating()
+    state.apply(event(6, "turn.failed", **failed, retryable=True))
+    assert state.owed == {}
+    state.apply(event(7, "turn.started", turn="trn_2", message="again"))
+    assert state.owed == {"ses_c": "trn_1"}
+    state, event = _delegating()
+    ended = {"tool_name": "orders", "status": "ok", "result": "done"}
+    state.apply(event(6, "tool.completed", call_id="c1", **ended))
+    state.apply(event(7, "turn.cancelled", reason=None, by=None))
+    assert state.owed == {}

@@ -379,6 +379,7 @@ def _every_field_set() -> so.SessionState:
         model_responses=2,
         usage=so.Usage(input_tokens=3),
         delegated=so.Usage(output_tokens=7, cost_usd=0.25),
+        owed={"ses_2": "trn_0"},
         queued=[{"message": "later", "principal": None}],
         lapsed=True,
         limit_grants=2,
@@ -407,6 +408,21 @@ def test_a_snapshot_without_delegated_spend_loads_as_none_and_leaves_it_out() ->
     assert restored.delegated == so.Usage()
     assert "delegated" not in restored.to_snapshot()
     assert restored.copy().delegated == so.Usage()
+
+
+def test_a_snapshot_without_owed_children_loads_as_none_and_leaves_them_out() -> None:
+    """Snapshots of older signoff have no `owed`: it loads as no child's spend left to count;
+    a session that owes none writes none, and a copy owes its own."""
+    state = _every_field_set()
+    snap = state.to_snapshot()
+    assert snap["owed"] == {"ses_2": "trn_0"}
+    del snap["owed"]
+    restored = so.SessionState.from_snapshot(snap)
+    assert restored.owed == {}
+    assert "owed" not in restored.to_snapshot()
+    copy = state.copy()
+    copy.owed.clear()
+    assert state.owed == {"ses_2": "trn_0"}
 
 
 def test_a_copy_shares_no_key_or_candidate_with_the_original() -> None:

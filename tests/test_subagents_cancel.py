@@ -42,10 +42,11 @@ async def test_cancelling_the_parent_withdraws_the_child_too(tmp_path: Path) -> 
     cancelled = await rt.cancel(r.session_id, "changed my mind")
     assert cancelled.status == "cancelled" and cancelled.pending == []
     assert await rt.pending() == []
-    assert timeline(await events(rt, r.session_id))[-3:] == [
+    assert timeline(await events(rt, r.session_id))[-4:] == [
         "input.resolved cancelled",
         "turn.cancelled",
         "session.waiting",
+        "subagent.spent",  # what the child spent (nothing: its model has no usage), counted
     ]
     assert timeline(await events(rt, child_id))[-3:] == [
         "input.resolved cancelled",

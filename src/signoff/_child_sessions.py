@@ -29,6 +29,8 @@ __all__ = [
     "cancel_expired",
     "cancel_orphan",
     "children",
+    "count_owed",
+    "count_spent",
     "delegated",
     "delegating",
     "first_turn",
@@ -199,9 +201,11 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
             await rt._checked(parent.id)
     if _takes_results(parent, rt.now()) and state.id in _journaled(parent, done=True):
         return False
+    cancelled = True
     with contextlib.suppress(SessionExpired):  # its expiry is recorded instead: as good
-        return await _cancel_child(rt, state, "the parent turn ended", None)
-    return True
+        cancelled = await _cancel_child(rt, state, "the parent turn ended", None)
+    await count_spent(rt, state.id)
+    return cancelled
 
 
 def _takes_results(parent: SessionState, now: float) -> bool:
@@ -243,7 +247,9 @@ async def cancel_delegated(
     state = await rt._state(child)
     first = (await first_turn(rt, state)).turn
     if state.turn is not None and first is not None and first.id == state.turn.id:
-        await _cancel_child(rt, state, reason, principal)
+        with contextlib.suppress(SessionExpired):  # its expiry is recorded: its turn ended
+            await _cancel_child(rt, state, reason, principal)
+    await count_spent(rt, child)
 
 
 async def _cancel_child(
@@ -284,17 +290,7 @@ def _journaled(state: SessionState, *, done: bool) -> list[str]:
     for c in [] if turn is None else turn.calls.values():
         if c.status == "done" and not done:
             continue
-        out += [child for child in _created(c) if child not in out]
-    return out
-
-
-def _created(call: CallState) -> list[str]:
-    """The child sessions a delegate call journaled creating (`tool.step` `subagent.session`)."""
-    out: list[str] = []
-    for entry in call.journal:
-        child = None if entry is None else entry.get("result")
-        if entry is not None and entry.get("name") == "subagent.session" and isinstance(child, str):
-            out.append(child)
+        out += [child for child in c.subagents() if child not in out]
     return out
 
 
@@ -303,7 +299,7 @@ async def with_spend(rt: Runtime, call: CallState, specs: list[EventSpec]) -> li
     child spent through the turn the call started (its own usage and its children's, which its
     own delegate calls recorded): the parent's budgets count it. A call ended again after a
     failure to record it (a replay, a restart) reads the same figure from the child's log."""
-    kids = _created(call)
+    kids = call.subagents()
     if not kids or any(kind == "tool.completed" and "delegated" in d for kind, d in specs):
         return specs
     spent = Usage()
@@ -318,3 +314,41 @@ async def with_spend(rt: Runtime, call: CallState, specs: list[EventSpec]) -> li
         (kind, {**d, "delegated": dumped}) if kind == "tool.completed" else (kind, d)
         for kind, d in specs
     ]
+
+
+async def count_spent(rt: Runtime, child: str) -> bool:
+    """Count in the child's parent what the child spent through its delegated turn (its usage
+    and its own `delegated`), once that turn ended, if the parent owes it: the parent's turn
+    ended before the delegate call did. Whether it recorded; safe to repeat, in any process."""
+    try:
+        state = await rt._state(child)
+    except UnknownSession:
+        return False
+    if state.parent is None:
+        return False
+    first = await first_turn(rt, state)
+    if first.turn is not None and first.turn.status in ("running", "waiting"):
+        return False  # it spends on: counted once it ends (cancelled by its parent or a sweep)
+    try:
+        parent = await rt._state(state.parent)
+    except UnknownSession:
+        return False
+    turn = parent.owed.get(child)
+    if turn is None:  # its call took its result (`with_spend`), or it is counted already
+        return False
+    data = {"session_id": child, "delegated": (first.usage + first.delegated).model_dump()}
+
+    def build(current: SessionState) -> list[EventSpec]:
+        return [("subagent.spent", data)] if child in current.owed else []
+
+    return bool(await rt._append(parent.id, build, turn_id=turn))
+
+
+async def count_owed(rt: Runtime, state: SessionState) -> bool:
+    """`count_spent` for each child the session owes (a process died between cancelling the
+    child and counting it, or it was left to a process that has its agent); whether any was
+    recorded."""
+    recorded = False
+    for child in list(state.owed):
+        recorded = await count_spent(rt, child) or recorded
+    return recorded

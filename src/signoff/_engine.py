@@ -174,7 +174,9 @@ class Driver(ToolCalls, ModelStep):
                             else None,
                             durable=durable or tells_a_person(batch, new_requests),
                             status=None if after is None else stored_status(after),
-                            expires_at=self._expires_at(state, after, now),
+                            expires_at=state.expires_at  # bookkeeping: the TTL runs on
+                            if all(t == "subagent.spent" for t, _ in batch)
+                            else self._expires_at(state, after, now),
                             release_lease=release,
                         )
                     )

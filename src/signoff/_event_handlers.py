@@ -53,6 +53,11 @@ def _in_turn(s: SessionState, e: Event) -> list[Any]:
 def _turn_started(s: SessionState, e: Event) -> None:
     if e.turn_id is None:
         raise StoreError(f"event {e.id} (turn.started) has no turn id")
+    ended = s.turn
+    if ended is not None and (
+        ended.status in ("running", "waiting") or (ended.status == "failed" and ended.retryable)
+    ):
+        _owe(s, ended)  # replaced while it could still take its calls' results
     taken = None
     if e.data.get("dequeued"):
         taken = s.queued[0].get("idem") if s.queued else None
@@ -322,6 +327,8 @@ def _turn_failed(s: SessionState, e: Event) -> None:
         s.usage = s.usage + Usage(**e.data["usage"])
     if e.data.get("reason") == "session expired":
         s.lapsed = True  # it ended because the TTL passed: the session stays expired
+    if not turn.retryable:
+        _owe(s, turn)
 
 
 def _turn_resumed(s: SessionState, e: Event) -> None:
@@ -331,7 +338,24 @@ def _turn_resumed(s: SessionState, e: Event) -> None:
 
 
 def _turn_cancelled(s: SessionState, e: Event) -> None:
-    _turn(s, e).status = "cancelled"
+    turn = _turn(s, e)
+    if turn.status != "failed" or turn.retryable:  # one failed for good owes them already
+        _owe(s, turn)
+    turn.status = "cancelled"
+
+
+def _subagent_spent(s: SessionState, e: Event) -> None:
+    if s.owed.pop(e.data["session_id"], None) is not None:  # counted once, however recorded
+        s.delegated = s.delegated + Usage(**e.data["delegated"])
+
+
+def _owe(s: SessionState, turn: TurnState) -> None:
+    """The turn ended (or was replaced) for good: the children of its delegate calls without a
+    result are owed, their spend counted by a `subagent.spent` once their own turn ended."""
+    for call in turn.calls.values():
+        if call.status != "done":
+            for child in call.subagents():
+                s.owed.setdefault(child, turn.id)
 
 
 def _session_waiting(s: SessionState, e: Event) -> None:
@@ -376,4 +400,5 @@ HANDLERS = {
     "turn.resumed": _turn_resumed,
     "turn.cancelled": _turn_cancelled,
     "session.waiting": _session_waiting,
+    "subagent.spent": _subagent_spent,
 }

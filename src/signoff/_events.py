@@ -46,6 +46,7 @@ EventType = Literal[
     "turn.resumed",
     "turn.cancelled",
     "session.waiting",
+    "subagent.spent",
 ]
 
 EVENT_TYPES: Final[frozenset[str]] = frozenset(EventType.__args__)  # type: ignore[attr-defined]

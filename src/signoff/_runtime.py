@@ -124,7 +124,9 @@ class Runtime(Auditing):
         # Mirrors of child requests that closed unseen are closed before the parent runs.
         recovered = await _child_sessions.reconcile(self, state) or recovered
         # A child whose parent's turn ended meanwhile is cancelled, not run (by a worker, say).
-        return await _child_sessions.cancel_orphan(self, state) or recovered
+        recovered = await _child_sessions.cancel_orphan(self, state) or recovered
+        # Children its ended turns left whose spend is not counted yet (a process died first).
+        return await _child_sessions.count_owed(self, state) or recovered
 
     async def _orphaned(self, state: SessionState) -> bool:
         # A child its parent's cancel missed (that process died): no answer is applied to it.
@@ -485,6 +487,9 @@ class Runtime(Auditing):
                     for child in _child_sessions.delegated(state):
                         with contextlib.suppress(UnknownSession):
                             await _child_sessions.cancel_orphan(self, await self._state(child))
+                    # And one that died before counting what they spent.
+                    if await _child_sessions.count_owed(self, await self._state(session_id)):
+                        state = await self._state(session_id)
                 return self._result(state)
             began = (turn.id, turn.first_seq)
             withdrawn: list[InputRequest] = []

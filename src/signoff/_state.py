@@ -79,6 +79,11 @@ class SessionState:
     # as each call ended: its budgets count it, apart from `usage`, which a sum of the usage of
     # many sessions would otherwise count twice.
     delegated: Usage = field(default_factory=Usage)
+    # The children of delegate calls that a turn's end left without a result (it was cancelled,
+    # failed for good or replaced), whose spend is still to be counted in `delegated` by a
+    # `subagent.spent` once their delegated turn ended: child session id -> the turn that
+    # delegated to it. Counting a child removes it, so it is counted once.
+    owed: dict[str, str] = field(default_factory=dict)
     queued: list[dict[str, Any]] = field(default_factory=list)
     lapsed: bool = False  # its TTL passed and its requests were expired: it stays expired
     limit_grants: int = 0  # `continue` answers to session-limit prompts: each raises budgets
@@ -150,7 +155,8 @@ class SessionState:
                 f"session {self.id}: event seq {event.seq} does not follow {self.seq}"
             )
         self.seq = event.seq
-        self.updated_at = event.at
+        if event.type != "subagent.spent":  # bookkeeping: the session was not active, its TTL
+            self.updated_at = event.at  # runs on (`Driver.record` keeps the row's deadline)
         handler = HANDLERS[event.type]
         try:
             handler(self, event)
@@ -175,6 +181,7 @@ class SessionState:
             "usage": self.usage.model_dump(),
             # Left out while nothing was delegated: such a snapshot is as an older signoff's.
             **({} if self.delegated == Usage() else {"delegated": self.delegated.model_dump()}),
+            **({"owed": dict(self.owed)} if self.owed else {}),
             "queued": self.queued,
             "lapsed": self.lapsed,
             "limit_grants": self.limit_grants,
@@ -280,6 +287,7 @@ class SessionState:
             model_responses=self.model_responses,
             usage=self.usage,
             delegated=self.delegated,
+            owed=dict(self.owed),
             queued=list(self.queued),
             lapsed=self.lapsed,
             limit_grants=self.limit_grants,
@@ -337,6 +345,7 @@ class SessionState:
             model_responses=data["model_responses"],
             usage=Usage(**data["usage"]),
             delegated=Usage(**data.get("delegated", {})),
+            owed=dict(data.get("owed", {})),
             queued=list(data.get("queued", [])),
             lapsed=bool(data.get("lapsed", False)),
             limit_grants=int(data.get("limit_grants", 0)),

@@ -75,6 +75,20 @@ class CallState:
             self.journal.append(None)
         self.journal[index] = entry
 
+    def subagents(self) -> list[str]:
+        """The child sessions this delegate call journaled creating (`tool.step`
+        `subagent.session`), in order."""
+        out: list[str] = []
+        for entry in self.journal:
+            child = None if entry is None else entry.get("result")
+            if (
+                entry is not None
+                and entry.get("name") == "subagent.session"
+                and isinstance(child, str)
+            ):
+                out.append(child)
+        return out
+
 
 @dataclass(slots=True, kw_only=True)
 class RequestState:

@@ -275,6 +275,10 @@ def _summary(e: Event, requests: dict[str, RequestState]) -> str:
         return _waiting(d, requests)
     if t == "session.waiting":
         return "Idle: waiting for the next message"
+    if t == "subagent.spent":
+        spent = d.get("delegated") or {}
+        count = int(spent.get("input_tokens", 0)) + int(spent.get("output_tokens", 0))
+        return f"Subagent {d.get('session_id')} spent {count:,} tokens (counted after its turn)"
     if t == "turn.cancelled":
         return f"Cancelled: {d['reason']}" if d.get("reason") else "Cancelled"
     if t == "turn.message":

@@ -341,6 +341,7 @@ _TYPE_CODES: dict[str, str] = {
     "turn.resumed": "o",
     "turn.cancelled": "p",
     "session.waiting": "q",
+    "subagent.spent": "r",
 }
 _TYPE_NAMES = {code: name for name, code in _TYPE_CODES.items()}
 

@@ -1,0 +1,225 @@
+"""A subagent's spend is counted in its parent when the parent's turn ended before the delegate
+call did (cancelled, its TTL passed): `subagent.spent` records it once the child's turn ended,
+once per child, whichever process records it and however often it is tried, on both stores."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import signoff as so
+from signoff import _child_sessions
+from signoff.server import create_app
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+
+from ._subagents import ALICE, events
+
+
+def tokens(n: int) -> so.Usage:
+    return so.Usage(input_tokens=n)
+
+
+def orders(spent: so.Usage) -> so.Agent:
+    """A child whose first reply (costing `spent`) asks for a refund's approval."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    return scripted_agent(
+        "orders",
+        [call_tools(call("issue_refund", order_id="3"), usage=spent)],
+        tools=[issue_refund],
+        repeat_last=True,
+    )
+
+
+def support(**limits: Any) -> so.Agent:
+    """A parent whose every model step (10 tokens) delegates a refund to `orders`."""
+    return scripted_agent(
+        "support",
+        [call_tools(call("orders", message="refund 3"), usage=tokens(10))],
+        tools=[so.delegate("orders")],
+        limits=so.Limits(**limits),
+        repeat_last=True,
+    )
+
+
+async def spent(rt: so.Runtime, session_id: str) -> list[dict[str, Any]]:
+    """The `data` of each `subagent.spent` of the session."""
+    return [e.data for e in await events(rt, session_id) if e.type == "subagent.spent"]
+
+
+async def waiting_child(rt: so.Runtime, session_id: str | None = None) -> tuple[str, str]:
+    """Start a turn of `support` (a new session, or `session_id`'s): its child waits on an
+    approval. Returns the parent's and the child's session ids."""
+    if session_id is None:
+        r = await rt.generate("support", prompt="refund 3", auth=ALICE)
+    else:
+        r = await rt.generate(session_id=session_id, prompt="refund 3", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    return r.session_id, mirror.child.session_id
+
+
+async def test_cancelling_the_parent_counts_what_its_waiting_child_spent(store_url: str) -> None:
+    """The child spent 40 tokens and waits; cancelling the parent cancels it, and the parent's
+    `delegated` counts those 40 once, however often the cancel is repeated."""
+    async with so.Runtime([support(), orders(tokens(40))], store=store_url) as rt:
+        parent, child = await waiting_child(rt)
+        assert (await rt.state(parent)).delegated == so.Usage()
+        await rt.cancel(parent, principal=ALICE)
+        kid = (await rt.state(child)).turn
+        assert kid is not None and kid.status == "cancelled"
+        assert (await rt.state(parent)).delegated == tokens(40)
+        assert (await rt.state(parent)).usage == tokens(10)  # its own model calls only
+        once = [{"session_id": child, "delegated": tokens(40).model_dump()}]
+        assert await spent(rt, parent) == once
+        await rt.cancel(parent, principal=ALICE)
+        assert await spent(rt, parent) == once
+    async with so.Runtime([support(), orders(tokens(40))], store=store_url) as rt2:
+        assert (await rt2.state(parent)).delegated == tokens(40)  # folded again: the same
+
+
+async def test_a_parent_cannot_dodge_its_budget_by_being_cancelled(store_url: str) -> None:
+    """max_tokens=100: each turn delegates (its child spends 60) and is cancelled while the child
+    waits. The second turn starts at 70 spent; the third at 140 asks to continue or stop before
+    its model runs, as the parent's own spending would."""
+    agents = [support(max_tokens=100), orders(tokens(60))]
+    async with so.Runtime(agents, store=store_url) as rt:
+        parent, _ = await waiting_child(rt)
+        await rt.cancel(parent, principal=ALICE)
+        await waiting_child(rt, parent)
+        await rt.cancel(parent, principal=ALICE)
+        state = await rt.state(parent)
+        assert (state.usage, state.delegated) == (tokens(20), tokens(120))
+        r = await rt.generate(session_id=parent, prompt="refund 3", auth=ALICE)
+        assert r.status == "waiting"
+        [limit] = r.pending
+        assert limit.kind == "session-limit" and limit.child is None
+        assert "140 of max_tokens=100 (120 of them by its subagents)" in (limit.question or "")
+        assert len(await rt.sessions(agent="orders")) == 2  # the third turn delegated nothing
+
+
+async def test_a_parent_whose_ttl_passed_counts_what_its_child_spent(store_url: str) -> None:
+    """The parent's TTL passes while its child waits: recording its expiry cancels the child,
+    and what the child spent is counted in the parent, which stays expired."""
+    parent_agent = support(ttl=60)
+    clock = ManualClock()
+    async with so.Runtime([parent_agent, orders(tokens(40))], store=store_url, clock=clock) as rt:
+        parent, child = await waiting_child(rt)
+        clock.advance(61)
+        assert await rt.expire_due() >= 1
+        kid = (await rt.state(child)).turn
+        assert kid is not None and kid.status == "cancelled"
+        state = await rt.state(parent)
+        assert state.delegated == tokens(40) and state.expired(clock())
+        assert len(await spent(rt, parent)) == 1
+        with pytest.raises(so.SessionExpired):
+            await rt.generate(session_id=parent, prompt="again", auth=ALICE)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("restart", [False, True], ids=["same-process", "new-process"])
+async def test_a_failure_recording_the_spend_neither_loses_nor_doubles_it(
+    store_url: str, when: str, restart: bool
+) -> None:
+    """The child is cancelled with its parent, and recording its spend on the parent fails
+    (before the commit: nothing recorded; after it: recorded, the cancel raised). The parent's
+    next turn, in this process or a new one, counts the child's 40 tokens exactly once."""
+    refused: list[str] = []
+
+    def full(moment: str, label: str) -> None:
+        if moment == when and label == "subagent.spent" and not refused:
+            refused.append(label)
+            raise so.StoreError("could not extend file: No space left on device")
+
+    agents = [support(), orders(tokens(40))]
+    async with so.Runtime(agents, store=store_url) as rt:
+        parent, child = await waiting_child(rt)
+        rt.store.set_fault_hook(full)
+        with pytest.raises(so.StoreError, match="No space left"):
+            await rt.cancel(parent, principal=ALICE)
+        rt.store.set_fault_hook(None)
+        kid = (await rt.state(child)).turn
+        assert kid is not None and kid.status == "cancelled"
+        if not restart:
+            await waiting_child(rt, parent)
+    if restart:
+        async with so.Runtime(agents, store=store_url) as rt2:
+            await waiting_child(rt2, parent)
+    assert refused == ["subagent.spent"]
+    async with so.Runtime(agents, store=store_url) as rt3:
+        state = await rt3.state(parent)
+        assert (state.usage, state.delegated) == (tokens(20), tokens(40))
+        assert [d["session_id"] for d in await spent(rt3, parent)] == [child]
+
+
+async def test_the_orphan_sweep_counts_the_child_its_parents_cancel_missed(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process cancelling the parent dies before reaching the child: the sweep that cancels
+    the child later counts what it spent in the parent, once."""
+    async with so.Runtime([support(), orders(tokens(40))], store=store_url) as rt:
+        parent, child = await waiting_child(rt)
+        with monkeypatch.context() as m:
+            m.setattr(_child_sessions, "children", lambda requests: [])
+            m.setattr(_child_sessions, "delegated", lambda state: [])
+            await rt.cancel(parent, principal=ALICE)
+        assert (await rt.state(parent)).delegated == so.Usage()  # not ended yet: not counted
+        assert await rt.expire_due() == 1
+        assert (await rt.state(parent)).delegated == tokens(40)
+        assert await rt.expire_due() == 0
+        assert len(await spent(rt, parent)) == 1
+
+
+async def test_a_child_cancelled_while_it_runs_is_counted_once_its_drive_stopped(
+    store_url: str,
+) -> None:
+    """The parent is cancelled while its child's tool runs (its model step spent 40): the
+    child's turn is cancelled and its 40 tokens are counted in the parent."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @so.tool
+    async def look_up(order_id: str) -> str:
+        """Look an order up (slowly)."""
+        started.set()
+        await release.wait()
+        return "shipped"
+
+    child = scripted_agent(
+        "orders",
+        [call_tools(call("look_up", order_id="3"), usage=tokens(40)), reply("ok")],
+        tools=[look_up],
+    )
+    async with so.Runtime([support(), child], store=store_url) as rt:
+        sid = await rt.create_session("support", auth=ALICE)
+        running = asyncio.create_task(rt.generate(session_id=sid, prompt="where?", auth=ALICE))
+        await asyncio.wait_for(started.wait(), 10)
+        await rt.cancel(sid, principal=ALICE)
+        release.set()
+        await asyncio.wait_for(running, 10)
+        [kid] = await rt.sessions(agent="orders")
+        turn = (await rt.state(kid.id)).turn
+        assert turn is not None and turn.status == "cancelled"
+        assert (await rt.state(sid)).delegated == tokens(40)
+        assert len(await spent(rt, sid)) == 1
+
+
+async def test_the_dashboard_trace_says_what_a_child_spent_after_its_parents_cancel(
+    tmp_path: Path,
+) -> None:
+    """The parent's trace shows the `subagent.spent` row in a line of its own."""
+    agents = [support(), orders(so.Usage(input_tokens=1200, output_tokens=34))]
+    async with so.Runtime(agents, store=f"sqlite:///{tmp_path}/s.db") as rt:
+        parent, child = await waiting_child(rt)
+        await rt.cancel(parent, principal=ALICE)
+        transport = httpx.ASGITransport(app=create_app(rt, dev=True))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            page = (await c.get(f"/_signoff/sessions/{parent}")).text
+        assert f"Subagent {child} spent 1,234 tokens (counted after its turn)" in page
