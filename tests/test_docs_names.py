@@ -247,6 +247,12 @@ def test_the_defaults_the_docs_state_are_the_code_s() -> None:
     stated = [
         (readme, "`Limits(max_result_bytes=)` (1 MiB", d(so.Limits, "max_result_bytes"), mib),
         (readme, "`Limits(max_response_bytes=)` (1 MiB)", d(so.Limits, "max_response_bytes"), mib),
+        (
+            readme,
+            "`Limits(max_calls_per_response=)` (128;",
+            d(so.Limits, "max_calls_per_response"),
+            128,
+        ),
         (readme, "`so.MAX_TEXT_BYTES` (4 MiB", so.MAX_TEXT_BYTES, 4 * mib),
         (readme, "`signoff.stores.READ_BYTES` (4 MiB)", stores.READ_BYTES, 4 * mib),
         (readme, "a session remembers its last 32 keys", _idempotency.KEPT, 32),
