@@ -33,8 +33,9 @@ class Limits:
 
     `max_messages` is the message window; the turn holding an open request is always sent whole.
     `ttl` (seconds or a timedelta) expires a session that has been idle that long.
-    `max_result_bytes` (1 MiB) bounds a tool's result, a step's result and an approval payload,
-    as JSON: one over it is a tool error the model reads (a step raises `TooLarge`), not stored.
+    `max_result_bytes` (1 MiB) bounds a tool's result, a step's result, an approval payload and
+    a `ctx.ask()` question with its options, as JSON: one over it is a tool error the model
+    reads (a step or `ctx.ask()` raises `TooLarge`), not stored.
     `max_response_bytes` (1 MiB) bounds a model response as JSON: one over it fails the turn,
     retryably, before anything of it is stored.
     `max_calls_per_response` (128; None for no bound) bounds the tool calls in one model
