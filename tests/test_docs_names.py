@@ -233,6 +233,8 @@ def test_the_defaults_the_docs_state_are_the_code_s() -> None:
 
     import signoff as so
     from signoff import _idempotency, stores
+    from signoff._ask import MAX_QUESTION_CHARS
+    from signoff._types import MAX_OPTIONS
     from signoff.channels import WebhookChannel, verify_webhook
     from signoff.server import AsyncClient, Client, create_app
     from signoff.server._serve import DEFAULT_WORKERS
@@ -247,7 +249,15 @@ def test_the_defaults_the_docs_state_are_the_code_s() -> None:
     stated = [
         (readme, "`Limits(max_result_bytes=)` (1 MiB", d(so.Limits, "max_result_bytes"), mib),
         (readme, "`Limits(max_response_bytes=)` (1 MiB)", d(so.Limits, "max_response_bytes"), mib),
+        (
+            readme,
+            "`Limits(max_calls_per_response=)` (128;",
+            d(so.Limits, "max_calls_per_response"),
+            128,
+        ),
         (readme, "`so.MAX_TEXT_BYTES` (4 MiB", so.MAX_TEXT_BYTES, 4 * mib),
+        (readme, "a question of more than 1,000 options", MAX_OPTIONS, 1000),
+        (readme, "a question over 2,000 characters", MAX_QUESTION_CHARS, 2000),
         (readme, "`signoff.stores.READ_BYTES` (4 MiB)", stores.READ_BYTES, 4 * mib),
         (readme, "a session remembers its last 32 keys", _idempotency.KEPT, 32),
         (readme, "`?outage_grace=` seconds of an outage (10 by default)", GRACE, 10),

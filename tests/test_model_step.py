@@ -265,3 +265,65 @@ async def test_a_model_errors_usage_counts_only_when_it_is_a_plain_count(
         [failed] = [e for e in log if e.type == "turn.failed"]
         assert "usage" not in failed.data
         assert (await rt.state(r.session_id)).usage == so.Usage()
+
+
+def _refunds(n: int, amount: float = 500) -> so.ModelResponse:
+    """A response of `n` refund calls (gated ones unless `amount` is 100 or less)."""
+    calls = [
+        so.ToolCall(name="refund", input={"order_id": str(i), "amount": amount}, id=f"c{i}")
+        for i in range(n)
+    ]
+    return so.ModelResponse(tool_calls=calls, usage=SPENT)
+
+
+async def test_more_calls_than_max_calls_per_response_fail_the_turn_retryably(
+    store_url: str,
+) -> None:
+    """A response of thousands of gated calls opened as many approval requests (a notification
+    each, more than one `generate(approvals=)` settles): past `max_calls_per_response` (128 by
+    default) the turn fails retryably, before anything of the response is recorded, the reply's
+    usage counted as the provider billed it."""
+    ran.clear()
+    model = so.models.Scripted([_refunds(129)])
+    agent = so.Agent(name="a", model=model, tools=[refund])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="refund everything", auth=ALICE)
+        assert (r.status, r.retryable, r.pending) == ("failed", True, [])
+        assert r.error is not None and r.error["code"] == "model_error"
+        why = "129 tool calls, over the limit of 128 (max_calls_per_response)"
+        assert why in r.error["message"]
+        log = [e async for e in rt.events(r.session_id, follow=False)]
+        types = [e.type for e in log]
+        assert "model.completed" not in types and "input.requested" not in types
+        assert types[-2:] == ["turn.failed", "session.waiting"]
+        assert log[-2].data["usage"] == SPENT.model_dump()
+        assert await rt.pending() == []
+        assert (await rt.state(r.session_id)).usage == SPENT
+
+        model.steps = [_refunds(128)]  # the retry gets 128 calls: at the limit
+        r = await rt.generate(session_id=r.session_id, auth=ALICE)
+        assert r.status == "waiting" and len(r.pending) == 128
+    assert ran == []
+
+
+async def test_max_calls_per_response_is_set_per_agent_or_lifted(tmp_path: Path) -> None:
+    ran.clear()
+    model = so.models.Scripted([_refunds(4, 5)])
+    few = so.Agent(
+        name="few", model=model, tools=[refund], limits=so.Limits(max_calls_per_response=3)
+    )
+    many = so.models.Scripted([_refunds(300, 5), so.ModelResponse(text="all done")])
+    lifted = so.Agent(
+        name="lifted", model=many, tools=[refund], limits=so.Limits(max_calls_per_response=None)
+    )
+    async with so.Runtime([few, lifted], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("few", prompt="go")
+        assert r.status == "failed" and r.error is not None
+        assert "4 tool calls, over the limit of 3 (max_calls_per_response)" in r.error["message"]
+        model.steps = [_refunds(3, 5), so.ModelResponse(text="ok")]
+        r = await rt.generate(session_id=r.session_id)
+        assert (r.status, r.text) == ("completed", "ok")
+        assert len(ran) == 3
+        r = await rt.generate("lifted", prompt="go")
+        assert (r.status, r.text) == ("completed", "all done")
+        assert len(ran) == 303

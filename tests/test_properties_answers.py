@@ -53,6 +53,9 @@ class OneQuestion:
     async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any:
         raise AssertionError("no steps here")
 
+    def bound_question(self, question: str, options: list[Option]) -> None:
+        pass
+
     async def open_question(
         self, index: int, question: str, options: list[Option], allow_text: bool
     ) -> str:

@@ -136,6 +136,9 @@ async def test_an_input_hash_on_the_limit_prompt_is_refused(store_url: str) -> N
         {"max_tokens": True},
         {"max_cost_usd": -1.0},
         {"max_cost_usd": float("nan")},
+        {"max_calls_per_response": 0},
+        {"max_calls_per_response": 2.5},
+        {"max_calls_per_response": True},
     ],
     ids=str,
 )

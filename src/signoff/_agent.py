@@ -18,7 +18,13 @@ from .models._provider import SdkModel
 if TYPE_CHECKING:
     from .models import Model
 
-__all__ = ["Agent", "Limits", "by_name"]
+__all__ = ["MAX_CALLS_PER_RESPONSE", "Agent", "Limits", "by_name"]
+
+MAX_CALLS_PER_RESPONSE = 128
+"""The default bound on the tool calls in one model response (`Limits.max_calls_per_response`):
+far over what a model proposes at once, far under the 1,000 requests one answer call settles."""
+
+_MAY_BE_NONE = ("max_tokens", "max_cost_usd", "max_messages", "max_calls_per_response")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,10 +33,14 @@ class Limits:
 
     `max_messages` is the message window; the turn holding an open request is always sent whole.
     `ttl` (seconds or a timedelta) expires a session that has been idle that long.
-    `max_result_bytes` (1 MiB) bounds a tool's result, a step's result and an approval payload,
-    as JSON: one over it is a tool error the model reads (a step raises `TooLarge`), not stored.
+    `max_result_bytes` (1 MiB) bounds a tool's result, a step's result, an approval payload and
+    a `ctx.ask()` question with its options, as JSON: one over it is a tool error the model
+    reads (a step or `ctx.ask()` raises `TooLarge`), not stored.
     `max_response_bytes` (1 MiB) bounds a model response as JSON: one over it fails the turn,
     retryably, before anything of it is stored.
+    `max_calls_per_response` (128; None for no bound) bounds the tool calls in one model
+    response: more fail the turn as a response over `max_response_bytes` does, as each gated
+    call would open an approval request (a notification) of its own.
     """
 
     max_tokens: int | None = None
@@ -40,6 +50,7 @@ class Limits:
     ttl: float | timedelta | None = None
     max_result_bytes: int = MAX_RESULT_BYTES
     max_response_bytes: int = MAX_RESULT_BYTES
+    max_calls_per_response: int | None = MAX_CALLS_PER_RESPONSE
 
     def __post_init__(self) -> None:
         # A bound that cannot work is refused here, before a session is made under it.
@@ -50,8 +61,9 @@ class Limits:
             ("max_messages", self.max_messages, True),
             ("max_result_bytes", self.max_result_bytes, True),
             ("max_response_bytes", self.max_response_bytes, True),
+            ("max_calls_per_response", self.max_calls_per_response, True),
         ):
-            if value is None and name in ("max_tokens", "max_cost_usd", "max_messages"):
+            if value is None and name in _MAY_BE_NONE:
                 continue
             if not _positive(value, whole=whole):
                 kind = "whole number" if whole else "number"

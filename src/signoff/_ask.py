@@ -11,7 +11,11 @@ from ._tool_signals import InputUnavailable, QuestionWithdrawn
 from ._tools import Tool
 from ._types import Option, folded, unique_name
 
-__all__ = ["QuestionOption", "ask_question"]
+__all__ = ["MAX_QUESTION_CHARS", "QuestionOption", "ask_question"]
+
+MAX_QUESTION_CHARS = 2000
+"""The longest question the model may ask (its options are bounded below): a person reads it
+at a glance in every pending list, and Slack shows it whole (it clips a text at 3,000)."""
 
 
 class QuestionOption(BaseModel):
@@ -49,7 +53,7 @@ def _distinct(options: list[QuestionOption]) -> list[QuestionOption]:
 
 async def _ask_question(
     ctx: ToolContext,
-    question: str,
+    question: Annotated[str, Field(max_length=MAX_QUESTION_CHARS)],
     options: Annotated[
         list[QuestionOption], Field(min_length=2, max_length=3), AfterValidator(_distinct)
     ]

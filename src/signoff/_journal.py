@@ -13,7 +13,7 @@ from ._state import CallState, SessionState
 from ._steps import failure_of
 from ._tool_json import over_limit, result_bound
 from ._tool_signals import ApprovalRequired, QuestionWithdrawn
-from ._types import Action, ChildRef, InputRequest, Option, Principal
+from ._types import MAX_OPTIONS, Action, ChildRef, InputRequest, Option, Principal
 from .stores import Resolve
 
 if TYPE_CHECKING:
@@ -122,6 +122,22 @@ class CallJournal:
             return data["result"]
         finally:
             self._busy(-1)
+
+    def bound_question(self, question: str, options: list[Option]) -> None:
+        """Refuse a question of more than `MAX_OPTIONS` options, or whose text and options are
+        over the tool's `max_result_bytes` as JSON (they are its output, shown to everyone
+        who lists pending requests): `TooLarge`, the tool's to catch, and nothing asked."""
+        name = self._call().tool_name
+        if len(options) > MAX_OPTIONS:
+            raise TooLarge(
+                f"the question has {len(options)} options, over the limit of {MAX_OPTIONS}; "
+                "offer fewer (or let the person type their answer)"
+            )
+        asked = {"question": question, "options": [o.model_dump() for o in options]}
+        tail = f"(max_result_bytes of {name}); ask less"
+        too_large = over_limit("the question and its options are", asked, self._limit(), tail=tail)
+        if too_large is not None:
+            raise TooLarge(too_large)
 
     def _limit(self) -> int:
         tool = self.driver.agent.tools.get(self._call().tool_name)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._error_text import error_text
 from ._exceptions import LeaseLost, ModelError, SignoffError
@@ -26,6 +26,9 @@ from ._types import (
     usage_too_large,
 )
 from .models import ModelRequest, ToolSpec
+
+if TYPE_CHECKING:
+    from ._agent import Limits
 
 __all__ = ["ModelStep"]
 
@@ -111,7 +114,7 @@ class ModelStep(DriverPart):
                 response = await self._complete(request)
                 if not isinstance(response, ModelResponse):
                     raise ModelError(f"model returned {type(response).__name__}, not ModelResponse")
-                _check_recordable(response, limits.max_response_bytes)
+                _check_recordable(response, limits)
                 span.responded(response)
         except (Exception, asyncio.CancelledError) as exc:
             if not isinstance(exc, Exception) and not own_cancel(exc):
@@ -277,22 +280,30 @@ def _billed(exc: BaseException) -> Usage | None:
     return billable(exc.usage) if isinstance(exc, ModelError) else None
 
 
-def _check_recordable(response: ModelResponse, max_bytes: int) -> None:
+def _check_recordable(response: ModelResponse, limits: Limits) -> None:
     """Refuse a response the log cannot hold faithfully: one built past validation (fields of
     the wrong type could be recorded but never read back), NaN, infinity or objects that are
     not JSON (a NaN amount slips past `amount > 100`, infinity is read back as null), negative
     usage (which would give budget back) or usage too large to add up, tool-call input or
-    reasoning nested deeper than `MAX_INPUT_DEPTH` levels, or JSON over `max_bytes`."""
+    reasoning nested deeper than `MAX_INPUT_DEPTH` levels, more tool calls than
+    `max_calls_per_response`, or JSON over `max_response_bytes`."""
     problem = _malformed(response)
     if problem is not None:
         raise ModelError(f"model response is malformed: {problem}")
-    data: Any = response.model_dump()
     usage = response.usage
     if min(usage.input_tokens, usage.output_tokens, usage.cost_usd) < 0:
         raise ModelError(f"model response has negative usage: {usage!r}")
     if usage_too_large(usage):
         # Counted, a session's cost could add up to infinity, which no JSON reply can show.
         raise ModelError(f"model response has usage too large to add up: {usage!r}")
+    most, calls = limits.max_calls_per_response, len(response.tool_calls)
+    if most is not None and calls > most:
+        # Recorded, each gated call would open a request (and notify) of its own.
+        raise ModelError(
+            f"model response has {calls} tool calls, over the limit of {most} "
+            "(max_calls_per_response)",
+            usage=usage,
+        )
     for c in response.tool_calls:
         if nests_deeper(c.input):
             # Recorded, it would fail every later drive: pydantic cannot show it to a reviewer.
@@ -306,6 +317,7 @@ def _check_recordable(response: ModelResponse, max_bytes: int) -> None:
             f"model response has reasoning nested deeper than {MAX_INPUT_DEPTH} levels",
             usage=usage,
         )
+    data: Any = response.model_dump()
     try:
         text = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
@@ -313,6 +325,7 @@ def _check_recordable(response: ModelResponse, max_bytes: int) -> None:
             f"model response is not plain JSON: {type(exc).__name__}: {exc}", usage=usage
         ) from None
     size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    max_bytes = limits.max_response_bytes
     if size > max_bytes:
         # Stored, it would be sent back on every later model call of the session, and fail it.
         raise ModelError(

@@ -42,6 +42,10 @@ class Journal(Protocol):
 
     async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any: ...
 
+    def bound_question(self, question: str, options: list[Option]) -> None:
+        """Raise `TooLarge` for a question over its bounds (too many options, too many bytes)."""
+        ...
+
     async def open_question(
         self, index: int, question: str, options: list[Option], allow_text: bool
     ) -> str: ...
@@ -210,7 +214,10 @@ class ToolContext:
         options: Sequence[str | Option | dict[str, Any]] | None = None,
         allow_text: bool = True,
     ) -> Answer:
-        """Ask a person and park the turn durably until they answer; returns their answer."""
+        """Ask a person and park the turn durably until they answer; returns their answer.
+
+        More than `MAX_OPTIONS` options, or a question and options over the tool's
+        `max_result_bytes` as JSON, raise `TooLarge` and ask nothing."""
         if not isinstance(question, str) or not question.strip():
             raise UsageError("ctx.ask() needs a non-empty question")
         try:
@@ -226,6 +233,9 @@ class ToolContext:
         if entry is None:
             if not journal.can_ask:
                 raise InputUnavailable("this session has no person to ask")
+            # Refused before waiting for siblings to replay: on replay this branch's own later
+            # entries are not reached until it goes on (a ReplayError after the grace).
+            journal.bound_question(question, opts)
             await self._replayed_first("ask", question)
             await journal.open_question(index, question, opts, allow_text)
             await journal.park()

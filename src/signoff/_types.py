@@ -33,6 +33,7 @@ __all__ = [
     "ToolResultMessage",
     "Usage",
     "UserMessage",
+    "MAX_OPTIONS",
     "MAX_REPLY_COST_USD",
     "MAX_REPLY_TOKENS",
     "billable",
@@ -279,6 +280,11 @@ class InputRequest(_Model):
     def input(self) -> Any:
         """The gated call's input as proposed (None for a question)."""
         return self.action.input if self.action else None
+
+
+MAX_OPTIONS = 1000
+"""The most options one question may offer (`ctx.ask()`): more than a person reads through,
+and a tenth of what Slack can show in one select (the dashboard shows a button each)."""
 
 
 APPROVAL_OPTIONS = [

@@ -1,0 +1,139 @@
+"""Questions over their bounds: `ctx.ask()`'s question and options are part of its tool's output
+(`max_result_bytes`, at most `MAX_OPTIONS` options) and the model's `ask_question` text has a
+length of its own; over them nothing is stored, as every pending request is listed for all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff._types import MAX_OPTIONS
+from signoff.testing import (
+    Capture,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    tool_results,
+)
+
+from ._seeds import ALICE
+
+BIG = "x" * 2_000_000  # over the default max_result_bytes of 1 MiB
+
+
+def _asking(**ask: Any) -> so.Tool:
+    @so.tool(name="pick")
+    async def pick(ctx: so.ToolContext, q: str) -> str:
+        """Ask which."""
+        return str((await ctx.ask(**ask)).value)
+
+    return pick
+
+
+@pytest.mark.parametrize(
+    "ask",
+    [
+        {"question": BIG},
+        {"question": "Which?", "options": [{"label": "a", "description": BIG}, "b"]},
+        {"question": "Which?", "options": ["x" * 1200 + str(i) for i in range(900)]},
+    ],
+    ids=["question", "description", "many-labels"],
+)
+async def test_a_question_over_its_tools_result_bound_is_a_tool_error_not_stored(
+    store_url: str, ask: dict[str, Any]
+) -> None:
+    """A question of megabytes was stored, listed by `rt.pending()`, the API, the dashboard and
+    Slack for everyone: over the tool's `max_result_bytes` `ctx.ask()` raises `TooLarge`,
+    which uncaught is a tool error the model reads, and nothing is asked."""
+    seen = Capture(reply("asking less"))
+    agent = scripted_agent("a", [call_tools(call("pick", q="go")), seen], tools=[_asking(**ask)])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        assert (r.status, r.pending) == ("completed", [])
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+        assert await rt.pending() == []
+    (result,) = tool_results(seen.last)
+    assert result.is_error
+    assert "TooLarge" in result.content["error"]
+    assert "over the limit of 1048576 bytes (max_result_bytes of pick)" in result.content["error"]
+    assert "input.requested" not in [e.type for e in events]
+    assert max(len(json.dumps(e.data)) for e in events) < 10_000
+
+
+async def test_a_tool_may_catch_too_large_and_ask_less(store_url: str) -> None:
+    """The bound is the tool's own `max_result_bytes`; `TooLarge` is the tool's to catch."""
+    caught: list[str] = []
+
+    @so.tool(max_result_bytes=500)
+    async def pick(ctx: so.ToolContext, q: str) -> str:
+        """Ask which."""
+        try:
+            await ctx.ask("Which? " + "context " * 100, options=["yes", "no"])
+        except so.TooLarge as exc:
+            caught.append(str(exc))
+        return str((await ctx.ask("Which?", options=["yes", "no"])).value)
+
+    seen = Capture(reply("done"))
+    agent = scripted_agent("a", [call_tools(call("pick", q="go")), seen], tools=[pick])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        (asked,) = r.pending
+        assert asked.question == "Which?"
+        answer = so.InputResponse(request_id=asked.id, option_id="yes")
+        r = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert r.status == "completed"
+    assert len(caught) == 2  # on the first run and on the replay after the answer
+    assert "over the limit of 500 bytes (max_result_bytes of pick)" in caught[0]
+    (result,) = tool_results(seen.last)
+    assert result.content == "yes"
+
+
+async def test_more_options_than_max_options_is_too_large(tmp_path: Path) -> None:
+    """No person picks among thousands (Slack shows at most 10,000, the dashboard a button
+    each): over `MAX_OPTIONS` options, however short, nothing is asked."""
+    assert MAX_OPTIONS == 1000
+    seen = Capture(reply("fewer"))
+    many = _asking(question="Which?", options=[str(i) for i in range(MAX_OPTIONS + 1)])
+    most = _asking(question="Which?", options=[str(i) for i in range(MAX_OPTIONS)])
+    most.name = "most"
+    script: list[Any] = [call_tools(call("pick", q="go")), seen, call_tools(call("most", q="go"))]
+    agent = scripted_agent("a", script, tools=[many, most])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        assert (r.status, r.pending) == ("completed", [])
+        (result,) = tool_results(seen.last)
+        assert result.is_error
+        assert (
+            f"{MAX_OPTIONS + 1} options, over the limit of {MAX_OPTIONS}"
+            in (result.content["error"])
+        )
+        r = await rt.generate(session_id=r.session_id, prompt="again", auth=ALICE)
+        (asked,) = r.pending
+        assert len(asked.options) == MAX_OPTIONS
+
+
+async def test_the_models_question_over_its_length_is_invalid_input(tmp_path: Path) -> None:
+    """`ask_question`'s options were bounded (two or three, short labels and descriptions), its
+    question was not: a model could open a request of a megabyte. Over 2,000 characters it is
+    the model's invalid input, which it reads and can ask again from."""
+    seen = Capture(reply("shorter"))
+    long = call_tools(call("ask_question", question="Which? " + "x" * 1994))
+    at_most = call_tools(call("ask_question", question="Which? " + "x" * 1993))
+    agent = scripted_agent("bot", [long, seen, at_most], tools=[so.ask_question()])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bot", prompt="hi", auth=ALICE)
+        assert (r.status, r.pending) == ("completed", [])
+        (result,) = tool_results(seen.last)
+        assert result.is_error and result.content["error"] == "invalid input"
+        assert "2000 characters" in str(result.content["details"])
+        types = [e.type async for e in rt.events(r.session_id, follow=False)]
+        assert "input.requested" not in types
+        r = await rt.generate(session_id=r.session_id, prompt="again", auth=ALICE)
+        (asked,) = r.pending
+        assert len(asked.question or "") == 2000
