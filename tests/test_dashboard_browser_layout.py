@@ -194,13 +194,26 @@ def test_tables_and_tabs_keep_their_words_whole_on_a_phone(browser: Browser, bas
     context.close()
 
 
+def _asking(question: str, options: list[dict[str, str]] | None = None) -> so.Tool:
+    """A tool that asks a person `question` (free text when no `options`) and returns the
+    answer."""
+
+    @so.tool(name="consult")
+    async def consult(ctx: so.ToolContext) -> str:
+        """Ask a person."""
+        return str((await ctx.ask(question, options=options)).value)
+
+    return consult
+
+
 @pytest.mark.parametrize("width", [1280, 375])
 def test_long_model_text_leaves_the_buttons_near_the_top(
     browser: Browser, tmp_path: Path, width: int
 ) -> None:
-    """A model's 60 KB question, or 60 KB said before a tool call, was shown in full above the
+    """A 60 KB question, or 60 KB a model said before a tool call, was shown in full above the
     buttons: they sat tens of thousands of pixels down. The text scrolls in a box of its own
-    and the trace's one-line summaries are cut; the buttons stay within two screens."""
+    and the trace's one-line summaries are cut; the buttons stay within two screens. (The
+    question is a tool's `ctx.ask`: the model's own `ask_question` takes 2,000 characters.)"""
     text = "lorem ipsum dolor sit amet " * 2400
 
     @so.tool(approval=so.always())
@@ -208,20 +221,15 @@ def test_long_model_text_leaves_the_buttons_near_the_top(
         """Upload a note."""
         return "stored"
 
-    question = so.ToolCall(
-        name="ask_question",
-        input={
-            "question": text,
-            "options": [
-                {"label": "Yes", "description": "Go ahead."},
-                {"label": "No", "description": "Stop."},
-            ],
-        },
-    )
+    yes_no = [
+        {"id": "yes", "label": "Yes", "description": "Go ahead."},
+        {"id": "no", "label": "No", "description": "Stop."},
+    ]
+    question = so.ToolCall(name="consult", input={})
     asker = so.Agent(
         name="asker",
         model=so.models.Scripted([so.ModelResponse(tool_calls=[question])]),
-        tools=[so.ask_question()],
+        tools=[_asking(text, yes_no)],
     )
     said = so.ModelResponse(text=text, tool_calls=[so.ToolCall(name="upload", input={"note": "n"})])
     talker = so.Agent(name="talker", model=so.models.Scripted([said]), tools=[upload])
@@ -293,11 +301,14 @@ def test_opening_the_edit_box_of_a_long_input_keeps_approve_in_reach(
 def test_the_toast_after_answering_a_long_question_stays_small(
     browser: Browser, tmp_path: Path
 ) -> None:
-    """The toast named the request by its whole text: a 20 KB question made a toast taller than
-    the screen, covering the page's buttons for five seconds. Its text is cut."""
-    ask = so.ToolCall(name="ask_question", input={"question": "Which one? " * 2000})
+    """The toast named the request by its whole text: a 20 KB question (a tool's `ctx.ask`)
+    made a toast taller than the screen, covering the page's buttons for five seconds. Its text
+    is cut."""
+    ask = so.ToolCall(name="consult", input={})
     script = [so.ModelResponse(tool_calls=[ask]), so.ModelResponse(text="ok")]
-    agent = so.Agent(name="asker", model=so.models.Scripted(script), tools=[so.ask_question()])
+    agent = so.Agent(
+        name="asker", model=so.models.Scripted(script), tools=[_asking("Which one? " * 2000)]
+    )
     runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/toast.db")
     with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
         rid = start(url, "asker")["pending"][0]["id"]

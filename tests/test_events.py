@@ -333,8 +333,9 @@ async def test_what_each_event_records_is_what_the_event_page_says(tmp_path: Pat
         await rt.cancel(r.session_id, "changed my mind", principal=alice)
         events = await all_events(rt, r.session_id)
     rows, pairs = _documented_events()
-    # A worker's resumption is the only type left out (docs/events.md says when it is written).
-    assert {e.type for e in events} == set(rows) - {"turn.resumed"}
+    # Left out: a worker's resumption (docs/events.md says when it is written) and a subagent's
+    # spend counted after its parent's turn ended (the next test).
+    assert {e.type for e in events} == set(rows) - {"turn.resumed", "subagent.spent"}
     for e in events:
         for key in e.data:
             assert f"`{key}`" in rows[e.type], (e.type, key)
@@ -365,3 +366,21 @@ def test_an_integer_is_checked_against_the_digits_every_process_can_read() -> No
         check_digits(10**1000 - 1)
     finally:
         sys.set_int_max_str_digits(before)
+
+
+async def test_what_a_subagent_spent_event_records_is_what_the_event_page_says(
+    tmp_path: Path,
+) -> None:
+    """A parent cancelled while its delegate call's child waits on an approval records
+    `subagent.spent` once the child's turn is cancelled: its fields are those docs/events.md
+    names."""
+    from .test_subagents_spend import orders, spent, support, tokens, waiting_child
+
+    async with sqlite_runtime(tmp_path, support(), orders(tokens(40))) as rt:
+        parent, child = await waiting_child(rt)
+        await rt.cancel(parent)
+        [data] = await spent(rt, parent)
+    rows, _ = _documented_events()
+    assert data["session_id"] == child
+    for key in data:
+        assert f"`{key}`" in rows["subagent.spent"], key
