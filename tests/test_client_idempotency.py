@@ -196,3 +196,48 @@ async def test_a_message_the_server_refused_as_busy_is_not_sent_again(canned: Ca
         with pytest.raises(so.StoreBusy):
             await c.send("ses_x", "hello")
     assert len(canned.seen) == 1
+
+
+@pytest.mark.parametrize(
+    ("then", "raised"),
+    [
+        (error("503 Service Unavailable", "store_busy", extra="Retry-After: 1\r\n"), so.StoreBusy),
+        (error("503 Service Unavailable", "store_unavailable"), so.StoreUnavailable),
+        (error("409 Conflict", "session_busy", session_id="ses_x"), so.SessionBusy),
+        (error("500 Internal Server Error", "internal_error"), so.RemoteError),
+    ],
+)
+async def test_a_message_maybe_applied_then_refused_carries_its_key(
+    canned: Canned, then: bytes, raised: type[so.SignoffError]
+) -> None:
+    """The first send got no answer (it may have been applied) and the second was refused for a
+    while (`store_busy`: "repeat the call as it was"): the refusal was raised without the key,
+    so a caller repeating the call under a new key could have the message delivered twice."""
+    canned.on(MESSAGES, dropped, then)
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(raised) as caught:
+            await c.send("ses_x", "hello")
+    keys = [h.get("idempotency-key") for _, h in canned.seen]
+    assert len(keys) == 2 and keys[0] == keys[1] and keys[0]
+    assert caught.value.idempotency_key == keys[0]
+    assert any("may have been applied" in note for note in caught.value.__notes__)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        http("500 Internal Server Error", "Internal Server Error", "text/plain"),
+        error("503 Service Unavailable", "store_error"),
+    ],
+)
+async def test_a_message_failing_on_the_server_carries_its_key(
+    canned: Canned, reply: bytes
+) -> None:
+    """A bare 500 (a server stopping mid-call) or a store failing mid-turn says nothing of
+    whether the message was recorded: the error carries the key to call again with safely."""
+    canned.on("/v1/sessions", reply)
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.SignoffError) as caught:
+            await c.generate("support", "hello", idempotency_key="k-9")
+    assert caught.value.idempotency_key == "k-9"
+    assert [h["idempotency-key"] for _, h in canned.seen] == ["k-9"]

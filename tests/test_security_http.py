@@ -12,8 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import PlainTextResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 import signoff as so
 from signoff.server import TokenAuth, create_app
@@ -475,6 +476,42 @@ async def test_a_declared_length_over_the_limit_is_refused_before_the_app_runs()
         assert reached == []
         r = await c.post("/", content=b"x" * 100)
         assert r.status_code == 200 and reached == [1]
+
+
+@pytest.mark.parametrize("declared", [b"\xb2", b"1\xb2"])  # "²", "1²" in latin-1
+async def test_a_declared_length_of_superscript_digits_is_not_a_500(declared: bytes) -> None:
+    """A `Content-Length` of superscript digits (`str.isdigit()` takes them, `int()` does not)
+    raised a `ValueError` from the limit, a 500 under an ASGI server that passes the header on
+    unchecked: it is no declared length, and the body is counted as it arrives."""
+    sent: list[Message] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await PlainTextResponse("ok")(scope, receive, send)
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/", "query_string": b""}
+    scope["headers"] = [(b"content-length", declared)]
+    for size in (101, 10):
+
+        async def receive(size: int = size) -> Message:
+            return {"type": "http.request", "body": b"x" * size, "more_body": False}
+
+        limit = BodyLimit(app, max_bytes=100)
+        if size > 100:
+            with pytest.raises(StarletteHTTPException) as caught:  # the app's handlers render it
+                await limit(scope, receive, send)
+            assert caught.value.status_code == 413
+        else:
+            await limit(scope, receive, send)
+            assert sent[0]["status"] == 200
+    # Plain digits past `int()`'s digit limit (4300) declare a body far over any limit.
+    sent.clear()
+    scope["headers"] = [(b"content-length", b"9" * 5000)]
+    await BodyLimit(app, max_bytes=100)(scope, receive, send)
+    assert sent[0]["status"] == 413
 
 
 async def test_a_body_under_the_limit_is_accepted(served: Served) -> None:

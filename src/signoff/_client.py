@@ -228,6 +228,17 @@ class AsyncClient:
         if that gets none either (or cannot be sent), the error names the key to retry it with:
         the first may have been applied."""
         key = secrets.token_urlsafe(24) if key is None else check_key(key)
+        try:
+            return await self._sent_twice(path, body, key)
+        except errors.SignoffError as exc:
+            # Whatever failed (a bare 500, a store failing mid-turn, a retry refused as busy),
+            # the message may have been recorded: calling again under a new key could deliver
+            # it twice, so the error names this one.
+            exc.idempotency_key = key
+            raise
+
+    async def _sent_twice(self, path: str, body: Any, key: str) -> RemoteResult:
+        """The keyed call of `_keyed_turn`, sent once more if the first got no answer."""
         headers = {"Idempotency-Key": key}
         parse, wanted = RemoteResult.from_json, "a turn's result"
         try:
@@ -238,13 +249,18 @@ class AsyncClient:
             first = exc
         try:
             return await self._call("POST", path, parse, wanted, json=body, headers=headers)
-        except errors.RemoteError as exc:
-            if _unanswered(exc):
+        except errors.SignoffError as exc:
+            if isinstance(exc, errors.RemoteError) and _unanswered(exc):
                 last, said = exc, f"{exc} (sent twice with idempotency_key={key!r}"
-            elif exc.status == 0 or exc.code == "http_error":  # not sent again (the server
-                # gone), or not answered by it (a proxy's page): the first may have acted
+            elif isinstance(exc, errors.RemoteError) and (
+                exc.status == 0 or exc.code == "http_error"
+            ):  # not sent again (the server gone), or not answered by it (a proxy's page)
                 last, said = first, f"{first} (not sent again: {exc.code}; idempotency_key={key!r}"
-            else:
+            else:  # refused (busy, a store failing for a while): the first may have acted
+                exc.add_note(
+                    "the first try got no answer and may have been applied: call again with "
+                    f"idempotency_key={key!r}, and the server acts once"
+                )
                 raise
             raise errors.RemoteError(
                 f"{said}: call again with it, and the server acts once)",

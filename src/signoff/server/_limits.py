@@ -30,8 +30,14 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         message = TOO_LARGE.format(limit=self.max_bytes)
-        declared = Headers(scope=scope).get("content-length", "")
-        if declared.strip().isdigit() and int(declared) > self.max_bytes:
+        declared = Headers(scope=scope).get("content-length", "").strip()
+        # ASCII digits only: `isdigit()` also takes "²", which `int()` refuses (a 500), as it
+        # does more than 4300 digits, a length far over any limit.
+        if (
+            declared.isascii()
+            and declared.isdigit()
+            and (len(declared) > 18 or int(declared) > self.max_bytes)
+        ):
             response = error_response(413, "payload_too_large", message)
             await response(scope, receive, send)
             return
