@@ -16,7 +16,7 @@ from .stores import PendingFilter, Store
 if TYPE_CHECKING:
     from ._work import Workers
 
-__all__ = ["counted_listing", "counted_page", "queue_page"]
+__all__ = ["counted_listing", "counted_page", "keyed_page", "queue_page"]
 
 T = TypeVar("T")
 Read = Callable[[PendingFilter], Awaitable[tuple[list[InputRequest], T]]]
@@ -24,8 +24,20 @@ Read = Callable[[PendingFilter], Awaitable[tuple[list[InputRequest], T]]]
 
 async def queue_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool]:
     """The page `Runtime.pending_page` shows, and whether the store may hold more past it."""
-    shown, more, _ = await _page(rt, flt, partial(_uncounted, rt.store), None)
-    return shown, more
+    shown, listed, _ = await _page(rt, flt, partial(_uncounted, rt.store), None)
+    return shown, len(listed) >= flt.limit
+
+
+async def keyed_page(
+    rt: Workers, flt: PendingFilter
+) -> tuple[list[InputRequest], tuple[float, str] | None]:
+    """`queue_page`, and the `PendingFilter.after` of the next page (None after the last): the
+    last request the store listed, shown or not. Unlike an offset, it shifts no request out of
+    the next page when one on this page or an earlier one closes before that page is read."""
+    shown, listed, _ = await _page(rt, flt, partial(_uncounted, rt.store), None)
+    if len(listed) < flt.limit or not listed:
+        return shown, None
+    return shown, (listed[-1].created_at, listed[-1].id)
 
 
 async def counted_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool, int]:
@@ -34,7 +46,8 @@ async def counted_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputReque
     not show (`_unlisted.unlisted`), as the server's listings and `signoff pending` do: the
     page is then judged at `flt.live_at`, the moment those were read at, so a deadline passing
     since does not leave out of the page a request its total counts."""
-    return await _page(rt, flt, partial(counted_listing, rt.store), flt.live_at)
+    shown, listed, total = await _page(rt, flt, partial(counted_listing, rt.store), flt.live_at)
+    return shown, len(listed) >= flt.limit, total
 
 
 async def counted_listing(store: Store, flt: PendingFilter) -> tuple[list[InputRequest], int]:
@@ -54,9 +67,9 @@ async def _uncounted(store: Store, flt: PendingFilter) -> tuple[list[InputReques
 
 async def _page(
     rt: Workers, flt: PendingFilter, read: Read[T], at: float | None
-) -> tuple[list[InputRequest], bool, T]:
-    """The page as of `at` (else now): passed deadlines it holds are applied first, then the
-    page (and its total) read again."""
+) -> tuple[list[InputRequest], list[InputRequest], T]:
+    """The page as of `at` (else now), as shown and as the store listed it: passed deadlines
+    it holds are applied first, then the page (and its total) read again."""
     page, total = await read(flt)
     now = rt.now() if at is None else at
     due = [r for r in page if is_due(r, now)]
@@ -69,4 +82,4 @@ async def _page(
     if flt.status == "pending":
         followed_page = [r for r in await followed(rt.store, page, now) if r.status == "pending"]
     shown = [a for r in followed_page if (a := after_deadline(r, now)) is not None]
-    return shown, len(page) >= flt.limit, total
+    return shown, page, total
