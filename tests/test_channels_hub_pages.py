@@ -14,6 +14,7 @@ from signoff.stores import PendingFilter
 
 from ._channels import manual, three_refunds
 from .test_channels_hub import Flaky
+from .test_store_edited_rows import edit
 
 
 class Opened(Flaky):
@@ -54,3 +55,25 @@ async def test_a_request_closed_on_an_earlier_page_skips_none_after_it(
         # one closed was open when its page was read, and the trail then tells of its close.
         assert sorted(i for i in announced if i != closed[0]) == sorted(r.id for r in listed[1:])
         assert ("approved", closed[0]) in watcher.seen
+
+
+async def test_a_request_row_edited_to_list_last_is_a_store_error_not_endless_paging(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row whose `created_at` disagrees with its data would send the next page's read back
+    to an earlier one, for ever (the hub's start hung, its list of open requests growing):
+    it is a StoreError naming it."""
+    monkeypatch.setattr(hub_module, "_PAGE", 2)
+    async with so.Runtime([three_refunds([])], store=store_url) as rt:
+        for order in ("A", "B"):
+            await rt.generate("support", prompt=f"Refunds {order}")
+        first = (await rt.store.pending(PendingFilter(limit=1)))[0]
+        edit(
+            store_url,
+            "UPDATE {t}requests SET created_at = created_at + 1000 WHERE id = {p}",
+            first.id,
+        )
+        hub = ChannelHub(rt, [Opened(0)])
+        with pytest.raises(so.StoreError, match=f"request '{first.id}'.*edited"):
+            await hub.start(follow=False)
+        await hub.stop()

@@ -9,6 +9,7 @@ from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from ._deadlines import after_deadline, is_due
+from ._exceptions import StoreError
 from ._mirrors import followed
 from ._types import InputRequest
 from .stores import PendingFilter, Store
@@ -37,7 +38,15 @@ async def keyed_page(
     shown, listed, _ = await _page(rt, flt, partial(_uncounted, rt.store), None)
     if len(listed) < flt.limit or not listed:
         return shown, None
-    return shown, (listed[-1].created_at, listed[-1].id)
+    last = listed[-1]
+    after = (last.created_at, last.id)
+    if flt.after is not None and after <= flt.after:  # Python orders text as both stores do
+        # Else the next page is this one or an earlier one again, and paging never ends.
+        raise StoreError(
+            f"request {last.id!r}: its row is listed past {flt.after!r}, but its data says it "
+            f"was made at {last.created_at!r} (the row edited behind the runtime's back?)"
+        )
+    return shown, after
 
 
 async def counted_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool, int]:

@@ -566,11 +566,13 @@ class ChannelHub:
         offset: a request closing on an earlier page meanwhile would shift one past them all)."""
         await self.runtime.open()
         out: list[InputRequest] = []
+        ids: set[str] = set()
         after: tuple[float, str] | None = None
         while True:
             flt = PendingFilter(limit=_PAGE, after=after, live_at=self.clock())
             page, after = await keyed_page(self.runtime, flt)
-            out.extend(r for r in page if r.child is None)
+            out.extend(r for r in page if r.child is None and r.id not in ids)
+            ids.update(r.id for r in page)  # a row edited to list later is handed over once
             if after is None:
                 return out
 
