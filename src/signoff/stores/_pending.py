@@ -80,7 +80,7 @@ class PendingFilter:
                 where.append(f"NOT (r.id = ANY({ph}::text[]))")
                 params.append(list(self.excluded))
         if self.after is not None:
-            # The equality bound first: it is the range the index of `created_at` serves.
+            # `>=` on its own: the range the index of `created_at` serves (the rest, its ties).
             at, rid = self.after
             by_id = "r.id" if ph == "?" else 'r.id COLLATE "C"'  # the listing's own order
             where.append(f"r.created_at>={ph} AND (r.created_at>{ph} OR {by_id}>{ph})")
