@@ -246,6 +246,13 @@ async def test_pending_filters_and_count(store: Store) -> None:
         ({"offset": 2**63}, r"PendingFilter\(offset=...\) must be a whole number from 0"),
         ({"excluded": ["req_1"]}, r"PendingFilter\(excluded=...\) must be a tuple of request"),
         ({"excluded": ("req_1", 2)}, r"PendingFilter\(excluded=...\) must be a tuple of req"),
+        ({"after": (T0, 5)}, r"PendingFilter\(after=...\) must be a request's \(created_at, id\)"),
+        ({"after": ["1", "req_1"]}, r"PendingFilter\(after=...\) must be a request's"),
+        ({"after": (True, "req_1")}, r"PendingFilter\(after=...\) must be a request's"),
+        ({"after": (float("nan"), "req_1")}, r"PendingFilter\(after=...\) must be a request's"),
+        ({"after": (T0, "req_\ud800")}, r"PendingFilter\(after=...\) must be a request's"),
+        ({"after": (T0, "req_\x00")}, r"PendingFilter\(after=...\) must be a request's"),
+        ({"after": (T0,)}, r"PendingFilter\(after=...\) must be a request's"),
     ],
 )
 def test_a_pending_filter_of_the_wrong_kind_is_refused_when_made(
@@ -258,3 +265,34 @@ def test_a_pending_filter_of_the_wrong_kind_is_refused_when_made(
         PendingFilter(**given)
     assert PendingFilter(agent="a", live_at=1, due_by=2.5, limit=0, offset=2**63 - 1).limit == 0
     assert PendingFilter(created_before=2**63 - 1, created_after=-(2**63)).created_after == -(2**63)
+
+
+async def test_pages_read_after_a_request_skip_none_when_an_earlier_one_closes(
+    store: Store,
+) -> None:
+    """`PendingFilter.after` pages by the listing's order (`created_at`, then the id byte by
+    byte): a request closed on the first page before the second is read shifts nothing out of
+    it, where an offset would skip the request that moved up to the first page."""
+    sid = await new_session(store)
+    made = [("req_b", T0), ("req_B", T0), ("req_a", T0), ("req_z", T0 - 1), ("req_0", T0 + 1)]
+    new = [approval(sid, rid, at=at) for rid, at in made]
+    events = [ev(sid, 2, "input.requested", request_ids=[r.id for r in new])]
+    await store.commit(Commit(session_id=sid, expected_seq=1, events=events, new_requests=new))
+    order = ["req_z", "req_B", "req_a", "req_b", "req_0"]
+    assert [r.id for r in await store.pending(PendingFilter())] == order
+    first = await store.pending(PendingFilter(limit=2))
+    assert [r.id for r in first] == order[:2]
+    resolved = Commit(
+        session_id=sid, expected_seq=2, events=[ev(sid, 3)], resolve=[settle("req_z")]
+    )
+    await store.commit(resolved)
+    skipping = await store.pending(PendingFilter(limit=2, offset=2))
+    assert [r.id for r in skipping] == ["req_b", "req_0"]  # the offset's page: no req_a
+    seen = [r.id for r in first]
+    after = (first[-1].created_at, first[-1].id)
+    while page := await store.pending(PendingFilter(limit=2, after=after)):
+        seen += [r.id for r in page]
+        after = (page[-1].created_at, page[-1].id)
+    assert seen == order
+    assert await store.count_pending(PendingFilter(after=(T0, "req_B"))) == 3
+    assert await store.pending(PendingFilter(after=(T0 + 1, "req_0"))) == []

@@ -9,6 +9,7 @@ from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from ._deadlines import after_deadline, is_due
+from ._exceptions import StoreError
 from ._mirrors import followed
 from ._types import InputRequest
 from .stores import PendingFilter, Store
@@ -16,7 +17,7 @@ from .stores import PendingFilter, Store
 if TYPE_CHECKING:
     from ._work import Workers
 
-__all__ = ["counted_listing", "counted_page", "queue_page"]
+__all__ = ["counted_listing", "counted_page", "keyed_page", "queue_page"]
 
 T = TypeVar("T")
 Read = Callable[[PendingFilter], Awaitable[tuple[list[InputRequest], T]]]
@@ -24,8 +25,28 @@ Read = Callable[[PendingFilter], Awaitable[tuple[list[InputRequest], T]]]
 
 async def queue_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool]:
     """The page `Runtime.pending_page` shows, and whether the store may hold more past it."""
-    shown, more, _ = await _page(rt, flt, partial(_uncounted, rt.store), None)
-    return shown, more
+    shown, listed, _ = await _page(rt, flt, partial(_uncounted, rt.store), None)
+    return shown, len(listed) >= flt.limit
+
+
+async def keyed_page(
+    rt: Workers, flt: PendingFilter
+) -> tuple[list[InputRequest], tuple[float, str] | None]:
+    """`queue_page`, and the `PendingFilter.after` of the next page (None after the last): the
+    last request the store listed, shown or not. Unlike an offset, it shifts no request out of
+    the next page when one on this page or an earlier one closes before that page is read."""
+    shown, listed, _ = await _page(rt, flt, partial(_uncounted, rt.store), None)
+    if len(listed) < flt.limit or not listed:
+        return shown, None
+    last = listed[-1]
+    after = (last.created_at, last.id)
+    if flt.after is not None and after <= flt.after:  # Python orders text as both stores do
+        # Else the next page is this one or an earlier one again, and paging never ends.
+        raise StoreError(
+            f"request {last.id!r}: its row is listed past {flt.after!r}, but its data says it "
+            f"was made at {last.created_at!r} (the row edited behind the runtime's back?)"
+        )
+    return shown, after
 
 
 async def counted_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool, int]:
@@ -34,7 +55,8 @@ async def counted_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputReque
     not show (`_unlisted.unlisted`), as the server's listings and `signoff pending` do: the
     page is then judged at `flt.live_at`, the moment those were read at, so a deadline passing
     since does not leave out of the page a request its total counts."""
-    return await _page(rt, flt, partial(counted_listing, rt.store), flt.live_at)
+    shown, listed, total = await _page(rt, flt, partial(counted_listing, rt.store), flt.live_at)
+    return shown, len(listed) >= flt.limit, total
 
 
 async def counted_listing(store: Store, flt: PendingFilter) -> tuple[list[InputRequest], int]:
@@ -54,9 +76,9 @@ async def _uncounted(store: Store, flt: PendingFilter) -> tuple[list[InputReques
 
 async def _page(
     rt: Workers, flt: PendingFilter, read: Read[T], at: float | None
-) -> tuple[list[InputRequest], bool, T]:
-    """The page as of `at` (else now): passed deadlines it holds are applied first, then the
-    page (and its total) read again."""
+) -> tuple[list[InputRequest], list[InputRequest], T]:
+    """The page as of `at` (else now), as shown and as the store listed it: passed deadlines
+    it holds are applied first, then the page (and its total) read again."""
     page, total = await read(flt)
     now = rt.now() if at is None else at
     due = [r for r in page if is_due(r, now)]
@@ -69,4 +91,4 @@ async def _page(
     if flt.status == "pending":
         followed_page = [r for r in await followed(rt.store, page, now) if r.status == "pending"]
     shown = [a for r in followed_page if (a := after_deadline(r, now)) is not None]
-    return shown, len(page) >= flt.limit, total
+    return shown, page, total

@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import StoreError, UsageError
+from .._queue_page import keyed_page
 from .._settings import positive_seconds, whole
 from .._types import InputRequest
 from .._work import Failing
@@ -561,16 +562,19 @@ class ChannelHub:
             last = page[-1].id
 
     async def _open_requests(self) -> list[InputRequest]:
+        """Every open request, read in pages each past the last one's last request (not by
+        offset: a request closing on an earlier page meanwhile would shift one past them all)."""
+        await self.runtime.open()
         out: list[InputRequest] = []
-        offset = 0
+        ids: set[str] = set()
+        after: tuple[float, str] | None = None
         while True:
-            page, more = await self.runtime.pending_page(
-                PendingFilter(limit=_PAGE, offset=offset, live_at=self.clock())
-            )
-            out.extend(r for r in page if r.child is None)
-            if not more:
+            flt = PendingFilter(limit=_PAGE, after=after, live_at=self.clock())
+            page, after = await keyed_page(self.runtime, flt)
+            out.extend(r for r in page if r.child is None and r.id not in ids)
+            ids.update(r.id for r in page)  # a row edited to list later is handed over once
+            if after is None:
                 return out
-            offset += _PAGE
 
 
 def _whole(value: object) -> bool:

@@ -267,7 +267,8 @@ class Store(Protocol):
         ...
 
     async def pending(self, flt: PendingFilter) -> list[InputRequest]:
-        """The requests `flt` picks, oldest first, one page (`flt.limit` from `flt.offset`)."""
+        """The requests `flt` picks, oldest first (by `created_at`, then id), one page
+        (`flt.limit` from `flt.offset`, past `flt.after` if given)."""
         ...
 
     async def count_pending(self, flt: PendingFilter) -> int:

@@ -36,6 +36,9 @@ class PendingFilter:
     # Not these requests (ids): those a listing would leave out though the store holds them
     # open (`_unlisted.unlisted`), so its pages and its count skip the same ones.
     excluded: tuple[str, ...] = ()
+    # Only requests past this one (its `created_at` and id) in the listing's order: a cursor
+    # that, unlike `offset`, skips no request when one before it closes between two pages.
+    after: tuple[float, str] | None = None
 
     def where(self, ph: str) -> tuple[str, list[Any]]:
         """The SQL `WHERE` clause (over `requests r JOIN sessions s`) and its parameters, with
@@ -76,6 +79,12 @@ class PendingFilter:
             else:
                 where.append(f"NOT (r.id = ANY({ph}::text[]))")
                 params.append(list(self.excluded))
+        if self.after is not None:
+            # `>=` on its own: the range the index of `created_at` serves (the rest, its ties).
+            at, rid = self.after
+            by_id = "r.id" if ph == "?" else 'r.id COLLATE "C"'  # the listing's own order
+            where.append(f"r.created_at>={ph} AND (r.created_at>{ph} OR {by_id}>{ph})")
+            params += [at, at, rid]
         return (" WHERE " + " AND ".join(where)) if where else "", params
 
     limit: int = 100
@@ -108,6 +117,11 @@ class PendingFilter:
             raise UsageError(
                 f"PendingFilter(excluded=...) must be a tuple of request ids, not {self.excluded!r}"
             )
+        if self.after is not None and not _cursor(self.after):
+            raise UsageError(
+                "PendingFilter(after=...) must be a request's (created_at, id) or None, "
+                f"not {self.after!r}"
+            )
         if self.initiated_by is not None and not isinstance(self.initiated_by, InitiatorFilter):
             raise UsageError(
                 "PendingFilter(initiated_by=...) must be an InitiatorFilter or None, "
@@ -119,6 +133,21 @@ class PendingFilter:
                 raise UsageError(
                     f"PendingFilter({name}=...) must be a whole number from 0, not {count!r}"
                 )
+
+
+def _cursor(after: object) -> bool:
+    """Whether `after` is a (time, id) pair a store can compare its requests with."""
+    if not isinstance(after, tuple) or len(after) != 2:
+        return False
+    at, rid = after
+    return (
+        isinstance(at, int | float)
+        and finite(at)  # not a bool either
+        and -TIME_LIMIT <= at < TIME_LIMIT
+        and isinstance(rid, str)
+        and is_utf8(rid)
+        and "\x00" not in rid  # no request's: PostgreSQL holds no NUL in text
+    )
 
 
 def created_before(now: float, older_than: float | None) -> float | None:
