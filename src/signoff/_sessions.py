@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from functools import partial
 
 from . import _creation
@@ -22,9 +23,14 @@ from ._session_cache import SessionCache, check_session_id
 from ._state import SessionState, TurnState, turn_over
 from ._types import Principal
 
-__all__ = ["SessionRunner"]
+__all__ = ["SessionRunner", "to_claims"]
 
 log = logging.getLogger("signoff.runtime")
+
+to_claims: ContextVar[bool] = ContextVar("signoff_to_claims", default=False)
+"""Set while a worker sweeps (`Runtime.work`): a drive asked for then leaves the turn to the
+worker's claims, as `inline=False` does, so the sweep does not run turns one after another,
+past `concurrency` and a `stop`, while no claim is made."""
 
 
 def _unfinished(state: SessionState) -> bool:
@@ -169,7 +175,7 @@ class SessionRunner(SessionCache):
         one its creation took (`leased`), or else one acquired here. A lease lost is logged
         here (a warning, `lost_line`) unless `on_lost` is told of it."""
         check_session_id(session_id)  # before its lease is asked for
-        if not self.inline and claimed is None:
+        if (not self.inline or to_claims.get()) and claimed is None:
             if retry:
                 await self._mark_runnable(session_id)
             state = await self._state(session_id)

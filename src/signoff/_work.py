@@ -18,6 +18,7 @@ from ._exceptions import (
 )
 from ._leasing import lost_line
 from ._messages import Messages
+from ._sessions import to_claims
 from ._settings import seconds, whole
 from ._sweeps import one_of_many
 from ._types import InputRequest
@@ -170,8 +171,9 @@ class Workers(Messages):
         sweep_every: float = 5.0,
     ) -> None:
         """Run turns for any process (`signoff worker`): claim sessions that have work under a
-        lease, drive them, and apply passed deadlines; returns once `stop` is set and the turns
-        it was running have finished or parked. Cancelled, it cancels them first (their leases
+        lease, drive them, and apply passed deadlines (the turns those make runnable are left to
+        the claims, whether or not the runtime is `inline`); returns once `stop` is set and the
+        turns it was running have finished or parked. Cancelled, it cancels them first (their leases
         given back), so none runs on once it is gone."""
         whole("concurrency", concurrency, least=1)
         if stop is not None and not isinstance(stop, asyncio.Event):
@@ -227,6 +229,9 @@ class Workers(Messages):
                     last_sweep = time.monotonic()
                     with contextlib.suppress(StoreError):  # kept as it was until the next sweep
                         await self._sync_lease_clock()
+                    # The turns it makes runnable are left to claims, even in a runtime that
+                    # drives its own calls' turns: run `concurrency` at once, a `stop` heeded.
+                    leaving = to_claims.set(True)
                     try:
                         await self.expire_due()
                     except StoreGone as exc:
@@ -238,6 +243,8 @@ class Workers(Messages):
                         log.exception("applying passed deadlines failed")
                     else:
                         sweeps.worked()
+                    finally:
+                        to_claims.reset(leaving)
                 if len(running) >= concurrency:
                     await asyncio.wait(
                         running, timeout=idle_wait, return_when=asyncio.FIRST_COMPLETED
