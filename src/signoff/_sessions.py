@@ -170,10 +170,13 @@ class SessionRunner(SessionCache):
         leased: tuple[str, int] | None = None,
         on_lost: Callable[[int], None] | None = None,  # told the token of a lease lost
         lease_wait: float | None = None,  # for the first lease; `self.lease_wait` if None
+        stopping: Callable[[], bool] | None = None,
     ) -> GenerateResult:
         """Drive the session's turn under a lease until it settles: one a worker `claimed`,
         one its creation took (`leased`), or else one acquired here. A lease lost is logged
-        here (a warning, `lost_line`) unless `on_lost` is told of it."""
+        here (a warning, `lost_line`) unless `on_lost` is told of it. Once `stopping()` (a
+        worker stopping), a turn that ends starts no message queued behind it: that is left,
+        with the lease given back, to another drive."""
         check_session_id(session_id)  # before its lease is asked for
         if (not self.inline or to_claims.get()) and claimed is None:
             if retry:
@@ -228,6 +231,7 @@ class SessionRunner(SessionCache):
                 driver.held = held
                 held.drive = driver.position  # its renewals see a cancel made elsewhere
                 driver.lease_check = partial(self._confirm, session_id, owner, token, held)
+                driver.stopping = stopping
                 state = await driver.drive(retry=retry)
                 failed = False
             except LeaseLost as exc:
@@ -275,7 +279,7 @@ class SessionRunner(SessionCache):
                 state = driver.state
             else:
                 state = await self._state(session_id)
-            if lost:
+            if lost or (stopping is not None and stopping()):
                 return self._result(state, outcomes, busy=runnable(state))
             if not runnable(state):
                 ended = await ended_under(self.store, state, began)

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ._deadlines import is_due, is_lapsed
 from ._exceptions import (
@@ -173,7 +173,8 @@ class Workers(Messages):
         """Run turns for any process (`signoff worker`): claim sessions that have work under a
         lease, drive them, and apply passed deadlines (the turns those make runnable are left to
         the claims, whether or not the runtime is `inline`); returns once `stop` is set and the
-        turns it was running have finished or parked. Cancelled, it cancels them first (their leases
+        turns it was running have finished or parked (starting no message queued behind them:
+        those are left to workers that go on). Cancelled, it cancels them first (their leases
         given back), so none runs on once it is gone."""
         whole("concurrency", concurrency, least=1)
         if stop is not None and not isinstance(stop, asyncio.Event):
@@ -222,7 +223,9 @@ class Workers(Messages):
                     last_empty = -1.0 if claimed else time.monotonic()
                     for session_id, token in claimed:
                         log.info("claimed session %s (lease %d)", session_id, token)
-                        task = asyncio.create_task(self._work_on(session_id, owner, token))
+                        task = asyncio.create_task(
+                            self._work_on(session_id, owner, token, stop.is_set)
+                        )
                         running.add(task)
                         task.add_done_callback(running.discard)
                 if time.monotonic() - last_sweep >= sweep_every:
@@ -299,10 +302,20 @@ class Workers(Messages):
                     await self.store.release_lease(session_id, owner, token)
         return held
 
-    async def _work_on(self, session_id: str, owner: str, token: int) -> None:
+    async def _work_on(
+        self,
+        session_id: str,
+        owner: str,
+        token: int,
+        stopping: Callable[[], bool] | None = None,
+    ) -> None:
+        """Drive a claimed session; once `stopping()`, the turn in flight is finished, and a
+        message queued behind it left to another worker."""
         lost: list[int] = []
         try:
-            result = await self._drive(session_id, claimed=(owner, token), on_lost=lost.append)
+            result = await self._drive(
+                session_id, claimed=(owner, token), on_lost=lost.append, stopping=stopping
+            )
             if lost:
                 # The session's status now is the work of whoever took the turn over, not ours:
                 # only the loss is said (`_drive` said nothing of it, as it was told).
