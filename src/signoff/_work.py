@@ -73,13 +73,17 @@ class Workers(Messages):
         await self.open()
         now = self.now()
         due: list[InputRequest] = []
-        offset = 0
-        while True:  # only the due ones, from an index, where the store can tell them
-            page = await self.store.pending(PendingFilter(limit=500, offset=offset, due_by=now))
-            due += [r for r in page if is_due(r, now)]
-            if len(page) < 500:
-                break
-            offset += 500
+        # Only the due ones, from an index, and only of the agents it has: those of others it
+        # could not apply, and would read again at every sweep for as long as they stay open.
+        for agent in sorted(self.agents):
+            offset = 0
+            while True:
+                flt = PendingFilter(limit=500, offset=offset, due_by=now, agent=agent)
+                page = await self.store.pending(flt)
+                due += [r for r in page if is_due(r, now)]
+                if len(page) < 500:
+                    break
+                offset += 500
         expired = await self._record_lapsed(await self._lapsed(now), now)
         orphans = await self._sweep_orphans()
         return await self._apply_deadlines(due) + expired + orphans
