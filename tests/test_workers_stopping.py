@@ -5,10 +5,13 @@ given back, to a worker that goes on."""
 from __future__ import annotations
 
 import asyncio
+import signal
+from pathlib import Path
 from typing import Any
 
 import signoff as so
 
+from ._worker_procs import AGENT, ALICE, Worker, make_agent, read_records
 from ._workers import until, working
 
 
@@ -71,3 +74,44 @@ async def _has(seen: list[str], what: str) -> bool:
 
 async def _idle(rt: so.Runtime, session_id: str) -> bool:
     return (await rt.state(session_id)).status == "idle"
+
+
+async def test_signoff_worker_on_sigterm_gives_back_a_session_with_a_message_queued(
+    store_url: str, tmp_path: Path
+) -> None:
+    """The same with the command and a real SIGTERM, mid tool body: the worker finishes the
+    turn, exits 0, and leaves the queued message's session running with its lease free."""
+    records, hold = tmp_path / "runs.jsonl", tmp_path / "hold"
+    agent = make_agent(str(records))
+    async with so.Runtime([agent], store=store_url, inline=False) as front:
+        r = await front.generate(AGENT, prompt="Refund order 1042")
+        worker = Worker(store_url, tmp_path, "stopping", records, delay=0.0, hold=hold)
+        try:
+            await until(lambda: _status(front, r.session_id, "waiting"), timeout=30)
+            (request,) = await front.pending()
+            answer = so.InputResponse(request_id=request.id, option_id="approve")
+            await front.respond(r.session_id, [answer], principal=ALICE)
+            await until(lambda: _started(records), timeout=30)  # its body waits for `hold`
+            queued = await front.send(r.session_id, "Thanks!", turn_policy="queue")
+            assert queued.queued
+            worker.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)
+            hold.touch()
+            assert await asyncio.to_thread(worker.proc.wait, 30) == 0, worker.log()
+        finally:
+            worker.close()
+        assert [what for what, _, _ in read_records(records)] == ["start", "done"]
+        state = await front.state(r.session_id)
+        assert state.status == "running" and state.queued, worker.log()
+        turn = state.turn
+        assert turn is not None and turn.status == "completed"
+        # Given back: another owner gets its lease at once.
+        assert await front.store.acquire_lease(r.session_id, "other", 30, front.now()) is not None
+
+
+async def _status(rt: so.Runtime, session_id: str, wanted: str) -> bool:
+    return (await rt.state(session_id)).status == wanted
+
+
+async def _started(records: Path) -> bool:
+    return any(what == "start" for what, _, _ in read_records(records))
