@@ -152,3 +152,29 @@ async def test_a_sweep_reads_no_passed_deadline_of_an_agent_it_lacks(store_url: 
         read.clear()
         assert await worker.expire_due() == 0
         assert read == []
+
+
+async def test_a_sweep_reads_no_lapsed_session_of_an_agent_it_lacks(store_url: str) -> None:
+    """Likewise the sessions whose TTL passed: those of an agent the worker lacks, which it
+    cannot record, were read again at every sweep."""
+    clock = ManualClock()
+    log = ExecutionLog()
+    async with so.Runtime([ttl_agent()], store=store_url, clock=clock) as rt:
+        for _ in range(3):
+            assert (await rt.generate("desk", prompt="reset it")).status == "waiting"
+    clock.advance(61)
+    agent = payout_agent(log, so.always(expires_in=60))
+    async with so.Runtime([agent], store=store_url, clock=clock) as worker:
+        lapsed = worker.store.lapsed_sessions  # type: ignore[attr-defined]
+        read: list[str] = []
+
+        async def reading(*args: Any, **kwargs: Any) -> list[so.stores.SessionSummary]:
+            rows: list[so.stores.SessionSummary] = await lapsed(*args, **kwargs)
+            read.extend(r.agent for r in rows)
+            return rows
+
+        worker.store.lapsed_sessions = reading  # type: ignore[attr-defined]
+        assert await worker.expire_due() == 0
+        assert read == []
+    async with so.Runtime([ttl_agent()], store=store_url, clock=clock) as rt:
+        assert await rt.expire_due() == 3  # its own it still reads and records

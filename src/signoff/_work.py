@@ -84,22 +84,24 @@ class Workers(Messages):
                 if len(page) < 500:
                     break
                 offset += 500
-        expired = await self._record_lapsed(await self._lapsed(now), now)
+        expired = await self._record_lapsed(await self._lapsed(now, sorted(self.agents)), now)
         orphans = await self._sweep_orphans()
         return await self._apply_deadlines(due) + expired + orphans
 
-    async def _lapsed(self, now: float) -> list[SessionSummary]:
-        """The running or waiting sessions whose TTL passed by `now` (claims skip those: nothing
-        else records them): only those where the store can tell them, else every one."""
+    async def _lapsed(self, now: float, agents: list[str] | None = None) -> list[SessionSummary]:
+        """The running or waiting sessions (of `agents` only, if given: a sweep records only
+        its own) whose TTL passed by `now` (claims skip those: nothing else records them): only
+        those where the store can tell them, else every one."""
         lapsed: list[SessionSummary] = []
         query = getattr(self.store, "lapsed_sessions", None)
+        only = {} if agents is None else {"agents": agents}
         for status in ("running", "waiting") if query is None else ("",):
             offset = 0
             while True:
                 if query is None:
                     rows = await self.store.sessions(status=status, limit=500, offset=offset)
                 else:
-                    rows = await query(now, limit=500, offset=offset)
+                    rows = await query(now, limit=500, offset=offset, **only)
                 lapsed += rows
                 if len(rows) < 500:
                     break
