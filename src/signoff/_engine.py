@@ -94,6 +94,9 @@ class Driver(ToolCalls, ModelStep):
         # The state as a turn this drive ran failed for good, when it went on to the message
         # queued behind it: the drive is a failed one, and its span says that turn's failure.
         self.failed_turn: SessionState | None = None
+        # Set by a worker's drive: once it says so (the worker is stopping), a message queued
+        # behind the turn is left to start in another drive, not started by this one.
+        self.stopping: Callable[[], bool] | None = None
 
     def position(self) -> tuple[str | None, int]:
         """The turn this drive runs and the last event it knows of (`Held.drive`)."""
@@ -241,6 +244,8 @@ class Driver(ToolCalls, ModelStep):
                 if turn is not None and turn.id != self.own_turn:
                     return self.state  # replaced under this drive: not its turn to run
                 if starts_queued(self.state):  # the turn ended: the next message starts
+                    if self.stopping is not None and self.stopping():
+                        return self.state  # in a drive that goes on
                     await self.start_queued()
                     continue
                 if turn is None or turn.status in ("completed", "cancelled"):

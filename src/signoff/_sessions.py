@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from functools import partial
 
 from . import _creation
@@ -22,9 +23,14 @@ from ._session_cache import SessionCache, check_session_id
 from ._state import SessionState, TurnState, turn_over
 from ._types import Principal
 
-__all__ = ["SessionRunner"]
+__all__ = ["SessionRunner", "to_claims"]
 
 log = logging.getLogger("signoff.runtime")
+
+to_claims: ContextVar[bool] = ContextVar("signoff_to_claims", default=False)
+"""Set while a worker sweeps (`Runtime.work`): a drive asked for then leaves the turn to the
+worker's claims, as `inline=False` does, so the sweep does not run turns one after another,
+past `concurrency` and a `stop`, while no claim is made."""
 
 
 def _unfinished(state: SessionState) -> bool:
@@ -164,12 +170,15 @@ class SessionRunner(SessionCache):
         leased: tuple[str, int] | None = None,
         on_lost: Callable[[int], None] | None = None,  # told the token of a lease lost
         lease_wait: float | None = None,  # for the first lease; `self.lease_wait` if None
+        stopping: Callable[[], bool] | None = None,
     ) -> GenerateResult:
         """Drive the session's turn under a lease until it settles: one a worker `claimed`,
         one its creation took (`leased`), or else one acquired here. A lease lost is logged
-        here (a warning, `lost_line`) unless `on_lost` is told of it."""
+        here (a warning, `lost_line`) unless `on_lost` is told of it. Once `stopping()` (a
+        worker stopping), a turn that ends starts no message queued behind it: that is left,
+        with the lease given back, to another drive."""
         check_session_id(session_id)  # before its lease is asked for
-        if not self.inline and claimed is None:
+        if (not self.inline or to_claims.get()) and claimed is None:
             if retry:
                 await self._mark_runnable(session_id)
             state = await self._state(session_id)
@@ -222,6 +231,7 @@ class SessionRunner(SessionCache):
                 driver.held = held
                 held.drive = driver.position  # its renewals see a cancel made elsewhere
                 driver.lease_check = partial(self._confirm, session_id, owner, token, held)
+                driver.stopping = stopping
                 state = await driver.drive(retry=retry)
                 failed = False
             except LeaseLost as exc:
@@ -269,7 +279,7 @@ class SessionRunner(SessionCache):
                 state = driver.state
             else:
                 state = await self._state(session_id)
-            if lost:
+            if lost or (stopping is not None and stopping()):
                 return self._result(state, outcomes, busy=runnable(state))
             if not runnable(state):
                 ended = await ended_under(self.store, state, began)

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ._deadlines import is_due, is_lapsed
 from ._exceptions import (
@@ -18,6 +18,7 @@ from ._exceptions import (
 )
 from ._leasing import lost_line
 from ._messages import Messages
+from ._sessions import to_claims
 from ._settings import seconds, whole
 from ._sweeps import one_of_many
 from ._types import InputRequest
@@ -72,29 +73,35 @@ class Workers(Messages):
         await self.open()
         now = self.now()
         due: list[InputRequest] = []
-        offset = 0
-        while True:  # only the due ones, from an index, where the store can tell them
-            page = await self.store.pending(PendingFilter(limit=500, offset=offset, due_by=now))
-            due += [r for r in page if is_due(r, now)]
-            if len(page) < 500:
-                break
-            offset += 500
-        expired = await self._record_lapsed(await self._lapsed(now), now)
+        # Only the due ones, from an index, and only of the agents it has: those of others it
+        # could not apply, and would read again at every sweep for as long as they stay open.
+        for agent in sorted(self.agents):
+            offset = 0
+            while True:
+                flt = PendingFilter(limit=500, offset=offset, due_by=now, agent=agent)
+                page = await self.store.pending(flt)
+                due += [r for r in page if is_due(r, now)]
+                if len(page) < 500:
+                    break
+                offset += 500
+        expired = await self._record_lapsed(await self._lapsed(now, sorted(self.agents)), now)
         orphans = await self._sweep_orphans()
         return await self._apply_deadlines(due) + expired + orphans
 
-    async def _lapsed(self, now: float) -> list[SessionSummary]:
-        """The running or waiting sessions whose TTL passed by `now` (claims skip those: nothing
-        else records them): only those where the store can tell them, else every one."""
+    async def _lapsed(self, now: float, agents: list[str] | None = None) -> list[SessionSummary]:
+        """The running or waiting sessions (of `agents` only, if given: a sweep records only
+        its own) whose TTL passed by `now` (claims skip those: nothing else records them): only
+        those where the store can tell them, else every one."""
         lapsed: list[SessionSummary] = []
         query = getattr(self.store, "lapsed_sessions", None)
+        only = {} if agents is None else {"agents": agents}
         for status in ("running", "waiting") if query is None else ("",):
             offset = 0
             while True:
                 if query is None:
                     rows = await self.store.sessions(status=status, limit=500, offset=offset)
                 else:
-                    rows = await query(now, limit=500, offset=offset)
+                    rows = await query(now, limit=500, offset=offset, **only)
                 lapsed += rows
                 if len(rows) < 500:
                     break
@@ -170,8 +177,10 @@ class Workers(Messages):
         sweep_every: float = 5.0,
     ) -> None:
         """Run turns for any process (`signoff worker`): claim sessions that have work under a
-        lease, drive them, and apply passed deadlines; returns once `stop` is set and the turns
-        it was running have finished or parked. Cancelled, it cancels them first (their leases
+        lease, drive them, and apply passed deadlines (the turns those make runnable are left to
+        the claims, whether or not the runtime is `inline`); returns once `stop` is set and the
+        turns it was running have finished or parked (starting no message queued behind them:
+        those are left to workers that go on). Cancelled, it cancels them first (their leases
         given back), so none runs on once it is gone."""
         whole("concurrency", concurrency, least=1)
         if stop is not None and not isinstance(stop, asyncio.Event):
@@ -220,13 +229,18 @@ class Workers(Messages):
                     last_empty = -1.0 if claimed else time.monotonic()
                     for session_id, token in claimed:
                         log.info("claimed session %s (lease %d)", session_id, token)
-                        task = asyncio.create_task(self._work_on(session_id, owner, token))
+                        task = asyncio.create_task(
+                            self._work_on(session_id, owner, token, stop.is_set)
+                        )
                         running.add(task)
                         task.add_done_callback(running.discard)
                 if time.monotonic() - last_sweep >= sweep_every:
                     last_sweep = time.monotonic()
                     with contextlib.suppress(StoreError):  # kept as it was until the next sweep
                         await self._sync_lease_clock()
+                    # The turns it makes runnable are left to claims, even in a runtime that
+                    # drives its own calls' turns: run `concurrency` at once, a `stop` heeded.
+                    leaving = to_claims.set(True)
                     try:
                         await self.expire_due()
                     except StoreGone as exc:
@@ -238,6 +252,8 @@ class Workers(Messages):
                         log.exception("applying passed deadlines failed")
                     else:
                         sweeps.worked()
+                    finally:
+                        to_claims.reset(leaving)
                 if len(running) >= concurrency:
                     await asyncio.wait(
                         running, timeout=idle_wait, return_when=asyncio.FIRST_COMPLETED
@@ -292,10 +308,20 @@ class Workers(Messages):
                     await self.store.release_lease(session_id, owner, token)
         return held
 
-    async def _work_on(self, session_id: str, owner: str, token: int) -> None:
+    async def _work_on(
+        self,
+        session_id: str,
+        owner: str,
+        token: int,
+        stopping: Callable[[], bool] | None = None,
+    ) -> None:
+        """Drive a claimed session; once `stopping()`, the turn in flight is finished, and a
+        message queued behind it left to another worker."""
         lost: list[int] = []
         try:
-            result = await self._drive(session_id, claimed=(owner, token), on_lost=lost.append)
+            result = await self._drive(
+                session_id, claimed=(owner, token), on_lost=lost.append, stopping=stopping
+            )
             if lost:
                 # The session's status now is the work of whoever took the turn over, not ours:
                 # only the loss is said (`_drive` said nothing of it, as it was told).

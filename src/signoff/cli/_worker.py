@@ -74,10 +74,11 @@ def worker(
 ) -> None:
     """Run turns only (no HTTP): claim sessions that have work under a lease and drive them.
 
-    SIGTERM or Ctrl-C stops it gracefully (turns in flight finish or park; a second signal
-    stops at once, interrupting them and giving their leases back). Started while its database
-    is down, it waits for it (logging each retry); a store failing later is logged once and
-    retried, one whose file was deleted or replaced (`StoreGone`) ends it with exit status 1.
+    SIGTERM or Ctrl-C stops it gracefully (turns in flight finish or park, starting no message
+    queued behind them; a second signal stops at once, interrupting them and giving their
+    leases back). Started while its database is down, it waits for it (logging each retry); a
+    store failing later is logged once and retried, one whose file was deleted or replaced
+    (`StoreGone`) ends it with exit status 1.
     """
     import logging
     import signal

@@ -378,17 +378,26 @@ class Reads(AuditReads):
         )
 
     async def lapsed_sessions(
-        self, now: float, *, limit: int = 100, offset: int = 0
+        self,
+        now: float,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        agents: Sequence[str] | None = None,
     ) -> list[SessionSummary]:
-        """Running or waiting sessions whose TTL passed by `now`, soonest expired first."""
+        """Running or waiting sessions (of `agents` only, if given) whose TTL passed by `now`,
+        soonest expired first."""
         s = self._s
+        if agents is not None and not agents:
+            return []
+        only = "" if agents is None else "AND agent = ANY(%s) "
 
         async def body(conn: Conn) -> list[SessionSummary]:
             cur = await conn.execute(
                 "SELECT id, agent, status, head, created_at, updated_at, expires_at "
                 f"FROM {s}.sessions WHERE status IN ('running', 'waiting') AND expires_at <= %s "
-                "ORDER BY expires_at, sk LIMIT %s OFFSET %s",
-                (now, limit, offset),
+                f"{only}ORDER BY expires_at, sk LIMIT %s OFFSET %s",
+                (now, *([] if agents is None else [list(agents)]), limit, offset),
             )
             return [session_summary(row) for row in await cur.fetchall()]
 

@@ -352,15 +352,25 @@ class Reads(Connection):
 
     @reading
     async def lapsed_sessions(
-        self, now: float, *, limit: int = 100, offset: int = 0
+        self,
+        now: float,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        agents: Sequence[str] | None = None,
     ) -> list[SessionSummary]:
-        """Running or waiting sessions whose TTL passed by `now`, soonest expired first."""
+        """Running or waiting sessions (of `agents` only, if given) whose TTL passed by `now`,
+        soonest expired first."""
+        if agents is not None and not agents:
+            return []
+        only = "" if agents is None else f"AND agent IN ({','.join('?' * len(agents))}) "
         sql = (
             "SELECT id, agent, status, head, created_at, updated_at, expires_at FROM sessions "
-            "WHERE status IN ('running', 'waiting') AND expires_at <= ? "
+            f"WHERE status IN ('running', 'waiting') AND expires_at <= ? {only}"
             "ORDER BY expires_at, sk LIMIT ? OFFSET ?"
         )
-        return [session_summary(row) for row in self.conn.execute(sql, (now, limit, offset))]
+        params = [now, *(agents or ()), limit, offset]
+        return [session_summary(row) for row in self.conn.execute(sql, params)]
 
     @reading
     async def lapsed_ancestors(self, now: float) -> list[str]:

@@ -1,0 +1,117 @@
+"""A worker told to stop (`signoff worker` on SIGTERM, `Runtime.work(stop=...)`) finishes the
+turns in flight, but starts none after them: a message queued behind one is left, its lease
+given back, to a worker that goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import Any
+
+import signoff as so
+
+from ._worker_procs import AGENT, ALICE, Worker, make_agent, read_records
+from ._workers import until, working
+
+
+def chat_agent(inside: list[str], release: asyncio.Event) -> so.Agent:
+    """Its first model call waits for `release`; the next answers at once."""
+
+    async def first(request: Any) -> so.ModelResponse:
+        inside.append("first")
+        await release.wait()
+        return so.ModelResponse(text="One.")
+
+    async def then(request: Any) -> so.ModelResponse:
+        inside.append("then")
+        return so.ModelResponse(text="Two.")
+
+    return so.Agent(name="chat", model=so.models.Scripted([first, then]))
+
+
+async def test_a_stopping_worker_starts_no_queued_turn_and_leaves_it_to_others(
+    store_url: str,
+) -> None:
+    """Stopped while it ran a turn with a message queued behind it, a worker went on to run the
+    queued message's turn too (and the next, as long as messages kept coming) before it exited,
+    when it could have given the session back to a worker that stays."""
+    inside: list[str] = []
+    release = asyncio.Event()
+    agent = chat_agent(inside, release)
+    async with (
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False) as stopping,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=600) as other,
+    ):
+        r = await front.generate("chat", prompt="Hello")
+        stop = asyncio.Event()
+        task = asyncio.create_task(stopping.work(concurrency=1, stop=stop, idle_wait=0.05))
+        try:
+            await until(lambda: _has(inside, "first"))
+            queued = await front.send(r.session_id, "And then?", turn_policy="queue")
+            assert queued.queued
+            stop.set()
+            release.set()
+            await asyncio.wait_for(task, 10)
+        finally:
+            stop.set()
+            release.set()
+            await asyncio.wait_for(task, 10)
+        assert inside == ["first"]  # the turn in flight finished; the queued one not started
+        state = await front.state(r.session_id)
+        assert state.status == "running" and state.queued
+        # Its lease given back: a worker that goes on runs it at once, not after a lease TTL.
+        async with working(other):
+            await until(lambda: _has(inside, "then"), timeout=5)
+            await until(lambda: _idle(front, r.session_id), timeout=5)
+        assert inside == ["first", "then"]
+
+
+async def _has(seen: list[str], what: str) -> bool:
+    return what in seen
+
+
+async def _idle(rt: so.Runtime, session_id: str) -> bool:
+    return (await rt.state(session_id)).status == "idle"
+
+
+async def test_signoff_worker_on_sigterm_gives_back_a_session_with_a_message_queued(
+    store_url: str, tmp_path: Path
+) -> None:
+    """The same with the command and a real SIGTERM, mid tool body: the worker finishes the
+    turn, exits 0, and leaves the queued message's session running with its lease free."""
+    records, hold = tmp_path / "runs.jsonl", tmp_path / "hold"
+    agent = make_agent(str(records))
+    async with so.Runtime([agent], store=store_url, inline=False) as front:
+        r = await front.generate(AGENT, prompt="Refund order 1042")
+        worker = Worker(store_url, tmp_path, "stopping", records, delay=0.0, hold=hold)
+        try:
+            await until(lambda: _status(front, r.session_id, "waiting"), timeout=30)
+            (request,) = await front.pending()
+            answer = so.InputResponse(request_id=request.id, option_id="approve")
+            await front.respond(r.session_id, [answer], principal=ALICE)
+            await until(lambda: _started(records), timeout=30)  # its body waits for `hold`
+            queued = await front.send(r.session_id, "Thanks!", turn_policy="queue")
+            assert queued.queued
+            worker.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)
+            hold.touch()
+            assert await asyncio.to_thread(worker.proc.wait, 30) == 0, worker.log()
+        finally:
+            worker.close()
+        assert [what for what, _, _ in read_records(records)] == ["start", "done"]
+        state = await front.state(r.session_id)
+        assert state.status == "running" and state.queued, worker.log()
+        turn = state.turn
+        assert turn is not None and turn.status == "completed"
+        # Given back: another owner gets its lease at once.
+        assert await front.store.acquire_lease(r.session_id, "other", 30, front.now()) is not None
+
+
+async def _status(rt: so.Runtime, session_id: str, wanted: str) -> bool:
+    return (await rt.state(session_id)).status == wanted
+
+
+async def _started(records: Path) -> bool:
+    return any(what == "start" for what, _, _ in read_records(records))
