@@ -17,7 +17,7 @@ from .stores import PendingFilter, Store
 if TYPE_CHECKING:
     from ._work import Workers
 
-__all__ = ["counted_listing", "counted_page", "keyed_page", "queue_page"]
+__all__ = ["counted_listing", "counted_page", "cursor_past", "keyed_page", "queue_page"]
 
 T = TypeVar("T")
 Read = Callable[[PendingFilter], Awaitable[tuple[list[InputRequest], T]]]
@@ -38,15 +38,20 @@ async def keyed_page(
     shown, listed, _ = await _page(rt, flt, partial(_uncounted, rt.store), None)
     if len(listed) < flt.limit or not listed:
         return shown, None
-    last = listed[-1]
-    after = (last.created_at, last.id)
-    if flt.after is not None and after <= flt.after:  # Python orders text as both stores do
-        # Else the next page is this one or an earlier one again, and paging never ends.
+    return shown, cursor_past(listed[-1], flt.after)
+
+
+def cursor_past(last: InputRequest, after: tuple[float, str] | None) -> tuple[float, str]:
+    """The `PendingFilter.after` of the page after the one `last` ends, read past `after`;
+    a StoreError if it is not past `after` (else the next page is this one or an earlier one
+    again, and paging never ends)."""
+    cursor = (last.created_at, last.id)
+    if after is not None and cursor <= after:  # Python orders text as both stores do
         raise StoreError(
-            f"request {last.id!r}: its row is listed past {flt.after!r}, but its data says it "
+            f"request {last.id!r}: its row is listed past {after!r}, but its data says it "
             f"was made at {last.created_at!r} (the row edited behind the runtime's back?)"
         )
-    return shown, after
+    return cursor
 
 
 async def counted_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool, int]:

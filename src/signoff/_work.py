@@ -18,6 +18,7 @@ from ._exceptions import (
 )
 from ._leasing import lost_line
 from ._messages import Messages
+from ._queue_page import cursor_past
 from ._sessions import to_claims
 from ._settings import seconds, whole
 from ._sweeps import one_of_many
@@ -28,6 +29,7 @@ __all__ = ["Failing", "Workers"]
 
 log = logging.getLogger("signoff.worker")
 
+_SWEEP_PAGE = 500  # open requests or sessions a sweep reads per query (tests patch it)
 CLAIM_GAP = 0.02  # seconds a worker waits after a claim that found nothing before the next
 LONGEST_RETRY = 5.0  # seconds: the longest a worker waits between claims while they fail
 
@@ -75,15 +77,16 @@ class Workers(Messages):
         due: list[InputRequest] = []
         # Only the due ones, from an index, and only of the agents it has: those of others it
         # could not apply, and would read again at every sweep for as long as they stay open.
+        # Paged by keyset: one closed meanwhile (another process) shifts no later one out.
         for agent in sorted(self.agents):
-            offset = 0
+            after: tuple[float, str] | None = None
             while True:
-                flt = PendingFilter(limit=500, offset=offset, due_by=now, agent=agent)
+                flt = PendingFilter(limit=_SWEEP_PAGE, after=after, due_by=now, agent=agent)
                 page = await self.store.pending(flt)
                 due += [r for r in page if is_due(r, now)]
-                if len(page) < 500:
+                if len(page) < _SWEEP_PAGE:
                     break
-                offset += 500
+                after = cursor_past(page[-1], after)
         expired = await self._record_lapsed(await self._lapsed(now, sorted(self.agents)), now)
         orphans = await self._sweep_orphans()
         return await self._apply_deadlines(due) + expired + orphans

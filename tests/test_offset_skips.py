@@ -1,0 +1,62 @@
+"""Internal loops that read open requests page after page (the deadline sweep, the hidden
+requests of a listing, a filtered server listing) skip none when one on an earlier page closes
+between two page reads: they page by keyset (`PendingFilter.after`), not by offset."""
+
+from __future__ import annotations
+
+import pytest
+
+import signoff as so
+from signoff import _work
+from signoff.stores import PendingFilter
+from signoff.testing import ExecutionLog, ManualClock
+
+from .test_deadlines import asked, payout_agent
+
+
+def closing_once(rt: so.Runtime, monkeypatch: pytest.MonkeyPatch, close: object) -> list[str]:
+    """Make `rt.store.pending` cancel (in another process, as it were) the session of the first
+    request of the first non-empty page it returns, right after reading it; returns the ids it
+    closed."""
+    reading = rt.store.pending
+    closed: list[str] = []
+
+    async def closing_meanwhile(flt: PendingFilter) -> list[so.InputRequest]:
+        page = await reading(flt)
+        if not closed and page:
+            closed.append(page[0].id)
+            await close(page[0])  # type: ignore[operator]
+        return page
+
+    monkeypatch.setattr(rt.store, "pending", closing_meanwhile)
+    return closed
+
+
+async def test_a_sweep_misses_no_due_request_when_one_closes_between_its_pages(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A due request closed by another process after the sweep read its page shifted the next
+    due one out of the next page: its deadline was applied a sweep late."""
+    monkeypatch.setattr(_work, "_SWEEP_PAGE", 2)
+    clock = ManualClock()
+    agent = payout_agent(ExecutionLog(), so.always(expires_in=60))
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        asks = []
+        for _ in range(3):
+            asks.append(await asked(rt))
+            clock.advance(1)
+    clock.advance(60)
+    async with (
+        so.Runtime([agent], store=store_url, clock=clock) as worker,
+        so.Runtime([agent], store=store_url, clock=clock) as other,
+    ):
+
+        async def cancel(request: so.InputRequest) -> None:
+            await other.cancel(request.session_id)
+
+        closed = closing_once(worker, monkeypatch, cancel)
+        await worker.expire_due()
+        assert closed == [asks[0][1].id]
+        for _, request, _ in asks[1:]:
+            stored = await worker.store.get_request(request.id)
+            assert stored is not None and stored.status == "expired", request.id
