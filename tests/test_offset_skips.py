@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import signoff as so
-from signoff import _work
+from signoff import _unlisted, _work
 from signoff.stores import PendingFilter
 from signoff.testing import ExecutionLog, ManualClock
 
@@ -60,3 +60,29 @@ async def test_a_sweep_misses_no_due_request_when_one_closes_between_its_pages(
         for _, request, _ in asks[1:]:
             stored = await worker.store.get_request(request.id)
             assert stored is not None and stored.status == "expired", request.id
+
+
+async def test_the_hidden_requests_of_a_listing_miss_none_when_one_closes_between_pages(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request past its deadline (nothing recorded it) closed by another process after its
+    page was read shifted the next one out of the hidden ones: a listing's count then counted
+    a request its pages leave out."""
+    monkeypatch.setattr(_unlisted, "_SCAN", 2)
+    clock = ManualClock()
+    agent = payout_agent(ExecutionLog(), so.always(expires_in=60))
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        asks = []
+        for _ in range(3):
+            asks.append(await asked(rt))
+            clock.advance(1)
+        clock.advance(60)
+        async with so.Runtime([agent], store=store_url, clock=clock) as other:
+
+            async def cancel(request: so.InputRequest) -> None:
+                await other.cancel(request.session_id)
+
+            closed = closing_once(rt, monkeypatch, cancel)
+            hidden = await _unlisted.unlisted(rt.store, PendingFilter(), clock())
+        assert closed == [asks[0][1].id]
+        assert {r.id for _, r, _ in asks[1:]} <= set(hidden)

@@ -9,15 +9,15 @@ from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from ._deadlines import after_deadline, is_due
-from ._exceptions import StoreError
 from ._mirrors import followed
 from ._types import InputRequest
 from .stores import PendingFilter, Store
+from .stores._pending import cursor_past
 
 if TYPE_CHECKING:
     from ._work import Workers
 
-__all__ = ["counted_listing", "counted_page", "cursor_past", "keyed_page", "queue_page"]
+__all__ = ["counted_listing", "counted_page", "keyed_page", "queue_page"]
 
 T = TypeVar("T")
 Read = Callable[[PendingFilter], Awaitable[tuple[list[InputRequest], T]]]
@@ -39,19 +39,6 @@ async def keyed_page(
     if len(listed) < flt.limit or not listed:
         return shown, None
     return shown, cursor_past(listed[-1], flt.after)
-
-
-def cursor_past(last: InputRequest, after: tuple[float, str] | None) -> tuple[float, str]:
-    """The `PendingFilter.after` of the page after the one `last` ends, read past `after`;
-    a StoreError if it is not past `after` (else the next page is this one or an earlier one
-    again, and paging never ends)."""
-    cursor = (last.created_at, last.id)
-    if after is not None and cursor <= after:  # Python orders text as both stores do
-        raise StoreError(
-            f"request {last.id!r}: its row is listed past {after!r}, but its data says it "
-            f"was made at {last.created_at!r} (the row edited behind the runtime's back?)"
-        )
-    return cursor
 
 
 async def counted_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool, int]:

@@ -13,6 +13,7 @@ from ._deadlines import after_deadline
 from ._mirrors import followed
 from ._types import InputRequest
 from .stores import PendingFilter, Store
+from .stores._pending import cursor_past
 
 __all__ = ["unlisted"]
 
@@ -48,10 +49,12 @@ async def unlisted(store: Store, flt: PendingFilter, now: float) -> list[str]:
 
 
 async def _pages(store: Store, flt: PendingFilter) -> AsyncIterator[list[InputRequest]]:
-    offset = 0
+    """Every request `flt` matches, page after page by keyset (not `flt`'s offset): one closed
+    meanwhile on an earlier page shifts no later one out."""
+    after = flt.after
     while True:
-        page = await store.pending(replace(flt, limit=_SCAN, offset=offset))
+        page = await store.pending(replace(flt, limit=_SCAN, offset=0, after=after))
         yield page
         if len(page) < _SCAN:
             return
-        offset += _SCAN
+        after = cursor_past(page[-1], after)

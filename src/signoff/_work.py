@@ -18,12 +18,12 @@ from ._exceptions import (
 )
 from ._leasing import lost_line
 from ._messages import Messages
-from ._queue_page import cursor_past
 from ._sessions import to_claims
 from ._settings import seconds, whole
 from ._sweeps import one_of_many
 from ._types import InputRequest
 from .stores import PendingFilter, SessionSummary
+from .stores._pending import cursor_past
 
 __all__ = ["Failing", "Workers"]
 

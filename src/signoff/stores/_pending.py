@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._exceptions import UsageError
+from .._exceptions import StoreError, UsageError
 from .._settings import finite
 from .._text import is_utf8
 from ._initiators import InitiatorFilter
 
-__all__ = ["TIME_LIMIT", "PendingFilter", "created_before"]
+if TYPE_CHECKING:
+    from .._types import InputRequest
+
+__all__ = ["TIME_LIMIT", "PendingFilter", "created_before", "cursor_past"]
 
 
 TIME_LIMIT = 2**63
@@ -156,3 +159,16 @@ def created_before(now: float, older_than: float | None) -> float | None:
     if older_than is None:
         return None
     return max(now - older_than, float(-TIME_LIMIT))
+
+
+def cursor_past(last: InputRequest, after: tuple[float, str] | None) -> tuple[float, str]:
+    """The `PendingFilter.after` of the page after the one `last` ends, read past `after`;
+    a StoreError if it is not past `after` (else the next page is this one or an earlier one
+    again, and paging never ends)."""
+    cursor = (last.created_at, last.id)
+    if after is not None and cursor <= after:  # Python orders text as both stores do
+        raise StoreError(
+            f"request {last.id!r}: its row is listed past {after!r}, but its data says it "
+            f"was made at {last.created_at!r} (the row edited behind the runtime's back?)"
+        )
+    return cursor
