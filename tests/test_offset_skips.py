@@ -8,10 +8,15 @@ import pytest
 
 import signoff as so
 from signoff import _unlisted, _work
+from signoff.server import TokenAuth, _context
+from signoff.server._context import ServerContext
 from signoff.stores import PendingFilter
 from signoff.testing import ExecutionLog, ManualClock
 
+from ._ttl import ttl_agent
+from .test_context_rules import _own_only
 from .test_deadlines import asked, payout_agent
+from .test_server_common import ALICE
 
 
 def closing_once(rt: so.Runtime, monkeypatch: pytest.MonkeyPatch, close: object) -> list[str]:
@@ -86,3 +91,30 @@ async def test_the_hidden_requests_of_a_listing_miss_none_when_one_closes_betwee
             hidden = await _unlisted.unlisted(rt.store, PendingFilter(), clock())
         assert closed == [asks[0][1].id]
         assert {r.id for _, r, _ in asks[1:]} <= set(hidden)
+
+
+async def test_a_filtered_server_listing_misses_no_request_when_one_closes_between_reads(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a rule the store cannot apply, the server reads the queue `REQUEST_CHUNK` at a
+    time and filters it: a request closed by another process after its read shifted the next
+    one out of the listing and its total."""
+    monkeypatch.setattr(_context, "REQUEST_CHUNK", 2)
+    clock = ManualClock()
+    async with so.Runtime([ttl_agent()], store=store_url, clock=clock) as rt:
+        mine = []
+        for _ in range(3):
+            mine += (await rt.generate("desk", prompt="reset", auth=ALICE)).pending
+            clock.advance(1)
+        async with so.Runtime([ttl_agent()], store=store_url, clock=clock) as other:
+
+            async def cancel(request: so.InputRequest) -> None:
+                await other.cancel(request.session_id)
+
+            closed = closing_once(rt, monkeypatch, cancel)
+            ctx = ServerContext(runtime=rt, auth=TokenAuth({}), access=_own_only, secret=b"k" * 32)
+            items, total = await ctx.visible_requests(ALICE, PendingFilter(limit=50))
+        assert closed == [mine[0].id]
+        listed = [r.id for r in items]
+        assert {r.id for r in mine[1:]} <= set(listed), listed
+        assert total == len(listed)

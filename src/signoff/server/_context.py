@@ -21,7 +21,7 @@ from .._deadlines import (
 )
 from .._events import Event
 from .._exceptions import StoreError, UnknownRequest, UnknownSession
-from .._queue_page import counted_listing, counted_page
+from .._queue_page import counted_listing, counted_page, keyed_page
 from .._runtime import Runtime
 from .._session_page import counted_sessions
 from .._state import SessionState
@@ -269,13 +269,17 @@ class ServerContext:
         seen: dict[str, bool] = {}
         page: list[InputRequest] = []
         total = 0
-        offset, end = 0, None
+        start, end = 0, None
         if flt.status != "pending":  # the newest closed ones: oldest first, as listed
             end = await store.count_pending(flt)
-            offset = max(0, end - REQUEST_SCAN)
-        while end is None or offset < end:
-            size = REQUEST_CHUNK if end is None else min(REQUEST_CHUNK, end - offset)
-            chunk, more = await self.runtime.pending_page(_page(flt, size, offset))
+            start = max(0, end - REQUEST_SCAN)
+        # From `start` on by keyset: a request closing between two reads (its deadline applied
+        # by a read, another process) shifts no later one out, as an offset would.
+        read, after = start, flt.after
+        while end is None or read < end:
+            size = REQUEST_CHUNK if end is None else min(REQUEST_CHUNK, end - read)
+            at = start if read == start else 0
+            chunk, after = await keyed_page(self.runtime, _page(flt, size, at, after))
             for request in chunk:
                 sid = request.session_id
                 if sid not in seen:
@@ -284,9 +288,9 @@ class ServerContext:
                     if flt.offset <= total < flt.offset + flt.limit:
                         page.append(request)
                     total += 1
-            if not more:
+            if after is None:
                 break
-            offset += size
+            read += size
         return page, total
 
     async def visible_sessions(
@@ -509,8 +513,10 @@ def _created_by(events: list[Event]) -> tuple[bool, Principal | None]:
         return False, None
 
 
-def _page(flt: PendingFilter, limit: int, offset: int) -> PendingFilter:
-    return replace(flt, limit=limit, offset=offset)
+def _page(
+    flt: PendingFilter, limit: int, offset: int, after: tuple[float, str] | None
+) -> PendingFilter:
+    return replace(flt, limit=limit, offset=offset, after=after)
 
 
 def get_context(request: HTTPConnection) -> ServerContext:
