@@ -4,13 +4,15 @@ between two page reads: they page by keyset (`PendingFilter.after`), not by offs
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import signoff as so
 from signoff import _unlisted, _work
 from signoff.server import TokenAuth, _context
 from signoff.server._context import ServerContext
-from signoff.stores import PendingFilter
+from signoff.stores import PendingFilter, SessionSummary
 from signoff.testing import ExecutionLog, ManualClock
 
 from ._ttl import ttl_agent
@@ -118,3 +120,36 @@ async def test_a_filtered_server_listing_misses_no_request_when_one_closes_betwe
         listed = [r.id for r in items]
         assert {r.id for r in mine[1:]} <= set(listed), listed
         assert total == len(listed)
+
+
+async def test_a_sweep_misses_no_lapsed_session_when_one_is_recorded_between_its_pages(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Likewise the sessions whose TTL passed: one recorded by another process after the sweep
+    read its page shifted the next one out of the next page, recorded a sweep late."""
+    monkeypatch.setattr(_work, "_SWEEP_PAGE", 2)
+    clock = ManualClock()
+    async with so.Runtime([ttl_agent()], store=store_url, clock=clock) as rt:
+        sessions = []
+        for _ in range(3):
+            sessions.append((await rt.generate("desk", prompt="reset it")).session_id)
+            clock.advance(1)
+    clock.advance(61)
+    async with (
+        so.Runtime([ttl_agent()], store=store_url, clock=clock) as worker,
+        so.Runtime([ttl_agent()], store=store_url, clock=clock) as other,
+    ):
+        lapsed = worker.store.lapsed_sessions  # type: ignore[attr-defined]
+        recorded: list[str] = []
+
+        async def recording_meanwhile(*args: Any, **kwargs: Any) -> list[SessionSummary]:
+            rows: list[SessionSummary] = await lapsed(*args, **kwargs)
+            if not recorded and rows:
+                recorded.append(rows[0].id)
+                assert await other._record_lapsed(rows[:1], clock()) == 1
+            return rows
+
+        monkeypatch.setattr(worker.store, "lapsed_sessions", recording_meanwhile)
+        await worker.expire_due()
+        assert recorded == [sessions[0]]
+        assert await lapsed(clock(), limit=10) == []  # none left for the next sweep

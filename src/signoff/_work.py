@@ -99,16 +99,21 @@ class Workers(Messages):
         query = getattr(self.store, "lapsed_sessions", None)
         only = {} if agents is None else {"agents": agents}
         for status in ("running", "waiting") if query is None else ("",):
-            offset = 0
+            # The store's lapsed ones by keyset: one that another process records meanwhile
+            # shifts no later one out. (Every running or waiting session by offset, else.)
+            offset, past = 0, dict[str, object]()
             while True:
                 if query is None:
-                    rows = await self.store.sessions(status=status, limit=500, offset=offset)
+                    rows = await self.store.sessions(
+                        status=status, limit=_SWEEP_PAGE, offset=offset
+                    )
                 else:
-                    rows = await query(now, limit=500, offset=offset, **only)
+                    rows = await query(now, limit=_SWEEP_PAGE, **only, **past)
                 lapsed += rows
-                if len(rows) < 500:
+                if len(rows) < _SWEEP_PAGE:
                     break
-                offset += 500
+                offset += _SWEEP_PAGE
+                past = {"after": (rows[-1].expires_at, rows[-1].id)}
         return lapsed
 
     async def _running_past(

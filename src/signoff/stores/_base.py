@@ -187,9 +187,10 @@ class Store(Protocol):
     the middle of the call: a wait before its query reads it is made up for) and
     `granted_head(session_id, token)` (the head it read when it granted that lease, which saves
     a drive a round trip); the runtime uses them when present, as PostgreSQL's store has them.
-    Likewise `lapsed_sessions(now, limit=, offset=, agents=)`, the running or waiting sessions
-    (of `agents` only, if given) whose TTL passed by `now` (both stores have it: a sweep then
-    reads only those of its agents, not every session);
+    Likewise `lapsed_sessions(now, limit=, offset=, agents=, after=)`, the running or waiting
+    sessions (of `agents` only, if given) whose TTL passed by `now`, by expiry then id, past
+    `after` (an expires_at and id: the sweep pages by it, so one recorded meanwhile shifts no
+    later one out) (both stores have it: a sweep then reads only those of its agents);
     `orphaned_children(agents, limit=, offset=)`, the running or waiting sessions of `agents`
     created for a parent (`parent_of`) whose turn that created them ended or was replaced
     (both stores have it: the orphan sweep then reads only those, not every child);

@@ -384,20 +384,25 @@ class Reads(AuditReads):
         limit: int = 100,
         offset: int = 0,
         agents: Sequence[str] | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[SessionSummary]:
         """Running or waiting sessions (of `agents` only, if given) whose TTL passed by `now`,
-        soonest expired first."""
+        soonest expired first (then by id), past `after` (a session's expires_at and id)."""
         s = self._s
         if agents is not None and not agents:
             return []
         only = "" if agents is None else "AND agent = ANY(%s) "
+        past = ""
+        if after is not None:
+            past = 'AND expires_at >= %s AND (expires_at > %s OR id COLLATE "C" > %s) '
+        cursor = [] if after is None else [after[0], after[0], after[1]]
 
         async def body(conn: Conn) -> list[SessionSummary]:
             cur = await conn.execute(
                 "SELECT id, agent, status, head, created_at, updated_at, expires_at "
                 f"FROM {s}.sessions WHERE status IN ('running', 'waiting') AND expires_at <= %s "
-                f"{only}ORDER BY expires_at, sk LIMIT %s OFFSET %s",
-                (now, *([] if agents is None else [list(agents)]), limit, offset),
+                f'{only}{past}ORDER BY expires_at, id COLLATE "C" LIMIT %s OFFSET %s',
+                (now, *([] if agents is None else [list(agents)]), *cursor, limit, offset),
             )
             return [session_summary(row) for row in await cur.fetchall()]
 

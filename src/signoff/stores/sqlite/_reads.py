@@ -358,18 +358,21 @@ class Reads(Connection):
         limit: int = 100,
         offset: int = 0,
         agents: Sequence[str] | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[SessionSummary]:
         """Running or waiting sessions (of `agents` only, if given) whose TTL passed by `now`,
-        soonest expired first."""
+        soonest expired first (then by id), past `after` (a session's expires_at and id)."""
         if agents is not None and not agents:
             return []
         only = "" if agents is None else f"AND agent IN ({','.join('?' * len(agents))}) "
+        past = "" if after is None else "AND expires_at >= ? AND (expires_at > ? OR id > ?) "
         sql = (
             "SELECT id, agent, status, head, created_at, updated_at, expires_at FROM sessions "
-            f"WHERE status IN ('running', 'waiting') AND expires_at <= ? {only}"
-            "ORDER BY expires_at, sk LIMIT ? OFFSET ?"
+            f"WHERE status IN ('running', 'waiting') AND expires_at <= ? {only}{past}"
+            "ORDER BY expires_at, id LIMIT ? OFFSET ?"
         )
-        params = [now, *(agents or ()), limit, offset]
+        cursor = [] if after is None else [after[0], after[0], after[1]]
+        params = [now, *(agents or ()), *cursor, limit, offset]
         return [session_summary(row) for row in self.conn.execute(sql, params)]
 
     @reading
