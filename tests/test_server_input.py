@@ -215,6 +215,10 @@ def test_an_idempotency_key_makes_a_retried_post_act_once(alice: httpx.Client, s
     assert repeat.status_code == 200 and repeat.json()["replayed"] is True
     assert set(repeat.json()) == set(sent.json())
     assert _stored(store) == after_send
+    steered = {**msg, "turnPolicy": "steer"}  # the same key and text with the other policy
+    r = alice.post(f"/v1/sessions/{sid}/messages", json=steered, headers={"Idempotency-Key": "m"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "idempotency_key_reused"
+    assert _stored(store) == after_send
 
 
 def test_a_repeated_post_answers_with_the_turn_its_message_went_to(store_url: str) -> None:

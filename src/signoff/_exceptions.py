@@ -109,8 +109,8 @@ class UsageError(SignoffError):
 
 
 class IdempotencyKeyReused(UsageError):
-    """An idempotency key given again for another call (another agent, prompt or message) than
-    the one it was first given for: nothing was recorded."""
+    """An idempotency key given again for another call (another agent, prompt, message or turn
+    policy) than the one it was first given for: nothing was recorded."""
 
     code = "idempotency_key_reused"
 
