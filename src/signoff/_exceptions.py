@@ -85,8 +85,9 @@ class SignoffError(Exception):
 
     code = "signoff_error"
     idempotency_key: str | None = None
-    """On an error of a client call that sends a message (`AsyncClient.send`, `generate` with
-    a prompt): its key, to call again with, which the server applies once; None otherwise."""
+    """On an error of a client call that sends a message or opens a session (`AsyncClient.send`,
+    `generate` with a prompt or for a new session): its key, to call again with, which the
+    server applies once; None otherwise."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt without calling `__init__`: most subclasses take other arguments than the
