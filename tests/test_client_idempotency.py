@@ -61,6 +61,25 @@ async def test_a_message_that_got_no_answer_is_sent_once_more_with_its_key(
     assert canned.seen[3][1]["idempotency-key"] == "mine-1"
 
 
+async def test_a_new_empty_session_that_got_no_answer_is_opened_once_with_its_key(
+    canned: Canned,
+) -> None:
+    """`generate(agent)` with no prompt opens an empty session: the server honours a key there
+    too, so a call that got no answer is sent once more with one, not opened anew."""
+    idle = {**json.loads(TURN), "status": "idle", "turn_id": None, "text": None}
+    canned.on("/v1/sessions", dropped, http("201 Created", json.dumps(idle)))
+    async with AsyncClient(canned.base) as c:
+        result = await c.generate("support")
+        assert result.replayed and result.status == "idle"
+        keys = [h.get("idempotency-key") for _, h in canned.seen]
+        assert len(keys) == 2 and keys[0] == keys[1] and keys[0]
+        canned.on("/v1/sessions", dropped, dropped)
+        with pytest.raises(so.RemoteError, match="call again with it") as caught:
+            await c.generate("support", idempotency_key="o-1")
+    assert caught.value.idempotency_key == "o-1"
+    assert [h["idempotency-key"] for _, h in canned.seen[2:]] == ["o-1", "o-1"]
+
+
 async def test_a_message_that_got_no_answer_twice_names_its_key(canned: Canned) -> None:
     canned.on("/v1/sessions", dropped)
     async with AsyncClient(canned.base) as c:
@@ -127,7 +146,11 @@ async def test_a_key_repeated_against_a_real_server_acts_once(tmp_path: Path) ->
             sent = await c.send(one.session_id, "never mind", idempotency_key="m-1")
             again = await c.send(one.session_id, "never mind", idempotency_key="m-1")
             assert not sent.replayed and again.replayed
-        assert len(await rt.sessions()) == 1
+            opened = await c.generate("support", idempotency_key="o-1")
+            reopened = await c.generate("support", idempotency_key="o-1")
+            assert not opened.replayed and reopened.replayed and opened.status == "idle"
+            assert reopened.session_id == opened.session_id
+        assert len(await rt.sessions()) == 2
         messages = [
             e.data["message"]
             async for e in rt.events(one.session_id, follow=False)

@@ -217,6 +217,28 @@ async def test_a_key_is_remembered_by_the_session_it_went_to_only(store_url: str
         assert await messages(rt, two) == ["hello", "more"]
 
 
+async def test_a_key_given_again_with_another_turn_policy_is_refused(store_url: str) -> None:
+    """The policy is part of what a keyed message asks: the same key and text sent with the
+    other one is another call, refused as a key reused, with nothing stored."""
+    async with so.Runtime([chat_agent()], store=store_url) as rt:
+        sid = (await rt.generate("chat", prompt="hello", auth=ALICE)).session_id
+        await rt.send(sid, "more", principal=ALICE, idempotency_key="p-1")
+        await rt.send(sid, "later", principal=ALICE, turn_policy="queue", idempotency_key="p-2")
+        before = await counts(rt)
+        with pytest.raises(so.IdempotencyKeyReused):
+            await rt.send(sid, "more", principal=ALICE, turn_policy="queue", idempotency_key="p-1")
+        with pytest.raises(so.IdempotencyKeyReused):
+            await rt.send(sid, "later", principal=ALICE, idempotency_key="p-2")
+        with pytest.raises(so.IdempotencyKeyReused):  # generate continues as `steer` does
+            await rt.generate(session_id=sid, prompt="later", auth=ALICE, idempotency_key="p-2")
+        again = await rt.send(
+            sid, "later", principal=ALICE, turn_policy="queue", idempotency_key="p-2"
+        )
+        assert again.replayed
+        assert await counts(rt) == before
+        assert await messages(rt, sid) == ["hello", "more", "later"]
+
+
 async def test_a_keyed_message_that_answers_a_question_answers_once(store_url: str) -> None:
     async with so.Runtime([asking_agent()], store=store_url) as rt:
         r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)

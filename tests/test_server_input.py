@@ -215,6 +215,10 @@ def test_an_idempotency_key_makes_a_retried_post_act_once(alice: httpx.Client, s
     assert repeat.status_code == 200 and repeat.json()["replayed"] is True
     assert set(repeat.json()) == set(sent.json())
     assert _stored(store) == after_send
+    steered = {**msg, "turnPolicy": "steer"}  # the same key and text with the other policy
+    r = alice.post(f"/v1/sessions/{sid}/messages", json=steered, headers={"Idempotency-Key": "m"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "idempotency_key_reused"
+    assert _stored(store) == after_send
 
 
 def test_a_repeated_post_answers_with_the_turn_its_message_went_to(store_url: str) -> None:
@@ -247,6 +251,29 @@ def test_a_repeated_post_answers_with_the_turn_its_message_went_to(store_url: st
         assert opened_again.json() == {**opened.json(), "replayed": True}
         assert opened.json()["replayed"] is False and opened.json()["status"] == "idle"
         assert len(_stored(store_url)) == len(before) + 1
+
+
+def test_a_create_retried_on_another_server_after_the_first_one_went_finds_its_session(
+    store_url: str,
+) -> None:
+    """A create (with its first message, or empty) whose answer was lost, the server that made it
+    gone, sent again to another server on the same store (nothing of it in memory): the session
+    its key derives its id from answers as a repeat, and no second session is made."""
+    body = {"agent": "support", "message": "Refund order 1042"}
+    keys = {"Idempotency-Key": "lost-1"}, {"Idempotency-Key": "lost-2"}
+    with served(store_url) as base, client(base, "alice-token") as alice:
+        first = alice.post("/v1/sessions", json=body, headers=keys[0]).json()
+        opened = alice.post("/v1/sessions", json={"agent": "support"}, headers=keys[1]).json()
+    before = _stored(store_url)
+    with served(store_url) as base, client(base, "alice-token") as alice:
+        again = alice.post("/v1/sessions", json=body, headers=keys[0])
+        reopened = alice.post("/v1/sessions", json={"agent": "support"}, headers=keys[1])
+        other = alice.post("/v1/sessions", json={**body, "message": "Refund 9"}, headers=keys[0])
+    assert again.status_code == reopened.status_code == 201
+    assert again.json() == {**first, "replayed": True}
+    assert reopened.json() == {**opened, "replayed": True}
+    assert other.status_code == 409 and other.json()["error"]["session_id"] == first["session_id"]
+    assert _stored(store_url) == before and len(before) == 2
 
 
 def test_the_idempotency_key_is_in_the_openapi_document(base: str) -> None:

@@ -278,12 +278,14 @@ class AsyncClient:
         approvals: Sequence[Decision | Mapping[str, Any]] | None = None,
         idempotency_key: str | None = None,
     ) -> RemoteResult:
-        """Start a session (agent + prompt), continue one (session_id + prompt), or settle all of
-        its approvals at once (session_id + approvals). A prompt goes with an idempotency key,
-        `idempotency_key` or a new one (see `send`)."""
-        if idempotency_key is not None and prompt is None:
+        """Start a session (agent + prompt), open an empty one (agent alone), continue one
+        (session_id + prompt), or settle all of its approvals at once (session_id + approvals).
+        A prompt or a new session goes with an idempotency key, `idempotency_key` or a new one
+        (see `send`): a new session is opened once, however often the call is sent."""
+        if idempotency_key is not None and prompt is None and session_id is not None:
             raise errors.UsageError(
-                "idempotency_key goes with a prompt: it keys the message it sends"
+                "idempotency_key goes with a prompt or a new session: it keys the message it "
+                "sends or the session it opens"
             )
         if approvals is not None:
             if prompt is not None:  # as `Runtime.generate` refuses them
@@ -304,9 +306,8 @@ class AsyncClient:
             if agent is None:
                 raise errors.UsageError("generate() needs an agent name for a new session")
             payload: dict[str, Any] = {"agent": agent}
-            if prompt is None:
-                return await self._turn("/v1/sessions", payload)
-            payload["message"] = prompt
+            if prompt is not None:
+                payload["message"] = prompt
             return await self._keyed_turn("/v1/sessions", payload, idempotency_key)
         if prompt is None:
             raise errors.UsageError("generate(session_id=...) needs a prompt or approvals")

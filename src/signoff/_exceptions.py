@@ -85,8 +85,9 @@ class SignoffError(Exception):
 
     code = "signoff_error"
     idempotency_key: str | None = None
-    """On an error of a client call that sends a message (`AsyncClient.send`, `generate` with
-    a prompt): its key, to call again with, which the server applies once; None otherwise."""
+    """On an error of a client call that sends a message or opens a session (`AsyncClient.send`,
+    `generate` with a prompt or for a new session): its key, to call again with, which the
+    server applies once; None otherwise."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt without calling `__init__`: most subclasses take other arguments than the
@@ -109,8 +110,8 @@ class UsageError(SignoffError):
 
 
 class IdempotencyKeyReused(UsageError):
-    """An idempotency key given again for another call (another agent, prompt or message) than
-    the one it was first given for: nothing was recorded."""
+    """An idempotency key given again for another call (another agent, prompt, message or turn
+    policy) than the one it was first given for: nothing was recorded."""
 
     code = "idempotency_key_reused"
 

@@ -94,7 +94,7 @@ def seen(keys: dict[str, Any], idem: Keyed | None, session_id: str) -> bool:
     if known[0] != idem[1]:
         raise IdempotencyKeyReused(
             f"this idempotency key was used in session {session_id!r} for another "
-            "agent, prompt or message: use a new key for a new call",
+            "agent, prompt, message or turn policy: use a new key for a new call",
             session_id,
         )
     return known[1] is not None

@@ -55,7 +55,7 @@ class Messages(Answering):
         With an `idempotency_key`, a message sent again with the same key (by the same
         `principal`) is not delivered again: the call returns the turn the message went to, as
         it stands (`replayed`, see `_replay`), or raises `IdempotencyKeyReused` if the key came
-        with another message.
+        with another message or `turn_policy`.
         """
         check_principal(principal, "principal")
         await self.open()
@@ -66,7 +66,10 @@ class Messages(Answering):
         _check_text(message, "the message")
         if turn_policy not in ("steer", "queue"):
             raise UsageError(f"turn_policy must be 'steer' or 'queue', not {turn_policy!r}")
-        idem = keyed(idempotency_key, principal, "message", message)
+        # `steer` keys as `generate` continuing a session does (and as keys did before the
+        # policy was part of them); `queue` is another call.
+        policy = () if turn_policy == "steer" else (turn_policy,)
+        idem = keyed(idempotency_key, principal, "message", message, *policy)
         key = {} if idem is None else {"idem": list(idem)}
         for _ in range(20):
             state = await self._checked(session_id)

@@ -58,8 +58,8 @@ IdempotencyKey = Annotated[
         description="Makes the call safe to retry: a repeat with the same key (by the same "
         "caller) starts or sends nothing and answers with the turn the first call's message "
         "went to, as that turn stands now (`replayed` true); the same key with another agent "
-        "or message is a 409 `idempotency_key_reused`. 1 to 200 printable ASCII characters, "
-        "with no space at either end.",
+        "or message, or another `turnPolicy`, is a 409 `idempotency_key_reused`. 1 to 200 "
+        "printable ASCII characters, with no space at either end.",
     ),
 ]
 
