@@ -52,7 +52,9 @@ def record(path: str, kind: str, key: str) -> None:
         os.close(fd)
 
 
-def make_agent(records: str) -> so.Agent:
+def gated_tools(records: str) -> tuple[so.Tool, so.Tool]:
+    """`refund` and `ship`, each gated by an approval, each recording its runs in `records`."""
+
     @so.tool(approval=so.always())
     async def refund(
         ctx: so.ToolContext, order_id: str, amount: float, note: str
@@ -66,6 +68,19 @@ def make_agent(records: str) -> so.Agent:
         """Ship a replacement."""
         record(records, "ship", ctx.idempotency_key())
         return f"shipped {order_id}"
+
+    return refund, ship
+
+
+def answer_bob(conversation: list[so.Message]) -> so.ModelResponse:
+    """Bob's turn: the model answers his message."""
+    last = conversation[-1]
+    assert isinstance(last, so.UserMessage), last
+    return so.ModelResponse(text=f"to bob: {last.text}")
+
+
+def make_agent(records: str) -> so.Agent:
+    refund, ship = gated_tools(records)
 
     @so.tool
     async def plan(ctx: so.ToolContext, order_id: str) -> str:
@@ -86,11 +101,6 @@ def make_agent(records: str) -> so.Agent:
             if isinstance(m, so.ToolResultMessage)
         )
         return so.ModelResponse(text="done: " + " | ".join(results))
-
-    def answer_bob(conversation: list[so.Message]) -> so.ModelResponse:
-        last = conversation[-1]
-        assert isinstance(last, so.UserMessage), last
-        return so.ModelResponse(text=f"to bob: {last.text}")
 
     model = so.models.Scripted(
         [

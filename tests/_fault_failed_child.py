@@ -23,7 +23,16 @@ from typing import Any
 
 import signoff as so
 
-from ._fault_child import BOB, BOB_MESSAGE, NOTE, PEOPLE, PROMPT, record, sent
+from ._fault_child import (
+    BOB,
+    BOB_MESSAGE,
+    NOTE,
+    PEOPLE,
+    PROMPT,
+    answer_bob,
+    gated_tools,
+    sent,
+)
 from ._forks import serve
 
 __all__ = ["make_agent", "run"]
@@ -33,24 +42,7 @@ def make_agent(records: str) -> so.Agent:
     """Alice's one model step calls `refund` and `ship`, both gated; a second step would pass
     `max_steps=1`, so her turn fails there. Bob's turn takes the script's second response."""
 
-    @so.tool(approval=so.always())
-    async def refund(
-        ctx: so.ToolContext, order_id: str, amount: float, note: str
-    ) -> dict[str, Any]:
-        """Refund an order."""
-        record(records, "refund", ctx.idempotency_key())
-        return {"refunded": amount, "order_id": order_id}
-
-    @so.tool(approval=so.always())
-    async def ship(ctx: so.ToolContext, order_id: str) -> str:
-        """Ship a replacement."""
-        record(records, "ship", ctx.idempotency_key())
-        return f"shipped {order_id}"
-
-    def answer_bob(conversation: list[so.Message]) -> so.ModelResponse:
-        last = conversation[-1]
-        assert isinstance(last, so.UserMessage), last
-        return so.ModelResponse(text=f"to bob: {last.text}")
+    refund, ship = gated_tools(records)
 
     model = so.models.Scripted(
         [
