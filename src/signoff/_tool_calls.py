@@ -499,6 +499,7 @@ class ToolCalls(DriverPart):
             error = {"error": f"the input has no JSON form to show a reviewer: {exc}"}
             await self.end_call(key, journal, [tool_result(call, "error", error)])
             return
+        rules = tool.approval.rules
         request = InputRequest(
             kind="tool-approval",
             id=new_id("req"),
@@ -512,6 +513,11 @@ class ToolCalls(DriverPart):
             requested_by=turn.principal,
             created_at=self.clock(),
             usage=s.usage,
+            # Who may answer is the tool's rule whoever asks: without them the requester alone
+            # settled a payload under `approvers=2, exclude_requester=True`.
+            approvers=rules.approvers,
+            distinct=rules.distinct,
+            exclude_requester=rules.exclude_requester,
             response_policy=tool.response_policy is not None,
         )
         await self.end_call(
