@@ -219,3 +219,53 @@ def test_an_api_token_of_a_blank_principal_is_refused(who: so.Principal) -> None
 def test_a_dev_principal_that_is_blank_is_refused(who: so.Principal) -> None:
     with pytest.raises(so.UsageError, match="DevAuth's principal names no one: its .* is blank"):
         DevAuth(who)
+
+
+@pytest.mark.parametrize(
+    "approval",
+    [
+        so.ApprovalSpec(so.never(), approvers=2, exclude_requester=True),
+        so.always(approvers=2, exclude_requester=True),
+    ],
+    ids=["spec-never", "always"],
+)
+async def test_a_tool_raised_approval_keeps_the_tools_quorum_and_four_eyes(
+    store_url: str, approval: Any
+) -> None:
+    """The approval a tool asks for itself (`ctx.request_approval`) is gathered by the tool's
+    rules too: it carried none of them, so the requester alone approved their own payload
+    under `approvers=2, exclude_requester=True` (on both stores)."""
+
+    @so.tool(approval=approval)
+    async def wire(ctx: so.ToolContext, to: str, amount: float) -> str:
+        """Wire money."""
+        ctx.request_approval({"to": to, "amount": amount})
+        return "unreachable"
+
+    agent = scripted_agent(
+        "bank", [call_tools(call("wire", to="acme", amount=10)), reply("ok")], tools=[wire]
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("bank", prompt="wire 10 to acme", auth=ALICE)
+        sid = r.session_id
+        if r.pending[0].source == "policy":  # always(): its own quorum first
+            for who in (BOB, CAROL):
+                r = await rt.respond(sid, vote(r.pending[0].id), principal=who)
+        (req,) = r.pending
+        assert req.source == "tool"
+        assert (req.approvers, req.distinct, req.exclude_requester) == (2, True, True)
+        before = await store_contents(rt.store, sid)
+        with pytest.raises(so.NotAllowed, match="the requester may not approve"):
+            await rt.respond(sid, vote(req.id), principal=ALICE)
+        assert await store_contents(rt.store, sid) == before
+        counted = await rt.respond(sid, vote(req.id), principal=BOB)
+        assert counted.status == "waiting"
+        assert counted.outcomes[0].outcome == "counted"
+        again = await rt.respond(sid, vote(req.id), principal=BOB)
+        assert again.outcomes[0].applied is False
+        done = await rt.respond(sid, vote(req.id), principal=CAROL)
+        assert done.status == "completed"
+        assert done.outcomes == [so.Outcome(request_id=req.id, outcome="approved", applied=True)]
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.resolution is not None
+        assert stored.resolution["approved_by"] == ["bob", "carol"]

@@ -499,6 +499,7 @@ class ToolCalls(DriverPart):
             error = {"error": f"the input has no JSON form to show a reviewer: {exc}"}
             await self.end_call(key, journal, [tool_result(call, "error", error)])
             return
+        rules, now = tool.approval.rules, self.clock()
         request = InputRequest(
             kind="tool-approval",
             id=new_id("req"),
@@ -510,8 +511,16 @@ class ToolCalls(DriverPart):
             payload=payload,
             source="tool",
             requested_by=turn.principal,
-            created_at=self.clock(),
+            created_at=now,
             usage=s.usage,
+            # The tool's rules, whoever asks: without them the requester alone settled a
+            # payload under `approvers=2, exclude_requester=True`, and it never expired.
+            approvers=rules.approvers,
+            distinct=rules.distinct,
+            exclude_requester=rules.exclude_requester,
+            expires_at=None if rules.expires_in is None else now + rules.expires_in,
+            on_timeout=rules.on_timeout,
+            escalate_to=rules.escalate_to,
             response_policy=tool.response_policy is not None,
         )
         await self.end_call(
