@@ -13,9 +13,10 @@ from ._approval import SessionInfo
 from ._exceptions import UsageError
 from ._steps import raise_recorded
 from ._sync import in_thread
+from ._text import is_blank
 from ._tool_json import copied, jsonable
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
-from ._types import Answer, Option, Principal, make_options
+from ._types import Answer, Option, Principal, make_options, twin_labels
 
 __all__ = ["Journal", "ReplayError", "ToolContext"]
 
@@ -231,6 +232,7 @@ class ToolContext:
         journal = self._journal
         assert journal is not None
         if entry is None:
+            _askable(question, opts)
             if not journal.can_ask:
                 raise InputUnavailable("this session has no person to ask")
             # Refused before waiting for siblings to replay: on replay this branch's own later
@@ -267,3 +269,19 @@ class ToolContext:
     def request_approval(self, payload: Any = None) -> NoReturn:
         """Park the turn until a person decides; the decision becomes this call's result."""
         raise ApprovalRequired(payload, call_id=self.call_id)
+
+
+def _askable(question: str, options: list[Option]) -> None:
+    """Refuse a new question a person cannot read or answer: one that shows nothing, an option
+    whose label or id shows nothing (only invisible characters: an empty button), or two
+    options whose labels read the same (`twin_labels`). Only a new one: a question recorded
+    before these checks replays as it was asked."""
+    if is_blank(question):
+        raise UsageError("ctx.ask() needs a non-empty question")
+    for i, option in enumerate(options, 1):
+        for field in ("label", "id"):
+            if is_blank(getattr(option, field)):
+                raise UsageError(f"ctx.ask(): option #{i} has a blank {field}")
+    twins = twin_labels(options)
+    if twins is not None:
+        raise UsageError(f"ctx.ask(): {twins}")
