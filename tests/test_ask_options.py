@@ -1,4 +1,5 @@
-"""`ctx.ask()`'s options: ones a person cannot tell apart or see are refused when asked."""
+"""`ctx.ask()`'s options: ones a person cannot tell apart or see are refused when asked, and a
+question replayed with other options than it was answered with is a `ReplayError`."""
 
 from __future__ import annotations
 
@@ -111,3 +112,69 @@ async def test_options_each_named_alone_by_some_reply_are_asked(
     assert r.status == "waiting"
     (request,) = r.pending
     assert len(request.options) == len(options)
+
+
+@pytest.mark.parametrize(
+    ("replayed", "allow_text"),
+    [(["basic", "enterprise"], False), (["basic", "pro"], True)],
+    ids=["other-option", "no-longer-free-text"],
+)
+async def test_a_question_replayed_with_other_options_is_a_replay_error(
+    store_url: str, replayed: list[str], allow_text: bool
+) -> None:
+    """The person chose among the options the question was asked with: replayed with others
+    (or no longer taking free text), the body would read an answer to a question nobody was asked
+    (`pro`, no longer offered). It is a ReplayError, as a question asked in other words is,
+    on either store."""
+    runs: list[int] = []
+
+    @so.tool
+    async def plan(ctx: so.ToolContext) -> str:
+        """Ask which plan."""
+        first = not runs
+        runs.append(1)
+        options = ["basic", "pro"] if first else replayed
+        answer = await ctx.ask("Which plan?", options=options, allow_text=first and allow_text)
+        return f"{answer.value} ({answer.option_id})"
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent("bot", [call_tools(call("plan")), seen], tools=[plan])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        (request,) = r.pending
+        done = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=request.id, option_id="pro")],
+            principal=ALICE,
+        )
+        assert done.status == "completed" and len(runs) == 2
+        (result,) = tool_results(seen.last)
+        assert result.is_error is True
+        assert result.content["error"].startswith("ReplayError: ")
+        assert "'Which plan?'" in result.content["error"]
+
+
+async def test_a_question_replayed_as_asked_returns_its_answer(store_url: str) -> None:
+    """The control: the same question and options replay the answer, rebuilt as dicts and in
+    another order (options built from a set come in another order in another process)."""
+    runs: list[int] = []
+
+    @so.tool
+    async def plan(ctx: so.ToolContext) -> str:
+        """Ask which plan."""
+        runs.append(1)
+        options: list[Any] = ["basic", "pro"]
+        if len(runs) > 1:
+            options = [so.Option(id="pro", label="pro"), {"id": "basic", "label": "basic"}]
+        answer = await ctx.ask("Which plan?", options=options)
+        return f"{answer.value} ({answer.option_id})"
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent("bot", [call_tools(call("plan")), seen], tools=[plan])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        (request,) = r.pending
+        done = await rt.send(r.session_id, "PRO", principal=ALICE)
+        assert done.status == "completed" and len(runs) == 2
+        (result,) = tool_results(seen.last)
+        assert result.is_error is False and result.content == "pro (pro)"

@@ -41,6 +41,10 @@ class Journal(Protocol):
 
     def lookup(self, request_id: str) -> tuple[str, dict[str, Any] | None]: ...
 
+    def asked(self, request_id: str) -> tuple[list[Option], bool] | None:
+        """The options and `allow_text` question `request_id` was asked with (None: unknown)."""
+        ...
+
     async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any: ...
 
     def bound_question(self, question: str, options: list[Option]) -> None:
@@ -242,6 +246,13 @@ class ToolContext:
             await journal.open_question(index, question, opts, allow_text)
             await journal.park()
         request_id = entry["request_id"] if entry else ""
+        asked = journal.asked(request_id) if entry else None
+        if asked is not None and not _same_choice(asked, (opts, allow_text)):
+            raise ReplayError(
+                f"tool {self.tool_name!r} (call {self.call_id}) replayed ask {question!r} with "
+                "other options (or free text allowed or not) than it was asked with, so its "
+                "answer is to another question; a workflow tool must ask the same on every run"
+            )
         status, resolution = journal.lookup(request_id)
         if status == "pending":
             await journal.park()
@@ -285,3 +296,9 @@ def _askable(question: str, options: list[Option]) -> None:
     twins = twin_labels(options)
     if twins is not None:
         raise UsageError(f"ctx.ask(): {twins}")
+
+
+def _same_choice(asked: tuple[list[Option], bool], now: tuple[list[Option], bool]) -> bool:
+    """Whether a question replayed offers what it was answered from: the same options (in any
+    order: one built from a set may come in another) and free text allowed or not alike."""
+    return asked[1] == now[1] and {o.id: o for o in asked[0]} == {o.id: o for o in now[0]}
