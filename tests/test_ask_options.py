@@ -99,9 +99,6 @@ async def test_an_invisible_option_or_question_is_refused_as_a_blank_one(
     [
         ["1", "2"],  # each its own number
         ["5", "10", "1"],  # "1" names two, but "3" the third alone
-        # Distinct buttons, though a typed "1" or "2" names two (and is refused, saying so):
-        # a tool's options may be what the person counts in, unlike the model's (`ask_question`).
-        ["0", "1", "2"],
         [so.Option(id="a", label="Apple"), so.Option(id="A", label="Avocado")],
     ],
 )
