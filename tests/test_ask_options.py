@@ -175,3 +175,30 @@ async def test_a_question_replayed_as_asked_returns_its_answer(store_url: str) -
         assert done.status == "completed" and len(runs) == 2
         (result,) = tool_results(seen.last)
         assert result.is_error is False and result.content == "pro (pro)"
+
+
+@pytest.mark.parametrize("allow_text", [None, "no", "yes", 0, 1, 2.0])
+@pytest.mark.parametrize("options", [[], ["a", "b"]], ids=["no-options", "options"])
+async def test_allow_text_that_is_not_a_bool_is_a_usage_error_and_nothing_is_asked(
+    tmp_path: Path, allow_text: Any, options: list[str]
+) -> None:
+    """`allow_text="no"` passed the check that a question without options takes free text
+    (the string is true) and was stored as False (pydantic reads "no" so): a question nobody
+    could answer, parked until steered. Others failed with pydantic's ValidationError, and a
+    "yes" stored True replayed as other than it was asked. All are now a UsageError naming it."""
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Ask which."""
+        return (await ctx.ask("Which?", options=options, allow_text=allow_text)).value
+
+    seen = Capture(reply("Sorry."))
+    agent = scripted_agent("bot", [call_tools(call("pick")), seen], tools=[pick])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        assert r.status == "completed" and r.pending == []
+        stored = await store_contents(rt.store, r.session_id)
+        assert stored.requests == [] and stored.pending == []
+        (result,) = tool_results(seen.last)
+        assert result.is_error is True
+        assert result.content["error"].startswith("UsageError: ctx.ask(): allow_text must be")

@@ -225,6 +225,9 @@ class ToolContext:
         `max_result_bytes` as JSON, raise `TooLarge` and ask nothing."""
         if not isinstance(question, str) or not question.strip():
             raise UsageError("ctx.ask() needs a non-empty question")
+        if not isinstance(allow_text, bool):
+            # "no" is true, so it passed the check below, and the request read it as False.
+            raise UsageError(f"ctx.ask(): allow_text must be True or False, not {allow_text!r}")
         try:
             opts = make_options(options)
         except ValueError as exc:
