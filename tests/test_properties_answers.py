@@ -50,6 +50,9 @@ class OneQuestion:
     def lookup(self, request_id: str) -> tuple[str, dict[str, Any] | None]:
         return "pending", None
 
+    def asked(self, request_id: str) -> tuple[list[Option], bool] | None:
+        return None
+
     async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any:
         raise AssertionError("no steps here")
 

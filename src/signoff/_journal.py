@@ -78,6 +78,10 @@ class CallJournal:
             return "withdrawn", {"outcome": "cancelled"}
         return r.status, r.resolution
 
+    def asked(self, request_id: str) -> tuple[list[Option], bool] | None:
+        r = self.driver.state.requests.get(request_id)
+        return None if r is None else (r.request.options, r.request.allow_text)
+
     @property
     def keyed(self) -> bool:
         """A call journals by key unless it began journaling by position (an older version)."""

@@ -13,9 +13,10 @@ from ._approval import SessionInfo
 from ._exceptions import UsageError
 from ._steps import raise_recorded
 from ._sync import in_thread
+from ._text import is_blank
 from ._tool_json import copied, jsonable
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
-from ._types import Answer, Option, Principal, make_options
+from ._types import Answer, Option, Principal, make_options, twin_labels
 
 __all__ = ["Journal", "ReplayError", "ToolContext"]
 
@@ -39,6 +40,10 @@ class Journal(Protocol):
     def entries(self) -> Sequence[dict[str, Any] | None]: ...
 
     def lookup(self, request_id: str) -> tuple[str, dict[str, Any] | None]: ...
+
+    def asked(self, request_id: str) -> tuple[list[Option], bool] | None:
+        """The options and `allow_text` question `request_id` was asked with (None: unknown)."""
+        ...
 
     async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any: ...
 
@@ -220,6 +225,9 @@ class ToolContext:
         `max_result_bytes` as JSON, raise `TooLarge` and ask nothing."""
         if not isinstance(question, str) or not question.strip():
             raise UsageError("ctx.ask() needs a non-empty question")
+        if not isinstance(allow_text, bool):
+            # "no" is true, so it passed the check below, and the request read it as False.
+            raise UsageError(f"ctx.ask(): allow_text must be True or False, not {allow_text!r}")
         try:
             opts = make_options(options)
         except ValueError as exc:
@@ -231,6 +239,7 @@ class ToolContext:
         journal = self._journal
         assert journal is not None
         if entry is None:
+            _askable(question, opts)
             if not journal.can_ask:
                 raise InputUnavailable("this session has no person to ask")
             # Refused before waiting for siblings to replay: on replay this branch's own later
@@ -240,6 +249,13 @@ class ToolContext:
             await journal.open_question(index, question, opts, allow_text)
             await journal.park()
         request_id = entry["request_id"] if entry else ""
+        asked = journal.asked(request_id) if entry else None
+        if asked is not None and not _same_choice(asked, (opts, allow_text)):
+            raise ReplayError(
+                f"tool {self.tool_name!r} (call {self.call_id}) replayed ask {question!r} with "
+                "other options (or free text allowed or not) than it was asked with, so its "
+                "answer is to another question; a workflow tool must ask the same on every run"
+            )
         status, resolution = journal.lookup(request_id)
         if status == "pending":
             await journal.park()
@@ -267,3 +283,25 @@ class ToolContext:
     def request_approval(self, payload: Any = None) -> NoReturn:
         """Park the turn until a person decides; the decision becomes this call's result."""
         raise ApprovalRequired(payload, call_id=self.call_id)
+
+
+def _askable(question: str, options: list[Option]) -> None:
+    """Refuse a new question a person cannot read or answer: one that shows nothing, an option
+    whose label or id shows nothing (only invisible characters: an empty button), or two
+    options whose labels read the same (`twin_labels`). Only a new one: a question recorded
+    before these checks replays as it was asked."""
+    if is_blank(question):
+        raise UsageError("ctx.ask() needs a non-empty question")
+    for i, option in enumerate(options, 1):
+        for field in ("label", "id"):
+            if is_blank(getattr(option, field)):
+                raise UsageError(f"ctx.ask(): option #{i} has a blank {field}")
+    twins = twin_labels(options)
+    if twins is not None:
+        raise UsageError(f"ctx.ask(): {twins}")
+
+
+def _same_choice(asked: tuple[list[Option], bool], now: tuple[list[Option], bool]) -> bool:
+    """Whether a question replayed offers what it was answered from: the same options (in any
+    order: one built from a set may come in another) and free text allowed or not alike."""
+    return asked[1] == now[1] and {o.id: o for o in asked[0]} == {o.id: o for o in now[0]}

@@ -44,6 +44,7 @@ __all__ = [
     "make_options",
     "match_option",
     "named_options",
+    "twin_labels",
     "unique_name",
 ]
 
@@ -378,6 +379,20 @@ def unique_name(options: list[Option], option: Option) -> str | None:
     for name in (str(number), option.label.strip(), option.id.strip()):
         if [o.id for o in named_options(options, name)] == [option.id]:
             return name
+    return None
+
+
+def twin_labels(options: list[Option]) -> str | None:
+    """Why `options` cannot be told apart, if two of their labels are the same as a reply is
+    compared with them (`folded`): two buttons saying Yes, and a reply naming both."""
+    seen: dict[str, int] = {}
+    for i, option in enumerate(options):
+        first = seen.setdefault(folded(option.label), i)
+        if first != i:  # the two it names, not every label: a tool may offer a thousand
+            return (
+                f"option labels must be distinct: #{first + 1} {options[first].label!r} and "
+                f"#{i + 1} {option.label!r} read the same"
+            )
     return None
 
 

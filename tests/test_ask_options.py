@@ -1,0 +1,204 @@
+"""`ctx.ask()`'s options: ones a person cannot tell apart or see are refused when asked, and a
+question replayed with other options than it was answered with is a `ReplayError`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import (
+    Capture,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    store_contents,
+    tool_results,
+)
+
+from ._seeds import ALICE
+
+
+async def _asked(tmp_path: Path, question: str, options: list[Any]) -> tuple[Any, Any, Any]:
+    """Run a tool that asks `question` with `options`: the turn's result, what the model read
+    of the call (None while it waits) and what the store holds of the session."""
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Ask which."""
+        return (await ctx.ask(question, options=options)).value
+
+    seen = Capture(reply("Sorry."))
+    agent = scripted_agent("bot", [call_tools(call("pick")), seen], tools=[pick])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        contents = await store_contents(rt.store, r.session_id)
+        return r, tool_results(seen.last) if r.status == "completed" else None, contents
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        (["Yes", "yes"], "option labels must be distinct"),  # as a person types it
+        (["Caf\u00e9", "Cafe\u0301"], "option labels must be distinct"),  # two buttons: Café
+        (["ＲＥＤ", "red"], "option labels must be distinct"),  # full-width and not
+        (
+            [so.Option(id="r1", label="Red "), so.Option(id="r2", label=" red")],
+            "option labels must be distinct",
+        ),
+    ],
+    ids=["case", "combining-mark", "full-width", "spaces"],
+)
+async def test_options_a_person_cannot_tell_apart_are_refused_and_nothing_is_asked(
+    tmp_path: Path, options: list[Any], words: str
+) -> None:
+    """Two options that read the same once compared as a reply is (case, width, accents
+    composed or not, spaces) showed as two equal buttons, and a typed reply naming one was
+    refused as naming both. `ask_question` refused these from the model; `ctx.ask` asked
+    them: now a UsageError, the tool's error, and no request stored."""
+    r, results, stored = await _asked(tmp_path, "Which?", options)
+    assert r.status == "completed" and r.pending == []
+    assert stored.requests == [] and stored.pending == []
+    (result,) = results
+    assert result.is_error is True
+    assert result.content["error"].startswith("UsageError: ctx.ask(): ")
+    assert words in result.content["error"]
+
+
+@pytest.mark.parametrize(
+    ("question", "options", "words"),
+    [
+        ("Which?", ["\u200b", "b"], "option #1 has a blank label"),
+        ("Which?", ["a", {"label": "\u2060\u00ad "}], "option #2 has a blank label"),
+        ("Which?", [so.Option(id="\ufeff", label="A"), "b"], "option #1 has a blank id"),
+        ("\u200b\u200d", ["a", "b"], "needs a non-empty question"),
+    ],
+    ids=["zero-width-label", "invisible-label", "invisible-id", "invisible-question"],
+)
+async def test_an_invisible_option_or_question_is_refused_as_a_blank_one(
+    tmp_path: Path, question: str, options: list[Any], words: str
+) -> None:
+    """Only a label of spaces was blank: one of zero-width or other invisible characters showed
+    an empty button on the dashboard and in Slack, as a question of them showed nothing to
+    answer. They say nothing, as `is_blank` has it for every reply and message."""
+    r, results, stored = await _asked(tmp_path, question, options)
+    assert r.status == "completed" and r.pending == []
+    assert stored.requests == [] and stored.pending == []
+    (result,) = results
+    assert result.is_error is True
+    assert result.content["error"].startswith("UsageError: ctx.ask")
+    assert words in result.content["error"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["1", "2"],  # each its own number
+        ["5", "10", "1"],  # "1" names two, but "3" the third alone
+        [so.Option(id="a", label="Apple"), so.Option(id="A", label="Avocado")],
+    ],
+)
+async def test_options_each_named_alone_by_some_reply_are_asked(
+    tmp_path: Path, options: list[Any]
+) -> None:
+    r, _, _ = await _asked(tmp_path, "Which?", options)
+    assert r.status == "waiting"
+    (request,) = r.pending
+    assert len(request.options) == len(options)
+
+
+@pytest.mark.parametrize(
+    ("replayed", "allow_text"),
+    [(["basic", "enterprise"], False), (["basic", "pro"], True)],
+    ids=["other-option", "no-longer-free-text"],
+)
+async def test_a_question_replayed_with_other_options_is_a_replay_error(
+    store_url: str, replayed: list[str], allow_text: bool
+) -> None:
+    """The person chose among the options the question was asked with: replayed with others
+    (or no longer taking free text), the body would read an answer to a question nobody was asked
+    (`pro`, no longer offered). It is a ReplayError, as a question asked in other words is,
+    on either store."""
+    runs: list[int] = []
+
+    @so.tool
+    async def plan(ctx: so.ToolContext) -> str:
+        """Ask which plan."""
+        first = not runs
+        runs.append(1)
+        options = ["basic", "pro"] if first else replayed
+        answer = await ctx.ask("Which plan?", options=options, allow_text=first and allow_text)
+        return f"{answer.value} ({answer.option_id})"
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent("bot", [call_tools(call("plan")), seen], tools=[plan])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        (request,) = r.pending
+        done = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=request.id, option_id="pro")],
+            principal=ALICE,
+        )
+        assert done.status == "completed" and len(runs) == 2
+        (result,) = tool_results(seen.last)
+        assert result.is_error is True
+        assert result.content["error"].startswith("ReplayError: ")
+        assert "'Which plan?'" in result.content["error"]
+
+
+async def test_a_question_replayed_as_asked_returns_its_answer(store_url: str) -> None:
+    """The control: the same question and options replay the answer, rebuilt as dicts and in
+    another order (options built from a set come in another order in another process)."""
+    runs: list[int] = []
+
+    @so.tool
+    async def plan(ctx: so.ToolContext) -> str:
+        """Ask which plan."""
+        runs.append(1)
+        options: list[Any] = ["basic", "pro"]
+        if len(runs) > 1:
+            options = [so.Option(id="pro", label="pro"), {"id": "basic", "label": "basic"}]
+        answer = await ctx.ask("Which plan?", options=options)
+        return f"{answer.value} ({answer.option_id})"
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent("bot", [call_tools(call("plan")), seen], tools=[plan])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        (request,) = r.pending
+        done = await rt.send(r.session_id, "PRO", principal=ALICE)
+        assert done.status == "completed" and len(runs) == 2
+        (result,) = tool_results(seen.last)
+        assert result.is_error is False and result.content == "pro (pro)"
+
+
+@pytest.mark.parametrize("allow_text", [None, "no", "yes", 0, 1, 2.0])
+@pytest.mark.parametrize("options", [[], ["a", "b"]], ids=["no-options", "options"])
+async def test_allow_text_that_is_not_a_bool_is_a_usage_error_and_nothing_is_asked(
+    tmp_path: Path, allow_text: Any, options: list[str]
+) -> None:
+    """`allow_text="no"` passed the check that a question without options takes free text
+    (the string is true) and was stored as False (pydantic reads "no" so): a question nobody
+    could answer, parked until steered. Others failed with pydantic's ValidationError, and a
+    "yes" stored True replayed as other than it was asked. All are now a UsageError naming it."""
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Ask which."""
+        return (await ctx.ask("Which?", options=options, allow_text=allow_text)).value
+
+    seen = Capture(reply("Sorry."))
+    agent = scripted_agent("bot", [call_tools(call("pick")), seen], tools=[pick])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        assert r.status == "completed" and r.pending == []
+        stored = await store_contents(rt.store, r.session_id)
+        assert stored.requests == [] and stored.pending == []
+        (result,) = tool_results(seen.last)
+        assert result.is_error is True
+        assert result.content["error"].startswith("UsageError: ctx.ask(): allow_text must be")
