@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import re
 import shlex
 import sys
 import time
@@ -497,10 +496,6 @@ def _summary(event: Event) -> str:
     return ""
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-"""A lone surrogate (a model can produce one): JSON escapes it, as UTF-8 cannot hold it."""
-
-
 @app.command()
 def events(
     session_id: Annotated[str, typer.Argument(metavar="SESSION_ID")],
@@ -531,7 +526,9 @@ def events(
             async for event in runtime.events(session_id, after, follow=follow):
                 if as_json:
                     line = json.dumps(event.to_dict(), ensure_ascii=False)
-                    typer.echo(_SURROGATE.sub(escape_as_json, line))
+                    # what JSON leaves raw and a terminal may act on or hide: C1 controls (a
+                    # CSI), bidi overrides, lone surrogates (UTF-8 cannot hold them), escaped
+                    typer.echo(HIDDEN.sub(escape_as_json, line))
                     continue
                 at = datetime.fromtimestamp(event.at).strftime("%H:%M:%S")
                 console.print(
