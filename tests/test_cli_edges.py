@@ -150,3 +150,21 @@ def test_chat_and_approve_run_the_turn_of_a_runtime_left_to_workers(url: str) ->
     assert "support: Refunded 180.00." in approved.output, approved.output
     assert "another process" not in approved.output
     assert "turn.completed" in [e.type for e in log(url, session_id)]
+
+
+def test_recording_again_an_answer_whose_turn_ended_does_not_say_it_continues(
+    store_url: str,
+) -> None:
+    """Approving again, without a runtime, a request whose turn has since completed changes
+    nothing and says so; it used to add that the turn continues when a worker picks it up,
+    sending the person to start a process for a turn that is over."""
+    session_id, request_id = park(store_url)
+    assert invoke("approve", request_id, TARGET, "--store", store_url).exit_code == 0
+    before = log(store_url, session_id)
+    assert "turn.completed" in [e.type for e in before]
+    again = invoke("approve", request_id, "--store", store_url)
+    assert again.exit_code == 0, again.output
+    assert f"{request_id} was already approved; nothing changed." in again.output
+    assert "continues when" not in again.output, again.output
+    assert "its turn has ended (completed)" in again.output, again.output
+    assert len(log(store_url, session_id)) == len(before)  # nothing recorded

@@ -358,6 +358,11 @@ async def _settle(
     if result.pending:  # `running` too: an approved call can run while another still waits
         ids = ", ".join(r.id for r in result.pending)
         console.print(f"[yellow]the turn still waits on: {ids}[/]")
+    elif loaded is None and (
+        result.status in ("completed", "cancelled")
+        or (result.status == "failed" and not result.retryable)
+    ):  # answered before, and its turn went on to end: nothing is left for a process to do
+        console.print(f"[dim]its turn has ended ({result.status})[/]")
     elif loaded is None:
         console.print(
             f"[dim]The turn continues when a process running agent {printable(request.agent)!r} "
