@@ -25,7 +25,7 @@ from .._exceptions import (
 )
 from .._results import GenerateResult
 from .._runtime import Runtime
-from .._state import starts_queued, turn_over
+from .._state import SessionState, starts_queued, turn_over
 from .._text import is_blank
 from .._types import InputRequest, Principal
 from ..channels.terminal import TerminalChannel, printable
@@ -142,10 +142,15 @@ class _Chat:
 
     async def nothing_to_retry(self) -> str | None:
         """Why `/retry` has nothing to resume, or None when it has: resuming a turn that ended
-        would only print its last answer again, as if the agent had answered anew."""
+        would only print its last answer again, as if the agent had answered anew, unless a
+        message queued behind it never started, which `/retry` then starts (as `reopen` does)."""
         if self.session_id is None:
             return "type a message to begin"
-        turn = (await self.runtime.state(self.session_id)).turn
+        state = await self.runtime.state(self.session_id)
+        turn = state.turn
+        if starts_queued(state):  # another process ended the turn and died before it started
+            self.say_queued(state)
+            return None
         if turn is None or turn.status in ("completed", "cancelled"):
             return f"the last turn {turn.status if turn else 'never started'}"
         if turn.status == "failed" and not turn.retryable:
@@ -210,13 +215,17 @@ class _Chat:
                 return True
             # Its process died before the message queued behind it started: resuming the
             # session starts it (`generate` drives it, as a worker would).
-            n = len(state.queued)
-            which = "the message" if n == 1 else f"the {n} messages"
-            which += " queued behind it " + ("starts" if n == 1 else "start")
-            self.console.print(f"[dim]the last turn ended; {which} now[/]")
+            self.say_queued(state)
         with self.console.status(f"{printable(self.agent.name)} is working..."):
             result = await self.runtime.generate(session_id=session_id)
         return await self.follow(result)
+
+    def say_queued(self, state: SessionState) -> None:
+        """Say that the messages queued behind the session's ended turn start now."""
+        n = len(state.queued)
+        which = "the message" if n == 1 else f"the {n} messages"
+        which += " queued behind it " + ("starts" if n == 1 else "start")
+        self.console.print(f"[dim]the last turn ended; {which} now[/]")
 
     async def follow(self, result: GenerateResult) -> bool:
         """Answer the turn's requests inline until it ends; False if the person left."""
