@@ -132,6 +132,27 @@ def test_approving_or_denying_a_question_says_to_answer_it(url: str, command: st
     assert len(log(url, question.session_id)) == before
 
 
+@pytest.mark.parametrize("given", [["--text", "yes"], ["--option", "1"]])
+def test_answering_an_approval_with_text_or_an_option_says_to_approve_or_deny_it(
+    url: str, given: list[str]
+) -> None:
+    """`answer` of an approval with text or an option of a question names the commands that
+    decide it, where it said `option_id must be 'approve' or 'cancel' (to deny), not None`, in
+    the API's terms; nothing is recorded. `--option approve` still approves it."""
+    session_id, request_id = park(url)
+    before = len(log(url, session_id))
+    result = invoke("answer", request_id, *given, "--store", url)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: InvalidAnswer: {request_id} is an approval (issue_refund), not a question: "
+        f"signoff approve {request_id} or signoff deny {request_id}\n"
+    )
+    assert len(log(url, session_id)) == before
+    approved = invoke("answer", request_id, "--option", "approve", "--store", url)
+    assert approved.exit_code == 0, approved.output
+    assert f"approved {request_id}" in approved.output
+
+
 def test_chat_and_approve_run_the_turn_of_a_runtime_left_to_workers(url: str) -> None:
     """`chat` and `approve MODULE:RUNTIME` continue the turn in their own process, as the
     README says, even for a runtime that leaves its turns to workers (`inline=False`): they

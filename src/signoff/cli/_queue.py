@@ -302,6 +302,16 @@ async def _settle(
                 f"signoff answer {request_id} --option ID or --text TEXT",
                 [request_id],
             )
+        if (
+            command == "answer"
+            and request.kind == "tool-approval"
+            and answer.option_id not in ("approve", "cancel")
+        ):  # the engine's refusal names `option_id` and None, the API's terms
+            raise InvalidAnswer(
+                f"{request_id} is an approval ({request.tool_name}), not a question: "
+                f"signoff approve {request_id} or signoff deny {request_id}",
+                [request_id],
+            )
         if loaded is None and (
             request.response_policy or await response_policy_recorded(runtime.store, request)
         ):
