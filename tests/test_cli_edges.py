@@ -176,9 +176,9 @@ def test_chat_and_approve_run_the_turn_of_a_runtime_left_to_workers(url: str) ->
 def test_recording_again_an_answer_whose_turn_ended_does_not_say_it_continues(
     store_url: str,
 ) -> None:
-    """Approving again, without a runtime, a request whose turn has since completed changes
-    nothing and says so; it used to add that the turn continues when a worker picks it up,
-    sending the person to start a process for a turn that is over."""
+    """Approving again a request whose turn has since completed changes nothing and says so.
+    Without a runtime it used to add that the turn continues when a worker picks it up (a
+    process for a turn that is over); with one, print the turn's last answer as if anew."""
     session_id, request_id = park(store_url)
     assert invoke("approve", request_id, TARGET, "--store", store_url).exit_code == 0
     before = log(store_url, session_id)
@@ -189,3 +189,9 @@ def test_recording_again_an_answer_whose_turn_ended_does_not_say_it_continues(
     assert "continues when" not in again.output, again.output
     assert "its turn has ended (completed)" in again.output, again.output
     assert len(log(store_url, session_id)) == len(before)  # nothing recorded
+    with_runtime = invoke("approve", request_id, TARGET, "--store", store_url)
+    assert with_runtime.exit_code == 0, with_runtime.output
+    assert f"{request_id} was already approved; nothing changed." in with_runtime.output
+    assert "its turn has ended (completed)" in with_runtime.output, with_runtime.output
+    assert "support: Refunded" not in with_runtime.output  # no answer anew: nothing ran
+    assert len(log(store_url, session_id)) == len(before)

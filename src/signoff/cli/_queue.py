@@ -319,6 +319,7 @@ async def _settle(
                 f"{request.tool_name} has a response policy that decides who may answer, and only "
                 f"its runtime can run it: signoff {command} {request_id} MODULE:RUNTIME"
             )
+        ran = False  # whether this command ran the turn on (only with a runtime)
         if loaded is None:
             # Record only: a process running the agent continues the turn later. A subagent's
             # mirror is settled in the child session (and its child's): their agents too.
@@ -336,8 +337,10 @@ async def _settle(
                     request.session_id, [answer], principal=principal, resume=False
                 )
         else:
+            head = await runtime.store.head(request.session_id)
             with console.status("resuming the turn..."), _as_hint(command, request, principal):
                 result = await runtime.respond(request.session_id, [answer], principal=principal)
+            ran = await runtime.store.head(request.session_id) != head
     outcome = result.outcomes[0] if result.outcomes else None
     what = request.tool_name or request.question or request.kind
     where = f"({printable(what)} in session {request.session_id})"
@@ -368,10 +371,10 @@ async def _settle(
     if result.pending:  # `running` too: an approved call can run while another still waits
         ids = ", ".join(r.id for r in result.pending)
         console.print(f"[yellow]the turn still waits on: {ids}[/]")
-    elif loaded is None and (
+    elif not ran and (
         result.status in ("completed", "cancelled")
         or (result.status == "failed" and not result.retryable)
-    ):  # answered before, and its turn went on to end: nothing is left for a process to do
+    ):  # answered before, and its turn went on to end: nothing is left to run or show anew
         console.print(f"[dim]its turn has ended ({result.status})[/]")
     elif loaded is None:
         console.print(
