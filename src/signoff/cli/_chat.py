@@ -27,7 +27,7 @@ from .._results import GenerateResult
 from .._runtime import Runtime
 from .._state import SessionState, starts_queued, turn_over
 from .._text import is_blank
-from .._types import InputRequest, Principal
+from .._types import InputRequest, InputResponse, Principal
 from ..channels.terminal import TerminalChannel, printable
 from ..models import Scripted
 from ..stores import DEFAULT_URL
@@ -78,6 +78,28 @@ def _ctrl_c_interrupts() -> Iterator[None]:
             signal.signal(signal.SIGINT, previous)
 
 
+_LEAVE = ("/exit", "/quit")
+
+
+class _ChatChannel(TerminalChannel):
+    """The terminal channel of chat, where `/exit` or `/quit` typed at an approval's or a
+    question's prompt leaves the request pending, as Ctrl-D does, rather than being taken as
+    a free-text answer (which the turn would go on with) or refused as no y or n."""
+
+    asking = False
+
+    def ask(self, request: InputRequest) -> InputResponse | None:
+        self.asking = True
+        try:
+            return super().ask(request)
+        finally:
+            self.asking = False
+
+    def read(self, prompt: str) -> str | None:
+        line = super().read(prompt)
+        return None if self.asking and line in _LEAVE else line
+
+
 class _Chat:
     """One terminal conversation with one agent: messages in, inline prompts, answers out."""
 
@@ -97,7 +119,7 @@ class _Chat:
         self.agent = agent
         self.console = console
         # Deadlines are shown by the runtime's clock, which set them (the database's on PostgreSQL).
-        self.channel = TerminalChannel(console, clock=runtime.now)
+        self.channel: TerminalChannel = _ChatChannel(console, clock=runtime.now)
         self.principal = principal
         self.session_id: str | None = None
         self.seen = 0
@@ -109,7 +131,7 @@ class _Chat:
         while True:
             with _ctrl_c_interrupts():
                 line = self.channel.read_message()
-            if line is None or line in ("/exit", "/quit"):
+            if line is None or line in _LEAVE:
                 if line is None:
                     self.console.print()
                 return
