@@ -174,3 +174,25 @@ def test_chat_names_the_schema_of_its_store_in_the_command_it_prints(
     assert approved.stdout.startswith("approved "), approved.output
     schemas = pg_schemas(pg_url)
     assert "tenant_a" in schemas and "signoff" not in schemas, schemas
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [("tests._cli:sizer", "I want coffee"), (TARGET, "Refund order 1042")],
+    ids=["question", "approval"],
+)
+@pytest.mark.parametrize("typed", ["/exit", "/quit"])
+def test_exit_at_a_prompt_leaves_the_request_pending(
+    url: str, target: str, message: str, typed: str
+) -> None:
+    """`/exit` or `/quit` typed at a question's or an approval's prompt leaves chat with the
+    request pending, as Ctrl-D does and `/help` says: a question that takes free text took it
+    as the answer and the turn went on with it, and an approval said to answer y or n."""
+    chat = CliRunner().invoke(app, ["chat", target, "--store", url], input=f"{message}\n{typed}\n")
+    assert chat.exit_code == 0, chat.output
+    assert "answer y or n" not in chat.output, chat.output
+    [request] = json.loads(invoke("pending", "--store", url, "--json").stdout)
+    assert f"left {request['id']} pending" in chat.output, chat.output
+    events = log(url, request["session_id"])
+    assert [e.type for e in events][-1] == "turn.waiting"
+    assert not [e for e in events if e.type == "input.resolved"]

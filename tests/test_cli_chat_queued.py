@@ -1,23 +1,26 @@
 """`signoff chat --session` on a session whose turn ended (completed, cancelled or failed for
 good) with a message queued behind it that never started: its process died between the commit
 that ended the turn and the one that starts the message. Chat runs that message's turn, as
-`generate(session_id=...)` does. Run on both stores."""
+`generate(session_id=...)` does, on reopening the session or on `/retry` when it happened while
+chat was open. Run on both stores."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 
 import pytest
 from typer.testing import CliRunner
 
 import signoff as so
 from signoff._engine import Driver
+from signoff.channels.terminal import TerminalChannel
 from signoff.cli import app
 from signoff.testing import ExecutionLog, call, call_tools
 
 from ._steer import ALICE, BOB, events, refund_tool
 
-__all__ = ["clerk", "limited"]
+__all__ = ["clerk", "limited", "talker"]
 
 
 def _echo(conversation: list[so.Message]) -> so.ModelResponse:
@@ -104,3 +107,81 @@ def test_chat_reopening_a_session_starts_the_message_queued_behind_its_ended_tur
     assert state.queued == [] and state.turn is not None
     assert (state.turn.status, state.turn.text) == ("completed", "re: bob here")
     assert state.turn.principal == BOB
+
+
+def _talk(conversation: list[so.Message]) -> so.ModelResponse:
+    """Asks to refund an order when told to (an approval parks the turn); else echoes."""
+    last = conversation[-1]
+    if isinstance(last, so.UserMessage) and last.text.startswith("refund"):
+        return call_tools(call("issue_refund", id="r1", order_id="1042", amount=180))
+    return _echo(conversation)
+
+
+talker = so.Agent(
+    name="clerk",
+    model=so.models.Scripted([_talk], repeat_last=True),
+    tools=[refund_tool(ExecutionLog())],
+)
+
+
+async def _crash_behind(url: str, session_id: str) -> None:
+    """Another process runs Alice's turn in the session, to an approval with Bob's message
+    queued behind it, approves it and dies before Bob's message starts."""
+
+    async def crash(self: Driver) -> None:
+        raise KeyboardInterrupt
+
+    async with so.Runtime([talker], store=url) as rt:
+        r = await rt.generate(session_id=session_id, prompt="refund order 1042", auth=ALICE)
+        assert r.status == "waiting", r
+        assert (await rt.send(session_id, "bob here", principal=BOB)).queued
+        approve = [so.InputResponse(request_id=r.pending[0].id, option_id="approve")]
+        with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
+            patch.setattr(Driver, "start_queued", crash)
+            await rt.respond(session_id, approve, principal=ALICE)
+        state = await rt.state(session_id)
+        assert state.turn is not None and state.turn.status == "completed"
+        assert [q["message"] for q in state.queued] == ["bob here"]
+
+
+def test_chat_retry_starts_a_message_left_queued_behind_a_turn_that_ended(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While chat waits for the person to type, another process ends the session's turn and
+    dies before the message queued behind it starts: `/retry` starts it, as reopening the
+    session would. It used to say there was nothing to retry, as the last turn completed."""
+    read_message = TerminalChannel.read_message
+    prompts: list[int] = []
+
+    def reading(self: TerminalChannel) -> str | None:
+        prompts.append(1)
+        if len(prompts) == 2:  # after "hi" was answered: the other process, meanwhile
+            rt = so.Runtime([], store=store_url)
+            try:
+                (row,) = rt.sessions_sync()
+            finally:
+                rt.close_sync()
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                pool.submit(asyncio.run, _crash_behind(store_url, row.id)).result()
+        return read_message(self)
+
+    monkeypatch.setattr(TerminalChannel, "read_message", reading)
+    chat = CliRunner().invoke(
+        app,
+        ["chat", "tests.test_cli_chat_queued:talker", "--store", store_url],
+        input="hi\n/retry\n/exit\n",
+    )
+    assert chat.exit_code == 0, chat.output
+    assert "clerk: re: hi" in chat.output, chat.output
+    assert "nothing to retry" not in chat.output, chat.output
+    assert "the last turn ended; the message queued behind it starts now" in chat.output
+    assert "clerk: re: bob here" in chat.output, chat.output
+    rt = so.Runtime([], store=store_url)
+    try:
+        (row,) = rt.sessions_sync()
+    finally:
+        rt.close_sync()
+    state, started = asyncio.run(_after(store_url, row.id))
+    assert started == ["hi", "refund order 1042", "bob here"]
+    assert state.queued == [] and state.turn is not None
+    assert (state.turn.status, state.turn.principal) == ("completed", BOB)

@@ -132,6 +132,27 @@ def test_approving_or_denying_a_question_says_to_answer_it(url: str, command: st
     assert len(log(url, question.session_id)) == before
 
 
+@pytest.mark.parametrize("given", [["--text", "yes"], ["--option", "1"]])
+def test_answering_an_approval_with_text_or_an_option_says_to_approve_or_deny_it(
+    url: str, given: list[str]
+) -> None:
+    """`answer` of an approval with text or an option of a question names the commands that
+    decide it, where it said `option_id must be 'approve' or 'cancel' (to deny), not None`, in
+    the API's terms; nothing is recorded. `--option approve` still approves it."""
+    session_id, request_id = park(url)
+    before = len(log(url, session_id))
+    result = invoke("answer", request_id, *given, "--store", url)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: InvalidAnswer: {request_id} is an approval (issue_refund), not a question: "
+        f"signoff approve {request_id} or signoff deny {request_id}\n"
+    )
+    assert len(log(url, session_id)) == before
+    approved = invoke("answer", request_id, "--option", "approve", "--store", url)
+    assert approved.exit_code == 0, approved.output
+    assert f"approved {request_id}" in approved.output
+
+
 def test_chat_and_approve_run_the_turn_of_a_runtime_left_to_workers(url: str) -> None:
     """`chat` and `approve MODULE:RUNTIME` continue the turn in their own process, as the
     README says, even for a runtime that leaves its turns to workers (`inline=False`): they
@@ -150,3 +171,27 @@ def test_chat_and_approve_run_the_turn_of_a_runtime_left_to_workers(url: str) ->
     assert "support: Refunded 180.00." in approved.output, approved.output
     assert "another process" not in approved.output
     assert "turn.completed" in [e.type for e in log(url, session_id)]
+
+
+def test_recording_again_an_answer_whose_turn_ended_does_not_say_it_continues(
+    store_url: str,
+) -> None:
+    """Approving again a request whose turn has since completed changes nothing and says so.
+    Without a runtime it used to add that the turn continues when a worker picks it up (a
+    process for a turn that is over); with one, print the turn's last answer as if anew."""
+    session_id, request_id = park(store_url)
+    assert invoke("approve", request_id, TARGET, "--store", store_url).exit_code == 0
+    before = log(store_url, session_id)
+    assert "turn.completed" in [e.type for e in before]
+    again = invoke("approve", request_id, "--store", store_url)
+    assert again.exit_code == 0, again.output
+    assert f"{request_id} was already approved; nothing changed." in again.output
+    assert "continues when" not in again.output, again.output
+    assert "its turn has ended (completed)" in again.output, again.output
+    assert len(log(store_url, session_id)) == len(before)  # nothing recorded
+    with_runtime = invoke("approve", request_id, TARGET, "--store", store_url)
+    assert with_runtime.exit_code == 0, with_runtime.output
+    assert f"{request_id} was already approved; nothing changed." in with_runtime.output
+    assert "its turn has ended (completed)" in with_runtime.output, with_runtime.output
+    assert "support: Refunded" not in with_runtime.output  # no answer anew: nothing ran
+    assert len(log(store_url, session_id)) == len(before)

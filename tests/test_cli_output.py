@@ -104,6 +104,25 @@ def test_text_from_a_model_cannot_steer_the_terminal(url: str) -> None:
     assert "\x1b" not in as_json.output and "\x07" not in as_json.output
 
 
+def test_events_json_cannot_steer_the_terminal_either(url: str) -> None:
+    """`events --json` escapes C1 controls (`\\x9b` is a CSI on terminals that read them in
+    UTF-8) and bidi overrides as `\\u009b`, as `pending --json` does; JSON escapes only C0 by
+    itself. The same text parses back, and what is merely not ASCII stays readable."""
+    rt = so.Runtime([steering], store=url)
+    try:
+        parked = rt.generate_sync("steering", "héllo")
+    finally:
+        rt.close_sync()
+    as_json = invoke("events", parked.session_id, "--store", url, "--json")
+    assert as_json.exit_code == 0, as_json.output
+    for control in ("\x1b", "\x07", "\x9b", "\u202e"):
+        assert control not in as_json.stdout, (control, as_json.stdout)
+    rows = [json.loads(line) for line in as_json.stdout.splitlines()]
+    (asked,) = [r for r in rows if r["type"] == "input.requested"]
+    assert asked["data"]["requests"][0]["question"] == f"Which?{_STEERING}"
+    assert '"héllo"' in as_json.stdout  # not `h\\u00e9llo`
+
+
 def test_what_approve_prints_is_not_wrapped_into_a_pipe(url: str) -> None:
     """A line naming a request and its session stays one line when stdout is a pipe (80
     columns), so `grep` or a script finds the ids in it."""

@@ -25,9 +25,9 @@ from .._exceptions import (
 )
 from .._results import GenerateResult
 from .._runtime import Runtime
-from .._state import starts_queued, turn_over
+from .._state import SessionState, starts_queued, turn_over
 from .._text import is_blank
-from .._types import InputRequest, Principal
+from .._types import InputRequest, InputResponse, Principal
 from ..channels.terminal import TerminalChannel, printable
 from ..models import Scripted
 from ..stores import DEFAULT_URL
@@ -78,6 +78,28 @@ def _ctrl_c_interrupts() -> Iterator[None]:
             signal.signal(signal.SIGINT, previous)
 
 
+_LEAVE = ("/exit", "/quit")
+
+
+class _ChatChannel(TerminalChannel):
+    """The terminal channel of chat, where `/exit` or `/quit` typed at an approval's or a
+    question's prompt leaves the request pending, as Ctrl-D does, rather than being taken as
+    a free-text answer (which the turn would go on with) or refused as no y or n."""
+
+    asking = False
+
+    def ask(self, request: InputRequest) -> InputResponse | None:
+        self.asking = True
+        try:
+            return super().ask(request)
+        finally:
+            self.asking = False
+
+    def read(self, prompt: str) -> str | None:
+        line = super().read(prompt)
+        return None if self.asking and line in _LEAVE else line
+
+
 class _Chat:
     """One terminal conversation with one agent: messages in, inline prompts, answers out."""
 
@@ -97,7 +119,7 @@ class _Chat:
         self.agent = agent
         self.console = console
         # Deadlines are shown by the runtime's clock, which set them (the database's on PostgreSQL).
-        self.channel = TerminalChannel(console, clock=runtime.now)
+        self.channel: TerminalChannel = _ChatChannel(console, clock=runtime.now)
         self.principal = principal
         self.session_id: str | None = None
         self.seen = 0
@@ -109,7 +131,7 @@ class _Chat:
         while True:
             with _ctrl_c_interrupts():
                 line = self.channel.read_message()
-            if line is None or line in ("/exit", "/quit"):
+            if line is None or line in _LEAVE:
                 if line is None:
                     self.console.print()
                 return
@@ -142,10 +164,15 @@ class _Chat:
 
     async def nothing_to_retry(self) -> str | None:
         """Why `/retry` has nothing to resume, or None when it has: resuming a turn that ended
-        would only print its last answer again, as if the agent had answered anew."""
+        would only print its last answer again, as if the agent had answered anew, unless a
+        message queued behind it never started, which `/retry` then starts (as `reopen` does)."""
         if self.session_id is None:
             return "type a message to begin"
-        turn = (await self.runtime.state(self.session_id)).turn
+        state = await self.runtime.state(self.session_id)
+        turn = state.turn
+        if starts_queued(state):  # another process ended the turn and died before it started
+            self.say_queued(state)
+            return None
         if turn is None or turn.status in ("completed", "cancelled"):
             return f"the last turn {turn.status if turn else 'never started'}"
         if turn.status == "failed" and not turn.retryable:
@@ -210,13 +237,17 @@ class _Chat:
                 return True
             # Its process died before the message queued behind it started: resuming the
             # session starts it (`generate` drives it, as a worker would).
-            n = len(state.queued)
-            which = "the message" if n == 1 else f"the {n} messages"
-            which += " queued behind it " + ("starts" if n == 1 else "start")
-            self.console.print(f"[dim]the last turn ended; {which} now[/]")
+            self.say_queued(state)
         with self.console.status(f"{printable(self.agent.name)} is working..."):
             result = await self.runtime.generate(session_id=session_id)
         return await self.follow(result)
+
+    def say_queued(self, state: SessionState) -> None:
+        """Say that the messages queued behind the session's ended turn start now."""
+        n = len(state.queued)
+        which = "the message" if n == 1 else f"the {n} messages"
+        which += " queued behind it " + ("starts" if n == 1 else "start")
+        self.console.print(f"[dim]the last turn ended; {which} now[/]")
 
     async def follow(self, result: GenerateResult) -> bool:
         """Answer the turn's requests inline until it ends; False if the person left."""

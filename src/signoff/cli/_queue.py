@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import re
 import shlex
 import sys
 import time
@@ -303,6 +302,16 @@ async def _settle(
                 f"signoff answer {request_id} --option ID or --text TEXT",
                 [request_id],
             )
+        if (
+            command == "answer"
+            and request.kind == "tool-approval"
+            and answer.option_id not in ("approve", "cancel")
+        ):  # the engine's refusal names `option_id` and None, the API's terms
+            raise InvalidAnswer(
+                f"{request_id} is an approval ({request.tool_name}), not a question: "
+                f"signoff approve {request_id} or signoff deny {request_id}",
+                [request_id],
+            )
         if loaded is None and (
             request.response_policy or await response_policy_recorded(runtime.store, request)
         ):
@@ -310,6 +319,7 @@ async def _settle(
                 f"{request.tool_name} has a response policy that decides who may answer, and only "
                 f"its runtime can run it: signoff {command} {request_id} MODULE:RUNTIME"
             )
+        ran = False  # whether this command ran the turn on (only with a runtime)
         if loaded is None:
             # Record only: a process running the agent continues the turn later. A subagent's
             # mirror is settled in the child session (and its child's): their agents too.
@@ -327,8 +337,10 @@ async def _settle(
                     request.session_id, [answer], principal=principal, resume=False
                 )
         else:
+            head = await runtime.store.head(request.session_id)
             with console.status("resuming the turn..."), _as_hint(command, request, principal):
                 result = await runtime.respond(request.session_id, [answer], principal=principal)
+            ran = await runtime.store.head(request.session_id) != head
     outcome = result.outcomes[0] if result.outcomes else None
     what = request.tool_name or request.question or request.kind
     where = f"({printable(what)} in session {request.session_id})"
@@ -359,6 +371,11 @@ async def _settle(
     if result.pending:  # `running` too: an approved call can run while another still waits
         ids = ", ".join(r.id for r in result.pending)
         console.print(f"[yellow]the turn still waits on: {ids}[/]")
+    elif not ran and (
+        result.status in ("completed", "cancelled")
+        or (result.status == "failed" and not result.retryable)
+    ):  # answered before, and its turn went on to end: nothing is left to run or show anew
+        console.print(f"[dim]its turn has ended ({result.status})[/]")
     elif loaded is None:
         console.print(
             f"[dim]The turn continues when a process running agent {printable(request.agent)!r} "
@@ -497,10 +514,6 @@ def _summary(event: Event) -> str:
     return ""
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-"""A lone surrogate (a model can produce one): JSON escapes it, as UTF-8 cannot hold it."""
-
-
 @app.command()
 def events(
     session_id: Annotated[str, typer.Argument(metavar="SESSION_ID")],
@@ -531,7 +544,9 @@ def events(
             async for event in runtime.events(session_id, after, follow=follow):
                 if as_json:
                     line = json.dumps(event.to_dict(), ensure_ascii=False)
-                    typer.echo(_SURROGATE.sub(escape_as_json, line))
+                    # what JSON leaves raw and a terminal may act on or hide: C1 controls (a
+                    # CSI), bidi overrides, lone surrogates (UTF-8 cannot hold them), escaped
+                    typer.echo(HIDDEN.sub(escape_as_json, line))
                     continue
                 at = datetime.fromtimestamp(event.at).strftime("%H:%M:%S")
                 console.print(
