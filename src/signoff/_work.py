@@ -22,7 +22,7 @@ from ._sessions import to_claims
 from ._settings import seconds, whole
 from ._sweeps import one_of_many
 from ._types import InputRequest
-from .stores import PendingFilter, SessionSummary
+from .stores import PendingFilter, SessionSummary, Store
 from .stores._pending import cursor_past
 
 __all__ = ["Failing", "Workers"]
@@ -32,6 +32,8 @@ log = logging.getLogger("signoff.worker")
 _SWEEP_PAGE = 500  # open requests or sessions a sweep reads per query (tests patch it)
 CLAIM_GAP = 0.02  # seconds a worker waits after a claim that found nothing before the next
 LONGEST_RETRY = 5.0  # seconds: the longest a worker waits between claims while they fail
+GIVE_BACK_AFTER = 0.5  # seconds a lease waits, after a second drive in a row the store failed
+RELEASE_RETRY = 0.5  # seconds: the longest wait between tries to give such a lease back
 
 
 class Failing:
@@ -62,6 +64,51 @@ class Failing:
             )
         self.since = None
         self.backoff = 0.0
+
+
+class _GiveBacks:
+    """The leases of a worker's drives that the store failed (its connection lost, say): each
+    is given back once the store takes it, not kept until it lapses (the turn would wait a
+    whole TTL after the store came back), after a wait that doubles with each failure of the
+    same session in a row, up to the TTL: a session the store fails every time is retried
+    less and less often, not claimed again in a loop."""
+
+    def __init__(self, store: Store, ttl: float, stop: asyncio.Event) -> None:
+        self.store, self.ttl, self.stop = store, ttl, stop
+        self.failures: dict[str, int] = {}  # session: its drives failed in a row
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def worked(self, session_id: str) -> None:
+        self.failures.pop(session_id, None)
+
+    def failed(self, session_id: str, owner: str, token: int) -> float:
+        """Give the lease back later; returns in how many seconds."""
+        n = self.failures.pop(session_id, 0) + 1
+        self.failures[session_id] = n  # the newest last: the oldest forgotten first
+        if len(self.failures) > 10_000:
+            del self.failures[next(iter(self.failures))]
+        wait = 0.0 if n == 1 else min(self.ttl, GIVE_BACK_AFTER * 2 ** (n - 2))
+        task = asyncio.create_task(self._give_back(session_id, owner, token, wait))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return wait
+
+    async def _give_back(self, session_id: str, owner: str, token: int, wait: float) -> None:
+        lapses = time.monotonic() + self.ttl  # its last renewal was before the failure
+        await _sleep(self.stop, wait)
+        delay = 0.05
+        while True:
+            try:  # nothing if it lapsed meanwhile and another worker took it (a newer token)
+                await self.store.release_lease(session_id, owner, token)
+            except StoreError as exc:  # the store still failing: it lapses by itself, else
+                if self.stop.is_set() or time.monotonic() + delay >= lapses:
+                    log.debug("session %s: lease %d not given back: %s", session_id, token, exc)
+                    return
+            else:
+                log.info("session %s: lease %d given back", session_id, token)
+                return
+            await _sleep(self.stop, delay)
+            delay = min(delay * 2, RELEASE_RETRY)
 
 
 class Workers(Messages):
@@ -207,6 +254,7 @@ class Workers(Messages):
         last_empty = -1.0  # monotonic time of the last claim that found nothing
         mark: int | None = None
         claims, sweeps = Failing("claiming sessions"), Failing("applying passed deadlines")
+        give_backs = _GiveBacks(self.store, self.lease_ttl, stop)
         retry_at = 0.0  # monotonic time before which claims that failed are not tried again
         gone: StoreGone | None = None  # the store's file replaced: only a restart mends it
         try:
@@ -238,7 +286,7 @@ class Workers(Messages):
                     for session_id, token in claimed:
                         log.info("claimed session %s (lease %d)", session_id, token)
                         task = asyncio.create_task(
-                            self._work_on(session_id, owner, token, stop.is_set)
+                            self._work_on(session_id, owner, token, stop.is_set, give_backs)
                         )
                         running.add(task)
                         task.add_done_callback(running.discard)
@@ -283,15 +331,17 @@ class Workers(Messages):
         except BaseException:
             # Cancelled (a second Ctrl-C, a task's cancel) or broken: the turns it drives stop
             # with it, their leases given back, rather than run on unseen once it is gone.
-            for task in running:
+            for task in (*running, *give_backs.tasks):
                 task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
+            await asyncio.gather(*running, *give_backs.tasks, return_exceptions=True)
             raise
         if gone is not None:
             log.error("stopping: %s", gone)
         if running:
             log.info("stopping: waiting for %d running turn(s)", len(running))
             await asyncio.gather(*running, return_exceptions=True)
+        # Leases of drives the store failed: given back now, once (`stop` ends their waits).
+        await asyncio.gather(*give_backs.tasks, return_exceptions=True)
         if gone is not None:
             raise gone
 
@@ -322,14 +372,18 @@ class Workers(Messages):
         owner: str,
         token: int,
         stopping: Callable[[], bool] | None = None,
+        give_backs: _GiveBacks | None = None,
     ) -> None:
         """Drive a claimed session; once `stopping()`, the turn in flight is finished, and a
-        message queued behind it left to another worker."""
+        message queued behind it left to another worker. A drive the store failed has its
+        lease given back by `give_backs`, if given."""
         lost: list[int] = []
         try:
             result = await self._drive(
                 session_id, claimed=(owner, token), on_lost=lost.append, stopping=stopping
             )
+            if give_backs is not None:
+                give_backs.worked(session_id)
             if lost:
                 # The session's status now is the work of whoever took the turn over, not ours:
                 # only the loss is said (`_drive` said nothing of it, as it was told).
@@ -353,7 +407,19 @@ class Workers(Messages):
                 log.warning(lost_line(session_id, lost[-1]))
                 log.info("session %s: after its lease was lost: %s", session_id, exc)
                 return
-            # The lease is kept until it lapses: any worker retries the session after the TTL.
+            if give_backs is not None and isinstance(exc, StoreError):
+                if not isinstance(exc, StoreGone):  # else only a restart mends it
+                    wait = give_backs.failed(session_id, owner, token)
+                    log.warning(
+                        "session %s: the store failed the turn in the worker; its lease given "
+                        "back in %.1fs (once the store takes it): %s",
+                        session_id,
+                        wait,
+                        exc,
+                    )
+                    return
+            # A bug, not the store: the lease is kept until it lapses, and any worker retries
+            # the session after the TTL (given back, it was claimed again at once, in a loop).
             log.exception(
                 "session %s: the turn failed in the worker; retried once its lease expires (%.1fs)",
                 session_id,
