@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 
 from ._deadlines import is_due, is_lapsed
 from ._exceptions import (
@@ -25,7 +26,7 @@ from ._types import InputRequest
 from .stores import PendingFilter, SessionSummary, Store
 from .stores._pending import cursor_past
 
-__all__ = ["Failing", "Workers"]
+__all__ = ["Failing", "SweepDrives", "Workers"]
 
 log = logging.getLogger("signoff.worker")
 
@@ -34,6 +35,13 @@ CLAIM_GAP = 0.02  # seconds a worker waits after a claim that found nothing befo
 LONGEST_RETRY = 5.0  # seconds: the longest a worker waits between claims while they fail
 GIVE_BACK_AFTER = 0.5  # seconds a lease waits, after a second drive in a row the store failed
 RELEASE_RETRY = 0.5  # seconds: the longest wait between tries to give such a lease back
+SWEEP_DRIVES = 4  # turns a sweep's deadlines made runnable that a runtime drives at once
+
+_handing: ContextVar[Callable[[str], None] | None] = ContextVar(
+    "signoff_sweep_drives", default=None
+)
+"""Set around a sweep loop's sweeps (`SweepDrives.handing`): the turns their deadlines make
+runnable are handed to it, to run in the background, instead of driven inside the sweep."""
 
 
 class Failing:
@@ -111,11 +119,56 @@ class _GiveBacks:
             delay = min(delay * 2, RELEASE_RETRY)
 
 
+class SweepDrives:
+    """The turns a sweep loop's deadlines made runnable (`serve` with no workers, on a runtime
+    that drives turns itself), driven in the background, `SWEEP_DRIVES` at once: driven inside
+    the sweep, a slow one held up every deadline passing after it until it ended."""
+
+    def __init__(self, runtime: Workers) -> None:
+        self.runtime = runtime
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.slots = asyncio.Semaphore(SWEEP_DRIVES)
+
+    @contextlib.contextmanager
+    def handing(self) -> Iterator[None]:
+        """Hand the turns of the sweeps made within to this, not drive them there."""
+        token = _handing.set(self.start)
+        try:
+            yield
+        finally:
+            _handing.reset(token)
+
+    def start(self, session_id: str) -> None:
+        """Drive the session's turn in the background, unless a drive of it here runs already
+        (it goes on until the turn settles)."""
+        if session_id not in self.tasks:
+            task = asyncio.create_task(self._drive(session_id))
+            self.tasks[session_id] = task
+            task.add_done_callback(lambda _: self.tasks.pop(session_id, None))
+
+    async def _drive(self, session_id: str) -> None:
+        async with self.slots:
+            try:
+                await self.runtime._drive(session_id)
+            except SessionExpired:
+                pass
+            except Exception:  # the deadline is recorded; the turn waits for the next call
+                log.exception("session %s: continuing after its deadline failed", session_id)
+
+    async def aclose(self) -> None:
+        """Stop the drives running (their leases given back) and wait for them."""
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class Workers(Messages):
     """Runs any process's turns: claims sessions with work, drives them, sweeps deadlines."""
 
     async def expire_due(self) -> int:
-        """Apply every passed request deadline across sessions and resume their turns.
+        """Apply every passed request deadline across sessions and resume their turns: all
+        the deadlines are recorded first, then the turns driven `SWEEP_DRIVES` at once.
 
         Run it periodically (a worker does); returns how many sessions it touched.
         """
@@ -205,13 +258,27 @@ class Workers(Messages):
         have are left to a process that has them (it could not go on with their turns). A
         `listing` is a read: one that cannot record them (a read-only store) shows them instead."""
         sessions = list(dict.fromkeys(r.session_id for r in due if r.agent in self.agents))
+        if not listing:
+            # Every deadline recorded before any turn is driven, then those turns beside each
+            # other (or in a sweep loop's background): one after another, a slow turn held up
+            # the deadlines of the sessions after it.
+            recorded: list[str] = []
+            for sid in sessions:
+                with (
+                    contextlib.suppress(SessionExpired),
+                    one_of_many(log, sid, "its passed deadlines not applied"),
+                ):
+                    await self._checked(sid)  # records the expiries; the turn is runnable
+                    recorded.append(sid)
+            hand = _handing.get()
+            if hand is not None:
+                for sid in recorded:
+                    hand(sid)
+            else:
+                await self._drive_all(recorded)
+            return len(sessions)
         for sid in sessions:
             with contextlib.suppress(SessionExpired):
-                if not listing:
-                    with one_of_many(log, sid, "its passed deadlines not applied"):
-                        await self._checked(sid)  # records the expiries; the turn is runnable
-                        await self._drive(sid)
-                    continue
                 try:
                     await self._checked(sid)
                 except StoreError as exc:  # a store this process may only read, say
@@ -222,6 +289,24 @@ class Workers(Messages):
                 except Exception:  # the deadline is recorded; the turn is retried later
                     log.exception("session %s: continuing after its deadline failed", sid)
         return len(sessions)
+
+    async def _drive_all(self, sessions: Sequence[str]) -> None:
+        """Drive the turns of `sessions`, `SWEEP_DRIVES` at once; a failure of one is logged
+        and the others go on, a failure of the store as a whole is raised once all ended."""
+        slots = asyncio.Semaphore(SWEEP_DRIVES)
+
+        async def one(sid: str) -> None:
+            async with slots:
+                with (
+                    contextlib.suppress(SessionExpired),
+                    one_of_many(log, sid, "its passed deadlines not applied"),
+                ):
+                    await self._drive(sid)
+
+        outcomes = await asyncio.gather(*(one(sid) for sid in sessions), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def work(
         self,
