@@ -72,3 +72,20 @@ async def test_a_server_without_workers_records_a_deadline_while_an_earlier_turn
 
 async def _all_closed(rt: so.Runtime, request_ids: list[str]) -> bool:
     return all([await closed(rt, r) for r in request_ids])
+
+
+async def test_a_server_stopping_stops_its_sweeps_turns_and_gives_their_leases_back(
+    store_url: str,
+) -> None:
+    """A turn a deadline made runnable, running in the background of `serve`'s sweep when the
+    app shuts down, is stopped with it, its lease given back: another process may go on with
+    it at once, not once the lease lapses."""
+    runs: list[str] = []
+    rt = so.Runtime([approved_on_timeout(runs, 0.1)], store=store_url, lease_ttl=30.0)
+    app = create_app(rt, dev=True, workers=0, sweep_every=0.05)
+    async with app.router.lifespan_context(app):
+        r = await rt.generate("support", prompt="Refund order 1042")
+        await until(lambda: asyncio.sleep(0, len(runs) == 1))  # its slow tool runs
+    token = await rt.store.acquire_lease(r.session_id, "another", 10.0, rt.now())
+    assert token is not None  # not leased by the stopped drive
+    await rt.close()
