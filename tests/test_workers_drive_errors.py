@@ -95,3 +95,28 @@ async def _always_failing(*args: Any, **kwargs: Any) -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_worker_stopping_gives_back_at_once_a_lease_it_was_waiting_to(
+    store_url: str,
+) -> None:
+    """A worker stopped while it waits to give back the lease of a drive the store failed gives
+    it back then, and does not wait out the rest: another worker may try the turn at once."""
+    agent = refund_agent([])
+    async with (
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=30.0) as worker,
+    ):
+        failed: list[str] = []
+
+        async def failing(*args: Any, **kwargs: Any) -> None:
+            failed.append("commit")
+            raise so.StoreError("committing: the row was refused (test)")
+
+        worker.store.commit = failing  # type: ignore[method-assign]
+        r = await front.generate("support", prompt="Refund order 1042")
+        async with working(worker):
+            await until(lambda: _true(len(failed) == 3))  # its lease is given back in 1 s
+            started = time.monotonic()
+        assert time.monotonic() - started < 0.6
+        assert await front.store.acquire_lease(r.session_id, "another", 10, front.now())
