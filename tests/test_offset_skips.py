@@ -4,17 +4,21 @@ between two page reads: they page by keyset (`PendingFilter.after`), not by offs
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import signoff as so
-from signoff import _unlisted, _work
+from signoff import _child_sessions, _subagents, _unlisted, _work
+from signoff._child_sessions import cancel_orphan
 from signoff.server import TokenAuth, _context
 from signoff.server._context import ServerContext
 from signoff.stores import PendingFilter, SessionSummary
-from signoff.testing import ExecutionLog, ManualClock
+from signoff.testing import ExecutionLog, ManualClock, call, call_tools, scripted_agent
 
+from ._subagents import ALICE as SUB_ALICE
+from ._subagents import Counted, refund_agents
 from ._ttl import ttl_agent
 from .test_context_rules import _own_only
 from .test_deadlines import asked, payout_agent
@@ -153,3 +157,78 @@ async def test_a_sweep_misses_no_lapsed_session_when_one_is_recorded_between_its
         await worker.expire_due()
         assert recorded == [sessions[0]]
         assert await lapsed(clock(), limit=10) == []  # none left for the next sweep
+
+
+async def three_orphans(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[so.Agent], set[str]]:
+    """Three parents each delegate to a child and are cancelled, each cancel missing its child
+    (as if its process died there); returns the agents and the orphaned children."""
+    _, child = refund_agents([], Counted("unused"))
+    delegating = call_tools(call("billing", id="d1", message="Refund order 1042"))
+    parent = scripted_agent("support", [delegating], tools=[so.delegate("billing")])
+    agents = [parent, child]
+    async with so.Runtime(agents, store=store_url) as rt:
+        parents = [await rt.generate("support", prompt="Refund", auth=SUB_ALICE) for _ in range(3)]
+        with monkeypatch.context() as m:
+            m.setattr(_child_sessions, "children", lambda requests: [])
+            m.setattr(_child_sessions, "delegated", lambda state: [])
+            for p in parents:
+                await rt.cancel(p.session_id)
+    return agents, {p.pending[0].child.session_id for p in parents}  # type: ignore[union-attr]
+
+
+async def test_the_orphan_sweep_misses_no_orphan_when_one_is_cancelled_between_its_pages(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The children whose parent's turn ended, likewise: one cancelled by another process after
+    the sweep read its page shifted the next one out of the next page, cancelled a sweep late."""
+    monkeypatch.setattr(_subagents, "_PAGE", 2)
+    agents, orphans = await three_orphans(store_url, monkeypatch)
+    async with (
+        so.Runtime(agents, store=store_url) as worker,
+        so.Runtime(agents, store=store_url) as other,
+    ):
+        await worker.open()
+        listed = worker.store.orphaned_children  # type: ignore[attr-defined]
+        cancelled: list[str] = []
+
+        async def cancelling_meanwhile(*args: Any, **kwargs: Any) -> list[SessionSummary]:
+            rows: list[SessionSummary] = await listed(*args, **kwargs)
+            if not cancelled and rows:
+                cancelled.append(rows[0].id)
+                assert await cancel_orphan(other, await other._state(rows[0].id))
+            return rows
+
+        monkeypatch.setattr(worker.store, "orphaned_children", cancelling_meanwhile)
+        assert await worker.expire_due() == 2
+        assert cancelled and cancelled[0] in orphans
+        states = [await worker.state(sid) for sid in orphans]
+        assert all(s.turn is not None and s.turn.status == "cancelled" for s in states)
+
+
+async def test_the_orphan_sweep_pages_a_store_without_after_by_offset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`after` is new to `orphaned_children`: a store whose listing takes only an offset is
+    still read to the end, page after page."""
+    monkeypatch.setattr(_subagents, "_PAGE", 2)
+    store_url = f"sqlite:///{tmp_path / 's.db'}"
+    agents, orphans = await three_orphans(store_url, monkeypatch)
+    async with so.Runtime(agents, store=store_url) as rt:
+        await rt.open()
+        listed = rt.store.orphaned_children  # type: ignore[attr-defined]
+        offsets: list[int] = []
+
+        async def by_offset(
+            agents: list[str], *, limit: int = 100, offset: int = 0
+        ) -> list[SessionSummary]:
+            offsets.append(offset)
+            rows: list[SessionSummary] = await listed(agents, limit=limit, offset=offset)
+            return rows
+
+        monkeypatch.setattr(rt.store, "orphaned_children", by_offset)
+        assert await rt.expire_due() == 3
+        assert offsets == [0, 2]
+        states = [await rt.state(sid) for sid in orphans]
+        assert all(s.turn is not None and s.turn.status == "cancelled" for s in states)

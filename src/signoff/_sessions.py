@@ -186,8 +186,8 @@ class SessionRunner(SessionCache):
                 state = await self._state(session_id)
             busy = runnable(state, retry=retry)
             return self._result(state, outcomes, busy=busy)  # a worker runs it
-        # A worker's drive that fails keeps its lease until it lapses: the session is retried
-        # once per TTL, not claimed again at once by every worker in a loop.
+        # A worker's drive that fails keeps its lease, for the worker to decide when the session
+        # may be claimed again (`Workers._work_on`), not at once by every worker in a loop.
         keep_on_error = claimed is not None
         granted = getattr(self.store, "granted_head", None)
         began: TurnState | None = None  # the live turn the first pass found (`ended_under`)

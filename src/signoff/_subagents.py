@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import inspect
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -441,6 +442,9 @@ def _child_id(key: str) -> str:
     return "ses_" + hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
+_PAGE = 500  # sessions the orphan sweep reads per query (tests patch it)
+
+
 async def sweep_orphans(rt: Runtime) -> int:
     """Cancel the live (running or waiting) delegated turns whose parent's turn ended: the
     process that cancelled the parent died before cancelling them, and a waiting one is never
@@ -462,7 +466,7 @@ async def sweep_orphans(rt: Runtime) -> int:
         agents = sorted(targets & rt.agents.keys())
     rows: list[SessionSummary] = []
     if query is not None and agents:
-        rows = await _all(lambda offset: query(agents, limit=500, offset=offset))
+        rows = await _orphans(query, agents)
     elif query is None:
         for agent in agents:
             for status in ("running", "waiting"):
@@ -480,19 +484,38 @@ async def sweep_orphans(rt: Runtime) -> int:
 
 
 async def _listed(rt: Runtime, agent: str, status: str, offset: int) -> list[SessionSummary]:
-    return await rt.store.sessions(agent=agent, status=status, limit=500, offset=offset)
+    return await rt.store.sessions(agent=agent, status=status, limit=_PAGE, offset=offset)
+
+
+async def _orphans(
+    query: Callable[..., Awaitable[list[SessionSummary]]], agents: list[str]
+) -> list[SessionSummary]:
+    """Every orphan the store lists, `_PAGE` at a time by keyset (past the last id read): one
+    another process cancels meanwhile shifts no later one out of the next page. A store whose
+    `orphaned_children` takes no `after` is paged by offset."""
+    params = inspect.signature(query).parameters.values()
+    if not any(p.name == "after" or p.kind is p.VAR_KEYWORD for p in params):
+        return await _all(lambda offset: query(agents, limit=_PAGE, offset=offset))
+    rows: list[SessionSummary] = []
+    after: dict[str, str] = {}
+    while True:
+        got = await query(agents, limit=_PAGE, **after)
+        rows += got
+        if len(got) < _PAGE:
+            return rows
+        after = {"after": got[-1].id}
 
 
 async def _all(
     page: Callable[[int], Awaitable[list[SessionSummary]]],
 ) -> list[SessionSummary]:
-    """Every row of a listing, 500 at a time: all listed before any is cancelled, which would
+    """Every row of a listing, `_PAGE` at a time: all listed before any is cancelled, which would
     move the pages."""
     rows: list[SessionSummary] = []
     offset = 0
     while True:
         got = await page(offset)
         rows += got
-        if len(got) < 500:
+        if len(got) < _PAGE:
             return rows
-        offset += 500
+        offset += _PAGE

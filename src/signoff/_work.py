@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 
 from ._deadlines import is_due, is_lapsed
 from ._exceptions import (
@@ -22,16 +23,25 @@ from ._sessions import to_claims
 from ._settings import seconds, whole
 from ._sweeps import one_of_many
 from ._types import InputRequest
-from .stores import PendingFilter, SessionSummary
+from .stores import PendingFilter, SessionSummary, Store
 from .stores._pending import cursor_past
 
-__all__ = ["Failing", "Workers"]
+__all__ = ["Failing", "SweepDrives", "Workers"]
 
 log = logging.getLogger("signoff.worker")
 
 _SWEEP_PAGE = 500  # open requests or sessions a sweep reads per query (tests patch it)
 CLAIM_GAP = 0.02  # seconds a worker waits after a claim that found nothing before the next
 LONGEST_RETRY = 5.0  # seconds: the longest a worker waits between claims while they fail
+GIVE_BACK_AFTER = 0.5  # seconds a lease waits, after a second drive in a row the store failed
+RELEASE_RETRY = 0.5  # seconds: the longest wait between tries to give such a lease back
+SWEEP_DRIVES = 4  # turns a sweep's deadlines made runnable that a runtime drives at once
+
+_handing: ContextVar[Callable[[str], None] | None] = ContextVar(
+    "signoff_sweep_drives", default=None
+)
+"""Set around a sweep loop's sweeps (`SweepDrives.handing`): the turns their deadlines make
+runnable are handed to it, to run in the background, instead of driven inside the sweep."""
 
 
 class Failing:
@@ -64,11 +74,101 @@ class Failing:
         self.backoff = 0.0
 
 
+class _GiveBacks:
+    """The leases of a worker's drives that the store failed (its connection lost, say): each
+    is given back once the store takes it, not kept until it lapses (the turn would wait a
+    whole TTL after the store came back), after a wait that doubles with each failure of the
+    same session in a row, up to the TTL: a session the store fails every time is retried
+    less and less often, not claimed again in a loop."""
+
+    def __init__(self, store: Store, ttl: float, stop: asyncio.Event) -> None:
+        self.store, self.ttl, self.stop = store, ttl, stop
+        self.failures: dict[str, int] = {}  # session: its drives failed in a row
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def worked(self, session_id: str) -> None:
+        self.failures.pop(session_id, None)
+
+    def failed(self, session_id: str, owner: str, token: int) -> float:
+        """Give the lease back later; returns in how many seconds."""
+        n = self.failures.pop(session_id, 0) + 1
+        self.failures[session_id] = n  # the newest last: the oldest forgotten first
+        if len(self.failures) > 10_000:
+            del self.failures[next(iter(self.failures))]
+        wait = 0.0 if n == 1 else min(self.ttl, GIVE_BACK_AFTER * 2 ** (n - 2))
+        task = asyncio.create_task(self._give_back(session_id, owner, token, wait))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return wait
+
+    async def _give_back(self, session_id: str, owner: str, token: int, wait: float) -> None:
+        lapses = time.monotonic() + self.ttl  # its last renewal was before the failure
+        await _sleep(self.stop, wait)
+        delay = 0.05
+        while True:
+            try:  # nothing if it lapsed meanwhile and another worker took it (a newer token)
+                await self.store.release_lease(session_id, owner, token)
+            except StoreError as exc:  # the store still failing: it lapses by itself, else
+                if self.stop.is_set() or time.monotonic() + delay >= lapses:
+                    log.debug("session %s: lease %d not given back: %s", session_id, token, exc)
+                    return
+            else:
+                log.info("session %s: lease %d given back", session_id, token)
+                return
+            await _sleep(self.stop, delay)
+            delay = min(delay * 2, RELEASE_RETRY)
+
+
+class SweepDrives:
+    """The turns a sweep loop's deadlines made runnable (`serve` with no workers, on a runtime
+    that drives turns itself), driven in the background, `SWEEP_DRIVES` at once: driven inside
+    the sweep, a slow one held up every deadline passing after it until it ended."""
+
+    def __init__(self, runtime: Workers) -> None:
+        self.runtime = runtime
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.slots = asyncio.Semaphore(SWEEP_DRIVES)
+
+    @contextlib.contextmanager
+    def handing(self) -> Iterator[None]:
+        """Hand the turns of the sweeps made within to this, not drive them there."""
+        token = _handing.set(self.start)
+        try:
+            yield
+        finally:
+            _handing.reset(token)
+
+    def start(self, session_id: str) -> None:
+        """Drive the session's turn in the background, unless a drive of it here runs already
+        (it goes on until the turn settles)."""
+        if session_id not in self.tasks:
+            task = asyncio.create_task(self._drive(session_id))
+            self.tasks[session_id] = task
+            task.add_done_callback(lambda _: self.tasks.pop(session_id, None))
+
+    async def _drive(self, session_id: str) -> None:
+        async with self.slots:
+            try:
+                await self.runtime._drive(session_id)
+            except SessionExpired:
+                pass
+            except Exception:  # the deadline is recorded; the turn waits for the next call
+                log.exception("session %s: continuing after its deadline failed", session_id)
+
+    async def aclose(self) -> None:
+        """Stop the drives running (their leases given back) and wait for them."""
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class Workers(Messages):
     """Runs any process's turns: claims sessions with work, drives them, sweeps deadlines."""
 
     async def expire_due(self) -> int:
-        """Apply every passed request deadline across sessions and resume their turns.
+        """Apply every passed request deadline across sessions and resume their turns: all
+        the deadlines are recorded first, then the turns driven `SWEEP_DRIVES` at once.
 
         Run it periodically (a worker does); returns how many sessions it touched.
         """
@@ -158,13 +258,27 @@ class Workers(Messages):
         have are left to a process that has them (it could not go on with their turns). A
         `listing` is a read: one that cannot record them (a read-only store) shows them instead."""
         sessions = list(dict.fromkeys(r.session_id for r in due if r.agent in self.agents))
+        if not listing:
+            # Every deadline recorded before any turn is driven, then those turns beside each
+            # other (or in a sweep loop's background): one after another, a slow turn held up
+            # the deadlines of the sessions after it.
+            recorded: list[str] = []
+            for sid in sessions:
+                with (
+                    contextlib.suppress(SessionExpired),
+                    one_of_many(log, sid, "its passed deadlines not applied"),
+                ):
+                    await self._checked(sid)  # records the expiries; the turn is runnable
+                    recorded.append(sid)
+            hand = _handing.get()
+            if hand is not None:
+                for sid in recorded:
+                    hand(sid)
+            else:
+                await self._drive_all(recorded)
+            return len(sessions)
         for sid in sessions:
             with contextlib.suppress(SessionExpired):
-                if not listing:
-                    with one_of_many(log, sid, "its passed deadlines not applied"):
-                        await self._checked(sid)  # records the expiries; the turn is runnable
-                        await self._drive(sid)
-                    continue
                 try:
                     await self._checked(sid)
                 except StoreError as exc:  # a store this process may only read, say
@@ -175,6 +289,24 @@ class Workers(Messages):
                 except Exception:  # the deadline is recorded; the turn is retried later
                     log.exception("session %s: continuing after its deadline failed", sid)
         return len(sessions)
+
+    async def _drive_all(self, sessions: Sequence[str]) -> None:
+        """Drive the turns of `sessions`, `SWEEP_DRIVES` at once; a failure of one is logged
+        and the others go on, a failure of the store as a whole is raised once all ended."""
+        slots = asyncio.Semaphore(SWEEP_DRIVES)
+
+        async def one(sid: str) -> None:
+            async with slots:
+                with (
+                    contextlib.suppress(SessionExpired),
+                    one_of_many(log, sid, "its passed deadlines not applied"),
+                ):
+                    await self._drive(sid)
+
+        outcomes = await asyncio.gather(*(one(sid) for sid in sessions), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def work(
         self,
@@ -207,6 +339,7 @@ class Workers(Messages):
         last_empty = -1.0  # monotonic time of the last claim that found nothing
         mark: int | None = None
         claims, sweeps = Failing("claiming sessions"), Failing("applying passed deadlines")
+        give_backs = _GiveBacks(self.store, self.lease_ttl, stop)
         retry_at = 0.0  # monotonic time before which claims that failed are not tried again
         gone: StoreGone | None = None  # the store's file replaced: only a restart mends it
         try:
@@ -238,7 +371,7 @@ class Workers(Messages):
                     for session_id, token in claimed:
                         log.info("claimed session %s (lease %d)", session_id, token)
                         task = asyncio.create_task(
-                            self._work_on(session_id, owner, token, stop.is_set)
+                            self._work_on(session_id, owner, token, stop.is_set, give_backs)
                         )
                         running.add(task)
                         task.add_done_callback(running.discard)
@@ -283,15 +416,17 @@ class Workers(Messages):
         except BaseException:
             # Cancelled (a second Ctrl-C, a task's cancel) or broken: the turns it drives stop
             # with it, their leases given back, rather than run on unseen once it is gone.
-            for task in running:
+            for task in (*running, *give_backs.tasks):
                 task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
+            await asyncio.gather(*running, *give_backs.tasks, return_exceptions=True)
             raise
         if gone is not None:
             log.error("stopping: %s", gone)
         if running:
             log.info("stopping: waiting for %d running turn(s)", len(running))
             await asyncio.gather(*running, return_exceptions=True)
+        # Leases of drives the store failed: given back now, once (`stop` ends their waits).
+        await asyncio.gather(*give_backs.tasks, return_exceptions=True)
         if gone is not None:
             raise gone
 
@@ -322,14 +457,18 @@ class Workers(Messages):
         owner: str,
         token: int,
         stopping: Callable[[], bool] | None = None,
+        give_backs: _GiveBacks | None = None,
     ) -> None:
         """Drive a claimed session; once `stopping()`, the turn in flight is finished, and a
-        message queued behind it left to another worker."""
+        message queued behind it left to another worker. A drive the store failed has its
+        lease given back by `give_backs`, if given."""
         lost: list[int] = []
         try:
             result = await self._drive(
                 session_id, claimed=(owner, token), on_lost=lost.append, stopping=stopping
             )
+            if give_backs is not None:
+                give_backs.worked(session_id)
             if lost:
                 # The session's status now is the work of whoever took the turn over, not ours:
                 # only the loss is said (`_drive` said nothing of it, as it was told).
@@ -353,7 +492,19 @@ class Workers(Messages):
                 log.warning(lost_line(session_id, lost[-1]))
                 log.info("session %s: after its lease was lost: %s", session_id, exc)
                 return
-            # The lease is kept until it lapses: any worker retries the session after the TTL.
+            if give_backs is not None and isinstance(exc, StoreError):
+                if not isinstance(exc, StoreGone):  # else only a restart mends it
+                    wait = give_backs.failed(session_id, owner, token)
+                    log.warning(
+                        "session %s: the store failed the turn in the worker; its lease given "
+                        "back in %.1fs (once the store takes it): %s",
+                        session_id,
+                        wait,
+                        exc,
+                    )
+                    return
+            # A bug, not the store: the lease is kept until it lapses, and any worker retries
+            # the session after the TTL (given back, it was claimed again at once, in a loop).
             log.exception(
                 "session %s: the turn failed in the worker; retried once its lease expires (%.1fs)",
                 session_id,

@@ -19,6 +19,7 @@ from .. import __version__
 from .._exceptions import UsageError
 from .._runtime import Runtime
 from .._settings import flag, positive_seconds
+from .._work import SweepDrives
 from ._api import router as api_router
 from ._auth import (
     DASHBOARD_PREFIX,
@@ -126,7 +127,8 @@ def create_app(
     `heartbeat` idle ones (an hour at most too).
     `channels` (a `ChannelHub`) follows the queue while the app runs; its routes (e.g. Slack's
     interactivity endpoint) are mounted on the app. Every `sweep_every` seconds the app applies
-    passed request deadlines (`Runtime.expire_due`); None turns that off (workers do it too).
+    passed request deadlines (`Runtime.expire_due`), and goes on with the turns they make
+    runnable in the background; None turns that off (workers do it too).
     A request body over `max_body_size` bytes is refused with 413 `payload_too_large`.
     `secret` keys the dashboard's CSRF tokens, which are bound to the sign-in's credential, and
     its sign-in cookies; set one (the same in every process), above all when the
@@ -182,12 +184,19 @@ def create_app(
         raise UsageError("metrics_token is given but metrics is off (metrics=True)")
 
     async def _sweep(every: float) -> None:
-        while True:
-            await asyncio.sleep(every)
-            try:
-                await runtime.expire_due()
-            except Exception:  # a failed sweep is retried at the next tick
-                log.exception("applying request deadlines failed")
+        # The turns its deadlines make runnable run in the background, not inside the sweep:
+        # a slow one would hold up every deadline passing after it until it ended.
+        drives = SweepDrives(runtime)
+        try:
+            with drives.handing():
+                while True:
+                    await asyncio.sleep(every)
+                    try:
+                        await runtime.expire_due()
+                    except Exception:  # a failed sweep is retried at the next tick
+                        log.exception("applying request deadlines failed")
+        finally:
+            await drives.aclose()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -191,9 +191,10 @@ class Store(Protocol):
     sessions (of `agents` only, if given) whose TTL passed by `now`, by expiry then id, past
     `after` (an expires_at and id: the sweep pages by it, so one recorded meanwhile shifts no
     later one out) (both stores have it: a sweep then reads only those of its agents);
-    `orphaned_children(agents, limit=, offset=)`, the running or waiting sessions of `agents`
-    created for a parent (`parent_of`) whose turn that created them ended or was replaced
-    (both stores have it: the orphan sweep then reads only those, not every child);
+    `orphaned_children(agents, limit=, offset=, after=)`, the running or waiting sessions of
+    `agents` created for a parent (`parent_of`) whose turn that created them ended or was
+    replaced, by id, past the id `after` (the sweep pages by it; one without `after` is paged
+    by offset) (both stores have it: the orphan sweep then reads only those, not every child);
     `lapsed_ancestors(now)`, the ids of the sessions with open requests above a running or
     waiting subagent session whose TTL passed by `now`, or above one with an open request past
     its deadline (both stores have it: counting the open requests then reads the mirrors of

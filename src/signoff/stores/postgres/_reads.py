@@ -423,25 +423,32 @@ class Reads(AuditReads):
         return await self._read(body, "listing sessions above a subagent whose TTL passed")
 
     async def orphaned_children(
-        self, agents: Sequence[str], *, limit: int = 100, offset: int = 0
+        self,
+        agents: Sequence[str],
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        after: str | None = None,
     ) -> list[SessionSummary]:
         """Running or waiting sessions of `agents` created for a parent whose turn that created
         them may be over: the parent gone, idle, cancelled or failed, or on a later turn (see
-        `cancel_orphan`, which decides on each). From the index of children by status."""
+        `cancel_orphan`, which decides on each), by id, past the id `after`. From the index of
+        children by status."""
         s = self._s
         if not agents:
             return []
+        past = "" if after is None else "AND c.id > %s "
 
         async def body(conn: Conn) -> list[SessionSummary]:
             cur = await conn.execute(
                 "SELECT c.id, c.agent, c.status, c.head, c.created_at, c.updated_at, "
                 f"c.expires_at FROM {s}.sessions c LEFT JOIN {s}.sessions p ON p.sk = c.parent "
                 "WHERE c.parent IS NOT NULL AND c.status IN ('running', 'waiting') "
-                "AND c.agent = ANY(%s) AND (p.sk IS NULL "
+                f"AND c.agent = ANY(%s) {past}AND (p.sk IS NULL "
                 "OR p.status NOT IN ('running', 'waiting') OR c.parent_turn IS NULL "
                 "OR c.parent_turn IS DISTINCT FROM "
-                f"{CURRENT_TURN.format(s=s, sk='p.sk')}) ORDER BY c.sk LIMIT %s OFFSET %s",
-                (list(agents), limit, offset),
+                f"{CURRENT_TURN.format(s=s, sk='p.sk')}) ORDER BY c.id LIMIT %s OFFSET %s",
+                (list(agents), *(() if after is None else (after,)), limit, offset),
             )
             return [session_summary(row) for row in await cur.fetchall()]
 

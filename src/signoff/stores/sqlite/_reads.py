@@ -332,23 +332,31 @@ class Reads(Connection):
 
     @reading
     async def orphaned_children(
-        self, agents: Sequence[str], *, limit: int = 100, offset: int = 0
+        self,
+        agents: Sequence[str],
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        after: str | None = None,
     ) -> list[SessionSummary]:
         """Running or waiting sessions of `agents` created for a parent whose turn that created
         them may be over: the parent gone, idle, cancelled or failed, or on a later turn (see
-        `cancel_orphan`, which decides on each). From the index of children by status."""
+        `cancel_orphan`, which decides on each), by id, past the id `after`. From the index of
+        children by status."""
         if not agents:
             return []
+        past = "" if after is None else "AND c.id > ? "
         sql = (
             "SELECT c.id, c.agent, c.status, c.head, c.created_at, c.updated_at, c.expires_at "
             "FROM sessions c LEFT JOIN sessions p ON p.sk = c.parent "
             "WHERE c.parent IS NOT NULL AND c.status IN ('running', 'waiting') "
-            f"AND c.agent IN ({','.join('?' * len(agents))}) AND (p.sk IS NULL "
+            f"AND c.agent IN ({','.join('?' * len(agents))}) {past}AND (p.sk IS NULL "
             "OR p.status NOT IN ('running', 'waiting') OR c.parent_turn IS NULL "
             f"OR c.parent_turn IS NOT {CURRENT_TURN.format(sk='p.sk')}) "
-            "ORDER BY c.sk LIMIT ? OFFSET ?"
+            "ORDER BY c.id LIMIT ? OFFSET ?"
         )
-        return [session_summary(row) for row in self.conn.execute(sql, [*agents, limit, offset])]
+        params = [*agents, *([] if after is None else [after]), limit, offset]
+        return [session_summary(row) for row in self.conn.execute(sql, params)]
 
     @reading
     async def lapsed_sessions(

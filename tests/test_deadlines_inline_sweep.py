@@ -1,0 +1,91 @@
+"""The deadline sweep of a runtime that drives turns itself (`rt.expire_due()`, or `serve` with no
+workers): the turns its deadlines make runnable run beside each other and beside later sweeps,
+not one after another inside the sweep, holding up the deadlines behind them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import signoff as so
+from signoff.server import create_app
+
+from ._workers import ORDER, is_, refund_agent, until
+
+SLOW = 1.0  # seconds the refund tool takes once a deadline approves it
+
+
+def approved_on_timeout(runs: list[str], expires_in: float) -> so.Agent:
+    return refund_agent(
+        runs, approval=so.always(expires_in=expires_in, on_timeout="approve"), delay=SLOW
+    )
+
+
+async def closed(rt: so.Runtime, request_id: str) -> bool:
+    stored = await rt.store.get_request(request_id)
+    return stored is not None and stored.status != "pending"
+
+
+async def test_an_inline_sweep_records_every_deadline_before_it_runs_their_turns(
+    store_url: str,
+) -> None:
+    """The sweep recorded one session's passed deadline, ran the turn it made runnable (a slow
+    tool approved on timeout), and only then recorded the next session's: that one was applied
+    a whole turn late, and the turns ran one after another."""
+    runs: list[str] = []
+    async with so.Runtime([approved_on_timeout(runs, 0.2)], store=store_url) as rt:
+        asked = [await rt.generate("support", prompt=f"Refund order {ORDER}") for _ in range(2)]
+        await asyncio.sleep(0.3)
+        start = time.monotonic()
+        sweep = asyncio.create_task(rt.expire_due())
+        await until(lambda: _all_closed(rt, [r.pending[0].id for r in asked]))
+        recorded = time.monotonic() - start
+        assert await sweep == 2
+        took = time.monotonic() - start
+    assert len(runs) == 2
+    assert recorded < SLOW / 2, f"the second deadline recorded {recorded:.2f}s into the sweep"
+    assert took < 1.8 * SLOW, f"the sweep took {took:.2f}s for two turns of {SLOW}s"
+
+
+async def test_a_server_without_workers_records_a_deadline_while_an_earlier_turn_runs(
+    store_url: str,
+) -> None:
+    """`serve` without workers sweeps with `expire_due()`: a turn one deadline made runnable
+    ran inside that sweep, so no later sweep came by until it ended, and a deadline passing
+    meanwhile was applied only then."""
+    runs: list[str] = []
+    rt = so.Runtime([approved_on_timeout(runs, 0.1)], store=store_url)
+    app = create_app(rt, dev=True, workers=0, sweep_every=0.05)
+    async with app.router.lifespan_context(app):
+        first = await rt.generate("support", prompt="Refund order 1042")
+        await until(lambda: asyncio.sleep(0, len(runs) == 1))  # its slow turn runs
+        second = await rt.generate("support", prompt="Refund order 1043")
+        started = time.monotonic()
+        await until(lambda: closed(rt, second.pending[0].id))
+        recorded = time.monotonic() - started
+        assert recorded < SLOW / 2, f"the later deadline recorded after {recorded:.2f}s"
+        assert not await is_(rt, first.session_id, "completed")  # its tool still runs
+        await until(lambda: asyncio.sleep(0, len(runs) == 2))
+        await until(lambda: is_(rt, second.session_id, "completed"))
+    await rt.close()
+
+
+async def _all_closed(rt: so.Runtime, request_ids: list[str]) -> bool:
+    return all([await closed(rt, r) for r in request_ids])
+
+
+async def test_a_server_stopping_stops_its_sweeps_turns_and_gives_their_leases_back(
+    store_url: str,
+) -> None:
+    """A turn a deadline made runnable, running in the background of `serve`'s sweep when the
+    app shuts down, is stopped with it, its lease given back: another process may go on with
+    it at once, not once the lease lapses."""
+    runs: list[str] = []
+    rt = so.Runtime([approved_on_timeout(runs, 0.1)], store=store_url, lease_ttl=30.0)
+    app = create_app(rt, dev=True, workers=0, sweep_every=0.05)
+    async with app.router.lifespan_context(app):
+        r = await rt.generate("support", prompt="Refund order 1042")
+        await until(lambda: asyncio.sleep(0, len(runs) == 1))  # its slow tool runs
+    token = await rt.store.acquire_lease(r.session_id, "another", 10.0, rt.now())
+    assert token is not None  # not leased by the stopped drive
+    await rt.close()
