@@ -134,3 +134,36 @@ async def test_a_grandchild_counted_after_its_parent_ended_reaches_the_top(
         assert (await rt.state(top)).delegated == tokens(70)
         assert await rt.expire_due() == 0
         assert (await spent(rt, top), await spent(rt, child)) == ([child], [grandchild])
+
+
+async def test_a_grandchild_counted_after_the_childs_next_turn_started_reaches_the_top(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but a message sent to the child starts its next turn (which delegates anew)
+    before the sweep: the grandchild counted in the child after that turn started still belongs
+    to the delegated turn's figure, and reaches the top: 70 tokens, once."""
+    async with so.Runtime(agents(), store=store_url) as rt:
+        top, child, grandchild = await nested(rt)
+        listed, journaled = _child_sessions.children, _child_sessions.delegated
+        with monkeypatch.context() as m:
+            m.setattr(
+                _child_sessions,
+                "children",
+                lambda requests: [k for k in listed(requests) if k != grandchild],
+            )
+            m.setattr(
+                _child_sessions,
+                "delegated",
+                lambda state: [k for k in journaled(state) if k != grandchild],
+            )
+
+            async def unreached(rt: so.Runtime, state: so.SessionState) -> bool:
+                return False
+
+            m.setattr(_child_sessions, "cancel_orphan", unreached)
+            await rt.cancel(top, principal=ALICE)
+        again = await rt.generate(session_id=child, prompt="refund 4", auth=ALICE)
+        assert again.status == "waiting"  # its own turn, delegating to a new grandchild
+        assert await rt.expire_due() == 1
+        assert (await rt.state(top)).delegated == tokens(70)
+        assert await spent(rt, top) == [child]

@@ -307,8 +307,10 @@ async def with_spend(rt: Runtime, call: CallState, specs: list[EventSpec]) -> li
     for child in dict.fromkeys(kids):
         with contextlib.suppress(UnknownSession):
             settled = await _settle(rt, child)
-            first = settled[0] if settled else await first_turn(rt, await rt._state(child))
-            spent = spent + first.usage + first.delegated
+            if settled is None:  # not ended: what it spent so far
+                first = await first_turn(rt, await rt._state(child))
+                settled = first.usage + first.delegated, False
+            spent = spent + settled[0]
     if spent == Usage():
         return specs
     dumped = spent.model_dump()
@@ -318,25 +320,35 @@ async def with_spend(rt: Runtime, call: CallState, specs: list[EventSpec]) -> li
     ]
 
 
-async def _settle(rt: Runtime, child: str) -> tuple[SessionState, bool] | None:
-    """The child as it was through its delegated (first) turn once that turn ended, None while
-    it runs or waits, and whether every child of that turn is counted in it. The ones that turn
-    left owed are counted first (those still live cancelled: their parent's turn ended), so a
-    grandchild's spend is in the child's figure before the top counts it, even where a process
-    died between the child's cancel and the grandchild's count."""
+async def _settle(rt: Runtime, child: str) -> tuple[Usage, bool] | None:
+    """What the child spent through its delegated (first) turn once that turn ended (None while
+    it runs or waits), its usage and its children's, and whether every child of that turn is
+    counted in it. The ones that turn left owed are counted first (those still live cancelled:
+    their parent's turn ended), so a grandchild's spend is in the child's figure before the top
+    counts it, even where a process died between the child's cancel and the grandchild's
+    count; one counted after a later turn of the child started is that turn's figure too."""
     state = await rt._state(child)
     first = await first_turn(rt, state)
     turn = first.turn
     if turn is not None and turn.status in ("running", "waiting"):
         return None
-    if turn is None or not any(t == turn.id for t in state.owed.values()):
-        return first, True
-    for kid in [k for k, t in state.owed.items() if t == turn.id]:
-        with contextlib.suppress(UnknownSession, SessionExpired):
-            await cancel_orphan(rt, await rt._state(kid))  # a live one: cancelled and counted
-        await count_spent(rt, kid)
-    state = await rt._state(child)
-    return await first_turn(rt, state), not any(t == turn.id for t in state.owed.values())
+    if turn is None:
+        return first.usage + first.delegated, True
+    if any(t == turn.id for t in state.owed.values()):
+        for kid in [k for k, t in state.owed.items() if t == turn.id]:
+            with contextlib.suppress(UnknownSession, SessionExpired):
+                await cancel_orphan(rt, await rt._state(kid))  # a live one: cancelled, counted
+            await count_spent(rt, kid)
+        state = await rt._state(child)
+        first = await first_turn(rt, state)
+    spent = first.usage + first.delegated
+    late = {k for k, t in first.owed.items() if t == turn.id}
+    if late and first.seq < state.seq:  # counted in the child after its next turn started
+        async for e in rt.events(child, after=first.seq, follow=False):
+            if e.type == "subagent.spent" and e.data["session_id"] in late:
+                late.discard(e.data["session_id"])
+                spent = spent + Usage(**e.data["delegated"])
+    return spent, not any(t == turn.id for t in state.owed.values())
 
 
 async def count_spent(rt: Runtime, child: str) -> bool:
@@ -357,8 +369,7 @@ async def count_spent(rt: Runtime, child: str) -> bool:
     settled = await _settle(rt, child)
     if settled is None or not settled[1]:
         return False  # it (or a child of its) spends on: counted once its turn ends
-    first = settled[0]
-    data = {"session_id": child, "delegated": (first.usage + first.delegated).model_dump()}
+    data = {"session_id": child, "delegated": settled[0].model_dump()}
 
     def build(current: SessionState) -> list[EventSpec]:
         return [("subagent.spent", data)] if child in current.owed else []
@@ -401,7 +412,6 @@ async def cancel_for_expiry(rt: Runtime, kids: list[str]) -> list[EventSpec]:
             log.warning("subagent session %s is counted later: %s", child, exc)
             continue
         if settled is not None and settled[1]:
-            first = settled[0]
-            spent = (first.usage + first.delegated).model_dump()
+            spent = settled[0].model_dump()
             specs.append(("subagent.spent", {"session_id": child, "delegated": spent}))
     return specs
