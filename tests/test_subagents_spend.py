@@ -5,6 +5,7 @@ once per child, whichever process records it and however often it is tried, on b
 from __future__ import annotations
 
 import asyncio
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +224,41 @@ async def test_the_dashboard_trace_says_what_a_child_spent_after_its_parents_can
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
             page = (await c.get(f"/_signoff/sessions/{parent}")).text
         assert f"Subagent {child} spent 1,234 tokens (counted after its turn)" in page
+
+
+def test_a_death_between_cancelling_an_expired_parents_child_and_counting_it(
+    store_url: str, tmp_path: Path
+) -> None:
+    """The parent's TTL passes while its child (40 tokens spent) waits; the process recording
+    the expiry is killed right after it cancelled the child, before counting what it spent. The
+    next sweep counts it in the parent, once, and the parent stays expired."""
+    from . import _expired_spend_child as crash
+    from ._forks import Forks
+
+    clock = ManualClock()
+
+    async def start() -> tuple[str, str]:
+        async with so.Runtime(crash.agents(), store=store_url, clock=clock) as rt:
+            return await waiting_child(rt)
+
+    parent, child = asyncio.run(start())
+    forks = Forks("tests._expired_spend_child", tmp_path)
+    try:
+        code, _ = forks.run(store_url, str(clock() + 61))
+        assert code == -signal.SIGKILL, forks.stderr()
+    finally:
+        forks.close()
+    clock.advance(62)
+
+    async def after() -> None:
+        async with so.Runtime(crash.agents(), store=store_url, clock=clock) as rt:
+            kid = (await rt.state(child)).turn
+            assert kid is not None and kid.status == "cancelled"  # the killed process did that
+            await rt.expire_due()
+            state = await rt.state(parent)
+            assert state.delegated == tokens(40) and state.expired(clock())
+            assert await rt.expire_due() == 0
+            assert [d["session_id"] for d in await spent(rt, parent)] == [child]
+            assert (await rt.state(parent)).delegated == tokens(40)
+
+    asyncio.run(after())

@@ -27,6 +27,7 @@ __all__ = [
     "awaited",
     "cancel_delegated",
     "cancel_expired",
+    "cancel_for_expiry",
     "cancel_orphan",
     "children",
     "count_owed",
@@ -305,8 +306,11 @@ async def with_spend(rt: Runtime, call: CallState, specs: list[EventSpec]) -> li
     spent = Usage()
     for child in dict.fromkeys(kids):
         with contextlib.suppress(UnknownSession):
-            first = await first_turn(rt, await rt._state(child))
-            spent = spent + first.usage + first.delegated
+            settled = await _settle(rt, child)
+            if settled is None:  # not ended: what it spent so far
+                first = await first_turn(rt, await rt._state(child))
+                settled = first.usage + first.delegated, False
+            spent = spent + settled[0]
     if spent == Usage():
         return specs
     dumped = spent.model_dump()
@@ -316,32 +320,64 @@ async def with_spend(rt: Runtime, call: CallState, specs: list[EventSpec]) -> li
     ]
 
 
+async def _settle(rt: Runtime, child: str) -> tuple[Usage, bool] | None:
+    """What the child spent through its delegated (first) turn once that turn ended (None while
+    it runs or waits), its usage and its children's, and whether every child of that turn is
+    counted in it. The ones that turn left owed are counted first (those still live cancelled:
+    their parent's turn ended), so a grandchild's spend is in the child's figure before the top
+    counts it, even where a process died between the child's cancel and the grandchild's
+    count; one counted after a later turn of the child started is that turn's figure too."""
+    state = await rt._state(child)
+    first = await first_turn(rt, state)
+    turn = first.turn
+    if turn is not None and turn.status in ("running", "waiting"):
+        return None
+    if turn is None:
+        return first.usage + first.delegated, True
+    if any(t == turn.id for t in state.owed.values()):
+        for kid in [k for k, t in state.owed.items() if t == turn.id]:
+            with contextlib.suppress(UnknownSession, SessionExpired):
+                await cancel_orphan(rt, await rt._state(kid))  # a live one: cancelled, counted
+            await count_spent(rt, kid)
+        state = await rt._state(child)
+        first = await first_turn(rt, state)
+    spent = first.usage + first.delegated
+    late = {k for k, t in first.owed.items() if t == turn.id}
+    if late and first.seq < state.seq:  # counted in the child after its next turn started
+        async for e in rt.events(child, after=first.seq, follow=False):
+            if e.type == "subagent.spent" and e.data["session_id"] in late:
+                late.discard(e.data["session_id"])
+                spent = spent + Usage(**e.data["delegated"])
+    return spent, not any(t == turn.id for t in state.owed.values())
+
+
 async def count_spent(rt: Runtime, child: str) -> bool:
     """Count in the child's parent what the child spent through its delegated turn (its usage
-    and its own `delegated`), once that turn ended, if the parent owes it: the parent's turn
-    ended before the delegate call did. Whether it recorded; safe to repeat, in any process."""
+    and its own `delegated`), once that turn ended and its own children are counted in it, if
+    the parent owes it: the parent's turn ended before the delegate call did. A count reaches on
+    up, to a grandparent that owes the parent. Whether it recorded; safe to repeat, anywhere."""
     try:
         state = await rt._state(child)
-    except UnknownSession:
-        return False
-    if state.parent is None:
-        return False
-    first = await first_turn(rt, state)
-    if first.turn is not None and first.turn.status in ("running", "waiting"):
-        return False  # it spends on: counted once it ends (cancelled by its parent or a sweep)
-    try:
+        if state.parent is None:
+            return False
         parent = await rt._state(state.parent)
     except UnknownSession:
         return False
     turn = parent.owed.get(child)
     if turn is None:  # its call took its result (`with_spend`), or it is counted already
         return False
-    data = {"session_id": child, "delegated": (first.usage + first.delegated).model_dump()}
+    settled = await _settle(rt, child)
+    if settled is None or not settled[1]:
+        return False  # it (or a child of its) spends on: counted once its turn ends
+    data = {"session_id": child, "delegated": settled[0].model_dump()}
 
     def build(current: SessionState) -> list[EventSpec]:
         return [("subagent.spent", data)] if child in current.owed else []
 
-    return bool(await rt._append(parent.id, build, turn_id=turn))
+    recorded = bool(await rt._append(parent.id, build, turn_id=turn))
+    if recorded:  # the parent, a subagent counted late in its own parent, may be owed on up
+        await count_spent(rt, parent.id)
+    return recorded
 
 
 async def count_owed(rt: Runtime, state: SessionState) -> bool:
@@ -352,3 +388,30 @@ async def count_owed(rt: Runtime, state: SessionState) -> bool:
     for child in list(state.owed):
         recorded = await count_spent(rt, child) or recorded
     return recorded
+
+
+async def cancel_for_expiry(rt: Runtime, kids: list[str]) -> list[EventSpec]:
+    """Before a parent's expiry is recorded: cancel the delegated turns of `kids`, which it
+    waited on (`awaited`), and give a `subagent.spent` for each whose turn ended, to commit with
+    the expiry. A process dying in between leaves the expiry unrecorded, for the next look (a
+    sweep) to record with the spend; nothing is left owed that no one would count."""
+    if not kids:
+        return []
+    reset = delegating.set(delegating.get() | set(kids))  # the expiry closes the mirrors
+    try:
+        await cancel_expired(rt, kids)  # counts nothing yet: the parent owes them at its expiry
+    finally:
+        delegating.reset(reset)
+    specs: list[EventSpec] = []
+    for child in kids:
+        try:
+            settled = await _settle(rt, child)
+        except (UnknownSession, SessionExpired):
+            continue
+        except SignoffError as exc:  # counted after the expiry, as a child left running is
+            log.warning("subagent session %s is counted later: %s", child, exc)
+            continue
+        if settled is not None and settled[1]:
+            spent = settled[0].model_dump()
+            specs.append(("subagent.spent", {"session_id": child, "delegated": spent}))
+    return specs

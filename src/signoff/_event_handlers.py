@@ -27,6 +27,7 @@ def _session_created(s: SessionState, e: Event) -> None:
     s.ttl = e.data.get("ttl")
     s.initiator = load_principal(e.data.get("initiator"))
     s.parent = e.data.get("parent")
+    s.headroom = dict(e.data.get("headroom") or {})
     _keyed(s, e, [None])
 
 

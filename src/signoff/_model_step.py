@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any
 from ._error_text import error_text
 from ._exceptions import LeaseLost, ModelError, SignoffError
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
-from ._state import MESSAGE_EVENT_TYPES, Conversation, SessionState, conversation
+from ._state import (
+    MESSAGE_EVENT_TYPES,
+    Conversation,
+    SessionState,
+    conversation,
+    delegated_turn,
+)
 from ._text import cut
 from ._tool_json import MAX_INPUT_DEPTH, nests_deeper
 from ._types import (
@@ -94,6 +100,13 @@ class ModelStep(DriverPart):
         budget = _over_budget(s, limits.max_tokens, limits.max_cost_usd)
         if budget is not None:
             return await self._session_limit(budget)
+        past = _past_headroom(s)
+        if past is not None:
+            # The budget spent is its parent's: not this session's to raise (it would ask to
+            # raise its own). The delegate call fails, and the parent, whose spend plus this
+            # child's reached its budget, asks to continue or stop at its next model step.
+            await self._fail_limit(past)
+            return True
         read_through = s.seq
         request = ModelRequest(
             session_id=s.id,
@@ -271,6 +284,28 @@ def _over_budget(s: SessionState, max_tokens: int | None, max_cost: float | None
     if max_cost is not None and spent.cost_usd >= max_cost * times:
         by = f" ({theirs.cost_usd:.4f} of it by its subagents)" if theirs.cost_usd else ""
         return f"the session cost {spent.cost_usd:.4f} of max_cost_usd={max_cost * times:g}{by}"
+    return None
+
+
+def _delegated_turn(s: SessionState) -> bool:
+    """Whether the session is a child in the turn its delegate call started (its first): a
+    later turn, which a message sent to the child started, spends its own budget only."""
+    return bool(s.headroom) and delegated_turn(s)
+
+
+def _past_headroom(s: SessionState) -> str | None:
+    """Whether the child spent what its parent had left when it was created: its usage and its
+    own children's, all spent in this (its first) turn."""
+    if not _delegated_turn(s):
+        return None
+    spent = s.usage + s.delegated
+    left = f"its parent session had left when it delegated (session {s.parent})"
+    tokens = s.headroom.get("max_tokens")
+    if tokens is not None and spent.total_tokens >= tokens:
+        return f"the session used {spent.total_tokens} tokens, past the {tokens:g} {left}"
+    cost = s.headroom.get("max_cost_usd")
+    if cost is not None and spent.cost_usd >= cost:
+        return f"the session cost {spent.cost_usd:.4f}, past the {cost:.4f} {left}"
     return None
 
 

@@ -38,7 +38,7 @@ from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
 from ._mirrors import followed_state, following_mirrors
 from ._prompts import check_prompt
 from ._queue_page import queue_page
-from ._recording import Batch, TurnStopped, load_turn
+from ._recording import Batch, EventSpec, TurnStopped, load_turn
 from ._results import GenerateResult
 from ._session_cache import check_session_id
 from ._session_page import check_listing, lapsed_page
@@ -137,11 +137,20 @@ class Runtime(Auditing):
         return await _subagents.sweep_orphans(self)
 
     async def _expire(
-        self, state: SessionState, lease: int | None = None, probes: dict[str, bool] | None = None
+        self,
+        state: SessionState,
+        lease: int | None = None,
+        probes: dict[str, bool] | None = None,
+        extra: Sequence[EventSpec] = (),
     ) -> None:
         kids = _child_sessions.awaited(state)  # before: recording the expiry moves `state` on
+        # A parent's subagents are cancelled first and what they spent is counted in the same
+        # commit as its expiry: a process dying in between leaves the expiry for the next look.
+        spent = await _child_sessions.cancel_for_expiry(self, kids)
+        if kids:  # recorded on the parent as it is now, whatever cancelling them appended
+            state = await self._state(state.id)
         try:
-            await super()._expire(state, lease, probes)
+            await super()._expire(state, lease, probes, [*extra, *spent])
         except SessionExpired:
             # A subagent's session expired: its parent's delegate call goes on without it.
             await _child_sessions.after_close(self, state)

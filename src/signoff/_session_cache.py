@@ -271,13 +271,19 @@ class SessionCache(Leasing):
         return state
 
     async def _expire(
-        self, state: SessionState, lease: int | None = None, probes: dict[str, bool] | None = None
+        self,
+        state: SessionState,
+        lease: int | None = None,
+        probes: dict[str, bool] | None = None,
+        extra: Sequence[EventSpec] = (),
     ) -> None:
         """Record that the session's TTL passed (its open requests expire, its unfinished turn
-        fails), then raise `SessionExpired`. A turn without open requests that another drive
-        holds is left to the next look; the caller's own `lease` fences the record instead."""
+        fails), with `extra` in the same commit, then raise `SessionExpired`. A turn without
+        open requests that another drive holds is left to the next look; the caller's own
+        `lease` fences the record instead."""
         pending = state.pending_requests()
         specs = expiry_specs(state)
+        specs = [*specs, *extra] if specs else specs
         if specs and (pending or lease is not None or not await self._busy(state.id, probes)):
             driver = self._driver(state, lease)
             with contextlib.suppress(Exception):  # LeaseLost: another drive took it over

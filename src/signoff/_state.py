@@ -39,6 +39,8 @@ __all__ = [
     "RequestState",
     "SessionState",
     "TurnState",
+    "budget_left",
+    "delegated_turn",
     "fold",
     "runnable",
     "starts_queued",
@@ -86,6 +88,9 @@ class SessionState:
     owed: dict[str, str] = field(default_factory=dict)
     queued: list[dict[str, Any]] = field(default_factory=list)
     lapsed: bool = False  # its TTL passed and its requests were expired: it stays expired
+    # What its parent's budgets had left when this child session was created (`max_tokens`,
+    # `max_cost_usd`; from its `session.created`): its delegated turn stops once it spent that.
+    headroom: dict[str, float] = field(default_factory=dict)
     limit_grants: int = 0  # `continue` answers to session-limit prompts: each raises budgets
     # The newest idempotency keys recorded (`_idempotency`): key digest -> [digest of what it
     # asked, the turn its message was recorded in, or None while only its session is created].
@@ -185,6 +190,7 @@ class SessionState:
             "queued": self.queued,
             "lapsed": self.lapsed,
             "limit_grants": self.limit_grants,
+            **({"headroom": dict(self.headroom)} if self.headroom else {}),
             "earlier_requests": self.earlier_requests,
             "keys": self.keys,
             "candidates": self.candidates,
@@ -291,6 +297,7 @@ class SessionState:
             queued=list(self.queued),
             lapsed=self.lapsed,
             limit_grants=self.limit_grants,
+            headroom=dict(self.headroom),
             earlier_requests=self.earlier_requests,
             keys=dict(self.keys),
             candidates=dict(self.candidates),
@@ -349,6 +356,7 @@ class SessionState:
             queued=list(data.get("queued", [])),
             lapsed=bool(data.get("lapsed", False)),
             limit_grants=int(data.get("limit_grants", 0)),
+            headroom=dict(data.get("headroom", {})),
             # A snapshot that does not say (an older signoff's) may have dropped some.
             earlier_requests=bool(data.get("earlier_requests", True)),
             keys={str(k): list(v) for k, v in data.get("keys", {}).items()},
@@ -365,6 +373,31 @@ class SessionState:
             turn=turn,
             conversation=None,
         )
+
+
+def budget_left(s: SessionState, max_tokens: int | None, max_cost: float | None) -> dict[str, Any]:
+    """What the session may still spend now, by budget (`max_tokens`, `max_cost_usd`): what its
+    own budgets leave (raised by each `continue`) and, in the turn its parent delegated, what its
+    parent had left (its own `headroom`), whichever is less. A new child's `session.created`
+    records it, so the child's bound is fixed once, the same on replay and after a restart."""
+    times = 1 + s.limit_grants
+    spent = s.usage + s.delegated
+    left: dict[str, Any] = {}
+    if max_tokens is not None:
+        left["max_tokens"] = max_tokens * times - spent.total_tokens
+    if max_cost is not None:
+        left["max_cost_usd"] = max_cost * times - spent.cost_usd
+    if delegated_turn(s):
+        for key, cap in s.headroom.items():
+            used = spent.total_tokens if key == "max_tokens" else spent.cost_usd
+            left[key] = min(left.get(key, cap - used), cap - used)
+    return {key: max(value, 0) for key, value in left.items()}
+
+
+def delegated_turn(s: SessionState) -> bool:
+    """Whether the session's current turn is its first, the one a delegate call started in a
+    child session: a later turn, which a message sent to the child started, is the child's own."""
+    return s.turn is not None and s.turn.first_seq <= 2
 
 
 def turn_over(turn: TurnState) -> bool:

@@ -35,7 +35,7 @@ from ._exceptions import (
 )
 from ._recording import TurnStopped, new_id, runnable
 from ._results import GenerateResult
-from ._state import SessionState, fold
+from ._state import SessionState, budget_left, fold
 from ._sweeps import one_of_many
 from ._text import NOTHING_SAID, is_blank
 from ._tool_context import ToolContext
@@ -293,6 +293,10 @@ class RuntimeHost:
         now = rt.now()
         ttl = spec.limits.ttl_seconds
         initiator = parent_state.initiator
+        # What the parent may still spend bounds the child while it runs: fixed here, in its
+        # `session.created`, so a replay or a restart bounds it the same way.
+        limits = rt.agent(parent_state.agent).limits
+        left = budget_left(parent_state, limits.max_tokens, limits.max_cost_usd)
         event = Event(
             session_id=child,
             seq=1,
@@ -304,6 +308,7 @@ class RuntimeHost:
                 "parent": parent,
                 "parent_turn": turn,
                 "ttl": ttl,
+                **({"headroom": left} if left else {}),
             },
         )
         try:

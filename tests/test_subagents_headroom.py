@@ -1,0 +1,121 @@
+"""A running subagent is bounded by what its parent's budget had left when it was created
+(`headroom` in its `session.created`): its turn fails with `session_limit_reached` once it spent
+that, its delegate call fails, and the parent asks to continue or stop at its next model step;
+a grandchild is bounded by what the top had left, on both stores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import signoff as so
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+from ._subagents import ALICE, events
+
+
+def tokens(n: int) -> so.Usage:
+    return so.Usage(input_tokens=n)
+
+
+@so.tool
+async def look_up(order_id: str) -> str:
+    """Look an order up."""
+    return "shipped"
+
+
+def busy(name: str, each: so.Usage, **limits: Any) -> so.Agent:
+    """A child that looks an order up at every model step (each costing `each`), for ever."""
+    return scripted_agent(
+        name,
+        [call_tools(call("look_up", order_id="3"), usage=each)],
+        tools=[look_up],
+        limits=so.Limits(**limits),
+        repeat_last=True,
+    )
+
+
+def delegating(name: str, to: str, first: so.Usage, **limits: Any) -> so.Agent:
+    """An agent whose first step (costing `first`) delegates to `to`, then replies."""
+    return scripted_agent(
+        name,
+        [call_tools(call(to, id="d1", message="look 3 up"), usage=first), reply("done")],
+        tools=[so.delegate(to)],
+        limits=so.Limits(**limits),
+    )
+
+
+async def created(rt: so.Runtime, session_id: str) -> dict[str, Any]:
+    return (await events(rt, session_id))[0].data
+
+
+async def test_a_child_stops_once_it_spent_what_its_parent_had_left(store_url: str) -> None:
+    """The parent (max_tokens=100) spent 90 and delegates to a child whose own budget allows
+    1000: the child's turn fails after 12 tokens (3 steps of 4, the first past 10), not 1000,
+    and the parent, at 102, asks to continue or stop."""
+    agents = [delegating("support", "orders", tokens(90), max_tokens=100)]
+    agents.append(busy("orders", tokens(4), max_tokens=1000))
+    async with so.Runtime(agents, store=store_url) as rt:
+        r = await rt.generate("support", prompt="where is 3?", auth=ALICE)
+        [child] = await rt.sessions(agent="orders")
+        assert (await created(rt, child.id))["headroom"] == {"max_tokens": 10}
+        kid = await rt.state(child.id)
+        assert kid.usage == tokens(12)
+        assert kid.turn is not None and kid.turn.status == "failed"
+        assert kid.turn.error is not None
+        assert kid.turn.error["code"] == "session_limit_reached"
+        assert "10 its parent session had left" in kid.turn.error["message"]
+        assert r.status == "waiting"
+        [limit] = r.pending
+        assert limit.kind == "session-limit" and limit.child is None
+        assert "102 of max_tokens=100 (12 of them by its subagents)" in (limit.question or "")
+
+
+async def test_a_grandchild_is_bounded_by_what_the_top_had_left(store_url: str) -> None:
+    """Top (max_tokens=100) spent 50; its child, unbounded itself, spent 20 and delegates; the
+    grandchild (its own max_cost_usd only) stops at 30, the child then stops at 50 spent (its
+    headroom), and the top, at 100, asks."""
+    agents = [
+        delegating("support", "orders", tokens(50), max_tokens=100),
+        delegating("orders", "stock", tokens(20)),
+        busy("stock", tokens(10), max_cost_usd=5.0),
+    ]
+    async with so.Runtime(agents, store=store_url) as rt:
+        r = await rt.generate("support", prompt="where is 3?", auth=ALICE)
+        [child] = await rt.sessions(agent="orders")
+        [grandchild] = await rt.sessions(agent="stock")
+        assert (await created(rt, child.id))["headroom"] == {"max_tokens": 50}
+        assert (await created(rt, grandchild.id))["headroom"] == {"max_tokens": 30}
+        g = await rt.state(grandchild.id)
+        assert g.usage == tokens(30)
+        assert g.turn is not None and g.turn.status == "failed"
+        c = await rt.state(child.id)
+        assert (c.usage, c.delegated) == (tokens(20), tokens(30))
+        assert c.turn is not None and c.turn.status == "failed"
+        assert r.status == "waiting"
+        [limit] = r.pending
+        assert "100 of max_tokens=100 (50 of them by its subagents)" in (limit.question or "")
+
+
+async def test_a_cost_budget_bounds_by_cost_and_no_budget_by_nothing(store_url: str) -> None:
+    """A cost budget leaves its remainder as a cost; a parent without budgets gives none, and
+    the child runs to its own budget alone."""
+    agents = [
+        delegating("support", "orders", so.Usage(input_tokens=1, cost_usd=1.9), max_cost_usd=2.0),
+        busy("orders", so.Usage(input_tokens=1, cost_usd=0.04), max_cost_usd=10.0),
+    ]
+    async with so.Runtime(agents, store=store_url) as rt:
+        r = await rt.generate("support", prompt="where is 3?", auth=ALICE)
+        [child] = await rt.sessions(agent="orders")
+        headroom = (await created(rt, child.id))["headroom"]
+        assert set(headroom) == {"max_cost_usd"}
+        assert abs(headroom["max_cost_usd"] - 0.1) < 1e-9
+        assert abs((await rt.state(child.id)).usage.cost_usd - 0.12) < 1e-9  # 3 steps, not 250
+        assert r.status == "waiting"
+    free = [delegating("support", "orders", tokens(90)), busy("orders", tokens(4), max_tokens=20)]
+    async with so.Runtime(free, store=store_url) as rt:
+        r = await rt.generate("support", prompt="where is 3?", auth=ALICE)
+        [limit] = r.pending  # its own budget spent, the child asks to raise it
+        assert limit.kind == "session-limit" and limit.child is not None
+        kid = limit.child.session_id
+        assert "headroom" not in await created(rt, kid)
+        assert (await rt.state(kid)).usage == tokens(20)
