@@ -235,6 +235,7 @@ def test_the_defaults_the_docs_state_are_the_code_s() -> None:
     import signoff as so
     from signoff import _idempotency, stores
     from signoff._ask import MAX_QUESTION_CHARS
+    from signoff._tool_context import MAX_STEP_NAME_CHARS
     from signoff._types import MAX_OPTIONS
     from signoff.channels import WebhookChannel, verify_webhook
     from signoff.server import AsyncClient, Client, create_app
@@ -259,6 +260,13 @@ def test_the_defaults_the_docs_state_are_the_code_s() -> None:
         (readme, "`so.MAX_TEXT_BYTES` (4 MiB", so.MAX_TEXT_BYTES, 4 * mib),
         (readme, "a question of more than 1,000 options", MAX_OPTIONS, 1000),
         (readme, "a question over 2,000 characters", MAX_QUESTION_CHARS, 2000),
+        (readme, "a step name over 1,000 characters", MAX_STEP_NAME_CHARS, 1000),
+        (
+            "docs/events.md",
+            "`name` (1,000 characters at most)",
+            MAX_STEP_NAME_CHARS,
+            1000,
+        ),
         (readme, "`signoff.stores.READ_BYTES` (4 MiB)", stores.READ_BYTES, 4 * mib),
         (readme, "a session remembers its last 32 keys", _idempotency.KEPT, 32),
         (readme, "`?outage_grace=` seconds of an outage (10 by default)", GRACE, 10),
