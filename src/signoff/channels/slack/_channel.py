@@ -51,6 +51,12 @@ _BACKLOG_ATTEMPTS = 8  # posts of a request open at start, 1 s apart doubling (a
 # a link (chat.update's default, unlike chat.postMessage's, is `client`, which does).
 _UNPARSED: dict[str, Any] = {"parse": "none", "link_names": False}
 
+# Errors that say the bot cannot reach its channel: removed from it (a private one it no longer
+# sees), or the channel archived. A person mends that; until then the hub holds the channel's
+# feed, trying again every ABSENT_WAIT seconds, instead of giving up each request in turn.
+_ABSENT = frozenset({"not_in_channel", "channel_not_found", "is_archived"})
+ABSENT_WAIT = 30.0
+
 # A note (chat.postEphemeral) Slack rate-limits is sent again within these calls and seconds.
 NOTE_TRIES = 4
 NOTE_WAIT = 30.0
@@ -235,6 +241,7 @@ class SlackChannel(Channel):
                 with contextlib.suppress(SignoffError):
                     await off_loop(self.forget, _attempt_key(request.id))
             _raise_if_limited(exc, "chat.postMessage")
+            self._raise_if_absent(exc, "chat.postMessage", self.channel)
             raise
         return {"channel": reply["channel"], "ts": reply["ts"]}
 
@@ -300,12 +307,34 @@ class SlackChannel(Channel):
             )
         except SlackApiError as exc:
             _raise_if_limited(exc, "chat.update")
+            self._raise_if_absent(exc, "chat.update", where["channel"])
             error = api_error(exc)
             if error not in _GONE:
                 raise
             logger.warning("slack: the message of %s cannot be updated (%s)", request_id, error)
             await off_loop(self._forget_gone, request_id, where)
             self._unsaved.pop(request_id, None)
+
+    def _raise_if_absent(self, exc: SlackApiError, method: str, channel: str) -> None:
+        """Raise `RateLimited` (`ABSENT_WAIT` seconds) when Slack refused a call in this
+        channel's conversation because the bot cannot reach it: the hub then holds the feed,
+        spending no attempt, and goes on in order once the bot is back. A message in another
+        conversation (posted before `channel` changed) fails as any error does."""
+        error = api_error(exc)
+        if channel != self.channel or error not in _ABSENT:
+            return
+        logger.warning(
+            "slack: the bot cannot reach channel %s (%s): invite it back (or unarchive the "
+            "channel); %s is tried again in %gs",
+            channel,
+            error,
+            method,
+            ABSENT_WAIT,
+        )
+        raise RateLimited(
+            f"slack: {method} cannot reach {channel} ({error}); retry in {ABSENT_WAIT:g}s",
+            ABSENT_WAIT,
+        ) from exc
 
     async def close(self) -> None:
         if self._closing is not None:
