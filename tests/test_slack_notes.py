@@ -164,3 +164,39 @@ async def test_a_note_to_someone_no_longer_in_the_channel_is_logged_as_such(
     assert not [line for line in lines if "failed" in line], lines
     (line,) = [line for line in lines if "note" in line]
     assert "user_not_in_channel" in line and "U045EF6GH" in line, line
+
+
+async def test_a_note_a_standby_took_gives_up_when_the_hub_that_took_over_stops(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """A standby hub's channel (not started) takes a press whose note waits out a rate limit;
+    that hub then takes over delivery (its channel starts) and stops: the note gives up then,
+    it does not hold the stop for its Retry-After."""
+    async with so.Runtime([question_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("shop", prompt="Reorder the soap", auth=ALICE)
+        (req,) = r.pending
+        state = tmp_path / "hub.db"
+        slacks = [channel(fake) for _ in range(2)]
+        one, two = (ChannelHub(rt, [s], state=state) for s in slacks)
+        for hub in (one, two):
+            await hub.start(follow=False)
+        try:
+            await one.poll()
+            assert one.active and not two.active
+            fake.limited[NOTE] = 100
+            fake.retry_after = "20"
+            body = _choose(req.id)
+            await slacks[1].handle(body, sign(body, int(time.time())))
+            async with asyncio.timeout(10):
+                while not fake.of(NOTE):  # refused once: the note waits
+                    await asyncio.sleep(0.01)
+            await one.stop()
+            await two.poll()
+            assert two.active
+        finally:
+            began = time.monotonic()
+            for hub in (one, two):
+                await hub.stop()
+            stopped = time.monotonic() - began
+    assert stopped < 5
+    assert len(fake.of(NOTE)) == 1

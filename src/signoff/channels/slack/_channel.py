@@ -160,7 +160,8 @@ class SlackChannel(Channel):
         self._backlog = list(open_requests)
         self._backlog_at = 0.0
         self._backlog_failures = 0
-        self._closing = asyncio.Event()
+        if self._closing is None or self._closing.is_set():  # else notes wait on it already
+            self._closing = asyncio.Event()
         # Answers acknowledged and not settled (or sent) before a crash.
         await self.clicks.resume()
         await self.replies.resume()
@@ -324,8 +325,8 @@ class SlackChannel(Channel):
         if channel != self.channel or error not in _ABSENT:
             return
         logger.warning(
-            "slack: the bot cannot reach channel %s (%s): invite it back (or unarchive the "
-            "channel); %s is tried again in %gs",
+            "slack: the bot cannot reach channel %s (%s): invite it (or unarchive the channel, "
+            "or check its id); %s is tried again in %gs",
             channel,
             error,
             method,
