@@ -238,6 +238,7 @@ def test_the_defaults_the_docs_state_are_the_code_s() -> None:
     from signoff._tool_context import MAX_STEP_NAME_CHARS
     from signoff._types import MAX_OPTIONS
     from signoff.channels import WebhookChannel, verify_webhook
+    from signoff.channels.slack import _channel as slack_channel
     from signoff.server import AsyncClient, Client, create_app
     from signoff.server._serve import DEFAULT_WORKERS
     from signoff.stores._prompt import REQUEST_WAIT
@@ -261,6 +262,9 @@ def test_the_defaults_the_docs_state_are_the_code_s() -> None:
         (readme, "a question of more than 1,000 options", MAX_OPTIONS, 1000),
         (readme, "a question over 2,000 characters", MAX_QUESTION_CHARS, 2000),
         (readme, "a step name over 1,000 characters", MAX_STEP_NAME_CHARS, 1000),
+        (readme, "up to four calls and 30 s of waiting", slack_channel.NOTE_TRIES, 4),
+        (readme, "up to four calls and 30 s of waiting", slack_channel.NOTE_WAIT, 30),
+        (readme, "tried again every 30 s with a warning", slack_channel.ABSENT_WAIT, 30),
         (
             "docs/events.md",
             "`name` (1,000 characters at most)",
