@@ -217,6 +217,7 @@ def test_every_class_name_the_docs_use_exists() -> None:
     outside |= {"HttpOnly", "SameSite"}  # cookie attributes
     outside |= {"SecretStr"}  # pydantic's
     outside |= {"CancelledError"}  # asyncio's
+    outside |= {"AsyncRateLimitErrorRetryHandler"}  # slack_sdk's
     checked = 0
     for doc in DOCS:
         prose = re.sub(r"```.*?```", "", (ROOT / doc).read_text(), flags=re.S)
@@ -234,8 +235,10 @@ def test_the_defaults_the_docs_state_are_the_code_s() -> None:
     import signoff as so
     from signoff import _idempotency, stores
     from signoff._ask import MAX_QUESTION_CHARS
+    from signoff._tool_context import MAX_STEP_NAME_CHARS
     from signoff._types import MAX_OPTIONS
     from signoff.channels import WebhookChannel, verify_webhook
+    from signoff.channels.slack import _channel as slack_channel
     from signoff.server import AsyncClient, Client, create_app
     from signoff.server._serve import DEFAULT_WORKERS
     from signoff.stores._prompt import REQUEST_WAIT
@@ -258,6 +261,16 @@ def test_the_defaults_the_docs_state_are_the_code_s() -> None:
         (readme, "`so.MAX_TEXT_BYTES` (4 MiB", so.MAX_TEXT_BYTES, 4 * mib),
         (readme, "a question of more than 1,000 options", MAX_OPTIONS, 1000),
         (readme, "a question over 2,000 characters", MAX_QUESTION_CHARS, 2000),
+        (readme, "a step name over 1,000 characters", MAX_STEP_NAME_CHARS, 1000),
+        (readme, "up to four calls and 30 s of waiting", slack_channel.NOTE_TRIES, 4),
+        (readme, "up to four calls and 30 s of waiting", slack_channel.NOTE_WAIT, 30),
+        (readme, "tried again every 30 s with a warning", slack_channel.ABSENT_WAIT, 30),
+        (
+            "docs/events.md",
+            "`name` (1,000 characters at most)",
+            MAX_STEP_NAME_CHARS,
+            1000,
+        ),
         (readme, "`signoff.stores.READ_BYTES` (4 MiB)", stores.READ_BYTES, 4 * mib),
         (readme, "a session remembers its last 32 keys", _idempotency.KEPT, 32),
         (readme, "`?outage_grace=` seconds of an outage (10 by default)", GRACE, 10),

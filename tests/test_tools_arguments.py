@@ -4,6 +4,7 @@ process, or the provider refusing every model call)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,43 @@ def test_a_step_misnamed_or_without_a_function_is_a_usage_error_before_it_runs(
         result = (rt.state_sync(r.session_id).messages or [])[-2]
     assert isinstance(result, so.ToolResultMessage) and not result.is_error, result
     assert seen == [said, said]
+
+
+async def test_a_step_name_over_the_limit_is_too_large_and_nothing_is_journaled(
+    store_url: str,
+) -> None:
+    """A name of megabytes (a step named after the data it handles) was journaled whole into
+    the session's log: it is `TooLarge` at the call, the step does not run, nothing is stored;
+    a name of exactly `MAX_STEP_NAME_CHARS` is journaled as any other."""
+    from signoff._tool_context import MAX_STEP_NAME_CHARS
+
+    ran: list[str] = []
+    said: list[str] = []
+
+    def quote() -> int:
+        ran.append("quote")
+        return 7
+
+    @so.tool
+    async def work(ctx: so.ToolContext, n: int) -> str:
+        """Work in steps."""
+        try:
+            await ctx.step("q" * 10_000_000, quote)
+        except so.TooLarge as exc:
+            said.append(str(exc))
+        return str(await ctx.step("k" * MAX_STEP_NAME_CHARS, quote))
+
+    call = so.ModelResponse(tool_calls=[so.ToolCall(name="work", input={"n": 1})])
+    model = so.models.Scripted([call, so.ModelResponse(text="done")])
+    agent = so.Agent(name="a", model=model, tools=[work])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="work")
+        assert r.status == "completed", r.error
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    (message,) = said
+    assert message.startswith("ctx.step(): a step name of 10000000 characters, over the limit of ")
+    assert len(message) < 300, message
+    assert ran == ["quote"]  # the step within the limit only
+    steps = [e.data for e in events if e.type == "tool.step"]
+    assert [s["name"] for s in steps] == ["k" * MAX_STEP_NAME_CHARS]
+    assert max(len(json.dumps(e.data)) for e in events) < 20_000

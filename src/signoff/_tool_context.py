@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
 from ._approval import SessionInfo
-from ._exceptions import UsageError
+from ._exceptions import TooLarge, UsageError
 from ._steps import raise_recorded
 from ._sync import in_thread
 from ._text import is_blank
@@ -18,7 +18,7 @@ from ._tool_json import copied, jsonable
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
 from ._types import Answer, Option, Principal, make_options, twin_labels
 
-__all__ = ["Journal", "ReplayError", "ToolContext"]
+__all__ = ["MAX_STEP_NAME_CHARS", "Journal", "ReplayError", "ToolContext"]
 
 
 class ReplayError(UsageError):
@@ -59,6 +59,10 @@ class Journal(Protocol):
 
     async def settle(self) -> None: ...
 
+
+MAX_STEP_NAME_CHARS = 1000
+"""The longest name `ctx.step()` takes: every step's name is journaled in the session's log
+(and read back on each replay), so a name is a label, not the data the step handles."""
 
 REPLAY_GRACE = 2.0
 """Seconds a new entry waits, on replay, for sibling branches to reach the entries they
@@ -180,12 +184,18 @@ class ToolContext:
         a step by its name and occurrence: concurrent branches that step under the same name
         must reach it in the same order on every run, so give each its own name. The step's
         own function may not step or ask (`UsageError`); a plain one runs in a thread. `name`
-        and `fn` are positional only, so `fn` may take keyword arguments of those names.
+        and `fn` are positional only, so `fn` may take keyword arguments of those names; a name
+        over `MAX_STEP_NAME_CHARS` characters raises `TooLarge`, and nothing runs.
         """
         # The name is journaled as JSON and looked up by it on replay: a tuple came back a list
         # (unhashable, so the replay failed after the step had run), a number was no name.
         if not isinstance(name, str) or not name:
             raise UsageError(f"ctx.step() needs a name (non-empty text), not {name!r}")
+        if len(name) > MAX_STEP_NAME_CHARS:  # nothing is run or journaled
+            raise TooLarge(
+                f"ctx.step(): a step name of {len(name)} characters, over the limit of "
+                f"{MAX_STEP_NAME_CHARS} ({name[:40]!r}...); name the step, not its data"
+            )
         if not callable(fn):
             raise UsageError(f"ctx.step({name!r}, fn): fn must be a function, not {fn!r}")
         self._outside_steps("step")

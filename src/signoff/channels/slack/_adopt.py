@@ -63,7 +63,11 @@ class _NoRepost(AsyncConnectionErrorRetryHandler):
 
 def retry_handlers() -> list[AsyncRetryHandler]:
     """The retries of the client a channel makes: slack_sdk's defaults, but a post or a form's
-    opening only when it never reached Slack."""
+    opening only when it never reached Slack.
+
+    slack_sdk's `AsyncRateLimitErrorRetryHandler` is left out: it sleeps out any Retry-After
+    (an hour's too) inside the call, holding up the hub's delivery to every channel. The hub
+    waits out a post's or an update's 429 itself (`RateLimited`), and a note a bounded while."""
     return [_NoRepost()]
 
 

@@ -51,6 +51,16 @@ _BACKLOG_ATTEMPTS = 8  # posts of a request open at start, 1 s apart doubling (a
 # a link (chat.update's default, unlike chat.postMessage's, is `client`, which does).
 _UNPARSED: dict[str, Any] = {"parse": "none", "link_names": False}
 
+# Errors that say the bot cannot reach its channel: removed from it (a private one it no longer
+# sees), or the channel archived. A person mends that; until then the hub holds the channel's
+# feed, trying again every ABSENT_WAIT seconds, instead of giving up each request in turn.
+_ABSENT = frozenset({"not_in_channel", "channel_not_found", "is_archived"})
+ABSENT_WAIT = 30.0
+
+# A note (chat.postEphemeral) Slack rate-limits is sent again within these calls and seconds.
+NOTE_TRIES = 4
+NOTE_WAIT = 30.0
+
 # chat.update errors no retry can cure: the message was deleted, or can no longer be edited.
 _GONE = frozenset({"message_not_found", "cant_update_message", "edit_window_closed"})
 
@@ -75,7 +85,8 @@ class SlackChannel(Channel):
     restart after a crash uses to find a post it never saved rather than post it again.
     The client made from `token` does not retry a post or a form's opening whose connection
     dropped (it may have been carried out); a `client` of your own keeps its retry handlers
-    (slack_sdk's default does).
+    (slack_sdk's default does). Leave slack_sdk's `AsyncRateLimitErrorRetryHandler` out of
+    one: it sleeps out any Retry-After inside the call, which the channel does itself, bounded.
     """
 
     name = "slack"
@@ -137,6 +148,7 @@ class SlackChannel(Channel):
         self._unsaved: dict[str, dict[str, Any]] = {}  # request id -> a post whose memo failed
         self._presence: Presence | None = None  # held while it may act on the work it took
         self._presence_lock = threading.Lock()
+        self._closing: asyncio.Event | None = None  # set by close(): notes stop waiting
         self.replies = ThreadReplies(self)
         self.clicks = Clicks(self)
 
@@ -148,6 +160,8 @@ class SlackChannel(Channel):
         self._backlog = list(open_requests)
         self._backlog_at = 0.0
         self._backlog_failures = 0
+        if self._closing is None or self._closing.is_set():  # else notes wait on it already
+            self._closing = asyncio.Event()
         # Answers acknowledged and not settled (or sent) before a crash.
         await self.clicks.resume()
         await self.replies.resume()
@@ -228,6 +242,7 @@ class SlackChannel(Channel):
                 with contextlib.suppress(SignoffError):
                     await off_loop(self.forget, _attempt_key(request.id))
             _raise_if_limited(exc, "chat.postMessage")
+            self._raise_if_absent(exc, "chat.postMessage", self.channel)
             raise
         return {"channel": reply["channel"], "ts": reply["ts"]}
 
@@ -293,6 +308,7 @@ class SlackChannel(Channel):
             )
         except SlackApiError as exc:
             _raise_if_limited(exc, "chat.update")
+            self._raise_if_absent(exc, "chat.update", where["channel"])
             error = api_error(exc)
             if error not in _GONE:
                 raise
@@ -300,7 +316,30 @@ class SlackChannel(Channel):
             await off_loop(self._forget_gone, request_id, where)
             self._unsaved.pop(request_id, None)
 
+    def _raise_if_absent(self, exc: SlackApiError, method: str, channel: str) -> None:
+        """Raise `RateLimited` (`ABSENT_WAIT` seconds) when Slack refused a call in this
+        channel's conversation because the bot cannot reach it: the hub then holds the feed,
+        spending no attempt, and goes on in order once the bot is back. A message in another
+        conversation (posted before `channel` changed) fails as any error does."""
+        error = api_error(exc)
+        if channel != self.channel or error not in _ABSENT:
+            return
+        logger.warning(
+            "slack: the bot cannot reach channel %s (%s): invite it (or unarchive the channel, "
+            "or check its id); %s is tried again in %gs",
+            channel,
+            error,
+            method,
+            ABSENT_WAIT,
+        )
+        raise RateLimited(
+            f"slack: {method} cannot reach {channel} ({error}); retry in {ABSENT_WAIT:g}s",
+            ABSENT_WAIT,
+        ) from exc
+
     async def close(self) -> None:
+        if self._closing is not None:
+            self._closing.set()  # a note waiting out a rate limit gives up
         await self.idle()
         if self._presence is not None:
             self._presence.release()  # what it left undone is now any process's to take up
@@ -448,22 +487,57 @@ class SlackChannel(Channel):
     async def _tell(self, where: dict[str, str], text: str) -> None:
         """An ephemeral note only the person who acted sees (in the thread they typed in, if
         they typed); its text (reasons, errors naming what was answered) is escaped like the
-        messages' and clipped to what Slack takes (a longer one is refused: `msg_too_long`)."""
-        await self.client.chat_postEphemeral(
-            channel=where["channel"],
-            user=where["user"],
-            text=note_text(text),
-            thread_ts=where.get("thread_ts"),
-            **_UNPARSED,
+        messages' and clipped to what Slack takes (a longer one is refused: `msg_too_long`).
+
+        A 429 (Slack took nothing) is sent again after its Retry-After, within `NOTE_TRIES`
+        calls and `NOTE_WAIT` seconds, and never past the channel's close: a note is for now,
+        and its wait holds up the work that tells it. One Slack refuses is logged, not raised,
+        so the work (and its other notes) goes on."""
+        waited, tries = 0.0, 0
+        while True:
+            tries += 1
+            try:
+                await self.client.chat_postEphemeral(
+                    channel=where["channel"],
+                    user=where["user"],
+                    text=note_text(text),
+                    thread_ts=where.get("thread_ts"),
+                    **_UNPARSED,
+                )
+                return
+            except SlackApiError as exc:
+                wait = _retry_after(exc)
+                if wait is None:
+                    why = api_error(exc) or f"HTTP {getattr(exc.response, 'status_code', '?')}"
+                    break
+                why = f"rate limited, Retry-After {wait:g}s, after {tries} tries"
+                if tries >= NOTE_TRIES or waited + wait > NOTE_WAIT or not await self._pause(wait):
+                    break
+                waited += wait
+        logger.warning(
+            "slack: a note to %s in %s was not delivered (%s): %.200r",
+            where["user"],
+            where["channel"],
+            why,
+            text,
         )
 
+    async def _pause(self, seconds: float) -> bool:
+        """Wait `seconds`, or less if the channel closes meanwhile; whether it is still open."""
+        if self._closing is None:
+            self._closing = asyncio.Event()
+        closing = self._closing
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(closing.wait(), seconds)
+        return not closing.is_set()
 
-def _raise_if_limited(exc: SlackApiError, method: str) -> None:
-    """Raise `RateLimited` with Slack's Retry-After (1 s if it names none) for a 429, so the
-    hub retries when Slack allows rather than on its backoff."""
+
+def _retry_after(exc: SlackApiError) -> float | None:
+    """The seconds a 429 says to wait (Retry-After; 1 if it names none), None for other
+    errors."""
     response = exc.response
     if response is None or getattr(response, "status_code", None) != 429:
-        return
+        return None
     wait = 1.0
     headers = getattr(response, "headers", None) or {}
     for name, value in headers.items():
@@ -472,7 +546,15 @@ def _raise_if_limited(exc: SlackApiError, method: str) -> None:
                 seconds = float(value[0] if isinstance(value, (list, tuple)) else value)
                 if math.isfinite(seconds) and seconds >= 0:
                     wait = seconds
-    raise RateLimited(f"slack: {method} is rate limited; retry in {wait:g}s", wait) from exc
+    return wait
+
+
+def _raise_if_limited(exc: SlackApiError, method: str) -> None:
+    """Raise `RateLimited` with Slack's Retry-After (1 s if it names none) for a 429, so the
+    hub retries when Slack allows rather than on its backoff."""
+    wait = _retry_after(exc)
+    if wait is not None:
+        raise RateLimited(f"slack: {method} is rate limited; retry in {wait:g}s", wait) from exc
 
 
 def _key(request_id: str) -> str:

@@ -1,0 +1,71 @@
+"""A bot that cannot reach its channel (someone removed it, or archived the channel): the
+requests that open and close meanwhile wait, in order, and reach Slack once it is back,
+instead of being given up on one by one until the hub next starts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.channels import ChannelHub
+from signoff.channels.slack import _channel, slack_principal
+
+from ._slack import ALICE, TEAM, FakeSlack, channel, manual, refund_runtime, slack_api
+
+__all__ = ["slack_api"]  # the fixture, used by name
+
+
+@pytest.mark.parametrize("error", ["not_in_channel", "channel_not_found", "is_archived"])
+async def test_a_bot_removed_from_the_channel_posts_what_opened_meanwhile_once_back(
+    tmp_path: Path,
+    slack_api: FakeSlack,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    error: str,
+) -> None:
+    """Posts and updates Slack refuses because the bot is out of its channel are tried again
+    every `ABSENT_WAIT` seconds without spending the hub's attempts (here one, with an hour's
+    backoff): once the bot is invited back, what opened meanwhile is posted, in order, once,
+    and what closed meanwhile is updated."""
+    monkeypatch.setattr(_channel, "ABSENT_WAIT", 0.2)
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        slack = channel(slack_api)
+        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db", retry_backoff=3600, max_attempts=1)
+        async with manual(hub):
+            slack_api.failing["chat.postMessage"] = error  # removed from the channel
+            first = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+            second = await rt.generate("support", prompt="Refund order 1043", auth=ALICE)
+            with caplog.at_level(logging.WARNING, logger="signoff.channels"):
+                await hub.poll()
+                await hub.poll()
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+            assert any(error in r.getMessage() for r in caplog.records)
+            del slack_api.failing["chat.postMessage"]  # invited back
+            await asyncio.sleep(0.25)
+            await hub.poll()
+            posted = [json.dumps(p["blocks"]) for p in slack_api.of("chat.postMessage")]
+            # The refused post, then both, in order.
+            assert [first.pending[0].id in p for p in posted] == [True, True, False]
+            assert second.pending[0].id in posted[2]
+            # Removed again while the first closes: its message is updated once back.
+            slack_api.failing["chat.update"] = error
+            await rt.respond(
+                first.session_id,
+                [so.InputResponse(request_id=first.pending[0].id, option_id="cancel")],
+                principal=slack_principal(TEAM, "U078JK9LM"),
+            )
+            await hub.poll()
+            del slack_api.failing["chat.update"]
+            await asyncio.sleep(0.25)
+            await hub.poll()
+            updates = slack_api.of("chat.update")
+            assert len(updates) == 2 and updates[0] == updates[1]
+            assert updates[1]["blocks"][-1]["block_id"] == "signoff.resolution"
+            assert slack.recall(f"msg:{first.pending[0].id}") is None
