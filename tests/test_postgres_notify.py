@@ -65,6 +65,10 @@ async def test_a_failed_commit_notifies_nothing(pg: PostgresStore, pg_store_url:
 async def test_waiters_survive_a_killed_listener(pg: PostgresStore, pg_store_url: str) -> None:
     sid = await new_session(pg)
     assert await pg.wait_for_change(sid, 0.05) is False  # starts the listener
+    for _ in range(1000):  # subscribed: on a loaded machine that can take longer than the wait
+        if pg._changes._listening.is_set():
+            break
+        await asyncio.sleep(0.01)
     conn = await admin(pg_store_url)
     async with conn:
         cur = await conn.execute(
