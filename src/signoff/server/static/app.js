@@ -159,21 +159,27 @@
   // -- the queue ------------------------------------------------------------------------------
   const queue = document.querySelector("[data-live-queue]");
   if (queue) {
-    let version = null;
+    // Each event reads the cards anew, a stream's first too: the queue may have changed since
+    // the page was made (or the stream dropped). A read answered after a later-asked one was
+    // merged is dropped: it would bring back a request that one saw answered.
+    let asked = 0;
+    let merged = 0;
     live(prefix + "/stream", {
       queue: async (ev) => {
         const data = JSON.parse(ev.data);
         setTotal(data.total);
         const filtered = queue.hasAttribute("data-filtered");
         if (!filtered) setShown(data.total);
-        if (version === null) { version = data.version; return; }
-        version = data.version;
+        const mine = ++asked;
         const q = queue.dataset.query;
         const res = await fetch(prefix + "/fragments/queue" + (q ? "?" + q : ""), { credentials: "same-origin" });
         if (await signedOut(res) || !res.ok) return;
+        const html = await res.text();
+        if (mine < merged) return;
+        merged = mine;
         const shown = Number(res.headers.get("X-Total-Count"));
         if (filtered && Number.isInteger(shown)) setShown(shown);
-        mergeCards(queue, await res.text());
+        mergeCards(queue, html);
       },
     });
   }

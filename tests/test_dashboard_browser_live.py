@@ -1,0 +1,85 @@
+"""The queue page's live updates in a real browser converge to the store's truth: a request
+answered elsewhere leaves the page whenever it was answered, and however the page's reads of
+the queue come back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from playwright.sync_api import Page, Route, expect
+
+from ._dashboard_browser import base, browser, page, start
+from .test_server_common import PLAIN, auth
+
+__all__ = ["base", "browser", "page"]  # the fixtures, used by name
+
+
+def deny(base: str, body: dict[str, Any]) -> None:
+    """Deny the session's open request over the API: answered elsewhere than the page."""
+    rid = body["pending"][0]["id"]
+    r = httpx.post(
+        f"{base}/v1/sessions/{body['session_id']}/responses",
+        json={"inputResponses": [{"requestId": rid, "optionId": "cancel"}]},
+        headers=auth("alice-token"),
+        timeout=10,
+        verify=PLAIN,
+    )
+    assert r.status_code == 200, r.text
+
+
+def test_a_request_answered_before_the_stream_opened_leaves_the_page(page: Page, base: str) -> None:
+    """The queue's first live event only noted the queue's version, taken for the page's: a
+    request answered between the page's rendering and its stream's opening stayed on the page,
+    with its buttons, until the queue changed again."""
+    body = start(base)
+    rid = body["pending"][0]["id"]
+    opened: list[str] = []
+
+    def late(route: Route) -> None:
+        if not opened:  # the first connection only: answered while the page loads
+            deny(base, body)
+        opened.append(route.request.url)
+        route.continue_()
+
+    page.route("**/_signoff/stream", late)
+    page.goto("/_signoff/")
+    expect(page.locator("#live-dot.on")).to_be_attached()
+    expect(page.locator(f"[data-request-id='{rid}']")).to_have_count(0)
+    expect(page.get_by_text("All caught up")).to_be_visible()
+    expect(page.locator(".page-head .sub")).to_have_text("0 open requests · updates live")
+
+
+def test_a_slow_read_of_the_queue_does_not_bring_an_answered_request_back(
+    page: Page, base: str
+) -> None:
+    """Each live event fetched the queue's cards anew, and each answer was merged as it came:
+    a read overtaken by a later one (a slow server, another connection) brought back a request
+    answered meanwhile, with its buttons, until the queue changed again."""
+    first, second = start(base), start(base)
+    gone = page.locator(f"[data-request-id='{second['pending'][0]['id']}']")
+    page.goto("/_signoff/")
+    expect(page.locator("#live-dot.on")).to_be_attached()
+    expect(gone).to_have_count(1)
+    held: list[tuple[Route, Any]] = []
+
+    def slow(route: Route) -> None:
+        if held:
+            route.continue_()
+        else:  # read now, answered late: the queue as it was, second request still open
+            held.append((route, route.fetch()))
+
+    page.route("**/_signoff/fragments/queue*", slow)
+    deny(base, first)
+    for _ in range(200):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held, "the page did not read the queue after a request was answered"
+    deny(base, second)
+    expect(gone).to_have_count(0)  # a later read, answered at once, shows the queue empty
+    route, response = held[0]
+    route.fulfill(response=response)
+    page.wait_for_timeout(1000)  # the slow read's answer arrives
+    expect(gone).to_have_count(0)
+    expect(page.get_by_text("All caught up")).to_be_visible()
