@@ -4,13 +4,19 @@ the queue come back."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
-from playwright.sync_api import Page, Route, expect
+from playwright.sync_api import Browser, Page, Route, expect
+
+import signoff as so
+from signoff.server import TokenAuth, create_app
+from signoff.testing import ManualClock
 
 from ._dashboard_browser import base, browser, page, start
-from .test_server_common import PLAIN, auth
+from ._ttl import ttl_agent
+from .test_server_common import PLAIN, TOKENS, auth, running
 
 __all__ = ["base", "browser", "page"]  # the fixtures, used by name
 
@@ -83,3 +89,35 @@ def test_a_slow_read_of_the_queue_does_not_bring_an_answered_request_back(
     page.wait_for_timeout(1000)  # the slow read's answer arrives
     expect(gone).to_have_count(0)
     expect(page.get_by_text("All caught up")).to_be_visible()
+
+
+def test_a_session_page_open_when_its_session_expires_offers_no_answer(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A session's stream ends with `stream.end` the moment its TTL passes, before anything
+    records the expiry, and the page closed it there: it still called the session waiting and
+    offered Approve and Deny for a request its expiry had closed, until reloaded."""
+    clock = ManualClock()
+    runtime = so.Runtime(
+        [ttl_agent()], store=f"sqlite:///{tmp_path}/ttl.db", clock=clock, poll_interval=0.05
+    )
+    # No sweep: only the page's own reads may record the expiry.
+    with running(create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)) as url:
+        context = browser.new_context(base_url=url)
+        p = context.new_page()
+        p.set_default_timeout(10_000)
+        p.goto("/_signoff/login")
+        p.fill("input[name=token]", "alice-token")
+        p.click("button[type=submit]")
+        expect(p.locator("h1")).to_have_text("Approval queue")
+        body = start(url, "desk")
+        p.goto(f"/_signoff/sessions/{body['session_id']}")
+        expect(p.locator("#live-dot.on")).to_be_attached()
+        card = p.locator(f"[data-request-id='{body['pending'][0]['id']}']")
+        expect(card.get_by_role("button", name="Approve")).to_be_visible()
+        clock.advance(120)  # past the session's TTL (60 s)
+        expect(p.locator("#live-dot.on")).to_have_count(0)  # the stream ended
+        expect(card).to_have_count(0)
+        expect(p.locator("[data-session-status]")).to_have_text("failed")
+        expect(p.locator("#trace")).to_contain_text("session_expired")
+        context.close()

@@ -119,16 +119,18 @@
     });
   }
 
-  function live(url, handlers, types) {
+  function live(url, handlers, types, ended) {
     const es = new EventSource(url);
     es.onopen = () => dot && dot.classList.add("on");
     es.onerror = () => dot && dot.classList.remove("on");
-    // The server ended the stream for good (the session expired, the store is gone): no retry.
+    // The server ended the stream for good (the session expired, the store is gone): no retry;
+    // `ended` reads the page's last state (an expiry is recorded by that read, not the stream).
     es.addEventListener("stream.end", (ev) => {
       es.close();
       if (dot) dot.classList.remove("on");
       const end = JSON.parse(ev.data || "{}");
       if (end.status === 401) signInAgain((end.error && end.error.message) || "you are no longer signed in");
+      else if (ended) ended(end);
     });
     (types || []).forEach((t) => es.addEventListener(t, handlers.any));
     Object.keys(handlers).forEach((t) => { if (t !== "any") es.addEventListener(t, handlers[t]); });
@@ -213,9 +215,8 @@
       } finally { busy = false; }
     };
     const types = (sessionEl.dataset.eventTypes || "").split(" ").filter(Boolean);
-    live("/v1/sessions/" + encodeURIComponent(sid) + "/events?after=" + seq, {
-      any: () => { clearTimeout(timer); timer = setTimeout(refresh, 60); },
-    }, types);
+    const soon = () => { clearTimeout(timer); timer = setTimeout(refresh, 60); };
+    live("/v1/sessions/" + encodeURIComponent(sid) + "/events?after=" + seq, { any: soon }, types, soon);
   }
 
   // -- starting a conversation: once, however often Start is clicked --------------------------
