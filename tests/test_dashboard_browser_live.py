@@ -1,9 +1,12 @@
-"""The queue page's live updates in a real browser converge to the store's truth: a request
+"""The dashboard's live pages in a real browser converge to the store's truth: a request
 answered elsewhere leaves the page whenever it was answered, and however the page's reads of
-the queue come back."""
+the queue come back; a session that expires while its page is open shows it, and an answer to
+its request is told it is closed."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -91,17 +94,14 @@ def test_a_slow_read_of_the_queue_does_not_bring_an_answered_request_back(
     expect(page.get_by_text("All caught up")).to_be_visible()
 
 
-def test_a_session_page_open_when_its_session_expires_offers_no_answer(
-    browser: Browser, tmp_path: Path
-) -> None:
-    """A session's stream ends with `stream.end` the moment its TTL passes, before anything
-    records the expiry, and the page closed it there: it still called the session waiting and
-    offered Approve and Deny for a request its expiry had closed, until reloaded."""
+@contextmanager
+def expiring(browser: Browser, tmp_path: Path) -> Iterator[tuple[Page, ManualClock, str]]:
+    """A page signed in to a dashboard whose agent `desk` parks sessions that expire 60 s after
+    their last event, by a clock the test moves; no sweep, so only reads record an expiry."""
     clock = ManualClock()
     runtime = so.Runtime(
         [ttl_agent()], store=f"sqlite:///{tmp_path}/ttl.db", clock=clock, poll_interval=0.05
     )
-    # No sweep: only the page's own reads may record the expiry.
     with running(create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)) as url:
         context = browser.new_context(base_url=url)
         p = context.new_page()
@@ -110,6 +110,19 @@ def test_a_session_page_open_when_its_session_expires_offers_no_answer(
         p.fill("input[name=token]", "alice-token")
         p.click("button[type=submit]")
         expect(p.locator("h1")).to_have_text("Approval queue")
+        try:
+            yield p, clock, url
+        finally:
+            context.close()
+
+
+def test_a_session_page_open_when_its_session_expires_offers_no_answer(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A session's stream ends with `stream.end` the moment its TTL passes, before anything
+    records the expiry, and the page closed it there: it still called the session waiting and
+    offered Approve and Deny for a request its expiry had closed, until reloaded."""
+    with expiring(browser, tmp_path) as (p, clock, url):
         body = start(url, "desk")
         p.goto(f"/_signoff/sessions/{body['session_id']}")
         expect(p.locator("#live-dot.on")).to_be_attached()
@@ -120,4 +133,24 @@ def test_a_session_page_open_when_its_session_expires_offers_no_answer(
         expect(card).to_have_count(0)
         expect(p.locator("[data-session-status]")).to_have_text("failed")
         expect(p.locator("#trace")).to_contain_text("session_expired")
-        context.close()
+
+
+def test_answering_a_request_whose_session_expired_offers_no_more_buttons(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """An answer to a request whose session had expired while its form was open (the page's
+    live updates lost) showed the 410 as an error beside the buttons, which were offered again
+    though every press could only fail the same way; the form goes, as for a closed request."""
+    with expiring(browser, tmp_path) as (p, clock, url):
+        body = start(url, "desk")
+        p.route("**/_signoff/stream", lambda route: route.abort())  # no live removal
+        p.goto("/_signoff/")
+        card = p.locator(f"[data-request-id='{body['pending'][0]['id']}']")
+        card.locator("input[name=text]").fill("ok")
+        clock.advance(120)  # past the session's TTL (60 s)
+        card.get_by_role("button", name="Approve").click()
+        expect(card.locator(".result-note")).to_have_text(
+            f"session {body['session_id']!r} expired. Nothing was changed."
+        )
+        expect(card.get_by_role("button")).to_have_count(0)
+        expect(card.locator(".result-note")).to_be_focused()  # the keyboard's place, read out

@@ -336,9 +336,9 @@
         setTimeout(() => leave(card), 2500);
       }
     } catch (err) {
-      if (err.code === "conflicting_answer" || err.code === "request_closed") {
-        // Someone else (another tab) closed it first: say so, and offer no more buttons; the
-        // card goes with the queue's next live update.
+      if (["conflicting_answer", "request_closed", "session_expired"].includes(err.code)) {
+        // Someone else (another tab) closed it first, or it expired: say so, and offer no more
+        // buttons, which could only fail alike; the card goes with the queue's next live update.
         form.remove();
         noteFor(card, err.message + ". Nothing was changed.", "bad");
         toast(err.message, true);
