@@ -5,12 +5,14 @@ its request is told it is closed."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from playwright.sync_api import Browser, Page, Route, expect
 
 import signoff as so
@@ -91,7 +93,7 @@ def test_a_slow_read_of_the_queue_does_not_bring_an_answered_request_back(
     route.fulfill(response=response)
     page.wait_for_timeout(1000)  # the slow read's answer arrives
     expect(gone).to_have_count(0)
-    expect(page.get_by_text("All caught up")).to_be_visible()
+    expect(page.get_by_text("All caught up")).to_be_visible()  # once
 
 
 @contextmanager
@@ -154,3 +156,37 @@ def test_answering_a_request_whose_session_expired_offers_no_more_buttons(
         )
         expect(card.get_by_role("button")).to_have_count(0)
         expect(card.locator(".result-note")).to_be_focused()  # the keyboard's place, read out
+
+
+@pytest.mark.parametrize("where", ["queue", "session"])
+def test_a_stream_refused_on_reconnecting_says_the_sign_in_ended(
+    page: Page, base: str, where: str
+) -> None:
+    """A page's stream dropped (a laptop asleep, a proxy restarting) and the sign-in ended
+    meanwhile: the browser's reconnect was refused (sent to the sign-in form, or a 401), and it
+    gave up in silence, leaving a page that followed nothing, its buttons offered as if live.
+    The page now reads itself once more, and says to sign in again."""
+    body = start(base)
+    rid = body["pending"][0]["id"]
+    dropping = [True]
+
+    def drop(route: Route) -> None:
+        if dropping[0]:  # the connection ends at once: the browser reconnects, again and again
+            route.fulfill(status=200, content_type="text/event-stream", body="retry: 200\n\n")
+        else:
+            route.continue_()
+
+    if where == "queue":
+        page.route("**/_signoff/stream", drop)
+        page.goto("/_signoff/")
+    else:
+        page.route("**/v1/sessions/*/events*", drop)
+        page.goto(f"/_signoff/sessions/{body['session_id']}")
+    expect(page.locator(f"[data-request-id='{rid}']")).to_have_count(1)
+    other = page.context.new_page()
+    other.goto("/_signoff/tools")
+    other.get_by_role("button", name="Sign out").click()
+    expect(other).to_have_url(re.compile("/_signoff/login"))
+    other.close()
+    dropping[0] = False
+    expect(page.locator("#signed-out")).to_contain_text("Sign in")

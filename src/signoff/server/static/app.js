@@ -99,7 +99,10 @@
     const empty = container.querySelector("[data-empty]");
     const incomingEmpty = incoming.querySelector("[data-empty]");
     if (fresh.size === 0 && !empty && incomingEmpty) {
-      setTimeout(() => { if (!container.querySelector("[data-request-id]")) container.appendChild(incomingEmpty); }, 320);
+      // Once: two reads that both found it empty, each a moment apart, showed it twice.
+      setTimeout(() => {
+        if (!container.querySelector("[data-request-id], [data-empty]")) container.appendChild(incomingEmpty);
+      }, 320);
     } else if (fresh.size > 0 && empty) {
       empty.remove();
     }
@@ -122,7 +125,12 @@
   function live(url, handlers, types, ended) {
     const es = new EventSource(url);
     es.onopen = () => dot && dot.classList.add("on");
-    es.onerror = () => dot && dot.classList.remove("on");
+    es.onerror = () => {
+      if (dot) dot.classList.remove("on");
+      // A reconnect refused (the sign-in ended while the stream was down, a proxy's 502): the
+      // browser gives up; the page is read once more, which says why or shows the truth.
+      if (es.readyState === EventSource.CLOSED && ended) ended({});
+    };
     // The server ended the stream for good (the session expired, the store is gone): no retry;
     // `ended` reads the page's last state (an expiry is recorded by that read, not the stream).
     es.addEventListener("stream.end", (ev) => {
@@ -166,24 +174,27 @@
     // merged is dropped: it would bring back a request that one saw answered.
     let asked = 0;
     let merged = 0;
+    const filtered = queue.hasAttribute("data-filtered");
+    const read = async () => {
+      const mine = ++asked;
+      const q = queue.dataset.query;
+      const res = await fetch(prefix + "/fragments/queue" + (q ? "?" + q : ""), { credentials: "same-origin" });
+      if (await signedOut(res) || !res.ok) return;
+      const html = await res.text();
+      if (mine < merged) return;
+      merged = mine;
+      const shown = Number(res.headers.get("X-Total-Count"));
+      if (filtered && Number.isInteger(shown)) setShown(shown);
+      mergeCards(queue, html);
+    };
     live(prefix + "/stream", {
-      queue: async (ev) => {
+      queue: (ev) => {
         const data = JSON.parse(ev.data);
         setTotal(data.total);
-        const filtered = queue.hasAttribute("data-filtered");
         if (!filtered) setShown(data.total);
-        const mine = ++asked;
-        const q = queue.dataset.query;
-        const res = await fetch(prefix + "/fragments/queue" + (q ? "?" + q : ""), { credentials: "same-origin" });
-        if (await signedOut(res) || !res.ok) return;
-        const html = await res.text();
-        if (mine < merged) return;
-        merged = mine;
-        const shown = Number(res.headers.get("X-Total-Count"));
-        if (filtered && Number.isInteger(shown)) setShown(shown);
-        mergeCards(queue, html);
+        read();
       },
-    });
+    }, [], read);
   }
 
   // -- a session ------------------------------------------------------------------------------
