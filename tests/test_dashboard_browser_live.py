@@ -190,3 +190,23 @@ def test_a_stream_refused_on_reconnecting_says_the_sign_in_ended(
     other.close()
     dropping[0] = False
     expect(page.locator("#signed-out")).to_contain_text("Sign in")
+
+
+@pytest.mark.parametrize("javascript", [True, False], ids=["js", "no-js"])
+def test_the_queue_says_it_updates_live_only_when_it_does(
+    browser: Browser, base: str, javascript: bool
+) -> None:
+    """Without JavaScript the queue's heading still said it "updates live", and a reviewer
+    waited for requests that would only show on a reload."""
+    context = browser.new_context(base_url=base, java_script_enabled=javascript)
+    p = context.new_page()
+    p.set_default_timeout(10_000)
+    p.goto("/_signoff/login")
+    p.fill("input[name=token]", "alice-token")
+    p.click("button[type=submit]")
+    heading = p.locator(".page-head .sub")
+    if javascript:
+        expect(heading).to_have_text("0 open requests · updates live")
+    else:
+        expect(heading).to_have_text("0 open requests · reload to see new ones")
+    context.close()

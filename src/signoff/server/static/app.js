@@ -169,6 +169,8 @@
   // -- the queue ------------------------------------------------------------------------------
   const queue = document.querySelector("[data-live-queue]");
   if (queue) {
+    // Without this script the page says to reload: nothing else would show a new request.
+    document.querySelectorAll("[data-live-note]").forEach((el) => { el.textContent = "updates live"; });
     // Each event reads the cards anew, a stream's first too: the queue may have changed since
     // the page was made (or the stream dropped). A read answered after a later-asked one was
     // merged is dropped: it would bring back a request that one saw answered.
