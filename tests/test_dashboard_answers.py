@@ -99,6 +99,36 @@ def test_the_same_answer_from_a_stale_page_names_who_gave_it_first(base: str) ->
         assert r.status_code == 303
 
 
+def test_a_reason_sent_again_from_another_tab_is_said_to_have_changed_nothing(
+    store_url: str,
+) -> None:
+    """Alice approved in one tab with a reason, then in another with other words: the approval
+    stood with the first reason, and the page said "Approved" as if the second had reached the
+    agent. She is told it was hers already and that this answer changed nothing; sending the very
+    same answer again (a double click without JavaScript) is still not an error."""
+    with served(store_url) as base:
+        body = start(base)
+        rid = body["pending"][0]["id"]
+        url = f"/_signoff/requests/{rid}/respond"
+        with signed_in(base) as c:
+            token = csrf_of(c.get("/_signoff/").text)  # both tabs' pages, before the answer
+            first = {"option": "approve", "text": "refund it", "csrf": token, "next": "/_signoff/"}
+            assert c.post(url, data=first).status_code == 303
+            before = get(f"{base}/v1/requests/{rid}", headers=auth("alice-token")).json()
+            again = {**first, "text": "refund only the broken part"}
+            r = c.post(url, data=again, headers=JSON)
+            assert r.status_code == 200 and r.json()["outcome"] == "approved"
+            assert r.json()["already_by"] == "you"
+            r = c.post(url, data=again)
+            assert r.status_code == 200
+            assert "Already approved by you: your answer changed nothing." in r.text
+            r = c.post(url, data=first, headers=JSON)  # the same answer: taken as given
+            assert r.status_code == 200 and r.json()["already_by"] is None
+            assert c.post(url, data=first).status_code == 303
+        after = get(f"{base}/v1/requests/{rid}", headers=auth("alice-token")).json()
+        assert after == before and after["resolution"]["reason"] == "refund it"
+
+
 @pytest.mark.parametrize(
     ("part", "damaged"),
     [

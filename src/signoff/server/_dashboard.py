@@ -212,7 +212,9 @@ async def respond(request: Request, request_id: str) -> Response:
     outcome = None if mine is None else mine.outcome
     already = None
     if mine is not None and not mine.applied and outcome in _SETTLED:
-        already = await answered_by_another(ctx, request_id, viewer)
+        # An approval's text is its reason; a question's is its answer, which may not differ.
+        reason = text if stored.request.kind == "tool-approval" else None
+        already = await answered_by_another(ctx, request_id, viewer, reason)
     if wants_json(request):
         return JSONResponse(
             {

@@ -193,16 +193,20 @@ async def _refusals(
     return out
 
 
-async def answered_by_another(ctx: ServerContext, request_id: str, viewer: Principal) -> str | None:
-    """Who gave the answer that the viewer's identical one repeated, if it was someone else: a
-    reviewer on a stale page is told their answer changed nothing, not that it was theirs."""
+async def answered_by_another(
+    ctx: ServerContext, request_id: str, viewer: Principal, reason: str | None
+) -> str | None:
+    """Who gave the answer that the viewer's like one repeated, unless it was this very answer
+    of theirs (sent twice): a reviewer on a stale page is told their answer changed nothing,
+    not that it was theirs; "you" when another tab of theirs gave it with another `reason`
+    (an approval's), which this one did not send."""
     stored = await ctx.runtime.store.get_request(request_id)
     if stored is None or stored.resolution is None:  # settled, but its record was damaged
         return "unknown"
     by = stored.resolution.get("by")
     principal = principal_of(by)
     if principal is not None and principal.same_as(viewer):
-        return None
+        return None if stored.resolution.get("reason") == reason else "you"
     return who(by)
 
 

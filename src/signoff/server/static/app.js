@@ -99,7 +99,10 @@
     const empty = container.querySelector("[data-empty]");
     const incomingEmpty = incoming.querySelector("[data-empty]");
     if (fresh.size === 0 && !empty && incomingEmpty) {
-      setTimeout(() => { if (!container.querySelector("[data-request-id]")) container.appendChild(incomingEmpty); }, 320);
+      // Once: two reads that both found it empty, each a moment apart, showed it twice.
+      setTimeout(() => {
+        if (!container.querySelector("[data-request-id], [data-empty]")) container.appendChild(incomingEmpty);
+      }, 320);
     } else if (fresh.size > 0 && empty) {
       empty.remove();
     }
@@ -119,16 +122,23 @@
     });
   }
 
-  function live(url, handlers, types) {
+  function live(url, handlers, types, ended) {
     const es = new EventSource(url);
     es.onopen = () => dot && dot.classList.add("on");
-    es.onerror = () => dot && dot.classList.remove("on");
-    // The server ended the stream for good (the session expired, the store is gone): no retry.
+    es.onerror = () => {
+      if (dot) dot.classList.remove("on");
+      // A reconnect refused (the sign-in ended while the stream was down, a proxy's 502): the
+      // browser gives up; the page is read once more, which says why or shows the truth.
+      if (es.readyState === EventSource.CLOSED && ended) ended({});
+    };
+    // The server ended the stream for good (the session expired, the store is gone): no retry;
+    // `ended` reads the page's last state (an expiry is recorded by that read, not the stream).
     es.addEventListener("stream.end", (ev) => {
       es.close();
       if (dot) dot.classList.remove("on");
       const end = JSON.parse(ev.data || "{}");
       if (end.status === 401) signInAgain((end.error && end.error.message) || "you are no longer signed in");
+      else if (ended) ended(end);
     });
     (types || []).forEach((t) => es.addEventListener(t, handlers.any));
     Object.keys(handlers).forEach((t) => { if (t !== "any") es.addEventListener(t, handlers[t]); });
@@ -159,23 +169,34 @@
   // -- the queue ------------------------------------------------------------------------------
   const queue = document.querySelector("[data-live-queue]");
   if (queue) {
-    let version = null;
+    // Without this script the page says to reload: nothing else would show a new request.
+    document.querySelectorAll("[data-live-note]").forEach((el) => { el.textContent = "updates live"; });
+    // Each event reads the cards anew, a stream's first too: the queue may have changed since
+    // the page was made (or the stream dropped). A read answered after a later-asked one was
+    // merged is dropped: it would bring back a request that one saw answered.
+    let asked = 0;
+    let merged = 0;
+    const filtered = queue.hasAttribute("data-filtered");
+    const read = async () => {
+      const mine = ++asked;
+      const q = queue.dataset.query;
+      const res = await fetch(prefix + "/fragments/queue" + (q ? "?" + q : ""), { credentials: "same-origin" });
+      if (await signedOut(res) || !res.ok) return;
+      const html = await res.text();
+      if (mine < merged) return;
+      merged = mine;
+      const shown = Number(res.headers.get("X-Total-Count"));
+      if (filtered && Number.isInteger(shown)) setShown(shown);
+      mergeCards(queue, html);
+    };
     live(prefix + "/stream", {
-      queue: async (ev) => {
+      queue: (ev) => {
         const data = JSON.parse(ev.data);
         setTotal(data.total);
-        const filtered = queue.hasAttribute("data-filtered");
         if (!filtered) setShown(data.total);
-        if (version === null) { version = data.version; return; }
-        version = data.version;
-        const q = queue.dataset.query;
-        const res = await fetch(prefix + "/fragments/queue" + (q ? "?" + q : ""), { credentials: "same-origin" });
-        if (await signedOut(res) || !res.ok) return;
-        const shown = Number(res.headers.get("X-Total-Count"));
-        if (filtered && Number.isInteger(shown)) setShown(shown);
-        mergeCards(queue, await res.text());
+        read();
       },
-    });
+    }, [], read);
   }
 
   // -- a session ------------------------------------------------------------------------------
@@ -207,9 +228,8 @@
       } finally { busy = false; }
     };
     const types = (sessionEl.dataset.eventTypes || "").split(" ").filter(Boolean);
-    live("/v1/sessions/" + encodeURIComponent(sid) + "/events?after=" + seq, {
-      any: () => { clearTimeout(timer); timer = setTimeout(refresh, 60); },
-    }, types);
+    const soon = () => { clearTimeout(timer); timer = setTimeout(refresh, 60); };
+    live("/v1/sessions/" + encodeURIComponent(sid) + "/events?after=" + seq, { any: soon }, types, soon);
   }
 
   // -- starting a conversation: once, however often Start is clicked --------------------------
@@ -329,9 +349,9 @@
         setTimeout(() => leave(card), 2500);
       }
     } catch (err) {
-      if (err.code === "conflicting_answer" || err.code === "request_closed") {
-        // Someone else (another tab) closed it first: say so, and offer no more buttons; the
-        // card goes with the queue's next live update.
+      if (["conflicting_answer", "request_closed", "session_expired"].includes(err.code)) {
+        // Someone else (another tab) closed it first, or it expired: say so, and offer no more
+        // buttons, which could only fail alike; the card goes with the queue's next live update.
         form.remove();
         noteFor(card, err.message + ". Nothing was changed.", "bad");
         toast(err.message, true);

@@ -1,0 +1,212 @@
+"""The dashboard's live pages in a real browser converge to the store's truth: a request
+answered elsewhere leaves the page whenever it was answered, and however the page's reads of
+the queue come back; a session that expires while its page is open shows it, and an answer to
+its request is told it is closed."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, Route, expect
+
+import signoff as so
+from signoff.server import TokenAuth, create_app
+from signoff.testing import ManualClock
+
+from ._dashboard_browser import base, browser, page, start
+from ._ttl import ttl_agent
+from .test_server_common import PLAIN, TOKENS, auth, running
+
+__all__ = ["base", "browser", "page"]  # the fixtures, used by name
+
+
+def deny(base: str, body: dict[str, Any]) -> None:
+    """Deny the session's open request over the API: answered elsewhere than the page."""
+    rid = body["pending"][0]["id"]
+    r = httpx.post(
+        f"{base}/v1/sessions/{body['session_id']}/responses",
+        json={"inputResponses": [{"requestId": rid, "optionId": "cancel"}]},
+        headers=auth("alice-token"),
+        timeout=10,
+        verify=PLAIN,
+    )
+    assert r.status_code == 200, r.text
+
+
+def test_a_request_answered_before_the_stream_opened_leaves_the_page(page: Page, base: str) -> None:
+    """The queue's first live event only noted the queue's version, taken for the page's: a
+    request answered between the page's rendering and its stream's opening stayed on the page,
+    with its buttons, until the queue changed again."""
+    body = start(base)
+    rid = body["pending"][0]["id"]
+    opened: list[str] = []
+
+    def late(route: Route) -> None:
+        if not opened:  # the first connection only: answered while the page loads
+            deny(base, body)
+        opened.append(route.request.url)
+        route.continue_()
+
+    page.route("**/_signoff/stream", late)
+    page.goto("/_signoff/")
+    expect(page.locator("#live-dot.on")).to_be_attached()
+    expect(page.locator(f"[data-request-id='{rid}']")).to_have_count(0)
+    expect(page.get_by_text("All caught up")).to_be_visible()
+    expect(page.locator(".page-head .sub")).to_have_text("0 open requests · updates live")
+
+
+def test_a_slow_read_of_the_queue_does_not_bring_an_answered_request_back(
+    page: Page, base: str
+) -> None:
+    """Each live event fetched the queue's cards anew, and each answer was merged as it came:
+    a read overtaken by a later one (a slow server, another connection) brought back a request
+    answered meanwhile, with its buttons, until the queue changed again."""
+    first, second = start(base), start(base)
+    gone = page.locator(f"[data-request-id='{second['pending'][0]['id']}']")
+    page.goto("/_signoff/")
+    expect(page.locator("#live-dot.on")).to_be_attached()
+    expect(gone).to_have_count(1)
+    held: list[tuple[Route, Any]] = []
+
+    def slow(route: Route) -> None:
+        if held:
+            route.continue_()
+        else:  # read now, answered late: the queue as it was, second request still open
+            held.append((route, route.fetch()))
+
+    page.route("**/_signoff/fragments/queue*", slow)
+    deny(base, first)
+    for _ in range(200):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held, "the page did not read the queue after a request was answered"
+    deny(base, second)
+    expect(gone).to_have_count(0)  # a later read, answered at once, shows the queue empty
+    route, response = held[0]
+    route.fulfill(response=response)
+    page.wait_for_timeout(1000)  # the slow read's answer arrives
+    expect(gone).to_have_count(0)
+    expect(page.get_by_text("All caught up")).to_be_visible()  # once
+
+
+@contextmanager
+def expiring(browser: Browser, tmp_path: Path) -> Iterator[tuple[Page, ManualClock, str]]:
+    """A page signed in to a dashboard whose agent `desk` parks sessions that expire 60 s after
+    their last event, by a clock the test moves; no sweep, so only reads record an expiry."""
+    clock = ManualClock()
+    runtime = so.Runtime(
+        [ttl_agent()], store=f"sqlite:///{tmp_path}/ttl.db", clock=clock, poll_interval=0.05
+    )
+    with running(create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)) as url:
+        context = browser.new_context(base_url=url)
+        p = context.new_page()
+        p.set_default_timeout(10_000)
+        p.goto("/_signoff/login")
+        p.fill("input[name=token]", "alice-token")
+        p.click("button[type=submit]")
+        expect(p.locator("h1")).to_have_text("Approval queue")
+        try:
+            yield p, clock, url
+        finally:
+            context.close()
+
+
+def test_a_session_page_open_when_its_session_expires_offers_no_answer(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A session's stream ends with `stream.end` the moment its TTL passes, before anything
+    records the expiry, and the page closed it there: it still called the session waiting and
+    offered Approve and Deny for a request its expiry had closed, until reloaded."""
+    with expiring(browser, tmp_path) as (p, clock, url):
+        body = start(url, "desk")
+        p.goto(f"/_signoff/sessions/{body['session_id']}")
+        expect(p.locator("#live-dot.on")).to_be_attached()
+        card = p.locator(f"[data-request-id='{body['pending'][0]['id']}']")
+        expect(card.get_by_role("button", name="Approve")).to_be_visible()
+        clock.advance(120)  # past the session's TTL (60 s)
+        expect(p.locator("#live-dot.on")).to_have_count(0)  # the stream ended
+        expect(card).to_have_count(0)
+        expect(p.locator("[data-session-status]")).to_have_text("failed")
+        expect(p.locator("#trace")).to_contain_text("session_expired")
+
+
+def test_answering_a_request_whose_session_expired_offers_no_more_buttons(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """An answer to a request whose session had expired while its form was open (the page's
+    live updates lost) showed the 410 as an error beside the buttons, which were offered again
+    though every press could only fail the same way; the form goes, as for a closed request."""
+    with expiring(browser, tmp_path) as (p, clock, url):
+        body = start(url, "desk")
+        p.route("**/_signoff/stream", lambda route: route.abort())  # no live removal
+        p.goto("/_signoff/")
+        card = p.locator(f"[data-request-id='{body['pending'][0]['id']}']")
+        card.locator("input[name=text]").fill("ok")
+        clock.advance(120)  # past the session's TTL (60 s)
+        card.get_by_role("button", name="Approve").click()
+        expect(card.locator(".result-note")).to_have_text(
+            f"session {body['session_id']!r} expired. Nothing was changed."
+        )
+        expect(card.get_by_role("button")).to_have_count(0)
+        expect(card.locator(".result-note")).to_be_focused()  # the keyboard's place, read out
+
+
+@pytest.mark.parametrize("where", ["queue", "session"])
+def test_a_stream_refused_on_reconnecting_says_the_sign_in_ended(
+    page: Page, base: str, where: str
+) -> None:
+    """A page's stream dropped (a laptop asleep, a proxy restarting) and the sign-in ended
+    meanwhile: the browser's reconnect was refused (sent to the sign-in form, or a 401), and it
+    gave up in silence, leaving a page that followed nothing, its buttons offered as if live.
+    The page now reads itself once more, and says to sign in again."""
+    body = start(base)
+    rid = body["pending"][0]["id"]
+    dropping = [True]
+
+    def drop(route: Route) -> None:
+        if dropping[0]:  # the connection ends at once: the browser reconnects, again and again
+            route.fulfill(status=200, content_type="text/event-stream", body="retry: 200\n\n")
+        else:
+            route.continue_()
+
+    if where == "queue":
+        page.route("**/_signoff/stream", drop)
+        page.goto("/_signoff/")
+    else:
+        page.route("**/v1/sessions/*/events*", drop)
+        page.goto(f"/_signoff/sessions/{body['session_id']}")
+    expect(page.locator(f"[data-request-id='{rid}']")).to_have_count(1)
+    other = page.context.new_page()
+    other.goto("/_signoff/tools")
+    other.get_by_role("button", name="Sign out").click()
+    expect(other).to_have_url(re.compile("/_signoff/login"))
+    other.close()
+    dropping[0] = False
+    expect(page.locator("#signed-out")).to_contain_text("Sign in")
+
+
+@pytest.mark.parametrize("javascript", [True, False], ids=["js", "no-js"])
+def test_the_queue_says_it_updates_live_only_when_it_does(
+    browser: Browser, base: str, javascript: bool
+) -> None:
+    """Without JavaScript the queue's heading still said it "updates live", and a reviewer
+    waited for requests that would only show on a reload."""
+    context = browser.new_context(base_url=base, java_script_enabled=javascript)
+    p = context.new_page()
+    p.set_default_timeout(10_000)
+    p.goto("/_signoff/login")
+    p.fill("input[name=token]", "alice-token")
+    p.click("button[type=submit]")
+    heading = p.locator(".page-head .sub")
+    if javascript:
+        expect(heading).to_have_text("0 open requests · updates live")
+    else:
+        expect(heading).to_have_text("0 open requests · reload to see new ones")
+    context.close()
