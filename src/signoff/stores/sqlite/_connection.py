@@ -21,6 +21,7 @@ from ..._settings import flag, seconds
 from .._base import FaultHook, older_schema
 from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT, is_prompt, wrote
+from ._files import open_access, unopenable
 from ._schema import (
     PAGE_SIZE,
     SCHEMA,
@@ -137,39 +138,6 @@ def _is_current(conn: sqlite3.Connection) -> bool:
     return row is not None and row[0] == str(STORE_SCHEMA)
 
 
-def _access(path: str) -> str:
-    """How to open the file at `path`: "rw" if this process may write it (and create its -wal
-    and -shm files if missing); else read-only, "ro" while its -wal exists (a writer has it open,
-    so SQLite reads the writer's -shm) or "immutable" when it has none: SQLite would have to
-    create both, which it may not, or which would then belong to this user and stop the owner's
-    writes."""
-    if path == ":memory:" or not os.path.exists(path):
-        return "rw"
-    wal = os.path.exists(path + "-wal")
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.access(path, os.W_OK) and (wal or os.access(folder, os.W_OK)):
-        return "rw"
-    return "ro" if wal else "immutable"
-
-
-def _unopenable(path: str) -> str | None:
-    """Why the file at `path` cannot be opened, where SQLite says only "unable to open database
-    file": a directory, a named pipe or device, or a file (or the directory of a new one) this
-    user may not use."""
-    if path == ":memory:":
-        return None
-    if os.path.isdir(path):
-        return "it is a directory, not a file"
-    if os.path.exists(path) and not os.path.isfile(path):
-        return "it is no regular file (a named pipe, device or socket)"
-    if os.path.exists(path):
-        return None if os.access(path, os.R_OK) else "this user may not read it (permission denied)"
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"this user may not create files in {folder} (permission denied)"
-    return None
-
-
 def _denied(exc: sqlite3.Error) -> bool:
     """Whether SQLite refused a write for want of permission (not for a file moved away)."""
     code = exc.sqlite_errorcode
@@ -269,9 +237,9 @@ class Connection:
             except OSError as exc:
                 raise StoreError(f"cannot create the directory of {self.path}: {exc}") from exc
             if os.path.exists(self.path) and not os.path.isfile(self.path):
-                raise StoreError(f"cannot open SQLite store {self.path}: {_unopenable(self.path)}")
+                raise StoreError(f"cannot open SQLite store {self.path}: {unopenable(self.path)}")
         conn: sqlite3.Connection | None = None
-        access = self._access = _access(self.path)
+        access = self._access = open_access(self.path)
         if access == "immutable":
             self._stamp = _stamp(self.path)  # before opening: a change meanwhile reopens it
         elif access == "ro":
@@ -313,7 +281,7 @@ class Connection:
             if conn is not None:
                 conn.close()
             if isinstance(exc, sqlite3.Error):
-                why = _unopenable(self.path) or exc
+                why = unopenable(self.path) or exc
                 raise StoreError(f"cannot open SQLite store {self.path}: {why}") from exc
             raise
         self._conn = conn
