@@ -11,6 +11,7 @@ import threading
 import time
 import types
 import urllib.parse
+import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -286,6 +287,8 @@ class Connection:
             raise
         self._conn = conn
         self.schema_found = found
+        if self.path == ":memory:":  # kept open by `close`: closed once the store is dropped
+            weakref.finalize(self, conn.close)
 
     def _connect(self, access: str) -> sqlite3.Connection:
         """A connection to the file; a read-only one by a `file:` URI that lets SQLite write
@@ -341,7 +344,10 @@ class Connection:
     async def close(self) -> None:
         """Close the connection and forget what this store knew of the file and its sessions:
         the next use opens whatever file is at the path then (a backup restored meanwhile), whose
-        row keys and last events are not the old file's."""
+        row keys and last events are not the old file's. A `:memory:` store stays open: its
+        sessions live there alone, for the next use (another runtime sharing the store, say)."""
+        if self.path == ":memory:":
+            return
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
