@@ -37,7 +37,7 @@ from ._schema import (
     upgrade_from_1,
 )
 
-__all__ = ["READ_CHECK_EVERY", "Connection", "immediate", "kept", "reading", "serialised"]
+__all__ = ["READ_CHECK_EVERY", "Connection", "failed", "immediate", "kept", "reading", "serialised"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -282,7 +282,7 @@ class Connection:
             if conn is not None:
                 conn.close()
             if isinstance(exc, sqlite3.Error):
-                why = unopenable(self.path) or exc
+                why = f"{unopenable(self.path) or exc}{damaged(exc)}"
                 raise StoreError(f"cannot open SQLite store {self.path}: {why}") from exc
             raise
         self._conn = conn
@@ -313,7 +313,7 @@ class Connection:
     def _set_up(self, conn: sqlite3.Connection) -> int:
         """Create the schema, or bring an older one up to date, in one write transaction;
         returns the schema the file had (0 for a new one, or one another process set up)."""
-        with immediate(conn, self._writable):
+        with immediate(conn, self._writable, self.path):
             new = not conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'"
             ).fetchone()
@@ -469,20 +469,20 @@ class Connection:
 
 
 @contextmanager
-def immediate(conn: sqlite3.Connection, check: Callable[[], None] | None = None) -> Iterator[None]:
+def immediate(conn: sqlite3.Connection, check: Callable[[], None], path: str) -> Iterator[None]:
     """One `BEGIN IMMEDIATE` transaction, after which `check` may still refuse it. A failure of
     SQLite itself (the file locked past busy_timeout, a full disk, a damaged file) is a
-    `StoreError`; a constraint violation is left to the caller, which knows what it means. Made
-    for an HTTP request (`promptly()`), it waits for the file's lock only `REQUEST_WAIT` seconds,
-    then fails with `StoreBusy`, rather than hold the server's event loop the whole timeout."""
+    `StoreError` naming the file at `path`; a constraint violation is left to the caller, which
+    knows what it means. Made for an HTTP request (`promptly()`), it waits for the file's lock
+    only `REQUEST_WAIT` seconds, then fails with `StoreBusy`, rather than hold the server's event
+    loop the whole timeout."""
     prompt = is_prompt()
     begun = False
     try:
         _begin(conn, prompt)
         begun = True
         try:
-            if check is not None:
-                check()
+            check()
             yield
         except BaseException:
             if conn.in_transaction:  # SQLite rolls some failures back by itself
@@ -494,16 +494,31 @@ def immediate(conn: sqlite3.Connection, check: Callable[[], None] | None = None)
     except sqlite3.Error as exc:
         if _denied(exc):
             raise StoreError(
-                "SQLite write failed: this process may read the store but not write it (check "
-                f"the owner and mode of the file, its -wal and -shm files and directory): {exc}"
+                f"SQLite write to {path} failed: this process may read the store but not write "
+                f"it (check the owner and mode of the file, its -wal and -shm files and "
+                f"directory): {exc}"
             ) from exc
         if prompt and not begun and _busy(exc):
             raise StoreBusy(
-                f"SQLite write failed: {exc} (another connection held the file's lock for "
+                f"{failed('write to', path, exc)} (another connection held the file's lock for "
                 f"{REQUEST_WAIT:g}s)"
             ) from exc
-        raise StoreError(f"SQLite write failed: {exc}") from exc
+        raise StoreError(failed("write to", path, exc)) from exc
     wrote()
+
+
+def failed(what: str, path: str, exc: sqlite3.Error) -> str:
+    """What a store error says of SQLite's `exc`: which file it failed to `what` ("read"), as a
+    process may have several stores open, and `damaged`."""
+    return f"SQLite {what} {path} failed: {exc}{damaged(exc)}"
+
+
+def damaged(exc: sqlite3.Error) -> str:
+    """For an error saying the file is damaged (or no database), what to do."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if code == sqlite3.SQLITE_NOTADB:
+        return " (no SQLite database, or a damaged one: check the path, or restore a backup)"
+    return " (the file is damaged: restore a backup)" if code == sqlite3.SQLITE_CORRUPT else ""
 
 
 def _begin(conn: sqlite3.Connection, prompt: bool) -> None:
@@ -540,7 +555,7 @@ def reading(
                 store._readable()
                 return _through(read(store, *args, **kwargs))
             except sqlite3.Error as exc:
-                raise StoreError(f"SQLite read failed: {exc}") from exc
+                raise StoreError(failed("read", store.path, exc)) from exc
 
     return guarded
 
