@@ -26,16 +26,25 @@ def open_access(path: str) -> str:
 def unopenable(path: str) -> str | None:
     """Why the file at `path` cannot be opened, where SQLite says only "unable to open database
     file": a directory, a named pipe or device, or a file (or the directory of a new one) this
-    user may not use."""
+    user may not use, or a -wal whose -shm it may not create."""
     if path == ":memory:":
         return None
     if os.path.isdir(path):
         return "it is a directory, not a file"
     if os.path.exists(path) and not os.path.isfile(path):
         return "it is no regular file (a named pipe, device or socket)"
-    if os.path.exists(path):
-        return None if os.access(path, os.R_OK) else "this user may not read it (permission denied)"
     folder = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(path):
+        if not os.access(path, os.R_OK):
+            return "this user may not read it (permission denied)"
+        shm = os.path.exists(f"{path}-shm") or os.access(folder, os.W_OK)
+        if os.path.exists(f"{path}-wal") and not shm:
+            return (
+                f"its -wal file holds commits not yet in it, and reading them needs {path}-shm, "
+                f"which this user may not create in {folder}: open it once as a user who may "
+                "write there, or copy it with its -wal to a directory this user may write"
+            )
+        return None
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"this user may not create files in {folder} (permission denied)"
     return None
