@@ -485,3 +485,27 @@ def test_a_copy_with_its_wal_but_no_shm_in_a_directory_the_reader_may_not_write(
     assert "StoreError" in said and f"{copy / 'state.db'}-shm" in said, said
     assert _files(copy) == {"state.db": 0, "state.db-wal": 0}
     assert asyncio.run(SQLiteStore(f"sqlite:///{copy / 'state.db'}").head("s1")) == 2
+
+
+def test_a_reader_through_a_symlink_sees_the_commits_in_the_writers_wal(folder: Path) -> None:
+    # The store's path is a symlink to the file in another directory: SQLite keeps the -wal and
+    # -shm beside the file, not the link. A reader that looked for them beside the link would
+    # read the file alone (immutable), missing the commits still in the writer's WAL.
+    real, links = folder / "real", folder / "links"
+    real.mkdir(mode=0o755)
+    links.mkdir(mode=0o755)
+    (links / "state.db").symlink_to(real / "state.db")
+    _store_with_a_session(real / "state.db")
+    writer = SQLiteStore(f"sqlite:///{links / 'state.db'}")
+    asyncio.run(
+        writer.commit(
+            Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+        )
+    )
+    try:
+        assert sorted(_files(real)) == ["state.db", "state.db-shm", "state.db-wal"]
+        head, _, refused = as_user(READER, lambda: _read_then_write(links / "state.db"))
+    finally:
+        writer.conn.close()
+    assert head == 2 and "read-only to this process" in refused, (head, refused)
+    assert sorted(_files(links)) == ["state.db"]

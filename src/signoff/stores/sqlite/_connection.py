@@ -22,7 +22,7 @@ from ..._settings import flag, seconds
 from .._base import FaultHook, older_schema
 from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT, is_prompt, wrote
-from ._files import open_access, unopenable
+from ._files import beside, open_access, unopenable
 from ._schema import (
     PAGE_SIZE,
     SCHEMA,
@@ -244,7 +244,7 @@ class Connection:
         if access == "immutable":
             self._stamp = _stamp(self.path)  # before opening: a change meanwhile reopens it
         elif access == "ro":
-            self._shm = _identity(f"{self.path}-shm")
+            self._shm = _identity(beside(self.path, "-shm"))
         try:
             conn = self._connect(access)
             if not _is_current(conn):  # checked before WAL mode is set: nothing is written
@@ -390,10 +390,10 @@ class Connection:
         if self._conn is None:
             return
         where = self._where()
-        if self._access == "ro" and _identity(f"{where}-shm") != self._shm:
+        if self._access == "ro" and _identity(beside(where, "-shm")) != self._shm:
             self._reopen()
         elif self._access == "immutable":
-            if os.path.exists(f"{where}-wal"):
+            if os.path.exists(beside(where, "-wal")):
                 self._follow_writer()
             elif _stamp(where) != self._stamp:
                 self._reopen()
@@ -408,7 +408,7 @@ class Connection:
     def _follow_writer(self) -> bool:
         """Swap the read-only connection for one reading the writer's -wal and -shm; until the
         writer has made its -shm too, keep reading the file as is. Returns whether it did."""
-        shm = _identity(f"{self._where()}-shm")  # before opening: a change meanwhile reopens
+        shm = _identity(beside(self._where(), "-shm"))  # before opening: a change meanwhile reopens
         try:
             conn = self._connect("ro")
         except sqlite3.Error:
@@ -429,7 +429,7 @@ class Connection:
         where = self._where()
         if self._opened is not None and _identity(where) != self._opened[1]:
             return
-        if os.path.exists(f"{where}-wal") and self._follow_writer():
+        if os.path.exists(beside(where, "-wal")) and self._follow_writer():
             return
         stamp = _stamp(where)
         try:

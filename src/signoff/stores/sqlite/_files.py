@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["open_access", "unopenable"]
+__all__ = ["beside", "open_access", "unopenable"]
+
+
+def beside(path: str, suffix: str) -> str:
+    """The -wal or -shm file (`suffix`) of the database at `path`: SQLite keeps them beside the
+    file a symlink names, not beside the link."""
+    return os.path.realpath(path) + suffix
 
 
 def open_access(path: str) -> str:
@@ -16,8 +22,8 @@ def open_access(path: str) -> str:
     writes."""
     if path == ":memory:" or not os.path.exists(path):
         return "rw"
-    wal = os.path.exists(path + "-wal")
-    folder = os.path.dirname(os.path.abspath(path))
+    wal = os.path.exists(beside(path, "-wal"))
+    folder = os.path.dirname(os.path.realpath(path))
     if os.access(path, os.W_OK) and (wal or os.access(folder, os.W_OK)):
         return "rw"
     return "ro" if wal else "immutable"
@@ -37,12 +43,14 @@ def unopenable(path: str) -> str | None:
     if os.path.exists(path):
         if not os.access(path, os.R_OK):
             return "this user may not read it (permission denied)"
-        shm = os.path.exists(f"{path}-shm") or os.access(folder, os.W_OK)
-        if os.path.exists(f"{path}-wal") and not shm:
+        real = os.path.dirname(beside(path, ""))
+        shm = os.path.exists(beside(path, "-shm")) or os.access(real, os.W_OK)
+        if os.path.exists(beside(path, "-wal")) and not shm:
             return (
-                f"its -wal file holds commits not yet in it, and reading them needs {path}-shm, "
-                f"which this user may not create in {folder}: open it once as a user who may "
-                "write there, or copy it with its -wal to a directory this user may write"
+                "its -wal file holds commits not yet in it, and reading them needs "
+                f"{beside(path, '-shm')}, which this user may not create in {real}: open it once "
+                "as a user who may write there, or copy it with its -wal to a directory this user "
+                "may write"
             )
         return None
     if not os.access(folder, os.W_OK | os.X_OK):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from ..._exceptions import UnknownSession
 from ._connection import Connection, immediate, kept, serialised
+from ._files import beside
 
 __all__ = ["Leases"]
 
@@ -139,7 +140,7 @@ class Leases(Connection):
         if self.path == ":memory:" or self._conn is None:
             return
         try:
-            if os.path.getsize(self.path + "-wal") == 0:
+            if os.path.getsize(beside(self.path, "-wal")) == 0:
                 return
         except OSError:
             return
