@@ -9,6 +9,7 @@ import pytest
 
 import signoff as so
 from signoff.stores import Commit, SQLiteStore
+from signoff.testing import reply, scripted_agent
 
 NORMAL, FULL = 1, 2  # `PRAGMA synchronous` values
 
@@ -111,3 +112,22 @@ async def test_a_store_closed_then_opened_on_a_restored_file_serves_that_file(
         assert [e.data for e in await fresh.read_events("ses_b")] == [{}, {"of": "ses_b"}, after]
     finally:
         await fresh.close()
+
+
+async def test_a_memory_store_keeps_its_sessions_when_a_runtime_using_it_closes() -> None:
+    """A `:memory:` store's contents live in its one connection: a runtime that closes it (the
+    first of two sharing it, or one used again after its `with` block) must not drop them, or
+    the next call finds an empty store and answers `UnknownSession` for a session it made."""
+    store = SQLiteStore("sqlite:///:memory:")
+    agents = [scripted_agent("a", [reply("one"), reply("two")])]
+    first, second = so.Runtime(agents, store=store), so.Runtime(agents, store=store)
+    async with first, second:
+        started = await first.generate("a", prompt="hi")
+    async with second:
+        went_on = await second.generate(session_id=started.session_id, prompt="again")
+    assert (went_on.status, went_on.text) == ("completed", "two")
+    alone = so.Runtime([scripted_agent("a", [reply("hello")])], store="sqlite:///:memory:")
+    with alone:
+        made = alone.generate_sync("a", prompt="hi")
+    assert alone.state_sync(made.session_id).status == "idle"
+    alone.close_sync()

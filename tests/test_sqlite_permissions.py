@@ -455,3 +455,57 @@ def test_a_read_only_store_of_a_newer_signoff_says_to_upgrade(folder: Path) -> N
 
     refused = as_user(READER, opened)
     assert refused.startswith("SchemaVersionError") and "Upgrade signoff" in refused, refused
+
+
+def test_a_copy_with_its_wal_but_no_shm_in_a_directory_the_reader_may_not_write(
+    folder: Path,
+) -> None:
+    # A store copied with its -wal (commits not yet in the file) but not its -shm: reading the
+    # WAL needs a -shm, which the reader may not create there. Read without the WAL, the answers
+    # would miss those commits; refused, the error names the -shm and what to do.
+    live, copy = folder / "live", folder / "copy"
+    live.mkdir()
+    copy.mkdir(mode=0o755)
+    _store_with_a_session(live / "state.db")
+    writer = SQLiteStore(f"sqlite:///{live / 'state.db'}")
+    asyncio.run(
+        writer.commit(
+            Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+        )
+    )
+    try:
+        for name in ("state.db", "state.db-wal"):
+            shutil.copyfile(live / name, copy / name)
+            (copy / name).chmod(0o644)
+    finally:
+        writer.conn.close()
+    with pytest.raises(AssertionError) as refused:
+        as_user(READER, lambda: _read_then_write(copy / "state.db"))
+    said = str(refused.value)
+    assert "StoreError" in said and f"{copy / 'state.db'}-shm" in said, said
+    assert _files(copy) == {"state.db": 0, "state.db-wal": 0}
+    assert asyncio.run(SQLiteStore(f"sqlite:///{copy / 'state.db'}").head("s1")) == 2
+
+
+def test_a_reader_through_a_symlink_sees_the_commits_in_the_writers_wal(folder: Path) -> None:
+    # The store's path is a symlink to the file in another directory: SQLite keeps the -wal and
+    # -shm beside the file, not the link. A reader that looked for them beside the link would
+    # read the file alone (immutable), missing the commits still in the writer's WAL.
+    real, links = folder / "real", folder / "links"
+    real.mkdir(mode=0o755)
+    links.mkdir(mode=0o755)
+    (links / "state.db").symlink_to(real / "state.db")
+    _store_with_a_session(real / "state.db")
+    writer = SQLiteStore(f"sqlite:///{links / 'state.db'}")
+    asyncio.run(
+        writer.commit(
+            Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+        )
+    )
+    try:
+        assert sorted(_files(real)) == ["state.db", "state.db-shm", "state.db-wal"]
+        head, _, refused = as_user(READER, lambda: _read_then_write(links / "state.db"))
+    finally:
+        writer.conn.close()
+    assert head == 2 and "read-only to this process" in refused, (head, refused)
+    assert sorted(_files(links)) == ["state.db"]

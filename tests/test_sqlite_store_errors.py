@@ -133,6 +133,46 @@ async def test_reads_of_a_file_damaged_under_an_open_store_are_store_errors(
         await store.close()
 
 
+async def test_a_damaged_file_is_named_by_the_error_of_each_read_and_write(
+    tmp_path: Path,
+) -> None:
+    """A store error from a damaged file names the file and says it is damaged, for reads and
+    writes alike: a process may have several stores open, and "malformed" alone says neither
+    which file to restore nor that restoring it is what to do."""
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await new_session(store, "s1")
+    await store.close()
+    await store.open()  # its cache holds none of the pages damaged below
+    page = store.conn.execute("PRAGMA page_size").fetchone()[0]
+    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    with path.open("r+b") as f:  # every page but the first (the header and the schema)
+        f.seek(page)
+        f.write(b"\xff" * (path.stat().st_size - page))
+    row = AuditRow(stream="tools:a.t", type="tool.setting", at=1.0, seq=None, data={})
+    calls = {
+        "load": lambda: store.load("s1"),
+        "pending": lambda: store.pending(PendingFilter()),
+        "wait_for_change": lambda: store.wait_for_change("s1", 0.01),
+        "commit": lambda: store.commit(
+            Commit(session_id="s1", expected_seq=1, events=[event("s1", 2)])
+        ),
+        "create_session": lambda: new_session(store, "s2"),
+        "acquire_lease": lambda: store.acquire_lease("s1", "o", 10, 0),
+        "claim": lambda: store.claim("o", 10, 0, 5),
+        "record_audit": lambda: store.record_audit([row]),
+    }
+    try:
+        for name, call_ in calls.items():
+            with pytest.raises(so.StoreError) as caught:
+                await call_()
+                pytest.fail(name)
+            said = str(caught.value)
+            assert str(path) in said and "damaged" in said.replace(str(path), ""), (name, said)
+    finally:
+        await store.close()
+
+
 async def _parked_refund(tmp_path: Path) -> tuple[so.Agent, str, so.GenerateResult]:
     """A turn of agent "a" parked on an approval in a SQLite file of `tmp_path`, the runtime
     closed: the agent, the store's URL and the parked result."""
@@ -384,3 +424,14 @@ async def test_unusable_path_is_a_store_error(tmp_path: Path) -> None:
     os.mkdir(directory)
     with pytest.raises(so.StoreError):
         await SQLiteStore(f"sqlite:///{directory}").open()
+
+
+async def test_a_file_that_is_no_database_is_named_as_such(tmp_path: Path) -> None:
+    """A path naming another kind of file (a config, a log) is refused naming it and saying it
+    is no SQLite database, not that it is a damaged store to restore."""
+    path = tmp_path / "state.db"
+    path.write_text("[store]\nurl = 'sqlite:///x.db'\n" * 100)
+    with pytest.raises(so.StoreError) as caught:
+        await SQLiteStore(f"sqlite:///{path}").open()
+    assert str(path) in str(caught.value) and "no SQLite database" in str(caught.value)
+    assert path.read_text().startswith("[store]")

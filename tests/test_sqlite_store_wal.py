@@ -146,3 +146,25 @@ async def test_a_reader_elsewhere_keeps_the_wal_and_nobody_waits(tmp_path: Path)
     finally:
         reader.close()
         await store.close()
+
+
+async def test_a_store_opened_through_a_symlink_folds_the_wal_beside_its_file(
+    tmp_path: Path,
+) -> None:
+    # SQLite keeps the -wal and -shm beside the file a symlink names, not beside the link: a
+    # park must find and fold that WAL, and the store's size count it.
+    (tmp_path / "data").mkdir()
+    link = tmp_path / "state.db"
+    link.symlink_to(tmp_path / "data" / "a.db")
+    log = ExecutionLog()
+    async with so.Runtime([refund_agent(log)], store=f"sqlite:///{link}") as rt:
+        await rt.generate("a", prompt="refund order 1")  # the schema, the first park
+        store = rt.store
+        assert isinstance(store, SQLiteStore)
+        await new_session(store, "s1")
+        await fill_wal(store, "s1", 6)
+        assert wal_bytes(tmp_path / "data" / "a.db") > 0 and not Path(f"{link}-wal").exists()
+        assert store.file_bytes() > (tmp_path / "data" / "a.db").stat().st_size
+        token = await store.acquire_lease("s1", "w", 30, 0)
+        await store.commit(park("s1", 7, token))
+        assert wal_bytes(tmp_path / "data" / "a.db") == 0

@@ -227,3 +227,42 @@ async def test_a_lease_whose_release_failed_is_given_back_by_the_next_drive_here
         done = await rt.respond(r.session_id, answer)
         assert (done.status, done.text) == ("completed", "Shipped."), done
         assert len(runs) == 1
+
+
+async def test_a_new_sessions_lease_whose_release_failed_survives_the_keyed_retry(
+    tmp_path: Path,
+) -> None:
+    """The store refuses writes (full) when the first drive of a new session asks for an
+    approval, and the drive's release of its lease fails too. Retrying the call with its
+    idempotency key finds the session made (its own creation gives back a lease of its own
+    owner, a no-op); once the store takes writes again, the next drive here must still give
+    the dead drive's lease back, not wait behind it and answer "running" until its TTL."""
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path / 'state.db'}", lease_wait=0.5)
+
+    def refuse_writes(on: bool) -> None:
+        rt.store.conn.execute(f"PRAGMA query_only={int(on)}")  # type: ignore[attr-defined]
+
+    def hook(when: str, label: str) -> None:
+        if (when, label) == ("before", "input.requested"):
+            refuse_writes(True)
+
+    @so.tool(approval=so.always())
+    async def ship(ctx: so.ToolContext, order_id: str) -> str:
+        """Ship an order: a side effect."""
+        return f"shipped {order_id}"
+
+    model = so.models.Scripted(
+        [so.ModelResponse(tool_calls=[so.ToolCall(name="ship", input={"order_id": "7"})])]
+    )
+    rt.agents["support"] = so.Agent(name="support", model=model, tools=[ship])
+    async with rt:
+        rt.store.set_fault_hook(hook)
+        with pytest.raises(so.StoreError):
+            await rt.generate("support", prompt="ship order 7", idempotency_key="k1")
+        rt.store.set_fault_hook(None)
+        refuse_writes(False)
+        again = await rt.generate("support", prompt="ship order 7", idempotency_key="k1")
+        assert again.replayed
+        resumed = await rt.generate(session_id=again.session_id)
+        assert resumed.status == "waiting", resumed
+        assert [r.action.tool_name for r in resumed.pending if r.action] == ["ship"]

@@ -205,12 +205,17 @@ class Leasing:
                 loop.call_soon_threadsafe(check.cancel)
 
     async def _release(self, session_id: str, owner: str, token: int) -> None:
-        """Give a drive's lease back; one the store refuses is kept for the next try."""
-        self._unreleased.pop(session_id, None)
+        """Give a drive's lease back; one the store refuses is kept for the next try. Another
+        lease of the session kept so (a dead drive's) is not forgotten: a keyed retry's creation
+        gives back a lease of its own owner, which the store may never have granted."""
+        stale = self._unreleased.get(session_id)
+        if stale == (owner, token):
+            del self._unreleased[session_id]
         try:
             await self.store.release_lease(session_id, owner, token)
         except StoreError:
-            self._unreleased[session_id] = (owner, token)
+            if stale is None or stale == (owner, token) or stale[1] < token:
+                self._unreleased[session_id] = (owner, token)
             raise
 
     async def _acquire(self, session_id: str, owner: str, wait: float | None = None) -> int | None:

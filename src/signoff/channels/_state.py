@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from .._exceptions import SchemaVersionError, StoreError, UsageError
-from ..stores.sqlite._connection import _switch_to_wal, _unopenable
+from ..stores.sqlite._connection import _switch_to_wal
+from ..stores.sqlite._files import unopenable
 
 __all__ = ["STATE_SCHEMA", "ChannelState", "make_room", "off_loop", "waiting_until"]
 
@@ -118,7 +119,7 @@ class ChannelState:
             if conn is not None:
                 conn.close()
             if isinstance(exc, OSError | sqlite3.Error):
-                why = (_unopenable(self.path) if isinstance(exc, sqlite3.Error) else None) or exc
+                why = (unopenable(self.path) if isinstance(exc, sqlite3.Error) else None) or exc
                 raise StoreError(f"cannot open the channel state {self.path}: {why}") from exc
             raise
         self._conn = conn

@@ -11,6 +11,7 @@ import threading
 import time
 import types
 import urllib.parse
+import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +22,7 @@ from ..._settings import flag, seconds
 from .._base import FaultHook, older_schema
 from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT, is_prompt, wrote
+from ._files import beside, open_access, unopenable
 from ._schema import (
     PAGE_SIZE,
     SCHEMA,
@@ -35,7 +37,7 @@ from ._schema import (
     upgrade_from_1,
 )
 
-__all__ = ["READ_CHECK_EVERY", "Connection", "immediate", "kept", "reading", "serialised"]
+__all__ = ["READ_CHECK_EVERY", "Connection", "failed", "immediate", "kept", "reading", "serialised"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -137,39 +139,6 @@ def _is_current(conn: sqlite3.Connection) -> bool:
     return row is not None and row[0] == str(STORE_SCHEMA)
 
 
-def _access(path: str) -> str:
-    """How to open the file at `path`: "rw" if this process may write it (and create its -wal
-    and -shm files if missing); else read-only, "ro" while its -wal exists (a writer has it open,
-    so SQLite reads the writer's -shm) or "immutable" when it has none: SQLite would have to
-    create both, which it may not, or which would then belong to this user and stop the owner's
-    writes."""
-    if path == ":memory:" or not os.path.exists(path):
-        return "rw"
-    wal = os.path.exists(path + "-wal")
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.access(path, os.W_OK) and (wal or os.access(folder, os.W_OK)):
-        return "rw"
-    return "ro" if wal else "immutable"
-
-
-def _unopenable(path: str) -> str | None:
-    """Why the file at `path` cannot be opened, where SQLite says only "unable to open database
-    file": a directory, a named pipe or device, or a file (or the directory of a new one) this
-    user may not use."""
-    if path == ":memory:":
-        return None
-    if os.path.isdir(path):
-        return "it is a directory, not a file"
-    if os.path.exists(path) and not os.path.isfile(path):
-        return "it is no regular file (a named pipe, device or socket)"
-    if os.path.exists(path):
-        return None if os.access(path, os.R_OK) else "this user may not read it (permission denied)"
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"this user may not create files in {folder} (permission denied)"
-    return None
-
-
 def _denied(exc: sqlite3.Error) -> bool:
     """Whether SQLite refused a write for want of permission (not for a file moved away)."""
     code = exc.sqlite_errorcode
@@ -269,13 +238,13 @@ class Connection:
             except OSError as exc:
                 raise StoreError(f"cannot create the directory of {self.path}: {exc}") from exc
             if os.path.exists(self.path) and not os.path.isfile(self.path):
-                raise StoreError(f"cannot open SQLite store {self.path}: {_unopenable(self.path)}")
+                raise StoreError(f"cannot open SQLite store {self.path}: {unopenable(self.path)}")
         conn: sqlite3.Connection | None = None
-        access = self._access = _access(self.path)
+        access = self._access = open_access(self.path)
         if access == "immutable":
             self._stamp = _stamp(self.path)  # before opening: a change meanwhile reopens it
         elif access == "ro":
-            self._shm = _identity(f"{self.path}-shm")
+            self._shm = _identity(beside(self.path, "-shm"))
         try:
             conn = self._connect(access)
             if not _is_current(conn):  # checked before WAL mode is set: nothing is written
@@ -313,11 +282,13 @@ class Connection:
             if conn is not None:
                 conn.close()
             if isinstance(exc, sqlite3.Error):
-                why = _unopenable(self.path) or exc
+                why = f"{unopenable(self.path) or exc}{damaged(exc)}"
                 raise StoreError(f"cannot open SQLite store {self.path}: {why}") from exc
             raise
         self._conn = conn
         self.schema_found = found
+        if self.path == ":memory:":  # kept open by `close`: closed once the store is dropped
+            weakref.finalize(self, conn.close)
 
     def _connect(self, access: str) -> sqlite3.Connection:
         """A connection to the file; a read-only one by a `file:` URI that lets SQLite write
@@ -342,7 +313,7 @@ class Connection:
     def _set_up(self, conn: sqlite3.Connection) -> int:
         """Create the schema, or bring an older one up to date, in one write transaction;
         returns the schema the file had (0 for a new one, or one another process set up)."""
-        with immediate(conn, self._writable):
+        with immediate(conn, self._writable, self.path):
             new = not conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'"
             ).fetchone()
@@ -373,7 +344,10 @@ class Connection:
     async def close(self) -> None:
         """Close the connection and forget what this store knew of the file and its sessions:
         the next use opens whatever file is at the path then (a backup restored meanwhile), whose
-        row keys and last events are not the old file's."""
+        row keys and last events are not the old file's. A `:memory:` store stays open: its
+        sessions live there alone, for the next use (another runtime sharing the store, say)."""
+        if self.path == ":memory:":
+            return
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -416,10 +390,10 @@ class Connection:
         if self._conn is None:
             return
         where = self._where()
-        if self._access == "ro" and _identity(f"{where}-shm") != self._shm:
+        if self._access == "ro" and _identity(beside(where, "-shm")) != self._shm:
             self._reopen()
         elif self._access == "immutable":
-            if os.path.exists(f"{where}-wal"):
+            if os.path.exists(beside(where, "-wal")):
                 self._follow_writer()
             elif _stamp(where) != self._stamp:
                 self._reopen()
@@ -434,7 +408,7 @@ class Connection:
     def _follow_writer(self) -> bool:
         """Swap the read-only connection for one reading the writer's -wal and -shm; until the
         writer has made its -shm too, keep reading the file as is. Returns whether it did."""
-        shm = _identity(f"{self._where()}-shm")  # before opening: a change meanwhile reopens
+        shm = _identity(beside(self._where(), "-shm"))  # before opening: a change meanwhile reopens
         try:
             conn = self._connect("ro")
         except sqlite3.Error:
@@ -455,7 +429,7 @@ class Connection:
         where = self._where()
         if self._opened is not None and _identity(where) != self._opened[1]:
             return
-        if os.path.exists(f"{where}-wal") and self._follow_writer():
+        if os.path.exists(beside(where, "-wal")) and self._follow_writer():
             return
         stamp = _stamp(where)
         try:
@@ -495,20 +469,20 @@ class Connection:
 
 
 @contextmanager
-def immediate(conn: sqlite3.Connection, check: Callable[[], None] | None = None) -> Iterator[None]:
+def immediate(conn: sqlite3.Connection, check: Callable[[], None], path: str) -> Iterator[None]:
     """One `BEGIN IMMEDIATE` transaction, after which `check` may still refuse it. A failure of
     SQLite itself (the file locked past busy_timeout, a full disk, a damaged file) is a
-    `StoreError`; a constraint violation is left to the caller, which knows what it means. Made
-    for an HTTP request (`promptly()`), it waits for the file's lock only `REQUEST_WAIT` seconds,
-    then fails with `StoreBusy`, rather than hold the server's event loop the whole timeout."""
+    `StoreError` naming the file at `path`; a constraint violation is left to the caller, which
+    knows what it means. Made for an HTTP request (`promptly()`), it waits for the file's lock
+    only `REQUEST_WAIT` seconds, then fails with `StoreBusy`, rather than hold the server's event
+    loop the whole timeout."""
     prompt = is_prompt()
     begun = False
     try:
         _begin(conn, prompt)
         begun = True
         try:
-            if check is not None:
-                check()
+            check()
             yield
         except BaseException:
             if conn.in_transaction:  # SQLite rolls some failures back by itself
@@ -520,16 +494,31 @@ def immediate(conn: sqlite3.Connection, check: Callable[[], None] | None = None)
     except sqlite3.Error as exc:
         if _denied(exc):
             raise StoreError(
-                "SQLite write failed: this process may read the store but not write it (check "
-                f"the owner and mode of the file, its -wal and -shm files and directory): {exc}"
+                f"SQLite write to {path} failed: this process may read the store but not write "
+                f"it (check the owner and mode of the file, its -wal and -shm files and "
+                f"directory): {exc}"
             ) from exc
         if prompt and not begun and _busy(exc):
             raise StoreBusy(
-                f"SQLite write failed: {exc} (another connection held the file's lock for "
+                f"{failed('write to', path, exc)} (another connection held the file's lock for "
                 f"{REQUEST_WAIT:g}s)"
             ) from exc
-        raise StoreError(f"SQLite write failed: {exc}") from exc
+        raise StoreError(failed("write to", path, exc)) from exc
     wrote()
+
+
+def failed(what: str, path: str, exc: sqlite3.Error) -> str:
+    """What a store error says of SQLite's `exc`: which file it failed to `what` ("read"), as a
+    process may have several stores open, and `damaged`."""
+    return f"SQLite {what} {path} failed: {exc}{damaged(exc)}"
+
+
+def damaged(exc: sqlite3.Error) -> str:
+    """For an error saying the file is damaged (or no database), what to do."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if code == sqlite3.SQLITE_NOTADB:
+        return " (no SQLite database, or a damaged one: check the path, or restore a backup)"
+    return " (the file is damaged: restore a backup)" if code == sqlite3.SQLITE_CORRUPT else ""
 
 
 def _begin(conn: sqlite3.Connection, prompt: bool) -> None:
@@ -566,7 +555,7 @@ def reading(
                 store._readable()
                 return _through(read(store, *args, **kwargs))
             except sqlite3.Error as exc:
-                raise StoreError(f"SQLite read failed: {exc}") from exc
+                raise StoreError(failed("read", store.path, exc)) from exc
 
     return guarded
 

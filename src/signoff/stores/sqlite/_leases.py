@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from ..._exceptions import UnknownSession
 from ._connection import Connection, immediate, kept, serialised
+from ._files import beside
 
 __all__ = ["Leases"]
 
@@ -22,7 +23,7 @@ class Leases(Connection):
         self, session_id: str, owner: str, ttl: float, now: float
     ) -> int | None:
         conn = self.conn
-        with immediate(conn, self._writable):
+        with immediate(conn, self._writable, self.path):
             sk = self._session_key(session_id)
             if sk is None:
                 raise UnknownSession(session_id)
@@ -53,7 +54,7 @@ class Leases(Connection):
         self, session_id: str, owner: str, token: int, ttl: float, now: float
     ) -> bool:
         conn = self.conn
-        with immediate(conn, self._writable):
+        with immediate(conn, self._writable, self.path):
             sk = self._session_key(session_id)
             cur = conn.execute(
                 # never earlier than it is: a renewal applied late must not shorten the lease
@@ -77,7 +78,7 @@ class Leases(Connection):
         conn = self.conn
         claimed: list[tuple[str, int]] = []
         only = "" if agents is None else f" AND s.agent IN ({','.join('?' * len(agents))})"
-        with immediate(conn, self._writable):
+        with immediate(conn, self._writable, self.path):
             rows = conn.execute(
                 "SELECT s.sk, s.id, l.token FROM sessions s LEFT JOIN leases l ON l.sk = s.sk "
                 "WHERE s.status = 'running' AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < ?)"
@@ -102,7 +103,7 @@ class Leases(Connection):
     @serialised
     async def release_lease(self, session_id: str, owner: str, token: int) -> None:
         conn = self.conn
-        with immediate(conn, self._writable):
+        with immediate(conn, self._writable, self.path):
             sk = self._session_key(session_id)
             conn.execute(
                 "UPDATE leases SET owner='', expires_at=0 WHERE sk=? AND owner=? AND token=?",
@@ -139,7 +140,7 @@ class Leases(Connection):
         if self.path == ":memory:" or self._conn is None:
             return
         try:
-            if os.path.getsize(self.path + "-wal") == 0:
+            if os.path.getsize(beside(self.path, "-wal")) == 0:
                 return
         except OSError:
             return

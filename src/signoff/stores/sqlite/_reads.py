@@ -37,6 +37,7 @@ from .._codec import (
 )
 from .._initiators import InitiatorFilter, checked_filter
 from ._connection import Connection, kept, reading
+from ._files import beside
 from ._schema import CURRENT_TURN, EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN
 
 __all__ = ["Reads"]
@@ -507,7 +508,7 @@ class Reads(Connection):
             return 0
         return sum(
             os.path.getsize(p)
-            for p in (self.path, self.path + "-wal", self.path + "-shm")
+            for p in (self.path, beside(self.path, "-wal"), beside(self.path, "-shm"))
             if os.path.exists(p)
         )
 

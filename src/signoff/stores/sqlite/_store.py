@@ -32,7 +32,7 @@ from .._codec import (
     type_name,
 )
 from .._initiators import initiator_columns
-from ._connection import immediate, kept, serialised
+from ._connection import failed, immediate, kept, serialised
 from ._leases import Leases
 from ._reads import Reads
 from ._schema import CURRENT_TURN
@@ -73,7 +73,7 @@ class SQLiteStore(Reads, Leases):
         initiator, tenant = initiator_columns(events)  # who may see it, for listings
         self._before("session.created")
         try:
-            with immediate(conn, self._writable):
+            with immediate(conn, self._writable, self.path):
                 cur = conn.execute(
                     "INSERT INTO sessions (id, agent, head, status, created_at, updated_at, "
                     "expires_at, initiator, tenant, parent, parent_turn) SELECT ?,?,?,?,?,?,?,?,?, "
@@ -114,7 +114,7 @@ class SQLiteStore(Reads, Leases):
             conn.execute("PRAGMA synchronous=FULL")
         sk, tail, named = -1, None, ("", 0)
         try:
-            with immediate(conn, self._writable):
+            with immediate(conn, self._writable, self.path):
                 # A released lease (no owner) keeps its token for the next grant, but fences it.
                 row = conn.execute(
                     "SELECT s.sk, s.head, CASE WHEN l.owner <> '' THEN l.token END, s.audit_n, "
@@ -206,7 +206,7 @@ class SQLiteStore(Reads, Leases):
         except sqlite3.IntegrityError as exc:
             raise AppendConflict(f"session {commit.session_id!r}: {exc}") from exc
         except sqlite3.Error as exc:
-            raise StoreError(f"SQLite commit failed: {exc}") from exc
+            raise StoreError(failed("commit to", self.path, exc)) from exc
         finally:
             if commit.durable:
                 conn.execute("PRAGMA synchronous=NORMAL")
@@ -239,7 +239,7 @@ class SQLiteStore(Reads, Leases):
         chain head in its head row (`n = 0`), so entries removed from its end are noticed."""
         conn = self.conn
         self._before(AUDIT_RECORDED)
-        with immediate(conn, self._writable):
+        with immediate(conn, self._writable, self.path):
             last: dict[str, tuple[int, str | None]] = {}
             for row in rows:
                 if row.stream not in last:
@@ -357,7 +357,7 @@ class SQLiteStore(Reads, Leases):
                 try:
                     return self._mark(session_id)
                 except sqlite3.Error as exc:
-                    raise StoreError(f"SQLite read failed: {exc}") from exc
+                    raise StoreError(failed("read", self.path, exc)) from exc
 
         start = mark()
         if after is not None and session_id is not None and start[1] > after:
