@@ -221,10 +221,14 @@ class TextChannel(Channel):
 
     async def _put_in_order(self) -> None:
         """The order a typed message answers requests in: a session-limit prompt before any
-        other, else the order they were asked; the request on show stays until answered."""
+        other, else the order they were asked; the request on show stays until answered, also
+        when a start rebuilds the queue in the order they were asked and an older one joined it
+        later (escalated to this channel's group): the person's next reply is meant for it."""
         shown = await off_loop(self.recall, "shown")
-        head = [r for r in self._queue[:1] if r.id == shown]
-        rest = sorted(self._queue[len(head) :], key=lambda r: r.kind != "session-limit")
+        head = [r for r in self._queue if r.id == shown][:1]
+        rest = sorted(
+            (r for r in self._queue if r.id != shown), key=lambda r: r.kind != "session-limit"
+        )
         self._queue = head + rest
 
     async def on_updated(self, request: InputRequest) -> None:
