@@ -106,6 +106,40 @@ async def test_the_hubs_retry_shows_a_request_whose_message_failed(tmp_path: Pat
             assert sms.sent == [sms.render(a)]
 
 
+async def test_a_request_whose_message_failed_as_the_hub_started_is_shown_by_a_later_poll(
+    tmp_path: Path,
+) -> None:
+    """The SMS service is down as the hub starts: no entry of the trail is left for the hub to
+    retry, so the polls after it show the request (backing off while the service stays down),
+    rather than leaving it unseen until another request comes or the person writes."""
+    clock = ManualClock()
+    runs: list[str] = []
+    async with so.Runtime(
+        [refunds(runs, "A-1")], store=f"sqlite:///{tmp_path / 'state.db'}", clock=clock
+    ) as rt:
+        (a,) = (await rt.generate("support", prompt="Refund A")).pending
+        sms = Texts(fail=2)
+        async with manual(ChannelHub(rt, [sms], clock=clock)) as hub:
+            assert sms.sent == [] and sms.fail == 1  # showing it failed
+            await hub.poll()
+            clock.advance(1)
+            await hub.poll()  # tried a second later: it fails again
+            assert sms.sent == [] and sms.fail == 0
+            clock.advance(1)
+            await hub.poll()  # not tried again before two seconds
+            assert sms.sent == []
+            clock.advance(1)
+            await hub.poll()
+            assert sms.sent == [sms.render(a)]
+            for _ in range(3):
+                clock.advance(60)
+                await hub.poll()
+            assert sms.sent == [sms.render(a)]  # shown once
+            assert (await sms.reply("yes", BOB)) is not None
+            assert await status(rt, a.id) == ("settled", "approved")
+        assert runs == ["A-1"]
+
+
 async def test_the_next_request_is_shown_when_the_closing_message_failed(tmp_path: Path) -> None:
     runs: list[str] = []
     async with runtime(tmp_path, refunds(runs, "A-1", "B-2")) as rt:

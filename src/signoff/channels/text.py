@@ -9,6 +9,7 @@ one is answered, so a typed reply always answers the request the person sees.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
@@ -27,6 +28,7 @@ from ._base import (
     off_loop,
     settled_as,
 )
+from ._retries import doubled
 from ._state import ChannelState
 from .terminal import TerminalChannel, compact_json, printable
 
@@ -42,6 +44,7 @@ _WORD = re.compile(r"^\s*([^\s:,.!-]+)[\s:,.!-]*(.*)$", re.DOTALL)
 _JOINED = re.compile(r"^\s*[^\s:,.!-]+(?:-\w|[.,]\d)")
 _ESCALATED = "escalated:"
 """The memo, per request, of the group the person was told it was escalated to."""
+_MAX_RESHOW_WAIT = 60.0  # seconds: the longest a tick waits to show again what start could not
 
 
 def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
@@ -115,6 +118,10 @@ class TextChannel(Channel):
         self._queue: list[InputRequest] = []
         self._lock = asyncio.Lock()
         self._started = False  # by a hub that delivers to it (else it stands by, or is not run)
+        # When `tick` shows again the request `start` failed to show (the hub's clock; -inf:
+        # a second after the next tick), and how often it failed since; None: nothing to show.
+        self._reshow_at: float | None = None
+        self._reshows = 0
 
     async def send_text(self, text: str) -> None:
         """Deliver one message to the person (SMS, comment, chat line...)."""
@@ -210,7 +217,26 @@ class TextChannel(Channel):
                     self._queue.append(r)
             if self._queue:
                 await self._put_in_order()
+                self._reshow_at, self._reshows = -math.inf, 0  # no entry the hub retries shows it
                 await self._show_unseen()
+                self._reshow_at = None
+
+    async def tick(self, now: float) -> None:
+        """Show the current request if `start` failed to (the service was down): no entry of the
+        trail is left for the hub to retry. Tried a second after it, then after 2 s, 4 s... up
+        to a minute while it keeps failing (an entry the hub retries may show it before)."""
+        if self._reshow_at == -math.inf:
+            self._reshow_at = now + 1.0
+        if self._reshow_at is None or now < self._reshow_at:
+            return
+        async with self._lock:
+            try:
+                await self._show_unseen()
+            except Exception:
+                self._reshows += 1
+                self._reshow_at = now + min(_MAX_RESHOW_WAIT, doubled(1.0, self._reshows))
+                raise
+        self._reshow_at, self._reshows = None, 0
 
     async def on_requested(self, request: InputRequest) -> None:
         async with self._lock:
