@@ -216,8 +216,8 @@ class TextChannel(Channel):
                 if r.id not in known:
                     self._queue.append(r)
             if self._queue:
-                await self._put_in_order()
                 self._reshow_at, self._reshows = -math.inf, 0  # no entry the hub retries shows it
+                await self._put_in_order()
                 await self._show_unseen()
                 self._reshow_at = None
 
@@ -231,6 +231,7 @@ class TextChannel(Channel):
             return
         async with self._lock:
             try:
+                await self._put_in_order()  # if reading the request shown failed at `start`
                 await self._show_unseen()
             except Exception:
                 self._reshows += 1
