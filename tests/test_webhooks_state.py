@@ -97,6 +97,42 @@ async def test_deliveries_kept_are_sent_by_a_later_poll_when_reading_them_failed
             assert len(receiver.accepted) == 1
 
 
+async def test_a_deadline_open_at_start_is_warned_of_though_reading_the_state_failed_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading the kept deliveries failed as the hub started: the deadlines of the requests
+    open then were not taken either, so none of them was warned of."""
+    clock = ManualClock()
+    state = tmp_path / "hub.db"
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime(
+            [refund_agent(expires_in=3600)], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock
+        ) as rt,
+    ):
+        await rt.generate("support", prompt="Refund 1042")
+        hooks = WebhookChannel(receiver.url, SECRET, expiring_within=600, clock=clock)
+        hub = ChannelHub(rt, [hooks], state=state, clock=clock)
+        read = hub.state.memos
+        failed: list[str] = []
+
+        def memos(channel: str, prefix: str = "", **hub: str) -> list[tuple[str, Any]]:
+            if prefix == "outbox:" and not failed:
+                failed.append(prefix)
+                raise so.StoreError("channel state: database is locked")
+            return read(channel, prefix, **hub)
+
+        monkeypatch.setattr(hub.state, "memos", memos)
+        async with manual(hub):
+            assert failed
+            clock.advance(3100)
+            await hub.poll()
+            await asyncio.wait_for(hooks.drain(), 10)
+        ((headers, body),) = receiver.accepted
+        payload = verify_webhook(SECRET, headers, body, now=clock.now, tolerance=4000)
+        assert payload["type"] == "request.expiring"
+
+
 async def test_a_refused_delivery_is_not_kept(tmp_path: Path) -> None:
     """A 4xx is the receiver's final word: it is not sent again on the next start."""
     async with (
