@@ -118,10 +118,14 @@ class TextChannel(Channel):
         self._queue: list[InputRequest] = []
         self._lock = asyncio.Lock()
         self._started = False  # by a hub that delivers to it (else it stands by, or is not run)
-        # When `tick` shows again the request `start` failed to show (the hub's clock; -inf:
-        # a second after the next tick), and how often it failed since; None: nothing to show.
+        # When `tick` shows again the request `start` failed to show, or tells again how the
+        # one shown closed (the hub's clock; -inf: a second after the next tick), and how often
+        # it failed since; None: nothing to do.
         self._reshow_at: float | None = None
         self._reshows = 0
+        # The closes `on_resolved` failed to tell: the hub gives up on an entry, and the request
+        # shown, closed, would stay on show for good (every reply refused, none other shown).
+        self._untold: dict[str, tuple[InputRequest, Resolution]] = {}
 
     async def send_text(self, text: str) -> None:
         """Deliver one message to the person (SMS, comment, chat line...)."""
@@ -222,21 +226,24 @@ class TextChannel(Channel):
                 self._reshow_at = None
 
     async def tick(self, now: float) -> None:
-        """Show the current request if `start` failed to (the service was down): no entry of the
-        trail is left for the hub to retry. Tried a second after it, then after 2 s, 4 s... up
-        to a minute while it keeps failing (an entry the hub retries may show it before)."""
+        """Show the current request if `start` failed to, and tell how the one shown closed if
+        `on_resolved` failed to (the service was down): the hub retries an entry only so many
+        times, and no entry is left to retry a start. Tried a second after, then after 2 s,
+        4 s... up to a minute while it keeps failing (the hub's retries may do it before)."""
         if self._reshow_at == -math.inf:
             self._reshow_at = now + 1.0
         if self._reshow_at is None or now < self._reshow_at:
             return
-        async with self._lock:
-            try:
+        try:
+            for request, resolution in list(self._untold.values()):
+                await self.on_resolved(request, resolution)
+            async with self._lock:
                 await self._put_in_order()  # if reading the request shown failed at `start`
                 await self._show_unseen()
-            except Exception:
-                self._reshows += 1
-                self._reshow_at = now + min(_MAX_RESHOW_WAIT, doubled(1.0, self._reshows))
-                raise
+        except Exception:
+            self._reshows += 1
+            self._reshow_at = now + min(_MAX_RESHOW_WAIT, doubled(1.0, self._reshows))
+            raise
         self._reshow_at, self._reshows = None, 0
 
     async def on_requested(self, request: InputRequest) -> None:
@@ -286,6 +293,16 @@ class TextChannel(Channel):
             await self._show_unseen()
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
+        try:
+            await self._resolved(request, resolution)
+        except Exception:
+            self._untold[request.id] = (request, resolution)  # for `tick` to tell again
+            if self._reshow_at is None:
+                self._reshow_at, self._reshows = -math.inf, 0
+            raise
+        self._untold.pop(request.id, None)
+
+    async def _resolved(self, request: InputRequest, resolution: Resolution) -> None:
         async with self._lock:
             index = next((i for i, r in enumerate(self._queue) if r.id == request.id), None)
             if index == 0:  # told before it leaves the queue, so the hub's retry tells it again
