@@ -106,6 +106,70 @@ async def test_the_hubs_retry_shows_a_request_whose_message_failed(tmp_path: Pat
             assert sms.sent == [sms.render(a)]
 
 
+async def test_a_request_whose_message_failed_as_the_hub_started_is_shown_by_a_later_poll(
+    tmp_path: Path,
+) -> None:
+    """The SMS service is down as the hub starts: no entry of the trail is left for the hub to
+    retry, so the polls after it show the request (backing off while the service stays down),
+    rather than leaving it unseen until another request comes or the person writes."""
+    clock = ManualClock()
+    runs: list[str] = []
+    async with so.Runtime(
+        [refunds(runs, "A-1")], store=f"sqlite:///{tmp_path / 'state.db'}", clock=clock
+    ) as rt:
+        (a,) = (await rt.generate("support", prompt="Refund A")).pending
+        sms = Texts(fail=2)
+        async with manual(ChannelHub(rt, [sms], clock=clock)) as hub:
+            assert sms.sent == [] and sms.fail == 1  # showing it failed
+            await hub.poll()
+            clock.advance(1)
+            await hub.poll()  # tried a second later: it fails again
+            assert sms.sent == [] and sms.fail == 0
+            clock.advance(1)
+            await hub.poll()  # not tried again before two seconds
+            assert sms.sent == []
+            clock.advance(1)
+            await hub.poll()
+            assert sms.sent == [sms.render(a)]
+            for _ in range(3):
+                clock.advance(60)
+                await hub.poll()
+            assert sms.sent == [sms.render(a)]  # shown once
+            assert (await sms.reply("yes", BOB)) is not None
+            assert await status(rt, a.id) == ("settled", "approved")
+        assert runs == ["A-1"]
+
+
+async def test_a_close_the_hub_gave_up_telling_is_told_when_the_service_is_back(
+    tmp_path: Path,
+) -> None:
+    """The request shown closes elsewhere while the SMS service is down for longer than the
+    hub's attempts: the hub gives up on the entry, and the closed request stayed on show for
+    good: every reply was told it can no longer be answered, and B was never shown."""
+    clock = ManualClock()  # the hub's: its ticks
+    runs: list[str] = []
+    async with runtime(tmp_path, refunds(runs, "A-1", "B-2")) as rt:
+        r = await rt.generate("support", prompt="Refund A and B")
+        a, b = r.pending
+        sms = Texts()
+        hub = ChannelHub(rt, [sms], clock=clock, max_attempts=2, retry_backoff=0)
+        async with manual(hub):
+            assert sms.sent == [sms.render(a)]
+            sms.fail = 1000  # the SMS service is down
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="cancel")])
+            await hub.poll()
+            await hub.poll()  # the hub gives up on telling it
+            sms.fail = 0  # back
+            for _ in range(2):
+                clock.advance(60)
+                await hub.poll()
+            assert sms.sent[1].startswith("issue_refund was denied by the policy at ")
+            assert sms.sent[2:] == [sms.render(b)]
+            await sms.reply("yes", BOB)
+            assert await status(rt, b.id) == ("settled", "approved")
+        assert runs == ["B-2"]
+
+
 async def test_the_next_request_is_shown_when_the_closing_message_failed(tmp_path: Path) -> None:
     runs: list[str] = []
     async with runtime(tmp_path, refunds(runs, "A-1", "B-2")) as rt:

@@ -53,6 +53,86 @@ async def test_a_delivery_given_up_on_is_sent_again_when_the_hub_next_starts(
         assert {h["Signoff-Delivery"] for h, _ in receiver.attempts} == {payload["id"]}
 
 
+async def test_deliveries_kept_are_sent_by_a_later_poll_when_reading_them_failed_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The channel state fails once (locked too long) as the hub starts and reads the
+    deliveries an earlier run kept: no start is left to send them, so a later poll reads them
+    again, rather than leaving them until the process next starts."""
+
+    async def sleep(seconds: float) -> None:
+        return None
+
+    state = tmp_path / "hub.db"
+    async with (
+        Receiver([503, 503]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, max_attempts=2, sleep=sleep)
+        async with manual(ChannelHub(rt, [hooks], state=state)) as hub:
+            r = await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+        assert receiver.accepted == []
+        again = WebhookChannel(receiver.url, SECRET, sleep=sleep)
+        hub = ChannelHub(rt, [again], state=state)
+        read = hub.state.memos
+        failed: list[str] = []
+
+        def memos(channel: str, prefix: str = "", **hub: str) -> list[tuple[str, Any]]:
+            if prefix == "outbox:" and not failed:
+                failed.append(prefix)
+                raise so.StoreError("channel state: database is locked")
+            return read(channel, prefix, **hub)
+
+        monkeypatch.setattr(hub.state, "memos", memos)
+        async with manual(hub):
+            assert failed  # the start failed (logged by the hub)
+            await hub.poll()
+            await asyncio.wait_for(again.drain(), 10)
+            ((headers, body),) = receiver.accepted
+            assert verify_webhook(SECRET, headers, body)["request"]["id"] == r.pending[0].id
+            await hub.poll()  # read once
+            await asyncio.wait_for(again.drain(), 10)
+            assert len(receiver.accepted) == 1
+
+
+async def test_a_deadline_open_at_start_is_warned_of_though_reading_the_state_failed_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading the kept deliveries failed as the hub started: the deadlines of the requests
+    open then were not taken either, so none of them was warned of."""
+    clock = ManualClock()
+    state = tmp_path / "hub.db"
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime(
+            [refund_agent(expires_in=3600)], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock
+        ) as rt,
+    ):
+        await rt.generate("support", prompt="Refund 1042")
+        hooks = WebhookChannel(receiver.url, SECRET, expiring_within=600, clock=clock)
+        hub = ChannelHub(rt, [hooks], state=state, clock=clock)
+        read = hub.state.memos
+        failed: list[str] = []
+
+        def memos(channel: str, prefix: str = "", **hub: str) -> list[tuple[str, Any]]:
+            if prefix == "outbox:" and not failed:
+                failed.append(prefix)
+                raise so.StoreError("channel state: database is locked")
+            return read(channel, prefix, **hub)
+
+        monkeypatch.setattr(hub.state, "memos", memos)
+        async with manual(hub):
+            assert failed
+            clock.advance(3100)
+            await hub.poll()
+            await asyncio.wait_for(hooks.drain(), 10)
+        ((headers, body),) = receiver.accepted
+        payload = verify_webhook(SECRET, headers, body, now=clock.now, tolerance=4000)
+        assert payload["type"] == "request.expiring"
+
+
 async def test_a_refused_delivery_is_not_kept(tmp_path: Path) -> None:
     """A 4xx is the receiver's final word: it is not sent again on the next start."""
     async with (

@@ -9,6 +9,7 @@ one is answered, so a typed reply always answers the request the person sees.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
@@ -27,6 +28,7 @@ from ._base import (
     off_loop,
     settled_as,
 )
+from ._retries import doubled
 from ._state import ChannelState
 from .terminal import TerminalChannel, compact_json, printable
 
@@ -42,6 +44,7 @@ _WORD = re.compile(r"^\s*([^\s:,.!-]+)[\s:,.!-]*(.*)$", re.DOTALL)
 _JOINED = re.compile(r"^\s*[^\s:,.!-]+(?:-\w|[.,]\d)")
 _ESCALATED = "escalated:"
 """The memo, per request, of the group the person was told it was escalated to."""
+_MAX_RESHOW_WAIT = 60.0  # seconds: the longest a tick waits to show again what start could not
 
 
 def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
@@ -115,6 +118,14 @@ class TextChannel(Channel):
         self._queue: list[InputRequest] = []
         self._lock = asyncio.Lock()
         self._started = False  # by a hub that delivers to it (else it stands by, or is not run)
+        # When `tick` shows again the request `start` failed to show, or tells again how the
+        # one shown closed (the hub's clock; -inf: a second after the next tick), and how often
+        # it failed since; None: nothing to do.
+        self._reshow_at: float | None = None
+        self._reshows = 0
+        # The closes `on_resolved` failed to tell: the hub gives up on an entry, and the request
+        # shown, closed, would stay on show for good (every reply refused, none other shown).
+        self._untold: dict[str, tuple[InputRequest, Resolution]] = {}
 
     async def send_text(self, text: str) -> None:
         """Deliver one message to the person (SMS, comment, chat line...)."""
@@ -209,8 +220,31 @@ class TextChannel(Channel):
                 if r.id not in known:
                     self._queue.append(r)
             if self._queue:
+                self._reshow_at, self._reshows = -math.inf, 0  # no entry the hub retries shows it
                 await self._put_in_order()
                 await self._show_unseen()
+                self._reshow_at = None
+
+    async def tick(self, now: float) -> None:
+        """Show the current request if `start` failed to, and tell how the one shown closed if
+        `on_resolved` failed to (the service was down): the hub retries an entry only so many
+        times, and no entry is left to retry a start. Tried a second after, then after 2 s,
+        4 s... up to a minute while it keeps failing (the hub's retries may do it before)."""
+        if self._reshow_at == -math.inf:
+            self._reshow_at = now + 1.0
+        if self._reshow_at is None or now < self._reshow_at:
+            return
+        try:
+            for request, resolution in list(self._untold.values()):
+                await self.on_resolved(request, resolution)
+            async with self._lock:
+                await self._put_in_order()  # if reading the request shown failed at `start`
+                await self._show_unseen()
+        except Exception:
+            self._reshows += 1
+            self._reshow_at = now + min(_MAX_RESHOW_WAIT, doubled(1.0, self._reshows))
+            raise
+        self._reshow_at, self._reshows = None, 0
 
     async def on_requested(self, request: InputRequest) -> None:
         async with self._lock:
@@ -221,10 +255,14 @@ class TextChannel(Channel):
 
     async def _put_in_order(self) -> None:
         """The order a typed message answers requests in: a session-limit prompt before any
-        other, else the order they were asked; the request on show stays until answered."""
+        other, else the order they were asked; the request on show stays until answered, also
+        when a start rebuilds the queue in the order they were asked and an older one joined it
+        later (escalated to this channel's group): the person's next reply is meant for it."""
         shown = await off_loop(self.recall, "shown")
-        head = [r for r in self._queue[:1] if r.id == shown]
-        rest = sorted(self._queue[len(head) :], key=lambda r: r.kind != "session-limit")
+        head = [r for r in self._queue if r.id == shown][:1]
+        rest = sorted(
+            (r for r in self._queue if r.id != shown), key=lambda r: r.kind != "session-limit"
+        )
         self._queue = head + rest
 
     async def on_updated(self, request: InputRequest) -> None:
@@ -255,6 +293,16 @@ class TextChannel(Channel):
             await self._show_unseen()
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
+        try:
+            await self._resolved(request, resolution)
+        except Exception:
+            self._untold[request.id] = (request, resolution)  # for `tick` to tell again
+            if self._reshow_at is None:
+                self._reshow_at, self._reshows = -math.inf, 0
+            raise
+        self._untold.pop(request.id, None)
+
+    async def _resolved(self, request: InputRequest, resolution: Resolution) -> None:
         async with self._lock:
             index = next((i for i, r in enumerate(self._queue) if r.id == request.id), None)
             if index == 0:  # told before it leaves the queue, so the hub's retry tells it again

@@ -11,8 +11,9 @@ after the receiver's `Retry-After` when it asks for longer (both at most `max_ba
 can dedupe: a delivery can arrive twice, and `verify_webhook` accepts a replay within its window.
 Deliveries wait in a queue per URL (so a slow receiver holds up no other channel) and are kept in
 the hub's state until sent: one given up on after `max_attempts` (logged as an error), or still
-unsent when the process stops, is sent again when the hub next starts on the same state (with an
-in-memory state, it is lost). A 4xx refusal is final.
+unsent when the process stops, is sent again when the hub next starts on the same state (by a
+later poll if reading the state fails then; with an in-memory state, it is lost). A 4xx
+refusal is final.
 
 Each attempt is bounded by `timeout` as a whole and only the response's status is read, never
 its body. Redirects are not followed (a 3xx is a refusal: the signed body goes only where it was
@@ -140,6 +141,7 @@ class WebhookChannel(Channel):
         self._restored: set[str] = set()
         self.backfill = backfill
         self._backfilled: set[str] = set()  # request ids whose opening `start` sent
+        self._unrestored = False  # the deliveries kept by an earlier run are still to be queued
         self.delivered = 0
         self.failed = 0
 
@@ -147,19 +149,26 @@ class WebhookChannel(Channel):
 
     async def start(self, open_requests: Sequence[InputRequest]) -> None:
         self._ensure_workers()
-        for url, delivery, kept in await off_loop(self._unsent):
-            self._restored.add(f"{url} {delivery}")
-            if f"{url} {delivery}" not in self._queued:
-                self._queued.add(f"{url} {delivery}")
-                self._queues[url].put_nowait((delivery, kept["event"], kept["body"].encode()))
         for r in open_requests:
             if r.expires_at is not None:
                 self._deadlines[r.id] = r
+        self._unrestored = True
+        await self._restore()
         if self.backfill and not await off_loop(self.recall, _BACKFILLED):
             for r in sorted(open_requests, key=lambda r: (r.created_at, r.index or 0)):
                 await self.enqueue("request.opened", r)  # kept before the memo says it was
                 self._backfilled.add(r.id)
             await off_loop(self.remember, _BACKFILLED, True)
+
+    async def _restore(self) -> None:
+        """Queue the deliveries an earlier run kept and did not send. When reading them fails
+        (the state locked too long), `tick` tries again: no other start is left to send them."""
+        for url, delivery, kept in await off_loop(self._unsent):
+            self._restored.add(f"{url} {delivery}")
+            if f"{url} {delivery}" not in self._queued:
+                self._queued.add(f"{url} {delivery}")
+                self._queues[url].put_nowait((delivery, kept["event"], kept["body"].encode()))
+        self._unrestored = False
 
     def _unsent(self) -> list[tuple[str, str, dict[str, Any]]]:
         """The deliveries an earlier run kept and did not send (`url`, `delivery`, the memo);
@@ -196,6 +205,8 @@ class WebhookChannel(Channel):
         await self.enqueue("request.resolved", request, resolution)
 
     async def tick(self, now: float) -> None:
+        if self._unrestored:
+            await self._restore()
         for rid, r in list(self._deadlines.items()):
             assert r.expires_at is not None
             if now < r.expires_at - self.expiring_within:
