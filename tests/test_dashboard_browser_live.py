@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import Browser, Page, Route, expect
 
 import signoff as so
-from signoff.server import TokenAuth, create_app
+from signoff.server import TokenAuth, _page_data, create_app
 from signoff.testing import ManualClock
 
 from ._dashboard_browser import base, browser, page, start
@@ -210,3 +210,31 @@ def test_the_queue_says_it_updates_live_only_when_it_does(
     else:
         expect(heading).to_have_text("0 open requests · reload to see new ones")
     context.close()
+
+
+def test_the_pager_follows_the_queue_as_it_shrinks_and_grows(
+    page: Page, base: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pager was drawn once, with the page: when the queue shrank below the page shown, the
+    live read showed the last page's cards under "Page 2 of 2", and a queue grown past one page
+    offered no way to the next. It now says what the cards are, and the address says it too."""
+    monkeypatch.setattr(_page_data, "PAGE_SIZE", 2)
+    bodies = [start(base) for _ in range(3)]
+    page.goto("/_signoff/?page=2")
+    expect(page.locator("#live-dot.on")).to_be_attached()
+    pager = page.locator(".pager")
+    expect(pager).to_contain_text("Page 2 of 2")
+    expect(page.locator("[data-request-id]")).to_have_count(1)
+    deny(base, bodies[0])
+    deny(base, bodies[1])  # one request left: one page, shown as page 1
+    expect(page.locator(".page-head .sub")).to_contain_text("1 open request ")
+    expect(page.locator(f"[data-request-id='{bodies[2]['pending'][0]['id']}']")).to_have_count(1)
+    expect(pager).to_have_count(0)
+    expect(page).to_have_url(f"{base}/_signoff/")
+    more = [start(base) for _ in range(2)]  # three again: page 1 of 2, and a way to the next
+    expect(page.locator("[data-request-id]")).to_have_count(2)
+    expect(pager).to_contain_text("Page 1 of 2")
+    pager.get_by_role("link", name="Next →").click()
+    expect(page).to_have_url(f"{base}/_signoff/?page=2")
+    expect(page.locator(f"[data-request-id='{more[1]['pending'][0]['id']}']")).to_have_count(1)
+    expect(pager).to_contain_text("Page 2 of 2")

@@ -188,6 +188,18 @@
       const shown = Number(res.headers.get("X-Total-Count"));
       if (filtered && Number.isInteger(shown)) setShown(shown);
       mergeCards(queue, html);
+      // The pager says which page the cards are: the last, once the queue shrank below the one
+      // shown; the next reads ask for that page, and the address names it (a reload shows it).
+      const pager = fragment(html).querySelector("[data-pager]");
+      const drawn = document.querySelector("[data-pager]");
+      if (pager && drawn) {
+        drawn.replaceWith(pager);
+        if (pager.dataset.query !== queue.dataset.query) {
+          queue.dataset.query = pager.dataset.query;
+          const query = pager.dataset.query ? "?" + pager.dataset.query : "";
+          history.replaceState(history.state, "", location.pathname + query + location.hash);
+        }
+      }
     };
     live(prefix + "/stream", {
       queue: (ev) => {
