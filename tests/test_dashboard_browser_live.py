@@ -5,8 +5,10 @@ its request is told it is closed."""
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ import pytest
 from playwright.sync_api import Browser, Page, Route, expect
 
 import signoff as so
-from signoff.server import TokenAuth, create_app
+from signoff.server import TokenAuth, _page_data, create_app
 from signoff.testing import ManualClock
 
 from ._dashboard_browser import base, browser, page, start
@@ -210,3 +212,92 @@ def test_the_queue_says_it_updates_live_only_when_it_does(
     else:
         expect(heading).to_have_text("0 open requests · reload to see new ones")
     context.close()
+
+
+def test_the_pager_follows_the_queue_as_it_shrinks_and_grows(
+    page: Page, base: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pager was drawn once, with the page: when the queue shrank below the page shown, the
+    live read showed the last page's cards under "Page 2 of 2", and a queue grown past one page
+    offered no way to the next. It now says what the cards are, and the address says it too."""
+    monkeypatch.setattr(_page_data, "PAGE_SIZE", 2)
+    bodies = [start(base) for _ in range(3)]
+    page.goto("/_signoff/?page=2")
+    expect(page.locator("#live-dot.on")).to_be_attached()
+    pager = page.locator(".pager")
+    expect(pager).to_contain_text("Page 2 of 2")
+    expect(page.locator("[data-request-id]")).to_have_count(1)
+    deny(base, bodies[0])
+    deny(base, bodies[1])  # one request left: one page, shown as page 1
+    expect(page.locator(".page-head .sub")).to_contain_text("1 open request ")
+    expect(page.locator(f"[data-request-id='{bodies[2]['pending'][0]['id']}']")).to_have_count(1)
+    expect(pager).to_have_count(0)
+    expect(page).to_have_url(f"{base}/_signoff/")
+    more = [start(base) for _ in range(2)]  # three again: page 1 of 2, and a way to the next
+    expect(page.locator("[data-request-id]")).to_have_count(2)
+    expect(pager).to_contain_text("Page 1 of 2")
+    pager.get_by_role("link", name="Next →").click()
+    expect(page).to_have_url(f"{base}/_signoff/?page=2")
+    expect(page.locator(f"[data-request-id='{more[1]['pending'][0]['id']}']")).to_have_count(1)
+    expect(pager).to_contain_text("Page 2 of 2")
+
+
+def _stream(page: Page, base: str, where: str, answer: Callable[[Route], None]) -> dict[str, Any]:
+    """Open the queue's page, or a session's, with its stream's requests answered by `answer`."""
+    body = start(base)
+    if where == "queue":
+        page.route("**/_signoff/stream", answer)
+        page.goto("/_signoff/")
+    else:
+        page.route("**/v1/sessions/*/events*", answer)
+        page.goto(f"/_signoff/sessions/{body['session_id']}")
+    return body
+
+
+@pytest.mark.parametrize("where", ["queue", "session"])
+def test_a_stream_the_browser_gave_up_on_is_opened_again_with_a_backoff(
+    page: Page, base: str, where: str
+) -> None:
+    """A proxy's 502 (or a 429) on reconnecting: the browser gives up on an EventSource for
+    good, and the page, read once more, followed nothing until reloaded. It says it is
+    reconnecting and tries again (a HEAD, which tells the status the browser hides), each pause
+    longer than the last, and is live again once the stream is back."""
+    tried: list[tuple[str, float]] = []
+
+    def refuse(route: Route) -> None:
+        tried.append((route.request.method, time.monotonic()))
+        if len(tried) <= 3:  # the stream and the next two tries fail
+            route.fulfill(status=502, content_type="text/plain", body="Bad Gateway")
+        else:
+            route.continue_()
+
+    body = _stream(page, base, where, refuse)
+    status = page.locator("#live-status")
+    expect(status).to_have_text("Reconnecting…")
+    expect(page.locator("#live-dot.on")).to_be_attached(timeout=20_000)
+    expect(status).to_have_text("")
+    assert [m for m, _ in tried] == ["GET", "HEAD", "HEAD", "HEAD", "GET"], tried
+    gaps = [b - a for (_, a), (_, b) in itertools.pairwise(tried)]
+    assert 0.5 <= gaps[0] < gaps[1] < gaps[2], gaps  # backing off, not hammering
+    if where == "queue":
+        later = start(base)  # live again: a new request shows without a reload
+        expect(page.locator(f"[data-request-id='{later['pending'][0]['id']}']")).to_have_count(1)
+    else:
+        deny(base, body)  # live again: the answer shows without a reload
+        expect(page.locator("[data-session-status]")).not_to_have_text("waiting")
+
+
+def test_a_stream_that_is_gone_is_not_tried_again(page: Page, base: str) -> None:
+    """A 410 or 404 is a stream that will never come back (the session expired, or is gone):
+    one HEAD tells it, and the page stops trying rather than ask every 30 s."""
+    tried: list[str] = []
+
+    def gone(route: Route) -> None:
+        tried.append(route.request.method)
+        route.fulfill(status=410, content_type="application/json", body="{}")
+
+    _stream(page, base, "session", gone)
+    expect(page.locator("#live-status")).to_have_text("Reconnecting…")
+    expect(page.locator("#live-status")).to_have_text("", timeout=5_000)
+    page.wait_for_timeout(3_000)
+    assert tried == ["GET", "HEAD"]

@@ -98,3 +98,28 @@ async def test_a_mirror_whose_subagents_deadline_passed_shows_closed(store_url: 
         with pytest.raises(so.RequestClosed):
             await live.respond([{"request_id": mirror.id, "option_id": "approve"}])
         assert ran == []
+
+
+async def test_an_answer_to_an_expired_request_says_so_once(store_url: str) -> None:
+    """An answer to a request past its deadline said `is expired (expired)`, the outcome
+    repeating the status: the runtime and the live session say it once, with the same code."""
+    clock = ManualClock()
+    ran: list[str] = []
+    async with so.Runtime(
+        refund_desk(so.always(expires_in=60), ran), store=store_url, clock=clock
+    ) as rt:
+        r = await rt.generate("billing", prompt="refund 9", auth=ALICE)
+        (asked,) = r.pending
+        live = LiveSession(Counted(rt, ALICE), r.session_id, clock=clock)
+        await live.sync()
+        clock.advance(61)
+        said = f"request {asked.id} is expired; it takes no answers"
+        with pytest.raises(so.RequestClosed) as local:
+            await live.respond([{"request_id": asked.id, "option_id": "approve"}])
+        assert (str(local.value), local.value.code) == (said, "request_closed")
+        assert await rt.pending(session_id=r.session_id) == []  # which records it
+        answer = so.InputResponse(request_id=asked.id, option_id="approve")
+        with pytest.raises(so.RequestClosed) as remote:
+            await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert (str(remote.value), remote.value.code) == (said, "request_closed")
+        assert ran == []

@@ -315,9 +315,9 @@ def repeat(
     first = resolution or {}
     rid = request.id
     if status != "settled":
-        raise RequestClosed(
-            f"request {rid} is {status} ({first.get('outcome')}); it takes no answers", [rid]
-        )
+        outcome = first.get("outcome")  # said when it says more than the status (`expired`)
+        how = f" ({outcome})" if outcome not in (None, status) else ""
+        raise RequestClosed(f"request {rid} is {status}{how}; it takes no answers", [rid])
     if request.kind == "tool-approval":  # an approval of other edited input approves another call
         same = first.get("edited_input") == wanted.get("edited_input")
     else:

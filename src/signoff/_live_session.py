@@ -354,7 +354,7 @@ class LiveSession:
             if view.status != "pending":
                 raise errors.RequestClosed(
                     f"request {a.request_id} is {view.status}"
-                    + (f" ({view.outcome})" if view.outcome else "")
+                    + (f" ({view.outcome})" if view.outcome not in (None, view.status) else "")
                     + "; it takes no answers",
                     [a.request_id],
                 )

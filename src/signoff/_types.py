@@ -44,6 +44,7 @@ __all__ = [
     "make_options",
     "match_option",
     "named_options",
+    "numbers_clash",
     "twin_labels",
     "unique_name",
 ]
@@ -363,14 +364,33 @@ def folded(text: str) -> str:
 
 def named_options(options: list[Option], text: str) -> list[Option]:
     """Every option a typed reply names by id, label or 1-based index, each once: two or more
-    means the reply is ambiguous, which a channel should say rather than guess or take as text."""
+    means the reply is ambiguous, which a channel should say rather than guess or take as text.
+
+    Where a label or id is another option's number, a reply naming no option so may name one by
+    its number after `#` (`#2`): with labels 0, 1 and 2, `2` names two options, `#2` the second.
+    """
     t = text.strip()
     typed = folded(t)
     named = [o for o in options if typed in (folded(o.id), folded(o.label))]
     # A bounded length: int() refuses thousands of digits, and no list has that many options.
     if t.isdecimal() and len(t) <= 9 and 1 <= int(t) <= len(options):
         named.append(options[int(t) - 1])
+    if not named and typed.startswith("#") and numbers_clash(options):
+        n = typed[1:].strip()
+        if n.isdecimal() and len(n) <= 9 and 1 <= int(n) <= len(options):
+            named.append(options[int(n) - 1])
     return list({o.id: o for o in named}.values())
+
+
+def numbers_clash(options: list[Option]) -> bool:
+    """Whether a typed number may name two options: an option's label or id is the number of
+    another (labels 0, 1 and 2). The options then also answer to `#` and their number (`#2`)."""
+    for i, option in enumerate(options, 1):
+        for name in (folded(option.label), folded(option.id)):
+            if name.isdecimal() and len(name) <= 9 and 1 <= int(name) <= len(options):
+                if int(name) != i:
+                    return True
+    return False
 
 
 def unique_name(options: list[Option], option: Option) -> str | None:
@@ -380,6 +400,13 @@ def unique_name(options: list[Option], option: Option) -> str | None:
         if [o.id for o in named_options(options, name)] == [option.id]:
             return name
     return None
+
+
+def _by_number(options: list[Option], option: Option) -> str | None:
+    """`#` and `option`'s number, if that reply names it alone (`numbers_clash`)."""
+    number = next(i for i, o in enumerate(options, 1) if o.id == option.id)
+    name = f"#{number}"
+    return name if [o.id for o in named_options(options, name)] == [option.id] else None
 
 
 def twin_labels(options: list[Option]) -> str | None:
@@ -399,7 +426,7 @@ def twin_labels(options: list[Option]) -> str | None:
 def how_to_choose(options: list[Option], named: list[Option]) -> str:
     """What a person is told when a reply names several options (a label that is another's
     number): for each, a reply that names it alone."""
-    names = [(o, unique_name(options, o)) for o in named]
+    names = [(o, unique_name(options, o) or _by_number(options, o)) for o in named]
     ways = [f"to choose {o.label}, reply {name}" for o, name in names if name is not None]
     said = "That could mean more than one option"
     if not ways:

@@ -19,7 +19,14 @@ from rich.markup import escape
 
 from .._exceptions import UsageError
 from .._text import HIDDEN, escape_as_json, is_blank
-from .._types import InputRequest, InputResponse, folded, how_to_choose, named_options
+from .._types import (
+    InputRequest,
+    InputResponse,
+    folded,
+    how_to_choose,
+    named_options,
+    numbers_clash,
+)
 from ._tty import read_terminal_line, terminal_stdin
 
 __all__ = ["TerminalChannel", "compact_json", "duration", "printable"]
@@ -202,7 +209,10 @@ class TerminalChannel:
         for i, option in enumerate(request.options, 1):
             detail = f" [dim]- {printable(option.description)}[/]" if option.description else ""
             self.console.print(f"  {i}. {printable(option.label)}{detail}")
-        if request.options and request.allow_text:
+        n = len(request.options)
+        if n and numbers_clash(request.options):  # a typed 2 may be a label: #2 is the second
+            hint = f"#1-#{n}, a label" + (" or your answer" if request.allow_text else "")
+        elif request.options and request.allow_text:
             hint = f"1-{len(request.options)} or your answer"
         elif request.options:
             hint = f"1-{len(request.options)}"

@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Literal
 from .._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
 from .._results import Outcome
 from .._text import BIDI, escape_as_json, is_blank, utc_text
-from .._types import InputRequest, InputResponse, Principal, folded, how_to_choose, named_options
+from .._types import (
+    InputRequest,
+    InputResponse,
+    Principal,
+    folded,
+    how_to_choose,
+    named_options,
+    numbers_clash,
+)
 from ._base import (
     QUEUED_NOTE,
     Channel,
@@ -175,6 +183,9 @@ class TextChannel(Channel):
         if request.kind == "tool-approval":
             return "Reply yes to approve or no to deny (a reason may follow: no: why)."
         n = len(request.options)
+        if n and numbers_clash(request.options):  # a typed 2 may be a label: #2 is the second
+            other = "your own answer" if request.allow_text else "an option's name"
+            return f"Reply with # and a number (#1-#{n}) or {other}."
         if n and request.allow_text:
             return f"Reply with a number (1-{n}) or your own answer."
         if n:

@@ -98,9 +98,11 @@ async def queue_page(request: Request) -> Response:
 
 @router.get("/fragments/queue", response_class=HTMLResponse)
 async def queue_fragment(request: Request) -> Response:
-    """The queue's cards as the page's filters pick them, and their count in `X-Total-Count`."""
+    """The queue's cards as the page's filters pick them, with the pager that says which page
+    they are (the last, once the queue shrank below the one asked), and their count in
+    `X-Total-Count`."""
     context = await queue_context(request)
-    response = await render("_queue_items.html", request, **context)
+    response = await render("_queue_fragment.html", request, **context)
     response.headers["X-Total-Count"] = str(context["total"])
     return response
 

@@ -18,7 +18,10 @@
 
   // The sign-in ended (it expired, or was signed out in another tab): say so at the page's top,
   // with a link to sign in again that comes back to this page.
+  let signedOff = false;  // no stream is opened again: each would be refused alike
   function signInAgain(text) {
+    signedOff = true;
+    reconnecting(false);
     let note = document.getElementById("signed-out");
     if (!note) {
       note = document.createElement("p");
@@ -122,27 +125,67 @@
     });
   }
 
+  // Says, beside the live dot, that a stream is being opened again (or no longer is).
+  function reconnecting(on) {
+    const status = document.getElementById("live-status");
+    if (status) status.textContent = on ? "Reconnecting…" : "";
+    if (dot) dot.classList.toggle("retrying", on);
+  }
+
+  // `url` is a function: a stream opened again asks for what came after the page's last read.
   function live(url, handlers, types, ended) {
-    const es = new EventSource(url);
-    es.onopen = () => dot && dot.classList.add("on");
-    es.onerror = () => {
-      if (dot) dot.classList.remove("on");
-      // A reconnect refused (the sign-in ended while the stream was down, a proxy's 502): the
-      // browser gives up; the page is read once more, which says why or shows the truth.
-      if (es.readyState === EventSource.CLOSED && ended) ended({});
+    let failures = 0;
+    let over = false;
+    // After a pause that doubles from 1 s to 30 s at most (a little random, so pages refused
+    // together do not come back together), a HEAD asks for the status the browser hides: 200
+    // opens the stream; 404 or 410 is a stream that will never come back (the page's read shows
+    // why), 401 a sign-in that ended; anything else (a 502, a 429, no answer) waits longer.
+    const retry = () => {
+      if (over || signedOff) return;
+      const pause = Math.min(30000, 1000 * 2 ** Math.min(failures, 5)) * (0.8 + 0.4 * Math.random());
+      failures += 1;
+      reconnecting(true);
+      setTimeout(async () => {
+        if (over || signedOff) return;
+        const res = await fetch(url(), { method: "HEAD", credentials: "same-origin" }).catch(() => null);
+        if (over || signedOff) return;
+        if (res && res.ok) open();
+        else if (res && res.status === 401) signInAgain("you are no longer signed in");
+        else if (res && [404, 410].includes(res.status)) { over = true; reconnecting(false); }
+        else retry();
+      }, pause);
     };
-    // The server ended the stream for good (the session expired, the store is gone): no retry;
-    // `ended` reads the page's last state (an expiry is recorded by that read, not the stream).
-    es.addEventListener("stream.end", (ev) => {
-      es.close();
-      if (dot) dot.classList.remove("on");
-      const end = JSON.parse(ev.data || "{}");
-      if (end.status === 401) signInAgain((end.error && end.error.message) || "you are no longer signed in");
-      else if (ended) ended(end);
-    });
-    (types || []).forEach((t) => es.addEventListener(t, handlers.any));
-    Object.keys(handlers).forEach((t) => { if (t !== "any") es.addEventListener(t, handlers[t]); });
-    return es;
+    const open = () => {
+      const es = new EventSource(url());
+      es.onopen = () => {
+        failures = 0;
+        reconnecting(false);
+        if (dot) dot.classList.add("on");
+      };
+      es.onerror = () => {
+        if (dot) dot.classList.remove("on");
+        // A reconnect refused (the sign-in ended while the stream was down, a proxy's 502 or a
+        // 429): the browser gives up; the page is read once more, which says why or shows the
+        // truth, and the stream is tried again.
+        if (es.readyState !== EventSource.CLOSED) return;  // the browser reconnects itself
+        if (ended) ended({});
+        retry();
+      };
+      // The server ended the stream for good (the session expired, the store is gone): no
+      // retry; `ended` reads the page's last state (an expiry is recorded by that read).
+      es.addEventListener("stream.end", (ev) => {
+        over = true;
+        es.close();
+        if (dot) dot.classList.remove("on");
+        reconnecting(false);
+        const end = JSON.parse(ev.data || "{}");
+        if (end.status === 401) signInAgain((end.error && end.error.message) || "you are no longer signed in");
+        else if (ended) ended(end);
+      });
+      (types || []).forEach((t) => es.addEventListener(t, handlers.any));
+      Object.keys(handlers).forEach((t) => { if (t !== "any") es.addEventListener(t, handlers[t]); });
+    };
+    open();
   }
 
   // Relative times ("3 minutes ago") stay true while the page is open. They are reckoned by
@@ -188,8 +231,20 @@
       const shown = Number(res.headers.get("X-Total-Count"));
       if (filtered && Number.isInteger(shown)) setShown(shown);
       mergeCards(queue, html);
+      // The pager says which page the cards are: the last, once the queue shrank below the one
+      // shown; the next reads ask for that page, and the address names it (a reload shows it).
+      const pager = fragment(html).querySelector("[data-pager]");
+      const drawn = document.querySelector("[data-pager]");
+      if (pager && drawn) {
+        drawn.replaceWith(pager);
+        if (pager.dataset.query !== queue.dataset.query) {
+          queue.dataset.query = pager.dataset.query;
+          const query = pager.dataset.query ? "?" + pager.dataset.query : "";
+          history.replaceState(history.state, "", location.pathname + query + location.hash);
+        }
+      }
     };
-    live(prefix + "/stream", {
+    live(() => prefix + "/stream", {
       queue: (ev) => {
         const data = JSON.parse(ev.data);
         setTotal(data.total);
@@ -229,7 +284,7 @@
     };
     const types = (sessionEl.dataset.eventTypes || "").split(" ").filter(Boolean);
     const soon = () => { clearTimeout(timer); timer = setTimeout(refresh, 60); };
-    live("/v1/sessions/" + encodeURIComponent(sid) + "/events?after=" + seq, { any: soon }, types, soon);
+    live(() => "/v1/sessions/" + encodeURIComponent(sid) + "/events?after=" + seq, { any: soon }, types, soon);
   }
 
   // -- starting a conversation: once, however often Start is clicked --------------------------
