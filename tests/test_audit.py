@@ -254,3 +254,31 @@ def test_chain_parts_hash_as_chain_hash_does(
     ours = hashlib.sha256(f"{prev or ''}\n".encode() + before + str(n).encode() + behind)
     theirs = chain_hash(prev, stream="tools:a.t", n=n, type="t", at=at, seq=seq, data=data)
     assert ours.hexdigest() == theirs
+
+
+async def test_a_call_an_auto_review_cleared_has_its_verdict_and_reason_in_the_trail(
+    store_url: str,
+) -> None:
+    """A call `so.auto()` let run without a person: the trail says the review cleared it, and
+    why, as a request's entry says why a review asked a person."""
+    reason = 'A small refund of an existing charge. </td>\n"\u2028'
+    review = so.models.Scripted(
+        [so.ModelResponse(text=json.dumps({"verdict": "clear", "reason": reason}))]
+    )
+
+    @so.tool(approval=so.auto(review))
+    async def refund_charge(charge_id: str) -> str:
+        """Refund a charge."""
+        return "refunded"
+
+    a = scripted_agent(
+        "billing",
+        [call_tools(call("refund_charge", charge_id="ch_1")), reply("done")],
+        tools=[refund_charge],
+    )
+    async with so.Runtime([a], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1")
+        assert r.status == "completed"
+        [started] = [e for e in await rt.audit(r.session_id) if e.type == "tool.started"]
+        assert (started.data["auto_verdict"], started.data["auto_reason"]) == ("clear", reason)
+        assert await rt.verify_audit() == []

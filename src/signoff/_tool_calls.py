@@ -175,7 +175,9 @@ class ToolCalls(DriverPart):
                 note = self._cut(call, {"approved": True, "by": "policy", "reason": verdict.reason})
             principal = self.state.turn.principal  # type: ignore[union-attr]
             paid, unbilled = _plus(unbilled, verdict.usage), None
-            await self.run_tool(current, tool, validated, principal, approval=note, usage=paid)
+            await self.run_tool(
+                current, tool, validated, principal, approval=note, usage=paid, review=verdict.auto
+            )
         if unbilled is not None and to_run:  # no call started after all: asked with it later
             self.deferred.update(held_back)
         return len(requests) + len(results) + len(to_run)
@@ -301,6 +303,7 @@ class ToolCalls(DriverPart):
         *,
         approval: dict[str, Any] | None = None,
         usage: Usage | None = None,
+        review: tuple[str, str] | None = None,
     ) -> None:
         s = self.state
         # Models may reuse call ids across responses: the response number keeps keys unique.
@@ -316,6 +319,12 @@ class ToolCalls(DriverPart):
                             "idempotency_key": key,
                             "principal": None if principal is None else principal.model_dump(),
                             **({} if usage is None else {"usage": usage.model_dump()}),
+                            # an auto() review that cleared the call: the trail says why it ran
+                            **(
+                                {}
+                                if review is None
+                                else {"auto_verdict": review[0], "auto_reason": review[1]}
+                            ),
                         },
                     )
                 ]
