@@ -282,3 +282,32 @@ async def test_a_call_an_auto_review_cleared_has_its_verdict_and_reason_in_the_t
         [started] = [e for e in await rt.audit(r.session_id) if e.type == "tool.started"]
         assert (started.data["auto_verdict"], started.data["auto_reason"]) == ("clear", reason)
         assert await rt.verify_audit() == []
+
+
+async def test_a_policys_reason_for_running_a_call_that_then_failed_is_in_the_trail(
+    store_url: str,
+) -> None:
+    """`so.Approved(reason)` is a policy's decision: the trail keeps its reason also when the
+    call then fails, whose result (where the model reads the reason) does not hold it."""
+
+    def small(ctx: so.ApprovalContext) -> so.Approved:
+        return so.Approved("refunds under 100 need no person")
+
+    @so.tool(approval=small)
+    async def refund_charge(charge_id: str) -> str:
+        """Refund a charge."""
+        raise RuntimeError("the payment provider is down")
+
+    a = scripted_agent(
+        "billing",
+        [call_tools(call("refund_charge", charge_id="ch_1")), reply("done")],
+        tools=[refund_charge],
+    )
+    async with so.Runtime([a], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1")
+        trail = await rt.audit(r.session_id)
+        [started] = [e for e in trail if e.type == "tool.started"]
+        [ended] = [e for e in trail if e.type == "tool.completed"]
+        assert ended.data["status"] == "error"
+        assert started.data["policy_reason"] == "refunds under 100 need no person"
+        assert await rt.verify_audit() == []

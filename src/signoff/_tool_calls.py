@@ -171,12 +171,17 @@ class ToolCalls(DriverPart):
             if current is None or current.status != "proposed":
                 continue
             note = None
+            # Why the policy let it run, in the trail (`tool.started`) whatever the call's end.
+            ran_because: dict[str, Any] = {}
             if verdict.reason and verdict.auto is None:  # Approved(reason): the model hears why
                 note = self._cut(call, {"approved": True, "by": "policy", "reason": verdict.reason})
+                ran_because["policy_reason"] = note["reason"]
+            elif verdict.auto is not None:  # an auto() review cleared it
+                ran_because.update(auto_verdict=verdict.auto[0], auto_reason=verdict.auto[1])
             principal = self.state.turn.principal  # type: ignore[union-attr]
             paid, unbilled = _plus(unbilled, verdict.usage), None
             await self.run_tool(
-                current, tool, validated, principal, approval=note, usage=paid, review=verdict.auto
+                current, tool, validated, principal, approval=note, usage=paid, decided=ran_because
             )
         if unbilled is not None and to_run:  # no call started after all: asked with it later
             self.deferred.update(held_back)
@@ -303,7 +308,7 @@ class ToolCalls(DriverPart):
         *,
         approval: dict[str, Any] | None = None,
         usage: Usage | None = None,
-        review: tuple[str, str] | None = None,
+        decided: dict[str, Any] | None = None,
     ) -> None:
         s = self.state
         # Models may reuse call ids across responses: the response number keeps keys unique.
@@ -319,12 +324,7 @@ class ToolCalls(DriverPart):
                             "idempotency_key": key,
                             "principal": None if principal is None else principal.model_dump(),
                             **({} if usage is None else {"usage": usage.model_dump()}),
-                            # an auto() review that cleared the call: the trail says why it ran
-                            **(
-                                {}
-                                if review is None
-                                else {"auto_verdict": review[0], "auto_reason": review[1]}
-                            ),
+                            **(decided or {}),  # why a policy let it run without a person
                         },
                     )
                 ]
