@@ -400,11 +400,13 @@ def verify_export(lines: Iterable[str]) -> list[AuditProblem]:
                 # all its non-ASCII text escaped, a character above U+FFFF as a pair.
                 joined = _entry(json.loads(line))
                 e = joined if chains.follows(joined) else e
-        except (ValueError, TypeError, KeyError) as exc:
+            # A forger's line may hold a time no float holds (OverflowError) or nest deeper
+            # than JSON is read or written (RecursionError): named like any other, not raised.
+            problem = chains.check(e)
+        except (ValueError, TypeError, KeyError, OverflowError, RecursionError) as exc:
             reason = f"line {number} is not an audit entry: {exc}"
             problems.append(AuditProblem(id=number, stream="", n=0, reason=reason))
             continue
-        problem = chains.check(e)
         if problem is not None:
             problems.append(problem)
     return problems
