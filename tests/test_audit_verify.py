@@ -51,6 +51,33 @@ async def test_a_damaged_tool_setting_entry_is_named_not_raised(tmp_path: Path) 
         assert [(p.id, p.reason) for p in problems] == [(entry.id, "content does not match")]
 
 
+async def test_an_event_or_entry_time_that_is_no_number_is_named_not_raised(
+    store_url: str,
+) -> None:
+    """A time edited into what is no number (text SQLite keeps in a REAL column as it is; NaN
+    in PostgreSQL's) no longer matches its entry's hash: named, not a ValueError that stops
+    every other check."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        settled = next(e for e in await rt.audit(sid) if e.type == "approval.settled")
+        (setting,) = await rt.audit(stream="tools:support.wipe")
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    damage = "NaN" if store_url.startswith("postgresql") else "soon"
+    alter(
+        store_url, "UPDATE {t}events SET at={p} WHERE sk={p} AND seq={p}", damage, sk, settled.seq
+    )
+    alter(store_url, "UPDATE {t}audit SET at={p} WHERE id={p}", damage, setting.id)
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        problems = await rt2.verify_audit()
+        assert sorted((p.id, p.stream, p.reason) for p in problems) == sorted(
+            [
+                (settled.id, sid, "content does not match"),
+                (setting.id, "tools:support.wipe", "content does not match"),
+            ]
+        )
+
+
 async def test_entries_removed_from_the_end_of_a_session_chain_are_named(store_url: str) -> None:
     clock = ManualClock()
     async with so.Runtime([agent()], store=store_url, clock=clock) as rt:

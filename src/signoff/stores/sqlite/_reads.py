@@ -4,6 +4,7 @@ outside any write's `BEGIN IMMEDIATE` (a page of the queue and its total in a re
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Sequence
 from contextlib import closing
@@ -446,7 +447,7 @@ class Reads(Connection):
                     stream=st,
                     n=_entry_number(n, i, st, "n"),
                     type=entry_type(t),
-                    at=at if at is not None else 0.0,
+                    at=_entry_time(at),
                     seq=None if seq is None else _entry_number(seq, i, st, "seq"),
                     data=loaded_data(d, earlier),
                     prev=None if prev is None else _entry_hash(prev),
@@ -518,6 +519,17 @@ def _entry_number(value: object, entry: int, stream: str, what: str) -> int:
     if isinstance(value, int):
         return value
     raise StoreError(f"audit entry {entry} of {stream!r} is damaged: its {what} is {value!r:.40}")
+
+
+def _entry_time(value: object) -> float:
+    """An entry's time: what a hand edit left that is no number (SQLite keeps text in a REAL
+    column) reads as NaN, which matches no hash, so verification names that entry instead of
+    failing on it; a missing one reads as 0."""
+    if value is None:
+        return 0.0
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    return math.nan
 
 
 def _entry_hash(value: object) -> str:
