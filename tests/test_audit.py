@@ -284,6 +284,30 @@ async def test_a_call_an_auto_review_cleared_has_its_verdict_and_reason_in_the_t
         assert await rt.verify_audit() == []
 
 
+async def test_a_clearing_reviews_reason_of_megabytes_is_cut_in_the_trail(tmp_path: Path) -> None:
+    """The review's reason is stored no longer than a policy's reason the model reads: an
+    eighth of the call's result bound."""
+    long = "fine " * 1000
+    review = so.models.Scripted(
+        [so.ModelResponse(text=json.dumps({"verdict": "clear", "reason": long}))]
+    )
+
+    @so.tool(approval=so.auto(review), max_result_bytes=800)
+    async def refund_charge(charge_id: str) -> str:
+        """Refund a charge."""
+        return "refunded"
+
+    a = scripted_agent(
+        "billing",
+        [call_tools(call("refund_charge", charge_id="ch_1")), reply("done")],
+        tools=[refund_charge],
+    )
+    async with so.Runtime([a], store=f"sqlite:///{tmp_path}/a.db") as rt:
+        r = await rt.generate("billing", prompt="refund ch_1")
+        [started] = [e for e in await rt.audit(r.session_id) if e.type == "tool.started"]
+        assert started.data["auto_reason"] == long.strip()[:100] + " [cut]"
+
+
 async def test_a_policys_reason_for_running_a_call_that_then_failed_is_in_the_trail(
     store_url: str,
 ) -> None:

@@ -177,7 +177,8 @@ class ToolCalls(DriverPart):
                 note = self._cut(call, {"approved": True, "by": "policy", "reason": verdict.reason})
                 ran_because["policy_reason"] = note["reason"]
             elif verdict.auto is not None:  # an auto() review cleared it
-                ran_because.update(auto_verdict=verdict.auto[0], auto_reason=verdict.auto[1])
+                review = self._cut(call, {"reason": verdict.auto[1]})  # a reply of megabytes
+                ran_because.update(auto_verdict=verdict.auto[0], auto_reason=review["reason"])
             principal = self.state.turn.principal  # type: ignore[union-attr]
             paid, unbilled = _plus(unbilled, verdict.usage), None
             await self.run_tool(
