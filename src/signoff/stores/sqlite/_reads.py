@@ -500,6 +500,17 @@ class Reads(Connection):
             found.setdefault(sid, []).append((seq, entry_type(code)))
         return found
 
+    @reading
+    async def log_ends(self, sessions: Sequence[str]) -> dict[str, tuple[int, int]]:
+        sql = (
+            "SELECT s.id, s.head, (SELECT max(e.seq) FROM events e WHERE e.sk = s.sk) "
+            f"FROM sessions s WHERE s.id IN ({','.join('?' * len(sessions))})"
+        )
+        return {
+            sid: (_seq_or(head), _seq_or(last))
+            for sid, head, last in self.conn.execute(sql, list(sessions))
+        }
+
     # -- sizes (benchmarks, dashboard) --------------------------------------------------------
 
     def file_bytes(self) -> int:
@@ -519,6 +530,13 @@ def _entry_number(value: object, entry: int, stream: str, what: str) -> int:
     if isinstance(value, int):
         return value
     raise StoreError(f"audit entry {entry} of {stream!r} is damaged: its {what} is {value!r:.40}")
+
+
+def _seq_or(value: object) -> int:
+    """A seq as read for `log_ends`: 0 for none, -1 for what a hand edit left that is none."""
+    if value is None:
+        return 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
 
 
 def _entry_time(value: object) -> float:
