@@ -503,3 +503,19 @@ def test_a_hostile_export_line_is_named_not_raised(hostile: Callable[[str], str]
     problems = so.verify_audit_export([hostile(line), line])
     assert [(p.id, p.n) for p in problems] == [(1, 0)]
     assert problems[0].reason.startswith("line 1 is not an audit entry: ")
+
+
+async def test_an_export_written_with_a_byte_order_mark_verifies(tmp_path: Path) -> None:
+    """A file opened with `encoding="utf-8-sig"` (as tools on Windows write UTF-8) starts with a
+    byte order mark, which a reader opening it as UTF-8 keeps: not taken for a damaged entry."""
+    clock = ManualClock()
+    out = tmp_path / "trail.jsonl"
+    async with so.Runtime([agent()], store=f"sqlite:///{tmp_path}/a.db", clock=clock) as rt:
+        await run_scenario(rt, clock)
+        with out.open("w", encoding="utf-8-sig") as f:
+            await rt.export_audit(f)
+    with out.open(encoding="utf-8") as f:
+        assert f.read(1) == "\ufeff"
+        f.seek(0)
+        assert so.verify_audit_export(f) == []
+    assert so.verify_audit_export(out.read_text(encoding="utf-8")) == []

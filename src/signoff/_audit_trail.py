@@ -412,6 +412,8 @@ def verify_export(lines: Iterable[str]) -> list[AuditProblem]:
     for number, line in enumerate(lines, 1):
         if not isinstance(line, str):
             raise UsageError(_LINES_OF_TEXT.format(f"line {number}: {type(line).__name__}"))
+        if number == 1:  # a file written as "utf-8-sig" and read as UTF-8 begins with its mark
+            line = line.removeprefix("\ufeff")
         if not line.strip():
             continue
         try:
