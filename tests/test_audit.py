@@ -254,3 +254,84 @@ def test_chain_parts_hash_as_chain_hash_does(
     ours = hashlib.sha256(f"{prev or ''}\n".encode() + before + str(n).encode() + behind)
     theirs = chain_hash(prev, stream="tools:a.t", n=n, type="t", at=at, seq=seq, data=data)
     assert ours.hexdigest() == theirs
+
+
+async def test_a_call_an_auto_review_cleared_has_its_verdict_and_reason_in_the_trail(
+    store_url: str,
+) -> None:
+    """A call `so.auto()` let run without a person: the trail says the review cleared it, and
+    why, as a request's entry says why a review asked a person."""
+    reason = 'A small refund of an existing charge. </td>\n"\u2028'
+    review = so.models.Scripted(
+        [so.ModelResponse(text=json.dumps({"verdict": "clear", "reason": reason}))]
+    )
+
+    @so.tool(approval=so.auto(review))
+    async def refund_charge(charge_id: str) -> str:
+        """Refund a charge."""
+        return "refunded"
+
+    a = scripted_agent(
+        "billing",
+        [call_tools(call("refund_charge", charge_id="ch_1")), reply("done")],
+        tools=[refund_charge],
+    )
+    async with so.Runtime([a], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1")
+        assert r.status == "completed"
+        [started] = [e for e in await rt.audit(r.session_id) if e.type == "tool.started"]
+        assert (started.data["auto_verdict"], started.data["auto_reason"]) == ("clear", reason)
+        assert await rt.verify_audit() == []
+
+
+async def test_a_clearing_reviews_reason_of_megabytes_is_cut_in_the_trail(tmp_path: Path) -> None:
+    """The review's reason is stored no longer than a policy's reason the model reads: an
+    eighth of the call's result bound."""
+    long = "fine " * 1000
+    review = so.models.Scripted(
+        [so.ModelResponse(text=json.dumps({"verdict": "clear", "reason": long}))]
+    )
+
+    @so.tool(approval=so.auto(review), max_result_bytes=800)
+    async def refund_charge(charge_id: str) -> str:
+        """Refund a charge."""
+        return "refunded"
+
+    a = scripted_agent(
+        "billing",
+        [call_tools(call("refund_charge", charge_id="ch_1")), reply("done")],
+        tools=[refund_charge],
+    )
+    async with so.Runtime([a], store=f"sqlite:///{tmp_path}/a.db") as rt:
+        r = await rt.generate("billing", prompt="refund ch_1")
+        [started] = [e for e in await rt.audit(r.session_id) if e.type == "tool.started"]
+        assert started.data["auto_reason"] == long.strip()[:100] + " [cut]"
+
+
+async def test_a_policys_reason_for_running_a_call_that_then_failed_is_in_the_trail(
+    store_url: str,
+) -> None:
+    """`so.Approved(reason)` is a policy's decision: the trail keeps its reason also when the
+    call then fails, whose result (where the model reads the reason) does not hold it."""
+
+    def small(ctx: so.ApprovalContext) -> so.Approved:
+        return so.Approved("refunds under 100 need no person")
+
+    @so.tool(approval=small)
+    async def refund_charge(charge_id: str) -> str:
+        """Refund a charge."""
+        raise RuntimeError("the payment provider is down")
+
+    a = scripted_agent(
+        "billing",
+        [call_tools(call("refund_charge", charge_id="ch_1")), reply("done")],
+        tools=[refund_charge],
+    )
+    async with so.Runtime([a], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1")
+        trail = await rt.audit(r.session_id)
+        [started] = [e for e in trail if e.type == "tool.started"]
+        [ended] = [e for e in trail if e.type == "tool.completed"]
+        assert ended.data["status"] == "error"
+        assert started.data["policy_reason"] == "refunds under 100 need no person"
+        assert await rt.verify_audit() == []

@@ -3,6 +3,7 @@ while commits land, and malformed arguments."""
 
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -478,3 +479,43 @@ async def test_an_export_given_whole_as_text_verifies_and_bytes_are_refused(
     for bad in (text.encode(), io.BytesIO(text.encode()), [text.encode()], None, 3):
         with pytest.raises(so.UsageError, match="lines of text"):
             so.verify_audit_export(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        pytest.param(lambda e: e.replace('"at":1.0', '"at":' + "9" * 400), id="time-past-float"),
+        pytest.param(lambda e: "[" * 100_000 + "]" * 100_000, id="nested-line"),
+        pytest.param(
+            lambda e: e.replace('{"tool":"wipe"}', "[" * 100_000 + "]" * 100_000),
+            id="nested-data",
+        ),
+    ],
+)
+def test_a_hostile_export_line_is_named_not_raised(hostile: Callable[[str], str]) -> None:
+    """A line a forger wrote to make a checker fail (a time no float holds, nesting deeper
+    than a reader recurses) is named as no entry, and the lines after it are still checked."""
+    data = {"tool": "wipe"}
+    digest = chain_hash(None, stream="s", n=1, type="tool.started", at=1.0, seq=None, data=data)
+    entry = {"id": 1, "stream": "s", "n": 1, "type": "tool.started", "at": 1.0, "seq": None}
+    entry |= {"data": data, "prev": None, "hash": digest}
+    line = json.dumps(entry, separators=(",", ":"))
+    problems = so.verify_audit_export([hostile(line), line])
+    assert [(p.id, p.n) for p in problems] == [(1, 0)]
+    assert problems[0].reason.startswith("line 1 is not an audit entry: ")
+
+
+async def test_an_export_written_with_a_byte_order_mark_verifies(tmp_path: Path) -> None:
+    """A file opened with `encoding="utf-8-sig"` (as tools on Windows write UTF-8) starts with a
+    byte order mark, which a reader opening it as UTF-8 keeps: not taken for a damaged entry."""
+    clock = ManualClock()
+    out = tmp_path / "trail.jsonl"
+    async with so.Runtime([agent()], store=f"sqlite:///{tmp_path}/a.db", clock=clock) as rt:
+        await run_scenario(rt, clock)
+        with out.open("w", encoding="utf-8-sig") as f:
+            await rt.export_audit(f)
+    with out.open(encoding="utf-8") as f:
+        assert f.read(1) == "\ufeff"
+        f.seek(0)
+        assert so.verify_audit_export(f) == []
+    assert so.verify_audit_export(out.read_text(encoding="utf-8")) == []

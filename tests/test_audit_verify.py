@@ -51,6 +51,33 @@ async def test_a_damaged_tool_setting_entry_is_named_not_raised(tmp_path: Path) 
         assert [(p.id, p.reason) for p in problems] == [(entry.id, "content does not match")]
 
 
+async def test_an_event_or_entry_time_that_is_no_number_is_named_not_raised(
+    store_url: str,
+) -> None:
+    """A time edited into what is no number (text SQLite keeps in a REAL column as it is; NaN
+    in PostgreSQL's) no longer matches its entry's hash: named, not a ValueError that stops
+    every other check."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        settled = next(e for e in await rt.audit(sid) if e.type == "approval.settled")
+        (setting,) = await rt.audit(stream="tools:support.wipe")
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    damage = "NaN" if store_url.startswith("postgresql") else "soon"
+    alter(
+        store_url, "UPDATE {t}events SET at={p} WHERE sk={p} AND seq={p}", damage, sk, settled.seq
+    )
+    alter(store_url, "UPDATE {t}audit SET at={p} WHERE id={p}", damage, setting.id)
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        problems = await rt2.verify_audit()
+        assert sorted((p.id, p.stream, p.reason) for p in problems) == sorted(
+            [
+                (settled.id, sid, "content does not match"),
+                (setting.id, "tools:support.wipe", "content does not match"),
+            ]
+        )
+
+
 async def test_entries_removed_from_the_end_of_a_session_chain_are_named(store_url: str) -> None:
     clock = ManualClock()
     async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
@@ -376,3 +403,37 @@ async def test_audited_events_left_without_their_entries_are_named(store_url: st
         )
         for problems in (await rt2.verify_audit(sid), await rt2.verify_audit()):
             assert [(p.id, p.stream, p.n, p.reason) for p in problems] == [forged, *expected]
+
+
+async def test_a_log_cut_short_of_the_head_its_session_keeps_is_named(store_url: str) -> None:
+    """The newest events deleted, with the last entry and the chain head rewound to the entry
+    left, but not the session's `head`: the log ends before the event its session row says is
+    its last (the session no longer loads), and verification says so."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        trail = await rt.audit(sid)
+        head = (await rt.state(sid)).seq
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    keep, gone = trail[-2], trail[-1]
+    assert gone.seq is not None and gone.seq < head
+    # first only the events of no entry at the log's end: no chain notices
+    alter(store_url, "DELETE FROM {t}snapshots WHERE sk={p}", sk)
+    alter(store_url, "DELETE FROM {t}events WHERE sk={p} AND seq={p}", sk, head)
+    reason = f"the event log ends at event {head - 1}, but its session keeps {head} as its last"
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        problems = await rt2.verify_audit()
+        assert [(p.id, p.stream, p.n, p.reason) for p in problems] == [
+            (gone.id, sid, gone.n + 1, reason)
+        ]
+    # then the last audited event and its entry too, the chain head rewound
+    alter(store_url, "DELETE FROM {t}events WHERE sk={p} AND seq>={p}", sk, gone.seq)
+    alter(store_url, "DELETE FROM {t}audit WHERE id={p}", gone.id)
+    rewind = "UPDATE {t}sessions SET audit_n={p}, audit_hash={p} WHERE sk={p}"
+    alter(store_url, rewind, keep.n, bytes.fromhex(keep.hash), sk)
+    reason = f"the event log ends at event {gone.seq - 1}, but its session keeps {head} as its last"
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        for problems in (await rt2.verify_audit(), await rt2.verify_audit(sid)):
+            assert [(p.id, p.stream, p.n, p.reason) for p in problems] == [
+                (keep.id, sid, keep.n + 1, reason)
+            ]

@@ -179,13 +179,14 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
     """Recompute every chain; each entry that does not match is named, and so is a chain that
     stops short of the head the store keeps for it (its last entries removed) or goes past it
     (entries added after its last), a session entry pointing at an event an earlier entry
-    of its session stands for (a step shown twice), and a request row that says other than the
-    entries of its request (`_audit_requests`). A whole store is checked a page of sessions at
-    a time, then the other streams, so what is held does not grow with the store."""
+    of its session stands for (a step shown twice), a log that no longer ends at the event its
+    session row keeps as its last (its newest events deleted), and a request row that says
+    other than the entries of its request (`_audit_requests`). A whole store is checked a page
+    of sessions at a time, then the other streams, so what is held does not grow with it."""
     left = Leftovers()
     problems: list[AuditProblem] = []
-    async for heads, rows, audited, found in _groups(store, stream):
-        problems += await _check(store, heads, rows, audited, found, left)
+    async for heads, rows, audited, ends, found in _groups(store, stream):
+        problems += await _check(store, heads, rows, audited, ends, found, left)
     named = left.paired()
     after = ""
     while left.asks and stream is None:
@@ -205,6 +206,7 @@ _Group = tuple[
     dict[str, tuple[int, str | None]],
     list[RequestRow],
     dict[str, list[tuple[int, str]]],
+    dict[str, tuple[int, int]],
     AsyncIterator[AuditEntry],
 ]
 
@@ -220,7 +222,8 @@ async def _groups(store: Store, stream: str | None) -> AsyncIterator[_Group]:
         own = stream.startswith(_OWN_STREAMS)  # no requests in its stream
         rows = [] if own else await request_rows(store, session_id=stream)
         audited = {} if own else await _audited(store, [stream])
-        yield heads, rows, audited, entries(store, stream=stream)
+        ends = {} if own else await _log_ends(store, [stream])
+        yield heads, rows, audited, ends, entries(store, stream=stream)
         return
     if not hasattr(store, "audit_sessions"):
         # A store that cannot page its sessions (written for an earlier signoff): each stream
@@ -230,7 +233,8 @@ async def _groups(store: Store, stream: str | None) -> AsyncIterator[_Group]:
             own = sid.startswith(_OWN_STREAMS)
             rows = [] if own else await request_rows(store, session_id=sid)
             audited = {} if own else await _audited(store, [sid])
-            yield {sid: head}, rows, audited, entries(store, stream=sid)
+            ends = {} if own else await _log_ends(store, [sid])
+            yield {sid: head}, rows, audited, ends, entries(store, stream=sid)
         return
     after = ""
     while True:
@@ -239,11 +243,12 @@ async def _groups(store: Store, stream: str | None) -> AsyncIterator[_Group]:
             sessions = list(heads)
             rows = await request_rows(store, sessions=sessions)
             audited = await _audited(store, sessions)
-            yield heads, rows, audited, entries(store, sessions=sessions)
+            ends = await _log_ends(store, sessions)
+            yield heads, rows, audited, ends, entries(store, sessions=sessions)
         if len(heads) < SESSIONS_PAGE:
             break
         after = sessions[-1]
-    yield await store.audit_heads(others=True), [], {}, entries(store, others=True)
+    yield await store.audit_heads(others=True), [], {}, {}, entries(store, others=True)
 
 
 async def _audited(store: Store, sessions: list[str]) -> dict[str, list[tuple[int, str]]]:
@@ -254,11 +259,20 @@ async def _audited(store: Store, sessions: list[str]) -> dict[str, list[tuple[in
     return await store.audited_events(sessions)
 
 
+async def _log_ends(store: Store, sessions: list[str]) -> dict[str, tuple[int, int]]:
+    """Where the event logs of `sessions` end, and where their session rows say they end;
+    none from a store written for an earlier signoff, which cannot read them."""
+    if not hasattr(store, "log_ends"):
+        return {}
+    return await store.log_ends(sessions)
+
+
 async def _check(
     store: Store,
     heads: dict[str, tuple[int, str | None]],
     rows: list[RequestRow],
     audited: dict[str, list[tuple[int, str]]],
+    ends: dict[str, tuple[int, int]],
     found: AsyncIterator[AuditEntry],
     left: Leftovers,
 ) -> list[AuditProblem]:
@@ -298,6 +312,14 @@ async def _check(
             extra = f"entry {seen} is" if seen == n + 1 else f"entries {n + 1} to {seen} are"
             reason = f"{extra} past the end of the chain its {keeper} keeps"
             problems.append(AuditProblem(id=last_id[sid], stream=sid, n=n + 1, reason=reason))
+    broken = {p.stream for p in problems}
+    for sid, (head, end) in ends.items():
+        # Its newest events deleted (those of no entry, or with their entries and the chain
+        # head rewound): the session row still says where its log ended.
+        if head != end and sid not in broken:
+            reason = f"the event log ends at event {end}, but its session keeps {head} as its last"
+            n = last.get(sid, (0, None))[0] + 1
+            problems.append(AuditProblem(id=last_id.get(sid, 0), stream=sid, n=n, reason=reason))
     broken = {p.stream for p in problems}
     for sid, missed in unentried.left(chains).items():
         if sid in broken:
@@ -390,6 +412,8 @@ def verify_export(lines: Iterable[str]) -> list[AuditProblem]:
     for number, line in enumerate(lines, 1):
         if not isinstance(line, str):
             raise UsageError(_LINES_OF_TEXT.format(f"line {number}: {type(line).__name__}"))
+        if number == 1:  # a file written as "utf-8-sig" and read as UTF-8 begins with its mark
+            line = line.removeprefix("\ufeff")
         if not line.strip():
             continue
         try:
@@ -400,11 +424,13 @@ def verify_export(lines: Iterable[str]) -> list[AuditProblem]:
                 # all its non-ASCII text escaped, a character above U+FFFF as a pair.
                 joined = _entry(json.loads(line))
                 e = joined if chains.follows(joined) else e
-        except (ValueError, TypeError, KeyError) as exc:
+            # A forger's line may hold a time no float holds (OverflowError) or nest deeper
+            # than JSON is read or written (RecursionError): named like any other, not raised.
+            problem = chains.check(e)
+        except (ValueError, TypeError, KeyError, OverflowError, RecursionError) as exc:
             reason = f"line {number} is not an audit entry: {exc}"
             problems.append(AuditProblem(id=number, stream="", n=0, reason=reason))
             continue
-        problem = chains.check(e)
         if problem is not None:
             problems.append(problem)
     return problems

@@ -171,11 +171,19 @@ class ToolCalls(DriverPart):
             if current is None or current.status != "proposed":
                 continue
             note = None
+            # Why the policy let it run, in the trail (`tool.started`) whatever the call's end.
+            ran_because: dict[str, Any] = {}
             if verdict.reason and verdict.auto is None:  # Approved(reason): the model hears why
                 note = self._cut(call, {"approved": True, "by": "policy", "reason": verdict.reason})
+                ran_because["policy_reason"] = note["reason"]
+            elif verdict.auto is not None:  # an auto() review cleared it
+                review = self._cut(call, {"reason": verdict.auto[1]})  # a reply of megabytes
+                ran_because.update(auto_verdict=verdict.auto[0], auto_reason=review["reason"])
             principal = self.state.turn.principal  # type: ignore[union-attr]
             paid, unbilled = _plus(unbilled, verdict.usage), None
-            await self.run_tool(current, tool, validated, principal, approval=note, usage=paid)
+            await self.run_tool(
+                current, tool, validated, principal, approval=note, usage=paid, decided=ran_because
+            )
         if unbilled is not None and to_run:  # no call started after all: asked with it later
             self.deferred.update(held_back)
         return len(requests) + len(results) + len(to_run)
@@ -301,6 +309,7 @@ class ToolCalls(DriverPart):
         *,
         approval: dict[str, Any] | None = None,
         usage: Usage | None = None,
+        decided: dict[str, Any] | None = None,
     ) -> None:
         s = self.state
         # Models may reuse call ids across responses: the response number keeps keys unique.
@@ -316,6 +325,7 @@ class ToolCalls(DriverPart):
                             "idempotency_key": key,
                             "principal": None if principal is None else principal.model_dump(),
                             **({} if usage is None else {"usage": usage.model_dump()}),
+                            **(decided or {}),  # why a policy let it run without a person
                         },
                     )
                 ]

@@ -383,6 +383,12 @@ class Store(Protocol):
         verification checks that each has its entry in the session's chain."""
         ...
 
+    async def log_ends(self, sessions: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """`(head, last)` of each of the `sessions` listed (one with no row is left out): the
+        last event its session row keeps, and the last seq in its log (0 if none), read in one
+        statement: verification checks that the log ends where its session says."""
+        ...
+
     async def stored_requests(
         self,
         *,

@@ -140,6 +140,21 @@ class AuditReads(Connections):
 
         return await self._read(body, "reading the audited events")
 
+    async def log_ends(self, sessions: Sequence[str]) -> dict[str, tuple[int, int]]:
+        async def body(conn: Conn) -> dict[str, tuple[int, int]]:
+            s, ids = self._s, [i for i in sessions if storable(i)]
+            sql = (
+                f"SELECT s.id, s.head, (SELECT max(e.seq) FROM {s}.events e WHERE e.sk = s.sk) "
+                f"FROM {s}.sessions s WHERE s.id = ANY(%s)"
+            )
+            cur = await conn.execute(sql, (ids,))
+            return {
+                sid: (int(head), 0 if last is None else int(last))
+                for sid, head, last in await cur.fetchall()
+            }
+
+        return await self._read(body, "reading where the event logs end")
+
     async def _heads(self, sql: str, params: dict[str, Any]) -> dict[str, tuple[int, str | None]]:
         async def body(conn: Conn) -> dict[str, tuple[int, str | None]]:
             cur = await conn.execute(sql, params)

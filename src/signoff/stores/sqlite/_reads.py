@@ -4,6 +4,7 @@ outside any write's `BEGIN IMMEDIATE` (a page of the queue and its total in a re
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Sequence
 from contextlib import closing
@@ -447,7 +448,7 @@ class Reads(Connection):
                     stream=st,
                     n=_entry_number(n, i, st, "n"),
                     type=entry_type(t),
-                    at=at if at is not None else 0.0,
+                    at=_entry_time(at),
                     seq=None if seq is None else _entry_number(seq, i, st, "seq"),
                     data=loaded_data(d, earlier),
                     prev=None if prev is None else _entry_hash(prev),
@@ -500,6 +501,17 @@ class Reads(Connection):
             found.setdefault(sid, []).append((seq, entry_type(code)))
         return found
 
+    @reading
+    async def log_ends(self, sessions: Sequence[str]) -> dict[str, tuple[int, int]]:
+        sql = (
+            "SELECT s.id, s.head, (SELECT max(e.seq) FROM events e WHERE e.sk = s.sk) "
+            f"FROM sessions s WHERE s.id IN ({','.join('?' * len(sessions))})"
+        )
+        return {
+            sid: (_seq_or(head), _seq_or(last))
+            for sid, head, last in self.conn.execute(sql, list(sessions))
+        }
+
     # -- sizes (benchmarks, dashboard) --------------------------------------------------------
 
     def file_bytes(self) -> int:
@@ -519,6 +531,24 @@ def _entry_number(value: object, entry: int, stream: str, what: str) -> int:
     if isinstance(value, int):
         return value
     raise StoreError(f"audit entry {entry} of {stream!r} is damaged: its {what} is {value!r:.40}")
+
+
+def _seq_or(value: object) -> int:
+    """A seq as read for `log_ends`: 0 for none, -1 for what a hand edit left that is none."""
+    if value is None:
+        return 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+
+
+def _entry_time(value: object) -> float:
+    """An entry's time: what a hand edit left that is no number (SQLite keeps text in a REAL
+    column) reads as NaN, which matches no hash, so verification names that entry instead of
+    failing on it; a missing one reads as 0."""
+    if value is None:
+        return 0.0
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    return math.nan
 
 
 def _entry_hash(value: object) -> str:
