@@ -105,6 +105,25 @@ def test_an_unclosed_runtime_that_is_collected_stops_its_sync_thread(tmp_path: P
     assert _bridge_threads() - before == set()
 
 
+def test_an_unclosed_runtime_collected_after_sync_calls_ends_its_store_tasks_cleanly(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The bridge's loop held its tasks only weakly (as asyncio does): the PostgreSQL pool's
+    workers, waiting on the pool's queue, became garbage with the runtime and were destroyed
+    pending ("Task was destroyed but it is pending!"), their coroutines closed on a closed loop
+    (an unraisable `RuntimeError`), instead of being cancelled as the loop stops."""
+    before = _bridge_threads()
+
+    def use() -> None:
+        rt = so.Runtime([scripted_agent("a", [reply("hi")])], store=store_url)
+        assert rt.generate_sync("a", prompt="x").status == "completed"
+
+    use()
+    gc.collect()
+    assert _bridge_threads() - before == set()
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+
+
 def test_close_sync_stops_the_thread_and_a_later_call_starts_another(tmp_path: Path) -> None:
     before = _bridge_threads()
     rt = sqlite_runtime(tmp_path, scripted_agent("a", [reply("hi")], repeat_last=True))

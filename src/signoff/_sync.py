@@ -10,7 +10,7 @@ import inspect
 import os
 import threading
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ._exceptions import UsageError
@@ -39,6 +39,29 @@ def _serve(loop: asyncio.AbstractEventLoop) -> None:
             loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
     finally:
         loop.close()
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """A loop that holds its tasks strongly until they end. asyncio holds them weakly: a task
+    waiting on a future only its own objects reach (a PostgreSQL pool's worker, on the pool's
+    queue) became garbage with an unclosed runtime and was destroyed pending, its coroutine
+    closed on a closed loop, instead of being cancelled when the loop stops (`_serve`)."""
+    loop = asyncio.new_event_loop()
+    held: set[asyncio.Future[Any]] = set()
+
+    def task(
+        loop: asyncio.AbstractEventLoop,
+        coro: Generator[Any, None, T] | Coroutine[Any, Any, T],
+        /,
+        **kwargs: Any,
+    ) -> asyncio.Future[T]:
+        made = asyncio.Task(coro, loop=loop, **kwargs)
+        held.add(made)
+        made.add_done_callback(held.discard)
+        return made
+
+    loop.set_task_factory(task)
+    return loop
 
 
 def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread, pid: int) -> None:
@@ -102,7 +125,7 @@ class SyncBridge:
                 # the handlers registered earlier (`atexit.register(rt.close_sync)`): as closed.
                 self._loop = self._thread = self._stopper = self._stopping = None
             if self._loop is None:
-                loop = asyncio.new_event_loop()
+                loop = _new_loop()
                 thread = threading.Thread(
                     target=_serve, args=(loop,), name="signoff-sync", daemon=True
                 )
