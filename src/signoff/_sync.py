@@ -10,12 +10,20 @@ import inspect
 import os
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Iterator
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ._exceptions import UsageError
 
-__all__ = ["SyncBridge", "blocking_doc", "called_off_loop", "in_thread", "thread_note", "twin"]
+__all__ = [
+    "SyncBridge",
+    "blocked",
+    "blocking_doc",
+    "called_off_loop",
+    "in_thread",
+    "thread_note",
+    "twin",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -25,6 +33,38 @@ FORKED = (
     "*_sync calls did not come along to this child: make a new one in the child (or close it "
     "before forking)"
 )
+
+
+_blocked: dict[asyncio.AbstractEventLoop, int] = {}
+_blocked_guard = threading.Lock()
+
+
+def blocked(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether `loop`'s thread is blocked in a `*_sync` call (made from code that loop runs, a
+    notebook's say): nothing runs on it until that call returns, so what is sent there to run
+    (`call_soon_threadsafe`) runs after, and waiting for it from the call would be in vain."""
+    with _blocked_guard:
+        return loop in _blocked
+
+
+@contextlib.contextmanager
+def _blocking() -> Iterator[None]:
+    """Mark the calling thread's running loop, if any, `blocked` while the block runs."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # plain code: no loop to mark
+        yield
+        return
+    with _blocked_guard:
+        _blocked[loop] = _blocked.get(loop, 0) + 1
+    try:
+        yield
+    finally:
+        with _blocked_guard:
+            if _blocked[loop] == 1:
+                del _blocked[loop]
+            else:
+                _blocked[loop] -= 1
 
 
 def _serve(loop: asyncio.AbstractEventLoop) -> None:
@@ -138,7 +178,8 @@ class SyncBridge:
             # stops the loop only after, so the loop runs the call (or cancels it) for sure.
             future = asyncio.run_coroutine_threadsafe(call(), loop)
         try:
-            return future.result()
+            with _blocking():
+                return future.result()
         except concurrent.futures.CancelledError:
             # Not by close(), nor by the finalizer, which stops the loop at the interpreter's exit.
             if self._loop is loop and self._stopping is not loop and stopper.alive:
