@@ -140,7 +140,7 @@ async def test_close_sync_in_a_loop_that_used_the_async_api_does_not_wait_on_tha
     assert rt.generate_sync("a", prompt="y").status == "completed"  # the bridge's pool
     began = time.monotonic()
     rt.close_sync()
-    assert time.monotonic() - began < 1.0
+    assert time.monotonic() - began < 1.5
     closing = asyncio.all_tasks() - {asyncio.current_task()}
     assert closing  # left to this loop, which runs them now
     await asyncio.wait(closing, timeout=10)

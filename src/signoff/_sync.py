@@ -159,37 +159,40 @@ class SyncBridge:
                 self._calls.discard(task)
                 finished.set()
 
-        with self._lock:
-            if self._stopper is not None and not self._stopper.alive:
-                # Stopped by its finalizer, which signoff's `atexit` hook runs at exit before
-                # the handlers registered earlier (`atexit.register(rt.close_sync)`): as closed.
-                self._loop = self._thread = self._stopper = self._stopping = None
-            if self._loop is None:
-                loop = _new_loop()
-                thread = threading.Thread(
-                    target=_serve, args=(loop,), name="signoff-sync", daemon=True
-                )
-                thread.start()
-                self._loop, self._thread, self._pid = loop, thread, os.getpid()
-                self._stopper = weakref.finalize(self, _stop, loop, thread, self._pid)
-            loop, stopper = self._loop, self._stopper
-            assert stopper is not None  # set with the loop
-            # Handed over under the lock: a `close` in another thread, which takes it first,
-            # stops the loop only after, so the loop runs the call (or cancels it) for sure.
-            future = asyncio.run_coroutine_threadsafe(call(), loop)
-        try:
-            with _blocking():
+        # The caller's loop, if any, is marked blocked before the call can run: see `blocked`.
+        with _blocking():
+            with self._lock:
+                if self._stopper is not None and not self._stopper.alive:
+                    # Stopped by its finalizer, which signoff's `atexit` hook runs at exit
+                    # before the handlers registered earlier (`atexit.register(rt.close_sync)`):
+                    # as closed.
+                    self._loop = self._thread = self._stopper = self._stopping = None
+                if self._loop is None:
+                    loop = _new_loop()
+                    thread = threading.Thread(
+                        target=_serve, args=(loop,), name="signoff-sync", daemon=True
+                    )
+                    thread.start()
+                    self._loop, self._thread, self._pid = loop, thread, os.getpid()
+                    self._stopper = weakref.finalize(self, _stop, loop, thread, self._pid)
+                loop, stopper = self._loop, self._stopper
+                assert stopper is not None  # set with the loop
+                # Handed over under the lock: a `close` in another thread, which takes it
+                # first, stops the loop only after, so the loop runs the call (or cancels it).
+                future = asyncio.run_coroutine_threadsafe(call(), loop)
+            try:
                 return future.result()
-        except concurrent.futures.CancelledError:
-            # Not by close(), nor by the finalizer, which stops the loop at the interpreter's exit.
-            if self._loop is loop and self._stopping is not loop and stopper.alive:
+            except concurrent.futures.CancelledError:
+                # Not by close(), nor by the finalizer, which stops the loop at the
+                # interpreter's exit.
+                if self._loop is loop and self._stopping is not loop and stopper.alive:
+                    raise
+                raise UsageError("the runtime or client was closed while this call ran") from None
+            except BaseException:
+                # Interrupted (Ctrl-C): cancel the call rather than leave it running unseen.
+                if future.cancel() and started.is_set():
+                    finished.wait(UNWIND)
                 raise
-            raise UsageError("the runtime or client was closed while this call ran") from None
-        except BaseException:
-            # Interrupted (Ctrl-C): cancel the call rather than leave it running unseen.
-            if future.cancel() and started.is_set():
-                finished.wait(UNWIND)
-            raise
 
     def stop_calls(self) -> None:
         """Cancel the calls running on the loop and wait (up to `UNWIND`) for them to unwind,
