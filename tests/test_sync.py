@@ -262,3 +262,46 @@ def test_a_sync_call_racing_close_sync_in_another_thread_ends_with_a_clear_error
     (result,) = outcome
     assert result == [] or (isinstance(result, so.UsageError) and "closed" in str(result)), result
     rt.close_sync()
+
+
+async def test_a_sync_call_needing_a_lock_a_task_of_its_blocked_loop_holds_fails_at_once(
+    store_url: str,
+) -> None:
+    """A `*_sync` call made on a loop blocks it; one that needed the session's lock while a
+    task of that loop held it (a commit under way, on PostgreSQL) waited for ever, that task
+    never running again to let it go. A read goes around the lock; a write is refused with a
+    `UsageError` saying to await the async method, with nothing recorded."""
+    rt = so.Runtime([scripted_agent("a", [reply("hi")], repeat_last=True)], store=store_url)
+    sid = await rt.create_session("a")
+    await rt.state(sid)  # cached: a write by another runtime leaves a tail to fold
+    elsewhere = so.Runtime([scripted_agent("a", [reply("hi")])], store=store_url)
+    assert (await elsewhere.generate(session_id=sid, prompt="x")).status == "completed"
+    await elsewhere.close()
+    lock, held = rt._lock_of(sid), asyncio.Event()
+
+    async def hold() -> None:
+        async with lock:
+            held.set()
+            await asyncio.sleep(0.2)
+
+    holder = asyncio.create_task(hold())
+    await held.wait()
+    done = threading.Event()
+
+    def rescue() -> None:  # were it to hang, close it from another thread: the call then fails
+        if not done.is_set():
+            rt.close_sync()
+
+    watchdog = threading.Timer(10, rescue)
+    watchdog.start()
+    try:
+        head = rt.state_sync(sid).seq  # read whole, as without a cache
+        with pytest.raises(so.UsageError, match="await the async method"):
+            rt.generate_sync(session_id=sid, prompt="y")
+    finally:
+        done.set()
+        watchdog.cancel()
+    await holder
+    assert (await rt.state(sid)).seq == head  # nothing recorded
+    assert (await rt.generate(session_id=sid, prompt="z")).status == "completed"
+    await rt.close()

@@ -21,7 +21,7 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from ._agent import Agent, by_name
-from ._any_loop import AnyLoopEvent, AnyLoopLock
+from ._any_loop import AnyLoopEvent, AnyLoopLock, blocked
 from ._audit_trail import record_tool_settings
 from ._counts import Counts
 from ._deadlines import due_batch, expiry_resolves, expiry_specs
@@ -41,7 +41,7 @@ from ._results import GenerateResult, Outcome
 from ._settings import flag, seconds, whole
 from ._state import SessionState, fold
 from ._subagents import missing_targets
-from ._sync import UNWIND, SyncBridge, blocked
+from ._sync import UNWIND, SyncBridge
 from ._text import is_utf8
 from ._tracing import tracing_for
 from ._types import ModelResponse

@@ -10,14 +10,14 @@ import inspect
 import os
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Generator, Iterator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from ._any_loop import blocking, waited_by
 from ._exceptions import UsageError
 
 __all__ = [
     "SyncBridge",
-    "blocked",
     "blocking_doc",
     "called_off_loop",
     "in_thread",
@@ -33,38 +33,6 @@ FORKED = (
     "*_sync calls did not come along to this child: make a new one in the child (or close it "
     "before forking)"
 )
-
-
-_blocked: dict[asyncio.AbstractEventLoop, int] = {}
-_blocked_guard = threading.Lock()
-
-
-def blocked(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether `loop`'s thread is blocked in a `*_sync` call (made from code that loop runs, a
-    notebook's say): nothing runs on it until that call returns, so what is sent there to run
-    (`call_soon_threadsafe`) runs after, and waiting for it from the call would be in vain."""
-    with _blocked_guard:
-        return loop in _blocked
-
-
-@contextlib.contextmanager
-def _blocking() -> Iterator[None]:
-    """Mark the calling thread's running loop, if any, `blocked` while the block runs."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # plain code: no loop to mark
-        yield
-        return
-    with _blocked_guard:
-        _blocked[loop] = _blocked.get(loop, 0) + 1
-    try:
-        yield
-    finally:
-        with _blocked_guard:
-            if _blocked[loop] == 1:
-                del _blocked[loop]
-            else:
-                _blocked[loop] -= 1
 
 
 def _serve(loop: asyncio.AbstractEventLoop) -> None:
@@ -154,13 +122,14 @@ class SyncBridge:
             self._calls.add(task)
             started.set()
             try:
-                return await coro
+                with waited_by(caller):
+                    return await coro
             finally:
                 self._calls.discard(task)
                 finished.set()
 
         # The caller's loop, if any, is marked blocked before the call can run: see `blocked`.
-        with _blocking():
+        with blocking() as caller:
             with self._lock:
                 if self._stopper is not None and not self._stopper.alive:
                     # Stopped by its finalizer, which signoff's `atexit` hook runs at exit

@@ -17,6 +17,7 @@ import psycopg
 from psycopg import conninfo as _conninfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from ..._any_loop import blocked
 from ..._exceptions import (
     SchemaVersionError,
     StoreError,
@@ -24,7 +25,6 @@ from ..._exceptions import (
     UsageError,
 )
 from ..._settings import flag, seconds, whole
-from ..._sync import blocked
 from .._base import FaultHook, older_schema
 from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT
@@ -525,7 +525,7 @@ async def _on_its_loop(
     (a while): a store closed from another loop must not leave that loop's connections open,
     and that loop may be stopped right after (a runtime's sync bridge), which would cancel a
     close still under way and leave the pool's workers pending. Not waited for on a loop a
-    `*_sync` call blocks (`_sync.blocked`): it runs the close once that call returns."""
+    `*_sync` call blocks (`_any_loop.blocked`): it runs the close once that call returns."""
     if loop.is_closed() or not loop.is_running():
         return  # its connections went, or go, with it
 
