@@ -76,6 +76,20 @@ def test_a_pickled_error_comes_back_whole(name: str) -> None:
         assert vars(back) == vars(error)
 
 
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_a_pickled_error_keeps_its_notes_and_attributes(name: str) -> None:
+    """`QuestionWithdrawn` and `ApprovalRequired` were rebuilt from their arguments alone: a
+    note added on the way up (`add_note`) or an attribute set on them was lost in a pool."""
+    error = SAMPLES[name]()
+    error.add_note("while refunding order 1")
+    error.attempt = 2  # type: ignore[attr-defined]
+    for back in (pickle.loads(pickle.dumps(error)), copy.copy(error), copy.deepcopy(error)):
+        assert type(back) is type(error)
+        assert back.args == error.args
+        assert vars(back) == vars(error)
+        assert back.__notes__ == ["while refunding order 1"]
+
+
 def test_a_partial_answer_says_how_the_questions_it_names_are_answered() -> None:
     """A decision cannot answer a question: the message says to answer it with respond() (or
     over HTTP at /responses) instead of only asking for every request in one call."""

@@ -11,12 +11,12 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "signoff"
 # Lowest first. A unit is a private module or a subpackage; a subpackage's modules import each
 # other freely. Imports under `if TYPE_CHECKING:` are annotations only and do not count.
 LAYERS: list[set[str]] = [
-    {"_exceptions", "_types", "_text", "_error_text", "_logs", "_any_loop"},
+    {"_exceptions", "_types", "_text", "_error_text", "_logs"},
     {
+        "_any_loop",
         "_events",
         "_results",
         "_steps",
-        "_sync",
         "_idempotency",
         "_tracing",
         "_settings",
@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
         "_tool_signals",
         "_sweeps",
     },
-    {"_state_parts", "_tool_json"},
+    {"_state_parts", "_tool_json", "_sync"},
     {"_event_handlers"},
     {"_state", "_approval", "stores", "models"},
     {"_response", "_audit_requests", "_cancellation", "_tool_context"},

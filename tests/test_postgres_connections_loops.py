@@ -16,6 +16,7 @@ import psycopg
 import signoff as so
 from signoff.stores import Commit
 from signoff.stores.postgres import PostgresStore
+from signoff.stores.postgres._connections import CLOSE_THERE_WAIT
 from signoff.testing import ExecutionLog
 
 from ._loops import other_loop
@@ -193,3 +194,35 @@ async def test_waits_on_two_loops_by_turns_keep_one_listen_connection_each(
         finally:
             await store.close()
     assert await _backends_gone(pg_store_url)
+
+
+async def test_closing_while_another_loop_is_blocked_waits_for_it_once_not_per_connection(
+    pg_store_url: str,
+) -> None:
+    """Another loop's pool and listener are closed on that loop, each waited for up to
+    `CLOSE_THERE_WAIT`: one after the other, a loop blocked by its app's code held `close` up
+    for as many waits as it had pool and listener (4 s). They are waited for together."""
+    store = PostgresStore(pg_store_url)
+    async with other_loop() as other:
+
+        def there(coro: Coroutine[Any, Any, T]) -> T:
+            return asyncio.run_coroutine_threadsafe(coro, other).result(10)
+
+        await store.create_session("ses_1", "a", [event("ses_1", 1, "session.created")], None)
+        assert not await asyncio.to_thread(there, store.wait_for_change("ses_1", 0.1))
+        await store.head("ses_1")  # this loop's pool: the other's is put away
+        (pool,) = store._parked.values()
+        other.call_soon_threadsafe(time.sleep, 2.5 * CLOSE_THERE_WAIT)  # its app's code blocks it
+        started = time.monotonic()
+        await store.close()
+        assert time.monotonic() - started < 1.5 * CLOSE_THERE_WAIT
+        await asyncio.to_thread(there, _others_done())  # closed there once that loop runs again
+        assert pool.closed
+    assert await _backends_gone(pg_store_url)
+
+
+async def _others_done() -> None:
+    """Wait for the running loop's other tasks to end."""
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    if others:
+        await asyncio.wait(others)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +114,38 @@ async def test_sync_twins_inside_a_running_loop(tmp_path: Path) -> None:
         assert log.count() == 1
     finally:
         rt.close_sync()
+
+
+async def test_close_sync_in_a_loop_that_used_the_async_api_does_not_wait_on_that_loop(
+    pg_store_url: str,
+) -> None:
+    """`close_sync` blocks the caller's loop while the bridge closes the store, and the store
+    closes another loop's pool and listener on that loop, waiting 2 s for each: so this one
+    took 4 s, for nothing, since this loop could run neither close until it returned. Those
+    closes are left to this loop, which runs them once `close_sync` returns."""
+    rt = so.Runtime([scripted_agent("a", [reply("hi")], repeat_last=True)], store=pg_store_url)
+    sid = (await rt.generate("a", "x")).session_id  # this loop's pool
+    here = rt.store._pool  # type: ignore[attr-defined]
+
+    async def follow() -> None:
+        async for _ in rt.events(sid, after=2):
+            pass
+
+    follower = asyncio.create_task(follow())  # this loop's listener
+    while not rt.store._listeners:  # type: ignore[attr-defined]
+        await asyncio.sleep(0.01)
+    follower.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await follower
+    assert rt.generate_sync("a", prompt="y").status == "completed"  # the bridge's pool
+    began = time.monotonic()
+    rt.close_sync()
+    assert time.monotonic() - began < 1.5
+    closing = asyncio.all_tasks() - {asyncio.current_task()}
+    assert closing  # left to this loop, which runs them now
+    await asyncio.wait(closing, timeout=10)
+    assert here.closed
+    assert rt.store._pool is None and not rt.store._listeners  # type: ignore[attr-defined]
 
 
 # -- with: the sync twin of async with ------------------------------------------------------------

@@ -105,6 +105,25 @@ def test_an_unclosed_runtime_that_is_collected_stops_its_sync_thread(tmp_path: P
     assert _bridge_threads() - before == set()
 
 
+def test_an_unclosed_runtime_collected_after_sync_calls_ends_its_store_tasks_cleanly(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The bridge's loop held its tasks only weakly (as asyncio does): the PostgreSQL pool's
+    workers, waiting on the pool's queue, became garbage with the runtime and were destroyed
+    pending ("Task was destroyed but it is pending!"), their coroutines closed on a closed loop
+    (an unraisable `RuntimeError`), instead of being cancelled as the loop stops."""
+    before = _bridge_threads()
+
+    def use() -> None:
+        rt = so.Runtime([scripted_agent("a", [reply("hi")])], store=store_url)
+        assert rt.generate_sync("a", prompt="x").status == "completed"
+
+    use()
+    gc.collect()
+    assert _bridge_threads() - before == set()
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+
+
 def test_close_sync_stops_the_thread_and_a_later_call_starts_another(tmp_path: Path) -> None:
     before = _bridge_threads()
     rt = sqlite_runtime(tmp_path, scripted_agent("a", [reply("hi")], repeat_last=True))
@@ -243,3 +262,46 @@ def test_a_sync_call_racing_close_sync_in_another_thread_ends_with_a_clear_error
     (result,) = outcome
     assert result == [] or (isinstance(result, so.UsageError) and "closed" in str(result)), result
     rt.close_sync()
+
+
+async def test_a_sync_call_needing_a_lock_a_task_of_its_blocked_loop_holds_fails_at_once(
+    store_url: str,
+) -> None:
+    """A `*_sync` call made on a loop blocks it; one that needed the session's lock while a
+    task of that loop held it (a commit under way, on PostgreSQL) waited for ever, that task
+    never running again to let it go. A read goes around the lock; a write is refused with a
+    `UsageError` saying to await the async method, with nothing recorded."""
+    rt = so.Runtime([scripted_agent("a", [reply("hi")], repeat_last=True)], store=store_url)
+    sid = await rt.create_session("a")
+    await rt.state(sid)  # cached: a write by another runtime leaves a tail to fold
+    elsewhere = so.Runtime([scripted_agent("a", [reply("hi")])], store=store_url)
+    assert (await elsewhere.generate(session_id=sid, prompt="x")).status == "completed"
+    await elsewhere.close()
+    lock, held = rt._lock_of(sid), asyncio.Event()
+
+    async def hold() -> None:
+        async with lock:
+            held.set()
+            await asyncio.sleep(0.2)
+
+    holder = asyncio.create_task(hold())
+    await held.wait()
+    done = threading.Event()
+
+    def rescue() -> None:  # were it to hang, close it from another thread: the call then fails
+        if not done.is_set():
+            rt.close_sync()
+
+    watchdog = threading.Timer(10, rescue)
+    watchdog.start()
+    try:
+        head = rt.state_sync(sid).seq  # read whole, as without a cache
+        with pytest.raises(so.UsageError, match="await the async method"):
+            rt.generate_sync(session_id=sid, prompt="y")
+    finally:
+        done.set()
+        watchdog.cancel()
+    await holder
+    assert (await rt.state(sid)).seq == head  # nothing recorded
+    assert (await rt.generate(session_id=sid, prompt="z")).status == "completed"
+    await rt.close()

@@ -39,6 +39,7 @@ from ._exceptions import (
 from ._idempotency import Keyed
 from ._recording import Batch, runnable
 from ._results import GenerateResult, Outcome
+from ._session_cache import closes_stop
 from ._settings import flag
 from ._state import SessionState
 from ._text import is_utf8
@@ -57,6 +58,7 @@ cost a store read, so a body of tens of thousands of made-up ids held the server
 class Answering(Candidates):
     """Answers by request id (`respond`) and by message (`send`), built on `SessionRunner`."""
 
+    @closes_stop
     @_mirrors.following_mirrors
     async def respond(
         self,

@@ -13,10 +13,68 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Literal
 
-__all__ = ["AnyLoopEvent", "AnyLoopLock"]
+from ._exceptions import UsageError
+
+__all__ = ["AnyLoopEvent", "AnyLoopLock", "blocked", "blocking", "waited_by"]
+
+_blocked: dict[asyncio.AbstractEventLoop, int] = {}
+_waited_by: dict[asyncio.Task[object], asyncio.AbstractEventLoop] = {}
+_blocked_guard = threading.Lock()
+DEADLOCK = (
+    "a *_sync call made from async code needs the session's lock, which a task of the event "
+    "loop that call blocks holds: it would wait for ever; await the async method instead"
+)
+
+
+def blocked(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether `loop`'s thread is blocked in a `*_sync` call (made from code that loop runs, a
+    notebook's say): nothing runs on it until that call returns, so what is sent there to run
+    (`call_soon_threadsafe`) runs after, and waiting for it from the call would be in vain."""
+    with _blocked_guard:
+        return loop in _blocked
+
+
+@contextlib.contextmanager
+def blocking() -> Iterator[asyncio.AbstractEventLoop | None]:
+    """Mark the calling thread's running loop, if any, `blocked` while the block runs; the
+    loop (None from plain code)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # plain code: no loop to mark
+        yield None
+        return
+    with _blocked_guard:
+        _blocked[loop] = _blocked.get(loop, 0) + 1
+    try:
+        yield loop
+    finally:
+        with _blocked_guard:
+            if _blocked[loop] == 1:
+                del _blocked[loop]
+            else:
+                _blocked[loop] -= 1
+
+
+@contextlib.contextmanager
+def waited_by(loop: asyncio.AbstractEventLoop | None) -> Iterator[None]:
+    """Mark the running task as the one a `*_sync` call made on `loop` (None: from plain code)
+    waits for, blocking it: a lock a task of `loop` holds would never be released to it."""
+    task = asyncio.current_task()
+    if loop is None or task is None:
+        yield
+        return
+    with _blocked_guard:
+        _waited_by[task] = loop
+    try:
+        yield
+    finally:
+        with _blocked_guard:
+            _waited_by.pop(task, None)
 
 
 def _wake(fut: asyncio.Future[None]) -> bool:
@@ -50,6 +108,7 @@ class AnyLoopLock:
     def __init__(self) -> None:
         self._guard = threading.Lock()
         self._locked = False
+        self._holder: asyncio.AbstractEventLoop | None = None  # the loop of the task holding it
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     def locked(self) -> bool:
@@ -59,8 +118,14 @@ class AnyLoopLock:
         loop = asyncio.get_running_loop()
         with self._guard:
             if not self._locked:
-                self._locked = True
+                self._locked, self._holder = True, loop
                 return True
+            holder = self._holder
+            if holder is not loop and holder is not None:
+                with _blocked_guard:
+                    deadlock = _waited_by.get(asyncio.current_task()) is holder  # type: ignore[arg-type]
+                if deadlock:
+                    raise UsageError(DEADLOCK)
             fut: asyncio.Future[None] = loop.create_future()
             self._waiters.append(fut)
         try:
@@ -84,9 +149,10 @@ class AnyLoopLock:
                 if not self._locked:
                     raise RuntimeError("Lock is not acquired.")
                 if not self._waiters:
-                    self._locked = False
+                    self._locked, self._holder = False, None
                     return
                 fut = self._waiters.popleft()  # handed over: it stays locked
+                self._holder = fut.get_loop()
             if _wake(fut):
                 return
 

@@ -17,6 +17,7 @@ from ._idempotency import Keyed, keyed, seen, session_for, turn_of
 from ._mirrors import following_mirrors
 from ._recording import Changed, TurnStopped, load_turn, unchanged
 from ._results import GenerateResult
+from ._session_cache import closes_stop
 from ._state import SessionState, turn_over
 from ._text import NOTHING_SAID, is_blank
 from ._types import InputRequest, Principal
@@ -34,6 +35,7 @@ def first_open(pending: list[InputRequest]) -> InputRequest | None:
 class Messages(Answering):
     """`Answering` plus the follow-up messages that answer, steer or queue."""
 
+    @closes_stop
     @following_mirrors
     async def send(
         self,

@@ -40,7 +40,7 @@ from ._prompts import check_prompt
 from ._queue_page import queue_page
 from ._recording import Batch, EventSpec, TurnStopped, load_turn
 from ._results import GenerateResult
-from ._session_cache import check_session_id
+from ._session_cache import check_session_id, closes_stop, running
 from ._session_page import check_listing, lapsed_page
 from ._settings import check_page, finite, flag, seconds
 from ._state import SessionState, turn_over
@@ -158,6 +158,7 @@ class Runtime(Auditing):
             await _child_sessions.cancel_expired(self, kids)
             raise
 
+    @closes_stop
     @following_mirrors
     async def generate(
         self,
@@ -243,6 +244,7 @@ class Runtime(Auditing):
         if state.agent != agent:
             raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")
 
+    @closes_stop
     async def create_session(
         self, agent: str, *, auth: Principal | None = None, idempotency_key: str | None = None
     ) -> str:
@@ -262,6 +264,7 @@ class Runtime(Auditing):
             return await self._create(spec, auth), False
         return await self._open_keyed(spec, auth, idem, opens=True)
 
+    @closes_stop
     @following_mirrors
     async def schedule(
         self,
@@ -302,6 +305,7 @@ class Runtime(Auditing):
             raise SessionLimitReached(str((result.error or {}).get("message")), session_id)
         return result
 
+    @closes_stop
     async def pending(
         self,
         flt: PendingFilter | None = None,
@@ -338,6 +342,7 @@ class Runtime(Auditing):
             raise UsageError("give a PendingFilter, or filter by keyword, not both")
         return (await self.pending_page(flt))[0]
 
+    @closes_stop
     async def pending_page(self, flt: PendingFilter) -> tuple[list[InputRequest], bool]:
         """One page of the queue as of now, and whether the store may hold more past it.
 
@@ -355,6 +360,7 @@ class Runtime(Auditing):
         check_page(flt.limit, flt.offset)
         return await queue_page(self, flt)
 
+    @closes_stop
     async def sessions(
         self,
         *,
@@ -386,6 +392,7 @@ class Runtime(Auditing):
         shown = [summary_after_expiry(r, now, held) for r in page]
         return [r for r in shown if status is None or r.status == status]
 
+    @closes_stop
     async def state(self, session_id: str) -> SessionState:
         """The session's current state. Like a listing, it records a TTL that passed with the
         turn unfinished first (the turn fails, its requests expire), so it never reads as
@@ -413,8 +420,9 @@ class Runtime(Auditing):
             raise UsageError(f"after must be an event seq, a whole number from 0, not {after!r}")
         flag("follow", follow)
         check_session_id(session_id)
-        await self.open()
-        head = await self.store.head(session_id)
+        with running(self):  # each stretch between two events: `close` stops a follower too
+            await self.open()
+            head = await self.store.head(session_id)
         if head is None:
             raise UnknownSession(session_id)
         if after > head:
@@ -430,9 +438,10 @@ class Runtime(Auditing):
         while True:
             if not follow and after >= head:
                 return  # read up to the head read above: no read to find the end
-            batch = await self.store.read_events(
-                session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
-            )
+            with running(self):
+                batch = await self.store.read_events(
+                    session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
+                )
             for event in batch:
                 yield event
                 after = event.seq
@@ -443,30 +452,32 @@ class Runtime(Auditing):
                 raise expired
             if not follow:
                 return
-            if self.now() >= expires_at or time.monotonic() - checked >= _RECHECK_FOLLOWED:
-                state = await self._state(session_id)  # UnknownSession once deleted
-                now = self.now()
-                if state.seq == after and state.expired(now):
-                    expired = await self._ended(state, now)
-                    if expired is None:  # a drive runs it on: followed until that drive's events
-                        expires_at, checked = math.inf, time.monotonic()
+            with running(self):
+                if self.now() >= expires_at or time.monotonic() - checked >= _RECHECK_FOLLOWED:
+                    state = await self._state(session_id)  # UnknownSession once deleted
+                    now = self.now()
+                    if state.seq == after and state.expired(now):
+                        expired = await self._ended(state, now)
+                        if expired is None:  # a drive runs it on: followed till its events
+                            expires_at, checked = math.inf, time.monotonic()
+                            continue
+                        if expiry_specs(state) and state.agent in self.agents:
+                            # Record it as a listing would (its requests expire, its turn fails),
+                            # then yield those events before raising.
+                            with contextlib.suppress(SessionExpired, StoreError):
+                                await self._checked(session_id)
                         continue
-                    if expiry_specs(state) and state.agent in self.agents:
-                        # Record it as a listing would (its requests expire, its turn fails),
-                        # then yield those events before raising.
-                        with contextlib.suppress(SessionExpired, StoreError):
-                            await self._checked(session_id)
-                    continue
-                expires_at = math.inf if state.expires_at is None else state.expires_at
-                checked = time.monotonic()
-                if state.seq != after:
-                    continue  # events came meanwhile: read them first
-            wait = getattr(self.store, "wait_for_change", None)
-            if wait is not None:  # woken by the store (LISTEN/NOTIFY), polling as fallback
-                await wait(session_id, self.poll_interval * 10, after=after)
-            else:
-                await asyncio.sleep(self.poll_interval)
+                    expires_at = math.inf if state.expires_at is None else state.expires_at
+                    checked = time.monotonic()
+                    if state.seq != after:
+                        continue  # events came meanwhile: read them first
+                wait = getattr(self.store, "wait_for_change", None)
+                if wait is not None:  # woken by the store (LISTEN/NOTIFY), polling as fallback
+                    await wait(session_id, self.poll_interval * 10, after=after)
+                else:
+                    await asyncio.sleep(self.poll_interval)
 
+    @closes_stop
     @following_mirrors
     async def cancel(
         self, session_id: str, reason: str | None = None, *, principal: Principal | None = None

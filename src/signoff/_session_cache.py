@@ -7,7 +7,9 @@ so nothing is trusted from memory that the store does not also hold.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -15,11 +17,11 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from typing import Any, Self
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from ._agent import Agent, by_name
-from ._any_loop import AnyLoopEvent, AnyLoopLock
+from ._any_loop import AnyLoopEvent, AnyLoopLock, blocked
 from ._audit_trail import record_tool_settings
 from ._counts import Counts
 from ._deadlines import due_batch, expiry_resolves, expiry_specs
@@ -39,14 +41,14 @@ from ._results import GenerateResult, Outcome
 from ._settings import flag, seconds, whole
 from ._state import SessionState, fold
 from ._subagents import missing_targets
-from ._sync import SyncBridge
+from ._sync import UNWIND, SyncBridge
 from ._text import is_utf8
 from ._tracing import tracing_for
 from ._types import ModelResponse
 from .models import ModelRequest
 from .stores import Store, open_store
 
-__all__ = ["SessionCache", "check_session_id"]
+__all__ = ["SessionCache", "check_session_id", "closes_stop", "running"]
 
 log = logging.getLogger("signoff.runtime")
 
@@ -61,6 +63,80 @@ def check_session_id(session_id: object) -> None:
         raise UsageError(f"session_id must be text, not {type(session_id).__name__}")
     if not is_utf8(session_id):
         raise UnknownSession(session_id)
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+C = TypeVar("C", bound="SessionCache")
+CLOSED_MIDWAY = "the runtime or client was closed while this call ran"
+
+
+def closes_stop(
+    method: Callable[Concatenate[C, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[C, P], Coroutine[Any, Any, T]]:
+    """A public async call that `close` stops if it is still running (on another task, on any
+    loop): cancelled, its lease given back, it raises `UsageError`. Left running, it would open
+    the store again behind the close, and nothing would close it."""
+
+    @functools.wraps(method)
+    async def call(self: C, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        task = _entered(self)
+        try:
+            return await method(self, *args, **kwargs)
+        except asyncio.CancelledError:
+            if not _stopped(self, task):
+                raise
+            if not self._opened:  # unwound after the close (from a loop it blocked): reopened
+                with contextlib.suppress(Exception):
+                    await self.store.close()
+            raise UsageError(CLOSED_MIDWAY) from None
+        finally:
+            _left(self, task)
+
+    return call
+
+
+@contextlib.contextmanager
+def running(runtime: SessionCache) -> Iterator[None]:
+    """Mark the block a call of `runtime` that its `close` stops (`closes_stop`)."""
+    task = _entered(runtime)
+    try:
+        yield
+    except asyncio.CancelledError:
+        if _stopped(runtime, task):
+            raise UsageError(CLOSED_MIDWAY) from None
+        raise
+    finally:
+        _left(runtime, task)
+
+
+def _entered(runtime: SessionCache) -> asyncio.Task[Any]:
+    """Count the running task a call of `runtime` (`closes_stop`); the task."""
+    task = asyncio.current_task()
+    assert task is not None
+    with runtime._per_session:
+        runtime._calls[task] = runtime._calls.get(task, 0) + 1
+    return task
+
+
+def _stopped(runtime: SessionCache, task: asyncio.Task[Any]) -> bool:
+    """Whether `close` cancelled the call on `task` (its cancel then taken back: the call
+    raises `UsageError`, not `CancelledError`, which would say its own caller cancelled it)."""
+    with runtime._per_session:
+        closed = runtime._stopped.pop(task, False)
+    if closed:
+        task.uncancel()
+    return closed
+
+
+def _left(runtime: SessionCache, task: asyncio.Task[Any]) -> None:
+    """A call of `runtime` on `task` returned or raised."""
+    with runtime._per_session:
+        if runtime._calls[task] == 1:
+            del runtime._calls[task]
+            runtime._stopped.pop(task, None)  # one that ended before it saw the cancel
+        else:
+            runtime._calls[task] -= 1
 
 
 class _NotRun:
@@ -136,6 +212,9 @@ class SessionCache(Leasing):
         self._aborts: weakref.WeakValueDictionary[str, AnyLoopEvent] = weakref.WeakValueDictionary()
         self._locks: weakref.WeakValueDictionary[str, AnyLoopLock] = weakref.WeakValueDictionary()
         self._per_session = threading.Lock()
+        # This runtime's async calls running, by task, and those of them `close` cancelled.
+        self._calls: dict[asyncio.Task[Any], int] = {}
+        self._stopped: dict[asyncio.Task[Any], bool] = {}
         # Outcomes of tool bodies that ran but were not recorded (`ToolCalls.end_call`).
         self._unrecorded: dict[str, list[EventSpec]] = {}
         # Leases of ended drives the store refused to release: given back by the next drive here.
@@ -171,8 +250,9 @@ class SessionCache(Leasing):
         self._settings_due = False
 
     async def close(self) -> None:
-        """Close the store; a later call opens it again. A `*_sync` call still running in
-        another thread is stopped first (its lease given back; it raises `UsageError`)."""
+        """Close the store; a later call opens it again. A call of this runtime still running
+        (a `*_sync` call in another thread, an async one on another task, a follower of
+        `events`) is stopped first: its lease given back, it raises `UsageError`."""
         self._sync.stop_calls()  # `*_sync` calls in other threads first: see `close_sync`
         await self._close_store()
         self._sync.close()
@@ -180,12 +260,38 @@ class SessionCache(Leasing):
     async def _close_store(self) -> None:
         """`close` but for the sync bridge, which `close_sync` runs this on: leases the store
         refused to take back are given back, then the store is closed."""
+        await self._stop_async_calls()
         await self._stop_lease_check()
         for session_id, (owner, token) in list(self._unreleased.items()):
             with contextlib.suppress(StoreError):  # else it lapses after its TTL
                 await self._release(session_id, owner, token)
         await self.store.close()
         self._opened = False
+
+    async def _stop_async_calls(self) -> None:
+        """Cancel this runtime's calls still running on other tasks (`closes_stop`), on any
+        loop, and wait (up to `UNWIND`) for them to unwind, giving their leases back, while the
+        store is still open. A loop blocked in the `*_sync` call closing it is not waited for:
+        its calls unwind once that call returns."""
+        here = asyncio.current_task()
+        with self._per_session:
+            calls = [t for t in self._calls if t is not here and not t.done()]
+            self._stopped.update(dict.fromkeys(calls, True))
+        loop = asyncio.get_running_loop()
+        awaited: list[asyncio.Task[Any]] = []  # this loop's, and other running loops'
+        for task in calls:
+            there = task.get_loop()
+            if there is loop:
+                task.cancel()
+                awaited.append(task)
+                continue
+            with contextlib.suppress(RuntimeError):  # a closed loop runs it no more
+                there.call_soon_threadsafe(task.cancel)
+                if there.is_running() and not blocked(there):
+                    awaited.append(task)
+        until = time.monotonic() + UNWIND
+        while any(not t.done() for t in awaited) and time.monotonic() < until:
+            await asyncio.sleep(0.005)  # polled: another loop's task cannot wake this one
 
     async def __aenter__(self) -> Self:
         await self.open()

@@ -10,12 +10,20 @@ import inspect
 import os
 import threading
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from ._any_loop import blocking, waited_by
 from ._exceptions import UsageError
 
-__all__ = ["SyncBridge", "blocking_doc", "called_off_loop", "in_thread", "thread_note", "twin"]
+__all__ = [
+    "SyncBridge",
+    "blocking_doc",
+    "called_off_loop",
+    "in_thread",
+    "thread_note",
+    "twin",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -39,6 +47,29 @@ def _serve(loop: asyncio.AbstractEventLoop) -> None:
             loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
     finally:
         loop.close()
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """A loop that holds its tasks strongly until they end. asyncio holds them weakly: a task
+    waiting on a future only its own objects reach (a PostgreSQL pool's worker, on the pool's
+    queue) became garbage with an unclosed runtime and was destroyed pending, its coroutine
+    closed on a closed loop, instead of being cancelled when the loop stops (`_serve`)."""
+    loop = asyncio.new_event_loop()
+    held: set[asyncio.Future[Any]] = set()
+
+    def task(
+        loop: asyncio.AbstractEventLoop,
+        coro: Generator[Any, None, T] | Coroutine[Any, Any, T],
+        /,
+        **kwargs: Any,
+    ) -> asyncio.Future[T]:
+        made = asyncio.Task(coro, loop=loop, **kwargs)
+        held.add(made)
+        made.add_done_callback(held.discard)
+        return made
+
+    loop.set_task_factory(task)
+    return loop
 
 
 def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread, pid: int) -> None:
@@ -91,41 +122,46 @@ class SyncBridge:
             self._calls.add(task)
             started.set()
             try:
-                return await coro
+                with waited_by(caller):
+                    return await coro
             finally:
                 self._calls.discard(task)
                 finished.set()
 
-        with self._lock:
-            if self._stopper is not None and not self._stopper.alive:
-                # Stopped by its finalizer, which signoff's `atexit` hook runs at exit before
-                # the handlers registered earlier (`atexit.register(rt.close_sync)`): as closed.
-                self._loop = self._thread = self._stopper = self._stopping = None
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(
-                    target=_serve, args=(loop,), name="signoff-sync", daemon=True
-                )
-                thread.start()
-                self._loop, self._thread, self._pid = loop, thread, os.getpid()
-                self._stopper = weakref.finalize(self, _stop, loop, thread, self._pid)
-            loop, stopper = self._loop, self._stopper
-            assert stopper is not None  # set with the loop
-            # Handed over under the lock: a `close` in another thread, which takes it first,
-            # stops the loop only after, so the loop runs the call (or cancels it) for sure.
-            future = asyncio.run_coroutine_threadsafe(call(), loop)
-        try:
-            return future.result()
-        except concurrent.futures.CancelledError:
-            # Not by close(), nor by the finalizer, which stops the loop at the interpreter's exit.
-            if self._loop is loop and self._stopping is not loop and stopper.alive:
+        # The caller's loop, if any, is marked blocked before the call can run: see `blocked`.
+        with blocking() as caller:
+            with self._lock:
+                if self._stopper is not None and not self._stopper.alive:
+                    # Stopped by its finalizer, which signoff's `atexit` hook runs at exit
+                    # before the handlers registered earlier (`atexit.register(rt.close_sync)`):
+                    # as closed.
+                    self._loop = self._thread = self._stopper = self._stopping = None
+                if self._loop is None:
+                    loop = _new_loop()
+                    thread = threading.Thread(
+                        target=_serve, args=(loop,), name="signoff-sync", daemon=True
+                    )
+                    thread.start()
+                    self._loop, self._thread, self._pid = loop, thread, os.getpid()
+                    self._stopper = weakref.finalize(self, _stop, loop, thread, self._pid)
+                loop, stopper = self._loop, self._stopper
+                assert stopper is not None  # set with the loop
+                # Handed over under the lock: a `close` in another thread, which takes it
+                # first, stops the loop only after, so the loop runs the call (or cancels it).
+                future = asyncio.run_coroutine_threadsafe(call(), loop)
+            try:
+                return future.result()
+            except concurrent.futures.CancelledError:
+                # Not by close(), nor by the finalizer, which stops the loop at the
+                # interpreter's exit.
+                if self._loop is loop and self._stopping is not loop and stopper.alive:
+                    raise
+                raise UsageError("the runtime or client was closed while this call ran") from None
+            except BaseException:
+                # Interrupted (Ctrl-C): cancel the call rather than leave it running unseen.
+                if future.cancel() and started.is_set():
+                    finished.wait(UNWIND)
                 raise
-            raise UsageError("the runtime or client was closed while this call ran") from None
-        except BaseException:
-            # Interrupted (Ctrl-C): cancel the call rather than leave it running unseen.
-            if future.cancel() and started.is_set():
-                finished.wait(UNWIND)
-            raise
 
     def stop_calls(self) -> None:
         """Cancel the calls running on the loop and wait (up to `UNWIND`) for them to unwind,

@@ -19,7 +19,8 @@ class QuestionWithdrawn(Exception):  # a signal, not an error
         self.outcome = outcome
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.request_id, self.outcome))
+        # Its attributes too (a note added on the way up), as a plain exception's pickle keeps.
+        return (type(self), (self.request_id, self.outcome), self.__dict__)
 
 
 class InputUnavailable(Exception):  # a signal, not an error
@@ -42,7 +43,7 @@ class ApprovalRequired(Exception):
         self.call_id = call_id
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_signal, (self.payload, self.call_id))
+        return (_rebuild_signal, (self.payload, self.call_id), self.__dict__)
 
 
 def _rebuild_signal(payload: Any, call_id: str | None) -> ApprovalRequired:

@@ -19,6 +19,7 @@ from ._exceptions import (
 )
 from ._leasing import lost_line
 from ._messages import Messages
+from ._session_cache import closes_stop
 from ._sessions import to_claims
 from ._settings import seconds, whole
 from ._sweeps import one_of_many
@@ -166,6 +167,7 @@ class SweepDrives:
 class Workers(Messages):
     """Runs any process's turns: claims sessions with work, drives them, sweeps deadlines."""
 
+    @closes_stop
     async def expire_due(self) -> int:
         """Apply every passed request deadline across sessions and resume their turns: all
         the deadlines are recorded first, then the turns driven `SWEEP_DRIVES` at once.
@@ -308,6 +310,7 @@ class Workers(Messages):
             if isinstance(outcome, BaseException):
                 raise outcome
 
+    @closes_stop
     async def work(
         self,
         *,

@@ -7,6 +7,7 @@ from typing import IO
 from . import _audit_trail as _audit
 from ._audit_trail import AuditProblem
 from ._exceptions import UsageError
+from ._session_cache import closes_stop
 from ._settings import check_page
 from ._sync import twin
 from ._work import Workers
@@ -18,6 +19,7 @@ __all__ = ["Auditing"]
 class Auditing(Workers):
     """The audit trail's reads, which `Runtime` offers beside its turns and answers."""
 
+    @closes_stop
     async def audit(
         self, session_id: str | None = None, *, stream: str | None = None, limit: int = 10_000
     ) -> list[AuditEntry]:
@@ -38,12 +40,14 @@ class Auditing(Workers):
                 break
         return out
 
+    @closes_stop
     async def verify_audit(self, session_id: str | None = None) -> list[AuditProblem]:
         """Recompute the hash chains; an empty list means nothing was altered."""
         session_id = _audit.check_stream(session_id, "session_id")
         await self.open()
         return await _audit.verify(self.store, stream=session_id)
 
+    @closes_stop
     async def export_audit(self, out: IO[str], session_id: str | None = None) -> int:
         """Write the audit trail as JSON lines to `out`; returns the number of entries."""
         session_id = _audit.check_stream(session_id, "session_id")

@@ -17,6 +17,7 @@ import psycopg
 from psycopg import conninfo as _conninfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from ..._any_loop import blocked
 from ..._exceptions import (
     SchemaVersionError,
     StoreError,
@@ -300,16 +301,18 @@ class Connections(Transactions):
                 self._abandon()
             parked, self._parked = self._parked, {}
             listeners, self._listeners = self._listeners, {}
+        there: list[Awaitable[None]] = []  # other loops' closes, waited for all at once
         for loop, listener in listeners.items():
             if loop is here:
                 await listener.stop()
             else:
-                await _on_its_loop(loop, listener.stop)
+                there.append(_on_its_loop(loop, listener.stop))
         for loop, spare in parked.items():
             if loop is here:
                 await spare.close()
             else:
-                await _on_its_loop(loop, spare.close)
+                there.append(_on_its_loop(loop, spare.close))
+        await asyncio.gather(*there)
         if foreign:  # what probes belonged to the other loop, and went with it
             return
         with self._swap:
@@ -521,7 +524,8 @@ async def _on_its_loop(
     """Close a pool or listener on its own event loop, which still runs, and wait for it there
     (a while): a store closed from another loop must not leave that loop's connections open,
     and that loop may be stopped right after (a runtime's sync bridge), which would cancel a
-    close still under way and leave the pool's workers pending."""
+    close still under way and leave the pool's workers pending. Not waited for on a loop a
+    `*_sync` call blocks (`_any_loop.blocked`): it runs the close once that call returns."""
     if loop.is_closed() or not loop.is_running():
         return  # its connections went, or go, with it
 
@@ -531,6 +535,8 @@ async def _on_its_loop(
     try:
         done = asyncio.run_coroutine_threadsafe(closing(), loop)
     except RuntimeError:  # that loop closed meanwhile
+        return
+    if blocked(loop):  # on the `*_sync` call closing this store: it runs the close once back
         return
     # Polled, not awaited through a wrapping future: giving up on that would cancel the close
     # over there, and its result could arrive after this loop has closed.
