@@ -35,7 +35,7 @@ from ._blocks import (
     request_blocks,
 )
 from ._clicks import Clicks
-from ._payloads import SlackPayloadError, api_error, maybe_done, slack_principal
+from ._payloads import ABSENT, SlackPayloadError, api_error, maybe_done, slack_principal
 from ._replies import ThreadReplies, thread_key
 from ._routes import routes
 
@@ -51,10 +51,8 @@ _BACKLOG_ATTEMPTS = 8  # posts of a request open at start, 1 s apart doubling (a
 # a link (chat.update's default, unlike chat.postMessage's, is `client`, which does).
 _UNPARSED: dict[str, Any] = {"parse": "none", "link_names": False}
 
-# Errors that say the bot cannot reach its channel: removed from it (a private one it no longer
-# sees), or the channel archived. A person mends that; until then the hub holds the channel's
-# feed, trying again every ABSENT_WAIT seconds, instead of giving up each request in turn.
-_ABSENT = frozenset({"not_in_channel", "channel_not_found", "is_archived"})
+# While the bot cannot reach its channel (`ABSENT` errors), the hub holds the channel's feed,
+# trying again every ABSENT_WAIT seconds, instead of giving up each request in turn.
 ABSENT_WAIT = 30.0
 
 # A note (chat.postEphemeral) Slack rate-limits is sent again within these calls and seconds.
@@ -255,6 +253,9 @@ class SlackChannel(Channel):
             where = await find_post(self.client, self.channel, request_id, attempt)
         except SlackApiError as exc:
             _raise_if_limited(exc, "conversations.history")
+            # Posting again now would replace the attempt's memo: its message is found once
+            # the bot is back.
+            self._raise_if_absent(exc, "conversations.history", self.channel)
             raise
         if where is not None:
             logger.info("slack: adopted the unsaved post of %s (%s)", request_id, where)
@@ -322,7 +323,7 @@ class SlackChannel(Channel):
         spending no attempt, and goes on in order once the bot is back. A message in another
         conversation (posted before `channel` changed) fails as any error does."""
         error = api_error(exc)
-        if channel != self.channel or error not in _ABSENT:
+        if channel != self.channel or error not in ABSENT:
             return
         logger.warning(
             "slack: the bot cannot reach channel %s (%s): invite it (or unarchive the channel, "

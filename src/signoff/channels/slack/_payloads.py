@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from slack_sdk.errors import SlackApiError
 
 __all__ = [
+    "ABSENT",
     "SlackPayloadError",
     "api_error",
     "envelope_of",
@@ -22,6 +23,10 @@ __all__ = [
     "slack_principal",
 ]
 
+
+# Errors that say the bot cannot reach its channel: removed from it (a private one it no longer
+# sees), or the channel archived. A person mends that; until then the channel waits.
+ABSENT = frozenset({"not_in_channel", "channel_not_found", "is_archived"})
 
 # Errors Slack documents as possibly after part of the call was carried out.
 _MAYBE_DONE = frozenset({"internal_error", "fatal_error"})
