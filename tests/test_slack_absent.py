@@ -103,3 +103,40 @@ async def test_a_lost_post_whose_history_read_finds_the_bot_removed_is_adopted_o
             (message,) = slack_api.messages["C42"]
             assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
             assert slack.recall(f"posting:{req.id}") is None
+
+
+async def test_a_bot_out_of_its_channel_is_logged_as_such_not_as_a_rate_limit(
+    tmp_path: Path,
+    slack_api: FakeSlack,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The wait for a bot removed from its channel reused the rate limit's signal, so the hub
+    (and the posting of what was open at start) logged "rate limited": a person reading the
+    log was not told to invite the bot. Both now say the channel cannot be reached and what to
+    do, and the requests wait as before, spending no attempt (here one, an hour's backoff)."""
+    monkeypatch.setattr(_channel, "ABSENT_WAIT", 0.2)
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        slack = channel(slack_api)
+        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db", retry_backoff=3600, max_attempts=1)
+        slack_api.failing["chat.postMessage"] = "not_in_channel"
+        before = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        with caplog.at_level(logging.WARNING, logger="signoff.channels"):
+            async with manual(hub):  # the backlog: open at start
+                after = await rt.generate("support", prompt="Refund order 1043", auth=ALICE)
+                await asyncio.sleep(0.25)
+                await hub.poll()  # the feed
+                lines = [r.getMessage() for r in caplog.records]
+                assert not [line for line in lines if "rate limited" in line], lines
+                told = [line for line in lines if "invite the bot" in line]
+                assert any(before.pending[0].id in line for line in told), lines
+                assert any("audit entry" in line for line in told), lines
+                assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+                del slack_api.failing["chat.postMessage"]
+                await asyncio.sleep(0.25)
+                await hub.poll()
+                posted = [json.dumps(p["blocks"]) for p in slack_api.of("chat.postMessage")]
+                last = posted[-2:]  # once each, now the bot is back
+                assert [before.pending[0].id in p for p in last].count(True) == 1
+                assert [after.pending[0].id in p for p in last].count(True) == 1

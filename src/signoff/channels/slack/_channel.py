@@ -26,7 +26,15 @@ from slack_sdk.web.async_client import AsyncWebClient
 from ..._exceptions import SignoffError, UsageError
 from ..._types import InputRequest
 from ...stores import promptly
-from .._base import Channel, InvalidSignature, RateLimited, Resolution, logger, off_loop
+from .._base import (
+    Channel,
+    ChannelUnreachable,
+    InvalidSignature,
+    RateLimited,
+    Resolution,
+    logger,
+    off_loop,
+)
 from .._lease import Presence, alive
 from ._adopt import find_post, metadata, new_attempt, retry_handlers
 from ._blocks import (
@@ -180,8 +188,12 @@ class SlackChannel(Channel):
                 if stored is not None and stored.status == "pending":
                     await self.on_requested(stored.request)
             except RateLimited as exc:
-                self._backlog_at = time.monotonic() + min(max(0.0, exc.retry_after), 3600.0)
-                logger.warning("slack: rate limited; posting %s again later", request.id)
+                wait = min(max(0.0, exc.retry_after), 3600.0)
+                self._backlog_at = time.monotonic() + wait
+                if isinstance(exc, ChannelUnreachable):
+                    logger.warning("%s; posting %s again in %gs", exc, request.id, wait)
+                else:
+                    logger.warning("slack: rate limited; posting %s again later", request.id)
                 return
             except Exception:
                 self._backlog_failures += 1
@@ -318,23 +330,17 @@ class SlackChannel(Channel):
             self._unsaved.pop(request_id, None)
 
     def _raise_if_absent(self, exc: SlackApiError, method: str, channel: str) -> None:
-        """Raise `RateLimited` (`ABSENT_WAIT` seconds) when Slack refused a call in this
+        """Raise `ChannelUnreachable` (`ABSENT_WAIT` seconds) when Slack refused a call in this
         channel's conversation because the bot cannot reach it: the hub then holds the feed,
-        spending no attempt, and goes on in order once the bot is back. A message in another
-        conversation (posted before `channel` changed) fails as any error does."""
+        spending no attempt, logs what to do, and goes on in order once the bot is back. A
+        message in another conversation (posted before `channel` changed) fails as any error
+        does."""
         error = api_error(exc)
         if channel != self.channel or error not in ABSENT:
             return
-        logger.warning(
-            "slack: the bot cannot reach channel %s (%s): invite it (or unarchive the channel, "
-            "or check its id); %s is tried again in %gs",
-            channel,
-            error,
-            method,
-            ABSENT_WAIT,
-        )
-        raise RateLimited(
-            f"slack: {method} cannot reach {channel} ({error}); retry in {ABSENT_WAIT:g}s",
+        raise ChannelUnreachable(
+            f"slack: {method} cannot reach channel {channel} ({error}): invite the bot to it "
+            "(or unarchive the channel, or check its id)",
             ABSENT_WAIT,
         ) from exc
 
