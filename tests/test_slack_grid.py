@@ -10,17 +10,19 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub, ChannelState
 from signoff.channels.slack import SlackChannel
+from signoff.channels.slack._blocks import DENY_VIEW
 from signoff.channels.slack._clicks import read
 from signoff.channels.slack._replies import thread_key
 from signoff.testing import call, call_tools, reply, scripted_agent
 
-from ._slack import ALICE, TEAM, FakeSlack, channel, form, manual, sign
+from ._slack import ALICE, TEAM, FakeSlack, channel, form, manual, sign, submission
 from ._slack_replies import FIRST_TS, deliver, event, fake
 
 __all__ = ["fake"]  # the fixture, used by name
@@ -93,6 +95,18 @@ async def test_a_grid_members_reply_names_the_organization(
 ) -> None:
     found = slack.replies._reply(json.loads(grid_event("approve", **fields)))
     assert found is not None and (found.team, found.user) == (ORG, PERSON)
+
+
+def test_a_grid_members_deny_form_names_the_organization() -> None:
+    """A modal's submission carries the organization as its `team`'s `enterprise_id`."""
+    meta = {"request_id": "req_1", "channel": "C42", "user": PERSON}
+    values = {"signoff.reason": {"reason": {"type": "plain_text_input", "value": "no"}}}
+    payload = json.loads(
+        parse_qs(submission(DENY_VIEW, meta, values, PERSON).decode())["payload"][0]
+    )
+    payload["team"]["enterprise_id"] = ORG
+    found, _ = read(payload)
+    assert found is not None and (found.team, found.option_id) == (ORG, "cancel")
 
 
 def test_a_guest_on_a_grid_host_still_answers_as_a_member_of_their_own() -> None:
