@@ -49,6 +49,7 @@ SAMPLES: dict[str, Callable[[], BaseException]] = {
     "InputUnavailable": lambda: so.InputUnavailable("nobody can answer"),
     "InvalidSignature": lambda: channels.InvalidSignature("forged"),
     "RateLimited": lambda: channels.RateLimited("slow down", 2.5),
+    "ChannelUnreachable": lambda: channels.ChannelUnreachable("invite the bot", 30.0),
 }
 
 

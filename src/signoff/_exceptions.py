@@ -25,6 +25,7 @@
     ├── RemoteError                a signoff server reported an error this client cannot name
     ├── InvalidSignature           a signed Slack request or webhook failed verification
     ├── RateLimited                a channel's service asked to be called again later
+    │   └── ChannelUnreachable     a channel cannot deliver until a person mends it
     ├── SlackPayloadError          a signed Slack payload signoff cannot read
     └── StoreError                 the store failed or holds something unusable
         ├── SchemaVersionError     data written by a newer signoff

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ._base import (
     Channel,
     ChannelState,
+    ChannelUnreachable,
     Escalation,
     InvalidSignature,
     RateLimited,
@@ -24,6 +25,7 @@ __all__ = [
     "Channel",
     "ChannelHub",
     "ChannelState",
+    "ChannelUnreachable",
     "Escalation",
     "InvalidSignature",
     "RateLimited",

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Channel",
     "ChannelState",
+    "ChannelUnreachable",
     "Escalation",
     "InvalidSignature",
     "QUEUED_NOTE",
@@ -63,6 +64,17 @@ class RateLimited(SignoffError):
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class ChannelUnreachable(RateLimited):
+    """The channel cannot reach where it delivers until a person mends it (a Slack bot removed
+    from its channel, the channel archived); the message says what to do.
+
+    The hub waits `retry_after` seconds and tries again, as after a rate limit (no attempt is
+    spent, the channel's feed is held in order), and logs the message, not "rate limited".
+    """
+
+    code = "channel_unreachable"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import time
 
-from ._base import RateLimited, logger
+from ._base import ChannelUnreachable, RateLimited, logger
 
 __all__ = ["MAX_WAIT", "Retries", "doubled"]
 
@@ -36,6 +36,11 @@ class Retries:
         """Hold the channel back for the delay the service names (at most `MAX_WAIT`)."""
         wait = min(max(0.0, exc.retry_after), MAX_WAIT)  # NaN: max() keeps the 0
         self._retry_at[name] = time.monotonic() + wait
+        if isinstance(exc, ChannelUnreachable):  # its message says what a person must do
+            logger.warning(
+                "channel %s holds audit entry %s: %s; retrying in %.1fs", name, entry_id, exc, wait
+            )
+            return
         logger.warning(
             "channel %s is rate limited on audit entry %s; retrying in %.1fs", name, entry_id, wait
         )

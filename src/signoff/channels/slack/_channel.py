@@ -26,7 +26,15 @@ from slack_sdk.web.async_client import AsyncWebClient
 from ..._exceptions import SignoffError, UsageError
 from ..._types import InputRequest
 from ...stores import promptly
-from .._base import Channel, InvalidSignature, RateLimited, Resolution, logger, off_loop
+from .._base import (
+    Channel,
+    ChannelUnreachable,
+    InvalidSignature,
+    RateLimited,
+    Resolution,
+    logger,
+    off_loop,
+)
 from .._lease import Presence, alive
 from ._adopt import find_post, metadata, new_attempt, retry_handlers
 from ._blocks import (
@@ -35,7 +43,7 @@ from ._blocks import (
     request_blocks,
 )
 from ._clicks import Clicks
-from ._payloads import SlackPayloadError, api_error, maybe_done, slack_principal
+from ._payloads import ABSENT, SlackPayloadError, api_error, maybe_done, slack_principal
 from ._replies import ThreadReplies, thread_key
 from ._routes import routes
 
@@ -51,10 +59,8 @@ _BACKLOG_ATTEMPTS = 8  # posts of a request open at start, 1 s apart doubling (a
 # a link (chat.update's default, unlike chat.postMessage's, is `client`, which does).
 _UNPARSED: dict[str, Any] = {"parse": "none", "link_names": False}
 
-# Errors that say the bot cannot reach its channel: removed from it (a private one it no longer
-# sees), or the channel archived. A person mends that; until then the hub holds the channel's
-# feed, trying again every ABSENT_WAIT seconds, instead of giving up each request in turn.
-_ABSENT = frozenset({"not_in_channel", "channel_not_found", "is_archived"})
+# While the bot cannot reach its channel (`ABSENT` errors), the hub holds the channel's feed,
+# trying again every ABSENT_WAIT seconds, instead of giving up each request in turn.
 ABSENT_WAIT = 30.0
 
 # A note (chat.postEphemeral) Slack rate-limits is sent again within these calls and seconds.
@@ -182,8 +188,12 @@ class SlackChannel(Channel):
                 if stored is not None and stored.status == "pending":
                     await self.on_requested(stored.request)
             except RateLimited as exc:
-                self._backlog_at = time.monotonic() + min(max(0.0, exc.retry_after), 3600.0)
-                logger.warning("slack: rate limited; posting %s again later", request.id)
+                wait = min(max(0.0, exc.retry_after), 3600.0)
+                self._backlog_at = time.monotonic() + wait
+                if isinstance(exc, ChannelUnreachable):
+                    logger.warning("%s; posting %s again in %gs", exc, request.id, wait)
+                else:
+                    logger.warning("slack: rate limited; posting %s again later", request.id)
                 return
             except Exception:
                 self._backlog_failures += 1
@@ -255,6 +265,9 @@ class SlackChannel(Channel):
             where = await find_post(self.client, self.channel, request_id, attempt)
         except SlackApiError as exc:
             _raise_if_limited(exc, "conversations.history")
+            # Posting again now would replace the attempt's memo: its message is found once
+            # the bot is back.
+            self._raise_if_absent(exc, "conversations.history", self.channel)
             raise
         if where is not None:
             logger.info("slack: adopted the unsaved post of %s (%s)", request_id, where)
@@ -317,23 +330,17 @@ class SlackChannel(Channel):
             self._unsaved.pop(request_id, None)
 
     def _raise_if_absent(self, exc: SlackApiError, method: str, channel: str) -> None:
-        """Raise `RateLimited` (`ABSENT_WAIT` seconds) when Slack refused a call in this
+        """Raise `ChannelUnreachable` (`ABSENT_WAIT` seconds) when Slack refused a call in this
         channel's conversation because the bot cannot reach it: the hub then holds the feed,
-        spending no attempt, and goes on in order once the bot is back. A message in another
-        conversation (posted before `channel` changed) fails as any error does."""
+        spending no attempt, logs what to do, and goes on in order once the bot is back. A
+        message in another conversation (posted before `channel` changed) fails as any error
+        does."""
         error = api_error(exc)
-        if channel != self.channel or error not in _ABSENT:
+        if channel != self.channel or error not in ABSENT:
             return
-        logger.warning(
-            "slack: the bot cannot reach channel %s (%s): invite it (or unarchive the channel, "
-            "or check its id); %s is tried again in %gs",
-            channel,
-            error,
-            method,
-            ABSENT_WAIT,
-        )
-        raise RateLimited(
-            f"slack: {method} cannot reach {channel} ({error}); retry in {ABSENT_WAIT:g}s",
+        raise ChannelUnreachable(
+            f"slack: {method} cannot reach channel {channel} ({error}): invite the bot to it "
+            "(or unarchive the channel, or check its id)",
             ABSENT_WAIT,
         ) from exc
 

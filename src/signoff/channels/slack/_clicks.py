@@ -39,7 +39,14 @@ from ._blocks import (
     text_view,
 )
 from ._inbox import Inbox
-from ._payloads import SlackPayloadError, api_error, interaction_of, maybe_done, slack_principal
+from ._payloads import (
+    SlackPayloadError,
+    api_error,
+    interaction_of,
+    maybe_done,
+    member_of,
+    slack_principal,
+)
 from ._replies import outcome_note
 
 if TYPE_CHECKING:
@@ -206,9 +213,14 @@ def read(payload: dict[str, Any]) -> tuple[Interaction | None, dict[str, Any] | 
         kind = payload["type"]
         user = payload["user"]["id"]
         # The user's own workspace first: `team` is the one the click came from, which for
-        # someone from another organization in a Slack Connect channel is not theirs.
-        host = (payload.get("team") or {}).get("id")
-        team = payload["user"].get("team_id") or host
+        # someone from another organization in a Slack Connect channel is not theirs. On
+        # Enterprise Grid a member is named by the organization (`member_of`); `team` is None
+        # for an org-wide installation, and a modal's carries its `enterprise_id`.
+        host = payload.get("team") or {}
+        enterprise = payload.get("enterprise")
+        org = enterprise.get("id") if isinstance(enterprise, dict) else enterprise
+        own = payload["user"].get("team_id") or host.get("id")
+        team = member_of(own, host.get("id"), org or host.get("enterprise_id"))
         if not isinstance(user, str) or not isinstance(team, str):
             raise TypeError("user and team ids must be strings")
         if kind == "block_actions":

@@ -14,14 +14,20 @@ if TYPE_CHECKING:
     from slack_sdk.errors import SlackApiError
 
 __all__ = [
+    "ABSENT",
     "SlackPayloadError",
     "api_error",
     "envelope_of",
     "interaction_of",
     "maybe_done",
+    "member_of",
     "slack_principal",
 ]
 
+
+# Errors that say the bot cannot reach its channel: removed from it (a private one it no longer
+# sees), or the channel archived. A person mends that; until then the channel waits.
+ABSENT = frozenset({"not_in_channel", "channel_not_found", "is_archived"})
 
 # Errors Slack documents as possibly after part of the call was carried out.
 _MAYBE_DONE = frozenset({"internal_error", "fatal_error"})
@@ -34,10 +40,26 @@ class SlackPayloadError(SignoffError):
 
 
 def slack_principal(team_id: str, user_id: str) -> Principal:
-    """The principal of a Slack user: `slack:<team_id>:<user_id>`, authenticator "slack"."""
+    """The principal of a Slack user: `slack:<team_id>:<user_id>`, authenticator "slack" (the
+    team an Enterprise Grid organization's id for its members, see `member_of`)."""
     return Principal(
         authenticator="slack", principal_id=f"slack:{team_id}:{user_id}", principal_type="user"
     )
+
+
+def member_of(own: object, host_team: object, host_org: object) -> object:
+    """The team a Slack user's principal names: on Enterprise Grid (`host_org`, the id of the
+    organization the app's installation is in), the organization for one of its members, who
+    has one user id across its workspaces but whose payloads name, depending on the surface,
+    the organization (`E...`) or the workspace (`T...`); else `own`, the person's own workspace
+    or organization as the payload names it (a Slack Connect guest's is not the host's).
+
+    A member is one whose `own` is the organization or the installation's workspace
+    (`host_team`): a payload naming only another workspace cannot tell a member of the same
+    organization from a guest, and keeps that workspace's id."""
+    if isinstance(host_org, str) and host_org and own in (host_org, host_team):
+        return host_org
+    return own
 
 
 def interaction_of(body: bytes) -> dict[str, Any]:

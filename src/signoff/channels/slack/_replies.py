@@ -22,7 +22,7 @@ from ..._results import Outcome
 from ..._text import is_blank
 from .._base import QUEUED_NOTE, logger, off_loop
 from ._inbox import RESUME_AFTER, RETRY_WINDOW, Inbox, seconds
-from ._payloads import SlackPayloadError, envelope_of, slack_principal
+from ._payloads import SlackPayloadError, envelope_of, member_of, slack_principal
 
 if TYPE_CHECKING:
     from ._channel import SlackChannel
@@ -121,7 +121,15 @@ class ThreadReplies:
                 return None
             if not isinstance(thread, str) or thread == ts or not isinstance(where, str):
                 return None  # not a reply in a thread
-            team = event.get("user_team") or event.get("team") or envelope.get("team_id")
+            # `user_team` is the person's own (a Slack Connect guest's is not the host's); on
+            # Enterprise Grid a member is named by the organization (`member_of`). The
+            # installation's ids are its authorization's: in a shared channel the envelope's
+            # may be another organization's.
+            own = event.get("user_team") or event.get("team") or envelope.get("team_id")
+            auths = envelope.get("authorizations")
+            first = auths[0] if isinstance(auths, list) and auths else None
+            auth = first if isinstance(first, dict) else envelope
+            team = member_of(own, auth.get("team_id"), auth.get("enterprise_id"))
             if not isinstance(team, str) or not isinstance(text, str):
                 raise TypeError("team and text must be strings")
         except (KeyError, TypeError) as exc:
