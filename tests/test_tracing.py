@@ -221,3 +221,32 @@ except so.UsageError as exc:
     )
     assert done.returncode == 0, done.stderr
     assert "pip install 'signoff[otel]'" in done.stdout
+
+
+async def test_a_result_over_its_bound_is_not_put_on_the_span_but_fails_it(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """A result the log refuses as too large (the model reads that error instead) is not
+    written to the span either, content or not: an exporter would send megabytes, or drop
+    the batch it is in. The span says what the log says: the call failed."""
+
+    @so.tool(max_result_bytes=1000)
+    async def dump(order: str) -> str:
+        """Dump an order's history."""
+        return f"{order} " + "history " * 500_000
+
+    agent = scripted_agent(
+        "support", [call_tools(call("dump", order="A1")), reply("too much")], tools=[dump]
+    )
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider, trace_content=True)
+    r = await rt.generate("support", "go")
+    (done,) = [e async for e in rt.events(r.session_id, follow=False) if e.type == "tool.completed"]
+    await rt.close()
+    assert done.data["status"] == "error" and "over the limit of 1000 bytes" in str(done.data)
+    (tool,) = _by_name(exporter.get_finished_spans())["execute_tool dump"]
+    attributes = tool.attributes or {}
+    assert "gen_ai.tool.call.result" not in attributes
+    assert tool.status.status_code == StatusCode.ERROR
+    assert attributes["error.type"] == "payload_too_large"
+    assert "over the limit of 1000 bytes" in str(tool.status.description)
+    assert "signoff.tool.outcome" not in attributes
