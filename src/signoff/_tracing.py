@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
+from pydantic_core import PydanticSerializationError
+
 from ._error_text import error_message, error_text
 from ._exceptions import SignoffError, UsageError
 
@@ -92,13 +94,21 @@ def _named(exc: BaseException) -> str:
 
 
 def _json(value: Any) -> str:
-    """`value` as JSON text for an attribute: pydantic models by their JSON form."""
+    """`value` as JSON text for an attribute: pydantic models by their JSON form, anything
+    else with none by its text."""
     return json.dumps(value, ensure_ascii=False, default=_plain)
 
 
 def _plain(value: Any) -> Any:
     dump = getattr(value, "model_dump", None)
-    return dump(mode="json") if callable(dump) else str(value)
+    if not callable(dump):
+        return str(value)
+    try:
+        return dump(mode="json")
+    except PydanticSerializationError:
+        # A validator made a field an object with no JSON form: the call runs all the same,
+        # so its span must not fail it. Secrets stay masked, as `str` shows them.
+        return dump(warnings=False)
 
 
 class _Span:
