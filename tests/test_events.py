@@ -13,7 +13,7 @@ import pytest
 
 import signoff as so
 from signoff.stores import SQLiteStore
-from signoff.stores._codec import pack, unpack
+from signoff.stores._codec import pack, pack_bytes, unpack
 from signoff.testing import (
     ExecutionLog,
     call,
@@ -22,6 +22,9 @@ from signoff.testing import (
     scripted_agent,
     sqlite_runtime,
 )
+
+from ._audit import alter
+from ._procs import query
 
 
 def agent(log: ExecutionLog, *, repeat: bool = True) -> so.Agent:
@@ -137,6 +140,33 @@ async def test_newer_snapshot_version_is_refused(tmp_path: Path) -> None:
             await rt.generate(session_id=sid, prompt="again")
     with pytest.raises(so.SchemaVersionError):
         so.SessionState.from_snapshot(snap)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda stored: stored[: len(stored) // 2],  # cut short: it no longer inflates
+        lambda stored: pack_bytes({"v": so.SCHEMA_VERSION, "seq": 64}),  # JSON, not a state
+    ],
+    ids=["truncated", "malformed"],
+)
+async def test_a_damaged_snapshot_is_named_by_its_session(
+    store_url: str, damage: Callable[[bytes], bytes]
+) -> None:
+    """A worker serving many sessions says which one's snapshot it cannot read, on either
+    store, as it does for a damaged event."""
+    agent = scripted_agent("a", [reply("ok")], repeat_last=True)
+    async with so.Runtime([agent], store=store_url) as rt:
+        sid = (await rt.generate("a", prompt="first")).session_id
+        while (await rt.state(sid)).seq < 70:  # past the first snapshot, at event 64
+            await rt.generate(session_id=sid, prompt="more")
+    ((sk, stored),) = query(store_url, "SELECT sk, data FROM {t}snapshots")
+    stored = pack_bytes(unpack(stored))  # as bytes on either store, packed: it is long
+    alter(store_url, "UPDATE {t}snapshots SET data={p} WHERE sk={p}", damage(stored), sk)
+    named = rf"session '{sid}', its snapshot( at event \d+)?: "
+    async with so.Runtime([agent], store=store_url) as rt:
+        with pytest.raises(so.StoreError, match=named):
+            await rt.generate(session_id=sid, prompt="again")
 
 
 def test_event_from_row_refuses_newer_versions_and_unknown_types() -> None:

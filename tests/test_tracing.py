@@ -8,12 +8,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from pydantic import AfterValidator, SecretStr
 
 import signoff as so
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent, sqlite_runtime
@@ -221,3 +223,71 @@ except so.UsageError as exc:
     )
     assert done.returncode == 0, done.stderr
     assert "pip install 'signoff[otel]'" in done.stdout
+
+
+async def test_a_result_over_its_bound_is_not_put_on_the_span_but_fails_it(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """A result the log refuses as too large (the model reads that error instead) is not
+    written to the span either, content or not: an exporter would send megabytes, or drop
+    the batch it is in. The span says what the log says: the call failed."""
+
+    @so.tool(max_result_bytes=1000)
+    async def dump(order: str) -> str:
+        """Dump an order's history."""
+        return f"{order} " + "history " * 500_000
+
+    agent = scripted_agent(
+        "support", [call_tools(call("dump", order="A1")), reply("too much")], tools=[dump]
+    )
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider, trace_content=True)
+    r = await rt.generate("support", "go")
+    (done,) = [e async for e in rt.events(r.session_id, follow=False) if e.type == "tool.completed"]
+    await rt.close()
+    assert done.data["status"] == "error" and "over the limit of 1000 bytes" in str(done.data)
+    (tool,) = _by_name(exporter.get_finished_spans())["execute_tool dump"]
+    attributes = tool.attributes or {}
+    assert "gen_ai.tool.call.result" not in attributes
+    assert tool.status.status_code == StatusCode.ERROR
+    assert attributes["error.type"] == "payload_too_large"
+    assert "over the limit of 1000 bytes" in str(tool.status.description)
+    assert "signoff.tool.outcome" not in attributes
+
+
+class _Order:
+    """What a validator may turn a tool's parameter into: an object with no JSON form."""
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+
+    def __str__(self) -> str:
+        return f"order {self.ref}"
+
+
+# What pydantic warns of, dumping the object in Python mode, is only a warning outside the tests.
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+async def test_tool_input_with_no_json_form_is_traced_by_its_text_and_the_call_runs(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """A call that runs untraced runs the same with `trace_content=True`: input a validator
+    made into an object with no JSON form is shown by its text, not pydantic's serialization
+    error escaping the drive."""
+    got: list[str] = []
+
+    @so.tool
+    async def look(order: Annotated[str, AfterValidator(_Order)], pin: SecretStr) -> str:
+        """Look an order up."""
+        got.append(order.ref)  # type: ignore[attr-defined]
+        return "found"
+
+    proposal = call_tools(so.ToolCall(id="c1", name="look", input={"order": "7", "pin": "4321"}))
+    agent = scripted_agent("support", [proposal, reply("done")], tools=[look])
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider, trace_content=True)
+    r = await rt.generate("support", "go")
+    await rt.close()
+    assert r.status == "completed" and got == ["7"]
+    (tool,) = _by_name(exporter.get_finished_spans())["execute_tool look"]
+    attributes = tool.attributes or {}
+    shown = json.loads(str(attributes["gen_ai.tool.call.arguments"]))
+    assert shown == {"order": "order 7", "pin": "**********"}  # the secret still masked
+    assert attributes["signoff.tool.outcome"] == "ok"

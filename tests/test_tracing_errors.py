@@ -99,6 +99,39 @@ async def test_trace_content_records_errors_in_full(
     assert str(drive.status.description).startswith("ModelError: refused: ")
 
 
+async def test_an_error_of_megabytes_is_cut_on_its_span_as_in_the_log(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """With content on, a tool's error quoting a page of megabytes (an upstream's error page,
+    say) is not put whole on its span three times over (description, message, stack trace):
+    each is cut, marked, as the log cuts what it stores."""
+
+    @so.tool
+    async def fetch(url: str) -> str:
+        """Fetch a page."""
+        raise RuntimeError("upstream said: " + "<p>error page</p> " * 200_000)
+
+    agent = scripted_agent(
+        "support", [call_tools(call("fetch", url="x")), reply("no")], tools=[fetch]
+    )
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider, trace_content=True)
+    r = await rt.generate("support", "go")
+    await rt.close()
+    assert r.status == "completed"
+    (tool,) = _by_name(exporter.get_finished_spans())["execute_tool fetch"]
+    (exc,) = [e for e in tool.events if e.name == "exception"]
+    attributes = exc.attributes or {}
+    texts = [str(tool.status.description), *(str(v) for v in attributes.values())]
+    assert sum(len(t) for t in texts) < 100_000  # 10.8 MB, before
+    description = str(tool.status.description)
+    assert description.startswith("RuntimeError: upstream said: <p>error page</p>")
+    assert description.endswith(" [cut]")
+    assert str(attributes["exception.message"]).startswith("upstream said: <p>error page</p>")
+    assert str(attributes["exception.message"]).endswith(" [cut]")
+    assert "raise RuntimeError" in str(attributes["exception.stacktrace"])
+    assert attributes["exception.type"] == "RuntimeError"
+
+
 @pytest.mark.parametrize("error", [SystemExit, KeyboardInterrupt])
 async def test_a_model_call_ended_by_any_base_exception_ends_its_spans(
     tmp_path: Path,

@@ -149,6 +149,35 @@ async def test_each_resume_links_to_the_drive_that_last_parked_the_turn(
     await rt.close()
 
 
+async def test_a_resume_after_an_untraced_park_links_to_the_last_traced_one(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """An untraced runtime stores no trace context when it parks the turn again: the next
+    traced drive links to the last traced drive that parked it (docs/tracing.md)."""
+    agent = scripted_agent(
+        "support",
+        [
+            call_tools(call("refund", order="A1", amount=5.0)),
+            call_tools(call("refund", order="B2", amount=7.0)),
+            reply("both refunded"),
+        ],
+        tools=[refund],
+    )
+    async with sqlite_runtime(tmp_path, agent, tracer_provider=provider) as rt:
+        r = await rt.generate("support", "refund A1 and B2")
+    async with sqlite_runtime(tmp_path, agent) as rt:  # no provider: untraced
+        ok = so.Decision(id=r.pending[0].id, approved=True)
+        r2 = await rt.generate(session_id=r.session_id, approvals=[ok])
+        assert r2.status == "waiting"
+        parked = [w.get("traceparent") for w in await _waiting_data(rt, r.session_id)]
+    async with sqlite_runtime(tmp_path, agent, tracer_provider=provider) as rt:
+        ok = so.Decision(id=r2.pending[0].id, approved=True)
+        assert (await rt.generate(session_id=r.session_id, approvals=[ok])).status == "completed"
+    first, last = _by_name(exporter.get_finished_spans())["invoke_agent support"]
+    assert parked == [_traceparent(first), None]
+    assert [_id_of(link.context) for link in last.links] == [_id(first)]
+
+
 def _id_of(context: trace.SpanContext) -> int:
     return int(context.span_id)
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ._events import Event, EventType
-from ._exceptions import StoreError, UnknownSession
+from ._exceptions import SchemaVersionError, StoreError, UnknownSession
 from ._state import CallState, SessionState, TurnState, fold, runnable, turn_over
 from ._text import cut
 from ._types import InputRequest, Usage
@@ -154,7 +154,7 @@ async def load_state(store: Store, session_id: str) -> SessionState:
     loaded = await store.load(session_id)
     if loaded is None:
         raise UnknownSession(session_id)
-    state = None if loaded.snapshot is None else SessionState.from_snapshot(loaded.snapshot)
+    state = None if loaded.snapshot is None else _from_snapshot(session_id, loaded.snapshot)
     if state is not None or loaded.events:
         state = fold(loaded.events, state)
     if loaded.head is not None and (0 if state is None else state.seq) != loaded.head:
@@ -162,6 +162,17 @@ async def load_state(store: Store, session_id: str) -> SessionState:
     if state is None:
         raise UnknownSession(session_id)
     return state
+
+
+def _from_snapshot(session_id: str, snapshot: dict[str, Any]) -> SessionState:
+    """The state a session's snapshot holds; a malformed one is a `StoreError` naming the
+    session, so a worker serving many can say which one is damaged."""
+    try:
+        return SessionState.from_snapshot(snapshot)
+    except SchemaVersionError:
+        raise  # it names the session already, and says to upgrade
+    except StoreError as exc:
+        raise StoreError(f"session {session_id!r}, its snapshot: {exc}") from exc
 
 
 async def load_turn(store: Store, session_id: str, turn_id: str, first_seq: int) -> SessionState:

@@ -15,7 +15,7 @@ from pydantic_core import PydanticSerializationError
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
 from ._child_sessions import with_spend
 from ._error_text import error_message, error_text
-from ._exceptions import LeaseLost, StoreError
+from ._exceptions import LeaseLost, StoreError, TooLarge
 from ._journal import CallJournal
 from ._recording import (
     Batch,
@@ -347,7 +347,7 @@ class ToolCalls(DriverPart):
             if self.lease_check is not None:
                 await self.lease_check()  # a drive that stalled past its lease runs no body
             task = await self._run_body(tool, ctx, validated, journal)
-            _traced(span, task)
+            too_large = _traced(span, task, self.max_result_bytes(tool))
         if task is None:
             return  # parked on ctx.ask(): the call is "asking" now
         try:
@@ -375,7 +375,6 @@ class ToolCalls(DriverPart):
             error = cut(error_text(exc), self.max_result_bytes(tool) // 4)
             await self.end_call(key, journal, [tool_result(call, "error", {"error": error})])
             return
-        too_large = over_limit("the result is", result, self.max_result_bytes(tool))
         if too_large is not None:
             await self.end_call(key, journal, [tool_result(call, "error", {"error": too_large})])
             return
@@ -570,17 +569,21 @@ def _filled(raw: Any, form: Any) -> Any:
     return raw
 
 
-def _traced(span: ToolSpan, task: asyncio.Future[Any] | None) -> None:
-    """Tell `span` how the body ended: a tool's error fails it; a question or approval it
-    parks on, or a question withdrawn, is an outcome."""
+def _traced(span: ToolSpan, task: asyncio.Future[Any] | None, bound: int) -> str | None:
+    """Tell `span` how the body ended: a tool's error fails it, as a result over `bound` does
+    (returned: why it is not stored; never put on the span); a question or approval it parks
+    on, or a question withdrawn, is an outcome."""
     if task is None:
         span.outcome("asking")
-        return
+        return None
     if task.cancelled():
         span.fail(asyncio.CancelledError("the tool body was cancelled"))
-        return
+        return None
     exc = task.exception()
-    if exc is None:
+    too_large = None if exc is not None else over_limit("the result is", task.result(), bound)
+    if too_large is not None:
+        span.fail(TooLarge(too_large))  # as the log records the call: the model reads this
+    elif exc is None:
         span.outcome("ok", task.result())
     elif isinstance(exc, ApprovalRequired):
         span.outcome("approval_required")
@@ -588,6 +591,7 @@ def _traced(span: ToolSpan, task: asyncio.Future[Any] | None) -> None:
         span.outcome("withdrawn")
     else:
         span.fail(exc)
+    return too_large
 
 
 def _plus(a: Usage | None, b: Usage | None) -> Usage | None:

@@ -15,8 +15,11 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
+from pydantic_core import PydanticSerializationError
+
 from ._error_text import error_message, error_text
 from ._exceptions import SignoffError, UsageError
+from ._text import cut
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
@@ -32,6 +35,11 @@ _Type = TypeVar("_Type", bound=str)
 
 # A W3C `traceparent` of version 00: trace id, span id, trace flags, in lower-case hex.
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+
+_TEXT_MAX = 16_384
+"""With content on, an error's message, stack trace and status description are cut past this
+many characters: the log cuts what it stores too, and a span of megabytes is one an exporter
+sends slowly or drops with its whole batch."""
 
 # `opentelemetry.trace` and `opentelemetry.context`, once a runtime found them installed.
 _trace: Any = None
@@ -92,13 +100,21 @@ def _named(exc: BaseException) -> str:
 
 
 def _json(value: Any) -> str:
-    """`value` as JSON text for an attribute: pydantic models by their JSON form."""
+    """`value` as JSON text for an attribute: pydantic models by their JSON form, anything
+    else with none by its text."""
     return json.dumps(value, ensure_ascii=False, default=_plain)
 
 
 def _plain(value: Any) -> Any:
     dump = getattr(value, "model_dump", None)
-    return dump(mode="json") if callable(dump) else str(value)
+    if not callable(dump):
+        return str(value)
+    try:
+        return dump(mode="json")
+    except PydanticSerializationError:
+        # A validator made a field an object with no JSON form: the call runs all the same,
+        # so its span must not fail it. Secrets stay masked, as `str` shows them.
+        return dump(warnings=False)
 
 
 class _Span:
@@ -141,13 +157,13 @@ class _Span:
             return
         span.set_attribute("error.type", _error_type(exc))
         if self.content:
-            why = error_text(exc)
-            try:
-                span.record_exception(exc)
-            except Exception:  # the SDK reads the message too, and reading it raised
-                stack = "".join(traceback.format_exception(exc))
-                attributes = {"exception.type": _exception_type(exc), "exception.stacktrace": stack}
-                span.add_event("exception", {**attributes, "exception.message": error_message(exc)})
+            why = cut(error_text(exc), _TEXT_MAX)
+            # The event `record_exception` adds, but with the texts cut; and that reads the
+            # message again, which may raise.
+            stack = cut("".join(traceback.format_exception(exc)), _TEXT_MAX)
+            attributes = {"exception.type": _exception_type(exc), "exception.stacktrace": stack}
+            message = cut(error_message(exc), _TEXT_MAX)
+            span.add_event("exception", {**attributes, "exception.message": message})
         else:
             span.add_event("exception", {"exception.type": _exception_type(exc)})
             why = _named(exc)
@@ -237,7 +253,7 @@ class DriveSpan(_Span):
             span.set_attribute("error.type", code)
             span.set_attribute("signoff.turn.retryable", turn.retryable)
             # The turn's error message may quote the model's or a tool's text: content only.
-            why = str(error.get("message") or code) if self.content else code
+            why = cut(str(error.get("message") or code), _TEXT_MAX) if self.content else code
             span.set_status(_trace.Status(_trace.StatusCode.ERROR, why))
 
 

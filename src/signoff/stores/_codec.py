@@ -37,6 +37,7 @@ __all__ = [
     "type_name",
     "unpack",
     "unpack_event",
+    "unpack_snapshot",
     "unpack_text",
 ]
 
@@ -226,6 +227,15 @@ def parse(text: str) -> Any:
 def unpack(stored: str | bytes | memoryview) -> Any:
     """The value of a stored document (an event stored on another needs `unpack_event`)."""
     return parse(unpack_text(stored))
+
+
+def unpack_snapshot(stored: str | bytes | memoryview, session_id: str, seq: int) -> Any:
+    """The value of a session's stored snapshot (as of event `seq`); one that cannot be read is
+    a `StoreError` naming the session, as a damaged event is, so the damage can be found."""
+    try:
+        return unpack(stored)
+    except StoreError as exc:
+        raise StoreError(f"session {session_id!r}, its snapshot at event {seq}: {exc}") from exc
 
 
 def event_text(stored: str | bytes | memoryview, earlier: Sequence[Stored | None]) -> str:

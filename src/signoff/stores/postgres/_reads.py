@@ -23,7 +23,7 @@ from .._base import (
     stored_request,
     stored_resolution,
 )
-from .._codec import EventTexts, parse, stored_type, type_name, unpack
+from .._codec import EventTexts, parse, stored_type, type_name, unpack, unpack_snapshot
 from .._initiators import InitiatorFilter, checked_filter
 from ._audit_reads import AuditReads
 from ._connections import Conn, Seen, storable
@@ -65,7 +65,7 @@ class Reads(AuditReads):
             turn_seq = None if row[7] is None else int(row[7])
             self._remember(session_id, Seen(int(row[4]), int(row[5]), digest, turn_seq, row[8]))
             after = 0 if row[2] is None else int(row[2])
-            snapshot = None if row[3] is None else unpack(row[3])
+            snapshot = None if row[3] is None else unpack_snapshot(row[3], session_id, after)
             events = await self._events(conn, session_id, sk, after, None, None)
             return Loaded(
                 session_id=session_id,

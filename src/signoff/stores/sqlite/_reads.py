@@ -35,6 +35,7 @@ from .._codec import (
     stored_type,
     type_name,
     unpack,
+    unpack_snapshot,
 )
 from .._initiators import InitiatorFilter, checked_filter
 from ._connection import Connection, kept, reading
@@ -70,7 +71,7 @@ class Reads(Connection):
         snapshot = None
         if snap_row is not None:
             after = int(kept(snap_row[0], int, session_id, "snapshot seq"))
-            snapshot = unpack(snap_row[1])
+            snapshot = unpack_snapshot(snap_row[1], session_id, after)
         events = self._events(session_id, sk, after, None, None)
         return Loaded(
             session_id=session_id, agent=agent, snapshot=snapshot, events=events, head=head
