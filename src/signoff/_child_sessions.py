@@ -14,7 +14,7 @@ from ._events import Event
 from ._exceptions import SessionExpired, SignoffError, UnknownAgent, UnknownSession
 from ._mirrors import close_mirror
 from ._recording import EventSpec, runnable
-from ._state import CallState, SessionState, fold
+from ._state import CallState, SessionState, by_budget, delegated_turn, fold
 from ._types import InputRequest, Principal, Usage
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ __all__ = [
     "delegated",
     "delegating",
     "first_turn",
+    "headroom_now",
     "reconcile",
     "with_spend",
 ]
@@ -415,3 +416,55 @@ async def cancel_for_expiry(rt: Runtime, kids: list[str]) -> list[EventSpec]:
             spent = settled[0].model_dump()
             specs.append(("subagent.spent", {"session_id": child, "delegated": spent}))
     return specs
+
+
+_DEEPEST = 9  # how far up `headroom_now` and down `_live_spend` look: subagents nest 8 deep
+
+
+async def headroom_now(rt: Runtime, state: SessionState, depth: int = 0) -> dict[str, float]:
+    """What the child may spend through its delegated turn, by budget, as its parent stands now:
+    its `headroom` less what the parent counted since the child was created and what its other
+    subagents spend uncounted (children started from one model response share what the parent
+    had left), and no more than the parent's own such bound leaves it. Read from the store at
+    each model step, so a restart decides on what was recorded; a child created without
+    `parent_spent` (an older signoff's) keeps its headroom as it was fixed."""
+    bound = dict(state.headroom)
+    if not bound or not state.parent_spent or state.parent is None or depth >= _DEEPEST:
+        return bound
+    try:
+        parent = await rt._state(state.parent)
+    except UnknownSession:
+        return bound
+    counted = parent.usage + parent.delegated
+    others = Usage()
+    for kid in _uncounted(parent):
+        if kid != state.id:
+            with contextlib.suppress(UnknownSession):
+                others = others + await _live_spend(rt, kid, depth)
+    now, theirs = by_budget(counted, bound), by_budget(others, bound)
+    for key, cap in bound.items():
+        bound[key] = cap - (now[key] - state.parent_spent.get(key, now[key])) - theirs[key]
+    if parent.headroom and delegated_turn(parent):
+        above = await headroom_now(rt, parent, depth + 1)
+        for key, cap in above.items():
+            if key in bound:
+                bound[key] = min(bound[key], cap - now[key] - theirs[key])
+    return bound
+
+
+def _uncounted(parent: SessionState) -> list[str]:
+    """The parent's children whose spend it has not counted: those of its turn's delegate calls
+    without a result, and those it owes."""
+    return list(dict.fromkeys([*delegated(parent), *parent.owed]))
+
+
+async def _live_spend(rt: Runtime, child: str, depth: int) -> Usage:
+    """What the child spent through its delegated turn so far, with what its own children spent
+    that it has not counted yet."""
+    first = await first_turn(rt, await rt._state(child))
+    spent = first.usage + first.delegated
+    if depth + 1 < _DEEPEST:
+        for kid in _uncounted(first):
+            with contextlib.suppress(UnknownSession):
+                spent = spent + await _live_spend(rt, kid, depth + 1)
+    return spent

@@ -28,6 +28,7 @@ def _session_created(s: SessionState, e: Event) -> None:
     s.initiator = load_principal(e.data.get("initiator"))
     s.parent = e.data.get("parent")
     s.headroom = dict(e.data.get("headroom") or {})
+    s.parent_spent = dict(e.data.get("parent_spent") or {})
     _keyed(s, e, [None])
 
 
