@@ -305,6 +305,7 @@ async def with_spend(rt: Runtime, call: CallState, specs: list[EventSpec]) -> li
     if not kids or any(kind == "tool.completed" and "delegated" in d for kind, d in specs):
         return specs
     spent = Usage()
+    short: dict[str, Any] = {}
     for child in dict.fromkeys(kids):
         with contextlib.suppress(UnknownSession):
             settled = await _settle(rt, child)
@@ -312,13 +313,12 @@ async def with_spend(rt: Runtime, call: CallState, specs: list[EventSpec]) -> li
                 first = await first_turn(rt, await rt._state(child))
                 settled = first.usage + first.delegated, False
             spent = spent + settled[0]
-    if spent == Usage():
+            if not settled[1]:  # a child of its spends on elsewhere: the rest counted later
+                short[child] = settled[0].model_dump()
+    if spent == Usage() and not short:
         return specs
-    dumped = spent.model_dump()
-    return [
-        (kind, {**d, "delegated": dumped}) if kind == "tool.completed" else (kind, d)
-        for kind, d in specs
-    ]
+    more = {"delegated": spent.model_dump(), **({"short": short} if short else {})}
+    return [(kind, {**d, **more}) if kind == "tool.completed" else (kind, d) for kind, d in specs]
 
 
 async def _settle(rt: Runtime, child: str) -> tuple[Usage, bool] | None:
@@ -343,13 +343,19 @@ async def _settle(rt: Runtime, child: str) -> tuple[Usage, bool] | None:
         state = await rt._state(child)
         first = await first_turn(rt, state)
     spent = first.usage + first.delegated
-    late = {k for k, t in first.owed.items() if t == turn.id}
+    late = {k for k, t in first.owed.items() if t == turn.id} | _short(first, turn.id)
     if late and first.seq < state.seq:  # counted in the child after its next turn started
         async for e in rt.events(child, after=first.seq, follow=False):
             if e.type == "subagent.spent" and e.data["session_id"] in late:
                 late.discard(e.data["session_id"])
                 spent = spent + Usage(**e.data["delegated"])
-    return spent, not any(t == turn.id for t in state.owed.values())
+    whole = not any(t == turn.id for t in state.owed.values()) and not _short(state, turn.id)
+    return spent, whole
+
+
+def _short(state: SessionState, turn: str) -> set[str]:
+    """The children whose delegate calls of `turn` counted them short of their own children."""
+    return {k for k, (t, _) in state.short.items() if t == turn}
 
 
 async def count_spent(rt: Runtime, child: str) -> bool:
@@ -365,15 +371,22 @@ async def count_spent(rt: Runtime, child: str) -> bool:
     except UnknownSession:
         return False
     turn = parent.owed.get(child)
-    if turn is None:  # its call took its result (`with_spend`), or it is counted already
+    short = parent.short.get(child)
+    if turn is None and short is None:  # its call counted it whole, or it is counted already
         return False
     settled = await _settle(rt, child)
     if settled is None or not settled[1]:
         return False  # it (or a child of its) spends on: counted once its turn ends
-    data = {"session_id": child, "delegated": settled[0].model_dump()}
+    whole = turn is not None
+    figure: dict[str, Any] = settled[0].model_dump()
+    if short is not None and turn is None:  # its call's end counted part of it: the rest now
+        turn, counted = short[0], short[1]
+        figure = {k: max(v - counted.get(k, 0), 0) for k, v in figure.items()}
+    data = {"session_id": child, "delegated": figure}
 
     def build(current: SessionState) -> list[EventSpec]:
-        return [("subagent.spent", data)] if child in current.owed else []
+        owing = current.owed if whole else current.short
+        return [("subagent.spent", data)] if child in owing else []
 
     recorded = bool(await rt._append(parent.id, build, turn_id=turn))
     if recorded:  # the parent, a subagent counted late in its own parent, may be owed on up
@@ -386,7 +399,7 @@ async def count_owed(rt: Runtime, state: SessionState) -> bool:
     child and counting it, or it was left to a process that has its agent); whether any was
     recorded."""
     recorded = False
-    for child in list(state.owed):
+    for child in [*state.owed, *state.short]:
         recorded = await count_spent(rt, child) or recorded
     return recorded
 

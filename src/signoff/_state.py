@@ -87,6 +87,10 @@ class SessionState:
     # `subagent.spent` once their delegated turn ended: child session id -> the turn that
     # delegated to it. Counting a child removes it, so it is counted once.
     owed: dict[str, str] = field(default_factory=dict)
+    # The children of delegate calls that ended with their figure short of some of their own
+    # children's spend (still running elsewhere): child session id -> [the turn that delegated,
+    # what its call's end counted], for a `subagent.spent` to add the rest once it is known.
+    short: dict[str, list[Any]] = field(default_factory=dict)
     queued: list[dict[str, Any]] = field(default_factory=list)
     lapsed: bool = False  # its TTL passed and its requests were expired: it stays expired
     # What its parent's budgets had left when this child session was created (`max_tokens`,
@@ -191,6 +195,7 @@ class SessionState:
             # Left out while nothing was delegated: such a snapshot is as an older signoff's.
             **({} if self.delegated == Usage() else {"delegated": self.delegated.model_dump()}),
             **({"owed": dict(self.owed)} if self.owed else {}),
+            **({"short": dict(self.short)} if self.short else {}),
             "queued": self.queued,
             "lapsed": self.lapsed,
             "limit_grants": self.limit_grants,
@@ -299,6 +304,7 @@ class SessionState:
             usage=self.usage,
             delegated=self.delegated,
             owed=dict(self.owed),
+            short=dict(self.short),
             queued=list(self.queued),
             lapsed=self.lapsed,
             limit_grants=self.limit_grants,
@@ -359,6 +365,7 @@ class SessionState:
             usage=Usage(**data["usage"]),
             delegated=Usage(**data.get("delegated", {})),
             owed=dict(data.get("owed", {})),
+            short=dict(data.get("short", {})),
             queued=list(data.get("queued", [])),
             lapsed=bool(data.get("lapsed", False)),
             limit_grants=int(data.get("limit_grants", 0)),
