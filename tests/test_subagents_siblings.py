@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import signoff as so
-from signoff.testing import call, call_tools, scripted_agent
+from signoff.testing import call, call_tools, reply, scripted_agent
 
 from ._subagents import ALICE, events
 
@@ -159,3 +159,74 @@ async def test_grandchildren_share_what_the_top_had_left(store_url: str) -> None
         assert spent == [4, 8]
         [limit] = r.pending
         assert "102 of max_tokens=100 (12 of them by its subagents)" in (limit.question or "")
+
+
+def cousins(*, stock: bool = True) -> list[so.Agent]:
+    """support (10 tokens, max_tokens=200) delegates to orders twice at once; each orders child
+    (40) hands the task to stock, which asks to refund (30), then, approved, looks up for ever
+    (10 a step); without `stock` when asked."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    @so.tool
+    async def look_up(order_id: str) -> str:
+        """Look an order up."""
+        return "shipped"
+
+    calls = [call("orders", id=f"d{i}", message=f"refund {i}") for i in (1, 2)]
+    out = [
+        scripted_agent(
+            "support",
+            [call_tools(*calls, usage=tokens(10)), reply("done")],
+            tools=[so.delegate("orders")],
+            limits=so.Limits(max_tokens=200),
+        ),
+        scripted_agent(
+            "orders",
+            [call_tools(call("stock", message="refund it"), usage=tokens(40)), reply("done")],
+            tools=[so.delegate("stock")],
+        ),
+    ]
+    if stock:
+        out.append(
+            scripted_agent(
+                "stock",
+                [
+                    call_tools(call("issue_refund", order_id="3"), usage=tokens(30)),
+                    call_tools(call("look_up", order_id="3"), usage=tokens(10)),
+                ],
+                tools=[issue_refund, look_up],
+                repeat_last=True,
+            )
+        )
+    return out
+
+
+async def test_a_sibling_counted_short_shares_what_its_child_spent_past_the_count(
+    store_url: str,
+) -> None:
+    """The first child is cancelled directly by a process without stock, leaving its grandchild
+    waiting with 30 tokens: the call counts the child's 40 only, short. The second child's
+    grandchild, approved, counts those 30 as its cousins': of the top's 200, 10 + 40 + 30 + 40
+    leave it 80 in all (50 more), not 110."""
+    async with so.Runtime(cousins(), store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 1 and 2", auth=ALICE)
+        assert [m.kind for m in r.pending] == ["tool-approval"] * 2
+        first, second = [m.child.session_id for m in r.pending if m.child is not None]
+    async with so.Runtime(cousins(stock=False), store=store_url) as rt:
+        await rt.cancel(first, principal=ALICE)
+        assert set((await rt.state(r.session_id)).short) == {first}
+    async with so.Runtime(cousins(), store=store_url) as rt:
+        [grandchild] = [
+            s.id
+            for s in await rt.sessions(agent="stock")
+            if (await rt.state(s.id)).parent == second
+        ]
+        # Answered on the grandchild itself: nothing drives the top (to count the rest) first.
+        [asked] = (await rt.state(grandchild)).pending_requests()
+        answer = [so.InputResponse(request_id=asked.id, option_id="approve")]
+        await rt.respond(grandchild, answer, principal=ALICE)
+        assert (await rt.state(grandchild)).usage == tokens(80)

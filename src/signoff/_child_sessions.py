@@ -449,11 +449,7 @@ async def headroom_now(rt: Runtime, state: SessionState, depth: int = 0) -> dict
     except UnknownSession:
         return bound
     counted = parent.usage + parent.delegated
-    others = Usage()
-    for kid in _uncounted(parent):
-        if kid != state.id:
-            with contextlib.suppress(UnknownSession):
-                others = others + await _live_spend(rt, kid, depth)
+    others = await _uncounted_spend(rt, parent, depth, but=state.id)
     now, theirs = by_budget(counted, bound), by_budget(others, bound)
     for key, cap in bound.items():
         bound[key] = cap - (now[key] - state.parent_spent.get(key, now[key])) - theirs[key]
@@ -471,13 +467,29 @@ def _uncounted(parent: SessionState) -> list[str]:
     return list(dict.fromkeys([*delegated(parent), *parent.owed]))
 
 
+async def _uncounted_spend(
+    rt: Runtime, parent: SessionState, depth: int, *, but: str | None = None
+) -> Usage:
+    """What the parent's children (`but` one) spent that it has not counted: those it has not
+    counted at all, and those counted short, past that count."""
+    spent = Usage()
+    if depth >= _DEEPEST:
+        return spent
+    for kid in _uncounted(parent):
+        if kid != but:
+            with contextlib.suppress(UnknownSession):
+                spent = spent + await _live_spend(rt, kid, depth)
+    for kid, (_, counted) in parent.short.items():
+        if kid == but:
+            continue
+        with contextlib.suppress(UnknownSession):
+            live = (await _live_spend(rt, kid, depth)).model_dump()
+            spent = spent + Usage(**{k: max(v - counted.get(k, 0), 0) for k, v in live.items()})
+    return spent
+
+
 async def _live_spend(rt: Runtime, child: str, depth: int) -> Usage:
     """What the child spent through its delegated turn so far, with what its own children spent
     that it has not counted yet."""
     first = await first_turn(rt, await rt._state(child))
-    spent = first.usage + first.delegated
-    if depth + 1 < _DEEPEST:
-        for kid in _uncounted(first):
-            with contextlib.suppress(UnknownSession):
-                spent = spent + await _live_spend(rt, kid, depth + 1)
-    return spent
+    return first.usage + first.delegated + await _uncounted_spend(rt, first, depth + 1)
