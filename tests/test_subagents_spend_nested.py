@@ -5,11 +5,13 @@ a process that has its agent) is carried on up."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 import signoff as so
 from signoff import _child_sessions
-from signoff.testing import call, call_tools, scripted_agent
+from signoff.testing import call, call_tools, reply, scripted_agent
 
 from ._subagents import ALICE, events
 
@@ -165,5 +167,70 @@ async def test_a_grandchild_counted_after_the_childs_next_turn_started_reaches_t
         again = await rt.generate(session_id=child, prompt="refund 4", auth=ALICE)
         assert again.status == "waiting"  # its own turn, delegating to a new grandchild
         assert await rt.expire_due() == 1
+        assert (await rt.state(top)).delegated == tokens(70)
+        assert await spent(rt, top) == [child]
+
+
+def ends(*, stock: bool = True) -> list[so.Agent]:
+    """As `agents`, but support and orders reply once their delegate call ended."""
+    out = agents(stock=stock)
+    for i, name in enumerate(("support", "orders")):
+        first = out[i].model.steps[0]  # type: ignore[attr-defined]
+        out[i] = scripted_agent(name, [first, reply("done")], tools=list(out[i].tools.values()))
+    return out
+
+
+async def test_a_child_cancelled_on_its_own_carries_a_grandchild_counted_later(
+    store_url: str,
+) -> None:
+    """The child is cancelled directly by a process without the grandchild's agent, which
+    leaves the grandchild waiting: the delegate call ends with the child's 40 tokens. The
+    orphan sweep of a process that has the agent cancels the grandchild and counts its 30 in
+    the child, and the rest on up in the top: 70 tokens, once."""
+    async with so.Runtime(ends(), store=store_url) as rt:
+        top, child, grandchild = await nested(rt)
+    async with so.Runtime(ends(stock=False), store=store_url) as rt:
+        await rt.cancel(child, principal=ALICE)
+        assert (await rt.state(top)).status == "idle"  # the call took the cancelled result
+        assert (await rt.state(top)).delegated == tokens(40)
+    async with so.Runtime(ends(), store=store_url) as rt:
+        turn = (await rt.state(grandchild)).turn
+        assert turn is not None and turn.status == "waiting"  # left for the sweep
+        assert await rt.expire_due() == 1
+        assert (await rt.state(child)).delegated == tokens(30)
+        assert (await rt.state(top)).delegated == tokens(70)
+        assert await rt.expire_due() == 0
+        await rt.cancel(top, principal=ALICE)
+        assert (await rt.state(top)).delegated == tokens(70)
+        assert (await spent(rt, top), await spent(rt, child)) == ([child], [grandchild])
+
+
+async def test_the_rest_of_a_short_child_left_uncounted_is_counted_at_the_next_cancel(
+    store_url: str,
+) -> None:
+    """As above, but recording the rest in the top fails (as a process dying there would leave
+    it), once the grandchild is counted in the child: the top's next cancel adds it, once."""
+    async with so.Runtime(ends(), store=store_url) as rt:
+        top, child, grandchild = await nested(rt)
+    async with so.Runtime(ends(stock=False), store=store_url) as rt:
+        await rt.cancel(child, principal=ALICE)
+    seen: list[str] = []
+
+    def full(moment: str, label: str) -> None:
+        if moment == "before" and label == "subagent.spent":
+            seen.append(label)
+            if len(seen) == 2:  # the grandchild's count in the child went through
+                raise so.StoreError("could not extend file: No space left on device")
+
+    async with so.Runtime(ends(), store=store_url) as rt:
+        rt.store.set_fault_hook(full)
+        with contextlib.suppress(so.StoreError):
+            await rt.expire_due()
+        rt.store.set_fault_hook(None)
+        assert (await rt.state(child)).delegated == tokens(30)
+        assert (await rt.state(top)).delegated == tokens(40)
+        await rt.cancel(top, principal=ALICE)
+        assert (await rt.state(top)).delegated == tokens(70)
+        await rt.cancel(top, principal=ALICE)
         assert (await rt.state(top)).delegated == tokens(70)
         assert await spent(rt, top) == [child]

@@ -14,7 +14,7 @@ from ._events import Event
 from ._exceptions import SessionExpired, SignoffError, UnknownAgent, UnknownSession
 from ._mirrors import close_mirror
 from ._recording import EventSpec, runnable
-from ._state import CallState, SessionState, fold
+from ._state import CallState, SessionState, by_budget, delegated_turn, fold
 from ._types import InputRequest, Principal, Usage
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ __all__ = [
     "delegated",
     "delegating",
     "first_turn",
+    "headroom_now",
     "reconcile",
     "with_spend",
 ]
@@ -304,6 +305,7 @@ async def with_spend(rt: Runtime, call: CallState, specs: list[EventSpec]) -> li
     if not kids or any(kind == "tool.completed" and "delegated" in d for kind, d in specs):
         return specs
     spent = Usage()
+    short: dict[str, Any] = {}
     for child in dict.fromkeys(kids):
         with contextlib.suppress(UnknownSession):
             settled = await _settle(rt, child)
@@ -311,13 +313,12 @@ async def with_spend(rt: Runtime, call: CallState, specs: list[EventSpec]) -> li
                 first = await first_turn(rt, await rt._state(child))
                 settled = first.usage + first.delegated, False
             spent = spent + settled[0]
-    if spent == Usage():
+            if not settled[1]:  # a child of its spends on elsewhere: the rest counted later
+                short[child] = settled[0].model_dump()
+    if spent == Usage() and not short:
         return specs
-    dumped = spent.model_dump()
-    return [
-        (kind, {**d, "delegated": dumped}) if kind == "tool.completed" else (kind, d)
-        for kind, d in specs
-    ]
+    more = {"delegated": spent.model_dump(), **({"short": short} if short else {})}
+    return [(kind, {**d, **more}) if kind == "tool.completed" else (kind, d) for kind, d in specs]
 
 
 async def _settle(rt: Runtime, child: str) -> tuple[Usage, bool] | None:
@@ -342,13 +343,19 @@ async def _settle(rt: Runtime, child: str) -> tuple[Usage, bool] | None:
         state = await rt._state(child)
         first = await first_turn(rt, state)
     spent = first.usage + first.delegated
-    late = {k for k, t in first.owed.items() if t == turn.id}
+    late = {k for k, t in first.owed.items() if t == turn.id} | _short(first, turn.id)
     if late and first.seq < state.seq:  # counted in the child after its next turn started
         async for e in rt.events(child, after=first.seq, follow=False):
             if e.type == "subagent.spent" and e.data["session_id"] in late:
                 late.discard(e.data["session_id"])
                 spent = spent + Usage(**e.data["delegated"])
-    return spent, not any(t == turn.id for t in state.owed.values())
+    whole = not any(t == turn.id for t in state.owed.values()) and not _short(state, turn.id)
+    return spent, whole
+
+
+def _short(state: SessionState, turn: str) -> set[str]:
+    """The children whose delegate calls of `turn` counted them short of their own children."""
+    return {k for k, (t, _) in state.short.items() if t == turn}
 
 
 async def count_spent(rt: Runtime, child: str) -> bool:
@@ -364,15 +371,22 @@ async def count_spent(rt: Runtime, child: str) -> bool:
     except UnknownSession:
         return False
     turn = parent.owed.get(child)
-    if turn is None:  # its call took its result (`with_spend`), or it is counted already
+    short = parent.short.get(child)
+    if turn is None and short is None:  # its call counted it whole, or it is counted already
         return False
     settled = await _settle(rt, child)
     if settled is None or not settled[1]:
         return False  # it (or a child of its) spends on: counted once its turn ends
-    data = {"session_id": child, "delegated": settled[0].model_dump()}
+    whole = turn is not None
+    figure: dict[str, Any] = settled[0].model_dump()
+    if short is not None and turn is None:  # its call's end counted part of it: the rest now
+        turn, counted = short[0], short[1]
+        figure = {k: max(v - counted.get(k, 0), 0) for k, v in figure.items()}
+    data = {"session_id": child, "delegated": figure}
 
     def build(current: SessionState) -> list[EventSpec]:
-        return [("subagent.spent", data)] if child in current.owed else []
+        owing = current.owed if whole else current.short
+        return [("subagent.spent", data)] if child in owing else []
 
     recorded = bool(await rt._append(parent.id, build, turn_id=turn))
     if recorded:  # the parent, a subagent counted late in its own parent, may be owed on up
@@ -385,7 +399,7 @@ async def count_owed(rt: Runtime, state: SessionState) -> bool:
     child and counting it, or it was left to a process that has its agent); whether any was
     recorded."""
     recorded = False
-    for child in list(state.owed):
+    for child in [*state.owed, *state.short]:
         recorded = await count_spent(rt, child) or recorded
     return recorded
 
@@ -415,3 +429,67 @@ async def cancel_for_expiry(rt: Runtime, kids: list[str]) -> list[EventSpec]:
             spent = settled[0].model_dump()
             specs.append(("subagent.spent", {"session_id": child, "delegated": spent}))
     return specs
+
+
+_DEEPEST = 9  # how far up `headroom_now` and down `_live_spend` look: subagents nest 8 deep
+
+
+async def headroom_now(rt: Runtime, state: SessionState, depth: int = 0) -> dict[str, float]:
+    """What the child may spend through its delegated turn, by budget, as its parent stands now:
+    its `headroom` less what the parent counted since the child was created and what its other
+    subagents spend uncounted (children started from one model response share what the parent
+    had left), and no more than the parent's own such bound leaves it. Read from the store at
+    each model step, so a restart decides on what was recorded; a child created without
+    `parent_spent` (an older signoff's) keeps its headroom as it was fixed."""
+    bound = dict(state.headroom)
+    if not bound or not state.parent_spent or state.parent is None or depth >= _DEEPEST:
+        return bound
+    try:
+        parent = await rt._state(state.parent)
+    except UnknownSession:
+        return bound
+    counted = parent.usage + parent.delegated
+    others = await _uncounted_spend(rt, parent, depth, but=state.id)
+    now, theirs = by_budget(counted, bound), by_budget(others, bound)
+    for key, cap in bound.items():
+        bound[key] = cap - (now[key] - state.parent_spent.get(key, now[key])) - theirs[key]
+    if parent.headroom and delegated_turn(parent):
+        above = await headroom_now(rt, parent, depth + 1)
+        for key, cap in above.items():
+            if key in bound:
+                bound[key] = min(bound[key], cap - now[key] - theirs[key])
+    return bound
+
+
+def _uncounted(parent: SessionState) -> list[str]:
+    """The parent's children whose spend it has not counted: those of its turn's delegate calls
+    without a result, and those it owes."""
+    return list(dict.fromkeys([*delegated(parent), *parent.owed]))
+
+
+async def _uncounted_spend(
+    rt: Runtime, parent: SessionState, depth: int, *, but: str | None = None
+) -> Usage:
+    """What the parent's children (`but` one) spent that it has not counted: those it has not
+    counted at all, and those counted short, past that count."""
+    spent = Usage()
+    if depth >= _DEEPEST:
+        return spent
+    for kid in _uncounted(parent):
+        if kid != but:
+            with contextlib.suppress(UnknownSession):
+                spent = spent + await _live_spend(rt, kid, depth)
+    for kid, (_, counted) in parent.short.items():
+        if kid == but:
+            continue
+        with contextlib.suppress(UnknownSession):
+            live = (await _live_spend(rt, kid, depth)).model_dump()
+            spent = spent + Usage(**{k: max(v - counted.get(k, 0), 0) for k, v in live.items()})
+    return spent
+
+
+async def _live_spend(rt: Runtime, child: str, depth: int) -> Usage:
+    """What the child spent through its delegated turn so far, with what its own children spent
+    that it has not counted yet."""
+    first = await first_turn(rt, await rt._state(child))
+    return first.usage + first.delegated + await _uncounted_spend(rt, first, depth + 1)

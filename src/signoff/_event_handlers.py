@@ -28,6 +28,7 @@ def _session_created(s: SessionState, e: Event) -> None:
     s.initiator = load_principal(e.data.get("initiator"))
     s.parent = e.data.get("parent")
     s.headroom = dict(e.data.get("headroom") or {})
+    s.parent_spent = dict(e.data.get("parent_spent") or {})
     _keyed(s, e, [None])
 
 
@@ -158,6 +159,8 @@ def _tool_completed(s: SessionState, e: Event) -> None:
         s.usage = s.usage + Usage(**e.data["usage"])
     if "delegated" in e.data:  # what a delegate call's child spent (`with_spend`)
         s.delegated = s.delegated + Usage(**e.data["delegated"])
+    for child, counted in (e.data.get("short") or {}).items():  # the rest counted later
+        s.short.setdefault(child, [_turn(s, e).id, counted])
     if s.conversation is not None:
         s.conversation.add(e)
 
@@ -346,7 +349,9 @@ def _turn_cancelled(s: SessionState, e: Event) -> None:
 
 
 def _subagent_spent(s: SessionState, e: Event) -> None:
-    if s.owed.pop(e.data["session_id"], None) is not None:  # counted once, however recorded
+    child = e.data["session_id"]
+    # Counted once, however recorded: an owed child whole, a short one's rest.
+    if s.owed.pop(child, None) is not None or s.short.pop(child, None) is not None:
         s.delegated = s.delegated + Usage(**e.data["delegated"])
 
 

@@ -8,6 +8,7 @@ import asyncio
 import json
 from typing import TYPE_CHECKING, Any
 
+from ._child_sessions import headroom_now
 from ._error_text import error_text
 from ._exceptions import LeaseLost, ModelError, SignoffError
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
@@ -100,7 +101,7 @@ class ModelStep(DriverPart):
         budget = _over_budget(s, limits.max_tokens, limits.max_cost_usd)
         if budget is not None:
             return await self._session_limit(budget)
-        past = _past_headroom(s)
+        past = await self._past_headroom()
         if past is not None:
             # The budget spent is its parent's: not this session's to raise (it would ask to
             # raise its own). The delegate call fails, and the parent, whose spend plus this
@@ -211,6 +212,28 @@ class ModelStep(DriverPart):
             raise lost
         return response
 
+    async def _past_headroom(self) -> str | None:
+        """Whether the child spent its share of what its parent had left when it was created:
+        its usage and its own children's, all spent in this (its first) turn, against that
+        headroom less what its parent's other subagents spent since (`headroom_now`)."""
+        s = self.state
+        if not _delegated_turn(s):
+            return None
+        rt = getattr(self.host, "runtime", None)
+        bound = dict(s.headroom) if rt is None else await headroom_now(rt, s)
+        spent = s.usage + s.delegated
+        left = "its parent session had left when it delegated"
+        tokens, cost = s.headroom.get("max_tokens"), s.headroom.get("max_cost_usd")
+        if tokens is not None and spent.total_tokens >= bound["max_tokens"]:
+            by = _less(tokens - bound["max_tokens"], f"{tokens - bound['max_tokens']:g}")
+            used = f"the session used {spent.total_tokens} tokens, past the {tokens:g}"
+            return f"{used} {left}{by} (session {s.parent})"
+        if cost is not None and spent.cost_usd >= bound["max_cost_usd"]:
+            by = _less(cost - bound["max_cost_usd"], f"{cost - bound['max_cost_usd']:.4f}")
+            used = f"the session cost {spent.cost_usd:.4f}, past the {cost:.4f}"
+            return f"{used} {left}{by} (session {s.parent})"
+        return None
+
     async def _fail_limit(self, problem: str) -> None:
         error = {"code": "session_limit_reached", "message": problem}
         await self.record(
@@ -293,20 +316,9 @@ def _delegated_turn(s: SessionState) -> bool:
     return bool(s.headroom) and delegated_turn(s)
 
 
-def _past_headroom(s: SessionState) -> str | None:
-    """Whether the child spent what its parent had left when it was created: its usage and its
-    own children's, all spent in this (its first) turn."""
-    if not _delegated_turn(s):
-        return None
-    spent = s.usage + s.delegated
-    left = f"its parent session had left when it delegated (session {s.parent})"
-    tokens = s.headroom.get("max_tokens")
-    if tokens is not None and spent.total_tokens >= tokens:
-        return f"the session used {spent.total_tokens} tokens, past the {tokens:g} {left}"
-    cost = s.headroom.get("max_cost_usd")
-    if cost is not None and spent.cost_usd >= cost:
-        return f"the session cost {spent.cost_usd:.4f}, past the {cost:.4f} {left}"
-    return None
+def _less(amount: float, shown: str) -> str:
+    """How much of the headroom the parent's other subagents took, where they took any."""
+    return f", less {shown} spent since by its parent's other subagents" if amount > 0 else ""
 
 
 def _billed(exc: BaseException) -> Usage | None:

@@ -507,9 +507,10 @@ class Runtime(Auditing):
                     for child in _child_sessions.delegated(state):
                         with contextlib.suppress(UnknownSession):
                             await _child_sessions.cancel_orphan(self, await self._state(child))
-                    # And one that died before counting what they spent.
-                    if await _child_sessions.count_owed(self, await self._state(session_id)):
-                        state = await self._state(session_id)
+                # And one that died before counting what they spent, or the rest of a child
+                # whose call counted it short of a grandchild (any turn's end leaves that).
+                if await _child_sessions.count_owed(self, await self._state(session_id)):
+                    state = await self._state(session_id)
                 return self._result(state)
             began = (turn.id, turn.first_seq)
             withdrawn: list[InputRequest] = []

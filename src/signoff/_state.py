@@ -40,6 +40,7 @@ __all__ = [
     "SessionState",
     "TurnState",
     "budget_left",
+    "by_budget",
     "delegated_turn",
     "fold",
     "runnable",
@@ -86,11 +87,18 @@ class SessionState:
     # `subagent.spent` once their delegated turn ended: child session id -> the turn that
     # delegated to it. Counting a child removes it, so it is counted once.
     owed: dict[str, str] = field(default_factory=dict)
+    # The children of delegate calls that ended with their figure short of some of their own
+    # children's spend (still running elsewhere): child session id -> [the turn that delegated,
+    # what its call's end counted], for a `subagent.spent` to add the rest once it is known.
+    short: dict[str, list[Any]] = field(default_factory=dict)
     queued: list[dict[str, Any]] = field(default_factory=list)
     lapsed: bool = False  # its TTL passed and its requests were expired: it stays expired
     # What its parent's budgets had left when this child session was created (`max_tokens`,
     # `max_cost_usd`; from its `session.created`): its delegated turn stops once it spent that.
     headroom: dict[str, float] = field(default_factory=dict)
+    # What the parent had spent then, by the same budgets: what it counts later, over this, its
+    # other subagents spent since, and this child's share of the headroom is that much less.
+    parent_spent: dict[str, float] = field(default_factory=dict)
     limit_grants: int = 0  # `continue` answers to session-limit prompts: each raises budgets
     # The newest idempotency keys recorded (`_idempotency`): key digest -> [digest of what it
     # asked, the turn its message was recorded in, or None while only its session is created].
@@ -187,10 +195,12 @@ class SessionState:
             # Left out while nothing was delegated: such a snapshot is as an older signoff's.
             **({} if self.delegated == Usage() else {"delegated": self.delegated.model_dump()}),
             **({"owed": dict(self.owed)} if self.owed else {}),
+            **({"short": dict(self.short)} if self.short else {}),
             "queued": self.queued,
             "lapsed": self.lapsed,
             "limit_grants": self.limit_grants,
             **({"headroom": dict(self.headroom)} if self.headroom else {}),
+            **({"parent_spent": dict(self.parent_spent)} if self.parent_spent else {}),
             "earlier_requests": self.earlier_requests,
             "keys": self.keys,
             "candidates": self.candidates,
@@ -294,10 +304,12 @@ class SessionState:
             usage=self.usage,
             delegated=self.delegated,
             owed=dict(self.owed),
+            short=dict(self.short),
             queued=list(self.queued),
             lapsed=self.lapsed,
             limit_grants=self.limit_grants,
             headroom=dict(self.headroom),
+            parent_spent=dict(self.parent_spent),
             earlier_requests=self.earlier_requests,
             keys=dict(self.keys),
             candidates=dict(self.candidates),
@@ -353,10 +365,12 @@ class SessionState:
             usage=Usage(**data["usage"]),
             delegated=Usage(**data.get("delegated", {})),
             owed=dict(data.get("owed", {})),
+            short=dict(data.get("short", {})),
             queued=list(data.get("queued", [])),
             lapsed=bool(data.get("lapsed", False)),
             limit_grants=int(data.get("limit_grants", 0)),
             headroom=dict(data.get("headroom", {})),
+            parent_spent=dict(data.get("parent_spent", {})),
             # A snapshot that does not say (an older signoff's) may have dropped some.
             earlier_requests=bool(data.get("earlier_requests", True)),
             keys={str(k): list(v) for k, v in data.get("keys", {}).items()},
@@ -392,6 +406,12 @@ def budget_left(s: SessionState, max_tokens: int | None, max_cost: float | None)
             used = spent.total_tokens if key == "max_tokens" else spent.cost_usd
             left[key] = min(left.get(key, cap - used), cap - used)
     return {key: max(value, 0) for key, value in left.items()}
+
+
+def by_budget(usage: Usage, keys: Iterable[str]) -> dict[str, float]:
+    """`usage` as the budgets named by `keys` count it: `max_tokens` its tokens, `max_cost_usd`
+    its cost."""
+    return {k: usage.total_tokens if k == "max_tokens" else usage.cost_usd for k in keys}
 
 
 def delegated_turn(s: SessionState) -> bool:

@@ -35,7 +35,7 @@ from ._exceptions import (
 )
 from ._recording import TurnStopped, new_id, runnable
 from ._results import GenerateResult
-from ._state import SessionState, budget_left, fold
+from ._state import SessionState, budget_left, by_budget, fold
 from ._sweeps import one_of_many
 from ._text import NOTHING_SAID, is_blank
 from ._tool_context import ToolContext
@@ -297,6 +297,7 @@ class RuntimeHost:
         # `session.created`, so a replay or a restart bounds it the same way.
         limits = rt.agent(parent_state.agent).limits
         left = budget_left(parent_state, limits.max_tokens, limits.max_cost_usd)
+        spent = parent_state.usage + parent_state.delegated
         event = Event(
             session_id=child,
             seq=1,
@@ -309,6 +310,9 @@ class RuntimeHost:
                 "parent_turn": turn,
                 "ttl": ttl,
                 **({"headroom": left} if left else {}),
+                # What the parent had counted then: its other subagents' spend counted later
+                # comes out of this child's share (`_child_sessions.headroom_now`).
+                **({"parent_spent": by_budget(spent, left)} if left else {}),
             },
         )
         try:
