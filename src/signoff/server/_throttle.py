@@ -1,5 +1,6 @@
-"""A bound on guessing tokens: failed dashboard sign-ins and unrecognised bearer tokens are
-counted per client address and over all clients, and a client past the bound is refused (429
+"""A bound on guessing tokens: failed dashboard sign-ins and unrecognised bearer tokens (and,
+on a server without a secret, sign-in cookies naming no token: `_sign_ins`) are counted per
+client address and over all clients, and a client past the bound is refused (429
 `too_many_failures`, with `Retry-After`) before the token it sends is even compared.
 
 The refusal comes before the comparison, whatever the token: refusing only wrong ones would
