@@ -225,3 +225,23 @@ def test_a_refused_sign_in_cookie_is_no_guess_with_a_secret(tmp_path: Path) -> N
         for _ in range(3 * PER_CLIENT):
             assert c.get("/v1/requests").status_code == 401
         assert c.get("/v1/requests", headers=auth("alice-token")).status_code == 200
+
+
+def test_addresses_forgotten_in_a_flood_are_held_not_new_again() -> None:
+    """More addresses failing in one window than are remembered made each forgotten one new
+    again: cycling through three times as many addresses, every attempt was a guess, so the
+    bound held nothing. Now once a current window had to be forgotten, an address not
+    remembered is held too until the overall window ends: each address guesses once."""
+    clock = Clock()
+    failures = Failures(clock, per_client=10, overall=50, window=60, max_clients=100)
+    guesses = 0
+    for _ in range(5):
+        for n in range(300):
+            if failures.retry_after(f"a{n}") is None:
+                guesses += 1
+                failures.failed(f"a{n}")
+            clock.now += 0.01
+    assert guesses == 101  # the 100 remembered, and the one that overflowed them
+    assert failures.retry_after("someone-new") is not None
+    clock.now += 60  # the overall window ended: a new address is served as ever
+    assert failures.retry_after("someone-new") is None

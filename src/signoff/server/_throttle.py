@@ -9,7 +9,9 @@ window; once every client together failed `overall` times in one, any client tha
 current window is held too (a guesser spread over many addresses gets one guess each), while a
 client that has not failed, a person signing in or a script with its token, is served as ever.
 Successes reset nothing: else a token held would let its holder guess at another. At most
-`max_clients` addresses are remembered; when full, lapsed ones go first, then the oldest.
+`max_clients` addresses are remembered; when full, lapsed ones go first, then the oldest. A
+forgotten address would be new again, free to guess, so once a current window had to go, past
+the overall bound, every address not remembered is held too until the overall window ends.
 """
 
 from __future__ import annotations
@@ -96,12 +98,14 @@ class Failures:
     # client -> (its window's start, its failures in it), in the order the windows began
     _clients: OrderedDict[str, tuple[float, int]] = field(default_factory=OrderedDict)
     _all: tuple[float, int] = (-math.inf, 0)
+    # The start of the overall window in which a current window was forgotten to make room.
+    _overflowed: float | None = None
 
     def retry_after(self, client: str) -> int | None:
         """Seconds until `client` may try a token again, or None when it may now."""
         entry = self._clients.get(client)
         if entry is None:  # never failed, or forgotten: no work for a client that never failed
-            return None
+            return None if self._overflowed is None else self._flooded()
         now = self.clock()
         start, count = entry
         if not self._current(start, now):
@@ -114,6 +118,19 @@ class Failures:
                 return None
             ends = min(ends, overall_start + self.window)
         return max(1, min(math.ceil(self.window), math.ceil(ends - now)))
+
+    def _flooded(self) -> int | None:
+        """For an address not remembered: while the overall window in which a current window
+        was forgotten runs, past the overall bound, the seconds left of it (a forgotten
+        address could guess again)."""
+        start, count = self._all
+        now = self.clock()
+        if self._overflowed != start or not self._current(start, now):
+            self._overflowed = None
+            return None
+        if count < self.overall:
+            return None
+        return max(1, min(math.ceil(self.window), math.ceil(start + self.window - now)))
 
     def failed(self, client: str) -> None:
         """Count a failed sign-in, or an unrecognised token, of `client`."""
@@ -140,6 +157,8 @@ class Failures:
         order they began, so the lapsed ones come first and this stops at the first current."""
         while self._clients:
             start, _ = next(iter(self._clients.values()))
-            if self._current(start, now) and len(self._clients) < self.max_clients:
-                break
+            if self._current(start, now):
+                if len(self._clients) < self.max_clients:
+                    break
+                self._overflowed = self._all[0]
             self._clients.popitem(last=False)
