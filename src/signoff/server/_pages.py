@@ -274,10 +274,13 @@ _MAX_FIELDS = 1000
 _TOO_MANY_FIELDS = f"Too many fields. Maximum number of fields is {_MAX_FIELDS}."
 
 
-def _empty_fields(request: Request, body: bytes) -> bool:
-    """Whether `body` is a urlencoded form with more separators than a form has fields."""
+async def _empty_fields(request: Request) -> bool:
+    """Whether the body is a urlencoded form with more separators than a form has fields (a
+    multipart one is left to stream: its parser counts its parts)."""
     kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    return kind == "application/x-www-form-urlencoded" and body.count(b"&") > _MAX_FIELDS
+    if kind != "application/x-www-form-urlencoded":
+        return False
+    return (await request.body()).count(b"&") > _MAX_FIELDS
 
 
 async def check_csrf(request: Request) -> dict[str, str]:
@@ -285,7 +288,7 @@ async def check_csrf(request: Request) -> dict[str, str]:
     sign-in (they may differ: two tabs loaded at once each got their own), and the browser
     does not say another site posted it. A body that is not a readable form is 400
     `malformed_form`."""
-    if _empty_fields(request, await request.body()):
+    if await _empty_fields(request):
         raise ApiError(400, "malformed_form", malformed_form(_TOO_MANY_FIELDS))
     try:
         form = await request.form()
