@@ -11,7 +11,9 @@ from starlette.testclient import TestClient
 
 from signoff.server._login import return_to
 
-from .test_sign_ins import HTTP, _csrf, dashboard
+from .test_sign_ins import HTTP, JSON, _csrf, dashboard
+
+URLENCODED = "application/x-www-form-urlencoded"
 
 ELSEWHERE = [
     "//evil.example/_signoff/",
@@ -39,3 +41,24 @@ def test_the_sign_in_form_never_sends_a_browser_to_another_host(tmp_path: Path) 
                 follow_redirects=False,
             )
             assert r.status_code == 303 and r.headers["location"] == "/_signoff", target
+
+
+def test_a_form_of_empty_fields_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    """A body of nothing but `&` was parsed one empty field at a time, a second of CPU for the
+    4 MB a body may be, for anyone, signed in or not, before the CSRF check refused it. Now a
+    form with more separators than a form may have fields (1000) is 400 `malformed_form` at
+    once, as one with too many fields is."""
+    empty = b"&" * 1_000_001
+    with dashboard(f"sqlite:///{tmp_path}/s.db") as app, TestClient(app, base_url=HTTP) as c:
+        paths = ["/_signoff/login", "/_signoff/logout"]
+        for path in paths:
+            r = c.post(path, content=empty, headers={"Content-Type": URLENCODED, **JSON})
+            assert r.status_code == 400, (path, r.text)
+            assert r.json()["error"]["code"] == "malformed_form", (path, r.text)
+        page = c.get("/_signoff/login")  # a form's own fields, and a few empty ones, still post
+        body = f"csrf={_csrf(page.text)}&token=alice-token&&&".encode()
+        r = c.post("/_signoff/login", content=body, headers={"Content-Type": URLENCODED})
+        assert r.status_code == 200 and "viewer-name" in r.text
+        for path in [*paths, "/_signoff/sessions"]:  # signed in too
+            r = c.post(path, content=empty, headers={"Content-Type": URLENCODED, **JSON})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "malformed_form", path

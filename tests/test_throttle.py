@@ -4,6 +4,7 @@ client address and over all of them, and an address past the bound is refused (4
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -11,6 +12,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from signoff.server._auth import TOKEN_COOKIE
+from signoff.server._pages import csrf_key
+from signoff.server._sign_ins import issue
 from signoff.server._throttle import PER_CLIENT, WINDOW, Failures, client_of
 
 from .test_server_common import auth
@@ -180,3 +184,65 @@ def test_failures_after_a_window_lapsed_count_in_a_new_one() -> None:
     for _ in range(3):
         failures.failed("a")
     assert failures.retry_after("a") == 60
+
+
+def test_guessing_by_forged_sign_in_cookies_is_bounded_without_a_secret(tmp_path: Path) -> None:
+    """Without a secret the cookie's key is public: anyone could make a sign-in cookie for a
+    token they guess, and the server answered each at once, unbounded (the bound counted only
+    forms and bearer tokens). Now a refused cookie counts as a guess, and past the bound a
+    cookie this process never honoured is refused (429) whether its guess is right or wrong;
+    the browser signed in before from that address is served as ever."""
+    clock = Clock()
+    key = csrf_key(None)
+    with (
+        dashboard(f"sqlite:///{tmp_path}/s.db", clock=clock) as app,
+        TestClient(app, base_url=HTTP, client=("198.51.100.7", 4000)) as c,
+        TestClient(app, base_url=HTTP, client=("198.51.100.7", 4001)) as guesser,
+    ):
+        assert _form_sign_in(c, "alice-token").status_code == 303
+        assert c.get("/v1/requests").status_code == 200
+        for n in range(PER_CLIENT):
+            guesser.cookies.set(TOKEN_COOKIE, issue(key, f"guess-{n}", clock()))
+            assert guesser.get("/v1/requests").status_code == 401
+        for token in ("guess-x", "bob-token"):  # refused before it is compared
+            guesser.cookies.set(TOKEN_COOKIE, issue(key, token, clock()))
+            r = guesser.get("/v1/requests")
+            assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_failures"
+            assert guesser.get("/_signoff/", follow_redirects=False).status_code == 429
+        assert c.get("/v1/requests").status_code == 200  # honoured before: no guess
+        clock.now += WINDOW
+        assert guesser.get("/v1/requests").status_code == 200  # the bound lapsed
+
+
+def test_a_refused_sign_in_cookie_is_no_guess_with_a_secret(tmp_path: Path) -> None:
+    """With a secret no one can make a cookie without it: one refused (e.g. made before the
+    secret changed) counts for nothing, so a browser holding it is never held."""
+    with (
+        dashboard(f"sqlite:///{tmp_path}/s.db", secret="s3cret") as app,
+        TestClient(app, base_url=HTTP) as c,
+    ):
+        c.cookies.set(TOKEN_COOKIE, issue(csrf_key("another"), "alice-token", time.time()))
+        for _ in range(3 * PER_CLIENT):
+            assert c.get("/v1/requests").status_code == 401
+        assert c.get("/v1/requests", headers=auth("alice-token")).status_code == 200
+
+
+def test_addresses_forgotten_in_a_flood_are_held_not_new_again() -> None:
+    """More addresses failing in one window than are remembered made each forgotten one new
+    again: cycling through three times as many addresses, every attempt was a guess, so the
+    bound held nothing. Now an address forgotten while its window ran is held as failed in it
+    until the overall window ends: each address guesses once, and one that never failed is
+    served as ever."""
+    clock = Clock()
+    failures = Failures(clock, per_client=10, overall=50, window=60, max_clients=100)
+    guesses = 0
+    for _ in range(5):
+        for n in range(300):
+            if failures.retry_after(f"a{n}") is None:
+                guesses += 1
+                failures.failed(f"a{n}")
+            clock.now += 0.01
+    assert guesses == 300
+    assert failures.retry_after("a0") == 45 and failures.retry_after("someone-new") is None
+    clock.now += 45  # the overall window ended: the forgotten may try again
+    assert failures.retry_after("a0") is None

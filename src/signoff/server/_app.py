@@ -249,6 +249,7 @@ def create_app(
         auth=auth,
         access=access,
         secret=csrf_key(secret),
+        keyless=secret is None,
         poll_interval=poll_interval,
         heartbeat=heartbeat,
         sign_in_lifetime=sign_in_lifetime,

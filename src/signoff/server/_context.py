@@ -40,7 +40,7 @@ from ._auth import (
     sign_in_cookie,
 )
 from ._errors import ApiError
-from ._sign_ins import SIGN_IN_LIFETIME, Grant, SignOuts, read
+from ._sign_ins import SIGN_IN_LIFETIME, Grant, Honoured, SignOuts, checked
 from ._stream_slots import MAX_STREAMS, StreamSlots
 from ._throttle import Failures, client_of, too_many
 
@@ -79,6 +79,8 @@ class ServerContext:
     heartbeat: float = 15.0
     sign_in_lifetime: float = SIGN_IN_LIFETIME
     max_streams: int = MAX_STREAMS
+    # No secret keys the sign-ins: anyone can make a cookie for a token they guess (`_sign_ins`).
+    keyless: bool = False
     # Set when the server begins to stop: open streams end at their next poll instead of
     # holding the shutdown, which waits for every response to finish.
     closing: bool = False
@@ -87,12 +89,15 @@ class ServerContext:
     sign_outs: SignOuts = field(init=False, repr=False)
     # Failed sign-ins and unrecognised bearer tokens, per client address (`_throttle`).
     failures: Failures = field(init=False, repr=False)
+    # The sign-in cookies this process made or honoured, which a held address may still use.
+    honoured: Honoured = field(init=False, repr=False)
     # The event streams each caller holds open (`_stream_slots`).
     streams: StreamSlots = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.sign_outs = SignOuts(self.sign_in_lifetime)
         self.failures = Failures(self.runtime.clock)
+        self.honoured = Honoured()
         self.streams = StreamSlots(self.max_streams, retry_after=math.ceil(self.heartbeat))
 
     async def principal(self, request: HTTPConnection) -> Principal | None:
@@ -133,13 +138,22 @@ class ServerContext:
         value = sign_in_cookie(request)
         if value is None or not isinstance(self.auth, TokenAuth):
             return None
+        if self.keyless:  # a cookie may be a guess: bounded like a bearer token
+            wait = self.failures.retry_after(client_of(request))
+            if wait is not None and value not in self.honoured:  # refused before it is read
+                request.state.signoff_principal = None  # an error page asks again: no one
+                raise too_many(wait)
         now = self.runtime.now()
-        grant = read(self.secret, self.auth, value, now, self.sign_in_lifetime)
+        grant, guess = checked(self.secret, self.auth, value, now, self.sign_in_lifetime)
         if grant is None:
+            if guess and self.keyless:
+                self.failures.failed(client_of(request))
             return None
         await self.runtime.open()
         if await self.sign_outs.revoked(self.runtime.store, grant, now):
             return None
+        if self.keyless:
+            self.honoured.add(value)
         request.state.signoff_sign_in = grant
         return grant
 

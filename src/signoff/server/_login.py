@@ -144,9 +144,12 @@ async def login(request: Request) -> Response:
     lifetime = max(1, int(ctx.sign_in_lifetime))
     # A signed, expiring sign-in, never the token; over https a `__Host-` cookie (Secure,
     # Path=/, no Domain), which a page of a sibling domain cannot plant.
+    value = issue(ctx.secret, token, ctx.runtime.now())
+    if ctx.keyless:
+        ctx.honoured.add(value)
     response.set_cookie(
         token_cookie(request),
-        issue(ctx.secret, token, ctx.runtime.now()),
+        value,
         max_age=lifetime,
         httponly=True,
         samesite="strict",

@@ -11,6 +11,11 @@ every process serving the store reads: each process keeps the ids it has read, a
 stream again only when its head has moved (one indexed query a request). Ids of sign-ins past
 their lifetime are forgotten, since those are refused anyway. The id, not the credential, is
 revoked: signing out in one browser leaves the token's other sign-ins alone.
+
+Without a server secret the key is public, so anyone can make a cookie for a token they guess:
+a refused cookie then counts as a guess (`_throttle`), and an address held for its guesses is
+served only the cookies this process made or honoured before (`Honoured`), so its answer does
+not tell a right guess from a wrong one.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import base64
 import hashlib
 import hmac
 import secrets
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from .._audit_trail import SIGN_OUTS_STREAM
@@ -33,10 +39,11 @@ __all__ = [
     "SIGN_IN_LIFETIME",
     "SIGN_OUTS",
     "Grant",
+    "Honoured",
     "SignOuts",
+    "checked",
     "issue",
     "lifetime_of",
-    "read",
 ]
 
 SIGN_IN_LIFETIME = 12 * 3600.0
@@ -48,6 +55,7 @@ SIGNED_OUT = "dashboard.signed_out"
 _VERSION = "v1"
 _SKEW = 300  # seconds a sign-in's time may be ahead of this process's clock (another process's)
 _PAGE = 1000
+_HONOURED = 10_000  # cookies `Honoured` remembers at most (about 200 bytes each)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,31 +93,35 @@ def issue(key: bytes, token: str, now: float) -> str:
     return f"{sign_in}.{_mac(key, sign_in, token)}"
 
 
-def read(key: bytes, auth: TokenAuth, value: str, now: float, lifetime: float) -> Grant | None:
+def checked(
+    key: bytes, auth: TokenAuth, value: str, now: float, lifetime: float
+) -> tuple[Grant | None, bool]:
     """The sign-in `value` holds, if it was made by this key for a token still configured and
-    is within its lifetime at `now`; None for anything else (whether it was signed out is for
-    `SignOuts`)."""
+    is within its lifetime at `now` (whether it was signed out is for `SignOuts`); and, when
+    refused, whether for naming no configured token while well formed and current: what a
+    cookie made for a guessed token is (or one of a token since removed). A tampered, expired
+    or malformed cookie guesses nothing."""
     if not value.isascii() or len(value) > 1000:
-        return None
+        return None, False
     sign_in, _, mac = value.rpartition(".")
     parts = sign_in.split(".")
     if len(parts) != 4 or parts[0] != _VERSION or not parts[1]:
-        return None
+        return None, False
     issued_text, credential = parts[2], parts[3]
     if not issued_text.isdigit() or len(issued_text) > 15:
-        return None
+        return None, False
     issued = int(issued_text)
     if not now - lifetime < issued <= now + _SKEW:
-        return None
+        return None, False
     found: tuple[str, Principal] | None = None
     for token, principal in auth.tokens.items():  # every token, so the time names none
         if hmac.compare_digest(_credential(key, token).encode(), credential.encode()):
             found = (token, principal)
-    if found is None or not hmac.compare_digest(
-        _mac(key, sign_in, found[0]).encode(), mac.encode()
-    ):
-        return None
-    return Grant(id=parts[1], issued=issued, principal=found[1])
+    if found is None:
+        return None, True
+    if not hmac.compare_digest(_mac(key, sign_in, found[0]).encode(), mac.encode()):
+        return None, False
+    return Grant(id=parts[1], issued=issued, principal=found[1]), False
 
 
 @dataclass(slots=True)
@@ -157,3 +169,21 @@ class SignOuts:
     def _forget_expired(self, now: float) -> None:
         for sign_in in [i for i, issued in self._ids.items() if issued <= now - self.lifetime]:
             del self._ids[sign_in]
+
+
+@dataclass(slots=True)
+class Honoured:
+    """The sign-in cookies this process made or honoured, the most recent `limit` of them: the
+    ones an address held for its guesses may still use, since it did not forge them now."""
+
+    limit: int = _HONOURED
+    _values: OrderedDict[str, None] = field(default_factory=OrderedDict)
+
+    def add(self, value: str) -> None:
+        self._values[value] = None
+        self._values.move_to_end(value)
+        while len(self._values) > self.limit:
+            self._values.popitem(last=False)
+
+    def __contains__(self, value: str) -> bool:
+        return value in self._values

@@ -1,5 +1,6 @@
-"""A bound on guessing tokens: failed dashboard sign-ins and unrecognised bearer tokens are
-counted per client address and over all clients, and a client past the bound is refused (429
+"""A bound on guessing tokens: failed dashboard sign-ins and unrecognised bearer tokens (and,
+on a server without a secret, sign-in cookies naming no token: `_sign_ins`) are counted per
+client address and over all clients, and a client past the bound is refused (429
 `too_many_failures`, with `Retry-After`) before the token it sends is even compared.
 
 The refusal comes before the comparison, whatever the token: refusing only wrong ones would
@@ -8,7 +9,10 @@ window; once every client together failed `overall` times in one, any client tha
 current window is held too (a guesser spread over many addresses gets one guess each), while a
 client that has not failed, a person signing in or a script with its token, is served as ever.
 Successes reset nothing: else a token held would let its holder guess at another. At most
-`max_clients` addresses are remembered; when full, lapsed ones go first, then the oldest.
+`max_clients` addresses are remembered; when full, lapsed ones go first, then the oldest. One
+forgotten while its window ran would be new again, free to guess: such addresses are kept in a
+Bloom filter for the overall window, and held as failed in it (a rare false positive holds an
+address that did not fail, until that window ends).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ WINDOW = 60.0
 """The window, in seconds: a client's starts at its first failure, the overall one at anyone's."""
 MAX_CLIENTS = 10_000
 """Client addresses remembered at most (a few hundred bytes each)."""
+_FORGOTTEN_BITS = 1 << 20  # the Bloom filter of addresses forgotten in a window: 128 KiB
+_HASHES = 3  # bits an address sets: 1 false positive in 200 at 65 536 forgotten
 
 
 def client_of(request: HTTPConnection) -> str:
@@ -95,12 +101,16 @@ class Failures:
     # client -> (its window's start, its failures in it), in the order the windows began
     _clients: OrderedDict[str, tuple[float, int]] = field(default_factory=OrderedDict)
     _all: tuple[float, int] = (-math.inf, 0)
+    # The addresses forgotten to make room while their windows ran, in a Bloom filter, and the
+    # start of the overall window they were forgotten in (None: no filter).
+    _forgotten: bytearray = field(default_factory=bytearray)
+    _forgotten_in: float | None = None
 
     def retry_after(self, client: str) -> int | None:
         """Seconds until `client` may try a token again, or None when it may now."""
         entry = self._clients.get(client)
         if entry is None:  # never failed, or forgotten: no work for a client that never failed
-            return None
+            return None if self._forgotten_in is None else self._if_forgotten(client)
         now = self.clock()
         start, count = entry
         if not self._current(start, now):
@@ -113,6 +123,31 @@ class Failures:
                 return None
             ends = min(ends, overall_start + self.window)
         return max(1, min(math.ceil(self.window), math.ceil(ends - now)))
+
+    def _if_forgotten(self, client: str) -> int | None:
+        """For an address not remembered: if it was forgotten while its window ran, in the
+        overall window still running and past its bound, the seconds left of that window."""
+        start, count = self._all
+        now = self.clock()
+        if self._forgotten_in != start or not self._current(start, now):
+            self._forgotten, self._forgotten_in = bytearray(), None
+            return None
+        if count < self.overall or not all(self._bit(b) for b in self._bits(client)):
+            return None
+        return max(1, min(math.ceil(self.window), math.ceil(start + self.window - now)))
+
+    def _bits(self, client: str) -> list[int]:
+        # `hash` is salted per process: no one can pick addresses that collide
+        return [hash((n, client)) % _FORGOTTEN_BITS for n in range(_HASHES)]
+
+    def _bit(self, bit: int) -> bool:
+        return bool(self._forgotten[bit >> 3] & (1 << (bit & 7)))
+
+    def _remember_forgotten(self, client: str) -> None:
+        if self._forgotten_in != self._all[0]:  # a filter of its own for each overall window
+            self._forgotten, self._forgotten_in = bytearray(_FORGOTTEN_BITS // 8), self._all[0]
+        for bit in self._bits(client):
+            self._forgotten[bit >> 3] |= 1 << (bit & 7)
 
     def failed(self, client: str) -> None:
         """Count a failed sign-in, or an unrecognised token, of `client`."""
@@ -138,7 +173,10 @@ class Failures:
         """Make room: drop the lapsed windows, else the oldest one. Windows are kept in the
         order they began, so the lapsed ones come first and this stops at the first current."""
         while self._clients:
-            start, _ = next(iter(self._clients.values()))
-            if self._current(start, now) and len(self._clients) < self.max_clients:
+            client, (start, _) = next(iter(self._clients.items()))
+            current = self._current(start, now)
+            if current and len(self._clients) < self.max_clients:
                 break
-            self._clients.popitem(last=False)
+            del self._clients[client]
+            if current:
+                self._remember_forgotten(client)
