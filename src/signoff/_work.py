@@ -371,6 +371,9 @@ class Workers(Messages):
                     else:
                         claims.worked()
                     last_empty = -1.0 if claimed else time.monotonic()
+                    if stop.is_set():  # told to stop while it claimed: no turn in flight yet
+                        await self._give_back(claimed, owner)
+                        break
                     for session_id, token in claimed:
                         log.info("claimed session %s (lease %d)", session_id, token)
                         task = asyncio.create_task(
@@ -453,6 +456,25 @@ class Workers(Messages):
                 with contextlib.suppress(StoreError):  # else it lapses: claimed after the TTL
                     await self.store.release_lease(session_id, owner, token)
         return held
+
+    async def _give_back(self, claimed: Sequence[tuple[str, int]], owner: str) -> None:
+        """Give back, undriven, the leases of a claim that returned once its worker was told to
+        stop: a worker that goes on takes them at once (one the store refuses lapses)."""
+        for session_id, token in claimed:
+            self._expiries.pop(session_id, None)  # its confirmation: no drive takes it now
+            try:
+                await self.store.release_lease(session_id, owner, token)
+            except StoreError as exc:
+                log.warning(
+                    "session %s: claimed as the worker stopped; lease %d not given back (it "
+                    "lapses in %.1fs): %s",
+                    session_id,
+                    token,
+                    self.lease_ttl,
+                    exc,
+                )
+            else:
+                log.info("session %s: claimed as the worker stopped; given back", session_id)
 
     async def _work_on(
         self,
