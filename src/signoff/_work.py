@@ -377,7 +377,8 @@ class Workers(Messages):
                     for session_id, token in claimed:
                         log.info("claimed session %s (lease %d)", session_id, token)
                         task = asyncio.create_task(
-                            self._work_on(session_id, owner, token, stop.is_set, give_backs)
+                            self._work_on(session_id, owner, token, stop.is_set, give_backs),
+                            name=session_id,  # named if the worker is stopped at once
                         )
                         running.add(task)
                         task.add_done_callback(running.discard)
@@ -419,20 +420,32 @@ class Workers(Messages):
                         await _sleep(stop, idle_wait)
                 else:  # or until claims that failed are tried again
                     await _sleep(stop, max(idle_wait, retry_at - time.monotonic()))
+            if gone is not None:
+                log.error("stopping: %s", gone)
+            if running:
+                log.info("stopping: waiting for %d running turn(s)", len(running))
+                # Not a gather: cancelled meanwhile (a second Ctrl-C), this leaves them running
+                # for the lines below to name and stop.
+                await asyncio.wait(set(running))
+                await asyncio.gather(*running, return_exceptions=True)
+            # Leases of drives the store failed: given back now, once (`stop` ends their waits).
+            await asyncio.gather(*give_backs.tasks, return_exceptions=True)
         except BaseException:
             # Cancelled (a second Ctrl-C, a task's cancel) or broken: the turns it drives stop
             # with it, their leases given back, rather than run on unseen once it is gone.
+            ids = sorted(task.get_name() for task in running if not task.done())
+            if ids:  # a call cut short runs again where the session is taken over: say which
+                more = f", and {len(ids) - 20} more" if len(ids) > 20 else ""
+                log.warning(
+                    "stopping now: interrupting %d running turn(s), their leases given back: %s%s",
+                    len(ids),
+                    ", ".join(ids[:20]),
+                    more,
+                )
             for task in (*running, *give_backs.tasks):
                 task.cancel()
             await asyncio.gather(*running, *give_backs.tasks, return_exceptions=True)
             raise
-        if gone is not None:
-            log.error("stopping: %s", gone)
-        if running:
-            log.info("stopping: waiting for %d running turn(s)", len(running))
-            await asyncio.gather(*running, return_exceptions=True)
-        # Leases of drives the store failed: given back now, once (`stop` ends their waits).
-        await asyncio.gather(*give_backs.tasks, return_exceptions=True)
         if gone is not None:
             raise gone
 
