@@ -123,7 +123,7 @@ def worker(
                 shown_store(runtime.store.url),  # with a schema given apart
                 concurrency,
                 runtime.lease_ttl,
-                ", ".join(sorted(runtime.agents)),
+                ", ".join(sorted(runtime.agents)) or "none",
             )
             await runtime.work(
                 concurrency=concurrency, stop=stop, idle_wait=idle_wait, sweep_every=sweep_every
