@@ -122,3 +122,27 @@ def test_worker_names_the_schema_of_its_runtimes_store(
     said = [r.getMessage() for r in caplog.records if r.name == "signoff.worker"]
     (started,) = [line for line in said if ", concurrency 16, lease " in line]
     assert "?schema=tenant_a, concurrency 16" in started, said
+
+
+def test_worker_names_the_agents_whose_sessions_it_claims(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker claims only sessions of agents its runtime has: started with the wrong target,
+    it sat idle beside sessions waiting for a worker, and nothing it logged said why. Its first
+    line names its agents, so an operator reads which sessions it will never take."""
+    import logging
+
+    import signoff as so
+
+    async def work(self: so.Runtime, **kw: object) -> None:
+        return None
+
+    monkeypatch.setattr(so.Runtime, "work", work)
+    monkeypatch.setenv("SIGNOFF_TEST_RECORDS", str(tmp_path / "runs.jsonl"))
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    with caplog.at_level(logging.INFO, logger="signoff.worker"):
+        result = invoke("worker", "tests._worker_procs:runtime", "--store", store)
+    assert result.exit_code == 0, result.output
+    said = [r.getMessage() for r in caplog.records if r.name == "signoff.worker"]
+    (started,) = [line for line in said if ", concurrency 16, lease " in line]
+    assert started.endswith(", lease 30.0s, agents: support"), said

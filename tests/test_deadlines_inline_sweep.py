@@ -5,7 +5,11 @@ not one after another inside the sweep, holding up the deadlines behind them."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from typing import Any
+
+import pytest
 
 import signoff as so
 from signoff.server import create_app
@@ -89,3 +93,33 @@ async def test_a_server_stopping_stops_its_sweeps_turns_and_gives_their_leases_b
     token = await rt.store.acquire_lease(r.session_id, "another", 10.0, rt.now())
     assert token is not None  # not leased by the stopped drive
     await rt.close()
+
+
+async def test_a_server_without_workers_logs_a_sweep_failing_for_a_while_once(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`serve` without workers sweeping while its store is down logged a whole traceback at
+    every sweep (every 5 s by default) for as long as the outage lasted, though an outage is
+    no bug: a worker's sweep logs it once, and once more when it works again."""
+    rt = so.Runtime([refund_agent([])], store=store_url, inline=False)
+    pending = rt.store.pending
+    failures = [0]
+
+    async def down_pending(*args: Any) -> list[so.InputRequest]:
+        if failures[0] < 5:
+            failures[0] += 1
+            raise so.StoreUnavailable("listing requests: the database is down (test)")
+        return await pending(*args)
+
+    rt.store.pending = down_pending  # type: ignore[method-assign,assignment]
+    app = create_app(rt, dev=True, workers=0, sweep_every=0.01)
+    with caplog.at_level(logging.INFO, logger="signoff.server"):
+        async with app.router.lifespan_context(app):
+            await until(lambda: asyncio.sleep(0.05, failures[0] == 5))
+            await asyncio.sleep(0.2)  # sweeps that work
+    await rt.close()
+    failed = [r for r in caplog.records if "applying request deadlines failed" in r.getMessage()]
+    assert len(failed) == 1, [r.getMessage() for r in failed]
+    assert failed[0].levelno == logging.WARNING and failed[0].exc_info is None
+    assert "database is down" in failed[0].getMessage()
+    assert "applying request deadlines works again" in caplog.text

@@ -168,3 +168,49 @@ async def test_a_lease_lost_is_said_when_the_store_then_fails(
     assert _about_the_lease(caplog, sid) == [_lost(sid, token[1])]
     assert not [line for line in lines if "the turn failed in the worker" in line], lines
     assert runs == [f"{sid}:1:call_refund"] * 2
+
+
+@pytest.mark.parametrize("stopping_first", [False, True])
+async def test_a_worker_stopped_at_once_names_the_turns_it_interrupted(
+    store_url: str, caplog: pytest.LogCaptureFixture, stopping_first: bool
+) -> None:
+    """`work()` cancelled (a second Ctrl-C or SIGTERM of `signoff worker`, while the first has it
+    wait for its running turns) interrupts the turns it drives, their tool bodies where they
+    stand: its log said only `SIGINT again: stopping now`, so an operator could not tell which
+    sessions had a call cut short (to run again, with the same idempotency key, in the worker
+    that takes them over)."""
+    began = asyncio.Event()
+
+    @so.tool(approval=so.never())
+    async def nap(ctx: so.ToolContext) -> str:
+        """Sleep a long while."""
+        began.set()
+        await asyncio.sleep(60)
+        return "rested"
+
+    call = so.ModelResponse(tool_calls=[so.ToolCall(id="c1", name="nap", input={})])
+    agent = so.Agent(
+        name="support",
+        model=so.models.Scripted([call, so.ModelResponse(text="Rested.")]),
+        tools=[nap],
+    )
+    async with (
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=600) as worker,
+    ):
+        sid = (await front.generate("support", prompt="nap")).session_id
+        with caplog.at_level(logging.INFO, logger="signoff.worker"):
+            stop = asyncio.Event()
+            task = asyncio.create_task(worker.work(stop=stop, idle_wait=0.05))
+            await asyncio.wait_for(began.wait(), 10)
+            if stopping_first:  # the first signal: it waits for the running turn
+                stop.set()
+                await until(lambda: asyncio.sleep(0, "stopping: waiting for 1" in caplog.text))
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 10)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "signoff.worker"]
+    assert (
+        "WARNING",
+        f"stopping now: interrupting 1 running turn(s), their leases given back: {sid}",
+    ) in said, said

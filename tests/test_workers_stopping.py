@@ -12,7 +12,7 @@ from typing import Any
 import signoff as so
 
 from ._worker_procs import AGENT, ALICE, Worker, make_agent, read_records
-from ._workers import until, working
+from ._workers import refund_agent, until, working
 
 
 def chat_agent(inside: list[str], release: asyncio.Event) -> so.Agent:
@@ -115,3 +115,36 @@ async def _status(rt: so.Runtime, session_id: str, wanted: str) -> bool:
 
 async def _started(records: Path) -> bool:
     return any(what == "start" for what, _, _ in read_records(records))
+
+
+async def test_sessions_claimed_as_the_worker_was_told_to_stop_are_given_back_not_started(
+    store_url: str,
+) -> None:
+    """A stop (SIGTERM) landing while a claim was in flight: the worker went on to drive every
+    session that claim returned, starting whole turns (their tool calls) after it was told to
+    stop, and a supervisor's kill at the end of its grace period could land in them. They are
+    no turns in flight: given back at once, for a worker that goes on."""
+    runs: list[str] = []
+    agent = refund_agent(runs, approval=so.never())
+    async with (
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=600) as worker,
+    ):
+        r = await front.generate("support", prompt="Refund order 1042")
+        assert r.status == "running"  # recorded only: a worker runs it
+        stop = asyncio.Event()
+        claim = worker.store.claim
+
+        async def claim_then_stop(*args: Any, **kwargs: Any) -> list[tuple[str, int]]:
+            claimed = await claim(*args, **kwargs)
+            if claimed:
+                stop.set()  # the signal arrives while the claim's answer is on its way
+            return claimed
+
+        worker.store.claim = claim_then_stop  # type: ignore[method-assign]
+        await asyncio.wait_for(worker.work(stop=stop, idle_wait=0.05), 10)
+        assert runs == []  # no turn started after the stop
+        state = await front.state(r.session_id)
+        assert state.status == "running" and state.turn is not None and state.turn.steps == 0
+        # Given back: another process may take it at once, not after the 600 s lease.
+        assert await front.store.acquire_lease(r.session_id, "another", 10.0, front.now())

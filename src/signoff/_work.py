@@ -371,10 +371,14 @@ class Workers(Messages):
                     else:
                         claims.worked()
                     last_empty = -1.0 if claimed else time.monotonic()
+                    if stop.is_set():  # told to stop while it claimed: no turn in flight yet
+                        await self._give_back(claimed, owner)
+                        break
                     for session_id, token in claimed:
                         log.info("claimed session %s (lease %d)", session_id, token)
                         task = asyncio.create_task(
-                            self._work_on(session_id, owner, token, stop.is_set, give_backs)
+                            self._work_on(session_id, owner, token, stop.is_set, give_backs),
+                            name=session_id,  # named if the worker is stopped at once
                         )
                         running.add(task)
                         task.add_done_callback(running.discard)
@@ -416,20 +420,32 @@ class Workers(Messages):
                         await _sleep(stop, idle_wait)
                 else:  # or until claims that failed are tried again
                     await _sleep(stop, max(idle_wait, retry_at - time.monotonic()))
+            if gone is not None:
+                log.error("stopping: %s", gone)
+            if running:
+                log.info("stopping: waiting for %d running turn(s)", len(running))
+                # Not a gather: cancelled meanwhile (a second Ctrl-C), this leaves them running
+                # for the lines below to name and stop.
+                await asyncio.wait(set(running))
+                await asyncio.gather(*running, return_exceptions=True)
+            # Leases of drives the store failed: given back now, once (`stop` ends their waits).
+            await asyncio.gather(*give_backs.tasks, return_exceptions=True)
         except BaseException:
             # Cancelled (a second Ctrl-C, a task's cancel) or broken: the turns it drives stop
             # with it, their leases given back, rather than run on unseen once it is gone.
+            ids = sorted(task.get_name() for task in running if not task.done())
+            if ids:  # a call cut short runs again where the session is taken over: say which
+                more = f", and {len(ids) - 20} more" if len(ids) > 20 else ""
+                log.warning(
+                    "stopping now: interrupting %d running turn(s), their leases given back: %s%s",
+                    len(ids),
+                    ", ".join(ids[:20]),
+                    more,
+                )
             for task in (*running, *give_backs.tasks):
                 task.cancel()
             await asyncio.gather(*running, *give_backs.tasks, return_exceptions=True)
             raise
-        if gone is not None:
-            log.error("stopping: %s", gone)
-        if running:
-            log.info("stopping: waiting for %d running turn(s)", len(running))
-            await asyncio.gather(*running, return_exceptions=True)
-        # Leases of drives the store failed: given back now, once (`stop` ends their waits).
-        await asyncio.gather(*give_backs.tasks, return_exceptions=True)
         if gone is not None:
             raise gone
 
@@ -453,6 +469,25 @@ class Workers(Messages):
                 with contextlib.suppress(StoreError):  # else it lapses: claimed after the TTL
                     await self.store.release_lease(session_id, owner, token)
         return held
+
+    async def _give_back(self, claimed: Sequence[tuple[str, int]], owner: str) -> None:
+        """Give back, undriven, the leases of a claim that returned once its worker was told to
+        stop: a worker that goes on takes them at once (one the store refuses lapses)."""
+        for session_id, token in claimed:
+            self._expiries.pop(session_id, None)  # its confirmation: no drive takes it now
+            try:
+                await self.store.release_lease(session_id, owner, token)
+            except StoreError as exc:
+                log.warning(
+                    "session %s: claimed as the worker stopped; lease %d not given back (it "
+                    "lapses in %.1fs): %s",
+                    session_id,
+                    token,
+                    self.lease_ttl,
+                    exc,
+                )
+            else:
+                log.info("session %s: claimed as the worker stopped; given back", session_id)
 
     async def _work_on(
         self,

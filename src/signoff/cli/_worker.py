@@ -116,12 +116,14 @@ def worker(
             await runtime.close()
             raise
         async with runtime:
+            # Its agents: it claims only their sessions, and leaves any other's to sit idle.
             log.info(
-                "worker %s on %s, concurrency %d, lease %.1fs",
+                "worker %s on %s, concurrency %d, lease %.1fs, agents: %s",
                 runtime.owner,
                 shown_store(runtime.store.url),  # with a schema given apart
                 concurrency,
                 runtime.lease_ttl,
+                ", ".join(sorted(runtime.agents)) or "none",
             )
             await runtime.work(
                 concurrency=concurrency, stop=stop, idle_wait=idle_wait, sweep_every=sweep_every

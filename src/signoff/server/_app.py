@@ -16,10 +16,10 @@ from starlette.responses import RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from .. import __version__
-from .._exceptions import UsageError
+from .._exceptions import StoreError, UsageError
 from .._runtime import Runtime
 from .._settings import flag, positive_seconds
-from .._work import SweepDrives
+from .._work import Failing, SweepDrives
 from ._api import router as api_router
 from ._auth import (
     DASHBOARD_PREFIX,
@@ -187,14 +187,20 @@ def create_app(
         # The turns its deadlines make runnable run in the background, not inside the sweep:
         # a slow one would hold up every deadline passing after it until it ended.
         drives = SweepDrives(runtime)
+        # The store down (an outage, no bug): said once, and once more when it works again.
+        failing = Failing("applying request deadlines", log)
         try:
             with drives.handing():
                 while True:
                     await asyncio.sleep(every)
                     try:
                         await runtime.expire_due()
-                    except Exception:  # a failed sweep is retried at the next tick
+                    except StoreError as exc:  # retried at the next tick
+                        failing.failed(exc, every)
+                    except Exception:
                         log.exception("applying request deadlines failed")
+                    else:
+                        failing.worked()
         finally:
             await drives.aclose()
 
