@@ -52,11 +52,24 @@ def sever(conn: Conn) -> None:
 class Pool(AsyncConnectionPool[Conn]):
     """The store's pool: `check()` (run after a connection was lost) tests each idle connection
     within `operation_timeout`, as a call is held on one: a server process that stopped
-    answering would otherwise hold the test, and whatever waits for it, for ever."""
+    answering would otherwise hold the test, and whatever waits for it, for ever. It counts the
+    connections it has lent (`lent`)."""
 
     def __init__(self, *args: Any, operation_timeout: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.operation_timeout = operation_timeout
+        # Connections handed out and not put back yet: those a call waiting may still get, when
+        # the server refuses new ones (`Outage.borrow`).
+        self.lent = 0
+
+    async def getconn(self, timeout: float | None = None) -> Conn:
+        conn = await super().getconn(timeout)
+        self.lent += 1
+        return conn
+
+    async def putconn(self, conn: Conn) -> None:
+        self.lent -= 1
+        await super().putconn(conn)
 
     async def check_connection(self, conn: Conn) -> None:  # type: ignore[override]
         timer = asyncio.get_running_loop().call_later(self.operation_timeout, sever, conn)
@@ -79,7 +92,7 @@ class Borrowed:
 
     def __init__(
         self,
-        pool: AsyncConnectionPool[Conn],
+        pool: Pool,
         outage: Outage,
         busy_after: float | None,
         timeout: float,

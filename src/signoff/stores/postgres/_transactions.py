@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING, TypeVar
 import psycopg
 from psycopg import pq
 from psycopg.rows import TupleRow
-from psycopg_pool import AsyncConnectionPool
 
 from ..._exceptions import AppendConflict, RequestClosed, StoreError, StoreUnavailable
 from .._prompt import is_prompt, wrote
-from ._borrowed import Borrowed
+from ._borrowed import Borrowed, Pool
 from ._outage import Outage
 from ._shared import shared
 
@@ -39,7 +38,7 @@ class Transactions:
 
     if TYPE_CHECKING:  # `Connections._get_pool`
 
-        async def _get_pool(self) -> AsyncConnectionPool[Conn]: ...
+        async def _get_pool(self) -> Pool: ...
 
     async def _read(self, body: Callable[[Conn], Awaitable[T]], what: str) -> T:
         """Run a read-only `body`; a lost connection is retried once on a fresh one, one cut for
@@ -68,7 +67,7 @@ class Transactions:
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _borrow(self, pool: AsyncConnectionPool[Conn], attempt: int) -> Borrowed:
+    def _borrow(self, pool: Pool, attempt: int) -> Borrowed:
         """A connection for an attempt of a call: only a first attempt may fail soon for want of
         one (`promptly()`), as a retry's statement may have run already."""
         busy_after = self.request_timeout if attempt == 0 and is_prompt() else None
@@ -172,7 +171,7 @@ class Transactions:
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
         raise StoreError(f"{what}: connection to {self._where} kept failing")
 
-    async def _after_loss(self, pool: AsyncConnectionPool[Conn]) -> None:
+    async def _after_loss(self, pool: Pool) -> None:
         """A connection was lost, so the others idle in the pool may be too (the server restarted):
         test them now, so that the check and the retry that follow get a live one. Calls losing
         theirs at once share one test and wait for it `CHECK_WAIT` at most (it goes on without
