@@ -438,6 +438,13 @@ class Connections(Transactions):
             raise StoreError(f"cannot migrate PostgreSQL store {self._where}: {exc}") from exc
         return before, _schema.STORE_SCHEMA
 
+    def _forget(self) -> None:
+        """Forget what this store knew of its sessions: their schema was dropped (`_gone`)."""
+        self._sk = PerSession()
+        self._state = PerSession()
+        self._tails = Tails()
+        self._granted = PerSession()
+
     def _remember(self, session_id: str, state: Seen) -> None:
         self._state[session_id] = state
 

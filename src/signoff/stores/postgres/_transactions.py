@@ -13,7 +13,13 @@ import psycopg
 from psycopg import pq
 from psycopg.rows import TupleRow
 
-from ..._exceptions import AppendConflict, RequestClosed, StoreError, StoreUnavailable
+from ..._exceptions import (
+    AppendConflict,
+    RequestClosed,
+    StoreError,
+    StoreGone,
+    StoreUnavailable,
+)
 from .._prompt import is_prompt, wrote
 from ._borrowed import Borrowed, Pool
 from ._outage import Outage
@@ -27,10 +33,11 @@ Conn = psycopg.AsyncConnection[TupleRow]
 
 class Transactions:
     """`_read` and `_write`, and what they use of `Connections`: the attributes its `__init__`
-    sets, and its `_get_pool` for type checkers."""
+    sets, and its `_get_pool` and `_forget` for type checkers."""
 
     request_timeout: float
     operation_timeout: float
+    schema: str
     _where: str
     _server_async: bool
     _checking: asyncio.Future[None] | None  # the pool's test (`_after_loss`)
@@ -39,6 +46,8 @@ class Transactions:
     if TYPE_CHECKING:  # `Connections._get_pool`
 
         async def _get_pool(self) -> Pool: ...
+
+        def _forget(self) -> None: ...
 
     async def _read(self, body: Callable[[Conn], Awaitable[T]], what: str) -> T:
         """Run a read-only `body`; a lost connection is retried once on a fresh one, one cut for
@@ -64,6 +73,8 @@ class Transactions:
                 if isinstance(exc, psycopg.OperationalError) and broken and attempt == 0:
                     await self._after_loss(pool)
                     continue
+                if isinstance(exc, _MISSING):
+                    raise self._gone(what, exc) from exc
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -72,6 +83,18 @@ class Transactions:
         one (`promptly()`), as a retry's statement may have run already."""
         busy_after = self.request_timeout if attempt == 0 and is_prompt() else None
         return Borrowed(pool, self._outage, busy_after, self.operation_timeout)
+
+    def _gone(self, what: str, exc: psycopg.Error) -> StoreGone:
+        """The store's schema, or a table of it, was dropped under this process: what it knew of
+        its sessions is forgotten (a schema made anew reuses their row keys for others), and
+        only opening the store anew, where it is migrated again, mends it."""
+        self._forget()
+        detail = " ".join(str(exc).split())
+        return StoreGone(
+            f"{what}: the store's schema {self.schema!r} at {self._where} is gone or incomplete "
+            f"({detail}): dropped after this process opened it? Nothing was written. Restart the "
+            "process (or close the store) to open the schema there anew, migrated on first use."
+        )
 
     def _timed_out(self, what: str) -> StoreUnavailable:
         return StoreUnavailable(
@@ -168,6 +191,8 @@ class Transactions:
                     raise RequestClosed(
                         f"request {request_id} is no longer pending", [request_id]
                     ) from None
+                if isinstance(exc, _MISSING):
+                    raise self._gone(what, exc) from exc
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
         raise StoreError(f"{what}: connection to {self._where} kept failing")
 
@@ -195,6 +220,9 @@ connections fail it at once; a slower one is a silent server, met as an outage (
 
 _OPEN = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 """A connection's transaction states that need a ROLLBACK before it goes back to the pool."""
+
+_MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
+"""What a statement fails with when the store's schema, or a table of it, no longer exists."""
 
 _CLOSED = "SO409"
 """SQLSTATE of `request_closed()`: a resolved request was no longer pending."""
