@@ -217,6 +217,11 @@ class Outage:
                 _raise(probing)
         return self._take_spare()
 
+    async def fresh(self) -> Conn:
+        """A new connection set up as the pool's, for a call that must not get another of the
+        pool's (a write a read-only server refused: they may all be on that server)."""
+        return await self._connect()
+
     def _take_spare(self) -> Conn | None:
         """The connection a check found the server back on, if no call took it first (the
         calls of another event loop's thread may be after it too)."""

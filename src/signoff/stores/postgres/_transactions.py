@@ -78,11 +78,12 @@ class Transactions:
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _borrow(self, pool: Pool, attempt: int) -> Borrowed:
-        """A connection for an attempt of a call: only a first attempt may fail soon for want of
-        one (`promptly()`), as a retry's statement may have run already."""
+    def _borrow(self, pool: Pool, attempt: int, fresh: bool = False) -> Borrowed:
+        """A connection for an attempt of a call (a new one, not the pool's, if `fresh`): only a
+        first attempt may fail soon for want of one (`promptly()`), as a retry's statement may
+        have run already."""
         busy_after = self.request_timeout if attempt == 0 and is_prompt() else None
-        return Borrowed(pool, self._outage, busy_after, self.operation_timeout)
+        return Borrowed(pool, self._outage, busy_after, self.operation_timeout, fresh)
 
     def _gone(self, what: str, exc: psycopg.Error) -> StoreGone:
         """The store's schema, or a table of it, was dropped under this process: what it knew of
@@ -126,10 +127,11 @@ class Transactions:
         statement, retried whenever the connection is lost.
         """
         pool = await self._get_pool()
+        fresh = False  # a connection opened for the call, not another of the pool's
         for attempt in range(3):
             phase = "connect"
             broken = False
-            borrowed = self._borrow(pool, attempt)
+            borrowed = self._borrow(pool, attempt, fresh)
             try:
                 async with borrowed as conn:
                     try:
@@ -145,6 +147,8 @@ class Transactions:
                             broken = conn.broken
                             if broken and not conn.closed:
                                 await conn.close()
+                        elif isinstance(exc, _READ_ONLY) and not conn.closed:
+                            await conn.close()  # not pooled again: its server takes no writes
                         if not conn.closed and conn.info.transaction_status in _OPEN:
                             with contextlib.suppress(psycopg.Error):
                                 await conn.rollback()
@@ -183,6 +187,19 @@ class Transactions:
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
             except psycopg.IntegrityError as exc:
                 raise AppendConflict(f"{what}: {exc}") from exc
+            except _READ_ONLY as exc:
+                # A read-only server answered, so nothing was written: a standby that a URL of
+                # several hosts led the connection to while the primary restarted, say. A new
+                # connection may reach one that takes writes (the pool's others may all be
+                # on the standby still: each is replaced as a write meets it).
+                if not fresh:
+                    fresh = True
+                    continue
+                detail = " ".join(str(exc).split())
+                raise StoreError(
+                    f"{what}: PostgreSQL at {self._where} is read-only (a hot standby, or "
+                    f"default_transaction_read_only set): nothing was written ({detail})"
+                ) from exc
             except psycopg.Error as exc:
                 if borrowed.expired:
                     raise self._timed_out(what) from exc
@@ -220,6 +237,9 @@ connections fail it at once; a slower one is a silent server, met as an outage (
 
 _OPEN = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 """A connection's transaction states that need a ROLLBACK before it goes back to the pool."""
+
+_READ_ONLY = psycopg.errors.ReadOnlySqlTransaction
+"""What a write fails with on a server that takes none (SQLSTATE 25006)."""
 
 _MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
 """What a statement fails with when the store's schema, or a table of it, no longer exists."""
