@@ -15,7 +15,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import PoolTimeout
 
 import signoff as so
-from signoff._exceptions import StoreUnavailable
+from signoff._exceptions import StoreBusy, StoreUnavailable
 from signoff.stores import Commit
 from signoff.stores._prompt import promptly
 from signoff.stores.postgres import PostgresStore
@@ -285,6 +285,7 @@ class _Pool:
 
     timeout = 30.0
     max_size = 2
+    lent = 0
 
     def __init__(self, available: int) -> None:
         self.available = available
@@ -315,6 +316,24 @@ async def test_a_pool_that_gives_nothing_during_an_outage_is_unavailable_not_bus
     await outage.probe()
     with pytest.raises(StoreUnavailable, match="PostgreSQL unavailable"):
         await outage.borrow(cast(Any, _Pool(0)), None)
+
+
+class _Contended(_Pool):
+    """A pool whose idle connection another call takes first."""
+
+    async def getconn(self, timeout: float | None = None) -> Any:
+        raise PoolTimeout("another call took it")
+
+
+async def test_a_refusal_found_before_does_not_name_a_call_that_found_the_pool_only_busy() -> None:
+    """A call that got no connection only because another took the idle one first is busy
+    (503 `store_busy`, worth a retry soon), whatever an earlier check was refused."""
+    password = psycopg.OperationalError("connection failed: FATAL:  password authentication")
+    outage = _Clocked([password])
+    await outage.probe()
+    assert outage.refused is not None and outage.since is None
+    with pytest.raises(StoreBusy, match="all 2 of the pool's .* are in use"):
+        await outage.borrow(cast(Any, _Contended(1)), 3.0)
 
 
 async def _refusing(url: str) -> psycopg.AsyncConnection[Any]:

@@ -101,17 +101,18 @@ class Outage:
         why = self.error if self.since is not None else "a new connection was not answered"
         return StoreUnavailable(f"PostgreSQL unavailable at {self._where} for {down:.1f}s: {why}")
 
-    def busy(self, pool: Pool, busy_after: float | None) -> StoreError:
+    def busy(self, pool: Pool, busy_after: float | None, refused: str | None = None) -> StoreError:
         """No connection came in time, the server up: `StoreBusy` for a call that was to wait
         only briefly (so a 503 `store_busy` always means the request wrote nothing), otherwise a
-        `StoreError` after the pool's whole timeout, as before. If the server refused a new
-        connection, that is why, whatever the call was to wait: a `StoreError` saying so."""
+        `StoreError` after the pool's whole timeout, as before. If the server `refused` a new
+        connection (a check the call waited on), that is why, however long the call was to
+        wait: a `StoreError` saying so."""
         waited = pool.timeout if busy_after is None else min(busy_after, pool.timeout)
         message = f"no free PostgreSQL connection at {self._where} within {waited:g}s: "
-        if self.refused is not None:
+        if refused is not None:
             message += (
                 f"{pool.lent} of the pool's {pool.max_size} (`pool_max`) in use, and a new one "
-                f"refused: {self.refused}"
+                f"refused: {refused}"
             )
             return StoreError(message)
         message += f"all {pool.max_size} of the pool's (`pool_max`) are in use"
@@ -172,7 +173,7 @@ class Outage:
                     except PoolTimeout as exc:
                         if self.since is not None:
                             raise self.unavailable() from exc
-                        raise self.busy(pool, busy_after) from exc
+                        raise self.busy(pool, busy_after, self.refused) from exc
                     handed = True
                     return conn, True
                 spare = self._take_spare()
@@ -185,7 +186,8 @@ class Outage:
                     and self.since is None
                     and self._now() - started >= busy_after
                 ):
-                    raise self.busy(pool, busy_after)  # up, and no connection came: busy
+                    # up, and no connection came: busy (or refusing new ones)
+                    raise self.busy(pool, busy_after, self.refused)
                 wait = PROBE_AFTER if self.since is None else min(PROBE_AFTER, self.grace_left())
         finally:
             if not handed:
