@@ -11,12 +11,13 @@ from typing import Any, cast
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import PoolTimeout
 
 import signoff as so
-from signoff._exceptions import StoreUnavailable
+from signoff._exceptions import StoreBusy, StoreUnavailable
 from signoff.stores import Commit
+from signoff.stores._prompt import promptly
 from signoff.stores.postgres import PostgresStore
 from signoff.stores.postgres._outage import PROBE_AFTER, Outage
 
@@ -284,6 +285,7 @@ class _Pool:
 
     timeout = 30.0
     max_size = 2
+    lent = 0
 
     def __init__(self, available: int) -> None:
         self.available = available
@@ -314,3 +316,100 @@ async def test_a_pool_that_gives_nothing_during_an_outage_is_unavailable_not_bus
     await outage.probe()
     with pytest.raises(StoreUnavailable, match="PostgreSQL unavailable"):
         await outage.borrow(cast(Any, _Pool(0)), None)
+
+
+class _Contended(_Pool):
+    """A pool whose idle connection another call takes first."""
+
+    async def getconn(self, timeout: float | None = None) -> Any:
+        raise PoolTimeout("another call took it")
+
+
+async def test_a_refusal_found_before_does_not_name_a_call_that_found_the_pool_only_busy() -> None:
+    """A call that got no connection only because another took the idle one first is busy
+    (503 `store_busy`, worth a retry soon), whatever an earlier check was refused."""
+    password = psycopg.OperationalError("connection failed: FATAL:  password authentication")
+    outage = _Clocked([password])
+    await outage.probe()
+    assert outage.refused is not None and outage.since is None
+    with pytest.raises(StoreBusy, match="all 2 of the pool's .* are in use"):
+        await outage.borrow(cast(Any, _Contended(1)), 3.0)
+
+
+async def _refusing(url: str) -> psycopg.AsyncConnection[Any]:
+    """An admin connection to the server of `url`, whose database from now on refuses new
+    connections (as after a password rotated, a role or an entry of `pg_hba.conf` removed),
+    every backend of it terminated: the server is up, but a pool can open no connection."""
+    name = conninfo_to_dict(url)["dbname"]
+    admin = await psycopg.AsyncConnection.connect(
+        make_conninfo(url, dbname="postgres"), autocommit=True
+    )
+    await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+    await admin.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+    )
+    return admin
+
+
+async def _accepting(admin: psycopg.AsyncConnection[Any], url: str) -> None:
+    name = conninfo_to_dict(url)["dbname"]
+    await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    await admin.close()
+
+
+async def test_a_server_refusing_new_connections_fails_calls_soon_with_its_refusal(
+    pg_store_url: str,
+) -> None:
+    """No connection of the pool is in use, so none can come back, and the server refuses new
+    ones: a call fails soon with a `StoreError` giving the server's refusal, not after the
+    pool's whole wait, nor claiming that every connection is in use (or, for an HTTP request,
+    with a 503 `store_busy` that the client would retry for ever)."""
+    store = PostgresStore(pg_store_url, min_size=2, max_size=4, timeout=LONG, grace=LONG)
+    try:
+        sid = await new_session(store)
+        admin = await _refusing(pg_store_url)
+        try:
+            commit = Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)])
+            for call in (lambda: store.head(sid), lambda: store.commit(commit)):
+                error, took = await timed(call)
+                assert type(error) is so.StoreError, error
+                assert "is not currently accepting connections" in str(error)
+                assert "in use" not in str(error)
+                assert took < 2 + 3 * PROBE_AFTER
+            with promptly():
+                error, _ = await timed(lambda: store.head(sid))
+            assert type(error) is so.StoreError, error  # not StoreBusy: not worth a retry
+        finally:
+            await _accepting(admin, pg_store_url)
+        assert await store.head(sid) == 1  # the commits were not written
+        await store.commit(commit)
+        assert await store.head(sid) == 2
+    finally:
+        await store.close()
+
+
+async def test_a_call_waiting_while_the_server_refuses_new_connections_says_so(
+    pg_store_url: str,
+) -> None:
+    """A connection of the pool still in use may come back, so a call waits for it; if none
+    does, its error says how many are in use and what the server answered a new one, rather
+    than that all of the pool's are."""
+    store = PostgresStore(pg_store_url, min_size=1, max_size=3, timeout=1.5, grace=LONG)
+    try:
+        sid = await new_session(store)
+        pool = await store._get_pool()
+        held = await pool.getconn()  # a call under way
+        admin = await _refusing(pg_store_url)
+        try:
+            error, took = await timed(lambda: store.head(sid))
+            assert type(error) is so.StoreError, error
+            message = str(error)
+            assert "within 1.5s: 1 of the pool's 3 (`pool_max`) in use, and a new one" in message
+            assert "refused: " in message and "is not currently accepting connections" in message
+            assert took >= 1.5
+        finally:
+            await pool.putconn(held)
+            await _accepting(admin, pg_store_url)
+        assert await store.head(sid) == 1
+    finally:
+        await store.close()

@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from signoff._exceptions import StoreError, StoreUnavailable
 from signoff.stores import Commit
@@ -205,6 +206,42 @@ async def test_a_hot_standby_is_read_and_refuses_writes_clearly() -> None:
         await asyncio.sleep(2.0)
         assert 1 <= len(connects) <= 8, f"{len(connects)} LISTEN connections in 3.5 s"
         await store.close()
+    finally:
+        if standby is not None:
+            standby.stop()
+        cluster.stop()
+
+
+async def test_writes_go_back_to_the_primary_of_a_url_of_two_hosts_once_it_is_back() -> None:
+    """A URL naming a primary and its standby (libpq's `target_session_attrs=any`): while the
+    primary restarts, the pool's connections land on the standby, where a write fails, saying
+    the server is read-only and that nothing was written. Back, the primary takes the writes
+    again at once: a connection that met a read-only server is not pooled again (they were, so
+    every write failed for as long as they lived, an hour by default)."""
+    cluster = PgCluster.start()
+    standby: PgCluster | None = None
+    try:
+        name = cluster.create_database()
+        primary = PostgresStore(cluster.url(name))
+        sid = await new_session(primary)
+        await primary.close()
+        standby = cluster.standby()
+        ports = [conninfo_to_dict(c.admin_url)["port"] for c in (cluster, standby)]
+        url = f"postgresql://postgres@127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}/{name}"
+        store = PostgresStore(url, min_size=2, max_size=2, timeout=5)
+        try:
+            assert await store.head(sid) == 1
+            await asyncio.to_thread(cluster.halt)
+            assert await store.head(sid) == 1  # read on the standby
+            commit = Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)])
+            with pytest.raises(StoreError, match="is read-only .*nothing was written"):
+                await store.commit(commit)
+            await asyncio.to_thread(cluster.resume)
+            await store.commit(commit)
+            await store.commit(Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)]))
+            assert [e.seq for e in await store.read_events(sid)] == [1, 2, 3]
+        finally:
+            await store.close()
     finally:
         if standby is not None:
             standby.stop()

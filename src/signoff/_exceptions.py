@@ -29,7 +29,7 @@
     ├── SlackPayloadError          a signed Slack payload signoff cannot read
     └── StoreError                 the store failed or holds something unusable
         ├── SchemaVersionError     data written by a newer signoff
-        ├── StoreGone              the store's file was deleted or replaced under the process
+        ├── StoreGone              the store's file (or schema) was deleted or replaced under it
         ├── AppendConflict         someone else appended to the session first
         ├── LeaseLost              our lease on the session was taken over
         ├── StoreUnavailable       the database server is down, unreachable or not answering
@@ -296,8 +296,8 @@ class SchemaVersionError(StoreError):
 
 
 class StoreGone(StoreError):
-    """The store's file was deleted or replaced after this process opened it: waiting does not
-    help, only opening it anew (restarting the process)."""
+    """The store's file was deleted or replaced (or its PostgreSQL schema dropped) after this
+    process opened it: waiting does not help, only opening it anew (restarting the process)."""
 
     code = "store_gone"
 

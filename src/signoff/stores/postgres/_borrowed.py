@@ -52,11 +52,24 @@ def sever(conn: Conn) -> None:
 class Pool(AsyncConnectionPool[Conn]):
     """The store's pool: `check()` (run after a connection was lost) tests each idle connection
     within `operation_timeout`, as a call is held on one: a server process that stopped
-    answering would otherwise hold the test, and whatever waits for it, for ever."""
+    answering would otherwise hold the test, and whatever waits for it, for ever. It counts the
+    connections it has lent (`lent`)."""
 
     def __init__(self, *args: Any, operation_timeout: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.operation_timeout = operation_timeout
+        # Connections handed out and not put back yet: those a call waiting may still get, when
+        # the server refuses new ones (`Outage.borrow`).
+        self.lent = 0
+
+    async def getconn(self, timeout: float | None = None) -> Conn:
+        conn = await super().getconn(timeout)
+        self.lent += 1
+        return conn
+
+    async def putconn(self, conn: Conn) -> None:
+        self.lent -= 1
+        await super().putconn(conn)
 
     async def check_connection(self, conn: Conn) -> None:  # type: ignore[override]
         timer = asyncio.get_running_loop().call_later(self.operation_timeout, sever, conn)
@@ -68,30 +81,45 @@ class Pool(AsyncConnectionPool[Conn]):
 
 class Borrowed:
     """A connection for one attempt of a store call (`Outage.borrow`, waiting `busy_after`
-    seconds at most if given: for an HTTP request), held to `timeout` seconds (`expired` once
-    it was cut for passing them), then back to the pool, or closed if it was the outage probe's
-    or was cut. Lighter than the pool's `connection()`, whose `async with conn` commits or rolls
-    back an autocommit connection (nothing to do: `_write` rolls back the transactions it
-    opens, and the pool would roll back any other it is handed). The deadline is one timer on
-    the event loop, cancelled when the call is done."""
+    seconds at most if given: for an HTTP request; a new one if `fresh`), held to `timeout`
+    seconds (`expired` once it was cut for passing them), then back to the pool, or closed if it
+    was the outage probe's, a new one, or was cut. Lighter than the pool's `connection()`,
+    whose `async with conn` commits or rolls back an autocommit connection (nothing to do:
+    `_write` rolls back the transactions it opens, and the pool would roll back any other it is
+    handed). The deadline is one timer on the event loop, cancelled when the call is done."""
 
-    __slots__ = ("busy_after", "conn", "expired", "outage", "pool", "pooled", "timeout", "timer")
+    __slots__ = (
+        "busy_after",
+        "conn",
+        "expired",
+        "fresh",
+        "outage",
+        "pool",
+        "pooled",
+        "timeout",
+        "timer",
+    )
 
     def __init__(
         self,
-        pool: AsyncConnectionPool[Conn],
+        pool: Pool,
         outage: Outage,
         busy_after: float | None,
         timeout: float,
+        fresh: bool = False,
     ) -> None:
         self.pool = pool
         self.outage = outage
         self.busy_after = busy_after
         self.timeout = timeout
+        self.fresh = fresh
         self.expired = False
 
     async def __aenter__(self) -> Conn:
-        self.conn, self.pooled = await self.outage.borrow(self.pool, self.busy_after)
+        if self.fresh:  # not the pool's: they may all be on the server that refused the call
+            self.conn, self.pooled = await self.outage.fresh(), False
+        else:
+            self.conn, self.pooled = await self.outage.borrow(self.pool, self.busy_after)
         self.timer = asyncio.get_running_loop().call_later(self.timeout, self._expire)
         return self.conn
 

@@ -134,11 +134,11 @@ class Connections(Transactions):
         self.auto_migrate = flag("migrate", migrate)  # "no" upgraded the store it was to spare
         self._dsn = dsn
         self._where = describe(dsn)
-        self._pool: AsyncConnectionPool[Conn] | None = None
+        self._pool: Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # The pools of other event loops still running (a runtime's async calls and its sync
         # twins on its bridge loop), each taken back when its loop calls again.
-        self._parked: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Conn]] = {}
+        self._parked: dict[asyncio.AbstractEventLoop, Pool] = {}
         # Those loops run in other threads: who holds the pool changes under this lock, and
         # each loop opens its pool under an asyncio lock of its own (one loop's lock released
         # from another thread would not wake the loop waiting on it).
@@ -169,7 +169,7 @@ class Connections(Transactions):
     async def open(self) -> None:
         await self._get_pool()
 
-    async def _get_pool(self) -> AsyncConnectionPool[Conn]:
+    async def _get_pool(self) -> Pool:
         loop = asyncio.get_running_loop()
         pool = self._pool
         if pool is not None and self._loop is loop:
@@ -195,7 +195,7 @@ class Connections(Transactions):
                 self._pool, self._loop = pool, loop
             return pool
 
-    async def _open_pool(self) -> AsyncConnectionPool[Conn]:
+    async def _open_pool(self) -> Pool:
         """A new pool of this event loop, once the schema is checked (and migrated if allowed)."""
         conn = await self._connect()
         try:
@@ -437,6 +437,13 @@ class Connections(Transactions):
         except psycopg.Error as exc:
             raise StoreError(f"cannot migrate PostgreSQL store {self._where}: {exc}") from exc
         return before, _schema.STORE_SCHEMA
+
+    def _forget(self) -> None:
+        """Forget what this store knew of its sessions: their schema was dropped (`_gone`)."""
+        self._sk = PerSession()
+        self._state = PerSession()
+        self._tails = Tails()
+        self._granted = PerSession()
 
     def _remember(self, session_id: str, state: Seen) -> None:
         self._state[session_id] = state

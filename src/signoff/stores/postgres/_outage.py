@@ -12,13 +12,15 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import PoolTimeout
 
 from ..._exceptions import StoreBusy, StoreError, StoreUnavailable
 from ._shared import settle, shared
 
 if TYPE_CHECKING:
     from psycopg.rows import TupleRow
+
+    from ._borrowed import Pool
 
     Conn = psycopg.AsyncConnection[TupleRow]
 else:
@@ -62,6 +64,10 @@ class Outage:
         self.grace = grace
         self.since: float | None = None
         self.error = ""
+        # What the server answered the last check with when it refused a connection (a password
+        # rotated, a database not accepting connections, too many clients): up, but the pool
+        # cannot grow.
+        self.refused: str | None = None
         self._probing: asyncio.Future[None] | None = None
         self._asked = 0.0  # when the check under way started
         self._spare: list[Conn] = []  # at most one: the connection a check found the server back on
@@ -95,26 +101,37 @@ class Outage:
         why = self.error if self.since is not None else "a new connection was not answered"
         return StoreUnavailable(f"PostgreSQL unavailable at {self._where} for {down:.1f}s: {why}")
 
-    def busy(self, pool: AsyncConnectionPool[Conn], busy_after: float | None) -> StoreError:
+    def busy(self, pool: Pool, busy_after: float | None, refused: str | None = None) -> StoreError:
         """No connection came in time, the server up: `StoreBusy` for a call that was to wait
         only briefly (so a 503 `store_busy` always means the request wrote nothing), otherwise a
-        `StoreError` after the pool's whole timeout, as before."""
+        `StoreError` after the pool's whole timeout, as before. If the server `refused` a new
+        connection (a check the call waited on), that is why, however long the call was to
+        wait: a `StoreError` saying so."""
         waited = pool.timeout if busy_after is None else min(busy_after, pool.timeout)
-        message = (
-            f"no free PostgreSQL connection at {self._where} within {waited:g}s: all "
-            f"{pool.max_size} of the pool's (`pool_max`) are in use"
-        )
+        message = f"no free PostgreSQL connection at {self._where} within {waited:g}s: "
+        if refused is not None:
+            message += (
+                f"{pool.lent} of the pool's {pool.max_size} (`pool_max`) in use, and a new one "
+                f"refused: {refused}"
+            )
+            return StoreError(message)
+        message += f"all {pool.max_size} of the pool's (`pool_max`) are in use"
         return StoreError(message) if busy_after is None else StoreBusy(message)
 
-    async def borrow(
-        self, pool: AsyncConnectionPool[Conn], busy_after: float | None
-    ) -> tuple[Conn, bool]:
+    def refusing(self) -> StoreError:
+        return StoreError(
+            f"PostgreSQL at {self._where} refuses new connections, and none of the pool's is "
+            f"open to use: {self.refused}"
+        )
+
+    async def borrow(self, pool: Pool, busy_after: float | None) -> tuple[Conn, bool]:
         """A connection for one call, and whether it is the pool's. While the server is down
         this fails with `StoreUnavailable` once the outage outlasts its grace, instead of
         waiting the pool's whole timeout; a call waiting when the server comes back may get
         the probe's connection (not the pool's) rather than wait for the pool to reconnect.
         The server up, a call waits `busy_after` seconds if given (else the pool's timeout),
-        then fails (`busy`)."""
+        then fails (`busy`); at once if the server refuses new connections and the pool has
+        none lent that could come back (`refusing`)."""
         spare = self._take_spare()
         if spare is not None:
             return spare, False
@@ -148,13 +165,15 @@ class Outage:
                     either: set[asyncio.Future[Any]] = {waiting, probing}
                     await asyncio.wait(either, timeout=limit, return_when=FIRST)
                     _raise(probing)
+                    if probing.done() and not waiting.done() and self.refused and not pool.lent:
+                        raise self.refusing()  # no connection to come back, none to open
                 if waiting.done():
                     try:
                         conn = waiting.result()
                     except PoolTimeout as exc:
                         if self.since is not None:
                             raise self.unavailable() from exc
-                        raise self.busy(pool, busy_after) from exc
+                        raise self.busy(pool, busy_after, self.refused) from exc
                     handed = True
                     return conn, True
                 spare = self._take_spare()
@@ -167,7 +186,8 @@ class Outage:
                     and self.since is None
                     and self._now() - started >= busy_after
                 ):
-                    raise self.busy(pool, busy_after)  # up, and no connection came: busy
+                    # up, and no connection came: busy (or refusing new ones)
+                    raise self.busy(pool, busy_after, self.refused)
                 wait = PROBE_AFTER if self.since is None else min(PROBE_AFTER, self.grace_left())
         finally:
             if not handed:
@@ -199,6 +219,11 @@ class Outage:
                 _raise(probing)
         return self._take_spare()
 
+    async def fresh(self) -> Conn:
+        """A new connection set up as the pool's, for a call that must not get another of the
+        pool's (a write a read-only server refused: they may all be on that server)."""
+        return await self._connect()
+
     def _take_spare(self) -> Conn | None:
         """The connection a check found the server back on, if no call took it first (the
         calls of another event loop's thread may be after it too)."""
@@ -219,6 +244,7 @@ class Outage:
             conn = await self._connect()
         except psycopg.Error as exc:
             if is_down(exc):
+                self.refused = None
                 if self.since is None:
                     # Down since it was first asked: a connection that timed out took
                     # `connect_timeout` to tell, and that counts toward the grace.
@@ -226,7 +252,9 @@ class Outage:
                 self.error = " ".join(str(exc).split()) or type(exc).__name__
             else:
                 self.since = None  # it answered: up, for whatever reason it refused us
+                self.refused = " ".join(str(exc).split()) or type(exc).__name__
             return
+        self.refused = None
         was_down, self.since = self.since is not None, None
         if was_down and not self._spare:
             self._spare.append(conn)  # for the first call to borrow one

@@ -12,11 +12,16 @@ from typing import TYPE_CHECKING, TypeVar
 import psycopg
 from psycopg import pq
 from psycopg.rows import TupleRow
-from psycopg_pool import AsyncConnectionPool
 
-from ..._exceptions import AppendConflict, RequestClosed, StoreError, StoreUnavailable
+from ..._exceptions import (
+    AppendConflict,
+    RequestClosed,
+    StoreError,
+    StoreGone,
+    StoreUnavailable,
+)
 from .._prompt import is_prompt, wrote
-from ._borrowed import Borrowed
+from ._borrowed import Borrowed, Pool
 from ._outage import Outage
 from ._shared import shared
 
@@ -28,10 +33,11 @@ Conn = psycopg.AsyncConnection[TupleRow]
 
 class Transactions:
     """`_read` and `_write`, and what they use of `Connections`: the attributes its `__init__`
-    sets, and its `_get_pool` for type checkers."""
+    sets, and its `_get_pool` and `_forget` for type checkers."""
 
     request_timeout: float
     operation_timeout: float
+    schema: str
     _where: str
     _server_async: bool
     _checking: asyncio.Future[None] | None  # the pool's test (`_after_loss`)
@@ -39,7 +45,9 @@ class Transactions:
 
     if TYPE_CHECKING:  # `Connections._get_pool`
 
-        async def _get_pool(self) -> AsyncConnectionPool[Conn]: ...
+        async def _get_pool(self) -> Pool: ...
+
+        def _forget(self) -> None: ...
 
     async def _read(self, body: Callable[[Conn], Awaitable[T]], what: str) -> T:
         """Run a read-only `body`; a lost connection is retried once on a fresh one, one cut for
@@ -65,14 +73,29 @@ class Transactions:
                 if isinstance(exc, psycopg.OperationalError) and broken and attempt == 0:
                     await self._after_loss(pool)
                     continue
+                if isinstance(exc, _MISSING):
+                    raise self._gone(what, exc) from exc
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _borrow(self, pool: AsyncConnectionPool[Conn], attempt: int) -> Borrowed:
-        """A connection for an attempt of a call: only a first attempt may fail soon for want of
-        one (`promptly()`), as a retry's statement may have run already."""
+    def _borrow(self, pool: Pool, attempt: int, fresh: bool = False) -> Borrowed:
+        """A connection for an attempt of a call (a new one, not the pool's, if `fresh`): only a
+        first attempt may fail soon for want of one (`promptly()`), as a retry's statement may
+        have run already."""
         busy_after = self.request_timeout if attempt == 0 and is_prompt() else None
-        return Borrowed(pool, self._outage, busy_after, self.operation_timeout)
+        return Borrowed(pool, self._outage, busy_after, self.operation_timeout, fresh)
+
+    def _gone(self, what: str, exc: psycopg.Error) -> StoreGone:
+        """The store's schema, or a table of it, was dropped under this process: what it knew of
+        its sessions is forgotten (a schema made anew reuses their row keys for others), and
+        only opening the store anew, where it is migrated again, mends it."""
+        self._forget()
+        detail = " ".join(str(exc).split())
+        return StoreGone(
+            f"{what}: the store's schema {self.schema!r} at {self._where} is gone or incomplete "
+            f"({detail}): dropped after this process opened it? Nothing was written. Restart the "
+            "process (or close the store) to open the schema there anew, migrated on first use."
+        )
 
     def _timed_out(self, what: str) -> StoreUnavailable:
         return StoreUnavailable(
@@ -104,10 +127,11 @@ class Transactions:
         statement, retried whenever the connection is lost.
         """
         pool = await self._get_pool()
+        fresh = False  # a connection opened for the call, not another of the pool's
         for attempt in range(3):
             phase = "connect"
             broken = False
-            borrowed = self._borrow(pool, attempt)
+            borrowed = self._borrow(pool, attempt, fresh)
             try:
                 async with borrowed as conn:
                     try:
@@ -123,6 +147,8 @@ class Transactions:
                             broken = conn.broken
                             if broken and not conn.closed:
                                 await conn.close()
+                        elif isinstance(exc, _READ_ONLY) and not conn.closed:
+                            await conn.close()  # not pooled again: its server takes no writes
                         if not conn.closed and conn.info.transaction_status in _OPEN:
                             with contextlib.suppress(psycopg.Error):
                                 await conn.rollback()
@@ -161,6 +187,19 @@ class Transactions:
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
             except psycopg.IntegrityError as exc:
                 raise AppendConflict(f"{what}: {exc}") from exc
+            except _READ_ONLY as exc:
+                # A read-only server answered, so nothing was written: a standby that a URL of
+                # several hosts led the connection to while the primary restarted, say. A new
+                # connection may reach one that takes writes (the pool's others may all be
+                # on the standby still: each is replaced as a write meets it).
+                if not fresh:
+                    fresh = True
+                    continue
+                detail = " ".join(str(exc).split())
+                raise StoreError(
+                    f"{what}: PostgreSQL at {self._where} is read-only (a hot standby, or "
+                    f"default_transaction_read_only set): nothing was written ({detail})"
+                ) from exc
             except psycopg.Error as exc:
                 if borrowed.expired:
                     raise self._timed_out(what) from exc
@@ -169,10 +208,12 @@ class Transactions:
                     raise RequestClosed(
                         f"request {request_id} is no longer pending", [request_id]
                     ) from None
+                if isinstance(exc, _MISSING):
+                    raise self._gone(what, exc) from exc
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
         raise StoreError(f"{what}: connection to {self._where} kept failing")
 
-    async def _after_loss(self, pool: AsyncConnectionPool[Conn]) -> None:
+    async def _after_loss(self, pool: Pool) -> None:
         """A connection was lost, so the others idle in the pool may be too (the server restarted):
         test them now, so that the check and the retry that follow get a live one. Calls losing
         theirs at once share one test and wait for it `CHECK_WAIT` at most (it goes on without
@@ -196,6 +237,12 @@ connections fail it at once; a slower one is a silent server, met as an outage (
 
 _OPEN = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 """A connection's transaction states that need a ROLLBACK before it goes back to the pool."""
+
+_READ_ONLY = psycopg.errors.ReadOnlySqlTransaction
+"""What a write fails with on a server that takes none (SQLSTATE 25006)."""
+
+_MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
+"""What a statement fails with when the store's schema, or a table of it, no longer exists."""
 
 _CLOSED = "SO409"
 """SQLSTATE of `request_closed()`: a resolved request was no longer pending."""
