@@ -35,11 +35,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from .._exceptions import UsageError
+from .._exceptions import StoreError, UsageError
 from .._settings import seconds, whole
 from .._types import InputRequest
 from ._base import Channel, Escalation, Resolution, logger, off_loop
-from ._retries import doubled
+from ._retries import Outage, doubled
 from ._webhook_signatures import (
     DELIVERY_HEADER,
     EVENT_HEADER,
@@ -142,6 +142,7 @@ class WebhookChannel(Channel):
         self.backfill = backfill
         self._backfilled: set[str] = set()  # request ids whose opening `start` sent
         self._unrestored = False  # the deliveries kept by an earlier run are still to be queued
+        self._restoring = Outage(f"channel {self.name}: reading the deliveries an earlier run kept")
         self.delivered = 0
         self.failed = 0
 
@@ -153,22 +154,31 @@ class WebhookChannel(Channel):
             if r.expires_at is not None:
                 self._deadlines[r.id] = r
         self._unrestored = True
-        await self._restore()
+        if not await self._restore():
+            return  # `tick` reads them later; the backfill waits for the next start
         if self.backfill and not await off_loop(self.recall, _BACKFILLED):
             for r in sorted(open_requests, key=lambda r: (r.created_at, r.index or 0)):
                 await self.enqueue("request.opened", r)  # kept before the memo says it was
                 self._backfilled.add(r.id)
             await off_loop(self.remember, _BACKFILLED, True)
 
-    async def _restore(self) -> None:
-        """Queue the deliveries an earlier run kept and did not send. When reading them fails
-        (the state locked too long), `tick` tries again: no other start is left to send them."""
-        for url, delivery, kept in await off_loop(self._unsent):
+    async def _restore(self) -> bool:
+        """Queue the deliveries an earlier run kept and did not send; False when reading them
+        fails (the state locked too long, or broken): `tick` tries again, as no other start is
+        left to send them, logging the failure once rather than at every poll."""
+        try:
+            unsent = await off_loop(self._unsent)
+        except StoreError as exc:
+            self._restoring.failed(exc)
+            return False
+        self._restoring.worked()
+        for url, delivery, kept in unsent:
             self._restored.add(f"{url} {delivery}")
             if f"{url} {delivery}" not in self._queued:
                 self._queued.add(f"{url} {delivery}")
                 self._queues[url].put_nowait((delivery, kept["event"], kept["body"].encode()))
         self._unrestored = False
+        return True
 
     def _unsent(self) -> list[tuple[str, str, dict[str, Any]]]:
         """The deliveries an earlier run kept and did not send (`url`, `delivery`, the memo);
@@ -205,8 +215,8 @@ class WebhookChannel(Channel):
         await self.enqueue("request.resolved", request, resolution)
 
     async def tick(self, now: float) -> None:
-        if self._unrestored:
-            await self._restore()
+        if self._unrestored and not await self._restore():
+            return
         for rid, r in list(self._deadlines.items()):
             assert r.expires_at is not None
             if now < r.expires_at - self.expiring_within:
