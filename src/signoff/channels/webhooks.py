@@ -49,7 +49,7 @@ from ._webhook_signatures import (
     sign_webhook,
     verify_webhook,
 )
-from ._webhook_urls import checked_urls, httpx_module, masked, without_login
+from ._webhook_urls import checked_urls, endpoint, httpx_module, masked, without_login
 
 if TYPE_CHECKING:
     import httpx
@@ -182,16 +182,25 @@ class WebhookChannel(Channel):
 
     def _unsent(self) -> list[tuple[str, str, dict[str, Any]]]:
         """The deliveries an earlier run kept and did not send (`url`, `delivery`, the memo);
-        those of a URL no longer configured are dropped."""
+        those of a URL no longer configured are dropped. One kept under another spelling of a
+        URL (an earlier version's key: `https://Example.com:443/x`) is kept again under its
+        `endpoint` first, so it is sent once and then forgotten."""
         unsent = []
+        found: set[str] = set()
         for key, kept in self.memos(_OUTBOX):
-            url, _, delivery = key.removeprefix(_OUTBOX).rpartition(" ")  # a URL may hold " "
+            spelled, _, delivery = key.removeprefix(_OUTBOX).rpartition(" ")  # a URL may hold " "
+            url = endpoint(spelled)
             if url not in self.urls:
                 logger.warning(
                     "webhook %s is no longer configured; dropping %s", masked(url), delivery
                 )
                 self.forget(key)
-            else:
+                continue
+            if url != spelled:  # kept again before the old key goes: a crash loses neither
+                self.remember(f"{_OUTBOX}{url} {delivery}", kept)
+                self.forget(key)
+            if f"{url} {delivery}" not in found:  # kept under two spellings: sent once
+                found.add(f"{url} {delivery}")
                 unsent.append((url, delivery, kept))
         return unsent
 
