@@ -419,7 +419,10 @@ class WebhookChannel(Channel):
                 "POST", target, content=raw, headers=headers, auth=auth, follow_redirects=False
             ) as response,
         ):
-            return response.status_code, _retry_after(response.headers, self.clock())
+            status = response.status_code
+            if 200 <= status < 300:  # a wait asked for by a delivered answer is nothing to read
+                return status, None
+            return status, _retry_after(response.headers, self.clock())
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -470,8 +473,8 @@ def _retry_after(headers: httpx.Headers, now: float) -> float | None:
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
+    except (TypeError, ValueError, IndexError, OverflowError):  # Overflow: a year or offset
+        return None  # past a C integer, e.g. a receiver's "+99999999999999999999"
     if when.tzinfo is None:  # an HTTP date is GMT
         return None
     return max(0.0, when.timestamp() - now)
