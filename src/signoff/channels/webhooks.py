@@ -142,7 +142,8 @@ class WebhookChannel(Channel):
         self.backfill = backfill
         self._backfilled: set[str] = set()  # request ids whose opening `start` sent
         self._unrestored = False  # the deliveries kept by an earlier run are still to be queued
-        self._restoring = Outage(f"channel {self.name}: reading the deliveries an earlier run kept")
+        # What the state fails (damaged, locked) is tried again at each tick, logged once.
+        self._failing = Outage(f"channel {self.name}: what it keeps in the channel state")
         self.delivered = 0
         self.failed = 0
 
@@ -154,31 +155,27 @@ class WebhookChannel(Channel):
             if r.expires_at is not None:
                 self._deadlines[r.id] = r
         self._unrestored = True
-        if not await self._restore():
-            return  # `tick` reads them later; the backfill waits for the next start
+        try:
+            await self._restore()
+        except StoreError as exc:  # `tick` reads them later; the backfill waits for the next start
+            self._failing.failed(exc)
+            return
         if self.backfill and not await off_loop(self.recall, _BACKFILLED):
             for r in sorted(open_requests, key=lambda r: (r.created_at, r.index or 0)):
                 await self.enqueue("request.opened", r)  # kept before the memo says it was
                 self._backfilled.add(r.id)
             await off_loop(self.remember, _BACKFILLED, True)
 
-    async def _restore(self) -> bool:
-        """Queue the deliveries an earlier run kept and did not send; False when reading them
-        fails (the state locked too long, or broken): `tick` tries again, as no other start is
-        left to send them, logging the failure once rather than at every poll."""
-        try:
-            unsent = await off_loop(self._unsent)
-        except StoreError as exc:
-            self._restoring.failed(exc)
-            return False
-        self._restoring.worked()
-        for url, delivery, kept in unsent:
+    async def _restore(self) -> None:
+        """Queue the deliveries an earlier run kept and did not send. When reading them fails
+        (the state locked too long, or damaged), `tick` tries again: no other start is left to
+        send them."""
+        for url, delivery, kept in await off_loop(self._unsent):
             self._restored.add(f"{url} {delivery}")
             if f"{url} {delivery}" not in self._queued:
                 self._queued.add(f"{url} {delivery}")
                 self._queues[url].put_nowait((delivery, kept["event"], kept["body"].encode()))
         self._unrestored = False
-        return True
 
     def _unsent(self) -> list[tuple[str, str, dict[str, Any]]]:
         """The deliveries an earlier run kept and did not send (`url`, `delivery`, the memo);
@@ -224,8 +221,20 @@ class WebhookChannel(Channel):
         await self.enqueue("request.resolved", request, resolution)
 
     async def tick(self, now: float) -> None:
-        if self._unrestored and not await self._restore():
+        """Queue the kept deliveries a start could not read, and the warnings now due. What the
+        state fails is tried again at the next tick, logged when it starts failing, when its
+        error changes and once it works, not at every poll."""
+        try:
+            if self._unrestored:
+                await self._restore()
+            await self._warn(now)
+        except StoreError as exc:
+            self._failing.failed(exc)
             return
+        self._failing.worked()
+
+    async def _warn(self, now: float) -> None:
+        """Queue `request.expiring` for each request within `expiring_within` of its deadline."""
         for rid, r in list(self._deadlines.items()):
             assert r.expires_at is not None
             if now < r.expires_at - self.expiring_within:
