@@ -150,7 +150,8 @@ def test_a_host_in_capitals_or_its_default_port_is_the_same_url() -> None:
     assert WebhookChannel("https://[::ABC]:443/x", SECRET).urls == ["https://[::abc]/x"]
     for kept in ("https://[::1]:8443/x", "http://example.com:443/x", "https://example.com:80/x"):
         assert WebhookChannel(kept, SECRET).urls == [kept]  # not the scheme's own port
-    for spelling in ("https://Example.com/hook", "https://example.com:443/hook", "HTTPS://E.X"):
+    spellings = ("https://Example.com/hook", "https://example.com:0443/hook", "HTTPS://E.X")
+    for spelling in spellings:
         same = "https://e.x" if spelling.startswith("HTTPS") else "https://example.com/hook"
         with pytest.raises(so.UsageError, match=f"'{same}' is given twice"):
             WebhookChannel([spelling, same], SECRET)

@@ -40,7 +40,7 @@ def checked_urls(urls: str | Sequence[str]) -> list[str]:
     return url_list
 
 
-_OWN_PORTS = {"http": 80, "https": 443}
+_OWN_PORTS = {"http": "80", "https": "443"}
 
 
 def endpoint(url: str) -> str:
@@ -60,7 +60,7 @@ def endpoint(url: str) -> str:
         port = port.removeprefix(":")
     else:
         host, _, port = hostport.partition(":")
-    if port.isascii() and port.isdigit() and int(port) == _OWN_PORTS.get(scheme):
+    if port.lstrip("0") == _OWN_PORTS.get(scheme):  # no int(): a stored key may be anything
         port = ""
     shown = f"{scheme}{sep}{login}{at}{host.lower()}{':' if port else ''}{port}{rest[end:]}"
     try:
