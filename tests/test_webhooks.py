@@ -524,3 +524,24 @@ async def test_a_retry_after_date_out_of_range_is_no_failed_delivery(when: str) 
         await hooks.close()
     assert slept == [1] and len(receiver.attempts) == 2
     assert (hooks.delivered, hooks.failed) == (1, 0)
+
+
+async def test_a_redirect_refused_names_where_it_pointed_with_any_password_masked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A receiver that moved (308) is refused, as any redirect: the error says where it points,
+    so the operator can configure that URL, with a password in it masked."""
+
+    async def moved(writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 308 Permanent Redirect\r\n"
+            b"Location: https://hook:s3cr3t@new.example/hook\r\nContent-Length: 0\r\n\r\n"
+        )
+        await writer.drain()
+
+    async with raw_receiver(moved) as url:
+        hooks = WebhookChannel(url, SECRET, max_attempts=3)
+        assert await hooks.deliver(url, "whd_1", "request.opened", b"{}") is False
+        await hooks.close()
+    assert "HTTP 308 to 'https://hook:***@new.example/hook'" in caplog.text
+    assert "s3cr3t" not in caplog.text

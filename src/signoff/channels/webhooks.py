@@ -16,9 +16,10 @@ later poll if reading the state fails then; with an in-memory state, it is lost)
 refusal is final.
 
 Each attempt is bounded by `timeout` as a whole and only the response's status is read, never
-its body. Redirects are not followed (a 3xx is a refusal: the signed body goes only where it was
-configured to). URLs are the operator's own configuration, so loopback and private addresses are
-allowed (e.g. a receiver on the same host); never build them from untrusted input. A password
+its body. Redirects are not followed (a 3xx is a refusal, logged with where it points: the
+signed body goes only where it was configured to). URLs are the operator's own configuration,
+so loopback and private addresses are allowed (e.g. a receiver on the same host); never build
+them from untrusted input. A password
 in one (Basic auth) is masked in logs and errors, and sent only in the `Authorization` header,
 never in the request's URL (which httpx logs at INFO).
 """
@@ -378,7 +379,7 @@ class WebhookChannel(Channel):
             }
             asked: float | None = None
             try:
-                status, asked = await self._post(client, url, raw, headers)
+                status, asked, moved = await self._post(client, url, raw, headers)
             except (httpx.HTTPError, TimeoutError) as exc:
                 problem = repr(exc)
             else:
@@ -386,6 +387,8 @@ class WebhookChannel(Channel):
                     self.delivered += 1
                     return "delivered"
                 problem = f"HTTP {status}"
+                if moved is not None:  # where to point the channel, if the receiver moved
+                    problem += f" to {str(masked(moved))[:200]!r}"  # masked whole, then cut
                 if status < 500 and status not in _RETRY_STATUSES:
                     logger.error(
                         "webhook %s refused %s (%s); not retried", masked(url), delivery, problem
@@ -409,8 +412,9 @@ class WebhookChannel(Channel):
 
     async def _post(
         self, client: httpx.AsyncClient, url: str, raw: bytes, headers: dict[str, str]
-    ) -> tuple[int, float | None]:
-        """One POST's status, and the seconds its `Retry-After` asks to wait. The whole attempt
+    ) -> tuple[int, float | None, str | None]:
+        """One POST's status, the seconds its `Retry-After` asks to wait and a redirect's
+        `Location` (never followed). The whole attempt
         is bounded by `timeout` (httpx bounds each read only) and the receiver's body is never
         read, so a trickling or endless answer costs neither time nor memory."""
         target, login = without_login(url)
@@ -430,8 +434,9 @@ class WebhookChannel(Channel):
         ):
             status = response.status_code
             if 200 <= status < 300:  # a wait asked for by a delivered answer is nothing to read
-                return status, None
-            return status, _retry_after(response.headers, self.clock())
+                return status, None, None
+            moved = response.headers.get("location") if 300 <= status < 400 else None
+            return status, _retry_after(response.headers, self.clock()), moved
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
