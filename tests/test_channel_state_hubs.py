@@ -182,3 +182,40 @@ async def test_a_standby_hub_takes_over_when_the_delivering_process_is_killed(
             proc.wait()
             assert proc.stdout is not None
             proc.stdout.close()
+
+
+async def test_a_standby_whose_state_fails_logs_taking_over_once_it_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The delivering hub stops while the state file fails (damaged, locked): the standby tries
+    to take over at every poll. It said it "took over" at each try, every `poll_interval`, though
+    it had not; it says so once, when it has, and the failure once (by its poll)."""
+    state = tmp_path / "channels.db"
+    async with gated(tmp_path) as rt:
+        first, second = Seen(), Seen()
+        one = ChannelHub(rt, [first], state=state)
+        two = ChannelHub(rt, [second], state=state)
+        await one.start(follow=False)
+        await two.start(follow=False)
+        try:
+            await one.stop()
+            read = two.state.position
+
+            def position(name: str) -> int | None:
+                raise so.StoreError("channel state: database disk image is malformed")
+
+            monkeypatch.setattr(two.state, "position", position)
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="signoff.channels"):
+                for _ in range(5):
+                    with pytest.raises(so.StoreError, match="malformed"):
+                        await two.poll()
+                assert "took over" not in caplog.text
+                monkeypatch.setattr(two.state, "position", read)
+                rid = await open_one(rt)
+                await two.poll()
+                await two.poll()
+            assert second.opened == [rid]
+            assert caplog.text.count("took over delivery to seen") == 1
+        finally:
+            await two.stop()

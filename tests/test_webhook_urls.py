@@ -3,15 +3,18 @@ with any password in the URL masked, however httpx would read it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 
+import httpx
 import pytest
 
 import signoff as so
-from signoff.channels import WebhookChannel
+from signoff.channels import ChannelHub, WebhookChannel
 from signoff.channels._webhook_urls import masked
 
-from .test_webhooks import SECRET, Receiver
+from .test_webhooks import SECRET, Receiver, manual, refund_agent
 
 
 def test_a_url_no_connection_can_use_is_refused_when_configured() -> None:
@@ -132,3 +135,62 @@ async def test_a_scheme_in_capitals_is_the_same_url(scheme: str) -> None:
     for other in ("FTP://example.com/hook", "HTTPS:/example.com/hook", " HTTPS://example.com/h"):
         with pytest.raises(so.UsageError, match=r"must be http\(s\)://\.\.\., not"):
             WebhookChannel(other, SECRET)
+
+
+def test_a_host_in_capitals_or_its_default_port_is_the_same_url() -> None:
+    """A host name is case-insensitive and `:443` is https's own port: `https://Example.com/hook`
+    and `https://example.com:443/hook` are `https://example.com/hook`, not a queue each (two
+    deliveries of every event to one receiver). A path's case is the receiver's: kept."""
+    assert WebhookChannel("https://Example.COM:443/Hook?Q=A#F", SECRET).urls == [
+        "https://example.com/Hook?Q=A#F"
+    ]
+    assert WebhookChannel("http://User:PW@EXAMPLE.com:80/X", SECRET).urls == [
+        "http://User:PW@example.com/X"
+    ]
+    assert WebhookChannel("https://[::ABC]:443/x", SECRET).urls == ["https://[::abc]/x"]
+    for kept in ("https://[::1]:8443/x", "http://example.com:443/x", "https://example.com:80/x"):
+        assert WebhookChannel(kept, SECRET).urls == [kept]  # not the scheme's own port
+    spellings = ("https://Example.com/hook", "https://example.com:0443/hook", "HTTPS://E.X")
+    for spelling in spellings:
+        same = "https://e.x" if spelling.startswith("HTTPS") else "https://example.com/hook"
+        with pytest.raises(so.UsageError, match=f"'{same}' is given twice"):
+            WebhookChannel([spelling, same], SECRET)
+    assert len(WebhookChannel(["https://h.x/hook", "https://h.x/Hook"], SECRET).urls) == 2
+
+
+@pytest.mark.parametrize(
+    "kept_as",
+    [["https://Example.COM:443/hook"], ["https://Example.com/hook", "https://example.com/hook"]],
+)
+async def test_a_delivery_kept_under_an_older_spelling_of_the_url_is_sent_once(
+    tmp_path: Path, kept_as: list[str]
+) -> None:
+    """A delivery an earlier version kept under the URL as it was written (host in capitals,
+    port given) is the same URL's now: sent on the next start, once, though it was kept under
+    two spellings (an older hub's two queues), and then forgotten, not dropped as a URL no
+    longer configured nor sent again at each start."""
+    sent: list[tuple[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append((str(request.url), request.headers["Signoff-Delivery"]))
+        return httpx.Response(204)
+
+    async with so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        for _ in range(2):  # the second start sends nothing
+            client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+            hooks = WebhookChannel("https://Example.com/hook", SECRET, client=client)
+            hub = ChannelHub(rt, [hooks], state=tmp_path / "hub.db")
+            if not sent:
+                request = so.InputRequest(
+                    kind="question", id="req_1", session_id="s", turn_id="t", agent="a",
+                    created_at=0.0,
+                )  # fmt: skip
+                body = hooks.payload("request.opened", request)
+                kept = {"event": "request.opened", "body": json.dumps(body)}
+                for url in kept_as:
+                    hub.state.remember("webhooks", f"outbox:{url} {body['id']}", kept, hub=hub.name)
+            async with manual(hub):
+                await asyncio.wait_for(hooks.drain(), 10)
+                assert hub.state.memos("webhooks", "outbox:", hub=hub.name) == []
+            await client.aclose()
+    assert sent == [("https://example.com/hook", body["id"])]

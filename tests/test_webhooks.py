@@ -496,3 +496,52 @@ async def test_a_receiver_asking_to_retry_later_is_waited_for_up_to_max_backoff(
         assert slept == [5, 20, 30, 8, 16]
         assert len(receiver.accepted) == 1
         await hooks.close()
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        "Mon, 01 Jan 2024 00:00:00 +99999999999999999999",  # an offset past a C int
+        "Mon, 01 Jan 99999999999999999999 00:00:00 GMT",  # a year past a C long
+    ],
+)
+async def test_a_retry_after_date_out_of_range_is_no_failed_delivery(when: str) -> None:
+    """Reading such a date raised an OverflowError, out of the attempt: a 2xx carrying one
+    counted as a failure (the delivery sent again at the next start), a 503 carrying one ended
+    the retries. Neither is read as a wait: a 2xx is delivered, a 503 retried after backoff."""
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    answers: list[int | tuple[int, dict[str, str]]] = [
+        (503, {"Retry-After": when}),
+        (200, {"Retry-After": when}),
+    ]
+    async with Receiver(answers) as receiver:
+        hooks = WebhookChannel(receiver.url, SECRET, backoff=1, sleep=sleep)
+        assert await hooks.deliver(receiver.url, "whd_1", "request.opened", b"{}") is True
+        await hooks.close()
+    assert slept == [1] and len(receiver.attempts) == 2
+    assert (hooks.delivered, hooks.failed) == (1, 0)
+
+
+async def test_a_redirect_refused_names_where_it_pointed_with_any_password_masked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A receiver that moved (308) is refused, as any redirect: the error says where it points,
+    so the operator can configure that URL, with a password in it masked."""
+
+    async def moved(writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 308 Permanent Redirect\r\n"
+            b"Location: https://hook:s3cr3t@new.example/hook\r\nContent-Length: 0\r\n\r\n"
+        )
+        await writer.drain()
+
+    async with raw_receiver(moved) as url:
+        hooks = WebhookChannel(url, SECRET, max_attempts=3)
+        assert await hooks.deliver(url, "whd_1", "request.opened", b"{}") is False
+        await hooks.close()
+    assert "HTTP 308 to 'https://hook:***@new.example/hook'" in caplog.text
+    assert "s3cr3t" not in caplog.text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,65 @@ async def test_deliveries_kept_are_sent_by_a_later_poll_when_reading_them_failed
             await hub.poll()  # read once
             await asyncio.wait_for(again.drain(), 10)
             assert len(receiver.accepted) == 1
+
+
+async def test_reading_kept_deliveries_that_keeps_failing_is_logged_once_not_at_every_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The state fails each time the hub reads the deliveries an earlier run kept: each poll
+    tries again, but the failure is logged when it starts, again when its error changes, and
+    once it works (then the delivery goes), not every `poll_interval`."""
+
+    async def sleep(seconds: float) -> None:
+        return None
+
+    state = tmp_path / "hub.db"
+    async with (
+        Receiver([503]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, max_attempts=1, sleep=sleep)
+        async with manual(ChannelHub(rt, [hooks], state=state)) as hub:
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+        again = WebhookChannel(receiver.url, SECRET, sleep=sleep)
+        hub = ChannelHub(rt, [again], state=state)
+        read = hub.state.memos
+        error = ["database is locked"]
+
+        def memos(channel: str, prefix: str = "", **hub: str) -> list[tuple[str, Any]]:
+            if prefix == "outbox:" and error:
+                raise so.StoreError(f"channel state: {error[0]}")
+            return read(channel, prefix, **hub)
+
+        monkeypatch.setattr(hub.state, "memos", memos)
+        caplog.clear()
+        caplog.set_level(logging.INFO, logger="signoff.channels")
+        async with manual(hub):
+            for _ in range(5):
+                await hub.poll()
+            error[0] = "disk I/O error"
+            for _ in range(5):
+                await hub.poll()
+            assert receiver.accepted == []
+            error.clear()
+            await hub.poll()
+            await asyncio.wait_for(again.drain(), 10)
+            assert len(receiver.accepted) == 1
+            for _ in range(3):
+                await hub.poll()
+        logged = [
+            (r.levelname, r.getMessage())
+            for r in caplog.records
+            if r.levelname != "DEBUG" and "it keeps" in r.getMessage()
+        ]
+        assert len(logged) == 3, logged
+        assert "database is locked" in logged[0][1] and logged[0][0] == "WARNING"
+        assert "disk I/O error" in logged[1][1] and logged[1][0] == "WARNING"
+        assert logged[2][0] == "INFO" and "works again" in logged[2][1]
+        failures = [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+        assert len(failures) == 2, [r.getMessage() for r in failures]
 
 
 async def test_a_deadline_open_at_start_is_warned_of_though_reading_the_state_failed_then(

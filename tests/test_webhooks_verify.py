@@ -85,6 +85,21 @@ def test_verify_webhook_refuses_a_tolerance_or_clock_that_checks_nothing() -> No
             verify_webhook(SECRET, good, body, now=now)
 
 
+def test_verify_webhook_refuses_a_tolerance_that_lets_any_age_in() -> None:
+    """An infinite tolerance would take a replay of any age; a bool or a string is no number of
+    seconds (one would mean 1 s, the other a TypeError). Each is a `UsageError` naming it; 0
+    checks the age strictly and is kept."""
+    body = b'{"type":"request.opened"}'
+    stamp = 1_700_000_000
+    good = {"Signoff-Timestamp": str(stamp), "Signoff-Signature": sign_webhook(SECRET, stamp, body)}
+    for tolerance in (float("inf"), float("-inf"), True, "300", None):
+        with pytest.raises(so.UsageError, match="tolerance must be a finite number"):
+            verify_webhook(SECRET, good, body, now=stamp, tolerance=tolerance)  # type: ignore[arg-type]
+    assert verify_webhook(SECRET, good, body, now=stamp, tolerance=0) == {"type": "request.opened"}
+    with pytest.raises(InvalidSignature, match="more than 0s"):
+        verify_webhook(SECRET, good, body, now=stamp + 1, tolerance=0)
+
+
 def test_verify_webhook_refuses_delivery_headers_that_contradict_the_signed_body() -> None:
     """`Signoff-Delivery` and `Signoff-Event` are not signed: a replay that changes them (so a
     receiver deduping on the header takes it as new) is refused rather than believed."""

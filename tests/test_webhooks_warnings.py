@@ -5,6 +5,8 @@ the database's, however far this machine's clock (which signs deliveries) is off
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -107,3 +109,47 @@ async def test_a_warning_is_timed_by_the_database_clock(pg_store_url: str, skew:
         assert before - 1 <= p["at"] <= after + 1, (p["at"] - before, skew)
     left = payloads[1]["request"]["expires_at"] - payloads[1]["at"]
     assert 600 - (after - before) - 1 <= left <= 600
+
+
+async def test_a_warning_the_state_keeps_failing_is_logged_once_and_sent_once_it_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The state fails at each tick that checks whether a request was warned of: the tick is
+    tried again at each poll, but logged when it starts failing and once it works (then the
+    warning goes), not with a traceback every `poll_interval`."""
+    clock = ManualClock()
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime(
+            [refund_agent(expires_in=3600)], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock
+        ) as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, expiring_within=600, clock=clock)
+        hub = ChannelHub(rt, [hooks], state=tmp_path / "hub.db", clock=clock)
+        read = hub.state.recall
+        broken = [True]
+
+        def recall(channel: str, key: str, **hub: str) -> Any:
+            if key.startswith("warned:") and broken:
+                raise so.StoreError("channel state: database disk image is malformed")
+            return read(channel, key, **hub)
+
+        monkeypatch.setattr(hub.state, "recall", recall)
+        async with manual(hub):
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            clock.advance(3100)  # within 600 s of the deadline
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="signoff.channels"):
+                for _ in range(5):
+                    await hub.poll()
+                broken.clear()
+                await hub.poll()
+                await hub.poll()
+            await hooks.drain()
+        types = [json.loads(b)["type"] for _, b in receiver.accepted]
+        assert types == ["request.opened", "request.expiring"]
+        logged = [(r.levelname, r.getMessage()) for r in caplog.records]
+        assert len(logged) == 2, logged
+        assert logged[0][0] == "WARNING" and "malformed" in logged[0][1]
+        assert logged[1][0] == "INFO" and "works again" in logged[1][1]

@@ -267,8 +267,6 @@ class ChannelHub:
         free = self._lock_free()
         if not free:
             return
-        names = ", ".join(ch.name for ch in free)
-        logger.warning("channel hub %s: took over delivery to %s", self.name, names)
         try:
             await self._activate(free)
         except BaseException:  # e.g. the store is down: stand by again and retry on a poll
@@ -281,7 +279,10 @@ class ChannelHub:
                 except Exception:
                     logger.exception("channel %s failed to close", ch.name)
                 self._leases[ch.name].release()
-            raise
+            raise  # a StoreError is logged by `_follow` once while it keeps failing
+        # Said once it is so: a try the state fails is retried at every poll.
+        names = ", ".join(ch.name for ch in free)
+        logger.warning("channel hub %s: took over delivery to %s", self.name, names)
 
     async def stop(self) -> None:
         """Stop following and close the channels (and the state file, if the hub opened it).

@@ -9,7 +9,7 @@ import time
 
 from ._base import ChannelUnreachable, RateLimited, logger
 
-__all__ = ["MAX_WAIT", "Retries", "doubled"]
+__all__ = ["MAX_WAIT", "Outage", "Retries", "doubled"]
 
 MAX_WAIT = 3600.0  # seconds: the longest a rate limit holds a channel back before it retries
 
@@ -74,6 +74,38 @@ class Retries:
         """The channel is done with the entry (told, or given up on): no retry is pending."""
         self._failures.pop((name, entry_id), None)
         self._retry_at.pop(name, None)
+
+
+class Outage:
+    """A call a channel makes again at each poll while it fails (its state file broken): logged
+    when it starts failing, again when the error changes and once it works, not at every try."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.since: float | None = None  # `time.monotonic()` of the first failure in a row
+        self.error: str | None = None
+
+    def failed(self, exc: Exception) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+        if str(exc) != self.error:
+            logger.warning(
+                "%s failed, retrying at each poll (logged again if the error changes or once it "
+                "works): %s",
+                self.what,
+                exc,
+            )
+        else:
+            logger.debug("%s failed again: %s", self.what, exc)
+        self.error = str(exc)
+
+    def worked(self) -> None:
+        if self.since is not None:
+            logger.info(
+                "%s works again (it failed for %.1fs)", self.what, time.monotonic() - self.since
+            )
+        self.since = None
+        self.error = None
 
 
 def doubled(backoff: float, times: int) -> float:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .._exceptions import UsageError
+from .._settings import seconds
 from ._base import InvalidSignature
 
 __all__ = [
@@ -50,6 +51,8 @@ def verify_webhook(
     """Check a delivery's signature and age; returns the parsed JSON payload.
 
     `secret` may be several (while rotating): a signature by any of them is accepted.
+    `tolerance` must be a finite number of seconds from 0 (a `UsageError` otherwise: an
+    infinite one would accept a replay of any age).
     Raises `InvalidSignature` when a header is missing, the timestamp is more than `tolerance`
     seconds away from `now`, no `v1=` signature (comma-separated, for secret rotation)
     matches (the comparison is constant-time), or the unsigned `Signoff-Delivery` or
@@ -59,8 +62,8 @@ def verify_webhook(
         payload = verify_webhook(SECRET, request.headers, await request.body())
     """
     secrets = secret_list(secret, "verify_webhook()")
-    if not tolerance >= 0:  # NaN compares false with every age: it would let any replay in
-        raise UsageError(f"tolerance must be a number of seconds >= 0, not {tolerance!r}")
+    # NaN compares false with every age and infinity is above each: either lets any replay in.
+    seconds("tolerance", tolerance, zero=True)
     if now is not None and not math.isfinite(now):
         raise UsageError(f"now must be a finite Unix time, not {now!r}")
     try:

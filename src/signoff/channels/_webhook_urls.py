@@ -8,13 +8,14 @@ from typing import Any
 
 from .._exceptions import UsageError
 
-__all__ = ["checked_urls", "httpx_module", "masked", "without_login"]
+__all__ = ["checked_urls", "endpoint", "httpx_module", "masked", "without_login"]
 
 
 def checked_urls(urls: str | Sequence[str]) -> list[str]:
     """`urls` as a list, each an http(s) URL httpx can send to, naming a host and a usable port,
-    none twice (one queue per URL: twice would deliver twice). A scheme is case-insensitive
-    (RFC 3986 3.1): it is written in lowercase, so `HTTPS://h/x` and `https://h/x` are one URL."""
+    none twice (one queue per URL: twice would deliver twice). Each is its `endpoint`: a scheme
+    and a host are case-insensitive (RFC 3986 3.1, 3.2.2) and a scheme's own port is no other,
+    so `HTTPS://Example.com:443/x` and `https://example.com/x` are one URL."""
     httpx = httpx_module()  # fail at configuration time, with the install hint
     given = [_lowercase_scheme(url) for url in ([urls] if isinstance(urls, str) else urls)]
     if not given:
@@ -32,10 +33,46 @@ def checked_urls(urls: str | Sequence[str]) -> list[str]:
             raise UsageError(f"the webhook URL {masked(url)!r} names no host")
         if port is not None and not 0 < port < 65536:  # else each send raises
             raise UsageError(f"the webhook URL {masked(url)!r} names no usable port")
-        if given.count(url) > 1:  # one queue per URL: twice would deliver twice
+        url = endpoint(url)
+        if url in url_list:  # one queue per URL: twice would deliver twice
             raise UsageError(f"the webhook URL {masked(url)!r} is given twice")
         url_list.append(url)
     return url_list
+
+
+_OWN_PORTS = {"http": "80", "https": "443"}
+
+
+def endpoint(url: str) -> str:
+    """`url` as one endpoint is written however it was spelled: its scheme and host in
+    lowercase, its scheme's own port (`:443` of https) left out, the rest (path, query, any
+    login) as it is. Deliveries are queued and kept under it. A URL httpx cannot read, or one
+    whose rewriting httpx would read otherwise, is returned as it is."""
+    httpx = httpx_module()
+    scheme, sep, rest = str(_lowercase_scheme(url)).partition("://")
+    # The authority as httpx reads it: up to the first `/`, `?` or `#`; its host after the
+    # last `@`, then an optional `:port` (an IPv6 host is in brackets).
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    login, at, hostport = rest[:end].rpartition("@")
+    if hostport.startswith("["):
+        host, bracket, port = hostport.partition("]")
+        host += bracket
+        port = port.removeprefix(":")
+    else:
+        host, _, port = hostport.partition(":")
+    if port.lstrip("0") == _OWN_PORTS.get(scheme):  # no int(): a stored key may be anything
+        port = ""
+    shown = f"{scheme}{sep}{login}{at}{host.lower()}{':' if port else ''}{port}{rest[end:]}"
+    try:
+        same = _read(httpx.URL(shown)) == _read(httpx.URL(url))
+    except (httpx.InvalidURL, UnicodeError):
+        return url
+    return shown if same else url
+
+
+def _read(url: Any) -> tuple[Any, ...]:
+    """What httpx sends to for an `httpx.URL`, a host in any case the same."""
+    return (url.scheme, url.userinfo, url.host.lower(), url.port, url.raw_path, url.fragment)
 
 
 def without_login(url: str) -> tuple[Any, Any]:

@@ -16,9 +16,10 @@ later poll if reading the state fails then; with an in-memory state, it is lost)
 refusal is final.
 
 Each attempt is bounded by `timeout` as a whole and only the response's status is read, never
-its body. Redirects are not followed (a 3xx is a refusal: the signed body goes only where it was
-configured to). URLs are the operator's own configuration, so loopback and private addresses are
-allowed (e.g. a receiver on the same host); never build them from untrusted input. A password
+its body. Redirects are not followed (a 3xx is a refusal, logged with where it points: the
+signed body goes only where it was configured to). URLs are the operator's own configuration,
+so loopback and private addresses are allowed (e.g. a receiver on the same host); never build
+them from untrusted input. A password
 in one (Basic auth) is masked in logs and errors, and sent only in the `Authorization` header,
 never in the request's URL (which httpx logs at INFO).
 """
@@ -35,11 +36,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from .._exceptions import UsageError
+from .._exceptions import StoreError, UsageError
 from .._settings import seconds, whole
 from .._types import InputRequest
 from ._base import Channel, Escalation, Resolution, logger, off_loop
-from ._retries import doubled
+from ._retries import Outage, doubled
 from ._webhook_signatures import (
     DELIVERY_HEADER,
     EVENT_HEADER,
@@ -49,7 +50,7 @@ from ._webhook_signatures import (
     sign_webhook,
     verify_webhook,
 )
-from ._webhook_urls import checked_urls, httpx_module, masked, without_login
+from ._webhook_urls import checked_urls, endpoint, httpx_module, masked, without_login
 
 if TYPE_CHECKING:
     import httpx
@@ -142,6 +143,8 @@ class WebhookChannel(Channel):
         self.backfill = backfill
         self._backfilled: set[str] = set()  # request ids whose opening `start` sent
         self._unrestored = False  # the deliveries kept by an earlier run are still to be queued
+        # What the state fails (damaged, locked) is tried again at each tick, logged once.
+        self._failing = Outage(f"channel {self.name}: what it keeps in the channel state")
         self.delivered = 0
         self.failed = 0
 
@@ -153,7 +156,11 @@ class WebhookChannel(Channel):
             if r.expires_at is not None:
                 self._deadlines[r.id] = r
         self._unrestored = True
-        await self._restore()
+        try:
+            await self._restore()
+        except StoreError as exc:  # `tick` reads them later; the backfill waits for the next start
+            self._failing.failed(exc)
+            return
         if self.backfill and not await off_loop(self.recall, _BACKFILLED):
             for r in sorted(open_requests, key=lambda r: (r.created_at, r.index or 0)):
                 await self.enqueue("request.opened", r)  # kept before the memo says it was
@@ -162,7 +169,8 @@ class WebhookChannel(Channel):
 
     async def _restore(self) -> None:
         """Queue the deliveries an earlier run kept and did not send. When reading them fails
-        (the state locked too long), `tick` tries again: no other start is left to send them."""
+        (the state locked too long, or damaged), `tick` tries again: no other start is left to
+        send them."""
         for url, delivery, kept in await off_loop(self._unsent):
             self._restored.add(f"{url} {delivery}")
             if f"{url} {delivery}" not in self._queued:
@@ -172,16 +180,25 @@ class WebhookChannel(Channel):
 
     def _unsent(self) -> list[tuple[str, str, dict[str, Any]]]:
         """The deliveries an earlier run kept and did not send (`url`, `delivery`, the memo);
-        those of a URL no longer configured are dropped."""
+        those of a URL no longer configured are dropped. One kept under another spelling of a
+        URL (an earlier version's key: `https://Example.com:443/x`) is kept again under its
+        `endpoint` first, so it is sent once and then forgotten."""
         unsent = []
+        found: set[str] = set()
         for key, kept in self.memos(_OUTBOX):
-            url, _, delivery = key.removeprefix(_OUTBOX).rpartition(" ")  # a URL may hold " "
+            spelled, _, delivery = key.removeprefix(_OUTBOX).rpartition(" ")  # a URL may hold " "
+            url = endpoint(spelled)
             if url not in self.urls:
                 logger.warning(
                     "webhook %s is no longer configured; dropping %s", masked(url), delivery
                 )
                 self.forget(key)
-            else:
+                continue
+            if url != spelled:  # kept again before the old key goes: a crash loses neither
+                self.remember(f"{_OUTBOX}{url} {delivery}", kept)
+                self.forget(key)
+            if f"{url} {delivery}" not in found:  # kept under two spellings: sent once
+                found.add(f"{url} {delivery}")
                 unsent.append((url, delivery, kept))
         return unsent
 
@@ -205,8 +222,20 @@ class WebhookChannel(Channel):
         await self.enqueue("request.resolved", request, resolution)
 
     async def tick(self, now: float) -> None:
-        if self._unrestored:
-            await self._restore()
+        """Queue the kept deliveries a start could not read, and the warnings now due. What the
+        state fails is tried again at the next tick, logged when it starts failing, when its
+        error changes and once it works, not at every poll."""
+        try:
+            if self._unrestored:
+                await self._restore()
+            await self._warn(now)
+        except StoreError as exc:
+            self._failing.failed(exc)
+            return
+        self._failing.worked()
+
+    async def _warn(self, now: float) -> None:
+        """Queue `request.expiring` for each request within `expiring_within` of its deadline."""
         for rid, r in list(self._deadlines.items()):
             assert r.expires_at is not None
             if now < r.expires_at - self.expiring_within:
@@ -350,7 +379,7 @@ class WebhookChannel(Channel):
             }
             asked: float | None = None
             try:
-                status, asked = await self._post(client, url, raw, headers)
+                status, asked, moved = await self._post(client, url, raw, headers)
             except (httpx.HTTPError, TimeoutError) as exc:
                 problem = repr(exc)
             else:
@@ -358,6 +387,8 @@ class WebhookChannel(Channel):
                     self.delivered += 1
                     return "delivered"
                 problem = f"HTTP {status}"
+                if moved is not None:  # where to point the channel, if the receiver moved
+                    problem += f" to {str(masked(moved))[:200]!r}"  # masked whole, then cut
                 if status < 500 and status not in _RETRY_STATUSES:
                     logger.error(
                         "webhook %s refused %s (%s); not retried", masked(url), delivery, problem
@@ -381,8 +412,9 @@ class WebhookChannel(Channel):
 
     async def _post(
         self, client: httpx.AsyncClient, url: str, raw: bytes, headers: dict[str, str]
-    ) -> tuple[int, float | None]:
-        """One POST's status, and the seconds its `Retry-After` asks to wait. The whole attempt
+    ) -> tuple[int, float | None, str | None]:
+        """One POST's status, the seconds its `Retry-After` asks to wait and a redirect's
+        `Location` (never followed). The whole attempt
         is bounded by `timeout` (httpx bounds each read only) and the receiver's body is never
         read, so a trickling or endless answer costs neither time nor memory."""
         target, login = without_login(url)
@@ -400,7 +432,11 @@ class WebhookChannel(Channel):
                 "POST", target, content=raw, headers=headers, auth=auth, follow_redirects=False
             ) as response,
         ):
-            return response.status_code, _retry_after(response.headers, self.clock())
+            status = response.status_code
+            if 200 <= status < 300:  # a wait asked for by a delivered answer is nothing to read
+                return status, None, None
+            moved = response.headers.get("location") if 300 <= status < 400 else None
+            return status, _retry_after(response.headers, self.clock()), moved
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -451,8 +487,8 @@ def _retry_after(headers: httpx.Headers, now: float) -> float | None:
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
+    except (TypeError, ValueError, IndexError, OverflowError):  # Overflow: a year or offset
+        return None  # past a C integer, e.g. a receiver's "+99999999999999999999"
     if when.tzinfo is None:  # an HTTP date is GMT
         return None
     return max(0.0, when.timestamp() - now)
