@@ -21,6 +21,7 @@ from .stores._audit import AuditEntry, AuditRow, chain_hash, int_time_hash
 from .stores._base import RequestRow
 
 __all__ = [
+    "AuditEntries",
     "AuditProblem",
     "check_stream",
     "check_writable",
@@ -41,6 +42,18 @@ _OLD_FORMS_STREAM = "dashboard:forms"
 # the streams no session keeps the head of
 _OWN_STREAMS = (TOOLS_STREAM, SIGN_OUTS_STREAM, _OLD_FORMS_STREAM)
 RESPONSE_POLICY_NOTE = " + response policy"  # ends the setting of a tool with a response policy
+
+
+class AuditEntries(list[AuditEntry]):
+    """What `rt.audit()` returns: the entries read, oldest first, and `truncated`, True when
+    more followed its `limit`, so a trail cut short never reads as the whole."""
+
+    def __init__(self, entries: Iterable[AuditEntry] = (), *, truncated: bool = False) -> None:
+        super().__init__(entries)
+        self.truncated = truncated
+
+    def __repr__(self) -> str:
+        return f"AuditEntries({list.__repr__(self)}, truncated={self.truncated})"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
