@@ -36,7 +36,7 @@ class Auditing(Workers):
             if len(out) >= limit:  # one more than asked for: the list says it was cut
                 out.truncated = True
                 break
-            out.append(e)
+            out.append(_audit.undamaged(e))
         return out
 
     @closes_stop
