@@ -32,7 +32,11 @@ class Auditing(Workers):
         check_page(limit, 0)
         await self.open()
         out = AuditEntries()
-        async for e in _audit.entries(self.store, stream=session_id or stream):
+        # As many pages as `limit` takes, each a little longer: the entry past the limit, read
+        # to tell whether one follows, comes in the last of them, not in a page of its own.
+        pages = max(1, -(-limit // _audit.PAGE))
+        page = -(-(limit + 1) // pages)
+        async for e in _audit.entries(self.store, stream=session_id or stream, page=page):
             if len(out) >= limit:  # one more than asked for: the list says it was cut
                 out.truncated = True
                 break
