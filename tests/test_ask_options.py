@@ -70,6 +70,55 @@ async def test_options_a_person_cannot_tell_apart_are_refused_and_nothing_is_ask
 
 
 @pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        (["#2", "1", "b"], "option #1's label '#2' is how a person names option #2"),
+        (["0", "1", "＃２"], "option #3's label '＃２' is how a person names option #2"),
+        (
+            [so.Option(id="z", label="zero"), so.Option(id="#1", label="one"), "1"],
+            "option #2's id '#1' is how a person names option #1",
+        ),
+    ],
+    ids=["label", "full-width", "id"],
+)
+async def test_a_label_that_is_another_options_hash_number_is_refused(
+    tmp_path: Path, options: list[Any], words: str
+) -> None:
+    """Where a label is another option's number (`1` on the second), a person is told to reply
+    `#` and a number (`#2` for the second): a label `#2` on the first took that reply, so the
+    second option answered to no reply at all. Asked so, it is refused, and nothing is asked."""
+    r, results, stored = await _asked(tmp_path, "Which?", options)
+    assert r.status == "completed" and r.pending == []
+    assert stored.requests == [] and stored.pending == []
+    (result,) = results
+    assert result.is_error is True
+    assert result.content["error"].startswith("UsageError: ctx.ask(): ")
+    assert words in result.content["error"]
+
+
+async def test_a_hash_number_label_where_numbers_do_not_clash_is_that_label(
+    store_url: str,
+) -> None:
+    """With no label another's number, `#` and a number is no reply of its own: a label `#2`
+    is asked, and `#2` typed chooses it (an exact label wins), on either store."""
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Ask which."""
+        return (await ctx.ask("Which?", options=["#2", "a", "b"])).value
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent("bot", [call_tools(call("pick")), seen], tools=[pick])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        assert r.status == "waiting"
+        done = await rt.send(r.session_id, "#2", principal=ALICE)
+        assert done.status == "completed"
+        (result,) = tool_results(seen.last)
+        assert result.is_error is False and result.content == "#2"
+
+
+@pytest.mark.parametrize(
     ("question", "options", "words"),
     [
         ("Which?", ["\u200b", "b"], "option #1 has a blank label"),

@@ -6,6 +6,7 @@ import io
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -335,3 +336,50 @@ async def test_a_policys_reason_for_running_a_call_that_then_failed_is_in_the_tr
         assert ended.data["status"] == "error"
         assert started.data["policy_reason"] == "refunds under 100 need no person"
         assert await rt.verify_audit() == []
+
+
+async def test_a_trail_cut_at_its_limit_says_so(store_url: str) -> None:
+    """`rt.audit()` stopped at its limit (10,000 by default) and returned a list like any
+    other: a caller read a cut trail as the whole. The list now says whether entries followed
+    (`truncated`), on either store, for a session and across all, and when `limit` is 0."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        whole = await rt.audit(sid)
+        assert len(whole) > 3 and whole.truncated is False
+        cut = await rt.audit(sid, limit=3)
+        assert cut == whole[:3] and cut.truncated is True
+        exact = await rt.audit(sid, limit=len(whole))
+        assert exact == whole and exact.truncated is False
+        assert (await rt.audit(sid, limit=0)).truncated is True
+        assert (await rt.audit("ses_none", limit=0)).truncated is False
+        everything = await rt.audit()
+        assert everything.truncated is False
+        assert (await rt.audit(limit=len(everything) - 1)).truncated is True
+        assert rt.audit_sync(sid, limit=1).truncated is True
+
+
+async def test_telling_a_trail_was_cut_reads_no_page_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry past the limit, read to tell whether one follows, comes with the last page:
+    a limit of whole pages reads as many pages as it did before it was told."""
+    from signoff import _audit_trail
+
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=f"sqlite:///{tmp_path}/a.db", clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        monkeypatch.setattr(_audit_trail, "PAGE", 2)
+        reads: list[int] = []
+        read = rt.store.audit
+
+        async def counted(**kwargs: Any) -> Any:
+            reads.append(kwargs["limit"])
+            return await read(**kwargs)
+
+        monkeypatch.setattr(rt.store, "audit", counted)
+        for limit, pages in ((2, 1), (4, 2), (5, 3)):
+            reads.clear()
+            cut = await rt.audit(sid, limit=limit)
+            assert len(cut) == limit and cut.truncated is True
+            assert len(reads) == pages, (limit, reads)

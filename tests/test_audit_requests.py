@@ -100,6 +100,8 @@ async def test_a_settled_requests_row_rewritten_is_named(store_url: str) -> None
     reasons = await problems_of(store_url, clock)
     assert len(reasons) == 1 and wiped in reasons[0]
     assert "settled" in reasons[0] and "expired" in reasons[0]
+    # each said once (it read `expired (expired)`), the outcome where it is not the status
+    assert "it is settled as approved, but the trail has it expired" in reasons[0], reasons
     alter(
         store_url,
         "UPDATE {t}requests SET status='pending', outcome=NULL, resolution=NULL WHERE id={p}",
@@ -107,6 +109,7 @@ async def test_a_settled_requests_row_rewritten_is_named(store_url: str) -> None
     )
     reasons = await problems_of(store_url, clock)
     assert len(reasons) == 1 and wiped in reasons[0] and "pending" in reasons[0]
+    assert "it is pending, but the trail has it expired;" in reasons[0], reasons
 
 
 async def parked(rt: so.Runtime) -> tuple[str, str]:

@@ -300,6 +300,23 @@ async def test_ask_question_with_a_wrong_number_of_options_is_a_tool_error(
         assert await rt.pending() == []
 
 
+async def test_ask_question_label_taking_another_options_hash_number_is_invalid_input(
+    tmp_path: Path,
+) -> None:
+    """Labels `#2` and `1`: a typed 1 names both options, so a person is told to reply `#2`
+    for the second, which the first's label takes. The model reads why and can ask again."""
+    seen = Capture(reply("ok"))
+    options = [{"label": "#2", "description": "a"}, {"label": "1", "description": "b"}]
+    async with sqlite_runtime(tmp_path, shipping_agent(seen, options=options)) as rt:
+        r = await rt.generate("shop", prompt="ship my order", auth=ALICE)
+        assert r.pending == []
+        [result] = tool_results(seen.last)
+        assert result.is_error is True and result.content["error"] == "invalid input"
+        [detail] = result.content["details"]
+        assert detail["loc"] == ["options"]
+        assert "option #1's label '#2' is how a person names option #2" in detail["msg"]
+
+
 async def test_ask_question_option_without_a_description_is_a_tool_error(tmp_path: Path) -> None:
     seen = Capture(reply("ok"))
     options = [{"label": "A"}, {"label": "B", "description": "b"}]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import sqlite3
@@ -315,23 +316,36 @@ async def test_an_audit_hash_that_is_not_bytes_is_named_by_verification(
         ]
 
 
-@pytest.mark.parametrize(("column", "stored"), [("n", "'x'"), ("seq", "'x'"), ("n", "x'01'")])
-async def test_an_audit_number_that_is_not_a_number_is_a_store_error(
+@pytest.mark.parametrize(
+    ("column", "stored"), [("n", "'x'"), ("seq", "'x'"), ("n", "x'01'"), ("seq", "2.5")]
+)
+async def test_an_audit_number_that_is_not_a_number_is_named_as_damage(
     tmp_path: Path, column: str, stored: str
 ) -> None:
     """An entry whose number or event seq a hand edit made text cannot be placed in its chain:
-    reading it is a `StoreError` naming the entry, not a TypeError from comparing it."""
+    listing it is a `StoreError` naming the entry, not a TypeError from comparing it. Verifying
+    stopped there too, hiding the rest: it names that entry as damaged, and goes on to name an
+    entry altered after it."""
     url = f"sqlite:///{tmp_path / 'state.db'}"
     clock = ManualClock()
     async with so.Runtime([audit_agent()], store=url, clock=clock) as rt:
         sid = await run_scenario(rt, clock)
-        first = (await rt.audit(sid))[0]
+        first, *_, last = await rt.audit(sid)
+        assert await rt.verify_audit() == []
     alter(url, f"UPDATE audit SET {column}={stored} WHERE id={FIRST_ENTRY}")
+    alter(url, f"UPDATE audit SET hash=x'00' WHERE id={last.id}")
     named = rf"audit entry {first.id} of '{sid}' is damaged: its {column} is "
     async with so.Runtime([audit_agent()], store=url, clock=clock) as rt:
-        for read in (lambda: rt.audit(sid), rt.verify_audit):
-            with pytest.raises(so.StoreError, match=named):
-                await read()
+        with pytest.raises(so.StoreError, match=named):
+            await rt.audit(sid)
+        with pytest.raises(so.StoreError, match=named):
+            await rt.export_audit(io.StringIO())
+        problems = await rt.verify_audit()
+        assert [(p.id, p.stream, p.reason) for p in problems] == [
+            (first.id, sid, f"its {column} is not a whole number"),
+            (last.id, sid, "content does not match"),
+            (last.id, sid, "the chain does not end with the hash its session keeps"),
+        ]
 
 
 async def test_a_tool_setting_head_that_is_not_bytes_is_a_store_error(

@@ -261,3 +261,27 @@ async def test_a_message_from_someone_else_waits_for_the_turn_to_end(
         assert texts(later.last)[-1] == ("user", answer)
         resolved = next(e.data for e in log_events if e.type == "input.resolved")
         assert resolved["by"]["principal_id"] == "alice"
+
+
+async def test_a_steering_message_records_who_withdrew_the_request(store_url: str) -> None:
+    """A cancel records who withdrew each request (`by`); a steering message withdrew them with
+    no one named, so the audit trail did not say who. Now it names the sender, in the event,
+    its audit entry and the stored request, on either store."""
+    log = ExecutionLog()
+    seen = Capture(reply("Only the three-pack then."))
+    async with so.Runtime([refund_agent(log, seen)], store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        [req] = r.pending
+        r = await rt.send(r.session_id, "wait, only the three-pack", principal=ALICE)
+        assert r.status == "completed"
+        who = ALICE.model_dump()
+        resolved = next(
+            e.data for e in await events(rt, r.session_id) if e.type == "input.resolved"
+        )
+        assert (resolved["status"], resolved["by"]) == ("withdrawn", who)
+        [entry] = [e for e in await rt.audit(r.session_id) if e.type == "input.resolved"]
+        assert entry.data["by"] == who
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.resolution is not None
+        assert stored.resolution["by"] == who
+        assert await rt.verify_audit(r.session_id) == []

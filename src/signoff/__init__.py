@@ -26,7 +26,7 @@ from ._approval import (
     tool_policy,
 )
 from ._ask import ask_question
-from ._audit_trail import AuditProblem
+from ._audit_trail import AuditEntries, AuditProblem
 from ._audit_trail import verify_export as verify_audit_export
 from ._auto import Criteria, auto
 from ._events import SCHEMA_VERSION, Event
@@ -134,6 +134,7 @@ __all__ = [
     "ApprovalRequired",
     "ApprovalSpec",
     "ApprovalStatus",
+    "AuditEntries",
     "AuditEntry",
     "AuditProblem",
     "Approved",

@@ -9,7 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from ._tool_context import ToolContext
 from ._tool_signals import InputUnavailable, QuestionWithdrawn
 from ._tools import Tool
-from ._types import Option, twin_labels, unique_name
+from ._types import Option, shadowed_number, twin_labels, unique_name
 
 __all__ = ["MAX_QUESTION_CHARS", "QuestionOption", "ask_question"]
 
@@ -36,12 +36,13 @@ def _choices(options: list[QuestionOption]) -> list[Option]:
 
 
 def _distinct(options: list[QuestionOption]) -> list[QuestionOption]:
-    """Refuse options a person cannot tell apart: a label twice, or one that no reply names
-    alone (each label another's number); the model is told, and can ask again."""
+    """Refuse options a person cannot tell apart: a label twice, one that no reply names alone
+    (each label another's number), or a label `#2` taking the second's reply; the model is told,
+    and can ask again."""
     choices = _choices(options)
-    twins = twin_labels(choices)
-    if twins is not None:
-        raise ValueError(twins)
+    problem = twin_labels(choices) or shadowed_number(choices)
+    if problem is not None:
+        raise ValueError(problem)
     for choice in choices:
         if unique_name(choices, choice) is None:
             raise ValueError(

@@ -229,7 +229,8 @@ def _said(row: RequestRow, entries: list[tuple[int, int, str, dict[str, Any]]]) 
         said.append("its expires_at column is not its request's deadline")
     if (row.status, row.outcome) != (status, outcome):
         said.append(
-            f"it is {row.status} ({row.outcome}), but the trail has it {status} ({outcome})"
+            f"it is {_closed(row.status, row.outcome)}, but the trail has it "
+            f"{_closed(status, outcome)}"
         )
     if resolved is None:
         if row.resolution is not None:
@@ -248,3 +249,11 @@ def _said(row: RequestRow, entries: list[tuple[int, int, str, dict[str, Any]]]) 
         if differ:
             said.append(f"its resolution's {', '.join(sorted(differ))} differ")
     return "; ".join(said)
+
+
+def _closed(status: object, outcome: object) -> str:
+    """A request's status and outcome as a phrase: `expired`, `pending`, `settled as approved`
+    (an outcome the status already says is not said twice: `expired (expired)`)."""
+    if outcome is None:
+        return f"{status}" if status == "pending" else f"{status} with no outcome"
+    return f"{status}" if outcome == status else f"{status} as {outcome}"

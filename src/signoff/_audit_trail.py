@@ -13,18 +13,20 @@ from ._agent import Agent
 from ._answers import check_text
 from ._audit_requests import PAGE as REQUESTS_PAGE
 from ._audit_requests import Leftovers, RequestTrail, request_rows
-from ._exceptions import UsageError
+from ._exceptions import StoreError, UsageError
 from ._text import escape_as_json
 from ._types import InputRequest
 from .stores import Store
-from .stores._audit import AuditEntry, AuditRow, chain_hash, int_time_hash
+from .stores._audit import DAMAGED, AuditEntry, AuditRow, chain_hash, int_time_hash
 from .stores._base import RequestRow
 
 __all__ = [
+    "AuditEntries",
     "AuditProblem",
     "check_stream",
     "check_writable",
     "entries",
+    "undamaged",
     "record_tool_settings",
     "response_policy_recorded",
     "tool_setting",
@@ -41,6 +43,18 @@ _OLD_FORMS_STREAM = "dashboard:forms"
 # the streams no session keeps the head of
 _OWN_STREAMS = (TOOLS_STREAM, SIGN_OUTS_STREAM, _OLD_FORMS_STREAM)
 RESPONSE_POLICY_NOTE = " + response policy"  # ends the setting of a tool with a response policy
+
+
+class AuditEntries(list[AuditEntry]):
+    """What `rt.audit()` returns: the entries read, oldest first, and `truncated`, True when
+    more followed its `limit`, so a trail cut short never reads as the whole."""
+
+    def __init__(self, entries: Iterable[AuditEntry] = (), *, truncated: bool = False) -> None:
+        super().__init__(entries)
+        self.truncated = truncated
+
+    def __repr__(self) -> str:
+        return f"AuditEntries({list.__repr__(self)}, truncated={self.truncated})"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +140,24 @@ async def entries(
             return
 
 
+def _damaged(e: AuditEntry) -> str | None:
+    """Which of `e`'s numbers the store holds no whole number for (`DAMAGED`), if one."""
+    if e.n == DAMAGED:
+        return "n"
+    return "seq" if e.seq == DAMAGED else None
+
+
+def undamaged(e: AuditEntry) -> AuditEntry:
+    """`e`, to be listed or exported: one with a number the store holds no whole number for is a
+    StoreError naming it, not a place in its chain made up (verifying names it and goes on)."""
+    what = _damaged(e)
+    if what is not None:
+        raise StoreError(
+            f"audit entry {e.id} of {e.stream!r} is damaged: its {what} is not a number"
+        )
+    return e
+
+
 class _Chains:
     """Each stream's chain as checked so far, entry by entry in its order."""
 
@@ -133,6 +165,7 @@ class _Chains:
         self.last: dict[str, tuple[int, str | None]] = {}
         self.last_id: dict[str, int] = {}
         self.last_seq: dict[str, int] = {}
+        self.unplaced: set[str] = set()  # streams whose last entry has no number to link to
 
     def _expected(self, e: AuditEntry) -> str:
         """The hash `e` should have, following its stream's entries checked before (as an int
@@ -157,18 +190,24 @@ class _Chains:
         expected = self._expected(e)
         before = self.last_seq.get(e.stream)
         reason = None
-        if e.n != n + 1:
+        damaged = _damaged(e)
+        if damaged is not None:
+            reason = f"its {damaged} is not a whole number"
+        elif e.n != n + 1:
             reason = f"expected entry {n + 1}"
-        elif e.prev != prev:
+        elif e.prev != prev and not (e.prev is None and e.stream in self.unplaced):
+            # (a store finds the hash before an entry by its number: none follows one of none)
             reason = "previous hash differs"
         elif e.hash != expected:
             reason = "content does not match"
         elif e.seq is not None and before is not None and e.seq <= before:
             reason = f"event {e.seq} is not after event {before} of the entry before"
-        # Continue from the stored hash, so one altered entry is named once.
-        self.last[e.stream] = (e.n, e.hash)
+        # Continue from the stored hash, so one altered entry is named once (one of no number
+        # in the place it was read in).
+        self.last[e.stream] = (n + 1 if e.n == DAMAGED else e.n, e.hash)
+        (self.unplaced.add if e.n == DAMAGED else self.unplaced.discard)(e.stream)
         self.last_id[e.stream] = e.id
-        if e.seq is not None:
+        if e.seq is not None and e.seq != DAMAGED:
             self.last_seq[e.stream] = max(e.seq, before or 0)
         if reason is None:
             return None
@@ -378,7 +417,7 @@ async def export(store: Store, out: IO[str], *, stream: str | None = None) -> in
     escape (`verify_export` reads a high one then a low one so back as two, not as a pair)."""
     count = 0
     async for e in entries(store, stream=stream):
-        line = json.dumps(e.to_dict(), ensure_ascii=False, separators=(",", ":"))
+        line = json.dumps(undamaged(e).to_dict(), ensure_ascii=False, separators=(",", ":"))
         try:
             line.encode("utf-8")
         except UnicodeEncodeError:

@@ -313,7 +313,9 @@ def _input_resolved(s: SessionState, e: Event) -> None:
             "approved": False,
             "outcome": outcome,
             "reason": d.get("reason"),
-            "by": d.get("by"),
+            # Who withdrew it (a steering message's sender) decided nothing of the call: the
+            # model reads signoff's reason, not a note of theirs (`denial`).
+            "by": None if d.get("status") == "withdrawn" else d.get("by"),
         }
         call.status = "denied" if call.status == "requested" else "decided"
 

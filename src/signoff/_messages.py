@@ -196,6 +196,7 @@ class Messages(Answering):
                         "outcome": outcome,
                         "status": "withdrawn",
                         "reason": reason,
+                        "by": who,  # who withdrew it, as a cancel records
                     },
                 )
             )
@@ -204,7 +205,7 @@ class Messages(Answering):
                     request_id=r.id,
                     status="withdrawn",
                     outcome=outcome,
-                    resolution={"outcome": outcome, "reason": reason},
+                    resolution={"outcome": outcome, "reason": reason, "by": who},
                 )
             )
         data = {"message": message, "principal": who, "policy": "steer"}

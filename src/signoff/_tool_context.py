@@ -16,7 +16,7 @@ from ._sync import in_thread
 from ._text import is_blank
 from ._tool_json import copied, jsonable
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
-from ._types import Answer, Option, Principal, make_options, twin_labels
+from ._types import Answer, Option, Principal, make_options, shadowed_number, twin_labels
 
 __all__ = ["MAX_STEP_NAME_CHARS", "Journal", "ReplayError", "ToolContext"]
 
@@ -297,18 +297,19 @@ class ToolContext:
 
 def _askable(question: str, options: list[Option]) -> None:
     """Refuse a new question a person cannot read or answer: one that shows nothing, an option
-    whose label or id shows nothing (only invisible characters: an empty button), or two
-    options whose labels read the same (`twin_labels`). Only a new one: a question recorded
-    before these checks replays as it was asked."""
+    whose label or id shows nothing (only invisible characters: an empty button), two options
+    whose labels read the same (`twin_labels`), or a label `#2` that takes the reply naming the
+    second option (`shadowed_number`). Only a new one: a question recorded before these checks
+    replays as it was asked."""
     if is_blank(question):
         raise UsageError("ctx.ask() needs a non-empty question")
     for i, option in enumerate(options, 1):
         for field in ("label", "id"):
             if is_blank(getattr(option, field)):
                 raise UsageError(f"ctx.ask(): option #{i} has a blank {field}")
-    twins = twin_labels(options)
-    if twins is not None:
-        raise UsageError(f"ctx.ask(): {twins}")
+    problem = twin_labels(options) or shadowed_number(options)
+    if problem is not None:
+        raise UsageError(f"ctx.ask(): {problem}")
 
 
 def _same_choice(asked: tuple[list[Option], bool], now: tuple[list[Option], bool]) -> bool:

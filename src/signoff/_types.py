@@ -45,6 +45,7 @@ __all__ = [
     "match_option",
     "named_options",
     "numbers_clash",
+    "shadowed_number",
     "twin_labels",
     "unique_name",
 ]
@@ -368,6 +369,8 @@ def named_options(options: list[Option], text: str) -> list[Option]:
 
     Where a label or id is another option's number, a reply naming no option so may name one by
     its number after `#` (`#2`): with labels 0, 1 and 2, `2` names two options, `#2` the second.
+    An exact label or id wins: `#2` names an option labelled `#2` (`ctx.ask` refuses one that
+    is not the second where the `#` replies are offered: `shadowed_number`).
     """
     t = text.strip()
     typed = folded(t)
@@ -375,11 +378,18 @@ def named_options(options: list[Option], text: str) -> list[Option]:
     # A bounded length: int() refuses thousands of digits, and no list has that many options.
     if t.isdecimal() and len(t) <= 9 and 1 <= int(t) <= len(options):
         named.append(options[int(t) - 1])
-    if not named and typed.startswith("#") and numbers_clash(options):
-        n = typed[1:].strip()
-        if n.isdecimal() and len(n) <= 9 and 1 <= int(n) <= len(options):
-            named.append(options[int(n) - 1])
+    if not named and numbers_clash(options):
+        number = _hash_number(typed, len(options))
+        if number is not None:
+            named.append(options[number - 1])
     return list({o.id: o for o in named}.values())
+
+
+def _hash_number(typed: str, count: int) -> int | None:
+    """The option number a folded reply `#2` (or `# 2`) gives, if it is one of `count`."""
+    n = typed[1:].strip() if typed.startswith("#") else ""
+    # A bounded length: int() refuses thousands of digits, and no list has that many options.
+    return int(n) if n.isdecimal() and len(n) <= 9 and 1 <= int(n) <= count else None
 
 
 def numbers_clash(options: list[Option]) -> bool:
@@ -391,6 +401,25 @@ def numbers_clash(options: list[Option]) -> bool:
                 if int(name) != i:
                     return True
     return False
+
+
+def shadowed_number(options: list[Option]) -> str | None:
+    """Why `options` break the `#` replies, if they do: where they answer to `#` and a number
+    (`numbers_clash`), a label or id `#2` on another option than the second would take the reply
+    a person is told names the second (an exact label wins), leaving it none of its own."""
+    if not numbers_clash(options):
+        return None
+    for i, option in enumerate(options, 1):
+        for field in ("label", "id"):
+            name = getattr(option, field)
+            number = _hash_number(folded(name), len(options))
+            if number is not None and number != i:
+                return (
+                    f"option #{i}'s {field} {name!r} is how a person names option #{number} "
+                    f"({options[number - 1].label!r}) where labels are other options' numbers: "
+                    "choose one that is not # and a number"
+                )
+    return None
 
 
 def unique_name(options: list[Option], option: Option) -> str | None:

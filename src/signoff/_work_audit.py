@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import IO
 
 from . import _audit_trail as _audit
-from ._audit_trail import AuditProblem
+from ._audit_trail import AuditEntries, AuditProblem
 from ._exceptions import UsageError
 from ._session_cache import closes_stop
 from ._settings import check_page
 from ._sync import twin
 from ._work import Workers
-from .stores._audit import AuditEntry
 
 __all__ = ["Auditing"]
 
@@ -22,22 +21,26 @@ class Auditing(Workers):
     @closes_stop
     async def audit(
         self, session_id: str | None = None, *, stream: str | None = None, limit: int = 10_000
-    ) -> list[AuditEntry]:
+    ) -> AuditEntries:
         """Audit entries (requests, evaluations, decisions, edits, expiries, executions and tool
-        setting changes), oldest first; for one session or across all."""
+        setting changes), oldest first; for one session or across all. At most `limit`: the
+        list's `truncated` says whether more followed (`export_audit` writes them all)."""
         session_id = _audit.check_stream(session_id, "session_id")
         stream = _audit.check_stream(stream)
         if session_id is not None and stream is not None and session_id != stream:
             raise UsageError("give session_id or stream, not two different ones")
         check_page(limit, 0)
         await self.open()
-        out: list[AuditEntry] = []
-        if limit == 0:
-            return out
-        async for e in _audit.entries(self.store, stream=session_id or stream):
-            out.append(e)
-            if len(out) >= limit:
+        out = AuditEntries()
+        # As many pages as `limit` takes, each a little longer: the entry past the limit, read
+        # to tell whether one follows, comes in the last of them, not in a page of its own.
+        pages = max(1, -(-limit // _audit.PAGE))
+        page = -(-(limit + 1) // pages)
+        async for e in _audit.entries(self.store, stream=session_id or stream, page=page):
+            if len(out) >= limit:  # one more than asked for: the list says it was cut
+                out.truncated = True
                 break
+            out.append(_audit.undamaged(e))
         return out
 
     @closes_stop

@@ -23,6 +23,7 @@ __all__ = [
     "AUDIT_TYPES",
     "AuditEntry",
     "AuditRow",
+    "DAMAGED",
     "audit_rows",
     "chain_hash",
     "chain_parts",
@@ -63,9 +64,15 @@ class AuditRow:
     empty), and skipped otherwise: someone else recorded first, from the same state."""
 
 
+DAMAGED = -1
+"""An entry's `n` or `seq` as read where the store holds no whole number (SQLite keeps what a
+hand edit puts in a column): no entry has it, so verification names that entry and goes on."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AuditEntry:
-    """A stored entry; `n` counts from 1 within its stream, `id` across all streams."""
+    """A stored entry; `n` counts from 1 within its stream, `id` across all streams (`DAMAGED`
+    for an `n` or `seq` the store holds no whole number for)."""
 
     id: int
     stream: str

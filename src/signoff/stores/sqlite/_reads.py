@@ -13,7 +13,7 @@ from typing import Any
 from ..._events import Event
 from ..._exceptions import StoreError, UnknownSession
 from ..._types import InputRequest
-from .._audit import AUDITED_STORED, AuditEntry, entry_type, loaded_data
+from .._audit import AUDITED_STORED, DAMAGED, AuditEntry, entry_type, loaded_data
 from .._base import (
     REQUEST_ROW_COLUMNS,
     Loaded,
@@ -447,10 +447,10 @@ class Reads(Connection):
                 AuditEntry(
                     id=i,
                     stream=st,
-                    n=_entry_number(n, i, st, "n"),
+                    n=_entry_number(n),
                     type=entry_type(t),
                     at=_entry_time(at),
-                    seq=None if seq is None else _entry_number(seq, i, st, "seq"),
+                    seq=None if seq is None else _entry_number(seq),
                     data=loaded_data(d, earlier),
                     prev=None if prev is None else _entry_hash(prev),
                     hash=_entry_hash(h),
@@ -526,12 +526,10 @@ class Reads(Connection):
         )
 
 
-def _entry_number(value: object, entry: int, stream: str, what: str) -> int:
-    """An audit entry's number or event seq, checked: SQLite keeps whatever a hand edit puts in
-    a column, and an entry not placed by whole numbers cannot be checked in its chain."""
-    if isinstance(value, int):
-        return value
-    raise StoreError(f"audit entry {entry} of {stream!r} is damaged: its {what} is {value!r:.40}")
+def _entry_number(value: object) -> int:
+    """An audit entry's number or event seq: SQLite keeps whatever a hand edit puts in a column,
+    and one that is no whole number reads as `DAMAGED`, which verification names as damage."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else DAMAGED
 
 
 def _seq_or(value: object) -> int:
