@@ -301,3 +301,25 @@ def test_a_stream_that_is_gone_is_not_tried_again(page: Page, base: str) -> None
     expect(page.locator("#live-status")).to_have_text("", timeout=5_000)
     page.wait_for_timeout(3_000)
     assert tried == ["GET", "HEAD"]
+
+
+def test_a_sessions_pager_follows_its_open_requests(
+    page: Page, base: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session's open requests are paged as the queue's are (a session that asked 5,000 at
+    once drew them all, 13 MB): a live page reads the page it shows, and once fewer are open
+    shows the last, as its pager and address say."""
+    monkeypatch.setattr(_page_data, "PAGE_SIZE", 1)
+    body = start(base, "batch")
+    first, second = (r["id"] for r in body["pending"])
+    page.goto(f"/_signoff/sessions/{body['session_id']}?page=2")
+    expect(page.locator("#live-dot.on")).to_be_attached()
+    expect(page.locator(".pager")).to_contain_text("Page 2 of 2")
+    expect(page.locator("[data-pending-total]")).to_have_text("2")
+    expect(page.locator(f"[data-request-id='{second}']")).to_have_count(1)
+    deny(base, {"session_id": body["session_id"], "pending": [{"id": first}]})
+    expect(page.locator("[data-pending-total]")).to_have_text("1")
+    expect(page.locator(".pager")).to_have_count(0)
+    expect(page).to_have_url(f"{base}/_signoff/sessions/{body['session_id']}")
+    expect(page.locator(f"[data-request-id='{second}']")).to_have_count(1)
+    expect(page.locator(f"[data-request-id='{first}']")).to_have_count(0)

@@ -209,6 +209,20 @@
     document.querySelectorAll("time[data-ts]").forEach((el) => { el.textContent = ago(Number(el.dataset.ts)); });
   }, 20000);
 
+  // The pager says which page the cards are: the last, once the list shrank below the one shown;
+  // the next reads ask for that page, and the address names it (a reload shows it).
+  function repage(pager) {
+    const drawn = document.querySelector("[data-pager]");
+    if (!pager || !drawn) return null;
+    const was = drawn.dataset.query;
+    drawn.replaceWith(pager);
+    if (pager.dataset.query !== was) {
+      const query = pager.dataset.query ? "?" + pager.dataset.query : "";
+      history.replaceState(history.state, "", location.pathname + query + location.hash);
+    }
+    return pager;
+  }
+
   // -- the queue ------------------------------------------------------------------------------
   const queue = document.querySelector("[data-live-queue]");
   if (queue) {
@@ -231,18 +245,8 @@
       const shown = Number(res.headers.get("X-Total-Count"));
       if (filtered && Number.isInteger(shown)) setShown(shown);
       mergeCards(queue, html);
-      // The pager says which page the cards are: the last, once the queue shrank below the one
-      // shown; the next reads ask for that page, and the address names it (a reload shows it).
-      const pager = fragment(html).querySelector("[data-pager]");
-      const drawn = document.querySelector("[data-pager]");
-      if (pager && drawn) {
-        drawn.replaceWith(pager);
-        if (pager.dataset.query !== queue.dataset.query) {
-          queue.dataset.query = pager.dataset.query;
-          const query = pager.dataset.query ? "?" + pager.dataset.query : "";
-          history.replaceState(history.state, "", location.pathname + query + location.hash);
-        }
-      }
+      const pager = repage(fragment(html).querySelector("[data-pager]"));
+      if (pager) queue.dataset.query = pager.dataset.query;
     };
     live(() => prefix + "/stream", {
       queue: (ev) => {
@@ -265,7 +269,9 @@
       if (busy) { timer = setTimeout(refresh, 100); return; }
       busy = true;
       try {
-        const res = await fetch(prefix + "/fragments/sessions/" + encodeURIComponent(sid) + "?after=" + seq, { credentials: "same-origin" });
+        // The page of open requests shown (`page=`), which the pager's query names.
+        const q = (document.querySelector("[data-pager]") || { dataset: {} }).dataset.query;
+        const res = await fetch(prefix + "/fragments/sessions/" + encodeURIComponent(sid) + "?after=" + seq + (q ? "&" + q : ""), { credentials: "same-origin" });
         if (await signedOut(res) || !res.ok) return;
         const data = await res.json();
         if (data.seq <= seq) return;
@@ -279,6 +285,8 @@
         document.getElementById("session-header").innerHTML = data.header;
         if (status() !== was) toast("The session is now " + status());  // read out, too
         mergeCards(document.getElementById("session-pending"), data.pending);
+        repage(fragment(data.pager).querySelector("[data-pager]"));
+        document.querySelectorAll("[data-pending-total]").forEach((el) => { el.textContent = data.total ? String(data.total) : ""; });
         if (data.more) { clearTimeout(timer); timer = setTimeout(refresh, 0); }
       } finally { busy = false; }
     };
