@@ -280,14 +280,26 @@ def _summary(e: Event, requests: dict[str, RequestState]) -> str:
     if t == "session.waiting":
         return "Idle: waiting for the next message"
     if t == "subagent.spent":
-        spent = d.get("delegated") or {}
-        count = int(spent.get("input_tokens", 0)) + int(spent.get("output_tokens", 0))
+        count = _tokens(d.get("delegated"))
+        if isinstance(d.get("counted"), dict):  # the rest of a child its call counted short
+            return (
+                f"Subagent {d.get('session_id')} spent {count:,} more tokens, past the"
+                f" {_tokens(d['counted']):,} its call counted (its own subagent was still"
+                " working then)"
+            )
         return f"Subagent {d.get('session_id')} spent {count:,} tokens (counted after its turn)"
     if t == "turn.cancelled":
         return f"Cancelled: {d['reason']}" if d.get("reason") else "Cancelled"
     if t == "turn.message":
         return f"Message: “{d.get('message')}”" + (" (queued)" if d.get("queued") else "")
     return ""
+
+
+def _tokens(usage: object) -> int:
+    """The tokens a recorded usage figure counts (0 for one that is not a figure)."""
+    if not isinstance(usage, dict):
+        return 0
+    return int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
 
 
 SUMMARY_CHARS = 300
