@@ -413,3 +413,31 @@ def test_a_long_option_label_is_cut_on_its_button_and_whole_elsewhere(
             f"{label} — The wordy one."
         )
         context.close()
+
+
+def test_a_long_error_leaves_the_message_box_and_trace_in_reach(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A model's error can carry a provider's whole error page (a turn's error keeps a quarter
+    of `max_response_bytes`): 60 KB of it in the session's header put the message box and the
+    trace tens of thousands of pixels down. It scrolls in a box of its own, as a reply does."""
+    page = "<html><body>502 Bad Gateway: the upstream is down</body></html>\n" * 1000
+    model = so.models.Scripted([so.ModelError(page)])
+    agent = so.Agent(name="broken", model=model)
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/error.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
+        sid = start(url, "broken")["session_id"]
+        context = browser.new_context(
+            viewport={"width": 1280, "height": 900},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        p.goto(f"/_signoff/sessions/{sid}")
+        warning = p.locator(".session-head .warning")
+        expect(warning).to_contain_text("Turn failed: ModelError: <html><body>502 Bad Gateway")
+        for where in ("#send button", "#trace"):
+            box = p.locator(where).bounding_box()
+            assert box is not None and box["y"] <= 1200, (where, box)
+        assert warning.evaluate("e => e.scrollHeight > e.clientHeight")  # all of it, scrolled
+        context.close()
