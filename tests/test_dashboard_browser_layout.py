@@ -362,3 +362,82 @@ def test_long_option_descriptions_leave_the_buttons_near_the_top(
         first = p.get_by_role("button", name="Plan 0").bounding_box()
         assert first is not None and first["y"] + first["height"] <= 1800, first
         context.close()
+
+
+def test_a_long_option_label_is_cut_on_its_button_and_whole_elsewhere(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A model's option label has no bound: one of 3,000 characters made a button 520 pixels
+    tall, and two pushed the buttons after them off the first screen. A button shows two lines
+    of it, cut with an ellipsis; the whole label stays its name, its tooltip and the list's."""
+    label = "Plan with words " * 200
+    unbroken = "x" * 3000
+
+    @so.tool(name="pick")
+    async def pick(ctx: so.ToolContext, topic: str) -> dict[str, Any]:
+        """Pick a plan."""
+        options = [
+            {"id": "long", "label": label, "description": "The wordy one."},
+            {"id": "unbroken", "label": unbroken},
+            {"id": "short", "label": "Short"},
+        ]
+        answer = await ctx.ask("Which plan?", options=options)
+        return {"plan": answer.value}
+
+    call = so.ToolCall(name="pick", input={"topic": "plans"})
+    agent = so.Agent(
+        name="picker", model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]), tools=[pick]
+    )
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/labels.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
+        start(url, "picker")
+        context = browser.new_context(
+            viewport={"width": 1280, "height": 900},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        p.goto("/_signoff/")
+        card = p.locator("[data-request-id]").bounding_box()
+        assert card is not None
+        for value, whole in (("long", label), ("unbroken", unbroken), ("short", "Short")):
+            button = p.locator(f"button[value={value}]")
+            box = button.bounding_box()
+            assert box is not None and box["height"] <= 64, (value, box)  # two lines
+            assert box["x"] + box["width"] <= card["x"] + card["width"], (value, box, card)
+            assert box["y"] + box["height"] <= 900, (value, box)  # all on the first screen
+            assert button.text_content() == whole  # its accessible name: the whole label
+            assert whole in (button.get_attribute("title") or ""), value
+        assert p.locator(".options li").first.text_content() == f"{label} — The wordy one."
+        assert p.locator("button[value=long]").get_attribute("title") == (
+            f"{label} — The wordy one."
+        )
+        context.close()
+
+
+def test_a_long_error_leaves_the_message_box_and_trace_in_reach(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A model's error can carry a provider's whole error page (a turn's error keeps a quarter
+    of `max_response_bytes`): 60 KB of it in the session's header put the message box and the
+    trace tens of thousands of pixels down. It scrolls in a box of its own, as a reply does."""
+    page = "<html><body>502 Bad Gateway: the upstream is down</body></html>\n" * 1000
+    model = so.models.Scripted([so.ModelError(page)])
+    agent = so.Agent(name="broken", model=model)
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/error.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
+        sid = start(url, "broken")["session_id"]
+        context = browser.new_context(
+            viewport={"width": 1280, "height": 900},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        p.goto(f"/_signoff/sessions/{sid}")
+        warning = p.locator(".session-head .warning")
+        expect(warning).to_contain_text("Turn failed: ModelError: <html><body>502 Bad Gateway")
+        for where in ("#send button", "#trace"):
+            box = p.locator(where).bounding_box()
+            assert box is not None and box["y"] <= 1200, (where, box)
+        assert warning.evaluate("e => e.scrollHeight > e.clientHeight")  # all of it, scrolled
+        context.close()

@@ -6,6 +6,7 @@ its request is told it is closed."""
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -301,3 +302,96 @@ def test_a_stream_that_is_gone_is_not_tried_again(page: Page, base: str) -> None
     expect(page.locator("#live-status")).to_have_text("", timeout=5_000)
     page.wait_for_timeout(3_000)
     assert tried == ["GET", "HEAD"]
+
+
+def test_a_sessions_pager_follows_its_open_requests(
+    page: Page, base: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session's open requests are paged as the queue's are (a session that asked 5,000 at
+    once drew them all, 13 MB): a live page reads the page it shows, and once fewer are open
+    shows the last, as its pager and address say."""
+    monkeypatch.setattr(_page_data, "PAGE_SIZE", 1)
+    body = start(base, "batch")
+    first, second = (r["id"] for r in body["pending"])
+    page.goto(f"/_signoff/sessions/{body['session_id']}?page=2")
+    expect(page.locator("#live-dot.on")).to_be_attached()
+    expect(page.locator(".pager")).to_contain_text("Page 2 of 2")
+    expect(page.locator("[data-pending-total]")).to_have_text("2")
+    expect(page.locator(f"[data-request-id='{second}']")).to_have_count(1)
+    deny(base, {"session_id": body["session_id"], "pending": [{"id": first}]})
+    expect(page.locator("[data-pending-total]")).to_have_text("1")
+    expect(page.locator(".pager")).to_have_count(0)
+    expect(page).to_have_url(f"{base}/_signoff/sessions/{body['session_id']}")
+    expect(page.locator(f"[data-request-id='{second}']")).to_have_count(1)
+    expect(page.locator(f"[data-request-id='{first}']")).to_have_count(0)
+
+
+@pytest.mark.parametrize("where", ["queue", "session"])
+def test_a_store_the_server_cannot_reach_is_said_and_tried_again(
+    page: Page, base: str, where: str
+) -> None:
+    """A 503 (the store's file deleted, its database down) only said "Reconnecting…" beside
+    the live dot while the page asked again every 30 s, forever. A banner now says the server
+    cannot reach its store and when it tries again, and goes once a stream opens again."""
+    tried: list[tuple[str, float]] = []
+
+    def down(route: Route) -> None:
+        tried.append((route.request.method, time.monotonic()))
+        if len(tried) <= 3:  # the stream and the next two tries
+            route.fulfill(status=503, content_type="application/json", body="{}")
+        else:
+            route.continue_()
+
+    _stream(page, base, where, down)
+    banner = page.locator("#store-down[role=alert]")
+    expect(banner).to_contain_text("The server cannot reach its store")
+    expect(banner).to_contain_text("Trying again in about")
+    expect(page.locator("#live-dot.on")).to_be_attached(timeout=20_000)
+    expect(banner).to_have_count(0)
+    assert [m for m, _ in tried] == ["GET", "HEAD", "HEAD", "HEAD", "GET"], tried
+
+
+@pytest.mark.parametrize("where", ["queue", "session"])
+def test_a_stream_ended_by_a_store_gone_is_said_and_tried_again(
+    page: Page, base: str, where: str
+) -> None:
+    """A stream the server ended as its store is gone (`stream.end`, 503) left the page still,
+    with nothing said: only a restart mends that, which the page now keeps trying to see,
+    saying why it is not updated."""
+    tried: list[str] = []
+    end = {"status": 503, "error": {"code": "store_gone", "message": "the file was replaced"}}
+
+    def gone(route: Route) -> None:
+        tried.append(route.request.method)
+        if len(tried) == 1:
+            body = f"event: stream.end\ndata: {json.dumps(end)}\n\n"
+            route.fulfill(status=200, content_type="text/event-stream", body=body)
+        else:
+            route.continue_()
+
+    _stream(page, base, where, gone)
+    banner = page.locator("#store-down[role=alert]")
+    expect(banner).to_contain_text("The server cannot reach its store (the file was replaced)")
+    expect(page.locator("#live-dot.on")).to_be_attached(timeout=20_000)
+    expect(banner).to_have_count(0)
+    assert tried[:3] == ["GET", "HEAD", "GET"], tried
+
+
+def test_a_store_that_stays_gone_is_asked_ever_more_rarely(page: Page, base: str) -> None:
+    """A store gone for good (a 503 on every try) was asked every 30 s for as long as the page
+    stayed open; the pause now doubles on to 5 minutes (20 minutes of the browser's clock here:
+    a dozen tries, not forty), and the banner says when the next one is."""
+    tried: list[str] = []
+
+    def down(route: Route) -> None:
+        tried.append(route.request.method)
+        route.fulfill(status=503, content_type="application/json", body="{}")
+
+    page.clock.install()
+    _stream(page, base, "queue", down)
+    banner = page.locator("#store-down")
+    for _ in range(80):  # 20 minutes, each try's fetch answered between the clock's steps
+        page.clock.run_for(15_000)
+        page.wait_for_timeout(40)
+    assert 8 <= tried.count("HEAD") <= 14, tried
+    expect(banner).to_contain_text(re.compile(r"Trying again in about [4-6] minutes\."))

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import contextlib
 
+import httpx
 import pytest
 
 import signoff as so
 from signoff import _child_sessions
+from signoff.server import create_app
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 from ._subagents import ALICE, events
@@ -234,3 +236,29 @@ async def test_the_rest_of_a_short_child_left_uncounted_is_counted_at_the_next_c
         await rt.cancel(top, principal=ALICE)
         assert (await rt.state(top)).delegated == tokens(70)
         assert await spent(rt, top) == [child]
+
+
+async def test_the_trace_says_a_short_childs_late_count_is_the_rest(store_url: str) -> None:
+    """The top's `subagent.spent` for a child its call's end counted short (its grandchild
+    still waited) adds only the rest: the trace said the child "spent 30 tokens (counted after
+    its turn)", which it did not. It says they are more, and past what the call counted."""
+    async with so.Runtime(ends(), store=store_url) as rt:
+        top, child, _ = await nested(rt)
+    async with so.Runtime(ends(stock=False), store=store_url) as rt:
+        await rt.cancel(child, principal=ALICE)
+    async with so.Runtime(ends(), store=store_url) as rt:
+        assert await rt.expire_due() == 1
+        [rest] = [e.data for e in await events(rt, top) if e.type == "subagent.spent"]
+        assert rest == {
+            "session_id": child,
+            "delegated": tokens(30).model_dump(),
+            "counted": tokens(40).model_dump(),
+        }
+        transport = httpx.ASGITransport(app=create_app(rt, dev=True))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            page = (await c.get(f"/_signoff/sessions/{top}")).text
+        assert (
+            f"Subagent {child} spent 30 more tokens, past the 40 its call counted"
+            " (its own subagent was still working then)"
+        ) in page
+        assert "counted after its turn" not in page

@@ -379,10 +379,12 @@ async def count_spent(rt: Runtime, child: str) -> bool:
         return False  # it (or a child of its) spends on: counted once its turn ends
     whole = turn is not None
     figure: dict[str, Any] = settled[0].model_dump()
+    data: dict[str, Any] = {"session_id": child, "delegated": figure}
     if short is not None and turn is None:  # its call's end counted part of it: the rest now
         turn, counted = short[0], short[1]
-        figure = {k: max(v - counted.get(k, 0), 0) for k, v in figure.items()}
-    data = {"session_id": child, "delegated": figure}
+        # `counted` says it is the rest, and of what: a trace tells it from a whole count.
+        data["delegated"] = {k: max(v - counted.get(k, 0), 0) for k, v in figure.items()}
+        data["counted"] = counted
 
     def build(current: SessionState) -> list[EventSpec]:
         owing = current.owed if whole else current.short

@@ -280,14 +280,26 @@ def _summary(e: Event, requests: dict[str, RequestState]) -> str:
     if t == "session.waiting":
         return "Idle: waiting for the next message"
     if t == "subagent.spent":
-        spent = d.get("delegated") or {}
-        count = int(spent.get("input_tokens", 0)) + int(spent.get("output_tokens", 0))
+        count = _tokens(d.get("delegated"))
+        if isinstance(d.get("counted"), dict):  # the rest of a child its call counted short
+            return (
+                f"Subagent {d.get('session_id')} spent {count:,} more tokens, past the"
+                f" {_tokens(d['counted']):,} its call counted (its own subagent was still"
+                " working then)"
+            )
         return f"Subagent {d.get('session_id')} spent {count:,} tokens (counted after its turn)"
     if t == "turn.cancelled":
         return f"Cancelled: {d['reason']}" if d.get("reason") else "Cancelled"
     if t == "turn.message":
         return f"Message: “{d.get('message')}”" + (" (queued)" if d.get("queued") else "")
     return ""
+
+
+def _tokens(usage: object) -> int:
+    """The tokens a recorded usage figure counts (0 for one that is not a figure)."""
+    if not isinstance(usage, dict):
+        return 0
+    return int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
 
 
 SUMMARY_CHARS = 300
@@ -321,8 +333,11 @@ async def session_context(
     request: Request, session_id: str, after: int, *, upto: int | None = None
 ) -> dict[str, Any]:
     """A session page's data: with `after`, the events since (at most `TRACE_ROWS`, `more` says
-    whether others follow); else the newest `TRACE_ROWS` events, or those ending at `upto`."""
+    whether others follow); else the newest `TRACE_ROWS` events, or those ending at `upto`. Its
+    open requests are paged as the queue's (`?page=`): a session that asked 5,000 at once made
+    a page, and every live read of it, of 13 MB."""
     ctx, viewer = await signed_in(request)
+    page = query_number(request.query_params.get("page", "1"), 1, 1, 1_000_000)
     state = await ctx.session(session_id, viewer, shown=True)
     store = ctx.runtime.store
     if after or (upto is None and state.seq <= TRACE_ROWS):
@@ -334,7 +349,11 @@ async def session_context(
         start = max(0, upto - TRACE_ROWS)
         events = await store.read_events(session_id, after=start, limit=upto - start)
     seq = events[-1].seq if events else after
-    pending = state.pending_requests()
+    waiting = state.pending_requests()
+    pages = max(1, -(-len(waiting) // PAGE_SIZE))
+    page = min(page, pages)  # fewer open requests than this page needs: the last page
+    pending = waiting[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
+    kept = {"upto": upto} if upto else {}  # the trace's place, kept by the pager's links
     return base(
         ctx,
         viewer,
@@ -346,6 +365,11 @@ async def session_context(
         live=upto is None,
         trace_rows=TRACE_ROWS,
         items=pending,
+        total=len(waiting),
+        page=page,
+        pages=pages,
+        query=urlencode({**kept, **({"page": page} if page > 1 else {})}),
+        page_query=lambda n: urlencode({**kept, "page": n}),
         **await _offers(ctx, viewer, pending),
         event_types=sorted(EVENT_TYPES),
     )

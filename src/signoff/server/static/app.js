@@ -132,19 +132,43 @@
     if (dot) dot.classList.toggle("retrying", on);
   }
 
+  // The server cannot reach its store (a 503: its file deleted or replaced, its database down):
+  // said at the page's top, with when it is tried again, until a stream opens again (`null`).
+  function storeDown(text) {
+    let note = document.getElementById("store-down");
+    if (text === null) { if (note) note.remove(); return; }
+    if (!note) {
+      note = document.createElement("p");
+      note.id = "store-down";
+      note.className = "warning";
+      note.setAttribute("role", "alert");
+      (document.querySelector("main") || document.body).prepend(note);
+    }
+    note.textContent = text;
+  }
+
   // `url` is a function: a stream opened again asks for what came after the page's last read.
   function live(url, handlers, types, ended) {
     let failures = 0;
     let over = false;
+    let down = null;  // why the server cannot reach its store, while it cannot ("" unknown)
     // After a pause that doubles from 1 s to 30 s at most (a little random, so pages refused
     // together do not come back together), a HEAD asks for the status the browser hides: 200
     // opens the stream; 404 or 410 is a stream that will never come back (the page's read shows
-    // why), 401 a sign-in that ended; anything else (a 502, a 429, no answer) waits longer.
+    // why), 401 a sign-in that ended; anything else (a 502, a 429, no answer) waits longer. A
+    // store the server cannot reach (503) may be gone until the server restarts: a banner says
+    // so, and the pause doubles on, to 5 minutes at most, rather than ask every 30 s forever.
     const retry = () => {
       if (over || signedOff) return;
-      const pause = Math.min(30000, 1000 * 2 ** Math.min(failures, 5)) * (0.8 + 0.4 * Math.random());
+      const most = down === null ? 30000 : 300000;
+      const pause = Math.min(most, 1000 * 2 ** Math.min(failures, 9)) * (0.8 + 0.4 * Math.random());
       failures += 1;
       reconnecting(true);
+      if (down !== null) {
+        const wait = pause < 90000 ? Math.round(pause / 1000) + " seconds" : Math.round(pause / 60000) + " minutes";
+        storeDown("The server cannot reach its store" + (down ? " (" + down + ")" : "") +
+          ": this page is not updated. Trying again in about " + wait + ".");
+      }
       setTimeout(async () => {
         if (over || signedOff) return;
         const res = await fetch(url(), { method: "HEAD", credentials: "same-origin" }).catch(() => null);
@@ -152,13 +176,18 @@
         if (res && res.ok) open();
         else if (res && res.status === 401) signInAgain("you are no longer signed in");
         else if (res && [404, 410].includes(res.status)) { over = true; reconnecting(false); }
-        else retry();
+        else {
+          if (res && res.status === 503 && down === null) down = "";
+          retry();
+        }
       }, pause);
     };
     const open = () => {
       const es = new EventSource(url());
       es.onopen = () => {
         failures = 0;
+        down = null;
+        storeDown(null);
         reconnecting(false);
         if (dot) dot.classList.add("on");
       };
@@ -174,11 +203,18 @@
       // The server ended the stream for good (the session expired, the store is gone): no
       // retry; `ended` reads the page's last state (an expiry is recorded by that read).
       es.addEventListener("stream.end", (ev) => {
-        over = true;
         es.close();
         if (dot) dot.classList.remove("on");
         reconnecting(false);
         const end = JSON.parse(ev.data || "{}");
+        if (end.status === 503) {
+          // Its store is gone (a file deleted or replaced): only the server's restart mends it,
+          // which the page cannot see but by trying again.
+          down = (end.error && end.error.message) || "";
+          retry();
+          return;
+        }
+        over = true;
         if (end.status === 401) signInAgain((end.error && end.error.message) || "you are no longer signed in");
         else if (ended) ended(end);
       });
@@ -209,6 +245,20 @@
     document.querySelectorAll("time[data-ts]").forEach((el) => { el.textContent = ago(Number(el.dataset.ts)); });
   }, 20000);
 
+  // The pager says which page the cards are: the last, once the list shrank below the one shown;
+  // the next reads ask for that page, and the address names it (a reload shows it).
+  function repage(pager) {
+    const drawn = document.querySelector("[data-pager]");
+    if (!pager || !drawn) return null;
+    const was = drawn.dataset.query;
+    drawn.replaceWith(pager);
+    if (pager.dataset.query !== was) {
+      const query = pager.dataset.query ? "?" + pager.dataset.query : "";
+      history.replaceState(history.state, "", location.pathname + query + location.hash);
+    }
+    return pager;
+  }
+
   // -- the queue ------------------------------------------------------------------------------
   const queue = document.querySelector("[data-live-queue]");
   if (queue) {
@@ -231,18 +281,8 @@
       const shown = Number(res.headers.get("X-Total-Count"));
       if (filtered && Number.isInteger(shown)) setShown(shown);
       mergeCards(queue, html);
-      // The pager says which page the cards are: the last, once the queue shrank below the one
-      // shown; the next reads ask for that page, and the address names it (a reload shows it).
-      const pager = fragment(html).querySelector("[data-pager]");
-      const drawn = document.querySelector("[data-pager]");
-      if (pager && drawn) {
-        drawn.replaceWith(pager);
-        if (pager.dataset.query !== queue.dataset.query) {
-          queue.dataset.query = pager.dataset.query;
-          const query = pager.dataset.query ? "?" + pager.dataset.query : "";
-          history.replaceState(history.state, "", location.pathname + query + location.hash);
-        }
-      }
+      const pager = repage(fragment(html).querySelector("[data-pager]"));
+      if (pager) queue.dataset.query = pager.dataset.query;
     };
     live(() => prefix + "/stream", {
       queue: (ev) => {
@@ -265,7 +305,9 @@
       if (busy) { timer = setTimeout(refresh, 100); return; }
       busy = true;
       try {
-        const res = await fetch(prefix + "/fragments/sessions/" + encodeURIComponent(sid) + "?after=" + seq, { credentials: "same-origin" });
+        // The page of open requests shown (`page=`), which the pager's query names.
+        const q = (document.querySelector("[data-pager]") || { dataset: {} }).dataset.query;
+        const res = await fetch(prefix + "/fragments/sessions/" + encodeURIComponent(sid) + "?after=" + seq + (q ? "&" + q : ""), { credentials: "same-origin" });
         if (await signedOut(res) || !res.ok) return;
         const data = await res.json();
         if (data.seq <= seq) return;
@@ -279,6 +321,8 @@
         document.getElementById("session-header").innerHTML = data.header;
         if (status() !== was) toast("The session is now " + status());  // read out, too
         mergeCards(document.getElementById("session-pending"), data.pending);
+        repage(fragment(data.pager).querySelector("[data-pager]"));
+        document.querySelectorAll("[data-pending-total]").forEach((el) => { el.textContent = data.total ? String(data.total) : ""; });
         if (data.more) { clearTimeout(timer); timer = setTimeout(refresh, 0); }
       } finally { busy = false; }
     };

@@ -1,0 +1,76 @@
+"""A session page's open requests come a page at a time, as the queue's: a session that asked
+thousands at once made a page, and every live read of it, of megabytes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import signoff as so
+from signoff.server import _page_data, create_app
+
+
+@so.tool(approval=so.always())
+async def tag(item: int) -> str:
+    """Tag an item."""
+    return f"tagged {item}"
+
+
+def bulk() -> so.Agent:
+    many = so.ModelResponse(
+        tool_calls=[so.ToolCall(name="tag", input={"item": i}) for i in range(5)]
+    )
+    return so.Agent(name="bulk", model=so.models.Scripted([many], repeat_last=True), tools=[tag])
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, str, list[str]]]:
+    async with so.Runtime([bulk()], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        result = await rt.generate("bulk", prompt="tag them all")
+        ids = [r.id for r in result.pending]
+        assert len(ids) == 5
+        transport = httpx.ASGITransport(app=create_app(rt, dev=True))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            yield c, result.session_id, ids
+
+
+def shown(html: str, ids: list[str]) -> list[str]:
+    return [i for i in ids if f'data-request-id="{i}"' in html]
+
+
+async def test_a_sessions_open_requests_are_paged(
+    client: tuple[httpx.AsyncClient, str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two a page here: the first two, a pager to the rest that needs no script, and a count of
+    them all; a page past the end (an old link) is the last."""
+    monkeypatch.setattr(_page_data, "PAGE_SIZE", 2)
+    c, sid, ids = client
+    page = (await c.get(f"/_signoff/sessions/{sid}")).text
+    assert shown(page, ids) == ids[:2]
+    assert "Page 1 of 3" in page and 'href="?page=2"' in page
+    assert "data-pending-total>5<" in page
+    page = (await c.get(f"/_signoff/sessions/{sid}?page=2")).text
+    assert shown(page, ids) == ids[2:4]
+    # A card's form comes back to the page it was on.
+    assert f'name="next" value="/_signoff/sessions/{sid}?page=2"' in page
+    page = (await c.get(f"/_signoff/sessions/{sid}?page=9")).text
+    assert shown(page, ids) == ids[4:] and "Page 3 of 3" in page
+
+
+async def test_a_sessions_live_read_brings_the_page_it_shows(
+    client: tuple[httpx.AsyncClient, str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fragment a live page reads holds the page `?page=` asks, its pager and the count; an
+    earlier trace kept by `?upto=` stays in the pager's links."""
+    monkeypatch.setattr(_page_data, "PAGE_SIZE", 2)
+    c, sid, ids = client
+    data = (await c.get(f"/_signoff/fragments/sessions/{sid}?after=1&page=2")).json()
+    assert shown(data["pending"], ids) == ids[2:4]
+    assert 'data-query="page=2"' in data["pager"] and "Page 2 of 3" in data["pager"]
+    assert data["total"] == 5
+    assert f'value="/_signoff/sessions/{sid}?page=2"' in data["pending"]
+    page = (await c.get(f"/_signoff/sessions/{sid}?upto=2&page=2")).text
+    assert 'href="?upto=2&amp;page=3"' in page
