@@ -4,6 +4,7 @@ and docstrings, classes and errors, extras, relative links, tracing attributes.
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import Any
 
@@ -305,6 +306,75 @@ def test_the_defaults_the_docs_state_are_the_code_s() -> None:
         assert sentence in texts[doc], (doc, sentence)
         assert actual == documented, (doc, sentence, actual)
     assert f"`SIGNOFF_STORE` (default `{stores.DEFAULT_URL}`)" in texts[readme]
+
+
+def test_the_limits_and_waits_the_docs_quote_are_the_code_s() -> None:
+    """Each bound and wait the docs quote in numbers beyond the defaults above (the server's
+    probes, throttle and clipping, the client's reply bound, tracing's cut, the runtime's
+    limits and graces) is the code's, so a changed constant fails here, naming the sentence."""
+    import signoff as so
+    from signoff import (
+        _answering,
+        _candidates,
+        _idempotency,
+        _leasing,
+        _recording,
+        _subagents,
+        _tool_context,
+        _tool_json,
+        _tracing,
+        _types,
+    )
+    from signoff import _client as client
+    from signoff.server import _health, _login, _metrics, _pages, _serve, _throttle
+
+    server, readme = "docs/server.md", "README.md"
+    kib, mib = 1 << 10, 1 << 20
+    work = inspect.signature(so.Runtime.work)
+    stated = [
+        (
+            server,
+            "one indexed read (a session that does not exist: nothing is written) within 2 s",
+            _health.READY_TIMEOUT,
+            2,
+        ),
+        (server, "a few indexed queries per scrape, given 2 s", _metrics.STORE_TIMEOUT, 2),
+        (server, "longer than 10,000 characters (as JSON) is shown clipped", _pages.CLIP, 10_000),
+        (server, "30 days past the sign-in's lifetime", _login._REMEMBERED, 30 * 86400),
+        (server, "An address that failed 10 times in 60 s", _throttle.PER_CLIENT, 10),
+        (server, "An address that failed 10 times in 60 s", _throttle.WINDOW, 60),
+        (server, "all addresses together failed 100 times in 60 s", _throttle.OVERALL, 100),
+        (server, "for at most 10 000 addresses", _throttle.MAX_CLIENTS, 10_000),
+        (server, "Bloom filter (128 KiB)", _throttle._FORGOTTEN_BITS // 8, 128 * kib),
+        (server, "**`max_reply_bytes`** (64 MiB)", client.DEFAULT_MAX_REPLY_BYTES, 64 * mib),
+        (server, "drops such connections 2 s after it begins to stop", _serve.STALLED_GRACE, 2),
+        ("docs/tracing.md", "cut past 16,384 characters", _tracing._TEXT_MAX, 16_384),
+        ("docs/subagents.md", "nests at most 8 deep", _subagents.MAX_DEPTH, 8),
+        (readme, "`SIGNOFF_KEEP_ALIVE_TIMEOUT`, 5 by default)", _serve.KEEP_ALIVE_TIMEOUT, 5),
+        (readme, "nests deeper than 100 levels", _tool_json.MAX_INPUT_DEPTH, 100),
+        (readme, "lists its first 20 errors", _recording.SHOWN_ERRORS, 20),
+        (readme, "One call answers at most 1,000 requests", _answering.MAX_ANSWERS, 1000),
+        (readme, "up to 2 s after the last one did", _tool_context.REPLAY_GRACE, 2),
+        (readme, "the policy's timeout and 5 s more", _candidates.RECOVERY_GRACE, 5),
+        (readme, "once its measurement is a minute old", _leasing.CLOCK_CHECK_EVERY, 60),
+        (readme, "tried again 10 s later", _leasing.CLOCK_RETRY, 10),
+        (readme, "(every 5 s by default)", work.parameters["sweep_every"].default, 5),
+        (
+            readme,
+            "`max_steps` (50)",
+            inspect.signature(so.Limits).parameters["max_steps"].default,
+            50,
+        ),
+        (readme, "1 to 200 printable ASCII characters", _idempotency.MAX_KEY, 200),
+        (readme, "from 0.1 s to 86400 s (a day)", _leasing.LEASE_TTL_MIN, 0.1),
+        (readme, "from 0.1 s to 86400 s (a day)", _leasing.LEASE_TTL_MAX, 86400),
+        (readme, "more than 2**53 - 1 input", _types.MAX_REPLY_TOKENS, 2**53 - 1),
+        (readme, "a cost over 1e18 USD", _types.MAX_REPLY_COST_USD, 1e18),
+    ]
+    texts = {doc: " ".join((ROOT / doc).read_text().split()) for doc in DOCS}
+    for doc, sentence, actual, documented in stated:
+        assert sentence in texts[doc], (doc, sentence)
+        assert actual == documented, (doc, sentence, actual)
 
 
 def test_every_event_type_the_docs_name_is_one_signoff_writes() -> None:
