@@ -406,3 +406,16 @@ def test_every_gen_ai_attribute_the_tracing_docs_name_is_one_signoff_sets() -> N
     set_ = set(re.findall(r"\"(gen_ai\.[a-z_.]+)\"", source))
     named = set(re.findall(r"`(gen_ai\.[a-z_.]+)`", blocks_text("tracing")))
     assert len(named) >= 10 and named - set_ == set(), sorted(named - set_)
+
+
+def test_every_variable_that_picks_a_model_is_named_where_the_readme_says_how() -> None:
+    """Each environment variable `so.models.from_env` reads is named in the README's quick start
+    (the example agent) and its list of models (the quick start left out `OPENAI_BASE_URL`)."""
+    source = (ROOT / "src" / "signoff" / "models" / "_from_env.py").read_text()
+    read = set(re.findall(r"env\.get\(\"([A-Z_]+)\"", source))
+    assert read == {"SIGNOFF_MODEL", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"}
+    readme = (ROOT / "README.md").read_text()
+    for start, end in [("## Quick start", "```bash\n./scripts/test "), ("- Models:", "- Stores:")]:
+        part = readme[readme.index(start) :]
+        part = part[: part.index(end)]
+        assert {v for v in read if f"`{v}`" not in part} == set(), start
