@@ -5,9 +5,10 @@ and `data` field it records must be in the page, as every field of a request.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import signoff as so
 
@@ -103,13 +104,103 @@ def recorded(tmp_path: Path) -> dict[str, set[str]]:
     return fields
 
 
+def deadline(on_timeout: Literal["deny", "approve", "escalate"]) -> so.ApprovalSpec:
+    group = "finance" if on_timeout == "escalate" else None
+    return so.ApprovalSpec(so.always(), expires_in=10, on_timeout=on_timeout, escalate_to=group)
+
+
+@so.tool(approval=deadline("approve"))
+async def export_report(order_id: str) -> str:
+    """Approved when no one answers."""
+    return order_id
+
+
+@so.tool(approval=deadline("deny"))
+async def close_account(order_id: str) -> str:
+    """Denied when no one answers."""
+    return order_id
+
+
+@so.tool(approval=deadline("escalate"))
+async def wire_money(order_id: str) -> str:
+    """Passed to finance when no one answers."""
+    return order_id
+
+
+@so.tool(approval=so.always(approvers=2))
+async def pay_out(order_id: str) -> str:
+    """Two people approve."""
+    return order_id
+
+
+def people(name: str) -> so.Principal:
+    return so.Principal(authenticator="web", principal_id=name)
+
+
+def recorded_around_people(tmp_path: Path) -> dict[str, set[str]]:
+    """What a keyed session records with a quorum, a message from someone else queued behind
+    the turn, three deadlines (approve, deny, escalate) and a passed TTL."""
+    from signoff.testing import ManualClock
+
+    def calls(*names: str) -> so.ModelResponse:
+        return so.ModelResponse(
+            tool_calls=[so.ToolCall(id=f"c_{n}", name=n, input={"order_id": "1"}) for n in names]
+        )
+
+    script = [
+        calls("pay_out"),
+        so.ModelResponse(text="Paid."),
+        calls("export_report", "close_account", "wire_money"),
+        so.ModelResponse(text="Done."),
+        calls("close_account"),
+    ]
+    tools = [pay_out, export_report, close_account, wire_money]
+    agent = so.Agent(
+        name="support",
+        model=so.models.Scripted(script),
+        tools=tools,
+        limits=so.Limits(ttl=1000),
+    )
+    clock = ManualClock()
+    fields: dict[str, set[str]] = {}
+    store = f"sqlite:///{tmp_path}/people.db"
+    with so.Runtime([agent], store=store, clock=clock) as rt:
+        alice, bob, carol = people("alice"), people("bob"), people("carol")
+        r = rt.generate_sync("support", prompt="pay", auth=alice, idempotency_key="k1")
+        sid, rid = r.session_id, r.pending[0].id
+        queued = rt.send_sync(sid, "and the report", principal=people("dave"))
+        assert queued.queued
+        for person in (bob, carol):
+            vote = so.InputResponse(request_id=rid, option_id="approve")
+            r = rt.respond_sync(sid, [vote], principal=person)
+        assert r.status == "waiting" and len(r.pending) == 3, r
+        clock.advance(11)
+        rt.pending_sync()  # the deadlines pass: approved, denied, escalated
+        r = rt.generate_sync(session_id=sid)
+        (escalated,) = r.pending
+        approve = so.InputResponse(request_id=escalated.id, option_id="approve")
+        r = rt.respond_sync(sid, [approve], principal=people("dave"))
+        assert (r.status, r.text) == ("completed", "Done."), r
+        r = rt.generate_sync(session_id=sid, prompt="close it", auth=alice)
+        clock.advance(2000)
+        with contextlib.suppress(so.SessionExpired):
+            rt.state_sync(sid)
+        for event in rt.events_sync(sid):
+            fields.setdefault(event.type, set()).update(event.data)
+    return fields
+
+
 def test_every_event_type_and_field_the_runtime_records_is_in_docs_events_md(
     tmp_path: Path,
 ) -> None:
     """A consumer reading docs/events.md knows every type and `data` field a turn with
-    approvals, a question, a step, a subagent, a denial and a cancel records (`turn.waiting`'s
-    `traceparent` was named only in docs/tracing.md)."""
+    approvals, a question, a step, a subagent, a denial and a cancel records, and those of a
+    quorum, a queued message, deadlines and a passed TTL (`turn.waiting`'s `traceparent` was
+    named only in docs/tracing.md; `session.created`'s `idem`, `approval.settled`'s `auto`,
+    `input.resolved`'s `on_timeout` and `turn.failed`'s `reason` nowhere)."""
     fields = recorded(tmp_path)
+    for kind, seen in recorded_around_people(tmp_path).items():
+        fields.setdefault(kind, set()).update(seen)
     table = rows()
     for kind in [
         "session.created",
@@ -124,6 +215,9 @@ def test_every_event_type_and_field_the_runtime_records_is_in_docs_events_md(
         "input.resolved",
         "turn.completed",
         "turn.cancelled",
+        "turn.failed",
+        "turn.message",
+        "approval.candidate",
         "session.waiting",
     ]:
         assert kind in fields, kind
