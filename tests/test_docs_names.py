@@ -419,3 +419,13 @@ def test_every_variable_that_picks_a_model_is_named_where_the_readme_says_how() 
         part = readme[readme.index(start) :]
         part = part[: part.index(end)]
         assert {v for v in read if f"`{v}`" not in part} == set(), start
+
+
+def test_every_span_attribute_and_event_signoff_sets_is_in_the_tracing_docs() -> None:
+    """The other way round: each `gen_ai.*` and `signoff.*` name the tracing code sets (an
+    attribute, a span event or its attribute) is in docs/tracing.md, so a trace query written
+    from the page finds everything (`signoff.turn.retryable` was not there)."""
+    source = (ROOT / "src" / "signoff" / "_tracing.py").read_text()
+    set_ = set(re.findall(r"\"((?:gen_ai|signoff)\.[a-z_.]+)\"", source))
+    named = set(re.findall(r"`((?:gen_ai|signoff)\.[a-z_.]+)`", blocks_text("tracing")))
+    assert len(set_) >= 20 and set_ - named == set(), sorted(set_ - named)
