@@ -308,6 +308,29 @@ def test_the_defaults_the_docs_state_are_the_code_s() -> None:
     assert f"`SIGNOFF_STORE` (default `{stores.DEFAULT_URL}`)" in texts[readme]
 
 
+def channel_figures() -> list[tuple[str, str, Any, Any]]:
+    """The README's figures of the channel hub, its state file and the Slack channel."""
+    import inspect
+
+    from signoff.channels import ChannelHub, _hub, _state
+    from signoff.channels.slack import _blocks, _channel, _inbox, _replies
+
+    hub = inspect.signature(ChannelHub).parameters
+    state = inspect.signature(_state.ChannelState).parameters
+    readme = "README.md"
+    return [
+        (readme, "within a poll (half a second)", hub["poll_interval"].default, 0.5),
+        (readme, "a write waits up to five seconds", state["busy_timeout"].default, 5),
+        (readme, "(up to ten seconds)", _hub._STOP_GRACE, 10),
+        (readme, "is clipped to 3,000 characters", _blocks._MAX_TEXT, 3000),
+        (readme, "over 100 options in groups", _blocks._MAX_OPTIONS, 100),
+        (readme, "takes replies for seven days", _replies.KEEP_THREADS, 7 * 86400),
+        (readme, "left for ten minutes by another process", _inbox.RESUME_AFTER, 600),
+        (readme, "given two seconds, well inside Slack's three", _inbox.ACK_WITHIN, 2),
+        (readme, "five-minute window", _channel.TOLERANCE, 300),
+    ]
+
+
 def test_the_limits_and_waits_the_docs_quote_are_the_code_s() -> None:
     """Each bound and wait the docs quote in numbers beyond the defaults above (the server's
     probes, throttle and clipping, the client's reply bound, tracing's cut, the runtime's
@@ -371,6 +394,7 @@ def test_the_limits_and_waits_the_docs_quote_are_the_code_s() -> None:
         (readme, "more than 2**53 - 1 input", _types.MAX_REPLY_TOKENS, 2**53 - 1),
         (readme, "a cost over 1e18 USD", _types.MAX_REPLY_COST_USD, 1e18),
     ]
+    stated += channel_figures()
     texts = {doc: " ".join((ROOT / doc).read_text().split()) for doc in DOCS}
     for doc, sentence, actual, documented in stated:
         assert sentence in texts[doc], (doc, sentence)
