@@ -453,3 +453,66 @@ def test_every_span_attribute_and_event_signoff_sets_is_in_the_tracing_docs() ->
     set_ = set(re.findall(r"\"((?:gen_ai|signoff)\.[a-z_.]+)\"", source))
     named = set(re.findall(r"`((?:gen_ai|signoff)\.[a-z_.]+)`", blocks_text("tracing")))
     assert len(set_) >= 20 and set_ - named == set(), sorted(set_ - named)
+
+
+def test_every_keyword_the_docs_pass_to_a_signoff_call_is_one_it_takes() -> None:
+    """`create_app(max_streams=...)`, `so.always(approvers=2)`, `rt.sessions(agent=...)`: each
+    keyword the docs' prose and examples pass to one of signoff's calls is a parameter (or a
+    field) of it, so a setting copied from the docs is not refused as unexpected."""
+    import signoff as so
+    from signoff.channels import ChannelHub, WebhookChannel, verify_webhook
+    from signoff.channels.slack import SlackChannel
+    from signoff.server import TokenAuth, create_app, serve
+    from signoff.stores import SQLiteStore
+    from signoff.stores.postgres import PostgresStore
+
+    rt = so.Runtime
+    calls: dict[str, Any] = {
+        "create_app": create_app,
+        "serve": serve,
+        "Client": so.Client,
+        "AsyncClient": so.AsyncClient,
+        "ChannelHub": ChannelHub,
+        "WebhookChannel": WebhookChannel,
+        "SlackChannel": SlackChannel,
+        "SQLiteStore": SQLiteStore,
+        "PostgresStore": PostgresStore,
+        "TokenAuth": TokenAuth,
+        "verify_webhook": verify_webhook,
+        "Runtime": rt,
+        "Limits": so.Limits,
+        "Agent": so.Agent,
+        "Principal": so.Principal,
+        "InputResponse": so.InputResponse,
+        "Decision": so.Decision,
+        "ApprovalSpec": so.ApprovalSpec,
+        "tool": so.tool,
+        "always": so.always,
+        "once": so.once,
+        "auto": so.auto,
+        "delegate": so.delegate,
+        "tool_policy": so.tool_policy,
+        "OpenAIChat": so.models.OpenAIChat,
+        "Anthropic": so.models.Anthropic,
+        "Scripted": so.models.Scripted,
+        "from_env": so.models.from_env,
+        "ask": so.ToolContext.ask,
+        **{m: getattr(rt, m) for m in ("generate", "respond", "send", "cancel", "schedule")},
+        **{
+            m: getattr(rt, m)
+            for m in ("create_session", "pending", "events", "work", "sessions", "audit")
+        },
+    }
+    checked = 0
+    for doc in DOCS:
+        text = (ROOT / doc).read_text()
+        # a store's own methods (`Store.audit(after_id=...)`) are not the runtime's
+        for name, args in re.findall(r"(?<![Ss]tore\.)\b(\w+)\(([^()`]*)\)", text):
+            if name not in calls:
+                continue
+            params = inspect.signature(calls[name]).parameters
+            taken = set(params) | set(getattr(calls[name], "model_fields", {}))
+            for keyword in re.findall(r"(?:^|[,(]\s*|\s)(\w+)=", args):
+                assert keyword in taken, (doc, f"{name}({args})", keyword)
+                checked += 1
+    assert checked >= 100, checked
