@@ -160,3 +160,29 @@ def test_every_install_hint_in_the_help_shows_as_written() -> None:
         shown = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "1000"})
         assert shown.exit_code == 0, shown.output
         assert hint.replace("\\", "") in shown.output, (path, hint)
+
+
+def test_every_number_an_option_takes_has_its_range_in_the_help() -> None:
+    """The README says each command's help lists its options with their defaults, and the
+    numbers with their range: every option taking a number (`N`, `SECONDS`, `BYTES`, `PORT`,
+    `SEQ`) says which it takes (`events --after` did not)."""
+    import typer.main
+
+    from signoff.cli import app
+
+    numeric = {"N", "SECONDS", "BYTES", "PORT", "SEQ"}
+    found: list[str] = []
+    missing: list[str] = []
+
+    def collect(command: Any, path: str) -> None:
+        for param in command.params:
+            if getattr(param, "metavar", None) in numeric:
+                found.append(f"{path} {param.opts[0]}")
+                text = " ".join(str(param.help or "").split())
+                if not re.search(r"\bfrom -?[\d.]+\b|a positive number", text):
+                    missing.append(f"{path} {param.opts[0]}")
+        for name, sub in getattr(command, "commands", {}).items():
+            collect(sub, f"{path} {name}")
+
+    collect(typer.main.get_command(app), "signoff")
+    assert len(found) >= 10 and missing == []
