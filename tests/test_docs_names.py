@@ -516,3 +516,34 @@ def test_every_keyword_the_docs_pass_to_a_signoff_call_is_one_it_takes() -> None
                 assert keyword in taken, (doc, f"{name}({args})", keyword)
                 checked += 1
     assert checked >= 100, checked
+
+
+def test_every_rt_r_and_ctx_attribute_the_docs_use_exists() -> None:
+    """`rt.X` (a `Runtime`), `r.X` (a `GenerateResult`) and `ctx.X` (a tool's, a policy's or a
+    response policy's context) in the docs name something those have: the `so.X` check above
+    does not reach them."""
+    import dataclasses
+
+    import signoff as so
+
+    def members(*classes: type) -> set[str]:
+        found: set[str] = set()
+        for cls in classes:
+            found |= set(dir(cls)) | set(getattr(cls, "model_fields", {}))
+            if dataclasses.is_dataclass(cls):
+                found |= {f.name for f in dataclasses.fields(cls)}
+        return found
+
+    kinds = {
+        "rt": members(so.Runtime),
+        "r": members(so.GenerateResult),
+        "ctx": members(so.ToolContext, so.ApprovalContext, so.ResponseContext),
+    }
+    checked = 0
+    for doc in DOCS:
+        text = (ROOT / doc).read_text()
+        for prefix, names in kinds.items():
+            for name in set(re.findall(rf"(?<![\w.]){prefix}\.(\w+)", text)):
+                assert name in names, (doc, f"{prefix}.{name}")
+                checked += 1
+    assert checked >= 40, checked
