@@ -253,3 +253,58 @@ def test_the_api_table_s_response_shapes_are_the_response_schemas(tmp_path: Path
         assert shape.split(", ") == list(properties), (path, shape, list(properties))
         checked += 1
     assert checked == 3, checked
+
+
+async def test_the_metrics_table_is_what_a_scrape_serves(tmp_path: Path) -> None:
+    """docs/server.md's table of metrics names each `signoff_*` family a scrape serves, with its
+    type and labels, and no other, so a dashboard built from the page finds its series."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    import signoff as so
+    from signoff.server import TokenAuth, create_app
+
+    documented: dict[str, tuple[set[str], str]] = {}
+    for name, labels, kind in re.findall(
+        r"^\| `(signoff_\w+)(?:\{([\w,]+)\})?` \| (\w+) \|", blocks_text("server"), re.M
+    ):
+        documented[name] = (set(labels.split(",")) - {""}, kind)
+    assert len(documented) >= 8
+    agent = so.Agent(name="a", model=so.models.Scripted([so.ModelResponse(text="hi")]))
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db")
+    admin = {"Authorization": "Bearer admin-token"}
+    app = create_app(
+        runtime,
+        auth=TokenAuth(
+            {
+                "admin-token": so.Principal(
+                    authenticator="token", principal_id="root", attributes={"admin": True}
+                )
+            }
+        ),
+        sweep_every=None,
+        close_runtime=True,
+        metrics=True,
+    )
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        r = await c.post("/v1/sessions", json={"agent": "a", "message": "hi"}, headers=admin)
+        assert r.status_code in (200, 201), r.text
+        answer = {"inputResponses": [{"requestId": "req_x", "optionId": "approve"}]}
+        refused = await c.post("/v1/sessions/ses_x/responses", json=answer, headers=admin)
+        assert refused.status_code == 404, refused.text
+        scraped = await c.get("/metrics", headers=admin)
+        assert scraped.status_code == 200, scraped.text
+    served: dict[str, tuple[set[str], str]] = {}
+    for family in text_string_to_metric_families(scraped.text):
+        # `*_created` is prometheus_client's own series beside each counter and histogram
+        if family.name.startswith("signoff_") and not family.name.endswith("_created"):
+            labels = {k for s in family.samples for k in s.labels} - {"le"}
+            name = family.name + ("_total" if family.type == "counter" else "")
+            served[name] = (labels, family.type)
+    assert set(served) == set(documented)
+    for name, (labels, kind) in served.items():
+        assert documented[name][1] == kind, name
+        assert labels <= documented[name][0], (name, labels)

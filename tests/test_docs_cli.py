@@ -134,3 +134,55 @@ def test_every_option_of_the_cli_is_documented() -> None:
 
     collect(typer.main.get_command(app), "signoff")
     assert missing == []
+
+
+def test_every_install_hint_in_the_help_shows_as_written() -> None:
+    """An option's help that names an extra (`pip install 'signoff[metrics]'`) shows it whole in
+    `--help`: rich takes `[metrics]` for markup and printed `pip install 'signoff'`, a hint that
+    installs nothing the option needs."""
+    import typer.main
+    from typer.testing import CliRunner
+
+    from signoff.cli import app
+
+    hinted: list[tuple[list[str], str]] = []
+
+    def collect(command: Any, path: list[str]) -> None:
+        for param in command.params:
+            text = " ".join(str(getattr(param, "help", "") or "").split())
+            hinted.extend((path, h) for h in re.findall(r"signoff\\?\[\w+\]", text))
+        for name, sub in getattr(command, "commands", {}).items():
+            collect(sub, [*path, name])
+
+    collect(typer.main.get_command(app), [])
+    assert hinted, "no option's help names an extra"
+    for path, hint in hinted:
+        shown = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "1000"})
+        assert shown.exit_code == 0, shown.output
+        assert hint.replace("\\", "") in shown.output, (path, hint)
+
+
+def test_every_number_an_option_takes_has_its_range_in_the_help() -> None:
+    """The README says each command's help lists its options with their defaults, and the
+    numbers with their range: every option taking a number (`N`, `SECONDS`, `BYTES`, `PORT`,
+    `SEQ`) says which it takes (`events --after` did not)."""
+    import typer.main
+
+    from signoff.cli import app
+
+    numeric = {"N", "SECONDS", "BYTES", "PORT", "SEQ"}
+    found: list[str] = []
+    missing: list[str] = []
+
+    def collect(command: Any, path: str) -> None:
+        for param in command.params:
+            if getattr(param, "metavar", None) in numeric:
+                found.append(f"{path} {param.opts[0]}")
+                text = " ".join(str(param.help or "").split())
+                if not re.search(r"\bfrom -?[\d.]+\b|a positive number", text):
+                    missing.append(f"{path} {param.opts[0]}")
+        for name, sub in getattr(command, "commands", {}).items():
+            collect(sub, f"{path} {name}")
+
+    collect(typer.main.get_command(app), "signoff")
+    assert len(found) >= 10 and missing == []

@@ -4,6 +4,7 @@ and docstrings, classes and errors, extras, relative links, tracing attributes.
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import Any
 
@@ -307,6 +308,99 @@ def test_the_defaults_the_docs_state_are_the_code_s() -> None:
     assert f"`SIGNOFF_STORE` (default `{stores.DEFAULT_URL}`)" in texts[readme]
 
 
+def channel_figures() -> list[tuple[str, str, Any, Any]]:
+    """The README's figures of the channel hub, its state file and the Slack channel."""
+    import inspect
+
+    from signoff.channels import ChannelHub, _hub, _state
+    from signoff.channels.slack import _blocks, _channel, _inbox, _replies
+
+    hub = inspect.signature(ChannelHub).parameters
+    state = inspect.signature(_state.ChannelState).parameters
+    readme = "README.md"
+    return [
+        (readme, "within a poll (half a second)", hub["poll_interval"].default, 0.5),
+        (readme, "a write waits up to five seconds", state["busy_timeout"].default, 5),
+        (readme, "(up to ten seconds)", _hub._STOP_GRACE, 10),
+        (readme, "is clipped to 3,000 characters", _blocks._MAX_TEXT, 3000),
+        (readme, "over 100 options in groups", _blocks._MAX_OPTIONS, 100),
+        (readme, "takes replies for seven days", _replies.KEEP_THREADS, 7 * 86400),
+        (readme, "left for ten minutes by another process", _inbox.RESUME_AFTER, 600),
+        (readme, "given two seconds, well inside Slack's three", _inbox.ACK_WITHIN, 2),
+        (readme, "five-minute window", _channel.TOLERANCE, 300),
+    ]
+
+
+def test_the_limits_and_waits_the_docs_quote_are_the_code_s() -> None:
+    """Each bound and wait the docs quote in numbers beyond the defaults above (the server's
+    probes, throttle and clipping, the client's reply bound, tracing's cut, the runtime's
+    limits and graces) is the code's, so a changed constant fails here, naming the sentence."""
+    import signoff as so
+    from signoff import (
+        _answering,
+        _candidates,
+        _idempotency,
+        _leasing,
+        _recording,
+        _subagents,
+        _tool_context,
+        _tool_json,
+        _tracing,
+        _types,
+    )
+    from signoff import _client as client
+    from signoff.server import _health, _login, _metrics, _pages, _serve, _throttle
+
+    server, readme = "docs/server.md", "README.md"
+    kib, mib = 1 << 10, 1 << 20
+    work = inspect.signature(so.Runtime.work)
+    stated = [
+        (
+            server,
+            "one indexed read (a session that does not exist: nothing is written) within 2 s",
+            _health.READY_TIMEOUT,
+            2,
+        ),
+        (server, "a few indexed queries per scrape, given 2 s", _metrics.STORE_TIMEOUT, 2),
+        (server, "longer than 10,000 characters (as JSON) is shown clipped", _pages.CLIP, 10_000),
+        (server, "30 days past the sign-in's lifetime", _login._REMEMBERED, 30 * 86400),
+        (server, "An address that failed 10 times in 60 s", _throttle.PER_CLIENT, 10),
+        (server, "An address that failed 10 times in 60 s", _throttle.WINDOW, 60),
+        (server, "all addresses together failed 100 times in 60 s", _throttle.OVERALL, 100),
+        (server, "for at most 10 000 addresses", _throttle.MAX_CLIENTS, 10_000),
+        (server, "Bloom filter (128 KiB)", _throttle._FORGOTTEN_BITS // 8, 128 * kib),
+        (server, "**`max_reply_bytes`** (64 MiB)", client.DEFAULT_MAX_REPLY_BYTES, 64 * mib),
+        (server, "drops such connections 2 s after it begins to stop", _serve.STALLED_GRACE, 2),
+        ("docs/tracing.md", "cut past 16,384 characters", _tracing._TEXT_MAX, 16_384),
+        ("docs/subagents.md", "nests at most 8 deep", _subagents.MAX_DEPTH, 8),
+        (readme, "`SIGNOFF_KEEP_ALIVE_TIMEOUT`, 5 by default)", _serve.KEEP_ALIVE_TIMEOUT, 5),
+        (readme, "nests deeper than 100 levels", _tool_json.MAX_INPUT_DEPTH, 100),
+        (readme, "lists its first 20 errors", _recording.SHOWN_ERRORS, 20),
+        (readme, "One call answers at most 1,000 requests", _answering.MAX_ANSWERS, 1000),
+        (readme, "up to 2 s after the last one did", _tool_context.REPLAY_GRACE, 2),
+        (readme, "the policy's timeout and 5 s more", _candidates.RECOVERY_GRACE, 5),
+        (readme, "once its measurement is a minute old", _leasing.CLOCK_CHECK_EVERY, 60),
+        (readme, "tried again 10 s later", _leasing.CLOCK_RETRY, 10),
+        (readme, "(every 5 s by default)", work.parameters["sweep_every"].default, 5),
+        (
+            readme,
+            "`max_steps` (50)",
+            inspect.signature(so.Limits).parameters["max_steps"].default,
+            50,
+        ),
+        (readme, "1 to 200 printable ASCII characters", _idempotency.MAX_KEY, 200),
+        (readme, "from 0.1 s to 86400 s (a day)", _leasing.LEASE_TTL_MIN, 0.1),
+        (readme, "from 0.1 s to 86400 s (a day)", _leasing.LEASE_TTL_MAX, 86400),
+        (readme, "more than 2**53 - 1 input", _types.MAX_REPLY_TOKENS, 2**53 - 1),
+        (readme, "a cost over 1e18 USD", _types.MAX_REPLY_COST_USD, 1e18),
+    ]
+    stated += channel_figures()
+    texts = {doc: " ".join((ROOT / doc).read_text().split()) for doc in DOCS}
+    for doc, sentence, actual, documented in stated:
+        assert sentence in texts[doc], (doc, sentence)
+        assert actual == documented, (doc, sentence, actual)
+
+
 def test_every_event_type_the_docs_name_is_one_signoff_writes() -> None:
     """Each `session.*`, `turn.*`, `model.*`, `tool.*`, `input.*` and `approval.*` the docs name
     is an event type of the log, and each `request.*` a webhook event or a request's field, so
@@ -336,3 +430,120 @@ def test_every_gen_ai_attribute_the_tracing_docs_name_is_one_signoff_sets() -> N
     set_ = set(re.findall(r"\"(gen_ai\.[a-z_.]+)\"", source))
     named = set(re.findall(r"`(gen_ai\.[a-z_.]+)`", blocks_text("tracing")))
     assert len(named) >= 10 and named - set_ == set(), sorted(named - set_)
+
+
+def test_every_variable_that_picks_a_model_is_named_where_the_readme_says_how() -> None:
+    """Each environment variable `so.models.from_env` reads is named in the README's quick start
+    (the example agent) and its list of models (the quick start left out `OPENAI_BASE_URL`)."""
+    source = (ROOT / "src" / "signoff" / "models" / "_from_env.py").read_text()
+    read = set(re.findall(r"env\.get\(\"([A-Z_]+)\"", source))
+    assert read == {"SIGNOFF_MODEL", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"}
+    readme = (ROOT / "README.md").read_text()
+    for start, end in [("## Quick start", "```bash\n./scripts/test "), ("- Models:", "- Stores:")]:
+        part = readme[readme.index(start) :]
+        part = part[: part.index(end)]
+        assert {v for v in read if f"`{v}`" not in part} == set(), start
+
+
+def test_every_span_attribute_and_event_signoff_sets_is_in_the_tracing_docs() -> None:
+    """The other way round: each `gen_ai.*` and `signoff.*` name the tracing code sets (an
+    attribute, a span event or its attribute) is in docs/tracing.md, so a trace query written
+    from the page finds everything (`signoff.turn.retryable` was not there)."""
+    source = (ROOT / "src" / "signoff" / "_tracing.py").read_text()
+    set_ = set(re.findall(r"\"((?:gen_ai|signoff)\.[a-z_.]+)\"", source))
+    named = set(re.findall(r"`((?:gen_ai|signoff)\.[a-z_.]+)`", blocks_text("tracing")))
+    assert len(set_) >= 20 and set_ - named == set(), sorted(set_ - named)
+
+
+def test_every_keyword_the_docs_pass_to_a_signoff_call_is_one_it_takes() -> None:
+    """`create_app(max_streams=...)`, `so.always(approvers=2)`, `rt.sessions(agent=...)`: each
+    keyword the docs' prose and examples pass to one of signoff's calls is a parameter (or a
+    field) of it, so a setting copied from the docs is not refused as unexpected."""
+    import signoff as so
+    from signoff.channels import ChannelHub, WebhookChannel, verify_webhook
+    from signoff.channels.slack import SlackChannel
+    from signoff.server import TokenAuth, create_app, serve
+    from signoff.stores import SQLiteStore
+    from signoff.stores.postgres import PostgresStore
+
+    rt = so.Runtime
+    calls: dict[str, Any] = {
+        "create_app": create_app,
+        "serve": serve,
+        "Client": so.Client,
+        "AsyncClient": so.AsyncClient,
+        "ChannelHub": ChannelHub,
+        "WebhookChannel": WebhookChannel,
+        "SlackChannel": SlackChannel,
+        "SQLiteStore": SQLiteStore,
+        "PostgresStore": PostgresStore,
+        "TokenAuth": TokenAuth,
+        "verify_webhook": verify_webhook,
+        "Runtime": rt,
+        "Limits": so.Limits,
+        "Agent": so.Agent,
+        "Principal": so.Principal,
+        "InputResponse": so.InputResponse,
+        "Decision": so.Decision,
+        "ApprovalSpec": so.ApprovalSpec,
+        "tool": so.tool,
+        "always": so.always,
+        "once": so.once,
+        "auto": so.auto,
+        "delegate": so.delegate,
+        "tool_policy": so.tool_policy,
+        "OpenAIChat": so.models.OpenAIChat,
+        "Anthropic": so.models.Anthropic,
+        "Scripted": so.models.Scripted,
+        "from_env": so.models.from_env,
+        "ask": so.ToolContext.ask,
+        **{m: getattr(rt, m) for m in ("generate", "respond", "send", "cancel", "schedule")},
+        **{
+            m: getattr(rt, m)
+            for m in ("create_session", "pending", "events", "work", "sessions", "audit")
+        },
+    }
+    checked = 0
+    for doc in DOCS:
+        text = (ROOT / doc).read_text()
+        # a store's own methods (`Store.audit(after_id=...)`) are not the runtime's
+        for name, args in re.findall(r"(?<![Ss]tore\.)\b(\w+)\(([^()`]*)\)", text):
+            if name not in calls:
+                continue
+            params = inspect.signature(calls[name]).parameters
+            taken = set(params) | set(getattr(calls[name], "model_fields", {}))
+            for keyword in re.findall(r"(?:^|[,(]\s*|\s)(\w+)=", args):
+                assert keyword in taken, (doc, f"{name}({args})", keyword)
+                checked += 1
+    assert checked >= 100, checked
+
+
+def test_every_rt_r_and_ctx_attribute_the_docs_use_exists() -> None:
+    """`rt.X` (a `Runtime`), `r.X` (a `GenerateResult`) and `ctx.X` (a tool's, a policy's or a
+    response policy's context) in the docs name something those have: the `so.X` check above
+    does not reach them."""
+    import dataclasses
+
+    import signoff as so
+
+    def members(*classes: type) -> set[str]:
+        found: set[str] = set()
+        for cls in classes:
+            found |= set(dir(cls)) | set(getattr(cls, "model_fields", {}))
+            if dataclasses.is_dataclass(cls):
+                found |= {f.name for f in dataclasses.fields(cls)}
+        return found
+
+    kinds = {
+        "rt": members(so.Runtime),
+        "r": members(so.GenerateResult),
+        "ctx": members(so.ToolContext, so.ApprovalContext, so.ResponseContext),
+    }
+    checked = 0
+    for doc in DOCS:
+        text = (ROOT / doc).read_text()
+        for prefix, names in kinds.items():
+            for name in set(re.findall(rf"(?<![\w.]){prefix}\.(\w+)", text)):
+                assert name in names, (doc, f"{prefix}.{name}")
+                checked += 1
+    assert checked >= 40, checked

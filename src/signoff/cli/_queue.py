@@ -523,7 +523,12 @@ def events(
     ] = False,
     after: Annotated[
         int,
-        typer.Option("--after", metavar="SEQ", parser=SEQ, help="Start after this seq."),
+        typer.Option(
+            "--after",
+            metavar="SEQ",
+            parser=SEQ,
+            help="Start after this seq, a whole number from 0 (the whole log).",
+        ),
     ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     store: StoreOption = None,

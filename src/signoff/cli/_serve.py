@@ -201,8 +201,9 @@ def serve(
         typer.Option(
             "--metrics",
             envvar="SIGNOFF_METRICS",
+            # `\\[` keeps rich from taking `[metrics]` for markup and dropping it
             help="Serve Prometheus metrics at /metrics (needs pip install "
-            "'signoff[metrics]'), to --metrics-token or, in dev mode, localhost.",
+            "'signoff\\[metrics]'), to --metrics-token or, in dev mode, localhost.",
         ),
     ] = False,
     metrics_token: Annotated[
