@@ -17,6 +17,7 @@ import signoff as so
 from signoff import stores
 from signoff.server import TokenAuth
 from signoff.server._context import ServerContext
+from signoff.server._sign_ins import Grant, SignOuts
 from signoff.server._sse import event_stream
 
 from .test_server_common import ALICE, auth, in_process, make_agents
@@ -199,3 +200,43 @@ async def test_a_followed_stream_sends_keep_alives_while_a_store_read_hangs(
         ctx.closing = True
         await asyncio.wait_for(reader, 5)  # the stream ended without the read's answer
         await asyncio.wait_for(released.wait(), 5)  # and the read it waited on was dropped
+
+
+async def test_keep_alives_go_on_while_a_sign_in_check_hangs(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream opened with the sign-in cookie reads the store's sign-outs every `heartbeat`:
+    a database not answering held that read too, the stream silent meanwhile."""
+    async with so.Runtime(make_agents(), store=store_url) as rt:
+        sid = (await rt.generate("support", prompt="Refund order 1042", auth=ALICE)).session_id
+        head = (await rt._state(sid)).seq
+        ctx = _context(rt, poll_interval=0.01, heartbeat=0.05)
+        hung = asyncio.Event()
+        released = asyncio.Event()
+
+        async def hanging(*args: Any) -> bool:
+            hung.set()
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                released.set()
+            raise AssertionError("unreachable")
+
+        monkeypatch.setattr(SignOuts, "revoked", hanging)
+        request = _request()
+        request.state.signoff_sign_in = Grant("sgn_1", int(rt.now()), ALICE)
+        messages: list[tuple[float, str]] = []
+
+        async def read() -> None:
+            async for message in event_stream(request, ctx, sid, head, follow=True):
+                messages.append((time.monotonic(), message))
+
+        reader = asyncio.create_task(read())
+        await asyncio.wait_for(hung.wait(), 10)
+        began = time.monotonic()
+        await asyncio.sleep(0.5)
+        alive = [t for t, m in messages if t >= began and m.startswith(": keep-alive")]
+        assert len(alive) >= 5, messages[-3:]
+        ctx.closing = True
+        await asyncio.wait_for(reader, 5)
+        await asyncio.wait_for(released.wait(), 5)

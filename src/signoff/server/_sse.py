@@ -7,7 +7,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 from starlette.requests import Request
@@ -164,14 +165,14 @@ async def event_stream(
         # 30 s: keep-alives go on meanwhile, and a stopping server does not wait for it.
         read = asyncio.ensure_future(_read(ctx, session_id, after, follow, expires_at, check_at))
         try:
-            while not await _settled(read, min(last_sent + heartbeat, _soon(poll_interval))):
-                if follow and ctx.closing:
-                    return
-                if time.monotonic() - last_sent >= heartbeat:
-                    yield KEEP_ALIVE
+            async with aclosing(_keep_alives(read, ctx, follow, last_sent)) as waits:
+                async for message in waits:
+                    yield message
                     last_sent = time.monotonic()
         finally:
             _drop(read)  # done already, unless the stream ended first
+        if not read.done():
+            return
         try:
             batch, ended, expires_at, check_at = read.result()
         except StoreError as exc:
@@ -206,9 +207,20 @@ async def event_stream(
         now = time.monotonic()
         if now >= signed_at:
             signed_at = now + heartbeat
-            if await ctx.sign_in_ended(request):
+            check = asyncio.ensure_future(ctx.sign_in_ended(request))  # reads the store too
+            try:
+                async with aclosing(_keep_alives(check, ctx, follow, last_sent)) as waits:
+                    async for message in waits:
+                        yield message
+                        last_sent = time.monotonic()
+            finally:
+                _drop(check)
+            if not check.done():
+                return
+            if check.result():
                 yield SIGNED_OUT_END
                 return
+            now = time.monotonic()
         if now - last_sent >= heartbeat:
             yield KEEP_ALIVE
             last_sent = now
@@ -237,8 +249,29 @@ async def _read(
     return batch, ended, expires_at, check_at
 
 
+async def _keep_alives(
+    task: asyncio.Future[Any], ctx: ServerContext, follow: bool, last_sent: float
+) -> AsyncGenerator[str, None]:
+    """A keep-alive each `heartbeat` quiet seconds (the last message sent at `last_sent`) until
+    `task`, a store call, is done; it ends before then if the server begins to stop and the
+    stream is followed."""
+    await asyncio.sleep(0)  # a call that need not wait (SQLite's) is done at its first step
+    while not task.done() and not await _settled(
+        task, min(last_sent + ctx.heartbeat, _soon(ctx.poll_interval))
+    ):
+        if follow and ctx.closing:
+            return
+        if time.monotonic() - last_sent >= ctx.heartbeat:
+            yield KEEP_ALIVE
+            last_sent = time.monotonic()
+
+
 def _drop(task: asyncio.Future[Any]) -> None:
     """Cancel `task` if it still runs; an error it ended with is not logged as unretrieved."""
+    if task.done():
+        if not task.cancelled():
+            task.exception()
+        return
     task.cancel()
     task.add_done_callback(lambda done: done.cancelled() or done.exception())
 
