@@ -27,6 +27,7 @@ from .._exceptions import (
 from ._context import ServerContext
 from ._errors import public_message, status_for
 from ._stream_slots import HeldStream
+from ._waits import drop
 
 __all__ = [
     "KEEP_ALIVE",
@@ -170,7 +171,7 @@ async def event_stream(
                     yield message
                     last_sent = time.monotonic()
         finally:
-            _drop(read)  # done already, unless the stream ended first
+            drop(read)  # done already, unless the stream ended first
         if not read.done():
             return
         try:
@@ -214,7 +215,7 @@ async def event_stream(
                         yield message
                         last_sent = time.monotonic()
             finally:
-                _drop(check)
+                drop(check)
             if not check.done():
                 return
             if check.result():
@@ -264,16 +265,6 @@ async def _keep_alives(
         if time.monotonic() - last_sent >= ctx.heartbeat:
             yield KEEP_ALIVE
             last_sent = time.monotonic()
-
-
-def _drop(task: asyncio.Future[Any]) -> None:
-    """Cancel `task` if it still runs; an error it ended with is not logged as unretrieved."""
-    if task.done():
-        if not task.cancelled():
-            task.exception()
-        return
-    task.cancel()
-    task.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 def _soon(seconds: float) -> float:
