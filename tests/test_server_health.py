@@ -5,6 +5,7 @@ the store cannot answer (gone, or too slow for a probe) or the server is stoppin
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -75,6 +76,36 @@ async def test_readyz_gives_up_on_a_store_slower_than_a_probe(
         assert r.status_code == 503, r.text
         assert r.json()["error"]["code"] == "store_unavailable"
         assert r.headers["Retry-After"] == str(so.StoreUnavailable.retry_after)
+
+
+async def test_readyz_answers_in_time_though_the_store_is_slow_to_give_up_its_call(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database host that froze: cancelling the read (psycopg then asks the server to cancel
+    its query, which waits out its `connect_timeout`) took 10 s more, and `/readyz` answered
+    after 12 s, not 2. The probe answers at its timeout; the call winds down behind it."""
+    monkeypatch.setattr(_health, "READY_TIMEOUT", 0.05)
+    async with probed(store_url) as (runtime, c, _):
+        unwound = asyncio.Event()
+
+        async def frozen(session_id: str) -> int | None:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                await asyncio.sleep(1)  # giving up takes this long
+                raise
+            finally:
+                unwound.set()
+            return None
+
+        monkeypatch.setattr(runtime.store, "head", frozen)
+        began = time.monotonic()
+        r = await c.get("/readyz")
+        took = time.monotonic() - began
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "store_unavailable"
+        assert took < 0.8, took
+        await asyncio.wait_for(unwound.wait(), 10)
 
 
 async def test_readyz_is_503_while_the_server_stops(store_url: str) -> None:

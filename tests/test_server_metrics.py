@@ -228,6 +228,34 @@ async def test_a_store_that_fails_is_store_up_0_in_a_scrape_that_answers(
         assert (found[("signoff_store_up", ())], found[("signoff_open_requests", ())]) == (1, 0)
 
 
+async def test_a_scrape_answers_in_time_though_the_store_is_slow_to_give_up_its_call(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database host that froze: cancelling the count (psycopg then asks the server to cancel
+    its query, which waits out its `connect_timeout`) held the scrape 10 s past its timeout."""
+    monkeypatch.setattr(_metrics, "STORE_TIMEOUT", 0.05)
+    async with metered(store_url) as (runtime, c):
+        unwound = asyncio.Event()
+
+        async def frozen(flt: Any) -> int:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                await asyncio.sleep(1)  # giving up takes this long
+                raise
+            finally:
+                unwound.set()
+            return 0
+
+        monkeypatch.setattr(runtime.store, "count_pending", frozen)
+        began = time.monotonic()
+        found = await scrape(c)
+        took = time.monotonic() - began
+        assert found[("signoff_store_up", ())] == 0
+        assert took < 0.8, took
+        await asyncio.wait_for(unwound.wait(), 10)
+
+
 async def test_each_app_has_its_own_registry(tmp_path: Path) -> None:
     async with (
         metered(f"sqlite:///{tmp_path}/a.db") as (_, a),

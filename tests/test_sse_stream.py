@@ -5,6 +5,8 @@ HTTP, that a read that is not followed stops at the head its request read."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +17,7 @@ import signoff as so
 from signoff import stores
 from signoff.server import TokenAuth
 from signoff.server._context import ServerContext
+from signoff.server._sign_ins import Grant, SignOuts
 from signoff.server._sse import event_stream
 
 from .test_server_common import ALICE, auth, in_process, make_agents
@@ -153,3 +156,87 @@ async def test_a_read_that_is_not_followed_stops_at_the_head_the_request_read(
         assert await ids(head) == [] and reads == [0]
         monkeypatch.setattr(stores, "READ_BYTES", 1)  # one event a read
         assert await ids(1) == list(range(2, head + 1)) and reads == [head - 1]
+
+
+async def test_a_followed_stream_sends_keep_alives_while_a_store_read_hangs(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database that stops answering (a frozen host, a network partition) held each read for
+    the store's `operation_timeout` (30 s): the stream sent nothing that long, past its
+    `heartbeat`, and a proxy's idle timeout could cut it. Keep-alives go on while a read waits,
+    and a server that begins to stop ends the stream without waiting for it."""
+    async with so.Runtime(make_agents(), store=store_url) as rt:
+        sid = (await rt.generate("support", prompt="Refund order 1042", auth=ALICE)).session_id
+        head = (await rt._state(sid)).seq
+        real = rt.store.read_events
+        hung = asyncio.Event()
+        released = asyncio.Event()
+
+        async def hanging(*args: Any, **kwargs: Any) -> list[so.Event]:
+            if kwargs.get("after", 0) < head:
+                return await real(*args, **kwargs)
+            hung.set()
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                released.set()
+            raise AssertionError("unreachable")
+
+        monkeypatch.setattr(rt.store, "read_events", hanging)
+        ctx = _context(rt, poll_interval=0.01, heartbeat=0.05)
+        stream = event_stream(_request(), ctx, sid, 0, follow=True)
+        messages: list[tuple[float, str]] = []
+
+        async def read() -> None:
+            async for message in stream:
+                messages.append((time.monotonic(), message))
+
+        reader = asyncio.create_task(read())
+        await asyncio.wait_for(hung.wait(), 10)
+        began = time.monotonic()
+        await asyncio.sleep(0.5)
+        alive = [t for t, m in messages if t >= began and m.startswith(": keep-alive")]
+        assert len(alive) >= 5, messages[-3:]  # one a heartbeat (0.05 s), not none for 0.5 s
+        ctx.closing = True
+        await asyncio.wait_for(reader, 5)  # the stream ended without the read's answer
+        await asyncio.wait_for(released.wait(), 5)  # and the read it waited on was dropped
+
+
+async def test_keep_alives_go_on_while_a_sign_in_check_hangs(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream opened with the sign-in cookie reads the store's sign-outs every `heartbeat`:
+    a database not answering held that read too, the stream silent meanwhile."""
+    async with so.Runtime(make_agents(), store=store_url) as rt:
+        sid = (await rt.generate("support", prompt="Refund order 1042", auth=ALICE)).session_id
+        head = (await rt._state(sid)).seq
+        ctx = _context(rt, poll_interval=0.01, heartbeat=0.05)
+        hung = asyncio.Event()
+        released = asyncio.Event()
+
+        async def hanging(*args: Any) -> bool:
+            hung.set()
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                released.set()
+            raise AssertionError("unreachable")
+
+        monkeypatch.setattr(SignOuts, "revoked", hanging)
+        request = _request()
+        request.state.signoff_sign_in = Grant("sgn_1", int(rt.now()), ALICE)
+        messages: list[tuple[float, str]] = []
+
+        async def read() -> None:
+            async for message in event_stream(request, ctx, sid, head, follow=True):
+                messages.append((time.monotonic(), message))
+
+        reader = asyncio.create_task(read())
+        await asyncio.wait_for(hung.wait(), 10)
+        began = time.monotonic()
+        await asyncio.sleep(0.5)
+        alive = [t for t, m in messages if t >= began and m.startswith(": keep-alive")]
+        assert len(alive) >= 5, messages[-3:]
+        ctx.closing = True
+        await asyncio.wait_for(reader, 5)
+        await asyncio.wait_for(released.wait(), 5)

@@ -7,14 +7,13 @@ process drains. Neither tells anything about sessions, so neither asks who is ca
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
 
 from .._exceptions import StoreError, StoreUnavailable
 from ._context import get_context
 from ._errors import ApiError, public_message
 from ._json_response import JSONText
+from ._waits import within
 
 __all__ = ["READY_TIMEOUT", "router"]
 
@@ -42,8 +41,7 @@ async def readyz(request: Request) -> dict[str, str]:
     if ctx.closing:
         raise ApiError(503, "shutting_down", "the server is stopping", headers={"Retry-After": "1"})
     try:
-        async with asyncio.timeout(READY_TIMEOUT):
-            await ctx.runtime.store.head(PROBE_SESSION)
+        await within(ctx.runtime.store.head(PROBE_SESSION), READY_TIMEOUT)
     except TimeoutError:
         exc: StoreError = StoreUnavailable(f"the store did not answer within {READY_TIMEOUT:g} s")
         raise ApiError(

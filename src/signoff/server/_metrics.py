@@ -12,7 +12,6 @@ and nothing else, so a scraper need not hold a token that can approve anything.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import logging
@@ -28,6 +27,7 @@ from ._auth import TokenAuth, bearer_token
 from ._context import ServerContext, get_context
 from ._errors import ApiError
 from ._throttle import client_of, too_many
+from ._waits import within
 
 if TYPE_CHECKING:
     from ._exporter import Exporter
@@ -151,13 +151,16 @@ async def metrics(request: Request) -> Response:
     scraping: Scraping = request.app.state.signoff_metrics
     await scraping.check(ctx, request)
     exporter = scraping.exporter
-    runtime = ctx.runtime
     open_requests: int | None = None
     try:
-        async with asyncio.timeout(STORE_TIMEOUT):
-            await runtime.open()
-            open_requests, _ = await ctx.open_requests_version()  # as an admin's queue counts
+        open_requests, _ = await within(_counted(ctx), STORE_TIMEOUT)
     except Exception as exc:  # the scrape still answers: `signoff_store_up` says it failed
         log.debug("metrics: counting open requests failed", exc_info=exc)
     body, content_type = exporter.render(request.headers.get("accept", ""), open_requests)
     return Response(body, media_type=content_type)
+
+
+async def _counted(ctx: ServerContext) -> tuple[int, str]:
+    """The open requests of every session, as an admin's queue counts them."""
+    await ctx.runtime.open()
+    return await ctx.open_requests_version()

@@ -7,7 +7,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 from starlette.requests import Request
@@ -26,8 +27,10 @@ from .._exceptions import (
 from ._context import ServerContext
 from ._errors import public_message, status_for
 from ._stream_slots import HeldStream
+from ._waits import drop
 
 __all__ = [
+    "KEEP_ALIVE",
     "LASTING",
     "SIGNED_OUT_END",
     "STREAM_HEADERS",
@@ -55,6 +58,11 @@ def sse(data: Any, *, event: str | None = None, id: str | int | None = None) -> 
     payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
     lines.extend(f"data: {line}" for line in payload.split("\n"))
     return "\n".join(lines) + "\n\n"
+
+
+KEEP_ALIVE = ": keep-alive\n\n"
+"""A comment, which clients ignore: sent after `heartbeat` quiet seconds so that proxies (and
+the client's own read timeout) do not take a quiet stream for a dead one."""
 
 
 def frame(event: Event) -> str:
@@ -154,17 +162,20 @@ async def event_stream(
             return
         ended: SignoffError | None = None
         batch: list[Event] = []
+        # A store that does not answer (a frozen database host) holds a call for its timeout,
+        # 30 s: keep-alives go on meanwhile, and a stopping server does not wait for it.
+        read = asyncio.ensure_future(_read(ctx, session_id, after, follow, expires_at, check_at))
         try:
-            batch = await ctx.runtime.store.read_events(
-                session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
-            )
-            if (
-                follow
-                and not batch
-                and (ctx.runtime.now() >= expires_at or time.monotonic() >= check_at)
-            ):
-                ended, expires_at = await session_end(ctx, session_id)
-                check_at = time.monotonic() + heartbeat
+            async with aclosing(_keep_alives(read, ctx, follow, last_sent)) as waits:
+                async for message in waits:
+                    yield message
+                    last_sent = time.monotonic()
+        finally:
+            drop(read)  # done already, unless the stream ended first
+        if not read.done():
+            return
+        try:
+            batch, ended, expires_at, check_at = read.result()
         except StoreError as exc:
             if not follow:
                 raise
@@ -197,12 +208,70 @@ async def event_stream(
         now = time.monotonic()
         if now >= signed_at:
             signed_at = now + heartbeat
-            if await ctx.sign_in_ended(request):
+            check = asyncio.ensure_future(ctx.sign_in_ended(request))  # reads the store too
+            try:
+                async with aclosing(_keep_alives(check, ctx, follow, last_sent)) as waits:
+                    async for message in waits:
+                        yield message
+                        last_sent = time.monotonic()
+            finally:
+                drop(check)
+            if not check.done():
+                return
+            if check.result():
                 yield SIGNED_OUT_END
                 return
+            now = time.monotonic()
         if now - last_sent >= heartbeat:
-            yield ": keep-alive\n\n"
+            yield KEEP_ALIVE
             last_sent = now
         if ctx.closing or await request.is_disconnected():
             return
         await asyncio.sleep(poll_interval)
+
+
+async def _read(
+    ctx: ServerContext,
+    session_id: str,
+    after: int,
+    follow: bool,
+    expires_at: float,
+    check_at: float,
+) -> tuple[list[Event], SignoffError | None, float, float]:
+    """One poll of a stream: the events after `after`, and (when following and none came, and
+    it is time) why the session can have no more; `expires_at` and `check_at` as they are now."""
+    batch = await ctx.runtime.store.read_events(
+        session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
+    )
+    ended: SignoffError | None = None
+    if follow and not batch and (ctx.runtime.now() >= expires_at or time.monotonic() >= check_at):
+        ended, expires_at = await session_end(ctx, session_id)
+        check_at = time.monotonic() + ctx.heartbeat
+    return batch, ended, expires_at, check_at
+
+
+async def _keep_alives(
+    task: asyncio.Future[Any], ctx: ServerContext, follow: bool, last_sent: float
+) -> AsyncGenerator[str, None]:
+    """A keep-alive each `heartbeat` quiet seconds (the last message sent at `last_sent`) until
+    `task`, a store call, is done; it ends before then if the server begins to stop and the
+    stream is followed."""
+    await asyncio.sleep(0)  # a call that need not wait (SQLite's) is done at its first step
+    while not task.done() and not await _settled(
+        task, min(last_sent + ctx.heartbeat, _soon(ctx.poll_interval))
+    ):
+        if follow and ctx.closing:
+            return
+        if time.monotonic() - last_sent >= ctx.heartbeat:
+            yield KEEP_ALIVE
+            last_sent = time.monotonic()
+
+
+def _soon(seconds: float) -> float:
+    return time.monotonic() + seconds
+
+
+async def _settled(task: asyncio.Future[Any], until: float) -> bool:
+    """Whether `task` is done, waiting for it until the monotonic time `until` at most."""
+    await asyncio.wait((task,), timeout=max(0.0, until - time.monotonic()))
+    return task.done()
