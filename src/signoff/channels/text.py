@@ -459,7 +459,8 @@ class TerminalTextChannel(TextChannel):
     """The CLI's inline prompts as a text channel: each request shown is asked on the terminal.
 
     It wraps a `TerminalChannel` (the one `signoff chat` uses) and answers as `principal`.
-    A prompt left unanswered (end of input) leaves the request pending.
+    A prompt left unanswered (end of input) leaves the request pending; a hub started again
+    asks it again.
     """
 
     name = "terminal"
@@ -480,6 +481,7 @@ class TerminalTextChannel(TextChannel):
         self.terminal = terminal or TerminalChannel()
         self.principal = principal
         self._asking: asyncio.Task[None] | None = None
+        self._asked: str | None = None  # the request this process last put to a prompt
 
     async def send_text(self, text: str) -> None:
         # printable: another reviewer's reason or answer must not steer the terminal
@@ -492,8 +494,18 @@ class TerminalTextChannel(TextChannel):
         if self.terminal.clock is None:
             self.terminal.clock = runtime.now
 
+    async def _show_unseen(self) -> None:
+        """As `TextChannel`'s, but the memo of the request shown outlives the process and its
+        prompt does not: one this process has not asked is asked, also after a restart."""
+        current = self.current
+        if current is not None and current.id != self._asked:
+            await self._show_current()
+        else:
+            await super()._show_unseen()
+
     async def show(self, request: InputRequest) -> None:
         # Asked in a task: the hub goes on while the person types.
+        self._asked = request.id
         self._asking = asyncio.create_task(self._ask(request), name=f"signoff-ask-{request.id}")
 
     async def _ask(self, request: InputRequest) -> None:
