@@ -1,8 +1,12 @@
-"""`TerminalTextChannel` in a hub: a prompt is asked again by a process started anew."""
+"""`TerminalTextChannel` in a hub: a prompt is asked again by a process started anew, and the
+terminal is read by one prompt at a time, also when the request asked closes elsewhere."""
 
 from __future__ import annotations
 
+import asyncio
 import io
+import queue
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,3 +53,54 @@ async def test_a_prompt_left_open_is_asked_again_when_the_hub_starts_again(
             await again.idle()
         assert [await status(rt, x.id) for x in (a, b, c)] == [("settled", "approved")] * 3
         assert runs == ["A-1", "B-2", "C-3"]
+
+
+async def test_a_request_closed_elsewhere_leaves_one_prompt_reading_the_terminal(
+    tmp_path: Path,
+) -> None:
+    """A closed elsewhere while its prompt waits for a line: B is not asked in a second read of
+    the same terminal at once (which of the two took a line was luck). The line typed goes to
+    A's prompt, is not applied (A was settled already, the person is told), and only then is B
+    asked."""
+    runs: list[str] = []
+    typed: queue.Queue[str | None] = queue.Queue()
+    reading, most = 0, 0
+    lock = threading.Lock()
+
+    def read(prompt: str) -> str | None:
+        nonlocal reading, most
+        with lock:
+            reading += 1
+            most = max(most, reading)
+        try:
+            return typed.get(timeout=10)
+        finally:
+            with lock:
+                reading -= 1
+
+    async with so.Runtime([three_refunds(runs)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a, b, c = r.pending
+        prompts, out = _prompts(read)
+        async with manual(ChannelHub(rt, [prompts])) as hub:
+            await hub.poll()
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+            await hub.poll()  # A closed: the person is told, while A's prompt still reads
+            for _ in range(50):
+                if reading:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            assert most == 1
+            assert "issue_refund was approved by the policy" in out.getvalue()
+            for line in ("y", "y", "n", "", None):  # A (too late), B, C denied, no reason
+                typed.put(line)
+            await prompts.idle()
+        assert "issue_refund was already approved by the policy." in out.getvalue()
+        assert most == 1
+        assert [await status(rt, x.id) for x in (a, b, c)] == [
+            ("settled", "approved"),
+            ("settled", "approved"),
+            ("settled", "cancelled"),
+        ]
+        assert runs == ["A-1", "B-2"]

@@ -504,17 +504,35 @@ class TerminalTextChannel(TextChannel):
             await super()._show_unseen()
 
     async def show(self, request: InputRequest) -> None:
-        # Asked in a task: the hub goes on while the person types.
-        self._asked = request.id
+        # Asked in a task: the hub goes on while the person types. One prompt reads the
+        # terminal at a time: while one is out (its request closed elsewhere, or answered and
+        # this is the next), it takes the next line, and its task then asks the one shown.
+        if self._asking is not None and not self._asking.done():
+            if asyncio.current_task() is not self._asking:
+                self.terminal.console.print(
+                    "  [dim]what you type at the prompt above no longer counts; "
+                    "the next request is asked after it[/]"
+                )
+            return
         self._asking = asyncio.create_task(self._ask(request), name=f"signoff-ask-{request.id}")
 
     async def _ask(self, request: InputRequest) -> None:
-        try:
-            response = await asyncio.to_thread(self.terminal.ask, request)
-            if response is not None:
+        """Ask `request`, then each request shown next that no prompt has asked, until one is
+        left unanswered (end of input) or its answer leaves it on show (refused, or counted)."""
+        while True:
+            self._asked = request.id
+            try:
+                response = await asyncio.to_thread(self.terminal.ask, request)
+                if response is None:
+                    return
                 await self.answer(request, response, self.principal)
-        except Exception:
-            logger.exception("terminal channel: asking %s failed", request.id)
+            except Exception:
+                logger.exception("terminal channel: asking %s failed", request.id)
+                return
+            current = self.current
+            if current is None or current.id == request.id:
+                return
+            request = current
 
     async def idle(self) -> None:
         """Wait until the prompts shown so far are answered (or left)."""
