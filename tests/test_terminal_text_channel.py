@@ -1,15 +1,20 @@
-"""`TerminalTextChannel` in a hub: a prompt is asked again by a process started anew, and the
-terminal is read by one prompt at a time, also when the request asked closes elsewhere."""
+"""`TerminalTextChannel` in a hub: a prompt is asked again by a process started anew, the
+terminal is read by one prompt at a time, also when the request asked closes elsewhere, and
+Ctrl-C at a prompt ends the program at once."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import os
 import queue
+import sys
+import textwrap
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import pexpect
 from rich.console import Console
 
 import signoff as so
@@ -104,3 +109,66 @@ async def test_a_request_closed_elsewhere_leaves_one_prompt_reading_the_terminal
             ("settled", "cancelled"),
         ]
         assert runs == ["A-1", "B-2"]
+
+
+_HUB = textwrap.dedent(
+    """
+    import asyncio, sys
+    import signoff as so
+    from signoff.channels import ChannelHub, TerminalTextChannel
+    from signoff.testing import call, call_tools, reply, scripted_agent
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        "Refund an order."
+        return "refunded"
+
+    agent = scripted_agent(
+        "support", [call_tools(call("issue_refund", order_id="A-1")), reply("Done.")],
+        tools=[issue_refund],
+    )
+
+    async def main() -> None:
+        async with so.Runtime([agent], store=sys.argv[1]) as rt:
+            await rt.generate("support", prompt="Refund A")
+            who = so.Principal(authenticator="local", principal_id="bob")
+            hub = ChannelHub(rt, [TerminalTextChannel(principal=who)])
+            await hub.start()
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                await hub.stop()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        print("interrupted")
+        sys.exit(130)
+    """
+)
+
+
+def test_ctrl_c_at_a_prompt_ends_the_program_at_once(tmp_path: Path) -> None:
+    """The prompt's read, blocked in a thread, held up the event loop's shutdown (and the
+    interpreter's exit) until Enter was pressed: Ctrl-C left the program hanging."""
+    script = tmp_path / "hub.py"
+    script.write_text(_HUB)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    src = str(Path(so.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=src, TERM="xterm-256color")
+    child = pexpect.spawn(sys.executable, [str(script), url], env=env, encoding="utf-8", timeout=30)
+    try:
+        child.expect_exact("Run issue_refund")
+        child.expect_exact("(y/N)")
+        child.sendintr()
+        child.expect_exact("interrupted", timeout=10)
+        child.expect(pexpect.EOF, timeout=10)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 130
+
+    async def pending() -> list[str]:
+        async with so.Runtime([], store=url) as rt:
+            return [p.tool_name or "" for p in await rt.pending()]
+
+    assert asyncio.run(pending()) == ["issue_refund"]  # the store as it was: nothing answered

@@ -9,6 +9,7 @@ one is answered, so a typed reply always answers the request the person sees.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ from ._base import (
 )
 from ._retries import doubled
 from ._state import ChannelState
+from ._tty import in_daemon_thread
 from .terminal import TerminalChannel, compact_json, printable
 
 if TYPE_CHECKING:
@@ -522,7 +524,8 @@ class TerminalTextChannel(TextChannel):
         while True:
             self._asked = request.id
             try:
-                response = await asyncio.to_thread(self.terminal.ask, request)
+                ask = functools.partial(self.terminal.ask, request)
+                response = await in_daemon_thread(ask, f"signoff-ask-{request.id}")
                 if response is None:
                     return
                 await self.answer(request, response, self.principal)
