@@ -98,6 +98,8 @@ async def test_a_request_closed_elsewhere_leaves_one_prompt_reading_the_terminal
             await asyncio.sleep(0.1)
             assert most == 1
             assert "issue_refund was approved by the policy" in out.getvalue()
+            await prompts.on_requested(c)  # the hub's retry, say: the person is told once
+            assert out.getvalue().count("no longer counts") == 1
             for line in ("y", "y", "n", "", None):  # A (too late), B, C denied, no reason
                 typed.put(line)
             await prompts.idle()

@@ -484,6 +484,8 @@ class TerminalTextChannel(TextChannel):
         self.principal = principal
         self._asking: asyncio.Task[None] | None = None
         self._asked: str | None = None  # the request this process last put to a prompt
+        self._reading: str | None = None  # the request whose prompt waits for a line now
+        self._noted: str | None = None  # the last one told of as closed while it waited
 
     async def send_text(self, text: str) -> None:
         # printable: another reviewer's reason or answer must not steer the terminal
@@ -510,7 +512,9 @@ class TerminalTextChannel(TextChannel):
         # terminal at a time: while one is out (its request closed elsewhere, or answered and
         # this is the next), it takes the next line, and its task then asks the one shown.
         if self._asking is not None and not self._asking.done():
-            if asyncio.current_task() is not self._asking:
+            reading = self._reading
+            if reading not in (None, request.id, self._noted):  # said once per prompt
+                self._noted = reading
                 self.terminal.console.print(
                     "  [dim]what you type at the prompt above no longer counts; "
                     "the next request is asked after it[/]"
@@ -525,7 +529,11 @@ class TerminalTextChannel(TextChannel):
             self._asked = request.id
             try:
                 ask = functools.partial(self.terminal.ask, request)
-                response = await in_daemon_thread(ask, f"signoff-ask-{request.id}")
+                self._reading = request.id
+                try:
+                    response = await in_daemon_thread(ask, f"signoff-ask-{request.id}")
+                finally:
+                    self._reading = None
                 if response is None:
                     return
                 await self.answer(request, response, self.principal)
