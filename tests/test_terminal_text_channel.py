@@ -113,6 +113,54 @@ async def test_a_request_closed_elsewhere_leaves_one_prompt_reading_the_terminal
         assert runs == ["A-1", "B-2"]
 
 
+async def test_a_hub_stopped_and_started_again_in_the_process_keeps_the_prompt_out(
+    tmp_path: Path,
+) -> None:
+    """Stopping the hub cannot end a read blocked in its thread: started again, the channel
+    neither stays silent (its request counted as asked) nor asks in a second read, which
+    would leave the person's next line to the first, whose answer went nowhere."""
+    runs: list[str] = []
+    typed: queue.Queue[str | None] = queue.Queue()
+    reading, most = 0, 0
+    lock = threading.Lock()
+
+    def read(prompt: str) -> str | None:
+        nonlocal reading, most
+        with lock:
+            reading += 1
+            most = max(most, reading)
+        try:
+            return typed.get(timeout=10)
+        finally:
+            with lock:
+                reading -= 1
+
+    async with so.Runtime([three_refunds(runs)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a, b, c = r.pending
+        prompts, _ = _prompts(read)
+        hub = ChannelHub(rt, [prompts])
+        async with manual(hub):
+            await hub.poll()
+            for _ in range(50):
+                if reading:
+                    break
+                await asyncio.sleep(0.01)
+        async with manual(hub):
+            await hub.poll()
+            await asyncio.sleep(0.1)
+            assert most == 1
+            for line in ("y", "y", "y"):
+                typed.put(line)
+            for _ in range(300):
+                if runs == ["A-1", "B-2", "C-3"]:
+                    break
+                await asyncio.sleep(0.02)
+            await prompts.idle()
+        assert most == 1
+        assert [await status(rt, x.id) for x in (a, b, c)] == [("settled", "approved")] * 3
+
+
 _HUB = textwrap.dedent(
     """
     import asyncio, sys

@@ -485,6 +485,9 @@ class TerminalTextChannel(TextChannel):
         self._asking: asyncio.Task[None] | None = None
         self._asked: str | None = None  # the request this process last put to a prompt
         self._reading: str | None = None  # the request whose prompt waits for a line now
+        # That prompt's read, kept when the hub stops: its thread cannot be stopped, and a hub
+        # started again takes the line it reads rather than asking in a second read.
+        self._out: tuple[InputRequest, asyncio.Future[InputResponse | None]] | None = None
         self._noted: str | None = None  # the last one told of as closed while it waited
 
     async def send_text(self, text: str) -> None:
@@ -523,17 +526,23 @@ class TerminalTextChannel(TextChannel):
         self._asking = asyncio.create_task(self._ask(request), name=f"signoff-ask-{request.id}")
 
     async def _ask(self, request: InputRequest) -> None:
-        """Ask `request`, then each request shown next that no prompt has asked, until one is
-        left unanswered (end of input) or its answer leaves it on show (refused, or counted)."""
+        """Ask `request` (or first take the line of the prompt a stopped hub left out), then
+        each request shown next that no prompt has asked, until one is left unanswered (end of
+        input) or its answer leaves it on show (refused, or counted)."""
         while True:
-            self._asked = request.id
             try:
-                ask = functools.partial(self.terminal.ask, request)
-                self._reading = request.id
+                if self._out is None:
+                    ask = functools.partial(self.terminal.ask, request)
+                    read = in_daemon_thread(ask, f"signoff-ask-{request.id}")
+                    self._out = (request, asyncio.ensure_future(read))
+                request, reading = self._out  # a prompt left out by a hub stopped: its line
+                self._asked = self._reading = request.id
                 try:
-                    response = await in_daemon_thread(ask, f"signoff-ask-{request.id}")
+                    response = await asyncio.shield(reading)
                 finally:
                     self._reading = None
+                    if reading.done():  # else the hub stopped: a hub started again takes it
+                        self._out = None
                 if response is None:
                     return
                 await self.answer(request, response, self.principal)
@@ -552,4 +561,5 @@ class TerminalTextChannel(TextChannel):
 
     async def close(self) -> None:
         if self._asking is not None and not self._asking.done():
-            self._asking.cancel()  # a read already blocked in its thread ends with the input
+            self._asking.cancel()  # the read blocked in its thread goes on (`_out`)
+        self._asked = None  # started again, it asks (or waits on the prompt out) anew
