@@ -8,16 +8,21 @@ signal arrives, so a signal from just before the wait wakes it too.
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import contextlib
+import contextvars
 import os
 import select
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
-__all__ = ["terminal_stdin", "read_terminal_line"]
+__all__ = ["in_daemon_thread", "read_terminal_line", "terminal_stdin"]
+
+_T = TypeVar("_T")
 
 
 def terminal_stdin() -> int | None:
@@ -92,3 +97,32 @@ def read_terminal_line(fd: int) -> str:
                 if not line:
                     raise EOFError
                 return line
+
+
+async def in_daemon_thread(fn: Callable[[], _T], name: str) -> _T:
+    """`fn()` run in a daemon thread of its own, awaited: as `asyncio.to_thread`, but a thread
+    blocked reading the terminal holds up neither the event loop's shutdown nor the
+    interpreter's exit, which wait for the default executor's threads (Ctrl-C at a prompt
+    would end the program only once Enter was pressed)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[_T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def deliver(setter: Callable[[Any], None], value: Any) -> None:
+        def settle() -> None:
+            if not future.done():  # the awaiting task was cancelled: nobody wants it
+                setter(value)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits for it
+            loop.call_soon_threadsafe(settle)
+
+    def run() -> None:
+        try:
+            result = context.run(fn)
+        except BaseException as exc:  # handed to the awaiting task, as by to_thread
+            deliver(future.set_exception, exc)
+        else:
+            deliver(future.set_result, result)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await future

@@ -1,0 +1,224 @@
+"""`TerminalTextChannel` in a hub: a prompt is asked again by a process started anew, the
+terminal is read by one prompt at a time, also when the request asked closes elsewhere, and
+Ctrl-C at a prompt ends the program at once."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import queue
+import sys
+import textwrap
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pexpect
+from rich.console import Console
+
+import signoff as so
+from signoff.channels import ChannelHub, TerminalChannel, TerminalTextChannel
+
+from ._channels import BOB, manual, status, three_refunds
+
+
+def _prompts(read: Callable[[str], str | None]) -> tuple[TerminalTextChannel, io.StringIO]:
+    out = io.StringIO()
+    terminal = TerminalChannel(Console(file=out, width=200, highlight=False), read=read)
+    return TerminalTextChannel(terminal, principal=BOB), out
+
+
+async def test_a_prompt_left_open_is_asked_again_when_the_hub_starts_again(
+    store_url: str, tmp_path: Path
+) -> None:
+    """The memo of the request on show outlives the process, its prompt does not: a hub started
+    again on the same state asks it again, else the terminal stays silent and all wait."""
+    runs: list[str] = []
+    state = tmp_path / "channels.db"
+    asked: list[str] = []
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a, b, c = r.pending
+
+        def leave(prompt: str) -> str | None:
+            asked.append(prompt)
+            return None  # end of input: the request stays pending
+
+        first, _ = _prompts(leave)
+        async with manual(ChannelHub(rt, [first], state=state)) as hub:
+            await hub.poll()
+            await first.idle()
+        assert len(asked) == 1 and await status(rt, a.id) == ("pending", None)
+
+        lines = iter(["y", "y", "y"])
+        again, _ = _prompts(lambda prompt: next(lines, None))
+        async with manual(ChannelHub(rt, [again], state=state)) as hub:
+            await hub.poll()
+            await again.idle()
+        assert [await status(rt, x.id) for x in (a, b, c)] == [("settled", "approved")] * 3
+        assert runs == ["A-1", "B-2", "C-3"]
+
+
+async def test_a_request_closed_elsewhere_leaves_one_prompt_reading_the_terminal(
+    tmp_path: Path,
+) -> None:
+    """A closed elsewhere while its prompt waits for a line: B is not asked in a second read of
+    the same terminal at once (which of the two took a line was luck). The line typed goes to
+    A's prompt, is not applied (A was settled already, the person is told), and only then is B
+    asked."""
+    runs: list[str] = []
+    typed: queue.Queue[str | None] = queue.Queue()
+    reading, most = 0, 0
+    lock = threading.Lock()
+
+    def read(prompt: str) -> str | None:
+        nonlocal reading, most
+        with lock:
+            reading += 1
+            most = max(most, reading)
+        try:
+            return typed.get(timeout=10)
+        finally:
+            with lock:
+                reading -= 1
+
+    async with so.Runtime([three_refunds(runs)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a, b, c = r.pending
+        prompts, out = _prompts(read)
+        async with manual(ChannelHub(rt, [prompts])) as hub:
+            await hub.poll()
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+            await hub.poll()  # A closed: the person is told, while A's prompt still reads
+            for _ in range(50):
+                if reading:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            assert most == 1
+            assert "issue_refund was approved by the policy" in out.getvalue()
+            await prompts.on_requested(c)  # the hub's retry, say: the person is told once
+            assert out.getvalue().count("no longer counts") == 1
+            for line in ("y", "y", "n", "", None):  # A (too late), B, C denied, no reason
+                typed.put(line)
+            await prompts.idle()
+        assert "issue_refund was already approved by the policy." in out.getvalue()
+        assert most == 1
+        assert [await status(rt, x.id) for x in (a, b, c)] == [
+            ("settled", "approved"),
+            ("settled", "approved"),
+            ("settled", "cancelled"),
+        ]
+        assert runs == ["A-1", "B-2"]
+
+
+async def test_a_hub_stopped_and_started_again_in_the_process_keeps_the_prompt_out(
+    tmp_path: Path,
+) -> None:
+    """Stopping the hub cannot end a read blocked in its thread: started again, the channel
+    neither stays silent (its request counted as asked) nor asks in a second read, which
+    would leave the person's next line to the first, whose answer went nowhere."""
+    runs: list[str] = []
+    typed: queue.Queue[str | None] = queue.Queue()
+    reading, most = 0, 0
+    lock = threading.Lock()
+
+    def read(prompt: str) -> str | None:
+        nonlocal reading, most
+        with lock:
+            reading += 1
+            most = max(most, reading)
+        try:
+            return typed.get(timeout=10)
+        finally:
+            with lock:
+                reading -= 1
+
+    async with so.Runtime([three_refunds(runs)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a, b, c = r.pending
+        prompts, _ = _prompts(read)
+        hub = ChannelHub(rt, [prompts])
+        async with manual(hub):
+            await hub.poll()
+            for _ in range(50):
+                if reading:
+                    break
+                await asyncio.sleep(0.01)
+        async with manual(hub):
+            await hub.poll()
+            await asyncio.sleep(0.1)
+            assert most == 1
+            for line in ("y", "y", "y"):
+                typed.put(line)
+            for _ in range(300):
+                if runs == ["A-1", "B-2", "C-3"]:
+                    break
+                await asyncio.sleep(0.02)
+            await prompts.idle()
+        assert most == 1
+        assert [await status(rt, x.id) for x in (a, b, c)] == [("settled", "approved")] * 3
+
+
+_HUB = textwrap.dedent(
+    """
+    import asyncio, sys
+    import signoff as so
+    from signoff.channels import ChannelHub, TerminalTextChannel
+    from signoff.testing import call, call_tools, reply, scripted_agent
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        "Refund an order."
+        return "refunded"
+
+    agent = scripted_agent(
+        "support", [call_tools(call("issue_refund", order_id="A-1")), reply("Done.")],
+        tools=[issue_refund],
+    )
+
+    async def main() -> None:
+        async with so.Runtime([agent], store=sys.argv[1]) as rt:
+            await rt.generate("support", prompt="Refund A")
+            who = so.Principal(authenticator="local", principal_id="bob")
+            hub = ChannelHub(rt, [TerminalTextChannel(principal=who)])
+            await hub.start()
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                await hub.stop()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        print("interrupted")
+        sys.exit(130)
+    """
+)
+
+
+def test_ctrl_c_at_a_prompt_ends_the_program_at_once(tmp_path: Path) -> None:
+    """The prompt's read, blocked in a thread, held up the event loop's shutdown (and the
+    interpreter's exit) until Enter was pressed: Ctrl-C left the program hanging."""
+    script = tmp_path / "hub.py"
+    script.write_text(_HUB)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    src = str(Path(so.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=src, TERM="xterm-256color")
+    child = pexpect.spawn(sys.executable, [str(script), url], env=env, encoding="utf-8", timeout=30)
+    try:
+        child.expect_exact("Run issue_refund")
+        child.expect_exact("(y/N)")
+        child.sendintr()
+        child.expect_exact("interrupted", timeout=10)
+        child.expect(pexpect.EOF, timeout=10)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 130
+
+    async def pending() -> list[str]:
+        async with so.Runtime([], store=url) as rt:
+            return [p.tool_name or "" for p in await rt.pending()]
+
+    assert asyncio.run(pending()) == ["issue_refund"]  # the store as it was: nothing answered
