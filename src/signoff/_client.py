@@ -1,8 +1,7 @@
 """`AsyncClient` and `Client`: the HTTP API from Python, with the method names of `Runtime`.
 
-The calls that start a conversation or send a message carry an idempotency key (the caller's,
-or a new one per call): one that got no answer (a timeout, a dropped connection, a proxy's 502
-or 504) is sent once more with the same key, which the server applies once.
+The calls that start a conversation or send a message carry an idempotency key, and one that
+got no answer is sent once more with it (`_keyed_calls`).
 
 `LiveSession` (in `_live_session`) folds a session's stream; `RemoteResult` and the bodies the
 calls send are in `_payloads`.
@@ -13,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import secrets
 import ssl
 import weakref
 from collections.abc import (
@@ -33,7 +31,7 @@ from . import _exceptions as errors
 from . import _wire as wire
 from ._answers import decisions
 from ._events import Event
-from ._idempotency import check_key
+from ._keyed_calls import keyed_turn
 from ._live_session import LiveSession, RequestView
 from ._payloads import RemoteResult, decision_body, encode, input_responses, response_body
 from ._settings import flag, seconds, whole
@@ -83,15 +81,6 @@ def _too_large(exc: ReplyTooLarge) -> errors.RemoteError:
     """A reply cut off at `max_reply_bytes`, as the `RemoteError` the caller gets: the server
     answered, but more than the client reads (it may have applied the call)."""
     return errors.RemoteError(str(exc), "reply_too_large", exc.reply_status)
-
-
-def _unanswered(exc: errors.RemoteError) -> bool:
-    """A call that was sent but got no answer: it may or may not have been applied. A proxy's
-    own 502 or 504 page (not a signoff error body) says the same: the server died mid-call,
-    or answered later than the proxy waits."""
-    if exc.code == "http_error" and exc.status in (502, 504):
-        return True
-    return exc.status == 0 and exc.code in ("timeout", "connection_lost")
 
 
 class AsyncClient:
@@ -223,51 +212,14 @@ class AsyncClient:
         return await self._call("POST", path, RemoteResult.from_json, "a turn's result", json=body)
 
     async def _keyed_turn(self, path: str, body: Any, key: str | None) -> RemoteResult:
-        """A call that starts a conversation or sends a message, under its idempotency key (a
-        new one if none is given): if it gets no answer, it is sent once more with the key, and
-        if that gets none either (or cannot be sent), the error names the key to retry it with:
-        the first may have been applied."""
-        key = secrets.token_urlsafe(24) if key is None else check_key(key)
-        try:
-            return await self._sent_twice(path, body, key)
-        except errors.SignoffError as exc:
-            # Whatever failed (a bare 500, a store failing mid-turn, a retry refused as busy),
-            # the message may have been recorded: calling again under a new key could deliver
-            # it twice, so the error names this one.
-            exc.idempotency_key = key
-            raise
+        """A call that starts a conversation or sends a message: sent under its idempotency
+        key, and once more if it got no answer (`_keyed_calls`)."""
 
-    async def _sent_twice(self, path: str, body: Any, key: str) -> RemoteResult:
-        """The keyed call of `_keyed_turn`, sent once more if the first got no answer."""
-        headers = {"Idempotency-Key": key}
-        parse, wanted = RemoteResult.from_json, "a turn's result"
-        try:
+        async def send(headers: dict[str, str]) -> RemoteResult:
+            parse, wanted = RemoteResult.from_json, "a turn's result"
             return await self._call("POST", path, parse, wanted, json=body, headers=headers)
-        except errors.RemoteError as exc:
-            if not _unanswered(exc):
-                raise
-            first = exc
-        try:
-            return await self._call("POST", path, parse, wanted, json=body, headers=headers)
-        except errors.SignoffError as exc:
-            if isinstance(exc, errors.RemoteError) and _unanswered(exc):
-                last, said = exc, f"{exc} (sent twice with idempotency_key={key!r}"
-            elif isinstance(exc, errors.RemoteError) and (
-                exc.status == 0 or exc.code == "http_error"
-            ):  # not sent again (the server gone), or not answered by it (a proxy's page)
-                last, said = first, f"{first} (not sent again: {exc.code}; idempotency_key={key!r}"
-            else:  # refused (busy, a store failing for a while): the first may have acted
-                exc.add_note(
-                    "the first try got no answer and may have been applied: call again with "
-                    f"idempotency_key={key!r}, and the server acts once"
-                )
-                raise
-            raise errors.RemoteError(
-                f"{said}: call again with it, and the server acts once)",
-                last.code,
-                last.status,
-                idempotency_key=key,
-            ) from exc
+
+        return await keyed_turn(send, key)
 
     async def generate(
         self,
