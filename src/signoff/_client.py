@@ -164,9 +164,10 @@ class AsyncClient:
             )
 
     def _url(self, path: str) -> str:
-        """The full URL of `path`, for an error to name: httpx gives a base URL without a path
-        no trailing slash (`http://host:8000v1/sessions`, the errors said)."""
-        return f"{str(self.http.base_url).rstrip('/')}{path}"
+        """The full URL of `path`, for an error to name (without a password: `shown_url`):
+        httpx gives a base URL without a path no trailing slash (`http://host:8000v1/sessions`,
+        the errors said)."""
+        return f"{wire.shown_url(self.http.base_url).rstrip('/')}{path}"
 
     def _too_slow(self, path: str) -> errors.RemoteError:
         """A call (or a stream's opening) whose answer took longer than twice the timeout."""

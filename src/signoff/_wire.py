@@ -28,6 +28,7 @@ __all__ = [
     "request_ids",
     "session_page",
     "session_view",
+    "shown_url",
     "sse_data",
     "streamed",
     "transient",
@@ -87,6 +88,13 @@ def raise_for(response: httpx.Response) -> None:
     raise exc
 
 
+def shown_url(url: httpx.URL | str) -> str:
+    """`url` as an error may show it: without its userinfo, whose password (a proxy's basic
+    authentication) would be in every message and log line the error reaches."""
+    url = httpx.URL(url)
+    return str(url.copy_with(userinfo=b"")) if url.userinfo else str(url)
+
+
 def request_ids(value: Any) -> list[str]:
     """The `request_ids` of an error body: a list of ids, or none (never a string's letters)."""
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
@@ -118,7 +126,7 @@ def error(detail: Mapping[str, Any], status: int, path: str = "") -> errors.Sign
 def malformed(response: httpx.Response, wanted: str, exc: Exception) -> errors.RemoteError:
     """A body that is JSON but not the shape a signoff server sends for this call."""
     return errors.RemoteError(
-        f"HTTP {response.status_code} from {response.request.url} is not {wanted} "
+        f"HTTP {response.status_code} from {shown_url(response.request.url)} is not {wanted} "
         f"({type(exc).__name__}: {str(exc)[:200]})",
         "http_error",
         response.status_code,
@@ -128,7 +136,7 @@ def malformed(response: httpx.Response, wanted: str, exc: Exception) -> errors.R
 def not_signoff(response: httpx.Response, wanted: str) -> errors.RemoteError:
     """A successful response that is not what a signoff server sends (another web server)."""
     return errors.RemoteError(
-        f"HTTP {response.status_code} from {response.request.url} is not {wanted}: "
+        f"HTTP {response.status_code} from {shown_url(response.request.url)} is not {wanted}: "
         f"{response.text[:200]}",
         "http_error",
         response.status_code,
