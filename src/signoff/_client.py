@@ -34,7 +34,7 @@ from ._events import Event
 from ._keyed_calls import keyed_turn
 from ._live_session import LiveSession, RequestView
 from ._payloads import RemoteResult, decision_body, encode, input_responses, response_body
-from ._settings import flag, seconds, whole
+from ._settings import check_page, finite, flag, seconds, whole
 from ._sync import SyncBridge
 from ._text import is_utf8
 from ._types import Decision, InputRequest, InputResponse
@@ -71,8 +71,10 @@ def _session_path(session_id: str, tail: str = "") -> str:
 
 
 def _filter(name: str, value: str | None) -> None:
-    """Refuse a listing's text filter holding a lone surrogate, as `Runtime` does: no URL can
-    carry it (nor any store look it up)."""
+    """Refuse a listing's text filter that is not text, or holds a lone surrogate, as `Runtime`
+    does: the query string carried a number as text, and no URL can carry a lone surrogate."""
+    if value is not None and not isinstance(value, str):
+        raise errors.UsageError(f"{name} must be text or None, not {value!r}")
     if isinstance(value, str) and not is_utf8(value):
         raise errors.UsageError(f"{name} is not valid Unicode text: it holds a lone surrogate")
 
@@ -312,6 +314,9 @@ class AsyncClient:
         for name, text in (("agent", agent), ("tool_name", tool_name), ("kind", kind)):
             _filter(name, text)
         _filter("status", status)
+        check_page(limit, offset)  # as `Runtime` refuses them: "5" went out, and was read
+        if older_than is not None and not (finite(older_than) and older_than >= 0):
+            raise errors.UsageError(f"older_than must be seconds from 0, not {older_than!r}")
         for key, value in (("agent", agent), ("tool", tool_name), ("kind", kind)):
             if value is not None:
                 params[key] = value
@@ -332,6 +337,7 @@ class AsyncClient:
         """One page of the sessions this caller may see, most recently active first, and the
         total (as `Runtime.sessions` lists them)."""
         params: dict[str, Any] = {"limit": limit, "offset": offset}
+        check_page(limit, offset)
         for key, value in (("agent", agent), ("status", status)):
             _filter(key, value)
             if value is not None:
