@@ -3,8 +3,11 @@ proxy's basic authentication) is in no error's text or repr, whatever the call m
 
 from __future__ import annotations
 
+import base64
+import logging
 import socket
 
+import httpx
 import pytest
 
 import signoff as so
@@ -69,3 +72,36 @@ def test_a_password_in_the_base_url_of_a_server_not_there_is_in_no_error() -> No
             c.send("ses_x", "hello")
     assert caught.value.code == "unreachable" and f"127.0.0.1:{port}" in str(caught.value)
     assert SECRET not in shown(caught.value)
+
+
+async def test_a_password_in_the_base_url_is_sent_but_never_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """httpx logs each request's URL at INFO (`HTTP Request: GET http://user:pw@host/...`): the
+    password went to the application's log on every call. It is sent as basic authentication
+    still, which is what the userinfo asked for."""
+    seen: list[str | None] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(200, json={"status": "idle"})
+
+    caplog.set_level(logging.DEBUG)
+    base = f"http://proxy-user:{SECRET}@signoff.test"
+    async with AsyncClient(base, transport=httpx.MockTransport(server)) as c:
+        assert (await c.state("ses_x"))["status"] == "idle"
+    with Client(base, transport=httpx.MockTransport(server)) as blocking:
+        blocking.state("ses_x")
+    basic = base64.b64encode(f"proxy-user:{SECRET}".encode()).decode()
+    assert seen == [f"Basic {basic}"] * 2
+    assert caplog.records and "signoff.test" in caplog.text  # the call was logged, and
+    assert SECRET not in caplog.text  # without the password
+
+
+def test_a_token_and_a_password_in_the_base_url_are_refused_at_once() -> None:
+    """Both go in the Authorization header: httpx sent the userinfo's basic authentication in
+    place of the token, and the server answered `unauthenticated` to a client given one."""
+    for make in (AsyncClient, Client):
+        with pytest.raises(so.UsageError, match="userinfo") as caught:
+            make(f"http://proxy-user:{SECRET}@127.0.0.1:9", token="alice-token")
+        assert SECRET not in shown(caught.value)

@@ -116,11 +116,23 @@ class AsyncClient:
                 "no Authorization header can carry it"
             )
         try:
-            scheme = httpx.URL(base_url).scheme
+            url = httpx.URL(base_url)
         except httpx.InvalidURL:
-            scheme = ""
-        if scheme not in ("http", "https"):
-            raise errors.UsageError(f"the base URL must be http(s)://host[:port], not {base_url!r}")
+            url = httpx.URL()
+        if url.scheme not in ("http", "https"):
+            shown = wire.shown_url(url) if url.userinfo else base_url
+            raise errors.UsageError(f"the base URL must be http(s)://host[:port], not {shown!r}")
+        # A user and password in the URL are sent as basic authentication, but from `auth`,
+        # not the URL, which httpx logs at each call (and errors show).
+        basic = None
+        if url.userinfo:
+            if token:
+                raise errors.UsageError(
+                    "the base URL holds a userinfo (user:password@) and a token is given: both "
+                    "go in the Authorization header, and the token would not be sent"
+                )
+            basic = httpx.BasicAuth(url.username, url.password)
+            base_url = str(url.copy_with(userinfo=b""))
         seconds("timeout", timeout)  # httpx took 0, NaN or "5", and every call failed
         self._max_reply = cap = check_reply_cap("AsyncClient", max_reply_bytes)
         self._timeout = float(timeout)
@@ -134,6 +146,7 @@ class AsyncClient:
         self.http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=headers,
+            auth=basic,
             timeout=timeout,
             transport=transport,
             verify=verify,
