@@ -15,7 +15,7 @@ import pytest
 import signoff as so
 from signoff.server import AsyncClient, Client
 
-from ._client import CANCEL, EVENTS, Canned, canned, stream
+from ._client import CANCEL, EVENTS, Canned, canned, http, stream
 from .test_server_common import served
 
 __all__ = ["canned"]  # the fixture, used by name
@@ -223,3 +223,24 @@ def test_a_token_of_odd_printable_characters_authenticates(tmp_path: Path) -> No
         with Client(base, token=odd + "x") as wrong, pytest.raises(so.RemoteError) as denied:
             wrong.pending()
     assert (denied.value.code, denied.value.status) == ("unauthenticated", 401)
+
+
+@pytest.mark.parametrize("status", ["301 Moved Permanently", "308 Permanent Redirect"])
+async def test_a_redirect_is_an_error_naming_where_to(canned: Canned, status: str) -> None:
+    """A proxy that sends http:// to https:// (or a moved server) answers a redirect, which the
+    client does not follow (a POST sent again elsewhere): it was `HTTP 301: ` and the proxy's
+    page, naming neither the URL called nor where the server is now."""
+    moved = "https://signoff.example.com/v1/sessions/ses_x/cancel"
+    page = "<html><body>301 Moved Permanently</body></html>"
+    reply = http(status, page, "text/html", extra=f"Location: {moved}\r\n")
+    canned.on(CANCEL, reply)
+    canned.on(EVENTS, reply)
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.RemoteError) as caught:
+            await c.cancel("ses_x")
+        with pytest.raises(so.RemoteError) as streamed:
+            _ = [e async for e in c.events("ses_x", follow=False)]
+    for exc in (caught.value, streamed.value):
+        assert (exc.code, exc.status) == ("http_error", int(status[:3]))
+        assert f"redirects to {moved}" in str(exc) and canned.base in str(exc), str(exc)
+    assert len(canned.seen) == 2  # neither followed nor sent again

@@ -71,15 +71,24 @@ REFUSED = ("invalid_request",)
 
 
 def raise_for(response: httpx.Response) -> None:
+    """The error a refused call's answer names, or a `RemoteError` (`http_error`) for an answer
+    that is not a signoff server's error (a proxy's page; a redirect, which is not followed)."""
     if response.is_success:
         return
     try:
         exc = error(response.json()["error"], response.status_code, response.request.url.path)
     except Exception:
+        status = response.status_code
+        said = f"HTTP {status} from {shown_url(response.request.url)}"
+        location = response.headers.get("location", "") if 300 <= status < 400 else ""
+        if location:  # e.g. http:// sent to https://: the base URL to use instead
+            try:
+                to = shown_url(response.request.url.join(location))
+            except httpx.InvalidURL:
+                to = repr(location[:200])
+            said += f": the server redirects to {to}, which the client does not follow"
         raise errors.RemoteError(
-            f"HTTP {response.status_code}: {response.text[:200]}",
-            "http_error",
-            response.status_code,
+            f"{said}: {response.text[:200]}", "http_error", response.status_code
         ) from None
     if isinstance(exc, (errors.StoreBusy, errors.StoreUnavailable)):
         hint = response.headers.get("retry-after", "").strip()
