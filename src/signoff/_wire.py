@@ -17,6 +17,7 @@ from .stores import SessionSummary
 
 __all__ = [
     "ERRORS",
+    "MOST_RETRY_AFTER",
     "REFUSED",
     "backoff",
     "error",
@@ -66,6 +67,9 @@ ERRORS: dict[str, type[errors.SignoffError]] = {
         errors.StoreBusy,
     )
 }
+MOST_RETRY_AFTER = 30
+"""The longest wait a `Retry-After` sets, in seconds: one of years (a server of another kind at
+the address, or hostile) would hang the caller that honours it."""
 REFUSED = ("invalid_request",)
 """Codes of a request the server refused as malformed: a misuse, as it would be in process."""
 
@@ -93,7 +97,8 @@ def raise_for(response: httpx.Response) -> None:
     if isinstance(exc, (errors.StoreBusy, errors.StoreUnavailable)):
         hint = response.headers.get("retry-after", "").strip()
         if hint.isascii() and hint.isdigit() and len(hint) < 10:
-            exc.retry_after = int(hint)  # the server's, rather than the class's default
+            # the server's, rather than the class's default; bounded as `backoff` waits
+            exc.retry_after = min(int(hint), MOST_RETRY_AFTER)
     raise exc
 
 
@@ -215,7 +220,7 @@ def backoff(failures: int, response: httpx.Response | None = None) -> float:
     pause = min(0.1 * 2.0**failures, 2.0)
     hint = "" if response is None else response.headers.get("retry-after", "").strip()
     if hint.isascii() and hint.isdigit() and len(hint) < 10:
-        pause = max(pause, min(float(hint), 30.0))
+        pause = max(pause, min(float(hint), MOST_RETRY_AFTER))
     return pause
 
 
