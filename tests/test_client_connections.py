@@ -244,3 +244,30 @@ async def test_a_redirect_is_an_error_naming_where_to(canned: Canned, status: st
         assert (exc.code, exc.status) == ("http_error", int(status[:3]))
         assert f"redirects to {moved}" in str(exc) and canned.base in str(exc), str(exc)
     assert len(canned.seen) == 2  # neither followed nor sent again
+
+
+async def test_a_blocking_call_timed_out_in_an_event_loop_says_it_blocked_it(
+    canned: Canned,
+) -> None:
+    """A `Client` call made from async code blocks that code's event loop until it returns; a
+    server served on that loop (in-process, a test's) cannot answer meanwhile, and the call
+    timed out saying only that the server did not answer, then again when called again."""
+    with Client(canned.base, timeout=0.3) as c:
+        with pytest.raises(so.RemoteError) as caught:
+            c.state("ses_x")
+    assert caught.value.code == "timeout"
+    notes = "\n".join(getattr(caught.value, "__notes__", []))
+    assert "blocked the running event loop" in notes and "AsyncClient" in notes
+
+
+def test_a_blocking_call_timed_out_outside_an_event_loop_has_no_such_note() -> None:
+    import socket
+
+    with socket.socket() as silent:  # listens, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        with Client(f"http://127.0.0.1:{port}", timeout=0.3) as c:
+            with pytest.raises(so.RemoteError) as caught:
+                c.state("ses_x")
+    assert caught.value.code == "timeout" and not getattr(caught.value, "__notes__", [])

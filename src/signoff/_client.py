@@ -492,7 +492,7 @@ def _blocking(
     @functools.wraps(method)
     def blocking(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
         call: Coroutine[Any, Any, T] = getattr(self._opened(), name)(*args, **kwargs)
-        return self._bridge.run(call)
+        return self._run(call)
 
     blocking.__qualname__ = f"Client.{name}"
     return blocking
@@ -538,6 +538,24 @@ class Client:
             raise errors.UsageError("the client is closed")
         return self._async
 
+    def _run(self, call: Coroutine[Any, Any, T]) -> T:
+        """Run `call` on the client's loop, blocking; a timeout met while blocking the caller's
+        own event loop says so: a server served on that loop could not answer meanwhile."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._bridge.run(call)
+        try:
+            return self._bridge.run(call)
+        except errors.RemoteError as exc:
+            if exc.status == 0 and exc.code == "timeout":
+                exc.add_note(
+                    "this blocking call blocked the running event loop it was made from until "
+                    "it returned: a server served on that loop (in this process) could not "
+                    "answer it; await an AsyncClient's call there instead"
+                )
+            raise
+
     def close(self) -> None:
         """Close the client's connections and its loop; a later call raises `UsageError`."""
         if self._closed:
@@ -566,4 +584,4 @@ class Client:
             events = client.events(session_id, after, follow=False, retries=retries)
             return [e async for e in events]
 
-        return self._bridge.run(collect())
+        return self._run(collect())
