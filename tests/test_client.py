@@ -106,6 +106,18 @@ async def test_retry_after_is_the_servers(canned: Canned) -> None:
         assert down.value.retry_after == so.StoreUnavailable.retry_after  # unreadable: the hint
 
 
+async def test_a_retry_after_past_what_the_client_waits_is_bounded(canned: Canned) -> None:
+    """`.retry_after` is what a caller sleeps before trying again: a server (or one of another
+    kind behind the same address) saying 999999999 had it wait 31 years. It is bounded as
+    `events()` bounds its own waits, at 30 s."""
+    hint = "Retry-After: 999999999\r\n"
+    canned.on(CANCEL, error("503 Service Unavailable", "store_unavailable", extra=hint))
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.StoreUnavailable) as down:
+            await c.cancel("ses_x")
+    assert down.value.retry_after == 30
+
+
 async def test_request_ids_that_are_not_a_list_are_not_split_into_characters(
     canned: Canned,
 ) -> None:

@@ -120,3 +120,35 @@ async def test_a_base_url_with_a_path_keeps_it_in_the_url_named() -> None:
     async with AsyncClient("http://signoff.test/api", transport=transport) as c:
         with pytest.raises(so.RemoteError, match=r"^http://signoff\.test/api/v1/requests: "):
             await c.pending()
+
+
+LISTING_MISTAKES: dict[str, dict[str, Any]] = {
+    "limit-text": {"limit": "5"},
+    "offset-text": {"offset": "10"},
+    "limit-float": {"limit": 5.0},
+    "limit-bool": {"limit": True},
+    "agent-int": {"agent": 5},
+    "older-than-text": {"older_than": "90"},
+    "older-than-nan": {"older_than": float("nan")},
+}
+
+
+@pytest.mark.parametrize("mistake", LISTING_MISTAKES, ids=list(LISTING_MISTAKES))
+async def test_a_listing_given_the_wrong_type_is_a_usage_error_without_a_call(
+    canned: Canned, mistake: str
+) -> None:
+    """As `Runtime.pending` / `Runtime.sessions` refuse them: a text limit or agent went out in
+    the query string and the server took it (`limit="5"` read a page of 5, `agent=5` listed
+    the sessions of an agent named "5"), so the same call passed over HTTP and failed in
+    process; the others were refused only by the server, after a round trip."""
+    kwargs = LISTING_MISTAKES[mistake]
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.UsageError):
+            await c.pending(**kwargs)
+        if "older_than" not in kwargs:
+            with pytest.raises(so.UsageError):
+                await c.sessions(**kwargs)
+    with Client(canned.base) as blocking:
+        with pytest.raises(so.UsageError):
+            blocking.pending(**kwargs)
+    assert canned.seen == []

@@ -15,7 +15,7 @@ import pytest
 import signoff as so
 from signoff.server import AsyncClient, Client
 
-from ._client import CANCEL, EVENTS, Canned, canned, stream
+from ._client import CANCEL, EVENTS, Canned, canned, http, stream
 from .test_server_common import served
 
 __all__ = ["canned"]  # the fixture, used by name
@@ -223,3 +223,51 @@ def test_a_token_of_odd_printable_characters_authenticates(tmp_path: Path) -> No
         with Client(base, token=odd + "x") as wrong, pytest.raises(so.RemoteError) as denied:
             wrong.pending()
     assert (denied.value.code, denied.value.status) == ("unauthenticated", 401)
+
+
+@pytest.mark.parametrize("status", ["301 Moved Permanently", "308 Permanent Redirect"])
+async def test_a_redirect_is_an_error_naming_where_to(canned: Canned, status: str) -> None:
+    """A proxy that sends http:// to https:// (or a moved server) answers a redirect, which the
+    client does not follow (a POST sent again elsewhere): it was `HTTP 301: ` and the proxy's
+    page, naming neither the URL called nor where the server is now."""
+    moved = "https://signoff.example.com/v1/sessions/ses_x/cancel"
+    page = "<html><body>301 Moved Permanently</body></html>"
+    reply = http(status, page, "text/html", extra=f"Location: {moved}\r\n")
+    canned.on(CANCEL, reply)
+    canned.on(EVENTS, reply)
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.RemoteError) as caught:
+            await c.cancel("ses_x")
+        with pytest.raises(so.RemoteError) as streamed:
+            _ = [e async for e in c.events("ses_x", follow=False)]
+    for exc in (caught.value, streamed.value):
+        assert (exc.code, exc.status) == ("http_error", int(status[:3]))
+        assert f"redirects to {moved}" in str(exc) and canned.base in str(exc), str(exc)
+    assert len(canned.seen) == 2  # neither followed nor sent again
+
+
+async def test_a_blocking_call_timed_out_in_an_event_loop_says_it_blocked_it(
+    canned: Canned,
+) -> None:
+    """A `Client` call made from async code blocks that code's event loop until it returns; a
+    server served on that loop (in-process, a test's) cannot answer meanwhile, and the call
+    timed out saying only that the server did not answer, then again when called again."""
+    with Client(canned.base, timeout=0.3) as c:
+        with pytest.raises(so.RemoteError) as caught:
+            c.state("ses_x")
+    assert caught.value.code == "timeout"
+    notes = "\n".join(getattr(caught.value, "__notes__", []))
+    assert "blocked the running event loop" in notes and "AsyncClient" in notes
+
+
+def test_a_blocking_call_timed_out_outside_an_event_loop_has_no_such_note() -> None:
+    import socket
+
+    with socket.socket() as silent:  # listens, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        with Client(f"http://127.0.0.1:{port}", timeout=0.3) as c:
+            with pytest.raises(so.RemoteError) as caught:
+                c.state("ses_x")
+    assert caught.value.code == "timeout" and not getattr(caught.value, "__notes__", [])

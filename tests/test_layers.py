@@ -45,7 +45,7 @@ LAYERS: list[set[str]] = [
     {"_work"},
     {"_work_audit"},
     {"_wire", "_payloads"},
-    {"_live_session"},
+    {"_live_session", "_keyed_calls"},
     {"_runtime", "_client"},
     {"__init__"},
     {"channels"},

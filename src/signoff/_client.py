@@ -1,8 +1,7 @@
 """`AsyncClient` and `Client`: the HTTP API from Python, with the method names of `Runtime`.
 
-The calls that start a conversation or send a message carry an idempotency key (the caller's,
-or a new one per call): one that got no answer (a timeout, a dropped connection, a proxy's 502
-or 504) is sent once more with the same key, which the server applies once.
+The calls that start a conversation or send a message carry an idempotency key, and one that
+got no answer is sent once more with it (`_keyed_calls`).
 
 `LiveSession` (in `_live_session`) folds a session's stream; `RemoteResult` and the bodies the
 calls send are in `_payloads`.
@@ -13,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import secrets
 import ssl
 import weakref
 from collections.abc import (
@@ -33,10 +31,10 @@ from . import _exceptions as errors
 from . import _wire as wire
 from ._answers import decisions
 from ._events import Event
-from ._idempotency import check_key
+from ._keyed_calls import keyed_turn
 from ._live_session import LiveSession, RequestView
 from ._payloads import RemoteResult, decision_body, encode, input_responses, response_body
-from ._settings import flag, seconds, whole
+from ._settings import check_page, finite, flag, seconds, whole
 from ._sync import SyncBridge
 from ._text import is_utf8
 from ._types import Decision, InputRequest, InputResponse
@@ -73,8 +71,10 @@ def _session_path(session_id: str, tail: str = "") -> str:
 
 
 def _filter(name: str, value: str | None) -> None:
-    """Refuse a listing's text filter holding a lone surrogate, as `Runtime` does: no URL can
-    carry it (nor any store look it up)."""
+    """Refuse a listing's text filter that is not text, or holds a lone surrogate, as `Runtime`
+    does: the query string carried a number as text, and no URL can carry a lone surrogate."""
+    if value is not None and not isinstance(value, str):
+        raise errors.UsageError(f"{name} must be text or None, not {value!r}")
     if isinstance(value, str) and not is_utf8(value):
         raise errors.UsageError(f"{name} is not valid Unicode text: it holds a lone surrogate")
 
@@ -83,15 +83,6 @@ def _too_large(exc: ReplyTooLarge) -> errors.RemoteError:
     """A reply cut off at `max_reply_bytes`, as the `RemoteError` the caller gets: the server
     answered, but more than the client reads (it may have applied the call)."""
     return errors.RemoteError(str(exc), "reply_too_large", exc.reply_status)
-
-
-def _unanswered(exc: errors.RemoteError) -> bool:
-    """A call that was sent but got no answer: it may or may not have been applied. A proxy's
-    own 502 or 504 page (not a signoff error body) says the same: the server died mid-call,
-    or answered later than the proxy waits."""
-    if exc.code == "http_error" and exc.status in (502, 504):
-        return True
-    return exc.status == 0 and exc.code in ("timeout", "connection_lost")
 
 
 class AsyncClient:
@@ -125,11 +116,23 @@ class AsyncClient:
                 "no Authorization header can carry it"
             )
         try:
-            scheme = httpx.URL(base_url).scheme
+            url = httpx.URL(base_url)
         except httpx.InvalidURL:
-            scheme = ""
-        if scheme not in ("http", "https"):
-            raise errors.UsageError(f"the base URL must be http(s)://host[:port], not {base_url!r}")
+            url = httpx.URL()
+        if url.scheme not in ("http", "https"):
+            shown = wire.shown_url(url) if url.userinfo else base_url
+            raise errors.UsageError(f"the base URL must be http(s)://host[:port], not {shown!r}")
+        # A user and password in the URL are sent as basic authentication, but from `auth`,
+        # not the URL, which httpx logs at each call (and errors show).
+        basic = None
+        if url.userinfo:
+            if token:
+                raise errors.UsageError(
+                    "the base URL holds a userinfo (user:password@) and a token is given: both "
+                    "go in the Authorization header, and the token would not be sent"
+                )
+            basic = httpx.BasicAuth(url.username, url.password)
+            base_url = str(url.copy_with(userinfo=b""))
         seconds("timeout", timeout)  # httpx took 0, NaN or "5", and every call failed
         self._max_reply = cap = check_reply_cap("AsyncClient", max_reply_bytes)
         self._timeout = float(timeout)
@@ -143,6 +146,7 @@ class AsyncClient:
         self.http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=headers,
+            auth=basic,
             timeout=timeout,
             transport=transport,
             verify=verify,
@@ -175,9 +179,10 @@ class AsyncClient:
             )
 
     def _url(self, path: str) -> str:
-        """The full URL of `path`, for an error to name: httpx gives a base URL without a path
-        no trailing slash (`http://host:8000v1/sessions`, the errors said)."""
-        return f"{str(self.http.base_url).rstrip('/')}{path}"
+        """The full URL of `path`, for an error to name (without a password: `shown_url`):
+        httpx gives a base URL without a path no trailing slash (`http://host:8000v1/sessions`,
+        the errors said)."""
+        return f"{wire.shown_url(self.http.base_url).rstrip('/')}{path}"
 
     def _too_slow(self, path: str) -> errors.RemoteError:
         """A call (or a stream's opening) whose answer took longer than twice the timeout."""
@@ -223,51 +228,14 @@ class AsyncClient:
         return await self._call("POST", path, RemoteResult.from_json, "a turn's result", json=body)
 
     async def _keyed_turn(self, path: str, body: Any, key: str | None) -> RemoteResult:
-        """A call that starts a conversation or sends a message, under its idempotency key (a
-        new one if none is given): if it gets no answer, it is sent once more with the key, and
-        if that gets none either (or cannot be sent), the error names the key to retry it with:
-        the first may have been applied."""
-        key = secrets.token_urlsafe(24) if key is None else check_key(key)
-        try:
-            return await self._sent_twice(path, body, key)
-        except errors.SignoffError as exc:
-            # Whatever failed (a bare 500, a store failing mid-turn, a retry refused as busy),
-            # the message may have been recorded: calling again under a new key could deliver
-            # it twice, so the error names this one.
-            exc.idempotency_key = key
-            raise
+        """A call that starts a conversation or sends a message: sent under its idempotency
+        key, and once more if it got no answer (`_keyed_calls`)."""
 
-    async def _sent_twice(self, path: str, body: Any, key: str) -> RemoteResult:
-        """The keyed call of `_keyed_turn`, sent once more if the first got no answer."""
-        headers = {"Idempotency-Key": key}
-        parse, wanted = RemoteResult.from_json, "a turn's result"
-        try:
+        async def send(headers: dict[str, str]) -> RemoteResult:
+            parse, wanted = RemoteResult.from_json, "a turn's result"
             return await self._call("POST", path, parse, wanted, json=body, headers=headers)
-        except errors.RemoteError as exc:
-            if not _unanswered(exc):
-                raise
-            first = exc
-        try:
-            return await self._call("POST", path, parse, wanted, json=body, headers=headers)
-        except errors.SignoffError as exc:
-            if isinstance(exc, errors.RemoteError) and _unanswered(exc):
-                last, said = exc, f"{exc} (sent twice with idempotency_key={key!r}"
-            elif isinstance(exc, errors.RemoteError) and (
-                exc.status == 0 or exc.code == "http_error"
-            ):  # not sent again (the server gone), or not answered by it (a proxy's page)
-                last, said = first, f"{first} (not sent again: {exc.code}; idempotency_key={key!r}"
-            else:  # refused (busy, a store failing for a while): the first may have acted
-                exc.add_note(
-                    "the first try got no answer and may have been applied: call again with "
-                    f"idempotency_key={key!r}, and the server acts once"
-                )
-                raise
-            raise errors.RemoteError(
-                f"{said}: call again with it, and the server acts once)",
-                last.code,
-                last.status,
-                idempotency_key=key,
-            ) from exc
+
+        return await keyed_turn(send, key)
 
     async def generate(
         self,
@@ -359,6 +327,9 @@ class AsyncClient:
         for name, text in (("agent", agent), ("tool_name", tool_name), ("kind", kind)):
             _filter(name, text)
         _filter("status", status)
+        check_page(limit, offset)  # as `Runtime` refuses them: "5" went out, and was read
+        if older_than is not None and not (finite(older_than) and older_than >= 0):
+            raise errors.UsageError(f"older_than must be seconds from 0, not {older_than!r}")
         for key, value in (("agent", agent), ("tool", tool_name), ("kind", kind)):
             if value is not None:
                 params[key] = value
@@ -379,6 +350,7 @@ class AsyncClient:
         """One page of the sessions this caller may see, most recently active first, and the
         total (as `Runtime.sessions` lists them)."""
         params: dict[str, Any] = {"limit": limit, "offset": offset}
+        check_page(limit, offset)
         for key, value in (("agent", agent), ("status", status)):
             _filter(key, value)
             if value is not None:
@@ -520,7 +492,7 @@ def _blocking(
     @functools.wraps(method)
     def blocking(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
         call: Coroutine[Any, Any, T] = getattr(self._opened(), name)(*args, **kwargs)
-        return self._bridge.run(call)
+        return self._run(call)
 
     blocking.__qualname__ = f"Client.{name}"
     return blocking
@@ -566,6 +538,24 @@ class Client:
             raise errors.UsageError("the client is closed")
         return self._async
 
+    def _run(self, call: Coroutine[Any, Any, T]) -> T:
+        """Run `call` on the client's loop, blocking; a timeout met while blocking the caller's
+        own event loop says so: a server served on that loop could not answer meanwhile."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._bridge.run(call)
+        try:
+            return self._bridge.run(call)
+        except errors.RemoteError as exc:
+            if exc.status == 0 and exc.code == "timeout":
+                exc.add_note(
+                    "this blocking call blocked the running event loop it was made from until "
+                    "it returned: a server served on that loop (in this process) could not "
+                    "answer it; await an AsyncClient's call there instead"
+                )
+            raise
+
     def close(self) -> None:
         """Close the client's connections and its loop; a later call raises `UsageError`."""
         if self._closed:
@@ -594,4 +584,4 @@ class Client:
             events = client.events(session_id, after, follow=False, retries=retries)
             return [e async for e in events]
 
-        return self._bridge.run(collect())
+        return self._run(collect())

@@ -17,6 +17,7 @@ from .stores import SessionSummary
 
 __all__ = [
     "ERRORS",
+    "MOST_RETRY_AFTER",
     "REFUSED",
     "backoff",
     "error",
@@ -28,6 +29,7 @@ __all__ = [
     "request_ids",
     "session_page",
     "session_view",
+    "shown_url",
     "sse_data",
     "streamed",
     "transient",
@@ -65,26 +67,46 @@ ERRORS: dict[str, type[errors.SignoffError]] = {
         errors.StoreBusy,
     )
 }
+MOST_RETRY_AFTER = 30
+"""The longest wait a `Retry-After` sets, in seconds: one of years (a server of another kind at
+the address, or hostile) would hang the caller that honours it."""
 REFUSED = ("invalid_request",)
 """Codes of a request the server refused as malformed: a misuse, as it would be in process."""
 
 
 def raise_for(response: httpx.Response) -> None:
+    """The error a refused call's answer names, or a `RemoteError` (`http_error`) for an answer
+    that is not a signoff server's error (a proxy's page; a redirect, which is not followed)."""
     if response.is_success:
         return
     try:
         exc = error(response.json()["error"], response.status_code, response.request.url.path)
     except Exception:
+        status = response.status_code
+        said = f"HTTP {status} from {shown_url(response.request.url)}"
+        location = response.headers.get("location", "") if 300 <= status < 400 else ""
+        if location:  # e.g. http:// sent to https://: the base URL to use instead
+            try:
+                to = shown_url(response.request.url.join(location))
+            except httpx.InvalidURL:
+                to = repr(location[:200])
+            said += f": the server redirects to {to}, which the client does not follow"
         raise errors.RemoteError(
-            f"HTTP {response.status_code}: {response.text[:200]}",
-            "http_error",
-            response.status_code,
+            f"{said}: {response.text[:200]}", "http_error", response.status_code
         ) from None
     if isinstance(exc, (errors.StoreBusy, errors.StoreUnavailable)):
         hint = response.headers.get("retry-after", "").strip()
         if hint.isascii() and hint.isdigit() and len(hint) < 10:
-            exc.retry_after = int(hint)  # the server's, rather than the class's default
+            # the server's, rather than the class's default; bounded as `backoff` waits
+            exc.retry_after = min(int(hint), MOST_RETRY_AFTER)
     raise exc
+
+
+def shown_url(url: httpx.URL | str) -> str:
+    """`url` as an error may show it: without its userinfo, whose password (a proxy's basic
+    authentication) would be in every message and log line the error reaches."""
+    url = httpx.URL(url)
+    return str(url.copy_with(userinfo=b"")) if url.userinfo else str(url)
 
 
 def request_ids(value: Any) -> list[str]:
@@ -118,7 +140,7 @@ def error(detail: Mapping[str, Any], status: int, path: str = "") -> errors.Sign
 def malformed(response: httpx.Response, wanted: str, exc: Exception) -> errors.RemoteError:
     """A body that is JSON but not the shape a signoff server sends for this call."""
     return errors.RemoteError(
-        f"HTTP {response.status_code} from {response.request.url} is not {wanted} "
+        f"HTTP {response.status_code} from {shown_url(response.request.url)} is not {wanted} "
         f"({type(exc).__name__}: {str(exc)[:200]})",
         "http_error",
         response.status_code,
@@ -128,7 +150,7 @@ def malformed(response: httpx.Response, wanted: str, exc: Exception) -> errors.R
 def not_signoff(response: httpx.Response, wanted: str) -> errors.RemoteError:
     """A successful response that is not what a signoff server sends (another web server)."""
     return errors.RemoteError(
-        f"HTTP {response.status_code} from {response.request.url} is not {wanted}: "
+        f"HTTP {response.status_code} from {shown_url(response.request.url)} is not {wanted}: "
         f"{response.text[:200]}",
         "http_error",
         response.status_code,
@@ -198,7 +220,7 @@ def backoff(failures: int, response: httpx.Response | None = None) -> float:
     pause = min(0.1 * 2.0**failures, 2.0)
     hint = "" if response is None else response.headers.get("retry-after", "").strip()
     if hint.isascii() and hint.isdigit() and len(hint) < 10:
-        pause = max(pause, min(float(hint), 30.0))
+        pause = max(pause, min(float(hint), MOST_RETRY_AFTER))
     return pause
 
 
