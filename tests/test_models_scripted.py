@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff.testing import reply, scripted_agent, sqlite_runtime
+from signoff.testing import call, call_tools, reply, scripted_agent, sqlite_runtime
 
 
 @pytest.mark.parametrize(
@@ -103,3 +103,36 @@ def test_repeat_last_must_be_a_bool(repeat_last: Any) -> None:
     """`repeat_last="no"` was taken for its truth: the script repeated its last step."""
     with pytest.raises(so.UsageError, match="repeat_last must be True or False"):
         so.models.Scripted([reply("ok")], repeat_last=repeat_last)
+
+
+def test_a_scripted_reviewer_of_more_than_one_step_is_refused_by_auto() -> None:
+    """Each review is a conversation of its own: every review played step #1, so a script of
+    [clear, caution] cleared the second call too, silently."""
+    verdicts = [reply('{"verdict": "clear"}'), reply('{"verdict": "caution"}')]
+    with pytest.raises(so.UsageError, match=r"first step.*2 steps"):
+        so.auto(so.models.Scripted(verdicts))
+    so.auto(so.models.Scripted(verdicts[:1]))  # one step: every review plays it, as it says
+
+
+async def test_a_scripted_reviewer_decides_each_call_from_the_call_it_reads(
+    tmp_path: Path,
+) -> None:
+    """What the refusal points to: one step, a function of the review's one message."""
+
+    def review(conversation: list[so.Message]) -> so.ModelResponse:
+        (asked,) = conversation
+        assert isinstance(asked, so.UserMessage)
+        large = '"amount": 1000' in asked.text
+        return reply(f'{{"verdict": "{"caution" if large else "clear"}", "reason": "r"}}')
+
+    @so.tool(approval=so.auto(so.models.Scripted([review])))
+    async def pay(amount: float) -> float:
+        """Pay."""
+        return amount
+
+    small, large = call_tools(call("pay", amount=1)), call_tools(call("pay", amount=1000))
+    async with sqlite_runtime(tmp_path, scripted_agent("a", [small, large], tools=[pay])) as rt:
+        r = await rt.generate("a", prompt="pay")
+        assert [(p.action and p.action.input, p.auto_verdict) for p in r.pending] == [
+            ({"amount": 1000}, "caution")
+        ]
