@@ -138,3 +138,39 @@ def test_an_execution_log_refuses_options_it_would_drop(made: bool, option: dict
     with pytest.raises(so.UsageError, match=r"@log\.tool\(") as refused:
         log.tool(fn, **option)
     assert next(iter(option)) in str(refused.value)
+
+
+@pytest.mark.parametrize("on_file", [False, True])
+def test_an_execution_log_tells_a_workflow_tools_replay_from_its_first_run(
+    tmp_path: Path, on_file: bool
+) -> None:
+    """A workflow tool's body runs again over its journal once its question is answered (its
+    step returning the recorded result): `count()` said 2 where the call ran once, against its
+    "1 proves exactly-once". Each execution says whether it replayed; `replays=False` counts
+    first runs only."""
+    log = testing.ExecutionLog(tmp_path / "runs.jsonl" if on_file else None)
+    charged: list[str] = []
+
+    @log.tool
+    async def checkout(ctx: so.ToolContext, cart: str) -> str:
+        """Charge the cart, then ask how to ship it."""
+
+        async def charge() -> str:
+            charged.append(cart)
+            return "ch_1"
+
+        charge_id = await ctx.step("charge", charge)
+        shipping = await ctx.ask("Ship express?", options=["yes", "no"])
+        return f"{charge_id} {shipping.text}"
+
+    steps = [testing.call_tools(testing.call("checkout", cart="c1")), reply("done")]
+    with sqlite_runtime(tmp_path, scripted_agent("shop", steps, tools=[checkout])) as rt:
+        r = rt.generate_sync("shop", prompt="buy")
+        assert (log.count(), log.count(replays=False)) == (1, 1)
+        answer = so.InputResponse(request_id=r.pending[0].id, option_id="yes")
+        assert rt.respond_sync(r.session_id, [answer]).status == "completed"
+    assert charged == ["c1"]
+    assert [e.replay for e in log.of("checkout")] == [False, True]
+    assert (log.count("checkout"), log.count("checkout", replays=False)) == (2, 1)
+    assert log.of("checkout", replays=False) == log.executions[:1]
+    assert log.keys("checkout", replays=False) == [log.executions[0].idempotency_key]

@@ -61,7 +61,12 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Execution:
-    """One time a tool body started: which call, under which idempotency key, with what input."""
+    """One time a tool body started: which call, under which idempotency key, with what input.
+
+    `replay` is true when the body started again over what its call journaled before (a
+    workflow tool resumed once its question was answered: its steps return their recorded
+    results rather than run again).
+    """
 
     tool_name: str
     session_id: str
@@ -69,6 +74,7 @@ class Execution:
     idempotency_key: str
     input: dict[str, Any]
     principal_id: str | None = None
+    replay: bool = False
 
 
 class ExecutionLog:
@@ -105,18 +111,23 @@ class ExecutionLog:
         lines = self.path.read_text().splitlines()
         return [Execution(**json.loads(line)) for line in lines if line.strip()]
 
-    def of(self, tool_name: str) -> list[Execution]:
-        """The executions of one tool, oldest first."""
-        return [e for e in self.executions if e.tool_name == tool_name]
+    def of(self, tool_name: str | None = None, *, replays: bool = True) -> list[Execution]:
+        """The executions (of `tool_name`, if given), oldest first; `replays=False` leaves out
+        a workflow tool's body replaying its journal (`Execution.replay`)."""
+        return [
+            e
+            for e in self.executions
+            if (tool_name is None or e.tool_name == tool_name) and (replays or not e.replay)
+        ]
 
-    def count(self, tool_name: str | None = None) -> int:
-        """How many executions ran (of `tool_name`, if given): 1 proves exactly-once."""
-        return len(self.executions if tool_name is None else self.of(tool_name))
+    def count(self, tool_name: str | None = None, *, replays: bool = True) -> int:
+        """How many executions ran (of `tool_name`, if given): 1 proves exactly-once. A
+        workflow tool's body starts again after each answer: `replays=False` counts first runs."""
+        return len(self.of(tool_name, replays=replays))
 
-    def keys(self, tool_name: str | None = None) -> list[str]:
+    def keys(self, tool_name: str | None = None, *, replays: bool = True) -> list[str]:
         """The idempotency keys executions ran under, in order."""
-        runs = self.executions if tool_name is None else self.of(tool_name)
-        return [e.idempotency_key for e in runs]
+        return [e.idempotency_key for e in self.of(tool_name, replays=replays)]
 
     def clear(self) -> None:
         """Forget every execution so far (a file-backed log deletes its file)."""
@@ -191,6 +202,8 @@ class RecordingTool(Tool):
 
     async def invoke(self, ctx: ToolContext, validated: BaseModel) -> Any:
         current = ctx.session.auth.current
+        journal = ctx._journal  # what the call recorded before this run: a replay if anything
+        replay = journal is not None and any(e is not None for e in journal.entries())
         self.log.record(
             Execution(
                 tool_name=self.name,
@@ -199,6 +212,7 @@ class RecordingTool(Tool):
                 idempotency_key=ctx.idempotency_key(),
                 input=validated.model_dump(mode="json"),
                 principal_id=None if current is None else current.principal_id,
+                replay=replay,
             )
         )
         return await super().invoke(ctx, validated)
