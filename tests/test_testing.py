@@ -63,6 +63,43 @@ def test_capture_and_flaky_refuse_what_cannot_answer(make: Any) -> None:
         make("Done.")
 
 
+NO_CONVERSATION: Any = lambda: reply("x")  # noqa: E731
+TWO_ARGUMENTS: Any = lambda a, b: reply("x")  # noqa: E731
+
+
+def as_any(value: object) -> Any:
+    return value
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda: Capture(NO_CONVERSATION), "Capture"),
+        (lambda: Flaky(TWO_ARGUMENTS), "Flaky"),
+        (lambda: Flaky(reply("x"), failures=as_any("2")), "failures"),
+        (lambda: Flaky(reply("x"), failures=-1), "failures"),
+        (lambda: Flaky(reply("x"), failures=True), "failures"),
+        (lambda: Flaky(reply("x"), error=as_any("boom")), "error"),
+        (lambda: Flaky(reply("x"), error=as_any(KeyboardInterrupt())), "error"),
+    ],
+    ids=["capture-arity", "flaky-arity", "text", "negative", "bool", "error-text", "base"],
+)
+def test_capture_and_flaky_refuse_a_mistake_when_made(make: Any, named: str) -> None:
+    """Each was taken, then failed the turn at the model call with a bare TypeError (`'<=' not
+    supported`, `exceptions must derive from BaseException`, `takes 0 positional arguments`),
+    or (a KeyboardInterrupt) broke out of the runtime."""
+    with pytest.raises(so.UsageError, match=named):
+        make()
+
+
+def test_flaky_raises_an_exception_class_it_is_given(tmp_path: Path) -> None:
+    flaky = Flaky(reply("back"), failures=1, error=TimeoutError)
+    with sqlite_runtime(tmp_path, scripted_agent("a", [flaky])) as rt:
+        r = rt.generate_sync("a", prompt="x")
+        assert (r.status, (r.error or {}).get("message")) == ("failed", "TimeoutError: ")
+        assert rt.generate_sync(session_id=r.session_id).text == "back"
+
+
 async def test_capture_records_each_conversation_and_answers_each_session(tmp_path: Path) -> None:
     seen = Capture(lambda conversation: reply(f"{len(conversation)} message(s)"))
     async with sqlite_runtime(tmp_path, scripted_agent("a", [seen])) as rt:

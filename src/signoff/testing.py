@@ -15,6 +15,7 @@ assert log.count("issue_refund") == 1 and tool_results(seen.last)[0].content == 
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -236,13 +237,27 @@ def reply(text: str, *, usage: Usage | None = None) -> ModelResponse:
     return ModelResponse(text=text, usage=usage or Usage())
 
 
-def _respond(respond: object) -> None:
-    """A step's answer is a response or a function returning one; refused now, not mid-turn."""
+def _respond(helper: str, respond: object) -> None:
+    """A step's answer is a response or a function of the conversation returning one; refused
+    now, not as a TypeError failing the turn at the model call."""
     if not (isinstance(respond, ModelResponse) or callable(respond)):
         raise UsageError(
-            f"respond is a {type(respond).__name__}: pass a ModelResponse (e.g. reply(...)) "
-            "or a function of the conversation returning one"
+            f"{helper}: respond is a {type(respond).__name__}: pass a ModelResponse (e.g. "
+            "reply(...)) or a function of the conversation returning one"
         )
+    if isinstance(respond, ModelResponse):
+        return
+    try:
+        signature = inspect.signature(respond)
+    except (TypeError, ValueError):
+        return  # a builtin without one: met when it is called
+    try:
+        signature.bind([])
+    except TypeError:
+        raise UsageError(
+            f"{helper}: respond is a function {signature}: it takes the conversation (one "
+            "argument, the list of messages) and returns a ModelResponse"
+        ) from None
 
 
 class Capture:
@@ -256,7 +271,7 @@ class Capture:
         respond: ModelResponse | Callable[[list[Message]], ModelResponse] | None = None,
     ) -> None:
         self.respond = respond if respond is not None else reply("done")
-        _respond(self.respond)
+        _respond("Capture", self.respond)
         self.conversations: list[list[Message]] = []
 
     def __call__(self, conversation: list[Message]) -> ModelResponse:
@@ -274,16 +289,24 @@ class Capture:
 
 
 class Flaky:
-    """A scripted step that raises `error` for its first `failures` calls, then answers."""
+    """A scripted step that raises `error` (an exception or its class) for its first `failures`
+    calls, then answers; its calls are counted across every session it serves, in this process."""
 
     def __init__(
         self,
         respond: ModelResponse | Callable[[list[Message]], ModelResponse],
         *,
         failures: int = 1,
-        error: Exception | None = None,
+        error: Exception | type[Exception] | None = None,
     ) -> None:
-        _respond(respond)
+        _respond("Flaky", respond)
+        if not (isinstance(failures, int) and not isinstance(failures, bool) and failures >= 0):
+            raise UsageError(f"Flaky: failures must be a whole number from 0, not {failures!r}")
+        raisable = isinstance(error, type) and issubclass(error, Exception)
+        if not (error is None or isinstance(error, Exception) or raisable):
+            # A string failed the turn with "exceptions must derive from BaseException"; a
+            # KeyboardInterrupt broke out of the runtime rather than fail the model call.
+            raise UsageError(f"Flaky: error must be an Exception to raise, not {error!r}")
         self.respond = respond
         self.failures = failures
         self.error = error or ConnectionError("model unavailable")
