@@ -136,3 +136,34 @@ async def test_a_scripted_reviewer_decides_each_call_from_the_call_it_reads(
         assert [(p.action and p.action.input, p.auto_verdict) for p in r.pending] == [
             ({"amount": 1000}, "caution")
         ]
+
+
+def test_a_script_made_afresh_after_a_restart_resumes_each_session_at_its_next_step(
+    tmp_path: Path,
+) -> None:
+    """As docs/testing.md says: the step a session plays is counted from the store, not by the
+    model, so a new runtime with a new Scripted model (a restarted process) neither replays the
+    script from its start nor skips a step, in a parent and in its subagent's child session."""
+
+    def agents() -> tuple[so.Agent, so.Agent]:
+        @so.tool(approval=so.always())
+        async def refund(amount: float) -> float:
+            """Refund."""
+            return amount
+
+        child = [call_tools(call("refund", amount=5)), reply("refunded")]
+        parent = [call_tools(call("billing", message="refund 5")), reply("all done")]
+        return (
+            scripted_agent("support", parent, tools=[so.delegate("billing")]),
+            scripted_agent("billing", child, tools=[refund]),
+        )
+
+    with sqlite_runtime(tmp_path, *agents()) as rt:
+        r = rt.generate_sync("support", prompt="refund")
+        (request,) = r.pending
+    with sqlite_runtime(tmp_path, *agents()) as rt:  # the same store, the script made again
+        approve = so.InputResponse(request_id=request.id, option_id="approve")
+        r = rt.respond_sync(r.session_id, [approve])
+        assert (r.status, r.text) == ("completed", "all done")
+        (done,) = [e for e in rt.events_sync(r.session_id) if e.type == "tool.completed"]
+        assert (done.data["tool_name"], done.data["result"]) == ("billing", "refunded")

@@ -211,3 +211,24 @@ def test_an_execution_log_tells_a_workflow_tools_replay_from_its_first_run(
     assert (log.count("checkout"), log.count("checkout", replays=False)) == (2, 1)
     assert log.of("checkout", replays=False) == log.executions[:1]
     assert log.keys("checkout", replays=False) == [log.executions[0].idempotency_key]
+
+
+@pytest.mark.parametrize(
+    ("spent", "limits", "budget"),
+    [
+        (so.Usage(input_tokens=600, output_tokens=500), so.Limits(max_tokens=1000), "max_tokens"),
+        (so.Usage(cost_usd=1.5), so.Limits(max_cost_usd=1.0), "max_cost_usd"),
+    ],
+)
+def test_a_scripted_responses_usage_counts_toward_the_budgets(
+    tmp_path: Path, spent: so.Usage, limits: so.Limits, budget: str
+) -> None:
+    """As docs/testing.md says: budgets are tested by scripting what each response spent."""
+    agent = scripted_agent("a", [reply("one", usage=spent), reply("two")], limits=limits)
+    with sqlite_runtime(tmp_path, agent) as rt:
+        r = rt.generate_sync("a", prompt="x")
+        assert r.status == "completed"
+        r = rt.generate_sync(session_id=r.session_id, prompt="more")
+        assert [(p.kind, budget in (p.question or "")) for p in r.pending] == [
+            ("session-limit", True)
+        ]

@@ -395,7 +395,9 @@ async def store_contents(store: Store, session_id: str) -> StoreContents:
 
 
 def sqlite_runtime(directory: str | os.PathLike[str], *agents: Agent, **kwargs: Any) -> Runtime:
-    """A `Runtime` for `agents` on a fresh SQLite file in `directory` (e.g. pytest's tmp_path)."""
+    """A `Runtime` for `agents` on the SQLite file `state.db` in `directory` (e.g. pytest's
+    tmp_path), made if new; another call on the same directory opens the same store, as a
+    restarted process would."""
     return Runtime(list(agents), store=f"sqlite:///{Path(directory) / 'state.db'}", **kwargs)
 
 
