@@ -232,3 +232,23 @@ def test_a_scripted_responses_usage_counts_toward_the_budgets(
         assert [(p.kind, budget in (p.question or "")) for p in r.pending] == [
             ("session-limit", True)
         ]
+
+
+@pytest.mark.parametrize(
+    ("directory", "given", "named"),
+    [
+        (None, {"store": "sqlite:///other.db"}, "store"),  # was a bare TypeError
+        ("sqlite:///{}/s.db", {}, "directory"),  # made ./sqlite:/.../s.db/state.db
+        ("{}/file.txt", {}, "directory"),  # a file: sqlite3's "unable to open database file"
+        (None, {"clock": ManualClock}, r"ManualClock\(\)"),  # the class: an AttributeError
+    ],
+    ids=["store", "url", "file", "clock-class"],
+)
+def test_sqlite_runtime_refuses_what_it_would_misuse(
+    tmp_path: Path, directory: str | None, given: dict[str, Any], named: str
+) -> None:
+    (tmp_path / "file.txt").write_text("not a directory")
+    where = tmp_path if directory is None else directory.format(tmp_path)
+    with pytest.raises(so.UsageError, match=named):
+        sqlite_runtime(where, scripted_agent("a", [reply("x")]), **given)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]  # no store was made

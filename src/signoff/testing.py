@@ -398,7 +398,20 @@ def sqlite_runtime(directory: str | os.PathLike[str], *agents: Agent, **kwargs: 
     """A `Runtime` for `agents` on the SQLite file `state.db` in `directory` (e.g. pytest's
     tmp_path), made if new; another call on the same directory opens the same store, as a
     restarted process would."""
-    return Runtime(list(agents), store=f"sqlite:///{Path(directory) / 'state.db'}", **kwargs)
+    if "store" in kwargs:  # was a bare TypeError: "got multiple values for keyword argument"
+        raise UsageError(
+            "sqlite_runtime makes its own store (state.db in the directory): pass store= to "
+            "so.Runtime(...) instead"
+        )
+    where = Path(directory)
+    if "://" in str(directory) or (where.exists() and not where.is_dir()):
+        # A URL was taken for a path (./sqlite:/.../state.db made); a file was sqlite3's
+        # "unable to open database file" at the first call.
+        raise UsageError(
+            f"sqlite_runtime takes the directory to put state.db in (pytest's tmp_path), not "
+            f"{str(directory)!r}"
+        )
+    return Runtime(list(agents), store=f"sqlite:///{where / 'state.db'}", **kwargs)
 
 
 def timeline(events: Sequence[Event]) -> list[str]:
