@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +253,21 @@ def test_sqlite_runtime_refuses_what_it_would_misuse(
     with pytest.raises(so.UsageError, match=named):
         sqlite_runtime(where, scripted_agent("a", [reply("x")]), **given)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]  # no store was made
+
+
+@pytest.mark.parametrize(
+    "now",
+    [datetime.now, lambda: "1700000000", lambda: math.nan, lambda: object()],
+    ids=["datetime", "text", "nan", "object"],
+)
+def test_a_clock_that_returns_no_time_is_named_at_its_first_reading(
+    tmp_path: Path, now: Any
+) -> None:
+    """A fake clock returning a datetime or text was a bare TypeError deep in the runtime; NaN
+    was "session already exists" (a StoreError); an object an AttributeError from the store."""
+    rt = sqlite_runtime(tmp_path, scripted_agent("a", [reply("x")]), clock=now)
+    try:
+        with pytest.raises(so.UsageError, match=r"clock returned .*not a time in seconds"):
+            rt.generate_sync("a", prompt="x")
+    finally:
+        rt.close_sync()
