@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff.testing import reply, scripted_agent, sqlite_runtime
+from signoff.testing import call, call_tools, reply, scripted_agent, sqlite_runtime
 
 
 @pytest.mark.parametrize(
@@ -103,3 +103,67 @@ def test_repeat_last_must_be_a_bool(repeat_last: Any) -> None:
     """`repeat_last="no"` was taken for its truth: the script repeated its last step."""
     with pytest.raises(so.UsageError, match="repeat_last must be True or False"):
         so.models.Scripted([reply("ok")], repeat_last=repeat_last)
+
+
+def test_a_scripted_reviewer_of_more_than_one_step_is_refused_by_auto() -> None:
+    """Each review is a conversation of its own: every review played step #1, so a script of
+    [clear, caution] cleared the second call too, silently."""
+    verdicts = [reply('{"verdict": "clear"}'), reply('{"verdict": "caution"}')]
+    with pytest.raises(so.UsageError, match=r"first step.*2 steps"):
+        so.auto(so.models.Scripted(verdicts))
+    so.auto(so.models.Scripted(verdicts[:1]))  # one step: every review plays it, as it says
+
+
+async def test_a_scripted_reviewer_decides_each_call_from_the_call_it_reads(
+    tmp_path: Path,
+) -> None:
+    """What the refusal points to: one step, a function of the review's one message."""
+
+    def review(conversation: list[so.Message]) -> so.ModelResponse:
+        (asked,) = conversation
+        assert isinstance(asked, so.UserMessage)
+        large = '"amount": 1000' in asked.text
+        return reply(f'{{"verdict": "{"caution" if large else "clear"}", "reason": "r"}}')
+
+    @so.tool(approval=so.auto(so.models.Scripted([review])))
+    async def pay(amount: float) -> float:
+        """Pay."""
+        return amount
+
+    small, large = call_tools(call("pay", amount=1)), call_tools(call("pay", amount=1000))
+    async with sqlite_runtime(tmp_path, scripted_agent("a", [small, large], tools=[pay])) as rt:
+        r = await rt.generate("a", prompt="pay")
+        assert [(p.action and p.action.input, p.auto_verdict) for p in r.pending] == [
+            ({"amount": 1000}, "caution")
+        ]
+
+
+def test_a_script_made_afresh_after_a_restart_resumes_each_session_at_its_next_step(
+    tmp_path: Path,
+) -> None:
+    """As docs/testing.md says: the step a session plays is counted from the store, not by the
+    model, so a new runtime with a new Scripted model (a restarted process) neither replays the
+    script from its start nor skips a step, in a parent and in its subagent's child session."""
+
+    def agents() -> tuple[so.Agent, so.Agent]:
+        @so.tool(approval=so.always())
+        async def refund(amount: float) -> float:
+            """Refund."""
+            return amount
+
+        child = [call_tools(call("refund", amount=5)), reply("refunded")]
+        parent = [call_tools(call("billing", message="refund 5")), reply("all done")]
+        return (
+            scripted_agent("support", parent, tools=[so.delegate("billing")]),
+            scripted_agent("billing", child, tools=[refund]),
+        )
+
+    with sqlite_runtime(tmp_path, *agents()) as rt:
+        r = rt.generate_sync("support", prompt="refund")
+        (request,) = r.pending
+    with sqlite_runtime(tmp_path, *agents()) as rt:  # the same store, the script made again
+        approve = so.InputResponse(request_id=request.id, option_id="approve")
+        r = rt.respond_sync(r.session_id, [approve])
+        assert (r.status, r.text) == ("completed", "all done")
+        (done,) = [e for e in rt.events_sync(r.session_id) if e.type == "tool.completed"]
+        assert (done.data["tool_name"], done.data["result"]) == ("billing", "refunded")

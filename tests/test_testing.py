@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,43 @@ def test_capture_and_flaky_refuse_what_cannot_answer(make: Any) -> None:
     """`Capture("Done.")` failed the turn later with "'str' object is not callable"."""
     with pytest.raises(so.UsageError, match="ModelResponse"):
         make("Done.")
+
+
+NO_CONVERSATION: Any = lambda: reply("x")  # noqa: E731
+TWO_ARGUMENTS: Any = lambda a, b: reply("x")  # noqa: E731
+
+
+def as_any(value: object) -> Any:
+    return value
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda: Capture(NO_CONVERSATION), "Capture"),
+        (lambda: Flaky(TWO_ARGUMENTS), "Flaky"),
+        (lambda: Flaky(reply("x"), failures=as_any("2")), "failures"),
+        (lambda: Flaky(reply("x"), failures=-1), "failures"),
+        (lambda: Flaky(reply("x"), failures=True), "failures"),
+        (lambda: Flaky(reply("x"), error=as_any("boom")), "error"),
+        (lambda: Flaky(reply("x"), error=as_any(KeyboardInterrupt())), "error"),
+    ],
+    ids=["capture-arity", "flaky-arity", "text", "negative", "bool", "error-text", "base"],
+)
+def test_capture_and_flaky_refuse_a_mistake_when_made(make: Any, named: str) -> None:
+    """Each was taken, then failed the turn at the model call with a bare TypeError (`'<=' not
+    supported`, `exceptions must derive from BaseException`, `takes 0 positional arguments`),
+    or (a KeyboardInterrupt) broke out of the runtime."""
+    with pytest.raises(so.UsageError, match=named):
+        make()
+
+
+def test_flaky_raises_an_exception_class_it_is_given(tmp_path: Path) -> None:
+    flaky = Flaky(reply("back"), failures=1, error=TimeoutError)
+    with sqlite_runtime(tmp_path, scripted_agent("a", [flaky])) as rt:
+        r = rt.generate_sync("a", prompt="x")
+        assert (r.status, (r.error or {}).get("message")) == ("failed", "TimeoutError: ")
+        assert rt.generate_sync(session_id=r.session_id).text == "back"
 
 
 async def test_capture_records_each_conversation_and_answers_each_session(tmp_path: Path) -> None:
@@ -138,3 +176,98 @@ def test_an_execution_log_refuses_options_it_would_drop(made: bool, option: dict
     with pytest.raises(so.UsageError, match=r"@log\.tool\(") as refused:
         log.tool(fn, **option)
     assert next(iter(option)) in str(refused.value)
+
+
+@pytest.mark.parametrize("on_file", [False, True])
+def test_an_execution_log_tells_a_workflow_tools_replay_from_its_first_run(
+    tmp_path: Path, on_file: bool
+) -> None:
+    """A workflow tool's body runs again over its journal once its question is answered (its
+    step returning the recorded result): `count()` said 2 where the call ran once, against its
+    "1 proves exactly-once". Each execution says whether it replayed; `replays=False` counts
+    first runs only."""
+    log = testing.ExecutionLog(tmp_path / "runs.jsonl" if on_file else None)
+    charged: list[str] = []
+
+    @log.tool
+    async def checkout(ctx: so.ToolContext, cart: str) -> str:
+        """Charge the cart, then ask how to ship it."""
+
+        async def charge() -> str:
+            charged.append(cart)
+            return "ch_1"
+
+        charge_id = await ctx.step("charge", charge)
+        shipping = await ctx.ask("Ship express?", options=["yes", "no"])
+        return f"{charge_id} {shipping.text}"
+
+    steps = [testing.call_tools(testing.call("checkout", cart="c1")), reply("done")]
+    with sqlite_runtime(tmp_path, scripted_agent("shop", steps, tools=[checkout])) as rt:
+        r = rt.generate_sync("shop", prompt="buy")
+        assert (log.count(), log.count(replays=False)) == (1, 1)
+        answer = so.InputResponse(request_id=r.pending[0].id, option_id="yes")
+        assert rt.respond_sync(r.session_id, [answer]).status == "completed"
+    assert charged == ["c1"]
+    assert [e.replay for e in log.of("checkout")] == [False, True]
+    assert (log.count("checkout"), log.count("checkout", replays=False)) == (2, 1)
+    assert log.of("checkout", replays=False) == log.executions[:1]
+    assert log.keys("checkout", replays=False) == [log.executions[0].idempotency_key]
+
+
+@pytest.mark.parametrize(
+    ("spent", "limits", "budget"),
+    [
+        (so.Usage(input_tokens=600, output_tokens=500), so.Limits(max_tokens=1000), "max_tokens"),
+        (so.Usage(cost_usd=1.5), so.Limits(max_cost_usd=1.0), "max_cost_usd"),
+    ],
+)
+def test_a_scripted_responses_usage_counts_toward_the_budgets(
+    tmp_path: Path, spent: so.Usage, limits: so.Limits, budget: str
+) -> None:
+    """As docs/testing.md says: budgets are tested by scripting what each response spent."""
+    agent = scripted_agent("a", [reply("one", usage=spent), reply("two")], limits=limits)
+    with sqlite_runtime(tmp_path, agent) as rt:
+        r = rt.generate_sync("a", prompt="x")
+        assert r.status == "completed"
+        r = rt.generate_sync(session_id=r.session_id, prompt="more")
+        assert [(p.kind, budget in (p.question or "")) for p in r.pending] == [
+            ("session-limit", True)
+        ]
+
+
+@pytest.mark.parametrize(
+    ("directory", "given", "named"),
+    [
+        (None, {"store": "sqlite:///other.db"}, "store"),  # was a bare TypeError
+        ("sqlite:///{}/s.db", {}, "directory"),  # made ./sqlite:/.../s.db/state.db
+        ("{}/file.txt", {}, "directory"),  # a file: sqlite3's "unable to open database file"
+        (None, {"clock": ManualClock}, r"ManualClock\(\)"),  # the class: an AttributeError
+    ],
+    ids=["store", "url", "file", "clock-class"],
+)
+def test_sqlite_runtime_refuses_what_it_would_misuse(
+    tmp_path: Path, directory: str | None, given: dict[str, Any], named: str
+) -> None:
+    (tmp_path / "file.txt").write_text("not a directory")
+    where = tmp_path if directory is None else directory.format(tmp_path)
+    with pytest.raises(so.UsageError, match=named):
+        sqlite_runtime(where, scripted_agent("a", [reply("x")]), **given)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]  # no store was made
+
+
+@pytest.mark.parametrize(
+    "now",
+    [datetime.now, lambda: "1700000000", lambda: math.nan, lambda: object()],
+    ids=["datetime", "text", "nan", "object"],
+)
+def test_a_clock_that_returns_no_time_is_named_at_its_first_reading(
+    tmp_path: Path, now: Any
+) -> None:
+    """A fake clock returning a datetime or text was a bare TypeError deep in the runtime; NaN
+    was "session already exists" (a StoreError); an object an AttributeError from the store."""
+    rt = sqlite_runtime(tmp_path, scripted_agent("a", [reply("x")]), clock=now)
+    try:
+        with pytest.raises(so.UsageError, match=r"clock returned .*not a time in seconds"):
+            rt.generate_sync("a", prompt="x")
+    finally:
+        rt.close_sync()

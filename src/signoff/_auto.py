@@ -165,6 +165,7 @@ def auto(
             "auto() model must be a signoff model (e.g. so.models.OpenAIChat('gpt-4o')), "
             f"not {shown_value(model)}"
         )
+    _check_scripted(model)
     if instructions is not None and not isinstance(instructions, str):
         raise UsageError(f"auto() instructions must be text, not {shown_value(instructions)}")
     if criteria is not None and not isinstance(criteria, Criteria | dict):
@@ -183,3 +184,17 @@ def auto(
             f"auto() timeout must be positive and finite (seconds), not {shown_value(timeout)}"
         )
     return _Auto(model, instructions or DEFAULT_INSTRUCTIONS, criteria or Criteria(), timeout)
+
+
+def _check_scripted(model: Model | None) -> None:
+    """Refuse a `Scripted` reviewer of several steps: each review is a conversation of its own
+    (no earlier responses), so every review plays its first step and the rest never would."""
+    from .models import Scripted
+
+    if isinstance(model, Scripted) and len(model.steps) > 1:
+        raise UsageError(
+            f"auto() plays a Scripted reviewer's first step for every review (each review is a "
+            f"conversation of its own), so {len(model.steps) - 1} of its {len(model.steps)} steps "
+            "would never be played: script one step, a function of the review's one message "
+            "(the tool and its input) returning the verdict"
+        )

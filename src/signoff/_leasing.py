@@ -20,7 +20,8 @@ from functools import partial
 from typing import Any
 
 from ._any_loop import AnyLoopEvent
-from ._exceptions import LeaseLost, StoreError
+from ._exceptions import LeaseLost, StoreError, UsageError
+from ._settings import finite
 from .stores import Store
 
 __all__ = [
@@ -143,7 +144,19 @@ class Leasing:
         ages): on PostgreSQL the database's clock, as this process reckons it, so processes
         whose wall clocks differ agree on when anything lapses; else its `clock`."""
         base = self._lease_base
-        return self.clock() if base is None else base() + self._lease_offset
+        if base is not None:
+            return base() + self._lease_offset
+        now = self.clock()
+        if type(now) is float and now - now == 0.0:  # finite, checked cheaply: read often
+            return now
+        if not finite(now):
+            # A datetime or text was a bare TypeError deep in a write; NaN "session already
+            # exists" (NULL stored); an object an AttributeError from the store.
+            raise UsageError(
+                f"clock returned {now!r}, not a time in seconds (a finite number, as "
+                "time.time() returns)"
+            )
+        return now
 
     async def _sync_lease_clock(self) -> None:
         """Measure how far the store's clock is from ours (again at every sweep of a worker, and

@@ -175,6 +175,10 @@ class SessionCache(Leasing):
         seconds("poll_interval", poll_interval)
         if not callable(clock):  # else the first call failed, after the store was opened
             raise UsageError(f"clock must be a function returning the time, not {clock!r}")
+        if isinstance(clock, type):  # its instances were the time: an AttributeError in a write
+            raise UsageError(
+                f"clock is the class {clock.__name__}: pass a clock, such as {clock.__name__}()"
+            )
         flag("inline", inline)  # "no" or 0 was read as true or false, unnoticed
         # 0 gives up on a busy session at once; NaN never gave up, nor raised SessionBusy.
         seconds("lease_wait", lease_wait, zero=True)

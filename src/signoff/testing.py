@@ -15,6 +15,7 @@ assert log.count("issue_refund") == 1 and tool_results(seen.last)[0].content == 
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -61,7 +62,12 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Execution:
-    """One time a tool body started: which call, under which idempotency key, with what input."""
+    """One time a tool body started: which call, under which idempotency key, with what input.
+
+    `replay` is true when the body started again over what its call journaled before (a
+    workflow tool resumed once its question was answered: its steps return their recorded
+    results rather than run again).
+    """
 
     tool_name: str
     session_id: str
@@ -69,6 +75,7 @@ class Execution:
     idempotency_key: str
     input: dict[str, Any]
     principal_id: str | None = None
+    replay: bool = False
 
 
 class ExecutionLog:
@@ -105,18 +112,23 @@ class ExecutionLog:
         lines = self.path.read_text().splitlines()
         return [Execution(**json.loads(line)) for line in lines if line.strip()]
 
-    def of(self, tool_name: str) -> list[Execution]:
-        """The executions of one tool, oldest first."""
-        return [e for e in self.executions if e.tool_name == tool_name]
+    def of(self, tool_name: str | None = None, *, replays: bool = True) -> list[Execution]:
+        """The executions (of `tool_name`, if given), oldest first; `replays=False` leaves out
+        a workflow tool's body replaying its journal (`Execution.replay`)."""
+        return [
+            e
+            for e in self.executions
+            if (tool_name is None or e.tool_name == tool_name) and (replays or not e.replay)
+        ]
 
-    def count(self, tool_name: str | None = None) -> int:
-        """How many executions ran (of `tool_name`, if given): 1 proves exactly-once."""
-        return len(self.executions if tool_name is None else self.of(tool_name))
+    def count(self, tool_name: str | None = None, *, replays: bool = True) -> int:
+        """How many executions ran (of `tool_name`, if given): 1 proves exactly-once. A
+        workflow tool's body starts again after each answer: `replays=False` counts first runs."""
+        return len(self.of(tool_name, replays=replays))
 
-    def keys(self, tool_name: str | None = None) -> list[str]:
+    def keys(self, tool_name: str | None = None, *, replays: bool = True) -> list[str]:
         """The idempotency keys executions ran under, in order."""
-        runs = self.executions if tool_name is None else self.of(tool_name)
-        return [e.idempotency_key for e in runs]
+        return [e.idempotency_key for e in self.of(tool_name, replays=replays)]
 
     def clear(self) -> None:
         """Forget every execution so far (a file-backed log deletes its file)."""
@@ -191,6 +203,8 @@ class RecordingTool(Tool):
 
     async def invoke(self, ctx: ToolContext, validated: BaseModel) -> Any:
         current = ctx.session.auth.current
+        journal = ctx._journal  # what the call recorded before this run: a replay if anything
+        replay = journal is not None and any(e is not None for e in journal.entries())
         self.log.record(
             Execution(
                 tool_name=self.name,
@@ -199,6 +213,7 @@ class RecordingTool(Tool):
                 idempotency_key=ctx.idempotency_key(),
                 input=validated.model_dump(mode="json"),
                 principal_id=None if current is None else current.principal_id,
+                replay=replay,
             )
         )
         return await super().invoke(ctx, validated)
@@ -222,13 +237,27 @@ def reply(text: str, *, usage: Usage | None = None) -> ModelResponse:
     return ModelResponse(text=text, usage=usage or Usage())
 
 
-def _respond(respond: object) -> None:
-    """A step's answer is a response or a function returning one; refused now, not mid-turn."""
+def _respond(helper: str, respond: object) -> None:
+    """A step's answer is a response or a function of the conversation returning one; refused
+    now, not as a TypeError failing the turn at the model call."""
     if not (isinstance(respond, ModelResponse) or callable(respond)):
         raise UsageError(
-            f"respond is a {type(respond).__name__}: pass a ModelResponse (e.g. reply(...)) "
-            "or a function of the conversation returning one"
+            f"{helper}: respond is a {type(respond).__name__}: pass a ModelResponse (e.g. "
+            "reply(...)) or a function of the conversation returning one"
         )
+    if isinstance(respond, ModelResponse):
+        return
+    try:
+        signature = inspect.signature(respond)
+    except (TypeError, ValueError):
+        return  # a builtin without one: met when it is called
+    try:
+        signature.bind([])
+    except TypeError:
+        raise UsageError(
+            f"{helper}: respond is a function {signature}: it takes the conversation (one "
+            "argument, the list of messages) and returns a ModelResponse"
+        ) from None
 
 
 class Capture:
@@ -242,7 +271,7 @@ class Capture:
         respond: ModelResponse | Callable[[list[Message]], ModelResponse] | None = None,
     ) -> None:
         self.respond = respond if respond is not None else reply("done")
-        _respond(self.respond)
+        _respond("Capture", self.respond)
         self.conversations: list[list[Message]] = []
 
     def __call__(self, conversation: list[Message]) -> ModelResponse:
@@ -260,16 +289,24 @@ class Capture:
 
 
 class Flaky:
-    """A scripted step that raises `error` for its first `failures` calls, then answers."""
+    """A scripted step that raises `error` (an exception or its class) for its first `failures`
+    calls, then answers; its calls are counted across every session it serves, in this process."""
 
     def __init__(
         self,
         respond: ModelResponse | Callable[[list[Message]], ModelResponse],
         *,
         failures: int = 1,
-        error: Exception | None = None,
+        error: Exception | type[Exception] | None = None,
     ) -> None:
-        _respond(respond)
+        _respond("Flaky", respond)
+        if not (isinstance(failures, int) and not isinstance(failures, bool) and failures >= 0):
+            raise UsageError(f"Flaky: failures must be a whole number from 0, not {failures!r}")
+        raisable = isinstance(error, type) and issubclass(error, Exception)
+        if not (error is None or isinstance(error, Exception) or raisable):
+            # A string failed the turn with "exceptions must derive from BaseException"; a
+            # KeyboardInterrupt broke out of the runtime rather than fail the model call.
+            raise UsageError(f"Flaky: error must be an Exception to raise, not {error!r}")
         self.respond = respond
         self.failures = failures
         self.error = error or ConnectionError("model unavailable")
@@ -358,8 +395,23 @@ async def store_contents(store: Store, session_id: str) -> StoreContents:
 
 
 def sqlite_runtime(directory: str | os.PathLike[str], *agents: Agent, **kwargs: Any) -> Runtime:
-    """A `Runtime` for `agents` on a fresh SQLite file in `directory` (e.g. pytest's tmp_path)."""
-    return Runtime(list(agents), store=f"sqlite:///{Path(directory) / 'state.db'}", **kwargs)
+    """A `Runtime` for `agents` on the SQLite file `state.db` in `directory` (e.g. pytest's
+    tmp_path), made if new; another call on the same directory opens the same store, as a
+    restarted process would."""
+    if "store" in kwargs:  # was a bare TypeError: "got multiple values for keyword argument"
+        raise UsageError(
+            "sqlite_runtime makes its own store (state.db in the directory): pass store= to "
+            "so.Runtime(...) instead"
+        )
+    where = Path(directory)
+    if "://" in str(directory) or (where.exists() and not where.is_dir()):
+        # A URL was taken for a path (./sqlite:/.../state.db made); a file was sqlite3's
+        # "unable to open database file" at the first call.
+        raise UsageError(
+            f"sqlite_runtime takes the directory to put state.db in (pytest's tmp_path), not "
+            f"{str(directory)!r}"
+        )
+    return Runtime(list(agents), store=f"sqlite:///{where / 'state.db'}", **kwargs)
 
 
 def timeline(events: Sequence[Event]) -> list[str]:
