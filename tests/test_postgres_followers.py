@@ -15,6 +15,7 @@ from signoff.stores import Commit
 from signoff.stores.postgres import PostgresStore
 
 from ._pg_events import ev, new_session
+from ._ttl import ttl_agent
 from .test_postgres import admin
 
 POLL = 0.1
@@ -50,9 +51,9 @@ def _counting(
     calls: list[Sequence[str] | str] = []
     read: Callable[..., Awaitable[object]] = getattr(store, name)
 
-    async def counted(arg: Sequence[str] | str) -> object:
+    async def counted(arg: Sequence[str] | str, **options: object) -> object:
         calls.append(arg)
-        return await read(arg)
+        return await read(arg, **options)
 
     monkeypatch.setattr(store, name, counted)
     return calls
@@ -166,3 +167,48 @@ async def test_a_follower_of_a_deleted_session_learns_it_from_the_shared_recheck
         await conn.execute(f"DELETE FROM {s}.sessions WHERE id = %s", (sid,))
     with pytest.raises(so.UnknownSession):
         await asyncio.wait_for(waiting, 10)
+
+
+async def test_an_idle_runtime_follower_reads_nothing_between_its_rechecks(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rt.events(follow=True)` on PostgreSQL used to give up its wait every ten
+    `poll_interval`s and read the session's events and head again; woken by the store (whose
+    shared re-check is the safety net), it now waits until its expiry or its periodic check
+    that the session still exists is due. A store that cannot notify is polled as before."""
+    agent = ttl_agent()  # its sessions expire 60 s after their last event: not in this test
+    async with so.Runtime([agent], store=pg_store_url, poll_interval=0.02) as rt:
+        r = await rt.generate("desk", prompt="reset")
+        head = (await rt.state(r.session_id)).seq
+        store = rt.store
+        assert isinstance(store, PostgresStore)
+        reads = _counting(monkeypatch, store, "read_events")
+        heads = _counting(monkeypatch, store, "head")
+        seen: list[int] = []
+
+        async def follow() -> None:
+            async for event in rt.events(r.session_id, follow=True):
+                seen.append(event.seq)
+
+        task = asyncio.create_task(follow())
+        for _ in range(500):
+            if seen and seen[-1] == head:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        count = len(reads) + len(heads)
+        await asyncio.sleep(1.0)  # fifty poll_intervals: it used to read 10 times meanwhile
+        assert len(reads) + len(heads) == count
+        assert not task.done()
+        # Still woken at once by a change: a message answers the approval.
+        await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=r.pending[0].id, approved=False)]
+        )
+        for _ in range(500):
+            if len(seen) > head and seen[-1] == (await rt.state(r.session_id)).seq:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the follower was not woken by the new events")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
