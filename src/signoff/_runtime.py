@@ -472,8 +472,9 @@ class Runtime(Auditing):
                     if state.seq != after:
                         continue  # events came meanwhile: read them first
                 wait = getattr(self.store, "wait_for_change", None)
+                due = self._follow_wait(expires_at, checked + _RECHECK_FOLLOWED)
                 if wait is not None:  # woken by the store (LISTEN/NOTIFY), polling as fallback
-                    await wait(session_id, self.poll_interval * 10, after=after)
+                    await wait(session_id, due, after=after)
                 else:
                     await asyncio.sleep(self.poll_interval)
 

@@ -201,6 +201,16 @@ class SessionCache(Leasing):
         self._cache_size = cache_size
         self._fresh()
 
+    def _follow_wait(self, expires_at: float, recheck_at: float) -> float:
+        """How long `events(follow=True)` waits on the store before it looks again: ten
+        `poll_interval`s; on a store that notifies (whose shared re-check of the heads is the
+        safety net) with the real clock, until the session's expiry or `recheck_at` (by
+        `time.monotonic`) is due: waking sooner had each idle follower read about once a second."""
+        least = self.poll_interval * 10
+        if self.clock is not time.time or not hasattr(self.store, "changes_seen"):
+            return least
+        return max(least, min(expires_at - time.time(), recheck_at - time.monotonic()))
+
     def _fresh(self) -> None:
         """Start this runtime's live state anew: what it holds while in use, which no copy of it
         shares (`Runtime._replaced`), from its id and store clock to its caches, locks and loop."""

@@ -1,6 +1,7 @@
 """Waiting for changes on PostgreSQL: one connection per store and event loop LISTENs to the
 `NOTIFY` every commit sends, and wakes the calls waiting on the session it names, so a wait needs
-no polling."""
+no polling of its own; one read of all followed sessions' heads per `poll_interval` is the safety
+net against a lost notification, whatever the number of waits."""
 
 from __future__ import annotations
 
@@ -38,7 +39,12 @@ class Listener:
         self._name = name
         self._listener: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
-        self._waiters: dict[str | None, set[asyncio.Future[None]]] = {}
+        self._waiters: dict[str | None, set[asyncio.Future[bool]]] = {}
+        # The waits given `after`, by the session and head they wait past, re-checked together
+        # (`_rechecking`) by one task that runs while there are any.
+        self._follows: dict[asyncio.Future[bool], tuple[str, int]] = {}
+        self._recheck: asyncio.Task[None] | None = None
+        self._recheck_every = 1.0
         # Changes announced so far (and reconnects, which may have missed some): a caller that
         # read it before its last look at the store waits only if nothing was announced since.
         self.seen = 0
@@ -52,14 +58,15 @@ class Listener:
         *,
         after: int | None,
         head: Callable[[str], Awaitable[int | None]],
+        heads: Callable[[list[str]], Awaitable[dict[str, int]]],
         subscribe_within: float,
         poll_interval: float,
         since: int | None = None,
     ) -> bool:
-        """`PostgresStore.wait_for_change`, given how to read a session's `head`, how long the
-        first wait lets the listener take to subscribe, and how often to re-check the head;
-        with `since` (a `seen` read earlier), it returns at once if anything was announced
-        since then."""
+        """`PostgresStore.wait_for_change`, given how to read a session's `head` (and many
+        sessions' `heads` at once, for the shared re-check), how long the first wait lets the
+        listener take to subscribe, and how often to re-check the heads; with `since` (a `seen`
+        read earlier), it returns at once if anything was announced since then."""
         deadline = time.monotonic() + timeout  # the first wait's subscribing counts in it too
         self._ensure_listener()
         if not self._listening.is_set():
@@ -69,15 +76,22 @@ class Listener:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(subscribe_within):
                     await self._listening.wait()
+        following = after is not None and session_id is not None
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        waiters = self._waiters.setdefault(session_id, set())
-        waiters.add(fut)
-        try:
-            if since is not None and self.seen != since:
-                return True  # announced while the caller was busy: no wait, nothing missed
-            while True:
-                if after is not None and session_id is not None:
+        while True:
+            # Registered before the head is read: a change announced meanwhile is not missed.
+            fut: asyncio.Future[bool] = loop.create_future()
+            waiters = self._waiters.setdefault(session_id, set())
+            waiters.add(fut)
+            if following:
+                assert session_id is not None and after is not None
+                self._follows[fut] = (session_id, after)
+                self._ensure_recheck(heads, poll_interval)
+            try:
+                if since is not None and self.seen != since:
+                    return True  # announced while the caller was busy: no wait, nothing missed
+                if following:
+                    assert session_id is not None and after is not None
                     found = await head(session_id)
                     if found is None:
                         raise UnknownSession(session_id)
@@ -86,25 +100,65 @@ class Listener:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                slice_ = remaining if after is None else min(remaining, poll_interval)
                 try:
-                    async with asyncio.timeout(slice_):
-                        await asyncio.shield(fut)
-                    return True
+                    async with asyncio.timeout(remaining):
+                        if await asyncio.shield(fut):
+                            return True
                 except TimeoutError:
+                    return False
+                # The shared re-check could not vouch for this session: read its head again.
+            finally:
+                self._follows.pop(fut, None)
+                waiters.discard(fut)
+                if not waiters:
+                    self._waiters.pop(session_id, None)
+
+    def _ensure_recheck(
+        self, heads: Callable[[list[str]], Awaitable[dict[str, int]]], every: float
+    ) -> None:
+        self._recheck_every = every
+        if self._recheck is None or self._recheck.done():
+            name = f"{self._name}-recheck"
+            self._recheck = asyncio.get_running_loop().create_task(
+                self._rechecking(heads), name=name
+            )
+
+    async def _rechecking(self, heads: Callable[[list[str]], Awaitable[dict[str, int]]]) -> None:
+        """The safety net against a lost notification, shared by every wait given `after`: each
+        `poll_interval`, one read of all their sessions' heads wakes those whose head moved on.
+        A session not found, or a failed read, has each of its waits read its own head again
+        (which raises what it always did: `UnknownSession`, a `StoreError`)."""
+        try:
+            while self._follows:
+                await asyncio.sleep(self._recheck_every)
+                follows = [(f, w) for f, w in self._follows.items() if not f.done()]
+                if not follows:
                     continue
-        finally:
-            waiters.discard(fut)
-            if not waiters:
-                self._waiters.pop(session_id, None)
+                try:
+                    found = await heads(sorted({sid for _, (sid, _) in follows}))
+                except StoreError:
+                    found = {}
+                for fut, (sid, after) in follows:
+                    seq = found.get(sid)
+                    if not fut.done() and (seq is None or seq > after):
+                        fut.set_result(seq is not None)
+        except asyncio.CancelledError:
+            raise  # stopped: `stop` wakes every wait
+        except BaseException:
+            for fut in self._follows:  # no wait may be left counting on a re-check that failed
+                if not fut.done():
+                    fut.set_result(False)
+            raise
 
     async def stop(self) -> None:
         """Stop listening, and wake every call still waiting (the store is closing)."""
         listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+        recheck, self._recheck = self._recheck, None
+        for task in (listener, recheck):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self._listening.clear()
         self._wake_all()
 
@@ -161,11 +215,11 @@ class Listener:
         for key in (session_id, None):
             for fut in self._waiters.get(key, ()):
                 if not fut.done():
-                    fut.set_result(None)
+                    fut.set_result(True)
 
     def _wake_all(self) -> None:
         self.seen += 1
         for waiters in self._waiters.values():
             for fut in waiters:
                 if not fut.done():
-                    fut.set_result(None)
+                    fut.set_result(True)

@@ -196,6 +196,21 @@ class Reads(AuditReads):
 
         return await self._read(body, f"reading the head of session {session_id!r}")
 
+    async def _session_heads(self, session_ids: Sequence[str]) -> dict[str, int]:
+        """The heads of those of `session_ids` that are stored, in one read (the re-check
+        `wait_for_change` shares among its waits)."""
+        s = self._s
+        ids = [sid for sid in session_ids if storable(sid)]
+        if not ids:
+            return {}
+
+        async def body(conn: Conn) -> dict[str, int]:
+            sql = f"SELECT id, head FROM {s}.sessions WHERE id = ANY(%s)"
+            cur = await conn.execute(sql, (ids,))
+            return {str(sid): int(head) for sid, head in await cur.fetchall()}
+
+        return await self._read(body, f"reading the heads of {len(ids)} sessions")
+
     async def get_request(self, request_id: str) -> StoredRequest | None:
         if not storable(request_id):
             return None

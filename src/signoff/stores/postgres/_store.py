@@ -428,8 +428,10 @@ class PostgresStore(Reads, Leases):
         on a session with work left is released.
 
         Returns True on a change (or a possibly missed one: the listener reconnected), False on
-        timeout. Given `after`, it returns at once if the session's head is already past it, and
-        re-checks the head every `poll_interval`, so a lost notification only delays a wake-up.
+        timeout. Given `after`, it returns at once if the session's head is already past it; one
+        read of the heads of every session waited on this way, every `poll_interval`, re-checks
+        them all, so a lost notification only delays a wake-up (by `poll_interval` at most, plus
+        that read) and a thousand followers cost that one read, not a thousand.
         Given `since` (`changes_seen` read before the caller last looked), it returns at once if
         a change was announced in between.
         """
@@ -439,6 +441,7 @@ class PostgresStore(Reads, Leases):
             timeout,
             after=after,
             head=self.head,
+            heads=self._session_heads,
             subscribe_within=min(timeout, self.timeout),
             poll_interval=self.poll_interval,
             since=since,
