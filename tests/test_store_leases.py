@@ -253,6 +253,19 @@ async def test_claim_takes_only_the_agents_asked_for(store: Store) -> None:
     ]
 
 
+async def test_claim_skips_the_sessions_its_process_drives(store: Store) -> None:
+    """A lease lapsed under a drive that stalled in this process is left to that drive (its
+    renewal keeps it), not taken by this process's next claim, which starts a second drive."""
+    s1 = await running_session(store, T0)
+    s2 = await running_session(store, T0 + 1)
+    [(_, t1), _] = await store.claim("w1", 10, T0, 10)
+    again = await store.claim("w1", 10, T0 + 11, 10, skip=[s1, "ses_unknown"])
+    assert [sid for sid, _ in again] == [s2]
+    assert await store.claim("w1", 10, T0 + 30, 10, skip=[s1, s2]) == []
+    assert await store.renew_lease(s1, "w1", t1, 10, T0 + 30)  # still the stalled drive's
+    assert [sid for sid, _ in await store.claim("w2", 10, T0 + 41, 10, skip=[s2])] == [s1]
+
+
 async def test_concurrent_claimers_never_share_a_session(store_url: str) -> None:
     stores = [make_store(store_url) for _ in range(4)]
     for s in stores:

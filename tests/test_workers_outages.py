@@ -75,10 +75,16 @@ async def test_a_claim_that_waited_long_still_holds_a_live_lease(store_url: str)
         claim = worker.store.claim
 
         async def stuck(
-            owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
+            owner: str,
+            ttl: float,
+            now: float,
+            limit: int,
+            agents: Sequence[str] | None = None,
+            *,
+            skip: Sequence[str] = (),
         ) -> list[tuple[str, int]]:
             await asyncio.sleep(0.9)  # the `now` it was given is older than the TTL by then
-            return await claim(owner, ttl, now, limit, agents)
+            return await claim(owner, ttl, now, limit, agents, skip=skip)
 
         worker.store.claim = stuck  # type: ignore[method-assign]
         r = await front.generate("support", prompt="Refund order 1042")
@@ -138,9 +144,15 @@ async def test_a_renewal_failing_in_a_claim_gives_back_only_what_it_could_not_co
         slow, failing = [True], [True]
 
         async def slow_claim(
-            owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
+            owner: str,
+            ttl: float,
+            now: float,
+            limit: int,
+            agents: Sequence[str] | None = None,
+            *,
+            skip: Sequence[str] = (),
         ) -> list[tuple[str, int]]:
-            claimed = await claim(owner, ttl, now, limit, agents)
+            claimed = await claim(owner, ttl, now, limit, agents, skip=skip)
             if slow:  # as if it waited half the TTL: each lease is renewed before it is driven
                 slow.clear()
                 assert len(claimed) == 2

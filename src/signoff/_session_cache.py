@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
@@ -234,6 +234,8 @@ class SessionCache(Leasing):
         # Leases of ended drives the store refused to release: given back by the next drive here.
         self._unreleased: dict[str, tuple[str, int]] = {}
         self._expiries: dict[str, tuple[int, float]] = {}  # see `Leasing._hold`
+        # The sessions drives of this runtime are running now, with how many each.
+        self._driving: Counter[str] = Counter()
         self._opened = False
         self._settings_due = self._settings_warned = False  # see `_record_settings`
         self._sync = SyncBridge()

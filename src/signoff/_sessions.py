@@ -191,100 +191,110 @@ class SessionRunner(SessionCache):
         keep_on_error = claimed is not None
         granted = getattr(self.store, "granted_head", None)
         began: TurnState | None = None  # the live turn the first pass found (`ended_under`)
-        for n in range(100):
-            given = claimed or leased
-            if given is not None:
-                (owner, token), claimed, leased = given, None, None
-            else:
-                # One owner per drive, not per runtime: two tasks of this runtime must not
-                # share (and so steal) the session's lease.
-                owner = f"{self.owner}:{new_id('drv')}"
-                acquired = await self._acquire(session_id, owner, lease_wait if n == 0 else None)
-                if acquired is None:
-                    state = await self._state(session_id)
-                    # A cancel that started the message queued behind this drive's turn, say.
-                    ended = await ended_under(self.store, state, began)
-                    if ended is not None:
-                        return self._result(ended, outcomes)
-                    return self._result(state, outcomes, busy=True)
-                token = acquired
-            # The session's head when this lease was granted, if the store read it then.
-            head: int | None = None if granted is None else granted(session_id, token)
-            span = self._tracing.drive(session_id)  # before the renewals: nothing to leak
-            renewing = asyncio.Event()
-            renewing.set()
-            held = self._hold(session_id, token)
-            renew = asyncio.create_task(self._renew(session_id, owner, token, renewing, held))
-            driver: Driver | None = None
-            failed = True
-            lost = cancelled = False
-            try:
-                state = await self._checked(session_id, lease=token, head=head)
-                if await self._recover(state):  # under the lease, its renewals running
-                    state = await self._checked(session_id, lease=token)
-                if n == 0 and state.turn is not None and not turn_over(state.turn):
-                    began = state.turn
-                span.begin(state, self.now())
-                driver = self._driver(state, token)
-                driver.traceparent = span.traceparent()
-                driver.release_at_end = True
-                driver.held = held
-                held.drive = driver.position  # its renewals see a cancel made elsewhere
-                driver.lease_check = partial(self._confirm, session_id, owner, token, held)
-                driver.stopping = stopping
-                state = await driver.drive(retry=retry)
-                failed = False
-            except LeaseLost as exc:
-                # It stalled past its lease, or its renewals found it taken over or could not
-                # get through before it lapsed (its tool body is cancelled then): another
-                # worker drives the turn; this one wrote nothing after losing it (fencing).
-                if on_lost is None:  # else the caller says it, in one line of its own
-                    log.warning(lost_line(session_id, token))
-                else:  # told now: reading the session again below may fail (a store failing)
-                    on_lost(token)
-                lost = True
-                span.fail(exc)
-            except asyncio.CancelledError:
-                # Stopped from outside (a delegate call whose parent lost its lease, say), not
-                # failed: the lease is given back, so the next drive need not wait out its TTL.
-                cancelled = True
-                raise
-            except BaseException as exc:
-                span.fail(exc)
-                raise
-            finally:
+        # Known to this process while it runs: a worker here claims no session it drives,
+        # even once the lease lapsed under a stall (`Workers._claim`).
+        self._driving[session_id] += 1
+        try:
+            for n in range(100):
+                given = claimed or leased
+                if given is not None:
+                    (owner, token), claimed, leased = given, None, None
+                else:
+                    # One owner per drive, not per runtime: two tasks of this runtime must not
+                    # share (and so steal) the session's lease.
+                    owner = f"{self.owner}:{new_id('drv')}"
+                    acquired = await self._acquire(
+                        session_id, owner, lease_wait if n == 0 else None
+                    )
+                    if acquired is None:
+                        state = await self._state(session_id)
+                        # A cancel that started the message queued behind this drive's turn, say.
+                        ended = await ended_under(self.store, state, began)
+                        if ended is not None:
+                            return self._result(ended, outcomes)
+                        return self._result(state, outcomes, busy=True)
+                    token = acquired
+                # The session's head when this lease was granted, if the store read it then.
+                head: int | None = None if granted is None else granted(session_id, token)
+                span = self._tracing.drive(session_id)  # before the renewals: nothing to leak
+                renewing = asyncio.Event()
+                renewing.set()
+                held = self._hold(session_id, token)
+                renew = asyncio.create_task(self._renew(session_id, owner, token, renewing, held))
+                driver: Driver | None = None
+                failed = True
+                lost = cancelled = False
                 try:
-                    if not (failed or lost or cancelled) and driver is not None:
-                        # A turn it failed for good, not the queued message's turn it then ran.
-                        span.finish(driver.failed_turn or driver.state)
+                    state = await self._checked(session_id, lease=token, head=head)
+                    if await self._recover(state):  # under the lease, its renewals running
+                        state = await self._checked(session_id, lease=token)
+                    if n == 0 and state.turn is not None and not turn_over(state.turn):
+                        began = state.turn
+                    span.begin(state, self.now())
+                    driver = self._driver(state, token)
+                    driver.traceparent = span.traceparent()
+                    driver.release_at_end = True
+                    driver.held = held
+                    held.drive = driver.position  # its renewals see a cancel made elsewhere
+                    driver.lease_check = partial(self._confirm, session_id, owner, token, held)
+                    driver.stopping = stopping
+                    state = await driver.drive(retry=retry)
+                    failed = False
+                except LeaseLost as exc:
+                    # It stalled past its lease, or its renewals found it taken over or could not
+                    # get through before it lapsed (its tool body is cancelled then): another
+                    # worker drives the turn; this one wrote nothing after losing it (fencing).
+                    if on_lost is None:  # else the caller says it, in one line of its own
+                        log.warning(lost_line(session_id, token))
+                    else:  # told now: reading the session again below may fail (a store failing)
+                        on_lost(token)
+                    lost = True
+                    span.fail(exc)
+                except asyncio.CancelledError:
+                    # Stopped from outside (a delegate call whose parent lost its lease, say), not
+                    # failed: the lease is given back, so the next drive need not wait out its TTL.
+                    cancelled = True
+                    raise
+                except BaseException as exc:
+                    span.fail(exc)
+                    raise
                 finally:
-                    span.end()
-                renewing.clear()  # ends the loop even if the cancel below is swallowed
-                renew.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await renew
-                if driver is not None:
-                    self._remember(driver.state)
-                if driver is not None and driver.released:
-                    pass
-                elif cancelled:
-                    with contextlib.suppress(StoreError):  # kept in `_unreleased` for later
+                    try:
+                        if not (failed or lost or cancelled) and driver is not None:
+                            # A turn it failed for good, not the queued message's turn it then ran.
+                            span.finish(driver.failed_turn or driver.state)
+                    finally:
+                        span.end()
+                    renewing.clear()  # ends the loop even if the cancel below is swallowed
+                    renew.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await renew
+                    if driver is not None:
+                        self._remember(driver.state)
+                    if driver is not None and driver.released:
+                        pass
+                    elif cancelled:
+                        with contextlib.suppress(StoreError):  # kept in `_unreleased` for later
+                            await self._release(session_id, owner, token)
+                    elif not (failed and keep_on_error):
                         await self._release(session_id, owner, token)
-                elif not (failed and keep_on_error):
-                    await self._release(session_id, owner, token)
-            retry = False
-            if driver is not None and driver.released and not failed:
-                # Its last commit gave the lease back: its state is the store's as of then, so
-                # the head check `_state` makes would only cost a round trip.
-                state = driver.state
-            else:
-                state = await self._state(session_id)
-            if lost or (stopping is not None and stopping()):
-                return self._result(state, outcomes, busy=runnable(state))
-            if not runnable(state):
-                ended = await ended_under(self.store, state, began)
-                return self._result(state if ended is None else ended, outcomes)
-        raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
+                retry = False
+                if driver is not None and driver.released and not failed:
+                    # Its last commit gave the lease back: its state is the store's as of then, so
+                    # the head check `_state` makes would only cost a round trip.
+                    state = driver.state
+                else:
+                    state = await self._state(session_id)
+                if lost or (stopping is not None and stopping()):
+                    return self._result(state, outcomes, busy=runnable(state))
+                if not runnable(state):
+                    ended = await ended_under(self.store, state, began)
+                    return self._result(state if ended is None else ended, outcomes)
+            raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
+        finally:
+            self._driving[session_id] -= 1
+            if not self._driving[session_id]:
+                del self._driving[session_id]
 
     async def _after_cancel(self, state: SessionState) -> GenerateResult:
         """What a cancel that left `state` returns. In inline mode the message that waited for

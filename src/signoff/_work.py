@@ -456,7 +456,11 @@ class Workers(Messages):
         another worker takes it at once, not once its TTL lapses; the others are still driven."""
         now = self.now()
         agents = list(self.agents)  # sessions of other agents are left to workers that have them
-        claimed = await self.store.claim(owner, self.lease_ttl, now, limit, agents=agents)
+        # Not the sessions this process drives now: a drive's lease that lapsed while it stalled
+        # (a loaded machine) is still its own to renew; claimed, a second drive here ran the
+        # call its body was running again. (Told only when there are some.)
+        busy = {"skip": sorted(self._driving)} if self._driving else {}
+        claimed = await self.store.claim(owner, self.lease_ttl, now, limit, agents=agents, **busy)
         held: list[tuple[str, int]] = []
         for session_id, token in claimed:
             try:

@@ -298,10 +298,19 @@ class Store(Protocol):
         ...
 
     async def claim(
-        self, owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
+        self,
+        owner: str,
+        ttl: float,
+        now: float,
+        limit: int,
+        agents: Sequence[str] | None = None,
+        *,
+        skip: Sequence[str] = (),
     ) -> list[tuple[str, int]]:
         """Lease up to `limit` sessions that have work and no live lease (of `agents` only, if
-        given: a worker leaves others' sessions to workers that can drive them)."""
+        given: a worker leaves others' sessions to workers that can drive them), none of `skip`
+        (those its process drives now: a lease of theirs lapsed under a stall is still theirs
+        to renew, not a second drive's to take in the same process)."""
         ...
 
     async def sessions(

@@ -49,15 +49,24 @@ class Leases(Connections):
         return granted[1] if granted is not None and granted[0] == token else None
 
     async def claim(
-        self, owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
+        self,
+        owner: str,
+        ttl: float,
+        now: float,
+        limit: int,
+        agents: Sequence[str] | None = None,
+        *,
+        skip: Sequence[str] = (),
     ) -> list[tuple[str, int]]:
-        """Lease up to `limit` sessions with work and no live lease (of `agents` only, if given),
-        skipping rows another worker is claiming right now (`FOR UPDATE SKIP LOCKED`): `(id,
-        token)` each."""
+        """Lease up to `limit` sessions with work and no live lease (of `agents` only, if given;
+        none of `skip`), skipping rows another worker is claiming right now (`FOR UPDATE SKIP
+        LOCKED`): `(id, token)` each."""
         s = self._s
         if agents is not None and not agents:
             return []
         only = "" if agents is None else "AND s.agent = ANY(%s) "
+        if skip:
+            only += "AND s.id <> ALL(%s) "
         sync = self._sync_setting(True)  # a lease granted is flushed, as the commits it fences
 
         async def body(conn: Conn) -> psycopg.AsyncCursor[TupleRow]:
@@ -87,6 +96,7 @@ class Leases(Connections):
                 f"LEFT JOIN LATERAL ({named_turn(s, 'c.sk', 'c.head')}) t ON true "
                 "ORDER BY c.updated_at",
                 (now, now, *([] if agents is None else [list(agents)]))
+                + ((list(skip),) if skip else ())
                 + (limit, owner, now + ttl, now)
                 + (() if sync is None else (sync,)),
             )

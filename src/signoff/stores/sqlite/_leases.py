@@ -69,15 +69,24 @@ class Leases(Connection):
 
     @serialised
     async def claim(
-        self, owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
+        self,
+        owner: str,
+        ttl: float,
+        now: float,
+        limit: int,
+        agents: Sequence[str] | None = None,
+        *,
+        skip: Sequence[str] = (),
     ) -> list[tuple[str, int]]:
         """Lease up to `limit` sessions that have work and no live lease (of `agents` only, if
-        given): `(id, token)` each."""
+        given; none of `skip`): `(id, token)` each."""
         if agents is not None and not agents:
             return []
         conn = self.conn
         claimed: list[tuple[str, int]] = []
         only = "" if agents is None else f" AND s.agent IN ({','.join('?' * len(agents))})"
+        if skip:
+            only += f" AND s.id NOT IN ({','.join('?' * len(skip))})"
         with immediate(conn, self._writable, self.path):
             rows = conn.execute(
                 "SELECT s.sk, s.id, l.token FROM sessions s LEFT JOIN leases l ON l.sk = s.sk "
@@ -85,7 +94,7 @@ class Leases(Connection):
                 # a session whose TTL passed can never run again: no worker is to claim it
                 " AND (s.expires_at IS NULL OR s.expires_at > ?)"
                 f"{only} ORDER BY s.updated_at LIMIT ?",
-                (now, now, *(agents or ()), limit),
+                (now, now, *(agents or ()), *skip, limit),
             ).fetchall()
             for sk, session_id, token in rows:
                 new = 1 if token is None else kept(token, int, session_id, "lease token") + 1
