@@ -436,8 +436,10 @@ async def test_an_agent_named_by_anything_but_text_is_refused_alike_on_both_stor
             lambda: rt.schedule(bad, "hi"),
             lambda: rt.create_session(bad),
         ):
-            with pytest.raises(so.UnknownAgent, match="unknown agent"):
+            # A wrong type is misuse (as the HTTP client says it), not an agent unknown.
+            with pytest.raises(so.UsageError, match="agent must be text") as caught:
                 await start()
+            assert not isinstance(caught.value, so.UnknownAgent)
         assert await rt.sessions() == []
 
 

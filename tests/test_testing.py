@@ -11,7 +11,10 @@ import pytest
 
 import signoff as so
 from signoff import testing
+from signoff.stores import PendingFilter
 from signoff.testing import Capture, Flaky, ManualClock, reply, scripted_agent, sqlite_runtime
+
+from .test_server_common import ALICE, make_agents
 
 
 def test_every_exported_helper_exists_and_says_what_it_does() -> None:
@@ -271,3 +274,52 @@ def test_a_clock_that_returns_no_time_is_named_at_its_first_reading(
             rt.generate_sync("a", prompt="x")
     finally:
         rt.close_sync()
+
+
+def test_an_execution_log_file_with_a_line_it_cannot_read_names_the_file_and_line(
+    tmp_path: Path,
+) -> None:
+    """A line with a key `Execution` does not know (a file some other signoff wrote, or not an
+    execution log at all) was a bare `TypeError` from the dataclass, naming neither: it is a
+    `UsageError` naming the file, the line and what is wrong. Unknown keys are not skipped:
+    the log is written and read by one signoff, and counting what it cannot read would lie."""
+    path = tmp_path / "runs.jsonl"
+    log = testing.ExecutionLog(path)
+    log.record(
+        testing.Execution(tool_name="t", session_id="s", call_id="c", idempotency_key="k", input={})
+    )
+    good = path.read_text()
+    for bad, says in (
+        ('{"tool_name": "t", "extra": 1}', "extra"),
+        ('["not", "an", "object"]', "object"),
+        ("{not json", "JSON"),
+    ):
+        path.write_text(good + "\n" + bad + "\n")
+        with pytest.raises(so.UsageError) as caught:
+            log.count()
+        message = str(caught.value)
+        assert str(path) in message and "line 3" in message and says in message, message
+
+
+async def test_store_contents_reads_every_request_page_by_page(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It asked the store for 10,000 requests at most, once, and said nothing of the rest: a
+    store with more (or one giving shorter pages) was silently cut off. It reads page after page
+    until the store has no more."""
+    async with so.Runtime(make_agents(), store=store_url) as rt:
+        sids = [
+            (await rt.generate("support", prompt="Refund order 1042", auth=ALICE)).session_id
+            for _ in range(5)
+        ]
+        everything = await rt.store.pending(PendingFilter(limit=100))
+        assert len(everything) >= 5
+        real = rt.store.pending
+
+        async def short_pages(flt: PendingFilter) -> list[so.InputRequest]:
+            return (await real(flt))[:2]  # a store may give less than the limit it was asked
+
+        monkeypatch.setattr(rt.store, "pending", short_pages)
+        contents = await testing.store_contents(rt.store, sids[0])
+    assert contents.pending == [r.id for r in everything]
+    assert contents.requests == [(r.id, r.status) for r in everything if r.session_id == sids[0]]

@@ -40,7 +40,7 @@ from ._prompts import check_prompt
 from ._queue_page import queue_page
 from ._recording import Batch, EventSpec, TurnStopped, load_turn
 from ._results import GenerateResult
-from ._session_cache import check_session_id, closes_stop, running
+from ._session_cache import check_agent_name, check_session_id, closes_stop, running
 from ._session_page import check_listing, lapsed_page
 from ._settings import check_page, finite, flag, seconds
 from ._state import SessionState, turn_over
@@ -240,6 +240,7 @@ class Runtime(Auditing):
 
     async def _of_agent(self, session_id: str, agent: str) -> None:
         """Refuse a call naming another agent than the session's, before it records anything."""
+        check_agent_name(agent)
         state = await self._state(session_id)
         if state.agent != agent:
             raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")

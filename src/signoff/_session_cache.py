@@ -48,7 +48,7 @@ from ._types import ModelResponse
 from .models import ModelRequest
 from .stores import Store, open_store
 
-__all__ = ["SessionCache", "check_session_id", "closes_stop", "running"]
+__all__ = ["SessionCache", "check_agent_name", "check_session_id", "closes_stop", "running"]
 
 log = logging.getLogger("signoff.runtime")
 
@@ -63,6 +63,12 @@ def check_session_id(session_id: object) -> None:
         raise UsageError(f"session_id must be text, not {type(session_id).__name__}")
     if not is_utf8(session_id):
         raise UnknownSession(session_id)
+
+
+def check_agent_name(name: object) -> None:
+    """Refuse an agent name that is not text by name: it is misuse, not an agent unknown."""
+    if not isinstance(name, str):
+        raise UsageError(f"agent must be text (an agent's name), not {type(name).__name__}")
 
 
 P = ParamSpec("P")
@@ -318,7 +324,8 @@ class SessionCache(Leasing):
 
     def agent(self, name: str) -> Agent:
         """The agent called `name`, or an `UnknownAgent` naming the ones this runtime has."""
-        spec = self.agents.get(name) if isinstance(name, str) else None  # a list is unhashable
+        check_agent_name(name)
+        spec = self.agents.get(name)
         if spec is None:
             known = ", ".join(self.agents) or "none"
             raise UnknownAgent(f"unknown agent {name!r}; this runtime has: {known}")

@@ -19,7 +19,8 @@ import inspect
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any, overload
 
@@ -33,7 +34,7 @@ from ._runtime import Runtime
 from ._settings import finite
 from ._tool_context import ToolContext
 from ._tools import Tool
-from ._types import Message, ModelResponse, ToolCall, ToolResultMessage, Usage
+from ._types import InputRequest, Message, ModelResponse, ToolCall, ToolResultMessage, Usage
 from .models import Scripted
 from .models._scripted import Step
 from .stores import PendingFilter, Store
@@ -78,6 +79,26 @@ class Execution:
     replay: bool = False
 
 
+def _execution(line: str, path: Path, number: int) -> Execution:
+    """The execution line `number` of the log at `path` records; a line it cannot read (another
+    signoff's, or a file that is no execution log) is a `UsageError`, never skipped: a count
+    that left it out would lie."""
+    where = f"execution log {path}, line {number}"
+    try:
+        fields = json.loads(line)
+    except ValueError as exc:
+        raise UsageError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(fields, dict):
+        raise UsageError(f"{where}: not a JSON object but {type(fields).__name__}")
+    unknown = sorted(set(fields) - {f.name for f in dataclass_fields(Execution)})
+    if unknown:
+        raise UsageError(f"{where}: keys an Execution does not have: {', '.join(unknown)}")
+    try:
+        return Execution(**fields)
+    except TypeError as exc:  # a key it needs is missing
+        raise UsageError(f"{where}: {exc}") from None
+
+
 class ExecutionLog:
     """Records every execution of the tools it made; with `path`, shared across processes.
 
@@ -110,7 +131,7 @@ class ExecutionLog:
         if not self.path.exists():
             return []
         lines = self.path.read_text().splitlines()
-        return [Execution(**json.loads(line)) for line in lines if line.strip()]
+        return [_execution(line, self.path, n) for n, line in enumerate(lines, 1) if line.strip()]
 
     def of(self, tool_name: str | None = None, *, replays: bool = True) -> list[Execution]:
         """The executions (of `tool_name`, if given), oldest first; `replays=False` leaves out
@@ -381,17 +402,29 @@ class StoreContents:
 
 
 async def store_contents(store: Store, session_id: str) -> StoreContents:
-    """Read a session's events, its requests with their statuses and the whole pending queue."""
+    """Read a session's events, its requests with their statuses and the whole pending queue,
+    each in full (the requests page after page)."""
     head = await store.head(session_id)
     events = [] if head is None else await store.read_events(session_id)
-    every = await store.pending(PendingFilter(session_id=session_id, status=None, limit=10_000))
-    queue = await store.pending(PendingFilter(limit=10_000))
+    every = await _every(store, PendingFilter(session_id=session_id, status=None))
+    queue = await _every(store, PendingFilter())
     return StoreContents(
         head=head,
         events=[e.to_dict() for e in events],
         requests=[(r.id, r.status) for r in every],
         pending=[r.id for r in queue],
     )
+
+
+async def _every(store: Store, flt: PendingFilter) -> list[InputRequest]:
+    """Every request `flt` picks, read page after page (past the last one read) until the
+    store gives an empty one: a store may give fewer than the limit it was asked for."""
+    found: list[InputRequest] = []
+    flt = replace(flt, limit=1000)
+    while page := await store.pending(flt):
+        found += page
+        flt = replace(flt, after=(page[-1].created_at, page[-1].id))
+    return found
 
 
 def sqlite_runtime(directory: str | os.PathLike[str], *agents: Agent, **kwargs: Any) -> Runtime:

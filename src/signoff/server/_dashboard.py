@@ -4,12 +4,9 @@ token, `_page_data` reads and shapes what a page shows and `_message_page` shows
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
-import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -56,7 +53,8 @@ from ._page_data import (
     tool_rows,
 )
 from ._pages import CSRF_COOKIE, check_csrf, csrf_token, env, pretty, render, set_csrf, utf8
-from ._sse import LASTING, SIGNED_OUT_END, end_event, sse, stream_response
+from ._queue_stream import queue_changes
+from ._sse import LASTING, stream_response
 
 __all__ = ["CSRF_COOKIE", "SignIn", "router"]
 
@@ -118,53 +116,7 @@ async def queue_stream(request: Request) -> Response:
         raise  # a 503 stops the page's EventSource: there is nothing to wait for
     except StoreError:
         pass  # the stream waits this out
-
-    async def changes() -> AsyncIterator[str]:
-        last = None
-        everything: tuple[int, str] | None = None
-        beat = time.monotonic()
-        signed_at = beat + ctx.heartbeat  # when to check the viewer's sign-in again
-        failing = False
-        yield "retry: 1000\n\n"
-        while True:
-            found: tuple[int, str] | None = None
-            try:
-                if ctx.sees_every_request(viewer):
-                    found = await ctx.open_requests_version()
-                else:
-                    # The viewer's queue is a scan; it can only change when the whole queue did.
-                    now = await ctx.open_requests_version()
-                    if now != everything:
-                        found = await ctx.queue_version(viewer)
-                        everything = now
-            except LASTING as exc:  # the store's file deleted or replaced: it never comes back
-                yield end_event(exc)
-                return
-            except StoreError as exc:
-                # The database restarting, say: keep the stream (keep-alives go on); the page's
-                # EventSource, reconnecting meanwhile, would get a 503 and give up for good.
-                if not failing:
-                    log.warning("the queue's stream waits for the store: %s", exc)
-                failing = True
-            else:
-                failing = False
-            if found is not None and found[1] != last:
-                total, last = found
-                beat = time.monotonic()
-                yield sse({"total": total, "version": last}, event="queue")
-            elif time.monotonic() - beat >= ctx.heartbeat:
-                beat = time.monotonic()
-                yield ": keep-alive\n\n"
-            if time.monotonic() >= signed_at:
-                signed_at = time.monotonic() + ctx.heartbeat
-                if await ctx.sign_in_ended(request):
-                    yield SIGNED_OUT_END
-                    return
-            if ctx.closing or await request.is_disconnected():
-                return
-            await asyncio.sleep(ctx.poll_interval)
-
-    return stream_response(changes(), ctx.streams.take(viewer))
+    return stream_response(queue_changes(request, ctx, viewer), ctx.streams.take(viewer))
 
 
 @router.post("/requests/{request_id}/respond")

@@ -36,6 +36,7 @@ __all__ = [
     "STREAM_HEADERS",
     "end_event",
     "event_stream",
+    "keep_alives",
     "parse_last_event_id",
     "session_end",
     "sse",
@@ -166,7 +167,7 @@ async def event_stream(
         # 30 s: keep-alives go on meanwhile, and a stopping server does not wait for it.
         read = asyncio.ensure_future(_read(ctx, session_id, after, follow, expires_at, check_at))
         try:
-            async with aclosing(_keep_alives(read, ctx, follow, last_sent)) as waits:
+            async with aclosing(keep_alives(read, ctx, follow, last_sent)) as waits:
                 async for message in waits:
                     yield message
                     last_sent = time.monotonic()
@@ -210,7 +211,7 @@ async def event_stream(
             signed_at = now + heartbeat
             check = asyncio.ensure_future(ctx.sign_in_ended(request))  # reads the store too
             try:
-                async with aclosing(_keep_alives(check, ctx, follow, last_sent)) as waits:
+                async with aclosing(keep_alives(check, ctx, follow, last_sent)) as waits:
                     async for message in waits:
                         yield message
                         last_sent = time.monotonic()
@@ -250,7 +251,7 @@ async def _read(
     return batch, ended, expires_at, check_at
 
 
-async def _keep_alives(
+async def keep_alives(
     task: asyncio.Future[Any], ctx: ServerContext, follow: bool, last_sent: float
 ) -> AsyncGenerator[str, None]:
     """A keep-alive each `heartbeat` quiet seconds (the last message sent at `last_sent`) until

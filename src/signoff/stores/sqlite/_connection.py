@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
-from ..._exceptions import SchemaVersionError, StoreBusy, StoreError, StoreGone
+from ..._exceptions import SchemaVersionError, StoreBusy, StoreError, StoreGone, UsageError
 from ..._settings import flag, seconds
 from .._base import FaultHook, older_schema
 from .._codec import PerSession, Previous, Tails
@@ -141,7 +141,7 @@ def _is_current(conn: sqlite3.Connection) -> bool:
 
 def _denied(exc: sqlite3.Error) -> bool:
     """Whether SQLite refused a write for want of permission (not for a file moved away)."""
-    code = exc.sqlite_errorcode
+    code = getattr(exc, "sqlite_errorcode", 0)  # only SQLite's own errors carry one
     return (code & 0xFF) == sqlite3.SQLITE_READONLY and code != sqlite3.SQLITE_READONLY_DBMOVED
 
 
@@ -503,8 +503,16 @@ def immediate(conn: sqlite3.Connection, check: Callable[[], None], path: str) ->
                 f"{failed('write to', path, exc)} (another connection held the file's lock for "
                 f"{REQUEST_WAIT:g}s)"
             ) from exc
-        raise StoreError(failed("write to", path, exc)) from exc
+        raise _refused("write to", path, exc) from exc
     wrote()
+
+
+def _refused(what: str, path: str, exc: sqlite3.Error) -> StoreError | UsageError:
+    """The error for SQLite's `exc`: a `UsageError` for a call the `sqlite3` module refused
+    before SQLite saw it (a value of a type it cannot bind), else a `StoreError` (`failed`)."""
+    if isinstance(exc, sqlite3.ProgrammingError) and not hasattr(exc, "sqlite_errorcode"):
+        return UsageError(f"SQLite {what} {path} refused: {exc}")
+    return StoreError(failed(what, path, exc))
 
 
 def failed(what: str, path: str, exc: sqlite3.Error) -> str:
@@ -555,7 +563,7 @@ def reading(
                 store._readable()
                 return _through(read(store, *args, **kwargs))
             except sqlite3.Error as exc:
-                raise StoreError(failed("read", store.path, exc)) from exc
+                raise _refused("read", store.path, exc) from exc
 
     return guarded
 
