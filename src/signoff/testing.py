@@ -15,7 +15,6 @@ assert log.count("issue_refund") == 1 and tool_results(seen.last)[0].content == 
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -36,7 +35,7 @@ from ._tool_context import ToolContext
 from ._tools import Tool
 from ._types import InputRequest, Message, ModelResponse, ToolCall, ToolResultMessage, Usage
 from .models import Scripted
-from .models._scripted import Step
+from .models._scripted import Step, misfit
 from .stores import PendingFilter, Store
 
 __all__ = [
@@ -268,17 +267,12 @@ def _respond(helper: str, respond: object) -> None:
         )
     if isinstance(respond, ModelResponse):
         return
-    try:
-        signature = inspect.signature(respond)
-    except (TypeError, ValueError):
-        return  # a builtin without one: met when it is called
-    try:
-        signature.bind([])
-    except TypeError:
+    signature = misfit(respond)
+    if signature is not None:
         raise UsageError(
             f"{helper}: respond is a function {signature}: it takes the conversation (one "
             "argument, the list of messages) and returns a ModelResponse"
-        ) from None
+        )
 
 
 class Capture:

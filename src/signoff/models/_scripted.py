@@ -11,7 +11,7 @@ from .._settings import flag
 from .._types import Message, ModelResponse
 from ._base import ModelRequest
 
-__all__ = ["Scripted"]
+__all__ = ["Scripted", "misfit"]
 
 Step: TypeAlias = (
     ModelResponse | Callable[[list[Message]], ModelResponse | Awaitable[ModelResponse]] | Exception
@@ -82,14 +82,23 @@ def _check_function(i: int, step: Step) -> None:
         )
     if isinstance(step, ModelResponse | Exception):
         return
-    try:
-        signature = inspect.signature(step)
-    except (TypeError, ValueError):
-        return  # a builtin without one: met when it is called
-    try:
-        signature.bind([])
-    except TypeError:
+    signature = misfit(step)
+    if signature is not None:
         raise UsageError(
             f"scripted step #{i + 1} is a function {signature}: a step function takes the "
             "conversation (one argument, the list of messages) and returns a ModelResponse"
-        ) from None
+        )
+
+
+def misfit(function: Callable[..., object]) -> inspect.Signature | None:
+    """The signature of `function` if it cannot be called with the conversation alone; None if
+    it can, or has no signature to read (a builtin: met when it is called)."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind([])
+    except TypeError:
+        return signature
+    return None
