@@ -313,7 +313,8 @@ async def test_the_audit_lists_the_changes_of_tools_this_server_lacks(store_url:
         ).text
         table = changes[changes.index('id="tool-changes"') :]
         assert "No tool settings recorded yet" not in table
-        assert "<td>ops.eu</td>" in table and '<td class="mono">delete_account</td>' in table
+        assert "<td><bdi>ops.eu</bdi></td>" in table
+        assert '<td class="mono"><bdi>delete_account</bdi></td>' in table
         assert "<strong>Always</strong>" in table
 
 
@@ -324,7 +325,7 @@ def test_a_parked_turns_trace_row_names_what_it_awaits(base: str) -> None:
     question = start(base, "helper", "My mug arrived broken")
     with signed_in(base) as c:
         page = c.get(f"/_signoff/sessions/{refund['session_id']}").text
-        assert "Awaiting approval: issue_refund" in page
+        assert "Awaiting approval: <bdi>issue_refund</bdi>" in page
         page = c.get(f"/_signoff/sessions/{question['session_id']}").text
-        assert "Awaiting an answer: Which size should the replacement be?" in page
+        assert "Awaiting an answer: <bdi>Which size should the replacement be?</bdi>" in page
         assert "Awaiting approval" not in page

@@ -21,7 +21,7 @@ from ._exceptions import (
 )
 from ._results import Outcome
 from ._text import is_blank
-from ._tool_json import holds_mask
+from ._tool_json import holds_mask, key_not_text
 from ._tools import Tool
 from ._types import (
     Decision,
@@ -230,6 +230,9 @@ def check_principal(value: object, name: str) -> None:
             json.dumps(value.attributes, allow_nan=False)
         except (TypeError, ValueError, RecursionError) as exc:
             raise UsageError(f"{name}'s attributes are not plain JSON: {exc}") from None
+        problem = key_not_text(value.attributes)  # recorded, it would read back as text
+        if problem is not None:
+            raise UsageError(f"{name}'s attributes are not plain JSON: their {problem}")
 
 
 def blank_identity(principal: Principal) -> str | None:
@@ -247,7 +250,9 @@ MAX_DEPTH = 100
 
 
 def _check_depth(rid: str, value: Any) -> None:
-    """Refuse `value` (an answer's value, an edit) if it nests deeper than `MAX_DEPTH` levels."""
+    """Refuse `value` (an answer's value, an edit) if it nests deeper than `MAX_DEPTH` levels,
+    or holds a key that is not text: recorded as JSON, `{1: "a"}` would reach the run as it is
+    and a resumed run as `{"1": "a"}` (and `{1: "a", "1": "b"}` would lose a key)."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -258,6 +263,12 @@ def _check_depth(rid: str, value: Any) -> None:
                 )
             children = item.values() if isinstance(item, dict) else item
             stack.extend((child, depth + 1) for child in children)
+    problem = key_not_text(value)
+    if problem is not None:
+        raise InvalidAnswer(
+            f"request {rid}: the answer is not plain JSON: its {problem}; JSON keys are text",
+            [rid],
+        )
 
 
 def _check_edit_kept(rid: str, tool: Tool, edited: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ from ._exceptions import SignoffError, StoreError, TooLarge
 from ._recording import Batch, EventSpec, TurnStopped, dump_request, new_id
 from ._state import CallState, SessionState
 from ._steps import failure_of
-from ._tool_json import over_limit, result_bound
+from ._tool_json import jsonable, over_limit, result_bound
 from ._tool_signals import ApprovalRequired, QuestionWithdrawn
 from ._types import MAX_OPTIONS, Action, ChildRef, InputRequest, Option, Principal
 from .stores import Resolve
@@ -89,9 +89,9 @@ class CallJournal:
         return call.keyed or not any(call.journal)
 
     async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any:
-        """Run a step's function and journal its result. It counts as in flight meanwhile, so
-        a body that parks waits for it instead of cancelling it between its effect and its
-        record (a cancelled step runs again on replay)."""
+        """Run a step's function and journal its result as JSON (`jsonable`). It counts as in
+        flight meanwhile, so a body that parks waits for it instead of cancelling it between its
+        effect and its record (a cancelled step runs again on replay)."""
         keyed = self.keyed  # as when `index` was claimed: empty only ever turns keyed
         self._busy(1)
         try:
@@ -104,14 +104,19 @@ class CallJournal:
             }
             if keyed:
                 data["keyed"] = True
+            returned = False  # once the function returned, its effect ran: never run again
             try:
-                data["result"] = await run()
+                result = await run()
+                returned = True
+                # A result that has no JSON form (two keys written alike, an integer of too many
+                # digits) or is too large fails the step, journaled: its effect ran.
+                data["result"] = jsonable(result)
                 too_large = over_limit(f"step {name!r} returned", data["result"], self._limit())
                 if too_large is not None:
-                    del data["result"]  # its effect ran: journaled as its failure, never rerun
+                    del data["result"]
                     raise TooLarge(too_large)
             except Exception as exc:
-                if isinstance(exc, _NOT_THE_STEPS) and not isinstance(exc, TooLarge):
+                if isinstance(exc, _NOT_THE_STEPS) and not (returned or isinstance(exc, TooLarge)):
                     raise
                 # The step's own failure, which the tool may catch and go on from: journaled,
                 # so a replay takes the same path instead of running the step again.

@@ -20,7 +20,7 @@ from ._state import (
     delegated_turn,
 )
 from ._text import cut
-from ._tool_json import MAX_INPUT_DEPTH, nests_deeper
+from ._tool_json import MAX_INPUT_DEPTH, key_not_text, nests_deeper
 from ._types import (
     InputRequest,
     Message,
@@ -357,6 +357,14 @@ def _check_recordable(response: ModelResponse, limits: Limits) -> None:
             raise ModelError(
                 f"model response has a call to {cut(c.name, 100)!r} whose input nests deeper "
                 f"than {MAX_INPUT_DEPTH} levels",
+                usage=usage,
+            )
+        problem = key_not_text(c.input)
+        if problem is not None:
+            # Recorded as JSON, the key would be text on replay: the tool would see another input.
+            raise ModelError(
+                f"model response has a call to {cut(c.name, 100)!r} whose input is not plain "
+                f"JSON: its {problem}",
                 usage=usage,
             )
     if nests_deeper(response.reasoning):

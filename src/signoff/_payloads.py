@@ -11,22 +11,27 @@ from typing import Any
 from . import _exceptions as errors
 from ._answers import input_responses
 from ._results import Outcome
+from ._tool_json import key_not_text
 from ._types import Decision, InputRequest, InputResponse
 
 __all__ = ["RemoteResult", "decision_body", "encode", "input_responses", "response_body"]
 
 
 def encode(path: str, body: Any) -> bytes:
-    """The body as JSON, refused here (as the server would) when it is not plain JSON text."""
+    """The body as JSON, refused here (as the server would) when it is not plain JSON text, and
+    when it holds a key that is not text, as `Runtime` refuses it: sent, `{1: "a"}` would reach
+    the server as `{"1": "a"}`."""
+    kind = (
+        errors.InvalidAnswer if path.endswith(("/responses", "/approvals")) else errors.UsageError
+    )
     try:
-        return json.dumps(body, allow_nan=False, ensure_ascii=False).encode()
+        text = json.dumps(body, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError) as exc:  # NaN, objects, surrogates, depth
-        kind = (
-            errors.InvalidAnswer
-            if path.endswith(("/responses", "/approvals"))
-            else errors.UsageError
-        )
         raise kind(f"the request body is not plain JSON: {type(exc).__name__}: {exc}") from None
+    problem = key_not_text(body)
+    if problem is not None:
+        raise kind(f"the request body is not plain JSON: its {problem}")
+    return text.encode()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

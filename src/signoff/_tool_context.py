@@ -14,7 +14,7 @@ from ._exceptions import TooLarge, UsageError
 from ._steps import raise_recorded
 from ._sync import in_thread
 from ._text import is_blank
-from ._tool_json import copied, jsonable
+from ._tool_json import copied
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
 from ._types import Answer, Option, Principal, make_options, shadowed_number, twin_labels
 
@@ -219,7 +219,7 @@ class ToolContext:
                     result = await result
             finally:
                 _IN_STEP.reset(running)
-            return jsonable(result)
+            return result
 
         return copied(await self._journal.run_step(index, name, run))  # as journaled
 

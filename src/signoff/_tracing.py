@@ -26,7 +26,16 @@ if TYPE_CHECKING:
 
     from ._state import SessionState
 
-__all__ = ["OFF", "DriveSpan", "ModelSpan", "ToolSpan", "Tracing", "parked_by", "tracing_for"]
+__all__ = [
+    "MESSAGES_MAX",
+    "OFF",
+    "DriveSpan",
+    "ModelSpan",
+    "ToolSpan",
+    "Tracing",
+    "parked_by",
+    "tracing_for",
+]
 
 # Set on model spans for the providers signoff knows; other models get none.
 _PROVIDERS = {"OpenAIChat": "openai", "Anthropic": "anthropic"}
@@ -40,6 +49,11 @@ _TEXT_MAX = 16_384
 """With content on, an error's message, stack trace and status description are cut past this
 many characters: the log cuts what it stores too, and a span of megabytes is one an exporter
 sends slowly or drops with its whole batch."""
+
+MESSAGES_MAX = 65_536
+"""With content on, `gen_ai.input.messages` holds at most this many bytes (UTF-8): the newest
+messages that fit, after a marker of how many were left off. The whole conversation went on
+every model span: 500 turns made the last one's 280 KB, and the turn's spans 70 MB."""
 
 # `opentelemetry.trace` and `opentelemetry.context`, once a runtime found them installed.
 _trace: Any = None
@@ -103,6 +117,52 @@ def _json(value: Any) -> str:
     """`value` as JSON text for an attribute: pydantic models by their JSON form, anything
     else with none by its text."""
     return json.dumps(value, ensure_ascii=False, default=_plain)
+
+
+def _messages(messages: Sequence[Any]) -> str:
+    """The conversation as JSON text for `gen_ai.input.messages`: whole if it fits in
+    `MESSAGES_MAX` bytes; else `{"kind": "omitted", "messages": n}` for the `n` oldest, then the
+    newest that fit whole, or the newest alone cut (`_cut_message`). Only what is kept is
+    written out, newest first, so a long conversation costs no more than a short one."""
+    marker_room = len(_omitted(len(messages))) + 2  # the marker and the ", " after it
+    room = MESSAGES_MAX - marker_room
+    kept: list[str] = []  # newest first
+    size = 2  # the brackets
+    for message in reversed(messages):
+        text = _json(message)
+        grown = size + _utf8_size(text) + (2 if kept else 0)
+        if grown > room:
+            if not kept:
+                kept.append(_cut_message(text, room - size))
+            break
+        kept.append(text)
+        size = grown
+    else:
+        return "[" + ", ".join(reversed(kept)) + "]"
+    return "[" + ", ".join([_omitted(len(messages) - len(kept)), *reversed(kept)]) + "]"
+
+
+def _omitted(count: int) -> str:
+    return _json({"kind": "omitted", "messages": count})
+
+
+def _cut_message(text: str, room: int) -> str:
+    """A message whose JSON `text` is over `room` bytes alone, as `{"kind": "cut", "bytes":
+    its size, "json": the start of its text}` in at most `room` bytes."""
+    total = _utf8_size(text)
+    chars = room
+    while True:
+        shown = _json({"kind": "cut", "bytes": total, "json": cut(text, chars)})
+        size = _utf8_size(shown)
+        if size <= room or chars == 0:
+            return shown
+        # Escapes and characters past ASCII take more than a byte each: shrink in proportion.
+        chars = max(0, min(chars - 1, chars * room // size - 8))
+
+
+def _utf8_size(text: str) -> int:
+    """How many bytes `text` takes as UTF-8 (a lone surrogate as UTF-8 would encode it)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def _plain(value: Any) -> Any:
@@ -454,7 +514,7 @@ class Tracing:
             if request.instructions:
                 instructions = [{"type": "text", "content": request.instructions}]
                 attributes["gen_ai.system_instructions"] = _json(instructions)
-            attributes["gen_ai.input.messages"] = _json(request.messages)
+            attributes["gen_ai.input.messages"] = _messages(request.messages)
         return ModelSpan(self.tracer, _trace.SpanKind.CLIENT, attributes, self.content)
 
     def tool(self, state: SessionState, call_id: str, name: str, arguments: Any) -> ToolSpan:

@@ -224,75 +224,110 @@ def _schemas(ctx: ServerContext, deciding: dict[str, InputRequest]) -> dict[str,
 # -- a session's trace -----------------------------------------------------------------------
 
 
-def _waiting(d: dict[str, Any], requests: dict[str, RequestState]) -> str:
+Part = tuple[str, bool]
+"""A piece of a trace row's summary, and whether someone else wrote it (a model, a tool, a person,
+a channel): the page isolates such a piece (`<bdi>`), so right-to-left text in it cannot reorder
+the words and punctuation around it."""
+
+
+def _said(value: object) -> Part:
+    return (str(value), True)
+
+
+def _listed(values: list[Any], between: str = ", ") -> list[Part]:
+    """`values`, each its own isolated piece, joined by `between`."""
+    parts: list[Part] = []
+    for i, value in enumerate(values):
+        if i:
+            parts.append((between, False))
+        parts.append(_said(value))
+    return parts
+
+
+def _waiting(d: dict[str, Any], requests: dict[str, RequestState]) -> list[Part]:
     """A parked turn's row names what it awaits: the approval of which tools, the answer to
     which questions (a spent budget's too), so a run waiting on approval reads as such."""
     ids = d.get("request_ids") or ()
     asked = [requests[i].request for i in ids if isinstance(i, str) and i in requests]
     if d.get("on", "input") != "input" or not asked:
-        return f"Waiting on {d.get('on', 'input')}"
+        return [(f"Waiting on {d.get('on', 'input')}", False)]
     tools = [r.tool_name or "?" for r in asked if r.kind == "tool-approval"]
     questions = [r.question or "?" for r in asked if r.kind != "tool-approval"]
-    parts = ["approval: " + ", ".join(tools)] if tools else []
+    parts: list[Part] = [("Awaiting ", False)]
+    if tools:
+        parts += [("approval: ", False), *_listed(tools)]
     if questions:
-        parts.append("an answer: " + ", ".join(questions))
-    return "Awaiting " + "; ".join(parts)
+        parts += [("; " if tools else "", False), ("an answer: ", False), *_listed(questions)]
+    return parts
 
 
-def _summary(e: Event, requests: dict[str, RequestState]) -> str:
+def _summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
+    """A trace row's one line, in pieces: signoff's words, and what others wrote isolated."""
     d = e.data
     t = e.type
     if t == "session.created":
-        return f"Session with {d.get('agent')} opened by {who(d.get('initiator'))}"
+        by = who(d.get("initiator"))
+        return [("Session with ", False), _said(d.get("agent")), (" opened by ", False), _said(by)]
     if t == "turn.started":
         msg = d.get("message")
-        return f"“{msg}”" if msg else f"Turn started ({d.get('source', 'message')})"
+        if msg:
+            return [("“", False), _said(msg), ("”", False)]
+        return [(f"Turn started ({d.get('source', 'message')})", False)]
     if t == "model.completed":
-        calls = ", ".join(c.get("name", "?") for c in d.get("tool_calls", []))
+        names = [c.get("name", "?") for c in d.get("tool_calls", [])]
         text = d.get("text") or ""
-        parts = [f"“{text}”"] if text else []
-        if calls:
-            parts.append(f"calls {calls}")
-        return " — ".join(parts) or "empty response"
+        parts: list[Part] = [("“", False), _said(text), ("”", False)] if text else []
+        if names:
+            parts += [(" — " if text else "", False), ("calls ", False), *_listed(names)]
+        return parts or [("empty response", False)]
     if t in ("tool.started", "tool.step"):
-        return f"{d.get('tool_name') or d.get('call_id', '')} {d.get('name', '')}".strip()
+        step = d.get("name", "")
+        parts = [_said(d.get("tool_name") or d.get("call_id", ""))]
+        return [*parts, (" ", False), _said(step)] if step else parts
     if t == "tool.completed":
-        return f"{d.get('tool_name')} → {d.get('status')}"
+        return [_said(d.get("tool_name")), (f" → {d.get('status')}", False)]
     if t == "input.requested":
         names = [
             (r.get("action") or {}).get("tool_name") or r.get("question") or r.get("kind")
             for r in d.get("requests", [])
         ]
-        return "Waiting for a person: " + ", ".join(str(n) for n in names)
+        return [("Waiting for a person: ", False), *_listed(names)]
     if t == "approval.settled":
-        reason = f": “{d['reason']}”" if d.get("reason") else ""
         verb = "Approved" if d.get("decision") == "approve" else "Denied"
-        return f"{verb} by {who(d.get('by'))}{reason}"
+        parts = [(f"{verb} by ", False), _said(who(d.get("by")))]
+        if d.get("reason"):
+            parts += [(": “", False), _said(d["reason"]), ("”", False)]
+        return parts
     if t == "input.resolved":
-        return f"{d.get('request_id')} {d.get('outcome')}"
+        return [(f"{d.get('request_id')} {d.get('outcome')}", False)]
     if t == "turn.failed":
         err = d.get("error") or {}
-        return str(err.get("message") or err) if err else "failed"
+        return [_said(err.get("message") or err)] if err else [("failed", False)]
     if t == "turn.completed":
-        return "Turn completed"
+        return [("Turn completed", False)]
     if t == "turn.waiting":
         return _waiting(d, requests)
     if t == "session.waiting":
-        return "Idle: waiting for the next message"
+        return [("Idle: waiting for the next message", False)]
     if t == "subagent.spent":
         count = _tokens(d.get("delegated"))
         if isinstance(d.get("counted"), dict):  # the rest of a child its call counted short
-            return (
+            more = (
                 f"Subagent {d.get('session_id')} spent {count:,} more tokens, past the"
                 f" {_tokens(d['counted']):,} its call counted (its own subagent was still"
                 " working then)"
             )
-        return f"Subagent {d.get('session_id')} spent {count:,} tokens (counted after its turn)"
+            return [(more, False)]
+        spent = f"Subagent {d.get('session_id')} spent {count:,} tokens (counted after its turn)"
+        return [(spent, False)]
     if t == "turn.cancelled":
-        return f"Cancelled: {d['reason']}" if d.get("reason") else "Cancelled"
+        if d.get("reason"):
+            return [("Cancelled: ", False), _said(d["reason"])]
+        return [("Cancelled", False)]
     if t == "turn.message":
-        return f"Message: “{d.get('message')}”" + (" (queued)" if d.get("queued") else "")
-    return ""
+        queued = " (queued)" if d.get("queued") else ""
+        return [("Message: “", False), _said(d.get("message")), (f"”{queued}", False)]
+    return []
 
 
 def _tokens(usage: object) -> int:
@@ -306,8 +341,21 @@ SUMMARY_CHARS = 300
 """How much of an event a trace row's one-line summary shows; the row's details hold it all."""
 
 
-def _cut(text: str) -> str:
-    return text if len(text) <= SUMMARY_CHARS else text[:SUMMARY_CHARS] + "…"
+def _cut(parts: list[Part]) -> list[Part]:
+    """`parts` up to `SUMMARY_CHARS` characters in all, marked `…` where they were cut."""
+    kept: list[Part] = []
+    left = SUMMARY_CHARS
+    for text, said in parts:
+        if not text:
+            continue
+        if len(text) > left:
+            if left:
+                kept.append((text[:left], said))
+            kept.append(("…", False))
+            break
+        kept.append((text, said))
+        left -= len(text)
+    return kept
 
 
 def _rows(events: list[Event], requests: dict[str, RequestState]) -> list[dict[str, Any]]:

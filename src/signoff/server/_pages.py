@@ -170,7 +170,15 @@ def _asset_version() -> str:
 
 
 env.globals.update(clip_at=CLIP, asset_version=_asset_version())
-env.filters.update(ago=_ago, iso=_iso, pretty=pretty, who=who, usd=_usd)
+
+
+def _bdi(value: object) -> Markup:
+    """`value` (text a model, tool, person or channel wrote) in `<bdi>`: isolated, so
+    right-to-left text in it cannot reorder the words and punctuation beside it."""
+    return Markup("<bdi>{}</bdi>").format(value)
+
+
+env.filters.update(ago=_ago, bdi=_bdi, iso=_iso, pretty=pretty, who=who, usd=_usd)
 
 
 async def render(name: str, request: Request, code: int = 200, **context: Any) -> HTMLResponse:

@@ -1,0 +1,186 @@
+"""Object keys in what signoff stores as JSON: JSON keys are text, so a value whose keys are
+not is either written as its JSON form before the run sees it (what tools and steps return) or
+refused by name where it enters (answers, model responses, principals); two keys that would
+write as the same text are always refused. The live run and a resumed one see the same value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff._payloads import encode
+from signoff._tool_json import jsonable
+from signoff.testing import call, call_tools, reply, scripted_agent, store_contents
+
+CLASH: dict[Any, str] = {1: "a", "1": "b"}
+
+
+def test_jsonable_refuses_keys_that_write_as_the_same_text() -> None:
+    for value in (CLASH, [{"x": CLASH}], ({True: 1, "true": 2},), {"o": {None: 1, "None": 2}}):
+        with pytest.raises(so.UsageError, match="two keys that JSON writes as the same text"):
+            jsonable(value)
+    assert jsonable({1: "a", 2: {3: "b"}}) == {"1": "a", "2": {"3": "b"}}
+    assert jsonable({"1": "a", "x": [{"2": 1}]}) == {"1": "a", "x": [{"2": 1}]}
+
+
+def test_a_request_body_with_a_key_that_is_not_text_is_refused_before_it_is_sent() -> None:
+    with pytest.raises(so.InvalidAnswer, match="key 1 .int. is not text"):
+        encode("/v1/sessions/s/approvals", {"decisions": [{"id": "r", "value": {1: "a"}}]})
+    with pytest.raises(so.UsageError, match="key 1 .int. is not text"):
+        encode("/v1/sessions", {"metadata": {"x": [CLASH]}})
+    assert encode("/v1/sessions", {"a": {"1": [1]}}) == b'{"a": {"1": [1]}}'
+
+
+async def test_a_tool_result_with_clashing_keys_is_the_calls_error(store_url: str) -> None:
+    seen: list[Any] = []
+
+    @so.tool
+    async def lookup() -> Any:
+        """Look up."""
+        return CLASH
+
+    def look(conversation: list[Any]) -> so.ModelResponse:
+        seen.append(conversation[-1].content)
+        return reply("done")
+
+    agent = scripted_agent("a", [call_tools(call("lookup")), look], tools=[lookup])
+    async with so.Runtime([agent], store=store_url) as rt:
+        done = await rt.generate("a", prompt="go")
+        assert done.status == "completed"
+        events = [e async for e in rt.events(done.session_id, follow=False)]
+    ended = next(e.data for e in events if e.type == "tool.completed")
+    assert ended["status"] == "error"
+    assert "two keys that JSON writes as the same text" in str(ended["result"])
+    assert seen == [ended["result"]]
+
+
+async def test_a_tool_result_with_number_keys_is_seen_live_as_it_is_stored(
+    store_url: str,
+) -> None:
+    seen: list[Any] = []
+
+    @so.tool
+    async def lookup() -> Any:
+        """Look up."""
+        return {1: "a", 2: {3: "b"}}
+
+    def look(conversation: list[Any]) -> so.ModelResponse:
+        seen.append(conversation[-1].content)
+        return reply("done")
+
+    agent = scripted_agent("a", [call_tools(call("lookup")), look], tools=[lookup])
+    async with so.Runtime([agent], store=store_url) as rt:
+        done = await rt.generate("a", prompt="go")
+        events = [e async for e in rt.events(done.session_id, follow=False)]
+    ended = next(e.data for e in events if e.type == "tool.completed")
+    assert ended["result"] == {"1": "a", "2": {"3": "b"}} == seen[0]
+
+
+async def test_a_step_result_with_clashing_keys_fails_the_step_on_replay_too(
+    store_url: str,
+) -> None:
+    failures: list[str] = []
+
+    @so.tool
+    async def flow(ctx: so.ToolContext) -> str:
+        """A workflow."""
+        try:
+            await ctx.step("fetch", lambda: {"rows": [CLASH]})
+        except so.UsageError as exc:
+            failures.append(str(exc))
+        answer = await ctx.ask("go on?", options=["yes", "no"])
+        return answer.value
+
+    agent = scripted_agent("a", [call_tools(call("flow")), reply("done")], tools=[flow])
+    async with so.Runtime([agent], store=store_url) as rt:
+        parked = await rt.generate("a", prompt="go")
+        assert parked.status == "waiting" and len(failures) == 1
+        answer = so.InputResponse(request_id=parked.pending[0].id, option_id="yes")
+        done = await rt.respond(parked.session_id, [answer])
+        assert done.status == "completed"
+    assert len(failures) == 2 and failures[0] == failures[1]
+    assert "two keys that JSON writes as the same text" in failures[0]
+
+
+@pytest.mark.parametrize("value", [{1: "a"}, CLASH, {"ok": [{None: True}]}])
+async def test_an_answers_value_with_keys_that_are_not_text_is_refused_and_stores_nothing(
+    store_url: str, value: Any
+) -> None:
+    """Recorded, `{1: "a"}` would reach the live run as it is and a resumed one as `{"1": "a"}`;
+    `{1: "a", "1": "b"}` failed with a bare TypeError."""
+
+    @so.tool
+    async def refund(ctx: so.ToolContext, amount: int) -> None:
+        """Refund."""
+        ctx.request_approval({"amount": amount})
+
+    agent = scripted_agent("a", [call_tools(call("refund", amount=5)), reply("ok")], tools=[refund])
+    async with so.Runtime([agent], store=store_url) as rt:
+        parked = await rt.generate("a", prompt="go")
+        rid = parked.pending[0].id
+        before = await store_contents(rt.store, parked.session_id)
+        with pytest.raises(so.InvalidAnswer, match="is not text") as caught:
+            await rt.generate(
+                session_id=parked.session_id,
+                approvals=[so.Decision(id=rid, approved=True, value=value)],
+            )
+        assert caught.value.request_ids == [rid]
+        with pytest.raises(so.InvalidAnswer, match="is not text"):
+            answer = so.InputResponse(request_id=rid, option_id="approve", value=value)
+            await rt.respond(parked.session_id, [answer])
+        assert await store_contents(rt.store, parked.session_id) == before
+        done = await rt.generate(
+            session_id=parked.session_id,
+            approvals=[so.Decision(id=rid, approved=True, value={"1": "a"})],
+        )
+        assert done.status == "completed"
+
+
+async def test_an_edit_with_keys_that_are_not_text_is_refused(store_url: str) -> None:
+    @so.tool(approval=so.always())
+    async def tag(labels: dict[str, Any]) -> str:
+        """Tag."""
+        return "tagged"
+
+    agent = scripted_agent(
+        "a", [call_tools(call("tag", labels={"x": 1})), reply("ok")], tools=[tag]
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        parked = await rt.generate("a", prompt="go")
+        rid = parked.pending[0].id
+        before = await store_contents(rt.store, parked.session_id)
+        edit = {"labels": {"x": {1: "a", "1": "b"}}}
+        with pytest.raises(so.InvalidAnswer, match="is not text"):
+            await rt.generate(
+                session_id=parked.session_id,
+                approvals=[so.Decision(id=rid, approved=True, edited_input=edit)],
+            )
+        assert await store_contents(rt.store, parked.session_id) == before
+
+
+async def test_a_model_call_whose_input_has_a_key_that_is_not_text_is_a_model_error(
+    store_url: str,
+) -> None:
+    @so.tool
+    async def lookup(query: Any) -> str:
+        """Look up."""
+        return "found"
+
+    bad = so.ToolCall(name="lookup", input={"query": {7: "seven"}})
+    agent = scripted_agent("a", [call_tools(bad), reply("ok")], tools=[lookup])
+    async with so.Runtime([agent], store=store_url) as rt:
+        failed = await rt.generate("a", prompt="go")
+        assert failed.status == "failed"
+        assert failed.error is not None and "is not text" in str(failed.error)
+        events = [e async for e in rt.events(failed.session_id, follow=False)]
+        assert not [e for e in events if e.type == "model.completed"]
+
+
+def test_a_principal_whose_attributes_have_a_key_that_is_not_text_is_refused() -> None:
+    from signoff._answers import check_principal
+
+    who = so.Principal(principal_id="ann", authenticator="t", attributes={"teams": {1: "ops"}})
+    with pytest.raises(so.UsageError, match="is not text"):
+        check_principal(who, "principal")
