@@ -104,6 +104,8 @@ async def login_page(request: Request) -> Response:
 
 @router.post("/login")
 async def login(request: Request) -> Response:
+    """Sign in with a token: a new sign-in cookie, and the browser's earlier sign-in, if any,
+    signed out (in every process), so a copy of its cookie no longer signs anyone in."""
     ctx = get_context(request)
     fields = await check_csrf(request)
     token = fields.get("token", "").strip()
@@ -139,6 +141,9 @@ async def login(request: Request) -> Response:
             expired=False,
             next_page=next_page,
         )
+    earlier = await ctx.sign_in(request)
+    if earlier is not None:  # this browser's sign-in before: one browser, one sign-in
+        await ctx.sign_out(earlier)
     response = RedirectResponse(next_page or DASHBOARD_PREFIX, status_code=303)
     secure = request.url.scheme == "https"
     lifetime = max(1, int(ctx.sign_in_lifetime))
