@@ -19,7 +19,9 @@ by at most that many entries a principal a lifetime.
 Without a server secret the key is public, so anyone can make a cookie for a token they guess:
 a refused cookie then counts as a guess (`_throttle`), and an address held for its guesses is
 served only the cookies this process made or honoured before (`Honoured`), so its answer does
-not tell a right guess from a wrong one.
+not tell a right guess from a wrong one. A browser signed in through another process is refused
+too, until the window ends: nothing tells its cookie from a forged one but a record of every
+sign-in in the store, which a secret makes needless.
 """
 
 from __future__ import annotations
