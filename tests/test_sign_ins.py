@@ -238,6 +238,7 @@ def test_a_tampered_cookie_signs_no_one_in(tmp_path: Path) -> None:
     cookies that are not a sign-in at all are refused too, never a 500."""
     with dashboard(f"sqlite:///{tmp_path}/s.db") as app, TestClient(app, base_url=HTTP) as c:
         _, value = sign_in(c)
+        c.cookies.clear()  # another browser: signing in again in this one would end Alice's
         _, mallory = sign_in(c, "mallory-token")
         parts = value.split(".")
         theirs = mallory.split(".")

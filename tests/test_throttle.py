@@ -271,3 +271,37 @@ def test_each_server_keys_its_forgotten_address_filter_at_random() -> None:
     clock = Clock()
     assert Failures(clock).salt != Failures(clock).salt
     assert len(Failures(clock).salt) == 16
+
+
+@pytest.mark.parametrize("secret", [None, "s3cret"], ids=["keyless", "with a secret"])
+def test_a_browser_signed_in_through_another_process_and_a_held_address(
+    tmp_path: Path, secret: str | None
+) -> None:
+    """Without a secret, a process cannot tell a cookie another process made from one forged
+    for a guessed token, so an address held for its guesses in this process is refused (429)
+    a sign-in it has not seen yet, until the window ends (as documented); with a secret (the
+    same in every process) no cookie is a guess, and the browser is served as ever."""
+    clock = Clock()
+    store = f"sqlite:///{tmp_path}/s.db"
+    address = ("198.51.100.7", 4000)
+    with (
+        dashboard(store, clock=clock, secret=secret) as one,
+        dashboard(store, clock=clock, secret=secret) as two,
+        TestClient(one, base_url=HTTP, client=address) as a,
+        TestClient(two, base_url=HTTP, client=address) as b,
+    ):
+        assert _form_sign_in(a, "alice-token").status_code == 303
+        cookie = a.cookies.get(TOKEN_COOKIE)
+        assert cookie is not None
+        for n in range(PER_CLIENT):  # someone behind the same address guesses at the other
+            assert b.get("/v1/requests", headers=auth(f"guess-{n}")).status_code == 401
+        assert a.get("/v1/requests").status_code == 200  # where it signed in: served
+        b.cookies.set(TOKEN_COOKIE, cookie)
+        r = b.get("/v1/requests")
+        if secret is None:
+            assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_failures"
+            assert 0 < int(r.headers["retry-after"]) <= WINDOW
+            clock.now += WINDOW
+            assert b.get("/v1/requests").status_code == 200
+        else:
+            assert r.status_code == 200

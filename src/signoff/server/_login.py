@@ -104,6 +104,8 @@ async def login_page(request: Request) -> Response:
 
 @router.post("/login")
 async def login(request: Request) -> Response:
+    """Sign in with a token: a new sign-in cookie, and the browser's earlier sign-in, if any,
+    signed out (in every process), so a copy of its cookie no longer signs anyone in."""
     ctx = get_context(request)
     fields = await check_csrf(request)
     token = fields.get("token", "").strip()
@@ -127,7 +129,8 @@ async def login(request: Request) -> Response:
             )
         response.headers.update(refusal.headers)
         return response
-    if not isinstance(auth, TokenAuth) or not token or auth.lookup(token) is None:
+    principal = auth.lookup(token) if isinstance(auth, TokenAuth) and token else None
+    if principal is None:
         if token and isinstance(auth, TokenAuth):
             ctx.failures.failed(client)
         return await render(
@@ -139,12 +142,21 @@ async def login(request: Request) -> Response:
             expired=False,
             next_page=next_page,
         )
+    await ctx.runtime.open()
+    now = ctx.runtime.now()
+    await ctx.sign_outs.read(ctx.runtime.store, now)
+    held = ctx.sign_outs.held(principal, now)
+    if held is not None:
+        return await _too_many_sign_ins(request, held, next_page)
+    earlier = await ctx.sign_in(request)
+    if earlier is not None:  # this browser's sign-in before: one browser, one sign-in
+        await ctx.sign_out(earlier)
     response = RedirectResponse(next_page or DASHBOARD_PREFIX, status_code=303)
     secure = request.url.scheme == "https"
     lifetime = max(1, int(ctx.sign_in_lifetime))
     # A signed, expiring sign-in, never the token; over https a `__Host-` cookie (Secure,
     # Path=/, no Domain), which a page of a sibling domain cannot plant.
-    value = issue(ctx.secret, token, ctx.runtime.now())
+    value = issue(ctx.secret, token, now)
     if ctx.keyless:
         ctx.honoured.add(value)
     response.set_cookie(
@@ -165,6 +177,28 @@ async def login(request: Request) -> Response:
         secure=secure,
         path=DASHBOARD_PREFIX,
     )
+    return response
+
+
+async def _too_many_sign_ins(request: Request, wait: int, next_page: str | None) -> Response:
+    """The refusal of a sign-in whose principal signed out too often within the lifetime."""
+    message = (
+        "this token was signed in and out too often: its sign-ins until now have ended, and it "
+        f"may sign in again in {wait} s"
+    )
+    if wants_json(request):
+        response: Response = error_response(429, "too_many_sign_ins", message)
+    else:
+        response = await render(
+            "login.html",
+            request,
+            429,
+            viewer=None,
+            error=f"This token was signed in and out too often: try again in {wait} s.",
+            expired=False,
+            next_page=next_page,
+        )
+    response.headers["Retry-After"] = str(wait)
     return response
 
 

@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, Response
 
 from .._exceptions import UsageError
+from .._form_fields import TOO_MANY_FIELDS, too_many_fields
 from .._text import BIDI, HIDDEN, escape_as_json, utc_text
 from .._types import Principal
 from ._auth import DASHBOARD_PREFIX, bearer_token, token_cookie
@@ -276,19 +277,13 @@ def set_csrf(request: Request, response: Response, token: str) -> None:
 _OTHER_SITES = frozenset({"same-site", "cross-site"})
 
 
-# Starlette's bound on a form's fields, which counts none of the empty ones between `&&`: a body
-# of 4 MB of `&` was parsed one at a time, a second of CPU for anyone, before any check.
-_MAX_FIELDS = 1000
-_TOO_MANY_FIELDS = f"Too many fields. Maximum number of fields is {_MAX_FIELDS}."
-
-
 async def _empty_fields(request: Request) -> bool:
-    """Whether the body is a urlencoded form with more separators than a form has fields (a
-    multipart one is left to stream: its parser counts its parts)."""
+    """Whether the body is a urlencoded form with more separators than a form has fields
+    (`too_many_fields`; a multipart one is left to stream: its parser counts its parts)."""
     kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if kind != "application/x-www-form-urlencoded":
         return False
-    return (await request.body()).count(b"&") > _MAX_FIELDS
+    return too_many_fields(await request.body())
 
 
 async def check_csrf(request: Request) -> dict[str, str]:
@@ -297,7 +292,7 @@ async def check_csrf(request: Request) -> dict[str, str]:
     does not say another site posted it. A body that is not a readable form is 400
     `malformed_form`."""
     if await _empty_fields(request):
-        raise ApiError(400, "malformed_form", malformed_form(_TOO_MANY_FIELDS))
+        raise ApiError(400, "malformed_form", malformed_form(TOO_MANY_FIELDS))
     try:
         form = await request.form()
     except HTTPException as exc:

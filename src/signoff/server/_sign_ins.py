@@ -10,21 +10,30 @@ Signing out records the sign-in's id in the audit trail (stream `dashboard:sign-
 every process serving the store reads: each process keeps the ids it has read, and reads the
 stream again only when its head has moved (one indexed query a request). Ids of sign-ins past
 their lifetime are forgotten, since those are refused anyway. The id, not the credential, is
-revoked: signing out in one browser leaves the token's other sign-ins alone.
+revoked: signing out in one browser leaves the token's other sign-ins alone. A principal signed
+out more than `SIGN_OUTS_KEPT` times within the lifetime (a token holder looping sign-in and
+sign-out) has its next sign-out end all its sign-ins made until then, one entry in place of
+their ids, and may not sign in again until those have expired: the list, and the stream, grow
+by at most that many entries a principal a lifetime.
 
 Without a server secret the key is public, so anyone can make a cookie for a token they guess:
 a refused cookie then counts as a guess (`_throttle`), and an address held for its guesses is
 served only the cookies this process made or honoured before (`Honoured`), so its answer does
-not tell a right guess from a wrong one.
+not tell a right guess from a wrong one. A browser signed in through another process is refused
+too, until the window ends: nothing tells its cookie from a forged one but a record of every
+sign-in in the store, which a secret makes needless.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import heapq
 import hmac
+import math
 import secrets
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .._audit_trail import SIGN_OUTS_STREAM
@@ -38,6 +47,7 @@ __all__ = [
     "SIGNED_OUT",
     "SIGN_IN_LIFETIME",
     "SIGN_OUTS",
+    "SIGN_OUTS_KEPT",
     "Grant",
     "Honoured",
     "SignOuts",
@@ -55,6 +65,9 @@ SIGNED_OUT = "dashboard.signed_out"
 _VERSION = "v1"
 _SKEW = 300  # seconds a sign-in's time may be ahead of this process's clock (another process's)
 _PAGE = 1000
+SIGN_OUTS_KEPT = 1000
+"""Sign-outs of one principal within the lifetime kept one by one: past them, a sign-out ends
+all of the principal's sign-ins made until then, and it may sign in again once they expired."""
 _HONOURED = 10_000  # cookies `Honoured` remembers at most (about 200 bytes each)
 
 
@@ -124,51 +137,118 @@ def checked(
     return Grant(id=parts[1], issued=issued, principal=found[1]), False
 
 
+Who = tuple[str, str]  # a principal as a sign-out names it: (authenticator, principal_id)
+
+
+def _who(data: Mapping[str, object]) -> Who:
+    authenticator, principal_id = data.get("authenticator"), data.get("principal_id")
+    if isinstance(authenticator, str) and isinstance(principal_id, str):
+        return authenticator, principal_id
+    return "", ""
+
+
 @dataclass(slots=True)
 class SignOuts:
-    """The ids of the sign-ins signed out, as this process last read them from the store."""
+    """The sign-ins signed out, as this process last read them from the store: their ids, and
+    for a principal signed out more than `limit` times within the lifetime, the time up to
+    which all its sign-ins are (`revoke`), so the list stays bounded however often one
+    signs in and out."""
 
     lifetime: float
-    _ids: dict[str, int] = field(default_factory=dict)  # id -> its sign-in's time
+    limit: int = SIGN_OUTS_KEPT
+    _ids: dict[str, tuple[int, Who]] = field(default_factory=dict)  # id -> its time, principal
+    _expiry: list[tuple[int, str]] = field(default_factory=list)  # a heap of (time, id)
+    _counts: dict[Who, int] = field(default_factory=dict)  # ids kept of each principal
+    _upto: dict[Who, int] = field(default_factory=dict)  # principal -> all its sign-ins until
     _head: int = 0  # the stream's length when last read
     _after: int = 0  # the id of the last entry read
 
     async def revoked(self, store: Store, grant: Grant, now: float) -> bool:
         """Whether `grant` was signed out, in any process serving `store`."""
+        await self.read(store, now)
+        who = (grant.principal.authenticator, grant.principal.principal_id)
+        return grant.id in self._ids or grant.issued <= self._upto.get(who, -1)
+
+    async def read(self, store: Store, now: float) -> None:
+        """Take in the sign-outs recorded since the last read, if the stream's head moved."""
         heads = await store.audit_heads(stream=SIGN_OUTS)
         head = heads.get(SIGN_OUTS, (0, None))[0]
-        if head != self._head:
-            while True:
-                batch = await store.audit(stream=SIGN_OUTS, after_id=self._after, limit=_PAGE)
-                for entry in batch:
-                    issued = entry.data.get("issued")
-                    sign_in = entry.data.get("sign_in")
-                    if isinstance(sign_in, str) and isinstance(issued, int):
-                        self._ids[sign_in] = issued
-                    self._after = max(self._after, entry.id)
-                if len(batch) < _PAGE:
-                    break
-            self._head = head
-            self._forget_expired(now)
-        return grant.id in self._ids
+        if head == self._head:
+            return
+        while True:
+            batch = await store.audit(stream=SIGN_OUTS, after_id=self._after, limit=_PAGE)
+            for entry in batch:
+                self._take(entry.data)
+                self._after = max(self._after, entry.id)
+            if len(batch) < _PAGE:
+                break
+        self._head = head
+        self._forget_expired(now)
+
+    def held(self, principal: Principal, now: float) -> int | None:
+        """Seconds until `principal` may sign in again, once it was signed out more than
+        `limit` times within the lifetime (its sign-ins until then ended at once); else None."""
+        upto = self._upto.get((principal.authenticator, principal.principal_id))
+        if upto is None or upto <= now - self.lifetime:
+            return None
+        return max(1, math.ceil(upto + self.lifetime - now))
 
     async def revoke(self, store: Store, grant: Grant, now: float) -> None:
-        """Record that `grant` is signed out, for every process serving `store`."""
+        """Record that `grant` is signed out, for every process serving `store`: past `limit`
+        sign-outs of its principal kept, as every sign-in of the principal made until now."""
         who = grant.principal
-        data = {
+        data: dict[str, object] = {
             "sign_in": grant.id,
             "issued": grant.issued,
             "authenticator": who.authenticator,
             "principal_id": who.principal_id,
         }
+        if self._counts.get((who.authenticator, who.principal_id), 0) >= self.limit:
+            data["upto"] = max(int(now), grant.issued)
         await store.record_audit(
             [AuditRow(stream=SIGN_OUTS, type=SIGNED_OUT, at=now, seq=None, data=data)]
         )
-        self._ids[grant.id] = grant.issued
+        self._take(data)
+
+    def _take(self, data: Mapping[str, object]) -> None:
+        """Keep one sign-out entry's id, or its principal's time until which all are out."""
+        who, upto = _who(data), data.get("upto")
+        sign_in, issued = data.get("sign_in"), data.get("issued")
+        if isinstance(upto, int):
+            self._upto[who] = max(upto, self._upto.get(who, upto))
+            for gone in [i for i, (t, w) in self._ids.items() if w == who and t <= upto]:
+                self._drop(gone)
+            if len(self._expiry) > 2 * len(self._ids):  # the heap's entries of ids dropped
+                self._expiry = [(t, i) for i, (t, _) in self._ids.items()]
+                heapq.heapify(self._expiry)
+            return
+        if not isinstance(sign_in, str) or not isinstance(issued, int) or sign_in in self._ids:
+            return
+        if issued <= self._upto.get(who, -1):
+            return
+        self._ids[sign_in] = (issued, who)
+        self._counts[who] = self._counts.get(who, 0) + 1
+        heapq.heappush(self._expiry, (issued, sign_in))
+
+    def _drop(self, sign_in: str) -> None:
+        _, who = self._ids.pop(sign_in)
+        left = self._counts[who] - 1
+        if left:
+            self._counts[who] = left
+        else:
+            del self._counts[who]
 
     def _forget_expired(self, now: float) -> None:
-        for sign_in in [i for i, issued in self._ids.items() if issued <= now - self.lifetime]:
-            del self._ids[sign_in]
+        """Forget the sign-outs of sign-ins past their lifetime, which are refused anyway: the
+        oldest first, off a heap, so a read costs the entries forgotten, not all those kept."""
+        cutoff = now - self.lifetime
+        while self._expiry and self._expiry[0][0] <= cutoff:
+            issued, sign_in = heapq.heappop(self._expiry)
+            kept = self._ids.get(sign_in)
+            if kept is not None and kept[0] == issued:
+                self._drop(sign_in)
+        for who in [w for w, upto in self._upto.items() if upto <= cutoff]:
+            del self._upto[who]
 
 
 @dataclass(slots=True)

@@ -8,6 +8,7 @@ import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from ..._exceptions import SignoffError
+from ..._form_fields import TOO_MANY_FIELDS, too_many_fields
 from ..._types import Principal
 
 if TYPE_CHECKING:
@@ -63,7 +64,10 @@ def member_of(own: object, host_team: object, host_org: object) -> object:
 
 
 def interaction_of(body: bytes) -> dict[str, Any]:
-    """The JSON `payload` field of an interaction's form."""
+    """The JSON `payload` field of an interaction's form; one of more separators than a form
+    has fields is refused unparsed (`too_many_fields`)."""
+    if too_many_fields(body):
+        raise SlackPayloadError(f"expected a form with a JSON payload field: {TOO_MANY_FIELDS}")
     try:
         form = urllib.parse.parse_qs(body.decode(), strict_parsing=True)
         payload = json.loads(form["payload"][0])
