@@ -149,7 +149,6 @@ class Connections(Transactions):
         self._server_async = False
         self._checking: asyncio.Future[None] | None = None  # the pool's test (`_after_loss`)
         self._fault: FaultHook | None = None
-        self._sk: PerSession[int] = PerSession()
         # A commit guesses the session's state from what this store last saw of it, so it needs
         # no round trip to read it first; the guess is checked in the statement that writes,
         # under the session's row lock.
@@ -440,7 +439,6 @@ class Connections(Transactions):
 
     def _forget(self) -> None:
         """Forget what this store knew of its sessions: their schema was dropped (`_gone`)."""
-        self._sk = PerSession()
         self._state = PerSession()
         self._tails = Tails()
         self._granted = PerSession()
@@ -461,18 +459,13 @@ class Connections(Transactions):
         return head
 
     async def _session_key(self, conn: Conn, session_id: str) -> int | None:
-        sk = self._sk.get(session_id)
-        if sk is None:
-            if not storable(session_id):
-                return None
-            cur = await conn.execute(
-                f"SELECT sk FROM {self._s}.sessions WHERE id=%s", (session_id,)
-            )
-            row = await cur.fetchone()
-            if row is None:
-                return None
-            sk = self._sk[session_id] = int(row[0])
-        return sk
+        """The session's row key, read anew: none is kept between calls, since the schema may
+        be dropped and made anew (a restore) between them, its keys reused by other sessions."""
+        if not storable(session_id):
+            return None
+        cur = await conn.execute(f"SELECT sk FROM {self._s}.sessions WHERE id=%s", (session_id,))
+        row = await cur.fetchone()
+        return None if row is None else int(row[0])
 
     def _before(self, label: str) -> None:
         if self._fault is not None:
