@@ -31,7 +31,7 @@ from .._prompt import REQUEST_WAIT
 from . import _schema
 from ._borrowed import OPERATION_TIMEOUT, Pool
 from ._changes import Listener
-from ._outage import GRACE, Outage, is_down
+from ._outage import GRACE, Outage, is_down, unreachable
 from ._shared import settle
 from ._transactions import Conn, Transactions
 from ._url import (
@@ -209,7 +209,7 @@ class Connections(Transactions):
             row = await cur.fetchone()
             self._server_async = row is not None and row[0] == "off"
         except psycopg.Error as exc:
-            raise StoreError(f"cannot read settings at {self._where}: {exc}") from exc
+            raise self._opening_failed("cannot read settings", exc) from exc
         finally:
             await conn.close()
         pool = Pool(
@@ -376,8 +376,17 @@ class Connections(Transactions):
             )
             row = await cur.fetchone()
         except psycopg.Error as exc:
-            raise StoreError(f"cannot read the schema version at {self._where}: {exc}") from exc
+            raise self._opening_failed("cannot read the schema version", exc) from exc
         return 0 if row is None else int(row[0])
+
+    def _opening_failed(self, what: str, exc: psycopg.Error) -> StoreError:
+        """A statement of a connection just made failed: `StoreUnavailable` if the server is
+        not there (the connection lost, or a proxy's answer that it cannot reach it), as when
+        the connection itself is refused; a `StoreError` otherwise."""
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        if unreachable(exc):
+            return StoreUnavailable(f"PostgreSQL unavailable at {self._where}: {what}: {detail}")
+        return StoreError(f"{what} at {self._where}: {detail}")
 
     def _refuse_newer(self, version: int) -> None:
         if version > _schema.STORE_SCHEMA:
