@@ -109,6 +109,7 @@ class Connections(Transactions):
         seconds("poll_interval", poll_interval)
         self.min_size = min_size if min_size is not None else number(options, "pool_min", int, 1)
         self.max_size = max_size if max_size is not None else number(options, "pool_max", int, 10)
+        self.max_given = max_size is not None or "pool_max" in options  # `Leases.fit_pool`
         if not 1 <= self.min_size <= self.max_size:
             error = StoreError if min_size is None and max_size is None else UsageError
             raise error(f"pool sizes need 1 <= min <= max: {self.min_size}, {self.max_size}")

@@ -41,6 +41,17 @@ class Leases(Connections):
         theirs = await self._read(body, "reading the database's clock")
         return theirs + (asked + time.monotonic()) / 2 - read_at[0]
 
+    async def fit_pool(self, connections: int) -> tuple[int, int]:
+        """Let the pool hold `connections` at once (a worker's turns, each making its store calls
+        on one, and its claims and renewals beside them): its `pool_max` is raised to that,
+        unless the URL or the store's argument set it. Returns it before and after."""
+        before = self.max_size
+        if connections > before and not self.max_given:
+            pool = await self._get_pool()
+            self.max_size = connections  # for this loop's pool, and any opened later
+            await pool.resize(self.min_size, connections)
+        return before, self.max_size
+
     def granted_head(self, session_id: str, token: int) -> int | None:
         """The session's head when this store granted it lease `token` (by `claim` or
         `acquire_lease`), once; None if it granted no such lease. A token names one grant, so
