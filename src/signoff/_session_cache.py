@@ -349,6 +349,12 @@ class SessionCache(Leasing):
             if head == cached.seq:
                 self._remember(cached)  # another task may have dropped it while we awaited
                 return cached
+            if head < cached.seq:
+                # The store went back (a restore over it, a schema made anew): what was folded
+                # here is no longer there, so the session is loaded as it now stands.
+                self._cache.pop(session_id, None)
+                cached = None
+        if cached is not None:
             try:
                 # Drivers commit and apply under this lock: fold in only what none has applied.
                 async with self._lock_of(session_id):

@@ -334,6 +334,7 @@ class Workers(Messages):
         seconds("idle_wait", idle_wait)
         seconds("sweep_every", sweep_every)
         await self.open()
+        await _fit_pool(self.store, concurrency)
         stop = stop or asyncio.Event()
         running: set[asyncio.Task[None]] = set()
         owner = f"{self.owner}:worker"
@@ -559,3 +560,29 @@ async def _sleep(stop: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(seconds):
             await stop.wait()
+
+
+POOL_SPARE = 2
+"""Pooled connections a worker needs beside one per turn: its claims and sweeps, a renewal."""
+
+
+async def _fit_pool(store: Store, concurrency: int) -> None:
+    """Grow a PostgreSQL store's pool to the worker's turns at once (`fit_pool`); a `pool_max`
+    set below that is kept, and named: turns would wait on the pool for connections, and one
+    waiting `pool_timeout` fails saying all were in use."""
+    fit = getattr(store, "fit_pool", None)
+    if fit is None:  # SQLite: no pool
+        return
+    wanted = concurrency + POOL_SPARE
+    before, after = await fit(wanted)
+    if after > before:
+        log.info("PostgreSQL pool_max %d -> %d for concurrency %d", before, after, concurrency)
+    elif after < wanted:
+        log.warning(
+            "concurrency %d needs %d PostgreSQL connections, but the store URL sets pool_max=%d: "
+            "turns will wait for one (and fail after pool_timeout if none comes); raise "
+            "pool_max or lower the concurrency",
+            concurrency,
+            wanted,
+            after,
+        )

@@ -48,7 +48,10 @@ def worker(
             "--concurrency",
             metavar="N",
             parser=CONCURRENCY,
-            help=f"Turns driven at once ({CONCURRENCY.range}).",
+            help=(
+                f"Turns driven at once ({CONCURRENCY.range}); on PostgreSQL the pool grows to "
+                "N + 2 connections unless the URL sets pool_max."
+            ),
         ),
     ] = 16,
     lease_ttl: LeaseTtlOption = None,

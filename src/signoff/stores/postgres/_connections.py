@@ -31,7 +31,7 @@ from .._prompt import REQUEST_WAIT
 from . import _schema
 from ._borrowed import OPERATION_TIMEOUT, Pool
 from ._changes import Listener
-from ._outage import GRACE, Outage, is_down
+from ._outage import GRACE, Outage, is_down, unreachable
 from ._shared import settle
 from ._transactions import Conn, Transactions
 from ._url import (
@@ -109,6 +109,7 @@ class Connections(Transactions):
         seconds("poll_interval", poll_interval)
         self.min_size = min_size if min_size is not None else number(options, "pool_min", int, 1)
         self.max_size = max_size if max_size is not None else number(options, "pool_max", int, 10)
+        self.max_given = max_size is not None or "pool_max" in options  # `Leases.fit_pool`
         if not 1 <= self.min_size <= self.max_size:
             error = StoreError if min_size is None and max_size is None else UsageError
             raise error(f"pool sizes need 1 <= min <= max: {self.min_size}, {self.max_size}")
@@ -149,7 +150,6 @@ class Connections(Transactions):
         self._server_async = False
         self._checking: asyncio.Future[None] | None = None  # the pool's test (`_after_loss`)
         self._fault: FaultHook | None = None
-        self._sk: PerSession[int] = PerSession()
         # A commit guesses the session's state from what this store last saw of it, so it needs
         # no round trip to read it first; the guess is checked in the statement that writes,
         # under the session's row lock.
@@ -210,7 +210,7 @@ class Connections(Transactions):
             row = await cur.fetchone()
             self._server_async = row is not None and row[0] == "off"
         except psycopg.Error as exc:
-            raise StoreError(f"cannot read settings at {self._where}: {exc}") from exc
+            raise self._opening_failed("cannot read settings", exc) from exc
         finally:
             await conn.close()
         pool = Pool(
@@ -377,8 +377,17 @@ class Connections(Transactions):
             )
             row = await cur.fetchone()
         except psycopg.Error as exc:
-            raise StoreError(f"cannot read the schema version at {self._where}: {exc}") from exc
+            raise self._opening_failed("cannot read the schema version", exc) from exc
         return 0 if row is None else int(row[0])
+
+    def _opening_failed(self, what: str, exc: psycopg.Error) -> StoreError:
+        """A statement of a connection just made failed: `StoreUnavailable` if the server is
+        not there (the connection lost, or a proxy's answer that it cannot reach it), as when
+        the connection itself is refused; a `StoreError` otherwise."""
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        if unreachable(exc):
+            return StoreUnavailable(f"PostgreSQL unavailable at {self._where}: {what}: {detail}")
+        return StoreError(f"{what} at {self._where}: {detail}")
 
     def _refuse_newer(self, version: int) -> None:
         if version > _schema.STORE_SCHEMA:
@@ -440,7 +449,6 @@ class Connections(Transactions):
 
     def _forget(self) -> None:
         """Forget what this store knew of its sessions: their schema was dropped (`_gone`)."""
-        self._sk = PerSession()
         self._state = PerSession()
         self._tails = Tails()
         self._granted = PerSession()
@@ -461,18 +469,13 @@ class Connections(Transactions):
         return head
 
     async def _session_key(self, conn: Conn, session_id: str) -> int | None:
-        sk = self._sk.get(session_id)
-        if sk is None:
-            if not storable(session_id):
-                return None
-            cur = await conn.execute(
-                f"SELECT sk FROM {self._s}.sessions WHERE id=%s", (session_id,)
-            )
-            row = await cur.fetchone()
-            if row is None:
-                return None
-            sk = self._sk[session_id] = int(row[0])
-        return sk
+        """The session's row key, read anew: none is kept between calls, since the schema may
+        be dropped and made anew (a restore) between them, its keys reused by other sessions."""
+        if not storable(session_id):
+            return None
+        cur = await conn.execute(f"SELECT sk FROM {self._s}.sessions WHERE id=%s", (session_id,))
+        row = await cur.fetchone()
+        return None if row is None else int(row[0])
 
     def _before(self, label: str) -> None:
         if self._fault is not None:

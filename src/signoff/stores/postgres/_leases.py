@@ -41,6 +41,17 @@ class Leases(Connections):
         theirs = await self._read(body, "reading the database's clock")
         return theirs + (asked + time.monotonic()) / 2 - read_at[0]
 
+    async def fit_pool(self, connections: int) -> tuple[int, int]:
+        """Let the pool hold `connections` at once (a worker's turns, each making its store calls
+        on one, and its claims and renewals beside them): its `pool_max` is raised to that,
+        unless the URL or the store's argument set it. Returns it before and after."""
+        before = self.max_size
+        if connections > before and not self.max_given:
+            pool = await self._get_pool()
+            self.max_size = connections  # for this loop's pool, and any opened later
+            await pool.resize(self.min_size, connections)
+        return before, self.max_size
+
     def granted_head(self, session_id: str, token: int) -> int | None:
         """The session's head when this store granted it lease `token` (by `claim` or
         `acquire_lease`), once; None if it granted no such lease. A token names one grant, so
@@ -174,16 +185,18 @@ class Leases(Connections):
     async def renew_lease(
         self, session_id: str, owner: str, token: int, ttl: float, now: float
     ) -> bool:
+        s = self._s
+        if not storable(session_id):
+            return False
+
         async def body(conn: Conn) -> bool:
-            sk = await self._session_key(conn, session_id)
-            if sk is None:
-                return False
             # Never earlier than it is: a renewal a frozen server process applies after the call
-            # timed out, and a newer one went through, must not shorten the lease.
+            # timed out, and a newer one went through, must not shorten the lease. The session's
+            # row key is found by its id here, not kept (`_session_key`).
             cur = await conn.execute(
-                f"UPDATE {self._s}.leases SET expires_at=GREATEST(expires_at, %s) "
-                "WHERE sk=%s AND owner=%s AND token=%s",
-                (now + ttl, sk, owner, token),
+                f"UPDATE {s}.leases SET expires_at=GREATEST(expires_at, %s) "
+                f"WHERE sk=(SELECT sk FROM {s}.sessions WHERE id=%s) AND owner=%s AND token=%s",
+                (now + ttl, session_id, owner, token),
             )
             return cur.rowcount == 1
 
@@ -193,17 +206,18 @@ class Leases(Connections):
         return bool(renewed)
 
     async def release_lease(self, session_id: str, owner: str, token: int) -> None:
+        s = self._s
+        if not storable(session_id):
+            return
+
         async def body(conn: Conn) -> None:
-            sk = await self._session_key(conn, session_id)
-            if sk is None:
-                return
             # A session released with work left (a worker stopping) wakes the other workers.
             await conn.execute(
-                f"WITH r AS (UPDATE {self._s}.leases SET owner='', expires_at=0 "
-                "WHERE sk=%s AND owner=%s AND token=%s RETURNING sk) "
-                f"SELECT pg_notify(%s, %s) FROM r JOIN {self._s}.sessions s ON s.sk = r.sk "
+                f"WITH r AS (UPDATE {s}.leases SET owner='', expires_at=0 "
+                f"WHERE sk=(SELECT sk FROM {s}.sessions WHERE id=%s) AND owner=%s AND token=%s "
+                f"RETURNING sk) SELECT pg_notify(%s, %s) FROM r JOIN {s}.sessions s ON s.sk = r.sk "
                 "WHERE s.status = 'running'",
-                (sk, owner, token, self.channel, f"{session_id} 0"),
+                (session_id, owner, token, self.channel, f"{session_id} 0"),
             )
 
         await self._write(body, f"releasing the lease on session {session_id!r}", transaction=False)

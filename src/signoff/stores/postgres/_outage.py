@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 else:
     Conn = Any
 
-__all__ = ["GRACE", "PROBE_AFTER", "Outage", "is_down"]
+__all__ = ["GRACE", "PROBE_AFTER", "Outage", "is_down", "unreachable"]
 
 GRACE = 10.0
 """Seconds an outage is ridden out (calls wait for the server) before calls fail at once:
@@ -47,6 +47,16 @@ def is_down(exc: psycopg.Error) -> bool:
     with another refusal (a bad password, too many clients) is up, and not an outage."""
     text = str(exc)
     return "FATAL:" not in text or any(s in text for s in _STARTING)
+
+
+def unreachable(exc: psycopg.Error) -> bool:
+    """Whether a statement failed because the server is not there (a connection that was just
+    made): the connection was lost, or a proxy in front of it (pgbouncer) accepted the login but
+    answered that it cannot reach the server ("pgbouncer cannot connect to server", "server
+    login has been failing", SQLSTATE 08P01, of class 08: connection exceptions)."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    return exc.sqlstate is None or exc.sqlstate.startswith("08")
 
 
 class Outage:

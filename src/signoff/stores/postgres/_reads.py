@@ -59,14 +59,18 @@ class Reads(AuditReads):
             if row is None:
                 return None
             sk, agent = int(row[0]), str(row[1])
-            self._sk[session_id] = sk
             # What the next commit to it guesses (checked by that commit).
             digest = None if row[6] is None else bytes(row[6])
             turn_seq = None if row[7] is None else int(row[7])
             self._remember(session_id, Seen(int(row[4]), int(row[5]), digest, turn_seq, row[8]))
             after = 0 if row[2] is None else int(row[2])
             snapshot = None if row[3] is None else unpack_snapshot(row[3], session_id, after)
-            events = await self._events(conn, session_id, sk, after, None, None)
+            key, events = await self._events(conn, session_id, after, None, None)
+            if key != sk:  # dropped, or made anew, between the two statements
+                raise StoreError(
+                    f"session {session_id!r} changed while it was read: its schema "
+                    "made anew? Read it again"
+                )
             return Loaded(
                 session_id=session_id,
                 agent=agent,
@@ -88,10 +92,14 @@ class Reads(AuditReads):
         max_bytes: int | None = None,
     ) -> list[Event]:
         async def body(conn: Conn) -> list[Event]:
-            sk = await self._session_key(conn, session_id)
-            if sk is None:
+            if not storable(session_id):
                 raise UnknownSession(session_id)
-            return await self._events(conn, session_id, sk, after, limit, types, newest, max_bytes)
+            key, events = await self._events(
+                conn, session_id, after, limit, types, newest, max_bytes
+            )
+            if key is None:
+                raise UnknownSession(session_id)
+            return events
 
         return await self._read(body, f"reading events of session {session_id!r}")
 
@@ -99,13 +107,16 @@ class Reads(AuditReads):
         self,
         conn: Conn,
         session_id: str,
-        sk: int,
         after: int,
         limit: int | None,
         types: Sequence[str] | None,
         newest: int | None = None,
         max_bytes: int | None = None,
-    ) -> list[Event]:
+    ) -> tuple[int | None, list[Event]]:
+        """The session's row key and its events after `after`, in one statement that finds the
+        key by the session's id (None: no such session). A key kept from an earlier call could
+        name another session's rows: its schema dropped and made anew meanwhile (a restore)
+        reuses keys, and no call of this process need have met the gap."""
         s = self._s
         turn = TURN.format(s=s)
         if not types:
@@ -115,8 +126,8 @@ class Reads(AuditReads):
                 "CASE WHEN e.turn IS NULL AND lag(e.seq) OVER (ORDER BY e.seq) IS NULL "
                 f"THEN {turn} ELSE e.turn END"
             )
-        rows = f"{s}.events e WHERE e.sk=%s AND e.seq>%s"
-        params: list[Any] = [sk, after]
+        rows = f"{s}.events e WHERE e.sk=k.sk AND e.seq>%s"
+        params: list[Any] = [session_id, after]
         if types:  # rows keep a type's code, or its name if an older signoff wrote them
             rows += " AND e.type = ANY(%s)"
             params.append(sorted({stored_type(t) for t in types} | set(types)))
@@ -142,10 +153,20 @@ class Reads(AuditReads):
         if limit is not None:
             sql += " LIMIT %s"
             params.append(limit)
+        # The session's row, and its events joined to it: one row with no event if it has none
+        # past `after`, none if there is no such session.
+        sql = (
+            f"SELECT k.sk, q.* FROM (SELECT sk FROM {s}.sessions WHERE id=%s) k "
+            f"LEFT JOIN LATERAL ({sql}) q ON true ORDER BY q.seq"
+        )
         cur = await conn.execute(sql, params)
         events: list[Event] = []
         named: str | None = None
-        found = await cur.fetchall()
+        rows_found = await cur.fetchall()
+        if not rows_found:
+            return None, events
+        key = int(rows_found[0][0])
+        found = [row[1:] for row in rows_found if row[1] is not None]
         earlier = {int(row[0]): row[6:] for row in found}
         texts = EventTexts(lambda seq: earlier[seq])
         held = 0
@@ -172,26 +193,24 @@ class Reads(AuditReads):
                     data=value,
                 )
             )
-        return events
+        return key, events
 
     async def head(self, session_id: str) -> int | None:
         """The session's head. The state a commit guesses is read with it, so that the next
-        commit to a session another process moved on needs no round trip to read it first; and
-        its row key, so that a read of its events after it (`Runtime.events`) needs none."""
+        commit to a session another process moved on needs no round trip to read it first."""
         s = self._s
         if not storable(session_id):
             return None
 
         async def body(conn: Conn) -> int | None:
             cur = await conn.execute(
-                f"SELECT s.head, s.audit_n, s.audit_hash, t.seq, t.turn, s.sk FROM {s}.sessions s "
+                f"SELECT s.head, s.audit_n, s.audit_hash, t.seq, t.turn FROM {s}.sessions s "
                 f"LEFT JOIN LATERAL ({named_turn(s, 's.sk', 's.head')}) t ON true WHERE s.id=%s",
                 (session_id,),
             )
             row = await cur.fetchone()
             if row is None:
                 return None
-            self._sk[session_id] = int(row[5])
             return self._moved(session_id, row)
 
         return await self._read(body, f"reading the head of session {session_id!r}")
