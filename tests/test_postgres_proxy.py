@@ -75,13 +75,13 @@ async def test_a_proxy_whose_server_goes_away_is_an_outage_ridden_out(pg_store_u
 
 @pytest.fixture
 def pgbouncer_port() -> Iterator[int]:
-    """A real pgbouncer on a free loopback port, in front of a port no server listens on; skipped
-    where pgbouncer is not installed (`apt-get install pgbouncer`)."""
+    """A real pgbouncer on a free loopback port, in front of a port no server listens on
+    (scripts/setup installs Debian's pgbouncer)."""
     binary = shutil.which("pgbouncer") or (
         "/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None
     )
     if binary is None:
-        pytest.skip("pgbouncer is not installed")
+        pytest.fail("pgbouncer is not installed: run scripts/setup (apt-get install pgbouncer)")
     directory = Path(tempfile.mkdtemp(prefix="signoff-pgbouncer-"))
     as_pg: list[str] = []
     if os.geteuid() == 0:  # pgbouncer refuses to run as root
