@@ -20,6 +20,7 @@ from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import authorize, voted
 from ._error_text import error_text
 from ._exceptions import AnswerError, InvalidAnswer, RequestClosed, SessionExpired, StoreError
+from ._idempotency import Keyed
 from ._recording import Batch, EventSpec, new_id
 from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_response
 from ._results import Outcome
@@ -203,6 +204,7 @@ class Candidates(SessionRunner):
         principal: Principal | None,
         *,
         recovered: str | None = None,
+        mark: Keyed | None = None,
     ) -> Outcome:
         """Settle an approval that has a response policy or a quorum, recording its candidacy.
 
@@ -212,6 +214,9 @@ class Candidates(SessionRunner):
         meanwhile (judging it again, as this one stalled past the policy's timeout and
         `RECOVERY_GRACE`), nothing is recorded: a candidate judged again raises
         `_EndedElsewhere`, the answer's own call returns (or raises) what was recorded (`_told`).
+        `mark` is the idempotency key of the message that gave the answer: the first event that
+        records the answer (its candidacy, its vote or its settlement) records the key too, so
+        the message repeated with it is not taken again.
         """
         rid = request.id
         cid = recovered or new_id("cand")
@@ -253,6 +258,7 @@ class Candidates(SessionRunner):
 
         by = None if principal is None else principal.model_dump()
         base = _base(request, cid, wanted["decision"], by)
+        key = {} if mark is None else {"idem": list(mark)}
         tid = request.turn_id
         after = 0  # the seq of the candidate this call records: its end is looked for after it
 
@@ -260,6 +266,7 @@ class Candidates(SessionRunner):
             # Record the response first (all of it), so slow policy work cannot lose it.
             pending = {
                 **base,
+                **key,
                 "outcome": "pending",
                 "text": reply.text,
                 "value": reply.value,
@@ -388,6 +395,7 @@ class Candidates(SessionRunner):
                     )
                     counted = {
                         **base,
+                        **({} if evaluated else key),
                         "outcome": "counted",
                         "votes": len(votes),
                         "needed": current.approvers,
@@ -400,6 +408,8 @@ class Candidates(SessionRunner):
             resolution = {**wanted, "by": by}
             outcome.append(Outcome(request_id=rid, outcome=wanted["outcome"], applied=True))
             settled = _settlement_events(current, reply, resolution)
+            if not evaluated and key:
+                settled[0] = (settled[0][0], {**settled[0][1], **key})
             return Batch(
                 specs=_naming(settled, cid) if evaluated else settled,
                 resolve=[

@@ -185,9 +185,12 @@ async def settle_routed(
     require_all: bool,
     check_only: bool = False,
     drive: bool = True,
+    mark: tuple[str, str] | None = None,
 ) -> list[Outcome]:
     """Settle answers to mirrored requests in their child sessions (each under the child's own
-    policies), close the mirrors the children closed, and settle the rest here.
+    policies), close the mirrors the children closed, and settle the rest here. `mark`, the
+    idempotency key of the message that gave the answers, is recorded here, by the first
+    mirror's closing (or the rest's settlement), so the message repeated is not taken again.
 
     Every answer is checked before any is settled: a bad one leaves every session unchanged,
     but for a mirror whose child's request had closed unseen, which closes too (the parent's
@@ -229,17 +232,18 @@ async def settle_routed(
     if check_only:
         return []
     outcomes: list[Outcome] = []
-    for a, mirror, ref in mirrored:
+    for i, (a, mirror, ref) in enumerate(mirrored):
         try:
             with _naming(a, ref):
                 got = await rt._settle(
                     ref.session_id, [_for_child(a, ref)], principal, require_all=False
                 )
-        finally:
-            await close_mirror(rt, state.id, mirror)  # whatever the child now says
+        finally:  # whatever the child now says
+            await close_mirror(rt, state.id, mirror, mark=mark if i == 0 else None)
         outcomes.extend(dataclasses.replace(o, request_id=a.request_id) for o in got)
     if rest:
-        outcomes.extend(await rt._settle(state.id, rest, principal, require_all=False))
+        key = None if mirrored else mark
+        outcomes.extend(await rt._settle(state.id, rest, principal, require_all=False, mark=key))
     return outcomes
 
 
@@ -292,11 +296,14 @@ def _naming(answer: Reply, ref: ChildRef) -> Iterator[None]:
         raise
 
 
-async def close_mirror(rt: Answering, parent: str, mirror: InputRequest) -> None:
+async def close_mirror(
+    rt: Answering, parent: str, mirror: InputRequest, *, mark: tuple[str, str] | None = None
+) -> None:
     """Resolve the mirror as its child request was resolved; nothing while that is open.
 
     The resolution is the child's stored one, which holds the decision, value and edited input
     the session's fold leaves out, so the mirror reads (and is repeated) as the child's does.
+    Its event records `mark`, the idempotency key of the message whose answer closed it.
     """
     ref = mirror.child
     assert ref is not None
@@ -326,7 +333,7 @@ async def close_mirror(rt: Answering, parent: str, mirror: InputRequest) -> None
         now = st.requests.get(mirror.id)
         if now is None or now.status != "pending":
             return Batch(specs=[])
-        spec: EventSpec = ("input.resolved", data)
+        spec: EventSpec = ("input.resolved", data if mark is None else {**data, "idem": list(mark)})
         resolve = Resolve(
             request_id=mirror.id, status=closed_as, outcome=data["outcome"], resolution=data
         )
