@@ -60,6 +60,7 @@ async def test_a_keyed_message_settling_a_four_eyes_approval_is_sent_once(store_
         assert again.replayed and (again.turn_id, again.status) == (r.turn_id, "completed")
         assert await event_count(rt, r.session_id) == before  # no turn started with "approve"
         assert await messages(rt, r.session_id) == ["refund 1042"]
+        assert await rt.verify_audit() == []
 
 
 async def test_a_keyed_message_settling_through_a_response_policy_is_sent_once(
@@ -76,6 +77,7 @@ async def test_a_keyed_message_settling_through_a_response_policy_is_sent_once(
         assert again.replayed and again.turn_id == r.turn_id
         assert await event_count(rt, r.session_id) == before
         assert await messages(rt, r.session_id) == ["refund 1042"]
+        assert await rt.verify_audit() == []
 
 
 async def test_a_keyed_vote_repeated_is_not_counted_twice(store_url: str) -> None:
@@ -94,6 +96,7 @@ async def test_a_keyed_vote_repeated_is_not_counted_twice(store_url: str) -> Non
         assert await event_count(rt, r.session_id) == before
         done = await rt.send(r.session_id, "approve", principal=CAROL)
         assert (done.status, ran) == ("completed", ["1042"])
+        assert await rt.verify_audit() == []
 
 
 async def test_a_keyed_message_answering_a_subagents_request_is_sent_once(
@@ -111,3 +114,4 @@ async def test_a_keyed_message_answering_a_subagents_request_is_sent_once(
         assert again.replayed and (again.turn_id, again.status) == (r.turn_id, "completed")
         assert await event_count(rt, r.session_id) == before
         assert await messages(rt, r.session_id) == ["refund 1042"]
+        assert await rt.verify_audit() == []
