@@ -4,6 +4,7 @@ is not delivered again as a new message (on both stores)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import signoff as so
@@ -114,4 +115,32 @@ async def test_a_keyed_message_answering_a_subagents_request_is_sent_once(
         assert again.replayed and (again.turn_id, again.status) == (r.turn_id, "completed")
         assert await event_count(rt, r.session_id) == before
         assert await messages(rt, r.session_id) == ["refund 1042"]
+        assert await rt.verify_audit() == []
+
+
+async def test_a_keyed_vote_sent_twice_at_once_is_counted_once(store_url: str) -> None:
+    ran: list[str] = []
+    agent = refunding(so.always(approvers=2, distinct=False), ran)
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund 1042", auth=ALICE)
+        results = await asyncio.gather(
+            *(rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k") for _ in "ab")
+        )
+        assert [x.status for x in results] == ["waiting", "waiting"] and ran == []
+        assert (await rt.state(r.session_id)).pending_requests()[0].approved_by == ["bob"]
+        assert await rt.verify_audit() == []
+
+
+async def test_keyed_votes_through_a_response_policy_each_count(store_url: str) -> None:
+    ran: list[str] = []
+    spec = so.ApprovalSpec(request=so.always(approvers=2), response=lambda ctx: so.Allowed())
+    agent = refunding(spec, ran)
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund 1042", auth=ALICE)
+        first = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="b")
+        assert first.status == "waiting" and first.pending[0].approved_by == ["bob"]
+        again = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="b")
+        assert again.replayed and again.pending[0].approved_by == ["bob"]
+        done = await rt.send(r.session_id, "approve", principal=CAROL, idempotency_key="c")
+        assert (done.status, ran) == ("completed", ["1042"])
         assert await rt.verify_audit() == []

@@ -374,7 +374,7 @@ class Candidates(SessionRunner):
                 )
             me = None if principal is None else principal.principal_id
             if wanted["decision"] == "approve" and current.approvers > 1:
-                if voted(current, principal):
+                if voted(current, principal) or (not evaluated and _sent(st, mark)):
                     again = already_counted(current)
                     outcome.append(again)
                     if not evaluated:
@@ -446,6 +446,12 @@ class Candidates(SessionRunner):
 class _EndedElsewhere(Exception):
     """A candidate judged again after its process died was ended by another process judging it
     at the same time: this one recorded nothing, and counts nothing."""
+
+
+def _sent(st: SessionState, mark: Keyed | None) -> bool:
+    """Whether the message keyed `mark` is recorded in `st` already: sent again at once, it
+    counted its vote meanwhile (which `voted` misses where one person may vote twice)."""
+    return mark is not None and (st.keys.get(mark[0]) or [None])[0] == mark[1]
 
 
 def already_counted(request: InputRequest) -> Outcome:
