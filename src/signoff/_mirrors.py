@@ -190,7 +190,8 @@ async def settle_routed(
     """Settle answers to mirrored requests in their child sessions (each under the child's own
     policies), close the mirrors the children closed, and settle the rest here. `mark`, the
     idempotency key of the message that gave the answers, is recorded here, by the first
-    mirror's closing (or the rest's settlement), so the message repeated is not taken again.
+    mirror's closing (or the rest's settlement), so the message repeated is not taken again,
+    and in the child with its answer, where a vote it cast is not counted again.
 
     Every answer is checked before any is settled: a bad one leaves every session unchanged,
     but for a mirror whose child's request had closed unseen, which closes too (the parent's
@@ -236,7 +237,11 @@ async def settle_routed(
         try:
             with _naming(a, ref):
                 got = await rt._settle(
-                    ref.session_id, [_for_child(a, ref)], principal, require_all=False
+                    ref.session_id,
+                    [_for_child(a, ref)],
+                    principal,
+                    require_all=False,
+                    mark=mark if i == 0 else None,  # a vote there counts the message once
                 )
         finally:  # whatever the child now says
             await close_mirror(rt, state.id, mirror, mark=mark if i == 0 else None)
