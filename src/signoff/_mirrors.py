@@ -197,7 +197,8 @@ async def settle_routed(
     but for a mirror whose child's request had closed unseen, which closes too (the parent's
     turn then goes on, if `drive`).
     """
-    if require_all:
+    if require_all and any(_open(state, a.request_id) for a in answers):
+        # A call that only repeats answers to closed requests is a no-op, as `_settle` has it.
         ids = {a.request_id for a in answers}
         missing = [r for r in state.pending_requests() if r.id not in ids]
         if missing:
@@ -272,6 +273,11 @@ async def _closed_behind(rt: Answering, parent: str, mirror: InputRequest, *, dr
         return
     if drive and state.agent in rt.agents and runnable(state):
         await rt._drive(parent)
+
+
+def _open(state: SessionState, request_id: str) -> bool:
+    live = state.requests.get(request_id)
+    return live is not None and live.status == "pending"
 
 
 def _for_child(answer: Reply, ref: ChildRef) -> Reply:
