@@ -164,3 +164,28 @@ async def test_a_keyed_vote_for_a_subagents_quorum_repeated_counts_once(store_ur
         done = await rt.send(r.session_id, "approve", principal=CAROL)
         assert (done.status, ran) == ("completed", ["1042"])
         assert await rt.verify_audit() == []
+
+
+async def test_a_keyed_vote_judged_by_a_subagents_policy_repeated_counts_once(
+    store_url: str,
+) -> None:
+    ran: list[str] = []
+    spec = so.ApprovalSpec(
+        request=so.always(approvers=2, distinct=False), response=lambda ctx: so.Allowed()
+    )
+    child = refunding(spec, ran)
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund 1042")), reply("Done.")],
+        tools=[so.delegate("billing", description="Billing specialist.")],
+    )
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        first = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert first.status == "waiting" and first.pending[0].approved_by == ["bob"]
+        again = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert again.status == "waiting" and ran == []
+        assert again.pending[0].approved_by == ["bob"]
+        done = await rt.send(r.session_id, "approve", principal=CAROL)
+        assert (done.status, ran) == ("completed", ["1042"])
+        assert await rt.verify_audit() == []

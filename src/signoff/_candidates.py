@@ -262,6 +262,20 @@ class Candidates(SessionRunner):
         tid = request.turn_id
         after = 0  # the seq of the candidate this call records: its end is looked for after it
 
+        live = state.requests.get(rid)
+        if (
+            evaluated
+            and recovered is None
+            and wanted["decision"] == "approve"
+            and request.approvers > 1
+            and live is not None
+            and live.status == "pending"
+            and _sent(state, mark)
+        ):
+            # The message was taken before (a retry through a subagent's mirror, whose parent
+            # records no vote): its vote counted then, which `voted` misses where one person
+            # may vote twice.
+            return already_counted(live.request)
         if tool is not None and tool.response_policy is not None:
             # Record the response first (all of it), so slow policy work cannot lose it.
             pending = {
