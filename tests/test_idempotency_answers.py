@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 import signoff as so
-from signoff.testing import call, call_tools, reply, scripted_agent
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 from tests._subagents import Counted, refund_agents
 
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
@@ -189,3 +189,29 @@ async def test_a_keyed_vote_judged_by_a_subagents_policy_repeated_counts_once(
         done = await rt.send(r.session_id, "approve", principal=CAROL)
         assert (done.status, ran) == ("completed", ["1042"])
         assert await rt.verify_audit() == []
+
+
+async def test_a_keyed_message_whose_subagents_request_closed_meanwhile_is_delivered(
+    store_url: str,
+) -> None:
+    """The child's request expires while its response policy judges the message's answer: the
+    message answered nothing, so it is delivered as a message (not taken as a repeat)."""
+    clock = ManualClock()
+
+    async def slow(ctx: so.ResponseContext) -> so.Allowed:
+        clock.advance(61)
+        return so.Allowed()
+
+    ran: list[str] = []
+    child = refunding(so.ApprovalSpec(request=so.always(expires_in=60), response=slow), ran)
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund 1042")), reply("Done.")],
+        tools=[so.delegate("billing", description="Billing specialist.")],
+        repeat_last=True,
+    )
+    async with so.Runtime([parent, child], store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        await rt.send(r.session_id, "approve", principal=ALICE, idempotency_key="k")
+        assert ran == []
+        assert "approve" in await messages(rt, r.session_id)
