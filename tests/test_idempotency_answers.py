@@ -215,3 +215,23 @@ async def test_a_keyed_message_whose_subagents_request_closed_meanwhile_is_deliv
         await rt.send(r.session_id, "approve", principal=ALICE, idempotency_key="k")
         assert ran == []
         assert "approve" in await messages(rt, r.session_id)
+
+
+async def test_a_keyed_message_whose_request_closed_while_judged_is_delivered(
+    store_url: str,
+) -> None:
+    """The request expires while its response policy judges a keyed message's answer: the
+    message answered nothing, so it is delivered as a message, as one without a key is."""
+    clock = ManualClock()
+
+    async def slow(ctx: so.ResponseContext) -> so.Allowed:
+        clock.advance(61)
+        return so.Allowed()
+
+    ran: list[str] = []
+    spec = so.ApprovalSpec(request=so.always(expires_in=60), response=slow)
+    async with so.Runtime([refunding(spec, ran)], store=store_url, clock=clock) as rt:
+        r = await rt.generate("billing", prompt="refund 1042", auth=ALICE)
+        await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert ran == []
+        assert "approve" in await messages(rt, r.session_id)

@@ -214,9 +214,9 @@ class Candidates(SessionRunner):
         meanwhile (judging it again, as this one stalled past the policy's timeout and
         `RECOVERY_GRACE`), nothing is recorded: a candidate judged again raises
         `_EndedElsewhere`, the answer's own call returns (or raises) what was recorded (`_told`).
-        `mark` is the idempotency key of the message that gave the answer: the first event that
-        records the answer (its candidacy, its vote or its settlement) records the key too, so
-        the message repeated with it is not taken again.
+        `mark` is the idempotency key of the message that gave the answer: its vote or its
+        settlement records the key too, so the message repeated with it is not taken again (one
+        refused, or closed under it by a deadline, is not taken: `send` delivers it anew).
         """
         rid = request.id
         cid = recovered or new_id("cand")
@@ -280,7 +280,6 @@ class Candidates(SessionRunner):
             # Record the response first (all of it), so slow policy work cannot lose it.
             pending = {
                 **base,
-                **key,
                 "outcome": "pending",
                 "text": reply.text,
                 "value": reply.value,
@@ -388,7 +387,7 @@ class Candidates(SessionRunner):
                 )
             me = None if principal is None else principal.principal_id
             if wanted["decision"] == "approve" and current.approvers > 1:
-                if voted(current, principal) or (not evaluated and _sent(st, mark)):
+                if voted(current, principal) or _sent(st, mark):
                     again = already_counted(current)
                     outcome.append(again)
                     if not evaluated:
@@ -409,7 +408,7 @@ class Candidates(SessionRunner):
                     )
                     counted = {
                         **base,
-                        **({} if evaluated else key),
+                        **key,
                         "outcome": "counted",
                         "votes": len(votes),
                         "needed": current.approvers,
@@ -422,7 +421,7 @@ class Candidates(SessionRunner):
             resolution = {**wanted, "by": by}
             outcome.append(Outcome(request_id=rid, outcome=wanted["outcome"], applied=True))
             settled = _settlement_events(current, reply, resolution)
-            if not evaluated and key:
+            if key:
                 settled[0] = (settled[0][0], {**settled[0][1], **key})
             return Batch(
                 specs=_naming(settled, cid) if evaluated else settled,
