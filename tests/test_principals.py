@@ -394,3 +394,28 @@ def test_run_as_takes_requester_or_approver() -> None:
 
     with pytest.raises(so.UsageError, match="run_as"):
         so.tool(run_as="admin")(f)
+
+
+async def test_a_refusal_tells_apart_two_names_that_differ_only_in_type(tmp_path: Path) -> None:
+    """`--as app:signoff:app` names a user, not the app that asked a schedule's request: the
+    refusal said "asked by app:signoff:app (runtime); app:signoff:app may not settle it", the
+    same name twice; it names the type of each."""
+    log = ExecutionLog()
+    agent = scripted_agent(
+        "billing",
+        [call_tools(call("refund_charge", charge_id="c1", amount=5)), reply("done")],
+        tools=[refund_tool(log, so.always())],
+    )
+    posing = so.Principal(authenticator="app", principal_id="signoff:app")
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.schedule("billing", "nightly refunds")
+        (req,) = r.pending
+        with pytest.raises(so.NotAllowed) as refused:
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=req.id, option_id="approve")],
+                principal=posing,
+            )
+        assert "asked by app:signoff:app (runtime); app:signoff:app (user) may not" in str(
+            refused.value
+        )

@@ -285,3 +285,25 @@ async def test_a_steering_message_records_who_withdrew_the_request(store_url: st
         assert stored is not None and stored.resolution is not None
         assert stored.resolution["by"] == who
         assert await rt.verify_audit(r.session_id) == []
+
+
+async def test_a_message_from_a_second_approver_answers_but_never_steers(tmp_path: Path) -> None:
+    """The docs said a message from someone the turn does not serve never answers: it answers
+    the first open request when they may answer it (four eyes opens Alice's to Bob); any other
+    message of theirs waits for the turn's end, steering nothing."""
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always(exclude_requester=True))
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    first = call_tools(call("issue_refund", id="r1", order_id="1042"))
+    agent = scripted_agent("support", [first, reply("done")], tools=[issue_refund])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        [req] = r.pending
+        b = await rt.send(r.session_id, "what is this?", principal=BOB)
+        assert b.queued and [p.id for p in b.pending] == [req.id] and log.count() == 0
+        done = await rt.send(r.session_id, "approve", principal=BOB)
+        assert log.count() == 1 and done.outcomes[0].outcome == "approved"

@@ -286,3 +286,54 @@ async def test_a_childs_cancel_whose_mirror_a_losing_answer_closed_first_resumes
         assert state.requests[mirror.id].status == "withdrawn"
         assert state.turn is not None and state.turn.status == "completed"
         assert await rt.pending() == [] and ran == [] and after.calls == 1
+
+
+def refund_then_notify(ran: list[str]) -> list[so.Agent]:
+    """A parent whose child's refund needs approval (a mirror), then whose own notice does."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append("refund")
+        return "refunded"
+
+    @so.tool(approval=so.always())
+    async def notify(text: str) -> str:
+        """Tell the customer."""
+        ran.append("notify")
+        return "sent"
+
+    child = scripted_agent(
+        "billing",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Refunded.")],
+        tools=[issue_refund],
+    )
+    parent = scripted_agent(
+        "support",
+        [
+            call_tools(call("billing", id="d1", message="Refund order 1042")),
+            call_tools(call("notify", id="n1", text="refunded")),
+            reply("Done."),
+        ],
+        tools=[so.delegate("billing", description="Billing specialist."), notify],
+    )
+    return [parent, child]
+
+
+async def test_decisions_repeated_for_a_settled_mirror_are_a_no_op(store_url: str) -> None:
+    """`generate(approvals=...)` sent again (a retry after a timeout) repeats its decisions: a
+    no-op returning the turn, as for the session's own requests, though the turn now waits on
+    another request. For a mirror it raised `PartialAnswer` naming that request."""
+    ran: list[str] = []
+    async with so.Runtime(refund_then_notify(ran), store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund and tell them", auth=ALICE)
+        decided = [so.Decision(id=r.pending[0].id, approved=True)]
+        first = await rt.generate(session_id=r.session_id, approvals=decided, auth=ALICE)
+        [notice] = first.pending
+        assert notice.tool_name == "notify" and ran == ["refund"]
+        again = await rt.generate(session_id=r.session_id, approvals=decided, auth=ALICE)
+        assert again.status == "waiting" and [p.id for p in again.pending] == [notice.id]
+        assert [(o.outcome, o.applied) for o in again.outcomes] == [("approved", False)]
+        decided = [so.Decision(id=notice.id, approved=True)]
+        done = await rt.generate(session_id=r.session_id, approvals=decided, auth=ALICE)
+        assert done.status == "completed" and ran == ["refund", "notify"]

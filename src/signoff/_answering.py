@@ -177,6 +177,7 @@ class Answering(Candidates):
                     require_all=require_all,
                     check_only=check_only,
                     drive=drive_expired,
+                    mark=mark,
                 )
             agent = self.agent(state.agent)
             outcomes: list[Outcome] = []
@@ -294,9 +295,12 @@ class Answering(Candidates):
                     if driver.state.expired(self.now()):
                         raise SessionExpired(session_id, late)
                     continue  # read again: the closed request refuses its answer, the turn goes on
-            for request, reply, wanted in gated:
+            for i, (request, reply, wanted) in enumerate(gated):
+                key = mark if i == 0 and not resolves else None  # one event records the key
                 try:
-                    outcome = await self._candidate(session_id, request, reply, wanted, principal)
+                    outcome = await self._candidate(
+                        session_id, request, reply, wanted, principal, mark=key
+                    )
                 except RequestClosed:
                     # Its deadline may have closed it just now: the turn goes on without it.
                     if drive_expired and runnable(await self._state(session_id)):

@@ -20,6 +20,7 @@ from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import authorize, voted
 from ._error_text import error_text
 from ._exceptions import AnswerError, InvalidAnswer, RequestClosed, SessionExpired, StoreError
+from ._idempotency import Keyed
 from ._recording import Batch, EventSpec, new_id
 from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_response
 from ._results import Outcome
@@ -203,6 +204,7 @@ class Candidates(SessionRunner):
         principal: Principal | None,
         *,
         recovered: str | None = None,
+        mark: Keyed | None = None,
     ) -> Outcome:
         """Settle an approval that has a response policy or a quorum, recording its candidacy.
 
@@ -212,6 +214,9 @@ class Candidates(SessionRunner):
         meanwhile (judging it again, as this one stalled past the policy's timeout and
         `RECOVERY_GRACE`), nothing is recorded: a candidate judged again raises
         `_EndedElsewhere`, the answer's own call returns (or raises) what was recorded (`_told`).
+        `mark` is the idempotency key of the message that gave the answer: its vote or its
+        settlement records the key too, so the message repeated with it is not taken again (one
+        refused, or closed under it by a deadline, is not taken: `send` delivers it anew).
         """
         rid = request.id
         cid = recovered or new_id("cand")
@@ -253,9 +258,24 @@ class Candidates(SessionRunner):
 
         by = None if principal is None else principal.model_dump()
         base = _base(request, cid, wanted["decision"], by)
+        key = {} if mark is None else {"idem": list(mark)}
         tid = request.turn_id
         after = 0  # the seq of the candidate this call records: its end is looked for after it
 
+        live = state.requests.get(rid)
+        if (
+            evaluated
+            and recovered is None
+            and wanted["decision"] == "approve"
+            and request.approvers > 1
+            and live is not None
+            and live.status == "pending"
+            and _sent(state, mark)
+        ):
+            # The message was taken before (a retry through a subagent's mirror, whose parent
+            # records no vote): its vote counted then, which `voted` misses where one person
+            # may vote twice.
+            return already_counted(live.request)
         if tool is not None and tool.response_policy is not None:
             # Record the response first (all of it), so slow policy work cannot lose it.
             pending = {
@@ -367,7 +387,7 @@ class Candidates(SessionRunner):
                 )
             me = None if principal is None else principal.principal_id
             if wanted["decision"] == "approve" and current.approvers > 1:
-                if voted(current, principal):
+                if voted(current, principal) or _sent(st, mark):
                     again = already_counted(current)
                     outcome.append(again)
                     if not evaluated:
@@ -388,6 +408,7 @@ class Candidates(SessionRunner):
                     )
                     counted = {
                         **base,
+                        **key,
                         "outcome": "counted",
                         "votes": len(votes),
                         "needed": current.approvers,
@@ -400,6 +421,8 @@ class Candidates(SessionRunner):
             resolution = {**wanted, "by": by}
             outcome.append(Outcome(request_id=rid, outcome=wanted["outcome"], applied=True))
             settled = _settlement_events(current, reply, resolution)
+            if key:
+                settled[0] = (settled[0][0], {**settled[0][1], **key})
             return Batch(
                 specs=_naming(settled, cid) if evaluated else settled,
                 resolve=[
@@ -436,6 +459,12 @@ class Candidates(SessionRunner):
 class _EndedElsewhere(Exception):
     """A candidate judged again after its process died was ended by another process judging it
     at the same time: this one recorded nothing, and counts nothing."""
+
+
+def _sent(st: SessionState, mark: Keyed | None) -> bool:
+    """Whether the message keyed `mark` is recorded in `st` already: sent again at once, it
+    counted its vote meanwhile (which `voted` misses where one person may vote twice)."""
+    return mark is not None and (st.keys.get(mark[0]) or [None])[0] == mark[1]
 
 
 def already_counted(request: InputRequest) -> Outcome:

@@ -67,7 +67,9 @@ def authorize(request: InputRequest, principal: Principal | None) -> None:
             # "asked by alice; alice may not" would say nothing, and "asked by ops" of a token's
             # holder would send `signoff approve --as ops` (local:ops) to be refused again
             if who == asked_by or principal.authenticator != asker.authenticator:
-                asked_by, who = _full_name(asker), _full_name(principal)
+                # two names that differ only in type (the app, and a user posing as it) say so
+                typed = _full_name(asker, False) == _full_name(principal, False) or None
+                asked_by, who = _full_name(asker, typed), _full_name(principal, typed)
         hint = ""
         if principal is None:  # from Python, where the answer names no one unless told
             hint = f" (pass principal=, e.g. {_constructor(asker)})"
@@ -88,12 +90,13 @@ def _constructor(principal: Principal) -> str:
     return f"so.Principal({args})"
 
 
-def _full_name(principal: Principal) -> str:
-    """`authenticator:id`, with the issuer and type where they tell two of one id apart."""
+def _full_name(principal: Principal, typed: bool | None = None) -> str:
+    """`authenticator:id`, with the issuer and type where they tell two of one id apart: the
+    type if `typed`, or (None) if it is not `user`."""
     name = f"{principal.authenticator}:{principal.principal_id}"
     if principal.issuer is not None:
         name += f" (issuer {principal.issuer})"
-    if principal.principal_type != "user":
+    if typed or (typed is None and principal.principal_type != "user"):
         name += f" ({principal.principal_type})"
     return name
 

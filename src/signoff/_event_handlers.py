@@ -207,6 +207,7 @@ def _drop_candidates(s: SessionState, request_id: str) -> None:
 
 def _approval_candidate(s: SessionState, e: Event) -> None:
     d = e.data
+    _keyed(s, e, _in_turn(s, e))  # a keyed message's vote, counted toward a quorum
     cid = d.get("candidate_id")
     if cid is not None:
         if d.get("outcome") == "pending":

@@ -185,15 +185,20 @@ async def settle_routed(
     require_all: bool,
     check_only: bool = False,
     drive: bool = True,
+    mark: tuple[str, str] | None = None,
 ) -> list[Outcome]:
     """Settle answers to mirrored requests in their child sessions (each under the child's own
-    policies), close the mirrors the children closed, and settle the rest here.
+    policies), close the mirrors the children closed, and settle the rest here. `mark`, the
+    idempotency key of the message that gave the answers, is recorded here, by the first
+    mirror's closing (or the rest's settlement), so the message repeated is not taken again,
+    and in the child with its answer, where a vote it cast is not counted again.
 
     Every answer is checked before any is settled: a bad one leaves every session unchanged,
     but for a mirror whose child's request had closed unseen, which closes too (the parent's
     turn then goes on, if `drive`).
     """
-    if require_all:
+    if require_all and any(_open(state, a.request_id) for a in answers):
+        # A call that only repeats answers to closed requests is a no-op, as `_settle` has it.
         ids = {a.request_id for a in answers}
         missing = [r for r in state.pending_requests() if r.id not in ids]
         if missing:
@@ -229,17 +234,22 @@ async def settle_routed(
     if check_only:
         return []
     outcomes: list[Outcome] = []
-    for a, mirror, ref in mirrored:
+    for i, (a, mirror, ref) in enumerate(mirrored):
         try:
             with _naming(a, ref):
                 got = await rt._settle(
-                    ref.session_id, [_for_child(a, ref)], principal, require_all=False
+                    ref.session_id,
+                    [_for_child(a, ref)],
+                    principal,
+                    require_all=False,
+                    mark=mark if i == 0 else None,  # a vote there counts the message once
                 )
-        finally:
-            await close_mirror(rt, state.id, mirror)  # whatever the child now says
+        finally:  # whatever the child now says
+            await close_mirror(rt, state.id, mirror, mark=mark if i == 0 else None)
         outcomes.extend(dataclasses.replace(o, request_id=a.request_id) for o in got)
     if rest:
-        outcomes.extend(await rt._settle(state.id, rest, principal, require_all=False))
+        key = None if mirrored else mark
+        outcomes.extend(await rt._settle(state.id, rest, principal, require_all=False, mark=key))
     return outcomes
 
 
@@ -263,6 +273,11 @@ async def _closed_behind(rt: Answering, parent: str, mirror: InputRequest, *, dr
         return
     if drive and state.agent in rt.agents and runnable(state):
         await rt._drive(parent)
+
+
+def _open(state: SessionState, request_id: str) -> bool:
+    live = state.requests.get(request_id)
+    return live is not None and live.status == "pending"
 
 
 def _for_child(answer: Reply, ref: ChildRef) -> Reply:
@@ -292,11 +307,14 @@ def _naming(answer: Reply, ref: ChildRef) -> Iterator[None]:
         raise
 
 
-async def close_mirror(rt: Answering, parent: str, mirror: InputRequest) -> None:
+async def close_mirror(
+    rt: Answering, parent: str, mirror: InputRequest, *, mark: tuple[str, str] | None = None
+) -> None:
     """Resolve the mirror as its child request was resolved; nothing while that is open.
 
     The resolution is the child's stored one, which holds the decision, value and edited input
     the session's fold leaves out, so the mirror reads (and is repeated) as the child's does.
+    Its event records `mark`, the idempotency key of the message whose answer closed it.
     """
     ref = mirror.child
     assert ref is not None
@@ -326,7 +344,7 @@ async def close_mirror(rt: Answering, parent: str, mirror: InputRequest) -> None
         now = st.requests.get(mirror.id)
         if now is None or now.status != "pending":
             return Batch(specs=[])
-        spec: EventSpec = ("input.resolved", data)
+        spec: EventSpec = ("input.resolved", data if mark is None else {**data, "idem": list(mark)})
         resolve = Resolve(
             request_id=mirror.id, status=closed_as, outcome=data["outcome"], resolution=data
         )

@@ -1,0 +1,237 @@
+"""A keyed message that answers a request settled by more than the default rule (four eyes, a
+quorum, a response policy) or mirrored from a subagent answers once: repeated with its key, it
+is not delivered again as a new message (on both stores)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import signoff as so
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+from tests._subagents import Counted, refund_agents
+
+ALICE = so.Principal(authenticator="okta", principal_id="alice")
+BOB = so.Principal(authenticator="okta", principal_id="bob")
+CAROL = so.Principal(authenticator="okta", principal_id="carol")
+
+
+def refunding(approval: Any, ran: list[str]) -> so.Agent:
+    @so.tool(approval=approval)
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "refunded"
+
+    return scripted_agent(
+        "billing",
+        [call_tools(call("refund", id="c1", order_id="1042")), reply("done")],
+        tools=[refund],
+        repeat_last=True,
+    )
+
+
+async def messages(rt: so.Runtime, session_id: str) -> list[str]:
+    return [
+        e.data["message"]
+        async for e in rt.events(session_id, follow=False)
+        if e.type in ("turn.started", "turn.message")
+    ]
+
+
+async def event_count(rt: so.Runtime, session_id: str) -> int:
+    return len([e async for e in rt.events(session_id, follow=False)])
+
+
+def bobs_only(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+    if ctx.response.principal is not None and ctx.response.principal.principal_id == "bob":
+        return so.Allowed()
+    return so.Rejected("only bob settles refunds")
+
+
+async def test_a_keyed_message_settling_a_four_eyes_approval_is_sent_once(store_url: str) -> None:
+    ran: list[str] = []
+    agent = refunding(so.always(exclude_requester=True), ran)
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund 1042", auth=ALICE)
+        first = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert (first.status, first.turn_id, ran) == ("completed", r.turn_id, ["1042"])
+        before = await event_count(rt, r.session_id)
+        again = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert again.replayed and (again.turn_id, again.status) == (r.turn_id, "completed")
+        assert await event_count(rt, r.session_id) == before  # no turn started with "approve"
+        assert await messages(rt, r.session_id) == ["refund 1042"]
+        assert await rt.verify_audit() == []
+
+
+async def test_a_keyed_message_settling_through_a_response_policy_is_sent_once(
+    store_url: str,
+) -> None:
+    ran: list[str] = []
+    agent = refunding(so.ApprovalSpec(request=so.always(), response=bobs_only), ran)
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund 1042", auth=ALICE)
+        first = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert (first.status, ran) == ("completed", ["1042"])
+        before = await event_count(rt, r.session_id)
+        again = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert again.replayed and again.turn_id == r.turn_id
+        assert await event_count(rt, r.session_id) == before
+        assert await messages(rt, r.session_id) == ["refund 1042"]
+        assert await rt.verify_audit() == []
+
+
+async def test_a_keyed_vote_repeated_is_not_counted_twice(store_url: str) -> None:
+    """A quorum that lets one person vote twice (`distinct=False`) counts a message once,
+    however often it is retried with its key."""
+    ran: list[str] = []
+    agent = refunding(so.always(approvers=2, distinct=False), ran)
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund 1042", auth=ALICE)
+        first = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert first.status == "waiting" and first.pending[0].approved_by == ["bob"]
+        before = await event_count(rt, r.session_id)
+        again = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert again.replayed and again.status == "waiting" and ran == []
+        assert again.pending[0].approved_by == ["bob"]
+        assert await event_count(rt, r.session_id) == before
+        done = await rt.send(r.session_id, "approve", principal=CAROL)
+        assert (done.status, ran) == ("completed", ["1042"])
+        assert await rt.verify_audit() == []
+
+
+async def test_a_keyed_message_answering_a_subagents_request_is_sent_once(
+    store_url: str,
+) -> None:
+    ran: list[dict[str, Any]] = []
+    parent, child = refund_agents(ran, Counted("Done."))
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        assert r.status == "waiting"
+        first = await rt.send(r.session_id, "approve", principal=ALICE, idempotency_key="k")
+        assert (first.status, first.turn_id, len(ran)) == ("completed", r.turn_id, 1)
+        before = await event_count(rt, r.session_id)
+        again = await rt.send(r.session_id, "approve", principal=ALICE, idempotency_key="k")
+        assert again.replayed and (again.turn_id, again.status) == (r.turn_id, "completed")
+        assert await event_count(rt, r.session_id) == before
+        assert await messages(rt, r.session_id) == ["refund 1042"]
+        assert await rt.verify_audit() == []
+
+
+async def test_a_keyed_vote_sent_twice_at_once_is_counted_once(store_url: str) -> None:
+    ran: list[str] = []
+    agent = refunding(so.always(approvers=2, distinct=False), ran)
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund 1042", auth=ALICE)
+        results = await asyncio.gather(
+            *(rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k") for _ in "ab")
+        )
+        assert [x.status for x in results] == ["waiting", "waiting"] and ran == []
+        assert (await rt.state(r.session_id)).pending_requests()[0].approved_by == ["bob"]
+        assert await rt.verify_audit() == []
+
+
+async def test_keyed_votes_through_a_response_policy_each_count(store_url: str) -> None:
+    ran: list[str] = []
+    spec = so.ApprovalSpec(request=so.always(approvers=2), response=lambda ctx: so.Allowed())
+    agent = refunding(spec, ran)
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund 1042", auth=ALICE)
+        first = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="b")
+        assert first.status == "waiting" and first.pending[0].approved_by == ["bob"]
+        again = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="b")
+        assert again.replayed and again.pending[0].approved_by == ["bob"]
+        done = await rt.send(r.session_id, "approve", principal=CAROL, idempotency_key="c")
+        assert (done.status, ran) == ("completed", ["1042"])
+        assert await rt.verify_audit() == []
+
+
+async def test_a_keyed_vote_for_a_subagents_quorum_repeated_counts_once(store_url: str) -> None:
+    ran: list[str] = []
+    child = refunding(so.always(approvers=2, distinct=False), ran)
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund 1042")), reply("Done.")],
+        tools=[so.delegate("billing", description="Billing specialist.")],
+    )
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        first = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert first.status == "waiting" and first.pending[0].approved_by == ["bob"]
+        again = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert again.status == "waiting" and ran == []
+        assert again.pending[0].approved_by == ["bob"]
+        done = await rt.send(r.session_id, "approve", principal=CAROL)
+        assert (done.status, ran) == ("completed", ["1042"])
+        assert await rt.verify_audit() == []
+
+
+async def test_a_keyed_vote_judged_by_a_subagents_policy_repeated_counts_once(
+    store_url: str,
+) -> None:
+    ran: list[str] = []
+    spec = so.ApprovalSpec(
+        request=so.always(approvers=2, distinct=False), response=lambda ctx: so.Allowed()
+    )
+    child = refunding(spec, ran)
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund 1042")), reply("Done.")],
+        tools=[so.delegate("billing", description="Billing specialist.")],
+    )
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        first = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert first.status == "waiting" and first.pending[0].approved_by == ["bob"]
+        again = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert again.status == "waiting" and ran == []
+        assert again.pending[0].approved_by == ["bob"]
+        done = await rt.send(r.session_id, "approve", principal=CAROL)
+        assert (done.status, ran) == ("completed", ["1042"])
+        assert await rt.verify_audit() == []
+
+
+async def test_a_keyed_message_whose_subagents_request_closed_meanwhile_is_delivered(
+    store_url: str,
+) -> None:
+    """The child's request expires while its response policy judges the message's answer: the
+    message answered nothing, so it is delivered as a message (not taken as a repeat)."""
+    clock = ManualClock()
+
+    async def slow(ctx: so.ResponseContext) -> so.Allowed:
+        clock.advance(61)
+        return so.Allowed()
+
+    ran: list[str] = []
+    child = refunding(so.ApprovalSpec(request=so.always(expires_in=60), response=slow), ran)
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund 1042")), reply("Done.")],
+        tools=[so.delegate("billing", description="Billing specialist.")],
+        repeat_last=True,
+    )
+    async with so.Runtime([parent, child], store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        await rt.send(r.session_id, "approve", principal=ALICE, idempotency_key="k")
+        assert ran == []
+        assert "approve" in await messages(rt, r.session_id)
+
+
+async def test_a_keyed_message_whose_request_closed_while_judged_is_delivered(
+    store_url: str,
+) -> None:
+    """The request expires while its response policy judges a keyed message's answer: the
+    message answered nothing, so it is delivered as a message, as one without a key is."""
+    clock = ManualClock()
+
+    async def slow(ctx: so.ResponseContext) -> so.Allowed:
+        clock.advance(61)
+        return so.Allowed()
+
+    ran: list[str] = []
+    spec = so.ApprovalSpec(request=so.always(expires_in=60), response=slow)
+    async with so.Runtime([refunding(spec, ran)], store=store_url, clock=clock) as rt:
+        r = await rt.generate("billing", prompt="refund 1042", auth=ALICE)
+        await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert ran == []
+        assert "approve" in await messages(rt, r.session_id)
