@@ -160,6 +160,7 @@ async def event_stream(
     expires_at = 0.0  # by the runtime's clock; 0 until the session's state is read
     check_at = 0.0  # monotonic: when to read the state again (was the session deleted?)
     signed_at = time.monotonic() + heartbeat  # when to check the caller's sign-in again
+    quiet = False  # the store's wait found the head not past `after`: no events to read
     while True:
         if not follow and head is not None and after >= head:
             return
@@ -167,7 +168,10 @@ async def event_stream(
         batch: list[Event] = []
         # A store that does not answer (a frozen database host) holds a call for its timeout,
         # 30 s: keep-alives go on meanwhile, and a stopping server does not wait for it.
-        read = asyncio.ensure_future(_read(ctx, session_id, after, follow, expires_at, check_at))
+        read = asyncio.ensure_future(
+            _read(ctx, session_id, after, follow, expires_at, check_at, quiet=quiet)
+        )
+        quiet = False
         try:
             async with aclosing(keep_alives(read, ctx, follow, last_sent)) as waits:
                 async for message in waits:
@@ -246,6 +250,8 @@ async def event_stream(
         if wait.exception() is not None:  # deleted, or the store failing: the read tells which
             check_at = 0.0
             await asyncio.sleep(poll_interval)
+        else:
+            quiet = not wait.result()
 
 
 def _change_wait(
@@ -265,7 +271,9 @@ def _change_wait(
         due = min(due, expires_at - ctx.runtime.now())
     else:  # a clock of its own may jump: look at it as often as before
         due = min(due, ctx.poll_interval)
-    waiting: Awaitable[bool] = wait(session_id, max(due, ctx.poll_interval), after=after)
+    # A `poll_interval` past the due time: a wait that ends a moment short of it would have the
+    # stream read, find nothing due, and wait a `poll_interval` again.
+    waiting: Awaitable[bool] = wait(session_id, max(due, 0.0) + ctx.poll_interval, after=after)
     return asyncio.ensure_future(waiting)
 
 
@@ -290,12 +298,17 @@ async def _read(
     follow: bool,
     expires_at: float,
     check_at: float,
+    *,
+    quiet: bool = False,
 ) -> tuple[list[Event], SignoffError | None, float, float]:
-    """One poll of a stream: the events after `after`, and (when following and none came, and
-    it is time) why the session can have no more; `expires_at` and `check_at` as they are now."""
-    batch = await ctx.runtime.store.read_events(
-        session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
-    )
+    """One poll of a stream: the events after `after` (none read if `quiet`: the store's wait
+    found its head not past it), and (when following and none came, and it is time) why the
+    session can have no more; `expires_at` and `check_at` as they are now."""
+    batch: list[Event] = []
+    if not quiet:
+        batch = await ctx.runtime.store.read_events(
+            session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
+        )
     ended: SignoffError | None = None
     if follow and not batch and (ctx.runtime.now() >= expires_at or time.monotonic() >= check_at):
         ended, expires_at = await session_end(ctx, session_id)
