@@ -312,6 +312,10 @@ class Leasing:
         failing = False  # the last renewal did not get through: the deadline below holds
         renewal: asyncio.Future[bool] | None = None
         asked = asked_at = 0.0  # the lease clock's (and `_AWAKE`'s) time `renewal` renews from
+        # The read of what other processes recorded (`_cancelled_elsewhere`), beside the
+        # renewals: awaited here, a slow store (a busy pool) held the loop past the lease's
+        # deadline, and the body ran on while another process took the lease over.
+        watch: asyncio.Future[None] | None = None
         try:
             while go_on.is_set():
                 await asyncio.sleep(pause)
@@ -366,9 +370,19 @@ class Leasing:
                 held.renewed(asked_at, asked + self.lease_ttl)
                 failing = False
                 pause = self.lease_ttl / 3
-                if held.drive is not None:
-                    await self._cancelled_elsewhere(session_id, held.drive, held)
+                if watch is not None and watch.done():
+                    watch.result()  # an error other than the store's is the drive's
+                    watch = None
+                if held.drive is not None and watch is None:
+                    watch = asyncio.ensure_future(
+                        self._cancelled_elsewhere(session_id, held.drive, held)
+                    )
         finally:
+            if watch is not None:
+                watch.cancel()
+                await asyncio.wait({watch})
+                if not watch.cancelled():
+                    watch.exception()  # seen: the drive is over
             if renewal is not None:
                 # Stopped before the drive's lease is released, its connection back in the pool.
                 renewal.cancel()

@@ -7,7 +7,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -147,9 +147,11 @@ async def event_stream(
     `heartbeat`): then a final `stream.end`. A read that is not followed, given the session's
     `head` as the request read it, ends there (a snapshot: no read to find the log's end).
 
-    It polls the store rather than an in-process signal, so any server process can serve any
-    session, whoever writes to it. A following stream outlives a store failing for a while (the
-    database restarting): a client reconnecting then would get a 503, which ends an EventSource.
+    It waits on the store's change signal (PostgreSQL's LISTEN/NOTIFY; SQLite's is polled, so
+    there it reads every `poll_interval`) rather than an in-process one, so any server process
+    can serve any session, whoever writes to it. A following stream outlives a store failing
+    for a while (the database restarting): a client reconnecting then would get a 503, which
+    ends an EventSource.
     """
     poll_interval, heartbeat = ctx.poll_interval, ctx.heartbeat
     yield f"retry: {int(max(poll_interval, 0.5) * 1000)}\n\n"
@@ -158,6 +160,7 @@ async def event_stream(
     expires_at = 0.0  # by the runtime's clock; 0 until the session's state is read
     check_at = 0.0  # monotonic: when to read the state again (was the session deleted?)
     signed_at = time.monotonic() + heartbeat  # when to check the caller's sign-in again
+    quiet = False  # the store's wait found the head not past `after`: no events to read
     while True:
         if not follow and head is not None and after >= head:
             return
@@ -165,7 +168,10 @@ async def event_stream(
         batch: list[Event] = []
         # A store that does not answer (a frozen database host) holds a call for its timeout,
         # 30 s: keep-alives go on meanwhile, and a stopping server does not wait for it.
-        read = asyncio.ensure_future(_read(ctx, session_id, after, follow, expires_at, check_at))
+        read = asyncio.ensure_future(
+            _read(ctx, session_id, after, follow, expires_at, check_at, quiet=quiet)
+        )
+        quiet = False
         try:
             async with aclosing(keep_alives(read, ctx, follow, last_sent)) as waits:
                 async for message in waits:
@@ -228,7 +234,61 @@ async def event_stream(
             last_sent = now
         if ctx.closing or await request.is_disconnected():
             return
-        await asyncio.sleep(poll_interval)
+        wait = _change_wait(ctx, session_id, after, expires_at, min(check_at, signed_at))
+        if wait is None:
+            await asyncio.sleep(poll_interval)
+            continue
+        try:
+            async with aclosing(_waiting(wait, request, ctx, last_sent)) as waits:
+                async for message in waits:
+                    yield message
+                    last_sent = time.monotonic()
+        finally:
+            drop(wait)
+        if not wait.done():
+            return
+        if wait.exception() is not None:  # deleted, or the store failing: the read tells which
+            check_at = 0.0
+            await asyncio.sleep(poll_interval)
+        else:
+            quiet = not wait.result()
+
+
+def _change_wait(
+    ctx: ServerContext, session_id: str, after: int, expires_at: float, recheck_at: float
+) -> asyncio.Future[bool] | None:
+    """A wait for the session's head to pass `after`, on a store that announces its changes
+    (PostgreSQL's LISTEN/NOTIFY, whose shared re-check of the heads is its safety net): until
+    the session's expiry, or `recheck_at` (by `time.monotonic`: its sign-in and whether it is
+    still stored are read again), is due. None where the store only polls: there a read every
+    `poll_interval` costs less than its wait's own polls."""
+    store = ctx.runtime.store
+    wait = getattr(store, "wait_for_change", None)
+    if wait is None or not hasattr(store, "changes_seen"):
+        return None
+    due = recheck_at - time.monotonic()
+    if ctx.runtime.clock is time.time:
+        due = min(due, expires_at - ctx.runtime.now())
+    else:  # a clock of its own may jump: look at it as often as before
+        due = min(due, ctx.poll_interval)
+    # A `poll_interval` past the due time: a wait that ends a moment short of it would have the
+    # stream read, find nothing due, and wait a `poll_interval` again.
+    waiting: Awaitable[bool] = wait(session_id, max(due, 0.0) + ctx.poll_interval, after=after)
+    return asyncio.ensure_future(waiting)
+
+
+async def _waiting(
+    wait: asyncio.Future[bool], request: Request, ctx: ServerContext, last_sent: float
+) -> AsyncGenerator[str, None]:
+    """A keep-alive each `heartbeat` quiet seconds until `wait` is done; it ends before then if
+    the server begins to stop or the client goes (looked at every `poll_interval`, no read)."""
+    await asyncio.sleep(0)
+    while not await _settled(wait, min(last_sent + ctx.heartbeat, _soon(ctx.poll_interval))):
+        if ctx.closing or await request.is_disconnected():
+            return
+        if time.monotonic() - last_sent >= ctx.heartbeat:
+            yield KEEP_ALIVE
+            last_sent = time.monotonic()
 
 
 async def _read(
@@ -238,12 +298,17 @@ async def _read(
     follow: bool,
     expires_at: float,
     check_at: float,
+    *,
+    quiet: bool = False,
 ) -> tuple[list[Event], SignoffError | None, float, float]:
-    """One poll of a stream: the events after `after`, and (when following and none came, and
-    it is time) why the session can have no more; `expires_at` and `check_at` as they are now."""
-    batch = await ctx.runtime.store.read_events(
-        session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
-    )
+    """One poll of a stream: the events after `after` (none read if `quiet`: the store's wait
+    found its head not past it), and (when following and none came, and it is time) why the
+    session can have no more; `expires_at` and `check_at` as they are now."""
+    batch: list[Event] = []
+    if not quiet:
+        batch = await ctx.runtime.store.read_events(
+            session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
+        )
     ended: SignoffError | None = None
     if follow and not batch and (ctx.runtime.now() >= expires_at or time.monotonic() >= check_at):
         ended, expires_at = await session_end(ctx, session_id)

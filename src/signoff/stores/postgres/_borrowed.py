@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 else:
     Conn = Any
 
-__all__ = ["OPERATION_TIMEOUT", "Borrowed", "Pool", "sever"]
+__all__ = ["LEASE_CONNECTIONS", "OPERATION_TIMEOUT", "Borrowed", "Pool", "sever"]
 
 OPERATION_TIMEOUT = 30.0
 """Seconds a store call may spend on its connection (each attempt of it) unless the URL
@@ -49,11 +49,17 @@ def sever(conn: Conn) -> None:
             sock.detach()  # the descriptor stays libpq's, open
 
 
+LEASE_CONNECTIONS = 2
+"""Connections of a store's lease pool (`Pool.leases`): lease renewals only, each one short
+statement, so a few serve every drive of the process."""
+
+
 class Pool(AsyncConnectionPool[Conn]):
     """The store's pool: `check()` (run after a connection was lost) tests each idle connection
     within `operation_timeout`, as a call is held on one: a server process that stopped
     answering would otherwise hold the test, and whatever waits for it, for ever. It counts the
-    connections it has lent (`lent`)."""
+    connections it has lent (`lent`). Its `leases` pool, closed with it, holds the connections
+    lease renewals use, so they never queue behind the process's other calls."""
 
     def __init__(self, *args: Any, operation_timeout: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -61,6 +67,15 @@ class Pool(AsyncConnectionPool[Conn]):
         # Connections handed out and not put back yet: those a call waiting may still get, when
         # the server refuses new ones (`Outage.borrow`).
         self.lent = 0
+        self.leases: Pool | None = None
+
+    async def close(self, timeout: float = 5.0) -> None:
+        leases, self.leases = self.leases, None
+        try:
+            if leases is not None:
+                await leases.close(timeout)
+        finally:
+            await super().close(timeout)
 
     async def getconn(self, timeout: float | None = None) -> Conn:
         conn = await super().getconn(timeout)

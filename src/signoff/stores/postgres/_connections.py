@@ -29,7 +29,7 @@ from .._base import FaultHook, older_schema
 from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT
 from . import _schema
-from ._borrowed import OPERATION_TIMEOUT, Pool
+from ._borrowed import LEASE_CONNECTIONS, OPERATION_TIMEOUT, Pool
 from ._changes import Listener
 from ._outage import GRACE, Outage, is_down, unreachable
 from ._shared import settle
@@ -213,28 +213,38 @@ class Connections(Transactions):
             raise self._opening_failed("cannot read settings", exc) from exc
         finally:
             await conn.close()
-        pool = Pool(
+        pool = self._new_pool(self.min_size, self.max_size, "")
+        # Lease renewals have connections of their own, opened on first use: behind the
+        # process's other calls in a busy pool (drives just claimed, the pool still growing
+        # one connection at a time), they waited past their deadline and the lease lapsed
+        # under a live drive, whose call another worker then ran again.
+        pool.leases = self._new_pool(0, LEASE_CONNECTIONS, "-leases")
+        try:
+            await pool.open(wait=True, timeout=self.timeout)
+            await pool.leases.open()
+        except PoolTimeout as exc:
+            await pool.close()
+            raise StoreError(f"cannot connect to PostgreSQL at {self._where}: {exc}") from exc
+        return pool
+
+    def _new_pool(self, min_size: int, max_size: int, suffix: str) -> Pool:
+        """A pool of this store's connections, not opened yet."""
+        return Pool(
             self._dsn,
-            min_size=self.min_size,
-            max_size=self.max_size,
+            min_size=min_size,
+            max_size=max_size,
             timeout=self.timeout,
             kwargs={
                 "autocommit": True,
                 "client_encoding": "utf8",  # whatever the role's or database's default
             },
             open=False,
-            name=f"signoff-{self.schema}",
+            name=f"signoff-{self.schema}{suffix}",
             reconnect_timeout=RECONNECT_WITHIN,
             reconnect_failed=_reconnect_again,
             configure=partial(_configure, operation_timeout=self.operation_timeout),
             operation_timeout=self.operation_timeout,
         )
-        try:
-            await pool.open(wait=True, timeout=self.timeout)
-        except PoolTimeout as exc:
-            await pool.close()
-            raise StoreError(f"cannot connect to PostgreSQL at {self._where}: {exc}") from exc
-        return pool
 
     @property
     def _changes(self) -> Listener:

@@ -201,7 +201,7 @@ class Leases(Connections):
             return cur.rowcount == 1
 
         renewed = await self._write(
-            body, f"renewing the lease on session {session_id!r}", transaction=False
+            body, f"renewing the lease on session {session_id!r}", transaction=False, renewal=True
         )
         return bool(renewed)
 

@@ -111,6 +111,7 @@ class Transactions:
         committed: Callable[[], Awaitable[bool]] | None = None,
         transaction: bool = True,
         began: Callable[[], bool] | None = None,
+        renewal: bool = False,
     ) -> T | None:
         """Run `body`, whose write is one message that is a transaction of its own: one
         statement (sent with its Sync), or statements sent together by the simple protocol.
@@ -124,9 +125,12 @@ class Transactions:
         runs) the outcome is unknown: `committed` (read on a fresh connection) decides; without
         it, or if it cannot tell, the caller gets a `StoreError`. Returns None when the write is
         found committed that way. With `transaction=False`, the body is one idempotent
-        statement, retried whenever the connection is lost.
+        statement, retried whenever the connection is lost. A lease `renewal` runs on the
+        pool's lease connections (`Pool.leases`), never waiting behind the other calls.
         """
         pool = await self._get_pool()
+        if renewal and pool.leases is not None:
+            pool = pool.leases
         fresh = False  # a connection opened for the call, not another of the pool's
         for attempt in range(3):
             phase = "connect"

@@ -203,6 +203,8 @@ class Connection:
         self._shm: tuple[int, int] | None = None  # the -shm a read-only connection reads through
         # The store schema the file had when this store opened it: 0 for a new file.
         self.schema_found: int | None = None
+        # `wait_for_change`'s shared poll, one per event loop (a `_store.Follows`).
+        self._follows: dict[Any, Any] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
 

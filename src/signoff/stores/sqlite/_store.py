@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..._events import Event, dumps
 from ..._exceptions import AppendConflict, LeaseLost, RequestClosed, StoreError, UnknownSession
@@ -42,6 +42,17 @@ __all__ = ["SQLiteStore", "TURN_NAMED_EVERY"]
 TURN_NAMED_EVERY = 64
 """An event row names its turn when the turn changes, and at least every 64 rows, so finding
 an event's turn never scans back further than that."""
+
+
+class Follows:
+    """The waits for sessions on one event loop, by the session, head and `poll_interval` they
+    wait on, and the task polling for them all while there are any."""
+
+    def __init__(self) -> None:
+        self.waits: dict[asyncio.Future[bool], tuple[str, int, float]] = {}
+        self.task: asyncio.Task[None] | None = None
+        # What `_changed` saw last: the connection and its counts.
+        self.seen: tuple[object, int, int] | None = None
 
 
 class SQLiteStore(Reads, Leases):
@@ -348,8 +359,11 @@ class SQLiteStore(Reads, Leases):
     ) -> bool:
         """Poll until a commit to `session_id` (any session if None) shows up; False on timeout.
 
-        Given `after`, it returns at once if the session's head is already past it. Each poll
-        takes the store's lock; the waits between them do not.
+        Given `after`, it returns at once if the session's head is already past it. The waits
+        for sessions share one poll per event loop, every `poll_interval`: it reads the heads of
+        all their sessions in one query, and only when the file changed since its last look, so
+        a thousand idle followers cost what one does. Each poll takes the store's lock; the
+        waits between them do not.
         """
 
         def mark() -> tuple[int, ...]:
@@ -363,11 +377,108 @@ class SQLiteStore(Reads, Leases):
         if after is not None and session_id is not None and start[1] > after:
             return True
         deadline = time.monotonic() + timeout
+        if session_id is not None:
+            return await self._follow(session_id, start[1], deadline, poll_interval, mark)
         while (remaining := deadline - time.monotonic()) > 0:
             await asyncio.sleep(min(poll_interval, remaining))
             if mark() != start:
                 return True
         return False
+
+    async def _follow(
+        self,
+        session_id: str,
+        head: int,
+        deadline: float,
+        every: float,
+        mark: Callable[[], tuple[int, ...]],
+    ) -> bool:
+        """Wait, through the loop's shared poll, for `session_id`'s head to move past `head`;
+        when the poll cannot vouch for the session (not found, a failed read), read its head
+        here, which raises what it always did (`UnknownSession`, a `StoreError`)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            follows = self._follows.get(loop)
+            if follows is None:
+                follows = self._follows[loop] = Follows()
+            fut: asyncio.Future[bool] = loop.create_future()
+            follows.waits[fut] = (session_id, head, every)
+            if follows.task is None or follows.task.done():
+                follows.task = loop.create_task(self._polling(follows), name="signoff-follows")
+            try:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                async with asyncio.timeout(remaining):
+                    if await asyncio.shield(fut):
+                        return True
+            except TimeoutError:
+                return False
+            finally:
+                follows.waits.pop(fut, None)
+            if mark()[1] != head:
+                return True
+
+    async def _polling(self, follows: Follows) -> None:
+        """The poll the waits for sessions on one event loop share: every `poll_interval` (the
+        least of theirs), if the file changed since the last look (`_changed`), one query reads
+        their sessions' heads and wakes the waits whose head moved; a session not found, or a
+        failed read, has its waits read their own head."""
+        try:
+            while follows.waits:
+                await asyncio.sleep(min(every for _, _, every in follows.waits.values()))
+                waits = [(f, w) for f, w in follows.waits.items() if not f.done()]
+                if not waits:
+                    continue
+                try:
+                    with self._lock:
+                        if not self._changed(follows):
+                            continue
+                        found = self._heads(sorted({sid for _, (sid, _, _) in waits}))
+                except (sqlite3.Error, StoreError):
+                    follows.seen = None
+                    found = {}
+                for fut, (sid, head, _) in waits:
+                    seq = found.get(sid)
+                    if not fut.done() and (seq is None or seq != head):
+                        fut.set_result(seq is not None)
+        finally:
+            for fut in follows.waits:  # none may be left counting on a poll that stopped
+                if not fut.done():
+                    fut.set_result(False)
+            loop = asyncio.get_running_loop()
+            if self._follows.get(loop) is follows:  # no loop is kept once its waits are over
+                del self._follows[loop]
+
+    def _changed(self, follows: Follows) -> bool:
+        """Whether the file may have changed since the poll last looked: SQLite's counts of the
+        commits of other connections (`data_version`) and of this one's changes, on the same
+        connection; a read-only store, whose connection is swapped as writers come and go,
+        always reads the heads."""
+        self._readable(every=0)  # a file deleted or replaced under us never changes again
+        conn = self.conn
+        if self._access != "rw":
+            follows.seen = None
+            return True
+        (version,) = conn.execute("PRAGMA data_version").fetchone()
+        seen = (conn, int(version), conn.total_changes)
+        if follows.seen is not None and follows.seen == seen:
+            return False
+        follows.seen = seen
+        return True
+
+    def _heads(self, session_ids: Sequence[str]) -> dict[str, int]:
+        """The heads of those of `session_ids` that are stored (and well-formed), a few hundred
+        a query."""
+        found: dict[str, int] = {}
+        for i in range(0, len(session_ids), 500):
+            ids = session_ids[i : i + 500]
+            marks = ",".join("?" * len(ids))
+            sql = f"SELECT id, head FROM sessions WHERE id IN ({marks})"
+            for sid, head in self.conn.execute(sql, ids):
+                if type(head) is int:
+                    found[str(sid)] = head
+        return found
 
     def _mark(self, session_id: str | None) -> tuple[int, ...]:
         """What `wait_for_change` compares: the session's head; for any session, what SQLite

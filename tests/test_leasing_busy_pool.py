@@ -1,0 +1,131 @@
+"""A lease is renewed even while every pooled connection of the process is busy: a renewal that
+waited behind the process's own store calls for a connection (a worker that just claimed its
+sessions, its pool still growing, on a loaded machine) let the lease lapse under a live drive,
+whose call another worker then ran again (the chaos test's `start` in a process never killed)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import signoff as so
+from signoff.stores.postgres import PostgresStore
+
+from ._pg_events import new_session
+from .test_leasing_clock import _agent
+
+
+def _one_connection(url: str) -> str:
+    return url + ("&" if "?" in url else "?") + "pool_max=1"
+
+
+async def _hold_the_only_connection(store: PostgresStore, seconds: float) -> None:
+    async def body(conn: Any) -> None:
+        await conn.execute("SELECT pg_sleep(%s)", (seconds,))
+
+    await store._read(body, "holding the connection")
+
+
+async def test_a_renewal_does_not_wait_for_a_busy_pool(pg_store_url: str) -> None:
+    """With the pool's only connection busy for 2 s, a renewal of a lease gets through at once,
+    not once the connection is back."""
+    store = PostgresStore(_one_connection(pg_store_url))
+    await store.open()
+    try:
+        sid = await new_session(store)
+        now = await store.server_time()
+        token = await store.acquire_lease(sid, "me", 5.0, now)
+        assert token is not None
+        busy = asyncio.create_task(_hold_the_only_connection(store, 2.0))
+        await asyncio.sleep(0.2)  # the statement is running
+        asked = time.monotonic()
+        live = await asyncio.wait_for(store.renew_lease(sid, "me", token, 5.0, now), 5)
+        took = time.monotonic() - asked
+        assert not busy.done()
+        await busy
+        assert live
+        assert took < 1.0, took
+    finally:
+        await store.close()
+
+
+async def test_a_drive_keeps_its_lease_while_its_pool_is_busy(pg_store_url: str) -> None:
+    """A tool body runs for 1.5 s (2.5 TTLs) while the process's only pooled connection is busy
+    the whole time: its lease is renewed meanwhile, so another process trying to take the
+    session over finds it busy, and the call runs once, in the drive that started it."""
+    runs: list[str] = []
+    release = asyncio.Event()
+    agent = _agent(runs, release)
+    async with (
+        so.Runtime([agent], store=_one_connection(pg_store_url), lease_ttl=0.6) as holder,
+        so.Runtime([agent], store=pg_store_url, lease_ttl=0.6, lease_wait=0.1) as other,
+    ):
+        store = holder.store
+        assert isinstance(store, PostgresStore)
+        sid = await holder.create_session("support")
+        drive = asyncio.create_task(holder.generate("support", "Refund", session_id=sid))
+        while not runs:
+            await asyncio.sleep(0.01)
+        busy = asyncio.create_task(_hold_the_only_connection(store, 1.5))
+        try:
+            while not busy.done():  # another worker tries to take the session over meanwhile
+                taking = asyncio.create_task(other.generate(session_id=sid))
+                await asyncio.wait({taking}, timeout=2.0)
+                if not taking.done():  # it took the lease over: it runs the call again
+                    release.set()
+                    await asyncio.wait_for(taking, 10)
+                    raise AssertionError(("the session was taken over", runs))
+                assert taking.result().status == "running"  # busy: the holder's lease is live
+                await asyncio.sleep(0.1)
+            await busy
+        finally:
+            release.set()
+            done = await asyncio.wait_for(drive, 10)
+        assert done.status == "completed"
+    assert runs == [f"{sid}:1:call_refund"]
+
+
+async def test_a_slow_read_of_what_others_recorded_holds_up_no_renewal(store_url: str) -> None:
+    """Each renewal reads what other processes recorded (a cancel, a steer) after it: that read
+    taking 1.5 s (2.5 TTLs) on a slow store delays no renewal, so the lease stays live, another
+    process finds the session busy, and the call runs once."""
+    runs: list[str] = []
+    release = asyncio.Event()
+    agent = _agent(runs, release)
+    async with (
+        so.Runtime([agent], store=store_url, lease_ttl=0.6) as holder,
+        so.Runtime([agent], store=store_url, lease_ttl=0.6, lease_wait=0.1) as other,
+    ):
+        store = holder.store
+        head = store.head
+        slow = asyncio.Event()
+
+        async def slow_head(session_id: str) -> int | None:
+            if slow.is_set():
+                slow.clear()  # the next renewal's read, once
+                await asyncio.sleep(1.5)
+            return await head(session_id)
+
+        store.head = slow_head  # type: ignore[method-assign]
+        sid = await holder.create_session("support")
+        drive = asyncio.create_task(holder.generate("support", "Refund", session_id=sid))
+        while not runs:
+            await asyncio.sleep(0.01)
+        slow.set()
+        began = time.monotonic()
+        try:
+            while time.monotonic() - began < 2.0:
+                taking = asyncio.create_task(other.generate(session_id=sid))
+                await asyncio.wait({taking}, timeout=2.0)
+                if not taking.done():  # it took the lease over: it runs the call again
+                    release.set()
+                    await asyncio.wait_for(taking, 10)
+                    raise AssertionError(("the session was taken over", runs))
+                assert taking.result().status == "running"  # busy: the holder's lease is live
+                await asyncio.sleep(0.1)
+        finally:
+            release.set()
+            done = await asyncio.wait_for(drive, 10)
+        assert done.status == "completed"
+    assert runs == [f"{sid}:1:call_refund"]
