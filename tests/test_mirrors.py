@@ -213,7 +213,7 @@ async def test_the_dashboard_shows_a_mirrors_deadline_and_escalation_as_its_suba
             assert await rt.expire_due() == 1
             for path in (f"/_signoff/sessions/{r.session_id}", "/_signoff"):
                 shown = await card(path)
-                assert "escalated to finance" in shown and "never" in shown, path
+                assert "escalated to <bdi>finance</bdi>" in shown and "never" in shown, path
 
 
 async def test_a_mirror_of_a_request_settled_before_its_deadline_does_not_follow_it(

@@ -338,7 +338,9 @@ async def test_helix_dashboard_tools_view_shows_each_approval_setting(tmp_path: 
         )
     }
     rows = page.text.split('<td class="mono">')[1:]
-    shown = {row.split("</td>", 1)[0]: row for row in rows}
+    shown = {
+        row.split("</td>", 1)[0].removeprefix("<bdi>").removesuffix("</bdi>"): row for row in rows
+    }
     for name, label in badges.items():
         assert f">{label}</span>" in shown[name], name
 
@@ -362,9 +364,9 @@ async def test_helix_a_run_waiting_on_approval_shows_as_awaiting_approval(tmp_pa
             )
             sid = chat.json()["session_id"]
             page = (await c.get(f"/_signoff/sessions/{sid}")).text
-            assert "Awaiting approval: issue_refund" in page
+            assert "Awaiting approval: <bdi>issue_refund</bdi>" in page
             fragment = (await c.get(f"/_signoff/fragments/sessions/{sid}?after=1")).json()
-            assert "Awaiting approval: issue_refund" in fragment["rows"]
+            assert "Awaiting approval: <bdi>issue_refund</bdi>" in fragment["rows"]
 
 
 async def test_helix_the_same_id_twice_in_one_call_is_refused_by_name(tmp_path: Path) -> None:
