@@ -266,6 +266,8 @@ class Answering(Candidates):
                 turn_id = request.turn_id
             if unknown:
                 raise UnknownRequest(session_id, unknown)
+            for request, _, _ in gated:  # who may answer first, as under the default rule
+                check_quorum_eligibility(request, principal)
             if require_all and (resolves or gated):  # a call that only repeats is a no-op
                 answered = set(ids)
                 missing = [r for r in state.pending_requests() if r.id not in answered]
@@ -275,8 +277,6 @@ class Answering(Candidates):
                         [r.id for r in missing],
                         [r.id for r in missing if r.kind != "tool-approval"],
                     )
-            for request, _, _ in gated:
-                check_quorum_eligibility(request, principal)
             if check_only:
                 return []
             if resolves:
