@@ -51,3 +51,43 @@ async def test_an_ineligible_partial_set_of_decisions_is_not_allowed(
         assert refused.value.request_ids == [first.id]
         assert await store_contents(rt.store, r.session_id) == before
         assert log.count() == 0
+
+
+async def test_an_ineligible_partial_set_of_decisions_on_mirrors_is_not_allowed(
+    store_url: str,
+) -> None:
+    """A subagent's two four-eyes approvals, mirrored in the parent: the requester deciding one
+    of them through the parent was told the other was unanswered (`PartialAnswer`), where the
+    same call on the subagent's own session is `NotAllowed`."""
+    ran: list[str] = []
+
+    @so.tool(approval=so.always(exclude_requester=True))
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "ok"
+
+    both = call_tools(call("refund", order_id="8"), call("refund", order_id="9"))
+    child = scripted_agent("billing", [both, reply("refunded")], tools=[refund])
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", message="refund 8 and 9")), reply("done")],
+        tools=[so.delegate("billing")],
+    )
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 8 and 9", auth=ALICE)
+        first, _ = r.pending
+        assert first.child is not None
+        before = await store_contents(rt.store, r.session_id)
+        for session_id, rid in (
+            (first.child.session_id, first.child.request_id),
+            (r.session_id, first.id),
+        ):
+            with pytest.raises(so.NotAllowed, match="the requester may not"):
+                await rt.generate(
+                    session_id=session_id,
+                    approvals=[so.Decision(id=rid, approved=True)],
+                    auth=ALICE,
+                )
+        assert await store_contents(rt.store, r.session_id) == before
+        assert ran == []
