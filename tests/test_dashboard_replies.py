@@ -56,6 +56,29 @@ def test_a_refused_reviewer_without_javascript_is_told_why(base: str) -> None:
         assert rid in c.get("/_signoff/").text  # still in the queue
 
 
+def test_a_reviewer_the_policy_refuses_is_not_told_a_settled_request_stays_open(
+    base: str,
+) -> None:
+    """Bob, a manager, approved the invoice; alice, whom the response policy refuses, sends the
+    form of a stale page: she is refused as she was while it was open (not told how it was
+    settled), and the page no longer says it "stays open for someone else", which was false."""
+    body = start(base, "finance")
+    rid = body["pending"][0]["id"]
+    approve = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+    url = f"{base}/v1/sessions/{body['session_id']}/responses"
+    r = httpx.post(url, json=approve, headers=auth("bob-token"), timeout=10, verify=PLAIN)
+    assert r.json()["outcomes"][0]["applied"] is True
+    with signed_in(base, "alice-token") as c:
+        token = csrf_of(c.get("/_signoff/").text)
+        r = c.post(
+            f"/_signoff/requests/{rid}/respond",
+            data={"option": "approve", "csrf": token, "next": "/_signoff/"},
+        )
+        assert r.status_code == 409, (r.status_code, r.headers.get("location"))
+        assert "Not accepted" in r.text and "only a manager may approve invoices" in r.text
+        assert "stays open" not in r.text and "Already" not in r.text
+
+
 def test_a_reply_with_a_lone_surrogate_does_not_fail_the_answer(tmp_path: Path) -> None:
     """The model's reply after an approval held a lone surrogate (JSON carries one, UTF-8
     cannot): the answer was recorded but the form's JSON answer was a 500, so the reviewer was

@@ -162,6 +162,9 @@ async def test_one_cancel_denies(tmp_path: Path) -> None:
         assert result.content["by"] == "dan"
         # the quorum is closed: a late approval conflicts, it does not count
         with pytest.raises(so.ConflictingAnswer):
+            await rt.respond(sid, vote(req.id), principal=BOB.model_copy())
+        # the excluded requester is refused as while it was open, not told how it closed
+        with pytest.raises(so.NotAllowed, match="the requester may not"):
             await rt.respond(sid, vote(req.id), principal=ALICE.model_copy())
 
 

@@ -94,6 +94,28 @@ async def test_a_form_is_not_opened_for_a_person_who_may_not_answer(
             assert stored is not None and stored.status == "pending"
 
 
+async def test_a_person_who_may_not_answer_is_told_so_once_the_request_closed(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """Alice answered her question: a Slack user who could not have answered it, pressing
+    "Answer in your own words" on its message, was told it is no longer open, where while it
+    was open they were told they may not answer it. They are told the same either way."""
+    async with so.Runtime([question_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        (hers,) = (await rt.generate("shop", prompt="Reorder the soap", auth=ALICE)).pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            answer = so.InputResponse(request_id=hers.id, option_id="1")
+            await rt.respond(hers.session_id, [answer], principal=ALICE, resume=False)
+            press = {"action_id": "signoff.text", "value": hers.id, "type": "button"}
+            body = click(press, trigger="1.2.closed")
+            assert await slack.handle(body, sign(body, int(time.time()))) is None
+            await slack.idle()
+        assert fake.of("views.open") == []
+        (note,) = fake.of("chat.postEphemeral")
+        assert note["text"].startswith("You may not answer this request: "), note["text"]
+
+
 async def test_a_note_too_long_for_slack_reaches_the_person_clipped(
     tmp_path: Path, fake: FakeSlack
 ) -> None:

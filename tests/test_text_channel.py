@@ -299,6 +299,31 @@ async def test_an_unmatched_reply_steers_the_turn_with_send(tmp_path: Path) -> N
         assert runs == []
 
 
+async def test_the_excluded_requesters_no_steers_with_send_as_runtime_send_takes_it(
+    tmp_path: Path,
+) -> None:
+    """Four eyes bars Bob from settling his own refund: with `unmatched="send"` his "no" was
+    refused as an answer he may not give, while any other reply steered past the approval.
+    It is sent on, as `Runtime.send` takes a deny its sender may not give: it steers. His
+    "yes" is still refused."""
+    runs: list[str] = []
+    async with runtime(tmp_path, refunds(runs, "A-1", exclude_requester=True)) as rt:
+        sms = Texts(unmatched="send")
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            r = await rt.generate("support", prompt="Refund A", auth=BOB)
+            (a,) = r.pending
+            await hub.poll()
+            assert await sms.reply("yes", BOB) is None
+            assert sms.sent[-1].startswith("You may not answer this request: ")
+            assert await status(rt, a.id) == ("pending", None)
+            assert await sms.reply("no: wrong order", BOB) is None
+            assert await status(rt, a.id) == ("withdrawn", "ignored")
+            events = [e async for e in rt.events(r.session_id, follow=False)]
+            sent = [e.data["message"] for e in events if e.type == "turn.message"]
+            assert sent == ["no: wrong order"]
+        assert runs == []
+
+
 async def test_an_unmatched_reply_from_someone_the_turn_does_not_serve_is_told_it_waits(
     tmp_path: Path,
 ) -> None:

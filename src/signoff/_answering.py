@@ -37,6 +37,7 @@ from ._exceptions import (
     UnknownRequest,
 )
 from ._idempotency import Keyed
+from ._mirrors import deciding
 from ._recording import Batch, runnable
 from ._results import GenerateResult, Outcome
 from ._session_cache import closes_stop
@@ -210,6 +211,12 @@ class Answering(Candidates):
                     if stored is not None and stored.resolution is not None:
                         resolution = stored.resolution
                 if status != "pending":
+                    # Who could not have answered it open is refused as then, not told how (or
+                    # whether) it was settled.
+                    verdict = await self._closed_refusal(state, request, wanted, principal)
+                    if verdict is not None:
+                        outcomes.append(verdict)
+                        continue
                     try:
                         outcomes.append(_repeat(request, status, resolution, wanted))
                     except RequestClosed:
@@ -259,6 +266,8 @@ class Answering(Candidates):
                 turn_id = request.turn_id
             if unknown:
                 raise UnknownRequest(session_id, unknown)
+            for request, _, _ in gated:  # who may answer first, as under the default rule
+                check_quorum_eligibility(request, principal)
             if require_all and (resolves or gated):  # a call that only repeats is a no-op
                 answered = set(ids)
                 missing = [r for r in state.pending_requests() if r.id not in answered]
@@ -268,8 +277,6 @@ class Answering(Candidates):
                         [r.id for r in missing],
                         [r.id for r in missing if r.kind != "tool-approval"],
                     )
-            for request, _, _ in gated:
-                check_quorum_eligibility(request, principal)
             if check_only:
                 return []
             if resolves:
@@ -351,6 +358,34 @@ class Answering(Candidates):
                 f"{verdict.reason}",
                 [request.id],
             )
+
+    async def _closed_refusal(
+        self,
+        state: SessionState,
+        request: InputRequest,
+        wanted: dict[str, Any],
+        principal: Principal | None,
+    ) -> Outcome | None:
+        """Refuse `principal`'s answer to the closed `request` as it would have been refused
+        open: `NotAllowed` is raised, a response policy's verdict (recorded for an open request,
+        not for a closed one) returned; None if they could have answered it. A mirror is judged
+        on the subagent's request it stood for, under the subagent's tool and state."""
+        refused = await refusal(self.agents, self.store, request, principal)
+        if refused is not None:
+            raise refused
+        decided = await deciding(self.store, request)
+        agent = self.agents.get(decided.agent)
+        tool = None if agent is None else agent.tools.get(decided.tool_name or "")
+        if decided.kind != "tool-approval" or tool is None or tool.response_policy is None:
+            return None
+        own = decided.session_id == state.id
+        judged_in = state if own else await self._state(decided.session_id)
+        verdict = await self._judged(judged_in, tool, decided, wanted, principal)
+        if verdict.outcome == "allowed":
+            return None
+        return Outcome(
+            request_id=request.id, outcome=verdict.outcome, applied=False, reason=verdict.reason
+        )
 
     async def _may_answer(self, request: InputRequest, principal: Principal | None) -> bool:
         """Whether `principal` may answer `request` (for a mirror, the subagent's request)."""

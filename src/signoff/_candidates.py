@@ -4,6 +4,7 @@ recorded is judged again (`_recover`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +23,13 @@ from ._error_text import error_text
 from ._exceptions import AnswerError, InvalidAnswer, RequestClosed, SessionExpired, StoreError
 from ._idempotency import Keyed
 from ._recording import Batch, EventSpec, new_id
-from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_response
+from ._response import (
+    RequestInfo,
+    ResponseContext,
+    ResponseInfo,
+    ResponseVerdict,
+    evaluate_response,
+)
 from ._results import Outcome
 from ._sessions import SessionRunner
 from ._state import SessionState
@@ -293,33 +300,9 @@ class Candidates(SessionRunner):
                     turn_id=tid,
                 )
                 after = recorded[0].seq
-            verdict = await evaluate_response(
-                tool.response_policy,
-                ResponseContext(
-                    request=RequestInfo(
-                        request_id=rid,
-                        call_id=request.call_id or "",
-                        tool_name=request.tool_name or "",
-                        tool_input=_proposed_input(state, tool, request),
-                        principal=request.requested_by,
-                        escalated_to=request.escalated_to,
-                    ),
-                    response=ResponseInfo(
-                        decision=wanted["decision"],
-                        principal=principal,
-                        edited_input=None
-                        if wanted.get("edited_input") is None
-                        else typed_input(tool, wanted["edited_input"]),
-                    ),
-                    session=session_info(state, request),
-                ),
-                tool.response_timeout,
-            )
+            verdict = await self._judged(state, tool, request, wanted, principal)
             if verdict.outcome != "allowed":
-                # A reason of megabytes is cut, as an approval policy's is: it is recorded
-                # for every answer refused, and returned with each.
-                cap = result_bound(tool, self.agent(state.agent).limits) // 8
-                reason = None if verdict.reason is None else cut(verdict.reason, cap)
+                reason = verdict.reason
                 refusal = {**base, "outcome": verdict.outcome, "reason": reason}
 
                 def refuse(st: SessionState) -> list[EventSpec]:
@@ -454,6 +437,44 @@ class Candidates(SessionRunner):
         if refused:
             raise refused[-1]
         return outcome[-1]
+
+    async def _judged(
+        self,
+        state: SessionState,
+        tool: Tool,
+        request: InputRequest,
+        wanted: dict[str, Any],
+        principal: Principal | None,
+    ) -> ResponseVerdict:
+        """The verdict of `tool`'s response policy on `principal`'s answer `wanted` to `request`
+        of session `state`; a reason of megabytes is cut, as an approval policy's is: it is
+        recorded for every answer refused, and returned with each."""
+        assert tool.response_policy is not None
+        edited = wanted.get("edited_input")
+        verdict = await evaluate_response(
+            tool.response_policy,
+            ResponseContext(
+                request=RequestInfo(
+                    request_id=request.id,
+                    call_id=request.call_id or "",
+                    tool_name=request.tool_name or "",
+                    tool_input=_proposed_input(state, tool, request),
+                    principal=request.requested_by,
+                    escalated_to=request.escalated_to,
+                ),
+                response=ResponseInfo(
+                    decision=wanted["decision"],
+                    principal=principal,
+                    edited_input=None if edited is None else typed_input(tool, edited),
+                ),
+                session=session_info(state, request),
+            ),
+            tool.response_timeout,
+        )
+        if verdict.reason is None:
+            return verdict
+        cap = result_bound(tool, self.agent(state.agent).limits) // 8
+        return dataclasses.replace(verdict, reason=cut(verdict.reason, cap))
 
 
 class _EndedElsewhere(Exception):

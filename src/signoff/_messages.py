@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any, Literal
 
 from ._answering import Answering
-from ._answers import check_principal, check_unambiguous, names_several
+from ._answers import Reply, check_principal, check_unambiguous, names_several
 from ._answers import check_text as _check_text
 from ._answers import match as _match
 from ._cancellation import stop_calls
@@ -54,6 +54,8 @@ class Messages(Answering):
         open approvals are ignored, open questions withdrawn and the model reads the message;
         with `queue` it waits for the end of the turn, unless the turn is held on an approval.
         A message from someone other than the person the turn serves waits for the turn's end.
+        A deny its sender may not give (four eyes excludes the requester) steers as well; an
+        approve they may not give is `NotAllowed`.
         With an `idempotency_key`, a message sent again with the same key (by the same
         `principal`) is not delivered again: the call returns the turn the message went to, as
         it stands (`replayed`, see `_replay`), or raises `IdempotencyKeyReused` if the key came
@@ -165,6 +167,12 @@ class Messages(Answering):
             return None
         serves = state.turn.principal
         if serves is None or (principal is not None and principal.same_as(serves)):
+            reply = _match(first, message)
+            if _denies(first, reply) and not await self._may_answer(first, principal):
+                # A deny they may not give (four eyes excludes them) steers, as any other
+                # message of theirs would: the call does not run either way. Their approve is
+                # refused instead: a steer would withdraw the call they asked to run.
+                return None
             return first
         return first if await self._may_answer(first, principal) else None
 
@@ -261,6 +269,11 @@ class Messages(Answering):
         result = self._result(await load_turn(self.store, state.id, turn_id, first_seq))
         open_now = {r.id for r in state.pending_requests()}
         return dataclasses.replace(result, pending=[r for r in result.pending if r.id in open_now])
+
+
+def _denies(request: InputRequest, reply: Reply | None) -> bool:
+    """Whether `reply` denies the approval `request` (its `cancel` option)."""
+    return request.kind == "tool-approval" and reply is not None and reply.option_id == "cancel"
 
 
 def _kept(

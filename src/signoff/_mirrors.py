@@ -197,16 +197,6 @@ async def settle_routed(
     but for a mirror whose child's request had closed unseen, which closes too (the parent's
     turn then goes on, if `drive`).
     """
-    if require_all and any(_open(state, a.request_id) for a in answers):
-        # A call that only repeats answers to closed requests is a no-op, as `_settle` has it.
-        ids = {a.request_id for a in answers}
-        missing = [r for r in state.pending_requests() if r.id not in ids]
-        if missing:
-            raise PartialAnswer(
-                state.id,
-                [r.id for r in missing],
-                [r.id for r in missing if r.kind != "tool-approval"],
-            )
     mirrored: list[tuple[Reply, InputRequest, ChildRef]] = []
     rest: list[Reply] = []
     for a in answers:
@@ -231,6 +221,17 @@ async def settle_routed(
             raise
     if rest:
         await rt._settle(state.id, rest, principal, require_all=False, check_only=True)
+    # Complete only after who may answer was checked (above), as `_settle` has it; a call that
+    # only repeats answers to closed requests is a no-op.
+    if require_all and any(_open(state, a.request_id) for a in answers):
+        ids = {a.request_id for a in answers}
+        missing = [r for r in state.pending_requests() if r.id not in ids]
+        if missing:
+            raise PartialAnswer(
+                state.id,
+                [r.id for r in missing],
+                [r.id for r in missing if r.kind != "tool-approval"],
+            )
     if check_only:
         return []
     outcomes: list[Outcome] = []

@@ -366,6 +366,8 @@ class TextChannel(Channel):
                 await self._show_unseen()
             return None
         response = parse_reply(request, text)
+        if response is not None and await self._steers(request, response, principal):
+            response = None  # a deny they may not give: sent on, as `Runtime.send` takes it
         if response is None:
             named = [] if request.kind == "tool-approval" else named_options(request.options, text)
             if len(named) > 1:  # told here, not sent on as a message (the runtime refuses it)
@@ -407,6 +409,22 @@ class TextChannel(Channel):
         if stored is None or stored.status != "pending" or not self.accepts(stored.request):
             return None
         return stored.request
+
+    async def _steers(
+        self, request: InputRequest, response: InputResponse, principal: Principal | None
+    ) -> bool:
+        """Whether `response`, with `unmatched="send"`, is a deny of an approval its sender may
+        not give (four eyes excludes the requester) though the turn serves them: like any other
+        message of theirs, it is sent on and steers; refused, it would withdraw nothing."""
+        if self.unmatched != "send" or request.kind != "tool-approval":
+            return False
+        if response.option_id != "cancel":
+            return False
+        state = await self.runtime.state(request.session_id)
+        serves = None if state.turn is None else state.turn.principal
+        if serves is not None and (principal is None or not principal.same_as(serves)):
+            return False
+        return not await self.runtime._may_answer(request, principal)
 
     async def _answered_instead(
         self, request: InputRequest, text: str, principal: Principal | None

@@ -183,9 +183,9 @@ async def respond(request: Request, request_id: str) -> Response:
                 "already_by": already,
             }
         )
-    if outcome not in _ACCEPTED:  # a response policy refused it: the request stays open
+    if outcome not in _ACCEPTED:  # a response policy refused it: open or closed, not said
         why = f": {mine.reason}" if mine is not None and mine.reason else ""
-        message = f"Not accepted ({outcome}){why}. The request stays open for someone else."
+        message = f"Not accepted ({outcome}){why}. It is for someone else to answer."
         return await message_page(request, 409, "Not accepted", message)
     if already is not None:
         message = f"Already {_SETTLED[str(outcome)]} by {already}: your answer changed nothing."

@@ -178,13 +178,18 @@ class Clicks:
         rid = click.request_id
         where = {"channel": click.channel, "user": click.user}
         stored = await ch.runtime.store.get_request(rid)
-        if stored is None or stored.status != "pending":
+        if stored is None:
             await ch._tell(where, f"Request {rid} is no longer open.")
             return
         principal = slack_principal(click.team, click.user)
+        # Who may not answer it is told so first, open or closed: not whether it closed, as
+        # an answer of theirs would not be (`Answering._closed_refusal`).
         refused = await refusal(ch.runtime.agents, ch.runtime.store, stored.request, principal)
         if refused is not None:  # its submission could only be refused, once they wrote it
             await ch._tell(where, f"You may not answer this request: {refused}")
+            return
+        if stored.status != "pending":
+            await ch._tell(where, f"Request {rid} is no longer open.")
             return
         meta = {"request_id": rid, **where}
         try:
