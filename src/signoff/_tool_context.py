@@ -208,20 +208,29 @@ class ToolContext:
         await self._replayed_first("step", name)
         assert self._journal is not None
 
+        stopped = False  # the body was cancelled while the step's thread ran on
+
         async def run() -> Any:
+            nonlocal stopped
             running = _IN_STEP.set((self, name))
             try:
                 if inspect.iscoroutinefunction(fn):
                     result = await fn(*args, **kwargs)
                 else:  # in a thread, as a sync tool: blocking, it would stop lease renewals
-                    result = await in_thread(fn, *args, **kwargs)
+                    work, stopped = await _thread_done(fn, args, kwargs)
+                    result = work.result()
                 if inspect.isawaitable(result):
                     result = await result
             finally:
                 _IN_STEP.reset(running)
             return result
 
-        return copied(await self._journal.run_step(index, name, run))  # as journaled
+        try:
+            journaled = await self._journal.run_step(index, name, run)
+        finally:
+            if stopped:  # its effect (or failure) is journaled now: the cancel goes on
+                raise asyncio.CancelledError
+        return copied(journaled)  # as journaled
 
     async def ask(
         self,
@@ -293,6 +302,23 @@ class ToolContext:
     def request_approval(self, payload: Any = None) -> NoReturn:
         """Park the turn until a person decides; the decision becomes this call's result."""
         raise ApprovalRequired(payload, call_id=self.call_id)
+
+
+async def _thread_done(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[asyncio.Future[Any], bool]:
+    """`fn` run in a thread to its end (its result or exception in the future returned), and
+    whether the caller was cancelled meanwhile. A thread cannot be stopped: its effect happens
+    whatever cancels the body (`Runtime.close`), so it is waited for and journaled rather than
+    thrown away and the step run again."""
+    work = asyncio.ensure_future(in_thread(fn, *args, **kwargs))
+    cancelled = False
+    while not work.done():
+        try:
+            await asyncio.wait({work})
+        except asyncio.CancelledError:
+            cancelled = True
+    return work, cancelled
 
 
 def _askable(question: str, options: list[Option]) -> None:
