@@ -10,7 +10,7 @@ import time
 import pytest
 
 import signoff as so
-from signoff.testing import call, call_tools, reply, scripted_agent
+from signoff.testing import Capture, call, call_tools, reply, scripted_agent, tool_results
 
 
 async def test_a_plain_step_running_at_close_is_journaled_and_not_run_again(
@@ -101,3 +101,45 @@ async def test_a_plain_step_failing_after_close_journals_its_failure_and_the_bod
     finally:
         await again.close()
     assert runs == ["charge", "notify"]
+
+
+async def test_a_plain_tool_running_at_close_has_its_result_recorded_and_does_not_run_again(
+    store_url: str,
+) -> None:
+    """A plain (not `async`) tool's body runs in a thread too: `close` let it finish its
+    refund unseen, and the resumed turn ran the body, and the refund, a second time."""
+    refunds: list[str] = []
+    started = threading.Event()
+
+    @so.tool
+    def refund(order_id: str) -> str:
+        """Refund the order."""
+        started.set()
+        time.sleep(0.3)
+        refunds.append(order_id)
+        return f"refunded {order_id}"
+
+    seen = Capture(reply("Refunded."))
+
+    def agent() -> so.Agent:
+        refunding = call_tools(call("refund", order_id="1"))
+        return scripted_agent("shop", [refunding, seen], tools=[refund])
+
+    rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    turn = asyncio.create_task(rt.generate("shop", "refund"))
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    sid = (await rt.sessions())[0].id
+    await rt.close()
+    with pytest.raises(so.UsageError, match="closed while this call ran"):
+        await turn
+    assert refunds == ["1"]
+    again = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    try:
+        r = await again.generate(session_id=sid)
+        assert r.status == "completed", r
+    finally:
+        await again.close()
+    assert refunds == ["1"]
+    [result] = tool_results(seen.last)
+    assert (result.is_error, result.content) == (False, "refunded 1")

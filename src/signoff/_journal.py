@@ -132,6 +132,11 @@ class CallJournal:
         finally:
             self._busy(-1)
 
+    def lost(self) -> bool:
+        """Whether the drive's lease was lost (another process may run the call now)."""
+        lease = self.driver.held
+        return lease is not None and lease.lost
+
     def bound_question(self, question: str, options: list[Option]) -> None:
         """Refuse a question of more than `MAX_OPTIONS` options, or whose text and options are
         over the tool's `max_result_bytes` as JSON (they are its output, shown to everyone

@@ -22,6 +22,7 @@ __all__ = [
     "called_off_loop",
     "in_thread",
     "thread_note",
+    "thread_to_end",
     "twin",
 ]
 
@@ -242,6 +243,26 @@ async def in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any
             raise RuntimeError("the function raised StopIteration") from exc
 
     return await asyncio.to_thread(call)
+
+
+async def thread_to_end(
+    fn: Callable[..., Any], give_up: Callable[[], bool], /, *args: Any, **kwargs: Any
+) -> tuple[asyncio.Future[Any], bool]:
+    """`fn(*args, **kwargs)` run in a thread (`in_thread`) to its end, its result or exception
+    in the future returned, and whether the caller was cancelled meanwhile. A thread cannot be
+    stopped: its effect happens whatever cancels the caller (`Runtime.close`), so the caller
+    waits for it and records it rather than throwing it away and running it again; unless
+    `give_up()` says, when it is cancelled, that nothing could be recorded (a lost lease)."""
+    work = asyncio.ensure_future(in_thread(fn, *args, **kwargs))
+    cancelled = False
+    while not work.done():
+        try:
+            await asyncio.wait({work})
+        except asyncio.CancelledError:
+            if give_up():
+                raise
+            cancelled = True
+    return work, cancelled
 
 
 async def called_off_loop(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:

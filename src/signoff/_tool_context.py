@@ -12,7 +12,7 @@ from typing import Any, NoReturn, Protocol
 from ._approval import SessionInfo
 from ._exceptions import TooLarge, UsageError
 from ._steps import raise_recorded
-from ._sync import in_thread
+from ._sync import thread_to_end
 from ._text import is_blank
 from ._tool_json import copied
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
@@ -46,6 +46,10 @@ class Journal(Protocol):
         ...
 
     async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any: ...
+
+    def lost(self) -> bool:
+        """Whether the session's lease was lost: nothing the call does can be recorded now."""
+        ...
 
     def bound_question(self, question: str, options: list[Option]) -> None:
         """Raise `TooLarge` for a question over its bounds (too many options, too many bytes)."""
@@ -206,7 +210,8 @@ class ToolContext:
             # A copy: the entry is the session's state, which a tool changing it would change.
             return copied(entry["result"])
         await self._replayed_first("step", name)
-        assert self._journal is not None
+        journal = self._journal
+        assert journal is not None
 
         stopped = False  # the body was cancelled while the step's thread ran on
 
@@ -217,7 +222,7 @@ class ToolContext:
                 if inspect.iscoroutinefunction(fn):
                     result = await fn(*args, **kwargs)
                 else:  # in a thread, as a sync tool: blocking, it would stop lease renewals
-                    work, stopped = await _thread_done(fn, args, kwargs)
+                    work, stopped = await thread_to_end(fn, journal.lost, *args, **kwargs)
                     result = work.result()
                 if inspect.isawaitable(result):
                     result = await result
@@ -226,7 +231,7 @@ class ToolContext:
             return result
 
         try:
-            journaled = await self._journal.run_step(index, name, run)
+            journaled = await journal.run_step(index, name, run)
         finally:
             if stopped:  # its effect (or failure) is journaled now: the cancel goes on
                 raise asyncio.CancelledError
@@ -302,23 +307,6 @@ class ToolContext:
     def request_approval(self, payload: Any = None) -> NoReturn:
         """Park the turn until a person decides; the decision becomes this call's result."""
         raise ApprovalRequired(payload, call_id=self.call_id)
-
-
-async def _thread_done(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[asyncio.Future[Any], bool]:
-    """`fn` run in a thread to its end (its result or exception in the future returned), and
-    whether the caller was cancelled meanwhile. A thread cannot be stopped: its effect happens
-    whatever cancels the body (`Runtime.close`), so it is waited for and journaled rather than
-    thrown away and the step run again."""
-    work = asyncio.ensure_future(in_thread(fn, *args, **kwargs))
-    cancelled = False
-    while not work.done():
-        try:
-            await asyncio.wait({work})
-        except asyncio.CancelledError:
-            cancelled = True
-    return work, cancelled
 
 
 def _askable(question: str, options: list[Option]) -> None:
