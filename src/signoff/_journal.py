@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._events import Event
-from ._exceptions import SignoffError, StoreError, TooLarge
+from ._exceptions import SignoffError, StoreError, TooLarge, UsageError
 from ._recording import Batch, EventSpec, TurnStopped, dump_request, new_id
 from ._state import CallState, SessionState
 from ._steps import failure_of
@@ -93,6 +93,13 @@ class CallJournal:
         flight meanwhile, so a body that parks waits for it instead of cancelling it between its
         effect and its record (a cancelled step runs again on replay)."""
         keyed = self.keyed  # as when `index` was claimed: empty only ever turns keyed
+        if self.closed.is_set():
+            # A branch that outlived the body (its gather failed): the call's outcome is
+            # recorded, so an effect now would go unseen, its entry into a call that ended.
+            raise UsageError(
+                f"ctx.step({name!r}) after call {self.call_id} ended: a branch of its body "
+                "outlived it (use asyncio.TaskGroup, which cancels the others); nothing ran"
+            )
         self._busy(1)
         try:
             call = self._call()
