@@ -20,6 +20,7 @@ __all__ = [
     "SyncBridge",
     "blocking_doc",
     "called_off_loop",
+    "exited",
     "in_thread",
     "thread_note",
     "thread_to_end",
@@ -241,6 +242,8 @@ async def in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any
             return fn(*args, **kwargs)
         except StopIteration as exc:
             raise RuntimeError("the function raised StopIteration") from exc
+        except SystemExit as exc:
+            raise exited(exc) from exc
 
     return await asyncio.to_thread(call)
 
@@ -269,13 +272,23 @@ async def called_off_loop(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) 
     """`fn(*args, **kwargs)`, awaited if it gives an awaitable: a coroutine function on the
     loop, any other function (a sync tool, a hook) in a thread (`in_thread`), so one that blocks
     stops no lease renewal of the process's sessions."""
-    if inspect.iscoroutinefunction(fn):
-        result = await fn(*args, **kwargs)
-    else:
-        result = await in_thread(fn, *args, **kwargs)
-    if inspect.isawaitable(result):
-        result = await result
+    try:
+        if inspect.iscoroutinefunction(fn):
+            result = await fn(*args, **kwargs)
+        else:
+            result = await in_thread(fn, *args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+    except SystemExit as exc:
+        raise exited(exc) from exc
     return result
+
+
+def exited(exc: SystemExit) -> RuntimeError:
+    """The error of a function that raised `SystemExit` (an `argparse` parser given bad
+    arguments, a stray `sys.exit()`): its failure, not the process's end, which the event loop
+    would let it be (out of `asyncio.run`, ending every session the process runs)."""
+    return RuntimeError(f"the function raised SystemExit({exc.code!r})")
 
 
 def thread_note(fn: Callable[..., Any], exc: BaseException) -> str:

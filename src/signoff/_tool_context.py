@@ -12,7 +12,7 @@ from typing import Any, NoReturn, Protocol
 from ._approval import SessionInfo
 from ._exceptions import TooLarge, UsageError
 from ._steps import raise_recorded
-from ._sync import thread_to_end
+from ._sync import exited, thread_to_end
 from ._text import is_blank
 from ._tool_json import copied
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
@@ -226,6 +226,8 @@ class ToolContext:
                     result = work.result()
                 if inspect.isawaitable(result):
                     result = await result
+            except SystemExit as exc:  # the step's failure, not the process's end
+                raise exited(exc) from exc
             finally:
                 _IN_STEP.reset(running)
             return result
