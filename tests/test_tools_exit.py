@@ -102,3 +102,16 @@ async def test_a_policy_that_exits_asks_a_person(tmp_path: Path) -> None:
         r = await rt.generate("ops", prompt="refund")
         assert r.status == "waiting", r
         assert "SystemExit(1)" in str(r.pending[0].policy_error)
+
+
+async def test_a_model_that_exits_fails_the_turn_retryably(tmp_path: Path) -> None:
+    """A scripted step (or a custom model) that calls `sys.exit()`: the turn fails, retryable,
+    naming it, as for any other error of the model."""
+
+    def leave(conversation: list[so.Message]) -> so.ModelResponse:
+        sys.exit(4)
+
+    async with sqlite_runtime(tmp_path, scripted_agent("ops", [leave])) as rt:
+        r = await rt.generate("ops", prompt="hi")
+    assert (r.status, r.retryable) == ("failed", True)
+    assert r.error is not None and "SystemExit(4)" in r.error["message"]
