@@ -17,7 +17,7 @@ from ._bound_input import as_approved, still_bound
 from ._child_sessions import with_spend
 from ._error_text import error_message, error_text
 from ._exceptions import LeaseLost, StoreError, TooLarge
-from ._journal import CallJournal
+from ._journal import UNRECORDED_KEPT, CallJournal
 from ._recording import (
     Batch,
     DriverPart,
@@ -42,9 +42,6 @@ from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, Usage
 from ._verdicts import strictest
 
 __all__ = ["UNRECORDED_KEPT", "ToolCalls"]
-
-UNRECORDED_KEPT = 1024
-"""How many calls' unrecorded outcomes a runtime keeps (the oldest go first)."""
 
 
 class ToolCalls(DriverPart):
