@@ -110,3 +110,30 @@ def test_a_keyword_only_context_is_refused() -> None:
 
     with pytest.raises(so.UsageError, match="the ToolContext parameter 'ctx' must be positional"):
         so.Tool(lookup)
+
+
+@pytest.mark.parametrize("fn", [numbers, stream], ids=["generator", "async-generator"])
+async def test_a_step_given_a_generator_function_is_a_usage_error_before_it_runs(
+    tmp_path: Path, fn: object
+) -> None:
+    """Its body never ran: the generator object, with no JSON form, was journaled as the
+    step's failure, replayed as that failure on every run after."""
+    seen: list[str] = []
+
+    @so.tool
+    async def count(ctx: so.ToolContext) -> str:
+        """Count in a step."""
+        try:
+            await ctx.step("count", fn, 3)  # type: ignore[arg-type]
+        except so.UsageError as exc:
+            seen.append(str(exc))
+        return "counted"
+
+    agent = scripted_agent("c", [call_tools(call("count")), reply("Done.")], tools=[count])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("c", prompt="count")
+        assert r.status == "completed", r
+        types = [e.type async for e in rt.events(r.session_id, 0, follow=False)]
+    assert "tool.step" not in types
+    [said] = seen
+    assert "is a generator function" in said

@@ -202,6 +202,12 @@ class ToolContext:
             )
         if not callable(fn):
             raise UsageError(f"ctx.step({name!r}, fn): fn must be a function, not {fn!r}")
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            # Its body would not run: its result, the generator, has no JSON form to journal.
+            raise UsageError(
+                f"ctx.step({name!r}, fn): fn is a generator function; a step returns its result "
+                "(collect what it yields into a list)"
+            )
         self._outside_steps("step")
         index, entry = self._next("step", name)
         if entry is not None:
