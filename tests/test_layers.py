@@ -29,7 +29,7 @@ LAYERS: list[set[str]] = [
     {"_state", "_approval", "stores", "models"},
     {"_response", "_audit_requests", "_cancellation", "_tool_context"},
     {"_tools"},
-    {"_agent", "_ask", "_auto", "_answers"},
+    {"_agent", "_ask", "_auto", "_answers", "_bound_input"},
     {"_recording", "_audit_trail"},
     {"_prompts", "_verdicts"},
     {"_mirrors", "_leasing", "_creation"},

@@ -56,6 +56,9 @@ class OneQuestion:
     async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any:
         raise AssertionError("no steps here")
 
+    def lost(self) -> bool:
+        return False
+
     def bound_question(self, question: str, options: list[Option]) -> None:
         pass
 

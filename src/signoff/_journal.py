@@ -7,10 +7,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._events import Event
-from ._exceptions import SignoffError, StoreError, TooLarge
+from ._exceptions import SignoffError, StoreError, TooLarge, UsageError
 from ._recording import Batch, EventSpec, TurnStopped, dump_request, new_id
 from ._state import CallState, SessionState
-from ._steps import failure_of
+from ._steps import failure_of, raise_recorded
 from ._tool_json import jsonable, over_limit, result_bound
 from ._tool_signals import ApprovalRequired, QuestionWithdrawn
 from ._types import MAX_OPTIONS, Action, ChildRef, InputRequest, Option, Principal
@@ -19,7 +19,10 @@ from .stores import Resolve
 if TYPE_CHECKING:
     from ._tool_calls import ToolCalls
 
-__all__ = ["CallJournal"]
+__all__ = ["UNRECORDED_KEPT", "CallJournal"]
+
+UNRECORDED_KEPT = 1024
+"""How many unrecorded outcomes (of calls and of steps) a runtime keeps (the oldest go first)."""
 
 _NOT_THE_STEPS = (SignoffError, TurnStopped, ApprovalRequired, QuestionWithdrawn)
 """What a step may raise that is about the run, not the step's effect: never journaled, so the
@@ -93,9 +96,23 @@ class CallJournal:
         flight meanwhile, so a body that parks waits for it instead of cancelling it between its
         effect and its record (a cancelled step runs again on replay)."""
         keyed = self.keyed  # as when `index` was claimed: empty only ever turns keyed
+        if self.closed.is_set():
+            # A branch that outlived the body (its gather failed): the call's outcome is
+            # recorded, so an effect now would go unseen, its entry into a call that ended.
+            raise UsageError(
+                f"ctx.step({name!r}) after call {self.call_id} ended: a branch of its body "
+                "outlived it (use asyncio.TaskGroup, which cancels the others); nothing ran"
+            )
         self._busy(1)
         try:
             call = self._call()
+            held_key = f"{call.idempotency_key or call.id}\0step\0{keyed}\0{index}\0{name}"
+            held = self.driver.unrecorded.pop(held_key, None)
+            if held is not None:  # it ran in this process; only recording it failed
+                await self._journaled(held_key, held[0][1])
+                if held[0][1].get("error") is not None:
+                    raise_recorded(name, held[0][1]["error"])
+                return held[0][1]["result"]
             data: dict[str, Any] = {
                 "call_id": call.id,
                 "tool_name": call.tool_name,
@@ -125,12 +142,29 @@ class CallJournal:
                 if over_limit("the step's failure", data["error"], limit) is not None:
                     # A message of megabytes is cut, as a tool's is: replayed as `StepFailed`.
                     data["error"] = failure_of(exc, cut=limit // 4)
-                await self._record([("tool.step", data)])
+                await self._journaled(held_key, data)
                 raise
-            await self._record([("tool.step", data)])
+            await self._journaled(held_key, data)
             return data["result"]
         finally:
             self._busy(-1)
+
+    def lost(self) -> bool:
+        """Whether the drive's lease was lost (another process may run the call now)."""
+        lease = self.driver.held
+        return lease is not None and lease.lost
+
+    async def _journaled(self, held_key: str, data: dict[str, Any]) -> None:
+        """Record a step that ran. If the store fails to take it (a full disk), keep it, as a
+        call's outcome is kept: the next drive here records it instead of running it again."""
+        try:
+            await self._record([("tool.step", data)])
+        except StoreError:
+            unrecorded = self.driver.unrecorded
+            while len(unrecorded) >= UNRECORDED_KEPT:
+                del unrecorded[next(iter(unrecorded))]  # the oldest
+            unrecorded[held_key] = [("tool.step", data)]
+            raise
 
     def bound_question(self, question: str, options: list[Option]) -> None:
         """Refuse a question of more than `MAX_OPTIONS` options, or whose text and options are

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from ._child_sessions import headroom_now
@@ -19,6 +20,7 @@ from ._state import (
     conversation,
     delegated_turn,
 )
+from ._sync import exited
 from ._text import cut
 from ._tool_json import MAX_INPUT_DEPTH, key_not_text, nests_deeper
 from ._types import (
@@ -193,11 +195,11 @@ class ModelStep(DriverPart):
         meanwhile cancels it and raises `LeaseLost` (its response could not be recorded)."""
         lease = self.held
         if lease is None:
-            return await self.agent.model.complete(request)
+            return await _no_exit(self.agent.model.complete(request))
         lost = LeaseLost(f"the lease on session {self.state.id!r} was lost")
         if lease.lost:
             raise lost
-        call = asyncio.ensure_future(self.agent.model.complete(request))
+        call = asyncio.ensure_future(_no_exit(self.agent.model.complete(request)))
         lease.body = call
         try:
             # Awaiting the task: a cancel of this drive cancels the model call with it.
@@ -415,3 +417,12 @@ def _malformed(response: ModelResponse) -> str | None:
             kinds = f"{type(c.name).__name__}, {type(c.id).__name__}"
             return f"a tool call's name or id is not text ({kinds})"
     return None
+
+
+async def _no_exit(response: Awaitable[Any]) -> Any:
+    """A model's response, or its `SystemExit` (a stray `sys.exit()` in a scripted step or a
+    custom model) as its failure: the event loop would let it end the process."""
+    try:
+        return await response
+    except SystemExit as exc:
+        raise exited(exc) from exc

@@ -20,8 +20,10 @@ __all__ = [
     "SyncBridge",
     "blocking_doc",
     "called_off_loop",
+    "exited",
     "in_thread",
     "thread_note",
+    "thread_to_end",
     "twin",
 ]
 
@@ -240,21 +242,53 @@ async def in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any
             return fn(*args, **kwargs)
         except StopIteration as exc:
             raise RuntimeError("the function raised StopIteration") from exc
+        except SystemExit as exc:
+            raise exited(exc) from exc
 
     return await asyncio.to_thread(call)
+
+
+async def thread_to_end(
+    fn: Callable[..., Any], give_up: Callable[[], bool], /, *args: Any, **kwargs: Any
+) -> tuple[asyncio.Future[Any], bool]:
+    """`fn(*args, **kwargs)` run in a thread (`in_thread`) to its end, its result or exception
+    in the future returned, and whether the caller was cancelled meanwhile. A thread cannot be
+    stopped: its effect happens whatever cancels the caller (`Runtime.close`), so the caller
+    waits for it and records it rather than throwing it away and running it again; unless
+    `give_up()` says, when it is cancelled, that nothing could be recorded (a lost lease)."""
+    work = asyncio.ensure_future(in_thread(fn, *args, **kwargs))
+    cancelled = False
+    while not work.done():
+        try:
+            await asyncio.wait({work})
+        except asyncio.CancelledError:
+            if give_up():
+                raise
+            cancelled = True
+    return work, cancelled
 
 
 async def called_off_loop(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """`fn(*args, **kwargs)`, awaited if it gives an awaitable: a coroutine function on the
     loop, any other function (a sync tool, a hook) in a thread (`in_thread`), so one that blocks
     stops no lease renewal of the process's sessions."""
-    if inspect.iscoroutinefunction(fn):
-        result = await fn(*args, **kwargs)
-    else:
-        result = await in_thread(fn, *args, **kwargs)
-    if inspect.isawaitable(result):
-        result = await result
+    try:
+        if inspect.iscoroutinefunction(fn):
+            result = await fn(*args, **kwargs)
+        else:
+            result = await in_thread(fn, *args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+    except SystemExit as exc:
+        raise exited(exc) from exc
     return result
+
+
+def exited(exc: SystemExit) -> RuntimeError:
+    """The error of a function that raised `SystemExit` (an `argparse` parser given bad
+    arguments, a stray `sys.exit()`): its failure, not the process's end, which the event loop
+    would let it be (out of `asyncio.run`, ending every session the process runs)."""
+    return RuntimeError(f"the function raised SystemExit({exc.code!r})")
 
 
 def thread_note(fn: Callable[..., Any], exc: BaseException) -> str:

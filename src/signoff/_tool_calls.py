@@ -13,10 +13,11 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
+from ._bound_input import as_approved, still_bound
 from ._child_sessions import with_spend
 from ._error_text import error_message, error_text
 from ._exceptions import LeaseLost, StoreError, TooLarge
-from ._journal import CallJournal
+from ._journal import UNRECORDED_KEPT, CallJournal
 from ._recording import (
     Batch,
     DriverPart,
@@ -33,17 +34,14 @@ from ._recording import (
 from ._state import CallState, SessionState
 from ._text import cut
 from ._tool_context import ToolContext
-from ._tool_json import holds_mask, jsonable, over_limit, result_bound
+from ._tool_json import jsonable, over_limit, result_bound
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
 from ._tools import Tool
 from ._tracing import ToolSpan
-from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, Usage, input_hash
+from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, Usage
 from ._verdicts import strictest
 
 __all__ = ["UNRECORDED_KEPT", "ToolCalls"]
-
-UNRECORDED_KEPT = 1024
-"""How many calls' unrecorded outcomes a runtime keeps (the oldest go first)."""
 
 
 class ToolCalls(DriverPart):
@@ -280,11 +278,11 @@ class ToolCalls(DriverPart):
         except ValidationError as exc:
             await self.record([tool_result(call, "error", invalid_input(exc))])
             return
-        if bound is not None and not _still_bound(bound, tool, validated):
-            approved = None if call.edited_input is not None else _as_approved(bound, tool, raw)
+        if bound is not None and not still_bound(bound, tool, validated):
+            approved = None if call.edited_input is not None else as_approved(bound, tool, raw)
             if approved is not None:
                 validated = approved
-        if bound is not None and not _still_bound(bound, tool, validated):
+        if bound is not None and not still_bound(bound, tool, validated):
             unapproved = {
                 "error": f"the input of {call.tool_name} validates now to other input than was "
                 "approved (its parameters changed since, or a validator is not deterministic); "
@@ -346,10 +344,26 @@ class ToolCalls(DriverPart):
         with self.tracing.tool(s, call.id, call.tool_name, validated) as span:
             if self.lease_check is not None:
                 await self.lease_check()  # a drive that stalled past its lease runs no body
-            task = await self._run_body(tool, ctx, validated, journal)
+            task, stopped = await self._run_body(tool, ctx, validated, journal)
             too_large = _traced(span, task, self.max_result_bytes(tool))
         if task is None:
             return  # parked on ctx.ask(): the call is "asking" now
+        await self._body_ended(call, task, too_large, journal, tool, validated, key, approval)
+        if stopped:  # a plain body ran on to its end while its drive was cancelled
+            raise asyncio.CancelledError
+
+    async def _body_ended(
+        self,
+        call: CallState,
+        task: asyncio.Future[Any],
+        too_large: str | None,
+        journal: CallJournal,
+        tool: Tool,
+        validated: BaseModel,
+        key: str,
+        approval: dict[str, Any] | None,
+    ) -> None:
+        """Record how the body of `call` ended: its result, its error, or what it asked for."""
         try:
             result = task.result()
         except ApprovalRequired as signal:
@@ -394,9 +408,11 @@ class ToolCalls(DriverPart):
 
     async def _run_body(
         self, tool: Tool, ctx: ToolContext, validated: BaseModel, journal: CallJournal
-    ) -> asyncio.Future[Any] | None:
+    ) -> tuple[asyncio.Future[Any] | None, bool]:
         """Run the tool's body as the lease's `body`: its finished task, or None if it parked
-        on `ctx.ask()` (the body is stopped then; it replays its journal once answered)."""
+        on `ctx.ask()` (the body is stopped then; it replays its journal once answered); and
+        whether this drive was cancelled while a plain body ran on in its thread to an outcome,
+        which is to be recorded before the cancel goes on (else a resume ran it again)."""
         task = asyncio.ensure_future(tool.invoke(ctx, validated))
         parked = asyncio.ensure_future(journal.parked.wait())
         lease = self.held
@@ -415,10 +431,15 @@ class ToolCalls(DriverPart):
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-                return None
-        except BaseException:
+                return None, False
+        except BaseException as exc:
             # This drive is cancelled: the body stops with it rather than run on unseen and
-            # journal after the lease is given back (a resume runs the call again).
+            # journal after the lease is given back (a resume runs the call again). A plain one
+            # cannot stop: its thread runs to an outcome, recorded while the lease is held.
+            if isinstance(exc, asyncio.CancelledError) and not tool.is_async:
+                await _to_end(task)
+                if not task.cancelled() and not (lease is not None and lease.lost):
+                    return task, True
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
@@ -427,7 +448,7 @@ class ToolCalls(DriverPart):
             parked.cancel()
             if lease is not None:
                 lease.body = None
-        return task
+        return task, False
 
     async def end_call(self, key: str, journal: CallJournal, specs: list[EventSpec]) -> None:
         """Record the outcome of a call whose body ran. If the store fails to take it (a full
@@ -537,36 +558,12 @@ class ToolCalls(DriverPart):
         )
 
 
-def _still_bound(action: Action, tool: Tool, validated: BaseModel) -> bool:
-    """Whether `validated` is the input `action` binds, by the hash the reviewer approved."""
-    form = tool.approved_form(validated)
-    return input_hash(form, tool_name=action.tool_name, call_id=action.call_id) == (
-        action.input_hash
-    )
-
-
-def _as_approved(action: Action, tool: Tool, raw: Any) -> BaseModel | None:
-    """The model's input with what it left out taken from the approved form, validated, if it
-    is the input approved: a value pydantic generates for what is left out (a `default_factory`:
-    an id, a time) is another one each time, the one the reviewer saw is in the form. None if
-    it is not, or if a secret would reach the tool as the form's mask."""
-    filled = _filled(raw, action.input)
-    try:
-        validated = tool.validate(filled)
-    except ValidationError:
-        return None
-    if holds_mask(validated) or not _still_bound(action, tool, validated):
-        return None
-    return validated
-
-
-def _filled(raw: Any, form: Any) -> Any:
-    """`raw` with the keys it lacks (in its objects, at any depth) taken from `form`."""
-    if isinstance(raw, dict) and isinstance(form, dict):
-        return {**form, **{k: _filled(v, form.get(k)) for k, v in raw.items()}}
-    if isinstance(raw, list) and isinstance(form, list) and len(raw) == len(form):
-        return [_filled(v, f) for v, f in zip(raw, form, strict=True)]
-    return raw
+async def _to_end(task: asyncio.Future[Any]) -> None:
+    """Wait for `task` to end, whatever cancels the waiter meanwhile (a lost lease may cancel
+    `task` itself)."""
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({task})
 
 
 def _traced(span: ToolSpan, task: asyncio.Future[Any] | None, bound: int) -> str | None:

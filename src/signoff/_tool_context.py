@@ -12,7 +12,7 @@ from typing import Any, NoReturn, Protocol
 from ._approval import SessionInfo
 from ._exceptions import TooLarge, UsageError
 from ._steps import raise_recorded
-from ._sync import in_thread
+from ._sync import exited, thread_to_end
 from ._text import is_blank
 from ._tool_json import copied
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
@@ -46,6 +46,10 @@ class Journal(Protocol):
         ...
 
     async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any: ...
+
+    def lost(self) -> bool:
+        """Whether the session's lease was lost: nothing the call does can be recorded now."""
+        ...
 
     def bound_question(self, question: str, options: list[Option]) -> None:
         """Raise `TooLarge` for a question over its bounds (too many options, too many bytes)."""
@@ -198,6 +202,12 @@ class ToolContext:
             )
         if not callable(fn):
             raise UsageError(f"ctx.step({name!r}, fn): fn must be a function, not {fn!r}")
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            # Its body would not run: its result, the generator, has no JSON form to journal.
+            raise UsageError(
+                f"ctx.step({name!r}, fn): fn is a generator function; a step returns its result "
+                "(collect what it yields into a list)"
+            )
         self._outside_steps("step")
         index, entry = self._next("step", name)
         if entry is not None:
@@ -206,22 +216,34 @@ class ToolContext:
             # A copy: the entry is the session's state, which a tool changing it would change.
             return copied(entry["result"])
         await self._replayed_first("step", name)
-        assert self._journal is not None
+        journal = self._journal
+        assert journal is not None
+
+        stopped = False  # the body was cancelled while the step's thread ran on
 
         async def run() -> Any:
+            nonlocal stopped
             running = _IN_STEP.set((self, name))
             try:
                 if inspect.iscoroutinefunction(fn):
                     result = await fn(*args, **kwargs)
                 else:  # in a thread, as a sync tool: blocking, it would stop lease renewals
-                    result = await in_thread(fn, *args, **kwargs)
+                    work, stopped = await thread_to_end(fn, journal.lost, *args, **kwargs)
+                    result = work.result()
                 if inspect.isawaitable(result):
                     result = await result
+            except SystemExit as exc:  # the step's failure, not the process's end
+                raise exited(exc) from exc
             finally:
                 _IN_STEP.reset(running)
             return result
 
-        return copied(await self._journal.run_step(index, name, run))  # as journaled
+        try:
+            journaled = await journal.run_step(index, name, run)
+        finally:
+            if stopped:  # its effect (or failure) is journaled now: the cancel goes on
+                raise asyncio.CancelledError
+        return copied(journaled)  # as journaled
 
     async def ask(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any, get_type_hints, overload
 
@@ -57,6 +58,10 @@ class Tool:
         if run_as not in ("requester", "approver"):
             raise UsageError(f"run_as must be 'requester' or 'approver', not {run_as!r}")
         self.fn = fn
+        if name is None and not isinstance(getattr(fn, "__name__", None), str):
+            raise UsageError(
+                f"a {type(fn).__name__} has no __name__: give the tool a name (name=...)"
+            )
         self.name = fn.__name__ if name is None else name  # "" is refused, not the function's
         if not isinstance(self.name, str) or not TOOL_NAME.fullmatch(self.name):
             # What OpenAI and Anthropic take: any other name fails every request with a 400.
@@ -75,6 +80,12 @@ class Tool:
             approval = approval.request
         self.approval: ApprovalPolicy = as_policy(approval)
         self.run_as = run_as
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            # Its body never ran: the call's result was the generator object, an error.
+            raise UsageError(
+                f"tool {self.name!r} is a generator function: a tool returns its result "
+                "(collect what it yields into a list)"
+            )
         self.is_async = inspect.iscoroutinefunction(fn)
         self.takes_context, self.input_model = _input_model(fn, self.name)
         self._schema: dict[str, Any] | None = None
@@ -165,11 +176,23 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseMode
         or (params[0].name == "ctx" and params[0].name not in hints)
     ):
         takes_context = True
+        if params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+            raise UsageError(
+                f"tool {name!r}: the ToolContext parameter {params[0].name!r} must be positional "
+                "(it is passed first, by position)"
+            )
         params = params[1:]
     fields: dict[str, Any] = {}
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
             raise UsageError(f"tool {name!r}: parameter {p.name!r} must be a named parameter")
+        if p.name.startswith("_"):
+            # pydantic keeps it private: out of the schema, so never passed to the body.
+            raise UsageError(f"tool {name!r}: parameter {p.name!r} may not begin with '_'")
+        if p.name.startswith("model_") and hasattr(BaseModel, p.name):
+            raise UsageError(
+                f"tool {name!r}: parameter {p.name!r} is a name pydantic uses; rename it"
+            )
         if p.name not in hints:
             raise UsageError(f"tool {name!r}: parameter {p.name!r} needs a type hint")
         if hints[p.name] is ToolContext:
@@ -179,7 +202,10 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseMode
         default = ... if p.default is p.empty else p.default
         fields[p.name] = (hints[p.name], default)
     try:
-        model = create_model(f"{name}_input", __base__=_Input, **fields)
+        with warnings.catch_warnings():
+            # `schema`, `json`...: they shadow pydantic's old methods, which nothing calls.
+            warnings.filterwarnings("ignore", "Field name .* shadows an attribute", UserWarning)
+            model = create_model(f"{name}_input", __base__=_Input, **fields)
         # Some types it validates but cannot describe (a callable): found now, not at each
         # model call of the agent.
         model.model_json_schema()

@@ -1,0 +1,145 @@
+"""A journaled step still running when its drive stops (`Runtime.close`): what it did is not
+lost, so the turn resumed elsewhere does not run it again."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+import signoff as so
+from signoff.testing import Capture, call, call_tools, reply, scripted_agent, tool_results
+
+
+async def test_a_plain_step_running_at_close_is_journaled_and_not_run_again(
+    store_url: str,
+) -> None:
+    """A plain function runs in a thread, which `close` cannot stop: its effect happened after
+    the drive was cancelled and was thrown away, and the resumed turn charged the card again."""
+    charges: list[str] = []
+    started = threading.Event()
+
+    def charge(card: str) -> str:
+        started.set()
+        time.sleep(0.3)  # a blocking client's call, under way when the runtime closes
+        charges.append(card)
+        return f"charged {card}"
+
+    @so.tool
+    async def pay(ctx: so.ToolContext, card: str) -> str:
+        """Charge the card."""
+        return str(await ctx.step("charge", charge, card))
+
+    def agent() -> so.Agent:
+        script = [call_tools(call("pay", card="4242")), reply("Paid.")]
+        return scripted_agent("shop", script, tools=[pay])
+
+    rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    turn = asyncio.create_task(rt.generate("shop", "pay"))
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    sid = (await rt.sessions())[0].id
+    await rt.close()
+    assert turn.done()
+    with pytest.raises(so.UsageError, match="closed while this call ran"):
+        await turn
+    again = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    try:
+        r = await again.generate(session_id=sid)
+        assert r.status == "completed", r
+    finally:
+        await again.close()
+    assert charges == ["4242"]
+
+
+async def test_a_plain_step_failing_after_close_journals_its_failure_and_the_body_stops(
+    store_url: str,
+) -> None:
+    """The step's failure, once its thread ends, is journaled as any step's is, and the body
+    stops there (its `except` does not go on to step again in a drive that was stopped): the
+    resumed turn replays the failure and takes the `except` path once."""
+    runs: list[str] = []
+    started = threading.Event()
+
+    def charge(card: str) -> str:
+        started.set()
+        time.sleep(0.3)
+        runs.append("charge")
+        raise ValueError(f"card {card} declined")
+
+    def notify() -> str:
+        runs.append("notify")
+        return "sent"
+
+    @so.tool
+    async def pay(ctx: so.ToolContext, card: str) -> str:
+        """Charge the card, or tell the customer it was declined."""
+        try:
+            return str(await ctx.step("charge", charge, card))
+        except ValueError:
+            return str(await ctx.step("notify", notify))
+
+    def agent() -> so.Agent:
+        script = [call_tools(call("pay", card="4242")), reply("Declined.")]
+        return scripted_agent("shop", script, tools=[pay])
+
+    rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    turn = asyncio.create_task(rt.generate("shop", "pay"))
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    sid = (await rt.sessions())[0].id
+    await rt.close()
+    with pytest.raises(so.UsageError, match="closed while this call ran"):
+        await turn
+    assert runs == ["charge"]
+    again = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    try:
+        r = await again.generate(session_id=sid)
+        assert r.status == "completed", r
+    finally:
+        await again.close()
+    assert runs == ["charge", "notify"]
+
+
+async def test_a_plain_tool_running_at_close_has_its_result_recorded_and_does_not_run_again(
+    store_url: str,
+) -> None:
+    """A plain (not `async`) tool's body runs in a thread too: `close` let it finish its
+    refund unseen, and the resumed turn ran the body, and the refund, a second time."""
+    refunds: list[str] = []
+    started = threading.Event()
+
+    @so.tool
+    def refund(order_id: str) -> str:
+        """Refund the order."""
+        started.set()
+        time.sleep(0.3)
+        refunds.append(order_id)
+        return f"refunded {order_id}"
+
+    seen = Capture(reply("Refunded."))
+
+    def agent() -> so.Agent:
+        refunding = call_tools(call("refund", order_id="1"))
+        return scripted_agent("shop", [refunding, seen], tools=[refund])
+
+    rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    turn = asyncio.create_task(rt.generate("shop", "refund"))
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    sid = (await rt.sessions())[0].id
+    await rt.close()
+    with pytest.raises(so.UsageError, match="closed while this call ran"):
+        await turn
+    assert refunds == ["1"]
+    again = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    try:
+        r = await again.generate(session_id=sid)
+        assert r.status == "completed", r
+    finally:
+        await again.close()
+    assert refunds == ["1"]
+    [result] = tool_results(seen.last)
+    assert (result.is_error, result.content) == (False, "refunded 1")

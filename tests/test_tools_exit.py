@@ -1,0 +1,117 @@
+"""A tool, step or policy that raises `SystemExit` (an `argparse` parser given bad arguments, a
+CLI's `main()`, a stray `sys.exit()`): its failure, not the end of the process running every
+session (the event loop lets `SystemExit` through, out of `asyncio.run` or the server)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import signoff as so
+from signoff.testing import (
+    Capture,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    tool_results,
+)
+
+
+def report(args: str) -> str:
+    parser = argparse.ArgumentParser(prog="report", add_help=False)
+    parser.add_argument("--days", type=int, required=True)
+    return f"days={parser.parse_args(args.split()).days}"
+
+
+async def test_a_tool_that_exits_fails_its_call_and_the_turn_goes_on(tmp_path: Path) -> None:
+    """The sync tool's `SystemExit(2)` crossed the thread into the loop and out of
+    `asyncio.run`: every session of the process stopped with it."""
+
+    @so.tool
+    def run_report(args: str) -> str:
+        """Run the report CLI."""
+        return report(args)
+
+    @so.tool
+    async def quit_now() -> str:
+        """Leave."""
+        sys.exit(3)
+
+    seen = Capture(reply("Sorry."))
+    calls = call_tools(call("run_report", args="--weeks 2"), call("quit_now"))
+    agent = scripted_agent("ops", [calls, seen], tools=[run_report, quit_now])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("ops", prompt="report")
+        assert r.status == "completed", r
+    bad_args, exited = tool_results(seen.last)
+    assert bad_args.is_error and "SystemExit(2)" in str(bad_args.content)
+    assert exited.is_error and "SystemExit(3)" in str(exited.content)
+
+
+async def test_a_step_that_exits_is_journaled_as_its_failure(tmp_path: Path) -> None:
+    """A step's `SystemExit` is its failure like any other: the tool may catch it, and the
+    replay raises it again rather than running the step again."""
+    runs: list[str] = []
+
+    def parse(args: str) -> str:
+        runs.append(args)
+        return report(args)
+
+    @so.tool
+    async def run_report(ctx: so.ToolContext, args: str) -> str:
+        """Run the report CLI, or ask for the days."""
+        try:
+            return str(await ctx.step("parse", parse, args))
+        except RuntimeError as exc:
+            answer = await ctx.ask(f"{exc}: how many days?")
+            return f"days={answer.value}"
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent(
+        "ops", [call_tools(call("run_report", args="--weeks 2")), seen], tools=[run_report]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("ops", prompt="report")
+        assert r.status == "waiting", r
+        assert "SystemExit(2)" in str(r.pending[0].question)
+        r = await rt.send(r.session_id, "7")
+        assert r.status == "completed", r
+    [result] = tool_results(seen.last)
+    assert (result.is_error, result.content) == (False, "days=7")
+    assert runs == ["--weeks 2"]
+
+
+async def test_a_policy_that_exits_asks_a_person(tmp_path: Path) -> None:
+    """A policy's `SystemExit` is its failure: the call fails closed, to a person."""
+
+    def policy(ctx: so.ApprovalContext) -> bool:
+        sys.exit(1)
+
+    @so.tool(approval=policy)
+    async def refund(order_id: str) -> str:
+        """Refund."""
+        return order_id
+
+    agent = scripted_agent(
+        "ops", [call_tools(call("refund", order_id="1")), reply("ok")], tools=[refund]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("ops", prompt="refund")
+        assert r.status == "waiting", r
+        assert "SystemExit(1)" in str(r.pending[0].policy_error)
+
+
+async def test_a_model_that_exits_fails_the_turn_retryably(tmp_path: Path) -> None:
+    """A scripted step (or a custom model) that calls `sys.exit()`: the turn fails, retryable,
+    naming it, as for any other error of the model."""
+
+    def leave(conversation: list[so.Message]) -> so.ModelResponse:
+        sys.exit(4)
+
+    async with sqlite_runtime(tmp_path, scripted_agent("ops", [leave])) as rt:
+        r = await rt.generate("ops", prompt="hi")
+    assert (r.status, r.retryable) == ("failed", True)
+    assert r.error is not None and "SystemExit(4)" in r.error["message"]
