@@ -16,7 +16,7 @@ import os
 import sqlite3
 import sys
 import urllib.parse
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn
 
@@ -50,11 +50,27 @@ app = typer.Typer(
 )
 
 
+def set_or_unset(envvar: str) -> Callable[[str | None], str | None]:
+    """The callback of an option whose variable, set but empty, is refused as the empty option
+    is: Click takes it for an unset one, so `SIGNOFF_STORE=$DATABASE_URL` with the variable
+    unset would quietly act on the default store (or as the local user) instead."""
+
+    def check(value: str | None) -> str | None:
+        if value is None and os.environ.get(envvar) == "":
+            raise typer.BadParameter(
+                f"{envvar} is set but empty: give it a value, or unset it for the default"
+            )
+        return value
+
+    return check
+
+
 StoreOption = Annotated[
     str | None,
     typer.Option(
         "--store",
         envvar="SIGNOFF_STORE",
+        callback=set_or_unset("SIGNOFF_STORE"),
         metavar="URL",
         help="Store URL (sqlite:///path or postgresql://...); replaces MODULE:RUNTIME's own. "
         f"Default: the runtime's, else {DEFAULT_URL}.",
@@ -285,6 +301,7 @@ AsOption = Annotated[
     typer.Option(
         "--as",
         envvar="SIGNOFF_PRINCIPAL",
+        callback=set_or_unset("SIGNOFF_PRINCIPAL"),
         metavar="AUTHENTICATOR:ID",
         help="Act as AUTHENTICATOR:ID (default: local:<your user name>). Requests may be "
         "answered only by the principal whose turn asked.",
