@@ -2,7 +2,8 @@
 
 Every command reports a signoff error as one red line naming its class and exits with status 1;
 a command line Click rejects, or one found wrong before anything runs, exits 2, Ctrl-C 130
-(`worker` and `events --follow` stop on it, 0), output nobody reads any more 141. The commands
+(`worker` and `events --follow` stop on it, 0), output nobody reads any more 141, output that
+cannot be written (a full disk) one red line and 1. The commands
 that only read (`pending`, `sessions`, `events`) never upgrade the store's schema; the others
 do, as a `Runtime` does.
 """
