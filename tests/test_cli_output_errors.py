@@ -53,3 +53,31 @@ def test_output_that_cannot_be_written_is_one_line_and_status_1(
     lines = done.stderr.splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0] == "error: OSError: [Errno 28] No space left on device", lines
+
+
+@pytest.mark.parametrize("unbuffered", ["1", None], ids=["unbuffered", "buffered"])
+def test_output_cut_short_in_one_write_is_status_141(
+    unbuffered: str | None, tmp_path: Path
+) -> None:
+    """With PYTHONUNBUFFERED=1 (as container images set it), what one write could not hand over
+    when the reader went was dropped unseen: `pending --json | head -c 100` ended 0, as if all of
+    it had been read. It ends 141, as with buffered output."""
+    url = f"sqlite:///{tmp_path}/state.db"
+    for _ in range(120):  # some 150 kB of JSON: more than a pipe holds
+        park(url)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered is not None:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    with subprocess.Popen(
+        [sys.executable, "-m", "signoff", "pending", "--json", "--limit", "1000", "--store", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.read(100)
+        proc.stdout.close()
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 141, err
+    assert err == b"", err
