@@ -4,6 +4,7 @@ unset): refused naming the variable, as the empty option is, never taken for the
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,19 @@ def test_an_empty_principal_variable_is_refused_not_the_local_user(url: str) -> 
     assert "SIGNOFF_PRINCIPAL is set but empty" in message, message
     listed = CliRunner().invoke(app, ["pending", "--json", "--store", url])
     assert request_id in listed.stdout
+
+
+@pytest.mark.parametrize("variable", ["SIGNOFF_SECRET", "SIGNOFF_TOKENS"])
+def test_serve_refuses_an_empty_secret_or_tokens_variable(variable: str, url: str) -> None:
+    """`SIGNOFF_SECRET=$SECRET` with the variable unset served with no secret, and
+    `SIGNOFF_TOKENS=$TOKENS` in dev mode, where `--secret ""` and `--token ""` are refused.
+    (The port is taken, so that a serve that does start ends at once.)"""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = CliRunner().invoke(
+            app, ["serve", TARGET, "--store", url, "--port", port], env={variable: ""}
+        )
+    message = refused_usage(result)
+    assert f"{variable} is set but empty" in message, message

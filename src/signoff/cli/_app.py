@@ -50,13 +50,14 @@ app = typer.Typer(
 )
 
 
-def set_or_unset(envvar: str) -> Callable[[str | None], str | None]:
+def set_or_unset(envvar: str) -> Callable[[Any], Any]:
     """The callback of an option whose variable, set but empty, is refused as the empty option
     is: Click takes it for an unset one, so `SIGNOFF_STORE=$DATABASE_URL` with the variable
     unset would quietly act on the default store (or as the local user) instead."""
 
-    def check(value: str | None) -> str | None:
-        if value is None and os.environ.get(envvar) == "":
+    def check(value: Any) -> Any:
+        given = value is not None and value != [] and value != ()  # a repeatable one's none
+        if not given and os.environ.get(envvar) == "":
             raise typer.BadParameter(
                 f"{envvar} is set but empty: give it a value, or unset it for the default"
             )
