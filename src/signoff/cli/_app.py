@@ -170,7 +170,8 @@ def _not_a_store(path: str) -> bool:
         return False
     if os.path.getsize(path) == 0:
         return True
-    uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro&immutable=1"
+    # as bytes: a path may hold a byte that is not UTF-8, which SQLite takes back from its %XX
+    uri = f"file:{urllib.parse.quote(os.fsencode(os.path.abspath(path)))}?mode=ro&immutable=1"
     try:
         conn = sqlite3.connect(uri, uri=True)
         try:
