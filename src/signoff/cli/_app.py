@@ -191,6 +191,15 @@ def refuse_undecodable(values: dict[str, str | None]) -> None:
             raise UsageError(f"{what} {value!r} is not valid UTF-8 text")
 
 
+def refuse_empty_filters(values: dict[str, str | None]) -> None:
+    """Refuse a listing filter given empty (`--agent "$AGENT"` with the variable unset): no
+    agent, tool or session has an empty name, so it would list nothing, as if none were open."""
+    names = {"--agent": "an agent's name", "--tool": "a tool's name", "--session": "a session id"}
+    for what, value in values.items():
+        if value == "":
+            raise UsageError(f"{what} takes {names.get(what, 'a value')}, not ''")
+
+
 @contextmanager
 def misuse() -> Iterator[None]:
     """A `UsageError` raised inside is a mistake on the command line, found before anything ran
