@@ -17,6 +17,8 @@ from tests._cli import (
     ROOT,
     TARGET,
     invoke,
+    log,
+    park,
     url,
 )
 
@@ -78,6 +80,34 @@ def test_reading_commands_leave_a_file_that_is_not_a_store_alone(tmp_path: Path)
             assert result.exit_code == 1, (args, result.output)
             assert result.stderr.startswith(f"error: UsageError: {path} is not a signoff store")
             assert path.read_bytes() == before, args
+
+
+def test_reading_commands_open_a_store_whose_path_is_not_utf8(tmp_path: Path) -> None:
+    """A store path holding a byte that is not UTF-8, which `db upgrade`, `chat` and `worker`
+    create and use: the reading and answering commands raised a UnicodeEncodeError traceback
+    checking that it was a store, and still refuse another program's database there."""
+    path = tmp_path / os.fsdecode(b"state-\xff.db")
+    store = f"sqlite:///{path}"
+    session_id, request_id = park(store)
+    for args in (
+        ["pending", "--json"],
+        ["sessions", "--json"],
+        ["events", session_id],
+        ["db", "status"],
+        ["approve", request_id],
+    ):
+        result = invoke(*args, "--store", store)
+        assert result.exit_code == 0, (args, result.output)
+        assert "Traceback" not in result.output
+    assert "approval.settled" in [e.type for e in log(store, session_id)]
+    other = tmp_path / os.fsdecode(b"other-\xff.db")
+    conn = sqlite3.connect(os.fsencode(other))
+    conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY)")
+    conn.commit()
+    conn.close()
+    result = invoke("pending", "--store", f"sqlite:///{other}")
+    assert result.exit_code == 1, result.output
+    assert "is not a signoff store" in result.stderr, result.output
 
 
 def test_answering_with_a_runtime_refuses_a_store_that_does_not_exist(tmp_path: Path) -> None:

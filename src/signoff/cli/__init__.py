@@ -2,7 +2,8 @@
 
 Every command reports a signoff error as one red line naming its class and exits with status 1;
 a command line Click rejects, or one found wrong before anything runs, exits 2, Ctrl-C 130
-(`worker` and `events --follow` stop on it, 0), output nobody reads any more 141. The commands
+(`worker` and `events --follow` stop on it, 0), output nobody reads any more 141, output that
+cannot be written (a full disk) one red line and 1. The commands
 that only read (`pending`, `sessions`, `events`) never upgrade the store's schema; the others
 do, as a `Runtime` does.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import io
 import sys
+from typing import TextIO
 
 from . import _chat, _queue, _serve, _worker  # noqa: F401  (each registers its commands)
 from ._app import app, load_runtime, local_principal, parse_principal
@@ -23,9 +25,28 @@ finish_help(app)
 
 def main() -> None:
     """Entry point of the `signoff` console script."""
+    sys.stdout = _whole_writes(sys.stdout)
     for stream in (sys.stdout, sys.stderr):
         # Output that is not UTF-8 (a Windows pipe's code page, a Latin-1 locale) shows what it
         # cannot hold (an agent's name, a model's text) as escapes rather than failing on it.
         if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
             stream.reconfigure(errors="backslashreplace")
     app()
+
+
+def _whole_writes(stream: TextIO) -> TextIO:
+    """`stream`, or when it writes straight to its file (PYTHONUNBUFFERED=1, as container images
+    set it) the same written through a buffer flushed at each line: Python's text layer drops
+    what a raw write could not take (a reader gone mid-write, a disk full), where a buffer
+    writes it again and raises, so the command ends 141 or names the error, never 0."""
+    if not isinstance(stream, io.TextIOWrapper) or not isinstance(stream.buffer, io.FileIO):
+        return stream
+    stream.flush()
+    raw = io.FileIO(stream.fileno(), "w", closefd=False)
+    return io.TextIOWrapper(
+        io.BufferedWriter(raw),
+        encoding=stream.encoding,
+        errors=stream.errors,
+        line_buffering=True,
+        write_through=True,
+    )

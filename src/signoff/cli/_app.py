@@ -16,7 +16,7 @@ import os
 import sqlite3
 import sys
 import urllib.parse
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn
 
@@ -50,11 +50,28 @@ app = typer.Typer(
 )
 
 
+def set_or_unset(envvar: str) -> Callable[[Any], Any]:
+    """The callback of an option whose variable, set but empty, is refused as the empty option
+    is: Click takes it for an unset one, so `SIGNOFF_STORE=$DATABASE_URL` with the variable
+    unset would quietly act on the default store (or as the local user) instead."""
+
+    def check(value: Any) -> Any:
+        given = value is not None and value != [] and value != ()  # a repeatable one's none
+        if not given and os.environ.get(envvar) == "":
+            raise typer.BadParameter(
+                f"{envvar} is set but empty: give it a value, or unset it for the default"
+            )
+        return value
+
+    return check
+
+
 StoreOption = Annotated[
     str | None,
     typer.Option(
         "--store",
         envvar="SIGNOFF_STORE",
+        callback=set_or_unset("SIGNOFF_STORE"),
         metavar="URL",
         help="Store URL (sqlite:///path or postgresql://...); replaces MODULE:RUNTIME's own. "
         f"Default: the runtime's, else {DEFAULT_URL}.",
@@ -153,7 +170,8 @@ def _not_a_store(path: str) -> bool:
         return False
     if os.path.getsize(path) == 0:
         return True
-    uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro&immutable=1"
+    # as bytes: a path may hold a byte that is not UTF-8, which SQLite takes back from its %XX
+    uri = f"file:{urllib.parse.quote(os.fsencode(os.path.abspath(path)))}?mode=ro&immutable=1"
     try:
         conn = sqlite3.connect(uri, uri=True)
         try:
@@ -171,6 +189,15 @@ def refuse_undecodable(values: dict[str, str | None]) -> None:
     for what, value in values.items():
         if not is_utf8(value or ""):
             raise UsageError(f"{what} {value!r} is not valid UTF-8 text")
+
+
+def refuse_empty_filters(values: dict[str, str | None]) -> None:
+    """Refuse a listing filter given empty (`--agent "$AGENT"` with the variable unset): no
+    agent, tool or session has an empty name, so it would list nothing, as if none were open."""
+    names = {"--agent": "an agent's name", "--tool": "a tool's name", "--session": "a session id"}
+    for what, value in values.items():
+        if value == "":
+            raise UsageError(f"{what} takes {names.get(what, 'a value')}, not ''")
 
 
 @contextmanager
@@ -285,6 +312,7 @@ AsOption = Annotated[
     typer.Option(
         "--as",
         envvar="SIGNOFF_PRINCIPAL",
+        callback=set_or_unset("SIGNOFF_PRINCIPAL"),
         metavar="AUTHENTICATOR:ID",
         help="Act as AUTHENTICATOR:ID (default: local:<your user name>). Requests may be "
         "answered only by the principal whose turn asked.",

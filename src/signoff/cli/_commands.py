@@ -4,6 +4,7 @@ and a quiet stop when whoever reads the output stops reading (`signoff events ..
 
 from __future__ import annotations
 
+import errno
 import inspect
 import io
 import os
@@ -12,6 +13,8 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 import typer
+from rich.console import Console
+from rich.markup import escape
 
 # Typer's public API cannot write this help, checked against Typer 0.29.2 (the CLI tests pin it:
 # tests/test_cli_commands.py), so these are Typer's internals, tied to its minor version:
@@ -105,13 +108,37 @@ class Group(TyperGroup):
         except BrokenPipeError:
             closed_pipe()
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().main(*args, **kwargs)
+        except OSError as exc:
+            if exc.errno not in _WRITE_FAILED:
+                raise
+            _unwritable(exc)
 
-def closed_pipe() -> NoReturn:
-    """Stop, with no traceback and nothing more written, once the reader of our output has gone
-    (`| head -1`): status 141, 128 + SIGPIPE, which the shell reports for git or ls there too.
 
-    Click would exit 1, as for an error. Standard output is pointed at the null device so that
-    Python's own flush at exit does not fail on the closed pipe and print to stderr after all."""
+_WRITE_FAILED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+"""What a write of the output meets on a full disk or a failing device (`> /dev/full`): the
+store's own such failures come as its errors, so at the top of a command these are the output's."""
+
+
+def _unwritable(exc: OSError) -> NoReturn:
+    """End a command whose output could not be written as any failed command ends: one red line
+    on stderr, status 1, and not Python's "Exception ignored" at exit from flushing it again."""
+    _drop_stdout()
+    message = " ".join(str(exc).split())
+    try:
+        Console(stderr=True, highlight=False).print(
+            f"[bold red]error:[/] [red]{type(exc).__name__}: {escape(message)}[/]", soft_wrap=True
+        )
+    except OSError:  # stderr fails too: the status says it
+        pass
+    raise SystemExit(1)
+
+
+def _drop_stdout() -> None:
+    """Point standard output at the null device, so that Python's own flush at exit does not
+    fail on it and print to stderr after all."""
     try:
         null = os.open(os.devnull, os.O_WRONLY)
         try:
@@ -120,6 +147,15 @@ def closed_pipe() -> NoReturn:
             os.close(null)
     except (OSError, ValueError, io.UnsupportedOperation):  # no file descriptor (a test's)
         pass
+
+
+def closed_pipe() -> NoReturn:
+    """Stop, with no traceback and nothing more written, once the reader of our output has gone
+    (`| head -1`): status 141, 128 + SIGPIPE, which the shell reports for git or ls there too.
+
+    Click would exit 1, as for an error. Standard output is pointed at the null device so that
+    Python's own flush at exit does not fail on the closed pipe and print to stderr after all."""
+    _drop_stdout()
     raise typer.Exit(141)
 
 

@@ -51,6 +51,7 @@ from ._app import (
     out,
     parse_principal,
     reading_store,
+    refuse_empty_filters,
     refuse_undecodable,
     run,
     shown_store,
@@ -90,6 +91,7 @@ def pending(
     async def go() -> None:
         with misuse():
             refuse_undecodable({"--agent": agent, "--tool": tool, "--session": session})
+            refuse_empty_filters({"--agent": agent, "--tool": tool, "--session": session})
         async with Runtime([], store=reading_store(store_of(target, store))) as runtime:
             # Like `Runtime.pending`: what can no longer be answered (a session past its TTL, a
             # request past its deadline, a mirror of one) is left out, and so from the total.
@@ -144,6 +146,7 @@ def sessions(
     """List sessions, most recently active first."""
     with misuse():
         refuse_undecodable({"--agent": agent})
+        refuse_empty_filters({"--agent": agent})
         if status is not None and status not in SESSION_STATUSES:
             raise UsageError(f"--status takes one of {', '.join(SESSION_STATUSES)}, not {status!r}")
 

@@ -26,6 +26,7 @@ from ._app import (
     load_runtime,
     misuse,
     run,
+    set_or_unset,
     split_target,
 )
 from ._numbers import number_of_seconds, seconds, whole
@@ -56,6 +57,7 @@ def serve(
         typer.Option(
             "--token",
             envvar="SIGNOFF_TOKENS",
+            callback=set_or_unset("SIGNOFF_TOKENS"),
             metavar="SECRET=PRINCIPAL_ID",
             help="API token as SECRET=PRINCIPAL_ID (repeatable). Without one: localhost dev mode.",
         ),
@@ -117,6 +119,7 @@ def serve(
         typer.Option(
             "--secret",
             envvar="SIGNOFF_SECRET",
+            callback=set_or_unset("SIGNOFF_SECRET"),
             metavar="SECRET",
             help="Keys the dashboard's CSRF tokens (the same in every process serving it); "
             "without it they are bound to the sign-in's token alone.",

@@ -1,0 +1,83 @@
+"""Output that cannot be written (a full disk, an I/O error, as `> /dev/full` makes it): one
+red line naming the error and exit status 1, never a traceback, buffered output or not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests._cli import ROOT, park
+
+COMMANDS = [
+    ["--version"],
+    ["--help"],
+    ["pending", "--help"],
+    ["pending", "--json"],
+    ["pending"],
+    ["sessions"],
+    ["events", "SESSION"],
+    ["db", "status"],
+]
+
+
+@pytest.mark.parametrize("unbuffered", ["1", None], ids=["unbuffered", "buffered"])
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_output_that_cannot_be_written_is_one_line_and_status_1(
+    command: list[str], unbuffered: str | None, tmp_path: Path
+) -> None:
+    """The write's OSError went up as a traceback of some sixty lines (and `--version`, written
+    to a buffer, ended 120 from Python's flush at exit): a script's log held no error line."""
+    url = f"sqlite:///{tmp_path}/state.db"
+    session_id, _ = park(url)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered is not None:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    env["SIGNOFF_STORE"] = url
+    args = [session_id if a == "SESSION" else a for a in command]
+    with open("/dev/full", "w") as full:  # every write to it fails: ENOSPC
+        done = subprocess.run(
+            [sys.executable, "-m", "signoff", *args],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=60,
+        )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0] == "error: OSError: [Errno 28] No space left on device", lines
+
+
+@pytest.mark.parametrize("unbuffered", ["1", None], ids=["unbuffered", "buffered"])
+def test_output_cut_short_in_one_write_is_status_141(
+    unbuffered: str | None, tmp_path: Path
+) -> None:
+    """With PYTHONUNBUFFERED=1 (as container images set it), what one write could not hand over
+    when the reader went was dropped unseen: `pending --json | head -c 100` ended 0, as if all of
+    it had been read. It ends 141, as with buffered output."""
+    url = f"sqlite:///{tmp_path}/state.db"
+    for _ in range(120):  # some 150 kB of JSON: more than a pipe holds
+        park(url)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered is not None:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    with subprocess.Popen(
+        [sys.executable, "-m", "signoff", "pending", "--json", "--limit", "1000", "--store", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.read(100)
+        proc.stdout.close()
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 141, err
+    assert err == b"", err
