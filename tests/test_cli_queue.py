@@ -328,6 +328,14 @@ def test_a_response_policy_is_not_bypassed_by_recording_only(url: str) -> None:
     )
     assert allowed.exit_code == 0, allowed.output
     assert "deployer: Deployed." in allowed.output
+    # Once it closed, the asker is refused alike: told neither that it stays pending nor how
+    # it was settled, and nothing is recorded.
+    settled = len(log(url, parked.session_id))
+    late = invoke("approve", request.id, "tests._cli:deployer", "--store", url, "--as", "web:alice")
+    assert late.exit_code == 1, late.output
+    assert "not accepted (rejected)" in late.stderr
+    assert "pending" not in late.output and "already" not in late.output
+    assert len(log(url, parked.session_id)) == settled
 
 
 def test_a_request_recorded_before_its_policy_flag_is_still_not_settled_by_recording_only(

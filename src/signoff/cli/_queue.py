@@ -355,10 +355,11 @@ async def _settle(
     elif outcome is not None and not outcome.applied and outcome.outcome in _SETTLED:
         console.print(f"{request_id} was already {outcome.outcome}; nothing changed.")
     elif outcome is not None and not outcome.applied:  # the response policy refused it
+        # Not "it stays pending": one who may not answer is refused alike once it closed.
         why = f": {outcome.reason}" if outcome.reason else ""
         err().print(
             f"[bold red]error:[/] [red]{request_id}: your answer was not accepted "
-            f"({printable(outcome.outcome + why)}); it stays pending[/]",
+            f"({printable(outcome.outcome + why)})[/]",
             soft_wrap=True,
         )
         raise typer.Exit(1)
