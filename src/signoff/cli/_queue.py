@@ -36,6 +36,7 @@ from .._unlisted import unlisted
 from ..channels.terminal import compact_json, duration, printable
 from ..stores import DEFAULT_URL, PendingFilter, SQLiteStore
 from ._app import (
+    LAPSING,
     AsOption,
     NoModel,
     RuntimeArgument,
@@ -54,6 +55,7 @@ from ._app import (
     refuse_empty_filters,
     refuse_undecodable,
     run,
+    say_cut,
     shown_store,
     split_target,
     store_of,
@@ -86,7 +88,8 @@ def pending(
     ] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """List the open requests across sessions, oldest first."""
+    """List the open requests across sessions, oldest first. When --limit leaves some out,
+    a line on stderr says how many were shown of how many (the JSON keeps its shape)."""
 
     async def go() -> None:
         with misuse():
@@ -107,6 +110,7 @@ def pending(
             flt = dataclasses.replace(flt, excluded=tuple(hidden))
             requests, more, counted = await counted_page(runtime, flt)  # of one snapshot
             total = counted if more else len(requests)
+        say_cut(len(requests), total)
         if as_json:
             typer.echo(json.dumps([r.model_dump(mode="json") for r in requests], indent=2))
             return
@@ -143,7 +147,8 @@ def sessions(
     ] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """List sessions, most recently active first."""
+    """List sessions, most recently active first. When --limit leaves some out, a line on
+    stderr says how many were shown of how many (the JSON keeps its shape)."""
     with misuse():
         refuse_undecodable({"--agent": agent})
         refuse_empty_filters({"--agent": agent})
@@ -152,7 +157,17 @@ def sessions(
 
     async def go() -> None:
         async with Runtime([], store=reading_store(store_of(target, store))) as runtime:
-            rows = await runtime.sessions(agent=agent, status=status, limit=limit)
+            rows = await runtime.sessions(agent=agent, status=status, limit=limit + 1)
+            total: int | None = len(rows)
+            if len(rows) > limit:
+                rows = rows[:limit]
+                # A status a passed TTL left unrecorded reads otherwise than the store holds it
+                # (`Runtime.sessions`): the store's count of it is no total to print.
+                total = None
+                if status not in LAPSING:
+                    counted = await runtime.store.count_sessions(agent=agent, status=status)
+                    total = max(counted, limit + 1)  # a session created since the page
+        say_cut(len(rows), total)
         if as_json:
             typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
             return
@@ -160,8 +175,9 @@ def sessions(
         if not rows:
             console.print("No sessions.")
             return
+        shown = str(total) if total == len(rows) else f"{len(rows)} of {total or 'more'}"
         table = Table(
-            title="Sessions",
+            title=f"Sessions ({shown})",
             title_justify="left",
             box=box.SIMPLE_HEAD,
             pad_edge=False,
