@@ -39,7 +39,7 @@ def test_chat_resumes_a_parked_session_and_checks_who_answers(url: str) -> None:
     args = ["chat", TARGET, "--session", session_id, "--store", url]
 
     refused = CliRunner().invoke(app, args, input="y\n")
-    assert refused.exit_code == 0, refused.output
+    assert refused.exit_code == 1, refused.output  # the answer refused: chat says so by status
     assert 'Run issue_refund({"order_id":"1042","amount":180,"reason":"broken"})? (y/N)' in (
         refused.output
     )

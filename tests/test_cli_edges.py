@@ -162,7 +162,10 @@ def test_chat_and_approve_run_the_turn_of_a_runtime_left_to_workers(url: str) ->
     chat = CliRunner().invoke(
         app, ["chat", target, "--store", url], input="refund 1042\ny\nthanks\n"
     )
-    assert chat.exit_code == 0, chat.output
+    # The scripted model has no reply to "thanks": that turn fails on its own (no SessionBusy),
+    # and chat's exit status says a turn failed.
+    assert "the turn failed: ModelError: the Scripted model" in chat.output, chat.output
+    assert chat.exit_code == 1, chat.output
     assert "support: Refunded 180.00." in chat.output, chat.output
     assert "another process" not in chat.output and "SessionBusy" not in chat.output
     session_id, request_id = park(url)

@@ -123,10 +123,20 @@ class _Chat:
         self.principal = principal
         self.session_id: str | None = None
         self.seen = 0
+        self.refused = False  # a message or an answer (never given after) was refused
+        self.failed = False  # a turn failed and no /retry resumed it since
+
+    @property
+    def undone(self) -> bool:
+        """Whether something typed was not carried out: chat then exits with status 1, so a
+        script feeding it from a pipe can tell (an error at a terminal is seen and shrugged off)."""
+        return self.refused or self.failed
 
     async def run(self, session_id: str | None) -> None:
+        # a session it cannot continue is refused before anything is printed, the error alone
+        state = None if session_id is None else await self.resumable(session_id)
         self.header()
-        if session_id is not None and not await self.reopen(session_id):
+        if state is not None and not await self.reopen(state):
             return
         while True:
             with _ctrl_c_interrupts():
@@ -146,6 +156,7 @@ class _Chat:
             try:
                 with self.console.status(f"{printable(self.agent.name)} is working..."):
                     if line == "/retry" and self.session_id is not None:
+                        self.failed = False  # the failed turn resumes; `report` says how it ends
                         result = await self.runtime.generate(session_id=self.session_id)
                     elif self.session_id is None:
                         result = await self.runtime.generate(
@@ -161,6 +172,10 @@ class _Chat:
                     return
             except SignoffError as exc:
                 self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
+                if line == "/retry":
+                    self.failed = True
+                else:
+                    self.refused = True  # what the message said is never done
 
     async def nothing_to_retry(self) -> str | None:
         """Why `/retry` has nothing to resume, or None when it has: resuming a turn that ended
@@ -213,9 +228,9 @@ class _Chat:
             "/help for more.[/]"
         )
 
-    async def reopen(self, session_id: str) -> bool:
-        """Pick up an existing session where it stands, running what it has to do (its turn, or
-        the message queued behind a turn that ended); False if the person left."""
+    async def resumable(self, session_id: str) -> SessionState:
+        """The state of the session `--session` names, if this chat can continue it: one that
+        does not exist, or of another agent, is refused."""
         state = await self.runtime._state(session_id)
         if state.agent != self.agent.name:
             how = (
@@ -224,6 +239,12 @@ class _Chat:
                 else f"which this runtime does not have (it has: {', '.join(self.runtime.agents)})"
             )
             raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}: {how}")
+        return state
+
+    async def reopen(self, state: SessionState) -> bool:
+        """Pick up an existing session where it stands, running what it has to do (its turn, or
+        the message queued behind a turn that ended); False if the person left."""
+        session_id = state.id
         self.session_id = session_id
         self.seen = state.seq
         self.console.print(f"[dim]session {session_id} (resumed)[/]")
@@ -252,6 +273,15 @@ class _Chat:
     async def follow(self, result: GenerateResult) -> bool:
         """Answer the turn's requests inline until it ends; False if the person left."""
         answered: set[str] = set()
+        unanswered: set[str] = set()  # refused, and not answered since: the chat may leave them
+        try:
+            return await self._follow(result, answered, unanswered)
+        finally:
+            self.refused = self.refused or bool(unanswered)
+
+    async def _follow(
+        self, result: GenerateResult, answered: set[str], unanswered: set[str]
+    ) -> bool:
         while True:
             await self.trace(result.session_id)
             if result.status != "waiting" or not result.pending:
@@ -291,6 +321,7 @@ class _Chat:
             except NotAllowed as exc:
                 self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
                 self.console.print("[dim]answer as the asker with --as AUTHENTICATOR:ID[/]")
+                self.refused = True
                 return False
             except AnswerError as exc:  # someone else answered first, or it closed meanwhile
                 self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
@@ -298,6 +329,9 @@ class _Chat:
             except (InvalidAnswer, TooLarge) as exc:  # what was typed cannot be taken: ask again
                 self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
                 answered.discard(request.id)
+                unanswered.add(request.id)
+            else:
+                unanswered.discard(request.id)
         self.report(result)
         return True
 
@@ -314,6 +348,7 @@ class _Chat:
                 f"[bold cyan]{printable(self.agent.name)}:[/] {printable(result.text)}"
             )
         elif result.status == "failed":
+            self.failed = True
             retry = " (type /retry to resume it)" if result.retryable else ""
             self.console.print(
                 f"[red]the turn failed: {printable(error_text(result.error))}{retry}[/]"
@@ -348,9 +383,15 @@ def chat(
     store: StoreOption = None,
     acting_as: AsOption = None,
 ) -> None:
-    """Talk to an agent in the terminal; approvals are asked inline as `(y/N)` prompts."""
+    """Talk to an agent in the terminal; approvals are asked inline as `(y/N)` prompts.
+
+    Exit status 1 when something typed was not carried out: a message or an answer refused
+    (and never given after), or a turn that failed and that no /retry resumed; 0 otherwise,
+    also when a request is left pending."""
+    undone = False
 
     async def go() -> None:
+        nonlocal undone
         with misuse():
             refuse_undecodable({"--agent": agent, "--session": session})
             principal = parse_principal(acting_as)
@@ -371,5 +412,8 @@ def chat(
                 picked = runtime.agents.get(owner) or next(iter(runtime.agents.values()))
             chat = _Chat(runtime, picked, console, principal, target=target, acting_as=acting_as)
             await chat.run(session)
+            undone = chat.undone
 
     run(go())
+    if undone:
+        raise typer.Exit(1)
