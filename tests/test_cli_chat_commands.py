@@ -93,6 +93,7 @@ def test_a_session_of_another_agent_says_how_to_continue_it(url: str) -> None:
         assert result.stderr == (
             f"error: UsageError: session '{sid}' belongs to agent 'echo': {how}\n"
         ), result.stderr
+        assert result.stdout == "", result.stdout  # the error alone: no header before it
     resumed = CliRunner().invoke(
         app, ["chat", "tests.test_cli_chat_commands:both", "--store", url, "--session", sid]
     )
