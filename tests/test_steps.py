@@ -128,3 +128,44 @@ async def test_a_tool_catching_a_missing_file_takes_the_same_path_on_replay(tmp_
     [result] = tool_results(seen.last)
     assert (result.is_error, result.content) == (False, "defaults: yes")
     assert reads == ["read"]
+
+
+async def test_a_step_raising_a_signoff_error_is_journaled_and_replays_after_a_restart(
+    store_url: str,
+) -> None:
+    """A step's own failure is journaled whatever its class: one that raised `so.UsageError`
+    (a signoff class its function used for a refusal of its own) is not run again after a
+    restart, and its replay raises it again, so the tool that caught it takes the same path."""
+    sent: list[str] = []
+
+    def send_invoice(to: str) -> str:
+        sent.append(to)
+        raise so.UsageError(f"invoice to {to} sent, but its receipt was refused")
+
+    @so.tool
+    async def invoice(ctx: so.ToolContext) -> dict[str, str]:
+        """Send the invoice; if that raises, ask whether to go on."""
+        try:
+            return {"sent": str(await ctx.step("send", send_invoice, "acme"))}
+        except so.UsageError as exc:
+            answer = await ctx.ask(f"{exc}. Go on?", options=["yes", "no"])
+            return {"refused": str(exc), "go_on": answer.value}
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("billing", [call_tools(call("invoice")), seen], tools=[invoice])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="invoice acme")
+        question = "invoice to acme sent, but its receipt was refused. Go on?"
+        assert [p.question for p in r.pending] == [question]
+    async with so.Runtime([agent], store=store_url) as rt:  # a restart: the body replays
+        r = await rt.send(r.session_id, "yes")
+        assert r.status == "completed"
+        steps = [e async for e in rt.events(r.session_id, follow=False) if e.type == "tool.step"]
+    [result] = tool_results(seen.last)
+    assert result.content == {
+        "refused": "invoice to acme sent, but its receipt was refused",
+        "go_on": "yes",
+    }
+    assert sent == ["acme"]  # its effect once, though the body ran twice
+    [step] = steps
+    assert step.data["error"]["type"] == "UsageError" and "result" not in step.data

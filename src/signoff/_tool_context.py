@@ -15,7 +15,12 @@ from ._steps import raise_recorded
 from ._sync import exited, thread_to_end
 from ._text import is_blank
 from ._tool_json import copied
-from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
+from ._tool_signals import (
+    ApprovalRequired,
+    InputUnavailable,
+    QuestionWithdrawn,
+    misuse_in_step,
+)
 from ._types import Answer, Option, Principal, make_options, shadowed_number, twin_labels
 
 __all__ = ["MAX_STEP_NAME_CHARS", "Journal", "ReplayError", "ToolContext"]
@@ -107,9 +112,11 @@ class ToolContext:
         step is never replayed, as the outer one replays whole (a later entry's ReplayError)."""
         running = _IN_STEP.get()
         if running is not None and running[0] is self:
-            raise UsageError(
-                f"ctx.{kind}() inside step {running[1]!r}: a step's function may not step or ask "
-                "(call them from the tool's body)"
+            raise misuse_in_step(
+                UsageError(
+                    f"ctx.{kind}() inside step {running[1]!r}: a step's function may not step "
+                    "or ask (call them from the tool's body)"
+                )
             )
 
     def _next(self, kind: str, name: str) -> tuple[int, dict[str, Any] | None]:
