@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -82,3 +83,61 @@ def test_a_positional_journal_takes_a_gap_that_concurrent_steps_leave() -> None:
     call.record(40, {"kind": "step", "name": "b", "result": None})
     assert call.journal[:40] == [None] * 40
     assert call.journal[40] == {"kind": "step", "name": "b", "result": None}
+
+
+class Counted(list[dict[str, Any] | None]):
+    """A journal that counts the entries read from it."""
+
+    reads = 0
+
+    def __iter__(self) -> Iterator[dict[str, Any] | None]:
+        for entry in super().__iter__():
+            self.reads += 1
+            yield entry
+
+    def __getitem__(self, i: Any) -> Any:
+        self.reads += 1
+        return super().__getitem__(i)
+
+
+def test_recording_a_keyed_entry_reads_no_other_entry() -> None:
+    """Each entry of a call of many steps is placed by a look-up, not a scan of the entries
+    before it: folding N steps read N²/2 entries (minutes of replay for a long workflow)."""
+    n = 2000
+    call = CallState(id="c1", tool_name="t", input={}, keyed=True, journal=Counted())
+    for i in range(n):
+        call.record(0, {"kind": "step", "name": f"s{i}", "result": i})
+    call.record(0, {"kind": "step", "name": "s7", "result": "again"})  # replaced in place
+    assert isinstance(call.journal, Counted) and call.journal.reads == 0
+    assert len(call.journal) == n and call.journal[7] == {
+        "kind": "step",
+        "name": "s7",
+        "result": "again",
+        "n": 0,
+    }
+
+
+def test_a_keyed_journal_from_a_snapshot_or_a_copy_places_entries_where_they_are() -> None:
+    """A call built with its journal (a snapshot read, a state copied) finds its entries again:
+    recording one replaces it where it is, in the copy only."""
+    entries: list[dict[str, Any] | None] = [
+        {"kind": "step", "name": "a", "result": 1, "n": 0},
+        {"kind": "ask", "name": "a", "request_id": "r", "n": 0},
+        {"kind": "step", "name": "a", "result": 2, "n": 1},
+    ]
+    state = _positional_call_state()
+    assert state.turn is not None
+    state.turn.calls["c"] = CallState(id="c", tool_name="x", input={}, keyed=True, journal=entries)
+    copy = state.copy()
+    assert copy.turn is not None
+    copy.turn.calls["c"].record(1, {"kind": "step", "name": "a", "result": 3})
+    copy.turn.calls["c"].record(0, {"kind": "step", "name": "b", "result": 4})
+    assert [e and e.get("result") for e in copy.turn.calls["c"].journal] == [1, None, 3, 4]
+    assert [e and e.get("result") for e in state.turn.calls["c"].journal] == [1, None, 2]
+    state.turn.calls["c"].record(0, {"kind": "ask", "name": "a", "request_id": "r2"})
+    assert state.turn.calls["c"].journal[1] == {
+        "kind": "ask",
+        "name": "a",
+        "request_id": "r2",
+        "n": 0,
+    }

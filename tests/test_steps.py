@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 import signoff as so
 from signoff._steps import failure_of, raise_recorded
+from signoff._tool_context import Journal
 from signoff.testing import (
     Capture,
     call,
@@ -128,3 +131,94 @@ async def test_a_tool_catching_a_missing_file_takes_the_same_path_on_replay(tmp_
     [result] = tool_results(seen.last)
     assert (result.is_error, result.content) == (False, "defaults: yes")
     assert reads == ["read"]
+
+
+async def test_a_step_raising_a_signoff_error_is_journaled_and_replays_after_a_restart(
+    store_url: str,
+) -> None:
+    """A step's own failure is journaled whatever its class: one that raised `so.UsageError`
+    (a signoff class its function used for a refusal of its own) is not run again after a
+    restart, and its replay raises it again, so the tool that caught it takes the same path."""
+    sent: list[str] = []
+
+    def send_invoice(to: str) -> str:
+        sent.append(to)
+        raise so.UsageError(f"invoice to {to} sent, but its receipt was refused")
+
+    @so.tool
+    async def invoice(ctx: so.ToolContext) -> dict[str, str]:
+        """Send the invoice; if that raises, ask whether to go on."""
+        try:
+            return {"sent": str(await ctx.step("send", send_invoice, "acme"))}
+        except so.UsageError as exc:
+            answer = await ctx.ask(f"{exc}. Go on?", options=["yes", "no"])
+            return {"refused": str(exc), "go_on": answer.value}
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("billing", [call_tools(call("invoice")), seen], tools=[invoice])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="invoice acme")
+        question = "invoice to acme sent, but its receipt was refused. Go on?"
+        assert [p.question for p in r.pending] == [question]
+    async with so.Runtime([agent], store=store_url) as rt:  # a restart: the body replays
+        r = await rt.send(r.session_id, "yes")
+        assert r.status == "completed"
+        steps = [e async for e in rt.events(r.session_id, follow=False) if e.type == "tool.step"]
+    [result] = tool_results(seen.last)
+    assert result.content == {
+        "refused": "invoice to acme sent, but its receipt was refused",
+        "go_on": "yes",
+    }
+    assert sent == ["acme"]  # its effect once, though the body ran twice
+    [step] = steps
+    assert step.data["error"]["type"] == "UsageError" and "result" not in step.data
+
+
+class _Recorded:
+    """The engine's journal of a call whose N keyed steps all ran: it counts the entries read."""
+
+    can_ask = True
+    keyed = True
+
+    def __init__(self, n: int) -> None:
+        self.journal = _Counted(
+            {"kind": "step", "name": f"s{i % 10}", "result": i, "n": i // 10} for i in range(n)
+        )
+
+    def entries(self) -> list[dict[str, Any] | None]:
+        return self.journal
+
+    async def run_step(self, index: int, name: str, run: object) -> object:
+        raise AssertionError(f"step {name!r} {index} ran again")
+
+
+class _Counted(list[dict[str, Any] | None]):
+    reads = 0
+
+    def __iter__(self) -> Iterator[dict[str, Any] | None]:
+        for entry in super().__iter__():
+            self.reads += 1
+            yield entry
+
+    def __getitem__(self, i: Any) -> Any:
+        self.reads += 1
+        return super().__getitem__(i)
+
+
+async def test_replaying_n_steps_reads_each_entry_once() -> None:
+    """Replay finds each journaled step by a look-up: a scan of every entry per step made a
+    tool of N steps cost N² (5,000 steps took 7 s to replay)."""
+    n = 2000
+    journal = _Recorded(n)
+    ctx = so.ToolContext(
+        session=so.SessionInfo(
+            id="s", agent="a", turn="t", auth=so.SessionAuth(current=None, initiator=None)
+        ),
+        call_id="c",
+        tool_name="t",
+        idempotency_key="k",
+        journal=cast(Journal, journal),
+    )
+    results = [await ctx.step(f"s{i % 10}", print) for i in range(n)]
+    assert results == list(range(n))
+    assert journal.journal.reads <= n

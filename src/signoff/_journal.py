@@ -12,7 +12,12 @@ from ._recording import Batch, EventSpec, TurnStopped, dump_request, new_id
 from ._state import CallState, SessionState
 from ._steps import failure_of, raise_recorded
 from ._tool_json import jsonable, over_limit, result_bound
-from ._tool_signals import ApprovalRequired, QuestionWithdrawn
+from ._tool_signals import (
+    ApprovalRequired,
+    InputUnavailable,
+    QuestionWithdrawn,
+    refused_misuse,
+)
 from ._types import MAX_OPTIONS, Action, ChildRef, InputRequest, Option, Principal
 from .stores import Resolve
 
@@ -24,9 +29,15 @@ __all__ = ["UNRECORDED_KEPT", "CallJournal"]
 UNRECORDED_KEPT = 1024
 """How many unrecorded outcomes (of calls and of steps) a runtime keeps (the oldest go first)."""
 
-_NOT_THE_STEPS = (SignoffError, TurnStopped, ApprovalRequired, QuestionWithdrawn)
+_NOT_THE_STEPS = (StoreError, TurnStopped, ApprovalRequired, QuestionWithdrawn, InputUnavailable)
 """What a step may raise that is about the run, not the step's effect: never journaled, so the
-step runs again on replay (as after a crash)."""
+step runs again on replay (as after a crash). The signals steer the call, not the step; a
+`StoreError` is the store failing (down a moment, the lease lost), after which the drive fails
+and a retry runs the step again (a delegate's child is then created): journaled, the outage
+would be raised again on every replay. Nor is signoff's refusal of the step's function stepping
+or asking (`misuse_in_step`): a bug in the tool's code, which once fixed runs the step. Any other
+exception, a `SignoffError` too, is the step's own failure, which the tool may catch and go on
+from: journaled."""
 
 
 class CallJournal:
@@ -133,7 +144,7 @@ class CallJournal:
                     del data["result"]
                     raise TooLarge(too_large)
             except Exception as exc:
-                if isinstance(exc, _NOT_THE_STEPS) and not (returned or isinstance(exc, TooLarge)):
+                if not returned and (isinstance(exc, _NOT_THE_STEPS) or refused_misuse(exc)):
                     raise
                 # The step's own failure, which the tool may catch and go on from: journaled,
                 # so a replay takes the same path instead of running the step again.

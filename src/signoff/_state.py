@@ -279,6 +279,7 @@ class SessionState:
                         edited_input=c.edited_input,
                         journal=list(c.journal),
                         keyed=c.keyed,
+                        placed=dict(c.placed),
                     )
                     for k, c in t.calls.items()
                 },

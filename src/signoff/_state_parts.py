@@ -52,6 +52,9 @@ class CallState:
     edited_input: Any = None
     journal: list[dict[str, Any] | None] = field(default_factory=list)
     keyed: bool = False  # the journal's `index` is the occurrence of a name, not a position
+    # Where each entry of a keyed journal is, by kind, name and occurrence: recording one is
+    # then a look-up, not a scan of every entry (a call of N steps cost N² as they were folded).
+    placed: dict[tuple[str, str, Any], int] = field(default_factory=dict, repr=False, compare=False)
 
     def record(self, index: int, entry: dict[str, Any]) -> None:
         """Journal `entry`: in a keyed journal as occurrence `index` of its kind and name (in
@@ -59,10 +62,11 @@ class CallState:
         if self.keyed:
             entry = {**entry, "n": index}
             key = (entry["kind"], entry["name"], index)
-            for i, e in enumerate(self.journal):
-                if e is not None and (e["kind"], e["name"], e.get("n")) == key:
-                    self.journal[i] = entry
-                    return
+            at = self.placed_at(key)
+            if at is not None:
+                self.journal[at] = entry
+                return
+            self.placed[key] = len(self.journal)
             self.journal.append(entry)
             return
         if (
@@ -74,6 +78,18 @@ class CallState:
         while len(self.journal) <= index:
             self.journal.append(None)
         self.journal[index] = entry
+
+    def placed_at(self, key: tuple[str, str, Any]) -> int | None:
+        """The position of the keyed entry `key` (kind, name, occurrence), None if not journaled;
+        `placed` is built again first if it does not index the journal as it is (a state built
+        from a snapshot)."""
+        if len(self.placed) != len(self.journal):
+            self.placed = {}
+            for i in reversed(range(len(self.journal))):  # the first of two alike wins
+                e = self.journal[i]
+                if e is not None:
+                    self.placed[(e["kind"], e["name"], e.get("n"))] = i
+        return self.placed.get(key)
 
     def subagents(self) -> list[str]:
         """The child sessions this delegate call journaled creating (`tool.step`

@@ -15,7 +15,12 @@ from ._steps import raise_recorded
 from ._sync import exited, thread_to_end
 from ._text import is_blank
 from ._tool_json import copied
-from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
+from ._tool_signals import (
+    ApprovalRequired,
+    InputUnavailable,
+    QuestionWithdrawn,
+    misuse_in_step,
+)
 from ._types import Answer, Option, Principal, make_options, shadowed_number, twin_labels
 
 __all__ = ["MAX_STEP_NAME_CHARS", "Journal", "ReplayError", "ToolContext"]
@@ -100,6 +105,11 @@ class ToolContext:
         self._journal = journal
         self._cursor = 0  # places claimed this run (the position of entries journaled by one)
         self._seen: dict[tuple[str, str], int] = {}  # (kind, name): occurrences claimed this run
+        # The keyed entries no branch of this run has claimed yet, by kind, name and occurrence
+        # (in the journal's order), and how many of the journal's entries they were taken from:
+        # each claim is a look-up, not a scan of every entry (N steps replayed cost N²).
+        self._left: dict[tuple[str, str, Any], dict[str, Any]] = {}
+        self._indexed = 0
 
     def _outside_steps(self, kind: str) -> None:
         """Refuse `ctx.step()`/`ctx.ask()` from a step's own function: a question would park
@@ -107,9 +117,11 @@ class ToolContext:
         step is never replayed, as the outer one replays whole (a later entry's ReplayError)."""
         running = _IN_STEP.get()
         if running is not None and running[0] is self:
-            raise UsageError(
-                f"ctx.{kind}() inside step {running[1]!r}: a step's function may not step or ask "
-                "(call them from the tool's body)"
+            raise misuse_in_step(
+                UsageError(
+                    f"ctx.{kind}() inside step {running[1]!r}: a step's function may not step "
+                    "or ask (call them from the tool's body)"
+                )
             )
 
     def _next(self, kind: str, name: str) -> tuple[int, dict[str, Any] | None]:
@@ -124,16 +136,12 @@ class ToolContext:
             raise UsageError(f"ctx.{kind}() needs a context given by the signoff engine")
         position = self._cursor
         self._cursor += 1
-        entries = self._journal.entries()
         if self._journal.keyed:
+            self._index()
             n = self._seen.get((kind, name), 0)
             self._seen[(kind, name)] = n + 1
-            found = [
-                e
-                for e in entries
-                if e is not None and (e["kind"], e["name"], e.get("n")) == (kind, name, n)
-            ]
-            return n, found[0] if found else None
+            return n, self._left.pop((kind, name, n), None)
+        entries = self._journal.entries()
         entry = entries[position] if position < len(entries) else None
         if entry is not None and (entry["kind"] != kind or entry["name"] != name):
             raise self._diverged(kind, name, position, entry)
@@ -148,14 +156,25 @@ class ToolContext:
             "there; a workflow tool must ask and step in the same order on every run"
         )
 
+    def _index(self) -> None:
+        """Take into `_left` the keyed entries journaled since it was last brought up to date
+        that no branch of this run has claimed (an entry claimed this run is recorded after its
+        claim, so in a run only the first call finds any). A journal shorter than what was taken
+        (a state read again) is taken again from its start."""
+        assert self._journal is not None
+        entries = self._journal.entries()
+        if len(entries) < self._indexed:
+            self._left, self._indexed = {}, 0
+        for i in range(self._indexed, len(entries)):
+            e = entries[i]
+            if e is not None and self._seen.get((e["kind"], e["name"]), 0) <= e.get("n", 0):
+                self._left.setdefault((e["kind"], e["name"], e.get("n")), e)
+        self._indexed = len(entries)
+
     def _unreplayed(self) -> list[dict[str, Any]]:
         """Recorded entries no branch of this run has reached yet."""
-        assert self._journal is not None
-        return [
-            e
-            for e in self._journal.entries()
-            if e is not None and self._seen.get((e["kind"], e["name"]), 0) <= e.get("n", 0)
-        ]
+        self._index()
+        return list(self._left.values())
 
     async def _replayed_first(self, kind: str, name: str) -> None:
         """Before a new entry, let sibling branches replay what they recorded (they may be

@@ -7,7 +7,13 @@ from typing import Any
 
 from ._exceptions import UsageError
 
-__all__ = ["ApprovalRequired", "InputUnavailable", "QuestionWithdrawn"]
+__all__ = [
+    "ApprovalRequired",
+    "InputUnavailable",
+    "QuestionWithdrawn",
+    "misuse_in_step",
+    "refused_misuse",
+]
 
 
 class QuestionWithdrawn(Exception):  # a signal, not an error
@@ -49,3 +55,26 @@ class ApprovalRequired(Exception):
 def _rebuild_signal(payload: Any, call_id: str | None) -> ApprovalRequired:
     """Unpickle an `ApprovalRequired` (its `call_id` is keyword-only)."""
     return ApprovalRequired(payload, call_id=call_id)
+
+
+_MISUSE = "_signoff_misuse_in_step"
+
+
+def misuse_in_step(exc: UsageError) -> UsageError:
+    """Mark `exc`, signoff refusing what a step's function did (it stepped or asked), as about
+    the tool's code, not the step's effect: a step failing with it is not journaled, so the
+    code once fixed runs the step on replay instead of raising the bug's refusal for ever."""
+    setattr(exc, _MISUSE, True)
+    return exc
+
+
+def refused_misuse(exc: BaseException) -> bool:
+    """Whether `exc` is such a refusal, or was raised on the way out of one (`raise ... from`)."""
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        if getattr(at, _MISUSE, False):
+            return True
+        seen.add(id(at))
+        at = at.__cause__ or at.__context__
+    return False
