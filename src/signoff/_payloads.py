@@ -25,13 +25,13 @@ def encode(path: str, body: Any) -> bytes:
         errors.InvalidAnswer if path.endswith(("/responses", "/approvals")) else errors.UsageError
     )
     try:
-        text = json.dumps(body, allow_nan=False, ensure_ascii=False)
+        data = json.dumps(body, allow_nan=False, ensure_ascii=False).encode()
     except (TypeError, ValueError, RecursionError) as exc:  # NaN, objects, surrogates, depth
         raise kind(f"the request body is not plain JSON: {type(exc).__name__}: {exc}") from None
     problem = key_not_text(body)
     if problem is not None:
         raise kind(f"the request body is not plain JSON: its {problem}")
-    return text.encode()
+    return data
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
