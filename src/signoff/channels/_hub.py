@@ -26,6 +26,7 @@ from .._settings import positive_seconds, whole
 from .._types import InputRequest
 from .._work import Failing
 from ..stores._audit import AuditEntry
+from . import _given_up as given_up
 from ._announcements import announce
 from ._base import Channel, ChannelState, RateLimited, check_name, logger, off_loop
 from ._given_up import note_given_up, redeliver
@@ -65,8 +66,9 @@ class ChannelHub:
 
     A channel that fails on an entry is retried from there after `retry_backoff * 2**n`
     seconds, `max_attempts` times in all (about two minutes by default), before the entry is
-    skipped for it: that is logged as an error, and the entry is delivered to it again when the
-    hub next starts on the same `state`.
+    skipped for it: that is logged as an error, and the entry is delivered to it again every
+    minute while the hub runs (see `_given_up`) and when the hub next starts on the same
+    `state`.
     A channel that raises `RateLimited` is retried after the delay it names (at most an hour),
     without spending an attempt, so a service that throttles is never given up on (nor are the
     entries delivered again at a start: the polls after the delay go on with them).
@@ -132,6 +134,8 @@ class ChannelHub:
         self._active: set[str] = set()  # the channels this hub delivers to (holding their locks)
         self._positions: dict[str, int] = {}
         self._retries = Retries()
+        # monotonic time of the last give-up or round, for each channel with entries given up on
+        self._given_up_at: dict[str, float] = {}
         self._seen: dict[str, set[int]] = {}
         self._kept: dict[str, list[int]] = {}  # `_seen` as saved in the state
         self._gaps: dict[int, float] = {}
@@ -381,6 +385,8 @@ class ChannelHub:
             for ch in live:  # the entries given up on before, which a rate limit held back
                 if self._retries.redo_due(ch.name):
                     await self._redeliver(ch)
+                elif self._redo_due(ch):  # ... or which failed: the service may be back
+                    await self._redeliver(ch, until_failure=True)
             if live:
                 cursor = min(self._positions[ch.name] for ch in live)
                 # Channels that failed and wait for their retry: they go on from there later;
@@ -470,14 +476,31 @@ class ChannelHub:
                     blocked.add(ch.name)
                     continue
                 await note_given_up(self.state, self._key(ch), entry.id)
+                self._given_up_at.setdefault(ch.name, time.monotonic())
             self._retries.handled(ch.name, entry.id)
             seen.add(entry.id)
             handled = 1
         return handled
 
-    async def _redeliver(self, ch: Channel) -> None:
-        """Deliver again the entries given up on for `ch` (`redeliver`)."""
-        await redeliver(self.runtime.store, self.state, self._key(ch), ch, self._retries)
+    async def _redeliver(self, ch: Channel, *, until_failure: bool = False) -> None:
+        """Deliver again the entries given up on for `ch` (`redeliver`); those kept are tried
+        again `REDO_EVERY` seconds later."""
+        key = self._key(ch)
+        args = (self.runtime.store, self.state, key, ch, self._retries)
+        if await redeliver(*args, until_failure=until_failure):
+            self._given_up_at[ch.name] = time.monotonic()
+        else:
+            self._given_up_at.pop(ch.name, None)
+
+    def _redo_due(self, ch: Channel) -> bool:
+        """Whether it is time for a round that delivers again what `ch` was given up on: it
+        has some, `REDO_EVERY` seconds have passed, and it waits for no retry now."""
+        at = self._given_up_at.get(ch.name)
+        return (
+            at is not None
+            and time.monotonic() - at >= given_up.REDO_EVERY
+            and ch.name not in self._retries.blocked()
+        )
 
     async def _open_requests(self) -> list[InputRequest]:
         """Every open request, for the channels the hub starts delivering to."""
