@@ -324,6 +324,7 @@ def channel_figures() -> list[tuple[str, str, Any, Any]]:
         (readme, "a write waits up to five seconds", state["busy_timeout"].default, 5),
         (readme, "(up to ten seconds)", _hub._STOP_GRACE, 10),
         (readme, "delivered again once a minute while the hub runs", _given_up.REDO_EVERY, 60),
+        (readme, "sent again once a minute while the hub runs", _given_up.REDO_EVERY, 60),
         (readme, "is clipped to 3,000 characters", _blocks._MAX_TEXT, 3000),
         (readme, "over 100 options in groups", _blocks._MAX_OPTIONS, 100),
         (readme, "takes replies for seven days", _replies.KEEP_THREADS, 7 * 86400),
