@@ -6,7 +6,7 @@ holding the hub's poll, and the other channels, through one failure per entry.""
 
 from __future__ import annotations
 
-import time
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +78,7 @@ async def test_a_slack_post_given_up_on_is_posted_once_slack_is_back_without_a_r
             req = (await rt.generate("support", prompt="Refund A", auth=ALICE)).pending[0]
             await hub.poll()
             assert slack.recall(f"msg:{req.id}") is None
-            time.sleep(0.3)
+            await asyncio.sleep(0.3)
             await hub.poll()
             assert slack.recall(f"msg:{req.id}") is not None
             (_, post) = slack_api.of("chat.postMessage")
