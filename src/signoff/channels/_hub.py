@@ -22,14 +22,15 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import StoreError, UsageError
-from .._queue_page import keyed_page
 from .._settings import positive_seconds, whole
 from .._types import InputRequest
 from .._work import Failing
-from ..stores import PendingFilter
 from ..stores._audit import AuditEntry
+from . import _given_up as given_up
 from ._announcements import announce
 from ._base import Channel, ChannelState, RateLimited, check_name, logger, off_loop
+from ._given_up import note_given_up, redeliver
+from ._hub_trail import open_requests, start_at, trail_end
 from ._lease import HubLease
 from ._retries import Retries
 from ._state import make_room
@@ -40,11 +41,10 @@ if TYPE_CHECKING:
 __all__ = ["ChannelHub"]
 
 _PAGE = 500
-_WINDOW = 1_000_000  # ids a look for the trail's end steps over at once (read from an index)
-_SETTLING = 1000  # ids below the end a first start looks at for transactions still committing
 _STOP_GRACE = 10.0  # seconds: how long stop() lets a poll in progress finish its deliveries
-_SKIPPED = "skipped"  # the memo (under the hub's key for a channel) of entries it gave up on
-_DELIVERED = "delivered"  # ... and of those it delivered above its position (past a hole)
+# The memo (under the hub's key for a channel) of the entries it delivered above its position
+# (past a hole); those it gave up on are `_given_up`'s.
+_DELIVERED = "delivered"
 
 
 class ChannelHub:
@@ -66,8 +66,9 @@ class ChannelHub:
 
     A channel that fails on an entry is retried from there after `retry_backoff * 2**n`
     seconds, `max_attempts` times in all (about two minutes by default), before the entry is
-    skipped for it: that is logged as an error, and the entry is delivered to it again when the
-    hub next starts on the same `state`.
+    skipped for it: that is logged as an error, and the entry is delivered to it again every
+    minute while the hub runs (see `_given_up`) and when the hub next starts on the same
+    `state`.
     A channel that raises `RateLimited` is retried after the delay it names (at most an hour),
     without spending an attempt, so a service that throttles is never given up on (nor are the
     entries delivered again at a start: the polls after the delay go on with them).
@@ -133,6 +134,8 @@ class ChannelHub:
         self._active: set[str] = set()  # the channels this hub delivers to (holding their locks)
         self._positions: dict[str, int] = {}
         self._retries = Retries()
+        # monotonic time of the last give-up or round, for each channel with entries given up on
+        self._given_up_at: dict[str, float] = {}
         self._seen: dict[str, set[int]] = {}
         self._kept: dict[str, list[int]] = {}  # `_seen` as saved in the state
         self._gaps: dict[int, float] = {}
@@ -221,7 +224,7 @@ class ChannelHub:
             saved = await off_loop(self.state.position, self._key(ch))
             if saved is None:
                 if start is None:
-                    start = await self._start_at()
+                    start = await start_at(self.runtime.store, _PAGE)
                 saved, present = start
                 self._seen[ch.name] = set(present)  # there before the start: not delivered
                 await off_loop(self.state.set_position, self._key(ch), saved)
@@ -248,7 +251,7 @@ class ChannelHub:
         """The position of a channel whose saved one is past the trail's end: the end. A store
         restored from a backup, or one whose unsynced last commits a power cut lost, gives new
         entries the ids again, which the old position would skip as handled."""
-        end = await self._end()
+        end = await trail_end(self.runtime.store)
         if end < saved:
             logger.warning(
                 "channel hub %s: %s's position %s is past the audit trail's end %s (a store "
@@ -382,6 +385,8 @@ class ChannelHub:
             for ch in live:  # the entries given up on before, which a rate limit held back
                 if self._retries.redo_due(ch.name):
                     await self._redeliver(ch)
+                elif self._redo_due(ch):  # ... or which failed: the service may be back
+                    await self._redeliver(ch, until_failure=True)
             if live:
                 cursor = min(self._positions[ch.name] for ch in live)
                 # Channels that failed and wait for their retry: they go on from there later;
@@ -470,112 +475,36 @@ class ChannelHub:
                 if self._retries.failed(ch.name, entry.id, self.max_attempts, self.retry_backoff):
                     blocked.add(ch.name)
                     continue
-                await self._skip(ch, entry.id)
+                await note_given_up(self.state, self._key(ch), entry.id)
+                self._given_up_at.setdefault(ch.name, time.monotonic())
             self._retries.handled(ch.name, entry.id)
             seen.add(entry.id)
             handled = 1
         return handled
 
-    async def _skip(self, ch: Channel, entry_id: int) -> None:
-        """Note an entry the channel was given up on, for the next start to deliver again."""
-        await off_loop(self._note_skipped, self._key(ch), entry_id)
-
-    def _note_skipped(self, key: str, entry_id: int) -> None:
-        skipped = [int(i) for i in self.state.recall(key, _SKIPPED) or []]
-        if entry_id not in skipped:
-            self.state.remember(key, _SKIPPED, [*skipped, entry_id])
-
-    async def _redeliver(self, ch: Channel) -> None:
-        """Deliver again the entries a previous run gave up on; those failing again are kept
-        (and logged as errors) for the start after. A rate limit holds them, and the channel's
-        feed behind them, until its delay has passed: the next poll then goes on with them."""
-        skipped = [int(i) for i in await off_loop(self.state.recall, self._key(ch), _SKIPPED) or []]
-        if not skipped:
-            self._retries.redo.discard(ch.name)
-            return
-        limited = False
-        left: list[int] = []
-        for n, entry_id in enumerate(skipped):
-            found = await self.runtime.store.audit(after_id=entry_id - 1, limit=1)
-            if not found or found[0].id != entry_id:
-                continue  # no longer in the trail: nothing to deliver
-            try:
-                await announce(self.runtime.store, ch, found[0])
-            except RateLimited as exc:
-                self._retries.rate_limited(ch.name, entry_id, exc)
-                limited = True
-                left.extend(skipped[n:])
-                break
-            except Exception:
-                logger.exception(
-                    "channel %s failed again on audit entry %s; retried on the next start",
-                    ch.name,
-                    entry_id,
-                )
-                left.append(entry_id)
-        if left:
-            await off_loop(self.state.remember, self._key(ch), _SKIPPED, left)
+    async def _redeliver(self, ch: Channel, *, until_failure: bool = False) -> None:
+        """Deliver again the entries given up on for `ch` (`redeliver`); those kept are tried
+        again `REDO_EVERY` seconds later."""
+        key = self._key(ch)
+        args = (self.runtime.store, self.state, key, ch, self._retries)
+        if await redeliver(*args, until_failure=until_failure):
+            self._given_up_at[ch.name] = time.monotonic()
         else:
-            await off_loop(self.state.forget, self._key(ch), _SKIPPED)
-        if limited:
-            self._retries.redo.add(ch.name)
-        else:
-            self._retries.redo.discard(ch.name)
+            self._given_up_at.pop(ch.name, None)
 
-    # -- helpers ------------------------------------------------------------------------------
-
-    async def _start_at(self) -> tuple[int, set[int]]:
-        """Where a channel without a saved position starts: the trail's end, or below the first
-        hole in its last `_SETTLING` ids, with the ids present above that. On PostgreSQL an id
-        is taken at insert and seen at commit, so a hole there may be a transaction still
-        committing: it is waited for (up to `gap_timeout`) as on any poll, not skipped."""
-        end = await self._end()
-        low = max(0, end - _SETTLING)
-        present: set[int] = set()
-        after = low
-        while after < end:
-            page = await self.runtime.store.audit(after_id=after, upto_id=end, limit=_PAGE)
-            if not page:
-                break
-            present.update(e.id for e in page)
-            after = page[-1].id
-        at = low
-        while at < end and at + 1 in present:
-            at += 1
-        return at, {i for i in present if i > at}
-
-    async def _end(self) -> int:
-        """The id of the newest audit entry (0 for an empty trail), found by ids alone where the
-        store can (`audit_window`): a hub on memory looks for it at every start, and reading
-        every entry of a long trail held the server's start for seconds per 100,000."""
-        store = self.runtime.store
-        last = 0
-        if hasattr(store, "audit_window"):  # not in a store of an earlier signoff
-            while True:
-                upto = await store.audit_window(after_id=last, limit=_WINDOW)
-                if upto is None or upto <= last:
-                    return last
-                last = upto
-        while True:
-            page = await store.audit(after_id=last, limit=10_000)
-            if not page:
-                return last
-            last = page[-1].id
+    def _redo_due(self, ch: Channel) -> bool:
+        """Whether it is time for a round that delivers again what `ch` was given up on: it
+        has some, `REDO_EVERY` seconds have passed, and it waits for no retry now."""
+        at = self._given_up_at.get(ch.name)
+        return (
+            at is not None
+            and time.monotonic() - at >= given_up.REDO_EVERY
+            and ch.name not in self._retries.blocked()
+        )
 
     async def _open_requests(self) -> list[InputRequest]:
-        """Every open request, read in pages each past the last one's last request (not by
-        offset: a request closing on an earlier page meanwhile would shift one past them all)."""
-        await self.runtime.open()
-        out: list[InputRequest] = []
-        ids: set[str] = set()
-        after: tuple[float, str] | None = None
-        while True:
-            flt = PendingFilter(limit=_PAGE, after=after, live_at=self.clock())
-            page, after = await keyed_page(self.runtime, flt)
-            out.extend(r for r in page if r.child is None and r.id not in ids)
-            ids.update(r.id for r in page)  # a row edited to list later is handed over once
-            if after is None:
-                return out
+        """Every open request, for the channels the hub starts delivering to."""
+        return await open_requests(self.runtime, self.clock, _PAGE)
 
 
 def _whole(value: object) -> bool:

@@ -63,7 +63,7 @@ class Retries:
             return True
         logger.exception(
             "channel %s gave up on audit entry %s after %s attempts; "
-            "it is delivered again when the hub next starts",
+            "it is delivered again by a later poll and when the hub next starts",
             name,
             entry_id,
             self._failures[key],

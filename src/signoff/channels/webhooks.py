@@ -10,10 +10,11 @@ after the receiver's `Retry-After` when it asks for longer (both at most `max_ba
 `Signoff-Delivery` (and the payload's `id`) stays the same across retries and restarts so receivers
 can dedupe: a delivery can arrive twice, and `verify_webhook` accepts a replay within its window.
 Deliveries wait in a queue per URL (so a slow receiver holds up no other channel) and are kept in
-the hub's state until sent: one given up on after `max_attempts` (logged as an error), or still
-unsent when the process stops, is sent again when the hub next starts on the same state (by a
-later poll if reading the state fails then; with an in-memory state, it is lost). A 4xx
-refusal is final.
+the hub's state until sent: one given up on after `max_attempts` (logged as an error) is sent
+again every minute while the hub runs (the oldest of its URL first, the others once it got
+through), and one given up on or still unsent when the process stops is sent again when the
+hub next starts on the same state (by a later poll if reading the state fails then; with an
+in-memory state, it is lost). A 4xx refusal is final.
 
 Each attempt is bounded by `timeout` as a whole and only the response's status is read, never
 its body. Redirects are not followed (a 3xx is a refusal, logged with where it points: the
@@ -39,6 +40,7 @@ from .. import __version__
 from .._exceptions import StoreError, UsageError
 from .._settings import seconds, whole
 from .._types import InputRequest
+from . import _given_up as given_up
 from ._base import Channel, Escalation, Resolution, logger, off_loop
 from ._retries import Outage, doubled
 from ._webhook_signatures import (
@@ -143,6 +145,10 @@ class WebhookChannel(Channel):
         self.backfill = backfill
         self._backfilled: set[str] = set()  # request ids whose opening `start` sent
         self._unrestored = False  # the deliveries kept by an earlier run are still to be queued
+        # URL -> monotonic time a delivery to it was last given up on (while some are kept),
+        # and the one delivery sent to a URL to see whether it is back (`_redo`).
+        self._given_up_at: dict[str, float] = {}
+        self._probing: dict[str, str] = {}
         # What the state fails (damaged, locked) is tried again at each tick, logged once.
         self._failing = Outage(f"channel {self.name}: what it keeps in the channel state")
         self.delivered = 0
@@ -229,6 +235,7 @@ class WebhookChannel(Channel):
             if self._unrestored:
                 await self._restore()
             await self._warn(now)
+            await self._redo()
         except StoreError as exc:
             self._failing.failed(exc)
             return
@@ -250,6 +257,34 @@ class WebhookChannel(Channel):
                 await self.enqueue("request.expiring", r)
                 await off_loop(self.remember, f"warned:{rid}", True)
             self._deadlines.pop(rid, None)
+
+    async def _redo(self) -> None:
+        """Every `REDO_EVERY` seconds, send again the oldest delivery given up on of each URL
+        that has some; once it gets through (`_work`), the others kept for that URL follow."""
+        for url, at in list(self._given_up_at.items()):
+            if url in self._probing or time.monotonic() - at < given_up.REDO_EVERY:
+                continue
+            self._given_up_at[url] = time.monotonic()
+            kept = await self._requeue(url, first_only=True)
+            if kept is None:
+                del self._given_up_at[url]  # none left (sent by a start, or no longer kept)
+            else:
+                self._probing[url] = kept
+
+    async def _requeue(self, url: str, *, first_only: bool = False) -> str | None:
+        """Queue again the deliveries kept for `url` that are not queued (given up on), oldest
+        first, or only the oldest; the id of the first queued, None if none was."""
+        first = None
+        for spelled, delivery, kept in await off_loop(self._unsent):
+            key = f"{spelled} {delivery}"
+            if spelled != url or key in self._queued:
+                continue
+            self._queued.add(key)
+            self._queues[url].put_nowait((delivery, kept["event"], kept["body"].encode()))
+            first = delivery if first is None else first
+            if first_only:
+                break
+        return first
 
     async def _still_expiring(self, request: InputRequest) -> bool:
         """Whether `request` is open with the deadline it was shown with, as stored now. An
@@ -341,19 +376,28 @@ class WebhookChannel(Channel):
         while True:
             delivery, event, raw = await queue.get()
             self._sending.add(f"{url} {delivery}")
+            probe = self._probing.get(url) == delivery
             try:
                 if await self._send(url, delivery, event, raw) != "gave up":
                     if self._state is not None:
                         await off_loop(self.forget, f"{_OUTBOX}{url} {delivery}")
+                    if probe:  # the receiver is back: what was given up on follows
+                        self._probing.pop(url, None)
+                        if await self._requeue(url) is None:
+                            self._given_up_at.pop(url, None)
                 elif self._state is not None:
+                    self._given_up_at[url] = time.monotonic()
                     logger.error(
-                        "webhook %s: %s is sent again when the hub next starts",
+                        "webhook %s: %s is sent again in %gs and when the hub next starts",
                         masked(url),
                         delivery,
+                        given_up.REDO_EVERY,
                     )
             except Exception:
                 logger.exception("webhook %s: delivering %s failed", masked(url), delivery)
             finally:
+                if probe:
+                    self._probing.pop(url, None)
                 self._sending.discard(f"{url} {delivery}")
                 self._queued.discard(f"{url} {delivery}")
                 queue.task_done()
@@ -474,6 +518,8 @@ class WebhookChannel(Channel):
         self._queues.clear()
         self._queued.clear()
         self._sending.clear()
+        self._given_up_at.clear()  # kept in the state: the next start sends them
+        self._probing.clear()
         if self._own_client and self._client is not None:
             await self._client.aclose()
             self._client = None

@@ -48,6 +48,7 @@ from ._payloads import (
     slack_principal,
 )
 from ._replies import outcome_note
+from ._stale import show_closed
 
 if TYPE_CHECKING:
     from ._channel import SlackChannel
@@ -142,9 +143,11 @@ class Clicks:
             return
         except ConflictingAnswer:  # decided otherwise (elsewhere): say how and by whom
             await ch._tell(where, (await self._closed(rid))[0])
+            await self._show_closed(rid)
             return
         except AnswerError as exc:
             await ch._tell(where, f"This request can no longer be answered: {exc}")
+            await self._show_closed(rid)
             return
         except SignoffError as exc:  # an answer of the wrong shape, an expired session, ...
             await ch._tell(where, f"Your answer was not accepted: {exc}")
@@ -157,6 +160,14 @@ class Clicks:
             closed, decider = await self._closed(rid)
             if not principal.same_as(decider):  # else their answer stands: nothing to tell
                 await ch._tell(where, closed)
+            await self._show_closed(rid)
+
+    async def _show_closed(self, request_id: str) -> None:
+        """The message of a request a click found closed, updated if it still shows it open
+        (`show_closed`)."""
+        stored = await self.channel.runtime.store.get_request(request_id)
+        if stored is not None:
+            await show_closed(self.channel, stored)
 
     async def _closed(self, request_id: str) -> tuple[str, Principal | None]:
         """How a request closed, as a late responder is told it, and who decided it."""
@@ -190,6 +201,7 @@ class Clicks:
             return
         if stored.status != "pending":
             await ch._tell(where, f"Request {rid} is no longer open.")
+            await show_closed(ch, stored)
             return
         meta = {"request_id": rid, **where}
         try:

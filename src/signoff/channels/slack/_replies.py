@@ -3,9 +3,12 @@
 A reply goes to the request's session as a follow-up message from the person who typed it
 (`Runtime.send`), so it answers the session's first open request when it names one of its
 options or the request takes free text, and otherwise steers the turn or waits for its end, as
-any follow-up message does. Each event is saved in the channel state before Slack is
-acknowledged and is sent with its event id as the idempotency key: one acknowledged and then
-lost to a crash is sent by the next start, and one handled twice is delivered once.
+any follow-up message does. Only someone who may answer the thread's request, or the person
+the turn serves (the requester four eyes excludes, say: `send` refuses their approve), is
+heard: anyone else in the channel is told nothing was sent. Each event is saved in the channel
+state before Slack is acknowledged and is sent with its event id as the idempotency key: one
+acknowledged and then lost to a crash is sent by the next start, and one handled twice is
+delivered once.
 """
 
 from __future__ import annotations
@@ -193,7 +196,12 @@ class ThreadReplies:
         first = first_open(state.pending_requests())
         serves = None if state.turn is None else state.turn.principal
         same_person = serves is None or principal.same_as(serves)
-        refused = None if await rt._may_answer(stored.request, principal) else stored.request
+        # The person the turn serves talks to their own session, as through `send`, also when
+        # four eyes bars them from approving the call (their approve is refused by `send`).
+        own = serves is not None and principal.same_as(serves)
+        refused = None
+        if not own and not await rt._may_answer(stored.request, principal):
+            refused = stored.request
         if refused is None and first is not None and match(first, reply.text) is not None:
             # It would answer `first`: without the right to, it must not become a message.
             refused = None if same_person or await rt._may_answer(first, principal) else first
