@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import ModelError, UsageError
+from .._exceptions import BudgetSpent, ModelError, UsageError
 from .._tool_json import nests_deeper
 from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
 from ._base import ModelRequest, ToolSpec
@@ -20,6 +20,7 @@ from ._provider import (
     UNPARSED_ARGUMENTS,
     SdkModel,
     body_error,
+    cap_output,
     check_params,
     check_positive,
     check_price,
@@ -160,9 +161,13 @@ class OpenAIChat(SdkModel):
             kwargs["tools"] = scrub([to_openai_tool(t) for t in request.tools])
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
+        key = max_tokens_key(client.base_url.host)
         if self.max_tokens is not None:
-            kwargs[max_tokens_key(client.base_url.host)] = self.max_tokens
+            kwargs[key] = self.max_tokens
         kwargs.update(self.params)
+        cap = request.max_output_tokens
+        if not cap_output(kwargs, ("max_completion_tokens", "max_tokens"), key, cap):
+            cap = None  # the model's own limit binds: a reply it cut is no budget's doing
         sdk = self._sdk
         where = f"{self.model!r} at {shown_url(client.base_url)}"
         completion = await self._request(
@@ -172,9 +177,9 @@ class OpenAIChat(SdkModel):
             "OpenAI chat completion",
             where,
         )
-        return self._parse(completion, where)
+        return self._parse(completion, where, cap)
 
-    def _parse(self, completion: Any, where: str) -> ModelResponse:
+    def _parse(self, completion: Any, where: str, cap: int | None = None) -> ModelResponse:
         if isinstance(completion, str):  # the SDK's answer to a Content-Type other than JSON
             raise ModelError(
                 f"OpenAI chat completion for {where} returned a body that is not JSON: "
@@ -191,6 +196,14 @@ class OpenAIChat(SdkModel):
             raise ModelError(f"OpenAI chat completion for {where} returned no choices")
         # A completion came: what it cost is counted even when it cannot be used.
         usage = self._usage(completion)
+        finish = plain_str(getattr(choices[0], "finish_reason", None))
+        if cap is not None and finish == "length":
+            # Cut at what the budgets had left: half an answer or call must not pass for one.
+            raise BudgetSpent(
+                f"OpenAI chat completion for {where} was cut off at the {cap} output tokens the "
+                "session's budgets had left (finish_reason length)",
+                usage=usage,
+            )
         message = getattr(choices[0], "message", None)
         if message is None or isinstance(message, str | int | float | list):
             # Not an object: read as one it would pass for an empty answer.
@@ -212,7 +225,6 @@ class OpenAIChat(SdkModel):
                 f"{type(raw_calls).__name__}",
                 usage=usage,
             )
-        finish = plain_str(getattr(choices[0], "finish_reason", None))
         if finish == "error":
             # A gateway's word that the generation failed midway (OpenRouter puts the error on
             # the choice): its partial text or calls would pass for the model's answer.

@@ -27,6 +27,7 @@ __all__ = [
     "check_price",
     "cause_of",
     "call_bound",
+    "cap_output",
     "check_params",
     "check_positive",
     "encode_tool_result",
@@ -155,6 +156,33 @@ def check_params(owner: str, params: object, reserved: set[str]) -> dict[str, An
             "(it reads whole replies, not streams)"
         )
     return dict(params)
+
+
+def cap_output(kwargs: dict[str, Any], keys: tuple[str, ...], key: str, cap: int | None) -> bool:
+    """Lower the reply's token limit in a request's `kwargs` (each of `keys` given, in
+    `extra_body` too, which the SDK sends over them) to `cap`, what the session's budgets leave,
+    or set `key` to it when none is given. True when `cap` is below the limit the model has of
+    its own, so that a reply stopped at the limit was cut short by the budget."""
+    if cap is None:
+        return False
+    extra = kwargs.get("extra_body")
+    places = [kwargs]
+    if isinstance(extra, Mapping):
+        kwargs["extra_body"] = extra = dict(extra)  # the caller's params stay as they were
+        places.append(extra)
+    given = {k: where[k] for where in places for k in keys if k in where}  # extra_body's last
+    own = [v for v in given.values() if isinstance(v, int) and not isinstance(v, bool)]
+    if own and min(own) <= cap:
+        return False
+    for where in places:
+        for k in keys:
+            if k in where:
+                v = where[k]
+                plain = isinstance(v, int) and not isinstance(v, bool)
+                where[k] = min(v, cap) if plain else cap
+    if not given:
+        kwargs[key] = cap
+    return True
 
 
 def encode_tool_result(content: Any) -> str:
