@@ -6,6 +6,7 @@ nobody can raise it), so the last call of a session cannot spend past its budget
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -54,7 +55,7 @@ async def test_a_reply_cut_off_at_the_budget_asks_to_raise_it_and_is_never_used(
             half = cut_off(openai_completion("Order 7 was deliv", usage=(55, 40)), flavor)
             done = openai_completion("Order 7 was delivered.", usage=(60, 5))
             model: Any = so.models.OpenAIChat(
-                "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0
+                "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, max_tokens=4096
             )
         else:
             tool = {"type": "tool_use", "id": "toolu_1", "name": "lookup_order"}
@@ -132,6 +133,48 @@ async def test_the_models_own_lower_limit_is_left_alone_and_its_cut_text_returne
     first, second = fake.bodies
     assert first["max_tokens"] == 16
     assert "max_tokens" not in second and "max_completion_tokens" not in second
+
+
+def answer(seen: list[dict[str, Any]]) -> Any:
+    """A transport answering every chat completion with 'hi', remembering each body."""
+    import httpx
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json=openai_completion("hi"))
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handle))
+
+
+@pytest.mark.parametrize(
+    ("name", "cap", "sent"),
+    [("o3", 5000, 5000), ("o3", 200_000, None), ("gpt-4o-2024-05-13", 5000, None)],
+)
+async def test_a_model_with_no_limit_of_its_own_is_capped_only_below_its_known_one(
+    name: str, cap: int, sent: int | None
+) -> None:
+    """With no max_tokens of its own, a model is sent a cap only when it is below the output
+    limit OpenAI lists for it (a server refuses one past it): o3 takes 100,000, and a snapshot
+    signoff does not know (this one takes 4,096) gets none, as a compatible server's model."""
+    import openai
+
+    seen: list[dict[str, Any]] = []
+    client = openai.AsyncOpenAI(api_key="k", max_retries=0, http_client=answer(seen))
+    model = so.models.OpenAIChat(name, client=client)
+    request = ModelRequest(
+        session_id="s",
+        agent="a",
+        instructions="",
+        messages=[so.UserMessage(text="hi")],
+        tools=[],
+        response_index=0,
+        max_output_tokens=cap,
+    )
+    assert (await model.complete(request)).text == "hi"
+    await client.close()
+    [body] = seen
+    assert body.get("max_completion_tokens") == sent
+    assert "max_tokens" not in body
 
 
 async def test_a_limit_given_in_params_or_extra_body_is_lowered_and_the_params_kept() -> None:

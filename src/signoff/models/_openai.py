@@ -16,6 +16,7 @@ from ._environment import openai_client
 from ._http_env import HttpEnv
 from ._ids import openai_id_fits, wire_ids
 from ._provider import (
+    OPENAI_MAX_OUTPUT,
     OPENAI_PRICES,
     UNPARSED_ARGUMENTS,
     SdkModel,
@@ -166,7 +167,8 @@ class OpenAIChat(SdkModel):
             kwargs[key] = self.max_tokens
         kwargs.update(self.params)
         cap = request.max_output_tokens
-        if not cap_output(kwargs, ("max_completion_tokens", "max_tokens"), key, cap):
+        known = OPENAI_MAX_OUTPUT.get(self.model) if client.base_url.host == OPENAI_HOST else None
+        if not cap_output(kwargs, ("max_completion_tokens", "max_tokens"), key, cap, known):
             cap = None  # the model's own limit binds: a reply it cut is no budget's doing
         sdk = self._sdk
         where = f"{self.model!r} at {shown_url(client.base_url)}"
@@ -322,9 +324,12 @@ def to_openai_messages(instructions: str, messages: Any) -> list[dict[str, Any]]
     return out
 
 
+OPENAI_HOST = "api.openai.com"
+
+
 def max_tokens_key(host: str) -> str:
     """OpenAI itself wants the newer name (reasoning models refuse the old); others the classic."""
-    return "max_completion_tokens" if host == "api.openai.com" else "max_tokens"
+    return "max_completion_tokens" if host == OPENAI_HOST else "max_tokens"
 
 
 def tool_text(m: ToolResultMessage) -> str:

@@ -21,6 +21,7 @@ from ._urls import shown_url
 __all__ = [
     "SdkModel",
     "ANTHROPIC_PRICES",
+    "OPENAI_MAX_OUTPUT",
     "OPENAI_PRICES",
     "UNPARSED_ARGUMENTS",
     "LoopClients",
@@ -83,6 +84,20 @@ ANTHROPIC_PRICES: dict[str, Price] = {
     "claude-sonnet-5-5": (2.00, 10.00),
     "claude-fable-5": (10.00, 50.00),
     "claude-fable-5-1": (10.00, 50.00),
+}
+
+# The most output tokens a reply of these models may have (OpenAI's model pages): what a cap
+# the budgets set must stay under when the model is given no max_tokens of its own. Exact names
+# only: an older snapshot may take fewer (gpt-4o-2024-05-13 takes 4,096).
+OPENAI_MAX_OUTPUT: dict[str, int] = {
+    "gpt-4o": 16_384,
+    "gpt-4o-mini": 16_384,
+    "gpt-4.1": 32_768,
+    "gpt-4.1-mini": 32_768,
+    "gpt-4.1-nano": 32_768,
+    "o3": 100_000,
+    "o3-mini": 100_000,
+    "o4-mini": 100_000,
 }
 
 _SUFFIX = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|latest)")
@@ -158,11 +173,18 @@ def check_params(owner: str, params: object, reserved: set[str]) -> dict[str, An
     return dict(params)
 
 
-def cap_output(kwargs: dict[str, Any], keys: tuple[str, ...], key: str, cap: int | None) -> bool:
+def cap_output(
+    kwargs: dict[str, Any],
+    keys: tuple[str, ...],
+    key: str,
+    cap: int | None,
+    known: int | None = None,
+) -> bool:
     """Lower the reply's token limit in a request's `kwargs` (each of `keys` given, in
     `extra_body` too, which the SDK sends over them) to `cap`, what the session's budgets leave,
-    or set `key` to it when none is given. True when `cap` is below the limit the model has of
-    its own, so that a reply stopped at the limit was cut short by the budget."""
+    or set `key` to it when none is given and the model's own limit is `known` and above it (a
+    server refuses a limit past its model's, or past its context with the prompt). True when
+    the cap was set, so that a reply stopped at the limit was cut short by the budget."""
     if cap is None:
         return False
     extra = kwargs.get("extra_body")
@@ -173,6 +195,8 @@ def cap_output(kwargs: dict[str, Any], keys: tuple[str, ...], key: str, cap: int
     given = {k: where[k] for where in places for k in keys if k in where}  # extra_body's last
     own = [v for v in given.values() if isinstance(v, int) and not isinstance(v, bool)]
     if own and min(own) <= cap:
+        return False
+    if not given and (known is None or known <= cap):
         return False
     for where in places:
         for k in keys:
