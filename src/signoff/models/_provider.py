@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any, Generic, Self, TypeVar
 
 from .._exceptions import ModelError, UsageError
-from .._tool_json import nests_deeper
+from .._tool_json import UNPARSED_ARGUMENTS, nests_deeper
 from ._http_env import HttpEnv
 from ._reply_cap import ReplyTooLarge, capped_http_client
 from ._urls import shown_url
@@ -42,9 +42,6 @@ __all__ = [
     "status_hint",
 ]
 
-# The key under which tool-call arguments that are not valid JSON are passed on. A leading
-# underscore can never name a tool parameter, so validation always fails and the model is told.
-UNPARSED_ARGUMENTS = "_unparsed_arguments"
 
 Price = tuple[float, float]
 
