@@ -14,7 +14,7 @@ from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessag
 from ._base import ModelRequest, ToolSpec
 from ._environment import openai_client
 from ._http_env import HttpEnv
-from ._ids import openai_id_fits, wire_ids
+from ._ids import openai_id_fits, wire_ids, wire_name
 from ._provider import (
     OPENAI_MAX_OUTPUT,
     OPENAI_PRICES,
@@ -337,11 +337,12 @@ def tool_text(m: ToolResultMessage) -> str:
     body = encode_tool_result(m.content)
     if not m.is_error:
         return body
+    name = wire_name(m.tool_name)  # as its call shows it: a name the model made up may be long
     if isinstance(m.content, dict) and m.content.get("denied"):
-        return f"DENIED: the call to {m.tool_name} was not run. {body}"
+        return f"DENIED: the call to {name} was not run. {body}"
     if isinstance(m.content, dict) and m.content.get("cancelled"):
-        return f"CANCELLED: the call to {m.tool_name} has no result. {body}"
-    return f"ERROR: the call to {m.tool_name} failed. {body}"
+        return f"CANCELLED: the call to {name} has no result. {body}"
+    return f"ERROR: the call to {name} failed. {body}"
 
 
 def parse_arguments(arguments: Any) -> Any:
