@@ -200,6 +200,39 @@ async def test_a_limit_given_in_params_or_extra_body_is_lowered_and_the_params_k
     assert params == given
 
 
+def capped(cap: int) -> ModelRequest:
+    return ModelRequest(
+        session_id="s",
+        agent="a",
+        instructions="",
+        messages=[so.UserMessage(text="hi")],
+        tools=[],
+        response_index=0,
+        max_output_tokens=cap,
+    )
+
+
+@pytest.mark.parametrize("flavor", ["openai", "anthropic"])
+async def test_a_reply_that_stopped_short_of_the_cap_was_not_cut_by_it(flavor: str) -> None:
+    """A server whose context filled up stops with `length` too: 30 output tokens of a cap of
+    40 is not the budget's doing (the reply is taken as before); 40 of 40 is."""
+    with FakeLLM(flavor) as fake:
+        for out in (30, 40):
+            if flavor == "openai":
+                fake.queue(cut_off(openai_completion("Half", usage=(10, out)), flavor))
+            else:
+                usage = {"input_tokens": 10, "output_tokens": out}
+                fake.queue(cut_off(anthropic_message("Half", usage=usage), flavor))
+        kind = so.models.OpenAIChat if flavor == "openai" else so.models.Anthropic
+        async with kind(
+            "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, max_tokens=4096
+        ) as model:
+            assert (await model.complete(capped(40))).text == "Half"
+            with pytest.raises(so.BudgetSpent, match="cut off at the 40 output tokens") as info:
+                await model.complete(capped(40))
+            assert info.value.usage == so.Usage(input_tokens=10, output_tokens=40)
+
+
 def thinking_model(fake: FakeLLM, budget: int) -> so.models.Anthropic:
     return so.models.Anthropic(
         "m",

@@ -230,7 +230,7 @@ class Anthropic(SdkModel):
         # A message came: what it cost is counted even when it cannot be used.
         usage = self._usage(message)
         stop = plain_str(getattr(message, "stop_reason", None))
-        if cap is not None and stop == "max_tokens":
+        if cap is not None and stop == "max_tokens" and not 0 < usage.output_tokens < cap:
             # Cut at what the budgets had left: half an answer or call must not pass for one.
             raise BudgetSpent(
                 f"Anthropic messages call for {where} was cut off at the {cap} output tokens the "

@@ -199,8 +199,9 @@ class OpenAIChat(SdkModel):
         # A completion came: what it cost is counted even when it cannot be used.
         usage = self._usage(completion)
         finish = plain_str(getattr(choices[0], "finish_reason", None))
-        if cap is not None and finish == "length":
-            # Cut at what the budgets had left: half an answer or call must not pass for one.
+        if cap is not None and finish == "length" and not 0 < usage.output_tokens < cap:
+            # Cut at what the budgets had left (not short of it, as by a server's full context):
+            # half an answer or call must not pass for one.
             raise BudgetSpent(
                 f"OpenAI chat completion for {where} was cut off at the {cap} output tokens the "
                 "session's budgets had left (finish_reason length)",
