@@ -126,11 +126,12 @@ def _after_tools(conversation: list[Message]) -> ModelResponse:
                 sentences.append(f"I couldn't find that order: {_error(content)}.")
                 continue
             if "refund" in request.lower():
+                amount = _requested_amount(request)  # "$0" is an amount too: not the total
                 return _call(
                     "issue_refund",
                     {
                         "order_id": content["order_id"],
-                        "amount": _requested_amount(request) or content["total"],
+                        "amount": content["total"] if amount is None else amount,
                         "reason": _reason(request),
                     },
                 )

@@ -38,6 +38,20 @@ async def test_asks_which_order_then_waits_for_the_refund_approval(
         assert "couldn't issue the refund" in r.text
 
 
+async def test_a_refund_of_nothing_is_refused_not_made_in_full(
+    tmp_path: Path, support: so.Agent
+) -> None:
+    """'$0' was read as no amount at all: the demo refunded the order's whole 45.00, and under
+    the approval threshold, without asking anyone."""
+    import examples.support
+
+    async with so.Runtime([support], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="refund order 1043 $0, changed my mind")
+        assert (r.status, r.pending) == ("completed", [])
+        assert r.text.startswith("The refund failed: amount must be between 0 and the order")
+    assert examples.support.REFUNDS == []
+
+
 async def test_delete_account_is_gated_by_the_guardrail(tmp_path: Path, support: so.Agent) -> None:
     async with so.Runtime([support], store=f"sqlite:///{tmp_path}/s.db") as rt:
         r = await rt.generate("support", prompt="please delete account ann@example.com")

@@ -194,8 +194,15 @@ def _cut_off_call(fake: FakeLLM) -> so.models.OpenAIChat:
     )
     body["choices"][0]["finish_reason"] = "length"
     fake.queue(body)
+    # Its own max_tokens, below the budget's 5,000: the call is cut at the model's limit, not
+    # at what the budget left (which asks a person at once: test_models_budget.py).
     return so.models.OpenAIChat(
-        "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, price_per_mtok=(50, 40)
+        "m",
+        base_url=fake.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        price_per_mtok=(50, 40),
+        max_tokens=SPENT.output_tokens,
     )
 
 

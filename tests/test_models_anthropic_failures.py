@@ -300,7 +300,8 @@ async def test_a_nan_in_a_tool_input_cannot_slip_past_an_approval_predicate(
     assert ran == []
     [result] = fake.bodies[1]["messages"][-1]["content"]
     assert (result["tool_use_id"], result["is_error"]) == ("toolu_n", True)
-    assert "_unparsed_arguments" in result["content"]
+    assert '"type": "json_invalid"' in result["content"]
+    assert "_unparsed" not in result["content"]
 
 
 @pytest.mark.parametrize(

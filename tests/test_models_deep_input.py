@@ -104,7 +104,8 @@ async def test_a_deep_openai_input_to_a_gated_tool_is_a_tool_error(
     assistant, result = fake.bodies[1]["messages"][-2:]
     assert assistant["tool_calls"][0]["function"]["arguments"] == raw  # as the model wrote it
     assert result["content"].startswith("ERROR: the call to store_doc failed.")
-    assert "_unparsed_arguments" in result["content"]
+    assert '"type": "json_invalid"' in result["content"]
+    assert "_unparsed" not in result["content"]
 
 
 async def test_a_deep_anthropic_input_is_a_tool_error_and_the_session_goes_on(

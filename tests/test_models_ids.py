@@ -3,6 +3,7 @@ model produced its ids, so each adapter maps them to ids its API accepts."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,6 +132,27 @@ async def test_a_tool_name_openai_refuses_does_not_poison_the_session(
     [call] = assistant["tool_calls"]
     assert (call["id"], call["function"]["name"]) == ("call_p", "multi_tool_use_parallel")
     assert "unknown tool 'multi_tool_use.parallel'" in result["content"]
+
+
+async def test_a_huge_made_up_tool_name_is_not_sent_back_on_every_later_call(
+    openai_fake: FakeLLM, tmp_path: Path
+) -> None:
+    """A name of 300,000 characters (a model looping) was repeated whole twice in its call's
+    error result (its prefix and the unknown-tool error), 600 KB on every later call of the
+    session; the call and its result now show the name as the wire does, or cut."""
+    name = "lookup" * 50_000
+    openai_fake.queue(
+        openai_completion(None, [openai_tool_call("call_p", name, {})]),
+        openai_completion("Let me look it up properly."),
+    )
+    store = f"sqlite:///{tmp_path}/s.db"
+    async with openai_model(openai_fake) as m, so.Runtime([agent(m)], store=store) as rt:
+        r = await rt.generate("support", prompt="What did order 1 cost?")
+        assert (r.status, r.error) == ("completed", None)
+    assert len(json.dumps(openai_fake.bodies[1])) < 5_000
+    result = openai_fake.bodies[1]["messages"][-1]["content"]
+    assert result.startswith(f"ERROR: the call to {name[:64]} failed.")
+    assert f"unknown tool '{name[:100]} [cut]'" in result
 
 
 @so.tool(approval=so.always())

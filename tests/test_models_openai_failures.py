@@ -315,6 +315,25 @@ async def test_arguments_that_are_not_plain_json_are_passed_on_unparsed(fake, mo
     assert r.tool_calls == [so.ToolCall(name="f", input={"_unparsed_arguments": raw}, id="call_1")]
 
 
+@so.tool
+async def search(query: str = "", limit: int = 10) -> list[str]:
+    """Search the catalogue."""
+    return []
+
+
+def test_arguments_passed_on_unparsed_are_one_error_saying_they_could_not_be_read() -> None:
+    """Validated as input, they told the model only that `_unparsed_arguments`, a parameter it
+    never sent, is not permitted (a tool whose parameters are all optional), or that the
+    parameters it sent are missing."""
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError) as info:
+        search.validate({"_unparsed_arguments": '{"query": "coffee grin'})
+    [error] = info.value.errors(include_url=False)
+    assert (error["type"], error["loc"]) == ("json_invalid", ())
+    assert "could not be read as a JSON object" in error["msg"]
+
+
 async def test_a_nan_amount_cannot_slip_past_an_approval_predicate(
     fake, model, tmp_path: Path
 ) -> None:

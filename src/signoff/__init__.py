@@ -33,6 +33,7 @@ from ._events import SCHEMA_VERSION, Event
 from ._exceptions import (
     AnswerError,
     AppendConflict,
+    BudgetSpent,
     ConflictingAnswer,
     IdempotencyKeyReused,
     InvalidAnswer,
@@ -140,6 +141,7 @@ __all__ = [
     "Approved",
     "AsyncClient",
     "AssistantMessage",
+    "BudgetSpent",
     "Client",
     "ChildRef",
     "ConflictingAnswer",

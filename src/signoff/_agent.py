@@ -31,6 +31,9 @@ _MAY_BE_NONE = ("max_tokens", "max_cost_usd", "max_messages", "max_calls_per_res
 class Limits:
     """Bounds on a session: tokens, cost, model steps per turn, messages sent, TTL and sizes.
 
+    `max_tokens` and `max_cost_usd` bound what its model calls spend: a call that would start
+    over one asks a person to raise it, and each call's output is capped at what they leave
+    (`ModelRequest.max_output_tokens`; a reply cut there asks the same way).
     `max_messages` is the message window; the turn holding an open request is always sent whole.
     `ttl` (seconds or a timedelta) expires a session that has been idle that long.
     `max_result_bytes` (1 MiB) bounds a tool's result, a step's result, an approval payload and

@@ -20,6 +20,7 @@
     │   ├── StaleAnswer            the answer was given for another version of the call
     │   └── NotAllowed             the responder may not settle this request
     ├── ModelError                 the model failed or answered nonsense
+    │   └── BudgetSpent            its reply stopped at what the session's budgets had left
     ├── StepFailed                 a journaled step's exception, on replay, when it cannot be
     │                              raised again as it was
     ├── RemoteError                a signoff server reported an error this client cannot name
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AnswerError",
     "AppendConflict",
+    "BudgetSpent",
     "ConflictingAnswer",
     "IdempotencyKeyReused",
     "InvalidAnswer",
@@ -267,6 +269,12 @@ class ModelError(SignoffError):
     def __init__(self, *args: object, usage: Usage | None = None) -> None:
         super().__init__(*args)
         self.usage = usage
+
+
+class BudgetSpent(ModelError):
+    """The reply stopped at the output tokens the session's budgets had left
+    (`ModelRequest.max_output_tokens`), or none was worth asking for: the turn asks to raise the
+    budget (counting `usage`) rather than take half an answer."""
 
 
 class StepFailed(SignoffError):

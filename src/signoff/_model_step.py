@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from ._child_sessions import headroom_now
 from ._error_text import error_text
-from ._exceptions import LeaseLost, ModelError, SignoffError
+from ._exceptions import BudgetSpent, LeaseLost, ModelError, SignoffError
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
 from ._state import (
     MESSAGE_EVENT_TYPES,
@@ -103,13 +104,21 @@ class ModelStep(DriverPart):
         budget = _over_budget(s, limits.max_tokens, limits.max_cost_usd)
         if budget is not None:
             return await self._session_limit(budget)
-        past = await self._past_headroom()
+        past, theirs = await self._past_headroom()
         if past is not None:
             # The budget spent is its parent's: not this session's to raise (it would ask to
             # raise its own). The delegate call fails, and the parent, whose spend plus this
             # child's reached its budget, asks to continue or stop at its next model step.
             await self._fail_limit(past)
             return True
+        # The reply may spend on output what the budgets leave, its own or its parent's share.
+        price = _output_price(self.agent.model)
+        own = _output_cap(_left(s, limits), price)
+        share = _output_cap(theirs, price)
+        cap = own if share is None or (own is not None and own < share) else share
+        parents = cap is not None and cap == share
+        if cap == 0:  # what is left pays for no output token: no reply is worth asking for
+            return await self._budget_cut(cap, parents)
         read_through = s.seq
         request = ModelRequest(
             session_id=s.id,
@@ -121,6 +130,7 @@ class ModelStep(DriverPart):
                 for t in self.agent.tools.values()
             ],
             response_index=s.model_responses,
+            max_output_tokens=cap,
         )
         # The model reads every message now: the calls it proposes start un-aborted.
         self.abort_signal.clear()
@@ -137,6 +147,8 @@ class ModelStep(DriverPart):
                 raise  # this drive is being cancelled, not failed by the model
             if isinstance(exc, LeaseLost) and self.held is not None and self.held.lost:
                 raise  # another process drives the turn now: nothing is recorded here
+            if isinstance(exc, BudgetSpent) and cap is not None:
+                return await self._budget_cut(cap, parents, exc)
             code = exc.code if isinstance(exc, SignoffError) else "model_error"
             # A message of megabytes is cut, not stored on every retry.
             message = cut(error_text(exc), limits.max_response_bytes // 4)
@@ -214,13 +226,14 @@ class ModelStep(DriverPart):
             raise lost
         return response
 
-    async def _past_headroom(self) -> str | None:
+    async def _past_headroom(self) -> tuple[str | None, dict[str, float]]:
         """Whether the child spent its share of what its parent had left when it was created:
         its usage and its own children's, all spent in this (its first) turn, against that
-        headroom less what its parent's other subagents spent since (`headroom_now`)."""
+        headroom less what its parent's other subagents spent since (`headroom_now`); and what
+        of that share is left, by budget (nothing for a session outside its delegated turn)."""
         s = self.state
         if not _delegated_turn(s):
-            return None
+            return None, {}
         rt = getattr(self.host, "runtime", None)
         bound = dict(s.headroom) if rt is None else await headroom_now(rt, s)
         spent = s.usage + s.delegated
@@ -229,22 +242,49 @@ class ModelStep(DriverPart):
         if tokens is not None and spent.total_tokens >= bound["max_tokens"]:
             by = _less(tokens - bound["max_tokens"], f"{tokens - bound['max_tokens']:g}")
             used = f"the session used {spent.total_tokens} tokens, past the {tokens:g}"
-            return f"{used} {left}{by} (session {s.parent})"
+            return f"{used} {left}{by} (session {s.parent})", {}
         if cost is not None and spent.cost_usd >= bound["max_cost_usd"]:
             by = _less(cost - bound["max_cost_usd"], f"{cost - bound['max_cost_usd']:.4f}")
             used = f"the session cost {spent.cost_usd:.4f}, past the {cost:.4f}"
-            return f"{used} {left}{by} (session {s.parent})"
-        return None
+            return f"{used} {left}{by} (session {s.parent})", {}
+        return None, _spare(bound, spent)
 
-    async def _fail_limit(self, problem: str) -> None:
-        error = {"code": "session_limit_reached", "message": problem}
-        await self.record(
-            [("turn.failed", {"error": error, "retryable": False}), ("session.waiting", {})]
-        )
+    async def _budget_cut(self, cap: int, parents: bool, exc: BudgetSpent | None = None) -> bool:
+        """The reply was cut off at the `cap` output tokens the budgets left (`exc`), or none was
+        worth asking for: what it cost is counted and nothing of it used, and the turn stops as
+        at a spent budget (asking the person to raise it; a subagent on its parent's share
+        fails, as that is not its to raise)."""
+        s = self.state
+        spent = None if exc is None else _billed(exc)
+        if exc is not None and exc.usage is not None:
+            what = f"the model's reply was cut off at the {cap} output tokens left"
+        elif cap:
+            what = f"the {cap} output tokens left were too few for the model's reply"
+        else:
+            what = "not one output token was left"
+        if parents:
+            left = f"its parent session had left when it delegated (session {s.parent})"
+            await self._fail_limit(f"{what} of what {left}", usage=spent)
+            return True
+        limits = self.agent.limits
+        used = "; ".join(t for t, _ in _spending(s, limits.max_tokens, limits.max_cost_usd, spent))
+        return await self._session_limit(f"{what} in the session's budget: {used}", usage=spent)
 
-    async def _session_limit(self, problem: str) -> bool:
+    async def _fail_limit(self, problem: str, *, usage: Usage | None = None) -> None:
+        """Fail the turn for good with `session_limit_reached`, counting `usage` (a reply the
+        budget cut off)."""
+        failed: dict[str, Any] = {
+            "error": {"code": "session_limit_reached", "message": problem},
+            "retryable": False,
+        }
+        if usage is not None:
+            failed["usage"] = usage.model_dump()
+        await self.record([("turn.failed", failed), ("session.waiting", {})])
+
+    async def _session_limit(self, problem: str, *, usage: Usage | None = None) -> bool:
         """A budget is spent: ask the person to continue (raising it) or stop; with nobody to
-        ask, fail with `session_limit_reached`."""
+        ask, fail with `session_limit_reached`. `usage` is what a reply the budget cut off cost,
+        counted with the request (or the failure)."""
         s = self.state
         turn = s.turn
         assert turn is not None
@@ -262,13 +302,15 @@ class ModelStep(DriverPart):
         if last is not None and last.outcome == "answered":
             choice = ((last.resolution or {}).get("answer") or {}).get("option_id")
             if choice == "stop":
-                await self._fail_limit(f"{problem}; the person chose to stop")
+                await self._fail_limit(f"{problem}; the person chose to stop", usage=usage)
                 return True
         principal = turn.principal
         if turn.source == "schedule" or (
             principal is not None and principal.principal_type == "runtime"
         ):
-            await self._fail_limit(f"{problem}; nobody can raise the budget of this session")
+            await self._fail_limit(
+                f"{problem}; nobody can raise the budget of this session", usage=usage
+            )
             return True
         request = InputRequest(
             kind="session-limit",
@@ -280,11 +322,14 @@ class ModelStep(DriverPart):
             options=list(LIMIT_OPTIONS),
             requested_by=principal,
             created_at=self.clock(),
-            usage=s.usage,
+            usage=s.usage if usage is None else s.usage + usage,
         )
+        requested: dict[str, Any] = {"requests": [dump_request(request)]}
+        if usage is not None:
+            requested["usage"] = usage.model_dump()
         await self.record(
             [
-                ("input.requested", {"requests": [dump_request(request)]}),
+                ("input.requested", requested),
                 ("turn.waiting", {"on": "input", "request_ids": [request.id]}),
             ],
             new_requests=[request],
@@ -298,18 +343,71 @@ LIMIT_OPTIONS = [
 ]
 
 
-def _over_budget(s: SessionState, max_tokens: int | None, max_cost: float | None) -> str | None:
-    """Which budget the session has spent, each raised once per `continue` answered: its own
-    usage and what its delegate calls' children spent count alike."""
+def _over_budget(
+    s: SessionState, max_tokens: int | None, max_cost: float | None, more: Usage | None = None
+) -> str | None:
+    """Which budget the session has spent (with `more` spent besides), each raised once per
+    `continue` answered: its own usage and what its delegate calls' children spent count alike."""
+    return next((text for text, over in _spending(s, max_tokens, max_cost, more) if over), None)
+
+
+def _spending(
+    s: SessionState, max_tokens: int | None, max_cost: float | None, more: Usage | None
+) -> list[tuple[str, bool]]:
+    """What the session spent of each budget it has, in words, and whether that spent it."""
     times = 1 + s.limit_grants
     spent, theirs = s.usage + s.delegated, s.delegated
-    if max_tokens is not None and spent.total_tokens >= max_tokens * times:
+    if more is not None:
+        spent = spent + more
+    out = []
+    if max_tokens is not None:
         by = f" ({theirs.total_tokens} of them by its subagents)" if theirs.total_tokens else ""
-        return f"the session used {spent.total_tokens} of max_tokens={max_tokens * times}{by}"
-    if max_cost is not None and spent.cost_usd >= max_cost * times:
+        text = f"the session used {spent.total_tokens} of max_tokens={max_tokens * times}{by}"
+        out.append((text, spent.total_tokens >= max_tokens * times))
+    if max_cost is not None:
         by = f" ({theirs.cost_usd:.4f} of it by its subagents)" if theirs.cost_usd else ""
-        return f"the session cost {spent.cost_usd:.4f} of max_cost_usd={max_cost * times:g}{by}"
-    return None
+        text = f"the session cost {spent.cost_usd:.4f} of max_cost_usd={max_cost * times:g}{by}"
+        out.append((text, spent.cost_usd >= max_cost * times))
+    return out
+
+
+def _left(s: SessionState, limits: Limits) -> dict[str, float]:
+    """What the session's own budgets (raised by each `continue`) leave, by budget."""
+    times = 1 + s.limit_grants
+    bound = {
+        k: v * times
+        for k, v in (("max_tokens", limits.max_tokens), ("max_cost_usd", limits.max_cost_usd))
+        if v is not None
+    }
+    return _spare(bound, s.usage + s.delegated)
+
+
+def _spare(bound: dict[str, float], spent: Usage) -> dict[str, float]:
+    """What `bound` (by budget: `max_tokens`, `max_cost_usd`) leaves once `spent` is counted."""
+    used = {"max_tokens": spent.total_tokens, "max_cost_usd": spent.cost_usd}
+    return {k: bound[k] - used[k] for k in ("max_tokens", "max_cost_usd") if k in bound}
+
+
+def _output_price(model: object) -> float | None:
+    """What one output token of `model` costs in USD, from its `price_per_mtok` (the shipped
+    models'); None when it has none, or when output is free."""
+    price = getattr(model, "price_per_mtok", None)
+    if not isinstance(price, tuple | list) or len(price) != 2:
+        return None
+    out = price[1]
+    if isinstance(out, bool) or not isinstance(out, int | float) or not 0 < out < math.inf:
+        return None
+    return out / 1_000_000
+
+
+def _output_cap(left: dict[str, float], price: float | None) -> int | None:
+    """The most output tokens a reply may take within what the budgets leave (`left`): their
+    tokens, and their cost at the output `price`; None when nothing bounds it."""
+    counts = [left["max_tokens"]] if "max_tokens" in left else []
+    if "max_cost_usd" in left and price is not None:
+        counts.append(left["max_cost_usd"] / price)
+    # Rounded first: 0.001 / 0.00001 is 99.99999999999999 in floats.
+    return max(0, math.floor(round(min(counts), 6))) if counts else None
 
 
 def _delegated_turn(s: SessionState) -> bool:

@@ -188,7 +188,9 @@ class ToolCalls(DriverPart):
 
     def _unknown_tool(self, name: str) -> dict[str, Any]:
         known = ", ".join(self.agent.tools) or "none"
-        return {"error": f"unknown tool {name!r}; available: {known}"}
+        # Cut: the model reads the result on every later call, and a name it made up has no bound
+        # but the response's.
+        return {"error": f"unknown tool {cut(name, 100)!r}; available: {known}"}
 
     def _approval_request(
         self, call: CallState, tool: Tool, validated: BaseModel, verdict: Verdict

@@ -26,9 +26,15 @@ MAX_INPUT_DEPTH = 100
 input pydantic cannot show a reviewer (past about 250 levels) and Python's recursion limit stops
 on its way back to the model."""
 
+UNPARSED_ARGUMENTS = "_unparsed_arguments"
+"""The key under which a model provider passes on tool-call arguments that are not plain JSON
+(`models`): a leading underscore can name no tool parameter, and `Tool.validate` tells the
+model its arguments could not be read."""
+
 __all__ = [
     "MAX_INPUT_DEPTH",
     "MAX_RESULT_BYTES",
+    "UNPARSED_ARGUMENTS",
     "copied",
     "holds_mask",
     "json_size",

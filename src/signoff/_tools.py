@@ -17,12 +17,19 @@ from ._exceptions import UsageError
 from ._response import ApprovalSpec, ResponsePolicy
 from ._sync import called_off_loop
 from ._tool_context import ToolContext
-from ._tool_json import jsonable, non_finite, sets_sorted
+from ._tool_json import MAX_INPUT_DEPTH, UNPARSED_ARGUMENTS, jsonable, non_finite, sets_sorted
 
 # The tool names OpenAI and Anthropic take.
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 __all__ = ["TOOL_NAME", "Tool", "tool"]
+
+# Why arguments a provider passed on unparsed (`UNPARSED_ARGUMENTS`) cannot be used.
+_UNREAD = (
+    "the arguments could not be read as a JSON object (broken or cut-off JSON, NaN, Infinity, a "
+    f"number too large for a float, or nesting deeper than {MAX_INPUT_DEPTH} levels); send them "
+    "again as plain JSON"
+)
 
 
 class _Input(BaseModel):
@@ -111,6 +118,12 @@ class Tool:
             raise ValidationError.from_exception_data(
                 self.input_model.__name__,
                 [{"type": "model_type", "loc": (), "input": raw, "ctx": {"class_name": "dict"}}],
+            )
+        if set(raw) == {UNPARSED_ARGUMENTS}:
+            # Read as input, it told the model of a parameter it never sent and of missing ones.
+            raise ValidationError.from_exception_data(
+                self.input_model.__name__,
+                [{"type": "json_invalid", "loc": (), "input": raw, "ctx": {"error": _UNREAD}}],
             )
         try:
             validated = self.input_model.model_validate(raw)

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import ModelError, UsageError
+from .._exceptions import BudgetSpent, ModelError, UsageError
 from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
 from ._base import ModelRequest, ToolSpec
 from ._environment import anthropic_client
@@ -16,6 +16,7 @@ from ._provider import (
     ANTHROPIC_PRICES,
     SdkModel,
     body_error,
+    cap_output,
     check_params,
     check_positive,
     check_price,
@@ -41,6 +42,9 @@ _REASONING = {"thinking": ("thinking", "signature"), "redacted_thinking": ("data
 # The stop reasons that cut a reply short, and those that mean an empty one is no answer.
 _CUT = ("max_tokens", "model_context_window_exceeded")
 _EARLY = (*_CUT, "tool_use", "pause_turn")
+
+# The least `budget_tokens` thinking takes.
+_LEAST_THINKING = 1024
 
 # Anthropic bills cache writes at 1.25x and cache reads at 0.1x the input price.
 _CACHE_WRITE = 1.25
@@ -174,6 +178,11 @@ class Anthropic(SdkModel):
             extra = kwargs.get("extra_body")
             if isinstance(extra, Mapping) and "thinking" in extra:
                 kwargs["extra_body"] = {k: v for k, v in extra.items() if k != "thinking"}
+        cap = request.max_output_tokens
+        if not cap_output(kwargs, ("max_tokens",), "max_tokens", cap):
+            cap = None  # the model's own limit binds: a reply it cut is no budget's doing
+        elif thinking and cap is not None:
+            self._think_within(kwargs, cap)
         sdk = self._sdk
         where = f"{self.model!r} at {shown_url(client.base_url)}"
         message = await self._request(
@@ -183,9 +192,27 @@ class Anthropic(SdkModel):
             "Anthropic messages call",
             where,
         )
-        return self._parse(message, where)
+        return self._parse(message, where, cap)
 
-    def _parse(self, message: Any, where: str) -> ModelResponse:
+    def _think_within(self, kwargs: dict[str, Any], cap: int) -> None:
+        """Lower thinking's `budget_tokens` below `cap`, as the API wants it below `max_tokens`;
+        a cap that leaves no room for its least (1,024) leaves no reply worth asking for."""
+        extra = kwargs.get("extra_body")
+        for where in (kwargs, extra if isinstance(extra, dict) else {}):
+            thinking = where.get("thinking")
+            if not isinstance(thinking, Mapping):
+                continue
+            budget = thinking.get("budget_tokens")
+            if not isinstance(budget, int) or isinstance(budget, bool) or budget < cap:
+                continue
+            if cap - 1 < _LEAST_THINKING:
+                raise BudgetSpent(
+                    f"{self!r}: the {cap} output tokens the session's budgets leave cannot hold "
+                    f"thinking (budget_tokens of at least {_LEAST_THINKING:,}, below max_tokens)"
+                )
+            where["thinking"] = {**thinking, "budget_tokens": cap - 1}
+
+    def _parse(self, message: Any, where: str, cap: int | None = None) -> ModelResponse:
         if isinstance(message, str):  # the SDK's answer to a Content-Type other than JSON
             raise ModelError(
                 f"Anthropic messages call for {where} returned a body that is not JSON: "
@@ -203,6 +230,13 @@ class Anthropic(SdkModel):
         # A message came: what it cost is counted even when it cannot be used.
         usage = self._usage(message)
         stop = plain_str(getattr(message, "stop_reason", None))
+        if cap is not None and stop == "max_tokens" and not 0 < usage.output_tokens < cap:
+            # Cut at what the budgets had left: half an answer or call must not pass for one.
+            raise BudgetSpent(
+                f"Anthropic messages call for {where} was cut off at the {cap} output tokens the "
+                "session's budgets had left (stop_reason max_tokens)",
+                usage=usage,
+            )
         if stop == "refusal" and (
             not any(getattr(b, "type", None) == "text" and getattr(b, "text", "") for b in content)
             or any(getattr(b, "type", None) == "tool_use" for b in content)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from .._exceptions import UsageError
 from .._types import Message, ModelResponse
 
 __all__ = ["Model", "ModelRequest", "ToolSpec"]
@@ -22,7 +23,12 @@ class ToolSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelRequest:
-    """Everything one model call needs; `response_index` counts the session's earlier responses."""
+    """Everything one model call needs; `response_index` counts the session's earlier responses.
+
+    `max_output_tokens` is what the session's budgets (`Limits.max_tokens`, `max_cost_usd` at
+    the model's output price, a subagent's share of its parent's) leave for the reply, None for
+    no bound: a model caps its reply there and raises `BudgetSpent` when the reply stopped at it.
+    """
 
     session_id: str
     agent: str
@@ -30,6 +36,12 @@ class ModelRequest:
     messages: Sequence[Message]
     tools: Sequence[ToolSpec]
     response_index: int
+    max_output_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        cap = self.max_output_tokens
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise UsageError(f"ModelRequest: max_output_tokens must be None or >= 1, not {cap!r}")
 
 
 @runtime_checkable

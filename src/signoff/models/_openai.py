@@ -8,18 +8,20 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import ModelError, UsageError
+from .._exceptions import BudgetSpent, ModelError, UsageError
 from .._tool_json import nests_deeper
 from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
 from ._base import ModelRequest, ToolSpec
 from ._environment import openai_client
 from ._http_env import HttpEnv
-from ._ids import openai_id_fits, wire_ids
+from ._ids import openai_id_fits, wire_ids, wire_name
 from ._provider import (
+    OPENAI_MAX_OUTPUT,
     OPENAI_PRICES,
     UNPARSED_ARGUMENTS,
     SdkModel,
     body_error,
+    cap_output,
     check_params,
     check_positive,
     check_price,
@@ -160,9 +162,14 @@ class OpenAIChat(SdkModel):
             kwargs["tools"] = scrub([to_openai_tool(t) for t in request.tools])
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
+        key = max_tokens_key(client.base_url.host)
         if self.max_tokens is not None:
-            kwargs[max_tokens_key(client.base_url.host)] = self.max_tokens
+            kwargs[key] = self.max_tokens
         kwargs.update(self.params)
+        cap = request.max_output_tokens
+        known = OPENAI_MAX_OUTPUT.get(self.model) if client.base_url.host == OPENAI_HOST else None
+        if not cap_output(kwargs, ("max_completion_tokens", "max_tokens"), key, cap, known):
+            cap = None  # the model's own limit binds: a reply it cut is no budget's doing
         sdk = self._sdk
         where = f"{self.model!r} at {shown_url(client.base_url)}"
         completion = await self._request(
@@ -172,9 +179,9 @@ class OpenAIChat(SdkModel):
             "OpenAI chat completion",
             where,
         )
-        return self._parse(completion, where)
+        return self._parse(completion, where, cap)
 
-    def _parse(self, completion: Any, where: str) -> ModelResponse:
+    def _parse(self, completion: Any, where: str, cap: int | None = None) -> ModelResponse:
         if isinstance(completion, str):  # the SDK's answer to a Content-Type other than JSON
             raise ModelError(
                 f"OpenAI chat completion for {where} returned a body that is not JSON: "
@@ -191,6 +198,15 @@ class OpenAIChat(SdkModel):
             raise ModelError(f"OpenAI chat completion for {where} returned no choices")
         # A completion came: what it cost is counted even when it cannot be used.
         usage = self._usage(completion)
+        finish = plain_str(getattr(choices[0], "finish_reason", None))
+        if cap is not None and finish == "length" and not 0 < usage.output_tokens < cap:
+            # Cut at what the budgets had left (not short of it, as by a server's full context):
+            # half an answer or call must not pass for one.
+            raise BudgetSpent(
+                f"OpenAI chat completion for {where} was cut off at the {cap} output tokens the "
+                "session's budgets had left (finish_reason length)",
+                usage=usage,
+            )
         message = getattr(choices[0], "message", None)
         if message is None or isinstance(message, str | int | float | list):
             # Not an object: read as one it would pass for an empty answer.
@@ -212,7 +228,6 @@ class OpenAIChat(SdkModel):
                 f"{type(raw_calls).__name__}",
                 usage=usage,
             )
-        finish = plain_str(getattr(choices[0], "finish_reason", None))
         if finish == "error":
             # A gateway's word that the generation failed midway (OpenRouter puts the error on
             # the choice): its partial text or calls would pass for the model's answer.
@@ -310,9 +325,12 @@ def to_openai_messages(instructions: str, messages: Any) -> list[dict[str, Any]]
     return out
 
 
+OPENAI_HOST = "api.openai.com"
+
+
 def max_tokens_key(host: str) -> str:
     """OpenAI itself wants the newer name (reasoning models refuse the old); others the classic."""
-    return "max_completion_tokens" if host == "api.openai.com" else "max_tokens"
+    return "max_completion_tokens" if host == OPENAI_HOST else "max_tokens"
 
 
 def tool_text(m: ToolResultMessage) -> str:
@@ -320,11 +338,12 @@ def tool_text(m: ToolResultMessage) -> str:
     body = encode_tool_result(m.content)
     if not m.is_error:
         return body
+    name = wire_name(m.tool_name)  # as its call shows it: a name the model made up may be long
     if isinstance(m.content, dict) and m.content.get("denied"):
-        return f"DENIED: the call to {m.tool_name} was not run. {body}"
+        return f"DENIED: the call to {name} was not run. {body}"
     if isinstance(m.content, dict) and m.content.get("cancelled"):
-        return f"CANCELLED: the call to {m.tool_name} has no result. {body}"
-    return f"ERROR: the call to {m.tool_name} failed. {body}"
+        return f"CANCELLED: the call to {name} has no result. {body}"
+    return f"ERROR: the call to {name} failed. {body}"
 
 
 def parse_arguments(arguments: Any) -> Any:

@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any, Generic, Self, TypeVar
 
 from .._exceptions import ModelError, UsageError
-from .._tool_json import nests_deeper
+from .._tool_json import UNPARSED_ARGUMENTS, nests_deeper
 from ._http_env import HttpEnv
 from ._reply_cap import ReplyTooLarge, capped_http_client
 from ._urls import shown_url
@@ -21,12 +21,14 @@ from ._urls import shown_url
 __all__ = [
     "SdkModel",
     "ANTHROPIC_PRICES",
+    "OPENAI_MAX_OUTPUT",
     "OPENAI_PRICES",
     "UNPARSED_ARGUMENTS",
     "LoopClients",
     "check_price",
     "cause_of",
     "call_bound",
+    "cap_output",
     "check_params",
     "check_positive",
     "encode_tool_result",
@@ -40,9 +42,6 @@ __all__ = [
     "status_hint",
 ]
 
-# The key under which tool-call arguments that are not valid JSON are passed on. A leading
-# underscore can never name a tool parameter, so validation always fails and the model is told.
-UNPARSED_ARGUMENTS = "_unparsed_arguments"
 
 Price = tuple[float, float]
 
@@ -82,6 +81,20 @@ ANTHROPIC_PRICES: dict[str, Price] = {
     "claude-sonnet-5-5": (2.00, 10.00),
     "claude-fable-5": (10.00, 50.00),
     "claude-fable-5-1": (10.00, 50.00),
+}
+
+# The most output tokens a reply of these models may have (OpenAI's model pages): what a cap
+# the budgets set must stay under when the model is given no max_tokens of its own. Exact names
+# only: an older snapshot may take fewer (gpt-4o-2024-05-13 takes 4,096).
+OPENAI_MAX_OUTPUT: dict[str, int] = {
+    "gpt-4o": 16_384,
+    "gpt-4o-mini": 16_384,
+    "gpt-4.1": 32_768,
+    "gpt-4.1-mini": 32_768,
+    "gpt-4.1-nano": 32_768,
+    "o3": 100_000,
+    "o3-mini": 100_000,
+    "o4-mini": 100_000,
 }
 
 _SUFFIX = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|latest)")
@@ -155,6 +168,42 @@ def check_params(owner: str, params: object, reserved: set[str]) -> dict[str, An
             "(it reads whole replies, not streams)"
         )
     return dict(params)
+
+
+def cap_output(
+    kwargs: dict[str, Any],
+    keys: tuple[str, ...],
+    key: str,
+    cap: int | None,
+    known: int | None = None,
+) -> bool:
+    """Lower the reply's token limit in a request's `kwargs` (each of `keys` given, in
+    `extra_body` too, which the SDK sends over them) to `cap`, what the session's budgets leave,
+    or set `key` to it when none is given and the model's own limit is `known` and above it (a
+    server refuses a limit past its model's, or past its context with the prompt). True when
+    the cap was set, so that a reply stopped at the limit was cut short by the budget."""
+    if cap is None:
+        return False
+    extra = kwargs.get("extra_body")
+    places = [kwargs]
+    if isinstance(extra, Mapping):
+        kwargs["extra_body"] = extra = dict(extra)  # the caller's params stay as they were
+        places.append(extra)
+    given = {k: where[k] for where in places for k in keys if k in where}  # extra_body's last
+    own = [v for v in given.values() if isinstance(v, int) and not isinstance(v, bool)]
+    if own and min(own) <= cap:
+        return False
+    if not given and (known is None or known <= cap):
+        return False
+    for where in places:
+        for k in keys:
+            if k in where:
+                v = where[k]
+                plain = isinstance(v, int) and not isinstance(v, bool)
+                where[k] = min(v, cap) if plain else cap
+    if not given:
+        kwargs[key] = cap
+    return True
 
 
 def encode_tool_result(content: Any) -> str:
