@@ -380,3 +380,28 @@ def test_by_email_refuses_what_it_cannot_vouch_for() -> None:
             by_email(**bad)
     with pytest.raises(so.UsageError):  # identify must be callable
         SlackChannel("C42", token="x", signing_secret="s", identify="sso")  # type: ignore[arg-type]
+
+
+async def test_a_lookup_failing_on_a_second_run_says_the_answer_may_stand(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """A click or reply run again after a crash (its first run may have answered) whose lookup
+    now fails is not told its answer was not taken."""
+    from signoff.channels.slack._clicks import ANSWER, Interaction
+    from signoff.channels.slack._replies import TypedReply
+
+    runs: list[str] = []
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with asked(url, tmp_path, fake, runs, so.always()) as (rt, req, slack, _hub):
+        fake.failing["users.info"] = "fatal_error"
+        pressed = Interaction(ANSWER, req.id, TEAM, U_ALICE, "C42", option_id="approve")
+        await slack.clicks._settle(pressed, True)
+        typed = TypedReply("Ev9", req.id, TEAM, U_ALICE, "C42", "1700000000.000001", "approve")
+        await slack.replies._send(typed, True)
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+    why = "signoff could not tell who you are (Slack answered fatal_error)"
+    assert notes(fake) == [
+        f"Your answer may not have been taken: {why}.",
+        f"Your reply may not have been sent: {why}.",
+    ]

@@ -127,7 +127,7 @@ class Clicks:
         may have settled it, which changes nothing and is not told."""
         ch = self.channel
         where = {"channel": click.channel, "user": click.user}
-        principal = await self._principal(click, where)
+        principal = await self._principal(click, where, again)
         if principal is None:
             return
         rid = click.request_id
@@ -165,12 +165,16 @@ class Clicks:
                 await ch._tell(where, closed)
             await self._show_closed(rid)
 
-    async def _principal(self, click: Interaction, where: dict[str, str]) -> Principal | None:
-        """Who acted (`Identities`), or None once they were told why no one can tell."""
+    async def _principal(
+        self, click: Interaction, where: dict[str, str], again: bool
+    ) -> Principal | None:
+        """Who acted (`Identities`), or None once they were told why no one can tell (`again`:
+        an earlier run may have taken their answer)."""
         try:
             return await self.channel.identities.principal(click.team, click.user)
         except SlackUserUnknown as exc:
-            await self.channel._tell(where, f"Your answer was not taken: {str(exc).rstrip('.')}.")
+            taken = "may not have been taken" if again else "was not taken"
+            await self.channel._tell(where, f"Your answer {taken}: {str(exc).rstrip('.')}.")
             return None
 
     async def _show_closed(self, request_id: str) -> None:
@@ -203,7 +207,7 @@ class Clicks:
         if stored is None:
             await ch._tell(where, f"Request {rid} is no longer open.")
             return
-        principal = await self._principal(click, where)
+        principal = await self._principal(click, where, False)
         if principal is None:
             return
         # Who may not answer it is told so first, open or closed: not whether it closed, as

@@ -184,7 +184,8 @@ class ThreadReplies:
 
     async def _send(self, reply: TypedReply, again: bool) -> None:
         """Deliver a reply to its request's session as its author, if they may answer (once:
-        its event id is the idempotency key, so `again` needs no care)."""
+        its event id is the idempotency key, so `again` only changes what a person no one can
+        tell is told)."""
         ch = self.channel
         rt = ch.runtime
         where = {"channel": reply.channel, "user": reply.user, "thread_ts": reply.thread}
@@ -195,7 +196,8 @@ class ThreadReplies:
         try:
             principal = await ch.identities.principal(reply.team, reply.user)
         except SlackUserUnknown as exc:
-            await ch._tell(where, f"Your reply was not sent: {str(exc).rstrip('.')}.")
+            sent = "may not have been sent" if again else "was not sent"  # an earlier run's
+            await ch._tell(where, f"Your reply {sent}: {str(exc).rstrip('.')}.")
             return
         state = await rt.state(stored.request.session_id)
         first = first_open(state.pending_requests())
