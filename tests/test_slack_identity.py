@@ -405,3 +405,30 @@ async def test_a_lookup_failing_on_a_second_run_says_the_answer_may_stand(
         f"Your answer may not have been taken: {why}.",
         f"Your reply may not have been sent: {why}.",
     ]
+
+
+@pytest.mark.parametrize(("retry_after", "settled"), [("1", True), ("60", False)])
+async def test_a_rate_limited_lookup_waits_its_retry_after_only_within_its_time(
+    tmp_path: Path, fake: FakeSlack, retry_after: str, settled: bool
+) -> None:
+    """users.info answered 429: looked up again after a Retry-After of 1 s; one of 60 s, past
+    the ten seconds a lookup has, is told at once."""
+    runs: list[str] = []
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with asked(url, tmp_path, fake, runs, so.always()) as (rt, req, slack, _hub):
+        fake.limited["users.info"], fake.retry_after = 1, retry_after
+        started = time.monotonic()
+        await press(slack, req.id, U_ALICE)
+        took = time.monotonic() - started
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == ("settled" if settled else "pending")
+    assert runs == (["prod"] if settled else [])
+    assert len(fake.of("users.info")) == (2 if settled else 1)
+    if settled:
+        assert took >= 1.0 and notes(fake) == []
+    else:
+        assert took < 5.0
+        assert notes(fake) == [
+            "Your answer was not taken: signoff could not tell who you are (Slack answered "
+            "ratelimited)."
+        ]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -45,7 +44,14 @@ from ._blocks import (
 )
 from ._clicks import Clicks
 from ._identity import Identities, SlackUserMapping
-from ._payloads import ABSENT, SlackPayloadError, api_error, maybe_done, slack_principal
+from ._payloads import (
+    ABSENT,
+    SlackPayloadError,
+    api_error,
+    maybe_done,
+    retry_after,
+    slack_principal,
+)
 from ._replies import ThreadReplies, thread_key
 from ._routes import routes
 
@@ -522,7 +528,7 @@ class SlackChannel(Channel):
                 )
                 return
             except SlackApiError as exc:
-                wait = _retry_after(exc)
+                wait = retry_after(exc)
                 if wait is None:
                     why = api_error(exc) or f"HTTP {getattr(exc.response, 'status_code', '?')}"
                     break
@@ -548,27 +554,10 @@ class SlackChannel(Channel):
         return not closing.is_set()
 
 
-def _retry_after(exc: SlackApiError) -> float | None:
-    """The seconds a 429 says to wait (Retry-After; 1 if it names none), None for other
-    errors."""
-    response = exc.response
-    if response is None or getattr(response, "status_code", None) != 429:
-        return None
-    wait = 1.0
-    headers = getattr(response, "headers", None) or {}
-    for name, value in headers.items():
-        if str(name).lower() == "retry-after":
-            with contextlib.suppress(TypeError, ValueError):
-                seconds = float(value[0] if isinstance(value, (list, tuple)) else value)
-                if math.isfinite(seconds) and seconds >= 0:
-                    wait = seconds
-    return wait
-
-
 def _raise_if_limited(exc: SlackApiError, method: str) -> None:
     """Raise `RateLimited` with Slack's Retry-After (1 s if it names none) for a 429, so the
     hub retries when Slack allows rather than on its backoff."""
-    wait = _retry_after(exc)
+    wait = retry_after(exc)
     if wait is not None:
         raise RateLimited(f"slack: {method} is rate limited; retry in {wait:g}s", wait) from exc
 

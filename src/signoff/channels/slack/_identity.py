@@ -21,7 +21,7 @@ from slack_sdk.errors import SlackApiError
 from ..._exceptions import SignoffError, UsageError
 from ..._types import Principal
 from .._base import logger
-from ._payloads import api_error, slack_principal
+from ._payloads import api_error, retry_after, slack_principal
 
 if TYPE_CHECKING:
     from ._channel import SlackChannel
@@ -145,7 +145,7 @@ class Identities:
             self._users.move_to_end(key)
             return cached[1]
         try:
-            reply = await self.channel.client.users_info(user=user_id)
+            reply = await self._users_info(user_id)
         except SlackApiError as exc:
             error = api_error(exc)
             if error == "missing_scope":
@@ -165,6 +165,18 @@ class Identities:
         while len(self._users) > CACHED_USERS:
             self._users.popitem(last=False)
         return user
+
+    async def _users_info(self, user_id: str) -> Any:
+        """`users.info`, called again after a 429's Retry-After while that fits in the time a
+        lookup has (`within`; past it the caller's timeout ends the wait)."""
+        while True:
+            try:
+                return await self.channel.client.users_info(user=user_id)
+            except SlackApiError as exc:
+                wait = retry_after(exc)
+                if wait is None or wait >= self.within:
+                    raise
+                await asyncio.sleep(wait)
 
     async def _map(self, team_id: str, user_id: str, user: Mapping[str, Any]) -> Principal | None:
         """The mapping's answer: an `async` one on the loop, a plain one in a thread (it may
