@@ -104,6 +104,7 @@ class FakeSlack:
         self.real_ts = False  # message ts from the wall clock, as Slack's (else 1700000000.n)
         self.on_post: Callable[[dict[str, Any]], None] | None = None  # once Slack has a post
         self.triggers: set[str] = set()  # trigger ids views.open used
+        self.users: dict[str, dict[str, Any]] = {}  # user id -> users.info's user object
 
     async def start(self) -> None:
         app = web.Application()
@@ -199,6 +200,11 @@ class FakeSlack:
                 request.transport.abort()  # the form is open; the client sees a disconnect
                 return web.Response(status=200)
             return web.json_response({"ok": True, "view": {"id": "V1"}})
+        if method == "users.info":
+            user = self.users.get(body.get("user", ""))
+            if user is None:
+                return web.json_response({"ok": False, "error": "user_not_found"})
+            return web.json_response({"ok": True, "user": user})
         return web.json_response({"ok": False, "error": "unknown_method"})
 
     def of(self, method: str) -> list[dict[str, Any]]:

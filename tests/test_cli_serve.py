@@ -207,6 +207,7 @@ def test_serve_then_approve_from_the_command_line(
         (["--slack-channel", "C0123", "--slack-token", "xoxb-1"], "--slack-signing-secret"),
         (["--slack-token", "xoxb-1"], "--slack-token is given but no --slack-channel"),
         (["--slack-signing-secret", "s"], "--slack-signing-secret is given but no --slack-channel"),
+        (["--slack-users-by-email"], "--slack-users-by-email is given but no --slack-channel"),
         (["--channel-state", "hub.db"], "--channel-state is given but no --webhook or --slack"),
     ],
 )
@@ -240,6 +241,44 @@ def test_serve_ignores_channel_secrets_exported_for_channels_it_does_not_run(
     result = invoke("serve", "examples.support:runtime", "--store", f"sqlite:///{tmp_path}/s.db")
     assert result.exit_code == 0, result.output
     assert len(served) == 1
+
+
+@pytest.mark.parametrize("by_email", [False, True])
+def test_serve_maps_slack_users_to_token_principals_by_email(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, by_email: bool
+) -> None:
+    """`--slack-users-by-email`: a Slack user with the confirmed email alice@corp.example acts
+    as `token:alice@corp.example`, the principal `--token SECRET=alice@corp.example` gives her
+    on the API and the dashboard; without it, as `slack:<team>:<user>`."""
+    import uvicorn
+
+    import signoff as so
+    from signoff.channels import slack
+
+    made: list[Any] = []
+
+    class Recorded(slack.SlackChannel):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(slack, "SlackChannel", Recorded)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: None)
+    args = ["--slack-channel", "C0123", "--slack-token", "xoxb-1", "--slack-signing-secret", "s"]
+    args += ["--token", "t0k3n=alice@corp.example"]
+    store = f"sqlite:///{tmp_path}/s.db"
+    result = invoke(
+        "serve", "examples.support:runtime", "--store", store, *args,
+        *(["--slack-users-by-email"] if by_email else []),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (channel,) = made
+    user = {"id": "U1", "is_email_confirmed": True, "profile": {"email": "alice@corp.example"}}
+    if not by_email:
+        assert channel.identities.identify is None
+        return
+    found = channel.identities.identify("T1", "U1", user)
+    assert found == so.Principal(authenticator="token", principal_id="alice@corp.example")
 
 
 @pytest.mark.parametrize("how", ["option", "env"])

@@ -314,7 +314,7 @@ def channel_figures() -> list[tuple[str, str, Any, Any]]:
     import inspect
 
     from signoff.channels import ChannelHub, _given_up, _hub, _state
-    from signoff.channels.slack import _blocks, _channel, _inbox, _replies
+    from signoff.channels.slack import _blocks, _channel, _identity, _inbox, _replies
 
     hub = inspect.signature(ChannelHub).parameters
     state = inspect.signature(_state.ChannelState).parameters
@@ -331,6 +331,9 @@ def channel_figures() -> list[tuple[str, str, Any, Any]]:
         (readme, "left for ten minutes by another process", _inbox.RESUME_AFTER, 600),
         (readme, "given two seconds, well inside Slack's three", _inbox.ACK_WITHIN, 2),
         (readme, "five-minute window", _channel.TOLERANCE, 300),
+        (readme, "each `users.info` answer is kept five minutes", _identity.CACHE_FOR, 300),
+        (readme, "kept five minutes, 1,000 users at most", _identity.CACHED_USERS, 1000),
+        (readme, "both taking more than ten seconds", _identity.LOOKUP_WITHIN, 10),
     ]
 
 

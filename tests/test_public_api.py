@@ -189,17 +189,19 @@ def _public_members(cls: type) -> list[tuple[str, object]]:
 
 def test_every_public_object_says_what_it_is() -> None:
     """Every public class and function, and every public method and property of a public class,
-    of `signoff`, `signoff.models`, `signoff.channels`, `signoff.stores` and `signoff.testing`
-    has a docstring (its own, or the one it overrides); a dataclass's generated signature is
-    not one."""
+    of `signoff`, `signoff.models`, `signoff.channels`, `signoff.channels.slack`,
+    `signoff.stores` and `signoff.testing` has a docstring (its own, or the one it overrides);
+    a dataclass's generated signature is not one."""
     import dataclasses
     import inspect
 
     import signoff.channels
+    import signoff.channels.slack
     import signoff.testing
 
     missing = []
-    for module in (so, so.models, signoff.channels, so.stores, signoff.testing):
+    modules = (so, so.models, signoff.channels, signoff.channels.slack, so.stores, signoff.testing)
+    for module in modules:
         for name in module.__all__:
             obj = getattr(module, name)
             if not (inspect.isclass(obj) or inspect.isfunction(obj)):

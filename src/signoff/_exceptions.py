@@ -28,6 +28,7 @@
     ├── RateLimited                a channel's service asked to be called again later
     │   └── ChannelUnreachable     a channel cannot deliver until a person mends it
     ├── SlackPayloadError          a signed Slack payload signoff cannot read
+    ├── SlackUserUnknown           a Slack user the channel cannot map to a principal
     └── StoreError                 the store failed or holds something unusable
         ├── SchemaVersionError     data written by a newer signoff
         ├── StoreGone              the store's file (or schema) was deleted or replaced under it
@@ -37,7 +38,7 @@
         └── StoreBusy              no free connection to the database in time; retry soon
 
 `ReplayError` is defined in `_tool_context.py`, the channel errors in
-`signoff.channels` (`SlackPayloadError` in `signoff.channels.slack`).
+`signoff.channels` (`SlackPayloadError` and `SlackUserUnknown` in `signoff.channels.slack`).
 Every error that is about an answer leaves the store unchanged: nothing is claimed.
 `ApprovalRequired` is not here on purpose: it is a control-flow signal, not a failure.
 """

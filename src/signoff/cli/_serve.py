@@ -114,6 +114,15 @@ def serve(
             help="The Slack app's signing secret (checks button clicks).",
         ),
     ] = None,
+    slack_users_by_email: Annotated[
+        bool,
+        typer.Option(
+            "--slack-users-by-email",
+            help="A Slack user acts as the --token principal named by their confirmed Slack "
+            "email (token:alice@corp.example), so four eyes and a quorum see one person "
+            "wherever they answer; the bot needs users:read and users:read.email.",
+        ),
+    ] = False,
     secret: Annotated[
         str | None,
         typer.Option(
@@ -284,6 +293,7 @@ def serve(
             slack_channel,
             slack_token if slack_channel else None,
             slack_signing_secret if slack_channel else None,
+            by_email=slack_users_by_email,
         )
         _check_address(host, port)
     except SignoffError as exc:
@@ -385,6 +395,7 @@ def _refuse_stray_channel_options(ctx: typer.Context, webhooks: bool, slack: boo
         ("webhook_backfill", "--webhook-backfill", webhooks, "--webhook URL"),
         ("slack_token", "--slack-token", slack, "--slack-channel"),
         ("slack_signing_secret", "--slack-signing-secret", slack, "--slack-channel"),
+        ("slack_users_by_email", "--slack-users-by-email", slack, "--slack-channel"),
     ):
         if not given and typed(param):
             raise UsageError(f"{flag} is given but no {needed}")
@@ -474,14 +485,24 @@ def _webhook_channels(
 
 
 def _slack_channels(
-    slack_channel: str | None, slack_token: str | None, slack_signing_secret: str | None
+    slack_channel: str | None,
+    slack_token: str | None,
+    slack_signing_secret: str | None,
+    *,
+    by_email: bool = False,
 ) -> list[Any]:
-    """The Slack channel `serve` was asked for, built before the server starts."""
+    """The Slack channel `serve` was asked for, built before the server starts; `by_email`:
+    its users act as the `--token` principal their confirmed email names."""
     if not slack_channel or not slack_token or not slack_signing_secret:
         return []
-    from ..channels.slack import SlackChannel  # a UsageError with the install hint if missing
+    from ..channels import slack  # a UsageError with the install hint if missing
 
-    return [SlackChannel(slack_channel, token=slack_token, signing_secret=slack_signing_secret)]
+    identify = slack.by_email("token") if by_email else None
+    return [
+        slack.SlackChannel(
+            slack_channel, token=slack_token, signing_secret=slack_signing_secret, identify=identify
+        )
+    ]
 
 
 # -- the queue --------------------------------------------------------------------------------

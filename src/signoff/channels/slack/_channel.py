@@ -4,7 +4,8 @@ quorum's count, an escalation to a group) and once it closes.
 People answer with the message's controls; Slack posts the interaction to the endpoint this
 channel adds to the signoff server (`create_app(..., channels=hub)`), which checks Slack's
 signature, saves the interaction, acknowledges it and settles the answer in the background as
-the person who pressed (`slack:<team_id>:<user_id>`, authenticator "slack"; see `_clicks`). A
+the person who pressed (`slack:<team_id>:<user_id>`, authenticator "slack", or the principal
+`identify=` maps them to; see `_clicks` and `_identity`). A
 reply typed in the thread of a request's message reaches the channel's Events API endpoint and
 goes to the request's session as a follow-up message from that person (see `_replies`).
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -43,7 +43,15 @@ from ._blocks import (
     request_blocks,
 )
 from ._clicks import Clicks
-from ._payloads import ABSENT, SlackPayloadError, api_error, maybe_done, slack_principal
+from ._identity import Identities, SlackUserMapping
+from ._payloads import (
+    ABSENT,
+    SlackPayloadError,
+    api_error,
+    maybe_done,
+    retry_after,
+    slack_principal,
+)
 from ._replies import ThreadReplies, thread_key
 from ._routes import routes
 
@@ -93,6 +101,11 @@ class SlackChannel(Channel):
     dropped (it may have been carried out); a `client` of your own keeps its retry handlers
     (slack_sdk's default does). Leave slack_sdk's `AsyncRateLimitErrorRetryHandler` out of
     one: it sleeps out any Retry-After inside the call, which the channel does itself, bounded.
+
+    People act as `slack:<team_id>:<user_id>` unless `identify` maps them: a callable (sync or
+    async) of the team id, the user id and the user's `users.info` object (needs `users:read`)
+    returning their `so.Principal` on your other surfaces, or None to refuse them; `by_email`
+    is one.
     """
 
     name = "slack"
@@ -110,6 +123,7 @@ class SlackChannel(Channel):
         path: str = "/channels/slack/interactivity",
         events_path: str | None = "/channels/slack/events",
         clock: Callable[[], float] = time.time,
+        identify: SlackUserMapping | None = None,
     ) -> None:
         super().__init__(name=name, accepts=accepts)
         if not isinstance(channel, str) or not channel:
@@ -155,6 +169,7 @@ class SlackChannel(Channel):
         self._presence: Presence | None = None  # held while it may act on the work it took
         self._presence_lock = threading.Lock()
         self._closing: asyncio.Event | None = None  # set by close(): notes stop waiting
+        self.identities = Identities(self, identify)
         self.replies = ThreadReplies(self)
         self.clicks = Clicks(self)
 
@@ -513,7 +528,7 @@ class SlackChannel(Channel):
                 )
                 return
             except SlackApiError as exc:
-                wait = _retry_after(exc)
+                wait = retry_after(exc)
                 if wait is None:
                     why = api_error(exc) or f"HTTP {getattr(exc.response, 'status_code', '?')}"
                     break
@@ -539,27 +554,10 @@ class SlackChannel(Channel):
         return not closing.is_set()
 
 
-def _retry_after(exc: SlackApiError) -> float | None:
-    """The seconds a 429 says to wait (Retry-After; 1 if it names none), None for other
-    errors."""
-    response = exc.response
-    if response is None or getattr(response, "status_code", None) != 429:
-        return None
-    wait = 1.0
-    headers = getattr(response, "headers", None) or {}
-    for name, value in headers.items():
-        if str(name).lower() == "retry-after":
-            with contextlib.suppress(TypeError, ValueError):
-                seconds = float(value[0] if isinstance(value, (list, tuple)) else value)
-                if math.isfinite(seconds) and seconds >= 0:
-                    wait = seconds
-    return wait
-
-
 def _raise_if_limited(exc: SlackApiError, method: str) -> None:
     """Raise `RateLimited` with Slack's Retry-After (1 s if it names none) for a 429, so the
     hub retries when Slack allows rather than on its backoff."""
-    wait = _retry_after(exc)
+    wait = retry_after(exc)
     if wait is not None:
         raise RateLimited(f"slack: {method} is rate limited; retry in {wait:g}s", wait) from exc
 

@@ -3,10 +3,11 @@ submissions, posted by Slack to the channel's interactivity endpoint.
 
 Each interaction is read, saved in the channel state and only then acknowledged; it is settled
 in the background as the person who acted (`slack:<team_id>:<user_id>`, authenticator
-"slack"). Slack never sends again an interaction it had a 200 for, so one a process acknowledged
-and then died with is settled by the next start (see `_inbox`); one that cannot be saved gets a
-503, and Slack shows the person an error so they can act again. Settling is idempotent: an
-answer that repeats the one recorded changes nothing.
+"slack", or whom `SlackChannel(identify=...)` maps them to: one it refuses is told so, and
+nothing is answered). Slack never sends again an interaction it had a 200 for, so one a
+process acknowledged and then died with is settled by the next start (see `_inbox`); one that
+cannot be saved gets a 503, and Slack shows the person an error so they can act again.
+Settling is idempotent: an answer that repeats the one recorded changes nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from ._blocks import (
     deny_view,
     text_view,
 )
+from ._identity import SlackUserUnknown
 from ._inbox import Inbox
 from ._payloads import (
     SlackPayloadError,
@@ -45,7 +47,6 @@ from ._payloads import (
     interaction_of,
     maybe_done,
     member_of,
-    slack_principal,
 )
 from ._replies import outcome_note
 from ._stale import show_closed
@@ -126,7 +127,9 @@ class Clicks:
         may have settled it, which changes nothing and is not told."""
         ch = self.channel
         where = {"channel": click.channel, "user": click.user}
-        principal = slack_principal(click.team, click.user)
+        principal = await self._principal(click, where, again)
+        if principal is None:
+            return
         rid = click.request_id
         stored = await ch.runtime.store.get_request(rid)
         if stored is None:
@@ -162,6 +165,18 @@ class Clicks:
                 await ch._tell(where, closed)
             await self._show_closed(rid)
 
+    async def _principal(
+        self, click: Interaction, where: dict[str, str], again: bool
+    ) -> Principal | None:
+        """Who acted (`Identities`), or None once they were told why no one can tell (`again`:
+        an earlier run may have taken their answer)."""
+        try:
+            return await self.channel.identities.principal(click.team, click.user)
+        except SlackUserUnknown as exc:
+            taken = "may not have been taken" if again else "was not taken"
+            await self.channel._tell(where, f"Your answer {taken}: {str(exc).rstrip('.')}.")
+            return None
+
     async def _show_closed(self, request_id: str) -> None:
         """The message of a request a click found closed, updated if it still shows it open
         (`show_closed`)."""
@@ -192,7 +207,9 @@ class Clicks:
         if stored is None:
             await ch._tell(where, f"Request {rid} is no longer open.")
             return
-        principal = slack_principal(click.team, click.user)
+        principal = await self._principal(click, where, False)
+        if principal is None:
+            return
         # Who may not answer it is told so first, open or closed: not whether it closed, as
         # an answer of theirs would not be (`Answering._closed_refusal`).
         refused = await refusal(ch.runtime.agents, ch.runtime.store, stored.request, principal)

@@ -3,7 +3,9 @@ principal of the Slack user behind either, and the error of a failed Web API cal
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,7 @@ __all__ = [
     "interaction_of",
     "maybe_done",
     "member_of",
+    "retry_after",
     "slack_principal",
 ]
 
@@ -107,3 +110,20 @@ def maybe_done(exc: SlackApiError) -> bool:
     if not isinstance(status, int) or (status >= 500 and status not in (501, 503)):
         return True
     return api_error(exc) in _MAYBE_DONE
+
+
+def retry_after(exc: SlackApiError) -> float | None:
+    """The seconds a 429 says to wait (Retry-After; 1 if it names none), None for other
+    errors."""
+    response = exc.response
+    if response is None or getattr(response, "status_code", None) != 429:
+        return None
+    wait = 1.0
+    headers = getattr(response, "headers", None) or {}
+    for name, value in headers.items():
+        if str(name).lower() == "retry-after":
+            with contextlib.suppress(TypeError, ValueError):
+                seconds = float(value[0] if isinstance(value, (list, tuple)) else value)
+                if math.isfinite(seconds) and seconds >= 0:
+                    wait = seconds
+    return wait

@@ -24,8 +24,9 @@ from ..._messages import first_open
 from ..._results import Outcome
 from ..._text import is_blank
 from .._base import QUEUED_NOTE, logger, off_loop
+from ._identity import SlackUserUnknown
 from ._inbox import RESUME_AFTER, RETRY_WINDOW, Inbox, seconds
-from ._payloads import SlackPayloadError, envelope_of, member_of, slack_principal
+from ._payloads import SlackPayloadError, envelope_of, member_of
 
 if TYPE_CHECKING:
     from ._channel import SlackChannel
@@ -183,7 +184,8 @@ class ThreadReplies:
 
     async def _send(self, reply: TypedReply, again: bool) -> None:
         """Deliver a reply to its request's session as its author, if they may answer (once:
-        its event id is the idempotency key, so `again` needs no care)."""
+        its event id is the idempotency key, so `again` only changes what a person no one can
+        tell is told)."""
         ch = self.channel
         rt = ch.runtime
         where = {"channel": reply.channel, "user": reply.user, "thread_ts": reply.thread}
@@ -191,7 +193,12 @@ class ThreadReplies:
         if stored is None:
             logger.warning("slack: a reply in the thread of unknown request %s", reply.request_id)
             return
-        principal = slack_principal(reply.team, reply.user)
+        try:
+            principal = await ch.identities.principal(reply.team, reply.user)
+        except SlackUserUnknown as exc:
+            sent = "may not have been sent" if again else "was not sent"  # an earlier run's
+            await ch._tell(where, f"Your reply {sent}: {str(exc).rstrip('.')}.")
+            return
         state = await rt.state(stored.request.session_id)
         first = first_open(state.pending_requests())
         serves = None if state.turn is None else state.turn.principal

@@ -1,0 +1,207 @@
+"""Who a Slack user is: the principal a click, a form's submission or a typed reply acts as.
+
+Without a mapping it is `slack:<team_id>:<user_id>` (`slack_principal`), a name no other
+surface gives the same person. With `SlackChannel(identify=...)` the channel looks the user up
+(`users.info`, cached) and asks the mapping for the principal they are on the dashboard, the
+API or SSO, so four eyes and a distinct quorum see one person wherever they answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from slack_sdk.errors import SlackApiError
+
+from ..._exceptions import SignoffError, UsageError
+from ..._types import Principal
+from .._base import logger
+from ._payloads import api_error, retry_after, slack_principal
+
+if TYPE_CHECKING:
+    from ._channel import SlackChannel
+
+__all__ = [
+    "CACHE_FOR",
+    "CACHED_USERS",
+    "LOOKUP_WITHIN",
+    "Identities",
+    "SlackUserMapping",
+    "SlackUserUnknown",
+    "by_email",
+]
+
+CACHED_USERS = 1000  # users.info answers kept, the least recently used dropped first
+CACHE_FOR = 300.0  # seconds one is kept: a changed email or a deactivation shows within them
+LOOKUP_WITHIN = 10.0  # seconds users.info and the mapping get, together, per person's action
+
+SlackUserMapping = Callable[
+    [str, str, Mapping[str, Any]], "Principal | None | Awaitable[Principal | None]"
+]
+
+
+class SlackUserUnknown(SignoffError):
+    """A Slack user the channel cannot map to a principal; its message is what the person is
+    told (a mapping raises it to refuse someone with a reason)."""
+
+    code = "slack_user_unknown"
+
+
+def by_email(
+    authenticator: str,
+    *,
+    issuer: str | None = None,
+    domains: Iterable[str] | None = None,
+) -> Callable[[str, str, Mapping[str, Any]], Principal]:
+    """A mapping for `SlackChannel(identify=...)`: the principal of a Slack user is their
+    confirmed Slack email, lowercased, as `principal_id` under `authenticator` (and `issuer`),
+    the identity your dashboard's SSO gives them. Needs the `users:read` and
+    `users:read.email` scopes; `domains` limits it to those email domains (a Slack Connect
+    guest's email is their own organization's)."""
+    if not isinstance(authenticator, str) or not authenticator.strip():
+        raise UsageError("by_email needs the authenticator your other surfaces name people with")
+    allowed = None if domains is None else {d.lower().lstrip("@") for d in domains}
+    if allowed is not None and not all(allowed):
+        raise UsageError("by_email: a domain is empty")
+
+    def identify(team_id: str, user_id: str, user: Mapping[str, Any]) -> Principal:
+        if user.get("deleted") or user.get("is_bot"):
+            raise SlackUserUnknown(f"Slack user {user_id} is deactivated or a bot")
+        profile = user.get("profile")
+        email = profile.get("email") if isinstance(profile, Mapping) else None
+        if not isinstance(email, str) or "@" not in email:
+            raise SlackUserUnknown(
+                f"Slack gave no email for user {user_id}: the Slack app needs the "
+                "users:read.email scope (and the user an email)"
+            )
+        if user.get("is_email_confirmed") is not True:
+            raise SlackUserUnknown(f"the email of Slack user {user_id} is not confirmed")
+        email = email.strip().lower()
+        if allowed is not None and email.rpartition("@")[2] not in allowed:
+            raise SlackUserUnknown(f"the email of Slack user {user_id} is not in {sorted(allowed)}")
+        return Principal(authenticator=authenticator, principal_id=email, issuer=issuer)
+
+    return identify
+
+
+class Identities:
+    """The principals of one channel's Slack users: `slack_principal` without a mapping; else
+    the mapping's, given the user's `users.info` (kept `CACHE_FOR` seconds, `CACHED_USERS` at
+    most)."""
+
+    def __init__(self, channel: SlackChannel, identify: SlackUserMapping | None) -> None:
+        if identify is not None and not callable(identify):
+            raise UsageError("SlackChannel: identify must be a callable (team, user, user info)")
+        self.channel = channel
+        self.identify = identify
+        self.within = LOOKUP_WITHIN
+        self._users: OrderedDict[tuple[str, str], tuple[float, Mapping[str, Any]]] = OrderedDict()
+
+    async def principal(self, team_id: str, user_id: str) -> Principal:
+        """The principal a Slack user acts as; `SlackUserUnknown` (its message for them) when
+        the mapping refuses them or cannot tell in time."""
+        if self.identify is None:
+            return slack_principal(team_id, user_id)
+        try:
+            async with asyncio.timeout(self.within):
+                user = await self._user(team_id, user_id)
+                found = await self._map(team_id, user_id, user)
+        except SlackUserUnknown as exc:
+            logger.warning("slack: user %s:%s was refused: %s", team_id, user_id, exc)
+            raise
+        except TimeoutError:
+            logger.warning(
+                "slack: telling who %s:%s is took over %gs", team_id, user_id, self.within
+            )
+            raise SlackUserUnknown(
+                "signoff could not tell who you are in time: try again in a moment"
+            ) from None
+        except Exception as exc:
+            logger.warning("slack: telling who %s:%s is failed", team_id, user_id, exc_info=True)
+            raise SlackUserUnknown(f"signoff could not tell who you are ({_why(exc)})") from None
+        if found is None:
+            logger.warning("slack: the mapping refused user %s:%s", team_id, user_id)
+            raise SlackUserUnknown("your Slack account is not mapped to a signoff identity")
+        if not isinstance(found, Principal):
+            logger.error(
+                "slack: the mapping gave %r for %s:%s, not a Principal", found, team_id, user_id
+            )
+            raise SlackUserUnknown("signoff could not tell who you are (a mapping error)")
+        if not found.principal_id.strip() or not found.authenticator.strip():
+            logger.error("slack: the mapping gave a blank principal for %s:%s", team_id, user_id)
+            raise SlackUserUnknown("signoff could not tell who you are (a mapping error)")
+        return found
+
+    async def _user(self, team_id: str, user_id: str) -> Mapping[str, Any]:
+        """`users.info`'s user object, from the cache while it is fresh."""
+        key, now = (team_id, user_id), time.monotonic()
+        cached = self._users.get(key)
+        if cached is not None and cached[0] > now:
+            self._users.move_to_end(key)
+            return cached[1]
+        try:
+            reply = await self._users_info(user_id)
+        except SlackApiError as exc:
+            error = api_error(exc)
+            if error == "missing_scope":
+                needed = api_error(exc, "needed") or "users:read"
+                logger.error(
+                    "slack: users.info needs the %s scope: add it to the Slack app", needed
+                )
+                raise SlackUserUnknown(
+                    f"signoff could not look you up: the Slack app lacks the {needed} scope"
+                ) from None
+            raise
+        user = reply.get("user")
+        if not isinstance(user, Mapping):
+            raise ValueError("users.info gave no user object")
+        self._users[key] = (time.monotonic() + CACHE_FOR, user)
+        self._users.move_to_end(key)
+        while len(self._users) > CACHED_USERS:
+            self._users.popitem(last=False)
+        return user
+
+    async def _users_info(self, user_id: str) -> Any:
+        """`users.info`, called again after a 429's Retry-After while that fits in the time a
+        lookup has (`within`; past it the caller's timeout ends the wait)."""
+        while True:
+            try:
+                return await self.channel.client.users_info(user=user_id)
+            except SlackApiError as exc:
+                wait = retry_after(exc)
+                if wait is None or wait >= self.within:
+                    raise
+                await asyncio.sleep(wait)
+
+    async def _map(self, team_id: str, user_id: str, user: Mapping[str, Any]) -> Principal | None:
+        """The mapping's answer: an `async` one on the loop, a plain one in a thread (it may
+        block on a directory), whose awaitable, if it returns one, is awaited here."""
+        identify = self.identify
+        assert identify is not None
+        if _is_async(identify):
+            result: Any = identify(team_id, user_id, user)
+        else:
+            result = await asyncio.to_thread(identify, team_id, user_id, user)
+        if inspect.isawaitable(result):
+            result = await result
+        return result  # type: ignore[no-any-return]
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    call = getattr(fn, "__call__", None)  # noqa: B004  (an object with an async __call__)
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _why(exc: BaseException) -> str:
+    """A failed lookup as the person is told it: Slack's error, or the failure's kind."""
+    if isinstance(exc, SlackApiError):
+        error = api_error(exc)
+        return f"Slack answered {error}" if error else "Slack did not answer"
+    if isinstance(exc, (aiohttp.ClientError, OSError)):
+        return "Slack could not be reached"
+    return "the lookup failed"
