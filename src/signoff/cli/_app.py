@@ -13,9 +13,7 @@ import getpass
 import importlib
 import inspect
 import os
-import sqlite3
 import sys
-import urllib.parse
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn
@@ -36,7 +34,7 @@ from .._text import is_utf8
 from .._types import ModelResponse, Principal
 from ..channels.terminal import compact_json, printable
 from ..models import ModelRequest
-from ..stores import DEFAULT_URL, SQLiteStore, Store, open_store
+from ..stores import DEFAULT_URL
 from ._commands import Group, closed_pipe
 from ._numbers import seconds
 
@@ -127,60 +125,6 @@ LeaseTtlOption = Annotated[
     ),
 ]
 """`serve`'s and `worker`'s lease TTL, which replaces the loaded runtime's `lease_ttl`."""
-
-
-def existing_store(store: str | None) -> str:
-    """The store URL a reading command uses; a SQLite file that does not exist is a mistyped
-    path (or the wrong directory), refused rather than created empty and reported as empty."""
-    url = DEFAULT_URL if store is None else store  # "" (an unset variable) is refused
-    found = open_store(url)
-    if isinstance(found, SQLiteStore) and found.path != ":memory:":
-        if not os.path.exists(found.path):
-            raise UsageError(
-                f"no store at {found.path} (from {url}): pass --store or set SIGNOFF_STORE; "
-                "serve, worker and chat create one"
-            )
-        if _not_a_store(found.path):
-            raise UsageError(
-                f"{found.path} is not a signoff store (it has no signoff schema): pass the "
-                "store's path with --store or SIGNOFF_STORE; serve, worker and chat create one"
-            )
-    return url
-
-
-def reading_store(store: str | None) -> Store:
-    """The store a command that only reads opens (`pending`, `sessions`, `events`): as
-    `existing_store`, and never upgraded, as that would lock out the older processes still
-    using it; an older schema is a `SchemaVersionError` saying to run `signoff db upgrade`."""
-    url = existing_store(store)
-    if url.startswith("sqlite://"):
-        return SQLiteStore(url, migrate=False)
-    if url.startswith(("postgresql://", "postgres://")):
-        from ..stores.postgres import PostgresStore  # a UsageError without the extra
-
-        return PostgresStore(url, migrate=False)
-    return open_store(url)  # a URL of neither kind: its UsageError
-
-
-def _not_a_store(path: str) -> bool:
-    """Whether the SQLite file at `path` is plainly no signoff store: empty, or a database
-    without signoff's `meta` table, which opening it as a store would write into. Only when no
-    writer has it open (no -wal) and it reads as SQLite; otherwise the store itself decides."""
-    if os.path.exists(f"{path}-wal") or not os.path.isfile(path):  # a folder, a pipe, a device
-        return False
-    if os.path.getsize(path) == 0:
-        return True
-    # as bytes: a path may hold a byte that is not UTF-8, which SQLite takes back from its %XX
-    uri = f"file:{urllib.parse.quote(os.fsencode(os.path.abspath(path)))}?mode=ro&immutable=1"
-    try:
-        conn = sqlite3.connect(uri, uri=True)
-        try:
-            names = conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return False  # not a database at all, or unreadable: the store names the fault
-    return ("meta",) not in names
 
 
 def refuse_undecodable(values: dict[str, str | None]) -> None:

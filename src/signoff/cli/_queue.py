@@ -46,12 +46,10 @@ from ._app import (
     driving,
     err,
     error_text,
-    existing_store,
     load_runtime,
     misuse,
     out,
     parse_principal,
-    reading_store,
     refuse_empty_filters,
     refuse_undecodable,
     run,
@@ -62,6 +60,7 @@ from ._app import (
     tool_line,
 )
 from ._numbers import whole
+from ._store_files import existing_store, reading_store
 
 LIMIT = whole(1, 100_000)
 SEQ = whole(0, 2**63 - 1)
