@@ -194,18 +194,12 @@ def fail(exc: BaseException) -> NoReturn:
     raise typer.Exit(1)
 
 
-LAPSING = ("running", "waiting", "failed")
-"""The statuses a session whose TTL passed unrecorded is listed under otherwise than stored."""
-
-
-def say_cut(shown: int, total: int | None) -> None:
-    """Say on stderr that `--limit` left some out of a listing (`total` None: an unknown number),
-    so a script reading its JSON on stdout can tell, without a change to that JSON's shape."""
-    if total is not None and total <= shown:
-        return
-    of = "and more match" if total is None else f"of {total}"
-    sep = ", " if total is None else " "
-    err().print(f"showing {shown}{sep}{of}: pass a higher --limit to see more", soft_wrap=True)
+def say_cut(shown: int, total: int) -> None:
+    """Say on stderr that `--limit` left some out of a listing, so a script reading its JSON on
+    stdout can tell, without a change to that JSON's shape."""
+    if total > shown:
+        say = f"showing {shown} of {total}: pass a higher --limit to see more"
+        err().print(say, soft_wrap=True)
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:

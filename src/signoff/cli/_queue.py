@@ -30,13 +30,13 @@ from .._exceptions import (
 )
 from .._queue_page import counted_page
 from .._runtime import Runtime
+from .._session_page import session_page, shown_total
 from .._text import HIDDEN, escape_as_json
 from .._types import InputRequest, InputResponse, Principal
 from .._unlisted import unlisted
 from ..channels.terminal import compact_json, duration, printable
 from ..stores import DEFAULT_URL, PendingFilter, SQLiteStore
 from ._app import (
-    LAPSING,
     AsOption,
     NoModel,
     RuntimeArgument,
@@ -156,16 +156,15 @@ def sessions(
 
     async def go() -> None:
         async with Runtime([], store=reading_store(store_of(target, store))) as runtime:
-            rows = await runtime.sessions(agent=agent, status=status, limit=limit + 1)
-            total: int | None = len(rows)
+            now = runtime.now()
+            probes: dict[str, bool] = {}  # lease probes of the page, which the total reuses
+            rows = await session_page(runtime, agent, status, limit + 1, 0, now, probes)
+            total = len(rows)
             if len(rows) > limit:
                 rows = rows[:limit]
-                # A status a passed TTL left unrecorded reads otherwise than the store holds it
-                # (`Runtime.sessions`): the store's count of it is no total to print.
-                total = None
-                if status not in LAPSING:
-                    counted = await runtime.store.count_sessions(agent=agent, status=status)
-                    total = max(counted, limit + 1)  # a session created since the page
+                # counted as the page lists them: one a passed TTL left unrecorded as `failed`
+                counted = await shown_total(runtime, agent, status, now, probes)
+                total = max(counted, limit + 1)  # a session created since the page
         say_cut(len(rows), total)
         if as_json:
             typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
@@ -174,7 +173,7 @@ def sessions(
         if not rows:
             console.print("No sessions.")
             return
-        shown = str(total) if total == len(rows) else f"{len(rows)} of {total or 'more'}"
+        shown = str(total) if total == len(rows) else f"{len(rows)} of {total}"
         table = Table(
             title=f"Sessions ({shown})",
             title_justify="left",
