@@ -1,0 +1,137 @@
+"""`signoff events`: a session's event log, printed or followed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from typing import Annotated
+
+import typer
+
+from .._events import Event
+from .._exceptions import UsageError
+from .._runtime import Runtime
+from .._text import HIDDEN, escape_as_json
+from ..channels.terminal import compact_json, printable
+from ._app import (
+    RuntimeArgument,
+    StoreOption,
+    app,
+    clip,
+    error_text,
+    misuse,
+    out,
+    refuse_undecodable,
+    run,
+    store_of,
+    tool_line,
+)
+from ._numbers import whole
+from ._store_files import reading_store
+
+__all__ = ["events"]
+
+SEQ = whole(0, 2**63 - 1)
+
+
+def _summary(event: Event) -> str:
+    d = event.data
+    t = event.type
+    if t == "session.created":
+        return f"agent={d.get('agent')}"
+    if t == "turn.started":
+        return compact_json(d.get("message"))
+    if t == "model.completed":
+        calls = [f"{c['name']}({compact_json(c.get('input'))})" for c in d.get("tool_calls", [])]
+        parts = ([compact_json(d["text"])] if d.get("text") else []) + calls
+        return "; ".join(parts)
+    if t == "turn.message":
+        queued = " (queued)" if d.get("queued") else ""
+        return compact_json(d.get("message")) + queued
+    if t == "tool.started":
+        return str(d.get("tool_name"))
+    if t == "tool.step":
+        return f"{d.get('tool_name')} step {d.get('name')} -> {compact_json(d.get('result'))}"
+    if t == "approval.candidate":
+        by = (d.get("by") or {}).get("principal_id", "-")
+        return f"{d.get('request_id')} {d.get('decision')} by {by}: {d.get('outcome')}"
+    if t == "tool.completed":
+        return tool_line(d)
+    if t == "input.requested":
+        return ", ".join(
+            f"{r['id']} ({(r.get('action') or {}).get('tool_name') or r.get('kind')})"
+            for r in d.get("requests", [])
+        )
+    if t == "turn.waiting":
+        return f"on {d.get('on')}: {', '.join(d.get('request_ids', []))}"
+    if t == "approval.settled":
+        by = (d.get("by") or {}).get("principal_id", "-")
+        why = f" ({d['reason']})" if d.get("reason") else ""
+        return f"{d.get('request_id')} {d.get('decision')} by {by}{why}"
+    if t == "input.resolved":
+        return f"{d.get('request_id')} {d.get('outcome')}"
+    if t == "turn.completed":
+        return str(d.get("text", ""))  # the answer is the model.completed line before it
+    if t == "turn.failed":
+        retry = " (retryable)" if d.get("retryable") else ""
+        return error_text(d.get("error")) + retry
+    if t == "turn.cancelled":
+        return str(d.get("reason") or "")
+    return ""
+
+
+@app.command()
+def events(
+    session_id: Annotated[str, typer.Argument(metavar="SESSION_ID")],
+    target: RuntimeArgument = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new events (Ctrl-C stops).")
+    ] = False,
+    after: Annotated[
+        int,
+        typer.Option(
+            "--after",
+            metavar="SEQ",
+            parser=SEQ,
+            help="Start after this seq, a whole number from 0 (the whole log).",
+        ),
+    ] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    store: StoreOption = None,
+) -> None:
+    """Print a session's event log."""
+
+    async def go() -> None:
+        with misuse():
+            refuse_undecodable({"SESSION_ID": session_id})
+        console = out()
+        async with Runtime([], store=reading_store(store_of(target, store))) as runtime:
+            head = await runtime.store.head(session_id) if after else None
+            if head is not None and after > head:  # else silence, and --follow waits for ever
+                raise UsageError(
+                    f"--after {after} is past the session's last event ({head}); "
+                    "start from a seq it has"
+                )
+            async for event in runtime.events(session_id, after, follow=follow):
+                if as_json:
+                    line = json.dumps(event.to_dict(), ensure_ascii=False)
+                    # what JSON leaves raw and a terminal may act on or hide: C1 controls (a
+                    # CSI), bidi overrides, lone surrogates (UTF-8 cannot hold them), escaped
+                    typer.echo(HIDDEN.sub(escape_as_json, line))
+                    continue
+                at = datetime.fromtimestamp(event.at).strftime("%H:%M:%S")
+                console.print(
+                    f"{event.seq:>4}  [dim]{at}[/]  [bold]{event.type:<18}[/] "
+                    f"{printable(clip(_summary(event), 160))}",
+                    soft_wrap=True,
+                )
+                if follow:
+                    sys.stdout.flush()
+
+    try:
+        run(go())
+    except typer.Exit as exit_:
+        if follow and exit_.exit_code == 130:
+            raise typer.Exit(0) from None
+        raise
