@@ -12,6 +12,7 @@ import asyncio
 import getpass
 import importlib
 import inspect
+import logging
 import os
 import sys
 from collections.abc import Callable, Coroutine, Iterator
@@ -204,6 +205,7 @@ def say_cut(shown: int, total: int) -> None:
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
     """Run one command's coroutine, turning signoff errors into one red line and exit 1."""
+    _quiet_driver()
     try:
         asyncio.run(coro)
     except SignoffError as exc:
@@ -211,6 +213,15 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
     except KeyboardInterrupt:
         err().print("[dim]interrupted[/]")
         raise typer.Exit(130) from None
+
+
+def _quiet_driver() -> None:
+    """Keep psycopg's pool from printing each failed reconnection on stderr (several a second
+    while PostgreSQL is down) through Python's last-resort handler, where a command says what
+    failed in one line; logging set up for them (`worker`, `serve`, an application) has them."""
+    driver = logging.getLogger("psycopg")
+    if not any(type(h) is logging.NullHandler for h in driver.handlers):
+        driver.addHandler(logging.NullHandler())
 
 
 def _version(value: bool) -> None:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+import time
 from datetime import datetime
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from .._events import Event
-from .._exceptions import UsageError
+from .._exceptions import SchemaVersionError, StoreError, StoreGone, UsageError
 from .._runtime import Runtime
 from .._text import HIDDEN, escape_as_json
 from ..channels.terminal import compact_json, printable
@@ -19,6 +22,7 @@ from ._app import (
     StoreOption,
     app,
     clip,
+    err,
     error_text,
     misuse,
     out,
@@ -29,6 +33,7 @@ from ._app import (
 )
 from ._numbers import whole
 from ._store_files import reading_store
+from ._waiting import FIRST_WAIT, LONGEST_WAIT
 
 __all__ = ["events"]
 
@@ -81,6 +86,51 @@ def _summary(event: Event) -> str:
     return ""
 
 
+class _Failing:
+    """A follower's store failing (its database restarting, say): said on stderr when it starts
+    failing and when it works again, not at every try, and tried again less and less often."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.wait = 0.0
+
+    def failed(self, exc: StoreError) -> float:
+        """Note a failure; returns the seconds to wait before the next try."""
+        if self.since is None:
+            self.since = time.monotonic()
+            why = " ".join(str(exc).split())  # a driver's message spans lines
+            _say(f"the store failed, retrying (said again once it works): {why}")
+        self.wait = min(max(FIRST_WAIT, self.wait * 2), LONGEST_WAIT)
+        return self.wait
+
+    def worked(self) -> None:
+        if self.since is not None:
+            _say(f"the store works again (it failed for {time.monotonic() - self.since:.1f}s)")
+        self.since, self.wait = None, 0.0
+
+
+def _say(line: str) -> None:
+    err().print(printable(line), markup=False, soft_wrap=True)
+
+
+def _print(console: Console, event: Event, as_json: bool, follow: bool) -> None:
+    """Print one event: a line of the table, or of JSON."""
+    if as_json:
+        line = json.dumps(event.to_dict(), ensure_ascii=False)
+        # what JSON leaves raw and a terminal may act on or hide: C1 controls (a CSI), bidi
+        # overrides, lone surrogates (UTF-8 cannot hold them), escaped
+        typer.echo(HIDDEN.sub(escape_as_json, line))
+        return
+    at = datetime.fromtimestamp(event.at).strftime("%H:%M:%S")
+    console.print(
+        f"{event.seq:>4}  [dim]{at}[/]  [bold]{event.type:<18}[/] "
+        f"{printable(clip(_summary(event), 160))}",
+        soft_wrap=True,
+    )
+    if follow:
+        sys.stdout.flush()
+
+
 @app.command()
 def events(
     session_id: Annotated[str, typer.Argument(metavar="SESSION_ID")],
@@ -100,7 +150,12 @@ def events(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     store: StoreOption = None,
 ) -> None:
-    """Print a session's event log."""
+    """Print a session's event log.
+
+    With --follow, a store that fails meanwhile (its database restarting) is said on stderr in
+    one line and tried again, each wait longer (up to 5 s), and once it works again the events
+    written since are printed from where it stopped; a SQLite file deleted or replaced, or a
+    schema a newer signoff upgraded, ends it with status 1."""
 
     async def go() -> None:
         with misuse():
@@ -113,21 +168,23 @@ def events(
                     f"--after {after} is past the session's last event ({head}); "
                     "start from a seq it has"
                 )
-            async for event in runtime.events(session_id, after, follow=follow):
-                if as_json:
-                    line = json.dumps(event.to_dict(), ensure_ascii=False)
-                    # what JSON leaves raw and a terminal may act on or hide: C1 controls (a
-                    # CSI), bidi overrides, lone surrogates (UTF-8 cannot hold them), escaped
-                    typer.echo(HIDDEN.sub(escape_as_json, line))
-                    continue
-                at = datetime.fromtimestamp(event.at).strftime("%H:%M:%S")
-                console.print(
-                    f"{event.seq:>4}  [dim]{at}[/]  [bold]{event.type:<18}[/] "
-                    f"{printable(clip(_summary(event), 160))}",
-                    soft_wrap=True,
-                )
-                if follow:
-                    sys.stdout.flush()
+            seen = after
+            failing = _Failing()
+            while True:
+                try:
+                    if failing.since is not None:
+                        await runtime.store.head(session_id)  # it answers again
+                        failing.worked()
+                    async for event in runtime.events(session_id, seen, follow=follow):
+                        _print(console, event, as_json, follow)
+                        seen = event.seq
+                    return
+                except (StoreGone, SchemaVersionError):
+                    raise  # only a restart (or an upgrade of signoff) mends it
+                except StoreError as exc:
+                    if not follow:
+                        raise
+                    await asyncio.sleep(failing.failed(exc))
 
     try:
         run(go())
