@@ -106,8 +106,13 @@ def _assert_interrupted(proc: subprocess.Popen[bytes], stderr: bytes) -> None:
 @pytest.mark.parametrize("at_once", [False, True], ids=["in-its-read", "as-the-prompt-shows"])
 @pytest.mark.parametrize(
     ("typed", "prompt"),
-    [(b"", b"you:"), (b"refund order 1042\n", b"(y/N)"), (b"", b"signoff chat")],
-    ids=["message", "approval", "header"],
+    [
+        (b"", b"you:"),
+        (b"refund order 1042\n", b"(y/N)"),
+        (b"refund order 1042\nn\n", b"Reason"),
+        (b"", b"signoff chat"),
+    ],
+    ids=["message", "approval", "reason", "header"],
 )
 def test_one_ctrl_c_at_a_chat_prompt_ends_it(
     url: str, typed: bytes, prompt: bytes, at_once: bool
