@@ -73,14 +73,14 @@ def _wait_until_blocked(pid: int, timeout: float = 20) -> None:
 
 @contextlib.contextmanager
 def _chat_at_a_terminal(
-    url: str, preexec_fn: Callable[[], object]
+    url: str, preexec_fn: Callable[[], object], target: str = TARGET
 ) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
     """`signoff chat` of the test agent with a pseudo-terminal for its input and output: the
     terminal's end to type at and read from, and the process (killed if still running once
     the block ends; its stderr piped)."""
     terminal, tty = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
+        [sys.executable, "-m", "signoff", "chat", target, "--store", url],
         cwd=ROOT,
         stdin=tty,
         stdout=tty,
@@ -110,9 +110,10 @@ def _assert_interrupted(proc: subprocess.Popen[bytes], stderr: bytes) -> None:
         (b"", b"you:"),
         (b"refund order 1042\n", b"(y/N)"),
         (b"refund order 1042\nn\n", b"Reason"),
+        (b"a bag of coffee\n", b"or your answer):"),
         (b"", b"signoff chat"),
     ],
-    ids=["message", "approval", "reason", "header"],
+    ids=["message", "approval", "reason", "question", "header"],
 )
 def test_one_ctrl_c_at_a_chat_prompt_ends_it(
     url: str, typed: bytes, prompt: bytes, at_once: bool
@@ -126,7 +127,8 @@ def test_one_ctrl_c_at_a_chat_prompt_ends_it(
     def as_at_a_shell() -> None:  # a test runner started in the background ignores SIGINT
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    with _chat_at_a_terminal(url, as_at_a_shell) as (terminal, proc):
+    target = "tests._cli:sizer" if prompt == b"or your answer):" else TARGET
+    with _chat_at_a_terminal(url, as_at_a_shell, target) as (terminal, proc):
         os.write(terminal, typed)
         _read_until(terminal, prompt)
         if not at_once:
