@@ -366,3 +366,59 @@ def _napping(url: str) -> str | None:
         return None
     finally:
         rt.close_sync()
+
+
+@so.tool(approval=so.always())
+async def gated_nap(seconds: float) -> str:
+    """Sleep a while, once a person approves."""
+    await asyncio.sleep(seconds)
+    return "rested"
+
+
+gated_napper = so.Agent(
+    name="napper",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(tool_calls=[so.ToolCall(name="gated_nap", input={"seconds": 60})]),
+            so.ModelResponse(text="Rested."),
+        ]
+    ),
+    tools=[gated_nap],
+)
+
+
+def test_ctrl_c_while_approve_runs_the_turn_ends_it_and_gives_the_lease_back(url: str) -> None:
+    """`approve REQUEST_ID MODULE:RUNTIME` runs the approved call in its process: Ctrl-C while
+    it runs ends the command (130, one line, no traceback), the approval stays recorded, and
+    the session's lease is given back, so `chat --session` or a worker resumes the turn now
+    rather than once the lease would have lapsed."""
+    rt = so.Runtime([gated_napper], store=url)
+    try:
+        result = rt.generate_sync("napper", "Take a nap")
+    finally:
+        rt.close_sync()
+    session_id, request_id = result.session_id, result.pending[0].id
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "approve", request_id]
+        + ["tests.test_cli_interrupts:gated_napper", "--store", url],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while "tool.started" not in [e.type for e in log(url, session_id)]:
+            assert time.monotonic() < deadline and proc.poll() is None, "the nap never began"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, stderr
+    assert stderr == "interrupted\n", stderr
+    assert "approval.settled" in [e.type for e in log(url, session_id)]
+    assert _lease_taken(url, session_id)
