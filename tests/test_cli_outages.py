@@ -95,16 +95,7 @@ def test_events_follow_rides_out_a_postgres_outage(cluster: PgCluster, tmp_path:
     url = cluster.admin_url
     session_id, request_id = park(url)
     errors = tmp_path / "stderr"
-    with errors.open("w") as stderr:
-        follower = subprocess.Popen(
-            [sys.executable, "-m", "signoff", "events", session_id, "--follow"]
-            + ["--store", f"{url}?outage_grace={GRACE}"],
-            cwd=ROOT,
-            env=python_env(),
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-        )
+    follower = _follow(url, session_id, errors)
     out = _Lines(follower)
     try:
         _until(lambda: out.seqs() == [1, 2, 3, 4, 5], "the events so far")
@@ -135,6 +126,48 @@ def test_events_follow_rides_out_a_postgres_outage(cluster: PgCluster, tmp_path:
     assert said[0].startswith("the store failed, retrying (said again once it works): "), said
     assert "PostgreSQL unavailable" in said[0], said
     assert re.fullmatch(r"the store works again \(it failed for \d+\.\ds\)", said[1]), said
+
+
+def _follow(url: str, session_id: str, stderr_path: Path) -> subprocess.Popen[str]:
+    with stderr_path.open("w") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "signoff", "events", session_id, "--follow"]
+            + ["--store", f"{url}?outage_grace={GRACE}"],
+            cwd=ROOT,
+            env=python_env(),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+
+
+def test_events_follow_started_while_postgres_is_down_waits_for_it(
+    cluster: PgCluster, tmp_path: Path
+) -> None:
+    """Started while the server is down, the follower waits for it as `worker` and `serve` do
+    (it ended with status 1), then prints the log from its start."""
+    url = cluster.admin_url
+    session_id, _ = park(url)
+    cluster.halt()
+    errors = tmp_path / "stderr"
+    follower = _follow(url, session_id, errors)
+    out = _Lines(follower)
+    try:
+        _until(lambda: "retrying" in errors.read_text(), "the follower to say it retries")
+        time.sleep(GRACE + 1)
+        assert follower.poll() is None and out.read() == [], errors.read_text()
+        cluster.resume()
+        _until(lambda: out.seqs() == [1, 2, 3, 4, 5], "the events")
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(timeout=20) == 0
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+        out.close()
+    said = errors.read_text().splitlines()
+    assert said[0].startswith("the store failed, retrying (said again once it works): "), said
+    assert said[1].startswith("the store works again") and said[2:] == ["interrupted"], said
 
 
 def test_a_worker_rides_out_a_postgres_outage_with_a_turn_in_flight(

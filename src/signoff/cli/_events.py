@@ -13,7 +13,13 @@ import typer
 from rich.console import Console
 
 from .._events import Event
-from .._exceptions import SchemaVersionError, StoreError, StoreGone, UsageError
+from .._exceptions import (
+    SchemaVersionError,
+    StoreError,
+    StoreGone,
+    StoreUnavailable,
+    UsageError,
+)
 from .._runtime import Runtime
 from .._text import HIDDEN, escape_as_json
 from ..channels.terminal import compact_json, printable
@@ -131,6 +137,42 @@ def _print(console: Console, event: Event, as_json: bool, follow: bool) -> None:
         sys.stdout.flush()
 
 
+async def _print_log(
+    runtime: Runtime, console: Console, session_id: str, after: int, follow: bool, as_json: bool
+) -> None:
+    """Print the session's events after `after`. Following them, a store that fails is tried
+    again (`_Failing`), from the last event printed: at the start only while it is unavailable
+    (a wrong password or schema ends it at once, as it ends `worker`), later on any store error
+    but a file replaced or a newer schema, which only a restart (or a newer signoff) mends."""
+    seen, checked, opened = after, not after, False
+    failing = _Failing()
+    while True:
+        try:
+            await runtime.open()
+            opened = True
+            if failing.since is not None:
+                await runtime.store.head(session_id)  # it answers again
+                failing.worked()
+            if not checked:  # else silence, and --follow waits for ever
+                head = await runtime.store.head(session_id)
+                if head is not None and after > head:
+                    raise UsageError(
+                        f"--after {after} is past the session's last event ({head}); "
+                        "start from a seq it has"
+                    )
+                checked = True
+            async for event in runtime.events(session_id, seen, follow=follow):
+                _print(console, event, as_json, follow)
+                seen = event.seq
+            return
+        except (StoreGone, SchemaVersionError):
+            raise
+        except StoreError as exc:
+            if not follow or not (opened or isinstance(exc, StoreUnavailable)):
+                raise
+            await asyncio.sleep(failing.failed(exc))
+
+
 @app.command()
 def events(
     session_id: Annotated[str, typer.Argument(metavar="SESSION_ID")],
@@ -152,39 +194,20 @@ def events(
 ) -> None:
     """Print a session's event log.
 
-    With --follow, a store that fails meanwhile (its database restarting) is said on stderr in
-    one line and tried again, each wait longer (up to 5 s), and once it works again the events
-    written since are printed from where it stopped; a SQLite file deleted or replaced, or a
-    schema a newer signoff upgraded, ends it with status 1."""
+    With --follow, a store that fails (its database restarting, or down when it starts) is said
+    on stderr in one line and tried again, each wait longer (up to 5 s), and once it works again
+    the events written since are printed from where it stopped; a SQLite file deleted or
+    replaced, or a schema a newer signoff upgraded, ends it with status 1."""
 
     async def go() -> None:
         with misuse():
             refuse_undecodable({"SESSION_ID": session_id})
         console = out()
-        async with Runtime([], store=reading_store(store_of(target, store))) as runtime:
-            head = await runtime.store.head(session_id) if after else None
-            if head is not None and after > head:  # else silence, and --follow waits for ever
-                raise UsageError(
-                    f"--after {after} is past the session's last event ({head}); "
-                    "start from a seq it has"
-                )
-            seen = after
-            failing = _Failing()
-            while True:
-                try:
-                    if failing.since is not None:
-                        await runtime.store.head(session_id)  # it answers again
-                        failing.worked()
-                    async for event in runtime.events(session_id, seen, follow=follow):
-                        _print(console, event, as_json, follow)
-                        seen = event.seq
-                    return
-                except (StoreGone, SchemaVersionError):
-                    raise  # only a restart (or an upgrade of signoff) mends it
-                except StoreError as exc:
-                    if not follow:
-                        raise
-                    await asyncio.sleep(failing.failed(exc))
+        runtime = Runtime([], store=reading_store(store_of(target, store)))
+        try:
+            await _print_log(runtime, console, session_id, after, follow, as_json)
+        finally:
+            await runtime.close()
 
     try:
         run(go())
