@@ -170,17 +170,27 @@ def test_events_follow_started_while_postgres_is_down_waits_for_it(
     assert said[1].startswith("the store works again") and said[2:] == ["interrupted"], said
 
 
+@pytest.mark.parametrize(
+    "lease_ttl", [30.0, 2.0], ids=["within-the-lease", "longer-than-the-lease"]
+)
 def test_a_worker_rides_out_a_postgres_outage_with_a_turn_in_flight(
-    cluster: PgCluster, tmp_path: Path
+    cluster: PgCluster, tmp_path: Path, lease_ttl: float
 ) -> None:
     """The server stops while a worker runs an approved tool: the tool's result cannot be
     written, nor the lease renewed, nor sessions claimed. The worker logs each failure once,
     as one line, and keeps trying; once the server is back it records the result it kept
-    (the tool is not run again) and the turn completes, its log gapless. SIGTERM ends it, 0."""
+    (the tool is not run again, also when the outage outlasted the lease and the worker claims
+    the session anew) and the turn completes, its log gapless. SIGTERM ends it, 0."""
     url = cluster.admin_url
     records, hold = tmp_path / "runs.jsonl", tmp_path / "hold"
     worker = start_worker(
-        f"{url}?outage_grace={GRACE}", tmp_path, "w", records, hold=hold, sweep_every=0.5
+        f"{url}?outage_grace={GRACE}",
+        tmp_path,
+        "w",
+        records,
+        hold=hold,
+        sweep_every=0.5,
+        lease_ttl=lease_ttl,
     )
     try:
         front = so.Runtime([make_agent(str(records))], store=url, inline=False)
@@ -197,7 +207,7 @@ def test_a_worker_rides_out_a_postgres_outage_with_a_turn_in_flight(
         hold.touch()  # the tool ends while the server is down
         _until(lambda: [r[0] for r in read_records(records)] == ["start", "done"], "the tool")
         _until(lambda: "WARNING" in worker.log(), "the worker to log the outage")
-        time.sleep(GRACE + 1)
+        time.sleep(GRACE + 1 + (lease_ttl if lease_ttl < GRACE * 5 else 0))  # lapsed, or not
         assert worker.proc.poll() is None, worker.log()
         cluster.resume()
         _until(
