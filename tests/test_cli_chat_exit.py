@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from signoff.cli import app
 
-from ._cli import TARGET, flaky_step, invoke, park, url
+from ._cli import TARGET, flaky_step, invoke, log, park, url
 
 __all__ = ["url"]  # the fixture, used by name
 
@@ -62,6 +63,23 @@ def test_chat_exits_0_when_it_leaves_a_request_pending(url: str) -> None:
     chat = CliRunner().invoke(app, ["chat", TARGET, "--store", url], input="refund 1042\n")
     assert "left " in chat.output and " pending" in chat.output
     assert chat.exit_code == 0, chat.output
+
+
+@pytest.mark.parametrize("then", ["/exit\n", "/quit\n", ""], ids=["exit", "quit", "end"])
+def test_leaving_at_a_denials_reason_prompt_leaves_the_request_pending(url: str, then: str) -> None:
+    """`/exit` (or the input's end) typed at the "Reason (optional)" prompt after `n` denied
+    the call with no reason, and chat went on as if nothing were left: `/exit` and Ctrl-D leave
+    a request pending at its other prompts, as `/help` says. The denial is not sent: the
+    request stays pending, chat says how to answer it later, and nothing else is recorded."""
+    chat = CliRunner().invoke(
+        app, ["chat", TARGET, "--store", url], input=f"refund 1042\nn\n{then}"
+    )
+    assert chat.exit_code == 0, chat.output
+    assert "Reason (optional):" in chat.output
+    assert "left req_" in chat.output and " pending" in chat.output, chat.output
+    assert "denied" not in chat.output
+    (pending,) = json.loads(invoke("pending", "--store", url, "--json").stdout)
+    assert [e.type for e in log(url, pending["session_id"])][-1] == "turn.waiting"
 
 
 def test_chat_of_an_unknown_session_says_so_alone_before_any_header(url: str) -> None:

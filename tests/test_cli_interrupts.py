@@ -73,14 +73,14 @@ def _wait_until_blocked(pid: int, timeout: float = 20) -> None:
 
 @contextlib.contextmanager
 def _chat_at_a_terminal(
-    url: str, preexec_fn: Callable[[], object]
+    url: str, preexec_fn: Callable[[], object], target: str = TARGET
 ) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
     """`signoff chat` of the test agent with a pseudo-terminal for its input and output: the
     terminal's end to type at and read from, and the process (killed if still running once
     the block ends; its stderr piped)."""
     terminal, tty = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
+        [sys.executable, "-m", "signoff", "chat", target, "--store", url],
         cwd=ROOT,
         stdin=tty,
         stdout=tty,
@@ -106,8 +106,14 @@ def _assert_interrupted(proc: subprocess.Popen[bytes], stderr: bytes) -> None:
 @pytest.mark.parametrize("at_once", [False, True], ids=["in-its-read", "as-the-prompt-shows"])
 @pytest.mark.parametrize(
     ("typed", "prompt"),
-    [(b"", b"you:"), (b"refund order 1042\n", b"(y/N)"), (b"", b"signoff chat")],
-    ids=["message", "approval", "header"],
+    [
+        (b"", b"you:"),
+        (b"refund order 1042\n", b"(y/N)"),
+        (b"refund order 1042\nn\n", b"Reason"),
+        (b"a bag of coffee\n", b"or your answer):"),
+        (b"", b"signoff chat"),
+    ],
+    ids=["message", "approval", "reason", "question", "header"],
 )
 def test_one_ctrl_c_at_a_chat_prompt_ends_it(
     url: str, typed: bytes, prompt: bytes, at_once: bool
@@ -121,7 +127,8 @@ def test_one_ctrl_c_at_a_chat_prompt_ends_it(
     def as_at_a_shell() -> None:  # a test runner started in the background ignores SIGINT
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    with _chat_at_a_terminal(url, as_at_a_shell) as (terminal, proc):
+    target = "tests._cli:sizer" if prompt == b"or your answer):" else TARGET
+    with _chat_at_a_terminal(url, as_at_a_shell, target) as (terminal, proc):
         os.write(terminal, typed)
         _read_until(terminal, prompt)
         if not at_once:
@@ -359,3 +366,59 @@ def _napping(url: str) -> str | None:
         return None
     finally:
         rt.close_sync()
+
+
+@so.tool(approval=so.always())
+async def gated_nap(seconds: float) -> str:
+    """Sleep a while, once a person approves."""
+    await asyncio.sleep(seconds)
+    return "rested"
+
+
+gated_napper = so.Agent(
+    name="napper",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(tool_calls=[so.ToolCall(name="gated_nap", input={"seconds": 60})]),
+            so.ModelResponse(text="Rested."),
+        ]
+    ),
+    tools=[gated_nap],
+)
+
+
+def test_ctrl_c_while_approve_runs_the_turn_ends_it_and_gives_the_lease_back(url: str) -> None:
+    """`approve REQUEST_ID MODULE:RUNTIME` runs the approved call in its process: Ctrl-C while
+    it runs ends the command (130, one line, no traceback), the approval stays recorded, and
+    the session's lease is given back, so `chat --session` or a worker resumes the turn now
+    rather than once the lease would have lapsed."""
+    rt = so.Runtime([gated_napper], store=url)
+    try:
+        result = rt.generate_sync("napper", "Take a nap")
+    finally:
+        rt.close_sync()
+    session_id, request_id = result.session_id, result.pending[0].id
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "approve", request_id]
+        + ["tests.test_cli_interrupts:gated_napper", "--store", url],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while "tool.started" not in [e.type for e in log(url, session_id)]:
+            assert time.monotonic() < deadline and proc.poll() is None, "the nap never began"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, stderr
+    assert stderr == "interrupted\n", stderr
+    assert "approval.settled" in [e.type for e in log(url, session_id)]
+    assert _lease_taken(url, session_id)

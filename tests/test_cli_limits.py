@@ -4,7 +4,13 @@ line on stderr says how many were shown of how many, on either store."""
 from __future__ import annotations
 
 import json
+import time
 
+import pytest
+
+import signoff as so
+
+from . import _cli as cli
 from ._cli import invoke, park
 
 NOTE = "showing {} of {}: pass a higher --limit to see more\n"
@@ -38,7 +44,50 @@ def test_sessions_says_that_the_limit_cut_the_list(store_url: str) -> None:
         whole = invoke("sessions", "--store", store_url, *args)
         assert whole.exit_code == 0 and whole.stderr == "", whole.output
     assert "Sessions (3)" in invoke("sessions", "--store", store_url).stdout
-    # a status a passed TTL may read otherwise than the store holds it: no total to trust
     waiting = invoke("sessions", "--store", store_url, "--status", "waiting", "--limit", "1")
-    assert waiting.stderr == "showing 1, and more match: pass a higher --limit to see more\n"
-    assert "Sessions (1 of more)" in waiting.stdout
+    assert waiting.stderr == NOTE.format(1, 3)
+    assert "Sessions (1 of 3)" in waiting.stdout
+
+
+def _park_lapsed(url: str, agent: str) -> str:
+    """A session waiting on an approval whose TTL passed an hour ago, nothing recorded since."""
+    support = so.Agent(
+        name=agent,
+        model=cli.agent.model,
+        tools=[cli.issue_refund],
+        limits=so.Limits(ttl=60),
+    )
+    rt = so.Runtime([support], store=url, clock=lambda: time.time() - 3600)
+    try:
+        r = rt.generate_sync(agent, "Refund order 1042")
+        assert r.status == "waiting"
+        return r.session_id
+    finally:
+        rt.close_sync()
+
+
+@pytest.mark.parametrize("status", ["waiting", "failed"])
+def test_sessions_by_a_status_a_passed_ttl_changes_says_its_exact_total(
+    store_url: str, status: str
+) -> None:
+    """`--status waiting` (or running, failed) cut by `--limit` said "1 of more": a session
+    whose TTL passed unrecorded is still waiting in the store but listed `failed`, so the
+    store's count was no total. It is counted as listed now: the store's count, corrected by
+    the sessions whose TTL passed (read from the store's range of them)."""
+    for _ in range(2):
+        park(store_url)
+    lapsed = {_park_lapsed(store_url, "support") for _ in range(2)}
+    lapsed.add(_park_lapsed(store_url, "other"))
+    whole = invoke("sessions", "--store", store_url, "--status", status, "--json")
+    listed = {r["id"] for r in json.loads(whole.stdout)}
+    assert len(listed) == (3 if status == "failed" else 2) and (listed == lapsed) == (
+        status == "failed"
+    )
+    cut = invoke("sessions", "--store", store_url, "--status", status, "--limit", "1")
+    assert cut.exit_code == 0, cut.output
+    assert cut.stderr == NOTE.format(1, len(listed))
+    assert f"Sessions (1 of {len(listed)})" in cut.stdout
+    mine = invoke(
+        "sessions", "--store", store_url, "--status", status, "--agent", "support", "--limit", "1"
+    )
+    assert mine.stderr == NOTE.format(1, 2), mine.output

@@ -169,6 +169,33 @@ def test_a_store_path_ending_in_a_slash_is_refused(command: list[str], tmp_path:
 
 @pytest.mark.parametrize(
     "command",
+    [["db", "upgrade"], ["chat", TARGET], ["worker", TARGET], ["serve", TARGET], ["pending"]],
+)
+def test_a_store_path_under_a_tilde_is_refused_and_nothing_made(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--store sqlite:///~/state.db` (the home directory meant) made a folder named `~` in the
+    working directory and a store in it; `pending` then said there was none at `~/state.db`."""
+    import uvicorn
+
+    import signoff as so
+
+    async def work(self: so.Runtime, **kw: object) -> None:
+        return None
+
+    monkeypatch.setattr(so.Runtime, "work", work)  # a worker that got so far stops
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: None)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, [*command, "--store", "sqlite:///~/state.db"], input="")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: StoreError: SQLite URL path starts with '~'"), (
+        result.output
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "command",
     [["pending"], ["events", "ses_x"], ["approve", "req_x"], ["db", "upgrade"], ["worker", TARGET]],
 )
 def test_a_store_path_that_is_a_fifo_is_named_as_one(command: list[str], tmp_path: Path) -> None:

@@ -419,12 +419,17 @@ async def test_default_store_is_dot_signoff(
         ("sqlite:////", so.StoreError, "ends in '/'"),
         ("sqlite:///state.db?mode=ro", so.StoreError, "no query"),
         ("sqlite:////tmp/s.db#x", so.StoreError, "no query"),
+        ("sqlite:///~/state.db", so.StoreError, "'~', which names a folder"),
+        ("sqlite:///~", so.StoreError, "'~', which names a folder"),
         ("mysql://localhost/db", so.UsageError, "unknown store URL"),
         ("state.db", so.UsageError, "unknown store URL"),
         ("sqlite:state.db", so.UsageError, "unknown store URL"),
     ],
 )
 def test_bad_urls_get_clear_errors(url: str, error: type[Exception], match: str) -> None:
+    """`sqlite:///~/state.db` made a folder named `~` in the working directory (nothing expands
+    it in a URL, not even the shell), where a later `rm -rf ~` meant for it would remove the
+    home directory: refused now, naming what to write instead."""
     with pytest.raises(error, match=match):
         so.Runtime([], store=url)
 

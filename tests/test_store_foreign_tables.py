@@ -55,13 +55,15 @@ async def test_a_sqlite_file_with_another_programs_events_table_is_refused(
 
 
 def test_db_upgrade_refuses_a_sqlite_file_with_another_programs_tables(tmp_path: Path) -> None:
-    """`signoff db upgrade` said "schema created" of such a file; it is one error line now."""
+    """`signoff db upgrade` said "schema created" of such a file; it is one error line now,
+    refused before the store opens it, as any other program's database is (`_store_files`)."""
     db = tmp_path / "app.db"
     _foreign_sqlite(db, FOREIGN[0])
     before = db.read_bytes()
     result = invoke("db", "upgrade", "--store", f"sqlite:///{db}")
     assert result.exit_code == 1, result.output
-    assert result.stderr.startswith(f"error: StoreError: {db} has no store schema mark")
+    assert result.stderr.startswith(f"error: UsageError: {db} is not a signoff store but another")
+    assert "(tables: events)" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert db.read_bytes() == before
 

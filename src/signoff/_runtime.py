@@ -20,7 +20,7 @@ from ._answers import Reply as _Reply
 from ._answers import check_principal, check_text
 from ._answers import decisions as _decisions
 from ._cancellation import cancel_specs, stop_calls, withdrawal
-from ._deadlines import expiry_specs, summary_after_expiry
+from ._deadlines import expiry_specs
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
@@ -41,7 +41,7 @@ from ._queue_page import queue_page
 from ._recording import Batch, EventSpec, TurnStopped, load_turn
 from ._results import GenerateResult
 from ._session_cache import check_agent_name, check_session_id, closes_stop, running
-from ._session_page import check_listing, lapsed_page
+from ._session_page import check_listing, session_page
 from ._settings import check_page, finite, flag, seconds
 from ._state import SessionState, turn_over
 from ._sync import blocking_doc, twin
@@ -376,22 +376,7 @@ class Runtime(Auditing):
         await self.open()
         check_page(limit, offset)
         check_listing(agent, status)
-        now = self.now()
-        probes: dict[str, bool] = {}  # which drives hold a turn: asked once a session
-        lapsed = await lapsed_page(self, agent, status, limit, offset, now, probes)
-        if lapsed is not None:
-            return lapsed
-        page = await self.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
-        try:
-            if await self._record_lapsed(page, now, probes):
-                page = await self.store.sessions(
-                    agent=agent, status=status, limit=limit, offset=offset
-                )
-        except StoreError as exc:  # a store this process may only read, say
-            log.warning("sessions whose TTL passed not recorded: %s", exc)
-        held = await self._running_past(page, now, probes)
-        shown = [summary_after_expiry(r, now, held) for r in page]
-        return [r for r in shown if status is None or r.status == status]
+        return await session_page(self, agent, status, limit, offset, self.now(), {})
 
     @closes_stop
     async def state(self, session_id: str) -> SessionState:

@@ -16,7 +16,14 @@ from .stores import InitiatorFilter, SessionSummary, Store
 if TYPE_CHECKING:
     from ._work import Workers
 
-__all__ = ["STATUSES", "check_listing", "counted_sessions", "lapsed_page"]
+__all__ = [
+    "STATUSES",
+    "check_listing",
+    "counted_sessions",
+    "lapsed_page",
+    "session_page",
+    "shown_total",
+]
 
 log = logging.getLogger("signoff.worker")
 
@@ -108,6 +115,54 @@ async def lapsed_page(
         if len(chunk) < CHUNK or seen >= offset + limit:
             return page
         read += CHUNK
+
+
+async def session_page(
+    rt: Workers,
+    agent: str | None,
+    status: str | None,
+    limit: int,
+    offset: int,
+    now: float,
+    probes: dict[str, bool],
+) -> list[SessionSummary]:
+    """The page of `Runtime.sessions` (its arguments checked) as of `now`. `probes` keeps which
+    drives hold a turn, for `shown_total` to reuse: a lease probe is a write."""
+    lapsed = await lapsed_page(rt, agent, status, limit, offset, now, probes)
+    if lapsed is not None:
+        return lapsed
+    page = await rt.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
+    try:
+        if await rt._record_lapsed(page, now, probes):
+            page = await rt.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
+    except StoreError as exc:  # a store this process may only read, say
+        log.warning("sessions whose TTL passed not recorded: %s", exc)
+    held = await rt._running_past(page, now, probes)
+    shown = [summary_after_expiry(r, now, held) for r in page]
+    return [r for r in shown if status is None or r.status == status]
+
+
+async def shown_total(
+    rt: Workers,
+    agent: str | None,
+    status: str | None,
+    now: float,
+    probes: dict[str, bool] | None = None,
+) -> int:
+    """How many sessions `Runtime.sessions` lists with these filters and no limit: the store's
+    count (from its index of sessions by status), less or plus those a passed TTL left
+    unrecorded, which it lists `failed` while the store holds them running or waiting (read
+    from the store's range of those, as `lapsed_page` reads them: none, mostly). Of two reads,
+    so a session another process records meanwhile can shift it by one."""
+    counted = await rt.store.count_sessions(agent=agent, status=status)
+    if status not in _LAPSING:
+        return counted
+    stale = await _stale(rt, agent, now)
+    held = await rt._running_past(stale, now, probes)  # listed as the store holds them
+    shown_failed = [r for r in stale if r.id not in held]
+    if status == "failed":
+        return counted + len(shown_failed)
+    return counted - sum(r.status == status for r in shown_failed)
 
 
 async def _stale(rt: Workers, agent: str | None, now: float) -> list[SessionSummary]:

@@ -183,7 +183,8 @@ class TerminalChannel:
             )
 
     def ask(self, request: InputRequest) -> InputResponse | None:
-        """Show one request, read the answer; None leaves it pending (end of input)."""
+        """Show one request, read the answer; None leaves it pending (the input ended, also at
+        a denial's reason prompt: the denial is not sent)."""
         self.show(request)
         if request.kind == "tool-approval":
             return self._ask_approval(request)
@@ -200,6 +201,8 @@ class TerminalChannel:
                 return InputResponse(request_id=request.id, option_id="approve")
             if answer in _NO:
                 reason = self.read("[bold yellow]?[/] Reason [dim](optional):[/] ")
+                if reason is None:  # the input ended: left pending, as at the question itself
+                    return None
                 return InputResponse(request_id=request.id, option_id="cancel", text=reason or None)
             self.console.print("  [red]answer y or n[/]")
 

@@ -12,10 +12,9 @@ import asyncio
 import getpass
 import importlib
 import inspect
+import logging
 import os
-import sqlite3
 import sys
-import urllib.parse
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn
@@ -36,7 +35,7 @@ from .._text import is_utf8
 from .._types import ModelResponse, Principal
 from ..channels.terminal import compact_json, printable
 from ..models import ModelRequest
-from ..stores import DEFAULT_URL, SQLiteStore, Store, open_store
+from ..stores import DEFAULT_URL
 from ._commands import Group, closed_pipe
 from ._numbers import seconds
 
@@ -129,60 +128,6 @@ LeaseTtlOption = Annotated[
 """`serve`'s and `worker`'s lease TTL, which replaces the loaded runtime's `lease_ttl`."""
 
 
-def existing_store(store: str | None) -> str:
-    """The store URL a reading command uses; a SQLite file that does not exist is a mistyped
-    path (or the wrong directory), refused rather than created empty and reported as empty."""
-    url = DEFAULT_URL if store is None else store  # "" (an unset variable) is refused
-    found = open_store(url)
-    if isinstance(found, SQLiteStore) and found.path != ":memory:":
-        if not os.path.exists(found.path):
-            raise UsageError(
-                f"no store at {found.path} (from {url}): pass --store or set SIGNOFF_STORE; "
-                "serve, worker and chat create one"
-            )
-        if _not_a_store(found.path):
-            raise UsageError(
-                f"{found.path} is not a signoff store (it has no signoff schema): pass the "
-                "store's path with --store or SIGNOFF_STORE; serve, worker and chat create one"
-            )
-    return url
-
-
-def reading_store(store: str | None) -> Store:
-    """The store a command that only reads opens (`pending`, `sessions`, `events`): as
-    `existing_store`, and never upgraded, as that would lock out the older processes still
-    using it; an older schema is a `SchemaVersionError` saying to run `signoff db upgrade`."""
-    url = existing_store(store)
-    if url.startswith("sqlite://"):
-        return SQLiteStore(url, migrate=False)
-    if url.startswith(("postgresql://", "postgres://")):
-        from ..stores.postgres import PostgresStore  # a UsageError without the extra
-
-        return PostgresStore(url, migrate=False)
-    return open_store(url)  # a URL of neither kind: its UsageError
-
-
-def _not_a_store(path: str) -> bool:
-    """Whether the SQLite file at `path` is plainly no signoff store: empty, or a database
-    without signoff's `meta` table, which opening it as a store would write into. Only when no
-    writer has it open (no -wal) and it reads as SQLite; otherwise the store itself decides."""
-    if os.path.exists(f"{path}-wal") or not os.path.isfile(path):  # a folder, a pipe, a device
-        return False
-    if os.path.getsize(path) == 0:
-        return True
-    # as bytes: a path may hold a byte that is not UTF-8, which SQLite takes back from its %XX
-    uri = f"file:{urllib.parse.quote(os.fsencode(os.path.abspath(path)))}?mode=ro&immutable=1"
-    try:
-        conn = sqlite3.connect(uri, uri=True)
-        try:
-            names = conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return False  # not a database at all, or unreadable: the store names the fault
-    return ("meta",) not in names
-
-
 def refuse_undecodable(values: dict[str, str | None]) -> None:
     """Refuse a command-line value holding a byte that is not UTF-8 (Python passes it on as a
     lone surrogate): no id or name can hold one, and the store cannot even look it up."""
@@ -250,22 +195,17 @@ def fail(exc: BaseException) -> NoReturn:
     raise typer.Exit(1)
 
 
-LAPSING = ("running", "waiting", "failed")
-"""The statuses a session whose TTL passed unrecorded is listed under otherwise than stored."""
-
-
-def say_cut(shown: int, total: int | None) -> None:
-    """Say on stderr that `--limit` left some out of a listing (`total` None: an unknown number),
-    so a script reading its JSON on stdout can tell, without a change to that JSON's shape."""
-    if total is not None and total <= shown:
-        return
-    of = "and more match" if total is None else f"of {total}"
-    sep = ", " if total is None else " "
-    err().print(f"showing {shown}{sep}{of}: pass a higher --limit to see more", soft_wrap=True)
+def say_cut(shown: int, total: int) -> None:
+    """Say on stderr that `--limit` left some out of a listing, so a script reading its JSON on
+    stdout can tell, without a change to that JSON's shape."""
+    if total > shown:
+        say = f"showing {shown} of {total}: pass a higher --limit to see more"
+        err().print(say, soft_wrap=True)
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
     """Run one command's coroutine, turning signoff errors into one red line and exit 1."""
+    _quiet_driver()
     try:
         asyncio.run(coro)
     except SignoffError as exc:
@@ -273,6 +213,15 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
     except KeyboardInterrupt:
         err().print("[dim]interrupted[/]")
         raise typer.Exit(130) from None
+
+
+def _quiet_driver() -> None:
+    """Keep psycopg's pool from printing each failed reconnection on stderr (several a second
+    while PostgreSQL is down) through Python's last-resort handler, where a command says what
+    failed in one line; logging set up for them (`worker`, `serve`, an application) has them."""
+    driver = logging.getLogger("psycopg")
+    if not any(type(h) is logging.NullHandler for h in driver.handlers):
+        driver.addHandler(logging.NullHandler())
 
 
 def _version(value: bool) -> None:

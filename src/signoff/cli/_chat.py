@@ -48,6 +48,7 @@ from ._app import (
     split_target,
     tool_line,
 )
+from ._store_files import own_store
 
 _HELP = (
     "[dim]/retry resumes a turn whose model call failed, keeping the answers already given; "
@@ -399,6 +400,7 @@ def chat(
         if sys.stdin is None:  # started with it closed (`<&-`): `input()` would raise
             raise UsageError("chat reads what you type from standard input, which is closed")
         runtime = driving(load_runtime(target, store))
+        own_store(runtime.store)
         if not runtime.agents:
             raise UsageError(f"{target} has no agents to chat with")
         # --session names its agent, so a runtime of several needs no --agent to continue it

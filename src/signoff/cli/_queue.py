@@ -1,4 +1,4 @@
-"""`signoff pending`, `sessions`, `approve`, `deny`, `answer`, `events`: the queue and the logs."""
+"""`signoff pending`, `sessions`, `approve`, `deny`, `answer`: the queue and its answers."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ import contextlib
 import dataclasses
 import json
 import shlex
-import sys
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from typing import Annotated
 
 import typer
@@ -20,7 +18,6 @@ from rich.table import Table
 
 from .._agent import Agent
 from .._audit_trail import response_policy_recorded
-from .._events import Event
 from .._exceptions import (
     AnswerError,
     InvalidAnswer,
@@ -30,13 +27,13 @@ from .._exceptions import (
 )
 from .._queue_page import counted_page
 from .._runtime import Runtime
+from .._session_page import session_page, shown_total
 from .._text import HIDDEN, escape_as_json
 from .._types import InputRequest, InputResponse, Principal
 from .._unlisted import unlisted
 from ..channels.terminal import compact_json, duration, printable
 from ..stores import DEFAULT_URL, PendingFilter, SQLiteStore
 from ._app import (
-    LAPSING,
     AsOption,
     NoModel,
     RuntimeArgument,
@@ -46,12 +43,10 @@ from ._app import (
     driving,
     err,
     error_text,
-    existing_store,
     load_runtime,
     misuse,
     out,
     parse_principal,
-    reading_store,
     refuse_empty_filters,
     refuse_undecodable,
     run,
@@ -59,9 +54,9 @@ from ._app import (
     shown_store,
     split_target,
     store_of,
-    tool_line,
 )
 from ._numbers import whole
+from ._store_files import existing_store, reading_store
 
 LIMIT = whole(1, 100_000)
 SEQ = whole(0, 2**63 - 1)
@@ -157,16 +152,15 @@ def sessions(
 
     async def go() -> None:
         async with Runtime([], store=reading_store(store_of(target, store))) as runtime:
-            rows = await runtime.sessions(agent=agent, status=status, limit=limit + 1)
-            total: int | None = len(rows)
+            now = runtime.now()
+            probes: dict[str, bool] = {}  # lease probes of the page, which the total reuses
+            rows = await session_page(runtime, agent, status, limit + 1, 0, now, probes)
+            total = len(rows)
             if len(rows) > limit:
                 rows = rows[:limit]
-                # A status a passed TTL left unrecorded reads otherwise than the store holds it
-                # (`Runtime.sessions`): the store's count of it is no total to print.
-                total = None
-                if status not in LAPSING:
-                    counted = await runtime.store.count_sessions(agent=agent, status=status)
-                    total = max(counted, limit + 1)  # a session created since the page
+                # counted as the page lists them: one a passed TTL left unrecorded as `failed`
+                counted = await shown_total(runtime, agent, status, now, probes)
+                total = max(counted, limit + 1)  # a session created since the page
         say_cut(len(rows), total)
         if as_json:
             typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
@@ -175,7 +169,7 @@ def sessions(
         if not rows:
             console.print("No sessions.")
             return
-        shown = str(total) if total == len(rows) else f"{len(rows)} of {total or 'more'}"
+        shown = str(total) if total == len(rows) else f"{len(rows)} of {total}"
         table = Table(
             title=f"Sessions ({shown})",
             title_justify="left",
@@ -483,111 +477,3 @@ def answer(
             raise UsageError("answer takes exactly one of --option ID or --text TEXT")
     response = InputResponse(request_id=request_id, option_id=option, text=text)
     run(_settle("answer", request_id, response, target, store, acting_as))
-
-
-# -- the log ----------------------------------------------------------------------------------
-
-
-def _summary(event: Event) -> str:
-    d = event.data
-    t = event.type
-    if t == "session.created":
-        return f"agent={d.get('agent')}"
-    if t == "turn.started":
-        return compact_json(d.get("message"))
-    if t == "model.completed":
-        calls = [f"{c['name']}({compact_json(c.get('input'))})" for c in d.get("tool_calls", [])]
-        parts = ([compact_json(d["text"])] if d.get("text") else []) + calls
-        return "; ".join(parts)
-    if t == "turn.message":
-        queued = " (queued)" if d.get("queued") else ""
-        return compact_json(d.get("message")) + queued
-    if t == "tool.started":
-        return str(d.get("tool_name"))
-    if t == "tool.step":
-        return f"{d.get('tool_name')} step {d.get('name')} -> {compact_json(d.get('result'))}"
-    if t == "approval.candidate":
-        by = (d.get("by") or {}).get("principal_id", "-")
-        return f"{d.get('request_id')} {d.get('decision')} by {by}: {d.get('outcome')}"
-    if t == "tool.completed":
-        return tool_line(d)
-    if t == "input.requested":
-        return ", ".join(
-            f"{r['id']} ({(r.get('action') or {}).get('tool_name') or r.get('kind')})"
-            for r in d.get("requests", [])
-        )
-    if t == "turn.waiting":
-        return f"on {d.get('on')}: {', '.join(d.get('request_ids', []))}"
-    if t == "approval.settled":
-        by = (d.get("by") or {}).get("principal_id", "-")
-        why = f" ({d['reason']})" if d.get("reason") else ""
-        return f"{d.get('request_id')} {d.get('decision')} by {by}{why}"
-    if t == "input.resolved":
-        return f"{d.get('request_id')} {d.get('outcome')}"
-    if t == "turn.completed":
-        return str(d.get("text", ""))  # the answer is the model.completed line before it
-    if t == "turn.failed":
-        retry = " (retryable)" if d.get("retryable") else ""
-        return error_text(d.get("error")) + retry
-    if t == "turn.cancelled":
-        return str(d.get("reason") or "")
-    return ""
-
-
-@app.command()
-def events(
-    session_id: Annotated[str, typer.Argument(metavar="SESSION_ID")],
-    target: RuntimeArgument = None,
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing new events (Ctrl-C stops).")
-    ] = False,
-    after: Annotated[
-        int,
-        typer.Option(
-            "--after",
-            metavar="SEQ",
-            parser=SEQ,
-            help="Start after this seq, a whole number from 0 (the whole log).",
-        ),
-    ] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
-    store: StoreOption = None,
-) -> None:
-    """Print a session's event log."""
-
-    async def go() -> None:
-        with misuse():
-            refuse_undecodable({"SESSION_ID": session_id})
-        console = out()
-        async with Runtime([], store=reading_store(store_of(target, store))) as runtime:
-            head = await runtime.store.head(session_id) if after else None
-            if head is not None and after > head:  # else silence, and --follow waits for ever
-                raise UsageError(
-                    f"--after {after} is past the session's last event ({head}); "
-                    "start from a seq it has"
-                )
-            async for event in runtime.events(session_id, after, follow=follow):
-                if as_json:
-                    line = json.dumps(event.to_dict(), ensure_ascii=False)
-                    # what JSON leaves raw and a terminal may act on or hide: C1 controls (a
-                    # CSI), bidi overrides, lone surrogates (UTF-8 cannot hold them), escaped
-                    typer.echo(HIDDEN.sub(escape_as_json, line))
-                    continue
-                at = datetime.fromtimestamp(event.at).strftime("%H:%M:%S")
-                console.print(
-                    f"{event.seq:>4}  [dim]{at}[/]  [bold]{event.type:<18}[/] "
-                    f"{printable(clip(_summary(event), 160))}",
-                    soft_wrap=True,
-                )
-                if follow:
-                    sys.stdout.flush()
-
-    try:
-        run(go())
-    except typer.Exit as exit_:
-        if follow and exit_.exit_code == 130:
-            raise typer.Exit(0) from None
-        raise
-
-
-# -- workers and the database -------------------------------------------------------------------

@@ -30,6 +30,7 @@ from ._app import (
     split_target,
 )
 from ._numbers import number_of_seconds, seconds, whole
+from ._store_files import own_store
 from ._waiting import open_when_up
 
 PORT = whole(0, 65535)
@@ -364,6 +365,7 @@ async def _check_store(store: Store, up: list[bool]) -> None:
     migrate = getattr(store, "auto_migrate", True)
     if url.startswith("sqlite://"):
         probe: Store = SQLiteStore(url, migrate=migrate)
+        own_store(probe)
     elif url.startswith(("postgresql://", "postgres://")):
         from ..stores.postgres import PostgresStore
 

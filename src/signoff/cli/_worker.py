@@ -21,7 +21,6 @@ from ._app import (
     load_runtime,
     misuse,
     out,
-    reading_store,
     run,
     shown_store,
     split_target,
@@ -29,6 +28,7 @@ from ._app import (
 )
 from ._commands import Group
 from ._numbers import seconds, whole
+from ._store_files import own_store, reading_store
 from ._waiting import open_when_up
 
 CONCURRENCY = whole(1, 100_000)
@@ -94,6 +94,7 @@ def worker(
     async def go() -> None:
         # inline=False: expired deadlines only make sessions runnable; claims drive them
         runtime = load_runtime(target, store)._replaced(lease_ttl=lease_ttl, inline=False)
+        own_store(runtime.store)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         main = asyncio.current_task()
@@ -159,6 +160,7 @@ def db_upgrade(target: RuntimeArgument = None, store: StoreOption = None) -> Non
             where = f"{shown_store(url)}, schema {postgres.schema!r}"
             out().print(f"{_migrated(before, after)} ({printable(where)})")
             return
+        own_store(url)
         async with Runtime([], store=url) as runtime:
             sqlite = runtime.store
             assert isinstance(sqlite, SQLiteStore)  # a URL of neither kind was refused

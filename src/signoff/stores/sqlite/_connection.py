@@ -60,6 +60,11 @@ def _path_from_url(url: str) -> str:
     path = rest[1:]
     if not path:
         raise StoreError(f"SQLite URL names no file: {url!r}")
+    if path == "~" or path.startswith("~/"):  # nothing expands it in a URL, not even a shell
+        raise StoreError(
+            "SQLite URL path starts with '~', which names a folder '~' here, not your home "
+            f"directory (nothing expands it in a URL); give the full path instead: {url!r}"
+        )
     if path.endswith("/"):  # SQLite would open `x/` as the file `x`, creating one if none
         raise StoreError(f"SQLite URL ends in '/', which names a folder, not a file: {url!r}")
     if "?" in path or "#" in path:

@@ -1,0 +1,217 @@
+"""`signoff events`: a session's event log, printed or followed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from datetime import datetime
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from .._events import Event
+from .._exceptions import (
+    SchemaVersionError,
+    StoreError,
+    StoreGone,
+    StoreUnavailable,
+    UsageError,
+)
+from .._runtime import Runtime
+from .._text import HIDDEN, escape_as_json
+from ..channels.terminal import compact_json, printable
+from ._app import (
+    RuntimeArgument,
+    StoreOption,
+    app,
+    clip,
+    err,
+    error_text,
+    misuse,
+    out,
+    refuse_undecodable,
+    run,
+    store_of,
+    tool_line,
+)
+from ._numbers import whole
+from ._store_files import reading_store
+from ._waiting import FIRST_WAIT, LONGEST_WAIT
+
+__all__ = ["events"]
+
+SEQ = whole(0, 2**63 - 1)
+
+
+def _summary(event: Event) -> str:
+    d = event.data
+    t = event.type
+    if t == "session.created":
+        return f"agent={d.get('agent')}"
+    if t == "turn.started":
+        return compact_json(d.get("message"))
+    if t == "model.completed":
+        calls = [f"{c['name']}({compact_json(c.get('input'))})" for c in d.get("tool_calls", [])]
+        parts = ([compact_json(d["text"])] if d.get("text") else []) + calls
+        return "; ".join(parts)
+    if t == "turn.message":
+        queued = " (queued)" if d.get("queued") else ""
+        return compact_json(d.get("message")) + queued
+    if t == "tool.started":
+        return str(d.get("tool_name"))
+    if t == "tool.step":
+        return f"{d.get('tool_name')} step {d.get('name')} -> {compact_json(d.get('result'))}"
+    if t == "approval.candidate":
+        by = (d.get("by") or {}).get("principal_id", "-")
+        return f"{d.get('request_id')} {d.get('decision')} by {by}: {d.get('outcome')}"
+    if t == "tool.completed":
+        return tool_line(d)
+    if t == "input.requested":
+        return ", ".join(
+            f"{r['id']} ({(r.get('action') or {}).get('tool_name') or r.get('kind')})"
+            for r in d.get("requests", [])
+        )
+    if t == "turn.waiting":
+        return f"on {d.get('on')}: {', '.join(d.get('request_ids', []))}"
+    if t == "approval.settled":
+        by = (d.get("by") or {}).get("principal_id", "-")
+        why = f" ({d['reason']})" if d.get("reason") else ""
+        return f"{d.get('request_id')} {d.get('decision')} by {by}{why}"
+    if t == "input.resolved":
+        return f"{d.get('request_id')} {d.get('outcome')}"
+    if t == "turn.completed":
+        return str(d.get("text", ""))  # the answer is the model.completed line before it
+    if t == "turn.failed":
+        retry = " (retryable)" if d.get("retryable") else ""
+        return error_text(d.get("error")) + retry
+    if t == "turn.cancelled":
+        return str(d.get("reason") or "")
+    return ""
+
+
+class _Failing:
+    """A follower's store failing (its database restarting, say): said on stderr when it starts
+    failing and when it works again, not at every try, and tried again less and less often."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.wait = 0.0
+
+    def failed(self, exc: StoreError) -> float:
+        """Note a failure; returns the seconds to wait before the next try."""
+        if self.since is None:
+            self.since = time.monotonic()
+            why = " ".join(str(exc).split())  # a driver's message spans lines
+            _say(f"the store failed, retrying (said again once it works): {why}")
+        self.wait = min(max(FIRST_WAIT, self.wait * 2), LONGEST_WAIT)
+        return self.wait
+
+    def worked(self) -> None:
+        if self.since is not None:
+            _say(f"the store works again (it failed for {time.monotonic() - self.since:.1f}s)")
+        self.since, self.wait = None, 0.0
+
+
+def _say(line: str) -> None:
+    err().print(printable(line), markup=False, soft_wrap=True)
+
+
+def _print(console: Console, event: Event, as_json: bool, follow: bool) -> None:
+    """Print one event: a line of the table, or of JSON."""
+    if as_json:
+        line = json.dumps(event.to_dict(), ensure_ascii=False)
+        # what JSON leaves raw and a terminal may act on or hide: C1 controls (a CSI), bidi
+        # overrides, lone surrogates (UTF-8 cannot hold them), escaped
+        typer.echo(HIDDEN.sub(escape_as_json, line))
+        return
+    at = datetime.fromtimestamp(event.at).strftime("%H:%M:%S")
+    console.print(
+        f"{event.seq:>4}  [dim]{at}[/]  [bold]{event.type:<18}[/] "
+        f"{printable(clip(_summary(event), 160))}",
+        soft_wrap=True,
+    )
+    if follow:
+        sys.stdout.flush()
+
+
+async def _print_log(
+    runtime: Runtime, console: Console, session_id: str, after: int, follow: bool, as_json: bool
+) -> None:
+    """Print the session's events after `after`. Following them, a store that fails is tried
+    again (`_Failing`), from the last event printed: at the start only while it is unavailable
+    (a wrong password or schema ends it at once, as it ends `worker`), later on any store error
+    but a file replaced or a newer schema, which only a restart (or a newer signoff) mends."""
+    seen, checked, opened = after, not after, False
+    failing = _Failing()
+    while True:
+        try:
+            await runtime.open()
+            opened = True
+            if failing.since is not None:
+                await runtime.store.head(session_id)  # it answers again
+                failing.worked()
+            if not checked:  # else silence, and --follow waits for ever
+                head = await runtime.store.head(session_id)
+                if head is not None and after > head:
+                    raise UsageError(
+                        f"--after {after} is past the session's last event ({head}); "
+                        "start from a seq it has"
+                    )
+                checked = True
+            async for event in runtime.events(session_id, seen, follow=follow):
+                _print(console, event, as_json, follow)
+                seen = event.seq
+            return
+        except (StoreGone, SchemaVersionError):
+            raise
+        except StoreError as exc:
+            if not follow or not (opened or isinstance(exc, StoreUnavailable)):
+                raise
+            await asyncio.sleep(failing.failed(exc))
+
+
+@app.command()
+def events(
+    session_id: Annotated[str, typer.Argument(metavar="SESSION_ID")],
+    target: RuntimeArgument = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new events (Ctrl-C stops).")
+    ] = False,
+    after: Annotated[
+        int,
+        typer.Option(
+            "--after",
+            metavar="SEQ",
+            parser=SEQ,
+            help="Start after this seq, a whole number from 0 (the whole log).",
+        ),
+    ] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    store: StoreOption = None,
+) -> None:
+    """Print a session's event log.
+
+    With --follow, a store that fails (its database restarting, or down when it starts) is said
+    on stderr in one line and tried again, each wait longer (up to 5 s), and once it works again
+    the events written since are printed from where it stopped; a SQLite file deleted or
+    replaced, or a schema a newer signoff upgraded, ends it with status 1."""
+
+    async def go() -> None:
+        with misuse():
+            refuse_undecodable({"SESSION_ID": session_id})
+        console = out()
+        runtime = Runtime([], store=reading_store(store_of(target, store)))
+        try:
+            await _print_log(runtime, console, session_id, after, follow, as_json)
+        finally:
+            await runtime.close()
+
+    try:
+        run(go())
+    except typer.Exit as exit_:
+        if follow and exit_.exit_code == 130:
+            raise typer.Exit(0) from None
+        raise
