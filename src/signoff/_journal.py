@@ -83,6 +83,13 @@ class CallJournal:
             self.failed = exc
             raise
 
+    def refused(self) -> None:
+        """Raise the failure of a record of the body's (`failed`): the drive fails, whatever the
+        body made of it (caught, it went on as if the step had failed, though its effect ran),
+        and a retry here records what was kept instead of running it again."""
+        if self.failed is not None:
+            raise self.failed from None
+
     def entries(self) -> Sequence[dict[str, Any] | None]:
         return self._call().journal
 
@@ -114,6 +121,7 @@ class CallJournal:
                 f"ctx.step({name!r}) after call {self.call_id} ended: a branch of its body "
                 "outlived it (use asyncio.TaskGroup, which cancels the others); nothing ran"
             )
+        self.refused()  # nothing more runs in a drive that failed to record: a retry steps
         self._busy(1)
         try:
             call = self._call()
@@ -207,6 +215,7 @@ class CallJournal:
     async def open_question(
         self, index: int, question: str, options: list[Option], allow_text: bool
     ) -> str:
+        self.refused()  # a question asked as the drive fails would park the call unseen
         self._busy(1)
         try:
             call = self._call()

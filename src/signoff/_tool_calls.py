@@ -347,6 +347,7 @@ class ToolCalls(DriverPart):
             task, stopped = await self._run_body(tool, ctx, validated, journal)
             too_large = _traced(span, task, self.max_result_bytes(tool))
         if task is None:
+            journal.refused()  # a branch's record refused, which the body caught
             return  # parked on ctx.ask(): the call is "asking" now
         await self._body_ended(call, task, too_large, journal, tool, validated, key, approval)
         if stopped:  # a plain body ran on to its end while its drive was cancelled
@@ -363,32 +364,30 @@ class ToolCalls(DriverPart):
         key: str,
         approval: dict[str, Any] | None,
     ) -> None:
-        """Record how the body of `call` ended: its result, its error, or what it asked for."""
+        """Record how the body of `call` ended: its result, its error, or what it asked for;
+        none of them if the store refused a record of the body's, whatever it made of that."""
         try:
             result = task.result()
-        except ApprovalRequired as signal:
-            await self.request_from_tool(call, signal, journal, tool, validated, key)
-            return
-        except QuestionWithdrawn as exc:
-            cancelled = {"cancelled": True, "reason": str(exc)}
-            await self.end_call(key, journal, [tool_result(call, "cancelled", cancelled)])
-            return
-        except InputUnavailable as exc:
-            unavailable = {"error": f"unavailable: {exc}"}
-            await self.end_call(key, journal, [tool_result(call, "error", unavailable)])
-            return
         except (Exception, asyncio.CancelledError) as exc:
             if not isinstance(exc, Exception) and not own_cancel(exc):
                 raise  # this drive is being cancelled, not failed by the tool
             if isinstance(exc, TurnStopped):
                 raise  # a step or question found the turn cancelled or replaced: not the tool's
-            if journal.failed is not None:  # the store refused a step, or a child its drive: not
-                # the tool's outcome either
-                raise journal.failed from None
-            # A message of megabytes is cut, not stored whole.
-            error = cut(error_text(exc), self.max_result_bytes(tool) // 4)
-            await self.end_call(key, journal, [tool_result(call, "error", {"error": error})])
+            journal.refused()  # the store refused a step, or a child its drive: not the tool's
+            if isinstance(exc, ApprovalRequired):
+                await self.request_from_tool(call, exc, journal, tool, validated, key)
+                return
+            if isinstance(exc, QuestionWithdrawn):
+                cancelled = {"cancelled": True, "reason": str(exc)}
+                await self.end_call(key, journal, [tool_result(call, "cancelled", cancelled)])
+            elif isinstance(exc, InputUnavailable):
+                unavailable = {"error": f"unavailable: {exc}"}
+                await self.end_call(key, journal, [tool_result(call, "error", unavailable)])
+            else:  # a message of megabytes is cut, not stored whole
+                error = cut(error_text(exc), self.max_result_bytes(tool) // 4)
+                await self.end_call(key, journal, [tool_result(call, "error", {"error": error})])
             return
+        journal.refused()  # caught by the body, which went on
         if too_large is not None:
             await self.end_call(key, journal, [tool_result(call, "error", {"error": too_large})])
             return

@@ -1,0 +1,135 @@
+"""A step whose record the store refuses (a full disk) while its tool's body goes on: the effect
+that ran is recorded once the store takes writes, never forgotten, and never run again, on both
+stores."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+
+import pytest
+
+import signoff as so
+
+from ._disk_full import disk
+
+
+def _echo(conversation: list[so.Message]) -> so.ModelResponse:
+    last = conversation[-1]
+    assert isinstance(last, so.ToolResultMessage)
+    return so.ModelResponse(text=json.dumps(last.content))
+
+
+def _agent(plan: so.Tool) -> so.Agent:
+    model = so.models.Scripted(
+        [so.ModelResponse(tool_calls=[so.ToolCall(name="plan", input={"order_id": "7"})]), _echo]
+    )
+    return so.Agent(name="support", model=model, tools=[plan])
+
+
+def _quote(quotes: list[str], fill: Callable[[], None]) -> Callable[[], str]:
+    """A step function with an effect (it counts its runs) that fills the disk on its first run,
+    returning what needs new pages to store: its record is refused."""
+
+    def quote() -> str:
+        quotes.append("quote")
+        if len(quotes) == 1:
+            fill()
+        return os.urandom(32 * 1024).hex()
+
+    return quote
+
+
+async def _ends_once(
+    rt: so.Runtime, quotes: list[str], unfill: Callable[[], None]
+) -> list[so.Event]:
+    """The first drive fails with the store's error, whatever the body made of it; once there is
+    room the call ends as an uninterrupted run would, its step journaled once and run once."""
+    sid = await rt.create_session("support")
+    with pytest.raises(so.StoreError):
+        await rt.generate(session_id=sid, prompt="plan order 7")
+    unfill()
+    done = await rt.generate(session_id=sid)
+    assert done.status == "completed", done
+    events = [e async for e in rt.events(sid, follow=False)]
+    assert [e.data["name"] for e in events if e.type == "tool.step"] == ["quote"]
+    assert [e.data["status"] for e in events if e.type == "tool.completed"] == ["ok"]
+    assert quotes == ["quote"]
+    return events
+
+
+async def test_a_body_that_catches_its_steps_refused_record_does_not_end_its_call(
+    store_url: str,
+) -> None:
+    """The body catches the `StoreError` of its step's record and returns: that result was
+    recorded as the call's, and the quote that ran was in no journal (the drive succeeded, the
+    effect forgotten). The drive fails instead; the next one records the quote kept here."""
+    quotes: list[str] = []
+    rt = so.Runtime([], store=store_url)
+    fill, unfill = disk(rt, store_url)
+
+    @so.tool
+    async def plan(ctx: so.ToolContext, order_id: str) -> str:
+        """Plan a remedy with a journaled quote."""
+        try:
+            quote = await ctx.step("quote", _quote(quotes, fill))
+        except so.StoreError:
+            unfill()  # the store takes writes again: the body's result would be recorded
+            return "no quote"
+        return f"planned {order_id} at {len(quote)}"
+
+    rt.agents["support"] = _agent(plan)
+    async with rt:
+        events = await _ends_once(rt, quotes, unfill)
+    [completed] = [e for e in events if e.type == "tool.completed"]
+    assert completed.data["result"] == "planned 7 at 65536"
+
+
+async def test_a_body_that_retries_its_refused_step_does_not_run_it_again(store_url: str) -> None:
+    """The body catches its step's refused record and steps again: the next occurrence ran the
+    quote a second time. Once the journal failed, a step runs nothing in that drive."""
+    quotes: list[str] = []
+    rt = so.Runtime([], store=store_url)
+    fill, unfill = disk(rt, store_url)
+
+    @so.tool
+    async def plan(ctx: so.ToolContext, order_id: str) -> str:
+        """Plan a remedy with a journaled quote, trying twice."""
+        for _ in range(2):
+            try:
+                quote = await ctx.step("quote", _quote(quotes, fill))
+            except so.StoreError:
+                unfill()
+                continue
+            return f"planned {order_id} at {len(quote)}"
+        return "no quote"
+
+    rt.agents["support"] = _agent(plan)
+    async with rt:
+        await _ends_once(rt, quotes, unfill)
+
+
+async def test_a_body_that_asks_for_approval_after_a_refused_step_does_not_park(
+    store_url: str,
+) -> None:
+    """The body catches its step's refused record and asks for an approval instead: the approval
+    was asked and the quote left out of the journal. The drive fails instead."""
+    quotes: list[str] = []
+    rt = so.Runtime([], store=store_url)
+    fill, unfill = disk(rt, store_url)
+
+    @so.tool
+    async def plan(ctx: so.ToolContext, order_id: str) -> str:
+        """Plan a remedy with a journaled quote, or ask to plan it without one."""
+        try:
+            quote = await ctx.step("quote", _quote(quotes, fill))
+        except so.StoreError:
+            unfill()
+            ctx.request_approval({"plan": order_id, "quote": None})
+        return f"planned {order_id} at {len(quote)}"
+
+    rt.agents["support"] = _agent(plan)
+    async with rt:
+        events = await _ends_once(rt, quotes, unfill)
+    assert not [e for e in events if e.type == "input.requested"]
