@@ -29,15 +29,17 @@ __all__ = ["UNRECORDED_KEPT", "CallJournal"]
 UNRECORDED_KEPT = 1024
 """How many unrecorded outcomes (of calls and of steps) a runtime keeps (the oldest go first)."""
 
-_NOT_THE_STEPS = (StoreError, TurnStopped, ApprovalRequired, QuestionWithdrawn, InputUnavailable)
+_NOT_THE_STEPS = (TurnStopped, ApprovalRequired, QuestionWithdrawn, InputUnavailable)
 """What a step may raise that is about the run, not the step's effect: never journaled, so the
-step runs again on replay (as after a crash). The signals steer the call, not the step; a
-`StoreError` is the store failing (down a moment, the lease lost), after which the drive fails
-and a retry runs the step again (a delegate's child is then created): journaled, the outage
-would be raised again on every replay. Nor is signoff's refusal of the step's function stepping
-or asking (`misuse_in_step`): a bug in the tool's code, which once fixed runs the step. Any other
-exception, a `SignoffError` too, is the step's own failure, which the tool may catch and go on
-from: journaled."""
+step runs again on replay (as after a crash). The signals steer the call, not the step. Nor is
+a failure of the runtime's own (`CallJournal.failed`: a delegate's step creating or starting its
+child on this store, down a moment), after which the drive fails and a retry runs the step again
+(the child is then created): journaled, the outage would be raised again on every replay. Nor
+is signoff's refusal of the step's function stepping or asking (`misuse_in_step`): a bug in the
+tool's code, which once fixed runs the step. Any other exception is the step's own failure,
+which the tool may catch and go on from: journaled, a `SignoffError` too, and a `StoreError` of
+the step's own code (another store's, a signoff server's it called): the journal's own record
+fails apart from the step's function, never inside it."""
 
 
 class CallJournal:
@@ -152,7 +154,8 @@ class CallJournal:
                     del data["result"]
                     raise TooLarge(too_large)
             except Exception as exc:
-                if not returned and (isinstance(exc, _NOT_THE_STEPS) or refused_misuse(exc)):
+                ours = self.failed is not None or refused_misuse(exc)
+                if not returned and (ours or isinstance(exc, _NOT_THE_STEPS)):
                     raise
                 # The step's own failure, which the tool may catch and go on from: journaled,
                 # so a replay takes the same path instead of running the step again.
