@@ -4,6 +4,7 @@ stores."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Callable
@@ -133,3 +134,51 @@ async def test_a_body_that_asks_for_approval_after_a_refused_step_does_not_park(
     async with rt:
         events = await _ends_once(rt, quotes, unfill)
     assert not [e for e in events if e.type == "input.requested"]
+
+
+async def test_a_sibling_step_that_fails_as_the_journal_does_is_journaled_not_run_again(
+    store_url: str,
+) -> None:
+    """Two branches step together; one's record is refused, and the other's step then fails on
+    its own (a declined check): that failure is the step's, journaled (kept while the store is
+    full, recorded by the next drive) like any other, not left out with the drive's failure
+    (the check ran again on the retry)."""
+    quotes: list[str] = []
+    checks: list[str] = []
+    rt = so.Runtime([], store=store_url)
+    fill, unfill = disk(rt, store_url)
+
+    @so.tool
+    async def plan(ctx: so.ToolContext, order_id: str) -> list[object]:
+        """Fetch a quote and check the order together."""
+        quoted_or_refused = asyncio.Event()
+
+        async def check() -> str:
+            await quoted_or_refused.wait()
+            checks.append("check")
+            raise ValueError(f"order {order_id} declined")
+
+        async def quoted() -> str:
+            try:
+                return str(await ctx.step("quote", _quote(quotes, fill)))
+            finally:
+                quoted_or_refused.set()
+
+        both = await asyncio.gather(quoted(), ctx.step("check", check), return_exceptions=True)
+        return [type(r).__name__ if isinstance(r, BaseException) else len(r) for r in both]
+
+    rt.agents["support"] = _agent(plan)
+    async with rt:
+        sid = await rt.create_session("support")
+        with pytest.raises(so.StoreError):
+            await rt.generate(session_id=sid, prompt="plan order 7")
+        unfill()
+        done = await rt.generate(session_id=sid)
+        assert done.status == "completed", done
+        events = [e async for e in rt.events(sid, follow=False)]
+    steps = {e.data["name"]: e.data for e in events if e.type == "tool.step"}
+    assert sorted(steps) == ["check", "quote"] and len(steps) == 2
+    assert steps["check"]["error"]["type"] == "ValueError"
+    [completed] = [e for e in events if e.type == "tool.completed"]
+    assert completed.data["result"] == [65536, "ValueError"]
+    assert (quotes, checks) == (["quote"], ["check"])

@@ -154,7 +154,7 @@ class CallJournal:
                     del data["result"]
                     raise TooLarge(too_large)
             except Exception as exc:
-                ours = self.failed is not None or refused_misuse(exc)
+                ours = exc is self.failed or refused_misuse(exc)  # not a sibling's failure
                 if not returned and (ours or isinstance(exc, _NOT_THE_STEPS)):
                     raise
                 # The step's own failure, which the tool may catch and go on from: journaled,
