@@ -164,12 +164,34 @@ class CallJournal:
                 if over_limit("the step's failure", data["error"], limit) is not None:
                     # A message of megabytes is cut, as a tool's is: replayed as `StepFailed`.
                     data["error"] = failure_of(exc, cut=limit // 4)
-                await self._journaled(held_key, data)
+                await self._journaled_to_end(held_key, data)
                 raise
-            await self._journaled(held_key, data)
+            await self._journaled_to_end(held_key, data)
             return data["result"]
         finally:
             self._busy(-1)
+
+    async def _journaled_to_end(self, held_key: str, data: dict[str, Any]) -> None:
+        """`_journaled`, awaited to its end whatever cancels the body meanwhile (`Runtime.close`:
+        the record may wait for the session's lock, which a sibling's commit holds across its
+        round trips to PostgreSQL): the step's effect ran, so it is recorded and the cancel then
+        goes on, rather than the step run again on resume. Not when the lease was lost: nothing
+        can be recorded then, and another process may be running the call."""
+        record = asyncio.ensure_future(self._journaled(held_key, data))
+        cancelled = False
+        while not record.done():
+            try:
+                await asyncio.wait({record})
+            except asyncio.CancelledError:
+                if self.lost():
+                    record.cancel()
+                    raise
+                cancelled = True
+        if cancelled:
+            if not record.cancelled():
+                record.exception()  # a refused record is kept (`_journaled`): the cancel goes on
+            raise asyncio.CancelledError
+        record.result()
 
     def lost(self) -> bool:
         """Whether the drive's lease was lost (another process may run the call now)."""
