@@ -193,3 +193,58 @@ async def test_an_async_step_whose_record_waits_at_close_is_journaled_and_not_ru
     finally:
         await again.close()
     assert sorted(charges) == ["1111", "2222"]
+
+
+async def test_an_async_tool_whose_outcome_waits_at_close_is_recorded_and_not_run_again(
+    store_url: str,
+) -> None:
+    """An async tool's body returned (its refund done) and the record of its result waited for
+    the session's lock, held by another task across its round trips to the store (a state read
+    or a steer, on PostgreSQL): the close cancelled that wait, nothing was recorded, and the
+    resumed turn ran the refund again. The outcome of a body that ended is recorded before the
+    cancel goes on."""
+    refunds: list[str] = []
+    held, closing = asyncio.Event(), asyncio.Event()
+    rt = so.Runtime([], store=store_url, lease_ttl=600)
+
+    async def hold(sid: str) -> None:
+        async with rt._lock_of(sid):  # as a commit of another task, mid-way
+            held.set()
+            await closing.wait()
+            await asyncio.sleep(0.05)
+
+    holding: list[asyncio.Task[None]] = []
+
+    @so.tool
+    async def refund(ctx: so.ToolContext, order_id: str) -> str:
+        """Refund the order."""
+        refunds.append(order_id)
+        holding.append(asyncio.create_task(hold(ctx.session.id)))
+        await held.wait()
+        return f"refunded {order_id}"
+
+    def agent() -> so.Agent:
+        script = [call_tools(call("refund", order_id="1")), reply("Refunded.")]
+        return scripted_agent("shop", script, tools=[refund])
+
+    rt.agents["shop"] = agent()
+    async with rt:
+        sid = await rt.create_session("shop")
+        turn = asyncio.create_task(rt.generate(session_id=sid, prompt="refund"))
+        lock = rt._lock_of(sid)
+        while not (held.is_set() and lock._waiters):  # the result's record waits for it
+            await asyncio.sleep(0.01)
+        stopping = asyncio.create_task(rt.close())
+        await asyncio.sleep(0.01)
+        closing.set()
+        await stopping
+        with contextlib.suppress(so.UsageError):  # "closed while this call ran"
+            await turn
+        await holding[0]
+    again = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    try:
+        r = await again.generate(session_id=sid)
+        assert r.status == "completed", r
+    finally:
+        await again.close()
+    assert refunds == ["1"]

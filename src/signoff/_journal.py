@@ -11,6 +11,7 @@ from ._exceptions import SignoffError, StoreError, TooLarge, UsageError
 from ._recording import Batch, EventSpec, TurnStopped, dump_request, new_id
 from ._state import CallState, SessionState
 from ._steps import failure_of, raise_recorded
+from ._sync import to_end
 from ._tool_json import jsonable, over_limit, result_bound
 from ._tool_signals import (
     ApprovalRequired,
@@ -177,21 +178,7 @@ class CallJournal:
         round trips to PostgreSQL): the step's effect ran, so it is recorded and the cancel then
         goes on, rather than the step run again on resume. Not when the lease was lost: nothing
         can be recorded then, and another process may be running the call."""
-        record = asyncio.ensure_future(self._journaled(held_key, data))
-        cancelled = False
-        while not record.done():
-            try:
-                await asyncio.wait({record})
-            except asyncio.CancelledError:
-                if self.lost():
-                    record.cancel()
-                    raise
-                cancelled = True
-        if cancelled:
-            if not record.cancelled():
-                record.exception()  # a refused record is kept (`_journaled`): the cancel goes on
-            raise asyncio.CancelledError
-        record.result()
+        await to_end(self._journaled(held_key, data), self.lost)
 
     def lost(self) -> bool:
         """Whether the drive's lease was lost (another process may run the call now)."""
