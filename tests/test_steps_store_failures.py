@@ -5,6 +5,7 @@ stores."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -182,3 +183,52 @@ async def test_a_sibling_step_that_fails_as_the_journal_does_is_journaled_not_ru
     [completed] = [e for e in events if e.type == "tool.completed"]
     assert completed.data["result"] == [65536, "ValueError"]
     assert (quotes, checks) == (["quote"], ["check"])
+
+
+async def test_a_kept_step_whose_record_waits_at_close_is_not_lost(store_url: str) -> None:
+    """A step's record refused, it is kept in the process; the next drive records it from there,
+    and that record waits for the session's lock (another task's commit under way) when the
+    runtime closes: the kept step was taken out and the cancel threw it away, so the runtime,
+    opened again, ran the quote a second time. It is recorded before the cancel goes on."""
+    quotes: list[str] = []
+    rt = so.Runtime([], store=store_url, lease_ttl=600)
+    fill, unfill = disk(rt, store_url)
+
+    @so.tool
+    async def plan(ctx: so.ToolContext, order_id: str) -> str:
+        """Plan a remedy with a journaled quote."""
+        quote = await ctx.step("quote", _quote(quotes, fill))
+        return f"planned {order_id} at {len(quote)}"
+
+    rt.agents["support"] = _agent(plan)
+    held, closing = asyncio.Event(), asyncio.Event()
+
+    async def hold(sid: str) -> None:
+        async with rt._lock_of(sid):  # as a commit of another task, mid-way
+            held.set()
+            await closing.wait()
+            await asyncio.sleep(0.05)
+
+    async with rt:
+        sid = await rt.create_session("support")
+        with pytest.raises(so.StoreError):
+            await rt.generate(session_id=sid, prompt="plan order 7")
+        unfill()
+        holding = asyncio.create_task(hold(sid))
+        await held.wait()
+        turn = asyncio.create_task(rt.generate(session_id=sid))
+        lock = rt._lock_of(sid)
+        while not lock._waiters:  # the kept step's record waits for it
+            await asyncio.sleep(0.01)
+        stopping = asyncio.create_task(rt.close())
+        await asyncio.sleep(0.01)
+        closing.set()
+        await stopping
+        with contextlib.suppress(so.UsageError):  # "closed while this call ran"
+            await turn
+        await holding
+        done = await rt.generate(session_id=sid)  # the runtime opens its store again
+        assert done.status == "completed", done
+        events = [e async for e in rt.events(sid, follow=False)]
+    assert [e.data["name"] for e in events if e.type == "tool.step"] == ["quote"]
+    assert quotes == ["quote"]

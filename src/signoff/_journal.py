@@ -131,7 +131,7 @@ class CallJournal:
             held_key = f"{call.idempotency_key or call.id}\0step\0{keyed}\0{index}\0{name}"
             held = self.driver.unrecorded.pop(held_key, None)
             if held is not None:  # it ran in this process; only recording it failed
-                await self._journaled(held_key, held[0][1])
+                await self._journaled_to_end(held_key, held[0][1])
                 if held[0][1].get("error") is not None:
                     raise_recorded(name, held[0][1]["error"])
                 return held[0][1]["result"]
