@@ -232,3 +232,60 @@ async def test_a_kept_step_whose_record_waits_at_close_is_not_lost(store_url: st
         events = [e async for e in rt.events(sid, follow=False)]
     assert [e.data["name"] for e in events if e.type == "tool.step"] == ["quote"]
     assert quotes == ["quote"]
+
+
+async def test_a_body_parked_on_a_question_after_a_refused_step_fails_its_drive(
+    store_url: str,
+) -> None:
+    """One branch asks a question, the other's step record is refused and caught: the turn
+    parked on the question as if nothing had failed, the quote that ran kept only in this
+    process's memory. The drive fails with the store's error instead; once the question is
+    answered, the body goes on from the quote kept, not run again."""
+    quotes: list[str] = []
+    rt = so.Runtime([], store=store_url)
+    fill, unfill = disk(rt, store_url)
+
+    @so.tool
+    async def plan(ctx: so.ToolContext, order_id: str) -> list[object]:
+        """Fetch a quote while asking how to ship."""
+        asked = asyncio.Event()
+        quote = _quote(quotes, fill)
+
+        async def once_asked() -> str:
+            await asked.wait()  # under way as the question parks the body
+            return quote()
+
+        async def quoted() -> int | None:
+            try:
+                return len(str(await ctx.step("quote", once_asked)))
+            except so.StoreError:
+                return None
+
+        async def how() -> str:
+            ask = asyncio.ensure_future(ctx.ask("Ship how?", ["air", "sea"]))
+            await asyncio.sleep(0.05)  # the question is recorded by now
+            asked.set()
+            return (await ask).value
+
+        return list(await asyncio.gather(quoted(), how()))
+
+    def room_to_park(when: str, label: str) -> None:
+        if (when, label) == ("before", "turn.waiting"):
+            unfill()  # the park itself is not refused: only the step was
+
+    rt.agents["support"] = _agent(plan)
+    async with rt:
+        sid = await rt.create_session("support")
+        rt.store.set_fault_hook(room_to_park)
+        with pytest.raises(so.StoreError):
+            await rt.generate(session_id=sid, prompt="plan order 7")
+        unfill()
+        r = await rt.generate(session_id=sid)
+        assert [p.question for p in r.pending] == ["Ship how?"], r
+        done = await rt.send(sid, "sea")
+        assert done.status == "completed", done
+        events = [e async for e in rt.events(sid, follow=False)]
+    assert [e.data["name"] for e in events if e.type == "tool.step"] == ["quote"]
+    [completed] = [e for e in events if e.type == "tool.completed"]
+    assert completed.data["result"] == [65536, "sea"]
+    assert quotes == ["quote"]
