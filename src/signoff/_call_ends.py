@@ -100,6 +100,11 @@ class CallEnds(DriverPart):
         await to_end(self._end_call(key, journal, specs), journal.lost)
 
     async def _end_call(self, key: str, journal: CallJournal, specs: list[EventSpec]) -> None:
+        # A branch the body left running (a gather whose other branch failed) steps no more,
+        # and its steps under way are journaled into the call before its end, not after it.
+        journal.closed.set()
+        await journal.quiet.wait()
+        journal.refused()  # one of them refused by the store: the drive fails, as in the body
         requests = [
             InputRequest.model_validate(r)
             for kind, data in specs
