@@ -35,6 +35,7 @@ LAYERS: list[set[str]] = [
     {"_mirrors", "_leasing", "_creation"},
     {"_child_sessions"},
     {"_deadlines", "_journal", "_subagents", "_eligibility"},
+    {"_call_ends"},
     {"_model_step", "_tool_calls", "_unlisted", "_queue_page", "_session_page"},
     {"_engine"},
     {"_session_cache"},

@@ -133,24 +133,27 @@ async def test_a_tool_catching_a_missing_file_takes_the_same_path_on_replay(tmp_
     assert reads == ["read"]
 
 
+@pytest.mark.parametrize("error", [so.UsageError, so.StoreError])
 async def test_a_step_raising_a_signoff_error_is_journaled_and_replays_after_a_restart(
-    store_url: str,
+    store_url: str, error: type[so.SignoffError]
 ) -> None:
     """A step's own failure is journaled whatever its class: one that raised `so.UsageError`
-    (a signoff class its function used for a refusal of its own) is not run again after a
-    restart, and its replay raises it again, so the tool that caught it takes the same path."""
+    (a signoff class its function used for a refusal of its own), or `so.StoreError` (its own
+    code's, another store's or a signoff server's it called: not the journal's), is not run
+    again after a restart, and its replay raises it again, so the tool that caught it takes the
+    same path. A `StoreError` was not journaled: the invoice was sent again."""
     sent: list[str] = []
 
     def send_invoice(to: str) -> str:
         sent.append(to)
-        raise so.UsageError(f"invoice to {to} sent, but its receipt was refused")
+        raise error(f"invoice to {to} sent, but its receipt was refused")
 
     @so.tool
     async def invoice(ctx: so.ToolContext) -> dict[str, str]:
         """Send the invoice; if that raises, ask whether to go on."""
         try:
             return {"sent": str(await ctx.step("send", send_invoice, "acme"))}
-        except so.UsageError as exc:
+        except error as exc:
             answer = await ctx.ask(f"{exc}. Go on?", options=["yes", "no"])
             return {"refused": str(exc), "go_on": answer.value}
 
@@ -171,7 +174,7 @@ async def test_a_step_raising_a_signoff_error_is_journaled_and_replays_after_a_r
     }
     assert sent == ["acme"]  # its effect once, though the body ran twice
     [step] = steps
-    assert step.data["error"]["type"] == "UsageError" and "result" not in step.data
+    assert step.data["error"]["type"] == error.__name__ and "result" not in step.data
 
 
 class _Recorded:

@@ -4,6 +4,7 @@ lost, so the turn resumed elsewhere does not run it again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -143,3 +144,107 @@ async def test_a_plain_tool_running_at_close_has_its_result_recorded_and_does_no
     assert refunds == ["1"]
     [result] = tool_results(seen.last)
     assert (result.is_error, result.content) == (False, "refunded 1")
+
+
+async def test_an_async_step_whose_record_waits_at_close_is_journaled_and_not_run_again(
+    store_url: str,
+) -> None:
+    """Two branches step together; as the first one's record is committed the runtime closes.
+    The second's function had returned (its effect ran) and its record waited for the session's
+    lock, which PostgreSQL's commit holds across its round trips: the close cancelled that wait,
+    nothing was journaled, and the resumed turn charged the second card again. A step whose
+    function returned is recorded before the cancel goes on."""
+    charges: list[str] = []
+
+    async def charge(card: str) -> str:
+        charges.append(card)
+        return f"charged {card}"
+
+    @so.tool
+    async def pay(ctx: so.ToolContext) -> list[str]:
+        """Charge both cards."""
+        both = await asyncio.gather(ctx.step("a", charge, "1111"), ctx.step("b", charge, "2222"))
+        return [str(r) for r in both]
+
+    def agent() -> so.Agent:
+        script = [call_tools(call("pay")), reply("Paid.")]
+        return scripted_agent("shop", script, tools=[pay])
+
+    rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    closing: list[asyncio.Task[None]] = []
+
+    def close_at_first_step(when: str, label: str) -> None:
+        if (when, label) == ("before", "tool.step") and not closing:
+            closing.append(asyncio.get_running_loop().create_task(rt.close()))
+
+    async with rt:
+        sid = await rt.create_session("shop")
+        rt.store.set_fault_hook(close_at_first_step)
+        turn = asyncio.create_task(rt.generate(session_id=sid, prompt="pay"))
+        while not closing:
+            await asyncio.sleep(0.01)
+        await closing[0]
+        with contextlib.suppress(so.UsageError):  # "closed while this call ran", if it was
+            await turn
+    again = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    try:
+        r = await again.generate(session_id=sid)
+        assert r.status == "completed", r
+    finally:
+        await again.close()
+    assert sorted(charges) == ["1111", "2222"]
+
+
+async def test_an_async_tool_whose_outcome_waits_at_close_is_recorded_and_not_run_again(
+    store_url: str,
+) -> None:
+    """An async tool's body returned (its refund done) and the record of its result waited for
+    the session's lock, held by another task across its round trips to the store (a state read
+    or a steer, on PostgreSQL): the close cancelled that wait, nothing was recorded, and the
+    resumed turn ran the refund again. The outcome of a body that ended is recorded before the
+    cancel goes on."""
+    refunds: list[str] = []
+    held, closing = asyncio.Event(), asyncio.Event()
+    rt = so.Runtime([], store=store_url, lease_ttl=600)
+
+    async def hold(sid: str) -> None:
+        async with rt._lock_of(sid):  # as a commit of another task, mid-way
+            held.set()
+            await closing.wait()
+            await asyncio.sleep(0.05)
+
+    holding: list[asyncio.Task[None]] = []
+
+    @so.tool
+    async def refund(ctx: so.ToolContext, order_id: str) -> str:
+        """Refund the order."""
+        refunds.append(order_id)
+        holding.append(asyncio.create_task(hold(ctx.session.id)))
+        await held.wait()
+        return f"refunded {order_id}"
+
+    def agent() -> so.Agent:
+        script = [call_tools(call("refund", order_id="1")), reply("Refunded.")]
+        return scripted_agent("shop", script, tools=[refund])
+
+    rt.agents["shop"] = agent()
+    async with rt:
+        sid = await rt.create_session("shop")
+        turn = asyncio.create_task(rt.generate(session_id=sid, prompt="refund"))
+        lock = rt._lock_of(sid)
+        while not (held.is_set() and lock._waiters):  # the result's record waits for it
+            await asyncio.sleep(0.01)
+        stopping = asyncio.create_task(rt.close())
+        await asyncio.sleep(0.01)
+        closing.set()
+        await stopping
+        with contextlib.suppress(so.UsageError):  # "closed while this call ran"
+            await turn
+        await holding[0]
+    again = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    try:
+        r = await again.generate(session_id=sid)
+        assert r.status == "completed", r
+    finally:
+        await again.close()
+    assert refunds == ["1"]

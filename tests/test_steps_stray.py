@@ -57,3 +57,45 @@ async def test_a_step_of_a_branch_left_running_after_its_call_ended_runs_nothing
     [exc] = refused
     assert isinstance(exc, so.UsageError)
     assert "after call" in str(exc) and "ended" in str(exc)
+
+
+async def test_a_step_under_way_when_its_body_fails_is_journaled_before_the_calls_end(
+    store_url: str,
+) -> None:
+    """A gather's branch fails while its sibling's step is under way: the call's error was
+    recorded at once, and the charge, done a moment later, was journaled into the ended call
+    after it, in the middle of the next call's events. Steps under way are journaled first."""
+    charges: list[str] = []
+
+    async def charge() -> str:
+        await asyncio.sleep(0.2)
+        charges.append("charge")
+        return "charged"
+
+    @so.tool
+    async def pay(ctx: so.ToolContext) -> str:
+        """Check the cart and charge the card at once."""
+
+        async def check() -> None:
+            await asyncio.sleep(0.05)
+            raise ValueError("the cart is empty")
+
+        await asyncio.gather(check(), ctx.step("charge", charge))
+        return "paid"  # pragma: no cover
+
+    @so.tool
+    async def ship() -> str:
+        """Ship the order (slowly: the turn goes on while the step is under way)."""
+        await asyncio.sleep(0.6)
+        return "shipped"
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("shop", [call_tools(call("pay"), call("ship")), seen], tools=[pay, ship])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="pay and ship")
+        assert r.status == "completed", r
+        events = [e async for e in rt.events(r.session_id, 0, follow=False)]
+    pay_id = next(e.data["call_id"] for e in events if e.data.get("tool_name") == "pay")
+    of_pay = [(e.type, e.data.get("status")) for e in events if e.data.get("call_id") == pay_id]
+    assert of_pay == [("tool.started", None), ("tool.step", None), ("tool.completed", "error")]
+    assert charges == ["charge"]

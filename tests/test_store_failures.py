@@ -18,6 +18,7 @@ import pytest
 import signoff as so
 from signoff.stores import FaultHook
 
+from ._disk_full import FAIL_INSERTS
 from ._procs import ROOT, read_executions
 
 
@@ -54,15 +55,6 @@ def test_a_disk_full_when_a_tool_ends_keeps_its_result_and_does_not_run_it_again
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     types = Counter(e.type for e in events)
     assert types["tool.completed"] == 1 and types["turn.completed"] == 1, types
-
-
-FAIL_INSERTS = """
-CREATE FUNCTION signoff.disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN RAISE EXCEPTION 'could not extend file: No space left on device' USING ERRCODE = '53100';
-END $$;
-CREATE TRIGGER disk_full BEFORE INSERT ON signoff.events
-FOR EACH ROW EXECUTE FUNCTION signoff.disk_full();
-"""
 
 
 async def test_a_failed_postgres_commit_of_a_tool_result_does_not_run_the_tool_again(

@@ -4,11 +4,14 @@ the tool is made, not an `AttributeError`, a pydantic error or a body that fails
 from __future__ import annotations
 
 import functools
+import re
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Annotated, Any
 
 import pytest
+from pydantic import AfterValidator, BaseModel, Field
 
 import signoff as so
 from signoff.testing import (
@@ -137,3 +140,86 @@ async def test_a_step_given_a_generator_function_is_a_usage_error_before_it_runs
     assert "tool.step" not in types
     [said] = seen
     assert "is a generator function" in said
+
+
+def _hinted_int(count: int = "abc") -> int:  # type: ignore[assignment]
+    return count
+
+
+def _none_for_int(count: int = None) -> int:  # type: ignore[assignment]
+    return count
+
+
+def _under_its_bound(count: Annotated[int, Field(ge=1)] = 0) -> int:
+    return count
+
+
+def _field_default(count: int = Field(default="abc", description="How many.")) -> int:  # type: ignore[assignment]
+    return count
+
+
+def _aliased(count: Annotated[int, Field(alias="n")] = "abc") -> int:  # type: ignore[assignment]
+    return count
+
+
+def _boom(value: int) -> int:
+    raise RuntimeError("no count today")
+
+
+def _validator_raises(size: int = 1, count: Annotated[int, AfterValidator(_boom)] = 2) -> int:
+    return count
+
+
+def _not_a_number(rate: float = float("nan")) -> float:
+    return rate
+
+
+@pytest.mark.parametrize(
+    ("fn", "shown"),
+    [
+        (_hinted_int, "'abc'"),
+        (_none_for_int, "None"),
+        (_under_its_bound, "0"),
+        (_field_default, "'abc'"),
+        (_aliased, "'abc'"),
+        (_validator_raises, "2"),
+        (_not_a_number, "nan"),
+    ],
+    ids=[
+        "str-for-int",
+        "none-for-int",
+        "under-its-bound",
+        "field-default",
+        "aliased",
+        "validator-raises",
+        "nan",
+    ],
+)
+def test_a_default_its_hint_refuses_is_refused(fn: Callable[..., Any], shown: str) -> None:
+    """The model is shown the default in the schema and a call that leaves the parameter out
+    runs the body with it; pydantic does not check defaults, so `count: int = "abc"` gave the
+    body a str (and the model a schema of an integer defaulting to text). A NaN default failed
+    every such call as invalid input (non-finite numbers are refused)."""
+    with pytest.raises(so.UsageError, match=rf"default {re.escape(shown)} of parameter"):
+        so.Tool(fn)
+
+
+class Window(BaseModel):
+    days: int = 7
+
+
+def _fine(
+    a: int | None = None,
+    b: float = 1,
+    c: list[int] = Field(default_factory=list),  # noqa: B008 (pydantic's way)
+    d: Window = Window(),  # noqa: B008 (a model's default)
+    e: Annotated[int, Field(ge=1)] = 3,
+) -> str:
+    return f"{a} {b} {c} {d.days} {e}"
+
+
+def test_defaults_their_hints_take_are_kept_as_they_are() -> None:
+    t = so.Tool(_fine)
+    validated = t.validate({})
+    assert (validated.a, validated.b, validated.c, validated.e) == (None, 1, [], 3)  # type: ignore[attr-defined]
+    assert validated.d == Window()  # type: ignore[attr-defined]

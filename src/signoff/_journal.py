@@ -11,6 +11,7 @@ from ._exceptions import SignoffError, StoreError, TooLarge, UsageError
 from ._recording import Batch, EventSpec, TurnStopped, dump_request, new_id
 from ._state import CallState, SessionState
 from ._steps import failure_of, raise_recorded
+from ._sync import to_end
 from ._tool_json import jsonable, over_limit, result_bound
 from ._tool_signals import (
     ApprovalRequired,
@@ -29,15 +30,17 @@ __all__ = ["UNRECORDED_KEPT", "CallJournal"]
 UNRECORDED_KEPT = 1024
 """How many unrecorded outcomes (of calls and of steps) a runtime keeps (the oldest go first)."""
 
-_NOT_THE_STEPS = (StoreError, TurnStopped, ApprovalRequired, QuestionWithdrawn, InputUnavailable)
+_NOT_THE_STEPS = (TurnStopped, ApprovalRequired, QuestionWithdrawn, InputUnavailable)
 """What a step may raise that is about the run, not the step's effect: never journaled, so the
-step runs again on replay (as after a crash). The signals steer the call, not the step; a
-`StoreError` is the store failing (down a moment, the lease lost), after which the drive fails
-and a retry runs the step again (a delegate's child is then created): journaled, the outage
-would be raised again on every replay. Nor is signoff's refusal of the step's function stepping
-or asking (`misuse_in_step`): a bug in the tool's code, which once fixed runs the step. Any other
-exception, a `SignoffError` too, is the step's own failure, which the tool may catch and go on
-from: journaled."""
+step runs again on replay (as after a crash). The signals steer the call, not the step. Nor is
+a failure of the runtime's own (`CallJournal.failed`: a delegate's step creating or starting its
+child on this store, down a moment), after which the drive fails and a retry runs the step again
+(the child is then created): journaled, the outage would be raised again on every replay. Nor
+is signoff's refusal of the step's function stepping or asking (`misuse_in_step`): a bug in the
+tool's code, which once fixed runs the step. Any other exception is the step's own failure,
+which the tool may catch and go on from: journaled, a `SignoffError` too, and a `StoreError` of
+the step's own code (another store's, a signoff server's it called): the journal's own record
+fails apart from the step's function, never inside it."""
 
 
 class CallJournal:
@@ -83,6 +86,13 @@ class CallJournal:
             self.failed = exc
             raise
 
+    def refused(self) -> None:
+        """Raise the failure of a record of the body's (`failed`): the drive fails, whatever the
+        body made of it (caught, it went on as if the step had failed, though its effect ran),
+        and a retry here records what was kept instead of running it again."""
+        if self.failed is not None:
+            raise self.failed from None
+
     def entries(self) -> Sequence[dict[str, Any] | None]:
         return self._call().journal
 
@@ -114,13 +124,14 @@ class CallJournal:
                 f"ctx.step({name!r}) after call {self.call_id} ended: a branch of its body "
                 "outlived it (use asyncio.TaskGroup, which cancels the others); nothing ran"
             )
+        self.refused()  # nothing more runs in a drive that failed to record: a retry steps
         self._busy(1)
         try:
             call = self._call()
             held_key = f"{call.idempotency_key or call.id}\0step\0{keyed}\0{index}\0{name}"
             held = self.driver.unrecorded.pop(held_key, None)
             if held is not None:  # it ran in this process; only recording it failed
-                await self._journaled(held_key, held[0][1])
+                await self._journaled_to_end(held_key, held[0][1])
                 if held[0][1].get("error") is not None:
                     raise_recorded(name, held[0][1]["error"])
                 return held[0][1]["result"]
@@ -144,7 +155,8 @@ class CallJournal:
                     del data["result"]
                     raise TooLarge(too_large)
             except Exception as exc:
-                if not returned and (isinstance(exc, _NOT_THE_STEPS) or refused_misuse(exc)):
+                ours = exc is self.failed or refused_misuse(exc)  # not a sibling's failure
+                if not returned and (ours or isinstance(exc, _NOT_THE_STEPS)):
                     raise
                 # The step's own failure, which the tool may catch and go on from: journaled,
                 # so a replay takes the same path instead of running the step again.
@@ -153,12 +165,20 @@ class CallJournal:
                 if over_limit("the step's failure", data["error"], limit) is not None:
                     # A message of megabytes is cut, as a tool's is: replayed as `StepFailed`.
                     data["error"] = failure_of(exc, cut=limit // 4)
-                await self._journaled(held_key, data)
+                await self._journaled_to_end(held_key, data)
                 raise
-            await self._journaled(held_key, data)
+            await self._journaled_to_end(held_key, data)
             return data["result"]
         finally:
             self._busy(-1)
+
+    async def _journaled_to_end(self, held_key: str, data: dict[str, Any]) -> None:
+        """`_journaled`, awaited to its end whatever cancels the body meanwhile (`Runtime.close`:
+        the record may wait for the session's lock, which a sibling's commit holds across its
+        round trips to PostgreSQL): the step's effect ran, so it is recorded and the cancel then
+        goes on, rather than the step run again on resume. Not when the lease was lost: nothing
+        can be recorded then, and another process may be running the call."""
+        await to_end(self._journaled(held_key, data), self.lost)
 
     def lost(self) -> bool:
         """Whether the drive's lease was lost (another process may run the call now)."""
@@ -207,6 +227,7 @@ class CallJournal:
     async def open_question(
         self, index: int, question: str, options: list[Option], allow_text: bool
     ) -> str:
+        self.refused()  # a question asked as the drive fails would park the call unseen
         self._busy(1)
         try:
             call = self._call()

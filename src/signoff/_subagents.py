@@ -179,12 +179,13 @@ async def _delegated(ctx: ToolContext, journal: _DelegateJournal, agent: str, me
     source = "message" if journal.can_ask else "schedule"
     key = ctx.idempotency_key("subagent")
     try:
-        create = partial(host.create_child, turn=journal.turn_id)
+        create = partial(_ours, journal, partial(host.create_child, turn=journal.turn_id))
         child = await ctx.step("subagent.session", create, agent, journal.session_id, key)
     except TurnStopped:  # the parent's turn ended after the child's creation, before its record
         await host.abandon_child(_child_id(key), message, who, source, journal.turn_id)
         raise
-    await ctx.step("subagent.turn", host.start_child, child, message, who, source)
+    start = partial(_ours, journal, host.start_child)
+    await ctx.step("subagent.turn", start, child, message, who, source)
     if journal.steered():
         return await _interrupted(host, agent, child)
     try:
@@ -204,6 +205,16 @@ async def _delegated(ctx: ToolContext, journal: _DelegateJournal, agent: str, me
             return await _interrupted(host, agent, child)
         raise SubagentFailed(f"agent {agent!r} (session {child}) waits on nothing to ask")
     return _ended(result, agent, child)
+
+
+async def _ours(journal: _DelegateJournal, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """`fn(*args)`, a step of the runtime's own on its store: a `StoreError` it raises is the
+    runtime's failure (`journal.failed`), not journaled as the step's, so a retry runs it again."""
+    try:
+        return await fn(*args)
+    except StoreError as exc:
+        journal.failed = exc
+        raise
 
 
 def _ended(result: GenerateResult, agent: str, child: str) -> Any:

@@ -24,6 +24,7 @@ __all__ = [
     "in_thread",
     "thread_note",
     "thread_to_end",
+    "to_end",
     "twin",
 ]
 
@@ -266,6 +267,28 @@ async def thread_to_end(
                 raise
             cancelled = True
     return work, cancelled
+
+
+async def to_end(work: Coroutine[Any, Any, T], give_up: Callable[[], bool]) -> T:
+    """`work` (a record of what already happened) awaited to its end whatever cancels the caller
+    meanwhile (`Runtime.close`), and then the cancel raised, so it is not thrown away half done;
+    unless `give_up()` says, when the caller is cancelled, that it cannot succeed (a lost lease):
+    it is cancelled with the caller then."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            if give_up():
+                task.cancel()
+                raise
+            cancelled = True
+    if cancelled:
+        if not task.cancelled():
+            task.exception()  # retrieved: the cancel goes on whatever it raised
+        raise asyncio.CancelledError
+    return task.result()
 
 
 async def called_off_loop(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:

@@ -14,28 +14,24 @@ from pydantic_core import PydanticSerializationError
 
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
 from ._bound_input import as_approved, still_bound
-from ._child_sessions import with_spend
-from ._error_text import error_message, error_text
-from ._exceptions import LeaseLost, StoreError, TooLarge
+from ._call_ends import CallEnds
+from ._exceptions import LeaseLost, TooLarge
 from ._journal import UNRECORDED_KEPT, CallJournal
 from ._recording import (
     Batch,
-    DriverPart,
     EventSpec,
-    TurnStopped,
     denial,
     dump_request,
     invalid_input,
     new_id,
-    own_cancel,
     tool_result,
     waiting_after,
 )
 from ._state import CallState, SessionState
 from ._text import cut
 from ._tool_context import ToolContext
-from ._tool_json import jsonable, over_limit, result_bound
-from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
+from ._tool_json import over_limit
+from ._tool_signals import ApprovalRequired, QuestionWithdrawn
 from ._tools import Tool
 from ._tracing import ToolSpan
 from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, Usage
@@ -44,7 +40,7 @@ from ._verdicts import strictest
 __all__ = ["UNRECORDED_KEPT", "ToolCalls"]
 
 
-class ToolCalls(DriverPart):
+class ToolCalls(CallEnds):
     """Deciding and running a turn's tool calls: a part of `Driver`, mixed into it."""
 
     # -- approvals ----------------------------------------------------------------------------
@@ -349,64 +345,11 @@ class ToolCalls(DriverPart):
             task, stopped = await self._run_body(tool, ctx, validated, journal)
             too_large = _traced(span, task, self.max_result_bytes(tool))
         if task is None:
+            journal.refused()  # a branch's record refused, which the body caught
             return  # parked on ctx.ask(): the call is "asking" now
-        await self._body_ended(call, task, too_large, journal, tool, validated, key, approval)
+        await self.body_ended(call, task, too_large, journal, tool, validated, key, approval)
         if stopped:  # a plain body ran on to its end while its drive was cancelled
             raise asyncio.CancelledError
-
-    async def _body_ended(
-        self,
-        call: CallState,
-        task: asyncio.Future[Any],
-        too_large: str | None,
-        journal: CallJournal,
-        tool: Tool,
-        validated: BaseModel,
-        key: str,
-        approval: dict[str, Any] | None,
-    ) -> None:
-        """Record how the body of `call` ended: its result, its error, or what it asked for."""
-        try:
-            result = task.result()
-        except ApprovalRequired as signal:
-            await self.request_from_tool(call, signal, journal, tool, validated, key)
-            return
-        except QuestionWithdrawn as exc:
-            cancelled = {"cancelled": True, "reason": str(exc)}
-            await self.end_call(key, journal, [tool_result(call, "cancelled", cancelled)])
-            return
-        except InputUnavailable as exc:
-            unavailable = {"error": f"unavailable: {exc}"}
-            await self.end_call(key, journal, [tool_result(call, "error", unavailable)])
-            return
-        except (Exception, asyncio.CancelledError) as exc:
-            if not isinstance(exc, Exception) and not own_cancel(exc):
-                raise  # this drive is being cancelled, not failed by the tool
-            if isinstance(exc, TurnStopped):
-                raise  # a step or question found the turn cancelled or replaced: not the tool's
-            if journal.failed is not None:  # the store refused a step, or a child its drive: not
-                # the tool's outcome either
-                raise journal.failed from None
-            # A message of megabytes is cut, not stored whole.
-            error = cut(error_text(exc), self.max_result_bytes(tool) // 4)
-            await self.end_call(key, journal, [tool_result(call, "error", {"error": error})])
-            return
-        if too_large is not None:
-            await self.end_call(key, journal, [tool_result(call, "error", {"error": too_large})])
-            return
-        if call.edited_input is not None or approval is not None:
-            wrapped: dict[str, Any] = {"result": result}
-            if call.edited_input is not None:
-                # The model proposed other arguments: say so, beside the result.
-                wrapped["note"] = (
-                    "a reviewer edited the arguments before approving; the call ran with "
-                    "edited_input, not the arguments you proposed"
-                )
-                wrapped["edited_input"] = call.edited_input
-            if approval is not None:
-                wrapped["approval"] = approval  # the reason given for approving reaches the model
-            result = wrapped
-        await self.end_call(key, journal, [tool_result(call, "ok", result)])
 
     async def _run_body(
         self, tool: Tool, ctx: ToolContext, validated: BaseModel, journal: CallJournal
@@ -451,113 +394,6 @@ class ToolCalls(DriverPart):
             if lease is not None:
                 lease.body = None
         return task, False
-
-    async def end_call(self, key: str, journal: CallJournal, specs: list[EventSpec]) -> None:
-        """Record the outcome of a call whose body ran. If the store fails to take it (a full
-        disk, a lost database), keep it: a later drive in this process records it instead of
-        running the body, and its side effects, again. An approval the body asked for is such
-        an outcome too: its request is opened from the `input.requested` kept."""
-        requests = [
-            InputRequest.model_validate(r)
-            for kind, data in specs
-            if kind == "input.requested"
-            for r in data["requests"]
-        ]
-        turn = self.state.turn
-        call = (
-            None if turn is None or turn.id != journal.turn_id else turn.calls.get(journal.call_id)
-        )
-        if call is not None and self.host is not None:  # a delegate call: what its child spent
-            specs = await with_spend(self.host.runtime, call, specs)
-        try:
-            await self.record(journal.ending(specs, requests))
-        except StoreError:
-            while len(self.unrecorded) >= UNRECORDED_KEPT:
-                del self.unrecorded[next(iter(self.unrecorded))]  # the oldest
-            self.unrecorded[key] = specs
-            raise
-
-    def _cut(self, call: CallState, decision: dict[str, Any]) -> dict[str, Any]:
-        """`decision` with a reason of megabytes (a reviewer's, as an answer may hold 4 MiB, or a
-        policy's) cut to an eighth of the call's result bound: the model reads it with the
-        result, or twice in a denial, in every later call of the session."""
-        reason = decision.get("reason")
-        cap = result_bound(self.agent.tools.get(call.tool_name), self.agent.limits) // 8
-        if not isinstance(reason, str) or len(reason) <= cap:
-            return decision
-        return {**decision, "reason": cut(reason, cap)}
-
-    def max_result_bytes(self, tool: Tool) -> int:
-        """The bound on `tool`'s results: its own, or its agent's `Limits.max_result_bytes`."""
-        return result_bound(tool, self.agent.limits)
-
-    async def request_from_tool(
-        self,
-        call: CallState,
-        signal: ApprovalRequired,
-        journal: CallJournal,
-        tool: Tool,
-        validated: BaseModel,
-        key: str,
-    ) -> None:
-        """Ask for the approval `tool` raised, showing the reviewer its validated input as a
-        policy's approval shows it (a secret masked, not the model's raw arguments). The body
-        ran: what ends the call is kept if the store fails to take it (`end_call`)."""
-        s = self.state
-        turn = s.turn
-        assert turn is not None
-        if signal.call_id is not None and signal.call_id != call.id:
-            named = signal.call_id if len(signal.call_id) <= 200 else signal.call_id[:200] + "…"
-            error = {
-                "error": f"ApprovalRequired names call {named!r}, not this call {call.id!r}: "
-                "an approval is bound to the call that asks for it"
-            }
-            await self.end_call(key, journal, [tool_result(call, "error", error)])
-            return
-        try:
-            payload = jsonable(signal.payload)
-        except Exception as exc:
-            error = {"error": f"approval payload is not JSON-able: {error_message(exc)}"}
-            await self.end_call(key, journal, [tool_result(call, "error", error)])
-            return
-        limit = self.max_result_bytes(tool)
-        too_large = over_limit("the approval payload is", payload, limit)
-        if too_large is not None:
-            await self.end_call(key, journal, [tool_result(call, "error", {"error": too_large})])
-            return
-        try:
-            shown = tool.approved_form(validated)
-        except PydanticSerializationError as exc:
-            error = {"error": f"the input has no JSON form to show a reviewer: {exc}"}
-            await self.end_call(key, journal, [tool_result(call, "error", error)])
-            return
-        rules, now = tool.approval.rules, self.clock()
-        request = InputRequest(
-            kind="tool-approval",
-            id=new_id("req"),
-            session_id=s.id,
-            turn_id=turn.id,
-            agent=s.agent,
-            action=Action.of(call.id, call.tool_name, shown),
-            options=list(APPROVAL_OPTIONS),
-            payload=payload,
-            source="tool",
-            requested_by=turn.principal,
-            created_at=now,
-            usage=s.usage,
-            # The tool's rules, whoever asks: without them the requester alone settled a
-            # payload under `approvers=2, exclude_requester=True`, and it never expired.
-            approvers=rules.approvers,
-            distinct=rules.distinct,
-            exclude_requester=rules.exclude_requester,
-            expires_at=None if rules.expires_in is None else now + rules.expires_in,
-            on_timeout=rules.on_timeout,
-            escalate_to=rules.escalate_to,
-            response_policy=tool.response_policy is not None,
-        )
-        await self.end_call(
-            key, journal, [("input.requested", {"requests": [dump_request(request)]})]
-        )
 
 
 async def _to_end(task: asyncio.Future[Any]) -> None:

@@ -82,8 +82,14 @@ def holds_mask(validated: BaseModel) -> bool:
 
 def copied(value: Any) -> Any:
     """A copy of journaled JSON, as the log gives it back: a JSON round trip, three times as
-    fast as `copy.deepcopy` for a result of a megabyte."""
+    fast as `copy.deepcopy` for a result of a megabyte. Text, a number, a bool or None is its
+    own copy: nothing can change it."""
+    if value is None or type(value) in _IMMUTABLE:
+        return value
     return json.loads(json.dumps(value))
+
+
+_IMMUTABLE = frozenset({str, int, float, bool})
 
 
 def nests_deeper(value: Any, limit: int = MAX_INPUT_DEPTH) -> bool:

@@ -228,7 +228,40 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseMode
             f"tool {name!r}: its parameters must be JSON types (str, int, float, bool, lists, "
             f"dicts, pydantic models...): {problem}"
         ) from None
+    _check_defaults(model, name)
     return takes_context, model
+
+
+def _check_defaults(model: type[BaseModel], name: str) -> None:
+    """Refuse a default its parameter's hint does not take (`count: int = "abc"`, a NaN): pydantic
+    does not check defaults, so the model was shown it in the schema and a call leaving the
+    parameter out ran the body with it (or failed as invalid input, for a NaN). Each is checked
+    as an assignment to an instance built without validation: no second model to build."""
+    blank = model.model_construct()
+    for field, info in model.model_fields.items():
+        if info.is_required():
+            continue
+        default = info.get_default(call_default_factory=True)
+        try:
+            model.__pydantic_validator__.validate_assignment(blank, field, default)
+        except ValidationError as exc:
+            problem = exc.errors()[0]["msg"]
+        except Exception as exc:  # a validator raising other than ValueError: pydantic passes it
+            problem = f"{type(exc).__name__}: {exc}"
+        else:
+            if non_finite(blank.model_dump(include={field}), ()) is None:
+                continue
+            problem = "a number JSON cannot hold (NaN or infinity)"
+        raise UsageError(
+            f"tool {name!r}: the default {_shown(default)} of parameter {field!r} is not what its "
+            f"type hint takes ({problem}); give it a default of its type (`x: int | None = None` "
+            "for none)"
+        )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "…"
 
 
 @overload
