@@ -1,11 +1,15 @@
 """A lease granted so slowly that it is renewed before its drive uses it, the renewal failing
 (the store unreachable for a moment): the call fails, and the lease is given back, as a
 worker's claim gives back one it could not confirm, so the session can be driven again at
-once rather than once the lease's TTL has passed. On both stores."""
+once rather than once the lease's TTL has passed. So too a lease granted to a call stopped
+before the grant's answer came back. On both stores."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+import pytest
 
 import signoff as so
 from signoff.testing import ManualClock
@@ -90,3 +94,33 @@ async def test_a_new_sessions_lease_that_cannot_be_confirmed_is_given_back(
         assert runs == []
         (summary,) = await rt.sessions()
     await _driven_at_once(store_url, clock, runs, summary.id)
+
+
+async def test_a_lease_granted_to_a_call_stopped_before_the_answer_came_is_given_back(
+    store_url: str,
+) -> None:
+    """The store grants the lease, but the call is stopped (a caller's timeout, `close`) while
+    the answer is on its way (a slow network): the lease, which no drive will use, is given
+    back, not left to lapse after its TTL with the turn unrunnable meanwhile."""
+    runs: list[str] = []
+    clock = ManualClock()
+    async with so.Runtime([_agent(runs)], store=store_url, clock=clock, lease_ttl=TTL) as rt:
+        sid = await rt.create_session("support")
+        acquire = rt.store.acquire_lease
+        granted = asyncio.Event()
+
+        async def slow_answer(*args: Any) -> int | None:
+            token = await acquire(*args)  # granted in the store
+            if token is not None and not granted.is_set():
+                granted.set()
+                await asyncio.sleep(60)  # its answer not read yet when the call stops
+            return token
+
+        rt.store.acquire_lease = slow_answer  # type: ignore[method-assign,assignment]
+        call = asyncio.create_task(rt.generate("support", "Refund", session_id=sid))
+        await asyncio.wait_for(granted.wait(), 10)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert runs == []
+    await _driven_at_once(store_url, clock, runs, sid)

@@ -127,31 +127,41 @@ async def test_a_listing_probes_a_turn_running_past_the_ttl_once(
 ) -> None:
     """Whether a live drive holds a turn the TTL caught running is a lease taken and released
     (a store write): one `rt.sessions()` took it two to four times for one session (its expiry,
-    then which are held, again on the page). The first look's answer is used throughout."""
+    then which are held, again on the page). The first look's answer is used throughout. (The
+    listing is another process's: the drive's own knows it drives the turn, asking nothing.)"""
     clock = ManualClock()
     started, go = asyncio.Event(), asyncio.Event()
-    async with so.Runtime(
-        [slow_agent(started, go)], store=store_url, clock=clock, lease_ttl=600
-    ) as rt:
+    agent = slow_agent(started, go)
+    async with (
+        so.Runtime([agent], store=store_url, clock=clock, lease_ttl=600) as rt,
+        so.Runtime([agent], store=store_url, clock=clock, lease_ttl=600) as other,
+    ):
         turn = asyncio.create_task(rt.generate("a", prompt="hi"))
         try:
             await started.wait()
             clock.advance(61)
-            probes: list[str] = []
-            acquire = rt.store.acquire_lease
-
-            async def counted(session_id: str, *args: Any, **kwargs: Any) -> Any:
-                probes.append(session_id)
-                return await acquire(session_id, *args, **kwargs)
-
-            rt.store.acquire_lease = counted  # type: ignore[method-assign]
-            try:
-                listed = await rt.sessions(status=status)
-            finally:
-                del rt.store.acquire_lease
             shown = [] if status == "failed" else ["running"]
-            assert [r.status for r in listed] == shown
-            assert len(probes) == 1
+            for lister, asked in ((other, 1), (rt, 0)):
+                probes: list[str] = []
+                acquire = lister.store.acquire_lease
+
+                async def counted(
+                    session_id: str,
+                    *args: Any,
+                    probes: list[str] = probes,
+                    acquire: Any = acquire,
+                    **kwargs: Any,
+                ) -> Any:
+                    probes.append(session_id)
+                    return await acquire(session_id, *args, **kwargs)
+
+                lister.store.acquire_lease = counted  # type: ignore[method-assign]
+                try:
+                    listed = await lister.sessions(status=status)
+                finally:
+                    del lister.store.acquire_lease
+                assert [r.status for r in listed] == shown
+                assert len(probes) == asked
         finally:
             go.set()
             assert (await turn).status == "completed"

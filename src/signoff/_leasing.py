@@ -131,6 +131,11 @@ class Leasing:
     # `(token, expiry)`, taken by the drive that holds it (`_hold`).
     _expiries: dict[str, tuple[int, float]]
     _aborts: weakref.WeakValueDictionary[str, AnyLoopEvent]  # each session's abort signal
+    # The drive here that holds each session's lease, or is asking for it (its owner): another
+    # drive here waits for it to end, even once its lease lapsed in the store (a stall), as the
+    # call it runs would otherwise run twice at once. Set by `_acquire` (or `_drive`, for a
+    # lease given it), cleared by `_let_go`.
+    _holders: dict[str, str]
 
     def _unmeasured(self) -> None:
         """No measurement of the store's clock yet: `clock` is read as it is until `open`."""
@@ -239,15 +244,48 @@ class Leasing:
         deadline = time.monotonic() + (self.lease_wait if wait is None else wait)
         delay = 0.005
         while True:
-            now = self.now()
-            token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, now)
-            if token is not None and not await self._confirmed(session_id, owner, token, now):
-                token = None  # born expired, and another owner took it meanwhile
+            token = await self._try_acquire(session_id, owner)
             if token is not None or time.monotonic() >= deadline:
                 return token
             # Jitter: waiters that started together must not all retry in lockstep.
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.2)
+
+    async def _try_acquire(self, session_id: str, owner: str) -> int | None:
+        """One ask for the session's lease, confirmed; None if not granted. Another drive here
+        holding it is waited for as another process's would be, even once its lease lapsed: it
+        still runs (its renewal may yet keep the lease)."""
+        if self._holders.setdefault(session_id, owner) != owner:
+            return None
+        token = None
+        try:
+            now = self.now()
+            try:
+                got = await self.store.acquire_lease(session_id, owner, self.lease_ttl, now)
+            except asyncio.CancelledError:
+                await self._give_back_unseen(session_id, owner)
+                raise
+            if got is not None and await self._confirmed(session_id, owner, got, now):
+                token = got  # else born expired, and another owner took it meanwhile
+        finally:
+            if token is None:
+                self._let_go(session_id, owner)
+        return token
+
+    async def _give_back_unseen(self, session_id: str, owner: str) -> None:
+        """Give back the lease a call stopped while asking for it may have been granted all the
+        same (the answer on its way), which no drive will use: its owner takes it again (a store
+        grants an owner its own lease again) and releases it, so the session is not left
+        unrunnable for its TTL. Failing that, it lapses."""
+        with contextlib.suppress(StoreError):
+            token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, self.now())
+            if token is not None:
+                await self.store.release_lease(session_id, owner, token)
+
+    def _let_go(self, session_id: str, owner: str) -> None:
+        """The drive of `owner` no longer holds the session here (see `_holders`)."""
+        if self._holders.get(session_id) == owner:  # only its owner removes it: no race
+            del self._holders[session_id]
 
     async def _confirmed(self, session_id: str, owner: str, token: int, granted: float) -> bool:
         """`_still_held`, for a lease just granted to this process: one that cannot be confirmed

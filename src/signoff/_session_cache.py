@@ -242,6 +242,7 @@ class SessionCache(Leasing):
         self._expiries: dict[str, tuple[int, float]] = {}  # see `Leasing._hold`
         # The sessions drives of this runtime are running now, with how many each.
         self._driving: Counter[str] = Counter()
+        self._holders: dict[str, str] = {}  # see `Leasing._holders`
         self._opened = False
         self._settings_due = self._settings_warned = False  # see `_record_settings`
         self._sync = SyncBridge()
@@ -462,6 +463,8 @@ class SessionCache(Leasing):
         return busy
 
     async def _probe(self, session_id: str) -> bool:
+        if session_id in self._holders:  # a drive here, even one whose lease lapsed: not taken
+            return True
         token = await self.store.acquire_lease(session_id, self.owner, 1.0, self.now())
         if token is None:
             return True

@@ -194,11 +194,19 @@ class SessionRunner(SessionCache):
         # Known to this process while it runs: a worker here claims no session it drives,
         # even once the lease lapsed under a stall (`Workers._claim`).
         self._driving[session_id] += 1
+        owner: str | None = None  # the owner of the lease this pass holds: see `_holders`
         try:
             for n in range(100):
                 given = claimed or leased
                 if given is not None:
                     (owner, token), claimed, leased = given, None, None
+                    if self._holders.setdefault(session_id, owner) != owner:
+                        # Claimed by a worker here in a race with another drive here, which
+                        # holds the session or is asking for it: that one drives it.
+                        with contextlib.suppress(StoreError):  # else kept in `_unreleased`
+                            await self._release(session_id, owner, token)
+                        state = await self._state(session_id)
+                        return self._result(state, outcomes, busy=runnable(state))
                 else:
                     # One owner per drive, not per runtime: two tasks of this runtime must not
                     # share (and so steal) the session's lease.
@@ -278,6 +286,7 @@ class SessionRunner(SessionCache):
                             await self._release(session_id, owner, token)
                     elif not (failed and keep_on_error):
                         await self._release(session_id, owner, token)
+                    self._let_go(session_id, owner)
                 retry = False
                 if driver is not None and driver.released and not failed:
                     # Its last commit gave the lease back: its state is the store's as of then, so
@@ -292,6 +301,8 @@ class SessionRunner(SessionCache):
                     return self._result(state if ended is None else ended, outcomes)
             raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
         finally:
+            if owner is not None:  # a pass whose lease could not be given back, say
+                self._let_go(session_id, owner)
             self._driving[session_id] -= 1
             if not self._driving[session_id]:
                 del self._driving[session_id]

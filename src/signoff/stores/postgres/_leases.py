@@ -82,7 +82,8 @@ class Leases(Connections):
 
         async def body(conn: Conn) -> psycopg.AsyncCursor[TupleRow]:
             # The session rows stay locked to the statement's end, and a row lock reads a row's
-            # newest version: the heads answered are those the leases were granted at. (The
+            # newest version: the heads answered are those the leases were granted at; a session
+            # with a commit in flight is locked, so passed by (the commit's fence). (The
             # turn is read as of the statement's start: a guess, which the commit checks.)
             # A transaction of its own, sent with its Sync (`_write`): a worker frozen once it
             # is sent (SIGSTOP, a paused VM) holds no lock while the server commits it.
@@ -154,7 +155,8 @@ class Leases(Connections):
             # One statement: no row if the session is unknown, a NULL token if the lease is live.
             # The session row is locked first (as a commit and `claim` lock it, then the lease),
             # so the head read is the newest: a commit running meanwhile is waited for, not
-            # missed by the statement's snapshot.
+            # missed by the statement's snapshot. That wait is the fence: the commit holds the
+            # lease row only `FOR KEY SHARE`, which this statement's update would not wait for.
             cur = await conn.execute(
                 f"WITH x AS (SELECT sk, head, audit_n, audit_hash FROM {s}.sessions "
                 "WHERE id=%s FOR KEY SHARE), "

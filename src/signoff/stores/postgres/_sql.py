@@ -252,10 +252,13 @@ def commit_sql(
             " AND (SELECT turn FROM t) IS NOT DISTINCT FROM %s::text"
         )
     if lease:
-        # A released lease (no owner) keeps its token for the next grant, but fences it.
+        # A released lease (no owner) keeps its token for the next grant, but fences it. Locked
+        # to read the row's newest version, as a takeover committed while `c` waited left it,
+        # but only `FOR KEY SHARE`: a renewal (an UPDATE of no key) need not wait for the commit
+        # (under load the lease lapsed meanwhile); a takeover waits for it at the session row.
         parts.append(
             f"l AS (SELECT CASE WHEN owner <> '' THEN token END AS token FROM {s}.leases "
-            "WHERE sk = (SELECT sk FROM c) FOR SHARE)"
+            "WHERE sk = (SELECT sk FROM c) FOR KEY SHARE)"
         )
         check += " AND (SELECT token FROM l) = %s::bigint"
     parts.append(f"g AS (SELECT c.sk FROM c WHERE {check})")

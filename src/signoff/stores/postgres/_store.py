@@ -1,17 +1,17 @@
 """The PostgreSQL store (`postgresql://…`): psycopg 3, async, over a `psycopg_pool` pool.
 
 Every write is one transaction. A commit is one statement: it locks its session's row (`FOR
-UPDATE`), checks the head, the audit chain head and the lease (held `FOR SHARE`, so a takeover
-waits for it), compare-and-sets the requests it resolves, then writes events, audit entries,
-requests, snapshot and head together and announces itself with `NOTIFY`: a transaction of its
-own, sent with its Sync in one message and one round trip, so a process frozen once it is sent
-(SIGSTOP, a paused VM) holds no lock while the server commits it. Durable commits (an answer,
-a park or an opened request, which a person may be told about) are synchronous; the others may
-skip the WAL flush (`synchronous_commit=off`), like SQLite's `synchronous=NORMAL`. The schema
-lives in its own PostgreSQL schema (`signoff` by default) and is migrated by signoff under an
-advisory lock. This module holds the writes; the pool (`_connections`), the transactions
-(`_transactions`), the reads (`_reads`, `_audit_reads`), the leases (`_leases`) and the LISTEN
-connection (`_changes`) have their own.
+UPDATE`), checks the head, the audit chain head and the lease (a takeover locks the session row
+first, so it waits for the commit; a renewal does not), compare-and-sets the requests it
+resolves, then writes events, audit entries, requests, snapshot and head together and announces
+itself with `NOTIFY`: a transaction of its own, sent with its Sync in one message and one round
+trip, so a process frozen once it is sent (SIGSTOP, a paused VM) holds no lock while the server
+commits it. Durable commits (an answer, a park or an opened request, which a person may be told
+about) are synchronous; the others may skip the WAL flush (`synchronous_commit=off`), like
+SQLite's `synchronous=NORMAL`. The schema lives in its own PostgreSQL schema (`signoff` by
+default) and is migrated by signoff under an advisory lock. This module holds the writes; the
+pool (`_connections`), the transactions (`_transactions`), the reads (`_reads`, `_audit_reads`),
+the leases (`_leases`) and the LISTEN connection (`_changes`) have their own.
 """
 
 from __future__ import annotations
