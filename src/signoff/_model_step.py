@@ -130,7 +130,7 @@ class ModelStep(DriverPart):
                 response = await self._complete(request)
                 if not isinstance(response, ModelResponse):
                     raise ModelError(f"model returned {type(response).__name__}, not ModelResponse")
-                _check_recordable(response, limits)
+                recorded = _check_recordable(response, limits)
                 span.responded(response)
         except (Exception, asyncio.CancelledError) as exc:
             if not isinstance(exc, Exception) and not own_cancel(exc):
@@ -165,14 +165,15 @@ class ModelStep(DriverPart):
                     cid += "_"
                 taken.add(cid)
             seen.add(cid)
-            calls.append({"id": cid, "name": c.name, "input": c.input})
+            # The input as JSON gives it back: a tuple in it is a list live too, as resumed.
+            calls.append({"id": cid, "name": c.name, "input": recorded["tool_calls"][i]["input"]})
         data = {
             "text": response.text,
             "tool_calls": calls,
             "usage": response.usage.model_dump(),
         }
         if response.reasoning and calls:  # only a response with calls needs its reasoning back
-            data["reasoning"] = response.reasoning
+            data["reasoning"] = recorded["reasoning"]
         completed: EventSpec = ("model.completed", data)
 
         def specs(state: SessionState) -> list[EventSpec]:
@@ -329,13 +330,14 @@ def _billed(exc: BaseException) -> Usage | None:
     return billable(exc.usage) if isinstance(exc, ModelError) else None
 
 
-def _check_recordable(response: ModelResponse, limits: Limits) -> None:
+def _check_recordable(response: ModelResponse, limits: Limits) -> dict[str, Any]:
     """Refuse a response the log cannot hold faithfully: one built past validation (fields of
     the wrong type could be recorded but never read back), NaN, infinity or objects that are
     not JSON (a NaN amount slips past `amount > 100`, infinity is read back as null), negative
     usage (which would give budget back) or usage too large to add up, tool-call input or
     reasoning nested deeper than `MAX_INPUT_DEPTH` levels, more tool calls than
-    `max_calls_per_response`, or JSON over `max_response_bytes`."""
+    `max_calls_per_response`, or JSON over `max_response_bytes`. Returns the response as its
+    JSON reads back, which the run records and reads as a resumed one does."""
     problem = _malformed(response)
     if problem is not None:
         raise ModelError(f"model response is malformed: {problem}")
@@ -390,6 +392,7 @@ def _check_recordable(response: ModelResponse, limits: Limits) -> None:
             "(max_response_bytes)",
             usage=usage,
         )
+    return json.loads(text)  # type: ignore[no-any-return]
 
 
 def _malformed(response: ModelResponse) -> str | None:
