@@ -21,7 +21,7 @@ from ._exceptions import (
 )
 from ._results import Outcome
 from ._text import is_blank
-from ._tool_json import copied, holds_mask, key_not_text
+from ._tool_json import copied, holds_mask, key_not_text, nests_deeper
 from ._tools import Tool
 from ._types import (
     Decision,
@@ -220,7 +220,8 @@ def check_decided(request: InputRequest) -> None:
 def check_principal(value: object, name: str) -> Principal | None:
     """Who acts (`auth`, `principal`) is a `so.Principal` or None, its attributes plain JSON:
     a name or a dict failed only where it was recorded, with an `AttributeError`, attributes
-    JSON cannot hold with a bare TypeError or ValueError (and NaN was recorded). Returns it
+    JSON cannot hold with a bare TypeError or ValueError (and NaN was recorded), attributes
+    nested deeper than `MAX_DEPTH` levels failed each request the turn opened. Returns it
     with its attributes as JSON gives them back, as a resumed run reads them (a tuple as a
     list, an IntEnum as an int)."""
     if value is None:
@@ -232,6 +233,9 @@ def check_principal(value: object, name: str) -> Principal | None:
         raise UsageError(f"{name} names no one: {problem}")
     if not value.attributes:
         return value
+    if nests_deeper(value.attributes, MAX_DEPTH):
+        # pydantic cannot write it past about 250 levels: every request its turn opened failed.
+        raise UsageError(f"{name}'s attributes nest deeper than {MAX_DEPTH} levels")
     try:
         text = json.dumps(value.attributes, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
