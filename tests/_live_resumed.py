@@ -18,10 +18,11 @@ from signoff.testing import call, call_tools, reply, scripted_agent, store_conte
 
 __all__ = ["CHANNELS", "Outcome", "Probe", "is_json", "same"]
 
-CHANNELS = ("result", "step", "input", "payload", "decision", "principal")
+CHANNELS = ("result", "step", "input", "payload", "decision", "principal", "state")
 """A tool's result as the model reads it, a step's result as its tool does, a model's call
 input as the tool does, an approval payload as a reviewer does, a decision's value as the model
-reads the call's result, and the caller's attributes as a tool does."""
+reads the call's result, the caller's attributes as a tool does, and every session's state as
+the runtime holds it (`SessionState.to_snapshot()`)."""
 
 YES = "yes"
 
@@ -82,6 +83,8 @@ class Probe:
         self.seen: dict[str, list[Any]] = defaultdict(list)
         self.refused: dict[str, str] = {}
         self.parked: dict[str, so.GenerateResult] = {}
+        # Each session's state as the live runtime holds it, and as the next one loads it.
+        self.states: list[dict[str, Any]] = []
 
     def principal(self) -> so.Principal:
         return so.Principal(authenticator="t", principal_id="ann", attributes={"v": self.value})
@@ -190,9 +193,15 @@ class Probe:
             )
         except so.UsageError:
             self.refused["principal"] = "UsageError"
+        self.states.append(await self.snapshots(rt))
+
+    async def snapshots(self, rt: so.Runtime) -> dict[str, Any]:
+        """The state of each session the probe opened, in its snapshot form."""
+        return {c: (await rt.state(p.session_id)).to_snapshot() for c, p in self.parked.items()}
 
     async def resume(self, rt: so.Runtime) -> None:
         """Go on with every way in from another runtime, as another process would."""
+        self.states.append(await self.snapshots(rt))
         for channel in ("result", "step", "input", "principal"):
             parked = self.parked.get(channel)
             if channel in self.refused or parked is None:
@@ -209,8 +218,8 @@ class Probe:
             await rt.generate(session_id=self.parked["decision"].session_id, prompt="again")
 
     def outcomes(self) -> dict[str, Outcome]:
-        out: dict[str, Outcome] = {}
-        for channel in CHANNELS:
+        out: dict[str, Outcome] = {"state": Outcome(live=self.states[0], resumed=self.states[1])}
+        for channel in CHANNELS[:-1]:
             if channel in self.refused:
                 out[channel] = Outcome(refused=self.refused[channel])
                 continue
