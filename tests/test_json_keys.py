@@ -319,6 +319,92 @@ async def test_a_model_call_whose_input_has_a_key_that_is_not_text_is_a_model_er
         assert not [e for e in events if e.type == "model.completed"]
 
 
+@pytest.mark.parametrize(
+    ("query", "problem"),
+    [
+        (Box(data={7: "seven"}), "key 7 (int) is not text"),
+        (Pair(left={}, right=CLASH), "key 1 (int) is not text"),
+        ([Box(data={"a\ud800": 1})], "key 'a\\ud800' is not valid Unicode text"),
+    ],
+)
+async def test_a_model_call_whose_input_holds_a_model_with_keys_not_text_is_a_model_error(
+    store_url: str, query: Any, problem: str
+) -> None:
+    """Only dicts reached through dicts, lists and tuples were looked at: a model or dataclass
+    in a call's input went past, its dict recorded as JSON writes it (two keys written alike,
+    one lost without a word), or, with a lone surrogate in a key, failing the tool's question
+    with a bare UnicodeEncodeError after the tool ran."""
+    ran: list[Any] = []
+
+    @so.tool
+    async def lookup(query: Any) -> str:
+        """Look up."""
+        ran.append(query)
+        return "found"
+
+    bad = so.ToolCall(name="lookup", input={"query": query})
+    agent = scripted_agent("a", [call_tools(bad), reply("ok")], tools=[lookup])
+    async with so.Runtime([agent], store=store_url) as rt:
+        failed = await rt.generate("a", prompt="go")
+        assert failed.status == "failed" and ran == []
+        assert failed.error is not None and problem in failed.error["message"]
+        events = [e async for e in rt.events(failed.session_id, follow=False)]
+        assert not [e for e in events if e.type == "model.completed"]
+
+
+async def test_reasoning_with_a_key_that_is_not_text_is_a_model_error(store_url: str) -> None:
+    response = call_tools(call("lookup"))
+    response = response.model_copy(update={"reasoning": [{"type": "thinking", "x": {1: "a"}}]})
+
+    @so.tool
+    async def lookup() -> str:
+        """Look up."""
+        return "found"
+
+    agent = scripted_agent("a", [response, reply("ok")], tools=[lookup])
+    async with so.Runtime([agent], store=store_url) as rt:
+        failed = await rt.generate("a", prompt="go")
+        assert failed.status == "failed" and failed.error is not None
+        assert "reasoning that is not plain JSON: its key 1 (int)" in failed.error["message"]
+
+
+@pytest.mark.parametrize("gated", [False, True])
+async def test_a_model_call_whose_input_has_a_key_with_a_lone_surrogate_is_a_model_error(
+    store_url: str, gated: bool
+) -> None:
+    """pydantic cannot write such a key as JSON: for a gated tool, showing the call to a
+    reviewer raised a bare UnicodeEncodeError out of `generate`, and every resume raised it
+    again (the session stayed running for good); an ungated tool ran with it (and a question it
+    asked failed). A lone surrogate in a value is kept as it is, as in a tool's result."""
+    ran: list[Any] = []
+
+    @so.tool(approval=so.always() if gated else None)
+    async def lookup(query: Any) -> str:
+        """Look up."""
+        ran.append(query)
+        return "found"
+
+    bad = so.ToolCall(name="lookup", input={"query": {"a\ud800": "x"}})
+    agent = scripted_agent("a", [call_tools(bad), reply("ok")], tools=[lookup])
+    async with so.Runtime([agent], store=store_url) as rt:
+        failed = await rt.generate("a", prompt="go")
+        assert failed.status == "failed" and ran == []
+        assert failed.error is not None and failed.error["code"] == "model_error"
+        assert "key 'a\\ud800' is not valid Unicode text" in failed.error["message"]
+        events = [e async for e in rt.events(failed.session_id, follow=False)]
+        assert not [e for e in events if e.type == "model.completed"]
+    good = so.ToolCall(name="lookup", input={"query": {"a": "x\ud800"}})
+    agent = scripted_agent("a", [call_tools(good), reply("ok")], tools=[lookup])
+    async with so.Runtime([agent], store=store_url) as rt:
+        done = await rt.generate("a", prompt="go")
+        if gated:
+            rid = done.pending[0].id
+            done = await rt.generate(
+                session_id=done.session_id, approvals=[so.Decision(id=rid, approved=True)]
+            )
+        assert done.status == "completed" and ran == [{"a": "x\ud800"}]
+
+
 def test_a_principal_whose_attributes_have_a_key_that_is_not_text_is_refused() -> None:
     from signoff._answers import check_principal
 

@@ -23,7 +23,8 @@ _PLAIN = (str, int, float, bool, type(None))
 def key_not_text(value: Any) -> str | None:
     """What names the first key of `value`'s dicts (in its dicts, lists and tuples) that is not
     text, or None: stored as JSON it would come back as text, so a value handed to signoff (an
-    answer, a model's call) would read one way live and another resumed."""
+    answer, a model's call) would read one way live and another resumed. A key holding a lone
+    surrogate is not text either: pydantic cannot write it as JSON (a reviewer's form)."""
     stack: list[Any] = [value]
     while stack:
         item = stack.pop()
@@ -31,10 +32,20 @@ def key_not_text(value: Any) -> str | None:
             for key in item:
                 if not isinstance(key, str):
                     return f"key {cut_repr(key)} ({type(key).__name__}) is not text"
+                if not key.isascii() and _lone_surrogate(key):
+                    return f"key {cut_repr(key)} is not valid Unicode text (a lone surrogate)"
             stack.extend(item.values())
         elif isinstance(item, list | tuple):
             stack.extend(item)
     return None
+
+
+def _lone_surrogate(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def cut_repr(value: Any, most: int = 60) -> str:

@@ -355,28 +355,25 @@ def _check_recordable(response: ModelResponse, limits: Limits) -> dict[str, Any]
             "(max_calls_per_response)",
             usage=usage,
         )
-    for c in response.tool_calls:
-        if nests_deeper(c.input):
-            # Recorded, it would fail every later drive: pydantic cannot show it to a reviewer.
-            raise ModelError(
-                f"model response has a call to {cut(c.name, 100)!r} whose input nests deeper "
-                f"than {MAX_INPUT_DEPTH} levels",
-                usage=usage,
-            )
-        problem = key_not_text(c.input)
-        if problem is not None:
-            # Recorded as JSON, the key would be text on replay: the tool would see another input.
-            raise ModelError(
-                f"model response has a call to {cut(c.name, 100)!r} whose input is not plain "
-                f"JSON: its {problem}",
-                usage=usage,
-            )
-    if nests_deeper(response.reasoning):
+    # Checked as given first: pydantic's dump below fails past about 250 levels.
+    r = response
+    for name, given in [(c.name, c.input) for c in r.tool_calls] + [(None, r.reasoning)]:
+        if nests_deeper(given):
+            raise _too_deep(name, usage)
+    try:
+        # Models and dataclasses in it are dicts here, their keys as they are, checked below.
+        data: Any = response.model_dump()
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ModelError(
-            f"model response has reasoning nested deeper than {MAX_INPUT_DEPTH} levels",
-            usage=usage,
-        )
-    data: Any = response.model_dump()
+            f"model response is not plain JSON: {type(exc).__name__}: {exc}", usage=usage
+        ) from None
+    dumped = [(c.name, d["input"]) for c, d in zip(r.tool_calls, data["tool_calls"], strict=True)]
+    for name, given in [*dumped, (None, data["reasoning"])]:
+        if nests_deeper(given):  # a model in it is a level more
+            raise _too_deep(name, usage)
+        problem = key_not_text(given)
+        if problem is not None:
+            raise _not_plain(name, problem, usage)
     try:
         text = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
@@ -393,6 +390,25 @@ def _check_recordable(response: ModelResponse, limits: Limits) -> dict[str, Any]
             usage=usage,
         )
     return json.loads(text)  # type: ignore[no-any-return]
+
+
+def _too_deep(name: str | None, usage: Usage) -> ModelError:
+    """Recorded, input nested this deep would fail every later drive: pydantic cannot show it
+    to a reviewer."""
+    if name is None:
+        what = f"reasoning nested deeper than {MAX_INPUT_DEPTH} levels"
+    else:
+        what = (
+            f"a call to {cut(name, 100)!r} whose input nests deeper than {MAX_INPUT_DEPTH} levels"
+        )
+    return ModelError(f"model response has {what}", usage=usage)
+
+
+def _not_plain(name: str | None, problem: str, usage: Usage) -> ModelError:
+    """Recorded as JSON, a key that is not text would be text on replay: the tool would see
+    another input."""
+    what = "reasoning that is" if name is None else f"a call to {cut(name, 100)!r} whose input is"
+    return ModelError(f"model response has {what} not plain JSON: its {problem}", usage=usage)
 
 
 def _malformed(response: ModelResponse) -> str | None:
