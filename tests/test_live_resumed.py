@@ -56,6 +56,18 @@ async def test_values_json_holds_as_other_types_are_seen_as_json_live_and_resume
     assert set(outcomes) == set(CHANNELS)
 
 
+async def test_two_surrogates_a_step_returns_come_back_as_two(store_url: str) -> None:
+    """Journaled as two code points, the pair came back to the tool as the one character they
+    encode together (the copy went through JSON's `\\u` escapes), live and replayed alike; a
+    caller's attributes holding it likewise."""
+    outcomes = await probe(store_url, ["\ud83d\ude00", {"k": "\ud83d\ude00"}])
+    for channel in ("result", "step", "payload", "principal"):
+        seen = outcomes[channel]
+        assert same(seen.live, seen.resumed), (channel, seen)
+    assert outcomes["step"].live == ["\ud83d\ude00", {"k": "\ud83d\ude00"}]
+    assert outcomes["principal"].live == {"v": ["\ud83d\ude00", {"k": "\ud83d\ude00"}]}
+
+
 async def test_a_callers_attributes_nested_past_what_pydantic_writes_are_refused(
     store_url: str,
 ) -> None:
@@ -102,10 +114,10 @@ def nested(depth: int) -> list[Any]:
 
 TEXT = st.text(st.characters(exclude_categories=()), max_size=4)  # lone surrogates too
 HASHABLE = st.none() | st.booleans() | st.integers() | st.floats() | TEXT
-KEYS = HASHABLE | st.sampled_from(["1", "null", "None", "true", "NaN", "Infinity"])
+KEYS = HASHABLE | st.sampled_from(["1", "null", "None", "true", "NaN", "Infinity", "\ud800"])
 LEAVES = (
     HASHABLE
-    | st.sampled_from([-0.0, 1e308, 5e-324, 2**70, -(2**64), "\x00", "a\ud800"])
+    | st.sampled_from([-0.0, 1e308, 5e-324, 2**70, -(2**64), "\x00", "a\ud800", "\ud83d\ude00"])
     | st.builds(pow, st.just(10), st.just(4300))  # more digits than JSON text may have here
     | st.binary(max_size=3)
     | st.datetimes(timezones=st.none() | st.just(dt.UTC))

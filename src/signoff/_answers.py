@@ -237,7 +237,7 @@ def check_principal(value: object, name: str) -> Principal | None:
         # pydantic cannot write it past about 250 levels: every request its turn opened failed.
         raise UsageError(f"{name}'s attributes nest deeper than {MAX_DEPTH} levels")
     try:
-        text = json.dumps(value.attributes, allow_nan=False)
+        text = json.dumps(value.attributes, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise UsageError(f"{name}'s attributes are not plain JSON: {exc}") from None
     problem = key_not_text(value.attributes)  # recorded, it would read back as text
