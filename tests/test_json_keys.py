@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, field_serializer
 
 import signoff as so
 from signoff._payloads import encode
@@ -67,6 +67,30 @@ def test_jsonable_refuses_clashing_keys_inside_models_and_dataclasses(value: Any
     dataclass, `{1: "a", "1": "b"}` lost a key without a word."""
     with pytest.raises(so.UsageError, match="two keys that JSON writes as the same text"):
         jsonable(value)
+
+
+class Looped(BaseModel):
+    """A model whose field holds itself, which its serializer writes as text."""
+
+    looped: Any
+    data: dict[Any, Any]
+
+    @field_serializer("looped")
+    def _shown(self, value: Any) -> str:
+        return "looped"
+
+
+def test_a_model_field_its_serializer_writes_otherwise_may_hold_itself() -> None:
+    """The keys of a model's fields are looked at where JSON has none of them too: what such
+    a field holds is walked once each, not for ever."""
+    looped: list[Any] = []
+    looped.append(looped)
+    assert jsonable(Looped(looped=looped, data={None: 1})) == {
+        "looped": "looped",
+        "data": {"null": 1},
+    }
+    with pytest.raises(so.UsageError, match="two keys that JSON writes as the same text"):
+        jsonable(Looped(looped=looped, data=CLASH))
 
 
 def test_a_value_with_no_json_form_is_a_usage_error() -> None:

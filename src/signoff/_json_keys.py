@@ -58,7 +58,8 @@ def check_keys(value: Any) -> bool:
     """Raise `UsageError` if a dict of `value` has two keys that JSON writes as the same text
     (`1` and `"1"`): one would be lost. Returns whether a key must be written other than as
     pydantic writes it (`None`, NaN or an infinity: `as_json_keys`). `value` has a JSON form,
-    so it holds no cycle; the fields of a model that its JSON leaves out are not looked at."""
+    so its dicts, lists and tuples hold no cycle; a model's or dataclass's fields may (in one
+    its serializer writes otherwise), so they are walked apart (`_check_fields`)."""
     renamed = False
     stack: list[Any] = [value]
     while stack:
@@ -72,9 +73,22 @@ def check_keys(value: Any) -> bool:
             stack.extend(item.values())
         elif kind is list or kind is tuple:
             stack.extend(item)
-        elif kind in _PLAIN:
+        elif kind not in _PLAIN:
+            renamed = _check_fields(item) or renamed
+    return renamed
+
+
+def _check_fields(value: Any) -> bool:
+    """`check_keys` for what may hold a cycle: each dict, list, model and dataclass once."""
+    renamed = False
+    seen: set[int] = set()
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) in _PLAIN or id(item) in seen:
             continue
-        elif isinstance(item, dict):
+        seen.add(id(item))
+        if isinstance(item, dict):
             if not all(type(key) is str for key in item):
                 renamed = _check_dict(item) or renamed
             stack.extend(item.values())
@@ -87,22 +101,26 @@ def check_keys(value: Any) -> bool:
     return renamed
 
 
-def as_json_keys(value: Any) -> Any:
+def as_json_keys(value: Any, _path: frozenset[int] = frozenset()) -> Any:
     """`value` with its `None`, NaN and infinite keys as JSON writes them (`"null"`, `"NaN"`,
     `"Infinity"`), where pydantic would write `"None"`, `"nan"` and `"inf"`: the rest of the
-    value is rebuilt around them (a model or dataclass copied, never changed)."""
+    value is rebuilt around them (a model or dataclass copied, never changed). What holds
+    itself (in a field its serializer writes otherwise) is left as it is."""
+    if type(value) in _PLAIN or id(value) in _path:
+        return value
+    path = _path | {id(value)}
     if isinstance(value, dict):
-        return {_json_key(k): as_json_keys(v) for k, v in value.items()}
+        return {_json_key(k): as_json_keys(v, path) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [as_json_keys(v) for v in value]
+        return [as_json_keys(v, path) for v in value]
     if isinstance(value, BaseModel):
-        fields = {k: as_json_keys(v) for k, v in value.__dict__.items()}
-        extra = {k: as_json_keys(v) for k, v in (value.__pydantic_extra__ or {}).items()}
+        fields = {k: as_json_keys(v, path) for k, v in value.__dict__.items()}
+        extra = {k: as_json_keys(v, path) for k, v in (value.__pydantic_extra__ or {}).items()}
         return value.model_copy(update={**fields, **extra})
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         rebuilt = copy.copy(value)
         for f in dataclasses.fields(value):
-            object.__setattr__(rebuilt, f.name, as_json_keys(getattr(value, f.name)))
+            object.__setattr__(rebuilt, f.name, as_json_keys(getattr(value, f.name), path))
         return rebuilt
     return value
 
