@@ -23,6 +23,7 @@ LAYERS: list[set[str]] = [
         "_counts",
         "_tool_signals",
         "_sweeps",
+        "_json_keys",
     },
     {"_state_parts", "_tool_json", "_sync"},
     {"_event_handlers"},

@@ -74,7 +74,7 @@ class Answering(Candidates):
         An approval takes `option_id` `approve` or `cancel` (to deny; `text` is the reason), a
         question an option id or `text`. Decisions (`so.Decision`) go to `generate(approvals=)`.
         """
-        check_principal(principal, "principal")
+        principal = check_principal(principal, "principal")
         flag("resume", resume)
         await self.open()
         answers = [

@@ -21,7 +21,7 @@ from ._exceptions import (
 )
 from ._results import Outcome
 from ._text import is_blank
-from ._tool_json import holds_mask, key_not_text
+from ._tool_json import copied, holds_mask, key_not_text, nests_deeper
 from ._tools import Tool
 from ._types import (
     Decision,
@@ -141,6 +141,9 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
         if edited is not None:
             out["edited_input"] = edited
         _check_json(rid, out)
+        # As JSON gives it back: a tuple (or an IntEnum) in it reached the live run as it is
+        # and a resumed one as a list (an int); both read the recorded value now.
+        out["value"] = copied(out["value"])
         return out
     if reply.edited_input is not None:
         raise InvalidAnswer(f"request {rid} is a {request.kind}: it takes no edited input", [rid])
@@ -214,25 +217,33 @@ def check_decided(request: InputRequest) -> None:
         )
 
 
-def check_principal(value: object, name: str) -> None:
+def check_principal(value: object, name: str) -> Principal | None:
     """Who acts (`auth`, `principal`) is a `so.Principal` or None, its attributes plain JSON:
     a name or a dict failed only where it was recorded, with an `AttributeError`, attributes
-    JSON cannot hold with a bare TypeError or ValueError (and NaN was recorded)."""
+    JSON cannot hold with a bare TypeError or ValueError (and NaN was recorded), attributes
+    nested deeper than `MAX_DEPTH` levels failed each request the turn opened. Returns it
+    with its attributes as JSON gives them back, as a resumed run reads them (a tuple as a
+    list, an IntEnum as an int)."""
     if value is None:
-        return
+        return None
     if not isinstance(value, Principal):
         raise UsageError(f"{name} must be a so.Principal, not {type(value).__name__}")
     problem = blank_identity(value)
     if problem is not None:
         raise UsageError(f"{name} names no one: {problem}")
-    if value.attributes:
-        try:
-            json.dumps(value.attributes, allow_nan=False)
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise UsageError(f"{name}'s attributes are not plain JSON: {exc}") from None
-        problem = key_not_text(value.attributes)  # recorded, it would read back as text
-        if problem is not None:
-            raise UsageError(f"{name}'s attributes are not plain JSON: their {problem}")
+    if not value.attributes:
+        return value
+    if nests_deeper(value.attributes, MAX_DEPTH):
+        # pydantic cannot write it past about 250 levels: every request its turn opened failed.
+        raise UsageError(f"{name}'s attributes nest deeper than {MAX_DEPTH} levels")
+    try:
+        text = json.dumps(value.attributes, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise UsageError(f"{name}'s attributes are not plain JSON: {exc}") from None
+    problem = key_not_text(value.attributes)  # recorded, it would read back as text
+    if problem is not None:
+        raise UsageError(f"{name}'s attributes are not plain JSON: their {problem}")
+    return value.model_copy(update={"attributes": json.loads(text)})
 
 
 def blank_identity(principal: Principal) -> str | None:
@@ -377,7 +388,7 @@ def settlement_events(
                 "decision": resolution["decision"],
                 "by": by,
                 "reason": reply.text,
-                "value": reply.value,
+                "value": resolution.get("value"),
                 "edited_input": resolution.get("edited_input"),
                 "approved_by": resolution.get("approved_by"),
             },

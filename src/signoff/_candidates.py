@@ -289,7 +289,7 @@ class Candidates(SessionRunner):
                 **base,
                 "outcome": "pending",
                 "text": reply.text,
-                "value": reply.value,
+                "value": wanted["value"],
                 "edited_input": reply.edited_input,
             }
             if recovered is None:

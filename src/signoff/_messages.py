@@ -61,7 +61,7 @@ class Messages(Answering):
         it stands (`replayed`, see `_replay`), or raises `IdempotencyKeyReused` if the key came
         with another message or `turn_policy`.
         """
-        check_principal(principal, "principal")
+        principal = check_principal(principal, "principal")
         await self.open()
         if not isinstance(message, str):
             raise UsageError(f"send() needs a message: a string, not {type(message).__name__}")

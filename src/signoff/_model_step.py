@@ -140,7 +140,7 @@ class ModelStep(DriverPart):
                 response = await self._complete(request)
                 if not isinstance(response, ModelResponse):
                     raise ModelError(f"model returned {type(response).__name__}, not ModelResponse")
-                _check_recordable(response, limits)
+                recorded = _check_recordable(response, limits)
                 span.responded(response)
         except (Exception, asyncio.CancelledError) as exc:
             if not isinstance(exc, Exception) and not own_cancel(exc):
@@ -177,14 +177,15 @@ class ModelStep(DriverPart):
                     cid += "_"
                 taken.add(cid)
             seen.add(cid)
-            calls.append({"id": cid, "name": c.name, "input": c.input})
+            # The input as JSON gives it back: a tuple in it is a list live too, as resumed.
+            calls.append({"id": cid, "name": c.name, "input": recorded["tool_calls"][i]["input"]})
         data = {
             "text": response.text,
             "tool_calls": calls,
             "usage": response.usage.model_dump(),
         }
         if response.reasoning and calls:  # only a response with calls needs its reasoning back
-            data["reasoning"] = response.reasoning
+            data["reasoning"] = recorded["reasoning"]
         completed: EventSpec = ("model.completed", data)
 
         def specs(state: SessionState) -> list[EventSpec]:
@@ -427,13 +428,14 @@ def _billed(exc: BaseException) -> Usage | None:
     return billable(exc.usage) if isinstance(exc, ModelError) else None
 
 
-def _check_recordable(response: ModelResponse, limits: Limits) -> None:
+def _check_recordable(response: ModelResponse, limits: Limits) -> dict[str, Any]:
     """Refuse a response the log cannot hold faithfully: one built past validation (fields of
     the wrong type could be recorded but never read back), NaN, infinity or objects that are
     not JSON (a NaN amount slips past `amount > 100`, infinity is read back as null), negative
     usage (which would give budget back) or usage too large to add up, tool-call input or
     reasoning nested deeper than `MAX_INPUT_DEPTH` levels, more tool calls than
-    `max_calls_per_response`, or JSON over `max_response_bytes`."""
+    `max_calls_per_response`, or JSON over `max_response_bytes`. Returns the response as its
+    JSON reads back, which the run records and reads as a resumed one does."""
     problem = _malformed(response)
     if problem is not None:
         raise ModelError(f"model response is malformed: {problem}")
@@ -451,28 +453,25 @@ def _check_recordable(response: ModelResponse, limits: Limits) -> None:
             "(max_calls_per_response)",
             usage=usage,
         )
-    for c in response.tool_calls:
-        if nests_deeper(c.input):
-            # Recorded, it would fail every later drive: pydantic cannot show it to a reviewer.
-            raise ModelError(
-                f"model response has a call to {cut(c.name, 100)!r} whose input nests deeper "
-                f"than {MAX_INPUT_DEPTH} levels",
-                usage=usage,
-            )
-        problem = key_not_text(c.input)
-        if problem is not None:
-            # Recorded as JSON, the key would be text on replay: the tool would see another input.
-            raise ModelError(
-                f"model response has a call to {cut(c.name, 100)!r} whose input is not plain "
-                f"JSON: its {problem}",
-                usage=usage,
-            )
-    if nests_deeper(response.reasoning):
+    # Checked as given first: pydantic's dump below fails past about 250 levels.
+    r = response
+    for name, given in [(c.name, c.input) for c in r.tool_calls] + [(None, r.reasoning)]:
+        if nests_deeper(given):
+            raise _too_deep(name, usage)
+    try:
+        # Models and dataclasses in it are dicts here, their keys as they are, checked below.
+        data: Any = response.model_dump()
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ModelError(
-            f"model response has reasoning nested deeper than {MAX_INPUT_DEPTH} levels",
-            usage=usage,
-        )
-    data: Any = response.model_dump()
+            f"model response is not plain JSON: {type(exc).__name__}: {exc}", usage=usage
+        ) from None
+    dumped = [(c.name, d["input"]) for c, d in zip(r.tool_calls, data["tool_calls"], strict=True)]
+    for name, given in [*dumped, (None, data["reasoning"])]:
+        if nests_deeper(given):  # a model in it is a level more
+            raise _too_deep(name, usage)
+        problem = key_not_text(given)
+        if problem is not None:
+            raise _not_plain(name, problem, usage)
     try:
         text = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
@@ -488,6 +487,26 @@ def _check_recordable(response: ModelResponse, limits: Limits) -> None:
             "(max_response_bytes)",
             usage=usage,
         )
+    return json.loads(text)  # type: ignore[no-any-return]
+
+
+def _too_deep(name: str | None, usage: Usage) -> ModelError:
+    """Recorded, input nested this deep would fail every later drive: pydantic cannot show it
+    to a reviewer."""
+    if name is None:
+        what = f"reasoning nested deeper than {MAX_INPUT_DEPTH} levels"
+    else:
+        what = (
+            f"a call to {cut(name, 100)!r} whose input nests deeper than {MAX_INPUT_DEPTH} levels"
+        )
+    return ModelError(f"model response has {what}", usage=usage)
+
+
+def _not_plain(name: str | None, problem: str, usage: Usage) -> ModelError:
+    """Recorded as JSON, a key that is not text would be text on replay: the tool would see
+    another input."""
+    what = "reasoning that is" if name is None else f"a call to {cut(name, 100)!r} whose input is"
+    return ModelError(f"model response has {what} not plain JSON: its {problem}", usage=usage)
 
 
 def _malformed(response: ModelResponse) -> str | None:

@@ -185,7 +185,7 @@ class Runtime(Auditing):
         or raises `IdempotencyKeyReused` if the key was given for another agent, prompt or
         message.
         """
-        check_principal(auth, "auth")
+        auth = check_principal(auth, "auth")
         await self.open()
         if idempotency_key is not None and prompt is None:
             raise UsageError("idempotency_key goes with a prompt: it keys the message it sends")
@@ -257,7 +257,7 @@ class Runtime(Auditing):
         self, agent: str, auth: Principal | None, idempotency_key: str | None
     ) -> tuple[str, bool]:
         """`create_session`, and whether the call repeated one with its key (it opened none)."""
-        check_principal(auth, "auth")
+        auth = check_principal(auth, "auth")
         await self.open()
         spec = self.agent(agent)
         idem = keyed(idempotency_key, auth, "open", agent)
@@ -478,7 +478,7 @@ class Runtime(Auditing):
             raise UsageError(f"reason must be a string, not {type(reason).__name__}")
         if reason is not None:
             check_text(reason, "the reason")
-        check_principal(principal, "principal")
+        principal = check_principal(principal, "principal")
         by = None if principal is None else principal.model_dump()
         began: tuple[str, int] | None = None  # the turn to cancel: not one that followed it
         for _ in range(20):

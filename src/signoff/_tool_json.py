@@ -9,10 +9,12 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Secret, SecretBytes, SecretStr
-from pydantic_core import to_jsonable_python
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from ._events import FITS_BITS, check_digits, dumps
 from ._exceptions import UsageError
+from ._json_keys import as_json_keys, check_keys, key_not_text
+from ._text import cut
 
 if TYPE_CHECKING:
     from ._agent import Limits
@@ -82,11 +84,12 @@ def holds_mask(validated: BaseModel) -> bool:
 
 def copied(value: Any) -> Any:
     """A copy of journaled JSON, as the log gives it back: a JSON round trip, three times as
-    fast as `copy.deepcopy` for a result of a megabyte. Text, a number, a bool or None is its
-    own copy: nothing can change it."""
+    fast as `copy.deepcopy` for a result of a megabyte. Written as the log writes it (not as
+    `\\u` escapes, which JSON reads back as one character where two surrogates were). Text, a
+    number, a bool or None is its own copy: nothing can change it."""
     if value is None or type(value) in _IMMUTABLE:
         return value
-    return json.loads(json.dumps(value))
+    return json.loads(dumps(value))
 
 
 _IMMUTABLE = frozenset({str, int, float, bool})
@@ -109,37 +112,27 @@ def nests_deeper(value: Any, limit: int = MAX_INPUT_DEPTH) -> bool:
 def jsonable(value: Any) -> Any:
     """`value` as plain JSON data, with NaN and infinities as null (as pydantic writes them in
     JSON): what a tool hands back is stored and streamed, and strict JSON readers refuse them.
-    A key that is not text is written as JSON writes it (`1` as `"1"`), so the run sees what it
-    will see resumed; two keys of a dict (in dicts, lists and tuples) that write as the same
-    text (`1` and `"1"`) are a `UsageError`, as one would be lost. An integer too long to write
-    as JSON text is `TooLarge`."""
-    form = to_jsonable_python(value)  # a new structure: nothing of `value` is shared
-    if key_not_text(value) is not None:
-        _no_clash(value, form)
+    A key that is not text is written as JSON writes it (`1` as `"1"`, `None` as `"null"`), so
+    the run sees what it will see resumed; two keys of a dict (wherever its JSON form has
+    objects: dicts, lists, tuples, models, dataclasses) that write as the same text (`1` and
+    `"1"`) are a `UsageError`, as one would be lost, and so is a value with no JSON form. An
+    integer too long to write as JSON text is `TooLarge`."""
+    form = _json_form(value)  # a new structure: nothing of `value` is shared
+    if check_keys(value):
+        form = _json_form(as_json_keys(value))
     return _finite(form) if _unfinished(form) else form
 
 
-def key_not_text(value: Any) -> str | None:
-    """What names the first key of `value`'s dicts (in its dicts, lists and tuples) that is not
-    text, or None: stored as JSON it would come back as text, so a value handed to signoff (an
-    answer, a model's call) would read one way live and another resumed."""
-    stack: list[Any] = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            for key in item:
-                if not isinstance(key, str):
-                    return f"key {cut_repr(key)} ({type(key).__name__}) is not text"
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    return None
-
-
-def cut_repr(value: Any, most: int = 60) -> str:
-    """`repr(value)`, cut to about `most` characters for a message."""
-    shown = repr(value)
-    return shown if len(shown) <= most else shown[:most] + "…"
+def _json_form(value: Any) -> Any:
+    """pydantic's JSON form of `value`, or a `UsageError` saying why it has none: the same
+    error on every run, so a step's failure replays as it was raised."""
+    try:
+        return to_jsonable_python(value)
+    except (PydanticSerializationError, ValueError, TypeError, RecursionError) as exc:
+        raise UsageError(
+            f"the value has no JSON form ({type(exc).__name__}: {cut(str(exc), 200)}); "
+            "return plain data: dicts, lists, text, numbers, booleans, None, or a pydantic model"
+        ) from None
 
 
 def json_size(value: Any) -> int:
@@ -198,39 +191,6 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list):
         return [_finite(v) for v in value]
     return value
-
-
-def _no_clash(value: Any, form: Any) -> None:
-    """Raise `UsageError` if a dict of `value` (in its dicts, lists and tuples) has fewer keys
-    in `form`, pydantic's JSON form of it: two of its keys were written as the same text."""
-    stack: list[tuple[Any, Any]] = [(value, form)]
-    while stack:
-        original, written = stack.pop()
-        if isinstance(original, dict) and isinstance(written, dict):
-            if len(original) != len(written):
-                raise UsageError(_clash(original))
-            stack.extend(zip(original.values(), written.values(), strict=True))
-        elif isinstance(original, list | tuple) and isinstance(written, list):
-            if len(original) == len(written):
-                stack.extend(zip(original, written, strict=True))
-
-
-def _clash(original: dict[Any, Any]) -> str:
-    """Which two keys of `original` JSON writes as the same text."""
-    first: dict[str, Any] = {}
-    for key in original:
-        try:
-            text = next(iter(to_jsonable_python({key: None})))
-        except Exception:  # pragma: no cover - pydantic wrote the whole dict, so each key too
-            continue
-        if text in first:
-            keys = f"{cut_repr(first[text])} and {cut_repr(key)}"
-            return (
-                f"the value has two keys that JSON writes as the same text ({keys}, both "
-                f"{cut_repr(text)}): one would be lost; make its keys text, each its own"
-            )
-        first[text] = key
-    return "the value has two keys that JSON writes as the same text"  # pragma: no cover
 
 
 def non_finite(
