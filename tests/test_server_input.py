@@ -10,6 +10,7 @@ import gzip
 import json
 import socket
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -380,8 +381,8 @@ async def test_a_query_of_raw_bytes_past_ascii_is_refused(tmp_path: Path) -> Non
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
 
     scope = {
         "type": "http",
