@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import socket
 import sys
 from collections.abc import MutableMapping
@@ -404,6 +405,45 @@ async def test_a_query_of_raw_bytes_past_ascii_is_refused(tmp_path: Path) -> Non
     detail = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["error"]
     assert detail["code"] == "invalid_request" and detail["fields"][0]["field"] == "query"
     await runtime.close()
+
+
+def test_a_body_with_two_content_types_is_refused_not_read_by_the_first(
+    alice: httpx.Client, store: str
+) -> None:
+    """A POST with `Content-Type: application/json` and `Content-Type: text/plain` started a
+    session: the first was read, where a proxy may read the last or join them (a body it then
+    takes for text, not JSON to inspect). Content-Type is one value (RFC 9110): two are 422
+    `invalid_request` naming the header, as two `Idempotency-Key`s are, a dashboard form's too."""
+    sid = start(alice)["session_id"]
+    rid = alice.get("/v1/requests").json()["items"][0]["id"]
+    before = _stored(store)
+    answer = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+    for url, body in (
+        ("/v1/sessions", {"agent": "support", "message": "Refund order 7"}),
+        (f"/v1/sessions/{sid}/messages", {"text": "and order 7?"}),
+        (f"/v1/sessions/{sid}/responses", answer),
+        (f"/v1/sessions/{sid}/approvals", {"approvals": [{"id": rid, "approved": True}]}),
+        (f"/v1/sessions/{sid}/cancel", {}),
+    ):
+        for types in (("application/json", "text/plain"), ("application/json",) * 2):
+            headers = [("Content-Type", kind) for kind in types]
+            r = alice.post(url, content=json.dumps(body), headers=headers)
+            detail = error(r, 422, "invalid_request")
+            assert detail["fields"] == [
+                {"field": "header.content-type", "problem": "given 2 times"}
+            ], (url, detail)
+    page = alice.get(f"/_signoff/sessions/{sid}")
+    csrf = re.search(r'name="csrf-token" content="([^"]+)"', page.text)
+    assert csrf, page.text[:200]
+    form = f"csrf={csrf.group(1)}&option=approve".encode()
+    for types in (("application/x-www-form-urlencoded", "text/plain"),):
+        r = alice.post(
+            f"/_signoff/requests/{rid}/respond",
+            content=form,
+            headers=[("Accept", "application/json"), *(("Content-Type", t) for t in types)],
+        )
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
+    assert _stored(store) == before
 
 
 def test_numbers_in_the_query_are_plain_digits(alice: httpx.Client) -> None:

@@ -79,8 +79,17 @@ def _codec(charset: str) -> str | None:
 
 async def form_fields(request: Request) -> dict[str, str]:
     """The posted form's text fields. A body that is not a readable form (too many fields,
-    broken multipart, not UTF-8) is 400 `malformed_form`; a field named twice is 422
-    `invalid_request`."""
+    broken multipart, not UTF-8) is 400 `malformed_form`; a field named twice, or a second
+    `Content-Type`, is 422 `invalid_request`."""
+    types = request.headers.getlist("content-type")
+    if len(types) > 1:  # Starlette reads the first, where a proxy may read the last
+        problem = f"given {len(types)} times"
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"header.content-type: {problem}",
+            fields=[{"field": "header.content-type", "problem": problem}],
+        )
     await _check_bytes(request)
     try:
         form = await request.form()

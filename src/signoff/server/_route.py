@@ -2,11 +2,12 @@
 
 The caller is authenticated first, so one without a valid token is told that (401), not what is
 wrong with a body or query it would send again only to get the 401. A query or header parameter
-given twice is refused: FastAPI reads one of them (a query's last, a header's first) where a
-proxy or a log may read the other, or join them. A whole-number query parameter is plain digits,
-as `Last-Event-ID` is: pydantic would also read `1_0` as 10 and `+5` or ` 5` as 5. A decimal one
-(`older_than`) is a plain decimal number the same way: digits, maybe a fraction and an exponent
-(`90`, `1.5`, `1e3`), and nothing around them. The query string is UTF-8 (`NOT_UTF8`).
+given twice is refused, and so is a second `Content-Type` of a body: FastAPI reads one of them
+(a query's last, a header's first) where a proxy or a log may read the other, or join them. A
+whole-number query parameter is plain digits, as `Last-Event-ID` is: pydantic would also read
+`1_0` as 10 and `+5` or ` 5` as 5. A decimal one (`older_than`) is a plain decimal number the
+same way: digits, maybe a fraction and an exponent (`90`, `1.5`, `1e3`), and nothing around
+them. The query string is UTF-8 (`NOT_UTF8`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class ApiRoute(UniqueKeysRoute):
         handler = super().get_route_handler()
         queries = [p.alias for p in self.dependant.query_params]
         headers = [p.alias for p in self.dependant.header_params]
+        if self.body_field is not None:  # one value (RFC 9110): which of two counts is a guess
+            headers.append("content-type")
         forms: dict[str, tuple[re.Pattern[str], str]] = {}
         for p in self.dependant.query_params:
             kinds = {p.field_info.annotation, *get_args(p.field_info.annotation)}
