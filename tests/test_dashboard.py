@@ -164,6 +164,24 @@ def test_pages_name_their_script_and_style_by_content(base: str) -> None:
         assert httpx.get(base + url.group(1), verify=PLAIN).status_code == 200
 
 
+def test_a_static_file_is_served_whole_whatever_range_is_asked(base: str) -> None:
+    """A malformed or unsatisfiable `Range` (`bytes=abc`, `bytes=5-1`, past the end) got
+    Starlette's bare text 400 or 416, no error code; the script and style are a few KB, so a
+    `Range` is ignored (RFC 9110 lets a server) and the file is sent whole, with its headers."""
+    static = Path(so.__file__).parent / "server" / "static"
+    with httpx.Client(base_url=base, timeout=10, verify=PLAIN) as c:
+        for name in ("app.js", "app.css"):
+            whole = (static / name).read_bytes()
+            for asked in ("bytes=abc", "bytes=5-1", "bytes=999999-", "items=0-1", "bytes=0-10"):
+                for method in ("GET", "HEAD"):
+                    r = c.request(method, f"/_signoff/static/{name}", headers={"Range": asked})
+                    assert r.status_code == 200, (name, asked, method, r.text[:100])
+                    assert r.headers["content-length"] == str(len(whole)), (name, asked)
+                    assert "content-range" not in r.headers, (name, asked)
+                    assert r.headers["x-content-type-options"] == "nosniff"
+                    assert r.content == (whole if method == "GET" else b"")
+
+
 def test_pages_carry_security_headers(base: str) -> None:
     """A page may not be framed (clickjacking an Approve button), may run only its own script,
     and no response is sniffed into another type."""

@@ -165,7 +165,8 @@ async def test_edited_arguments_naming_a_key_twice_are_refused(served: Served) -
 
 async def test_edited_arguments_nested_too_deeply_to_read_are_refused(served: Served) -> None:
     """Edited arguments nested past what the JSON parser can read are not JSON to the server:
-    a 422 `invalid_answer` (not a 500 from the parser's `RecursionError`), and nothing changes."""
+    a 422 `invalid_answer` (not a 500 from the parser's `RecursionError`, whose words it does not
+    pass on), and nothing changes."""
     w = served.world
     c = served.client
     token = _csrf_in((await c.get("/_signoff/", headers=auth("alice-token"))).text)
@@ -178,4 +179,7 @@ async def test_edited_arguments_nested_too_deeply_to_read_are_refused(served: Se
     assert r.status_code == 422, r.text[:300]
     assert r.json()["error"]["code"] == "invalid_answer"
     assert "not JSON" in r.json()["error"]["message"]
+    # in the client's words, not the parser's ("maximum recursion depth exceeded while ...")
+    assert "nested too deeply" in r.json()["error"]["message"]
+    assert "recursion" not in r.json()["error"]["message"]
     assert await snapshot(w.rt) == before

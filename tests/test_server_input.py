@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import socket
 import sys
+from collections.abc import MutableMapping
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 import signoff as so
+from signoff.server import TokenAuth, create_app
+from signoff.server._route import NOT_UTF8
 from signoff.testing import store_contents
 
 from ._server_api import (
@@ -30,6 +35,7 @@ from ._server_api import (
 )
 from .test_server_common import (
     PLAIN,
+    TOKENS,
     make_runtime,
     served,
 )
@@ -344,6 +350,100 @@ def test_a_parameter_named_twice_is_refused_not_half_read(alice: httpx.Client, s
     # one of each is as before; a parameter the route does not take is ignored (as documented)
     assert alice.get("/v1/requests?status=pending&limit=1").json()["total"] == 1
     assert alice.get("/v1/requests?tenant=nobody&limit=1").json()["total"] == 1
+
+
+def test_a_query_that_is_not_utf8_is_refused_not_read_as_other_text(
+    alice: httpx.Client, store: str
+) -> None:
+    """`?agent=%FF` listed the requests of the agent "\ufffd" (none: a 200 of an empty page, as
+    if the filter were right), and a lone surrogate's escapes alike. A query is UTF-8, as the
+    body is: 422 `invalid_request`."""
+    sid = start(alice)["session_id"]
+    before = _stored(store)
+    for raw in ("agent=%FF", "agent=%ED%A0%80", "tool=%C3", "agent=support&kind=%E9"):
+        for path in ("/v1/requests", "/v1/sessions", f"/v1/sessions/{sid}"):
+            detail = error(alice.get(f"{path}?{raw}"), 422, "invalid_request")
+            assert detail["fields"] == [{"field": "query", "problem": NOT_UTF8}], (raw, detail)
+    r = alice.get(f"/v1/sessions/{sid}/events?follow=false&agent=%FF")
+    error(r, 422, "invalid_request")
+    assert _stored(store) == before
+    # percent-encoded UTF-8 is text like any other
+    assert alice.get("/v1/requests", params={"agent": "supp\u00e9rt ✓"}).json()["total"] == 0
+    assert alice.get("/v1/requests", params={"agent": "support"}).json()["total"] == 1
+
+
+async def test_a_query_of_raw_bytes_past_ascii_is_refused(tmp_path: Path) -> None:
+    """Raw bytes past ASCII in a query, which uvicorn refuses itself but another ASGI server may
+    pass on, were read as Latin-1 (`é` as "Ã©"): 422 `invalid_request` too."""
+    runtime = make_runtime(f"sqlite:///{tmp_path}/s.db")
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": "/v1/requests",
+        "raw_path": b"/v1/requests",
+        "root_path": "",
+        "query_string": "agent=suppé".encode(),
+        "headers": [(b"host", b"t"), (b"authorization", b"Bearer alice-token")],
+        "client": ("127.0.0.1", 1234),
+        "server": ("t", 80),
+    }
+    async with app.router.lifespan_context(app):
+        await app(scope, receive, send)
+    assert sent[0]["status"] == 422
+    detail = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["error"]
+    assert detail["code"] == "invalid_request" and detail["fields"][0]["field"] == "query"
+    await runtime.close()
+
+
+def test_a_body_with_two_content_types_is_refused_not_read_by_the_first(
+    alice: httpx.Client, store: str
+) -> None:
+    """A POST with `Content-Type: application/json` and `Content-Type: text/plain` started a
+    session: the first was read, where a proxy may read the last or join them (a body it then
+    takes for text, not JSON to inspect). Content-Type is one value (RFC 9110): two are 422
+    `invalid_request` naming the header, as two `Idempotency-Key`s are, a dashboard form's too."""
+    sid = start(alice)["session_id"]
+    rid = alice.get("/v1/requests").json()["items"][0]["id"]
+    before = _stored(store)
+    answer = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+    for url, body in (
+        ("/v1/sessions", {"agent": "support", "message": "Refund order 7"}),
+        (f"/v1/sessions/{sid}/messages", {"text": "and order 7?"}),
+        (f"/v1/sessions/{sid}/responses", answer),
+        (f"/v1/sessions/{sid}/approvals", {"approvals": [{"id": rid, "approved": True}]}),
+        (f"/v1/sessions/{sid}/cancel", {}),
+    ):
+        for types in (("application/json", "text/plain"), ("application/json",) * 2):
+            headers = [("Content-Type", kind) for kind in types]
+            r = alice.post(url, content=json.dumps(body), headers=headers)
+            detail = error(r, 422, "invalid_request")
+            assert detail["fields"] == [
+                {"field": "header.content-type", "problem": "given 2 times"}
+            ], (url, detail)
+    page = alice.get(f"/_signoff/sessions/{sid}")
+    csrf = re.search(r'name="csrf-token" content="([^"]+)"', page.text)
+    assert csrf, page.text[:200]
+    form = f"csrf={csrf.group(1)}&option=approve".encode()
+    for types in (("application/x-www-form-urlencoded", "text/plain"),):
+        r = alice.post(
+            f"/_signoff/requests/{rid}/respond",
+            content=form,
+            headers=[("Accept", "application/json"), *(("Content-Type", t) for t in types)],
+        )
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
+    assert _stored(store) == before
 
 
 def test_numbers_in_the_query_are_plain_digits(alice: httpx.Client) -> None:

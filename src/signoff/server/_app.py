@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from starlette.responses import RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 
 from .. import __version__
 from .._exceptions import StoreError, UsageError
@@ -98,6 +99,16 @@ def _add_bearer(doc: dict[str, Any]) -> None:
         if path.startswith("/v1/"):
             for operation in item.values():
                 operation["security"] = [{_BEARER: []}]
+
+
+class WholeFiles(StaticFiles):
+    """The dashboard's script and style, each sent whole: a `Range` is ignored (RFC 9110 lets a
+    server), as Starlette answered a malformed or unsatisfiable one with a bare text 400 or 416,
+    no error code, and the files are a few KB."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kept = [(k, v) for k, v in scope["headers"] if k.lower() not in (b"range", b"if-range")]
+        await super().__call__({**scope, "headers": kept}, receive, send)
 
 
 def create_app(
@@ -295,7 +306,7 @@ def create_app(
         app.include_router(channel_router)
     static = files("signoff.server").joinpath("static")
     app.mount(
-        f"{DASHBOARD_PREFIX}/static", StaticFiles(directory=str(static)), name="signoff-static"
+        f"{DASHBOARD_PREFIX}/static", WholeFiles(directory=str(static)), name="signoff-static"
     )
 
     def openapi() -> dict[str, Any]:

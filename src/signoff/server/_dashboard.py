@@ -200,7 +200,9 @@ def _edited_arguments(raw: str) -> dict[str, Any]:
         parsed = json.loads(raw, object_pairs_hook=unique_keys)
     except RepeatedKey as exc:
         raise InvalidAnswer(f"the edited arguments are ambiguous: {exc}") from None
-    except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
+    except RecursionError:  # absurd nesting: the parser's own words name Python's stack
+        raise InvalidAnswer("the edited arguments are not JSON: nested too deeply") from None
+    except ValueError as exc:
         raise InvalidAnswer(f"the edited arguments are not JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise InvalidAnswer("the edited arguments must be a JSON object")

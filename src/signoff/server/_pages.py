@@ -24,16 +24,15 @@ from fastapi import Request
 from jinja2 import Environment, PackageLoader, pass_context, select_autoescape
 from jinja2.runtime import Context
 from markupsafe import Markup
-from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, Response
 
 from .._exceptions import UsageError
-from .._form_fields import TOO_MANY_FIELDS, too_many_fields
 from .._text import BIDI, HIDDEN, escape_as_json, utc_text
 from .._types import Principal
 from ._auth import DASHBOARD_PREFIX, bearer_token, token_cookie
 from ._context import get_context
-from ._errors import ApiError, malformed_form
+from ._errors import ApiError
+from ._form_body import form_fields
 
 __all__ = [
     "CLIP",
@@ -277,29 +276,12 @@ def set_csrf(request: Request, response: Response, token: str) -> None:
 _OTHER_SITES = frozenset({"same-site", "cross-site"})
 
 
-async def _empty_fields(request: Request) -> bool:
-    """Whether the body is a urlencoded form with more separators than a form has fields
-    (`too_many_fields`; a multipart one is left to stream: its parser counts its parts)."""
-    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if kind != "application/x-www-form-urlencoded":
-        return False
-    return too_many_fields(await request.body())
-
-
 async def check_csrf(request: Request) -> dict[str, str]:
     """The posted form's fields, once its token and the cookie's were both made for this
     sign-in (they may differ: two tabs loaded at once each got their own), and the browser
     does not say another site posted it. A body that is not a readable form is 400
-    `malformed_form`."""
-    if await _empty_fields(request):
-        raise ApiError(400, "malformed_form", malformed_form(TOO_MANY_FIELDS))
-    try:
-        form = await request.form()
-    except HTTPException as exc:
-        if exc.status_code != 400:
-            raise
-        raise ApiError(400, "malformed_form", malformed_form(exc.detail)) from None
-    fields = {k: v for k, v in form.items() if isinstance(v, str)}
+    `malformed_form`, and one naming a field twice 422 `invalid_request` (`form_fields`)."""
+    fields = await form_fields(request)
     if request.headers.get("sec-fetch-site", "same-origin").strip().lower() in _OTHER_SITES:
         raise ApiError(
             403, "csrf_failed", "the form was posted from another site: use the dashboard's own"

@@ -14,8 +14,7 @@ from starlette.requests import Request
 from .._exceptions import StoreError
 from .._types import Principal
 from ._context import ServerContext
-from ._sse import KEEP_ALIVE, LASTING, SIGNED_OUT_END, end_event, keep_alives, sse
-from ._waits import drop
+from ._sse import KEEP_ALIVE, LASTING, Beat, end_event, sse
 
 __all__ = ["queue_changes"]
 
@@ -30,23 +29,16 @@ async def queue_changes(
     frozen database host, included), until the viewer's sign-in ends or the server stops."""
     last = None
     everything: tuple[int, str] | None = None
-    beat = time.monotonic()
-    signed_at = beat + ctx.heartbeat  # when to check the viewer's sign-in again
+    beat = Beat(request, ctx, follow=True)
     failing = False
     yield "retry: 1000\n\n"
     while True:
         found: tuple[int, str] | None = None
-        # A store that does not answer holds a call for its timeout (30 s): keep-alives go on
-        # meanwhile, and a stopping server does not wait for it.
         read = asyncio.ensure_future(_queue_read(ctx, viewer, everything))
-        try:
-            async with aclosing(keep_alives(read, ctx, True, beat)) as waits:
-                async for message in waits:
-                    yield message
-                    beat = time.monotonic()
-        finally:
-            drop(read)  # done already, unless the stream ended first
-        if not read.done():
+        async with aclosing(beat.awaiting(read)) as waits:
+            async for message in waits:
+                yield message
+        if beat.over:
             return
         try:
             found, everything = read.result()
@@ -63,26 +55,16 @@ async def queue_changes(
             failing = False
         if found is not None and found[1] != last:
             total, last = found
-            beat = time.monotonic()
+            beat.sent()
             yield sse({"total": total, "version": last}, event="queue")
-        elif time.monotonic() - beat >= ctx.heartbeat:
-            beat = time.monotonic()
+        elif time.monotonic() - beat.last_sent >= ctx.heartbeat:
+            beat.sent()
             yield KEEP_ALIVE
-        if time.monotonic() >= signed_at:
-            signed_at = time.monotonic() + ctx.heartbeat
-            check = asyncio.ensure_future(ctx.sign_in_ended(request))  # reads the store too
-            try:
-                async with aclosing(keep_alives(check, ctx, True, beat)) as waits:
-                    async for message in waits:
-                        yield message
-                        beat = time.monotonic()
-            finally:
-                drop(check)
-            if not check.done():
-                return
-            if check.result():
-                yield SIGNED_OUT_END
-                return
+        async with aclosing(beat.sign_in_check()) as checks:
+            async for message in checks:
+                yield message
+        if beat.over:
+            return
         if ctx.closing or await request.is_disconnected():
             return
         await asyncio.sleep(ctx.poll_interval)

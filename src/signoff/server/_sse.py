@@ -34,9 +34,9 @@ __all__ = [
     "LASTING",
     "SIGNED_OUT_END",
     "STREAM_HEADERS",
+    "Beat",
     "end_event",
     "event_stream",
-    "keep_alives",
     "parse_last_event_id",
     "session_end",
     "sse",
@@ -155,31 +155,24 @@ async def event_stream(
     """
     poll_interval, heartbeat = ctx.poll_interval, ctx.heartbeat
     yield f"retry: {int(max(poll_interval, 0.5) * 1000)}\n\n"
-    last_sent = time.monotonic()
+    beat = Beat(request, ctx, follow=follow)
     failing = False
     expires_at = 0.0  # by the runtime's clock; 0 until the session's state is read
     check_at = 0.0  # monotonic: when to read the state again (was the session deleted?)
-    signed_at = time.monotonic() + heartbeat  # when to check the caller's sign-in again
     quiet = False  # the store's wait found the head not past `after`: no events to read
     while True:
         if not follow and head is not None and after >= head:
             return
         ended: SignoffError | None = None
         batch: list[Event] = []
-        # A store that does not answer (a frozen database host) holds a call for its timeout,
-        # 30 s: keep-alives go on meanwhile, and a stopping server does not wait for it.
         read = asyncio.ensure_future(
             _read(ctx, session_id, after, follow, expires_at, check_at, quiet=quiet)
         )
         quiet = False
-        try:
-            async with aclosing(keep_alives(read, ctx, follow, last_sent)) as waits:
-                async for message in waits:
-                    yield message
-                    last_sent = time.monotonic()
-        finally:
-            drop(read)  # done already, unless the stream ended first
-        if not read.done():
+        async with aclosing(beat.awaiting(read)) as waits:
+            async for message in waits:
+                yield message
+        if beat.over:
             return
         try:
             batch, ended, expires_at, check_at = read.result()
@@ -204,7 +197,7 @@ async def event_stream(
             after = event.seq
         if batch:
             expires_at = 0.0  # the session's expiry moved with its new events: read it again
-            last_sent = time.monotonic()
+            beat.sent()
             # A read that is not followed is bounded, and its client takes its end for the
             # log's: it is sent whole, where a followed one resumes after the server stops.
             if ctx.closing and follow:
@@ -212,40 +205,25 @@ async def event_stream(
             continue  # more may wait (a read bounded by bytes stops short): no pause
         if not follow:
             return
+        async with aclosing(beat.sign_in_check()) as checks:
+            async for message in checks:
+                yield message
+        if beat.over:
+            return
         now = time.monotonic()
-        if now >= signed_at:
-            signed_at = now + heartbeat
-            check = asyncio.ensure_future(ctx.sign_in_ended(request))  # reads the store too
-            try:
-                async with aclosing(keep_alives(check, ctx, follow, last_sent)) as waits:
-                    async for message in waits:
-                        yield message
-                        last_sent = time.monotonic()
-            finally:
-                drop(check)
-            if not check.done():
-                return
-            if check.result():
-                yield SIGNED_OUT_END
-                return
-            now = time.monotonic()
-        if now - last_sent >= heartbeat:
+        if now - beat.last_sent >= heartbeat:
             yield KEEP_ALIVE
-            last_sent = now
+            beat.last_sent = now
         if ctx.closing or await request.is_disconnected():
             return
-        wait = _change_wait(ctx, session_id, after, expires_at, min(check_at, signed_at))
+        wait = _change_wait(ctx, session_id, after, expires_at, min(check_at, beat.signed_at))
         if wait is None:
             await asyncio.sleep(poll_interval)
             continue
-        try:
-            async with aclosing(_waiting(wait, request, ctx, last_sent)) as waits:
-                async for message in waits:
-                    yield message
-                    last_sent = time.monotonic()
-        finally:
-            drop(wait)
-        if not wait.done():
+        async with aclosing(beat.awaiting(wait, client=True)) as waits:
+            async for message in waits:
+                yield message
+        if beat.over:
             return
         if wait.exception() is not None:  # deleted, or the store failing: the read tells which
             check_at = 0.0
@@ -277,20 +255,6 @@ def _change_wait(
     return asyncio.ensure_future(waiting)
 
 
-async def _waiting(
-    wait: asyncio.Future[bool], request: Request, ctx: ServerContext, last_sent: float
-) -> AsyncGenerator[str, None]:
-    """A keep-alive each `heartbeat` quiet seconds until `wait` is done; it ends before then if
-    the server begins to stop or the client goes (looked at every `poll_interval`, no read)."""
-    await asyncio.sleep(0)
-    while not await _settled(wait, min(last_sent + ctx.heartbeat, _soon(ctx.poll_interval))):
-        if ctx.closing or await request.is_disconnected():
-            return
-        if time.monotonic() - last_sent >= ctx.heartbeat:
-            yield KEEP_ALIVE
-            last_sent = time.monotonic()
-
-
 async def _read(
     ctx: ServerContext,
     session_id: str,
@@ -316,21 +280,62 @@ async def _read(
     return batch, ended, expires_at, check_at
 
 
-async def keep_alives(
-    task: asyncio.Future[Any], ctx: ServerContext, follow: bool, last_sent: float
-) -> AsyncGenerator[str, None]:
-    """A keep-alive each `heartbeat` quiet seconds (the last message sent at `last_sent`) until
-    `task`, a store call, is done; it ends before then if the server begins to stop and the
-    stream is followed."""
-    await asyncio.sleep(0)  # a call that need not wait (SQLite's) is done at its first step
-    while not task.done() and not await _settled(
-        task, min(last_sent + ctx.heartbeat, _soon(ctx.poll_interval))
-    ):
-        if follow and ctx.closing:
+class Beat:
+    """A stream's pulse across its store calls: when it last sent a message (a keep-alive is
+    due after `heartbeat` quiet seconds), when the sign-in that opened it is read again, and
+    whether it must end (`over`)."""
+
+    def __init__(self, request: Request, ctx: ServerContext, *, follow: bool) -> None:
+        self.request = request
+        self.ctx = ctx
+        self.follow = follow
+        self.last_sent = time.monotonic()
+        self.signed_at = self.last_sent + ctx.heartbeat  # when to check the sign-in again
+        self.over = False
+
+    def sent(self) -> None:
+        """Note that the stream has just sent a message."""
+        self.last_sent = time.monotonic()
+
+    async def awaiting(
+        self, task: asyncio.Future[Any], *, client: bool = False
+    ) -> AsyncGenerator[str, None]:
+        """A keep-alive each `heartbeat` quiet seconds until `task`, a store call, is done. A
+        store that does not answer (a frozen database host) holds a call for its timeout, 30 s:
+        the stream ends before then, dropping the call and setting `over`, if the server begins
+        to stop and the stream is followed, or (with `client`) the client goes, which is looked
+        at every `poll_interval`."""
+        ctx = self.ctx
+        try:
+            await asyncio.sleep(0)  # a call that need not wait (SQLite's) is done at its first step
+            while not task.done() and not await _settled(
+                task, min(self.last_sent + ctx.heartbeat, _soon(ctx.poll_interval))
+            ):
+                if self.follow and ctx.closing:
+                    break
+                if client and await self.request.is_disconnected():
+                    break
+                if time.monotonic() - self.last_sent >= ctx.heartbeat:
+                    yield KEEP_ALIVE
+                    self.sent()
+        finally:
+            drop(task)  # done already, unless the stream ended first
+        self.over = not task.done()
+
+    async def sign_in_check(self) -> AsyncGenerator[str, None]:
+        """Once a `heartbeat`, whether the sign-in cookie that opened the stream has ended
+        (signed out, or expired): keep-alives while that is read, then `SIGNED_OUT_END` if it
+        has, and `over` set when the stream must end."""
+        if time.monotonic() < self.signed_at:
             return
-        if time.monotonic() - last_sent >= ctx.heartbeat:
-            yield KEEP_ALIVE
-            last_sent = time.monotonic()
+        self.signed_at = time.monotonic() + self.ctx.heartbeat
+        check = asyncio.ensure_future(self.ctx.sign_in_ended(self.request))  # reads the store too
+        async with aclosing(self.awaiting(check)) as waits:
+            async for message in waits:
+                yield message
+        if not self.over and check.result():
+            self.over = True
+            yield SIGNED_OUT_END
 
 
 def _soon(seconds: float) -> float:
