@@ -23,16 +23,20 @@ def refund_agent(
     *,
     approval: Any = None,
     delay: float = 0.0,
+    hold: asyncio.Event | None = None,
     first: Callable[[list[so.Message]], Awaitable[so.ModelResponse]] | None = None,
     ttl: float | None = None,
 ) -> so.Agent:
-    """One refund call that needs approval (by default), then a text; the tool logs its key."""
+    """One refund call that needs approval (by default), then a text; the tool logs its key,
+    then takes `delay` seconds, or waits until `hold` is set."""
 
     @so.tool(approval=approval or so.always())
     async def issue_refund(ctx: so.ToolContext, order_id: str, amount: float) -> dict[str, Any]:
         """Refund an order."""
         runs.append(ctx.idempotency_key())
         await asyncio.sleep(delay)
+        if hold is not None:
+            await hold.wait()
         return {"refunded": amount}
 
     call = so.ModelResponse(
