@@ -52,6 +52,7 @@ class Driver(ToolCalls, ModelStep):
         agent: Agent,
         state: SessionState,
         lease_token: int | None,
+        lease_owner: str | None = None,
         clock: Callable[[], float] = time.time,
         abort_signal: asyncio.Event | None = None,
         lock: AnyLoopLock | None = None,
@@ -68,6 +69,7 @@ class Driver(ToolCalls, ModelStep):
         # and started): never this drive's, so it records nothing into it.
         self.own_turn = None if state.turn is None else state.turn.id
         self.lease_token = lease_token
+        self.lease_owner = lease_owner  # whom the lease was granted to: fenced with the token
         self.clock = clock
         self.abort_signal = abort_signal or asyncio.Event()
         # What delegate tools drive subagents through; the runtime sets it (see _subagents).
@@ -169,6 +171,7 @@ class Driver(ToolCalls, ModelStep):
                             expected_seq=before,
                             events=events,
                             lease_token=self.lease_token,
+                            lease_owner=self.lease_owner,
                             new_requests=new_requests,
                             updated_requests=updated,
                             resolve=resolve,

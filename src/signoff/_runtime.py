@@ -106,8 +106,8 @@ class Runtime(Auditing):
         replaced._fresh()
         return replaced
 
-    def _driver(self, state: SessionState, token: int | None) -> Driver:
-        driver = super()._driver(state, token)
+    def _driver(self, state: SessionState, lease: tuple[str, int] | None) -> Driver:
+        driver = super()._driver(state, lease)
         driver.host = _subagents.RuntimeHost(self)  # delegate tools drive child sessions here
         return driver
 
@@ -139,7 +139,7 @@ class Runtime(Auditing):
     async def _expire(
         self,
         state: SessionState,
-        lease: int | None = None,
+        lease: tuple[str, int] | None = None,
         probes: dict[str, bool] | None = None,
         extra: Sequence[EventSpec] = (),
     ) -> None:

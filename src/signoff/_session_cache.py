@@ -380,14 +380,15 @@ class SessionCache(Leasing):
         session_id: str,
         *,
         trust_cache: bool = False,
-        lease: int | None = None,
+        lease: tuple[str, int] | None = None,
         head: int | None = None,
         probes: dict[str, bool] | None = None,
     ) -> SessionState:
         """The session's state with its lapsed TTL and passed deadlines applied; `lease` is the
-        caller's token on it, if any, and `head` the session's head when it was granted.
-        `trust_cache` skips the store's head when nothing is due on the cached state: a stale
-        cache makes the caller's append conflict instead. `probes`: see `_busy`."""
+        caller's lease on it (owner and token), if any, and `head` the session's head when it
+        was granted. `trust_cache` skips the store's head when nothing is due on the cached
+        state: a stale cache makes the caller's append conflict instead. `probes`: see
+        `_busy`."""
         check_session_id(session_id)
         now = self.now()
         cached = self._cache.get(session_id) if trust_cache else None
@@ -409,7 +410,7 @@ class SessionCache(Leasing):
     async def _expire(
         self,
         state: SessionState,
-        lease: int | None = None,
+        lease: tuple[str, int] | None = None,
         probes: dict[str, bool] | None = None,
         extra: Sequence[EventSpec] = (),
     ) -> None:
@@ -427,12 +428,14 @@ class SessionCache(Leasing):
             self._cache.pop(state.id, None)
         raise SessionExpired(state.id, [r.id for r in pending])
 
-    def _driver(self, state: SessionState, token: int | None) -> Driver:
+    def _driver(self, state: SessionState, lease: tuple[str, int] | None) -> Driver:
+        """A driver of `state`, recording under `lease` (its owner and token) if given."""
         return Driver(
             store=self.store,
             agent=self.agent(state.agent),
             state=state,
-            lease_token=token,
+            lease_token=None if lease is None else lease[1],
+            lease_owner=None if lease is None else lease[0],
             clock=self.now,
             abort_signal=self._abort_of(state.id),
             lock=self._lock_of(state.id),

@@ -81,13 +81,17 @@ class Commit:
     """Everything one transaction writes to one session.
 
     It applies only if the session's head is still `expected_seq` (and, given a lease token, the
-    lease is still ours); every `Resolve` must find its request pending, or nothing is written.
+    lease is still ours: that token, and `lease_owner`'s if given); every `Resolve` must find its
+    request pending, or nothing is written.
     """
 
     session_id: str
     expected_seq: int
     events: Sequence[Event]
     lease_token: int | None = None
+    # The owner the lease was granted to: a token alone repeats once the lease row is deleted
+    # (by hand, a restore), and the holder that never knew would write beside the new one.
+    lease_owner: str | None = None
     new_requests: Sequence[InputRequest] = ()
     updated_requests: Sequence[InputRequest] = ()  # new data for still-open requests
     resolve: Sequence[Resolve] = ()
