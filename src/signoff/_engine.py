@@ -164,6 +164,8 @@ class Driver(ToolCalls, ModelStep):
                     and after is not None
                     and ends_drive(events, after)
                 )
+                if self.held is not None:  # given back for good once it commits
+                    self.held.releasing = release
                 try:
                     await self.store.commit(
                         Commit(
@@ -186,7 +188,11 @@ class Driver(ToolCalls, ModelStep):
                             release_lease=release,
                         )
                     )
-                except AppendConflict:
+                except BaseException as exc:
+                    if self.held is not None:  # the lease is still ours to lose, or lost
+                        self.held.releasing = False
+                    if not isinstance(exc, AppendConflict):
+                        raise
                     await self.reload()
                     continue
                 # Applied only once committed, so a state object is never ahead of the store.
