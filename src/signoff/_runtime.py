@@ -114,7 +114,16 @@ class Runtime(Auditing):
     async def _drive(self, session_id: str, **kwargs: Any) -> GenerateResult:
         check_session_id(session_id)
         # A subagent's parent: its mirrors of what closed close first, lest a death lose them.
-        await _child_sessions.before_drive(self, session_id)
+        try:
+            await _child_sessions.before_drive(self, session_id)
+        except asyncio.CancelledError:
+            # Stopped before the drive took over the lease it was given (a worker's claim): it
+            # is given back, as the drive would have, not left to lapse with no drive of its.
+            given = kwargs.get("claimed") or kwargs.get("leased")
+            if given is not None:
+                with contextlib.suppress(StoreError):  # else kept in `_unreleased` for later
+                    await self._release(session_id, *given)
+            raise
         result = await super()._drive(session_id, **kwargs)
         await _child_sessions.after_drive(self, session_id)  # a subagent's parent may go on now
         return result
