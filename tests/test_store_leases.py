@@ -229,6 +229,22 @@ async def test_a_lease_row_deleted_by_hand_fences_the_holder_it_forgot(store_url
         await store.close()
 
 
+async def test_lease_held_reads_whether_a_live_lease_is_held(store: Store) -> None:
+    """`lease_held(session_id, now)`: a lease granted and live is held; one given back, or
+    lapsed by `now`, is not, nor is a session never leased or unknown. A read: the token the
+    next grant gets is the one after the last grant's, none skipped."""
+    sid = await new_session(store)
+    held = store.lease_held  # type: ignore[attr-defined]
+    assert not await held(sid, T0) and not await held("ses_unknown", T0)
+    t1 = await store.acquire_lease(sid, "w1", 10, T0)
+    assert t1 is not None
+    assert await held(sid, T0 + 9.9)
+    assert not await held(sid, T0 + 10)  # lapsed: another may take it
+    await store.release_lease(sid, "w1", t1)
+    assert not await held(sid, T0 + 1)
+    assert await store.acquire_lease(sid, "w2", 10, T0 + 1) == t1 + 1
+
+
 # -- claiming work (workers) -----------------------------------------------------------------
 
 

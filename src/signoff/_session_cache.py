@@ -456,8 +456,8 @@ class SessionCache(Leasing):
             return self._aborts.setdefault(session_id, AnyLoopEvent())
 
     async def _busy(self, session_id: str, probes: dict[str, bool] | None = None) -> bool:
-        """Whether a drive holds the session's lease: a lease taken and released, a store write.
-        `probes` holds the answers one listing already had, so it asks the store once a session."""
+        """Whether a drive holds the session's lease, here or in the store. `probes` holds the
+        answers one listing already had, so it asks the store once a session."""
         if probes is not None and session_id in probes:
             return probes[session_id]
         busy = await self._probe(session_id)
@@ -468,6 +468,10 @@ class SessionCache(Leasing):
     async def _probe(self, session_id: str) -> bool:
         if session_id in self._holders:  # a drive here, even one whose lease lapsed: not taken
             return True
+        held = getattr(self.store, "lease_held", None)
+        if held is not None:  # read: a listing writes nothing, and works where it may only read
+            return bool(await held(session_id, self.now()))
+        # A store without it: the lease is asked for and given back at once, a write.
         token = await self.store.acquire_lease(session_id, self.owner, 1.0, self.now())
         if token is None:
             return True

@@ -207,6 +207,9 @@ class Store(Protocol):
     stores have it: a listing's total then never differs from its page by a commit between);
     `sessions_counted(...)`, `sessions(...)` and `count_sessions(...)` (the same keywords) read
     in one snapshot, likewise for the listings of sessions;
+    `lease_held(session_id, now)`, whether a drive holds the session's lease at `now` (both
+    stores have it: a listing then reads that, where it took the lease and gave it back, a
+    write that a store it may only read refuses);
     and a store whose `pending()` honours `PendingFilter.due_by` lists only the due requests."""
 
     url: str
