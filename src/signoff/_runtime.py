@@ -118,7 +118,7 @@ class Runtime(Auditing):
             await _child_sessions.before_drive(self, session_id)
         except asyncio.CancelledError:
             # Stopped before the drive took over the lease it was given (a worker's claim): it
-            # is given back, as the drive would have, not left to lapse with no drive of its.
+            # is given back, as the drive would give it back, not left to lapse undriven.
             given = kwargs.get("claimed") or kwargs.get("leased")
             if given is not None:
                 with contextlib.suppress(StoreError):  # else kept in `_unreleased` for later
