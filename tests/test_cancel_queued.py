@@ -173,8 +173,8 @@ async def test_a_cancel_whose_turn_ends_meanwhile_leaves_the_queued_message_s_tu
         assert (await rt.send(sid, "bob here", principal=BOB)).queued
         make = other._driver
 
-        def driver(state: Any, token: int | None) -> Any:
-            made = make(state, token)
+        def driver(state: Any, lease: tuple[str, int] | None) -> Any:
+            made = make(state, lease)
             record = made.record
 
             async def late(*args: Any, **kwargs: Any) -> Any:

@@ -3,9 +3,11 @@ store holding a parked session: recording only, or continuing the turn here."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ from typer.testing import CliRunner
 
 import signoff as so
 from signoff.cli import app, local_principal
-from signoff.testing import call, call_tools, scripted_agent, tool_results
+from signoff.testing import call, call_tools, reply, scripted_agent, tool_results
 
 from ._cli import (
     TARGET,
@@ -33,6 +35,7 @@ from ._cli import (
     tenant_runtime,
     url,
 )
+from ._procs import query
 
 __all__ = ["url"]  # the fixture, used by name
 
@@ -479,3 +482,74 @@ def test_a_refusal_names_no_as_where_the_asker_alone_could_not_answer(url: str) 
     other = invoke("approve", request.id, "--store", url, "--as", "token:ops")
     assert other.exit_code == 1
     assert "NotAllowed" in other.stderr and "--as" not in other.stderr
+
+
+def lapsed_pair(url: str) -> tuple[str, str]:
+    """Two sessions whose TTL passed with their turn running: one a live drive holds elsewhere
+    (a worker whose tool outruns the TTL: its lease has long to run), one no drive holds."""
+    ttl_agent = scripted_agent("a", [reply("Done.")], limits=so.Limits(ttl=60))
+    rt = so.Runtime([ttl_agent], store=url, clock=lambda: 1000.0, inline=False)
+    try:
+        held, free = (rt.generate_sync("a", prompt="hello").session_id for _ in range(2))
+    finally:
+        rt.close_sync()
+
+    async def lease() -> None:
+        store = so.stores.open_store(url)
+        try:
+            assert await store.acquire_lease(held, "elsewhere", 600, time.time()) is not None
+        finally:
+            await store.close()
+
+    asyncio.run(lease())
+    return held, free
+
+
+def leases(url: str) -> list[tuple[Any, ...]]:
+    return sorted(query(url, "SELECT sk, owner, token, expires_at FROM {t}leases"))
+
+
+def test_sessions_reads_which_drives_hold_a_lease_and_writes_nothing(store_url: str) -> None:
+    """`signoff sessions` lists a session whose TTL passed while a live drive runs its turn as
+    the store holds it (running), and one no drive holds as its expiry leaves it (failed). It
+    reads the leases to tell them apart: it used to ask for each one's lease and give it back,
+    a write (the free one's lease row was created) from a command that only reads."""
+    held, free = lapsed_pair(store_url)
+    before = leases(store_url)
+    result = invoke("sessions", "--store", store_url, "--json")
+    assert result.exit_code == 0, result.output
+    assert {r["id"]: r["status"] for r in json.loads(result.stdout)} == {
+        held: "running",
+        free: "failed",
+    }
+    assert leases(store_url) == before
+
+
+def test_sessions_lists_leases_as_a_postgres_role_that_may_only_select(
+    pg_store_url: str,
+) -> None:
+    """A role granted only SELECT (a dashboard's, an auditor's) lists the sessions: the session
+    a live drive holds is running, as it is. Its lease probe, a write, was refused, and the
+    session was listed failed."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    held, free = lapsed_pair(pg_store_url)
+    role = f"reader_{uuid.uuid4().hex[:8]}"
+    params = conninfo_to_dict(pg_store_url)
+    reader = f"postgresql://{role}@{params['host']}:{params['port']}/{params['dbname']}"
+    with psycopg.connect(pg_store_url, autocommit=True) as conn:
+        conn.execute(
+            f'CREATE ROLE "{role}" LOGIN; GRANT USAGE ON SCHEMA signoff TO "{role}"; '
+            f'GRANT SELECT ON ALL TABLES IN SCHEMA signoff TO "{role}"'.encode()
+        )
+    try:
+        result = invoke("sessions", "--store", reader, "--json")
+        assert result.exit_code == 0, result.output
+        assert {r["id"]: r["status"] for r in json.loads(result.stdout)} == {
+            held: "running",
+            free: "failed",
+        }
+    finally:
+        with psycopg.connect(pg_store_url, autocommit=True) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"; DROP ROLE "{role}"'.encode())

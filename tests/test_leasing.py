@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 import signoff as so
 from signoff.testing import ManualClock
 
@@ -26,6 +28,8 @@ from ._leasing import (
     take_over,
     until,
 )
+from ._procs import query
+from .test_store_edited_rows import edit
 
 
 async def test_a_lease_taken_over_cancels_the_tool_body_running_under_it(store_url: str) -> None:
@@ -318,3 +322,49 @@ async def test_a_cancel_made_in_another_process_sets_the_running_body_s_abort_si
         assert time.monotonic() - started < 4  # a renewal (every 0.2 s), not the body's 8 s
         assert r.status == "cancelled"
         assert "tool.completed" not in await event_types(rt, sid)
+
+
+async def test_a_drive_whose_lease_row_was_deleted_records_nothing_under_the_reissued_token(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lease row of a session a drive runs is deleted behind its back (by hand, a restore):
+    the next grant starts the token again, and the process that gets it may be given the very
+    token the drive holds. The drive, unaware, finishes its tool body: its commit is fenced on
+    its owner as well as the token, so it records nothing and says it lost the lease. It used
+    to record the tool's result, and the turn's end, beside the lease's new holder."""
+    gate = asyncio.Event()
+    started = asyncio.Event()
+
+    @so.tool(approval=so.never())
+    async def issue_refund(order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        started.set()
+        await gate.wait()
+        return {"refunded": amount}
+
+    # A long TTL: no renewal comes by before the body ends, so its commit meets the fence.
+    async with so.Runtime([refund_agent(issue_refund)], store=store_url, lease_ttl=60) as rt:
+        sid = await rt.create_session("support")
+        drive = asyncio.create_task(rt.generate("support", "Refund", session_id=sid))
+        await asyncio.wait_for(started.wait(), 10)
+        where = "sk = (SELECT sk FROM {t}sessions WHERE id = {p})"
+        [(held,)] = query(store_url, "SELECT token FROM {t}leases WHERE " + where, sid)
+        edit(store_url, "DELETE FROM {t}leases WHERE " + where, sid)
+        # Another process asks for the lease until it is given the drive's token.
+        now = rt.now()
+        while True:
+            token = await rt.store.acquire_lease(sid, "restored", 60, now)
+            assert token is not None and token <= held
+            if token == held:
+                break
+            await rt.store.release_lease(sid, "restored", token)
+        before = await event_types(rt, sid)
+        with caplog.at_level(logging.WARNING, logger="signoff"):
+            gate.set()
+            result = await asyncio.wait_for(drive, 10)
+        assert result.status == "running"  # the turn is the lease's holder's now
+        assert await event_types(rt, sid) == before  # nothing recorded by the drive
+        assert before[-1] == "tool.started"
+        assert f"session {sid}: lease {held} lost" in caplog.text
+        # The new holder's lease stands, and its token writes.
+        assert await rt.store.renew_lease(sid, "restored", held, 60, now)

@@ -27,6 +27,7 @@ from ._worker_procs import (
     read_records,
     settled_counts,
 )
+from .test_store_edited_rows import edit
 
 LEASE_TTL = 1.0
 TOOL_DELAY = 1.0
@@ -128,3 +129,64 @@ async def test_a_worker_frozen_mid_tool_body_is_taken_over_and_fenced_when_it_wa
             wake(frozen.pid)
         for w in workers:
             w.close()
+
+
+async def test_a_worker_whose_lease_row_was_deleted_is_fenced_though_its_token_was_reissued(
+    store_url: str, tmp_path: Path
+) -> None:
+    """A real `signoff worker` runs a tool body; the lease row is deleted under it (by hand, a
+    restore) and another process is granted the very token the worker holds. The worker, still
+    running and unaware, finishes the body: its commit is refused (fenced on the owner too), it
+    logs the loss and records nothing. Killed then, it leaves the turn to the lease's holder,
+    whose worker runs it once more and records it once."""
+    url = store_url
+    records = tmp_path / "runs.jsonl"
+    hold = tmp_path / "go"
+    options = {"lease_ttl": 30, "idle_wait": 0.1, "sweep_every": 60}
+    old: Worker | None = None
+    try:
+        async with so.Runtime([make_agent(str(records))], store=url, inline=False) as front:
+            sid = (await front.generate(AGENT, prompt="Refund order 1042")).session_id
+            old = Worker(url, tmp_path, "old", records, delay=0.0, hold=hold, **options)
+            pending: list[so.InputRequest] = []
+            deadline = time.monotonic() + 20
+            while not pending:
+                assert time.monotonic() < deadline, "no approval asked"
+                await asyncio.sleep(0.05)
+                pending = await front.pending(session_id=sid)
+            answer = so.InputResponse(request_id=pending[0].id, option_id="approve")
+            assert (await front.respond(sid, [answer])).outcomes[0].applied
+            await _until(lambda: read_records(records), "the tool body started")
+
+            where = "sk = (SELECT sk FROM {t}sessions WHERE id = {p})"
+            [(held,)] = query(url, "SELECT token FROM {t}leases WHERE " + where, sid)
+            edit(url, "DELETE FROM {t}leases WHERE " + where, sid)
+            now = front.now()
+            while True:  # asked for until it is given the worker's token
+                token = await front.store.acquire_lease(sid, "restored", 30, now)
+                assert token is not None and token <= held
+                if token == held:
+                    break
+                await front.store.release_lease(sid, "restored", token)
+            hold.touch()
+            await _until(lambda: f"lease {held} lost" in old.log(), "fenced")
+            assert _count(url, "tool.completed") == 0 and _count(url, "turn.completed") == 0
+            os.kill(old.pid, signal.SIGKILL)
+            old.proc.wait(timeout=10)
+
+            await front.store.release_lease(sid, "restored", held)
+            survivor = Worker(url, tmp_path, "new", records, delay=0.0, **options)
+            try:
+                await _until(lambda: _count(url, "turn.completed") == 1, "the turn completed")
+            finally:
+                survivor.close()
+            state = await front.state(sid)
+            assert state.turn is not None and state.turn.text == "Refunded."
+        starts = [p for what, _, p in read_records(records) if what == "start"]
+        assert starts == [old.pid, survivor.pid]
+        for type_ in ("tool.started", "tool.completed", "turn.completed", "approval.settled"):
+            assert _count(url, type_) == 1, type_
+        check_logs(url)
+    finally:
+        if old is not None:
+            old.close()

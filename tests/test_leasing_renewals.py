@@ -6,6 +6,7 @@ the deadline is handled in time. Run on both stores.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -277,3 +278,36 @@ async def test_a_slow_renewal_keeps_the_lease_known_live_from_when_it_was_sent(
         monotonic[0] += 0.1 * ttl  # a stall: 0.55 of the TTL since the renewal was sent
         await rt._confirm(sid, owner, token, held)
         assert made == [1, 1]
+
+
+async def test_a_renewal_that_meets_the_drive_s_own_release_says_nothing_of_a_takeover(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A drive's last commit gives its lease back while a renewal is on its way (on PostgreSQL
+    the two go out on different connections, and the renewal's answer may come back first).
+    That renewal finds the lease no longer held, by the drive's own release: no one took it
+    over. It used to log `lease N was taken over` for a turn that completed normally."""
+    model = so.models.Scripted([so.ModelResponse(text="Done.")])
+    agent = so.Agent(name="support", model=model)
+    async with so.Runtime([agent], store=store_url, lease_ttl=0.3) as rt:
+        commit, renew = rt.store.commit, rt.store.renew_lease
+        refused = asyncio.Event()  # a renewal made after the release came back refused
+
+        async def slow_ack(c: Any) -> None:
+            await commit(c)
+            if c.release_lease:  # its answer comes back after the next renewal's
+                await asyncio.wait_for(refused.wait(), 5)
+                await asyncio.sleep(0.05)  # for the renewals to handle that answer
+
+        async def renewing(*args: Any) -> bool:
+            live = await renew(*args)
+            if not live:
+                refused.set()
+            return live
+
+        rt.store.commit = slow_ack  # type: ignore[method-assign,assignment]
+        rt.store.renew_lease = renewing  # type: ignore[method-assign,assignment]
+        with caplog.at_level(logging.INFO, logger="signoff"):
+            r = await rt.generate("support", "Hello")
+        assert r.status == "completed" and refused.is_set()
+        assert "taken over" not in caplog.text and "lost" not in caplog.text

@@ -125,10 +125,11 @@ async def test_a_listing_shows_a_turn_running_past_the_ttl_running(store_url: st
 async def test_a_listing_probes_a_turn_running_past_the_ttl_once(
     store_url: str, status: str | None
 ) -> None:
-    """Whether a live drive holds a turn the TTL caught running is a lease taken and released
-    (a store write): one `rt.sessions()` took it two to four times for one session (its expiry,
-    then which are held, again on the page). The first look's answer is used throughout. (The
-    listing is another process's: the drive's own knows it drives the turn, asking nothing.)"""
+    """Whether a live drive holds a turn the TTL caught running is a read of its lease (it was
+    a lease taken and released, a write): one `rt.sessions()` asked two to four times for one
+    session (its expiry, then which are held, again on the page). The first look's answer is
+    used throughout. (The listing is another process's: the drive's own knows it drives the
+    turn, asking nothing.)"""
     clock = ManualClock()
     started, go = asyncio.Event(), asyncio.Event()
     agent = slow_agent(started, go)
@@ -143,23 +144,23 @@ async def test_a_listing_probes_a_turn_running_past_the_ttl_once(
             shown = [] if status == "failed" else ["running"]
             for lister, asked in ((other, 1), (rt, 0)):
                 probes: list[str] = []
-                acquire = lister.store.acquire_lease
+                read = lister.store.lease_held  # type: ignore[attr-defined]
 
                 async def counted(
                     session_id: str,
                     *args: Any,
                     probes: list[str] = probes,
-                    acquire: Any = acquire,
+                    read: Any = read,
                     **kwargs: Any,
                 ) -> Any:
                     probes.append(session_id)
-                    return await acquire(session_id, *args, **kwargs)
+                    return await read(session_id, *args, **kwargs)
 
-                lister.store.acquire_lease = counted  # type: ignore[method-assign]
+                lister.store.lease_held = counted  # type: ignore[attr-defined]
                 try:
                     listed = await lister.sessions(status=status)
                 finally:
-                    del lister.store.acquire_lease
+                    del lister.store.lease_held  # type: ignore[attr-defined]
                 assert [r.status for r in listed] == shown
                 assert len(probes) == asked
         finally:

@@ -5,6 +5,7 @@ the permission problem. Each test reads in a forked child that dropped root for 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pickle
 import shutil
@@ -22,6 +23,8 @@ import signoff as so
 from signoff.cli import app
 from signoff.stores import Commit, PendingFilter, SQLiteStore
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
+
+from .test_cli_queue import lapsed_pair, leases
 
 READER = 65534  # nobody
 OWNER = 65533  # an unprivileged uid of its own, that owns the store in a shared directory
@@ -509,3 +512,23 @@ def test_a_reader_through_a_symlink_sees_the_commits_in_the_writers_wal(folder: 
         writer.conn.close()
     assert head == 2 and "read-only to this process" in refused, (head, refused)
     assert sorted(_files(links)) == ["state.db"]
+
+
+def test_the_sessions_command_tells_a_held_session_on_a_store_it_may_only_read(
+    folder: Path,
+) -> None:
+    # `signoff sessions` reads whether a live drive holds a session whose TTL passed running: on
+    # a file this user may only read, the one a worker elsewhere holds is still listed running,
+    # the one no drive holds failed, and the store is left as it was. Its lease probe (a lease
+    # taken and given back, a write) was refused here, and both were listed failed.
+    url = f"sqlite:///{folder / 'state.db'}"
+    held, free = lapsed_pair(url)
+
+    def listed() -> dict[str, str]:
+        result = CliRunner().invoke(app, ["sessions", "--store", url, "--json"])
+        assert result.exit_code == 0, result.output
+        return {r["id"]: r["status"] for r in json.loads(result.stdout)}
+
+    before = leases(url)
+    assert as_user(READER, listed) == {held: "running", free: "failed"}
+    assert leases(url) == before

@@ -23,6 +23,7 @@ from signoff.stores import Commit, Store
 
 from .conftest import make_store
 from .test_store_conformance import T0, ev, new_session
+from .test_store_edited_rows import edit
 
 # -- leases ----------------------------------------------------------------------------------
 
@@ -191,6 +192,57 @@ async def test_leases_are_per_session(store: Store) -> None:
     assert await store.acquire_lease(s1, "w1", 10, T0) is not None
     assert await store.acquire_lease(s2, "w2", 10, T0) is not None
     assert await store.acquire_lease(s1, "w2", 10, T0) is None
+
+
+async def test_a_lease_row_deleted_by_hand_fences_the_holder_it_forgot(store_url: str) -> None:
+    """A lease row deleted behind the stores' back (by hand, a half-restored backup) starts the
+    next grant's token at 1 again: the token the holder that never knew has. A commit is fenced
+    on the owner as well as the token, so that holder's commits are refused, its renewals and
+    release do nothing, and the new holder's go through."""
+    store = make_store(store_url)
+    await store.open()
+    try:
+        sid = await new_session(store)
+        old = await store.acquire_lease(sid, "w1", 10, T0)
+        assert old is not None
+        edit(
+            store_url,
+            "DELETE FROM {t}leases WHERE sk = (SELECT sk FROM {t}sessions WHERE id = {p})",
+            sid,
+        )
+        new = await store.acquire_lease(sid, "w2", 10, T0 + 1)
+        assert new == old  # the same token, issued to another owner
+        forgotten = Commit(
+            session_id=sid, expected_seq=1, events=[ev(sid, 2)], lease_token=old, lease_owner="w1"
+        )
+        with pytest.raises(LeaseLost):
+            await store.commit(forgotten)
+        with pytest.raises(LeaseLost):
+            await store.commit(dataclasses.replace(forgotten, release_lease=True))
+        assert await store.head(sid) == 1
+        assert not await store.renew_lease(sid, "w1", old, 10, T0 + 2)
+        await store.release_lease(sid, "w1", old)
+        assert await store.acquire_lease(sid, "w3", 10, T0 + 2) is None  # still w2's
+        await store.commit(dataclasses.replace(forgotten, lease_owner="w2"))
+        assert await store.head(sid) == 2
+    finally:
+        await store.close()
+
+
+async def test_lease_held_reads_whether_a_live_lease_is_held(store: Store) -> None:
+    """`lease_held(session_id, now)`: a lease granted and live is held; one given back, or
+    lapsed by `now`, is not, nor is a session never leased or unknown. A read: the token the
+    next grant gets is the one after the last grant's, none skipped."""
+    sid = await new_session(store)
+    held = store.lease_held  # type: ignore[attr-defined]
+    assert not await held(sid, T0) and not await held("ses_unknown", T0)
+    t1 = await store.acquire_lease(sid, "w1", 10, T0)
+    assert t1 is not None
+    assert await held(sid, T0 + 9.9)
+    assert not await held(sid, T0 + 10)  # lapsed: another may take it
+    await store.release_lease(sid, "w1", t1)
+    assert not await held(sid, T0 + 1)
+    assert await store.acquire_lease(sid, "w2", 10, T0 + 1) == t1 + 1
 
 
 # -- claiming work (workers) -----------------------------------------------------------------

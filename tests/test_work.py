@@ -495,3 +495,57 @@ async def test_a_cancelled_worker_stops_its_turns_and_gives_their_leases_back(
             assert stopped.is_set()  # the nap was cancelled with the worker, not left running
             token = await front.store.acquire_lease(session_id, "another", 30.0, front.now())
             assert token is not None  # given back: another worker takes the session at once
+
+
+@pytest.mark.parametrize("where", ["answer", "confirmation", "mirrors"])
+async def test_a_worker_cancelled_mid_claim_gives_the_claimed_lease_back(
+    store_url: str, where: str
+) -> None:
+    """`work()` cancelled between a claim's grant and the drive that takes it over: while the
+    claim's answer is on its way (the store granted it all the same), while the claim that
+    waited long is confirmed, or while the drive looks at a parent's mirrors before taking the
+    lease over. The lease is given back, so another worker takes the session at once; it was
+    left held for the whole TTL (600 s here), no drive of it running anywhere."""
+    clock = ManualClock(time.time())
+    reached = asyncio.Event()
+    agent = scripted_agent("support", [reply("Done.")])
+    async with (
+        so.Runtime([agent], store=store_url, inline=False, clock=clock) as front,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=600, clock=clock) as worker,
+    ):
+        session_id = (await front.generate("support", prompt="hello")).session_id
+        store = worker.store
+        claim, renew, load = store.claim, store.renew_lease, store.load
+
+        async def held_up() -> None:
+            reached.set()
+            await asyncio.sleep(0.3)  # the answer on its way, or a slow read
+
+        async def claiming(*args: Any, **kwargs: Any) -> list[tuple[str, int]]:
+            claimed = await claim(*args, **kwargs)
+            if claimed and where == "answer":
+                await held_up()
+            if claimed and where == "confirmation":
+                clock.advance(300)  # the claim waited long: it is renewed before it is driven
+            return claimed
+
+        async def renewing(*args: Any) -> bool:
+            if where == "confirmation":
+                await held_up()
+            return await renew(*args)
+
+        async def loading(*args: Any, **kwargs: Any) -> Any:
+            if where == "mirrors" and asyncio.current_task().get_name() == session_id:  # type: ignore[union-attr]
+                await held_up()
+            return await load(*args, **kwargs)
+
+        store.claim = claiming  # type: ignore[method-assign]
+        store.renew_lease = renewing  # type: ignore[method-assign,assignment]
+        store.load = loading  # type: ignore[method-assign]
+        task = asyncio.create_task(worker.work(idle_wait=0.05))
+        await asyncio.wait_for(reached.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        token = await front.store.acquire_lease(session_id, "another", 30.0, front.now())
+        assert token is not None  # given back: another worker takes the session at once

@@ -52,6 +52,7 @@ class Driver(ToolCalls, ModelStep):
         agent: Agent,
         state: SessionState,
         lease_token: int | None,
+        lease_owner: str | None = None,
         clock: Callable[[], float] = time.time,
         abort_signal: asyncio.Event | None = None,
         lock: AnyLoopLock | None = None,
@@ -68,6 +69,7 @@ class Driver(ToolCalls, ModelStep):
         # and started): never this drive's, so it records nothing into it.
         self.own_turn = None if state.turn is None else state.turn.id
         self.lease_token = lease_token
+        self.lease_owner = lease_owner  # whom the lease was granted to: fenced with the token
         self.clock = clock
         self.abort_signal = abort_signal or asyncio.Event()
         # What delegate tools drive subagents through; the runtime sets it (see _subagents).
@@ -162,6 +164,8 @@ class Driver(ToolCalls, ModelStep):
                     and after is not None
                     and ends_drive(events, after)
                 )
+                if self.held is not None:  # given back for good once it commits
+                    self.held.releasing = release
                 try:
                     await self.store.commit(
                         Commit(
@@ -169,6 +173,7 @@ class Driver(ToolCalls, ModelStep):
                             expected_seq=before,
                             events=events,
                             lease_token=self.lease_token,
+                            lease_owner=self.lease_owner,
                             new_requests=new_requests,
                             updated_requests=updated,
                             resolve=resolve,
@@ -183,7 +188,11 @@ class Driver(ToolCalls, ModelStep):
                             release_lease=release,
                         )
                     )
-                except AppendConflict:
+                except BaseException as exc:
+                    if self.held is not None:  # the lease is still ours to lose, or lost
+                        self.held.releasing = False
+                    if not isinstance(exc, AppendConflict):
+                        raise
                     await self.reload()
                     continue
                 # Applied only once committed, so a state object is never ahead of the store.

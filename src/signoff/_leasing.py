@@ -99,6 +99,9 @@ class Held:
     # processes recorded since (`Leasing._cancelled_elsewhere`), a cancel or a steer.
     drive: Callable[[], tuple[str | None, int]] | None = None
     read: int = 0  # the last event those renewals read: the next reads on from there
+    # A commit that gives the lease back is on its way: a renewal refused meanwhile may have
+    # met that release, not a takeover (a real one refuses the commit too, which says so).
+    releasing: bool = False
 
     def renewed(self, asked_at: float, expires: float) -> None:
         """A renewal asked at `asked_at` (`_AWAKE()`) got through: the lease is known
@@ -402,7 +405,8 @@ class Leasing:
                     pause = min(ttl / 10, left / 2 if left >= ttl / 50 else left)
                     continue
                 if not live:
-                    log.warning("session %s: lease %d was taken over", session_id, token)
+                    if not held.releasing:
+                        log.warning("session %s: lease %d was taken over", session_id, token)
                     held.lose()  # fenced: this drive can write nothing more
                     return
                 held.renewed(asked_at, asked + self.lease_ttl)

@@ -106,15 +106,24 @@ class Runtime(Auditing):
         replaced._fresh()
         return replaced
 
-    def _driver(self, state: SessionState, token: int | None) -> Driver:
-        driver = super()._driver(state, token)
+    def _driver(self, state: SessionState, lease: tuple[str, int] | None) -> Driver:
+        driver = super()._driver(state, lease)
         driver.host = _subagents.RuntimeHost(self)  # delegate tools drive child sessions here
         return driver
 
     async def _drive(self, session_id: str, **kwargs: Any) -> GenerateResult:
         check_session_id(session_id)
         # A subagent's parent: its mirrors of what closed close first, lest a death lose them.
-        await _child_sessions.before_drive(self, session_id)
+        try:
+            await _child_sessions.before_drive(self, session_id)
+        except asyncio.CancelledError:
+            # Stopped before the drive took over the lease it was given (a worker's claim): it
+            # is given back, as the drive would give it back, not left to lapse undriven.
+            given = kwargs.get("claimed") or kwargs.get("leased")
+            if given is not None:
+                with contextlib.suppress(StoreError):  # else kept in `_unreleased` for later
+                    await self._release(session_id, *given)
+            raise
         result = await super()._drive(session_id, **kwargs)
         await _child_sessions.after_drive(self, session_id)  # a subagent's parent may go on now
         return result
@@ -139,7 +148,7 @@ class Runtime(Auditing):
     async def _expire(
         self,
         state: SessionState,
-        lease: int | None = None,
+        lease: tuple[str, int] | None = None,
         probes: dict[str, bool] | None = None,
         extra: Sequence[EventSpec] = (),
     ) -> None:

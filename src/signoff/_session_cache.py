@@ -380,14 +380,15 @@ class SessionCache(Leasing):
         session_id: str,
         *,
         trust_cache: bool = False,
-        lease: int | None = None,
+        lease: tuple[str, int] | None = None,
         head: int | None = None,
         probes: dict[str, bool] | None = None,
     ) -> SessionState:
         """The session's state with its lapsed TTL and passed deadlines applied; `lease` is the
-        caller's token on it, if any, and `head` the session's head when it was granted.
-        `trust_cache` skips the store's head when nothing is due on the cached state: a stale
-        cache makes the caller's append conflict instead. `probes`: see `_busy`."""
+        caller's lease on it (owner and token), if any, and `head` the session's head when it
+        was granted. `trust_cache` skips the store's head when nothing is due on the cached
+        state: a stale cache makes the caller's append conflict instead. `probes`: see
+        `_busy`."""
         check_session_id(session_id)
         now = self.now()
         cached = self._cache.get(session_id) if trust_cache else None
@@ -409,7 +410,7 @@ class SessionCache(Leasing):
     async def _expire(
         self,
         state: SessionState,
-        lease: int | None = None,
+        lease: tuple[str, int] | None = None,
         probes: dict[str, bool] | None = None,
         extra: Sequence[EventSpec] = (),
     ) -> None:
@@ -427,12 +428,14 @@ class SessionCache(Leasing):
             self._cache.pop(state.id, None)
         raise SessionExpired(state.id, [r.id for r in pending])
 
-    def _driver(self, state: SessionState, token: int | None) -> Driver:
+    def _driver(self, state: SessionState, lease: tuple[str, int] | None) -> Driver:
+        """A driver of `state`, recording under `lease` (its owner and token) if given."""
         return Driver(
             store=self.store,
             agent=self.agent(state.agent),
             state=state,
-            lease_token=token,
+            lease_token=None if lease is None else lease[1],
+            lease_owner=None if lease is None else lease[0],
             clock=self.now,
             abort_signal=self._abort_of(state.id),
             lock=self._lock_of(state.id),
@@ -453,8 +456,8 @@ class SessionCache(Leasing):
             return self._aborts.setdefault(session_id, AnyLoopEvent())
 
     async def _busy(self, session_id: str, probes: dict[str, bool] | None = None) -> bool:
-        """Whether a drive holds the session's lease: a lease taken and released, a store write.
-        `probes` holds the answers one listing already had, so it asks the store once a session."""
+        """Whether a drive holds the session's lease, here or in the store. `probes` holds the
+        answers one listing already had, so it asks the store once a session."""
         if probes is not None and session_id in probes:
             return probes[session_id]
         busy = await self._probe(session_id)
@@ -465,6 +468,10 @@ class SessionCache(Leasing):
     async def _probe(self, session_id: str) -> bool:
         if session_id in self._holders:  # a drive here, even one whose lease lapsed: not taken
             return True
+        held = getattr(self.store, "lease_held", None)
+        if held is not None:  # read: a listing writes nothing, and works where it may only read
+            return bool(await held(session_id, self.now()))
+        # A store without it: the lease is asked for and given back at once, a write.
         token = await self.store.acquire_lease(session_id, self.owner, 1.0, self.now())
         if token is None:
             return True

@@ -127,7 +127,7 @@ async def session_page(
     probes: dict[str, bool],
 ) -> list[SessionSummary]:
     """The page of `Runtime.sessions` (its arguments checked) as of `now`. `probes` keeps which
-    drives hold a turn, for `shown_total` to reuse: a lease probe is a write."""
+    drives hold a turn, for `shown_total` to reuse: a lease probe is a round trip."""
     lapsed = await lapsed_page(rt, agent, status, limit, offset, now, probes)
     if lapsed is not None:
         return lapsed

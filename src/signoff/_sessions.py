@@ -233,13 +233,13 @@ class SessionRunner(SessionCache):
                 failed = True
                 lost = cancelled = False
                 try:
-                    state = await self._checked(session_id, lease=token, head=head)
+                    state = await self._checked(session_id, lease=(owner, token), head=head)
                     if await self._recover(state):  # under the lease, its renewals running
-                        state = await self._checked(session_id, lease=token)
+                        state = await self._checked(session_id, lease=(owner, token))
                     if n == 0 and state.turn is not None and not turn_over(state.turn):
                         began = state.turn
                     span.begin(state, self.now())
-                    driver = self._driver(state, token)
+                    driver = self._driver(state, (owner, token))
                     driver.traceparent = span.traceparent()
                     driver.release_at_end = True
                     driver.held = held

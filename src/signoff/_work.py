@@ -461,18 +461,32 @@ class Workers(Messages):
         # (a loaded machine) is still its own to renew; claimed, a second drive here ran the
         # call its body was running again. (Told only when there are some.)
         busy = {"skip": sorted(self._driving)} if self._driving else {}
-        claimed = await self.store.claim(owner, self.lease_ttl, now, limit, agents=agents, **busy)
+        asking = asyncio.ensure_future(
+            self.store.claim(owner, self.lease_ttl, now, limit, agents=agents, **busy)
+        )
+        try:
+            claimed = await asyncio.shield(asking)
+        except asyncio.CancelledError:
+            # The worker stopped with the claim on its way: granted all the same, its leases
+            # are given back once it answers, not left to lapse with no drive of theirs.
+            with contextlib.suppress(Exception):
+                await self._give_back(await asking, owner)
+            raise
         held: list[tuple[str, int]] = []
-        for session_id, token in claimed:
-            try:
-                if await self._still_held(session_id, owner, token, now):
-                    held.append((session_id, token))
-            except StoreError as exc:
-                log.warning(
-                    "session %s: claimed but not confirmed, giving it back: %s", session_id, exc
-                )
-                with contextlib.suppress(StoreError):  # else it lapses: claimed after the TTL
-                    await self.store.release_lease(session_id, owner, token)
+        try:
+            for session_id, token in claimed:
+                try:
+                    if await self._still_held(session_id, owner, token, now):
+                        held.append((session_id, token))
+                except StoreError as exc:
+                    log.warning(
+                        "session %s: claimed but not confirmed, giving it back: %s", session_id, exc
+                    )
+                    with contextlib.suppress(StoreError):  # else it lapses: claimed after the TTL
+                        await self.store.release_lease(session_id, owner, token)
+        except asyncio.CancelledError:  # stopped while confirming: no drive takes any of them
+            await self._give_back(claimed, owner)
+            raise
         return held
 
     async def _give_back(self, claimed: Sequence[tuple[str, int]], owner: str) -> None:

@@ -81,13 +81,17 @@ class Commit:
     """Everything one transaction writes to one session.
 
     It applies only if the session's head is still `expected_seq` (and, given a lease token, the
-    lease is still ours); every `Resolve` must find its request pending, or nothing is written.
+    lease is still ours: that token, and `lease_owner`'s if given); every `Resolve` must find its
+    request pending, or nothing is written.
     """
 
     session_id: str
     expected_seq: int
     events: Sequence[Event]
     lease_token: int | None = None
+    # The owner the lease was granted to: a token alone repeats once the lease row is deleted
+    # (by hand, a restore), and the holder that never knew would write beside the new one.
+    lease_owner: str | None = None
     new_requests: Sequence[InputRequest] = ()
     updated_requests: Sequence[InputRequest] = ()  # new data for still-open requests
     resolve: Sequence[Resolve] = ()
@@ -203,6 +207,9 @@ class Store(Protocol):
     stores have it: a listing's total then never differs from its page by a commit between);
     `sessions_counted(...)`, `sessions(...)` and `count_sessions(...)` (the same keywords) read
     in one snapshot, likewise for the listings of sessions;
+    `lease_held(session_id, now)`, whether a drive holds the session's lease at `now` (both
+    stores have it: a listing then reads that, where it took the lease and gave it back, a
+    write that a store it may only read refuses);
     and a store whose `pending()` honours `PendingFilter.due_by` lists only the due requests."""
 
     url: str

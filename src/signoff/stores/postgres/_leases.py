@@ -207,6 +207,23 @@ class Leases(Connections):
         )
         return bool(renewed)
 
+    async def lease_held(self, session_id: str, now: float) -> bool:
+        """Whether a drive holds the session's lease at `now` (granted, not given back, not
+        lapsed): what a listing shows by, read without a write (a role that may only SELECT)."""
+        s = self._s
+        if not storable(session_id):
+            return False
+
+        async def body(conn: Conn) -> bool:
+            cur = await conn.execute(
+                f"SELECT 1 FROM {s}.leases l JOIN {s}.sessions x ON x.sk = l.sk "
+                "WHERE x.id = %s AND l.owner <> '' AND l.expires_at > %s",
+                (session_id, now),
+            )
+            return await cur.fetchone() is not None
+
+        return await self._read(body, f"reading the lease on session {session_id!r}")
+
     async def release_lease(self, session_id: str, owner: str, token: int) -> None:
         s = self._s
         if not storable(session_id):

@@ -224,14 +224,16 @@ def commit_sql(
     lease: bool,
     release: bool,
     sync: bool,
+    owner: bool = False,
 ) -> str:
     """`commit`'s statement for a commit of this shape.
 
     `c` locks the session row (then `l` holds the lease row, in that order, as `claim` takes
     them); `t` finds the row naming the turn at the head; `g` holds the session's key only if
-    head, audit chain head, lease and (when it writes events, whose rows depend on it) the row
-    naming the turn are as the commit expects, and every write reads it, so a commit that does
-    not apply writes nothing. The answer is the state found and whether it applied;
+    head, audit chain head, lease (its token, and its owner with `owner`) and (when it writes
+    events, whose rows depend on it) the row naming the turn are as the commit expects, and
+    every write reads it, so a commit that does not apply writes nothing. The answer is the
+    state found and whether it applied (and the lease's owner, after the turn);
     `request_closed()` raises, undoing all of it, if a request to resolve was not pending.
 
     `t` sees the events as they were when the statement started. If it then waited for the row
@@ -257,10 +259,12 @@ def commit_sql(
         # but only `FOR KEY SHARE`: a renewal (an UPDATE of no key) need not wait for the commit
         # (under load the lease lapsed meanwhile); a takeover waits for it at the session row.
         parts.append(
-            f"l AS (SELECT CASE WHEN owner <> '' THEN token END AS token FROM {s}.leases "
+            f"l AS (SELECT CASE WHEN owner <> '' THEN token END AS token, owner FROM {s}.leases "
             "WHERE sk = (SELECT sk FROM c) FOR KEY SHARE)"
         )
         check += " AND (SELECT token FROM l) = %s::bigint"
+        if owner:
+            check += " AND (SELECT owner FROM l) = %s::text"
     parts.append(f"g AS (SELECT c.sk FROM c WHERE {check})")
     if resolve:
         parts.append(f"y AS (SELECT * FROM {rows_sql(resolve, _RESOLVE_COLUMNS)})")
@@ -313,6 +317,8 @@ def commit_sql(
     answer = "c.head, " + ("(SELECT token FROM l)" if lease else "NULL::bigint")
     answer += ", c.audit_n, c.audit_hash, EXISTS (SELECT FROM g), (SELECT seq FROM t)"
     answer += ", (SELECT turn FROM t)"
+    if lease:
+        answer += ", (SELECT owner FROM l)"
     if sync:
         answer += ", set_config('synchronous_commit', %s, true)"
     if resolve:

@@ -135,7 +135,7 @@ class PostgresStore(Reads, Leases):
         s = self._s
         sid = commit.session_id
         label = commit.events[0].type if commit.events else "commit"
-        token = commit.lease_token
+        token, owner = commit.lease_token, commit.lease_owner
         events = commit.events
         updated = {
             req.id: (pack_bytes(req.model_dump(mode="json", exclude_defaults=True)), req.expires_at)
@@ -230,6 +230,7 @@ class PostgresStore(Reads, Leases):
                 token is not None,
                 commit.release_lease and token is not None,
                 sync is not None,
+                token is not None and owner is not None,
             )
             # In the order of their placeholders in `commit_sql`.
             params: list[Any] = [sid, commit.expected_seq, state.audit_n, state.audit_hash]
@@ -237,6 +238,8 @@ class PostgresStore(Reads, Leases):
                 params += [state.turn_seq, state.turn]
             if token is not None:
                 params.append(token)
+                if owner is not None:
+                    params.append(owner)
             if resolve_rows:
                 params += rows_params(resolve_rows)
             if new_rows:
@@ -300,7 +303,9 @@ class PostgresStore(Reads, Leases):
                     written.clear()  # our first attempt did commit after all
                     break
                 raise AppendConflict(f"session {sid!r} is at seq {head}, not {commit.expected_seq}")
-            if token is not None and (row[1] is None or int(row[1]) != token):
+            if token is not None and (
+                row[1] is None or int(row[1]) != token or owner not in (None, row[7])
+            ):
                 raise LeaseLost(f"lease {token} on session {sid!r} was taken over")
             guess = None  # a stale guess of the chain head or the turn: read it again
         else:

@@ -9,7 +9,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from ..._exceptions import UnknownSession
-from ._connection import Connection, immediate, kept, serialised
+from ._connection import Connection, immediate, kept, reading, serialised
 from ._files import beside
 
 __all__ = ["Leases"]
@@ -108,6 +108,17 @@ class Leases(Connection):
         for session_id, token in claimed:
             self._granted(session_id, token, now, ttl)
         return claimed
+
+    @reading
+    async def lease_held(self, session_id: str, now: float) -> bool:
+        """Whether a drive holds the session's lease at `now` (granted, not given back, not
+        lapsed): what a listing shows by, read without a write."""
+        row = self.conn.execute(
+            "SELECT 1 FROM leases l JOIN sessions s ON s.sk = l.sk "
+            "WHERE s.id=? AND l.owner <> '' AND l.expires_at > ?",
+            (session_id, now),
+        ).fetchone()
+        return row is not None
 
     @serialised
     async def release_lease(self, session_id: str, owner: str, token: int) -> None:

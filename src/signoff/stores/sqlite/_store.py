@@ -129,7 +129,8 @@ class SQLiteStore(Reads, Leases):
                 # A released lease (no owner) keeps its token for the next grant, but fences it.
                 row = conn.execute(
                     "SELECT s.sk, s.head, CASE WHEN l.owner <> '' THEN l.token END, s.audit_n, "
-                    "s.audit_hash FROM sessions s LEFT JOIN leases l ON l.sk = s.sk WHERE s.id=?",
+                    "s.audit_hash, l.owner FROM sessions s LEFT JOIN leases l ON l.sk = s.sk "
+                    "WHERE s.id=?",
                     (commit.session_id,),
                 ).fetchone()
                 if row is None:
@@ -141,7 +142,9 @@ class SQLiteStore(Reads, Leases):
                         f"session {commit.session_id!r} is at seq {head}, not {commit.expected_seq}"
                     )
                 if commit.lease_token is not None and (
-                    row[2] is None or kept(row[2], int, sid, "lease token") != commit.lease_token
+                    row[2] is None
+                    or kept(row[2], int, sid, "lease token") != commit.lease_token
+                    or commit.lease_owner not in (None, row[5])
                 ):
                     raise LeaseLost(
                         f"lease {commit.lease_token} on session {commit.session_id!r} "
