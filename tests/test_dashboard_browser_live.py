@@ -5,7 +5,6 @@ its request is told it is closed."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import time
@@ -243,6 +242,18 @@ def test_the_pager_follows_the_queue_as_it_shrinks_and_grows(
     expect(pager).to_contain_text("Page 2 of 2")
 
 
+# The pauses the page's script sets before it tries a stream again, in order: its only timers
+# of a random length (the others' are whole milliseconds).
+PAUSES = """
+const setTimer = window.setTimeout;
+window.pauses = [];
+window.setTimeout = (f, ms, ...args) => {
+  if (!Number.isInteger(ms)) window.pauses.push(ms);
+  return setTimer(f, ms, ...args);
+};
+"""
+
+
 def _stream(page: Page, base: str, where: str, answer: Callable[[Route], None]) -> dict[str, Any]:
     """Open the queue's page, or a session's, with its stream's requests answered by `answer`."""
     body = start(base)
@@ -272,14 +283,21 @@ def test_a_stream_the_browser_gave_up_on_is_opened_again_with_a_backoff(
         else:
             route.continue_()
 
+    page.add_init_script(PAUSES)
     body = _stream(page, base, where, refuse)
     status = page.locator("#live-status")
     expect(status).to_have_text("Reconnecting…")
     expect(page.locator("#live-dot.on")).to_be_attached(timeout=20_000)
     expect(status).to_have_text("")
     assert [m for m, _ in tried] == ["GET", "HEAD", "HEAD", "HEAD", "GET"], tried
-    gaps = [b - a for (_, a), (_, b) in itertools.pairwise(tried)]
-    assert 0.5 <= gaps[0] < gaps[1] < gaps[2], gaps  # backing off, not hammering
+    # Backing off, not hammering: each pause the page set is twice the last (1 s, 2 s, 4 s, each
+    # give or take a fifth), and was waited out. The pauses are the script's, not the measured
+    # gaps, which a busy machine stretches (a page read before the first try, say).
+    pauses = [ms / 1000 for ms in page.evaluate("window.pauses")]
+    assert len(pauses) == 3, pauses
+    for n, (pause, (_, a), (_, b)) in enumerate(zip(pauses, tried, tried[1:], strict=False)):
+        assert 0.8 * 2**n <= pause <= 1.2 * 2**n, pauses
+        assert b - a >= pause - 0.05, (pauses, tried)
     if where == "queue":
         later = start(base)  # live again: a new request shows without a reload
         expect(page.locator(f"[data-request-id='{later['pending'][0]['id']}']")).to_have_count(1)
