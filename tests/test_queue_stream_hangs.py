@@ -5,43 +5,18 @@ server that begins to stop ends it without waiting for that call."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 import signoff as so
-from signoff.server._context import ServerContext
 from signoff.server._queue_stream import queue_changes
 from signoff.server._sign_ins import Grant, SignOuts
 
 from .test_server_common import ALICE, make_agents
-from .test_sse_stream import _context, _request
+from .test_sse_stream import _context, _keep_alives_while_hung, _request
 
 ADMIN = so.Principal(authenticator="token", principal_id="root", attributes={"admin": True})
-
-
-async def _keep_alives_while_hung(
-    ctx: ServerContext, stream: AsyncIterator[str], hung: asyncio.Event, released: asyncio.Event
-) -> None:
-    """Read `stream` until `hung` is set, then check it sends a keep-alive each heartbeat
-    (0.05 s) meanwhile, and that a stopping server ends it and drops the call it waited on."""
-    messages: list[tuple[float, str]] = []
-
-    async def read() -> None:
-        async for message in stream:
-            messages.append((time.monotonic(), message))
-
-    reader = asyncio.create_task(read())
-    await asyncio.wait_for(hung.wait(), 10)
-    began = time.monotonic()
-    await asyncio.sleep(0.5)
-    alive = [t for t, m in messages if t >= began and m.startswith(": keep-alive")]
-    assert len(alive) >= 5, messages[-3:]  # one a heartbeat, not none for 0.5 s
-    ctx.closing = True
-    await asyncio.wait_for(reader, 5)  # the stream ended without the call's answer
-    await asyncio.wait_for(released.wait(), 5)  # and the call it waited on was dropped
 
 
 def _hanging(hung: asyncio.Event, released: asyncio.Event) -> Any:
