@@ -95,6 +95,7 @@ class FakeSlack:
         self.retry_after = "1"
         self.failing: dict[str, str] = {}  # method -> the error it answers with
         self.slow: dict[str, float] = {}  # method -> seconds it takes to answer (once recorded)
+        self.held: dict[str, asyncio.Event] = {}  # method -> answered once it is set (recorded)
         self.down: dict[str, int] = {}  # method -> how many calls to answer with an HTTP 503
         # method -> how many calls a gateway answers with a 504 after Slack carried them out
         self.lost: dict[str, int] = {}
@@ -138,6 +139,8 @@ class FakeSlack:
         self.tokens.append(request.headers.get("Authorization"))
         if method in self.slow:
             await asyncio.sleep(self.slow[method])
+        if method in self.held:
+            await self.held[method].wait()
         refused = (
             refusal(body.get("blocks")) if method in ("chat.postMessage", "chat.update") else None
         )
