@@ -69,12 +69,13 @@ async def test_a_commit_frozen_between_its_statements_does_not_block_the_session
         model=so.models.Scripted([so.ModelResponse(text="Hello.")], repeat_last=True),
     )
     frozen_thread: list[threading.Thread] = []
+    resume = threading.Event()  # set once the other write is checked
     read = threading.Event()
 
     def freezing(*args: Any) -> Any:
         if threading.current_thread() in frozen_thread:
             read.set()
-            time.sleep(3)  # the whole process stops, its event loop with it
+            resume.wait(10)  # the whole process stops, its event loop with it
         return event_rows(*args)
 
     monkeypatch.setattr("signoff.stores.postgres._store.event_rows", freezing)
@@ -104,11 +105,13 @@ async def test_a_commit_frozen_between_its_statements_does_not_block_the_session
         thread.start()
         try:
             assert await asyncio.to_thread(read.wait, 5)
-            started = time.monotonic()
             result = await asyncio.wait_for(rt.generate(session_id=sid, prompt="Hi"), 10)
             assert result.status == "completed"
-            assert time.monotonic() - started < 1.5  # not held until its own deadline
+            # Done while the other is frozen: waiting for it, it would be cut by its own
+            # operation_timeout (2 s), or let through by the server ending the frozen one's
+            # transaction (after 1 s idle), which the frozen one's outcome below would show.
         finally:
+            resume.set()
             await asyncio.to_thread(thread.join, 10)
         assert len(outcome) == 1 and isinstance(outcome[0], so.AppendConflict)
         after = await rt.store.read_events(sid, after=head)
@@ -127,6 +130,7 @@ async def test_a_claim_frozen_before_its_commit_does_not_block_the_session(
         model=so.models.Scripted([so.ModelResponse(text="Hello.")], repeat_last=True),
     )
     frozen_thread: list[threading.Thread] = []
+    resume = threading.Event()  # set once the other write is checked
     answered = threading.Event()
     real_fetchall = psycopg.AsyncCursor.fetchall
 
@@ -134,7 +138,7 @@ async def test_a_claim_frozen_before_its_commit_does_not_block_the_session(
         rows = await real_fetchall(self)
         if threading.current_thread() in frozen_thread:
             answered.set()
-            time.sleep(3)  # the whole process stops, its event loop with it
+            resume.wait(10)  # the whole process stops, its event loop with it
         return rows
 
     monkeypatch.setattr(psycopg.AsyncCursor, "fetchall", freezing)
@@ -157,13 +161,15 @@ async def test_a_claim_frozen_before_its_commit_does_not_block_the_session(
         thread.start()
         try:
             assert await asyncio.to_thread(answered.wait, 5)
-            started = time.monotonic()
             event = so.Event(
                 session_id=sid, seq=head + 1, type="session.waiting", at=time.time(), data={}
             )
             await rt.store.commit(Commit(session_id=sid, expected_seq=head, events=[event]))
-            assert time.monotonic() - started < 1.5  # not held until the worker resumes
+            # Done while the other is frozen: waiting for it, it would be cut by its own
+            # operation_timeout (2 s), or let through by the server ending the frozen one's
+            # transaction (after 1 s idle), which the frozen one's outcome below would show.
         finally:
+            resume.set()
             await asyncio.to_thread(thread.join, 10)
         assert [s for s, _ in claimed[0]] == [sid]
 
@@ -178,12 +184,13 @@ async def test_an_audit_entry_frozen_before_its_commit_does_not_block_the_stream
     the frozen one, resumed, chains onto the moved head."""
     url = f"{pg_store_url}?operation_timeout=2"
     frozen_thread: list[threading.Thread] = []
+    resume = threading.Event()  # set once the other write is checked
     preparing = threading.Event()
 
     def freezing(**kwargs: Any) -> Any:
         if threading.current_thread() in frozen_thread:
             preparing.set()
-            time.sleep(3)  # the whole process stops, its event loop with it
+            resume.wait(10)  # the whole process stops, its event loop with it
         return chain_parts(**kwargs)
 
     monkeypatch.setattr("signoff.stores.postgres._store.chain_parts", freezing)
@@ -210,10 +217,12 @@ async def test_an_audit_entry_frozen_before_its_commit_does_not_block_the_stream
         thread.start()
         try:
             assert await asyncio.to_thread(preparing.wait, 5)
-            started = time.monotonic()
             await asyncio.wait_for(rt.store.record_audit([row("other")]), 10)
-            assert time.monotonic() - started < 1.5  # not held until the frozen one resumes
+            # Done while the other is frozen: waiting for it, it would be cut by its own
+            # operation_timeout (2 s), or let through by the server ending the frozen one's
+            # transaction (after 1 s idle), which the frozen one's outcome below would show.
         finally:
+            resume.set()
             await asyncio.to_thread(thread.join, 10)
         assert outcome == [None]
         entries = await rt.store.audit(stream="tools:a.t")
