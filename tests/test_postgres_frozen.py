@@ -83,6 +83,10 @@ asyncio.run(main())
 # Backends of other processes in a transaction that holds a lock (a row's, through its
 # transaction id, or an advisory one) while waiting for their client: what a frozen process
 # would leave blocking the session's writers.
+# Each store call's deadline: a lock held by the frozen process would be freed by the server at
+# half of it (its idle transaction ended), or cut the write at it; a write on time takes a
+# fraction of a second, however busy the machine.
+DEADLINE = 10.0
 _HOLDING = (
     "SELECT COUNT(DISTINCT a.pid) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
     "WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() "
@@ -102,9 +106,9 @@ async def test_a_process_frozen_just_after_sending_a_commit_holds_no_lock(
     """Frozen right after its commit statement went out, a process holds no row lock: the
     server committed it with the statement (it was one message with its Sync), so an answer on
     the session goes through at once, after it, rather than waiting for the frozen process to
-    wake or for its own `operation_timeout` (3 s) to cut it; the frozen process, woken, finds
+    wake or for its own `operation_timeout` to cut it; the frozen process, woken, finds
     its commit applied."""
-    url = f"{pg_store_url}?operation_timeout=3"
+    url = f"{pg_store_url}?operation_timeout={DEADLINE:g}"
     pid_file = tmp_path / "frozen.pid"
     async with so.Runtime([_agent()], store=url) as rt:
         sid = await rt.create_session("support")
@@ -120,7 +124,7 @@ async def test_a_process_frozen_just_after_sending_a_commit_holds_no_lock(
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == ["committed"]
         assert result.status == "completed"
-        assert elapsed < 1.5  # not held until the frozen process wakes or its own deadline
+        assert elapsed < DEADLINE / 3  # not held until the frozen process wakes or its own deadline
         events = await rt.store.read_events(sid)
         assert [e.type for e in events][1:3] == ["session.waiting", "turn.started"]
     check_logs(pg_store_url)
@@ -132,7 +136,7 @@ async def test_a_worker_frozen_just_after_sending_its_claim_holds_no_lock(
     """A worker's claim locks the sessions it leases: frozen right after sending it, the worker
     holds no lock (the claim was committed with it), so a write on the claimed session goes
     through at once."""
-    url = f"{pg_store_url}?operation_timeout=3"
+    url = f"{pg_store_url}?operation_timeout={DEADLINE:g}"
     pid_file = tmp_path / "frozen.pid"
     async with so.Runtime([_agent()], store=url, inline=False) as rt:
         sid = (await rt.generate("support", "Hi")).session_id  # running, for a worker
@@ -159,7 +163,7 @@ async def test_a_worker_frozen_just_after_sending_its_claim_holds_no_lock(
         done = await child
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == [f'["{sid}"]']
-        assert elapsed < 1.5  # not held until the frozen worker wakes or its own deadline
+        assert elapsed < DEADLINE / 3  # not held until the frozen worker wakes or its own deadline
     check_logs(pg_store_url)
 
 
@@ -170,7 +174,7 @@ async def test_an_audit_entry_frozen_just_after_it_was_sent_holds_no_lock(
     chains onto the stream's head: frozen right after sending it, a process holds no lock (the
     lock, the entry and the end of the transaction went out in one message), so another
     process's entry on the same stream is written at once, chained after it."""
-    url = f"{pg_store_url}?operation_timeout=3"
+    url = f"{pg_store_url}?operation_timeout={DEADLINE:g}"
     pid_file = tmp_path / "frozen.pid"
     stream = "tools:a.t"
     async with so.Runtime([], store=url) as rt:
@@ -188,7 +192,7 @@ async def test_an_audit_entry_frozen_just_after_it_was_sent_holds_no_lock(
         done = await child
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == ["recorded"]
-        assert elapsed < 1.5  # not held until the frozen process wakes or its own deadline
+        assert elapsed < DEADLINE / 3  # not held until the frozen process wakes or its own deadline
         entries = await rt.store.audit(stream=stream)
         assert [(e.n, e.data["new"]) for e in entries] == [(1, "frozen"), (2, "b")]
         assert await rt.verify_audit() == []
