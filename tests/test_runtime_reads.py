@@ -39,7 +39,10 @@ async def test_events_follow_live(tmp_path: Path) -> None:
                     return
 
         task = asyncio.create_task(follow())
-        await asyncio.sleep(0.05)
+        async with asyncio.timeout(10):  # its first read, however busy the machine
+            while not seen:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # a few polls (0.01 s): nothing more comes meanwhile
         assert [e.type for e in seen] == ["turn.waiting"]
         await rt.generate(
             session_id=r.session_id, approvals=[so.Decision(id=r.pending[0].id, approved=True)]

@@ -72,7 +72,10 @@ async def test_a_waiting_stream_sends_a_new_event_promptly_and_once(store_url: s
                             seen.set()
 
         reader = asyncio.create_task(read())
-        await asyncio.sleep(0.5)  # caught up, and waiting
+        async with asyncio.timeout(10):  # caught up, however busy the machine
+            while len(ids) < head:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)  # and waiting: nothing more comes meanwhile
         assert ids == list(range(1, head + 1))
         await rt.cancel(sid)
         await asyncio.wait_for(seen.wait(), 2)

@@ -60,6 +60,14 @@ async def test_a_prompt_left_open_is_asked_again_when_the_hub_starts_again(
         assert runs == ["A-1", "B-2", "C-3"]
 
 
+async def _reading(readers: Callable[[], int]) -> None:
+    """Until a prompt reads the terminal (its thread started): 10 s at most, however busy the
+    machine; it used to go on after 0.5 s, and `most` was then 0."""
+    async with asyncio.timeout(10):
+        while not readers():
+            await asyncio.sleep(0.01)
+
+
 async def test_a_request_closed_elsewhere_leaves_one_prompt_reading_the_terminal(
     tmp_path: Path,
 ) -> None:
@@ -91,10 +99,7 @@ async def test_a_request_closed_elsewhere_leaves_one_prompt_reading_the_terminal
             await hub.poll()
             await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
             await hub.poll()  # A closed: the person is told, while A's prompt still reads
-            for _ in range(50):
-                if reading:
-                    break
-                await asyncio.sleep(0.01)
+            await _reading(lambda: reading)
             await asyncio.sleep(0.1)
             assert most == 1
             assert "issue_refund was approved by the policy" in out.getvalue()
@@ -142,10 +147,7 @@ async def test_a_hub_stopped_and_started_again_in_the_process_keeps_the_prompt_o
         hub = ChannelHub(rt, [prompts])
         async with manual(hub):
             await hub.poll()
-            for _ in range(50):
-                if reading:
-                    break
-                await asyncio.sleep(0.01)
+            await _reading(lambda: reading)
         async with manual(hub):
             await hub.poll()
             await asyncio.sleep(0.1)
