@@ -14,6 +14,15 @@ import signoff as so
 from signoff.testing import Capture, call, call_tools, reply, scripted_agent, tool_results
 
 
+def _until_cancelled(turn: list[asyncio.Task[so.GenerateResult]]) -> None:
+    """In a step's thread: until `close` has cancelled the call, so the step's effect comes
+    after it however busy the machine (a 0.3 s sleep here came after it, mostly)."""
+    deadline = time.monotonic() + 10
+    while not (turn and turn[0].cancelling()):
+        assert time.monotonic() < deadline, "close did not cancel the call"
+        time.sleep(0.01)
+
+
 async def test_a_plain_step_running_at_close_is_journaled_and_not_run_again(
     store_url: str,
 ) -> None:
@@ -21,10 +30,11 @@ async def test_a_plain_step_running_at_close_is_journaled_and_not_run_again(
     the drive was cancelled and was thrown away, and the resumed turn charged the card again."""
     charges: list[str] = []
     started = threading.Event()
+    turn: list[asyncio.Task[so.GenerateResult]] = []  # the call `close` cancels
 
     def charge(card: str) -> str:
         started.set()
-        time.sleep(0.3)  # a blocking client's call, under way when the runtime closes
+        _until_cancelled(turn)  # a blocking client's call, under way when the runtime closes
         charges.append(card)
         return f"charged {card}"
 
@@ -38,14 +48,14 @@ async def test_a_plain_step_running_at_close_is_journaled_and_not_run_again(
         return scripted_agent("shop", script, tools=[pay])
 
     rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
-    turn = asyncio.create_task(rt.generate("shop", "pay"))
+    turn.append(asyncio.create_task(rt.generate("shop", "pay")))
     while not started.is_set():
         await asyncio.sleep(0.01)
     sid = (await rt.sessions())[0].id
     await rt.close()
-    assert turn.done()
+    assert turn[0].done()
     with pytest.raises(so.UsageError, match="closed while this call ran"):
-        await turn
+        await turn[0]
     again = so.Runtime([agent()], store=store_url, lease_ttl=600)
     try:
         r = await again.generate(session_id=sid)
@@ -63,10 +73,11 @@ async def test_a_plain_step_failing_after_close_journals_its_failure_and_the_bod
     resumed turn replays the failure and takes the `except` path once."""
     runs: list[str] = []
     started = threading.Event()
+    turn: list[asyncio.Task[so.GenerateResult]] = []  # the call `close` cancels
 
     def charge(card: str) -> str:
         started.set()
-        time.sleep(0.3)
+        _until_cancelled(turn)
         runs.append("charge")
         raise ValueError(f"card {card} declined")
 
@@ -87,13 +98,13 @@ async def test_a_plain_step_failing_after_close_journals_its_failure_and_the_bod
         return scripted_agent("shop", script, tools=[pay])
 
     rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
-    turn = asyncio.create_task(rt.generate("shop", "pay"))
+    turn.append(asyncio.create_task(rt.generate("shop", "pay")))
     while not started.is_set():
         await asyncio.sleep(0.01)
     sid = (await rt.sessions())[0].id
     await rt.close()
     with pytest.raises(so.UsageError, match="closed while this call ran"):
-        await turn
+        await turn[0]
     assert runs == ["charge"]
     again = so.Runtime([agent()], store=store_url, lease_ttl=600)
     try:
@@ -111,12 +122,13 @@ async def test_a_plain_tool_running_at_close_has_its_result_recorded_and_does_no
     refund unseen, and the resumed turn ran the body, and the refund, a second time."""
     refunds: list[str] = []
     started = threading.Event()
+    turn: list[asyncio.Task[so.GenerateResult]] = []  # the call `close` cancels
 
     @so.tool
     def refund(order_id: str) -> str:
         """Refund the order."""
         started.set()
-        time.sleep(0.3)
+        _until_cancelled(turn)
         refunds.append(order_id)
         return f"refunded {order_id}"
 
@@ -127,13 +139,13 @@ async def test_a_plain_tool_running_at_close_has_its_result_recorded_and_does_no
         return scripted_agent("shop", [refunding, seen], tools=[refund])
 
     rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
-    turn = asyncio.create_task(rt.generate("shop", "refund"))
+    turn.append(asyncio.create_task(rt.generate("shop", "refund")))
     while not started.is_set():
         await asyncio.sleep(0.01)
     sid = (await rt.sessions())[0].id
     await rt.close()
     with pytest.raises(so.UsageError, match="closed while this call ran"):
-        await turn
+        await turn[0]
     assert refunds == ["1"]
     again = so.Runtime([agent()], store=store_url, lease_ttl=600)
     try:
