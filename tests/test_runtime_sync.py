@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff.stores.postgres import _connections
 from signoff.testing import (
     Capture,
     ExecutionLog,
@@ -117,12 +118,14 @@ async def test_sync_twins_inside_a_running_loop(tmp_path: Path) -> None:
 
 
 async def test_close_sync_in_a_loop_that_used_the_async_api_does_not_wait_on_that_loop(
-    pg_store_url: str,
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`close_sync` blocks the caller's loop while the bridge closes the store, and the store
     closes another loop's pool and listener on that loop, waiting 2 s for each: so this one
     took 4 s, for nothing, since this loop could run neither close until it returned. Those
     closes are left to this loop, which runs them once `close_sync` returns."""
+    # Each wait on another loop 20 s (not 2 s): one on this loop would fail the bound by far.
+    monkeypatch.setattr(_connections, "CLOSE_THERE_WAIT", 20.0)
     rt = so.Runtime([scripted_agent("a", [reply("hi")], repeat_last=True)], store=pg_store_url)
     sid = (await rt.generate("a", "x")).session_id  # this loop's pool
     here = rt.store._pool  # type: ignore[attr-defined]
@@ -140,7 +143,7 @@ async def test_close_sync_in_a_loop_that_used_the_async_api_does_not_wait_on_tha
     assert rt.generate_sync("a", prompt="y").status == "completed"  # the bridge's pool
     began = time.monotonic()
     rt.close_sync()
-    assert time.monotonic() - began < 1.5
+    assert time.monotonic() - began < 5
     closing = asyncio.all_tasks() - {asyncio.current_task()}
     assert closing  # left to this loop, which runs them now
     await asyncio.wait(closing, timeout=10)
