@@ -10,6 +10,7 @@ import time
 import pytest
 
 import signoff as so
+from signoff import _session_cache
 from signoff.testing import reply, scripted_agent
 
 from .conftest import make_store
@@ -76,7 +77,7 @@ async def test_close_stops_a_follower_on_another_task_and_leaves_the_store_close
 
 
 async def test_close_sync_from_the_loop_a_turn_runs_on_stops_it_once_that_loop_is_back(
-    store_url: str,
+    store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`close_sync` called on the loop a turn is driven on blocks that loop: the drive cannot
     unwind until it returns, so it is not waited for; it unwinds after, giving its lease back
@@ -88,12 +89,14 @@ async def test_close_sync_from_the_loop_a_turn_runs_on_stops_it_once_that_loop_i
         await asyncio.sleep(3600)
         return reply("never")  # pragma: no cover
 
+    # A call is given 30 s to unwind (not 5 s): waiting for this one would fail the bound by far.
+    monkeypatch.setattr(_session_cache, "UNWIND", 30.0)
     rt = so.Runtime([scripted_agent("a", [slow])], store=store_url, lease_ttl=600)
     turn = asyncio.create_task(rt.generate("a", "x"))
     await started.wait()
     began = time.monotonic()
     rt.close_sync()
-    assert time.monotonic() - began < 2.0
+    assert time.monotonic() - began < 5
     with pytest.raises(so.UsageError, match="closed while this call ran"):
         await asyncio.wait_for(turn, 10)
     assert not _store_open(rt)
