@@ -207,12 +207,14 @@ async def test_a_change_announced_while_a_worker_claims_is_not_missed(pg_store_u
 
         worker.store.claim = claim_then_commit  # type: ignore[method-assign]
         stop = asyncio.Event()
-        task = asyncio.create_task(worker.work(stop=stop, idle_wait=5.0, sweep_every=60))
+        # Its poll comes round every 30 s: a missed change fails a 10 s wait by far, and a
+        # busy machine's drive keeps 10 s.
+        task = asyncio.create_task(worker.work(stop=stop, idle_wait=30.0, sweep_every=60))
         try:
             await until(lambda: asyncio.sleep(0, bool(late)))
-            await until(lambda: is_(front, late[0], "waiting"), timeout=2.0)
-            await until(lambda: asyncio.sleep(0, len(late) == 2), timeout=2.0)
-            await until(lambda: is_(front, late[1], "waiting"), timeout=2.0)
+            await until(lambda: is_(front, late[0], "waiting"), timeout=10.0)
+            await until(lambda: asyncio.sleep(0, len(late) == 2), timeout=10.0)
+            await until(lambda: is_(front, late[1], "waiting"), timeout=10.0)
         finally:
             stop.set()
             await asyncio.wait_for(task, 10)
