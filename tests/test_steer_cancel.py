@@ -142,10 +142,11 @@ async def test_a_question_asked_after_a_steering_message_is_withdrawn_at_once(
         running = asyncio.create_task(rt.generate(session_id=sid, prompt="transfer", auth=ALICE))
         await asyncio.wait_for(entered.wait(), timeout=10)
         steering = asyncio.create_task(rt.send(sid, "stop, wrong account", principal=ALICE))
-        for _ in range(200):  # until the message is recorded
+        for _ in range(1000):  # until the message is recorded (10 s, however busy the machine)
             if "turn.message stop, wrong account" in timeline(await events(rt, sid)):
                 break
             await asyncio.sleep(0.01)
+        assert "turn.message stop, wrong account" in timeline(await events(rt, sid))
         release.set()
         r = await asyncio.wait_for(running, timeout=10)
         await asyncio.wait_for(steering, timeout=10)
