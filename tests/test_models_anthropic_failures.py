@@ -121,7 +121,7 @@ async def test_a_long_retry_after_is_not_waited_for_longer_than_the_call_may_tak
         started = time.monotonic()
         with pytest.raises(so.ModelError, match=r"gave up after 1.5 s \(timeout=0.3, max_r"):
             await m.complete(request())
-    assert time.monotonic() - started < 4
+    assert time.monotonic() - started < 10  # it gives up at 1.5 s, not the hour it was asked
     assert len(fake.received) == 1
 
 
