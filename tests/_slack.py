@@ -23,7 +23,7 @@ from aiohttp import web
 from fastapi import FastAPI
 
 import signoff as so
-from signoff.channels import ChannelHub
+from signoff.channels import ChannelHub, ChannelState
 from signoff.channels.slack import SlackChannel
 from signoff.server import create_app
 from signoff.testing import call, call_tools, reply, scripted_agent
@@ -397,7 +397,7 @@ def channel(fake: FakeSlack, **kwargs: Any) -> SlackChannel:
 
 @asynccontextmanager
 async def serving(
-    rt: so.Runtime, fake: FakeSlack, state: Path
+    rt: so.Runtime, fake: FakeSlack, state: Path | ChannelState
 ) -> AsyncIterator[tuple[SlackChannel, ChannelHub, FastAPI]]:
     """The app of `rt` running a hub of one Slack channel on `fake` (its state in the file
     `state`), started and polled once: the channel, the hub and the app."""
