@@ -67,7 +67,8 @@ class CallState:
     def record(self, index: int, entry: dict[str, Any]) -> None:
         """Journal `entry`: in a keyed journal as occurrence `index` of its kind and name (in
         the order recorded), in an older positional one at position `index`. Without the
-        journal (`journal` None) only what is kept beside it changes."""
+        journal (`journal` None) only what is kept beside it changes (a position too far past
+        the journal's end is then refused as the journal is read back, `load_journal`)."""
         if self.keyed:
             entry = {**entry, "n": index}
             key = (entry["kind"], entry["name"], index)
