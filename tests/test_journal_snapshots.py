@@ -12,6 +12,7 @@ import pytest
 
 import signoff as so
 from signoff._recording import SNAPSHOT_EVERY, load_journal
+from signoff._state import fold
 from signoff.stores._codec import pack_bytes
 from signoff.testing import call, call_tools, reply, scripted_agent
 
@@ -228,3 +229,49 @@ async def test_a_reload_while_the_body_steps_keeps_its_journal(store_url: str) -
     assert [e.data["index"] for e in steps] == [i // 3 for i in range(STEPS)]
     [result] = [e.data["result"] for e in events if e.type == "tool.completed"]
     assert result == sum(range(STEPS))
+
+
+class _Log:
+    """Just enough of a store for `load_journal`: a session's events, read a page at a time."""
+
+    def __init__(self, events: list[so.Event]) -> None:
+        self.events = events
+
+    async def read_events(
+        self, session_id: str, after: int = 0, *, limit: int | None = None, **_: Any
+    ) -> list[so.Event]:
+        out = [e for e in self.events if e.seq > after]
+        return out[:limit] if limit is not None else out
+
+
+async def test_a_position_no_signoff_writes_is_refused_as_the_journal_is_read_back() -> None:
+    """A state without the journal cannot check a positional step against the journal's end:
+    the damaged step folds into what is kept beside it, and is refused by name (a `StoreError`)
+    when the journal is read back, not obeyed by filling memory with empty places."""
+    specs: list[tuple[str, str | None, dict[str, Any]]] = [
+        ("session.created", None, {"agent": "a"}),
+        ("turn.started", "t", {"message": "hi"}),
+        ("model.completed", "t", {"tool_calls": [{"id": "c", "name": "x", "input": {}}]}),
+        ("tool.started", "t", {"call_id": "c"}),
+        ("tool.step", "t", {"call_id": "c", "name": "a", "index": 0, "result": 1}),
+    ]
+    events = [
+        so.Event(session_id="s", seq=i, type=t, at=1.0, turn_id=turn, data=data)  # type: ignore[arg-type]
+        for i, (t, turn, data) in enumerate(specs, start=1)
+    ]
+    state = so.SessionState.from_snapshot(fold(events).to_snapshot())
+    damaged = so.Event(
+        session_id="s",
+        seq=6,
+        type="tool.step",
+        at=1.0,
+        turn_id="t",
+        data={"call_id": "c", "name": "b", "index": 10**12, "result": 2},
+    )
+    state.apply(damaged)
+    assert state.turn is not None
+    call = state.turn.calls["c"]
+    assert call.journal is None and call.journaled
+    with pytest.raises(so.StoreError, match="malformed"):
+        await load_journal(_Log([*events, damaged]), state, call)  # type: ignore[arg-type]
+    assert call.journal is None
