@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import signoff as so
+from signoff._recording import load_journal
 from signoff.testing import call, call_tools, reply, scripted_agent, store_contents
 
 __all__ = ["CHANNELS", "Outcome", "Probe", "is_json", "same"]
@@ -196,8 +197,16 @@ class Probe:
         self.states.append(await self.snapshots(rt))
 
     async def snapshots(self, rt: so.Runtime) -> dict[str, Any]:
-        """The state of each session the probe opened, in its snapshot form."""
-        return {c: (await rt.state(p.session_id)).to_snapshot() for c, p in self.parked.items()}
+        """The state of each session the probe opened, in its snapshot form with its calls'
+        journals (read back from the events where the state holds none)."""
+        out: dict[str, Any] = {}
+        for channel, parked in self.parked.items():
+            state = await rt.state(parked.session_id)
+            for c in [] if state.turn is None else list(state.turn.calls.values()):
+                if c.journal is None:
+                    await load_journal(rt.store, state, c)
+            out[channel] = state.to_snapshot(journals=True)
+        return out
 
     async def resume(self, rt: so.Runtime) -> None:
         """Go on with every way in from another runtime, as another process would."""

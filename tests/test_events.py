@@ -133,7 +133,8 @@ async def test_newer_snapshot_version_is_refused(tmp_path: Path) -> None:
     with sqlite3.connect(db(tmp_path)) as conn:
         (data,) = conn.execute("SELECT data FROM snapshots").fetchone()
         snap = unpack(data)
-        snap["v"] = so.SCHEMA_VERSION + 1
+        assert snap["v"] == 2  # snapshots have a version of their own (calls' journals left out)
+        snap["v"] += 1
         conn.execute("UPDATE snapshots SET data=?", (pack(snap),))
     async with sqlite_runtime(tmp_path, agent(log)) as rt:
         with pytest.raises(so.SchemaVersionError):

@@ -14,7 +14,7 @@ import pytest
 import signoff as so
 from signoff.stores import Commit, PendingFilter
 from signoff.stores.sqlite import SQLiteStore
-from signoff.stores.sqlite._connection import serialised
+from signoff.stores.sqlite._transactions import serialised
 from signoff.testing import ExecutionLog, sqlite_runtime
 
 from ._sqlite_store import count, event, new_session, store

@@ -362,7 +362,20 @@ def _every_field_set() -> so.SessionState:
         model_seq=3,
         source="schedule",
         traceparent=PARKED_BY,
-        calls={"c1": CallState(id="c1", tool_name="t", input={"a": 1}, status="asking")},
+        # Its journal is read back from the events (`load_journal`): a snapshot leaves it out.
+        calls={
+            "c1": CallState(
+                id="c1",
+                tool_name="t",
+                input={"a": 1},
+                status="asking",
+                journal=None,
+                keyed=True,
+                since=3,
+                journaled=True,
+                kids={"n0": "ses_2", "n1": None},
+            )
+        },
     )
     return so.SessionState(
         id="ses_1",

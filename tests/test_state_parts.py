@@ -81,7 +81,7 @@ def test_a_positional_journal_takes_a_gap_that_concurrent_steps_leave() -> None:
     """Steps run together may be journaled out of order: a later position may come first."""
     call = CallState(id="c1", tool_name="t", input={})
     call.record(40, {"kind": "step", "name": "b", "result": None})
-    assert call.journal[:40] == [None] * 40
+    assert call.journal is not None and call.journal[:40] == [None] * 40
     assert call.journal[40] == {"kind": "step", "name": "b", "result": None}
 
 
@@ -117,9 +117,11 @@ def test_recording_a_keyed_entry_reads_no_other_entry() -> None:
     }
 
 
-def test_a_keyed_journal_from_a_snapshot_or_a_copy_places_entries_where_they_are() -> None:
-    """A call built with its journal (a snapshot read, a state copied) finds its entries again:
-    recording one replaces it where it is, in the copy only."""
+def test_a_keyed_journal_read_whole_places_entries_where_they_are() -> None:
+    """A call built with its journal (an older snapshot's, which held it whole) finds its entries
+    again: recording one replaces it where it is. A copy leaves the journal out (read back from
+    the events when a body needs it) and keeps what is kept beside it; recording into the copy
+    changes nothing of the original."""
     entries: list[dict[str, Any] | None] = [
         {"kind": "step", "name": "a", "result": 1, "n": 0},
         {"kind": "ask", "name": "a", "request_id": "r", "n": 0},
@@ -128,16 +130,47 @@ def test_a_keyed_journal_from_a_snapshot_or_a_copy_places_entries_where_they_are
     state = _positional_call_state()
     assert state.turn is not None
     state.turn.calls["c"] = CallState(id="c", tool_name="x", input={}, keyed=True, journal=entries)
+    state.turn.calls["c"].kept_beside()
     copy = state.copy()
     assert copy.turn is not None
-    copy.turn.calls["c"].record(1, {"kind": "step", "name": "a", "result": 3})
-    copy.turn.calls["c"].record(0, {"kind": "step", "name": "b", "result": 4})
-    assert [e and e.get("result") for e in copy.turn.calls["c"].journal] == [1, None, 3, 4]
-    assert [e and e.get("result") for e in state.turn.calls["c"].journal] == [1, None, 2]
-    state.turn.calls["c"].record(0, {"kind": "ask", "name": "a", "request_id": "r2"})
-    assert state.turn.calls["c"].journal[1] == {
-        "kind": "ask",
-        "name": "a",
-        "request_id": "r2",
-        "n": 0,
-    }
+    copied = copy.turn.calls["c"]
+    assert copied.journal is None and copied.journaled and copied.keyed
+    copied.record(1, {"kind": "step", "name": "subagent.session", "result": "ses_2"})
+    assert copied.subagents() == ["ses_2"]
+    original = state.turn.calls["c"]
+    assert [e and e.get("result") for e in original.journal or []] == [1, None, 2]
+    assert original.subagents() == []
+    original.record(1, {"kind": "step", "name": "a", "result": 3})
+    original.record(0, {"kind": "ask", "name": "a", "request_id": "r2"})
+    assert original.journal == [
+        {"kind": "step", "name": "a", "result": 1, "n": 0},
+        {"kind": "ask", "name": "a", "request_id": "r2", "n": 0},
+        {"kind": "step", "name": "a", "result": 3, "n": 1},
+    ]
+
+
+def test_the_children_kept_beside_the_journal_are_those_it_holds() -> None:
+    """`subagents()` reads what `record` keeps beside the journal, so it needs no journal: the
+    children are those of the entries as they stand, in the journal's order (positional
+    entries before keyed ones), an entry replaced by another step dropping its child; the same
+    as read from a whole journal (`kept_beside`)."""
+    child = "subagent.session"
+    positional = CallState(id="c", tool_name="x", input={})
+    positional.record(3, {"kind": "step", "name": child, "result": "ses_3"})
+    positional.record(1, {"kind": "step", "name": child, "result": "ses_1"})
+    positional.record(0, {"kind": "step", "name": child, "result": "ses_0"})
+    positional.record(0, {"kind": "step", "name": "other", "result": "x"})  # replaced
+    positional.record(2, {"kind": "ask", "name": child, "request_id": "r"})
+    positional.keyed = True  # as an older signoff's `tool.started` marked it, after entries
+    positional.record(0, {"kind": "step", "name": child, "result": "ses_k0"})
+    positional.record(0, {"kind": "ask", "name": child, "request_id": "r2"})  # not a step's
+    positional.record(1, {"kind": "step", "name": child, "result": {"not": "an id"}})
+    assert positional.subagents() == ["ses_1", "ses_3", "ses_k0"]
+    whole = CallState(id="c", tool_name="x", input={}, keyed=True, journal=positional.journal)
+    whole.kept_beside()
+    assert whole.subagents() == positional.subagents() and whole.kids == positional.kids
+    assert whole.journaled
+    without = CallState(id="c", tool_name="x", input={}, journal=None)
+    without.record(3, {"kind": "step", "name": child, "result": "ses_3"})
+    without.record(1, {"kind": "step", "name": child, "result": "ses_1"})
+    assert without.subagents() == ["ses_1", "ses_3"] and without.journal is None

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff._recording import load_journal
 from signoff._steps import raise_recorded
 from signoff.stores import Commit, SQLiteStore
 from signoff.testing import (
@@ -344,7 +345,8 @@ async def test_the_same_step_and_question_twice_replay_each_in_turn(tmp_path: Pa
 
 async def test_a_snapshot_keeps_a_calls_journal_keyed(tmp_path: Path) -> None:
     """A session resumed from a snapshot taken while a call waits on its question still finds
-    the call's entries by key (read as positional, they would replay as a different tool)."""
+    the call's entries by key (read as positional, they would replay as a different tool): the
+    snapshot keeps how the journal is keyed, and the entries are read back from the events."""
 
     @so.tool
     async def book(ctx: so.ToolContext) -> list[str]:
@@ -356,11 +358,12 @@ async def test_a_snapshot_keeps_a_calls_journal_keyed(tmp_path: Path) -> None:
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("host", prompt="book", auth=ALICE)
         state = await rt.state(r.session_id)
-    restored = so.SessionState.from_snapshot(state.to_snapshot())
-    assert restored.turn is not None and state.turn is not None
-    call_state = restored.turn.calls["b1"]
-    assert call_state.keyed is True
-    assert call_state.journal == state.turn.calls["b1"].journal
+        restored = so.SessionState.from_snapshot(state.to_snapshot())
+        assert restored.turn is not None and state.turn is not None
+        call_state = restored.turn.calls["b1"]
+        assert call_state.keyed is True and call_state.journal is None
+        await load_journal(rt.store, restored, call_state)
+    assert call_state.journal is not None and call_state.journal == state.turn.calls["b1"].journal
     assert [(e["kind"], e["name"], e["n"]) for e in call_state.journal if e] == [
         ("step", "hold", 0),
         ("ask", "What time?", 0),

@@ -24,9 +24,11 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff.stores._codec import unpack_snapshot
 from signoff.testing import call, call_tools, reply, scripted_agent, timeline
 
 from ._forks import python_env
+from ._procs import query
 
 ROOT = Path(__file__).resolve().parent.parent
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
@@ -57,9 +59,16 @@ def emit(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def make_agent(workdir: Path, *, hang_after_step: bool = False, slow_step: float = 0.0) -> so.Agent:
+def make_agent(
+    workdir: Path, *, hang_after_step: bool = False, slow_step: float = 0.0, notes: int = 0
+) -> so.Agent:
     """The bank agent: one `transfer` call, then a final reply quoting the tool's result. With
-    `slow_step`, its quote (a plain function) blocks that many seconds once it has started."""
+    `slow_step`, its quote (a plain function) blocks that many seconds once it has started; with
+    `notes`, the quote is followed by that many more steps, each noted when it really runs."""
+
+    def note(i: int) -> int:
+        append_line(workdir / "notes.jsonl", {"pid": os.getpid(), "i": i})
+        return i
 
     def quote(amount: float) -> dict[str, float]:
         append_line(workdir / "steps.jsonl", {"pid": os.getpid(), "amount": amount})
@@ -73,6 +82,8 @@ def make_agent(workdir: Path, *, hang_after_step: bool = False, slow_step: float
         """Quote the fee, confirm it, ask for the account, then transfer."""
         append_line(workdir / "bodies.jsonl", {"pid": os.getpid(), "key": ctx.idempotency_key()})
         q = await ctx.step("quote", quote, amount)
+        for i in range(notes):
+            await ctx.step(f"note{i % 3}", note, i)
         if hang_after_step:
             emit({"event": "step-recorded", "session_id": ctx.session.id})
             await asyncio.Event().wait()  # the parent SIGKILLs us here, inside the tool
@@ -107,7 +118,9 @@ def summary(r: so.GenerateResult) -> dict[str, Any]:
 
 async def child_main(args: argparse.Namespace) -> None:
     workdir = Path(args.workdir)
-    agent = make_agent(workdir, hang_after_step=args.hang_after_step, slow_step=args.slow_step)
+    agent = make_agent(
+        workdir, hang_after_step=args.hang_after_step, slow_step=args.slow_step, notes=args.notes
+    )
     store = args.store or f"sqlite:///{workdir / 'state.db'}"
     rt = so.Runtime([agent], store=store, lease_ttl=LEASE_TTL)
     await rt.open()
@@ -138,6 +151,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--park", action="store_true")
     p.add_argument("--hang-after-step", action="store_true")
     p.add_argument("--slow-step", type=float, default=0.0)
+    p.add_argument("--notes", type=int, default=0)
     p.add_argument("--store", help="the store's URL (a SQLite file in --workdir if not given)")
     return p
 
@@ -342,6 +356,57 @@ async def test_sigkill_at_each_park_point_then_finish_in_new_processes(
     assert [e.data["result"] for e in events if e.type == "tool.step"] == [
         {"fee": 5.0, "rate": 1.1}
     ]
+
+
+async def test_sigkill_after_a_long_journal_whose_snapshot_left_it_out(tmp_path: Path) -> None:
+    """A process killed after 150 steps, its latest snapshot taken as they ran (so without the
+    journal): a new process reads the journal back from the events, runs none of the steps
+    again, and parks on the question; the turn then ends as an uninterrupted one would."""
+    notes = 150
+    children: list[Child] = []
+    try:
+        first = Child(tmp_path, ["start", "--hang-after-step", "--notes", str(notes)])
+        children.append(first)
+        sid = first.expect("step-recorded")["session_id"]
+        first.sigkill()
+        store = f"sqlite:///{tmp_path / 'state.db'}"
+        [(seq, data)] = query(
+            store,
+            "SELECT n.seq, n.data FROM snapshots n JOIN sessions s ON s.sk = n.sk WHERE s.id = {p}",
+            sid,
+        )
+        [kept] = unpack_snapshot(data, sid, seq)["turn"]["calls"]
+        assert seq > notes // 2 and "journal" not in kept and kept["status"] == "running"
+        more = ["--notes", str(notes)]
+        resumed = Child(tmp_path, ["resume", "--session", sid, *more])
+        children.append(resumed)
+        parked = resumed.expect("result")
+        resumed.finish()
+        assert parked["status"] == "waiting"
+        [ask1] = parked["pending"]
+        chooser = Child(
+            tmp_path,
+            ["choose", "--session", sid, "--request", ask1["id"], "--option", "yes", *more],
+        )
+        children.append(chooser)
+        assert chooser.expect("result")["status"] == "waiting"
+        chooser.finish()
+        sayer = Child(tmp_path, ["say", "--session", sid, "--text", "savings", *more])
+        children.append(sayer)
+        assert sayer.expect("result")["status"] == "completed"
+        sayer.finish()
+    finally:
+        for child in children:
+            child.close()
+    assert read_lines(tmp_path / "steps.jsonl") == [{"pid": first.proc.pid, "amount": 200}]
+    assert read_lines(tmp_path / "notes.jsonl") == [
+        {"pid": first.proc.pid, "i": i} for i in range(notes)
+    ]
+    events = read_events(tmp_path, sid)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    stepped = [e.data["result"] for e in events if e.type == "tool.step"]
+    assert stepped == [{"fee": 5.0, "rate": 1.1}, *range(notes)]
+    assert [e.type for e in events].count("tool.completed") == 1
 
 
 async def test_a_step_blocking_past_the_lease_ttl_is_not_run_again_by_a_worker(

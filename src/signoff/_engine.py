@@ -23,10 +23,11 @@ from ._recording import (
     EventSpec,
     TurnStopped,
     ends_drive,
+    load_journal,
     load_state,
     new_id,
     shadow,
-    snapshot_due,
+    snapshot_after,
     stored_status,
     tells_a_person,
 )
@@ -177,9 +178,7 @@ class Driver(ToolCalls, ModelStep):
                             new_requests=new_requests,
                             updated_requests=updated,
                             resolve=resolve,
-                            snapshot=after.to_snapshot()
-                            if after is not None and snapshot_due(before, len(events))
-                            else None,
+                            snapshot=snapshot_after(state, events, before, after),
                             durable=durable or tells_a_person(batch, new_requests),
                             status=None if after is None else stored_status(after),
                             expires_at=state.expires_at  # bookkeeping: the TTL runs on
@@ -215,8 +214,17 @@ class Driver(ToolCalls, ModelStep):
         return now + state.ttl
 
     async def reload(self) -> None:
-        """Rebuild the state from the store (snapshot plus tail) after a failed append."""
-        self.state = await load_state(self.store, self.state.id)
+        """Rebuild the state from the store (snapshot plus tail) after a failed append, with the
+        journals the state held read back (a body running may read its own at any time)."""
+        held = self.state
+        state = await load_state(self.store, held.id)
+        turn, before = state.turn, held.turn
+        if turn is not None and before is not None and turn.id == before.id:
+            for call in list(turn.calls.values()):
+                kept = before.calls.get(call.id)
+                if call.journal is None and kept is not None and kept.journal is not None:
+                    await load_journal(self.store, state, call, held=(kept, held.seq))
+        self.state = state
         self._steered_meanwhile()
 
     def _steered_meanwhile(self) -> None:

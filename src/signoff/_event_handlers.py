@@ -15,7 +15,7 @@ from ._types import InputRequest, Usage
 if TYPE_CHECKING:
     from ._state import SessionState
 
-__all__ = ["HANDLERS", "candidate_applied"]
+__all__ = ["HANDLERS", "candidate_applied", "journal_fold"]
 
 
 # -- one handler per event type ----------------------------------------------------------------
@@ -97,7 +97,7 @@ def _model_completed(s: SessionState, e: Event) -> None:
     if text:
         turn.text = text if not turn.text else f"{turn.text}\n\n{text}"
     turn.calls = {
-        c["id"]: CallState(id=c["id"], tool_name=c["name"], input=c.get("input"))
+        c["id"]: CallState(id=c["id"], tool_name=c["name"], input=c.get("input"), since=e.seq)
         for c in e.data.get("tool_calls", [])
     }
     if s.conversation is not None:
@@ -116,8 +116,10 @@ def _tool_started(s: SessionState, e: Event) -> None:
 
 
 def _tool_step(s: SessionState, e: Event) -> None:
-    d = e.data
-    call = _call(s, e)
+    _stepped(_call(s, e), e.data)
+
+
+def _stepped(call: CallState, d: dict[str, Any]) -> None:
     _key_journal(call, d)
     entry = {"kind": "step", "name": d["name"], "result": d.get("result")}
     if d.get("error") is not None:  # the step raised: its replay raises it again
@@ -125,12 +127,43 @@ def _tool_step(s: SessionState, e: Event) -> None:
     call.record(d["index"], entry)
 
 
+def _asked(call: CallState, request: InputRequest, data: dict[str, Any]) -> None:
+    entry = {"kind": "ask", "name": request.question, "request_id": request.id}
+    _key_journal(call, data)
+    call.record(request.index or 0, entry)
+
+
 def _key_journal(call: CallState, data: dict[str, Any]) -> None:
     """A call's first entry says how its journal is keyed: entries journaled before keys
     existed have no `keyed` mark, and their call goes on by position (unless its `tool.started`
     said it was keyed, as signoff wrote it for a while)."""
-    if not any(call.journal) and data.get("keyed"):
+    if not call.journaled and data.get("keyed"):
         call.keyed = True
+
+
+def journal_fold(call: CallState, turn_id: str, e: Event) -> CallState:
+    """`call` after event `e` as `SessionState.apply` would leave its journal (`e` is of its
+    session, past its `since`), for a journal read back from its events; a response that names
+    the call again makes it anew, as the fold does."""
+    d = e.data
+    if e.turn_id != turn_id:
+        return call
+    if e.type == "model.completed":
+        if any(c["id"] == call.id for c in d.get("tool_calls", [])):
+            return CallState(id=call.id, tool_name=call.tool_name, input=None, since=e.seq)
+    elif e.type == "tool.started" and d["call_id"] == call.id:
+        if d.get("keyed"):
+            call.keyed = True
+    elif e.type == "tool.step" and d["call_id"] == call.id:
+        _stepped(call, d)
+    elif e.type == "input.requested":
+        for raw in d["requests"]:
+            request = InputRequest.model_validate(raw)
+            action = request.action
+            if request.child is None and action is not None and action.call_id == call.id:
+                if request.source == "ask":
+                    _asked(call, request, d)
+    return call
 
 
 def _turn_message(s: SessionState, e: Event) -> None:
@@ -180,9 +213,7 @@ def _input_requested(s: SessionState, e: Event) -> None:
             continue
         call = turn.calls[request.action.call_id]
         if request.source == "ask":
-            entry = {"kind": "ask", "name": request.question, "request_id": request.id}
-            _key_journal(call, e.data)
-            call.record(request.index or 0, entry)
+            _asked(call, request, e.data)
             call.status = "asking"
         else:
             call.request_id = request.id

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._events import Event
 from ._exceptions import SignoffError, StoreError, TooLarge, UsageError
-from ._recording import Batch, EventSpec, TurnStopped, dump_request, new_id
+from ._recording import Batch, EventSpec, TurnStopped, dump_request, load_journal, new_id
 from ._state import CallState, SessionState
 from ._steps import failure_of, raise_recorded
 from ._sync import to_end
@@ -93,8 +93,20 @@ class CallJournal:
         if self.failed is not None:
             raise self.failed from None
 
+    async def read(self) -> None:
+        """Read back the call's journal if the state holds none (one read from a snapshot), before
+        the body runs: it reads the entries at any time. A reload keeps it (`Driver.reload`)."""
+        while True:
+            turn = self.driver.state.turn
+            call = None if turn is None else turn.calls.get(self.call_id)
+            if call is None or call.journal is not None:
+                return
+            await load_journal(self.driver.store, self.driver.state, call)
+
     def entries(self) -> Sequence[dict[str, Any] | None]:
-        return self._call().journal
+        journal = self._call().journal
+        assert journal is not None, "read() before the body runs"
+        return journal
 
     def lookup(self, request_id: str) -> tuple[str, dict[str, Any] | None]:
         r = self.driver.state.requests.get(request_id)
@@ -110,7 +122,7 @@ class CallJournal:
     def keyed(self) -> bool:
         """A call journals by key unless it began journaling by position (an older version)."""
         call = self._call()
-        return call.keyed or not any(call.journal)
+        return call.keyed or not call.journaled
 
     async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any:
         """Run a step's function and journal its result as JSON (`jsonable`). It counts as in

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from ._event_handlers import journal_fold
 from ._events import Event, EventType
 from ._exceptions import SchemaVersionError, StoreError, UnknownSession
 from ._state import CallState, SessionState, TurnState, fold, runnable, turn_over
@@ -36,6 +37,7 @@ __all__ = [
     "dump_request",
     "ends_drive",
     "invalid_input",
+    "load_journal",
     "load_state",
     "load_turn",
     "own_cancel",
@@ -43,6 +45,7 @@ __all__ = [
     "new_id",
     "runnable",
     "shadow",
+    "snapshot_after",
     "snapshot_due",
     "stored_status",
     "tells_a_person",
@@ -95,16 +98,42 @@ def snapshot_due(before: int, count: int) -> bool:
     return before // SNAPSHOT_EVERY != (before + count) // SNAPSHOT_EVERY
 
 
-def shadow(state: SessionState, events: Sequence[Event], before: int) -> SessionState | None:
-    """The state after `events`, built on a copy, when a snapshot is due or the session's
-    stored status may change."""
+def shadow(
+    state: SessionState, events: Sequence[Event], before: int, *, journals: bool = False
+) -> SessionState | None:
+    """The state after `events`, built on a copy (with the calls' journals it holds, if
+    `journals`), when a snapshot is due or the session's stored status may change."""
     due = any(e.type in STATUS_TYPES for e in events) or snapshot_due(before, len(events))
     if not due:
         return None
-    copy = state.copy()
+    copy = state.copy(journals=journals)
     for e in events:
         copy.apply(e)
     return copy
+
+
+def snapshot_after(
+    state: SessionState, events: Sequence[Event], before: int, after: SessionState | None
+) -> dict[str, Any] | None:
+    """The snapshot a commit of `events` writes, `after` them: one every `SNAPSHOT_EVERY`
+    events, without the calls' journals (a step then costs the same however many came before
+    it), except while the turn waits for a person, when nothing is journaled: it keeps them, so
+    the resume reads them with the snapshot, not from their events. The commit that parks the
+    turn writes one too when its journals are longer than that."""
+    if after is None:
+        return None
+    due = snapshot_due(before, len(events))
+    if after.turn is None or after.turn.status != "waiting" or state.turn is None:
+        return after.to_snapshot() if due else None
+    parks = any(e.type == "turn.waiting" for e in events)
+    held = sum(len(c.journal or ()) for c in state.turn.calls.values())
+    if not (due or (parks and held > SNAPSHOT_EVERY)):
+        return None
+    if not held:
+        return after.to_snapshot()
+    kept = shadow(state, events, before, journals=True)
+    assert kept is not None  # it changes the stored status: a snapshot's state is built
+    return kept.to_snapshot(journals=True)
 
 
 def ends_drive(events: Sequence[Event], after: SessionState) -> bool:
@@ -215,6 +244,51 @@ async def ended_under(
 
 _TURN_PAGE = 256
 _TURN_PAGE_BYTES = 1 << 20
+
+
+async def load_journal(
+    store: Store, state: SessionState, call: CallState, *, held: tuple[CallState, int] | None = None
+) -> None:
+    """Read back the journal of `call`, one of `state`'s turn's calls that holds none (a
+    snapshot leaves journals out): its events from the call's `since` on, a page at a time, up
+    to the event `state` is at (followed if it moves on meanwhile), or from `held`, the same
+    call's journal as another state held it at an earlier event, on."""
+    turn = state.turn
+    assert turn is not None
+    scratch = CallState(id=call.id, tool_name=call.tool_name, input=None, since=call.since)
+    seq = call.since - 1
+    if held is not None and held[0].journal is not None and held[0].since == call.since:
+        kept, at = held
+        if at <= state.seq:
+            scratch.journal, scratch.keyed = list(kept.journal or ()), kept.keyed
+            scratch.journaled, scratch.kids = kept.journaled, dict(kept.kids)
+            seq = at
+    while seq < state.seq:
+        events = await store.read_events(
+            state.id, after=seq, limit=_TURN_PAGE, max_bytes=_TURN_PAGE_BYTES
+        )
+        if state.turn is not turn or turn.calls.get(call.id) is not call:
+            return  # the call is gone meanwhile (the turn went on): nothing to read back
+        if not events:
+            raise StoreError(f"session {state.id!r} is damaged: event {seq + 1} is missing")
+        for event in events:
+            if event.seq > state.seq:
+                break
+            if event.seq != seq + 1:
+                raise StoreError(f"session {state.id!r} is damaged: event {seq + 1} is missing")
+            try:
+                scratch = journal_fold(scratch, turn.id, event)
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+                raise StoreError(f"event {event.id} ({event.type}) is malformed: {exc!r}") from exc
+            seq = event.seq
+    if call.journal is not None:
+        return  # read back meanwhile by another task
+    if (scratch.keyed, scratch.journaled, scratch.kids) != (call.keyed, call.journaled, call.kids):
+        raise StoreError(
+            f"session {state.id!r} is damaged: the journal of call {call.id!r} read from its "
+            f"events from event {call.since} on is not the one its state holds"
+        )
+    call.journal, call.placed = scratch.journal, scratch.placed
 
 
 async def _check_head(store: Store, session_id: str, seq: int, head: int) -> None:

@@ -1,8 +1,9 @@
 """`SessionState`: the fold of a session's events. Pure: no I/O, no clock, no randomness.
 
-The snapshot form leaves out the conversation (it lives in the events already), so a snapshot
-stays small however long the session grows; the engine loads the conversation only when it
-must call the model.
+The snapshot form leaves out the conversation and the journals of tool calls (they live in the
+events already), so a snapshot stays small however long the session grows and a workflow's step
+costs the same however many came before it; the engine loads the conversation only when it
+must call the model, and a call's journal only when its body runs.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._event_handlers import HANDLERS
-from ._events import SCHEMA_VERSION, Event
+from ._events import Event
 from ._exceptions import SchemaVersionError, StoreError
 from ._state_parts import (
     CallState,
@@ -51,6 +52,11 @@ __all__ = [
 # What a handler or the snapshot loader raises on data of the wrong shape (pydantic's
 # ValidationError is a ValueError); it reaches callers as a StoreError.
 _MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError)
+
+SNAPSHOT_VERSION = 2
+"""Version of the snapshot form this signoff writes and the newest it reads. 2: calls keep their
+journals out (read back from the events); an older signoff refuses such a snapshot by its
+version. One of version 1 or before holds each journal whole, and still loads."""
 
 # What the model reads for a call its turn ended without a result for.
 _UNFINISHED = {"cancelled": True, "reason": "the turn ended before this call had a result"}
@@ -176,11 +182,12 @@ class SessionState:
         except _MALFORMED as exc:
             raise StoreError(f"event {event.id} ({event.type}) is malformed: {exc!r}") from exc
 
-    def to_snapshot(self) -> dict[str, Any]:
-        """Serializable form of everything but the conversation."""
+    def to_snapshot(self, *, journals: bool = False) -> dict[str, Any]:
+        """Serializable form of everything but the conversation and, unless `journals`, the
+        journals of the calls (those the state holds: a turn that waits keeps them, `shadow`)."""
         turn = self.turn
         return {
-            "v": SCHEMA_VERSION,
+            "v": SNAPSHOT_VERSION,
             "id": self.id,
             "agent": self.agent,
             "seq": self.seq,
@@ -239,17 +246,22 @@ class SessionState:
                         "decision": c.decision,
                         "idempotency_key": c.idempotency_key,
                         "edited_input": c.edited_input,
-                        "journal": c.journal,
+                        **({"journal": c.journal} if journals and c.journal is not None else {}),
                         "keyed": c.keyed,
+                        "since": c.since,
+                        "journaled": c.journaled,
+                        **({"kids": dict(c.kids)} if c.kids else {}),
                     }
                     for c in turn.calls.values()
                 ],
             },
         }
 
-    def copy(self) -> SessionState:
-        """What `from_snapshot(self.to_snapshot())` gives, without the JSON round trip: a state
-        to apply events to that leaves this one untouched (the conversation left out)."""
+    def copy(self, *, journals: bool = False) -> SessionState:
+        """What `from_snapshot(self.to_snapshot(journals=journals))` gives, without the JSON round
+        trip: a state to apply events to that leaves this one untouched (the conversation left
+        out, and the calls' journals unless `journals`, so a copy costs the same however long
+        they are)."""
         t = self.turn
         turn = None
         if t is not None:
@@ -277,9 +289,12 @@ class SessionState:
                         decision=c.decision,
                         idempotency_key=c.idempotency_key,
                         edited_input=c.edited_input,
-                        journal=list(c.journal),
+                        journal=list(c.journal) if journals and c.journal is not None else None,
                         keyed=c.keyed,
-                        placed=dict(c.placed),
+                        since=c.since,
+                        journaled=c.journaled,
+                        kids=dict(c.kids),
+                        placed=dict(c.placed) if journals else {},
                     )
                     for k, c in t.calls.items()
                 },
@@ -328,10 +343,10 @@ class SessionState:
     @classmethod
     def _from_snapshot(cls, data: dict[str, Any]) -> SessionState:
         v = data.get("v", 0)
-        if v > SCHEMA_VERSION:
+        if v > SNAPSHOT_VERSION:
             raise SchemaVersionError(
                 f"snapshot of session {data.get('id')!r} has schema version {v}; this signoff "
-                f"reads up to {SCHEMA_VERSION}"
+                f"reads up to {SNAPSHOT_VERSION}"
             )
         t = data["turn"]
         turn = None
@@ -350,7 +365,7 @@ class SessionState:
                 model_seq=t.get("model_seq", t.get("last_message_seq", 0)),
                 source=t.get("source", "message"),
                 traceparent=p if isinstance(p := t.get("traceparent"), str) else None,
-                calls={c["id"]: CallState(**c) for c in t["calls"]},
+                calls={c["id"]: _call_of(c, t) for c in t["calls"]},
             )
         return cls(
             id=data["id"],
@@ -388,6 +403,18 @@ class SessionState:
             turn=turn,
             conversation=None,
         )
+
+
+def _call_of(c: dict[str, Any], turn: dict[str, Any]) -> CallState:
+    """A call as a snapshot keeps it: without its journal, or with it whole (a waiting turn's,
+    or an older signoff's, whose journal is read again from the turn's latest model response
+    on, the one that made the call, should a copy of the state leave it out)."""
+    if "journal" not in c:
+        return CallState(**c, journal=None)
+    call = CallState(**{"since": turn.get("model_seq", turn["first_seq"]), **c})
+    if "journaled" not in c:  # an older signoff's
+        call.kept_beside()
+    return call
 
 
 def budget_left(s: SessionState, max_tokens: int | None, max_cost: float | None) -> dict[str, Any]:

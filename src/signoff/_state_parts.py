@@ -50,18 +50,34 @@ class CallState:
     decision: dict[str, Any] | None = None
     idempotency_key: str | None = None
     edited_input: Any = None
-    journal: list[dict[str, Any] | None] = field(default_factory=list)
+    # None in a state read from a snapshot or copied, which leave it out (a workflow's journal
+    # grows with every step): `load_journal` reads it back from the events after `since`.
+    journal: list[dict[str, Any] | None] | None = field(default_factory=list)
     keyed: bool = False  # the journal's `index` is the occurrence of a name, not a position
+    since: int = 0  # the event that made this call (its `model.completed`), or one before it
+    journaled: bool = False  # an entry was recorded (a first entry says how they are keyed)
+    # The entries of child sessions (`subagent.session` steps), by `p` and position or `n` and
+    # occurrence (in the order first recorded), with their child (None: not a child's id now):
+    # `subagents()` without the journal.
+    kids: dict[str, str | None] = field(default_factory=dict)
     # Where each entry of a keyed journal is, by kind, name and occurrence: recording one is
     # then a look-up, not a scan of every entry (a call of N steps cost N² as they were folded).
     placed: dict[tuple[str, str, Any], int] = field(default_factory=dict, repr=False, compare=False)
 
     def record(self, index: int, entry: dict[str, Any]) -> None:
         """Journal `entry`: in a keyed journal as occurrence `index` of its kind and name (in
-        the order recorded), in an older positional one at position `index`."""
+        the order recorded), in an older positional one at position `index`. Without the
+        journal (`journal` None) only what is kept beside it changes (a position too far past
+        the journal's end is then refused as the journal is read back, `load_journal`)."""
         if self.keyed:
             entry = {**entry, "n": index}
             key = (entry["kind"], entry["name"], index)
+            hash(key)  # a damaged index is refused before anything changes
+            self.journaled = True
+            if entry["kind"] == "step" and entry["name"] == CHILD_STEP:
+                self.kids[f"n{index}"] = _child(entry)
+            if self.journal is None:
+                return
             at = self.placed_at(key)
             if at is not None:
                 self.journal[at] = entry
@@ -72,9 +88,18 @@ class CallState:
         if (
             not isinstance(index, int)
             or isinstance(index, bool)
-            or not 0 <= index <= len(self.journal) + _GAP_MAX
+            or index < 0
+            or (self.journal is not None and index > len(self.journal) + _GAP_MAX)
         ):
             raise ValueError(f"journal position {index!r} of call {self.id!r} is out of range")
+        self.journaled = True
+        child = _child(entry)  # positions sort them, so one replaced is dropped
+        if child is None:
+            self.kids.pop(f"p{index}", None)
+        else:
+            self.kids[f"p{index}"] = child
+        if self.journal is None:
+            return
         while len(self.journal) <= index:
             self.journal.append(None)
         self.journal[index] = entry
@@ -83,6 +108,7 @@ class CallState:
         """The position of the keyed entry `key` (kind, name, occurrence), None if not journaled;
         `placed` is built again first if it does not index the journal as it is (a state built
         from a snapshot)."""
+        assert self.journal is not None
         if len(self.placed) != len(self.journal):
             self.placed = {}
             for i in reversed(range(len(self.journal))):  # the first of two alike wins
@@ -93,17 +119,36 @@ class CallState:
 
     def subagents(self) -> list[str]:
         """The child sessions this delegate call journaled creating (`tool.step`
-        `subagent.session`), in order."""
-        out: list[str] = []
-        for entry in self.journal:
-            child = None if entry is None else entry.get("result")
-            if (
-                entry is not None
-                and entry.get("name") == "subagent.session"
-                and isinstance(child, str)
-            ):
-                out.append(child)
-        return out
+        `subagent.session`), in the journal's order: positional entries come before keyed ones
+        (a call is keyed from its first entry on, or from a later start by an older signoff)."""
+        placed = sorted((int(k[1:]), v) for k, v in self.kids.items() if k[0] == "p")
+        keyed = [v for k, v in self.kids.items() if k[0] == "n"]
+        return [v for v in [*(v for _, v in placed), *keyed] if v is not None]
+
+    def kept_beside(self) -> None:
+        """Set what is kept beside the journal (`journaled`, `kids`) from the journal itself, for
+        a call read from an older snapshot, which held the journal whole."""
+        assert self.journal is not None
+        self.journaled = any(self.journal)
+        self.kids = {}
+        for i, e in enumerate(self.journal):
+            if e is None:
+                continue
+            if "n" in e:
+                if e["kind"] == "step" and e["name"] == CHILD_STEP:
+                    self.kids[f"n{e['n']}"] = _child(e)
+            elif (child := _child(e)) is not None:
+                self.kids[f"p{i}"] = child
+
+
+CHILD_STEP = "subagent.session"
+"""The step of a delegate call that creates its child session; its result is the child's id."""
+
+
+def _child(entry: dict[str, Any]) -> str | None:
+    """The child session an entry journaled creating, if it is such an entry."""
+    result = entry.get("result")
+    return result if entry.get("name") == CHILD_STEP and isinstance(result, str) else None
 
 
 @dataclass(slots=True, kw_only=True)

@@ -331,6 +331,7 @@ class ToolCalls(CallEnds):
         if held is not None:  # the body ran in this process; only recording its outcome failed
             await self.end_call(key, journal, held)
             return
+        await journal.read()  # the body reads it as it goes
         ctx = ToolContext(
             session=self.session_info(principal),
             call_id=call.id,

@@ -9,8 +9,9 @@ import sqlite3
 from collections.abc import Sequence
 
 from ..._exceptions import UnknownSession
-from ._connection import Connection, immediate, kept, reading, serialised
+from ._connection import Connection, kept
 from ._files import beside
+from ._transactions import immediate, reading, serialised
 
 __all__ = ["Leases"]
 

@@ -38,9 +38,10 @@ from .._codec import (
     unpack_snapshot,
 )
 from .._initiators import InitiatorFilter, checked_filter
-from ._connection import Connection, kept, reading
+from ._connection import Connection, kept
 from ._files import beside
 from ._schema import CURRENT_TURN, EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN
+from ._transactions import reading
 
 __all__ = ["Reads"]
 

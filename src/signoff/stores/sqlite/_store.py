@@ -32,10 +32,11 @@ from .._codec import (
     type_name,
 )
 from .._initiators import initiator_columns
-from ._connection import failed, immediate, kept, serialised
+from ._connection import kept
 from ._leases import Leases
 from ._reads import Reads
 from ._schema import CURRENT_TURN
+from ._transactions import failed, immediate, serialised
 
 __all__ = ["SQLiteStore", "TURN_NAMED_EVERY"]
 
