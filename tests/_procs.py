@@ -125,7 +125,7 @@ async def _answer(rt: so.Runtime, args: argparse.Namespace) -> so.GenerateResult
 
 async def _main(args: argparse.Namespace) -> None:
     agent = make_agent(args.records, block_in_tool=getattr(args, "block_in_tool", False))
-    rt = so.Runtime([agent], store=args.store, lease_ttl=LEASE_TTL)
+    rt = so.Runtime([agent], store=args.store, lease_ttl=args.lease_ttl)
     await rt.open()
     if args.command == "start":
         r = await rt.generate("support", prompt="Refund order 1042, it arrived broken")
@@ -155,6 +155,7 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name)
         p.add_argument("--store", required=True, help="store URL (sqlite:/// or postgresql://)")
         p.add_argument("--records", required=True)
+        p.add_argument("--lease-ttl", type=float, default=LEASE_TTL)
         if name != "start":
             p.add_argument("--session", required=True)
         if name in ("answer", "race"):

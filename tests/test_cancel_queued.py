@@ -114,7 +114,7 @@ async def test_a_drive_that_finds_the_queued_message_taken_reports_its_turn_canc
 
     agent = _crawl_agent(bob_model, entered)
     async with (
-        so.Runtime([agent], store=store_url, lease_ttl=0.3, lease_wait=0) as rt,
+        so.Runtime([agent], store=store_url, lease_ttl=3.0, lease_wait=0) as rt,
         so.Runtime([agent], store=store_url, inline=False) as workers,
         so.Runtime([agent], store=store_url) as other,
     ):

@@ -174,6 +174,8 @@ def test_resume_while_the_holder_is_alive_does_not_run_the_tool(
             "--request",
             request_id,
             "--block-in-tool",
+            "--lease-ttl",
+            "1.5",  # not 0.5 s: a holder descheduled ~0.35 s would lose it to `rt` here
         )
         children.append(worker)
         worker.expect("tool-entered")
@@ -181,7 +183,7 @@ def test_resume_while_the_holder_is_alive_does_not_run_the_tool(
             [make_agent(str(tmp_path / "runs.jsonl"))],
             store=store_url,
             lease_ttl=0.5,
-            lease_wait=1.5,  # three lease lifetimes: the live holder keeps renewing
+            lease_wait=4.5,  # three of the holder's lease lifetimes: it keeps renewing
         )
         try:
             busy = rt.generate_sync(session_id=session_id)

@@ -75,14 +75,14 @@ async def test_a_renewal_does_not_wait_for_a_busy_pool(pg_store_url: str) -> Non
 
 
 async def test_a_drive_keeps_its_lease_while_its_pool_is_busy(pg_store_url: str) -> None:
-    """A tool body runs for 1.5 s (2.5 TTLs) while the process's only pooled connection is busy
+    """A tool body runs for 3.75 s (2.5 TTLs) while the process's only pooled connection is busy
     the whole time: its lease is renewed meanwhile, so another process trying to take the
     session over finds it busy, and the call runs once, in the drive that started it."""
     runs: list[str] = []
     release = asyncio.Event()
     agent = _agent(runs, release)
     async with (
-        so.Runtime([agent], store=_one_connection(pg_store_url), lease_ttl=0.6) as holder,
+        so.Runtime([agent], store=_one_connection(pg_store_url), lease_ttl=1.5) as holder,
         so.Runtime([agent], store=pg_store_url, lease_ttl=0.6, lease_wait=0.1) as other,
     ):
         store = holder.store
@@ -91,7 +91,7 @@ async def test_a_drive_keeps_its_lease_while_its_pool_is_busy(pg_store_url: str)
         drive = asyncio.create_task(holder.generate("support", "Refund", session_id=sid))
         while not runs:
             await asyncio.sleep(0.01)
-        busy = asyncio.create_task(_hold_the_only_connection(store, 1.5))
+        busy = asyncio.create_task(_hold_the_only_connection(store, 3.75))
         try:
             while not busy.done():  # another worker tries to take the session over meanwhile
                 await _finds_it_busy(other, sid, runs, release)
@@ -106,13 +106,13 @@ async def test_a_drive_keeps_its_lease_while_its_pool_is_busy(pg_store_url: str)
 
 async def test_a_slow_read_of_what_others_recorded_holds_up_no_renewal(store_url: str) -> None:
     """Each renewal reads what other processes recorded (a cancel, a steer) after it: that read
-    taking 1.5 s (2.5 TTLs) on a slow store delays no renewal, so the lease stays live, another
+    taking 3.75 s (2.5 TTLs) on a slow store delays no renewal, so the lease stays live, another
     process finds the session busy, and the call runs once."""
     runs: list[str] = []
     release = asyncio.Event()
     agent = _agent(runs, release)
     async with (
-        so.Runtime([agent], store=store_url, lease_ttl=0.6) as holder,
+        so.Runtime([agent], store=store_url, lease_ttl=1.5) as holder,
         so.Runtime([agent], store=store_url, lease_ttl=0.6, lease_wait=0.1) as other,
     ):
         store = holder.store
@@ -122,7 +122,7 @@ async def test_a_slow_read_of_what_others_recorded_holds_up_no_renewal(store_url
         async def slow_head(session_id: str) -> int | None:
             if slow.is_set():
                 slow.clear()  # the next renewal's read, once
-                await asyncio.sleep(1.5)
+                await asyncio.sleep(3.75)
             return await head(session_id)
 
         store.head = slow_head  # type: ignore[method-assign]
@@ -133,7 +133,7 @@ async def test_a_slow_read_of_what_others_recorded_holds_up_no_renewal(store_url
         slow.set()
         began = time.monotonic()
         try:
-            while time.monotonic() - began < 2.0:
+            while time.monotonic() - began < 4.5:
                 await _finds_it_busy(other, sid, runs, release)
                 await asyncio.sleep(0.1)
         finally:

@@ -61,12 +61,12 @@ async def test_a_process_whose_clock_reading_waited_takes_no_live_lease_over(
     agent = _agent(runs, release)
     url = _one_connection(pg_store_url)
     async with (
-        so.Runtime([agent], store=pg_store_url, lease_ttl=0.6) as holder,
+        so.Runtime([agent], store=pg_store_url, lease_ttl=1.5) as holder,
         so.Runtime([agent], store=url, lease_ttl=0.6, lease_wait=0.3) as other,
     ):
         store = other.store
         assert isinstance(store, PostgresStore)
-        busy = asyncio.create_task(_hold_the_only_connection(store, 1.6))
+        busy = asyncio.create_task(_hold_the_only_connection(store, 4.0))
         await asyncio.sleep(0.1)
         await other._sync_lease_clock()
         await busy

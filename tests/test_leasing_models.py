@@ -54,7 +54,7 @@ async def test_a_lease_taken_over_cancels_the_model_call_running_under_it(
     over calls the model again and finishes the turn."""
     slow = SlowModel()
     agent = so.Agent(name="support", model=slow)
-    async with so.Runtime([agent], store=store_url, lease_ttl=0.3) as rt:
+    async with so.Runtime([agent], store=store_url, lease_ttl=3.0) as rt:
         slow.renewals = counting_renewals(rt.store)
         sid = await rt.create_session("support")
         drive = asyncio.create_task(rt.generate("support", "Refund", session_id=sid))
@@ -80,7 +80,7 @@ async def test_a_model_that_answers_after_its_lease_is_lost_has_its_answer_disca
     nowhere, and the drive ends as one whose lease was lost."""
     slow = SlowModel(stubborn=True)
     agent = so.Agent(name="support", model=slow)
-    async with so.Runtime([agent], store=store_url, lease_ttl=0.3) as rt:
+    async with so.Runtime([agent], store=store_url, lease_ttl=3.0) as rt:
         slow.renewals = counting_renewals(rt.store)
         sid = await rt.create_session("support")
         drive = asyncio.create_task(rt.generate("support", "Refund", session_id=sid))

@@ -291,7 +291,7 @@ async def test_a_renewal_that_meets_the_drive_s_own_release_says_nothing_of_a_ta
     over. It used to log `lease N was taken over` for a turn that completed normally."""
     model = so.models.Scripted([so.ModelResponse(text="Done.")])
     agent = so.Agent(name="support", model=model)
-    async with so.Runtime([agent], store=store_url, lease_ttl=0.3) as rt:
+    async with so.Runtime([agent], store=store_url, lease_ttl=1.5) as rt:
         commit, renew = rt.store.commit, rt.store.renew_lease
         refused = asyncio.Event()  # a renewal made after the release came back refused
 

@@ -70,7 +70,7 @@ async def test_a_claim_that_waited_long_still_holds_a_live_lease(store_url: str)
     agent = refund_agent([], first=slow)
     async with (
         so.Runtime([agent], store=store_url, inline=False) as front,
-        so.Runtime([agent], store=store_url, inline=False, lease_ttl=0.6) as worker,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=1.5) as worker,
     ):
         claim = worker.store.claim
 
@@ -83,7 +83,7 @@ async def test_a_claim_that_waited_long_still_holds_a_live_lease(store_url: str)
             *,
             skip: Sequence[str] = (),
         ) -> list[tuple[str, int]]:
-            await asyncio.sleep(0.9)  # the `now` it was given is older than the TTL by then
+            await asyncio.sleep(2.25)  # the `now` it was given is older than the TTL by then
             return await claim(owner, ttl, now, limit, agents, skip=skip)
 
         worker.store.claim = stuck  # type: ignore[method-assign]
@@ -101,8 +101,8 @@ async def test_a_failed_renewal_is_retried_and_does_not_fail_the_turn(store_url:
     """One renewal failing (a dropped connection) must not end the renewals, or the lease lapses
     under a long tool call and another worker runs it again, nor turn the drive into an error."""
     runs: list[str] = []
-    agent = refund_agent(runs, approval=so.never(), delay=1.2)
-    async with so.Runtime([agent], store=store_url, lease_ttl=0.45) as rt:
+    agent = refund_agent(runs, approval=so.never(), delay=4.0)
+    async with so.Runtime([agent], store=store_url, lease_ttl=1.5) as rt:
         renew = rt.store.renew_lease
         calls = 0
 
@@ -117,7 +117,7 @@ async def test_a_failed_renewal_is_retried_and_does_not_fail_the_turn(store_url:
         sid = await rt.create_session("support")
         task = asyncio.create_task(rt.generate("support", "Refund order 1042", session_id=sid))
         await until(lambda: asyncio.sleep(0, bool(runs)))  # the tool body is running
-        await asyncio.sleep(0.7)  # past the TTL since the failed renewal
+        await asyncio.sleep(2.33)  # past the TTL since the failed renewal
         try:
             assert await rt.store.claim("other", 10, time.time(), 10) == []
         finally:
