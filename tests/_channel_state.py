@@ -31,8 +31,8 @@ class Seen(Channel):
         self.opened.append(request.id)
 
 
-def gated(tmp_path: Path) -> so.Runtime:
-    """A runtime whose every turn opens one approval request."""
+def gated(tmp_path: Path, store: str | None = None) -> so.Runtime:
+    """A runtime whose every turn opens one approval request (on `store`, or a SQLite file)."""
 
     @so.tool(approval=so.always())
     async def deploy(env: str) -> str:
@@ -42,7 +42,7 @@ def gated(tmp_path: Path) -> so.Runtime:
     agent = scripted_agent(
         "ops", [call_tools(call("deploy", env="prod"))], tools=[deploy], repeat_last=True
     )
-    return so.Runtime([agent], store=f"sqlite:///{tmp_path / 'state.db'}")
+    return so.Runtime([agent], store=store or f"sqlite:///{tmp_path / 'state.db'}")
 
 
 async def open_one(rt: so.Runtime) -> str:

@@ -106,6 +106,7 @@ class FakeSlack:
         self.on_post: Callable[[dict[str, Any]], None] | None = None  # once Slack has a post
         self.triggers: set[str] = set()  # trigger ids views.open used
         self.users: dict[str, dict[str, Any]] = {}  # user id -> users.info's user object
+        self.called_at: list[float] = []  # monotonic time of each of `calls`, as it came
 
     async def start(self) -> None:
         app = web.Application()
@@ -136,6 +137,7 @@ class FakeSlack:
                 if isinstance(body.get(key), str):
                     body[key] = json.loads(body[key])
         self.calls.append((method, body))
+        self.called_at.append(time.monotonic())
         self.tokens.append(request.headers.get("Authorization"))
         if method in self.slow:
             await asyncio.sleep(self.slow[method])
@@ -203,6 +205,8 @@ class FakeSlack:
                 request.transport.abort()  # the form is open; the client sees a disconnect
                 return web.Response(status=200)
             return web.json_response({"ok": True, "view": {"id": "V1"}})
+        if method == "views.update":
+            return web.json_response({"ok": True, "view": {"id": body["view_id"]}})
         if method == "users.info":
             user = self.users.get(body.get("user", ""))
             if user is None:

@@ -248,7 +248,9 @@ async def test_a_failing_channel_backs_off_and_gives_up_after_max_attempts(
             await hub.poll()  # within its backoff: not tried again
             assert broken.attempts == 1
         broken = Flaky(100)
-        async with manual(ChannelHub(rt, [broken], retry_backoff=0, max_attempts=3)) as hub:
+        # Another name: a hub of the first's would go on from where it stopped (its claim).
+        again = ChannelHub(rt, [broken], retry_backoff=0, max_attempts=3, name="again")
+        async with manual(again) as hub:
             start = hub.position(broken)
             r = await rt.generate("support", prompt="Refund A, B and C again")
             for _ in range(5):

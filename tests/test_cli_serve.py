@@ -281,6 +281,38 @@ def test_serve_maps_slack_users_to_token_principals_by_email(
     assert found == so.Principal(authenticator="token", principal_id="alice@corp.example")
 
 
+def test_serve_maps_a_slack_email_to_the_token_principal_in_its_own_case(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`--token "$T=Alice@Corp.example"`: her Slack account (`alice@corp.example`, as Slack
+    gives it) acts as that very principal; it was `token:alice@corp.example`, someone else to
+    four eyes and a quorum, so she could approve her own call from Slack."""
+    import uvicorn
+
+    import signoff as so
+    from signoff.channels import slack
+
+    made: list[Any] = []
+
+    class Recorded(slack.SlackChannel):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(slack, "SlackChannel", Recorded)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: None)
+    args = ["--slack-channel", "C0123", "--slack-token", "xoxb-1", "--slack-signing-secret", "s"]
+    args += ["--token", "t0k3n=Alice@Corp.example", "--slack-users-by-email"]
+    result = invoke(
+        "serve", "examples.support:runtime", "--store", f"sqlite:///{tmp_path}/s.db", *args
+    )
+    assert result.exit_code == 0, result.output
+    (channel,) = made
+    user = {"id": "U1", "is_email_confirmed": True, "profile": {"email": "alice@corp.example"}}
+    found = channel.identities.identify("T1", "U1", user)
+    assert found == so.Principal(authenticator="token", principal_id="Alice@Corp.example")
+
+
 @pytest.mark.parametrize("how", ["option", "env"])
 def test_serve_keys_the_dashboards_csrf_tokens_with_its_secret(
     how: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path

@@ -17,7 +17,7 @@ import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub
-from signoff.channels.slack import SlackChannel, by_email
+from signoff.channels.slack import SlackChannel, SlackUserUnknown, by_email
 from signoff.channels.slack._blocks import DENY_VIEW
 from signoff.testing import call, call_tools, reply, scripted_agent
 
@@ -438,3 +438,38 @@ async def test_a_rate_limited_lookup_waits_its_retry_after_only_within_its_time(
             "Your answer was not taken: signoff could not tell who you are (Slack answered "
             "ratelimited)."
         ]
+
+
+def _mail(email: str) -> dict[str, Any]:
+    return {"id": "U1", "is_email_confirmed": True, "profile": {"email": email}}
+
+
+def test_by_email_names_the_known_principal_in_its_own_case() -> None:
+    """Given the principals the other surfaces know, an email names the one it matches in any
+    case, spelled as they spell it: `Alice@Corp.example` asking from the API is the same person
+    as her Slack account's `alice@corp.example` (four eyes compares ids exactly, and the
+    lowercased id was someone else: she could approve her own call)."""
+    identify = by_email("token", principals=["Alice@Corp.example", "bob@corp.example"])
+    alice = so.Principal(authenticator="token", principal_id="Alice@Corp.example")
+    assert identify("T1", "U1", _mail("alice@corp.example")).same_as(alice)
+    assert identify("T1", "U1", _mail("ALICE@corp.EXAMPLE")).same_as(alice)
+    found = identify("T1", "U1", _mail("Carol@Corp.example"))  # none known: lowercased
+    assert found.principal_id == "carol@corp.example"
+
+
+def test_by_email_never_gives_one_slack_user_either_of_two_principals_differing_in_case(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """RFC 5321 lets `Alice@x` and `alice@x` be two mailboxes: when both are principals, the
+    Slack user whose email names them is refused, told why, and the error log names both."""
+    identify = by_email("token", principals=["Alice@corp.example", "alice@corp.example"])
+    with pytest.raises(SlackUserUnknown, match="2 signoff identities that differ only in case"):
+        identify("T1", "U1", _mail("alice@corp.example"))
+    assert "Alice@corp.example, alice@corp.example" in caplog.text
+    assert identify("T1", "U2", _mail("bob@corp.example")).principal_id == "bob@corp.example"
+
+
+@pytest.mark.parametrize("principals", ["alice@corp.example", [""], [None]])
+def test_by_email_refuses_principals_that_are_not_a_list_of_ids(principals: Any) -> None:
+    with pytest.raises(so.UsageError, match="by_email: "):
+        by_email("token", principals=principals)

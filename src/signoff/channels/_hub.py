@@ -29,8 +29,9 @@ from ..stores._audit import AuditEntry
 from . import _given_up as given_up
 from ._announcements import announce
 from ._base import Channel, ChannelState, RateLimited, check_name, logger, off_loop
+from ._claims import Claims
 from ._given_up import note_given_up, redeliver
-from ._hub_trail import open_requests, start_at, trail_end
+from ._hub_trail import behind_the_end, open_requests, start_at
 from ._lease import HubLease
 from ._retries import Retries
 from ._state import make_room
@@ -57,12 +58,15 @@ class ChannelHub:
     channel (by hub `name` and channel name): it holds an OS lock next to the file while it
     runs, and another started on the same file (in this or another process on the machine)
     stands by for that channel, which still answers (e.g. Slack's clicks), and takes over at its
-    next poll when the first stops or dies (skipping what the first delivered past a hole). A
+    next poll when the first stops or dies (skipping what the first delivered past a hole).
+    Across states (in memory, other files, other machines) hubs sharing the runtime's store
+    exclude each other by a claim in it (`_claims`): the delivering hub renews it at its polls
+    with the position it reached; a standby takes it once it is given back (within two seconds)
+    or lapses `claim_ttl` seconds after its hub died, and goes on from that position. A
     channel's positions and memos (Slack's messages, webhooks not yet sent) are the hub's own
     too: hubs of different names keep theirs apart on one file, also for channels of the same
     name. Hub and channel names must not contain `:`
-    or `.`, which join them there. Hubs on memory share nothing: each delivers everything, so
-    run one per set of channels.
+    or `.`, which join them there.
 
     A channel that fails on an entry is retried from there after `retry_backoff * 2**n`
     seconds, `max_attempts` times in all (about two minutes by default), before the entry is
@@ -88,6 +92,7 @@ class ChannelHub:
         retry_backoff: float = 1.0,
         gap_timeout: float = 10.0,
         clock: Callable[[], float] | None = None,
+        claim_ttl: float = 30.0,
     ) -> None:
         channels = list(channels)
         for ch in channels:
@@ -102,6 +107,8 @@ class ChannelHub:
         if not positive_seconds(poll_interval):  # NaN passed `<= 0`, and a loop slept NaN
             raise UsageError(f"poll_interval must be positive, not {poll_interval!r}")
         whole("max_attempts", max_attempts, least=1)  # NaN or 2.5 passed `< 1`
+        if not positive_seconds(claim_ttl):
+            raise UsageError(f"claim_ttl must be positive, finite seconds, not {claim_ttl!r}")
         if not all(
             positive_seconds(v) or (v == 0 and not isinstance(v, bool))
             for v in (retry_backoff, gap_timeout)
@@ -132,6 +139,8 @@ class ChannelHub:
             if self._path != ":memory:"
         }
         self._active: set[str] = set()  # the channels this hub delivers to (holding their locks)
+        self._claims = Claims(runtime, name, self._path, claim_ttl)
+        self._unclaimed: set[str] = set()  # channels locked here whose claim another hub holds
         self._positions: dict[str, int] = {}
         self._retries = Retries()
         # monotonic time of the last give-up or round, for each channel with entries given up on
@@ -192,15 +201,15 @@ class ChannelHub:
             ch.bind(self.runtime, self._state, hub=self.name)
         self._started = True
         try:
-            free = self._lock_free()
+            free = await self._free()
             await self._activate(free)
         except BaseException:  # e.g. the store is down: no lock held, no channel left running
             await self.stop()
             raise
         if len(free) < len(self.channels):
             logger.warning(
-                "channel hub %s: another process delivers to %s from %s; this one stands by "
-                "and takes over when it stops",
+                "channel hub %s: another hub delivers to %s (holding its lock next to %s, or "
+                "its claim in the store); this one stands by and takes over when it stops",
                 self.name,
                 ", ".join(ch.name for ch in self.channels if ch.name not in self._active),
                 self.state.path,
@@ -208,6 +217,33 @@ class ChannelHub:
         if follow:
             self._stopping = False
             self._task = asyncio.create_task(self._follow(), name=f"signoff-hub-{self.name}")
+
+    async def _free(self, *, every: bool = True) -> list[Channel]:
+        """The channels not delivered to yet whose lock and claim (`Claims`) this hub took.
+        Those whose lock it took and whose claim another hub holds keep the lock (this hub is
+        the one on its file to take over) and are tried again at most every `TRY_EVERY`
+        seconds (`Claims.due`), unless `every`."""
+        locked = self._lock_free()
+        fresh = [ch for ch in locked if ch.name not in self._unclaimed]
+        if not every and not fresh and not self._claims.due():
+            return []
+        free: list[Channel] = []
+        try:
+            for ch in locked:
+                if await self._claims.take(ch.name, locked=ch.name in self._leases):
+                    self._unclaimed.discard(ch.name)
+                    free.append(ch)
+                else:
+                    self._unclaimed.add(ch.name)
+        except BaseException:  # the store is down: nothing taken stays taken
+            for ch in locked:
+                with contextlib.suppress(Exception):
+                    await self._claims.release(ch.name, None)
+                if ch.name in self._leases:
+                    self._leases[ch.name].release()
+                self._unclaimed.discard(ch.name)
+            raise
+        return free
 
     def _lock_free(self) -> list[Channel]:
         """The channels not delivered to yet whose lock this hub could take (all, in memory)."""
@@ -222,6 +258,12 @@ class ChannelHub:
         start: tuple[int, set[int]] | None = None
         for ch in channels:
             saved = await off_loop(self.state.position, self._key(ch))
+            shared = self._claims.saved.pop(ch.name, None)
+            if shared is not None and (saved is None or shared > saved):
+                # Where a hub on another state stopped: what it delivered is not delivered again.
+                saved = shared
+                await off_loop(self.state.set_position, self._key(ch), saved)
+                self._seen[ch.name] = set()
             if saved is None:
                 if start is None:
                     start = await start_at(self.runtime.store, _PAGE)
@@ -229,7 +271,7 @@ class ChannelHub:
                 self._seen[ch.name] = set(present)  # there before the start: not delivered
                 await off_loop(self.state.set_position, self._key(ch), saved)
             elif saved > 0 and not await self.runtime.store.audit(after_id=saved - 1, limit=1):
-                saved = await self._behind_the_end(ch, saved)
+                saved = await behind_the_end(self.runtime.store, self.state, self._key(ch), saved)
                 self._seen[ch.name] = set()  # the ids are taken again
             else:  # what the hub before delivered past a hole, not to be delivered again
                 kept = await off_loop(self.state.recall, self._key(ch), _DELIVERED)
@@ -247,45 +289,58 @@ class ChannelHub:
                     logger.exception("channel %s failed to start", ch.name)
                 await self._redeliver(ch)
 
-    async def _behind_the_end(self, ch: Channel, saved: int) -> int:
-        """The position of a channel whose saved one is past the trail's end: the end. A store
-        restored from a backup, or one whose unsynced last commits a power cut lost, gives new
-        entries the ids again, which the old position would skip as handled."""
-        end = await trail_end(self.runtime.store)
-        if end < saved:
-            logger.warning(
-                "channel hub %s: %s's position %s is past the audit trail's end %s (a store "
-                "restored from a backup?); going on from the end",
-                self.name,
-                ch.name,
-                saved,
-                end,
-            )
-            await off_loop(self.state.set_position, self._key(ch), end)
-            return end
-        return saved
-
     async def _take_over(self) -> None:
-        """For a standby: deliver to the channels whose lock another hub let go of."""
-        free = self._lock_free()
+        """For a standby: deliver to the channels whose lock and claim another hub let go of
+        (or whose claim lapsed)."""
+        free = await self._free(every=False)
         if not free:
             return
         try:
             await self._activate(free)
         except BaseException:  # e.g. the store is down: stand by again and retry on a poll
             for ch in free:
-                self._active.discard(ch.name)
-                # Before the lock goes: a channel started (webhooks sending what the hub before
-                # left unsent) would go on beside the hub that takes the lock next.
-                try:
-                    await ch.close()
-                except Exception:
-                    logger.exception("channel %s failed to close", ch.name)
-                self._leases[ch.name].release()
+                await self._stand_by(ch)
             raise  # a StoreError is logged by `_follow` once while it keeps failing
         # Said once it is so: a try the state fails is retried at every poll.
         names = ", ".join(ch.name for ch in free)
         logger.warning("channel hub %s: took over delivery to %s", self.name, names)
+
+    async def _stand_by(self, ch: Channel, *, lost: bool = False) -> None:
+        """Stop delivering to `ch`: its object closed, then its claim and lock let go (or, when
+        `lost` to another hub, the lock kept: this hub is its file's next to take over)."""
+        self._active.discard(ch.name)
+        # Before the lock goes: a channel started (webhooks sending what the hub before left
+        # unsent) would go on beside the hub that takes the lock next.
+        try:
+            await ch.close()
+        except Exception:
+            logger.exception("channel %s failed to close", ch.name)
+        if lost:
+            self._unclaimed.add(ch.name)
+            return
+        with contextlib.suppress(Exception):  # the store down: it lapses
+            await self._claims.release(ch.name, None)
+        if ch.name in self._leases:
+            self._leases[ch.name].release()
+
+    async def _renew(self, live: list[Channel]) -> list[Channel]:
+        """Keep the claims of the channels delivered to (`Claims.renew`); those another hub
+        took meanwhile (this one stalled past the claim's time) are stood by for. The
+        channels still delivered to."""
+        kept = []
+        for ch in live:
+            if await self._claims.renew(ch.name, self._positions[ch.name]):
+                kept.append(ch)
+                continue
+            logger.warning(
+                "channel hub %s: its claim on %s lapsed and another hub took it (this one "
+                "stalled past %gs); standing by",
+                self.name,
+                ch.name,
+                self._claims.ttl,
+            )
+            await self._stand_by(ch, lost=True)
+        return kept
 
     async def stop(self) -> None:
         """Stop following and close the channels (and the state file, if the hub opened it).
@@ -308,9 +363,20 @@ class ChannelHub:
                 await ch.close()
             except Exception:
                 logger.exception("channel %s failed to close", ch.name)
+        for ch in self.channels:  # with the positions reached, for a hub on another state
+            try:
+                await self._claims.release(ch.name, self._positions.get(ch.name))
+            except Exception:  # the store down: it lapses
+                logger.warning(
+                    "channel hub %s: giving back its claim on %s failed",
+                    self.name,
+                    ch.name,
+                    exc_info=True,
+                )
         for lease in self._leases.values():
             lease.release()  # after the channels' last writes: a standby goes on from them
         self._active.clear()
+        self._unclaimed.clear()
         if self._own_state and self._path != ":memory:":
             await off_loop(self.state.close)
         self._started = False
@@ -380,7 +446,7 @@ class ChannelHub:
         async with self._lock:
             if len(self._active) < len(self.channels):
                 await self._take_over()
-            live = [ch for ch in self.channels if ch.name in self._active]
+            live = await self._renew([ch for ch in self.channels if ch.name in self._active])
             total = 0
             for ch in live:  # the entries given up on before, which a rate limit held back
                 if self._retries.redo_due(ch.name):
@@ -406,6 +472,7 @@ class ChannelHub:
                         break
                 for ch in live:
                     await self._advance(ch, top, present)
+                live = await self._renew(live)  # the positions reached, for a hub taking over
             now = self.clock()
             for ch in live:
                 try:

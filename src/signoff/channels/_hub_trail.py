@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING
 from .._queue_page import keyed_page
 from .._types import InputRequest
 from ..stores import PendingFilter, Store
+from ._base import ChannelState, logger, off_loop
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
 
-__all__ = ["open_requests", "start_at", "trail_end"]
+__all__ = ["behind_the_end", "open_requests", "start_at", "trail_end"]
 
 _WINDOW = 1_000_000  # ids a look for the trail's end steps over at once (read from an index)
 _SETTLING = 1000  # ids below the end a first start looks at for transactions still committing
@@ -75,3 +76,23 @@ async def open_requests(
         ids.update(r.id for r in found)  # a row edited to list later is handed over once
         if after is None:
             return out
+
+
+async def behind_the_end(store: Store, state: ChannelState, key: str, saved: int) -> int:
+    """The position of the channel (of `key`) whose saved one is past the trail's end: the end.
+    A store restored from a backup, or one whose unsynced last commits a power cut lost, gives
+    new entries the ids again, which the old position would skip as handled."""
+    end = await trail_end(store)
+    if end < saved:
+        hub, _, channel = key.partition(":")
+        logger.warning(
+            "channel hub %s: %s's position %s is past the audit trail's end %s (a store "
+            "restored from a backup?); going on from the end",
+            hub,
+            channel,
+            saved,
+            end,
+        )
+        await off_loop(state.set_position, key, end)
+        return end
+    return saved

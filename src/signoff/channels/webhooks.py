@@ -5,7 +5,7 @@ Each delivery carries `Signoff-Timestamp` (Unix seconds) and `Signoff-Signature`
 (`v1=` + hex HMAC-SHA256 of `{timestamp}.{body}` with the shared secret); receivers check both
 with `verify_webhook`. To rotate the secret, give the channel the new and the old one: it signs
 with each (comma-separated), so receivers still on the old secret accept every delivery.
-Failed deliveries (network errors, 408, 429 and 5xx) are retried with exponential backoff, or
+Failed deliveries (network errors, 408, 425, 429 and 5xx) are retried with exponential backoff, or
 after the receiver's `Retry-After` when it asks for longer (both at most `max_backoff`);
 `Signoff-Delivery` (and the payload's `id`) stays the same across retries and restarts so receivers
 can dedupe: a delivery can arrive twice, and `verify_webhook` accepts a replay within its window.
@@ -14,7 +14,9 @@ the hub's state until sent: one given up on after `max_attempts` (logged as an e
 again every minute while the hub runs (the oldest of its URL first, the others once it got
 through), and one given up on or still unsent when the process stops is sent again when the
 hub next starts on the same state (by a later poll if reading the state fails then; with an
-in-memory state, it is lost). A 4xx refusal is final.
+in-memory state, it is lost). A 3xx or a 4xx other than 408, 425 and 429 is final: it is
+logged as an error saying what to do and recorded in the hub's state (`refusals()`), never sent
+again. A `Retry-After` longer than a minute also delays the next try of one given up on.
 
 Each attempt is bounded by `timeout` as a whole and only the response's status is read, never
 its body. Redirects are not followed (a 3xx is a refusal, logged with where it points: the
@@ -42,7 +44,7 @@ from .._settings import seconds, whole
 from .._types import InputRequest
 from . import _given_up as given_up
 from ._base import Channel, Escalation, Resolution, logger, off_loop
-from ._retries import Outage, doubled
+from ._retries import MAX_WAIT, Outage, doubled
 from ._webhook_signatures import (
     DELIVERY_HEADER,
     EVENT_HEADER,
@@ -60,6 +62,11 @@ if TYPE_CHECKING:
 __all__ = ["WebhookChannel", "sign_webhook", "verify_webhook"]
 
 _RETRY_STATUSES = frozenset({408, 425, 429})
+_REFUSED_KEY = "refused:"  # memo key prefix of the refusals of a URL: "refused:{url}"
+REFUSALS_KEPT = 100  # refusals kept per URL, the oldest dropped first
+_REDIRECTED = "a redirect is not followed (the signed body goes only to the URL configured): "
+_REDIRECTED += "configure the channel with the URL it points to"
+_REFUSED = "the receiver's final answer: check its URL and secret"
 _OUTBOX = "outbox:"  # memo key prefix of a delivery not yet sent: "outbox:{url} {delivery}"
 _BACKFILLED = "backfilled"  # memo: the open requests were announced on a first start
 
@@ -149,6 +156,8 @@ class WebhookChannel(Channel):
         # and the one delivery sent to a URL to see whether it is back (`_redo`).
         self._given_up_at: dict[str, float] = {}
         self._probing: dict[str, str] = {}
+        # URL -> its last failed answer: status (None: no answer), what failed, Retry-After.
+        self._answers: dict[str, tuple[int | None, str, float | None]] = {}
         # What the state fails (damaged, locked) is tried again at each tick, logged once.
         self._failing = Outage(f"channel {self.name}: what it keeps in the channel state")
         self.delivered = 0
@@ -378,20 +387,24 @@ class WebhookChannel(Channel):
             self._sending.add(f"{url} {delivery}")
             probe = self._probing.get(url) == delivery
             try:
-                if await self._send(url, delivery, event, raw) != "gave up":
+                outcome = await self._send(url, delivery, event, raw)
+                if outcome != "gave up":
                     if self._state is not None:
+                        if outcome == "refused":  # recorded before its copy to send goes
+                            await off_loop(self._note_refusal, url, delivery, event)
                         await off_loop(self.forget, f"{_OUTBOX}{url} {delivery}")
-                    if probe:  # the receiver is back: what was given up on follows
+                    if probe:  # the receiver answered: what was given up on follows
                         self._probing.pop(url, None)
                         if await self._requeue(url) is None:
                             self._given_up_at.pop(url, None)
                 elif self._state is not None:
-                    self._given_up_at[url] = time.monotonic()
+                    later = self._later_asked(url)
+                    self._given_up_at[url] = time.monotonic() + later
                     logger.error(
                         "webhook %s: %s is sent again in %gs and when the hub next starts",
                         masked(url),
                         delivery,
-                        given_up.REDO_EVERY,
+                        given_up.REDO_EVERY + later,
                     )
             except Exception:
                 logger.exception("webhook %s: delivering %s failed", masked(url), delivery)
@@ -422,6 +435,7 @@ class WebhookChannel(Channel):
                 DELIVERY_HEADER: delivery,
             }
             asked: float | None = None
+            status = None
             try:
                 status, asked, moved = await self._post(client, url, raw, headers)
             except (httpx.HTTPError, TimeoutError) as exc:
@@ -433,12 +447,18 @@ class WebhookChannel(Channel):
                 problem = f"HTTP {status}"
                 if moved is not None:  # where to point the channel, if the receiver moved
                     problem += f" to {str(masked(moved))[:200]!r}"  # masked whole, then cut
-                if status < 500 and status not in _RETRY_STATUSES:
-                    logger.error(
-                        "webhook %s refused %s (%s); not retried", masked(url), delivery, problem
-                    )
-                    self.failed += 1
-                    return "refused"
+            self._answers[url] = (status, problem, asked)
+            if status is not None and status < 500 and status not in _RETRY_STATUSES:
+                logger.error(
+                    "webhook %s refused %s (%s): %s; not retried (%s)",
+                    masked(url),
+                    delivery,
+                    problem,
+                    _REDIRECTED if status < 400 else _REFUSED,
+                    "see WebhookChannel.refusals()" if self._state is not None else "not kept",
+                )
+                self.failed += 1
+                return "refused"
             if attempt < self.max_attempts:
                 delay = min(self.max_backoff, max(doubled(self.backoff, attempt - 1), asked or 0))
                 logger.warning(
@@ -453,6 +473,42 @@ class WebhookChannel(Channel):
         logger.error("webhook %s: gave up on %s after %s attempts", masked(url), delivery, attempt)
         self.failed += 1
         return "gave up"
+
+    def _note_refusal(self, url: str, delivery: str, event: str) -> None:
+        """Record why `url` refused a delivery (its latest `REFUSALS_KEPT`), where
+        `refusals()` shows it: a refusal is not sent again, so the operator must hear of it."""
+        status, problem, _ = self._answers.get(url, (None, "refused", None))
+        key = f"{_REFUSED_KEY}{url}"
+        kept = self.recall(key)
+        seen = [r for r in kept if isinstance(r, dict)] if isinstance(kept, list) else []
+        entry = {
+            "delivery": delivery,
+            "event": event,
+            "status": status,
+            "reason": problem,
+            "at": self.clock(),
+        }
+        self.remember(key, [*seen, entry][-REFUSALS_KEPT:])
+
+    async def refusals(self) -> list[dict[str, Any]]:
+        """The deliveries receivers refused (a 3xx, or a 4xx other than 408, 425 and 429),
+        oldest first, each with its `url` (masked), `delivery` id, `event`, `status`, `reason`
+        (the redirect's target included) and `at` (Unix time); kept in the hub's state, the
+        latest `REFUSALS_KEPT` per URL. They are never sent again."""
+        found: list[dict[str, Any]] = []
+        for key, kept in await off_loop(self.memos, _REFUSED_KEY):
+            url = str(masked(key.removeprefix(_REFUSED_KEY)))
+            if isinstance(kept, list):
+                found.extend({"url": url, **r} for r in kept if isinstance(r, dict))
+        return sorted(found, key=lambda r: _when(r.get("at")))
+
+    def _later_asked(self, url: str) -> float:
+        """How much later than `REDO_EVERY` the receiver's last `Retry-After` asks a delivery
+        given up on to be sent again (at most `MAX_WAIT` in all)."""
+        asked = self._answers.get(url, (None, "", None))[2]
+        if asked is None:
+            return 0.0
+        return max(0.0, min(asked, MAX_WAIT) - given_up.REDO_EVERY)
 
     async def _post(
         self, client: httpx.AsyncClient, url: str, raw: bytes, headers: dict[str, str]
@@ -523,6 +579,11 @@ class WebhookChannel(Channel):
         if self._own_client and self._client is not None:
             await self._client.aclose()
             self._client = None
+
+
+def _when(value: object) -> float:
+    """A recorded time, or 0 for one that is not a number."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 def _retry_after(headers: httpx.Headers, now: float) -> float | None:

@@ -295,6 +295,7 @@ def serve(
             slack_token if slack_channel else None,
             slack_signing_secret if slack_channel else None,
             by_email=slack_users_by_email,
+            principals=[p.principal_id for p in _token_principals(token or []).values()],
         )
         _check_address(host, port)
     except SignoffError as exc:
@@ -492,14 +493,16 @@ def _slack_channels(
     slack_signing_secret: str | None,
     *,
     by_email: bool = False,
+    principals: list[str] | None = None,
 ) -> list[Any]:
     """The Slack channel `serve` was asked for, built before the server starts; `by_email`:
-    its users act as the `--token` principal their confirmed email names."""
+    its users act as the `--token` principal (of `principals`) their confirmed email names, in
+    any case."""
     if not slack_channel or not slack_token or not slack_signing_secret:
         return []
     from ..channels import slack  # a UsageError with the install hint if missing
 
-    identify = slack.by_email("token") if by_email else None
+    identify = slack.by_email("token", principals=principals) if by_email else None
     return [
         slack.SlackChannel(
             slack_channel, token=slack_token, signing_secret=slack_signing_secret, identify=identify

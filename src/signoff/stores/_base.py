@@ -376,6 +376,27 @@ class Store(Protocol):
         looks at `limit` entries at most, not at the whole trail to fill a page."""
         ...
 
+    async def claim_channel(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        now: float,
+        *,
+        after_id: int | None = None,
+        succeeds: str | None = None,
+    ) -> tuple[bool, int | None, float | None]:
+        """Take or keep the claim `name` (a channel hub's on a channel) for `owner` until
+        `now + ttl`, if it is free, lapsed or `owner`'s (or its owner's name starts with
+        `succeeds`): `(True, the position saved in it, when it lapsed or was given back)`,
+        saving `after_id` first if given; else `(False, None, None)`. A store without it (an
+        earlier signoff's) leaves each hub to deliver on its own."""
+        ...
+
+    async def release_channel(self, name: str, owner: str, now: float) -> None:
+        """Give back the claim `name` if `owner` holds it, as of `now`; its position stays."""
+        ...
+
     async def audit_heads(
         self, *, stream: str | None = None, others: bool = False
     ) -> dict[str, tuple[int, str | None]]:

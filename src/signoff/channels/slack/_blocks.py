@@ -26,6 +26,7 @@ __all__ = [
     "deny_view",
     "fallback_text",
     "note_text",
+    "refused_view",
     "request_blocks",
     "slack_mention",
     "text_view",
@@ -364,3 +365,14 @@ def text_view(request: InputRequest, metadata: dict[str, Any]) -> dict[str, Any]
             "element": {"type": "plain_text_input", "action_id": "answer", "multiline": True},
         },
     )
+
+
+def refused_view(text: str) -> dict[str, Any]:
+    """What a form opened before its check becomes when the person may not answer: why, and
+    no submit button (a submission could only be refused)."""
+    return {
+        "type": "modal",
+        "title": _plain("Not taken", 24),
+        "close": _plain("Close", 24),
+        "blocks": [{"type": "section", "text": _mrkdwn(note_text(text))}],
+    }

@@ -12,6 +12,7 @@ Settling is idempotent: an answer that repeats the one recorded changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -37,6 +38,7 @@ from ._blocks import (
     TEXT_VIEW,
     chosen_option,
     deny_view,
+    refused_view,
     text_view,
 )
 from ._identity import SlackUserUnknown
@@ -54,7 +56,7 @@ from ._stale import show_closed
 if TYPE_CHECKING:
     from ._channel import SlackChannel
 
-__all__ = ["Clicks", "Interaction"]
+__all__ = ["FORM_WAIT", "Clicks", "Interaction"]
 
 ANSWER = "answer"  # what an interaction does: answer the request, or open one of its forms
 _FORMS: dict[str, Callable[[InputRequest, dict[str, Any]], dict[str, Any]]] = {
@@ -66,6 +68,9 @@ _FORMS: dict[str, Callable[[InputRequest, dict[str, Any]], dict[str, Any]]] = {
 # views.open's answers to a trigger (single-use, fresh from Slack's signed press) used before:
 # by an earlier call for the same press, which may have opened the form.
 _USED_TRIGGER = frozenset({"invalid_trigger_id", "exchanged_trigger_id"})
+# Seconds a form's press waits for the check of who pressed before it opens the form: its
+# trigger lasts three seconds from the press, and a slower check goes on once the form is open.
+FORM_WAIT = 1.0
 _MAYBE_OPEN = "Slack did not confirm that the form opened: if it did not, press the button again."
 
 
@@ -196,10 +201,16 @@ class Clicks:
     async def _open_form(self, click: Interaction, again: bool) -> None:
         """Open Deny's or free text's form for the person who pressed, or tell them why not
         (the request closed, they may not answer it, or a trigger that expired, say after a
-        restart: they press again). When it is unknown whether the form opened (the connection
-        dropped, a gateway's 5xx, or an earlier run of this press was cut short, after which
-        the single-use trigger is refused either way), they are told to press again only if
-        no form opened: never "Slack could not open it" over an open form."""
+        restart: they press again).
+
+        Who pressed is checked first when that takes at most `FORM_WAIT` seconds (a mapping's
+        `users.info` lookup cached, or quick); a slower lookup is finished after the form
+        opens, as the trigger lasts three seconds, and a form its check then refuses is turned
+        into the reason, with no submit button (its submission would be refused all the same).
+        When it is unknown whether the form opened (the connection dropped, a gateway's 5xx,
+        or an earlier run of this press was cut short, after which the single-use trigger is
+        refused either way), they are told to press again only if no form opened: never
+        "Slack could not open it" over an open form."""
         ch = self.channel
         rid = click.request_id
         where = {"channel": click.channel, "user": click.user}
@@ -207,23 +218,55 @@ class Clicks:
         if stored is None:
             await ch._tell(where, f"Request {rid} is no longer open.")
             return
-        principal = await self._principal(click, where, False)
-        if principal is None:
+        checking = asyncio.ensure_future(self._form_refusal(click, stored.request))
+        try:
+            if stored.status != "pending":  # no form to open: the check may take its time
+                refused: str | None = await checking
+            else:
+                refused = await asyncio.wait_for(asyncio.shield(checking), FORM_WAIT)
+        except TimeoutError:
+            opened = await self._open_view(click, stored.request, where, again)
+            refused = await checking
+            if refused is not None:
+                await ch._tell(where, refused)
+                if opened is not None:
+                    await self._refuse_view(opened, refused)
             return
+        finally:
+            checking.cancel()  # done by now, unless this task was cancelled
         # Who may not answer it is told so first, open or closed: not whether it closed, as
         # an answer of theirs would not be (`Answering._closed_refusal`).
-        refused = await refusal(ch.runtime.agents, ch.runtime.store, stored.request, principal)
-        if refused is not None:  # its submission could only be refused, once they wrote it
-            await ch._tell(where, f"You may not answer this request: {refused}")
+        if refused is not None:
+            await ch._tell(where, refused)
             return
         if stored.status != "pending":
             await ch._tell(where, f"Request {rid} is no longer open.")
             await show_closed(ch, stored)
             return
+        await self._open_view(click, stored.request, where, again)
+
+    async def _form_refusal(self, click: Interaction, request: InputRequest) -> str | None:
+        """Why the person who pressed may not open a form of `request` (what they are told),
+        or None if they may."""
+        ch = self.channel
+        try:
+            principal = await ch.identities.principal(click.team, click.user)
+        except SlackUserUnknown as exc:
+            return f"Your answer was not taken: {str(exc).rstrip('.')}."
+        refused = await refusal(ch.runtime.agents, ch.runtime.store, request, principal)
+        return None if refused is None else f"You may not answer this request: {refused}"
+
+    async def _open_view(
+        self, click: Interaction, request: InputRequest, where: dict[str, str], again: bool
+    ) -> str | None:
+        """`views.open` with the press's trigger; the id of the view opened, or None (and the
+        person told what to do)."""
+        ch = self.channel
+        rid = request.id
         meta = {"request_id": rid, **where}
         try:
-            await ch.client.views_open(
-                trigger_id=str(click.trigger_id), view=_FORMS[click.does](stored.request, meta)
+            reply = await ch.client.views_open(
+                trigger_id=str(click.trigger_id), view=_FORMS[click.does](request, meta)
             )
         except SlackApiError as exc:  # e.g. the trigger expired: the click must not vanish
             logger.warning("slack: opening a view for %s failed", rid, exc_info=True)
@@ -232,12 +275,25 @@ class Clicks:
             used = error in _USED_TRIGGER or (again and error == "expired_trigger_id")
             if used or maybe_done(exc):
                 await ch._tell(where, _MAYBE_OPEN)
-                return
+                return None
             shown = f" ({error})" if error else ""
             await ch._tell(where, f"Slack could not open the form{shown}: press the button again.")
+            return None
         except (aiohttp.ClientError, OSError):  # OSError: a timeout too; the form may be open
             logger.warning("slack: opening a view for %s went unanswered", rid, exc_info=True)
             await ch._tell(where, _MAYBE_OPEN)
+            return None
+        view = reply.get("view")
+        found = view.get("id") if isinstance(view, Mapping) else None
+        return found if isinstance(found, str) else None
+
+    async def _refuse_view(self, view_id: str, text: str) -> None:
+        """Turn an open form into `text` (`refused_view`); one Slack refuses to update (closed
+        meanwhile) is logged: its submission is refused, with a note, all the same."""
+        try:
+            await self.channel.client.views_update(view_id=view_id, view=refused_view(text))
+        except (SlackApiError, aiohttp.ClientError, OSError):
+            logger.warning("slack: updating the form %s failed", view_id, exc_info=True)
 
 
 def read(payload: dict[str, Any]) -> tuple[Interaction | None, dict[str, Any] | None]:

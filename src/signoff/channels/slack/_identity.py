@@ -57,17 +57,31 @@ def by_email(
     *,
     issuer: str | None = None,
     domains: Iterable[str] | None = None,
+    principals: Iterable[str] | None = None,
 ) -> Callable[[str, str, Mapping[str, Any]], Principal]:
     """A mapping for `SlackChannel(identify=...)`: the principal of a Slack user is their
-    confirmed Slack email, lowercased, as `principal_id` under `authenticator` (and `issuer`),
-    the identity your dashboard's SSO gives them. Needs the `users:read` and
-    `users:read.email` scopes; `domains` limits it to those email domains (a Slack Connect
-    guest's email is their own organization's)."""
+    confirmed Slack email as `principal_id` under `authenticator` (and `issuer`), the identity
+    your dashboard's SSO gives them. Needs the `users:read` and `users:read.email` scopes;
+    `domains` limits it to those email domains (a Slack Connect guest's email is their own
+    organization's).
+
+    Emails are matched without regard to case, as Slack and most providers treat them (RFC
+    5321 lets a local part's case matter; few mail systems use that): the id is the email
+    lowercased, or, given the `principals` your other surfaces know, the one of them the email
+    names in any case, spelled as they spell it. An email naming two of them (ids that differ
+    only in case) is refused, never given to either."""
     if not isinstance(authenticator, str) or not authenticator.strip():
         raise UsageError("by_email needs the authenticator your other surfaces name people with")
     allowed = None if domains is None else {d.lower().lstrip("@") for d in domains}
     if allowed is not None and not all(allowed):
         raise UsageError("by_email: a domain is empty")
+    if isinstance(principals, str):
+        raise UsageError("by_email: principals is a list of principal ids, not one string")
+    known: dict[str, set[str]] = {}
+    for pid in principals or ():
+        if not isinstance(pid, str) or not pid.strip():
+            raise UsageError(f"by_email: a principal id must be text, not {pid!r}")
+        known.setdefault(pid.strip().lower(), set()).add(pid)
 
     def identify(team_id: str, user_id: str, user: Mapping[str, Any]) -> Principal:
         if user.get("deleted") or user.get("is_bot"):
@@ -84,7 +98,22 @@ def by_email(
         email = email.strip().lower()
         if allowed is not None and email.rpartition("@")[2] not in allowed:
             raise SlackUserUnknown(f"the email of Slack user {user_id} is not in {sorted(allowed)}")
-        return Principal(authenticator=authenticator, principal_id=email, issuer=issuer)
+        named = sorted(known.get(email, ()))
+        if len(named) > 1:
+            logger.error(
+                "slack: the email of user %s names %s principals differing only in case (%s); "
+                "neither is given to them",
+                user_id,
+                len(named),
+                ", ".join(named),
+            )
+            raise SlackUserUnknown(
+                f"your email names {len(named)} signoff identities that differ only in case: "
+                "ask an administrator to keep one"
+            )
+        return Principal(
+            authenticator=authenticator, principal_id=named[0] if named else email, issuer=issuer
+        )
 
     return identify
 

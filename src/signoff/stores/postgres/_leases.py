@@ -240,3 +240,55 @@ class Leases(Connections):
             )
 
         await self._write(body, f"releasing the lease on session {session_id!r}", transaction=False)
+
+    async def claim_channel(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        now: float,
+        *,
+        after_id: int | None = None,
+        succeeds: str | None = None,
+    ) -> tuple[bool, int | None, float | None]:
+        """Take or keep the claim `name` (a hub's on a channel) for `owner` until `now + ttl`:
+        it is free, lapsed or `owner`'s already. `(True, the position saved in it, when it
+        lapsed or was given back or lapses)`, saving `after_id` first if given (`None` for a
+        claim never taken before); `(False, None, None)` while another owner holds it. An owner
+        whose name starts with `succeeds` is taken over at once, lapsed or not (the caller
+        knows it is gone)."""
+        s = self._s
+        heir = "" if succeeds is None else " OR left(c.owner, %s) = %s"
+        args: tuple[Any, ...] = (name, name, owner, now + ttl, after_id, now)
+        args += () if succeeds is None else (len(succeeds), succeeds)
+
+        async def body(conn: Conn) -> tuple[bool, int | None, float | None]:
+            # `was` reads the row as it stood before this statement: when it lapsed.
+            cur = await conn.execute(
+                f"WITH was AS (SELECT expires_at FROM {s}.channel_claims WHERE name = %s) "
+                f"INSERT INTO {s}.channel_claims AS c (name, owner, expires_at, after_id) "
+                "VALUES (%s, %s, %s, %s::bigint) ON CONFLICT (name) DO UPDATE SET "
+                "owner=excluded.owner, expires_at=excluded.expires_at, "
+                "after_id=COALESCE(excluded.after_id, c.after_id) "
+                f"WHERE c.owner IN ('', excluded.owner) OR c.expires_at <= %s{heir} "
+                "RETURNING after_id, (SELECT expires_at FROM was)",
+                args,
+            )
+            row = await cur.fetchone()
+            return (False, None, None) if row is None else (True, row[0], row[1])
+
+        # One statement, the same whoever runs it again: a lost connection is retried.
+        found = await self._write(body, f"claiming channel {name!r}", transaction=False)
+        return (False, None, None) if found is None else found
+
+    async def release_channel(self, name: str, owner: str, now: float) -> None:
+        """Give back the claim `name` if `owner` holds it, as of `now` (its position stays)."""
+        s = self._s
+
+        async def body(conn: Conn) -> None:
+            await conn.execute(
+                f"UPDATE {s}.channel_claims SET owner='', expires_at=%s WHERE name=%s AND owner=%s",
+                (now, name, owner),
+            )
+
+        await self._write(body, f"releasing channel {name!r}", transaction=False)

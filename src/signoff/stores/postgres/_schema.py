@@ -230,6 +230,19 @@ CREATE INDEX sessions_children ON {s}.sessions (status, child_expires_at)
     WHERE parent IS NOT NULL;
 """,
     ),
+    (
+        12,
+        "channel claims: the hub delivering to a channel (owner, expiry) and the position it "
+        "reached, so hubs in any process sharing the store deliver each entry once",
+        """
+CREATE TABLE {s}.channel_claims (
+    name TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL,
+    after_id BIGINT
+);
+""",
+    ),
 ]
 """Versioned migrations, applied in order; `{s}` is the quoted schema name. Append, never edit.
 A migration that SQL alone cannot complete has a step in `FILLS` too, run after its SQL in the

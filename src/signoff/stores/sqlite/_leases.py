@@ -8,7 +8,7 @@ import os
 import sqlite3
 from collections.abc import Sequence
 
-from ..._exceptions import UnknownSession
+from ..._exceptions import StoreError, UnknownSession
 from ._connection import Connection, kept
 from ._files import beside
 from ._transactions import immediate, reading, serialised
@@ -131,6 +131,58 @@ class Leases(Connection):
                 (sk, owner, token),
             )
         self._given_back(session_id, token)
+
+    @serialised
+    async def claim_channel(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        now: float,
+        *,
+        after_id: int | None = None,
+        succeeds: str | None = None,
+    ) -> tuple[bool, int | None, float | None]:
+        """Take or keep the claim `name` (a hub's on a channel) for `owner` until `now + ttl`:
+        it is free, lapsed or `owner`'s already. `(True, the position saved in it, when it
+        lapsed or was given back or lapses)`, saving `after_id` first if given (`None` for a
+        claim never taken before); `(False, None, None)` while another owner holds it. An owner
+        whose name starts with `succeeds` is taken over at once, lapsed or not (the caller
+        knows it is gone)."""
+        conn = self.conn
+        with immediate(conn, self._writable, self.path):
+            row = conn.execute(
+                "SELECT owner, expires_at, after_id FROM channel_claims WHERE name=?", (name,)
+            ).fetchone()
+            if row is not None:
+                held_by, until, saved = row
+                if not isinstance(until, int | float) or not (
+                    saved is None or isinstance(saved, int)
+                ):
+                    raise StoreError(f"channel claim {name!r} is damaged: {row!r:.60}")
+                heir = succeeds is not None and str(held_by).startswith(succeeds)
+                if held_by not in ("", owner) and until > now and not heir:
+                    return False, None, None
+            conn.execute(
+                "INSERT INTO channel_claims (name, owner, expires_at, after_id) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET owner=excluded.owner, "
+                "expires_at=excluded.expires_at, "
+                "after_id=COALESCE(excluded.after_id, channel_claims.after_id)",
+                (name, owner, now + ttl, after_id),
+            )
+        if row is None:
+            return True, after_id, None
+        return True, saved if after_id is None else after_id, float(until)
+
+    @serialised
+    async def release_channel(self, name: str, owner: str, now: float) -> None:
+        """Give back the claim `name` if `owner` holds it, as of `now` (its position stays)."""
+        conn = self.conn
+        with immediate(conn, self._writable, self.path):
+            conn.execute(
+                "UPDATE channel_claims SET owner='', expires_at=? WHERE name=? AND owner=?",
+                (now, name, owner),
+            )
 
     def _given_back(self, session_id: str, token: int, *, parked: bool = False) -> None:
         """Forget a lease this store granted. When that parked a turn (it waits for a person)

@@ -30,7 +30,7 @@ __all__ = [
     "upgrade_from_1",
 ]
 
-STORE_SCHEMA = 8
+STORE_SCHEMA = 9
 """2: audit entries point at their events, chain heads in the session rows. 3: event rows hold a
 type code, a turn id only where it changes, and data that may be stored on the event before
 (`_codec.DEFLATE_ON_PREVIOUS`); an older signoff reads none of that, so it refuses the file.
@@ -51,7 +51,10 @@ subagent sessions whose TTL passed are a range of it, not every running or waiti
 same index redefined, no new one). PostgreSQL indexes a copy of the deadline kept for children
 only (its migration 11), lest the commits of every session with a TTL lose their in-place (HOT)
 updates; SQLite has no such rule (a row outside a partial index changes none of it), so it
-indexes `expires_at` itself and needs no schema 9.
+indexes `expires_at` itself and needs no schema 9 for that.
+9: `channel_claims`, the claim a channel hub holds (owner, expiry) on delivering to a channel,
+with the position it reached, so hubs in any process sharing the store deliver each entry once;
+an older signoff would deliver beside the claimant.
 A file already marked with this version is opened without running `SCHEMA` (so that opening
 writes nothing), so any change to `SCHEMA` needs a new version."""
 
@@ -157,6 +160,12 @@ CREATE TABLE IF NOT EXISTS leases (
     owner TEXT NOT NULL,
     token INTEGER NOT NULL,
     expires_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS channel_claims (
+    name TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    after_id INTEGER
 );
 """
 

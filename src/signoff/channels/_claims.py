@@ -1,0 +1,130 @@
+"""`Claims`: the claim a `ChannelHub` holds in the runtime's store on delivering to each of its
+channels, so hubs in any processes sharing the store (on any machines, with any channel state)
+deliver each entry to a channel once.
+
+A claim names the hub and the channel (as the hub's file lock does), its owner (this hub) and
+when it lapses; the delivering hub renews it at its polls, saving the position it reached, and
+gives it back when it stops. A hub that dies leaves it to lapse after `ttl` seconds; another
+then takes it and goes on from that position (or its own state's, if further on), if the
+claim was given back or lapsed within `FRESH` seconds (a hub without a position of its own
+otherwise starts at the end, as on a first start). A hub that
+holds the file lock next to its state file takes over at once a claim of a hub on the same file
+of the same machine: that lock says the hub before is gone. A store without claims (an earlier
+signoff's) leaves each hub to deliver on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .._runtime import Runtime
+
+__all__ = ["FRESH", "TRY_EVERY", "Claims"]
+
+TRY_EVERY = 2.0  # seconds between a standby's tries for claims another hub holds
+# Seconds within which a claim given back or lapsed passes its position on to the hub that
+# takes it next; a hub taking an older one (with no position of its own) starts at the end.
+FRESH = 600.0
+
+
+class Claims:
+    """The claims of one hub (`hub`, the hub's name) in the store of `runtime`, timed by its
+    clock (on PostgreSQL the database's, which every process sharing the store agrees on)."""
+
+    def __init__(self, runtime: Runtime, hub: str, state_path: str, ttl: float) -> None:
+        self.runtime = runtime
+        self.hub = hub
+        self.ttl = ttl
+        # Hubs on this file of this machine: the one holding its lock succeeds any other's.
+        where = "memory" if state_path == ":memory:" else os.path.abspath(state_path)
+        self.family = f"{socket.gethostname()}|{where}|"
+        self.owner = f"{self.family}{os.getpid()}|{secrets.token_hex(6)}"
+        self.held: set[str] = set()  # channels claimed
+        self.saved: dict[str, int | None] = {}  # the position each claim held when taken
+        self._renewed: dict[str, tuple[float, int | None]] = {}  # when, and the position saved
+        self._tried_at: float | None = None  # monotonic time of the last try for free claims
+
+    @property
+    def store(self) -> Any:
+        return self.runtime.store
+
+    def now(self) -> float:
+        return self.runtime.now()
+
+    @property
+    def kept(self) -> bool:
+        """Whether the store keeps claims (not one of an earlier signoff)."""
+        return hasattr(self.store, "claim_channel")
+
+    def name(self, channel: str) -> str:
+        return f"{self.hub}.{channel}"
+
+    def due(self) -> bool:
+        """Whether a standby may try for claims now: at most every `TRY_EVERY` seconds (or a
+        third of `ttl`, if less), so hubs standing by (with no file lock to wait on) do not
+        write to the store at every poll."""
+        at = time.monotonic()
+        if self._tried_at is not None and at - self._tried_at < min(self.ttl / 3, TRY_EVERY):
+            return False
+        self._tried_at = at
+        return True
+
+    async def take(self, channel: str, *, locked: bool) -> bool:
+        """Claim `channel`; `locked`: this hub holds the file lock of its state, so a claim of
+        a hub on the same file of this machine is taken over at once."""
+        if not self.kept:
+            self.held.add(channel)
+            return True
+        now = self.now()
+        held, saved, since = await self.store.claim_channel(
+            self.name(channel),
+            self.owner,
+            self.ttl,
+            now,
+            succeeds=self.family if locked else None,
+        )
+        if held:
+            self.held.add(channel)
+            # Passed on from a hub gone within `FRESH` seconds; an older one's is not.
+            fresh = since is not None and since >= now - FRESH
+            self.saved[channel] = saved if fresh else None
+            self._renewed[channel] = (time.monotonic(), saved)
+        return bool(held)
+
+    async def renew(self, channel: str, position: int, *, force: bool = False) -> bool:
+        """Keep the claim on `channel`, saving `position` in it, when a third of `ttl` has
+        passed since the last renewal or the position moved (or `force`); False if another
+        hub took it meanwhile (this one stalled past `ttl`)."""
+        if not self.kept:
+            return True
+        at, kept = self._renewed.get(channel, (0.0, None))
+        if not force and kept == position and time.monotonic() - at < self.ttl / 3:
+            return True
+        held, _, _ = await self.store.claim_channel(
+            self.name(channel), self.owner, self.ttl, self.now(), after_id=position
+        )
+        if not held:
+            self.held.discard(channel)
+            self._renewed.pop(channel, None)
+            return False
+        self._renewed[channel] = (time.monotonic(), position)
+        return True
+
+    async def release(self, channel: str, position: int | None) -> None:
+        """Give back the claim on `channel`, saving `position` in it first (if known)."""
+        if channel not in self.held:
+            return
+        self.held.discard(channel)
+        self._renewed.pop(channel, None)
+        if not self.kept:
+            return
+        if position is not None:
+            await self.store.claim_channel(
+                self.name(channel), self.owner, self.ttl, self.now(), after_id=position
+            )
+        await self.store.release_channel(self.name(channel), self.owner, self.now())

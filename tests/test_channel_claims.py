@@ -1,0 +1,204 @@
+"""Channel hubs sharing a store deliver each entry to a channel once, whatever their channel
+state: the delivering hub holds a claim in the store (an owner and an expiry, with the position
+it reached), and the others stand by. Before, hubs on memory states or on different state files
+(two `signoff serve` on one store, on one machine or two) each delivered every request: each
+Slack message was posted twice. A hub that dies, even mid-delivery, leaves its claim to lapse,
+and another takes over from the position it saved: nothing is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.channels import ChannelHub, _claims
+
+from ._channel_state import Seen, gated, open_one
+
+
+async def until(check: Any, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("states", ["memory", "files"])
+async def test_two_hubs_on_one_store_deliver_each_request_once(
+    store_url: str, tmp_path: Path, states: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two hubs on one store, each on its own state (in memory, or a file of its own): one
+    delivers, the other stands by, and once the first stops the second goes on from where it
+    stopped (the position in the claim), delivering nothing twice and skipping nothing."""
+    monkeypatch.setattr(_claims, "TRY_EVERY", 0.0)  # a standby tries at every poll
+    paths = [None, None] if states == "memory" else [tmp_path / "a.db", tmp_path / "b.db"]
+    async with gated(tmp_path, store_url) as rt:
+        first, second = Seen(), Seen()
+        one = ChannelHub(rt, [first], state=paths[0])
+        two = ChannelHub(rt, [second], state=paths[1])
+        await one.start(follow=False)
+        await two.start(follow=False)
+        try:
+            assert one.active and not two.active
+            r1 = await open_one(rt)
+            for _ in range(3):
+                await two.poll()
+                await one.poll()
+            assert first.opened == [r1] and second.opened == []
+            await one.stop()
+            r2 = await open_one(rt)
+            await two.poll()
+            assert two.active and second.opened == [r2]  # r1 was delivered: not again
+            r3 = await open_one(rt)
+            await two.poll()
+            assert second.opened == [r2, r3] and first.opened == [r1]
+        finally:
+            await one.stop()
+            await two.stop()
+
+
+async def test_a_claim_given_back_long_ago_passes_no_position_on(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hub on a memory state taking a claim given back more than `FRESH` seconds ago (a
+    `serve` without `--channel-state` restarted next month) starts at the end, as a first start
+    does, rather than deliver everything since."""
+    async with gated(tmp_path, store_url) as rt:
+        first, second = Seen(), Seen()
+        async with ChannelHub(rt, [first]) as one:
+            r1 = await open_one(rt)
+            await one.poll()
+        await open_one(rt)  # while no hub runs
+        monkeypatch.setattr(_claims, "FRESH", -1.0)  # as if long ago
+        async with ChannelHub(rt, [second]) as two:
+            r3 = await open_one(rt)
+            await two.poll()
+        assert first.opened == [r1] and second.opened == [r3]
+
+
+async def test_a_hub_that_stalled_past_its_claim_stands_by_for_the_one_that_took_it(
+    store_url: str, tmp_path: Path
+) -> None:
+    """The delivering hub stalls (a frozen process) past its claim's time: another takes the
+    claim, and the first, at its next poll, finds it taken and delivers nothing more."""
+    async with gated(tmp_path, store_url) as rt:
+        first, second = Seen(), Seen()
+        one = ChannelHub(rt, [first], claim_ttl=0.5)
+        two = ChannelHub(rt, [second], claim_ttl=0.5)
+        await one.start(follow=False)
+        await two.start(follow=False)
+        try:
+            r1 = await open_one(rt)
+            await one.poll()
+            await asyncio.sleep(0.6)  # one is frozen: its claim lapses
+            await two.poll()
+            assert two.active and second.opened == []  # r1's position was in the claim
+            r2 = await open_one(rt)
+            await one.poll()  # wakes up: the claim is two's
+            await two.poll()
+            assert not one.active and first.opened == [r1] and second.opened == [r2]
+        finally:
+            await one.stop()
+            await two.stop()
+
+
+_HUB = """
+import asyncio, sys
+import signoff as so
+from signoff.channels import Channel, ChannelHub
+
+class Log(Channel):
+    name = "seen"
+
+    async def on_requested(self, request):
+        with open(sys.argv[2], "a") as out:
+            out.write(request.id + "\\n")
+        await asyncio.Event().wait()  # killed mid-delivery
+
+async def main():
+    async with so.Runtime([], store=sys.argv[1]) as rt:
+        hub = ChannelHub(rt, [Log()], poll_interval=0.05, claim_ttl=1.0)
+        async with hub:
+            print("active" if hub.active else "standby", flush=True)
+            await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_hub_killed_mid_delivery_loses_nothing(store_url: str, tmp_path: Path) -> None:
+    """A `serve` process (memory state) delivering a request is SIGKILLed in the middle of
+    it: its claim lapses, the standby in another process takes over from the claim's
+    position and delivers that request, then the next."""
+    log = tmp_path / "delivering.txt"
+    log.touch()
+    async with gated(tmp_path, store_url) as rt:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _HUB, store_url, str(log)], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "active"
+            seen = Seen()
+            hub = ChannelHub(rt, [seen], poll_interval=0.05, claim_ttl=1.0)
+            async with hub:
+                assert not hub.active
+                r1 = await open_one(rt)
+                await until(lambda: log.read_text().split() == [r1])
+                await asyncio.sleep(0.3)
+                assert seen.opened == []  # the standby delivers nothing while it lives
+                proc.kill()
+                proc.wait()
+                await until(lambda: hub.active)
+                await until(lambda: seen.opened == [r1])  # not lost
+                r2 = await open_one(rt)
+                await until(lambda: seen.opened == [r1, r2])
+        finally:
+            proc.kill()
+            proc.wait()
+            assert proc.stdout is not None
+            proc.stdout.close()
+
+
+@pytest.mark.parametrize("ttl", [0, -1, float("nan"), float("inf"), True, "30"])
+async def test_a_claim_time_that_is_not_positive_seconds_is_refused(
+    tmp_path: Path, ttl: Any
+) -> None:
+    async with gated(tmp_path) as rt:
+        with pytest.raises(so.UsageError, match="claim_ttl must be positive"):
+            ChannelHub(rt, [Seen()], claim_ttl=ttl)
+
+
+async def test_the_store_claims_are_atomic_with_an_owner_and_an_expiry(store_url: str) -> None:
+    """The store's side: one owner at a time; the owner renews it and saves a position; a
+    lapsed claim, one given back, or one whose owner is succeeded is taken, saying when the
+    one before lapsed."""
+    async with so.Runtime([], store=store_url) as rt:
+        await rt.open()
+        s, now = rt.store, 1000.0
+        assert await s.claim_channel("hub.slack", "a", 30, now) == (True, None, None)
+        assert await s.claim_channel("hub.slack", "b", 30, now + 1) == (False, None, None)
+        got = await s.claim_channel("hub.slack", "a", 30, now + 2, after_id=7)
+        assert got == (True, 7, now + 30)
+        assert await s.claim_channel("hub.slack", "b", 30, now + 31) == (False, None, None)
+        got = await s.claim_channel("hub.slack", "b", 30, now + 33)  # lapsed at now + 32
+        assert got == (True, 7, now + 32)
+        assert await s.claim_channel("hub.other", "a", 30, now) == (True, None, None)
+        await s.release_channel("hub.slack", "a", now + 34)  # not a's: nothing
+        assert await s.claim_channel("hub.slack", "a", 30, now + 34) == (False, None, None)
+        await s.release_channel("hub.slack", "b", now + 35)
+        got = await s.claim_channel("hub.slack", "a", 30, now + 40)
+        assert got == (True, 7, now + 35)  # given back then
+        assert await s.claim_channel("hub.slack", "h|f|2", 30, now + 41) == (False, None, None)
+        got = await s.claim_channel("hub.slack", "h|f|2", 30, now + 41, succeeds="a")
+        assert got == (True, 7, now + 70)
+        results = await asyncio.gather(
+            *(s.claim_channel("hub.race", f"o{n}", 30, now) for n in range(8))
+        )
+        assert sum(held for held, _, _ in results) == 1  # one winner

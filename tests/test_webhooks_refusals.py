@@ -1,0 +1,145 @@
+"""A webhook a receiver refuses (a redirect, or a 4xx other than 408, 425 and 429) is not sent
+again, but it is not dropped unheard either: the error log says what to do, and the refusal is
+recorded in the hub's state with its reason (`WebhookChannel.refusals()`). A receiver that asks
+to be tried later (`Retry-After`) past the minute between rounds of deliveries given up on is
+tried again no sooner than it asked."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+import signoff as so
+from signoff.channels import ChannelHub, WebhookChannel, webhooks
+from signoff.channels import _given_up as given_up
+
+from .test_webhooks import SECRET, Receiver, manual, refund_agent
+
+
+async def _instantly(seconds: float) -> None:
+    return None
+
+
+async def test_a_redirect_is_recorded_with_where_it_points_and_never_sent_again(
+    store_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    state = tmp_path / "hub.db"
+    moved = {"Location": "https://hooks.example/new"}
+    async with (
+        Receiver([(301, moved)]) as receiver,
+        so.Runtime([refund_agent()], store=store_url) as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, sleep=_instantly)
+        async with manual(ChannelHub(rt, [hooks], state=state)) as hub:
+            r = await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+            (refusal,) = await hooks.refusals()
+        assert refusal["url"] == receiver.url and refusal["status"] == 301
+        assert refusal["event"] == "request.opened"
+        assert refusal["reason"] == "HTTP 301 to 'https://hooks.example/new'"
+        assert refusal["delivery"] == hooks.payload("request.opened", r.pending[0])["id"]
+        assert "configure the channel with the URL it points to" in caplog.text
+        assert "see WebhookChannel.refusals()" in caplog.text
+        again = WebhookChannel(receiver.url, SECRET, sleep=_instantly)
+        async with manual(ChannelHub(rt, [again], state=state)) as hub:
+            await hub.poll()
+            await again.drain()
+            assert await again.refusals() == [refusal]  # still there to be seen
+        assert len(receiver.attempts) == 1  # never sent again
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 410, 422])
+async def test_a_final_4xx_is_recorded_with_its_status(tmp_path: Path, status: int) -> None:
+    async with (
+        Receiver([status]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, sleep=_instantly)
+        async with manual(ChannelHub(rt, [hooks], state=tmp_path / "hub.db")) as hub:
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+            (refusal,) = await hooks.refusals()
+    assert (refusal["status"], refusal["reason"]) == (status, f"HTTP {status}")
+    assert (hooks.delivered, hooks.failed, len(receiver.attempts)) == (0, 1, 1)
+
+
+@pytest.mark.parametrize("answer", [408, 425, (429, {"Retry-After": "2"})])
+async def test_a_transient_4xx_is_retried_and_not_recorded(
+    tmp_path: Path, answer: int | tuple[int, dict[str, str]]
+) -> None:
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    async with (
+        Receiver([answer]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, backoff=0.5, sleep=sleep)
+        async with manual(ChannelHub(rt, [hooks], state=tmp_path / "hub.db")) as hub:
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+            assert await hooks.refusals() == []
+    assert slept == [2.0 if isinstance(answer, tuple) else 0.5]  # Retry-After honoured
+    assert (hooks.delivered, len(receiver.accepted)) == (1, 1)
+
+
+async def test_refusals_kept_are_the_latest_of_each_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(webhooks, "REFUSALS_KEPT", 2)
+    async with (
+        Receiver([404, 404, 404]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, sleep=_instantly)
+        async with manual(ChannelHub(rt, [hooks], state=tmp_path / "hub.db")) as hub:
+            opened = []
+            for n in range(3):
+                opened += (await rt.generate("support", prompt=f"Refund {n}")).pending
+                await hub.poll()
+                await hooks.drain()
+            refusals = await hooks.refusals()
+    sent = [json.loads(body)["request"]["id"] for _, body in receiver.attempts]
+    assert sent == [r.id for r in opened]
+    kept = [hooks.payload("request.opened", r)["id"] for r in opened[1:]]
+    assert [r["delivery"] for r in refusals] == kept
+
+
+async def test_a_retry_after_past_the_next_round_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The receiver asks for ten minutes (429): the delivery given up on is not tried again at
+    the next round a minute on, but once the ten minutes have passed."""
+    offset = [0.0]
+    fake = types.SimpleNamespace(monotonic=lambda: time.monotonic() + offset[0], time=time.time)
+    monkeypatch.setattr(webhooks, "time", fake)
+    async with (
+        Receiver([(429, {"Retry-After": "600"})]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, max_attempts=1, sleep=_instantly)
+        async with manual(ChannelHub(rt, [hooks], state=tmp_path / "hub.db")) as hub:
+            caplog.set_level(logging.ERROR)
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+            assert "is sent again in 600s" in caplog.text
+            offset[0] = given_up.REDO_EVERY + 1
+            await hub.poll()
+            await hooks.drain()
+            assert len(receiver.attempts) == 1  # a minute on: not yet
+            offset[0] = 601.0
+            await hub.poll()
+            await hooks.drain()
+            assert await hooks.refusals() == []
+    assert (len(receiver.attempts), len(receiver.accepted)) == (2, 1)
