@@ -114,7 +114,7 @@ async def test_a_reply_cut_off_at_the_budget_asks_to_raise_it_and_is_never_used(
 async def test_the_models_own_lower_limit_is_left_alone_and_its_cut_text_returned() -> None:
     """A budget larger than the model's max_tokens changes nothing: the limit sent is the
     model's, and text it cut off is the answer, as without a budget; without a budget no
-    limit is sent at all."""
+    limit is sent at all. The cut text is marked so (`cut_off`)."""
     with FakeLLM("openai", strict=True) as fake:
         fake.queue(cut_off(openai_completion("Short ans"), "openai"), openai_completion("Hi"))
         model = so.models.OpenAIChat(
@@ -124,7 +124,7 @@ async def test_the_models_own_lower_limit_is_left_alone_and_its_cut_text_returne
         free = so.Agent(name="b", model=model)
         async with so.Runtime([bounded, free], store="sqlite:///:memory:") as rt:
             r = await rt.generate("a", prompt="hi")
-            assert (r.status, r.text) == ("completed", "Short ans")
+            assert (r.status, r.text, r.cut_off) == ("completed", "Short ans", "max_tokens")
         model.max_tokens = None
         async with so.Runtime([bounded, free], store="sqlite:///:memory:") as rt:
             r = await rt.generate("b", prompt="hi")

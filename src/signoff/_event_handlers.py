@@ -96,6 +96,8 @@ def _model_completed(s: SessionState, e: Event) -> None:
     text = e.data.get("text", "")
     if text:
         turn.text = text if not turn.text else f"{turn.text}\n\n{text}"
+    cut = e.data.get("cut_off")
+    turn.cut_off = cut if isinstance(cut, str) else None
     turn.calls = {
         c["id"]: CallState(id=c["id"], tool_name=c["name"], input=c.get("input"))
         for c in e.data.get("tool_calls", [])

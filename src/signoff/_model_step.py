@@ -8,7 +8,7 @@ import asyncio
 import json
 import math
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from ._child_sessions import headroom_now
 from ._error_text import error_text
@@ -25,6 +25,7 @@ from ._sync import exited
 from ._text import cut
 from ._tool_json import MAX_INPUT_DEPTH, key_not_text, nests_deeper
 from ._types import (
+    CutOff,
     InputRequest,
     Message,
     ModelResponse,
@@ -141,6 +142,13 @@ class ModelStep(DriverPart):
                 if not isinstance(response, ModelResponse):
                     raise ModelError(f"model returned {type(response).__name__}, not ModelResponse")
                 recorded = _check_recordable(response, limits)
+                if response.cut_off is not None and response.tool_calls:
+                    # The last call may be half a call, and the rest a plan cut short.
+                    raise ModelError(
+                        f"the model's reply was cut off ({response.cut_off}) with "
+                        f"{len(response.tool_calls)} tool call(s): none is run",
+                        usage=response.usage,
+                    )
                 span.responded(response)
         except (Exception, asyncio.CancelledError) as exc:
             if not isinstance(exc, Exception) and not own_cancel(exc):
@@ -184,6 +192,8 @@ class ModelStep(DriverPart):
             "tool_calls": calls,
             "usage": response.usage.model_dump(),
         }
+        if response.cut_off is not None:  # a partial answer says so
+            data["cut_off"] = response.cut_off
         if response.reasoning and calls:  # only a response with calls needs its reasoning back
             data["reasoning"] = recorded["reasoning"]
         completed: EventSpec = ("model.completed", data)
@@ -525,6 +535,8 @@ def _malformed(response: ModelResponse) -> str | None:
         and type(u.cost_usd) in (int, float)
     ):
         return f"usage is not a Usage of two whole numbers and a cost ({type(u).__name__})"
+    if r.cut_off not in (None, *get_args(CutOff)):
+        return f"cut_off is {cut(repr(r.cut_off), 100)}, not max_tokens, content_filter or None"
     if not isinstance(r.tool_calls, list):
         return "tool_calls is not a list"
     for c in r.tool_calls:

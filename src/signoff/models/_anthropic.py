@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import BudgetSpent, ModelError, UsageError
-from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
+from .._types import AssistantMessage, CutOff, ModelResponse, ToolCall, ToolResultMessage, Usage
 from ._base import ModelRequest, ToolSpec
 from ._environment import anthropic_client
 from ._http_env import HttpEnv
@@ -308,8 +308,13 @@ class Anthropic(SdkModel):
                 f"(stop_reason {stop})" + ("; raise max_tokens" if stop == "max_tokens" else ""),
                 usage=usage,
             )
+        cut: CutOff | None = None  # half an answer must not pass for a whole one
+        if stop in _CUT:
+            cut = "max_tokens"
+        elif stop == "refusal":
+            cut = "content_filter"
         return ModelResponse(
-            text="".join(texts), tool_calls=calls, usage=usage, reasoning=reasoning
+            text="".join(texts), tool_calls=calls, usage=usage, reasoning=reasoning, cut_off=cut
         )
 
     def _usage(self, message: Any) -> Usage:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._exceptions import BudgetSpent, ModelError, UsageError
 from .._tool_json import nests_deeper
-from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
+from .._types import AssistantMessage, CutOff, ModelResponse, ToolCall, ToolResultMessage, Usage
 from ._base import ModelRequest, ToolSpec
 from ._environment import openai_client
 from ._http_env import HttpEnv
@@ -51,6 +51,9 @@ _EARLY = {
     "tool_calls": "ended for tool calls (finish_reason tool_calls) but sent none",
     "function_call": "ended for a function call (finish_reason function_call) but sent none",
 }
+
+# The finish reasons of a reply stopped short, as `ModelResponse.cut_off` names them.
+_CUT_OFF: dict[str, CutOff] = {"length": "max_tokens", "content_filter": "content_filter"}
 
 
 class OpenAIChat(SdkModel):
@@ -281,7 +284,8 @@ class OpenAIChat(SdkModel):
                     id=call_id if isinstance(call_id, str) and call_id else None,
                 )
             )
-        return ModelResponse(text=text, tool_calls=calls, usage=usage)
+        cut = _CUT_OFF.get(finish or "")  # half an answer must not pass for a whole one
+        return ModelResponse(text=text, tool_calls=calls, usage=usage, cut_off=cut)
 
     def _usage(self, completion: Any) -> Usage:
         """The tokens a completion reports, priced: the prompt's cached tokens (among its
