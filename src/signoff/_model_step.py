@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, get_args
 
 from ._child_sessions import headroom_now
 from ._error_text import error_text
 from ._exceptions import BudgetSpent, LeaseLost, ModelError, SignoffError
+from ._output_caps import output_cap, output_price, spare
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
 from ._state import (
     MESSAGE_EVENT_TYPES,
@@ -113,9 +113,9 @@ class ModelStep(DriverPart):
             await self._fail_limit(past)
             return True
         # The reply may spend on output what the budgets leave, its own or its parent's share.
-        price = _output_price(self.agent.model)
-        own = _output_cap(_left(s, limits), price)
-        share = _output_cap(theirs, price)
+        price = output_price(self.agent.model)
+        own = output_cap(_left(s, limits), price)
+        share = output_cap(theirs, price)
         cap = own if share is None or (own is not None and own < share) else share
         parents = cap is not None and cap == share
         if cap == 0:  # what is left pays for no output token: no reply is worth asking for
@@ -258,7 +258,21 @@ class ModelStep(DriverPart):
             by = _less(cost - bound["max_cost_usd"], f"{cost - bound['max_cost_usd']:.4f}")
             used = f"the session cost {spent.cost_usd:.4f}, past the {cost:.4f}"
             return f"{used} {left}{by} (session {s.parent})", {}
-        return None, _spare(bound, spent)
+        return None, spare(bound, spent)
+
+    async def budget_left(self) -> dict[str, float]:
+        """What the session's budgets leave for a model call now, by budget (`max_tokens`,
+        `max_cost_usd`): the least of its own and of its share of its parent's; empty when none
+        bounds it. What an `auto()` review may spend (`ApprovalContext.budget_left`)."""
+        past, theirs = await self._past_headroom()
+        if past is not None:  # its parent's share is spent
+            theirs = {k: 0.0 for k in self.state.headroom if k in ("max_tokens", "max_cost_usd")}
+        own = _left(self.state, self.agent.limits)
+        return {
+            k: min(v for v in (own.get(k), theirs.get(k)) if v is not None)
+            for k in ("max_tokens", "max_cost_usd")
+            if k in own or k in theirs
+        }
 
     async def _budget_cut(self, cap: int, parents: bool, exc: BudgetSpent | None = None) -> bool:
         """The reply was cut off at the `cap` output tokens the budgets left (`exc`), or none was
@@ -390,35 +404,7 @@ def _left(s: SessionState, limits: Limits) -> dict[str, float]:
         for k, v in (("max_tokens", limits.max_tokens), ("max_cost_usd", limits.max_cost_usd))
         if v is not None
     }
-    return _spare(bound, s.usage + s.delegated)
-
-
-def _spare(bound: dict[str, float], spent: Usage) -> dict[str, float]:
-    """What `bound` (by budget: `max_tokens`, `max_cost_usd`) leaves once `spent` is counted."""
-    used = {"max_tokens": spent.total_tokens, "max_cost_usd": spent.cost_usd}
-    return {k: bound[k] - used[k] for k in ("max_tokens", "max_cost_usd") if k in bound}
-
-
-def _output_price(model: object) -> float | None:
-    """What one output token of `model` costs in USD, from its `price_per_mtok` (the shipped
-    models'); None when it has none, or when output is free."""
-    price = getattr(model, "price_per_mtok", None)
-    if not isinstance(price, tuple | list) or len(price) != 2:
-        return None
-    out = price[1]
-    if isinstance(out, bool) or not isinstance(out, int | float) or not 0 < out < math.inf:
-        return None
-    return out / 1_000_000
-
-
-def _output_cap(left: dict[str, float], price: float | None) -> int | None:
-    """The most output tokens a reply may take within what the budgets leave (`left`): their
-    tokens, and their cost at the output `price`; None when nothing bounds it."""
-    counts = [left["max_tokens"]] if "max_tokens" in left else []
-    if "max_cost_usd" in left and price is not None:
-        counts.append(left["max_cost_usd"] / price)
-    # Rounded first: 0.001 / 0.00001 is 99.99999999999999 in floats.
-    return max(0, math.floor(round(min(counts), 6))) if counts else None
+    return spare(bound, s.usage + s.delegated)
 
 
 def _delegated_turn(s: SessionState) -> bool:
