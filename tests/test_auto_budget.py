@@ -54,7 +54,7 @@ async def test_each_review_is_capped_at_what_the_budgets_leave(store_url: str) -
     two = call_tools(
         call("refund_charge", charge_id="a"),
         call("refund_charge", charge_id="b"),
-        usage=so.Usage(input_tokens=30, output_tokens=10),
+        usage=so.Usage(input_tokens=10, output_tokens=30),
     )
     agent, log = agent_with(reviewer, so.Limits(max_tokens=100), two, reply("done"))
     async with so.Runtime([agent], store=store_url) as rt:

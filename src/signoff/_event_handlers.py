@@ -88,6 +88,7 @@ def _model_completed(s: SessionState, e: Event) -> None:
     s.model_responses += 1
     usage = Usage(**e.data.get("usage", {}))
     s.usage = s.usage + usage
+    s.last_input_tokens = usage.input_tokens
     turn.steps += 1
     turn.model_seq = e.seq
     turn.status = "running"

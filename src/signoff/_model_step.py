@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from ._child_sessions import headroom_now
 from ._error_text import error_text
 from ._exceptions import BudgetSpent, LeaseLost, ModelError, SignoffError
-from ._output_caps import output_cap, output_price, spare
+from ._output_caps import input_price_floor, output_cap, output_price, spare
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
 from ._state import (
     MESSAGE_EVENT_TYPES,
@@ -112,20 +112,28 @@ class ModelStep(DriverPart):
             # child's reached its budget, asks to continue or stop at its next model step.
             await self._fail_limit(past)
             return True
-        # The reply may spend on output what the budgets leave, its own or its parent's share.
-        price = output_price(self.agent.model)
-        own = output_cap(_left(s, limits), price)
-        share = output_cap(theirs, price)
+        # The reply may spend on output what the budgets leave, its own or its parent's share,
+        # less what its input costs at least (the input of the last call, which this one reads
+        # again): a call whose input alone would spend them is not made.
+        messages = await self.window()
+        floor = self._input_floor(messages)
+        model = self.agent.model
+        reading = Usage(input_tokens=floor, cost_usd=floor * (input_price_floor(model) or 0.0))
+        price = output_price(model)
+        own_left, share_left = _left(s, limits), theirs
+        own = output_cap(spare(own_left, reading), price)
+        share = output_cap(spare(share_left, reading), price)
         cap = own if share is None or (own is not None and own < share) else share
         parents = cap is not None and cap == share
         if cap == 0:  # what is left pays for no output token: no reply is worth asking for
-            return await self._budget_cut(cap, parents)
+            before = output_cap(share_left if parents else own_left, price)
+            return await self._budget_cut(cap, parents, floor=floor if before else 0)
         read_through = s.seq
         request = ModelRequest(
             session_id=s.id,
             agent=s.agent,
             instructions=self.agent.instructions,
-            messages=await self.window(),
+            messages=messages,
             tools=[
                 ToolSpec(name=t.name, description=t.description, input_schema=t.json_schema())
                 for t in self.agent.tools.values()
@@ -274,15 +282,31 @@ class ModelStep(DriverPart):
             if k in own or k in theirs
         }
 
-    async def _budget_cut(self, cap: int, parents: bool, exc: BudgetSpent | None = None) -> bool:
+    def _input_floor(self, messages: list[Message]) -> int:
+        """The least number of input tokens a call sending `messages` reads: as many as the
+        session's last call read, when these hold everything that call was sent (the whole
+        conversation, which only grows); else 0, not known."""
+        conv = self.state.conversation
+        if conv is None or conv.partial or len(messages) != len(conv.messages):
+            return 0
+        return self.state.last_input_tokens
+
+    async def _budget_cut(
+        self, cap: int, parents: bool, exc: BudgetSpent | None = None, *, floor: int = 0
+    ) -> bool:
         """The reply was cut off at the `cap` output tokens the budgets left (`exc`), or none was
-        worth asking for: what it cost is counted and nothing of it used, and the turn stops as
-        at a spent budget (asking the person to raise it; a subagent on its parent's share
-        fails, as that is not its to raise)."""
+        worth asking for (with `floor`, for the input it would read): what it cost is counted
+        and nothing of it used, and the turn stops as at a spent budget (asking the person to
+        raise it; a subagent on its parent's share fails, as that is not its to raise)."""
         s = self.state
         spent = None if exc is None else _billed(exc)
         if exc is not None and exc.usage is not None:
             what = f"the model's reply was cut off at the {cap} output tokens left"
+        elif floor:
+            what = (
+                f"the model's next call would read at least {floor} input tokens (as many as "
+                "its last call read), leaving not one output token"
+            )
         elif cap:
             what = f"the {cap} output tokens left were too few for the model's reply"
         else:

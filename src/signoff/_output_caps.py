@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from ._types import Usage
 
-__all__ = ["output_cap", "output_price", "spare"]
+__all__ = ["input_price_floor", "output_cap", "output_price", "spare"]
 
 
 def output_price(model: object) -> float | None:
@@ -21,6 +21,19 @@ def output_price(model: object) -> float | None:
     if isinstance(out, bool) or not isinstance(out, int | float) or not 0 < out < math.inf:
         return None
     return out / 1_000_000
+
+
+def input_price_floor(model: object) -> float | None:
+    """The least one input token of `model` may cost in USD: its price for a cached one where it
+    has one (`least_input_price_per_mtok`, the shipped models'), else its `price_per_mtok`'s
+    input price; None when it has none."""
+    least = getattr(model, "least_input_price_per_mtok", None)
+    if least is None:
+        price = getattr(model, "price_per_mtok", None)
+        least = price[0] if isinstance(price, tuple | list) and len(price) == 2 else None
+    if isinstance(least, bool) or not isinstance(least, int | float) or not 0 <= least < math.inf:
+        return None
+    return least / 1_000_000
 
 
 def output_cap(left: Mapping[str, float], price: float | None) -> int | None:

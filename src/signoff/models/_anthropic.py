@@ -153,6 +153,12 @@ class Anthropic(SdkModel):
 
         self._use_clients(make, client)
 
+    @property
+    def least_input_price_per_mtok(self) -> float | None:
+        """What an input token costs at least (a cache read), in USD per million: what a
+        session's budgets hold back for a call's input before making it."""
+        return None if self.price_per_mtok is None else self.price_per_mtok[0] * _CACHE_READ
+
     # -- the call -----------------------------------------------------------------------------
 
     async def complete(self, request: ModelRequest) -> ModelResponse:

@@ -162,6 +162,15 @@ class OpenAIChat(SdkModel):
 
         self._use_clients(make, client)
 
+    @property
+    def least_input_price_per_mtok(self) -> float | None:
+        """What an input token costs at least (a cached one), in USD per million: what a
+        session's budgets hold back for a call's input before making it."""
+        if self.price_per_mtok is None:
+            return None
+        cached = self.cached_price_per_mtok
+        return self.price_per_mtok[0] if cached is None else min(self.price_per_mtok[0], cached)
+
     # -- the call -----------------------------------------------------------------------------
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
