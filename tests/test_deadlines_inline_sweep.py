@@ -50,8 +50,7 @@ async def test_an_inline_sweep_records_every_deadline_before_it_runs_their_turns
         finally:
             hold.set()
         assert await sweep == 2
-        for r in asked:
-            await until(lambda r=r: is_(rt, r.session_id, "completed"))
+        await until(lambda: _all_completed(rt, [r.session_id for r in asked]))
     assert len(runs) == 2
 
 
@@ -80,6 +79,10 @@ async def test_a_server_without_workers_records_a_deadline_while_an_earlier_turn
         await until(lambda: is_(rt, first.session_id, "completed"))
         await until(lambda: is_(rt, second.session_id, "completed"))
     await rt.close()
+
+
+async def _all_completed(rt: so.Runtime, session_ids: list[str]) -> bool:
+    return all([await is_(rt, s, "completed") for s in session_ids])
 
 
 async def _all_closed(rt: so.Runtime, request_ids: list[str]) -> bool:

@@ -4,12 +4,16 @@ retryably, before anything of it is stored or run (any `Model`, not only the shi
 from __future__ import annotations
 
 import asyncio
+import gc
+import types
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import signoff as so
+from signoff._model_step import ModelStep
 
 from ._replaced import ALICE, assert_only_the_new_turn, assert_told_cancelled, replace_turn
 from .fakes.llm import API_KEY, FakeLLM, openai_completion, openai_tool_call
@@ -334,3 +338,36 @@ async def test_max_calls_per_response_is_set_per_agent_or_lifted(tmp_path: Path)
         r = await rt.generate("lifted", prompt="go")
         assert (r.status, r.text) == ("completed", "all done")
         assert len(ran) == 303
+
+
+async def test_a_drive_cancelled_as_it_starts_the_model_call_leaves_no_coroutine_unawaited() -> (
+    None
+):
+    """A close at the moment the step had scheduled the model call, before that call ran,
+    cancelled it unstarted: the model's coroutine, made eagerly, was never awaited (Python
+    warned at collection, an error where warnings are)."""
+    started: list[so.models.ModelRequest] = []
+
+    async def complete(request: so.models.ModelRequest) -> so.ModelResponse:
+        started.append(request)
+        return so.ModelResponse(text="hi")
+
+    lease = types.SimpleNamespace(lost=False, body=None)
+    step = types.SimpleNamespace(
+        held=lease,
+        state=types.SimpleNamespace(id="s1"),
+        agent=types.SimpleNamespace(model=types.SimpleNamespace(complete=complete)),
+    )
+    request = so.models.ModelRequest(
+        session_id="s1", agent="a", instructions="", messages=[], tools=[], response_index=0
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        drive = asyncio.ensure_future(ModelStep._complete(step, request))  # type: ignore[arg-type]
+        await asyncio.sleep(0)  # the drive scheduled the call, which has not run yet
+        drive.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await drive
+        gc.collect()
+    assert started == []
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []

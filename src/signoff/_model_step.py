@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, get_args
 
 from ._child_sessions import headroom_now
@@ -226,11 +226,13 @@ class ModelStep(DriverPart):
         meanwhile cancels it and raises `LeaseLost` (its response could not be recorded)."""
         lease = self.held
         if lease is None:
-            return await _no_exit(self.agent.model.complete(request))
+            return await _no_exit(self.agent.model.complete, request)
         lost = LeaseLost(f"the lease on session {self.state.id!r} was lost")
         if lease.lost:
             raise lost
-        call = asyncio.ensure_future(_no_exit(self.agent.model.complete(request)))
+        # The model's coroutine is made inside the task: a task cancelled before it runs leaves
+        # none unawaited.
+        call = asyncio.ensure_future(_no_exit(self.agent.model.complete, request))
         lease.body = call
         try:
             # Awaiting the task: a cancel of this drive cancels the model call with it.
@@ -558,10 +560,12 @@ def _malformed(response: ModelResponse) -> str | None:
     return None
 
 
-async def _no_exit(response: Awaitable[Any]) -> Any:
+async def _no_exit(
+    complete: Callable[[ModelRequest], Awaitable[Any]], request: ModelRequest
+) -> Any:
     """A model's response, or its `SystemExit` (a stray `sys.exit()` in a scripted step or a
     custom model) as its failure: the event loop would let it end the process."""
     try:
-        return await response
+        return await complete(request)
     except SystemExit as exc:
         raise exited(exc) from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -351,8 +352,14 @@ async def _settle(
                 )
         else:
             head = await runtime.store.head(request.session_id)
-            with console.status("resuming the turn..."), _as_hint(command, request, principal):
-                result = await runtime.respond(request.session_id, [answer], principal=principal)
+            try:
+                with console.status("resuming the turn..."), _as_hint(command, request, principal):
+                    result = await runtime.respond(
+                        request.session_id, [answer], principal=principal
+                    )
+            except asyncio.CancelledError:  # Ctrl-C: say whether the answer stands
+                await _interrupted(runtime, request, target)
+                raise
             ran = await runtime.store.head(request.session_id) != head
     outcome = result.outcomes[0] if result.outcomes else None
     what = request.tool_name or request.question or request.kind
@@ -414,6 +421,23 @@ async def _settle(
         raise typer.Exit(1)
     elif result.status == "running":
         console.print("[yellow]another process is running this session's turn[/]")
+
+
+async def _interrupted(runtime: Runtime, request: InputRequest, target: str | None) -> None:
+    """Ctrl-C while the command ran the turn on: whether the answer was recorded before, as a
+    bare "interrupted" left the person to find out, and how the turn goes on; exit 130."""
+    stored = await runtime.store.get_request(request.id)
+    if stored is None or stored.status == "pending":
+        say = f"interrupted: {request.id} is still pending"
+    else:
+        say = (
+            f"interrupted: {request.id} is {stored.outcome or stored.status}, recorded; its "
+            "turn stopped here and goes on in a signoff worker or serve of its runtime, or "
+            f"with signoff chat {shlex.quote(target or 'MODULE:RUNTIME')} --session "
+            f"{request.session_id}"
+        )
+    err().print(printable(say), soft_wrap=True, markup=False)
+    raise typer.Exit(130)
 
 
 TargetArgument = Annotated[
