@@ -325,7 +325,7 @@ def limited_runtime() -> so.Runtime:
             [
                 so.ModelResponse(
                     tool_calls=[so.ToolCall(name="lookup", input={"order_id": "3"})],
-                    usage=so.Usage(input_tokens=50, output_tokens=0),
+                    usage=so.Usage(input_tokens=0, output_tokens=50),
                 ),
                 so.ModelResponse(text="Order 3 shipped."),
             ]

@@ -48,7 +48,7 @@ async def test_only_continue_raises_the_session_budget(tmp_path: Path) -> None:
         return n
 
     step = call_tools(call("lookup", n=1))
-    costly = so.ModelResponse(tool_calls=step.tool_calls, usage=so.Usage(input_tokens=60))
+    costly = so.ModelResponse(tool_calls=step.tool_calls, usage=so.Usage(output_tokens=60))
     agent = scripted_agent(
         "a", [costly] * 4 + [reply("done")], tools=[lookup], limits=so.Limits(max_tokens=100)
     )

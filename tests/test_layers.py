@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
         "_tool_signals",
         "_sweeps",
         "_json_keys",
+        "_output_caps",
     },
     {"_state_parts", "_tool_json", "_sync"},
     {"_event_handlers"},

@@ -435,7 +435,7 @@ async def test_a_message_answers_a_subagents_limit_prompt_before_an_earlier_ques
         """Look an order up."""
         return "shipped"
 
-    spent = so.Usage(input_tokens=50, output_tokens=0)
+    spent = so.Usage(input_tokens=0, output_tokens=50)
     orders = so.Agent(
         name="orders",
         model=so.models.Scripted([call_tools(call("lookup", order_id="3"), usage=spent), finish]),

@@ -166,6 +166,34 @@ async def test_text_tool_uses_and_usage_are_extracted(fake) -> None:
     assert r.usage.cost_usd == pytest.approx(expected)
 
 
+async def test_writes_to_the_one_hour_cache_cost_twice_the_input_price(fake) -> None:
+    """Anthropic bills a write to the 1-hour cache at 2x the input price, to the 5-minute one at
+    1.25x; `cache_creation` splits `cache_creation_input_tokens` between them. Before, all
+    writes counted at 1.25x."""
+    fake.queue(
+        anthropic_message(
+            "hi",
+            usage={
+                "input_tokens": 100,
+                "output_tokens": 10,
+                "cache_creation_input_tokens": 3000,
+                "cache_read_input_tokens": 500,
+                "cache_creation": {
+                    "ephemeral_5m_input_tokens": 1000,
+                    "ephemeral_1h_input_tokens": 2000,
+                },
+            },
+        )
+    )
+    async with so.models.Anthropic(
+        "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, price_per_mtok=(3.0, 15.0)
+    ) as m:
+        r = await m.complete(request())
+    assert r.usage.input_tokens == 100 + 3000 + 500
+    expected = (100 * 3.0 + 1000 * 3.0 * 1.25 + 2000 * 3.0 * 2 + 500 * 0.3 + 10 * 15.0) / 1e6
+    assert r.usage.cost_usd == pytest.approx(expected)
+
+
 async def test_known_models_are_priced(fake, model) -> None:
     fake.queue(anthropic_message("hi", usage={"input_tokens": 1_000_000, "output_tokens": 0}))
     assert (await model.complete(request())).usage.cost_usd == pytest.approx(1.0)

@@ -366,7 +366,7 @@ async def test_counts_written_as_whole_floats_are_counted(fake, model) -> None:
     # A gateway writing 120.0 had its usage counted as 0, so the session's token and cost
     # budgets were never spent (the OpenAI SDK reads such counts; Anthropic's leaves floats).
     usage_body = {"input_tokens": 120.0, "output_tokens": 30.0, "cache_read_input_tokens": 0.5}
-    fake.queue(anthropic_message("x", usage=usage_body))  # type: ignore[arg-type]
+    fake.queue(anthropic_message("x", usage=usage_body))
     usage = (await model.complete(request())).usage
     assert (usage.input_tokens, usage.output_tokens) == (120, 30)
     assert isinstance(usage.input_tokens, int) and isinstance(usage.output_tokens, int)

@@ -43,16 +43,17 @@ async def events(rt: so.Runtime, session_id: str) -> list[so.Event]:
 async def test_a_reply_cut_off_at_the_budget_asks_to_raise_it_and_is_never_used(
     store_url: str, flavor: str
 ) -> None:
-    """max_tokens=100: the first call (60 tokens) leaves 40, so the second asks for at most 40
-    output tokens; cut off there, its half answer is counted (155) but neither recorded as the
-    turn's answer nor shown to the model again; the person is asked, and `continue` (budget
-    200, 45 left) lets the next call finish the turn. Before, the second call was sent without
-    a limit and its half answer ended the turn."""
+    """max_tokens=200: the first call (60 tokens, 50 of them input, which the second reads
+    again) leaves 140, so the second asks for at most 90 output tokens; cut off there, its half
+    answer is counted (205) but neither recorded as the turn's answer nor shown to the model
+    again; the person is asked, and `continue` (budget 400, 195 left, 145 after the input) lets
+    the next call finish the turn. Before, the second call was sent without a limit and its
+    half answer ended the turn."""
     with FakeLLM(flavor, strict=True) as fake:
         if flavor == "openai":
             lookup = openai_tool_call("call_1", "lookup_order", {"order_id": "7"})
             first = openai_completion(None, [lookup], usage=(50, 10))
-            half = cut_off(openai_completion("Order 7 was deliv", usage=(55, 40)), flavor)
+            half = cut_off(openai_completion("Order 7 was deliv", usage=(55, 90)), flavor)
             done = openai_completion("Order 7 was delivered.", usage=(60, 5))
             model: Any = so.models.OpenAIChat(
                 "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, max_tokens=4096
@@ -65,7 +66,7 @@ async def test_a_reply_cut_off_at_the_budget_asks_to_raise_it_and_is_never_used(
             )
             half = cut_off(
                 anthropic_message(
-                    "Order 7 was deliv", usage={"input_tokens": 55, "output_tokens": 40}
+                    "Order 7 was deliv", usage={"input_tokens": 55, "output_tokens": 90}
                 ),
                 flavor,
             )
@@ -77,7 +78,7 @@ async def test_a_reply_cut_off_at_the_budget_asks_to_raise_it_and_is_never_used(
             )
         fake.queue(first, half, done)
         agent = so.Agent(
-            name="a", model=model, tools=[lookup_order], limits=so.Limits(max_tokens=100)
+            name="a", model=model, tools=[lookup_order], limits=so.Limits(max_tokens=200)
         )
         async with so.Runtime([agent], store=store_url) as rt:
             r = await rt.generate("a", prompt="where is order 7?", auth=ALICE)
@@ -85,36 +86,36 @@ async def test_a_reply_cut_off_at_the_budget_asks_to_raise_it_and_is_never_used(
             [ask] = r.pending
             assert ask.kind == "session-limit"
             assert ask.question == (
-                "the model's reply was cut off at the 40 output tokens left in the session's "
-                "budget: the session used 155 of max_tokens=100. Continue with a raised "
+                "the model's reply was cut off at the 90 output tokens left in the session's "
+                "budget: the session used 205 of max_tokens=200. Continue with a raised "
                 "budget, or stop?"
             )
             assert "deliv" not in r.text
         async with so.Runtime([agent], store=store_url) as rt:  # a new process answers
             state = await rt.state(r.session_id)
-            assert state.usage.total_tokens == 155
+            assert state.usage.total_tokens == 205
             r = await rt.respond(
                 r.session_id,
                 [so.InputResponse(request_id=ask.id, option_id="continue")],
                 principal=ALICE,
             )
             assert (r.status, r.text) == ("completed", "Order 7 was delivered.")
-            assert (await rt.state(r.session_id)).usage.total_tokens == 220
+            assert (await rt.state(r.session_id)).usage.total_tokens == 270
             log = await events(rt, r.session_id)
         await model.aclose()
         sent = fake.bodies
-    assert [limit_of(b) for b in sent] == [100, 40, 45]
+    assert [limit_of(b) for b in sent] == [200, 90, 145]
     assert "deliv" not in str(sent[2]["messages"])  # the cut reply never reaches the model
     completed = [e.data["text"] for e in log if e.type == "model.completed"]
     assert completed == ["", "Order 7 was delivered."]
     [requested] = [e for e in log if e.type == "input.requested"]
-    assert requested.data["usage"]["output_tokens"] == 40
+    assert requested.data["usage"]["output_tokens"] == 90
 
 
 async def test_the_models_own_lower_limit_is_left_alone_and_its_cut_text_returned() -> None:
     """A budget larger than the model's max_tokens changes nothing: the limit sent is the
     model's, and text it cut off is the answer, as without a budget; without a budget no
-    limit is sent at all."""
+    limit is sent at all. The cut text is marked so (`cut_off`)."""
     with FakeLLM("openai", strict=True) as fake:
         fake.queue(cut_off(openai_completion("Short ans"), "openai"), openai_completion("Hi"))
         model = so.models.OpenAIChat(
@@ -124,7 +125,7 @@ async def test_the_models_own_lower_limit_is_left_alone_and_its_cut_text_returne
         free = so.Agent(name="b", model=model)
         async with so.Runtime([bounded, free], store="sqlite:///:memory:") as rt:
             r = await rt.generate("a", prompt="hi")
-            assert (r.status, r.text) == ("completed", "Short ans")
+            assert (r.status, r.text, r.cut_off) == ("completed", "Short ans", "max_tokens")
         model.max_tokens = None
         async with so.Runtime([bounded, free], store="sqlite:///:memory:") as rt:
             r = await rt.generate("b", prompt="hi")
@@ -246,11 +247,12 @@ def thinking_model(fake: FakeLLM, budget: int) -> so.models.Anthropic:
 
 async def test_thinking_is_given_less_room_or_the_call_is_not_made(store_url: str) -> None:
     """The API wants thinking's budget_tokens (at least 1,024) below max_tokens: with 1,500
-    tokens left it is lowered to 1,499; with 900 left no call could be made (it would be
-    refused), so none is, and the person is asked at once."""
+    tokens left (after the 100 input tokens the call reads again) it is lowered to 1,499; with
+    600 left no call could be made (it would be refused), so none is, and the person is asked
+    at once."""
     with FakeLLM("anthropic", strict=True) as fake:
         fake.queue(
-            anthropic_message("Fine.", usage={"input_tokens": 1000, "output_tokens": 500}),
+            anthropic_message("Fine.", usage={"input_tokens": 100, "output_tokens": 1300}),
             anthropic_message("Fine.", usage={"input_tokens": 400, "output_tokens": 200}),
         )
         model = thinking_model(fake, 2048)
@@ -263,10 +265,10 @@ async def test_thinking_is_given_less_room_or_the_call_is_not_made(store_url: st
             assert r.status == "waiting"
             [ask] = r.pending
             assert ask.question is not None and ask.question.startswith(
-                "the 900 output tokens left were too few for the model's reply in the "
-                "session's budget: the session used 2100 of max_tokens=3000."
+                "the 600 output tokens left were too few for the model's reply in the "
+                "session's budget: the session used 2000 of max_tokens=3000."
             )
-            assert (await rt.state(r.session_id)).usage.total_tokens == 2100
+            assert (await rt.state(r.session_id)).usage.total_tokens == 2000
         await model.aclose()
     first, second = fake.bodies
     assert (first["max_tokens"], first["thinking"]["budget_tokens"]) == (3000, 2048)
@@ -298,8 +300,9 @@ def priced(tokens_in: int, tokens_out: int, price: tuple[float, float]) -> so.Us
 
 async def test_a_cost_budget_caps_output_at_the_models_output_price(store_url: str) -> None:
     """$1 in, $10 out per million tokens, max_cost_usd=0.001: after 100 in and 10 out
-    ($0.0002) the next reply may take $0.0008 of output, 80 tokens; once less than one output
-    token's price is left ($0.000005 after $0.000795 more), no call is made and the person is
+    ($0.0002) the next reply may take $0.0008 less the $0.0001 its input costs at least (the
+    100 tokens the last call read): 70 tokens of output; once less than one output token's
+    price is left ($0.000005 after $0.000795 more), no call is made and the person is
     asked."""
     price = (1.0, 10.0)
     model = Priced(
@@ -318,7 +321,7 @@ async def test_a_cost_budget_caps_output_at_the_models_output_price(store_url: s
             "not one output token was left in the session's budget: the session cost 0.0010 "
             "of max_cost_usd=0.001. Continue with a raised budget, or stop?"
         )
-    assert model.caps == [100, 80]
+    assert model.caps == [100, 70]
 
 
 async def test_nobody_to_ask_fails_the_turn_counting_the_cut_reply(store_url: str) -> None:

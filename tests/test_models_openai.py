@@ -3,6 +3,8 @@ request it sends and how it reads the response."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import signoff as so
@@ -160,6 +162,58 @@ async def test_known_models_are_priced_and_unknown_ones_cost_nothing(fake) -> No
         ) as m:
             r = await m.complete(request())
         assert r.usage.cost_usd == pytest.approx(expected)
+
+
+def cached_completion(text: str, prompt: int, cached: int, out: int) -> dict[str, object]:
+    body = openai_completion(text, usage=(prompt, out))
+    body["usage"]["prompt_tokens_details"] = {"cached_tokens": cached}
+    return body
+
+
+async def test_cached_input_tokens_cost_the_cached_price(fake) -> None:
+    """OpenAI bills the prompt's cached tokens (`prompt_tokens_details.cached_tokens`, part of
+    `prompt_tokens`) at a discount: gpt-4.1-mini's $0.10 against $0.40 per million. Before,
+    all 1,000,000 prompt tokens counted at $0.40 ($2.00 in all, not $1.75)."""
+    for _ in range(3):
+        fake.queue(cached_completion("a", 1_000_000, 250_000, 1_000_000))
+    async with so.models.OpenAIChat(
+        "gpt-4.1-mini", base_url=fake.base_url, api_key=API_KEY, max_retries=0
+    ) as m:
+        r = await m.complete(request())
+    assert r.usage.input_tokens == 1_000_000  # the cached ones are still input tokens
+    assert r.usage.cost_usd == pytest.approx(0.75 * 0.40 + 0.25 * 0.10 + 1.60)
+    # A price of one's own: cached tokens cost the input price, unless their price is given.
+    for cached_price, expected in ((None, 1.0 + 2.0), (0.5, 0.75 + 0.125 + 2.0)):
+        async with so.models.OpenAIChat(
+            "gpt-4.1-mini",
+            base_url=fake.base_url,
+            api_key=API_KEY,
+            max_retries=0,
+            price_per_mtok=(1.0, 2.0),
+            cached_price_per_mtok=cached_price,
+        ) as m:
+            r = await m.complete(request())
+        assert r.usage.cost_usd == pytest.approx(expected)
+    # A count of cached tokens over the prompt's (a gateway's slip) gives no cost back.
+    fake.queue(cached_completion("a", 1000, 5000, 0))
+    async with so.models.OpenAIChat(
+        "local",
+        base_url=fake.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        price_per_mtok=(1.0, 2.0),
+        cached_price_per_mtok=0.5,
+    ) as m:
+        r = await m.complete(request())
+    assert r.usage.cost_usd == pytest.approx(1000 * 0.5 / 1e6)
+
+
+@pytest.mark.parametrize("value", [-1, "0.1", True, float("nan"), float("inf")])
+def test_a_cached_price_that_is_not_a_price_is_refused(value: Any) -> None:
+    with pytest.raises(so.UsageError, match="cached_price_per_mtok"):
+        so.models.OpenAIChat(
+            "m", base_url="http://127.0.0.1:9/v1", api_key="k", cached_price_per_mtok=value
+        )
 
 
 def test_price_lookup_accepts_date_suffixes_only() -> None:

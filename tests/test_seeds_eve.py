@@ -331,7 +331,7 @@ async def test_eve_a_message_answers_a_runtime_limit_prompt_before_earlier_reque
         [call_tools(call("issue_refund", order_id="1")), reply("Refunded.")],
         tools=[issue_refund],
     )
-    spent = so.Usage(input_tokens=50, output_tokens=0)
+    spent = so.Usage(input_tokens=0, output_tokens=50)
     orders = scripted_agent(
         "orders",
         [call_tools(call("lookup", order_id="3"), usage=spent), reply("Order 3 shipped.")],

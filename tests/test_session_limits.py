@@ -21,7 +21,7 @@ async def lookup(n: int) -> int:
 def costly(tokens: int) -> so.ModelResponse:
     step = call_tools(call("lookup", n=1))
     return so.ModelResponse(
-        tool_calls=step.tool_calls, usage=so.Usage(input_tokens=tokens, output_tokens=0)
+        tool_calls=step.tool_calls, usage=so.Usage(input_tokens=0, output_tokens=tokens)
     )
 
 

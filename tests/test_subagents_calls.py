@@ -261,7 +261,7 @@ async def test_a_childs_spent_budget_is_asked_on_the_parent_and_raises_only_the_
         """Look an order up."""
         return "shipped"
 
-    spent = so.Usage(input_tokens=50, output_tokens=0)
+    spent = so.Usage(input_tokens=0, output_tokens=50)
     child = scripted_agent(
         "orders",
         [call_tools(call("lookup", order_id="3"), usage=spent), reply("Order 3 shipped.")],

@@ -14,7 +14,7 @@ from ._subagents import ALICE, events
 
 
 def tokens(n: int) -> so.Usage:
-    return so.Usage(input_tokens=n)
+    return so.Usage(output_tokens=n)
 
 
 def agents(parent_spent: int, child: so.Limits | None = None, **limits: Any) -> list[so.Agent]:

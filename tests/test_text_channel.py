@@ -487,7 +487,7 @@ def _limit_behind_two_approvals() -> list[so.Agent]:
         [call_tools(call("issue_refund", order_id="1")), reply("Refunded.")],
         tools=[issue_refund],
     )
-    spent = so.Usage(input_tokens=50, output_tokens=0)
+    spent = so.Usage(input_tokens=0, output_tokens=50)
     orders = scripted_agent(
         "orders",
         [call_tools(call("lookup", order_id="3"), usage=spent), reply("Order 3 shipped.")],

@@ -9,7 +9,7 @@ be sync or async and may return any `ApprovalStatus`.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -82,7 +82,10 @@ class SessionInfo:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ApprovalContext:
-    """What a policy function receives."""
+    """What a policy function receives. `budget_left` is what the session's budgets leave for
+    model calls the policy makes (`max_tokens`, `max_cost_usd`: the least of the session's own
+    and its share of its parent's, less what earlier reviews of the same reply spent); empty
+    when none bounds them. `auto()` caps its review's output there."""
 
     session: SessionInfo
     tool_name: str
@@ -91,6 +94,7 @@ class ApprovalContext:
     call_id: str
     abort_signal: Any
     pending_tools: frozenset[str] = field(default_factory=frozenset)
+    budget_left: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,8 @@ from pydantic import BaseModel
 
 from ._approval import ApprovalContext, ApprovalPolicy, Verdict
 from ._error_text import error_text
-from ._exceptions import UsageError
+from ._exceptions import ModelError, UsageError
+from ._output_caps import output_cap, output_price
 from ._settings import positive_seconds, shown_value
 from ._types import Usage, UserMessage, billable
 
@@ -77,6 +78,10 @@ class _Auto(ApprovalPolicy):
             f"Tool: {ctx.tool_name}\nInput (JSON): {json.dumps(tool_input, sort_keys=True)}\n\n"
             f"clear means: {self.criteria.clear}\ncaution means: {self.criteria.caution}"
         )
+        # The review's output is capped at what the session's budgets leave, as a turn's reply.
+        cap = output_cap(ctx.budget_left, output_price(self.model))
+        if cap == 0:
+            return _caution("failed", "the session's budgets leave no output token for a review")
         request = ModelRequest(
             session_id=ctx.session.id,
             agent=f"{ctx.session.agent}:auto-review",
@@ -84,6 +89,7 @@ class _Auto(ApprovalPolicy):
             messages=[UserMessage(text=prompt)],
             tools=[],
             response_index=0,
+            max_output_tokens=cap,
         )
         try:
             async with asyncio.timeout(self.timeout):
@@ -91,9 +97,14 @@ class _Auto(ApprovalPolicy):
         except TimeoutError:
             return _caution("failed", f"the review took longer than {self.timeout:g}s")
         except Exception as exc:
-            return _caution("failed", f"the review failed: {error_text(exc)}")
+            # A reply billed but refused (cut off at the cap among them) counts all the same.
+            spent = billable(exc.usage) if isinstance(exc, ModelError) else None
+            return _caution("failed", f"the review failed: {error_text(exc)}", spent)
         # What the review cost counts in the session's usage and budgets, as a turn's reply.
         spent = billable(getattr(response, "usage", None))
+        cut = getattr(response, "cut_off", None)
+        if cut is not None:  # half a review clears nothing: `{"verdict": "clear", "reason": "but`
+            return _caution("failed", f"the review was cut off ({cut})", spent)
         # An input that holds a verdict may be quoted by the reviewer: see `_parse`.
         planted = "verdict" in json.dumps(tool_input).lower()
         verdict, reason = _parse(getattr(response, "text", ""), planted=planted)

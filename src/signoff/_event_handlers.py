@@ -88,6 +88,7 @@ def _model_completed(s: SessionState, e: Event) -> None:
     s.model_responses += 1
     usage = Usage(**e.data.get("usage", {}))
     s.usage = s.usage + usage
+    s.last_input_tokens = usage.input_tokens
     turn.steps += 1
     turn.model_seq = e.seq
     turn.status = "running"
@@ -96,6 +97,8 @@ def _model_completed(s: SessionState, e: Event) -> None:
     text = e.data.get("text", "")
     if text:
         turn.text = text if not turn.text else f"{turn.text}\n\n{text}"
+    cut = e.data.get("cut_off")
+    turn.cut_off = cut if isinstance(cut, str) else None
     turn.calls = {
         c["id"]: CallState(id=c["id"], tool_name=c["name"], input=c.get("input"), since=e.seq)
         for c in e.data.get("tool_calls", [])

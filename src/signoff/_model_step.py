@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from ._child_sessions import headroom_now
 from ._error_text import error_text
 from ._exceptions import BudgetSpent, LeaseLost, ModelError, SignoffError
+from ._output_caps import input_price_floor, output_cap, output_price, spare
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
 from ._state import (
     MESSAGE_EVENT_TYPES,
@@ -25,6 +25,7 @@ from ._sync import exited
 from ._text import cut
 from ._tool_json import MAX_INPUT_DEPTH, key_not_text, nests_deeper
 from ._types import (
+    CutOff,
     InputRequest,
     Message,
     ModelResponse,
@@ -111,20 +112,28 @@ class ModelStep(DriverPart):
             # child's reached its budget, asks to continue or stop at its next model step.
             await self._fail_limit(past)
             return True
-        # The reply may spend on output what the budgets leave, its own or its parent's share.
-        price = _output_price(self.agent.model)
-        own = _output_cap(_left(s, limits), price)
-        share = _output_cap(theirs, price)
+        # The reply may spend on output what the budgets leave, its own or its parent's share,
+        # less what its input costs at least (the input of the last call, which this one reads
+        # again): a call whose input alone would spend them is not made.
+        messages = await self.window()
+        floor = self._input_floor(messages)
+        model = self.agent.model
+        reading = Usage(input_tokens=floor, cost_usd=floor * (input_price_floor(model) or 0.0))
+        price = output_price(model)
+        own_left, share_left = _left(s, limits), theirs
+        own = output_cap(spare(own_left, reading), price)
+        share = output_cap(spare(share_left, reading), price)
         cap = own if share is None or (own is not None and own < share) else share
         parents = cap is not None and cap == share
         if cap == 0:  # what is left pays for no output token: no reply is worth asking for
-            return await self._budget_cut(cap, parents)
+            before = output_cap(share_left if parents else own_left, price)
+            return await self._budget_cut(cap, parents, floor=floor if before else 0)
         read_through = s.seq
         request = ModelRequest(
             session_id=s.id,
             agent=s.agent,
             instructions=self.agent.instructions,
-            messages=await self.window(),
+            messages=messages,
             tools=[
                 ToolSpec(name=t.name, description=t.description, input_schema=t.json_schema())
                 for t in self.agent.tools.values()
@@ -141,6 +150,13 @@ class ModelStep(DriverPart):
                 if not isinstance(response, ModelResponse):
                     raise ModelError(f"model returned {type(response).__name__}, not ModelResponse")
                 recorded = _check_recordable(response, limits)
+                if response.cut_off is not None and response.tool_calls:
+                    # The last call may be half a call, and the rest a plan cut short.
+                    raise ModelError(
+                        f"the model's reply was cut off ({response.cut_off}) with "
+                        f"{len(response.tool_calls)} tool call(s): none is run",
+                        usage=response.usage,
+                    )
                 span.responded(response)
         except (Exception, asyncio.CancelledError) as exc:
             if not isinstance(exc, Exception) and not own_cancel(exc):
@@ -184,6 +200,8 @@ class ModelStep(DriverPart):
             "tool_calls": calls,
             "usage": response.usage.model_dump(),
         }
+        if response.cut_off is not None:  # a partial answer says so
+            data["cut_off"] = response.cut_off
         if response.reasoning and calls:  # only a response with calls needs its reasoning back
             data["reasoning"] = recorded["reasoning"]
         completed: EventSpec = ("model.completed", data)
@@ -250,17 +268,47 @@ class ModelStep(DriverPart):
             by = _less(cost - bound["max_cost_usd"], f"{cost - bound['max_cost_usd']:.4f}")
             used = f"the session cost {spent.cost_usd:.4f}, past the {cost:.4f}"
             return f"{used} {left}{by} (session {s.parent})", {}
-        return None, _spare(bound, spent)
+        return None, spare(bound, spent)
 
-    async def _budget_cut(self, cap: int, parents: bool, exc: BudgetSpent | None = None) -> bool:
+    async def budget_left(self) -> dict[str, float]:
+        """What the session's budgets leave for a model call now, by budget (`max_tokens`,
+        `max_cost_usd`): the least of its own and of its share of its parent's; empty when none
+        bounds it. What an `auto()` review may spend (`ApprovalContext.budget_left`)."""
+        past, theirs = await self._past_headroom()
+        if past is not None:  # its parent's share is spent
+            theirs = {k: 0.0 for k in self.state.headroom if k in ("max_tokens", "max_cost_usd")}
+        own = _left(self.state, self.agent.limits)
+        return {
+            k: min(v for v in (own.get(k), theirs.get(k)) if v is not None)
+            for k in ("max_tokens", "max_cost_usd")
+            if k in own or k in theirs
+        }
+
+    def _input_floor(self, messages: list[Message]) -> int:
+        """The least number of input tokens a call sending `messages` reads: as many as the
+        session's last call read, when these hold everything that call was sent (the whole
+        conversation, which only grows); else 0, not known."""
+        conv = self.state.conversation
+        if conv is None or conv.partial or len(messages) != len(conv.messages):
+            return 0
+        return self.state.last_input_tokens
+
+    async def _budget_cut(
+        self, cap: int, parents: bool, exc: BudgetSpent | None = None, *, floor: int = 0
+    ) -> bool:
         """The reply was cut off at the `cap` output tokens the budgets left (`exc`), or none was
-        worth asking for: what it cost is counted and nothing of it used, and the turn stops as
-        at a spent budget (asking the person to raise it; a subagent on its parent's share
-        fails, as that is not its to raise)."""
+        worth asking for (with `floor`, for the input it would read): what it cost is counted
+        and nothing of it used, and the turn stops as at a spent budget (asking the person to
+        raise it; a subagent on its parent's share fails, as that is not its to raise)."""
         s = self.state
         spent = None if exc is None else _billed(exc)
         if exc is not None and exc.usage is not None:
             what = f"the model's reply was cut off at the {cap} output tokens left"
+        elif floor:
+            what = (
+                f"the model's next call would read at least {floor} input tokens (as many as "
+                "its last call read), leaving not one output token"
+            )
         elif cap:
             what = f"the {cap} output tokens left were too few for the model's reply"
         else:
@@ -382,35 +430,7 @@ def _left(s: SessionState, limits: Limits) -> dict[str, float]:
         for k, v in (("max_tokens", limits.max_tokens), ("max_cost_usd", limits.max_cost_usd))
         if v is not None
     }
-    return _spare(bound, s.usage + s.delegated)
-
-
-def _spare(bound: dict[str, float], spent: Usage) -> dict[str, float]:
-    """What `bound` (by budget: `max_tokens`, `max_cost_usd`) leaves once `spent` is counted."""
-    used = {"max_tokens": spent.total_tokens, "max_cost_usd": spent.cost_usd}
-    return {k: bound[k] - used[k] for k in ("max_tokens", "max_cost_usd") if k in bound}
-
-
-def _output_price(model: object) -> float | None:
-    """What one output token of `model` costs in USD, from its `price_per_mtok` (the shipped
-    models'); None when it has none, or when output is free."""
-    price = getattr(model, "price_per_mtok", None)
-    if not isinstance(price, tuple | list) or len(price) != 2:
-        return None
-    out = price[1]
-    if isinstance(out, bool) or not isinstance(out, int | float) or not 0 < out < math.inf:
-        return None
-    return out / 1_000_000
-
-
-def _output_cap(left: dict[str, float], price: float | None) -> int | None:
-    """The most output tokens a reply may take within what the budgets leave (`left`): their
-    tokens, and their cost at the output `price`; None when nothing bounds it."""
-    counts = [left["max_tokens"]] if "max_tokens" in left else []
-    if "max_cost_usd" in left and price is not None:
-        counts.append(left["max_cost_usd"] / price)
-    # Rounded first: 0.001 / 0.00001 is 99.99999999999999 in floats.
-    return max(0, math.floor(round(min(counts), 6))) if counts else None
+    return spare(bound, s.usage + s.delegated)
 
 
 def _delegated_turn(s: SessionState) -> bool:
@@ -527,6 +547,8 @@ def _malformed(response: ModelResponse) -> str | None:
         and type(u.cost_usd) in (int, float)
     ):
         return f"usage is not a Usage of two whole numbers and a cost ({type(u).__name__})"
+    if r.cut_off not in (None, *get_args(CutOff)):
+        return f"cut_off is {cut(repr(r.cut_off), 100)}, not max_tokens, content_filter or None"
     if not isinstance(r.tool_calls, list):
         return "tool_calls is not a list"
     for c in r.tool_calls:

@@ -410,6 +410,8 @@ class DriverPart:
             turn_id: str | None = None,
         ) -> list[Event]: ...
 
+        async def budget_left(self) -> dict[str, float]: ...  # `ModelStep.budget_left`
+
 
 _TURN_ENDED = ("completed", "failed", "cancelled")
 

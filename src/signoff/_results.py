@@ -29,7 +29,9 @@ class GenerateResult:
     means it can go on only once a person answers `pending`. `replayed` is True when the call
     repeated an earlier one with its idempotency key: it started or sent nothing. `queued` is
     True when `send` left the message waiting for the end of the turn it reports (the message
-    starts a later turn), rather than delivering it.
+    starts a later turn), rather than delivering it. `cut_off` says why the model's latest
+    reply in the turn stopped short (`max_tokens`, `content_filter`): `text` ends in a partial
+    answer.
     """
 
     status: Literal["completed", "waiting", "failed", "cancelled", "running", "idle"]
@@ -42,3 +44,4 @@ class GenerateResult:
     outcomes: list[Outcome] = field(default_factory=list)
     replayed: bool = False
     queued: bool = False
+    cut_off: str | None = None

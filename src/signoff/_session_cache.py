@@ -515,6 +515,7 @@ class SessionCache(Leasing):
             error=None if turn is None else turn.error,
             retryable=False if turn is None else turn.retryable,
             outcomes=list(outcomes),
+            cut_off=None if turn is None else turn.cut_off,
         )
 
     async def _append(

@@ -84,6 +84,9 @@ class SessionState:
     approved_tools: set[str] = field(default_factory=set)
     model_responses: int = 0
     usage: Usage = field(default_factory=Usage)
+    # The input tokens of its latest model response: the least the next call reads, while the
+    # conversation sent grows (the budgets hold the call back when that alone would spend them).
+    last_input_tokens: int = 0
     # What the children of its delegate calls spent (theirs and their own children's), recorded
     # as each call ended: its budgets count it, apart from `usage`, which a sum of the usage of
     # many sessions would otherwise count twice.
@@ -199,6 +202,7 @@ class SessionState:
             "approved_tools": sorted(self.approved_tools),
             "model_responses": self.model_responses,
             "usage": self.usage.model_dump(),
+            **({"last_input_tokens": n} if (n := self.last_input_tokens) else {}),
             # Left out while nothing was delegated: such a snapshot is as an older signoff's.
             **({} if self.delegated == Usage() else {"delegated": self.delegated.model_dump()}),
             **({"owed": dict(self.owed)} if self.owed else {}),
@@ -229,6 +233,7 @@ class SessionState:
                 "started_at": turn.started_at,
                 "steps": turn.steps,
                 "text": turn.text,
+                **({} if turn.cut_off is None else {"cut_off": turn.cut_off}),
                 "retryable": turn.retryable,
                 "error": turn.error,
                 "first_seq": turn.first_seq,
@@ -272,6 +277,7 @@ class SessionState:
                 started_at=t.started_at,
                 steps=t.steps,
                 text=t.text,
+                cut_off=t.cut_off,
                 retryable=t.retryable,
                 error=t.error,
                 first_seq=t.first_seq,
@@ -318,6 +324,7 @@ class SessionState:
             approved_tools=set(self.approved_tools),
             model_responses=self.model_responses,
             usage=self.usage,
+            last_input_tokens=self.last_input_tokens,
             delegated=self.delegated,
             owed=dict(self.owed),
             short=dict(self.short),
@@ -358,6 +365,7 @@ class SessionState:
                 started_at=t["started_at"],
                 steps=t["steps"],
                 text=t["text"],
+                cut_off=c if isinstance(c := t.get("cut_off"), str) else None,
                 retryable=t["retryable"],
                 error=t["error"],
                 first_seq=t["first_seq"],
@@ -379,6 +387,7 @@ class SessionState:
             approved_tools=set(data["approved_tools"]),
             model_responses=data["model_responses"],
             usage=Usage(**data["usage"]),
+            last_input_tokens=int(data.get("last_input_tokens", 0)),
             delegated=Usage(**data.get("delegated", {})),
             owed=dict(data.get("owed", {})),
             short=dict(data.get("short", {})),

@@ -167,6 +167,7 @@ class TurnState:
     started_at: float = 0.0
     steps: int = 0
     text: str = ""
+    cut_off: str | None = None  # why the latest model reply stopped short (`ModelResponse`)
     calls: dict[str, CallState] = field(default_factory=dict)
     retryable: bool = False
     error: dict[str, Any] | None = None

@@ -17,6 +17,7 @@ from ._bound_input import as_approved, still_bound
 from ._call_ends import CallEnds
 from ._exceptions import LeaseLost, TooLarge
 from ._journal import UNRECORDED_KEPT, CallJournal
+from ._output_caps import spare
 from ._recording import (
     Batch,
     EventSpec,
@@ -70,6 +71,7 @@ class ToolCalls(CallEnds):
         pending_tools = {r.tool_name for r in s.pending_requests() if r.tool_name}
         results: list[EventSpec] = []
         decided: list[tuple[CallState, Tool, BaseModel, Verdict]] = []
+        left = await self.budget_left()  # what auto() reviews may spend, less each one's cost
         for call in calls:
             tool = self.agent.tools.get(call.tool_name)
             if tool is None:
@@ -88,9 +90,12 @@ class ToolCalls(CallEnds):
                 call_id=call.id,
                 abort_signal=self.abort_signal,
                 pending_tools=frozenset(pending_tools),
+                budget_left=left,
             )
             held = self.deferred.pop(f"{s.model_responses}:{call.id}", None)
             verdict = held if held is not None else await self.verdict(tool, ctx)
+            if verdict.usage is not None:
+                left = spare(left, verdict.usage)
             if verdict.action == "ask":
                 pending_tools.add(tool.name)
             decided.append((call, tool, validated, verdict))

@@ -20,6 +20,7 @@ __all__ = [
     "Answer",
     "AssistantMessage",
     "ChildRef",
+    "CutOff",
     "Decision",
     "InputRequest",
     "InputResponse",
@@ -139,14 +140,22 @@ class ToolCall(_Model):
     id: str | None = None
 
 
+CutOff = Literal["max_tokens", "content_filter"]
+"""Why a model stopped before its reply was done: its output limit or context window
+(`max_tokens`), or the provider's content filter or a refusal (`content_filter`)."""
+
+
 class ModelResponse(_Model):
     """What a model returns for one step: text and/or tool calls, with usage. `reasoning` holds
-    provider blocks the provider wants back as they came with the calls (Anthropic's thinking)."""
+    provider blocks the provider wants back as they came with the calls (Anthropic's thinking).
+    `cut_off` says why the provider stopped the reply short (None: it ended on its own): its text
+    is then partial, and none of its tool calls is run."""
 
     text: str = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
     reasoning: list[dict[str, Any]] = Field(default_factory=list)
+    cut_off: CutOff | None = None
 
 
 class UserMessage(_Model):

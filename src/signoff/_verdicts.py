@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from ._approval import ApprovalContext, Guardrail, Verdict, reason_text
 from ._error_text import error_text
+from ._output_caps import spare
 from ._recording import own_cancel
 from ._tools import Tool
 
@@ -25,8 +26,12 @@ async def strictest(tool: Tool, ctx: ApprovalContext, guardrails: Sequence[Guard
         own = Verdict("ask", error=f"approval policy returned {_shown(own)}, not a Verdict")
     verdicts = [own]
     for guardrail in guardrails:
+        spent = Verdict.spent(verdicts)
+        seen = ctx
+        if spent is not None and ctx.budget_left:  # what its own review may spend is less
+            seen = dataclasses.replace(ctx, budget_left=spare(ctx.budget_left, spent))
         try:
-            v = await guardrail.decide(ctx)
+            v = await guardrail.decide(seen)
         except (Exception, asyncio.CancelledError) as exc:  # fail closed, like a policy
             v = Verdict("ask", error=f"guardrail raised {_policy_error(exc)}")
         if v is not None and not _is_verdict(v):

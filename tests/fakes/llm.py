@@ -368,7 +368,7 @@ def openai_completion(
 
 def anthropic_message(
     *blocks: dict[str, Any] | str,
-    usage: dict[str, int] | None = None,
+    usage: dict[str, Any] | None = None,
     model: str = "fake-claude",
 ) -> dict[str, Any]:
     """A messages-API body; a plain string is a text block, dicts are taken as blocks."""

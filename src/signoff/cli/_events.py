@@ -56,7 +56,8 @@ def _summary(event: Event) -> str:
     if t == "model.completed":
         calls = [f"{c['name']}({compact_json(c.get('input'))})" for c in d.get("tool_calls", [])]
         parts = ([compact_json(d["text"])] if d.get("text") else []) + calls
-        return "; ".join(parts)
+        cut = f" [cut off: {d['cut_off']}]" if d.get("cut_off") else ""
+        return "; ".join(parts) + cut
     if t == "turn.message":
         queued = " (queued)" if d.get("queued") else ""
         return compact_json(d.get("message")) + queued

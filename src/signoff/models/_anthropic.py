@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import BudgetSpent, ModelError, UsageError
-from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
+from .._types import AssistantMessage, CutOff, ModelResponse, ToolCall, ToolResultMessage, Usage
 from ._base import ModelRequest, ToolSpec
 from ._environment import anthropic_client
 from ._http_env import HttpEnv
@@ -46,8 +46,10 @@ _EARLY = (*_CUT, "tool_use", "pause_turn")
 # The least `budget_tokens` thinking takes.
 _LEAST_THINKING = 1024
 
-# Anthropic bills cache writes at 1.25x and cache reads at 0.1x the input price.
+# Anthropic bills cache writes at 1.25x the input price (2x for the 1-hour cache) and cache
+# reads at 0.1x.
 _CACHE_WRITE = 1.25
+_CACHE_WRITE_1H = 2.0
 _CACHE_READ = 0.1
 
 
@@ -150,6 +152,12 @@ class Anthropic(SdkModel):
             )
 
         self._use_clients(make, client)
+
+    @property
+    def least_input_price_per_mtok(self) -> float | None:
+        """What an input token costs at least (a cache read), in USD per million: what a
+        session's budgets hold back for a call's input before making it."""
+        return None if self.price_per_mtok is None else self.price_per_mtok[0] * _CACHE_READ
 
     # -- the call -----------------------------------------------------------------------------
 
@@ -306,15 +314,25 @@ class Anthropic(SdkModel):
                 f"(stop_reason {stop})" + ("; raise max_tokens" if stop == "max_tokens" else ""),
                 usage=usage,
             )
+        cut: CutOff | None = None  # half an answer must not pass for a whole one
+        if stop in _CUT:
+            cut = "max_tokens"
+        elif stop == "refusal":
+            cut = "content_filter"
         return ModelResponse(
-            text="".join(texts), tool_calls=calls, usage=usage, reasoning=reasoning
+            text="".join(texts), tool_calls=calls, usage=usage, reasoning=reasoning, cut_off=cut
         )
 
     def _usage(self, message: Any) -> Usage:
-        """The tokens a message reports (cache writes and reads among its input), priced."""
+        """The tokens a message reports (cache writes and reads among its input), priced; the
+        writes to the 1-hour cache (`cache_creation.ephemeral_1h_input_tokens`) at its price."""
         usage = getattr(message, "usage", None)
         plain = plain_int(getattr(usage, "input_tokens", 0))
         written = plain_int(getattr(usage, "cache_creation_input_tokens", 0))
+        hour = plain_int(
+            getattr(getattr(usage, "cache_creation", None), "ephemeral_1h_input_tokens", 0)
+        )
+        hour = min(hour, written)
         read = plain_int(getattr(usage, "cache_read_input_tokens", 0))
         output = plain_int(getattr(usage, "output_tokens", 0))
         cost = 0.0
@@ -322,7 +340,8 @@ class Anthropic(SdkModel):
             price_in, price_out = self.price_per_mtok
             cost = (
                 plain * price_in
-                + written * price_in * _CACHE_WRITE
+                + (written - hour) * price_in * _CACHE_WRITE
+                + hour * price_in * _CACHE_WRITE_1H
                 + read * price_in * _CACHE_READ
                 + output * price_out
             ) / 1_000_000

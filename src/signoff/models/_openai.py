@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from .._exceptions import BudgetSpent, ModelError, UsageError
 from .._tool_json import nests_deeper
-from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
+from .._types import AssistantMessage, CutOff, ModelResponse, ToolCall, ToolResultMessage, Usage
 from ._base import ModelRequest, ToolSpec
 from ._environment import openai_client
 from ._http_env import HttpEnv
 from ._ids import openai_id_fits, wire_ids, wire_name
 from ._provider import (
+    OPENAI_CACHED_PRICES,
     OPENAI_MAX_OUTPUT,
     OPENAI_PRICES,
     UNPARSED_ARGUMENTS,
@@ -25,6 +26,7 @@ from ._provider import (
     check_params,
     check_positive,
     check_price,
+    check_rate,
     encode_tool_result,
     load_sdk,
     lookup_price,
@@ -50,6 +52,9 @@ _EARLY = {
     "function_call": "ended for a function call (finish_reason function_call) but sent none",
 }
 
+# The finish reasons of a reply stopped short, as `ModelResponse.cut_off` names them.
+_CUT_OFF: dict[str, CutOff] = {"length": "max_tokens", "content_filter": "content_filter"}
+
 
 class OpenAIChat(SdkModel):
     """A model behind the chat-completions API of OpenAI or a compatible server.
@@ -61,7 +66,9 @@ class OpenAIChat(SdkModel):
     `chat.completions.create` as they are (`seed`, `reasoning_effort`, `extra_body`, ...), but
     neither they nor their `extra_body` may set the model, messages, tools or stream.
     Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in list
-    price for well-known models, else 0. `env` replaces the process environment as the source
+    price for well-known models, else 0; the prompt's cached tokens (`prompt_tokens_details.
+    cached_tokens`) cost `cached_price_per_mtok`, by default a known model's list price for
+    them, else the input price. `env` replaces the process environment as the source
     of `OPENAI_*` settings (key, base URL, organization, project, custom headers) and of the
     HTTP client's proxies and CA bundle (`HTTPS_PROXY`, `NO_PROXY`, `SSL_CERT_FILE`, ...): none
     is then read from `os.environ`. A reply body past `max_reply_bytes` (as inflated) fails
@@ -83,6 +90,7 @@ class OpenAIChat(SdkModel):
         temperature: float | None = None,
         max_tokens: int | None = None,
         price_per_mtok: tuple[float, float] | None = None,
+        cached_price_per_mtok: float | None = None,
         max_retries: int = 2,
         timeout: float = 120.0,
         params: Mapping[str, Any] | None = None,
@@ -110,9 +118,14 @@ class OpenAIChat(SdkModel):
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.params = check_params(owner, params, {"model", "messages", "tools", "stream"})
-        self.price_per_mtok = check_price(owner, price_per_mtok) or lookup_price(
-            model, OPENAI_PRICES
-        )
+        given = check_price(owner, price_per_mtok)
+        self.price_per_mtok = given or lookup_price(model, OPENAI_PRICES)
+        cached = check_rate(owner, "cached_price_per_mtok", cached_price_per_mtok)
+        if cached is None and given is None:
+            cached = lookup_price(model, OPENAI_CACHED_PRICES)
+        if cached is None and self.price_per_mtok is not None:
+            cached = self.price_per_mtok[0]  # no discount known: counted at the input price
+        self.cached_price_per_mtok = cached
         if env is not None:
             self._http_env = HttpEnv(owner, self._sdk, env)
         source = os.environ if env is None else env
@@ -148,6 +161,15 @@ class OpenAIChat(SdkModel):
             )
 
         self._use_clients(make, client)
+
+    @property
+    def least_input_price_per_mtok(self) -> float | None:
+        """What an input token costs at least (a cached one), in USD per million: what a
+        session's budgets hold back for a call's input before making it."""
+        if self.price_per_mtok is None:
+            return None
+        cached = self.cached_price_per_mtok
+        return self.price_per_mtok[0] if cached is None else min(self.price_per_mtok[0], cached)
 
     # -- the call -----------------------------------------------------------------------------
 
@@ -271,17 +293,27 @@ class OpenAIChat(SdkModel):
                     id=call_id if isinstance(call_id, str) and call_id else None,
                 )
             )
-        return ModelResponse(text=text, tool_calls=calls, usage=usage)
+        cut = _CUT_OFF.get(finish or "")  # half an answer must not pass for a whole one
+        return ModelResponse(text=text, tool_calls=calls, usage=usage, cut_off=cut)
 
     def _usage(self, completion: Any) -> Usage:
-        """The tokens a completion reports, priced."""
+        """The tokens a completion reports, priced: the prompt's cached tokens (among its
+        `prompt_tokens`) at the cached price."""
         usage = getattr(completion, "usage", None)
         input_tokens = plain_int(getattr(usage, "prompt_tokens", 0))
         output_tokens = plain_int(getattr(usage, "completion_tokens", 0))
+        details = getattr(usage, "prompt_tokens_details", None)
+        cached = min(plain_int(getattr(details, "cached_tokens", 0)), input_tokens)
         cost = 0.0
         if self.price_per_mtok is not None:
+            price_in, price_out = self.price_per_mtok
+            price_cached = (
+                price_in if self.cached_price_per_mtok is None else self.cached_price_per_mtok
+            )
             cost = (
-                input_tokens * self.price_per_mtok[0] + output_tokens * self.price_per_mtok[1]
+                (input_tokens - cached) * price_in
+                + cached * price_cached
+                + output_tokens * price_out
             ) / 1_000_000
         return Usage(input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost)
 

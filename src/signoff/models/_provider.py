@@ -21,11 +21,13 @@ from ._urls import shown_url
 __all__ = [
     "SdkModel",
     "ANTHROPIC_PRICES",
+    "OPENAI_CACHED_PRICES",
     "OPENAI_MAX_OUTPUT",
     "OPENAI_PRICES",
     "UNPARSED_ARGUMENTS",
     "LoopClients",
     "check_price",
+    "check_rate",
     "cause_of",
     "call_bound",
     "cap_output",
@@ -57,6 +59,18 @@ OPENAI_PRICES: dict[str, Price] = {
     "o3": (2.00, 8.00),
     "o3-mini": (1.10, 4.40),
     "o4-mini": (1.10, 4.40),
+}
+# USD per million cached input tokens (prompt_tokens_details.cached_tokens, part of the
+# prompt's), the same list prices: a quarter or half of the input price.
+OPENAI_CACHED_PRICES: dict[str, float] = {
+    "gpt-4o": 1.25,
+    "gpt-4o-mini": 0.075,
+    "gpt-4.1": 0.50,
+    "gpt-4.1-mini": 0.10,
+    "gpt-4.1-nano": 0.025,
+    "o3": 0.50,
+    "o3-mini": 0.55,
+    "o4-mini": 0.275,
 }
 ANTHROPIC_PRICES: dict[str, Price] = {
     "claude-3-haiku": (0.25, 1.25),
@@ -100,7 +114,10 @@ OPENAI_MAX_OUTPUT: dict[str, int] = {
 _SUFFIX = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|latest)")
 
 
-def lookup_price(model: str, table: Mapping[str, Price]) -> Price | None:
+P = TypeVar("P")
+
+
+def lookup_price(model: str, table: Mapping[str, P]) -> P | None:
     """The price of `model` from `table`, or None for models it does not know (local ones)."""
     if model in table:
         return table[model]
@@ -134,6 +151,22 @@ def check_price(owner: str, value: object) -> Price | None:
             f"two numbers from 0 to {_MAX_PRICE:,.0f}; got {shown}"
         )
     return (float(value[0]), float(value[1]))
+
+
+def check_rate(owner: str, name: str, value: object) -> float | None:
+    """Validate one price in USD per million tokens (`cached_price_per_mtok=`)."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value <= _MAX_PRICE
+    ):
+        raise UsageError(
+            f"{owner}: {name} must be a number of USD per million tokens from 0 to "
+            f"{_MAX_PRICE:,.0f}, not {value!r}"[:400]
+        )
+    return float(value)
 
 
 def check_positive(owner: str, name: str, value: object, *, integer: bool = False) -> None:

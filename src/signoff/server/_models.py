@@ -186,6 +186,12 @@ class TurnResult(_View):
         "reports (it came from someone other than the person the turn serves, or with "
         "`turnPolicy: queue`): it starts a later turn, as its sender.",
     )
+    cut_off: str | None = Field(
+        default=None,
+        description="Why the model's latest reply in the turn stopped short: `max_tokens` (its "
+        "output limit or context window) or `content_filter` (a filter or refusal); `text` "
+        "then ends in a partial answer. Null for a reply the model finished.",
+    )
 
 
 class TurnView(_View):
@@ -282,6 +288,7 @@ def turn_result(r: GenerateResult) -> TurnResult:
         retryable=r.retryable,
         replayed=r.replayed,
         queued=r.queued,
+        cut_off=r.cut_off,
     )
 
 

@@ -279,6 +279,8 @@ def _summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
         parts: list[Part] = [("“", False), _said(text), ("”", False)] if text else []
         if names:
             parts += [(" — " if text else "", False), ("calls ", False), *_listed(names)]
+        if d.get("cut_off"):
+            parts += [(" (cut off: ", False), _said(str(d["cut_off"])), (")", False)]
         return parts or [("empty response", False)]
     if t in ("tool.started", "tool.step"):
         step = d.get("name", "")
