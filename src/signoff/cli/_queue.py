@@ -9,7 +9,7 @@ import json
 import shlex
 import time
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich import box
@@ -359,7 +359,6 @@ async def _settle(
                     )
             except asyncio.CancelledError:  # Ctrl-C: say whether the answer stands
                 await _interrupted(runtime, request, target)
-                raise
             ran = await runtime.store.head(request.session_id) != head
     outcome = result.outcomes[0] if result.outcomes else None
     what = request.tool_name or request.question or request.kind
@@ -423,7 +422,7 @@ async def _settle(
         console.print("[yellow]another process is running this session's turn[/]")
 
 
-async def _interrupted(runtime: Runtime, request: InputRequest, target: str | None) -> None:
+async def _interrupted(runtime: Runtime, request: InputRequest, target: str | None) -> NoReturn:
     """Ctrl-C while the command ran the turn on: whether the answer was recorded before, as a
     bare "interrupted" left the person to find out, and how the turn goes on; exit 130."""
     stored = await runtime.store.get_request(request.id)
