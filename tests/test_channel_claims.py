@@ -178,26 +178,44 @@ async def test_a_claim_time_that_is_not_positive_seconds_is_refused(
 async def test_the_store_claims_are_atomic_with_an_owner_and_an_expiry(store_url: str) -> None:
     """The store's side: one owner at a time; the owner renews it and saves a position; a
     lapsed claim, one given back, or one whose owner is succeeded is taken, saying when the
-    one before lapsed."""
+    one before lapsed. SQLite times them by the `now` passed (the machine's clock, which every
+    process on it shares); PostgreSQL by its own clock (`test_channel_claims_clock`), so there
+    time passes for real here, and the times said are the database's."""
+    pg = store_url.startswith("postgres")
+    ttl = 0.4
     async with so.Runtime([], store=store_url) as rt:
         await rt.open()
-        s, now = rt.store, 1000.0
-        assert await s.claim_channel("hub.slack", "a", 30, now) == (True, None, None)
-        assert await s.claim_channel("hub.slack", "b", 30, now + 1) == (False, None, None)
-        got = await s.claim_channel("hub.slack", "a", 30, now + 2, after_id=7)
-        assert got == (True, 7, now + 30)
-        assert await s.claim_channel("hub.slack", "b", 30, now + 31) == (False, None, None)
-        got = await s.claim_channel("hub.slack", "b", 30, now + 33)  # lapsed at now + 32
-        assert got == (True, 7, now + 32)
-        assert await s.claim_channel("hub.other", "a", 30, now) == (True, None, None)
-        await s.release_channel("hub.slack", "a", now + 34)  # not a's: nothing
-        assert await s.claim_channel("hub.slack", "a", 30, now + 34) == (False, None, None)
-        await s.release_channel("hub.slack", "b", now + 35)
-        got = await s.claim_channel("hub.slack", "a", 30, now + 40)
-        assert got == (True, 7, now + 35)  # given back then
-        assert await s.claim_channel("hub.slack", "h|f|2", 30, now + 41) == (False, None, None)
-        got = await s.claim_channel("hub.slack", "h|f|2", 30, now + 41, succeeds="a")
-        assert got == (True, 7, now + 70)
+        s, now = rt.store, time.time() if pg else 1000.0
+
+        async def later(seconds: float) -> float:
+            nonlocal now
+            if pg:
+                await asyncio.sleep(seconds)
+            now += seconds
+            return now
+
+        def near(at: float | None, when: float) -> bool:
+            return at is not None and (abs(at - when) < 0.3 if pg else at == when)
+
+        assert await s.claim_channel("hub.slack", "a", ttl, now) == (True, None, None)
+        assert await s.claim_channel("hub.slack", "b", ttl, now) == (False, None, None)
+        taken = now
+        held, saved, until = await s.claim_channel("hub.slack", "a", ttl, now, after_id=7)
+        assert held and saved == 7 and near(until, taken + ttl)
+        renewed = now
+        assert await s.claim_channel("hub.slack", "b", ttl, await later(0.2)) == (False, None, None)
+        held, saved, until = await s.claim_channel("hub.slack", "b", ttl, await later(0.3))
+        assert held and saved == 7 and near(until, renewed + ttl)  # lapsed then
+        assert await s.claim_channel("hub.other", "a", ttl, now) == (True, None, None)
+        await s.release_channel("hub.slack", "a", now)  # not a's: nothing
+        assert await s.claim_channel("hub.slack", "a", ttl, now) == (False, None, None)
+        given_back = await later(0.1)
+        await s.release_channel("hub.slack", "b", now)
+        held, saved, until = await s.claim_channel("hub.slack", "a", 30, await later(0.1))
+        assert held and saved == 7 and near(until, given_back)  # given back then
+        assert await s.claim_channel("hub.slack", "h|f|2", 30, now) == (False, None, None)
+        held, saved, until = await s.claim_channel("hub.slack", "h|f|2", 30, now, succeeds="a")
+        assert held and saved == 7 and until is not None
         results = await asyncio.gather(
             *(s.claim_channel("hub.race", f"o{n}", 30, now) for n in range(8))
         )

@@ -33,8 +33,9 @@ FRESH = 600.0
 
 
 class Claims:
-    """The claims of one hub (`hub`, the hub's name) in the store of `runtime`, timed by its
-    clock (on PostgreSQL the database's, which every process sharing the store agrees on)."""
+    """The claims of one hub (`hub`, the hub's name) in the store of `runtime`: on PostgreSQL
+    timed by the database's clock at each statement (every process agrees on it, whatever its
+    own reckoning of it), on SQLite by the runtime's clock (the machine's, shared)."""
 
     def __init__(self, runtime: Runtime, hub: str, state_path: str, ttl: float) -> None:
         self.runtime = runtime

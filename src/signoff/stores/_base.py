@@ -389,7 +389,8 @@ class Store(Protocol):
         """Take or keep the claim `name` (a channel hub's on a channel) for `owner` until
         `now + ttl`, if it is free, lapsed or `owner`'s (or its owner's name starts with
         `succeeds`): `(True, the position saved in it, when it lapsed or was given back)`,
-        saving `after_id` first if given; else `(False, None, None)`. A store without it (an
+        saving `after_id` first if given; else `(False, None, None)`. A store with a clock of
+        its own (PostgreSQL) times claims by it rather than by `now`. A store without it (an
         earlier signoff's) leaves each hub to deliver on its own."""
         ...
 

@@ -16,6 +16,9 @@ from ._sql import named_turn
 
 __all__ = ["Leases"]
 
+# The database's clock, in seconds since the epoch, as of the statement's start.
+_NOW = "extract(epoch FROM statement_timestamp())::float8"
+
 
 class Leases(Connections):
     """`PostgresStore`'s leases: who works on a session, and the token that proves it."""
@@ -251,15 +254,17 @@ class Leases(Connections):
         after_id: int | None = None,
         succeeds: str | None = None,
     ) -> tuple[bool, int | None, float | None]:
-        """Take or keep the claim `name` (a hub's on a channel) for `owner` until `now + ttl`:
-        it is free, lapsed or `owner`'s already. `(True, the position saved in it, when it
-        lapsed or was given back or lapses)`, saving `after_id` first if given (`None` for a
-        claim never taken before); `(False, None, None)` while another owner holds it. An owner
-        whose name starts with `succeeds` is taken over at once, lapsed or not (the caller
-        knows it is gone)."""
+        """Take or keep the claim `name` (a hub's on a channel) for `owner` until `ttl` seconds
+        from now: it is free, lapsed or `owner`'s already. `(True, the position saved in it,
+        when it lapsed or was given back or lapses)`, saving `after_id` first if given (`None`
+        for a claim never taken before); `(False, None, None)` while another owner holds it. An
+        owner whose name starts with `succeeds` is taken over at once, lapsed or not (the caller
+        knows it is gone). Now is the database's clock at the statement, not `now`: a process's
+        reckoning of it is measured when it opens and goes stale (the server's clock stepped,
+        say by a failover), and two hubs would then both deliver."""
         s = self._s
         heir = "" if succeeds is None else " OR left(c.owner, %s) = %s"
-        args: tuple[Any, ...] = (name, name, owner, now + ttl, after_id, now)
+        args: tuple[Any, ...] = (name, name, owner, ttl, after_id)
         args += () if succeeds is None else (len(succeeds), succeeds)
 
         async def body(conn: Conn) -> tuple[bool, int | None, float | None]:
@@ -267,10 +272,10 @@ class Leases(Connections):
             cur = await conn.execute(
                 f"WITH was AS (SELECT expires_at FROM {s}.channel_claims WHERE name = %s) "
                 f"INSERT INTO {s}.channel_claims AS c (name, owner, expires_at, after_id) "
-                "VALUES (%s, %s, %s, %s::bigint) ON CONFLICT (name) DO UPDATE SET "
-                "owner=excluded.owner, expires_at=excluded.expires_at, "
+                f"VALUES (%s, %s, {_NOW} + %s::float8, %s::bigint) ON CONFLICT (name) DO UPDATE "
+                "SET owner=excluded.owner, expires_at=excluded.expires_at, "
                 "after_id=COALESCE(excluded.after_id, c.after_id) "
-                f"WHERE c.owner IN ('', excluded.owner) OR c.expires_at <= %s{heir} "
+                f"WHERE c.owner IN ('', excluded.owner) OR c.expires_at <= {_NOW}{heir} "
                 "RETURNING after_id, (SELECT expires_at FROM was)",
                 args,
             )
@@ -282,13 +287,15 @@ class Leases(Connections):
         return (False, None, None) if found is None else found
 
     async def release_channel(self, name: str, owner: str, now: float) -> None:
-        """Give back the claim `name` if `owner` holds it, as of `now` (its position stays)."""
+        """Give back the claim `name` if `owner` holds it, as of now by the database's clock
+        (not `now`: see `claim_channel`); its position stays."""
         s = self._s
 
         async def body(conn: Conn) -> None:
             await conn.execute(
-                f"UPDATE {s}.channel_claims SET owner='', expires_at=%s WHERE name=%s AND owner=%s",
-                (now, name, owner),
+                f"UPDATE {s}.channel_claims SET owner='', expires_at={_NOW} "
+                "WHERE name=%s AND owner=%s",
+                (name, owner),
             )
 
         await self._write(body, f"releasing channel {name!r}", transaction=False)
