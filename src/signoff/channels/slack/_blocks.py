@@ -21,6 +21,7 @@ __all__ = [
     "OPTION",
     "TEXT",
     "TEXT_VIEW",
+    "UNPARSED",
     "chosen_option",
     "closed_as",
     "deny_view",
@@ -39,6 +40,11 @@ TEXT = "signoff.text"
 DENY_VIEW = "signoff.deny"
 TEXT_VIEW = "signoff.text"
 REASON_BLOCK = "signoff.reason"
+
+# The top-level `text` (a notification's, a note's) has no `verbatim`: Slack is told not to
+# process it, so no bare `@here`, `#channel` or name in a request's text becomes a mention or
+# a link (chat.update's default, unlike chat.postMessage's, is `client`, which does).
+UNPARSED: dict[str, Any] = {"parse": "none", "link_names": False}
 ANSWER_BLOCK = "signoff.answer"
 
 _MAX_TEXT = 3000  # Slack's limit for a section's (and a context element's) text

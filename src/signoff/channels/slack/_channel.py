@@ -23,7 +23,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import Clock, SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
-from ..._exceptions import SignoffError, UsageError
+from ..._exceptions import UsageError
 from ..._types import InputRequest
 from ...stores import promptly
 from .._base import (
@@ -36,22 +36,18 @@ from .._base import (
     off_loop,
 )
 from .._lease import Presence, alive
-from ._adopt import find_post, metadata, new_attempt, retry_handlers
-from ._blocks import (
-    fallback_text,
-    note_text,
-    request_blocks,
-)
+from ._adopt import retry_handlers
+from ._blocks import UNPARSED, fallback_text, note_text, request_blocks
 from ._clicks import Clicks
 from ._identity import Identities, SlackUserMapping
 from ._payloads import (
     ABSENT,
     SlackPayloadError,
     api_error,
-    maybe_done,
     retry_after,
     slack_principal,
 )
+from ._posts import Posts
 from ._replies import ThreadReplies, thread_key
 from ._routes import routes
 
@@ -61,11 +57,6 @@ R = TypeVar("R")
 
 TOLERANCE = 300  # seconds: Slack's own advice for the request timestamp
 _BACKLOG_ATTEMPTS = 8  # posts of a request open at start, 1 s apart doubling (about 2 min)
-
-# The top-level `text` (a notification's, a note's) has no `verbatim`: Slack is told not to
-# process it, so no bare `@here`, `#channel` or name in a request's text becomes a mention or
-# a link (chat.update's default, unlike chat.postMessage's, is `client`, which does).
-_UNPARSED: dict[str, Any] = {"parse": "none", "link_names": False}
 
 # While the bot cannot reach its channel (`ABSENT` errors), the hub holds the channel's feed,
 # trying again every ABSENT_WAIT seconds, instead of giving up each request in turn.
@@ -165,13 +156,13 @@ class SlackChannel(Channel):
         self._backlog: list[InputRequest] = []  # open at start, not posted yet
         self._backlog_at = 0.0  # monotonic time Slack lets the backlog be posted again
         self._backlog_failures = 0  # failed posts of the backlog's first request
-        self._unsaved: dict[str, dict[str, Any]] = {}  # request id -> a post whose memo failed
         self._presence: Presence | None = None  # held while it may act on the work it took
         self._presence_lock = threading.Lock()
         self._closing: asyncio.Event | None = None  # set by close(): notes stop waiting
         self.identities = Identities(self, identify)
         self.replies = ThreadReplies(self)
         self.clicks = Clicks(self)
+        self.posts = Posts(self)
 
     # -- what the hub tells it ----------------------------------------------------------------
 
@@ -231,77 +222,17 @@ class SlackChannel(Channel):
             self._backlog.pop(0)
 
     async def on_requested(self, request: InputRequest) -> None:
-        where = self._unsaved.get(request.id)
-        if where is None:
-            if await off_loop(self.recall, _key(request.id)) is not None:
-                return  # already posted
-            where = await self._find_unsaved(request.id)
-            if where is None:
-                where = await self._post(request)
-            # Kept until the memo is saved: the hub's retry of a failed save must not post again.
-            self._unsaved[request.id] = where
-        await off_loop(self._save_post, request.id, where)
-        del self._unsaved[request.id]
-
-    def _save_post(self, request_id: str, where: dict[str, Any]) -> None:
-        """Keep where a request's message is (and its thread's request), its attempt done."""
-        self.remember(thread_key(where["channel"], where["ts"]), {"request_id": request_id})
-        self.remember(_key(request_id), where)
-        self.forget(_attempt_key(request_id))
-
-    async def _post(self, request: InputRequest) -> dict[str, Any]:
-        """Post a request's message; the attempt is saved first, so that a restart after a
-        crash before the message's memo is saved finds the message instead of posting again."""
-        attempt = new_attempt()
-        await off_loop(self.remember, _attempt_key(request.id), attempt)
-        try:
-            reply = await self.client.chat_postMessage(
-                channel=self.channel,
-                text=fallback_text(request),
-                blocks=request_blocks(request),
-                metadata=metadata(request.id, attempt),
-                **_UNPARSED,
-            )
-        except SlackApiError as exc:
-            if not maybe_done(exc):  # Slack posted nothing: no message to find
-                with contextlib.suppress(SignoffError):
-                    await off_loop(self.forget, _attempt_key(request.id))
-            _raise_if_limited(exc, "chat.postMessage")
-            self._raise_if_absent(exc, "chat.postMessage", self.channel)
-            raise
-        return {"channel": reply["channel"], "ts": reply["ts"]}
-
-    async def _find_unsaved(self, request_id: str) -> dict[str, Any] | None:
-        """The message of a post sent before a crash and never saved, if Slack has it."""
-        attempt = await off_loop(self.recall, _attempt_key(request_id))
-        if attempt is None:
-            return None
-        try:
-            where = await find_post(self.client, self.channel, request_id, attempt)
-        except SlackApiError as exc:
-            _raise_if_limited(exc, "conversations.history")
-            # Posting again now would replace the attempt's memo: its message is found once
-            # the bot is back.
-            self._raise_if_absent(exc, "conversations.history", self.channel)
-            raise
-        if where is not None:
-            logger.info("slack: adopted the unsaved post of %s (%s)", request_id, where)
-        return where
-
-    async def _where(self, request_id: str) -> dict[str, Any] | None:
-        """Where a request's message is: its memo, or a post whose memo is not saved yet."""
-        unsaved = self._unsaved.get(request_id)
-        return unsaved if unsaved is not None else await off_loop(self.recall, _key(request_id))
+        await self.posts.show(request)
 
     async def on_updated(self, request: InputRequest) -> None:
-        where = await self._where(request.id)
+        where = await self.posts.where(request.id)
         if where is not None:
             await self._update(request.id, where, request_blocks(request), fallback_text(request))
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
-        where = await self._where(request.id) or await self._find_unsaved(request.id)
+        where = await self.posts.where(request.id) or await self.posts.find_unsaved(request.id)
         if where is None:
-            await off_loop(self.forget, _attempt_key(request.id))
+            await self.posts.forget(request.id)
             return
         edited = None
         if resolution.outcome == "approved":  # the input.resolved entry does not carry an edit
@@ -312,18 +243,7 @@ class SlackChannel(Channel):
         closed = {"request_id": request.id, "closed_at": resolution.at}
         await off_loop(self.remember, thread_key(where["channel"], where["ts"]), closed)
         await self._update(request.id, where, blocks, fallback_text(request, resolution))
-        await off_loop(self._forget_post, request.id)
-        self._unsaved.pop(request.id, None)
-
-    def _forget_post(self, request_id: str) -> None:
-        """Drop the memos of a closed request's message (its thread's stays, for replies)."""
-        self.forget(_key(request_id))
-        self.forget(_attempt_key(request_id))
-
-    def _forget_gone(self, request_id: str, where: dict[str, Any]) -> None:
-        """Drop the memos of a message deleted in Slack, its thread's too."""
-        self.forget(thread_key(where["channel"], where["ts"]))
-        self.forget(_key(request_id))
+        await self.posts.forget(request.id)
 
     async def _update(
         self, request_id: str, where: dict[str, Any], blocks: list[Any], text: str
@@ -332,17 +252,21 @@ class SlackChannel(Channel):
         the hub's retries could never update it and would hold back the other requests."""
         try:
             await self.client.chat_update(
-                channel=where["channel"], ts=where["ts"], text=text, blocks=blocks, **_UNPARSED
+                channel=where["channel"], ts=where["ts"], text=text, blocks=blocks, **UNPARSED
             )
         except SlackApiError as exc:
-            _raise_if_limited(exc, "chat.update")
-            self._raise_if_absent(exc, "chat.update", where["channel"])
+            self.refused(exc, "chat.update", where["channel"])
             error = api_error(exc)
             if error not in _GONE:
                 raise
             logger.warning("slack: the message of %s cannot be updated (%s)", request_id, error)
-            await off_loop(self._forget_gone, request_id, where)
-            self._unsaved.pop(request_id, None)
+            await self.posts.gone(request_id, where)
+
+    def refused(self, exc: SlackApiError, method: str, channel: str) -> None:
+        """Raise `RateLimited` for a 429 and `ChannelUnreachable` for a bot that cannot reach
+        `channel` (see `_raise_if_absent`): errors the hub waits out rather than retries."""
+        _raise_if_limited(exc, method)
+        self._raise_if_absent(exc, method, channel)
 
     def _raise_if_absent(self, exc: SlackApiError, method: str, channel: str) -> None:
         """Raise `ChannelUnreachable` (`ABSENT_WAIT` seconds) when Slack refused a call in this
@@ -524,7 +448,7 @@ class SlackChannel(Channel):
                     user=where["user"],
                     text=note_text(text),
                     thread_ts=where.get("thread_ts"),
-                    **_UNPARSED,
+                    **UNPARSED,
                 )
                 return
             except SlackApiError as exc:
@@ -560,12 +484,3 @@ def _raise_if_limited(exc: SlackApiError, method: str) -> None:
     wait = retry_after(exc)
     if wait is not None:
         raise RateLimited(f"slack: {method} is rate limited; retry in {wait:g}s", wait) from exc
-
-
-def _key(request_id: str) -> str:
-    return f"msg:{request_id}"
-
-
-def _attempt_key(request_id: str) -> str:
-    """The memo of a post sent and not yet saved under `_key` (see `_adopt`)."""
-    return f"posting:{request_id}"

@@ -26,7 +26,7 @@ async def show_closed(ch: SlackChannel, stored: StoredRequest) -> None:
     failure is logged: the click it came with was answered already."""
     rid = stored.request.id
     try:
-        if stored.status == "pending" or await ch._where(rid) is None:
+        if stored.status == "pending" or await ch.posts.where(rid, adopt=False) is None:
             return  # open, or its message shows it closed already (or was never posted)
         entry = await _resolved_entry(ch, stored)
         if entry is None:

@@ -4,13 +4,14 @@ releases the lease on one; each is one autocommit statement or one short transac
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
 from psycopg.rows import TupleRow
 
 from ..._exceptions import UnknownSession
+from .._memos import checked_memo_names
 from ._connections import Conn, Connections, storable
 from ._sql import named_turn
 
@@ -299,3 +300,41 @@ class Leases(Connections):
             )
 
         await self._write(body, f"releasing channel {name!r}", transaction=False)
+
+    async def keep_channel_memos(self, memos: Mapping[str, str | None], now: float) -> None:
+        """Keep each value (JSON text) under its name (`<hub>.<channel>:<key>`), or drop the
+        memo where it is None, in one statement: rows of `channel_claims` beside the claims
+        (whose names have no `:`), the value in `owner`, when kept (the database's clock, not
+        `now`) in `expires_at`."""
+        names = checked_memo_names(memos)
+        s = self._s
+        gone = [n for n in names if memos[n] is None]
+        kept = [n for n in names if memos[n] is not None]
+        values = [memos[n] for n in kept]
+
+        async def body(conn: Conn) -> None:
+            # Idempotent (the same rows whoever runs it again): a lost connection is retried.
+            await conn.execute(
+                f"WITH d AS (DELETE FROM {s}.channel_claims WHERE name = ANY(%s::text[])) "
+                f"INSERT INTO {s}.channel_claims AS c (name, owner, expires_at) "
+                f"SELECT n, v, {_NOW} FROM unnest(%s::text[], %s::text[]) AS t(n, v) "
+                "ON CONFLICT (name) DO UPDATE SET owner=excluded.owner, "
+                "expires_at=excluded.expires_at",
+                (gone, kept, values),
+            )
+
+        await self._write(body, "keeping a channel's memos", transaction=False)
+
+    async def channel_memo(self, name: str) -> str | None:
+        """The value kept under `name` by `keep_channel_memos`, or None."""
+        (name,) = checked_memo_names([name])
+        s = self._s
+
+        async def body(conn: Conn) -> str | None:
+            cur = await conn.execute(
+                f"SELECT owner FROM {s}.channel_claims WHERE name = %s", (name,)
+            )
+            row = await cur.fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._read(body, f"reading the channel memo {name!r}")

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..._exceptions import StoreError, UnknownSession
+from .._memos import checked_memo_names
 from ._connection import Connection, kept
 from ._files import beside
 from ._transactions import immediate, reading, serialised
@@ -183,6 +184,33 @@ class Leases(Connection):
                 "UPDATE channel_claims SET owner='', expires_at=? WHERE name=? AND owner=?",
                 (now, name, owner),
             )
+
+    @serialised
+    async def keep_channel_memos(self, memos: Mapping[str, str | None], now: float) -> None:
+        """Keep each value (JSON text) under its name (`<hub>.<channel>:<key>`), or drop the
+        memo where it is None, in one transaction: rows of `channel_claims` beside the claims
+        (whose names have no `:`), the value in `owner`, `now` (when kept) in `expires_at`."""
+        names = checked_memo_names(memos)
+        conn = self.conn
+        with immediate(conn, self._writable, self.path):
+            for name in names:
+                value = memos[name]
+                if value is None:
+                    conn.execute("DELETE FROM channel_claims WHERE name=?", (name,))
+                    continue
+                conn.execute(
+                    "INSERT INTO channel_claims (name, owner, expires_at, after_id) "
+                    "VALUES (?, ?, ?, NULL) ON CONFLICT (name) DO UPDATE SET "
+                    "owner=excluded.owner, expires_at=excluded.expires_at",
+                    (name, value, now),
+                )
+
+    @reading
+    async def channel_memo(self, name: str) -> str | None:
+        """The value kept under `name` by `keep_channel_memos`, or None."""
+        (name,) = checked_memo_names([name])
+        row = self.conn.execute("SELECT owner FROM channel_claims WHERE name=?", (name,)).fetchone()
+        return None if row is None else str(row[0])
 
     def _given_back(self, session_id: str, token: int, *, parked: bool = False) -> None:
         """Forget a lease this store granted. When that parked a turn (it waits for a person)
