@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import signoff as so
-from signoff.channels import ChannelHub, WebhookChannel, webhooks
+from signoff.channels import ChannelHub, WebhookChannel, _webhook_refusals, webhooks
 from signoff.channels import _given_up as given_up
 
 from .test_webhooks import SECRET, Receiver, manual, refund_agent
@@ -96,7 +96,7 @@ async def test_a_transient_4xx_is_retried_and_not_recorded(
 async def test_refusals_kept_are_the_latest_of_each_url(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(webhooks, "REFUSALS_KEPT", 2)
+    monkeypatch.setattr(_webhook_refusals, "REFUSALS_KEPT", 2)
     async with (
         Receiver([404, 404, 404]) as receiver,
         so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import hashlib
 import json
 import time
@@ -45,6 +44,8 @@ from .._types import InputRequest
 from . import _given_up as given_up
 from ._base import Channel, Escalation, Resolution, logger, off_loop
 from ._retries import MAX_WAIT, Outage, doubled
+from ._webhook_posts import post_once
+from ._webhook_refusals import REDIRECTED, REFUSED, note_refusal, refusals
 from ._webhook_signatures import (
     DELIVERY_HEADER,
     EVENT_HEADER,
@@ -54,7 +55,7 @@ from ._webhook_signatures import (
     sign_webhook,
     verify_webhook,
 )
-from ._webhook_urls import checked_urls, endpoint, httpx_module, masked, without_login
+from ._webhook_urls import checked_urls, endpoint, httpx_module, masked
 
 if TYPE_CHECKING:
     import httpx
@@ -62,11 +63,6 @@ if TYPE_CHECKING:
 __all__ = ["WebhookChannel", "sign_webhook", "verify_webhook"]
 
 _RETRY_STATUSES = frozenset({408, 425, 429})
-_REFUSED_KEY = "refused:"  # memo key prefix of the refusals of a URL: "refused:{url}"
-REFUSALS_KEPT = 100  # refusals kept per URL, the oldest dropped first
-_REDIRECTED = "a redirect is not followed (the signed body goes only to the URL configured): "
-_REDIRECTED += "configure the channel with the URL it points to"
-_REFUSED = "the receiver's final answer: check its URL and secret"
 _OUTBOX = "outbox:"  # memo key prefix of a delivery not yet sent: "outbox:{url} {delivery}"
 _BACKFILLED = "backfilled"  # memo: the open requests were announced on a first start
 
@@ -391,7 +387,8 @@ class WebhookChannel(Channel):
                 if outcome != "gave up":
                     if self._state is not None:
                         if outcome == "refused":  # recorded before its copy to send goes
-                            await off_loop(self._note_refusal, url, delivery, event)
+                            answer = self._answers.get(url, (None, "refused", None))
+                            await off_loop(note_refusal, self, url, delivery, event, answer)
                         await off_loop(self.forget, f"{_OUTBOX}{url} {delivery}")
                     if probe:  # the receiver answered: what was given up on follows
                         self._probing.pop(url, None)
@@ -437,7 +434,9 @@ class WebhookChannel(Channel):
             asked: float | None = None
             status = None
             try:
-                status, asked, moved = await self._post(client, url, raw, headers)
+                status, asked, moved = await post_once(
+                    client, url, raw, headers, self.timeout, self.clock()
+                )
             except (httpx.HTTPError, TimeoutError) as exc:
                 problem = repr(exc)
             else:
@@ -454,7 +453,7 @@ class WebhookChannel(Channel):
                     masked(url),
                     delivery,
                     problem,
-                    _REDIRECTED if status < 400 else _REFUSED,
+                    REDIRECTED if status < 400 else REFUSED,
                     "see WebhookChannel.refusals()" if self._state is not None else "not kept",
                 )
                 self.failed += 1
@@ -474,33 +473,12 @@ class WebhookChannel(Channel):
         self.failed += 1
         return "gave up"
 
-    def _note_refusal(self, url: str, delivery: str, event: str) -> None:
-        """Record why `url` refused a delivery (its latest `REFUSALS_KEPT`), where
-        `refusals()` shows it: a refusal is not sent again, so the operator must hear of it."""
-        status, problem, _ = self._answers.get(url, (None, "refused", None))
-        key = f"{_REFUSED_KEY}{url}"
-        kept = self.recall(key)
-        seen = [r for r in kept if isinstance(r, dict)] if isinstance(kept, list) else []
-        entry = {
-            "delivery": delivery,
-            "event": event,
-            "status": status,
-            "reason": problem,
-            "at": self.clock(),
-        }
-        self.remember(key, [*seen, entry][-REFUSALS_KEPT:])
-
     async def refusals(self) -> list[dict[str, Any]]:
         """The deliveries receivers refused (a 3xx, or a 4xx other than 408, 425 and 429),
         oldest first, each with its `url` (masked), `delivery` id, `event`, `status`, `reason`
         (the redirect's target included) and `at` (Unix time); kept in the hub's state, the
         latest `REFUSALS_KEPT` per URL. They are never sent again."""
-        found: list[dict[str, Any]] = []
-        for key, kept in await off_loop(self.memos, _REFUSED_KEY):
-            url = str(masked(key.removeprefix(_REFUSED_KEY)))
-            if isinstance(kept, list):
-                found.extend({"url": url, **r} for r in kept if isinstance(r, dict))
-        return sorted(found, key=lambda r: _when(r.get("at")))
+        return await refusals(self)
 
     def _later_asked(self, url: str) -> float:
         """How much later than `REDO_EVERY` the receiver's last `Retry-After` asks a delivery
@@ -509,34 +487,6 @@ class WebhookChannel(Channel):
         if asked is None:
             return 0.0
         return max(0.0, min(asked, MAX_WAIT) - given_up.REDO_EVERY)
-
-    async def _post(
-        self, client: httpx.AsyncClient, url: str, raw: bytes, headers: dict[str, str]
-    ) -> tuple[int, float | None, str | None]:
-        """One POST's status, the seconds its `Retry-After` asks to wait and a redirect's
-        `Location` (never followed). The whole attempt
-        is bounded by `timeout` (httpx bounds each read only) and the receiver's body is never
-        read, so a trickling or endless answer costs neither time nor memory."""
-        target, login = without_login(url)
-        # Sent as Basic auth, as httpx does with a URL's own (a client's auth comes first), but
-        # never in the URL: httpx logs that at INFO, password and all.
-        auth = (
-            login
-            if login is not None and client.auth is None
-            else httpx_module().USE_CLIENT_DEFAULT
-        )
-        async with (
-            asyncio.timeout(self.timeout),
-            # Never followed, also by a client the caller made to: the body goes only to `url`.
-            client.stream(
-                "POST", target, content=raw, headers=headers, auth=auth, follow_redirects=False
-            ) as response,
-        ):
-            status = response.status_code
-            if 200 <= status < 300:  # a wait asked for by a delivered answer is nothing to read
-                return status, None, None
-            moved = response.headers.get("location") if 300 <= status < 400 else None
-            return status, _retry_after(response.headers, self.clock()), moved
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -579,23 +529,3 @@ class WebhookChannel(Channel):
         if self._own_client and self._client is not None:
             await self._client.aclose()
             self._client = None
-
-
-def _when(value: object) -> float:
-    """A recorded time, or 0 for one that is not a number."""
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
-
-
-def _retry_after(headers: httpx.Headers, now: float) -> float | None:
-    """The seconds a `Retry-After` header asks to wait (a number of seconds or an HTTP date);
-    None without one or with one that is neither."""
-    value = headers.get("retry-after", "").strip()
-    if value.isascii() and value.isdigit() and len(value) <= 9:
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError, OverflowError):  # Overflow: a year or offset
-        return None  # past a C integer, e.g. a receiver's "+99999999999999999999"
-    if when.tzinfo is None:  # an HTTP date is GMT
-        return None
-    return max(0.0, when.timestamp() - now)
