@@ -85,6 +85,10 @@ async def main():
             print("active" if hub.active else "standby", flush=True)
             while not slack.memos("msg:"):
                 await asyncio.sleep(0.02)
+            (key, _), = slack.memos("msg:")
+            shared = "hub.slack:post:" + key.removeprefix("msg:")
+            while '"ts"' not in (await rt.store.channel_memo(shared) or ""):
+                await asyncio.sleep(0.02)  # in the store too: a standby finds it there
             print("posted", flush=True)
             await asyncio.Event().wait()
 
