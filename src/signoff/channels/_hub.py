@@ -31,6 +31,7 @@ from ._announcements import announce
 from ._base import Channel, ChannelState, RateLimited, check_name, logger, off_loop
 from ._claims import Claims
 from ._given_up import note_given_up, redeliver
+from ._hub_standby import Standby
 from ._hub_trail import behind_the_end, open_requests, start_at
 from ._lease import HubLease
 from ._retries import Retries
@@ -48,7 +49,7 @@ _STOP_GRACE = 10.0  # seconds: how long stop() lets a poll in progress finish it
 _DELIVERED = "delivered"
 
 
-class ChannelHub:
+class ChannelHub(Standby):
     """Dispatches request openings, updates, escalations and resolutions to channels, in commit
     order.
 
@@ -218,40 +219,6 @@ class ChannelHub:
             self._stopping = False
             self._task = asyncio.create_task(self._follow(), name=f"signoff-hub-{self.name}")
 
-    async def _free(self, *, every: bool = True) -> list[Channel]:
-        """The channels not delivered to yet whose lock and claim (`Claims`) this hub took.
-        Those whose lock it took and whose claim another hub holds keep the lock (this hub is
-        the one on its file to take over) and are tried again at most every `TRY_EVERY`
-        seconds (`Claims.due`), unless `every`."""
-        locked = self._lock_free()
-        fresh = [ch for ch in locked if ch.name not in self._unclaimed]
-        if not every and not fresh and not self._claims.due():
-            return []
-        free: list[Channel] = []
-        try:
-            for ch in locked:
-                if await self._claims.take(ch.name, locked=ch.name in self._leases):
-                    self._unclaimed.discard(ch.name)
-                    free.append(ch)
-                else:
-                    self._unclaimed.add(ch.name)
-        except BaseException:  # the store is down: nothing taken stays taken
-            for ch in locked:
-                with contextlib.suppress(Exception):
-                    await self._claims.release(ch.name, None)
-                if ch.name in self._leases:
-                    self._leases[ch.name].release()
-                self._unclaimed.discard(ch.name)
-            raise
-        return free
-
-    def _lock_free(self) -> list[Channel]:
-        """The channels not delivered to yet whose lock this hub could take (all, in memory)."""
-        waiting = [ch for ch in self.channels if ch.name not in self._active]
-        return [
-            ch for ch in waiting if ch.name not in self._leases or self._leases[ch.name].acquire()
-        ]
-
     async def _activate(self, channels: list[Channel]) -> None:
         """Start delivering to `channels`, whose locks this hub holds: load their positions, hand
         them the open requests and deliver what an earlier run gave up on."""
@@ -288,59 +255,6 @@ class ChannelHub:
                 except Exception:  # a service that is down must not keep the server from starting
                     logger.exception("channel %s failed to start", ch.name)
                 await self._redeliver(ch)
-
-    async def _take_over(self) -> None:
-        """For a standby: deliver to the channels whose lock and claim another hub let go of
-        (or whose claim lapsed)."""
-        free = await self._free(every=False)
-        if not free:
-            return
-        try:
-            await self._activate(free)
-        except BaseException:  # e.g. the store is down: stand by again and retry on a poll
-            for ch in free:
-                await self._stand_by(ch)
-            raise  # a StoreError is logged by `_follow` once while it keeps failing
-        # Said once it is so: a try the state fails is retried at every poll.
-        names = ", ".join(ch.name for ch in free)
-        logger.warning("channel hub %s: took over delivery to %s", self.name, names)
-
-    async def _stand_by(self, ch: Channel, *, lost: bool = False) -> None:
-        """Stop delivering to `ch`: its object closed, then its claim and lock let go (or, when
-        `lost` to another hub, the lock kept: this hub is its file's next to take over)."""
-        self._active.discard(ch.name)
-        # Before the lock goes: a channel started (webhooks sending what the hub before left
-        # unsent) would go on beside the hub that takes the lock next.
-        try:
-            await ch.close()
-        except Exception:
-            logger.exception("channel %s failed to close", ch.name)
-        if lost:
-            self._unclaimed.add(ch.name)
-            return
-        with contextlib.suppress(Exception):  # the store down: it lapses
-            await self._claims.release(ch.name, None)
-        if ch.name in self._leases:
-            self._leases[ch.name].release()
-
-    async def _renew(self, live: list[Channel]) -> list[Channel]:
-        """Keep the claims of the channels delivered to (`Claims.renew`); those another hub
-        took meanwhile (this one stalled past the claim's time) are stood by for. The
-        channels still delivered to."""
-        kept = []
-        for ch in live:
-            if await self._claims.renew(ch.name, self._positions[ch.name]):
-                kept.append(ch)
-                continue
-            logger.warning(
-                "channel hub %s: its claim on %s lapsed and another hub took it (this one "
-                "stalled past %gs); standing by",
-                self.name,
-                ch.name,
-                self._claims.ttl,
-            )
-            await self._stand_by(ch, lost=True)
-        return kept
 
     async def stop(self) -> None:
         """Stop following and close the channels (and the state file, if the hub opened it).

@@ -1,0 +1,121 @@
+"""`Standby`: the part of a `ChannelHub` that decides which of its channels it delivers to.
+
+A hub delivers to a channel while it holds both the OS lock next to its state file (`HubLease`,
+against hubs on that file of this machine) and the claim in the runtime's store (`Claims`,
+against hubs on any other state); for the others it stands by, and takes over at a poll once
+the hub before let go of them or its claim lapsed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from ._base import Channel, logger
+from ._claims import Claims
+from ._lease import HubLease
+
+__all__ = ["Standby"]
+
+
+class Standby:
+    """The locks and claims of a `ChannelHub`: taken, stood by for, taken over and let go."""
+
+    name: str
+    channels: list[Channel]
+    _leases: dict[str, HubLease]  # by channel name; none for a state in memory
+    _active: set[str]  # the channels this hub delivers to (holding their locks)
+    _claims: Claims
+    _unclaimed: set[str]  # channels locked here whose claim another hub holds
+    _positions: dict[str, int]  # the last entry each channel delivered to handled
+
+    async def _activate(self, channels: list[Channel]) -> None:
+        """Start delivering to `channels`, whose locks and claims this hub holds (`ChannelHub`
+        does)."""
+        raise NotImplementedError
+
+    async def _free(self, *, every: bool = True) -> list[Channel]:
+        """The channels not delivered to yet whose lock and claim (`Claims`) this hub took.
+        Those whose lock it took and whose claim another hub holds keep the lock (this hub is
+        the one on its file to take over) and are tried again at most every `TRY_EVERY`
+        seconds (`Claims.due`), unless `every`."""
+        locked = self._lock_free()
+        fresh = [ch for ch in locked if ch.name not in self._unclaimed]
+        if not every and not fresh and not self._claims.due():
+            return []
+        free: list[Channel] = []
+        try:
+            for ch in locked:
+                if await self._claims.take(ch.name, locked=ch.name in self._leases):
+                    self._unclaimed.discard(ch.name)
+                    free.append(ch)
+                else:
+                    self._unclaimed.add(ch.name)
+        except BaseException:  # the store is down: nothing taken stays taken
+            for ch in locked:
+                with contextlib.suppress(Exception):
+                    await self._claims.release(ch.name, None)
+                if ch.name in self._leases:
+                    self._leases[ch.name].release()
+                self._unclaimed.discard(ch.name)
+            raise
+        return free
+
+    def _lock_free(self) -> list[Channel]:
+        """The channels not delivered to yet whose lock this hub could take (all, in memory)."""
+        waiting = [ch for ch in self.channels if ch.name not in self._active]
+        return [
+            ch for ch in waiting if ch.name not in self._leases or self._leases[ch.name].acquire()
+        ]
+
+    async def _take_over(self) -> None:
+        """For a standby: deliver to the channels whose lock and claim another hub let go of
+        (or whose claim lapsed)."""
+        free = await self._free(every=False)
+        if not free:
+            return
+        try:
+            await self._activate(free)
+        except BaseException:  # e.g. the store is down: stand by again and retry on a poll
+            for ch in free:
+                await self._stand_by(ch)
+            raise  # a StoreError is logged by `_follow` once while it keeps failing
+        # Said once it is so: a try the state fails is retried at every poll.
+        names = ", ".join(ch.name for ch in free)
+        logger.warning("channel hub %s: took over delivery to %s", self.name, names)
+
+    async def _stand_by(self, ch: Channel, *, lost: bool = False) -> None:
+        """Stop delivering to `ch`: its object closed, then its claim and lock let go (or, when
+        `lost` to another hub, the lock kept: this hub is its file's next to take over)."""
+        self._active.discard(ch.name)
+        # Before the lock goes: a channel started (webhooks sending what the hub before left
+        # unsent) would go on beside the hub that takes the lock next.
+        try:
+            await ch.close()
+        except Exception:
+            logger.exception("channel %s failed to close", ch.name)
+        if lost:
+            self._unclaimed.add(ch.name)
+            return
+        with contextlib.suppress(Exception):  # the store down: it lapses
+            await self._claims.release(ch.name, None)
+        if ch.name in self._leases:
+            self._leases[ch.name].release()
+
+    async def _renew(self, live: list[Channel]) -> list[Channel]:
+        """Keep the claims of the channels delivered to (`Claims.renew`); those another hub
+        took meanwhile (this one stalled past the claim's time) are stood by for. The
+        channels still delivered to."""
+        kept = []
+        for ch in live:
+            if await self._claims.renew(ch.name, self._positions[ch.name]):
+                kept.append(ch)
+                continue
+            logger.warning(
+                "channel hub %s: its claim on %s lapsed and another hub took it (this one "
+                "stalled past %gs); standing by",
+                self.name,
+                ch.name,
+                self._claims.ttl,
+            )
+            await self._stand_by(ch, lost=True)
+        return kept
