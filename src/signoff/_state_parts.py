@@ -15,6 +15,7 @@ __all__ = [
     "RequestState",
     "TurnState",
     "TurnStatus",
+    "check_kept",
     "dump_principal",
     "load_principal",
 ]
@@ -139,6 +140,44 @@ class CallState:
                     self.kids[f"n{e['n']}"] = _child(e)
             elif (child := _child(e)) is not None:
                 self.kids[f"p{i}"] = child
+
+
+def check_kept(call: CallState) -> None:
+    """Refuse (`ValueError`) a call read from a snapshot whose journal, or what is kept beside
+    it, has a form the fold never gives it: loaded, the damage would surface only as the body
+    ran (a bare TypeError, or a failure recorded as the tool's own outcome)."""
+    since, kids, journal = call.since, call.kids, call.journal
+    if type(since) is not int or since < 0:
+        raise ValueError(f"call {call.id!r}: since is {since!r}, not an event's seq")
+    if type(call.journaled) is not bool or type(call.keyed) is not bool:
+        raise ValueError(f"call {call.id!r}: journaled and keyed are not true or false")
+    if not isinstance(kids, dict) or not all(
+        isinstance(k, str)
+        and (k[1:].isdigit() if k[:1] == "p" else k[:1] == "n")
+        and (v is None or isinstance(v, str))
+        for k, v in kids.items()
+    ):
+        raise ValueError(f"call {call.id!r}: its child sessions are {str(kids)[:100]}")
+    if journal is None:
+        return
+    if not isinstance(journal, list):
+        raise ValueError(f"call {call.id!r}: its journal is a {type(journal).__name__}")
+    for i, e in enumerate(journal):
+        if e is not None and not _entry(e):
+            raise ValueError(f"call {call.id!r}: journal entry {i} is {str(e)[:100]}")
+
+
+def _entry(e: object) -> bool:
+    """Whether `e` is a journal entry as the fold records one: a step and its result, or a
+    question and its request, keyed by a whole occurrence `n` or by position."""
+    if not isinstance(e, dict) or not isinstance(e.get("name", 0), str | None):
+        return False
+    n = e.get("n", 0)
+    if type(n) is not int or n < 0:
+        return False
+    if e.get("kind") == "step":
+        return "result" in e
+    return e.get("kind") == "ask" and isinstance(e.get("request_id"), str)
 
 
 CHILD_STEP = "subagent.session"

@@ -1,0 +1,131 @@
+"""A snapshot whose call keeps its journal, or what is kept beside it (`since`, `journaled`,
+`keyed`, `kids`), in a form signoff never writes (a hand edit, a half-restored backup) is a
+`StoreError` naming the session when it is read, on either store: before, it loaded, and the
+damage surfaced later as a bare TypeError out of `respond` (a journal read back from event
+"x"), or was recorded as the tool's own failure (`string indices must be integers`), which the
+model then read and the turn completed on. Nothing is written and no step runs again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff._exceptions import StoreError
+from signoff.stores._codec import pack_bytes
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+from .test_store_edited_rows import edit, session_rows
+
+
+def workflow(ran: list[str]) -> so.Agent:
+    """A tool that steps twice (each step noted in `ran` when it really runs), then asks."""
+
+    @so.tool
+    async def tally(ctx: so.ToolContext) -> list[Any]:
+        """Step twice, then ask."""
+
+        async def note(name: str) -> str:
+            ran.append(name)
+            return name
+
+        first = await ctx.step("first", note, "first")
+        second = await ctx.step("second", note, "second")
+        answer = await ctx.ask("Proceed?", options=["yes", "no"])
+        return [first, second, answer.option_id]
+
+    return scripted_agent("wf", [call_tools(call("tally")), reply("done")], tools=[tally])
+
+
+def _without_journal(**fields: Any) -> Callable[[dict[str, Any]], None]:
+    def damage(c: dict[str, Any]) -> None:
+        c.pop("journal", None)  # left out, as a snapshot taken while the call steps leaves it
+        c.update(fields)
+
+    return damage
+
+
+def _journal(value: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda c: c.update(journal=value)
+
+
+DAMAGES: dict[str, Callable[[dict[str, Any]], None]] = {
+    "since text": _without_journal(since="x"),
+    "since null": _without_journal(since=None),
+    "since negative": _without_journal(since=-1),
+    "since a fraction": _without_journal(since=2.5),
+    "since true": _without_journal(since=True),
+    "journaled text": _without_journal(journaled="no"),
+    "keyed a number": _without_journal(keyed=1),
+    "kids a list": _without_journal(kids=[1]),
+    "kids text": _without_journal(kids="ab"),
+    "a kid a number": _without_journal(kids={"n0": 5}),
+    "a kid's key unknown": _without_journal(kids={"zz": "ses_1"}),
+    "journal text": _journal("abc"),
+    "journal an object": _journal({"a": 1}),
+    "journal entries numbers": _journal([1, 2]),
+    "an entry without name": _journal([{"kind": "step", "result": 1}]),
+    "an entry of another kind": _journal([{"kind": "wait", "name": "first", "result": 1}]),
+    "a step without result": _journal([{"kind": "step", "name": "first"}]),
+    "an ask without request": _journal([{"kind": "ask", "name": "Proceed?"}]),
+    "an occurrence text": _journal([{"kind": "step", "name": "first", "result": 1, "n": "0"}]),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+async def test_a_damaged_call_in_a_snapshot_is_a_store_error_and_nothing_runs(
+    store_url: str, damage: str
+) -> None:
+    ran: list[str] = []
+    async with so.Runtime([workflow(ran)], store=store_url) as rt:
+        parked = await rt.generate("wf", prompt="go")
+        assert parked.status == "waiting" and ran == ["first", "second"]
+        sid = parked.session_id
+        snapshot = (await rt.state(sid)).to_snapshot(journals=True)
+    [c] = snapshot["turn"]["calls"]
+    assert len(c["journal"]) == 3  # the two steps and the question, as the fold keeps them
+    DAMAGES[damage](c)
+    edit(
+        store_url,
+        "INSERT INTO {t}snapshots (sk, seq, data) SELECT sk, {p}, {p} FROM {t}sessions "
+        "WHERE id = {p} ON CONFLICT (sk) DO UPDATE SET seq = excluded.seq, "
+        "data = excluded.data",
+        snapshot["seq"],
+        pack_bytes(snapshot),
+        sid,
+    )
+    before = session_rows(store_url, sid)
+    answer = so.InputResponse(request_id=parked.pending[0].id, option_id="yes")
+    async with so.Runtime([workflow(ran)], store=store_url) as rt:
+        for attempt in (lambda: rt.state(sid), lambda: rt.respond(sid, [answer])):
+            with pytest.raises(StoreError, match=f"session '{sid}'") as info:
+                await attempt()
+            assert type(info.value) is StoreError, info.value
+    assert session_rows(store_url, sid) == before
+    assert ran == ["first", "second"]
+
+
+async def test_an_undamaged_snapshot_written_the_same_way_resumes(store_url: str) -> None:
+    """The control: the same snapshot written back as it was loads, and the turn goes on from
+    its journal (no step runs again)."""
+    ran: list[str] = []
+    async with so.Runtime([workflow(ran)], store=store_url) as rt:
+        parked = await rt.generate("wf", prompt="go")
+        sid = parked.session_id
+        snapshot = (await rt.state(sid)).to_snapshot(journals=True)
+    edit(
+        store_url,
+        "INSERT INTO {t}snapshots (sk, seq, data) SELECT sk, {p}, {p} FROM {t}sessions "
+        "WHERE id = {p} ON CONFLICT (sk) DO UPDATE SET seq = excluded.seq, "
+        "data = excluded.data",
+        snapshot["seq"],
+        pack_bytes(snapshot),
+        sid,
+    )
+    answer = so.InputResponse(request_id=parked.pending[0].id, option_id="yes")
+    async with so.Runtime([workflow(ran)], store=store_url) as rt:
+        done = await rt.respond(sid, [answer])
+    assert done.status == "completed"
+    assert ran == ["first", "second"]
