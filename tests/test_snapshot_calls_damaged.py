@@ -129,3 +129,48 @@ async def test_an_undamaged_snapshot_written_the_same_way_resumes(store_url: str
         done = await rt.respond(sid, [answer])
     assert done.status == "completed"
     assert ran == ["first", "second"]
+
+
+SPENT: dict[str, Callable[[dict[str, Any]], None]] = {
+    "last input negative": lambda s: s.update(last_input_tokens=-1_000_000),
+    "last input a fraction": lambda s: s.update(last_input_tokens=2.5),
+    "last input true": lambda s: s.update(last_input_tokens=True),
+    "usage negative": lambda s: s["usage"].update(output_tokens=-500),
+    "cost negative": lambda s: s["usage"].update(cost_usd=-1.0),
+    "usage text": lambda s: s["usage"].update(input_tokens="12"),
+    "delegated negative": lambda s: s.update(
+        delegated={"input_tokens": 0, "output_tokens": -9, "cost_usd": 0.0}
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(SPENT))
+async def test_a_snapshot_whose_spend_gives_budget_back_is_a_store_error(
+    store_url: str, damage: str
+) -> None:
+    """What the session spent, as a snapshot keeps it, is never negative, a fraction of a token
+    or text: read, a negative count would give the session's budgets back (a reply capped past
+    `Limits`, as a model's negative usage would, which is refused)."""
+    ran: list[str] = []
+    async with so.Runtime([workflow(ran)], store=store_url) as rt:
+        parked = await rt.generate("wf", prompt="go")
+        sid = parked.session_id
+        snapshot = (await rt.state(sid)).to_snapshot(journals=True)
+    SPENT[damage](snapshot)
+    edit(
+        store_url,
+        "INSERT INTO {t}snapshots (sk, seq, data) SELECT sk, {p}, {p} FROM {t}sessions "
+        "WHERE id = {p} ON CONFLICT (sk) DO UPDATE SET seq = excluded.seq, "
+        "data = excluded.data",
+        snapshot["seq"],
+        pack_bytes(snapshot),
+        sid,
+    )
+    before = session_rows(store_url, sid)
+    answer = so.InputResponse(request_id=parked.pending[0].id, option_id="yes")
+    async with so.Runtime([workflow(ran)], store=store_url) as rt:
+        for attempt in (lambda: rt.state(sid), lambda: rt.respond(sid, [answer])):
+            with pytest.raises(StoreError, match=f"session '{sid}'") as info:
+                await attempt()
+            assert type(info.value) is StoreError, info.value
+    assert session_rows(store_url, sid) == before

@@ -22,6 +22,8 @@ from ._state_parts import (
     TurnState,
     check_kept,
     dump_principal,
+    kept_count,
+    kept_usage,
     load_principal,
 )
 from ._types import (
@@ -387,9 +389,9 @@ class SessionState:
             parent=data["parent"],
             approved_tools=set(data["approved_tools"]),
             model_responses=data["model_responses"],
-            usage=Usage(**data["usage"]),
-            last_input_tokens=int(data.get("last_input_tokens", 0)),
-            delegated=Usage(**data.get("delegated", {})),
+            usage=kept_usage(data["usage"]),
+            last_input_tokens=kept_count(data.get("last_input_tokens", 0)),
+            delegated=kept_usage(data.get("delegated", {})),
             owed=dict(data.get("owed", {})),
             short=dict(data.get("short", {})),
             queued=list(data.get("queued", [])),

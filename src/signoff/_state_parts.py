@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ._types import InputRequest, Principal
+from ._types import InputRequest, Principal, Usage
 
 __all__ = [
     "CallState",
@@ -17,6 +17,8 @@ __all__ = [
     "TurnStatus",
     "check_kept",
     "dump_principal",
+    "kept_count",
+    "kept_usage",
     "load_principal",
 ]
 
@@ -178,6 +180,23 @@ def _entry(e: object) -> bool:
     if e.get("kind") == "step":
         return "result" in e
     return e.get("kind") == "ask" and isinstance(e.get("request_id"), str)
+
+
+def kept_count(value: object) -> int:
+    """A count of tokens as a snapshot keeps it (`last_input_tokens`); `ValueError` for one
+    signoff never writes (negative, a fraction, text), which would give budget back."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"a count of tokens is {str(value)[:40]}")
+    return value
+
+
+def kept_usage(value: object) -> Usage:
+    """What a session spent as a snapshot keeps it; `ValueError` for usage signoff never
+    records (negative, or text), which would give the session's budgets back."""
+    usage = Usage.model_validate(value, strict=True)
+    if min(usage.input_tokens, usage.output_tokens, usage.cost_usd) < 0:
+        raise ValueError(f"usage is negative: {usage!r}")
+    return usage
 
 
 CHILD_STEP = "subagent.session"
