@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff._events import Event
 from signoff._exceptions import StoreError
+from signoff._state import fold
 from signoff.stores._codec import pack_bytes
 from signoff.testing import call, call_tools, reply, scripted_agent
 
@@ -174,3 +176,42 @@ async def test_a_snapshot_whose_spend_gives_budget_back_is_a_store_error(
                 await attempt()
             assert type(info.value) is StoreError, info.value
     assert session_rows(store_url, sid) == before
+
+
+@pytest.mark.parametrize(
+    ("kind", "field"),
+    [
+        ("model.completed", "usage"),
+        ("input.requested", "usage"),
+        ("tool.started", "usage"),
+        ("tool.completed", "usage"),
+        ("tool.completed", "delegated"),
+        ("turn.failed", "usage"),
+    ],
+)
+async def test_an_event_whose_spend_is_negative_is_malformed(kind: str, field: str) -> None:
+    """The same of the log: an event whose usage is negative (never recorded: a model's is
+    refused, a review's or a child's is counted as billed) is a malformed event, not budget
+    given back as the log is folded."""
+    ran: list[str] = []
+    async with so.Runtime([workflow(ran)]) as rt:
+        parked = await rt.generate("wf", prompt="go")
+        events = [e.to_dict() for e in await rt.store.read_events(parked.session_id)]
+    turn_id = events[-1]["turn_id"]
+    row = next((e for e in events if e["type"] == kind), None)
+    if row is None:  # not in this log: one added at its end (an event of the turn)
+        [made] = next(e for e in events if e["type"] == "model.completed")["data"]["tool_calls"]
+        data = {"call_id": made["id"], "tool_name": "tally", "status": "ok", "result": None}
+        if kind == "turn.failed":
+            data = {"error": {"code": "model_error", "message": "x"}, "retryable": True}
+        row = {**events[-1], "seq": len(events) + 1, "type": kind, "data": data}
+        events.append(row)
+    row["turn_id"] = row["turn_id"] or turn_id
+    good = {"input_tokens": 1, "output_tokens": 1, "cost_usd": 0.0}
+    row["data"] = {**row["data"], field: {**good, "output_tokens": -500}}
+    rows = [
+        {k: e[k] for k in ("session_id", "seq", "type", "at", "turn_id", "data", "v")}
+        for e in events
+    ]
+    with pytest.raises(StoreError, match=f"\\({kind}\\) is malformed: .*negative"):
+        fold([Event.from_row(**r) for r in rows])

@@ -190,10 +190,11 @@ def kept_count(value: object) -> int:
     return value
 
 
-def kept_usage(value: object) -> Usage:
-    """What a session spent as a snapshot keeps it; `ValueError` for usage signoff never
-    records (negative, or text), which would give the session's budgets back."""
-    usage = Usage.model_validate(value, strict=True)
+def kept_usage(value: object, *, strict: bool = True) -> Usage:
+    """What a session spent as a snapshot keeps it (or, not `strict`, as an event records it,
+    whose numbers older signoffs may have written otherwise); `ValueError` for usage signoff
+    never records (negative, or text), which would give the session's budgets back."""
+    usage = Usage.model_validate(value, strict=strict)
     if min(usage.input_tokens, usage.output_tokens, usage.cost_usd) < 0:
         raise ValueError(f"usage is negative: {usage!r}")
     return usage
