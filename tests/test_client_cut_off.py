@@ -1,5 +1,6 @@
-"""The clients' turn results carry the server's `cut_off`, as `GenerateResult` does in process:
-a reply the provider stopped short reads as partial over HTTP too."""
+"""The clients' turn results, and the session's view of its turn, carry the server's `cut_off`,
+as `GenerateResult` does in process: a reply the provider stopped short reads as partial over
+HTTP too."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ async def test_a_reply_cut_short_reads_cut_off_through_the_client(tmp_path: Path
     async with app.router.lifespan_context(app):
         async with AsyncClient("http://t", token="alice-token", transport=transport) as c:
             cut = await c.generate("desk", "what is the refund policy?")
+            seen = (await c.state(cut.session_id))["turn"]
             whole = await c.send(cut.session_id, "go on")
+            again = (await c.state(cut.session_id))["turn"]
     await runtime.close()
     assert (cut.status, cut.text, cut.cut_off) == (
         "completed",
@@ -37,6 +40,9 @@ async def test_a_reply_cut_short_reads_cut_off_through_the_client(tmp_path: Path
         "max_tokens",
     )
     assert (whole.text, whole.cut_off) == ("Whole.", None)
+    # The session's view of its turn says so too (GET /v1/sessions/{id}), until the next reply.
+    assert (seen["text"], seen["cut_off"]) == ("The refund policy is", "max_tokens")
+    assert (again["text"], again["cut_off"]) == ("Whole.", None)
 
 
 async def test_a_cut_off_that_is_not_text_reads_as_none(canned: Canned) -> None:
