@@ -171,15 +171,16 @@ def check_kept(call: CallState) -> None:
 
 def _entry(e: object) -> bool:
     """Whether `e` is a journal entry as the fold records one: a step and its result, or a
-    question and its request, keyed by a whole occurrence `n` or by position."""
-    if not isinstance(e, dict) or not isinstance(e.get("name", 0), str | None):
+    question and its request, keyed by a whole occurrence `n` or by position. (Exact types:
+    a snapshot's JSON gives no others, and a journal may hold tens of thousands.)"""
+    if type(e) is not dict:
         return False
-    n = e.get("n", 0)
-    if type(n) is not int or n < 0:
+    name, n, kind = e.get("name", 0), e.get("n", 0), e.get("kind")
+    if (name is not None and type(name) is not str) or type(n) is not int or n < 0:
         return False
-    if e.get("kind") == "step":
+    if kind == "step":
         return "result" in e
-    return e.get("kind") == "ask" and isinstance(e.get("request_id"), str)
+    return kind == "ask" and type(e.get("request_id")) is str
 
 
 def kept_count(value: object) -> int:
