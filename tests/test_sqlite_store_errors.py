@@ -230,6 +230,37 @@ async def test_text_where_a_session_row_keeps_a_number_is_a_store_error(
 @pytest.mark.parametrize(
     ("damage", "named"),
     [
+        ("expires_at = 'zz'", "lease expiry is 'zz'"),
+        ("expires_at = x'00'", "lease expiry is b'\\x00'"),
+        ("owner = x'07'", "lease owner is b'\\x07'"),
+    ],
+)
+async def test_reading_whether_a_damaged_lease_is_held_is_a_store_error(
+    tmp_path: Path, damage: str, named: str
+) -> None:
+    """`lease_held` (what `signoff sessions` and the sweeps read) names a lease row a hand edit
+    left holding text for its expiry, as taking the lease does: SQLite orders text after every
+    number, so the row read as a lease held forever, and the session as run by a live drive."""
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}")
+    await new_session(store, "s1")
+    assert await store.acquire_lease("s1", "w", 30.0, 1000.0) == 1
+    store.conn.execute(f"UPDATE leases SET {damage}")
+    try:
+        for read in (
+            lambda: store.lease_held("s1", 2000.0),
+            lambda: store.acquire_lease("s1", "other", 30.0, 2000.0),
+        ):
+            with pytest.raises(
+                so.StoreError, match=re.escape(f"session 's1' is damaged: its {named}")
+            ):
+                await read()
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
         ("head = 'x'", "head is 'x'"),
         ("updated_at = 'x'", "updated_at is 'x'"),
         ("created_at = x'00'", "created_at is b'\\x00'"),

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from ._events import Event
 from ._exceptions import SchemaVersionError, StoreError
 from ._idempotency import KEPT
-from ._state_parts import CallState, RequestState, TurnState, load_principal
-from ._types import InputRequest, Usage
+from ._state_parts import CallState, RequestState, TurnState, kept_usage, load_principal
+from ._types import InputRequest
 
 if TYPE_CHECKING:
     from ._state import SessionState
@@ -86,7 +86,7 @@ def _turn_started(s: SessionState, e: Event) -> None:
 def _model_completed(s: SessionState, e: Event) -> None:
     turn = _turn(s, e)
     s.model_responses += 1
-    usage = Usage(**e.data.get("usage", {}))
+    usage = kept_usage(e.data.get("usage", {}), strict=False)
     s.usage = s.usage + usage
     s.last_input_tokens = usage.input_tokens
     turn.steps += 1
@@ -113,7 +113,7 @@ def _tool_started(s: SessionState, e: Event) -> None:
     _revive(_turn(s, e))
     call.idempotency_key = e.data.get("idempotency_key")
     if "usage" in e.data:  # what reviewing the call cost (an auto() policy's model)
-        s.usage = s.usage + Usage(**e.data["usage"])
+        s.usage = s.usage + kept_usage(e.data["usage"], strict=False)
     if e.data.get("keyed"):  # signoff 0c4a186 marked keyed journals here, not on their entries
         call.keyed = True
 
@@ -192,9 +192,9 @@ def _tool_completed(s: SessionState, e: Event) -> None:
     call.status = "done"
     _revive(_turn(s, e))
     if "usage" in e.data:  # a review (an auto() policy's model) of a call that did not run
-        s.usage = s.usage + Usage(**e.data["usage"])
+        s.usage = s.usage + kept_usage(e.data["usage"], strict=False)
     if "delegated" in e.data:  # what a delegate call's child spent (`with_spend`)
-        s.delegated = s.delegated + Usage(**e.data["delegated"])
+        s.delegated = s.delegated + kept_usage(e.data["delegated"], strict=False)
     for child, counted in (e.data.get("short") or {}).items():  # the rest counted later
         s.short.setdefault(child, [_turn(s, e).id, counted])
     if s.conversation is not None:
@@ -204,7 +204,7 @@ def _tool_completed(s: SessionState, e: Event) -> None:
 def _input_requested(s: SessionState, e: Event) -> None:
     turn = _turn(s, e)
     if "usage" in e.data:  # what reviewing the calls cost (an auto() policy's model)
-        s.usage = s.usage + Usage(**e.data["usage"])
+        s.usage = s.usage + kept_usage(e.data["usage"], strict=False)
     for raw in e.data["requests"]:
         request = InputRequest.model_validate(raw)
         s.requests[request.id] = RequestState(request=request)
@@ -365,7 +365,7 @@ def _turn_failed(s: SessionState, e: Event) -> None:
     turn.retryable = bool(e.data.get("retryable"))
     turn.error = e.data.get("error")
     if "usage" in e.data:  # a reply the provider billed that the turn could not use
-        s.usage = s.usage + Usage(**e.data["usage"])
+        s.usage = s.usage + kept_usage(e.data["usage"], strict=False)
     if e.data.get("reason") == "session expired":
         s.lapsed = True  # it ended because the TTL passed: the session stays expired
     if not turn.retryable:
@@ -389,7 +389,7 @@ def _subagent_spent(s: SessionState, e: Event) -> None:
     child = e.data["session_id"]
     # Counted once, however recorded: an owed child whole, a short one's rest.
     if s.owed.pop(child, None) is not None or s.short.pop(child, None) is not None:
-        s.delegated = s.delegated + Usage(**e.data["delegated"])
+        s.delegated = s.delegated + kept_usage(e.data["delegated"], strict=False)
 
 
 def _owe(s: SessionState, turn: TurnState) -> None:

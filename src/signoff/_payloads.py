@@ -48,6 +48,7 @@ class RemoteResult:
     retryable: bool = False
     replayed: bool = False
     queued: bool = False
+    cut_off: str | None = None  # why the latest reply stopped short, as `GenerateResult` says
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RemoteResult:
@@ -64,6 +65,7 @@ class RemoteResult:
             retryable=bool(data.get("retryable")),
             replayed=data.get("replayed") is True,
             queued=data.get("queued") is True,
+            cut_off=cut if isinstance(cut := data.get("cut_off"), str) else None,
         )
 
 

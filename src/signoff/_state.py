@@ -20,7 +20,10 @@ from ._state_parts import (
     CallStatus,
     RequestState,
     TurnState,
+    check_kept,
     dump_principal,
+    kept_count,
+    kept_usage,
     load_principal,
 )
 from ._types import (
@@ -386,9 +389,9 @@ class SessionState:
             parent=data["parent"],
             approved_tools=set(data["approved_tools"]),
             model_responses=data["model_responses"],
-            usage=Usage(**data["usage"]),
-            last_input_tokens=int(data.get("last_input_tokens", 0)),
-            delegated=Usage(**data.get("delegated", {})),
+            usage=kept_usage(data["usage"]),
+            last_input_tokens=kept_count(data.get("last_input_tokens", 0)),
+            delegated=kept_usage(data.get("delegated", {})),
             owed=dict(data.get("owed", {})),
             short=dict(data.get("short", {})),
             queued=list(data.get("queued", [])),
@@ -419,10 +422,13 @@ def _call_of(c: dict[str, Any], turn: dict[str, Any]) -> CallState:
     or an older signoff's, whose journal is read again from the turn's latest model response
     on, the one that made the call, should a copy of the state leave it out)."""
     if "journal" not in c:
-        return CallState(**c, journal=None)
-    call = CallState(**{"since": turn.get("model_seq", turn["first_seq"]), **c})
-    if "journaled" not in c:  # an older signoff's
-        call.kept_beside()
+        call = CallState(**c, journal=None)
+    else:
+        call = CallState(**{"since": turn.get("model_seq", turn["first_seq"]), **c})
+        if "journaled" not in c:  # an older signoff's
+            check_kept(call)  # the journal, before what is kept beside it is read from it
+            call.kept_beside()
+    check_kept(call)  # a damaged one is refused now, not once its body runs on it
     return call
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ._types import InputRequest, Principal
+from ._types import InputRequest, Principal, Usage
 
 __all__ = [
     "CallState",
@@ -15,7 +15,10 @@ __all__ = [
     "RequestState",
     "TurnState",
     "TurnStatus",
+    "check_kept",
     "dump_principal",
+    "kept_count",
+    "kept_usage",
     "load_principal",
 ]
 
@@ -139,6 +142,63 @@ class CallState:
                     self.kids[f"n{e['n']}"] = _child(e)
             elif (child := _child(e)) is not None:
                 self.kids[f"p{i}"] = child
+
+
+def check_kept(call: CallState) -> None:
+    """Refuse (`ValueError`) a call read from a snapshot whose journal, or what is kept beside
+    it, has a form the fold never gives it: loaded, the damage would surface only as the body
+    ran (a bare TypeError, or a failure recorded as the tool's own outcome)."""
+    since, kids, journal = call.since, call.kids, call.journal
+    if type(since) is not int or since < 0:
+        raise ValueError(f"call {call.id!r}: since is {since!r}, not an event's seq")
+    if type(call.journaled) is not bool or type(call.keyed) is not bool:
+        raise ValueError(f"call {call.id!r}: journaled and keyed are not true or false")
+    if not isinstance(kids, dict) or not all(
+        isinstance(k, str)
+        and (k[1:].isdigit() if k[:1] == "p" else k[:1] == "n")
+        and (v is None or isinstance(v, str))
+        for k, v in kids.items()
+    ):
+        raise ValueError(f"call {call.id!r}: its child sessions are {str(kids)[:100]}")
+    if journal is None:
+        return
+    if not isinstance(journal, list):
+        raise ValueError(f"call {call.id!r}: its journal is a {type(journal).__name__}")
+    for i, e in enumerate(journal):
+        if e is not None and not _entry(e):
+            raise ValueError(f"call {call.id!r}: journal entry {i} is {str(e)[:100]}")
+
+
+def _entry(e: object) -> bool:
+    """Whether `e` is a journal entry as the fold records one: a step and its result, or a
+    question and its request, keyed by a whole occurrence `n` or by position. (Exact types:
+    a snapshot's JSON gives no others, and a journal may hold tens of thousands.)"""
+    if type(e) is not dict:
+        return False
+    name, n, kind = e.get("name", 0), e.get("n", 0), e.get("kind")
+    if (name is not None and type(name) is not str) or type(n) is not int or n < 0:
+        return False
+    if kind == "step":
+        return "result" in e
+    return kind == "ask" and type(e.get("request_id")) is str
+
+
+def kept_count(value: object) -> int:
+    """A count of tokens as a snapshot keeps it (`last_input_tokens`); `ValueError` for one
+    signoff never writes (negative, a fraction, text), which would give budget back."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"a count of tokens is {str(value)[:40]}")
+    return value
+
+
+def kept_usage(value: object, *, strict: bool = True) -> Usage:
+    """What a session spent as a snapshot keeps it (or, not `strict`, as an event records it,
+    whose numbers older signoffs may have written otherwise); `ValueError` for usage signoff
+    never records (negative, or text), which would give the session's budgets back."""
+    usage = Usage.model_validate(value, strict=strict)
+    if min(usage.input_tokens, usage.output_tokens, usage.cost_usd) < 0:
+        raise ValueError(f"usage is negative: {usage!r}")
+    return usage
 
 
 CHILD_STEP = "subagent.session"

@@ -36,8 +36,10 @@ async def strictest(tool: Tool, ctx: ApprovalContext, guardrails: Sequence[Guard
             v = Verdict("ask", error=f"guardrail raised {_policy_error(exc)}")
         if v is not None and not _is_verdict(v):
             v = Verdict("ask", error=f"guardrail returned {_shown(v)}, not a Verdict or None")
+        if v is not None and v.action == "ask":  # asked as the guardrail's, its review paid
+            v = Verdict("ask", "guardrail", v.error, usage=v.usage)
         if v is not None:
-            verdicts.append(v if v.action != "ask" else Verdict("ask", "guardrail", v.error))
+            verdicts.append(v)
     chosen = next((v for a in ("deny", "ask") for v in verdicts if v.action == a), verdicts[0])
     # What any of them spent (an auto() review) is counted whichever decides.
     return _with_text_reason(dataclasses.replace(chosen, usage=Verdict.spent(verdicts)))

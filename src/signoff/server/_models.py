@@ -202,6 +202,11 @@ class TurnView(_View):
     started_at: float
     error: dict[str, Any] | None
     retryable: bool
+    cut_off: str | None = Field(
+        default=None,
+        description="Why the model's latest reply in the turn stopped short (`max_tokens`, "
+        "`content_filter`), as the turn's result says: `text` then ends in a partial answer.",
+    )
 
 
 class SessionView(_View):
@@ -330,6 +335,7 @@ def session_view(s: SessionState) -> SessionView:
             started_at=t.started_at,
             error=t.error,
             retryable=t.retryable,
+            cut_off=t.cut_off,
         ),
         pending=s.pending_requests(),
     )

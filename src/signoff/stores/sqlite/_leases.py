@@ -38,7 +38,7 @@ class Leases(Connection):
                 )
                 token = 1
             else:
-                held_by = lease[0]
+                held_by = kept(lease[0], str, session_id, "lease owner")
                 token = kept(lease[1], int, session_id, "lease token")
                 expires_at = kept(lease[2], int | float, session_id, "lease expiry")
                 if held_by != "" and held_by != owner and expires_at > now:
@@ -116,11 +116,17 @@ class Leases(Connection):
         """Whether a drive holds the session's lease at `now` (granted, not given back, not
         lapsed): what a listing shows by, read without a write."""
         row = self.conn.execute(
-            "SELECT 1 FROM leases l JOIN sessions s ON s.sk = l.sk "
-            "WHERE s.id=? AND l.owner <> '' AND l.expires_at > ?",
-            (session_id, now),
+            "SELECT l.owner, l.expires_at FROM leases l JOIN sessions s ON s.sk = l.sk "
+            "WHERE s.id=?",
+            (session_id,),
         ).fetchone()
-        return row is not None
+        if row is None:
+            return False
+        # Checked, as taking it checks them: SQLite orders text after every number, so an
+        # expiry a hand edit left as text would read as a lease held forever.
+        owner = kept(row[0], str, session_id, "lease owner")
+        expires: float = kept(row[1], int | float, session_id, "lease expiry")
+        return owner != "" and expires > now
 
     @serialised
     async def release_lease(self, session_id: str, owner: str, token: int) -> None:
