@@ -44,7 +44,10 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDER = {"order_id": "1042", "amount": 180.0}
-LEASE_TTL = 0.5
+LEASE_TTL = 2.0
+"""The children's lease TTL: one a loaded machine's stall does not outlast (at 0.5 s a drive
+waking past its lease's expiry gave its renewal 50 ms, then gave the lease up mid-drive); a
+resumer waits for a killed child's lease to lapse, about this long."""
 
 
 # -- what the children run -------------------------------------------------------------------
