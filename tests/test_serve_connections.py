@@ -124,6 +124,6 @@ def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(url: str) -> 
         silent.setblocking(False)
         with pytest.raises(BlockingIOError):
             silent.recv(1)
-    # Not at once (the timer ran), and by the 0.3 s given, not by the default's 5 s: room for a
-    # loaded machine up to 15 times the timer.
-    assert 0.3 <= waited < KEEP_ALIVE_TIMEOUT, waited
+    # Not at once (the timer ran; asyncio may fire it a clock tick early), and by the 0.3 s
+    # given, not by the default's 5 s: room for a loaded machine up to 15 times the timer.
+    assert 0.29 <= waited < KEEP_ALIVE_TIMEOUT, waited
