@@ -4,10 +4,14 @@ refunds or for one that escalates to finance, a hub read by hand, and a request'
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+import pytest
 
 import signoff as so
 from signoff.channels import (
@@ -19,7 +23,9 @@ from signoff.testing import call, call_tools, reply, scripted_agent
 __all__ = [
     "BOB",
     "escalating_refund",
+    "frozen_monotonic",
     "manual",
+    "Monotonic",
     "runtime",
     "status",
     "Texts",
@@ -35,6 +41,28 @@ async def manual(hub: ChannelHub) -> AsyncIterator[ChannelHub]:
         yield hub
     finally:
         await hub.stop()
+
+
+class Monotonic:
+    """The `time` module with a `monotonic()` that stands still until the test moves it on
+    (`now`): a wait for a Retry-After or a backoff is judged by it, not by the machine's speed."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def frozen_monotonic(monkeypatch: pytest.MonkeyPatch, *modules: ModuleType) -> Monotonic:
+    """One `Monotonic` clock put in place of `time` in each of `modules`."""
+    clock = Monotonic()
+    for module in modules:
+        monkeypatch.setattr(module, "time", clock)
+    return clock
 
 
 BOB = so.Principal(authenticator="sms", principal_id="sms:+15550100")

@@ -130,7 +130,9 @@ async def run(argv: list[str]) -> dict[str, Any]:
         if points == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    rt = so.Runtime([make_agent(records)], store=store, lease_ttl=0.3)
+    # A TTL a loaded machine's stalls cannot outlast (a drive waking past its lease's expiry
+    # gives the renewal a tenth of it); the parent lapses a killed child's lease (`lapse_leases`).
+    rt = so.Runtime([make_agent(records)], store=store, lease_ttl=5.0)
     async with rt:
         rt.store.set_fault_hook(hook)
         session_file = Path(session_path)

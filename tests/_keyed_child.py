@@ -40,10 +40,12 @@ async def run(argv: list[str]) -> dict[str, Any]:
             os.kill(os.getpid(), signal.SIGKILL)
 
     agent = scripted_agent("chat", [reply("ok")], repeat_last=True)
-    async with so.Runtime([agent], store=url, lease_ttl=0.3) as rt:
+    # A TTL a loaded machine's stalls cannot outlast (a drive waking past its lease's expiry
+    # gives the renewal a tenth of it); the parent lapses a killed child's lease (`lapse_leases`).
+    async with so.Runtime([agent], store=url, lease_ttl=5.0) as rt:
         rt.store.set_fault_hook(hook)
         r = await rt.generate("chat", prompt="hello", auth=ALICE, idempotency_key=key)
-        for _ in range(40):  # a killed call's lease is still live: it lapses within 0.3 s
+        for _ in range(40):  # busy elsewhere: not once the parent lapsed a killed call's lease
             if r.status != "running":
                 break
             await asyncio.sleep(0.1)

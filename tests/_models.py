@@ -1,12 +1,15 @@
 """What the model adapters' tests share across providers: the refund tool schema, a request
-builder, and the refund and lookup tools of the support agent that runs end to end."""
+builder, the refund and lookup tools of the support agent that runs end to end, and a model
+that records the output cap of each call (the budget tests')."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import signoff as so
 from signoff.models import ModelRequest, ToolSpec
 
-__all__ = ["REFUND_SCHEMA", "issue_refund", "lookup_order", "request", "support_agent"]
+__all__ = ["REFUND_SCHEMA", "Capped", "issue_refund", "lookup_order", "request", "support_agent"]
 
 REFUND_SCHEMA = {
     "type": "object",
@@ -42,3 +45,21 @@ def support_agent(model: so.models.Model) -> so.Agent:
 async def lookup_order(order_id: str) -> dict[str, object]:
     """Look an order up."""
     return {"order_id": order_id, "total": 180.0}
+
+
+class Capped:
+    """A model of one's own that records the output cap of each call and answers from a list
+    (raising what is an exception there); its `price_per_mtok` turns a cost budget into tokens,
+    as the shipped models' does."""
+
+    def __init__(self, *steps: so.ModelResponse | Exception, price: Any = None) -> None:
+        self.steps = list(steps)
+        self.caps: list[int | None] = []
+        self.price_per_mtok = price
+
+    async def complete(self, request: ModelRequest) -> so.ModelResponse:
+        self.caps.append(request.max_output_tokens)
+        step = self.steps.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step

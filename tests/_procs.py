@@ -33,6 +33,7 @@ from ._forks import python_env
 __all__ = [
     "ROOT",
     "Child",
+    "lapse_leases",
     "make_agent",
     "query",
     "read_executions",
@@ -43,7 +44,10 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDER = {"order_id": "1042", "amount": 180.0}
-LEASE_TTL = 0.5
+LEASE_TTL = 2.0
+"""The children's lease TTL: one a loaded machine's stall does not outlast (at 0.5 s a drive
+waking past its lease's expiry gave its renewal 50 ms, then gave the lease up mid-drive); a
+resumer waits for a killed child's lease to lapse, about this long."""
 
 
 # -- what the children run -------------------------------------------------------------------
@@ -178,11 +182,12 @@ def is_type(name: str) -> str:
 
 
 def query(url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    """Read signoff's tables directly, bypassing signoff: `{t}` in `sql` is the table prefix
-    and `{p}` a parameter placeholder, so one query serves SQLite and PostgreSQL."""
+    """Read (or write, committed) signoff's tables directly, bypassing signoff: `{t}` in `sql`
+    is the table prefix and `{p}` a parameter placeholder, so one query serves SQLite and
+    PostgreSQL."""
     if url.startswith("sqlite:///"):
-        with contextlib.closing(sqlite3.connect(url[len("sqlite:///") :])) as conn:
-            return list(conn.execute(sql.format(t="", p="?"), params).fetchall())
+        with contextlib.closing(sqlite3.connect(url[len("sqlite:///") :])) as db, db:
+            return list(db.execute(sql.format(t="", p="?"), params).fetchall())
     import psycopg
 
     parts = urlsplit(url)
@@ -194,6 +199,13 @@ def query(url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(libpq) as conn:
         cur = conn.execute(sql.format(t=f'"{schema}".', p="%s").encode(), params)
         return list(cur.fetchall())
+
+
+def lapse_leases(url: str) -> None:
+    """Lapse every session lease in the store at `url`, as their TTL passing would: a process
+    killed while it held one leaves it to the next at once, so the crash tests' children can
+    hold theirs with a TTL long enough for a loaded machine without waiting it out."""
+    query(url, "UPDATE {t}leases SET expires_at = 0 RETURNING sk")
 
 
 class Child:

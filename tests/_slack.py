@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sqlite3
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import pytest
 from aiohttp import web
 from fastapi import FastAPI
@@ -40,6 +42,7 @@ __all__ = [
     "SECRET",
     "TEAM",
     "approval_blocks",
+    "asgi_client",
     "channel",
     "click",
     "date",
@@ -50,11 +53,13 @@ __all__ = [
     "question_agent",
     "refund_requested",
     "refund_runtime",
+    "refused_while_locked",
     "refusal",
     "resolved_at",
     "serving",
     "sign",
     "slack_api",
+    "state_locked",
     "submission",
 ]
 
@@ -411,6 +416,46 @@ async def serving(
     async with app.router.lifespan_context(app):
         await hub.poll()
         yield slack, hub, app
+
+
+@asynccontextmanager
+async def asgi_client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of `app` in this process, seen as coming from 127.0.0.1."""
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+        yield http
+
+
+@asynccontextmanager
+async def state_locked(path: Path) -> AsyncIterator[None]:
+    """Another process holding the write lock of the channel state file `path` meanwhile."""
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        yield
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+
+
+async def refused_while_locked(
+    http: httpx.AsyncClient,
+    post: Callable[[], Coroutine[Any, Any, httpx.Response]],
+    request_id: str,
+) -> None:
+    """`post` (Slack's) meeting a locked state file (`state_locked`): it waits for the lock off
+    the event loop, so the request is read meanwhile (still pending), and gets a 503 in time."""
+    began = time.monotonic()
+    posting = asyncio.create_task(post())
+    await asyncio.sleep(0.3)  # waiting for the lock by now
+    looked = await http.get(f"/v1/requests/{request_id}")
+    assert looked.status_code == 200 and looked.json()["status"] == "pending"
+    assert not posting.done()  # answered while the post waits
+    response = await posting
+    took = time.monotonic() - began
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "store_error"
+    assert took < 8  # the 2 s deadline, not the 30 s busy timeout (slack for load)
 
 
 def approval_blocks(req: so.InputRequest) -> list[dict[str, Any]]:

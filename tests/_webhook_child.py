@@ -79,7 +79,9 @@ def make_agent() -> so.Agent:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     writes = count_writes(args.kill_at, args.when)
-    rt = so.Runtime([make_agent()], store=args.store, lease_ttl=0.3)
+    # A TTL a loaded machine's stalls cannot outlast (a drive waking past its lease's expiry
+    # gives the renewal a tenth of it); the parent lapses a killed child's lease (`lapse_leases`).
+    rt = so.Runtime([make_agent()], store=args.store, lease_ttl=5.0)
     async with rt:
         if args.backfill:  # the request is open before the hub first starts
             sid, r = await start(rt, Path(args.session_file))

@@ -21,7 +21,7 @@ from signoff.stores._codec import needs_previous
 
 from . import _proof
 from ._forks import Forks
-from ._procs import query
+from ._procs import lapse_leases, query
 from .conftest import STORE_KINDS, PgCluster
 
 
@@ -177,6 +177,7 @@ def test_sigkill_at_every_commit_point(
         _proof.record(f"crash:{target.kind}:kills")
         if not (tmp / "session").exists():
             continue  # killed before the session existed: nothing was acknowledged
+        lapse_leases(url)  # as its TTL passing would
         finished, result = child(children, url, tmp)
         assert finished == 0 and result is not None, (point, children.stderr())
         assert result["status"] == "completed", (point, result)

@@ -18,7 +18,7 @@ from signoff.stores._codec import needs_previous
 from . import _proof
 from ._fault_child import BOB_MESSAGE, PROMPT
 from ._forks import Forks
-from ._procs import query
+from ._procs import lapse_leases, query
 from .conftest import STORE_KINDS
 from .test_fault_injection import Target, read_log, runs
 
@@ -130,6 +130,7 @@ def test_sigkill_at_every_commit_point_of_a_turn_that_fails_for_good(
         _proof.record(f"crash:{target.kind}:kills")
         if not (tmp / "session").exists():
             continue  # killed before the session existed: nothing was acknowledged
+        lapse_leases(url)  # as its TTL passing would
         finished, result = child(children, url, tmp, by=by)
         assert finished == 0 and result is not None, (point, children.stderr())
         for key in ("status", "session_status", "stored", "queued", "text", "turns", "texts"):

@@ -48,8 +48,10 @@ async def test_a_wall_clock_stepped_after_opening_takes_no_live_lease_over(
     release = asyncio.Event()
     agent = _agent(runs, release)
     async with (
-        so.Runtime([agent], store=pg_store_url, lease_ttl=1.0) as holder,
-        so.Runtime([agent], store=pg_store_url, lease_ttl=1.0, lease_wait=0.3) as stepped,
+        # A TTL of seconds: the holder's renewals are not late on a loaded machine, and a
+        # clock an hour ahead sees any TTL's lease lapsed.
+        so.Runtime([agent], store=pg_store_url, lease_ttl=3.0) as holder,
+        so.Runtime([agent], store=pg_store_url, lease_ttl=3.0, lease_wait=0.3) as stepped,
     ):
         sid = await holder.create_session("support")
         drive = asyncio.create_task(holder.generate("support", "Refund", session_id=sid))
@@ -189,17 +191,37 @@ async def test_a_machine_resumed_from_suspend_times_its_leases_by_the_time_that_
     runs: list[str] = []
     release = asyncio.Event()
     agent = _agent(runs, release)
-    other = so.Runtime([agent], store=pg_store_url, lease_ttl=0.6, lease_wait=0.3)
+    # A TTL of seconds, so the holder's renewals (each third of it) are not late on a loaded
+    # machine: one has half of it to get through.
+    ttl = 3.0
+    other = so.Runtime([agent], store=pg_store_url, lease_ttl=ttl, lease_wait=0.3)
     await other.open()  # its clocks did not stop
     suspended = _Suspended()
     monkeypatch.setattr(leasing, "time", suspended)
-    async with so.Runtime([agent], store=pg_store_url, lease_ttl=0.6) as resumed, other:
+    async with so.Runtime([agent], store=pg_store_url, lease_ttl=ttl) as resumed, other:
+        renewed: list[bool] = []
+        renew = resumed.store.renew_lease
+
+        async def counted(*args: Any, **kwargs: Any) -> bool:
+            live = await renew(*args, **kwargs)
+            renewed.append(live)
+            return live
+
+        monkeypatch.setattr(resumed.store, "renew_lease", counted)
         sid = await resumed.create_session("support")
         drive = asyncio.create_task(resumed.generate("support", "Refund", session_id=sid))
         while not runs:
             await asyncio.sleep(0.01)
         suspended.lag = 3600.0  # resumed: its monotonic clock missed the hour it slept
-        await asyncio.sleep(1.0)  # renewals, and more than a TTL
+        since = len(renewed)
+        # More than a TTL, so the lease it renewed before the suspend has lapsed, and renewals
+        # since (one may have been on its way): only those can keep it live now.
+        await asyncio.sleep(ttl + 0.2)
+        for _ in range(3000):
+            if len(renewed) >= since + 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(renewed) >= since + 2 and all(renewed), renewed
         taking = asyncio.create_task(other.generate(session_id=sid))
         try:
             await asyncio.wait({taking}, timeout=5)

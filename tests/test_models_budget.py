@@ -15,7 +15,7 @@ import signoff as so
 from signoff.models import ModelRequest
 from signoff.testing import call, call_tools, reply
 
-from ._models import lookup_order
+from ._models import Capped, lookup_order
 from .fakes.llm import API_KEY, FakeLLM, anthropic_message, openai_completion, openai_tool_call
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
@@ -276,23 +276,6 @@ async def test_thinking_is_given_less_room_or_the_call_is_not_made(store_url: st
     assert model.params["thinking"]["budget_tokens"] == 2048
 
 
-class Priced:
-    """A model of one's own that records the output cap of each call and answers from a list;
-    its `price_per_mtok` turns a cost budget into tokens, as the shipped models' does."""
-
-    def __init__(self, *steps: so.ModelResponse | Exception, price: Any = None) -> None:
-        self.steps = list(steps)
-        self.caps: list[int | None] = []
-        self.price_per_mtok = price
-
-    async def complete(self, request: ModelRequest) -> so.ModelResponse:
-        self.caps.append(request.max_output_tokens)
-        step = self.steps.pop(0)
-        if isinstance(step, Exception):
-            raise step
-        return step
-
-
 def priced(tokens_in: int, tokens_out: int, price: tuple[float, float]) -> so.Usage:
     cost = (tokens_in * price[0] + tokens_out * price[1]) / 1_000_000
     return so.Usage(input_tokens=tokens_in, output_tokens=tokens_out, cost_usd=cost)
@@ -305,7 +288,7 @@ async def test_a_cost_budget_caps_output_at_the_models_output_price(store_url: s
     price is left ($0.000005 after $0.000795 more), no call is made and the person is
     asked."""
     price = (1.0, 10.0)
-    model = Priced(
+    model = Capped(
         call_tools(call("lookup_order", order_id="1"), usage=priced(100, 10, price)),
         call_tools(call("lookup_order", order_id="2"), usage=priced(5, 79, price)),
         price=price,
@@ -326,7 +309,7 @@ async def test_a_cost_budget_caps_output_at_the_models_output_price(store_url: s
 
 async def test_nobody_to_ask_fails_the_turn_counting_the_cut_reply(store_url: str) -> None:
     cut = so.BudgetSpent("cut off", usage=so.Usage(input_tokens=30, output_tokens=70))
-    model = Priced(cut)
+    model = Capped(cut)
     agent = so.Agent(name="a", model=model, limits=so.Limits(max_tokens=100))
     async with so.Runtime([agent], store=store_url) as rt:
         with pytest.raises(so.SessionLimitReached, match="nobody can raise the budget"):
@@ -348,7 +331,7 @@ async def test_budget_spent_without_a_budget_is_an_ordinary_model_failure(
 ) -> None:
     """A model of one's own raising `BudgetSpent` when no cap was asked of it: no budget to
     raise, so the turn fails retryably, as for any `ModelError`, counting what it cost."""
-    model = Priced(so.BudgetSpent("out of tokens", usage=so.Usage(output_tokens=9)))
+    model = Capped(so.BudgetSpent("out of tokens", usage=so.Usage(output_tokens=9)))
     agent = so.Agent(name="a", model=model)
     async with so.Runtime([agent], store=store_url) as rt:
         r = await rt.generate("a", prompt="go", auth=ALICE)
@@ -362,11 +345,11 @@ async def test_a_subagent_is_capped_at_its_share_and_fails_when_cut(store_url: s
     """The parent (max_tokens=100) spent 40 and delegates: its child, with a budget of its own
     of 1000, may take only the 60 left on output; cut there, the child's turn fails (the
     budget is its parent's) counting the cut reply, and the parent, at 40 + 90, asks."""
-    parent = Priced(
+    parent = Capped(
         call_tools(call("orders", id="d1", message="look 3 up"), usage=so.Usage(input_tokens=40)),
         reply("unused"),
     )
-    child = Priced(so.BudgetSpent("cut", usage=so.Usage(input_tokens=30, output_tokens=60)))
+    child = Capped(so.BudgetSpent("cut", usage=so.Usage(input_tokens=30, output_tokens=60)))
     agents = [
         so.Agent(
             name="support",

@@ -5,31 +5,15 @@ and the output cap is what is left after that input. Run on both stores."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 import signoff as so
-from signoff.models import ModelRequest
 from signoff.testing import call, call_tools, reply
 
-from ._models import lookup_order
+from ._models import Capped, lookup_order
 from .fakes.llm import API_KEY, FakeLLM, anthropic_message
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
-
-
-class Counted:
-    """A model of one's own that records each call's output cap and answers from a list."""
-
-    def __init__(self, *steps: so.ModelResponse, price: Any = None) -> None:
-        self.steps = list(steps)
-        self.caps: list[int | None] = []
-        self.price_per_mtok = price
-
-    async def complete(self, request: ModelRequest) -> so.ModelResponse:
-        self.caps.append(request.max_output_tokens)
-        return self.steps.pop(0)
 
 
 def lookup(n: str, tokens_in: int, tokens_out: int = 5, cost: float = 0.0) -> so.ModelResponse:
@@ -44,7 +28,7 @@ async def test_a_call_whose_input_alone_would_spend_the_budget_is_not_made(
     least those 80, so it is not made and the person is asked. Before, it was made with a cap
     of 15 and spent 80 more input tokens: 170 of a budget of 100. `continue` (budget 200)
     makes it, capped at 200 - 85 - 80 = 35."""
-    model = Counted(lookup("1", 80), reply("Done.", usage=so.Usage(input_tokens=90)))
+    model = Capped(lookup("1", 80), reply("Done.", usage=so.Usage(input_tokens=90)))
     agent = so.Agent(name="a", model=model, tools=[lookup_order], limits=so.Limits(max_tokens=100))
     async with so.Runtime([agent], store=store_url) as rt:
         r = await rt.generate("a", prompt="look 1 up", auth=ALICE)
@@ -68,7 +52,7 @@ async def test_a_call_whose_input_alone_would_spend_the_budget_is_not_made(
 
 
 async def test_nobody_to_ask_fails_the_turn_before_the_call(store_url: str) -> None:
-    model = Counted(lookup("1", 95, 1))
+    model = Capped(lookup("1", 95, 1))
     agent = so.Agent(name="a", model=model, tools=[lookup_order], limits=so.Limits(max_tokens=100))
     async with so.Runtime([agent], store=store_url) as rt:
         with pytest.raises(so.SessionLimitReached, match="would read at least 95 input tokens"):
@@ -113,7 +97,7 @@ async def test_a_window_that_drops_messages_holds_nothing_back(store_url: str) -
     """With max_messages cutting the conversation the next call may read less than the last:
     nothing is known of its input, and its cap is the whole rest, as before. Within the first
     turn (which the window never cuts) the last call's 40 input tokens are held back."""
-    model = Counted(
+    model = Capped(
         lookup("1", 40),
         reply("ok", usage=so.Usage(input_tokens=50)),
         reply("Done.", usage=so.Usage(input_tokens=10)),

@@ -111,8 +111,11 @@ def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(url: str) -> 
     a response, so a connection that has sent no request is not closed (docs/server.md)."""
     server = built("--store", url, "--keep-alive-timeout", "0.3")
     with started(server) as port, connect(port) as silent, connect(port) as conn:
-        assert status_of(conn) == 200
+        # Timed from before the request, so a slow machine only makes `waited` longer: the
+        # server's timer starts after its response, so it cannot close the connection sooner.
+        conn.settimeout(60)
         began = time.monotonic()
+        assert status_of(conn) == 200
         while conn.recv(4096):  # the response's body, then the server's close
             pass
         waited = time.monotonic() - began
@@ -121,4 +124,6 @@ def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(url: str) -> 
         silent.setblocking(False)
         with pytest.raises(BlockingIOError):
             silent.recv(1)
-    assert 0.2 <= waited < 1.5, waited
+    # Not at once (the timer ran; asyncio may fire it a clock tick early), and by the 0.3 s
+    # given, not by the default's 5 s: room for a loaded machine up to 15 times the timer.
+    assert 0.29 <= waited < KEEP_ALIVE_TIMEOUT, waited

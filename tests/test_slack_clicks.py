@@ -13,7 +13,6 @@ import contextlib
 import json
 import signal
 import socket
-import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -40,13 +39,16 @@ from ._slack import (
     PATH,
     TEAM,
     FakeSlack,
+    asgi_client,
     channel,
     click,
     fake,
     manual,
     question_agent,
+    refused_while_locked,
     serving,
     sign,
+    state_locked,
     submission,
 )
 
@@ -390,34 +392,17 @@ async def test_a_click_meeting_a_locked_state_file_gets_a_503_in_time_and_stalls
         async with refund_asked(tmp_path, records) as (rt, req):
             async with serving(rt, fake, state) as (slack, hub, app):
                 assert slack.clicks.inbox.ack_within == ACK_WITHIN < 3
-                transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
-                async with httpx.AsyncClient(
-                    transport=transport, base_url="http://localhost"
-                ) as http:
-                    other = sqlite3.connect(tmp_path / "hub.db", isolation_level=None)
-                    other.execute("BEGIN IMMEDIATE")
+                async with asgi_client(app) as http:
                     body = approve(req.id)
 
-                    async def press() -> tuple[httpx.Response, float]:
-                        began = time.monotonic()
-                        response = await http.post(
-                            PATH, content=body, headers=sign(body, int(time.time()))
-                        )
-                        return response, time.monotonic() - began
+                    async def press() -> httpx.Response:
+                        headers = sign(body, int(time.time()))
+                        return await http.post(PATH, content=body, headers=headers)
 
-                    pressing = asyncio.create_task(press())
-                    await asyncio.sleep(0.3)  # the click is waiting for the lock by now
-                    looked = await http.get(f"/v1/requests/{req.id}")
-                    assert looked.status_code == 200 and looked.json()["status"] == "pending"
-                    assert not pressing.done()  # answered while the click waits
-                    response, took = await pressing
-                    assert response.status_code == 503
-                    assert response.json()["error"]["code"] == "store_error"
-                    assert took < 8  # the 2 s deadline, not the 30 s busy timeout (slack for load)
-                    await slack.idle()
-                    assert slack.memos("click:") == []
-                    other.execute("ROLLBACK")
-                    other.close()
+                    async with state_locked(tmp_path / "hub.db"):
+                        await refused_while_locked(http, press, req.id)
+                        await slack.idle()
+                        assert slack.memos("click:") == []
                     stored = await rt.store.get_request(req.id)
                     assert stored is not None and stored.status == "pending"
                     for retry in (1, 2):  # Slack sends it again (signed anew), then once more

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff.channels import Channel, ChannelHub
-from signoff.channels.slack import SlackChannel, slack_principal
+from signoff.channels import Channel, ChannelHub, _retries
+from signoff.channels.slack import SlackChannel, _channel, slack_principal
 
+from ._channels import frozen_monotonic
 from ._slack import (
     ALICE,
     HISTORY,
@@ -104,10 +105,11 @@ class Recorder(Channel):
 
 
 async def test_slack_rate_limits_wait_retry_after_without_holding_other_channels(
-    tmp_path: Path, slack_api: FakeSlack
+    tmp_path: Path, slack_api: FakeSlack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A 429 is retried after Slack's Retry-After (not the hub's backoff, here an hour) and a
     burst of them never makes the hub give up the post; the other channels go on meanwhile."""
+    clock = frozen_monotonic(monkeypatch, _retries)
     log: list[Any] = []
     async with refund_runtime(tmp_path, log) as rt:
         slack, recorder = channel(slack_api), Recorder()
@@ -121,8 +123,11 @@ async def test_slack_rate_limits_wait_retry_after_without_holding_other_channels
             assert len(slack_api.of("chat.postMessage")) == 1
             await hub.poll()  # before Retry-After: Slack is not called again
             assert len(slack_api.of("chat.postMessage")) == 1
+            clock.now += 0.95  # not yet
+            await hub.poll()
+            assert len(slack_api.of("chat.postMessage")) == 1
             for _ in range(2):
-                await asyncio.sleep(1.05)
+                clock.now += 1.05
                 await hub.poll()
             assert len(slack_api.of("chat.postMessage")) == 3
             assert slack.recall(f"msg:{req.id}") is not None
@@ -131,10 +136,11 @@ async def test_slack_rate_limits_wait_retry_after_without_holding_other_channels
 
 
 async def test_slack_rate_limited_at_start_posts_the_open_requests_later(
-    tmp_path: Path, slack_api: FakeSlack
+    tmp_path: Path, slack_api: FakeSlack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Requests open when the hub starts are posted once Slack's Retry-After has passed, not
     left unposted until the next start because the first post was rate limited."""
+    clock = frozen_monotonic(monkeypatch, _channel)
     log: list[Any] = []
     async with refund_requested(tmp_path, log) as (rt, req):
         slack_api.limited["chat.postMessage"] = 1
@@ -145,7 +151,10 @@ async def test_slack_rate_limited_at_start_posts_the_open_requests_later(
             )
             await hub.poll()
             assert len(slack_api.of("chat.postMessage")) == 1
-            await asyncio.sleep(1.05)
+            clock.now += 0.95  # not yet
+            await hub.poll()
+            assert len(slack_api.of("chat.postMessage")) == 1
+            clock.now += 0.1
             await hub.poll()
             assert len(slack_api.of("chat.postMessage")) == 2
             assert slack.recall(f"msg:{req.id}") is not None
@@ -217,10 +226,11 @@ async def test_a_hub_stopped_while_slack_posts_does_not_post_again_when_it_resta
 
 
 async def test_slack_down_at_start_posts_the_open_requests_once_it_is_back(
-    tmp_path: Path, slack_api: FakeSlack
+    tmp_path: Path, slack_api: FakeSlack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A 5xx from Slack while the hub posts the requests open at start: they are posted again
     after a backoff (not left unposted until the next start), once each."""
+    clock = frozen_monotonic(monkeypatch, _channel)
     log: list[Any] = []
     async with refund_requested(tmp_path, log) as (rt, req):
         slack_api.down["chat.postMessage"] = 2
@@ -230,7 +240,7 @@ async def test_slack_down_at_start_posts_the_open_requests_once_it_is_back(
             await hub.poll()  # before the backoff: Slack is not called again
             assert len(slack_api.calls) == 1
             for _ in range(2):
-                await asyncio.sleep(2.05)
+                clock.now += 2.05
                 await hub.poll()
             assert slack.recall(f"msg:{req.id}") is not None
             await hub.poll()

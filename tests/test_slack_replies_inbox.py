@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -23,9 +22,12 @@ from signoff.channels.slack._replies import KEEP_THREADS, RETRY_WINDOW
 from ._slack import (
     TEAM,
     FakeSlack,
+    asgi_client,
     channel,
     manual,
+    refused_while_locked,
     serving,
+    state_locked,
 )
 from ._slack_replies import (
     EVENTS,
@@ -97,33 +99,17 @@ async def test_a_reply_meeting_a_locked_state_file_gets_a_503_in_time_and_stalls
         with contextlib.closing(ChannelState(tmp_path / "hub.db", busy_timeout=30)) as state:
             async with serving(rt, fake, state) as (slack, hub, app):
                 assert slack.replies.inbox.ack_within == ACK_WITHIN < 3
-                transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
-                async with httpx.AsyncClient(
-                    transport=transport, base_url="http://localhost"
-                ) as http:
-                    other = sqlite3.connect(tmp_path / "hub.db", isolation_level=None)
-                    other.execute("BEGIN IMMEDIATE")
+                async with asgi_client(app) as http:
                     body = event("Large")
 
-                    async def post() -> tuple[httpx.Response, float]:
-                        began = time.monotonic()
-                        response = await http.post(EVENTS, content=body, headers=signed(body))
-                        return response, time.monotonic() - began
+                    async def post() -> httpx.Response:
+                        return await http.post(EVENTS, content=body, headers=signed(body))
 
-                    posting = asyncio.create_task(post())
-                    await asyncio.sleep(0.3)  # the event is waiting for the lock by now
-                    looked = await http.get(f"/v1/requests/{size.id}")
-                    assert looked.status_code == 200 and looked.json()["status"] == "pending"
-                    assert not posting.done()  # answered while the event waits
-                    response, took = await posting
-                    assert response.status_code == 503
-                    assert response.json()["error"]["code"] == "store_error"
-                    assert took < 8  # the 2 s deadline, not the 30 s busy timeout (slack for load)
-                    await slack.idle()
-                    assert slack.memos("event:") == []
-                    assert sent == []
-                    other.execute("ROLLBACK")
-                    other.close()
+                    async with state_locked(tmp_path / "hub.db"):
+                        await refused_while_locked(http, post, size.id)
+                        await slack.idle()
+                        assert slack.memos("event:") == []
+                        assert sent == []
                     for retry in (1, 2):  # Slack's retries, signed anew
                         headers = signed(
                             body, time.time() + retry, **{"X-Slack-Retry-Num": str(retry)}

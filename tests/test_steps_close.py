@@ -8,10 +8,10 @@ import contextlib
 import threading
 import time
 
-import pytest
-
 import signoff as so
 from signoff.testing import Capture, call, call_tools, reply, scripted_agent, tool_results
+
+from ._steps import HeldLock, closed_mid_call, resumed_to_the_end
 
 
 def _until_cancelled(turn: list[asyncio.Task[so.GenerateResult]]) -> None:
@@ -48,20 +48,8 @@ async def test_a_plain_step_running_at_close_is_journaled_and_not_run_again(
         return scripted_agent("shop", script, tools=[pay])
 
     rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
-    turn.append(asyncio.create_task(rt.generate("shop", "pay")))
-    while not started.is_set():
-        await asyncio.sleep(0.01)
-    sid = (await rt.sessions())[0].id
-    await rt.close()
-    assert turn[0].done()
-    with pytest.raises(so.UsageError, match="closed while this call ran"):
-        await turn[0]
-    again = so.Runtime([agent()], store=store_url, lease_ttl=600)
-    try:
-        r = await again.generate(session_id=sid)
-        assert r.status == "completed", r
-    finally:
-        await again.close()
+    sid = await closed_mid_call(rt, "pay", started, turn)
+    await resumed_to_the_end(agent(), store_url, sid)
     assert charges == ["4242"]
 
 
@@ -98,20 +86,9 @@ async def test_a_plain_step_failing_after_close_journals_its_failure_and_the_bod
         return scripted_agent("shop", script, tools=[pay])
 
     rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
-    turn.append(asyncio.create_task(rt.generate("shop", "pay")))
-    while not started.is_set():
-        await asyncio.sleep(0.01)
-    sid = (await rt.sessions())[0].id
-    await rt.close()
-    with pytest.raises(so.UsageError, match="closed while this call ran"):
-        await turn[0]
+    sid = await closed_mid_call(rt, "pay", started, turn)
     assert runs == ["charge"]
-    again = so.Runtime([agent()], store=store_url, lease_ttl=600)
-    try:
-        r = await again.generate(session_id=sid)
-        assert r.status == "completed", r
-    finally:
-        await again.close()
+    await resumed_to_the_end(agent(), store_url, sid)
     assert runs == ["charge", "notify"]
 
 
@@ -139,20 +116,9 @@ async def test_a_plain_tool_running_at_close_has_its_result_recorded_and_does_no
         return scripted_agent("shop", [refunding, seen], tools=[refund])
 
     rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
-    turn.append(asyncio.create_task(rt.generate("shop", "refund")))
-    while not started.is_set():
-        await asyncio.sleep(0.01)
-    sid = (await rt.sessions())[0].id
-    await rt.close()
-    with pytest.raises(so.UsageError, match="closed while this call ran"):
-        await turn[0]
+    sid = await closed_mid_call(rt, "refund", started, turn)
     assert refunds == ["1"]
-    again = so.Runtime([agent()], store=store_url, lease_ttl=600)
-    try:
-        r = await again.generate(session_id=sid)
-        assert r.status == "completed", r
-    finally:
-        await again.close()
+    await resumed_to_the_end(agent(), store_url, sid)
     assert refunds == ["1"]
     [result] = tool_results(seen.last)
     assert (result.is_error, result.content) == (False, "refunded 1")
@@ -198,12 +164,7 @@ async def test_an_async_step_whose_record_waits_at_close_is_journaled_and_not_ru
         await closing[0]
         with contextlib.suppress(so.UsageError):  # "closed while this call ran", if it was
             await turn
-    again = so.Runtime([agent()], store=store_url, lease_ttl=600)
-    try:
-        r = await again.generate(session_id=sid)
-        assert r.status == "completed", r
-    finally:
-        await again.close()
+    await resumed_to_the_end(agent(), store_url, sid)
     assert sorted(charges) == ["1111", "2222"]
 
 
@@ -216,23 +177,15 @@ async def test_an_async_tool_whose_outcome_waits_at_close_is_recorded_and_not_ru
     resumed turn ran the refund again. The outcome of a body that ended is recorded before the
     cancel goes on."""
     refunds: list[str] = []
-    held, closing = asyncio.Event(), asyncio.Event()
     rt = so.Runtime([], store=store_url, lease_ttl=600)
-
-    async def hold(sid: str) -> None:
-        async with rt._lock_of(sid):  # as a commit of another task, mid-way
-            held.set()
-            await closing.wait()
-            await asyncio.sleep(0.05)
-
-    holding: list[asyncio.Task[None]] = []
+    locked = HeldLock(rt)
 
     @so.tool
     async def refund(ctx: so.ToolContext, order_id: str) -> str:
         """Refund the order."""
         refunds.append(order_id)
-        holding.append(asyncio.create_task(hold(ctx.session.id)))
-        await held.wait()
+        locked.hold(ctx.session.id)  # as a commit of another task, mid-way
+        await locked.held.wait()
         return f"refunded {order_id}"
 
     def agent() -> so.Agent:
@@ -243,20 +196,6 @@ async def test_an_async_tool_whose_outcome_waits_at_close_is_recorded_and_not_ru
     async with rt:
         sid = await rt.create_session("shop")
         turn = asyncio.create_task(rt.generate(session_id=sid, prompt="refund"))
-        lock = rt._lock_of(sid)
-        while not (held.is_set() and lock._waiters):  # the result's record waits for it
-            await asyncio.sleep(0.01)
-        stopping = asyncio.create_task(rt.close())
-        await asyncio.sleep(0.01)
-        closing.set()
-        await stopping
-        with contextlib.suppress(so.UsageError):  # "closed while this call ran"
-            await turn
-        await holding[0]
-    again = so.Runtime([agent()], store=store_url, lease_ttl=600)
-    try:
-        r = await again.generate(session_id=sid)
-        assert r.status == "completed", r
-    finally:
-        await again.close()
+        await locked.close_while_waited(sid, turn)  # the result's record waits for it
+    await resumed_to_the_end(agent(), store_url, sid)
     assert refunds == ["1"]

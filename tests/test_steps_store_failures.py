@@ -5,7 +5,6 @@ stores."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -15,6 +14,7 @@ import pytest
 import signoff as so
 
 from ._disk_full import disk
+from ._steps import HeldLock
 
 
 def _echo(conversation: list[so.Message]) -> so.ModelResponse:
@@ -201,32 +201,17 @@ async def test_a_kept_step_whose_record_waits_at_close_is_not_lost(store_url: st
         return f"planned {order_id} at {len(quote)}"
 
     rt.agents["support"] = _agent(plan)
-    held, closing = asyncio.Event(), asyncio.Event()
-
-    async def hold(sid: str) -> None:
-        async with rt._lock_of(sid):  # as a commit of another task, mid-way
-            held.set()
-            await closing.wait()
-            await asyncio.sleep(0.05)
+    locked = HeldLock(rt)
 
     async with rt:
         sid = await rt.create_session("support")
         with pytest.raises(so.StoreError):
             await rt.generate(session_id=sid, prompt="plan order 7")
         unfill()
-        holding = asyncio.create_task(hold(sid))
-        await held.wait()
+        locked.hold(sid)  # as a commit of another task, mid-way
+        await locked.held.wait()
         turn = asyncio.create_task(rt.generate(session_id=sid))
-        lock = rt._lock_of(sid)
-        while not lock._waiters:  # the kept step's record waits for it
-            await asyncio.sleep(0.01)
-        stopping = asyncio.create_task(rt.close())
-        await asyncio.sleep(0.01)
-        closing.set()
-        await stopping
-        with contextlib.suppress(so.UsageError):  # "closed while this call ran"
-            await turn
-        await holding
+        await locked.close_while_waited(sid, turn)  # the kept step's record waits for it
         done = await rt.generate(session_id=sid)  # the runtime opens its store again
         assert done.status == "completed", done
         events = [e async for e in rt.events(sid, follow=False)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -55,13 +55,26 @@ async def test_a_delegate_call_to_a_missing_agent_is_a_named_tool_error(store_ur
         assert await store_contents(rt.store, r.session_id) == before
 
 
-async def _parked(store_url: str, ran: list[dict[str, Any]], after: Counted) -> so.GenerateResult:
-    """A parent waiting on its child's approval, made by a runtime with both agents."""
+class _Parked(NamedTuple):
+    r: so.GenerateResult  # the parent's turn, waiting
+    mirror: so.InputRequest  # the child's approval, as the parent shows it
+    ran: list[dict[str, Any]]  # the refunds the child's tool made
+    after: Counted  # the parent's step after the child answers
+    parent: so.Agent  # the two agents, made anew for the runtimes that go on
+    child: so.Agent
+
+
+async def _parked(store_url: str, text: str) -> _Parked:
+    """A parent waiting on its child's approval, made by a runtime with both agents; `text` is
+    what the parent says once the child has answered."""
+    ran: list[dict[str, Any]] = []
+    after = Counted(text)
     parent, child = refund_agents(ran, after)
     async with so.Runtime([parent, child], store=store_url) as rt:
         r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
     assert r.status == "waiting"
-    return r
+    [mirror] = r.pending
+    return _Parked(r, mirror, ran, after, *refund_agents(ran, after))
 
 
 async def test_answering_a_child_in_a_process_lacking_its_agent_is_refused_unchanged(
@@ -69,12 +82,8 @@ async def test_answering_a_child_in_a_process_lacking_its_agent_is_refused_uncha
 ) -> None:
     """The answer given through the parent, or to the child, is `UnknownAgent` and records
     nothing; a runtime with both agents then takes the same answer."""
-    ran: list[dict[str, Any]] = []
-    after = Counted("The refund went through.")
-    r = await _parked(store_url, ran, after)
-    [mirror] = r.pending
+    r, mirror, ran, after, parent, child = await _parked(store_url, "The refund went through.")
     assert mirror.child is not None
-    parent, child = refund_agents(ran, after)
     async with so.Runtime([parent], store=store_url) as rt:
         before = await store_contents(rt.store, r.session_id)
         kid = await store_contents(rt.store, mirror.child.session_id)
@@ -98,12 +107,8 @@ async def test_cancelling_a_parent_in_a_process_lacking_its_childs_agent(
     """The parent's cancel is recorded and returned, not raised as `UnknownAgent` after it was
     committed; the child it cannot cancel is logged and left to a process that has its agent,
     where cancelling the parent again (or the orphan sweep) cancels it."""
-    ran: list[dict[str, Any]] = []
-    after = Counted("never")
-    r = await _parked(store_url, ran, after)
-    [mirror] = r.pending
+    r, mirror, ran, after, parent, child = await _parked(store_url, "never")
     assert mirror.child is not None
-    parent, child = refund_agents(ran, after)
     async with so.Runtime([parent], store=store_url) as rt:
         with caplog.at_level(logging.WARNING, logger="signoff.runtime"):
             done = await asyncio.wait_for(rt.cancel(r.session_id, "not needed"), 30)
@@ -125,12 +130,8 @@ async def test_steering_a_parent_in_a_process_lacking_its_childs_agent(store_url
     """A message to the parent while its child waits: the delegate call cannot cancel the child
     here, so the model reads `UnknownAgent` as the call's error and the turn goes on; the child,
     orphaned, is cancelled by a process that has its agent, not run: its answer is refused."""
-    ran: list[dict[str, Any]] = []
-    after = Counted("Left it.")
-    r = await _parked(store_url, ran, after)
-    [mirror] = r.pending
+    r, mirror, ran, after, parent, child = await _parked(store_url, "Left it.")
     assert mirror.child is not None
-    parent, child = refund_agents(ran, after)
     async with so.Runtime([parent], store=store_url) as rt:
         done = await asyncio.wait_for(rt.send(r.session_id, "never mind", principal=ALICE), 30)
         assert done.status == "completed" and done.text == "Left it."
@@ -155,12 +156,8 @@ async def test_a_parent_resumed_where_its_childs_agent_is_missing_takes_the_chil
     agent that process lacks, is left running); a process with the parent's agent only resumes
     the parent: its delegate call reads the child's result, which needs no drive, instead of
     telling the model `UnknownAgent` about a refund that went through."""
-    ran: list[dict[str, Any]] = []
-    after = Counted("The refund went through.")
-    r = await _parked(store_url, ran, after)
-    [mirror] = r.pending
+    r, mirror, ran, after, parent, child = await _parked(store_url, "The refund went through.")
     assert mirror.child is not None
-    parent, child = refund_agents(ran, after)
     async with so.Runtime([child], store=store_url) as rt:
         direct = so.InputResponse(request_id=mirror.child.request_id, option_id="approve")
         done = await asyncio.wait_for(
@@ -187,12 +184,8 @@ async def test_a_parent_resumed_where_its_childs_agent_is_missing_leaves_the_chi
     told the call failed, and the child, orphaned, was cancelled with its approved refund never
     run. Now that resume raises `UnknownAgent` and records nothing: a process with the child's
     agent runs the refund, and the parent then takes its result."""
-    ran: list[dict[str, Any]] = []
-    after = Counted("The refund went through.")
-    r = await _parked(store_url, ran, after)
-    [mirror] = r.pending
+    r, mirror, ran, after, parent, child = await _parked(store_url, "The refund went through.")
     assert mirror.child is not None
-    parent, child = refund_agents(ran, after)
     async with so.Runtime([parent, child], store=store_url) as rt:
         approve = so.InputResponse(request_id=mirror.id, option_id="approve")
         await rt.respond(r.session_id, [approve], principal=ALICE, resume=False)
@@ -222,12 +215,8 @@ async def test_a_process_with_only_the_childs_agent_sweeps_the_child_a_cancel_le
     """The parent's cancel, in a process lacking the child's agent, leaves the child to one that
     has it: the orphan sweep of a process running only the child's agent (`signoff worker` for
     `billing`) cancels it, which its agents' lack of delegate tools used to skip."""
-    ran: list[dict[str, Any]] = []
-    after = Counted("never")
-    r = await _parked(store_url, ran, after)
-    [mirror] = r.pending
+    r, mirror, ran, after, parent, child = await _parked(store_url, "never")
     assert mirror.child is not None
-    parent, child = refund_agents(ran, after)
     async with so.Runtime([parent], store=store_url) as rt:
         assert (await asyncio.wait_for(rt.cancel(r.session_id), 30)).status == "cancelled"
     async with so.Runtime([child], store=store_url) as rt:

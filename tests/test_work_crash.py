@@ -14,14 +14,16 @@ from ._procs import ROOT, make_agent, read_executions
 from .test_sqlite_upgrade import _child_env
 
 # A worker for the session `sys.argv[3]`; with "claim", it dies once a claim took sessions,
-# else it stops once the session's turn has completed.
+# else it stops once the session's turn has completed. Its 2 s TTL is waited out once, for the
+# killed worker's lease to lapse; at 0.5 s a loaded machine stalling the other worker past its
+# lease had it give the lease up mid-drive (its renewal gets 50 ms, waking past the expiry).
 _WORKER = """
 import asyncio, os, signal, sys
 import signoff as so
 from tests._procs import make_agent
 url, records, sid, kill = sys.argv[1:5]
 async def main():
-    async with so.Runtime([make_agent(records)], store=url, lease_ttl=0.5) as rt:
+    async with so.Runtime([make_agent(records)], store=url, lease_ttl=2.0) as rt:
         claim = rt.store.claim
         async def claimed(*args, **kwargs):
             got = await claim(*args, **kwargs)

@@ -28,11 +28,17 @@ from signoff.stores._codec import unpack_snapshot
 from signoff.testing import call, call_tools, reply, scripted_agent, timeline
 
 from ._forks import python_env
-from ._procs import query
+from ._procs import lapse_leases, query
 
 ROOT = Path(__file__).resolve().parent.parent
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
 LEASE_TTL = 0.5
+"""The lease TTL of the test that needs a step to block past it."""
+
+CHILD_LEASE_TTL = 5.0
+"""The children's lease TTL otherwise: one a loaded machine's stalls cannot outlast (a drive
+waking past its lease's expiry gives its renewal a tenth of it); a killed child's lease is
+lapsed by hand (`Child.sigkill`), as its TTL passing would."""
 
 
 # -- what the children run -----------------------------------------------------------------
@@ -122,7 +128,7 @@ async def child_main(args: argparse.Namespace) -> None:
         workdir, hang_after_step=args.hang_after_step, slow_step=args.slow_step, notes=args.notes
     )
     store = args.store or f"sqlite:///{workdir / 'state.db'}"
-    rt = so.Runtime([agent], store=store, lease_ttl=LEASE_TTL)
+    rt = so.Runtime([agent], store=store, lease_ttl=args.lease_ttl)
     await rt.open()
     if args.command == "start":
         r = await rt.generate("bank", prompt="move 200 to Bob", auth=ALICE)
@@ -153,6 +159,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-step", type=float, default=0.0)
     p.add_argument("--notes", type=int, default=0)
     p.add_argument("--store", help="the store's URL (a SQLite file in --workdir if not given)")
+    p.add_argument("--lease-ttl", type=float, default=CHILD_LEASE_TTL)
     return p
 
 
@@ -163,6 +170,11 @@ class Child:
     """A child process whose stdout JSON lines are read with a timeout."""
 
     def __init__(self, workdir: Path, argv: list[str]) -> None:
+        self.store = (
+            argv[argv.index("--store") + 1]
+            if "--store" in argv
+            else f"sqlite:///{workdir / 'state.db'}"
+        )
         n = len(list(workdir.glob("child-*.err")))
         self.stderr_path = workdir / f"child-{n}-{argv[0]}.err"
         self._stderr = self.stderr_path.open("w")
@@ -207,8 +219,10 @@ class Child:
         return self.stderr_path.read_text()
 
     def sigkill(self) -> None:
+        """Kill the child, and lapse the lease it may hold, as its TTL passing would."""
         os.kill(self.proc.pid, signal.SIGKILL)
         assert self.proc.wait(timeout=10) == -signal.SIGKILL
+        lapse_leases(self.store)
 
     def finish(self) -> None:
         rc = self.proc.wait(timeout=20)
@@ -418,7 +432,8 @@ async def test_a_step_blocking_past_the_lease_ttl_is_not_run_again_by_a_worker(
     children: list[Child] = []
     try:
         slow = str(6 * LEASE_TTL)
-        first = Child(tmp_path, ["start", "--slow-step", slow, "--store", store_url])
+        options = ["--slow-step", slow, "--store", store_url, "--lease-ttl", str(LEASE_TTL)]
+        first = Child(tmp_path, ["start", *options])
         children.append(first)
         first.expect("step-started")
         agent = make_agent(tmp_path)
