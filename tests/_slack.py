@@ -106,6 +106,9 @@ class FakeSlack:
         self.on_post: Callable[[dict[str, Any]], None] | None = None  # once Slack has a post
         self.triggers: set[str] = set()  # trigger ids views.open used
         self.users: dict[str, dict[str, Any]] = {}  # user id -> users.info's user object
+        # auth.test's answer: the workspace (and Enterprise Grid organization) of the install
+        self.team = TEAM
+        self.enterprise: str | None = None
         self.called_at: list[float] = []  # monotonic time of each of `calls`, as it came
 
     async def start(self) -> None:
@@ -207,6 +210,11 @@ class FakeSlack:
             return web.json_response({"ok": True, "view": {"id": "V1"}})
         if method == "views.update":
             return web.json_response({"ok": True, "view": {"id": body["view_id"]}})
+        if method == "auth.test":
+            org = {"enterprise_id": self.enterprise} if self.enterprise else {}
+            return web.json_response(
+                {"ok": True, "team_id": self.team, "user_id": "U0BOT", "bot_id": "B0BOT", **org}
+            )
         if method == "users.info":
             user = self.users.get(body.get("user", ""))
             if user is None:
