@@ -107,7 +107,7 @@ class FakeSlack:
         self.triggers: set[str] = set()  # trigger ids views.open used
         self.users: dict[str, dict[str, Any]] = {}  # user id -> users.info's user object
         # auth.test's answer: the workspace (and Enterprise Grid organization) of the install
-        self.team = TEAM
+        self.team: str | None = TEAM  # None: an org-wide installation's
         self.enterprise: str | None = None
         self.called_at: list[float] = []  # monotonic time of each of `calls`, as it came
 
@@ -211,10 +211,9 @@ class FakeSlack:
         if method == "views.update":
             return web.json_response({"ok": True, "view": {"id": body["view_id"]}})
         if method == "auth.test":
-            org = {"enterprise_id": self.enterprise} if self.enterprise else {}
-            return web.json_response(
-                {"ok": True, "team_id": self.team, "user_id": "U0BOT", "bot_id": "B0BOT", **org}
-            )
+            ids = {"team_id": self.team, "enterprise_id": self.enterprise}
+            ids = {k: v for k, v in ids.items() if v is not None}
+            return web.json_response({"ok": True, "user_id": "U0BOT", "bot_id": "B0BOT", **ids})
         if method == "users.info":
             user = self.users.get(body.get("user", ""))
             if user is None:

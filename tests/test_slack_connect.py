@@ -193,6 +193,30 @@ async def test_on_enterprise_grid_a_member_of_the_organization_is_mapped(
     assert found.principal_id == expected
 
 
+@pytest.mark.parametrize(("user", "mapped"), [("W0ALEX", True), (U_MALLORY, False)])
+async def test_an_org_wide_installation_maps_the_organizations_members(
+    fake: FakeSlack, user: str, mapped: bool
+) -> None:
+    """Installed org-wide, `auth.test` names the organization and no workspace."""
+    fake.team, fake.enterprise = None, ORG
+    fake.users["W0ALEX"] = guest("W0ALEX", f"alex@{CORP}", team="T0EUROPE")
+    fake.users["W0ALEX"]["enterprise_user"] = {"enterprise_id": ORG, "teams": ["T0EUROPE"]}
+    fake.users[U_MALLORY] = guest(U_MALLORY, f"carol@{CORP}")
+    slack = channel(fake, identify=IDENTIFY)
+    team = ORG if mapped else PARTNER
+    found = await slack.identities.principal(team, user)
+    assert found.principal_id == (f"alex@{CORP}" if mapped else f"slack:{PARTNER}:{U_MALLORY}")
+
+
+async def test_a_failing_auth_test_refuses_with_a_reason(fake: FakeSlack) -> None:
+    fake.failing["auth.test"] = "invalid_auth"
+    slack = channel(fake, identify=IDENTIFY)
+    with pytest.raises(SlackUserUnknown, match="Slack answered invalid_auth"):
+        await slack.identities.principal(TEAM, U_CAROL)
+    del fake.failing["auth.test"]  # asked again: not kept until it answers
+    assert (await slack.identities.principal(TEAM, U_CAROL)).principal_id == f"carol@{CORP}"
+
+
 async def test_a_guest_is_logged_once(fake: FakeSlack, caplog: pytest.LogCaptureFixture) -> None:
     fake.users[U_MALLORY] = guest(U_MALLORY, f"carol@{CORP}")
     slack = channel(fake, identify=IDENTIFY)
@@ -216,13 +240,6 @@ async def test_a_user_slack_places_in_another_team_than_the_payload_is_not_mappe
     slack = channel(fake, identify=IDENTIFY)
     for user in ("U0ODD", "U0NONE"):
         assert (await slack.identities.principal(TEAM, user)).principal_id == f"slack:{TEAM}:{user}"
-
-
-async def test_a_failing_auth_test_refuses_with_a_reason(fake: FakeSlack) -> None:
-    fake.failing["auth.test"] = "invalid_auth"
-    slack = channel(fake, identify=IDENTIFY)
-    with pytest.raises(SlackUserUnknown, match="Slack answered invalid_auth"):
-        await slack.identities.principal(TEAM, U_CAROL)
 
 
 @pytest.mark.parametrize("teams", ["T0PARTNER", [""], [" T1"], [3]])

@@ -211,15 +211,15 @@ class Identities:
         return None
 
     async def _installation(self) -> tuple[frozenset[str], str | None]:
-        """The ids of the workspace (and Enterprise Grid organization) the bot token is
-        installed in, from `auth.test` once it answers."""
+        """The ids of the workspace and Enterprise Grid organization the bot token is installed
+        in (an org-wide installation may have no workspace), from `auth.test` once it answers."""
         if self._home is None:
             reply = await self._call("auth_test")
             team, org = reply.get("team_id"), reply.get("enterprise_id")
-            if not isinstance(team, str) or not team:
-                raise ValueError("auth.test gave no team_id")
-            org = org if isinstance(org, str) and org else None
-            self._home = (frozenset({team} if org is None else {team, org}), org)
+            ids = frozenset(i for i in (team, org) if isinstance(i, str) and i)
+            if not ids:
+                raise ValueError("auth.test gave neither a team_id nor an enterprise_id")
+            self._home = (ids, org if isinstance(org, str) and org else None)
         return self._home
 
     def _note_guest(self, team_id: str, user_id: str) -> None:
