@@ -111,6 +111,9 @@ class FakeSlack:
         self.on_post: Callable[[dict[str, Any]], None] | None = None  # once Slack has a post
         self.triggers: set[str] = set()  # trigger ids views.open used
         self.users: dict[str, dict[str, Any]] = {}  # user id -> users.info's user object
+        # auth.test's answer: the workspace (and Enterprise Grid organization) of the install
+        self.team: str | None = TEAM  # None: an org-wide installation's
+        self.enterprise: str | None = None
         self.called_at: list[float] = []  # monotonic time of each of `calls`, as it came
 
     async def start(self) -> None:
@@ -212,6 +215,10 @@ class FakeSlack:
             return web.json_response({"ok": True, "view": {"id": "V1"}})
         if method == "views.update":
             return web.json_response({"ok": True, "view": {"id": body["view_id"]}})
+        if method == "auth.test":
+            ids = {"team_id": self.team, "enterprise_id": self.enterprise}
+            ids = {k: v for k, v in ids.items() if v is not None}
+            return web.json_response({"ok": True, "user_id": "U0BOT", "bot_id": "B0BOT", **ids})
         if method == "users.info":
             user = self.users.get(body.get("user", ""))
             if user is None:

@@ -208,6 +208,7 @@ def test_serve_then_approve_from_the_command_line(
         (["--slack-token", "xoxb-1"], "--slack-token is given but no --slack-channel"),
         (["--slack-signing-secret", "s"], "--slack-signing-secret is given but no --slack-channel"),
         (["--slack-users-by-email"], "--slack-users-by-email is given but no --slack-channel"),
+        (["--slack-external-team", "T0P"], "--slack-external-team is given but no --slack-users"),
         (["--channel-state", "hub.db"], "--channel-state is given but no --webhook or --slack"),
     ],
 )
@@ -279,6 +280,36 @@ def test_serve_maps_slack_users_to_token_principals_by_email(
         return
     found = channel.identities.identify("T1", "U1", user)
     assert found == so.Principal(authenticator="token", principal_id="alice@corp.example")
+    assert channel.identities.external == frozenset()
+
+
+def test_serve_maps_the_slack_users_of_the_external_teams_it_is_given(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`--slack-external-team` (repeatable): the Slack Connect partners whose users
+    `--slack-users-by-email` maps too (`SlackChannel(external_teams=...)`)."""
+    import uvicorn
+
+    from signoff.channels import slack
+
+    made: list[Any] = []
+
+    class Recorded(slack.SlackChannel):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(slack, "SlackChannel", Recorded)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: None)
+    args = ["--slack-channel", "C0123", "--slack-token", "xoxb-1", "--slack-signing-secret", "s"]
+    args += ["--slack-users-by-email", "--slack-external-team", "T0P"]
+    args += ["--slack-external-team", "E0Q"]
+    result = invoke(
+        "serve", "examples.support:runtime", "--store", f"sqlite:///{tmp_path}/s.db", *args
+    )
+    assert result.exit_code == 0, result.output
+    (channel,) = made
+    assert channel.identities.external == frozenset({"T0P", "E0Q"})
 
 
 def test_serve_maps_a_slack_email_to_the_token_principal_in_its_own_case(

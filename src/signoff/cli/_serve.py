@@ -124,6 +124,16 @@ def serve(
             "wherever they answer; the bot needs users:read and users:read.email.",
         ),
     ] = False,
+    slack_external_team: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--slack-external-team",
+            metavar="TEAM_ID",
+            help="With --slack-users-by-email, also map users of this Slack Connect partner's "
+            "workspace or organization (repeatable); others outside the app's own act as "
+            "slack:<team>:<user>, as their admin sets their email.",
+        ),
+    ] = None,
     secret: Annotated[
         str | None,
         typer.Option(
@@ -263,7 +273,9 @@ def serve(
         with misuse():  # the command line's own mistakes, before the runtime is imported
             split_target(target)
             auth = None if not token else TokenAuth(_token_principals(token))
-            _refuse_stray_channel_options(ctx, bool(webhook), bool(slack_channel))
+            _refuse_stray_channel_options(
+                ctx, bool(webhook), bool(slack_channel), slack_users_by_email
+            )
             _check_metrics(ctx, metrics, metrics_token, auth)
             _refuse_missing_secrets(
                 bool(webhook), webhook_secret, slack_channel, slack_token, slack_signing_secret
@@ -295,6 +307,7 @@ def serve(
             slack_token if slack_channel else None,
             slack_signing_secret if slack_channel else None,
             by_email=slack_users_by_email,
+            external_teams=slack_external_team,
             principals=[p.principal_id for p in _token_principals(token or []).values()],
         )
         _check_address(host, port)
@@ -385,7 +398,9 @@ async def _check_store(store: Store, up: list[bool]) -> None:
         await runtime.close()
 
 
-def _refuse_stray_channel_options(ctx: typer.Context, webhooks: bool, slack: bool) -> None:
+def _refuse_stray_channel_options(
+    ctx: typer.Context, webhooks: bool, slack: bool, by_email: bool
+) -> None:
     """Refuse a channel option typed on the command line without its channel (a mistake), while
     the same secret exported in the environment alone is left unused (it may serve another run)."""
 
@@ -399,6 +414,12 @@ def _refuse_stray_channel_options(ctx: typer.Context, webhooks: bool, slack: boo
         ("slack_token", "--slack-token", slack, "--slack-channel"),
         ("slack_signing_secret", "--slack-signing-secret", slack, "--slack-channel"),
         ("slack_users_by_email", "--slack-users-by-email", slack, "--slack-channel"),
+        (
+            "slack_external_team",
+            "--slack-external-team",
+            slack and by_email,
+            "--slack-users-by-email",
+        ),
     ):
         if not given and typed(param):
             raise UsageError(f"{flag} is given but no {needed}")
@@ -493,11 +514,12 @@ def _slack_channels(
     slack_signing_secret: str | None,
     *,
     by_email: bool = False,
+    external_teams: list[str] | None = None,
     principals: list[str] | None = None,
 ) -> list[Any]:
     """The Slack channel `serve` was asked for, built before the server starts; `by_email`:
-    its users act as the `--token` principal (of `principals`) their confirmed email names, in
-    any case."""
+    its users (of its own workspace and `external_teams`) act as the `--token` principal (of
+    `principals`) their confirmed email names, in any case."""
     if not slack_channel or not slack_token or not slack_signing_secret:
         return []
     from ..channels import slack  # a UsageError with the install hint if missing
@@ -505,7 +527,11 @@ def _slack_channels(
     identify = slack.by_email("token", principals=principals) if by_email else None
     return [
         slack.SlackChannel(
-            slack_channel, token=slack_token, signing_secret=slack_signing_secret, identify=identify
+            slack_channel,
+            token=slack_token,
+            signing_secret=slack_signing_secret,
+            identify=identify,
+            external_teams=external_teams,
         )
     ]
 

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from slack_sdk.errors import SlackApiError
@@ -96,7 +96,10 @@ class SlackChannel(Channel):
     People act as `slack:<team_id>:<user_id>` unless `identify` maps them: a callable (sync or
     async) of the team id, the user id and the user's `users.info` object (needs `users:read`)
     returning their `so.Principal` on your other surfaces, or None to refuse them; `by_email`
-    is one.
+    is one. It is asked only about members of the workspace (or Enterprise Grid organization)
+    the bot token is installed in (`auth.test`) and of the team ids `external_teams` lists: a
+    Slack Connect guest from elsewhere, whose email their own admin sets, stays
+    `slack:<their team>:<user>`.
     """
 
     name = "slack"
@@ -115,6 +118,7 @@ class SlackChannel(Channel):
         events_path: str | None = "/channels/slack/events",
         clock: Callable[[], float] = time.time,
         identify: SlackUserMapping | None = None,
+        external_teams: Iterable[str] | None = None,
     ) -> None:
         super().__init__(name=name, accepts=accepts)
         if not isinstance(channel, str) or not channel:
@@ -159,7 +163,7 @@ class SlackChannel(Channel):
         self._presence: Presence | None = None  # held while it may act on the work it took
         self._presence_lock = threading.Lock()
         self._closing: asyncio.Event | None = None  # set by close(): notes stop waiting
-        self.identities = Identities(self, identify)
+        self.identities = Identities(self, identify, external_teams)
         self.replies = ThreadReplies(self)
         self.clicks = Clicks(self)
         self.posts = Posts(self)

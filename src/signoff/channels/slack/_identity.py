@@ -4,6 +4,11 @@ Without a mapping it is `slack:<team_id>:<user_id>` (`slack_principal`), a name 
 surface gives the same person. With `SlackChannel(identify=...)` the channel looks the user up
 (`users.info`, cached) and asks the mapping for the principal they are on the dashboard, the
 API or SSO, so four eyes and a distinct quorum see one person wherever they answer.
+
+The mapping is asked only about members of the workspace (or Enterprise Grid organization) the
+app is installed in, as `auth.test` names it, and of the teams `external_teams` lists: another
+organization's admin in a Slack Connect channel can give a user any email, ours included, so
+such a guest stays `slack:<their team>:<user>`.
 """
 
 from __future__ import annotations
@@ -62,8 +67,9 @@ def by_email(
     """A mapping for `SlackChannel(identify=...)`: the principal of a Slack user is their
     confirmed Slack email as `principal_id` under `authenticator` (and `issuer`), the identity
     your dashboard's SSO gives them. Needs the `users:read` and `users:read.email` scopes;
-    `domains` limits it to those email domains (a Slack Connect guest's email is their own
-    organization's).
+    `domains` limits it to those email domains. The channel asks it only about its own
+    workspace's (or organization's) members and `external_teams`' users: another
+    organization's admin sets their users' emails, so one in your domain proves nothing.
 
     Emails are matched without regard to case, as Slack and most providers treat them (RFC
     5321 lets a local part's case matter; few mail systems use that): the id is the email
@@ -123,13 +129,28 @@ class Identities:
     the mapping's, given the user's `users.info` (kept `CACHE_FOR` seconds, `CACHED_USERS` at
     most)."""
 
-    def __init__(self, channel: SlackChannel, identify: SlackUserMapping | None) -> None:
+    def __init__(
+        self,
+        channel: SlackChannel,
+        identify: SlackUserMapping | None,
+        external_teams: Iterable[str] | None = None,
+    ) -> None:
         if identify is not None and not callable(identify):
             raise UsageError("SlackChannel: identify must be a callable (team, user, user info)")
+        if isinstance(external_teams, str):
+            raise UsageError("SlackChannel: external_teams is a list of team ids, not one string")
+        external = list(external_teams or ())
+        if external and identify is None:
+            raise UsageError("SlackChannel: external_teams is for identify=: give both or neither")
+        if not all(isinstance(t, str) and t.strip() and t == t.strip() for t in external):
+            raise UsageError(f"SlackChannel: external_teams must be Slack team ids: {external!r}")
         self.channel = channel
         self.identify = identify
+        self.external = frozenset(external)
         self.within = LOOKUP_WITHIN
         self._users: OrderedDict[tuple[str, str], tuple[float, Mapping[str, Any]]] = OrderedDict()
+        self._home: tuple[frozenset[str], str | None] | None = None  # auth.test's team and org
+        self._guests: OrderedDict[tuple[str, str], None] = OrderedDict()  # logged once each
 
     async def principal(self, team_id: str, user_id: str) -> Principal:
         """The principal a Slack user acts as; `SlackUserUnknown` (its message for them) when
@@ -138,7 +159,10 @@ class Identities:
             return slack_principal(team_id, user_id)
         try:
             async with asyncio.timeout(self.within):
-                user = await self._user(team_id, user_id)
+                user = await self._eligible(team_id, user_id)
+                if user is None:
+                    self._note_guest(team_id, user_id)
+                    return slack_principal(team_id, user_id)
                 found = await self._map(team_id, user_id, user)
         except SlackUserUnknown as exc:
             logger.warning("slack: user %s:%s was refused: %s", team_id, user_id, exc)
@@ -166,6 +190,58 @@ class Identities:
             raise SlackUserUnknown("signoff could not tell who you are (a mapping error)")
         return found
 
+    async def _eligible(self, team_id: str, user_id: str) -> Mapping[str, Any] | None:
+        """The `users.info` object of a user the mapping may be asked about, None for a guest.
+
+        One is eligible when both the click's (or reply's) team and `users.info`'s `team_id`
+        are the installation's workspace or organization or an `external_teams` one, or, on
+        Enterprise Grid, when `users.info`'s `enterprise_user` is of such an organization (a
+        member of another of its workspaces)."""
+        home, org = await self._installation()
+        trusted = home | self.external
+        if org is None and team_id not in trusted:
+            return None  # a guest: not even looked up
+        user = await self._user(team_id, user_id)
+        grid = user.get("enterprise_user")
+        their_org = grid.get("enterprise_id") if isinstance(grid, Mapping) else None
+        if isinstance(their_org, str) and their_org and their_org in trusted:
+            return user
+        if team_id in trusted and user.get("team_id") in trusted:
+            return user
+        return None
+
+    async def _installation(self) -> tuple[frozenset[str], str | None]:
+        """The ids of the workspace and Enterprise Grid organization the bot token is installed
+        in (an org-wide installation may have no workspace), from `auth.test` once it answers."""
+        if self._home is None:
+            reply = await self._call("auth_test")
+            team, org = reply.get("team_id"), reply.get("enterprise_id")
+            ids = frozenset(i for i in (team, org) if isinstance(i, str) and i)
+            if not ids:
+                raise ValueError("auth.test gave neither a team_id nor an enterprise_id")
+            self._home = (ids, org if isinstance(org, str) and org else None)
+        return self._home
+
+    def _note_guest(self, team_id: str, user_id: str) -> None:
+        """Log, once per user (of the last `CACHED_USERS`), why `identify` did not map one."""
+        key = (team_id, user_id)
+        if key in self._guests:
+            self._guests.move_to_end(key)
+            return
+        self._guests[key] = None
+        while len(self._guests) > CACHED_USERS:
+            self._guests.popitem(last=False)
+        home = ", ".join(sorted(self._home[0])) if self._home is not None else "?"
+        logger.warning(
+            "slack: user %s of team %s is not of the workspace the app is installed in (%s) "
+            "nor of a team external_teams lists, so identify is not asked about them: they act "
+            "as %s",
+            user_id,
+            team_id,
+            home,
+            slack_principal(team_id, user_id).principal_id,
+        )
+
     async def _user(self, team_id: str, user_id: str) -> Mapping[str, Any]:
         """`users.info`'s user object, from the cache while it is fresh."""
         key, now = (team_id, user_id), time.monotonic()
@@ -174,7 +250,7 @@ class Identities:
             self._users.move_to_end(key)
             return cached[1]
         try:
-            reply = await self._users_info(user_id)
+            reply = await self._call("users_info", user=user_id)
         except SlackApiError as exc:
             error = api_error(exc)
             if error == "missing_scope":
@@ -195,12 +271,13 @@ class Identities:
             self._users.popitem(last=False)
         return user
 
-    async def _users_info(self, user_id: str) -> Any:
-        """`users.info`, called again after a 429's Retry-After while that fits in the time a
-        lookup has (`within`; past it the caller's timeout ends the wait)."""
+    async def _call(self, method: str, **kwargs: Any) -> Any:
+        """A Web API call (`users_info`, `auth_test`), made again after a 429's Retry-After
+        while that fits in the time a lookup has (`within`; past it the caller's timeout ends
+        the wait)."""
         while True:
             try:
-                return await self.channel.client.users_info(user=user_id)
+                return await getattr(self.channel.client, method)(**kwargs)
             except SlackApiError as exc:
                 wait = retry_after(exc)
                 if wait is None or wait >= self.within:
