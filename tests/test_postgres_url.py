@@ -166,6 +166,16 @@ def test_an_option_neither_signoff_nor_libpq_knows_is_refused_when_the_store_is_
     assert "s3cret" not in message
 
 
+def test_an_equals_sign_in_a_libpq_options_value_is_told_how_to_write() -> None:
+    """`?options=-csearch_path=public` is refused by libpq's own URL parser ("extra key/value
+    separator"); the error says to percent-encode the `=`, which it did not."""
+    with pytest.raises(StoreError) as info:
+        PostgresStore("postgresql://u@h/db?options=-csearch_path=public")
+    assert 'percent-encode an "=" in a value as %3D' in str(info.value), info.value
+    store = PostgresStore("postgresql://u@h/db?options=-csearch_path%3Dpublic")
+    assert store.schema == "signoff"
+
+
 def test_an_option_of_signoffs_given_twice_is_refused() -> None:
     """The last one won silently: `?pool_max=2&...&pool_max=50` sized the pool at 50."""
     with pytest.raises(StoreError, match="URL option pool_max is given twice"):

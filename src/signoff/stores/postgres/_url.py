@@ -120,10 +120,10 @@ def check_parameters(dsn: str) -> None:
         _conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         if "query parameter" in str(exc):  # else a bad port, say: said when connecting
-            raise StoreError(
-                f"invalid PostgreSQL URL: {exc}".strip()
-                + f" (signoff's own options are {', '.join(_OPTIONS)})"
-            ) from None
+            hint = f"signoff's own options are {', '.join(_OPTIONS)}"
+            if "key/value separator" in str(exc):  # `options=-csearch_path=x`
+                hint = f'percent-encode an "=" in a value as %3D; {hint}'
+            raise StoreError(f"invalid PostgreSQL URL: {exc}".strip() + f" ({hint})") from None
 
 
 CONNECT_TIMEOUT = 5
