@@ -12,6 +12,7 @@ import re
 import secrets
 import socket
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from signoff.stores import Commit
 from signoff.stores.postgres import PostgresStore
 from signoff.stores.postgres._url import CONNECT_TIMEOUT, TCP_DEFAULTS, resolved_settings
 
+from ._cli import invoke
 from ._relay import Relay
 
 Conn = psycopg.AsyncConnection[Any]
@@ -164,6 +166,16 @@ def test_an_option_neither_signoff_nor_libpq_knows_is_refused_when_the_store_is_
     assert message.startswith("invalid PostgreSQL URL: invalid URI query parameter"), message
     assert option in message and "pool_max" in message and "operation_timeout" in message
     assert "s3cret" not in message
+
+
+def test_an_equals_sign_in_a_libpq_options_value_is_told_how_to_write() -> None:
+    """`?options=-csearch_path=public` is refused by libpq's own URL parser ("extra key/value
+    separator"); the error says to percent-encode the `=`, which it did not."""
+    with pytest.raises(StoreError) as info:
+        PostgresStore("postgresql://u@h/db?options=-csearch_path=public")
+    assert 'percent-encode an "=" in a value as %3D' in str(info.value), info.value
+    store = PostgresStore("postgresql://u@h/db?options=-csearch_path%3Dpublic")
+    assert store.schema == "signoff"
 
 
 def test_an_option_of_signoffs_given_twice_is_refused() -> None:
@@ -339,6 +351,58 @@ async def test_a_server_that_accepts_and_never_answers_fails_open_with_the_defau
     assert f"cannot connect to PostgreSQL at postgresql://alice@127.0.0.1:{port}/db" in str(
         info.value
     )
+
+
+@pytest.mark.parametrize(("query", "waits"), [("?connect_timeout=2", 2), ("?connect_timeout=3", 3)])
+async def test_a_silent_server_fails_open_migrate_and_reads_after_the_urls_connect_timeout(
+    query: str, waits: int
+) -> None:
+    """A listening socket that never speaks (a hung server, a pgbouncer whose process froze):
+    the URL's `connect_timeout`, not the default, bounds `open()`, `migrate()` (what `signoff db
+    upgrade` runs) and a read of the schema version (`db status`) alike."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        url = f"postgresql://alice@127.0.0.1:{port}/db{query}&outage_grace=30"
+        for call in ("open", "migrate", "schema_version"):
+            store = PostgresStore(url)
+            assert store.connect_timeout == waits
+            began = asyncio.get_running_loop().time()
+            try:
+                with pytest.raises(StoreUnavailable, match="timeout expired"):
+                    async with asyncio.timeout(waits * 4):
+                        await getattr(store, call)()
+            finally:
+                await store.close()
+            took = asyncio.get_running_loop().time() - began
+            assert waits - 0.5 < took < waits + 3, (call, took)
+
+
+def test_db_upgrade_and_status_on_a_silent_server_end_in_one_line() -> None:
+    """`signoff db upgrade` and `db status` against a socket that never speaks end after the
+    URL's `connect_timeout` with one line naming the server, exit status 1; never a hang."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        url = f"postgresql://alice:pw@127.0.0.1:{port}/db?connect_timeout=2"
+        for command in (["db", "upgrade"], ["db", "status"]):
+            began = time.monotonic()
+            result = invoke(*command, "--store", url)
+            took = time.monotonic() - began
+            assert result.exit_code == 1 and 1.5 < took < 6, (command, took, result.output)
+            line = f"error: StoreUnavailable: cannot connect to PostgreSQL at postgresql://alice@127.0.0.1:{port}/db"
+            assert result.stderr.startswith(line), result.stderr
+            assert len(result.stderr.strip().splitlines()) == 1 and "pw" not in result.stderr
+
+
+@pytest.mark.parametrize(("given", "waits"), [("0", 130), ("1", 2)])
+def test_the_connect_timeout_is_the_one_libpq_waits(given: str, waits: int) -> None:
+    """libpq waits 2 s at least, and psycopg 130 s for `0` (libpq's "no limit"): a store said 1
+    and 0 of the waits it would take 2 s and 130 s over, its argument's too."""
+    assert PostgresStore(f"postgresql://u@h/db?connect_timeout={given}").connect_timeout == waits
+    assert PostgresStore("postgresql://u@h/db", connect_timeout=1.5).connect_timeout == 2
 
 
 # -- a peer that stops taking what is sent ---------------------------------------------------

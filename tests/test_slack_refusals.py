@@ -189,3 +189,52 @@ async def test_a_signed_payload_nested_too_deep_to_read_is_a_400_not_a_500(
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.status == "pending"
         assert fake.of("chat.postEphemeral") == [] and fake.of("views.open") == []
+
+
+async def test_a_form_naming_a_field_twice_or_not_utf8_is_a_400_and_acts_on_nothing(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """`payload=<approve>&payload=<deny>` was read as its first payload (another parser, a
+    gateway's or a log's, reads the last), so the approval was taken; a percent-escape that is
+    not UTF-8 was read as U+FFFD. Slack sends each field once, in UTF-8: either is a 400
+    `invalid_payload` and nothing is answered, posted or opened."""
+    async with refund_requested(tmp_path, []) as (rt, req):
+        approve = click({"action_id": "signoff.approve", "value": req.id, "type": "button"})
+        deny = click({"action_id": "signoff.deny", "value": req.id, "type": "button"})
+        named = click(
+            {"action_id": "signoff.approve", "value": req.id, "type": "button"}, user="U078JK9LM"
+        )
+        assert b"%22someone%22" in named
+        bodies = {
+            "approve, then deny": approve + b"&" + deny,
+            "deny, then approve": deny + b"&" + approve,
+            "the same payload twice": approve + b"&" + approve,
+            "an empty second": approve + b"&payload=",
+            "an escape not UTF-8": named.replace(b"%22someone%22", b"%22some%E9one%22"),
+        }
+        slack = channel(fake)
+        hub = ChannelHub(rt, [slack])
+        app = create_app(rt, dev=True, channels=hub)
+        async with app.router.lifespan_context(app):
+            await hub.poll()
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                for name, body in bodies.items():
+                    headers = sign(body, int(time.time()))
+                    response = await http.post(PATH, content=body, headers=headers)
+                    assert response.status_code == 400, (name, response.text)
+                    error = response.json()["error"]
+                    assert error["code"] == "invalid_payload", (name, error)
+                    await slack.idle()
+                    stored = await rt.store.get_request(req.id)
+                    assert stored is not None and stored.status == "pending", name
+                assert fake.of("chat.postEphemeral") == [] and fake.of("views.open") == []
+                assert fake.of("chat.update") == []
+                # each payload once, in UTF-8, is read
+                response = await http.post(
+                    PATH, content=approve, headers=sign(approve, int(time.time()))
+                )
+                assert response.status_code == 200, response.text
+                await slack.idle()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.outcome == "approved"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -72,13 +73,14 @@ def test_a_postgresql_schema_with_another_programs_events_table_is_refused(
     pg_url: str,
 ) -> None:
     """The same on PostgreSQL (a schema shared with another program, `?schema=public`): the
-    migration is refused by name and rolled back whole, leaving no `schema_version` behind."""
+    migration is refused by name before it changes anything, leaving no `schema_version`
+    behind."""
     url = f"{pg_url}?schema=public"
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE public.events (id INTEGER PRIMARY KEY, name TEXT)")
         conn.execute("INSERT INTO public.events VALUES (1, 'signup')")
         for attempt in (PostgresStore(url).migrate, PostgresStore(url).open):
-            with pytest.raises(so.StoreError, match='"events" already exists'):
+            with pytest.raises(so.StoreError, match="'public' already holds events, "):
                 asyncio.run(attempt())
         result = invoke("db", "upgrade", "--store", url)
         assert result.exit_code == 1, result.output
@@ -160,3 +162,76 @@ def test_another_programs_schema_version_table_is_named_not_read_as_signoffs(
             "SELECT table_name FROM information_schema.tables WHERE table_schema='public'"
         ).fetchall()
         assert tables == [("schema_version",)]
+
+
+def _relations(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:
+    """Every schema and relation (tables, indexes, sequences) and function outside PostgreSQL's
+    own: what a refused migration must leave as it was."""
+    rows = conn.execute(
+        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') "
+        "UNION ALL SELECT n.nspname, p.proname || '()' FROM pg_proc p "
+        "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname NOT IN "
+        "('pg_catalog', 'information_schema') UNION ALL SELECT nspname, '' FROM pg_namespace "
+        "WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema' ORDER BY 1, 2"
+    ).fetchall()
+    return [(row[0], row[1]) for row in rows]
+
+
+def test_a_shared_schemas_tables_of_signoffs_names_are_named_before_any_change(
+    pg_url: str,
+) -> None:
+    """A schema shared with another program (`?schema=public`) holding tables, an index and a
+    function of the names signoff's schema creates: `db upgrade` said only `relation "leases"
+    already exists`, the first it stumbled on. Every one is named before anything is created,
+    with what to do (a schema of signoff's own), in one line."""
+    url = f"{pg_url}?schema=public"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.leases (id INTEGER PRIMARY KEY)")
+        conn.execute("CREATE TABLE public.audit (id INTEGER PRIMARY KEY, what TEXT)")
+        conn.execute("CREATE TABLE public.orders (id INTEGER PRIMARY KEY, at DOUBLE PRECISION)")
+        conn.execute("CREATE INDEX requests_due ON public.orders (at)")
+        conn.execute(
+            "CREATE FUNCTION public.request_closed(request TEXT) RETURNS BOOLEAN "
+            "LANGUAGE sql AS 'SELECT true'"
+        )
+        before = _relations(conn)
+        for attempt in (PostgresStore(url).migrate, PostgresStore(url).open):
+            with pytest.raises(so.StoreError) as info:
+                asyncio.run(attempt())
+            message = str(info.value)
+            assert "schema 'public' already holds audit, leases, requests_due and " in message
+            assert "request_closed()" in message and "?schema=NAME" in message, message
+        result = invoke("db", "upgrade", "--store", url)
+        assert result.exit_code == 1, result.output
+        assert result.stderr.startswith("error: StoreError: cannot migrate"), result.stderr
+        assert "already holds audit, leases, requests_due and request_closed()" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert _relations(conn) == before
+        # libpq's own search_path (`?options=-csearch_path=public`) moves none of signoff's
+        # tables: they are named with their schema, signoff's own, and public is untouched
+        result = invoke("db", "upgrade", "--store", f"{pg_url}?options=-csearch_path%3Dpublic")
+        assert result.exit_code == 0, result.stderr
+        assert "schema 'signoff'" in result.output
+        assert [r for r in _relations(conn) if r[0] == "public"] == [
+            r for r in before if r[0] == "public"
+        ]
+
+
+def test_a_pending_migrations_names_are_checked_not_the_stores_own(pg_url: str) -> None:
+    """A store one migration behind: its own tables are no obstacle to the next migration, a
+    foreign table of the name that migration creates is, named before anything changes."""
+    url = f"{pg_url}?schema=shared"
+    asyncio.run(PostgresStore(url).migrate())
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        last = conn.execute("SELECT MAX(version) FROM shared.schema_version").fetchone()
+        assert last is not None
+        conn.execute("DROP TABLE shared.channel_claims")
+        conn.execute("DELETE FROM shared.schema_version WHERE version = %s", (last[0],))
+        conn.execute("CREATE TABLE shared.channel_claims (id INTEGER)")
+        before = _relations(conn)
+        with pytest.raises(so.StoreError, match="already holds channel_claims, "):
+            asyncio.run(PostgresStore(url).migrate())
+        assert _relations(conn) == before
+        conn.execute("DROP TABLE shared.channel_claims")
+        assert asyncio.run(PostgresStore(url).migrate()) == (last[0] - 1, last[0])

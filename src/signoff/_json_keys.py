@@ -1,11 +1,14 @@
 """Object keys that are not text, in values signoff writes as JSON: found wherever the value's
 JSON form has objects (in dicts, lists, tuples, pydantic models and dataclasses), written as
-JSON writes them (`None` as `"null"`), and two that would write as the same text refused."""
+JSON writes them (`None` as `"null"`), and two that would write as the same text refused. Sets
+are written in one order whatever the process (`in_order`), not in their own, which hash
+randomization makes another in each."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 from typing import Any
 
@@ -14,7 +17,7 @@ from pydantic_core import to_jsonable_python
 
 from ._exceptions import UsageError
 
-__all__ = ["as_json_keys", "check_keys", "cut_repr", "key_not_text"]
+__all__ = ["as_json_keys", "check_keys", "cut_repr", "in_order", "key_not_text"]
 
 _PLAIN = (str, int, float, bool, type(None))
 """Types that hold no keys: skipped at once, as most of a value is made of them."""
@@ -56,10 +59,11 @@ def cut_repr(value: Any, most: int = 60) -> str:
 
 def check_keys(value: Any) -> bool:
     """Raise `UsageError` if a dict of `value` has two keys that JSON writes as the same text
-    (`1` and `"1"`): one would be lost. Returns whether a key must be written other than as
-    pydantic writes it (`None`, NaN or an infinity: `as_json_keys`). `value` has a JSON form,
-    so its dicts, lists and tuples hold no cycle; a model's or dataclass's fields may (in one
-    its serializer writes otherwise), so they are walked apart (`_check_fields`)."""
+    (`1` and `"1"`): one would be lost. Returns whether `value` must be rebuilt by
+    `as_json_keys` before pydantic writes it: a key written other than as pydantic writes it
+    (`None`, NaN or an infinity), or a set. `value` has a JSON form, so its dicts, lists,
+    tuples and sets hold no cycle; a model's or dataclass's fields may (in one its serializer
+    writes otherwise), so they are walked apart (`_check_fields`)."""
     renamed = False
     stack: list[Any] = [value]
     while stack:
@@ -72,6 +76,9 @@ def check_keys(value: Any) -> bool:
                     break
             stack.extend(item.values())
         elif kind is list or kind is tuple:
+            stack.extend(item)
+        elif kind is set or kind is frozenset:
+            renamed = True
             stack.extend(item)
         elif kind not in _PLAIN:
             renamed = _check_fields(item) or renamed
@@ -94,6 +101,9 @@ def _check_fields(value: Any) -> bool:
             stack.extend(item.values())
         elif isinstance(item, list | tuple):
             stack.extend(item)
+        elif isinstance(item, set | frozenset):
+            renamed = True
+            stack.extend(item)
         elif isinstance(item, BaseModel):
             stack.extend(_model_values(item))
         elif dataclasses.is_dataclass(item) and not isinstance(item, type):
@@ -103,9 +113,10 @@ def _check_fields(value: Any) -> bool:
 
 def as_json_keys(value: Any, _path: frozenset[int] = frozenset()) -> Any:
     """`value` with its `None`, NaN and infinite keys as JSON writes them (`"null"`, `"NaN"`,
-    `"Infinity"`), where pydantic would write `"None"`, `"nan"` and `"inf"`: the rest of the
-    value is rebuilt around them (a model or dataclass copied, never changed). What holds
-    itself (in a field its serializer writes otherwise) is left as it is."""
+    `"Infinity"`), where pydantic would write `"None"`, `"nan"` and `"inf"`, and its sets as
+    lists `in_order`: the rest of the value is rebuilt around them (a model or dataclass
+    copied, never changed). What holds itself (in a field its serializer writes otherwise) is
+    left as it is."""
     if type(value) in _PLAIN or id(value) in _path:
         return value
     path = _path | {id(value)}
@@ -113,6 +124,8 @@ def as_json_keys(value: Any, _path: frozenset[int] = frozenset()) -> Any:
         return {_json_key(k): as_json_keys(v, path) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [as_json_keys(v, path) for v in value]
+    if isinstance(value, set | frozenset):
+        return in_order([as_json_keys(v, path) for v in value])
     if isinstance(value, BaseModel):
         fields = {k: as_json_keys(v, path) for k, v in value.__dict__.items()}
         extra = {k: as_json_keys(v, path) for k, v in (value.__pydantic_extra__ or {}).items()}
@@ -162,3 +175,21 @@ def _model_values(model: BaseModel) -> list[Any]:
     values = [v for k, v in model.__dict__.items() if not (k in fields and fields[k].exclude)]
     values.extend((model.__pydantic_extra__ or {}).values())
     return values
+
+
+def in_order(items: list[Any]) -> list[Any]:
+    """A set's `items` in the order its JSON lists them, the same in every process: text as
+    text and numbers by value when they are all text or all finite numbers, else (kinds that
+    do not compare, NaN, tuples, models) by each item's JSON text, which always compares."""
+    forms = to_jsonable_python(items)
+    if all(type(form) is str for form in forms):
+        keys: list[Any] = forms
+    elif all(type(form) in (int, float) and math.isfinite(form) for form in forms):
+        keys = [(form, type(form) is float) for form in forms]  # 1 before 1.0, were both there
+    else:
+        try:
+            keys = [json.dumps(form, sort_keys=True) for form in forms]
+        except ValueError:  # an integer too long to write, which `jsonable` refuses anyway
+            return items
+    order = sorted(range(len(items)), key=keys.__getitem__)
+    return [items[i] for i in order]

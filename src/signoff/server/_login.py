@@ -15,6 +15,7 @@ from ._context import get_context
 from ._errors import error_response
 from ._message_page import message_page, wants_json
 from ._pages import check_csrf, render
+from ._route import check_query
 from ._sign_ins import issue
 from ._throttle import client_of, too_many
 
@@ -94,6 +95,7 @@ async def sign_in_redirect(request: Request) -> Response:
 @router.get("/login", response_class=HTMLResponse)
 async def login_page(request: Request) -> Response:
     """The sign-in form; `?next=` names the page to return to once signed in."""
+    check_query(request)
     ctx = get_context(request)
     expired = _had_sign_in(request) and await ctx.principal(request) is None
     next_page = return_to(request.query_params.get("next"))

@@ -23,6 +23,7 @@ from ..stores._audit import AuditEntry
 from ._auth import TokenAuth
 from ._context import ServerContext, get_context
 from ._pages import principal_of, who
+from ._route import check_query
 
 __all__ = [
     "PAGE_SIZE",
@@ -51,10 +52,13 @@ class SignIn(Exception):
 
 
 async def signed_in(request: Request) -> tuple[ServerContext, Principal]:
+    """The viewer of a dashboard page, who must be signed in, and the page's query string read
+    as the API reads one: one not UTF-8 was a filter for U+FFFD (`check_query`)."""
     ctx = get_context(request)
     principal = await ctx.principal(request)
     if principal is None:
         raise SignIn()
+    check_query(request)
     return ctx, principal
 
 

@@ -7,7 +7,7 @@ given twice is refused, and so is a second `Content-Type` of a body: FastAPI rea
 whole-number query parameter is plain digits, as `Last-Event-ID` is: pydantic would also read
 `1_0` as 10 and `+5` or ` 5` as 5. A decimal one (`older_than`) is a plain decimal number the
 same way: digits, maybe a fraction and an exponent (`90`, `1.5`, `1e3`), and nothing around
-them. The query string is UTF-8 (`NOT_UTF8`).
+them. The query string is UTF-8 (`NOT_UTF8`), a dashboard page's too (`check_query`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ._context import get_context
 from ._errors import ApiError
 from ._json_body import UniqueKeysRoute
 
-__all__ = ["NOT_UTF8", "ApiRoute"]
+__all__ = ["NOT_UTF8", "ApiRoute", "check_query"]
 
 NOT_UTF8 = "must be UTF-8, each byte past ASCII percent-encoded"
 """Why a query string is refused that is not: Starlette read its escapes that are not UTF-8 as
@@ -55,6 +55,13 @@ def _utf8_query(raw: bytes) -> bool:
     return True
 
 
+def check_query(request: Request) -> None:
+    """422 `invalid_request` for a query string that is not UTF-8, each byte past ASCII
+    percent-encoded: the API's routes and the dashboard's pages refuse it alike."""
+    if not _utf8_query(request.scope.get("query_string", b"")):
+        raise _refused("query", NOT_UTF8)
+
+
 class ApiRoute(UniqueKeysRoute):
     """A `/v1` route: the caller authenticated, each parameter given once, numbers as digits."""
 
@@ -74,8 +81,7 @@ class ApiRoute(UniqueKeysRoute):
 
         async def checked(request: Request) -> Response:
             await get_context(request).require(request)
-            if not _utf8_query(request.scope.get("query_string", b"")):
-                raise _refused("query", NOT_UTF8)
+            check_query(request)
             for where, names, given in (
                 ("query", queries, request.query_params),
                 ("header", headers, request.headers),

@@ -7,10 +7,12 @@ import contextlib
 import json
 import math
 import urllib.parse
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from ..._exceptions import SignoffError
 from ..._form_fields import TOO_MANY_FIELDS, too_many_fields
+from ..._json_keys import cut_repr
 from ..._types import Principal
 
 if TYPE_CHECKING:
@@ -68,12 +70,23 @@ def member_of(own: object, host_team: object, host_org: object) -> object:
 
 def interaction_of(body: bytes) -> dict[str, Any]:
     """The JSON `payload` field of an interaction's form; one of more separators than a form
-    has fields is refused unparsed (`too_many_fields`)."""
+    has fields is refused unparsed (`too_many_fields`). Slack sends each field once, in UTF-8:
+    a field named twice (parsers keep the first or the last, a gateway or a log the other) or
+    an escape that is not UTF-8 (read as U+FFFD) is refused too."""
     if too_many_fields(body):
         raise SlackPayloadError(f"expected a form with a JSON payload field: {TOO_MANY_FIELDS}")
     try:
-        form = urllib.parse.parse_qs(body.decode(), strict_parsing=True)
-        payload = json.loads(form["payload"][0])
+        fields = urllib.parse.parse_qsl(
+            body.decode(), keep_blank_values=True, strict_parsing=True, errors="strict"
+        )
+        counts = Counter(name for name, _ in fields)
+        twice = next((name for name, count in counts.items() if count > 1), None)
+        if twice is not None:
+            shown = cut_repr(twice, 100)
+            raise SlackPayloadError(
+                f"the form names the field {shown} {counts[twice]} times: Slack sends it once"
+            )
+        payload = json.loads(dict(fields)["payload"])
     # RecursionError: JSON nested deeper than the parser goes, which no retry makes readable
     except (UnicodeDecodeError, ValueError, KeyError, RecursionError) as exc:
         raise SlackPayloadError(f"expected a form with a JSON payload field: {exc}") from None

@@ -416,6 +416,12 @@ class Connections(Transactions):
             await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
             async with conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{s}.migrate",))
+                before = await _schema.locked_version(conn, self.schema, s)
+                self._refuse_newer(before)
+                taken = await _schema.names_taken(conn, self.schema, before)
+                if taken:  # before anything is made: on the first, PostgreSQL named it alone
+                    why = _schema.shared(self.schema, taken)
+                    raise StoreError(f"cannot migrate PostgreSQL store {self._where}: {why}")
                 # Created only if missing: PostgreSQL checks the right to create schemas in the
                 # database even for one that exists, which the owner of a schema a DBA made
                 # for it (`CREATE SCHEMA ... AUTHORIZATION`) need not have.
@@ -429,12 +435,6 @@ class Connections(Transactions):
                     "version INTEGER PRIMARY KEY, description TEXT NOT NULL, "
                     "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
                 )
-                cur = await conn.execute(
-                    f"SELECT COALESCE(MAX(version), 0) FROM {s}.schema_version"
-                )
-                row = await cur.fetchone()
-                before = 0 if row is None else int(row[0])
-                self._refuse_newer(before)
                 for version, description, ddl in _schema.MIGRATIONS:
                     if version <= before:
                         continue

@@ -3,6 +3,7 @@ lock by `PostgresStore.migrate`."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -15,7 +16,15 @@ from .._codec import stored_type, unpack, unpack_event
 from .._initiators import stored_initiator
 from ._sql import REQUEST_COLUMNS, REQUEST_JOIN
 
-__all__ = ["FILLS", "MIGRATIONS", "STORE_SCHEMA"]
+__all__ = [
+    "FILLS",
+    "MIGRATIONS",
+    "STORE_SCHEMA",
+    "locked_version",
+    "names_created",
+    "names_taken",
+    "shared",
+]
 
 MIGRATIONS: Final[list[tuple[int, str, str]]] = [
     (
@@ -322,3 +331,73 @@ FILLS: Final[dict[int, Callable[[psycopg.AsyncConnection[TupleRow], str], Awaita
 
 STORE_SCHEMA: Final = MIGRATIONS[-1][0]
 """The store schema version this signoff creates and the newest it accepts."""
+
+_CREATED = re.compile(r"CREATE (?:UNIQUE )?(TABLE|INDEX|FUNCTION) (?:\{s\}\.)?(\w+)")
+
+
+def names_created(after: int) -> tuple[list[str], list[str]]:
+    """The relations (tables, indexes) and the functions that the migrations past version
+    `after` create by name, leaving out those the migrations up to it made (an index dropped
+    and made anew): in a schema holding one already, another program's (a schema shared with
+    it), on which a migration would stop."""
+    made = {
+        name
+        for version, _, ddl in MIGRATIONS
+        if version <= after
+        for _, name in _CREATED.findall(ddl)
+    }
+    relations: list[str] = []
+    functions: list[str] = []
+    for version, _, ddl in MIGRATIONS:
+        if version > after:
+            for kind, name in _CREATED.findall(ddl):
+                if name not in made:
+                    (functions if kind == "FUNCTION" else relations).append(name)
+    return relations, functions
+
+
+async def locked_version(conn: psycopg.AsyncConnection[TupleRow], schema: str, s: str) -> int:
+    """The version of `schema` (`s` quoted) read under the migration's lock, as another process
+    may have migrated it meanwhile; 0 where it has no `schema_version` table, or is not there.
+    Looked up in `pg_class` by a query, whose snapshot sees a table another process committed
+    while this one waited for the lock, as `to_regclass`'s cached lookup did not."""
+    cur = await conn.execute(
+        "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = 'schema_version'",
+        (schema,),
+    )
+    if await cur.fetchone() is None:
+        return 0
+    cur = await conn.execute(f"SELECT COALESCE(MAX(version), 0) FROM {s}.schema_version")
+    row = await cur.fetchone()
+    return 0 if row is None else int(row[0])
+
+
+async def names_taken(
+    conn: psycopg.AsyncConnection[TupleRow], schema: str, before: int
+) -> list[str]:
+    """Which tables, indexes and functions (`name()`) the migrations past `before` create that
+    `schema` holds already, by name, functions last."""
+    relations, functions = names_created(before)
+    cur = await conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = ANY(%s) "
+        "UNION SELECT p.proname || '()' FROM pg_proc p "
+        "JOIN pg_namespace n ON n.oid = p.pronamespace "
+        "WHERE n.nspname = %s AND p.proname = ANY(%s)",
+        (schema, relations, schema, functions),
+    )
+    names = [str(row[0]) for row in await cur.fetchall()]
+    return sorted(names, key=lambda name: (name.endswith("()"), name))
+
+
+def shared(schema: str, taken: list[str]) -> str:
+    """Why a schema holding `taken` is not migrated, and what to do: on the first of them the
+    migration stopped with PostgreSQL's word on it alone."""
+    names = taken[0] if len(taken) == 1 else f"{', '.join(taken[:-1])} and {taken[-1]}"
+    return (
+        f"schema {schema!r} already holds {names}, which signoff's schema creates: another "
+        "program's, in a schema shared with it; nothing was changed. Give signoff a schema of "
+        'its own: leave ?schema= out of the URL for "signoff", or name an empty one '
+        "(?schema=NAME)"
+    )

@@ -120,10 +120,10 @@ def check_parameters(dsn: str) -> None:
         _conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         if "query parameter" in str(exc):  # else a bad port, say: said when connecting
-            raise StoreError(
-                f"invalid PostgreSQL URL: {exc}".strip()
-                + f" (signoff's own options are {', '.join(_OPTIONS)})"
-            ) from None
+            hint = f"signoff's own options are {', '.join(_OPTIONS)}"
+            if "key/value separator" in str(exc):  # `options=-csearch_path=x`
+                hint = f'percent-encode an "=" in a value as %3D; {hint}'
+            raise StoreError(f"invalid PostgreSQL URL: {exc}".strip() + f" ({hint})") from None
 
 
 CONNECT_TIMEOUT = 5
@@ -173,7 +173,8 @@ def with_libpq_defaults(dsn: str, connect_timeout: float | None) -> tuple[str, i
     """`dsn` (a libpq URL) with `CONNECT_TIMEOUT` and `TCP_DEFAULTS` added where nothing sets
     them (not the URL, nor its service, nor `PGCONNECT_TIMEOUT`: libpq would let the URL's
     value win over those), and the connect timeout it ends up with; a `connect_timeout` given
-    here wins over all of them. A value of these that is set must be a whole number, as libpq
+    here wins over all of them. The timeout returned is the one waited (`timeout_from_conninfo`:
+    1 is 2, 0 is 130). A value of these that is set must be a whole number, as libpq
     would refuse it only when connecting, and then as if the server were down (a `StoreError`;
     a bad `connect_timeout` argument is a `UsageError`)."""
     parts = urlsplit(dsn)
@@ -212,7 +213,9 @@ def with_libpq_defaults(dsn: str, connect_timeout: float | None) -> tuple[str, i
         ):
             continue  # set by the user, or a libpq older than 12, which lacks it
         pieces.append(f"{key}={default}")
-    return _unsplit(parts, pieces), limit
+    # What libpq and psycopg wait: 2 s at least, and 130 s for 0 (libpq's "no limit").
+    waits = _conninfo.timeout_from_conninfo({"connect_timeout": str(limit)})
+    return _unsplit(parts, pieces), waits
 
 
 _DIGITS = re.compile("[0-9]{1,9}")
