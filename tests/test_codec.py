@@ -90,6 +90,40 @@ def test_damaged_documents_raise_store_error(stored: str | bytes, message: str) 
         unpack(stored)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"call_id":"t1","index":3,"result":[1.5,null,"\u00e9"]}',
+        ' {"a":1}',
+        '{"a":1}\n',
+        "\t[1, 2]\r\n",
+        '{"a":1} x',
+        '{"a":1}{"b":2}',
+        "\ufeff{}",
+        "NaN",
+        "",
+        "   ",
+        '"unterminated',
+    ],
+)
+def test_stored_json_reads_as_json_loads_reads_it(text: str) -> None:
+    """`loads` takes a shorter way for text that is nothing but a value; what it accepts, what
+    it refuses and what it makes of either is still `json.loads`'s."""
+    import json
+
+    from signoff._events import loads
+
+    try:
+        expected: Any = ("value", json.loads(text))
+    except ValueError as exc:
+        expected = ("refused", type(exc), str(exc))
+    try:
+        got: Any = ("value", loads(text))
+    except ValueError as exc:
+        got = ("refused", type(exc), str(exc))
+    assert repr(got) == repr(expected)
+
+
 @pytest.mark.parametrize("stored", [5, 2.5, None, ["a"]])
 def test_a_stored_value_that_is_neither_text_nor_bytes_is_a_store_error(stored: Any) -> None:
     """SQLite keeps whatever a hand edit puts in a column (`UPDATE events SET data=5`): such a

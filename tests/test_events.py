@@ -8,6 +8,7 @@ import sqlite3
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -183,6 +184,40 @@ def test_event_from_row_refuses_newer_versions_and_unknown_types() -> None:
         so.Event.from_row(
             session_id="s", seq=3, type="turn.exploded", at=1.0, turn_id=None, data={}, v=1
         )
+
+
+def test_event_from_row_builds_the_event_its_constructor_does() -> None:
+    """`from_row` sets an `Event`'s fields through their slots (a journal read back builds one
+    per step): the same frozen event as the constructor's, and a row of the wrong kinds is
+    refused as before."""
+    fields: dict[str, Any] = {
+        "session_id": "s",
+        "seq": 7,
+        "type": "tool.step",
+        "at": 2.5,
+        "turn_id": "t",
+        "data": {"a": [1]},
+        "v": 1,
+    }
+    built = so.Event.from_row(**fields)
+    assert built == so.Event(**fields) and repr(built) == repr(so.Event(**fields))
+    assert type(built) is so.Event and built.to_dict()["id"] == "s:7"
+    with pytest.raises(AttributeError):
+        built.seq = 8  # type: ignore[misc]
+    assert so.Event.from_row(**{**fields, "at": 3}).at == 3
+    wrong: list[dict[str, Any]] = [
+        {"seq": True},
+        {"seq": "7"},
+        {"v": False},
+        {"at": True},
+        {"at": "1"},
+        {"turn_id": 5},
+        {"data": []},
+        {"session_id": None},
+    ]
+    for bad in wrong:
+        with pytest.raises(so.StoreError, match="malformed"):
+            so.Event.from_row(**{**fields, **bad})
 
 
 async def test_newer_store_schema_is_refused(tmp_path: Path) -> None:

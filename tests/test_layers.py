@@ -45,6 +45,7 @@ LAYERS: list[set[str]] = [
     {"_candidates"},
     {"_answering"},
     {"_messages"},
+    {"_sweeping"},
     {"_work"},
     {"_work_audit"},
     {"_wire", "_payloads"},

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff import _child_sessions, _subagents, _unlisted, _work
+from signoff import _child_sessions, _subagents, _sweeping, _unlisted
 from signoff._child_sessions import cancel_orphan
 from signoff.server import TokenAuth, _context
 from signoff.server._context import ServerContext
@@ -48,7 +48,7 @@ async def test_a_sweep_misses_no_due_request_when_one_closes_between_its_pages(
 ) -> None:
     """A due request closed by another process after the sweep read its page shifted the next
     due one out of the next page: its deadline was applied a sweep late."""
-    monkeypatch.setattr(_work, "_SWEEP_PAGE", 2)
+    monkeypatch.setattr(_sweeping, "_SWEEP_PAGE", 2)
     clock = ManualClock()
     agent = payout_agent(ExecutionLog(), so.always(expires_in=60))
     async with so.Runtime([agent], store=store_url, clock=clock) as rt:
@@ -131,7 +131,7 @@ async def test_a_sweep_misses_no_lapsed_session_when_one_is_recorded_between_its
 ) -> None:
     """Likewise the sessions whose TTL passed: one recorded by another process after the sweep
     read its page shifted the next one out of the next page, recorded a sweep late."""
-    monkeypatch.setattr(_work, "_SWEEP_PAGE", 2)
+    monkeypatch.setattr(_sweeping, "_SWEEP_PAGE", 2)
     clock = ManualClock()
     async with so.Runtime([ttl_agent()], store=store_url, clock=clock) as rt:
         sessions = []

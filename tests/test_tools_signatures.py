@@ -223,3 +223,31 @@ def test_defaults_their_hints_take_are_kept_as_they_are() -> None:
     validated = t.validate({})
     assert (validated.a, validated.b, validated.c, validated.e) == (None, 1, [], 3)  # type: ignore[attr-defined]
     assert validated.d == Window()  # type: ignore[attr-defined]
+
+
+def test_a_steps_generator_check_is_inspects_for_every_kind_of_callable() -> None:
+    """`ctx.step` reads a plain function's code flags itself (the `inspect` calls took a third
+    of a replayed step); for any callable the answer is still `inspect`'s."""
+    import inspect
+
+    from signoff._tool_context import _generates
+
+    async def coroutine() -> int:
+        return 1
+
+    class Holder:
+        def gen(self) -> Iterator[int]:
+            yield 1
+
+        async def agen(self) -> AsyncIterator[int]:
+            yield 1
+
+        def plain(self) -> int:
+            return 1
+
+    held = Holder()
+    kinds: list[object] = [numbers, stream, coroutine, len, lambda: 1, Holder]
+    kinds += [held.gen, held.agen, held.plain, functools.partial(numbers, 2)]
+    for fn in kinds:
+        expected = inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
+        assert _generates(fn) is expected, fn

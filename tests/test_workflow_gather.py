@@ -4,11 +4,13 @@ in the order each branch reaches the journal."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
 
 import signoff as so
+from signoff import _tool_context
 from signoff.testing import (
     Capture,
     call,
@@ -392,3 +394,61 @@ async def test_a_sibling_that_awaits_io_before_its_recorded_step_is_waited_for(
         [result] = tool_results(seen.last)
         assert (result.is_error, result.content) == (False, ["sent", "reserved"])
         assert ran == ["reserve", "quote", "send"]  # each once
+
+
+async def test_a_stalled_loop_does_not_turn_a_waited_for_sibling_into_a_replay_error(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grace a branch at a new step gives its siblings is counted in time the loop ran, not
+    on the wall clock alone: a stall of the whole loop (a busy machine, a blocking call), longer
+    than `REPLAY_GRACE`, while a sibling awaits a short read before its recorded step, let the
+    waiting branch wake past the grace before the sibling could run, and fail the call for good
+    with a ReplayError of a tool that had not changed."""
+    monkeypatch.setattr(_tool_context, "REPLAY_GRACE", 0.5)
+    bodies = 0
+    ran: list[str] = []
+
+    async def quote() -> float:
+        await asyncio.sleep(0.3)  # recorded after the sibling's step
+        ran.append("quote")
+        return 2.5
+
+    def reserve() -> str:
+        ran.append("reserve")
+        return "reserved"
+
+    def send() -> str:
+        ran.append("send")
+        return "sent"
+
+    @so.tool
+    async def order(ctx: so.ToolContext) -> list[str]:
+        """Quote, confirm and send, while reading the catalogue and reserving."""
+        nonlocal bodies
+        bodies += 1
+
+        async def confirm_and_send() -> str:
+            fee = await ctx.step("quote", quote)
+            await ctx.ask(f"The fee is {fee}. Proceed?", options=["yes", "no"])
+            return str(await ctx.step("send", send))
+
+        async def read_and_reserve() -> str:
+            if bodies > 1:  # on replay, once the sibling waits at its new step "send"
+                await asyncio.sleep(0.05)
+                time.sleep(0.8)  # the loop stalls, past the grace
+            await asyncio.sleep(0.02)  # a catalogue read: not a side effect, so not a step
+            return str(await ctx.step("reserve", reserve))
+
+        return list(await asyncio.gather(confirm_and_send(), read_and_reserve()))
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("shop", [call_tools(call("order", id="o1")), seen], tools=[order])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="order", auth=ALICE)
+        assert [p.question for p in r.pending] == ["The fee is 2.5. Proceed?"]
+        r = await rt.send(r.session_id, "yes", principal=ALICE)
+        assert r.status == "completed"
+        [result] = tool_results(seen.last)
+        assert (result.is_error, result.content) == (False, ["sent", "reserved"])
+        assert ran == ["reserve", "quote", "send"]  # each once
+        assert bodies == 2

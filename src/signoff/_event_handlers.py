@@ -151,15 +151,17 @@ def journal_fold(call: CallState, turn_id: str, e: Event) -> CallState:
     d = e.data
     if e.turn_id != turn_id:
         return call
-    if e.type == "model.completed":
+    kind = e.type
+    if kind == "tool.step":  # the most of them, by far
+        if d["call_id"] == call.id:
+            _stepped(call, d)
+    elif kind == "model.completed":
         if any(c["id"] == call.id for c in d.get("tool_calls", [])):
             return CallState(id=call.id, tool_name=call.tool_name, input=None, since=e.seq)
-    elif e.type == "tool.started" and d["call_id"] == call.id:
+    elif kind == "tool.started" and d["call_id"] == call.id:
         if d.get("keyed"):
             call.keyed = True
-    elif e.type == "tool.step" and d["call_id"] == call.id:
-        _stepped(call, d)
-    elif e.type == "input.requested":
+    elif kind == "input.requested":
         for raw in d["requests"]:
             request = InputRequest.model_validate(raw)
             action = request.action

@@ -244,6 +244,9 @@ async def ended_under(
 
 _TURN_PAGE = 256
 _TURN_PAGE_BYTES = 1 << 20
+_JOURNAL_PAGE = 4096
+"""Events a journal's read-back takes per query (`_TURN_PAGE_BYTES` of them at most): a
+workflow's steps are small, and 256 at a time made 80 round trips of 20,000 steps."""
 
 
 async def load_journal(
@@ -265,7 +268,7 @@ async def load_journal(
             seq = at
     while seq < state.seq:
         events = await store.read_events(
-            state.id, after=seq, limit=_TURN_PAGE, max_bytes=_TURN_PAGE_BYTES
+            state.id, after=seq, limit=_JOURNAL_PAGE, max_bytes=_TURN_PAGE_BYTES
         )
         if state.turn is not turn or turn.calls.get(call.id) is not call:
             return  # the call is gone meanwhile (the turn went on): nothing to read back

@@ -79,14 +79,16 @@ class CallState:
             self.journaled = True
             if entry["kind"] == "step" and entry["name"] == CHILD_STEP:
                 self.kids[f"n{index}"] = _child(entry)
-            if self.journal is None:
+            journal, placed = self.journal, self.placed
+            if journal is None:
                 return
-            at = self.placed_at(key)
+            # `placed_at`, without a call when `placed` indexes the journal (each step folded)
+            at = placed.get(key) if len(placed) == len(journal) else self.placed_at(key)
             if at is not None:
-                self.journal[at] = entry
+                journal[at] = entry
                 return
-            self.placed[key] = len(self.journal)
-            self.journal.append(entry)
+            placed[key] = len(journal)
+            journal.append(entry)
             return
         if (
             not isinstance(index, int)

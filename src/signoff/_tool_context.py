@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import types
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
@@ -77,11 +78,27 @@ REPLAY_GRACE = 2.0
 """Seconds a new entry waits, on replay, for sibling branches to reach the entries they
 recorded (they may first await what is not journaled, a read say) before it is a ReplayError."""
 
+_GRACE_PER_WAIT = 0.1
+"""The most of `REPLAY_GRACE` one wait of 0.02 s counts, however long it took: a loop stalled
+for longer (a busy machine, a blocking call) gave the siblings no more time to get anywhere."""
+
 _IN_STEP: contextvars.ContextVar[tuple[ToolContext, str] | None] = contextvars.ContextVar(
     "signoff_in_step", default=None
 )
 """The context and name of the step whose function is running (in this task and those it
 starts): that function may not step or ask through the same context."""
+
+
+_GENERATES = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
+
+
+def _generates(fn: Any) -> bool:
+    """`inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)`, read straight from
+    a plain function's code: the two took a third of a replayed step's time (every step is
+    checked, replayed or not)."""
+    if type(fn) is types.FunctionType:
+        return bool(fn.__code__.co_flags & _GENERATES)
+    return inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
 
 
 class ToolContext:
@@ -180,23 +197,27 @@ class ToolContext:
         """Before a new entry, let sibling branches replay what they recorded (they may be
         behind this one now, awaiting a read before their step); one that no branch reaches
         within `REPLAY_GRACE` seconds of the last one reached means the tool changed:
-        ReplayError, and the new entry is not run."""
+        ReplayError, and the new entry is not run. Those seconds are counted as the loop ran
+        (`_GRACE_PER_WAIT`): on the wall clock alone, a stall longer than the grace ended it
+        before a sibling whose read had come back could run."""
         assert self._journal is not None
         if not self._journal.keyed:
             return
         position = self._cursor - 1  # claimed just before this is called, with no await between
         loop = asyncio.get_running_loop()
-        left, idle, since = self._unreplayed(), 0, loop.time()
+        left, idle, waited = self._unreplayed(), 0, 0.0
         while left:
-            if idle >= 20 and loop.time() - since >= REPLAY_GRACE:
+            if idle >= 20 and waited >= REPLAY_GRACE:
                 raise self._diverged(kind, name, position, left[0])
             # A few loop passes first (a sibling's replay needs no more), then real waits.
+            before = loop.time()
             await asyncio.sleep(0 if idle < 20 else 0.02)
             now = self._unreplayed()
             if len(now) < len(left):
-                idle, since = 0, loop.time()
+                idle, waited = 0, 0.0
             else:
                 idle += 1
+                waited += min(loop.time() - before, _GRACE_PER_WAIT)
             left = now
 
     async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -221,7 +242,7 @@ class ToolContext:
             )
         if not callable(fn):
             raise UsageError(f"ctx.step({name!r}, fn): fn must be a function, not {fn!r}")
-        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        if _generates(fn):
             # Its body would not run: its result, the generator, has no JSON form to journal.
             raise UsageError(
                 f"ctx.step({name!r}, fn): fn is a generator function; a step returns its result "

@@ -1,5 +1,5 @@
-"""The worker's side of `Runtime`: claiming sessions under a lease, driving them, and applying
-passed deadlines and expiries across sessions (`signoff worker`, `rt.work()`, `rt.expire_due()`)."""
+"""The worker's side of `Runtime`: claiming sessions under a lease and driving them, with the
+sweeps of `_sweeping` run between claims (`signoff worker`, `rt.work()`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextvars import ContextVar
+from collections.abc import Callable, Sequence
 
-from ._deadlines import is_due, is_lapsed
 from ._exceptions import (
     SessionExpired,
     StoreError,
@@ -18,31 +16,20 @@ from ._exceptions import (
     UsageError,
 )
 from ._leasing import lost_line
-from ._messages import Messages
 from ._session_cache import closes_stop
 from ._sessions import to_claims
 from ._settings import seconds, whole
-from ._sweeps import one_of_many
-from ._types import InputRequest
-from .stores import PendingFilter, SessionSummary, Store
-from .stores._pending import cursor_past
+from ._sweeping import Sweeps
+from .stores import Store
 
-__all__ = ["Failing", "SweepDrives", "Workers"]
+__all__ = ["Failing", "Workers"]
 
 log = logging.getLogger("signoff.worker")
 
-_SWEEP_PAGE = 500  # open requests or sessions a sweep reads per query (tests patch it)
 CLAIM_GAP = 0.02  # seconds a worker waits after a claim that found nothing before the next
 LONGEST_RETRY = 5.0  # seconds: the longest a worker waits between claims while they fail
 GIVE_BACK_AFTER = 0.5  # seconds a lease waits, after a second drive in a row the store failed
 RELEASE_RETRY = 0.5  # seconds: the longest wait between tries to give such a lease back
-SWEEP_DRIVES = 4  # turns a sweep's deadlines made runnable that a runtime drives at once
-
-_handing: ContextVar[Callable[[str], None] | None] = ContextVar(
-    "signoff_sweep_drives", default=None
-)
-"""Set around a sweep loop's sweeps (`SweepDrives.handing`): the turns their deadlines make
-runnable are handed to it, to run in the background, instead of driven inside the sweep."""
 
 
 class Failing:
@@ -120,195 +107,8 @@ class _GiveBacks:
             delay = min(delay * 2, RELEASE_RETRY)
 
 
-class SweepDrives:
-    """The turns a sweep loop's deadlines made runnable (`serve` with no workers, on a runtime
-    that drives turns itself), driven in the background, `SWEEP_DRIVES` at once: driven inside
-    the sweep, a slow one held up every deadline passing after it until it ended."""
-
-    def __init__(self, runtime: Workers) -> None:
-        self.runtime = runtime
-        self.tasks: dict[str, asyncio.Task[None]] = {}
-        self.slots = asyncio.Semaphore(SWEEP_DRIVES)
-
-    @contextlib.contextmanager
-    def handing(self) -> Iterator[None]:
-        """Hand the turns of the sweeps made within to this, not drive them there."""
-        token = _handing.set(self.start)
-        try:
-            yield
-        finally:
-            _handing.reset(token)
-
-    def start(self, session_id: str) -> None:
-        """Drive the session's turn in the background, unless a drive of it here runs already
-        (it goes on until the turn settles)."""
-        if session_id not in self.tasks:
-            task = asyncio.create_task(self._drive(session_id))
-            self.tasks[session_id] = task
-            task.add_done_callback(lambda _: self.tasks.pop(session_id, None))
-
-    async def _drive(self, session_id: str) -> None:
-        async with self.slots:
-            try:
-                await self.runtime._drive(session_id)
-            except SessionExpired:
-                pass
-            except Exception:  # the deadline is recorded; the turn waits for the next call
-                log.exception("session %s: continuing after its deadline failed", session_id)
-
-    async def aclose(self) -> None:
-        """Stop the drives running (their leases given back) and wait for them."""
-        tasks = list(self.tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-class Workers(Messages):
+class Workers(Sweeps):
     """Runs any process's turns: claims sessions with work, drives them, sweeps deadlines."""
-
-    @closes_stop
-    async def expire_due(self) -> int:
-        """Apply every passed request deadline across sessions and resume their turns: all
-        the deadlines are recorded first, then the turns driven `SWEEP_DRIVES` at once.
-
-        Run it periodically (a worker does); returns how many sessions it touched.
-        """
-        await self.open()
-        now = self.now()
-        due: list[InputRequest] = []
-        # Only the due ones, from an index, and only of the agents it has: those of others it
-        # could not apply, and would read again at every sweep for as long as they stay open.
-        # Paged by keyset: one closed meanwhile (another process) shifts no later one out.
-        for agent in sorted(self.agents):
-            after: tuple[float, str] | None = None
-            while True:
-                flt = PendingFilter(limit=_SWEEP_PAGE, after=after, due_by=now, agent=agent)
-                page = await self.store.pending(flt)
-                due += [r for r in page if is_due(r, now)]
-                if len(page) < _SWEEP_PAGE:
-                    break
-                after = cursor_past(page[-1], after)
-        expired = await self._record_lapsed(await self._lapsed(now, sorted(self.agents)), now)
-        orphans = await self._sweep_orphans()
-        return await self._apply_deadlines(due) + expired + orphans
-
-    async def _lapsed(self, now: float, agents: list[str] | None = None) -> list[SessionSummary]:
-        """The running or waiting sessions (of `agents` only, if given: a sweep records only
-        its own) whose TTL passed by `now` (claims skip those: nothing else records them): only
-        those where the store can tell them, else every one."""
-        lapsed: list[SessionSummary] = []
-        query = getattr(self.store, "lapsed_sessions", None)
-        only = {} if agents is None else {"agents": agents}
-        for status in ("running", "waiting") if query is None else ("",):
-            # The store's lapsed ones by keyset: one that another process records meanwhile
-            # shifts no later one out. (Every running or waiting session by offset, else.)
-            offset, past = 0, dict[str, object]()
-            while True:
-                if query is None:
-                    rows = await self.store.sessions(
-                        status=status, limit=_SWEEP_PAGE, offset=offset
-                    )
-                else:
-                    rows = await query(now, limit=_SWEEP_PAGE, **only, **past)
-                lapsed += rows
-                if len(rows) < _SWEEP_PAGE:
-                    break
-                offset += _SWEEP_PAGE
-                past = {"after": (rows[-1].expires_at, rows[-1].id)}
-        return lapsed
-
-    async def _running_past(
-        self, rows: Sequence[SessionSummary], now: float, probes: dict[str, bool] | None = None
-    ) -> set[str]:
-        """The ids of `rows` whose TTL passed while a live drive runs their turn on (a tool
-        slower than the TTL): not idle, so listed as the store holds them, not `failed`; their
-        expiry is left to a look after that drive (`_expire`). A lease check each, for only
-        those the TTL caught running, none for those in `probes` (`_busy`)."""
-        held: set[str] = set()
-        for row in rows:
-            if row.status == "running" and is_lapsed(row, now):
-                with contextlib.suppress(StoreError):  # a store this process may only read
-                    if await self._busy(row.id, probes):
-                        held.add(row.id)
-        return held
-
-    async def _sweep_orphans(self) -> int:
-        """Cancel subagent turns whose parent no longer waits (the runtime knows subagents);
-        returns how many."""
-        return 0
-
-    async def _record_lapsed(
-        self, rows: Sequence[SessionSummary], now: float, probes: dict[str, bool] | None = None
-    ) -> int:
-        """Record the expiry of the sessions of `rows` (of agents this runtime has) whose TTL
-        passed with their turn unfinished; returns how many there were. `probes`: see `_busy`."""
-        ids = [r.id for r in rows if is_lapsed(r, now) and r.agent in self.agents]
-        for sid in ids:
-            with (
-                contextlib.suppress(SessionExpired),
-                one_of_many(log, sid, "its expiry not recorded"),
-            ):
-                await self._checked(sid, probes=probes)
-        return len(ids)
-
-    async def _apply_deadlines(self, due: Sequence[InputRequest], *, listing: bool = False) -> int:
-        """Record the passed deadlines of the sessions of `due` that this runtime runs, and go
-        on with their turns; returns how many sessions that was. Each is recorded against the
-        session's current state under a compare-and-set, so listings and sweeps racing in
-        several processes apply one deadline once. Sessions of agents this runtime does not
-        have are left to a process that has them (it could not go on with their turns). A
-        `listing` is a read: one that cannot record them (a read-only store) shows them instead."""
-        sessions = list(dict.fromkeys(r.session_id for r in due if r.agent in self.agents))
-        if not listing:
-            # Every deadline recorded before any turn is driven, then those turns beside each
-            # other (or in a sweep loop's background): one after another, a slow turn held up
-            # the deadlines of the sessions after it.
-            recorded: list[str] = []
-            for sid in sessions:
-                with (
-                    contextlib.suppress(SessionExpired),
-                    one_of_many(log, sid, "its passed deadlines not applied"),
-                ):
-                    await self._checked(sid)  # records the expiries; the turn is runnable
-                    recorded.append(sid)
-            hand = _handing.get()
-            if hand is not None:
-                for sid in recorded:
-                    hand(sid)
-            else:
-                await self._drive_all(recorded)
-            return len(sessions)
-        for sid in sessions:
-            with contextlib.suppress(SessionExpired):
-                try:
-                    await self._checked(sid)
-                except StoreError as exc:  # a store this process may only read, say
-                    log.warning("session %s: its passed deadlines not recorded: %s", sid, exc)
-                    continue
-                try:
-                    await self._drive(sid)
-                except Exception:  # the deadline is recorded; the turn is retried later
-                    log.exception("session %s: continuing after its deadline failed", sid)
-        return len(sessions)
-
-    async def _drive_all(self, sessions: Sequence[str]) -> None:
-        """Drive the turns of `sessions`, `SWEEP_DRIVES` at once; a failure of one is logged
-        and the others go on, a failure of the store as a whole is raised once all ended."""
-        slots = asyncio.Semaphore(SWEEP_DRIVES)
-
-        async def one(sid: str) -> None:
-            async with slots:
-                with (
-                    contextlib.suppress(SessionExpired),
-                    one_of_many(log, sid, "its passed deadlines not applied"),
-                ):
-                    await self._drive(sid)
-
-        outcomes = await asyncio.gather(*(one(sid) for sid in sessions), return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
 
     @closes_stop
     async def work(

@@ -20,7 +20,8 @@ from .. import __version__
 from .._exceptions import StoreError, UsageError
 from .._runtime import Runtime
 from .._settings import flag, positive_seconds
-from .._work import Failing, SweepDrives
+from .._sweeping import SweepDrives
+from .._work import Failing
 from ._api import router as api_router
 from ._auth import (
     DASHBOARD_PREFIX,

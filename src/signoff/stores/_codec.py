@@ -188,30 +188,34 @@ def unpack_text(stored: str | bytes | memoryview, previous: str | None = None) -
     the event before it, needed only by an event stored on it."""
     if isinstance(stored, str):
         return stored
-    if not isinstance(stored, bytes | memoryview):  # SQLite keeps what a hand edit put there
-        raise StoreError(f"a stored document is neither text nor bytes: {stored!r:.40}")
-    stored = bytes(stored)
+    if not isinstance(stored, bytes):
+        if not isinstance(stored, memoryview):  # SQLite keeps what a hand edit put there
+            raise StoreError(f"a stored document is neither text nor bytes: {stored!r:.40}")
+        stored = bytes(stored)
     if not stored:
         raise StoreError("a stored document is empty")
-    if stored[0] >= 0x20 or stored[0] in b"\t\n\r":  # plain JSON text
+    form = stored[0]
+    if form >= 0x20 or form in b"\t\n\r":  # plain JSON text
         try:
             return stored.decode("utf-8", "surrogatepass")
         except UnicodeDecodeError as exc:
             raise StoreError(f"a stored document is not UTF-8: {exc}") from exc
-    if stored[0] == _DEFLATE_V1:
+    if form == _DEFLATE_V1:
         wbits, dictionary = -12, _DICTIONARY_V1
-    elif stored[0] == DEFLATE_ON_PREVIOUS:
+    elif form == DEFLATE_ON_PREVIOUS:
         if previous is None:
             raise StoreError("a stored event is kept on the event before it, which is missing")
         wbits, dictionary = -15, _DICTIONARY_V1 + _utf8(previous)
     else:
-        raise StoreError(f"a stored document has unknown format {stored[0]} (newer signoff?)")
+        raise StoreError(f"a stored document has unknown format {form} (newer signoff?)")
     try:
         inflater = zlib.decompressobj(wbits, dictionary)
-        text = (inflater.decompress(stored[1:]) + inflater.flush()).decode("utf-8", "surrogatepass")
+        # All of a whole stream comes out of `decompress` (no `max_length`): one that has not
+        # ended there is truncated, and `flush` would add nothing to one that has.
+        text = inflater.decompress(memoryview(stored)[1:])
         if not inflater.eof or inflater.unused_data:
             raise StoreError("a stored document is corrupt: truncated or followed by garbage")
-        return text
+        return text.decode("utf-8", "surrogatepass")
     except (zlib.error, UnicodeDecodeError) as exc:
         raise StoreError(f"a stored document is corrupt: {exc}") from exc
 
@@ -317,7 +321,7 @@ class EventTexts:
         self._last: tuple[int, str] | None = None
 
     def text(self, seq: int, stored: Stored) -> str:
-        if not needs_previous(stored):
+        if stored.__class__ is str or not needs_previous(stored):
             text = unpack_text(stored)
         elif self._last is not None and self._last[0] == seq - 1:
             text = unpack_text(stored, self._last[1])
