@@ -51,6 +51,7 @@ async def test_a_paused_turn_is_continued_with_its_content_sent_back(fake, model
     assert response.text == "Searching. Refunds take 5 days."
     assert (response.usage.input_tokens, response.usage.output_tokens) == (250, 50)
     assert response.cut_off is None
+    assert response.context_tokens == 0  # what the next call reads again is not known
     first, second = fake.bodies
     sent_back = [{"type": "text", "text": "Searching. "}, SEARCH, RESULTS]
     assert second["messages"] == [*first["messages"], {"role": "assistant", "content": sent_back}]

@@ -88,7 +88,10 @@ def _model_completed(s: SessionState, e: Event) -> None:
     s.model_responses += 1
     usage = Usage(**e.data.get("usage", {}))
     s.usage = s.usage + usage
-    s.last_input_tokens = usage.input_tokens
+    # What the next call reads again: less than the reply's input when the provider billed
+    # input the conversation does not keep (`ModelResponse.context_tokens`).
+    kept = e.data.get("context_tokens")
+    s.last_input_tokens = kept if isinstance(kept, int) else usage.input_tokens
     turn.steps += 1
     turn.model_seq = e.seq
     turn.status = "running"

@@ -39,6 +39,9 @@ __all__ = ["Anthropic"]
 # The reasoning blocks of a response and their fields, sent back as they came.
 _REASONING = {"thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
 
+# The blocks of a reply the conversation keeps; the others are the server tools' own.
+_KEPT = ("text", "tool_use", *_REASONING)
+
 # The stop reasons that cut a reply short, and those that mean an empty one is no answer.
 _CUT = ("max_tokens", "model_context_window_exceeded")
 _EARLY = (*_CUT, "tool_use", "pause_turn")
@@ -328,8 +331,14 @@ class Anthropic(SdkModel):
         texts: list[str] = []
         calls: list[ToolCall] = []
         reasoning: list[dict[str, Any]] = []
-        for blocks in [*(m.content for m in earlier), content]:
+        parts = [*(m.content for m in earlier), content]
+        for blocks in parts:
             _read_blocks(blocks, where, usage, texts, calls, reasoning)
+        # Input billed that the conversation does not keep (what a server tool read, a paused
+        # turn read again) is not read by the next call: how much of it there was is not known.
+        unkept = bool(earlier) or any(
+            plain_str(getattr(b, "type", None)) not in _KEPT for blocks in parts for b in blocks
+        )
         if not "".join(texts).strip() and not calls and stop in _EARLY:
             # Thinking that spent max_tokens, a paused server tool: the empty text would pass
             # for the model's answer.
@@ -344,7 +353,12 @@ class Anthropic(SdkModel):
         elif stop == "refusal":
             cut = "content_filter"
         return ModelResponse(
-            text="".join(texts), tool_calls=calls, usage=usage, reasoning=reasoning, cut_off=cut
+            text="".join(texts),
+            tool_calls=calls,
+            usage=usage,
+            reasoning=reasoning,
+            cut_off=cut,
+            context_tokens=0 if unkept else None,
         )
 
     def _usage(self, message: Any) -> Usage:
