@@ -4,6 +4,7 @@ follow-up messages."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -244,9 +245,8 @@ class Answering(Candidates):
                         authorize(request, principal)
                     limit = result_bound(tool, agent.limits)
                     _check_edit_size(request, wanted["edited_input"], limit)
-                    spent = sum(reviews.values(), Usage())
-                    usage = await self._check_edit(
-                        state, tool, request, wanted["edited_input"], spent
+                    usage = await self._reviewed_edit(
+                        state, tool, request, wanted["edited_input"], reviews, check_only
                     )
                     if usage is not None:
                         reviews[rid] = usage + reviews[rid] if rid in reviews else usage
@@ -352,6 +352,27 @@ class Answering(Candidates):
         """Cancel the session's turn if it is a subagent's that its parent no longer waits on
         (the runtime knows subagents); returns whether it did."""
         return False
+
+    async def _reviewed_edit(
+        self,
+        state: SessionState,
+        tool: Tool,
+        request: InputRequest,
+        edited: dict[str, Any],
+        reviews: Mapping[str, Usage],
+        check_only: bool,
+    ) -> Usage | None:
+        """`_check_edit` of an answer's edit, but once for the check of every answer that
+        settling mirrored requests makes first (`_mirrors.REVIEWED`) and the settlement after."""
+        spent = sum(reviews.values(), Usage())
+        memo = _mirrors.REVIEWED.get()
+        key = (request.id, json.dumps(edited, sort_keys=True, default=str))
+        if memo is not None and key in memo:
+            return memo[key] if check_only else memo.pop(key)
+        usage = await self._check_edit(state, tool, request, edited, spent)
+        if memo is not None and check_only:
+            memo[key] = usage
+        return usage
 
     async def _check_edit(
         self,
