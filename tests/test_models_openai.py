@@ -209,11 +209,55 @@ async def test_cached_input_tokens_cost_the_cached_price(fake) -> None:
 
 
 @pytest.mark.parametrize("value", [-1, "0.1", True, float("nan"), float("inf")])
-def test_a_cached_price_that_is_not_a_price_is_refused(value: Any) -> None:
-    with pytest.raises(so.UsageError, match="cached_price_per_mtok"):
-        so.models.OpenAIChat(
-            "m", base_url="http://127.0.0.1:9/v1", api_key="k", cached_price_per_mtok=value
-        )
+@pytest.mark.parametrize("name", ["cached_price_per_mtok", "cache_write_price_per_mtok"])
+def test_a_cached_price_that_is_not_a_price_is_refused(value: Any, name: str) -> None:
+    with pytest.raises(so.UsageError, match=name):
+        so.models.OpenAIChat("m", base_url="http://127.0.0.1:9/v1", api_key="k", **{name: value})
+
+
+async def test_a_gateways_cache_writes_cost_their_price(fake) -> None:
+    """OpenRouter's usage-accounting example: 194 prompt tokens, 100 of them written to the
+    cache (`prompt_tokens_details.cache_write_tokens`), which Anthropic's models behind it bill
+    at 1.25x the input price. Before, all 194 counted at the input price ($0.000582 of input,
+    not $0.000657) and `cache_write_price_per_mtok` did not exist."""
+    body = openai_completion("a", usage=(194, 2))
+    body["usage"]["prompt_tokens_details"] = {
+        "cached_tokens": 0,
+        "cache_write_tokens": 100,
+        "audio_tokens": 0,
+    }
+    fake.queue(body, body)
+    prices = {"price_per_mtok": (3.0, 15.0), "cache_write_price_per_mtok": 3.75}
+    async with so.models.OpenAIChat(
+        "anthropic/claude-sonnet-4",
+        base_url=fake.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        **prices,  # type: ignore[arg-type]
+    ) as m:
+        r = await m.complete(request())
+        assert m.least_input_price_per_mtok == 3.0
+    assert r.usage.input_tokens == 194  # the written ones are still input tokens
+    assert r.usage.cost_usd == pytest.approx((94 * 3.0 + 100 * 3.75 + 2 * 15.0) / 1e6)
+    # Without a price for them, writes cost the input price, as before.
+    async with so.models.OpenAIChat(
+        "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, price_per_mtok=(3.0, 15.0)
+    ) as m:
+        r = await m.complete(request())
+    assert r.usage.cost_usd == pytest.approx((194 * 3.0 + 2 * 15.0) / 1e6)
+    # Counts past the prompt's (a gateway's slip) give no cost back: writes fill what reads left.
+    body["usage"]["prompt_tokens_details"] = {"cached_tokens": 150, "cache_write_tokens": 100}
+    fake.queue(body)
+    async with so.models.OpenAIChat(
+        "m",
+        base_url=fake.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        cached_price_per_mtok=0.3,
+        **prices,  # type: ignore[arg-type]
+    ) as m:
+        r = await m.complete(request())
+    assert r.usage.cost_usd == pytest.approx((150 * 0.3 + 44 * 3.75 + 2 * 15.0) / 1e6)
 
 
 def test_price_lookup_accepts_date_suffixes_only() -> None:

@@ -4,6 +4,7 @@ follow-up messages."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -38,7 +39,8 @@ from ._exceptions import (
 )
 from ._idempotency import Keyed
 from ._mirrors import deciding
-from ._recording import Batch, runnable
+from ._output_caps import spare
+from ._recording import Batch, runnable, with_usage
 from ._results import GenerateResult, Outcome
 from ._session_cache import closes_stop
 from ._settings import flag
@@ -46,7 +48,7 @@ from ._state import SessionState
 from ._text import is_utf8
 from ._tool_json import over_limit, result_bound
 from ._tools import Tool
-from ._types import InputRequest, InputResponse, Principal
+from ._types import InputRequest, InputResponse, Principal, Usage
 from .stores import Resolve
 
 __all__ = ["MAX_ANSWERS", "Answering"]
@@ -160,6 +162,7 @@ class Answering(Candidates):
             raise InvalidAnswer(
                 f"request id(s) answered twice in one call: {', '.join(dupes)}", dupes
             )
+        reviews: dict[str, Usage] = {}  # what reviewing each edit cost, tried again or not
         for _ in range(20):
             state = await self._checked(session_id)
             if await self._orphaned(state):
@@ -242,7 +245,11 @@ class Answering(Candidates):
                         authorize(request, principal)
                     limit = result_bound(tool, agent.limits)
                     _check_edit_size(request, wanted["edited_input"], limit)
-                    await self._check_edit(state, tool, request, wanted["edited_input"])
+                    usage = await self._reviewed_edit(
+                        state, tool, request, wanted["edited_input"], reviews, check_only
+                    )
+                    if usage is not None:
+                        reviews[rid] = usage + reviews[rid] if rid in reviews else usage
                 if gate and wanted["decision"] == "approve" and voted(request, principal):
                     # Counted already: a no-op, as without a response policy, which need not
                     # judge it again (nor a candidate be recorded, to be closed at once).
@@ -253,7 +260,9 @@ class Answering(Candidates):
                     continue
                 authorize(request, principal)
                 wanted["by"] = None if principal is None else principal.model_dump()
-                specs.extend(_settlement_events(request, reply, wanted))
+                specs.extend(
+                    with_usage(_settlement_events(request, reply, wanted), reviews.get(rid))
+                )
                 resolves.append(
                     Resolve(
                         request_id=rid,
@@ -306,7 +315,13 @@ class Answering(Candidates):
                 key = mark if i == 0 and not resolves else None  # one event records the key
                 try:
                     outcome = await self._candidate(
-                        session_id, request, reply, wanted, principal, mark=key
+                        session_id,
+                        request,
+                        reply,
+                        wanted,
+                        principal,
+                        mark=key,
+                        usage=reviews.get(request.id),
                     )
                 except RequestClosed:
                     # Its deadline may have closed it just now: the turn goes on without it.
@@ -338,10 +353,40 @@ class Answering(Candidates):
         (the runtime knows subagents); returns whether it did."""
         return False
 
+    async def _reviewed_edit(
+        self,
+        state: SessionState,
+        tool: Tool,
+        request: InputRequest,
+        edited: dict[str, Any],
+        reviews: Mapping[str, Usage],
+        check_only: bool,
+    ) -> Usage | None:
+        """`_check_edit` of an answer's edit, but once for the check of every answer that
+        settling mirrored requests makes first (`_mirrors.REVIEWED`) and the settlement after."""
+        spent = sum(reviews.values(), Usage())
+        memo = _mirrors.REVIEWED.get()
+        key = (request.id, json.dumps(edited, sort_keys=True, default=str))
+        if memo is not None and key in memo:
+            return memo[key] if check_only else memo.pop(key)
+        usage = await self._check_edit(state, tool, request, edited, spent)
+        if memo is not None and check_only:
+            memo[key] = usage
+        return usage
+
     async def _check_edit(
-        self, state: SessionState, tool: Tool, request: InputRequest, edited: dict[str, Any]
-    ) -> None:
-        """An edit is a new call: the tool's approval policy and guardrails must not deny it."""
+        self,
+        state: SessionState,
+        tool: Tool,
+        request: InputRequest,
+        edited: dict[str, Any],
+        spent: Usage,
+    ) -> Usage | None:
+        """An edit is a new call: the tool's approval policy and guardrails must not deny it.
+        Returns what their review cost (`auto()`), capped as a proposal's is at what the budgets
+        leave, less what reviews of this answer's other edits (`spent`) cost."""
+        driver = self._driver(state, None)
+        left = spare(await driver.budget_left(), spent)
         ctx = ApprovalContext(
             session=session_info(state, request),
             tool_name=tool.name,
@@ -350,14 +395,17 @@ class Answering(Candidates):
             call_id=request.call_id or "",
             abort_signal=asyncio.Event(),
             pending_tools=frozenset(r.tool_name for r in state.pending_requests() if r.tool_name),
+            budget_left=left,
         )
-        verdict = await self._driver(state, None).verdict(tool, ctx)
+        # Only a denial refuses the edit: a caution asks a person, and the approver is one.
+        verdict = await driver.verdict(tool, ctx)
         if verdict.action == "deny":
             raise InvalidAnswer(
                 f"request {request.id}: {tool.name}'s approval policy denies the edited input: "
                 f"{verdict.reason}",
                 [request.id],
             )
+        return verdict.usage
 
     async def _closed_refusal(
         self,

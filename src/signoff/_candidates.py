@@ -22,7 +22,7 @@ from ._eligibility import authorize, voted
 from ._error_text import error_text
 from ._exceptions import AnswerError, InvalidAnswer, RequestClosed, SessionExpired, StoreError
 from ._idempotency import Keyed
-from ._recording import Batch, EventSpec, new_id
+from ._recording import Batch, EventSpec, new_id, with_usage
 from ._response import (
     RequestInfo,
     ResponseContext,
@@ -36,7 +36,7 @@ from ._state import SessionState
 from ._text import cut
 from ._tool_json import result_bound
 from ._tools import Tool
-from ._types import InputRequest, Principal
+from ._types import InputRequest, Principal, Usage
 from .stores import Resolve
 
 __all__ = [
@@ -212,6 +212,7 @@ class Candidates(SessionRunner):
         *,
         recovered: str | None = None,
         mark: Keyed | None = None,
+        usage: Usage | None = None,
     ) -> Outcome:
         """Settle an approval that has a response policy or a quorum, recording its candidacy.
 
@@ -224,6 +225,7 @@ class Candidates(SessionRunner):
         `mark` is the idempotency key of the message that gave the answer: its vote or its
         settlement records the key too, so the message repeated with it is not taken again (one
         refused, or closed under it by a deadline, is not taken: `send` delivers it anew).
+        `usage` is what reviewing the answer's edit cost: the first event it records counts it.
         """
         rid = request.id
         cid = recovered or new_id("cand")
@@ -295,7 +297,7 @@ class Candidates(SessionRunner):
             if recovered is None:
                 recorded = await self._append(
                     session_id,
-                    lambda st: [("approval.candidate", pending)],
+                    lambda st: with_usage([("approval.candidate", pending)], usage),
                     durable=True,
                     turn_id=tid,
                 )
@@ -404,6 +406,8 @@ class Candidates(SessionRunner):
             resolution = {**wanted, "by": by}
             outcome.append(Outcome(request_id=rid, outcome=wanted["outcome"], applied=True))
             settled = _settlement_events(current, reply, resolution)
+            if not evaluated:  # else its pending candidate counted it
+                settled = with_usage(settled, usage)
             if key:
                 settled[0] = (settled[0][0], {**settled[0][1], **key})
             return Batch(

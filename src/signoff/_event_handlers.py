@@ -88,7 +88,12 @@ def _model_completed(s: SessionState, e: Event) -> None:
     s.model_responses += 1
     usage = kept_usage(e.data.get("usage", {}), strict=False)
     s.usage = s.usage + usage
-    s.last_input_tokens = usage.input_tokens
+    # What the next call reads again: less than the reply's input when the provider billed
+    # input the conversation does not keep (`ModelResponse.context_tokens`).
+    kept = e.data.get("context_tokens")
+    if kept is not None and (isinstance(kept, bool) or not isinstance(kept, int) or kept < 0):
+        raise ValueError(f"context_tokens is not a count of tokens: {kept!r}")  # would give back
+    s.last_input_tokens = usage.input_tokens if kept is None else kept
     turn.steps += 1
     turn.model_seq = e.seq
     turn.status = "running"
@@ -112,8 +117,7 @@ def _tool_started(s: SessionState, e: Event) -> None:
     call.status = "running"
     _revive(_turn(s, e))
     call.idempotency_key = e.data.get("idempotency_key")
-    if "usage" in e.data:  # what reviewing the call cost (an auto() policy's model)
-        s.usage = s.usage + kept_usage(e.data["usage"], strict=False)
+    _billed(s, e)  # what reviewing the call cost (an auto() policy's model)
     if e.data.get("keyed"):  # signoff 0c4a186 marked keyed journals here, not on their entries
         call.keyed = True
 
@@ -193,8 +197,7 @@ def _tool_completed(s: SessionState, e: Event) -> None:
     call = _call(s, e)
     call.status = "done"
     _revive(_turn(s, e))
-    if "usage" in e.data:  # a review (an auto() policy's model) of a call that did not run
-        s.usage = s.usage + kept_usage(e.data["usage"], strict=False)
+    _billed(s, e)  # a review (an auto() policy's model) of a call that did not run
     if "delegated" in e.data:  # what a delegate call's child spent (`with_spend`)
         s.delegated = s.delegated + kept_usage(e.data["delegated"], strict=False)
     for child, counted in (e.data.get("short") or {}).items():  # the rest counted later
@@ -205,8 +208,7 @@ def _tool_completed(s: SessionState, e: Event) -> None:
 
 def _input_requested(s: SessionState, e: Event) -> None:
     turn = _turn(s, e)
-    if "usage" in e.data:  # what reviewing the calls cost (an auto() policy's model)
-        s.usage = s.usage + kept_usage(e.data["usage"], strict=False)
+    _billed(s, e)  # what reviewing the calls cost (an auto() policy's model)
     for raw in e.data["requests"]:
         request = InputRequest.model_validate(raw)
         s.requests[request.id] = RequestState(request=request)
@@ -235,6 +237,12 @@ def _turn_waiting(s: SessionState, e: Event) -> None:
         turn.traceparent = traceparent
 
 
+def _billed(s: SessionState, e: Event) -> None:
+    """Count what the event says was spent beside the model's replies (`usage`)."""
+    if "usage" in e.data:
+        s.usage = s.usage + kept_usage(e.data["usage"], strict=False)
+
+
 def _drop_candidates(s: SessionState, request_id: str) -> None:
     """A closed request has nothing left to evaluate."""
     for cid in [c for c, d in s.candidates.items() if d.get("request_id") == request_id]:
@@ -244,6 +252,7 @@ def _drop_candidates(s: SessionState, request_id: str) -> None:
 def _approval_candidate(s: SessionState, e: Event) -> None:
     d = e.data
     _keyed(s, e, _in_turn(s, e))  # a keyed message's vote, counted toward a quorum
+    _billed(s, e)  # what reviewing the answer's edit cost (an auto() policy's model)
     cid = d.get("candidate_id")
     if cid is not None:
         if d.get("outcome") == "pending":
@@ -271,6 +280,7 @@ def candidate_applied(request: InputRequest, d: dict[str, Any]) -> InputRequest:
 def _approval_settled(s: SessionState, e: Event) -> None:
     d = e.data
     _keyed(s, e, _in_turn(s, e))
+    _billed(s, e)  # what reviewing the answer's edit cost (an auto() policy's model)
     _drop_candidates(s, d["request_id"])
     req = s.requests.get(d["request_id"])
     approve = d["decision"] == "approve"
@@ -366,8 +376,7 @@ def _turn_failed(s: SessionState, e: Event) -> None:
     turn.status = "failed"
     turn.retryable = bool(e.data.get("retryable"))
     turn.error = e.data.get("error")
-    if "usage" in e.data:  # a reply the provider billed that the turn could not use
-        s.usage = s.usage + kept_usage(e.data["usage"], strict=False)
+    _billed(s, e)  # a reply the provider billed that the turn could not use
     if e.data.get("reason") == "session expired":
         s.lapsed = True  # it ended because the TTL passed: the session stays expired
     if not turn.retryable:

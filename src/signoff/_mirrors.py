@@ -4,6 +4,7 @@ the answers given through the parent, settled in the child under the child's own
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import math
@@ -20,7 +21,7 @@ from ._exceptions import (
 from ._recording import Batch, EventSpec, runnable
 from ._results import GenerateResult, Outcome
 from ._state import SessionState
-from ._types import ChildRef, InputRequest, Principal
+from ._types import ChildRef, InputRequest, Principal, Usage
 from .stores import Resolve, Store, StoredRequest
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FOLLOWED",
     "MAX_HOPS",
+    "REVIEWED",
     "close_mirror",
     "deciding",
     "followed",
@@ -45,6 +47,12 @@ _R = TypeVar("_R", bound="_Reading")
 
 MAX_HOPS = 100
 """How far down a chain of subagents a mirrored request is followed to the one it stands for."""
+
+REVIEWED: contextvars.ContextVar[dict[tuple[str, str], Usage | None] | None] = (
+    contextvars.ContextVar("reviewed", default=None)
+)
+"""While `settle_routed` checks every answer and then settles them: what the review of each
+edit (by request id and edit) cost, so the settlement takes the check's review, not another."""
 
 
 async def deciding(store: Store, request: InputRequest) -> InputRequest:
@@ -177,6 +185,23 @@ def _routed_ref(state: SessionState, answer: Reply) -> ChildRef | None:
 
 
 async def settle_routed(
+    rt: Answering,
+    state: SessionState,
+    answers: Sequence[Reply],
+    principal: Principal | None,
+    **kwargs: Any,
+) -> list[Outcome]:
+    """`_settle_routed`, with the reviews of edits its check makes kept for its settlement."""
+    if REVIEWED.get() is not None:  # a mirror of a mirror: the outermost call keeps them
+        return await _settle_routed(rt, state, answers, principal, **kwargs)
+    token = REVIEWED.set({})
+    try:
+        return await _settle_routed(rt, state, answers, principal, **kwargs)
+    finally:
+        REVIEWED.reset(token)
+
+
+async def _settle_routed(
     rt: Answering,
     state: SessionState,
     answers: Sequence[Reply],

@@ -195,13 +195,15 @@ class ModelStep(DriverPart):
             seen.add(cid)
             # The input as JSON gives it back: a tuple in it is a list live too, as resumed.
             calls.append({"id": cid, "name": c.name, "input": recorded["tool_calls"][i]["input"]})
-        data = {
+        data: dict[str, Any] = {
             "text": response.text,
             "tool_calls": calls,
             "usage": response.usage.model_dump(),
         }
         if response.cut_off is not None:  # a partial answer says so
             data["cut_off"] = response.cut_off
+        if response.context_tokens is not None:  # what the next call reads again, at least
+            data["context_tokens"] = min(response.context_tokens, response.usage.input_tokens)
         if response.reasoning and calls:  # only a response with calls needs its reasoning back
             data["reasoning"] = recorded["reasoning"]
         completed: EventSpec = ("model.completed", data)
@@ -286,8 +288,9 @@ class ModelStep(DriverPart):
 
     def _input_floor(self, messages: list[Message]) -> int:
         """The least number of input tokens a call sending `messages` reads: as many as the
-        session's last call read, when these hold everything that call was sent (the whole
-        conversation, which only grows); else 0, not known."""
+        session's last call read of what the conversation keeps (`context_tokens`), when these
+        hold everything that call was sent (the whole conversation, which only grows); else 0,
+        not known."""
         conv = self.state.conversation
         if conv is None or conv.partial or len(messages) != len(conv.messages):
             return 0
@@ -547,6 +550,9 @@ def _malformed(response: ModelResponse) -> str | None:
         and type(u.cost_usd) in (int, float)
     ):
         return f"usage is not a Usage of two whole numbers and a cost ({type(u).__name__})"
+    n = r.context_tokens
+    if n is not None and (type(n) is not int or n < 0):
+        return f"context_tokens is {cut(repr(n), 100)}, not a whole number >= 0 or None"
     if r.cut_off not in (None, *get_args(CutOff)):
         return f"cut_off is {cut(repr(r.cut_off), 100)}, not max_tokens, content_filter or None"
     if not isinstance(r.tool_calls, list):

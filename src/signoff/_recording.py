@@ -52,6 +52,7 @@ __all__ = [
     "tool_result",
     "unchanged",
     "waiting_after",
+    "with_usage",
 ]
 
 
@@ -332,6 +333,17 @@ def tool_result(
     """A call's outcome; `usage` is what reviewing a call that did not run cost (`auto()`)."""
     data = {"call_id": call.id, "tool_name": call.tool_name, "status": status, "result": result}
     return ("tool.completed", data if usage is None else {**data, "usage": usage.model_dump()})
+
+
+def with_usage(specs: Sequence[EventSpec], usage: Usage | None) -> list[EventSpec]:
+    """`specs` with `usage` (what reviewing the decision they record cost: an `auto()` review)
+    added to the first one's, which the session's usage and budgets count."""
+    if usage is None or not specs:
+        return list(specs)
+    (kind, data), *rest = specs
+    if "usage" in data:
+        usage = usage + Usage(**data["usage"])
+    return [(kind, {**data, "usage": usage.model_dump()}), *rest]
 
 
 def denial(decision: dict[str, Any]) -> dict[str, Any]:

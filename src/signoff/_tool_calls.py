@@ -27,6 +27,7 @@ from ._recording import (
     new_id,
     tool_result,
     waiting_after,
+    with_usage,
 )
 from ._state import CallState, SessionState
 from ._text import cut
@@ -150,9 +151,7 @@ class ToolCalls(CallEnds):
         # first call started), once: their kept verdicts are asked again without usage.
         unbilled = Verdict.spent(v for _, v in held_back)
         if unbilled is not None and specs:
-            kind, data = specs[0]
-            paid = _plus(unbilled, Usage(**data["usage"]) if "usage" in data else None)
-            specs[0] = (kind, {**data, "usage": paid.model_dump()})  # type: ignore[union-attr]
+            specs = with_usage(specs, unbilled)
             unbilled = None
         for key, verdict in held_back:
             keep = unbilled is not None and not to_run

@@ -149,13 +149,17 @@ class ModelResponse(_Model):
     """What a model returns for one step: text and/or tool calls, with usage. `reasoning` holds
     provider blocks the provider wants back as they came with the calls (Anthropic's thinking).
     `cut_off` says why the provider stopped the reply short (None: it ended on its own): its text
-    is then partial, and none of its tool calls is run."""
+    is then partial, and none of its tool calls is run. `context_tokens` is how many of the
+    input tokens the session's next call reads again at least, when that is not all of
+    `usage.input_tokens` (0: not known): input the provider billed but the conversation does not
+    keep (tools it ran itself, a paused turn read again) is not read again."""
 
     text: str = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
     reasoning: list[dict[str, Any]] = Field(default_factory=list)
     cut_off: CutOff | None = None
+    context_tokens: int | None = Field(default=None, ge=0)
 
 
 class UserMessage(_Model):

@@ -345,11 +345,12 @@ def scripted_agent(
     limits: Limits | None = None,
     instructions: str = "",
     repeat_last: bool = False,
+    cut_at_cap: bool = False,
 ) -> Agent:
     """An `Agent` whose model is `Scripted(steps)`."""
     return Agent(
         name=name,
-        model=Scripted(steps, repeat_last=repeat_last),
+        model=Scripted(steps, repeat_last=repeat_last, cut_at_cap=cut_at_cap),
         instructions=instructions,
         tools=tools,
         guardrails=guardrails,

@@ -39,12 +39,19 @@ __all__ = ["Anthropic"]
 # The reasoning blocks of a response and their fields, sent back as they came.
 _REASONING = {"thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
 
+# The blocks of a reply the conversation keeps; the others are the server tools' own.
+_KEPT = ("text", "tool_use", *_REASONING)
+
 # The stop reasons that cut a reply short, and those that mean an empty one is no answer.
 _CUT = ("max_tokens", "model_context_window_exceeded")
 _EARLY = (*_CUT, "tool_use", "pause_turn")
 
 # The least `budget_tokens` thinking takes.
 _LEAST_THINKING = 1024
+
+# How many times a turn the API paused (`pause_turn`: a long server-tool loop) is continued;
+# each continuation reads the whole conversation again.
+MAX_CONTINUATIONS = 8
 
 # Anthropic bills cache writes at 1.25x the input price (2x for the 1-hour cache) and cache
 # reads at 0.1x.
@@ -193,14 +200,67 @@ class Anthropic(SdkModel):
             self._think_within(kwargs, cap)
         sdk = self._sdk
         where = f"{self.model!r} at {shown_url(client.base_url)}"
-        message = await self._request(
-            sdk,
-            sdk.AnthropicError,
-            lambda: client.messages.create(**kwargs),
-            "Anthropic messages call",
-            where,
-        )
-        return self._parse(message, where, cap)
+        paused: list[Any] = []  # the messages of the turn the API paused, in order
+        while True:
+            try:
+                message = await self._request(
+                    sdk,
+                    sdk.AnthropicError,
+                    lambda: client.messages.create(**kwargs),
+                    "Anthropic messages call",
+                    where,
+                )
+            except ModelError as exc:
+                if paused:  # the paused parts were billed: the failed turn counts them
+                    exc.usage = _total([*(self._usage(m) for m in paused), exc.usage])
+                raise
+            if not _paused(message):
+                return self._parse(message, where, cap, paused)
+            paused.append(message)
+            self._continue(kwargs, paused, where, cap)
+
+    def _continue(
+        self, kwargs: dict[str, Any], paused: list[Any], where: str, cap: int | None
+    ) -> None:
+        """Make `kwargs` the request that continues the turn the API paused, as Anthropic says to:
+        the paused content sent back as the assistant's (and its code-execution container named),
+        its output capped at what `cap` leaves of it."""
+        last = paused[-1]
+        spent = _total(self._usage(m) for m in paused)
+        if len(paused) > MAX_CONTINUATIONS:
+            raise ModelError(
+                f"Anthropic messages call for {where} paused its turn {len(paused)} times "
+                f"(stop_reason pause_turn): signoff continues one at most {MAX_CONTINUATIONS} "
+                "times",
+                usage=spent,
+            )
+        _read_blocks(last.content, where, spent, [], [], [])  # blocks of the wrong shape fail
+        blocks = scrub([_sent_back(b) for b in last.content])
+        messages = list(kwargs["messages"])
+        if messages and messages[-1]["role"] == "assistant":  # one paused already: it goes on
+            messages[-1] = {**messages[-1], "content": [*messages[-1]["content"], *blocks]}
+        else:
+            messages.append({"role": "assistant", "content": blocks})
+        kwargs["messages"] = messages
+        container = getattr(getattr(last, "container", None), "id", None)
+        if isinstance(container, str) and container:
+            kwargs["container"] = container
+        if cap is None:
+            return
+        left = cap - spent.output_tokens
+        if left <= 0:
+            raise BudgetSpent(
+                f"Anthropic messages call for {where} paused its turn after the {cap} output "
+                "tokens the session's budgets had left (stop_reason pause_turn)",
+                usage=spent,
+            )
+        kwargs["max_tokens"] = min(kwargs["max_tokens"], left)
+        if thinking_on(kwargs):
+            try:
+                self._think_within(kwargs, left)
+            except BudgetSpent as exc:
+                exc.usage = spent
+                raise
 
     def _think_within(self, kwargs: dict[str, Any], cap: int) -> None:
         """Lower thinking's `budget_tokens` below `cap`, as the API wants it below `max_tokens`;
@@ -220,7 +280,11 @@ class Anthropic(SdkModel):
                 )
             where["thinking"] = {**thinking, "budget_tokens": cap - 1}
 
-    def _parse(self, message: Any, where: str, cap: int | None = None) -> ModelResponse:
+    def _parse(
+        self, message: Any, where: str, cap: int | None = None, paused: list[Any] | None = None
+    ) -> ModelResponse:
+        """The response in `message`, which ends the turn the API paused in `paused` (whose
+        text, reasoning and cost come first)."""
         if isinstance(message, str):  # the SDK's answer to a Content-Type other than JSON
             raise ModelError(
                 f"Anthropic messages call for {where} returned a body that is not JSON: "
@@ -236,7 +300,8 @@ class Anthropic(SdkModel):
                 )
             raise ModelError(f"Anthropic messages call for {where} returned no content list")
         # A message came: what it cost is counted even when it cannot be used.
-        usage = self._usage(message)
+        earlier = paused or []
+        usage = _total([*(self._usage(m) for m in earlier), self._usage(message)])
         stop = plain_str(getattr(message, "stop_reason", None))
         if cap is not None and stop == "max_tokens" and not 0 < usage.output_tokens < cap:
             # Cut at what the budgets had left: half an answer or call must not pass for one.
@@ -266,46 +331,14 @@ class Anthropic(SdkModel):
         texts: list[str] = []
         calls: list[ToolCall] = []
         reasoning: list[dict[str, Any]] = []
-        for block in content:
-            if block is None or isinstance(block, str | int | float | list):
-                # Skipped, a reply of such blocks passed for an empty answer that ended the turn.
-                raise ModelError(
-                    f"Anthropic messages call for {where} has a content block that is not an "
-                    f"object: {type(block).__name__}",
-                    usage=usage,
-                )
-            kind = plain_str(getattr(block, "type", None))
-            if kind == "text":
-                text = getattr(block, "text", None)
-                if not isinstance(text, str):
-                    raise ModelError(
-                        f"Anthropic messages call for {where} has a text block whose text is not "
-                        f"text: {type(text).__name__}",
-                        usage=usage,
-                    )
-                texts.append(text)
-            elif kind == "tool_use":
-                name = getattr(block, "name", None)
-                if not isinstance(name, str) or not name:
-                    raise ModelError(
-                        f"Anthropic messages call for {where} has a tool_use block with no name",
-                        usage=usage,
-                    )
-                call_id = getattr(block, "id", None)
-                raw = getattr(block, "input", None)
-                calls.append(
-                    ToolCall(
-                        name=name,
-                        input={} if raw is None else plain_input(raw),
-                        id=call_id if isinstance(call_id, str) and call_id else None,
-                    )
-                )
-            elif kind in _REASONING:
-                # With thinking on, the API wants these back, unchanged, with the tool_use.
-                block_data = {k: getattr(block, k, None) for k in _REASONING[kind]}
-                if all(isinstance(v, str) for v in block_data.values()):
-                    reasoning.append({"type": kind, **block_data})
-            # server-tool blocks are not part of signoff's conversation
+        parts = [*(m.content for m in earlier), content]
+        for blocks in parts:
+            _read_blocks(blocks, where, usage, texts, calls, reasoning)
+        # Input billed that the conversation does not keep (what a server tool read, a paused
+        # turn read again) is not read by the next call: how much of it there was is not known.
+        unkept = bool(earlier) or any(
+            plain_str(getattr(b, "type", None)) not in _KEPT for blocks in parts for b in blocks
+        )
         if not "".join(texts).strip() and not calls and stop in _EARLY:
             # Thinking that spent max_tokens, a paused server tool: the empty text would pass
             # for the model's answer.
@@ -320,7 +353,12 @@ class Anthropic(SdkModel):
         elif stop == "refusal":
             cut = "content_filter"
         return ModelResponse(
-            text="".join(texts), tool_calls=calls, usage=usage, reasoning=reasoning, cut_off=cut
+            text="".join(texts),
+            tool_calls=calls,
+            usage=usage,
+            reasoning=reasoning,
+            cut_off=cut,
+            context_tokens=0 if unkept else None,
         )
 
     def _usage(self, message: Any) -> Usage:
@@ -346,6 +384,80 @@ class Anthropic(SdkModel):
                 + output * price_out
             ) / 1_000_000
         return Usage(input_tokens=plain + written + read, output_tokens=output, cost_usd=cost)
+
+
+def _read_blocks(
+    content: list[Any],
+    where: str,
+    usage: Usage,
+    texts: list[str],
+    calls: list[ToolCall],
+    reasoning: list[dict[str, Any]],
+) -> None:
+    """Add a message's text, tool calls and reasoning blocks to `texts`, `calls` and
+    `reasoning`; a block of the wrong shape fails the call, counting `usage`."""
+    for block in content:
+        if block is None or isinstance(block, str | int | float | list):
+            # Skipped, a reply of such blocks passed for an empty answer that ended the turn.
+            raise ModelError(
+                f"Anthropic messages call for {where} has a content block that is not an "
+                f"object: {type(block).__name__}",
+                usage=usage,
+            )
+        kind = plain_str(getattr(block, "type", None))
+        if kind == "text":
+            text = getattr(block, "text", None)
+            if not isinstance(text, str):
+                raise ModelError(
+                    f"Anthropic messages call for {where} has a text block whose text is not "
+                    f"text: {type(text).__name__}",
+                    usage=usage,
+                )
+            texts.append(text)
+        elif kind == "tool_use":
+            name = getattr(block, "name", None)
+            if not isinstance(name, str) or not name:
+                raise ModelError(
+                    f"Anthropic messages call for {where} has a tool_use block with no name",
+                    usage=usage,
+                )
+            call_id = getattr(block, "id", None)
+            raw = getattr(block, "input", None)
+            calls.append(
+                ToolCall(
+                    name=name,
+                    input={} if raw is None else plain_input(raw),
+                    id=call_id if isinstance(call_id, str) and call_id else None,
+                )
+            )
+        elif kind in _REASONING:
+            # With thinking on, the API wants these back, unchanged, with the tool_use.
+            block_data = {k: getattr(block, k, None) for k in _REASONING[kind]}
+            if all(isinstance(v, str) for v in block_data.values()):
+                reasoning.append({"type": kind, **block_data})
+        # server-tool blocks are not part of signoff's conversation
+
+
+def _paused(message: Any) -> bool:
+    """Whether the API paused the turn (a long server-tool loop) with content to send back."""
+    content = getattr(message, "content", None)
+    stop = plain_str(getattr(message, "stop_reason", None))
+    return stop == "pause_turn" and isinstance(content, list) and bool(content)
+
+
+def _sent_back(block: Any) -> Any:
+    """A content block of a paused turn as the API sent it, to be sent back unchanged."""
+    to_dict = getattr(block, "to_dict", None)
+    return to_dict(mode="json") if callable(to_dict) else block
+
+
+def _total(usages: Any) -> Usage:
+    """The sum of `usages` (None counts nothing)."""
+    total = Usage()
+    for u in usages:
+        if u is not None:
+            total = total + u
+    return total
 
 
 # -- the wire format ------------------------------------------------------------------------

@@ -68,11 +68,13 @@ class OpenAIChat(SdkModel):
     Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in list
     price for well-known models, else 0; the prompt's cached tokens (`prompt_tokens_details.
     cached_tokens`) cost `cached_price_per_mtok`, by default a known model's list price for
-    them, else the input price. `env` replaces the process environment as the source
-    of `OPENAI_*` settings (key, base URL, organization, project, custom headers) and of the
-    HTTP client's proxies and CA bundle (`HTTPS_PROXY`, `NO_PROXY`, `SSL_CERT_FILE`, ...): none
-    is then read from `os.environ`. A reply body past `max_reply_bytes` (as inflated) fails
-    the call while it is read.
+    them, else the input price; those it wrote to a cache (`prompt_tokens_details.
+    cache_write_tokens`, which gateways such as OpenRouter report for models that bill cache
+    writes) cost `cache_write_price_per_mtok`, by default the input price. `env` replaces the
+    process environment as the source of `OPENAI_*` settings (key, base URL, organization,
+    project, custom headers) and of the HTTP client's proxies and CA bundle (`HTTPS_PROXY`,
+    `NO_PROXY`, `SSL_CERT_FILE`, ...): none is then read from `os.environ`. A reply body past
+    `max_reply_bytes` (as inflated) fails the call while it is read.
     A client signoff makes is one per event loop; a `client` passed in is used as it is on every
     loop, but its HTTP connections belong to the loop that first used it: a runtime used from two
     loops (its `*_sync` twins run on one of their own) fails there with a `ModelError` saying so.
@@ -91,6 +93,7 @@ class OpenAIChat(SdkModel):
         max_tokens: int | None = None,
         price_per_mtok: tuple[float, float] | None = None,
         cached_price_per_mtok: float | None = None,
+        cache_write_price_per_mtok: float | None = None,
         max_retries: int = 2,
         timeout: float = 120.0,
         params: Mapping[str, Any] | None = None,
@@ -126,6 +129,9 @@ class OpenAIChat(SdkModel):
         if cached is None and self.price_per_mtok is not None:
             cached = self.price_per_mtok[0]  # no discount known: counted at the input price
         self.cached_price_per_mtok = cached
+        self.cache_write_price_per_mtok = check_rate(
+            owner, "cache_write_price_per_mtok", cache_write_price_per_mtok
+        )
         if env is not None:
             self._http_env = HttpEnv(owner, self._sdk, env)
         source = os.environ if env is None else env
@@ -168,8 +174,8 @@ class OpenAIChat(SdkModel):
         session's budgets hold back for a call's input before making it."""
         if self.price_per_mtok is None:
             return None
-        cached = self.cached_price_per_mtok
-        return self.price_per_mtok[0] if cached is None else min(self.price_per_mtok[0], cached)
+        rates = (self.cached_price_per_mtok, self.cache_write_price_per_mtok)
+        return min([self.price_per_mtok[0], *(r for r in rates if r is not None)])
 
     # -- the call -----------------------------------------------------------------------------
 
@@ -297,22 +303,29 @@ class OpenAIChat(SdkModel):
         return ModelResponse(text=text, tool_calls=calls, usage=usage, cut_off=cut)
 
     def _usage(self, completion: Any) -> Usage:
-        """The tokens a completion reports, priced: the prompt's cached tokens (among its
-        `prompt_tokens`) at the cached price."""
+        """The tokens a completion reports, priced: the prompt's cached tokens and those written
+        to a cache (both among its `prompt_tokens`) at their prices."""
         usage = getattr(completion, "usage", None)
         input_tokens = plain_int(getattr(usage, "prompt_tokens", 0))
         output_tokens = plain_int(getattr(usage, "completion_tokens", 0))
         details = getattr(usage, "prompt_tokens_details", None)
         cached = min(plain_int(getattr(details, "cached_tokens", 0)), input_tokens)
+        written = min(plain_int(getattr(details, "cache_write_tokens", 0)), input_tokens - cached)
         cost = 0.0
         if self.price_per_mtok is not None:
             price_in, price_out = self.price_per_mtok
             price_cached = (
                 price_in if self.cached_price_per_mtok is None else self.cached_price_per_mtok
             )
+            price_written = (
+                price_in
+                if self.cache_write_price_per_mtok is None
+                else self.cache_write_price_per_mtok
+            )
             cost = (
-                (input_tokens - cached) * price_in
+                (input_tokens - cached - written) * price_in
                 + cached * price_cached
+                + written * price_written
                 + output_tokens * price_out
             ) / 1_000_000
         return Usage(input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost)

@@ -154,7 +154,8 @@ def check_price(owner: str, value: object) -> Price | None:
 
 
 def check_rate(owner: str, name: str, value: object) -> float | None:
-    """Validate one price in USD per million tokens (`cached_price_per_mtok=`)."""
+    """Validate one price in USD per million tokens (`cached_price_per_mtok=`,
+    `cache_write_price_per_mtok=`)."""
     if value is None:
         return None
     if (

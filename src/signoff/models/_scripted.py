@@ -6,9 +6,9 @@ import inspect
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeAlias
 
-from .._exceptions import ModelError, UsageError
+from .._exceptions import BudgetSpent, ModelError, UsageError
 from .._settings import flag
-from .._types import Message, ModelResponse
+from .._types import Message, ModelResponse, Usage
 from ._base import ModelRequest
 
 __all__ = ["Scripted", "misfit"]
@@ -23,10 +23,16 @@ class Scripted:
 
     An entry may be a `ModelResponse`, a function of the conversation returning one, or an
     exception to raise (to test failures). With `repeat_last=True` the last entry is reused
-    once the script runs out, which suits long benchmarks.
+    once the script runs out, which suits long benchmarks. With `cut_at_cap=True` a response
+    whose `usage` says it wrote more output tokens than the request's `max_output_tokens` (what
+    the session's budgets leave) is cut there, as the shipped models cut one: `BudgetSpent` is
+    raised, counting the tokens up to the cap. Without it, the cap is ignored, so a script may
+    spend past a budget in one reply, which no real model can.
     """
 
-    def __init__(self, steps: Sequence[Step], *, repeat_last: bool = False) -> None:
+    def __init__(
+        self, steps: Sequence[Step], *, repeat_last: bool = False, cut_at_cap: bool = False
+    ) -> None:
         if isinstance(steps, str | bytes | ModelResponse | Exception) or not isinstance(
             steps, Iterable
         ):
@@ -45,6 +51,7 @@ class Scripted:
                 )
             _check_function(i, step)
         self.repeat_last = flag("Scripted repeat_last", repeat_last)  # "no" was true
+        self.cut_at_cap = flag("Scripted cut_at_cap", cut_at_cap)
         self.calls = 0
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
@@ -62,14 +69,33 @@ class Scripted:
         step = self.steps[index]
         if isinstance(step, Exception):
             raise step
+        cap = request.max_output_tokens if self.cut_at_cap else None
         if isinstance(step, ModelResponse):
-            return step
+            return _capped(step, cap)
         result = step(list(request.messages))
         if inspect.isawaitable(result):
             result = await result
         if not isinstance(result, ModelResponse):
             raise ModelError(f"scripted step #{index + 1} returned {result!r}, not a ModelResponse")
-        return result
+        return _capped(result, cap)
+
+
+def _capped(response: ModelResponse, cap: int | None) -> ModelResponse:
+    """`response`, unless it is longer than `cap` output tokens: then it stops there, as a real
+    model's would, and `BudgetSpent` counts what it spent so far (its cost cut in proportion)."""
+    usage = response.usage
+    if cap is None or usage.output_tokens <= cap:
+        return response
+    whole = usage.input_tokens + usage.output_tokens
+    kept = usage.input_tokens + cap
+    spent = Usage(
+        input_tokens=usage.input_tokens, output_tokens=cap, cost_usd=usage.cost_usd * kept / whole
+    )
+    raise BudgetSpent(
+        f"the scripted reply of {usage.output_tokens} output tokens was cut off at the {cap} "
+        "output tokens the session's budgets had left",
+        usage=spent,
+    )
 
 
 def _check_function(i: int, step: Step) -> None:

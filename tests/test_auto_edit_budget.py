@@ -1,0 +1,120 @@
+"""The `auto()` review of an approver's edit is capped at what the session's budgets leave and
+its cost counts, as the review of a model's proposal is (tests/test_auto_budget.py); with no
+output token left no review is made and the edit stands, as the answer of the person a caution
+would have asked. Run on both stores."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import signoff as so
+from signoff.models import ModelRequest
+from signoff.testing import ExecutionLog, call, call_tools, reply
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+REVIEW = so.Usage(input_tokens=10, output_tokens=5)
+CAUTION = json.dumps({"verdict": "caution", "reason": "a refund"})
+
+
+class Reviewer:
+    """A reviewer model of one's own: records each request's output cap, answers caution."""
+
+    def __init__(self) -> None:
+        self.caps: list[int | None] = []
+
+    async def complete(self, request: ModelRequest) -> so.ModelResponse:
+        self.caps.append(request.max_output_tokens)
+        return so.ModelResponse(text=CAUTION, usage=REVIEW)
+
+
+def agent_with(
+    log: ExecutionLog,
+    reviewer: Reviewer,
+    limits: so.Limits,
+    *,
+    response: Any = None,
+    charges: tuple[str, ...] = ("a",),
+) -> so.Agent:
+    policy = so.auto(reviewer)
+    approval = policy if response is None else so.ApprovalSpec(request=policy, response=response)
+
+    @log.tool(approval=approval)
+    async def refund_charge(charge_id: str, amount: float) -> str:
+        """Refund a charge."""
+        return "refunded"
+
+    calls = [call("refund_charge", charge_id=c, amount=180) for c in charges]
+    first = call_tools(*calls, usage=so.Usage(input_tokens=100))
+    return so.Agent(
+        name="billing",
+        model=so.models.Scripted([first, reply("done")]),
+        tools=[refund_charge],
+        limits=limits,
+    )
+
+
+def edit(*asks: so.InputRequest) -> list[so.InputResponse]:
+    return [
+        so.InputResponse(
+            request_id=ask.id,
+            option_id="approve",
+            edited_input={**(ask.action.input if ask.action else {}), "amount": 150},
+        )
+        for ask in asks
+    ]
+
+
+async def test_an_edits_review_is_capped_and_counted(store_url: str) -> None:
+    """max_tokens=1000; the reply spent 100, the proposals' two reviews 15 each: the first
+    edit's review may write 870 tokens, the second's what the first left (855), and both count.
+    Before, they were sent uncapped and their cost dropped."""
+    log, reviewer = ExecutionLog(), Reviewer()
+    agent = agent_with(log, reviewer, so.Limits(max_tokens=1000), charges=("a", "b"))
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund", auth=ALICE)
+        assert r.status == "waiting"
+        assert (await rt.state(r.session_id)).usage.total_tokens == 130
+        r = await rt.respond(r.session_id, edit(*r.pending), principal=ALICE)
+        assert r.status == "completed"
+        assert (await rt.state(r.session_id)).usage.total_tokens == 160
+    async with so.Runtime([agent], store=store_url) as again:  # folded from the log
+        assert (await again.state(r.session_id)).usage.total_tokens == 160
+    assert reviewer.caps == [900, 885, 870, 855]
+    assert [e.input["amount"] for e in log.executions] == [150.0, 150.0]
+
+
+async def test_an_edit_through_a_response_policy_has_its_review_counted(store_url: str) -> None:
+    """A response policy judges the edit after the review: the review's cost is counted on the
+    answer's `approval.candidate`, which is recorded first."""
+    log, reviewer = ExecutionLog(), Reviewer()
+    agent = agent_with(log, reviewer, so.Limits(max_tokens=1000), response=lambda ctx: so.Allowed())
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund", auth=ALICE)
+        [ask] = r.pending
+        r = await rt.respond(r.session_id, edit(ask), principal=ALICE)
+        assert r.status == "completed"
+        events = [e async for e in rt.events(r.session_id, 0, follow=False)]
+        [pending] = [e for e in events if e.type == "approval.candidate"]
+        assert pending.data["usage"]["output_tokens"] == 5
+        assert (await rt.state(r.session_id)).usage.total_tokens == 130
+    assert reviewer.caps == [900, 885]
+
+
+async def test_with_nothing_left_an_edit_is_not_reviewed_and_stands(store_url: str) -> None:
+    """The reply spent all 100 tokens: neither the proposal nor the edit is reviewed (a review
+    with no output token left says caution, which asks a person: the approver who edited it is
+    that person), the call runs with the edit, and the turn then asks to raise the budget."""
+    log, reviewer = ExecutionLog(), Reviewer()
+    agent = agent_with(log, reviewer, so.Limits(max_tokens=100))
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund", auth=ALICE)
+        [ask] = r.pending
+        assert ask.auto_verdict == "failed"
+        r = await rt.respond(r.session_id, edit(ask), principal=ALICE)
+        assert r.status == "waiting"
+        [limit] = r.pending
+        assert limit.kind == "session-limit"
+        assert (await rt.state(r.session_id)).usage.total_tokens == 100
+    assert reviewer.caps == []
+    assert [e.input["amount"] for e in log.executions] == [150.0]

@@ -1,0 +1,67 @@
+"""An edit given on a subagent's request mirrored on its parent is reviewed once: the check of
+every answer before any is settled (`check_only`) and the settlement share the review, whose
+cost counts once, in the child. Run on both stores."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import signoff as so
+from signoff.models import ModelRequest
+from signoff.testing import call, call_tools, reply, scripted_agent, tool_results
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+REVIEW = so.Usage(input_tokens=10, output_tokens=5)
+
+
+class Reviewer:
+    """Answers caution to every review, and counts them."""
+
+    def __init__(self) -> None:
+        self.inputs: list[str] = []
+
+    async def complete(self, request: ModelRequest) -> so.ModelResponse:
+        self.inputs.append(request.messages[0].text)  # type: ignore[union-attr]
+        text = json.dumps({"verdict": "caution", "reason": "a refund"})
+        return so.ModelResponse(text=text, usage=REVIEW)
+
+
+def agents(ran: list[Any], reviewer: Reviewer) -> list[so.Agent]:
+    @so.tool(approval=so.auto(reviewer))
+    async def issue_refund(order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        ran.append(amount)
+        return {"refunded": amount}
+
+    child = scripted_agent(
+        "billing",
+        [
+            call_tools(call("issue_refund", order_id="1042", amount=180)),
+            lambda conv: reply(f"Refunded: {tool_results(conv)[-1].content}"),
+        ],
+        tools=[issue_refund],
+    )
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), reply("done")],
+        tools=[so.delegate("billing", description="Billing specialist.")],
+    )
+    return [parent, child]
+
+
+async def test_an_edit_on_a_mirror_is_reviewed_once(store_url: str) -> None:
+    """Before, the edit was reviewed twice (3 reviews in all) and one of the two was counted."""
+    ran: list[Any] = []
+    reviewer = Reviewer()
+    async with so.Runtime(agents(ran, reviewer), store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        edited = {"order_id": "1042", "amount": 90.0}
+        answer = so.InputResponse(request_id=mirror.id, option_id="approve", edited_input=edited)
+        r = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert r.status == "completed" and ran == [90.0]
+        child = await rt.state(mirror.child.session_id)
+        assert child.usage.total_tokens == 2 * REVIEW.total_tokens
+    assert len(reviewer.inputs) == 2

@@ -1,0 +1,135 @@
+"""`Anthropic` continues a turn the API paused (`stop_reason: "pause_turn"`, a long server-tool
+loop), as Anthropic's docs say: the paused content is sent back as the assistant's and the
+request made again (naming the code-execution container, if any), at most `MAX_CONTINUATIONS`
+times, each capped at what the session's budgets leave of the reply's output, and what every
+part cost is counted. Against the strict fake, through the real SDK."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.models._anthropic import MAX_CONTINUATIONS
+
+from ._models import request
+from ._models_anthropic import fake, model
+from .fakes.llm import API_KEY, FakeLLM, anthropic_message
+
+__all__ = ["fake", "model"]  # the fixtures, used by name
+
+SEARCH = {
+    "type": "server_tool_use",
+    "id": "srvtoolu_01",
+    "name": "web_search",
+    "input": {"query": "refund policy"},
+}
+RESULTS = {
+    "type": "web_search_tool_result",
+    "tool_use_id": "srvtoolu_01",
+    "content": [{"type": "web_search_result", "url": "https://example.com", "title": "Policy"}],
+}
+
+
+def paused(*blocks: Any, usage: tuple[int, int] = (100, 20), **extra: Any) -> dict[str, Any]:
+    body = anthropic_message(*blocks, usage={"input_tokens": usage[0], "output_tokens": usage[1]})
+    body["stop_reason"] = "pause_turn"
+    return {**body, **extra}
+
+
+async def test_a_paused_turn_is_continued_with_its_content_sent_back(fake, model) -> None:
+    """Before, the paused part's text ("Searching. ") was returned as the whole answer and the
+    API was never asked to finish."""
+    container = {"id": "container_01", "expires_at": "2026-12-03T19:00:00Z"}
+    fake.queue(
+        paused("Searching. ", SEARCH, RESULTS, container=container),
+        anthropic_message("Refunds take 5 days.", usage={"input_tokens": 150, "output_tokens": 30}),
+    )
+    response = await model.complete(request(so.UserMessage(text="What is the refund policy?")))
+    assert response.text == "Searching. Refunds take 5 days."
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (250, 50)
+    assert response.cut_off is None
+    assert response.context_tokens == 0  # what the next call reads again is not known
+    first, second = fake.bodies
+    sent_back = [{"type": "text", "text": "Searching. "}, SEARCH, RESULTS]
+    assert second["messages"] == [*first["messages"], {"role": "assistant", "content": sent_back}]
+    assert second["container"] == "container_01" and "container" not in first
+
+
+async def test_each_pause_adds_to_the_one_assistant_message_sent_back(fake, model) -> None:
+    fake.queue(paused("One. ", SEARCH), paused("Two. ", RESULTS), anthropic_message("Done."))
+    response = await model.complete(request())
+    assert response.text == "One. Two. Done."
+    assert response.usage.input_tokens == 210
+    third = fake.bodies[2]["messages"]
+    assert [m["role"] for m in third] == ["user", "assistant"]
+    assert [b.get("text") for b in third[1]["content"]] == ["One. ", None, "Two. ", None]
+
+
+async def test_continuations_are_bounded_and_what_they_cost_counts(fake, model) -> None:
+    fake.queue(*[paused(f"part {i}. ", SEARCH) for i in range(MAX_CONTINUATIONS + 2)])
+    with pytest.raises(so.ModelError, match=f"paused its turn {MAX_CONTINUATIONS + 1} times") as e:
+        await model.complete(request())
+    assert len(fake.received) == MAX_CONTINUATIONS + 1
+    assert e.value.usage is not None
+    assert e.value.usage.output_tokens == 20 * (MAX_CONTINUATIONS + 1)
+
+
+async def test_a_continuation_that_fails_counts_the_paused_part(fake, model) -> None:
+    fake.queue(paused("Searching. ", SEARCH, usage=(100, 20)))  # then the script runs out: 500
+    with pytest.raises(so.ModelError, match="HTTP 500") as e:
+        await model.complete(request())
+    assert e.value.usage is not None
+    assert (e.value.usage.input_tokens, e.value.usage.output_tokens) == (100, 20)
+
+
+async def test_a_continuation_is_capped_at_what_the_budgets_leave(fake, model) -> None:
+    """The budgets leave 100 output tokens: the paused part spent 60, so the continuation may
+    write 40; cut off there, the whole reply is a BudgetSpent counting both parts."""
+    cut = anthropic_message("Refunds take", usage={"input_tokens": 150, "output_tokens": 40})
+    cut["stop_reason"] = "max_tokens"
+    fake.queue(paused("Searching. ", SEARCH, usage=(100, 60)), cut)
+    capped = dataclasses.replace(request(), max_output_tokens=100)
+    with pytest.raises(so.BudgetSpent) as e:
+        await model.complete(capped)
+    assert [b["max_tokens"] for b in fake.bodies] == [100, 40]
+    assert e.value.usage is not None and e.value.usage.output_tokens == 100
+
+
+async def test_a_pause_past_the_budgets_output_is_not_continued(fake, model) -> None:
+    fake.queue(paused("Searching. ", SEARCH, usage=(100, 100)))
+    capped = dataclasses.replace(request(), max_output_tokens=100)
+    with pytest.raises(so.BudgetSpent, match="paused its turn after the 100 output tokens") as e:
+        await model.complete(capped)
+    assert len(fake.received) == 1
+    assert e.value.usage is not None and e.value.usage.output_tokens == 100
+
+
+async def test_a_paused_turn_costs_its_parts_in_the_session(store_url: str) -> None:
+    with FakeLLM("anthropic", strict=True) as server:
+        server.queue(
+            paused("Searching. ", SEARCH, usage=(100, 20)),
+            anthropic_message("Done.", usage={"input_tokens": 150, "output_tokens": 30}),
+        )
+        claude = so.models.Anthropic(
+            "claude-haiku-4-5", base_url=server.base_url, api_key=API_KEY, max_retries=0
+        )
+        agent = so.Agent(name="support", model=claude, tools=[])
+        async with so.Runtime([agent], store=store_url) as rt:
+            r = await rt.generate("support", prompt="policy?")
+            assert (r.status, r.text) == ("completed", "Searching. Done.")
+            usage = (await rt.state(r.session_id)).usage
+            assert (usage.input_tokens, usage.output_tokens) == (250, 50)
+        await claude.aclose()
+
+
+async def test_a_paused_part_of_the_wrong_shape_is_not_sent_back(fake, model) -> None:
+    body = paused("Searching. ")
+    body["content"].append(5)
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match="content block that is not an object: int") as e:
+        await model.complete(request())
+    assert len(fake.received) == 1
+    assert e.value.usage is not None and e.value.usage.output_tokens == 20
