@@ -215,3 +215,25 @@ async def test_an_event_whose_spend_is_negative_is_malformed(kind: str, field: s
     ]
     with pytest.raises(StoreError, match=f"\\({kind}\\) is malformed: .*negative"):
         fold([Event.from_row(**r) for r in rows])
+
+
+@pytest.mark.parametrize("kept", [-1_000_000, 1.5, "12", True])
+async def test_a_model_reply_whose_context_tokens_is_not_a_count_is_malformed(
+    kept: object,
+) -> None:
+    """`context_tokens` on `model.completed` becomes what the next call holds back: one that
+    is negative or not a whole count would give budget back, so the event is malformed."""
+    ran: list[str] = []
+    async with so.Runtime([workflow(ran)]) as rt:
+        parked = await rt.generate("wf", prompt="go")
+        events = [e.to_dict() for e in await rt.store.read_events(parked.session_id)]
+    [row] = [e for e in events if e["type"] == "model.completed"]
+    row["data"] = {**row["data"], "context_tokens": kept}
+    rows = [
+        {k: e[k] for k in ("session_id", "seq", "type", "at", "turn_id", "data", "v")}
+        for e in events
+    ]
+    with pytest.raises(StoreError, match=r"\(model.completed\) is malformed: .*context_tokens"):
+        fold([Event.from_row(**r) for r in rows])
+    row["data"]["context_tokens"] = 7
+    assert fold([Event.from_row(**r) for r in rows]).last_input_tokens == 7
