@@ -131,7 +131,7 @@ def serve(
             metavar="TEAM_ID",
             help="With --slack-users-by-email, also map users of this Slack Connect partner's "
             "workspace or organization (repeatable); others outside the app's own act as "
-            "slack:<team>:<user>, as their admin sets their email.",
+            "slack:TEAM:USER, as their admin sets their email.",
         ),
     ] = None,
     secret: Annotated[
