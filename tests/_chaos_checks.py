@@ -150,7 +150,7 @@ async def _check(
         assert all(excused(pid, at) for pid, at in starts[:-1]), why
         assert len([p for p, at in done if not excused(p, at)]) <= 1, why
         reruns += len(starts) - 1
-    stalled = sum(1 for pid, found in lost.items() if pid not in killed for _ in found)
+    stalled = len({(pid, s) for pid, found in lost.items() if pid not in killed for s, _ in found})
     return reruns, stalled
 
 

@@ -11,10 +11,9 @@ from pathlib import Path
 
 __all__ = ["lines_by_pid", "lost_leases", "story", "timed_records"]
 
-_LOST = re.compile(
-    r"session (\S+): lease \d+ (?:lost|was taken over|about to lapse)"
-    r"|renewing the lease on session (\S+) failed"
-)
+_LOST = re.compile(r"session (\S+): lease \d+ (?:lost|was taken over|about to lapse)")
+"""A lease its drive gave up or found taken over (a renewal that failed once is not: the lease
+may still be live, and no other process may run the call meanwhile)."""
 
 
 def lines_by_pid(logs: list[tuple[Path, list[tuple[int, int]]]]) -> dict[int, list[str]]:
@@ -38,14 +37,14 @@ def _when(line: str) -> float | None:
 
 
 def lost_leases(logs: dict[int, list[str]]) -> dict[int, list[tuple[str, float]]]:
-    """(session, when) of each lease each process logged losing or failing to renew."""
+    """(session, when) of each lease each process logged losing (`_LOST`)."""
     out: dict[int, list[tuple[str, float]]] = {}
     for pid, lines in logs.items():
         for line in lines:
             m = _LOST.search(line)
             at = _when(line)
             if m is not None and at is not None:
-                out.setdefault(pid, []).append((m.group(1) or m.group(2), at))
+                out.setdefault(pid, []).append((m.group(1), at))
     return out
 
 
