@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 
 import signoff as so
 
@@ -42,8 +43,10 @@ def make_agent(records: str, delay: float = 0.1, name: str = AGENT) -> so.Agent:
     """The chaos agent (or, named `CHILD`, the child agent); each tool body (and the step)
     takes `delay` seconds."""
 
-    async def body(key: str) -> None:
+    async def body(key: str, *, stall: bool = False) -> None:
         record_execution(records, f"start {key}", os.getpid())
+        if stall:
+            _stall_once()
         await asyncio.sleep(delay)
         record_execution(records, f"done {key}", os.getpid())
 
@@ -64,7 +67,7 @@ def make_agent(records: str, delay: float = 0.1, name: str = AGENT) -> so.Agent:
         """Quote a fee (a journaled step), then ask the customer."""
 
         async def quote() -> float:
-            await body(ctx.idempotency_key("quote"))
+            await body(ctx.idempotency_key("quote"), stall=True)
             return 12.5
 
         fee = await ctx.step("quote", quote)
@@ -94,6 +97,24 @@ def make_agent(records: str, delay: float = 0.1, name: str = AGENT) -> so.Agent:
 
     model = so.models.Scripted([first, finish, *[reply] * 100])
     return so.Agent(name=name, model=model, tools=[refund, ship, plan])
+
+
+def _stall_once() -> None:
+    """Stop this process (SIGSTOP) if it is the first to get here among those given the file
+    `SIGNOFF_TEST_STALL_ONCE`, having written its pid there: the test wakes it once its lease
+    lapsed, as a stall on an overloaded machine would."""
+    path = os.environ.get("SIGNOFF_TEST_STALL_ONCE")
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return
+    try:
+        os.write(fd, str(os.getpid()).encode())
+    finally:
+        os.close(fd)
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def make_parent() -> so.Agent:

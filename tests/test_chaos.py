@@ -1,5 +1,7 @@
 """Chaos: three `signoff worker` processes and one `signoff serve` share one store while a killer
-SIGKILLs one of them at random every few hundred milliseconds and starts it again.
+SIGKILLs one of them at random every few hundred milliseconds and starts it again; one worker
+is also frozen (SIGSTOP) inside a journaled step until its lease lapsed and another process ran
+the step again, as a stall on an overloaded machine does.
 
 Sessions whose turn needs one or two approvals and answers to a question are started over HTTP
 and from Python at random moments; their requests are answered over HTTP and with `respond`,
@@ -9,10 +11,13 @@ answered on the parent's mirror, on the child, or on both; some parents are canc
 their child runs or waits; messages steer or queue on parents and children alike. Once the
 killing stops every session must finish, and the store must show what issue 8 asks: each
 approved tool ran once (again, with the same idempotency key, only in place of a run a kill
-interrupted), no request lost, no answer applied twice, `seq` gap-free, the audit chain intact;
-and for subagents: parent and child agree on each request's outcome and on the delegate call's
-result, and no child runs or waits once its parent's turn ended. The seed
-(`SIGNOFF_CHAOS_SEED` replays one), the number of kills and the subagent counts are printed.
+interrupted, or one whose process logged losing the session's lease after it began), no
+request lost, no answer applied twice, `seq` gap-free, the audit chain intact; and for
+subagents: parent and child agree on each request's outcome and on the delegate call's result,
+and no child runs or waits once its parent's turn ended. The seed (`SIGNOFF_CHAOS_SEED` replays
+one, though not the processes' timing), the number of kills and the subagent counts are
+printed; a failing check of reruns shows the runs' times and what each process logged of the
+session (claims, leases lost).
 """
 
 from __future__ import annotations
@@ -35,9 +40,12 @@ import signoff as so
 from . import _proof
 from ._chaos import Chaos, Ledger, _root
 from ._chaos_checks import _check
+from ._chaos_logs import lines_by_pid, lost_leases
 from ._chaos_procs import AGENT, CHILD, PARENT, make_agents
 from ._forks import python_env
+from ._frozen import is_stopped, wake
 from ._procs import ROOT
+from ._worker_procs import read_records
 from .test_server_common import auth, free_port
 
 CHAOS_SECONDS = 12.0
@@ -52,6 +60,12 @@ UP_AT_LEAST = 1.5
 """A process is killed only once it has run this long: one that never got past its imports
 would test nothing."""
 FINISHED = ("completed", "cancelled")
+STALL_SECONDS = 20.0
+"""How long at most one worker is frozen (SIGSTOP) inside a journaled step, once a run: past its
+lease (2 s), until another process took the turn over and ran the step again; the frozen one is
+fenced when it wakes, as after a stall on an overloaded machine. Before the checks knew of stalls,
+such a rerun in a process never killed failed this test on CI (seed 1804902726 on PostgreSQL:
+`plan:quote` run by two live pids)."""
 
 
 class Slot:
@@ -60,15 +74,25 @@ class Slot:
     def __init__(self, name: str, argv: list[str], env: dict[str, str], tmp: Path) -> None:
         self.name, self.argv, self.env = name, argv, env
         self.log = (tmp / f"{name}.log").open("ab")
+        # Where in the log each process began (its pid, the log's size then): the one before it
+        # was dead by then, so the lines from there to the next are its own (`lines_by_pid`).
+        self.spans: list[tuple[int, int]] = []
         self.proc = self._spawn()
         self.killed: list[int] = []
+        # Frozen by `_freezer`: the killer leaves this process alone from then on, so the checks
+        # see a stall in a process that was never killed.
+        self.frozen = False
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         self.since = time.monotonic()
+        self.log.flush()
+        at = Path(self.log.name).stat().st_size
         argv = [sys.executable, "-m", "signoff", *self.argv]
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             argv, cwd=ROOT, env=self.env, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL
         )
+        self.spans.append((proc.pid, at))
+        return proc
 
     def kill_and_restart(self) -> None:
         if self.proc.poll() is None:
@@ -95,14 +119,65 @@ async def _killer(rng: random.Random, slots: list[Slot], stop: asyncio.Event) ->
             await asyncio.wait_for(stop.wait(), rng.uniform(*KILL_EVERY))
         if stop.is_set():
             break
-        ripe = [s for s in slots if time.monotonic() - s.since >= UP_AT_LEAST]
+        ripe = [
+            s
+            for s in slots
+            if time.monotonic() - s.since >= UP_AT_LEAST
+            and not (s.frozen or is_stopped(s.proc.pid))
+        ]
         if ripe:
             await asyncio.to_thread(rng.choice(ripe).kill_and_restart)
             kills += 1
     return kills
 
 
+async def _freezer(stall: Path, records: Path, slots: list[Slot], chaos: Chaos) -> int:
+    """Wait for the worker that stopped itself inside a `quote` step (`_stall_once`), keep the
+    killer from it, and wake it (SIGCONT) once another process ran that step again (its lease
+    lapsed, the turn taken over), or after `STALL_SECONDS` if none did (the session cancelled
+    meanwhile, say); the chaos cancels neither that session nor its parent. Returns its pid."""
+    while not stall.exists() or not stall.read_text().strip():
+        await asyncio.sleep(0.01)
+    pid = int(stall.read_text())
+    slot = next((s for s in slots if s.proc.pid == pid), None)
+    if slot is None:  # killed as it stopped itself: the checks say so
+        return pid
+    slot.frozen = True
+    try:
+        key = next(k for what, k, p in read_records(records) if p == pid and k.endswith(":quote"))
+        sid = key.split(":")[0]
+        chaos.spared.add(sid)
+        with contextlib.suppress(so.SignoffError):
+            parent = (await chaos.front.state(sid)).parent
+            if parent is not None:
+                chaos.spared.add(parent)
+        deadline = time.monotonic() + STALL_SECONDS
+        while time.monotonic() < deadline:
+            if any(k == key and p != pid for _, k, p in read_records(records)):
+                await asyncio.sleep(0.2)  # into its step: both ran it, at once
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        wake(pid)
+    return pid
+
+
+def _logs(slots: list[Slot]) -> dict[int, list[str]]:
+    """What each process of the slots logged, by pid."""
+    return lines_by_pid([(Path(s.log.name), s.spans) for s in slots])
+
+
+async def _woken(pid: int, slots: list[Slot]) -> None:
+    """Wait until the worker `_freezer` froze logged the leases it lost (it notices once its
+    renewals run again), so the checks read that it stalled (unless it was killed meanwhile)."""
+    deadline = time.monotonic() + 10
+    while pid not in lost_leases(_logs(slots)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+
+
 def _slots(url: str, tmp: Path, records: Path, port: int) -> list[Slot]:
+    """Three workers, the first of which to run a `quote` step stops itself in it once (see
+    `_freezer`), and `serve`."""
     env = {
         **python_env(),
         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
@@ -114,7 +189,8 @@ def _slots(url: str, tmp: Path, records: Path, port: int) -> list[Slot]:
     worker += ["--idle-wait", "0.1", "--sweep-every", "60"]
     serve = ["serve", target, "--port", str(port), "--store", url, "--workers", "2"]
     serve += ["--token", "alice-token=alice"]
-    slots = [Slot(f"worker-{i}", worker, env, tmp) for i in range(3)]
+    stalling = {**env, "SIGNOFF_TEST_STALL_ONCE": str(tmp / "stall.pid")}
+    slots = [Slot(f"worker-{i}", worker, stalling, tmp) for i in range(3)]
     return [*slots, Slot("serve", serve, env, tmp)]
 
 
@@ -156,6 +232,7 @@ async def _run(url: str, tmp: Path, kind: str) -> None:
     slots = _slots(url, tmp, records, port)
     ledger = Ledger()
     kills = 0
+    freezing: asyncio.Task[int] | None = None
     try:
         front = so.Runtime(make_agents(str(records)), store=url, inline=False)
         base = f"http://127.0.0.1:{port}"
@@ -167,6 +244,7 @@ async def _run(url: str, tmp: Path, kind: str) -> None:
             chaos = Chaos(rng, front, http, ledger)
             stop = asyncio.Event()
             killing = asyncio.create_task(_killer(rng, slots, stop))
+            freezing = asyncio.create_task(_freezer(tmp / "stall.pid", records, slots, chaos))
             began = time.monotonic()
             agents = [AGENT] * SESSIONS + [PARENT] * PARENT_SESSIONS
             starts = sorted((rng.uniform(0, CHAOS_SECONDS / 2), a) for a in agents)
@@ -184,6 +262,12 @@ async def _run(url: str, tmp: Path, kind: str) -> None:
                 assert time.monotonic() < deadline, (seed, unfinished, _tails(slots))
                 await chaos.round(may_cancel=False)
                 await asyncio.sleep(0.1)
+            try:
+                frozen = await asyncio.wait_for(freezing, STALL_SECONDS + 10)
+            except TimeoutError:
+                raise AssertionError((seed, "no worker was seen in a step to freeze")) from None
+            assert frozen not in {pid for slot in slots for pid in slot.killed}, seed
+            await _woken(frozen, slots)
             killed = {pid for slot in slots for pid in slot.killed}
             print(
                 f"chaos {kind}: {kills} kills, {chaos.started} sessions started, "
@@ -208,9 +292,18 @@ async def _run(url: str, tmp: Path, kind: str) -> None:
             _proof.record("chaos:kills", kills)
             _proof.record(f"chaos:{kind}:kills", kills)
             assert ledger.surprises == [], (seed, ledger.surprises)
-            reruns = await _check(front, url, records, killed, ledger, seed)
-            print(f"chaos {kind}: {reruns} tool bodies ran again after a kill (same key)")
+            logs = _logs(slots)
+            reruns, stalled = await _check(front, url, records, killed, ledger, seed, logs)
+            print(
+                f"chaos {kind}: {reruns} tool bodies ran again after a kill or a lost lease "
+                f"(same key); {stalled} leases lost by processes that were not killed "
+                f"(pid {frozen} frozen in a step)"
+            )
     finally:
+        if freezing is not None and not freezing.done():
+            freezing.cancel()  # its own `finally` wakes a worker it froze
+            with contextlib.suppress(asyncio.CancelledError):
+                await freezing
         for slot in slots:
             slot.close()
 
