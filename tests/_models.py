@@ -18,7 +18,12 @@ REFUND_SCHEMA = {
 }
 
 
-def request(*messages: so.Message, instructions: str = "", tools: list[ToolSpec] | None = None):
+def request(
+    *messages: so.Message,
+    instructions: str = "",
+    tools: list[ToolSpec] | None = None,
+    max_output_tokens: int | None = None,
+) -> ModelRequest:
     return ModelRequest(
         session_id="ses_test",
         agent="support",
@@ -26,6 +31,7 @@ def request(*messages: so.Message, instructions: str = "", tools: list[ToolSpec]
         messages=list(messages) or [so.UserMessage(text="hello")],
         tools=tools or [],
         response_index=0,
+        max_output_tokens=max_output_tokens,
     )
 
 

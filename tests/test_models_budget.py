@@ -15,7 +15,7 @@ import signoff as so
 from signoff.models import ModelRequest
 from signoff.testing import call, call_tools, reply
 
-from ._models import Capped, lookup_order
+from ._models import Capped, lookup_order, request
 from .fakes.llm import API_KEY, FakeLLM, anthropic_message, openai_completion, openai_tool_call
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
@@ -201,18 +201,6 @@ async def test_a_limit_given_in_params_or_extra_body_is_lowered_and_the_params_k
     assert params == given
 
 
-def capped(cap: int) -> ModelRequest:
-    return ModelRequest(
-        session_id="s",
-        agent="a",
-        instructions="",
-        messages=[so.UserMessage(text="hi")],
-        tools=[],
-        response_index=0,
-        max_output_tokens=cap,
-    )
-
-
 @pytest.mark.parametrize("flavor", ["openai", "anthropic"])
 async def test_a_reply_that_stopped_short_of_the_cap_was_not_cut_by_it(flavor: str) -> None:
     """A server whose context filled up stops with `length` too: 30 output tokens of a cap of
@@ -228,9 +216,9 @@ async def test_a_reply_that_stopped_short_of_the_cap_was_not_cut_by_it(flavor: s
         async with kind(
             "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, max_tokens=4096
         ) as model:
-            assert (await model.complete(capped(40))).text == "Half"
+            assert (await model.complete(request(max_output_tokens=40))).text == "Half"
             with pytest.raises(so.BudgetSpent, match="cut off at the 40 output tokens") as info:
-                await model.complete(capped(40))
+                await model.complete(request(max_output_tokens=40))
             assert info.value.usage == so.Usage(input_tokens=10, output_tokens=40)
 
 

@@ -10,23 +10,12 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff.models import ModelRequest
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
+
+from ._models import request
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
 LONG = so.Usage(input_tokens=100, output_tokens=500, cost_usd=0.006)
-
-
-def request(cap: int | None) -> ModelRequest:
-    return ModelRequest(
-        session_id="ses_1",
-        agent="a",
-        instructions="",
-        messages=[so.UserMessage(text="hi")],
-        tools=[],
-        response_index=0,
-        max_output_tokens=cap,
-    )
 
 
 @pytest.mark.parametrize(
@@ -36,13 +25,13 @@ async def test_a_reply_longer_than_the_cap_is_cut_there(step: Any) -> None:
     """Before, the 500-token reply came back whole under a cap of 200."""
     model = so.models.Scripted([step], cut_at_cap=True)
     with pytest.raises(so.BudgetSpent, match="500 output tokens was cut off at the 200") as e:
-        await model.complete(request(200))
+        await model.complete(request(max_output_tokens=200))
     assert e.value.usage == so.Usage(input_tokens=100, output_tokens=200, cost_usd=0.003)
     # At or under the cap, or with none, the reply is played as scripted.
     for cap in (500, None):
-        assert (await model.complete(request(cap))).usage == LONG
+        assert (await model.complete(request(max_output_tokens=cap))).usage == LONG
     # Without cut_at_cap, the cap is ignored.
-    assert (await so.models.Scripted([step]).complete(request(200))).usage == LONG
+    assert (await so.models.Scripted([step]).complete(request(max_output_tokens=200))).usage == LONG
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
