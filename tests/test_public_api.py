@@ -293,3 +293,38 @@ def test_flags_that_are_not_booleans_are_usage_errors(tmp_path) -> None:
         assert rt.respond_sync(sid, approve, resume=False).status == "running"
     finally:
         rt.close_sync()
+
+
+def test_a_guardrail_of_ones_own_returns_the_exported_verdict(tmp_path) -> None:
+    """`Guardrail.decide` returns a `Verdict`, which `signoff` exports (before, only
+    `signoff._approval` had it): a guardrail written from the public names denies a call."""
+    import typing
+
+    assert "Verdict" in so.__all__
+    hints = typing.get_type_hints(so.Guardrail.decide)
+    assert so.Verdict in typing.get_args(hints["return"])
+
+    class NoRefundsOnSunday(so.Guardrail):
+        async def decide(self, ctx: so.ApprovalContext) -> so.Verdict | None:
+            return so.Verdict("deny", "no refunds on Sunday") if ctx.tool_name == "refund" else None
+
+    @so.tool
+    async def refund(charge_id: str) -> str:
+        """Refund a charge."""
+        raise AssertionError("a denied call ran")
+
+    proposal = so.ModelResponse(tool_calls=[so.ToolCall(name="refund", input={"charge_id": "a"})])
+    agent = so.Agent(
+        name="a",
+        model=so.models.Scripted([proposal, so.ModelResponse(text="denied")]),
+        tools=[refund],
+        guardrails=[NoRefundsOnSunday()],
+    )
+    rt = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db")
+    try:
+        r = rt.generate_sync("a", prompt="refund a")
+        assert r.status == "completed"
+        [result] = [m for m in rt.state_sync(r.session_id).messages or [] if m.kind == "tool"]
+        assert result.is_error and "no refunds on Sunday" in str(result.content)
+    finally:
+        rt.close_sync()

@@ -99,7 +99,9 @@ class ApprovalContext:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """A policy's normalized answer: run the call, deny it, or ask a person."""
+    """A policy's or guardrail's answer on one call: `Verdict("run")`, `Verdict("deny", reason)`
+    (the model reads the reason) or `Verdict("ask")` (a person decides); `Guardrail.decide`
+    returns one, or None to leave the call to the tool's policy."""
 
     action: Literal["run", "deny", "ask"]
     reason: str | None = None
