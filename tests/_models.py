@@ -4,12 +4,21 @@ that records the output cap of each call (the budget tests')."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import signoff as so
 from signoff.models import ModelRequest, ToolSpec
 
-__all__ = ["REFUND_SCHEMA", "Capped", "issue_refund", "lookup_order", "request", "support_agent"]
+__all__ = [
+    "REFUND_SCHEMA",
+    "Capped",
+    "issue_refund",
+    "lookup_order",
+    "request",
+    "review_reads",
+    "support_agent",
+]
 
 REFUND_SCHEMA = {
     "type": "object",
@@ -69,3 +78,11 @@ class Capped:
         if isinstance(step, Exception):
             raise step
         return step
+
+
+def review_reads(request: ModelRequest) -> int:
+    """The input tokens an `auto()` review's request is held to read before its output is capped:
+    its instructions and its one message, at four bytes of UTF-8 a token, rounded up."""
+    [message] = request.messages
+    assert isinstance(message, so.UserMessage)
+    return math.ceil(len((request.instructions + message.text).encode()) / 4)

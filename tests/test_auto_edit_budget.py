@@ -12,6 +12,8 @@ import signoff as so
 from signoff.models import ModelRequest
 from signoff.testing import ExecutionLog, call, call_tools, reply
 
+from ._models import review_reads
+
 ALICE = so.Principal(authenticator="test", principal_id="alice")
 REVIEW = so.Usage(input_tokens=10, output_tokens=5)
 CAUTION = json.dumps({"verdict": "caution", "reason": "a refund"})
@@ -22,9 +24,11 @@ class Reviewer:
 
     def __init__(self) -> None:
         self.caps: list[int | None] = []
+        self.reads: list[int] = []
 
     async def complete(self, request: ModelRequest) -> so.ModelResponse:
         self.caps.append(request.max_output_tokens)
+        self.reads.append(review_reads(request))
         return so.ModelResponse(text=CAUTION, usage=REVIEW)
 
 
@@ -54,6 +58,11 @@ def agent_with(
     )
 
 
+def less(reads: list[int], *left: int) -> list[int]:
+    """Each review's cap: what the budgets left it less its own input."""
+    return [n - r for n, r in zip(left, reads, strict=True)]
+
+
 def edit(*asks: so.InputRequest) -> list[so.InputResponse]:
     return [
         so.InputResponse(
@@ -67,8 +76,8 @@ def edit(*asks: so.InputRequest) -> list[so.InputResponse]:
 
 async def test_an_edits_review_is_capped_and_counted(store_url: str) -> None:
     """max_tokens=1000; the reply spent 100, the proposals' two reviews 15 each: the first
-    edit's review may write 870 tokens, the second's what the first left (855), and both count.
-    Before, they were sent uncapped and their cost dropped."""
+    edit's review may write 870 tokens, the second's what the first left (855), each less its
+    input, and both count. Before, they were sent uncapped and their cost dropped."""
     log, reviewer = ExecutionLog(), Reviewer()
     agent = agent_with(log, reviewer, so.Limits(max_tokens=1000), charges=("a", "b"))
     async with so.Runtime([agent], store=store_url) as rt:
@@ -80,7 +89,7 @@ async def test_an_edits_review_is_capped_and_counted(store_url: str) -> None:
         assert (await rt.state(r.session_id)).usage.total_tokens == 160
     async with so.Runtime([agent], store=store_url) as again:  # folded from the log
         assert (await again.state(r.session_id)).usage.total_tokens == 160
-    assert reviewer.caps == [900, 885, 870, 855]
+    assert reviewer.caps == less(reviewer.reads, 900, 885, 870, 855)
     assert [e.input["amount"] for e in log.executions] == [150.0, 150.0]
 
 
@@ -98,7 +107,7 @@ async def test_an_edit_through_a_response_policy_has_its_review_counted(store_ur
         [pending] = [e for e in events if e.type == "approval.candidate"]
         assert pending.data["usage"]["output_tokens"] == 5
         assert (await rt.state(r.session_id)).usage.total_tokens == 130
-    assert reviewer.caps == [900, 885]
+    assert reviewer.caps == less(reviewer.reads, 900, 885)
 
 
 async def test_with_nothing_left_an_edit_is_not_reviewed_and_stands(store_url: str) -> None:

@@ -76,8 +76,10 @@ async def test_a_review_counts_against_max_cost_usd(store_url: str) -> None:
 
 
 async def test_a_review_counts_against_max_tokens(store_url: str) -> None:
+    """The review's 320 tokens take the session (12 spent) past max_tokens=300: the turn asks to
+    raise it. (The budget leaves the review room to write, once its input is held back.)"""
     log = ExecutionLog()
-    agent = billing(log, so.models.Scripted([review("clear")]), so.Limits(max_tokens=100))
+    agent = billing(log, so.models.Scripted([review("clear")]), so.Limits(max_tokens=300))
     async with so.Runtime([agent], store=store_url) as rt:
         r = await rt.generate("billing", prompt="refund ch_1", auth=ALICE)
         assert r.status == "waiting"

@@ -85,7 +85,7 @@ class ApprovalContext:
     """What a policy function receives. `budget_left` is what the session's budgets leave for
     model calls the policy makes (`max_tokens`, `max_cost_usd`: the least of the session's own
     and its share of its parent's, less what earlier reviews of the same reply spent); empty
-    when none bounds them. `auto()` caps its review's output there."""
+    when none bounds them. `auto()` caps its review's output there, less its input."""
 
     session: SessionInfo
     tool_name: str

@@ -17,7 +17,14 @@ from pydantic import BaseModel
 from ._approval import ApprovalContext, ApprovalPolicy, Verdict
 from ._error_text import error_text
 from ._exceptions import ModelError, UsageError
-from ._output_caps import output_cap, output_price
+from ._output_caps import (
+    BYTES_PER_TOKEN,
+    input_price,
+    output_cap,
+    output_price,
+    spare,
+    text_tokens,
+)
 from ._settings import positive_seconds, shown_value
 from ._types import Usage, UserMessage, billable
 
@@ -78,10 +85,22 @@ class _Auto(ApprovalPolicy):
             f"Tool: {ctx.tool_name}\nInput (JSON): {json.dumps(tool_input, sort_keys=True)}\n\n"
             f"clear means: {self.criteria.clear}\ncaution means: {self.criteria.caution}"
         )
-        # The review's output is capped at what the session's budgets leave, as a turn's reply.
-        cap = output_cap(ctx.budget_left, output_price(self.model))
+        # The review's output is capped at what the session's budgets leave once its input is
+        # counted (estimated from its text: no earlier call read it), as a turn's reply.
+        price = output_price(self.model)
+        reads = text_tokens(self.instructions, prompt)
+        reading = Usage(input_tokens=reads, cost_usd=reads * (input_price(self.model) or 0.0))
+        cap = output_cap(spare(ctx.budget_left, reading), price)
         if cap == 0:
-            return _caution("failed", "the session's budgets leave no output token for a review")
+            if output_cap(ctx.budget_left, price) == 0:
+                return _caution(
+                    "failed", "the session's budgets leave no output token for a review"
+                )
+            return _caution(
+                "failed",
+                f"the session's budgets leave no output token for a review once its input (about "
+                f"{reads} tokens, its text at {BYTES_PER_TOKEN} bytes a token) is counted",
+            )
         request = ModelRequest(
             session_id=ctx.session.id,
             agent=f"{ctx.session.agent}:auto-review",

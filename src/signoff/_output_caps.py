@@ -8,7 +8,19 @@ from collections.abc import Mapping
 
 from ._types import Usage
 
-__all__ = ["input_price_floor", "output_cap", "output_price", "spare"]
+__all__ = [
+    "BYTES_PER_TOKEN",
+    "input_price",
+    "input_price_floor",
+    "output_cap",
+    "output_price",
+    "spare",
+    "text_tokens",
+]
+
+BYTES_PER_TOKEN = 4
+"""The bytes of UTF-8 text one input token is taken to hold where none was counted (an `auto()`
+review's prompt): the usual rule of about four characters of English a token."""
 
 
 def output_price(model: object) -> float | None:
@@ -21,6 +33,25 @@ def output_price(model: object) -> float | None:
     if isinstance(out, bool) or not isinstance(out, int | float) or not 0 < out < math.inf:
         return None
     return out / 1_000_000
+
+
+def input_price(model: object) -> float | None:
+    """What one uncached input token of `model` costs in USD, from its `price_per_mtok`; None
+    when it has none."""
+    price = getattr(model, "price_per_mtok", None)
+    if not isinstance(price, tuple | list) or len(price) != 2:
+        return None
+    given = price[0]
+    if isinstance(given, bool) or not isinstance(given, int | float) or not 0 <= given < math.inf:
+        return None
+    return given / 1_000_000
+
+
+def text_tokens(*texts: str) -> int:
+    """About how many input tokens `texts` take, at `BYTES_PER_TOKEN` bytes of UTF-8 a token
+    (rounded up): an estimate where no tokenizer or earlier count says."""
+    size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    return -(-size // BYTES_PER_TOKEN)
 
 
 def input_price_floor(model: object) -> float | None:
