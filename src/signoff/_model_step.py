@@ -202,6 +202,8 @@ class ModelStep(DriverPart):
         }
         if response.cut_off is not None:  # a partial answer says so
             data["cut_off"] = response.cut_off
+        if response.cost_reported:  # the cost is the provider's bill, not a computed price
+            data["cost_reported"] = True
         if response.context_tokens is not None:  # what the next call reads again, at least
             data["context_tokens"] = min(response.context_tokens, response.usage.input_tokens)
         if response.reasoning and calls:  # only a response with calls needs its reasoning back

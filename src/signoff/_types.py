@@ -152,7 +152,9 @@ class ModelResponse(_Model):
     is then partial, and none of its tool calls is run. `context_tokens` is how many of the
     input tokens the session's next call reads again at least, when that is not all of
     `usage.input_tokens` (0: not known): input the provider billed but the conversation does not
-    keep (tools it ran itself, a paused turn read again) is not read again."""
+    keep (tools it ran itself, a paused turn read again) is not read again. `cost_reported`:
+    `usage.cost_usd` is what the provider or gateway reported the call cost (OpenRouter's
+    `usage.cost`), not a price computed from its tokens."""
 
     text: str = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)
@@ -160,6 +162,7 @@ class ModelResponse(_Model):
     reasoning: list[dict[str, Any]] = Field(default_factory=list)
     cut_off: CutOff | None = None
     context_tokens: int | None = Field(default=None, ge=0)
+    cost_reported: bool = False
 
 
 class UserMessage(_Model):

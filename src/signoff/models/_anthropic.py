@@ -20,6 +20,7 @@ from ._provider import (
     check_params,
     check_positive,
     check_price,
+    check_rate,
     encode_tool_result,
     load_sdk,
     lookup_price,
@@ -59,6 +60,10 @@ _CACHE_WRITE = 1.25
 _CACHE_WRITE_1H = 2.0
 _CACHE_READ = 0.1
 
+WEB_SEARCH_PRICE_PER_1K = 10.0
+"""What Anthropic bills for 1,000 searches of its web search tool (`usage.server_tool_use.
+web_search_requests`), in USD, beside the tokens the results take."""
+
 
 class Anthropic(SdkModel):
     """A Claude model through the messages API, with tool use and usage accounting.
@@ -70,7 +75,9 @@ class Anthropic(SdkModel):
     are passed to `messages.create` as they are (`thinking`, `stop_sequences`, `extra_body`,
     ...), but neither they nor their `extra_body` may set the model, messages, tools, system
     or stream. Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in
-    list price for well-known models, else 0. `env` replaces the process environment as the
+    list price for well-known models, else 0, and each web search its server tool ran
+    (`usage.server_tool_use.web_search_requests`) `web_search_price_per_1k` / 1000 (Anthropic's
+    $10 per 1,000 searches by default). `env` replaces the process environment as the
     source of `ANTHROPIC_*` settings (key or token, base URL, custom headers) and of the HTTP
     client's proxies and CA bundle (`HTTPS_PROXY`, `NO_PROXY`, `SSL_CERT_FILE`, ...): none is
     then read from `os.environ`. A reply body past `max_reply_bytes` (as inflated) fails the
@@ -91,6 +98,7 @@ class Anthropic(SdkModel):
         api_key: str | None = None,
         max_tokens: int = 1024,
         price_per_mtok: tuple[float, float] | None = None,
+        web_search_price_per_1k: float = WEB_SEARCH_PRICE_PER_1K,
         max_retries: int = 2,
         timeout: float = 120.0,
         params: Mapping[str, Any] | None = None,
@@ -118,6 +126,12 @@ class Anthropic(SdkModel):
         self.price_per_mtok = check_price(owner, price_per_mtok) or lookup_price(
             model, ANTHROPIC_PRICES
         )
+        search_price = check_rate(
+            owner, "web_search_price_per_1k", web_search_price_per_1k, per="1,000 searches"
+        )
+        if search_price is None:  # else no fee, where 0 says so
+            raise UsageError(f"{owner}: web_search_price_per_1k must be a number, not None")
+        self.web_search_price_per_1k = search_price
         if env is not None:
             self._http_env = HttpEnv(owner, self._sdk, env)
         source = os.environ if env is None else env
@@ -363,7 +377,9 @@ class Anthropic(SdkModel):
 
     def _usage(self, message: Any) -> Usage:
         """The tokens a message reports (cache writes and reads among its input), priced; the
-        writes to the 1-hour cache (`cache_creation.ephemeral_1h_input_tokens`) at its price."""
+        writes to the 1-hour cache (`cache_creation.ephemeral_1h_input_tokens`) at its price, and
+        the web searches its server tool ran (`server_tool_use.web_search_requests`) at theirs,
+        whatever the tokens cost."""
         usage = getattr(message, "usage", None)
         plain = plain_int(getattr(usage, "input_tokens", 0))
         written = plain_int(getattr(usage, "cache_creation_input_tokens", 0))
@@ -373,10 +389,13 @@ class Anthropic(SdkModel):
         hour = min(hour, written)
         read = plain_int(getattr(usage, "cache_read_input_tokens", 0))
         output = plain_int(getattr(usage, "output_tokens", 0))
-        cost = 0.0
+        searches = plain_int(
+            getattr(getattr(usage, "server_tool_use", None), "web_search_requests", 0)
+        )
+        cost = searches * self.web_search_price_per_1k / 1000
         if self.price_per_mtok is not None:
             price_in, price_out = self.price_per_mtok
-            cost = (
+            cost += (
                 plain * price_in
                 + (written - hour) * price_in * _CACHE_WRITE
                 + hour * price_in * _CACHE_WRITE_1H

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from .._exceptions import BudgetSpent, ModelError, UsageError
 from .._tool_json import nests_deeper
-from .._types import AssistantMessage, CutOff, ModelResponse, ToolCall, ToolResultMessage, Usage
+from .._types import (
+    MAX_REPLY_COST_USD,
+    AssistantMessage,
+    CutOff,
+    ModelResponse,
+    ToolCall,
+    ToolResultMessage,
+    Usage,
+)
 from ._base import ModelRequest, ToolSpec
 from ._environment import openai_client
 from ._http_env import HttpEnv
@@ -70,7 +78,9 @@ class OpenAIChat(SdkModel):
     cached_tokens`) cost `cached_price_per_mtok`, by default a known model's list price for
     them, else the input price; those it wrote to a cache (`prompt_tokens_details.
     cache_write_tokens`, which gateways such as OpenRouter report for models that bill cache
-    writes) cost `cache_write_price_per_mtok`, by default the input price. `env` replaces the
+    writes) cost `cache_write_price_per_mtok`, by default the input price. Where the gateway
+    reports the call's cost (OpenRouter's `usage.cost`), that is its cost instead, and the
+    response says so (`cost_reported`). `env` replaces the
     process environment as the source of `OPENAI_*` settings (key, base URL, organization,
     project, custom headers) and of the HTTP client's proxies and CA bundle (`HTTPS_PROXY`,
     `NO_PROXY`, `SSL_CERT_FILE`, ...): none is then read from `os.environ`. A reply body past
@@ -300,7 +310,10 @@ class OpenAIChat(SdkModel):
                 )
             )
         cut = _CUT_OFF.get(finish or "")  # half an answer must not pass for a whole one
-        return ModelResponse(text=text, tool_calls=calls, usage=usage, cut_off=cut)
+        reported = reported_cost(getattr(completion, "usage", None)) is not None
+        return ModelResponse(
+            text=text, tool_calls=calls, usage=usage, cut_off=cut, cost_reported=reported
+        )
 
     def _usage(self, completion: Any) -> Usage:
         """The tokens a completion reports, priced: the prompt's cached tokens and those written
@@ -311,8 +324,8 @@ class OpenAIChat(SdkModel):
         details = getattr(usage, "prompt_tokens_details", None)
         cached = min(plain_int(getattr(details, "cached_tokens", 0)), input_tokens)
         written = min(plain_int(getattr(details, "cache_write_tokens", 0)), input_tokens - cached)
-        cost = 0.0
-        if self.price_per_mtok is not None:
+        cost = reported_cost(usage)
+        if cost is None and self.price_per_mtok is not None:
             price_in, price_out = self.price_per_mtok
             price_cached = (
                 price_in if self.cached_price_per_mtok is None else self.cached_price_per_mtok
@@ -328,7 +341,33 @@ class OpenAIChat(SdkModel):
                 + written * price_written
                 + output_tokens * price_out
             ) / 1_000_000
-        return Usage(input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost)
+        return Usage(input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost or 0.0)
+
+
+def reported_cost(usage: Any) -> float | None:
+    """What a gateway reports a completion cost in USD: OpenRouter's `usage.cost` (its credits,
+    a dollar each), and on a call made with the user's own provider key (`is_byok`) also
+    `cost_details.upstream_inference_cost`, the provider's bill, which `cost` leaves out. None
+    when it reports none, or something that is no plain amount (a price is then computed)."""
+    cost = _amount(getattr(usage, "cost", None))
+    if cost is None:
+        return None
+    if getattr(usage, "is_byok", None) is True:
+        details = getattr(usage, "cost_details", None)
+        upstream = (
+            details.get("upstream_inference_cost")
+            if isinstance(details, dict)
+            else getattr(details, "upstream_inference_cost", None)
+        )
+        cost += _amount(upstream) or 0.0
+    return cost
+
+
+def _amount(value: Any) -> float | None:
+    """`value` as a reported amount of USD: a finite number from 0 to `MAX_REPLY_COST_USD`."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 <= value <= MAX_REPLY_COST_USD else None  # NaN fails both
 
 
 # -- the wire format ------------------------------------------------------------------------

@@ -153,9 +153,11 @@ def check_price(owner: str, value: object) -> Price | None:
     return (float(value[0]), float(value[1]))
 
 
-def check_rate(owner: str, name: str, value: object) -> float | None:
-    """Validate one price in USD per million tokens (`cached_price_per_mtok=`,
-    `cache_write_price_per_mtok=`)."""
+def check_rate(
+    owner: str, name: str, value: object, *, per: str = "million tokens"
+) -> float | None:
+    """Validate one price in USD `per` million tokens (`cached_price_per_mtok=`,
+    `cache_write_price_per_mtok=`) or another unit (`web_search_price_per_1k=`)."""
     if value is None:
         return None
     if (
@@ -164,7 +166,7 @@ def check_rate(owner: str, name: str, value: object) -> float | None:
         or not 0 <= value <= _MAX_PRICE
     ):
         raise UsageError(
-            f"{owner}: {name} must be a number of USD per million tokens from 0 to "
+            f"{owner}: {name} must be a number of USD per {per} from 0 to "
             f"{_MAX_PRICE:,.0f}, not {value!r}"[:400]
         )
     return float(value)
