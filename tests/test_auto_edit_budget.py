@@ -40,7 +40,7 @@ def agent_with(
     response: Any = None,
     charges: tuple[str, ...] = ("a",),
 ) -> so.Agent:
-    policy = so.auto(reviewer)
+    policy = so.auto(reviewer, review_edits=True)
     approval = policy if response is None else so.ApprovalSpec(request=policy, response=response)
 
     @log.tool(approval=approval)

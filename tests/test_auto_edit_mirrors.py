@@ -28,7 +28,7 @@ class Reviewer:
 
 
 def agents(ran: list[Any], reviewer: Reviewer) -> list[so.Agent]:
-    @so.tool(approval=so.auto(reviewer))
+    @so.tool(approval=so.auto(reviewer, review_edits=True))
     async def issue_refund(order_id: str, amount: float) -> dict[str, Any]:
         """Refund an order."""
         ran.append(amount)

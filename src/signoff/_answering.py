@@ -16,7 +16,7 @@ from ._answers import check_principal, input_responses
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
-from ._approval import ApprovalContext
+from ._approval import ApprovalContext, Verdict
 from ._candidates import Candidates, already_counted, session_info, typed_input
 from ._counts import counted_answers
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
@@ -45,7 +45,7 @@ from ._results import GenerateResult, Outcome
 from ._session_cache import closes_stop
 from ._settings import flag
 from ._state import SessionState
-from ._text import is_utf8
+from ._text import cut, is_utf8
 from ._tool_json import over_limit, result_bound
 from ._tools import Tool
 from ._types import InputRequest, InputResponse, Principal, Usage
@@ -245,11 +245,15 @@ class Answering(Candidates):
                         authorize(request, principal)
                     limit = result_bound(tool, agent.limits)
                     _check_edit_size(request, wanted["edited_input"], limit)
-                    usage = await self._reviewed_edit(
+                    on_edit = await self._reviewed_edit(
                         state, tool, request, wanted["edited_input"], reviews, check_only
                     )
+                    usage = on_edit.usage
                     if usage is not None:
                         reviews[rid] = usage + reviews[rid] if rid in reviews else usage
+                    if on_edit.auto is not None:  # recorded with the approval, for the trail
+                        wanted["auto_verdict"] = on_edit.auto[0]
+                        wanted["auto_reason"] = cut(on_edit.auto[1], limit // 8)
                 if gate and wanted["decision"] == "approve" and voted(request, principal):
                     # Counted already: a no-op, as without a response policy, which need not
                     # judge it again (nor a candidate be recorded, to be closed at once).
@@ -361,7 +365,7 @@ class Answering(Candidates):
         edited: dict[str, Any],
         reviews: Mapping[str, Usage],
         check_only: bool,
-    ) -> Usage | None:
+    ) -> Verdict:
         """`_check_edit` of an answer's edit, but once for the check of every answer that
         settling mirrored requests makes first (`_mirrors.REVIEWED`) and the settlement after."""
         spent = sum(reviews.values(), Usage())
@@ -369,10 +373,10 @@ class Answering(Candidates):
         key = (request.id, json.dumps(edited, sort_keys=True, default=str))
         if memo is not None and key in memo:
             return memo[key] if check_only else memo.pop(key)
-        usage = await self._check_edit(state, tool, request, edited, spent)
+        verdict = await self._check_edit(state, tool, request, edited, spent)
         if memo is not None and check_only:
-            memo[key] = usage
-        return usage
+            memo[key] = verdict
+        return verdict
 
     async def _check_edit(
         self,
@@ -381,10 +385,11 @@ class Answering(Candidates):
         request: InputRequest,
         edited: dict[str, Any],
         spent: Usage,
-    ) -> Usage | None:
+    ) -> Verdict:
         """An edit is a new call: the tool's approval policy and guardrails must not deny it.
-        Returns what their review cost (`auto()`), capped as a proposal's is at what the budgets
-        leave, less what reviews of this answer's other edits (`spent`) cost."""
+        Returns their verdict, with what their review cost (`auto()` with `review_edits`),
+        capped as a proposal's is at what the budgets leave, less what reviews of this answer's
+        other edits (`spent`) cost."""
         driver = self._driver(state, None)
         left = spare(await driver.budget_left(), spent)
         ctx = ApprovalContext(
@@ -396,6 +401,7 @@ class Answering(Candidates):
             abort_signal=asyncio.Event(),
             pending_tools=frozenset(r.tool_name for r in state.pending_requests() if r.tool_name),
             budget_left=left,
+            edited=True,
         )
         # Only a denial refuses the edit: a caution asks a person, and the approver is one.
         verdict = await driver.verdict(tool, ctx)
@@ -405,7 +411,7 @@ class Answering(Candidates):
                 f"{verdict.reason}",
                 [request.id],
             )
-        return verdict.usage
+        return verdict
 
     async def _closed_refusal(
         self,

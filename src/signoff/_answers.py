@@ -41,6 +41,7 @@ __all__ = [
     "check_principal",
     "check_unambiguous",
     "decisions",
+    "edit_review",
     "input_responses",
     "match",
     "names_several",
@@ -362,6 +363,12 @@ def repeat(
     return Outcome(request_id=rid, outcome=str(first.get("outcome")), applied=False)
 
 
+def edit_review(answer: Mapping[str, Any]) -> dict[str, Any]:
+    """The `auto()` review of an answer's edited input (`auto(review_edits=True)`), as the
+    approval's events record it: its `auto_verdict` and `auto_reason`, if it had one."""
+    return {k: answer[k] for k in ("auto_verdict", "auto_reason") if k in answer}
+
+
 def settlement_events(
     request: InputRequest, reply: Reply, resolution: dict[str, Any]
 ) -> list[tuple[EventType, dict[str, Any]]]:
@@ -391,6 +398,7 @@ def settlement_events(
                 "value": resolution.get("value"),
                 "edited_input": resolution.get("edited_input"),
                 "approved_by": resolution.get("approved_by"),
+                **edit_review(resolution),
             },
         ),
         (

@@ -85,7 +85,9 @@ class ApprovalContext:
     """What a policy function receives. `budget_left` is what the session's budgets leave for
     model calls the policy makes (`max_tokens`, `max_cost_usd`: the least of the session's own
     and its share of its parent's, less what earlier reviews of the same reply spent); empty
-    when none bounds them. `auto()` caps its review's output there, less its input."""
+    when none bounds them. `auto()` caps its review's output there, less its input. `edited`:
+    the input is an approver's edit of a call a person was asked about, which only a denial
+    refuses (a person has approved it)."""
 
     session: SessionInfo
     tool_name: str
@@ -95,6 +97,7 @@ class ApprovalContext:
     abort_signal: Any
     pending_tools: frozenset[str] = field(default_factory=frozenset)
     budget_left: Mapping[str, float] = field(default_factory=dict)
+    edited: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from ._output_caps import (
     spare,
     text_tokens,
 )
-from ._settings import positive_seconds, shown_value
+from ._settings import flag, positive_seconds, shown_value
 from ._types import Usage, UserMessage, billable
 
 if TYPE_CHECKING:
@@ -64,14 +64,24 @@ class _Auto(ApprovalPolicy):
     label = "Auto"
 
     def __init__(
-        self, model: Model | None, instructions: str, criteria: Criteria, timeout: float
+        self,
+        model: Model | None,
+        instructions: str,
+        criteria: Criteria,
+        timeout: float,
+        review_edits: bool = False,
     ) -> None:
         self.model = model
         self.instructions = instructions
         self.criteria = criteria
         self.timeout = timeout
+        self.review_edits = review_edits
 
     async def decide(self, ctx: ApprovalContext) -> Verdict:
+        if ctx.edited and not self.review_edits:
+            # Clear or caution, the edit stands (a caution asks a person: the approver is one),
+            # so a review would only cost.
+            return Verdict("run")
         if self.model is None:
             return _caution("failed", "no decision model is configured for auto()")
         tool_input: Any = ctx.tool_input
@@ -187,8 +197,10 @@ def auto(
     instructions: str | None = None,
     criteria: Criteria | dict[str, str] | None = None,
     timeout: float = 15.0,
+    review_edits: bool = False,
 ) -> ApprovalPolicy:
-    """Ask a decision model (any `signoff.models` model) to classify each call."""
+    """Ask a decision model (any `signoff.models` model) to classify each call; an approver's
+    edit of a call only with `review_edits`, whose verdict is then recorded with the approval."""
     # Each was taken, and every review then failed (a person asked each time) or read nonsense.
     if model is not None and not callable(getattr(model, "complete", None)):
         raise UsageError(
@@ -213,7 +225,10 @@ def auto(
         raise UsageError(
             f"auto() timeout must be positive and finite (seconds), not {shown_value(timeout)}"
         )
-    return _Auto(model, instructions or DEFAULT_INSTRUCTIONS, criteria or Criteria(), timeout)
+    flag("auto() review_edits", review_edits)
+    return _Auto(
+        model, instructions or DEFAULT_INSTRUCTIONS, criteria or Criteria(), timeout, review_edits
+    )
 
 
 def _check_scripted(model: Model | None) -> None:

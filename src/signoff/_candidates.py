@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ._answers import Reply as _Reply
+from ._answers import edit_review
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
@@ -293,6 +294,7 @@ class Candidates(SessionRunner):
                 "text": reply.text,
                 "value": wanted["value"],
                 "edited_input": reply.edited_input,
+                **edit_review(wanted),
             }
             if recovered is None:
                 recorded = await self._append(

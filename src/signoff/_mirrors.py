@@ -21,12 +21,13 @@ from ._exceptions import (
 from ._recording import Batch, EventSpec, runnable
 from ._results import GenerateResult, Outcome
 from ._state import SessionState
-from ._types import ChildRef, InputRequest, Principal, Usage
+from ._types import ChildRef, InputRequest, Principal
 from .stores import Resolve, Store, StoredRequest
 
 if TYPE_CHECKING:
     from ._answering import Answering
     from ._answers import Reply
+    from ._approval import Verdict
 
 __all__ = [
     "FOLLOWED",
@@ -48,11 +49,12 @@ _R = TypeVar("_R", bound="_Reading")
 MAX_HOPS = 100
 """How far down a chain of subagents a mirrored request is followed to the one it stands for."""
 
-REVIEWED: contextvars.ContextVar[dict[tuple[str, str], Usage | None] | None] = (
-    contextvars.ContextVar("reviewed", default=None)
+REVIEWED: contextvars.ContextVar[dict[tuple[str, str], Verdict] | None] = contextvars.ContextVar(
+    "reviewed", default=None
 )
-"""While `settle_routed` checks every answer and then settles them: what the review of each
-edit (by request id and edit) cost, so the settlement takes the check's review, not another."""
+"""While `settle_routed` checks every answer and then settles them: the verdict on each edit (by
+request id and edit) with what its review cost, so the settlement takes the check's review, not
+another."""
 
 
 async def deciding(store: Store, request: InputRequest) -> InputRequest:
