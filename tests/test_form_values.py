@@ -73,6 +73,12 @@ def _bodies(csrf: str) -> dict[str, tuple[str, bytes, int, str]]:
             400,
             "malformed_form",
         ),
+        "a urlencoded body labelled utf-16": (
+            URLENCODED + "; charset=utf-16",
+            token + b"&option=approve",
+            400,
+            "malformed_form",
+        ),
         "parts labelled latin-1": (
             *_multipart(
                 [("csrf", csrf.encode()), ("option", b"approve"), ("text", b"caf\xc3\xa9")],
@@ -88,7 +94,8 @@ def _bodies(csrf: str) -> dict[str, tuple[str, bytes, int, str]]:
 def test_an_answer_with_a_field_twice_or_not_utf8_is_refused(store_url: str, name: str) -> None:
     """`option=cancel&option=approve` approved (Starlette keeps the last value); `text=%FF` was
     recorded as the reason "\ufffd", raw UTF-8 (`curl -d`) as "Ã©" and a part labelled
-    Latin-1 as such: each was a 303 that settled the request."""
+    Latin-1 as such: each was a 303 that settled the request, as was an ASCII urlencoded body
+    labelled UTF-16 (read as ASCII, where a gateway decoding by the label reads other text)."""
     with served(store_url) as base, signed_in(base) as c:
         body = start(base)
         rid = body["pending"][0]["id"]

@@ -235,3 +235,29 @@ async def test_a_keyed_message_whose_request_closed_while_judged_is_delivered(
         await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
         assert ran == []
         assert "approve" in await messages(rt, r.session_id)
+
+
+async def test_a_keyed_answer_sent_at_once_from_two_runtimes_says_the_repeats_replayed(
+    store_url: str,
+) -> None:
+    """Two processes sending one keyed answer at once: one applies it, and every other call,
+    which found the request already settled with that answer, reports itself a repeat
+    (`replayed`), as a repeat arriving later does (it said `replayed: false` on PostgreSQL)."""
+    ran: list[str] = []
+    agent = refunding(so.always(), ran)
+    async with (
+        so.Runtime([agent], store=store_url) as one,
+        so.Runtime([refunding(so.always(), ran)], store=store_url) as two,
+    ):
+        r = await one.generate("billing", prompt="refund 1042", auth=ALICE)
+        results = await asyncio.gather(
+            *(
+                rt.send(r.session_id, "approve", principal=ALICE, idempotency_key="k")
+                for rt in (one, two, one, two)
+            )
+        )
+        assert [x.status for x in results] == ["completed"] * 4 and ran == ["1042"]
+        assert sorted(x.replayed for x in results) == [False, True, True, True], results
+        assert sum(o.applied for x in results for o in x.outcomes) == 1
+        assert await messages(one, r.session_id) == ["refund 1042"]
+        assert await one.verify_audit() == []

@@ -131,6 +131,10 @@ class Messages(Answering):
                         )
                     except (RequestClosed, ConflictingAnswer):
                         continue  # answered or closed meanwhile: the message is delivered anew
+                    if idem is not None and not any(o.applied for o in outcomes):
+                        # Settled with this answer meanwhile: by this key's call, a repeat?
+                        if seen((await self._state(session_id)).keys, idem, session_id):
+                            return await self._replay(session_id, idem)
                     return await self._drive(session_id, outcomes=outcomes)
             held_on_approval = any(r.kind == "tool-approval" for r in pending)
             who = None if principal is None else principal.model_dump()

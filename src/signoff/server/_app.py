@@ -38,7 +38,7 @@ from ._errors import ApiError, add_error_body, error_response, install_error_han
 from ._head import HeadAsGet
 from ._headers import SecurityHeaders
 from ._health import router as health_router
-from ._limits import BodyLimit
+from ._limits import BodyLimit, OneFraming
 from ._links import add_links
 from ._login import router as login_router
 from ._login import sign_in_redirect
@@ -275,6 +275,7 @@ def create_app(
     )
     app.add_middleware(PromptStore)
     app.add_middleware(BodyLimit, max_bytes=max_body_size)
+    app.add_middleware(OneFraming)
     app.add_middleware(SecurityHeaders)
     if metrics:  # inside `HeadAsGet`, whose copy of a HEAD's scope gets the route it runs
         app.state.signoff_metrics = Scraping(context, metrics_token)

@@ -312,7 +312,10 @@ def add_error_body(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: _doc("Malformed body or a misuse (`malformed_json`, `malformed_form`, `usage_error`)"),
+    400: _doc(
+        "Malformed body or a misuse (`malformed_json`, `malformed_form`, `usage_error`), or a "
+        "body framed both by a length and by chunks (`malformed_request`)"
+    ),
     401: _doc("Not authenticated (`unauthenticated`)"),
     403: _doc("Not allowed to settle (`not_allowed`)"),
     404: _doc(

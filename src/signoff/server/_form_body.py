@@ -52,8 +52,11 @@ def _type(request: Request) -> tuple[str, str | None]:
 
 async def _check_bytes(request: Request) -> None:
     """400 `malformed_form` for a form body the parser would read as something it does not say:
-    over the fields a form may have (`too_many_fields`, refused unparsed), or not UTF-8."""
+    over the fields a form may have (`too_many_fields`, refused unparsed), not UTF-8, or
+    labelled with another charset (read as UTF-8, where a gateway decodes it by its label)."""
     kind, charset = _type(request)
+    if kind in (_URLENCODED, _MULTIPART) and charset is not None and _codec(charset) != "utf-8":
+        raise _malformed(f"it is labelled {charset!r}: a form is sent as UTF-8")
     if kind == _URLENCODED:
         body = await request.body()
         if too_many_fields(body):
@@ -64,8 +67,6 @@ async def _check_bytes(request: Request) -> None:
         if not body.isascii() or not _utf8(unquote_to_bytes(body)):
             raise _malformed(NOT_UTF8)
     elif kind == _MULTIPART:
-        if charset is not None and _codec(charset) != "utf-8":
-            raise _malformed(f"its parts are labelled {charset!r}: a form is sent as UTF-8")
         if not _utf8(await request.body()):  # the dashboard's forms have no file to upload
             raise _malformed(NOT_UTF8)
 

@@ -6,7 +6,10 @@ while signoff applied the other. The body is refused instead (422 `invalid_reque
 one holding an integer longer than Python converts (`sys.get_int_max_str_digits()`, 4300 digits),
 which is valid JSON: FastAPI would call it a malformed body. A body in another encoding than
 UTF-8 (RFC 8259, section 8.1), which `json.loads` would guess from its bytes (UTF-16, UTF-32),
-is 400 `malformed_json`: a gateway inspecting it as UTF-8 would read something else. A body
+is 400 `malformed_json`: a gateway inspecting it as UTF-8 would read something else. So is one
+labelled with another charset (`application/json; charset=utf-16`), which the server would read
+as UTF-8 and a gateway decoding by the label as other text, as a dashboard form's part so
+labelled is refused. A body
 with a `Content-Encoding` (gzip, say) is 415 `unsupported_encoding`: the server decodes none,
 so it would read a compressed body as malformed JSON, and act on a plain one so labelled that
 a gateway decoding it by its label reads as something else.
@@ -14,9 +17,12 @@ a gateway decoding it by its label reads as something else.
 
 from __future__ import annotations
 
+import codecs
 import json
 import sys
 from collections.abc import Callable, Coroutine
+from email.message import Message
+from email.utils import collapse_rfc2231_value
 from typing import Any
 
 from fastapi.routing import APIRoute
@@ -59,6 +65,9 @@ async def body_problem(request: Request) -> ApiError | None:
     body = await request.body()  # kept by the request: FastAPI reads it again from there
     if not body:
         return None
+    charset = _charset(request.headers.get("content-type", ""))
+    if charset is not None:
+        return ApiError(400, "malformed_json", f"{_NOT_UTF8}, not labelled charset={charset}")
     try:
         # A string, so that no encoding is guessed; a UTF-8 byte order mark may be ignored.
         text = body.removeprefix(b"\xef\xbb\xbf").decode("utf-8")
@@ -98,6 +107,25 @@ def encoding_problem(request: Request) -> ApiError | None:
 
 
 _NOT_UTF8 = "the request body is not valid JSON in UTF-8 (JSON is sent as UTF-8)"
+
+
+def _charset(content_type: str) -> str | None:
+    """The charset a Content-Type names (unquoted) other than UTF-8, if any: the first of them,
+    where it names several (a parser may read any one)."""
+    message = Message()
+    message["content-type"] = content_type
+    for name, value in (message.get_params() or [])[1:]:
+        charset = collapse_rfc2231_value(value) if name.lower() == "charset" else None
+        if charset is not None and _codec(charset) != "utf-8":
+            return charset
+    return None
+
+
+def _codec(charset: str) -> str | None:
+    try:
+        return codecs.lookup(charset).name
+    except LookupError:
+        return None
 
 
 def _parses(body: bytes) -> bool:

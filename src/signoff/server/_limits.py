@@ -1,4 +1,5 @@
-"""`BodyLimit`: refuses request bodies over a size, as a JSON 413 `payload_too_large`."""
+"""`BodyLimit`: refuses request bodies over a size, as a JSON 413 `payload_too_large`; and
+`OneFraming`: refuses a body framed two ways, by a length and by chunks."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._errors import error_response
 
-__all__ = ["BodyLimit"]
+__all__ = ["BodyLimit", "OneFraming"]
+
+TWO_FRAMINGS = (
+    "the request gives both a Content-Length and a Transfer-Encoding, which frame its body "
+    "differently (RFC 9112, section 6.3): send one of them; the connection is closed"
+)
 
 TOO_LARGE = "the request body is larger than this server accepts ({limit} bytes)"
 
@@ -53,3 +59,27 @@ class BodyLimit:
             return got
 
         await self.app(scope, limited, send)
+
+
+class OneFraming:
+    """ASGI middleware: a request with both a `Content-Length` and a `Transfer-Encoding` is
+    400 `malformed_request`, and its connection closed, before the app runs.
+
+    uvicorn's h11 parser frames such a body by its chunks, where a proxy in front may frame it
+    by its length: the bytes after the chunks would then be served as another request on the
+    connection, one the proxy never saw (request smuggling). RFC 9112 has the server close the
+    connection after answering one.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            names = {name.lower() for name, _ in scope.get("headers", ())}
+            if b"content-length" in names and b"transfer-encoding" in names:
+                response = error_response(400, "malformed_request", TWO_FRAMINGS)
+                response.headers["Connection"] = "close"
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
