@@ -275,3 +275,43 @@ async def test_a_position_no_signoff_writes_is_refused_as_the_journal_is_read_ba
     with pytest.raises(so.StoreError, match="malformed"):
         await load_journal(_Log([*events, damaged]), state, call)  # type: ignore[arg-type]
     assert call.journal is None
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [{"index": [0]}, {"name": {"not": "a name"}}, {"name": None, "index": None}],
+    ids=["unhashable index", "unhashable name", "no key"],
+)
+async def test_a_damaged_keyed_step_is_refused_as_the_journal_is_read_back(
+    damage: dict[str, Any],
+) -> None:
+    """A keyed step whose stored row was damaged after the snapshot folded it (a hand edit) is
+    refused by name as the journal is read back, and no journal is kept."""
+    step = {"call_id": "c", "name": "a", "index": 0, "result": 1, "keyed": True}
+    specs: list[tuple[str, str | None, dict[str, Any]]] = [
+        ("session.created", None, {"agent": "a"}),
+        ("turn.started", "t", {"message": "hi"}),
+        ("model.completed", "t", {"tool_calls": [{"id": "c", "name": "x", "input": {}}]}),
+        ("tool.started", "t", {"call_id": "c"}),
+        ("tool.step", "t", step),
+        ("tool.step", "t", {**step, "index": 1, "result": 2}),
+    ]
+    events = [
+        so.Event(session_id="s", seq=i, type=t, at=1.0, turn_id=turn, data=data)  # type: ignore[arg-type]
+        for i, (t, turn, data) in enumerate(specs, start=1)
+    ]
+    state = so.SessionState.from_snapshot(fold(events).to_snapshot())
+    assert state.turn is not None
+    call = state.turn.calls["c"]
+    assert call.journal is None and call.keyed
+    good = list(events)
+    data = {k: v for k, v in step.items() if damage.get(k, 0) is not None}
+    data.update({k: v for k, v in damage.items() if v is not None})
+    events[4] = so.Event(session_id="s", seq=5, type="tool.step", at=1.0, turn_id="t", data=data)
+    with pytest.raises(so.StoreError, match="malformed"):
+        await load_journal(_Log(events), state, call)  # type: ignore[arg-type]
+    assert call.journal is None
+    await load_journal(_Log(good), state, call)  # type: ignore[arg-type]
+    assert call.journal is not None
+    entries = [e for e in call.journal if e is not None]
+    assert [(e["name"], e["n"], e["result"]) for e in entries] == [("a", 0, 1), ("a", 1, 2)]

@@ -225,6 +225,37 @@ except so.UsageError as exc:
     assert "pip install 'signoff[otel]'" in done.stdout
 
 
+def test_a_turn_imports_opentelemetry_only_once_a_provider_may_be_set(tmp_path: Path) -> None:
+    """With OpenTelemetry installed but not imported, a turn does not import it (some
+    milliseconds of a process's first turn) to find that no global provider is set: setting
+    one imports it, or names it in OTEL_PYTHON_TRACER_PROVIDER. Once set, turns trace."""
+    code = f"""
+import os, sys
+os.environ.pop("OTEL_PYTHON_TRACER_PROVIDER", None)
+import signoff as so
+from signoff.testing import reply, scripted_agent, sqlite_runtime
+
+rt = sqlite_runtime({str(tmp_path)!r}, scripted_agent("a", [reply("hi")], repeat_last=True))
+assert rt.generate_sync("a", "hello").status == "completed"
+assert "opentelemetry.trace" not in sys.modules, "imported by a turn"
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+assert rt.generate_sync("a", "again").status == "completed"
+rt.close_sync()
+print(sorted(span.name for span in exporter.get_finished_spans()))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['chat', 'invoke_agent a']"
+
+
 async def test_a_result_over_its_bound_is_not_put_on_the_span_but_fails_it(
     tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
 ) -> None:

@@ -127,10 +127,12 @@ def _tool_step(s: SessionState, e: Event) -> None:
 
 
 def _stepped(call: CallState, d: dict[str, Any]) -> None:
-    _key_journal(call, d)
+    if not call.journaled and d.get("keyed"):  # `_key_journal`, inline: one call per step
+        call.keyed = True
     entry = {"kind": "step", "name": d["name"], "result": d.get("result")}
-    if d.get("error") is not None:  # the step raised: its replay raises it again
-        entry["error"] = d["error"]
+    error = d.get("error")
+    if error is not None:  # the step raised: its replay raises it again
+        entry["error"] = error
     call.record(d["index"], entry)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal
 
@@ -21,6 +22,7 @@ __all__ = [
     "FITS_BITS",
     "check_digits",
     "dumps",
+    "event_of_row",
     "int_digits",
     "loads",
 ]
@@ -57,7 +59,7 @@ def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=False)
 
 
-_DECODER = json.JSONDecoder()
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def loads(text: str | bytes) -> Any:
@@ -66,8 +68,8 @@ def loads(text: str | bytes) -> Any:
     way, so what is accepted and refused, and how, is `json.loads`'s."""
     if isinstance(text, str):
         try:
-            value, end = _DECODER.raw_decode(text)
-        except ValueError:
+            value, end = _SCAN(text, 0)  # `raw_decode`, without its frame
+        except (StopIteration, ValueError):
             pass  # leading white space, or not JSON: json.loads says which
         else:
             if end == len(text):
@@ -148,52 +150,66 @@ class Event:
         v: int,
     ) -> Event:
         """Rebuild a stored event, refusing versions newer than this signoff understands."""
-        fields = (  # `_is_int` inline, and a float `at` (what the stores give) told first
-            isinstance(session_id, str)
-            and isinstance(seq, int)
-            and not isinstance(seq, bool)
-            and isinstance(type, str)
-            and isinstance(v, int)
-            and not isinstance(v, bool)
-            and (
-                at.__class__ is float or (isinstance(at, int | float) and not isinstance(at, bool))
-            )
-            and (turn_id is None or isinstance(turn_id, str))
-            and isinstance(data, dict)
+        if cls is Event:
+            return event_of_row(session_id, seq, type, at, turn_id, data, v)
+        _check_row(session_id, seq, type, at, turn_id, data, v)
+        return cls(
+            session_id=session_id,
+            seq=seq,
+            type=type,  # type: ignore[arg-type]
+            at=at,
+            turn_id=turn_id,
+            data=data,
+            v=v,
         )
-        if not fields:
-            raise StoreError(
-                f"event {session_id!r}:{seq!r} is malformed: seq and v must be integers, at a "
-                "number, session_id, type and turn_id strings and data an object"
-            )
-        if v > SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"event {session_id}:{seq} has schema version {v}; this signoff reads up to "
-                f"{SCHEMA_VERSION}. Upgrade signoff to read this store."
-            )
-        if type not in EVENT_TYPES:
-            raise SchemaVersionError(f"event {session_id}:{seq} has unknown type {type!r}")
-        if cls is not Event:
-            return cls(
-                session_id=session_id,
-                seq=seq,
-                type=type,  # type: ignore[arg-type]
-                at=at,
-                turn_id=turn_id,
-                data=data,
-                v=v,
-            )
-        # The fields set through their slots, as the frozen dataclass's `__init__` does by
-        # `object.__setattr__` in twice the time: a journal read back builds one per step.
-        event = _new(Event)
-        _set_session_id(event, session_id)
-        _set_seq(event, seq)
-        _set_type(event, type)
-        _set_at(event, at)
-        _set_turn_id(event, turn_id)
-        _set_data(event, data)
-        _set_v(event, v)
-        return event
+
+
+def _check_row(
+    session_id: str, seq: int, type: str, at: float, turn_id: str | None, data: Any, v: int
+) -> None:
+    """Refuse a stored event's fields unless they are of their types, its version one this
+    signoff reads and its type one it knows (`Event.from_row`)."""
+    fields = (  # `_is_int` inline, and a float `at` (what the stores give) told first
+        isinstance(session_id, str)
+        and isinstance(seq, int)
+        and not isinstance(seq, bool)
+        and isinstance(type, str)
+        and isinstance(v, int)
+        and not isinstance(v, bool)
+        and (at.__class__ is float or (isinstance(at, int | float) and not isinstance(at, bool)))
+        and (turn_id is None or isinstance(turn_id, str))
+        and isinstance(data, dict)
+    )
+    if not fields:
+        raise StoreError(
+            f"event {session_id!r}:{seq!r} is malformed: seq and v must be integers, at a "
+            "number, session_id, type and turn_id strings and data an object"
+        )
+    if v > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"event {session_id}:{seq} has schema version {v}; this signoff reads up to "
+            f"{SCHEMA_VERSION}. Upgrade signoff to read this store."
+        )
+    if type not in EVENT_TYPES:
+        raise SchemaVersionError(f"event {session_id}:{seq} has unknown type {type!r}")
+
+
+def event_of_row(
+    session_id: str, seq: int, type: str, at: float, turn_id: str | None, data: Any, v: int
+) -> Event:
+    """`Event.from_row`, its arguments by position: the stores build one per event row read."""
+    _check_row(session_id, seq, type, at, turn_id, data, v)
+    # The fields set through their slots, as the frozen dataclass's `__init__` does by
+    # `object.__setattr__` in twice the time: a journal read back builds one per step.
+    event = _new(Event)
+    _set_session_id(event, session_id)
+    _set_seq(event, seq)
+    _set_type(event, type)
+    _set_at(event, at)
+    _set_turn_id(event, turn_id)
+    _set_data(event, data)
+    _set_v(event, v)
+    return event
 
 
 _new = object.__new__

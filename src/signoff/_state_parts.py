@@ -68,16 +68,18 @@ class CallState:
     placed: dict[tuple[str, str, Any], int] = field(default_factory=dict, repr=False, compare=False)
 
     def record(self, index: int, entry: dict[str, Any]) -> None:
-        """Journal `entry`: in a keyed journal as occurrence `index` of its kind and name (in
-        the order recorded), in an older positional one at position `index`. Without the
-        journal (`journal` None) only what is kept beside it changes (a position too far past
-        the journal's end is then refused as the journal is read back, `load_journal`)."""
+        """Journal `entry` (a new dict, kept as it is): in a keyed journal as occurrence `index`
+        of its kind and name (in the order recorded), in an older positional one at position
+        `index`. Without the journal (`journal` None) only what is kept beside it changes (a
+        position too far past the journal's end is then refused as the journal is read back,
+        `load_journal`)."""
         if self.keyed:
-            entry = {**entry, "n": index}
-            key = (entry["kind"], entry["name"], index)
+            kind, name = entry["kind"], entry["name"]
+            key = (kind, name, index)
             hash(key)  # a damaged index is refused before anything changes
+            entry["n"] = index
             self.journaled = True
-            if entry["kind"] == "step" and entry["name"] == CHILD_STEP:
+            if name == CHILD_STEP and kind == "step":
                 self.kids[f"n{index}"] = _child(entry)
             journal, placed = self.journal, self.placed
             if journal is None:

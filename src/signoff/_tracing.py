@@ -8,6 +8,7 @@ OpenTelemetry GenAI semantic conventions where they apply, `signoff.*` for the r
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import traceback
@@ -87,6 +88,13 @@ def _load() -> bool:
             return False
         _trace, _context = trace, context
     return True
+
+
+def _settable() -> bool:
+    """Whether a global tracer provider may be set: OpenTelemetry's API was imported (setting
+    one imports it) or OTEL_PYTHON_TRACER_PROVIDER names one (the API loads it when asked). If
+    not, a drive need not import it to find none set: some milliseconds of a process's first."""
+    return "opentelemetry.trace" in sys.modules or "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
 
 def _tracer(provider: Any) -> Tracer:
@@ -467,8 +475,11 @@ class Tracing:
         self.on = tracer is not None and not isinstance(tracer, _trace.NoOpTracer)
 
     def _look(self) -> None:
-        """Whether the global provider is set now (OpenTelemetry imported the first time)."""
+        """Whether the global provider is set now (OpenTelemetry imported the first time one
+        may be: `_settable`)."""
         if self.tracer is None:
+            if not _settable():
+                return  # looked at again by the next drive, as cheaply
             if not _load():
                 self._unset = False  # not installed: off for good
                 return

@@ -51,6 +51,8 @@ events reading that one needs."""
 _DEFLATE_V1 = 1
 """Format byte: raw deflate (4 KB window) with `_DICTIONARY_V1` as its preset dictionary."""
 
+_V1 = bytes((_DEFLATE_V1,))
+
 DEFLATE_ON_PREVIOUS = 2
 """Format byte: raw deflate (32 KB window) whose preset dictionary is `_DICTIONARY_V1` followed
 by the JSON text of the event just before this one in its session."""
@@ -208,6 +210,11 @@ def unpack_text(stored: str | bytes | memoryview, previous: str | None = None) -
         wbits, dictionary = -15, _DICTIONARY_V1 + _utf8(previous)
     else:
         raise StoreError(f"a stored document has unknown format {form} (newer signoff?)")
+    return _inflated(stored, wbits, dictionary)
+
+
+def _inflated(stored: bytes, wbits: int, dictionary: bytes) -> str:
+    """The text of a deflated document (`stored` past its format byte)."""
     try:
         inflater = zlib.decompressobj(wbits, dictionary)
         # All of a whole stream comes out of `decompress` (no `max_length`): one that has not
@@ -321,7 +328,9 @@ class EventTexts:
         self._last: tuple[int, str] | None = None
 
     def text(self, seq: int, stored: Stored) -> str:
-        if stored.__class__ is str or not needs_previous(stored):
+        if stored.__class__ is bytes and stored[:1] == _V1:  # the most of them: unpack_text's way
+            text = _inflated(stored, -12, _DICTIONARY_V1)
+        elif stored.__class__ is str or not needs_previous(stored):
             text = unpack_text(stored)
         elif self._last is not None and self._last[0] == seq - 1:
             text = unpack_text(stored, self._last[1])

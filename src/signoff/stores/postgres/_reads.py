@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..._events import Event
+from ..._events import Event, event_of_row
 from ..._exceptions import StoreError, UnknownSession
 from ..._types import InputRequest
 from .._base import (
@@ -166,11 +166,19 @@ class Reads(AuditReads):
         if not rows_found:
             return None, events
         key = int(rows_found[0][0])
-        found = [row[1:] for row in rows_found if row[1] is not None]
-        earlier = {int(row[0]): row[6:] for row in found}
-        texts = EventTexts(lambda seq: earlier[seq])
+        found = rows_found if rows_found[0][1] is not None else []
+        earlier: dict[int, Any] = {}
+
+        def before(seq: int) -> Any:
+            """The stored events `seq` may be kept on, as its row holds them (looked up only for
+            an event the run read does not start with what it needs: seldom)."""
+            if not earlier:
+                earlier.update((int(row[1]), row[7:]) for row in found)
+            return earlier[seq]
+
+        texts = EventTexts(before)
         held = 0
-        for seq, code, turn_id, at, v, data, *_ in found:
+        for _, seq, code, turn_id, at, v, data, *_ in found:
             if max_bytes is not None and held >= max_bytes:
                 break  # their JSON is larger than stored: the bound is kept on that too
             if turn_id is None and not types:
@@ -183,15 +191,7 @@ class Reads(AuditReads):
                 raise StoreError(f"session {session_id!r}, event {seq}: {exc}") from exc
             held += len(text)
             events.append(
-                Event.from_row(
-                    session_id=session_id,
-                    seq=int(seq),
-                    type=type_,
-                    turn_id=turn_id or None,
-                    at=float(at),
-                    v=int(v),
-                    data=value,
-                )
+                event_of_row(session_id, int(seq), type_, float(at), turn_id or None, value, int(v))
             )
         return key, events
 

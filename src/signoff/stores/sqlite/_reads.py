@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from contextlib import closing
 from typing import Any
 
-from ..._events import Event
+from ..._events import Event, event_of_row
 from ..._exceptions import StoreError, UnknownSession
 from ..._types import InputRequest
 from .._audit import AUDITED_STORED, DAMAGED, AuditEntry, entry_type, loaded_data
@@ -139,17 +139,7 @@ class Reads(Connection):
                 except StoreError as exc:
                     raise StoreError(f"session {session_id!r}, event {seq}: {exc}") from exc
                 held += len(text)
-                events.append(
-                    Event.from_row(
-                        session_id=session_id,
-                        seq=seq,
-                        type=type_,
-                        turn_id=named or None,
-                        at=at,
-                        v=v,
-                        data=value,
-                    )
-                )
+                events.append(event_of_row(session_id, seq, type_, at, named or None, value, v))
                 if max_bytes is not None and held >= max_bytes:
                     break
         return events
