@@ -23,6 +23,7 @@ from .._exceptions import (
     AnswerError,
     InvalidAnswer,
     NotAllowed,
+    SignoffError,
     UnknownRequest,
     UsageError,
 )
@@ -346,10 +347,13 @@ async def _settle(
                 ref = None if down is None else down.request.child
             agents = [Agent(name=n, model=NoModel(n)) for n in dict.fromkeys(names)]
             settler = Runtime(agents, store=runtime.store)
-            with _as_hint(command, request, principal):
-                result = await settler.respond(
-                    request.session_id, [answer], principal=principal, resume=False
-                )
+            try:
+                with _as_hint(command, request, principal):
+                    result = await settler.respond(
+                        request.session_id, [answer], principal=principal, resume=False
+                    )
+            except asyncio.CancelledError:  # Ctrl-C: say whether the answer stands
+                await _interrupted(runtime, request, None)
         else:
             head = await runtime.store.head(request.session_id)
             try:
@@ -423,20 +427,41 @@ async def _settle(
 
 
 async def _interrupted(runtime: Runtime, request: InputRequest, target: str | None) -> NoReturn:
-    """Ctrl-C while the command ran the turn on: whether the answer was recorded before, as a
-    bare "interrupted" left the person to find out, and how the turn goes on; exit 130."""
-    stored = await runtime.store.get_request(request.id)
-    if stored is None or stored.status == "pending":
-        say = f"interrupted: {request.id} is still pending"
-    else:
+    """Ctrl-C while the command recorded the answer or ran the turn on (`target`, its runtime):
+    whether the answer was recorded before, as a bare "interrupted" left the person to find out,
+    and how the turn goes on; exit 130, also when the store fails to tell."""
+    try:
+        async with asyncio.timeout(_TELL_WITHIN):  # a Ctrl-C is not to wait on a pool's timeout
+            stored = await runtime.store.get_request(request.id)
+    except (SignoffError, TimeoutError) as exc:
+        why = "did not answer" if isinstance(exc, TimeoutError) else "failed"
+        message = " ".join(str(exc).split()) or "(no message)"
         say = (
-            f"interrupted: {request.id} is {stored.outcome or stored.status}, recorded; its "
-            "turn stopped here and goes on in a signoff worker or serve of its runtime, or "
-            f"with signoff chat {shlex.quote(target or 'MODULE:RUNTIME')} --session "
-            f"{request.session_id}"
+            f"interrupted: whether {request.id} was recorded is unknown, as the store {why}: "
+            f"{type(exc).__name__}: {message}; signoff pending shows it while it is still open"
         )
+    else:
+        if stored is None or stored.status == "pending":
+            say = f"interrupted: {request.id} is still pending"
+        elif target is None:  # only recorded, as without a runtime the command does
+            say = (
+                f"interrupted: {request.id} is {stored.outcome or stored.status}, recorded; the "
+                f"turn continues when a process running agent {request.agent!r} picks it up: a "
+                "signoff worker or signoff serve of its runtime does so by itself, or signoff "
+                f"chat MODULE:RUNTIME --session {request.session_id}"
+            )
+        else:
+            say = (
+                f"interrupted: {request.id} is {stored.outcome or stored.status}, recorded; its "
+                "turn stopped here and goes on in a signoff worker or serve of its runtime, or "
+                f"with signoff chat {shlex.quote(target)} --session {request.session_id}"
+            )
     err().print(printable(say), soft_wrap=True, markup=False)
     raise typer.Exit(130)
+
+
+_TELL_WITHIN = 5.0
+"""Seconds the Ctrl-C handler waits on the store to tell whether the answer was recorded."""
 
 
 TargetArgument = Annotated[
