@@ -13,8 +13,6 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich import box
-from rich.console import Console
-from rich.measure import Measurement
 from rich.table import Table
 
 from .._agent import Agent
@@ -59,6 +57,7 @@ from ._app import (
 )
 from ._numbers import whole
 from ._store_files import existing_store, reading_store
+from ._tables import cell, fit, print_table
 
 LIMIT = whole(1, 100_000)
 SEQ = whole(0, 2**63 - 1)
@@ -115,7 +114,8 @@ def pending(
         if not requests:
             console.print("No pending requests.")
             return
-        _print_whole(console, _queue_table(requests, total, now))
+        table = _queue_table(requests, total, now)
+        print_table(console, table, fit(console, table))
 
     run(go())
 
@@ -183,28 +183,10 @@ def sessions(
             table.add_column(column, no_wrap=True, overflow="ellipsis")
         for r in rows:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at))
-            table.add_row(printable(r.id), printable(r.agent), r.status, str(r.head), when)
-        _print_whole(console, table, give_way=1)  # the agent's name
+            table.add_row(cell(r.id), cell(r.agent), cell(r.status), cell(str(r.head)), cell(when))
+        print_table(console, table, fit(console, table, give_way=1))  # cut the agent's name
 
     run(go())
-
-
-def _print_whole(console: Console, table: Table, give_way: int | None = None) -> None:
-    """Print `table` without cutting its ids: when it is wider than the terminal (or a pipe's 80
-    columns), column `give_way` alone is shortened, to its header at most, where Rich would cut
-    every column evenly; what still does not fit is printed wider than the terminal."""
-    unbounded = console.options.update_width(1_000_000)
-    needed = Measurement.get(console, unbounded, table)
-    if give_way is not None and needed.maximum > console.width:
-        column = table.columns[give_way]
-        widest = Measurement.get(console, unbounded, column.header).maximum
-        for cell in column.cells:
-            widest = max(widest, Measurement.get(console, unbounded, cell).maximum)
-        header = len(str(column.header))
-        column.max_width = max(header, widest - (needed.maximum - console.width))
-        needed = Measurement.get(console, unbounded, table)
-    console.width = max(console.width, needed.maximum if give_way is not None else needed.minimum)
-    console.print(table)
 
 
 def _queue_table(requests: list[InputRequest], total: int, now: float) -> Table:
@@ -236,10 +218,10 @@ def _queue_table(requests: list[InputRequest], total: int, now: float) -> Table:
         asker = f"{who.authenticator}:{who.principal_id}" if who else "-"
         expiry = "" if r.expires_at is None else f"\nexpires in {duration(r.expires_at - now)}"
         table.add_row(
-            f"{printable(r.id)}\n[dim]{printable(r.session_id)}[/]",
-            f"{printable(r.agent)}\n[dim]{printable(asker)}[/]",
-            f"{printable(what)}\n[dim]{duration(now - r.created_at)} ago{expiry}[/]",
-            printable(clip(readable, 200)),
+            cell(r.id, "\n", (r.session_id, "dim")),
+            cell(r.agent, "\n", (asker, "dim")),
+            cell(what, "\n", (f"{duration(now - r.created_at)} ago{expiry}", "dim")),
+            cell(clip(readable, 200)),
         )
     return table
 
