@@ -34,7 +34,7 @@ async def slow_respond(self, *args, **kwargs):
     result = await respond(self, *args, **kwargs)
     if case["fail_reads"]:
         async def down(*args, **kwargs):
-            raise StoreUnavailable("connection refused\\n(is the server running?)")
+            raise StoreUnavailable(case["message"])
         type(self.store).get_request = down
     print("recorded", file=sys.stderr, flush=True)
     await asyncio.sleep(60)
@@ -56,10 +56,12 @@ def _park(url: str) -> tuple[str, str]:
         rt.close_sync()
 
 
-def _ctrl_c(argv: list[str], when: str, fail_reads: bool = False) -> tuple[int, str, str]:
+def _ctrl_c(
+    argv: list[str], when: str, fail_reads: bool = False, message: str = ""
+) -> tuple[int, str, str]:
     """Run `signoff ARGV`, send SIGINT once its answer is being recorded (`before`) or stored
     (`after`), and return its status, stdout and stderr after the marker."""
-    case = json.dumps({"argv": argv, "when": when, "fail_reads": fail_reads})
+    case = json.dumps({"argv": argv, "when": when, "fail_reads": fail_reads, "message": message})
     proc = subprocess.Popen(
         [sys.executable, "-c", _SCRIPT, case],
         cwd=ROOT,
@@ -107,19 +109,31 @@ def test_ctrl_c_before_the_answer_is_recorded_says_it_is_still_pending(store_url
     assert "approval.settled" not in [e.type for e in log(store_url, session_id)]
 
 
+@pytest.mark.parametrize(
+    ("message", "shown"),
+    [
+        (
+            "connection refused\n(is the server running?)",
+            "connection refused (is the server running?)",
+        ),
+        # Printed as it is: the line escaped it as markup, then printed it with markup off, so
+        # it showed backslashes before brackets and `[none][/none]` around colons.
+        ("[bold]db[/] :thumbs_up: down\x1b[2J", "[bold]db[/] :thumbs_up: down\\x1b[2J"),
+    ],
+    ids=["driver", "markup"],
+)
 @pytest.mark.parametrize("target", [None, "tests._cli:agent"], ids=["record-only", "runtime"])
 def test_a_store_failing_as_ctrl_c_is_handled_still_exits_130_and_says_so(
-    store_url: str, target: str | None
+    store_url: str, target: str | None, message: str, shown: str
 ) -> None:
     """The Ctrl-C handler reads the store to tell whether the answer stands: when that read
     failed, the command exited 1 with the store's error alone, as if nothing had been typed."""
     _, request_id = _park(store_url)
     argv = ["approve", request_id, *([target] if target else []), "--store", store_url]
-    status, out, err = _ctrl_c(argv, "after", fail_reads=True)
+    status, out, err = _ctrl_c(argv, "after", fail_reads=True, message=message)
     assert status == 130, err
     assert err == (
         f"interrupted: whether {request_id} was recorded is unknown, as the store failed: "
-        "StoreUnavailable: connection refused (is the server running?); "
-        f"signoff pending shows it while it is still open\n"
+        f"StoreUnavailable: {shown}; signoff pending shows it while it is still open\n"
     ), err
     assert out == ""

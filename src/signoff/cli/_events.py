@@ -117,7 +117,7 @@ class _Failing:
 
 
 def _say(line: str) -> None:
-    err().print(printable(line), markup=False, soft_wrap=True)
+    err().print(printable(line), soft_wrap=True)
 
 
 def _print(console: Console, event: Event, as_json: bool, follow: bool) -> None:

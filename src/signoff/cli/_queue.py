@@ -438,7 +438,7 @@ async def _interrupted(runtime: Runtime, request: InputRequest, target: str | No
                 "turn stopped here and goes on in a signoff worker or serve of its runtime, or "
                 f"with signoff chat {shlex.quote(target)} --session {request.session_id}"
             )
-    err().print(printable(say), soft_wrap=True, markup=False)
+    err().print(printable(say), soft_wrap=True)
     raise typer.Exit(130)
 
 
