@@ -131,12 +131,12 @@ def _row(
 def _lines(console: Console, text: Text, width: int, column: Column) -> list[list[Segment]]:
     """`text` in a cell `width` wide, as Rich wraps or cuts it, each line padded to `width`."""
     plain = text.plain
-    if "\t" in plain or "\n" in plain or cell_len(plain) > width:
+    if "\t" in plain or any(cell_len(line) > width for line in plain.split("\n")):
         parts: Iterable[Text] = text.wrap(
             console, width, justify=column.justify, overflow=column.overflow, no_wrap=column.no_wrap
         )
-    else:
-        parts = [text]  # what nearly every cell is: one line that fits
+    else:  # what nearly every cell is: lines that fit, which Rich's wrap only pads
+        parts = text.split("\n", allow_blank=True) if "\n" in plain else [text]
     out = []
     for part in parts:
         segments = list(part.render(console)) if part.spans or part.style else [Segment(part.plain)]
