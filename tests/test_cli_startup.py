@@ -90,3 +90,51 @@ def test_the_console_script_imports_nothing_heavy_before_main() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout == "[]\n", done.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sessions", "slow_runtime:rt"],
+        ["pending", "slow_runtime:rt"],
+        ["events", "ses_x", "slow_runtime:rt"],
+        ["approve", "req_x", "slow_runtime:rt"],
+        ["db", "upgrade", "slow_runtime:rt"],
+        ["worker", "slow_runtime:rt"],
+        ["chat", "slow_runtime:rt"],
+        ["serve", "slow_runtime:rt"],
+    ],
+    ids=lambda argv: argv[0] if argv[0] != "db" else "db-upgrade",
+)
+def test_one_ctrl_c_while_the_runtime_module_imports_ends_the_command(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """`MODULE:RUNTIME` is imported inside the command's event loop, whose SIGINT handler only
+    cancels its task: a module slow to import (a model library, say) held the first Ctrl-C
+    until it was done (the command went on, 20 s and more here), and `serve`, which imports it
+    before its loop, ended 130 without a word. One Ctrl-C now ends each, 130, "interrupted"."""
+    (tmp_path / "slow_runtime.py").write_text(
+        "import sys, time\nprint('importing', file=sys.stderr, flush=True)\ntime.sleep(60)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", *argv, "--store", f"sqlite:///{tmp_path}/s.db"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line == "importing\n", line + proc.stderr.read()
+        proc.send_signal(signal.SIGINT)
+        out, rest = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert (proc.returncode, rest) == (130, "interrupted\n"), out
