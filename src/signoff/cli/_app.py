@@ -147,6 +147,14 @@ def refuse_empty_filters(values: dict[str, str | None]) -> None:
             raise UsageError(f"{what} takes {names.get(what, 'a value')}, not ''")
 
 
+def refuse_empty_ids(values: dict[str, str | None]) -> None:
+    """Refuse an id or name given empty (`signoff approve "$REQ"` with the variable unset): it
+    was looked up, and said to be unknown, as if the store had lost it."""
+    for what, value in values.items():
+        if value == "":
+            raise UsageError(f"{what} is empty: give one (was a variable it came from unset?)")
+
+
 @contextmanager
 def misuse() -> Iterator[None]:
     """A `UsageError` raised inside is a mistake on the command line, found before anything ran

@@ -48,6 +48,7 @@ from ._app import (
     out,
     parse_principal,
     refuse_empty_filters,
+    refuse_empty_ids,
     refuse_undecodable,
     run,
     say_cut,
@@ -276,6 +277,7 @@ async def _settle(
         refuse_undecodable(
             {"REQUEST_ID": request_id, "--option": answer.option_id, text_option: answer.text}
         )
+        refuse_empty_ids({"REQUEST_ID": request_id})
         principal = parse_principal(acting_as)
         if target:
             split_target(target)
