@@ -7,6 +7,7 @@ import json
 import os
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -346,3 +347,34 @@ def test_a_reading_command_names_the_postgres_schema_it_did_not_find(pg_url: str
         f"no signoff schema (this signoff needs store schema {STORE_SCHEMA}): run `signoff db "
         "upgrade` to create it\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("url", "port"),
+    [
+        ("postgresql://u@127.0.0.1:notaport/db", "notaport"),
+        ("postgresql://u@127.0.0.1:70000/db", "70000"),
+        ("postgresql://u@127.0.0.1/db?port=abc", "abc"),
+        ("postgresql://u@h1:5432,h2:-1/db", "-1"),
+    ],
+)
+@pytest.mark.parametrize("command", ["sessions", "worker"])
+def test_a_postgresql_url_with_a_port_that_is_no_port_is_refused_not_waited_for(
+    url: str, port: str, command: str
+) -> None:
+    """libpq refuses such a port only when connecting, which signoff took for a database that
+    is down: `signoff worker` waited for it forever ("waiting for the store"), the others
+    printed StoreUnavailable. It is a `StoreError` naming the port, before any connection."""
+    argv = [command, *(["tests._cli:agent"] if command == "worker" else []), "--store", url]
+    done = subprocess.run(
+        [sys.executable, "-m", "signoff", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == (
+        f"error: StoreError: invalid PostgreSQL URL: port {port!r} is not a whole number "
+        "from 1 to 65535\n"
+    ), done.stderr

@@ -51,6 +51,7 @@ LAYERS: list[set[str]] = [
     {"_wire", "_payloads"},
     {"_live_session", "_keyed_calls"},
     {"_runtime", "_client"},
+    {"_exports"},
     {"__init__"},
     {"channels"},
     {"server"},

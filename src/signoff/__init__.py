@@ -4,121 +4,46 @@ Tool calls can be gated by approval policies; the turn parks durably in the stor
 exactly where it stopped when someone answers, in any process.
 """
 
-from typing import TYPE_CHECKING
+# ruff: noqa: F405  # `__all__` names what `_exports` gives type checkers by `*`
 
-from . import models, stores
-from ._agent import Agent, Limits
-from ._answers import MAX_TEXT_BYTES
-from ._approval import (
-    ApprovalContext,
-    ApprovalPolicy,
-    ApprovalStatus,
-    Approved,
-    Denied,
-    Guardrail,
-    SessionAuth,
-    SessionInfo,
-    Verdict,
-    always,
-    never,
-    once,
-    policy,
-    predicate,
-    tool_policy,
-)
-from ._ask import ask_question
-from ._audit_trail import AuditEntries, AuditProblem
-from ._audit_trail import verify_export as verify_audit_export
-from ._auto import Criteria, auto
-from ._events import SCHEMA_VERSION, Event
-from ._exceptions import (
-    AnswerError,
-    AppendConflict,
-    BudgetSpent,
-    ConflictingAnswer,
-    IdempotencyKeyReused,
-    InvalidAnswer,
-    LeaseLost,
-    ModelError,
-    NotAllowed,
-    PartialAnswer,
-    RemoteError,
-    RequestClosed,
-    SchemaVersionError,
-    SessionBusy,
-    SessionError,
-    SessionExpired,
-    SessionLimitReached,
-    SignoffError,
-    StaleAnswer,
-    StepFailed,
-    StoreBusy,
-    StoreError,
-    StoreGone,
-    StoreUnavailable,
-    TooLarge,
-    UnknownAgent,
-    UnknownRequest,
-    UnknownSession,
-    UsageError,
-)
-from ._response import (
-    Allowed,
-    ApprovalSpec,
-    Rejected,
-    RequestInfo,
-    ResponseContext,
-    ResponseInfo,
-)
-from ._results import GenerateResult, Outcome
-from ._runtime import Runtime
-from ._state import SessionState
-from ._subagents import delegate
-from ._tool_context import ReplayError, ToolContext
-from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
-from ._tools import Tool, tool
-from ._types import (
-    APP_PRINCIPAL,
-    Action,
-    Answer,
-    AssistantMessage,
-    ChildRef,
-    Decision,
-    InputRequest,
-    InputResponse,
-    Message,
-    ModelResponse,
-    Option,
-    Principal,
-    ToolCall,
-    ToolResultMessage,
-    Usage,
-    UserMessage,
-)
-from .stores._audit import AuditEntry
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
 _CLIENT_NAMES = ("AsyncClient", "Client", "LiveSession")
 
 if TYPE_CHECKING:
-    # Type checkers see the client's classes as they are, and no `__getattr__`, which would make
-    # every name of the module, a misspelt one too, pass as `object`.
+    # Type checkers see every name as it is, and no `__getattr__`, which would make every name
+    # of the module, a misspelt one too, pass as `object`.
     from ._client import AsyncClient, Client, LiveSession
+    from ._exports import *  # noqa: F403
 else:
 
     def __getattr__(name: str) -> object:
-        """`so.Client`, `so.AsyncClient`, `so.LiveSession`: the HTTP client, imported on first
-        use (it needs httpx, which the `server` extra brings)."""
+        """Each exported name, imported on first use (`_exports`, all at once), so that a
+        process importing `signoff` pays nothing until it uses it: the `signoff` command can
+        then stop cleanly on a Ctrl-C while it loads. `so.Client`, `so.AsyncClient` and
+        `so.LiveSession`, the HTTP client, need httpx, which the `server` extra brings."""
         if name in _CLIENT_NAMES:
             try:
                 from . import _client
             except ImportError as exc:  # pragma: no cover - depends on the environment
+                from ._exceptions import UsageError
+
                 raise UsageError(
                     "the signoff HTTP client needs httpx: pip install 'signoff[server]'"
                 ) from exc
             return getattr(_client, name)
+        if name in __all__:
+            from . import _exports
+
+            exported = {n: getattr(_exports, n) for n in _exports.__all__}
+            globals().update(exported)
+            return exported[name]
         raise AttributeError(f"module 'signoff' has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(__all__))
 
 
 __all__ = [

@@ -10,45 +10,36 @@ do, as a `Runtime` does.
 
 from __future__ import annotations
 
-import io
 import sys
-from typing import TextIO
-
-# Each registers its commands, which `--help` lists in this order: the queue's before the log's.
-from . import _chat, _queue  # noqa: F401  # isort: skip
-from . import _events, _serve, _worker  # noqa: F401  # isort: skip
-from ._app import app, load_runtime, local_principal, parse_principal
-from ._commands import finish_help
+from typing import TYPE_CHECKING
 
 __all__ = ["app", "load_runtime", "local_principal", "main", "parse_principal"]
 
-finish_help(app)
+if TYPE_CHECKING:
+    from ._main import app, load_runtime, local_principal, parse_principal
+else:
+
+    def __getattr__(name: str) -> object:
+        """The exported names, from `_main`, which loads the whole command line."""
+        if name in __all__:
+            from . import _main
+
+            return getattr(_main, name)
+        raise AttributeError(f"module 'signoff.cli' has no attribute {name!r}")
 
 
 def main() -> None:
-    """Entry point of the `signoff` console script."""
-    sys.stdout = _whole_writes(sys.stdout)
-    for stream in (sys.stdout, sys.stderr):
-        # Output that is not UTF-8 (a Windows pipe's code page, a Latin-1 locale) shows what it
-        # cannot hold (an agent's name, a model's text) as escapes rather than failing on it.
-        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
-            stream.reconfigure(errors="backslashreplace")
-    app()
+    """Entry point of the `signoff` console script. It imports the command line (most of a
+    second) itself, so that a Ctrl-C meanwhile ends it as one anywhere else does, not with a
+    traceback: this module and the `signoff` package import next to nothing."""
+    try:
+        from ._main import run
 
-
-def _whole_writes(stream: TextIO) -> TextIO:
-    """`stream`, or when it writes straight to its file (PYTHONUNBUFFERED=1, as container images
-    set it) the same written through a buffer flushed at each line: Python's text layer drops
-    what a raw write could not take (a reader gone mid-write, a disk full), where a buffer
-    writes it again and raises, so the command ends 141 or names the error, never 0."""
-    if not isinstance(stream, io.TextIOWrapper) or not isinstance(stream.buffer, io.FileIO):
-        return stream
-    stream.flush()
-    raw = io.FileIO(stream.fileno(), "w", closefd=False)
-    return io.TextIOWrapper(
-        io.BufferedWriter(raw),
-        encoding=stream.encoding,
-        errors=stream.errors,
-        line_buffering=True,
-        write_through=True,
-    )
+        run()
+    except KeyboardInterrupt:
+        try:
+            sys.stderr.write("interrupted\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):  # stderr gone: the status says it
+            pass
+        raise SystemExit(130) from None

@@ -14,7 +14,9 @@ import importlib
 import inspect
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn
@@ -143,6 +145,14 @@ def refuse_empty_filters(values: dict[str, str | None]) -> None:
     for what, value in values.items():
         if value == "":
             raise UsageError(f"{what} takes {names.get(what, 'a value')}, not ''")
+
+
+def refuse_empty_ids(values: dict[str, str | None]) -> None:
+    """Refuse an id or name given empty (`signoff approve "$REQ"` with the variable unset): it
+    was looked up, and said to be unknown, as if the store had lost it."""
+    for what, value in values.items():
+        if value == "":
+            raise UsageError(f"{what} is empty: give one (was a variable it came from unset?)")
 
 
 @contextmanager
@@ -310,6 +320,27 @@ def store_of(target: str | None, store: str | None) -> str | None:
 def load_runtime(target: str, store: str | None = None) -> Runtime:
     """Import `MODULE:RUNTIME` (a `Runtime` or an `Agent`); `store` replaces its store URL."""
     module_name, attribute = split_target(target)
+    with _interruptible():
+        return _loaded(target, module_name, attribute, store)
+
+
+@contextmanager
+def _interruptible() -> Iterator[None]:
+    """Let a Ctrl-C stop what runs inside at once, as a `KeyboardInterrupt`: importing a
+    runtime's module (a model library, say) can take long, and when a command does so in its
+    event loop, asyncio's handler only cancels the loop's task, which it does not see until the
+    import is over. Nothing to do outside the main thread, where no signal handler runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _loaded(target: str, module_name: str, attribute: str, store: str | None) -> Runtime:
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)  # like `python -m`: modules of the current directory load

@@ -42,6 +42,7 @@ from ._app import (
     out,
     parse_principal,
     pick_agent,
+    refuse_empty_ids,
     refuse_undecodable,
     run,
     shown_store,
@@ -395,6 +396,7 @@ def chat(
         nonlocal undone
         with misuse():
             refuse_undecodable({"--agent": agent, "--session": session})
+            refuse_empty_ids({"--agent": agent, "--session": session})
             principal = parse_principal(acting_as)
             split_target(target)
         if sys.stdin is None:  # started with it closed (`<&-`): `input()` would raise

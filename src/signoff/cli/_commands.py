@@ -107,6 +107,8 @@ class Group(TyperGroup):
             return super().invoke(ctx)
         except BrokenPipeError:
             closed_pipe()
+        except KeyboardInterrupt:  # outside a command's event loop (`serve` loading its runtime)
+            _interrupted()
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -115,6 +117,16 @@ class Group(TyperGroup):
             if exc.errno not in _WRITE_FAILED:
                 raise
             _unwritable(exc)
+
+
+def _interrupted() -> NoReturn:
+    """End a command stopped by Ctrl-C as every command ends then: one line, status 130 (Typer
+    exits 130 without a word)."""
+    try:
+        Console(stderr=True, highlight=False).print("[dim]interrupted[/]")
+    except OSError:  # stderr gone: the status says it
+        pass
+    raise typer.Exit(130)
 
 
 _WRITE_FAILED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})

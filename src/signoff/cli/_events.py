@@ -32,6 +32,7 @@ from ._app import (
     error_text,
     misuse,
     out,
+    refuse_empty_ids,
     refuse_undecodable,
     run,
     store_of,
@@ -117,7 +118,7 @@ class _Failing:
 
 
 def _say(line: str) -> None:
-    err().print(printable(line), markup=False, soft_wrap=True)
+    err().print(printable(line), soft_wrap=True)
 
 
 def _print(console: Console, event: Event, as_json: bool, follow: bool) -> None:
@@ -203,6 +204,7 @@ def events(
     async def go() -> None:
         with misuse():
             refuse_undecodable({"SESSION_ID": session_id})
+            refuse_empty_ids({"SESSION_ID": session_id})
         console = out()
         runtime = Runtime([], store=reading_store(store_of(target, store)))
         try:

@@ -13,8 +13,6 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich import box
-from rich.console import Console
-from rich.measure import Measurement
 from rich.table import Table
 
 from .._agent import Agent
@@ -23,6 +21,7 @@ from .._exceptions import (
     AnswerError,
     InvalidAnswer,
     NotAllowed,
+    SignoffError,
     UnknownRequest,
     UsageError,
 )
@@ -49,6 +48,7 @@ from ._app import (
     out,
     parse_principal,
     refuse_empty_filters,
+    refuse_empty_ids,
     refuse_undecodable,
     run,
     say_cut,
@@ -58,6 +58,7 @@ from ._app import (
 )
 from ._numbers import whole
 from ._store_files import existing_store, reading_store
+from ._tables import cell, fit, print_table
 
 LIMIT = whole(1, 100_000)
 SEQ = whole(0, 2**63 - 1)
@@ -114,7 +115,8 @@ def pending(
         if not requests:
             console.print("No pending requests.")
             return
-        _print_whole(console, _queue_table(requests, total, now))
+        table = _queue_table(requests, total, now)
+        print_table(console, table, fit(console, table))
 
     run(go())
 
@@ -182,28 +184,10 @@ def sessions(
             table.add_column(column, no_wrap=True, overflow="ellipsis")
         for r in rows:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at))
-            table.add_row(printable(r.id), printable(r.agent), r.status, str(r.head), when)
-        _print_whole(console, table, give_way=1)  # the agent's name
+            table.add_row(cell(r.id), cell(r.agent), cell(r.status), cell(str(r.head)), cell(when))
+        print_table(console, table, fit(console, table, give_way=1))  # cut the agent's name
 
     run(go())
-
-
-def _print_whole(console: Console, table: Table, give_way: int | None = None) -> None:
-    """Print `table` without cutting its ids: when it is wider than the terminal (or a pipe's 80
-    columns), column `give_way` alone is shortened, to its header at most, where Rich would cut
-    every column evenly; what still does not fit is printed wider than the terminal."""
-    unbounded = console.options.update_width(1_000_000)
-    needed = Measurement.get(console, unbounded, table)
-    if give_way is not None and needed.maximum > console.width:
-        column = table.columns[give_way]
-        widest = Measurement.get(console, unbounded, column.header).maximum
-        for cell in column.cells:
-            widest = max(widest, Measurement.get(console, unbounded, cell).maximum)
-        header = len(str(column.header))
-        column.max_width = max(header, widest - (needed.maximum - console.width))
-        needed = Measurement.get(console, unbounded, table)
-    console.width = max(console.width, needed.maximum if give_way is not None else needed.minimum)
-    console.print(table)
 
 
 def _queue_table(requests: list[InputRequest], total: int, now: float) -> Table:
@@ -235,10 +219,10 @@ def _queue_table(requests: list[InputRequest], total: int, now: float) -> Table:
         asker = f"{who.authenticator}:{who.principal_id}" if who else "-"
         expiry = "" if r.expires_at is None else f"\nexpires in {duration(r.expires_at - now)}"
         table.add_row(
-            f"{printable(r.id)}\n[dim]{printable(r.session_id)}[/]",
-            f"{printable(r.agent)}\n[dim]{printable(asker)}[/]",
-            f"{printable(what)}\n[dim]{duration(now - r.created_at)} ago{expiry}[/]",
-            printable(clip(readable, 200)),
+            cell(r.id, "\n", (r.session_id, "dim")),
+            cell(r.agent, "\n", (asker, "dim")),
+            cell(what, "\n", (f"{duration(now - r.created_at)} ago{expiry}", "dim")),
+            cell(clip(readable, 200)),
         )
     return table
 
@@ -293,6 +277,7 @@ async def _settle(
         refuse_undecodable(
             {"REQUEST_ID": request_id, "--option": answer.option_id, text_option: answer.text}
         )
+        refuse_empty_ids({"REQUEST_ID": request_id})
         principal = parse_principal(acting_as)
         if target:
             split_target(target)
@@ -346,10 +331,13 @@ async def _settle(
                 ref = None if down is None else down.request.child
             agents = [Agent(name=n, model=NoModel(n)) for n in dict.fromkeys(names)]
             settler = Runtime(agents, store=runtime.store)
-            with _as_hint(command, request, principal):
-                result = await settler.respond(
-                    request.session_id, [answer], principal=principal, resume=False
-                )
+            try:
+                with _as_hint(command, request, principal):
+                    result = await settler.respond(
+                        request.session_id, [answer], principal=principal, resume=False
+                    )
+            except asyncio.CancelledError:  # Ctrl-C: say whether the answer stands
+                await _interrupted(runtime, request, None)
         else:
             head = await runtime.store.head(request.session_id)
             try:
@@ -423,20 +411,41 @@ async def _settle(
 
 
 async def _interrupted(runtime: Runtime, request: InputRequest, target: str | None) -> NoReturn:
-    """Ctrl-C while the command ran the turn on: whether the answer was recorded before, as a
-    bare "interrupted" left the person to find out, and how the turn goes on; exit 130."""
-    stored = await runtime.store.get_request(request.id)
-    if stored is None or stored.status == "pending":
-        say = f"interrupted: {request.id} is still pending"
-    else:
+    """Ctrl-C while the command recorded the answer or ran the turn on (`target`, its runtime):
+    whether the answer was recorded before, as a bare "interrupted" left the person to find out,
+    and how the turn goes on; exit 130, also when the store fails to tell."""
+    try:
+        async with asyncio.timeout(_TELL_WITHIN):  # a Ctrl-C is not to wait on a pool's timeout
+            stored = await runtime.store.get_request(request.id)
+    except (SignoffError, TimeoutError) as exc:
+        why = "did not answer" if isinstance(exc, TimeoutError) else "failed"
+        message = " ".join(str(exc).split()) or "(no message)"
         say = (
-            f"interrupted: {request.id} is {stored.outcome or stored.status}, recorded; its "
-            "turn stopped here and goes on in a signoff worker or serve of its runtime, or "
-            f"with signoff chat {shlex.quote(target or 'MODULE:RUNTIME')} --session "
-            f"{request.session_id}"
+            f"interrupted: whether {request.id} was recorded is unknown, as the store {why}: "
+            f"{type(exc).__name__}: {message}; signoff pending shows it while it is still open"
         )
-    err().print(printable(say), soft_wrap=True, markup=False)
+    else:
+        if stored is None or stored.status == "pending":
+            say = f"interrupted: {request.id} is still pending"
+        elif target is None:  # only recorded, as without a runtime the command does
+            say = (
+                f"interrupted: {request.id} is {stored.outcome or stored.status}, recorded; the "
+                f"turn continues when a process running agent {request.agent!r} picks it up: a "
+                "signoff worker or signoff serve of its runtime does so by itself, or signoff "
+                f"chat MODULE:RUNTIME --session {request.session_id}"
+            )
+        else:
+            say = (
+                f"interrupted: {request.id} is {stored.outcome or stored.status}, recorded; its "
+                "turn stopped here and goes on in a signoff worker or serve of its runtime, or "
+                f"with signoff chat {shlex.quote(target)} --session {request.session_id}"
+            )
+    err().print(printable(say), soft_wrap=True)
     raise typer.Exit(130)
+
+
+_TELL_WITHIN = 5.0
+"""Seconds the Ctrl-C handler waits on the store to tell whether the answer was recorded."""
 
 
 TargetArgument = Annotated[

@@ -114,16 +114,25 @@ def with_schema(url: str, schema: str) -> str:
 
 
 def check_parameters(dsn: str) -> None:
-    """A `StoreError` for a query parameter libpq does not know, when the store is made: a
-    misspelt option of signoff's (`pool_size`) would otherwise fail every connection."""
+    """A `StoreError` for a query parameter libpq does not know (a misspelt option of signoff's,
+    `pool_size`) or a port that is no port, when the store is made: either would otherwise fail
+    every connection, and look like a database that is down."""
     try:
-        _conninfo.conninfo_to_dict(dsn)
+        params = _conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        if "query parameter" in str(exc):  # else a bad port, say: said when connecting
+        if "query parameter" in str(exc):  # else said when connecting
             hint = f"signoff's own options are {', '.join(_OPTIONS)}"
             if "key/value separator" in str(exc):  # `options=-csearch_path=x`
                 hint = f'percent-encode an "=" in a value as %3D; {hint}'
             raise StoreError(f"invalid PostgreSQL URL: {exc}".strip() + f" ({hint})") from None
+        return
+    # libpq refuses a port that is no port only when connecting, as if the server were down:
+    # `signoff worker` and `serve` would wait for it forever.
+    for port in str(params.get("port") or "").split(","):
+        if port and not (_DIGITS.fullmatch(port) and 1 <= int(port) <= 65535):
+            raise StoreError(
+                f"invalid PostgreSQL URL: port {port!r} is not a whole number from 1 to 65535"
+            )
 
 
 CONNECT_TIMEOUT = 5

@@ -1,0 +1,47 @@
+"""The whole `signoff` command, its commands registered: what `main` imports once it can stop
+cleanly on a Ctrl-C, and the names `signoff.cli` exports."""
+
+from __future__ import annotations
+
+import io
+import sys
+from typing import TextIO
+
+# Each registers its commands, which `--help` lists in this order: the queue's before the log's.
+from . import _chat, _queue  # noqa: F401  # isort: skip
+from . import _events, _serve, _worker  # noqa: F401  # isort: skip
+from ._app import app, load_runtime, local_principal, parse_principal
+from ._commands import finish_help
+
+__all__ = ["app", "load_runtime", "local_principal", "parse_principal", "run"]
+
+finish_help(app)
+
+
+def run() -> None:
+    """Run the command line `sys.argv` gives."""
+    sys.stdout = _whole_writes(sys.stdout)
+    for stream in (sys.stdout, sys.stderr):
+        # Output that is not UTF-8 (a Windows pipe's code page, a Latin-1 locale) shows what it
+        # cannot hold (an agent's name, a model's text) as escapes rather than failing on it.
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
+    app()
+
+
+def _whole_writes(stream: TextIO) -> TextIO:
+    """`stream`, or when it writes straight to its file (PYTHONUNBUFFERED=1, as container images
+    set it) the same written through a buffer flushed at each line: Python's text layer drops
+    what a raw write could not take (a reader gone mid-write, a disk full), where a buffer
+    writes it again and raises, so the command ends 141 or names the error, never 0."""
+    if not isinstance(stream, io.TextIOWrapper) or not isinstance(stream.buffer, io.FileIO):
+        return stream
+    stream.flush()
+    raw = io.FileIO(stream.fileno(), "w", closefd=False)
+    return io.TextIOWrapper(
+        io.BufferedWriter(raw),
+        encoding=stream.encoding,
+        errors=stream.errors,
+        line_buffering=True,
+        write_through=True,
+    )
