@@ -123,3 +123,27 @@ def test_a_table_it_cannot_print_as_rich_does_is_left_to_rich() -> None:
     for terminal in (False, True):
         fast = _printed(make, 40, terminal, None, fast=True)
         assert fast == _printed(make, 40, terminal, None, fast=False)
+
+
+def test_the_installed_rich_takes_the_fast_path() -> None:
+    """The comparisons above test the fast path only if this Rich has the internals it copies."""
+    from signoff.cli import _tables
+
+    assert _tables._FAST
+
+
+@pytest.mark.parametrize("kind", ["sessions", "pending"])
+def test_a_rich_without_the_internals_prints_the_table_itself(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Rich release that renames `Table._calculate_column_widths` or `Column._cells` (seen
+    at import as `_FAST` false) gets Rich's own printing of the same table, not an error."""
+    from signoff.cli import _tables
+
+    def make() -> Table:
+        rng = random.Random(7)
+        return _sessions(rng, 12) if kind == "sessions" else _pending(rng, 12)
+
+    expected = _printed(make, 80, False, 1 if kind == "sessions" else None, fast=False)
+    monkeypatch.setattr(_tables, "_FAST", False)
+    assert _printed(make, 80, False, 1 if kind == "sessions" else None, fast=True) == expected

@@ -8,6 +8,7 @@ widest of each column), and the rows are written here line for line as Rich writ
 Rich's public API gives no table's column widths, so `_widths` calls its private
 `Table._calculate_column_widths`, and `Column` is copied with its `_cells` (as of Rich 15):
 tests/test_cli_tables.py prints tables both ways and checks the output is the same, byte for byte.
+A Rich without those internals gets Rich's own (slower) printing, never an error.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ from ..channels.terminal import _CONTROLS
 
 __all__ = ["cell", "fit", "print_table"]
 
+# Whether this Rich has the internals the fast path copies; without them Rich prints alone.
+_FAST = hasattr(Table, "_calculate_column_widths") and "_cells" in {
+    f.name for f in dataclasses.fields(Column)
+}
+
 
 def cell(*parts: str | tuple[str, str]) -> Text:
     """A table cell of `parts` (text, or text and its style) as printed: control characters
@@ -42,7 +48,7 @@ def fit(console: Console, table: Table, give_way: int | None = None) -> Table:
     few of its rows that decide its layout: when it is wider than the terminal (or a pipe's 80
     columns), column `give_way` alone is shortened, to its header at most, where Rich would cut
     every column evenly; what still does not fit is printed wider than the terminal."""
-    sample = _sample(table)
+    sample = _sample(table) if _FAST else table
     unbounded = console.options.update_width(1_000_000)
     needed = Measurement.get(console, unbounded, sample)
     if give_way is not None and needed.maximum > console.width:
@@ -59,7 +65,7 @@ def fit(console: Console, table: Table, give_way: int | None = None) -> Table:
 def print_table(console: Console, table: Table, sample: Table | None = None) -> None:
     """Print `table` (of `Text` cells) as `console.print(table)` would, its column widths laid
     out from `sample` (`fit`'s), which holds the rows that decide them."""
-    if not _plain(table):
+    if not _FAST or not _plain(table):
         console.print(table)
         return
     sample = sample or _sample(table)
