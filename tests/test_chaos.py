@@ -59,6 +59,12 @@ KILL_EVERY = (0.2, 0.6)
 UP_AT_LEAST = 1.5
 """A process is killed only once it has run this long: one that never got past its imports
 would test nothing."""
+READY_AT_LEAST = 0.5
+"""... and only once it has been ready (logged its first line: a worker's store is open, serve's
+app loaded) for this long. Counted from the spawn alone, a loaded machine's slow start had every
+restarted process killed before it was ready: 19-21 kills a run, but only the 3 first workers
+and the 2 restarted once the killing stopped ever logged a line, and for 16 s no process but
+one frozen in a step could take a session over."""
 FINISHED = ("completed", "cancelled")
 STALL_SECONDS = 20.0
 """How long at most one worker is frozen (SIGSTOP) inside a journaled step, once a run: past its
@@ -85,6 +91,7 @@ class Slot:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         self.since = time.monotonic()
+        self.ready_at: float | None = None  # when it first wrote to its log (`ripe`)
         self.log.flush()
         at = Path(self.log.name).stat().st_size
         argv = [sys.executable, "-m", "signoff", *self.argv]
@@ -93,6 +100,18 @@ class Slot:
         )
         self.spans.append((proc.pid, at))
         return proc
+
+    def ripe(self) -> bool:
+        """Whether the killer may kill this process: up `UP_AT_LEAST` and ready (it wrote its
+        first line) `READY_AT_LEAST`, not frozen."""
+        now = time.monotonic()
+        if self.frozen or is_stopped(self.proc.pid) or now - self.since < UP_AT_LEAST:
+            return False
+        if self.ready_at is None:
+            if Path(self.log.name).stat().st_size <= self.spans[-1][1]:
+                return False
+            self.ready_at = now
+        return now - self.ready_at >= READY_AT_LEAST
 
     def kill_and_restart(self) -> None:
         if self.proc.poll() is None:
@@ -119,12 +138,7 @@ async def _killer(rng: random.Random, slots: list[Slot], stop: asyncio.Event) ->
             await asyncio.wait_for(stop.wait(), rng.uniform(*KILL_EVERY))
         if stop.is_set():
             break
-        ripe = [
-            s
-            for s in slots
-            if time.monotonic() - s.since >= UP_AT_LEAST
-            and not (s.frozen or is_stopped(s.proc.pid))
-        ]
+        ripe = [s for s in slots if s.ripe()]
         if ripe:
             await asyncio.to_thread(rng.choice(ripe).kill_and_restart)
             kills += 1

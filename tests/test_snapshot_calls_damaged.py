@@ -73,6 +73,10 @@ DAMAGES: dict[str, Callable[[dict[str, Any]], None]] = {
     "a step without result": _journal([{"kind": "step", "name": "first"}]),
     "an ask without request": _journal([{"kind": "ask", "name": "Proceed?"}]),
     "an occurrence text": _journal([{"kind": "step", "name": "first", "result": 1, "n": "0"}]),
+    # A step's failure is replayed from its error (`raise_recorded`): text, a number or a list
+    # there was an AttributeError in the body, recorded as the tool's own failure.
+    "a step's error text": lambda c: c["journal"][0].update(error="boom"),
+    "a step's error a list": lambda c: c["journal"][0].update(error=["boom"]),
 }
 
 

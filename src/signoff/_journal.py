@@ -147,6 +147,15 @@ class CallJournal:
                 if held[0][1].get("error") is not None:
                     raise_recorded(name, held[0][1]["error"])
                 return held[0][1]["result"]
+            if self.driver.lease_check is not None:
+                # A drive that stalled past its lease (frozen in the body before this step)
+                # runs no step: the process that took the turn over may have run it already.
+                # Its loss (or the store failing the check) fails the drive, not the step.
+                try:
+                    await self.driver.lease_check()
+                except StoreError as exc:
+                    self.failed = exc
+                    raise
             data: dict[str, Any] = {
                 "call_id": call.id,
                 "tool_name": call.tool_name,

@@ -330,13 +330,24 @@ class Leasing:
             raise LeaseLost(f"lease {token} on session {session_id!r} was lost")
         if _AWAKE() - held.at < self.lease_ttl / 2:
             return
-        now, asked_at = self.now(), _AWAKE()
-        if not await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now):
-            held.lose()
-            raise LeaseLost(f"lease {token} on session {session_id!r} was taken over")
-        if held.lost:  # given up by the renewals meanwhile: the drive records nothing more
-            raise LeaseLost(f"lease {token} on session {session_id!r} was lost")
-        held.renewed(asked_at, now + self.lease_ttl)
+        for _ in range(3):
+            now, asked_at = self.now(), _AWAKE()
+            if not await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now):
+                held.lose()
+                raise LeaseLost(f"lease {token} on session {session_id!r} was taken over")
+            if held.lost:  # given up by the renewals meanwhile: the drive records nothing more
+                raise LeaseLost(f"lease {token} on session {session_id!r} was lost")
+            held.renewed(asked_at, now + self.lease_ttl)
+            # An answer that came only once the lease it renewed had lapsed again (the process
+            # stalled while it was on its way) says nothing of now: another process may have
+            # taken the lease over since. Asked again, that renewal fails if it did.
+            if self.now() < now + self.lease_ttl - self.lease_ttl / 10:
+                return
+        held.lose()
+        raise LeaseLost(
+            f"lease {token} on session {session_id!r}: its renewals kept lapsing before their "
+            "answers came"
+        )
 
     async def _renew(
         self, session_id: str, owner: str, token: int, go_on: asyncio.Event, held: Held

@@ -578,9 +578,10 @@ class Runtime(Auditing):
     def close_sync(self) -> None:
         # Not a `twin`: `close` shuts down the bridge a twin would run it on. Calls still
         # running there stop first, while the store is open to take their leases back.
-        self._sync.stop_calls()
-        self._sync.run(self._close_store())
-        self._sync.close()
+        with self._closing_now():
+            self._sync.stop_calls()
+            self._sync.run(self._close_store())
+            self._sync.close()
 
     close_sync.__doc__ = blocking_doc(Workers.close)
 

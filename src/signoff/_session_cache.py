@@ -75,6 +75,10 @@ P = ParamSpec("P")
 T = TypeVar("T")
 C = TypeVar("C", bound="SessionCache")
 CLOSED_MIDWAY = "the runtime or client was closed while this call ran"
+CLOSING = (
+    "the runtime is being closed: this call was not run; make it once close() has returned "
+    "(the store is then opened again)"
+)
 
 
 def closes_stop(
@@ -117,10 +121,14 @@ def running(runtime: SessionCache) -> Iterator[None]:
 
 
 def _entered(runtime: SessionCache) -> asyncio.Task[Any]:
-    """Count the running task a call of `runtime` (`closes_stop`); the task."""
+    """Count the running task a call of `runtime` (`closes_stop`); the task. A call begun while
+    `close` is under way is refused: it ran on a store being closed under it, then opened it
+    again behind the close (a connection or pool nothing closed). A call it makes is not."""
     task = asyncio.current_task()
     assert task is not None
     with runtime._per_session:
+        if runtime._closing and task not in runtime._calls:
+            raise UsageError(CLOSING)
         runtime._calls[task] = runtime._calls.get(task, 0) + 1
     return task
 
@@ -235,6 +243,7 @@ class SessionCache(Leasing):
         # This runtime's async calls running, by task, and those of them `close` cancelled.
         self._calls: dict[asyncio.Task[Any], int] = {}
         self._stopped: dict[asyncio.Task[Any], bool] = {}
+        self._closing = 0  # closes under way: no call begins meanwhile (`_entered`)
         # Outcomes of tool bodies that ran but were not recorded (`ToolCalls.end_call`).
         self._unrecorded: dict[str, list[EventSpec]] = {}
         # Leases of ended drives the store refused to release: given back by the next drive here.
@@ -276,9 +285,22 @@ class SessionCache(Leasing):
         """Close the store; a later call opens it again. A call of this runtime still running
         (a `*_sync` call in another thread, an async one on another task, a follower of
         `events`) is stopped first: its lease given back, it raises `UsageError`."""
-        self._sync.stop_calls()  # `*_sync` calls in other threads first: see `close_sync`
-        await self._close_store()
-        self._sync.close()
+        with self._closing_now():
+            self._sync.stop_calls()  # `*_sync` calls in other threads first: see `close_sync`
+            await self._close_store()
+            self._sync.close()
+
+    @contextlib.contextmanager
+    def _closing_now(self) -> Iterator[None]:
+        """Refuse the calls begun while a close is under way (`_entered`); once it has
+        returned, a call opens the store again."""
+        with self._per_session:
+            self._closing += 1
+        try:
+            yield
+        finally:
+            with self._per_session:
+                self._closing -= 1
 
     async def _close_store(self) -> None:
         """`close` but for the sync bridge, which `close_sync` runs this on: leases the store

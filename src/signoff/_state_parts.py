@@ -174,16 +174,18 @@ def check_kept(call: CallState) -> None:
 
 
 def _entry(e: object) -> bool:
-    """Whether `e` is a journal entry as the fold records one: a step and its result, or a
-    question and its request, keyed by a whole occurrence `n` or by position. (Exact types:
-    a snapshot's JSON gives no others, and a journal may hold tens of thousands.)"""
+    """Whether `e` is a journal entry as the fold records one: a step and its result (and its
+    error, if it failed), or a question and its request, keyed by a whole occurrence `n` or by
+    position. (Exact types: a snapshot's JSON gives no others, and a journal may hold tens of
+    thousands.)"""
     if type(e) is not dict:
         return False
     name, n, kind = e.get("name", 0), e.get("n", 0), e.get("kind")
     if (name is not None and type(name) is not str) or type(n) is not int or n < 0:
         return False
-    if kind == "step":
-        return "result" in e
+    if kind == "step":  # a failure is replayed from its error, an object (`raise_recorded`)
+        error = e.get("error")
+        return "result" in e and (error is None or type(error) is dict)
     return kind == "ask" and type(e.get("request_id")) is str
 
 

@@ -11,7 +11,7 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from ..._exceptions import UnknownSession
-from .._memos import checked_memo_names
+from .._memos import checked_memo_names, checked_memos
 from ._connections import Conn, Connections, storable
 from ._sql import named_turn
 
@@ -306,7 +306,7 @@ class Leases(Connections):
         memo where it is None, in one statement: rows of `channel_claims` beside the claims
         (whose names have no `:`), the value in `owner`, when kept (the database's clock, not
         `now`) in `expires_at`."""
-        names = checked_memo_names(memos)
+        names = checked_memos(memos)
         s = self._s
         gone = [n for n in names if memos[n] is None]
         kept = [n for n in names if memos[n] is not None]

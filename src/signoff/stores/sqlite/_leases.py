@@ -9,7 +9,7 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 
 from ..._exceptions import StoreError, UnknownSession
-from .._memos import checked_memo_names
+from .._memos import checked_memo_names, checked_memos
 from ._connection import Connection, kept
 from ._files import beside
 from ._transactions import immediate, reading, serialised
@@ -196,7 +196,7 @@ class Leases(Connection):
         """Keep each value (JSON text) under its name (`<hub>.<channel>:<key>`), or drop the
         memo where it is None, in one transaction: rows of `channel_claims` beside the claims
         (whose names have no `:`), the value in `owner`, `now` (when kept) in `expires_at`."""
-        names = checked_memo_names(memos)
+        names = checked_memos(memos)
         conn = self.conn
         with immediate(conn, self._writable, self.path):
             for name in names:
