@@ -181,6 +181,7 @@ class ThreadReplies:
         """Now and then: resume replies a process that died left, and drop old memos."""
         if self.inbox.due():
             await self.resume(older_than=RESUME_AFTER)
+        await self.inbox.adopt(due=True)
 
     async def _send(self, reply: TypedReply, again: bool) -> None:
         """Deliver a reply to its request's session as its author, if they may answer (once:

@@ -338,3 +338,20 @@ class Leases(Connections):
             return None if row is None else str(row[0])
 
         return await self._read(body, f"reading the channel memo {name!r}")
+
+    async def channel_memos(self, prefix: str) -> list[tuple[str, str, float]]:
+        """The memos kept by `keep_channel_memos` whose name starts with `prefix` (which names
+        memos, `<hub>.<channel>:...`): each name, value and when it was kept (the database's
+        clock), oldest first."""
+        (prefix,) = checked_memo_names([prefix])
+        s = self._s
+
+        async def body(conn: Conn) -> list[tuple[str, str, float]]:
+            cur = await conn.execute(
+                f"SELECT name, owner, expires_at FROM {s}.channel_claims "
+                "WHERE starts_with(name, %s) ORDER BY expires_at, name",
+                (prefix,),
+            )
+            return [(str(n), str(v), float(at)) for n, v, at in await cur.fetchall()]
+
+        return await self._read(body, f"reading the channel memos {prefix!r}")

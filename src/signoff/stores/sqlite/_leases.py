@@ -218,6 +218,18 @@ class Leases(Connection):
         row = self.conn.execute("SELECT owner FROM channel_claims WHERE name=?", (name,)).fetchone()
         return None if row is None else str(row[0])
 
+    @reading
+    async def channel_memos(self, prefix: str) -> list[tuple[str, str, float]]:
+        """The memos kept by `keep_channel_memos` whose name starts with `prefix` (which names
+        memos, `<hub>.<channel>:...`): each name, value and when it was kept, oldest first."""
+        (prefix,) = checked_memo_names([prefix])
+        rows = self.conn.execute(
+            "SELECT name, owner, expires_at FROM channel_claims "
+            "WHERE substr(name, 1, length(?)) = ? ORDER BY expires_at, name",
+            (prefix, prefix),
+        ).fetchall()
+        return [(str(n), str(v), float(at)) for n, v, at in rows]
+
     def _given_back(self, session_id: str, token: int, *, parked: bool = False) -> None:
         """Forget a lease this store granted. When that parked a turn (it waits for a person)
         and no lease is left, fold the WAL into the database file: a session waiting for someone
