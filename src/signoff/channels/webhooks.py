@@ -6,7 +6,8 @@ Each delivery carries `Signoff-Timestamp` (Unix seconds) and `Signoff-Signature`
 with `verify_webhook`. To rotate the secret, give the channel the new and the old one: it signs
 with each (comma-separated), so receivers still on the old secret accept every delivery.
 Failed deliveries (network errors, 408, 425, 429 and 5xx) are retried with exponential backoff, or
-after the receiver's `Retry-After` when it asks for longer (both at most `max_backoff`);
+after the receiver's `Retry-After` when it asks for longer (both at most `max_backoff`; the
+next delivery to that receiver waits out all it asked, up to an hour);
 `Signoff-Delivery` (and the payload's `id`) stays the same across retries and restarts so receivers
 can dedupe: a delivery can arrive twice, and `verify_webhook` accepts a replay within its window.
 Deliveries wait in a queue per URL (so a slow receiver holds up no other channel) and are kept in
@@ -154,6 +155,8 @@ class WebhookChannel(Channel):
         self._probing: dict[str, str] = {}
         # URL -> its last failed answer: status (None: no answer), what failed, Retry-After.
         self._answers: dict[str, tuple[int | None, str, float | None]] = {}
+        # URL -> the `clock` time its last answer's Retry-After asks not to be called before.
+        self._asked_until: dict[str, float] = {}
         # What the state fails (damaged, locked) is tried again at each tick, logged once.
         self._failing = Outage(f"channel {self.name}: what it keeps in the channel state")
         self.delivered = 0
@@ -421,6 +424,7 @@ class WebhookChannel(Channel):
         import httpx
 
         client = self._http()
+        await self._wait_asked(url, delivery)
         for attempt in range(1, self.max_attempts + 1):
             stamp = int(self.clock())  # signed afresh: a late retry is not a stale delivery
             headers = {
@@ -440,6 +444,7 @@ class WebhookChannel(Channel):
             except (httpx.HTTPError, TimeoutError) as exc:
                 problem = repr(exc)
             else:
+                self._asked(url, asked)
                 if 200 <= status < 300:
                     self.delivered += 1
                     return "delivered"
@@ -472,6 +477,29 @@ class WebhookChannel(Channel):
         logger.error("webhook %s: gave up on %s after %s attempts", masked(url), delivery, attempt)
         self.failed += 1
         return "gave up"
+
+    def _asked(self, url: str, asked: float | None) -> None:
+        """Note until when the receiver's answer asks not to be called (its `Retry-After`, at
+        most `MAX_WAIT`); an answer without one lifts what an earlier answer asked."""
+        if asked is None or asked <= 0:
+            self._asked_until.pop(url, None)
+        else:
+            self._asked_until[url] = self.clock() + min(asked, MAX_WAIT)
+
+    async def _wait_asked(self, url: str, delivery: str) -> None:
+        """Before a delivery's first attempt, wait out what the receiver's last `Retry-After`
+        still asks: one asked of an earlier delivery (given up on past `max_backoff`) holds
+        back the deliveries after it too, rather than each calling at once."""
+        wait = self._asked_until.get(url, 0.0) - self.clock()
+        if wait <= 0:
+            return
+        logger.warning(
+            "webhook %s asked to be called no sooner (Retry-After); %s waits %.0fs",
+            masked(url),
+            delivery,
+            wait,
+        )
+        await self._sleep(wait)
 
     async def refusals(self) -> list[dict[str, Any]]:
         """The deliveries receivers refused (a 3xx, or a 4xx other than 408, 425 and 429),
