@@ -168,12 +168,12 @@ async def test_an_answer_the_store_cannot_keep_in_time_gets_a_503_and_is_taken_o
             s: Any = rt.store
             keep = s.keep_channel_memos
 
-            async def failing(memos: dict[str, Any], now: float) -> None:
+            async def failing(memos: dict[str, Any], now: float, **how: Any) -> None:
                 if any(":click:" in name for name in memos):
                     if fault == "down":
                         raise so.StoreError("the store is down")
                     await asyncio.sleep(2.5)
-                await keep(memos, now)
+                await keep(memos, now, **how)
 
             monkeypatch.setattr(s, "keep_channel_memos", failing)
             body = approve(req.id)
@@ -242,3 +242,69 @@ async def test_work_another_state_saved_is_left_to_it_for_a_minute(
 def _signed(body: bytes, later: int = 0) -> dict[str, str]:
     """Slack's headers for `body`, signed now (`later` seconds on: a retry signed anew)."""
     return sign(body, int(time.time()) + later)
+
+
+async def test_an_answer_acknowledged_is_synced_to_disk_in_the_store(
+    store_url: str, tmp_path: Path, fake: FakeSlack
+) -> None:
+    """The store's copy of an acknowledged click is an answer a person was told was taken, so
+    it is synced before the 200 as an answer's commit is: under `synchronous=FULL` on SQLite
+    (whose ordinary commits are NORMAL), flushed on a PostgreSQL server whose default
+    `synchronous_commit` is off (the message's memo, not an answer, keeps that default)."""
+    postgres = not store_url.startswith("sqlite")
+    if postgres:
+        await _watch_memo_syncs(store_url)
+    records = str(tmp_path / "runs.jsonl")
+    async with so.Runtime([make_agent(records)], store=store_url) as rt:
+        (req,) = (await rt.generate("support", prompt="Refund order 1042")).pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], state=tmp_path / "b.db")) as hub:
+            await hub.poll()
+            statements: list[str] = []
+            if not postgres:
+                rt.store.conn.set_trace_callback(statements.append)  # type: ignore[attr-defined]
+            body = approve(req.id)
+            assert await slack.handle(body, _signed(body)) is None
+            if not postgres:
+                rt.store.conn.set_trace_callback(None)  # type: ignore[attr-defined]
+            await slack.idle()
+    if postgres:
+        seen = await _seen_memo_syncs(store_url)
+        assert {s for n, s in seen if ":click:" in n} == {"on"}
+        assert {s for n, s in seen if ":post:" in n} == {"off"}
+    else:
+        ran = [sql for sql in statements if sql.startswith(("PRAGMA synch", "COMMIT", "INSERT"))]
+        assert ran[0] == "PRAGMA synchronous=FULL" and "channel_claims" in ran[1]
+        assert ran[2:4] == ["COMMIT", "PRAGMA synchronous=NORMAL"]
+
+
+async def _watch_memo_syncs(url: str) -> None:
+    """Make `off` the database's `synchronous_commit` and note the setting each channel memo
+    row is written under."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        dbname = conninfo_to_dict(url)["dbname"]
+        await conn.execute(f'ALTER DATABASE "{dbname}" SET synchronous_commit = off'.encode())
+        await conn.execute(
+            """
+            CREATE TABLE public.memo_syncs (name TEXT, setting TEXT);
+            CREATE FUNCTION public.see_memo() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO public.memo_syncs
+                    VALUES (NEW.name, current_setting('synchronous_commit'));
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER see_memo AFTER INSERT OR UPDATE ON signoff.channel_claims
+                FOR EACH ROW EXECUTE FUNCTION public.see_memo();
+            """
+        )
+
+
+async def _seen_memo_syncs(url: str) -> list[tuple[str, str]]:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT name, setting FROM public.memo_syncs")
+        return [(str(n), str(s)) for n, s in await cur.fetchall()]

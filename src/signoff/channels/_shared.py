@@ -74,8 +74,9 @@ class Shared:
             found.append((name.removeprefix(self._name("")), value, now - at))
         return found
 
-    async def keep(self, memos: Mapping[str, Any]) -> None:
-        """Keep each value under its key, or drop the memo where it is None, at once."""
+    async def keep(self, memos: Mapping[str, Any], *, durable: bool = False) -> None:
+        """Keep each value under its key, or drop the memo where it is None, at once
+        (`durable`: synced to disk before it returns, as an answer is)."""
         store = self._store()
         if store is None or not memos:
             return
@@ -83,4 +84,8 @@ class Shared:
             self._name(key): None if value is None else json.dumps(value, separators=(",", ":"))
             for key, value in memos.items()
         }
-        await store.keep_channel_memos(texts, self.channel.runtime.now())
+        now = self.channel.runtime.now()
+        if durable:
+            await store.keep_channel_memos(texts, now, durable=True)
+        else:  # a store of an earlier signoff's may not take `durable`
+            await store.keep_channel_memos(texts, now)

@@ -137,7 +137,8 @@ class Inbox(Generic[T]):
         work_id, work = found
         memo = {"state": "pending", "at": ch.clock(), "tries": 0, **asdict(work)}
         if self.shared.kept:
-            await self.shared.keep({self.key(work_id): {**asdict(work), "home": ch.home}})
+            shared = {self.key(work_id): {**asdict(work), "home": ch.home}}
+            await self.shared.keep(shared, durable=True)  # acknowledged: an answer, synced
             memo["shared"] = True  # a resumed run checks the store still names this home
         await off_loop(self._keep, self.key(work_id), memo, deadline)
         return found
@@ -254,7 +255,7 @@ class Inbox(Generic[T]):
             key.removeprefix(self.prefix),
             memo.get("home"),
         )
-        await self.shared.keep({key: {**memo, "home": ch.home}})
+        await self.shared.keep({key: {**memo, "home": ch.home}}, durable=True)
         saved = {"state": "pending", "at": ch.clock(), "tries": 1, "shared": True}
         await off_loop(self._keep, key, {**saved, **asdict(work)})
         self._start(key.removeprefix(self.prefix), work)
