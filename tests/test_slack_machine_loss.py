@@ -308,3 +308,30 @@ async def _seen_memo_syncs(url: str) -> list[tuple[str, str]]:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         cur = await conn.execute("SELECT name, setting FROM public.memo_syncs")
         return [(str(n), str(s)) for n, s in await cur.fetchall()]
+
+
+async def test_a_reply_reaching_a_process_on_another_state_answers_the_thread_it_is_in(
+    store_url: str, tmp_path: Path, fake: FakeSlack
+) -> None:
+    """Hub A (a.db) posts the request; a reply typed in its thread reaches a process on
+    another state (hub B on b.db, standing by), whose state never saw that message: the
+    thread's request is read from the store, and the reply answers it, as the person, once.
+    Before, the reply was acknowledged and dropped (its thread unknown there)."""
+    records = str(tmp_path / "runs.jsonl")
+    async with so.Runtime([make_agent(records)], store=store_url) as rt:
+        (req,) = (await rt.generate("support", prompt="Refund order 1042")).pending
+        first, other = channel(fake), channel(fake)
+        async with manual(ChannelHub(rt, [first], state=tmp_path / "a.db")) as a:
+            await a.poll()
+            async with manual(ChannelHub(rt, [other], state=tmp_path / "b.db")) as b:
+                assert a.active and not b.active
+                assert other.memos("thread:") == []  # b.db never saw the message
+                body = event("approve", thread=FIRST_TS)
+                assert await other.handle_event(body, _signed(body)) is None
+                await other.idle()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.outcome == "approved"
+        assert stored.resolution is not None
+        assert stored.resolution["by"]["principal_id"] == f"slack:{TEAM}:{ALLOWED}"
+    assert len(read_executions(records)) == 1
+    assert fake.of("chat.postEphemeral") == []

@@ -252,9 +252,10 @@ class SlackChannel(Channel):
         blocks = request_blocks(request, resolution, edited_input=edited)
         # Replies in its thread still reach the session for a while (`_replies`).
         closed = {"request_id": request.id, "closed_at": resolution.at}
-        await off_loop(self.remember, thread_key(where["channel"], where["ts"]), closed)
+        thread = thread_key(where["channel"], where["ts"])
+        await off_loop(self.remember, thread, closed)
         await self._update(request.id, where, blocks, fallback_text(request, resolution))
-        await self.posts.forget(request.id)
+        await self.posts.forget(request.id, {thread: closed})
 
     async def _update(
         self, request_id: str, where: dict[str, Any], blocks: list[Any], text: str

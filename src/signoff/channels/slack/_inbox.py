@@ -93,16 +93,21 @@ class Inbox(Generic[T]):
         """Whether this work was taken before (by any process sharing the state)."""
         return self.channel.recall(self.key(work_id)) is not None
 
-    async def admit(self, pick: Callable[[], tuple[str, T] | None]) -> None:
+    async def admit(
+        self, pick: Callable[[], tuple[str, T] | None], *, deadline: float | None = None
+    ) -> None:
         """Run `pick` (what a delivery asks for: its work's id and the work, or None) and save
-        that work as pending unless it was taken before (`_save`), within `ack_within` seconds,
-        then start it. A `StoreError` if it was not saved in time, so that Slack is not told it
-        was taken; a save that ends later starts its work all the same, and Slack's retry finds
-        it taken."""
-        deadline = time.monotonic() + self.ack_within
+        that work as pending unless it was taken before (`_save`), within `ack_within` seconds
+        (or by `deadline`, a `time.monotonic()` time), then start it. A `StoreError` if it was
+        not saved in time, so that Slack is not told it was taken; a save that ends later
+        starts its work all the same, and Slack's retry finds it taken."""
+        if deadline is None:
+            deadline = time.monotonic() + self.ack_within
         saving = self.channel._spawn(self._save(pick, deadline))
         try:
-            taken = await asyncio.wait_for(asyncio.shield(saving), self.ack_within)
+            taken = await asyncio.wait_for(
+                asyncio.shield(saving), max(0.0, deadline - time.monotonic())
+            )
         except TimeoutError:
             saving.add_done_callback(self._late)
             raise StoreError(
