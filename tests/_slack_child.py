@@ -7,9 +7,10 @@ messages it saved. The parent SIGKILLs it while Slack answers a post, to leave a
 Slack has and the state does not.
 
 With `--interaction BODY_FILE` it then hands the interaction in BODY_FILE (signed now, as Slack
-signs) to the channel's endpoint, prints the answer Slack would get (`acknowledged`) and
-SIGKILLs itself before the event loop runs anything else: a process dying right after Slack
-had its 200, before the settling it started in the background.
+signs) to the channel's endpoint (its Events API endpoint with `--events`), prints the answer
+Slack would get (`acknowledged`) and SIGKILLs itself before the event loop runs anything else:
+a process dying right after Slack had its 200, before the settling it started in the
+background.
 """
 
 from __future__ import annotations
@@ -36,14 +37,15 @@ async def run(args: argparse.Namespace) -> None:
         slack = SlackChannel(
             "C42", token="xoxb-test", base_url=args.slack_url, signing_secret=SECRET
         )
-        hub = ChannelHub(rt, [slack], state=args.state)
+        hub = ChannelHub(rt, [slack], state=args.state, claim_ttl=args.claim_ttl)
         await hub.start(follow=False)
         try:
             await hub.poll()
             saved = dict(slack.memos("msg:"))
             if args.interaction is not None:
                 body = Path(args.interaction).read_bytes()
-                answer = await slack.handle(body, sign(body, int(time.time())))
+                handle = slack.handle_event if args.events else slack.handle
+                answer = await handle(body, sign(body, int(time.time())))
                 sys.stdout.write(json.dumps({"event": "acknowledged", "answer": answer}) + "\n")
                 sys.stdout.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -59,6 +61,10 @@ def main() -> None:
     parser.add_argument("state")
     parser.add_argument("slack_url")
     parser.add_argument("--interaction", help="a file with an interaction's form body")
+    parser.add_argument(
+        "--events", action="store_true", help="the file holds an Events API delivery instead"
+    )
+    parser.add_argument("--claim-ttl", type=float, default=30.0, help="the hub's claim_ttl")
     asyncio.run(run(parser.parse_args()))
 
 

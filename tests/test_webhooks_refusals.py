@@ -2,7 +2,7 @@
 again, but it is not dropped unheard either: the error log says what to do, and the refusal is
 recorded in the hub's state with its reason (`WebhookChannel.refusals()`). A receiver that asks
 to be tried later (`Retry-After`) past the minute between rounds of deliveries given up on is
-tried again no sooner than it asked."""
+tried again no sooner than it asked, and so is the next delivery to it."""
 
 from __future__ import annotations
 
@@ -143,3 +143,75 @@ async def test_a_retry_after_past_the_next_round_is_waited_for(
             await hooks.drain()
             assert await hooks.refusals() == []
     assert (len(receiver.attempts), len(receiver.accepted)) == (2, 1)
+
+
+async def test_a_delivery_after_one_given_up_on_waits_out_the_receivers_retry_after(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The receiver asks for an hour (429, `Retry-After: 3600`) and the first delivery is
+    given up on after its retries (at `max_backoff`); the next delivery to it waits out the
+    hour before its first attempt, on a frozen clock that only the channel's sleeps move.
+    Before, it was sent at once, as if the receiver had asked nothing."""
+    now = [1_800_000_000.0]
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    answers: list[int | tuple[int, dict[str, str]]] = [
+        (429, {"Retry-After": "3600"}),
+        (429, {"Retry-After": "3600"}),
+    ]
+    async with Receiver(answers) as receiver:
+        hooks = WebhookChannel(
+            receiver.url,
+            SECRET,
+            max_attempts=2,
+            backoff=1,
+            max_backoff=30,
+            sleep=sleep,
+            clock=lambda: now[0],
+        )
+        assert await hooks.deliver(receiver.url, "whd_1", "request.opened", b"{}") is False
+        assert slept == [30]  # its own retry: at max_backoff
+        caplog.set_level(logging.WARNING)
+        assert await hooks.deliver(receiver.url, "whd_2", "request.opened", b"{}") is True
+        assert slept == [30, 3600]  # the hour asked at the last answer, 30 s on
+        assert "waits 3600s" in caplog.text
+        # Delivered: the receiver asks nothing now, and the next goes at once.
+        assert await hooks.deliver(receiver.url, "whd_3", "request.opened", b"{}") is True
+        await hooks.close()
+    assert slept == [30, 3600]
+    assert [h["Signoff-Delivery"] for h, _ in receiver.attempts] == [
+        "whd_1",
+        "whd_1",
+        "whd_2",
+        "whd_3",
+    ]
+
+
+async def test_an_answer_without_retry_after_lifts_what_an_earlier_one_asked() -> None:
+    """A 503 with `Retry-After: 3600` and then, on the retry, a 503 without one: the receiver
+    no longer asks to wait, so the next delivery goes at once (on the frozen clock)."""
+    now = [1_800_000_000.0]
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    async with Receiver([(503, {"Retry-After": "3600"}), 503]) as receiver:
+        hooks = WebhookChannel(
+            receiver.url,
+            SECRET,
+            max_attempts=2,
+            backoff=1,
+            max_backoff=30,
+            sleep=sleep,
+            clock=lambda: now[0],
+        )
+        assert await hooks.deliver(receiver.url, "whd_1", "request.opened", b"{}") is False
+        assert await hooks.deliver(receiver.url, "whd_2", "request.opened", b"{}") is True
+        await hooks.close()
+    assert slept == [30]

@@ -50,8 +50,33 @@ class Shared:
             logger.warning("the channel memo %s in the store is unreadable", self._name(key))
             return None
 
-    async def keep(self, memos: Mapping[str, Any]) -> None:
-        """Keep each value under its key, or drop the memo where it is None, at once."""
+    @property
+    def kept(self) -> bool:
+        """Whether the runtime's store keeps these memos (not one of your own without them)."""
+        return self._store() is not None
+
+    async def listed(self, prefix: str) -> list[tuple[str, Any, float]]:
+        """The memos whose key starts with `prefix`: each key, value and how many seconds ago
+        (by the runtime's clock, the database's on PostgreSQL) it was kept, oldest first (an
+        unreadable one's value None)."""
+        store = self._store()
+        if store is None or not hasattr(store, "channel_memos"):
+            return []
+        rows = await store.channel_memos(self._name(prefix))
+        now = self.channel.runtime.now()
+        found: list[tuple[str, Any, float]] = []
+        for name, raw, at in rows:
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                logger.warning("the channel memo %s in the store is unreadable", name)
+                value = None
+            found.append((name.removeprefix(self._name("")), value, now - at))
+        return found
+
+    async def keep(self, memos: Mapping[str, Any], *, durable: bool = False) -> None:
+        """Keep each value under its key, or drop the memo where it is None, at once
+        (`durable`: synced to disk before it returns, as an answer is)."""
         store = self._store()
         if store is None or not memos:
             return
@@ -59,4 +84,8 @@ class Shared:
             self._name(key): None if value is None else json.dumps(value, separators=(",", ":"))
             for key, value in memos.items()
         }
-        await store.keep_channel_memos(texts, self.channel.runtime.now())
+        now = self.channel.runtime.now()
+        if durable:
+            await store.keep_channel_memos(texts, now, durable=True)
+        else:  # a store of an earlier signoff's may not take `durable`
+            await store.keep_channel_memos(texts, now)

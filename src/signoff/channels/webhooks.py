@@ -6,17 +6,20 @@ Each delivery carries `Signoff-Timestamp` (Unix seconds) and `Signoff-Signature`
 with `verify_webhook`. To rotate the secret, give the channel the new and the old one: it signs
 with each (comma-separated), so receivers still on the old secret accept every delivery.
 Failed deliveries (network errors, 408, 425, 429 and 5xx) are retried with exponential backoff, or
-after the receiver's `Retry-After` when it asks for longer (both at most `max_backoff`);
+after the receiver's `Retry-After` when it asks for longer (both at most `max_backoff`; the
+next delivery to that receiver waits out all it asked, up to an hour);
 `Signoff-Delivery` (and the payload's `id`) stays the same across retries and restarts so receivers
 can dedupe: a delivery can arrive twice, and `verify_webhook` accepts a replay within its window.
 Deliveries wait in a queue per URL (so a slow receiver holds up no other channel) and are kept in
 the hub's state until sent: one given up on after `max_attempts` (logged as an error) is sent
 again every minute while the hub runs (the oldest of its URL first, the others once it got
 through), and one given up on or still unsent when the process stops is sent again when the
-hub next starts on the same state (by a later poll if reading the state fails then; with an
-in-memory state, it is lost). A 3xx or a 4xx other than 408, 425 and 429 is final: it is
-logged as an error saying what to do and recorded in the hub's state (`refusals()`), never sent
-again. A `Retry-After` longer than a minute also delays the next try of one given up on.
+hub next starts on the same state (by a later poll if reading the state fails then), or by a
+hub on another state taking over: a copy of each is kept in the runtime's store
+(`_webhook_outbox`), so neither an in-memory state nor a lost machine loses it. A 3xx or a
+4xx other than 408, 425 and 429 is final: it is logged as an error saying what to do and
+recorded in the hub's state (`refusals()`), never sent again. A `Retry-After` longer than a
+minute also delays the next try of one given up on.
 
 Each attempt is bounded by `timeout` as a whole and only the response's status is read, never
 its body. Redirects are not followed (a 3xx is a refusal, logged with where it points: the
@@ -44,6 +47,8 @@ from .._types import InputRequest
 from . import _given_up as given_up
 from ._base import Channel, Escalation, Resolution, logger, off_loop
 from ._retries import MAX_WAIT, Outage, doubled
+from ._webhook_outbox import OUTBOX as _OUTBOX
+from ._webhook_outbox import drop_copy, keep_copies, kept_in_store, take_copies
 from ._webhook_posts import post_once
 from ._webhook_refusals import REDIRECTED, REFUSED, note_refusal, refusals
 from ._webhook_signatures import (
@@ -63,7 +68,6 @@ if TYPE_CHECKING:
 __all__ = ["WebhookChannel", "sign_webhook", "verify_webhook"]
 
 _RETRY_STATUSES = frozenset({408, 425, 429})
-_OUTBOX = "outbox:"  # memo key prefix of a delivery not yet sent: "outbox:{url} {delivery}"
 _BACKFILLED = "backfilled"  # memo: the open requests were announced on a first start
 
 
@@ -154,6 +158,8 @@ class WebhookChannel(Channel):
         self._probing: dict[str, str] = {}
         # URL -> its last failed answer: status (None: no answer), what failed, Retry-After.
         self._answers: dict[str, tuple[int | None, str, float | None]] = {}
+        # URL -> the `clock` time its last answer's Retry-After asks not to be called before.
+        self._asked_until: dict[str, float] = {}
         # What the state fails (damaged, locked) is tried again at each tick, logged once.
         self._failing = Outage(f"channel {self.name}: what it keeps in the channel state")
         self.delivered = 0
@@ -181,7 +187,8 @@ class WebhookChannel(Channel):
     async def _restore(self) -> None:
         """Queue the deliveries an earlier run kept and did not send. When reading them fails
         (the state locked too long, or damaged), `tick` tries again: no other start is left to
-        send them."""
+        send them. Those a hub on another state kept in the store come too (`take_copies`)."""
+        await take_copies(self)
         for url, delivery, kept in await off_loop(self._unsent):
             self._restored.add(f"{url} {delivery}")
             if f"{url} {delivery}" not in self._queued:
@@ -357,6 +364,7 @@ class WebhookChannel(Channel):
             return  # an entry the hub read again while its delivery waits or was restored
         if self._state is not None:
             kept = {"event": event, "body": raw.decode()}
+            await keep_copies(self, urls, body["id"], kept)  # for a hub on another state
             await off_loop(self._keep, [f"{_OUTBOX}{url} {body['id']}" for url in urls], kept)
         for url in urls:
             if f"{url} {body['id']}" not in self._queued:  # not queued while it was kept
@@ -390,6 +398,7 @@ class WebhookChannel(Channel):
                             answer = self._answers.get(url, (None, "refused", None))
                             await off_loop(note_refusal, self, url, delivery, event, answer)
                         await off_loop(self.forget, f"{_OUTBOX}{url} {delivery}")
+                        await drop_copy(self, url, delivery)
                     if probe:  # the receiver answered: what was given up on follows
                         self._probing.pop(url, None)
                         if await self._requeue(url) is None:
@@ -421,6 +430,7 @@ class WebhookChannel(Channel):
         import httpx
 
         client = self._http()
+        await self._wait_asked(url, delivery)
         for attempt in range(1, self.max_attempts + 1):
             stamp = int(self.clock())  # signed afresh: a late retry is not a stale delivery
             headers = {
@@ -440,6 +450,7 @@ class WebhookChannel(Channel):
             except (httpx.HTTPError, TimeoutError) as exc:
                 problem = repr(exc)
             else:
+                self._asked(url, asked)
                 if 200 <= status < 300:
                     self.delivered += 1
                     return "delivered"
@@ -473,6 +484,29 @@ class WebhookChannel(Channel):
         self.failed += 1
         return "gave up"
 
+    def _asked(self, url: str, asked: float | None) -> None:
+        """Note until when the receiver's answer asks not to be called (its `Retry-After`, at
+        most `MAX_WAIT`); an answer without one lifts what an earlier answer asked."""
+        if asked is None or asked <= 0:
+            self._asked_until.pop(url, None)
+        else:
+            self._asked_until[url] = self.clock() + min(asked, MAX_WAIT)
+
+    async def _wait_asked(self, url: str, delivery: str) -> None:
+        """Before a delivery's first attempt, wait out what the receiver's last `Retry-After`
+        still asks: one asked of an earlier delivery (given up on past `max_backoff`) holds
+        back the deliveries after it too, rather than each calling at once."""
+        wait = self._asked_until.get(url, 0.0) - self.clock()
+        if wait <= 0:
+            return
+        logger.warning(
+            "webhook %s asked to be called no sooner (Retry-After); %s waits %.0fs",
+            masked(url),
+            delivery,
+            wait,
+        )
+        await self._sleep(wait)
+
     async def refusals(self) -> list[dict[str, Any]]:
         """The deliveries receivers refused (a 3xx, or a 4xx other than 408, 425 and 429),
         oldest first, each with its `url` (masked), `delivery` id, `event`, `status`, `reason`
@@ -501,14 +535,17 @@ class WebhookChannel(Channel):
     async def close(self) -> None:
         """Send what is queued (for up to `timeout` seconds), then stop. Deliveries still unsent
         are counted in `failed` and logged as an error: the hub's state keeps them for its next
-        start (an in-memory state, or no hub, loses them)."""
+        start, and the store for a hub's on any state (no hub, or an in-memory state on a
+        store without channel memos, loses them)."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.timeout):
                 await self.drain()
         lost = len(self._sending) + sum(q.qsize() for q in self._queues.values())
         if lost:
             self.failed += lost
-            kept = self._state is not None and self._state.path != ":memory:"
+            kept = self._state is not None and (
+                self._state.path != ":memory:" or kept_in_store(self)
+            )
             logger.error(
                 "webhooks: %s deliveries were not sent within %ss of closing and %s",
                 lost,

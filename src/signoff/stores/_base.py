@@ -191,8 +191,10 @@ class Store(Protocol):
     the middle of the call: a wait before its query reads it is made up for) and
     `granted_head(session_id, token)` (the head it read when it granted that lease, which saves
     a drive a round trip); the runtime uses them when present, as PostgreSQL's store has them.
-    Both stores have `keep_channel_memos(memos, now)` and `channel_memo(name)`: JSON texts a
-    channel keeps for the hub that delivers to it next (on another machine, another state).
+    Both stores have `keep_channel_memos(memos, now, durable=False)` (`durable`: synced as an
+    answer's commit is), `channel_memo(name)` and `channel_memos(prefix)` (each name, value and
+    when it was kept): JSON texts a channel keeps for the hub that delivers to it next (on
+    another machine, another state).
     Likewise `lapsed_sessions(now, limit=, offset=, agents=, after=)`, the running or waiting
     sessions (of `agents` only, if given) whose TTL passed by `now`, by expiry then id, past
     `after` (an expires_at and id: the sweep pages by it, so one recorded meanwhile shifts no

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import secrets
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
@@ -162,6 +165,7 @@ class SlackChannel(Channel):
         self._backlog_failures = 0  # failed posts of the backlog's first request
         self._presence: Presence | None = None  # held while it may act on the work it took
         self._presence_lock = threading.Lock()
+        self._token = secrets.token_hex(8)  # names this object's `home` on a state in memory
         self._closing: asyncio.Event | None = None  # set by close(): notes stop waiting
         self.identities = Identities(self, identify, external_teams)
         self.replies = ThreadReplies(self)
@@ -178,9 +182,12 @@ class SlackChannel(Channel):
         self._backlog_failures = 0
         if self._closing is None or self._closing.is_set():  # else notes wait on it already
             self._closing = asyncio.Event()
-        # Answers acknowledged and not settled (or sent) before a crash.
+        # Answers acknowledged and not settled (or sent) before a crash, on this state or (in
+        # the store) on a state whose machine was lost.
         await self.clicks.resume()
         await self.replies.resume()
+        await self.clicks.inbox.adopt()
+        await self.replies.inbox.adopt()
         await self._post_backlog()
 
     async def tick(self, now: float) -> None:
@@ -245,9 +252,10 @@ class SlackChannel(Channel):
         blocks = request_blocks(request, resolution, edited_input=edited)
         # Replies in its thread still reach the session for a while (`_replies`).
         closed = {"request_id": request.id, "closed_at": resolution.at}
-        await off_loop(self.remember, thread_key(where["channel"], where["ts"]), closed)
+        thread = thread_key(where["channel"], where["ts"])
+        await off_loop(self.remember, thread, closed)
         await self._update(request.id, where, blocks, fallback_text(request, resolution))
-        await self.posts.forget(request.id)
+        await self.posts.forget(request.id, {thread: closed})
 
     async def _update(
         self, request_id: str, where: dict[str, Any], blocks: list[Any], text: str
@@ -306,6 +314,14 @@ class SlackChannel(Channel):
                     presence.release()
                 presence = self._presence = Presence(self.state.path, name)
             return presence.hold()
+
+    @property
+    def home(self) -> str:
+        """The state this channel object works on (its machine and file, or this object for a
+        state in memory), as the work it saves in the store names it (`_inbox`)."""
+        path = self.state.path
+        where = f"memory|{self._token}" if path == ":memory:" else os.path.abspath(path)
+        return f"{socket.gethostname()}|{where}"
 
     def elsewhere(self, token: object) -> bool:
         """Whether work saved with `token` is another live channel object's (of this channel,

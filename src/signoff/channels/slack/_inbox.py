@@ -10,31 +10,52 @@ and the token of the channel object that took it: a start leaves it to that obje
 `Presence` is held, so a hub taking over does not act on a standby's click a second time), then
 done (kept for an hour, so a retry of the same delivery, in any process sharing the state, does
 nothing).
+
+The work is saved in the runtime's store too before Slack hears back (`Shared`, with the state
+it was taken on, its `home`), and dropped there once done: a machine lost after the 200 takes
+its state with it, and the hub delivering to the channel on another state takes up what such a
+state left undone for `ADOPT_AFTER` seconds (scanning at its start and every `ADOPT_EVERY`
+seconds). Taking it up names the new home in the store; a run that resumes saved work first
+checks the store still names its own (else another state took it, or finished it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ..._exceptions import StoreError
+from ..._exceptions import SignoffError, StoreError
 from .._base import logger, off_loop, waiting_until
+from .._shared import Shared
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
     from ._channel import SlackChannel
 
-__all__ = ["ACK_WITHIN", "RESUME_AFTER", "RETRY_WINDOW", "Inbox", "seconds"]
+__all__ = [
+    "ACK_WITHIN",
+    "ADOPT_AFTER",
+    "ADOPT_EVERY",
+    "RESUME_AFTER",
+    "RETRY_WINDOW",
+    "Inbox",
+    "seconds",
+]
 
 ACK_WITHIN = 2.0  # seconds to save a delivery, well inside Slack's 3 s; past them, a 503
 RETRY_WINDOW = 3600.0  # seconds a handled delivery is remembered, for Slack's retries of it
 RESUME_AFTER = 600.0  # seconds after which pending work is taken for work a process lost
 TRIES = 5  # runs of one piece of work at most (a store down for a while, say)
 TIDY_EVERY = 300.0  # seconds between the scans that resume lost work and drop old memos
+# Seconds after which work saved in the store from another state, not finished, is taken up
+# (its machine lost, say): past the lookup (ten seconds at most) and answer of a live one.
+ADOPT_AFTER = 60.0
+ADOPT_EVERY = 30.0  # seconds between the delivering hub's scans of the store for such work
 
 T = TypeVar("T", bound="DataclassInstance")
 
@@ -62,6 +83,8 @@ class Inbox(Generic[T]):
         self._busy: set[str] = set()  # ids being run by this process
         self.ack_within = ACK_WITHIN
         self._tidied_at: float | None = None
+        self.shared = Shared(channel)
+        self._adopted_at: float | None = None  # monotonic time of the last scan of the store
 
     def key(self, work_id: str) -> str:
         return f"{self.prefix}{work_id}"
@@ -70,16 +93,21 @@ class Inbox(Generic[T]):
         """Whether this work was taken before (by any process sharing the state)."""
         return self.channel.recall(self.key(work_id)) is not None
 
-    async def admit(self, pick: Callable[[], tuple[str, T] | None]) -> None:
+    async def admit(
+        self, pick: Callable[[], tuple[str, T] | None], *, deadline: float | None = None
+    ) -> None:
         """Run `pick` (what a delivery asks for: its work's id and the work, or None) and save
-        that work as pending unless it was taken before, in a thread and within `ack_within`
-        seconds, then start it. A `StoreError` if it was not saved in time, so that Slack is not
-        told it was taken; a save that ends later starts its work all the same, and Slack's
-        retry finds it taken."""
-        deadline = time.monotonic() + self.ack_within
-        saving = self.channel._spawn(off_loop(self._save, pick, deadline))
+        that work as pending unless it was taken before (`_save`), within `ack_within` seconds
+        (or by `deadline`, a `time.monotonic()` time), then start it. A `StoreError` if it was
+        not saved in time, so that Slack is not told it was taken; a save that ends later
+        starts its work all the same, and Slack's retry finds it taken."""
+        if deadline is None:
+            deadline = time.monotonic() + self.ack_within
+        saving = self.channel._spawn(self._save(pick, deadline))
         try:
-            taken = await asyncio.wait_for(asyncio.shield(saving), self.ack_within)
+            taken = await asyncio.wait_for(
+                asyncio.shield(saving), max(0.0, deadline - time.monotonic())
+            )
         except TimeoutError:
             saving.add_done_callback(self._late)
             raise StoreError(
@@ -101,34 +129,54 @@ class Inbox(Generic[T]):
         if taken is not None:
             self._start(*taken)
 
-    def _save(
+    async def _save(
         self, pick: Callable[[], tuple[str, T] | None], deadline: float
     ) -> tuple[str, T] | None:
+        """Save the work `pick` names, unless taken before: in the store first (where a hub on
+        another state finds it if this machine is lost), then in the state, the state's calls
+        in a thread and waiting for it until `deadline`."""
         ch = self.channel
-        with waiting_until(deadline):
-            found = pick()
-            if found is None:
-                return None
-            work_id, work = found
-            if self.seen(work_id):
-                logger.debug("slack: the %s %s was taken before", self.what, work_id)
-                return None
-            memo = {"state": "pending", "at": ch.clock(), "tries": 0, **asdict(work)}
-            memo["by"] = ch.owner()  # while it lives, another hub's start leaves it the work
-            ch.remember(self.key(work_id), memo)
+        found = await off_loop(self._pick, pick, deadline)
+        if found is None:
+            return None
+        work_id, work = found
+        memo = {"state": "pending", "at": ch.clock(), "tries": 0, **asdict(work)}
+        if self.shared.kept:
+            shared = {self.key(work_id): {**asdict(work), "home": ch.home}}
+            await self.shared.keep(shared, durable=True)  # acknowledged: an answer, synced
+            memo["shared"] = True  # a resumed run checks the store still names this home
+        await off_loop(self._keep, self.key(work_id), memo, deadline)
         return found
 
-    def _start(self, work_id: str, work: T) -> None:
+    def _pick(
+        self, pick: Callable[[], tuple[str, T] | None], deadline: float
+    ) -> tuple[str, T] | None:
+        with waiting_until(deadline):
+            found = pick()
+            if found is not None and self.seen(found[0]):
+                logger.debug("slack: the %s %s was taken before", self.what, found[0])
+                return None
+        return found
+
+    def _keep(self, key: str, memo: dict[str, Any], deadline: float | None = None) -> None:
+        ch = self.channel
+        with contextlib.nullcontext() if deadline is None else waiting_until(deadline):
+            memo["by"] = ch.owner()  # while it lives, another hub's start leaves it the work
+            ch.remember(key, memo)
+
+    def _start(self, work_id: str, work: T, *, checked: bool = True) -> None:
+        """Run saved work in the background; unless `checked`, its run first checks that the
+        store still names this state's home (`_ours`)."""
         if work_id in self._busy:
             return
         self._busy.add(work_id)
-        self.channel._spawn(self._deliver(work_id, work))
+        self.channel._spawn(self._deliver(work_id, work, checked))
 
     async def resume(self, *, older_than: float | None = None) -> None:
         """Start the saved work no process finished (all of it, or what was saved more than
         `older_than` seconds ago), and drop the memos of work done more than an hour ago."""
         for work_id, work in await off_loop(self._unfinished, older_than):
-            self._start(work_id, work)
+            self._start(work_id, work, checked=False)
 
     def _unfinished(self, older_than: float | None) -> list[tuple[str, T]]:
         """`resume`'s reading of the memos (in a thread): the work to start again."""
@@ -165,19 +213,74 @@ class Inbox(Generic[T]):
         return True
 
     async def tick(self) -> None:
-        """Now and then: resume work a process that died left, and drop old memos."""
+        """Now and then: resume work a process that died left, and drop old memos; take up the
+        work other states left in the store (`adopt`)."""
         if self.due():
             await self.resume(older_than=RESUME_AFTER)
+        await self.adopt(due=True)
 
-    async def _deliver(self, work_id: str, work: T) -> None:
+    async def adopt(self, *, due: bool = False) -> None:
+        """Take up the work saved in the store from another state and not finished for
+        `ADOPT_AFTER` seconds (its machine lost after Slack's 200), once: the store names this
+        state its home from then on, so no other hub takes it up too, and its run counts as a
+        second (`again`: the first may have begun). Work this state finished is dropped from
+        the store (its drop failed then). A store that fails is logged: a later scan retries.
+        With `due`, nothing if the last scan was less than `ADOPT_EVERY` seconds ago."""
+        at = time.monotonic()
+        last = self._adopted_at
+        if not self.shared.kept or (due and last is not None and at - last < ADOPT_EVERY):
+            return
+        self._adopted_at = at
+        ch = self.channel
+        try:
+            for key, memo, age in await self.shared.listed(self.prefix):
+                local = await off_loop(ch.recall, key)
+                if isinstance(local, dict) and local.get("state") == "done":
+                    if isinstance(memo, dict) and memo.get("home") == ch.home:
+                        await self.shared.keep({key: None})  # finished here, its drop failed
+                elif local is not None or age < ADOPT_AFTER:
+                    continue  # this state's own to run (`resume`), or its home's still
+                else:
+                    await self._adopt(key, memo)
+        except SignoffError as exc:
+            logger.warning("slack: the %ss left in the store were not read: %s", self.what, exc)
+
+    async def _adopt(self, key: str, memo: Any) -> None:
+        ch = self.channel
+        names = self.kind.__dataclass_fields__
+        try:
+            work = self.kind(**{name: memo[name] for name in names})
+        except (KeyError, TypeError):
+            logger.warning("slack: the %s %s in the store is unreadable: %r", self.what, key, memo)
+            await self.shared.keep({key: None})
+            return
+        logger.warning(
+            "slack: taking up the %s %s, saved on %s and unfinished",
+            self.what,
+            key.removeprefix(self.prefix),
+            memo.get("home"),
+        )
+        await self.shared.keep({key: {**memo, "home": ch.home}}, durable=True)
+        saved = {"state": "pending", "at": ch.clock(), "tries": 1, "shared": True}
+        await off_loop(self._keep, key, {**saved, **asdict(work)})
+        self._start(key.removeprefix(self.prefix), work)
+
+    async def _deliver(self, work_id: str, work: T, checked: bool) -> None:
         """Run saved work and mark it done; a failure of the store (or of the network) leaves
-        it saved, to be run again later, up to `TRIES` times."""
+        it saved, to be run again later, up to `TRIES` times. Work resumed (not `checked`) is
+        run only while the store names this state its home."""
         ch = self.channel
         key = self.key(work_id)
         try:
-            tries = await off_loop(self._try, key)
-            if tries is None:
+            tried = await off_loop(self._try, key)
+            if tried is None:
                 return  # done meanwhile (another process)
+            tries, shared = tried
+            if shared and not checked and not await self._ours(key):
+                logger.info("slack: the %s %s was taken up on another state", self.what, work_id)
+                done = {"state": "done", "until": ch.clock() + RETRY_WINDOW}
+                await off_loop(ch.remember, key, done)
+                return
             try:
                 await self.run(work, tries > 1)
             except (StoreError, OSError):
@@ -193,21 +296,36 @@ class Inbox(Generic[T]):
             except Exception:
                 logger.exception("slack: the %s %s failed", self.what, work_id)
             await off_loop(ch.remember, key, {"state": "done", "until": ch.clock() + RETRY_WINDOW})
+            if shared:
+                try:
+                    await self.shared.keep({key: None})
+                except SignoffError as exc:  # the delivering hub's scan drops it later
+                    logger.warning("slack: the %s %s stays in the store: %s", self.what, key, exc)
         except Exception:
             logger.exception("slack: the %s %s could not be saved", self.what, work_id)
         finally:
             self._busy.discard(work_id)
 
-    def _try(self, key: str) -> int | None:
-        """Count one more run of the work saved under `key`: which run this is, or None if it
-        is no longer pending."""
+    async def _ours(self, key: str) -> bool:
+        """Whether the store still names this state the home of the work under `key`, which
+        it then keeps (its time renewed: no other state takes it up while it runs)."""
+        ch = self.channel
+        memo = await self.shared.recall(key)
+        if not isinstance(memo, dict) or memo.get("home") != ch.home:
+            return False
+        await self.shared.keep({key: memo})
+        return True
+
+    def _try(self, key: str) -> tuple[int, bool] | None:
+        """Count one more run of the work saved under `key`: which run this is and whether the
+        store has the work too, or None if it is no longer pending."""
         ch = self.channel
         memo = ch.recall(key)
         if not isinstance(memo, dict) or memo.get("state") != "pending":
             return None
         tries = int(memo.get("tries") or 0) + 1
         ch.remember(key, {**memo, "tries": tries, "by": ch.owner()})
-        return tries
+        return tries, memo.get("shared") is True
 
 
 def seconds(value: Any) -> float:

@@ -2,9 +2,11 @@
 
 The message (`{"channel", "ts"}`) is kept in the channel's state and, for a hub that takes over
 on another machine (another state), in the runtime's store (`Shared`): that hub updates the
-messages the first posted instead of posting them again. A post's attempt is saved in both
-before it is sent, so a crash between Slack's answer and the save finds the message in the
-channel's history (`_adopt`) rather than posting it twice, on this state or another.
+messages the first posted instead of posting them again. Its thread's memo (the request a reply
+there answers) is kept in the store too, for a reply that reaches a process on another state.
+A post's attempt is saved in both before it is sent, so a crash between Slack's answer and the
+save finds the message in the channel's history (`_adopt`) rather than posting it twice, on
+this state or another.
 """
 
 from __future__ import annotations
@@ -81,8 +83,9 @@ class Posts:
             # Kept until the memo is saved: the hub's retry of a failed save must not post again.
             self.unsaved[request.id] = where
         await off_loop(self._save, request.id, where)
-        if not adopted:
-            await self.shared.keep({_shared_key(request.id): where})
+        if not adopted:  # its thread too, for a reply reaching a process on another state
+            thread = {thread_key(where["channel"], where["ts"]): {"request_id": request.id}}
+            await self.shared.keep({_shared_key(request.id): where, **thread})
         del self.unsaved[request.id]
 
     def _save(self, request_id: str, where: dict[str, Any]) -> None:
@@ -152,16 +155,18 @@ class Posts:
                 await off_loop(self._save, request_id, where)
         return where if isinstance(where, dict) else None
 
-    async def forget(self, request_id: str) -> None:
-        """Drop the memos of a closed request's message (its thread's stays, for replies)."""
+    async def forget(self, request_id: str, thread: dict[str, Any] | None = None) -> None:
+        """Drop the memos of a closed request's message (its thread's stays, for replies; in
+        the store, replaced with `thread`, its memo once closed, if given)."""
         ch = self.channel
         await off_loop(ch.forget, post_key(request_id))
         await off_loop(ch.forget, _attempt_key(request_id))
-        await self.shared.keep({_shared_key(request_id): None})
+        await self.shared.keep({_shared_key(request_id): None, **(thread or {})})
         self.unsaved.pop(request_id, None)
 
     async def gone(self, request_id: str, where: dict[str, Any]) -> None:
         """Drop the memos of a message deleted in Slack, its thread's too."""
         ch = self.channel
-        await off_loop(ch.forget, thread_key(where["channel"], where["ts"]))
-        await self.forget(request_id)
+        key = thread_key(where["channel"], where["ts"])
+        await off_loop(ch.forget, key)
+        await self.forget(request_id, {key: None})

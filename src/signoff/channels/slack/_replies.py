@@ -13,7 +13,9 @@ delivered once.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,7 +25,7 @@ from ..._exceptions import SignoffError, StoreError
 from ..._messages import first_open
 from ..._results import Outcome
 from ..._text import is_blank
-from .._base import QUEUED_NOTE, logger, off_loop
+from .._base import QUEUED_NOTE, logger, off_loop, waiting_until
 from ._identity import SlackUserUnknown
 from ._inbox import RESUME_AFTER, RETRY_WINDOW, Inbox, seconds
 from ._payloads import SlackPayloadError, envelope_of, member_of
@@ -54,6 +56,20 @@ class TypedReply:
 def thread_key(channel: str, ts: str) -> str:
     """The memo naming the request whose message is `ts` in `channel`."""
     return f"thread:{channel}:{ts}"
+
+
+def _thread_of(envelope: dict[str, Any]) -> tuple[str, str] | None:
+    """The channel and thread of the person's message in a thread an event carries, if it
+    carries one (read as `_reply` reads it; what it refuses is refused there)."""
+    event = envelope.get("event")
+    if not isinstance(event, dict) or event.get("type") != "message" or event.get("bot_id"):
+        return None
+    if event.get("subtype") not in (None, "thread_broadcast"):
+        return None
+    thread, ts, where = event.get("thread_ts"), event.get("ts"), event.get("channel")
+    if not isinstance(thread, str) or thread == ts or not isinstance(where, str):
+        return None
+    return where, thread
 
 
 def outcome_note(outcome: Outcome) -> str | None:
@@ -93,16 +109,49 @@ class ThreadReplies:
             return {"challenge": challenge}
         if kind != "event_callback":
             return None
+        deadline = time.monotonic() + self.inbox.ack_within
+        elsewhere = await self._thread_elsewhere(envelope, deadline)
 
         def pick() -> tuple[str, TypedReply] | None:  # reads the thread memos: in the thread
-            found = self._reply(envelope)
+            found = self._reply(envelope, elsewhere)
             return None if found is None else (found.event_id, found)
 
-        await self.inbox.admit(pick)
+        await self.inbox.admit(pick, deadline=deadline)
         return None
 
-    def _reply(self, envelope: dict[str, Any]) -> TypedReply | None:
-        """The typed reply an `event_callback` carries, or None if it carries none of ours."""
+    async def _thread_elsewhere(self, envelope: dict[str, Any], deadline: float) -> str | None:
+        """The request of the thread a reply is in, from the store, when this state does not
+        know the thread (a hub on another state posted its message, or closed it before this
+        one took over); None if it knows it, or finds none. Read by `deadline`, else a
+        `StoreError` (Slack gets a 503 and sends it again)."""
+        thread = _thread_of(envelope)
+        shared = self.inbox.shared
+        if thread is None or not shared.kept:
+            return None
+
+        def known() -> bool:
+            with waiting_until(deadline):
+                return self._request_of(*thread) is not None
+
+        if await off_loop(known):
+            return None
+        try:
+            memo = await asyncio.wait_for(
+                shared.recall(thread_key(*thread)), max(0.0, deadline - time.monotonic())
+            )
+        except TimeoutError:
+            raise StoreError("slack: the thread of a reply was not read in time") from None
+        if not isinstance(memo, dict) or not isinstance(memo.get("request_id"), str):
+            return None
+        closed = memo.get("closed_at")
+        if closed is not None and not seconds(closed) > self.channel.clock() - KEEP_THREADS:
+            return None
+        return str(memo["request_id"])
+
+    def _reply(self, envelope: dict[str, Any], elsewhere: str | None = None) -> TypedReply | None:
+        """The typed reply an `event_callback` carries, or None if it carries none of ours
+        (`elsewhere`: the request of its thread, as the store has it, if this state lacks
+        it)."""
         try:
             event = envelope["event"]
             event_id = envelope["event_id"]
@@ -138,7 +187,7 @@ class ThreadReplies:
                 raise TypeError("team and text must be strings")
         except (KeyError, TypeError) as exc:
             raise SlackPayloadError(f"unreadable Slack event: {exc!r}") from None
-        request_id = self._request_of(where, thread)
+        request_id = self._request_of(where, thread) or elsewhere
         text = _plain(text, bots)
         if request_id is None or is_blank(text):
             return None
@@ -178,9 +227,21 @@ class ThreadReplies:
                 ch.forget(key)
 
     async def tick(self) -> None:
-        """Now and then: resume replies a process that died left, and drop old memos."""
+        """Now and then: resume replies a process that died left, and drop old memos (the
+        store's of threads closed more than `KEEP_THREADS` seconds ago too)."""
         if self.inbox.due():
             await self.resume(older_than=RESUME_AFTER)
+            await self._tidy_shared_threads()
+        await self.inbox.adopt(due=True)
+
+    async def _tidy_shared_threads(self) -> None:
+        try:
+            for key, memo, age in await self.inbox.shared.listed("thread:"):
+                closed = isinstance(memo, dict) and memo.get("closed_at") is not None
+                if (closed or not isinstance(memo, dict)) and age > KEEP_THREADS:
+                    await self.inbox.shared.keep({key: None})
+        except SignoffError as exc:
+            logger.warning("slack: the threads kept in the store were not tidied: %s", exc)
 
     async def _send(self, reply: TypedReply, again: bool) -> None:
         """Deliver a reply to its request's session as its author, if they may answer (once:

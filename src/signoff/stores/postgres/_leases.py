@@ -301,27 +301,38 @@ class Leases(Connections):
 
         await self._write(body, f"releasing channel {name!r}", transaction=False)
 
-    async def keep_channel_memos(self, memos: Mapping[str, str | None], now: float) -> None:
+    async def keep_channel_memos(
+        self, memos: Mapping[str, str | None], now: float, *, durable: bool = False
+    ) -> None:
         """Keep each value (JSON text) under its name (`<hub>.<channel>:<key>`), or drop the
         memo where it is None, in one statement: rows of `channel_claims` beside the claims
         (whose names have no `:`), the value in `owner`, when kept (the database's clock, not
-        `now`) in `expires_at`."""
+        `now`) in `expires_at`. `durable`: flushed before it returns, as an answer is, also on
+        a server whose `synchronous_commit` is off."""
         names = checked_memos(memos)
         s = self._s
         gone = [n for n in names if memos[n] is None]
         kept = [n for n in names if memos[n] is not None]
         values = [memos[n] for n in kept]
+        sync = self._sync_setting(True) if durable else None
+        sql = (
+            f"WITH d AS (DELETE FROM {s}.channel_claims WHERE name = ANY(%s::text[])) "
+            f"INSERT INTO {s}.channel_claims AS c (name, owner, expires_at) "
+            f"SELECT n, v, {_NOW} FROM unnest(%s::text[], %s::text[]) AS t(n, v) "
+            "ON CONFLICT (name) DO UPDATE SET owner=excluded.owner, "
+            "expires_at=excluded.expires_at"
+        )
+        params: list[Any] = [gone, kept, values]
+        if sync is not None:  # sent together (one transaction) by the simple protocol
+            sql = f"SELECT set_config('synchronous_commit', %s, true); {sql}"
+            params.insert(0, sync)
 
         async def body(conn: Conn) -> None:
             # Idempotent (the same rows whoever runs it again): a lost connection is retried.
-            await conn.execute(
-                f"WITH d AS (DELETE FROM {s}.channel_claims WHERE name = ANY(%s::text[])) "
-                f"INSERT INTO {s}.channel_claims AS c (name, owner, expires_at) "
-                f"SELECT n, v, {_NOW} FROM unnest(%s::text[], %s::text[]) AS t(n, v) "
-                "ON CONFLICT (name) DO UPDATE SET owner=excluded.owner, "
-                "expires_at=excluded.expires_at",
-                (gone, kept, values),
-            )
+            if sync is None:
+                await conn.execute(sql, params)
+            else:
+                await psycopg.AsyncClientCursor(conn).execute(sql, params)
 
         await self._write(body, "keeping a channel's memos", transaction=False)
 
@@ -338,3 +349,20 @@ class Leases(Connections):
             return None if row is None else str(row[0])
 
         return await self._read(body, f"reading the channel memo {name!r}")
+
+    async def channel_memos(self, prefix: str) -> list[tuple[str, str, float]]:
+        """The memos kept by `keep_channel_memos` whose name starts with `prefix` (which names
+        memos, `<hub>.<channel>:...`): each name, value and when it was kept (the database's
+        clock), oldest first."""
+        (prefix,) = checked_memo_names([prefix])
+        s = self._s
+
+        async def body(conn: Conn) -> list[tuple[str, str, float]]:
+            cur = await conn.execute(
+                f"SELECT name, owner, expires_at FROM {s}.channel_claims "
+                "WHERE starts_with(name, %s) ORDER BY expires_at, name",
+                (prefix,),
+            )
+            return [(str(n), str(v), float(at)) for n, v, at in await cur.fetchall()]
+
+        return await self._read(body, f"reading the channel memos {prefix!r}")

@@ -192,24 +192,33 @@ class Leases(Connection):
             )
 
     @serialised
-    async def keep_channel_memos(self, memos: Mapping[str, str | None], now: float) -> None:
+    async def keep_channel_memos(
+        self, memos: Mapping[str, str | None], now: float, *, durable: bool = False
+    ) -> None:
         """Keep each value (JSON text) under its name (`<hub>.<channel>:<key>`), or drop the
         memo where it is None, in one transaction: rows of `channel_claims` beside the claims
-        (whose names have no `:`), the value in `owner`, `now` (when kept) in `expires_at`."""
+        (whose names have no `:`), the value in `owner`, `now` (when kept) in `expires_at`.
+        `durable`: synced to disk before it returns (`synchronous=FULL`), as an answer is."""
         names = checked_memos(memos)
         conn = self.conn
-        with immediate(conn, self._writable, self.path):
-            for name in names:
-                value = memos[name]
-                if value is None:
-                    conn.execute("DELETE FROM channel_claims WHERE name=?", (name,))
-                    continue
-                conn.execute(
-                    "INSERT INTO channel_claims (name, owner, expires_at, after_id) "
-                    "VALUES (?, ?, ?, NULL) ON CONFLICT (name) DO UPDATE SET "
-                    "owner=excluded.owner, expires_at=excluded.expires_at",
-                    (name, value, now),
-                )
+        if durable:
+            conn.execute("PRAGMA synchronous=FULL")
+        try:
+            with immediate(conn, self._writable, self.path):
+                for name in names:
+                    value = memos[name]
+                    if value is None:
+                        conn.execute("DELETE FROM channel_claims WHERE name=?", (name,))
+                        continue
+                    conn.execute(
+                        "INSERT INTO channel_claims (name, owner, expires_at, after_id) "
+                        "VALUES (?, ?, ?, NULL) ON CONFLICT (name) DO UPDATE SET "
+                        "owner=excluded.owner, expires_at=excluded.expires_at",
+                        (name, value, now),
+                    )
+        finally:
+            if durable:
+                conn.execute("PRAGMA synchronous=NORMAL")
 
     @reading
     async def channel_memo(self, name: str) -> str | None:
@@ -217,6 +226,18 @@ class Leases(Connection):
         (name,) = checked_memo_names([name])
         row = self.conn.execute("SELECT owner FROM channel_claims WHERE name=?", (name,)).fetchone()
         return None if row is None else str(row[0])
+
+    @reading
+    async def channel_memos(self, prefix: str) -> list[tuple[str, str, float]]:
+        """The memos kept by `keep_channel_memos` whose name starts with `prefix` (which names
+        memos, `<hub>.<channel>:...`): each name, value and when it was kept, oldest first."""
+        (prefix,) = checked_memo_names([prefix])
+        rows = self.conn.execute(
+            "SELECT name, owner, expires_at FROM channel_claims "
+            "WHERE substr(name, 1, length(?)) = ? ORDER BY expires_at, name",
+            (prefix, prefix),
+        ).fetchall()
+        return [(str(n), str(v), float(at)) for n, v, at in rows]
 
     def _given_back(self, session_id: str, token: int, *, parked: bool = False) -> None:
         """Forget a lease this store granted. When that parked a turn (it waits for a person)
