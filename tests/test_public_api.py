@@ -10,6 +10,16 @@ def test_public_names_are_exported_and_exist() -> None:
         assert hasattr(so, name), name
 
 
+def test_the_lazy_exports_are_the_public_names() -> None:
+    """`signoff/__init__.py` lists the names it loads lazily from `_exports`: a name added to one
+    list and not the other would be unexported, or fail on first use."""
+    from signoff import _exports
+
+    lazy_elsewhere = {"__version__", "AsyncClient", "Client", "LiveSession"}
+    assert set(_exports.__all__) == set(so.__all__) - lazy_elsewhere
+    assert len(_exports.__all__) == len(set(_exports.__all__))
+
+
 def test_core_names_present() -> None:
     expected = {
         "Agent",
