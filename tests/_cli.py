@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -19,6 +21,7 @@ from signoff.cli import app
 __all__ = [
     "agent",
     "bracketed",
+    "ctrl_c_after",
     "deployer",
     "double",
     "flaky",
@@ -393,3 +396,37 @@ def pg_schemas(pg_url: str) -> set[str]:
 
     with psycopg.connect(pg_url) as conn:
         return {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+
+
+def ctrl_c_after(
+    args: list[str],
+    marker: str,
+    *,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    stdin: int | None = None,
+    timeout: float = 30,
+) -> tuple[int, str, str]:
+    """Run `args` as typed at a shell, send SIGINT once the first line of its stderr is
+    `marker` (asserted), and return its status, its stdout and the rest of its stderr."""
+    proc = subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=env,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line == marker, line + proc.stderr.read()
+        proc.send_signal(signal.SIGINT)
+        out, rest = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out, rest

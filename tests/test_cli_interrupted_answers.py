@@ -5,14 +5,12 @@ failed meanwhile) says so, and the command still ends as Ctrl-C does, 130."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
 
 import pytest
 
 import signoff as so
-from tests._cli import ROOT, agent, log
+from tests._cli import ROOT, agent, ctrl_c_after, log
 
 # Run as the console script runs `main`, with `Runtime.respond` slowed in this interpreter only:
 # it says "recording" (before) or "recorded" (after the answer is stored) on stderr, then sleeps
@@ -62,26 +60,8 @@ def _ctrl_c(
     """Run `signoff ARGV`, send SIGINT once its answer is being recorded (`before`) or stored
     (`after`), and return its status, stdout and stderr after the marker."""
     case = json.dumps({"argv": argv, "when": when, "fail_reads": fail_reads, "message": message})
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SCRIPT, case],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
-    )
-    try:
-        assert proc.stderr is not None
-        marker = "recording\n" if when == "before" else "recorded\n"
-        line = proc.stderr.readline()
-        assert line == marker, line + proc.stderr.read()
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return proc.returncode, out, err
+    marker = "recording\n" if when == "before" else "recorded\n"
+    return ctrl_c_after([sys.executable, "-c", _SCRIPT, case], marker, cwd=ROOT)
 
 
 @pytest.mark.parametrize(("command", "outcome"), [("approve", "approved"), ("deny", "cancelled")])

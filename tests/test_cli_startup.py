@@ -5,14 +5,13 @@ takes most of a second, and a person who changes their mind then gets one line, 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests._cli import ROOT
+from tests._cli import ROOT, ctrl_c_after
 
 # Imported by the test's interpreter only: it says so on stderr, then sleeps in that import, so
 # that the SIGINT lands while the command is importing, every run.
@@ -56,26 +55,10 @@ def test_ctrl_c_while_the_command_imports_is_one_line_and_130(
         "SLOW_IMPORT": slow,
     }
     argv = [*command, "sessions", "--store", f"sqlite:///{tmp_path}/none.db"]
-    proc = subprocess.Popen(
-        [sys.executable, *argv],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
+    status, out, rest = ctrl_c_after(
+        [sys.executable, *argv], f"importing {slow}\n", cwd=tmp_path, env=env
     )
-    try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        assert line == f"importing {slow}\n", line + proc.stderr.read()
-        proc.send_signal(signal.SIGINT)
-        out, rest = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert (proc.returncode, out, rest) == (130, "", "interrupted\n")
+    assert (status, out, rest) == (130, "", "interrupted\n")
 
 
 def test_the_console_script_imports_nothing_heavy_before_main() -> None:
@@ -117,24 +100,12 @@ def test_one_ctrl_c_while_the_runtime_module_imports_ends_the_command(
         "import sys, time\nprint('importing', file=sys.stderr, flush=True)\ntime.sleep(60)\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-    proc = subprocess.Popen(
+    status, out, rest = ctrl_c_after(
         [sys.executable, "-m", "signoff", *argv, "--store", f"sqlite:///{tmp_path}/s.db"],
+        "importing\n",
         cwd=tmp_path,
         env=env,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
+        timeout=20,
     )
-    try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        assert line == "importing\n", line + proc.stderr.read()
-        proc.send_signal(signal.SIGINT)
-        out, rest = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert (proc.returncode, rest) == (130, "interrupted\n"), out
+    assert (status, rest) == (130, "interrupted\n"), out
