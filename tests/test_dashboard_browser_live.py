@@ -413,3 +413,27 @@ def test_a_store_that_stays_gone_is_asked_ever_more_rarely(page: Page, base: str
         page.wait_for_timeout(40)
     assert 8 <= tried.count("HEAD") <= 14, tried
     expect(banner).to_contain_text(re.compile(r"Trying again in about [4-6] minutes\."))
+
+
+def test_an_answer_whose_response_comes_after_the_live_update_keeps_its_note(
+    page: Page, base: str
+) -> None:
+    """The live update saying a request closed can reach the page before the answer's own
+    response (a turn that takes a while to resume): the card stays until its note is shown,
+    where it was removed 300 ms after that update and the reviewer never saw "Approved"."""
+    expect(page.locator("#live-dot.on")).to_be_attached()
+    rid = start(base)["pending"][0]["id"]
+    card = page.locator(f"[data-request-id='{rid}']")
+    expect(card).to_be_visible()
+
+    def late(route: Route) -> None:
+        response = route.fetch()  # the approval is applied; its response is held back
+        time.sleep(2)  # the browser meanwhile gets the live update (Python alone waits)
+        route.fulfill(response=response)
+
+    page.route(f"**/requests/{rid}/respond", late)
+    card.get_by_role("button", name="Approve").click()
+    expect(card.locator(".result-note")).to_have_text(
+        "Approved — the run is now completed.", timeout=10_000
+    )
+    expect(card).to_have_count(0)  # then it leaves the queue, as any answered card

@@ -87,7 +87,10 @@
     const fresh = new Map();
     incoming.querySelectorAll("[data-request-id]").forEach((el) => fresh.set(el.dataset.requestId, el));
     container.querySelectorAll("[data-request-id]").forEach((el) => {
-      if (!fresh.has(el.dataset.requestId) && !el.classList.contains("done")) leave(el);
+      // A card being answered here stays until its answer's note is shown (`done`): the live
+      // update saying the request closed can come before the answer's own response does.
+      const kept = el.classList.contains("done") || el.classList.contains("answering");
+      if (!fresh.has(el.dataset.requestId) && !kept) leave(el);
     });
     let previous = null;
     fresh.forEach((el, id) => {
@@ -399,6 +402,7 @@
     buttons.forEach((b) => { b.disabled = true; });
     const error = form.querySelector(".form-error");
     if (error) error.hidden = true;
+    card.classList.add("answering");
     try {
       const res = await fetch(form.action, {
         method: "POST", body, credentials: "same-origin",
@@ -462,6 +466,8 @@
       if (lost && ev.submitter && !ev.submitter.hidden) ev.submitter.focus();
       if (error) { error.textContent = err.message; error.hidden = false; }
       toast(err.message, true);
+    } finally {
+      card.classList.remove("answering");  // a later live update may take it (unless `done`)
     }
   });
 })();
