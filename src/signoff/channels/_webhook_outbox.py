@@ -21,12 +21,13 @@ from ._webhook_urls import masked
 if TYPE_CHECKING:
     from .webhooks import WebhookChannel
 
-__all__ = ["OUTBOX", "drop_copy", "keep_copies", "kept_in_store", "take_copies"]
+__all__ = ["OUTBOX", "digest", "drop_copy", "keep_copies", "kept_in_store", "take_copies"]
 
 OUTBOX = "outbox:"  # memo key prefix of a delivery not yet sent: "outbox:{url} {delivery}"
 
 
-def _digest(url: str) -> str:
+def digest(url: str) -> str:
+    """A URL's name in the store's memos: a digest, so a password in it stays out."""
     return hashlib.sha256(url.encode()).hexdigest()[:24]
 
 
@@ -49,7 +50,7 @@ async def keep_copies(
     """Keep in the store a copy of `delivery` (`kept`: its event and body) for each URL."""
     shared = _shared(channel)
     if shared is not None:
-        await shared.keep({f"{OUTBOX}{_digest(url)} {delivery}": kept for url in urls})
+        await shared.keep({f"{OUTBOX}{digest(url)} {delivery}": kept for url in urls})
 
 
 async def drop_copy(channel: WebhookChannel, url: str, delivery: str) -> None:
@@ -59,7 +60,7 @@ async def drop_copy(channel: WebhookChannel, url: str, delivery: str) -> None:
     if shared is None:
         return
     try:
-        await shared.keep({f"{OUTBOX}{_digest(url)} {delivery}": None})
+        await shared.keep({f"{OUTBOX}{digest(url)} {delivery}": None})
     except SignoffError as exc:
         logger.warning(
             "webhook %s: the store's copy of %s, sent, stays: %s", masked(url), delivery, exc
@@ -76,7 +77,7 @@ async def take_copies(channel: WebhookChannel) -> None:
     copies = await shared.listed(OUTBOX)
     if not copies:
         return
-    urls = {_digest(url): url for url in channel.urls}
+    urls = {digest(url): url for url in channel.urls}
 
     def keep_absent() -> int:
         have = {key for key, _ in channel.memos(OUTBOX)}

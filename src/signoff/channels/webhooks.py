@@ -7,7 +7,8 @@ with `verify_webhook`. To rotate the secret, give the channel the new and the ol
 with each (comma-separated), so receivers still on the old secret accept every delivery.
 Failed deliveries (network errors, 408, 425, 429 and 5xx) are retried with exponential backoff, or
 after the receiver's `Retry-After` when it asks for longer (both at most `max_backoff`; the
-next delivery to that receiver waits out all it asked, up to an hour);
+next delivery to that receiver waits out all it asked, up to an hour, also after a restart
+or on another machine: `_webhook_waits`);
 `Signoff-Delivery` (and the payload's `id`) stays the same across retries and restarts so receivers
 can dedupe: a delivery can arrive twice, and `verify_webhook` accepts a replay within its window.
 Deliveries wait in a queue per URL (so a slow receiver holds up no other channel) and are kept in
@@ -61,6 +62,7 @@ from ._webhook_signatures import (
     verify_webhook,
 )
 from ._webhook_urls import checked_urls, endpoint, httpx_module, masked
+from ._webhook_waits import Waits
 
 if TYPE_CHECKING:
     import httpx
@@ -158,8 +160,8 @@ class WebhookChannel(Channel):
         self._probing: dict[str, str] = {}
         # URL -> its last failed answer: status (None: no answer), what failed, Retry-After.
         self._answers: dict[str, tuple[int | None, str, float | None]] = {}
-        # URL -> the `clock` time its last answer's Retry-After asks not to be called before.
-        self._asked_until: dict[str, float] = {}
+        # What each URL's last answer asked with Retry-After, kept for other hubs too.
+        self._waits = Waits(self)
         # What the state fails (damaged, locked) is tried again at each tick, logged once.
         self._failing = Outage(f"channel {self.name}: what it keeps in the channel state")
         self.delivered = 0
@@ -187,7 +189,9 @@ class WebhookChannel(Channel):
     async def _restore(self) -> None:
         """Queue the deliveries an earlier run kept and did not send. When reading them fails
         (the state locked too long, or damaged), `tick` tries again: no other start is left to
-        send them. Those a hub on another state kept in the store come too (`take_copies`)."""
+        send them. Those a hub on another state kept in the store come too (`take_copies`),
+        after what receivers asked an earlier run or another hub to wait (`Waits`)."""
+        await self._waits.load()
         await take_copies(self)
         for url, delivery, kept in await off_loop(self._unsent):
             self._restored.add(f"{url} {delivery}")
@@ -450,7 +454,7 @@ class WebhookChannel(Channel):
             except (httpx.HTTPError, TimeoutError) as exc:
                 problem = repr(exc)
             else:
-                self._asked(url, asked)
+                await self._waits.note(url, asked)
                 if 200 <= status < 300:
                     self.delivered += 1
                     return "delivered"
@@ -484,19 +488,12 @@ class WebhookChannel(Channel):
         self.failed += 1
         return "gave up"
 
-    def _asked(self, url: str, asked: float | None) -> None:
-        """Note until when the receiver's answer asks not to be called (its `Retry-After`, at
-        most `MAX_WAIT`); an answer without one lifts what an earlier answer asked."""
-        if asked is None or asked <= 0:
-            self._asked_until.pop(url, None)
-        else:
-            self._asked_until[url] = self.clock() + min(asked, MAX_WAIT)
-
     async def _wait_asked(self, url: str, delivery: str) -> None:
         """Before a delivery's first attempt, wait out what the receiver's last `Retry-After`
         still asks: one asked of an earlier delivery (given up on past `max_backoff`) holds
-        back the deliveries after it too, rather than each calling at once."""
-        wait = self._asked_until.get(url, 0.0) - self.clock()
+        back the deliveries after it too, rather than each calling at once, also when it was
+        asked of an earlier run or of a hub on another machine (`Waits`)."""
+        wait = self._waits.left(url)
         if wait <= 0:
             return
         logger.warning(

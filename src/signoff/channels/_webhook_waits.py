@@ -1,0 +1,105 @@
+"""What each receiver of a `WebhookChannel` last asked with `Retry-After`: not to be called
+before a time. It is kept in the runtime's store beside the outbox (`asked:<digest of the URL>`,
+the seconds asked, aged by the store's own time of keeping it, so machines whose clocks differ
+agree), or in the hub's state on a store without channel memos. So a hub started again, or one
+taking over on another machine, waits out the hour a receiver asked for instead of calling it
+at once."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from .._exceptions import SignoffError
+from ._base import logger, off_loop
+from ._retries import MAX_WAIT
+from ._shared import Shared
+from ._webhook_outbox import digest
+from ._webhook_urls import masked
+
+if TYPE_CHECKING:
+    from .webhooks import WebhookChannel
+
+__all__ = ["ASKED", "Waits"]
+
+ASKED = "asked:"  # memo key prefix: the store's "asked:{digest}", the state's "asked:{url}"
+
+
+class Waits:
+    """The `clock` time before which each URL asked not to be called, kept for other hubs."""
+
+    def __init__(self, channel: WebhookChannel) -> None:
+        self.channel = channel
+        self.until: dict[str, float] = {}
+
+    def _shared(self) -> Shared | None:
+        ch = self.channel
+        if ch._runtime is None:
+            return None
+        shared = Shared(ch)
+        return shared if shared.kept else None
+
+    def left(self, url: str) -> float:
+        """Seconds the receiver at `url` still asks to wait (0 for none)."""
+        return max(0.0, self.until.get(url, 0.0) - self.channel.clock())
+
+    async def load(self) -> None:
+        """Take up what receivers asked of an earlier run or another hub (a `StoreError` if it
+        cannot be read: the caller tries again); memos whose wait is over are dropped."""
+        ch = self.channel
+        shared = self._shared()
+        now = ch.clock()
+        if shared is not None:
+            urls = {digest(url): url for url in ch.urls}
+            over: dict[str, Any] = {}
+            for key, kept, age in await shared.listed(ASKED):
+                wait = _seconds(kept) - age
+                url = urls.get(key.removeprefix(ASKED))
+                if wait <= 0:
+                    over[key] = None
+                elif url is not None:
+                    self.until[url] = max(self.until.get(url, 0.0), now + min(wait, MAX_WAIT))
+            if over:
+                await shared.keep(over)
+        elif ch._state is not None:
+            for key, kept in await off_loop(ch.memos, ASKED):
+                url = key.removeprefix(ASKED)
+                until = _seconds(kept, "until")
+                if url in ch.urls and until > now:
+                    self.until[url] = max(self.until.get(url, 0.0), min(until, now + MAX_WAIT))
+
+    async def note(self, url: str, asked: float | None) -> None:
+        """Note until when `url`'s answer asks not to be called (its `Retry-After`, at most
+        `MAX_WAIT`); an answer without one lifts what an earlier answer asked. Kept for other
+        hubs; a store that fails leaves it to this run, logged."""
+        ch = self.channel
+        if asked is None or not asked > 0:
+            if self.until.pop(url, None) is None:
+                return
+            wait = None
+        else:
+            wait = min(asked, MAX_WAIT)
+            self.until[url] = ch.clock() + wait
+        shared = self._shared()
+        try:
+            if shared is not None:
+                memo = None if wait is None else {"seconds": wait}
+                await shared.keep({f"{ASKED}{digest(url)}": memo})
+            elif ch._state is not None and wait is None:
+                await off_loop(ch.forget, f"{ASKED}{url}")
+            elif ch._state is not None:
+                await off_loop(ch.remember, f"{ASKED}{url}", {"until": self.until[url]})
+        except SignoffError as exc:
+            logger.warning(
+                "webhook %s: what its Retry-After asks is not kept for another hub: %s",
+                masked(url),
+                exc,
+            )
+
+
+def _seconds(kept: Any, key: str = "seconds") -> float:
+    """A memo's number of seconds (or time), 0 for one that is not a finite number."""
+    value = kept.get(key) if isinstance(kept, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return 0.0
+    return float(value)

@@ -1,0 +1,157 @@
+"""What a webhook receiver asked with `Retry-After` outlives the hub that heard it: it is kept in
+the runtime's store beside the outbox (the seconds asked, aged by the store's time of keeping
+them), so a hub started again on the same state, or one taking over on another machine, waits
+out the hour a receiver asked for instead of calling it at once. Before, it lived in the
+process's memory only."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from signoff.channels import ChannelHub, WebhookChannel
+
+from ._channel_state import gated, open_one
+from .test_webhooks import SECRET, Receiver, manual
+from .test_webhooks_machine_loss import until
+
+_HUB = """
+import asyncio, sys
+import signoff as so
+from signoff.channels import ChannelHub, WebhookChannel
+
+async def main():
+    async with so.Runtime([], store=sys.argv[1]) as rt:
+        hooks = WebhookChannel(sys.argv[3], sys.argv[4], max_attempts=1)
+        hub = ChannelHub(rt, [hooks], state=sys.argv[2], poll_interval=0.05, claim_ttl=1.0)
+        async with hub:
+            print("active" if hub.active else "standby", flush=True)
+            while not hooks.memos("outbox:"):  # queued (kept in its state)
+                await asyncio.sleep(0.02)
+            print("kept", flush=True)
+            await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("state", ["a.db", "b.db"])
+async def test_a_retry_after_is_waited_out_by_the_hub_after_a_kill(
+    store_url: str, tmp_path: Path, state: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A `serve` process (state a.db) delivers `request.opened` to a receiver answering 429
+    with `Retry-After: 3600`, gives it up, and is SIGKILLed. The hub started next, on the same
+    state (a restart) or on b.db (another machine), waits out the hour: in the 3 s it is given
+    the receiver is not called again, and it logs the wait. Before, it called at once."""
+    async with (
+        Receiver([(429, {"Retry-After": "3600"})]) as receiver,
+        gated(tmp_path, store_url) as rt,
+    ):
+        args = [sys.executable, "-c", _HUB, store_url, str(tmp_path / "a.db"), receiver.url]
+        proc = subprocess.Popen([*args, SECRET], stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "active"
+            await open_one(rt)
+            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+            assert line.strip() == "kept"
+            await until(lambda: len(receiver.attempts) > 0)
+            await asyncio.sleep(0.5)  # past the answer's memo (if any)
+        finally:
+            proc.kill()
+            proc.wait()
+            assert proc.stdout is not None
+            proc.stdout.close()
+        caplog.set_level(logging.WARNING)
+        hooks = WebhookChannel(receiver.url, SECRET, timeout=2)  # close() waits no longer
+        hub = ChannelHub(rt, [hooks], state=tmp_path / state, poll_interval=0.05, claim_ttl=1.0)
+        async with hub:
+            await until(lambda: hub.active)
+            await asyncio.sleep(3.0)
+            assert len(receiver.attempts) == 1  # the receiver is not called before its hour
+            s: Any = rt.store
+            (memo,) = await s.channel_memos("hub.webhooks:asked:")
+        assert "asked to be called no sooner (Retry-After)" in caplog.text
+        waits = [float(w) for w in _waits(caplog.text)]
+        assert waits and all(3590 <= w <= 3600 for w in waits)
+    assert memo[1] == '{"seconds":3600.0}'
+
+
+def _waits(text: str) -> list[str]:
+    marker = " waits "
+    return [
+        line.split(marker)[-1].removesuffix("s")
+        for line in text.splitlines()
+        if "Retry-After" in line and marker in line
+    ]
+
+
+async def test_a_hub_started_again_waits_out_what_was_asked_then_lifts_it(
+    store_url: str, tmp_path: Path
+) -> None:
+    """A hub in memory gives up a delivery its receiver answered `Retry-After: 3600`; the next
+    hub (in memory too, on the same store) sleeps out that hour before its first try, and once
+    the receiver takes it the store keeps nothing of the wait."""
+    slept: list[float] = []
+    now = [1_800_000_000.0]
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    async with (
+        Receiver([(429, {"Retry-After": "3600"})]) as receiver,
+        gated(tmp_path, store_url) as rt,
+    ):
+        hooks = WebhookChannel(
+            receiver.url, SECRET, max_attempts=1, sleep=sleep, clock=lambda: now[0]
+        )
+        async with manual(ChannelHub(rt, [hooks])) as hub:
+            await open_one(rt)
+            await hub.poll()
+            await hooks.drain()
+        assert slept == [] and len(receiver.attempts) == 1
+        again = WebhookChannel(receiver.url, SECRET, sleep=sleep, clock=lambda: now[0])
+        async with manual(ChannelHub(rt, [again])) as hub:
+            await hub.poll()
+            await again.drain()
+        s: Any = rt.store
+        assert await s.channel_memos("hub.webhooks:asked:") == []
+    assert len(slept) == 1 and 3590 <= slept[0] <= 3600
+    assert len(receiver.accepted) == 1
+
+
+async def test_a_wait_kept_in_the_state_is_honoured_on_a_store_without_memos(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a store that keeps no channel memos (one of your own) the wait is kept in the hub's
+    state file, and a hub started again on it waits it out."""
+    from signoff.channels import _shared
+
+    monkeypatch.setattr(_shared.Shared, "kept", property(lambda self: False))
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    state = tmp_path / "hub.db"
+    async with Receiver([(503, {"Retry-After": "600"})]) as receiver, gated(tmp_path) as rt:
+        hooks = WebhookChannel(receiver.url, SECRET, max_attempts=1, sleep=sleep)
+        async with manual(ChannelHub(rt, [hooks], state=state)) as hub:
+            await open_one(rt)
+            await hub.poll()
+            await hooks.drain()
+            assert [k for k, _ in hooks.memos("asked:")] == [f"asked:{receiver.url}"]
+        again = WebhookChannel(receiver.url, SECRET, sleep=sleep)
+        async with manual(ChannelHub(rt, [again], state=state)) as hub:
+            await hub.poll()
+            await again.drain()
+            assert again.memos("asked:") == []  # lifted by the 2xx
+    assert len(slept) == 1 and 590 <= slept[0] <= 600
+    assert len(receiver.accepted) == 1
