@@ -33,9 +33,19 @@ from ._payloads import SlackPayloadError, envelope_of, member_of
 if TYPE_CHECKING:
     from ._channel import SlackChannel
 
-__all__ = ["KEEP_THREADS", "RETRY_WINDOW", "ThreadReplies", "outcome_note", "thread_key"]
+__all__ = [
+    "CHECKS_PER_SWEEP",
+    "KEEP_THREADS",
+    "RETRY_WINDOW",
+    "ThreadReplies",
+    "outcome_note",
+    "thread_key",
+]
 
 KEEP_THREADS = 7 * 86400.0  # seconds the thread of a closed request still takes replies
+# Requests a sweep looks up whose thread the store keeps open past KEEP_THREADS (bounded: each
+# is one read, and a request open that long is kept anew, so the next sweeps look at others).
+CHECKS_PER_SWEEP = 100
 _EVENT_ID = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # it becomes part of an idempotency key
 _LEADING_MENTION = re.compile(r"^\s*<@([A-Z0-9]+)(?:\|[^>]*)?>[\s:,]*")
 
@@ -235,11 +245,33 @@ class ThreadReplies:
         await self.inbox.adopt(due=True)
 
     async def _tidy_shared_threads(self) -> None:
+        """Drop the store's memos of threads closed more than `KEEP_THREADS` seconds ago. One
+        still open after that long is looked up (`CHECKS_PER_SWEEP` at most, the oldest first):
+        its request closed without any hub hearing of it (a channel removed, a close given up
+        on) is marked closed now, so a later sweep drops it; one unknown to the store is
+        dropped; one still open is kept anew, so the next sweeps look at the others first."""
+        shared = self.inbox.shared
+        store = self.channel.runtime.store
+        checks = CHECKS_PER_SWEEP
         try:
-            for key, memo, age in await self.inbox.shared.listed("thread:"):
-                closed = isinstance(memo, dict) and memo.get("closed_at") is not None
-                if (closed or not isinstance(memo, dict)) and age > KEEP_THREADS:
-                    await self.inbox.shared.keep({key: None})
+            for key, memo, age in await shared.listed("thread:"):
+                if age <= KEEP_THREADS:
+                    continue
+                rid = memo.get("request_id") if isinstance(memo, dict) else None
+                if not isinstance(rid, str) or memo.get("closed_at") is not None:
+                    await shared.keep({key: None})
+                    continue
+                if checks <= 0:
+                    continue
+                checks -= 1
+                stored = await store.get_request(rid)
+                if stored is None:
+                    await shared.keep({key: None})
+                elif stored.status != "pending":
+                    now = self.channel.runtime.now()
+                    await shared.keep({key: {"request_id": rid, "closed_at": now}})
+                else:
+                    await shared.keep({key: memo})
         except SignoffError as exc:
             logger.warning("slack: the threads kept in the store were not tidied: %s", exc)
 
