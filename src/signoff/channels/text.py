@@ -39,6 +39,7 @@ from ._base import (
 )
 from ._retries import doubled
 from ._state import ChannelState
+from ._text_shown import adopt_shown, keep_shown, shown_in_store
 from ._tty import in_daemon_thread
 from .terminal import TerminalChannel, compact_json, printable
 
@@ -128,6 +129,7 @@ class TextChannel(Channel):
         self._queue: list[InputRequest] = []
         self._lock = asyncio.Lock()
         self._started = False  # by a hub that delivers to it (else it stands by, or is not run)
+        self._adopted = False  # the store's memo of the request shown is the state's since start
         # When `tick` shows again the request `start` failed to show, or tells again how the
         # one shown closed (the hub's clock; -inf: a second after the next tick), and how often
         # it failed since; None: nothing to do.
@@ -227,6 +229,7 @@ class TextChannel(Channel):
 
     async def start(self, open_requests: Sequence[InputRequest]) -> None:
         self._started = True
+        self._adopted = False
         async with self._lock:
             known = {r.id for r in self._queue}
             for r in sorted(open_requests, key=lambda r: (r.created_at, r.index or 0)):
@@ -270,7 +273,11 @@ class TextChannel(Channel):
         """The order a typed message answers requests in: a session-limit prompt before any
         other, else the order they were asked; the request on show stays until answered, also
         when a start rebuilds the queue in the order they were asked and an older one joined it
-        later (escalated to this channel's group): the person's next reply is meant for it."""
+        later (escalated to this channel's group): the person's next reply is meant for it,
+        also when a hub on another state (another machine) showed it (`adopt_shown`)."""
+        if not self._adopted:
+            await adopt_shown(self)
+            self._adopted = True
         shown = await off_loop(self.recall, "shown")
         head = [r for r in self._queue if r.id == shown][:1]
         rest = sorted(
@@ -336,10 +343,11 @@ class TextChannel(Channel):
     async def _show_current(self) -> None:
         current = self.current
         if current is None:
-            await off_loop(self.forget, "shown")
+            if await off_loop(self.recall, "shown") is not None:
+                await keep_shown(self, None)
             return
         await self.show(current)
-        await off_loop(self.remember, "shown", current.id)
+        await keep_shown(self, current.id)
 
     async def show(self, request: InputRequest) -> None:
         """Put `request` in front of the person (by default: `send_text(render(request))`)."""
@@ -354,13 +362,14 @@ class TextChannel(Channel):
         or with `unmatched="send"` the message went to the session).
         """
         request = self.current
-        if request is None and not self._started:
+        standby = request is None and not self._started
+        if standby:  # the memo it reads names what the delivering hub showed
             request = await self._shown_elsewhere()
         if request is None:
             await self._say("Nothing is waiting for an answer.")
             return None
         if (
-            await off_loop(self.recall, "shown") != request.id
+            not standby and await off_loop(self.recall, "shown") != request.id
         ):  # its message failed: never answer it unseen
             async with self._lock:
                 await self._show_unseen()
@@ -399,10 +408,12 @@ class TextChannel(Channel):
     async def _shown_elsewhere(self) -> InputRequest | None:
         """For a channel standing by for another hub's: the open request that hub's channel of
         this name shows (the state's memo), which the person's reply reaching this process
-        answers."""
+        answers; the store's memo of it where it keeps one (that hub may be on another state)."""
         if self._state is None:
             return None
-        shown = await off_loop(self.recall, "shown")
+        kept, shown = await shown_in_store(self)
+        if not kept:
+            shown = await off_loop(self.recall, "shown")
         if not isinstance(shown, str):
             return None
         stored = await self.runtime.store.get_request(shown)

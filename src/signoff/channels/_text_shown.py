@@ -1,0 +1,60 @@
+"""The request a `TextChannel` shows, kept in the runtime's store beside the hub's claim (memo
+`shown`) as well as in its state: a hub taking over on another machine (another state) goes on
+showing what the person was shown, rather than switch to the oldest request (one escalated in
+behind it), which their next "yes" would then approve unread; and a standby on another state
+answers what the delivering hub shows, not what its own state showed last."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._base import off_loop
+from ._shared import Shared
+
+if TYPE_CHECKING:
+    from .text import TextChannel
+
+__all__ = ["SHOWN", "adopt_shown", "keep_shown", "shown_in_store"]
+
+SHOWN = "shown"  # the memo, in the state and the store: the id of the request on show
+
+
+def _shared(ch: TextChannel) -> Shared | None:
+    if ch._runtime is None:
+        return None
+    shared = Shared(ch)
+    return shared if shared.kept else None
+
+
+async def shown_in_store(ch: TextChannel) -> tuple[bool, str | None]:
+    """Whether the store keeps the request shown (False: no memo, e.g. written by an earlier
+    signoff, or a store without memos) and its id (None: nothing on show)."""
+    shared = _shared(ch)
+    memo: Any = None if shared is None else await shared.recall(SHOWN)
+    if not isinstance(memo, dict):
+        return False, None
+    shown = memo.get("request_id")
+    return True, shown if isinstance(shown, str) else None
+
+
+async def keep_shown(ch: TextChannel, request_id: str | None) -> None:
+    """Keep which request is on show (None: none), in the store first, then in the state."""
+    shared = _shared(ch)
+    if shared is not None:
+        await shared.keep({SHOWN: {"request_id": request_id}})
+    if request_id is None:
+        await off_loop(ch.forget, SHOWN)
+    else:
+        await off_loop(ch.remember, SHOWN, request_id)
+
+
+async def adopt_shown(ch: TextChannel) -> None:
+    """Make the state's memo of the request shown the store's, where the store keeps one: a
+    hub that delivered on another state (a machine since lost) may have shown another."""
+    kept, shown = await shown_in_store(ch)
+    if not kept or await off_loop(ch.recall, SHOWN) == shown:
+        return
+    if shown is None:
+        await off_loop(ch.forget, SHOWN)
+    else:
+        await off_loop(ch.remember, SHOWN, shown)
