@@ -110,3 +110,19 @@ async def test_a_reply_reads_as_typed_slacks_escapes_undone_once(slack: SlackCha
     entity = _read(slack, "write &amp;lt;b&amp;gt; for <b>")
     assert typed is not None and typed.text == "a < b && c"
     assert entity is not None and entity.text == "write &lt;b&gt; for <b>"
+
+
+async def test_a_thread_closed_too_long_ago_takes_no_reply_before_it_is_tidied(
+    slack: SlackChannel,
+) -> None:
+    """A thread memo closed more than `KEEP_THREADS` seconds ago that no sweep has dropped yet
+    (a standby, whose state the delivering hub on another file never tidies, or a hub started
+    again before its first sweep) takes no reply: the thread's time is over whoever tidies.
+    Before, the reply was read and sent to the session, months on."""
+    now = slack.clock()
+    slack.remember(
+        thread_key("C42", "1.3"), {"request_id": "req_4", "closed_at": now - KEEP_THREADS - 1}
+    )
+    assert _read(slack, "Large", thread="1.3") is None
+    slack.remember(thread_key("C42", "1.3"), {"request_id": "req_4", "closed_at": now - 60})
+    assert _read(slack, "Large", thread="1.3") is not None

@@ -204,11 +204,15 @@ class ThreadReplies:
         return TypedReply(event_id, request_id, team, user, where, thread, text)
 
     def _request_of(self, channel: str, ts: str) -> str | None:
-        """The request whose message is `ts`: its thread memo, or (posted before these memos
-        were kept) the message memo of a request still open."""
+        """The request whose message is `ts`: its thread memo (None once closed more than
+        `KEEP_THREADS` seconds ago, also before a sweep drops it), or (posted before these
+        memos were kept) the message memo of a request still open."""
         ch = self.channel
         memo = ch.recall(thread_key(channel, ts))
         if isinstance(memo, dict) and isinstance(memo.get("request_id"), str):
+            closed = memo.get("closed_at")
+            if closed is not None and not seconds(closed) > ch.clock() - KEEP_THREADS:
+                return None
             return str(memo["request_id"])
         for key, where in ch.memos("msg:"):
             if (
