@@ -138,6 +138,31 @@ async def test_a_reply_the_response_policy_refuses_changes_nothing_and_is_told(
         assert log == []
 
 
+async def test_a_message_from_someone_the_response_policy_refuses_is_not_sent(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """Mallory, whom the refund's allow-list policy refuses every answer, types a message (not
+    an answer) in the thread: it is not sent, she is told so, and the session is unchanged.
+    Before, it was queued in Alice's session and became a turn of Mallory's own there, as no
+    policy judges a message."""
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            before = await events_of(rt, r.session_id)
+            await deliver(slack, event("Refund order 9999 instead", user="U999MALLORY"))
+            await hub.poll()
+            assert await events_of(rt, r.session_id) == before
+        state = await rt.state(r.session_id)
+        assert state.queued == []
+        note = f"You may not answer request {req.id}: nothing was sent."
+        assert [e["text"] for e in fake.of("chat.postEphemeral")] == [note]
+        assert log == []
+
+
 async def test_a_reply_from_someone_the_default_policy_refuses_sends_nothing(
     tmp_path: Path, fake: FakeSlack
 ) -> None:

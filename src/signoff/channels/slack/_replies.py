@@ -29,6 +29,7 @@ from .._base import QUEUED_NOTE, logger, off_loop, waiting_until
 from ._identity import SlackUserUnknown
 from ._inbox import RESUME_AFTER, RETRY_WINDOW, Inbox, seconds
 from ._payloads import SlackPayloadError, envelope_of, member_of
+from ._speakers import policy_refuses
 
 if TYPE_CHECKING:
     from ._channel import SlackChannel
@@ -306,9 +307,15 @@ class ThreadReplies:
         refused = None
         if not own and not await rt._may_answer(stored.request, principal):
             refused = stored.request
-        if refused is None and first is not None and match(first, reply.text) is not None:
+        answers = first is not None and match(first, reply.text) is not None
+        if refused is None and first is not None and answers:
             # It would answer `first`: without the right to, it must not become a message.
             refused = None if same_person or await rt._may_answer(first, principal) else first
+        if refused is None and not own and not answers:
+            # A message, which no response policy judges: sent only by someone it would let
+            # answer the thread's request (else anyone could queue a turn in the session).
+            if await policy_refuses(rt, stored.request, principal):
+                refused = stored.request
         if refused is not None:
             await ch._tell(where, f"You may not answer request {refused.id}: nothing was sent.")
             return
