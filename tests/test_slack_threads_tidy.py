@@ -17,12 +17,14 @@ import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub
+from signoff.channels._shared import Shared
 from signoff.channels.slack import _replies
 from signoff.channels.slack._inbox import TIDY_EVERY
 from signoff.channels.slack._replies import KEEP_THREADS
 
 from ._channel_state import gated, open_one
 from ._slack import FakeSlack, channel, fake, manual
+from ._slack_replies import FIRST_TS, deliver, event, shop_agent
 from .test_slack_takeover import _approve
 
 __all__ = ["fake"]  # the fixture, used by name
@@ -93,3 +95,29 @@ async def test_a_thread_whose_close_reached_no_hub_is_tidied(
                 await b.poll()
                 assert await _threads(rt) == {still: False}
         assert fake.of("chat.update") == []  # the close was never shown: no hub heard of it
+
+
+@pytest.mark.parametrize("store_has", ["closed-long-ago", "nothing"])
+async def test_a_thread_open_in_this_state_and_over_by_the_store_takes_no_reply(
+    tmp_path: Path, fake: FakeSlack, store_has: str
+) -> None:
+    """This state has the thread open (its hub stopped before the close, which another hub
+    delivered); the store says it closed more than `KEEP_THREADS` seconds ago, or keeps it no
+    longer (dropped that long after its close) and its request is closed: a reply in it is
+    ignored, nothing reaches the session. Before, the state's open memo took it for ever."""
+    async with so.Runtime([shop_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("shop", prompt="Reorder the soap")
+        size, _ = r.pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack])) as hub:  # in memory: stays open
+            await hub.poll()
+        await rt.respond(r.session_id, [so.InputResponse(request_id=size.id, text="Large")])
+        key = f"thread:C42:{FIRST_TS}"
+        assert slack.recall(key) == {"request_id": size.id}  # open in this state
+        closed = {"request_id": size.id, "closed_at": time.time() - KEEP_THREADS - 1}
+        await Shared(slack).keep({key: closed if store_has == "closed-long-ago" else None})
+        before = [e.type async for e in rt.events(r.session_id, follow=False)]
+        await deliver(slack, event("Also tell the team, please", user="U5"))
+        after = [e.type async for e in rt.events(r.session_id, follow=False)]
+        assert after == before
+        assert fake.of("chat.postEphemeral") == []

@@ -121,43 +121,63 @@ class ThreadReplies:
         if kind != "event_callback":
             return None
         deadline = time.monotonic() + self.inbox.ack_within
-        elsewhere = await self._thread_elsewhere(envelope, deadline)
+        elsewhere, over = await self._thread_elsewhere(envelope, deadline)
 
         def pick() -> tuple[str, TypedReply] | None:  # reads the thread memos: in the thread
-            found = self._reply(envelope, elsewhere)
+            found = None if over else self._reply(envelope, elsewhere)
             return None if found is None else (found.event_id, found)
 
         await self.inbox.admit(pick, deadline=deadline)
         return None
 
-    async def _thread_elsewhere(self, envelope: dict[str, Any], deadline: float) -> str | None:
-        """The request of the thread a reply is in, from the store, when this state does not
-        know the thread (a hub on another state posted its message, or closed it before this
-        one took over); None if it knows it, or finds none. Read by `deadline`, else a
-        `StoreError` (Slack gets a 503 and sends it again)."""
+    async def _thread_elsewhere(
+        self, envelope: dict[str, Any], deadline: float
+    ) -> tuple[str | None, bool]:
+        """What the store says of the thread a reply is in: its request, when this state does
+        not know the thread (a hub on another state posted its message, or closed it before
+        this one took over), and whether its time is over, when this state has it open but
+        the store does not (its close reached a hub on another state, or none: see
+        `_closed_elsewhere`). Read by `deadline`, else a `StoreError` (Slack gets a 503 and
+        sends it again)."""
         thread = _thread_of(envelope)
         shared = self.inbox.shared
         if thread is None or not shared.kept:
-            return None
+            return None, False
 
-        def known() -> bool:
+        def known() -> tuple[str | None, bool]:
             with waiting_until(deadline):
-                return self._request_of(*thread) is not None
+                memo = self.channel.recall(thread_key(*thread))
+                found = self._request_of(*thread)
+            closed = isinstance(memo, dict) and memo.get("closed_at") is not None
+            return found, found is not None and not closed
 
-        if await off_loop(known):
-            return None
+        found, open_here = await off_loop(known)
+        left = max(0.0, deadline - time.monotonic())
         try:
-            memo = await asyncio.wait_for(
-                shared.recall(thread_key(*thread)), max(0.0, deadline - time.monotonic())
-            )
+            memo = await asyncio.wait_for(shared.recall(thread_key(*thread)), left)
+            if found is not None:
+                over = open_here and await asyncio.wait_for(
+                    self._closed_elsewhere(found, memo), max(0.0, deadline - time.monotonic())
+                )
+                return None, over
         except TimeoutError:
             raise StoreError("slack: the thread of a reply was not read in time") from None
         if not isinstance(memo, dict) or not isinstance(memo.get("request_id"), str):
-            return None
+            return None, False
         closed = memo.get("closed_at")
         if closed is not None and not seconds(closed) > self.channel.clock() - KEEP_THREADS:
-            return None
-        return str(memo["request_id"])
+            return None, False
+        return str(memo["request_id"]), False
+
+    async def _closed_elsewhere(self, request_id: str, memo: Any) -> bool:
+        """Whether the thread of `request_id`, open in this state, has had its time by the
+        store: closed there more than `KEEP_THREADS` seconds ago, or no longer kept there
+        (dropped that long after its close) with its request closed."""
+        if isinstance(memo, dict) and memo.get("request_id") == request_id:
+            closed = memo.get("closed_at")
+            return closed is not None and not seconds(closed) > self.channel.clock() - KEEP_THREADS
+        stored = await self.channel.runtime.store.get_request(request_id)
+        return stored is None or stored.status != "pending"
 
     def _reply(self, envelope: dict[str, Any], elsewhere: str | None = None) -> TypedReply | None:
         """The typed reply an `event_callback` carries, or None if it carries none of ours
