@@ -420,3 +420,31 @@ async def test_answers_settled_in_the_background_wait_for_a_busy_store_as_worker
         slack._spawn(work())
     await slack.idle()
     assert seen == [False]
+
+
+async def test_a_payload_error_does_not_send_the_body_back(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """A signed body the endpoint cannot read gets a 400 `invalid_payload` whose message is
+    a few hundred characters, whatever the body's size: a parser's error quotes the field it
+    could not read, and the 400 sent back 3 MB of a 3 MB body. Nothing is answered."""
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        (req,) = (await rt.generate("support", prompt="Refund order 1042", auth=ALICE)).pending
+        slack = channel(slack_api)
+        hub = ChannelHub(rt, [slack])
+        app = create_app(rt, dev=True, channels=hub)
+        unreadable = b'{"type":"block_actions","note":"' + b"x" * 1_000_000 + b'"}'
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                now = int(time.time())
+                response = await http.post(PATH, content=unreadable, headers=sign(unreadable, now))
+            await slack.idle()
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "invalid_payload"
+        assert len(response.content) < 500
+        assert response.json()["error"]["message"].startswith("expected a form with a JSON")
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        assert log == [] and slack_api.of("chat.postEphemeral") == []

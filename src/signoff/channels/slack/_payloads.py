@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..._exceptions import SignoffError
 from ..._form_fields import TOO_MANY_FIELDS, too_many_fields
 from ..._json_keys import cut_repr
+from ..._text import cut
 from ..._types import Principal
 
 if TYPE_CHECKING:
@@ -40,9 +41,17 @@ _MAYBE_DONE = frozenset({"internal_error", "fatal_error"})
 
 
 class SlackPayloadError(SignoffError):
-    """A correctly signed interaction or event whose payload signoff cannot read."""
+    """A correctly signed interaction or event whose payload signoff cannot read. Its message
+    is cut to `MESSAGE_MOST` characters: a parser's error can quote the whole body, which the
+    400 would send back (megabytes of it)."""
 
     code = "invalid_payload"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(cut(message, MESSAGE_MOST))
+
+
+MESSAGE_MOST = 300  # characters of a payload error's message
 
 
 def slack_principal(team_id: str, user_id: str) -> Principal:
