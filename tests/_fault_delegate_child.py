@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ import signoff.stores.postgres
 import signoff.stores.sqlite  # each store imported once here, not in each child
 from signoff.testing import ManualClock
 
-from ._fault_child import record
+from ._fault_child import TIMED, killed, record
 from ._forks import serve
 
 with contextlib.suppress(ImportError):  # what a runtime's first drive imports, if installed
@@ -37,9 +35,6 @@ CAROL = so.Principal(authenticator="test", principal_id="carol")
 PROMPT = "order 9 was charged twice"
 START = 1_700_000_000.0
 DEADLINE = 60.0
-TIMED = {"lease.renewed"}
-"""Writes a timer makes (a lease renewed while a drive runs long): not at a fixed place in the
-run, so not counted or killed at (a loaded machine's stall would shift every later point)."""
 
 
 def make_agents(records: str) -> list[so.Agent]:
@@ -156,8 +151,7 @@ async def run(argv: list[str]) -> dict[str, Any]:
             return
         labels.append(label)
         if len(labels) == kill_at:
-            (where / "killed").write_text(label)
-            os.kill(os.getpid(), signal.SIGKILL)
+            killed(records, label)
 
     clock = Clock(where / "clock")
     rt = so.Runtime(make_agents(records), store=store, lease_ttl=5.0, clock=clock)

@@ -120,12 +120,14 @@ def test_sigkill_at_every_commit_point_of_a_turn_that_fails_for_good(
     # Both kills there leave the same store: one is resumed by a call, the other by a worker.
     by = "call" if when == "after" else "worker"
     windows = []
+    killed_at: list[str] = []
     for point in range(1, baseline["points"] + 1):
         tmp = tmp_path / f"{when}-{point}"
         tmp.mkdir()
         url = target.url(tmp)
         killed, result = child(children, url, tmp, kill_at=point, when=when)
         assert killed == -signal.SIGKILL, (point, result, children.stderr())
+        killed_at.append((tmp / "killed").read_text())
         _proof.record("crash:kills")
         _proof.record(f"crash:{target.kind}:kills")
         if not (tmp / "session").exists():
@@ -154,3 +156,5 @@ def test_sigkill_at_every_commit_point_of_a_turn_that_fails_for_good(
         reruns = sum(1 for k in by_kind.values() for n in k.values() if n == 2)
         assert reruns <= 1, (point, by_kind)  # one kill can interrupt one body at most
     assert windows == [ending + 1], (windows, labels)  # the one kill there
+    # Each kill landed on the write the uninterrupted run made at that point: none skipped.
+    assert killed_at == labels
