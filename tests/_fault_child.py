@@ -24,6 +24,7 @@ from typing import Any
 import signoff as so
 import signoff.stores.postgres
 import signoff.stores.sqlite  # each store imported once here, not in each child
+from signoff.stores._base import LEASE_RENEWED
 
 from ._forks import serve
 
@@ -39,6 +40,17 @@ NOTE = " ".join(
 )
 """A long tool input: the approval request repeating it is stored on the model's response, so
 the kills also land around rows that need the one before them to be read."""
+
+
+TIMED = {LEASE_RENEWED}
+"""Writes a timer makes (a lease renewed while a drive runs long): not at a fixed place in a
+run, so neither counted nor killed at (a loaded machine's stall would shift every later point)."""
+
+
+def killed(records: str, label: str) -> None:
+    """Note which write the kill lands at (in `killed` beside `records`), then SIGKILL."""
+    Path(records).with_name("killed").write_text(label)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def record(path: str, kind: str, key: str) -> None:
@@ -120,15 +132,14 @@ def make_agent(records: str) -> so.Agent:
 
 async def run(argv: list[str]) -> dict[str, Any]:
     store, records, session_path, kill_at, at = argv[0], argv[1], argv[2], int(argv[3]), argv[4]
-    points = 0
+    labels: list[str] = []
 
     def hook(when: str, label: str) -> None:
-        nonlocal points
-        if when != at:
+        if when != at or label in TIMED:
             return
-        points += 1
-        if points == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
+        labels.append(label)
+        if len(labels) == kill_at:
+            killed(records, label)
 
     # A TTL a loaded machine's stalls cannot outlast (a drive waking past its lease's expiry
     # gives the renewal a tenth of it); the parent lapses a killed child's lease (`lapse_leases`).
@@ -177,7 +188,8 @@ async def run(argv: list[str]) -> dict[str, Any]:
             "text": r.text,
             "turns": turns,
             "texts": texts,
-            "points": points,
+            "points": len(labels),
+            "labels": labels,
             "session": sid,
         }
 

@@ -16,8 +16,6 @@ labels of the commit points it saw.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +27,10 @@ from ._fault_child import (
     NOTE,
     PEOPLE,
     PROMPT,
+    TIMED,
     answer_bob,
     gated_tools,
+    killed,
     sent,
 )
 from ._forks import serve
@@ -106,11 +106,11 @@ async def run(argv: list[str]) -> dict[str, Any]:
     labels: list[str] = []
 
     def hook(when: str, label: str) -> None:
-        if when != at:
+        if when != at or label in TIMED:
             return
         labels.append(label)
         if len(labels) == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
+            killed(records, label)
 
     # A TTL a loaded machine's stalls cannot outlast (a drive waking past its lease's expiry
     # gives the renewal a tenth of it); the parent lapses a killed child's lease (`lapse_leases`).

@@ -6,7 +6,8 @@ the channel announces it then.
 `python -m tests._webhook_child` serves `[STORE_URL, STATE_FILE, SESSION_FILE, RECEIVER,
 "--kill-at", N, "--when", "before"|"after", "--backfill"?]` commands, each in a child of its
 own (`_forks`). With `--kill-at N` that process SIGKILLs itself right before or right after
-the N-th write to the channel state (a position saved, a memo kept or dropped). A run that
+the N-th write to the channel state (a position saved, a memo kept or dropped) or of the
+store's channel claims and memos (the hub's claim taken, renewed, given back). A run that
 ends gives the session's status, how many state writes it saw and the deliveries left unsent.
 """
 
@@ -18,7 +19,6 @@ import os
 import signal
 import ssl
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import httpx
 import signoff as so
 import signoff.stores.sqlite  # imported once here, not again in each child
 from signoff.channels import ChannelHub, ChannelState, WebhookChannel
+from signoff.stores._base import CHANNEL_CLAIMED, CHANNEL_MEMOS, CHANNEL_RELEASED, FaultHook
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 from ._forks import serve
@@ -34,19 +35,22 @@ from ._forks import serve
 SECRET = "whsec_crash_1f2e"
 TLS: list[ssl.SSLContext] = []  # made once by the server: loading CA certificates takes a while
 WRITES = ("set_position", "remember", "forget")
+CHANNEL_WRITES = (CHANNEL_CLAIMED, CHANNEL_RELEASED, CHANNEL_MEMOS)
+"""The store's writes for a hub: its claim on the channel (taken, renewed with the position,
+given back at its stop) and the channel's memos kept there."""
 
 
-def count_writes(kill_at: int, when: str) -> Callable[[], int]:
+def count_writes(kill_at: int, when: str) -> tuple[list[str], FaultHook]:
     """Wrap `ChannelState`'s writes to count them and die at the `kill_at`-th; returns the
-    count so far."""
-    seen = 0
+    names of those made so far, and the fault hook that counts the store's writes of channel
+    claims and memos with them."""
+    seen: list[str] = []
 
-    def hook(at: str) -> None:
-        nonlocal seen
+    def hook(at: str, name: str) -> None:
         if at != when:
             return
-        seen += 1
-        if seen == kill_at:
+        seen.append(name)
+        if len(seen) == kill_at:
             # In the state's worker thread: the event loop goes on a moment (a delivery under
             # way reaches the receiver) before the process dies.
             time.sleep(0.05)
@@ -55,13 +59,20 @@ def count_writes(kill_at: int, when: str) -> Callable[[], int]:
     for name in WRITES:
         write = getattr(ChannelState, name)
 
-        def counted(self: ChannelState, *args: Any, _write: Any = write, **kw: Any) -> None:
-            hook("before")
+        def counted(
+            self: ChannelState, *args: Any, _write: Any = write, _name: str = name, **kw: Any
+        ) -> None:
+            hook("before", _name)
             _write(self, *args, **kw)
-            hook("after")
+            hook("after", _name)
 
         setattr(ChannelState, name, counted)
-    return lambda: seen
+
+    def stored(at: str, label: str) -> None:
+        if label in CHANNEL_WRITES:
+            hook(at, label)
+
+    return seen, stored
 
 
 def make_agent() -> so.Agent:
@@ -78,11 +89,12 @@ def make_agent() -> so.Agent:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    writes = count_writes(args.kill_at, args.when)
+    writes, stored = count_writes(args.kill_at, args.when)
     # A TTL a loaded machine's stalls cannot outlast (a drive waking past its lease's expiry
     # gives the renewal a tenth of it); the parent lapses a killed child's lease (`lapse_leases`).
     rt = so.Runtime([make_agent()], store=args.store, lease_ttl=5.0)
     async with rt:
+        rt.store.set_fault_hook(stored)
         if args.backfill:  # the request is open before the hub first starts
             sid, r = await start(rt, Path(args.session_file))
         client = httpx.AsyncClient(verify=TLS[0] if TLS else True)
@@ -113,7 +125,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         unsent = await asyncio.to_thread(hooks.memos, "outbox:")
         await hub.stop()
         await client.aclose()
-        return {"status": r.status, "writes": writes(), "unsent": len(unsent), "session": sid}
+        return {
+            "status": r.status,
+            "writes": len(writes),
+            "names": writes,
+            "unsent": len(unsent),
+            "session": sid,
+        }
 
 
 async def start(rt: so.Runtime, session_file: Path) -> tuple[str, so.GenerateResult]:

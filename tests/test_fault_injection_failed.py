@@ -16,6 +16,7 @@ import pytest
 from signoff.stores._codec import needs_previous
 
 from . import _proof
+from ._crash_points import kill_at_each
 from ._fault_child import BOB_MESSAGE, PROMPT
 from ._forks import Forks
 from ._procs import lapse_leases, query
@@ -120,16 +121,18 @@ def test_sigkill_at_every_commit_point_of_a_turn_that_fails_for_good(
     # Both kills there leave the same store: one is resumed by a call, the other by a worker.
     by = "call" if when == "after" else "worker"
     windows = []
-    for point in range(1, baseline["points"] + 1):
+
+    def kill(point: int) -> str:
         tmp = tmp_path / f"{when}-{point}"
         tmp.mkdir()
         url = target.url(tmp)
         killed, result = child(children, url, tmp, kill_at=point, when=when)
         assert killed == -signal.SIGKILL, (point, result, children.stderr())
-        _proof.record("crash:kills")
-        _proof.record(f"crash:{target.kind}:kills")
-        if not (tmp / "session").exists():
-            continue  # killed before the session existed: nothing was acknowledged
+        if (tmp / "session").exists():  # else killed before it existed: nothing acknowledged
+            finish(tmp, url, point)
+        return (tmp / "killed").read_text()
+
+    def finish(tmp: Path, url: str, point: int) -> None:
         lapse_leases(url)  # as its TTL passing would
         finished, result = child(children, url, tmp, by=by)
         assert finished == 0 and result is not None, (point, children.stderr())
@@ -153,4 +156,6 @@ def test_sigkill_at_every_commit_point_of_a_turn_that_fails_for_good(
             assert list(keys.values())[0] in (1, 2), (point, kind, keys)
         reruns = sum(1 for k in by_kind.values() for n in k.values() if n == 2)
         assert reruns <= 1, (point, by_kind)  # one kill can interrupt one body at most
+
+    kill_at_each(target.kind, labels, kill)
     assert windows == [ending + 1], (windows, labels)  # the one kill there

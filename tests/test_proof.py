@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from . import _proof
+from ._crash_points import kill_at_each
 from ._forks import ROOT
 
 # What two test files record: every kind of line the summary prints, split between them.
@@ -120,3 +121,33 @@ def test_a_parallel_run_prints_the_serial_runs_summary(tmp_path: Path) -> None:
     assert parallel == serial
     assert serial[0].startswith("crash suite: 5 commit points, 10 kills")
     assert len(serial) == 5
+
+
+def test_the_kills_counted_are_those_made_at_every_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The crash suite's kill count is computed from the kills made: it falls with each one
+    that did not land or whose restart failed its checks, and a point skipped fails the run."""
+    tally: Counter[str] = Counter()
+    monkeypatch.setattr(_proof, "tally", tally)
+    labels = ["session.created", "lease.acquired", "turn.started", "lease.released"]
+    tally["crash:commit points"] = tally["crash:sqlite:commit points"] = len(labels)
+
+    assert kill_at_each("sqlite", labels, lambda point: labels[point - 1]) == 4
+    assert _proof.lines() == [
+        "crash suite: 4 commit points, 4 kills (points/kills per store: sqlite 4/4)"
+    ]
+
+    # The child counted one write too few (a label filtered out): each kill from the second
+    # lands one write later than the uninterrupted run's count says, and the run fails.
+    tally.clear()
+    with pytest.raises(AssertionError, match="2: turn.started != lease.acquired"):
+        kill_at_each("sqlite", labels, lambda point: labels[min(point, 3)])
+
+    # A restart that fails its checks ends the run, and its kill is not counted.
+    def second_fails(point: int) -> str:
+        assert point != 2, "the restart's answer differs"
+        return labels[point - 1]
+
+    tally.clear()
+    with pytest.raises(AssertionError, match="answer differs"):
+        kill_at_each("postgres", labels, second_fails)
+    assert tally == {"crash:kills": 1, "crash:postgres:kills": 1}

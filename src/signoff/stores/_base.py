@@ -18,8 +18,15 @@ from ._pending import PendingFilter, created_before
 
 __all__ = [
     "AUDIT_RECORDED",
+    "CHANNEL_CLAIMED",
+    "CHANNEL_MEMOS",
+    "CHANNEL_RELEASED",
     "Commit",
     "FaultHook",
+    "LEASE_ACQUIRED",
+    "LEASE_CLAIMED",
+    "LEASE_RELEASED",
+    "LEASE_RENEWED",
     "Loaded",
     "PendingFilter",
     "READ_BYTES",
@@ -45,10 +52,25 @@ READ_BYTES = 4 << 20
 
 FaultHook = Callable[[Literal["before", "after"], str], None]
 """Test-only: called right before and right after each commit, named by its first event type,
-and each recording of audit entries no event carries, named `AUDIT_RECORDED`."""
+each recording of audit entries no event carries, named `AUDIT_RECORDED`, and each write of a
+lease, a channel claim or channel memos, named by the labels below."""
 
 AUDIT_RECORDED = "audit.recorded"
 """The fault hook's label of `record_audit` (tool setting changes, dashboard sign-outs)."""
+LEASE_ACQUIRED = "lease.acquired"
+"""The fault hook's label of `acquire_lease`."""
+LEASE_RENEWED = "lease.renewed"
+"""The fault hook's label of `renew_lease` (made on a timer, not at a fixed place in a run)."""
+LEASE_RELEASED = "lease.released"
+"""The fault hook's label of `release_lease` (a drive's end, a runtime's close)."""
+LEASE_CLAIMED = "lease.claimed"
+"""The fault hook's label of `claim` (a worker taking sessions with work)."""
+CHANNEL_CLAIMED = "channel.claimed"
+"""The fault hook's label of `claim_channel` (a channel hub taking or keeping its channel)."""
+CHANNEL_RELEASED = "channel.released"
+"""The fault hook's label of `release_channel`."""
+CHANNEL_MEMOS = "channel.memos"
+"""The fault hook's label of `keep_channel_memos` (a click kept before its 200, say)."""
 
 
 def older_schema(where: str, found: int, needed: int) -> SchemaVersionError:
@@ -349,8 +371,9 @@ class Store(Protocol):
         ...
 
     def set_fault_hook(self, hook: FaultHook | None) -> None:
-        """Test-only: call `hook` right before and after each commit and each `record_audit`
-        (None removes it), to inject a crash at either point."""
+        """Test-only: call `hook` right before and after each commit, each `record_audit` and
+        each write of a lease, a channel claim or channel memos (None removes it), to inject a
+        crash at either point."""
         ...
 
     async def record_audit(self, rows: Sequence[AuditRow]) -> None:

@@ -11,6 +11,15 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from ..._exceptions import UnknownSession
+from .._base import (
+    CHANNEL_CLAIMED,
+    CHANNEL_MEMOS,
+    CHANNEL_RELEASED,
+    LEASE_ACQUIRED,
+    LEASE_CLAIMED,
+    LEASE_RELEASED,
+    LEASE_RENEWED,
+)
 from .._memos import checked_memo_names, checked_memos
 from ._connections import Conn, Connections, storable
 from ._sql import named_turn
@@ -125,7 +134,9 @@ class Leases(Connections):
             found[:] = await self._leased_until(owner, now + ttl)
             return bool(found)
 
+        self._before(LEASE_CLAIMED)
         cur = await self._write(body, "claiming runnable sessions", committed=committed)
+        self._after(LEASE_CLAIMED)
         if cur is None:  # committed, its acknowledgement lost: no heads (drives read them)
             return found
         claimed = [(str(row[0]), int(row[1]), row[2:]) for row in await cur.fetchall()]
@@ -178,9 +189,11 @@ class Leases(Connections):
                 raise UnknownSession(session_id)
             return None if row[0] is None else int(row[0]), row[1:]
 
+        self._before(LEASE_ACQUIRED)
         acquired = await self._write(
             body, f"acquiring the lease on session {session_id!r}", transaction=False
         )
+        self._after(LEASE_ACQUIRED)
         assert acquired is not None  # only a transaction's write may answer None
         token, row = acquired
         head = self._moved(session_id, row)
@@ -206,9 +219,11 @@ class Leases(Connections):
             )
             return cur.rowcount == 1
 
+        self._before(LEASE_RENEWED)
         renewed = await self._write(
             body, f"renewing the lease on session {session_id!r}", transaction=False, renewal=True
         )
+        self._after(LEASE_RENEWED)
         return bool(renewed)
 
     async def lease_held(self, session_id: str, now: float) -> bool:
@@ -243,7 +258,9 @@ class Leases(Connections):
                 (session_id, owner, token, self.channel, f"{session_id} 0"),
             )
 
+        self._before(LEASE_RELEASED)
         await self._write(body, f"releasing the lease on session {session_id!r}", transaction=False)
+        self._after(LEASE_RELEASED)
 
     async def claim_channel(
         self,
@@ -284,7 +301,9 @@ class Leases(Connections):
             return (False, None, None) if row is None else (True, row[0], row[1])
 
         # One statement, the same whoever runs it again: a lost connection is retried.
+        self._before(CHANNEL_CLAIMED)
         found = await self._write(body, f"claiming channel {name!r}", transaction=False)
+        self._after(CHANNEL_CLAIMED)
         return (False, None, None) if found is None else found
 
     async def release_channel(self, name: str, owner: str, now: float) -> None:
@@ -299,7 +318,9 @@ class Leases(Connections):
                 (name, owner),
             )
 
+        self._before(CHANNEL_RELEASED)
         await self._write(body, f"releasing channel {name!r}", transaction=False)
+        self._after(CHANNEL_RELEASED)
 
     async def keep_channel_memos(
         self, memos: Mapping[str, str | None], now: float, *, durable: bool = False
@@ -334,7 +355,9 @@ class Leases(Connections):
             else:
                 await psycopg.AsyncClientCursor(conn).execute(sql, params)
 
+        self._before(CHANNEL_MEMOS)
         await self._write(body, "keeping a channel's memos", transaction=False)
+        self._after(CHANNEL_MEMOS)
 
     async def channel_memo(self, name: str) -> str | None:
         """The value kept under `name` by `keep_channel_memos`, or None."""

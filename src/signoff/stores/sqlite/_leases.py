@@ -9,6 +9,15 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 
 from ..._exceptions import StoreError, UnknownSession
+from .._base import (
+    CHANNEL_CLAIMED,
+    CHANNEL_MEMOS,
+    CHANNEL_RELEASED,
+    LEASE_ACQUIRED,
+    LEASE_CLAIMED,
+    LEASE_RELEASED,
+    LEASE_RENEWED,
+)
 from .._memos import checked_memo_names, checked_memos
 from ._connection import Connection, kept
 from ._files import beside
@@ -25,6 +34,7 @@ class Leases(Connection):
         self, session_id: str, owner: str, ttl: float, now: float
     ) -> int | None:
         conn = self.conn
+        self._before(LEASE_ACQUIRED)
         with immediate(conn, self._writable, self.path):
             sk = self._session_key(session_id)
             if sk is None:
@@ -48,6 +58,7 @@ class Leases(Connection):
                     "UPDATE leases SET owner=?, token=?, expires_at=? WHERE sk=?",
                     (owner, token, now + ttl, sk),
                 )
+        self._after(LEASE_ACQUIRED)
         self._granted(session_id, token, now, ttl)
         return token
 
@@ -56,6 +67,7 @@ class Leases(Connection):
         self, session_id: str, owner: str, token: int, ttl: float, now: float
     ) -> bool:
         conn = self.conn
+        self._before(LEASE_RENEWED)
         with immediate(conn, self._writable, self.path):
             sk = self._session_key(session_id)
             cur = conn.execute(
@@ -64,6 +76,7 @@ class Leases(Connection):
                 "WHERE sk=? AND owner=? AND token=?",
                 (now + ttl, sk, owner, token),
             )
+        self._after(LEASE_RENEWED)
         if cur.rowcount != 1:
             return False
         self._granted(session_id, token, now, ttl)
@@ -89,6 +102,7 @@ class Leases(Connection):
         only = "" if agents is None else f" AND s.agent IN ({','.join('?' * len(agents))})"
         if skip:
             only += f" AND s.id NOT IN ({','.join('?' * len(skip))})"
+        self._before(LEASE_CLAIMED)
         with immediate(conn, self._writable, self.path):
             rows = conn.execute(
                 "SELECT s.sk, s.id, l.token FROM sessions s LEFT JOIN leases l ON l.sk = s.sk "
@@ -107,6 +121,7 @@ class Leases(Connection):
                     (sk, owner, new, now + ttl),
                 )
                 claimed.append((str(session_id), new))
+        self._after(LEASE_CLAIMED)
         for session_id, token in claimed:
             self._granted(session_id, token, now, ttl)
         return claimed
@@ -131,12 +146,14 @@ class Leases(Connection):
     @serialised
     async def release_lease(self, session_id: str, owner: str, token: int) -> None:
         conn = self.conn
+        self._before(LEASE_RELEASED)
         with immediate(conn, self._writable, self.path):
             sk = self._session_key(session_id)
             conn.execute(
                 "UPDATE leases SET owner='', expires_at=0 WHERE sk=? AND owner=? AND token=?",
                 (sk, owner, token),
             )
+        self._after(LEASE_RELEASED)
         self._given_back(session_id, token)
 
     @serialised
@@ -157,6 +174,7 @@ class Leases(Connection):
         whose name starts with `succeeds` is taken over at once, lapsed or not (the caller
         knows it is gone)."""
         conn = self.conn
+        self._before(CHANNEL_CLAIMED)
         with immediate(conn, self._writable, self.path):
             row = conn.execute(
                 "SELECT owner, expires_at, after_id FROM channel_claims WHERE name=?", (name,)
@@ -177,6 +195,7 @@ class Leases(Connection):
                 "after_id=COALESCE(excluded.after_id, channel_claims.after_id)",
                 (name, owner, now + ttl, after_id),
             )
+        self._after(CHANNEL_CLAIMED)
         if row is None:
             return True, after_id, None
         return True, saved if after_id is None else after_id, float(until)
@@ -185,11 +204,13 @@ class Leases(Connection):
     async def release_channel(self, name: str, owner: str, now: float) -> None:
         """Give back the claim `name` if `owner` holds it, as of `now` (its position stays)."""
         conn = self.conn
+        self._before(CHANNEL_RELEASED)
         with immediate(conn, self._writable, self.path):
             conn.execute(
                 "UPDATE channel_claims SET owner='', expires_at=? WHERE name=? AND owner=?",
                 (now, name, owner),
             )
+        self._after(CHANNEL_RELEASED)
 
     @serialised
     async def keep_channel_memos(
@@ -201,6 +222,7 @@ class Leases(Connection):
         `durable`: synced to disk before it returns (`synchronous=FULL`), as an answer is."""
         names = checked_memos(memos)
         conn = self.conn
+        self._before(CHANNEL_MEMOS)
         if durable:
             conn.execute("PRAGMA synchronous=FULL")
         try:
@@ -219,6 +241,7 @@ class Leases(Connection):
         finally:
             if durable:
                 conn.execute("PRAGMA synchronous=NORMAL")
+        self._after(CHANNEL_MEMOS)
 
     @reading
     async def channel_memo(self, name: str) -> str | None:
