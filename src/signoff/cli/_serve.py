@@ -269,6 +269,13 @@ def serve(
                 f"signoff serve needs the server extra: pip install 'signoff[server]' ({exc})"
             )
         )
+    if metrics:
+        from ..server._metrics import exporter_type
+
+        try:  # a missing extra, as the server's above: no mistake of the command line
+            exporter_type()
+        except UsageError as exc:
+            fail(exc)
     try:
         with misuse():  # the command line's own mistakes, before the runtime is imported
             split_target(target)
@@ -430,13 +437,11 @@ def _refuse_stray_channel_options(
 
 
 def _check_metrics(ctx: typer.Context, metrics: bool, token: str | None, auth: object) -> None:
-    """Refuse `--metrics` without its extra (its install line before the store is waited for),
-    a `--metrics-token` the app would refuse (one of the `--token` secrets, say), and one typed
-    without `--metrics`; one only exported is left unused."""
+    """Refuse a `--metrics-token` the app would refuse (one of the `--token` secrets, say), and
+    one typed without `--metrics`; one only exported is left unused."""
     if metrics:
-        from ..server._metrics import check_token, exporter_type
+        from ..server._metrics import check_token
 
-        exporter_type()
         if token is not None and not token:  # `--metrics-token "$UNSET"`
             raise UsageError("the metrics token (--metrics-token) must not be empty")
         if token is not None:
