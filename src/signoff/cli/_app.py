@@ -34,7 +34,7 @@ from .._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
 from .._logs import LOG_LEVELS
 from .._runtime import Runtime
 from .._text import is_utf8
-from .._types import ModelResponse, Principal
+from .._types import InputRequest, ModelResponse, Principal
 from ..channels.terminal import compact_json, printable
 from ..models import ModelRequest
 from ..stores import DEFAULT_URL
@@ -203,6 +203,15 @@ def fail(exc: BaseException) -> NoReturn:
         f"[bold red]error:[/] [red]{type(exc).__name__}: {printable(message)}[/]", soft_wrap=True
     )
     raise typer.Exit(1)
+
+
+def answer_flags(request: InputRequest) -> list[str]:
+    """The `signoff answer` options that can answer `request`: `--option ID` only when it has
+    options and `--text TEXT` only when it takes free text, so no hint names one it refuses."""
+    flags = ["--option ID"] if request.options else []
+    if request.allow_text:
+        flags.append("--text TEXT")
+    return flags or ["--option ID", "--text TEXT"]
 
 
 def say_cut(shown: int, total: int) -> None:
