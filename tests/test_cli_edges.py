@@ -245,3 +245,31 @@ def test_the_answer_chat_says_to_give_later_is_one_the_question_takes(
     assert refused.stderr.endswith(f"{command.split(' --store')[0]} {' or '.join(flags)}\n")
     answered = invoke("answer", question["id"], "--store", url, *given)
     assert answered.exit_code == 0, answered.output
+
+
+def test_an_id_of_the_other_kind_is_named_as_such(url: str) -> None:
+    """A session's id given where a request's goes (`approve ses_...`), or a request's where a
+    session's goes (`events req_...`, `chat --session req_...`), an easy first mistake, is
+    refused saying which it is and what to run; nothing is recorded."""
+    session_id, request_id = park(url)
+    before = len(log(url, session_id))
+    for command in (["approve", session_id], ["deny", session_id]):
+        result = invoke(*command, "--store", url)
+        assert result.exit_code == 1
+        assert result.stderr.endswith(
+            f"(that is a session id: `signoff pending --session {session_id}` lists its requests)\n"
+        ), result.stderr
+    answered = invoke("answer", session_id, "--text", "x", "--store", url)
+    assert answered.exit_code == 1 and "that is a session id" in answered.stderr
+    for command in (["events", request_id], ["chat", TARGET, "--session", request_id]):
+        result = CliRunner().invoke(app, [*command, "--store", url], input="")
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"error: UnknownSession: unknown session {request_id!r} (that is a request id: "
+            "`signoff pending` shows the session of an open one)\n"
+        ), result.stderr
+    assert len(log(url, session_id)) == before
+    # an unknown id of the right kind is refused as before, with no hint
+    assert invoke("events", "ses_nope", "--store", url).stderr == (
+        "error: UnknownSession: unknown session 'ses_nope'\n"
+    )

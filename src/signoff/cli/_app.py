@@ -28,6 +28,8 @@ from .._agent import Agent
 from .._exceptions import (
     ModelError,
     SignoffError,
+    UnknownRequest,
+    UnknownSession,
     UsageError,
 )
 from .._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
@@ -199,6 +201,7 @@ def fail(exc: BaseException) -> NoReturn:
     """Print `exc` as one red line (a multi-line message, e.g. a driver's, is joined) and exit 1."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     message = " ".join(lines) or "(no message)"
+    message += _other_kind_of_id(exc)
     err().print(
         f"[bold red]error:[/] [red]{type(exc).__name__}: {printable(message)}[/]", soft_wrap=True
     )
@@ -212,6 +215,20 @@ def answer_flags(request: InputRequest) -> list[str]:
     if request.allow_text:
         flags.append("--text TEXT")
     return flags or ["--option ID", "--text TEXT"]
+
+
+def _other_kind_of_id(exc: BaseException) -> str:
+    """What to run instead when an unknown id is of the other kind (`signoff approve ses_...`,
+    `signoff events req_...`), an easy first mistake: the ids say which they are."""
+    if isinstance(exc, UnknownSession) and exc.session_id.startswith("req_"):
+        return " (that is a request id: `signoff pending` shows the session of an open one)"
+    if isinstance(exc, UnknownRequest) and len(exc.request_ids) == 1:
+        (given,) = exc.request_ids
+        if given.startswith("ses_"):
+            return (
+                f" (that is a session id: `signoff pending --session {given}` lists its requests)"
+            )
+    return ""
 
 
 def say_cut(shown: int, total: int) -> None:
