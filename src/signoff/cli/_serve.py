@@ -94,7 +94,8 @@ def serve(
         typer.Option(
             "--slack-channel",
             metavar="CHANNEL_ID",
-            help="Post requests to this Slack channel id.",
+            # `\\[` keeps rich from taking `[slack]` for markup and dropping it
+            help="Post requests to this Slack channel id (needs pip install 'signoff\\[slack]').",
         ),
     ] = None,
     slack_token: Annotated[
@@ -252,8 +253,9 @@ def serve(
 ) -> None:
     """Serve the runtime over HTTP: REST under /v1, live events, the dashboard at /_signoff.
 
-    With --webhook or --slack-channel the queue is also posted to those channels. Started
-    while its database is down, it waits for it before listening (SIGTERM ends the wait)."""
+    Needs pip install 'signoff\\[server]'. With --webhook or --slack-channel the queue is also
+    posted to those channels. Started while its database is down, it waits for it before
+    listening (SIGTERM ends the wait)."""
     try:
         from ..server import TokenAuth
         from ..server import serve as run_server
