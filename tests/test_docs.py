@@ -255,6 +255,19 @@ def test_the_chat_transcript_in_the_readme_is_what_chat_prints(tmp_path: Path) -
     assert (tmp_path / ".signoff" / "state.db").exists()
 
 
+def test_the_packages_the_quick_start_says_setup_installs_are_the_ones_it_installs() -> None:
+    """`./scripts/setup` run as root installs Debian packages the tests need: the Quick start
+    names each, so a new user knows what it adds to their machine (pgbouncer was left out)."""
+    setup = (ROOT / "scripts" / "setup").read_text()
+    installed = re.findall(r"apt-get install -y -qq ([\w.-]+)", setup)
+    shown = {"chromium": "Chromium", "postgresql-15": "PostgreSQL 15"}
+    text = " ".join(section("Quick start").split())
+    said = re.search(r"and install Debian's (.*?) for the tests when run as root", text)
+    assert said, text
+    named = re.split(r", | and ", said.group(1))
+    assert sorted(named) == sorted(shown.get(p, p) for p in installed), (named, installed)
+
+
 def test_the_audit_example_runs_and_checks_out(tmp_path: Path) -> None:
     """docs/audit.md's example, in an async function over a parked session: the trail reads,
     verifies with no problem, exports, and the export verifies offline; an altered export
