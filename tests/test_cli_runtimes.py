@@ -85,6 +85,33 @@ def test_a_runtime_that_is_not_there_is_the_same_error_everywhere(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ("tests/_cli.py", "tests._cli:nothing"),
+        ("./tests/_cli", "tests._cli:nothing"),
+        ("_cli.py", "_cli:nothing"),
+        ("/srv/app/agents.py", "run the command in the file's directory, with agents:nothing"),
+        ("../app/agents", "run the command in the file's directory, with agents:nothing"),
+    ],
+)
+@pytest.mark.parametrize("command", [["chat", T], ["approve", "req_x", T]], ids=["chat", "approve"])
+def test_a_file_path_given_as_the_module_is_told_the_module_s_name(
+    command: list[str], given: str, named: str, tmp_path: Path
+) -> None:
+    """`signoff chat app.py:runtime` (or `./app:runtime`, `pkg/app.py:runtime`), an easy first
+    mistake, said no such module, or for `./app` that a relative import needs a package: it
+    now names the dotted module to give instead; nothing is opened."""
+    store = f"sqlite:///{tmp_path}/s.db"
+    result = invoke(*naming(command, f"{given}:nothing"), "--store", store)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: UsageError: cannot import {given!r}: that is a file path, and MODULE:RUNTIME "
+        f"takes a module's dotted name, as python -m does: {named}\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.fixture
 def own_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
     """A module of a runtime whose own store is a file of `tmp_path`: (MODULE:RUNTIME, URL)."""

@@ -366,19 +366,36 @@ def _interruptible() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _file_path_hint(module_name: str, attribute: str) -> str:
+    """What to name instead of a file path given as MODULE (`app.py`, `./app`, `pkg/app.py`),
+    an easy first mistake: the module's dotted name, as `python -m` takes it. "" for a name
+    that is no path."""
+    path = module_name.replace("\\", "/")
+    if "/" not in path and not path.startswith(".") and not path.endswith(".py"):
+        return ""
+    parts = [part for part in path.removesuffix(".py").split("/") if part not in ("", ".")]
+    said = "that is a file path, and MODULE:RUNTIME takes a module's dotted name, as python -m does"
+    if path.startswith("/") or ".." in parts or not parts:
+        name = parts[-1] if parts else "MODULE"
+        return f"{said}: run the command in the file's directory, with {name}:{attribute}"
+    return f"{said}: {'.'.join(parts)}:{attribute}"
+
+
 def _loaded(target: str, module_name: str, attribute: str, store: str | None) -> Runtime:
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)  # like `python -m`: modules of the current directory load
+    path_hint = _file_path_hint(module_name, attribute)
+    if path_hint and not module_name.endswith(".py"):  # `./app`, `pkg/app`: no module's name
+        raise UsageError(f"cannot import {module_name!r}: {path_hint}")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (
             module_name == exc.name or module_name.startswith(exc.name + ".")
         ):
-            raise UsageError(
-                f"cannot import {module_name!r}: no such module in {cwd} or the installed packages"
-            ) from None
+            where = f"no such module in {cwd} or the installed packages"
+            raise UsageError(f"cannot import {module_name!r}: {path_hint or where}") from None
         raise UsageError(f"importing {module_name!r} failed: {exc}") from exc
     except SignoffError:
         raise
