@@ -176,3 +176,41 @@ def test_a_runtimes_store_of_another_schema_is_the_one_read_and_upgraded(
     assert [r["id"] for r in json.loads(listed.stdout)] == [request_id], listed.output
     rows = invoke("sessions", target, "--json")
     assert [r["id"] for r in json.loads(rows.stdout)] == [session_id], rows.output
+
+
+@pytest.mark.parametrize("command", [["chat"], ["sessions"], ["worker"]])
+def test_the_readme_s_script_named_as_a_runtime_is_one_line_saying_why(
+    command: list[str], tmp_path: Path
+) -> None:
+    """The README's *In Python* example saved as `app.py` and named as `app:agent`, which it
+    defines: its `asyncio.run(main())` runs on import, inside the command's event loop, and
+    fails. That said only "asyncio.run() cannot be called from a running event loop", then, as
+    the process exited, two lines of "coroutine 'main' was never awaited"; now one line that
+    says where a script's run goes, and nothing is written."""
+    import os
+    import subprocess
+    import sys
+
+    from ._docs import ROOT, blocks
+
+    script = blocks("README.md", "python")[0]
+    assert "\nasyncio.run(main())\n" in script and "\nagent = so.Agent(" in script
+    (tmp_path / "app.py").write_text(script)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    env.pop("SIGNOFF_STORE", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "signoff", *command, "app:agent"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == (
+        "error: UsageError: importing 'app' failed: RuntimeError: asyncio.run() cannot be called "
+        "from a running event loop (it runs asyncio.run() when imported: a script's run goes "
+        "under if __name__ == '__main__':)\n"
+    )
+    assert [p.name for p in tmp_path.iterdir() if p.name != "__pycache__"] == ["app.py"]

@@ -381,6 +381,18 @@ def _file_path_hint(module_name: str, attribute: str) -> str:
     return f"{said}: {'.'.join(parts)}:{attribute}"
 
 
+def _close_unstarted(exc: BaseException) -> None:
+    """Close the coroutines the frames of `exc`'s traceback hold that never started (the one a
+    module importing in a command's event loop gave `asyncio.run`), as Python would warn of each
+    when it exits."""
+    tb = exc.__traceback__
+    while tb is not None:
+        for value in tb.tb_frame.f_locals.values():
+            if inspect.iscoroutine(value) and inspect.getcoroutinestate(value) == "CORO_CREATED":
+                value.close()
+        tb = tb.tb_next
+
+
 def _loaded(target: str, module_name: str, attribute: str, store: str | None) -> Runtime:
     cwd = os.getcwd()
     if cwd not in sys.path:
@@ -400,7 +412,12 @@ def _loaded(target: str, module_name: str, attribute: str, store: str | None) ->
     except SignoffError:
         raise
     except Exception as exc:
-        raise UsageError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+        said = f"importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        if isinstance(exc, RuntimeError) and "asyncio.run() cannot be called" in str(exc):
+            _close_unstarted(exc)  # no "coroutine 'main' was never awaited" after the one line
+            said += " (it runs asyncio.run() when imported: a script's run goes under "
+            said += "if __name__ == '__main__':)"
+        raise UsageError(said) from exc
     obj: Any = module
     for part in attribute.split("."):
         try:
