@@ -198,3 +198,78 @@ def test_recording_again_an_answer_whose_turn_ended_does_not_say_it_continues(
     assert "its turn has ended (completed)" in with_runtime.output, with_runtime.output
     assert "support: Refunded" not in with_runtime.output  # no answer anew: nothing ran
     assert len(log(store_url, session_id)) == len(before)
+
+
+@so.tool
+async def choose(ctx: so.ToolContext, takes: str) -> dict[str, object]:
+    """Ask one question that takes options, free text or both (`takes`)."""
+    options = None if takes == "text" else ["Small", "Large"]
+    answer = await ctx.ask("Which size?", options=options, allow_text=takes != "options")
+    return {"answer": answer.value}
+
+
+def _asker(takes: str) -> so.Agent:
+    ask = so.ModelResponse(tool_calls=[so.ToolCall(name="choose", input={"takes": takes})])
+    model = so.models.Scripted([ask, so.ModelResponse(text="Noted.")])
+    return so.Agent(name="asker", model=model, tools=[choose])
+
+
+ASKERS = {takes: _asker(takes) for takes in ("text", "options", "both")}
+asks_text, asks_options, asks_both = ASKERS.values()
+
+
+@pytest.mark.parametrize(
+    ("takes", "flags", "given"),
+    [
+        ("text", ["--text TEXT"], ["--text", "a big one"]),
+        ("options", ["--option ID"], ["--option", "Large"]),
+        ("both", ["--option ID", "--text TEXT"], ["--option", "Large"]),
+    ],
+)
+def test_the_answer_chat_says_to_give_later_is_one_the_question_takes(
+    url: str, takes: str, flags: list[str], given: list[str]
+) -> None:
+    """A question left pending in chat is answered later with the options it takes: a free-text
+    one was told `--option ID`, which it refuses (it has none), and an options-only one
+    `--text TEXT`; so is `approve` of a question told how to answer it."""
+    target = f"tests.test_cli_edges:asks_{takes}"
+    chat = CliRunner().invoke(app, ["chat", target, "--store", url], input="a coffee\n")
+    assert chat.exit_code == 0, chat.output
+    later = re.search(r"answer it later with (.+)$", chat.output, re.M)
+    assert later, chat.output
+    (question,) = json.loads(invoke("pending", "--store", url, "--json").stdout)
+    command = f"signoff answer {question['id']} --store {url}"
+    assert later.group(1) == "`" + f"{command} " + "` or `".join(flags) + "`", later.group(1)
+    refused = invoke("approve", question["id"], "--store", url)
+    assert refused.exit_code == 1
+    assert refused.stderr.endswith(f"{command.split(' --store')[0]} {' or '.join(flags)}\n")
+    answered = invoke("answer", question["id"], "--store", url, *given)
+    assert answered.exit_code == 0, answered.output
+
+
+def test_an_id_of_the_other_kind_is_named_as_such(url: str) -> None:
+    """A session's id given where a request's goes (`approve ses_...`), or a request's where a
+    session's goes (`events req_...`, `chat --session req_...`), an easy first mistake, is
+    refused saying which it is and what to run; nothing is recorded."""
+    session_id, request_id = park(url)
+    before = len(log(url, session_id))
+    for command in (["approve", session_id], ["deny", session_id]):
+        result = invoke(*command, "--store", url)
+        assert result.exit_code == 1
+        assert result.stderr.endswith(
+            f"(that is a session id: `signoff pending --session {session_id}` lists its requests)\n"
+        ), result.stderr
+    answered = invoke("answer", session_id, "--text", "x", "--store", url)
+    assert answered.exit_code == 1 and "that is a session id" in answered.stderr
+    for command in (["events", request_id], ["chat", TARGET, "--session", request_id]):
+        result = CliRunner().invoke(app, [*command, "--store", url], input="")
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"error: UnknownSession: unknown session {request_id!r} (that is a request id: "
+            "`signoff pending` shows the session of an open one)\n"
+        ), result.stderr
+    assert len(log(url, session_id)) == before
+    # an unknown id of the right kind is refused as before, with no hint
+    assert invoke("events", "ses_nope", "--store", url).stderr == (
+        "error: UnknownSession: unknown session 'ses_nope'\n"
+    )

@@ -85,6 +85,33 @@ def test_a_runtime_that_is_not_there_is_the_same_error_everywhere(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ("tests/_cli.py", "tests._cli:nothing"),
+        ("./tests/_cli", "tests._cli:nothing"),
+        ("_cli.py", "_cli:nothing"),
+        ("/srv/app/agents.py", "run the command in the file's directory, with agents:nothing"),
+        ("../app/agents", "run the command in the file's directory, with agents:nothing"),
+    ],
+)
+@pytest.mark.parametrize("command", [["chat", T], ["approve", "req_x", T]], ids=["chat", "approve"])
+def test_a_file_path_given_as_the_module_is_told_the_module_s_name(
+    command: list[str], given: str, named: str, tmp_path: Path
+) -> None:
+    """`signoff chat app.py:runtime` (or `./app:runtime`, `pkg/app.py:runtime`), an easy first
+    mistake, said no such module, or for `./app` that a relative import needs a package: it
+    now names the dotted module to give instead; nothing is opened."""
+    store = f"sqlite:///{tmp_path}/s.db"
+    result = invoke(*naming(command, f"{given}:nothing"), "--store", store)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: UsageError: cannot import {given!r}: that is a file path, and MODULE:RUNTIME "
+        f"takes a module's dotted name, as python -m does: {named}\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.fixture
 def own_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
     """A module of a runtime whose own store is a file of `tmp_path`: (MODULE:RUNTIME, URL)."""
@@ -149,3 +176,41 @@ def test_a_runtimes_store_of_another_schema_is_the_one_read_and_upgraded(
     assert [r["id"] for r in json.loads(listed.stdout)] == [request_id], listed.output
     rows = invoke("sessions", target, "--json")
     assert [r["id"] for r in json.loads(rows.stdout)] == [session_id], rows.output
+
+
+@pytest.mark.parametrize("command", [["chat"], ["sessions"], ["worker"]])
+def test_the_readme_s_script_named_as_a_runtime_is_one_line_saying_why(
+    command: list[str], tmp_path: Path
+) -> None:
+    """The README's *In Python* example saved as `app.py` and named as `app:agent`, which it
+    defines: its `asyncio.run(main())` runs on import, inside the command's event loop, and
+    fails. That said only "asyncio.run() cannot be called from a running event loop", then, as
+    the process exited, two lines of "coroutine 'main' was never awaited"; now one line that
+    says where a script's run goes, and nothing is written."""
+    import os
+    import subprocess
+    import sys
+
+    from ._docs import ROOT, blocks
+
+    script = blocks("README.md", "python")[0]
+    assert "\nasyncio.run(main())\n" in script and "\nagent = so.Agent(" in script
+    (tmp_path / "app.py").write_text(script)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    env.pop("SIGNOFF_STORE", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "signoff", *command, "app:agent"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == (
+        "error: UsageError: importing 'app' failed: RuntimeError: asyncio.run() cannot be called "
+        "from a running event loop (it runs asyncio.run() when imported: a script's run goes "
+        "under if __name__ == '__main__':)\n"
+    )
+    assert [p.name for p in tmp_path.iterdir() if p.name != "__pycache__"] == ["app.py"]

@@ -309,3 +309,26 @@ async def test_the_metrics_table_is_what_a_scrape_serves(tmp_path: Path) -> None
     for name, (labels, kind) in served.items():
         assert documented[name][1] == kind, name
         assert labels <= documented[name][0], (name, labels)
+
+
+def test_the_hosts_the_api_docs_page_loads_from_are_named(tmp_path: Path) -> None:
+    """`/v1/docs` is FastAPI's Swagger UI, whose assets come from a CDN: on a machine that
+    cannot reach it (an offline or locked-down one) the page is blank. docs/server.md names
+    every host its scripts and stylesheets load from, and the document that works without."""
+    import httpx
+
+    import signoff as so
+    from signoff.server import create_app
+
+    from .test_server_common import running
+
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/state.db")
+    with running(create_app(rt, dev=True)) as base:
+        page = httpx.get(f"{base}/v1/docs").text
+    assets = re.findall(r"<script[^>]+src=['\"]([^'\"]+)|<link[^>]+href=['\"]([^'\"]+\.css)", page)
+    hosts = {re.sub(r"^https?://([^/]+)/.*", r"\1", a or b) for a, b in assets}
+    assert hosts, page
+    text = " ".join(blocks_text("server").split())
+    for host in hosts:
+        assert f"`{host}`" in text, host
+    assert "the page stays blank, and `/v1/openapi.json` is the same document" in text

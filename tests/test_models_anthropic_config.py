@@ -99,6 +99,21 @@ async def test_an_auth_token_in_env_is_sent_as_a_bearer_token(fake) -> None:
     assert fake.received[0].headers["authorization"] == f"Bearer {API_KEY}"
 
 
+def test_the_label_names_the_base_url_of_the_environment_as_openai_s_does(monkeypatch) -> None:
+    """`signoff chat` shows the model by its repr (`model: ...`): one sent to the gateway in
+    the process's ANTHROPIC_BASE_URL said `Anthropic('claude-haiku-4-5')`, as if it went to
+    Anthropic's API, where OpenAIChat names its OPENAI_BASE_URL."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:4000")
+    assert repr(so.models.Anthropic("claude-haiku-4-5")) == (
+        "Anthropic('claude-haiku-4-5', base_url='http://127.0.0.1:4000')"
+    )
+    given = so.models.Anthropic("claude-haiku-4-5", base_url="http://127.0.0.1:5000")
+    assert "5000" in repr(given)
+    monkeypatch.delenv("ANTHROPIC_BASE_URL")
+    assert repr(so.models.Anthropic("claude-haiku-4-5")) == "Anthropic('claude-haiku-4-5')"
+
+
 def test_a_missing_sdk_names_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "anthropic", None)
     with pytest.raises(so.UsageError, match=r"pip install 'signoff\[anthropic\]'"):

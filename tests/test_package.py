@@ -192,6 +192,12 @@ def _blocked(modules: str, code: str, cwd: Path | None = None) -> subprocess.Com
             "from signoff.channels import WebhookChannel; WebhookChannel('http://h/x', secret='s')",
             "signoff[webhooks]",
         ),
+        (
+            "prometheus_client",
+            "import signoff as so; from signoff.server import create_app\n"
+            "create_app(so.Runtime([]), dev=True, metrics=True)",
+            "signoff[metrics]",
+        ),
     ],
 )
 def test_a_missing_extra_fails_with_its_install_hint(modules: str, code: str, hint: str) -> None:
@@ -201,16 +207,61 @@ def test_a_missing_extra_fails_with_its_install_hint(modules: str, code: str, hi
     assert last.startswith("signoff._exceptions.UsageError: ") and hint in last, done.stderr
 
 
-@pytest.mark.parametrize("modules", ["fastapi", "uvicorn"])
-def test_serve_without_the_server_extra_is_one_line_with_the_hint(
-    modules: str, tmp_path: Path
+@pytest.mark.parametrize(
+    ("modules", "flags", "hint"),
+    [
+        ("fastapi", [], "signoff[server]"),
+        ("uvicorn", [], "signoff[server]"),
+        ("prometheus_client", ["--metrics"], "signoff[metrics]"),
+        (
+            "slack_sdk",
+            ["--slack-channel", "C1", "--slack-token", "x", "--slack-signing-secret", "s"],
+            "signoff[slack]",
+        ),
+    ],
+)
+def test_serve_without_an_extra_is_one_line_with_the_hint(
+    modules: str, flags: list[str], hint: str, tmp_path: Path
 ) -> None:
-    argv = ["signoff", "serve", "examples.support:runtime", "--store", f"sqlite:///{tmp_path}/s.db"]
+    store = f"sqlite:///{tmp_path}/s.db"
+    argv = ["signoff", "serve", "examples.support:runtime", "--store", store, *flags]
     code = f"from signoff.cli import main\nsys.argv = {argv!r}\nmain()"
     done = _blocked(modules, code, cwd=ROOT)
     assert done.returncode == 1, done.stderr
-    assert done.stderr.startswith("error: UsageError: ") and "signoff[server]" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("error: UsageError: ") and hint in done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("modules", "argv", "hint"),
+    [
+        ("psycopg", ["sessions", "--store", "postgresql://u@127.0.0.1:1/db"], "signoff[postgres]"),
+        ("psycopg_pool", ["db", "upgrade", "--store", "postgresql://u@h/db"], "signoff[postgres]"),
+        # a runtime whose model needs a provider's SDK: the example agent with a key set
+        ("openai", ["chat", "examples.support:runtime"], "signoff[openai]"),
+        ("anthropic", ["worker", "examples.support:runtime"], "signoff[anthropic]"),
+    ],
+)
+def test_a_command_needing_a_missing_extra_is_one_line_with_the_hint(
+    modules: str, argv: list[str], hint: str, tmp_path: Path
+) -> None:
+    """What a bare `pip install signoff` lacks, named by any command that needs it: a
+    PostgreSQL store, or the SDK of the provider a runtime's model uses."""
+    key = "ANTHROPIC_API_KEY" if modules == "anthropic" else "OPENAI_API_KEY"
+    chosen = ("SIGNOFF_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")
+    if argv[0] in ("chat", "worker"):
+        argv = [*argv, "--store", f"sqlite:///{tmp_path}/s.db"]
+    code = (
+        f"import os\nfor name in {chosen!r}:\n    os.environ.pop(name, None)\n"
+        f"os.environ[{key!r}] = 'k'\n"
+        f"from signoff.cli import main\nsys.argv = {['signoff', *argv]!r}\nmain()"
+    )
+    done = _blocked(modules, code, cwd=ROOT)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("error: UsageError: ") and hint in done.stderr, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_wheel_metadata_classifies_the_package_truthfully(wheel) -> None:

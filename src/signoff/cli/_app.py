@@ -28,13 +28,15 @@ from .._agent import Agent
 from .._exceptions import (
     ModelError,
     SignoffError,
+    UnknownRequest,
+    UnknownSession,
     UsageError,
 )
 from .._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
 from .._logs import LOG_LEVELS
 from .._runtime import Runtime
 from .._text import is_utf8
-from .._types import ModelResponse, Principal
+from .._types import InputRequest, ModelResponse, Principal
 from ..channels.terminal import compact_json, printable
 from ..models import ModelRequest
 from ..stores import DEFAULT_URL
@@ -199,10 +201,34 @@ def fail(exc: BaseException) -> NoReturn:
     """Print `exc` as one red line (a multi-line message, e.g. a driver's, is joined) and exit 1."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     message = " ".join(lines) or "(no message)"
+    message += _other_kind_of_id(exc)
     err().print(
         f"[bold red]error:[/] [red]{type(exc).__name__}: {printable(message)}[/]", soft_wrap=True
     )
     raise typer.Exit(1)
+
+
+def answer_flags(request: InputRequest) -> list[str]:
+    """The `signoff answer` options that can answer `request`: `--option ID` only when it has
+    options and `--text TEXT` only when it takes free text, so no hint names one it refuses."""
+    flags = ["--option ID"] if request.options else []
+    if request.allow_text:
+        flags.append("--text TEXT")
+    return flags or ["--option ID", "--text TEXT"]
+
+
+def _other_kind_of_id(exc: BaseException) -> str:
+    """What to run instead when an unknown id is of the other kind (`signoff approve ses_...`,
+    `signoff events req_...`), an easy first mistake: the ids say which they are."""
+    if isinstance(exc, UnknownSession) and exc.session_id.startswith("req_"):
+        return " (that is a request id: `signoff pending` shows the session of an open one)"
+    if isinstance(exc, UnknownRequest) and len(exc.request_ids) == 1:
+        (given,) = exc.request_ids
+        if given.startswith("ses_"):
+            return (
+                f" (that is a session id: `signoff pending --session {given}` lists its requests)"
+            )
+    return ""
 
 
 def say_cut(shown: int, total: int) -> None:
@@ -340,24 +366,58 @@ def _interruptible() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _file_path_hint(module_name: str, attribute: str) -> str:
+    """What to name instead of a file path given as MODULE (`app.py`, `./app`, `pkg/app.py`),
+    an easy first mistake: the module's dotted name, as `python -m` takes it. "" for a name
+    that is no path."""
+    path = module_name.replace("\\", "/")
+    if "/" not in path and not path.startswith(".") and not path.endswith(".py"):
+        return ""
+    parts = [part for part in path.removesuffix(".py").split("/") if part not in ("", ".")]
+    said = "that is a file path, and MODULE:RUNTIME takes a module's dotted name, as python -m does"
+    if path.startswith("/") or ".." in parts or not parts:
+        name = parts[-1] if parts else "MODULE"
+        return f"{said}: run the command in the file's directory, with {name}:{attribute}"
+    return f"{said}: {'.'.join(parts)}:{attribute}"
+
+
+def _close_unstarted(exc: BaseException) -> None:
+    """Close the coroutines the frames of `exc`'s traceback hold that never started (the one a
+    module importing in a command's event loop gave `asyncio.run`), as Python would warn of each
+    when it exits."""
+    tb = exc.__traceback__
+    while tb is not None:
+        for value in tb.tb_frame.f_locals.values():
+            if inspect.iscoroutine(value) and inspect.getcoroutinestate(value) == "CORO_CREATED":
+                value.close()
+        tb = tb.tb_next
+
+
 def _loaded(target: str, module_name: str, attribute: str, store: str | None) -> Runtime:
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)  # like `python -m`: modules of the current directory load
+    path_hint = _file_path_hint(module_name, attribute)
+    if path_hint and not module_name.endswith(".py"):  # `./app`, `pkg/app`: no module's name
+        raise UsageError(f"cannot import {module_name!r}: {path_hint}")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (
             module_name == exc.name or module_name.startswith(exc.name + ".")
         ):
-            raise UsageError(
-                f"cannot import {module_name!r}: no such module in {cwd} or the installed packages"
-            ) from None
+            where = f"no such module in {cwd} or the installed packages"
+            raise UsageError(f"cannot import {module_name!r}: {path_hint or where}") from None
         raise UsageError(f"importing {module_name!r} failed: {exc}") from exc
     except SignoffError:
         raise
     except Exception as exc:
-        raise UsageError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+        said = f"importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        if isinstance(exc, RuntimeError) and "asyncio.run() cannot be called" in str(exc):
+            _close_unstarted(exc)  # no "coroutine 'main' was never awaited" after the one line
+            said += " (it runs asyncio.run() when imported: a script's run goes under "
+            said += "if __name__ == '__main__':)"
+        raise UsageError(said) from exc
     obj: Any = module
     for part in attribute.split("."):
         try:

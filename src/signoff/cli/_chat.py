@@ -34,6 +34,7 @@ from ..stores import DEFAULT_URL
 from ._app import (
     AsOption,
     StoreOption,
+    answer_flags,
     app,
     driving,
     error_text,
@@ -308,7 +309,7 @@ class _Chat:
                 later = (
                     f"`signoff approve {where}` or `signoff deny {where}`"
                     if request.kind == "tool-approval"
-                    else f"`signoff answer {where} --option ID` or `--text TEXT`"
+                    else f"`signoff answer {where} " + "` or `".join(answer_flags(request)) + "`"
                 )
                 self.console.print(
                     f"\n[yellow]left {request.id} pending[/]; answer it later with {later}"

@@ -38,6 +38,7 @@ from ._app import (
     NoModel,
     RuntimeArgument,
     StoreOption,
+    answer_flags,
     app,
     clip,
     driving,
@@ -298,7 +299,7 @@ async def _settle(
             what = request.question or request.kind
             raise InvalidAnswer(
                 f"{request_id} is a {request.kind} ({what}), not an approval: "
-                f"signoff answer {request_id} --option ID or --text TEXT",
+                f"signoff answer {request_id} {' or '.join(answer_flags(request))}",
                 [request_id],
             )
         if (

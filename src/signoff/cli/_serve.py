@@ -94,7 +94,8 @@ def serve(
         typer.Option(
             "--slack-channel",
             metavar="CHANNEL_ID",
-            help="Post requests to this Slack channel id.",
+            # `\\[` keeps rich from taking `[slack]` for markup and dropping it
+            help="Post requests to this Slack channel id (needs pip install 'signoff\\[slack]').",
         ),
     ] = None,
     slack_token: Annotated[
@@ -252,8 +253,9 @@ def serve(
 ) -> None:
     """Serve the runtime over HTTP: REST under /v1, live events, the dashboard at /_signoff.
 
-    With --webhook or --slack-channel the queue is also posted to those channels. Started
-    while its database is down, it waits for it before listening (SIGTERM ends the wait)."""
+    Needs pip install 'signoff\\[server]'. With --webhook or --slack-channel the queue is also
+    posted to those channels. Started while its database is down, it waits for it before
+    listening (SIGTERM ends the wait)."""
     try:
         from ..server import TokenAuth
         from ..server import serve as run_server
@@ -269,6 +271,13 @@ def serve(
                 f"signoff serve needs the server extra: pip install 'signoff[server]' ({exc})"
             )
         )
+    if metrics:
+        from ..server._metrics import exporter_type
+
+        try:  # a missing extra, as the server's above: no mistake of the command line
+            exporter_type()
+        except UsageError as exc:
+            fail(exc)
     try:
         with misuse():  # the command line's own mistakes, before the runtime is imported
             split_target(target)
@@ -430,13 +439,11 @@ def _refuse_stray_channel_options(
 
 
 def _check_metrics(ctx: typer.Context, metrics: bool, token: str | None, auth: object) -> None:
-    """Refuse `--metrics` without its extra (its install line before the store is waited for),
-    a `--metrics-token` the app would refuse (one of the `--token` secrets, say), and one typed
-    without `--metrics`; one only exported is left unused."""
+    """Refuse a `--metrics-token` the app would refuse (one of the `--token` secrets, say), and
+    one typed without `--metrics`; one only exported is left unused."""
     if metrics:
-        from ..server._metrics import check_token, exporter_type
+        from ..server._metrics import check_token
 
-        exporter_type()
         if token is not None and not token:  # `--metrics-token "$UNSET"`
             raise UsageError("the metrics token (--metrics-token) must not be empty")
         if token is not None:

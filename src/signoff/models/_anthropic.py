@@ -137,7 +137,8 @@ class Anthropic(SdkModel):
         source = os.environ if env is None else env
         if env is not None:
             base_url = base_url or env.get("ANTHROPIC_BASE_URL") or None
-        self._base_url = base_url
+        # named in the model's label, as OpenAIChat names OPENAI_BASE_URL: the SDK reads it too
+        self._base_url = base_url or (None if client else source.get("ANTHROPIC_BASE_URL")) or None
         auth_token = None
         if client is None and api_key is None:
             api_key = source.get("ANTHROPIC_API_KEY") or None
