@@ -138,6 +138,17 @@ class Agent:
             if t.name in self.tools:
                 raise UsageError(f"agent {name!r}: two tools are named {t.name!r}")
             self.tools[t.name] = t
+        if limits is not None and limits.max_cost_usd is not None:
+            for t in self.tools.values():
+                review = t.approval.reviewer()
+                if review is not None and unpriced(review):
+                    # What each review cost counts against the budget too: as nothing.
+                    raise UsageError(
+                        f"agent {name!r}: max_cost_usd cannot bound the auto() review of tool "
+                        f"{t.name!r}, whose model {review!r} has no price signoff "
+                        "knows (it would count every review as free); pass price_per_mtok="
+                        "(input_usd, output_usd) per million tokens ((0, 0) if it is free)"
+                    )
         self.guardrails = list(guardrails)
         for g in self.guardrails:
             if not isinstance(g, Guardrail):

@@ -186,6 +186,11 @@ class ApprovalPolicy:
         """Whether this call runs, is denied, or waits for a person."""
         raise NotImplementedError
 
+    def reviewer(self) -> object | None:
+        """The model this policy reviews calls with, whose spend counts against the session's
+        budgets (`auto()`'s); None for a policy that calls no model of signoff's."""
+        return None
+
     def describe(self) -> str:
         """What the dashboard and the audit trail say this policy is."""
         return self.label
