@@ -105,6 +105,17 @@ def test_a_cost_budget_over_a_subagent_of_no_known_price_is_a_usage_error() -> N
     middle = scripted_agent("orders", [reply("ok")], tools=[so.delegate("stock")])
     with pytest.raises(so.UsageError, match=r"delegates to 'stock', whose model"):
         so.Runtime([boss, middle, unpriced("stock")], store="sqlite:///:memory:")
+    # The auto() reviewer of one of the subagent's tools spends the parent's budget too.
+    unknown = so.models.OpenAIChat("qwen3:8b", base_url="http://127.0.0.1:9/v1", api_key="k")
+
+    @so.tool(approval=so.auto(unknown))
+    async def restock(sku: str) -> str:
+        """Restock an item."""
+        return sku
+
+    reviewed = scripted_agent("orders", [reply("ok")], tools=[restock])
+    with pytest.raises(so.UsageError, match=r"delegates to 'orders', whose model OpenAIChat"):
+        so.Runtime([boss, reviewed], store="sqlite:///:memory:")
     # A price of 0 said so, a token budget only, or a runtime without the child: no problem.
     free = so.models.OpenAIChat("qwen3:8b", base_url="http://127.0.0.1:9/v1", price_per_mtok=(0, 0))
     so.Runtime([boss, so.Agent(name="orders", model=free)], store="sqlite:///:memory:")

@@ -132,8 +132,9 @@ def delegate(agent: str, *, name: str | None = None, description: str | None = N
 
 def unpriced_delegates(agents: Mapping[str, Agent]) -> str | None:
     """Why `agents` cannot run together, if one bounds its cost (`max_cost_usd`) and delegates,
-    directly or through its subagents, to an agent among them whose model counts every response
-    as free (`unpriced`): what that subagent spent would count as nothing against the budget."""
+    directly or through its subagents, to an agent among them whose model (or a tool's `auto()`
+    reviewer) counts every response as free (`unpriced`): what that subagent spent would count
+    as nothing against the budget."""
     for agent in agents.values():
         if agent.limits.max_cost_usd is None:
             continue
@@ -145,11 +146,14 @@ def unpriced_delegates(agents: Mapping[str, Agent]) -> str | None:
                     continue
                 seen.add(target)
                 child = agents[target]
-                if unpriced(child.model):
+                # Its own model, or the auto() reviewer of one of its tools.
+                models = [child.model, *(t.approval.reviewer() for t in child.tools.values())]
+                free = next((m for m in models if unpriced(m)), None)
+                if free is not None:
                     return (
                         f"agent {agent.name!r} bounds its cost (max_cost_usd) and delegates to "
-                        f"{target!r}, whose model {child.model!r} has no price signoff knows: "
-                        "its responses would count as free against that budget; give it "
+                        f"{target!r}, whose model {free!r} has no price signoff knows: what it "
+                        "spends would count as free against that budget; give it "
                         "price_per_mtok=(input_usd, output_usd) per million tokens ((0, 0) if "
                         "it is free)"
                     )
