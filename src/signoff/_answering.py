@@ -237,6 +237,15 @@ class Answering(Candidates):
                 recorded = await policy_recorded(self.store, request, tool)
                 check_policy_present(request, tool, recorded=recorded)
                 gate = is_gated(request, tool)
+                if wanted.get("value") is not None:
+                    # The decision on a tool's own approval is its call's result, value and all;
+                    # judged, as an edit is, only for someone who may answer.
+                    if gate:
+                        check_quorum_eligibility(request, principal)
+                    else:
+                        authorize(request, principal)
+                    limit = result_bound(tool, agent.limits)
+                    _check_size(request, "value", wanted["value"], limit)
                 if wanted.get("edited_input") is not None and tool is not None:
                     # The approval policy judges the edit only for someone who may answer.
                     if gate:
@@ -244,7 +253,7 @@ class Answering(Candidates):
                     else:
                         authorize(request, principal)
                     limit = result_bound(tool, agent.limits)
-                    _check_edit_size(request, wanted["edited_input"], limit)
+                    _check_size(request, "edited input", wanted["edited_input"], limit)
                     on_edit = await self._reviewed_edit(
                         state, tool, request, wanted["edited_input"], reviews, check_only
                     )
@@ -446,12 +455,12 @@ class Answering(Candidates):
         return await refusal(self.agents, self.store, request, principal) is None
 
 
-def _check_edit_size(request: InputRequest, edited: dict[str, Any], limit: int) -> None:
-    """Refuse an edit over the tool's `max_result_bytes`: the call's result repeats it to the
-    model, which reads it again in every later call of the session."""
+def _check_size(request: InputRequest, what: str, value: Any, limit: int) -> None:
+    """Refuse an edit or a value over the tool's `max_result_bytes`: the call's result repeats
+    it to the model, which reads it again in every later call of the session."""
     why = over_limit(
-        f"request {request.id}: the edited input is",
-        edited,
+        f"request {request.id}: the {what} is",
+        value,
         limit,
         tail=f"(max_result_bytes of {request.tool_name})",
     )
