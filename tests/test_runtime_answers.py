@@ -372,6 +372,12 @@ async def test_answers_and_principals_that_skipped_validation_are_checked_again(
         assert after == before
         assert log.count() == 0
 
+        class Staff(so.Principal):  # an app's own principal type, checked again as itself
+            team: str = "support"
+
+        denied = await rt.respond(r.session_id, [deny], principal=Staff(**dict(ALICE)))
+        assert denied.outcomes[0].outcome == "cancelled" and log.count() == 0
+
 
 async def test_unknown_session_ids(tmp_path: Path) -> None:
     log = ExecutionLog()

@@ -230,7 +230,7 @@ def check_principal(value: object, name: str) -> Principal | None:
     if not isinstance(value, Principal):
         raise UsageError(f"{name} must be a so.Principal, not {type(value).__name__}")
     try:
-        value = Principal.model_validate(unchecked(value))
+        value = type(value).model_validate(unchecked(value))  # a subclass of it kept
     except ValidationError as exc:
         raise UsageError(f"{name} is not a valid so.Principal: {_first_problems(exc)}") from None
     problem = blank_identity(value)
