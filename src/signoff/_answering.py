@@ -17,6 +17,8 @@ from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
 from ._approval import ApprovalContext, Verdict
+from ._ask import answered as question_result
+from ._ask import echoes_answers
 from ._candidates import Candidates, already_counted, session_info, typed_input
 from ._counts import counted_answers
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
@@ -237,6 +239,11 @@ class Answering(Candidates):
                 recorded = await policy_recorded(self.store, request, tool)
                 check_policy_present(request, tool, recorded=recorded)
                 gate = is_gated(request, tool)
+                text = (wanted.get("answer") or {}).get("text")
+                if text is not None and tool is not None and echoes_answers(tool):
+                    authorize(request, principal)  # who may answer first, as for an edit
+                    limit = result_bound(tool, agent.limits)
+                    _check_size(request, "answer", question_result(text), limit)
                 if wanted.get("value") is not None:
                     # The decision on a tool's own approval is its call's result, value and all;
                     # judged, as an edit is, only for someone who may answer.
