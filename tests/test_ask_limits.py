@@ -137,3 +137,34 @@ async def test_the_models_question_over_its_length_is_invalid_input(tmp_path: Pa
         r = await rt.generate(session_id=r.session_id, prompt="again", auth=ALICE)
         (asked,) = r.pending
         assert len(asked.question or "") == 2000
+
+
+async def test_an_answer_ask_question_could_not_return_is_refused(store_url: str) -> None:
+    """`ask_question`'s result holds the answer whole, under the tool's `max_result_bytes`: an
+    answer of 2,000,000 characters was taken (`answered`, applied) and the model read only the
+    error "the result is 2000033 bytes, over the limit of 1048576 bytes ... return less", the
+    answer lost. Refused now as an answer too large for it (`InvalidAnswer`), by id and by
+    message, nothing recorded and the question still open; one that fits is answered."""
+    seen = Capture(reply("ok"))
+    ask = call_tools(call("ask_question", question="Paste the log?"))
+    agent = scripted_agent("bot", [ask, seen], tools=[so.ask_question()])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        (req,) = r.pending
+        head = await rt.store.head(r.session_id)
+        huge = "L" * 2_000_000
+        with pytest.raises(so.InvalidAnswer, match="over the limit of 1048576 bytes"):
+            await rt.respond(
+                r.session_id, [so.InputResponse(request_id=req.id, text=huge)], principal=ALICE
+            )
+        with pytest.raises(so.InvalidAnswer, match="over the limit of 1048576 bytes"):
+            await rt.send(r.session_id, huge, principal=ALICE)
+        assert await rt.store.head(r.session_id) == head
+        assert [q.id for q in await rt.pending(session_id=r.session_id)] == [req.id]
+        fits = "L" * 1_000_000
+        done = await rt.respond(
+            r.session_id, [so.InputResponse(request_id=req.id, text=fits)], principal=ALICE
+        )
+        assert done.status == "completed"
+    (result,) = tool_results(seen.last)
+    assert not result.is_error and result.content["answer"] == fits

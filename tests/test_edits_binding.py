@@ -248,3 +248,39 @@ async def test_an_edit_over_the_tools_max_result_bytes_is_refused(store_url: str
     (result,) = tool_results(seen.last)
     assert len(json.dumps(result.content)) < 4000
     assert ran == ["yo"]
+
+
+async def test_an_answers_value_over_the_tools_max_result_bytes_is_refused(store_url: str) -> None:
+    """The decision on an approval a tool asked for itself (`ctx.request_approval`) is the call's
+    result, `value` and all, which every later model call reads: a value of 3,000,000 bytes went
+    into that result whole under `max_result_bytes=4000` (a `tool.completed` of 3,000,266 bytes).
+    Refused as an edit that large is (`InvalidAnswer`), nothing stored, the request left open."""
+
+    @so.tool(max_result_bytes=4000)
+    async def refund(ctx: so.ToolContext, amount: float) -> str:
+        """Refund an order."""
+        ctx.request_approval({"amount": amount})
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent("a", [call_tools(call("refund", amount=5)), seen], tools=[refund])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        (req,) = r.pending
+        head = await rt.store.head(r.session_id)
+        big = so.InputResponse(request_id=req.id, option_id="approve", value="v" * 100_000)
+        with pytest.raises(so.InvalidAnswer, match="value is .* over the limit of 4000 bytes"):
+            await rt.respond(r.session_id, [big], principal=ALICE)
+        with pytest.raises(so.InvalidAnswer, match="over the limit of 4000 bytes"):
+            await rt.generate(
+                session_id=r.session_id,
+                approvals=[so.Decision(id=req.id, approved=False, value=["v" * 100_000])],
+                auth=ALICE,
+            )
+        assert await rt.store.head(r.session_id) == head
+        assert [q.id for q in await rt.pending(session_id=r.session_id)] == [req.id]
+        fits = so.InputResponse(request_id=req.id, option_id="approve", value={"ref": "R-1"})
+        done = await rt.respond(r.session_id, [fits], principal=ALICE)
+        assert done.status == "completed"
+    (result,) = tool_results(seen.last)
+    assert len(json.dumps(result.content)) < 4000
+    assert "R-1" in json.dumps(result.content)

@@ -468,13 +468,18 @@ async def test_one_person_is_one_principal_id_across_authenticators(tmp_path: Pa
         ({"exclude_requester": "yes"}, r"exclude_requester must be True or False, not 'yes'"),
         ({"escalate_to": ""}, r"escalate_to must be a group's name \(non-empty text\), not ''"),
         ({"escalate_to": 5}, r"escalate_to must be a group's name \(non-empty text\), not 5"),
+        ({"escalate_to": "  "}, r"escalate_to must be a group's name \(non-empty text\), not '  '"),
+        ({"escalate_to": "\u200b"}, r"escalate_to must be a group's name \(non-empty text\)"),
+        ({"escalate_to": "ops\ud800"}, r"escalate_to must be a group's name \(non-empty text\)"),
     ],
+    ids=["distinct-no", "distinct-0", "exclude-yes", "empty", "int", "blank", "invisible", "lone"],
 )
 def test_approval_rules_refuse_flags_and_groups_of_the_wrong_kind(
     rules: dict[str, Any], message: str
 ) -> None:
     """`distinct="no"` was taken as true (a non-empty string), and `escalate_to=""` or `5` as
-    a group no one could be part of."""
+    a group no one could be part of; so were a name of only spaces or invisible characters (the
+    request shown escalated to nothing), and one holding a lone surrogate (not Unicode text)."""
     with pytest.raises(so.UsageError, match=message):
         so.always(**rules)
     with pytest.raises(so.UsageError, match=message):

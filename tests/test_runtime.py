@@ -450,6 +450,43 @@ async def test_a_turn_for_another_agents_session_is_refused_and_changes_nothing(
         assert (await rt.schedule("ops", "run it", session_id=sid)).text == "ran"
 
 
+@pytest.mark.parametrize(
+    ("agent", "error"),
+    [
+        ("billing", "belongs to agent 'a'"),
+        ("nobody", "belongs to agent 'a'"),
+        (5, "agent must be text"),
+    ],
+    ids=["another", "unknown", "int"],
+)
+async def test_approvals_naming_another_agent_are_refused_and_settle_nothing(
+    store_url: str, agent: Any, error: str
+) -> None:
+    """`generate(agent, session_id=..., approvals=...)` ignored `agent`: decisions sent with
+    another agent's name (or an unknown one, or a number) approved the call and ran it, where the
+    same call with a prompt, or with neither, is refused. Now refused alike, settling nothing,
+    from the async call and its sync twin."""
+    log = ExecutionLog()
+    billing = scripted_agent("billing", [reply("billed")])
+    async with so.Runtime([refund_agent(log), billing], store=store_url) as rt:
+        r = await waiting_session(rt)
+        before = await types_of(rt, r.session_id)
+        yes = [so.Decision(id=r.pending[0].id, approved=True)]
+        with pytest.raises(so.UsageError, match=error):
+            await rt.generate(agent, session_id=r.session_id, approvals=yes)
+        with pytest.raises(so.UsageError, match=error):
+            await asyncio.to_thread(rt.generate_sync, agent, session_id=r.session_id, approvals=yes)
+        assert await types_of(rt, r.session_id) == before
+        assert [q.id for q in await rt.pending(session_id=r.session_id)] == [r.pending[0].id]
+        assert log.count() == 0
+        done = await rt.generate("a", session_id=r.session_id, approvals=yes)
+        assert done.status == "completed"
+        assert log.count() == 1
+        # A repeat of what was settled is refused so too, not a no-op under the wrong agent.
+        with pytest.raises(so.UsageError, match=error):
+            await rt.generate(agent, session_id=r.session_id, approvals=yes)
+
+
 async def test_a_cancel_the_store_refuses_stops_nothing(store_url: str) -> None:
     """The store refuses the cancel's commit (full, unreachable): `cancel` raises `StoreError`,
     and the tool body running in this process is not told to stop, since the turn goes on. The

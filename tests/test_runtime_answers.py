@@ -321,6 +321,64 @@ async def test_malformed_approvals_container_and_responses(tmp_path: Path) -> No
         assert await store_contents(rt.store, r.session_id) == before
 
 
+async def test_answers_and_principals_that_skipped_validation_are_checked_again(
+    store_url: str,
+) -> None:
+    """pydantic's `model_copy(update=)` and `model_construct` build a model without validating
+    it: a decision copied with `approved="false"` (text from a form) approved the call and ran
+    it, a reason of 5 was recorded as the deny's reason, a request id of 5 or a principal id of 5
+    raised a bare TypeError or AttributeError. Each is checked again where it enters, as a dict
+    is: `InvalidAnswer` (`UsageError` for a principal), nothing recorded, nothing run."""
+    log = ExecutionLog()
+    q = scripted_agent(
+        "q",
+        [call_tools(call("ask_question", question="Size?")), reply("ok")],
+        tools=[so.ask_question()],
+    )
+    async with so.Runtime([refund_agent(log), q], store=store_url) as rt:
+        r = await waiting_session(rt, auth=ALICE)
+        asked = await rt.generate("q", prompt="ask", auth=ALICE)
+        rid, qid = r.pending[0].id, asked.pending[0].id
+        before = [await store_contents(rt.store, s) for s in (r.session_id, asked.session_id)]
+        no = so.Decision(id=rid, approved=False)
+        deny = so.InputResponse(request_id=rid, option_id="cancel")
+        bad_decisions = [
+            no.model_copy(update={"approved": "false"}),
+            no.model_copy(update={"reason": 5}),
+            no.model_copy(update={"id": 5}),
+            so.Decision.model_construct(id=rid),  # type: ignore[call-arg]  # no `approved`
+        ]
+        for bad in bad_decisions:
+            with pytest.raises(so.InvalidAnswer, match="approval #1 is malformed"):
+                await rt.generate(session_id=r.session_id, approvals=[bad], auth=ALICE)
+        bad_responses = [
+            (r.session_id, deny.model_copy(update={"text": 5})),
+            (r.session_id, deny.model_copy(update={"request_id": 5})),
+            (r.session_id, deny.model_copy(update={"request_id": [rid]})),
+            (
+                asked.session_id,
+                so.InputResponse(request_id=qid, text="S").model_copy(update={"text": 5}),
+            ),
+        ]
+        for sid, response in bad_responses:
+            with pytest.raises(so.InvalidAnswer, match="response #1 is malformed"):
+                await rt.respond(sid, [response], principal=ALICE)
+        nobody = ALICE.model_copy(update={"principal_id": 5})
+        with pytest.raises(so.UsageError, match="principal is not a valid so.Principal"):
+            await rt.respond(r.session_id, [deny], principal=nobody)
+        with pytest.raises(so.UsageError, match="auth is not a valid so.Principal"):
+            await rt.generate("a", prompt="refund order 2", auth=nobody)
+        after = [await store_contents(rt.store, s) for s in (r.session_id, asked.session_id)]
+        assert after == before
+        assert log.count() == 0
+
+        class Staff(so.Principal):  # an app's own principal type, checked again as itself
+            team: str = "support"
+
+        denied = await rt.respond(r.session_id, [deny], principal=Staff(**dict(ALICE)))
+        assert denied.outcomes[0].outcome == "cancelled" and log.count() == 0
+
+
 async def test_unknown_session_ids(tmp_path: Path) -> None:
     log = ExecutionLog()
     async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:

@@ -233,3 +233,30 @@ def test_a_cost_budget_over_a_model_of_no_known_price_is_a_usage_error(model: An
     so.Agent(name="a", model=model(), limits=so.Limits(max_tokens=1000))  # tokens are counted
     free = model(price_per_mtok=(0, 0))  # a local model that costs nothing, said so
     so.Agent(name="a", model=free, limits=so.Limits(max_cost_usd=2.0))
+
+
+def test_a_cost_budget_over_an_auto_reviewer_of_no_known_price_is_a_usage_error() -> None:
+    """What `so.auto()`'s reviewer spends counts against the session's budgets, but a reviewer
+    on a provider model of no known price counts every review as costing 0: one review that read
+    2,000,000 tokens and wrote 500,000 added $0 under `max_cost_usd=0.01` (measured against a
+    fake OpenAI server), and the call ran. Refused as a budget over the agent's own model is."""
+    unknown = so.models.OpenAIChat("qwen3:8b", base_url="http://127.0.0.1:9/v1", api_key="k")
+    priced = so.models.OpenAIChat(
+        "qwen3:8b", base_url="http://127.0.0.1:9/v1", price_per_mtok=(1, 2)
+    )
+
+    def refund(review: so.models.Model) -> so.Tool:
+        @so.tool(approval=so.ApprovalSpec(so.auto(review), expires_in=60))
+        async def refund(amount: float) -> str:
+            """Refund."""
+            return "ok"
+
+        return refund
+
+    scripted = so.models.Scripted([])
+    with pytest.raises(so.UsageError, match=r"auto\(\) review of tool 'refund'.*price_per_mtok"):
+        so.Agent(
+            name="a", model=scripted, tools=[refund(unknown)], limits=so.Limits(max_cost_usd=1.0)
+        )
+    so.Agent(name="a", model=scripted, tools=[refund(priced)], limits=so.Limits(max_cost_usd=1.0))
+    so.Agent(name="a", model=scripted, tools=[refund(unknown)], limits=so.Limits(max_tokens=1000))

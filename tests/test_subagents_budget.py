@@ -87,6 +87,44 @@ async def test_a_childs_cost_counts_against_max_cost_usd_and_stop_fails_the_turn
         assert done.error is not None and done.error["code"] == "session_limit_reached"
 
 
+def unpriced(name: str) -> so.Agent:
+    """An agent on a provider model signoff knows no price for (it counts every reply free)."""
+    model = so.models.OpenAIChat("qwen3:8b", base_url="http://127.0.0.1:9/v1", api_key="k")
+    return so.Agent(name=name, model=model)
+
+
+def test_a_cost_budget_over_a_subagent_of_no_known_price_is_a_usage_error() -> None:
+    """A parent's `max_cost_usd` bounds what its subagents spend, but a child on a provider
+    model of no known price counts every reply as costing 0: one that read 2,000,000 tokens and
+    wrote 500,000 added $0 to the parent's `delegated` under `max_cost_usd=0.01` (measured
+    against a fake OpenAI server). `Agent` refuses such a budget over its own model; a runtime
+    now refuses it over a subagent's, however deep, naming the two agents."""
+    boss = support(Counted("unused"), max_cost_usd=0.01)
+    with pytest.raises(so.UsageError, match=r"'support' bounds its cost .* delegates to 'orders'"):
+        so.Runtime([boss, unpriced("orders")], store="sqlite:///:memory:")
+    middle = scripted_agent("orders", [reply("ok")], tools=[so.delegate("stock")])
+    with pytest.raises(so.UsageError, match=r"delegates to 'stock', whose model"):
+        so.Runtime([boss, middle, unpriced("stock")], store="sqlite:///:memory:")
+    # The auto() reviewer of one of the subagent's tools spends the parent's budget too.
+    unknown = so.models.OpenAIChat("qwen3:8b", base_url="http://127.0.0.1:9/v1", api_key="k")
+
+    @so.tool(approval=so.auto(unknown))
+    async def restock(sku: str) -> str:
+        """Restock an item."""
+        return sku
+
+    reviewed = scripted_agent("orders", [reply("ok")], tools=[restock])
+    with pytest.raises(so.UsageError, match=r"delegates to 'orders', whose model OpenAIChat"):
+        so.Runtime([boss, reviewed], store="sqlite:///:memory:")
+    # A price of 0 said so, a token budget only, or a runtime without the child: no problem.
+    free = so.models.OpenAIChat("qwen3:8b", base_url="http://127.0.0.1:9/v1", price_per_mtok=(0, 0))
+    so.Runtime([boss, so.Agent(name="orders", model=free)], store="sqlite:///:memory:")
+    tokens_only = support(Counted("unused"), max_tokens=1000)
+    so.Runtime([tokens_only, unpriced("orders")], store="sqlite:///:memory:")
+    so.Runtime([boss], store="sqlite:///:memory:")
+    so.Runtime([middle, unpriced("stock")], store="sqlite:///:memory:")
+
+
 async def test_a_scheduled_parent_over_budget_through_its_child_fails(store_url: str) -> None:
     """Nobody can raise a scheduled turn's budget: the delegated spend fails it as its own
     spending does (`SessionLimitReached`)."""

@@ -18,7 +18,7 @@ from .models._provider import SdkModel
 if TYPE_CHECKING:
     from .models import Model
 
-__all__ = ["MAX_CALLS_PER_RESPONSE", "Agent", "Limits", "by_name"]
+__all__ = ["MAX_CALLS_PER_RESPONSE", "Agent", "Limits", "by_name", "unpriced"]
 
 MAX_CALLS_PER_RESPONSE = 128
 """The default bound on the tool calls in one model response (`Limits.max_calls_per_response`):
@@ -116,12 +116,7 @@ class Agent:
             raise UsageError(f"agent {name!r}: instructions must be text, not {instructions!r}")
         if limits is not None and not isinstance(limits, Limits):
             raise UsageError(f"agent {name!r}: limits must be a so.Limits, not {limits!r}")
-        if (
-            limits is not None
-            and limits.max_cost_usd is not None
-            and isinstance(model, SdkModel)
-            and model.price_per_mtok is None
-        ):
+        if limits is not None and limits.max_cost_usd is not None and unpriced(model):
             # Its responses would all cost 0: the budget could never be spent.
             raise UsageError(
                 f"agent {name!r}: max_cost_usd cannot bound {model!r}, whose price signoff does "
@@ -143,6 +138,17 @@ class Agent:
             if t.name in self.tools:
                 raise UsageError(f"agent {name!r}: two tools are named {t.name!r}")
             self.tools[t.name] = t
+        if limits is not None and limits.max_cost_usd is not None:
+            for t in self.tools.values():
+                review = t.approval.reviewer()
+                if review is not None and unpriced(review):
+                    # What each review cost counts against the budget too: as nothing.
+                    raise UsageError(
+                        f"agent {name!r}: max_cost_usd cannot bound the auto() review of tool "
+                        f"{t.name!r}, whose model {review!r} has no price signoff "
+                        "knows (it would count every review as free); pass price_per_mtok="
+                        "(input_usd, output_usd) per million tokens ((0, 0) if it is free)"
+                    )
         self.guardrails = list(guardrails)
         for g in self.guardrails:
             if not isinstance(g, Guardrail):
@@ -156,6 +162,12 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r}, tools={list(self.tools)})"
+
+
+def unpriced(model: object) -> bool:
+    """Whether `model` counts every response as free: a provider model whose price signoff
+    does not know (no `price_per_mtok=` nor a list price), which no cost budget can bound."""
+    return isinstance(model, SdkModel) and model.price_per_mtok is None
 
 
 def by_name(agents: object) -> dict[str, Agent]:

@@ -17,6 +17,8 @@ from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
 from ._approval import ApprovalContext, Verdict
+from ._ask import answered as question_result
+from ._ask import echoes_answers
 from ._candidates import Candidates, already_counted, session_info, typed_input
 from ._counts import counted_answers
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
@@ -237,6 +239,20 @@ class Answering(Candidates):
                 recorded = await policy_recorded(self.store, request, tool)
                 check_policy_present(request, tool, recorded=recorded)
                 gate = is_gated(request, tool)
+                text = (wanted.get("answer") or {}).get("text")
+                if text is not None and tool is not None and echoes_answers(tool):
+                    authorize(request, principal)  # who may answer first, as for an edit
+                    limit = result_bound(tool, agent.limits)
+                    _check_size(request, "answer", question_result(text), limit)
+                if wanted.get("value") is not None:
+                    # The decision on a tool's own approval is its call's result, value and all;
+                    # judged, as an edit is, only for someone who may answer.
+                    if gate:
+                        check_quorum_eligibility(request, principal)
+                    else:
+                        authorize(request, principal)
+                    limit = result_bound(tool, agent.limits)
+                    _check_size(request, "value", wanted["value"], limit)
                 if wanted.get("edited_input") is not None and tool is not None:
                     # The approval policy judges the edit only for someone who may answer.
                     if gate:
@@ -244,7 +260,7 @@ class Answering(Candidates):
                     else:
                         authorize(request, principal)
                     limit = result_bound(tool, agent.limits)
-                    _check_edit_size(request, wanted["edited_input"], limit)
+                    _check_size(request, "edited input", wanted["edited_input"], limit)
                     on_edit = await self._reviewed_edit(
                         state, tool, request, wanted["edited_input"], reviews, check_only
                     )
@@ -446,12 +462,12 @@ class Answering(Candidates):
         return await refusal(self.agents, self.store, request, principal) is None
 
 
-def _check_edit_size(request: InputRequest, edited: dict[str, Any], limit: int) -> None:
-    """Refuse an edit over the tool's `max_result_bytes`: the call's result repeats it to the
-    model, which reads it again in every later call of the session."""
+def _check_size(request: InputRequest, what: str, value: Any, limit: int) -> None:
+    """Refuse an edit or a value over the tool's `max_result_bytes`: the call's result repeats
+    it to the model, which reads it again in every later call of the session."""
     why = over_limit(
-        f"request {request.id}: the edited input is",
-        edited,
+        f"request {request.id}: the {what} is",
+        value,
         limit,
         tail=f"(max_result_bytes of {request.tool_name})",
     )

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ._events import EventType
@@ -229,6 +229,10 @@ def check_principal(value: object, name: str) -> Principal | None:
         return None
     if not isinstance(value, Principal):
         raise UsageError(f"{name} must be a so.Principal, not {type(value).__name__}")
+    try:
+        value = type(value).model_validate(unchecked(value))  # a subclass of it kept
+    except ValidationError as exc:
+        raise UsageError(f"{name} is not a valid so.Principal: {_first_problems(exc)}") from None
     problem = blank_identity(value)
     if problem is not None:
         raise UsageError(f"{name} names no one: {problem}")
@@ -438,8 +442,7 @@ def decisions(approvals: Iterable[Decision | Mapping[str, Any]]) -> list[Decisio
     out = []
     for i, raw in enumerate(approvals):
         if isinstance(raw, Decision):
-            out.append(raw)
-            continue
+            raw = unchecked(raw)
         try:
             out.append(Decision.model_validate(raw))
         except ValidationError as exc:
@@ -454,6 +457,12 @@ def decisions(approvals: Iterable[Decision | Mapping[str, Any]]) -> list[Decisio
     return out
 
 
+def unchecked(model: BaseModel) -> dict[str, Any]:
+    """`model`'s fields, to be validated again: `model_copy(update=)` and `model_construct`
+    skip pydantic's checks, and a decision copied with `approved="false"` would approve."""
+    return dict(model)
+
+
 def input_responses(responses: Iterable[InputResponse | Mapping[str, Any]]) -> list[InputResponse]:
     """The answers `respond` was given, as `InputResponse`s; a malformed one is `InvalidAnswer`
     naming its problems, and a decision (`id`, `approved`) says where decisions go."""
@@ -464,8 +473,7 @@ def input_responses(responses: Iterable[InputResponse | Mapping[str, Any]]) -> l
     out = []
     for i, raw in enumerate(responses):
         if isinstance(raw, InputResponse):
-            out.append(raw)
-            continue
+            raw = unchecked(raw)
         if isinstance(raw, Decision) or (isinstance(raw, Mapping) and "approved" in raw):
             rid = raw.id if isinstance(raw, Decision) else raw.get("id", raw.get("request_id"))
             raise InvalidAnswer(

@@ -17,6 +17,7 @@ from ._error_text import error_text, readable
 from ._exceptions import UsageError
 from ._settings import flag, positive_seconds, shown_value
 from ._sync import called_off_loop, thread_note
+from ._text import is_blank, is_utf8
 from ._types import Principal, Usage
 
 __all__ = [
@@ -158,7 +159,11 @@ class RequestRules:
         flag("distinct", self.distinct)  # "no" was a true string
         flag("exclude_requester", self.exclude_requester)
         group = self.escalate_to
-        if group is not None and (not isinstance(group, str) or not group):
+        # Spaces or invisible characters only name no group: the request would read escalated
+        # to nothing; a lone surrogate is not text a channel can send.
+        if group is not None and (
+            not isinstance(group, str) or is_blank(group) or not is_utf8(group)
+        ):
             raise UsageError(
                 f"escalate_to must be a group's name (non-empty text), not {shown_value(group)}"
             )
@@ -180,6 +185,11 @@ class ApprovalPolicy:
     async def decide(self, ctx: ApprovalContext) -> Verdict:
         """Whether this call runs, is denied, or waits for a person."""
         raise NotImplementedError
+
+    def reviewer(self) -> object | None:
+        """The model this policy reviews calls with, whose spend counts against the session's
+        budgets (`auto()`'s); None for a policy that calls no model of signoff's."""
+        return None
 
     def describe(self) -> str:
         """What the dashboard and the audit trail say this policy is."""

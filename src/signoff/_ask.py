@@ -11,7 +11,7 @@ from ._tool_signals import InputUnavailable, QuestionWithdrawn
 from ._tools import Tool
 from ._types import Option, shadowed_number, twin_labels, unique_name
 
-__all__ = ["MAX_QUESTION_CHARS", "QuestionOption", "ask_question"]
+__all__ = ["MAX_QUESTION_CHARS", "QuestionOption", "answered", "ask_question", "echoes_answers"]
 
 MAX_QUESTION_CHARS = 2000
 """The longest question the model may ask (its options are bounded below): a person reads it
@@ -72,7 +72,18 @@ async def _ask_question(
         return {"interrupted": True}
     except InputUnavailable:
         return {"status": "unavailable"}
-    return {"status": "answered", "answer": answer.value}
+    return answered(answer.value)
+
+
+def answered(value: str) -> dict[str, Any]:
+    """What `ask_question` returns for an answer: the answer whole, which the model reads."""
+    return {"status": "answered", "answer": value}
+
+
+def echoes_answers(tool: Tool) -> bool:
+    """Whether `tool` is an `ask_question` tool, whose result is its answer whole (`answered`):
+    an answer over its `max_result_bytes` could never reach the model."""
+    return tool.fn is _ask_question
 
 
 def ask_question(*, name: str = "ask_question") -> Tool:

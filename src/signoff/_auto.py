@@ -77,6 +77,9 @@ class _Auto(ApprovalPolicy):
         self.timeout = timeout
         self.review_edits = review_edits
 
+    def reviewer(self) -> object | None:
+        return self.model
+
     async def decide(self, ctx: ApprovalContext) -> Verdict:
         if ctx.edited and not self.review_edits:
             # Clear or caution, the edit stands (a caution asks a person: the approver is one),

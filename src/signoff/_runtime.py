@@ -206,6 +206,8 @@ class Runtime(Auditing):
                 )
             if session_id is None:
                 raise UsageError("approvals need the session_id they belong to")
+            if agent is not None:  # as with a prompt: not settled under another agent's name
+                await self._of_agent(session_id, agent)
             decisions = _decisions(approvals)
             if not decisions:
                 raise InvalidAnswer("approvals is empty: answer the session's pending requests")

@@ -40,7 +40,7 @@ from ._recording import Batch, EventSpec, load_state, new_id
 from ._results import GenerateResult, Outcome
 from ._settings import flag, seconds, whole
 from ._state import SessionState, fold
-from ._subagents import missing_targets
+from ._subagents import missing_targets, unpriced_delegates
 from ._sync import UNWIND, SyncBridge
 from ._text import is_utf8
 from ._tracing import tracing_for
@@ -198,6 +198,9 @@ class SessionCache(Leasing):
         seconds("lease_wait", lease_wait, zero=True)
         whole("cache_size", cache_size, least=0)  # -1 emptied it, then a KeyError
         self.agents = by_name(agents)
+        problem = unpriced_delegates(self.agents)
+        if problem is not None:  # as `Agent` refuses such a budget over its own model
+            raise UsageError(problem)
         # Not refused: a process may only record answers for an agent, or resume one whose
         # children ran elsewhere. But said at once, rather than by the model at the first call.
         for problem in missing_targets(self.agents):

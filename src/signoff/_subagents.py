@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Protocol, runtime_ch
 
 from pydantic import AfterValidator, Field
 
+from ._agent import unpriced
 from ._answers import check_text
 from ._child_sessions import cancel_orphan, delegating, first_turn
 from ._events import Event
@@ -54,6 +55,7 @@ __all__ = [
     "delegate",
     "missing_targets",
     "sweep_orphans",
+    "unpriced_delegates",
 ]
 
 
@@ -126,6 +128,37 @@ def delegate(agent: str, *, name: str | None = None, description: str | None = N
     tool = Tool(run, name=tool_name, description=about, workflow=True)
     _targets[tool] = agent
     return tool
+
+
+def unpriced_delegates(agents: Mapping[str, Agent]) -> str | None:
+    """Why `agents` cannot run together, if one bounds its cost (`max_cost_usd`) and delegates,
+    directly or through its subagents, to an agent among them whose model (or a tool's `auto()`
+    reviewer) counts every response as free (`unpriced`): what that subagent spent would count
+    as nothing against the budget."""
+    for agent in agents.values():
+        if agent.limits.max_cost_usd is None:
+            continue
+        seen, below = {agent.name}, [agent]
+        while below:
+            for tool in below.pop().tools.values():
+                target = _targets.get(tool)
+                if target is None or target in seen or target not in agents:
+                    continue
+                seen.add(target)
+                child = agents[target]
+                # Its own model, or the auto() reviewer of one of its tools.
+                models = [child.model, *(t.approval.reviewer() for t in child.tools.values())]
+                free = next((m for m in models if unpriced(m)), None)
+                if free is not None:
+                    return (
+                        f"agent {agent.name!r} bounds its cost (max_cost_usd) and delegates to "
+                        f"{target!r}, whose model {free!r} has no price signoff knows: what it "
+                        "spends would count as free against that budget; give it "
+                        "price_per_mtok=(input_usd, output_usd) per million tokens ((0, 0) if "
+                        "it is free)"
+                    )
+                below.append(child)
+    return None
 
 
 def missing_targets(agents: Mapping[str, Agent]) -> list[str]:
