@@ -425,6 +425,8 @@ class Connections(Transactions):
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{s}.migrate",))
                 before = await _schema.locked_version(conn, self.schema, s)
                 self._refuse_newer(before)
+                if before == _schema.STORE_SCHEMA:  # another process upgraded it meanwhile
+                    return before, before  # nothing created: a role that may only use it
                 taken = await _schema.names_taken(conn, self.schema, before)
                 if taken:  # before anything is made: on the first, PostgreSQL named it alone
                     why = _schema.shared(self.schema, taken)
