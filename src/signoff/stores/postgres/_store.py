@@ -112,11 +112,14 @@ class PostgresStore(Reads, Leases):
             )
         except AppendConflict as exc:
             cause = exc.__cause__
-            if isinstance(cause, psycopg.errors.UniqueViolation) and (
-                cause.diag.constraint_name == "sessions_id_key"
+            if not isinstance(cause, psycopg.errors.UniqueViolation) or (
+                cause.diag.constraint_name != "sessions_id_key"
             ):
+                raise
+            # Sent again after its connection was lost, the statement may meet the session the
+            # first one made, committed meanwhile (the server went on with it): this call's.
+            if not await self._has_events(session_id, events):
                 raise StoreError(f"session {session_id!r} already exists") from None
-            raise
         self._remember(session_id, Seen(last, 0, None, *named))
         self._tails.put(session_id, last, tail)
         self._after("session.created")
