@@ -13,10 +13,11 @@ import psycopg
 import pytest
 
 from signoff.stores import Commit
+from signoff.stores._audit import AuditRow
 from signoff.stores.postgres import PostgresStore
 from signoff.stores.postgres._borrowed import sever
 
-from ._pg_events import ev, new_session
+from ._pg_events import T0, ev, new_session
 from .test_postgres import admin
 
 HOLD = 4242
@@ -25,8 +26,8 @@ HOLD = 4242
 
 @pytest.fixture
 async def held_commits(pg_store_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-    """A COMMIT that writes events waits (a deferred trigger) while the connection yielded holds
-    advisory lock `HOLD`."""
+    """A COMMIT that writes events or audit entries waits (a deferred trigger) while the
+    connection yielded holds advisory lock `HOLD`."""
     conn = await admin(pg_store_url)
     async with conn:
         await conn.execute(
@@ -37,6 +38,8 @@ async def held_commits(pg_store_url: str) -> AsyncIterator[psycopg.AsyncConnecti
                 RETURN NULL;
             END $$;
             CREATE CONSTRAINT TRIGGER hold AFTER INSERT ON signoff.events
+                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.hold_commit();
+            CREATE CONSTRAINT TRIGGER hold AFTER INSERT ON signoff.audit
                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.hold_commit();
             """
         )
@@ -67,20 +70,27 @@ async def _first_commits_while_resent(
     for its locks. Returns how many statements were sent."""
     sent: list[psycopg.AsyncConnection[Any]] = []
     execute = psycopg.AsyncConnection.execute
+    execute_bound = psycopg.AsyncClientCursor.execute  # `record_audit`'s
 
     async def noting(self: psycopg.AsyncConnection[Any], query: Any, *a: Any, **k: Any) -> Any:
-        if f"INSERT INTO {store._s}.events" in str(query):
+        if f"INSERT INTO {store._s}." in str(query):
             sent.append(self)
         return await execute(self, query, *a, **k)
 
+    async def noting_bound(self: psycopg.AsyncClientCursor[Any], query: Any, *a: Any) -> Any:
+        if f"INSERT INTO {store._s}." in str(query):
+            sent.append(self.connection)
+        return await execute_bound(self, query, *a)
+
     monkeypatch.setattr(psycopg.AsyncConnection, "execute", noting)
+    monkeypatch.setattr(psycopg.AsyncClientCursor, "execute", noting_bound)
     await conn.execute("SELECT pg_advisory_lock(%s)", (HOLD,))
     writing = asyncio.ensure_future(write())
     orphan = await _until(conn, "a.wait_event = 'advisory'", "committing the write")
     sever(sent[0])  # the client loses it; the server goes on committing
     await _until(
         conn,
-        f"a.pid <> {orphan} AND a.wait_event_type = 'Lock' AND a.query LIKE 'WITH%'",
+        f"a.pid <> {orphan} AND a.wait_event_type = 'Lock'",
         "sending the write again",
     )
     await conn.execute("SELECT pg_advisory_unlock(%s)", (HOLD,))  # the first commits
@@ -134,5 +144,27 @@ async def test_a_commit_whose_statement_committed_after_its_connection_was_lost_
         assert await store.read_events(sid) == [ev(sid, 1, "session.created"), *events]
         await store.commit(Commit(session_id=sid, expected_seq=3, events=[ev(sid, 4)]))
         assert await store.head(sid) == 4
+    finally:
+        await store.close()
+
+
+async def test_audit_entries_whose_statement_committed_after_its_connection_was_lost_are_kept_once(
+    pg_store_url: str,
+    held_commits: psycopg.AsyncConnection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An entry recorded whatever its stream holds (a sign-out) was sent again while the first
+    statement, its connection lost to the client, was still committing: the second waited for
+    the stream's lock, then chained the same entry again after the first's."""
+    store = PostgresStore(pg_store_url, min_size=1, max_size=2)
+    await store.open()
+    try:
+        row = AuditRow(stream="signouts", type="signed.out", at=T0, seq=None, data={"who": "al"})
+        sent = await _first_commits_while_resent(
+            store, held_commits, monkeypatch, lambda: store.record_audit([row])
+        )
+        assert sent == 2
+        entries = [(e.n, e.type, e.data) for e in await store.audit(stream="signouts")]
+        assert entries == [(1, "signed.out", {"who": "al"})]
     finally:
         await store.close()

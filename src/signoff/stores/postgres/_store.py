@@ -34,6 +34,7 @@ from ._reads import Reads
 from ._sql import (
     AUDIT_APPEND,
     AUDIT_LOCK,
+    AUDIT_RESEND,
     EARLIER_COLUMNS,
     EARLIER_JOIN,
     TURN,
@@ -340,19 +341,26 @@ class PostgresStore(Reads, Leases):
                 column.append(value)
         streams = sorted(set(columns[0]))
         sync = self._sync_setting(True)
-        sql = f"{AUDIT_LOCK}; {AUDIT_APPEND.format(s=self._s)}"
+        # Sent again after a lost connection, it skips what the first statement may have
+        # written since the check found nothing (the server went on with it).
+        sql, again = (f"{AUDIT_LOCK}; {a.format(s=self._s)}" for a in (AUDIT_APPEND, AUDIT_RESEND))
         params: list[Any] = [streams, *columns]
         if sync is not None:
-            sql = f"SELECT set_config('synchronous_commit', %s, true); {sql}"
+            sql, again = (
+                f"SELECT set_config('synchronous_commit', %s, true); {q}" for q in (sql, again)
+            )
             params.insert(0, sync)
         sent = False
+        resend = False
 
         async def body(conn: Conn) -> None:
             nonlocal sent
             sent = True
-            await psycopg.AsyncClientCursor(conn).execute(sql, params)
+            await psycopg.AsyncClientCursor(conn).execute(again if resend else sql, params)
 
         async def committed() -> bool:
+            nonlocal resend
+            resend = True
             # Written whole or not at all: any of its entries found means it committed (and
             # one that wrote none, every `after` stale, writes none if sent again).
             return await self._has_audit(columns)
