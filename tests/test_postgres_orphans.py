@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from signoff._exceptions import StoreError
 from signoff.stores import Commit
 from signoff.stores._audit import AuditRow
 from signoff.stores.postgres import PostgresStore
@@ -99,10 +100,12 @@ async def _first_commits_while_resent(
     return len(sent)
 
 
+@pytest.mark.parametrize("leased", [False, True], ids=["unleased", "leased"])
 async def test_a_session_created_by_a_statement_whose_connection_was_lost_is_created_once(
     pg_store_url: str,
     held_commits: psycopg.AsyncConnection[Any],
     monkeypatch: pytest.MonkeyPatch,
+    leased: bool,
 ) -> None:
     """The creation was sent again while the first statement, its connection lost to the client,
     was still committing; that one committed first, and the second met the session it had made:
@@ -112,14 +115,19 @@ async def test_a_session_created_by_a_statement_whose_connection_was_lost_is_cre
     try:
         sid = f"ses_{uuid.uuid4().hex[:20]}"
         first = [ev(sid, 1, "session.created")]
-        sent = await _first_commits_while_resent(
-            store,
-            held_commits,
-            monkeypatch,
-            lambda: store.create_session(sid, "support", first, None),
-        )
-        assert sent == 2
+        lease = ("w1", 30.0, T0) if leased else None
+        sent: list[int | None] = []
+
+        async def create() -> None:
+            sent.append(await store.create_session(sid, "support", first, None, lease=lease))
+
+        assert await _first_commits_while_resent(store, held_commits, monkeypatch, create) == 2
+        assert sent == [1 if leased else None]  # the lease its first statement granted
         assert await store.read_events(sid) == first
+        # Another creation of the id, with other events or for another owner, is refused.
+        for events, owner in (([*first, ev(sid, 2)], "w1"), (first, "w2")):
+            with pytest.raises(StoreError, match="already exists"):
+                await store.create_session(sid, "support", events, None, lease=(owner, 30, T0))
     finally:
         await store.close()
 

@@ -119,7 +119,7 @@ class PostgresStore(Reads, Leases):
                 raise
             # Sent again after its connection was lost, the statement may meet the session the
             # first one made, committed meanwhile (the server went on with it): this call's.
-            if not await self._has_events(session_id, events):
+            if not await self._created(session_id, events, None if lease is None else lease[0]):
                 raise StoreError(f"session {session_id!r} already exists") from None
         self._remember(session_id, Seen(last, 0, None, *named))
         self._tails.put(session_id, last, tail)
@@ -390,6 +390,26 @@ class PostgresStore(Reads, Leases):
             return row is not None and bool(row[0])
 
         return await self._read(body, "checking audit entries")
+
+    async def _created(self, session_id: str, events: Sequence[Event], owner: str | None) -> bool:
+        """Whether the session stands as a creation of it with these events (and a lease for
+        `owner`, if given) left it: its head their last, those events, the lease as granted."""
+        s = self._s
+
+        async def body(conn: Conn) -> bool:
+            cur = await conn.execute(
+                f"SELECT x.sk, x.head, l.owner, l.token FROM {s}.sessions x "
+                f"LEFT JOIN {s}.leases l ON l.sk = x.sk WHERE x.id = %s",
+                (session_id,),
+            )
+            row = await cur.fetchone()
+            if row is None or int(row[1]) != events[-1].seq:
+                return False
+            if owner is not None and (row[2] != owner or row[3] != 1):
+                return False
+            return await self._events_match(conn, int(row[0]), events)
+
+        return await self._read(body, f"checking session {session_id!r}")
 
     async def _has_events(self, session_id: str, events: Sequence[Event]) -> bool:
         """Whether exactly these events are stored (after a COMMIT whose outcome is unknown)."""
