@@ -15,7 +15,7 @@ from ._agent import Agent
 from ._any_loop import AnyLoopLock
 from ._counts import Counts
 from ._events import Event
-from ._exceptions import AppendConflict, LeaseLost
+from ._exceptions import AppendConflict, LeaseLost, StoreError
 from ._leasing import Held
 from ._model_step import ModelStep
 from ._recording import (
@@ -193,6 +193,8 @@ class Driver(ToolCalls, ModelStep):
                     if not isinstance(exc, AppendConflict):
                         raise
                     await self.reload()
+                    if self.state.seq < before:
+                        raise _went_back(self.state.id, self.state.seq, before) from exc
                     continue
                 # Applied only once committed, so a state object is never ahead of the store.
                 for e in events:
@@ -315,3 +317,16 @@ class Driver(ToolCalls, ModelStep):
             return [("turn.started", data)]
 
         await self.record(start, turn_id=new_id("trn"))
+
+
+def _went_back(session_id: str, head: int, before: int) -> StoreError:
+    """The store holds less of the session than this drive had recorded: it lost commits it had
+    acknowledged (a PostgreSQL server that crashed, whose ordinary commits skip the WAL flush,
+    or a restore). What the drive would record next was planned from what is gone, so it stops
+    and records nothing; the session goes on from what is stored, in a new drive."""
+    return StoreError(
+        f"session {session_id!r} is at seq {head} in the store, behind the seq {before} this "
+        "drive had recorded: the store lost commits it had acknowledged (a database server "
+        "that crashed, or a restore); the drive stops, recording nothing, and the session is "
+        "driven again from what is stored"
+    )

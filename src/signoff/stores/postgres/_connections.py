@@ -415,9 +415,18 @@ class Connections(Transactions):
             # the migrations another process committed while this one waited for it.
             await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
             async with conn.transaction():
+                # A DBA's timeouts bound an application's statements, not its upgrade: one that
+                # ended it (a fill's Python work over many rows idle in the transaction, the
+                # wait for another process's migration) would fail every opening the same way.
+                await conn.execute(
+                    "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0; "
+                    "SET LOCAL idle_in_transaction_session_timeout = 0"
+                )
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{s}.migrate",))
                 before = await _schema.locked_version(conn, self.schema, s)
                 self._refuse_newer(before)
+                if before == _schema.STORE_SCHEMA:  # another process upgraded it meanwhile
+                    return before, before  # nothing created: a role that may only use it
                 taken = await _schema.names_taken(conn, self.schema, before)
                 if taken:  # before anything is made: on the first, PostgreSQL named it alone
                     why = _schema.shared(self.schema, taken)

@@ -14,6 +14,7 @@ from .._codec import CHAIN_MAX, DEFLATE_ON_PREVIOUS, Previous, pack_event, store
 __all__ = [
     "AUDIT_APPEND",
     "AUDIT_LOCK",
+    "AUDIT_RESEND",
     "CURRENT_TURN",
     "EARLIER_COLUMNS",
     "EARLIER_JOIN",
@@ -54,34 +55,51 @@ AUDIT_LOCK = "SELECT pg_advisory_xact_lock(hashtext(x)) FROM unnest(%s::text[]) 
 
 _WRITTEN = "(v.after IS NULL OR v.after = c.n)"
 
-AUDIT_APPEND = (
-    "WITH RECURSIVE v AS (SELECT u.*, row_number() OVER (PARTITION BY u.stream ORDER BY u.k) "
-    "AS j FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::float8[], %s::text[], "
-    "%s::bytea[], %s::bytea[]) WITH ORDINALITY u (stream, after, type, at, data, before, "
-    "behind, k)), "
-    # Each stream's entries in turn, from its head: (n, hash) after each, and if it is written.
-    "c (stream, j, n, hash, written) AS ("
-    "SELECT x.stream, 0::bigint, COALESCE(h.n, 0), h.hash, false "
-    f"FROM (SELECT DISTINCT stream FROM v) x LEFT JOIN LATERAL ({_STREAM_HEAD}) h ON true "
-    f"UNION ALL SELECT v.stream, v.j, c.n + CASE WHEN {_WRITTEN} THEN 1 ELSE 0 END, "
-    f"CASE WHEN {_WRITTEN} THEN sha256(convert_to(COALESCE(encode(c.hash, 'hex'), '') "
-    "|| E'\\n', 'UTF8') || v.before || convert_to((c.n + 1)::text, 'UTF8') || v.behind) "
-    f"ELSE c.hash END, {_WRITTEN} FROM c JOIN v ON v.stream = c.stream AND v.j = c.j + 1), "
-    "added AS (INSERT INTO {s}.audit (stream, n, type, at, data, hash) "
-    "SELECT c.stream, c.n, v.type, v.at, v.data::json, c.hash FROM c "
-    "JOIN v ON v.stream = c.stream AND v.j = c.j WHERE c.written ORDER BY v.k "
-    "RETURNING id, stream, n, hash) "
-    # A negative id, taking no identity value: no gap among the ids readers page through (a
-    # ChannelHub waits on one).
-    "INSERT INTO {s}.audit (id, stream, n, seq, hash) OVERRIDING SYSTEM VALUE "
-    "SELECT DISTINCT ON (stream) -id, stream, 0, n, hash FROM added ORDER BY stream, n DESC "
-    "ON CONFLICT (stream, n) WHERE stream IS NOT NULL "
-    "DO UPDATE SET seq = excluded.seq, hash = excluded.hash"
+_WRITTEN_AGAIN = (
+    "(v.after IS NULL AND NOT EXISTS (SELECT 1 FROM {s}.audit a WHERE a.stream = v.stream "
+    "AND a.n > 0 AND a.type = v.type AND a.at = v.at AND a.data::text = v.data) "
+    "OR v.after = c.n)"
 )
+"""`_WRITTEN` for entries sent again after a lost connection: one given no `after` is written only
+if the stream does not hold it already (the first statement, which the server went on with,
+may have committed it)."""
+
+
+def _audit_append(written: str) -> str:
+    return (
+        "WITH RECURSIVE v AS (SELECT u.*, row_number() OVER (PARTITION BY u.stream ORDER BY u.k) "
+        "AS j FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::float8[], %s::text[], "
+        "%s::bytea[], %s::bytea[]) WITH ORDINALITY u (stream, after, type, at, data, before, "
+        "behind, k)), "
+        # Each stream's entries in turn, from its head: (n, hash) after each, and if it is written.
+        "c (stream, j, n, hash, written) AS ("
+        "SELECT x.stream, 0::bigint, COALESCE(h.n, 0), h.hash, false "
+        f"FROM (SELECT DISTINCT stream FROM v) x LEFT JOIN LATERAL ({_STREAM_HEAD}) h ON true "
+        f"UNION ALL SELECT v.stream, v.j, c.n + CASE WHEN {written} THEN 1 ELSE 0 END, "
+        f"CASE WHEN {written} THEN sha256(convert_to(COALESCE(encode(c.hash, 'hex'), '') "
+        "|| E'\\n', 'UTF8') || v.before || convert_to((c.n + 1)::text, 'UTF8') || v.behind) "
+        f"ELSE c.hash END, {written} FROM c JOIN v ON v.stream = c.stream AND v.j = c.j + 1), "
+        "added AS (INSERT INTO {s}.audit (stream, n, type, at, data, hash) "
+        "SELECT c.stream, c.n, v.type, v.at, v.data::json, c.hash FROM c "
+        "JOIN v ON v.stream = c.stream AND v.j = c.j WHERE c.written ORDER BY v.k "
+        "RETURNING id, stream, n, hash) "
+        # A negative id, taking no identity value: no gap among the ids readers page through (a
+        # ChannelHub waits on one).
+        "INSERT INTO {s}.audit (id, stream, n, seq, hash) OVERRIDING SYSTEM VALUE "
+        "SELECT DISTINCT ON (stream) -id, stream, 0, n, hash FROM added ORDER BY stream, n DESC "
+        "ON CONFLICT (stream, n) WHERE stream IS NOT NULL "
+        "DO UPDATE SET seq = excluded.seq, hash = excluded.hash"
+    )
+
+
+AUDIT_APPEND = _audit_append(_WRITTEN)
 """Chain entries onto their streams' heads, read here, hashing as `chain_hash` does from the
 bytes `chain_parts` gives, and move the head rows. An entry with `after` is written only if
 its stream then ends at that entry. Sent after `AUDIT_LOCK`, in the same message, so the heads
 it reads are committed ones and no lock waits for the client."""
+
+AUDIT_RESEND = _audit_append(_WRITTEN_AGAIN)
+"""`AUDIT_APPEND` sent again after its connection was lost: it skips what the first wrote."""
 
 TURN_NAMED_EVERY: Final = 64
 """An event row names its turn where the turn changes, and at least every 64 rows, so finding

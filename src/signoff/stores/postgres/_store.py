@@ -34,6 +34,7 @@ from ._reads import Reads
 from ._sql import (
     AUDIT_APPEND,
     AUDIT_LOCK,
+    AUDIT_RESEND,
     EARLIER_COLUMNS,
     EARLIER_JOIN,
     TURN,
@@ -112,11 +113,14 @@ class PostgresStore(Reads, Leases):
             )
         except AppendConflict as exc:
             cause = exc.__cause__
-            if isinstance(cause, psycopg.errors.UniqueViolation) and (
-                cause.diag.constraint_name == "sessions_id_key"
+            if not isinstance(cause, psycopg.errors.UniqueViolation) or (
+                cause.diag.constraint_name != "sessions_id_key"
             ):
+                raise
+            # Sent again after its connection was lost, the statement may meet the session the
+            # first one made, committed meanwhile (the server went on with it): this call's.
+            if not await self._created(session_id, events, None if lease is None else lease[0]):
                 raise StoreError(f"session {session_id!r} already exists") from None
-            raise
         self._remember(session_id, Seen(last, 0, None, *named))
         self._tails.put(session_id, last, tail)
         self._after("session.created")
@@ -337,19 +341,26 @@ class PostgresStore(Reads, Leases):
                 column.append(value)
         streams = sorted(set(columns[0]))
         sync = self._sync_setting(True)
-        sql = f"{AUDIT_LOCK}; {AUDIT_APPEND.format(s=self._s)}"
+        # Sent again after a lost connection, it skips what the first statement may have
+        # written since the check found nothing (the server went on with it).
+        sql, again = (f"{AUDIT_LOCK}; {a.format(s=self._s)}" for a in (AUDIT_APPEND, AUDIT_RESEND))
         params: list[Any] = [streams, *columns]
         if sync is not None:
-            sql = f"SELECT set_config('synchronous_commit', %s, true); {sql}"
+            sql, again = (
+                f"SELECT set_config('synchronous_commit', %s, true); {q}" for q in (sql, again)
+            )
             params.insert(0, sync)
         sent = False
+        resend = False
 
         async def body(conn: Conn) -> None:
             nonlocal sent
             sent = True
-            await psycopg.AsyncClientCursor(conn).execute(sql, params)
+            await psycopg.AsyncClientCursor(conn).execute(again if resend else sql, params)
 
         async def committed() -> bool:
+            nonlocal resend
+            resend = True
             # Written whole or not at all: any of its entries found means it committed (and
             # one that wrote none, every `after` stale, writes none if sent again).
             return await self._has_audit(columns)
@@ -379,6 +390,26 @@ class PostgresStore(Reads, Leases):
             return row is not None and bool(row[0])
 
         return await self._read(body, "checking audit entries")
+
+    async def _created(self, session_id: str, events: Sequence[Event], owner: str | None) -> bool:
+        """Whether the session stands as a creation of it with these events (and a lease for
+        `owner`, if given) left it: its head their last, those events, the lease as granted."""
+        s = self._s
+
+        async def body(conn: Conn) -> bool:
+            cur = await conn.execute(
+                f"SELECT x.sk, x.head, l.owner, l.token FROM {s}.sessions x "
+                f"LEFT JOIN {s}.leases l ON l.sk = x.sk WHERE x.id = %s",
+                (session_id,),
+            )
+            row = await cur.fetchone()
+            if row is None or int(row[1]) != events[-1].seq:
+                return False
+            if owner is not None and (row[2] != owner or row[3] != 1):
+                return False
+            return await self._events_match(conn, int(row[0]), events)
+
+        return await self._read(body, f"checking session {session_id!r}")
 
     async def _has_events(self, session_id: str, events: Sequence[Event]) -> bool:
         """Whether exactly these events are stored (after a COMMIT whose outcome is unknown)."""
