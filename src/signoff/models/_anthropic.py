@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import BudgetSpent, ModelError, UsageError
 from .._types import AssistantMessage, CutOff, ModelResponse, ToolCall, ToolResultMessage, Usage
-from ._base import ModelRequest, ToolSpec
+from ._base import ModelRequest, PausedPart, ToolSpec
 from ._environment import anthropic_client
 from ._http_env import HttpEnv
 from ._ids import anthropic_id_fits, wire_ids
@@ -214,7 +214,14 @@ class Anthropic(SdkModel):
             self._think_within(kwargs, cap)
         sdk = self._sdk
         where = f"{self.model!r} at {shown_url(client.base_url)}"
-        paused: list[Any] = []  # the messages of the turn the API paused, in order
+        # The paused parts of this reply, in order: those journaled before (`request.paused`),
+        # then those this call receives. What each cost counts once: a journaled part's when
+        # journaled, the others' (`unjournaled`) in the response or the error.
+        parts = self._resumed(request.paused)
+        unjournaled: list[Usage] = []
+        here = Usage()  # what the parts this call received cost: its cap was set before them
+        if parts:
+            self._continue(kwargs, parts, parts, here, unjournaled, where, cap)
         while True:
             try:
                 message = await self._request(
@@ -225,43 +232,86 @@ class Anthropic(SdkModel):
                     where,
                 )
             except ModelError as exc:
-                if paused:  # the paused parts were billed: the failed turn counts them
-                    exc.usage = _total([*(self._usage(m) for m in paused), exc.usage])
+                if unjournaled:  # the paused parts were billed: the failed turn counts them
+                    exc.usage = _total([*unjournaled, exc.usage])
                 raise
             if not _paused(message):
-                return self._parse(message, where, cap, paused)
-            paused.append(message)
-            self._continue(kwargs, paused, where, cap)
+                return self._parse(message, where, cap, parts, here, unjournaled)
+            billed = self._usage(message)
+            # Blocks of the wrong shape fail the call here, before they are journaled.
+            _read_blocks(message.content, where, _total([*unjournaled, billed]), [], [], [])
+            data: dict[str, Any] = {"content": scrub([_sent_back(b) for b in message.content])}
+            container = getattr(getattr(message, "container", None), "id", None)
+            if isinstance(container, str) and container:
+                data["container"] = container
+            part = PausedPart(model=self._maker, data=data, usage=billed)
+            here = here + billed
+            if request.on_pause is None:
+                unjournaled.append(billed)
+            else:
+                await request.on_pause(part)
+            parts.append(part)
+            self._continue(kwargs, parts, parts[-1:], here, unjournaled, where, cap)
+
+    @property
+    def _maker(self) -> str:
+        """Who makes this model's paused parts: another model starts over instead of going on
+        from them."""
+        return f"anthropic:{self.model}"
+
+    def _resumed(self, paused: Sequence[PausedPart]) -> list[PausedPart]:
+        """The parts journaled of this reply before, to continue from; none (start over) unless
+        every one is this model's and of the form it journals."""
+        if not paused:
+            return []
+        for p in paused:
+            data = p.data if isinstance(p, PausedPart) and p.model == self._maker else {}
+            content = data.get("content") if isinstance(data, dict) else None
+            if not (
+                isinstance(content, list)
+                and content
+                and all(isinstance(b, dict) and isinstance(b.get("type"), str) for b in content)
+                and isinstance(data.get("container", ""), str)
+            ):
+                return []
+        return list(paused)
 
     def _continue(
-        self, kwargs: dict[str, Any], paused: list[Any], where: str, cap: int | None
+        self,
+        kwargs: dict[str, Any],
+        parts: list[PausedPart],
+        new: list[PausedPart],
+        here: Usage,
+        unjournaled: list[Usage],
+        where: str,
+        cap: int | None,
     ) -> None:
         """Make `kwargs` the request that continues the turn the API paused, as Anthropic says to:
-        the paused content sent back as the assistant's (and its code-execution container named),
-        its output capped at what `cap` leaves of it."""
-        last = paused[-1]
-        spent = _total(self._usage(m) for m in paused)
-        if len(paused) > MAX_CONTINUATIONS:
+        the paused content (of the `new` parts of `parts`) sent back as the assistant's (and its
+        code-execution container named), its output capped at what `cap` leaves of it after the
+        parts this call received (`here`)."""
+        spent = _total(unjournaled)
+        if len(parts) > MAX_CONTINUATIONS:
             raise ModelError(
-                f"Anthropic messages call for {where} paused its turn {len(paused)} times "
+                f"Anthropic messages call for {where} paused its turn {len(parts)} times "
                 f"(stop_reason pause_turn): signoff continues one at most {MAX_CONTINUATIONS} "
                 "times",
-                usage=spent,
+                usage=spent if unjournaled else None,
             )
-        _read_blocks(last.content, where, spent, [], [], [])  # blocks of the wrong shape fail
-        blocks = scrub([_sent_back(b) for b in last.content])
         messages = list(kwargs["messages"])
-        if messages and messages[-1]["role"] == "assistant":  # one paused already: it goes on
-            messages[-1] = {**messages[-1], "content": [*messages[-1]["content"], *blocks]}
-        else:
-            messages.append({"role": "assistant", "content": blocks})
+        for part in new:
+            blocks = list(part.data["content"])
+            if messages and messages[-1]["role"] == "assistant":  # one paused already: it goes on
+                messages[-1] = {**messages[-1], "content": [*messages[-1]["content"], *blocks]}
+            else:
+                messages.append({"role": "assistant", "content": blocks})
         kwargs["messages"] = messages
-        container = getattr(getattr(last, "container", None), "id", None)
-        if isinstance(container, str) and container:
+        container = parts[-1].data.get("container")
+        if container:
             kwargs["container"] = container
         if cap is None:
             return
-        left = cap - spent.output_tokens
+        left = cap - here.output_tokens
         if left <= 0:
             raise BudgetSpent(
                 f"Anthropic messages call for {where} paused its turn after the {cap} output "
@@ -295,10 +345,17 @@ class Anthropic(SdkModel):
             where["thinking"] = {**thinking, "budget_tokens": cap - 1}
 
     def _parse(
-        self, message: Any, where: str, cap: int | None = None, paused: list[Any] | None = None
+        self,
+        message: Any,
+        where: str,
+        cap: int | None = None,
+        paused: Sequence[PausedPart] = (),
+        here: Usage | None = None,
+        unjournaled: Sequence[Usage] = (),
     ) -> ModelResponse:
         """The response in `message`, which ends the turn the API paused in `paused` (whose
-        text, reasoning and cost come first)."""
+        text and reasoning come first, and the cost of those not journaled, `unjournaled`);
+        `here` is what the paused parts this call received cost, within its `cap`."""
         if isinstance(message, str):  # the SDK's answer to a Content-Type other than JSON
             raise ModelError(
                 f"Anthropic messages call for {where} returned a body that is not JSON: "
@@ -314,10 +371,11 @@ class Anthropic(SdkModel):
                 )
             raise ModelError(f"Anthropic messages call for {where} returned no content list")
         # A message came: what it cost is counted even when it cannot be used.
-        earlier = paused or []
-        usage = _total([*(self._usage(m) for m in earlier), self._usage(message)])
+        billed = self._usage(message)
+        usage = _total([*unjournaled, billed])
+        written = billed.output_tokens + (0 if here is None else here.output_tokens)
         stop = plain_str(getattr(message, "stop_reason", None))
-        if cap is not None and stop == "max_tokens" and not 0 < usage.output_tokens < cap:
+        if cap is not None and stop == "max_tokens" and not 0 < written < cap:
             # Cut at what the budgets had left: half an answer or call must not pass for one.
             raise BudgetSpent(
                 f"Anthropic messages call for {where} was cut off at the {cap} output tokens the "
@@ -345,12 +403,12 @@ class Anthropic(SdkModel):
         texts: list[str] = []
         calls: list[ToolCall] = []
         reasoning: list[dict[str, Any]] = []
-        parts = [*(m.content for m in earlier), content]
+        parts = [*([_Stored(b) for b in p.data["content"]] for p in paused), content]
         for blocks in parts:
             _read_blocks(blocks, where, usage, texts, calls, reasoning)
         # Input billed that the conversation does not keep (what a server tool read, a paused
         # turn read again) is not read by the next call: how much of it there was is not known.
-        unkept = bool(earlier) or any(
+        unkept = bool(paused) or any(
             plain_str(getattr(b, "type", None)) not in _KEPT for blocks in parts for b in blocks
         )
         if not "".join(texts).strip() and not calls and stop in _EARLY:
@@ -455,6 +513,18 @@ def _read_blocks(
             if all(isinstance(v, str) for v in block_data.values()):
                 reasoning.append({"type": kind, **block_data})
         # server-tool blocks are not part of signoff's conversation
+
+
+class _Stored:
+    """A block of a paused part as journaled (its JSON), read as the SDK's blocks are."""
+
+    __slots__ = ("_block",)
+
+    def __init__(self, block: dict[str, Any]) -> None:
+        self._block = block
+
+    def __getattr__(self, name: str) -> Any:
+        return self._block.get(name)
 
 
 def _paused(message: Any) -> bool:
