@@ -10,15 +10,18 @@ import dataclasses
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import signoff as so
 from signoff.models._anthropic import MAX_CONTINUATIONS
 
 from ._models import request
 from ._models_anthropic import fake, model
+from ._tracing import exporter, provider
 from .fakes.llm import API_KEY, FakeLLM, anthropic_message
 
-__all__ = ["fake", "model"]  # the fixtures, used by name
+__all__ = ["exporter", "fake", "model", "provider"]  # the fixtures, used by name
 
 SEARCH = {
     "type": "server_tool_use",
@@ -123,6 +126,36 @@ async def test_a_paused_turn_costs_its_parts_in_the_session(store_url: str) -> N
             usage = (await rt.state(r.session_id)).usage
             assert (usage.input_tokens, usage.output_tokens) == (250, 50)
         await claude.aclose()
+
+
+async def test_a_paused_turn_is_journaled_part_by_part_and_traced_whole(
+    store_url: str, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """Each paused part is a `model.paused` event counting what it cost, the reply's
+    `model.completed` counts the rest, and the model call's span says what it billed in all."""
+    with FakeLLM("anthropic", strict=True) as server:
+        server.queue(
+            paused("Searching. ", SEARCH, usage=(100, 20)),
+            anthropic_message("Done.", usage={"input_tokens": 150, "output_tokens": 30}),
+        )
+        claude = so.models.Anthropic(
+            "claude-haiku-4-5", base_url=server.base_url, api_key=API_KEY, max_retries=0
+        )
+        agent = so.Agent(name="support", model=claude, tools=[])
+        async with so.Runtime([agent], store=store_url, tracer_provider=provider) as rt:
+            r = await rt.generate("support", prompt="policy?")
+            events = [e async for e in rt.events(r.session_id, follow=False)]
+        await claude.aclose()
+    (part,) = [e.data for e in events if e.type == "model.paused"]
+    (reply,) = [e.data for e in events if e.type == "model.completed"]
+    assert part["model"] == "anthropic:claude-haiku-4-5"
+    assert part["data"]["content"][0] == {"type": "text", "text": "Searching. "}
+    assert (part["usage"]["input_tokens"], part["usage"]["output_tokens"]) == (100, 20)
+    assert (reply["usage"]["input_tokens"], reply["usage"]["output_tokens"]) == (150, 30)
+    assert reply["text"] == "Searching. Done."
+    (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
+    attrs = span.attributes or {}
+    assert (attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"]) == (250, 50)
 
 
 async def test_a_paused_part_of_the_wrong_shape_is_not_sent_back(fake, model) -> None:

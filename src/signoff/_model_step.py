@@ -130,6 +130,7 @@ class ModelStep(DriverPart):
             before = output_cap(share_left if parents else own_left, price)
             return await self._budget_cut(cap, parents, floor=floor if before else 0)
         read_through = s.seq
+        journaled: list[Usage] = []  # what the parts of the reply journaled meanwhile cost
         request = ModelRequest(
             session_id=s.id,
             agent=s.agent,
@@ -142,7 +143,7 @@ class ModelStep(DriverPart):
             response_index=s.model_responses,
             max_output_tokens=cap,
             paused=_parts(turn) if turn.paused else (),
-            on_pause=self._pauser(read_through),
+            on_pause=self._pauser(read_through, journaled),
         )
         # The model reads every message now: the calls it proposes start un-aborted.
         self.abort_signal.clear()
@@ -160,7 +161,11 @@ class ModelStep(DriverPart):
                         f"{len(response.tool_calls)} tool call(s): none is run",
                         usage=response.usage,
                     )
-                span.responded(response)
+                if journaled:  # the trace says what the call billed, its paused parts too
+                    billed = sum(journaled, Usage()) + response.usage
+                    span.responded(response.model_copy(update={"usage": billed}))
+                else:
+                    span.responded(response)
         except (Exception, asyncio.CancelledError) as exc:
             if not isinstance(exc, Exception) and not own_cancel(exc):
                 raise  # this drive is being cancelled, not failed by the model
@@ -228,10 +233,13 @@ class ModelStep(DriverPart):
         await self.record(specs)
         return False
 
-    def _pauser(self, read_through: int) -> Callable[[PausedPart], Awaitable[None]]:
+    def _pauser(
+        self, read_through: int, journaled: list[Usage]
+    ) -> Callable[[PausedPart], Awaitable[None]]:
         """What journals each part of the reply that the provider paused (`model.paused`), as
         it arrives and before the model asks for the next: billed, it is counted once, and a
-        drive resumed after a crash continues from it instead of paying for it again."""
+        drive resumed after a crash continues from it instead of paying for it again. What
+        each cost is added to `journaled`."""
 
         async def journal(part: PausedPart) -> None:
             usage = part.usage
@@ -257,6 +265,7 @@ class ModelStep(DriverPart):
                 )
             held = self.held
             await to_end(self.record([("model.paused", data)]), lambda: bool(held and held.lost))
+            journaled.append(usage)
 
         return journal
 
