@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 import signoff as so
+from signoff.channels import ChannelHub
 
+from ._channels import Texts, manual
 from ._pause_child import FINAL, PARTS, PROMPT, PausingLLM, pause_agent
 from ._procs import Child, lapse_leases, query
 from .fakes.llm import FakeLLM
@@ -82,6 +84,10 @@ async def test_a_turn_killed_mid_continuation_resumes_from_its_last_part(
             r = await rt.generate(session_id=session_id)
             state = await rt.state(session_id)
             events = await _events(rt, session_id)
+            sms = Texts()  # a channel reading the whole trail is told nothing of the parts
+            async with manual(ChannelHub(rt, [sms])) as hub:
+                await hub.poll()
+            assert sms.sent == []
         await agent.model.aclose()  # type: ignore[attr-defined]
     # The resumed turn continued from the second part: one request more, not three.
     assert llm.parts_sent_back == [0, 1, 2, 2]

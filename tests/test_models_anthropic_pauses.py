@@ -158,6 +158,38 @@ async def test_a_paused_turn_is_journaled_part_by_part_and_traced_whole(
     assert (attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"]) == (250, 50)
 
 
+async def test_a_retry_after_a_failed_continuation_goes_on_from_the_last_part(
+    store_url: str,
+) -> None:
+    """The third request fails (HTTP 500): the turn fails, retryably, and its retry asks only
+    for what is left, sending back both parts journaled. Before, it asked from the first part
+    again, sending none back (here the script's answer then passed for the whole reply)."""
+    with FakeLLM("anthropic", strict=True) as server:
+        server.queue(
+            paused("Searching. ", SEARCH, usage=(100, 20)),
+            paused("Reading. ", RESULTS, usage=(101, 21)),
+        )  # then the script runs out: HTTP 500
+        claude = so.models.Anthropic(
+            "claude-haiku-4-5", base_url=server.base_url, api_key=API_KEY, max_retries=0
+        )
+        agent = so.Agent(name="support", model=claude, tools=[])
+        async with so.Runtime([agent], store=store_url) as rt:
+            r = await rt.generate("support", prompt="policy?")
+            assert r.status == "failed"
+            usage = (await rt.state(r.session_id)).usage
+            assert (usage.input_tokens, usage.output_tokens) == (201, 41)  # counted at once
+            done = anthropic_message("Done.", usage={"input_tokens": 150, "output_tokens": 30})
+            server.queue(done)
+            r = await rt.generate(session_id=r.session_id)
+            usage = (await rt.state(r.session_id)).usage
+        await claude.aclose()
+    assert (r.status, r.text) == ("completed", "Searching. Reading. Done.")
+    assert len(server.received) == 4
+    last = server.bodies[-1]["messages"]
+    assert [b.get("text") for b in last[-1]["content"]] == ["Searching. ", None, "Reading. ", None]
+    assert (usage.input_tokens, usage.output_tokens) == (351, 71)
+
+
 async def test_a_paused_part_of_the_wrong_shape_is_not_sent_back(fake, model) -> None:
     body = paused("Searching. ")
     body["content"].append(5)
