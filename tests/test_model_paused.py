@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff._model_step import _parts
+from signoff._paused_parts import paused_parts as _parts
 from signoff._state import fold
 from signoff.cli._events import _summary as cli_line
 from signoff.server._page_data import _summary as trace_line

@@ -13,6 +13,7 @@ from ._child_sessions import headroom_now
 from ._error_text import error_text
 from ._exceptions import BudgetSpent, LeaseLost, ModelError, SignoffError
 from ._output_caps import input_price_floor, output_cap, output_price, spare
+from ._paused_parts import journal_pauses, paused_parts
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
 from ._state import (
     MESSAGE_EVENT_TYPES,
@@ -21,8 +22,7 @@ from ._state import (
     conversation,
     delegated_turn,
 )
-from ._state_parts import TurnState, kept_usage
-from ._sync import exited, to_end
+from ._sync import exited
 from ._text import cut
 from ._tool_json import MAX_INPUT_DEPTH, key_not_text, nests_deeper
 from ._types import (
@@ -37,7 +37,7 @@ from ._types import (
     billable,
     usage_too_large,
 )
-from .models import ModelRequest, PausedPart, ToolSpec
+from .models import ModelRequest, ToolSpec
 
 if TYPE_CHECKING:
     from ._agent import Limits
@@ -142,8 +142,8 @@ class ModelStep(DriverPart):
             ],
             response_index=s.model_responses,
             max_output_tokens=cap,
-            paused=_parts(turn) if turn.paused else (),
-            on_pause=self._pauser(read_through, journaled),
+            paused=paused_parts(turn) if turn.paused else (),
+            on_pause=journal_pauses(self, read_through, journaled),
         )
         # The model reads every message now: the calls it proposes start un-aborted.
         self.abort_signal.clear()
@@ -232,42 +232,6 @@ class ModelStep(DriverPart):
 
         await self.record(specs)
         return False
-
-    def _pauser(
-        self, read_through: int, journaled: list[Usage]
-    ) -> Callable[[PausedPart], Awaitable[None]]:
-        """What journals each part of the reply that the provider paused (`model.paused`), as
-        it arrives and before the model asks for the next: billed, it is counted once, and a
-        drive resumed after a crash continues from it instead of paying for it again. What
-        each cost is added to `journaled`."""
-
-        async def journal(part: PausedPart) -> None:
-            usage = part.usage
-            if not isinstance(usage, Usage) or (usage != Usage() and billable(usage) is None):
-                raise ModelError(f"model's paused part has usage that cannot count: {usage!r}")
-            data = {
-                "model": part.model,
-                "data": part.data,
-                "usage": usage.model_dump(),
-                "read_through": read_through,
-            }
-            try:
-                text = json.dumps(data, allow_nan=False, separators=(",", ":"))
-            except (TypeError, ValueError, RecursionError) as exc:
-                raise ModelError(
-                    f"model's paused part is not plain JSON: {type(exc).__name__}: {exc}",
-                    usage=usage,
-                ) from None
-            most = self.agent.limits.max_response_bytes
-            if len(text) > most:  # `ensure_ascii`: a character is at least a byte
-                raise ModelError(
-                    f"model's paused part is over {most} bytes (max_response_bytes)", usage=usage
-                )
-            held = self.held
-            await to_end(self.record([("model.paused", data)]), lambda: bool(held and held.lost))
-            journaled.append(usage)
-
-        return journal
 
     async def _complete(self, request: ModelRequest) -> Any:
         """The model's response to `request`, the call run as the lease's `body`: a lease lost
@@ -491,28 +455,6 @@ def _delegated_turn(s: SessionState) -> bool:
 def _less(amount: float, shown: str) -> str:
     """How much of the headroom the parent's other subagents took, where they took any."""
     return f", less {shown} spent since by its parent's other subagents" if amount > 0 else ""
-
-
-def _parts(turn: TurnState) -> tuple[PausedPart, ...]:
-    """The parts of the reply being made that the provider paused and the log journaled, to
-    continue from: none when a message came after the model read the conversation (the reply
-    must read it, so it starts over) or when one is not of the form journaled."""
-    if not turn.paused:
-        return ()
-    read = turn.paused[0].get("read_through")
-    if not isinstance(read, int) or turn.last_message_seq > read:
-        return ()
-    try:
-        return tuple(
-            PausedPart(
-                model=str(p["model"]),
-                data=dict(p["data"]),
-                usage=kept_usage(p["usage"], strict=False),
-            )
-            for p in turn.paused
-        )
-    except (KeyError, TypeError, ValueError):
-        return ()
 
 
 def _billed(exc: BaseException) -> Usage | None:
