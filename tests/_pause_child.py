@@ -61,10 +61,11 @@ def pause_agent(base_url: str, *, max_tokens: int | None = None) -> so.Agent:
 class PausingLLM:
     """A reply function for `FakeLLM`: it answers by what the request sends back, as the API
     continues a paused turn from it: no paused part yet gets the first, one gets the second,
-    both get the final answer. With `hold`, the first request for the final answer waits until
-    `release` and is then dropped unanswered (its client was killed meanwhile)."""
+    both get the final answer. With `hold`, the first request sending back that many parts
+    (2: the one for the final answer) waits until `release` and is then dropped unanswered (its
+    client was killed meanwhile)."""
 
-    def __init__(self, *, hold: bool = False) -> None:
+    def __init__(self, *, hold: int | None = None) -> None:
         self.hold = hold
         self.held = threading.Event()
         self.release = threading.Event()
@@ -80,7 +81,7 @@ class PausingLLM:
             k = sum(1 for b in last["content"] if b.get("type") == "text")
         with self.lock:
             self.parts_sent_back.append(k)
-            holding = self.hold and k == len(PARTS) and not self.held.is_set()
+            holding = k == self.hold and not self.held.is_set()
         if holding:
             self.held.set()
             self.release.wait(60)

@@ -31,11 +31,11 @@ def _spawn(tmp: Path, url: str, base_url: str, max_tokens: int = 0) -> Child:
     return Child(argv, tmp / "pause-child.err", module="tests._pause_child")
 
 
-def _kill_at_the_last_continuation(
+def _kill_at_the_held_continuation(
     tmp: Path, url: str, fake: FakeLLM, llm: PausingLLM, max_tokens: int = 0
 ) -> str:
-    """Start the turn in a child, SIGKILL it while the fake holds the request continuing
-    from the second paused part, and return the session's id."""
+    """Start the turn in a child, SIGKILL it while the fake holds the continuation it was
+    told to (`PausingLLM.hold`), and return the session's id."""
     child = _spawn(tmp, url, fake.base_url, max_tokens)
     try:
         child.expect("ready", timeout=30)
@@ -64,23 +64,25 @@ async def _uninterrupted(tmp: Path) -> tuple[str, so.Usage]:
     return r.text, usage
 
 
+@pytest.mark.parametrize("held", [1, 2])
 async def test_a_turn_killed_mid_continuation_resumes_from_its_last_part(
-    tmp_path: Path, store_url: str
+    tmp_path: Path, store_url: str, held: int
 ) -> None:
-    """Before, nothing of a paused turn was journaled: the resumed turn asked from the first
-    part again, 6 requests in all for 3 (the server tools ran twice), replies billing 552/112
-    tokens of which 351/71 were recorded."""
+    """Killed while the fake holds the 1st or 2nd continuation. Before, nothing of a paused
+    turn was journaled: the resumed turn asked from the first part again (held at the 2nd: 6
+    requests in all for 3, the server tools ran twice, replies billing 552/112 tokens of which
+    351/71 were recorded)."""
     text, whole = await _uninterrupted(tmp_path)
     assert text == ANSWER
-    llm = PausingLLM(hold=True)
+    llm = PausingLLM(hold=held)
     with FakeLLM("anthropic", strict=True) as fake:
         fake.queue(*[llm] * 8)
-        session_id = _kill_at_the_last_continuation(tmp_path, store_url, fake, llm)
-        assert llm.parts_sent_back == [0, 1, 2]
+        session_id = _kill_at_the_held_continuation(tmp_path, store_url, fake, llm)
+        assert llm.parts_sent_back == list(range(held + 1))
         agent = pause_agent(fake.base_url)
         async with so.Runtime([agent], store=store_url) as rt:
             paused = [e for e in await _events(rt, session_id) if e.type == "model.paused"]
-            assert len(paused) == 2  # both parts journaled before the kill
+            assert len(paused) == held  # the parts made before the kill are journaled
             r = await rt.generate(session_id=session_id)
             state = await rt.state(session_id)
             events = await _events(rt, session_id)
@@ -89,9 +91,9 @@ async def test_a_turn_killed_mid_continuation_resumes_from_its_last_part(
                 await hub.poll()
             assert sms.sent == []
         await agent.model.aclose()  # type: ignore[attr-defined]
-    # The resumed turn continued from the second part: one request more, not three.
-    assert llm.parts_sent_back == [0, 1, 2, 2]
-    assert len(fake.received) == 4
+    # The resumed turn continued from the last part journaled: no part asked for twice.
+    assert llm.parts_sent_back == [*range(held + 1), *range(held, len(PARTS) + 1)]
+    assert len(fake.received) == len(PARTS) + 2  # the one killed, and one more
     last = fake.bodies[-1]["messages"]
     assert [m["role"] for m in last] == ["user", "assistant"]
     assert [b.get("text") for b in last[1]["content"]] == ["Searching. ", None, "Reading. ", None]
@@ -119,10 +121,10 @@ async def test_the_budgets_count_the_parts_journaled_before_a_crash(
     """The two parts spent 242 tokens of max_tokens=240: the resumed turn asks the person to
     raise the budget instead of calling the model. Before, the budget saw none of them and the
     turn asked from the first part again."""
-    llm = PausingLLM(hold=True)
+    llm = PausingLLM(hold=2)
     with FakeLLM("anthropic", strict=True) as fake:
         fake.queue(*[llm] * 8)
-        session_id = _kill_at_the_last_continuation(tmp_path, store_url, fake, llm, 240)
+        session_id = _kill_at_the_held_continuation(tmp_path, store_url, fake, llm, 240)
         agent = pause_agent(fake.base_url, max_tokens=240)
         async with so.Runtime([agent], store=store_url) as rt:
             r = await rt.generate(session_id=session_id)
@@ -140,7 +142,7 @@ async def test_a_runtime_closed_mid_continuation_resumes_from_its_last_part(
 ) -> None:
     """`Runtime.close()` while the fake holds the last continuation: the parts journaled stay,
     and the next runtime makes the one request left."""
-    llm = PausingLLM(hold=True)
+    llm = PausingLLM(hold=2)
     with FakeLLM("anthropic", strict=True) as fake:
         fake.queue(*[llm] * 8)
         agent = pause_agent(fake.base_url)
