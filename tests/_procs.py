@@ -211,10 +211,10 @@ def lapse_leases(url: str) -> None:
 class Child:
     """A running child process whose stdout lines arrive on a queue (read with a timeout)."""
 
-    def __init__(self, argv: list[str], stderr_path: Path) -> None:
+    def __init__(self, argv: list[str], stderr_path: Path, *, module: str = "tests._procs") -> None:
         self._stderr = stderr_path.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests._procs", *argv],
+            [sys.executable, "-m", module, *argv],
             cwd=ROOT,
             env=python_env(),
             stdout=subprocess.PIPE,

@@ -10,15 +10,19 @@ import dataclasses
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import signoff as so
+from signoff.models import PausedPart
 from signoff.models._anthropic import MAX_CONTINUATIONS
 
 from ._models import request
 from ._models_anthropic import fake, model
+from ._tracing import exporter, provider
 from .fakes.llm import API_KEY, FakeLLM, anthropic_message
 
-__all__ = ["fake", "model"]  # the fixtures, used by name
+__all__ = ["exporter", "fake", "model", "provider"]  # the fixtures, used by name
 
 SEARCH = {
     "type": "server_tool_use",
@@ -123,6 +127,134 @@ async def test_a_paused_turn_costs_its_parts_in_the_session(store_url: str) -> N
             usage = (await rt.state(r.session_id)).usage
             assert (usage.input_tokens, usage.output_tokens) == (250, 50)
         await claude.aclose()
+
+
+async def test_a_paused_turn_is_journaled_part_by_part_and_traced_whole(
+    store_url: str, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """Each paused part is a `model.paused` event counting what it cost, the reply's
+    `model.completed` counts the rest, and the model call's span says what it billed in all."""
+    with FakeLLM("anthropic", strict=True) as server:
+        server.queue(
+            paused("Searching. ", SEARCH, usage=(100, 20)),
+            anthropic_message("Done.", usage={"input_tokens": 150, "output_tokens": 30}),
+        )
+        claude = so.models.Anthropic(
+            "claude-haiku-4-5", base_url=server.base_url, api_key=API_KEY, max_retries=0
+        )
+        agent = so.Agent(name="support", model=claude, tools=[])
+        async with so.Runtime([agent], store=store_url, tracer_provider=provider) as rt:
+            r = await rt.generate("support", prompt="policy?")
+            events = [e async for e in rt.events(r.session_id, follow=False)]
+        await claude.aclose()
+    (part,) = [e.data for e in events if e.type == "model.paused"]
+    (reply,) = [e.data for e in events if e.type == "model.completed"]
+    assert part["model"] == "anthropic:claude-haiku-4-5"
+    assert part["data"]["content"][0] == {"type": "text", "text": "Searching. "}
+    assert (part["usage"]["input_tokens"], part["usage"]["output_tokens"]) == (100, 20)
+    assert (reply["usage"]["input_tokens"], reply["usage"]["output_tokens"]) == (150, 30)
+    assert reply["text"] == "Searching. Done."
+    (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
+    attrs = span.attributes or {}
+    assert (attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"]) == (250, 50)
+
+
+async def test_a_retry_after_a_failed_continuation_goes_on_from_the_last_part(
+    store_url: str,
+) -> None:
+    """The third request fails (HTTP 500): the turn fails, retryably, and its retry asks only
+    for what is left, sending back both parts journaled. Before, it asked from the first part
+    again, sending none back (here the script's answer then passed for the whole reply)."""
+    with FakeLLM("anthropic", strict=True) as server:
+        server.queue(
+            paused("Searching. ", SEARCH, usage=(100, 20)),
+            paused("Reading. ", RESULTS, usage=(101, 21)),
+        )  # then the script runs out: HTTP 500
+        claude = so.models.Anthropic(
+            "claude-haiku-4-5", base_url=server.base_url, api_key=API_KEY, max_retries=0
+        )
+        agent = so.Agent(name="support", model=claude, tools=[])
+        async with so.Runtime([agent], store=store_url) as rt:
+            r = await rt.generate("support", prompt="policy?")
+            assert r.status == "failed"
+            usage = (await rt.state(r.session_id)).usage
+            assert (usage.input_tokens, usage.output_tokens) == (201, 41)  # counted at once
+            done = anthropic_message("Done.", usage={"input_tokens": 150, "output_tokens": 30})
+            server.queue(done)
+            r = await rt.generate(session_id=r.session_id)
+            usage = (await rt.state(r.session_id)).usage
+        await claude.aclose()
+    assert (r.status, r.text) == ("completed", "Searching. Reading. Done.")
+    assert len(server.received) == 4
+    last = server.bodies[-1]["messages"]
+    assert [b.get("text") for b in last[-1]["content"]] == ["Searching. ", None, "Reading. ", None]
+    assert (usage.input_tokens, usage.output_tokens) == (351, 71)
+
+
+def _part(text: str, output: int = 20, model: str = "anthropic:claude-haiku-4-5") -> PausedPart:
+    content = [{"type": "text", "text": text}, SEARCH]
+    usage = so.Usage(input_tokens=100, output_tokens=output, cost_usd=0.5)
+    return PausedPart(model=model, data={"content": content}, usage=usage)
+
+
+async def test_each_part_goes_to_on_pause_and_its_cost_is_left_out_of_the_reply(
+    fake, model
+) -> None:
+    journaled: list[PausedPart] = []
+
+    async def on_pause(part: PausedPart) -> None:
+        journaled.append(part)
+
+    container = {"id": "container_01", "expires_at": "2026-12-03T19:00:00Z"}
+    fake.queue(
+        paused("Searching. ", SEARCH, container=container),
+        anthropic_message("Done.", usage={"input_tokens": 150, "output_tokens": 30}),
+    )
+    asked = dataclasses.replace(request(), on_pause=on_pause)
+    response = await model.complete(asked)
+    assert response.text == "Searching. Done."
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (150, 30)
+    (part,) = journaled
+    assert part.model == "anthropic:claude-haiku-4-5" and part.usage.output_tokens == 20
+    assert part.data == {
+        "content": [{"type": "text", "text": "Searching. "}, SEARCH],
+        "container": "container_01",
+    }
+
+
+async def test_a_reply_goes_on_from_the_parts_journaled_before(fake, model) -> None:
+    """Given two parts (a process stopped after them), one request asks for the rest, sending
+    both back under the container named, its output capped at the budgets' cap as it is now
+    (what the parts cost is counted in the budgets already), and the reply's usage is its own."""
+    fake.queue(anthropic_message("Done.", usage={"input_tokens": 150, "output_tokens": 30}))
+    one, two = _part("One. "), _part("Two. ")
+    two = dataclasses.replace(two, data={**two.data, "container": "container_01"})
+    resumed = dataclasses.replace(request(), paused=[one, two], max_output_tokens=100)
+    response = await model.complete(resumed)
+    assert response.text == "One. Two. Done."
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (150, 30)
+    (body,) = fake.bodies
+    assert [b.get("text") for b in body["messages"][-1]["content"]] == [
+        "One. ",
+        None,
+        "Two. ",
+        None,
+    ]
+    assert body["container"] == "container_01" and body["max_tokens"] == 100
+
+
+async def test_parts_of_another_model_are_not_gone_on_from(fake, model) -> None:
+    fake.queue(anthropic_message("Done."))
+    other = dataclasses.replace(request(), paused=[_part("One. ", model="anthropic:other")])
+    assert (await model.complete(other)).text == "Done."
+    assert [m["role"] for m in fake.bodies[0]["messages"]] == ["user"]
+
+
+async def test_parts_journaled_past_the_bound_fail_without_a_request(fake, model) -> None:
+    parts = [_part(f"part {i}. ") for i in range(MAX_CONTINUATIONS + 1)]
+    with pytest.raises(so.ModelError, match=f"paused its turn {MAX_CONTINUATIONS + 1} times") as e:
+        await model.complete(dataclasses.replace(request(), paused=parts))
+    assert fake.received == [] and e.value.usage is None  # each part was counted when journaled
 
 
 async def test_a_paused_part_of_the_wrong_shape_is_not_sent_back(fake, model) -> None:

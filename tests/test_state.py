@@ -362,6 +362,7 @@ def _every_field_set() -> so.SessionState:
         model_seq=3,
         source="schedule",
         traceparent=PARKED_BY,
+        paused=({"model": "anthropic:m", "data": {"content": []}, "usage": {}, "read_through": 3},),
         # Its journal is read back from the events (`load_journal`): a snapshot leaves it out.
         calls={
             "c1": CallState(

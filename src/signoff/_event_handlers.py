@@ -108,8 +108,18 @@ def _model_completed(s: SessionState, e: Event) -> None:
         c["id"]: CallState(id=c["id"], tool_name=c["name"], input=c.get("input"), since=e.seq)
         for c in e.data.get("tool_calls", [])
     }
+    if turn.paused:
+        turn.paused = ()  # the reply they were parts of is made
     if s.conversation is not None:
         s.conversation.add(e)
+
+
+def _model_paused(s: SessionState, e: Event) -> None:
+    """A part of the reply being made, which the provider paused: billed, so counted now, and
+    kept for a resumed drive to continue from. Not a message: the reply is its `model.completed`."""
+    turn = _turn(s, e)
+    s.usage = s.usage + kept_usage(e.data["usage"], strict=False)
+    turn.paused = (*turn.paused, e.data)
 
 
 def _tool_started(s: SessionState, e: Event) -> None:
@@ -443,6 +453,7 @@ HANDLERS = {
     "turn.started": _turn_started,
     "turn.message": _turn_message,
     "model.completed": _model_completed,
+    "model.paused": _model_paused,
     "tool.started": _tool_started,
     "tool.step": _tool_step,
     "tool.completed": _tool_completed,

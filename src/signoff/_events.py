@@ -35,6 +35,7 @@ EventType = Literal[
     "turn.started",
     "turn.message",
     "model.completed",
+    "model.paused",
     "tool.started",
     "tool.step",
     "tool.completed",

@@ -13,6 +13,7 @@ from ._child_sessions import headroom_now
 from ._error_text import error_text
 from ._exceptions import BudgetSpent, LeaseLost, ModelError, SignoffError
 from ._output_caps import input_price_floor, output_cap, output_price, spare
+from ._paused_parts import journal_pauses, paused_parts
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
 from ._state import (
     MESSAGE_EVENT_TYPES,
@@ -129,6 +130,7 @@ class ModelStep(DriverPart):
             before = output_cap(share_left if parents else own_left, price)
             return await self._budget_cut(cap, parents, floor=floor if before else 0)
         read_through = s.seq
+        journaled: list[Usage] = []  # what the parts of the reply journaled meanwhile cost
         request = ModelRequest(
             session_id=s.id,
             agent=s.agent,
@@ -140,6 +142,8 @@ class ModelStep(DriverPart):
             ],
             response_index=s.model_responses,
             max_output_tokens=cap,
+            paused=paused_parts(turn) if turn.paused else (),
+            on_pause=journal_pauses(self, read_through, journaled),
         )
         # The model reads every message now: the calls it proposes start un-aborted.
         self.abort_signal.clear()
@@ -157,7 +161,11 @@ class ModelStep(DriverPart):
                         f"{len(response.tool_calls)} tool call(s): none is run",
                         usage=response.usage,
                     )
-                span.responded(response)
+                if journaled:  # the trace says what the call billed, its paused parts too
+                    billed = sum(journaled, Usage()) + response.usage
+                    span.responded(response.model_copy(update={"usage": billed}))
+                else:
+                    span.responded(response)
         except (Exception, asyncio.CancelledError) as exc:
             if not isinstance(exc, Exception) and not own_cancel(exc):
                 raise  # this drive is being cancelled, not failed by the model

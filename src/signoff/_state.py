@@ -244,6 +244,7 @@ class SessionState:
                 "model_seq": turn.model_seq,
                 "source": turn.source,
                 **({} if turn.traceparent is None else {"traceparent": turn.traceparent}),
+                **({"paused": list(turn.paused)} if turn.paused else {}),
                 "calls": [
                     {
                         "id": c.id,
@@ -288,6 +289,7 @@ class SessionState:
                 model_seq=t.model_seq,
                 source=t.source,
                 traceparent=t.traceparent,
+                paused=t.paused,
                 calls={
                     k: CallState(
                         id=c.id,
@@ -376,6 +378,7 @@ class SessionState:
                 model_seq=t.get("model_seq", t.get("last_message_seq", 0)),
                 source=t.get("source", "message"),
                 traceparent=p if isinstance(p := t.get("traceparent"), str) else None,
+                paused=_paused_of(t.get("paused", [])),
                 calls={c["id"]: _call_of(c, t) for c in t["calls"]},
             )
         return cls(
@@ -415,6 +418,13 @@ class SessionState:
             turn=turn,
             conversation=None,
         )
+
+
+def _paused_of(value: Any) -> tuple[dict[str, Any], ...]:
+    """A turn's paused parts as a snapshot keeps them; `ValueError` unless a list of objects."""
+    if not isinstance(value, list) or not all(isinstance(p, dict) for p in value):
+        raise ValueError(f"a turn's paused parts are not a list of objects: {value!r:.100}")
+    return tuple(value)
 
 
 def _call_of(c: dict[str, Any], turn: dict[str, Any]) -> CallState:

@@ -243,6 +243,9 @@ class TurnState:
     source: str = "message"
     # The W3C trace context of the last traced drive that parked the turn (`_tracing`).
     traceparent: str | None = None
+    # The parts of the model's reply being made that the provider paused (`model.paused`
+    # data, in order): a drive resumed after a crash continues from them.
+    paused: tuple[dict[str, Any], ...] = ()
 
     @property
     def steered(self) -> bool:

@@ -59,6 +59,9 @@ def _summary(event: Event) -> str:
         parts = ([compact_json(d["text"])] if d.get("text") else []) + calls
         cut = f" [cut off: {d['cut_off']}]" if d.get("cut_off") else ""
         return "; ".join(parts) + cut
+    if t == "model.paused":  # a part of the reply, not a message: its text is the reply's
+        usage = d["usage"] if isinstance(d.get("usage"), dict) else {}
+        return f"reply paused: {usage.get('input_tokens')} in, {usage.get('output_tokens')} out"
     if t == "turn.message":
         queued = " (queued)" if d.get("queued") else ""
         return compact_json(d.get("message")) + queued

@@ -5,9 +5,18 @@ The providers import their SDK only when constructed: `pip install 'signoff[open
 """
 
 from ._anthropic import Anthropic
-from ._base import Model, ModelRequest, ToolSpec
+from ._base import Model, ModelRequest, PausedPart, ToolSpec
 from ._from_env import from_env
 from ._openai import OpenAIChat
 from ._scripted import Scripted
 
-__all__ = ["Anthropic", "Model", "ModelRequest", "OpenAIChat", "Scripted", "ToolSpec", "from_env"]
+__all__ = [
+    "Anthropic",
+    "Model",
+    "ModelRequest",
+    "OpenAIChat",
+    "PausedPart",
+    "Scripted",
+    "ToolSpec",
+    "from_env",
+]

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import BudgetSpent, ModelError, UsageError
-from .._types import AssistantMessage, CutOff, ModelResponse, ToolCall, ToolResultMessage, Usage
-from ._base import ModelRequest, ToolSpec
+from .._types import CutOff, ModelResponse, ToolCall, Usage
+from ._anthropic_wire import (
+    REASONING,
+    last_turn_thinks,
+    thinking_on,
+    to_anthropic_messages,
+    to_anthropic_tool,
+)
+from ._base import ModelRequest, PausedPart
 from ._environment import anthropic_client
 from ._http_env import HttpEnv
-from ._ids import anthropic_id_fits, wire_ids
 from ._provider import (
     ANTHROPIC_PRICES,
     SdkModel,
@@ -21,7 +27,6 @@ from ._provider import (
     check_positive,
     check_price,
     check_rate,
-    encode_tool_result,
     load_sdk,
     lookup_price,
     plain_input,
@@ -37,11 +42,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Anthropic"]
 
-# The reasoning blocks of a response and their fields, sent back as they came.
-_REASONING = {"thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
-
 # The blocks of a reply the conversation keeps; the others are the server tools' own.
-_KEPT = ("text", "tool_use", *_REASONING)
+_KEPT = ("text", "tool_use", *REASONING)
 
 # The stop reasons that cut a reply short, and those that mean an empty one is no answer.
 _CUT = ("max_tokens", "model_context_window_exceeded")
@@ -215,7 +217,14 @@ class Anthropic(SdkModel):
             self._think_within(kwargs, cap)
         sdk = self._sdk
         where = f"{self.model!r} at {shown_url(client.base_url)}"
-        paused: list[Any] = []  # the messages of the turn the API paused, in order
+        # The paused parts of this reply, in order: those journaled before (`request.paused`),
+        # then those this call receives. What each cost counts once: a journaled part's when
+        # journaled, the others' (`unjournaled`) in the response or the error.
+        parts = self._resumed(request.paused)
+        unjournaled: list[Usage] = []
+        here = Usage()  # what the parts this call received cost: its cap was set before them
+        if parts:
+            self._continue(kwargs, parts, parts, here, unjournaled, where, cap)
         while True:
             try:
                 message = await self._request(
@@ -226,43 +235,86 @@ class Anthropic(SdkModel):
                     where,
                 )
             except ModelError as exc:
-                if paused:  # the paused parts were billed: the failed turn counts them
-                    exc.usage = _total([*(self._usage(m) for m in paused), exc.usage])
+                if unjournaled:  # the paused parts were billed: the failed turn counts them
+                    exc.usage = _total([*unjournaled, exc.usage])
                 raise
             if not _paused(message):
-                return self._parse(message, where, cap, paused)
-            paused.append(message)
-            self._continue(kwargs, paused, where, cap)
+                return self._parse(message, where, cap, parts, here, unjournaled)
+            billed = self._usage(message)
+            # Blocks of the wrong shape fail the call here, before they are journaled.
+            _read_blocks(message.content, where, _total([*unjournaled, billed]), [], [], [])
+            data: dict[str, Any] = {"content": scrub([_sent_back(b) for b in message.content])}
+            container = getattr(getattr(message, "container", None), "id", None)
+            if isinstance(container, str) and container:
+                data["container"] = container
+            part = PausedPart(model=self._maker, data=data, usage=billed)
+            here = here + billed
+            if request.on_pause is None:
+                unjournaled.append(billed)
+            else:
+                await request.on_pause(part)
+            parts.append(part)
+            self._continue(kwargs, parts, parts[-1:], here, unjournaled, where, cap)
+
+    @property
+    def _maker(self) -> str:
+        """Who makes this model's paused parts: another model starts over instead of going on
+        from them."""
+        return f"anthropic:{self.model}"
+
+    def _resumed(self, paused: Sequence[PausedPart]) -> list[PausedPart]:
+        """The parts journaled of this reply before, to continue from; none (start over) unless
+        every one is this model's and of the form it journals."""
+        if not paused:
+            return []
+        for p in paused:
+            data = p.data if isinstance(p, PausedPart) and p.model == self._maker else {}
+            content = data.get("content") if isinstance(data, dict) else None
+            if not (
+                isinstance(content, list)
+                and content
+                and all(isinstance(b, dict) and isinstance(b.get("type"), str) for b in content)
+                and isinstance(data.get("container", ""), str)
+            ):
+                return []
+        return list(paused)
 
     def _continue(
-        self, kwargs: dict[str, Any], paused: list[Any], where: str, cap: int | None
+        self,
+        kwargs: dict[str, Any],
+        parts: list[PausedPart],
+        new: list[PausedPart],
+        here: Usage,
+        unjournaled: list[Usage],
+        where: str,
+        cap: int | None,
     ) -> None:
         """Make `kwargs` the request that continues the turn the API paused, as Anthropic says to:
-        the paused content sent back as the assistant's (and its code-execution container named),
-        its output capped at what `cap` leaves of it."""
-        last = paused[-1]
-        spent = _total(self._usage(m) for m in paused)
-        if len(paused) > MAX_CONTINUATIONS:
+        the paused content (of the `new` parts of `parts`) sent back as the assistant's (and its
+        code-execution container named), its output capped at what `cap` leaves of it after the
+        parts this call received (`here`)."""
+        spent = _total(unjournaled)
+        if len(parts) > MAX_CONTINUATIONS:
             raise ModelError(
-                f"Anthropic messages call for {where} paused its turn {len(paused)} times "
+                f"Anthropic messages call for {where} paused its turn {len(parts)} times "
                 f"(stop_reason pause_turn): signoff continues one at most {MAX_CONTINUATIONS} "
                 "times",
-                usage=spent,
+                usage=spent if unjournaled else None,
             )
-        _read_blocks(last.content, where, spent, [], [], [])  # blocks of the wrong shape fail
-        blocks = scrub([_sent_back(b) for b in last.content])
         messages = list(kwargs["messages"])
-        if messages and messages[-1]["role"] == "assistant":  # one paused already: it goes on
-            messages[-1] = {**messages[-1], "content": [*messages[-1]["content"], *blocks]}
-        else:
-            messages.append({"role": "assistant", "content": blocks})
+        for part in new:
+            blocks = list(part.data["content"])
+            if messages and messages[-1]["role"] == "assistant":  # one paused already: it goes on
+                messages[-1] = {**messages[-1], "content": [*messages[-1]["content"], *blocks]}
+            else:
+                messages.append({"role": "assistant", "content": blocks})
         kwargs["messages"] = messages
-        container = getattr(getattr(last, "container", None), "id", None)
-        if isinstance(container, str) and container:
+        container = parts[-1].data.get("container")
+        if container:
             kwargs["container"] = container
         if cap is None:
             return
-        left = cap - spent.output_tokens
+        left = cap - here.output_tokens
         if left <= 0:
             raise BudgetSpent(
                 f"Anthropic messages call for {where} paused its turn after the {cap} output "
@@ -296,10 +348,17 @@ class Anthropic(SdkModel):
             where["thinking"] = {**thinking, "budget_tokens": cap - 1}
 
     def _parse(
-        self, message: Any, where: str, cap: int | None = None, paused: list[Any] | None = None
+        self,
+        message: Any,
+        where: str,
+        cap: int | None = None,
+        paused: Sequence[PausedPart] = (),
+        here: Usage | None = None,
+        unjournaled: Sequence[Usage] = (),
     ) -> ModelResponse:
         """The response in `message`, which ends the turn the API paused in `paused` (whose
-        text, reasoning and cost come first)."""
+        text and reasoning come first, and the cost of those not journaled, `unjournaled`);
+        `here` is what the paused parts this call received cost, within its `cap`."""
         if isinstance(message, str):  # the SDK's answer to a Content-Type other than JSON
             raise ModelError(
                 f"Anthropic messages call for {where} returned a body that is not JSON: "
@@ -315,10 +374,11 @@ class Anthropic(SdkModel):
                 )
             raise ModelError(f"Anthropic messages call for {where} returned no content list")
         # A message came: what it cost is counted even when it cannot be used.
-        earlier = paused or []
-        usage = _total([*(self._usage(m) for m in earlier), self._usage(message)])
+        billed = self._usage(message)
+        usage = _total([*unjournaled, billed])
+        written = billed.output_tokens + (0 if here is None else here.output_tokens)
         stop = plain_str(getattr(message, "stop_reason", None))
-        if cap is not None and stop == "max_tokens" and not 0 < usage.output_tokens < cap:
+        if cap is not None and stop == "max_tokens" and not 0 < written < cap:
             # Cut at what the budgets had left: half an answer or call must not pass for one.
             raise BudgetSpent(
                 f"Anthropic messages call for {where} was cut off at the {cap} output tokens the "
@@ -346,12 +406,12 @@ class Anthropic(SdkModel):
         texts: list[str] = []
         calls: list[ToolCall] = []
         reasoning: list[dict[str, Any]] = []
-        parts = [*(m.content for m in earlier), content]
+        parts = [*([_Stored(b) for b in p.data["content"]] for p in paused), content]
         for blocks in parts:
             _read_blocks(blocks, where, usage, texts, calls, reasoning)
         # Input billed that the conversation does not keep (what a server tool read, a paused
         # turn read again) is not read by the next call: how much of it there was is not known.
-        unkept = bool(earlier) or any(
+        unkept = bool(paused) or any(
             plain_str(getattr(b, "type", None)) not in _KEPT for blocks in parts for b in blocks
         )
         if not "".join(texts).strip() and not calls and stop in _EARLY:
@@ -450,12 +510,24 @@ def _read_blocks(
                     id=call_id if isinstance(call_id, str) and call_id else None,
                 )
             )
-        elif kind in _REASONING:
+        elif kind in REASONING:
             # With thinking on, the API wants these back, unchanged, with the tool_use.
-            block_data = {k: getattr(block, k, None) for k in _REASONING[kind]}
+            block_data = {k: getattr(block, k, None) for k in REASONING[kind]}
             if all(isinstance(v, str) for v in block_data.values()):
                 reasoning.append({"type": kind, **block_data})
         # server-tool blocks are not part of signoff's conversation
+
+
+class _Stored:
+    """A block of a paused part as journaled (its JSON), read as the SDK's blocks are."""
+
+    __slots__ = ("_block",)
+
+    def __init__(self, block: dict[str, Any]) -> None:
+        self._block = block
+
+    def __getattr__(self, name: str) -> Any:
+        return self._block.get(name)
 
 
 def _paused(message: Any) -> bool:
@@ -478,91 +550,3 @@ def _total(usages: Any) -> Usage:
         if u is not None:
             total = total + u
     return total
-
-
-# -- the wire format ------------------------------------------------------------------------
-
-
-def to_anthropic_tool(spec: ToolSpec) -> dict[str, Any]:
-    """A tool as a messages-API tool definition."""
-    tool: dict[str, Any] = {"name": spec.name, "input_schema": spec.input_schema}
-    if spec.description:
-        tool["description"] = spec.description
-    return tool
-
-
-def thinking_on(params: Mapping[str, Any]) -> bool:
-    """Whether `params` turn thinking on (`thinking`, or `extra_body`'s `thinking`)."""
-    extra = params.get("extra_body")
-    for where in (params, extra if isinstance(extra, Mapping) else {}):
-        thinking = where.get("thinking")
-        if isinstance(thinking, Mapping) and thinking.get("type") != "disabled":
-            return True
-    return False
-
-
-def last_turn_thinks(messages: list[dict[str, Any]]) -> bool:
-    """Whether the API takes these messages with thinking on: the last turn (from the last user
-    message that is not only tool results; a tool-use loop is one turn) uses no tools, or its
-    first assistant message starts with a thinking block."""
-    start = 0
-    for i, m in enumerate(messages):
-        if m["role"] == "user" and any(b["type"] != "tool_result" for b in m["content"]):
-            start = i + 1
-    turn = [m["content"] for m in messages[start:] if m["role"] == "assistant"]
-    if not any(b["type"] == "tool_use" for blocks in turn for b in blocks):
-        return True
-    return turn[0][0]["type"] in _REASONING
-
-
-def to_anthropic_messages(messages: Any, *, thinking: bool = True) -> list[dict[str, Any]]:
-    """The conversation as alternating user/assistant messages of content blocks.
-
-    Tool results become `tool_result` blocks of the next user message (before any text, as the
-    API requires); consecutive messages of one role are merged; empty ones are left out. The API
-    refuses text of whitespace alone: the model's is left out, a person's says it was empty.
-    Tool-call ids it refuses (another provider's, or repeated) are mapped to ones it takes.
-    Thinking blocks go back only with `thinking` on: with it off the API refuses them.
-    """
-    out: list[dict[str, Any]] = []
-
-    def add(role: str, blocks: list[dict[str, Any]]) -> None:
-        if not blocks:
-            return
-        if out and out[-1]["role"] == role:
-            previous = out[-1]["content"]
-            if role == "user" and blocks[0]["type"] == "tool_result":
-                # results answer the assistant's calls: they go before any text of this message
-                at = sum(1 for b in previous if b["type"] == "tool_result")
-                previous[at:at] = blocks
-            else:
-                previous.extend(blocks)
-        else:
-            out.append({"role": role, "content": blocks})
-
-    for m in wire_ids(messages, anthropic_id_fits):
-        if isinstance(m, AssistantMessage):
-            # thinking first, as the API requires of the message holding the tool_use blocks
-            reasoning = m.reasoning if thinking and m.tool_calls else []
-            blocks: list[dict[str, Any]] = list(reasoning)
-            if m.text.strip():
-                blocks.append({"type": "text", "text": m.text})
-            for c in m.tool_calls:
-                tool_input = c.input if isinstance(c.input, dict) else {"input": c.input}
-                blocks.append({"type": "tool_use", "id": c.id, "name": c.name, "input": tool_input})
-            add("assistant", blocks)
-        elif isinstance(m, ToolResultMessage):
-            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.call_id}
-            text = encode_tool_result(m.content)
-            if text.strip():  # a blank text is refused; no content at all is allowed
-                block["content"] = text
-            if m.is_error:
-                block["is_error"] = True
-            add("user", [block])
-        elif m.text:
-            text = m.text if m.text.strip() else "(empty message)"
-            add("user", [{"type": "text", "text": text}])
-    if out and out[0]["role"] == "assistant":
-        # The window cut the conversation after a user message; the API must start with one.
-        out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(continued)"}]})
-    return out

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from .._exceptions import UsageError
-from .._types import Message, ModelResponse
+from .._types import Message, ModelResponse, Usage
 
-__all__ = ["Model", "ModelRequest", "ToolSpec"]
+__all__ = ["Model", "ModelRequest", "PausedPart", "ToolSpec"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -22,12 +22,33 @@ class ToolSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PausedPart:
+    """A part of a reply the provider paused (Anthropic's `pause_turn`: a long server-tool loop)
+    and was asked to continue: journaled as it arrives (`model.paused`), so a turn resumed after
+    a crash continues from it instead of asking, and paying, for it again.
+
+    `model` names who made it (a model given another's parts starts over), `data` is the model's
+    own JSON to continue from, and `usage` what the provider billed for it.
+    """
+
+    model: str
+    data: dict[str, Any]
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ModelRequest:
     """Everything one model call needs; `response_index` counts the session's earlier responses.
 
     `max_output_tokens` is what the session's budgets (`Limits.max_tokens`, `max_cost_usd` at
     the model's output price, a subagent's share of its parent's) leave for the reply, None for
     no bound: a model caps its reply there and raises `BudgetSpent` when the reply stopped at it.
+
+    A model whose reply comes in parts hands each paused part to `on_pause` (the engine journals
+    it) before asking for the next, and then leaves what that part cost out of its response's
+    usage and its errors': it was counted when journaled. `paused` holds the parts journaled of
+    this reply before the process stopped, in order: the model continues from the last of them
+    (the budgets counted them already), or ignores them to start over. Other models ignore both.
     """
 
     session_id: str
@@ -37,6 +58,8 @@ class ModelRequest:
     tools: Sequence[ToolSpec]
     response_index: int
     max_output_tokens: int | None = None
+    paused: Sequence[PausedPart] = ()
+    on_pause: Callable[[PausedPart], Awaitable[None]] | None = None
 
     def __post_init__(self) -> None:
         cap = self.max_output_tokens

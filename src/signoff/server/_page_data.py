@@ -286,6 +286,11 @@ def _summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
         if d.get("cut_off"):
             parts += [(" (cut off: ", False), _said(str(d["cut_off"])), (")", False)]
         return parts or [("empty response", False)]
+    if t == "model.paused":  # a part of the reply, not a message: its text is the reply's
+        paused = (
+            f"The model's reply paused (its server tools ran): {_tokens(d.get('usage')):,} tokens"
+        )
+        return [(paused, False)]
     if t in ("tool.started", "tool.step"):
         step = d.get("name", "")
         parts = [_said(d.get("tool_name") or d.get("call_id", ""))]

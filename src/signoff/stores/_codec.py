@@ -365,6 +365,7 @@ _TYPE_CODES: dict[str, str] = {
     "turn.cancelled": "p",
     "session.waiting": "q",
     "subagent.spent": "r",
+    "model.paused": "s",
 }
 _TYPE_NAMES = {code: name for name, code in _TYPE_CODES.items()}
 
