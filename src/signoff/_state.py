@@ -20,6 +20,7 @@ from ._state_parts import (
     CallStatus,
     RequestState,
     TurnState,
+    check_asked,
     check_kept,
     dump_principal,
     kept_count,
@@ -378,7 +379,7 @@ class SessionState:
                 traceparent=p if isinstance(p := t.get("traceparent"), str) else None,
                 calls={c["id"]: _call_of(c, t) for c in t["calls"]},
             )
-        return cls(
+        state = cls(
             id=data["id"],
             agent=data["agent"],
             seq=data["seq"],
@@ -415,6 +416,9 @@ class SessionState:
             turn=turn,
             conversation=None,
         )
+        for call in () if turn is None else turn.calls.values():
+            check_asked(call, state.requests)
+        return state
 
 
 def _call_of(c: dict[str, Any], turn: dict[str, Any]) -> CallState:
