@@ -34,6 +34,8 @@ from ._types import (
     ToolResultMessage,
     Usage,
     billable,
+    reported_usage,
+    usage_fields,
     usage_too_large,
 )
 from .models import ModelRequest, ToolSpec
@@ -155,7 +157,9 @@ class ModelStep(DriverPart):
                     raise ModelError(
                         f"the model's reply was cut off ({response.cut_off}) with "
                         f"{len(response.tool_calls)} tool call(s): none is run",
-                        usage=response.usage,
+                        usage=reported_usage(response.usage)
+                        if response.cost_reported
+                        else response.usage,
                     )
                 span.responded(response)
         except (Exception, asyncio.CancelledError) as exc:
@@ -172,7 +176,7 @@ class ModelStep(DriverPart):
             failed["retryable"] = True
             spent = _billed(exc)
             if spent is not None:
-                failed["usage"] = spent.model_dump()
+                failed.update(usage_fields(spent))
             await self.record(
                 [
                     ("turn.failed", failed),
@@ -334,7 +338,7 @@ class ModelStep(DriverPart):
             "retryable": False,
         }
         if usage is not None:
-            failed["usage"] = usage.model_dump()
+            failed.update(usage_fields(usage))
         await self.record([("turn.failed", failed), ("session.waiting", {})])
 
     async def _session_limit(self, problem: str, *, usage: Usage | None = None) -> bool:
@@ -382,7 +386,7 @@ class ModelStep(DriverPart):
         )
         requested: dict[str, Any] = {"requests": [dump_request(request)]}
         if usage is not None:
-            requested["usage"] = usage.model_dump()
+            requested.update(usage_fields(usage))
         await self.record(
             [
                 ("input.requested", requested),
