@@ -378,3 +378,45 @@ def test_a_postgresql_url_with_a_port_that_is_no_port_is_refused_not_waited_for(
         f"error: StoreError: invalid PostgreSQL URL: port {port!r} is not a whole number "
         "from 1 to 65535\n"
     ), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "env", "message"),
+    [
+        (
+            "postgresql://u@127.0.0.1/db?sslmode=bogus",
+            {},
+            'invalid PostgreSQL URL: invalid sslmode value: "bogus" (URL option sslmode)',
+        ),
+        (
+            "postgresql://u@127.0.0.1/db",
+            {"PGPORT": "abc"},
+            'invalid PostgreSQL setting: invalid integer value "abc" for connection option '
+            '"port" (PGPORT in the environment)',
+        ),
+        (
+            "postgresql://u@127.0.0.1/db",
+            {"PGSSLMODE": "bogus"},
+            'invalid PostgreSQL setting: invalid sslmode value: "bogus" (PGSSLMODE in the '
+            "environment)",
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", ["sessions", "worker"])
+def test_a_postgresql_setting_libpq_refuses_is_refused_not_waited_for(
+    url: str, env: dict[str, str], message: str, command: str
+) -> None:
+    """A bad `sslmode` (in the URL or `PGSSLMODE`) or a `PGPORT` that is no number read as a
+    database that is down, as a bad port in the URL did: `signoff worker` waited for it forever.
+    It is a `StoreError` naming the setting and where it came from, before any connection."""
+    argv = [command, *(["tests._cli:agent"] if command == "worker" else []), "--store", url]
+    done = subprocess.run(
+        [sys.executable, "-m", "signoff", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == f"error: StoreError: {message}\n", done.stderr

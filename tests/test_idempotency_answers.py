@@ -8,7 +8,8 @@ import asyncio
 from typing import Any
 
 import signoff as so
-from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent, store_contents
+from tests._server_api import in_process
 from tests._subagents import Counted, refund_agents
 
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
@@ -159,7 +160,7 @@ async def test_a_keyed_vote_for_a_subagents_quorum_repeated_counts_once(store_ur
         first = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
         assert first.status == "waiting" and first.pending[0].approved_by == ["bob"]
         again = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
-        assert again.status == "waiting" and ran == []
+        assert again.replayed and again.status == "waiting" and ran == []
         assert again.pending[0].approved_by == ["bob"]
         done = await rt.send(r.session_id, "approve", principal=CAROL)
         assert (done.status, ran) == ("completed", ["1042"])
@@ -184,7 +185,7 @@ async def test_a_keyed_vote_judged_by_a_subagents_policy_repeated_counts_once(
         first = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
         assert first.status == "waiting" and first.pending[0].approved_by == ["bob"]
         again = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
-        assert again.status == "waiting" and ran == []
+        assert again.replayed and again.status == "waiting" and ran == []
         assert again.pending[0].approved_by == ["bob"]
         done = await rt.send(r.session_id, "approve", principal=CAROL)
         assert (done.status, ran) == ("completed", ["1042"])
@@ -261,3 +262,37 @@ async def test_a_keyed_answer_sent_at_once_from_two_runtimes_says_the_repeats_re
         assert sum(o.applied for x in results for o in x.outcomes) == 1
         assert await messages(one, r.session_id) == ["refund 1042"]
         assert await one.verify_audit() == []
+
+
+def _delegating(child: so.Agent) -> list[so.Agent]:
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund 1042")), reply("Done.")],
+        tools=[so.delegate("billing", description="Billing specialist.")],
+    )
+    return [parent, child]
+
+
+async def test_a_keyed_vote_for_a_subagents_quorum_repeated_over_http_says_replayed(
+    store_url: str,
+) -> None:
+    """A keyed message's vote on a subagent's quorum, sent again with its key, counted nothing
+    again but said `replayed: false`: the key is recorded in the child, which counted the vote,
+    and the parent records no vote. It says `replayed: true`, as every other repeat does, and
+    nothing is stored, on both stores."""
+    ran: list[str] = []
+    agents = _delegating(refunding(so.always(approvers=2, distinct=False), ran))
+    async with so.Runtime(agents, store=store_url) as rt, in_process(rt) as alice:
+        r = await alice.post("/v1/sessions", json={"agent": "support", "message": "refund 1042"})
+        sid = r.json()["session_id"]
+        url, key = f"/v1/sessions/{sid}/messages", {"Idempotency-Key": "vote-1"}
+        first = (await alice.post(url, json={"text": "approve"}, headers=key)).json()
+        assert (first["status"], first["replayed"]) == ("waiting", False)
+        assert first["pending"][0]["approved_by"] == ["alice"]
+        child = first["pending"][0]["child"]["session_id"]
+        before = [await store_contents(rt.store, s) for s in (sid, child)]
+        again = await alice.post(url, json={"text": "approve"}, headers=key)
+        assert again.status_code == 200 and again.json()["replayed"] is True, again.json()
+        assert again.json()["pending"] == first["pending"] and ran == []
+        assert [await store_contents(rt.store, s) for s in (sid, child)] == before
+        assert await rt.verify_audit() == []

@@ -17,6 +17,7 @@ import signoff as so
 from signoff.server import TokenAuth, create_app
 
 from ._server_api import (
+    _stored,
     alice,
     base,
     client,
@@ -292,6 +293,32 @@ def test_cancel_withdraws_and_closes(alice: httpx.Client) -> None:
     events = alice.get(f"/v1/sessions/{sid}/events", params={"follow": "false"}).text
     (line,) = [x for x in events.splitlines() if x.startswith("data:") and "customer left" in x]
     assert json.loads(line[5:])["data"]["by"]["principal_id"] == "alice"
+
+
+def test_a_cancel_body_of_null_is_refused_and_cancels_nothing(store_url: str) -> None:
+    """A cancel whose body is JSON `null` was taken for one sent without a body and cancelled
+    the turn. A body that is sent must be an object (`{}` or `{reason}`), as every other POST's
+    must: `null` is 422 `invalid_request` and nothing is stored, on both stores; no body at all
+    still cancels."""
+    with served(store_url) as base, client(base, "alice-token") as alice:
+        sid = start(alice)["session_id"]
+        before = _stored(store_url)
+        json_type = {"Content-Type": "application/json"}
+        for null in (b"null", b" null\n"):
+            r = alice.post(f"/v1/sessions/{sid}/cancel", content=null, headers=json_type)
+            detail = error(r, 422, "invalid_request")
+            assert detail["message"] == "the body must be a JSON object, not null", detail
+            assert detail["fields"] == [{"field": "body", "problem": detail["message"]}]
+        assert _stored(store_url) == before
+        assert alice.get(f"/v1/sessions/{sid}").json()["status"] == "waiting"
+        r = alice.post(f"/v1/sessions/{sid}/cancel")
+        assert r.status_code == 200 and r.json()["status"] == "cancelled"
+        doc = alice.get("/v1/openapi.json").json()  # says so too: a fuzzer sends no `null`
+        sent = doc["paths"]["/v1/sessions/{session_id}/cancel"]["post"]["requestBody"]
+        assert not sent.get("required")
+        assert sent["content"]["application/json"]["schema"]["anyOf"] == [
+            {"$ref": "#/components/schemas/CancelBody"}
+        ]
 
 
 def test_queue_filters_and_pagination(alice: httpx.Client) -> None:

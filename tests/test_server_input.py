@@ -308,7 +308,7 @@ def test_a_body_that_is_not_a_json_object_is_told_what_to_send(
         if content_type is not None:
             assert content_type in detail["message"]
     for url in (f"/v1/sessions/{sid}/responses", f"/v1/sessions/{sid}/cancel"):
-        for payload in (b"[]", b'"approve"', b"7") + ((b"null",) if "responses" in url else ()):
+        for payload in (b"[]", b'"approve"', b"7", b"null"):
             r = alice.post(url, content=payload, headers={"Content-Type": "application/json"})
             detail = error(r, 422, "invalid_request")
             assert "must be a JSON object" in detail["message"], (url, payload)

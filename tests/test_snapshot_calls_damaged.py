@@ -241,3 +241,85 @@ async def test_a_model_reply_whose_context_tokens_is_not_a_count_is_malformed(
         fold([Event.from_row(**r) for r in rows])
     row["data"]["context_tokens"] = 7
     assert fold([Event.from_row(**r) for r in rows]).last_input_tokens == 7
+
+
+def _write_snapshot(store_url: str, sid: str, snapshot: dict[str, Any]) -> None:
+    edit(
+        store_url,
+        "INSERT INTO {t}snapshots (sk, seq, data) SELECT sk, {p}, {p} FROM {t}sessions "
+        "WHERE id = {p} ON CONFLICT (sk) DO UPDATE SET seq = excluded.seq, "
+        "data = excluded.data",
+        snapshot["seq"],
+        pack_bytes(snapshot),
+        sid,
+    )
+
+
+def _ask_elsewhere(s: dict[str, Any]) -> None:
+    s["turn"]["calls"][0]["journal"][2]["request_id"] = "req_not_in_the_snapshot"
+
+
+def _question_left_out(s: dict[str, Any]) -> None:
+    s["requests"] = [r for r in s["requests"] if r["request"]["source"] != "ask"]
+
+
+@pytest.mark.parametrize("damage", [_ask_elsewhere, _question_left_out])
+async def test_a_journaled_question_whose_request_is_not_in_the_snapshot_is_refused(
+    store_url: str, damage: Callable[[dict[str, Any]], None]
+) -> None:
+    """The fold records a question's journal entry and its request together and keeps every
+    request of the turn its calls are in, so a journal naming a request the snapshot lacks is
+    damage. It loaded, and the tool was told its question was withdrawn (`QuestionWithdrawn`,
+    recorded as its failure, which the model read); now it is the strict checks' `StoreError`
+    naming the session and the request, on both stores, nothing written, no step run again."""
+    ran: list[str] = []
+    async with so.Runtime([workflow(ran)], store=store_url) as rt:
+        parked = await rt.generate("wf", prompt="go")
+        sid = parked.session_id
+        snapshot = (await rt.state(sid)).to_snapshot(journals=True)
+    damage(snapshot)
+    _write_snapshot(store_url, sid, snapshot)
+    before = session_rows(store_url, sid)
+    answer = so.InputResponse(request_id=parked.pending[0].id, option_id="yes")
+    async with so.Runtime([workflow(ran)], store=store_url) as rt:
+        for attempt in (lambda: rt.state(sid), lambda: rt.respond(sid, [answer])):
+            with pytest.raises(StoreError, match=f"session '{sid}'.*not in the snapshot") as info:
+                await attempt()
+            assert type(info.value) is StoreError, info.value
+    assert session_rows(store_url, sid) == before
+    assert ran == ["first", "second"]
+
+
+async def test_a_question_of_an_earlier_turn_left_out_of_the_snapshot_still_loads(
+    store_url: str,
+) -> None:
+    """The control: a question answered in an earlier turn is rightly dropped from the state
+    (a new turn keeps only open requests) with that turn's calls and their journals; the next
+    turn's question, parked, loads from its snapshot and its tool goes on."""
+    ran: list[str] = []
+    agent = scripted_agent(
+        "wf",
+        [
+            call_tools(call("tally", id="c1")),
+            reply("done"),
+            call_tools(call("tally", id="c2")),
+            reply("done again"),
+        ],
+        tools=list(workflow(ran).tools.values()),
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        first = await rt.generate("wf", prompt="go")
+        sid, asked = first.session_id, first.pending[0].id
+        answer = so.InputResponse(request_id=asked, option_id="yes")
+        assert (await rt.respond(sid, [answer])).status == "completed"
+        second = await rt.generate(session_id=sid, prompt="again")
+        assert second.status == "waiting" and second.pending[0].id != asked
+        state = await rt.state(sid)
+        assert asked not in state.requests  # dropped, rightly
+        _write_snapshot(store_url, sid, state.to_snapshot(journals=True))
+    async with so.Runtime([agent], store=store_url) as rt:
+        assert asked not in (await rt.state(sid)).requests
+        answer = so.InputResponse(request_id=second.pending[0].id, option_id="no")
+        done = await rt.respond(sid, [answer])
+    assert (done.status, done.text) == ("completed", "done again")
+    assert ran == ["first", "second"] * 2  # no step of the second call ran again

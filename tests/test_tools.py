@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 import pytest
 from pydantic import AfterValidator, BaseModel, ValidationError
+from pydantic.json_schema import GenerateJsonSchema
 
 import signoff as so
 from signoff.testing import (
@@ -319,3 +320,32 @@ async def test_a_validator_crashing_on_the_models_input_fails_the_call_not_the_s
         [result] = tool_results(seen.last)
         assert result.is_error and "AttributeError" in str(result.content)
         assert (await rt.generate(session_id=r.session_id, prompt="more")).status == "completed"
+
+
+class Line(BaseModel):
+    sku: str
+    qty: int
+
+
+def test_a_tools_input_schema_is_built_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Making the tool built its input schema (to refuse a type JSON cannot describe) and threw
+    it away, and the first `json_schema()` built it again: one build now, for an input model
+    of nested pydantic models as for a flat one."""
+    built: list[str] = []
+    generate = GenerateJsonSchema.generate
+
+    def counted(self: GenerateJsonSchema, *args: Any, **kwargs: Any) -> Any:
+        built.append(type(self).__name__)
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerateJsonSchema, "generate", counted)
+
+    @so.tool
+    def order(lines: list[Line], note: str = "") -> str:
+        """Place an order."""
+        return "ok"
+
+    schema = order.json_schema()
+    assert order.json_schema() is schema and "title" not in schema
+    assert schema["required"] == ["lines"] and "Line" in schema["$defs"]
+    assert len(built) == 1, built

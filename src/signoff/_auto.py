@@ -26,7 +26,7 @@ from ._output_caps import (
     text_tokens,
 )
 from ._settings import flag, positive_seconds, shown_value
-from ._types import Usage, UserMessage, billable
+from ._types import Usage, UserMessage, billable, reported_usage
 
 if TYPE_CHECKING:
     from .models import Model
@@ -134,6 +134,8 @@ class _Auto(ApprovalPolicy):
             return _caution("failed", f"the review failed: {error_text(exc)}", spent)
         # What the review cost counts in the session's usage and budgets, as a turn's reply.
         spent = billable(getattr(response, "usage", None))
+        if spent is not None and getattr(response, "cost_reported", False) is True:
+            spent = reported_usage(spent)  # recorded as the provider's figure, as a turn's reply
         cut = getattr(response, "cut_off", None)
         if cut is not None:  # half a review clears nothing: `{"verdict": "clear", "reason": "but`
             return _caution("failed", f"the review was cut off ({cut})", spent)

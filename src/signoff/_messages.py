@@ -133,7 +133,7 @@ class Messages(Answering):
                         continue  # answered or closed meanwhile: the message is delivered anew
                     if idem is not None and not any(o.applied for o in outcomes):
                         # Settled with this answer meanwhile: by this key's call, a repeat?
-                        if seen((await self._state(session_id)).keys, idem, session_id):
+                        if await self._taken(session_id, first, idem):
                             return await self._replay(session_id, idem)
                     return await self._drive(session_id, outcomes=outcomes)
             held_on_approval = any(r.kind == "tool-approval" for r in pending)
@@ -157,6 +157,24 @@ class Messages(Answering):
             except (Changed, TurnStopped):
                 continue  # the turn ended or its requests changed meanwhile: decide again
         raise SessionBusy(f"could not deliver the message to {session_id!r}", session_id)
+
+    async def _taken(self, session_id: str, request: InputRequest, idem: Keyed) -> bool:
+        """Whether the message keyed `idem` answered `request` before: its key is recorded in the
+        session, or in the subagent's session a mirrored request stands for, where its vote on
+        a quorum is recorded (the parent records none while the quorum is short)."""
+        sid, rid = session_id, request.id
+        visited: set[str] = set()
+        while sid not in visited:
+            visited.add(sid)
+            state = await self._state(sid)
+            if seen(state.keys, idem, sid):
+                return True
+            live = state.requests.get(rid)
+            ref = None if live is None else live.request.child
+            if ref is None:
+                return False
+            sid, rid = ref.session_id, ref.request_id
+        return False
 
     async def _answering(
         self, state: SessionState, message: str, principal: Principal | None

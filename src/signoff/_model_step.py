@@ -35,6 +35,8 @@ from ._types import (
     ToolResultMessage,
     Usage,
     billable,
+    reported_usage,
+    usage_fields,
     usage_too_large,
 )
 from .models import ModelRequest, ToolSpec
@@ -159,7 +161,9 @@ class ModelStep(DriverPart):
                     raise ModelError(
                         f"the model's reply was cut off ({response.cut_off}) with "
                         f"{len(response.tool_calls)} tool call(s): none is run",
-                        usage=response.usage,
+                        usage=reported_usage(response.usage)
+                        if response.cost_reported
+                        else response.usage,
                     )
                 if journaled:  # the trace says what the call billed, its paused parts too
                     billed = sum(journaled, Usage()) + response.usage
@@ -180,7 +184,7 @@ class ModelStep(DriverPart):
             failed["retryable"] = True
             spent = _billed(exc)
             if spent is not None:
-                failed["usage"] = spent.model_dump()
+                failed.update(usage_fields(spent))
             await self.record(
                 [
                     ("turn.failed", failed),
@@ -342,7 +346,7 @@ class ModelStep(DriverPart):
             "retryable": False,
         }
         if usage is not None:
-            failed["usage"] = usage.model_dump()
+            failed.update(usage_fields(usage))
         await self.record([("turn.failed", failed), ("session.waiting", {})])
 
     async def _session_limit(self, problem: str, *, usage: Usage | None = None) -> bool:
@@ -390,7 +394,7 @@ class ModelStep(DriverPart):
         )
         requested: dict[str, Any] = {"requests": [dump_request(request)]}
         if usage is not None:
-            requested["usage"] = usage.model_dump()
+            requested.update(usage_fields(usage))
         await self.record(
             [
                 ("input.requested", requested),

@@ -16,7 +16,7 @@ from ._events import Event, EventType
 from ._exceptions import SchemaVersionError, StoreError, UnknownSession
 from ._state import CallState, SessionState, TurnState, fold, runnable, turn_over
 from ._text import cut
-from ._types import InputRequest, Usage
+from ._types import InputRequest, Usage, reported_usage, usage_fields
 from .stores import Resolve, Store
 
 if TYPE_CHECKING:
@@ -332,7 +332,7 @@ def tool_result(
 ) -> EventSpec:
     """A call's outcome; `usage` is what reviewing a call that did not run cost (`auto()`)."""
     data = {"call_id": call.id, "tool_name": call.tool_name, "status": status, "result": result}
-    return ("tool.completed", data if usage is None else {**data, "usage": usage.model_dump()})
+    return ("tool.completed", data if usage is None else {**data, **usage_fields(usage)})
 
 
 def with_usage(specs: Sequence[EventSpec], usage: Usage | None) -> list[EventSpec]:
@@ -342,8 +342,10 @@ def with_usage(specs: Sequence[EventSpec], usage: Usage | None) -> list[EventSpe
         return list(specs)
     (kind, data), *rest = specs
     if "usage" in data:
-        usage = usage + Usage(**data["usage"])
-    return [(kind, {**data, "usage": usage.model_dump()}), *rest]
+        there = Usage(**data["usage"])
+        usage = usage + (reported_usage(there) if data.get("cost_reported") else there)
+    data = {k: v for k, v in data.items() if k != "cost_reported"}  # said again if still so
+    return [(kind, {**data, **usage_fields(usage)}), *rest]
 
 
 def denial(decision: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from ._state_parts import (
     CallStatus,
     RequestState,
     TurnState,
+    check_asked,
     check_kept,
     dump_principal,
     kept_count,
@@ -381,7 +382,7 @@ class SessionState:
                 paused=_paused_of(t.get("paused", [])),
                 calls={c["id"]: _call_of(c, t) for c in t["calls"]},
             )
-        return cls(
+        state = cls(
             id=data["id"],
             agent=data["agent"],
             seq=data["seq"],
@@ -418,6 +419,9 @@ class SessionState:
             turn=turn,
             conversation=None,
         )
+        for call in () if turn is None else turn.calls.values():
+            check_asked(call, state.requests)
+        return state
 
 
 def _paused_of(value: Any) -> tuple[dict[str, Any], ...]:

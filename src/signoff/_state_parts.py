@@ -4,6 +4,7 @@ Apart from `_state` so the event handlers of `_event_handlers`, below it, can bu
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -15,6 +16,7 @@ __all__ = [
     "RequestState",
     "TurnState",
     "TurnStatus",
+    "check_asked",
     "check_kept",
     "dump_principal",
     "kept_count",
@@ -171,6 +173,19 @@ def check_kept(call: CallState) -> None:
     for i, e in enumerate(journal):
         if e is not None and not _entry(e):
             raise ValueError(f"call {call.id!r}: journal entry {i} is {str(e)[:100]}")
+
+
+def check_asked(call: CallState, requests: Container[str]) -> None:
+    """Refuse (`ValueError`) a call read from a snapshot whose journal holds a question naming
+    a request the snapshot does not hold: the fold records the two together and keeps every
+    request of the turn the call is in (a new turn drops closed ones with the old calls), so
+    loaded, the tool would be told the question was withdrawn, which nothing withdrew."""
+    for i, e in enumerate(call.journal or ()):
+        if e is not None and e.get("kind") == "ask" and e["request_id"] not in requests:
+            raise ValueError(
+                f"call {call.id!r}: journal entry {i} asks request {e['request_id'][:100]!r}, "
+                "which is not in the snapshot"
+            )
 
 
 def _entry(e: object) -> bool:

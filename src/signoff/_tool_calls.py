@@ -36,7 +36,7 @@ from ._tool_json import over_limit
 from ._tool_signals import ApprovalRequired, QuestionWithdrawn
 from ._tools import Tool
 from ._tracing import ToolSpan
-from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, Usage
+from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, Usage, usage_fields
 from ._verdicts import strictest
 
 __all__ = ["UNRECORDED_KEPT", "ToolCalls"]
@@ -144,7 +144,7 @@ class ToolCalls(CallEnds):
             ids = {r.call_id for r in requests}
             reviewed = Verdict.spent(v for c, _, _, v in decided if c.id in ids)
             if reviewed is not None:  # what auto() reviews cost: the session's usage counts it
-                asked["usage"] = reviewed.model_dump()
+                asked.update(usage_fields(reviewed))
             specs.append(("input.requested", asked))
         specs.extend(results)
         # The reviews of held-back calls are billed with the first event recorded here (or the
@@ -324,7 +324,7 @@ class ToolCalls(CallEnds):
                             "tool_name": call.tool_name,
                             "idempotency_key": key,
                             "principal": None if principal is None else principal.model_dump(),
-                            **({} if usage is None else {"usage": usage.model_dump()}),
+                            **({} if usage is None else usage_fields(usage)),
                             **(decided or {}),  # why a policy let it run without a person
                         },
                     )

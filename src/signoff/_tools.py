@@ -94,8 +94,9 @@ class Tool:
                 "(collect what it yields into a list)"
             )
         self.is_async = inspect.iscoroutinefunction(fn)
-        self.takes_context, self.input_model = _input_model(fn, self.name)
-        self._schema: dict[str, Any] | None = None
+        self.takes_context, self.input_model, schema = _input_model(fn, self.name)
+        schema.pop("title", None)
+        self._schema = schema  # built once, when the model was checked
         self._has_sets: bool | None = None
         # A workflow tool may ask people things; approvals of its siblings wait for it.
         self.workflow = self.takes_context if workflow is None else workflow
@@ -104,11 +105,7 @@ class Tool:
         return f"Tool({self.name!r}, approval={self.approval.describe()})"
 
     def json_schema(self) -> dict[str, Any]:
-        """The input schema as the model sees it (computed once)."""
-        if self._schema is None:
-            schema = self.input_model.model_json_schema()
-            schema.pop("title", None)
-            self._schema = schema
+        """The input schema as the model sees it (built once, when the tool was made)."""
         return self._schema
 
     def validate(self, raw: Any) -> BaseModel:
@@ -176,7 +173,7 @@ def _describe(fn: Callable[..., Any]) -> str:
     return doc.split("\n\n", 1)[0].replace("\n", " ").strip()
 
 
-def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseModel]]:
+def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseModel], dict[str, Any]]:
     sig = inspect.signature(fn)
     try:
         hints = get_type_hints(fn, include_extras=True)
@@ -220,8 +217,8 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseMode
             warnings.filterwarnings("ignore", "Field name .* shadows an attribute", UserWarning)
             model = create_model(f"{name}_input", __base__=_Input, **fields)
         # Some types it validates but cannot describe (a callable): found now, not at each
-        # model call of the agent.
-        model.model_json_schema()
+        # model call of the agent; the schema built is the one the model is shown.
+        schema = model.model_json_schema()
     except PydanticUserError as exc:  # a type pydantic cannot describe as JSON
         problem = str(exc).split("\n", 1)[0].split(". ", 1)[0]
         raise UsageError(
@@ -229,7 +226,7 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseMode
             f"dicts, pydantic models...): {problem}"
         ) from None
     _check_defaults(model, name)
-    return takes_context, model
+    return takes_context, model, schema
 
 
 def _check_defaults(model: type[BaseModel], name: str) -> None:

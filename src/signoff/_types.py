@@ -28,6 +28,7 @@ __all__ = [
     "ModelResponse",
     "Option",
     "Principal",
+    "ReportedUsage",
     "RequestKind",
     "RequestStatus",
     "ToolCall",
@@ -38,6 +39,8 @@ __all__ = [
     "MAX_REPLY_COST_USD",
     "MAX_REPLY_TOKENS",
     "billable",
+    "reported_usage",
+    "usage_fields",
     "usage_too_large",
     "folded",
     "how_to_choose",
@@ -99,6 +102,32 @@ class Usage(_Model):
         return self.input_tokens + self.output_tokens
 
 
+class ReportedUsage(Usage):
+    """`Usage` whose `cost_usd` is what the provider or gateway reported the call cost
+    (OpenRouter's `usage.cost`), not a price computed from its tokens; the event that records
+    it says `cost_reported`. A sum is one only when each of its parts is."""
+
+    def __add__(self, other: Usage) -> Usage:
+        total = super().__add__(other)
+        return reported_usage(total) if isinstance(other, ReportedUsage) else total
+
+
+def reported_usage(usage: Usage) -> ReportedUsage:
+    """`usage`, its cost marked as the provider's own figure."""
+    if isinstance(usage, ReportedUsage):
+        return usage
+    return ReportedUsage(
+        input_tokens=usage.input_tokens, output_tokens=usage.output_tokens, cost_usd=usage.cost_usd
+    )
+
+
+def usage_fields(usage: Usage) -> dict[str, Any]:
+    """An event's `usage`, with `cost_reported` beside it when its cost is the provider's figure
+    (as `model.completed` has it)."""
+    reported = {"cost_reported": True} if isinstance(usage, ReportedUsage) else {}
+    return {"usage": usage.model_dump(), **reported}
+
+
 MAX_REPLY_TOKENS = 2**53 - 1
 """The most input or output tokens one reply may count: more than any model reads or writes in a
 call, and than JSON readers hold exactly (the shipped models count a larger figure as 0)."""
@@ -121,7 +150,11 @@ def billable(usage: object) -> Usage | None:
     """`usage` when a reply reports it as a plain count (not negative, finite, not too large)
     that is not nothing, else None: anything else would give budget back or could not be added
     up."""
-    if not isinstance(usage, Usage) or usage == Usage():
+    if not isinstance(usage, Usage) or (
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.cost_usd,
+    ) == (0, 0, 0):  # by value: a `ReportedUsage` of nothing is nothing too
         return None
     counts = (usage.input_tokens, usage.output_tokens)
     if not all(type(n) is int and n >= 0 for n in counts):

@@ -18,6 +18,7 @@ from .._types import (
     ToolCall,
     ToolResultMessage,
     Usage,
+    reported_usage,
 )
 from ._base import ModelRequest, ToolSpec
 from ._environment import openai_client
@@ -236,6 +237,8 @@ class OpenAIChat(SdkModel):
             raise ModelError(f"OpenAI chat completion for {where} returned no choices")
         # A completion came: what it cost is counted even when it cannot be used.
         usage = self._usage(completion)
+        reported = reported_cost(getattr(completion, "usage", None)) is not None
+        billed = reported_usage(usage) if reported else usage  # as a refused reply records it
         finish = plain_str(getattr(choices[0], "finish_reason", None))
         if cap is not None and finish == "length" and not 0 < usage.output_tokens < cap:
             # Cut at what the budgets had left (not short of it, as by a server's full context):
@@ -243,18 +246,20 @@ class OpenAIChat(SdkModel):
             raise BudgetSpent(
                 f"OpenAI chat completion for {where} was cut off at the {cap} output tokens the "
                 "session's budgets had left (finish_reason length)",
-                usage=usage,
+                usage=billed,
             )
         message = getattr(choices[0], "message", None)
         if message is None or isinstance(message, str | int | float | list):
             # Not an object: read as one it would pass for an empty answer.
-            raise ModelError(f"OpenAI chat completion for {where} returned no message", usage=usage)
+            raise ModelError(
+                f"OpenAI chat completion for {where} returned no message", usage=billed
+            )
         content = getattr(message, "content", None)
         text = _text(content)
         if text is None:
             # Read as no text, it passed for an empty answer that ended the turn.
             raise ModelError(
-                f"OpenAI chat completion for {where} has {_misshapen(content)}", usage=usage
+                f"OpenAI chat completion for {where} has {_misshapen(content)}", usage=billed
             )
         refusal = getattr(message, "refusal", None)
         if not text and isinstance(refusal, str):
@@ -264,7 +269,7 @@ class OpenAIChat(SdkModel):
             raise ModelError(
                 f"OpenAI chat completion for {where} has tool_calls that are not a list: "
                 f"{type(raw_calls).__name__}",
-                usage=usage,
+                usage=billed,
             )
         if finish == "error":
             # A gateway's word that the generation failed midway (OpenRouter puts the error on
@@ -273,33 +278,33 @@ class OpenAIChat(SdkModel):
             raise ModelError(
                 f"OpenAI chat completion for {where} ended in an error (finish_reason error)"
                 + (f": {error}" if error else ""),
-                usage=usage,
+                usage=billed,
             )
         if finish == "content_filter" and (not text or raw_calls):
             # Filtered, perhaps mid-call: an empty answer or half a tool call would pass for a
             # real one, so the turn fails and says why.
             raise ModelError(
                 f"OpenAI chat completion for {where} was filtered (finish_reason content_filter)",
-                usage=usage,
+                usage=billed,
             )
         if finish == "length" and raw_calls:
             # The limit cut the last call's arguments short: running any would act on half a reply.
             raise ModelError(
                 f"OpenAI chat completion for {where} was cut off at the token limit in a tool "
                 "call (finish_reason length); raise max_tokens",
-                usage=usage,
+                usage=billed,
             )
         if not text.strip() and not raw_calls and finish in _EARLY:
             # A reasoning model that spent max_tokens thinking, or a compatible server whose
             # tool-call parser failed: the empty text would pass for the model's answer.
-            raise ModelError(f"OpenAI chat completion for {where} {_EARLY[finish]}", usage=usage)
+            raise ModelError(f"OpenAI chat completion for {where} {_EARLY[finish]}", usage=billed)
         calls = []
         for raw in raw_calls:
             function = getattr(raw, "function", None)
             name = getattr(function, "name", None)
             if not isinstance(name, str) or not name:
                 raise ModelError(
-                    f"OpenAI chat completion for {where} has a tool call with no name", usage=usage
+                    f"OpenAI chat completion for {where} has a tool call with no name", usage=billed
                 )
             call_id = getattr(raw, "id", None)
             calls.append(
@@ -310,7 +315,6 @@ class OpenAIChat(SdkModel):
                 )
             )
         cut = _CUT_OFF.get(finish or "")  # half an answer must not pass for a whole one
-        reported = reported_cost(getattr(completion, "usage", None)) is not None
         return ModelResponse(
             text=text, tool_calls=calls, usage=usage, cut_off=cut, cost_reported=reported
         )

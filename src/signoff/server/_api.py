@@ -184,11 +184,24 @@ async def get_session(request: Request, session_id: SessionId) -> SessionView:
     return session_view(await ctx.session(session_id, caller, shown=True))
 
 
+def _no_null(schema: dict[str, Any]) -> None:
+    """The schema of an optional body: an object when one is sent, never `null`."""
+    schema["anyOf"] = [s for s in schema.get("anyOf", ()) if s.get("type") != "null"]
+
+
 @router.post("/sessions/{session_id}/cancel", tags=["sessions"])
 async def cancel(
-    request: Request, session_id: SessionId, body: Annotated[CancelBody | None, Body()] = None
+    request: Request,
+    session_id: SessionId,
+    body: Annotated[CancelBody | None, Body(json_schema_extra=_no_null)] = None,
 ) -> TurnResult:
     """Cancel the running or waiting turn; its open requests are withdrawn."""
+    if body is None and await request.body():
+        # FastAPI reads a JSON `null` as no body; one that is sent must be an object.
+        problem = "the body must be a JSON object, not null"
+        raise ApiError(
+            422, "invalid_request", problem, fields=[{"field": "body", "problem": problem}]
+        )
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)
     reason = None if body is None else body.reason

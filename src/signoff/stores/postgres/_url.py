@@ -3,8 +3,9 @@ messages show it."""
 
 from __future__ import annotations
 
+import os
 import re
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import SplitResult, unquote, unquote_plus, urlencode, urlsplit
 
 import psycopg
@@ -133,6 +134,48 @@ def check_parameters(dsn: str) -> None:
             raise StoreError(
                 f"invalid PostgreSQL URL: port {port!r} is not a whole number from 1 to 65535"
             )
+    refused = _refused_setting(params)
+    if refused is not None:
+        raise StoreError(refused)
+
+
+_REFUSAL = re.compile(
+    r'^invalid (?:integer value .* for connection option "(?P<option>\w+)"'
+    r"|(?P<name>\w+) value\b|(?P<port>port) number\b)"
+)
+_HOSTS = re.compile(r"^could not match (\d+) port numbers to 1 hosts")
+
+
+def _refused_setting(params: dict[str, Any]) -> str | None:
+    """What libpq says of a setting it refuses (`sslmode=bogus`, `PGPORT=abc`), naming where it
+    came from: the URL, the environment or a service file; None if it refuses none. libpq checks
+    them only when it starts connecting, and a refusal then read as a database that is down
+    (`signoff worker` waited for it forever): a connection is started toward a Unix socket path
+    that does not exist, which libpq refuses at once, before any socket, if a setting is bad."""
+    hosts = 1
+    for _ in range(2):
+        probe_hosts = ",".join(["/nonexistent/signoff-probe"] * hosts)
+        probing = {**params, "host": probe_hosts, "hostaddr": ""}
+        probe = pq.PGconn.connect_start(_conninfo.make_conninfo("", **probing).encode())
+        try:
+            said = probe.error_message.decode("utf-8", "replace").strip()
+            envvars = {o.keyword.decode(): o.envvar for o in probe.info}
+        finally:
+            probe.finish()
+        matched = _HOSTS.match(said)
+        if matched is None:
+            break
+        hosts = int(matched.group(1))  # the URL's ports are for as many hosts as there are
+    refused = _REFUSAL.match(said)
+    if refused is None:
+        return None
+    name = refused.group("name") or refused.group("option") or refused.group("port")
+    envvar = (envvars.get(name) or b"").decode()
+    if name in params:
+        return f"invalid PostgreSQL URL: {said} (URL option {name})"
+    if envvar and envvar in os.environ:
+        return f"invalid PostgreSQL setting: {said} ({envvar} in the environment)"
+    return f"invalid PostgreSQL setting: {said} ({name} in the service file)"
 
 
 CONNECT_TIMEOUT = 5
