@@ -287,6 +287,11 @@ class Candidates(SessionRunner):
             # may vote twice.
             return already_counted(live.request)
         if tool is not None and tool.response_policy is not None:
+            early = None
+            if recovered is None and usage is None:
+                early = await self._refused_again(state, tool, request, wanted, principal, by)
+                if isinstance(early, Outcome):
+                    return early
             # Record the response first (all of it), so slow policy work cannot lose it.
             pending = {
                 **base,
@@ -304,7 +309,7 @@ class Candidates(SessionRunner):
                     turn_id=tid,
                 )
                 after = recorded[0].seq
-            verdict = await self._judged(state, tool, request, wanted, principal)
+            verdict = early or await self._judged(state, tool, request, wanted, principal)
             if verdict.outcome != "allowed":
                 reason = verdict.reason
                 refusal = {**base, "outcome": verdict.outcome, "reason": reason}
@@ -444,6 +449,38 @@ class Candidates(SessionRunner):
             raise refused[-1]
         return outcome[-1]
 
+    async def _refused_again(
+        self,
+        state: SessionState,
+        tool: Tool,
+        request: InputRequest,
+        wanted: dict[str, Any],
+        principal: Principal | None,
+        by: Any,
+    ) -> Outcome | ResponseVerdict | None:
+        """The refusal of an answer the response policy refused before, from the same person,
+        with the same decision, outcome and reason: the trail records it once, so a repeat
+        returns it and records nothing (clicked a thousand times, it would grow the log a
+        thousand times). Else the policy's verdict, judged here (None if no such refusal is
+        recorded: the answer is recorded before the policy judges it)."""
+        rid = request.id
+        refused = {
+            (d.get("outcome"), d.get("reason"))
+            for e in await self.store.read_events(state.id, 0, types=["approval.candidate"])
+            if (d := e.data).get("request_id") == rid
+            and d.get("outcome") in _REFUSALS
+            and d.get("by") == by
+            and d.get("decision") == wanted["decision"]
+        }
+        if not refused:
+            return None
+        verdict = await self._judged(state, tool, request, wanted, principal)
+        if (verdict.outcome, verdict.reason) not in refused:
+            return verdict
+        return Outcome(
+            request_id=rid, outcome=verdict.outcome, applied=False, reason=verdict.reason
+        )
+
     async def _judged(
         self,
         state: SessionState,
@@ -481,6 +518,10 @@ class Candidates(SessionRunner):
             return verdict
         cap = result_bound(tool, self.agent(state.agent).limits) // 8
         return dataclasses.replace(verdict, reason=cut(verdict.reason, cap))
+
+
+_REFUSALS = frozenset({"rejected", "failed", "timed-out"})
+"""A response policy's verdicts that refuse an answer (`ResponseVerdict.outcome`)."""
 
 
 class _EndedElsewhere(Exception):

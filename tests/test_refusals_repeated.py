@@ -1,0 +1,106 @@
+"""A refusal repeated: the same person's answer that a response policy refuses again for the
+same reason adds nothing to the log, so repeated clicks cannot grow a session without bound."""
+
+from __future__ import annotations
+
+import httpx
+
+import signoff as so
+from signoff.testing import ExecutionLog
+
+from ._response_policies import (
+    ALICE,
+    BOB,
+    MALLORY,
+    REFUSED,
+    asked,
+    events_of,
+    lines,
+    refund_agent,
+    tenant_guard,
+)
+from ._server_api import in_process
+
+REPEATS = 12
+
+
+def approve(req: so.InputRequest) -> list[so.InputResponse]:
+    return [so.InputResponse(request_id=req.id, option_id="approve")]
+
+
+async def test_a_refusal_repeated_is_recorded_once_per_person_and_reason(store_url: str) -> None:
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=tenant_guard)
+    async with so.Runtime([refund_agent(log, spec)], store=store_url) as rt:
+        sid, req, head = await asked(rt, ALICE)
+        for _ in range(REPEATS):
+            r = await rt.respond(sid, approve(req), principal=MALLORY)
+            assert (r.status, r.outcomes[0].outcome, r.outcomes[0].applied) == (
+                "waiting",
+                "rejected",
+                False,
+            )
+            assert r.outcomes[0].reason == "Responder cannot act for this tenant."
+        assert lines(await events_of(rt, sid, head)) == REFUSED
+        # Another person (anonymous), or a deny, is a refusal of its own, recorded once too.
+        for _ in range(3):
+            await rt.respond(sid, approve(req), principal=None)
+            await rt.respond(
+                sid, [so.InputResponse(request_id=req.id, option_id="cancel")], principal=MALLORY
+            )
+        assert lines(await events_of(rt, sid, head)) == REFUSED * 3
+        assert await rt.verify_audit() == []
+        # Someone the policy allows still settles it, after all those refusals.
+        r = await rt.respond(sid, approve(req), principal=BOB)
+        assert r.status == "completed" and log.executions
+
+
+class Changing:
+    """A response policy whose reason changes between calls: each reason is recorded once."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, ctx: so.ResponseContext) -> so.Rejected:
+        self.calls += 1
+        return so.Rejected(f"not today ({min(self.calls, 2)})")
+
+
+async def test_a_refusal_for_a_new_reason_is_recorded(store_url: str) -> None:
+    log = ExecutionLog()
+    policy = Changing()
+    spec = so.ApprovalSpec(request=so.always(), response=policy)
+    async with so.Runtime([refund_agent(log, spec)], store=store_url) as rt:
+        sid, req, head = await asked(rt, ALICE)
+        reasons = [(await rt.respond(sid, approve(req), principal=BOB)).outcomes[0].reason]
+        for _ in range(4):
+            reasons.append((await rt.respond(sid, approve(req), principal=BOB)).outcomes[0].reason)
+        assert reasons == ["not today (1)", *["not today (2)"] * 4]
+        assert lines(await events_of(rt, sid, head)) == REFUSED * 2
+        assert policy.calls == 5  # each answer judged once: a new verdict is not judged again
+
+
+def _refuse_all(ctx: so.ResponseContext) -> so.Rejected:
+    return so.Rejected("frozen")
+
+
+async def test_a_refusal_repeated_over_http_adds_no_events(store_url: str) -> None:
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=_refuse_all)
+    async with so.Runtime([refund_agent(log, spec)], store=store_url) as rt:
+        async with in_process(rt) as http:
+            r = await http.post("/v1/sessions", json={"agent": "billing", "message": "refund"})
+            assert r.status_code == 201, r.text
+            sid = r.json()["session_id"]
+            (req,) = r.json()["pending"]
+            head = await rt.store.head(sid)
+            answer = {"inputResponses": [{"requestId": req["id"], "optionId": "approve"}]}
+            sizes = []
+            for _ in range(REPEATS):
+                got: httpx.Response = await http.post(f"/v1/sessions/{sid}/responses", json=answer)
+                assert got.status_code == 200, got.text
+                assert got.json()["outcomes"][0]["outcome"] == "rejected"
+                sizes.append(await rt.store.head(sid))
+        assert lines(await events_of(rt, sid, head or 0)) == REFUSED
+        assert len(set(sizes)) == 1
+        assert log.executions == []
