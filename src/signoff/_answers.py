@@ -75,6 +75,12 @@ def match(request: InputRequest, text: str) -> Reply | None:
     return None
 
 
+def given_reason(reply: Reply) -> str | None:
+    """A decision's reason as recorded and shown to the model: one that shows nothing (`" "`)
+    is none, rather than a blank the model is told a person wrote."""
+    return None if reply.text is None or is_blank(reply.text) else reply.text
+
+
 def names_several(request: InputRequest, text: str) -> bool:
     """Whether a typed reply names two or more of `request`'s options (a label that is another
     option's id or number), so it gives no answer one can tell."""
@@ -138,7 +144,7 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
         out: dict[str, Any] = {
             "outcome": "approved" if approve else "cancelled",
             "decision": "approve" if approve else "cancel",
-            "reason": reply.text,
+            "reason": given_reason(reply),
             "value": reply.value,
         }
         if edited is not None:
@@ -421,7 +427,7 @@ def settlement_events(
                 "call_id": request.call_id,
                 "decision": resolution["decision"],
                 "by": by,
-                "reason": reply.text,
+                "reason": given_reason(reply),
                 "value": resolution.get("value"),
                 "edited_input": resolution.get("edited_input"),
                 "approved_by": resolution.get("approved_by"),
@@ -435,7 +441,7 @@ def settlement_events(
                 "outcome": resolution["outcome"],
                 "status": "settled",
                 "by": by,
-                "reason": reply.text,
+                "reason": given_reason(reply),
             },
         ),
     ]
