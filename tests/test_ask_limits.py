@@ -168,3 +168,40 @@ async def test_an_answer_ask_question_could_not_return_is_refused(store_url: str
         assert done.status == "completed"
     (result,) = tool_results(seen.last)
     assert not result.is_error and result.content["answer"] == fits
+
+
+async def test_an_answer_over_a_custom_asks_result_bound_is_refused(store_url: str) -> None:
+    """A free-text answer to a tool's own `ctx.ask()` that returns it whole: an answer of
+    2,000,000 characters under the default 1 MiB was taken, and the model read only the tool
+    error "... over the limit of 1048576 bytes (max_result_bytes); return less", the answer
+    lost. An answer is bounded by its tool's `max_result_bytes` as the question is: refused
+    (`InvalidAnswer`), by id and by message, nothing recorded, the question still open."""
+
+    @so.tool(name="paste", max_result_bytes=100_000)
+    async def paste(ctx: so.ToolContext) -> str:
+        """Ask for the log."""
+        return str((await ctx.ask("Paste the log?")).value)
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent("bot", [call_tools(call("paste")), seen], tools=[paste])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        (req,) = r.pending
+        head = await rt.store.head(r.session_id)
+        over = "L" * 100_000  # 100,002 bytes as JSON
+        with pytest.raises(so.InvalidAnswer, match="over the limit of 100000 bytes") as caught:
+            await rt.respond(
+                r.session_id, [so.InputResponse(request_id=req.id, text=over)], principal=ALICE
+            )
+        assert caught.value.request_ids == [req.id]
+        with pytest.raises(so.InvalidAnswer, match="over the limit of 100000 bytes"):
+            await rt.send(r.session_id, over, principal=ALICE)
+        assert await rt.store.head(r.session_id) == head
+        assert [q.id for q in await rt.pending(session_id=r.session_id)] == [req.id]
+        fits = "L" * 99_998
+        done = await rt.respond(
+            r.session_id, [so.InputResponse(request_id=req.id, text=fits)], principal=ALICE
+        )
+        assert done.status == "completed"
+    (result,) = tool_results(seen.last)
+    assert not result.is_error and result.content == fits

@@ -464,3 +464,46 @@ async def test_events_refuse_an_after_that_is_not_an_event_seq_before_asking(
         with pytest.raises(so.UsageError, match=message):
             await asyncio.to_thread(blocking.events, "ses_x", after)
     assert canned.seen == []
+
+
+@pytest.mark.parametrize("agent", ["batch", "nobody", 5], ids=["another", "unknown", "int"])
+async def test_approvals_naming_another_agent_are_refused_over_http_and_settle_nothing(
+    store_url: str, agent: Any
+) -> None:
+    """`Client.generate(agent, session_id=..., approvals=...)` dropped `agent`, so decisions sent
+    under another agent's name approved the call, where `Runtime.generate` refuses them
+    (`UsageError`). The client now sends it (an int is refused before asking, as in process)
+    and the server refuses it: 400 `usage_error`, the same class, nothing settled."""
+    from signoff.server import TokenAuth, create_app
+
+    from .test_server_common import TOKENS, make_runtime
+
+    rt = make_runtime(store_url)
+    app = create_app(rt, auth=TokenAuth(TOKENS), sweep_every=None)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with AsyncClient("http://t", token="alice-token", transport=transport) as c:
+            r = await c.generate("support", "Refund order 1042")
+            sid, rid = r.session_id, r.pending[0].id
+            before = [e.type async for e in rt.events(sid, follow=False)]
+            yes = [so.Decision(id=rid, approved=True)]
+            with pytest.raises(so.UsageError) as local:
+                await rt.generate(agent, session_id=sid, approvals=yes)
+            with pytest.raises(so.UsageError) as remote:
+                await c.generate(agent, session_id=sid, approvals=yes)
+            assert str(remote.value) == str(local.value)
+            raw = await transport.handle_async_request(  # the API itself, without the client
+                httpx.Request(
+                    "POST",
+                    f"http://t/v1/sessions/{sid}/approvals",
+                    json={"agent": "batch", "approvals": [{"id": rid, "approved": True}]},
+                    headers={"Authorization": "Bearer alice-token"},
+                )
+            )
+            await raw.aread()
+            assert raw.status_code == 400
+            assert [e.type async for e in rt.events(sid, follow=False)] == before
+            assert [q.id for q in await rt.pending(session_id=sid)] == [rid]
+            done = await c.generate("support", session_id=sid, approvals=yes)
+            assert done.status != "waiting"
+    await rt.close()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ._approval import Guardrail
 from ._exceptions import UsageError
 from ._settings import positive_seconds
-from ._text import is_utf8
+from ._text import is_blank, is_utf8
 from ._tool_json import MAX_RESULT_BYTES
 from ._tools import Tool
 from .models._provider import SdkModel
@@ -102,7 +102,7 @@ class Agent:
         guardrails: Sequence[Guardrail] = (),
         limits: Limits | None = None,
     ) -> None:
-        if not isinstance(name, str) or not name:
+        if not isinstance(name, str) or is_blank(name):  # " ": no one could read or type it
             raise UsageError(f"an agent needs a name, not {name!r}")
         if not is_utf8(name):  # no store could hold it: its sessions' agent, its tools' streams
             raise UsageError(f"agent {name!r}: its name holds a lone surrogate (not Unicode text)")

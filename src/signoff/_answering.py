@@ -240,10 +240,13 @@ class Answering(Candidates):
                 check_policy_present(request, tool, recorded=recorded)
                 gate = is_gated(request, tool)
                 text = (wanted.get("answer") or {}).get("text")
-                if text is not None and tool is not None and echoes_answers(tool):
+                if text is not None and tool is not None:
+                    # A free-text answer is bounded as its question is, by the tool's result:
+                    # `ask_question` returns it whole, a tool's own `ctx.ask` as it likes.
                     authorize(request, principal)  # who may answer first, as for an edit
                     limit = result_bound(tool, agent.limits)
-                    _check_size(request, "answer", question_result(text), limit)
+                    shown = question_result(text) if echoes_answers(tool) else text
+                    _check_size(request, "answer", shown, limit)
                 if wanted.get("value") is not None:
                     # The decision on a tool's own approval is its call's result, value and all;
                     # judged, as an edit is, only for someone who may answer.

@@ -34,6 +34,7 @@ from ._types import (
 )
 
 __all__ = [
+    "MAX_PRINCIPAL_BYTES",
     "MAX_TEXT_BYTES",
     "Reply",
     "blank_identity",
@@ -45,6 +46,7 @@ __all__ = [
     "input_responses",
     "match",
     "names_several",
+    "principal_too_large",
     "repeat",
     "resolution",
     "settlement_events",
@@ -71,6 +73,12 @@ def match(request: InputRequest, text: str) -> Reply | None:
     if request.kind == "question" and request.allow_text:
         return Reply(request.id, None, text)
     return None
+
+
+def given_reason(reply: Reply) -> str | None:
+    """A decision's reason as recorded and shown to the model: one that shows nothing (`" "`)
+    is none, rather than a blank the model is told a person wrote."""
+    return None if reply.text is None or is_blank(reply.text) else reply.text
 
 
 def names_several(request: InputRequest, text: str) -> bool:
@@ -136,7 +144,7 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
         out: dict[str, Any] = {
             "outcome": "approved" if approve else "cancelled",
             "decision": "approve" if approve else "cancel",
-            "reason": reply.text,
+            "reason": given_reason(reply),
             "value": reply.value,
         }
         if edited is not None:
@@ -190,6 +198,9 @@ def _check_hash(request: InputRequest, reply: Reply) -> None:
         )
 
 
+MAX_PRINCIPAL_BYTES = 16 << 10
+"""The largest principal (identity and attributes) as JSON: it is recorded on every event it
+signs, each turn it starts and each answer it gives."""
 MAX_TEXT_BYTES = 4 << 20
 """The most a person's text may take as UTF-8 (a prompt, a message, an answer with its reason):
 the HTTP server's default body limit, so Python and HTTP callers meet the same bound."""
@@ -236,6 +247,9 @@ def check_principal(value: object, name: str) -> Principal | None:
     problem = blank_identity(value)
     if problem is not None:
         raise UsageError(f"{name} names no one: {problem}")
+    problem = principal_too_large(value)
+    if problem is not None:
+        raise UsageError(f"{name} is {problem}")
     if not value.attributes:
         return value
     if nests_deeper(value.attributes, MAX_DEPTH):
@@ -249,6 +263,21 @@ def check_principal(value: object, name: str) -> Principal | None:
     if problem is not None:
         raise UsageError(f"{name}'s attributes are not plain JSON: their {problem}")
     return value.model_copy(update={"attributes": json.loads(text)})
+
+
+def principal_too_large(principal: Principal) -> str | None:
+    """Why `principal` is too large to record, if it is: it is stored on every event it signs,
+    so one over `MAX_PRINCIPAL_BYTES` as JSON (its attributes most likely) is refused."""
+    try:
+        size = len(json.dumps(principal.model_dump(), ensure_ascii=False, default=repr).encode())
+    except (ValueError, RecursionError, UnicodeEncodeError):
+        return None  # not JSON at all: refused as such where it is checked
+    if size <= MAX_PRINCIPAL_BYTES:
+        return None
+    return (
+        f"{size} bytes as JSON, over the limit of {MAX_PRINCIPAL_BYTES} bytes (a principal is "
+        "recorded on every event it signs: keep only the attributes a policy reads)"
+    )
 
 
 def blank_identity(principal: Principal) -> str | None:
@@ -398,7 +427,7 @@ def settlement_events(
                 "call_id": request.call_id,
                 "decision": resolution["decision"],
                 "by": by,
-                "reason": reply.text,
+                "reason": given_reason(reply),
                 "value": resolution.get("value"),
                 "edited_input": resolution.get("edited_input"),
                 "approved_by": resolution.get("approved_by"),
@@ -412,7 +441,7 @@ def settlement_events(
                 "outcome": resolution["outcome"],
                 "status": "settled",
                 "by": by,
-                "reason": reply.text,
+                "reason": given_reason(reply),
             },
         ),
     ]

@@ -273,11 +273,13 @@ def normalize(result: object) -> Verdict:
 
 def reason_text(reason: object) -> str | None:
     """A policy's reason as text the log can hold: any object is written out with `str()`, and
-    what UTF-8 cannot encode (a lone surrogate) is replaced."""
-    if reason is None or (isinstance(reason, str) and reason.isascii()):
-        return reason
+    what UTF-8 cannot encode (a lone surrogate) is replaced; one that shows nothing is none."""
+    if reason is None:
+        return None
     text = reason if isinstance(reason, str) else readable(reason)
-    return text.encode("utf-8", "replace").decode()
+    if is_blank(text):  # `Denied(" ")`: the model would be handed " " as the reason
+        return None
+    return text if text.isascii() else text.encode("utf-8", "replace").decode()
 
 
 def never() -> ApprovalPolicy:

@@ -268,7 +268,13 @@ class AsyncClient:
                 raise errors.InvalidAnswer(
                     "approvals is empty: answer the session's pending requests"
                 )
-            body = {"approvals": [decision_body(d) for d in given]}
+            body: dict[str, Any] = {"approvals": [decision_body(d) for d in given]}
+            if agent is not None:  # the server refuses another agent's name, as in process
+                if not isinstance(agent, str):  # as `Runtime` says it, before asking
+                    raise errors.UsageError(
+                        f"agent must be text (an agent's name), not {type(agent).__name__}"
+                    )
+                body["agent"] = agent
             return await self._turn(_session_path(session_id, "/approvals"), body)
         if session_id is None:
             if agent is None:

@@ -15,7 +15,7 @@ from ._event_handlers import journal_fold
 from ._events import Event, EventType
 from ._exceptions import SchemaVersionError, StoreError, UnknownSession
 from ._state import CallState, SessionState, TurnState, fold, runnable, turn_over
-from ._text import cut
+from ._text import cut, is_blank
 from ._types import InputRequest, Usage, reported_usage, usage_fields
 from .stores import Resolve, Store
 
@@ -351,18 +351,21 @@ def with_usage(specs: Sequence[EventSpec], usage: Usage | None) -> list[EventSpe
 def denial(decision: dict[str, Any]) -> dict[str, Any]:
     """The result a model sees for a call a person denied (or that was ignored or expired)."""
     by = decision.get("by")
+    reason = decision.get("reason")
+    if isinstance(reason, str) and is_blank(reason):  # recorded so before it was refused
+        reason = None
     result: dict[str, Any] = {
         "denied": True,
-        "reason": decision.get("reason"),
+        "reason": reason,
         "by": None if by is None else by.get("principal_id"),
     }
     outcome = decision.get("outcome")
     if outcome in ("ignored", "expired", "cancelled") and by is None:
         result["outcome"] = outcome
-    elif decision.get("reason"):
+    elif reason:
         who = by.get("principal_id") if by else "the reviewer"
         # Quoted and attributed: the person who denied may not be the user.
-        result["note"] = f'Written by {who}, who denied this call: "{decision["reason"]}"'
+        result["note"] = f'Written by {who}, who denied this call: "{reason}"'
     return result
 
 

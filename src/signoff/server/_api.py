@@ -152,7 +152,9 @@ async def approvals(request: Request, session_id: SessionId, body: Approvals) ->
         )
         for a in body.approvals
     ]
-    result = await ctx.runtime.generate(session_id=session_id, approvals=decisions, auth=caller)
+    result = await ctx.runtime.generate(
+        body.agent, session_id=session_id, approvals=decisions, auth=caller
+    )
     return turn_result(result)
 
 

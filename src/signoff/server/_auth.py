@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection
 
-from .._answers import blank_identity
+from .._answers import blank_identity, principal_too_large
 from .._exceptions import UsageError
 from .._types import Principal
 from ..stores import InitiatorFilter
@@ -81,6 +81,9 @@ class TokenAuth:
             problem = blank_identity(principal)
             if problem is not None:
                 raise UsageError(f"API token #{number}'s principal names no one: {problem}")
+            problem = principal_too_large(principal)
+            if problem is not None:
+                raise UsageError(f"API token #{number}'s principal is {problem}")
         self.tokens = dict(tokens)
 
     def __call__(self, request: HTTPConnection) -> Principal | None:

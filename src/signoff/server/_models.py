@@ -143,6 +143,11 @@ class ApprovalItem(_Body):
 
 class Approvals(_Body):
     approvals: list[ApprovalItem] = Field(min_length=1)
+    agent: StrictStr | None = Field(
+        default=None,
+        description="The agent the caller means the session to be: another agent's session "
+        "is refused (400 `usage_error`), settling nothing.",
+    )
 
 
 class CancelBody(_Body):
