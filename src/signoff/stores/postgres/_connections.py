@@ -158,6 +158,9 @@ class Connections(Transactions):
         # The head each session had when this store granted a lease on it, by token
         # (`granted_head`): the drive under that lease needs no round trip to read it.
         self._granted: PerSession[tuple[int, int]] = PerSession()
+        # Claims whose connection was lost and that were sent again (`Leases.claim`): by owner,
+        # each one's lease expiry and the sessions the resend took.
+        self._unsure: dict[str, list[tuple[float, list[str]]]] = {}
         # Each event loop that waits for changes has its own LISTEN connection and waiters, kept
         # while that loop runs: a waiter must be woken from its own loop's thread.
         self._listeners: dict[asyncio.AbstractEventLoop, Listener] = {}

@@ -127,22 +127,60 @@ class Leases(Connections):
             )
 
         found: list[tuple[str, int]] = []
+        unsure = self._unsure.setdefault(owner, [])
+        await self._give_back_orphans(owner, unsure, now)
+        sent_again: list[str] | None = None
 
         async def committed() -> bool:
             # Its leases are the ones this owner holds until exactly the time it set: none
             # means it did not commit (or claimed nothing), so sending it again is safe.
+            nonlocal sent_again
             found[:] = await self._leased_until(owner, now + ttl)
+            if not found and sent_again is None:
+                # The server may still be running it (a connection cut by this process, or by
+                # the network, while it waited on a lock): the rows it holds are skipped by the
+                # resend, and what it commits later is given back by the next claim.
+                sent_again = []
+                unsure.append((now + ttl, sent_again))
             return bool(found)
 
         self._before(LEASE_CLAIMED)
         cur = await self._write(body, "claiming runnable sessions", committed=committed)
         self._after(LEASE_CLAIMED)
         if cur is None:  # committed, its acknowledgement lost: no heads (drives read them)
+            if sent_again is not None:
+                sent_again[:] = [session_id for session_id, _ in found]
             return found
         claimed = [(str(row[0]), int(row[1]), row[2:]) for row in await cur.fetchall()]
+        if sent_again is not None:
+            sent_again[:] = [session_id for session_id, _, _ in claimed]
         for session_id, token, row in claimed:
             self._granted[session_id] = (token, self._moved(session_id, row))
         return [(session_id, token) for session_id, token, _ in claimed]
+
+    async def _give_back_orphans(
+        self, owner: str, unsure: list[tuple[float, list[str]]], now: float
+    ) -> None:
+        """Give back the leases a claim of `owner` that was sent again took after all: the lost
+        first statement committed them once the resend had passed its rows by, so no drive
+        holds them, and they would wait for their lease to lapse. Each claim of `owner` does so
+        until that lease's expiry, the last time such a commit could matter."""
+        unsure[:] = [(until, taken) for until, taken in unsure if until > now]
+        if not unsure:
+            return
+        s = self._s
+
+        async def body(conn: Conn) -> None:
+            for until, taken in unsure:
+                # Idempotent (the same rows whoever runs it again): a lost connection is retried.
+                await conn.execute(
+                    f"UPDATE {s}.leases l SET owner = '', expires_at = {_NOW} "
+                    f"FROM {s}.sessions x WHERE x.sk = l.sk AND l.owner = %s "
+                    "AND l.expires_at = %s AND x.id <> ALL(%s)",
+                    (owner, until, taken),
+                )
+
+        await self._write(body, "giving back the leases of a claim sent again", transaction=False)
 
     async def _leased_until(self, owner: str, expires_at: float) -> list[tuple[str, int]]:
         """The sessions `owner` holds a lease on expiring at `expires_at`, with their tokens:

@@ -1,0 +1,83 @@
+"""A worker's claim whose connection is lost while the server still runs it (waiting on a lock)
+is sent again, and the resend passes by the rows the first statement holds; what that one
+commits later belongs to the worker with no drive of it. Its next claim gives those leases back
+and takes them, rather than leaving them to lapse (30 s by default)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from signoff.stores import Commit
+from signoff.stores.postgres import PostgresStore
+
+from ._pg_events import ev, new_session
+
+
+@pytest.fixture
+async def store(pg_store_url: str) -> AsyncIterator[PostgresStore]:
+    """A store whose calls wait 1 s, then drop their connection (`operation_timeout`)."""
+    opened = PostgresStore(pg_store_url, min_size=1, max_size=2, operation_timeout=1)
+    await opened.open()
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def _lock_waiter(conn: psycopg.AsyncConnection[Any], after: set[int]) -> int:
+    """The pid of a backend (not in `after`) waiting on a lock."""
+    for _ in range(1000):
+        cur = await conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> ALL(%s)",
+            (list(after),),
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            return int(row[0])
+        await asyncio.sleep(0.01)
+    raise AssertionError("no claim waited on the lock")
+
+
+async def _ended(conn: psycopg.AsyncConnection[Any], pid: int) -> None:
+    for _ in range(1000):
+        cur = await conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
+        if await cur.fetchone() is None:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"backend {pid} still runs")
+
+
+async def test_a_claim_committed_after_its_resend_is_given_back_and_taken_at_once(
+    store: PostgresStore, pg_store_url: str
+) -> None:
+    sid = await new_session(store)
+    await store.commit(
+        Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], status="running")
+    )
+    now = await store.server_time()
+    token = await store.acquire_lease(sid, "other", 30, now)
+    assert token is not None
+    await store.release_lease(sid, "other", token)  # its lease row stays, free
+    s = store._s
+    async with (
+        await psycopg.AsyncConnection.connect(pg_store_url, autocommit=True) as watch,
+        await psycopg.AsyncConnection.connect(pg_store_url) as locker,
+    ):
+        # The lease row locked: the claim locks the session's row, then waits on it.
+        await locker.execute(f"SELECT 1 FROM {s}.leases FOR UPDATE")
+        claiming = asyncio.ensure_future(store.claim("w", 30, now, 5))
+        first = await _lock_waiter(watch, {locker.info.backend_pid})
+        # Cut after 1 s, found not committed, sent again: the session's row is the first's.
+        assert await asyncio.wait_for(claiming, 30) == []
+        await locker.rollback()  # the first statement, still running, now commits
+        await _ended(watch, first)
+        cur = await watch.execute(f"SELECT owner, token FROM {s}.leases")
+        assert await cur.fetchall() == [("w", token + 1)]  # the worker's, and no drive of it
+    later = await store.server_time()
+    assert await store.claim("w", 30, later, 5) == [(sid, token + 2)]
+    assert await store.claim("w", 30, later, 5) == []  # given back once
