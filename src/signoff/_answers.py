@@ -112,6 +112,8 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
                 [rid],
             )
         _check_hash(request, reply)
+        # Held to JSON as typed: a reason of one lone surrogate is blank to given_reason, not valid.
+        _check_json(rid, {"reason": reply.text})
         edited = None
         if reply.edited_input is not None:
             if reply.option_id != "approve":
