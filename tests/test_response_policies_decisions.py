@@ -211,7 +211,10 @@ async def test_a_broken_policy_never_settles(
     tmp_path: Path, policy: Any, outcome: str, reason: str, decision: str
 ) -> None:
     log = ExecutionLog()
-    spec = so.ApprovalSpec(request=so.always(), response=policy, timeout=0.05)
+    # A policy that fails at once gets time to: on a loaded machine a sync one's thread alone
+    # took over 0.05 s to start, and its failure read as a timeout.
+    timeout = 0.05 if outcome == "timed-out" else 10.0
+    spec = so.ApprovalSpec(request=so.always(), response=policy, timeout=timeout)
     async with sqlite_runtime(tmp_path, refund_agent(log, spec)) as rt:
         sid, req, head = await asked(rt, ALICE)
         r = await rt.respond(
