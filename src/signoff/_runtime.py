@@ -24,6 +24,7 @@ from ._deadlines import expiry_specs
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
+    EventsRewritten,
     InvalidAnswer,
     RequestClosed,
     SessionBusy,
@@ -410,7 +411,9 @@ class Runtime(Auditing):
         last event, it raises `SessionExpired` (its TTL passed; a turn it caught unfinished is
         recorded and read first) or `UnknownSession` (it was deleted from the store). Without
         `follow`, it is a snapshot as of the call: the events up to the last one stored when it
-        began, none written after."""
+        began, none written after. Each read checks that the last event it yielded is still the
+        store's: gone, or another one there (the store lost commits: a crash, a restored copy), it
+        raises `EventsRewritten` rather than go on after it, skipping what was written anew."""
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             # Anything else matched no event (a followed stream then waited for ever in
             # silence) or overflowed the store's integers.
@@ -432,16 +435,17 @@ class Runtime(Auditing):
         expires_at = 0.0  # by self.now(); 0 until read from the state, and after new events
         checked = time.monotonic()  # when the session was last seen in the store
         expired: SessionExpired | None = None  # raised once the events its record wrote are read
+        shown: Event | None = None  # the last event yielded: each read checks it is still there
         while True:
             if not follow and after >= head:
                 return  # read up to the head read above: no read to find the end
             with running(self):
                 batch = await self.store.read_events(
-                    session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
+                    session_id, after=after, limit=500, max_bytes=stores.READ_BYTES, shown=shown
                 )
             for event in batch:
                 yield event
-                after = event.seq
+                after, shown = event.seq, event
             if batch:
                 expires_at = 0.0
                 continue  # a read bounded by bytes may stop short of the log's end: read on
@@ -452,6 +456,8 @@ class Runtime(Auditing):
             with running(self):
                 if self.now() >= expires_at or time.monotonic() - checked >= _RECHECK_FOLLOWED:
                     state = await self._state(session_id)  # UnknownSession once deleted
+                    if state.seq < after:  # the store lost it, and no new event is read yet
+                        raise EventsRewritten(session_id, after)
                     now = self.now()
                     if state.seq == after and state.expired(now):
                         expired = await self._ended(state, now)

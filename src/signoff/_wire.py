@@ -63,6 +63,7 @@ ERRORS: dict[str, type[errors.SignoffError]] = {
         errors.StoreGone,
         errors.AppendConflict,
         errors.LeaseLost,
+        errors.EventsRewritten,
         errors.StoreUnavailable,
         errors.StoreBusy,
     )
@@ -128,8 +129,10 @@ def error(detail: Mapping[str, Any], status: int, path: str = "") -> errors.Sign
     Exception.__init__(exc, message)  # the server's message, the local class
     if issubclass(cls, (errors.AnswerError, errors.InvalidAnswer)):
         exc.request_ids = request_ids(detail.get("request_ids"))  # type: ignore[attr-defined]
-    if issubclass(cls, (errors.SessionError, errors.IdempotencyKeyReused)):
+    if issubclass(cls, (errors.SessionError, errors.IdempotencyKeyReused, errors.EventsRewritten)):
         exc.session_id = str(detail.get("session_id") or "")  # type: ignore[attr-defined]
+    if issubclass(cls, errors.EventsRewritten):
+        exc.seq = int(detail.get("seq") or 0)  # type: ignore[attr-defined]
     if issubclass(cls, errors.SessionExpired):
         exc.pending = request_ids(detail.get("request_ids"))  # type: ignore[attr-defined]
     if issubclass(cls, errors.ModelError):
