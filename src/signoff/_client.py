@@ -372,7 +372,10 @@ class AsyncClient:
         refused for a while (a proxy's 429 or 502-504 while the server restarts, a busy store),
         up to `retries` failures in a row. A stream that sends nothing at all (a signoff server
         sends its `retry:` line at once), or a read not followed that stays silent for
-        `timeout`, is such a failure: only a followed stream that was heard may stay quiet."""
+        `timeout`, is such a failure: only a followed stream that was heard may stay quiet. A
+        reconnect asks again for the last event it yielded, and raises `EventsRewritten` if the
+        server has another one there, or none (the store lost commits: a crash, a restored copy),
+        rather than go on after it, skipping what was written anew."""
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             # As `Runtime.events` says it: "3" was sent, and a TypeError met the first event.
             raise errors.UsageError(
@@ -382,12 +385,14 @@ class AsyncClient:
         whole("retries", retries, least=0)  # "5" was a TypeError at the first refusal
         path = _session_path(session_id, "/events")
         last = after
+        shown: Event | None = None  # the last event yielded, asked for again on a reconnect
         failures = 0
         quiet = 0  # followed streams in a row that ended without an event
         while True:
             self._check_open()  # closed since the last connection: httpx's bare RuntimeError
-            params = {"after": last, "follow": "true" if follow else "false"}
-            headers = {"Last-Event-ID": str(last), "Accept": "text/event-stream"}
+            since = last if shown is None else shown.seq - 1
+            params = {"after": since, "follow": "true" if follow else "false"}
+            headers = {"Last-Event-ID": str(since), "Accept": "text/event-stream"}
             pause = 0.0
             streaming = False
             heard = _Heard()
@@ -404,6 +409,8 @@ class AsyncClient:
                 ):
                     if not response.is_success:
                         await response.aread()
+                        if shown is not None and wire.past_head(response):
+                            raise errors.EventsRewritten(session_id, shown.seq)
                         if failures >= retries or not wire.transient(response):
                             wire.raise_for(response)
                         failures += 1
@@ -423,8 +430,10 @@ class AsyncClient:
                                 continue
                             event = wire.streamed(kind, data)
                             if event.seq <= last:
-                                continue  # sent again by a server that ignored Last-Event-ID
-                            last = event.seq
+                                if shown is not None and event.seq == shown.seq and event != shown:
+                                    raise errors.EventsRewritten(session_id, shown.seq)
+                                continue  # asked for again, or sent by a server that ignored it
+                            last, shown = event.seq, event
                             failures = 0
                             yield event
                         if not heard.any:  # closed at once: not a signoff server's stream

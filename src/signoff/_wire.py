@@ -24,6 +24,7 @@ __all__ = [
     "event",
     "malformed",
     "not_signoff",
+    "past_head",
     "page",
     "raise_for",
     "request_ids",
@@ -215,6 +216,17 @@ def transient(response: httpx.Response) -> bool:
     except Exception:
         return True  # not a signoff error body: the proxy's own page
     return code in (errors.StoreBusy.code, errors.StoreUnavailable.code)
+
+
+def past_head(response: httpx.Response) -> bool:
+    """Whether a stream was refused as starting past the session's last event (422
+    `invalid_request`): asked from an event the server sent, the store no longer has it."""
+    if response.status_code != 422:
+        return False
+    try:
+        return bool(response.json()["error"]["code"] == "invalid_request")
+    except Exception:
+        return False
 
 
 def backoff(failures: int, response: httpx.Response | None = None) -> float:
