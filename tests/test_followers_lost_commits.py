@@ -273,3 +273,44 @@ async def test_an_event_stream_of_a_session_deleted_under_it_ends_on_both_stores
     assert raw[-1]["event"] == "stream.end", raw[-1]
     assert raw[-1]["data"]["status"] == 404, raw[-1]
     assert raw[-1]["data"]["error"]["code"] == "unknown_session", raw[-1]
+
+
+async def test_a_read_resumed_from_an_event_read_before_checks_it(store_url: str) -> None:
+    """A follower that resumes later from an event it read before (`rt.events(after=, shown=)`,
+    `AsyncClient.events(after=, shown=)`, and so a `LiveSession`'s next `sync()`) started after
+    that seq unchecked: a `LiveSession` synced before the put-back folded the longer turn's
+    events onto a second turn that never happened. Each raises `EventsRewritten`, and the
+    `LiveSession` folds nothing."""
+    async with so.Runtime(_agents([reply("One."), reply("Two.")]), store=store_url) as rt:
+        sid = (await rt.generate("a", "one")).session_id
+        put_back = await _copy(store_url)
+        await rt.generate(session_id=sid, prompt="two")
+        events = await rt.store.read_events(sid)
+        first, last = events[0], events[-1]
+        server = so.Runtime(_agents([]), store=store_url, poll_interval=0.05)
+        app = create_app(server, auth=TokenAuth(TOKENS), poll_interval=0.05, heartbeat=0.5)
+        with running(app) as base:
+            async with AsyncClient(base, token="admin-token") as client:
+                live = await client.session(sid)
+                assert live.seq == last.seq
+                await put_back()
+                other = [call_tools(call("noop")), call_tools(call("noop")), reply("Other.")]
+                async with so.Runtime(_agents(other), store=store_url) as rt2:
+                    await rt2.generate(session_id=sid, prompt="another two")
+                    assert (await rt2.store.head(sid) or 0) > last.seq + 2
+                with pytest.raises(so.EventsRewritten) as rewritten:
+                    await live.sync()
+                assert (rewritten.value.session_id, rewritten.value.seq) == (sid, last.seq)
+                assert live.seq == last.seq  # nothing of the rewritten log folded
+                with pytest.raises(so.EventsRewritten):
+                    [e async for e in client.events(sid, last.seq, follow=False, shown=last)]
+                again = [e async for e in client.events(sid, 1, follow=False, shown=first)]
+                assert again[0].seq == 2  # still the store's: read on after it
+        with pytest.raises(so.EventsRewritten):
+            [e async for e in rt.events(sid, last.seq, follow=False, shown=last)]
+        assert [e async for e in rt.events(sid, 1, follow=False, shown=first)][0].seq == 2
+        head = await rt.store.head(sid)
+        at_head = (await rt.store.read_events(sid, after=(head or 0) - 1))[0]
+        assert [e async for e in rt.events(sid, head or 0, follow=False, shown=at_head)] == []
+        with pytest.raises(so.UsageError, match="shown must be"):
+            [e async for e in rt.events(sid, 2, follow=False, shown=first)]

@@ -22,7 +22,7 @@ from ._answers import decisions as _decisions
 from ._cancellation import cancel_specs, stop_calls, withdrawal
 from ._deadlines import expiry_specs
 from ._engine import Driver
-from ._events import Event
+from ._events import Event, check_shown_event
 from ._exceptions import (
     EventsRewritten,
     InvalidAnswer,
@@ -404,7 +404,7 @@ class Runtime(Auditing):
         return await followed_state(self.store, state)
 
     async def events(
-        self, session_id: str, after: int = 0, *, follow: bool = True
+        self, session_id: str, after: int = 0, *, follow: bool = True, shown: Event | None = None
     ) -> AsyncIterator[Event]:
         """The session's events after `seq` (one past its last event is a `UsageError`); with
         `follow`, keeps waiting for new ones until the session can have no more: then, after its
@@ -413,18 +413,22 @@ class Runtime(Auditing):
         `follow`, it is a snapshot as of the call: the events up to the last one stored when it
         began, none written after. Each read checks that the last event it yielded is still the
         store's: gone, or another one there (the store lost commits: a crash, a restored copy), it
-        raises `EventsRewritten` rather than go on after it, skipping what was written anew."""
+        raises `EventsRewritten` rather than go on after it, skipping what was written anew;
+        `shown`, the event at `after` the caller read before, is checked so by the first read."""
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             # Anything else matched no event (a followed stream then waited for ever in
             # silence) or overflowed the store's integers.
             raise UsageError(f"after must be an event seq, a whole number from 0, not {after!r}")
         flag("follow", follow)
         check_session_id(session_id)
+        check_shown_event(shown, session_id, after)
         with running(self):  # each stretch between two events: `close` stops a follower too
             await self.open()
             head = await self.store.head(session_id)
         if head is None:
             raise UnknownSession(session_id)
+        if after > head and shown is not None:
+            raise EventsRewritten(session_id, after)  # the store lost it
         if after > head:
             # No event matches it: a follower waited in silence, skipping every event up to
             # `after`, and spun on the store once the TTL passed (as the HTTP stream refuses).
@@ -435,14 +439,21 @@ class Runtime(Auditing):
         expires_at = 0.0  # by self.now(); 0 until read from the state, and after new events
         checked = time.monotonic()  # when the session was last seen in the store
         expired: SessionExpired | None = None  # raised once the events its record wrote are read
-        shown: Event | None = None  # the last event yielded: each read checks it is still there
+        # `shown`, then the last event yielded: each read checks it is still there.
+        unchecked = shown is not None  # the caller's, which no read has checked yet
         while True:
-            if not follow and after >= head:
+            if not follow and after >= head and not unchecked:
                 return  # read up to the head read above: no read to find the end
+            at_end = not follow and after >= head  # only the check: nothing written since
             with running(self):
                 batch = await self.store.read_events(
-                    session_id, after=after, limit=500, max_bytes=stores.READ_BYTES, shown=shown
+                    session_id,
+                    after=after,
+                    limit=0 if at_end else 500,
+                    max_bytes=stores.READ_BYTES,
+                    shown=shown,
                 )
+            unchecked = False
             for event in batch:
                 yield event
                 after, shown = event.seq, event
@@ -575,11 +586,13 @@ class Runtime(Auditing):
     create_session_sync = twin(create_session)
     sessions_sync = twin(sessions)
 
-    def events_sync(self, session_id: str, after: int = 0) -> list[Event]:
-        """The session's events after `seq`, without following."""
+    def events_sync(
+        self, session_id: str, after: int = 0, *, shown: Event | None = None
+    ) -> list[Event]:
+        """The session's events after `seq`, without following (`shown` as `events` takes it)."""
 
         async def collect() -> list[Event]:
-            return [e async for e in self.events(session_id, after, follow=False)]
+            return [e async for e in self.events(session_id, after, follow=False, shown=shown)]
 
         return self._sync.run(collect())
 
