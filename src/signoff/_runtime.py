@@ -411,10 +411,9 @@ class Runtime(Auditing):
         last event, it raises `SessionExpired` (its TTL passed; a turn it caught unfinished is
         recorded and read first) or `UnknownSession` (it was deleted from the store). Without
         `follow`, it is a snapshot as of the call: the events up to the last one stored when it
-        began, none written after. Each read checks that the last event it yielded is still the
-        store's: gone, or another one there (the store lost commits: a crash, a restored copy), it
-        raises `EventsRewritten` rather than go on after it, skipping what was written anew;
-        `shown`, the event at `after` the caller read before, is checked so by the first read."""
+        began, none written after. Each read checks the last event yielded (first `shown`, the
+        event at `after` read before) is still the store's: gone or another one (the store lost
+        commits), it raises `EventsRewritten` rather than skip what was written anew."""
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             # Anything else matched no event (a followed stream then waited for ever in
             # silence) or overflowed the store's integers.
@@ -439,12 +438,11 @@ class Runtime(Auditing):
         expires_at = 0.0  # by self.now(); 0 until read from the state, and after new events
         checked = time.monotonic()  # when the session was last seen in the store
         expired: SessionExpired | None = None  # raised once the events its record wrote are read
-        # `shown`, then the last event yielded: each read checks it is still there.
-        unchecked = shown is not None  # the caller's, which no read has checked yet
+        unchecked = shown is not None  # then the last event yielded, which each read checks
         while True:
-            if not follow and after >= head and not unchecked:
-                return  # read up to the head read above: no read to find the end
-            at_end = not follow and after >= head  # only the check: nothing written since
+            at_end = not follow and after >= head  # read up to the head read above
+            if at_end and not unchecked:
+                return  # no read to find the end (one of none but the check, unchecked)
             with running(self):
                 batch = await self.store.read_events(
                     session_id,
