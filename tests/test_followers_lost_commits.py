@@ -10,6 +10,7 @@ import asyncio
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +33,20 @@ async def noop() -> str:
     return "ok"
 
 
+def _last(shown: list[so.Event]) -> int:
+    return shown[-1].seq if shown else 0
+
+
 def _agents(steps: list[so.ModelResponse]) -> list[so.Agent]:
     return [scripted_agent("a", steps, tools=[noop])]
 
 
 async def _rewritten(
-    store_url: str, follower: so.Runtime, sid: str, shown: list[so.Event]
+    store_url: str, follower: so.Runtime, sid: str, shown: Callable[[], int]
 ) -> tuple[int, int]:
-    """Run a second turn (followed into `shown`), put back the store copied before it, and run
-    a longer one from another runtime: the seq the store kept, and the one the follower had
-    reached."""
+    """Run a second turn (followed: `shown` says the last seq shown), put back the store copied
+    before it, and run a longer one from another runtime: the seq the store kept, and the one
+    the follower had reached."""
     kept = await follower.store.head(sid)
     assert kept is not None
     put_back = await _copy(store_url)
@@ -49,10 +54,10 @@ async def _rewritten(
     reached = await follower.store.head(sid)
     assert reached is not None
     for _ in range(500):
-        if shown and shown[-1].seq == reached:
+        if shown() == reached:
             break
         await asyncio.sleep(0.02)
-    assert shown[-1].seq == reached
+    assert shown() == reached
     await put_back()
     other = [call_tools(call("noop")), call_tools(call("noop")), reply("Other.")]
     async with so.Runtime(_agents(other), store=store_url) as rt2:
@@ -79,7 +84,7 @@ async def test_a_follower_across_lost_commits_stops_instead_of_skipping_the_rewr
 
         following = asyncio.create_task(follow())
         try:
-            kept, reached = await _rewritten(store_url, rt, sid, shown)
+            kept, reached = await _rewritten(store_url, rt, sid, lambda: _last(shown))
             for _ in range(1000):  # until it ends, or shows an event past the seq it reached
                 if following.done() or shown[-1].seq > reached:
                     break
@@ -201,7 +206,7 @@ async def test_an_event_stream_across_lost_commits_ends_with_events_rewritten(
                         if shown and len([m for m in raw if "id" in m]) == len(shown):
                             break
                         await asyncio.sleep(0.02)
-                    kept, reached = await _rewritten(store_url, rt, sid, shown)
+                    kept, reached = await _rewritten(store_url, rt, sid, lambda: _last(shown))
                     for _ in range(1000):
                         if following.done() or shown[-1].seq > reached:
                             break
@@ -314,3 +319,39 @@ async def test_a_read_resumed_from_an_event_read_before_checks_it(store_url: str
         assert [e async for e in rt.events(sid, head or 0, follow=False, shown=at_head)] == []
         with pytest.raises(so.UsageError, match="shown must be"):
             [e async for e in rt.events(sid, 2, follow=False, shown=first)]
+
+
+async def test_signoff_events_follow_across_lost_commits_stops(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`signoff events --follow` tries a failing store again from the last event printed: it
+    took `EventsRewritten` for such a failure and read on after that seq, unchecked, printing
+    the longer turn's events after ones that never happened. It stops with it."""
+    from rich.console import Console
+
+    from signoff.cli._events import _print_log
+
+    async with so.Runtime(
+        _agents([reply("One."), reply("Two.")]), store=store_url, poll_interval=0.05
+    ) as rt:
+        sid = (await rt.generate("a", "one")).session_id
+        printed: list[int] = []
+
+        def seen() -> list[int]:
+            lines = capsys.readouterr().out.splitlines()
+            printed.extend(json.loads(line)["seq"] for line in lines if line)
+            return printed
+
+        printing = asyncio.create_task(_print_log(rt, Console(), sid, 0, True, True))
+        try:
+            kept, reached = await _rewritten(store_url, rt, sid, lambda: (seen() or [0])[-1])
+            for _ in range(1000):
+                if printing.done() or seen()[-1] > reached:
+                    break
+                await asyncio.sleep(0.02)
+            assert seen() == list(range(1, reached + 1))  # none past it
+            with pytest.raises(so.EventsRewritten):
+                await asyncio.wait_for(printing, 10)
+        finally:
+            printing.cancel()
+        assert kept < reached
