@@ -355,3 +355,35 @@ async def test_signoff_events_follow_across_lost_commits_stops(
         finally:
             printing.cancel()
         assert kept < reached
+
+
+async def test_an_event_stream_whose_sent_events_were_lost_ends_before_the_session_runs_again(
+    store_url: str,
+) -> None:
+    """Lost and not written anew: a followed HTTP stream ends with `stream.end` 409
+    `events_rewritten` too, within its `heartbeat` (PostgreSQL's wait is for the head to pass
+    the seq sent, which it never does: the stream's check of the session sees it behind)."""
+    async with so.Runtime(_agents([reply("One."), reply("Two.")]), store=store_url) as rt:
+        sid = (await rt.generate("a", "one")).session_id
+        put_back = await _copy(store_url)
+        await rt.generate(session_id=sid, prompt="two")
+        head = await rt.store.head(sid)
+    server = so.Runtime(_agents([]), store=store_url, poll_interval=0.05)
+    app = create_app(server, auth=TokenAuth(TOKENS), poll_interval=0.05, heartbeat=0.5)
+    with running(app) as base:
+        raw: list[dict[str, Any]] = []
+        streaming = asyncio.create_task(_raw_stream(base, sid, raw))
+        try:
+            for _ in range(500):
+                if len(raw) == head:
+                    break
+                await asyncio.sleep(0.02)
+            assert len(raw) == head
+            await asyncio.sleep(0.3)  # the stream waits for more
+            await put_back()
+            await asyncio.wait_for(streaming, 10)
+        finally:
+            streaming.cancel()
+    end = raw[-1]["data"]
+    assert raw[-1]["event"] == "stream.end" and end["error"]["code"] == "events_rewritten", end
+    assert (end["status"], end["error"]["seq"]) == (409, head)
