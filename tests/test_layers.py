@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
         "_json_keys",
         "_output_caps",
     },
-    {"_state_parts", "_tool_json", "_sync"},
+    {"_state_parts", "_conversation", "_tool_json", "_sync"},
     {"_event_handlers"},
     {"_state", "_approval", "stores", "models"},
     {"_response", "_audit_requests", "_cancellation", "_tool_context"},

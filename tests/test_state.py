@@ -9,13 +9,8 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff._state import (
-    MESSAGE_EVENT_TYPES,
-    CallState,
-    RequestState,
-    TurnState,
-    conversation,
-)
+from signoff._conversation import MESSAGE_EVENT_TYPES, conversation
+from signoff._state import CallState, RequestState, TurnState
 from signoff.stores._codec import pack_bytes
 from signoff.testing import (
     Capture,

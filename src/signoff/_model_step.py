@@ -10,18 +10,13 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, get_args
 
 from ._child_sessions import headroom_now
+from ._conversation import MESSAGE_EVENT_TYPES, Conversation, conversation
 from ._error_text import error_text
 from ._exceptions import BudgetSpent, LeaseLost, ModelError, SignoffError
 from ._output_caps import input_price_floor, output_cap, output_price, spare
 from ._paused_parts import journal_pauses, paused_parts
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
-from ._state import (
-    MESSAGE_EVENT_TYPES,
-    Conversation,
-    SessionState,
-    conversation,
-    delegated_turn,
-)
+from ._state import SessionState, delegated_turn
 from ._sync import exited
 from ._text import cut
 from ._tool_json import MAX_INPUT_DEPTH, key_not_text, nests_deeper

@@ -6,13 +6,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-import pydantic
-
-from .._events import SCHEMA_VERSION, Event
+from .._events import Event
 from .._exceptions import SchemaVersionError, StoreError
 from .._types import InputRequest
 from ._audit import AuditEntry, AuditRow
-from ._codec import unpack_event
 from ._initiators import InitiatorFilter
 from ._pending import PendingFilter, created_before
 
@@ -30,7 +27,6 @@ __all__ = [
     "Loaded",
     "PendingFilter",
     "READ_BYTES",
-    "REQUEST_ROW_COLUMNS",
     "RequestRow",
     "Resolve",
     "Store",
@@ -40,10 +36,6 @@ __all__ = [
     "lapsed_ancestors_sql",
     "older_schema",
     "parent_of",
-    "request_row",
-    "request_rows",
-    "stored_request",
-    "stored_resolution",
 ]
 
 READ_BYTES = 4 << 20
@@ -504,117 +496,3 @@ def parent_of(events: Sequence[Event]) -> tuple[str | None, str | None]:
     if not isinstance(parent, str):
         return None, None
     return parent, turn if isinstance(turn, str) else None
-
-
-def request_rows(
-    commit: Commit, pack: Callable[[Any], Any]
-) -> list[tuple[InputRequest, tuple[int | None, int | None], Any]]:
-    """Each new request of a commit with where its `input.requested` event holds it (seq, index)
-    and, only if no event of the commit holds exactly it, a packed copy to store instead."""
-    held: dict[str, tuple[int, int, dict[str, Any]]] = {}
-    for event in commit.events:
-        if event.type == "input.requested":
-            for i, raw in enumerate(event.data.get("requests", ())):
-                held[raw["id"]] = (event.seq, i, raw)
-    rows: list[tuple[InputRequest, tuple[int | None, int | None], Any]] = []
-    for req in commit.new_requests:
-        dumped = req.model_dump(mode="json", exclude_defaults=True)
-        found = held.get(req.id)
-        if found is not None and found[2] == dumped:
-            rows.append((req, (found[0], found[1]), None))
-        else:
-            rows.append((req, (None, None), pack(dumped)))
-    return rows
-
-
-REQUEST_ROW_COLUMNS = (
-    "r.id, s.id, s.audit_n, r.agent, r.kind, r.tool, r.created_at, r.status, r.outcome, "
-    "r.resolution, r.expires_at"
-)
-"""What `request_row` reads before a store's request columns (data, event data, index, status,
-earlier events)."""
-
-
-def request_row(row: Sequence[Any], unpack: Callable[[Any], Any]) -> RequestRow:
-    """A row of `REQUEST_ROW_COLUMNS` and the request columns read back; what cannot be read
-    (damaged by hand) is named in `damage` rather than raised, so verification reports it."""
-    damage = []
-    request = resolution = None
-    try:
-        request = stored_request(*row[11:16], unpack, *row[16:])
-    except StoreError as exc:
-        damage.append(f"its request: {exc}")
-    if row[9] is not None:
-        try:
-            resolution = unpack(row[9])
-        except StoreError as exc:
-            damage.append(f"its resolution: {exc}")
-        if resolution is not None and not isinstance(resolution, dict):
-            damage.append("its resolution is not an object")
-            resolution = None
-    return RequestRow(
-        id=str(row[0]),
-        session_id=str(row[1]),
-        audit_n=int(row[2]),
-        agent=row[3],
-        kind=row[4],
-        tool=row[5],
-        created_at=row[6],
-        status=row[7],
-        outcome=row[8],
-        request=request,
-        resolution=resolution,
-        deadline=row[10],
-        damage="; ".join(damage) or None,
-    )
-
-
-def stored_resolution(raw: Any, unpack: Callable[[Any], Any]) -> dict[str, Any] | None:
-    """A request's stored resolution read back, or None if it is not an object (an old or
-    hand-edited store): every reader of `StoredRequest` then copes as with none recorded."""
-    resolution = None if raw is None else unpack(raw)
-    return resolution if isinstance(resolution, dict) else None
-
-
-def stored_request(
-    request_id: str,
-    own: Any,
-    event_data: Any,
-    index: int | None,
-    status: str,
-    unpack: Callable[[Any], Any],
-    *earlier: Any,
-) -> InputRequest:
-    """A request row read back: its own copy if it has one, else its place in the
-    `input.requested` event that recorded it (`earlier`: the stored events before that one,
-    nearest first, which it may be kept on). What cannot be read is a `StoreError` naming the
-    request, so a damaged row that fails a whole listing can be found."""
-    try:
-        return _stored_request(own, event_data, index, status, unpack, *earlier)
-    except SchemaVersionError:
-        raise
-    except StoreError as exc:
-        raise StoreError(f"request {request_id}: {exc}") from exc
-
-
-def _stored_request(
-    own: Any,
-    event_data: Any,
-    index: int | None,
-    status: str,
-    unpack: Callable[[Any], Any],
-    *earlier: Any,
-) -> InputRequest:
-    try:
-        if own is not None:
-            raw = unpack(own)
-        elif event_data is None or index is None:
-            raise StoreError("a request row refers to an event that is not in the log")
-        else:
-            raw = unpack_event(event_data, *earlier)["requests"][index]
-        if raw.get("v", SCHEMA_VERSION) > SCHEMA_VERSION:
-            raise SchemaVersionError(f"request {raw.get('id')} was written by a newer signoff")
-        raw["status"] = status
-        return InputRequest.model_validate(raw)
-    except (KeyError, IndexError, TypeError, AttributeError, pydantic.ValidationError) as exc:
-        raise StoreError(f"a stored request cannot be read: {exc}") from exc

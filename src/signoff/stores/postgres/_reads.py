@@ -11,20 +11,17 @@ from ..._events import Event, event_of_row
 from ..._exceptions import StoreError, UnknownSession
 from ..._types import InputRequest
 from .._base import (
-    REQUEST_ROW_COLUMNS,
     Loaded,
     PendingFilter,
     RequestRow,
     SessionSummary,
     StoredRequest,
     lapsed_ancestors_sql,
-    request_row,
     session_summary,
-    stored_request,
-    stored_resolution,
 )
 from .._codec import EventTexts, parse, stored_type, type_name, unpack, unpack_snapshot
 from .._initiators import InitiatorFilter, checked_filter
+from .._request_rows import REQUEST_ROW_COLUMNS, request_row, stored_request, stored_resolution
 from .._shown import check_shown
 from ._audit_reads import AuditReads
 from ._connections import Conn, Seen, storable

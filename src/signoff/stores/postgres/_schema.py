@@ -11,9 +11,9 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from ..._exceptions import StoreError
-from .._base import stored_request
 from .._codec import stored_type, unpack, unpack_event
 from .._initiators import stored_initiator
+from .._request_rows import stored_request
 from ._sql import REQUEST_COLUMNS, REQUEST_JOIN
 
 __all__ = [

@@ -25,9 +25,10 @@ from psycopg.rows import TupleRow
 from ..._events import Event, dumps
 from ..._exceptions import AppendConflict, LeaseLost, StoreError, UnknownSession
 from .._audit import AuditRow, chain_parts, chain_session
-from .._base import AUDIT_RECORDED, Commit, parent_of, request_rows
+from .._base import AUDIT_RECORDED, Commit, parent_of
 from .._codec import EventTexts, Previous, pack_bytes, type_name
 from .._initiators import initiator_columns
+from .._request_rows import request_rows
 from ._connections import Conn, Seen, storable
 from ._leases import Leases
 from ._reads import Reads

@@ -15,17 +15,13 @@ from ..._exceptions import StoreError, UnknownSession
 from ..._types import InputRequest
 from .._audit import AUDITED_STORED, DAMAGED, AuditEntry, entry_type, loaded_data
 from .._base import (
-    REQUEST_ROW_COLUMNS,
     Loaded,
     PendingFilter,
     RequestRow,
     SessionSummary,
     StoredRequest,
     lapsed_ancestors_sql,
-    request_row,
     session_summary,
-    stored_request,
-    stored_resolution,
 )
 from .._codec import (
     CHAIN_MAX,
@@ -38,6 +34,7 @@ from .._codec import (
     unpack_snapshot,
 )
 from .._initiators import InitiatorFilter, checked_filter
+from .._request_rows import REQUEST_ROW_COLUMNS, request_row, stored_request, stored_resolution
 from .._shown import check_shown
 from ._connection import Connection, kept
 from ._files import beside

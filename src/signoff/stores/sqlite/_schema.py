@@ -8,9 +8,9 @@ import re
 import sqlite3
 
 from ..._exceptions import StoreError
-from .._base import stored_request
 from .._codec import CHAIN_MAX, DEFLATE_ON_PREVIOUS, stored_type, unpack, unpack_event
 from .._initiators import stored_initiator
+from .._request_rows import stored_request
 
 __all__ = [
     "CURRENT_TURN",

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from ..._events import Event, dumps
 from ..._exceptions import AppendConflict, LeaseLost, RequestClosed, StoreError, UnknownSession
 from .._audit import AUDIT_TYPES, AuditRow, chain_hash, chain_session
-from .._base import AUDIT_RECORDED, Commit, parent_of, request_rows
+from .._base import AUDIT_RECORDED, Commit, parent_of
 from .._codec import (
     CHAIN_MAX,
     Previous,
@@ -32,6 +32,7 @@ from .._codec import (
     type_name,
 )
 from .._initiators import initiator_columns
+from .._request_rows import request_rows
 from ._connection import kept
 from ._leases import Leases
 from ._reads import Reads
