@@ -30,7 +30,40 @@ async def test_a_stream_cut_mid_event_resumes_after_the_last_whole_one(canned: C
             if e.seq == 3:
                 break
     assert seqs == [1, 2, 3]
-    assert [h.get("last-event-id") for _, h in canned.seen] == ["0", "1"]
+    # It asks again for the last event it yielded (1), to check it is still the server's.
+    assert [h.get("last-event-id") for _, h in canned.seen] == ["0", "0"]
+
+
+async def test_a_reconnect_checks_the_last_event_it_yielded_is_still_the_servers(
+    canned: Canned,
+) -> None:
+    """A stream cut while the server's store lost commits (a crash, a restored copy) and ran the
+    session on: the reconnect asked for what came after the last event yielded, so the client
+    went on with event 3, following an event 2 it never showed. It asks for event 2 again:
+    the same one is not yielded twice; another one, or none (refused as past the session's
+    last event), raises `EventsRewritten` before anything after it."""
+    other = event(2).replace('"at": 1.0', '"at": 2.0')
+    for again, yielded, raised in (
+        (stream(other + event(3)), [1, 2], True),
+        (error("422 Unprocessable Entity", "invalid_request"), [1, 2], True),
+        (stream(event(2) + event(3)), [1, 2, 3], False),
+    ):
+        canned.seen.clear()
+        canned.on(EVENTS, stream(event(1) + event(2)), again)
+        seqs: list[int] = []
+        rewritten: so.EventsRewritten | None = None
+        async with AsyncClient(canned.base) as c:
+            try:
+                async for e in c.events("ses_x"):
+                    seqs.append(e.seq)
+                    if e.seq == 3:
+                        break
+            except so.EventsRewritten as exc:
+                rewritten = exc
+        assert seqs == yielded
+        found = None if rewritten is None else (rewritten.session_id, rewritten.seq)
+        assert found == (("ses_x", 2) if raised else None)
+        assert [h.get("last-event-id") for _, h in canned.seen] == ["0", "1"]
 
 
 async def test_a_stream_refused_by_a_restarting_servers_proxy_is_asked_again(
@@ -55,7 +88,7 @@ async def test_a_stream_refused_by_a_restarting_servers_proxy_is_asked_again(
             if e.seq == 2:
                 break
     assert seqs == [1, 2]
-    assert [h.get("last-event-id") for _, h in canned.seen] == ["0", "1", "1", "1", "1", "1"]
+    assert [h.get("last-event-id") for _, h in canned.seen] == ["0", "0", "0", "0", "0", "0"]
 
 
 async def test_a_stream_refused_for_good_is_raised_after_the_retries(canned: Canned) -> None:

@@ -437,3 +437,34 @@ def test_an_answer_whose_response_comes_after_the_live_update_keeps_its_note(
         "Approved — the run is now completed.", timeout=10_000
     )
     expect(card).to_have_count(0)  # then it leaves the queue, as any answered card
+
+
+def test_a_session_page_whose_events_were_rewritten_is_read_anew(page: Page, base: str) -> None:
+    """A stream ended as the store lost events the page shows (`events_rewritten`: a crash, a
+    restored copy, then the session ran on from before them) had the page read on after the seq
+    it had, appending what follows events it never showed. It reloads, showing the session as
+    the store now has it."""
+    tried: list[str] = []
+    end = {
+        "status": 409,
+        "error": {"code": "events_rewritten", "message": "lost", "session_id": "s", "seq": 3},
+    }
+
+    def rewritten(route: Route) -> None:
+        tried.append(route.request.method)
+        if len(tried) == 1:
+            body = f"event: stream.end\ndata: {json.dumps(end)}\n\n"
+            route.fulfill(status=200, content_type="text/event-stream", body=body)
+        else:
+            route.continue_()
+
+    loads: list[str] = []
+    page.on("load", lambda p: loads.append(p.url))
+    _stream(page, base, "session", rewritten)
+    for _ in range(200):
+        if len(loads) >= 2:
+            break
+        page.wait_for_timeout(50)
+    assert len(loads) == 2, loads  # read anew once
+    expect(page.locator("#live-dot.on")).to_be_attached(timeout=20_000)  # and live again
+    assert tried[:2] == ["GET", "GET"], tried

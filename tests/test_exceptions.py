@@ -43,6 +43,7 @@ SAMPLES: dict[str, Callable[[], BaseException]] = {
     "StoreGone": lambda: so.StoreGone("deleted"),
     "AppendConflict": lambda: so.AppendConflict("moved"),
     "LeaseLost": lambda: so.LeaseLost("taken"),
+    "EventsRewritten": lambda: so.EventsRewritten("ses_1", 3),
     "StoreUnavailable": lambda: so.StoreUnavailable("down"),
     "StoreBusy": lambda: so.StoreBusy("busy"),
     "ApprovalRequired": lambda: so.ApprovalRequired({"amount": 5}, call_id="call_1"),

@@ -45,7 +45,13 @@ class Remote:
         self.refuse: so.SignoffError | None = None
 
     async def events(
-        self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        follow: bool = True,
+        retries: int = 5,
+        shown: so.Event | None = None,
     ) -> AsyncGenerator[so.Event, None]:
         for event in list(self.log):
             if event.seq > after:
@@ -183,9 +189,15 @@ async def test_a_live_session_shows_a_counted_vote_as_the_runtime_does(store_url
             self.rt = rt
 
         async def events(
-            self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
+            self,
+            session_id: str,
+            after: int = 0,
+            *,
+            follow: bool = True,
+            retries: int = 5,
+            shown: so.Event | None = None,
         ) -> AsyncGenerator[so.Event, None]:
-            async for event in self.rt.events(session_id, after, follow=follow):
+            async for event in self.rt.events(session_id, after, follow=follow, shown=shown):
                 yield event
 
         async def respond(

@@ -37,7 +37,13 @@ class Remote:
         self.log = log
 
     async def events(
-        self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        follow: bool = True,
+        retries: int = 5,
+        shown: so.Event | None = None,
     ) -> AsyncGenerator[so.Event, None]:
         for event in list(self.log):
             if event.seq > after:

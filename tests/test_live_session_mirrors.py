@@ -26,9 +26,15 @@ class Over:
         self.principal = principal
 
     async def events(
-        self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        follow: bool = True,
+        retries: int = 5,
+        shown: so.Event | None = None,
     ) -> AsyncGenerator[so.Event, None]:
-        async for event in self.rt.events(session_id, after, follow=follow):
+        async for event in self.rt.events(session_id, after, follow=follow, shown=shown):
             yield event
 
     async def respond(
@@ -142,7 +148,13 @@ class Streams:
             self.grown.notify_all()
 
     async def events(
-        self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        follow: bool = True,
+        retries: int = 5,
+        shown: so.Event | None = None,
     ) -> AsyncGenerator[so.Event, None]:
         self.open[session_id] = self.open.get(session_id, 0) + 1
         try:

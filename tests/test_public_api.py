@@ -47,6 +47,7 @@ def test_core_names_present() -> None:
         "UnknownRequest",
         "PartialAnswer",
         "ConflictingAnswer",
+        "EventsRewritten",
         "RequestClosed",
         "NotAllowed",
         "SessionExpired",

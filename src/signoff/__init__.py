@@ -71,6 +71,7 @@ __all__ = [
     "Client",
     "ChildRef",
     "ConflictingAnswer",
+    "EventsRewritten",
     "Criteria",
     "Decision",
     "Denied",

@@ -30,7 +30,7 @@ import httpx
 from . import _exceptions as errors
 from . import _wire as wire
 from ._answers import decisions
-from ._events import Event
+from ._events import Event, check_shown_event
 from ._keyed_calls import keyed_turn
 from ._live_session import LiveSession, RequestView
 from ._payloads import RemoteResult, decision_body, encode, input_responses, response_body
@@ -366,13 +366,24 @@ class AsyncClient:
         )
 
     async def events(
-        self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        follow: bool = True,
+        retries: int = 5,
+        shown: Event | None = None,
     ) -> AsyncGenerator[Event, None]:
         """The session's events after `after`; reconnects with `Last-Event-ID` if cut off, or
         refused for a while (a proxy's 429 or 502-504 while the server restarts, a busy store),
         up to `retries` failures in a row. A stream that sends nothing at all (a signoff server
         sends its `retry:` line at once), or a read not followed that stays silent for
-        `timeout`, is such a failure: only a followed stream that was heard may stay quiet."""
+        `timeout`, is such a failure: only a followed stream that was heard may stay quiet. A
+        reconnect asks again for the last event it yielded, and raises `EventsRewritten` if the
+        server has another one there, or none (the store lost commits: a crash, a restored copy),
+        rather than go on after it, skipping what was written anew. `shown`, the event at `after`
+        the caller already has (from an earlier read), is checked so too, from the first
+        connection on."""
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             # As `Runtime.events` says it: "3" was sent, and a TypeError met the first event.
             raise errors.UsageError(
@@ -380,14 +391,16 @@ class AsyncClient:
             )
         flag("follow", follow)
         whole("retries", retries, least=0)  # "5" was a TypeError at the first refusal
+        check_shown_event(shown, session_id, after)
         path = _session_path(session_id, "/events")
-        last = after
+        last = after  # and `shown`, the last event yielded, is asked for again on a reconnect
         failures = 0
         quiet = 0  # followed streams in a row that ended without an event
         while True:
             self._check_open()  # closed since the last connection: httpx's bare RuntimeError
-            params = {"after": last, "follow": "true" if follow else "false"}
-            headers = {"Last-Event-ID": str(last), "Accept": "text/event-stream"}
+            since = last if shown is None else shown.seq - 1
+            params = {"after": since, "follow": "true" if follow else "false"}
+            headers = {"Last-Event-ID": str(since), "Accept": "text/event-stream"}
             pause = 0.0
             streaming = False
             heard = _Heard()
@@ -404,6 +417,8 @@ class AsyncClient:
                 ):
                     if not response.is_success:
                         await response.aread()
+                        if shown is not None and wire.past_head(response):
+                            raise errors.EventsRewritten(session_id, shown.seq)
                         if failures >= retries or not wire.transient(response):
                             wire.raise_for(response)
                         failures += 1
@@ -423,8 +438,10 @@ class AsyncClient:
                                 continue
                             event = wire.streamed(kind, data)
                             if event.seq <= last:
-                                continue  # sent again by a server that ignored Last-Event-ID
-                            last = event.seq
+                                if shown is not None and event.seq == shown.seq and event != shown:
+                                    raise errors.EventsRewritten(session_id, shown.seq)
+                                continue  # asked for again, or sent by a server that ignored it
+                            last, shown = event.seq, event
                             failures = 0
                             yield event
                         if not heard.any:  # closed at once: not a signoff server's stream
@@ -579,15 +596,17 @@ class Client:
     pending = _blocking(AsyncClient.pending)
     sessions = _blocking(AsyncClient.sessions)
 
-    def events(self, session_id: str, after: int = 0, *, retries: int = 5) -> list[Event]:
+    def events(
+        self, session_id: str, after: int = 0, *, retries: int = 5, shown: Event | None = None
+    ) -> list[Event]:
         """The session's events after `after`, without following (as `Runtime.events_sync`);
         a stream cut off or refused for a while is asked for again, up to `retries` failures
-        in a row (see `AsyncClient.events`)."""
+        in a row, and `shown` is checked (see `AsyncClient.events`)."""
 
         client = self._opened()
 
         async def collect() -> list[Event]:
-            events = client.events(session_id, after, follow=False, retries=retries)
+            events = client.events(session_id, after, follow=False, retries=retries, shown=shown)
             return [e async for e in events]
 
         return self._run(collect())

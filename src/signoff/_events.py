@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal
 
-from ._exceptions import SchemaVersionError, StoreError, TooLarge
+from ._exceptions import SchemaVersionError, StoreError, TooLarge, UsageError
 
 __all__ = [
     "EVENT_TYPES",
@@ -21,6 +21,7 @@ __all__ = [
     "EventType",
     "FITS_BITS",
     "check_digits",
+    "check_shown_event",
     "dumps",
     "event_of_row",
     "int_digits",
@@ -223,3 +224,15 @@ _set_session_id, _set_seq, _set_type, _set_at, _set_turn_id, _set_data, _set_v =
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_shown_event(shown: object, session_id: str, after: int) -> None:
+    """A follower's `shown` is None or the session's event at `after`: the one a read after it
+    checks is still the store's (another would be checked in its place, or raise for nothing)."""
+    if shown is None:
+        return
+    if not isinstance(shown, Event) or (shown.session_id, shown.seq) != (session_id, after):
+        raise UsageError(
+            f"shown must be None or the session's event at after={after} (an Event read "
+            f"before), not {shown!r:.200}"
+        )

@@ -34,6 +34,7 @@
         ├── StoreGone              the store's file (or schema) was deleted or replaced under it
         ├── AppendConflict         someone else appended to the session first
         ├── LeaseLost              our lease on the session was taken over
+        ├── EventsRewritten        events a follower showed were lost and written anew
         ├── StoreUnavailable       the database server is down, unreachable or not answering
         └── StoreBusy              no free connection to the database in time; retry soon
 
@@ -56,6 +57,7 @@ __all__ = [
     "AppendConflict",
     "BudgetSpent",
     "ConflictingAnswer",
+    "EventsRewritten",
     "IdempotencyKeyReused",
     "InvalidAnswer",
     "LeaseLost",
@@ -322,6 +324,23 @@ class LeaseLost(StoreError):
     worker, or given up just before it lapsed, no renewal getting through."""
 
     code = "lease_lost"
+
+
+class EventsRewritten(StoreError):
+    """The event at `seq` that a follower of the session showed is gone from the store, or is
+    another one: the store lost commits (a crash, a restore) and the session may have run on
+    from before it. Read the session again from an earlier seq, or from the start."""
+
+    code = "events_rewritten"
+
+    def __init__(self, session_id: str, seq: int, message: str | None = None) -> None:
+        super().__init__(
+            message
+            or f"session {session_id!r}: the event {seq} this follower showed is no longer in "
+            "the store as it was (the store lost commits); read the session again"
+        )
+        self.session_id = session_id
+        self.seq = seq
 
 
 class StoreUnavailable(StoreError):

@@ -31,7 +31,13 @@ class SessionRemote(Protocol):
     """What a `LiveSession` needs of its client: a session's events, and a way to answer."""
 
     def events(
-        self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        follow: bool = True,
+        retries: int = 5,
+        shown: Event | None = None,
     ) -> AsyncGenerator[Event, None]: ...
 
     async def respond(
@@ -70,6 +76,8 @@ class LiveSession:
     _ttl: float | None = field(default=None, init=False, repr=False)
     _updated_at: float = field(default=0.0, init=False, repr=False)
     _lapsed: bool = field(default=False, init=False, repr=False)
+    # The last event folded: each read checks the server still has it (`EventsRewritten`).
+    _last: Event | None = field(default=None, init=False, repr=False)
     # Each request as the stream (and this session's answers) left it: `requests` shows it
     # with what passed since applied (a deadline, the TTL, its subagent's request), again
     # at each read, so a view the session's later events overtake is shown anew.
@@ -106,6 +114,7 @@ class LiveSession:
             ) from None
         self.seq = event.seq
         self._updated_at = event.at
+        self._last = event
         return fold()
 
     def _folding(self, event: Event) -> Callable[[], tuple[str, ...]]:
@@ -180,7 +189,10 @@ class LiveSession:
 
     async def _sync(self, hops: int) -> None:
         try:
-            async for event in self.client.events(self.session_id, self.seq, follow=False):
+            shown = self._last_folded()
+            async for event in self.client.events(
+                self.session_id, self.seq, follow=False, shown=shown
+            ):
                 self._folded(event)  # shown once all are read: once, not at each
             for child in self._mirrored() if hops > 0 else []:
                 live = self.children.get(child)
@@ -190,6 +202,11 @@ class LiveSession:
                     await live._sync(hops - 1)
         finally:
             self._refresh()  # what was read, even if the stream then failed
+
+    def _last_folded(self) -> Event | None:
+        """The last event folded, for a read after it to check (None if `seq` was set by hand)."""
+        last = self._last
+        return last if last is not None and last.seq == self.seq else None
 
     def _expired(self, now: float) -> bool:
         """Whether the session's TTL passed by `now`, or its expiry is recorded."""
@@ -299,7 +316,7 @@ class LiveSession:
                 task.cancel()
             await asyncio.gather(*stopped, return_exceptions=True)
 
-        own = self.client.events(self.session_id, self.seq)
+        own = self.client.events(self.session_id, self.seq, shown=self._last_folded())
         pumps[self.session_id] = asyncio.ensure_future(pump(self.session_id, own))
         try:
             await watch()

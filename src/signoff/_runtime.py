@@ -22,8 +22,9 @@ from ._answers import decisions as _decisions
 from ._cancellation import cancel_specs, stop_calls, withdrawal
 from ._deadlines import expiry_specs
 from ._engine import Driver
-from ._events import Event
+from ._events import Event, check_shown_event
 from ._exceptions import (
+    EventsRewritten,
     InvalidAnswer,
     RequestClosed,
     SessionBusy,
@@ -403,25 +404,30 @@ class Runtime(Auditing):
         return await followed_state(self.store, state)
 
     async def events(
-        self, session_id: str, after: int = 0, *, follow: bool = True
+        self, session_id: str, after: int = 0, *, follow: bool = True, shown: Event | None = None
     ) -> AsyncIterator[Event]:
         """The session's events after `seq` (one past its last event is a `UsageError`); with
         `follow`, keeps waiting for new ones until the session can have no more: then, after its
         last event, it raises `SessionExpired` (its TTL passed; a turn it caught unfinished is
         recorded and read first) or `UnknownSession` (it was deleted from the store). Without
         `follow`, it is a snapshot as of the call: the events up to the last one stored when it
-        began, none written after."""
+        began, none written after. Each read checks the last event yielded (first `shown`, the
+        event at `after` read before) is still the store's: gone or another one (the store lost
+        commits), it raises `EventsRewritten` rather than skip what was written anew."""
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             # Anything else matched no event (a followed stream then waited for ever in
             # silence) or overflowed the store's integers.
             raise UsageError(f"after must be an event seq, a whole number from 0, not {after!r}")
         flag("follow", follow)
         check_session_id(session_id)
+        check_shown_event(shown, session_id, after)
         with running(self):  # each stretch between two events: `close` stops a follower too
             await self.open()
             head = await self.store.head(session_id)
         if head is None:
             raise UnknownSession(session_id)
+        if after > head and shown is not None:
+            raise EventsRewritten(session_id, after)  # the store lost it
         if after > head:
             # No event matches it: a follower waited in silence, skipping every event up to
             # `after`, and spun on the store once the TTL passed (as the HTTP stream refuses).
@@ -432,16 +438,23 @@ class Runtime(Auditing):
         expires_at = 0.0  # by self.now(); 0 until read from the state, and after new events
         checked = time.monotonic()  # when the session was last seen in the store
         expired: SessionExpired | None = None  # raised once the events its record wrote are read
+        unchecked = shown is not None  # then the last event yielded, which each read checks
         while True:
-            if not follow and after >= head:
-                return  # read up to the head read above: no read to find the end
+            at_end = not follow and after >= head  # read up to the head read above
+            if at_end and not unchecked:
+                return  # no read to find the end (one of none but the check, unchecked)
             with running(self):
                 batch = await self.store.read_events(
-                    session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
+                    session_id,
+                    after=after,
+                    limit=0 if at_end else 500,
+                    max_bytes=stores.READ_BYTES,
+                    shown=shown,
                 )
+            unchecked = False
             for event in batch:
                 yield event
-                after = event.seq
+                after, shown = event.seq, event
             if batch:
                 expires_at = 0.0
                 continue  # a read bounded by bytes may stop short of the log's end: read on
@@ -452,6 +465,8 @@ class Runtime(Auditing):
             with running(self):
                 if self.now() >= expires_at or time.monotonic() - checked >= _RECHECK_FOLLOWED:
                     state = await self._state(session_id)  # UnknownSession once deleted
+                    if state.seq < after:  # the store lost it, and no new event is read yet
+                        raise EventsRewritten(session_id, after)
                     now = self.now()
                     if state.seq == after and state.expired(now):
                         expired = await self._ended(state, now)
@@ -569,11 +584,13 @@ class Runtime(Auditing):
     create_session_sync = twin(create_session)
     sessions_sync = twin(sessions)
 
-    def events_sync(self, session_id: str, after: int = 0) -> list[Event]:
-        """The session's events after `seq`, without following."""
+    def events_sync(
+        self, session_id: str, after: int = 0, *, shown: Event | None = None
+    ) -> list[Event]:
+        """The session's events after `seq`, without following (`shown` as `events` takes it)."""
 
         async def collect() -> list[Event]:
-            return [e async for e in self.events(session_id, after, follow=False)]
+            return [e async for e in self.events(session_id, after, follow=False, shown=shown)]
 
         return self._sync.run(collect())
 

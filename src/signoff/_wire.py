@@ -24,6 +24,7 @@ __all__ = [
     "event",
     "malformed",
     "not_signoff",
+    "past_head",
     "page",
     "raise_for",
     "request_ids",
@@ -63,6 +64,7 @@ ERRORS: dict[str, type[errors.SignoffError]] = {
         errors.StoreGone,
         errors.AppendConflict,
         errors.LeaseLost,
+        errors.EventsRewritten,
         errors.StoreUnavailable,
         errors.StoreBusy,
     )
@@ -128,8 +130,10 @@ def error(detail: Mapping[str, Any], status: int, path: str = "") -> errors.Sign
     Exception.__init__(exc, message)  # the server's message, the local class
     if issubclass(cls, (errors.AnswerError, errors.InvalidAnswer)):
         exc.request_ids = request_ids(detail.get("request_ids"))  # type: ignore[attr-defined]
-    if issubclass(cls, (errors.SessionError, errors.IdempotencyKeyReused)):
+    if issubclass(cls, (errors.SessionError, errors.IdempotencyKeyReused, errors.EventsRewritten)):
         exc.session_id = str(detail.get("session_id") or "")  # type: ignore[attr-defined]
+    if issubclass(cls, errors.EventsRewritten):
+        exc.seq = int(detail.get("seq") or 0)  # type: ignore[attr-defined]
     if issubclass(cls, errors.SessionExpired):
         exc.pending = request_ids(detail.get("request_ids"))  # type: ignore[attr-defined]
     if issubclass(cls, errors.ModelError):
@@ -212,6 +216,17 @@ def transient(response: httpx.Response) -> bool:
     except Exception:
         return True  # not a signoff error body: the proxy's own page
     return code in (errors.StoreBusy.code, errors.StoreUnavailable.code)
+
+
+def past_head(response: httpx.Response) -> bool:
+    """Whether a stream was refused as starting past the session's last event (422
+    `invalid_request`): asked from an event the server sent, the store no longer has it."""
+    if response.status_code != 422:
+        return False
+    try:
+        return bool(response.json()["error"]["code"] == "invalid_request")
+    except Exception:
+        return False
 
 
 def backoff(failures: int, response: httpx.Response | None = None) -> float:

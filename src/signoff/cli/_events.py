@@ -14,6 +14,7 @@ from rich.console import Console
 
 from .._events import Event
 from .._exceptions import (
+    EventsRewritten,
     SchemaVersionError,
     StoreError,
     StoreGone,
@@ -150,6 +151,7 @@ async def _print_log(
     (a wrong password or schema ends it at once, as it ends `worker`), later on any store error
     but a file replaced or a newer schema, which only a restart (or a newer signoff) mends."""
     seen, checked, opened = after, not after, False
+    shown: Event | None = None  # the last event printed: a read after a failure checks it
     failing = _Failing()
     while True:
         try:
@@ -166,11 +168,11 @@ async def _print_log(
                         "start from a seq it has"
                     )
                 checked = True
-            async for event in runtime.events(session_id, seen, follow=follow):
+            async for event in runtime.events(session_id, seen, follow=follow, shown=shown):
                 _print(console, event, as_json, follow)
-                seen = event.seq
+                seen, shown = event.seq, event
             return
-        except (StoreGone, SchemaVersionError):
+        except (StoreGone, SchemaVersionError, EventsRewritten):  # no retry mends them
             raise
         except StoreError as exc:
             if not follow or not (opened or isinstance(exc, StoreUnavailable)):

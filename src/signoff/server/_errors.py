@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse
 from .._exceptions import (
     AnswerError,
     ConflictingAnswer,
+    EventsRewritten,
     IdempotencyKeyReused,
     InvalidAnswer,
     ModelError,
@@ -118,6 +119,7 @@ _STATUS: list[tuple[type[SignoffError], int]] = [
     (UnknownAgent, 422),
     (UsageError, 400),
     (ModelError, 502),
+    (EventsRewritten, 409),
     (StoreError, 503),
 ]
 
@@ -138,6 +140,9 @@ def public_message(exc: SignoffError) -> str:
     if isinstance(exc, StoreBusy):  # one line per call while the server is overloaded
         log.warning("the store is busy: %s", exc)
         return "the store is busy (every connection to its database is in use); try again soon"
+    if isinstance(exc, EventsRewritten):  # names no database: the caller reads again
+        log.warning("%s", exc)
+        return str(exc)
     if isinstance(exc, StoreError):
         log.error("the store failed: %s", exc, exc_info=exc)
         return f"the store failed ({type(exc).__name__}); see the server's log"
@@ -323,7 +328,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     ),
     409: _doc(
         "Conflict (`conflicting_answer`, `request_closed`, `stale_answer`, `session_busy`, "
-        "`session_limit_reached`, `idempotency_key_reused`)"
+        "`session_limit_reached`, `idempotency_key_reused`), or, ending an event stream, the "
+        "store lost events the stream had sent (`events_rewritten`)"
     ),
     410: _doc("The session expired (`session_expired`)"),
     413: _doc("The request body is too large (`payload_too_large`)"),

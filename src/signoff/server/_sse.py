@@ -16,6 +16,7 @@ from starlette.requests import Request
 from .. import stores
 from .._events import Event
 from .._exceptions import (
+    EventsRewritten,
     SchemaVersionError,
     SessionError,
     SessionExpired,
@@ -94,8 +95,10 @@ def end_event(exc: SignoffError) -> str:
     """The final `stream.end` event: why the stream ended, as the error body a reconnect would
     get (`status`, `error`). It carries no id, so a reconnect resumes after the last event."""
     body: dict[str, Any] = {"code": exc.code, "message": public_message(exc)}
-    if isinstance(exc, SessionError):
+    if isinstance(exc, SessionError | EventsRewritten):
         body["session_id"] = exc.session_id
+    if isinstance(exc, EventsRewritten):
+        body["seq"] = exc.seq
     if isinstance(exc, SessionExpired):
         body["request_ids"] = exc.pending
     return sse({"status": status_for(exc), "error": body}, event="stream.end")
@@ -114,13 +117,18 @@ SIGNED_OUT_END = sse(
 """The end of a stream whose sign-in cookie has expired or been signed out since it opened."""
 
 
-async def session_end(ctx: ServerContext, session_id: str) -> tuple[SignoffError | None, float]:
-    """Why the session's stream must end (it expired, or is gone from the store), or None and
-    the time of the runtime's clock at which it expires (inf if never)."""
+async def session_end(
+    ctx: ServerContext, session_id: str, after: int = 0
+) -> tuple[SignoffError | None, float]:
+    """Why the session's stream must end (it expired, is gone from the store, or the store
+    lost the event `after` the stream sent last), or None and the time of the runtime's clock at
+    which it expires (inf if never)."""
     try:
         state = await ctx.runtime._state(session_id)
     except UnknownSession as exc:
         return exc, 0.0
+    if state.seq < after:  # lost, and not written anew yet: the stream's read found no event
+        return EventsRewritten(session_id, after), 0.0
     now = ctx.runtime.now()
     ended = await ctx.runtime._ended(state, now)
     if ended is not None:
@@ -146,6 +154,8 @@ async def event_stream(
     store is gone for good), or the sign-in cookie that opened it ended (checked every
     `heartbeat`): then a final `stream.end`. A read that is not followed, given the session's
     `head` as the request read it, ends there (a snapshot: no read to find the log's end).
+    Each read checks that the last event sent is still the store's (`EventsRewritten`: the
+    store lost commits and may have run the session on from before it), or the stream ends.
 
     It waits on the store's change signal (PostgreSQL's LISTEN/NOTIFY; SQLite's is polled, so
     there it reads every `poll_interval`) rather than an in-process one, so any server process
@@ -160,13 +170,14 @@ async def event_stream(
     expires_at = 0.0  # by the runtime's clock; 0 until the session's state is read
     check_at = 0.0  # monotonic: when to read the state again (was the session deleted?)
     quiet = False  # the store's wait found the head not past `after`: no events to read
+    shown: Event | None = None  # the last event sent, which each read checks is still there
     while True:
         if not follow and head is not None and after >= head:
             return
         ended: SignoffError | None = None
         batch: list[Event] = []
         read = asyncio.ensure_future(
-            _read(ctx, session_id, after, follow, expires_at, check_at, quiet=quiet)
+            _read(ctx, session_id, after, follow, expires_at, check_at, quiet=quiet, shown=shown)
         )
         quiet = False
         async with aclosing(beat.awaiting(read)) as waits:
@@ -176,6 +187,8 @@ async def event_stream(
             return
         try:
             batch, ended, expires_at, check_at = read.result()
+        except (EventsRewritten, UnknownSession) as exc:  # rewritten, or deleted, under it
+            ended = exc
         except StoreError as exc:
             if not follow:
                 raise
@@ -194,7 +207,7 @@ async def event_stream(
             return
         for event in batch:
             yield frame(event)
-            after = event.seq
+            after, shown = event.seq, event
         if batch:
             expires_at = 0.0  # the session's expiry moved with its new events: read it again
             beat.sent()
@@ -264,18 +277,20 @@ async def _read(
     check_at: float,
     *,
     quiet: bool = False,
+    shown: Event | None = None,
 ) -> tuple[list[Event], SignoffError | None, float, float]:
     """One poll of a stream: the events after `after` (none read if `quiet`: the store's wait
-    found its head not past it), and (when following and none came, and it is time) why the
-    session can have no more; `expires_at` and `check_at` as they are now."""
+    found its head not past it; `shown`, the last event sent, checked), and (when following and
+    none came, and it is time) why the session can have no more; `expires_at` and `check_at` as
+    they are now."""
     batch: list[Event] = []
     if not quiet:
         batch = await ctx.runtime.store.read_events(
-            session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
+            session_id, after=after, limit=500, max_bytes=stores.READ_BYTES, shown=shown
         )
     ended: SignoffError | None = None
     if follow and not batch and (ctx.runtime.now() >= expires_at or time.monotonic() >= check_at):
-        ended, expires_at = await session_end(ctx, session_id)
+        ended, expires_at = await session_end(ctx, session_id, after)
         check_at = time.monotonic() + ctx.heartbeat
     return batch, ended, expires_at, check_at
 

@@ -273,11 +273,13 @@ class Store(Protocol):
         types: Sequence[str] | None = None,
         newest: int | None = None,
         max_bytes: int | None = None,
+        shown: Event | None = None,
     ) -> list[Event]:
         """Events after `after` (of `types`, if given), oldest first: the first `limit` of them,
         or the newest `newest`. With `max_bytes` (not with `newest`) the read stops after the
         event that brings their JSON to that size, so one read of large events holds a bounded
-        amount: fewer than `limit` then does not mean the log ends there."""
+        amount: fewer than `limit` then does not mean the log ends there. `shown`, the event at
+        `after` a follower read before, is checked in the same read (`EventsRewritten`)."""
         ...
 
     async def head(self, session_id: str) -> int | None:

@@ -331,7 +331,13 @@
     };
     const types = (sessionEl.dataset.eventTypes || "").split(" ").filter(Boolean);
     const soon = () => { clearTimeout(timer); timer = setTimeout(refresh, 60); };
-    live(() => "/v1/sessions/" + encodeURIComponent(sid) + "/events?after=" + seq, { any: soon }, types, soon);
+    // The store lost events this page shows (a crash, a restored copy) and may have written
+    // others in their place: reading on after them would skip those, so the page is read anew.
+    const ended = (end) => {
+      if (end && end.error && end.error.code === "events_rewritten") location.reload();
+      else soon();
+    };
+    live(() => "/v1/sessions/" + encodeURIComponent(sid) + "/events?after=" + seq, { any: soon }, types, ended);
   }
 
   // -- starting a conversation: once, however often Start is clicked --------------------------

@@ -22,6 +22,7 @@ from .._base import (
 from .._codec import EventTexts, parse, stored_type, type_name, unpack, unpack_snapshot
 from .._initiators import InitiatorFilter, checked_filter
 from .._request_rows import REQUEST_ROW_COLUMNS, request_row, stored_request, stored_resolution
+from .._shown import check_shown
 from ._audit_reads import AuditReads
 from ._connections import Conn, Seen, storable
 from ._sql import (
@@ -87,12 +88,13 @@ class Reads(AuditReads):
         types: Sequence[str] | None = None,
         newest: int | None = None,
         max_bytes: int | None = None,
+        shown: Event | None = None,
     ) -> list[Event]:
         async def body(conn: Conn) -> list[Event]:
             if not storable(session_id):
                 raise UnknownSession(session_id)
             key, events = await self._events(
-                conn, session_id, after, limit, types, newest, max_bytes
+                conn, session_id, after, limit, types, newest, max_bytes, shown
             )
             if key is None:
                 raise UnknownSession(session_id)
@@ -109,11 +111,13 @@ class Reads(AuditReads):
         types: Sequence[str] | None,
         newest: int | None = None,
         max_bytes: int | None = None,
+        shown: Event | None = None,
     ) -> tuple[int | None, list[Event]]:
         """The session's row key and its events after `after`, in one statement that finds the
-        key by the session's id (None: no such session). A key kept from an earlier call could
-        name another session's rows: its schema dropped and made anew meanwhile (a restore)
-        reuses keys, and no call of this process need have met the gap."""
+        key by the session's id (None: no such session), and with `shown` the event at its seq
+        (`check_shown`). A key kept from an earlier call could name another session's rows: its
+        schema dropped and made anew meanwhile (a restore) reuses keys, and no call of this
+        process need have met the gap."""
         s = self._s
         turn = TURN.format(s=s)
         if not types:
@@ -152,9 +156,17 @@ class Reads(AuditReads):
             params.append(limit)
         # The session's row, and its events joined to it: one row with no event if it has none
         # past `after`, none if there is no such session.
+        key_sql = f"SELECT sk FROM {s}.sessions WHERE id=%s"
+        o = 0  # where the event's columns start, after the key and those of `shown`'s row
+        if shown is not None:
+            key_sql = (
+                f"SELECT s.sk, x.type, x.at, x.turn FROM {s}.sessions s LEFT JOIN {s}.events x "
+                "ON x.sk = s.sk AND x.seq = %s WHERE s.id=%s"
+            )
+            params.insert(0, shown.seq)
+            o = 3
         sql = (
-            f"SELECT k.sk, q.* FROM (SELECT sk FROM {s}.sessions WHERE id=%s) k "
-            f"LEFT JOIN LATERAL ({sql}) q ON true ORDER BY q.seq"
+            f"SELECT k.*, q.* FROM ({key_sql}) k LEFT JOIN LATERAL ({sql}) q ON true ORDER BY q.seq"
         )
         cur = await conn.execute(sql, params)
         events: list[Event] = []
@@ -162,20 +174,24 @@ class Reads(AuditReads):
         rows_found = await cur.fetchall()
         if not rows_found:
             return None, events
-        key = int(rows_found[0][0])
-        found = rows_found if rows_found[0][1] is not None else []
+        first = rows_found[0]
+        key = int(first[0])
+        if shown is not None:
+            check_shown(session_id, shown, None if first[1] is None else first[1:4])
+        found = rows_found if first[1 + o] is not None else []
         earlier: dict[int, Any] = {}
 
         def before(seq: int) -> Any:
             """The stored events `seq` may be kept on, as its row holds them (looked up only for
             an event the run read does not start with what it needs: seldom)."""
             if not earlier:
-                earlier.update((int(row[1]), row[7:]) for row in found)
+                earlier.update((int(row[1 + o]), row[7 + o :]) for row in found)
             return earlier[seq]
 
         texts = EventTexts(before)
         held = 0
-        for _, seq, code, turn_id, at, v, data, *_ in found:
+        for row in found:
+            seq, code, turn_id, at, v, data = row[1 + o : 7 + o]
             if max_bytes is not None and held >= max_bytes:
                 break  # their JSON is larger than stored: the bound is kept on that too
             if turn_id is None and not types:

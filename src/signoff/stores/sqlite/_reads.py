@@ -35,6 +35,7 @@ from .._codec import (
 )
 from .._initiators import InitiatorFilter, checked_filter
 from .._request_rows import REQUEST_ROW_COLUMNS, request_row, stored_request, stored_resolution
+from .._shown import check_shown
 from ._connection import Connection, kept
 from ._files import beside
 from ._schema import CURRENT_TURN, EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN
@@ -85,11 +86,29 @@ class Reads(Connection):
         types: Sequence[str] | None = None,
         newest: int | None = None,
         max_bytes: int | None = None,
+        shown: Event | None = None,
     ) -> list[Event]:
-        sk = self._session_key(session_id)
-        if sk is None:
-            raise UnknownSession(session_id)
-        return self._events(session_id, sk, after, limit, types, newest, max_bytes)
+        if shown is None:
+            sk = self._session_key(session_id)
+            if sk is None:
+                raise UnknownSession(session_id)
+            return self._events(session_id, sk, after, limit, types, newest, max_bytes)
+        conn = self.conn
+        conn.execute("BEGIN")  # the check and the read see one snapshot of the file
+        try:
+            row = conn.execute(
+                "SELECT s.sk, e.type, e.at, e.turn FROM sessions s LEFT JOIN events e "
+                "ON e.sk = s.sk AND e.seq = ? WHERE s.id = ?",
+                (shown.seq, session_id),
+            ).fetchone()
+            if row is None:
+                raise UnknownSession(session_id)
+            check_shown(session_id, shown, None if row[1] is None else row[1:])
+            sk = int(row[0])
+            return self._events(session_id, sk, after, limit, types, newest, max_bytes)
+        finally:
+            if conn.in_transaction:  # SQLite ends a transaction some failures break
+                conn.execute("ROLLBACK")
 
     def _events(
         self,
