@@ -232,9 +232,14 @@ class TextChannel(Channel):
     # -- what the hub tells it ----------------------------------------------------------------
 
     async def start(self, open_requests: Sequence[InputRequest]) -> None:
+        """Hold the open requests as they stand now, and the closed one on show, whose close a
+        poll tells; a channel started again after standing by (another hub delivered, and told
+        of closes, meanwhile) drops the others that closed since, which no poll tells it of."""
         self._started = True
         self._adopted = False
         async with self._lock:
+            now_open = {r.id: r for r in open_requests}
+            self._queue = [now_open.get(r.id, r) for r in self._queue]
             known = {r.id for r in self._queue}
             for r in sorted(open_requests, key=lambda r: (r.created_at, r.index or 0)):
                 if r.id not in known:
@@ -242,6 +247,8 @@ class TextChannel(Channel):
             if self._queue:
                 self._reshow_at, self._reshows = -math.inf, 0  # no entry the hub retries shows it
                 await self._put_in_order()
+                shown = await off_loop(self.recall, "shown")
+                self._queue = [r for r in self._queue if r.id in now_open or r.id == shown]
                 await self._show_unseen()
                 self._reshow_at = None
 
