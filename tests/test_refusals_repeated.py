@@ -3,10 +3,12 @@ same reason adds nothing to the log, so repeated clicks cannot grow a session wi
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 
 import signoff as so
-from signoff.testing import ExecutionLog
+from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
 
 from ._response_policies import (
     ALICE,
@@ -104,3 +106,55 @@ async def test_a_refusal_repeated_over_http_adds_no_events(store_url: str) -> No
         assert lines(await events_of(rt, sid, head or 0)) == REFUSED
         assert len(set(sizes)) == 1
         assert log.executions == []
+
+
+def turns_agent(log: ExecutionLog, turns: int) -> so.Agent:
+    """The refund agent, asking for one approval in each of `turns` turns."""
+    spec = so.ApprovalSpec(request=so.always(), response=tenant_guard)
+
+    @log.tool(approval=spec)
+    async def refund_charge(tenant_id: str, charge_id: str, amount: float) -> dict[str, float]:
+        """Refund a charge."""
+        return {"refunded": amount}
+
+    ask = call_tools(call("refund_charge", tenant_id="t1", charge_id="ch_1", amount=50))
+    return scripted_agent("billing", [ask, reply("done")] * turns, tools=[refund_charge])
+
+
+async def test_a_refusal_reads_only_its_own_turn_of_the_log(store_url: str) -> None:
+    """Judging a repeat read every `approval.candidate` of the session from its first event, so
+    an answer cost more with each earlier turn (1,000 turns with a refusal each: 3,000 events
+    read, 86 ms an answer on SQLite). It reads from its request's turn on."""
+    log = ExecutionLog()
+    earlier = 6
+    async with so.Runtime([turns_agent(log, earlier + 1)], store=store_url) as rt:
+        sid = None
+        for _ in range(earlier):  # each turn: a refusal, then someone allowed approves
+            r = await rt.generate("billing", prompt="refund", auth=ALICE, session_id=sid)
+            sid, (req,) = r.session_id, r.pending
+            assert (await rt.respond(sid, approve(req), principal=MALLORY)).status == "waiting"
+            assert (await rt.respond(sid, approve(req), principal=BOB)).status == "completed"
+        assert sid is not None
+        r = await rt.generate("billing", prompt="refund", auth=ALICE, session_id=sid)
+        (req,) = r.pending
+        first = (await rt.state(sid)).turn
+        assert first is not None
+        read: list[int] = []
+        real = rt.store.read_events
+
+        async def counted(*args: Any, **kwargs: Any) -> list[so.Event]:
+            events = await real(*args, **kwargs)
+            read.extend(e.seq for e in events)
+            return events
+
+        rt.store.read_events = counted  # type: ignore[method-assign]
+        for _ in range(3):  # a refusal, then repeats of it
+            r = await rt.respond(sid, approve(req), principal=MALLORY)
+            assert r.outcomes[0].outcome == "rejected"
+        assert read and min(read) >= first.first_seq
+        assert len(read) <= 3 * len(REFUSED)
+        # Another turn's refusal by the same person does not count as this one's.
+        assert (
+            lines(await events_of(rt, sid, first.first_seq)).count("approval.candidate rejected")
+            == 1
+        )

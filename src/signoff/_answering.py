@@ -19,7 +19,7 @@ from ._answers import settlement_events as _settlement_events
 from ._approval import ApprovalContext, Verdict
 from ._ask import answered as question_result
 from ._ask import echoes_answers
-from ._candidates import Candidates, already_counted, session_info, typed_input
+from ._candidates import Candidates, already_counted
 from ._counts import counted_answers
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import (
@@ -42,6 +42,7 @@ from ._exceptions import (
 from ._idempotency import Keyed
 from ._mirrors import deciding
 from ._output_caps import spare
+from ._policy_inputs import session_info, typed_input
 from ._recording import Batch, runnable, with_usage
 from ._results import GenerateResult, Outcome
 from ._session_cache import closes_stop

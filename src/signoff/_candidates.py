@@ -9,21 +9,20 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import ValidationError
-
 from ._answers import Reply as _Reply
 from ._answers import edit_review
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
-from ._approval import SessionAuth, SessionInfo
 from ._counts import counted_elsewhere
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import authorize, voted
 from ._error_text import error_text
 from ._exceptions import AnswerError, InvalidAnswer, RequestClosed, SessionExpired, StoreError
 from ._idempotency import Keyed
+from ._policy_inputs import proposed_input, session_info, typed_input
 from ._recording import Batch, EventSpec, new_id, with_usage
+from ._refusals import InFlight, Moved, Refusals
 from ._response import (
     RequestInfo,
     ResponseContext,
@@ -46,8 +45,6 @@ __all__ = [
     "RECOVERY_GRACE",
     "Candidates",
     "already_counted",
-    "session_info",
-    "typed_input",
 ]
 
 log = logging.getLogger("signoff.runtime")
@@ -287,11 +284,6 @@ class Candidates(SessionRunner):
             # may vote twice.
             return already_counted(live.request)
         if tool is not None and tool.response_policy is not None:
-            early = None
-            if recovered is None and usage is None:
-                early = await self._refused_again(state, tool, request, wanted, principal, by)
-                if isinstance(early, Outcome):
-                    return early
             # Record the response first (all of it), so slow policy work cannot lose it.
             pending = {
                 **base,
@@ -301,14 +293,14 @@ class Candidates(SessionRunner):
                 "edited_input": reply.edited_input,
                 **edit_review(wanted),
             }
+            early: ResponseVerdict | None = None
             if recovered is None:
-                recorded = await self._append(
-                    session_id,
-                    lambda st: with_usage([("approval.candidate", pending)], usage),
-                    durable=True,
-                    turn_id=tid,
+                proposed = await self._proposed(
+                    state, tool, request, wanted, principal, pending, usage
                 )
-                after = recorded[0].seq
+                if isinstance(proposed, Outcome):
+                    return proposed
+                early, after = proposed
             verdict = early or await self._judged(state, tool, request, wanted, principal)
             if verdict.outcome != "allowed":
                 reason = verdict.reason
@@ -449,37 +441,81 @@ class Candidates(SessionRunner):
             raise refused[-1]
         return outcome[-1]
 
-    async def _refused_again(
+    async def _proposed(
         self,
         state: SessionState,
         tool: Tool,
         request: InputRequest,
         wanted: dict[str, Any],
         principal: Principal | None,
-        by: Any,
-    ) -> Outcome | ResponseVerdict | None:
-        """The refusal of an answer the response policy refused before, from the same person,
-        with the same decision, outcome and reason: the trail records it once, so a repeat
-        returns it and records nothing (clicked a thousand times, it would grow the log a
-        thousand times). Else the policy's verdict, judged here (None if no such refusal is
-        recorded: the answer is recorded before the policy judges it)."""
+        pending: dict[str, Any],
+        usage: Usage | None,
+    ) -> Outcome | tuple[ResponseVerdict | None, int]:
+        """Record the answer's candidate (`pending`), unless the response policy refused the same
+        person's same decision before with the verdict it gives now: the trail records a refusal
+        once (clicked a thousand times, it would grow the log a thousand times), so that one is
+        returned, recording nothing. A candidate of the same answer being judged meanwhile (by
+        another call or process) is waited for, not judged beside it. Returns the verdict judged
+        here (None if none was) and the seq of the candidate recorded. An answer whose edit
+        review cost usage is always recorded (its usage must be billed)."""
+        sid, tid, rid = state.id, request.turn_id, request.id
+        once = Refusals(self.store, state, request, pending["by"], wanted["decision"])
+        lost_after = tool.response_timeout + RECOVERY_GRACE
+        verdict: ResponseVerdict | None = None
+
+        guarded = [usage is None]
+
+        def propose(st: SessionState) -> list[EventSpec]:
+            if guarded[0]:
+                once.guard(st, self.now(), lost_after)
+            return with_usage([("approval.candidate", pending)], usage)
+
+        for _ in range(20 if guarded[0] else 0):
+            await once.read()
+            if once.refused:
+                verdict = verdict or await self._judged(state, tool, request, wanted, principal)
+                outcome, reason = verdict.outcome, verdict.reason
+                if (outcome, reason) in once.refused:
+                    return Outcome(request_id=rid, outcome=outcome, applied=False, reason=reason)
+            try:
+                recorded = await self._append(sid, propose, durable=True, turn_id=tid)
+            except Moved:
+                continue
+            except InFlight as other:
+                await once.ended(self.now, other.cid, other.at + lost_after)
+                self._cache.pop(sid, None)
+                state = await self._state(sid)
+                closed = await self._closed_meanwhile(state, request, wanted, principal)
+                if closed is not None:
+                    return closed
+                continue
+            return verdict, recorded[0].seq
+        guarded[0] = False  # so much contention: recorded as it is
+        recorded = await self._append(sid, propose, durable=True, turn_id=tid)
+        return verdict, recorded[0].seq
+
+    async def _closed_meanwhile(
+        self,
+        state: SessionState,
+        request: InputRequest,
+        wanted: dict[str, Any],
+        principal: Principal | None,
+    ) -> Outcome | None:
+        """What an answer meets once another call of the same answer was judged: a repeat's
+        outcome (or error) if that settled the request, `already_counted` if it counted the
+        person's vote; None if the request is still open to it."""
         rid = request.id
-        refused = {
-            (d.get("outcome"), d.get("reason"))
-            for e in await self.store.read_events(state.id, 0, types=["approval.candidate"])
-            if (d := e.data).get("request_id") == rid
-            and d.get("outcome") in _REFUSALS
-            and d.get("by") == by
-            and d.get("decision") == wanted["decision"]
-        }
-        if not refused:
+        if state.lapsed:
+            raise SessionExpired(state.id, [rid])
+        live = state.requests.get(rid)
+        if live is not None and live.status == "pending":
+            if wanted["decision"] == "approve" and voted(live.request, principal):
+                return already_counted(live.request)
             return None
-        verdict = await self._judged(state, tool, request, wanted, principal)
-        if (verdict.outcome, verdict.reason) not in refused:
-            return verdict
-        return Outcome(
-            request_id=rid, outcome=verdict.outcome, applied=False, reason=verdict.reason
-        )
+        stored = await self.store.get_request(rid)
+        if stored is None:
+            return _repeat(request, "withdrawn", None, wanted)
+        return _repeat(request, stored.status, stored.resolution, wanted)
 
     async def _judged(
         self,
@@ -501,7 +537,7 @@ class Candidates(SessionRunner):
                     request_id=request.id,
                     call_id=request.call_id or "",
                     tool_name=request.tool_name or "",
-                    tool_input=_proposed_input(state, tool, request),
+                    tool_input=proposed_input(state, tool, request),
                     principal=request.requested_by,
                     escalated_to=request.escalated_to,
                 ),
@@ -518,10 +554,6 @@ class Candidates(SessionRunner):
             return verdict
         cap = result_bound(tool, self.agent(state.agent).limits) // 8
         return dataclasses.replace(verdict, reason=cut(verdict.reason, cap))
-
-
-_REFUSALS = frozenset({"rejected", "failed", "timed-out"})
-"""A response policy's verdicts that refuse an answer (`ResponseVerdict.outcome`)."""
 
 
 class _EndedElsewhere(Exception):
@@ -572,35 +604,3 @@ def _ending(st: SessionState, rid: str, ended: dict[str, Any]) -> list[EventSpec
     if live is None or live.status != "pending":
         return [("approval.candidate", {**ended, "outcome": "stale"})]
     return [("approval.candidate", ended), _waiting(st)]
-
-
-def _proposed_input(state: SessionState, tool: Tool, request: InputRequest) -> Any:
-    """The input of the call `request` asks about, as the tool validated it when proposed: the
-    request shows its JSON form, which a masked secret or a validator that changes a value
-    would not give back."""
-    turn = state.turn
-    call = turn.calls.get(request.call_id or "") if turn is not None else None
-    if call is None or turn is None or turn.id != request.turn_id:
-        return typed_input(tool, request.input)
-    return typed_input(tool, call.input)
-
-
-def typed_input(tool: Tool, value: Any) -> Any:
-    """The call's input as the tool's validated model, as approval policies see it."""
-    try:
-        return tool.validate(value)
-    except ValidationError:
-        return value
-
-
-def session_info(state: SessionState, request: InputRequest) -> SessionInfo:
-    turn = state.turn
-    return SessionInfo(
-        id=state.id,
-        agent=state.agent,
-        turn=request.turn_id,
-        parent=state.parent,
-        auth=SessionAuth(
-            current=None if turn is None else turn.principal, initiator=state.initiator
-        ),
-    )

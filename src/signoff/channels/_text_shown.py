@@ -1,8 +1,10 @@
-"""The request a `TextChannel` shows, kept in the runtime's store beside the hub's claim (memo
-`shown`) as well as in its state: a hub taking over on another machine (another state) goes on
-showing what the person was shown, rather than switch to the oldest request (one escalated in
-behind it), which their next "yes" would then approve unread; and a standby on another state
-answers what the delivering hub shows, not what its own state showed last."""
+"""The request a `TextChannel` shows, and the escalations it told, kept in the runtime's store
+beside the hub's claim (memos `shown`, `escalated:<request>`) as well as in its state: a hub
+taking over on another machine (another state) goes on showing what the person was shown, rather
+than switch to the oldest request (one escalated in behind it), which their next "yes" would
+then approve unread, and does not tell them again of an escalation they were told; and a
+standby on another state answers what the delivering hub shows, not what its own state showed
+last."""
 
 from __future__ import annotations
 
@@ -14,7 +16,15 @@ from ._shared import Shared
 if TYPE_CHECKING:
     from .text import TextChannel
 
-__all__ = ["SHOWN", "adopt_shown", "keep_shown", "shown_in_store"]
+__all__ = [
+    "ESCALATED",
+    "SHOWN",
+    "adopt_shown",
+    "keep_escalation",
+    "keep_shown",
+    "shown_in_store",
+    "told_escalation",
+]
 
 SHOWN = "shown"  # the memo, in the state and the store: the id of the request on show
 
@@ -58,3 +68,31 @@ async def adopt_shown(ch: TextChannel) -> None:
         await off_loop(ch.forget, SHOWN)
     else:
         await off_loop(ch.remember, SHOWN, shown)
+
+
+ESCALATED = "escalated:"
+"""The memo, per request, of the group the person was told it was escalated to (in the state
+and the store: a hub taking over on another state does not tell it again)."""
+
+
+async def told_escalation(ch: TextChannel, request_id: str) -> object:
+    """The group the person was told `request_id` went to (None: not told), by the store's memo
+    where the store keeps them (a hub on another state may have told it), else the state's."""
+    key = f"{ESCALATED}{request_id}"
+    shared = _shared(ch)
+    if shared is not None:
+        return await shared.recall(key)
+    return await off_loop(ch.recall, key)
+
+
+async def keep_escalation(ch: TextChannel, request_id: str, to: str | None) -> None:
+    """Keep that the person was told `request_id` went to group `to` (None: drop the memo, the
+    request is not shown here again), in the store first, then in the state."""
+    key = f"{ESCALATED}{request_id}"
+    shared = _shared(ch)
+    if shared is not None:
+        await shared.keep({key: to})
+    if to is None:
+        await off_loop(ch.forget, key)
+    else:
+        await off_loop(ch.remember, key, to)

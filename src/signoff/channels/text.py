@@ -39,7 +39,13 @@ from ._base import (
 )
 from ._retries import doubled
 from ._state import ChannelState
-from ._text_shown import adopt_shown, keep_shown, shown_in_store
+from ._text_shown import (
+    adopt_shown,
+    keep_escalation,
+    keep_shown,
+    shown_in_store,
+    told_escalation,
+)
 from ._tty import in_daemon_thread
 from .terminal import TerminalChannel, compact_json, printable
 
@@ -53,8 +59,6 @@ _DENY = frozenset({"n", "no", "deny", "denied", "reject", "cancel", "2"})
 _WORD = re.compile(r"^\s*([^\s:,.!-]+)[\s:,.!-]*(.*)$", re.DOTALL)
 # A word joined on without a space is one word: `no-brainer`, `1.5` and `1,000` say no yes or no.
 _JOINED = re.compile(r"^\s*[^\s:,.!-]+(?:-\w|[.,]\d)")
-_ESCALATED = "escalated:"
-"""The memo, per request, of the group the person was told it was escalated to."""
 _MAX_RESHOW_WAIT = 60.0  # seconds: the longest a tick waits to show again what start could not
 
 
@@ -228,9 +232,14 @@ class TextChannel(Channel):
     # -- what the hub tells it ----------------------------------------------------------------
 
     async def start(self, open_requests: Sequence[InputRequest]) -> None:
+        """Hold the open requests as they stand now, and the closed one on show, whose close a
+        poll tells; a channel started again after standing by (another hub delivered, and told
+        of closes, meanwhile) drops the others that closed since, which no poll tells it of."""
         self._started = True
         self._adopted = False
         async with self._lock:
+            now_open = {r.id: r for r in open_requests}
+            self._queue = [now_open.get(r.id, r) for r in self._queue]
             known = {r.id for r in self._queue}
             for r in sorted(open_requests, key=lambda r: (r.created_at, r.index or 0)):
                 if r.id not in known:
@@ -238,6 +247,8 @@ class TextChannel(Channel):
             if self._queue:
                 self._reshow_at, self._reshows = -math.inf, 0  # no entry the hub retries shows it
                 await self._put_in_order()
+                shown = await off_loop(self.recall, "shown")
+                self._queue = [r for r in self._queue if r.id in now_open or r.id == shown]
                 await self._show_unseen()
                 self._reshow_at = None
 
@@ -300,16 +311,16 @@ class TextChannel(Channel):
             index = next((i for i, r in enumerate(self._queue) if r.id == request.id), None)
             if index is not None and request.status == "pending":
                 kept = self.accepts(request)
-                told = f"{_ESCALATED}{request.id}"
-                if index == 0 and await off_loop(self.recall, told) != escalation.to:
+                told = await told_escalation(self, request.id)
+                if index == 0 and told != escalation.to:
                     # told before the queue changes, so the hub's retry of a failed send tells it
                     await self._say(self.render_escalation(request, escalation, kept))
-                    await off_loop(self.remember, told, escalation.to)
+                    await keep_escalation(self, request.id, escalation.to)
                 if kept:
                     self._queue[index] = request
                 else:
                     del self._queue[index]
-                    await off_loop(self.forget, told)  # it is not shown here again
+                    await keep_escalation(self, request.id, None)  # it is not shown here again
             await self._show_unseen()
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
@@ -330,7 +341,7 @@ class TextChannel(Channel):
             if index is not None:
                 del self._queue[index]
             if request.escalated_to is not None:
-                await off_loop(self.forget, f"{_ESCALATED}{request.id}")
+                await keep_escalation(self, request.id, None)
             await self._show_unseen()
 
     async def _show_unseen(self) -> None:

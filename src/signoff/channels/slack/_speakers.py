@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..._candidates import session_info, typed_input
 from ..._mirrors import deciding
+from ..._policy_inputs import session_info, typed_input
 from ..._response import (
     RequestInfo,
     ResponseContext,

@@ -1,0 +1,59 @@
+"""A text channel of a hub that stood by (its claim lapsed while it stalled and another hub took
+it) and later takes delivery back shows only what is open then. Before, its queue kept the
+requests it held when it stood by, including those the other hub saw closed: once the request
+shown was answered it showed a closed one, which every later reply answered again (a no-op),
+and the open one behind it was never shown."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import signoff as so
+from signoff.channels import ChannelHub, _claims
+
+from ._channels import Texts, three_refunds
+
+BOB = so.Principal(authenticator="sms", principal_id="+15550100")
+
+
+async def test_a_hub_taking_delivery_back_forgets_what_closed_while_it_stood_by(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_claims, "TRY_EVERY", 0.0)  # a standby tries at every poll
+    runs: list[str] = []
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
+        first, second = Texts(), Texts()
+        one = ChannelHub(rt, [first], claim_ttl=0.5)
+        two = ChannelHub(rt, [second], claim_ttl=0.5)
+        await one.start(follow=False)
+        await two.start(follow=False)
+        try:
+            a, b, c = (await rt.generate("support", prompt="Refund A, B and C")).pending
+            await one.poll()
+            assert first.sent == [first.render(a)]
+            await asyncio.sleep(0.6)  # one is frozen: its claim lapses
+            await two.poll()
+            assert two.active
+            outcome = await second.reply("yes", BOB)  # A, which the person was shown
+            assert outcome is not None and outcome.request_id == a.id
+            await two.poll()
+            assert second.sent[-1] == second.render(b)
+            await one.poll()  # wakes up: the claim is two's, it stands by
+            assert not one.active
+            await two.stop()  # gives the claim back: one takes delivery back
+            await one.poll()
+            assert one.active
+            assert [r.id for r in first.waiting] == [b.id, c.id]
+            outcome = await first.reply("yes", BOB)
+            assert outcome is not None and outcome.request_id == b.id
+            await one.poll()
+            assert first.sent[-1] == first.render(c)  # C is shown next, not A again
+            outcome = await first.reply("yes", BOB)
+            assert outcome is not None and (outcome.request_id, outcome.applied) == (c.id, True)
+        finally:
+            await one.stop()
+            await two.stop()
+        assert runs == ["A-1", "B-2", "C-3"]
