@@ -37,7 +37,7 @@ from .._initiators import InitiatorFilter, checked_filter
 from .._request_rows import REQUEST_ROW_COLUMNS, request_row, stored_request, stored_resolution
 from ._connection import Connection, kept
 from ._files import beside
-from ._schema import CURRENT_TURN, EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN
+from ._schema import CURRENT_TURN, EARLIER_JOIN, FIRST_TURN, REQUEST_COLUMNS, REQUEST_JOIN
 from ._transactions import reading
 
 __all__ = ["Reads"]
@@ -332,8 +332,9 @@ class Reads(Connection):
     ) -> list[SessionSummary]:
         """Running or waiting sessions of `agents` created for a parent whose turn that created
         them may be over: the parent gone, idle, cancelled or failed, or on a later turn (see
-        `cancel_orphan`, which decides on each), by id, past the id `after`. From the index of
-        children by status."""
+        `cancel_orphan`, which decides on each), by id, past the id `after`. Only those still on
+        that delegated turn: a later one is the child's own. From the index of children by
+        status."""
         if not agents:
             return []
         past = "" if after is None else "AND c.id > ? "
@@ -344,6 +345,9 @@ class Reads(Connection):
             f"AND c.agent IN ({','.join('?' * len(agents))}) {past}AND (p.sk IS NULL "
             "OR p.status NOT IN ('running', 'waiting') OR c.parent_turn IS NULL "
             f"OR c.parent_turn IS NOT {CURRENT_TURN.format(sk='p.sk')}) "
+            # Still on its delegated turn: a later one, a message to the child started, is its
+            # own, which the sweep leaves alone (and would read the child to find out, always).
+            f"AND {CURRENT_TURN.format(sk='c.sk')} IS {FIRST_TURN.format(sk='c.sk')} "
             "ORDER BY c.id LIMIT ? OFFSET ?"
         )
         params = [*agents, *([] if after is None else [after]), limit, offset]
