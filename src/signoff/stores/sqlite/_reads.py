@@ -342,12 +342,13 @@ class Reads(Connection):
             "SELECT c.id, c.agent, c.status, c.head, c.created_at, c.updated_at, c.expires_at "
             "FROM sessions c LEFT JOIN sessions p ON p.sk = c.parent "
             "WHERE c.parent IS NOT NULL AND c.status IN ('running', 'waiting') "
-            f"AND c.agent IN ({','.join('?' * len(agents))}) {past}AND (p.sk IS NULL "
+            f"AND c.agent IN ({','.join('?' * len(agents))}) {past}AND CASE WHEN (p.sk IS NULL "
             "OR p.status NOT IN ('running', 'waiting') OR c.parent_turn IS NULL "
             f"OR c.parent_turn IS NOT {CURRENT_TURN.format(sk='p.sk')}) "
             # Still on its delegated turn: a later one, a message to the child started, is its
             # own, which the sweep leaves alone (and would read the child to find out, always).
-            f"AND {CURRENT_TURN.format(sk='c.sk')} IS {FIRST_TURN.format(sk='c.sk')} "
+            # Looked up only for the children the parent's side picks (CASE: in this order).
+            f"THEN {CURRENT_TURN.format(sk='c.sk')} IS {FIRST_TURN.format(sk='c.sk')} END "
             "ORDER BY c.id LIMIT ? OFFSET ?"
         )
         params = [*agents, *([] if after is None else [after]), limit, offset]
