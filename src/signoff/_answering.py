@@ -238,7 +238,7 @@ class Answering(Candidates):
                     continue
                 # A request recorded before requests carried the flag: the trail tells.
                 recorded = await policy_recorded(self.store, request, tool)
-                check_policy_present(request, tool, recorded=recorded)
+                check_policy_present(request, tool, recorded=recorded, here=True)
                 gate = is_gated(request, tool)
                 text = (wanted.get("answer") or {}).get("text")
                 if text is not None and tool is not None:

@@ -34,7 +34,8 @@ async def refusal(
     agent = agents.get(request.agent)
     tool = None if agent is None else agent.tools.get(request.tool_name or "")
     try:
-        check_policy_present(request, tool, recorded=await policy_recorded(store, request, tool))
+        recorded = await policy_recorded(store, request, tool)
+        check_policy_present(request, tool, recorded=recorded, here=agent is not None)
         if is_gated(request, tool):
             check_quorum_eligibility(request, principal)  # the policy or quorum decides
         else:
@@ -113,16 +114,24 @@ def voted(request: InputRequest, principal: Principal | None) -> bool:
 
 
 def check_policy_present(
-    request: InputRequest, tool: Tool | None, *, recorded: bool = False
+    request: InputRequest, tool: Tool | None, *, recorded: bool = False, here: bool = False
 ) -> None:
     """A request whose tool's response policy decides who may answer (its flag says so, or it
     is `recorded` in the tool's setting) is settled only where that policy runs; anywhere else
-    (a runtime without the agent or the tool) no one may settle it."""
+    (a runtime without the agent or the tool) no one may settle it. `here`: this runtime runs
+    the request's agent, whose tool lost the policy since (a redeploy), which the error says."""
     if (request.response_policy or recorded) and (tool is None or tool.response_policy is None):
+        name = f"{request.agent}.{request.tool_name}"
+        where = "which this runtime does not have: answer it from a runtime that runs agent "
+        where += repr(request.agent)
+        if here:  # "a runtime that runs agent X" would be this one, which cannot either
+            where = (
+                f"which {name} here no longer has"
+                if tool is not None
+                else f"and agent {request.agent!r} here has no tool {request.tool_name!r} now"
+            ) + ": answer it from a runtime whose tool has that policy, or cancel the turn"
         raise NotAllowed(
-            f"request {request.id} is decided by the response policy of "
-            f"{request.agent}.{request.tool_name}, which this runtime does not have: answer it "
-            f"from a runtime that runs agent {request.agent!r}",
+            f"request {request.id} is decided by the response policy of {name}, {where}",
             [request.id],
         )
 

@@ -226,7 +226,8 @@ class SessionCache(Leasing):
         least = self.poll_interval * 10
         if self.clock is not time.time or not hasattr(self.store, "changes_seen"):
             return least
-        return max(least, min(expires_at - time.time(), recheck_at - time.monotonic()))
+        # The expiry is on `now()`'s clock (the database's), which may be minutes off this one.
+        return max(least, min(expires_at - self.now(), recheck_at - time.monotonic()))
 
     def _fresh(self) -> None:
         """Start this runtime's live state anew: what it holds while in use, which no copy of it

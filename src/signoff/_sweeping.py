@@ -192,6 +192,10 @@ class Sweeps(Messages):
             else:
                 await self._drive_all(recorded)
             return len(sessions)
+        # As a sweep: every deadline of the page recorded first, then their turns driven
+        # `SWEEP_DRIVES` at once. One after another, a listing took as long as all their model
+        # calls together, and each deadline waited for the turns before it.
+        listed: list[str] = []
         for sid in sessions:
             with contextlib.suppress(SessionExpired):
                 try:
@@ -199,11 +203,25 @@ class Sweeps(Messages):
                 except StoreError as exc:  # a store this process may only read, say
                     log.warning("session %s: its passed deadlines not recorded: %s", sid, exc)
                     continue
+                listed.append(sid)
+        await self._drive_listed(listed)
+        return len(sessions)
+
+    async def _drive_listed(self, sessions: Sequence[str]) -> None:
+        """Drive the turns a listing's deadlines made runnable, `SWEEP_DRIVES` at once; any
+        failure is logged, not raised: the listing is a read, and the turn is retried later."""
+        slots = asyncio.Semaphore(SWEEP_DRIVES)
+
+        async def one(sid: str) -> None:
+            async with slots:
                 try:
                     await self._drive(sid)
+                except SessionExpired:
+                    pass
                 except Exception:  # the deadline is recorded; the turn is retried later
                     log.exception("session %s: continuing after its deadline failed", sid)
-        return len(sessions)
+
+        await asyncio.gather(*(one(sid) for sid in sessions))
 
     async def _drive_all(self, sessions: Sequence[str]) -> None:
         """Drive the turns of `sessions`, `SWEEP_DRIVES` at once; a failure of one is logged

@@ -214,7 +214,7 @@ class Store(Protocol):
     `after` (an expires_at and id: the sweep pages by it, so one recorded meanwhile shifts no
     later one out) (both stores have it: a sweep then reads only those of its agents);
     `orphaned_children(agents, limit=, offset=, after=)`, the running or waiting sessions of
-    `agents` created for a parent (`parent_of`) whose turn that created them ended or was
+    `agents` still on the turn a parent (`parent_of`) delegated from a turn since ended or
     replaced, by id, past the id `after` (the sweep pages by it; one without `after` is paged
     by offset) (both stores have it: the orphan sweep then reads only those, not every child);
     `lapsed_ancestors(now)`, the ids of the sessions with open requests above a running or

@@ -29,6 +29,7 @@ from ._sql import (
     CURRENT_TURN,
     EARLIER_COLUMNS,
     EARLIER_JOIN,
+    FIRST_TURN,
     REQUEST_COLUMNS,
     REQUEST_JOIN,
     TURN,
@@ -479,8 +480,9 @@ class Reads(AuditReads):
     ) -> list[SessionSummary]:
         """Running or waiting sessions of `agents` created for a parent whose turn that created
         them may be over: the parent gone, idle, cancelled or failed, or on a later turn (see
-        `cancel_orphan`, which decides on each), by id, past the id `after`. From the index of
-        children by status."""
+        `cancel_orphan`, which decides on each), by id, past the id `after`. Only those still on
+        that delegated turn: a later one is the child's own. From the index of children by
+        status."""
         s = self._s
         if not agents:
             return []
@@ -491,10 +493,13 @@ class Reads(AuditReads):
                 "SELECT c.id, c.agent, c.status, c.head, c.created_at, c.updated_at, "
                 f"c.expires_at FROM {s}.sessions c LEFT JOIN {s}.sessions p ON p.sk = c.parent "
                 "WHERE c.parent IS NOT NULL AND c.status IN ('running', 'waiting') "
-                f"AND c.agent = ANY(%s) {past}AND (p.sk IS NULL "
+                f"AND c.agent = ANY(%s) {past}AND CASE WHEN (p.sk IS NULL "
                 "OR p.status NOT IN ('running', 'waiting') OR c.parent_turn IS NULL "
                 "OR c.parent_turn IS DISTINCT FROM "
-                f"{CURRENT_TURN.format(s=s, sk='p.sk')}) ORDER BY c.id LIMIT %s OFFSET %s",
+                f"{CURRENT_TURN.format(s=s, sk='p.sk')}) "
+                # Still on its delegated turn (a later one is the child's own: see SQLite's).
+                f"THEN {CURRENT_TURN.format(s=s, sk='c.sk')} IS NOT DISTINCT FROM "
+                f"{FIRST_TURN.format(s=s, sk='c.sk')} END ORDER BY c.id LIMIT %s OFFSET %s",
                 (list(agents), *(() if after is None else (after,)), limit, offset),
             )
             return [session_summary(row) for row in await cur.fetchall()]

@@ -18,6 +18,7 @@ __all__ = [
     "CURRENT_TURN",
     "EARLIER_COLUMNS",
     "EARLIER_JOIN",
+    "FIRST_TURN",
     "REQUEST_COLUMNS",
     "REQUEST_JOIN",
     "TURN",
@@ -42,6 +43,10 @@ CURRENT_TURN = (
 )
 """The id of the current turn of the session whose `sk` is `{sk}`: that its last
 `turn.started` row names (a row names its turn where the turn changes), NULL before one."""
+
+FIRST_TURN = CURRENT_TURN.replace("ORDER BY t.seq DESC", "ORDER BY t.seq")
+"""The id of the first turn of the session whose `sk` is `{sk}` (a subagent's delegated turn),
+NULL before one."""
 
 _STREAM_HEAD = (
     "SELECT CASE WHEN a.n = 0 THEN a.seq ELSE a.n END AS n, a.hash FROM {s}.audit a "

@@ -38,7 +38,7 @@ from .._request_rows import REQUEST_ROW_COLUMNS, request_row, stored_request, st
 from .._shown import check_shown
 from ._connection import Connection, kept
 from ._files import beside
-from ._schema import CURRENT_TURN, EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN
+from ._schema import CURRENT_TURN, EARLIER_JOIN, FIRST_TURN, REQUEST_COLUMNS, REQUEST_JOIN
 from ._transactions import reading
 
 __all__ = ["Reads"]
@@ -351,8 +351,9 @@ class Reads(Connection):
     ) -> list[SessionSummary]:
         """Running or waiting sessions of `agents` created for a parent whose turn that created
         them may be over: the parent gone, idle, cancelled or failed, or on a later turn (see
-        `cancel_orphan`, which decides on each), by id, past the id `after`. From the index of
-        children by status."""
+        `cancel_orphan`, which decides on each), by id, past the id `after`. Only those still on
+        that delegated turn: a later one is the child's own. From the index of children by
+        status."""
         if not agents:
             return []
         past = "" if after is None else "AND c.id > ? "
@@ -360,9 +361,13 @@ class Reads(Connection):
             "SELECT c.id, c.agent, c.status, c.head, c.created_at, c.updated_at, c.expires_at "
             "FROM sessions c LEFT JOIN sessions p ON p.sk = c.parent "
             "WHERE c.parent IS NOT NULL AND c.status IN ('running', 'waiting') "
-            f"AND c.agent IN ({','.join('?' * len(agents))}) {past}AND (p.sk IS NULL "
+            f"AND c.agent IN ({','.join('?' * len(agents))}) {past}AND CASE WHEN (p.sk IS NULL "
             "OR p.status NOT IN ('running', 'waiting') OR c.parent_turn IS NULL "
             f"OR c.parent_turn IS NOT {CURRENT_TURN.format(sk='p.sk')}) "
+            # Still on its delegated turn: a later one, a message to the child started, is its
+            # own, which the sweep leaves alone (and would read the child to find out, always).
+            # Looked up only for the children the parent's side picks (CASE: in this order).
+            f"THEN {CURRENT_TURN.format(sk='c.sk')} IS {FIRST_TURN.format(sk='c.sk')} END "
             "ORDER BY c.id LIMIT ? OFFSET ?"
         )
         params = [*agents, *([] if after is None else [after]), limit, offset]

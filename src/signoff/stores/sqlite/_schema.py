@@ -15,6 +15,7 @@ from .._request_rows import stored_request
 __all__ = [
     "CURRENT_TURN",
     "EARLIER_JOIN",
+    "FIRST_TURN",
     "PAGE_SIZE",
     "REQUEST_COLUMNS",
     "REQUEST_JOIN",
@@ -84,6 +85,10 @@ CURRENT_TURN = (
 )
 """The id of the current turn of the session whose `sk` is `{sk}`: that its last
 `turn.started` row names (a row names its turn where the turn changes), NULL before one."""
+
+FIRST_TURN = CURRENT_TURN.replace("ORDER BY t.seq DESC", "ORDER BY t.seq")
+"""The id of the first turn of the session whose `sk` is `{sk}` (a subagent's delegated turn),
+NULL before one."""
 
 
 SCHEMA = """
