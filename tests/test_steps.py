@@ -177,6 +177,73 @@ async def test_a_step_raising_a_signoff_error_is_journaled_and_replays_after_a_r
     assert step.data["error"]["type"] == error.__name__ and "result" not in step.data
 
 
+def _nested(levels: int) -> object:
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+class Charged(Exception):
+    """A failure after the charge went through, holding what it was about as its argument."""
+
+    def __str__(self) -> str:
+        return "charged, then the receipt failed"
+
+
+_UNWRITABLE = [10**5000, _nested(1000)]
+_UNWRITABLE_IDS = ["int-of-5001-digits", "nested-1000-deep"]
+
+
+@pytest.mark.parametrize("arg", _UNWRITABLE, ids=_UNWRITABLE_IDS)
+def test_arguments_too_long_or_too_deep_to_write_are_not_kept(arg: object) -> None:
+    """An integer of more digits than a stored number may have, or nesting deeper than
+    `MAX_INPUT_DEPTH`, is left out as JSON that cannot hold it is: the entry is written."""
+    error = failure_of(Charged(arg))
+    assert error["args"] is None and error["message"] == "charged, then the receipt failed"
+    json.dumps(error)
+
+
+@pytest.mark.parametrize("arg", _UNWRITABLE, ids=_UNWRITABLE_IDS)
+async def test_a_step_failure_whose_arguments_cannot_be_written_is_journaled(
+    store_url: str, arg: object
+) -> None:
+    """A step that raised holding an integer of 5,001 digits (or a list 1,000 deep) was not
+    journaled: writing its arguments raised `ValueError` (`RecursionError`), which its body saw
+    instead of its own exception, and its replay was a `ReplayError` (no entry, a question
+    after it). Now its failure is journaled without them, and replays as `StepFailed`."""
+    charges: list[int] = []
+
+    def charge() -> None:
+        charges.append(1)
+        raise Charged(arg)
+
+    @so.tool
+    async def pay(ctx: so.ToolContext) -> dict[str, str]:
+        """Charge the card; if that fails, ask whether to go on."""
+        try:
+            await ctx.step("charge", charge)
+        except (Charged, so.StepFailed) as exc:
+            answer = await ctx.ask("The charge failed. Go on?", options=["yes", "no"])
+            return {"caught": type(exc).__name__, "go_on": answer.value}
+        return {"caught": "nothing"}
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("billing", [call_tools(call("pay")), seen], tools=[pay])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="pay")
+        assert [p.question for p in r.pending] == ["The charge failed. Go on?"]
+    async with so.Runtime([agent], store=store_url) as rt:  # a restart: the body replays
+        r = await rt.send(r.session_id, "yes")
+        assert r.status == "completed"
+        steps = [e async for e in rt.events(r.session_id, follow=False) if e.type == "tool.step"]
+    [result] = tool_results(seen.last)
+    assert (result.is_error, result.content) == (False, {"caught": "StepFailed", "go_on": "yes"})
+    assert charges == [1]
+    [step] = steps
+    assert step.data["error"]["type"] == "Charged" and step.data["error"]["args"] is None
+
+
 class _Recorded:
     """The engine's journal of a call whose N keyed steps all ran: it counts the entries read."""
 

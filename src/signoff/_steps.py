@@ -4,11 +4,14 @@ same path on every run without running the step again."""
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any, NoReturn
 
 from ._error_text import error_message
-from ._exceptions import StepFailed
+from ._events import FITS_BITS, check_digits
+from ._exceptions import StepFailed, TooLarge
+from ._tool_json import MAX_INPUT_DEPTH
 
 __all__ = ["failure_of", "raise_recorded"]
 
@@ -75,13 +78,30 @@ def _loaded_class(module: str, qualname: str) -> type[Exception] | None:
 
 
 def _plain(value: Any) -> bool:
-    """Whether `value` is JSON as it is (so it comes back from the log equal to itself)."""
-    if value is None or isinstance(value, (str, bool, int)):
-        return True
-    if isinstance(value, float):
-        return value == value and value not in (float("inf"), float("-inf"))
-    if isinstance(value, list):
-        return all(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
-    return False
+    """Whether `value` is JSON as it is (so it comes back from the log equal to itself) and can
+    be written: an integer of more digits than a stored number may have, or nesting deeper than
+    `MAX_INPUT_DEPTH`, made the journal's record raise instead of keeping the step's failure
+    (its body saw a `ValueError` or `RecursionError`, and its replay a `ReplayError`)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if item is None or isinstance(item, (str, bool)):
+            continue
+        if isinstance(item, int):
+            if item.bit_length() > FITS_BITS:
+                try:
+                    check_digits(item)
+                except TooLarge:
+                    return False
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return False
+        elif isinstance(item, (list, dict)) and depth < MAX_INPUT_DEPTH:
+            if isinstance(item, dict):
+                if not all(isinstance(k, str) for k in item):
+                    return False
+                item = item.values()
+            stack.extend((v, depth + 1) for v in item)
+        else:
+            return False
+    return True
