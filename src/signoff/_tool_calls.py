@@ -378,6 +378,10 @@ class ToolCalls(CallEnds):
                 )
             if not task.done():
                 await journal.settle()
+                if lease is not None and lease.lost:  # meanwhile: as above
+                    raise LeaseLost(
+                        f"the lease on session {ctx.session.id!r} was lost while {ctx.call_id} ran"
+                    )
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(BaseException):
