@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,6 +176,142 @@ async def test_a_step_raising_a_signoff_error_is_journaled_and_replays_after_a_r
     assert sent == ["acme"]  # its effect once, though the body ran twice
     [step] = steps
     assert step.data["error"]["type"] == error.__name__ and "result" not in step.data
+
+
+def _nested(levels: int) -> object:
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+class Charged(Exception):
+    """A failure after the charge went through, holding what it was about as its argument."""
+
+    def __str__(self) -> str:
+        return "charged, then the receipt failed"
+
+
+_UNWRITABLE = [10**5000, _nested(1000)]
+_UNWRITABLE_IDS = ["int-of-5001-digits", "nested-1000-deep"]
+
+
+@pytest.mark.parametrize("arg", _UNWRITABLE, ids=_UNWRITABLE_IDS)
+def test_arguments_too_long_or_too_deep_to_write_are_not_kept(arg: object) -> None:
+    """An integer of more digits than a stored number may have, or nesting deeper than
+    `MAX_INPUT_DEPTH`, is left out as JSON that cannot hold it is: the entry is written."""
+    error = failure_of(Charged(arg))
+    assert error["args"] is None and error["message"] == "charged, then the receipt failed"
+    json.dumps(error)
+
+
+@pytest.mark.parametrize("arg", _UNWRITABLE, ids=_UNWRITABLE_IDS)
+async def test_a_step_failure_whose_arguments_cannot_be_written_is_journaled(
+    store_url: str, arg: object
+) -> None:
+    """A step that raised holding an integer of 5,001 digits (or a list 1,000 deep) was not
+    journaled: writing its arguments raised `ValueError` (`RecursionError`), which its body saw
+    instead of its own exception, and its replay was a `ReplayError` (no entry, a question
+    after it). Now its failure is journaled without them, and replays as `StepFailed`."""
+    charges: list[int] = []
+
+    def charge() -> None:
+        charges.append(1)
+        raise Charged(arg)
+
+    @so.tool
+    async def pay(ctx: so.ToolContext) -> dict[str, str]:
+        """Charge the card; if that fails, ask whether to go on."""
+        try:
+            await ctx.step("charge", charge)
+        except (Charged, so.StepFailed) as exc:
+            answer = await ctx.ask("The charge failed. Go on?", options=["yes", "no"])
+            return {"caught": type(exc).__name__, "go_on": answer.value}
+        return {"caught": "nothing"}
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("billing", [call_tools(call("pay")), seen], tools=[pay])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="pay")
+        assert [p.question for p in r.pending] == ["The charge failed. Go on?"]
+    async with so.Runtime([agent], store=store_url) as rt:  # a restart: the body replays
+        r = await rt.send(r.session_id, "yes")
+        assert r.status == "completed"
+        steps = [e async for e in rt.events(r.session_id, follow=False) if e.type == "tool.step"]
+    [result] = tool_results(seen.last)
+    assert (result.is_error, result.content) == (False, {"caught": "StepFailed", "go_on": "yes"})
+    assert charges == [1]
+    [step] = steps
+    assert step.data["error"]["type"] == "Charged" and step.data["error"]["args"] is None
+
+
+def test_an_exception_group_is_raised_again_with_its_exceptions() -> None:
+    """A step that fans out with a `TaskGroup` raises an `ExceptionGroup`: its exceptions (a
+    nested group too) are kept each as a step's would be, and replay raises the group again, so
+    a body's `except* ValueError:` takes the same path."""
+    inner = ExceptionGroup("retries", [TimeoutError("slow"), KeyError("k")])
+    error = failure_of(ExceptionGroup("fetches failed", [ValueError("bad", 3), inner]))
+    again = replayed(error)
+    assert type(again) is ExceptionGroup and str(again) == "fetches failed (2 sub-exceptions)"
+    first, nested = again.exceptions
+    assert type(first) is ValueError and first.args == ("bad", 3)
+    assert type(nested) is ExceptionGroup and nested.message == "retries"
+    assert [(type(e), e.args) for e in nested.exceptions] == [
+        (TimeoutError, ("slow",)),
+        (KeyError, ("k",)),
+    ]
+
+
+def test_a_group_holding_an_exception_that_cannot_be_rebuilt_replays_as_step_failed() -> None:
+    """One of its exceptions built otherwise would send an `except*` another way: the whole
+    group replays as `StepFailed`, as a lone exception that cannot be rebuilt does."""
+    error = failure_of(ExceptionGroup("two failed", [ValueError("a"), Declined(5)]))
+    again = replayed(error)
+    assert isinstance(again, so.StepFailed)
+    assert again.error_type == "ExceptionGroup"
+    assert again.error_message == "two failed (2 sub-exceptions)"
+
+
+async def test_a_step_whose_task_group_failed_takes_the_same_except_star_on_replay(
+    store_url: str,
+) -> None:
+    """A step running a `TaskGroup` whose task failed is journaled; its replay raised
+    `StepFailed` (the group's exceptions were not kept), which the body's `except* ValueError:`
+    did not catch: the call that handled the failure live failed after a restart."""
+    fetched: list[str] = []
+
+    async def fetch_all() -> list[str]:
+        async def fetch(url: str) -> str:
+            fetched.append(url)
+            if url == "b":
+                raise ValueError(f"{url}: 404")
+            return url
+
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(fetch(u)) for u in ("a", "b")]
+        return [t.result() for t in tasks]
+
+    @so.tool
+    async def crawl(ctx: so.ToolContext) -> dict[str, str]:
+        """Fetch the pages; if one is missing, ask whether to go on."""
+        try:
+            return {"pages": str(await ctx.step("fetch", fetch_all))}
+        except* ValueError as group:
+            missing = str(group.exceptions[0])
+        answer = await ctx.ask(f"{missing}. Go on?", options=["yes", "no"])
+        return {"missing": missing, "go_on": answer.value}
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("web", [call_tools(call("crawl")), seen], tools=[crawl])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("web", prompt="crawl")
+        assert [p.question for p in r.pending] == ["b: 404. Go on?"]
+    async with so.Runtime([agent], store=store_url) as rt:  # a restart: the body replays
+        r = await rt.send(r.session_id, "yes")
+        assert r.status == "completed"
+    [result] = tool_results(seen.last)
+    assert (result.is_error, result.content) == (False, {"missing": "b: 404", "go_on": "yes"})
+    assert fetched == ["a", "b"]  # once, though the body ran twice
 
 
 class _Recorded:

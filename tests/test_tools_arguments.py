@@ -133,3 +133,42 @@ async def test_a_step_name_over_the_limit_is_too_large_and_nothing_is_journaled(
     steps = [e.data for e in events if e.type == "tool.step"]
     assert [s["name"] for s in steps] == ["k" * MAX_STEP_NAME_CHARS]
     assert max(len(json.dumps(e.data)) for e in events) < 20_000
+
+
+async def test_a_step_journaled_with_a_longer_name_before_the_limit_still_replays(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call parked across the upgrade that brought the limit, whose journal holds a step named
+    with more characters (recorded by a signoff without it, played here by lifting the limit),
+    replays that step: it raised `TooLarge` on replay, failing a call whose step had run."""
+    from signoff import _tool_context
+
+    ran: list[str] = []
+    name = "fetch " + "https://example.com/" * 100  # 2,006 characters
+
+    def fetch() -> str:
+        ran.append("fetch")
+        return "page"
+
+    @so.tool
+    async def work(ctx: so.ToolContext) -> str:
+        """Fetch a page, then ask."""
+        page = await ctx.step(name, fetch)
+        answer = await ctx.ask("Keep it?", options=["yes", "no"])
+        return f"{page} {answer.value}"
+
+    call = so.ModelResponse(tool_calls=[so.ToolCall(name="work", input={})])
+    model = so.models.Scripted([call, so.ModelResponse(text="done")])
+    agent = so.Agent(name="a", model=model, tools=[work])
+    monkeypatch.setattr(_tool_context, "MAX_STEP_NAME_CHARS", 10_000)  # the older signoff
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="work")
+        assert [p.question for p in r.pending] == ["Keep it?"]
+    monkeypatch.undo()
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.send(r.session_id, "yes")
+        assert r.status == "completed", r.error
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    [result] = [e.data for e in events if e.type == "tool.completed"]
+    assert (result["status"], result["result"]) == ("ok", "page yes")
+    assert ran == ["fetch"]

@@ -347,6 +347,44 @@ async def test_a_step_under_way_when_a_sibling_parks_finishes_and_is_journaled(
         assert ran == ["charge"]
 
 
+async def test_a_step_under_way_that_fails_as_a_sibling_parks_ends_the_call(
+    store_url: str,
+) -> None:
+    """A gather branch's step still running when its sibling's question parks the turn is
+    waited for; when it fails, the gather and the body fail with it. That failure was dropped
+    and the turn parked on the question anyway: a person was asked, and only their answer ran
+    the body again to the same error. Now the call ends with it and the question is withdrawn."""
+    ran: list[str] = []
+
+    async def charge() -> str:
+        await asyncio.sleep(0.05)  # an HTTP call, say
+        ran.append("charge")
+        raise ValueError("card declined")
+
+    @so.tool
+    async def checkout(ctx: so.ToolContext) -> list[str]:
+        """Charge while asking for a delivery slot."""
+
+        async def slot() -> str:
+            return (await ctx.ask("Which slot?")).value
+
+        return list(await asyncio.gather(ctx.step("charge", charge), slot()))
+
+    seen = Capture(reply("The card was declined."))
+    agent = scripted_agent("shop", [call_tools(call("checkout", id="c1")), seen], tools=[checkout])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="checkout", auth=ALICE)
+        assert (r.status, r.pending) == ("completed", [])
+        assert await rt.pending() == []
+        [result] = tool_results(seen.last)
+        assert (result.is_error, result.content) == (True, {"error": "ValueError: card declined"})
+        tl = timeline(await events(rt, r.session_id))
+        assert tl.index("tool.step checkout:charge") < tl.index("input.resolved cancelled")
+        assert tl.index("input.resolved cancelled") < tl.index("tool.completed checkout error")
+        assert "turn.waiting" not in tl
+    assert ran == ["charge"]
+
+
 async def test_a_sibling_that_awaits_io_before_its_recorded_step_is_waited_for(
     store_url: str,
 ) -> None:

@@ -4,48 +4,85 @@ same path on every run without running the step again."""
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any, NoReturn
 
 from ._error_text import error_message
-from ._exceptions import StepFailed
+from ._events import FITS_BITS, check_digits
+from ._exceptions import StepFailed, TooLarge
+from ._tool_json import MAX_INPUT_DEPTH
 
-__all__ = ["failure_of", "raise_recorded"]
+__all__ = ["MAX_GROUP_DEPTH", "failure_of", "raise_recorded"]
+
+
+MAX_GROUP_DEPTH = 20
+"""How deeply exception groups nested in a step's failure are kept to be built again on replay
+(deeper, it replays as `StepFailed`)."""
 
 
 def failure_of(exc: Exception, *, cut: int | None = None) -> dict[str, Any]:
     """How `exc`, raised by a step, is journaled: its class by module and name, its message, and
-    its arguments when they are plain JSON (to build it again on replay). With `cut` (for one
-    too big to store), the message's first `cut` characters and no arguments."""
+    its arguments when they are plain JSON (to build it again on replay); an exception group's
+    (a `TaskGroup` in the step) its own message and its exceptions so. With `cut` (for one too
+    big to store), the message's first `cut` characters and no arguments."""
+    return _failure(exc, cut, 0)
+
+
+def _failure(exc: Exception, cut: int | None, depth: int) -> dict[str, Any]:
     cls = type(exc)
     message = error_message(exc)
     args: list[Any] | None = _arguments(exc)
+    group = None
+    if isinstance(exc, ExceptionGroup) and depth < MAX_GROUP_DEPTH:
+        args = [exc.message]
+        group = [_failure(e, None, depth + 1) for e in exc.exceptions]
     if cut is not None:
-        message, args = message[:cut] + " [cut]", None
-    return {
+        message, args, group = message[:cut] + " [cut]", None, None
+    error = {
         "module": cls.__module__,
         "type": cls.__qualname__,
         "message": message,
         "args": args if _plain(args) else None,
     }
+    if group is not None:
+        error["group"] = group
+    return error
 
 
 def raise_recorded(step: str, error: dict[str, Any]) -> NoReturn:
     """Raise again the exception a step raised when it ran: the same class with the same
-    arguments when the class is loaded and they give the same message, else `StepFailed`."""
+    arguments when the class is loaded and they give the same message (an exception group's
+    exceptions each so), else `StepFailed`."""
+    again = _rebuilt(error, 0)
+    if again is not None:
+        raise again
     module, qualname = str(error.get("module")), str(error.get("type"))
-    message = str(error.get("message", ""))
-    cls = _loaded_class(module, qualname)
-    args = error.get("args")
-    if cls is not None and isinstance(args, list):
-        try:
-            again = cls(*args)
-        except Exception:  # a class whose arguments are not its args: rebuilt differently
-            again = None
-        if isinstance(again, cls) and error_message(again) == message:
-            raise again
     name = qualname if module == "builtins" else f"{module}.{qualname}"
-    raise StepFailed(step, name, message)
+    raise StepFailed(step, name, str(error.get("message", "")))
+
+
+def _rebuilt(error: dict[str, Any], depth: int) -> Exception | None:
+    """The exception `error` records, built again, or None when it cannot be as it was."""
+    cls = _loaded_class(str(error.get("module")), str(error.get("type")))
+    args = error.get("args")
+    if cls is None or not isinstance(args, list):
+        return None
+    group = error.get("group")
+    if group is not None:
+        if not isinstance(group, list) or not group or depth >= MAX_GROUP_DEPTH:
+            return None
+        members = [_rebuilt(m, depth + 1) if isinstance(m, dict) else None for m in group]
+        if any(m is None for m in members):
+            return None  # one of them would replay otherwise: the whole group is StepFailed
+        args = [*args, members]
+    try:
+        again = cls(*args)
+    except Exception:  # a class whose arguments are not its args: rebuilt differently
+        return None
+    if isinstance(again, cls) and error_message(again) == str(error.get("message", "")):
+        return again
+    return None
 
 
 def _arguments(exc: Exception) -> list[Any]:
@@ -75,13 +112,30 @@ def _loaded_class(module: str, qualname: str) -> type[Exception] | None:
 
 
 def _plain(value: Any) -> bool:
-    """Whether `value` is JSON as it is (so it comes back from the log equal to itself)."""
-    if value is None or isinstance(value, (str, bool, int)):
-        return True
-    if isinstance(value, float):
-        return value == value and value not in (float("inf"), float("-inf"))
-    if isinstance(value, list):
-        return all(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
-    return False
+    """Whether `value` is JSON as it is (so it comes back from the log equal to itself) and can
+    be written: an integer of more digits than a stored number may have, or nesting deeper than
+    `MAX_INPUT_DEPTH`, made the journal's record raise instead of keeping the step's failure
+    (its body saw a `ValueError` or `RecursionError`, and its replay a `ReplayError`)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if item is None or isinstance(item, (str, bool)):
+            continue
+        if isinstance(item, int):
+            if item.bit_length() > FITS_BITS:
+                try:
+                    check_digits(item)
+                except TooLarge:
+                    return False
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return False
+        elif isinstance(item, (list, dict)) and depth < MAX_INPUT_DEPTH:
+            if isinstance(item, dict):
+                if not all(isinstance(k, str) for k in item):
+                    return False
+                item = item.values()
+            stack.extend((v, depth + 1) for v in item)
+        else:
+            return False
+    return True

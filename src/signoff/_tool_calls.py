@@ -378,10 +378,17 @@ class ToolCalls(CallEnds):
                 )
             if not task.done():
                 await journal.settle()
+                if lease is not None and lease.lost:  # meanwhile: as above
+                    raise LeaseLost(
+                        f"the lease on session {ctx.session.id!r} was lost while {ctx.call_id} ran"
+                    )
+            if not task.done():
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
                 return None, False
+            # Ended meanwhile: a sibling's step under way, waited for, failed and the gather
+            # with it. Its outcome is recorded (withdrawing the question), not discarded.
         except BaseException as exc:
             # This drive is cancelled: the body stops with it rather than run on unseen and
             # journal after the lease is given back (a resume runs the call again). A plain one

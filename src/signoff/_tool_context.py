@@ -229,17 +229,13 @@ class ToolContext:
         must reach it in the same order on every run, so give each its own name. The step's
         own function may not step or ask (`UsageError`); a plain one runs in a thread. `name`
         and `fn` are positional only, so `fn` may take keyword arguments of those names; a name
-        over `MAX_STEP_NAME_CHARS` characters raises `TooLarge`, and nothing runs.
+        over `MAX_STEP_NAME_CHARS` characters raises `TooLarge`, and nothing runs (one journaled
+        before that limit replays).
         """
         # The name is journaled as JSON and looked up by it on replay: a tuple came back a list
         # (unhashable, so the replay failed after the step had run), a number was no name.
         if not isinstance(name, str) or not name:
             raise UsageError(f"ctx.step() needs a name (non-empty text), not {name!r}")
-        if len(name) > MAX_STEP_NAME_CHARS:  # nothing is run or journaled
-            raise TooLarge(
-                f"ctx.step(): a step name of {len(name)} characters, over the limit of "
-                f"{MAX_STEP_NAME_CHARS} ({name[:40]!r}...); name the step, not its data"
-            )
         if not callable(fn):
             raise UsageError(f"ctx.step({name!r}, fn): fn must be a function, not {fn!r}")
         if _generates(fn):
@@ -250,6 +246,13 @@ class ToolContext:
             )
         self._outside_steps("step")
         index, entry = self._next("step", name)
+        if entry is None and len(name) > MAX_STEP_NAME_CHARS:  # nothing is run or journaled
+            # Only a new step: one journaled before the limit (a call parked across the
+            # upgrade) replays as it was recorded.
+            raise TooLarge(
+                f"ctx.step(): a step name of {len(name)} characters, over the limit of "
+                f"{MAX_STEP_NAME_CHARS} ({name[:40]!r}...); name the step, not its data"
+            )
         if entry is not None:
             if entry.get("error") is not None:
                 raise_recorded(name, entry["error"])
