@@ -77,13 +77,13 @@ class Anthropic(SdkModel):
     are passed to `messages.create` as they are (`thinking`, `stop_sequences`, `extra_body`,
     ...), but neither they nor their `extra_body` may set the model, messages, tools, system
     or stream. Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in
-    list price for well-known models, else 0, and each web search its server tool ran
-    (`usage.server_tool_use.web_search_requests`) `web_search_price_per_1k` / 1000 (Anthropic's
-    $10 per 1,000 searches by default). `env` replaces the process environment as the
-    source of `ANTHROPIC_*` settings (key or token, base URL, custom headers) and of the HTTP
-    client's proxies and CA bundle (`HTTPS_PROXY`, `NO_PROXY`, `SSL_CERT_FILE`, ...): none is
-    then read from `os.environ`. A reply body past `max_reply_bytes` (as inflated) fails the
-    call while it is read.
+    list price for well-known models (the reply's `model`'s, when known), else 0, and each web
+    search its server tool ran (`usage.server_tool_use.web_search_requests`)
+    `web_search_price_per_1k` / 1000 (Anthropic's $10 per 1,000 searches by default). `env`
+    replaces the process environment as the source of `ANTHROPIC_*` settings (key or token,
+    base URL, custom headers) and of the HTTP client's proxies and CA bundle (`HTTPS_PROXY`,
+    `NO_PROXY`, `SSL_CERT_FILE`, ...): none is then read from `os.environ`. A reply body past
+    `max_reply_bytes` (as inflated) fails the call while it is read.
     A client signoff makes is one per event loop; a `client` passed in is used as it is on every
     loop, but its HTTP connections belong to the loop that first used it: a runtime used from two
     loops (its `*_sync` twins run on one of their own) fails there with a `ModelError` saying so.
@@ -125,9 +125,9 @@ class Anthropic(SdkModel):
         self.params = check_params(
             owner, params, {"model", "messages", "tools", "system", "stream"}
         )
-        self.price_per_mtok = check_price(owner, price_per_mtok) or lookup_price(
-            model, ANTHROPIC_PRICES
-        )
+        given = check_price(owner, price_per_mtok)
+        self._price_given = given is not None
+        self.price_per_mtok = given or lookup_price(model, ANTHROPIC_PRICES)
         search_price = check_rate(
             owner, "web_search_price_per_1k", web_search_price_per_1k, per="1,000 searches"
         )
@@ -437,7 +437,8 @@ class Anthropic(SdkModel):
         )
 
     def _usage(self, message: Any) -> Usage:
-        """The tokens a message reports (cache writes and reads among its input), priced; the
+        """The tokens a message reports (cache writes and reads among its input), priced at the
+        list price of the model it names when no price was given and that one is known; the
         writes to the 1-hour cache (`cache_creation.ephemeral_1h_input_tokens`) at its price, and
         the web searches its server tool ran (`server_tool_use.web_search_requests`) at theirs,
         whatever the tokens cost."""
@@ -454,8 +455,13 @@ class Anthropic(SdkModel):
             getattr(getattr(usage, "server_tool_use", None), "web_search_requests", 0)
         )
         cost = searches * self.web_search_price_per_1k / 1000
-        if self.price_per_mtok is not None:
-            price_in, price_out = self.price_per_mtok
+        # With no price given, a reply another model made (a gateway's router or fallback) costs
+        # that model's list price, when known: what it was billed at.
+        served = plain_str(getattr(message, "model", None)) or ""
+        listed = None if self._price_given else lookup_price(served, ANTHROPIC_PRICES)
+        price = listed or self.price_per_mtok
+        if price is not None:
+            price_in, price_out = price
             cost += (
                 plain * price_in
                 + (written - hour) * price_in * _CACHE_WRITE

@@ -75,14 +75,14 @@ class OpenAIChat(SdkModel):
     `chat.completions.create` as they are (`seed`, `reasoning_effort`, `extra_body`, ...), but
     neither they nor their `extra_body` may set the model, messages, tools or stream.
     Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in list
-    price for well-known models, else 0; the prompt's cached tokens (`prompt_tokens_details.
-    cached_tokens`) cost `cached_price_per_mtok`, by default a known model's list price for
-    them, else the input price; those it wrote to a cache (`prompt_tokens_details.
-    cache_write_tokens`, which gateways such as OpenRouter report for models that bill cache
-    writes) cost `cache_write_price_per_mtok`, by default the input price. Where the gateway
-    reports the call's cost (OpenRouter's `usage.cost`), that is its cost instead, and the
-    response says so (`cost_reported`). `env` replaces the
-    process environment as the source of `OPENAI_*` settings (key, base URL, organization,
+    price for well-known models (the reply's `model`'s, when known), else 0; the prompt's
+    cached tokens (`prompt_tokens_details.cached_tokens`) cost `cached_price_per_mtok`, by
+    default a known model's list price for them, else the input price; those it wrote to a
+    cache (`prompt_tokens_details.cache_write_tokens`, which gateways such as OpenRouter report
+    for models that bill cache writes) cost `cache_write_price_per_mtok`, by default the input
+    price. Where the gateway reports the call's cost (OpenRouter's `usage.cost`), that is its
+    cost instead, and the response says so (`cost_reported`). `env` replaces the process
+    environment as the source of `OPENAI_*` settings (key, base URL, organization,
     project, custom headers) and of the HTTP client's proxies and CA bundle (`HTTPS_PROXY`,
     `NO_PROXY`, `SSL_CERT_FILE`, ...): none is then read from `os.environ`. A reply body past
     `max_reply_bytes` (as inflated) fails the call while it is read.
@@ -133,8 +133,10 @@ class OpenAIChat(SdkModel):
         self.max_tokens = max_tokens
         self.params = check_params(owner, params, {"model", "messages", "tools", "stream"})
         given = check_price(owner, price_per_mtok)
+        self._price_given = given is not None
         self.price_per_mtok = given or lookup_price(model, OPENAI_PRICES)
         cached = check_rate(owner, "cached_price_per_mtok", cached_price_per_mtok)
+        self._cached_given = cached
         if cached is None and given is None:
             cached = lookup_price(model, OPENAI_CACHED_PRICES)
         if cached is None and self.price_per_mtok is not None:
@@ -319,6 +321,21 @@ class OpenAIChat(SdkModel):
             text=text, tool_calls=calls, usage=usage, cut_off=cut, cost_reported=reported
         )
 
+    def _prices(self, served: Any) -> tuple[tuple[float, float], float] | None:
+        """The (input, output) and cached input prices of a reply by the model `served` names:
+        with no `price_per_mtok` given, its list prices when known (a gateway's router or
+        fallback answered with another model, and billed at its price), else this model's."""
+        listed = None if self._price_given else lookup_price(plain_str(served) or "", OPENAI_PRICES)
+        if listed is not None:
+            cached = self._cached_given
+            if cached is None:
+                cached = lookup_price(plain_str(served) or "", OPENAI_CACHED_PRICES)
+            return listed, listed[0] if cached is None else cached
+        if self.price_per_mtok is None:
+            return None
+        cached = self.cached_price_per_mtok
+        return self.price_per_mtok, self.price_per_mtok[0] if cached is None else cached
+
     def _usage(self, completion: Any) -> Usage:
         """The tokens a completion reports, priced: the prompt's cached tokens and those written
         to a cache (both among its `prompt_tokens`) at their prices."""
@@ -329,11 +346,9 @@ class OpenAIChat(SdkModel):
         cached = min(plain_int(getattr(details, "cached_tokens", 0)), input_tokens)
         written = min(plain_int(getattr(details, "cache_write_tokens", 0)), input_tokens - cached)
         cost = reported_cost(usage)
-        if cost is None and self.price_per_mtok is not None:
-            price_in, price_out = self.price_per_mtok
-            price_cached = (
-                price_in if self.cached_price_per_mtok is None else self.cached_price_per_mtok
-            )
+        prices = self._prices(getattr(completion, "model", None))
+        if cost is None and prices is not None:
+            (price_in, price_out), price_cached = prices
             price_written = (
                 price_in
                 if self.cache_write_price_per_mtok is None
