@@ -16,6 +16,7 @@ from ._anthropic_wire import (
     to_anthropic_tool,
 )
 from ._base import ModelRequest, PausedPart
+from ._counts import uncounted, unread_usage
 from ._environment import anthropic_client
 from ._http_env import HttpEnv
 from ._provider import (
@@ -48,6 +49,9 @@ _KEPT = ("text", "tool_use", *REASONING)
 # The stop reasons that cut a reply short, and those that mean an empty one is no answer.
 _CUT = ("max_tokens", "model_context_window_exceeded")
 _EARLY = (*_CUT, "tool_use", "pause_turn")
+
+# The token counts of a reply's usage the session's budgets need.
+_COUNTS = ("input_tokens", "output_tokens")
 
 # The least `budget_tokens` thinking takes.
 _LEAST_THINKING = 1024
@@ -239,8 +243,10 @@ class Anthropic(SdkModel):
                 if unjournaled:  # the paused parts were billed: the failed turn counts them
                     exc.usage = _total([*unjournaled, exc.usage])
                 raise
+            budgeted = request.max_output_tokens is not None
             if not _paused(message):
-                return self._parse(message, where, cap, parts, here, unjournaled)
+                return self._parse(message, where, cap, parts, here, unjournaled, budgeted=budgeted)
+            _check_counted(message, where, budgeted, unjournaled)
             billed = self._usage(message)
             # Blocks of the wrong shape fail the call here, before they are journaled.
             _read_blocks(message.content, where, _total([*unjournaled, billed]), [], [], [])
@@ -356,10 +362,13 @@ class Anthropic(SdkModel):
         paused: Sequence[PausedPart] = (),
         here: Usage | None = None,
         unjournaled: Sequence[Usage] = (),
+        *,
+        budgeted: bool = False,
     ) -> ModelResponse:
         """The response in `message`, which ends the turn the API paused in `paused` (whose
         text and reasoning come first, and the cost of those not journaled, `unjournaled`);
-        `here` is what the paused parts this call received cost, within its `cap`."""
+        `here` is what the paused parts this call received cost, within its `cap`; `budgeted`:
+        the session's budgets bound the call, so a reply whose usage they cannot count fails."""
         if isinstance(message, str):  # the SDK's answer to a Content-Type other than JSON
             raise ModelError(
                 f"Anthropic messages call for {where} returned a body that is not JSON: "
@@ -374,6 +383,7 @@ class Anthropic(SdkModel):
                     f"message: {error}"
                 )
             raise ModelError(f"Anthropic messages call for {where} returned no content list")
+        _check_counted(message, where, budgeted, unjournaled)
         # A message came: what it cost is counted even when it cannot be used.
         billed = self._usage(message)
         usage = _total([*unjournaled, billed])
@@ -471,6 +481,15 @@ class Anthropic(SdkModel):
                 + output * price_out
             ) / 1_000_000
         return Usage(input_tokens=plain + written + read, output_tokens=output, cost_usd=cost)
+
+
+def _check_counted(message: Any, where: str, budgeted: bool, unjournaled: Sequence[Usage]) -> None:
+    """Fail a call the session's budgets bound whose reply reports no usage they can count,
+    counting the paused parts before it that were billed and not journaled."""
+    unread = unread_usage(getattr(message, "usage", None), _COUNTS)
+    if budgeted and unread is not None:
+        spent = _total(unjournaled) if unjournaled else None
+        raise ModelError(uncounted("Anthropic messages call", where, unread), usage=spent)
 
 
 def _read_blocks(

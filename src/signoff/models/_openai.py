@@ -21,6 +21,7 @@ from .._types import (
     reported_usage,
 )
 from ._base import ModelRequest, ToolSpec
+from ._counts import uncounted, unread_usage
 from ._environment import openai_client
 from ._http_env import HttpEnv
 from ._ids import openai_id_fits, wire_ids, wire_name
@@ -60,6 +61,9 @@ _EARLY = {
     "tool_calls": "ended for tool calls (finish_reason tool_calls) but sent none",
     "function_call": "ended for a function call (finish_reason function_call) but sent none",
 }
+
+# The token counts of a reply's usage the session's budgets need.
+_COUNTS = ("prompt_tokens", "completion_tokens")
 
 # The finish reasons of a reply stopped short, as `ModelResponse.cut_off` names them.
 _CUT_OFF: dict[str, CutOff] = {"length": "max_tokens", "content_filter": "content_filter"}
@@ -221,9 +225,14 @@ class OpenAIChat(SdkModel):
             "OpenAI chat completion",
             where,
         )
-        return self._parse(completion, where, cap)
+        budgeted = request.max_output_tokens is not None
+        return self._parse(completion, where, cap, budgeted=budgeted)
 
-    def _parse(self, completion: Any, where: str, cap: int | None = None) -> ModelResponse:
+    def _parse(
+        self, completion: Any, where: str, cap: int | None = None, *, budgeted: bool = False
+    ) -> ModelResponse:
+        """The response in `completion`; `budgeted`: the session's budgets bound the call, so a
+        reply whose usage they cannot count fails it."""
         if isinstance(completion, str):  # the SDK's answer to a Content-Type other than JSON
             raise ModelError(
                 f"OpenAI chat completion for {where} returned a body that is not JSON: "
@@ -238,6 +247,9 @@ class OpenAIChat(SdkModel):
                     f"completion: {error}"
                 )
             raise ModelError(f"OpenAI chat completion for {where} returned no choices")
+        unread = unread_usage(getattr(completion, "usage", None), _COUNTS)
+        if budgeted and unread is not None:
+            raise ModelError(uncounted("OpenAI chat completion", where, unread))
         # A completion came: what it cost is counted even when it cannot be used.
         usage = self._usage(completion)
         reported = reported_cost(getattr(completion, "usage", None)) is not None
