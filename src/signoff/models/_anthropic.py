@@ -16,6 +16,7 @@ from ._anthropic_wire import (
     to_anthropic_tool,
 )
 from ._base import ModelRequest, PausedPart
+from ._counts import uncounted, unread_usage
 from ._environment import anthropic_client
 from ._http_env import HttpEnv
 from ._provider import (
@@ -49,6 +50,9 @@ _KEPT = ("text", "tool_use", *REASONING)
 _CUT = ("max_tokens", "model_context_window_exceeded")
 _EARLY = (*_CUT, "tool_use", "pause_turn")
 
+# The token counts of a reply's usage the session's budgets need.
+_COUNTS = ("input_tokens", "output_tokens")
+
 # The least `budget_tokens` thinking takes.
 _LEAST_THINKING = 1024
 
@@ -73,17 +77,18 @@ class Anthropic(SdkModel):
     Transient failures (connection errors, timeouts, 408/409/429/5xx, overloaded) are retried
     `max_retries` times with exponential backoff by the SDK; what still fails raises
     `ModelError`. `timeout` bounds each wait on the server, and a whole call gives up after
-    `(3 * max_retries + 2) * timeout` (the SDK waits as long as a Retry-After says). `params`
+    `(3 * max_retries + 2) * timeout`; a reply asking to wait over 120 s (Retry-After) is not
+    retried, and the error says so. `params`
     are passed to `messages.create` as they are (`thinking`, `stop_sequences`, `extra_body`,
     ...), but neither they nor their `extra_body` may set the model, messages, tools, system
     or stream. Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in
-    list price for well-known models, else 0, and each web search its server tool ran
-    (`usage.server_tool_use.web_search_requests`) `web_search_price_per_1k` / 1000 (Anthropic's
-    $10 per 1,000 searches by default). `env` replaces the process environment as the
-    source of `ANTHROPIC_*` settings (key or token, base URL, custom headers) and of the HTTP
-    client's proxies and CA bundle (`HTTPS_PROXY`, `NO_PROXY`, `SSL_CERT_FILE`, ...): none is
-    then read from `os.environ`. A reply body past `max_reply_bytes` (as inflated) fails the
-    call while it is read.
+    list price for well-known models (the reply's `model`'s, when known), else 0, and each web
+    search its server tool ran (`usage.server_tool_use.web_search_requests`)
+    `web_search_price_per_1k` / 1000 (Anthropic's $10 per 1,000 searches by default). `env`
+    replaces the process environment as the source of `ANTHROPIC_*` settings (key or token,
+    base URL, custom headers) and of the HTTP client's proxies and CA bundle (`HTTPS_PROXY`,
+    `NO_PROXY`, `SSL_CERT_FILE`, ...): none is then read from `os.environ`. A reply body past
+    `max_reply_bytes` (as inflated) fails the call while it is read.
     A client signoff makes is one per event loop; a `client` passed in is used as it is on every
     loop, but its HTTP connections belong to the loop that first used it: a runtime used from two
     loops (its `*_sync` twins run on one of their own) fails there with a `ModelError` saying so.
@@ -125,9 +130,9 @@ class Anthropic(SdkModel):
         self.params = check_params(
             owner, params, {"model", "messages", "tools", "system", "stream"}
         )
-        self.price_per_mtok = check_price(owner, price_per_mtok) or lookup_price(
-            model, ANTHROPIC_PRICES
-        )
+        given = check_price(owner, price_per_mtok)
+        self._price_given = given is not None
+        self.price_per_mtok = given or lookup_price(model, ANTHROPIC_PRICES)
         search_price = check_rate(
             owner, "web_search_price_per_1k", web_search_price_per_1k, per="1,000 searches"
         )
@@ -238,8 +243,10 @@ class Anthropic(SdkModel):
                 if unjournaled:  # the paused parts were billed: the failed turn counts them
                     exc.usage = _total([*unjournaled, exc.usage])
                 raise
+            budgeted = request.max_output_tokens is not None
             if not _paused(message):
-                return self._parse(message, where, cap, parts, here, unjournaled)
+                return self._parse(message, where, cap, parts, here, unjournaled, budgeted=budgeted)
+            _check_counted(message, where, budgeted, unjournaled)
             billed = self._usage(message)
             # Blocks of the wrong shape fail the call here, before they are journaled.
             _read_blocks(message.content, where, _total([*unjournaled, billed]), [], [], [])
@@ -355,10 +362,13 @@ class Anthropic(SdkModel):
         paused: Sequence[PausedPart] = (),
         here: Usage | None = None,
         unjournaled: Sequence[Usage] = (),
+        *,
+        budgeted: bool = False,
     ) -> ModelResponse:
         """The response in `message`, which ends the turn the API paused in `paused` (whose
         text and reasoning come first, and the cost of those not journaled, `unjournaled`);
-        `here` is what the paused parts this call received cost, within its `cap`."""
+        `here` is what the paused parts this call received cost, within its `cap`; `budgeted`:
+        the session's budgets bound the call, so a reply whose usage they cannot count fails."""
         if isinstance(message, str):  # the SDK's answer to a Content-Type other than JSON
             raise ModelError(
                 f"Anthropic messages call for {where} returned a body that is not JSON: "
@@ -373,6 +383,7 @@ class Anthropic(SdkModel):
                     f"message: {error}"
                 )
             raise ModelError(f"Anthropic messages call for {where} returned no content list")
+        _check_counted(message, where, budgeted, unjournaled)
         # A message came: what it cost is counted even when it cannot be used.
         billed = self._usage(message)
         usage = _total([*unjournaled, billed])
@@ -437,7 +448,8 @@ class Anthropic(SdkModel):
         )
 
     def _usage(self, message: Any) -> Usage:
-        """The tokens a message reports (cache writes and reads among its input), priced; the
+        """The tokens a message reports (cache writes and reads among its input), priced at the
+        list price of the model it names when no price was given and that one is known; the
         writes to the 1-hour cache (`cache_creation.ephemeral_1h_input_tokens`) at its price, and
         the web searches its server tool ran (`server_tool_use.web_search_requests`) at theirs,
         whatever the tokens cost."""
@@ -454,8 +466,13 @@ class Anthropic(SdkModel):
             getattr(getattr(usage, "server_tool_use", None), "web_search_requests", 0)
         )
         cost = searches * self.web_search_price_per_1k / 1000
-        if self.price_per_mtok is not None:
-            price_in, price_out = self.price_per_mtok
+        # With no price given, a reply another model made (a gateway's router or fallback) costs
+        # that model's list price, when known: what it was billed at.
+        served = plain_str(getattr(message, "model", None)) or ""
+        listed = None if self._price_given else lookup_price(served, ANTHROPIC_PRICES)
+        price = listed or self.price_per_mtok
+        if price is not None:
+            price_in, price_out = price
             cost += (
                 plain * price_in
                 + (written - hour) * price_in * _CACHE_WRITE
@@ -464,6 +481,15 @@ class Anthropic(SdkModel):
                 + output * price_out
             ) / 1_000_000
         return Usage(input_tokens=plain + written + read, output_tokens=output, cost_usd=cost)
+
+
+def _check_counted(message: Any, where: str, budgeted: bool, unjournaled: Sequence[Usage]) -> None:
+    """Fail a call the session's budgets bound whose reply reports no usage they can count,
+    counting the paused parts before it that were billed and not journaled."""
+    unread = unread_usage(getattr(message, "usage", None), _COUNTS)
+    if budgeted and unread is not None:
+        spent = _total(unjournaled) if unjournaled else None
+        raise ModelError(uncounted("Anthropic messages call", where, unread), usage=spent)
 
 
 def _read_blocks(

@@ -21,6 +21,7 @@ from .._types import (
     reported_usage,
 )
 from ._base import ModelRequest, ToolSpec
+from ._counts import uncounted, unread_usage
 from ._environment import openai_client
 from ._http_env import HttpEnv
 from ._ids import openai_id_fits, wire_ids, wire_name
@@ -61,6 +62,9 @@ _EARLY = {
     "function_call": "ended for a function call (finish_reason function_call) but sent none",
 }
 
+# The token counts of a reply's usage the session's budgets need.
+_COUNTS = ("prompt_tokens", "completion_tokens")
+
 # The finish reasons of a reply stopped short, as `ModelResponse.cut_off` names them.
 _CUT_OFF: dict[str, CutOff] = {"length": "max_tokens", "content_filter": "content_filter"}
 
@@ -71,18 +75,19 @@ class OpenAIChat(SdkModel):
     Ollama, vLLM and llama.cpp servers work through `base_url`. Transient failures (connection
     errors, timeouts, 408/409/429/5xx) are retried `max_retries` times with exponential backoff
     by the SDK; what still fails raises `ModelError`. `timeout` bounds each wait on the server,
-    and a whole call gives up after `(3 * max_retries + 2) * timeout`. `params` are passed to
+    and a whole call gives up after `(3 * max_retries + 2) * timeout`; a reply asking to wait
+    over 120 s (Retry-After) is not retried, and the error says so. `params` are passed to
     `chat.completions.create` as they are (`seed`, `reasoning_effort`, `extra_body`, ...), but
     neither they nor their `extra_body` may set the model, messages, tools or stream.
     Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in list
-    price for well-known models, else 0; the prompt's cached tokens (`prompt_tokens_details.
-    cached_tokens`) cost `cached_price_per_mtok`, by default a known model's list price for
-    them, else the input price; those it wrote to a cache (`prompt_tokens_details.
-    cache_write_tokens`, which gateways such as OpenRouter report for models that bill cache
-    writes) cost `cache_write_price_per_mtok`, by default the input price. Where the gateway
-    reports the call's cost (OpenRouter's `usage.cost`), that is its cost instead, and the
-    response says so (`cost_reported`). `env` replaces the
-    process environment as the source of `OPENAI_*` settings (key, base URL, organization,
+    price for well-known models (the reply's `model`'s, when known), else 0; the prompt's
+    cached tokens (`prompt_tokens_details.cached_tokens`) cost `cached_price_per_mtok`, by
+    default a known model's list price for them, else the input price; those it wrote to a
+    cache (`prompt_tokens_details.cache_write_tokens`, which gateways such as OpenRouter report
+    for models that bill cache writes) cost `cache_write_price_per_mtok`, by default the input
+    price. Where the gateway reports the call's cost (OpenRouter's `usage.cost`), that is its
+    cost instead, and the response says so (`cost_reported`). `env` replaces the process
+    environment as the source of `OPENAI_*` settings (key, base URL, organization,
     project, custom headers) and of the HTTP client's proxies and CA bundle (`HTTPS_PROXY`,
     `NO_PROXY`, `SSL_CERT_FILE`, ...): none is then read from `os.environ`. A reply body past
     `max_reply_bytes` (as inflated) fails the call while it is read.
@@ -133,8 +138,10 @@ class OpenAIChat(SdkModel):
         self.max_tokens = max_tokens
         self.params = check_params(owner, params, {"model", "messages", "tools", "stream"})
         given = check_price(owner, price_per_mtok)
+        self._price_given = given is not None
         self.price_per_mtok = given or lookup_price(model, OPENAI_PRICES)
         cached = check_rate(owner, "cached_price_per_mtok", cached_price_per_mtok)
+        self._cached_given = cached
         if cached is None and given is None:
             cached = lookup_price(model, OPENAI_CACHED_PRICES)
         if cached is None and self.price_per_mtok is not None:
@@ -218,9 +225,14 @@ class OpenAIChat(SdkModel):
             "OpenAI chat completion",
             where,
         )
-        return self._parse(completion, where, cap)
+        budgeted = request.max_output_tokens is not None
+        return self._parse(completion, where, cap, budgeted=budgeted)
 
-    def _parse(self, completion: Any, where: str, cap: int | None = None) -> ModelResponse:
+    def _parse(
+        self, completion: Any, where: str, cap: int | None = None, *, budgeted: bool = False
+    ) -> ModelResponse:
+        """The response in `completion`; `budgeted`: the session's budgets bound the call, so a
+        reply whose usage they cannot count fails it."""
         if isinstance(completion, str):  # the SDK's answer to a Content-Type other than JSON
             raise ModelError(
                 f"OpenAI chat completion for {where} returned a body that is not JSON: "
@@ -235,6 +247,9 @@ class OpenAIChat(SdkModel):
                     f"completion: {error}"
                 )
             raise ModelError(f"OpenAI chat completion for {where} returned no choices")
+        unread = unread_usage(getattr(completion, "usage", None), _COUNTS)
+        if budgeted and unread is not None:
+            raise ModelError(uncounted("OpenAI chat completion", where, unread))
         # A completion came: what it cost is counted even when it cannot be used.
         usage = self._usage(completion)
         reported = reported_cost(getattr(completion, "usage", None)) is not None
@@ -319,6 +334,21 @@ class OpenAIChat(SdkModel):
             text=text, tool_calls=calls, usage=usage, cut_off=cut, cost_reported=reported
         )
 
+    def _prices(self, served: Any) -> tuple[tuple[float, float], float] | None:
+        """The (input, output) and cached input prices of a reply by the model `served` names:
+        with no `price_per_mtok` given, its list prices when known (a gateway's router or
+        fallback answered with another model, and billed at its price), else this model's."""
+        listed = None if self._price_given else lookup_price(plain_str(served) or "", OPENAI_PRICES)
+        if listed is not None:
+            cached = self._cached_given
+            if cached is None:
+                cached = lookup_price(plain_str(served) or "", OPENAI_CACHED_PRICES)
+            return listed, listed[0] if cached is None else cached
+        if self.price_per_mtok is None:
+            return None
+        cached = self.cached_price_per_mtok
+        return self.price_per_mtok, self.price_per_mtok[0] if cached is None else cached
+
     def _usage(self, completion: Any) -> Usage:
         """The tokens a completion reports, priced: the prompt's cached tokens and those written
         to a cache (both among its `prompt_tokens`) at their prices."""
@@ -329,11 +359,9 @@ class OpenAIChat(SdkModel):
         cached = min(plain_int(getattr(details, "cached_tokens", 0)), input_tokens)
         written = min(plain_int(getattr(details, "cache_write_tokens", 0)), input_tokens - cached)
         cost = reported_cost(usage)
-        if cost is None and self.price_per_mtok is not None:
-            price_in, price_out = self.price_per_mtok
-            price_cached = (
-                price_in if self.cached_price_per_mtok is None else self.cached_price_per_mtok
-            )
+        prices = self._prices(getattr(completion, "model", None))
+        if cost is None and prices is not None:
+            (price_in, price_out), price_cached = prices
             price_written = (
                 price_in
                 if self.cache_write_price_per_mtok is None

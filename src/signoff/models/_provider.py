@@ -16,6 +16,7 @@ from .._exceptions import ModelError, UsageError
 from .._tool_json import UNPARSED_ARGUMENTS, nests_deeper
 from ._http_env import HttpEnv
 from ._reply_cap import ReplyTooLarge, capped_http_client
+from ._retry_after import long_wait_note
 from ._urls import shown_url
 
 __all__ = [
@@ -526,6 +527,7 @@ class SdkModel:
             raise ModelError(
                 f"{what} for {where} failed: HTTP {exc.status_code}: "
                 f"{status_detail(exc)}{status_hint(exc.status_code)}"
+                f"{long_wait_note(getattr(exc, 'response', None))}"
             ) from exc
         except sdk.APITimeoutError as exc:
             raise ModelError(f"{what} for {where} timed out") from exc

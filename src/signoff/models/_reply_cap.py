@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 from types import ModuleType
 from typing import Any
 
+from ._retry_after import refuse_long_waits
 from ._urls import shown_url
 
 __all__ = [
@@ -220,7 +221,8 @@ def capped_http_client(
     sdk: ModuleType, sdk_error: type[Exception], cap: int, options: Mapping[str, Any] | None = None
 ) -> Any:
     """The SDK's default async HTTP client (its timeouts, connection limits and redirects), with
-    every reply body capped at `cap` bytes; `options` are further arguments for it."""
+    every reply body capped at `cap` bytes and no retry after a wait past `MAX_RETRY_WAIT`;
+    `options` are further arguments for it."""
     error = _error_for(sdk_error)
 
     async def cap_replies(response: Any) -> None:
@@ -230,6 +232,9 @@ def capped_http_client(
         request.headers["Accept-Encoding"] = KNOWN_ENCODINGS
 
     return sdk.DefaultAsyncHttpxClient(
-        event_hooks={"request": [ask_for_known_encodings], "response": [cap_replies]},
+        event_hooks={
+            "request": [ask_for_known_encodings],
+            "response": [cap_replies, refuse_long_waits],
+        },
         **(options or {}),
     )

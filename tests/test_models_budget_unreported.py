@@ -1,0 +1,79 @@
+"""A session under a budget (`Limits.max_tokens`, `max_cost_usd`) whose model's replies report
+no usage the budgets can count (none, or counts that are not whole numbers from 0): the turn
+fails, retryably, saying so, instead of counting each reply as free and never spending the
+budget. Without a budget such a reply still counts nothing and is used. Through the real SDKs
+against loopback fakes, on both stores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import signoff as so
+
+from ._models import request
+from .fakes.llm import API_KEY, FakeLLM, anthropic_message, openai_completion
+
+
+def _unreported(flavor: str, usage: Any) -> dict[str, Any]:
+    if flavor == "openai":
+        body = openai_completion("Here you go.")
+    else:
+        body = anthropic_message("Here you go.")
+    if usage is ...:
+        del body["usage"]
+    else:
+        body["usage"] = usage
+    return body
+
+
+def _model(flavor: str, fake: FakeLLM) -> so.models.OpenAIChat | so.models.Anthropic:
+    if flavor == "openai":
+        return so.models.OpenAIChat(
+            "gpt-4.1-mini", base_url=fake.base_url, api_key=API_KEY, max_retries=0
+        )
+    return so.models.Anthropic(
+        "claude-haiku-4-5", base_url=fake.base_url, api_key=API_KEY, max_retries=0
+    )
+
+
+USAGES: dict[str, list[Any]] = {
+    "openai": [..., None, {"prompt_tokens": 10}, {"prompt_tokens": -5, "completion_tokens": 3}],
+    "anthropic": [..., None, {"input_tokens": 10}, {"input_tokens": "10", "output_tokens": 3}],
+}
+CASES = [(flavor, usage) for flavor, usages in USAGES.items() for usage in usages]
+IDS = [f"{flavor}-{i}" for flavor, usages in USAGES.items() for i in range(len(usages))]
+
+
+@pytest.mark.parametrize(("flavor", "usage"), CASES, ids=IDS)
+async def test_a_budgeted_session_fails_a_reply_that_reports_no_usage(
+    store_url: str, flavor: str, usage: Any
+) -> None:
+    """Before, the reply completed its turn counted as 0 tokens (ten replies of 4,000
+    characters each on a session of max_tokens=1,000 and max_cost_usd=0.01 all completed, the
+    session's usage 0): the budget was never spent, however much the model wrote."""
+    with FakeLLM(flavor) as fake:
+        fake.queue(*[_unreported(flavor, usage)] * 10)
+        model = _model(flavor, fake)
+        agent = so.Agent(name="a", model=model, limits=so.Limits(max_tokens=1_000))
+        async with so.Runtime([agent], store=store_url) as rt:
+            r = await rt.generate("a", prompt="hi")
+            state = await rt.state(r.session_id)
+            types = [e.type async for e in rt.events(r.session_id, follow=False)]
+        await model.aclose()
+    assert (r.status, r.retryable) == ("failed", True)
+    assert r.error is not None and r.error["code"] == "model_error"
+    assert "reported no usage the session's budgets can count" in r.error["message"]
+    assert "model.completed" not in types
+    assert state.usage == so.Usage()
+    assert len(fake.received) == 1
+
+
+@pytest.mark.parametrize("flavor", ["openai", "anthropic"])
+async def test_without_a_budget_a_reply_that_reports_no_usage_is_used(flavor: str) -> None:
+    with FakeLLM(flavor) as fake:
+        fake.queue(_unreported(flavor, ...))
+        async with _model(flavor, fake) as m:
+            r = await m.complete(request())
+    assert (r.text, r.usage) == ("Here you go.", so.Usage())
