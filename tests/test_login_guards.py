@@ -62,3 +62,36 @@ def test_a_form_of_empty_fields_is_refused_before_it_is_parsed(tmp_path: Path) -
         for path in [*paths, "/_signoff/sessions"]:  # signed in too
             r = c.post(path, content=empty, headers={"Content-Type": URLENCODED, **JSON})
             assert r.status_code == 400 and r.json()["error"]["code"] == "malformed_form", path
+
+
+UNPARSABLE = ["//[", "//[::1", "//[x]/_signoff/", "http://[", "/_signoff/x#//["]
+
+
+def test_an_address_urlsplit_cannot_read_is_no_page_to_return_to(tmp_path: Path) -> None:
+    """An unclosed or bad IPv6 bracket (`?next=//[`, a `Referer: http://[`) made `urlsplit`
+    raise ValueError: the sign-in page for such a link, and a form posted signed out with such
+    a Referer, were 500 `internal_error` with a traceback. They are no page to return to: the
+    sign-in page is served, and the signed-out post goes to sign in, returning nowhere."""
+    for target in UNPARSABLE:
+        assert return_to(target) is None
+    with dashboard(f"sqlite:///{tmp_path}/s.db") as app, TestClient(app, base_url=HTTP) as c:
+        for target in UNPARSABLE:
+            page = c.get("/_signoff/login", params={"next": target})
+            assert page.status_code == 200, (target, page.text)
+            assert 'name="next"' not in page.text
+            r = c.post(
+                "/_signoff/login",
+                data={"token": "alice-token", "csrf": _csrf(page.text), "next": target},
+                follow_redirects=False,
+            )
+            assert r.status_code == 303 and r.headers["location"] == "/_signoff", target
+            c.cookies.clear()
+        for referer in ["http://[", "http://[x]/_signoff/sessions", "http://signoff.test:99999/"]:
+            r = c.post(
+                "/_signoff/requests/req_x/respond",
+                data={"option": "approve"},
+                headers={"Referer": referer},
+                follow_redirects=False,
+            )
+            assert r.status_code == 303, (referer, r.text)
+            assert r.headers["location"] == "/_signoff/login", referer

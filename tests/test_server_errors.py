@@ -464,3 +464,66 @@ def test_a_lone_surrogate_a_model_wrote_is_served_escaped_not_a_500(tmp_path: Pa
         await rt.close()
 
     asyncio.run(main())
+
+
+async def _cut_off(app: Any, path: str, content_type: bytes, part: bytes) -> list[dict[str, Any]]:
+    """What `app` sends for a POST to `path` whose client closes its connection after `part`
+    of a body of 100 bytes (uvicorn then hands the app `http.disconnect`)."""
+    sent: list[dict[str, Any]] = []
+    chunks = [{"type": "http.request", "body": part, "more_body": True}]
+
+    async def receive() -> dict[str, Any]:
+        return chunks.pop(0) if chunks else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [(b"host", b"t"), (b"authorization", b"Bearer alice-token")]
+    headers += [(b"content-type", content_type), (b"content-length", b"100")]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": headers,
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 80),
+    }
+    await app(scope, receive, send)
+    return sent
+
+
+async def test_a_client_gone_before_its_body_arrived_is_no_server_failure(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that closes its connection partway through its body (a phone losing its
+    network while it uploads) was answered as a failure of the server's: the body's read raised
+    Starlette's `ClientDisconnect`, logged as `Exception in ASGI application` with its
+    traceback and counted as a 5xx (three aborted uploads to a served app: three 5xx). It is
+    the client's doing: 499 `client_closed_request` (nginx's number), counted as a 4xx, nothing
+    logged, nothing stored; the API's routes and the sign-in form alike. The body is refused
+    before any store call, so the store does not matter."""
+    from .test_server_metrics import metered, requests_of, scrape
+
+    async with metered(f"sqlite:///{tmp_path}/s.db") as (runtime, c):
+        app = c._transport.app  # type: ignore[attr-defined]
+        posts = [
+            ("/v1/sessions", b"application/json", b'{"agent": "supp'),
+            ("/_signoff/login", b"application/x-www-form-urlencoded", b"token=ali"),
+        ]
+        for path, content_type, part in posts:
+            with caplog.at_level("ERROR"):
+                sent = await _cut_off(app, path, content_type, part)  # raised ClientDisconnect
+            assert sent[0]["type"] == "http.response.start"
+            assert sent[0]["status"] == 499, (path, sent)
+        assert not [r for r in caplog.records if r.levelname == "ERROR"]
+        found = await scrape(c)
+        assert requests_of(found, "POST", "/v1/sessions", "4xx") == 1
+        assert requests_of(found, "POST", "/_signoff/login", "4xx") == 1
+        assert not [k for k, v in found.items() if ("status", "5xx") in k[1] and v]
+        assert await runtime.sessions() == []

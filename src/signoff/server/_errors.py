@@ -13,6 +13,7 @@ from fastapi.openapi.models import OpenAPI
 from pydantic import BaseModel, ConfigDict
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
 from .._exceptions import (
@@ -151,6 +152,12 @@ def public_message(exc: SignoffError) -> str:
 
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 
+CLIENT_GONE = (
+    "the client closed its connection before its request's body arrived whole; nothing was done"
+)
+"""The message of a 499 `client_closed_request`, which no one receives: the metrics count it as
+the client's doing, not as a failure of the server."""
+
 
 def malformed_form(detail: object) -> str:
     """The message of a 400 `malformed_form`: the parser's own words on what it could not read."""
@@ -283,7 +290,14 @@ def install_error_handlers(app: FastAPI) -> None:
         add_security_headers(response.headers, request.url.path)
         return response
 
+    async def on_gone(request: Request, exc: Exception) -> JSONResponse:
+        # The read of the body found the connection closed (a phone losing its network while
+        # it uploads): no failure of the server's, whose handler would log a traceback and
+        # count a 5xx. 499 is nginx's number for it; no client reads it.
+        return error_response(499, "client_closed_request", CLIENT_GONE)
+
     app.add_exception_handler(Exception, on_bug)
+    app.add_exception_handler(ClientDisconnect, on_gone)
     app.add_exception_handler(SignoffError, on_signoff)
     app.add_exception_handler(ApiError, on_api)
     app.add_exception_handler(RequestValidationError, on_validation)
@@ -345,6 +359,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: _doc(
         "Invalid or partial body (`invalid_request`, `invalid_answer`, `partial_answer`, "
         "`unknown_agent`)"
+    ),
+    499: _doc(
+        "Never received: the client closed its connection before its request's body arrived "
+        "whole (`client_closed_request`); the server's metrics count it as a 4xx"
     ),
     500: _doc("The server failed (`internal_error`); the details are in its log"),
     502: _doc("The model provider failed or answered something unusable (`model_error`)"),

@@ -5,7 +5,7 @@ once signed in (a path of the dashboard only: the form is no open redirect)."""
 from __future__ import annotations
 
 import re
-from urllib.parse import quote, unquote, urlencode, urlsplit
+from urllib.parse import SplitResult, quote, unquote, urlencode, urlsplit
 
 from fastapi import APIRouter, Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -34,6 +34,15 @@ _UNSAFE = re.compile(r"[\x00-\x20\x7f\\]")  # controls, spaces and `\` (which br
 _EXPIRED = "your sign-in has expired: sign in again"
 
 
+def _split(address: str) -> SplitResult | None:
+    """`address`'s parts, or None where `urlsplit` cannot read it (an unclosed or bad IPv6
+    bracket, `//[`, which it raises ValueError for: a 500 on a link or a Referer anyone sends)."""
+    try:
+        return urlsplit(address)
+    except ValueError:
+        return None
+
+
 def return_to(target: object) -> str | None:
     """`target` if it is a page of this dashboard to go back to after signing in: a path under
     its prefix with an optional query, holding no scheme, host, backslash, control character or
@@ -43,7 +52,9 @@ def return_to(target: object) -> str | None:
     decoded = unquote(target)
     if _UNSAFE.search(target) or _UNSAFE.search(decoded):
         return None
-    parts = urlsplit(target)
+    parts = _split(target)
+    if parts is None:
+        return None
     path = unquote(parts.path)
     if parts.scheme or parts.netloc or parts.fragment or not is_dashboard(parts.path):
         return None
@@ -61,8 +72,8 @@ def _came_from(request: Request) -> str | None:
         query = request.url.query
         target = quote(request.url.path) + (f"?{query}" if query else "")
     else:
-        referer = urlsplit(request.headers.get("referer", ""))
-        if not referer.netloc or referer.netloc != request.url.netloc:
+        referer = _split(request.headers.get("referer", ""))
+        if referer is None or not referer.netloc or referer.netloc != request.url.netloc:
             return None
         target = referer.path + (f"?{referer.query}" if referer.query else "")
     if target in (DASHBOARD_PREFIX, f"{DASHBOARD_PREFIX}/"):
