@@ -42,6 +42,7 @@ from ..models import ModelRequest
 from ..stores import DEFAULT_URL
 from ._commands import Group, closed_pipe
 from ._numbers import seconds
+from ._stuck import ctrl_c_in_sqlite
 
 app = typer.Typer(
     name="signoff",
@@ -243,7 +244,8 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
     """Run one command's coroutine, turning signoff errors into one red line and exit 1."""
     _quiet_driver()
     try:
-        asyncio.run(coro)
+        with ctrl_c_in_sqlite():
+            asyncio.run(coro)
     except SignoffError as exc:
         fail(exc)
     except KeyboardInterrupt:
