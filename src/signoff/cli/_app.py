@@ -368,6 +368,28 @@ def _interruptible() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+@contextmanager
+def ctrl_c_interrupts() -> Iterator[None]:
+    """Let one Ctrl-C end what runs inside at once, in a command's event loop: asyncio's own
+    handler only cancels the task, which a blocking read or a long table's layout never awaits.
+    A Ctrl-C that came since the last await (asyncio's cancel, not yet delivered) ends it now."""
+    previous = signal.getsignal(signal.SIGINT)
+    swap = (
+        previous not in (None, signal.SIG_IGN)  # None: set outside Python, so not restorable
+        and threading.current_thread() is threading.main_thread()
+    )
+    if swap:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        task = asyncio.current_task()
+        if swap and task is not None and task.cancelling():
+            raise KeyboardInterrupt
+        yield
+    finally:
+        if swap:
+            signal.signal(signal.SIGINT, previous)
+
+
 def _file_path_hint(module_name: str, attribute: str) -> str:
     """What to name instead of a file path given as MODULE (`app.py`, `./app`, `pkg/app.py`),
     an easy first mistake: the module's dotted name, as `python -m` takes it. "" for a name
