@@ -82,8 +82,9 @@ def test_ctrl_c_while_an_answer_waits_on_a_locked_store_ends_at_once(store_url: 
     assert out == ""
     if store_url.startswith("sqlite"):  # held in SQLite's wait, where it cannot tell more
         assert err == (
-            "interrupted while waiting for the store, which another process holds locked for "
-            "writing: what this command was writing is not recorded\n"
+            "interrupted while waiting for the SQLite store (another process holding it locked "
+            "makes a write wait up to its busy timeout): what this command was writing is not "
+            "recorded\n"
         ), err
     else:  # the wait is the driver's, which a Ctrl-C cancels as any other
         assert err == f"interrupted: {request_id} is still pending\n", err

@@ -88,8 +88,9 @@ def _end() -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     say = (
-        "interrupted while waiting for the store, which another process holds locked for "
-        "writing: what this command was writing is not recorded\n"
+        "interrupted while waiting for the SQLite store (another process holding it locked "
+        "makes a write wait up to its busy timeout): what this command was writing is not "
+        "recorded\n"
     )
     with contextlib.suppress(OSError):
         os.write(2, say.encode())
