@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sqlite3
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 
@@ -89,3 +92,41 @@ def test_ctrl_c_while_an_answer_waits_on_a_locked_store_ends_at_once(store_url: 
     else:  # the wait is the driver's, which a Ctrl-C cancels as any other
         assert err == f"interrupted: {request_id} is still pending\n", err
     assert _status(store_url, request_id) == "pending"
+
+
+def test_a_second_ctrl_c_stops_a_worker_held_in_a_locked_sqlite_store_at_once(
+    tmp_path: Path,
+) -> None:
+    """A worker stops on its first Ctrl-C after its running turns, and at once on a second: with
+    its claim waiting inside SQLite for another process's lock, neither was seen for 30 s."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    park(url)
+    argv = [sys.executable, "-m", "signoff", "worker", "tests._cli:agent", "--store", url]
+    with _write_locked(url):
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
+        )
+        try:
+            assert proc.stderr is not None
+            started = proc.stderr.readline()
+            assert "signoff.worker: worker " in started, started + proc.stderr.read()
+            time.sleep(2)  # its first claim waits on the lock
+            proc.send_signal(signal.SIGINT)
+            time.sleep(1)
+            pressed = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            rest = proc.communicate(timeout=60)[1]
+            took = time.monotonic() - pressed
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 130, rest
+    assert took < 10, took
+    assert "Traceback" not in rest
+    assert rest.endswith("what this command was writing is not recorded\n"), rest

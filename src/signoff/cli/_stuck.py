@@ -27,9 +27,11 @@ _SQLITE_STORE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "stores
 
 
 @contextlib.contextmanager
-def ctrl_c_in_sqlite() -> Iterator[None]:
-    """While inside, a Ctrl-C that finds the main thread held in a SQLite store call ends the
-    process with status 130 and one line. A wakeup fd set already (asyncio's) gets each byte."""
+def ctrl_c_in_sqlite(presses: int = 1) -> Iterator[None]:
+    """While inside, the `presses`th Ctrl-C (and each after it) that finds the main thread held
+    in a SQLite store call ends the process with status 130 and one line (`worker` stops on its
+    first Ctrl-C cleanly, at its second at once). A wakeup fd set already (asyncio's, which
+    dispatches the loop's signal handlers by it) gets each byte."""
     if os.name != "posix" or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -39,7 +41,7 @@ def ctrl_c_in_sqlite() -> Iterator[None]:
     done = threading.Event()
     watcher = threading.Thread(
         target=_watch,
-        args=(read_end, previous, threading.main_thread().ident, done),
+        args=(read_end, previous, threading.main_thread().ident, done, presses),
         name="signoff-ctrl-c",
         daemon=True,
     )
@@ -53,15 +55,20 @@ def ctrl_c_in_sqlite() -> Iterator[None]:
         watcher.join(timeout=1)
 
 
-def _watch(read_end: int, previous: int, main: int | None, done: threading.Event) -> None:
-    """Read signal numbers off the wakeup pipe until it closes, passing them on; after a SIGINT,
-    end the process if the main thread stays in one SQLite store call for `_STUCK_FOR` s."""
+def _watch(
+    read_end: int, previous: int, main: int | None, done: threading.Event, presses: int
+) -> None:
+    """Read signal numbers off the wakeup pipe until it closes, passing them on; from the
+    `presses`th SIGINT, end the process if the main thread stays in one SQLite store call for
+    `_STUCK_FOR` seconds."""
+    pressed = 0
     try:
         while got := os.read(read_end, 512):
             if previous != -1:
                 with contextlib.suppress(OSError):
                     os.write(previous, got)
-            if signal.SIGINT in got and _held(main, done):
+            pressed += got.count(signal.SIGINT)
+            if pressed >= presses and signal.SIGINT in got and _held(main, done):
                 _end()
     finally:
         os.close(read_end)
