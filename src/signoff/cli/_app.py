@@ -42,6 +42,7 @@ from ..models import ModelRequest
 from ..stores import DEFAULT_URL
 from ._commands import Group, closed_pipe
 from ._numbers import seconds
+from ._stuck import ctrl_c_in_sqlite
 
 app = typer.Typer(
     name="signoff",
@@ -243,7 +244,8 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
     """Run one command's coroutine, turning signoff errors into one red line and exit 1."""
     _quiet_driver()
     try:
-        asyncio.run(coro)
+        with ctrl_c_in_sqlite():
+            asyncio.run(coro)
     except SignoffError as exc:
         fail(exc)
     except KeyboardInterrupt:
@@ -364,6 +366,28 @@ def _interruptible() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def ctrl_c_interrupts() -> Iterator[None]:
+    """Let one Ctrl-C end what runs inside at once, in a command's event loop: asyncio's own
+    handler only cancels the task, which a blocking read or a long table's layout never awaits.
+    A Ctrl-C that came since the last await (asyncio's cancel, not yet delivered) ends it now."""
+    previous = signal.getsignal(signal.SIGINT)
+    swap = (
+        previous not in (None, signal.SIG_IGN)  # None: set outside Python, so not restorable
+        and threading.current_thread() is threading.main_thread()
+    )
+    if swap:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        task = asyncio.current_task()
+        if swap and task is not None and task.cancelling():
+            raise KeyboardInterrupt
+        yield
+    finally:
+        if swap:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _file_path_hint(module_name: str, attribute: str) -> str:

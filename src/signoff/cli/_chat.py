@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import shlex
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -36,6 +31,7 @@ from ._app import (
     StoreOption,
     answer_flags,
     app,
+    ctrl_c_interrupts,
     driving,
     error_text,
     load_runtime,
@@ -57,28 +53,6 @@ _HELP = (
     "/exit, /quit or Ctrl-D leaves (a request left open stays pending); Ctrl-C stops at once. "
     "Anything else is a message to the agent.[/]"
 )
-
-
-@contextlib.contextmanager
-def _ctrl_c_interrupts() -> Iterator[None]:
-    """Let one Ctrl-C end a prompt: asyncio's own handler only cancels the task, which a
-    terminal's blocking line read never notices, so while it reads Python's handler is back.
-    A Ctrl-C that came since the last await (asyncio's cancel, not yet delivered) ends it now."""
-    previous = signal.getsignal(signal.SIGINT)
-    swap = (
-        previous not in (None, signal.SIG_IGN)  # None: set outside Python, so not restorable
-        and threading.current_thread() is threading.main_thread()
-    )
-    if swap:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        task = asyncio.current_task()
-        if swap and task is not None and task.cancelling():
-            raise KeyboardInterrupt
-        yield
-    finally:
-        if swap:
-            signal.signal(signal.SIGINT, previous)
 
 
 _LEAVE = ("/exit", "/quit")
@@ -142,7 +116,7 @@ class _Chat:
         if state is not None and not await self.reopen(state):
             return
         while True:
-            with _ctrl_c_interrupts():
+            with ctrl_c_interrupts():
                 line = self.channel.read_message()
             if line is None or line in _LEAVE:
                 if line is None:
@@ -302,7 +276,7 @@ class _Chat:
                 )
                 return False
             request = open_requests[0]
-            with _ctrl_c_interrupts():
+            with ctrl_c_interrupts():
                 answer = self.channel.ask(request)
             if answer is None:
                 where = self.answer_args(request)

@@ -29,6 +29,7 @@ from ._app import (
     StoreOption,
     app,
     clip,
+    ctrl_c_interrupts,
     err,
     error_text,
     misuse,
@@ -169,7 +170,8 @@ async def _print_log(
                     )
                 checked = True
             async for event in runtime.events(session_id, seen, follow=follow, shown=shown):
-                _print(console, event, as_json, follow)
+                with ctrl_c_interrupts():  # a log read without a wait between its events
+                    _print(console, event, as_json, follow)
                 seen, shown = event.seq, event
             return
         except (StoreGone, SchemaVersionError, EventsRewritten):  # no retry mends them

@@ -32,7 +32,7 @@ from .._text import HIDDEN, escape_as_json
 from .._types import InputRequest, InputResponse, Principal
 from .._unlisted import unlisted
 from ..channels.terminal import compact_json, duration, printable
-from ..stores import DEFAULT_URL, PendingFilter, SQLiteStore
+from ..stores import DEFAULT_URL, PendingFilter, SessionSummary, SQLiteStore
 from ._app import (
     AsOption,
     NoModel,
@@ -41,6 +41,7 @@ from ._app import (
     answer_flags,
     app,
     clip,
+    ctrl_c_interrupts,
     driving,
     err,
     error_text,
@@ -108,16 +109,8 @@ def pending(
             flt = dataclasses.replace(flt, excluded=tuple(hidden))
             requests, more, counted = await counted_page(runtime, flt)  # of one snapshot
             total = counted if more else len(requests)
-        say_cut(len(requests), total)
-        if as_json:
-            typer.echo(json.dumps([r.model_dump(mode="json") for r in requests], indent=2))
-            return
-        console = out()
-        if not requests:
-            console.print("No pending requests.")
-            return
-        table = _queue_table(requests, total, now)
-        print_table(console, table, fit(console, table))
+        with ctrl_c_interrupts():  # a long table takes seconds to lay out, and never awaits
+            _print_queue(requests, total, now, as_json)
 
     run(go())
 
@@ -165,30 +158,50 @@ def sessions(
                 # counted as the page lists them: one a passed TTL left unrecorded as `failed`
                 counted = await shown_total(runtime, agent, status, now, probes)
                 total = max(counted, limit + 1)  # a session created since the page
-        say_cut(len(rows), total)
-        if as_json:
-            typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
-            return
-        console = out()
-        if not rows:
-            console.print("No sessions.")
-            return
-        shown = str(total) if total == len(rows) else f"{len(rows)} of {total}"
-        table = Table(
-            title=f"Sessions ({shown})",
-            title_justify="left",
-            box=box.SIMPLE_HEAD,
-            pad_edge=False,
-            show_edge=False,
-        )
-        for column in ("Session", "Agent", "Status", "Events", "Last active"):
-            table.add_column(column, no_wrap=True, overflow="ellipsis")
-        for r in rows:
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at))
-            table.add_row(cell(r.id), cell(r.agent), cell(r.status), cell(str(r.head)), cell(when))
-        print_table(console, table, fit(console, table, give_way=1))  # cut the agent's name
+        with ctrl_c_interrupts():  # a long table takes seconds to lay out, and never awaits
+            _print_sessions(rows, total, as_json)
 
     run(go())
+
+
+def _print_sessions(rows: list[SessionSummary], total: int, as_json: bool) -> None:
+    """`signoff sessions`' output: `rows`, of `total` sessions."""
+    say_cut(len(rows), total)
+    if as_json:
+        typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+        return
+    console = out()
+    if not rows:
+        console.print("No sessions.")
+        return
+    shown = str(total) if total == len(rows) else f"{len(rows)} of {total}"
+    table = Table(
+        title=f"Sessions ({shown})",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+    )
+    for column in ("Session", "Agent", "Status", "Events", "Last active"):
+        table.add_column(column, no_wrap=True, overflow="ellipsis")
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at))
+        table.add_row(cell(r.id), cell(r.agent), cell(r.status), cell(str(r.head)), cell(when))
+    print_table(console, table, fit(console, table, give_way=1))  # cut the agent's name
+
+
+def _print_queue(requests: list[InputRequest], total: int, now: float, as_json: bool) -> None:
+    """`signoff pending`'s output: `requests`, of `total` open ones, their ages as of `now`."""
+    say_cut(len(requests), total)
+    if as_json:
+        typer.echo(json.dumps([r.model_dump(mode="json") for r in requests], indent=2))
+        return
+    console = out()
+    if not requests:
+        console.print("No pending requests.")
+        return
+    table = _queue_table(requests, total, now)
+    print_table(console, table, fit(console, table))
 
 
 def _queue_table(requests: list[InputRequest], total: int, now: float) -> Table:

@@ -29,6 +29,7 @@ from ._app import (
 from ._commands import Group
 from ._numbers import seconds, whole
 from ._store_files import own_store, reading_store
+from ._stuck import ctrl_c_in_sqlite
 from ._waiting import open_when_up
 
 CONCURRENCY = whole(1, 100_000)
@@ -112,27 +113,30 @@ def worker(
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
-        try:
-            if not await open_when_up(runtime, stop, log.warning):
-                log.info("worker stopped")
-                return
-        except BaseException:
-            await runtime.close()
-            raise
-        async with runtime:
-            # Its agents: it claims only their sessions, and leaves any other's to sit idle.
-            log.info(
-                "worker %s on %s, concurrency %d, lease %.1fs, agents: %s",
-                runtime.owner,
-                shown_store(runtime.store.url),  # with a schema given apart
-                concurrency,
-                runtime.lease_ttl,
-                ", ".join(sorted(runtime.agents)) or "none",
-            )
-            await runtime.work(
-                concurrency=concurrency, stop=stop, idle_wait=idle_wait, sweep_every=sweep_every
-            )
-        log.info("worker stopped")
+        # a second Ctrl-C held in SQLite ends it at once; set after the loop's handlers, whose
+        # wakeup fd it passes each signal on to
+        with ctrl_c_in_sqlite(presses=2):
+            try:
+                if not await open_when_up(runtime, stop, log.warning):
+                    log.info("worker stopped")
+                    return
+            except BaseException:
+                await runtime.close()
+                raise
+            async with runtime:
+                # Its agents: it claims only their sessions, and leaves any other's to sit idle.
+                log.info(
+                    "worker %s on %s, concurrency %d, lease %.1fs, agents: %s",
+                    runtime.owner,
+                    shown_store(runtime.store.url),  # with a schema given apart
+                    concurrency,
+                    runtime.lease_ttl,
+                    ", ".join(sorted(runtime.agents)) or "none",
+                )
+                await runtime.work(
+                    concurrency=concurrency, stop=stop, idle_wait=idle_wait, sweep_every=sweep_every
+                )
+            log.info("worker stopped")
 
     try:
         run(go())

@@ -1,0 +1,132 @@
+"""Ctrl-C while a command waits on a store another process holds locked for writing: it ends at
+once with status 130 and one line, and nothing of it is written. On SQLite that wait is inside
+SQLite (its busy timeout, 30 s), where no Python signal handler runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+
+import signoff as so
+from tests._cli import ROOT, ctrl_c_after, park
+
+# As the console script runs `main`, saying "recording" on stderr as the answer is about to be
+# written: the test's SIGINT comes while the write waits for the lock.
+_SCRIPT = """
+import sys
+import signoff._runtime
+from signoff.cli import main
+
+respond = signoff._runtime.Runtime.respond
+
+async def announced(self, *args, **kwargs):
+    print("recording", file=sys.stderr, flush=True)
+    return await respond(self, *args, **kwargs)
+
+signoff._runtime.Runtime.respond = announced
+sys.argv = ["signoff", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+
+@contextlib.contextmanager
+def _write_locked(url: str) -> Iterator[None]:
+    """Hold the store's writes back from another connection (another process's long write)."""
+    if url.startswith("sqlite:///"):
+        holder = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        return
+    with psycopg.connect(url, autocommit=True) as pg:
+        pg.execute("BEGIN")
+        pg.execute(
+            "LOCK TABLE signoff.requests, signoff.sessions, signoff.events IN EXCLUSIVE MODE"
+        )
+        try:
+            yield
+        finally:
+            pg.execute("ROLLBACK")
+
+
+def _status(url: str, request_id: str) -> str:
+    async def read() -> str:
+        async with so.Runtime([], store=url) as rt:
+            stored = await rt.store.get_request(request_id)
+            assert stored is not None
+            return stored.status
+
+    return asyncio.run(read())
+
+
+def test_ctrl_c_while_an_answer_waits_on_a_locked_store_ends_at_once(store_url: str) -> None:
+    """On SQLite the Ctrl-C went unseen until the busy timeout ran out: 30 s later the command
+    exited 1 with `StoreError: ... database is locked`, as if nothing had been typed."""
+    _, request_id = park(store_url)
+    with _write_locked(store_url):
+        argv = [sys.executable, "-c", _SCRIPT, "approve", request_id, "--store", store_url]
+        started = time.monotonic()
+        status, out, err = ctrl_c_after(argv, "recording\n", cwd=ROOT, timeout=60)
+        took = time.monotonic() - started
+    assert status == 130, err
+    assert took < 10, took
+    assert out == ""
+    if store_url.startswith("sqlite"):  # held in SQLite's wait, where it cannot tell more
+        assert err == (
+            "interrupted while waiting for the SQLite store (another process holding it locked "
+            "makes a write wait up to its busy timeout): what this command was writing is not "
+            "recorded\n"
+        ), err
+    else:  # the wait is the driver's, which a Ctrl-C cancels as any other
+        assert err == f"interrupted: {request_id} is still pending\n", err
+    assert _status(store_url, request_id) == "pending"
+
+
+def test_a_second_ctrl_c_stops_a_worker_held_in_a_locked_sqlite_store_at_once(
+    tmp_path: Path,
+) -> None:
+    """A worker stops on its first Ctrl-C after its running turns, and at once on a second: with
+    its claim waiting inside SQLite for another process's lock, neither was seen for 30 s."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    park(url)
+    argv = [sys.executable, "-m", "signoff", "worker", "tests._cli:agent", "--store", url]
+    with _write_locked(url):
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
+        )
+        try:
+            assert proc.stderr is not None
+            started = proc.stderr.readline()
+            assert "signoff.worker: worker " in started, started + proc.stderr.read()
+            time.sleep(2)  # its first claim waits on the lock
+            proc.send_signal(signal.SIGINT)
+            time.sleep(1)
+            pressed = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            rest = proc.communicate(timeout=60)[1]
+            took = time.monotonic() - pressed
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 130, rest
+    assert took < 10, took
+    assert "Traceback" not in rest
+    assert rest.endswith("what this command was writing is not recorded\n"), rest
