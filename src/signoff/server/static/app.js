@@ -16,11 +16,47 @@
     setTimeout(() => el.remove(), 5000);
   }
 
+  // What was typed and not sent outlives leaving the page to sign in again (or a reload for a
+  // fresh form token): kept in this tab as the page goes, filled in once when it comes back.
+  // Only a box whose text differs from the page's own is kept (an edit box starts filled).
+  const draftsKey = "signoff-drafts:" + location.pathname;
+  let keepTyped = false;
+  const boxes = () => document.querySelectorAll("form textarea, form input[type=text]");
+  const draftKey = (el) => el.form.getAttribute("action") + " " + el.name;
+  window.addEventListener("pagehide", () => {
+    if (!keepTyped) return;
+    const drafts = {};
+    boxes().forEach((el) => { if (el.value !== el.defaultValue) drafts[draftKey(el)] = el.value; });
+    try {
+      if (Object.keys(drafts).length) {
+        sessionStorage.setItem(draftsKey, JSON.stringify({ at: Date.now(), drafts }));
+      }
+    } catch (e) { /* storage off or full: nothing is kept */ }
+  });
+  (function restoreDrafts() {
+    let kept = null;
+    try {
+      kept = JSON.parse(sessionStorage.getItem(draftsKey) || "null");
+      sessionStorage.removeItem(draftsKey);
+    } catch (e) { return; }
+    // Text left a day ago in this tab, then this page opened again, is no longer a draft.
+    if (!kept || !(Date.now() - kept.at < 86400000)) return;
+    const drafts = kept.drafts || {};
+    boxes().forEach((el) => {
+      const text = drafts[draftKey(el)];
+      if (typeof text !== "string") return;
+      el.value = text;
+      const folded = el.closest("details");
+      if (folded) folded.open = true;
+    });
+  })();
+
   // The sign-in ended (it expired, or was signed out in another tab): say so at the page's top,
   // with a link to sign in again that comes back to this page.
   let signedOff = false;  // no stream is opened again: each would be refused alike
   function signInAgain(text) {
     signedOff = true;
+    keepTyped = true;
     reconnecting(false);
     let note = document.getElementById("signed-out");
     if (!note) {
@@ -367,6 +403,7 @@
         });
         const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
         if (res.status === 401) signInAgain(data.error && data.error.message || "you are no longer signed in");
+        if (data.error && data.error.code === "csrf_failed") keepTyped = true;  // a reload is asked
         if (!data.ok) throw new Error(data.error && data.error.message || "Sending failed");
         send.querySelector("textarea").value = "";
         // The form's token was spent on this message: the next one needs its own.
@@ -410,6 +447,7 @@
       });
       const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
       if (res.status === 401) signInAgain(data.error && data.error.message || "you are no longer signed in");
+      if (data.error && data.error.code === "csrf_failed") keepTyped = true;  // a reload is asked
       if (!data.ok) {
         const failed = new Error(data.error && data.error.message || "Request failed");
         failed.code = data.error && data.error.code;
