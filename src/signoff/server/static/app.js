@@ -5,6 +5,52 @@
   const csrf = (document.querySelector('meta[name="csrf-token"]') || {}).content || "";
   const dot = document.getElementById("live-dot");
 
+  // -- a click lands where it was aimed ---------------------------------------------------------
+  // A live update moves buttons: a card above leaving or arriving, a banner. A pointer resting on
+  // one request's Approve then rests on another's, and a click meant for the first answered the
+  // second. A pointer's press on a button a live update moved (or brought in above others) less
+  // than `SETTLE` ms before sends nothing and says so. What the reviewer's own doing moves (an
+  // edit box opened, their answer's note) only updates where each button is.
+  const SETTLE = 800;
+  let pressedAt = -Infinity;
+  const layoutAt = (el) => {
+    let x = 0, y = 0;
+    for (; el; el = el.offsetParent) { x += el.offsetLeft; y += el.offsetTop; }
+    return x + "," + y;
+  };
+  function moved(live) {
+    const now = String(performance.now());
+    document.querySelectorAll("form.respond button").forEach((b) => {
+      const at = layoutAt(b);
+      if (b.dataset.at === at) return;
+      const card = b.closest("[data-request-id]");
+      const next = card && card.nextElementSibling;
+      // A card come in with older ones after it took the place one of theirs had.
+      const cameAbove = b.dataset.at === undefined && next && next.querySelector("button[data-at]");
+      if (live && (b.dataset.at !== undefined || cameAbove)) b.dataset.movedAt = now;
+      b.dataset.at = at;
+    });
+  }
+  moved(false);
+  new MutationObserver(() => moved(false)).observe(document.body, {
+    childList: true, subtree: true, attributes: true, attributeFilter: ["open", "hidden"],
+  });
+  window.addEventListener("resize", () => moved(false));
+  document.addEventListener("pointerdown", () => { pressedAt = performance.now(); }, true);
+  document.addEventListener("click", (ev) => {
+    const button = ev.target instanceof Element ? ev.target.closest("form.respond button") : null;
+    if (!button || ev.detail === 0) return;  // a key pressed it: the focus chose it, not a pointer
+    if (!(Number(button.dataset.movedAt) > pressedAt - SETTLE)) return;
+    ev.preventDefault();
+    ev.stopImmediatePropagation();
+    const error = button.form.querySelector(".form-error");
+    if (error) {
+      error.textContent = "This moved under the pointer as you clicked: nothing was sent. " +
+        "Check that it is the request you mean, then click again.";
+      error.hidden = false;
+    }
+  }, true);
+
   function toast(text, bad) {
     const box = document.getElementById("toasts");
     if (!box) return;
@@ -65,6 +111,7 @@
       note.className = "warning";
       note.setAttribute("role", "alert");
       (document.querySelector("main") || document.body).prepend(note);
+      moved(true);
     }
     note.textContent = text.charAt(0).toUpperCase() + text.slice(1) + ". ";
     const link = document.createElement("a");
@@ -102,6 +149,7 @@
         if (target) { target.tabIndex = -1; target.focus(); }
       }
       card.remove();
+      moved(true);
     }, 300);
   }
 
@@ -148,6 +196,7 @@
     } else if (fresh.size > 0 && empty) {
       empty.remove();
     }
+    moved(true);
   }
 
   // The navigation's badge counts the whole queue; a page's heading counts what it lists (a
@@ -182,6 +231,7 @@
       note.className = "warning";
       note.setAttribute("role", "alert");
       (document.querySelector("main") || document.body).prepend(note);
+      moved(true);
     }
     note.textContent = text;
   }
@@ -358,6 +408,7 @@
         const status = () => (document.querySelector("[data-session-status]") || {}).textContent;
         const was = status();
         document.getElementById("session-header").innerHTML = data.header;
+        moved(true);
         if (status() !== was) toast("The session is now " + status());  // read out, too
         mergeCards(document.getElementById("session-pending"), data.pending);
         repage(fragment(data.pager).querySelector("[data-pager]"));
