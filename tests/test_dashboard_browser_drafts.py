@@ -3,9 +3,11 @@ again, or reloading for a fresh form token, brings the page back with the text i
 
 from __future__ import annotations
 
+import httpx
 from playwright.sync_api import Page, expect
 
 from ._dashboard_browser import base, browser, page, session, start
+from .test_server_common import PLAIN, auth
 
 __all__ = ["base", "browser", "page"]  # the fixtures, used by name
 
@@ -63,3 +65,28 @@ def test_text_typed_on_a_page_of_an_older_sign_in_is_there_after_the_reload(
     expect(page.locator("#send .form-error")).to_contain_text("reload the page")
     page.reload()
     expect(page.locator("#send textarea")).to_have_value(MESSAGE)
+
+
+def test_a_card_closed_elsewhere_while_a_reason_is_typed_says_so(page: Page, base: str) -> None:
+    """Another tab denied the request while the reviewer wrote a reason for it: the live update
+    took the card away mid-sentence, with no word of why or of the text. The card stays, says
+    it was closed elsewhere and that nothing typed was sent, offers no buttons, then leaves."""
+    body = start(base)
+    rid = body["pending"][0]["id"]
+    page.goto("/_signoff/")
+    expect(page.locator("#live-dot.on")).to_be_attached()
+    card = page.locator(f"[data-request-id='{rid}']")
+    card.locator("input[name=text]").fill(REASON)
+    httpx.post(
+        f"{base}/v1/sessions/{body['session_id']}/responses",
+        json={"inputResponses": [{"requestId": rid, "optionId": "cancel"}]},
+        headers=auth("alice-token"),
+        timeout=10,
+        verify=PLAIN,
+    ).raise_for_status()
+    note = card.locator(".result-note")
+    expect(note).to_contain_text("Closed elsewhere")
+    expect(note).to_contain_text("nothing you typed here was sent")
+    expect(card.get_by_role("button", name="Approve")).to_have_count(0)
+    expect(note).to_be_focused()  # read out where the reviewer was typing
+    expect(card).to_have_count(0, timeout=15_000)

@@ -164,6 +164,30 @@
     return note;
   }
 
+  // A card closed elsewhere (answered in another tab or by someone else, withdrawn, expired)
+  // while the reviewer wrote in it or had the focus in it vanished mid-sentence, unexplained: it
+  // says so where they were, without buttons, and leaves a while later.
+  function writing(card) {
+    if (card !== document.activeElement && card.contains(document.activeElement)) return true;
+    const boxes = card.querySelectorAll("form.respond input[type=text], form.respond textarea");
+    return Array.from(boxes).some((box) => box.value !== box.defaultValue);
+  }
+  function closedElsewhere(card) {
+    const focused = card.contains(document.activeElement);
+    card.classList.add("closed");
+    const form = card.querySelector("form.respond");
+    if (form) form.remove();
+    const note = document.createElement("p");
+    note.className = "result-note barred";
+    note.setAttribute("role", "status");
+    note.tabIndex = -1;
+    note.textContent = "Closed elsewhere (answered, withdrawn or expired) before you answered: " +
+      "nothing you typed here was sent.";
+    card.appendChild(note);
+    if (focused) note.focus();
+    setTimeout(() => leave(card), 8000);
+  }
+
   // Merge freshly rendered cards into a container without touching cards still present, so a
   // reviewer typing a reason does not lose it when another request arrives.
   function mergeCards(container, html) {
@@ -173,8 +197,10 @@
     container.querySelectorAll("[data-request-id]").forEach((el) => {
       // A card being answered here stays until its answer's note is shown (`done`): the live
       // update saying the request closed can come before the answer's own response does.
-      const kept = el.classList.contains("done") || el.classList.contains("answering");
-      if (!fresh.has(el.dataset.requestId) && !kept) leave(el);
+      const kept = ["done", "answering", "closed"].some((c) => el.classList.contains(c));
+      if (!fresh.has(el.dataset.requestId) && !kept) {
+        if (writing(el)) closedElsewhere(el); else leave(el);
+      }
     });
     let previous = null;
     fresh.forEach((el, id) => {
