@@ -10,7 +10,8 @@
   // one request's Approve then rests on another's, and a click meant for the first answered the
   // second. A pointer's press on a button a live update moved (or brought in above others) less
   // than `SETTLE` ms before sends nothing and says so. What the reviewer's own doing moves (an
-  // edit box opened, their answer's note) only updates where each button is.
+  // edit box opened, their answer's note) only updates where each button is, and so does each
+  // live change first: only what it moves itself is marked (`moved(false)`, change, `moved(true)`).
   const SETTLE = 800;
   let pressedAt = -Infinity;
   const layoutAt = (el) => {
@@ -110,6 +111,7 @@
       note.id = "signed-out";
       note.className = "warning";
       note.setAttribute("role", "alert");
+      moved(false);
       (document.querySelector("main") || document.body).prepend(note);
       moved(true);
     }
@@ -148,6 +150,7 @@
         const target = next || before || card.parentElement;
         if (target) { target.tabIndex = -1; target.focus(); }
       }
+      moved(false);
       card.remove();
       moved(true);
     }, 300);
@@ -191,6 +194,7 @@
   // Merge freshly rendered cards into a container without touching cards still present, so a
   // reviewer typing a reason does not lose it when another request arrives.
   function mergeCards(container, html) {
+    moved(false);  // what moved before this update is not its doing
     const incoming = fragment(html);
     const fresh = new Map();
     incoming.querySelectorAll("[data-request-id]").forEach((el) => fresh.set(el.dataset.requestId, el));
@@ -256,6 +260,7 @@
       note.id = "store-down";
       note.className = "warning";
       note.setAttribute("role", "alert");
+      moved(false);
       (document.querySelector("main") || document.body).prepend(note);
       moved(true);
     }
@@ -433,6 +438,7 @@
         trace.appendChild(rows);
         const status = () => (document.querySelector("[data-session-status]") || {}).textContent;
         const was = status();
+        moved(false);
         document.getElementById("session-header").innerHTML = data.header;
         moved(true);
         if (status() !== was) toast("The session is now " + status());  // read out, too
