@@ -91,3 +91,21 @@ def test_text_is_readable_and_every_part_is_in_a_landmark(page: Page, base: str)
         page.wait_for_timeout(400)  # a new card's arrival fades in
         found[path] = page.evaluate(_CONTRASTS) + page.evaluate(_LANDMARKS)
     assert {path: bad for path, bad in found.items() if bad} == {}
+
+
+def test_each_request_card_is_named_by_what_it_asks(page: Page, base: str) -> None:
+    """A screen reader listed the queue's cards as "article", each alike, beside many buttons
+    named just "Approve": nothing said which request a card (and its buttons) was about."""
+    approval = start(base)
+    question = start(base, "helper")
+    page.goto("/_signoff/")
+    named = {
+        approval["pending"][0]["id"]: "issue_refund approval support",
+        question["pending"][0]["id"]: "Which size should the replacement be? question helper",
+    }
+    for rid, name in named.items():
+        card = page.get_by_role("article", name=name)
+        expect(card).to_have_attribute("data-request-id", rid)
+        expect(card.get_by_role("button").first).to_have_accessible_description(
+            name.rsplit(" ", 2)[0]
+        )
