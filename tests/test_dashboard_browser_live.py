@@ -468,3 +468,39 @@ def test_a_session_page_whose_events_were_rewritten_is_read_anew(page: Page, bas
     assert len(loads) == 2, loads  # read anew once
     expect(page.locator("#live-dot.on")).to_be_attached(timeout=20_000)  # and live again
     assert tried[:2] == ["GET", "GET"], tried
+
+
+def test_a_click_as_a_card_leaves_does_not_answer_the_card_slid_under_it(
+    page: Page, base: str
+) -> None:
+    """A reviewer's pointer rested on Approve of one refund while another tab denied it: the
+    live update removed the card, the next card's Approve slid up under the pointer, and the
+    click meant for the first approved the second (order 2210, $149.50). A pointer's press on
+    a button that moved under it a moment before sends nothing and says so; a second press
+    then answers."""
+    first, batch = start(base), start(base, "batch")
+    moved_rid = batch["pending"][0]["id"]
+    page.goto("/_signoff/")
+    expect(page.locator("#live-dot.on")).to_be_attached()
+    leaving = page.locator(f"[data-request-id='{first['pending'][0]['id']}']")
+    box = leaving.get_by_role("button", name="Approve").bounding_box()
+    assert box is not None
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x, y)
+    deny(base, first)
+    expect(leaving).to_have_count(0)
+    slid = page.locator(f"[data-request-id='{moved_rid}']")
+    assert slid.get_by_role("button", name="Approve").bounding_box() == box  # under the pointer
+    page.mouse.click(x, y)
+    expect(slid.locator(".form-error")).to_contain_text("nothing was sent")
+    page.wait_for_timeout(500)
+    pending = [
+        r["id"]
+        for r in httpx.get(
+            f"{base}/v1/sessions/{batch['session_id']}", headers=auth("alice-token"), verify=PLAIN
+        ).json()["pending"]
+    ]
+    assert moved_rid in pending  # not approved
+    page.wait_for_timeout(800)  # it stays put: a press now is meant
+    page.mouse.click(x, y)
+    expect(slid.locator(".result-note")).to_contain_text("Approved")

@@ -329,3 +329,29 @@ def test_a_parked_turns_trace_row_names_what_it_awaits(base: str) -> None:
         page = c.get(f"/_signoff/sessions/{question['session_id']}").text
         assert "Awaiting an answer: <bdi>Which size should the replacement be?</bdi>" in page
         assert "Awaiting approval" not in page
+
+
+def test_the_audit_says_what_was_asked_and_answered(store_url: str) -> None:
+    """An answered question's audit row named the tool that asked it (`ask_question`) and
+    showed no answer (the page read a `value` the record keeps under `answer`): what was
+    asked and what the person answered were on no page once the session moved on."""
+    runtime = make_runtime(store_url)
+    with running(create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)) as base:
+        picked, typed = start(base, "helper"), start(base, "helper")
+        for body, answer in ((picked, {"optionId": "2"}), (typed, {"text": "<b>Medium</b>"})):
+            rid = body["pending"][0]["id"]
+            r = httpx.post(
+                f"{base}/v1/sessions/{body['session_id']}/responses",
+                json={"inputResponses": [{"requestId": rid, **answer}]},
+                headers=auth("alice-token"),
+                verify=PLAIN,
+            )
+            assert r.status_code == 200, r.text
+        html = httpx.get(f"{base}/_signoff/audit", headers=auth("alice-token"), verify=PLAIN).text
+        rows = html[html.index('id="audit"') :].split("<tr>")[2:]
+        assert len(rows) == 2
+        for row in rows:
+            assert "Which size should the replacement be?" in row
+            assert "ask_question" not in row
+        assert "<bdi>Large</bdi>" in rows[1]  # oldest last
+        assert "<bdi>&lt;b&gt;Medium&lt;/b&gt;</bdi>" in rows[0]

@@ -495,11 +495,9 @@ async def audit_page(request: Request) -> Response:
             {
                 "request": r,
                 "outcome": stored.outcome if stored else None,
-                **{
-                    "by": resolution.get("by"),
-                    "reason": resolution.get("reason"),
-                    "value": resolution.get("value"),
-                },
+                "by": resolution.get("by"),
+                "reason": resolution.get("reason"),
+                "answer": _answer(resolution),
             }
         )
     return await render(
@@ -515,3 +513,14 @@ async def audit_page(request: Request) -> Response:
             pages=pages,
         ),
     )
+
+
+def _answer(resolution: dict[str, Any]) -> str | None:
+    """What a person answered, as the audit shows it: a question's answer (kept under
+    `answer`), else a decision's value; text as it is, other JSON as JSON, cut at 300."""
+    answer = resolution.get("answer")
+    value = answer.get("value") if isinstance(answer, dict) else resolution.get("value")
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 300 else text[:300] + "…"

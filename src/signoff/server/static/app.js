@@ -5,6 +5,53 @@
   const csrf = (document.querySelector('meta[name="csrf-token"]') || {}).content || "";
   const dot = document.getElementById("live-dot");
 
+  // -- a click lands where it was aimed ---------------------------------------------------------
+  // A live update moves buttons: a card above leaving or arriving, a banner. A pointer resting on
+  // one request's Approve then rests on another's, and a click meant for the first answered the
+  // second. A pointer's press on a button a live update moved (or brought in above others) less
+  // than `SETTLE` ms before sends nothing and says so. What the reviewer's own doing moves (an
+  // edit box opened, their answer's note) only updates where each button is, and so does each
+  // live change first: only what it moves itself is marked (`moved(false)`, change, `moved(true)`).
+  const SETTLE = 800;
+  let pressedAt = -Infinity;
+  const layoutAt = (el) => {
+    let x = 0, y = 0;
+    for (; el; el = el.offsetParent) { x += el.offsetLeft; y += el.offsetTop; }
+    return x + "," + y;
+  };
+  function moved(live) {
+    const now = String(performance.now());
+    document.querySelectorAll("form.respond button").forEach((b) => {
+      const at = layoutAt(b);
+      if (b.dataset.at === at) return;
+      const card = b.closest("[data-request-id]");
+      const next = card && card.nextElementSibling;
+      // A card come in with older ones after it took the place one of theirs had.
+      const cameAbove = b.dataset.at === undefined && next && next.querySelector("button[data-at]");
+      if (live && (b.dataset.at !== undefined || cameAbove)) b.dataset.movedAt = now;
+      b.dataset.at = at;
+    });
+  }
+  moved(false);
+  new MutationObserver(() => moved(false)).observe(document.body, {
+    childList: true, subtree: true, attributes: true, attributeFilter: ["open", "hidden"],
+  });
+  window.addEventListener("resize", () => moved(false));
+  document.addEventListener("pointerdown", () => { pressedAt = performance.now(); }, true);
+  document.addEventListener("click", (ev) => {
+    const button = ev.target instanceof Element ? ev.target.closest("form.respond button") : null;
+    if (!button || ev.detail === 0) return;  // a key pressed it: the focus chose it, not a pointer
+    if (!(Number(button.dataset.movedAt) > pressedAt - SETTLE)) return;
+    ev.preventDefault();
+    ev.stopImmediatePropagation();
+    const error = button.form.querySelector(".form-error");
+    if (error) {
+      error.textContent = "This moved under the pointer as you clicked: nothing was sent. " +
+        "Check that it is the request you mean, then click again.";
+      error.hidden = false;
+    }
+  }, true);
+
   function toast(text, bad) {
     const box = document.getElementById("toasts");
     if (!box) return;
@@ -16,11 +63,47 @@
     setTimeout(() => el.remove(), 5000);
   }
 
+  // What was typed and not sent outlives leaving the page to sign in again (or a reload for a
+  // fresh form token): kept in this tab as the page goes, filled in once when it comes back.
+  // Only a box whose text differs from the page's own is kept (an edit box starts filled).
+  const draftsKey = "signoff-drafts:" + location.pathname;
+  let keepTyped = false;
+  const boxes = () => document.querySelectorAll("form textarea, form input[type=text]");
+  const draftKey = (el) => el.form.getAttribute("action") + " " + el.name;
+  window.addEventListener("pagehide", () => {
+    if (!keepTyped) return;
+    const drafts = {};
+    boxes().forEach((el) => { if (el.value !== el.defaultValue) drafts[draftKey(el)] = el.value; });
+    try {
+      if (Object.keys(drafts).length) {
+        sessionStorage.setItem(draftsKey, JSON.stringify({ at: Date.now(), drafts }));
+      }
+    } catch (e) { /* storage off or full: nothing is kept */ }
+  });
+  (function restoreDrafts() {
+    let kept = null;
+    try {
+      kept = JSON.parse(sessionStorage.getItem(draftsKey) || "null");
+      sessionStorage.removeItem(draftsKey);
+    } catch (e) { return; }
+    // Text left a day ago in this tab, then this page opened again, is no longer a draft.
+    if (!kept || !(Date.now() - kept.at < 86400000)) return;
+    const drafts = kept.drafts || {};
+    boxes().forEach((el) => {
+      const text = drafts[draftKey(el)];
+      if (typeof text !== "string") return;
+      el.value = text;
+      const folded = el.closest("details");
+      if (folded) folded.open = true;
+    });
+  })();
+
   // The sign-in ended (it expired, or was signed out in another tab): say so at the page's top,
   // with a link to sign in again that comes back to this page.
   let signedOff = false;  // no stream is opened again: each would be refused alike
   function signInAgain(text) {
     signedOff = true;
+    keepTyped = true;
     reconnecting(false);
     let note = document.getElementById("signed-out");
     if (!note) {
@@ -28,7 +111,9 @@
       note.id = "signed-out";
       note.className = "warning";
       note.setAttribute("role", "alert");
+      moved(false);
       (document.querySelector("main") || document.body).prepend(note);
+      moved(true);
     }
     note.textContent = text.charAt(0).toUpperCase() + text.slice(1) + ". ";
     const link = document.createElement("a");
@@ -65,7 +150,9 @@
         const target = next || before || card.parentElement;
         if (target) { target.tabIndex = -1; target.focus(); }
       }
+      moved(false);
       card.remove();
+      moved(true);
     }, 300);
   }
 
@@ -80,17 +167,44 @@
     return note;
   }
 
+  // A card closed elsewhere (answered in another tab or by someone else, withdrawn, expired)
+  // while the reviewer wrote in it or had the focus in it vanished mid-sentence, unexplained: it
+  // says so where they were, without buttons, and leaves a while later.
+  function writing(card) {
+    if (card !== document.activeElement && card.contains(document.activeElement)) return true;
+    const boxes = card.querySelectorAll("form.respond input[type=text], form.respond textarea");
+    return Array.from(boxes).some((box) => box.value !== box.defaultValue);
+  }
+  function closedElsewhere(card) {
+    const focused = card.contains(document.activeElement);
+    card.classList.add("closed");
+    const form = card.querySelector("form.respond");
+    if (form) form.remove();
+    const note = document.createElement("p");
+    note.className = "result-note barred";
+    note.setAttribute("role", "status");
+    note.tabIndex = -1;
+    note.textContent = "Closed elsewhere (answered, withdrawn or expired) before you answered: " +
+      "nothing you typed here was sent.";
+    card.appendChild(note);
+    if (focused) note.focus();
+    setTimeout(() => leave(card), 8000);
+  }
+
   // Merge freshly rendered cards into a container without touching cards still present, so a
   // reviewer typing a reason does not lose it when another request arrives.
   function mergeCards(container, html) {
+    moved(false);  // what moved before this update is not its doing
     const incoming = fragment(html);
     const fresh = new Map();
     incoming.querySelectorAll("[data-request-id]").forEach((el) => fresh.set(el.dataset.requestId, el));
     container.querySelectorAll("[data-request-id]").forEach((el) => {
       // A card being answered here stays until its answer's note is shown (`done`): the live
       // update saying the request closed can come before the answer's own response does.
-      const kept = el.classList.contains("done") || el.classList.contains("answering");
-      if (!fresh.has(el.dataset.requestId) && !kept) leave(el);
+      const kept = ["done", "answering", "closed"].some((c) => el.classList.contains(c));
+      if (!fresh.has(el.dataset.requestId) && !kept) {
+        if (writing(el)) closedElsewhere(el); else leave(el);
+      }
     });
     let previous = null;
     fresh.forEach((el, id) => {
@@ -112,6 +226,7 @@
     } else if (fresh.size > 0 && empty) {
       empty.remove();
     }
+    moved(true);
   }
 
   // The navigation's badge counts the whole queue; a page's heading counts what it lists (a
@@ -145,7 +260,9 @@
       note.id = "store-down";
       note.className = "warning";
       note.setAttribute("role", "alert");
+      moved(false);
       (document.querySelector("main") || document.body).prepend(note);
+      moved(true);
     }
     note.textContent = text;
   }
@@ -321,7 +438,9 @@
         trace.appendChild(rows);
         const status = () => (document.querySelector("[data-session-status]") || {}).textContent;
         const was = status();
+        moved(false);
         document.getElementById("session-header").innerHTML = data.header;
+        moved(true);
         if (status() !== was) toast("The session is now " + status());  // read out, too
         mergeCards(document.getElementById("session-pending"), data.pending);
         repage(fragment(data.pager).querySelector("[data-pager]"));
@@ -373,6 +492,7 @@
         });
         const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
         if (res.status === 401) signInAgain(data.error && data.error.message || "you are no longer signed in");
+        if (data.error && data.error.code === "csrf_failed") keepTyped = true;  // a reload is asked
         if (!data.ok) throw new Error(data.error && data.error.message || "Sending failed");
         send.querySelector("textarea").value = "";
         // The form's token was spent on this message: the next one needs its own.
@@ -416,6 +536,7 @@
       });
       const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
       if (res.status === 401) signInAgain(data.error && data.error.message || "you are no longer signed in");
+      if (data.error && data.error.code === "csrf_failed") keepTyped = true;  // a reload is asked
       if (!data.ok) {
         const failed = new Error(data.error && data.error.message || "Request failed");
         failed.code = data.error && data.error.code;

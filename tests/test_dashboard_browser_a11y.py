@@ -1,0 +1,111 @@
+"""Accessibility basics of the dashboard in a real browser: every text is readable against its
+background (WCAG 2 AA contrast), and every part of a page is in a landmark a screen reader can
+go to by name."""
+
+from __future__ import annotations
+
+from playwright.sync_api import Page, expect
+
+from ._dashboard_browser import base, browser, page, start
+
+__all__ = ["base", "browser", "page"]  # the fixtures, used by name
+
+# Each element's own text (not its children's) with the colour it is drawn in, the first
+# opaque background behind it, its size and weight; the WCAG 2 contrast ratio of the two.
+_CONTRASTS = """() => {
+  const rgb = (text) => (text.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => {
+    const c = [r, g, b].map((v) => {
+      v /= 255;
+      return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+    });
+    return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2];
+  };
+  const behind = (el) => {
+    for (; el; el = el.parentElement) {
+      const c = rgb(getComputedStyle(el).backgroundColor);
+      if (c.length === 3 || (c.length === 4 && c[3] === 1)) return c.slice(0, 3);
+    }
+    return [255, 255, 255];
+  };
+  const out = [];
+  document.querySelectorAll("body *").forEach((el) => {
+    const own = Array.from(el.childNodes).some((n) => n.nodeType === 3 && n.textContent.trim());
+    if (!own || !el.checkVisibility({ opacityProperty: true, visibilityProperty: true })) return;
+    if (el.closest("button:disabled, [hidden]")) return;
+    const style = getComputedStyle(el);
+    const [a, b] = [lum(rgb(style.color).slice(0, 3)), lum(behind(el))];
+    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    const size = parseFloat(style.fontSize);
+    const large = size >= 24 || (size >= 18.66 && Number(style.fontWeight) >= 700);
+    if (ratio < (large ? 3 : 4.5)) {
+      const text = el.textContent.trim().slice(0, 30);
+      out.push(`${el.tagName.toLowerCase()}.${el.className} '${text}' ${ratio.toFixed(2)}`);
+    }
+  });
+  return out;
+}"""
+
+# What a page holds outside the landmarks (banner, navigation, main, a named region...), and
+# the landmarks of one role that share a name (or have none): a screen reader cannot tell
+# them apart.
+_LANDMARKS = """() => {
+  const marks = "header, nav, main, footer, aside, section[aria-label], [role=region][aria-label]";
+  const stray = Array.from(document.body.children).filter(
+    (el) => !el.matches(marks) && el.textContent.trim() && el.checkVisibility()
+  ).map((el) => el.tagName.toLowerCase() + "." + el.className);
+  const names = {};
+  document.querySelectorAll("nav").forEach((el) => {
+    const name = el.getAttribute("aria-label") || "";
+    names[name] = (names[name] || 0) + 1;
+  });
+  const alike = Object.entries(names).filter(([, n]) => n > 1).map(([name]) => `nav '${name}'`);
+  return stray.concat(alike);
+}"""
+
+
+def test_text_is_readable_and_every_part_is_in_a_landmark(page: Page, base: str) -> None:
+    """Grey text (labels, headings of tables, times, session links, counts) was #7d8494, 3.4 to
+    3.7 against its backgrounds, and Approve's white on green 4.4 (axe-core: 21 texts of the
+    queue, 33 of the tools page); the demo banner was in no landmark, and the audit's two
+    navigations had no names to tell them apart."""
+    approval = start(base)
+    question = start(base, "helper")
+    answered = start(base, "treasury")
+    pages = [
+        "/_signoff/",
+        f"/_signoff/sessions/{approval['session_id']}",
+        f"/_signoff/sessions/{question['session_id']}",
+        "/_signoff/sessions",
+        "/_signoff/audit",
+        "/_signoff/audit/tools",
+        "/_signoff/tools",
+        "/_signoff/new",
+    ]
+    card = page.locator(f"[data-request-id='{answered['pending'][0]['id']}']")
+    card.get_by_role("button", name="Approve").click()
+    expect(card.locator(".result-note.ok")).to_be_visible()
+    found = {"/_signoff/ (a vote counted)": page.evaluate(_CONTRASTS)}
+    for path in pages:
+        page.goto(path)
+        page.wait_for_timeout(400)  # a new card's arrival fades in
+        found[path] = page.evaluate(_CONTRASTS) + page.evaluate(_LANDMARKS)
+    assert {path: bad for path, bad in found.items() if bad} == {}
+
+
+def test_each_request_card_is_named_by_what_it_asks(page: Page, base: str) -> None:
+    """A screen reader listed the queue's cards as "article", each alike, beside many buttons
+    named just "Approve": nothing said which request a card (and its buttons) was about."""
+    approval = start(base)
+    question = start(base, "helper")
+    page.goto("/_signoff/")
+    named = {
+        approval["pending"][0]["id"]: "issue_refund approval support",
+        question["pending"][0]["id"]: "Which size should the replacement be? question helper",
+    }
+    for rid, name in named.items():
+        card = page.get_by_role("article", name=name)
+        expect(card).to_have_attribute("data-request-id", rid)
+        expect(card.get_by_role("button").first).to_have_accessible_description(
+            name.rsplit(" ", 2)[0]
+        )
