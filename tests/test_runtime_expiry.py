@@ -186,7 +186,7 @@ async def test_following_a_session_ends_when_it_expires_or_is_deleted(tmp_path: 
     import asyncio
     import sqlite3
 
-    import signoff._runtime as runtime_module
+    import signoff._event_stream as event_stream
 
     now = [1_000_000.0]
 
@@ -219,7 +219,7 @@ async def test_following_a_session_ends_when_it_expires_or_is_deleted(tmp_path: 
             async for event in rt.events(other.session_id):
                 seen.append(event.seq)
 
-        runtime_module._RECHECK_FOLLOWED, before = 0.05, runtime_module._RECHECK_FOLLOWED
+        event_stream._RECHECK_FOLLOWED, before = 0.05, event_stream._RECHECK_FOLLOWED
         try:
             task = asyncio.create_task(collect())
             await asyncio.sleep(0.1)
@@ -233,7 +233,7 @@ async def test_following_a_session_ends_when_it_expires_or_is_deleted(tmp_path: 
             with pytest.raises(so.UnknownSession):
                 await asyncio.wait_for(task, 5)
         finally:
-            runtime_module._RECHECK_FOLLOWED = before
+            event_stream._RECHECK_FOLLOWED = before
         assert seen and seen == list(range(1, len(seen) + 1))
 
 

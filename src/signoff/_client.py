@@ -16,7 +16,6 @@ import ssl
 import weakref
 from collections.abc import (
     AsyncGenerator,
-    AsyncIterator,
     Callable,
     Coroutine,
     Mapping,
@@ -34,6 +33,7 @@ from ._events import Event, check_shown_event
 from ._keyed_calls import keyed_turn
 from ._live_session import LiveSession, RequestView
 from ._payloads import RemoteResult, decision_body, encode, input_responses, response_body
+from ._remote_events import remote_events, too_large
 from ._settings import check_page, finite, flag, seconds, whole
 from ._sync import SyncBridge
 from ._text import is_utf8
@@ -77,12 +77,6 @@ def _filter(name: str, value: str | None) -> None:
         raise errors.UsageError(f"{name} must be text or None, not {value!r}")
     if isinstance(value, str) and not is_utf8(value):
         raise errors.UsageError(f"{name} is not valid Unicode text: it holds a lone surrogate")
-
-
-def _too_large(exc: ReplyTooLarge) -> errors.RemoteError:
-    """A reply cut off at `max_reply_bytes`, as the `RemoteError` the caller gets: the server
-    answered, but more than the client reads (it may have applied the call)."""
-    return errors.RemoteError(str(exc), "reply_too_large", exc.reply_status)
 
 
 class AsyncClient:
@@ -212,7 +206,7 @@ class AsyncClient:
         except httpx.TransportError as exc:
             raise wire.transport_error(exc, self._url(path)) from exc
         except ReplyTooLarge as exc:
-            raise _too_large(exc) from None
+            raise too_large(exc) from None
         wire.raise_for(response)
         try:
             data = response.json()
@@ -393,108 +387,17 @@ class AsyncClient:
         whole("retries", retries, least=0)  # "5" was a TypeError at the first refusal
         check_shown_event(shown, session_id, after)
         path = _session_path(session_id, "/events")
-        last = after  # and `shown`, the last event yielded, is asked for again on a reconnect
-        failures = 0
-        quiet = 0  # followed streams in a row that ended without an event
-        while True:
-            self._check_open()  # closed since the last connection: httpx's bare RuntimeError
-            since = last if shown is None else shown.seq - 1
-            params = {"after": since, "follow": "true" if follow else "false"}
-            headers = {"Last-Event-ID": str(since), "Accept": "text/event-stream"}
-            pause = 0.0
-            streaming = False
-            heard = _Heard()
-            last_seen = last
-            try:
-                # Its opening (headers, a refusal's body) gets what a whole call gets; then
-                # `timeout` bounds each read, so a stream gone silent (its server vanished
-                # without closing it) is asked for again, not waited on for ever.
-                async with (
-                    asyncio.timeout(2 * self._timeout) as opening,
-                    self.http.stream(
-                        "GET", path, params=params, headers=headers, timeout=self.http.timeout
-                    ) as response,
-                ):
-                    if not response.is_success:
-                        await response.aread()
-                        if shown is not None and wire.past_head(response):
-                            raise errors.EventsRewritten(session_id, shown.seq)
-                        if failures >= retries or not wire.transient(response):
-                            wire.raise_for(response)
-                        failures += 1
-                        pause = wire.backoff(failures, response)
-                    elif not response.headers.get("content-type", "").startswith(
-                        "text/event-stream"
-                    ):
-                        await response.aread()
-                        raise wire.not_signoff(response, "an event-stream")
-                    else:
-                        opening.reschedule(None)
-                        streaming = True
-                        lines = heard.lines(response.aiter_lines())
-                        async for kind, data in wire.sse_data(lines, self._max_reply):
-                            if kind == ":":  # a keep-alive: the server is alive
-                                failures = 0
-                                continue
-                            event = wire.streamed(kind, data)
-                            if event.seq <= last:
-                                if shown is not None and event.seq == shown.seq and event != shown:
-                                    raise errors.EventsRewritten(session_id, shown.seq)
-                                continue  # asked for again, or sent by a server that ignored it
-                            last, shown = event.seq, event
-                            failures = 0
-                            yield event
-                        if not heard.any:  # closed at once: not a signoff server's stream
-                            failures += 1
-                            if failures > retries:
-                                raise errors.RemoteError(
-                                    f"{self._url(path)}: the event stream ended {failures} "
-                                    "times in a row having sent nothing",
-                                    "http_error",
-                                    response.status_code,
-                                )
-                            pause = wire.backoff(failures)
-                if pause:
-                    await asyncio.sleep(pause)
-                    continue
-                if not follow:
-                    return
-                # The server closed a followed stream: reconnect, soon if it sent events,
-                # else less and less often (up to every 2 s), not ten times a second for ever.
-                quiet = 0 if last_seen < last else quiet + 1
-                await asyncio.sleep(wire.backoff(quiet) if quiet else 0.1)
-            except ReplyTooLarge as exc:  # the next try would be as large
-                raise _too_large(exc) from None
-            except TimeoutError:  # the opening trickled past twice the timeout
-                failures += 1
-                if failures > retries:
-                    raise self._too_slow(path) from None
-                await asyncio.sleep(wire.backoff(failures))
-            except httpx.TransportError as exc:
-                if streaming and follow and heard.any and isinstance(exc, httpx.ReadTimeout):
-                    continue  # quiet, or dead: a reconnect tells; a dead server fails it
-                failures += 1
-                if failures > retries:
-                    raise wire.transport_error(exc, self._url(path)) from exc
-                await asyncio.sleep(wire.backoff(failures))
+        # Closed with this generator, so a caller's break closes the connection at once.
+        stream = remote_events(self, path, session_id, after, follow, retries, shown)
+        async with contextlib.aclosing(stream):
+            async for event in stream:
+                yield event
 
     async def session(self, session_id: str) -> LiveSession:
         """A `LiveSession` caught up with the session's events."""
         live = LiveSession(self, session_id)
         await live.sync()
         return live
-
-
-class _Heard:
-    """Whether a stream sent any line at all, which a signoff server's does as it opens."""
-
-    def __init__(self) -> None:
-        self.any = False
-
-    async def lines(self, lines: AsyncIterator[str]) -> AsyncIterator[str]:
-        async for line in lines:
-            self.any = True
-            yield line
 
 
 def _close(client: AsyncClient, bridge: SyncBridge) -> None:
