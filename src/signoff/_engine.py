@@ -7,6 +7,7 @@ record it. Whatever is recorded is never done again: a replay reads the record i
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -37,7 +38,18 @@ from ._tracing import OFF, Tracing, parked_by
 from ._types import InputRequest
 from .stores import Commit, Resolve, Store
 
-__all__ = ["Driver"]
+__all__ = ["APPEND_PATIENCE", "Driver"]
+
+# An append that others' appends to the session keep beating is tried again for this long (in
+# seconds, from its first try), however many times it loses: it is refused with `AppendConflict`
+# only once contention has lasted this long without a let-up.
+APPEND_PATIENCE = 30.0
+# Between tries, a pause drawn at random from 0 up to this first bound, doubled on each loss
+# up to the last (full jitter): appends of several processes that conflicted do not meet again.
+_PAUSE_FIRST, _PAUSE_MOST = 0.002, 0.1
+# Conflicts in a row that no append by others explains (the head the store reports back is the
+# one the append expected): the store's refusal stands, it is not tried on.
+_UNEXPLAINED = 3
 
 
 class Driver(ToolCalls, ModelStep):
@@ -128,7 +140,8 @@ class Driver(ToolCalls, ModelStep):
                 raise TurnStopped  # this drive gave its lease back with its last commit
             if self.held is not None and self.held.lost:
                 raise LeaseLost(f"the lease on session {self.state.id!r} was lost")
-            for _ in range(20):
+            first, beaten, unexplained = time.monotonic(), 0, 0
+            while True:
                 state = self.state
                 turn = state.turn
                 if turn_id is None and (
@@ -192,9 +205,18 @@ class Driver(ToolCalls, ModelStep):
                         self.held.releasing = False
                     if not isinstance(exc, AppendConflict):
                         raise
+                    losses = beaten + unexplained
+                    await asyncio.sleep(
+                        random.uniform(0, min(_PAUSE_MOST, _PAUSE_FIRST * 2**losses))
+                    )
                     await self.reload()
                     if self.state.seq < before:
                         raise _went_back(self.state.id, self.state.seq, before) from exc
+                    if self.state.seq > before:  # others appended first: try on, read anew
+                        beaten, unexplained = beaten + 1, 0
+                    else:
+                        unexplained += 1
+                    _given_up(self.state.id, first, beaten, unexplained, exc)
                     continue
                 # Applied only once committed, so a state object is never ahead of the store.
                 for e in events:
@@ -203,7 +225,6 @@ class Driver(ToolCalls, ModelStep):
                     self.own_turn = tid  # this drive goes on with the turn it started
                 self.released = release
                 return events
-        raise AppendConflict(f"session {self.state.id!r}: too many concurrent appends")
 
     @staticmethod
     def _expires_at(state: SessionState, after: SessionState | None, now: float) -> float | None:
@@ -317,6 +338,23 @@ class Driver(ToolCalls, ModelStep):
             return [("turn.started", data)]
 
         await self.record(start, turn_id=new_id("trn"))
+
+
+def _given_up(sid: str, first: float, beaten: int, unexplained: int, exc: BaseException) -> None:
+    """Raise `AppendConflict` once an append is to be tried no more: its conflicts went on for
+    `APPEND_PATIENCE` seconds, or `_UNEXPLAINED` in a row came with no append by others."""
+    if unexplained >= _UNEXPLAINED:
+        raise AppendConflict(
+            f"session {sid!r}: the store refused the append {unexplained} times in a row as a "
+            f"conflict, with no other append to the session to explain it: {exc}"
+        ) from exc
+    took = time.monotonic() - first
+    if took >= APPEND_PATIENCE:
+        raise AppendConflict(
+            f"session {sid!r}: beaten by others' appends {beaten} times in {took:.1f} s "
+            f"(APPEND_PATIENCE is {APPEND_PATIENCE:g} s); the session is being appended to "
+            "faster than this append can be read and made"
+        ) from exc
 
 
 def _went_back(session_id: str, head: int, before: int) -> StoreError:
