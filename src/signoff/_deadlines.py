@@ -12,6 +12,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from typing import Any
 
+from ._events import Event
 from ._recording import Batch, EventSpec
 from ._state import SessionState
 from ._types import InputRequest
@@ -26,6 +27,7 @@ __all__ = [
     "expiry_specs",
     "is_due",
     "is_lapsed",
+    "records_deadline",
     "state_after_deadlines",
     "stored_after_deadline",
     "stored_after_expiry",
@@ -171,6 +173,21 @@ def due_batch(state: SessionState, now: float) -> Batch | None:
     if not specs:
         return None
     return Batch(specs=specs, resolve=resolves, updated_requests=updated)
+
+
+def records_deadline(event: Event) -> bool:
+    """Whether `event` is one `due_batch` writes: a request closed by its passed deadline, a
+    call approved by it (`on_timeout="approve"`), or a request escalated by it. A session whose
+    last event is one, and whose turn that left runnable, had its deadline recorded and was
+    not driven on since (the process that recorded it died first)."""
+    data = event.data
+    if event.type == "approval.settled":
+        return data.get("auto") == "timeout"
+    if event.type == "input.resolved":
+        return data.get("outcome") == "expired" and data.get("reason") == TIMED_OUT
+    if event.type == "approval.candidate":
+        return data.get("outcome") == "escalated" and data.get("reason") == TIMED_OUT
+    return False
 
 
 def expiry_specs(state: SessionState) -> list[EventSpec]:

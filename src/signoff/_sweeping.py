@@ -1,6 +1,6 @@
 """The sweeps of `Runtime`: applying passed request deadlines and lapsed TTLs across sessions
 (`rt.expire_due()`, a worker's and a server's periodic sweep), and driving the turns they make
-runnable."""
+runnable, and those an earlier sweep made runnable but never drove (its process died)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 
-from ._deadlines import is_due, is_lapsed
+from ._deadlines import is_due, is_lapsed, records_deadline
 from ._exceptions import SessionExpired, StoreError
 from ._messages import Messages
 from ._session_cache import closes_stop
+from ._sessions import to_claims
 from ._sweeps import one_of_many
 from ._types import InputRequest
 from .stores import PendingFilter, SessionSummary
@@ -26,7 +27,7 @@ log = logging.getLogger("signoff.worker")
 _SWEEP_PAGE = 500  # open requests or sessions a sweep reads per query (tests patch it)
 SWEEP_DRIVES = 4  # turns a sweep's deadlines made runnable that a runtime drives at once
 
-_handing: ContextVar[Callable[[str], None] | None] = ContextVar(
+_handing: ContextVar[Callable[[str, float | None], None] | None] = ContextVar(
     "signoff_sweep_drives", default=None
 )
 """Set around a sweep loop's sweeps (`SweepDrives.handing`): the turns their deadlines make
@@ -52,18 +53,18 @@ class SweepDrives:
         finally:
             _handing.reset(token)
 
-    def start(self, session_id: str) -> None:
+    def start(self, session_id: str, lease_wait: float | None = None) -> None:
         """Drive the session's turn in the background, unless a drive of it here runs already
-        (it goes on until the turn settles)."""
+        (it goes on until the turn settles); `lease_wait` as `_drive`'s."""
         if session_id not in self.tasks:
-            task = asyncio.create_task(self._drive(session_id))
+            task = asyncio.create_task(self._drive(session_id, lease_wait))
             self.tasks[session_id] = task
             task.add_done_callback(lambda _: self.tasks.pop(session_id, None))
 
-    async def _drive(self, session_id: str) -> None:
+    async def _drive(self, session_id: str, lease_wait: float | None) -> None:
         async with self.slots:
             try:
-                await self.runtime._drive(session_id)
+                await self.runtime._drive(session_id, lease_wait=lease_wait)
             except SessionExpired:
                 pass
             except Exception:  # the deadline is recorded; the turn waits for the next call
@@ -89,6 +90,8 @@ class Sweeps(Messages):
         """
         await self.open()
         now = self.now()
+        # Before this sweep records any: those it records it goes on with itself, below.
+        left = await self._left_undriven(now) if self.inline and not to_claims.get() else []
         due: list[InputRequest] = []
         # Only the due ones, from an index, and only of the agents it has: those of others it
         # could not apply, and would read again at every sweep for as long as they stay open.
@@ -104,7 +107,48 @@ class Sweeps(Messages):
                 after = cursor_past(page[-1], after)
         expired = await self._record_lapsed(await self._lapsed(now, sorted(self.agents)), now)
         orphans = await self._sweep_orphans()
-        return await self._apply_deadlines(due) + expired + orphans
+        applied = await self._apply_deadlines(due)
+        again = {r.session_id for r in due}  # driven on by `_apply_deadlines` already
+        left = [sid for sid in left if sid not in again]
+        hand = _handing.get()
+        if hand is not None:
+            for sid in left:
+                hand(sid, 0.0)
+        else:
+            await self._drive_all(left, lease_wait=0.0)
+        return applied + expired + orphans + len(left)
+
+    async def _left_undriven(self, now: float) -> list[str]:
+        """The sessions of this runtime's agents whose passed deadlines were recorded, leaving
+        their turn runnable, and that no drive went on with since: the process that recorded
+        them (a sweep, a listing) died, or failed, before it drove the turn. Nothing else would
+        meet them again in a runtime that drives its own turns: their requests are closed, so no
+        sweep or listing lists them, and it makes no claims (a worker's claims take them).
+        Told by the session's last event (`records_deadline`), among those listed `running`
+        with no drive holding their lease; one still held (a drive here or in another process,
+        or a dead one's lease not lapsed yet) is left to that drive, or to a later sweep."""
+        left: list[str] = []
+        for agent in sorted(self.agents):
+            rows: list[SessionSummary] = []
+            offset = 0
+            while True:  # every page first: driving them would reorder the listing
+                page = await self.store.sessions(
+                    agent=agent, status="running", limit=_SWEEP_PAGE, offset=offset
+                )
+                rows += page
+                if len(page) < _SWEEP_PAGE:
+                    break
+                offset += _SWEEP_PAGE
+            for row in rows:
+                if row.id in self._driving or is_lapsed(row, now) or row.id in left:
+                    continue
+                with one_of_many(log, row.id, "its recorded deadlines not gone on with"):
+                    if await self._busy(row.id):
+                        continue
+                    tail = await self.store.read_events(row.id, after=max(row.head - 1, 0))
+                    if tail and records_deadline(tail[-1]):
+                        left.append(row.id)
+        return left
 
     async def _lapsed(self, now: float, agents: list[str] | None = None) -> list[SessionSummary]:
         """The running or waiting sessions (of `agents` only, if given: a sweep records only
@@ -188,7 +232,7 @@ class Sweeps(Messages):
             hand = _handing.get()
             if hand is not None:
                 for sid in recorded:
-                    hand(sid)
+                    hand(sid, None)
             else:
                 await self._drive_all(recorded)
             return len(sessions)
@@ -223,9 +267,10 @@ class Sweeps(Messages):
 
         await asyncio.gather(*(one(sid) for sid in sessions))
 
-    async def _drive_all(self, sessions: Sequence[str]) -> None:
+    async def _drive_all(self, sessions: Sequence[str], lease_wait: float | None = None) -> None:
         """Drive the turns of `sessions`, `SWEEP_DRIVES` at once; a failure of one is logged
-        and the others go on, a failure of the store as a whole is raised once all ended."""
+        and the others go on, a failure of the store as a whole is raised once all ended.
+        `lease_wait` as `_drive`'s (0: a session another drive holds is left to it)."""
         slots = asyncio.Semaphore(SWEEP_DRIVES)
 
         async def one(sid: str) -> None:
@@ -234,7 +279,7 @@ class Sweeps(Messages):
                     contextlib.suppress(SessionExpired),
                     one_of_many(log, sid, "its passed deadlines not applied"),
                 ):
-                    await self._drive(sid)
+                    await self._drive(sid, lease_wait=lease_wait)
 
         outcomes = await asyncio.gather(*(one(sid) for sid in sessions), return_exceptions=True)
         for outcome in outcomes:
