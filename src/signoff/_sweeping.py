@@ -84,7 +84,9 @@ class Sweeps(Messages):
     @closes_stop
     async def expire_due(self) -> int:
         """Apply every passed request deadline across sessions and resume their turns: all
-        the deadlines are recorded first, then the turns driven `SWEEP_DRIVES` at once.
+        the deadlines are recorded first, then the turns driven `SWEEP_DRIVES` at once. On a
+        runtime that drives its own turns, it also goes on with the turns an earlier sweep or
+        listing recorded deadlines of but never drove on (its process died in between).
 
         Run it periodically (a worker does); returns how many sessions it touched.
         """
