@@ -7,8 +7,9 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -27,17 +28,20 @@ from .._exceptions import (
 )
 from ._context import ServerContext
 from ._errors import public_message, status_for
+from ._json_pieces import PIECE, json_pieces
 from ._stream_slots import HeldStream
 from ._waits import drop
 
 __all__ = [
     "KEEP_ALIVE",
     "LASTING",
+    "READ_BYTES",
     "SIGNED_OUT_END",
     "STREAM_HEADERS",
     "Beat",
     "end_event",
     "event_stream",
+    "frame_pieces",
     "parse_last_event_id",
     "session_end",
     "sse",
@@ -67,8 +71,36 @@ KEEP_ALIVE = ": keep-alive\n\n"
 the client's own read timeout) do not take a quiet stream for a dead one."""
 
 
-def frame(event: Event) -> str:
-    return sse(event.to_dict(), event=event.type, id=event.seq)
+READ_BYTES = 64 << 10
+"""How much event JSON one read of a stream holds (at least one event, however large): what
+the stream keeps in hand while its client reads (or has stopped reading) what it sends."""
+
+
+def frame_pieces(event: Event, most: int = PIECE) -> Iterator[str]:
+    """The event's SSE message (`sse(event.to_dict(), event=..., id=...)`: its JSON on one
+    `data:` line) in pieces of at most `most` characters, written one after the other: a
+    large event is never held whole as text, only the event itself."""
+    head = f"id: {event.seq}\nevent: {event.type}\ndata: "
+    pieces = json_pieces(event.to_dict(), most)
+    first = next(pieces)
+    if len(head) + len(first) <= most:  # a small event: one piece, as `sse` writes it
+        first = head + first
+    else:
+        yield head
+    for piece in pieces:
+        yield first
+        first = piece
+    if len(first) + 2 <= most:
+        yield first + "\n\n"
+    else:
+        yield first
+        yield "\n\n"
+
+
+def _mark(event: Event) -> Event:
+    """What a stream keeps of the last event it sent, for its reads to check (`shown`): its
+    seq, type, time and turn, not its data (megabytes, maybe)."""
+    return replace(event, data={})
 
 
 def stream_response(stream: AsyncIterator[str], release: Callable[[], None]) -> HeldStream:
@@ -205,10 +237,15 @@ async def event_stream(
         if ended is not None:
             yield end_event(ended)
             return
-        for event in batch:
-            yield frame(event)
-            after, shown = event.seq, event
-        if batch:
+        sent = bool(batch)
+        batch.reverse()
+        while batch:  # each event let go once written: only the one being written is held
+            event = batch.pop()
+            for piece in frame_pieces(event):
+                yield piece
+            after, shown = event.seq, _mark(event)
+            del event
+        if sent:
             expires_at = 0.0  # the session's expiry moved with its new events: read it again
             beat.sent()
             # A read that is not followed is bounded, and its client takes its end for the
@@ -286,7 +323,11 @@ async def _read(
     batch: list[Event] = []
     if not quiet:
         batch = await ctx.runtime.store.read_events(
-            session_id, after=after, limit=500, max_bytes=stores.READ_BYTES, shown=shown
+            session_id,
+            after=after,
+            limit=500,
+            max_bytes=min(READ_BYTES, stores.READ_BYTES),
+            shown=shown,
         )
     ended: SignoffError | None = None
     if follow and not batch and (ctx.runtime.now() >= expires_at or time.monotonic() >= check_at):

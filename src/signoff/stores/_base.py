@@ -39,8 +39,9 @@ __all__ = [
 ]
 
 READ_BYTES = 4 << 20
-"""How much event JSON one read of a followed stream holds (`read_events(max_bytes=...)`):
-500 events of megabytes each would otherwise be held at once, per stream."""
+"""How much event JSON one read of `Runtime.events()` holds (`read_events(max_bytes=...)`):
+500 events of megabytes each would otherwise be held at once, per stream. The server's event
+stream reads less at a time, 64 KiB (`signoff.server._sse.READ_BYTES`), or this if smaller."""
 
 FaultHook = Callable[[Literal["before", "after"], str], None]
 """Test-only: called right before and right after each commit, named by its first event type,
