@@ -318,6 +318,54 @@ async def test_a_pool_that_gives_nothing_during_an_outage_is_unavailable_not_bus
         await outage.borrow(cast(Any, _Pool(0)), None)
 
 
+class _Slowly(_Clocked):
+    """A server that answered the checks so far as told, and now hands over a connection only
+    after `delay` seconds of real time, as one just back on a loaded machine does."""
+
+    def __init__(self, answers: list[BaseException | None], delay: float) -> None:
+        super().__init__(answers)
+        self.delay = delay
+
+    async def _answer(self) -> Any:
+        if self.answers:
+            answer = self.answers.pop(0)
+            if answer is TIMED_OUT:
+                self.t += 8  # libpq's connect_timeout, on the outage's clock
+            assert answer is not None
+            raise answer
+        await asyncio.sleep(self.delay)
+        return SimpleNamespace(close=self._close)
+
+
+TIMED_OUT = psycopg.OperationalError("connection failed: timeout expired")
+
+
+async def test_a_server_back_but_slow_to_answer_serves_a_call_made_past_the_grace() -> None:
+    """Its host refused connections at once while it was down; now back, it takes longer than
+    `PROBE_AFTER` to hand one over: the call waits for it rather than failing while the server
+    is there (CI: the first call after `pg_ctl start` failed so on a loaded machine)."""
+    outage = _Slowly([REFUSED], delay=2 * PROBE_AFTER)
+    await outage.probe()
+    outage.t = 111
+    assert outage.over_grace()
+    conn, pools = await outage.borrow(cast(Any, _Pool(0)), None)
+    assert not pools and conn is not None and outage.since is None
+
+
+async def test_a_silent_network_past_the_grace_still_fails_a_call_at_once() -> None:
+    """After a check no answer came to (a silent network), a call past the grace waits for
+    the next check only `PROBE_AFTER`, however long that check takes."""
+    outage = _Slowly([TIMED_OUT], delay=4 * PROBE_AFTER)
+    await outage.probe()
+    outage.t = 111
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(StoreUnavailable, match="timeout expired"):
+        await outage.borrow(cast(Any, _Pool(0)), None)
+    assert loop.time() - started < 2 * PROBE_AFTER
+    await outage.close()
+
+
 class _Contended(_Pool):
     """A pool whose idle connection another call takes first."""
 

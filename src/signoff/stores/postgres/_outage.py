@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 else:
     Conn = Any
 
-__all__ = ["GRACE", "PROBE_AFTER", "Outage", "is_down", "unreachable"]
+__all__ = ["ANSWERED_WITHIN", "GRACE", "PROBE_AFTER", "Outage", "is_down", "unreachable"]
 
 GRACE = 10.0
 """Seconds an outage is ridden out (calls wait for the server) before calls fail at once:
@@ -35,6 +35,12 @@ longer than a `pg_ctl restart` or a crash recovery of a small database takes."""
 PROBE_AFTER = 0.5
 """Seconds a call waits for a pooled connection before the server is probed: a busy pool
 hands one over sooner than that."""
+
+ANSWERED_WITHIN = 5.0
+"""Seconds a call past the grace waits for a check when the server's host answered the last one
+at once (refused, or still starting): a server just back on a loaded machine may take longer
+than `PROBE_AFTER` to hand over a connection. After a check that went unanswered for
+`PROBE_AFTER` (a silent network) a call waits `PROBE_AFTER` only."""
 
 _STARTING = ("the database system is",)
 """What PostgreSQL says when it refuses connections while starting, stopping or recovering
@@ -80,6 +86,7 @@ class Outage:
         self.refused: str | None = None
         self._probing: asyncio.Future[None] | None = None
         self._asked = 0.0  # when the check under way started
+        self._silent = True  # whether the last check that found it down waited PROBE_AFTER or more
         self._spare: list[Conn] = []  # at most one: the connection a check found the server back on
 
     def _now(self) -> float:
@@ -153,7 +160,7 @@ class Outage:
         if self.over_grace():
             # Past the grace a call fails at once: it waits for a probe only as long as a
             # server that is back takes to answer one, not a silent network's `connect_timeout`.
-            conn = await self.probe(PROBE_AFTER)
+            conn = await self.probe(PROBE_AFTER if self._silent else ANSWERED_WITHIN)
             if conn is not None:
                 return conn, False
             if self.over_grace():
@@ -215,18 +222,17 @@ class Outage:
         known outage (the caller uses it, then closes it); otherwise None, with `since` telling
         whether it is down. Calls at the same time share one connection attempt; a finding is
         not reused after it, so a call right after the server is back finds it. A call that
-        joined an attempt begun before it asked, which found the server down, tries once more
-        within what is left of `within`: the server may have come back in between."""
+        joined an attempt begun before it asked, which found the server down, tries once more,
+        again waiting `within` at most: the server may have come back in between, and the time
+        spent on an attempt made before it was back says nothing of how soon it answers now."""
         asked = self._now()
         probing = self._start_probe()
         await asyncio.wait({probing}, timeout=within)
         _raise(probing)
         if probing.done() and self.since is not None and self._asked < asked and not self._spare:
-            left = None if within is None else within - (self._now() - asked)
-            if left is None or left > 0:
-                probing = self._start_probe()
-                await asyncio.wait({probing}, timeout=left)
-                _raise(probing)
+            probing = self._start_probe()
+            await asyncio.wait({probing}, timeout=within)
+            _raise(probing)
         return self._take_spare()
 
     async def fresh(self) -> Conn:
@@ -255,6 +261,7 @@ class Outage:
         except psycopg.Error as exc:
             if is_down(exc):
                 self.refused = None
+                self._silent = self._now() - started >= PROBE_AFTER
                 if self.since is None:
                     # Down since it was first asked: a connection that timed out took
                     # `connect_timeout` to tell, and that counts toward the grace.
