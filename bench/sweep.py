@@ -11,6 +11,10 @@ sweep finds nothing to do. A sweep is timed `--repeat` times on a runtime that p
 cold state cache, as in a worker process); the median and the fastest are reported, with the
 sweep's CPU time. PostgreSQL runs when `SIGNOFF_PG_URL` is set, in a schema of its own that is
 dropped afterwards.
+
+`--running M` adds M sessions left `running` with no lease held, as a turn whose process died in
+its middle leaves them: the sweep of a runtime that drives its own turns (no worker) reads the
+last event of each to find those whose recorded deadline nobody went on with.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 
 import signoff as so
 
-__all__ = ["main", "park", "time_sweeps"]
+__all__ = ["main", "park", "strand", "time_sweeps"]
 
 
 def agents() -> list[so.Agent]:
@@ -70,6 +74,27 @@ async def park(url: str, sessions: int) -> None:
             await asyncio.gather(*(rt.generate(n, prompt="refund A1") for n in batch))
 
 
+async def strand(url: str, running: int) -> None:
+    """Write `running` sessions of `plain` whose first turn started and was never gone on with:
+    `running`, their last event a `turn.started`, no lease (the store's own writes, as a
+    process that died mid-turn leaves them)."""
+    from signoff._events import Event
+    from signoff.stores import open_store
+
+    store = open_store(url)
+    try:
+        now = time.time()
+        for i in range(running):
+            sid = f"ses_stranded{i:015d}"
+            events = [
+                Event(session_id=sid, seq=1, type="session.created", at=now, data={}),
+                Event(session_id=sid, seq=2, type="turn.started", at=now, turn_id="trn_1"),
+            ]
+            await store.create_session(sid, "plain", events, None, status="running")
+    finally:
+        await store.close()
+
+
 async def time_sweeps(url: str, repeat: int) -> tuple[list[float], list[float]]:
     """Wall and CPU seconds of `repeat` sweeps by a fresh runtime; each sweep must touch none."""
     async with so.Runtime(agents(), store=url) as rt:
@@ -92,10 +117,11 @@ def _report(store: str, sessions: int, walls: list[float], cpus: list[float]) ->
     )
 
 
-async def main(sessions: int, repeat: int) -> None:
+async def main(sessions: int, repeat: int, running: int = 0) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'sweep.db'}"
         await park(url, sessions)
+        await strand(url, running)
         _report("sqlite", sessions, *await time_sweeps(url, repeat))
     pg = os.environ.get("SIGNOFF_PG_URL")
     if pg:
@@ -103,6 +129,7 @@ async def main(sessions: int, repeat: int) -> None:
         url = f"{pg}{'&' if '?' in pg else '?'}schema={schema}"
         try:
             await park(url, sessions)
+            await strand(url, running)
             _report("postgres", sessions, *await time_sweeps(url, repeat))
         finally:
             import psycopg
@@ -115,5 +142,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--running", type=int, default=0)
     args = parser.parse_args()
-    asyncio.run(main(args.sessions, args.repeat))
+    asyncio.run(main(args.sessions, args.repeat, args.running))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -337,3 +338,98 @@ async def test_concurrent_claimers_never_share_a_session(store_url: str) -> None
     finally:
         for s in stores:
             await s.close()
+
+
+# -- the running sessions none holds (the inline sweep's) -------------------------------------
+
+
+async def test_running_unheld_lists_the_running_sessions_of_an_agent_none_holds(
+    store: Store,
+) -> None:
+    """`running_unheld(agent, now, last_types=, limit=, after=)`: the running sessions of
+    `agent`, TTL not passed and no live lease, whose last event is of one of `last_types`, by
+    id past `after`; what the inline sweep reads in one query where it read each session."""
+    query = store.running_unheld  # type: ignore[attr-defined]
+    settled = ["approval.settled"]
+
+    async def running(last: str, agent: str = "support", expires: float | None = None) -> str:
+        sid = await new_session(store, agent)
+        events = [ev(sid, 2), ev(sid, 3, last)] if last != "turn.started" else [ev(sid, 2)]
+        head = len(events) + 1
+        await store.commit(
+            Commit(
+                session_id=sid, expected_seq=1, events=events, status="running", expires_at=expires
+            )
+        )
+        assert await store.head(sid) == head
+        return sid
+
+    due = sorted([await running("approval.settled") for _ in range(3)])
+    other_type = await running("turn.started")
+    other_agent = await running("approval.settled", agent="billing")
+    lapsed = await running("approval.settled", expires=T0 + 50)
+    alive = await running("approval.settled", expires=T0 + 500)
+    waiting = await new_session(store)
+    await store.commit(
+        Commit(
+            session_id=waiting,
+            expected_seq=1,
+            events=[ev(waiting, 2, "approval.settled")],
+            status="waiting",
+        )
+    )
+    held = await running("approval.settled")
+    assert await store.acquire_lease(held, "w1", 10, T0 + 100) is not None
+    given_back = await running("approval.settled")
+    token = await store.acquire_lease(given_back, "w1", 10, T0 + 100)
+    assert token is not None
+    await store.release_lease(given_back, "w1", token)
+    lapsed_lease = await running("approval.settled")
+    assert await store.acquire_lease(lapsed_lease, "w1", 10, T0 + 80) is not None
+
+    ids = [r.id for r in await query("support", T0 + 100, last_types=settled, limit=100)]
+    expected = sorted([*due, alive, given_back, lapsed_lease])
+    assert ids == expected
+    assert other_type not in ids and other_agent not in ids and lapsed not in ids
+    assert waiting not in ids and held not in ids
+    rows = await query("support", T0 + 100, last_types=settled, limit=2)
+    assert [r.id for r in rows] == expected[:2] and all(r.status == "running" for r in rows)
+    rest = await query("support", T0 + 100, last_types=settled, limit=100, after=expected[1])
+    assert [r.id for r in rest] == expected[2:]
+    assert [r.id for r in await query("billing", T0 + 100, last_types=settled)] == [other_agent]
+    assert await query("support", T0 + 100, last_types=[]) == []
+    both = await query("support", T0 + 100, last_types=["approval.settled", "turn.started"])
+    assert other_type in [r.id for r in both]
+    # earlier, the lapsed lease was live and the passed TTL not passed yet
+    earlier = [r.id for r in await query("support", T0 + 40, last_types=settled, limit=100)]
+    assert lapsed_lease not in earlier and lapsed in earlier
+
+
+async def test_running_unheld_lists_a_session_whose_lease_row_was_edited_odd(
+    tmp_path: Path,
+) -> None:
+    """A lease whose expiry a hand edit left as text reads as held by no plain comparison
+    (SQLite orders text after every number): it is listed, so that `lease_held`, which the
+    sweep reads next, says what is wrong with it rather than the session being passed over.
+    (SQLite only: PostgreSQL's column is a double, which holds no text.)"""
+    store_url = f"sqlite:///{tmp_path / 'state.db'}"
+    store = make_store(store_url)
+    try:
+        sid = await new_session(store)
+        await store.commit(
+            Commit(
+                session_id=sid,
+                expected_seq=1,
+                events=[ev(sid, 2, "approval.settled")],
+                status="running",
+            )
+        )
+        assert await store.acquire_lease(sid, "w1", 10, T0) is not None
+        edit(store_url, "UPDATE {t}leases SET expires_at = 'soon'")
+        query = store.running_unheld  # type: ignore[attr-defined]
+        listed = await query("support", T0, last_types=["approval.settled"])
+        assert [r.id for r in listed] == [sid]
+        with pytest.raises(StoreError, match="lease expiry"):
+            await store.lease_held(sid, T0)  # type: ignore[attr-defined]
+    finally:
+        await store.close()

@@ -175,6 +175,11 @@ def due_batch(state: SessionState, now: float) -> Batch | None:
     return Batch(specs=specs, resolve=resolves, updated_requests=updated)
 
 
+DEADLINE_RECORDS = ("approval.settled", "input.resolved", "approval.candidate")
+"""The types of the events `records_deadline` can be true of: a store lists the sessions whose
+last event is one of them, for a sweep to read only those."""
+
+
 def records_deadline(event: Event) -> bool:
     """Whether `event` is one `due_batch` writes: a request closed by its passed deadline, a
     call approved by it (`on_timeout="approve"`), or a request escalated by it. A session whose

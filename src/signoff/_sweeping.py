@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 
-from ._deadlines import is_due, is_lapsed, records_deadline
+from ._deadlines import DEADLINE_RECORDS, is_due, is_lapsed, records_deadline
 from ._exceptions import SessionExpired, StoreError
 from ._messages import Messages
 from ._session_cache import closes_stop
@@ -131,17 +131,7 @@ class Sweeps(Messages):
         or a dead one's lease not lapsed yet) is left to that drive, or to a later sweep."""
         left: list[str] = []
         for agent in sorted(self.agents):
-            rows: list[SessionSummary] = []
-            offset = 0
-            while True:  # every page first: driving them would reorder the listing
-                page = await self.store.sessions(
-                    agent=agent, status="running", limit=_SWEEP_PAGE, offset=offset
-                )
-                rows += page
-                if len(page) < _SWEEP_PAGE:
-                    break
-                offset += _SWEEP_PAGE
-            for row in rows:
+            for row in await self._maybe_undriven(agent, now):
                 if row.id in self._driving or is_lapsed(row, now) or row.id in left:
                     continue
                 with one_of_many(log, row.id, "its recorded deadlines not gone on with"):
@@ -151,6 +141,28 @@ class Sweeps(Messages):
                     if tail and records_deadline(tail[-1]):
                         left.append(row.id)
         return left
+
+    async def _maybe_undriven(self, agent: str, now: float) -> list[SessionSummary]:
+        """The running sessions of `agent` that a deadline may have left undriven: those the
+        store tells no drive holds and whose last event could record one (`running_unheld`,
+        one query a page), else every running one. Every page first: driving them would
+        reorder the listing."""
+        query = getattr(self.store, "running_unheld", None)
+        rows: list[SessionSummary] = []
+        offset, after = 0, None
+        while True:
+            if query is None:
+                page = await self.store.sessions(
+                    agent=agent, status="running", limit=_SWEEP_PAGE, offset=offset
+                )
+            else:
+                page = await query(
+                    agent, now, last_types=DEADLINE_RECORDS, limit=_SWEEP_PAGE, after=after
+                )
+            rows += page
+            if len(page) < _SWEEP_PAGE:
+                return rows
+            offset, after = offset + _SWEEP_PAGE, page[-1].id
 
     async def _lapsed(self, now: float, agents: list[str] | None = None) -> list[SessionSummary]:
         """The running or waiting sessions (of `agents` only, if given: a sweep records only

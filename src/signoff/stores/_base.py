@@ -229,6 +229,10 @@ class Store(Protocol):
     `lease_held(session_id, now)`, whether a drive holds the session's lease at `now` (both
     stores have it: a listing then reads that, where it took the lease and gave it back, a
     write that a store it may only read refuses);
+    `running_unheld(agent, now, last_types=, limit=, after=)`, the running sessions of
+    `agent` whose TTL has not passed by `now`, whose lease no drive holds at `now` and whose
+    last event is of one of `last_types`, by id past `after` (both stores have it: the inline
+    sweep then reads those only, not the lease and last event of every running session);
     and a store whose `pending()` honours `PendingFilter.due_by` lists only the due requests."""
 
     url: str

@@ -19,7 +19,10 @@ from .._base import (
     LEASE_CLAIMED,
     LEASE_RELEASED,
     LEASE_RENEWED,
+    SessionSummary,
+    session_summary,
 )
+from .._codec import stored_type
 from .._memos import checked_memo_names, checked_memos
 from ._connections import Conn, Connections, storable
 from ._sql import named_turn
@@ -280,6 +283,40 @@ class Leases(Connections):
             return await cur.fetchone() is not None
 
         return await self._read(body, f"reading the lease on session {session_id!r}")
+
+    async def running_unheld(
+        self,
+        agent: str,
+        now: float,
+        *,
+        last_types: Sequence[str],
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[SessionSummary]:
+        """The running sessions of `agent` whose TTL has not passed by `now`, whose lease no
+        drive holds at `now`, and whose last event is of one of `last_types`, by id past
+        `after`: one query, where reading each session's lease and last event took two."""
+        s = self._s
+        if not last_types:
+            return []
+        types = sorted({stored_type(t) for t in last_types} | set(last_types))
+        past = "" if after is None else 'AND x.id COLLATE "C" > %s '
+        sql = (
+            "SELECT x.id, x.agent, x.status, x.head, x.created_at, x.updated_at, x.expires_at "
+            f"FROM {s}.sessions x JOIN {s}.events e ON e.sk = x.sk AND e.seq = x.head "
+            f"LEFT JOIN {s}.leases l ON l.sk = x.sk "
+            "WHERE x.status = 'running' AND x.agent = %s "
+            "AND (x.expires_at IS NULL OR x.expires_at > %s) AND e.type = ANY(%s) "
+            "AND NOT (l.owner IS NOT NULL AND l.owner <> '' AND l.expires_at > %s) "
+            f'{past}ORDER BY x.id COLLATE "C" LIMIT %s'
+        )
+        params = [agent, now, types, now, *([] if after is None else [after]), limit]
+
+        async def body(conn: Conn) -> list[SessionSummary]:
+            cur = await conn.execute(sql, params)
+            return [session_summary(row) for row in await cur.fetchall()]
+
+        return await self._read(body, f"listing the running sessions of {agent!r} none holds")
 
     async def release_lease(self, session_id: str, owner: str, token: int) -> None:
         s = self._s

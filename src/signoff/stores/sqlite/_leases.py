@@ -17,7 +17,10 @@ from .._base import (
     LEASE_CLAIMED,
     LEASE_RELEASED,
     LEASE_RENEWED,
+    SessionSummary,
+    session_summary,
 )
+from .._codec import stored_type
 from .._memos import checked_memo_names, checked_memos
 from ._connection import Connection, kept
 from ._files import beside
@@ -142,6 +145,39 @@ class Leases(Connection):
         owner = kept(row[0], str, session_id, "lease owner")
         expires: float = kept(row[1], int | float, session_id, "lease expiry")
         return owner != "" and expires > now
+
+    @reading
+    async def running_unheld(
+        self,
+        agent: str,
+        now: float,
+        *,
+        last_types: Sequence[str],
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[SessionSummary]:
+        """The running sessions of `agent` whose TTL has not passed by `now`, whose lease no
+        drive may hold at `now`, and whose last event is of one of `last_types`, by id past
+        `after`: one query, where reading each session's lease and last event took two."""
+        if not last_types:
+            return []
+        types = sorted({stored_type(t) for t in last_types} | set(last_types))
+        past = "" if after is None else " AND s.id > ?"
+        # A lease is taken as held only when its row says so plainly: one a hand edit left
+        # odd is listed, so that reading it then (`lease_held`) says what is wrong with it.
+        sql = (
+            "SELECT s.id, s.agent, s.status, s.head, s.created_at, s.updated_at, s.expires_at "
+            "FROM sessions s JOIN events e ON e.sk = s.sk AND e.seq = s.head "
+            "LEFT JOIN leases l ON l.sk = s.sk "
+            "WHERE s.status = 'running' AND s.agent = ? "
+            "AND (s.expires_at IS NULL OR s.expires_at > ?) "
+            f"AND e.type IN ({','.join('?' * len(types))}) "
+            "AND NOT (l.owner IS NOT NULL AND l.owner <> '' "
+            "AND typeof(l.expires_at) IN ('integer', 'real') AND l.expires_at > ?)"
+            f"{past} ORDER BY s.id LIMIT ?"
+        )
+        params = [agent, now, *types, now, *([] if after is None else [after]), limit]
+        return [session_summary(row) for row in self.conn.execute(sql, params)]
 
     @serialised
     async def release_lease(self, session_id: str, owner: str, token: int) -> None:
