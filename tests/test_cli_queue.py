@@ -78,6 +78,23 @@ def test_pending_filters_and_empty_queue(url: str) -> None:
     assert len(json.loads(result.stdout)) == 1
 
 
+def test_pending_of_a_session_that_does_not_exist_says_so(url: str) -> None:
+    """A mistyped `--session` is an error naming it, not "No pending requests." (a session
+    with none open still lists none); a request id given there says which it is."""
+    session_id, request_id = park(url)
+    for args in (["--session", "ses_mistyped"], ["--session", "ses_mistyped", "--json"]):
+        result = invoke("pending", "--store", url, *args)
+        assert result.exit_code == 1, result.output
+        assert "UnknownSession" in result.output and "ses_mistyped" in result.output
+        assert "No pending requests." not in result.output
+    result = invoke("pending", "--store", url, "--session", request_id)
+    assert result.exit_code == 1 and "that is a request id" in result.output
+    result = invoke("approve", request_id, "--store", url)
+    assert result.exit_code == 0, result.output
+    result = invoke("pending", "--store", url, "--session", session_id)
+    assert result.exit_code == 0 and "No pending requests." in result.output
+
+
 def test_pending_leaves_out_what_can_no_longer_be_answered(url: str) -> None:
     """No sweep ran: a request past its deadline, or of a session past its TTL, is not listed."""
 

@@ -23,6 +23,7 @@ from .._exceptions import (
     NotAllowed,
     SignoffError,
     UnknownRequest,
+    UnknownSession,
     UsageError,
 )
 from .._queue_page import counted_page
@@ -109,6 +110,8 @@ def pending(
             flt = dataclasses.replace(flt, excluded=tuple(hidden))
             requests, more, counted = await counted_page(runtime, flt)  # of one snapshot
             total = counted if more else len(requests)
+            if session is not None and not requests and await runtime.store.head(session) is None:
+                raise UnknownSession(session)  # a mistyped id, not a session with none open
         with ctrl_c_interrupts():  # a long table takes seconds to lay out, and never awaits
             _print_queue(requests, total, now, as_json)
 
