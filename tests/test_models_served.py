@@ -93,3 +93,42 @@ async def test_the_budget_counts_what_the_model_that_answered_costs(tmp_path: Pa
             assert [p.kind for p in r.pending] == ["session-limit"]
         await model.aclose()
     assert len(fake.received) == 1
+
+
+async def test_the_model_that_answered_is_recorded_when_another_than_asked(tmp_path: Path) -> None:
+    """`model.completed` says which model made a reply when the provider names another than the
+    one asked for (a router's pick, a dated version), so the log shows who answered; a reply
+    naming the one asked for, or none, adds nothing. A name that is no name (control
+    characters, 5,000 characters) is kept printable and cut to 200."""
+    odd = "gpt-4o\x00\n" + "x" * 5000
+    with FakeLLM("openai") as fake:
+        fake.queue(
+            openai_completion("a", model="gpt-4o-2024-08-06"),
+            openai_completion("b", model="gpt-4o-mini"),
+            openai_completion("c", model=odd),
+        )
+        model = so.models.OpenAIChat(
+            "gpt-4o-mini", base_url=fake.base_url, api_key=API_KEY, max_retries=0
+        )
+        agent = so.Agent(name="a", model=model)
+        async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+            r = await rt.generate("a", prompt="hi")
+            for prompt in ("again", "and again"):
+                await rt.generate(session_id=r.session_id, prompt=prompt)
+            served = [
+                e.data.get("model")
+                async for e in rt.events(r.session_id, follow=False)
+                if e.type == "model.completed"
+            ]
+        await model.aclose()
+    assert served == ["gpt-4o-2024-08-06", None, "gpt-4o" + "x" * 194]
+    with FakeLLM("anthropic") as fake:
+        fake.queue(
+            anthropic_message("a", model="claude-haiku-4-5-20251001"),
+            anthropic_message("b", model="claude-haiku-4-5"),
+        )
+        async with so.models.Anthropic(
+            "claude-haiku-4-5", base_url=fake.base_url, api_key=API_KEY, max_retries=0
+        ) as m:
+            replies = [await m.complete(request()) for _ in range(2)]
+    assert [r.model for r in replies] == ["claude-haiku-4-5-20251001", None]

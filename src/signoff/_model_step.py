@@ -213,6 +213,8 @@ class ModelStep(DriverPart):
             data["cost_reported"] = True
         if response.context_tokens is not None:  # what the next call reads again, at least
             data["context_tokens"] = min(response.context_tokens, response.usage.input_tokens)
+        if response.model is not None:  # another model than the one asked for answered
+            data["model"] = response.model
         if response.reasoning and calls:  # only a response with calls needs its reasoning back
             data["reasoning"] = recorded["reasoning"]
         completed: EventSpec = ("model.completed", data)

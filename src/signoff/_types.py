@@ -187,7 +187,9 @@ class ModelResponse(_Model):
     `usage.input_tokens` (0: not known): input the provider billed but the conversation does not
     keep (tools it ran itself, a paused turn read again) is not read again. `cost_reported`:
     `usage.cost_usd` is what the provider or gateway reported the call cost (OpenRouter's
-    `usage.cost`), not a price computed from its tokens."""
+    `usage.cost`), not a price computed from its tokens. `model`: the model the provider says
+    made the reply when it names another than the one asked for (a gateway's router or
+    fallback, a dated version); `model.completed` records it."""
 
     text: str = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)
@@ -196,6 +198,7 @@ class ModelResponse(_Model):
     cut_off: CutOff | None = None
     context_tokens: int | None = Field(default=None, ge=0)
     cost_reported: bool = False
+    model: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class UserMessage(_Model):

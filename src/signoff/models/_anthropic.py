@@ -34,6 +34,7 @@ from ._provider import (
     plain_int,
     plain_str,
     scrub,
+    served_model,
     shown_url,
 )
 from ._reply_cap import DEFAULT_MAX_REPLY_BYTES, check_reply_cap
@@ -445,6 +446,7 @@ class Anthropic(SdkModel):
             reasoning=reasoning,
             cut_off=cut,
             context_tokens=0 if unkept else None,
+            model=served_model(getattr(message, "model", None), self.model),
         )
 
     def _usage(self, message: Any) -> Usage:

@@ -44,6 +44,7 @@ from ._provider import (
     plain_int,
     plain_str,
     scrub,
+    served_model,
     shown_url,
 )
 from ._reply_cap import DEFAULT_MAX_REPLY_BYTES, check_reply_cap
@@ -331,7 +332,12 @@ class OpenAIChat(SdkModel):
             )
         cut = _CUT_OFF.get(finish or "")  # half an answer must not pass for a whole one
         return ModelResponse(
-            text=text, tool_calls=calls, usage=usage, cut_off=cut, cost_reported=reported
+            text=text,
+            tool_calls=calls,
+            usage=usage,
+            cut_off=cut,
+            cost_reported=reported,
+            model=served_model(getattr(completion, "model", None), self.model),
         )
 
     def _prices(self, served: Any) -> tuple[tuple[float, float], float] | None:

@@ -40,6 +40,7 @@ __all__ = [
     "plain_input",
     "plain_int",
     "scrub",
+    "served_model",
     "shown_url",
     "status_detail",
     "status_hint",
@@ -281,6 +282,20 @@ def plain_input(value: Any) -> Any:
             text = "(arguments nested too deeply to show)"
         return {UNPARSED_ARGUMENTS: text}
     return value
+
+
+SERVED_NAME_MAX = 200
+"""Characters of a model name a reply gives that are kept: longer is no model's name."""
+
+
+def served_model(value: Any, asked: str) -> str | None:
+    """The model a reply says made it (a gateway's router or fallback, a dated version), when
+    that is a name other than the one `asked` for: None when it is the same or names none."""
+    name = plain_str(value)
+    if not name or name == asked:
+        return None
+    name = "".join(c for c in name if c.isprintable())[:SERVED_NAME_MAX]
+    return name or None
 
 
 def plain_str(value: Any) -> str | None:
