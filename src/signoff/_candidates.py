@@ -22,7 +22,7 @@ from ._exceptions import AnswerError, InvalidAnswer, RequestClosed, SessionExpir
 from ._idempotency import Keyed
 from ._policy_inputs import proposed_input, session_info, typed_input
 from ._recording import Batch, EventSpec, new_id, with_usage
-from ._refusals import InFlight, Moved, Refusals
+from ._refusals import InFlight, Lost, Moved, Refusals
 from ._response import (
     RequestInfo,
     ResponseContext,
@@ -455,9 +455,10 @@ class Candidates(SessionRunner):
         person's same decision before with the verdict it gives now: the trail records a refusal
         once (clicked a thousand times, it would grow the log a thousand times), so that one is
         returned, recording nothing. A candidate of the same answer being judged meanwhile (by
-        another call or process) is waited for, not judged beside it. Returns the verdict judged
-        here (None if none was) and the seq of the candidate recorded. An answer whose edit
-        review cost usage is always recorded (its usage must be billed)."""
+        another call or process) is waited for, not judged beside it; one whose process died
+        is judged again first (`_recover`), so its refusal is the one recorded. Returns the
+        verdict judged here (None if none was) and the seq of the candidate recorded. An answer
+        whose edit review cost usage is always recorded (its usage must be billed)."""
         sid, tid, rid = state.id, request.turn_id, request.id
         once = Refusals(self.store, state, request, pending["by"], wanted["decision"])
         lost_after = tool.response_timeout + RECOVERY_GRACE
@@ -481,10 +482,14 @@ class Candidates(SessionRunner):
                 recorded = await self._append(sid, propose, durable=True, turn_id=tid)
             except Moved:
                 continue
-            except InFlight as other:
-                await once.ended(self.now, other.cid, other.at + lost_after)
+            except (InFlight, Lost) as other:
+                if isinstance(other, InFlight):
+                    await once.ended(self.now, other.cid, other.at + lost_after)
                 self._cache.pop(sid, None)
                 state = await self._state(sid)
+                if isinstance(other, Lost) and await self._recover(state):
+                    # Its dead process's verdict, recorded now as a drive would, is read next.
+                    state = await self._state(sid)
                 closed = await self._closed_meanwhile(state, request, wanted, principal)
                 if closed is not None:
                     return closed

@@ -12,7 +12,7 @@ from ._state import SessionState
 from ._types import InputRequest
 from .stores import Store
 
-__all__ = ["REFUSAL_OUTCOMES", "InFlight", "Moved", "Refusals", "ended"]
+__all__ = ["REFUSAL_OUTCOMES", "InFlight", "Lost", "Moved", "Refusals", "ended"]
 
 REFUSAL_OUTCOMES = frozenset({"rejected", "failed", "timed-out"})
 """A response policy's verdicts that refuse an answer (`ResponseVerdict.outcome`)."""
@@ -32,6 +32,12 @@ class InFlight(Exception):
         super().__init__(cid)
         self.cid = cid
         self.at = at
+
+
+class Lost(Exception):
+    """Internal: a candidate of the same person's same decision on the request is pending past
+    the time its judging may take (its process died): it is judged again (`_recover`) before
+    this answer is recorded, else both would record the same refusal."""
 
 
 class Refusals:
@@ -73,15 +79,18 @@ class Refusals:
         )
 
     def guard(self, st: SessionState, now: float, lost_after: float) -> None:
-        """Refuse (`InFlight`) to record the answer's candidate while another candidate of the
-        same answer is pending and not yet taken for lost, or (`Moved`) on a state with events
-        not read: either may be the refusal this answer would record again. A state older than
-        the last read is let be: its commit conflicts, and this is asked again on a newer one."""
+        """Refuse to record the answer's candidate while another candidate of the same answer
+        is pending (`InFlight`, or `Lost` once taken for lost), or (`Moved`) on a state with
+        events not read: any may be the refusal this answer would record again. A state older
+        than the last read is let be: its commit conflicts, and this is asked again on a newer
+        one."""
         if st.seq < self.seen:
             return
         for cid, c in st.candidates.items():
-            if self._same(c) and now - float(c["at"]) < lost_after:
-                raise InFlight(cid, float(c["at"]))
+            if self._same(c):
+                if now - float(c["at"]) < lost_after:
+                    raise InFlight(cid, float(c["at"]))
+                raise Lost(cid)
         if st.seq > self.seen:
             raise Moved
 
