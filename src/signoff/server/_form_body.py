@@ -24,6 +24,8 @@ __all__ = ["form_fields"]
 _URLENCODED = "application/x-www-form-urlencoded"
 _MULTIPART = "multipart/form-data"
 
+_NO_FIELD_BOUND = 2**62
+
 NOT_UTF8 = "it is not UTF-8 (a form is sent as UTF-8, each byte past ASCII percent-encoded)"
 
 
@@ -93,7 +95,9 @@ async def form_fields(request: Request) -> dict[str, str]:
         )
     await _check_bytes(request)
     try:
-        form = await request.form()
+        # A field may be as long as the body (`max_body_size` bounds it): Starlette's 1 MiB
+        # a field refused a reason or an answer the API takes, as 400 `malformed_form`.
+        form = await request.form(max_part_size=_NO_FIELD_BOUND)
     except HTTPException as exc:
         if exc.status_code != 400:
             raise
