@@ -38,7 +38,7 @@ def _kill_at_the_held_continuation(
     told to (`PausingLLM.hold`), and return the session's id."""
     child = _spawn(tmp, url, fake.base_url, max_tokens)
     try:
-        child.expect("ready", timeout=30)
+        child.expect("ready", timeout=60)  # a bound on a hang: 8 jobs on 2 CPUs took over 30 s
         assert llm.held.wait(30), f"no continuation held; stderr:\n{child.stderr()}"
         child.sigkill()
         assert child.proc.returncode == -signal.SIGKILL

@@ -29,7 +29,7 @@ async def test_a_reply_lost_to_a_crash_before_its_journal_is_asked_for_and_bille
             module="tests._reply_crash_child",
         )
         try:
-            child.expect("ready", timeout=30)
+            child.expect("ready", timeout=60)  # a bound on a hang: 8 jobs on 2 CPUs took over 30 s
             assert child.expect("replied", timeout=30)["text"] == "Lost with the process."
             child.sigkill()
             assert child.proc.returncode == -signal.SIGKILL
