@@ -213,6 +213,10 @@
         el.classList.add("new");
         current = el;
         if (previous) previous.after(current); else container.prepend(current);
+      } else {
+        // A card kept (and what is typed in it) still shows others' votes as they come.
+        const [was, now] = [current, el].map((c) => c.querySelector("[data-votes]"));
+        if (was && now && was.innerHTML !== now.innerHTML) was.replaceWith(now);
       }
       previous = current;
     });
