@@ -317,10 +317,11 @@
       };
       es.onerror = () => {
         if (dot) dot.classList.remove("on");
-        // A reconnect refused (the sign-in ended while the stream was down, a proxy's 502 or a
-        // 429): the browser gives up; the page is read once more, which says why or shows the
-        // truth, and the stream is tried again.
-        if (es.readyState !== EventSource.CLOSED) return;  // the browser reconnects itself
+        // The stream dropped (the server restarting, the network): the browser reconnects by
+        // itself, and the page says so until it has. A reconnect refused (the sign-in ended
+        // while the stream was down, a proxy's 502 or a 429): the browser gives up; the page is
+        // read once more, which says why or shows the truth, and the stream is tried again.
+        if (es.readyState !== EventSource.CLOSED) { reconnecting(true); return; }
         if (ended) ended({});
         retry();
       };
