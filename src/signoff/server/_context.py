@@ -478,7 +478,11 @@ class ServerContext:
 
         A vote counted toward a quorum changes neither the set nor its ends, only the parked
         session it was cast in: the fingerprint takes in the newest change of a waiting session
-        (of those the store `picks`), so a card's count of approvals is redrawn too."""
+        (of those the store `picks`), so a card's count of approvals is redrawn too. SQLite finds
+        it by its index; PostgreSQL's index of sessions is by status alone (an `updated_at` in
+        it would cost each commit its in-place update), so there it reads the waiting sessions'
+        rows, as the count reads every open request's (measured: 7-10 ms for 30,000 waiting
+        sessions, where the fingerprint of 30,000 open requests took about 200 ms)."""
         store = self.runtime.store
         live = PendingFilter(live_at=self.runtime.now(), initiated_by=picks)
         total = await store.count_pending(live)
