@@ -19,7 +19,7 @@ from signoff.server._sign_ins import Grant
 from signoff.stores import PendingFilter
 
 from ._ttl import ttl_agent
-from .test_server_common import ADMIN, ALICE, MALLORY
+from .test_server_common import ADMIN, ALICE, BOB, MALLORY, make_agents
 from .test_server_errors import deadline_agent
 
 
@@ -172,3 +172,41 @@ async def test_the_queue_version_changes_when_the_newest_request_is_replaced(
         total, after = await ctx.open_requests_version()
         assert total == 2 and after != before
         assert await ctx.queue_version(ADMIN) == (2, after)
+
+
+async def test_the_queue_version_changes_when_a_vote_is_counted(store_url: str) -> None:
+    """A vote toward a two-person approval leaves the set of open requests and its ends as they
+    were, so no queue stream told the page, whose card said "0 of 2" until reloaded. Each kind
+    of caller's version changes with a vote in a session they see, and the default rule's only
+    then: a vote in another's session is not theirs to hear of."""
+    async with so.Runtime(make_agents(), store=store_url) as rt:
+        mine = await rt.generate("treasury", prompt="wire it", auth=ALICE)
+        theirs = await rt.generate("treasury", prompt="wire it", auth=MALLORY)
+        ctxs = {"admin": (_ctx(rt), ADMIN), "own": (_ctx(rt), ALICE)}
+        ctxs["rule"] = (_ctx(rt, _own_only), ALICE)  # a scan of what the rule lets it see
+
+        async def versions() -> dict[str, tuple[int, str]]:
+            return {name: await ctx.queue_version(who) for name, (ctx, who) in ctxs.items()}
+
+        before = await versions()
+        assert {name: total for name, (total, _) in before.items()} == {
+            "admin": 2,
+            "own": 1,
+            "rule": 1,
+        }
+        approve = {"request_id": theirs.pending[0].id, "option_id": "approve"}
+        counted = await rt.respond(theirs.session_id, [approve], principal=ADMIN)
+        assert counted.status == "waiting"
+        after = await versions()
+        assert after["admin"] != before["admin"]
+        assert after["own"] == before["own"] and after["rule"] == before["rule"]
+        approve = {"request_id": mine.pending[0].id, "option_id": "approve"}
+        counted = await rt.respond(mine.session_id, [approve], principal=BOB)
+        assert counted.status == "waiting"
+        last = await versions()
+        assert all(last[name] != after[name] for name in ctxs), (after, last)
+        assert {name: total for name, (total, _) in last.items()} == {
+            "admin": 2,
+            "own": 1,
+            "rule": 1,
+        }

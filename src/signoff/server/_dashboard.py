@@ -221,6 +221,23 @@ async def request_payload(request: Request, request_id: str) -> Response:
     return await _whole(request, request_id, payload=True)
 
 
+@router.get("/requests/{request_id}/edited")
+async def request_edited(request: Request, request_id: str) -> Response:
+    """All of the arguments an approver edited a request's call to, as text (the audit shows
+    only the start of them); a 404 where no edit is recorded."""
+    ctx, viewer = await signed_in(request)
+    try:
+        stored = await ctx.request(request_id, viewer)
+    except UnknownRequest:
+        stored = None
+    edited = ((stored.resolution if stored else None) or {}).get("edited_input")
+    if edited is None:
+        return await dashboard_error(
+            request, 404, "not_found", f"no edited arguments of request {request_id!r}"
+        )
+    return PlainTextResponse(pretty(edited))
+
+
 async def _whole(request: Request, request_id: str, *, payload: bool) -> Response:
     """A request's payload (`payload`) or tool input as text, for a reviewer who may see it."""
     ctx, viewer = await signed_in(request)
@@ -498,6 +515,8 @@ async def audit_page(request: Request) -> Response:
                 "by": resolution.get("by"),
                 "reason": resolution.get("reason"),
                 "answer": _answer(resolution),
+                # The arguments an approver ran the call with instead of those proposed.
+                "edited": resolution.get("edited_input"),
             }
         )
     return await render(

@@ -306,6 +306,8 @@ def _summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
     if t == "approval.settled":
         verb = "Approved" if d.get("decision") == "approve" else "Denied"
         parts = [(f"{verb} by ", False), _said(who(d.get("by")))]
+        if d.get("edited_input") is not None:
+            parts.append((" with edited arguments", False))
         if d.get("reason"):
             parts += [(": “", False), _said(d["reason"]), ("”", False)]
         return parts

@@ -213,6 +213,12 @@
         el.classList.add("new");
         current = el;
         if (previous) previous.after(current); else container.prepend(current);
+      } else {
+        // A card kept (and what is typed in it) still shows others' votes as they come.
+        current.querySelectorAll("[data-votes]").forEach((was) => {
+          const now = el.querySelector('[data-votes="' + was.dataset.votes + '"]');
+          if (now && was.innerHTML !== now.innerHTML) was.replaceWith(now);
+        });
       }
       previous = current;
     });
@@ -313,10 +319,11 @@
       };
       es.onerror = () => {
         if (dot) dot.classList.remove("on");
-        // A reconnect refused (the sign-in ended while the stream was down, a proxy's 502 or a
-        // 429): the browser gives up; the page is read once more, which says why or shows the
-        // truth, and the stream is tried again.
-        if (es.readyState !== EventSource.CLOSED) return;  // the browser reconnects itself
+        // The stream dropped (the server restarting, the network): the browser reconnects by
+        // itself, and the page says so until it has. A reconnect refused (the sign-in ended
+        // while the stream was down, a proxy's 502 or a 429): the browser gives up; the page is
+        // read once more, which says why or shows the truth, and the stream is tried again.
+        if (es.readyState !== EventSource.CLOSED) { reconnecting(true); return; }
         if (ended) ended({});
         retry();
       };
@@ -343,27 +350,6 @@
     };
     open();
   }
-
-  // Relative times ("3 minutes ago") stay true while the page is open. They are reckoned by
-  // the server's clock (the runtime's, which stamped them), not this browser's, which may be off.
-  const served = Number(document.body.dataset.now);
-  const skew = Number.isFinite(served) ? served - Date.now() / 1000 : 0;
-  function ago(ts) {
-    let delta = Date.now() / 1000 + skew - ts;
-    const future = delta < 0;
-    delta = Math.abs(delta);
-    let text;
-    if (delta < 45) text = "a few seconds";
-    else if (delta < 90) text = "a minute";
-    else if (delta < 3600) text = Math.round(delta / 60) + " minutes";
-    else if (delta < 5400) text = "an hour";
-    else if (delta < 86400) text = Math.round(delta / 3600) + " hours";
-    else text = Math.round(delta / 86400) + " days";
-    return future ? "in " + text : text + " ago";
-  }
-  setInterval(() => {
-    document.querySelectorAll("time[data-ts]").forEach((el) => { el.textContent = ago(Number(el.dataset.ts)); });
-  }, 20000);
 
   // The pager says which page the cards are: the last, once the list shrank below the one shown;
   // the next reads ask for that page, and the address names it (a reload shows it).
@@ -557,7 +543,11 @@
         const reason = form.querySelector("input[name=text]");
         if (reason) reason.value = "";
         buttons.forEach((b) => { b.disabled = false; });
-        const note = noteFor(card, "Your approval is counted (" + (data.reason || "") + "); waiting for more approvers. You may still deny it.", "ok");
+        const note = noteFor(card, "Your approval is counted (", "ok");
+        const count = document.createElement("span");  // redrawn as others vote
+        count.dataset.votes = "note";
+        count.textContent = data.reason || "";
+        note.append(count, "); waiting for more approvers. You may still deny it.");
         card.insertBefore(note, form);
         note.focus();
         return;
