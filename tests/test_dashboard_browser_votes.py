@@ -46,9 +46,12 @@ def test_a_vote_cast_elsewhere_is_counted_on_the_open_page(
     card = page.locator(f"[data-request-id='{rid}']")
     count = card.locator(".facts div", has_text="Approvals").locator("dd")
     expect(count).to_have_text("0 of 2")
+    expect(count).to_have_attribute("aria-live", "polite")  # announced, not only redrawn
+    count.evaluate("el => { el.dataset.kept = 'yes'; }")
     card.locator("input[name=text]").fill("checked the account")
     vote(base, sid, rid, "bob-token")
     expect(count).to_have_text("1 of 2 (bob)")
+    expect(count).to_have_attribute("data-kept", "yes")  # the live region itself, changed
     expect(card.locator("input[name=text]")).to_have_value("checked the account")
     expect(card.get_by_role("button", name="Approve")).to_be_enabled()
 

@@ -217,7 +217,8 @@
         // A card kept (and what is typed in it) still shows others' votes as they come.
         current.querySelectorAll("[data-votes]").forEach((was) => {
           const now = el.querySelector('[data-votes="' + was.dataset.votes + '"]');
-          if (now && was.innerHTML !== now.innerHTML) was.replaceWith(now);
+          // In place, not replaced: a screen reader announces a live region's new text only.
+          if (now && was.innerHTML !== now.innerHTML) was.innerHTML = now.innerHTML;
         });
       }
       previous = current;
