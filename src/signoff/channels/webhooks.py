@@ -164,8 +164,9 @@ class WebhookChannel(Channel):
         self._answers: dict[str, tuple[int | None, str, float | None]] = {}
         # What each URL's last answer asked with Retry-After, kept for other hubs too.
         self._waits = Waits(self)
-        # What the state fails (damaged, locked) is tried again at each tick, logged once.
-        self._failing = Outage(f"channel {self.name}: what it keeps in the channel state")
+        # What the state or the store fails (damaged, locked, down) is tried again at each
+        # tick, logged once.
+        self._failing = Outage(f"channel {self.name}: what it keeps in its state and the store")
         self.delivered = 0
         self.failed = 0
 
