@@ -92,7 +92,8 @@ class WebhookChannel(Channel):
     `clock` (this machine's wall clock) stamps each delivery's signature, as the receiver's
     clock checks it; a body's `at` is on the runtime's clock, as the request's own times are.
 
-    `expiring_within`: warn this many seconds before a request's `expires_at`. Retries:
+    `expiring_within`: warn this many seconds before a request's `expires_at`, once per request
+    (also across hubs: the memo that it warned is kept in the store, `_webhook_warned`). Retries:
     `max_attempts` in all, waiting `backoff * 2**n` seconds, or the receiver's `Retry-After` if
     longer, between them (at most `max_backoff`).
 
