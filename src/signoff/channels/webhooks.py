@@ -63,6 +63,7 @@ from ._webhook_signatures import (
 )
 from ._webhook_urls import checked_urls, endpoint, httpx_module, masked
 from ._webhook_waits import Waits
+from ._webhook_warned import drop_warned, keep_warned, was_warned
 
 if TYPE_CHECKING:
     import httpx
@@ -91,7 +92,8 @@ class WebhookChannel(Channel):
     `clock` (this machine's wall clock) stamps each delivery's signature, as the receiver's
     clock checks it; a body's `at` is on the runtime's clock, as the request's own times are.
 
-    `expiring_within`: warn this many seconds before a request's `expires_at`. Retries:
+    `expiring_within`: warn this many seconds before a request's `expires_at`, once per request
+    (also across hubs: the memo that it warned is kept in the store, `_webhook_warned`). Retries:
     `max_attempts` in all, waiting `backoff * 2**n` seconds, or the receiver's `Retry-After` if
     longer, between them (at most `max_backoff`).
 
@@ -146,6 +148,7 @@ class WebhookChannel(Channel):
         self._queues: dict[str, asyncio.Queue[tuple[str, str, bytes]]] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._deadlines: dict[str, InputRequest] = {}
+        self._unkept: set[str] = set()  # requests warned of whose memo is still to be kept
         self._sending: set[str] = set()  # deliveries being sent now
         self._queued: set[str] = set()  # "url delivery" queued or being sent: never twice at once
         # "url delivery" kept by an earlier run and queued again by `start`: the hub, reading
@@ -162,8 +165,9 @@ class WebhookChannel(Channel):
         self._answers: dict[str, tuple[int | None, str, float | None]] = {}
         # What each URL's last answer asked with Retry-After, kept for other hubs too.
         self._waits = Waits(self)
-        # What the state fails (damaged, locked) is tried again at each tick, logged once.
-        self._failing = Outage(f"channel {self.name}: what it keeps in the channel state")
+        # What the state or the store fails (damaged, locked, down) is tried again at each
+        # tick, logged once.
+        self._failing = Outage(f"channel {self.name}: what it keeps in its state and the store")
         self.delivered = 0
         self.failed = 0
 
@@ -239,8 +243,8 @@ class WebhookChannel(Channel):
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
         self._deadlines.pop(request.id, None)
         self._backfilled.discard(request.id)
-        # a closed request is never warned about again
-        await off_loop(self.forget, f"warned:{request.id}")
+        self._unkept.discard(request.id)
+        await drop_warned(self, request)  # a closed request is never warned about again
         await self.enqueue("request.resolved", request, resolution)
 
     async def tick(self, now: float) -> None:
@@ -263,15 +267,19 @@ class WebhookChannel(Channel):
             assert r.expires_at is not None
             if now < r.expires_at - self.expiring_within:
                 continue
-            if (
+            if rid in self._unkept or (
                 now < r.expires_at
                 and await self._still_expiring(r)
-                and not await off_loop(self.recall, f"warned:{rid}")
+                and not await was_warned(self, rid)
             ):
-                # Queued (and kept) before it counts as warned: a state that fails in between
-                # leaves it for the next tick instead of losing it.
-                await self.enqueue("request.expiring", r)
-                await off_loop(self.remember, f"warned:{rid}", True)
+                # Queued (and kept) before it counts as warned, in the store and the state: one
+                # that fails in between leaves it for the next tick instead of losing it, which
+                # keeps the memo without queuing the warning again.
+                if rid not in self._unkept:
+                    await self.enqueue("request.expiring", r)
+                    self._unkept.add(rid)
+                await keep_warned(self, rid)
+                self._unkept.discard(rid)
             self._deadlines.pop(rid, None)
 
     async def _redo(self) -> None:
