@@ -461,3 +461,28 @@ async def test_a_call_waiting_while_the_server_refuses_new_connections_says_so(
         assert await store.head(sid) == 1
     finally:
         await store.close()
+
+
+async def test_a_silent_network_after_an_outage_that_refused_at_once_fails_calls_at_once() -> None:
+    """An earlier outage whose host refused connections at once, over since: a later one of a
+    silent network (a `connect_timeout` longer than the grace, its check not answered yet)
+    fails a call past the grace within `PROBE_AFTER`, as it would with no earlier outage,
+    not after `ANSWERED_WITHIN`."""
+    outage = _Clocked([REFUSED, None])  # refused at once; then back
+    assert await outage.probe() is None and outage.since == 100
+    outage.t = 101
+    conn = await asyncio.wait_for(outage.probe(), 5)  # back: the call uses the connection
+    assert conn is not None and outage.since is None
+    outage.answers += [None, None]  # the next check hangs (`held`), as a silent network does
+    outage.t = 200
+    outage._start_probe()  # a call's check, the network now silent
+    await asyncio.sleep(0)
+    outage.t = 211
+    assert outage.over_grace()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(StoreUnavailable):
+        await outage.borrow(cast(Any, _Pool(0)), None)
+    assert loop.time() - started < 2 * PROBE_AFTER
+    outage.held.set()
+    await outage.close()

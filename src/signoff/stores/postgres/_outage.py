@@ -86,7 +86,9 @@ class Outage:
         self.refused: str | None = None
         self._probing: asyncio.Future[None] | None = None
         self._asked = 0.0  # when the check under way started
-        self._silent = True  # whether the last check that found it down waited PROBE_AFTER or more
+        # Whether the last check of this outage that found it down waited PROBE_AFTER or more
+        # (True while none has: no earlier outage's check tells how this one answers).
+        self._silent = True
         self._spare: list[Conn] = []  # at most one: the connection a check found the server back on
 
     def _now(self) -> float:
@@ -269,9 +271,11 @@ class Outage:
                 self.error = " ".join(str(exc).split()) or type(exc).__name__
             else:
                 self.since = None  # it answered: up, for whatever reason it refused us
+                self._silent = True  # a later outage is told by its own checks, as the first
                 self.refused = " ".join(str(exc).split()) or type(exc).__name__
             return
         self.refused = None
+        self._silent = True  # the outage is over: a later one is told by its own checks
         was_down, self.since = self.since is not None, None
         if was_down and not self._spare:
             self._spare.append(conn)  # for the first call to borrow one
