@@ -486,3 +486,40 @@ async def test_a_silent_network_after_an_outage_that_refused_at_once_fails_calls
     assert loop.time() - started < 2 * PROBE_AFTER
     outage.held.set()
     await outage.close()
+
+
+class _GoneSilent(_Clocked):
+    """A host that refused connections at once as told, and then went silent: each check
+    after those is answered by libpq's `connect_timeout` only, `after` seconds of real time."""
+
+    def __init__(self, answers: list[BaseException | None], after: float) -> None:
+        super().__init__(answers)
+        self.after = after
+
+    async def _answer(self) -> Any:
+        if self.answers:
+            answer = self.answers.pop(0)
+            assert answer is not None
+            raise answer
+        await asyncio.sleep(self.after)
+        raise TIMED_OUT
+
+
+async def test_a_call_that_joined_a_check_gone_unanswered_retries_within_probe_after() -> None:
+    """Its host refused connections at once, then went silent: a call past the grace joins a
+    check begun before it, which `connect_timeout` ends. Its retry waits `PROBE_AFTER` at most,
+    as any call after a silent check does, not `ANSWERED_WITHIN` on another silent check."""
+    outage = _GoneSilent([REFUSED], after=4 * PROBE_AFTER)
+    await outage.probe()
+    assert outage.since == 100
+    outage.t = 120
+    outage._start_probe()  # another call's check: the host is silent now
+    await asyncio.sleep(1.2 * PROBE_AFTER)
+    outage.t = 120 + 1.2 * PROBE_AFTER
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(StoreUnavailable, match="timeout expired"):
+        await outage.borrow(cast(Any, _Pool(0)), None)
+    # what is left of the joined check (2.8 x PROBE_AFTER), then PROBE_AFTER (not 4 x more)
+    assert loop.time() - started < 5 * PROBE_AFTER
+    await outage.close()

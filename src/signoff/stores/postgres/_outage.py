@@ -226,12 +226,15 @@ class Outage:
         not reused after it, so a call right after the server is back finds it. A call that
         joined an attempt begun before it asked, which found the server down, tries once more,
         again waiting `within` at most: the server may have come back in between, and the time
-        spent on an attempt made before it was back says nothing of how soon it answers now."""
+        spent on an attempt made before it was back says nothing of how soon it answers now
+        (`PROBE_AFTER` at most after an attempt it left unanswered that long: a silent network)."""
         asked = self._now()
         probing = self._start_probe()
         await asyncio.wait({probing}, timeout=within)
         _raise(probing)
         if probing.done() and self.since is not None and self._asked < asked and not self._spare:
+            if within is not None and self._silent:
+                within = min(within, PROBE_AFTER)  # that attempt went unanswered: so may this
             probing = self._start_probe()
             await asyncio.wait({probing}, timeout=within)
             _raise(probing)
