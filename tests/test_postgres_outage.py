@@ -461,3 +461,65 @@ async def test_a_call_waiting_while_the_server_refuses_new_connections_says_so(
         assert await store.head(sid) == 1
     finally:
         await store.close()
+
+
+async def test_a_silent_network_after_an_outage_that_refused_at_once_fails_calls_at_once() -> None:
+    """An earlier outage whose host refused connections at once, over since: a later one of a
+    silent network (a `connect_timeout` longer than the grace, its check not answered yet)
+    fails a call past the grace within `PROBE_AFTER`, as it would with no earlier outage,
+    not after `ANSWERED_WITHIN`."""
+    outage = _Clocked([REFUSED, None])  # refused at once; then back
+    assert await outage.probe() is None and outage.since == 100
+    outage.t = 101
+    conn = await asyncio.wait_for(outage.probe(), 5)  # back: the call uses the connection
+    assert conn is not None and outage.since is None
+    outage.answers += [None, None]  # the next check hangs (`held`), as a silent network does
+    outage.t = 200
+    outage._start_probe()  # a call's check, the network now silent
+    await asyncio.sleep(0)
+    outage.t = 211
+    assert outage.over_grace()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(StoreUnavailable):
+        await outage.borrow(cast(Any, _Pool(0)), None)
+    assert loop.time() - started < 2 * PROBE_AFTER
+    outage.held.set()
+    await outage.close()
+
+
+class _GoneSilent(_Clocked):
+    """A host that refused connections at once as told, and then went silent: each check
+    after those is answered by libpq's `connect_timeout` only, `after` seconds of real time."""
+
+    def __init__(self, answers: list[BaseException | None], after: float) -> None:
+        super().__init__(answers)
+        self.after = after
+
+    async def _answer(self) -> Any:
+        if self.answers:
+            answer = self.answers.pop(0)
+            assert answer is not None
+            raise answer
+        await asyncio.sleep(self.after)
+        raise TIMED_OUT
+
+
+async def test_a_call_that_joined_a_check_gone_unanswered_retries_within_probe_after() -> None:
+    """Its host refused connections at once, then went silent: a call past the grace joins a
+    check begun before it, which `connect_timeout` ends. Its retry waits `PROBE_AFTER` at most,
+    as any call after a silent check does, not `ANSWERED_WITHIN` on another silent check."""
+    outage = _GoneSilent([REFUSED], after=4 * PROBE_AFTER)
+    await outage.probe()
+    assert outage.since == 100
+    outage.t = 120
+    outage._start_probe()  # another call's check: the host is silent now
+    await asyncio.sleep(1.2 * PROBE_AFTER)
+    outage.t = 120 + 1.2 * PROBE_AFTER
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(StoreUnavailable, match="timeout expired"):
+        await outage.borrow(cast(Any, _Pool(0)), None)
+    # what is left of the joined check (2.8 x PROBE_AFTER), then PROBE_AFTER (not 4 x more)
+    assert loop.time() - started < 5 * PROBE_AFTER
+    await outage.close()

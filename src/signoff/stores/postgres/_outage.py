@@ -86,7 +86,9 @@ class Outage:
         self.refused: str | None = None
         self._probing: asyncio.Future[None] | None = None
         self._asked = 0.0  # when the check under way started
-        self._silent = True  # whether the last check that found it down waited PROBE_AFTER or more
+        # Whether the last check of this outage that found it down waited PROBE_AFTER or more
+        # (True while none has: no earlier outage's check tells how this one answers).
+        self._silent = True
         self._spare: list[Conn] = []  # at most one: the connection a check found the server back on
 
     def _now(self) -> float:
@@ -224,12 +226,15 @@ class Outage:
         not reused after it, so a call right after the server is back finds it. A call that
         joined an attempt begun before it asked, which found the server down, tries once more,
         again waiting `within` at most: the server may have come back in between, and the time
-        spent on an attempt made before it was back says nothing of how soon it answers now."""
+        spent on an attempt made before it was back says nothing of how soon it answers now
+        (`PROBE_AFTER` at most after an attempt it left unanswered that long: a silent network)."""
         asked = self._now()
         probing = self._start_probe()
         await asyncio.wait({probing}, timeout=within)
         _raise(probing)
         if probing.done() and self.since is not None and self._asked < asked and not self._spare:
+            if within is not None and self._silent:
+                within = min(within, PROBE_AFTER)  # that attempt went unanswered: so may this
             probing = self._start_probe()
             await asyncio.wait({probing}, timeout=within)
             _raise(probing)
@@ -269,9 +274,11 @@ class Outage:
                 self.error = " ".join(str(exc).split()) or type(exc).__name__
             else:
                 self.since = None  # it answered: up, for whatever reason it refused us
+                self._silent = True  # a later outage is told by its own checks, as the first
                 self.refused = " ".join(str(exc).split()) or type(exc).__name__
             return
         self.refused = None
+        self._silent = True  # the outage is over: a later one is told by its own checks
         was_down, self.since = self.since is not None, None
         if was_down and not self._spare:
             self._spare.append(conn)  # for the first call to borrow one
