@@ -6,14 +6,10 @@ sent or signed in or out."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import httpx
 import pytest
-from starlette.requests import Request
-
-from signoff.server._form_body import form_fields
 
 from ._dashboard import csrf_of, signed_in, start
 from .test_server_common import PLAIN, auth, served
@@ -187,40 +183,3 @@ def test_a_form_field_over_a_mebibyte_is_taken_as_the_api_takes_it(
         assert r.status_code == 200 and r.json()["outcome"] == "approved", r.text[:300]
         record = _request(base, rid)
         assert record["status"] == "settled" and record["resolution"]["reason"] == reason
-
-
-def test_a_form_is_read_on_a_starlette_without_a_bound_on_a_field(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """`fastapi>=0.110` lets Starlette 0.36 in, whose `Request.form` takes no `max_part_size`
-    (its fields have no bound of their own): passing it failed every dashboard form (sign-in,
-    answers, messages) with a TypeError, a 500. Its form is read there as it was before."""
-    original = Request.form
-
-    def form_of_starlette_0_36(
-        self: Request, *, max_files: int | float = 1000, max_fields: int | float = 1000
-    ) -> Any:
-        return original(self, max_files=max_files, max_fields=max_fields)
-
-    monkeypatch.setattr(Request, "form", form_of_starlette_0_36)
-    body = b"csrf=x&option=approve&text=caf%C3%A9"
-    sent: list[bool] = []
-
-    async def receive() -> dict[str, Any]:
-        if sent:
-            return {"type": "http.disconnect"}
-        sent.append(True)
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/",
-        "query_string": b"",
-        "headers": [
-            (b"content-type", URLENCODED.encode()),
-            (b"content-length", str(len(body)).encode()),
-        ],
-    }
-    fields = asyncio.run(form_fields(Request(scope, receive)))
-    assert fields == {"csrf": "x", "option": "approve", "text": "café"}

@@ -208,6 +208,29 @@ def test_a_missing_extra_fails_with_its_install_hint(modules: str, code: str, hi
     assert last.startswith("signoff._exceptions.UsageError: ") and hint in last, done.stderr
 
 
+def test_a_starlette_too_old_for_the_dashboard_s_forms_fails_with_its_install_hint() -> None:
+    """`fastapi>=0.110` alone lets Starlette 0.36 in, whose `Request.form` takes no
+    `max_part_size`: every dashboard form would fail with a TypeError, a 500. The server says
+    so on import instead, naming the version found and the upgrade line."""
+    code = (
+        "import importlib.metadata as m\n"
+        "real = m.version\n"
+        "m.version = lambda name: '0.36.3' if name == 'starlette' else real(name)\n"
+        "import signoff.server\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (
+        "signoff._exceptions.UsageError: the signoff server needs Starlette 0.44 or later, not "
+        "0.36.3: pip install --upgrade 'signoff[server]'"
+    ), done.stderr
+    fine = subprocess.run(
+        [sys.executable, "-c", "import signoff.server"], capture_output=True, text=True, timeout=60
+    )
+    assert fine.returncode == 0, fine.stderr
+
+
 @pytest.mark.parametrize(
     ("modules", "flags", "hint"),
     [

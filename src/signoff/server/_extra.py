@@ -3,6 +3,7 @@ install line on import rather than found later (e.g. as a 500 on the dashboard's
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from importlib.util import find_spec
 
 from .._exceptions import UsageError
@@ -10,14 +11,35 @@ from .._exceptions import UsageError
 # Each package of the extra, with the modules that may provide it.
 SERVER_EXTRA = {
     "fastapi": ("fastapi",),
+    "starlette": ("starlette",),
     "uvicorn": ("uvicorn",),
     "jinja2": ("jinja2",),
     "python-multipart": ("python_multipart", "multipart"),
     "httpx": ("httpx",),
 }
 
+STARLETTE_AT_LEAST = (0, 44)
+"""Its `Request.form(max_part_size=)`: a dashboard form's field is bounded by the body limit."""
+
+
+def _older_starlette() -> str | None:
+    """The installed Starlette's version when older than the server needs, else None."""
+    try:
+        shown = version("starlette")
+    except PackageNotFoundError:
+        return None  # named as missing
+    parts = [int(p) if p.isdigit() else 0 for p in shown.split(".")[:2]]
+    return shown if tuple(parts) < STARLETTE_AT_LEAST else None
+
+
 _missing = [dist for dist, mods in SERVER_EXTRA.items() if not any(map(find_spec, mods))]
 if _missing:
     raise UsageError(
         f"the signoff server needs {', '.join(_missing)}: pip install 'signoff[server]'"
+    )
+_older = _older_starlette()
+if _older is not None:
+    raise UsageError(
+        f"the signoff server needs Starlette 0.44 or later, not {_older}: "
+        "pip install --upgrade 'signoff[server]'"
     )

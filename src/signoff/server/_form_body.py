@@ -10,7 +10,6 @@ gateway or a log may keep the first, the ambiguity the API refuses in a JSON bod
 from __future__ import annotations
 
 import codecs
-import inspect
 from collections import Counter
 from urllib.parse import unquote_to_bytes
 
@@ -26,16 +25,6 @@ _URLENCODED = "application/x-www-form-urlencoded"
 _MULTIPART = "multipart/form-data"
 
 _NO_FIELD_BOUND = 2**62
-
-
-def _unbounded(request: Request) -> dict[str, int]:
-    """What lifts Starlette's bound on a field: `max_part_size`, which `Request.form` takes
-    from Starlette 0.44. An older one (`fastapi>=0.110` lets 0.36 in) takes no such argument
-    (a TypeError, a 500 on every form): before 0.40 no field is bounded; 0.40 to 0.43 keep a
-    multipart part to 1 MiB."""
-    if "max_part_size" in inspect.signature(request.form).parameters:
-        return {"max_part_size": _NO_FIELD_BOUND}
-    return {}
 
 
 NOT_UTF8 = "it is not UTF-8 (a form is sent as UTF-8, each byte past ASCII percent-encoded)"
@@ -109,7 +98,7 @@ async def form_fields(request: Request) -> dict[str, str]:
     try:
         # A field may be as long as the body (`max_body_size` bounds it): Starlette's 1 MiB
         # a field refused a reason or an answer the API takes, as 400 `malformed_form`.
-        form = await request.form(**_unbounded(request))
+        form = await request.form(max_part_size=_NO_FIELD_BOUND)
     except HTTPException as exc:
         if exc.status_code != 400:
             raise
