@@ -19,7 +19,7 @@ from signoff._exceptions import StoreBusy, StoreUnavailable
 from signoff.stores import Commit
 from signoff.stores._prompt import promptly
 from signoff.stores.postgres import PostgresStore
-from signoff.stores.postgres._outage import PROBE_AFTER, Outage
+from signoff.stores.postgres._outage import ANSWERED_WITHIN, PROBE_AFTER, Outage
 
 from ._pg_events import ev, new_session
 from ._relay import Relay
@@ -522,4 +522,40 @@ async def test_a_call_that_joined_a_check_gone_unanswered_retries_within_probe_a
         await outage.borrow(cast(Any, _Pool(0)), None)
     # what is left of the joined check (2.8 x PROBE_AFTER), then PROBE_AFTER (not 4 x more)
     assert loop.time() - started < 5 * PROBE_AFTER
+    await outage.close()
+
+
+class _GoneSilentClocked(_GoneSilent):
+    """`_GoneSilent`, whose unanswered checks take their time on the outage's clock too."""
+
+    async def _answer(self) -> Any:
+        try:
+            return await super()._answer()
+        except psycopg.OperationalError as exc:
+            if exc is TIMED_OUT:
+                self.t += self.after
+            raise
+
+
+async def test_a_host_gone_silent_after_refusing_holds_calls_until_a_check_goes_unanswered() -> (
+    None
+):
+    """What the README admits beside "within a second": its host refused connections at once,
+    then went silent (its machine stopped after its server). A call past the grace cannot tell
+    that from a server slow to start, so it waits for its check up to `ANSWERED_WITHIN` (here
+    libpq's `connect_timeout`, shorter, ends it); once a check went unanswered, a call past the
+    grace fails within a second again."""
+    outage = _GoneSilentClocked([REFUSED], after=6 * PROBE_AFTER)
+    await outage.probe()
+    assert outage.since == 100
+    outage.t = 120  # past the grace, no check under way
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(StoreUnavailable):
+        await outage.borrow(cast(Any, _Pool(0)), None)
+    assert 2 * PROBE_AFTER < loop.time() - started < ANSWERED_WITHIN + PROBE_AFTER
+    started = loop.time()
+    with pytest.raises(StoreUnavailable, match="timeout expired"):
+        await outage.borrow(cast(Any, _Pool(0)), None)
+    assert loop.time() - started < 2 * PROBE_AFTER
     await outage.close()
