@@ -3,6 +3,7 @@ install line on import rather than found later (e.g. as a 500 on the dashboard's
 
 from __future__ import annotations
 
+import re
 from importlib.metadata import PackageNotFoundError, version
 from importlib.util import find_spec
 
@@ -28,7 +29,8 @@ def _older_starlette() -> str | None:
         shown = version("starlette")
     except PackageNotFoundError:
         return None  # named as missing
-    parts = [int(p) if p.isdigit() else 0 for p in shown.split(".")[:2]]
+    # The leading digits of its first two parts: "0.45rc1" is (0, 45), "1.0.0.dev1" (1, 0).
+    parts = [int(m.group()) if (m := re.match(r"\d+", p)) else 0 for p in shown.split(".")[:2]]
     return shown if tuple(parts) < STARLETTE_AT_LEAST else None
 
 
