@@ -4,6 +4,7 @@ refunds or for one that escalates to finance, a hub read by hand, and a request'
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +23,7 @@ from signoff.testing import call, call_tools, reply, scripted_agent
 
 __all__ = [
     "BOB",
+    "caught_up",
     "escalating_refund",
     "frozen_monotonic",
     "manual",
@@ -135,3 +137,15 @@ def escalating_refund(name: str = "support") -> so.Agent:
         tools=[issue_refund],
         repeat_last=True,
     )
+
+
+async def caught_up(h: ChannelHub, claim_ttl: float) -> None:
+    """Poll until the hub delivers (a claim a killed hub held lapses first, `claim_ttl`), then
+    twice more: every entry past its position is dispatched, those it had delivered again."""
+    deadline = time.monotonic() + 10 * claim_ttl + 20
+    while not h.active:
+        assert time.monotonic() < deadline, "the hub never took the channel's claim"
+        await h.poll()
+        await asyncio.sleep(0.05)
+    for _ in range(2):
+        await h.poll()

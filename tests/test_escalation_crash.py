@@ -6,7 +6,6 @@ commit the person is told once, killed before it once more (the text is sent bef
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
 from pathlib import Path
@@ -15,11 +14,10 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff.channels import ChannelHub
 from signoff.testing import ManualClock
 
 from . import _proof
-from ._channels import BOB, escalating_refund, manual
+from ._channels import BOB, caught_up, escalating_refund, manual
 from ._escalation_crash import CLAIM_TTL, ESCALATED, Told, hub, sent
 from ._forks import Scripts
 from ._procs import ROOT
@@ -30,18 +28,6 @@ _CHILD = "import sys\nfrom tests._escalation_crash import main\nmain(sys.argv[1:
 
 def escalations(path: Path) -> list[str]:
     return [text for text in sent(path) if ESCALATED in text]
-
-
-async def caught_up(h: ChannelHub) -> None:
-    """Poll until the hub delivers (a claim the killed hub held lapses first), then twice more:
-    every entry past its position is dispatched, those it had delivered again."""
-    deadline = time.monotonic() + 10 * CLAIM_TTL + 20
-    while not h.active:
-        assert time.monotonic() < deadline, "the hub never took the channel's claim"
-        await h.poll()
-        await asyncio.sleep(0.05)
-    for _ in range(2):
-        await h.poll()
 
 
 @pytest.mark.parametrize("restart", ["same state", "another state"])
@@ -62,7 +48,7 @@ async def test_an_escalation_is_told_again_only_if_killed_before_its_memo_was_ke
         first = hub(front, Told(texts), tmp_path / "a.db")
         async with manual(first):
             (a,) = (await rt.generate("support", prompt="Refund A-1")).pending
-            await caught_up(first)
+            await caught_up(first, CLAIM_TTL)
         memo = f"{first.name}.sms:escalated:{a.id}"
         assert sent(texts) == [Told(texts).render(a)]
         clock.advance(61)
@@ -78,7 +64,7 @@ async def test_an_escalation_is_told_again_only_if_killed_before_its_memo_was_ke
         sms = Told(texts)
         restarted = hub(front, sms, tmp_path / ("a.db" if restart == "same state" else "b.db"))
         async with manual(restarted):
-            await caught_up(restarted)
+            await caught_up(restarted, CLAIM_TTL)
             assert [(r.id, r.escalated_to) for r in sms.waiting] == [(a.id, "finance")]
         told = len(escalations(texts))
         # After the memo's commit: told once, for good. Before it: its entry is delivered
@@ -88,7 +74,7 @@ async def test_an_escalation_is_told_again_only_if_killed_before_its_memo_was_ke
 
         again = hub(front, Told(texts), tmp_path / "b.db")
         async with manual(again):  # one more restart (on b.db): nothing more is told
-            await caught_up(again)
+            await caught_up(again, CLAIM_TTL)
             assert len(escalations(texts)) == told
             r = await rt.respond(
                 a.session_id,

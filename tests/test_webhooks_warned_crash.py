@@ -10,17 +10,16 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import signoff as so
-from signoff.channels import ChannelHub, verify_webhook
+from signoff.channels import verify_webhook
 
 from . import _proof
-from ._channels import manual
+from ._channels import caught_up, manual
 from ._forks import Scripts
 from ._procs import ROOT
 from ._webhook_warned_crash import CLAIM_TTL, SECRET, hooks, hub
@@ -34,17 +33,6 @@ def expiring(receiver: Receiver) -> list[str]:
     """The delivery ids of the `request.expiring` the receiver took (each verified)."""
     bodies = [verify_webhook(SECRET, h, body) for h, body in receiver.accepted]
     return [b["id"] for b in bodies if b["type"] == "request.expiring"]
-
-
-async def caught_up(h: ChannelHub) -> None:
-    """Poll until the hub delivers (a claim the killed hub held lapses first), then twice more."""
-    deadline = time.monotonic() + 10 * CLAIM_TTL + 20
-    while not h.active:
-        assert time.monotonic() < deadline, "the hub never took the channel's claim"
-        await h.poll()
-        await asyncio.sleep(0.05)
-    for _ in range(2):
-        await h.poll()
 
 
 @pytest.mark.parametrize("restart", ["same state", "another state"])
@@ -78,7 +66,7 @@ async def test_a_warning_is_sent_once_whether_killed_before_or_after_its_memo_wa
             rt, channel, str(tmp_path / ("a.db" if restart == "same state" else "b.db"))
         )
         async with manual(restarted):
-            await caught_up(restarted)
+            await caught_up(restarted, CLAIM_TTL)
             await channel.drain()
             assert len(expiring(receiver)) == 1, receiver.accepted
             assert await store.channel_memo(memo) == "true"
@@ -90,7 +78,7 @@ async def test_a_warning_is_sent_once_whether_killed_before_or_after_its_memo_wa
         again = hooks(receiver.url)
         last = hub(rt, again, str(tmp_path / "b.db"))
         async with manual(last):  # one more restart (on b.db): nothing more is sent
-            await caught_up(last)
+            await caught_up(last, CLAIM_TTL)
             await again.drain()
             assert expiring(receiver) == [delivery]
             reply = so.InputResponse(request_id=req.id, option_id="approve")
