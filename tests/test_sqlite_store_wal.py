@@ -1,5 +1,5 @@
-"""The SQLite store's WAL at rest: a park folds it into the database file unless a lease or a
-reader elsewhere still needs it.
+"""The SQLite store's WAL at rest: a park, and the end of a turn that waited for a person, fold it
+into the database file unless a lease or a reader elsewhere still needs it.
 """
 
 from __future__ import annotations
@@ -68,14 +68,70 @@ async def test_a_parked_session_is_one_file_of_live_pages(tmp_path: Path) -> Non
         decision = so.Decision(id=r.pending[0].id, approved=True, reason="ok")
         done = await rt.generate(session_id=r.session_id, approvals=[decision])
         assert done.text == "Done." and log.count("issue_refund") == 1
-        # A turn that ends without parking leaves its WAL to SQLite's own checkpoints.
-        assert wal_bytes(tmp_path / "a.db") > 0
+        # The turn waited for a person, so its end folds the WAL too: the session at rest is
+        # one file again.
+        assert wal_bytes(tmp_path / "a.db") == 0
     # The copy taken while it waited, without any WAL, is the parked session whole.
     log2 = ExecutionLog()
     async with so.Runtime([refund_agent(log2)], store=f"sqlite:///{tmp_path / 'copy/a.db'}") as rt:
         assert [p.id for p in await rt.pending()] == [r.pending[0].id]
         done = await rt.generate(session_id=r.session_id, approvals=[decision])
         assert done.text == "Done." and log2.count("issue_refund") == 1
+
+
+async def test_a_turn_without_a_person_leaves_its_wal_to_sqlite(tmp_path: Path) -> None:
+    # Back-to-back turns nobody waits on should not pay a checkpoint each: SQLite's own
+    # autocheckpoint and `journal_size_limit` bound their WAL.
+    log = ExecutionLog()
+
+    @log.tool()
+    async def look_up(order_id: str) -> str:
+        return "shipped"
+
+    script = [call_tools(call("look_up", order_id="1")), reply("Shipped.")] * 2
+    agent = scripted_agent("a", script, tools=[look_up])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 'a.db'}") as rt:
+        r = await rt.generate("a", prompt="where is order 1")
+        assert r.text == "Shipped." and wal_bytes(tmp_path / "a.db") > 0
+        r = await rt.generate(session_id=r.session_id, prompt="and now?")
+        assert r.text == "Shipped." and log.count("look_up") == 2
+        assert wal_bytes(tmp_path / "a.db") > 0
+
+
+async def test_a_turn_resumed_in_another_runtime_folds_the_wal_as_it_ends(tmp_path: Path) -> None:
+    # Whoever drives the turn on after the answer knows it waited: the state says so, not a
+    # memory of this process.
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    async with so.Runtime([refund_agent(ExecutionLog())], store=url) as rt:
+        r = await rt.generate("a", prompt="refund order 1")
+    log = ExecutionLog()
+    async with so.Runtime([refund_agent(log)], store=url) as rt:
+        decision = so.Decision(id=r.pending[0].id, approved=True)
+        done = await rt.generate(session_id=r.session_id, approvals=[decision])
+        assert done.text == "Done." and log.count("issue_refund") == 1
+        assert wal_bytes(tmp_path / "a.db") == 0
+
+
+async def test_a_drive_end_folds_the_wal_only_when_its_turn_waited(
+    store: SQLiteStore, tmp_path: Path
+) -> None:
+    await new_session(store, "s1")
+    await fill_wal(store, "s1", 30)
+    for seq, waited in ((31, False), (32, True)):
+        token = await store.acquire_lease("s1", "A", 10, now=seq)
+        done = so.Event(session_id="s1", seq=seq, type="turn.completed", at=float(seq), data={})
+        await store.commit(
+            Commit(
+                session_id="s1",
+                expected_seq=seq - 1,
+                events=[done],
+                lease_token=token,
+                release_lease=True,
+                waited=waited,
+            )
+        )
+        assert (wal_bytes(tmp_path / "state.db") == 0) is waited
+    assert len(await store.read_events("s1")) == 32
 
 
 async def test_only_a_park_folds_the_wal(store: SQLiteStore, tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from ._recording import (
     snapshot_after,
     stored_status,
     tells_a_person,
+    waited_for_a_person,
 )
 from ._state import SessionState, starts_queued
 from ._tool_calls import ToolCalls
@@ -198,6 +199,7 @@ class Driver(ToolCalls, ModelStep):
                             if all(t == "subagent.spent" for t, _ in batch)
                             else self._expires_at(state, after, now),
                             release_lease=release,
+                            waited=release and after is not None and waited_for_a_person(after),
                         )
                     )
                 except BaseException as exc:

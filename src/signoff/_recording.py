@@ -51,6 +51,7 @@ __all__ = [
     "tells_a_person",
     "tool_result",
     "unchanged",
+    "waited_for_a_person",
     "waiting_after",
     "with_usage",
 ]
@@ -144,6 +145,13 @@ def ends_drive(events: Sequence[Event], after: SessionState) -> bool:
     if "turn.waiting" in types:
         return True
     return bool(types & {"turn.completed", "turn.cancelled", "turn.failed"}) and not runnable(after)
+
+
+def waited_for_a_person(after: SessionState) -> bool:
+    """Whether the turn as it stands after a drive's last commit waited for a person at some
+    point (it holds a request): a store may then tidy up as the drive ends (`Commit.waited`)."""
+    turn = after.turn
+    return turn is not None and any(r.request.turn_id == turn.id for r in after.requests.values())
 
 
 def waiting_after(state: SessionState, specs: Sequence[EventSpec]) -> list[EventSpec]:

@@ -115,6 +115,9 @@ class Commit:
     status: str | None = None
     expires_at: float | None = None
     release_lease: bool = False  # with lease_token: the drive ends here, so free the lease too
+    # With release_lease: the turn ends here after waiting for a person, so it was slow anyway
+    # and the store may tidy up at no cost to back-to-back turns (SQLite folds its WAL).
+    waited: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

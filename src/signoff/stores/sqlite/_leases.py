@@ -298,16 +298,16 @@ class Leases(Connection):
         ).fetchall()
         return [(str(n), str(v), float(at)) for n, v, at in rows]
 
-    def _given_back(self, session_id: str, token: int, *, parked: bool = False) -> None:
-        """Forget a lease this store granted. When that parked a turn (it waits for a person)
-        and no lease is left, fold the WAL into the database file: a session waiting for someone
-        is in one file of live pages. A fold costs a checkpoint (its fsyncs) and SQLite's page
-        cache, which a park can afford and back-to-back turns without a person should not pay:
-        when a turn ends without parking, `wal_autocheckpoint` and `journal_size_limit` bound
-        the WAL."""
+    def _given_back(self, session_id: str, token: int, *, rest: bool = False) -> None:
+        """Forget a lease this store granted. When that leaves a session at rest for a person's
+        pace (its turn parked on one, or ended after waiting for one) and no lease is left, fold
+        the WAL into the database file: such a session is in one file of live pages. A fold
+        costs a checkpoint (its fsyncs) and SQLite's page cache, which a person's turn can
+        afford and back-to-back turns without one should not pay: for those,
+        `wal_autocheckpoint` and `journal_size_limit` bound the WAL."""
         if self._leased.get(session_id, (None,))[0] == token:
             del self._leased[session_id]
-        if parked:
+        if rest:
             # One that lapsed unreleased (a failed drive keeps its lease; a stalled one loses
             # it) is forgotten: it must not keep the WAL for ever.
             now = self._lease_now

@@ -232,7 +232,7 @@ class SQLiteStore(Reads, Leases):
         self._after(label)
         if commit.release_lease and commit.lease_token is not None:
             parked = any(e.type == "turn.waiting" for e in commit.events)
-            self._given_back(commit.session_id, commit.lease_token, parked=parked)
+            self._given_back(commit.session_id, commit.lease_token, rest=parked or commit.waited)
 
     @staticmethod
     def _insert_session_audit(
