@@ -13,7 +13,7 @@ import types
 import urllib.parse
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..._exceptions import SchemaVersionError, StoreError, StoreGone
 from ..._settings import flag, seconds
@@ -180,6 +180,9 @@ class Connection:
         # and SQLite keeps one transaction per connection. Reentrant: `conn` opens the file.
         self._lock = threading.RLock()
         self._fault: FaultHook | None = None
+        # The fault hooks run by the store call under way, and how many of them an attempt of
+        # it that a lock held elsewhere turned back ran already (`_hook`, `serialised`).
+        self._hooks_run = self._hooks_fired = 0
         self._sk: PerSession[int] = PerSession()
         self._tails: Tails[Previous | None] = Tails()
         # The turn each recent session's head event is in and how many rows back a row names it
@@ -456,8 +459,16 @@ class Connection:
 
     def _before(self, label: str) -> None:
         if self._fault is not None:
-            self._fault("before", label)
+            self._hook("before", label)
 
     def _after(self, label: str) -> None:
         if self._fault is not None:
-            self._fault("after", label)
+            self._hook("after", label)
+
+    def _hook(self, when: Literal["before", "after"], label: str) -> None:
+        """Run the fault hook, unless an attempt of this call that another connection's lock
+        turned back ran it here already (`serialised` runs the call again from its start)."""
+        assert self._fault is not None
+        self._hooks_run += 1
+        if self._hooks_run > self._hooks_fired:
+            self._fault(when, label)

@@ -1,13 +1,20 @@
 """The SQLite store's transactions and its lock: the `BEGIN IMMEDIATE` transaction every write
 runs in, SQLite's failures said as store errors naming the file, and the decorators that run a
-store call whole under the store's lock (`serialised`), a read checked like a write (`reading`)."""
+store call whole under the store's lock (`serialised`), a read checked like a write (`reading`).
+
+A write whose file another connection is writing does not wait inside SQLite, which would hold
+the event loop (and every other task on it) for up to the busy timeout: `serialised` gives the
+lock back and sleeps on the loop, then runs the call again from its start."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import sqlite3
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 from ..._exceptions import StoreBusy, StoreError, UsageError
@@ -16,26 +23,41 @@ from .._prompt import REQUEST_WAIT, is_prompt, wrote
 if TYPE_CHECKING:
     from ._connection import Connection
 
-__all__ = ["damaged", "failed", "immediate", "reading", "serialised"]
+__all__ = ["Contended", "damaged", "failed", "immediate", "reading", "serialised"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 C = TypeVar("C", bound="Connection")
 
 
+_FIRST_PAUSE = 0.001
+_LONGEST_PAUSE = 0.025
+"""Seconds a write turned back by another connection's lock sleeps before it tries again:
+doubling from the first to the longest, about as SQLite's own busy handler does."""
+
+# Set by `serialised` to the busy timeout in milliseconds, restored after `BEGIN IMMEDIATE` finds
+# the file free: a write under it never waits in SQLite for the lock, it raises `Contended`.
+_WAITS_OUTSIDE: ContextVar[int | None] = ContextVar("signoff_sqlite_waits_outside", default=None)
+
+
+class Contended(Exception):
+    """`BEGIN IMMEDIATE` found the file's write lock held by another connection: nothing of the
+    call was written, and `serialised` runs it again once the lock may be free."""
+
+    def __init__(self, error: sqlite3.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 @contextmanager
 def immediate(conn: sqlite3.Connection, check: Callable[[], None], path: str) -> Iterator[None]:
     """One `BEGIN IMMEDIATE` transaction, after which `check` may still refuse it. A failure of
-    SQLite itself (the file locked past busy_timeout, a full disk, a damaged file) is a
-    `StoreError` naming the file at `path`; a constraint violation is left to the caller, which
-    knows what it means. Made for an HTTP request (`promptly()`), it waits for the file's lock
-    only `REQUEST_WAIT` seconds, then fails with `StoreBusy`, rather than hold the server's event
-    loop the whole timeout."""
-    prompt = is_prompt()
-    begun = False
+    SQLite itself (a full disk, a damaged file) is a `StoreError` naming the file at `path`; a
+    constraint violation is left to the caller, which knows what it means. Inside `serialised`,
+    a lock held elsewhere is `Contended` (the call waits for it on the event loop); elsewhere
+    (a store's set-up as it opens) SQLite waits for it the busy timeout."""
     try:
-        _begin(conn, prompt)
-        begun = True
+        _begin(conn)
         try:
             check()
             yield
@@ -52,11 +74,6 @@ def immediate(conn: sqlite3.Connection, check: Callable[[], None], path: str) ->
                 f"SQLite write to {path} failed: this process may read the store but not write "
                 f"it (check the owner and mode of the file, its -wal and -shm files and "
                 f"directory): {exc}"
-            ) from exc
-        if prompt and not begun and _busy(exc):
-            raise StoreBusy(
-                f"{failed('write to', path, exc)} (another connection held the file's lock for "
-                f"{REQUEST_WAIT:g}s)"
             ) from exc
         raise _refused("write to", path, exc) from exc
     wrote()
@@ -90,18 +107,22 @@ def damaged(exc: sqlite3.Error) -> str:
     return " (the file is damaged: restore a backup)" if code == sqlite3.SQLITE_CORRUPT else ""
 
 
-def _begin(conn: sqlite3.Connection, prompt: bool) -> None:
-    """`BEGIN IMMEDIATE`, which waits for the file's write lock: briefly if `prompt`, with the
-    connection's own busy timeout restored after."""
-    if not prompt:
+def _begin(conn: sqlite3.Connection) -> None:
+    """`BEGIN IMMEDIATE`: inside `serialised`, without waiting (`Contended` if the file's write
+    lock is held), the connection's own busy timeout restored after."""
+    patient = _WAITS_OUTSIDE.get()
+    if patient is None:
         conn.execute("BEGIN IMMEDIATE")
         return
-    (patient,) = conn.execute("PRAGMA busy_timeout").fetchone()
-    conn.execute(f"PRAGMA busy_timeout={min(int(patient), int(REQUEST_WAIT * 1000))}")
+    conn.execute("PRAGMA busy_timeout=0")
     try:
         conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error as exc:
+        if _busy(exc):
+            raise Contended(exc) from exc
+        raise
     finally:
-        conn.execute(f"PRAGMA busy_timeout={int(patient)}")
+        conn.execute(f"PRAGMA busy_timeout={patient}")
 
 
 def _busy(exc: sqlite3.Error) -> bool:
@@ -134,14 +155,45 @@ def serialised(
 ) -> Callable[Concatenate[C, P], Coroutine[Any, Any, R]]:
     """A store call run whole under the store's lock, so no other thread's statements land in
     its transaction, nor it reads their uncommitted writes or what the store remembers of them
-    half-updated."""
+    half-updated. While another connection holds the file's write lock, the call is run again
+    after a sleep on the event loop, until the busy timeout (`REQUEST_WAIT` for an HTTP
+    request's: then `StoreBusy`) has passed."""
 
     @functools.wraps(call)
     async def locked(store: C, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        with store._lock:
-            return _through(call(store, *args, **kwargs))
+        patient = int(store.busy_timeout * 1000)
+        fired, pause, deadline = 0, _FIRST_PAUSE, None
+        while True:
+            with store._lock:
+                waits = _WAITS_OUTSIDE.set(patient)
+                store._hooks_run, store._hooks_fired = 0, fired
+                try:
+                    return _through(call(store, *args, **kwargs))
+                except Contended as exc:
+                    # Fault hooks the turned-back attempt ran are not run again.
+                    fired, turned_back = max(fired, store._hooks_run), exc.error
+                finally:
+                    _WAITS_OUTSIDE.reset(waits)
+                    store._hooks_run = store._hooks_fired = 0
+            now = time.monotonic()
+            if deadline is None:
+                prompt = is_prompt()
+                wait = min(store.busy_timeout, REQUEST_WAIT) if prompt else store.busy_timeout
+                deadline = now + wait
+            if now >= deadline:
+                raise _gave_up(store.path, turned_back, prompt, wait) from turned_back
+            await asyncio.sleep(min(pause, deadline - now))
+            pause = min(pause * 2, _LONGEST_PAUSE)
 
     return locked
+
+
+def _gave_up(path: str, exc: sqlite3.Error, prompt: bool, waited: float) -> StoreError:
+    """The error of a write that waited `waited` seconds for another connection's lock."""
+    said = (
+        f"{failed('write to', path, exc)} (another connection held the file's lock for {waited:g}s)"
+    )
+    return StoreBusy(said) if prompt else StoreError(said)
 
 
 def _through(coro: Coroutine[Any, Any, R]) -> R:
