@@ -106,6 +106,11 @@ class Agent:
             raise UsageError(f"an agent needs a name, not {name!r}")
         if not is_utf8(name):  # no store could hold it: its sessions' agent, its tools' streams
             raise UsageError(f"agent {name!r}: its name holds a lone surrogate (not Unicode text)")
+        if "\x00" in name:  # PostgreSQL holds no NUL in text: its sessions could not be made
+            raise UsageError(
+                f"agent {name!r}: its name holds a NUL character (\\x00), which a PostgreSQL "
+                "store cannot hold; name the agent without it"
+            )
         # Else every turn failed with an AttributeError, or `generate` raised one.
         if not callable(getattr(model, "complete", None)):
             raise UsageError(
