@@ -38,6 +38,7 @@ __all__ = [
     "policy",
     "predicate",
     "reason_text",
+    "takes_one",
     "tool_policy",
 ]
 
@@ -323,12 +324,41 @@ def once() -> ApprovalPolicy:
 
 def predicate(fn: Callable[[Any], Any]) -> ApprovalPolicy:
     """A function of the validated input; `True` asks a person."""
-    return _Function(_callable(fn, "predicate"), takes_context=False)
+    return _Function(takes_one(_callable(fn, "predicate"), _PREDICATE), takes_context=False)
 
 
 def policy(fn: PolicyFn) -> ApprovalPolicy:
     """A function of an `ApprovalContext` returning an `ApprovalStatus`."""
-    return _Function(_callable(fn, "policy"), takes_context=True)
+    return _Function(takes_one(_callable(fn, "policy"), _POLICY), takes_context=True)
+
+
+_PREDICATE = (
+    "approval predicate {} must take one argument, the call's validated input "
+    "(lambda input: input.amount > 100)"
+)
+_POLICY = "approval policy {} must take one argument, an so.ApprovalContext (def check(ctx): ...)"
+
+
+def takes_one(fn: Callable[..., Any], must: str) -> Callable[..., Any]:
+    """`fn`, if it can be called with the one argument it is given: one that cannot (no
+    parameter, two that need a value, a keyword-only one) raised a TypeError on every call, so
+    each call of the tool asked a person (or each answer was refused) for a reason nobody could
+    act on. `must` says what it takes, `{}` standing for its name."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (some builtins): left to the call
+        return fn
+    try:
+        signature.bind(None)
+    except TypeError:
+        name = getattr(fn, "__name__", None)
+        shown = repr(name) if isinstance(name, str) else type(fn).__name__
+        bare = signature.replace(  # its parameters as the call sees them, without annotations
+            parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+            return_annotation=signature.empty,
+        )
+        raise UsageError(f"{must.format(shown)}, not {bare}") from None
+    return fn
 
 
 def _callable(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
@@ -344,8 +374,8 @@ def _takes_context(fn: Callable[..., Any]) -> bool:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return False
-    if not params:
-        raise UsageError(f"approval policy {fn!r} must take one argument")
+    if not params:  # refused by `takes_one`
+        return False
     first = params[0]
     annotation = first.annotation
     if annotation is ApprovalContext or (
@@ -381,7 +411,10 @@ def as_policy(value: object) -> ApprovalPolicy:
         # Else taken for a predicate: each call asked a person, a TypeError for the reason.
         raise UsageError(f"approval=so.{name} is not called: write so.{name}()")
     if callable(value):
-        return _Function(value, takes_context=_takes_context(value))
+        context = _takes_context(value)
+        return _Function(
+            takes_one(value, _POLICY if context else _PREDICATE), takes_context=context
+        )
     raise UsageError(
         f"approval must be never(), once(), always(), a predicate or a policy function, "
         f"not {shown_value(value)}"
