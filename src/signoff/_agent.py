@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from ._approval import Guardrail
+from ._approval import Guardrail, own_decide
 from ._exceptions import UsageError
 from ._settings import positive_seconds
 from ._text import is_blank, is_utf8
@@ -158,7 +158,14 @@ class Agent:
         for g in self.guardrails:
             if not isinstance(g, Guardrail):
                 raise UsageError(f"agent {name!r}: {g!r} is not a guardrail")
-            unknown = sorted(set(g.tool_names()) - set(self.tools))
+            own_decide(g, Guardrail, f"agent {name!r}: guardrail")
+            names = g.tool_names()
+            if isinstance(names, str):  # its letters were read as the names of tools
+                raise UsageError(
+                    f"agent {name!r}: guardrail {type(g).__name__}'s tool_names() must return "
+                    f"a list of tool names, not the string {names!r}"
+                )
+            unknown = sorted(set(names) - set(self.tools))
             if unknown:
                 raise UsageError(
                     f"agent {name!r}: guardrail names unknown tool(s): {', '.join(unknown)}"

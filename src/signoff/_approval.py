@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypeVar
 
 from ._error_text import error_text, readable
 from ._exceptions import UsageError
@@ -35,6 +35,7 @@ __all__ = [
     "as_policy",
     "never",
     "once",
+    "own_decide",
     "policy",
     "predicate",
     "reason_text",
@@ -401,7 +402,7 @@ def as_policy(value: object) -> ApprovalPolicy:
     if value == "always":
         return _Always()
     if isinstance(value, ApprovalPolicy):
-        return value
+        return own_decide(value, ApprovalPolicy, "approval policy")
     if value is True:
         return _Always()
     if value is False:
@@ -419,6 +420,20 @@ def as_policy(value: object) -> ApprovalPolicy:
         f"approval must be never(), once(), always(), a predicate or a policy function, "
         f"not {shown_value(value)}"
     )
+
+
+_D = TypeVar("_D", ApprovalPolicy, "Guardrail")
+
+
+def own_decide(value: _D, base: type[_D], what: str) -> _D:
+    """`value`, if its class defines `decide`: the base's raised NotImplementedError on every
+    call, so each call of the tool asked a person for a reason nobody could act on."""
+    if type(value).decide is base.decide:
+        raise UsageError(
+            f"{what} {type(value).__name__} defines no decide(): write "
+            "`async def decide(self, ctx)` returning an so.Verdict"
+        )
+    return value
 
 
 class Guardrail:
