@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff.stores.postgres import PostgresStore
+from signoff.stores.sqlite import SQLiteStore
 from signoff.testing import (
     Capture,
     ManualClock,
@@ -351,6 +353,12 @@ def test_agents_or_a_store_of_the_wrong_kind_are_refused_when_the_runtime_is_mad
     for store in (tmp_path / "state.db", 5, url.encode()):
         with pytest.raises(so.UsageError, match=r"^store must be a URL \(sqlite:///path"):
             so.Runtime([agent], store=store)  # type: ignore[arg-type]
+    # The class, not a store made of it: its `open` was a bare TypeError at the first call.
+    for kind in (SQLiteStore, PostgresStore):
+        with pytest.raises(
+            so.UsageError, match=rf"^store must be .* not the class {kind.__name__}"
+        ):
+            so.Runtime([agent], store=kind)  # type: ignore[arg-type]
     assert not (tmp_path / "state.db").exists()
 
 
