@@ -288,6 +288,13 @@ def test_a_guardrail_or_policy_class_that_cannot_decide_is_refused_when_used() -
         refund_tool(log, _UndecidedPolicy())
     with pytest.raises(so.UsageError, match=r"policy ApprovalPolicy defines no decide\(\)"):
         refund_tool(log, so.ApprovalPolicy())
+    # The class, not one of it: taken for a predicate (each call asked a person), or named as
+    # "<class ...> is not a guardrail"; each is refused saying to make one.
+    with pytest.raises(so.UsageError, match=r"approval=_PlainDenyingPolicy is a policy class: "):
+        refund_tool(log, _PlainDenyingPolicy)
+    with pytest.raises(so.UsageError, match=r"_OneString is a guardrail class: pass one of it"):
+        classes: list[Any] = [_OneString]
+        scripted_agent("a", [reply("ok")], tools=[refund_tool(log, None)], guardrails=classes)
     with pytest.raises(so.UsageError, match=r"must return a list of tool names, not the string"):
         scripted_agent(
             "a", [reply("ok")], tools=[refund_tool(log, None)], guardrails=[_OneString()]

@@ -156,6 +156,11 @@ class Agent:
                     )
         self.guardrails = list(guardrails)
         for g in self.guardrails:
+            if isinstance(g, type) and issubclass(g, Guardrail):
+                raise UsageError(
+                    f"agent {name!r}: {g.__name__} is a guardrail class: pass one of it, "
+                    f"{g.__name__}()"
+                )
             if not isinstance(g, Guardrail):
                 raise UsageError(f"agent {name!r}: {g!r} is not a guardrail")
             own_decide(g, Guardrail, f"agent {name!r}: guardrail")

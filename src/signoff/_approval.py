@@ -403,6 +403,11 @@ def as_policy(value: object) -> ApprovalPolicy:
         return _Always()
     if isinstance(value, ApprovalPolicy):
         return own_decide(value, ApprovalPolicy, "approval policy")
+    if isinstance(value, type) and issubclass(value, ApprovalPolicy):  # else a predicate
+        raise UsageError(
+            f"approval={value.__name__} is a policy class: pass one of it, "
+            f"approval={value.__name__}()"
+        )
     if value is True:
         return _Always()
     if value is False:
