@@ -65,6 +65,18 @@ def test_an_answer_over_the_text_limit_is_refused() -> None:
         resolution(request, Reply("req_1", None, "pro", value="x" * (MAX_TEXT_BYTES + 1)))
 
 
+def test_free_text_counts_once_against_the_text_limit() -> None:
+    """A free-text answer is recorded as the answer's value and as its text, and was measured
+    so: a 3 MiB reply, under the 4 MiB a person's text may take (a message of it is taken),
+    was refused as "the answer is 6291535 bytes". It counts once now, as the person gave it."""
+    request = question(allow_text=True)
+    text = "x" * (MAX_TEXT_BYTES - 200)
+    done = resolution(request, Reply("req_1", None, text))
+    assert done["answer"] == {"value": text, "option_id": None, "text": text}
+    with pytest.raises(so.InvalidAnswer, match=f"over the limit of {MAX_TEXT_BYTES}"):
+        resolution(request, Reply("req_1", None, "x" * (MAX_TEXT_BYTES + 1)))
+
+
 def _request(kind: str) -> so.InputRequest:
     return so.InputRequest(
         kind=kind, id="req_1", session_id="ses_1", turn_id="trn_1", agent="a", created_at=0.0

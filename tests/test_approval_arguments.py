@@ -89,3 +89,56 @@ def test_a_helper_given_uncalled_is_refused_by_name(helper: Any) -> None:
         so.tool(approval=helper)(noop)
     with pytest.raises(so.UsageError, match=rf"so\.{name} is not called"):
         so.ApprovalSpec(helper)
+
+
+def _two(a: Any, b: Any) -> bool:
+    return True
+
+
+def _none() -> bool:
+    return True
+
+
+def _keyword(*, input: Any) -> bool:
+    return True
+
+
+def _context_and(ctx: Any, extra: Any) -> bool:
+    return True
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (lambda fn: so.predicate(fn), "approval predicate"),
+        (lambda fn: so.policy(fn), "approval policy"),
+        (lambda fn: so.tool(approval=fn)(noop), "approval predicate"),
+        (lambda fn: so.ApprovalSpec(fn), "approval predicate"),
+    ],
+    ids=["predicate", "policy", "approval", "spec"],
+)
+@pytest.mark.parametrize("fn", [_two, _none, _keyword], ids=["two", "none", "keyword-only"])
+def test_a_policy_function_that_cannot_take_its_argument_is_refused_when_made(
+    make: Any, problem: str, fn: Any
+) -> None:
+    """A policy is called with one argument (the input, or an ApprovalContext): a function that
+    cannot take it was accepted, and each call of the tool raised a TypeError in it and so
+    asked a person, its `policy_error` a reason nobody could act on."""
+    with pytest.raises(so.UsageError, match=rf"^{problem} '{fn.__name__}' must take one argument"):
+        make(fn)
+
+
+def test_a_context_policy_that_cannot_take_its_argument_is_named_a_policy() -> None:
+    with pytest.raises(so.UsageError, match=r"ApprovalContext .*, not \(ctx, extra\)$"):
+        so.tool(approval=_context_and)(noop)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [lambda input, extra=1: True, lambda *args: True, len, so.Approved],
+    ids=["default", "varargs", "builtin", "class"],
+)
+def test_a_policy_function_that_takes_one_argument_is_taken(fn: Any) -> None:
+    so.tool(approval=fn)(noop)
+    so.predicate(fn)
+    so.ApprovalSpec(response=fn)

@@ -218,6 +218,89 @@ async def test_broken_guardrail_fails_closed(tmp_path: Path) -> None:
         assert log.count() == 1
 
 
+class _PlainDenyingGuardrail(so.Guardrail):
+    def decide(self, ctx: so.ApprovalContext) -> Any:  # plain, not async
+        return so.Verdict("deny", "no refunds on this agent")
+
+
+class _PlainDenyingPolicy(so.ApprovalPolicy):
+    def decide(self, ctx: so.ApprovalContext) -> Any:  # plain, not async
+        return so.Verdict("deny", "refunds are closed")
+
+
+@pytest.mark.parametrize(
+    ("approval", "guardrails", "reason"),
+    [
+        (so.never(), [_PlainDenyingGuardrail()], "no refunds on this agent"),
+        (_PlainDenyingPolicy(), [], "refunds are closed"),
+    ],
+    ids=["guardrail", "policy"],
+)
+async def test_a_plain_decide_of_a_guardrail_or_policy_class_is_heeded(
+    tmp_path: Path, approval: Any, guardrails: list[so.Guardrail], reason: str
+) -> None:
+    """A `decide` written as a plain method (the docs say it returns a verdict) was awaited as
+    it was: its Verdict raised a TypeError, so its deny asked a person instead, who could run
+    the very call it denied. It is called as a plain policy function is, and its verdict holds."""
+    log = ExecutionLog()
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("refund", order_id="1")), reply("ok")],
+        tools=[refund_tool(log, approval)],
+        guardrails=guardrails,
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed" and r.pending == []
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    (done,) = [e.data for e in events if e.type == "tool.completed"]
+    assert done["status"] == "denied" and done["result"]["reason"] == reason
+    assert log.count() == 0
+
+
+class _Undecided(so.Guardrail):
+    def tool_names(self) -> list[str]:
+        return ["refund"]
+
+
+class _UndecidedPolicy(so.ApprovalPolicy):
+    label = "Mine"
+
+
+class _OneString(so.Guardrail):
+    def tool_names(self) -> Any:
+        return "refund"
+
+    async def decide(self, ctx: so.ApprovalContext) -> None:
+        return None
+
+
+def test_a_guardrail_or_policy_class_that_cannot_decide_is_refused_when_used() -> None:
+    """One that defines no `decide` raised NotImplementedError on every call, so each call of
+    the tool asked a person for a reason nobody could act on; a guardrail naming its one tool
+    as a string was refused as naming the unknown tools r, e, f, u, n and d."""
+    log = ExecutionLog()
+    with pytest.raises(so.UsageError, match=r"guardrail _Undecided defines no decide\(\): write"):
+        scripted_agent(
+            "a", [reply("ok")], tools=[refund_tool(log, None)], guardrails=[_Undecided()]
+        )
+    with pytest.raises(so.UsageError, match=r"policy _UndecidedPolicy defines no decide\(\)"):
+        refund_tool(log, _UndecidedPolicy())
+    with pytest.raises(so.UsageError, match=r"policy ApprovalPolicy defines no decide\(\)"):
+        refund_tool(log, so.ApprovalPolicy())
+    # The class, not one of it: taken for a predicate (each call asked a person), or named as
+    # "<class ...> is not a guardrail"; each is refused saying to make one.
+    with pytest.raises(so.UsageError, match=r"approval=_PlainDenyingPolicy is a policy class: "):
+        refund_tool(log, _PlainDenyingPolicy)
+    with pytest.raises(so.UsageError, match=r"_OneString is a guardrail class: pass one of it"):
+        classes: list[Any] = [_OneString]
+        scripted_agent("a", [reply("ok")], tools=[refund_tool(log, None)], guardrails=classes)
+    with pytest.raises(so.UsageError, match=r"must return a list of tool names, not the string"):
+        scripted_agent(
+            "a", [reply("ok")], tools=[refund_tool(log, None)], guardrails=[_OneString()]
+        )
+
+
 @pytest.mark.parametrize("amount", ["NaN", "-Infinity", "inf", "1e400"])
 async def test_a_non_finite_number_is_invalid_input_and_reaches_no_policy(
     tmp_path: Path, amount: str

@@ -481,6 +481,28 @@ async def test_an_export_given_whole_as_text_verifies_and_bytes_are_refused(
             so.verify_audit_export(bad)  # type: ignore[arg-type]
 
 
+async def test_an_exports_file_name_given_for_its_text_is_refused(tmp_path: Path) -> None:
+    """`so.verify_audit_export("trail.jsonl")` read the name as a one-line export and reported
+    it as a line that is not an audit entry: an export of a sound trail, checked by its path,
+    read as tampered with. A file name is refused, saying to open the file; the file verifies."""
+    clock = ManualClock()
+    path = tmp_path / "trail.jsonl"
+    async with so.Runtime([agent()], store=f"sqlite:///{tmp_path}/a.db", clock=clock) as rt:
+        await run_scenario(rt, clock)
+        with path.open("w", encoding="utf-8") as f:
+            await rt.export_audit(f)
+    for name in (str(path), "trail.jsonl", " trail.jsonl "):
+        with pytest.raises(so.UsageError, match=r"takes the export itself, not .*open it"):
+            so.verify_audit_export(name)
+    with path.open(encoding="utf-8") as f:
+        assert so.verify_audit_export(f) == []
+    # Text that has a line, or begins as an entry, is read as an export: what is wrong in it is
+    # named, as before.
+    assert [p.id for p in so.verify_audit_export("trail.jsonl\n")] == [1]
+    assert [p.id for p in so.verify_audit_export('{"id": 1}')] == [1]
+    assert so.verify_audit_export("") == [] and so.verify_audit_export(" ") == []
+
+
 @pytest.mark.parametrize(
     "hostile",
     [

@@ -51,3 +51,37 @@ async def test_a_password_in_the_base_url_is_not_shown_nor_recorded(name: str) -
 )
 def test_shown_url_leaves_out_only_the_password(url: str, shown: str) -> None:
     assert shown_url(url) == shown
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("localhost:11434/v1", "'localhost:11434/v1'"),
+        ("ftp://gw.example/v1", "'ftp://gw.example/v1'"),
+        ("https:///v1", "'https:///v1'"),
+        ("http://bob:hunter2@[::1", "'[::1'"),
+        (11434, "a value of type int"),
+    ],
+    ids=["no-scheme", "ftp", "no-host", "malformed", "number"],
+)
+def test_a_base_url_no_request_could_reach_is_refused_when_the_model_is_made(
+    name: str, url: Any, shown: str
+) -> None:
+    """It was taken, and every turn then failed with a model error (`UnsupportedProtocol:
+    Request URL is missing an 'http://' or 'https://' protocol`); a password is not shown."""
+    make, _ = MODELS[name]
+    with pytest.raises(so.UsageError, match="base_url must be an http:// or https:// URL") as e:
+        make("m", base_url=url, api_key=API_KEY)
+    assert str(e.value).endswith(f", not {shown}") and "hunter2" not in str(e.value)
+    with pytest.raises(so.UsageError, match="api_key must be text, not int"):
+        make("m", base_url="http://localhost:11434/v1", api_key=5)
+
+
+@pytest.mark.parametrize(
+    ("name", "variable"), [("openai", "OPENAI_BASE_URL"), ("anthropic", "ANTHROPIC_BASE_URL")]
+)
+def test_a_base_url_from_the_environment_is_checked_alike(name: str, variable: str) -> None:
+    make, _ = MODELS[name]
+    with pytest.raises(so.UsageError, match=r"base_url must be .*, not 'localhost:8080'"):
+        make("m", env={variable: "localhost:8080"}, api_key=API_KEY)

@@ -186,6 +186,19 @@ def test_from_env_picks_the_provider() -> None:
         pick(env={})
 
 
+@pytest.mark.parametrize("env", [{}, {"OPENAI_API_KEY": "k"}], ids=["unset", "configured"])
+def test_from_env_refuses_a_fallback_or_env_it_cannot_use(env: dict[str, str]) -> None:
+    """A fallback that is no model (a model's name) was returned as it was where no provider
+    was configured and ignored where one was, so the mistake showed on one machine only; an
+    `env` that is no mapping, or holds a setting that is not text, was a bare AttributeError."""
+    with pytest.raises(so.UsageError, match=r"^from_env\(fallback=...\) must be a signoff model"):
+        so.models.from_env("gpt-4o", env=env)  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match=r"^from_env\(env=...\) must map names to text"):
+        so.models.from_env(env=["OPENAI_API_KEY=k"])  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match=r"SIGNOFF_MODEL must be text, not int"):
+        so.models.from_env(env={**env, "SIGNOFF_MODEL": 5})  # type: ignore[dict-item]
+
+
 def test_importing_signoff_does_not_import_the_sdks() -> None:
     code = "import sys, signoff; print('openai' in sys.modules, 'anthropic' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

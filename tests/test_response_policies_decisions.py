@@ -240,6 +240,10 @@ def test_approval_spec_usage_errors() -> None:
         so.ApprovalSpec(request=so.always(), response="admins")  # type: ignore[arg-type]
     with pytest.raises(so.UsageError, match="timeout must be positive"):
         so.ApprovalSpec(request=so.always(), response=tenant_guard, timeout=0)
+    # Called with a ResponseContext alone, it raised a TypeError on every answer, so none
+    # could settle the request; it is refused when the spec is made instead.
+    with pytest.raises(so.UsageError, match=r"^response policy '<lambda>' must take one arg"):
+        so.ApprovalSpec(response=lambda ctx, who: "allowed")  # type: ignore[arg-type,misc]
     spec = so.ApprovalSpec(response=tenant_guard)
     assert spec.request.describe() == "Always"  # request defaults to always()
 

@@ -233,6 +233,25 @@ async def test_a_pending_filter_that_is_not_one_is_a_usage_error(tmp_path: Path)
                 await rt.pending_page(bad)  # type: ignore[arg-type]
 
 
+async def test_a_pending_filter_of_a_kind_or_status_no_request_has_is_a_usage_error(
+    tmp_path: Path,
+) -> None:
+    """`rt.pending(kind="approval")` is refused, but the same filter given whole matched no
+    request: an empty queue, as if none were open, beside one waiting. Both are refused now."""
+    async with sqlite_runtime(tmp_path, refund_agent(ExecutionLog())) as rt:
+        await waiting_session(rt)
+        for given, named in (
+            ({"kind": "approval"}, r"PendingFilter\(kind=...\) must be one of tool-approval, "),
+            ({"status": "open"}, r"PendingFilter\(status=...\) must be one of pending, settled"),
+        ):
+            flt = so.stores.PendingFilter(**given)  # type: ignore[arg-type]
+            with pytest.raises(so.UsageError, match=named):
+                await rt.pending(flt)
+            with pytest.raises(so.UsageError, match=named):
+                await rt.pending_page(flt)
+        assert len(await rt.pending(so.stores.PendingFilter(kind="tool-approval"))) == 1
+
+
 async def test_a_listing_filter_holding_a_lone_surrogate_is_a_usage_error_on_both_stores(
     store_url: str,
 ) -> None:

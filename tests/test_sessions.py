@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff.stores.postgres import PostgresStore
+from signoff.stores.sqlite import SQLiteStore
 from signoff.testing import (
     Capture,
     ManualClock,
@@ -178,6 +180,32 @@ async def test_a_prompt_while_this_runtime_runs_the_turn_is_refused_saying_so(
         assert await store_contents(rt.store, sid) == before
         hang.set()
         assert (await running).status == "completed"
+
+
+async def test_a_prompt_to_a_session_waiting_on_a_request_says_what_it_waits_on(
+    tmp_path: Path,
+) -> None:
+    """It said "every pending request ... must be answered in one call; unanswered: req_..."
+    to a caller who had answered nothing: it names what the session waits on and the two ways
+    on (answer it, or `send` the message to answer or steer), the class and ids as before."""
+    ran: list[int] = []
+    async with sqlite_runtime(tmp_path, refund_agent(ran, Capture(reply("ok")))) as rt:
+        waiting = await rt.generate("a", prompt="refund")
+        sid, (req,) = waiting.session_id, waiting.pending
+        before = await store_contents(rt.store, sid)
+        for ask in (
+            lambda: rt.generate(session_id=sid, prompt="and more"),
+            lambda: rt.schedule("a", "and more", session_id=sid),
+        ):
+            with pytest.raises(so.PartialAnswer) as caught:
+                await ask()
+            assert caught.value.request_ids == [req.id]
+            assert str(caught.value) == (
+                f"session {sid!r} is waiting on {req.id}: a prompt starts no turn while a "
+                "request is open; answer it (generate(approvals=...) or respond()), or send() "
+                "the message, which answers or steers the waiting turn"
+            )
+        assert await store_contents(rt.store, sid) == before and ran == []
 
 
 async def test_a_prompt_to_a_turn_workers_have_yet_to_run_is_refused(tmp_path: Path) -> None:
@@ -351,6 +379,12 @@ def test_agents_or_a_store_of_the_wrong_kind_are_refused_when_the_runtime_is_mad
     for store in (tmp_path / "state.db", 5, url.encode()):
         with pytest.raises(so.UsageError, match=r"^store must be a URL \(sqlite:///path"):
             so.Runtime([agent], store=store)  # type: ignore[arg-type]
+    # The class, not a store made of it: its `open` was a bare TypeError at the first call.
+    for kind in (SQLiteStore, PostgresStore):
+        with pytest.raises(
+            so.UsageError, match=rf"^store must be .* not the class {kind.__name__}"
+        ):
+            so.Runtime([agent], store=kind)  # type: ignore[arg-type]
     assert not (tmp_path / "state.db").exists()
 
 

@@ -3,6 +3,8 @@ holding it however that event is stored."""
 
 from __future__ import annotations
 
+import pytest
+
 import signoff as so
 from signoff._audit_trail import verify as verify_trail
 from signoff._events import dumps
@@ -54,3 +56,30 @@ async def test_a_request_held_by_an_event_two_deep_in_a_chain_reads_back(store: 
     found = await store.get_request(request.id)
     assert found is not None and found.request == request
     assert await verify_trail(store, stream=sid) == []
+
+
+async def test_a_session_listing_of_the_wrong_kind_is_refused_alike_by_either_store(
+    store: Store,
+) -> None:
+    """SQLite matched `agent=5` as the text '5' where psycopg raised a bare TypeError, and took
+    a negative limit as none where PostgreSQL refused it with a StoreError: each store refuses
+    such a listing with the same UsageError, before reading anything."""
+    event = so.Event(session_id="ses_listed", seq=1, type="turn.message", at=1.0, data={})
+    await store.create_session("ses_listed", "a", [event], None)
+    wrong: list[tuple[dict[str, object], str]] = [
+        ({"agent": 5}, "agent must be text or None, not 5"),
+        ({"status": b"idle"}, "status must be text or None"),
+        ({"agent": "a\ud800"}, "agent is not valid Unicode text"),
+        ({"limit": -1}, "limit must be a whole number from 0"),
+        ({"offset": -1}, "offset must be a whole number from 0"),
+        ({"limit": "5"}, "limit must be a whole number from 0"),
+    ]
+    for given, message in wrong:
+        with pytest.raises(so.UsageError, match=message):
+            await store.sessions(**given)  # type: ignore[arg-type]
+        counted = {k: v for k, v in given.items() if k in ("agent", "status")}
+        if counted:
+            with pytest.raises(so.UsageError, match=message):
+                await store.count_sessions(**counted)  # type: ignore[arg-type]
+    assert [s.id for s in await store.sessions(agent="a", limit=5)] == ["ses_listed"]
+    assert await store.count_sessions(agent="a") == 1

@@ -150,6 +150,13 @@ def test_an_agent_named_with_a_lone_surrogate_is_refused_when_made() -> None:
         so.Agent(name="a\ud800", model=so.models.Scripted([reply("x")]), tools=[t])
 
 
+def test_an_agent_named_with_a_nul_is_refused_when_made() -> None:
+    """PostgreSQL holds no NUL in text: the agent was made (and ran on SQLite), and on a
+    PostgreSQL store each `generate` then failed with a StoreError creating its session."""
+    with pytest.raises(so.UsageError, match=r"NUL character .*name the agent without it"):
+        so.Agent(name="a\x00b", model=so.models.Scripted([reply("x")]))
+
+
 @pytest.mark.parametrize(
     ("setting", "message"),
     [

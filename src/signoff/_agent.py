@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from ._approval import Guardrail
+from ._approval import Guardrail, own_decide
 from ._exceptions import UsageError
 from ._settings import positive_seconds
 from ._text import is_blank, is_utf8
@@ -106,6 +106,11 @@ class Agent:
             raise UsageError(f"an agent needs a name, not {name!r}")
         if not is_utf8(name):  # no store could hold it: its sessions' agent, its tools' streams
             raise UsageError(f"agent {name!r}: its name holds a lone surrogate (not Unicode text)")
+        if "\x00" in name:  # PostgreSQL holds no NUL in text: its sessions could not be made
+            raise UsageError(
+                f"agent {name!r}: its name holds a NUL character (\\x00), which a PostgreSQL "
+                "store cannot hold; name the agent without it"
+            )
         # Else every turn failed with an AttributeError, or `generate` raised one.
         if not callable(getattr(model, "complete", None)):
             raise UsageError(
@@ -151,9 +156,21 @@ class Agent:
                     )
         self.guardrails = list(guardrails)
         for g in self.guardrails:
+            if isinstance(g, type) and issubclass(g, Guardrail):
+                raise UsageError(
+                    f"agent {name!r}: {g.__name__} is a guardrail class: pass one of it, "
+                    f"{g.__name__}()"
+                )
             if not isinstance(g, Guardrail):
                 raise UsageError(f"agent {name!r}: {g!r} is not a guardrail")
-            unknown = sorted(set(g.tool_names()) - set(self.tools))
+            own_decide(g, Guardrail, f"agent {name!r}: guardrail")
+            names = g.tool_names()
+            if isinstance(names, str):  # its letters were read as the names of tools
+                raise UsageError(
+                    f"agent {name!r}: guardrail {type(g).__name__}'s tool_names() must return "
+                    f"a list of tool names, not the string {names!r}"
+                )
+            unknown = sorted(set(names) - set(self.tools))
             if unknown:
                 raise UsageError(
                     f"agent {name!r}: guardrail names unknown tool(s): {', '.join(unknown)}"

@@ -184,7 +184,9 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
     else:
         raise InvalidAnswer(f"request {rid}: the answer needs an option_id or text", [rid])
     out = {"outcome": "answered", "answer": answer}
-    _check_json(rid, out)
+    # Free text is recorded twice, as the answer's value and as its text, but it is the person's
+    # text once: bounded by `MAX_TEXT_BYTES` as a message is, not at half of it.
+    _check_json(rid, {**out, "answer": {**answer, "value": None}})
     return out
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypeVar
 
 from ._error_text import error_text, readable
 from ._exceptions import UsageError
@@ -35,9 +35,11 @@ __all__ = [
     "as_policy",
     "never",
     "once",
+    "own_decide",
     "policy",
     "predicate",
     "reason_text",
+    "takes_one",
     "tool_policy",
 ]
 
@@ -323,12 +325,41 @@ def once() -> ApprovalPolicy:
 
 def predicate(fn: Callable[[Any], Any]) -> ApprovalPolicy:
     """A function of the validated input; `True` asks a person."""
-    return _Function(_callable(fn, "predicate"), takes_context=False)
+    return _Function(takes_one(_callable(fn, "predicate"), _PREDICATE), takes_context=False)
 
 
 def policy(fn: PolicyFn) -> ApprovalPolicy:
     """A function of an `ApprovalContext` returning an `ApprovalStatus`."""
-    return _Function(_callable(fn, "policy"), takes_context=True)
+    return _Function(takes_one(_callable(fn, "policy"), _POLICY), takes_context=True)
+
+
+_PREDICATE = (
+    "approval predicate {} must take one argument, the call's validated input "
+    "(lambda input: input.amount > 100)"
+)
+_POLICY = "approval policy {} must take one argument, an so.ApprovalContext (def check(ctx): ...)"
+
+
+def takes_one(fn: Callable[..., Any], must: str) -> Callable[..., Any]:
+    """`fn`, if it can be called with the one argument it is given: one that cannot (no
+    parameter, two that need a value, a keyword-only one) raised a TypeError on every call, so
+    each call of the tool asked a person (or each answer was refused) for a reason nobody could
+    act on. `must` says what it takes, `{}` standing for its name."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (some builtins): left to the call
+        return fn
+    try:
+        signature.bind(None)
+    except TypeError:
+        name = getattr(fn, "__name__", None)
+        shown = repr(name) if isinstance(name, str) else type(fn).__name__
+        bare = signature.replace(  # its parameters as the call sees them, without annotations
+            parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+            return_annotation=signature.empty,
+        )
+        raise UsageError(f"{must.format(shown)}, not {bare}") from None
+    return fn
 
 
 def _callable(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
@@ -344,8 +375,8 @@ def _takes_context(fn: Callable[..., Any]) -> bool:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return False
-    if not params:
-        raise UsageError(f"approval policy {fn!r} must take one argument")
+    if not params:  # refused by `takes_one`
+        return False
     first = params[0]
     annotation = first.annotation
     if annotation is ApprovalContext or (
@@ -371,7 +402,12 @@ def as_policy(value: object) -> ApprovalPolicy:
     if value == "always":
         return _Always()
     if isinstance(value, ApprovalPolicy):
-        return value
+        return own_decide(value, ApprovalPolicy, "approval policy")
+    if isinstance(value, type) and issubclass(value, ApprovalPolicy):  # else a predicate
+        raise UsageError(
+            f"approval={value.__name__} is a policy class: pass one of it, "
+            f"approval={value.__name__}()"
+        )
     if value is True:
         return _Always()
     if value is False:
@@ -381,11 +417,28 @@ def as_policy(value: object) -> ApprovalPolicy:
         # Else taken for a predicate: each call asked a person, a TypeError for the reason.
         raise UsageError(f"approval=so.{name} is not called: write so.{name}()")
     if callable(value):
-        return _Function(value, takes_context=_takes_context(value))
+        context = _takes_context(value)
+        return _Function(
+            takes_one(value, _POLICY if context else _PREDICATE), takes_context=context
+        )
     raise UsageError(
         f"approval must be never(), once(), always(), a predicate or a policy function, "
         f"not {shown_value(value)}"
     )
+
+
+_D = TypeVar("_D", ApprovalPolicy, "Guardrail")
+
+
+def own_decide(value: _D, base: type[_D], what: str) -> _D:
+    """`value`, if its class defines `decide`: the base's raised NotImplementedError on every
+    call, so each call of the tool asked a person for a reason nobody could act on."""
+    if type(value).decide is base.decide:
+        raise UsageError(
+            f"{what} {type(value).__name__} defines no decide(): write "
+            "`async def decide(self, ctx)` returning an so.Verdict"
+        )
+    return value
 
 
 class Guardrail:

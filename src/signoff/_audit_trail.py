@@ -14,7 +14,7 @@ from ._answers import check_text
 from ._audit_requests import PAGE as REQUESTS_PAGE
 from ._audit_requests import Leftovers, RequestTrail, request_rows
 from ._exceptions import StoreError, UsageError
-from ._text import escape_as_json
+from ._text import cut, escape_as_json
 from ._types import InputRequest
 from .stores import Store
 from .stores._audit import DAMAGED, AuditEntry, AuditRow, chain_hash, int_time_hash
@@ -443,6 +443,7 @@ def verify_export(lines: Iterable[str]) -> list[AuditProblem]:
     whole text is read line by line too (at each newline: an entry's text may hold other line
     separators); bytes are refused, as a file opened in binary mode gives them."""
     if isinstance(lines, str):
+        _not_a_file_name(lines)
         lines = lines.split("\n")
     elif isinstance(lines, bytes | bytearray) or not isinstance(lines, Iterable):
         raise UsageError(_LINES_OF_TEXT.format(type(lines).__name__))
@@ -473,6 +474,20 @@ def verify_export(lines: Iterable[str]) -> list[AuditProblem]:
         if problem is not None:
             problems.append(problem)
     return problems
+
+
+def _not_a_file_name(text: str) -> None:
+    """Refuse text that is no export's but reads as the name of one: a file name passed as the
+    text was read as a one-line export, and reported as a line that is not an entry, as if the
+    export had been tampered with. An export ends each entry, a JSON object, with a newline, so
+    text with no newline that does not begin as an object is not one (nor part of one)."""
+    first = text.removeprefix("\ufeff").strip()
+    if first and "\n" not in text and not first.startswith("{"):
+        raise UsageError(
+            f"verify_audit_export takes the export itself, not {cut(first, 80)!r}: to check a "
+            "file, open it and pass the file (with open(path, encoding='utf-8') as f: "
+            "so.verify_audit_export(f))"
+        )
 
 
 _LINES_OF_TEXT = (

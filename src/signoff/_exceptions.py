@@ -214,18 +214,32 @@ class UnknownRequest(AnswerError):
 
 
 class PartialAnswer(AnswerError):
-    """A batch of decisions that leaves pending requests of the session unanswered."""
+    """A batch of decisions that leaves pending requests of the session unanswered, or a
+    prompt (`generate`, `schedule`) sent while requests are open (`prompt`), which must be
+    answered first or steered past with `send`."""
 
     code = "partial_answer"
 
     def __init__(
-        self, session_id: str, request_ids: Iterable[str], questions: Iterable[str] = ()
+        self,
+        session_id: str,
+        request_ids: Iterable[str],
+        questions: Iterable[str] = (),
+        *,
+        prompt: bool = False,
     ) -> None:
         ids = list(request_ids)
-        message = (
-            f"every pending request of session {session_id!r} must be answered in one call; "
-            f"unanswered: {', '.join(ids)}"
-        )
+        if prompt:  # no answer was given: say what the prompt waits on, and what to do
+            message = (
+                f"session {session_id!r} is waiting on {', '.join(ids)}: a prompt starts no "
+                "turn while a request is open; answer it (generate(approvals=...) or "
+                "respond()), or send() the message, which answers or steers the waiting turn"
+            )
+        else:
+            message = (
+                f"every pending request of session {session_id!r} must be answered in one "
+                f"call; unanswered: {', '.join(ids)}"
+            )
         # A decision cannot answer a question: say how it is answered, else the message
         # sends the caller to add a decision for it, which `InvalidAnswer` then refuses.
         if asked := [rid for rid in questions if rid in ids]:

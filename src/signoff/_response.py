@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
-from ._approval import ApprovalPolicy, OnTimeout, SessionInfo, as_policy, reason_text
+from ._approval import ApprovalPolicy, OnTimeout, SessionInfo, as_policy, reason_text, takes_one
 from ._error_text import error_text
 from ._exceptions import UsageError
 from ._settings import positive_seconds, shown_value
@@ -116,6 +116,8 @@ class ApprovalSpec:
         self.request: ApprovalPolicy = as_policy(request if request is not None else "always")
         if response is not None and not callable(response):
             raise UsageError(f"response policy must be a function, not {shown_value(response)}")
+        if response is not None:
+            takes_one(response, _RESPONSE)
         if not positive_seconds(timeout):
             # NaN passed `<= 0` and then bounded nothing; a string was a TypeError; an int no
             # float holds (10**400) passed `< inf`, and its timer raised OverflowError
@@ -139,6 +141,9 @@ class ApprovalSpec:
             base = self.request.rules
             self.request = copy.copy(self.request)  # never change a policy shared elsewhere
             self.request.rules = dataclasses.replace(base, **overrides)
+
+
+_RESPONSE = "response policy {} must take one argument, an so.ResponseContext (def who(ctx): ...)"
 
 
 def _normalize(result: object) -> ResponseVerdict:

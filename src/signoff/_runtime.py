@@ -44,7 +44,7 @@ from ._session_page import check_listing, session_page
 from ._settings import check_page, finite, flag, seconds
 from ._state import SessionState, turn_over
 from ._sync import blocking_doc, twin
-from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKind
+from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKind, RequestStatus
 from ._work import Workers
 from .stores import PendingFilter, SessionSummary, Store
 from .stores._base import created_before
@@ -363,6 +363,17 @@ class Runtime(EventStream):
         if not isinstance(flt, PendingFilter):
             raise UsageError(f"the filter must be a stores.PendingFilter, not {type(flt).__name__}")
         check_page(flt.limit, flt.offset)
+        # Else matched by no request: an empty queue, as if none were open (`pending(kind=)`
+        # refuses it; a store takes any text, matching nothing).
+        for name, value, known in (
+            ("kind", flt.kind, get_args(RequestKind)),
+            ("status", flt.status, get_args(RequestStatus)),
+        ):
+            if value is not None and value not in known:
+                raise UsageError(
+                    f"PendingFilter({name}=...) must be one of {', '.join(known)}, or None, "
+                    f"not {value!r}"
+                )
         return await queue_page(self, flt)
 
     @closes_stop

@@ -113,7 +113,7 @@ class SessionRunner(SessionCache):
                 fresh = True
                 continue
             if pending:
-                raise PartialAnswer(session_id, [r.id for r in pending])
+                raise PartialAnswer(session_id, [r.id for r in pending], prompt=True)
             if unfinished:
                 # Its calls (approved ones, one a dead process was running) must not be left
                 # without results: the turn is finished first, never started over.

@@ -11,6 +11,7 @@ from ._approval import ApprovalContext, Guardrail, Verdict, reason_text
 from ._error_text import error_text
 from ._output_caps import spare
 from ._recording import own_cancel
+from ._sync import called_off_loop, thread_note
 from ._tools import Tool
 
 __all__ = ["strictest"]
@@ -18,10 +19,14 @@ __all__ = ["strictest"]
 
 async def strictest(tool: Tool, ctx: ApprovalContext, guardrails: Sequence[Guardrail]) -> Verdict:
     """The strictest of the tool's policy and `guardrails`: deny > ask > run."""
+    # A `decide` of a subclass's own may be a plain method (the docs say it returns a verdict):
+    # awaited as it was, its deny asked a person instead, with a TypeError for the reason. It
+    # runs in a thread, as a plain policy function does, so one that blocks stops no renewal.
     try:
-        own = await tool.approval.decide(ctx)
+        own = await called_off_loop(tool.approval.decide, ctx)
     except (Exception, asyncio.CancelledError) as exc:  # fail closed: a person is asked
-        own = Verdict("ask", error=f"approval policy raised {_policy_error(exc)}")
+        note = thread_note(tool.approval.decide, exc)
+        own = Verdict("ask", error=f"approval policy raised {_policy_error(exc)}{note}")
     if not _is_verdict(own):
         own = Verdict("ask", error=f"approval policy returned {_shown(own)}, not a Verdict")
     verdicts = [own]
@@ -31,9 +36,10 @@ async def strictest(tool: Tool, ctx: ApprovalContext, guardrails: Sequence[Guard
         if spent is not None and ctx.budget_left:  # what its own review may spend is less
             seen = dataclasses.replace(ctx, budget_left=spare(ctx.budget_left, spent))
         try:
-            v = await guardrail.decide(seen)
+            v = await called_off_loop(guardrail.decide, seen)
         except (Exception, asyncio.CancelledError) as exc:  # fail closed, like a policy
-            v = Verdict("ask", error=f"guardrail raised {_policy_error(exc)}")
+            note = thread_note(guardrail.decide, exc)
+            v = Verdict("ask", error=f"guardrail raised {_policy_error(exc)}{note}")
         if v is not None and not _is_verdict(v):
             v = Verdict("ask", error=f"guardrail returned {_shown(v)}, not a Verdict or None")
         if v is not None and v.action == "ask":  # asked as the guardrail's, its review paid

@@ -38,6 +38,7 @@ from ._provider import (
     shown_url,
 )
 from ._reply_cap import DEFAULT_MAX_REPLY_BYTES, check_reply_cap
+from ._urls import check_endpoint
 
 if TYPE_CHECKING:
     from anthropic import AsyncAnthropic
@@ -147,6 +148,7 @@ class Anthropic(SdkModel):
             base_url = base_url or env.get("ANTHROPIC_BASE_URL") or None
         # named in the model's label, as OpenAIChat names OPENAI_BASE_URL: the SDK reads it too
         self._base_url = base_url or (None if client else source.get("ANTHROPIC_BASE_URL")) or None
+        check_endpoint(owner, self._base_url, api_key)
         auth_token = None
         if client is None and api_key is None:
             api_key = source.get("ANTHROPIC_API_KEY") or None

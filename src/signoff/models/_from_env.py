@@ -25,12 +25,23 @@ def from_env(fallback: Model | None = None, *, env: Mapping[str, str] | None = N
     default model, and `OPENAI_API_KEY` or `OPENAI_BASE_URL` OpenAI's. With `env` given, every
     setting comes from it (the model passes it on as `env=`): nothing is read from `os.environ`.
     """
+    # Checked whatever the environment holds: a fallback that is no model (a model's name, say)
+    # was returned as it was where no provider was configured, and ignored where one was.
+    if fallback is not None and not callable(getattr(fallback, "complete", None)):
+        raise UsageError(
+            "from_env(fallback=...) must be a signoff model, used when the environment names "
+            f"none (e.g. so.models.Scripted([...])), not {fallback!r}"
+        )
+    if env is not None and not isinstance(env, Mapping):
+        raise UsageError(
+            f"from_env(env=...) must map names to text, as os.environ does, not {env!r}"
+        )
     given = env
     env = os.environ if env is None else env
-    wanted = env.get("SIGNOFF_MODEL", "").strip()
-    base_url = env.get("OPENAI_BASE_URL") or None
-    openai_key = env.get("OPENAI_API_KEY") or None
-    anthropic_key = env.get("ANTHROPIC_API_KEY") or None
+    wanted = (_text("SIGNOFF_MODEL", env.get("SIGNOFF_MODEL")) or "").strip()
+    base_url = _text("OPENAI_BASE_URL", env.get("OPENAI_BASE_URL"))
+    openai_key = _text("OPENAI_API_KEY", env.get("OPENAI_API_KEY"))
+    anthropic_key = _text("ANTHROPIC_API_KEY", env.get("ANTHROPIC_API_KEY"))
     if wanted:
         provider, _, name = wanted.partition(":")
         if provider not in ("openai", "anthropic"):  # a bare name, maybe with a tag: qwen3:8b
@@ -51,3 +62,11 @@ def from_env(fallback: Model | None = None, *, env: Mapping[str, str] | None = N
             "OPENAI_BASE_URL, or pass a fallback model"
         )
     return fallback
+
+
+def _text(name: str, value: object) -> str | None:
+    """The setting `name` read as `value`, None when unset or empty; a value that is not text
+    is refused by name (it was a bare AttributeError, or passed on to the SDK as a key)."""
+    if value is not None and not isinstance(value, str):
+        raise UsageError(f"from_env(env=...): {name} must be text, not {type(value).__name__}")
+    return value or None

@@ -48,6 +48,7 @@ from ._provider import (
     shown_url,
 )
 from ._reply_cap import DEFAULT_MAX_REPLY_BYTES, check_reply_cap
+from ._urls import check_endpoint
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -155,6 +156,7 @@ class OpenAIChat(SdkModel):
             self._http_env = HttpEnv(owner, self._sdk, env)
         source = os.environ if env is None else env
         self._base_url = base_url or source.get("OPENAI_BASE_URL") or None
+        check_endpoint(owner, self._base_url, api_key)
         if client is None and api_key is None:
             api_key = source.get("OPENAI_API_KEY") or None
             if api_key is None:

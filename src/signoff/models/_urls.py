@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["shown_url"]
+from .._exceptions import UsageError
+
+__all__ = ["check_endpoint", "shown_url"]
 
 
 def shown_url(url: object) -> str:
@@ -17,3 +19,29 @@ def shown_url(url: object) -> str:
     user = parts.username or ""
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def check_endpoint(owner: str, base_url: object, api_key: object) -> None:
+    """Raise `UsageError` for a base URL that no request could reach (not text, or not an
+    `http://` or `https://` URL with a host: `localhost:8000/v1`, a number) or an API key that
+    is not text: the model was made, and each turn then failed with a model error."""
+    if base_url is not None:
+        try:
+            parts = urlsplit(base_url) if isinstance(base_url, str) else None
+            reachable = parts is not None and parts.scheme in ("http", "https") and parts.hostname
+        except ValueError:  # a malformed host (`http://[::1`)
+            reachable = False
+        if not reachable:
+            if not isinstance(base_url, str):
+                shown = f"a value of type {type(base_url).__name__}"
+            else:
+                try:
+                    shown = repr(shown_url(base_url))
+                except ValueError:  # unsplittable: what precedes an `@` may be a password
+                    shown = repr(base_url.rpartition("@")[2])
+            raise UsageError(
+                f"{owner}: base_url must be an http:// or https:// URL with a host "
+                f"(http://localhost:11434/v1), not {shown}"
+            )
+    if api_key is not None and not isinstance(api_key, str):
+        raise UsageError(f"{owner}: api_key must be text, not {type(api_key).__name__}")

@@ -46,6 +46,11 @@ def open_store(store: str | Store | None) -> Store:
     if store is None:
         return SQLiteStore(DEFAULT_URL)
     if not isinstance(store, str):
+        if isinstance(store, type):  # its `open` is a function of an instance: a TypeError
+            raise UsageError(
+                f"store must be a URL (sqlite:///path, postgresql://…) or a Store, not the class "
+                f"{store.__name__}: make one ({store.__name__}(url))"
+            )
         # A Path (whose `open` is a file's) or a number failed only when first used.
         if isinstance(store, (os.PathLike, bytes)) or not callable(getattr(store, "open", None)):
             raise UsageError(

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from .._events import Event
-from .._exceptions import SchemaVersionError, StoreError
+from .._exceptions import SchemaVersionError, StoreError, UsageError
+from .._settings import check_page
+from .._text import is_utf8
 from .._types import InputRequest
 from ._audit import AuditEntry, AuditRow
 from ._initiators import InitiatorFilter
@@ -32,6 +34,7 @@ __all__ = [
     "Store",
     "SessionSummary",
     "StoredRequest",
+    "check_listing",
     "created_before",
     "lapsed_ancestors_sql",
     "older_schema",
@@ -143,6 +146,18 @@ class SessionSummary:
     created_at: float
     updated_at: float
     expires_at: float | None
+
+
+def check_listing(agent: object, status: object, limit: object = 0, offset: object = 0) -> None:
+    """A session listing's filters and page, as every store takes them alike, else
+    `UsageError`: SQLite matched `agent=5` as '5' where psycopg raised a bare TypeError, and
+    took a negative limit as none where PostgreSQL refused it (`PendingFilter` checks alike)."""
+    for name, text in (("agent", agent), ("status", status)):
+        if text is not None and not isinstance(text, str):
+            raise UsageError(f"{name} must be text or None, not {text!r}")
+        if text is not None and not is_utf8(text):  # no store can look it up
+            raise UsageError(f"{name} is not valid Unicode text: it holds a lone surrogate")
+    check_page(limit, offset)
 
 
 def session_summary(row: Sequence[Any]) -> SessionSummary:

@@ -16,6 +16,7 @@ from .._base import (
     RequestRow,
     SessionSummary,
     StoredRequest,
+    check_listing,
     lapsed_ancestors_sql,
     session_summary,
 )
@@ -365,6 +366,7 @@ class Reads(AuditReads):
         initiated_by: InitiatorFilter | None = None,
     ) -> list[SessionSummary]:
         """Sessions, most recently active first."""
+        check_listing(agent, status, limit, offset)  # PostgreSQL refused a negative one
         clause, params = _session_filter(agent, status, initiated_by)
 
         async def body(conn: Conn) -> list[SessionSummary]:
@@ -402,6 +404,7 @@ class Reads(AuditReads):
         """`sessions()` and `count_sessions()` as one statement, so of one snapshot: the page
         joined to its count, each planned as when run alone (and the page sorted again: a join
         promises no order); a page past the end is the count's one row with no session."""
+        check_listing(agent, status, limit, offset)
         clause, params = _session_filter(agent, status, initiated_by)
         sql = (
             "SELECT c.n, p.id, p.agent, p.status, p.head, p.created_at, p.updated_at, p.expires_at "
@@ -527,6 +530,7 @@ def _session_filter(
 ) -> tuple[str, list[Any]]:
     """The WHERE clause (and its parameters) of a session listing's filters; a NUL in one
     matches nothing (PostgreSQL text cannot hold it)."""
+    check_listing(agent, status)
     if initiated_by is not None:
         checked_filter(initiated_by)
     if not storable(agent, status):

@@ -20,6 +20,7 @@ from .._base import (
     RequestRow,
     SessionSummary,
     StoredRequest,
+    check_listing,
     lapsed_ancestors_sql,
     session_summary,
 )
@@ -326,6 +327,7 @@ class Reads(Connection):
         offset: int,
         initiated_by: InitiatorFilter | None,
     ) -> list[SessionSummary]:
+        check_listing(agent, status, limit, offset)  # SQLite took a negative limit as none
         clause, params = _session_filter(agent, status, initiated_by)
         sql = (
             "SELECT id, agent, status, head, created_at, updated_at, expires_at FROM sessions"
@@ -585,6 +587,7 @@ def _session_filter(
     agent: str | None, status: str | None, initiated_by: InitiatorFilter | None
 ) -> tuple[str, list[Any]]:
     """The WHERE clause (and its parameters) of a session listing's filters."""
+    check_listing(agent, status)
     where: list[str] = []
     params: list[Any] = []
     for column, value in (("agent", agent), ("status", status)):
