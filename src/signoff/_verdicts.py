@@ -11,6 +11,7 @@ from ._approval import ApprovalContext, Guardrail, Verdict, reason_text
 from ._error_text import error_text
 from ._output_caps import spare
 from ._recording import own_cancel
+from ._sync import called_off_loop, thread_note
 from ._tools import Tool
 
 __all__ = ["strictest"]
@@ -31,9 +32,11 @@ async def strictest(tool: Tool, ctx: ApprovalContext, guardrails: Sequence[Guard
         if spent is not None and ctx.budget_left:  # what its own review may spend is less
             seen = dataclasses.replace(ctx, budget_left=spare(ctx.budget_left, spent))
         try:
-            v = await guardrail.decide(seen)
+            # A plain `decide` in a thread, as a plain policy: blocking, it would stop renewals.
+            v = await called_off_loop(guardrail.decide, seen)
         except (Exception, asyncio.CancelledError) as exc:  # fail closed, like a policy
-            v = Verdict("ask", error=f"guardrail raised {_policy_error(exc)}")
+            note = thread_note(guardrail.decide, exc)
+            v = Verdict("ask", error=f"guardrail raised {_policy_error(exc)}{note}")
         if v is not None and not _is_verdict(v):
             v = Verdict("ask", error=f"guardrail returned {_shown(v)}, not a Verdict or None")
         if v is not None and v.action == "ask":  # asked as the guardrail's, its review paid
