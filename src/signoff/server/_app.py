@@ -29,6 +29,7 @@ from ._auth import (
     Authenticator,
     DevAuth,
     default_access,
+    is_async,
     is_dashboard,
 )
 from ._context import ServerContext
@@ -168,6 +169,11 @@ def create_app(
         raise UsageError(f"auth must be an authenticator (e.g. TokenAuth), not {auth!r}")
     if not callable(access):
         raise UsageError(f"access must be a function (caller, initiator) -> bool, not {access!r}")
+    if is_async(access):  # its coroutine, never awaited, was taken for True: every session seen
+        raise UsageError(
+            f"access must be a plain function (caller, initiator) -> bool, not {access!r}, an "
+            "async one: the server asks it without awaiting (make it a plain def)"
+        )
     if not isinstance(runtime, Runtime):
         raise UsageError(f"create_app() serves a signoff Runtime, not {runtime!r}")
     if channels is not None and not (
