@@ -21,6 +21,7 @@ from .._exceptions import StoreError, UsageError
 from .._runtime import Runtime
 from .._settings import flag, positive_seconds
 from .._sweeping import SweepDrives
+from .._sync import is_async
 from .._work import Failing
 from ._api import router as api_router
 from ._auth import (
@@ -29,7 +30,6 @@ from ._auth import (
     Authenticator,
     DevAuth,
     default_access,
-    is_async,
     is_dashboard,
 )
 from ._context import ServerContext

@@ -38,7 +38,6 @@ __all__ = [
     "TokenAuth",
     "default_access",
     "default_filter",
-    "is_async",
     "may_see",
 ]
 
@@ -53,12 +52,6 @@ _told: set[int] = set()  # the access rules whose awaitable answer was logged (`
 AccessRule = Callable[[Principal, Principal | None], bool]
 """`(caller, session_initiator) -> bool`: may the caller see the session? A plain function:
 the server asks it without awaiting (`create_app` refuses an async one)."""
-
-
-def is_async(fn: object) -> bool:
-    """Whether calling `fn` gives a coroutine: an `async def`, or an object whose `__call__` is
-    one (a `functools.partial` of either too)."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 def may_see(access: AccessRule, caller: Principal, initiator: Principal | None) -> bool:
