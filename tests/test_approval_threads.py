@@ -131,3 +131,48 @@ async def test_a_sync_response_policy_that_uses_the_loop_fails_saying_why(tmp_pa
             ("failed", "response policy raised RuntimeError: no running event loop" + NOTE)
         ]
         assert log.count() == 0
+
+
+def _guarded_agent(log: ExecutionLog, guardrail: so.Guardrail) -> so.Agent:
+    agent = refund_agent(log, so.never())
+    return so.Agent(
+        name=agent.name, model=agent.model, tools=list(agent.tools.values()), guardrails=[guardrail]
+    )
+
+
+async def test_a_plain_guardrail_decides_and_runs_in_a_thread(store_url: str) -> None:
+    """The README's guardrail is a subclass whose `decide(ctx)` returns a `Verdict` or None. A
+    plain `def decide` was awaited as it returned: every call it saw asked a person ("guardrail
+    raised TypeError: object Verdict can't be used in 'await' expression"), a deny included. It
+    runs in a thread now, as a plain policy does, and one that blocks leaves the loop free."""
+    watch = LoopWatch()
+
+    class NoRefunds(so.Guardrail):
+        def decide(self, ctx: so.ApprovalContext) -> so.Verdict | None:  # type: ignore[override]
+            if not watch.loop_went_on():
+                return so.Verdict("ask")
+            return so.Verdict("deny", "no refunds today")
+
+    log = ExecutionLog()
+    async with so.Runtime([_guarded_agent(log, NoRefunds())], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1", auth=ALICE)
+        assert (r.status, r.pending) == ("completed", [])
+        [result] = [m for m in (await rt.state(r.session_id)).messages or [] if m.kind == "tool"]
+        assert result.is_error and "no refunds today" in str(result.content)
+        assert log.count() == 0
+        assert watch.ran_off_the_loop()
+
+
+async def test_a_plain_guardrail_that_uses_the_loop_fails_closed_saying_why(tmp_path: Any) -> None:
+    class Schedules(so.Guardrail):
+        def decide(self, ctx: so.ApprovalContext) -> so.Verdict | None:  # type: ignore[override]
+            asyncio.get_running_loop()
+            return None
+
+    log = ExecutionLog()
+    agent = _guarded_agent(log, Schedules())
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("billing", prompt="refund ch_1", auth=ALICE)
+        (req,) = r.pending
+        assert req.policy_error == "guardrail raised RuntimeError: no running event loop" + NOTE
+        assert log.count() == 0

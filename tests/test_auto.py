@@ -215,6 +215,30 @@ async def test_a_hanging_review_times_out_and_asks_a_person(tmp_path: Path) -> N
         assert log.count() == 0
 
 
+async def test_a_reviewer_whose_complete_is_no_coroutine_asks_a_person_saying_so(
+    tmp_path: Path,
+) -> None:
+    """A reviewer model of one's own with a plain `def complete` was reported as "TypeError:
+    object ModelResponse can't be used in 'await' expression"; the review's failure says what
+    is wrong with the model now."""
+
+    class PlainReviewer:
+        def complete(self, request: ModelRequest) -> so.ModelResponse:
+            return verdict("clear", "fine")
+
+    log = ExecutionLog()
+    agent = refund_agent(log, so.auto(PlainReviewer()))  # type: ignore[arg-type]
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("billing", prompt="refund", auth=ALICE)
+        (req,) = r.pending
+        assert (req.auto_verdict, req.auto_reason) == (
+            "failed",
+            "the review failed: ModelError: the model's complete() returned ModelResponse, not "
+            "an awaitable: a model's complete is an async def (the Model protocol's)",
+        )
+        assert log.count() == 0
+
+
 async def test_each_exact_call_is_reviewed_on_its_own(tmp_path: Path) -> None:
     def by_amount(messages: list[so.Message]) -> so.ModelResponse:
         (message,) = messages

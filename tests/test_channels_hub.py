@@ -386,6 +386,38 @@ def test_channel_options_of_the_wrong_kind_are_refused_when_made() -> None:
         TerminalChannel(console=io.StringIO())  # type: ignore[arg-type]
 
 
+async def _billing_only(request: so.InputRequest) -> bool:
+    return request.agent == "billing"
+
+
+class _AsyncAccepts:
+    async def __call__(self, request: so.InputRequest) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("accepts", [_billing_only, _AsyncAccepts()], ids=["function", "object"])
+def test_an_async_accepts_is_refused_when_the_channel_is_made(accepts: Any) -> None:
+    """`accepts` is asked without awaiting: an async one's coroutine was taken for True, so a
+    channel meant for some requests showed, and took replies to, every one."""
+    with pytest.raises(so.UsageError, match="accepts must be a plain function .* an async one"):
+        Texts(accepts=accepts)
+
+
+async def test_an_accepts_that_returns_an_awaitable_shows_no_request(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plain predicate calling an async one (`lambda r: check(r)`), which no check at
+    construction can tell, returned a coroutine: the channel showed every request. It is no
+    answer now: no request is shown, and the log says why, once."""
+    sms = Texts(accepts=lambda request: _billing_only(request))
+    async with runtime(tmp_path, three_refunds([])) as rt:
+        await rt.generate("support", prompt="Refund A, B and C")
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            await hub.poll()
+    assert sms.sent == []
+    assert caplog.text.count("accepts returned <coroutine object") == 1
+
+
 async def test_a_hub_ticks_its_channels_by_its_runtimes_time(store_url: str) -> None:
     """A hub given no clock tells its channels the runtime's time (`Runtime.now`, the
     database's on PostgreSQL), which the request deadlines it warns of were set by."""

@@ -86,6 +86,34 @@ def test_a_runtime_that_is_not_there_is_the_same_error_everywhere(
 
 
 @pytest.mark.parametrize(
+    ("module", "source", "said"),
+    [
+        ("t_none", "make = None\n", "t_none:make is a NoneType"),
+        (
+            "t_factory_none",
+            "def make():\n    return None\n",
+            "t_factory_none:make() returned a value that is a NoneType",
+        ),
+        (
+            "t_factory_str",
+            "def make():\n    return 'app'\n",
+            "t_factory_str:make() returned a value that is a str",
+        ),
+    ],
+)
+def test_a_runtime_factory_returning_no_runtime_is_told_from_no_runtime(
+    module: str, source: str, said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A factory that returned None was told "t_factory_none:make is a NoneType", of a name
+    that is a function: the line says the factory ran and what it returned."""
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = invoke("sessions", f"{module}:make", "--store", f"sqlite:///{tmp_path}/s.db")
+    assert result.exit_code == 1, result.output
+    assert result.stderr == f"error: UsageError: {said}, not a signoff Runtime or Agent\n"
+
+
+@pytest.mark.parametrize(
     ("given", "named"),
     [
         ("tests/_cli.py", "tests._cli:nothing"),

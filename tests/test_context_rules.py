@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff.server import TokenAuth, _context
+from signoff.server import TokenAuth, _auth, _context
 from signoff.server._auth import default_access
 from signoff.server._context import ServerContext
 from signoff.server._sign_ins import Grant
@@ -53,6 +53,29 @@ async def test_an_admin_under_a_custom_rule_sees_only_what_the_rule_allows(
             mine.session_id,
             theirs.session_id,
         }
+
+
+async def test_a_rule_that_returns_an_awaitable_shows_no_session(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain rule that calls an async one (`lambda c, i: rule(c, i)`), which `create_app`
+    cannot tell from a plain rule, returns a coroutine: its truth showed every session to every
+    caller, another tenant's included. It is no answer now: the session is not shown, and the
+    log says why, once."""
+    monkeypatch.setattr(_auth, "_told", set())
+
+    async def own_only(caller: so.Principal, initiator: so.Principal | None) -> bool:
+        return _own_only(caller, initiator)
+
+    async with so.Runtime([ttl_agent()], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        theirs = await rt.generate("desk", prompt="reset", auth=ALICE)
+        ctx = _ctx(rt, lambda caller, initiator: own_only(caller, initiator))
+        with pytest.raises(so.UnknownSession):
+            await ctx.session(theirs.session_id, MALLORY)
+        rows, total = await ctx.visible_sessions(MALLORY, limit=50, offset=0)
+        assert (rows, total) == ([], 0)
+        assert await ctx.visible_requests(MALLORY, PendingFilter(limit=50)) == ([], 0)
+    assert caplog.text.count("the access rule returned <coroutine object") == 1
 
 
 @pytest.mark.parametrize("caller", [ADMIN, ALICE], ids=["admin", "initiator"])

@@ -126,6 +126,31 @@ async def test_a_model_raising_cancelled_error_itself_fails_the_turn_retryably(
         assert (r.status, r.text) == ("completed", "Back again.")
 
 
+class PlainModel:
+    """A model of one's own whose `complete` is a plain `def`, not the protocol's coroutine."""
+
+    def complete(self, request: Any) -> so.ModelResponse:
+        return so.ModelResponse(text="hello")
+
+
+PLAIN_REPLY = (
+    "ModelError: the model's complete() returned ModelResponse, not an awaitable: a model's "
+    "complete is an async def (the Model protocol's)"
+)
+
+
+async def test_a_model_whose_complete_is_no_coroutine_fails_the_turn_saying_so(
+    tmp_path: Path,
+) -> None:
+    """Every turn failed with "TypeError: object ModelResponse can't be used in 'await'
+    expression", which named neither the model nor what to change."""
+    agent = so.Agent(name="a", model=PlainModel(), tools=[refund])  # type: ignore[arg-type]
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("a", prompt="hi")
+        assert (r.status, r.retryable) == ("failed", True)
+        assert r.error == {"code": "model_error", "message": PLAIN_REPLY}
+
+
 async def test_a_model_error_of_megabytes_is_cut_not_stored_whole(tmp_path: Path) -> None:
     # Any model's exception went whole into the turn's failure: megabytes in the log per retry.
     model = so.models.Scripted([so.ModelError("x" * 3_000_000)])

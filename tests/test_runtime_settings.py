@@ -66,6 +66,29 @@ def test_runtime_refuses_a_lease_wait_or_cache_size_it_cannot_use(
         so.Runtime([], store=f"sqlite:///{tmp_path}/s.db", **setting)
 
 
+async def _async_clock() -> float:
+    return 1_000.0
+
+
+def test_runtime_refuses_an_async_clock_and_names_a_coroutine_a_clock_returns(
+    tmp_path: Path,
+) -> None:
+    """An async clock was taken, and its first reading failed as "clock returned <coroutine
+    object ...>", then Python warned at exit that the coroutine was never awaited. It is refused
+    when the runtime is made; a plain clock that returns a coroutine is named at its first
+    reading, as any other clock returning no time, and its coroutine closed: no warning."""
+    with pytest.raises(so.UsageError, match="clock must be a plain function .* an async one"):
+        so.Runtime([], store=f"sqlite:///{tmp_path}/s.db", clock=_async_clock)  # type: ignore[arg-type]
+    agent = scripted_agent("a", [reply("hi")])
+    plain: Any = lambda: _async_clock()  # noqa: E731
+    rt = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db", clock=plain)
+    try:
+        with pytest.raises(so.UsageError, match=r"clock returned <coroutine object"):
+            rt.generate_sync("a", prompt="hello")
+    finally:
+        rt.close_sync()
+
+
 def test_runtime_takes_a_lease_wait_of_0_and_a_cache_of_0(tmp_path: Path) -> None:
     agent = scripted_agent("a", [reply("hi")], repeat_last=True)
     rt = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db", lease_wait=0, cache_size=0)

@@ -89,6 +89,25 @@ def test_create_app_refuses_settings_it_cannot_run_with(
         create_app(runtime, **settings)
 
 
+async def _own_only_async(caller: so.Principal, initiator: so.Principal | None) -> bool:
+    return initiator is not None and caller.same_as(initiator)
+
+
+class _AsyncRule:
+    async def __call__(self, caller: so.Principal, initiator: so.Principal | None) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("access", [_own_only_async, _AsyncRule()], ids=["function", "object"])
+def test_create_app_refuses_an_async_access_rule(tmp_path: Path, access: Any) -> None:
+    """`access=` is asked without awaiting: an async rule's coroutine was taken for True, so
+    every caller saw every session, another tenant's included. It is refused when the app is
+    made."""
+    runtime = so.Runtime([], store=f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(so.UsageError, match="access must be a plain function .* an async one"):
+        create_app(runtime, auth=TokenAuth(TOKENS), access=access)
+
+
 @pytest.mark.parametrize("dev", ["no", "false", 0, 1])
 def test_dev_mode_is_turned_on_only_by_true(tmp_path: Path, dev: object) -> None:
     """`dev=os.environ.get("DEV", "false")` was taken for its truth: "false" served every

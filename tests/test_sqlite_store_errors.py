@@ -465,6 +465,21 @@ def test_bad_urls_get_clear_errors(url: str, error: type[Exception], match: str)
         so.Runtime([], store=url)
 
 
+def test_a_url_under_a_tilde_names_the_full_path_to_give_instead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The refusal said "give the full path instead:" and then quoted the URL refused, as if
+    that were the URL to give; it names the path under the home directory now."""
+    monkeypatch.setenv("HOME", "/home/ana")
+    with pytest.raises(so.StoreError) as caught:
+        so.Runtime([], store="sqlite:///~/state.db")
+    assert str(caught.value) == (
+        "SQLite URL path starts with '~', which names a folder '~' here, not your home directory "
+        "(nothing expands it in a URL): 'sqlite:///~/state.db'; give the full path instead, "
+        "such as 'sqlite:////home/ana/state.db'"
+    )
+
+
 async def test_unusable_path_is_a_store_error(tmp_path: Path) -> None:
     not_a_dir = tmp_path / "file.txt"
     not_a_dir.write_text("x")

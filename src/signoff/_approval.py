@@ -445,7 +445,9 @@ class Guardrail:
     """Something an agent consults before each call, for tools it cannot modify."""
 
     async def decide(self, ctx: ApprovalContext) -> Verdict | None:
-        """A verdict on this call, or None to leave it to the tool's own policy."""
+        """A verdict on this call, or None to leave it to the tool's own policy. An override is
+        an `async def`; a plain one (which a type checker flags) runs in a thread, as a plain
+        policy function does."""
         raise NotImplementedError
 
     def tool_names(self) -> Iterable[str]:

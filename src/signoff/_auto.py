@@ -93,6 +93,7 @@ class _Auto(ApprovalPolicy):
         if tool_input is None:
             return _caution("caution", "the call has no input to review")
         from .models import ModelRequest
+        from .models._base import reply_to
 
         prompt = (
             f"Tool: {ctx.tool_name}\nInput (JSON): {json.dumps(tool_input, sort_keys=True)}\n\n"
@@ -125,7 +126,7 @@ class _Auto(ApprovalPolicy):
         )
         try:
             async with asyncio.timeout(self.timeout):
-                response = await self.model.complete(request)
+                response = await reply_to(self.model.complete, request)
         except TimeoutError:
             return _caution("failed", f"the review took longer than {self.timeout:g}s")
         except Exception as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import math
 import random
@@ -160,6 +161,8 @@ class Leasing:
         if not finite(now):
             # A datetime or text was a bare TypeError deep in a write; NaN "session already
             # exists" (NULL stored); an object an AttributeError from the store.
+            if inspect.iscoroutine(now):  # a plain clock calling an async one: never awaited
+                now.close()
             raise UsageError(
                 f"clock returned {now!r}, not a time in seconds (a finite number, as "
                 "time.time() returns)"

@@ -35,6 +35,7 @@ from ._types import (
     usage_too_large,
 )
 from .models import ModelRequest, ToolSpec
+from .models._base import reply_to
 
 if TYPE_CHECKING:
     from ._agent import Limits
@@ -583,6 +584,6 @@ async def _no_exit(
     """A model's response, or its `SystemExit` (a stray `sys.exit()` in a scripted step or a
     custom model) as its failure: the event loop would let it end the process."""
     try:
-        return await complete(request)
+        return await reply_to(complete, request)
     except SystemExit as exc:
         raise exited(exc) from exc

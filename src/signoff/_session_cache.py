@@ -41,7 +41,7 @@ from ._results import GenerateResult, Outcome
 from ._settings import flag, seconds, whole
 from ._state import SessionState, fold
 from ._subagents import missing_targets, unpriced_delegates
-from ._sync import UNWIND, SyncBridge
+from ._sync import UNWIND, SyncBridge, is_async
 from ._text import is_utf8
 from ._tracing import tracing_for
 from ._types import ModelResponse
@@ -192,6 +192,10 @@ class SessionCache(Leasing):
         if isinstance(clock, type):  # its instances were the time: an AttributeError in a write
             raise UsageError(
                 f"clock is the class {clock.__name__}: pass a clock, such as {clock.__name__}()"
+            )
+        if is_async(clock):  # its coroutine is no time, and was left never awaited
+            raise UsageError(
+                f"clock must be a plain function returning the time, not {clock!r}, an async one"
             )
         flag("inline", inline)  # "no" or 0 was read as true or false, unnoticed
         # 0 gives up on a busy session at once; NaN never gave up, nor raised SessionBusy.

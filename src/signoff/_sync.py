@@ -22,6 +22,7 @@ __all__ = [
     "called_off_loop",
     "exited",
     "in_thread",
+    "is_async",
     "thread_note",
     "thread_to_end",
     "to_end",
@@ -312,6 +313,13 @@ def exited(exc: SystemExit) -> RuntimeError:
     arguments, a stray `sys.exit()`): its failure, not the process's end, which the event loop
     would let it be (out of `asyncio.run`, ending every session the process runs)."""
     return RuntimeError(f"the function raised SystemExit({exc.code!r})")
+
+
+def is_async(fn: object) -> bool:
+    """Whether calling `fn` gives a coroutine: an `async def`, or an object whose `__call__` is
+    one (a `functools.partial` of either too). A predicate of that kind that is asked without
+    awaiting (a rule, a filter) would be answered by its coroutine's truth: True."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 def thread_note(fn: Callable[..., Any], exc: BaseException) -> str:

@@ -8,6 +8,7 @@ caller.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._exceptions import SignoffError, UsageError
 from .._results import Outcome
+from .._sync import is_async
 from .._types import InputRequest, InputResponse, Principal
 from ._state import ChannelState, off_loop, waiting_until
 
@@ -209,6 +211,11 @@ class Channel:
             raise UsageError(
                 f"channel {self.name!r}: accepts must be a function of the request, not {accepts!r}"
             )
+        if is_async(accepts):  # its coroutine, never awaited, took every request
+            raise UsageError(
+                f"channel {self.name!r}: accepts must be a plain function of the request, not "
+                f"{accepts!r}, an async one: it is asked without awaiting (make it a plain def)"
+            )
         self._accepts = accepts
         self._runtime: Runtime | None = None
         self._state: ChannelState | None = None
@@ -243,8 +250,25 @@ class Channel:
         return ()
 
     def accepts(self, request: InputRequest) -> bool:
-        """Whether this channel shows `request` (all of them unless a predicate was given)."""
-        return True if self._accepts is None else bool(self._accepts(request))
+        """Whether this channel shows `request` (all of them unless a predicate was given). An
+        awaitable is no answer (a plain predicate that returns one, `lambda r: check(r)` of an
+        async `check`): the request is not shown, where the awaitable's truth took them all."""
+        if self._accepts is None:
+            return True
+        taken: object = self._accepts(request)
+        if inspect.isawaitable(taken):
+            if inspect.iscoroutine(taken):
+                taken.close()  # never awaited, and never warned of
+            if not getattr(self, "_told_awaitable", False):  # once: it is asked of each request
+                self._told_awaitable = True
+                logger.error(
+                    "channel %r: accepts returned %s, not True or False: no request it is asked "
+                    "about is shown (make accepts a plain function returning a bool)",
+                    self.name,
+                    taken,
+                )
+            return False
+        return bool(taken)
 
     def recall(self, key: str) -> Any:
         """This channel's memo under `key` (None if none). Memo calls wait while another

@@ -448,7 +448,9 @@ def _loaded(target: str, module_name: str, attribute: str, store: str | None) ->
             obj = getattr(obj, part)
         except AttributeError:
             raise UsageError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    named = target
     if callable(obj) and not isinstance(obj, (Agent, Runtime)):
+        named = f"{target}() returned a value that"  # what is wrong is what it made
         try:
             obj = obj()  # a factory: `def make_runtime() -> Runtime`
         except SignoffError:
@@ -465,7 +467,7 @@ def _loaded(target: str, module_name: str, attribute: str, store: str | None) ->
         return Runtime([obj], store=store)
     if isinstance(obj, Runtime):
         return obj if store is None else obj.with_store(store)
-    raise UsageError(f"{target} is a {type(obj).__name__}, not a signoff Runtime or Agent")
+    raise UsageError(f"{named} is a {type(obj).__name__}, not a signoff Runtime or Agent")
 
 
 def driving(runtime: Runtime) -> Runtime:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from .._exceptions import UsageError
+from .._exceptions import ModelError, UsageError
 from .._types import Message, ModelResponse, Usage
 
-__all__ = ["Model", "ModelRequest", "PausedPart", "ToolSpec"]
+__all__ = ["Model", "ModelRequest", "PausedPart", "ToolSpec", "reply_to"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,3 +75,18 @@ class Model(Protocol):
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """The next response to `request`'s conversation; raise to fail the step."""
         ...
+
+
+async def reply_to(
+    complete: Callable[[ModelRequest], Awaitable[Any]], request: ModelRequest
+) -> Any:
+    """`complete(request)` awaited. A model of one's own whose `complete` is a plain `def` returns
+    its reply itself, which no `await` takes: a `ModelError` saying to make it `async`, rather
+    than Python's "object ModelResponse can't be used in 'await' expression"."""
+    reply: object = complete(request)
+    if not inspect.isawaitable(reply):
+        raise ModelError(
+            f"the model's complete() returned {type(reply).__name__}, not an awaitable: a "
+            "model's complete is an async def (the Model protocol's)"
+        )
+    return await reply

@@ -21,6 +21,7 @@ from .._exceptions import StoreError, UsageError
 from .._runtime import Runtime
 from .._settings import flag, positive_seconds
 from .._sweeping import SweepDrives
+from .._sync import is_async
 from .._work import Failing
 from ._api import router as api_router
 from ._auth import (
@@ -168,6 +169,11 @@ def create_app(
         raise UsageError(f"auth must be an authenticator (e.g. TokenAuth), not {auth!r}")
     if not callable(access):
         raise UsageError(f"access must be a function (caller, initiator) -> bool, not {access!r}")
+    if is_async(access):  # its coroutine, never awaited, was taken for True: every session seen
+        raise UsageError(
+            f"access must be a plain function (caller, initiator) -> bool, not {access!r}, an "
+            "async one: the server asks it without awaiting (make it a plain def)"
+        )
     if not isinstance(runtime, Runtime):
         raise UsageError(f"create_app() serves a signoff Runtime, not {runtime!r}")
     if channels is not None and not (

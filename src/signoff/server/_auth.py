@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import inspect
 import ipaddress
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -36,6 +38,7 @@ __all__ = [
     "TokenAuth",
     "default_access",
     "default_filter",
+    "may_see",
 ]
 
 TOKEN_COOKIE = "signoff_token"
@@ -43,9 +46,31 @@ HOST_TOKEN_COOKIE = "__Host-signoff_token"
 """The sign-in cookie over https: a browser takes a `__Host-` cookie only from this very host
 (`Secure`, `Path=/`, no `Domain`), so a page of a sibling domain cannot plant one."""
 DASHBOARD_PREFIX = "/_signoff"
+_log = logging.getLogger("signoff.server")
+_told: set[int] = set()  # the access rules whose awaitable answer was logged (`may_see`)
 
 AccessRule = Callable[[Principal, Principal | None], bool]
-"""`(caller, session_initiator) -> bool`: may the caller see the session?"""
+"""`(caller, session_initiator) -> bool`: may the caller see the session? A plain function:
+the server asks it without awaiting (`create_app` refuses an async one)."""
+
+
+def may_see(access: AccessRule, caller: Principal, initiator: Principal | None) -> bool:
+    """The access rule's answer. An awaitable is none, as the server does not await it (a plain
+    function that returns one, `lambda c, i: rule(c, i)` of an async `rule`): the session is not
+    shown, where the awaitable's truth showed every session to every caller."""
+    seen: object = access(caller, initiator)
+    if inspect.isawaitable(seen):
+        if inspect.iscoroutine(seen):
+            seen.close()  # never awaited, and never warned of
+        if id(access) not in _told:  # once a rule: a listing asks it of every session
+            _told.add(id(access))
+            _log.error(
+                "the access rule returned %s, not True or False: no session it is asked about "
+                "is shown (make the rule a plain function returning a bool)",
+                seen,
+            )
+        return False
+    return bool(seen)
 
 
 @runtime_checkable

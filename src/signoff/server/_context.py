@@ -37,6 +37,7 @@ from ._auth import (
     bearer_token,
     default_access,
     default_filter,
+    may_see,
     sign_in_cookie,
 )
 from ._errors import ApiError
@@ -215,9 +216,9 @@ class ServerContext:
         read, so the time a 404 takes does not tell that a foreign session exists (an initiator
         remembered is read again when it refuses the caller, for the same reason)."""
         initiator = self._initiators.get(session_id, _UNKNOWN)
-        if initiator is _UNKNOWN or not self.access(caller, cast(Principal | None, initiator)):
+        if initiator is _UNKNOWN or not self._may_see(caller, initiator):
             initiator = await self._read_initiator(session_id)
-        if not self.access(caller, cast(Principal | None, initiator)):
+        if not self._may_see(caller, initiator):
             raise UnknownSession(session_id)  # do not reveal that a foreign session exists
 
     async def request(self, request_id: str, caller: Principal) -> StoredRequest:
@@ -419,7 +420,7 @@ class ServerContext:
         who started it cannot be read (a damaged log: one such session must not fail every
         caller's listing; its own read names the damage)."""
         try:
-            return self.access(caller, await self.initiator(session_id))
+            return self._may_see(caller, await self.initiator(session_id))
         except UnknownSession:
             return False
         except StoreError as exc:
@@ -518,6 +519,9 @@ class ServerContext:
 
     def _default_access(self) -> bool:
         return self.access is default_access
+
+    def _may_see(self, caller: Principal, initiator: object) -> bool:
+        return may_see(self.access, caller, cast(Principal | None, initiator))
 
 
 def _credentials(request: HTTPConnection) -> int:

@@ -55,9 +55,14 @@ def _path_from_url(url: str) -> str:
     if not path:
         raise StoreError(f"SQLite URL names no file: {url!r}")
     if path == "~" or path.startswith("~/"):  # nothing expands it in a URL, not even a shell
+        home = os.path.expanduser(path)  # what was meant, to name in the message
+        meant = "sqlite:////full/path.db"
+        if path != "~" and home.startswith("/"):  # expanded: a file under the home directory
+            meant = f"sqlite:///{home}"
         raise StoreError(
             "SQLite URL path starts with '~', which names a folder '~' here, not your home "
-            f"directory (nothing expands it in a URL); give the full path instead: {url!r}"
+            f"directory (nothing expands it in a URL): {url!r}; give the full path instead, "
+            f"such as {meant!r}"
         )
     if path.endswith("/"):  # SQLite would open `x/` as the file `x`, creating one if none
         raise StoreError(f"SQLite URL ends in '/', which names a folder, not a file: {url!r}")
