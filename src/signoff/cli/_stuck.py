@@ -1,10 +1,13 @@
-"""Ctrl-C for a command held inside SQLite: a write to a file another process holds locked waits
-in SQLite itself, up to its busy timeout (30 s), and no Python signal handler runs until that
-call returns, so the Ctrl-C went unseen for as long (and was then lost to the store's error).
+"""Ctrl-C for a command held by a SQLite file another process holds locked: a write to it waits
+up to the busy timeout (30 s), on the event loop, where a Ctrl-C cancels it like any other wait,
+unless what waits is shielded from cancelling (a worker's claim, whose leases must not be lost)
+or a call into SQLite itself (a store opening) holds the main thread, where no Python signal
+handler runs until it returns.
 
 A thread watches the interpreter's signal wakeup pipe, which is written to the moment a signal
-arrives; when the main thread then stays in one call into the SQLite store, the command ends
-here with status 130. What that call waited to write is not written: SQLite rolls it back.
+arrives; when a SQLite store call then still waits for the lock, or the main thread stays in one
+call into the SQLite store, the command ends here with status 130. What that call waited to
+write is not written.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+
+from ..stores.sqlite import waiting_for_lock
 
 __all__ = ["ctrl_c_in_sqlite"]
 
@@ -75,16 +80,25 @@ def _watch(
 
 
 def _held(main: int | None, done: threading.Event) -> bool:
-    """Whether the main thread stays `_STUCK_FOR` seconds in one call (at one instruction of
-    one frame), and that call is the SQLite store's; False once `done` is set."""
+    """Whether, for `_STUCK_FOR` seconds, a SQLite store call waits for another connection's
+    lock, or the main thread stays in one call (at one instruction of one frame) that is the
+    SQLite store's; False once `done` is set."""
     frame, at, since = None, -1, time.monotonic()
+    locked_since = None
     while not done.wait(0.05):
+        now = time.monotonic()
+        if not waiting_for_lock():
+            locked_since = None
+        elif locked_since is None:
+            locked_since = now
+        elif now - locked_since >= _STUCK_FOR:
+            return True
         top = None if main is None else sys._current_frames().get(main)
         if top is None:
             return False
         if top is not frame or top.f_lasti != at:
-            frame, at, since = top, top.f_lasti, time.monotonic()
-        elif time.monotonic() - since >= _STUCK_FOR:
+            frame, at, since = top, top.f_lasti, now
+        elif now - since >= _STUCK_FOR:
             return top.f_code.co_filename.startswith(_SQLITE_STORE)
     return False
 

@@ -23,7 +23,15 @@ from .._prompt import REQUEST_WAIT, is_prompt, wrote
 if TYPE_CHECKING:
     from ._connection import Connection
 
-__all__ = ["Contended", "damaged", "failed", "immediate", "reading", "serialised"]
+__all__ = [
+    "Contended",
+    "damaged",
+    "failed",
+    "immediate",
+    "reading",
+    "serialised",
+    "waiting_for_lock",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -38,6 +46,17 @@ doubling from the first to the longest, about as SQLite's own busy handler does.
 # Set by `serialised` to the busy timeout in milliseconds, restored after `BEGIN IMMEDIATE` finds
 # the file free: a write under it never waits in SQLite for the lock, it raises `Contended`.
 _WAITS_OUTSIDE: ContextVar[int | None] = ContextVar("signoff_sqlite_waits_outside", default=None)
+
+
+_LOCK_WAITS: set[object] = set()
+"""A token of each store call of this process, on any thread, that waits for a lock another
+connection holds (`serialised`)."""
+
+
+def waiting_for_lock() -> bool:
+    """Whether a store call of this process waits for a lock another connection holds: a
+    command that is to stop at once may give up such a write (`signoff.cli`'s Ctrl-C)."""
+    return bool(_LOCK_WAITS)
 
 
 class Contended(Exception):
@@ -162,28 +181,32 @@ def serialised(
     @functools.wraps(call)
     async def locked(store: C, /, *args: P.args, **kwargs: P.kwargs) -> R:
         patient = int(store.busy_timeout * 1000)
-        fired, pause, deadline = 0, _FIRST_PAUSE, None
-        while True:
-            with store._lock:
-                waits = _WAITS_OUTSIDE.set(patient)
-                store._hooks_run, store._hooks_fired = 0, fired
-                try:
-                    return _through(call(store, *args, **kwargs))
-                except Contended as exc:
-                    # Fault hooks the turned-back attempt ran are not run again.
-                    fired, turned_back = max(fired, store._hooks_run), exc.error
-                finally:
-                    _WAITS_OUTSIDE.reset(waits)
-                    store._hooks_run = store._hooks_fired = 0
-            now = time.monotonic()
-            if deadline is None:
-                prompt = is_prompt()
-                wait = min(store.busy_timeout, REQUEST_WAIT) if prompt else store.busy_timeout
-                deadline = now + wait
-            if now >= deadline:
-                raise _gave_up(store.path, turned_back, prompt, wait) from turned_back
-            await asyncio.sleep(min(pause, deadline - now))
-            pause = min(pause * 2, _LONGEST_PAUSE)
+        fired, pause, deadline, waiting = 0, _FIRST_PAUSE, None, None
+        try:
+            while True:
+                with store._lock:
+                    waits = _WAITS_OUTSIDE.set(patient)
+                    store._hooks_run, store._hooks_fired = 0, fired
+                    try:
+                        return _through(call(store, *args, **kwargs))
+                    except Contended as exc:
+                        # Fault hooks the turned-back attempt ran are not run again.
+                        fired, turned_back = max(fired, store._hooks_run), exc.error
+                    finally:
+                        _WAITS_OUTSIDE.reset(waits)
+                        store._hooks_run = store._hooks_fired = 0
+                now = time.monotonic()
+                if deadline is None:
+                    prompt = is_prompt()
+                    wait = min(store.busy_timeout, REQUEST_WAIT) if prompt else store.busy_timeout
+                    deadline, waiting = now + wait, object()
+                    _LOCK_WAITS.add(waiting)
+                if now >= deadline:
+                    raise _gave_up(store.path, turned_back, prompt, wait) from turned_back
+                await asyncio.sleep(min(pause, deadline - now))
+                pause = min(pause * 2, _LONGEST_PAUSE)
+        finally:
+            _LOCK_WAITS.discard(waiting)
 
     return locked
 
