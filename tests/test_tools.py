@@ -356,3 +356,16 @@ def test_a_tools_input_schema_is_built_once(monkeypatch: pytest.MonkeyPatch) -> 
     assert order.json_schema() is schema and "title" not in schema
     assert schema["required"] == ["lines"] and "Line" in schema["$defs"]
     assert len(built) == 1, built
+
+
+def test_tool_called_with_the_function_keeps_its_options() -> None:
+    # `so.tool(fn, approval=...)` dropped every option: the tool never asked for approval.
+    def remove(path: str) -> str:
+        """Remove a file."""
+        return path
+
+    t = so.tool(remove, approval=so.always(), name="rm", description="Delete.", max_result_bytes=9)
+    assert (t.name, t.description, t.max_result_bytes) == ("rm", "Delete.", 9)
+    assert t.approval.describe() == so.always().describe() != so.never().describe()
+    t = so.tool(remove, run_as="approver")
+    assert t.run_as == "approver"

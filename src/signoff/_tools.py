@@ -262,7 +262,16 @@ def _shown(value: Any) -> str:
 
 
 @overload
-def tool(fn: Callable[..., Any], /) -> Tool: ...
+def tool(
+    fn: Callable[..., Any],
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    approval: object = None,
+    run_as: str = "requester",
+    max_result_bytes: int | None = None,
+) -> Tool: ...
 
 
 @overload
@@ -286,9 +295,8 @@ def tool(
     run_as: str = "requester",
     max_result_bytes: int | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Turn a function into a `Tool`: hints give the schema, the docstring the description."""
-    if fn is not None:
-        return Tool(fn)
+    """Turn a function into a `Tool`: hints give the schema, the docstring the description.
+    `tool(fn, approval=...)` takes the same options as `@tool(approval=...)`."""
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(
@@ -300,4 +308,7 @@ def tool(
             max_result_bytes=max_result_bytes,
         )
 
+    if fn is not None:
+        # Its options too: they were dropped, so `tool(fn, approval=always)` ran unapproved.
+        return wrap(fn)
     return wrap
