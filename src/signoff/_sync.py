@@ -43,7 +43,16 @@ def _serve(loop: asyncio.AbstractEventLoop) -> None:
     """The bridge thread: runs the loop until stopped, then cancels the calls still on it (their
     callers would wait for ever) and closes it."""
     try:
-        loop.run_forever()
+        while True:
+            try:
+                loop.run_forever()
+                break
+            except (KeyboardInterrupt, SystemExit):
+                # Raised in a task by code the loop runs (a tool, a hook, a model): the task
+                # holds it for whatever awaits it, as it would on a loop of one's own. A real
+                # Ctrl-C reaches the main thread, never this one. Ended here, the loop left every
+                # caller of the bridge waiting for ever.
+                continue
         left = asyncio.all_tasks(loop)
         for task in left:
             task.cancel()
@@ -246,6 +255,10 @@ async def in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any
             raise RuntimeError("the function raised StopIteration") from exc
         except SystemExit as exc:
             raise exited(exc) from exc
+        except KeyboardInterrupt as exc:
+            # The function's own (a Ctrl-C reaches the main thread, not this one): its failure,
+            # as SystemExit is, not an interrupt of the loop awaiting it.
+            raise RuntimeError("the function raised KeyboardInterrupt") from exc
 
     return await asyncio.to_thread(call)
 
