@@ -543,3 +543,34 @@ async def test_a_standby_that_fails_to_take_over_leaves_no_channel_delivering(
         sent = [headers["Signoff-Delivery"] for headers, _ in receiver.accepted]
         assert len(sent) == 3 and len(set(sent)) == 3  # the three openings, each once
         assert len(receiver.attempts) == 4  # and the 503
+
+
+async def _async_clock() -> float:
+    return 1_700_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("clock", "why"),
+    [
+        (_async_clock, "must be a plain function returning the time, not .* an async one"),
+        (ManualClock, r"is the class ManualClock: pass a clock, such as ManualClock\(\)"),
+        (1_700_000_000.0, "must be a function returning the time"),
+    ],
+    ids=["async", "class", "number"],
+)
+def test_a_clock_that_is_no_clock_is_refused_when_the_channel_is_made(
+    tmp_path: Path, clock: Any, why: str
+) -> None:
+    """Channels and their hub read their clock without awaiting it, as `Runtime` does, which
+    refuses these: an async clock's coroutine, or a `ManualClock` instance made of each call,
+    was taken for the time, a TypeError where it was used (a hub's tick, a webhook delivery's
+    signature, the time a terminal request has left), and a number was not refused at all."""
+    rt = runtime(tmp_path)
+    makers = {
+        "ChannelHub": lambda: ChannelHub(rt, [], clock=clock),
+        "WebhookChannel": lambda: WebhookChannel("https://example.com/h", SECRET, clock=clock),
+        "TerminalChannel": lambda: TerminalChannel(clock=clock),
+    }
+    for name, make in makers.items():
+        with pytest.raises(so.UsageError, match=f"{name}: clock {why}"):
+            make()

@@ -20,6 +20,7 @@ __all__ = [
     "SyncBridge",
     "blocking_doc",
     "called_off_loop",
+    "checked_clock",
     "exited",
     "in_thread",
     "is_async",
@@ -333,6 +334,22 @@ def is_async(fn: object) -> bool:
     one (a `functools.partial` of either too). A predicate of that kind that is asked without
     awaiting (a rule, a filter) would be answered by its coroutine's truth: True."""
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+def checked_clock(clock: object, what: str = "clock") -> None:
+    """Refuse what cannot be a clock (`Runtime`, the channels and their hub read one without
+    awaiting it): no function, a class (its instances were taken for the time), or an async
+    function (its coroutine was). `UsageError` naming `what`."""
+    if not callable(clock):
+        raise UsageError(f"{what} must be a function returning the time, not {clock!r}")
+    if isinstance(clock, type):
+        raise UsageError(
+            f"{what} is the class {clock.__name__}: pass a clock, such as {clock.__name__}()"
+        )
+    if is_async(clock):
+        raise UsageError(
+            f"{what} must be a plain function returning the time, not {clock!r}, an async one"
+        )
 
 
 def thread_note(fn: Callable[..., Any], exc: BaseException) -> str:

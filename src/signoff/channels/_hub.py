@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._exceptions import StoreError, UsageError
 from .._settings import positive_seconds, whole
+from .._sync import checked_clock
 from .._types import InputRequest
 from .._work import Failing
 from ..stores._audit import AuditEntry
@@ -105,6 +106,8 @@ class ChannelHub(Standby):
         if dupes:
             raise UsageError(f"channel names must be distinct: {', '.join(dupes)}")
         check_name("a hub", name)
+        if clock is not None:  # else each tick failed, and no deadline was warned of
+            checked_clock(clock, "ChannelHub: clock")
         if not positive_seconds(poll_interval):  # NaN passed `<= 0`, and a loop slept NaN
             raise UsageError(f"poll_interval must be positive, not {poll_interval!r}")
         whole("max_attempts", max_attempts, least=1)  # NaN or 2.5 passed `< 1`

@@ -18,6 +18,7 @@ from rich.emoji import Emoji
 from rich.markup import escape
 
 from .._exceptions import UsageError
+from .._sync import checked_clock
 from .._text import HIDDEN, escape_as_json, is_blank
 from .._types import (
     InputRequest,
@@ -118,9 +119,10 @@ class TerminalChannel:
     ) -> None:
         if console is not None and not isinstance(console, Console):
             raise UsageError(f"console must be a rich Console or None, not {console!r}")
-        for what, given in (("read", read), ("clock", clock)):
-            if given is not None and not callable(given):
-                raise UsageError(f"{what} must be a function, not {given!r}")
+        if read is not None and not callable(read):
+            raise UsageError(f"read must be a function, not {read!r}")
+        if clock is not None:  # else each request failed to be shown
+            checked_clock(clock, "TerminalChannel: clock")
         self.console = console or Console(highlight=False)
         self._read = read or self._console_read
         self.clock = clock
