@@ -162,6 +162,7 @@ def test_an_agent_named_with_a_nul_is_refused_when_made() -> None:
     [
         ({"model": "gpt-4o"}, "model must be a signoff model"),
         ({"model": None}, "model must be a signoff model"),
+        ({"model": so.models.Scripted}, r"model is the class Scripted, .*Scripted\(\.\.\.\)"),
         ({"instructions": 5}, "instructions must be text"),
         ({"limits": {"max_steps": 3}}, "limits must be a so.Limits"),
         ({"name": 5}, "name"),
