@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pytest
-from pydantic import AfterValidator, BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, ValidationError, field_validator
 from pydantic.json_schema import GenerateJsonSchema
 
 import signoff as so
@@ -370,3 +370,46 @@ def test_tool_called_with_the_function_keeps_its_options() -> None:
     assert t.approval.describe() == so.always().describe() != so.never().describe()
     t = so.tool(remove, run_as="approver")
     assert t.run_as == "approver"
+
+
+async def _at_most_100(value: int) -> int:
+    if value > 100:
+        raise ValueError("over 100")
+    return value
+
+
+def _plain_100(value: int) -> int:
+    return value
+
+
+class _Order(BaseModel):
+    quantity: int
+
+    @field_validator("quantity")
+    @classmethod
+    async def positive(cls, value: int) -> int:
+        return value
+
+
+def test_an_async_validator_of_the_input_is_refused_when_the_tool_is_made() -> None:
+    """pydantic calls a validator without awaiting it: an async one's coroutine became the
+    value, so `amount > 100` was never checked and the body ran with a coroutine for `amount`
+    (a tool needing approval failed instead, its input having no JSON form to show)."""
+
+    def refund(amount: Annotated[int, AfterValidator(_at_most_100)]) -> int:
+        """Refund."""
+        return amount
+
+    def place(order: _Order) -> int:
+        """Place an order."""
+        return order.quantity
+
+    def kept(amount: Annotated[int, AfterValidator(_plain_100)]) -> int:
+        """Refund."""
+        return amount
+
+    with pytest.raises(so.UsageError, match=r"'refund': the validator _at_most_100 is async"):
+        so.tool(refund)
+    with pytest.raises(so.UsageError, match=r"'place': the validator _Order.positive is async"):
+        so.tool(place)
+    assert so.tool(kept).validate({"amount": 5}).model_dump() == {"amount": 5}
