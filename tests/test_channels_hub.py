@@ -574,3 +574,20 @@ def test_a_clock_that_is_no_clock_is_refused_when_the_channel_is_made(
     for name, make in makers.items():
         with pytest.raises(so.UsageError, match=f"{name}: clock {why}"):
             make()
+
+
+def test_a_terminal_read_that_is_async_or_gives_no_text_is_named() -> None:
+    """`read` is called in a thread, without awaiting: an async one's coroutine was taken for
+    the line, an AttributeError ('coroutine' object has no attribute 'strip') that named neither
+    `read` nor the fix; bytes were no answer ever ("y" is text), and a number the same error."""
+
+    async def typed(prompt: str) -> str:
+        return "y"
+
+    with pytest.raises(so.UsageError, match="read must be a plain function .* an async one"):
+        TerminalChannel(read=typed)  # type: ignore[arg-type]
+    for given in (b"y", 1):
+        terminal = TerminalChannel(read=lambda prompt, given=given: given)  # type: ignore[misc]
+        with pytest.raises(so.UsageError, match=r"read returned .*, not a line of text \(str\)"):
+            terminal.read("? ")
+    assert TerminalChannel(read=lambda prompt: " y ").read("? ") == "y"
