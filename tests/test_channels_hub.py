@@ -591,3 +591,24 @@ def test_a_terminal_read_that_is_async_or_gives_no_text_is_named() -> None:
         with pytest.raises(so.UsageError, match=r"read returned .*, not a line of text \(str\)"):
             terminal.read("? ")
     assert TerminalChannel(read=lambda prompt: " y ").read("? ") == "y"
+
+
+async def test_a_channel_whose_hook_is_a_plain_method_is_refused_by_the_hub(
+    tmp_path: Path,
+) -> None:
+    """The hub awaits a channel's hooks: a plain `on_requested` ran (posting the request), and
+    awaiting its None was a TypeError, so the hub delivered the entry again and again, each
+    attempt posting it once more, and again at every later poll and start after giving up."""
+    posted: list[str] = []
+
+    class Chat(Channel):
+        name = "chat"
+
+        def on_requested(self, request: so.InputRequest) -> None:  # type: ignore[override]
+            posted.append(request.id)
+
+    with pytest.raises(
+        so.UsageError, match=r"channel 'chat': Chat.on_requested must be an async def"
+    ):
+        ChannelHub(runtime(tmp_path), [Chat()])
+    assert posted == []
