@@ -416,6 +416,7 @@ def test_criteria_refuse_what_is_not_text(criteria: dict[str, Any], message: str
         ({"instructions": 5}, r"auto\(\) instructions must be text, not 5"),
         ({"instructions": ["review"]}, r"auto\(\) instructions must be text"),
         ({"model": "gpt-4o"}, r"auto\(\) model must be a signoff model .*, not 'gpt-4o'"),
+        ({"model": so.models.Scripted}, r"auto\(\) model is the class Scripted, not a model"),
     ],
 )
 def test_auto_refuses_options_of_the_wrong_kind(option: dict[str, Any], message: str) -> None:

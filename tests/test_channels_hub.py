@@ -543,3 +543,72 @@ async def test_a_standby_that_fails_to_take_over_leaves_no_channel_delivering(
         sent = [headers["Signoff-Delivery"] for headers, _ in receiver.accepted]
         assert len(sent) == 3 and len(set(sent)) == 3  # the three openings, each once
         assert len(receiver.attempts) == 4  # and the 503
+
+
+async def _async_clock() -> float:
+    return 1_700_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("clock", "why"),
+    [
+        (_async_clock, "must be a plain function returning the time, not .* an async one"),
+        (ManualClock, r"is the class ManualClock: pass a clock, such as ManualClock\(\)"),
+        (1_700_000_000.0, "must be a function returning the time"),
+    ],
+    ids=["async", "class", "number"],
+)
+def test_a_clock_that_is_no_clock_is_refused_when_the_channel_is_made(
+    tmp_path: Path, clock: Any, why: str
+) -> None:
+    """Channels and their hub read their clock without awaiting it, as `Runtime` does, which
+    refuses these: an async clock's coroutine, or a `ManualClock` instance made of each call,
+    was taken for the time, a TypeError where it was used (a hub's tick, a webhook delivery's
+    signature, the time a terminal request has left), and a number was not refused at all."""
+    rt = runtime(tmp_path)
+    makers = {
+        "ChannelHub": lambda: ChannelHub(rt, [], clock=clock),
+        "WebhookChannel": lambda: WebhookChannel("https://example.com/h", SECRET, clock=clock),
+        "TerminalChannel": lambda: TerminalChannel(clock=clock),
+    }
+    for name, make in makers.items():
+        with pytest.raises(so.UsageError, match=f"{name}: clock {why}"):
+            make()
+
+
+def test_a_terminal_read_that_is_async_or_gives_no_text_is_named() -> None:
+    """`read` is called in a thread, without awaiting: an async one's coroutine was taken for
+    the line, an AttributeError ('coroutine' object has no attribute 'strip') that named neither
+    `read` nor the fix; bytes were no answer ever ("y" is text), and a number the same error."""
+
+    async def typed(prompt: str) -> str:
+        return "y"
+
+    with pytest.raises(so.UsageError, match="read must be a plain function .* an async one"):
+        TerminalChannel(read=typed)  # type: ignore[arg-type]
+    for given in (b"y", 1):
+        terminal = TerminalChannel(read=lambda prompt, given=given: given)  # type: ignore[misc]
+        with pytest.raises(so.UsageError, match=r"read returned .*, not a line of text \(str\)"):
+            terminal.read("? ")
+    assert TerminalChannel(read=lambda prompt: " y ").read("? ") == "y"
+
+
+async def test_a_channel_whose_hook_is_a_plain_method_is_refused_by_the_hub(
+    tmp_path: Path,
+) -> None:
+    """The hub awaits a channel's hooks: a plain `on_requested` ran (posting the request), and
+    awaiting its None was a TypeError, so the hub delivered the entry again and again, each
+    attempt posting it once more, and again at every later poll and start after giving up."""
+    posted: list[str] = []
+
+    class Chat(Channel):
+        name = "chat"
+
+        def on_requested(self, request: so.InputRequest) -> None:  # type: ignore[override]
+            posted.append(request.id)
+
+    with pytest.raises(
+        so.UsageError, match=r"channel 'chat': Chat.on_requested must be an async def"
+    ):
+        ChannelHub(runtime(tmp_path), [Chat()])
+    assert posted == []

@@ -193,6 +193,8 @@ def test_from_env_refuses_a_fallback_or_env_it_cannot_use(env: dict[str, str]) -
     `env` that is no mapping, or holds a setting that is not text, was a bare AttributeError."""
     with pytest.raises(so.UsageError, match=r"^from_env\(fallback=...\) must be a signoff model"):
         so.models.from_env("gpt-4o", env=env)  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match=r"^from_env\(fallback=...\) is the class Scripted"):
+        so.models.from_env(so.models.Scripted, env=env)  # type: ignore[arg-type]
     with pytest.raises(so.UsageError, match=r"^from_env\(env=...\) must map names to text"):
         so.models.from_env(env=["OPENAI_API_KEY=k"])  # type: ignore[arg-type]
     with pytest.raises(so.UsageError, match=r"SIGNOFF_MODEL must be text, not int"):

@@ -5,6 +5,7 @@ twice.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import httpx
 import pytest
 
 import signoff as so
-from signoff.server import TokenAuth, create_app, default_access
+from signoff.server import DevAuth, TokenAuth, create_app, default_access
 
 from ._server_api import (
     _stored,
@@ -106,6 +107,34 @@ def test_create_app_refuses_an_async_access_rule(tmp_path: Path, access: Any) ->
     runtime = so.Runtime([], store=f"sqlite:///{tmp_path}/s.db")
     with pytest.raises(so.UsageError, match="access must be a plain function .* an async one"):
         create_app(runtime, auth=TokenAuth(TOKENS), access=access)
+
+
+@dataclasses.dataclass
+class _OwnOnly:
+    """A rule object, meant to be made (`_OwnOnly()`) and called."""
+
+    admins: tuple[str, ...] = ()
+    tenant: str | None = None
+
+    def __call__(self, caller: so.Principal, initiator: so.Principal | None) -> bool:
+        return initiator is not None and caller.principal_id == initiator.principal_id
+
+
+def test_create_app_refuses_a_class_for_auth_or_access(tmp_path: Path) -> None:
+    """Given the class, not an instance: `auth=TokenAuth` made a TokenAuth out of each request
+    (every request a 400 'API token #1: 'http' is not a Principal'), `auth=DevAuth` a 500; and
+    `access=_OwnOnly` made a rule object of (caller, initiator), whose truth let every caller
+    see every session. Each is refused when the app is made."""
+    runtime = so.Runtime([], store=f"sqlite:///{tmp_path}/s.db")
+    for cls in (TokenAuth, DevAuth):
+        with pytest.raises(so.UsageError, match=f"auth is the class {cls.__name__}, .* instance"):
+            create_app(runtime, auth=cls)  # type: ignore[arg-type]
+    alice_p = so.Principal(authenticator="t", principal_id="alice")
+    assert bool(_OwnOnly(alice_p, None))  # type: ignore[arg-type]  # what it was taken for
+    assert not _OwnOnly()(alice_p, None)
+    with pytest.raises(so.UsageError, match="access is the class _OwnOnly, not a rule"):
+        create_app(runtime, auth=TokenAuth(TOKENS), access=_OwnOnly)  # type: ignore[arg-type]
+    create_app(runtime, auth=TokenAuth(TOKENS), access=_OwnOnly())  # an instance is a rule
 
 
 @pytest.mark.parametrize("dev", ["no", "false", 0, 1])

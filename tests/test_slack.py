@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub
 from signoff.channels.slack import slack_principal
 from signoff.server import create_app
+from signoff.testing import ManualClock
 
 from ._slack import (
     ALICE,
@@ -29,6 +31,7 @@ from ._slack import (
     channel,
     click,
     date,
+    fake,
     manual,
     question_agent,
     refund_requested,
@@ -39,7 +42,7 @@ from ._slack import (
     submission,
 )
 
-__all__ = ["slack_api"]  # the fixture, used by name
+__all__ = ["fake", "slack_api"]  # the fixtures, used by name
 
 
 async def test_approval_posted_approved_from_slack_and_updated_in_place(
@@ -484,3 +487,17 @@ async def test_a_late_answer_that_differs_from_the_decision_made_elsewhere_is_to
             }
         ]
         assert log == [("1042", 180.0)]
+
+
+def test_an_async_or_class_clock_is_refused_when_the_channel_is_made(fake: FakeSlack) -> None:
+    """The channel reads its clock without awaiting it (each request's signature age): an async
+    clock's coroutine, or a `ManualClock` made of each call, was the time, and every request
+    from Slack failed. Refused when the channel is made, as `Runtime` refuses them."""
+
+    async def now() -> float:
+        return time.time()
+
+    with pytest.raises(so.UsageError, match="SlackChannel: clock must be a plain function"):
+        channel(fake, clock=now)
+    with pytest.raises(so.UsageError, match="SlackChannel: clock is the class ManualClock"):
+        channel(fake, clock=ManualClock)

@@ -7,6 +7,8 @@ too: alice approved her own call from Slack, and one person counted twice."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -473,3 +475,37 @@ def test_by_email_never_gives_one_slack_user_either_of_two_principals_differing_
 def test_by_email_refuses_principals_that_are_not_a_list_of_ids(principals: Any) -> None:
     with pytest.raises(so.UsageError, match="by_email: "):
         by_email("token", principals=principals)
+
+
+def test_a_mapping_that_exits_or_is_interrupted_fails_its_lookup(fake: FakeSlack) -> None:
+    """A plain mapping's `sys.exit()` or `KeyboardInterrupt` crossed from its thread into the
+    server's event loop and out of it: the server stopped. It is the lookup's failure now."""
+
+    def exits(team_id: str, user_id: str, user: Any) -> Any:
+        sys.exit(1)
+
+    def interrupted(team_id: str, user_id: str, user: Any) -> Any:
+        raise KeyboardInterrupt
+
+    for mapping, why in [(exits, "SystemExit(1)"), (interrupted, "KeyboardInterrupt")]:
+        ids = channel(fake, identify=mapping).identities
+
+        def lookup(ids: Any = ids) -> BaseException | None:
+            try:
+                asyncio.run(ids._map(TEAM, U_BOB, person(U_BOB, f"bob@{CORP}")))
+            except BaseException as exc:  # what the loop let out, in this thread's loop only
+                return exc
+            return None
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            raised = pool.submit(lookup).result(timeout=30)
+        assert isinstance(raised, RuntimeError) and why in str(raised), repr(raised)
+
+
+def test_identify_by_email_not_called_is_refused(fake: FakeSlack) -> None:
+    """`identify=by_email` (for `by_email("sso")`) was asked as the mapping: every click failed
+    with 'signoff could not tell who you are (TypeError)'."""
+    with pytest.raises(
+        so.UsageError, match=r'identify=by_email is not called: .*by_email\("sso"\)'
+    ):
+        channel(fake, identify=by_email)

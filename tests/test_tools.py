@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pytest
-from pydantic import AfterValidator, BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, ValidationError, field_validator
 from pydantic.json_schema import GenerateJsonSchema
 
 import signoff as so
@@ -162,6 +162,7 @@ def test_an_agent_named_with_a_nul_is_refused_when_made() -> None:
     [
         ({"model": "gpt-4o"}, "model must be a signoff model"),
         ({"model": None}, "model must be a signoff model"),
+        ({"model": so.models.Scripted}, r"model is the class Scripted, .*Scripted\(\.\.\.\)"),
         ({"instructions": 5}, "instructions must be text"),
         ({"limits": {"max_steps": 3}}, "limits must be a so.Limits"),
         ({"name": 5}, "name"),
@@ -356,3 +357,59 @@ def test_a_tools_input_schema_is_built_once(monkeypatch: pytest.MonkeyPatch) -> 
     assert order.json_schema() is schema and "title" not in schema
     assert schema["required"] == ["lines"] and "Line" in schema["$defs"]
     assert len(built) == 1, built
+
+
+def test_tool_called_with_the_function_keeps_its_options() -> None:
+    # `so.tool(fn, approval=...)` dropped every option: the tool never asked for approval.
+    def remove(path: str) -> str:
+        """Remove a file."""
+        return path
+
+    t = so.tool(remove, approval=so.always(), name="rm", description="Delete.", max_result_bytes=9)
+    assert (t.name, t.description, t.max_result_bytes) == ("rm", "Delete.", 9)
+    assert t.approval.describe() == so.always().describe() != so.never().describe()
+    t = so.tool(remove, run_as="approver")
+    assert t.run_as == "approver"
+
+
+async def _at_most_100(value: int) -> int:
+    if value > 100:
+        raise ValueError("over 100")
+    return value
+
+
+def _plain_100(value: int) -> int:
+    return value
+
+
+class _Order(BaseModel):
+    quantity: int
+
+    @field_validator("quantity")
+    @classmethod
+    async def positive(cls, value: int) -> int:
+        return value
+
+
+def test_an_async_validator_of_the_input_is_refused_when_the_tool_is_made() -> None:
+    """pydantic calls a validator without awaiting it: an async one's coroutine became the
+    value, so `amount > 100` was never checked and the body ran with a coroutine for `amount`
+    (a tool needing approval failed instead, its input having no JSON form to show)."""
+
+    def refund(amount: Annotated[int, AfterValidator(_at_most_100)]) -> int:
+        """Refund."""
+        return amount
+
+    def place(order: _Order) -> int:
+        """Place an order."""
+        return order.quantity
+
+    def kept(amount: Annotated[int, AfterValidator(_plain_100)]) -> int:
+        """Refund."""
+        return amount
+
+    with pytest.raises(so.UsageError, match=r"'refund': the validator _at_most_100 is async"):
+        so.tool(refund)
+    with pytest.raises(so.UsageError, match=r"'place': the validator _Order.positive is async"):
+        so.tool(place)
+    assert so.tool(kept).validate({"amount": 5}).model_dump() == {"amount": 5}

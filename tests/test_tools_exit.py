@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import signoff as so
@@ -115,3 +117,57 @@ async def test_a_model_that_exits_fails_the_turn_retryably(tmp_path: Path) -> No
         r = await rt.generate("ops", prompt="hi")
     assert (r.status, r.retryable) == ("failed", True)
     assert r.error is not None and "SystemExit(4)" in r.error["message"]
+
+
+def _within(seconds: float, fn: Callable[[], object]) -> object:
+    """`fn()`'s result, or the exception it raised, run in a thread given `seconds` to end."""
+    ended: list[object] = []
+
+    def run() -> None:
+        try:
+            ended.append(fn())
+        except BaseException as exc:
+            ended.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert ended, f"still waiting after {seconds}s"
+    return ended[0]
+
+
+def test_a_plain_tool_that_raises_keyboard_interrupt_fails_its_call(tmp_path: Path) -> None:
+    """Raised in its thread (a Ctrl-C reaches the main thread, not that one), it crossed into
+    the sync API's loop and ended it: `generate_sync` waited for ever."""
+
+    @so.tool
+    def stop() -> str:
+        """Stop."""
+        raise KeyboardInterrupt
+
+    seen = Capture(reply("Sorry."))
+    agent = scripted_agent("ops", [call_tools(call("stop")), seen], tools=[stop])
+    with sqlite_runtime(tmp_path, agent) as rt:
+        r = _within(20, lambda: rt.generate_sync("ops", prompt="stop"))
+        assert isinstance(r, so.GenerateResult) and r.status == "completed", r
+    (result,) = tool_results(seen.last)
+    assert result.is_error and "KeyboardInterrupt" in str(result.content)
+
+
+def test_an_async_tool_that_raises_keyboard_interrupt_interrupts_the_caller(
+    tmp_path: Path,
+) -> None:
+    """On the sync API's loop it ended the loop's thread: the call, and every later one of the
+    runtime, waited for ever. It reaches the caller now, as from `asyncio.run`."""
+
+    @so.tool
+    async def stop() -> str:
+        """Stop."""
+        raise KeyboardInterrupt
+
+    agent = scripted_agent("ops", [call_tools(call("stop")), reply("Sorry.")], tools=[stop])
+    with sqlite_runtime(tmp_path, agent) as rt:
+        r = _within(20, lambda: rt.generate_sync("ops", prompt="stop"))
+        assert isinstance(r, KeyboardInterrupt), r
+        sessions = _within(20, lambda: rt.pending_sync())
+        assert not isinstance(sessions, BaseException), sessions  # the loop still runs

@@ -13,6 +13,7 @@ from ._settings import positive_seconds
 from ._text import is_blank, is_utf8
 from ._tool_json import MAX_RESULT_BYTES
 from ._tools import Tool
+from .models._base import not_a_model_class
 from .models._provider import SdkModel
 
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ class Agent:
                 f"agent {name!r}: its name holds a NUL character (\\x00), which a PostgreSQL "
                 "store cannot hold; name the agent without it"
             )
+        not_a_model_class(model, f"agent {name!r}: model")
         # Else every turn failed with an AttributeError, or `generate` raised one.
         if not callable(getattr(model, "complete", None)):
             raise UsageError(

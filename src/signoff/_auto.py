@@ -27,6 +27,7 @@ from ._output_caps import (
 )
 from ._settings import flag, positive_seconds, shown_value
 from ._types import Usage, UserMessage, billable, reported_usage
+from .models._base import not_a_model_class
 
 if TYPE_CHECKING:
     from .models import Model
@@ -208,6 +209,7 @@ def auto(
     """Ask a decision model (any `signoff.models` model) to classify each call; an approver's
     edit of a call only with `review_edits`, whose verdict is then recorded with the approval."""
     # Each was taken, and every review then failed (a person asked each time) or read nonsense.
+    not_a_model_class(model, "auto() model")
     if model is not None and not callable(getattr(model, "complete", None)):
         raise UsageError(
             "auto() model must be a signoff model (e.g. so.models.OpenAIChat('gpt-4o')), "

@@ -41,7 +41,7 @@ from ._results import GenerateResult, Outcome
 from ._settings import flag, seconds, whole
 from ._state import SessionState, fold
 from ._subagents import missing_targets, unpriced_delegates
-from ._sync import UNWIND, SyncBridge, is_async
+from ._sync import UNWIND, SyncBridge, checked_clock
 from ._text import is_utf8
 from ._tracing import tracing_for
 from ._types import ModelResponse
@@ -187,16 +187,9 @@ class SessionCache(Leasing):
         # A lease of 0 s is expired when granted: every worker could claim it at once.
         seconds("lease_ttl", lease_ttl, least=LEASE_TTL_MIN, most=LEASE_TTL_MAX)
         seconds("poll_interval", poll_interval)
-        if not callable(clock):  # else the first call failed, after the store was opened
-            raise UsageError(f"clock must be a function returning the time, not {clock!r}")
-        if isinstance(clock, type):  # its instances were the time: an AttributeError in a write
-            raise UsageError(
-                f"clock is the class {clock.__name__}: pass a clock, such as {clock.__name__}()"
-            )
-        if is_async(clock):  # its coroutine is no time, and was left never awaited
-            raise UsageError(
-                f"clock must be a plain function returning the time, not {clock!r}, an async one"
-            )
+        # Else the first call failed, after the store was opened: a class's instances were the
+        # time (an AttributeError in a write), an async one's coroutine (never awaited).
+        checked_clock(clock)
         flag("inline", inline)  # "no" or 0 was read as true or false, unnoticed
         # 0 gives up on a busy session at once; NaN never gave up, nor raised SessionBusy.
         seconds("lease_wait", lease_wait, zero=True)

@@ -20,6 +20,7 @@ __all__ = [
     "SyncBridge",
     "blocking_doc",
     "called_off_loop",
+    "checked_clock",
     "exited",
     "in_thread",
     "is_async",
@@ -43,7 +44,16 @@ def _serve(loop: asyncio.AbstractEventLoop) -> None:
     """The bridge thread: runs the loop until stopped, then cancels the calls still on it (their
     callers would wait for ever) and closes it."""
     try:
-        loop.run_forever()
+        while True:
+            try:
+                loop.run_forever()
+                break
+            except (KeyboardInterrupt, SystemExit):
+                # Raised in a task by code the loop runs (a tool, a hook, a model): the task
+                # holds it for whatever awaits it, as it would on a loop of one's own. A real
+                # Ctrl-C reaches the main thread, never this one. Ended here, the loop left every
+                # caller of the bridge waiting for ever.
+                continue
         left = asyncio.all_tasks(loop)
         for task in left:
             task.cancel()
@@ -246,6 +256,10 @@ async def in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any
             raise RuntimeError("the function raised StopIteration") from exc
         except SystemExit as exc:
             raise exited(exc) from exc
+        except KeyboardInterrupt as exc:
+            # The function's own (a Ctrl-C reaches the main thread, not this one): its failure,
+            # as SystemExit is, not an interrupt of the loop awaiting it.
+            raise RuntimeError("the function raised KeyboardInterrupt") from exc
 
     return await asyncio.to_thread(call)
 
@@ -320,6 +334,22 @@ def is_async(fn: object) -> bool:
     one (a `functools.partial` of either too). A predicate of that kind that is asked without
     awaiting (a rule, a filter) would be answered by its coroutine's truth: True."""
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+def checked_clock(clock: object, what: str = "clock") -> None:
+    """Refuse what cannot be a clock (`Runtime`, the channels and their hub read one without
+    awaiting it): no function, a class (its instances were taken for the time), or an async
+    function (its coroutine was). `UsageError` naming `what`."""
+    if not callable(clock):
+        raise UsageError(f"{what} must be a function returning the time, not {clock!r}")
+    if isinstance(clock, type):
+        raise UsageError(
+            f"{what} is the class {clock.__name__}: pass a clock, such as {clock.__name__}()"
+        )
+    if is_async(clock):
+        raise UsageError(
+            f"{what} must be a plain function returning the time, not {clock!r}, an async one"
+        )
 
 
 def thread_note(fn: Callable[..., Any], exc: BaseException) -> str:

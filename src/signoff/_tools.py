@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, PydanticUserError, ValidationError, 
 from ._approval import ApprovalPolicy, as_policy
 from ._exceptions import UsageError
 from ._response import ApprovalSpec, ResponsePolicy
-from ._sync import called_off_loop
+from ._sync import called_off_loop, is_async
 from ._tool_context import ToolContext
 from ._tool_json import MAX_INPUT_DEPTH, UNPARSED_ARGUMENTS, jsonable, non_finite, sets_sorted
 
@@ -225,8 +225,34 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseMode
             f"tool {name!r}: its parameters must be JSON types (str, int, float, bool, lists, "
             f"dicts, pydantic models...): {problem}"
         ) from None
+    _check_async_functions(model, name)
     _check_defaults(model, name)
     return takes_context, model, schema
+
+
+def _check_async_functions(model: type[BaseModel], name: str) -> None:
+    """Refuse an async validator (or serializer) anywhere in the input's schema: pydantic calls
+    it without awaiting, and its coroutine became the value, so the check never ran and the body
+    got a coroutine for its argument (or, to be approved, the input could not be shown)."""
+    found: list[Any] = []
+    stack: list[Any] = [model.__pydantic_core_schema__]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if key == "function" and callable(value):
+                    found.append(value)
+                else:
+                    stack.append(value)
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    for fn in found:
+        if is_async(fn):
+            shown = getattr(fn, "__qualname__", None) or repr(fn)
+            raise UsageError(
+                f"tool {name!r}: the validator {shown} is async; pydantic calls validators "
+                "without awaiting them, so its check would never run: make it a plain def"
+            )
 
 
 def _check_defaults(model: type[BaseModel], name: str) -> None:
@@ -262,7 +288,16 @@ def _shown(value: Any) -> str:
 
 
 @overload
-def tool(fn: Callable[..., Any], /) -> Tool: ...
+def tool(
+    fn: Callable[..., Any],
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    approval: object = None,
+    run_as: str = "requester",
+    max_result_bytes: int | None = None,
+) -> Tool: ...
 
 
 @overload
@@ -286,9 +321,8 @@ def tool(
     run_as: str = "requester",
     max_result_bytes: int | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Turn a function into a `Tool`: hints give the schema, the docstring the description."""
-    if fn is not None:
-        return Tool(fn)
+    """Turn a function into a `Tool`: hints give the schema, the docstring the description.
+    `tool(fn, approval=...)` takes the same options as `@tool(approval=...)`."""
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(
@@ -300,4 +334,7 @@ def tool(
             max_result_bytes=max_result_bytes,
         )
 
+    if fn is not None:
+        # Its options too: they were dropped, so `tool(fn, approval=always)` ran unapproved.
+        return wrap(fn)
     return wrap

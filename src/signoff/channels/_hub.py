@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._exceptions import StoreError, UsageError
 from .._settings import positive_seconds, whole
+from .._sync import checked_clock
 from .._types import InputRequest
 from .._work import Failing
 from ..stores._audit import AuditEntry
@@ -47,6 +49,32 @@ _STOP_GRACE = 10.0  # seconds: how long stop() lets a poll in progress finish it
 # The memo (under the hub's key for a channel) of the entries it delivered above its position
 # (past a hole); those it gave up on are `_given_up`'s.
 _DELIVERED = "delivered"
+
+
+_HOOKS = (
+    "start",
+    "on_requested",
+    "on_updated",
+    "on_escalated",
+    "on_resolved",
+    "tick",
+    "close",
+    "submit",
+)
+
+
+def plain_hooks(ch: Channel) -> None:
+    """Refuse a channel whose hooks (what the hub awaits) are plain methods: the hub awaited
+    what one returned, a TypeError after its work was done ("object NoneType can't be used in
+    'await' expression"), so it delivered the entry again, each attempt posting it once more,
+    and on every later poll and start after giving up."""
+    for hook in _HOOKS:
+        method = getattr(type(ch), hook, None)
+        if method is not None and not inspect.iscoroutinefunction(method):
+            raise UsageError(
+                f"channel {ch.name!r}: {type(ch).__name__}.{hook} must be an async def, as "
+                "Channel's is: the hub awaits it"
+            )
 
 
 class ChannelHub(Standby):
@@ -100,11 +128,14 @@ class ChannelHub(Standby):
             if not isinstance(ch, Channel):
                 raise UsageError(f"a ChannelHub takes Channel objects, not {ch!r}")
             check_name("a channel", ch.name)  # a subclass may name itself on the class
+            plain_hooks(ch)
         names = [ch.name for ch in channels]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise UsageError(f"channel names must be distinct: {', '.join(dupes)}")
         check_name("a hub", name)
+        if clock is not None:  # else each tick failed, and no deadline was warned of
+            checked_clock(clock, "ChannelHub: clock")
         if not positive_seconds(poll_interval):  # NaN passed `<= 0`, and a loop slept NaN
             raise UsageError(f"poll_interval must be positive, not {poll_interval!r}")
         whole("max_attempts", max_attempts, least=1)  # NaN or 2.5 passed `< 1`

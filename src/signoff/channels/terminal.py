@@ -7,6 +7,7 @@ choices and, when the request allows it, takes free text.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import time
@@ -18,6 +19,7 @@ from rich.emoji import Emoji
 from rich.markup import escape
 
 from .._exceptions import UsageError
+from .._sync import checked_clock, is_async
 from .._text import HIDDEN, escape_as_json, is_blank
 from .._types import (
     InputRequest,
@@ -118,9 +120,15 @@ class TerminalChannel:
     ) -> None:
         if console is not None and not isinstance(console, Console):
             raise UsageError(f"console must be a rich Console or None, not {console!r}")
-        for what, given in (("read", read), ("clock", clock)):
-            if given is not None and not callable(given):
-                raise UsageError(f"{what} must be a function, not {given!r}")
+        if read is not None and not callable(read):
+            raise UsageError(f"read must be a function, not {read!r}")
+        if read is not None and is_async(read):  # read in a thread, never awaited
+            raise UsageError(
+                f"read must be a plain function (prompt) -> str | None, not {read!r}, an async "
+                "one: the channel calls it in a thread, without awaiting it"
+            )
+        if clock is not None:  # else each request failed to be shown
+            checked_clock(clock, "TerminalChannel: clock")
         self.console = console or Console(highlight=False)
         self._read = read or self._console_read
         self.clock = clock
@@ -140,7 +148,13 @@ class TerminalChannel:
     def read(self, prompt: str) -> str | None:
         """Show `prompt` (Rich markup) and read one line; None at end of input."""
         line = self._read(prompt)
-        return None if line is None else line.strip()
+        if line is None:
+            return None
+        if not isinstance(line, str):  # else an AttributeError on `strip`, or bytes never "y"
+            if inspect.iscoroutine(line):
+                line.close()
+            raise UsageError(f"read returned {line!r}, not a line of text (str) or None")
+        return line.strip()
 
     def read_message(self) -> str | None:
         """The next chat message: `? you: …`."""

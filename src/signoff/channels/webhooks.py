@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from .._exceptions import StoreError, UsageError
 from .._settings import seconds, whole
+from .._sync import checked_clock
 from .._types import InputRequest
 from . import _given_up as given_up
 from ._base import Channel, Escalation, Resolution, logger, off_loop
@@ -123,6 +124,7 @@ class WebhookChannel(Channel):
         backfill: bool = False,
     ) -> None:
         super().__init__(name=name, accepts=accepts)
+        checked_clock(clock, "WebhookChannel: clock")  # else every delivery failed to be signed
         if not isinstance(backfill, bool):
             raise UsageError(f"backfill must be True or False, not {backfill!r}")
         url_list = checked_urls(urls)

@@ -10,7 +10,16 @@ from typing import Any, Protocol, runtime_checkable
 from .._exceptions import ModelError, UsageError
 from .._types import Message, ModelResponse, Usage
 
-__all__ = ["Model", "ModelRequest", "PausedPart", "ToolSpec", "reply_to"]
+__all__ = ["Model", "ModelRequest", "PausedPart", "ToolSpec", "not_a_model_class", "reply_to"]
+
+
+def not_a_model_class(model: object, what: str) -> None:
+    """Refuse a model class given for a model (`model=OpenAIChat`): its `complete` is there, but
+    unbound, so each call failed with "complete() missing 1 required positional argument"."""
+    if isinstance(model, type):
+        raise UsageError(
+            f"{what} is the class {model.__name__}, not a model: pass one, {model.__name__}(...)"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

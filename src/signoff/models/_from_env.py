@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from .._exceptions import UsageError
 from ._anthropic import Anthropic
-from ._base import Model
+from ._base import Model, not_a_model_class
 from ._openai import OpenAIChat
 
 __all__ = ["DEFAULT_ANTHROPIC_MODEL", "DEFAULT_OPENAI_MODEL", "from_env"]
@@ -27,6 +27,7 @@ def from_env(fallback: Model | None = None, *, env: Mapping[str, str] | None = N
     """
     # Checked whatever the environment holds: a fallback that is no model (a model's name, say)
     # was returned as it was where no provider was configured, and ignored where one was.
+    not_a_model_class(fallback, "from_env(fallback=...)")
     if fallback is not None and not callable(getattr(fallback, "complete", None)):
         raise UsageError(
             "from_env(fallback=...) must be a signoff model, used when the environment names "

@@ -167,6 +167,16 @@ def create_app(
         raise UsageError("pass either auth=... or dev=True, not both")
     elif not callable(auth):  # else every request was a 500 (`auth=...` copied as it is, say)
         raise UsageError(f"auth must be an authenticator (e.g. TokenAuth), not {auth!r}")
+    elif isinstance(auth, type):  # called, it made one of itself out of each request: a 400/500
+        raise UsageError(
+            f"auth is the class {auth.__name__}, not an authenticator: pass an instance "
+            f"({auth.__name__}(...))"
+        )
+    if isinstance(access, type):  # an instance of it, asked as a bool, let every caller see all
+        raise UsageError(
+            f"access is the class {access.__name__}, not a rule: pass a function (caller, "
+            f"initiator) -> bool, or an instance ({access.__name__}(...)) whose __call__ is one"
+        )
     if not callable(access):
         raise UsageError(f"access must be a function (caller, initiator) -> bool, not {access!r}")
     if is_async(access):  # its coroutine, never awaited, was taken for True: every session seen

@@ -27,6 +27,7 @@ from slack_sdk.signature import Clock, SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
 from ..._exceptions import UsageError
+from ..._sync import checked_clock
 from ..._types import InputRequest
 from ...stores import promptly
 from .._base import (
@@ -154,6 +155,7 @@ class SlackChannel(Channel):
         self.client = client
         self.path = path
         self.events_path = events_path
+        checked_clock(clock, "SlackChannel: clock")  # else every request from Slack failed
         self.clock = clock
         self._verifier = SignatureVerifier(signing_secret, clock=_Clock(clock))
         self._seen: dict[str, float] = {}  # signature -> when it can be forgotten

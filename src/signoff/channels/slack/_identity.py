@@ -24,6 +24,7 @@ import aiohttp
 from slack_sdk.errors import SlackApiError
 
 from ..._exceptions import SignoffError, UsageError
+from ..._sync import in_thread
 from ..._types import Principal
 from .._base import logger
 from ._payloads import api_error, retry_after, slack_principal
@@ -137,6 +138,12 @@ class Identities:
     ) -> None:
         if identify is not None and not callable(identify):
             raise UsageError("SlackChannel: identify must be a callable (team, user, user info)")
+        given: object = identify  # typed as a mapping, which by_email itself is not
+        if given is by_email:  # else each click failed: by_email() takes an authenticator
+            raise UsageError(
+                'SlackChannel: identify=by_email is not called: write identify=by_email("sso"), '
+                "naming the authenticator your other surfaces give people"
+            )
         if isinstance(external_teams, str):
             raise UsageError("SlackChannel: external_teams is a list of team ids, not one string")
         external = list(external_teams or ())
@@ -292,7 +299,8 @@ class Identities:
         if _is_async(identify):
             result: Any = identify(team_id, user_id, user)
         else:
-            result = await asyncio.to_thread(identify, team_id, user_id, user)
+            # Its SystemExit or KeyboardInterrupt is its failure, not the server's end.
+            result = await in_thread(identify, team_id, user_id, user)
         if inspect.isawaitable(result):
             result = await result
         return result  # type: ignore[no-any-return]
