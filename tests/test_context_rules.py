@@ -78,6 +78,26 @@ async def test_a_rule_that_returns_an_awaitable_shows_no_session(
     assert caplog.text.count("the access rule returned <coroutine object") == 1
 
 
+@pytest.mark.parametrize("answer", ["no", 1, None, [False]], ids=["text", "one", "none", "list"])
+async def test_a_rule_that_returns_no_bool_shows_no_session(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, answer: Any
+) -> None:
+    """A rule's answer is True or False: a string such as "no" (or 1, a list) was read by its
+    truth, and showed the session to every caller. Only True shows it; the log says why, once."""
+    monkeypatch.setattr(_auth, "_told", set())
+    async with so.Runtime([ttl_agent()], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        theirs = await rt.generate("desk", prompt="reset", auth=ALICE)
+        ctx = _ctx(rt, lambda caller, initiator: answer)
+        for caller in (MALLORY, ALICE):
+            with pytest.raises(so.UnknownSession):
+                await ctx.session(theirs.session_id, caller)
+            rows, total = await ctx.visible_sessions(caller, limit=50, offset=0)
+            assert (rows, total) == ([], 0)
+            assert await ctx.visible_requests(caller, PendingFilter(limit=50)) == ([], 0)
+    said = f"the access rule returned {answer!r}, not True or False"
+    assert caplog.text.count(said) == 1
+
+
 @pytest.mark.parametrize("caller", [ADMIN, ALICE], ids=["admin", "initiator"])
 async def test_requests_of_a_session_past_its_ttl_are_in_no_queue(
     tmp_path: Path, caller: so.Principal

@@ -55,22 +55,29 @@ the server asks it without awaiting (`create_app` refuses an async one)."""
 
 
 def may_see(access: AccessRule, caller: Principal, initiator: Principal | None) -> bool:
-    """The access rule's answer. An awaitable is none, as the server does not await it (a plain
-    function that returns one, `lambda c, i: rule(c, i)` of an async `rule`): the session is not
-    shown, where the awaitable's truth showed every session to every caller."""
+    """The access rule's answer: True only for True. Anything else that is not False shows the
+    session to no one and is logged once a rule: an awaitable (a plain function that returns
+    one, `lambda c, i: rule(c, i)` of an async `rule`, which the server does not await) or a
+    value such as "no", whose truth showed every session to every caller."""
     seen: object = access(caller, initiator)
-    if inspect.isawaitable(seen):
-        if inspect.iscoroutine(seen):
-            seen.close()  # never awaited, and never warned of
-        if id(access) not in _told:  # once a rule: a listing asks it of every session
-            _told.add(id(access))
-            _log.error(
-                "the access rule returned %s, not True or False: no session it is asked about "
-                "is shown (make the rule a plain function returning a bool)",
-                seen,
-            )
-        return False
-    return bool(seen)
+    if isinstance(seen, bool):
+        return seen
+    if inspect.iscoroutine(seen):
+        seen.close()  # never awaited, and never warned of
+    if id(access) not in _told:  # once a rule: a listing asks it of every session
+        _told.add(id(access))
+        _log.error(
+            "the access rule returned %s, not True or False: no session it is asked about "
+            "is shown (make the rule a plain function returning a bool)",
+            _shown(seen),
+        )
+    return False
+
+
+def _shown(value: object) -> str:
+    """`value` for the log: its repr, cut short (a rule may return anything, a whole record)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @runtime_checkable
