@@ -25,6 +25,7 @@ from ..._exceptions import (
     UsageError,
 )
 from ..._settings import flag, seconds, whole
+from .. import _without_password
 from .._base import FaultHook, older_schema
 from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT
@@ -40,6 +41,7 @@ from ._url import (
     number,
     schema_name,
     split_options,
+    unparsable,
     with_libpq_defaults,
     with_schema,
 )
@@ -84,7 +86,8 @@ class Connections(Transactions):
         operation_timeout: float | None = None,
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
-            raise StoreError(f"not a PostgreSQL URL: {url!r} (expected postgresql://…)")
+            shown = _without_password(url) if isinstance(url, str) else url
+            raise StoreError(f"not a PostgreSQL URL: {shown!r} (expected postgresql://…)")
         dsn, options = split_options(url)
         check_parameters(dsn)
         schema = schema_name(schema, options)
@@ -279,7 +282,7 @@ class Connections(Transactions):
         try:
             _conninfo.conninfo_to_dict(self._dsn)
         except psycopg.Error as exc:
-            raise StoreError(f"invalid PostgreSQL URL: {exc}".strip()) from exc
+            raise StoreError(unparsable(exc)) from exc
         try:
             return await self._connect_raw()
         except psycopg.Error as exc:
