@@ -403,6 +403,14 @@ class Connections(Transactions):
         detail = " ".join(str(exc).split()) or type(exc).__name__
         if unreachable(exc):
             return StoreUnavailable(f"PostgreSQL unavailable at {self._where}: {what}: {detail}")
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            # "permission denied for schema x" named the object, not the grants signoff needs
+            return StoreError(
+                f"{what} at {self._where} (schema {self.schema!r}): {detail}. This user may not "
+                f"use schema {self.schema!r}: grant it USAGE on the schema, SELECT, INSERT, "
+                "UPDATE and DELETE on its tables and USAGE on its sequences (or connect as "
+                "its owner)"
+            )
         return StoreError(f"{what} at {self._where}: {detail}")
 
     def _refuse_newer(self, version: int) -> None:
