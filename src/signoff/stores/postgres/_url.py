@@ -32,7 +32,7 @@ __all__ = [
 
 N = TypeVar("N", int, float)
 
-SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
+SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,50}")  # fullmatch: "$" takes a trailing newline
 
 
 def schema_name(argument: str | None, options: dict[str, str]) -> str:
@@ -40,7 +40,7 @@ def schema_name(argument: str | None, options: dict[str, str]) -> str:
     bad argument is the developer's misuse (`UsageError`); a bad URL value is a `StoreError`,
     an empty one too (an unset variable, say), rather than quietly the default's store."""
     if argument is not None:
-        if not isinstance(argument, str) or not SCHEMA_NAME.match(argument):
+        if not isinstance(argument, str) or not SCHEMA_NAME.fullmatch(argument):
             raise UsageError(f"schema name must be lowercase [a-z0-9_]: {argument!r}")
         return argument
     schema = options.get("schema", "signoff")
@@ -48,7 +48,7 @@ def schema_name(argument: str | None, options: dict[str, str]) -> str:
         raise StoreError(
             'URL option schema is empty: name a schema, or leave the option out for "signoff"'
         )
-    if not SCHEMA_NAME.match(schema):
+    if not SCHEMA_NAME.fullmatch(schema):
         raise StoreError(f"schema name must be lowercase [a-z0-9_]: {schema!r}")
     return schema
 
