@@ -230,8 +230,27 @@ class Connections(Transactions):
             await pool.leases.open()
         except PoolTimeout as exc:
             await pool.close()
-            raise StoreError(f"cannot connect to PostgreSQL at {self._where}: {exc}") from exc
+            raise self._unfilled(pool, exc) from exc
         return pool
+
+    def _unfilled(self, pool: Pool, exc: PoolTimeout) -> StoreError:
+        """Why the pool could not open its `min_size` connections within `timeout`: psycopg_pool
+        says only "pool initialization incomplete", its connections' failures going to a log
+        the CLI does not show ("too many clients already": `pool_min` past what the server, the
+        role or the database takes)."""
+        refused = pool.refused
+        if refused is None:  # slow, not refused
+            why = f"{exc}. Lower pool_min, or raise pool_timeout"
+        else:
+            why = (
+                f"{' '.join(str(refused).split())}. Lower pool_min, or let the server take more "
+                "connections (max_connections, or the role's or database's CONNECTION LIMIT)"
+            )
+        return StoreError(
+            f"cannot connect to PostgreSQL at {self._where}: the pool opened {pool.opened} of "
+            f"the {self.min_size} connections it keeps (pool_min) within {self.timeout:g}s "
+            f"(pool_timeout): {why}"
+        )
 
     def _new_pool(self, min_size: int, max_size: int, suffix: str) -> Pool:
         """A pool of this store's connections, not opened yet."""
