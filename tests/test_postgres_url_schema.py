@@ -67,3 +67,13 @@ def test_a_schema_name_ending_in_a_newline_is_refused() -> None:
         PostgresStore("postgresql://u@h/db", schema="trail\n")
     with pytest.raises(StoreError, match="schema name must be lowercase"):
         PostgresStore("postgresql://u@h/db?schema=trail%0A")
+
+
+@pytest.mark.parametrize("name", ["s" * 52, "1tenant"])
+def test_a_lowercase_schema_name_refused_is_told_why(name: str) -> None:
+    """A name too long or starting with a digit was told only to be lowercase, which it was."""
+    with pytest.raises(StoreError) as info:
+        PostgresStore(f"postgresql://u@h/db?schema={name}")
+    assert "not start with a digit, and be at most 51 characters long" in str(info.value)
+    with pytest.raises(UsageError, match="at most 51 characters"):
+        PostgresStore("postgresql://u@h/db", schema=name)

@@ -34,6 +34,13 @@ N = TypeVar("N", int, float)
 
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,50}")  # fullmatch: "$" takes a trailing newline
 
+_SCHEMA_RULE = (
+    "schema name must be lowercase [a-z0-9_], not start with a digit, and be at most 51 "
+    "characters long"
+)
+"""What `SCHEMA_NAME` asks, all of it: a name too long, or starting with a digit, was told only
+to be lowercase, which it was."""
+
 
 def schema_name(argument: str | None, options: dict[str, str]) -> str:
     """The store's schema: the `schema` argument, else the URL's `?schema=`, else "signoff". A
@@ -41,7 +48,7 @@ def schema_name(argument: str | None, options: dict[str, str]) -> str:
     an empty one too (an unset variable, say), rather than quietly the default's store."""
     if argument is not None:
         if not isinstance(argument, str) or not SCHEMA_NAME.fullmatch(argument):
-            raise UsageError(f"schema name must be lowercase [a-z0-9_]: {argument!r}")
+            raise UsageError(f"{_SCHEMA_RULE}: {argument!r}")
         return argument
     schema = options.get("schema", "signoff")
     if not schema:
@@ -49,7 +56,7 @@ def schema_name(argument: str | None, options: dict[str, str]) -> str:
             'URL option schema is empty: name a schema, or leave the option out for "signoff"'
         )
     if not SCHEMA_NAME.fullmatch(schema):
-        raise StoreError(f"schema name must be lowercase [a-z0-9_]: {schema!r}")
+        raise StoreError(f"{_SCHEMA_RULE}: {schema!r}")
     return schema
 
 
