@@ -554,9 +554,13 @@ async def _configure(conn: Conn, operation_timeout: float) -> None:
     waiting for its client: `commit`, `claim` and `create_session` are one statement sent with
     its Sync, and `record_audit` its two in one message, each committed by the server alone."""
     idle = min(max(int(operation_timeout * 500), 1), 2**31 - 1)  # milliseconds, a C int
+    # standard_conforming_strings on: psycopg quotes a bytea array bound on the client (the
+    # simple protocol of `record_audit`) as if it were, whatever the server says, so with a
+    # DBA's "off" the audit hashes were stored as the text of their hex digits, and every
+    # tool-setting entry failed verification ("content does not match").
     await conn.execute(
         "SET default_transaction_isolation = 'read committed'; SET extra_float_digits = 3; "
-        f"SET idle_in_transaction_session_timeout = {idle}"
+        f"SET idle_in_transaction_session_timeout = {idle}; SET standard_conforming_strings = on"
     )
     conn.prepare_threshold = 0  # after the SETs: a prepared statement holds one command only
 
