@@ -557,10 +557,13 @@ async def _configure(conn: Conn, operation_timeout: float) -> None:
     # standard_conforming_strings on: psycopg quotes a bytea array bound on the client (the
     # simple protocol of `record_audit`) as if it were, whatever the server says, so with a
     # DBA's "off" the audit hashes were stored as the text of their hex digits, and every
-    # tool-setting entry failed verification ("content does not match").
+    # tool-setting entry failed verification ("content does not match"). array_nulls on: it
+    # writes a None in such an array as NULL, which "off" reads as the text 'NULL' (every
+    # `record_audit` failed: "invalid input syntax for type bigint").
     await conn.execute(
         "SET default_transaction_isolation = 'read committed'; SET extra_float_digits = 3; "
-        f"SET idle_in_transaction_session_timeout = {idle}; SET standard_conforming_strings = on"
+        f"SET idle_in_transaction_session_timeout = {idle}; SET standard_conforming_strings = on; "
+        "SET array_nulls = on"
     )
     conn.prepare_threshold = 0  # after the SETs: a prepared statement holds one command only
 
