@@ -132,3 +132,28 @@ async def test_audit_entries_whose_connection_is_lost_are_written_once(
     ]
     assert [e.id for e in entries] == [1, 2, 3, 4]
     assert await verify(pg) == []
+
+
+@pytest.mark.parametrize("setting", ["standard_conforming_strings", "array_nulls"])
+async def test_audit_entries_verify_on_a_database_of_legacy_quoting(
+    pg_store_url: str, setting: str
+) -> None:
+    """A DBA's `standard_conforming_strings = off` (a legacy database's): psycopg quotes the
+    bytea arrays `record_audit` binds on the client as if it were on, so each entry's hash was
+    stored as the text of its hex digits, and verification reported every entry as altered.
+    `array_nulls = off` read the NULLs of those arrays as the text 'NULL': every call failed."""
+    async with await psycopg.AsyncConnection.connect(pg_store_url, autocommit=True) as admin:
+        name = (await (await admin.execute("SELECT current_database()")).fetchone() or [""])[0]
+        await admin.execute(f'ALTER DATABASE "{name}" SET {setting} = off')
+    store = PostgresStore(pg_store_url)
+    try:
+        rows = [
+            AuditRow(stream="tools:a.t", type="t", at=T0 + k, seq=None, data={"k": k})
+            for k in range(3)
+        ]
+        await store.record_audit(rows[:1])
+        await store.record_audit(rows[1:])
+        assert [e.data["k"] for e in await store.audit()] == [0, 1, 2]
+        assert await verify(store) == []
+    finally:
+        await store.close()

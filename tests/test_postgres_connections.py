@@ -7,16 +7,20 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 import signoff as so
 from signoff.stores import Commit
 from signoff.stores._audit import AuditRow, chain_parts
 from signoff.stores.postgres import PostgresStore
 from signoff.stores.postgres._sql import event_rows
+
+from .test_postgres import admin
 
 
 async def test_a_transaction_left_open_by_a_frozen_process_does_not_block_the_session(
@@ -228,3 +232,31 @@ async def test_an_audit_entry_frozen_before_its_commit_does_not_block_the_stream
         entries = await rt.store.audit(stream="tools:a.t")
         assert [(e.n, e.data["new"]) for e in entries] == [(1, "other"), (2, "frozen")]
         assert await rt.verify_audit() == []
+
+
+async def test_a_pool_the_server_will_not_fill_says_why_and_what_to_change(
+    pg_store_url: str,
+) -> None:
+    """`?pool_min=` past what the server takes for the role ("too many connections for role"):
+    the store failed to open with psycopg_pool's "pool initialization incomplete after 2.0 sec"
+    alone, the refusal only in a log the CLI does not show."""
+    role = f"app_{uuid.uuid4().hex[:8]}"
+    params = conninfo_to_dict(pg_store_url)
+    url = f"postgresql://{role}@{params['host']}:{params['port']}/{params['dbname']}"
+    conn = await admin(pg_store_url)
+    async with conn:
+        await conn.execute(
+            f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 2; GRANT USAGE ON SCHEMA signoff TO '
+            f'"{role}"; GRANT SELECT ON ALL TABLES IN SCHEMA signoff TO "{role}"'
+        )
+        try:
+            store = PostgresStore(f"{url}?pool_min=4&pool_max=4&pool_timeout=2")
+            with pytest.raises(so.StoreError) as info:
+                await store.open()
+            await store.close()
+            message = str(info.value)
+            assert "the pool opened 2 of the 4 connections it keeps (pool_min)" in message
+            assert f'too many connections for role "{role}"' in message, message
+            assert "Lower pool_min, or let the server take more connections" in message
+        finally:
+            await conn.execute(f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')

@@ -19,7 +19,7 @@ from signoff._exceptions import StoreBusy, StoreUnavailable
 from signoff.stores import Commit
 from signoff.stores._prompt import promptly
 from signoff.stores.postgres import PostgresStore
-from signoff.stores.postgres._outage import ANSWERED_WITHIN, PROBE_AFTER, Outage
+from signoff.stores.postgres._outage import ANSWERED_WITHIN, PROBE_AFTER, Outage, is_down
 
 from ._pg_events import ev, new_session
 from ._relay import Relay
@@ -559,3 +559,42 @@ async def test_a_host_gone_silent_after_refusing_holds_calls_until_a_check_goes_
         await outage.borrow(cast(Any, _Pool(0)), None)
     assert loop.time() - started < 2 * PROBE_AFTER
     await outage.close()
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        'connection to server at "db", port 5432 failed: server does not support SSL, but SSL '
+        "was required",
+        'connection to server at "db", port 5432 failed: SSL error: certificate verify failed',
+        'connection to server at "db", port 5432 failed: server certificate for "pgtest" does '
+        'not match host name "db"',
+        'connection to server at "db", port 5432 failed: root certificate file "/x/root.crt" '
+        "does not exist\nEither provide the file, use the system's trusted roots with "
+        "sslrootcert=system, or change sslmode to disable server certificate verification.",
+        'connection to server at "db", port 5432 failed: certificate present, but not private '
+        'key file "/x/client.key"',
+        'connection to server at "db", port 5432 failed: could not load private key file "k"',
+    ],
+)
+def test_a_connection_whose_ssl_cannot_be_set_up_is_no_outage(said: str) -> None:
+    """libpq's words when the URL's `sslmode` (or a certificate or key it names) cannot be met:
+    the server answered, or the fault is this side's. They read as a server that is down, a
+    `StoreUnavailable`, which `signoff worker` and `serve` waited out for ever."""
+    assert not is_down(psycopg.OperationalError(said))
+    down = 'connection to server at "db", port 5432 failed: SSL SYSCALL error: EOF detected'
+    assert is_down(psycopg.OperationalError(down))  # the connection lost mid-handshake
+
+
+async def test_sslmode_require_on_a_server_without_ssl_is_a_store_error(pg_store_url: str) -> None:
+    try:
+        async with await psycopg.AsyncConnection.connect(f"{pg_store_url}?sslmode=require"):
+            pytest.skip("this server supports SSL")
+    except psycopg.OperationalError:
+        pass
+    store = PostgresStore(f"{pg_store_url}?sslmode=require")
+    with pytest.raises(so.StoreError) as info:
+        await store.open()
+    assert not isinstance(info.value, StoreUnavailable), info.value
+    assert "SSL was required" in str(info.value)
+    await store.close()

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from signoff._exceptions import StoreError
 from signoff.stores import Commit
 from signoff.stores.postgres import STORE_SCHEMA, PostgresStore
 
@@ -88,4 +90,33 @@ async def test_a_role_that_may_only_use_the_schema_opens_it_while_another_upgrad
             assert [e.seq for e in await store.read_events(sid)] == [1, 2]
         finally:
             await store.close()
+            await conn.execute(f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
+
+
+async def test_a_role_without_the_use_of_the_schema_is_told_what_to_grant(pg_url: str) -> None:
+    """A role not granted USAGE on the schema, or SELECT on its tables, got PostgreSQL's word
+    alone ("permission denied for schema signoff"), naming neither the store's schema when the
+    URL chose it nor the grants signoff needs."""
+    role = f"app_{uuid.uuid4().hex[:8]}"
+    params = conninfo_to_dict(pg_url)
+    app_url = f"postgresql://{role}@{params['host']}:{params['port']}/{params['dbname']}"
+    assert await PostgresStore(pg_url).migrate() == (0, STORE_SCHEMA)
+    conn = await admin(pg_url)
+    async with conn:
+        await conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        try:
+            for grant, denied in (
+                ("", "permission denied for schema signoff"),
+                (f'GRANT USAGE ON SCHEMA signoff TO "{role}"', "for table schema_version"),
+            ):
+                if grant:
+                    await conn.execute(grant)
+                store = PostgresStore(app_url)
+                with pytest.raises(StoreError) as info:
+                    await store.open()
+                await store.close()
+                message = str(info.value)
+                assert denied in message and "(schema 'signoff')" in message, message
+                assert "grant it USAGE on the schema, SELECT, INSERT, UPDATE and DELETE" in message
+        finally:
             await conn.execute(f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')

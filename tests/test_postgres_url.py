@@ -26,7 +26,12 @@ from signoff._events import Event
 from signoff._exceptions import StoreError, StoreUnavailable, UsageError
 from signoff.stores import Commit
 from signoff.stores.postgres import PostgresStore
-from signoff.stores.postgres._url import CONNECT_TIMEOUT, TCP_DEFAULTS, resolved_settings
+from signoff.stores.postgres._url import (
+    CONNECT_TIMEOUT,
+    TCP_DEFAULTS,
+    describe,
+    resolved_settings,
+)
 
 from ._cli import invoke
 from ._relay import Relay
@@ -176,6 +181,73 @@ def test_an_equals_sign_in_a_libpq_options_value_is_told_how_to_write() -> None:
     assert 'percent-encode an "=" in a value as %3D' in str(info.value), info.value
     store = PostgresStore("postgresql://u@h/db?options=-csearch_path%3Dpublic")
     assert store.schema == "signoff"
+
+
+@pytest.mark.parametrize(
+    ("url", "character"),
+    [
+        # libpq read the text after the first "@" as the host: shown in every error, and taken
+        # for a server that is down (StoreUnavailable, which a worker waits out for ever)
+        ("postgresql://bob:left-part@right-part@127.0.0.1:1/db", "@"),
+        ("postgresql://bob@corp:left-part@127.0.0.1:1/db", "@"),  # an Azure-style user name
+        # libpq read "left-part" as the port and "right-part@…" as the database, all shown
+        ("postgresql://bob:left-part/right-part@127.0.0.1:1/db", "/"),
+        ("postgresql://bob:1234/right-part@127.0.0.1:1/db", "/"),
+        # signoff's settings were appended inside the password ("?" and "#" end Python's host)
+        ("postgresql://bob:left-part?right-part@127.0.0.1:1/db", "?"),
+        ("postgresql://bob:left-part#right-part@127.0.0.1:1/db?schema=s", "#"),
+    ],
+)
+def test_a_password_not_percent_encoded_is_refused_without_showing_it(
+    url: str, character: str
+) -> None:
+    with pytest.raises(StoreError) as info:
+        PostgresStore(url)
+    message = str(info.value)
+    assert message.startswith(f'invalid PostgreSQL URL: a "{character}" in its user name'), message
+    assert "left-part" not in message and "right-part" not in message and "1234" not in message
+    assert describe(url) == "<unparsable PostgreSQL URL>"  # what the CLI prints of it
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://bob:left-part%right-part@127.0.0.1:1/db",
+        "postgresql://bob:left-part right-part@127.0.0.1:1/db",
+        "postgresql://bob:left-part@[::1]x/db",  # libpq quoted the whole URL
+        'postgresql://bob:left-"-part@[::1]x/db',
+        "postgresql://bob:left-part@h/d%00b",
+    ],
+)
+def test_a_url_libpq_cannot_parse_is_refused_when_the_store_is_made_without_its_text(
+    url: str,
+) -> None:
+    """It was refused only when connecting, and libpq's word on it quotes the token it could
+    not read (a password with a "%" or a space) or the whole URL, password and all."""
+    with pytest.raises(StoreError) as info:
+        PostgresStore(url)
+    message = str(info.value)
+    assert message.startswith("invalid PostgreSQL URL: "), message
+    assert "percent-encode" in message
+    assert "left-" not in message and "right-part" not in message
+
+
+def test_a_url_of_another_scheme_is_named_without_its_password() -> None:
+    with pytest.raises(StoreError) as info:
+        PostgresStore("postgresql+psycopg://bob:s3cret@h/db")  # SQLAlchemy's
+    assert str(info.value).startswith("not a PostgreSQL URL: 'postgresql+psycopg://bob:***@h/db'")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://bob:p%40ss%2Fw%3Fo%23rd%25@h/db?schema=s",
+        "postgresql:///db?host=/run/pg&user=bob@corp",
+        "postgresql://[::1]:5432,h2:5433/db",
+    ],
+)
+def test_percent_encoded_credentials_and_an_at_sign_in_the_query_are_taken(url: str) -> None:
+    PostgresStore(url)
 
 
 def test_an_option_of_signoffs_given_twice_is_refused() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from signoff._exceptions import StoreError, UsageError
 from signoff.stores import open_store
 from signoff.stores.postgres import PostgresStore
 from signoff.stores.postgres._url import split_options, with_schema
@@ -57,3 +58,22 @@ async def test_a_store_given_its_schema_names_it_in_its_url(pg_url: str) -> None
     async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
         cur = await conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = 'signoff'")
         assert await cur.fetchall() == []
+
+
+def test_a_schema_name_ending_in_a_newline_is_refused() -> None:
+    """The name was checked with `re.match` and a `$`, which matches before a final newline: a
+    schema "trail\\n" was created (and `?schema=trail%0A`, a stray escape in a templated URL)."""
+    with pytest.raises(UsageError, match="schema name must be lowercase"):
+        PostgresStore("postgresql://u@h/db", schema="trail\n")
+    with pytest.raises(StoreError, match="schema name must be lowercase"):
+        PostgresStore("postgresql://u@h/db?schema=trail%0A")
+
+
+@pytest.mark.parametrize("name", ["s" * 52, "1tenant"])
+def test_a_lowercase_schema_name_refused_is_told_why(name: str) -> None:
+    """A name too long or starting with a digit was told only to be lowercase, which it was."""
+    with pytest.raises(StoreError) as info:
+        PostgresStore(f"postgresql://u@h/db?schema={name}")
+    assert "not start with a digit, and be at most 51 characters long" in str(info.value)
+    with pytest.raises(UsageError, match="at most 51 characters"):
+        PostgresStore("postgresql://u@h/db", schema=name)

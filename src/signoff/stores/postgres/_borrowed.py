@@ -68,6 +68,10 @@ class Pool(AsyncConnectionPool[Conn]):
         # the server refuses new ones (`Outage.borrow`).
         self.lent = 0
         self.leases: Pool | None = None
+        # Why its last new connection failed: psycopg_pool only logs it, and says of a pool that
+        # could not open its `min_size` connections in time "pool initialization incomplete".
+        self.refused: psycopg.Error | None = None
+        self.opened = 0  # new connections made
 
     async def close(self, timeout: float = 5.0) -> None:
         leases, self.leases = self.leases, None
@@ -76,6 +80,15 @@ class Pool(AsyncConnectionPool[Conn]):
                 await leases.close(timeout)
         finally:
             await super().close(timeout)
+
+    async def _connect(self, timeout: float | None = None) -> Conn:
+        try:
+            conn = await super()._connect(timeout)
+        except psycopg.Error as exc:
+            self.refused = exc
+            raise
+        self.opened += 1
+        return conn
 
     async def getconn(self, timeout: float | None = None) -> Conn:
         conn = await super().getconn(timeout)

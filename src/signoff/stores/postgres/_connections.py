@@ -25,6 +25,7 @@ from ..._exceptions import (
     UsageError,
 )
 from ..._settings import flag, seconds, whole
+from .. import _without_password
 from .._base import FaultHook, older_schema
 from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT
@@ -40,6 +41,7 @@ from ._url import (
     number,
     schema_name,
     split_options,
+    unparsable,
     with_libpq_defaults,
     with_schema,
 )
@@ -84,7 +86,8 @@ class Connections(Transactions):
         operation_timeout: float | None = None,
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
-            raise StoreError(f"not a PostgreSQL URL: {url!r} (expected postgresql://…)")
+            shown = _without_password(url) if isinstance(url, str) else url
+            raise StoreError(f"not a PostgreSQL URL: {shown!r} (expected postgresql://…)")
         dsn, options = split_options(url)
         check_parameters(dsn)
         schema = schema_name(schema, options)
@@ -227,8 +230,27 @@ class Connections(Transactions):
             await pool.leases.open()
         except PoolTimeout as exc:
             await pool.close()
-            raise StoreError(f"cannot connect to PostgreSQL at {self._where}: {exc}") from exc
+            raise self._unfilled(pool, exc) from exc
         return pool
+
+    def _unfilled(self, pool: Pool, exc: PoolTimeout) -> StoreError:
+        """Why the pool could not open its `min_size` connections within `timeout`: psycopg_pool
+        says only "pool initialization incomplete", its connections' failures going to a log
+        the CLI does not show ("too many clients already": `pool_min` past what the server, the
+        role or the database takes)."""
+        refused = pool.refused
+        if refused is None:  # slow, not refused
+            why = f"{exc}. Lower pool_min, or raise pool_timeout"
+        else:
+            why = (
+                f"{' '.join(str(refused).split())}. Lower pool_min, or let the server take more "
+                "connections (max_connections, or the role's or database's CONNECTION LIMIT)"
+            )
+        return StoreError(
+            f"cannot connect to PostgreSQL at {self._where}: the pool opened {pool.opened} of "
+            f"the {self.min_size} connections it keeps (pool_min) within {self.timeout:g}s "
+            f"(pool_timeout): {why}"
+        )
 
     def _new_pool(self, min_size: int, max_size: int, suffix: str) -> Pool:
         """A pool of this store's connections, not opened yet."""
@@ -279,7 +301,7 @@ class Connections(Transactions):
         try:
             _conninfo.conninfo_to_dict(self._dsn)
         except psycopg.Error as exc:
-            raise StoreError(f"invalid PostgreSQL URL: {exc}".strip()) from exc
+            raise StoreError(unparsable(exc)) from exc
         try:
             return await self._connect_raw()
         except psycopg.Error as exc:
@@ -400,6 +422,14 @@ class Connections(Transactions):
         detail = " ".join(str(exc).split()) or type(exc).__name__
         if unreachable(exc):
             return StoreUnavailable(f"PostgreSQL unavailable at {self._where}: {what}: {detail}")
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            # "permission denied for schema x" named the object, not the grants signoff needs
+            return StoreError(
+                f"{what} at {self._where} (schema {self.schema!r}): {detail}. This user may not "
+                f"use schema {self.schema!r}: grant it USAGE on the schema, SELECT, INSERT, "
+                "UPDATE and DELETE on its tables and USAGE on its sequences (or connect as "
+                "its owner)"
+            )
         return StoreError(f"{what} at {self._where}: {detail}")
 
     def _refuse_newer(self, version: int) -> None:
@@ -524,9 +554,16 @@ async def _configure(conn: Conn, operation_timeout: float) -> None:
     waiting for its client: `commit`, `claim` and `create_session` are one statement sent with
     its Sync, and `record_audit` its two in one message, each committed by the server alone."""
     idle = min(max(int(operation_timeout * 500), 1), 2**31 - 1)  # milliseconds, a C int
+    # standard_conforming_strings on: psycopg quotes a bytea array bound on the client (the
+    # simple protocol of `record_audit`) as if it were, whatever the server says, so with a
+    # DBA's "off" the audit hashes were stored as the text of their hex digits, and every
+    # tool-setting entry failed verification ("content does not match"). array_nulls on: it
+    # writes a None in such an array as NULL, which "off" reads as the text 'NULL' (every
+    # `record_audit` failed: "invalid input syntax for type bigint").
     await conn.execute(
         "SET default_transaction_isolation = 'read committed'; SET extra_float_digits = 3; "
-        f"SET idle_in_transaction_session_timeout = {idle}"
+        f"SET idle_in_transaction_session_timeout = {idle}; SET standard_conforming_strings = on; "
+        "SET array_nulls = on"
     )
     conn.prepare_threshold = 0  # after the SETs: a prepared statement holds one command only
 

@@ -47,11 +47,27 @@ _STARTING = ("the database system is",)
 (SQLSTATE 57P03, which a failed connection does not carry in psycopg)."""
 
 
+_SETUP = (
+    "SSL was required",
+    "certificate",
+    "private key",
+)
+"""What libpq says when the connection's encryption cannot be set up as the URL asks: a server
+without SSL for `sslmode=require`, a server certificate that does not verify or match the host,
+a root certificate, client certificate or key file missing. The server is up, or the fault is
+on this side: waiting does not mend it. (GSSAPI's is not here: a Kerberos ticket expired may
+be renewed meanwhile.)"""
+
+
 def is_down(exc: psycopg.Error) -> bool:
     """Whether a failed connection means the server is not there: no answer from it at all
     (refused, unresolvable, timed out), or it is starting or stopping. A server that answered
-    with another refusal (a bad password, too many clients) is up, and not an outage."""
+    with another refusal (a bad password, too many clients) is up, and not an outage; nor is
+    one whose connection's SSL encryption cannot be set up as the URL asks (`_SETUP`),
+    which `signoff worker` and `serve` waited out for ever, as if the database were down."""
     text = str(exc)
+    if any(s in text for s in _SETUP):
+        return False
     return "FATAL:" not in text or any(s in text for s in _STARTING)
 
 

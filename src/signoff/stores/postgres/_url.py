@@ -25,13 +25,21 @@ __all__ = [
     "resolved_settings",
     "schema_name",
     "split_options",
+    "unparsable",
     "with_schema",
     "with_libpq_defaults",
 ]
 
 N = TypeVar("N", int, float)
 
-SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
+SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,50}")  # fullmatch: "$" takes a trailing newline
+
+_SCHEMA_RULE = (
+    "schema name must be lowercase [a-z0-9_], not start with a digit, and be at most 51 "
+    "characters long"
+)
+"""What `SCHEMA_NAME` asks, all of it: a name too long, or starting with a digit, was told only
+to be lowercase, which it was."""
 
 
 def schema_name(argument: str | None, options: dict[str, str]) -> str:
@@ -39,16 +47,16 @@ def schema_name(argument: str | None, options: dict[str, str]) -> str:
     bad argument is the developer's misuse (`UsageError`); a bad URL value is a `StoreError`,
     an empty one too (an unset variable, say), rather than quietly the default's store."""
     if argument is not None:
-        if not isinstance(argument, str) or not SCHEMA_NAME.match(argument):
-            raise UsageError(f"schema name must be lowercase [a-z0-9_]: {argument!r}")
+        if not isinstance(argument, str) or not SCHEMA_NAME.fullmatch(argument):
+            raise UsageError(f"{_SCHEMA_RULE}: {argument!r}")
         return argument
     schema = options.get("schema", "signoff")
     if not schema:
         raise StoreError(
             'URL option schema is empty: name a schema, or leave the option out for "signoff"'
         )
-    if not SCHEMA_NAME.match(schema):
-        raise StoreError(f"schema name must be lowercase [a-z0-9_]: {schema!r}")
+    if not SCHEMA_NAME.fullmatch(schema):
+        raise StoreError(f"{_SCHEMA_RULE}: {schema!r}")
     return schema
 
 
@@ -85,6 +93,9 @@ def split_options(url: str) -> tuple[str, dict[str, str]]:
         parts = urlsplit(url)
     except ValueError as exc:
         raise StoreError(f"invalid PostgreSQL URL: {exc}") from None
+    unencoded = _unencoded_credentials(url)
+    if unencoded is not None:
+        raise StoreError(unencoded)
     if not parts.query:
         return url, {}
     ours: dict[str, str] = {}
@@ -100,6 +111,33 @@ def split_options(url: str) -> tuple[str, dict[str, str]]:
     if not ours:
         return url, {}
     return _unsplit(parts, theirs), ours
+
+
+_ENCODED = {"@": "%40", "/": "%2F", "?": "%3F", "#": "%23"}
+
+
+def _unencoded_credentials(url: str) -> str | None:
+    """Why the user name or password of `url` cannot be read as written (an "@", "/", "?" or
+    "#" in it not percent-encoded), without the URL; None if it can. libpq takes them up to the
+    first "@" unless a "/" comes first, and then the rest as the host: a password's "@" made
+    the text after it a host name, shown in every error and taken for a server that is down;
+    its "/" made the text before it a port and the text after it part of the database name,
+    shown as such; its "?" or "#" got signoff's own settings appended inside the password."""
+    rest = url.partition("://")[2]
+    stop = re.search("[@/]", rest)
+    if stop is not None and stop.group() == "@":
+        userinfo = rest[: stop.start()]
+        hosts = re.split("[/?#]", rest[stop.end() :], maxsplit=1)[0]
+        found = next((c for c in "?#" if c in userinfo), "@" if "@" in hosts else None)
+    else:  # no user name as libpq reads it: an "@" before the query follows a password's "/"
+        found = "/" if "@" in re.split("[?#]", rest, maxsplit=1)[0] else None
+    if found is None:
+        return None
+    return (
+        f'invalid PostgreSQL URL: a "{found}" in its user name or password must be written '
+        f'{_ENCODED[found]} (percent-encoded, as must "@", "/", "?", "#" and "%" there); the URL '
+        "is not shown, as it may hold the password"
+    )
 
 
 def with_schema(url: str, schema: str) -> str:
@@ -121,12 +159,12 @@ def check_parameters(dsn: str) -> None:
     try:
         params = _conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        if "query parameter" in str(exc):  # else said when connecting
+        if "query parameter" in str(exc):  # it quotes the parameter's name alone
             hint = f"signoff's own options are {', '.join(_OPTIONS)}"
             if "key/value separator" in str(exc):  # `options=-csearch_path=x`
                 hint = f'percent-encode an "=" in a value as %3D; {hint}'
             raise StoreError(f"invalid PostgreSQL URL: {exc}".strip() + f" ({hint})") from None
-        return
+        raise StoreError(unparsable(exc)) from None
     # libpq refuses a port that is no port only when connecting, as if the server were down:
     # `signoff worker` and `serve` would wait for it forever.
     for port in str(params.get("port") or "").split(","):
@@ -137,6 +175,19 @@ def check_parameters(dsn: str) -> None:
     refused = _refused_setting(params)
     if refused is not None:
         raise StoreError(refused)
+
+
+def unparsable(exc: psycopg.Error) -> str:
+    """What libpq says of a URL it cannot parse, up to the first text it quotes: a token that
+    is not percent-encoded (`%` or a space in a password), or the whole URL, password and all
+    (which may hold a quote itself)."""
+    said = " ".join(str(exc).split()).split('"')[0].rstrip(" :")
+    said = re.sub(" in$", "", said) or "libpq cannot parse it"
+    return (
+        f"invalid PostgreSQL URL: {said} (percent-encode a character of the user name or "
+        'password that is not a letter, digit, "-", ".", "_" or "~"; the URL is not shown, as '
+        "it may hold the password)"
+    )
 
 
 _REFUSAL = re.compile(
