@@ -507,3 +507,50 @@ async def test_approvals_naming_another_agent_are_refused_over_http_and_settle_n
             done = await c.generate("support", session_id=sid, approvals=yes)
             assert done.status != "waiting"
     await rt.close()
+
+
+async def test_a_prompt_to_a_session_is_taken_over_http_as_runtime_generate_takes_it(
+    store_url: str,
+) -> None:
+    """`Client.generate(session_id=..., prompt=...)` sent the prompt as a steering message:
+    on a session waiting for approval it withdrew the open request (the turn completed, the
+    refund never asked for again; a prompt naming an option, `approve`, approved the call), and
+    under any agent's name, where `Runtime.generate` refuses both (`PartialAnswer`,
+    `UsageError` for another agent's session) and records nothing. The client now reads the
+    session first and refuses them as the runtime does; an idle session runs the prompt's
+    turn."""
+    from signoff.server import TokenAuth, create_app
+
+    from .test_server_common import ALICE, TOKENS, make_runtime
+
+    rt = make_runtime(store_url)
+    app = create_app(rt, auth=TokenAuth(TOKENS), sweep_every=None)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with AsyncClient("http://t", token="alice-token", transport=transport) as c:
+            r = await c.generate("support", "Refund order 1042")
+            sid, rid = r.session_id, r.pending[0].id
+            before = [e.type async for e in rt.events(sid, follow=False)]
+            cases = [
+                (None, "hello", None, so.PartialAnswer),
+                (None, "approve", None, so.PartialAnswer),
+                (None, "hello", "k-1", so.PartialAnswer),
+                ("batch", "hello", None, so.UsageError),
+            ]
+            for agent, prompt, key, error in cases:
+                with pytest.raises(error) as local:
+                    await rt.generate(
+                        agent, session_id=sid, prompt=prompt, auth=ALICE, idempotency_key=key
+                    )
+                with pytest.raises(error) as remote:
+                    await c.generate(agent, session_id=sid, prompt=prompt, idempotency_key=key)
+                assert type(remote.value) is type(local.value)
+                assert str(remote.value) == str(local.value)
+            assert [e.type async for e in rt.events(sid, follow=False)] == before
+            assert [q.id for q in await rt.pending(session_id=sid)] == [rid]
+            done = await c.generate(session_id=sid, approvals=[so.Decision(id=rid, approved=True)])
+            assert done.status == "completed"
+            again = await c.generate("support", session_id=sid, prompt="thanks")
+            assert again.status == "completed" and not again.queued
+            assert again.turn_id != done.turn_id
+    await rt.close()

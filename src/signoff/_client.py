@@ -30,10 +30,13 @@ from . import _exceptions as errors
 from . import _wire as wire
 from ._answers import decisions
 from ._events import Event, check_shown_event
+from ._idempotency import check_key
 from ._keyed_calls import keyed_turn
 from ._live_session import LiveSession, RequestView
 from ._payloads import RemoteResult, decision_body, encode, input_responses, response_body
+from ._prompts import check_prompt
 from ._remote_events import remote_events, too_large
+from ._session_cache import check_agent_name
 from ._settings import check_page, finite, flag, seconds, whole
 from ._sync import SyncBridge
 from ._text import is_utf8
@@ -241,7 +244,8 @@ class AsyncClient:
         idempotency_key: str | None = None,
     ) -> RemoteResult:
         """Start a session (agent + prompt), open an empty one (agent alone), continue one
-        (session_id + prompt), or settle all of its approvals at once (session_id + approvals).
+        (session_id + prompt: refused while it waits on a request, as `Runtime.generate` does),
+        or settle all of its approvals at once (session_id + approvals).
         A prompt or a new session goes with an idempotency key, `idempotency_key` or a new one
         (see `send`): a new session is opened once, however often the call is sent."""
         if idempotency_key is not None and prompt is None and session_id is not None:
@@ -279,7 +283,33 @@ class AsyncClient:
             return await self._keyed_turn("/v1/sessions", payload, idempotency_key)
         if prompt is None:
             raise errors.UsageError("generate(session_id=...) needs a prompt or approvals")
-        return await self.send(session_id, prompt, idempotency_key=idempotency_key)
+        return await self._next_turn(agent, session_id, prompt, idempotency_key)
+
+    async def _next_turn(
+        self, agent: str | None, session_id: str, prompt: str, key: str | None
+    ) -> RemoteResult:
+        """`generate(session_id=..., prompt=...)` as `Runtime.generate` takes it: another
+        agent's session is a `UsageError`, and a session waiting on a request a `PartialAnswer`
+        (answer it first, or `send()` the message to steer the waiting turn), both before the
+        prompt is sent, which would steer that turn (withdrawing a question, answering a
+        request an option of which it names) under any agent's name. A call repeated with the
+        key of one that got no answer is refused so too while a request is open (the first
+        one's turn, if it was applied): read the session to tell."""
+        if key is not None:
+            check_key(key)
+        if agent is not None:
+            check_agent_name(agent)
+        check_prompt(prompt)
+        shown = await self.state(session_id)
+        if agent is not None and shown.get("agent") != agent:
+            raise errors.UsageError(
+                f"session {session_id!r} belongs to agent {shown.get('agent')!r}"
+            )
+        waiting = shown.get("pending")
+        rows = waiting if isinstance(waiting, list) else []
+        if ids := [r["id"] for r in rows if isinstance(r, dict) and isinstance(r.get("id"), str)]:
+            raise errors.PartialAnswer(session_id, ids, prompt=True)
+        return await self.send(session_id, prompt, idempotency_key=key)
 
     async def send(
         self,
