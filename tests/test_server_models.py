@@ -7,11 +7,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import httpx
 import jsonschema_rs
 import pydantic
+import pytest
 
+import signoff as so
 from signoff._text import is_blank
-from signoff.server import TokenAuth, create_app
+from signoff.server import AsyncClient, TokenAuth, create_app
 from signoff.server._models import CreateSession, SendMessage
 
 from .test_server_common import TOKENS, make_runtime
@@ -75,3 +78,26 @@ def test_the_rule_is_not_only_whitespace() -> None:
     assert is_blank("\U000e0001") and is_blank("\u3164") and is_blank(" \u00a0\u3000")
     for c in ["a", ".", "\u00e9", "\u4e00", "\U0001f600", "\ufffd", "\u0300"]:
         assert not is_blank(c), repr(c)
+
+
+async def test_an_empty_agent_name_is_an_unknown_agent_as_in_process(tmp_path: Path) -> None:
+    """`POST /v1/sessions` with `"agent": ""` was 422 `invalid_request` (the body's model asked
+    for one character), so `Client.generate("", ...)` raised a bare `so.UsageError` where
+    `Runtime.generate` raises `so.UnknownAgent` naming the agents there are: a caller catching
+    `UnknownAgent` missed it. It is now the 422 `unknown_agent` any other name this server does
+    not have is, and nothing is stored (the OpenAPI document's `enum` still names the agents)."""
+    runtime = make_runtime(f"sqlite:///{tmp_path / 'state.db'}")
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with AsyncClient("http://t", token="alice-token", transport=transport) as c:
+            for prompt in ("Refund order 1042", None):
+                with pytest.raises(so.UnknownAgent) as local:
+                    await runtime.generate("", prompt or "hi")
+                with pytest.raises(so.UnknownAgent) as remote:
+                    await c.generate("", prompt)
+                assert "support" in str(remote.value) and "support" in str(local.value)
+            r = await c.http.post("/v1/sessions", json={"agent": ""})
+            assert r.status_code == 422 and r.json()["error"]["code"] == "unknown_agent"
+            assert await runtime.sessions() == []
+    await runtime.close()

@@ -87,7 +87,7 @@ _Said = Annotated[
 
 
 class CreateSession(_Body):
-    agent: StrictStr = Field(min_length=1, description="Name of the agent to talk to.")
+    agent: StrictStr = Field(description="Name of the agent to talk to.")
     message: _Said | None = Field(
         default=None,
         min_length=1,
