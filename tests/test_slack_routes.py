@@ -17,7 +17,7 @@ import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub, InvalidSignature
-from signoff.channels.slack import SlackChannel
+from signoff.channels.slack import SlackChannel, _routes
 from signoff.server import create_app
 from signoff.stores import promptly
 from signoff.stores._prompt import is_prompt
@@ -445,6 +445,57 @@ async def test_a_payload_error_does_not_send_the_body_back(
         assert response.json()["error"]["code"] == "invalid_payload"
         assert len(response.content) < 500
         assert response.json()["error"]["message"].startswith("expected a form with a JSON")
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        assert log == [] and slack_api.of("chat.postEphemeral") == []
+
+
+async def test_refused_signatures_are_logged_for_the_operator_without_secrets(
+    tmp_path: Path,
+    slack_api: FakeSlack,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A wrong signing secret (the app's client secret given for it, say) refuses every click
+    Slack sends with a 401, and Slack only shows the person an error: the server logs that
+    an endpoint refused requests for their signature and what to check, naming neither the
+    secret nor the signature. A flood is logged once a `REFUSED_LOGGED_EVERY`, with its count;
+    nothing is answered."""
+    log: list[Any] = []
+    async with refund_requested(tmp_path, log) as (rt, req):
+        slack = SlackChannel(
+            "C42", token="xoxb-test", base_url=slack_api.url, signing_secret="the-client-secret"
+        )
+        hub = ChannelHub(rt, [slack])
+        app = create_app(rt, dev=True, channels=hub)
+        body = click({"action_id": "signoff.approve", "block_id": "signoff:r", "value": req.id})
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+
+                async def refused(path: str) -> list[str]:
+                    caplog.clear()
+                    with caplog.at_level("WARNING", logger="signoff.channels"):
+                        headers = sign(body, int(time.time()))  # signed with Slack's SECRET
+                        response = await http.post(path, content=body, headers=headers)
+                    assert response.status_code == 401
+                    for record in caplog.records:
+                        message = record.getMessage()
+                        assert SECRET not in message and "the-client-secret" not in message
+                        assert headers["X-Slack-Signature"][3:] not in message
+                    return [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+
+                (line,) = await refused(PATH)
+                assert f"{PATH} refused 1 request(s)" in line
+                assert "signature does not match" in line
+                assert "Signing Secret" in line and "--slack-signing-secret" in line
+                assert await refused(PATH) == []  # within the minute: counted, not logged
+                (events,) = await refused("/channels/slack/events")  # each endpoint its own
+                assert "/channels/slack/events refused 1 request(s)" in events
+                monkeypatch.setattr(_routes, "REFUSED_LOGGED_EVERY", 0.0)
+                (again,) = await refused(PATH)
+                assert f"{PATH} refused 2 request(s)" in again
+            await slack.idle()
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.status == "pending"
         assert log == [] and slack_api.of("chat.postEphemeral") == []
