@@ -172,6 +172,20 @@ async def test_bad_payloads_and_configuration_are_named(
         )
 
 
+@pytest.mark.parametrize("given", ["#approvals", "approvals", "c0123abcd", " C0123ABCD", "C01\n"])
+def test_a_channel_name_is_refused_for_its_id(given: str) -> None:
+    """chat.postMessage takes a channel's name too, so `#approvals` posted, but the history a
+    post whose answer was lost (a crash, a gateway's 5xx) is looked for in takes only the id:
+    Slack answers `channel_not_found`, and the channel waited for ever telling the operator to
+    invite the bot; a removed bot's refusals were not recognised either (Slack's answers name
+    the id). A name, or anything else than an id, is refused when the channel is made."""
+    with pytest.raises(so.UsageError, match="the Slack channel's id") as caught:
+        SlackChannel(given, signing_secret=SECRET, token="xoxb-test")
+    assert repr(given) in str(caught.value)
+    for good in ("C0123ABCD", "G024BE91L", "D024BE91L"):
+        assert SlackChannel(good, signing_secret=SECRET, token="xoxb-test").channel == good
+
+
 async def test_the_endpoint_is_signed_by_slack_not_by_api_tokens(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
