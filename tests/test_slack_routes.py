@@ -513,3 +513,38 @@ async def test_refused_signatures_are_logged_for_the_operator_without_secrets(
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.status == "pending"
         assert log == [] and slack_api.of("chat.postEphemeral") == []
+
+
+async def test_interactions_sent_to_the_events_url_are_logged_with_the_urls_to_set(
+    tmp_path: Path, slack_api: FakeSlack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An app whose Interactivity Request URL was set to the events path (Slack checks only the
+    events one when it is set) has every click refused with a 400, Slack showing the person
+    an error: the server logs it, with the URLs the app must name; nothing is answered."""
+    log: list[Any] = []
+    async with refund_requested(tmp_path, log) as (rt, req):
+        slack = channel(slack_api)
+        hub = ChannelHub(rt, [slack])
+        app = create_app(rt, dev=True, channels=hub)
+        body = click({"action_id": "signoff.approve", "block_id": "signoff:r", "value": req.id})
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                with caplog.at_level("WARNING", logger="signoff.channels"):
+                    for n in range(2):  # two clicks (signed at two times: no replay)
+                        response = await http.post(
+                            "/channels/slack/events",
+                            content=body,
+                            headers=sign(body, int(time.time()) - n),
+                        )
+                        assert response.status_code == 400
+            await slack.idle()
+        lines = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+        assert len(lines) == 1  # the second within the minute is counted, not logged
+        (line,) = lines
+        assert "/channels/slack/events refused 1 request(s) as unreadable" in line
+        assert f"Interactivity Request URL ends in {PATH}" in line
+        assert "Event Subscriptions Request URL in /channels/slack/events" in line
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        assert log == [] and slack_api.of("chat.postEphemeral") == []
