@@ -17,7 +17,7 @@ import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub, InvalidSignature
-from signoff.channels.slack import SlackChannel
+from signoff.channels.slack import SlackChannel, _routes
 from signoff.server import create_app
 from signoff.stores import promptly
 from signoff.stores._prompt import is_prompt
@@ -170,6 +170,20 @@ async def test_bad_payloads_and_configuration_are_named(
                 kind="question", id="req_1", session_id="s", turn_id="t", agent="a", created_at=0.0
             )
         )
+
+
+@pytest.mark.parametrize("given", ["#approvals", "approvals", "c0123abcd", " C0123ABCD", "C01\n"])
+def test_a_channel_name_is_refused_for_its_id(given: str) -> None:
+    """chat.postMessage takes a channel's name too, so `#approvals` posted, but the history a
+    post whose answer was lost (a crash, a gateway's 5xx) is looked for in takes only the id:
+    Slack answers `channel_not_found`, and the channel waited for ever telling the operator to
+    invite the bot; a removed bot's refusals were not recognised either (Slack's answers name
+    the id). A name, or anything else than an id, is refused when the channel is made."""
+    with pytest.raises(so.UsageError, match="the Slack channel's id") as caught:
+        SlackChannel(given, signing_secret=SECRET, token="xoxb-test")
+    assert repr(given) in str(caught.value)
+    for good in ("C0123ABCD", "G024BE91L", "D024BE91L"):
+        assert SlackChannel(good, signing_secret=SECRET, token="xoxb-test").channel == good
 
 
 async def test_the_endpoint_is_signed_by_slack_not_by_api_tokens(
@@ -445,6 +459,92 @@ async def test_a_payload_error_does_not_send_the_body_back(
         assert response.json()["error"]["code"] == "invalid_payload"
         assert len(response.content) < 500
         assert response.json()["error"]["message"].startswith("expected a form with a JSON")
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        assert log == [] and slack_api.of("chat.postEphemeral") == []
+
+
+async def test_refused_signatures_are_logged_for_the_operator_without_secrets(
+    tmp_path: Path,
+    slack_api: FakeSlack,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A wrong signing secret (the app's client secret given for it, say) refuses every click
+    Slack sends with a 401, and Slack only shows the person an error: the server logs that
+    an endpoint refused requests for their signature and what to check, naming neither the
+    secret nor the signature. A flood is logged once a `REFUSED_LOGGED_EVERY`, with its count;
+    nothing is answered."""
+    log: list[Any] = []
+    async with refund_requested(tmp_path, log) as (rt, req):
+        slack = SlackChannel(
+            "C42", token="xoxb-test", base_url=slack_api.url, signing_secret="the-client-secret"
+        )
+        hub = ChannelHub(rt, [slack])
+        app = create_app(rt, dev=True, channels=hub)
+        body = click({"action_id": "signoff.approve", "block_id": "signoff:r", "value": req.id})
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+
+                async def refused(path: str) -> list[str]:
+                    caplog.clear()
+                    with caplog.at_level("WARNING", logger="signoff.channels"):
+                        headers = sign(body, int(time.time()))  # signed with Slack's SECRET
+                        response = await http.post(path, content=body, headers=headers)
+                    assert response.status_code == 401
+                    for record in caplog.records:
+                        message = record.getMessage()
+                        assert SECRET not in message and "the-client-secret" not in message
+                        assert headers["X-Slack-Signature"][3:] not in message
+                    return [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+
+                (line,) = await refused(PATH)
+                assert f"{PATH} refused 1 request(s)" in line
+                assert "signature does not match" in line
+                assert "Signing Secret" in line and "--slack-signing-secret" in line
+                assert await refused(PATH) == []  # within the minute: counted, not logged
+                (events,) = await refused("/channels/slack/events")  # each endpoint its own
+                assert "/channels/slack/events refused 1 request(s)" in events
+                monkeypatch.setattr(_routes, "REFUSED_LOGGED_EVERY", 0.0)
+                (again,) = await refused(PATH)
+                assert f"{PATH} refused 2 request(s)" in again
+            await slack.idle()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        assert log == [] and slack_api.of("chat.postEphemeral") == []
+
+
+async def test_interactions_sent_to_the_events_url_are_logged_with_the_urls_to_set(
+    tmp_path: Path, slack_api: FakeSlack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An app whose Interactivity Request URL was set to the events path (Slack checks only the
+    events one when it is set) has every click refused with a 400, Slack showing the person
+    an error: the server logs it, with the URLs the app must name; nothing is answered."""
+    log: list[Any] = []
+    async with refund_requested(tmp_path, log) as (rt, req):
+        slack = channel(slack_api)
+        hub = ChannelHub(rt, [slack])
+        app = create_app(rt, dev=True, channels=hub)
+        body = click({"action_id": "signoff.approve", "block_id": "signoff:r", "value": req.id})
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                with caplog.at_level("WARNING", logger="signoff.channels"):
+                    for n in range(2):  # two clicks (signed at two times: no replay)
+                        response = await http.post(
+                            "/channels/slack/events",
+                            content=body,
+                            headers=sign(body, int(time.time()) - n),
+                        )
+                        assert response.status_code == 400
+            await slack.idle()
+        lines = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+        assert len(lines) == 1  # the second within the minute is counted, not logged
+        (line,) = lines
+        assert "/channels/slack/events refused 1 request(s) as unreadable" in line
+        assert f"Interactivity Request URL ends in {PATH}" in line
+        assert "Event Subscriptions Request URL in /channels/slack/events" in line
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.status == "pending"
         assert log == [] and slack_api.of("chat.postEphemeral") == []

@@ -346,6 +346,39 @@ async def test_a_delivery_posted_but_not_recorded_is_posted_again_with_the_same_
     assert ids == {first[0]["Signoff-Delivery"]}
 
 
+async def test_a_delivery_not_recorded_is_logged_as_delivered_not_as_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The receiver's 2xx came and only forgetting the kept delivery failed (the state's disk):
+    the error says it was delivered and is sent again on the next start, not that delivering
+    it failed (which had the operator look at a receiver that took it)."""
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET)
+        async with manual(ChannelHub(rt, [hooks], state=tmp_path / "hub.db")) as hub:
+            keep = hooks.state.forget
+
+            def forget(channel: str, key: str, **hub: str) -> None:
+                if key.startswith("outbox:"):
+                    raise so.StoreError("channel state: disk I/O error")
+                keep(channel, key, **hub)
+
+            monkeypatch.setattr(hooks.state, "forget", forget)
+            with caplog.at_level("ERROR", logger="signoff.channels"):
+                await rt.generate("support", prompt="Refund 1042")
+                await hub.poll()
+                await hooks.drain()
+            monkeypatch.undo()
+        (delivery,) = {h["Signoff-Delivery"] for h, _ in receiver.accepted}
+    lines = [r.getMessage() for r in caplog.records if delivery in r.getMessage()]
+    assert lines == [
+        f"webhook {receiver.url}: {delivery} was delivered, but the hub's state or the store "
+        "could not record it; it is sent again when the hub next starts"
+    ]
+
+
 class DownOnOpening(WebhookChannel):
     """A webhook channel whose first `on_requested` fails (its state was locked, say)."""
 

@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 __all__ = ["WebhookChannel", "sign_webhook", "verify_webhook"]
 
 _RETRY_STATUSES = frozenset({408, 425, 429})
+_DONE = {"delivered": "delivered", "refused": "refused", "gave up": "given up on"}
 _BACKFILLED = "backfilled"  # memo: the open requests were announced on a first start
 
 
@@ -404,6 +405,8 @@ class WebhookChannel(Channel):
             delivery, event, raw = await queue.get()
             self._sending.add(f"{url} {delivery}")
             probe = self._probing.get(url) == delivery
+            outcome: str | None = None
+            recorded = False  # what the receiver answered is kept in the state and store
             try:
                 outcome = await self._send(url, delivery, event, raw)
                 if outcome != "gave up":
@@ -413,6 +416,7 @@ class WebhookChannel(Channel):
                             await off_loop(note_refusal, self, url, delivery, event, answer)
                         await off_loop(self.forget, f"{_OUTBOX}{url} {delivery}")
                         await drop_copy(self, url, delivery)
+                    recorded = True
                     if probe:  # the receiver answered: what was given up on follows
                         self._probing.pop(url, None)
                         if await self._requeue(url) is None:
@@ -427,7 +431,25 @@ class WebhookChannel(Channel):
                         given_up.REDO_EVERY + later,
                     )
             except Exception:
-                logger.exception("webhook %s: delivering %s failed", masked(url), delivery)
+                if outcome is None:
+                    logger.exception("webhook %s: delivering %s failed", masked(url), delivery)
+                elif recorded:  # reading the deliveries given up on failed: `_redo` tries again
+                    logger.exception(
+                        "webhook %s: %s was %s; queuing the deliveries given up on behind it "
+                        "failed, tried again in %gs",
+                        masked(url),
+                        delivery,
+                        _DONE.get(outcome, outcome),
+                        given_up.REDO_EVERY,
+                    )
+                else:  # the receiver answered: only keeping that in the state or store failed
+                    logger.exception(
+                        "webhook %s: %s was %s, but the hub's state or the store could not "
+                        "record it; it is sent again when the hub next starts",
+                        masked(url),
+                        delivery,
+                        _DONE.get(outcome, outcome),
+                    )
             finally:
                 if probe:
                     self._probing.pop(url, None)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets
 import socket
 import threading
@@ -27,6 +28,7 @@ from slack_sdk.signature import Clock, SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
 from ..._exceptions import UsageError
+from ..._json_keys import cut_repr
 from ..._sync import checked_clock
 from ..._types import InputRequest
 from ...stores import promptly
@@ -69,6 +71,9 @@ ABSENT_WAIT = 30.0
 # A note (chat.postEphemeral) Slack rate-limits is sent again within these calls and seconds.
 NOTE_TRIES = 4
 NOTE_WAIT = 30.0
+
+# A conversation's id: a public channel's `C…`, a private one's `G…` or `C…`, a DM's `D…`.
+_CONVERSATION_ID = re.compile(r"[A-Z0-9]+")
 
 # chat.update errors no retry can cure: the message was deleted, or can no longer be edited.
 _GONE = frozenset({"message_not_found", "cant_update_message", "edit_window_closed"})
@@ -127,6 +132,14 @@ class SlackChannel(Channel):
         super().__init__(name=name, accepts=accepts)
         if not isinstance(channel, str) or not channel:
             raise UsageError("SlackChannel needs the id of the Slack channel to post in")
+        if not _CONVERSATION_ID.fullmatch(channel):
+            # chat.postMessage takes a name too, but the history a lost post is looked for in
+            # takes only the id (a name is `channel_not_found`: the channel would wait for ever),
+            # and a message's answers name the id, which `channel` is compared with.
+            raise UsageError(
+                f"SlackChannel needs the Slack channel's id (such as C0123ABCD, at the bottom of "
+                f"the channel's details in Slack), not {cut_repr(channel, 80)}"
+            )
         if not isinstance(signing_secret, str) or not signing_secret.strip():
             raise UsageError("SlackChannel needs the Slack app's signing secret")
         for what, secret in (("signing secret", signing_secret), ("bot token", token)):
