@@ -164,12 +164,14 @@ async def test_a_client_out_of_connections_says_so() -> None:
             while not canned.done.is_set():
                 writer.write(b": keep-alive\n\n")
                 await writer.drain()
-                # Well inside the client's 1 s read timeout even on a loaded machine: a stream
-                # silent past it reconnects, and its connection is free for a moment.
-                await asyncio.sleep(0.05)
+                # Well inside the client's 3 s read timeout even on a loaded machine (this loop
+                # serves all 100 streams and the client): a stream silent past it reconnects,
+                # and its connection is free for a moment. At 1 s, with a keep-alive every
+                # 50 ms, a CI run on a busy machine once saw one (the call got its 404).
+                await asyncio.sleep(0.2)
 
         canned.on(EVENTS, held)
-        async with AsyncClient(canned.base, timeout=1.0) as c:
+        async with AsyncClient(canned.base, timeout=3.0) as c:
 
             async def follow() -> None:
                 async for _ in c.events("ses_x"):
