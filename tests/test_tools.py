@@ -413,3 +413,61 @@ def test_an_async_validator_of_the_input_is_refused_when_the_tool_is_made() -> N
     with pytest.raises(so.UsageError, match=r"'place': the validator _Order.positive is async"):
         so.tool(place)
     assert so.tool(kept).validate({"amount": 5}).model_dump() == {"amount": 5}
+
+
+class _Refunder:
+    """Refund an order from the till."""
+
+    def __init__(self, till: str) -> None:
+        self.till = till
+        self.calls: list[str] = []
+
+    async def __call__(self, order_id: str, amount: float = 1.0) -> str:
+        self.calls.append(order_id)
+        return f"{self.till}:{order_id}:{amount}"
+
+
+def _refund_at(till: str, order_id: str, note: str = "") -> str:
+    """Refund at a till."""
+    return f"{till}:{order_id}:{note}"
+
+
+async def test_a_callable_object_or_a_partial_is_a_tool(tmp_path: Path) -> None:
+    """An instance with a `__call__` and a `functools.partial` take their schema from what they
+    are called with; both were refused ("is not a module, class, method, or function"). A
+    partial's keywords are bound: the model is not shown them and cannot change them."""
+    import functools
+
+    refunder = _Refunder("t1")
+    by_object = so.tool(refunder, name="refund", approval=so.always())
+    assert by_object.is_async
+    assert by_object.description == "Refund an order from the till."
+    assert set(by_object.json_schema()["properties"]) == {"order_id", "amount"}
+    by_partial = so.tool(functools.partial(_refund_at, note="fixed"), name="refund_at")
+    assert set(by_partial.json_schema()["properties"]) == {"till", "order_id"}
+    with pytest.raises(ValidationError):
+        by_partial.validate({"till": "t", "order_id": "1", "note": "changed"})
+    proposal = call_tools(
+        so.ToolCall(id="c1", name="refund", input={"order_id": "42"}),
+        so.ToolCall(id="c2", name="refund_at", input={"till": "t2", "order_id": "7"}),
+    )
+    seen = Capture(reply("done"))
+    agent = scripted_agent("a", [proposal, seen], tools=[by_object, by_partial])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "waiting" and refunder.calls == []
+        r = await rt.generate(
+            session_id=r.session_id,
+            approvals=[so.Decision(id=r.pending[0].id, approved=True)],
+        )
+        assert r.status == "completed"
+    assert refunder.calls == ["42"]
+    results = {res.call_id: res.content for res in tool_results(seen.last)}
+    assert results == {"c1": "t1:42:1.0", "c2": "t2:7:fixed"}
+
+
+def test_a_class_given_for_a_tool_is_refused_naming_it() -> None:
+    """A class was read as a function: its calls made instances, and its parameters' error spoke
+    of type hints of its constructor."""
+    with pytest.raises(so.UsageError, match="class _Refunder is not a tool"):
+        so.tool(_Refunder)

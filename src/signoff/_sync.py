@@ -311,7 +311,7 @@ async def called_off_loop(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) 
     loop, any other function (a sync tool, a hook) in a thread (`in_thread`), so one that blocks
     stops no lease renewal of the process's sessions."""
     try:
-        if inspect.iscoroutinefunction(fn):
+        if is_async(fn):
             result = await fn(*args, **kwargs)
         else:
             result = await in_thread(fn, *args, **kwargs)

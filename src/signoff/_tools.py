@@ -3,6 +3,7 @@ the function's type hints and its description from the docstring."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import re
@@ -52,6 +53,12 @@ class Tool:
     ) -> None:
         if not callable(fn):
             raise UsageError(f"a tool needs a function, not {fn!r}")
+        if isinstance(fn, type):
+            # Its calls made instances, and its schema came from its class attributes.
+            raise UsageError(
+                f"the class {fn.__name__} is not a tool: pass a function, or an instance of a "
+                "class with a __call__ method"
+            )
         if max_result_bytes is not None and (
             isinstance(max_result_bytes, bool)
             or not isinstance(max_result_bytes, int)
@@ -93,7 +100,7 @@ class Tool:
                 f"tool {self.name!r} is a generator function: a tool returns its result "
                 "(collect what it yields into a list)"
             )
-        self.is_async = inspect.iscoroutinefunction(fn)
+        self.is_async = is_async(fn)
         self.takes_context, self.input_model, schema = _input_model(fn, self.name)
         schema.pop("title", None)
         self._schema = schema  # built once, when the model was checked
@@ -173,13 +180,29 @@ def _describe(fn: Callable[..., Any]) -> str:
     return doc.split("\n\n", 1)[0].replace("\n", " ").strip()
 
 
+def _hinted(fn: Callable[..., Any]) -> tuple[Callable[..., Any], set[str]]:
+    """The function whose type hints describe calling `fn` (a partial's function, a callable
+    object's `__call__`), and the names a partial binds by keyword, which the model never sets."""
+    bound: set[str] = set()
+    while isinstance(fn, functools.partial):
+        bound.update(fn.keywords)
+        fn = fn.func
+    if not (inspect.isfunction(fn) or inspect.ismethod(fn) or inspect.isbuiltin(fn)):
+        fn = type(fn).__call__  # a callable object: `Tool` checked callable(fn)
+    return fn, bound
+
+
 def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseModel], dict[str, Any]]:
-    sig = inspect.signature(fn)
     try:
-        hints = get_type_hints(fn, include_extras=True)
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"tool {name!r}: cannot read its parameters: {exc}") from None
+    hinted, bound = _hinted(fn)
+    try:
+        hints = get_type_hints(hinted, include_extras=True)
     except Exception as exc:
         raise UsageError(f"tool {name!r}: cannot resolve its type hints: {exc}") from exc
-    params = list(sig.parameters.values())
+    params = [p for p in sig.parameters.values() if p.name not in bound]
     takes_context = False
     if params and (
         hints.get(params[0].name) is ToolContext
