@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from signoff._exceptions import StoreError
 from signoff.stores.postgres import STORE_SCHEMA, PostgresStore, _schema
 
 from ._pg_events import new_session
@@ -88,3 +89,60 @@ async def test_a_migration_is_not_ended_by_a_dbas_idle_in_transaction_timeout(
     finally:
         await store.close()
     assert await _version(pg_url) == STORE_SCHEMA
+
+
+@pytest.mark.parametrize("setting", ["statement_timeout", "lock_timeout"])
+async def test_a_call_a_dbas_timeout_ends_says_how_to_exempt_signoff(
+    pg_store_url: str, setting: str
+) -> None:
+    """A read waiting on a lock past a DBA's `statement_timeout` or `lock_timeout` failed with
+    the server's "canceling statement due to statement timeout" alone, which names neither the
+    setting to change nor that signoff bounds its calls itself."""
+    await _set(pg_store_url, setting, "100")
+    store = PostgresStore(pg_store_url)
+    try:
+        sid = await new_session(store)
+        blocker = await admin(pg_store_url)
+        async with blocker:
+            await blocker.execute("SET lock_timeout = 0; SET statement_timeout = 0")
+            async with blocker.transaction():
+                await blocker.execute("LOCK TABLE signoff.sessions IN ACCESS EXCLUSIVE MODE")
+                with pytest.raises(StoreError) as caught:
+                    await asyncio.wait_for(store.load(sid), 20)
+    finally:
+        await store.close()
+    message = str(caught.value)
+    assert f"due to {setting.replace('_', ' ')}" in message, message
+    assert f"ALTER ROLE ... SET {setting} = 0" in message, message
+    assert "operation_timeout" in message, message
+
+
+async def test_an_error_of_a_store_of_another_schema_shows_it_in_the_url(
+    pg_store_url: str,
+) -> None:
+    """The URL in a store's errors left out `?schema=`, so two stores in one database (two
+    tenants) failed with the same words; the default schema's URL stays as it was given."""
+    await _set(pg_store_url, "statement_timeout", "100")
+    database = "/" + pg_store_url.rsplit("/", 1)[1]
+    other = PostgresStore(f"{pg_store_url}?schema=tenant_b")
+    default = PostgresStore(pg_store_url)
+    try:
+        for store in (other, default):
+            await store.open()
+        blocker = await admin(pg_store_url)
+        async with blocker:
+            await blocker.execute("SET statement_timeout = 0")
+            async with blocker.transaction():
+                await blocker.execute(
+                    "LOCK TABLE signoff.sessions, tenant_b.sessions IN ACCESS EXCLUSIVE MODE"
+                )
+                shown = []
+                for store in (other, default):
+                    with pytest.raises(StoreError) as caught:
+                        await asyncio.wait_for(store.load("s_missing"), 20)
+                    shown.append(str(caught.value))
+    finally:
+        for store in (other, default):
+            await store.close()
+    assert f"{database}?schema=tenant_b: canceling statement" in shown[0], shown[0]
+    assert f"{database}: canceling statement" in shown[1], shown[1]

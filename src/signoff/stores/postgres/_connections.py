@@ -34,7 +34,7 @@ from ._borrowed import LEASE_CONNECTIONS, OPERATION_TIMEOUT, Pool
 from ._changes import Listener
 from ._outage import GRACE, Outage, is_down, unreachable
 from ._shared import settle
-from ._transactions import Conn, Transactions
+from ._transactions import Conn, Transactions, failed
 from ._url import (
     check_parameters,
     describe,
@@ -137,7 +137,10 @@ class Connections(Transactions):
         grace = grace if grace is not None else number(options, "outage_grace", float, GRACE)
         self.auto_migrate = flag("migrate", migrate)  # "no" upgraded the store it was to spare
         self._dsn = dsn
-        self._where = describe(dsn)
+        # Where errors and logs say the store is: a schema other than the default is another
+        # store at the same server, so it is shown too (`_server` where the schema is named).
+        self._server = describe(dsn)
+        self._where = self._server + ("" if schema == "signoff" else f"?schema={schema}")
         self._pool: Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # The pools of other event loops still running (a runtime's async calls and its sync
@@ -209,7 +212,7 @@ class Connections(Transactions):
             self._refuse_newer(version)
             if version < _schema.STORE_SCHEMA:
                 if not self.auto_migrate:
-                    where = f"PostgreSQL store {self._where} (schema {self.schema!r})"
+                    where = f"PostgreSQL store {self._server} (schema {self.schema!r})"
                     raise older_schema(where, version, _schema.STORE_SCHEMA)
                 await self._migrate(conn)
             cur = await conn.execute("SELECT current_setting('synchronous_commit')")
@@ -403,7 +406,7 @@ class Connections(Transactions):
                 # Another program's table (a schema shared with it): its numbers are no
                 # store schema, and "upgrade signoff" would be the wrong advice.
                 raise StoreError(
-                    f"PostgreSQL store {self._where} (schema {self.schema!r}) holds a table "
+                    f"PostgreSQL store {self._server} (schema {self.schema!r}) holds a table "
                     f"schema_version that is not signoff's (columns {', '.join(row[1])}): "
                     "another program's; give signoff a schema of its own (?schema=NAME)"
                 )
@@ -425,17 +428,17 @@ class Connections(Transactions):
         if isinstance(exc, psycopg.errors.InsufficientPrivilege):
             # "permission denied for schema x" named the object, not the grants signoff needs
             return StoreError(
-                f"{what} at {self._where} (schema {self.schema!r}): {detail}. This user may not "
+                f"{what} at {self._server} (schema {self.schema!r}): {detail}. This user may not "
                 f"use schema {self.schema!r}: grant it USAGE on the schema, SELECT, INSERT, "
                 "UPDATE and DELETE on its tables and USAGE on its sequences (or connect as "
                 "its owner)"
             )
-        return StoreError(f"{what} at {self._where}: {detail}")
+        return failed(f"{what} at {self._where}", exc)
 
     def _refuse_newer(self, version: int) -> None:
         if version > _schema.STORE_SCHEMA:
             raise SchemaVersionError(
-                f"PostgreSQL store {self._where} (schema {self.schema!r}) is at store schema "
+                f"PostgreSQL store {self._server} (schema {self.schema!r}) is at store schema "
                 f"version {version}; this signoff knows up to {_schema.STORE_SCHEMA}. "
                 "Upgrade signoff."
             )

@@ -25,7 +25,7 @@ from ._borrowed import Borrowed, Pool
 from ._outage import Outage
 from ._shared import shared
 
-__all__ = ["Conn", "Transactions"]
+__all__ = ["Conn", "Transactions", "failed"]
 
 T = TypeVar("T")
 Conn = psycopg.AsyncConnection[TupleRow]
@@ -75,7 +75,7 @@ class Transactions:
                     continue
                 if isinstance(exc, _MISSING):
                     raise self._gone(what, exc) from exc
-                raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
+                raise failed(f"{what} failed at {self._where}", exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _borrow(self, pool: Pool, attempt: int, fresh: bool = False) -> Borrowed:
@@ -160,7 +160,7 @@ class Transactions:
             except psycopg.OperationalError as exc:
                 expired = borrowed.expired
                 if not broken and not expired:  # the server answered: it rolled back
-                    raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
+                    raise failed(f"{what} failed at {self._where}", exc) from exc
                 if not expired:  # a server not answering would hold the check as long
                     await self._after_loss(pool)
                 if transaction and phase in ("commit", "done"):
@@ -188,7 +188,7 @@ class Transactions:
                     raise self._timed_out(what) from exc
                 if attempt < 2:
                     continue  # lost before COMMIT (the server rolled back) or idempotent
-                raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
+                raise failed(f"{what} failed at {self._where}", exc) from exc
             except psycopg.IntegrityError as exc:
                 raise AppendConflict(f"{what}: {exc}") from exc
             except _READ_ONLY as exc:
@@ -214,7 +214,7 @@ class Transactions:
                     ) from None
                 if isinstance(exc, _MISSING):
                     raise self._gone(what, exc) from exc
-                raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
+                raise failed(f"{what} failed at {self._where}", exc) from exc
         raise StoreError(f"{what}: connection to {self._where} kept failing")
 
     async def _after_loss(self, pool: Pool) -> None:
@@ -238,6 +238,26 @@ CHECK_WAIT = 1.0
 """Seconds a call that lost its connection waits for the pool's test (`_after_loss`): dead
 connections fail it at once; a slower one is a silent server, met as an outage (its grace)."""
 
+
+def failed(head: str, exc: psycopg.Error) -> StoreError:
+    """The `StoreError` of a statement the server refused (`head`: what failed, and where), with
+    what to do when a setting of the role or database ended it: the server's message names the
+    setting, not the fix."""
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    message = f"{head}: {detail}"
+    setting = next((name for name in _TIMEOUTS if name.replace("_", " ") in detail), None)
+    if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable) and setting:
+        message += (
+            f". A {setting} set for this role or database (or by PGOPTIONS) ended signoff's "
+            "statement: signoff bounds its own calls (the URL's `operation_timeout`), so "
+            f"exempt its role (ALTER ROLE ... SET {setting} = 0) or raise the setting"
+        )
+    return StoreError(message)
+
+
+_TIMEOUTS = ("statement_timeout", "lock_timeout")
+"""The server settings whose end of a statement `failed` explains; PostgreSQL's message names
+each with spaces ("canceling statement due to statement timeout")."""
 
 _OPEN = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 """A connection's transaction states that need a ROLLBACK before it goes back to the pool."""
