@@ -137,3 +137,23 @@ async def test_a_turn_finishes_once_another_connection_lets_go(tmp_path: Path) -
             holder.join()
         assert turn.result().text == "Shipped." and log.count("look_up") == 1
         assert ticks >= 10
+
+
+@pytest.mark.parametrize("call", ["open", "migrate"])
+async def test_opening_a_store_waiting_for_the_lock_leaves_the_event_loop_free(
+    tmp_path: Path, call: str
+) -> None:
+    """Creating the schema of a file another connection is writing waits for its lock; that
+    wait was inside SQLite, on the loop, and held every task of it up to the busy timeout."""
+    path = tmp_path / "state.db"
+    holder = hold_lock(path, 0.6)
+    store = SQLiteStore(f"sqlite:///{path}", busy_timeout=30)
+    try:
+        opening = asyncio.ensure_future(getattr(store, call)())
+        ticks = await ticks_while(opening)
+    finally:
+        holder.join()
+    assert ticks >= 20
+    await new_session(store, "s1")
+    assert await store.head("s1") == 1
+    await store.close()

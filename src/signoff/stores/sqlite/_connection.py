@@ -5,6 +5,7 @@ the lock that gives the connection to one store call at a time are in `_transact
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import threading
@@ -210,13 +211,17 @@ class Connection:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def open(self) -> None:
-        self.open_sync()
+        if self._conn is None:
+            # In a thread: creating or upgrading the schema waits inside SQLite for another
+            # connection's write lock, up to the busy timeout, which on the loop held its tasks.
+            await asyncio.to_thread(self.open_sync)
 
     async def migrate(self) -> tuple[int, int]:
         """Open the file, creating or upgrading its schema; returns (before, after) as
         `PostgresStore.migrate` does: the schema it had when this store opened it (0 for a
         new file) and this signoff's."""
-        self.open_sync(upgrade=True)
+        if self._conn is None:
+            await asyncio.to_thread(self.open_sync, upgrade=True)
         assert self.schema_found is not None
         return self.schema_found, STORE_SCHEMA
 
