@@ -554,3 +554,51 @@ async def test_a_prompt_to_a_session_is_taken_over_http_as_runtime_generate_take
             assert again.status == "completed" and not again.queued
             assert again.turn_id != done.turn_id
     await rt.close()
+
+
+async def test_a_failed_turn_is_resumed_over_http_as_runtime_generate_resumes_it(
+    store_url: str,
+) -> None:
+    """`Runtime.generate(session_id=...)` alone resumes a session's turn (a retry after a
+    failure); `Client.generate(session_id=...)` refused it (`UsageError`: 'needs a prompt or
+    approvals'), so a turn that failed over HTTP could not be retried there. It now resumes it
+    (`POST .../generate`), with the errors `Runtime.generate` raises, recording nothing then."""
+    from signoff.server import TokenAuth, create_app
+
+    from .test_server_common import ALICE, TOKENS
+
+    def down(conversation: list[so.Message]) -> so.ModelResponse:
+        raise so.ModelError("the model is down")
+
+    model = so.models.Scripted([down])
+    rt = so.Runtime([so.Agent(name="a", model=model)], store=store_url)
+    app = create_app(rt, auth=TokenAuth(TOKENS), sweep_every=None)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with AsyncClient("http://t", token="alice-token", transport=transport) as c:
+            failed = await c.generate("a", "hello")
+            sid = failed.session_id
+            assert (failed.status, failed.retryable) == ("failed", True)
+            assert (await c.generate(session_id=sid)).status == "failed"  # still down
+            before = [e.type async for e in rt.events(sid, follow=False)]
+            for agent, error in (("b", so.UsageError), (None, so.UnknownSession)):
+                target = sid if error is so.UsageError else "ses_nope"
+                with pytest.raises(error) as local:
+                    await rt.generate(agent, session_id=target, auth=ALICE)
+                with pytest.raises(error) as remote:
+                    await c.generate(agent, session_id=target)
+                assert str(remote.value) == str(local.value)
+            assert [e.type async for e in rt.events(sid, follow=False)] == before
+
+            model.steps = [so.ModelResponse(text="back again")]
+            done = await c.generate("a", session_id=sid)
+            assert (done.status, done.text, done.turn_id) == (
+                "completed",
+                "back again",
+                failed.turn_id,
+            )
+            again = await c.generate(session_id=sid)  # nothing to resume: the turn as it stands
+            local_again = await rt.generate(session_id=sid, auth=ALICE)
+            assert (again.status, again.text) == (local_again.status, local_again.text)
+            assert [e.type async for e in rt.events(sid, follow=False)].count("turn.started") == 1
+    await rt.close()

@@ -245,7 +245,8 @@ class AsyncClient:
     ) -> RemoteResult:
         """Start a session (agent + prompt), open an empty one (agent alone), continue one
         (session_id + prompt: refused while it waits on a request, as `Runtime.generate` does),
-        or settle all of its approvals at once (session_id + approvals).
+        settle all of its approvals at once (session_id + approvals), or resume its turn
+        (session_id alone: a retry after a failure).
         A prompt or a new session goes with an idempotency key, `idempotency_key` or a new one
         (see `send`): a new session is opened once, however often the call is sent."""
         if idempotency_key is not None and prompt is None and session_id is not None:
@@ -282,8 +283,17 @@ class AsyncClient:
                 payload["message"] = prompt
             return await self._keyed_turn("/v1/sessions", payload, idempotency_key)
         if prompt is None:
-            raise errors.UsageError("generate(session_id=...) needs a prompt or approvals")
+            return await self._resume(agent, session_id)
         return await self._next_turn(agent, session_id, prompt, idempotency_key)
+
+    async def _resume(self, agent: str | None, session_id: str) -> RemoteResult:
+        """`generate(session_id=...)` alone, which the server runs as `Runtime.generate` does
+        (`POST .../generate`): the session's turn resumed, a retry after a failure."""
+        body: dict[str, Any] = {}
+        if agent is not None:
+            check_agent_name(agent)
+            body["agent"] = agent
+        return await self._turn(_session_path(session_id, "/generate"), body)
 
     async def _next_turn(
         self, agent: str | None, session_id: str, prompt: str, key: str | None
