@@ -516,9 +516,9 @@ async def test_a_prompt_to_a_session_is_taken_over_http_as_runtime_generate_take
     on a session waiting for approval it withdrew the open request (the turn completed, the
     refund never asked for again; a prompt naming an option, `approve`, approved the call), and
     under any agent's name, where `Runtime.generate` refuses both (`PartialAnswer`,
-    `UsageError` for another agent's session) and records nothing. The client now reads the
-    session first and refuses them as the runtime does; an idle session runs the prompt's
-    turn."""
+    `UsageError` for another agent's session) and records nothing. The server now runs the
+    call as `Runtime.generate` (`POST .../generate`) and refuses them so; an idle session runs
+    the prompt's turn."""
     from signoff.server import TokenAuth, create_app
 
     from .test_server_common import ALICE, TOKENS, make_runtime
@@ -553,4 +553,114 @@ async def test_a_prompt_to_a_session_is_taken_over_http_as_runtime_generate_take
             again = await c.generate("support", session_id=sid, prompt="thanks")
             assert again.status == "completed" and not again.queued
             assert again.turn_id != done.turn_id
+    await rt.close()
+
+
+async def test_a_failed_turn_is_resumed_over_http_as_runtime_generate_resumes_it(
+    store_url: str,
+) -> None:
+    """`Runtime.generate(session_id=...)` alone resumes a session's turn (a retry after a
+    failure); `Client.generate(session_id=...)` refused it (`UsageError`: 'needs a prompt or
+    approvals'), so a turn that failed over HTTP could not be retried there. It now resumes it
+    (`POST .../generate`), with the errors `Runtime.generate` raises, recording nothing then."""
+    from signoff.server import TokenAuth, create_app
+
+    from .test_server_common import ALICE, TOKENS
+
+    def down(conversation: list[so.Message]) -> so.ModelResponse:
+        raise so.ModelError("the model is down")
+
+    model = so.models.Scripted([down])
+    rt = so.Runtime([so.Agent(name="a", model=model)], store=store_url)
+    app = create_app(rt, auth=TokenAuth(TOKENS), sweep_every=None)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with AsyncClient("http://t", token="alice-token", transport=transport) as c:
+            failed = await c.generate("a", "hello")
+            sid = failed.session_id
+            assert (failed.status, failed.retryable) == ("failed", True)
+            assert (await c.generate(session_id=sid)).status == "failed"  # still down
+            before = [e.type async for e in rt.events(sid, follow=False)]
+            for agent, error in (("b", so.UsageError), (None, so.UnknownSession)):
+                target = sid if error is so.UsageError else "ses_nope"
+                with pytest.raises(error) as local:
+                    await rt.generate(agent, session_id=target, auth=ALICE)
+                with pytest.raises(error) as remote:
+                    await c.generate(agent, session_id=target)
+                assert str(remote.value) == str(local.value)
+            assert [e.type async for e in rt.events(sid, follow=False)] == before
+
+            model.steps = [so.ModelResponse(text="back again")]
+            done = await c.generate("a", session_id=sid)
+            assert (done.status, done.text, done.turn_id) == (
+                "completed",
+                "back again",
+                failed.turn_id,
+            )
+            again = await c.generate(session_id=sid)  # nothing to resume: the turn as it stands
+            local_again = await rt.generate(session_id=sid, auth=ALICE)
+            assert (again.status, again.text) == (local_again.status, local_again.text)
+            assert [e.type async for e in rt.events(sid, follow=False)].count("turn.started") == 1
+    await rt.close()
+
+
+async def test_a_prompt_to_a_running_turn_is_refused_over_http_as_in_process(
+    store_url: str,
+) -> None:
+    """`Runtime.generate(session_id=..., prompt=...)` refuses a prompt while the session's turn
+    runs (`SessionBusy`: `send()` is the way to steer it); `Client.generate` sent it as a
+    steering message, which the running turn took in. It is now refused the same way over
+    HTTP (409 `session_busy`), and the running turn never reads it."""
+    from signoff.server import TokenAuth, create_app
+
+    from .test_server_common import ALICE, TOKENS
+
+    entered, hang = asyncio.Event(), asyncio.Event()
+
+    @so.tool
+    async def slow(x: int) -> int:
+        """A call that runs while the prompt arrives."""
+        entered.set()
+        await hang.wait()
+        return x
+
+    def said(conversation: list[so.Message]) -> so.ModelResponse:
+        return so.ModelResponse(
+            text=" | ".join(m.text for m in conversation if isinstance(m, so.UserMessage))
+        )
+
+    go = so.ModelResponse(tool_calls=[so.ToolCall(name="slow", input={"x": 1})])
+    model = so.models.Scripted([go, said], repeat_last=True)
+    rt = so.Runtime([so.Agent(name="a", model=model, tools=[slow])], store=store_url)
+    app = create_app(rt, auth=TokenAuth(TOKENS), sweep_every=None)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with AsyncClient("http://t", token="alice-token", transport=transport) as c:
+            sid = (await c.generate("a")).session_id
+            running = asyncio.create_task(rt.generate(session_id=sid, prompt="go", auth=ALICE))
+            await asyncio.wait_for(entered.wait(), 10)
+            before = [e.type async for e in rt.events(sid, follow=False)]
+            with pytest.raises(so.SessionBusy) as local:
+                await rt.generate(session_id=sid, prompt="hurry up", auth=ALICE)
+            for key in (None, "k-1"):
+                with pytest.raises(so.SessionBusy) as remote:
+                    await c.generate(session_id=sid, prompt="hurry up", idempotency_key=key)
+                assert str(remote.value) == str(local.value)
+                assert remote.value.session_id == sid
+            raw = await transport.handle_async_request(  # the API itself, without the client
+                httpx.Request(
+                    "POST",
+                    f"http://t/v1/sessions/{sid}/generate",
+                    json={"message": "hurry up"},
+                    headers={"Authorization": "Bearer alice-token"},
+                )
+            )
+            await raw.aread()
+            assert (raw.status_code, raw.json()["error"]["code"]) == (409, "session_busy")
+            assert [e.type async for e in rt.events(sid, follow=False)] == before
+            hang.set()
+            done = await asyncio.wait_for(running, 10)
+            assert (done.status, done.text) == ("completed", "go")
+            steered = await c.send(sid, "hurry up")  # the explicit way on, now the turn ended
+            assert steered.status == "completed" and steered.text == "go | hurry up"
     await rt.close()

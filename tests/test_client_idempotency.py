@@ -150,6 +150,16 @@ async def test_a_key_repeated_against_a_real_server_acts_once(tmp_path: Path) ->
             reopened = await c.generate("support", idempotency_key="o-1")
             assert not opened.replayed and reopened.replayed and opened.status == "idle"
             assert reopened.session_id == opened.session_id
+            # A prompt to a session, repeated once its turn waits: that turn, not a refusal
+            # (the client read the session first, and raised PartialAnswer for its own turn).
+            asked = await c.generate(
+                session_id=opened.session_id, prompt="Refund", idempotency_key="g-1"
+            )
+            asked_again = await c.generate(
+                session_id=opened.session_id, prompt="Refund", idempotency_key="g-1"
+            )
+            assert asked.status == "waiting" and not asked.replayed
+            assert asked_again.replayed and asked_again.turn_id == asked.turn_id
         assert len(await rt.sessions()) == 2
         messages = [
             e.data["message"]

@@ -248,6 +248,41 @@ def test_messages_start_the_next_turn(alice: httpx.Client) -> None:
     assert record["status"] != "pending" and record["outcome"] == "ignored"
 
 
+def test_generate_runs_the_next_turn_or_resumes_as_runtime_generate_does(
+    base: str, store: str
+) -> None:
+    """`POST /v1/sessions/{id}/generate` is `Runtime.generate(session_id=...)`: a message while
+    the turn waits on a request is 422 `partial_answer`, another agent's name and a key without
+    a message 400 `usage_error`, a body of `null` 422 `invalid_request`, a foreign session 404,
+    each storing nothing; no body (or no message) resumes the turn as it stands, and a message
+    runs the next turn once its key is repeated."""
+    with client(base, "alice-token") as alice, client(base, "mallory-token") as mallory:
+        body = start(alice)
+        sid, rid = body["session_id"], body["pending"][0]["id"]
+        path = f"/v1/sessions/{sid}/generate"
+        before = _stored(store)
+        error(alice.post(path, json={"message": "approve"}), 422, "partial_answer")
+        error(alice.post(path, json={"message": "hi", "agent": "batch"}), 400, "usage_error")
+        error(alice.post(path, json={}, headers={"Idempotency-Key": "k-1"}), 400, "usage_error")
+        null = {"content": b"null", "headers": {"Content-Type": "application/json"}}
+        error(alice.post(path, **null), 422, "invalid_request")  # type: ignore[arg-type]
+        error(mallory.post(path, json={}), 404, "unknown_session")
+        for resumed in (alice.post(path), alice.post(path, json={"agent": "support"})):
+            assert resumed.status_code == 200, resumed.text
+            assert resumed.json()["status"] == "waiting"
+            assert [p["id"] for p in resumed.json()["pending"]] == [rid]
+        assert _stored(store) == before
+        assert alice.get(f"/v1/requests/{rid}").json()["status"] == "pending"
+        approve = {"approvals": [{"id": rid, "approved": True}]}
+        assert alice.post(f"/v1/sessions/{sid}/approvals", json=approve).status_code == 200
+        key = {"Idempotency-Key": "k-2"}
+        first = alice.post(path, json={"message": "Refund 1042 again"}, headers=key)
+        assert first.status_code == 200, first.text
+        assert first.json()["turn_id"] != body["turn_id"] and not first.json()["replayed"]
+        again = alice.post(path, json={"message": "Refund 1042 again"}, headers=key)
+        assert again.json()["replayed"] and again.json()["turn_id"] == first.json()["turn_id"]
+
+
 def test_an_admins_message_to_another_persons_turn_says_it_is_queued(base: str) -> None:
     """An admin may see Alice's session, but her turn serves her: the admin's message neither
     steers nor answers it. It waits for the turn's end, and the answer says so (`queued`),

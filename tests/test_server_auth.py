@@ -5,8 +5,10 @@ twice.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -277,4 +279,94 @@ async def test_an_authenticator_answering_no_principal_serves_no_one(tmp_path: P
         for path in ("/v1/requests", "/v1/sessions"):
             detail = error(await c.get(path), 500, "internal_error")
             assert "TypeError" in detail["message"], detail
+    await runtime.close()
+
+
+class _Blocking:
+    """A directory lookup that blocks its thread: `entered` is set once it is asked for the slow
+    caller (token `slow` for the authenticator, principal `bob` for the rule), which then waits
+    up to 3 s for `release`; `held` records whether it came before the time ran out."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.held: list[bool] = []
+
+    def block(self) -> None:
+        self.entered.set()
+        self.held.append(self.release.wait(3))
+
+
+async def _served_while_blocked(app: Any, slow: str, blocking: _Blocking) -> None:
+    """Alice's call is answered while the slow caller's is blocked in the app's callable, which
+    ran in a thread: on the event loop it held up every other request until its wait ran out."""
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        stalled = asyncio.create_task(c.get("/v1/sessions", headers=auth(slow)))
+        while not blocking.entered.is_set():
+            await asyncio.sleep(0.01)
+        fast = await asyncio.wait_for(c.get("/v1/sessions", headers=auth("alice-token")), 10)
+        assert fast.status_code == 200, fast.text
+        blocking.release.set()
+        assert (await stalled).status_code == 200
+    assert blocking.held and all(blocking.held)  # the first came before its time ran out
+
+
+async def test_a_plain_authenticator_runs_off_the_event_loop(tmp_path: Path) -> None:
+    """A plain authenticator may block (a directory asked): it runs in a thread, so the other
+    requests and streams of the server go on meanwhile; an async one is awaited on the loop."""
+    from .test_server_common import make_runtime
+
+    blocking = _Blocking()
+    tokens = TokenAuth(TOKENS)
+
+    def directory(request: Any) -> so.Principal | None:
+        if request.headers.get("authorization") == "Bearer slow":
+            blocking.block()
+            return TOKENS["bob-token"]
+        return tokens(request)
+
+    runtime = make_runtime(f"sqlite:///{tmp_path}/s.db")
+    await _served_while_blocked(
+        create_app(runtime, auth=directory, sweep_every=None), "slow", blocking
+    )
+
+    loops: list[bool] = []
+
+    async def on_the_loop(request: Any) -> so.Principal | None:
+        loops.append(threading.current_thread() is threading.main_thread())
+        return tokens(request)
+
+    app = create_app(runtime, auth=on_the_loop, sweep_every=None)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        assert (await c.get("/v1/sessions", headers=auth("alice-token"))).status_code == 200
+    assert loops == [True]
+    await runtime.close()
+
+
+async def test_a_plain_access_rule_runs_off_the_event_loop(tmp_path: Path) -> None:
+    """An access rule of the application's may block too: it is asked in a thread, once for all
+    the sessions of a listing's chunk, so the server's other requests go on meanwhile."""
+    from .test_server_common import make_runtime
+
+    blocking = _Blocking()
+    threads: set[int] = set()
+
+    def rule(caller: so.Principal, initiator: so.Principal | None) -> bool:
+        threads.add(threading.get_ident())
+        if caller.principal_id == "bob":
+            blocking.block()
+        return default_access(caller, initiator)
+
+    runtime = make_runtime(f"sqlite:///{tmp_path}/s.db")
+    for _ in range(3):
+        await runtime.generate("support", prompt="Refund order 1042", auth=TOKENS["alice-token"])
+    app = create_app(runtime, auth=TokenAuth(TOKENS), access=rule, sweep_every=None)
+    await _served_while_blocked(app, "bob-token", blocking)
+    assert threading.get_ident() not in threads
     await runtime.close()

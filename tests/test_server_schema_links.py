@@ -19,7 +19,14 @@ from .test_server_schema import HEADERS, APIWorkflow, stateful_schema
 
 # Each agent whose request Alice can settle alone, with the link that answers it.
 SETTLING = {"support": "ApprovePending", "helper": "AnswerFirstPending"}
-FROM_A_TURN = {"GetSession", "GetFirstPendingRequest", "SendMessage", "Cancel", *SETTLING.values()}
+FROM_A_TURN = {
+    "GetSession",
+    "GetFirstPendingRequest",
+    "SendMessage",
+    "Generate",
+    "Cancel",
+    *SETTLING.values(),
+}
 
 
 def _links(label: str) -> dict[str, Any]:
@@ -81,6 +88,8 @@ def test_links_from_a_created_session_settle_its_request(tmp_path: Path) -> None
             )
             assert request.response.json()["status"] == "pending", request.response.text
         _settled(_follow(links[answer], created, app), created, app)
+        # Resuming a turn that ended returns it as it stands.
+        assert _follow(links["Generate"], created, app).response.json()["status"] == "completed"
         # After the answer the session's turn result links on: say more, then cancel.
         said = _follow(links["SendMessage"], created, app)
         _follow(_links("POST /v1/sessions/{session_id}/messages")["Cancel"], said, app)

@@ -244,8 +244,9 @@ class AsyncClient:
         idempotency_key: str | None = None,
     ) -> RemoteResult:
         """Start a session (agent + prompt), open an empty one (agent alone), continue one
-        (session_id + prompt: refused while it waits on a request, as `Runtime.generate` does),
-        or settle all of its approvals at once (session_id + approvals).
+        (session_id + prompt: refused while its turn runs or waits on a request, as
+        `Runtime.generate` does), settle all of its approvals at once (session_id + approvals),
+        or resume its turn (session_id alone: a retry after a failure).
         A prompt or a new session goes with an idempotency key, `idempotency_key` or a new one
         (see `send`): a new session is opened once, however often the call is sent."""
         if idempotency_key is not None and prompt is None and session_id is not None:
@@ -281,35 +282,29 @@ class AsyncClient:
             if prompt is not None:
                 payload["message"] = prompt
             return await self._keyed_turn("/v1/sessions", payload, idempotency_key)
-        if prompt is None:
-            raise errors.UsageError("generate(session_id=...) needs a prompt or approvals")
         return await self._next_turn(agent, session_id, prompt, idempotency_key)
 
     async def _next_turn(
-        self, agent: str | None, session_id: str, prompt: str, key: str | None
+        self, agent: str | None, session_id: str, prompt: str | None, key: str | None
     ) -> RemoteResult:
-        """`generate(session_id=..., prompt=...)` as `Runtime.generate` takes it: another
-        agent's session is a `UsageError`, and a session waiting on a request a `PartialAnswer`
-        (answer it first, or `send()` the message to steer the waiting turn), both before the
-        prompt is sent, which would steer that turn (withdrawing a question, answering a
-        request an option of which it names) under any agent's name. A call repeated with the
-        key of one that got no answer is refused so too while a request is open (the first
-        one's turn, if it was applied): read the session to tell."""
-        if key is not None:
-            check_key(key)
+        """`generate(session_id=...)` as `Runtime.generate` takes it, which the server calls
+        (`POST .../generate`): with a prompt, another agent's session is a `UsageError`, a turn
+        running a `SessionBusy` and a session waiting on a request a `PartialAnswer` (answer it,
+        or `send()` the message to steer), each recording nothing; without one, the session's
+        turn is resumed. The prompt and the agent's name are checked here first, as `Runtime`
+        checks them."""
+        path = _session_path(session_id, "/generate")
+        body: dict[str, Any] = {}
         if agent is not None:
             check_agent_name(agent)
+            body["agent"] = agent
+        if prompt is None:
+            return await self._turn(path, body)
+        if key is not None:
+            check_key(key)
         check_prompt(prompt)
-        shown = await self.state(session_id)
-        if agent is not None and shown.get("agent") != agent:
-            raise errors.UsageError(
-                f"session {session_id!r} belongs to agent {shown.get('agent')!r}"
-            )
-        waiting = shown.get("pending")
-        rows = waiting if isinstance(waiting, list) else []
-        if ids := [r["id"] for r in rows if isinstance(r, dict) and isinstance(r.get("id"), str)]:
-            raise errors.PartialAnswer(session_id, ids, prompt=True)
-        return await self.send(session_id, prompt, idempotency_key=key)
+        body["message"] = prompt
+        return await self._keyed_turn(path, body, key)
 
     async def send(
         self,

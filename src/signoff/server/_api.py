@@ -20,6 +20,7 @@ from ._models import (
     Approvals,
     CancelBody,
     CreateSession,
+    GenerateBody,
     QueuePage,
     RequestRecord,
     Responses,
@@ -67,6 +68,21 @@ IdempotencyKey = Annotated[
 async def _caller(request: Request) -> tuple[ServerContext, Any]:
     ctx = get_context(request)
     return ctx, await ctx.require(request)
+
+
+def _no_null(schema: dict[str, Any]) -> None:
+    """The schema of an optional body: an object when one is sent, never `null`."""
+    schema["anyOf"] = [s for s in schema.get("anyOf", ()) if s.get("type") != "null"]
+
+
+def _object_or_none(body: object, sent: bytes) -> None:
+    """422 `invalid_request` for an optional body sent as JSON `null`, which FastAPI reads as
+    no body: one that is sent must be an object."""
+    if body is None and sent:
+        problem = "the body must be a JSON object, not null"
+        raise ApiError(
+            422, "invalid_request", problem, fields=[{"field": "body", "problem": problem}]
+        )
 
 
 @router.post("/sessions", status_code=201, tags=["sessions"])
@@ -158,6 +174,31 @@ async def approvals(request: Request, session_id: SessionId, body: Approvals) ->
     return turn_result(result)
 
 
+@router.post("/sessions/{session_id}/generate", tags=["sessions"])
+async def generate(
+    request: Request,
+    session_id: SessionId,
+    body: Annotated[GenerateBody | None, Body(json_schema_extra=_no_null)] = None,
+    idempotency_key: IdempotencyKey = None,
+) -> TurnResult:
+    """Run the session's next turn with `message` until it completes or waits for a person, as
+    `Runtime.generate(session_id=...)` does: refused while a turn runs (409 `session_busy`) or
+    waits on a request (422 `partial_answer`). Without a message, resume the session's turn
+    (a retry after a failure)."""
+    _object_or_none(body, await request.body())
+    ctx, caller = await _caller(request)
+    await ctx.session(session_id, caller)
+    body = body or GenerateBody()
+    result = await ctx.runtime.generate(
+        body.agent,
+        body.message,
+        session_id=session_id,
+        auth=caller,
+        idempotency_key=idempotency_key,
+    )
+    return turn_result(result)
+
+
 @router.get("/sessions", tags=["sessions"])
 async def list_sessions(
     request: Request,
@@ -186,11 +227,6 @@ async def get_session(request: Request, session_id: SessionId) -> SessionView:
     return session_view(await ctx.session(session_id, caller, shown=True))
 
 
-def _no_null(schema: dict[str, Any]) -> None:
-    """The schema of an optional body: an object when one is sent, never `null`."""
-    schema["anyOf"] = [s for s in schema.get("anyOf", ()) if s.get("type") != "null"]
-
-
 @router.post("/sessions/{session_id}/cancel", tags=["sessions"])
 async def cancel(
     request: Request,
@@ -198,12 +234,7 @@ async def cancel(
     body: Annotated[CancelBody | None, Body(json_schema_extra=_no_null)] = None,
 ) -> TurnResult:
     """Cancel the running or waiting turn; its open requests are withdrawn."""
-    if body is None and await request.body():
-        # FastAPI reads a JSON `null` as no body; one that is sent must be an object.
-        problem = "the body must be a JSON object, not null"
-        raise ApiError(
-            422, "invalid_request", problem, fields=[{"field": "body", "problem": problem}]
-        )
+    _object_or_none(body, await request.body())
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)
     reason = None if body is None else body.reason

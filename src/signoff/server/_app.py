@@ -135,7 +135,9 @@ def create_app(
     """Build the app serving `runtime`.
 
     Pass an authenticator (e.g. `TokenAuth({...})`), or `dev=True` for the localhost-only dev
-    principal; one of them is required. `access` decides who may see which session. Streams
+    principal; one of them is required. `access` decides who may see which session. A plain
+    authenticator and the access rule are called in a thread, so one that blocks stalls no other
+    request. Streams
     poll the store every `poll_interval` seconds (an hour at most) and send a comment after
     `heartbeat` idle ones (an hour at most too).
     `channels` (a `ChannelHub`) follows the queue while the app runs; its routes (e.g. Slack's

@@ -51,7 +51,7 @@ _told: set[int] = set()  # the access rules whose awaitable answer was logged (`
 
 AccessRule = Callable[[Principal, Principal | None], bool]
 """`(caller, session_initiator) -> bool`: may the caller see the session? A plain function:
-the server asks it without awaiting (`create_app` refuses an async one)."""
+the server asks it without awaiting, in a thread (`create_app` refuses an async one)."""
 
 
 def may_see(access: AccessRule, caller: Principal, initiator: Principal | None) -> bool:
@@ -82,7 +82,8 @@ def _shown(value: object) -> str:
 
 @runtime_checkable
 class Authenticator(Protocol):
-    """Turns a request into the principal making it, or `None` when it is not authenticated."""
+    """Turns a request into the principal making it, or `None` when it is not authenticated.
+    A plain one is called in a thread (it may block), an async one awaited on the loop."""
 
     def __call__(
         self, request: HTTPConnection

@@ -26,6 +26,7 @@ from .._runtime import Runtime
 from .._session_page import counted_sessions
 from .._state import SessionState
 from .._state_parts import load_principal
+from .._sync import in_thread, is_async
 from .._types import InputRequest, Principal
 from .._unlisted import unlisted
 from ..stores import InitiatorFilter, PendingFilter, SessionSummary, StoredRequest
@@ -118,9 +119,7 @@ class ServerContext:
             if wait is not None:
                 request.state.signoff_principal = None  # an error page asks again: no one
                 raise too_many(wait)
-        result: Any = self.auth(request)
-        if inspect.isawaitable(result):
-            result = await result
+        result: Any = await self._authenticate(request)
         if result is not None and not isinstance(result, Principal):
             raise TypeError(f"the authenticator returned {result!r}, not a Principal or None")
         found: Principal | None = result
@@ -131,6 +130,20 @@ class ServerContext:
             found = None if grant is None else grant.principal
         request.state.signoff_principal = found
         return found
+
+    async def _authenticate(self, request: HTTPConnection) -> Any:
+        """The authenticator's answer: an `async` one (or a built-in one, which does no I/O) on
+        the loop, a plain one in a thread, so a slow directory lookup stalls no other request
+        or stream; an awaitable it returns is awaited here."""
+        auth = self.auth
+        if type(auth) in (TokenAuth, DevAuth) or is_async(auth):
+            result: Any = auth(request)
+        else:
+            # Its SystemExit or KeyboardInterrupt is its failure, not the server's end.
+            result = await in_thread(auth, request)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
 
     async def sign_in(self, request: HTTPConnection) -> Grant | None:
         """The dashboard sign-in the request's cookie holds, if it is valid (made by this
@@ -216,9 +229,9 @@ class ServerContext:
         read, so the time a 404 takes does not tell that a foreign session exists (an initiator
         remembered is read again when it refuses the caller, for the same reason)."""
         initiator = self._initiators.get(session_id, _UNKNOWN)
-        if initiator is _UNKNOWN or not self._may_see(caller, initiator):
+        if initiator is _UNKNOWN or not await self._may_see(caller, initiator):
             initiator = await self._read_initiator(session_id)
-        if not self._may_see(caller, initiator):
+        if not await self._may_see(caller, initiator):
             raise UnknownSession(session_id)  # do not reveal that a foreign session exists
 
     async def request(self, request_id: str, caller: Principal) -> StoredRequest:
@@ -295,11 +308,9 @@ class ServerContext:
             size = REQUEST_CHUNK if end is None else min(REQUEST_CHUNK, end - read)
             at = start if read == start else 0
             chunk, after = await keyed_page(self.runtime, _page(flt, size, at, after))
+            seen.update(await self._sees(caller, {r.session_id for r in chunk} - seen.keys()))
             for request in chunk:
-                sid = request.session_id
-                if sid not in seen:
-                    seen[sid] = await self._sees(caller, sid)
-                if seen[sid]:
+                if seen[request.session_id]:
                     if flt.offset <= total < flt.offset + flt.limit:
                         page.append(request)
                     total += 1
@@ -400,12 +411,16 @@ class ServerContext:
                 offset=scanned,
                 initiated_by=picks,
             )
+            rows = []
             for row in chunk:
                 shown = summary_after_expiry(row, now, held)  # as `Runtime.sessions` shows it
                 if row.id in previous or (status is not None and shown.status != status):
                     continue
-                if caller is not None and not await self._sees(caller, row.id):
-                    continue
+                rows.append(shown)
+            if caller is not None:
+                seen = await self._sees(caller, {row.id for row in rows})
+                rows = [row for row in rows if seen[row.id]]
+            for shown in rows:
                 if offset <= total < offset + limit:
                     page.append(shown)
                 total += 1
@@ -415,19 +430,23 @@ class ServerContext:
             previous = {row.id for row in chunk}
         return page, total
 
-    async def _sees(self, caller: Principal, session_id: str) -> bool:
-        """Whether a listing shows the session to the caller: not when it was deleted, nor when
+    async def _sees(self, caller: Principal, session_ids: Collection[str]) -> dict[str, bool]:
+        """Whether a listing shows each session to the caller: not when it was deleted, nor when
         who started it cannot be read (a damaged log: one such session must not fail every
-        caller's listing; its own read names the damage)."""
-        try:
-            return self._may_see(caller, await self.initiator(session_id))
-        except UnknownSession:
-            return False
-        except StoreError as exc:
-            if type(exc) is not StoreError:  # busy, down, gone: not the session's own fault
-                raise
-            log.warning("session %s left out of a listing: %s", session_id, exc)
-            return False
+        caller's listing; its own read names the damage). The access rule is asked of them all
+        at once (`_judged`)."""
+        initiators: dict[str, Principal | None] = {}
+        for session_id in session_ids:
+            try:
+                initiators[session_id] = await self.initiator(session_id)
+            except UnknownSession:
+                pass
+            except StoreError as exc:
+                if type(exc) is not StoreError:  # busy, down, gone: not the session's own fault
+                    raise
+                log.warning("session %s left out of a listing: %s", session_id, exc)
+        judged = await self._judged(caller, initiators)
+        return {session_id: judged.get(session_id, False) for session_id in session_ids}
 
     async def initiator(self, session_id: str) -> Principal | None:
         """Who started a session, from its first event, remembered: a reviewer's queue is
@@ -520,8 +539,24 @@ class ServerContext:
     def _default_access(self) -> bool:
         return self.access is default_access
 
-    def _may_see(self, caller: Principal, initiator: object) -> bool:
-        return may_see(self.access, caller, cast(Principal | None, initiator))
+    async def _may_see(self, caller: Principal, initiator: object) -> bool:
+        judged = await self._judged(caller, {"": cast(Principal | None, initiator)})
+        return judged[""]
+
+    async def _judged(
+        self, caller: Principal, initiators: dict[str, Principal | None]
+    ) -> dict[str, bool]:
+        """The access rule's answer for each session's initiator: the default rule's on the
+        loop, a rule of the application's in one thread for them all, so one that blocks (a
+        directory asked) stalls no other request or stream, and a listing costs one thread."""
+        access = self.access
+
+        def judge() -> dict[str, bool]:
+            return {sid: may_see(access, caller, who) for sid, who in initiators.items()}
+
+        if self._default_access() or not initiators:
+            return judge()
+        return cast(dict[str, bool], await in_thread(judge))
 
 
 def _credentials(request: HTTPConnection) -> int:

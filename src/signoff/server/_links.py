@@ -12,6 +12,7 @@ TURN_RESULTS = [  # the calls that answer with a TurnResult (`session_id`, `pend
     (f"{SESSION}/messages", "post", "200"),
     (f"{SESSION}/responses", "post", "200"),
     (f"{SESSION}/approvals", "post", "200"),
+    (f"{SESSION}/generate", "post", "200"),
     (f"{SESSION}/cancel", "post", "200"),
 ]
 
@@ -42,6 +43,7 @@ def add_links(doc: dict[str, Any]) -> None:
                 {"approvals": [{"id": f"$response.body#{request}", "approved": True}]},
             ),
             "SendMessage": (op(f"{SESSION}/messages", "post"), None),
+            "Generate": (op(f"{SESSION}/generate", "post"), None),
             "Cancel": (op(f"{SESSION}/cancel", "post"), None),
         }
         links: dict[str, Any] = {}

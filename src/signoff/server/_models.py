@@ -27,6 +27,7 @@ __all__ = [
     "Approvals",
     "CancelBody",
     "CreateSession",
+    "GenerateBody",
     "OutcomeView",
     "QueuePage",
     "RequestRecord",
@@ -147,6 +148,20 @@ class Approvals(_Body):
         default=None,
         description="The agent the caller means the session to be: another agent's session "
         "is refused (400 `usage_error`), settling nothing.",
+    )
+
+
+class GenerateBody(_Body):
+    message: _Said | None = Field(
+        default=None,
+        min_length=1,
+        description="The next turn's message; without it the session's turn is resumed (a "
+        "retry after a failure). Not blank.",
+    )
+    agent: StrictStr | None = Field(
+        default=None,
+        description="The agent the caller means the session to be: another agent's session "
+        "is refused (400 `usage_error`), running nothing.",
     )
 
 
