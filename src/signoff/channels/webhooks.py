@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from .._exceptions import StoreError, UsageError
 from .._settings import seconds, whole
-from .._sync import checked_clock
+from .._sync import checked_clock, checked_sleep
 from .._types import InputRequest
 from . import _given_up as given_up
 from ._base import Channel, Escalation, Resolution, logger, off_loop
@@ -94,6 +94,9 @@ class WebhookChannel(Channel):
     `clock` (this machine's wall clock) stamps each delivery's signature, as the receiver's
     clock checks it; a body's `at` is on the runtime's clock, as the request's own times are.
 
+    `sleep` (an async function of the seconds, `asyncio.sleep` by default) waits between
+    attempts; a plain one (`time.sleep`) is refused, as it would block the event loop.
+
     `expiring_within`: warn this many seconds before a request's `expires_at`, once per request
     (also across hubs: the memo that it warned is kept in the store, `_webhook_warned`). Retries:
     `max_attempts` in all, waiting `backoff * 2**n` seconds, or the receiver's `Retry-After` if
@@ -126,6 +129,7 @@ class WebhookChannel(Channel):
     ) -> None:
         super().__init__(name=name, accepts=accepts)
         checked_clock(clock, "WebhookChannel: clock")  # else every delivery failed to be signed
+        checked_sleep(sleep, "WebhookChannel: sleep")  # time.sleep would block the event loop
         if not isinstance(backfill, bool):
             raise UsageError(f"backfill must be True or False, not {backfill!r}")
         url_list = checked_urls(urls)
