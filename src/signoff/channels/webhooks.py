@@ -28,7 +28,8 @@ signed body goes only where it was configured to). URLs are the operator's own c
 so loopback and private addresses are allowed (e.g. a receiver on the same host); never build
 them from untrusted input. A password
 in one (Basic auth) is masked in logs and errors, and sent only in the `Authorization` header,
-never in the request's URL (which httpx logs at INFO).
+never in the request's URL (which httpx logs at INFO). Query values and a fragment are masked
+too, also in httpx's INFO line on the channel's own client (`_webhook_posts.shown_masked`).
 """
 
 from __future__ import annotations
@@ -485,7 +486,7 @@ class WebhookChannel(Channel):
             status = None
             try:
                 status, asked, moved = await post_once(
-                    client, url, raw, headers, self.timeout, self.clock()
+                    client, url, raw, headers, self.timeout, self.clock(), own=self._own_client
                 )
             except (httpx.HTTPError, TimeoutError) as exc:
                 problem = repr(exc)
