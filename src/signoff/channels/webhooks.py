@@ -11,11 +11,13 @@ next delivery to that receiver waits out all it asked, up to an hour, also after
 or on another machine: `_webhook_waits`);
 `Signoff-Delivery` (and the payload's `id`) stays the same across retries and restarts so receivers
 can dedupe: a delivery can arrive twice, and `verify_webhook` accepts a replay within its window.
-Deliveries wait in a queue per URL (so a slow receiver holds up no other channel) and are kept in
+Deliveries wait in a queue per URL, each with its own worker (so a slow or hanging receiver
+holds up no other URL or channel, their redeliveries included) and are kept in
 the hub's state until sent: one given up on after `max_attempts` (logged as an error) is sent
 again every minute while the hub runs (the oldest of its URL first, the others once it got
-through), and one given up on or still unsent when the process stops is sent again when the
-hub next starts on the same state (by a later poll if reading the state fails then), or by a
+through, up to one that fails again, from which the next round goes on), and one given up
+on or still unsent when the process stops is sent again when the hub next starts on the
+same state (by a later poll if reading the state fails then), or by a
 hub on another state taking over: a copy of each is kept in the runtime's store
 (`_webhook_outbox`), so neither an in-memory state nor a lost machine loses it. A 3xx or a
 4xx other than 408, 425 and 429 is final: it is logged as an error saying what to do and
@@ -169,6 +171,10 @@ class WebhookChannel(Channel):
         # and the one delivery sent to a URL to see whether it is back (`_redo`).
         self._given_up_at: dict[str, float] = {}
         self._probing: dict[str, str] = {}
+        # URL -> the deliveries given up on that its round queued behind the one that got
+        # through; "url delivery" of those to skip, one before them having failed again.
+        self._redoing: dict[str, set[str]] = {}
+        self._held_back: set[str] = set()
         # URL -> its last failed answer: status (None: no answer), what failed, Retry-After.
         self._answers: dict[str, tuple[int | None, str, float | None]] = {}
         # What each URL's last answer asked with Retry-After, kept for other hubs too.
@@ -316,7 +322,26 @@ class WebhookChannel(Channel):
             first = delivery if first is None else first
             if first_only:
                 break
+            self._redoing.setdefault(url, set()).add(delivery)
         return first
+
+    def _hold_back(self, url: str, delivery: str) -> None:
+        """A delivery of `url`'s round given up on again: the others the round queued behind
+        it are skipped (still kept), so the next round starts from it, the oldest, rather than
+        each spending its attempts on a receiver down again and arriving before it."""
+        redoing = self._redoing.pop(url, set())
+        if delivery not in redoing:
+            if redoing:
+                self._redoing[url] = redoing
+            return
+        redoing.discard(delivery)
+        self._held_back.update(f"{url} {d}" for d in redoing)
+        if redoing:
+            logger.warning(
+                "webhook %s: %s other deliveries given up on wait for the next round",
+                masked(url),
+                len(redoing),
+            )
 
     async def _still_expiring(self, request: InputRequest) -> bool:
         """Whether `request` is open with the deadline it was shown with, as stored now. An
@@ -408,6 +433,11 @@ class WebhookChannel(Channel):
         queue = self._queues[url]
         while True:
             delivery, event, raw = await queue.get()
+            if f"{url} {delivery}" in self._held_back:  # kept: the next round sends it
+                self._held_back.discard(f"{url} {delivery}")
+                self._queued.discard(f"{url} {delivery}")
+                queue.task_done()
+                continue
             self._sending.add(f"{url} {delivery}")
             probe = self._probing.get(url) == delivery
             outcome: str | None = None
@@ -427,6 +457,7 @@ class WebhookChannel(Channel):
                         if await self._requeue(url) is None:
                             self._given_up_at.pop(url, None)
                 elif self._state is not None:
+                    self._hold_back(url, delivery)
                     later = self._later_asked(url)
                     self._given_up_at[url] = time.monotonic() + later
                     logger.error(
@@ -458,6 +489,7 @@ class WebhookChannel(Channel):
             finally:
                 if probe:
                     self._probing.pop(url, None)
+                self._redoing.get(url, set()).discard(delivery)
                 self._sending.discard(f"{url} {delivery}")
                 self._queued.discard(f"{url} {delivery}")
                 queue.task_done()
@@ -597,6 +629,8 @@ class WebhookChannel(Channel):
         self._sending.clear()
         self._given_up_at.clear()  # kept in the state: the next start sends them
         self._probing.clear()
+        self._redoing.clear()
+        self._held_back.clear()
         if self._own_client and self._client is not None:
             await self._client.aclose()
             self._client = None
