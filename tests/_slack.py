@@ -170,8 +170,8 @@ class FakeSlack:
             return web.Response(status=503, text="<html>upstream unavailable</html>")
         if method in self.failing:
             error = self.failing[method]
-            needed = {"needed": HISTORY_SCOPE, "provided": "chat:write"}
-            extra = needed if error == "missing_scope" and method == HISTORY else {}
+            needed = {"needed": NEEDED.get(method, "chat:write"), "provided": "chat:write"}
+            extra = needed if error == "missing_scope" and method in NEEDED else {}
             return web.json_response({"ok": False, "error": error, **extra})
         if method == "chat.postMessage":
             self._ts += 1
@@ -268,6 +268,8 @@ MAX_MESSAGE = 40_000  # characters of a message's text past which Slack refuses 
 
 
 HISTORY_SCOPE = "channels:history,groups:history,mpim:history,im:history"
+# What a `missing_scope` names in `needed`, by method (Slack's answer has it).
+NEEDED = {HISTORY: HISTORY_SCOPE, "chat.postMessage": "chat:write", "chat.update": "chat:write"}
 
 
 def refusal(blocks: Any) -> str | None:

@@ -39,6 +39,7 @@ class Receiver:
         self.statuses = list(statuses)
         self.attempts: list[tuple[dict[str, str], bytes]] = []
         self.accepted: list[tuple[dict[str, str], bytes]] = []
+        self.targets: list[str] = []  # each attempt's path and query
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -61,6 +62,7 @@ class Receiver:
         body = await request.read()
         headers = dict(request.headers)
         self.attempts.append((headers, body))
+        self.targets.append(request.path_qs)
         if self.statuses:
             answer = self.statuses.pop(0)
             status, extra = answer if isinstance(answer, tuple) else (answer, {})
@@ -261,6 +263,46 @@ async def test_a_password_in_a_webhook_url_is_not_in_any_log_of_a_delivery(
     shown = [r.getMessage() for r in caplog.records]
     assert any("HTTP Request: POST" in line for line in shown), shown  # httpx's line is there
     assert not any("s3cr3t" in line or "tok3n" in line for line in shown), shown
+
+
+async def test_a_token_in_a_webhook_urls_query_is_sent_but_never_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A receiver that checks a token in the URL's query (`?token=...`): the token reaches it,
+    and neither signoff's lines (retries, refusals with where a redirect points, give-ups,
+    errors) nor httpx's own INFO line of each request show it; the names stay."""
+
+    async def sleep(seconds: float) -> None:
+        return None
+
+    moved = (308, {"Location": "https://new.example/hook?token=m0ved-s3cr3t"})
+    async with Receiver([500, moved, 503, 503]) as receiver:
+        url = f"{receiver.url}?token=s3cr3t-tok&to=ops#s3cr3t-frag"
+        hooks = WebhookChannel(url, SECRET, max_attempts=2, sleep=sleep)
+        raw = json.dumps({"hello": "world"}).encode()
+        with caplog.at_level(logging.DEBUG):
+            assert await hooks.deliver(url, "whd_1", "request.opened", raw) is False  # 308
+            assert await hooks.deliver(url, "whd_2", "request.opened", raw) is False  # gave up
+            assert await hooks.deliver(url, "whd_3", "request.opened", raw) is True
+        await hooks.close()
+    assert receiver.targets == ["/hooks/signoff?token=s3cr3t-tok&to=ops"] * 5
+    # the sender's lines (httpcore's DEBUG trace quotes the receiver's answer, a Location too;
+    # the receiver's own access log, aiohttp's, shows what it got)
+    shown = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("signoff") or r.name == "httpx" or r.levelno >= logging.INFO
+        if not r.name.startswith("aiohttp")
+    ]
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("signoff")]
+    assert len(ours) == 4 and all("?token=***&to=***#***" in line for line in ours), ours
+    assert any("'https://new.example/hook?token=***'" in line for line in ours), ours
+    theirs = [line for line in shown if "HTTP Request: POST" in line]  # httpx's INFO line
+    assert len(theirs) == 5 and all("?token=***&to=***" in line for line in theirs), theirs
+    assert not any("s3cr3t" in line or "m0ved" in line for line in shown), shown
+    with pytest.raises(so.UsageError, match=r"\?token=\*\*\*&to=\*\*\*") as given_twice:
+        WebhookChannel([url, url], SECRET)
+    assert "s3cr3t" not in str(given_twice.value)
 
 
 def _unused_port() -> int:

@@ -95,3 +95,30 @@ def test_a_secret_of_the_wrong_type_is_a_usage_error_naming_it(bad: object) -> N
             make()
         assert type(bad).__name__ in str(caught.value), caught.value
         assert "whsec_" not in str(caught.value)
+
+
+class _AsyncSleep:
+    async def __call__(self, seconds: float) -> None:
+        return None
+
+
+def test_a_sleep_that_would_block_the_event_loop_is_refused_when_the_channel_is_made() -> None:
+    """`sleep` is awaited between attempts: `time.sleep` was taken, blocked the event loop (every
+    channel, the server) for each backoff, then failed on awaiting its None."""
+    import asyncio
+    import functools
+    import time
+
+    blocking: list[Any] = [time.sleep, lambda seconds: None, 0.5, asyncio.Event]
+    for sleep in blocking:
+        with pytest.raises(
+            so.UsageError,
+            match=r"^WebhookChannel: sleep must be an async function of the seconds to wait, "
+            r"such as asyncio.sleep",
+        ):
+            WebhookChannel("https://example.com/hook", SECRET, sleep=sleep)
+    with pytest.raises(so.UsageError, match="a plain one: it would block the event loop"):
+        WebhookChannel("https://example.com/hook", SECRET, sleep=time.sleep)  # type: ignore[arg-type]
+    waiting: list[Any] = [asyncio.sleep, functools.partial(asyncio.sleep), _AsyncSleep()]
+    for wait in waiting:
+        WebhookChannel("https://example.com/hook", SECRET, sleep=wait)  # async: taken

@@ -21,6 +21,7 @@ __all__ = [
     "blocking_doc",
     "called_off_loop",
     "checked_clock",
+    "checked_sleep",
     "exited",
     "in_thread",
     "is_async",
@@ -349,6 +350,22 @@ def checked_clock(clock: object, what: str = "clock") -> None:
     if is_async(clock):
         raise UsageError(
             f"{what} must be a plain function returning the time, not {clock!r}, an async one"
+        )
+
+
+def checked_sleep(sleep: object, what: str = "sleep") -> None:
+    """Refuse a `sleep` that is not an async function of the seconds (such as `asyncio.sleep`):
+    a plain one (`time.sleep`) would block the event loop, and every channel and request with
+    it, for each wait. `UsageError` naming `what`."""
+    if not callable(sleep) or isinstance(sleep, type):
+        raise UsageError(
+            f"{what} must be an async function of the seconds to wait, such as asyncio.sleep, "
+            f"not {sleep!r}"
+        )
+    if not is_async(sleep):
+        raise UsageError(
+            f"{what} must be an async function of the seconds to wait, such as asyncio.sleep, "
+            f"not {sleep!r}, a plain one: it would block the event loop (make it an async def)"
         )
 
 

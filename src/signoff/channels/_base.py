@@ -74,9 +74,15 @@ class ChannelUnreachable(RateLimited):
 
     The hub waits `retry_after` seconds and tries again, as after a rate limit (no attempt is
     spent, the channel's feed is held in order), and logs the message, not "rate limited".
+    `logged`: the channel logs what to do itself, at a pace of its own (a Slack token refused
+    is logged as an error, not at every try), so the hub notes each wait at DEBUG only.
     """
 
     code = "channel_unreachable"
+
+    def __init__(self, message: str, retry_after: float, *, logged: bool = False) -> None:
+        super().__init__(message, retry_after)
+        self.logged = logged
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,6 +4,7 @@ spending an attempt)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 
@@ -37,8 +38,13 @@ class Retries:
         wait = min(max(0.0, exc.retry_after), MAX_WAIT)  # NaN: max() keeps the 0
         self._retry_at[name] = time.monotonic() + wait
         if isinstance(exc, ChannelUnreachable):  # its message says what a person must do
-            logger.warning(
-                "channel %s holds audit entry %s: %s; retrying in %.1fs", name, entry_id, exc, wait
+            logger.log(
+                logging.DEBUG if exc.logged else logging.WARNING,
+                "channel %s holds audit entry %s: %s; retrying in %.1fs",
+                name,
+                entry_id,
+                exc,
+                wait,
             )
             return
         logger.warning(

@@ -1,8 +1,9 @@
 """Webhook URLs: the ones a `WebhookChannel` is given, checked when it is configured, and how
-logs and errors show them (a password in one masked)."""
+logs and errors show them (a password, query values and a fragment masked)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -98,13 +99,40 @@ def _lowercase_scheme(url: object) -> object:
 
 
 def masked(url: object) -> object:
-    """`url` as logs and errors show it, with what may be a password masked: the userinfo httpx
-    reads (the last `@` before the first `/`, `?` or `#`), which it sends as Basic auth, and a
-    password holding one of those unencoded, which httpx reads as a port and path (`u:123/pw@h`
-    is host `u`): from the first `:` to the last `@`. What is not a string is shown as it is
-    (the error naming it says it is no URL)."""
+    """`url` as logs and errors show it, with what may be a secret masked: its login (see
+    `_login_masked`) and the value of each query parameter (`?token=***&to=***`; the names
+    stay, to tell URLs apart), and a fragment. What is not a string is shown as it is (the
+    error naming it says it is no URL)."""
     if not isinstance(url, str):
         return url
+    return _query_masked(_login_masked(url))
+
+
+def _query_masked(url: str) -> str:
+    """`url` with each query parameter's value, and any fragment, as `***`: a token the
+    receiver checks (`?token=...`) is often there. The query starts at the first `?` past the
+    `://` (a login `_login_masked` left holds none), the fragment at the first `#`."""
+    head, sep, rest = url.partition("://")
+    if not sep:
+        head, rest = "", url
+    before, hash_, fragment = rest.partition("#")
+    path, question, query = before.partition("?")
+    if question:
+        params = re.split(r"([&;])", query)
+        for i, param in enumerate(params):
+            if param in ("&", ";") or not param:
+                continue
+            name, eq, value = param.partition("=")
+            params[i] = (f"{name}=***" if value else param) if eq else "***"
+        query = "".join(params)
+    return f"{head}{sep}{path}{question}{query}{hash_}{'***' if fragment else ''}"
+
+
+def _login_masked(url: str) -> str:
+    """`url` with what may be a password masked: the userinfo httpx reads (the last `@` before
+    the first `/`, `?` or `#`), which it sends as Basic auth, and a password holding one of
+    those unencoded, which httpx reads as a port and path (`u:123/pw@h` is host `u`): from
+    the first `:` to the last `@`."""
     scheme, sep, rest = url.partition("://")
     last = rest.rfind("@")
     if not sep or last < 0:
@@ -142,7 +170,7 @@ def _unusable(url: str, exc: Exception) -> str:
     something masked lies past where httpx's userinfo ends."""
     shown = masked(url)
     rest = url.partition("://")[2]
-    if shown != url and any(0 <= rest.find(c) < rest.rfind("@") for c in "/?#"):
+    if _login_masked(url) != url and any(0 <= rest.find(c) < rest.rfind("@") for c in "/?#"):
         return f"{shown!r} (is a password in it not percent-encoded?)"
     return f"{shown!r} ({exc})"
 

@@ -11,11 +11,13 @@ next delivery to that receiver waits out all it asked, up to an hour, also after
 or on another machine: `_webhook_waits`);
 `Signoff-Delivery` (and the payload's `id`) stays the same across retries and restarts so receivers
 can dedupe: a delivery can arrive twice, and `verify_webhook` accepts a replay within its window.
-Deliveries wait in a queue per URL (so a slow receiver holds up no other channel) and are kept in
+Deliveries wait in a queue per URL, each with its own worker (so a slow or hanging receiver
+holds up no other URL or channel, their redeliveries included) and are kept in
 the hub's state until sent: one given up on after `max_attempts` (logged as an error) is sent
 again every minute while the hub runs (the oldest of its URL first, the others once it got
-through), and one given up on or still unsent when the process stops is sent again when the
-hub next starts on the same state (by a later poll if reading the state fails then), or by a
+through, up to one that fails again, from which the next round goes on), and one given up
+on or still unsent when the process stops is sent again when the hub next starts on the
+same state (by a later poll if reading the state fails then), or by a
 hub on another state taking over: a copy of each is kept in the runtime's store
 (`_webhook_outbox`), so neither an in-memory state nor a lost machine loses it. A 3xx or a
 4xx other than 408, 425 and 429 is final: it is logged as an error saying what to do and
@@ -28,7 +30,8 @@ signed body goes only where it was configured to). URLs are the operator's own c
 so loopback and private addresses are allowed (e.g. a receiver on the same host); never build
 them from untrusted input. A password
 in one (Basic auth) is masked in logs and errors, and sent only in the `Authorization` header,
-never in the request's URL (which httpx logs at INFO).
+never in the request's URL (which httpx logs at INFO). Query values and a fragment are masked
+too, also in httpx's INFO line on the channel's own client (`_webhook_posts.shown_masked`).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from .._exceptions import StoreError, UsageError
 from .._settings import seconds, whole
-from .._sync import checked_clock
+from .._sync import checked_clock, checked_sleep
 from .._types import InputRequest
 from . import _given_up as given_up
 from ._base import Channel, Escalation, Resolution, logger, off_loop
@@ -94,6 +97,9 @@ class WebhookChannel(Channel):
     `clock` (this machine's wall clock) stamps each delivery's signature, as the receiver's
     clock checks it; a body's `at` is on the runtime's clock, as the request's own times are.
 
+    `sleep` (an async function of the seconds, `asyncio.sleep` by default) waits between
+    attempts; a plain one (`time.sleep`) is refused, as it would block the event loop.
+
     `expiring_within`: warn this many seconds before a request's `expires_at`, once per request
     (also across hubs: the memo that it warned is kept in the store, `_webhook_warned`). Retries:
     `max_attempts` in all, waiting `backoff * 2**n` seconds, or the receiver's `Retry-After` if
@@ -126,6 +132,7 @@ class WebhookChannel(Channel):
     ) -> None:
         super().__init__(name=name, accepts=accepts)
         checked_clock(clock, "WebhookChannel: clock")  # else every delivery failed to be signed
+        checked_sleep(sleep, "WebhookChannel: sleep")  # time.sleep would block the event loop
         if not isinstance(backfill, bool):
             raise UsageError(f"backfill must be True or False, not {backfill!r}")
         url_list = checked_urls(urls)
@@ -164,6 +171,10 @@ class WebhookChannel(Channel):
         # and the one delivery sent to a URL to see whether it is back (`_redo`).
         self._given_up_at: dict[str, float] = {}
         self._probing: dict[str, str] = {}
+        # URL -> the deliveries given up on that its round queued behind the one that got
+        # through; "url delivery" of those to skip, one before them having failed again.
+        self._redoing: dict[str, set[str]] = {}
+        self._held_back: set[str] = set()
         # URL -> its last failed answer: status (None: no answer), what failed, Retry-After.
         self._answers: dict[str, tuple[int | None, str, float | None]] = {}
         # What each URL's last answer asked with Retry-After, kept for other hubs too.
@@ -311,7 +322,26 @@ class WebhookChannel(Channel):
             first = delivery if first is None else first
             if first_only:
                 break
+            self._redoing.setdefault(url, set()).add(delivery)
         return first
+
+    def _hold_back(self, url: str, delivery: str) -> None:
+        """A delivery of `url`'s round given up on again: the others the round queued behind
+        it are skipped (still kept), so the next round starts from it, the oldest, rather than
+        each spending its attempts on a receiver down again and arriving before it."""
+        redoing = self._redoing.pop(url, set())
+        if delivery not in redoing:
+            if redoing:
+                self._redoing[url] = redoing
+            return
+        redoing.discard(delivery)
+        self._held_back.update(f"{url} {d}" for d in redoing)
+        if redoing:
+            logger.warning(
+                "webhook %s: %s other deliveries given up on wait for the next round",
+                masked(url),
+                len(redoing),
+            )
 
     async def _still_expiring(self, request: InputRequest) -> bool:
         """Whether `request` is open with the deadline it was shown with, as stored now. An
@@ -403,6 +433,11 @@ class WebhookChannel(Channel):
         queue = self._queues[url]
         while True:
             delivery, event, raw = await queue.get()
+            if f"{url} {delivery}" in self._held_back:  # kept: the next round sends it
+                self._held_back.discard(f"{url} {delivery}")
+                self._queued.discard(f"{url} {delivery}")
+                queue.task_done()
+                continue
             self._sending.add(f"{url} {delivery}")
             probe = self._probing.get(url) == delivery
             outcome: str | None = None
@@ -422,6 +457,7 @@ class WebhookChannel(Channel):
                         if await self._requeue(url) is None:
                             self._given_up_at.pop(url, None)
                 elif self._state is not None:
+                    self._hold_back(url, delivery)
                     later = self._later_asked(url)
                     self._given_up_at[url] = time.monotonic() + later
                     logger.error(
@@ -453,6 +489,7 @@ class WebhookChannel(Channel):
             finally:
                 if probe:
                     self._probing.pop(url, None)
+                self._redoing.get(url, set()).discard(delivery)
                 self._sending.discard(f"{url} {delivery}")
                 self._queued.discard(f"{url} {delivery}")
                 queue.task_done()
@@ -481,7 +518,7 @@ class WebhookChannel(Channel):
             status = None
             try:
                 status, asked, moved = await post_once(
-                    client, url, raw, headers, self.timeout, self.clock()
+                    client, url, raw, headers, self.timeout, self.clock(), own=self._own_client
                 )
             except (httpx.HTTPError, TimeoutError) as exc:
                 problem = repr(exc)
@@ -592,6 +629,8 @@ class WebhookChannel(Channel):
         self._sending.clear()
         self._given_up_at.clear()  # kept in the state: the next start sends them
         self._probing.clear()
+        self._redoing.clear()
+        self._held_back.clear()
         if self._own_client and self._client is not None:
             await self._client.aclose()
             self._client = None

@@ -25,7 +25,7 @@ from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 
 from .._base import logger
-from ._payloads import ABSENT, api_error
+from ._payloads import ABSENT, REFUSED_TOKEN, api_error
 
 __all__ = ["EVENT_TYPE", "find_post", "metadata", "new_attempt", "retry_handlers"]
 
@@ -91,7 +91,8 @@ async def find_post(
     channel's history from the attempt's time to the client's timeout (plus clock skew), or the
     history cannot be read (e.g. the bot lacks `channels:history`), which is logged.
 
-    A rate limit (HTTP 429), a 5xx or a bot that cannot reach the channel (`ABSENT`) is raised
+    A rate limit (HTTP 429), a 5xx, a bot that cannot reach the channel (`ABSENT`) or a token
+    Slack refuses (`REFUSED_TOKEN`; a missing history scope is not one of those) is raised
     as the `SlackApiError` it is, to be waited out or retried, and so is a connection that
     failed or timed out: posting again then could post twice, and the new attempt's memo would
     replace the one that finds the message."""
@@ -123,8 +124,8 @@ async def find_post(
             status = getattr(exc.response, "status_code", None)
             if isinstance(status, int) and (status == 429 or status >= 500):
                 raise  # waited out, or retried: posting again now could post twice
-            if api_error(exc) in ABSENT:
-                raise  # waited out until the bot is back, which a post could not be either
+            if api_error(exc) in ABSENT or api_error(exc) in REFUSED_TOKEN:
+                raise  # waited out until the bot (or its token) is back, as a post would be
             error, needed = api_error(exc), api_error(exc, "needed")
             logger.warning(
                 "slack: cannot read the history of %s to find the unsaved post of %s (%s%s); "

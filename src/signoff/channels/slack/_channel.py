@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import secrets
@@ -56,6 +57,7 @@ from ._payloads import (
 from ._posts import Posts
 from ._replies import ThreadReplies, thread_key
 from ._routes import routes
+from ._token import TokenRefusals
 
 __all__ = ["SlackChannel", "SlackPayloadError", "slack_principal"]
 
@@ -186,6 +188,7 @@ class SlackChannel(Channel):
         self.replies = ThreadReplies(self)
         self.clicks = Clicks(self)
         self.posts = Posts(self)
+        self.refused_token = TokenRefusals()  # a token or scope Slack refuses: logged, waited
 
     # -- what the hub tells it ----------------------------------------------------------------
 
@@ -223,7 +226,8 @@ class SlackChannel(Channel):
                 wait = min(max(0.0, exc.retry_after), 3600.0)
                 self._backlog_at = time.monotonic() + wait
                 if isinstance(exc, ChannelUnreachable):
-                    logger.warning("%s; posting %s again in %gs", exc, request.id, wait)
+                    level = logging.DEBUG if exc.logged else logging.WARNING  # logged: told
+                    logger.log(level, "%s; posting %s again in %gs", exc, request.id, wait)
                 else:
                     logger.warning("slack: rate limited; posting %s again later", request.id)
                 return
@@ -281,6 +285,7 @@ class SlackChannel(Channel):
             await self.client.chat_update(
                 channel=where["channel"], ts=where["ts"], text=text, blocks=blocks, **UNPARSED
             )
+            self.refused_token.worked()
         except SlackApiError as exc:
             self.refused(exc, "chat.update", where["channel"])
             error = api_error(exc)
@@ -290,9 +295,11 @@ class SlackChannel(Channel):
             await self.posts.gone(request_id, where)
 
     def refused(self, exc: SlackApiError, method: str, channel: str) -> None:
-        """Raise `RateLimited` for a 429 and `ChannelUnreachable` for a bot that cannot reach
-        `channel` (see `_raise_if_absent`): errors the hub waits out rather than retries."""
+        """Raise `RateLimited` for a 429 and `ChannelUnreachable` for a token or scope Slack
+        refuses (`_token`) or a bot that cannot reach `channel` (see `_raise_if_absent`):
+        errors the hub waits out rather than retries."""
         _raise_if_limited(exc, method)
+        self.refused_token.check(exc, method)
         self._raise_if_absent(exc, method, channel)
 
     def _raise_if_absent(self, exc: SlackApiError, method: str, channel: str) -> None:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ABSENT",
+    "REFUSED_TOKEN",
     "SlackPayloadError",
     "api_error",
     "envelope_of",
@@ -35,6 +36,21 @@ __all__ = [
 # Errors that say the bot cannot reach its channel: removed from it (a private one it no longer
 # sees), or the channel archived. A person mends that; until then the channel waits.
 ABSENT = frozenset({"not_in_channel", "channel_not_found", "is_archived"})
+
+# Errors that say Slack refuses the bot token itself (see `_token`): a person mends that (a
+# new token, the app reinstalled, access given back); until then the channel waits.
+REFUSED_TOKEN = frozenset(
+    {
+        "token_revoked",
+        "invalid_auth",
+        "not_authed",
+        "account_inactive",
+        "token_expired",
+        "ekm_access_denied",
+        "org_login_required",
+        "not_allowed_token_type",
+    }
+)
 
 # Errors Slack documents as possibly after part of the call was carried out.
 _MAYBE_DONE = frozenset({"internal_error", "fatal_error"})

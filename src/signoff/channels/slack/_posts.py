@@ -117,6 +117,7 @@ class Posts:
                     await self.shared.keep({_shared_key(request.id): None})
             ch.refused(exc, "chat.postMessage", ch.channel)
             raise
+        ch.refused_token.worked()
         return {"channel": reply["channel"], "ts": reply["ts"]}
 
     async def find_unsaved(self, request_id: str, kept: Any = None) -> dict[str, Any] | None:
