@@ -1,7 +1,8 @@
-"""A call with an idempotency key SIGKILLed right before or right after each commit it makes
-(its session with its message, one write; the model's answer; the turn's end): the client, which
-got no answer, sends it again with the same key, and exactly one conversation holds the message,
-once, with the answer the uninterrupted call gives."""
+"""A call with an idempotency key (`generate`, or a scheduled run's `schedule`) SIGKILLed right
+before or right after each commit it makes (its session with its message, one write; the
+model's answer; the turn's end): the client, which got no answer, sends it again with the same
+key, and exactly one conversation holds the message, once, with the answer the uninterrupted
+call gives."""
 
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ from ._keyed_child import ALICE
 from ._procs import lapse_leases
 
 
-async def _head(url: str, key: str) -> int | None:
-    """The head of the session a call with `key` (Alice's) starts, None if there is none."""
-    idem = keyed(key, ALICE, "start", "chat", "hello")
+async def _head(url: str, key: str, call: str) -> int | None:
+    """The head of the session a call with `key` (Alice's, or the app's for a `schedule`)
+    starts, None if there is none."""
+    who = so.APP_PRINCIPAL if call == "schedule" else ALICE
+    idem = keyed(key, who, "start", "chat", "hello")
     assert idem is not None
     store = open_store(url)
     await store.open()
@@ -42,11 +45,12 @@ def children(tmp_path: Path) -> Iterator[Forks]:
         forks.close()
 
 
+@pytest.mark.parametrize("call", ["generate", "schedule"])
 @pytest.mark.parametrize("when", ["before", "after"])
 async def test_a_keyed_call_killed_at_each_commit_is_sent_again_once(
-    store_url: str, children: Forks, when: str
+    store_url: str, children: Forks, when: str, call: str
 ) -> None:
-    rc, baseline = children.run(store_url, "baseline", "0", when)
+    rc, baseline = children.run(store_url, "baseline", "0", when, call)
     assert rc == 0 and baseline is not None, children.stderr()
     assert (baseline["status"], baseline["text"], baseline["replayed"]) == (
         "completed",
@@ -60,18 +64,18 @@ async def test_a_keyed_call_killed_at_each_commit_is_sent_again_once(
     keys = {"baseline": baseline["session"]}
     for point in range(1, baseline["points"] + 1):
         key = f"k-{point}"
-        rc, _ = children.run(store_url, key, str(point), when)
+        rc, _ = children.run(store_url, key, str(point), when, call)
         assert rc == -signal.SIGKILL, (point, children.stderr())
         _proof.record("crash-outside:kills")
         lapse_leases(store_url)  # as its TTL passing would
         if point == 1:
             # Killed before the session exists: nothing; after: the session and its message.
-            assert await _head(store_url, key) == (None if when == "before" else 2)
-        rc, again = children.run(store_url, key, "0", when)
+            assert await _head(store_url, key, call) == (None if when == "before" else 2)
+        rc, again = children.run(store_url, key, "0", when, call)
         assert rc == 0 and again is not None, (point, children.stderr())
         assert (again["status"], again["text"]) == ("completed", "ok"), (point, again)
         keys[key] = again["session"]
-        repeat = children.run(store_url, key, "0", when)[1]
+        repeat = children.run(store_url, key, "0", when, call)[1]
         assert repeat is not None and repeat["replayed"] and repeat["session"] == again["session"]
 
     async with so.Runtime([], store=store_url) as rt:
