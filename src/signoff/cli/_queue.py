@@ -402,8 +402,9 @@ async def _settle(
     ):  # answered before, and its turn went on to end: nothing is left to run or show anew
         console.print(f"[dim]its turn has ended ({result.status})[/]")
     elif loaded is None:
+        name = printable(repr(request.agent))  # quoted, then escaped: never read as markup
         console.print(
-            f"[dim]The turn continues when a process running agent {printable(request.agent)!r} "
+            f"[dim]The turn continues when a process running agent {name} "
             "picks it up: a signoff worker or signoff serve of its runtime does so by itself, "
             f"or signoff chat MODULE:RUNTIME --session {request.session_id}"
             f"{printable(on)}[/]"
