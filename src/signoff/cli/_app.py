@@ -435,6 +435,11 @@ def _loaded(target: str, module_name: str, attribute: str, store: str | None) ->
         raise UsageError(f"importing {module_name!r} failed: {exc}") from exc
     except SignoffError:
         raise
+    except SystemExit as exc:  # a script's `sys.exit(main())`: the command ended as if done
+        raise UsageError(
+            f"importing {module_name!r} exited ({_exited(exc)}): it runs a script when "
+            "imported (a script's run goes under if __name__ == '__main__':)"
+        ) from None
     except Exception as exc:
         said = f"importing {module_name!r} failed: {type(exc).__name__}: {exc}"
         if isinstance(exc, RuntimeError) and "asyncio.run() cannot be called" in str(exc):
@@ -455,6 +460,11 @@ def _loaded(target: str, module_name: str, attribute: str, store: str | None) ->
             obj = obj()  # a factory: `def make_runtime() -> Runtime`
         except SignoffError:
             raise
+        except SystemExit as exc:
+            raise UsageError(
+                f"{target}() exited ({_exited(exc)}) instead of returning a signoff Runtime or "
+                "Agent"
+            ) from None
         except Exception as exc:
             raise UsageError(f"{target}() failed: {type(exc).__name__}: {exc}") from exc
         if inspect.iscoroutine(obj):
@@ -468,6 +478,11 @@ def _loaded(target: str, module_name: str, attribute: str, store: str | None) ->
     if isinstance(obj, Runtime):
         return obj if store is None else obj.with_store(store)
     raise UsageError(f"{named} is a {type(obj).__name__}, not a signoff Runtime or Agent")
+
+
+def _exited(exc: SystemExit) -> str:
+    """How code that called `sys.exit` (or raised `SystemExit`) exited, as its caller wrote it."""
+    return "sys.exit()" if exc.code is None else f"sys.exit({exc.code!r})"
 
 
 def driving(runtime: Runtime) -> Runtime:
