@@ -25,6 +25,7 @@ import typer
 from rich.console import Console
 
 from .._agent import Agent
+from .._answers import blank_identity
 from .._exceptions import (
     ModelError,
     SignoffError,
@@ -305,7 +306,11 @@ def parse_principal(value: str | None) -> Principal:
         authenticator, principal_id = "local", value
     if not authenticator or not principal_id:
         raise UsageError(f"--as takes AUTHENTICATOR:ID such as dev:dev or ID, not {value!r}")
-    return Principal(authenticator=authenticator, principal_id=principal_id)
+    principal = Principal(authenticator=authenticator, principal_id=principal_id)
+    problem = blank_identity(principal)  # `--as " "`: refused by every answer, every message
+    if problem is not None:
+        raise UsageError(f"--as {value!r} names no one: {problem}")
+    return principal
 
 
 AsOption = Annotated[
