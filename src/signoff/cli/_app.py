@@ -320,8 +320,9 @@ AsOption = Annotated[
         envvar="SIGNOFF_PRINCIPAL",
         callback=set_or_unset("SIGNOFF_PRINCIPAL"),
         metavar="AUTHENTICATOR:ID",
-        help="Act as AUTHENTICATOR:ID (default: local:<your user name>). Requests may be "
-        "answered only by the principal whose turn asked.",
+        help="Act as AUTHENTICATOR:ID (default: local:<your user name>). By default only the "
+        "principal whose turn asked may answer its requests (anyone, for a turn asked with no "
+        "principal); a tool's approval settings (a response policy, approvers=) can say otherwise.",
         show_default=False,
     ),
 ]
