@@ -232,3 +232,22 @@ def test_events_after_a_seq_past_the_log_is_refused_not_waited_for(tmp_path: Pat
         head
     ]
     assert invoke("events", sid, "--store", url, "--after", str(head)).stdout == ""
+
+
+def test_the_as_help_gives_the_answering_rule_as_a_default(tmp_path: Path) -> None:
+    """`--as`'s help said requests may be answered only by the principal whose turn asked: a
+    turn asked with no principal is answered by anyone, and a response policy or `approvers=`
+    decides otherwise, so the help says the rule is a default."""
+    from tests._cli import invoke, log, park
+
+    for command in (["approve"], ["deny"], ["answer"], ["chat"]):
+        shown = " ".join(invoke(*command, "--help").stdout.replace("│", " ").split())
+        assert "Requests may be answered only" not in shown, command
+        assert "By default only the principal whose turn asked may answer its requests" in shown
+        assert "(anyone, for a turn asked with no principal)" in shown, command
+    url = f"sqlite:///{tmp_path}/state.db"
+    session_id, request_id = park(url)  # asked with no principal
+    done = invoke("approve", request_id, "--store", url, "--as", "web:someone-else")
+    assert done.exit_code == 0, done.output
+    settled = next(e for e in log(url, session_id) if e.type == "approval.settled")
+    assert settled.data["by"]["principal_id"] == "someone-else"

@@ -335,3 +335,22 @@ def test_text_ending_in_backslashes_prints_as_it_is(url: str) -> None:
     missing = invoke("approve", "req_x", "--store", store)
     assert missing.exit_code == 1
     assert missing.stderr == f"error: UnknownRequest: no request 'req_x' in {store}\n"
+
+
+def test_an_answer_recorded_for_an_agent_named_with_brackets_says_its_name(url: str) -> None:
+    """`approve` without a runtime names the agent whose process continues the turn: its name,
+    escaped for Rich and then quoted with `repr` (which doubled the escaping backslash), was
+    read as markup, and a name such as `ops [eu] [/x]` ended the command in a traceback, the
+    approval recorded."""
+    bracketed_refunds = so.Agent(name="ops [eu] [/x]", model=agent.model, tools=[issue_refund])
+    rt = so.Runtime([bracketed_refunds], store=url)
+    try:
+        (request,) = rt.generate_sync("ops [eu] [/x]", "Refund order 1042").pending
+    finally:
+        rt.close_sync()
+    result = invoke("approve", request.id, "--store", url)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    assert "The turn continues when a process running agent 'ops [eu] [/x]' picks it up" in (
+        result.stdout
+    ), result.stdout

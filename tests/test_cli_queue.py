@@ -406,6 +406,26 @@ def test_acting_as_the_asker_settles(url: str) -> None:
     assert refused_usage(bad).startswith("Invalid value: --as takes AUTHENTICATOR:ID")
 
 
+@pytest.mark.parametrize("given", [" ", "web: ", "\t:alice"])
+def test_as_naming_no_one_is_refused_before_anything_runs(
+    given: str, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--as " "` (or SIGNOFF_PRINCIPAL set to blanks): `chat` made its store and then refused
+    every message typed, one by one, and exited 1; `approve` looked the request up before the
+    runtime refused the answer. It is a command line of the wrong form, as `--as :nobody` is:
+    usage, exit 2, nothing made or recorded."""
+    session_id, request_id = park(url)
+    before = log(url, session_id)
+    refused = invoke("approve", request_id, "--store", url, "--as", given)
+    assert refused_usage(refused).startswith(f"Invalid value: --as {given!r} names no one: its ")
+    assert log(url, session_id) == before
+    fresh = tmp_path / "fresh.db"
+    monkeypatch.setenv("SIGNOFF_PRINCIPAL", given)
+    chat = CliRunner().invoke(app, ["chat", TARGET, "--store", f"sqlite:///{fresh}"], input="hi\n")
+    assert refused_usage(chat).startswith(f"Invalid value: --as {given!r} names no one: its ")
+    assert not fresh.exists()
+
+
 def test_approve_that_continues_a_turn_which_then_fails_exits_1(url: str) -> None:
     """The answer is recorded, but the turn this command went on to run failed: a script must
     not read that as success (it exited 0, the failure a line on stdout among the others)."""

@@ -6,6 +6,7 @@ that is not there, is the same error whatever the command, before any store is o
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,39 @@ def test_a_runtime_factory_returning_no_runtime_is_told_from_no_runtime(
     result = invoke("sessions", f"{module}:make", "--store", f"sqlite:///{tmp_path}/s.db")
     assert result.exit_code == 1, result.output
     assert result.stderr == f"error: UsageError: {said}, not a signoff Runtime or Agent\n"
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        (
+            "import sys\nsys.exit(0)\n",
+            "importing '{module}' exited (sys.exit(0)): it runs a script when imported (a "
+            "script's run goes under if __name__ == '__main__':)",
+        ),
+        (
+            "import sys\ndef make():\n    sys.exit()\n",
+            "{module}:make() exited (sys.exit()) instead of returning a signoff Runtime or Agent",
+        ),
+    ],
+    ids=["import", "factory"],
+)
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_a_runtime_whose_module_or_factory_exits_is_one_line_not_a_silent_stop(
+    command: list[str], source: str, said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script whose run calls `sys.exit` where it is imported (or a factory that does): the
+    command stopped there with the script's status, 0 for `sys.exit(0)`, saying nothing, so
+    `signoff approve REQ app:runtime` exited 0 without approving; now one line, status 1."""
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: None)  # never reached
+    module = f"t_exits_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    store = f"sqlite:///{tmp_path}/s.db"
+    result = invoke(*naming(command, f"{module}:make"), "--store", store)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == f"error: UsageError: {said.format(module=module)}\n"
+    assert not (tmp_path / "s.db").exists()  # no store opened
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from tests._cli import (
     invoke,
     log,
     park,
+    pg_schemas,
     url,
 )
 
@@ -347,6 +348,38 @@ def test_a_reading_command_names_the_postgres_schema_it_did_not_find(pg_url: str
         f"no signoff schema (this signoff needs store schema {STORE_SCHEMA}): run `signoff db "
         "upgrade` to create it\n"
     )
+
+
+ANSWERING = [["approve", "req_x"], ["deny", "req_x"], ["answer", "req_x", "--text", "hi"]]
+
+
+@pytest.mark.parametrize("command", ANSWERING)
+@pytest.mark.parametrize("with_runtime", [False, True])
+def test_an_answering_command_leaves_a_postgres_schema_it_did_not_find_uncreated(
+    command: list[str], with_runtime: bool, pg_url: str
+) -> None:
+    """A mistyped `?schema=` (or database): `approve` without a runtime opened the store as a
+    `Runtime` does, which created the whole signoff schema there, and then said the request was
+    unknown. It is refused as the reading commands refuse it (and as an answering command
+    refuses a SQLite file that does not exist), nothing created."""
+    from signoff.stores.postgres._schema import STORE_SCHEMA
+    from signoff.stores.postgres._url import describe
+
+    assert invoke("db", "upgrade", "--store", pg_url).exit_code == 0  # schema `signoff`
+    before = pg_schemas(pg_url)
+    args = [*command, TARGET] if with_runtime else command
+    result = invoke(*args, "--store", f"{pg_url}?schema=tenant_typo")
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: SchemaVersionError: PostgreSQL store {describe(pg_url)} (schema 'tenant_typo') "
+        f"has no signoff schema (this signoff needs store schema {STORE_SCHEMA}): run `signoff "
+        "db upgrade` to create it\n"
+    )
+    assert pg_schemas(pg_url) == before
+    # and a schema that is there is still found, and its unknown request named
+    result = invoke(*args, "--store", pg_url)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: UnknownRequest: no request 'req_x'"), result.stderr
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ import typer
 from rich.console import Console
 
 from .._agent import Agent
+from .._answers import blank_identity
 from .._exceptions import (
     ModelError,
     SignoffError,
@@ -305,7 +306,11 @@ def parse_principal(value: str | None) -> Principal:
         authenticator, principal_id = "local", value
     if not authenticator or not principal_id:
         raise UsageError(f"--as takes AUTHENTICATOR:ID such as dev:dev or ID, not {value!r}")
-    return Principal(authenticator=authenticator, principal_id=principal_id)
+    principal = Principal(authenticator=authenticator, principal_id=principal_id)
+    problem = blank_identity(principal)  # `--as " "`: refused by every answer, every message
+    if problem is not None:
+        raise UsageError(f"--as {value!r} names no one: {problem}")
+    return principal
 
 
 AsOption = Annotated[
@@ -315,8 +320,9 @@ AsOption = Annotated[
         envvar="SIGNOFF_PRINCIPAL",
         callback=set_or_unset("SIGNOFF_PRINCIPAL"),
         metavar="AUTHENTICATOR:ID",
-        help="Act as AUTHENTICATOR:ID (default: local:<your user name>). Requests may be "
-        "answered only by the principal whose turn asked.",
+        help="Act as AUTHENTICATOR:ID (default: local:<your user name>). By default only the "
+        "principal whose turn asked may answer its requests (anyone, for a turn asked with no "
+        "principal); a tool's approval settings (a response policy, approvers=) can say otherwise.",
         show_default=False,
     ),
 ]
@@ -435,6 +441,11 @@ def _loaded(target: str, module_name: str, attribute: str, store: str | None) ->
         raise UsageError(f"importing {module_name!r} failed: {exc}") from exc
     except SignoffError:
         raise
+    except SystemExit as exc:  # a script's `sys.exit(main())`: the command ended as if done
+        raise UsageError(
+            f"importing {module_name!r} exited ({_exited(exc)}): it runs a script when "
+            "imported (a script's run goes under if __name__ == '__main__':)"
+        ) from None
     except Exception as exc:
         said = f"importing {module_name!r} failed: {type(exc).__name__}: {exc}"
         if isinstance(exc, RuntimeError) and "asyncio.run() cannot be called" in str(exc):
@@ -455,6 +466,11 @@ def _loaded(target: str, module_name: str, attribute: str, store: str | None) ->
             obj = obj()  # a factory: `def make_runtime() -> Runtime`
         except SignoffError:
             raise
+        except SystemExit as exc:
+            raise UsageError(
+                f"{target}() exited ({_exited(exc)}) instead of returning a signoff Runtime or "
+                "Agent"
+            ) from None
         except Exception as exc:
             raise UsageError(f"{target}() failed: {type(exc).__name__}: {exc}") from exc
         if inspect.iscoroutine(obj):
@@ -468,6 +484,11 @@ def _loaded(target: str, module_name: str, attribute: str, store: str | None) ->
     if isinstance(obj, Runtime):
         return obj if store is None else obj.with_store(store)
     raise UsageError(f"{named} is a {type(obj).__name__}, not a signoff Runtime or Agent")
+
+
+def _exited(exc: SystemExit) -> str:
+    """How code that called `sys.exit` (or raised `SystemExit`) exited, as its caller wrote it."""
+    return "sys.exit()" if exc.code is None else f"sys.exit({exc.code!r})"
 
 
 def driving(runtime: Runtime) -> Runtime:

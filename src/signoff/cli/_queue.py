@@ -60,7 +60,7 @@ from ._app import (
     store_of,
 )
 from ._numbers import whole
-from ._store_files import existing_store, reading_store
+from ._store_files import existing_store, reading_store, refuse_unmade_schema
 from ._tables import cell, fit, print_table
 
 LIMIT = whole(1, 100_000)
@@ -301,8 +301,11 @@ async def _settle(
     loaded = driving(load_runtime(target, store)) if target else None
     if loaded is not None and isinstance(loaded.store, SQLiteStore):
         existing_store(loaded.store.url)  # a mistyped path is refused, not created empty
+    url = existing_store(store) if loaded is None else None
+    # nor a PostgreSQL database (or `?schema=`) with no signoff schema given one
+    await refuse_unmade_schema(loaded.store if loaded is not None else str(url))
     console = out()
-    async with loaded or Runtime([], store=existing_store(store)) as runtime:
+    async with loaded or Runtime([], store=url) as runtime:
         stored = await runtime.store.get_request(request_id)
         if stored is None:
             raise _unknown_request(request_id, shown_store(runtime.store.url))
@@ -402,8 +405,9 @@ async def _settle(
     ):  # answered before, and its turn went on to end: nothing is left to run or show anew
         console.print(f"[dim]its turn has ended ({result.status})[/]")
     elif loaded is None:
+        name = printable(repr(request.agent))  # quoted, then escaped: never read as markup
         console.print(
-            f"[dim]The turn continues when a process running agent {printable(request.agent)!r} "
+            f"[dim]The turn continues when a process running agent {name} "
             "picks it up: a signoff worker or signoff serve of its runtime does so by itself, "
             f"or signoff chat MODULE:RUNTIME --session {request.session_id}"
             f"{printable(on)}[/]"

@@ -13,7 +13,7 @@ from .._exceptions import UsageError
 from ..stores import DEFAULT_URL, SQLiteStore, Store, open_store
 from ..stores.sqlite._files import beside
 
-__all__ = ["existing_store", "own_store", "reading_store"]
+__all__ = ["existing_store", "own_store", "reading_store", "refuse_unmade_schema"]
 
 
 def existing_store(store: str | None) -> str:
@@ -38,6 +38,25 @@ def existing_store(store: str | None) -> str:
                 "store's path with --store or SIGNOFF_STORE; serve, worker and chat create one"
             )
     return url
+
+
+async def refuse_unmade_schema(store: Store | str) -> None:
+    """Refuse, before an answering command (`approve`, `deny`, `answer`) opens it, a PostgreSQL
+    store with no signoff schema (a database or `?schema=` mistyped), as `existing_store` refuses
+    a SQLite file that is none: opening it would create the whole schema there, and then say the
+    request is unknown. The error is the reading commands' (`signoff db upgrade` creates one).
+    An older schema is left to the store, which upgrades it as a `Runtime` does."""
+    url = store if isinstance(store, str) else getattr(store, "url", None)
+    if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
+        return
+    from ..stores.postgres import PostgresStore  # a UsageError without the extra
+
+    probe = PostgresStore(url, migrate=False)
+    try:
+        if await probe.schema_version() == 0:
+            await probe.open()  # with no schema and migrate=False: its SchemaVersionError
+    finally:
+        await probe.close()
 
 
 def reading_store(store: str | None) -> Store:
