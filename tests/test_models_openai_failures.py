@@ -478,3 +478,36 @@ async def test_a_lone_surrogate_in_the_conversation_does_not_poison_the_session(
     messages = fake.bodies[2]["messages"]
     assert messages[1] == {"role": "assistant", "content": "bad \ufffd text"}
     assert messages[-1]["content"] == "caf\ufffd"
+
+
+GATEWAY_TOKEN = "gw-token-5f1c9e2a7b"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        Reply({"error": {"message": f"Incorrect API key provided: {API_KEY}"}}, 401),
+        Reply({"error": {"message": f"key {API_KEY} is over its quota"}}),  # a 200
+        Reply({"error": {"message": f"no route for token {GATEWAY_TOKEN}"}}, 403),
+    ],
+    ids=["401", "200-error", "gateway-header"],
+)
+async def test_a_server_echoing_the_key_does_not_get_it_recorded(
+    fake, tmp_path: Path, reply: Reply
+) -> None:
+    # A server or gateway that echoes the credential it was sent in its error had it stored in
+    # the turn's failure, which anyone who may read the session reads (and the dashboard shows).
+    fake.queue(reply)
+    env = {
+        "OPENAI_API_KEY": API_KEY,
+        "OPENAI_BASE_URL": fake.base_url,
+        "OPENAI_CUSTOM_HEADERS": f"cf-aig-authorization: Bearer {GATEWAY_TOKEN}",
+    }
+    model = so.models.OpenAIChat("gpt-4.1-mini", env=env, max_retries=0)
+    async with model, so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="hi")
+        assert (r.status, r.retryable) == ("failed", True)
+        assert r.error is not None and "[redacted]" in r.error["message"]
+        logged = json.dumps([e.data for e in await rt.store.read_events(r.session_id)])
+    assert fake.received[0].headers["cf-aig-authorization"] == f"Bearer {GATEWAY_TOKEN}"
+    assert API_KEY not in logged and GATEWAY_TOKEN not in logged

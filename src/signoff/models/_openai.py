@@ -38,6 +38,7 @@ from ._provider import (
     check_price,
     check_rate,
     encode_tool_result,
+    hide_secrets,
     load_sdk,
     lookup_price,
     plain_input,
@@ -201,8 +202,13 @@ class OpenAIChat(SdkModel):
     # -- the call -----------------------------------------------------------------------------
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        """The next response from the OpenAI-compatible Chat Completions API."""
+        """The next response from the OpenAI-compatible Chat Completions API. Its errors never show
+        the credentials the client sends (a server may echo the key it was sent)."""
         client = self._clients.get()
+        with hide_secrets(client):
+            return await self._complete(client, request)
+
+    async def _complete(self, client: Any, request: ModelRequest) -> ModelResponse:
         kwargs: dict[str, Any] = {
             "model": self.model,
             "messages": scrub(to_openai_messages(request.instructions, request.messages)),

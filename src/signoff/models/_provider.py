@@ -8,11 +8,12 @@ import json
 import math
 import re
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any, Generic, Self, TypeVar
 
-from .._exceptions import ModelError, UsageError
+from .._exceptions import ModelError, SignoffError, UsageError
 from .._tool_json import UNPARSED_ARGUMENTS, nests_deeper
 from ._http_env import HttpEnv
 from ._reply_cap import ReplyTooLarge, capped_http_client
@@ -35,6 +36,7 @@ __all__ = [
     "check_params",
     "check_positive",
     "encode_tool_result",
+    "hide_secrets",
     "load_sdk",
     "lookup_price",
     "plain_input",
@@ -382,6 +384,48 @@ def status_hint(status: int) -> str:
     if status == 404:
         return " (check the model name and base_url)"
     return ""
+
+
+# Header names whose values are credentials (`Authorization`, `api-key`, `x-portkey-api-key`,
+# `cf-aig-authorization`): a gateway that echoes one in an error must not have it recorded.
+_SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie", re.IGNORECASE)
+# Shorter values are no credential worth hiding (`unused`, a local server's `x`), and hiding
+# them would garble the message around every word that holds them.
+_LEAST_SECRET = 8
+
+
+def client_secrets(client: Any) -> list[str]:
+    """The credentials an SDK client sends: its API key, auth token, and the values of its
+    custom headers named like credentials (a `Bearer` value's token alone too), longest first."""
+    found: list[Any] = [getattr(client, "api_key", None), getattr(client, "auth_token", None)]
+    headers = getattr(client, "_custom_headers", None)
+    if isinstance(headers, Mapping):
+        for name, value in headers.items():
+            if isinstance(name, str) and isinstance(value, str) and _SECRET_HEADER.search(name):
+                found += [value, value.rpartition(" ")[2]]
+    kept = {s for s in found if isinstance(s, str) and len(s.strip()) >= _LEAST_SECRET}
+    return sorted(kept, key=len, reverse=True)
+
+
+@contextmanager
+def hide_secrets(client: Any) -> Iterator[None]:
+    """Within it, a signoff error raised has the credentials `client` sends replaced by
+    `[redacted]` in its message: a server or gateway that echoes the key it was sent in its
+    error (`invalid x-api-key sk-...`) had it recorded in the turn's failure, which anyone who
+    may read the session reads, and shown by the dashboard and the CLI."""
+    try:
+        yield
+    except SignoffError as exc:
+        secrets = client_secrets(client)
+        if secrets:
+            exc.args = tuple(_hidden(a, secrets) if isinstance(a, str) else a for a in exc.args)
+        raise
+
+
+def _hidden(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "[redacted]")
+    return text
 
 
 def cause_of(exc: BaseException) -> str:
