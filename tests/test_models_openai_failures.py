@@ -97,6 +97,43 @@ async def test_transient_errors_are_retried_with_backoff(fake) -> None:
     assert fake.bodies[0] == fake.bodies[2]
 
 
+@pytest.mark.parametrize(
+    ("reply", "said"),
+    [
+        (
+            Reply(
+                b"<html><head><title>413 Request Entity Too Large</title><style>body{x:1}"
+                b"</style></head><body><h1>413 Request Entity Too Large</h1><hr>nginx</body>"
+                b"</html>",
+                413,
+                {"Content-Type": "text/html"},
+            ),
+            "HTTP 413: 413 Request Entity Too Large 413 Request Entity Too Large nginx",
+        ),
+        (
+            Reply(b"upstream connect error", 502, {"Content-Type": "text/plain"}),
+            "HTTP 502: upstream connect error",
+        ),
+        (Reply({"detail": "Not Found"}, 404), "HTTP 404: Not Found (check the model name"),
+        (
+            Reply({"detail": [{"loc": ["body", "model"], "msg": "field required"}]}, 422),
+            'HTTP 422: {"detail": [{"loc": ["body", "model"], "msg": "field required"}]}',
+        ),
+    ],
+    ids=["html-page", "plain-text", "fastapi-detail", "fastapi-422"],
+)
+async def test_an_error_body_of_another_shape_is_shown(
+    fake, model, reply: Reply, said: str
+) -> None:
+    # The openai SDK names only the status ("Error code: 413") unless the body is
+    # {"error": {"message": ...}}: what a proxy's page or a FastAPI-based server said was lost.
+    fake.queue(reply)
+    with pytest.raises(so.ModelError) as info:
+        await model.complete(request())
+    assert said in str(info.value)
+    assert "Error code" not in str(info.value)
+
+
 async def test_client_errors_are_not_retried(fake) -> None:
     fake.queue(Reply({"error": {"message": "bad tools", "type": "invalid_request_error"}}, 400))
     async with so.models.OpenAIChat(

@@ -10,6 +10,7 @@ import re
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
+from html.parser import HTMLParser
 from types import ModuleType
 from typing import Any, Generic, Self, TypeVar
 
@@ -354,7 +355,56 @@ def _status_detail(exc: BaseException) -> str:
             return prefix + str(error["message"])
         if isinstance(error, str):
             return error
+        detail = body.get("detail")  # a FastAPI-based server's (vLLM's, a proxy's)
+        if isinstance(detail, str) and detail:
+            return detail
+        if body:
+            # The openai SDK's message says only "Error code: 422": what the server said is
+            # in the body, whatever its shape.
+            try:
+                return json.dumps(body, ensure_ascii=False, default=str)
+            except (ValueError, RecursionError):
+                pass
+    if isinstance(body, str):
+        # A proxy's page (nginx's 413, a load balancer's 502) or plain text: its words.
+        text = page_text(body)
+        if text:
+            return text
     return str(getattr(exc, "message", exc))
+
+
+class _PageText(HTMLParser):
+    """The text of a page outside its scripts and styles (linear in the page, where a pattern
+    for tags backtracks over a hostile `<<<<...`)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.words: list[str] = []
+        self._skipping = 0
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        if tag in ("script", "style"):
+            self._skipping += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("script", "style") and self._skipping:
+            self._skipping -= 1
+
+    def handle_data(self, data: str) -> None:
+        if not self._skipping:
+            self.words.extend(data.split())
+
+
+def page_text(body: str) -> str:
+    """The words of an error page or text (its first 32 KB read): tags, scripts and styles
+    left out, entities read, runs of whitespace made one space."""
+    reader = _PageText()
+    try:
+        reader.feed(body[: 16 * _DETAIL_CHARS])
+        reader.close()
+    except Exception:  # the parser's own trouble with a malformed page: its text as it is
+        return " ".join(body[: 16 * _DETAIL_CHARS].split())
+    return " ".join(reader.words)
 
 
 def body_error(body: Any) -> str | None:
