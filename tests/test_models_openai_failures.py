@@ -185,6 +185,27 @@ async def test_a_reply_that_stopped_early_with_nothing_in_it_is_a_model_error(
         await model.complete(request())
 
 
+async def test_a_reply_cut_at_the_context_length_as_mistral_says_it_is_never_whole(
+    fake, model
+) -> None:
+    # Mistral's API ends a reply cut at the model's context length with finish_reason
+    # "model_length": its half answer passed for a whole one, and its half call ran.
+    cut_text = openai_completion("The refund of order 1042 is")
+    cut_call = openai_completion(
+        None, [openai_tool_call("call_1", "issue_refund", '{"order_id": "1042", "am')]
+    )
+    nothing = openai_completion("")
+    for body in (cut_text, cut_call, nothing):
+        body["choices"][0]["finish_reason"] = "model_length"
+    fake.queue(cut_text, cut_call, nothing)
+    r = await model.complete(request())
+    assert (r.text, r.cut_off) == ("The refund of order 1042 is", "max_tokens")
+    with pytest.raises(so.ModelError, match=r"context length in a tool call \(finish_reason mod"):
+        await model.complete(request())
+    with pytest.raises(so.ModelError, match=r"context length before any answer"):
+        await model.complete(request())
+
+
 async def test_an_empty_reply_that_stopped_normally_is_returned(fake, model) -> None:
     fake.queue(openai_completion(""))
     assert (await model.complete(request())).text == ""
