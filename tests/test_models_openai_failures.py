@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import traceback
 from pathlib import Path
 
 import openai
@@ -569,3 +570,14 @@ async def test_a_server_echoing_the_key_does_not_get_it_recorded(
         logged = json.dumps([e.data for e in await rt.store.read_events(r.session_id)])
     assert fake.received[0].headers["cf-aig-authorization"] == f"Bearer {GATEWAY_TOKEN}"
     assert API_KEY not in logged and GATEWAY_TOKEN not in logged
+
+
+async def test_the_key_echoed_is_in_no_message_of_the_errors_traceback(fake, model) -> None:
+    # A trace with content on records the stack, and a logged error its traceback: both show
+    # the SDK's error the ModelError was raised from, which quotes the server.
+    fake.queue(Reply({"error": {"message": f"Incorrect API key provided: {API_KEY}"}}, 401))
+    with pytest.raises(so.ModelError) as info:
+        await model.complete(request())
+    assert isinstance(info.value.__cause__, openai.AuthenticationError)
+    shown = "".join(traceback.format_exception(info.value))
+    assert "Incorrect API key provided: [redacted]" in shown and API_KEY not in shown

@@ -462,13 +462,22 @@ def hide_secrets(client: Any) -> Iterator[None]:
     """Within it, a signoff error raised has the credentials `client` sends replaced by
     `[redacted]` in its message: a server or gateway that echoes the key it was sent in its
     error (`invalid x-api-key sk-...`) had it recorded in the turn's failure, which anyone who
-    may read the session reads, and shown by the dashboard and the CLI."""
+    may read the session reads, and shown by the dashboard and the CLI. So do the messages of
+    the errors it was raised from (the SDK's)."""
     try:
         yield
     except SignoffError as exc:
         secrets = client_secrets(client)
-        if secrets:
-            exc.args = tuple(_hidden(a, secrets) if isinstance(a, str) else a for a in exc.args)
+        seen: set[int] = set()
+        error: BaseException | None = exc
+        # The SDK's errors it was raised from too: a trace's stack (with content on) and a
+        # logged traceback show their messages.
+        while secrets and error is not None and id(error) not in seen:
+            seen.add(id(error))
+            error.args = tuple(_hidden(a, secrets) if isinstance(a, str) else a for a in error.args)
+            if isinstance(getattr(error, "message", None), str):
+                error.message = _hidden(error.message, secrets)  # type: ignore[attr-defined]
+            error = error.__cause__ or error.__context__
         raise
 
 
