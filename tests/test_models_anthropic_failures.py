@@ -3,6 +3,7 @@ retries, cut-off and refused replies, bodies that are not JSON, absurd usage cou
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from pathlib import Path
@@ -385,3 +386,22 @@ async def test_a_lone_surrogate_in_the_conversation_is_sent_as_a_replacement(fak
     assert body["system"] == "\ufffd"
     assert body["messages"][0]["content"] == [{"type": "text", "text": "caf\ufffd"}]
     assert body["messages"][1]["content"] == [{"type": "text", "text": "bad \ufffd"}]
+
+
+@pytest.mark.parametrize("setting", ["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"])
+async def test_a_server_echoing_the_key_does_not_get_it_recorded(
+    fake, tmp_path: Path, setting: str
+) -> None:
+    # A server or gateway that echoes the credential it was sent in its error had it stored in
+    # the turn's failure, which anyone who may read the session reads (and the dashboard shows).
+    body = {"type": "error", "error": {"type": "authentication_error", "message": API_KEY}}
+    fake.queue(Reply(body, 401))
+    env = {setting: API_KEY, "ANTHROPIC_BASE_URL": fake.base_url}
+    model = so.models.Anthropic("claude-haiku-4-5", env=env, max_retries=0)
+    async with model, so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="hi")
+        assert (r.status, r.retryable) == ("failed", True)
+        assert r.error is not None
+        assert "HTTP 401: authentication_error: [redacted]" in r.error["message"]
+        logged = json.dumps([e.data for e in await rt.store.read_events(r.session_id)])
+    assert API_KEY not in logged

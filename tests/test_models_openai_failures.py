@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import traceback
 from pathlib import Path
 
 import openai
@@ -97,6 +98,43 @@ async def test_transient_errors_are_retried_with_backoff(fake) -> None:
     assert fake.bodies[0] == fake.bodies[2]
 
 
+@pytest.mark.parametrize(
+    ("reply", "said"),
+    [
+        (
+            Reply(
+                b"<html><head><title>413 Request Entity Too Large</title><style>body{x:1}"
+                b"</style></head><body><h1>413 Request Entity Too Large</h1><hr>nginx</body>"
+                b"</html>",
+                413,
+                {"Content-Type": "text/html"},
+            ),
+            "HTTP 413: 413 Request Entity Too Large 413 Request Entity Too Large nginx",
+        ),
+        (
+            Reply(b"upstream connect error", 502, {"Content-Type": "text/plain"}),
+            "HTTP 502: upstream connect error",
+        ),
+        (Reply({"detail": "Not Found"}, 404), "HTTP 404: Not Found (check the model name"),
+        (
+            Reply({"detail": [{"loc": ["body", "model"], "msg": "field required"}]}, 422),
+            'HTTP 422: {"detail": [{"loc": ["body", "model"], "msg": "field required"}]}',
+        ),
+    ],
+    ids=["html-page", "plain-text", "fastapi-detail", "fastapi-422"],
+)
+async def test_an_error_body_of_another_shape_is_shown(
+    fake, model, reply: Reply, said: str
+) -> None:
+    # The openai SDK names only the status ("Error code: 413") unless the body is
+    # {"error": {"message": ...}}: what a proxy's page or a FastAPI-based server said was lost.
+    fake.queue(reply)
+    with pytest.raises(so.ModelError) as info:
+        await model.complete(request())
+    assert said in str(info.value)
+    assert "Error code" not in str(info.value)
+
+
 async def test_client_errors_are_not_retried(fake) -> None:
     fake.queue(Reply({"error": {"message": "bad tools", "type": "invalid_request_error"}}, 400))
     async with so.models.OpenAIChat(
@@ -145,6 +183,27 @@ async def test_a_reply_that_stopped_early_with_nothing_in_it_is_a_model_error(
     body["choices"][0]["finish_reason"] = finish
     fake.queue(body)
     with pytest.raises(so.ModelError, match=match):
+        await model.complete(request())
+
+
+async def test_a_reply_cut_at_the_context_length_as_mistral_says_it_is_never_whole(
+    fake, model
+) -> None:
+    # Mistral's API ends a reply cut at the model's context length with finish_reason
+    # "model_length": its half answer passed for a whole one, and its half call ran.
+    cut_text = openai_completion("The refund of order 1042 is")
+    cut_call = openai_completion(
+        None, [openai_tool_call("call_1", "issue_refund", '{"order_id": "1042", "am')]
+    )
+    nothing = openai_completion("")
+    for body in (cut_text, cut_call, nothing):
+        body["choices"][0]["finish_reason"] = "model_length"
+    fake.queue(cut_text, cut_call, nothing)
+    r = await model.complete(request())
+    assert (r.text, r.cut_off) == ("The refund of order 1042 is", "max_tokens")
+    with pytest.raises(so.ModelError, match=r"context length in a tool call \(finish_reason mod"):
+        await model.complete(request())
+    with pytest.raises(so.ModelError, match=r"context length before any answer"):
         await model.complete(request())
 
 
@@ -478,3 +537,47 @@ async def test_a_lone_surrogate_in_the_conversation_does_not_poison_the_session(
     messages = fake.bodies[2]["messages"]
     assert messages[1] == {"role": "assistant", "content": "bad \ufffd text"}
     assert messages[-1]["content"] == "caf\ufffd"
+
+
+GATEWAY_TOKEN = "gw-token-5f1c9e2a7b"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        Reply({"error": {"message": f"Incorrect API key provided: {API_KEY}"}}, 401),
+        Reply({"error": {"message": f"key {API_KEY} is over its quota"}}),  # a 200
+        Reply({"error": {"message": f"no route for token {GATEWAY_TOKEN}"}}, 403),
+    ],
+    ids=["401", "200-error", "gateway-header"],
+)
+async def test_a_server_echoing_the_key_does_not_get_it_recorded(
+    fake, tmp_path: Path, reply: Reply
+) -> None:
+    # A server or gateway that echoes the credential it was sent in its error had it stored in
+    # the turn's failure, which anyone who may read the session reads (and the dashboard shows).
+    fake.queue(reply)
+    env = {
+        "OPENAI_API_KEY": API_KEY,
+        "OPENAI_BASE_URL": fake.base_url,
+        "OPENAI_CUSTOM_HEADERS": f"cf-aig-authorization: Bearer {GATEWAY_TOKEN}",
+    }
+    model = so.models.OpenAIChat("gpt-4.1-mini", env=env, max_retries=0)
+    async with model, so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="hi")
+        assert (r.status, r.retryable) == ("failed", True)
+        assert r.error is not None and "[redacted]" in r.error["message"]
+        logged = json.dumps([e.data for e in await rt.store.read_events(r.session_id)])
+    assert fake.received[0].headers["cf-aig-authorization"] == f"Bearer {GATEWAY_TOKEN}"
+    assert API_KEY not in logged and GATEWAY_TOKEN not in logged
+
+
+async def test_the_key_echoed_is_in_no_message_of_the_errors_traceback(fake, model) -> None:
+    # A trace with content on records the stack, and a logged error its traceback: both show
+    # the SDK's error the ModelError was raised from, which quotes the server.
+    fake.queue(Reply({"error": {"message": f"Incorrect API key provided: {API_KEY}"}}, 401))
+    with pytest.raises(so.ModelError) as info:
+        await model.complete(request())
+    assert isinstance(info.value.__cause__, openai.AuthenticationError)
+    shown = "".join(traceback.format_exception(info.value))
+    assert "Incorrect API key provided: [redacted]" in shown and API_KEY not in shown

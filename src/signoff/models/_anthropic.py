@@ -28,6 +28,7 @@ from ._provider import (
     check_positive,
     check_price,
     check_rate,
+    hide_secrets,
     load_sdk,
     lookup_price,
     plain_input,
@@ -194,8 +195,13 @@ class Anthropic(SdkModel):
     # -- the call -----------------------------------------------------------------------------
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        """The next response from the Anthropic Messages API."""
+        """The next response from the Anthropic Messages API. Its errors never show
+        the credentials the client sends (a server may echo the key it was sent)."""
         client = self._clients.get()
+        with hide_secrets(client):
+            return await self._complete(client, request)
+
+    async def _complete(self, client: Any, request: ModelRequest) -> ModelResponse:
         thinking = thinking_on(self.params)
         messages = to_anthropic_messages(request.messages, thinking=thinking)
         if thinking and not last_turn_thinks(messages):

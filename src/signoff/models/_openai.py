@@ -38,6 +38,7 @@ from ._provider import (
     check_price,
     check_rate,
     encode_tool_result,
+    hide_secrets,
     load_sdk,
     lookup_price,
     plain_input,
@@ -60,6 +61,8 @@ __all__ = ["OpenAIChat"]
 _EARLY = {
     "length": "was cut off at the token limit before any answer (finish_reason length); "
     "raise max_tokens",
+    "model_length": "was cut off at the model's context length before any answer "
+    "(finish_reason model_length)",
     "tool_calls": "ended for tool calls (finish_reason tool_calls) but sent none",
     "function_call": "ended for a function call (finish_reason function_call) but sent none",
 }
@@ -68,7 +71,12 @@ _EARLY = {
 _COUNTS = ("prompt_tokens", "completion_tokens")
 
 # The finish reasons of a reply stopped short, as `ModelResponse.cut_off` names them.
-_CUT_OFF: dict[str, CutOff] = {"length": "max_tokens", "content_filter": "content_filter"}
+# Mistral's API says `model_length` for a reply cut at the model's context length.
+_CUT_OFF: dict[str, CutOff] = {
+    "length": "max_tokens",
+    "model_length": "max_tokens",
+    "content_filter": "content_filter",
+}
 
 
 class OpenAIChat(SdkModel):
@@ -201,8 +209,13 @@ class OpenAIChat(SdkModel):
     # -- the call -----------------------------------------------------------------------------
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        """The next response from the OpenAI-compatible Chat Completions API."""
+        """The next response from the OpenAI-compatible Chat Completions API. Its errors never show
+        the credentials the client sends (a server may echo the key it was sent)."""
         client = self._clients.get()
+        with hide_secrets(client):
+            return await self._complete(client, request)
+
+    async def _complete(self, client: Any, request: ModelRequest) -> ModelResponse:
         kwargs: dict[str, Any] = {
             "model": self.model,
             "messages": scrub(to_openai_messages(request.instructions, request.messages)),
@@ -305,12 +318,15 @@ class OpenAIChat(SdkModel):
                 f"OpenAI chat completion for {where} was filtered (finish_reason content_filter)",
                 usage=billed,
             )
-        if finish == "length" and raw_calls:
+        if finish in ("length", "model_length") and raw_calls:
             # The limit cut the last call's arguments short: running any would act on half a reply.
+            limit = (
+                "the token limit in a tool call (finish_reason length); raise max_tokens"
+                if finish == "length"
+                else "the model's context length in a tool call (finish_reason model_length)"
+            )
             raise ModelError(
-                f"OpenAI chat completion for {where} was cut off at the token limit in a tool "
-                "call (finish_reason length); raise max_tokens",
-                usage=billed,
+                f"OpenAI chat completion for {where} was cut off at {limit}", usage=billed
             )
         if not text.strip() and not raw_calls and finish in _EARLY:
             # A reasoning model that spent max_tokens thinking, or a compatible server whose

@@ -8,11 +8,13 @@ import json
 import math
 import re
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from html.parser import HTMLParser
 from types import ModuleType
 from typing import Any, Generic, Self, TypeVar
 
-from .._exceptions import ModelError, UsageError
+from .._exceptions import ModelError, SignoffError, UsageError
 from .._tool_json import UNPARSED_ARGUMENTS, nests_deeper
 from ._http_env import HttpEnv
 from ._reply_cap import ReplyTooLarge, capped_http_client
@@ -35,6 +37,7 @@ __all__ = [
     "check_params",
     "check_positive",
     "encode_tool_result",
+    "hide_secrets",
     "load_sdk",
     "lookup_price",
     "plain_input",
@@ -352,7 +355,56 @@ def _status_detail(exc: BaseException) -> str:
             return prefix + str(error["message"])
         if isinstance(error, str):
             return error
+        detail = body.get("detail")  # a FastAPI-based server's (vLLM's, a proxy's)
+        if isinstance(detail, str) and detail:
+            return detail
+        if body:
+            # The openai SDK's message says only "Error code: 422": what the server said is
+            # in the body, whatever its shape.
+            try:
+                return json.dumps(body, ensure_ascii=False, default=str)
+            except (ValueError, RecursionError):
+                pass
+    if isinstance(body, str):
+        # A proxy's page (nginx's 413, a load balancer's 502) or plain text: its words.
+        text = page_text(body)
+        if text:
+            return text
     return str(getattr(exc, "message", exc))
+
+
+class _PageText(HTMLParser):
+    """The text of a page outside its scripts and styles (linear in the page, where a pattern
+    for tags backtracks over a hostile `<<<<...`)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.words: list[str] = []
+        self._skipping = 0
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        if tag in ("script", "style"):
+            self._skipping += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("script", "style") and self._skipping:
+            self._skipping -= 1
+
+    def handle_data(self, data: str) -> None:
+        if not self._skipping:
+            self.words.extend(data.split())
+
+
+def page_text(body: str) -> str:
+    """The words of an error page or text (its first 32 KB read): tags, scripts and styles
+    left out, entities read, runs of whitespace made one space."""
+    reader = _PageText()
+    try:
+        reader.feed(body[: 16 * _DETAIL_CHARS])
+        reader.close()
+    except Exception:  # the parser's own trouble with a malformed page: its text as it is
+        return " ".join(body[: 16 * _DETAIL_CHARS].split())
+    return " ".join(reader.words)
 
 
 def body_error(body: Any) -> str | None:
@@ -382,6 +434,57 @@ def status_hint(status: int) -> str:
     if status == 404:
         return " (check the model name and base_url)"
     return ""
+
+
+# Header names whose values are credentials (`Authorization`, `api-key`, `x-portkey-api-key`,
+# `cf-aig-authorization`): a gateway that echoes one in an error must not have it recorded.
+_SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie", re.IGNORECASE)
+# Shorter values are no credential worth hiding (`unused`, a local server's `x`), and hiding
+# them would garble the message around every word that holds them.
+_LEAST_SECRET = 8
+
+
+def client_secrets(client: Any) -> list[str]:
+    """The credentials an SDK client sends: its API key, auth token, and the values of its
+    custom headers named like credentials (a `Bearer` value's token alone too), longest first."""
+    found: list[Any] = [getattr(client, "api_key", None), getattr(client, "auth_token", None)]
+    headers = getattr(client, "_custom_headers", None)
+    if isinstance(headers, Mapping):
+        for name, value in headers.items():
+            if isinstance(name, str) and isinstance(value, str) and _SECRET_HEADER.search(name):
+                found += [value, value.rpartition(" ")[2]]
+    kept = {s for s in found if isinstance(s, str) and len(s.strip()) >= _LEAST_SECRET}
+    return sorted(kept, key=len, reverse=True)
+
+
+@contextmanager
+def hide_secrets(client: Any) -> Iterator[None]:
+    """Within it, a signoff error raised has the credentials `client` sends replaced by
+    `[redacted]` in its message: a server or gateway that echoes the key it was sent in its
+    error (`invalid x-api-key sk-...`) had it recorded in the turn's failure, which anyone who
+    may read the session reads, and shown by the dashboard and the CLI. So do the messages of
+    the errors it was raised from (the SDK's)."""
+    try:
+        yield
+    except SignoffError as exc:
+        secrets = client_secrets(client)
+        seen: set[int] = set()
+        error: BaseException | None = exc
+        # The SDK's errors it was raised from too: a trace's stack (with content on) and a
+        # logged traceback show their messages.
+        while secrets and error is not None and id(error) not in seen:
+            seen.add(id(error))
+            error.args = tuple(_hidden(a, secrets) if isinstance(a, str) else a for a in error.args)
+            if isinstance(getattr(error, "message", None), str):
+                error.message = _hidden(error.message, secrets)  # type: ignore[attr-defined]
+            error = error.__cause__ or error.__context__
+        raise
+
+
+def _hidden(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "[redacted]")
+    return text
 
 
 def cause_of(exc: BaseException) -> str:
