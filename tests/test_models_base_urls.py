@@ -53,6 +53,35 @@ def test_shown_url_leaves_out_only_the_password(url: str, shown: str) -> None:
     assert shown_url(url) == shown
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://gw.example/v1?key=s3cret", "https://gw.example/v1?key=***"),
+        (
+            "https://gw.example/v1?api-version=2&api_key=s3cret",
+            "https://gw.example/v1?api-version=2&api_key=***",
+        ),
+        ("https://gw.example/v1?sv=1&sig=s3cret&x=", "https://gw.example/v1?sv=1&sig=***&x="),
+        ("https://bob:pw@gw.example/v1?Token=s3cret", "https://bob:***@gw.example/v1?Token=***"),
+    ],
+)
+def test_shown_url_leaves_out_a_credential_in_the_query(url: str, shown: str) -> None:
+    """A gateway keyed by its URL (`?key=`, an Azure `sig=`) had the key shown in the model's
+    repr and recorded with each error naming its endpoint; other parameters stay."""
+    assert shown_url(url) == shown
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+async def test_a_key_in_the_base_urls_query_is_not_shown_nor_recorded(name: str) -> None:
+    make, path = MODELS[name]
+    base = f"http://127.0.0.1:{_closed_port()}{path}?key=hunter2hunter2"
+    async with make("m", base_url=base, api_key=API_KEY, max_retries=0) as m:
+        assert "hunter2" not in repr(m) and "key=***" in repr(m)
+        with pytest.raises(so.ModelError, match="cannot connect") as info:
+            await m.complete(request())
+    assert "hunter2" not in str(info.value), str(info.value)
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 @pytest.mark.parametrize(
     ("url", "shown"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit, urlunsplit
 
 from .._exceptions import UsageError
@@ -9,16 +10,30 @@ from .._exceptions import UsageError
 __all__ = ["check_endpoint", "shown_url"]
 
 
+# Query parameters that carry a credential (`?key=`, `?api_key=`, `?token=`, an Azure `sig=`);
+# others (`api-version`) stay, to tell endpoints apart.
+_SECRET_PARAM = re.compile(r"key|token|secret|sig|auth|pass|credential", re.IGNORECASE)
+
+
 def shown_url(url: object) -> str:
-    """A URL as a repr or an error shows it, its password left out: an error is recorded in the
-    session's log, which anyone who may read the session reads."""
+    """A URL as a repr or an error shows it, its password and the values of query parameters
+    named as credentials (`?key=...`) left out: an error is recorded in the session's log, which
+    anyone who may read the session reads."""
     text = str(url)
     parts = urlsplit(text)
-    if parts.password is None:
-        return text
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    if parts.password is not None:
+        user = parts.username or ""
+        host = parts.netloc.rpartition("@")[2]
+        parts = parts._replace(netloc=f"{user}:***@{host}")
+    if parts.query:
+        params = parts.query.split("&")
+        for i, param in enumerate(params):
+            name, eq, value = param.partition("=")
+            if eq and value and _SECRET_PARAM.search(name):
+                params[i] = f"{name}=***"
+        parts = parts._replace(query="&".join(params))
+    shown = urlunsplit(parts)
+    return text if shown == urlunsplit(urlsplit(text)) else shown
 
 
 def check_endpoint(owner: str, base_url: object, api_key: object) -> None:
