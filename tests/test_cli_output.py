@@ -354,3 +354,29 @@ def test_an_answer_recorded_for_an_agent_named_with_brackets_says_its_name(url: 
     assert "The turn continues when a process running agent 'ops [eu] [/x]' picks it up" in (
         result.stdout
     ), result.stdout
+
+
+def test_events_of_another_day_show_their_date(tmp_path: Path) -> None:
+    """A session waits for people for days: its events showed the time of day alone, so one of
+    Monday and one of Thursday read alike. Today's still show the time alone."""
+    from datetime import datetime
+
+    url = f"sqlite:///{tmp_path}/state.db"
+    then = 1_600_000_000.0  # 2020-09-13
+    runtime = so.Runtime(
+        agents=[scripted_agent("helper", [reply("hi")])], store=url, clock=lambda: then
+    )
+    sid = runtime.generate_sync("helper", prompt="hello").session_id
+    runtime.close_sync()
+    result = CliRunner().invoke(app, ["events", sid, "--store", url])
+    assert result.exit_code == 0, result.output
+    stamp = datetime.fromtimestamp(then).strftime("%Y-%m-%d %H:%M:%S")
+    lines = result.stdout.splitlines()
+    assert lines and all(f"  {stamp}  " in line for line in lines), lines
+    today = so.Runtime(agents=[scripted_agent("helper", [reply("hi")])], store=url)
+    sid = today.generate_sync("helper", prompt="hello").session_id
+    today.close_sync()
+    result = CliRunner().invoke(app, ["events", sid, "--store", url])
+    assert result.exit_code == 0, result.output
+    for line in result.stdout.splitlines():
+        assert line.split()[1].count(":") == 2 and "-" not in line.split()[1], line

@@ -6,7 +6,7 @@ import asyncio
 import json
 import sys
 import time
-from datetime import datetime
+from datetime import date, datetime
 from typing import Annotated
 
 import typer
@@ -134,7 +134,9 @@ def _print(console: Console, event: Event, as_json: bool, follow: bool) -> None:
         # overrides, lone surrogates (UTF-8 cannot hold them), escaped
         typer.echo(HIDDEN.sub(escape_as_json, line))
         return
-    at = datetime.fromtimestamp(event.at).strftime("%H:%M:%S")
+    when = datetime.fromtimestamp(event.at)
+    # The day too, but for today's: a session waits for people for days.
+    at = when.strftime("%H:%M:%S" if when.date() == date.today() else "%Y-%m-%d %H:%M:%S")
     console.print(
         f"{event.seq:>4}  [dim]{at}[/]  [bold]{event.type:<18}[/] "
         f"{printable(clip(_summary(event), 160))}",
