@@ -183,6 +183,8 @@ BLANK = [
     so.Principal(authenticator="sso", principal_id=""),
     so.Principal(authenticator="sso", principal_id=" \t"),
     so.Principal(authenticator="", principal_id="bob"),
+    so.Principal(authenticator="sso", principal_id="\u200b"),  # shows no one either
+    so.Principal(authenticator="\u2060\u00ad", principal_id="bob"),
 ]
 
 

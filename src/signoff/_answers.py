@@ -287,9 +287,10 @@ def principal_too_large(principal: Principal) -> str | None:
 def blank_identity(principal: Principal) -> str | None:
     """What makes `principal` name no one, if anything: a blank `principal_id` or
     `authenticator` (an authenticator that read a missing header as ""), which would make every
-    such caller one person, counted as a voter and answering the others' requests."""
+    such caller one person, counted as a voter and answering the others' requests. Blank as a
+    typed answer is (`is_blank`): a zero-width space alone shows no one either."""
     for field in ("authenticator", "principal_id"):
-        if not getattr(principal, field).strip():
+        if is_blank(getattr(principal, field)):
             return f"its {field} is blank"
     return None
 
