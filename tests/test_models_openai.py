@@ -325,6 +325,8 @@ async def test_a_response_without_choices_is_a_model_error(fake, model) -> None:
         ({"error": "no healthy upstream"}, ""),
         # vLLM and other compatible servers' own error shape
         ({"object": "error", "message": "upstream timed out", "code": 500}, ""),
+        # a FastAPI-based server's or proxy's (it said only "returned no choices")
+        ({"detail": "upstream timed out"}, ""),
     ],
 )
 async def test_a_200_carrying_an_error_is_a_model_error_that_says_it(

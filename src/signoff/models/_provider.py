@@ -417,6 +417,9 @@ def body_error(body: Any) -> str | None:
     error = field(body, "error")
     if error is None and "error" in (field(body, "object"), field(body, "type")):
         error = body
+    if error is None:
+        # A FastAPI-based server's or proxy's error (vLLM's) is `{"detail": ...}`.
+        error = field(body, "detail")
     if isinstance(error, str) and error:
         return cut(error)
     message = field(error, "message")
