@@ -18,6 +18,8 @@ from .test_cli_commands import ALL, params
 RANGES = {
     ("pending", "--limit"): "a whole number from 1 to 100000",
     ("sessions", "--limit"): "a whole number from 1 to 100000",
+    ("pending", "--offset"): "a whole number from 0 to 9223372036854775807",
+    ("sessions", "--offset"): "a whole number from 0 to 9223372036854775807",
     ("events", "--after"): "a whole number from 0 to 9223372036854775807",
     ("serve", "--port"): "a whole number from 0 to 65535",
     ("serve", "--workers"): "a whole number from 0 to 100000",

@@ -233,12 +233,31 @@ def _other_kind_of_id(exc: BaseException) -> str:
     return ""
 
 
-def say_cut(shown: int, total: int) -> None:
-    """Say on stderr that `--limit` left some out of a listing, so a script reading its JSON on
-    stdout can tell, without a change to that JSON's shape."""
-    if total > shown:
+def say_cut(shown: int, total: int, offset: int = 0) -> None:
+    """Say on stderr that `--limit` or `--offset` left some out of a listing, so a script
+    reading its JSON on stdout can tell, without a change to that JSON's shape: which rows were
+    shown of how many (`showing 101-200 of 5321`), and the `--offset` of the next page if any.
+    Nothing is said when the list is whole."""
+    if not offset:
+        if total <= shown:
+            return
         say = f"showing {shown} of {total}: pass a higher --limit to see more"
-        err().print(say, soft_wrap=True)
+    elif not shown:  # as the API's page past the end: no rows, the total, no error
+        past = f": --offset {offset} is past the end" if offset >= total else ""
+        say = f"showing none of {total}{past}"
+    else:
+        say = f"showing {offset + 1}-{offset + shown} of {total}"
+        if total > offset + shown:
+            say += f": pass --offset {offset + shown} to see more"
+    err().print(say, soft_wrap=True)
+
+
+def shown_of(shown: int, total: int, offset: int = 0) -> str:
+    """A listing table's count, as `say_cut` words it: `120` (the whole list), `50 of 120`
+    (cut by `--limit`), or `51-100 of 120` (from `--offset`)."""
+    if offset:
+        return f"{offset + 1}-{offset + shown} of {total}"
+    return str(total) if total <= shown else f"{shown} of {total}"
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:

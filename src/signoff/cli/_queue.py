@@ -55,6 +55,7 @@ from ._app import (
     refuse_undecodable,
     run,
     say_cut,
+    shown_of,
     shown_store,
     split_target,
     store_of,
@@ -64,6 +65,7 @@ from ._store_files import existing_store, reading_store, refuse_unmade_schema
 from ._tables import cell, fit, print_table
 
 LIMIT = whole(1, 100_000)
+OFFSET = whole(0, 2**63 - 1)  # as `Runtime.pending` and `Runtime.sessions` take it
 SEQ = whole(0, 2**63 - 1)
 
 
@@ -86,10 +88,20 @@ def pending(
             "--limit", metavar="N", parser=LIMIT, help=f"At most this many ({LIMIT.range})."
         ),
     ] = 100,
+    offset: Annotated[
+        int,
+        typer.Option(
+            "--offset",
+            metavar="N",
+            parser=OFFSET,
+            help=f"Skip this many first, to page on ({OFFSET.range}).",
+        ),
+    ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """List the open requests across sessions, oldest first. When --limit leaves some out,
-    a line on stderr says how many were shown of how many (the JSON keeps its shape)."""
+    """List the open requests across sessions, oldest first. --offset skips that many of
+    them, to page through the rest. When --limit or --offset leaves some out, a line on stderr
+    says which were shown of how many (the JSON keeps its shape)."""
 
     async def go() -> None:
         with misuse():
@@ -105,15 +117,19 @@ def pending(
                 session_id=session,
                 live_at=now,
                 limit=limit,
+                offset=offset,
             )
             hidden = await unlisted(runtime.store, flt, now)
             flt = dataclasses.replace(flt, excluded=tuple(hidden))
             requests, more, counted = await counted_page(runtime, flt)  # of one snapshot
-            total = counted if more else len(requests)
+            # At least those up to the page's end; a page short of the limit ends the listing.
+            total = offset + len(requests) if requests else 0
+            if more or (offset and not requests):  # cut, or past the end (as the API's total)
+                total = max(counted, total)
             if session is not None and not requests and await runtime.store.head(session) is None:
                 raise UnknownSession(session)  # a mistyped id, not a session with none open
         with ctrl_c_interrupts():  # a long table takes seconds to lay out, and never awaits
-            _print_queue(requests, total, now, as_json)
+            _print_queue(requests, total, offset, now, as_json)
 
     run(go())
 
@@ -140,10 +156,20 @@ def sessions(
             "--limit", metavar="N", parser=LIMIT, help=f"At most this many ({LIMIT.range})."
         ),
     ] = 50,
+    offset: Annotated[
+        int,
+        typer.Option(
+            "--offset",
+            metavar="N",
+            parser=OFFSET,
+            help=f"Skip this many first, to page on ({OFFSET.range}).",
+        ),
+    ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """List sessions, most recently active first. When --limit leaves some out, a line on
-    stderr says how many were shown of how many (the JSON keeps its shape)."""
+    """List sessions, most recently active first. --offset skips that many of them, to page
+    through the rest. When --limit or --offset leaves some out, a line on stderr says which
+    were shown of how many (the JSON keeps its shape)."""
     with misuse():
         refuse_undecodable({"--agent": agent})
         refuse_empty_filters({"--agent": agent})
@@ -154,32 +180,34 @@ def sessions(
         async with Runtime([], store=reading_store(store_of(target, store))) as runtime:
             now = runtime.now()
             probes: dict[str, bool] = {}  # lease probes of the page, which the total reuses
-            rows = await session_page(runtime, agent, status, limit + 1, 0, now, probes)
-            total = len(rows)
-            if len(rows) > limit:
+            rows = await session_page(runtime, agent, status, limit + 1, offset, now, probes)
+            # At least those up to the page's end; a page short of the limit ends the listing.
+            total = offset + len(rows) if rows else 0
+            if len(rows) > limit or (offset and not rows):  # cut, or past the end
                 rows = rows[:limit]
                 # counted as the page lists them: one a passed TTL left unrecorded as `failed`
                 counted = await shown_total(runtime, agent, status, now, probes)
-                total = max(counted, limit + 1)  # a session created since the page
+                total = max(counted, total)  # a session created since the page
         with ctrl_c_interrupts():  # a long table takes seconds to lay out, and never awaits
-            _print_sessions(rows, total, as_json)
+            _print_sessions(rows, total, offset, as_json)
 
     run(go())
 
 
-def _print_sessions(rows: list[SessionSummary], total: int, as_json: bool) -> None:
-    """`signoff sessions`' output: `rows`, of `total` sessions."""
-    say_cut(len(rows), total)
+def _print_sessions(rows: list[SessionSummary], total: int, offset: int, as_json: bool) -> None:
+    """`signoff sessions`' output: `rows`, of `total` sessions, from the `offset`th."""
+    say_cut(len(rows), total, offset)
     if as_json:
         typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
         return
     console = out()
     if not rows:
-        console.print("No sessions.")
+        console.print(
+            f"No sessions past the first {total}." if offset and total else "No sessions."
+        )
         return
-    shown = str(total) if total == len(rows) else f"{len(rows)} of {total}"
     table = Table(
-        title=f"Sessions ({shown})",
+        title=f"Sessions ({shown_of(len(rows), total, offset)})",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -193,26 +221,32 @@ def _print_sessions(rows: list[SessionSummary], total: int, as_json: bool) -> No
     print_table(console, table, fit(console, table, give_way=1))  # cut the agent's name
 
 
-def _print_queue(requests: list[InputRequest], total: int, now: float, as_json: bool) -> None:
-    """`signoff pending`'s output: `requests`, of `total` open ones, their ages as of `now`."""
-    say_cut(len(requests), total)
+def _print_queue(
+    requests: list[InputRequest], total: int, offset: int, now: float, as_json: bool
+) -> None:
+    """`signoff pending`'s output: `requests`, of `total` open ones from the `offset`th, their
+    ages as of `now`."""
+    say_cut(len(requests), total, offset)
     if as_json:
         typer.echo(json.dumps([r.model_dump(mode="json") for r in requests], indent=2))
         return
     console = out()
     if not requests:
-        console.print("No pending requests.")
+        console.print(
+            f"No pending requests past the first {total}."
+            if offset and total
+            else "No pending requests."
+        )
         return
-    table = _queue_table(requests, total, now)
+    table = _queue_table(requests, total, offset, now)
     print_table(console, table, fit(console, table))
 
 
-def _queue_table(requests: list[InputRequest], total: int, now: float) -> Table:
+def _queue_table(requests: list[InputRequest], total: int, offset: int, now: float) -> Table:
     """The queue as a table, its ages and deadlines as of `now`: the runtime's clock, which
     stamped and judges them (on PostgreSQL the database's, whatever this machine's says)."""
-    shown = f"{len(requests)} of {total}" if total > len(requests) else str(total)
     table = Table(
-        title=f"Pending requests ({shown})",
+        title=f"Pending requests ({shown_of(len(requests), total, offset)})",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
