@@ -66,7 +66,6 @@ from ._tables import cell, fit, print_table
 
 LIMIT = whole(1, 100_000)
 OFFSET = whole(0, 2**63 - 1)  # as `Runtime.pending` and `Runtime.sessions` take it
-SEQ = whole(0, 2**63 - 1)
 
 
 @app.command()
