@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
@@ -310,3 +310,44 @@ async def test_a_turn_failed_for_good_fails_the_drive_that_goes_on_to_a_queued_m
     assert drive.status.status_code == StatusCode.ERROR
     assert (d["signoff.turn.status"], d["signoff.turn_id"]) == ("failed", r.turn_id)
     assert d["error.type"] == "session_limit_reached"
+
+
+class _FailingProcessor(SpanProcessor):
+    """A span processor that raises when a span starts, or ends (an exporter failing in it)."""
+
+    def __init__(self, when: str) -> None:
+        self.when = when
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.when == "start":
+            raise RuntimeError("processor failed on start")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.when == "end":
+            raise RuntimeError("processor failed on end")
+
+
+@pytest.mark.parametrize("when", ["start", "end"])
+async def test_a_tracer_provider_that_raises_does_not_fail_the_turn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, when: str
+) -> None:
+    runs: list[str] = []
+
+    @so.tool
+    async def lookup(order: str) -> str:
+        """Look an order up."""
+        runs.append(order)
+        return f"order {order}"
+
+    failing = TracerProvider()
+    failing.add_span_processor(_FailingProcessor(when))
+    agent = scripted_agent(
+        "support", [call_tools(call("lookup", order="A1")), reply("found")], tools=[lookup]
+    )
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=failing)
+    r = await rt.generate("support", "look A1 up")
+    again = await rt.generate(session_id=r.session_id)  # nothing left to run
+    await rt.close()
+    assert (r.status, r.text, again.status) == ("completed", "found", "completed")
+    assert runs == ["A1"]  # the tool's result was recorded, not lost with its span
+    assert f"processor failed on {when}" in caplog.text

@@ -7,14 +7,16 @@ OpenTelemetry GenAI semantic conventions where they apply, `signoff.*` for the r
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
 import re
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar, cast
 
 from pydantic_core import PydanticSerializationError
 
@@ -42,6 +44,10 @@ __all__ = [
 _PROVIDERS = {"OpenAIChat": "openai", "Anthropic": "anthropic"}
 
 _Type = TypeVar("_Type", bound=str)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+log = logging.getLogger("signoff.runtime")
 
 # A W3C `traceparent` of version 00: trace id, span id, trace flags, in lower-case hex.
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
@@ -185,6 +191,24 @@ def _plain(value: Any) -> Any:
         return dump(warnings=False)
 
 
+def _guarded(method: Callable[_P, _R | None]) -> Callable[_P, _R | None]:
+    """`method`, an exception of the tracer provider's (a span processor's `on_start` or
+    `on_end`, an exporter called from them, a span of a third-party SDK) logged, not raised: a
+    trace is an observer of the turn, and a failing one must not fail the turn, nor leave a tool
+    body that ran unrecorded (it would run again on a retry)."""
+
+    @functools.wraps(method)
+    def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _R | None:
+        try:
+            return method(*args, **kwargs)
+        except Exception:
+            name = method.__qualname__
+            log.warning("tracing failed in %s; the turn goes on", name, exc_info=True)
+            return None
+
+    return guarded
+
+
 class _Span:
     """One span, current (its children's parent) from creation until `end`; as a context
     manager it ends on any exit, failed by any exception that leaves it."""
@@ -194,10 +218,15 @@ class _Span:
     def __init__(
         self, tracer: Tracer, name: str, kind: Any, attributes: dict[str, Any], content: bool
     ) -> None:
-        span = tracer.start_span(name, kind=kind, attributes=attributes)
-        self.span: Span = span
+        self.span: Span = _trace.INVALID_SPAN  # records nothing, if the provider fails to start
         self.content = content
         self._token: object | None = None
+        self._start(tracer, name, kind, attributes)
+
+    @_guarded
+    def _start(self, tracer: Tracer, name: str, kind: Any, attributes: dict[str, Any]) -> None:
+        span = tracer.start_span(name, kind=kind, attributes=attributes)
+        self.span = span
         # The no-op tracer hands back the current span: nothing to make current then.
         if span.is_recording() or span.get_span_context().is_valid:
             self._token = _context.attach(_trace.set_span_in_context(span))
@@ -217,6 +246,7 @@ class _Span:
         finally:
             self.end()
 
+    @_guarded
     def fail(self, exc: BaseException) -> None:
         """Set the span's status to error. Its message and stack trace are recorded only with
         content on: they may quote tool input or message text."""
@@ -243,7 +273,11 @@ class _Span:
                 _context.detach(self._token)
                 self._token = None
         finally:
-            self.span.end()
+            self._end()
+
+    @_guarded
+    def _end(self) -> None:
+        self.span.end()
 
 
 class DriveSpan(_Span):
@@ -251,6 +285,7 @@ class DriveSpan(_Span):
 
     __slots__ = ()
 
+    @_guarded
     def begin(self, state: SessionState, now: float) -> None:
         """Name the turn; a resumed one also names the answers it goes on with and how long
         the first of them waited for its person."""
@@ -291,6 +326,7 @@ class DriveSpan(_Span):
             return
         self.span.add_link(parent, {"signoff.link": "resumed_from"})
 
+    @_guarded
     def traceparent(self) -> str | None:
         """This drive's W3C trace context, for the turn it parks: the next drive links to it."""
         context = self.span.get_span_context()
@@ -298,6 +334,7 @@ class DriveSpan(_Span):
             return None
         return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
 
+    @_guarded
     def finish(self, state: SessionState | None) -> None:
         """Say how the drive left the turn: parked on which requests, ended, or failed."""
         span = self.span
@@ -383,6 +420,7 @@ class ModelSpan(_Span):
         model = attributes.get("gen_ai.request.model")
         super().__init__(tracer, f"chat {model}" if model else "chat", kind, attributes, content)
 
+    @_guarded
     def responded(self, response: Any) -> None:
         """Record the response's usage (and, with content on, its text and calls)."""
         span = self.span
@@ -415,6 +453,7 @@ class ToolSpan(_Span):
     ) -> None:
         super().__init__(tracer, f"execute_tool {name}", kind, attributes, content)
 
+    @_guarded
     def outcome(self, outcome: str, result: Any = None) -> None:
         """How the body ended without an error: `ok` (with its result, content on), `asking`
         (parked on a question), `approval_required`, `withdrawn`."""
