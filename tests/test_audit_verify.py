@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import cast
 
+import pytest
+
 import signoff as so
 from signoff._audit_trail import verify as verify_trail
 from signoff.stores import Store
@@ -437,3 +439,17 @@ async def test_a_log_cut_short_of_the_head_its_session_keeps_is_named(store_url:
             assert [(p.id, p.stream, p.n, p.reason) for p in problems] == [
                 (keep.id, sid, keep.n + 1, reason)
             ]
+
+
+async def test_verifying_a_session_the_store_knows_nothing_of_is_refused(store_url: str) -> None:
+    """A session id mistyped or of another store verifies nothing: `UnknownSession`, not an
+    empty list that reads as its trail checked out. A session with no audited event yet, and a
+    tool-setting stream, still verify as clean."""
+    quiet = scripted_agent("quiet", [reply("hello")])
+    async with so.Runtime([agent(), quiet], store=store_url) as rt:
+        r = await rt.generate("quiet", "hi")
+        assert await rt.audit(r.session_id) == []
+        assert await rt.verify_audit(r.session_id) == []
+        assert await rt.verify_audit("tools:support.wipe") == []
+        with pytest.raises(so.UnknownSession, match="ses_mistyped"):
+            await rt.verify_audit("ses_mistyped")

@@ -26,6 +26,7 @@ __all__ = [
     "check_stream",
     "check_writable",
     "entries",
+    "own_stream",
     "undamaged",
     "record_tool_settings",
     "response_policy_recorded",
@@ -43,6 +44,11 @@ _OLD_FORMS_STREAM = "dashboard:forms"
 # the streams no session keeps the head of
 _OWN_STREAMS = (TOOLS_STREAM, SIGN_OUTS_STREAM, _OLD_FORMS_STREAM)
 RESPONSE_POLICY_NOTE = " + response policy"  # ends the setting of a tool with a response policy
+
+
+def own_stream(stream: str) -> bool:
+    """Whether `stream` is one no session keeps the head of (tool settings, the dashboard's)."""
+    return stream.startswith(_OWN_STREAMS)
 
 
 class AuditEntries(list[AuditEntry]):

@@ -6,7 +6,7 @@ from typing import IO
 
 from . import _audit_trail as _audit
 from ._audit_trail import AuditEntries, AuditProblem
-from ._exceptions import UsageError
+from ._exceptions import UnknownSession, UsageError
 from ._session_cache import closes_stop
 from ._settings import check_page
 from ._sync import twin
@@ -45,10 +45,21 @@ class Auditing(Workers):
 
     @closes_stop
     async def verify_audit(self, session_id: str | None = None) -> list[AuditProblem]:
-        """Recompute the hash chains; an empty list means nothing was altered."""
+        """Recompute the hash chains; an empty list means nothing was altered. A session id
+        the store knows nothing of (no session, no entry: a typo) is `UnknownSession`, not an
+        empty list that reads as its trail verified."""
         session_id = _audit.check_stream(session_id, "session_id")
         await self.open()
-        return await _audit.verify(self.store, stream=session_id)
+        problems = await _audit.verify(self.store, stream=session_id)
+        if (
+            not problems
+            and session_id is not None
+            and not _audit.own_stream(session_id)
+            and await self.store.head(session_id) is None
+        ):
+            # With no session row, any entry of it is named (past the end of no chain): none.
+            raise UnknownSession(session_id)
+        return problems
 
     @closes_stop
     async def export_audit(self, out: IO[str], session_id: str | None = None) -> int:
