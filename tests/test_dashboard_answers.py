@@ -413,3 +413,37 @@ def test_a_request_recorded_before_the_flag_offers_no_answer_its_policy_refuses(
         r = c.post(f"/_signoff/requests/{rid}/respond", data=form, headers=JSON)
         assert r.status_code == 403 and r.json()["error"]["code"] == "not_allowed", r.text
         assert f'data-request-id="{rid}"' in c.get(f"/_signoff/sessions/{sid}").text
+
+
+def test_an_answer_that_conflicts_with_one_given_elsewhere_names_who_gave_it(base: str) -> None:
+    """Bob denied a wire transfer (one deny closes a quorum) while Alice's page still showed
+    it; her Approve was refused with "request req_… was already settled as 'cancelled'
+    (denied)", naming no one, though a stale page's same answer names who gave it first. It
+    names Bob (or "you", for her own other tab), with and without JavaScript; nothing changes."""
+    body = start(base, "treasury")
+    rid, sid = body["pending"][0]["id"], body["session_id"]
+    with signed_in(base) as alice:
+        token = csrf_of(alice.get("/_signoff/").text)  # the page, before the deny
+        deny = {"inputResponses": [{"requestId": rid, "optionId": "cancel"}]}
+        url = f"{base}/v1/sessions/{sid}/responses"
+        assert post(url, json=deny, headers=auth("bob-token")).status_code == 200
+        before = get(f"{base}/v1/requests/{rid}", headers=auth("alice-token")).json()
+        form = {"option": "approve", "csrf": token}
+        r = alice.post(f"/_signoff/requests/{rid}/respond", data=form, headers=JSON)
+        assert r.status_code == 409 and r.json()["error"]["code"] == "conflicting_answer"
+        message = r.json()["error"]["message"]
+        assert message.startswith("Already denied by Bob (bob): ") and "already settled" in message
+        r = alice.post(f"/_signoff/requests/{rid}/respond", data={**form, "next": "/_signoff/"})
+        assert r.status_code == 409 and "Already denied by Bob (bob): " in r.text
+        assert get(f"{base}/v1/requests/{rid}", headers=auth("alice-token")).json() == before
+    body = start(base)
+    rid, sid = body["pending"][0]["id"], body["session_id"]
+    with signed_in(base) as alice:
+        token = csrf_of(alice.get("/_signoff/").text)
+        approve = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+        url = f"{base}/v1/sessions/{sid}/responses"
+        assert post(url, json=approve, headers=auth("alice-token")).status_code == 200
+        form = {"option": "cancel", "csrf": token}
+        r = alice.post(f"/_signoff/requests/{rid}/respond", data=form, headers=JSON)
+        assert r.status_code == 409
+        assert r.json()["error"]["message"].startswith("Already approved by you: ")

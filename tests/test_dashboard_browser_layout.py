@@ -441,3 +441,62 @@ def test_a_long_error_leaves_the_message_box_and_trace_in_reach(
             assert box is not None and box["y"] <= 1200, (where, box)
         assert warning.evaluate("e => e.scrollHeight > e.clientHeight")  # all of it, scrolled
         context.close()
+
+
+def test_the_audits_ids_names_and_times_stay_whole_beside_a_long_reason(
+    browser: Browser, base: str
+) -> None:
+    """On a wide screen the audit's auto-laid table gave a reviewer's reason of two ordinary
+    sentences nearly all the room (the page breaks words anywhere, so every column's least width
+    was a letter): "Alice (alice)" read five lines of two letters, a session id four. Ids, times,
+    outcomes and names keep their words whole, ids take two lines at most, the reason keeps most
+    of the room, and an unbroken one still wraps in the page."""
+    sentence = (
+        "The customer already got a replacement shipped last week, so a refund on top of it "
+        "would pay them twice for the same broken order; check the shipment first. "
+    )
+    for reason in (sentence * 2, "R" * 400):
+        body = start(base)
+        r = httpx.post(
+            f"{base}/v1/sessions/{body['session_id']}/responses",
+            json={
+                "inputResponses": [
+                    {"requestId": body["pending"][0]["id"], "optionId": "cancel", "text": reason}
+                ]
+            },
+            headers=auth("alice-token"),
+            timeout=10,
+            verify=PLAIN,
+        )
+        assert r.status_code == 200, r.text
+    context = browser.new_context(
+        viewport={"width": 1280, "height": 900},
+        base_url=base,
+        extra_http_headers=auth("alice-token"),
+    )
+    p = context.new_page()
+    p.goto("/_signoff/audit")
+    expect(p.locator("#audit tbody tr")).to_have_count(2)
+    lines = """els => els.map((el) => {
+        const range = document.createRange();
+        range.selectNodeContents(el.querySelector(".badge") || el);
+        const tops = Array.from(range.getClientRects(), (r) => Math.round(r.top));
+        return [el.textContent.trim(), new Set(tops).size];
+      })"""
+    words = "#audit td:nth-child(1), #audit td:nth-child(4), #audit td:nth-child(5)"
+    broken = [
+        (text, n) for text, n in p.locator(words).evaluate_all(lines) if n > len(text.split())
+    ]
+    assert broken == [], broken  # "a few seconds ago", "denied", "Alice (alice)"
+    ids = "#audit td:nth-child(2) .small, #audit td:nth-child(3) a"
+    cut = [(text, n) for text, n in p.locator(ids).evaluate_all(lines) if n > 2]
+    assert cut == [], cut
+    answer = p.locator("#audit tbody tr:first-child td:nth-child(6)")
+    assert answer.evaluate("el => el.getBoundingClientRect().width") >= 360
+    wide = p.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+    assert wide <= 0, wide
+    table = p.locator("#audit").evaluate(
+        "t => t.parentElement.scrollWidth - t.parentElement.clientWidth"
+    )
+    assert table <= 0, table  # the unbroken reason wraps: the table needs no sideways scroll
+    context.close()

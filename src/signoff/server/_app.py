@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -12,12 +13,13 @@ from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from .. import __version__
-from .._exceptions import StoreError, UsageError
+from .._exceptions import SignoffError, StoreError, UsageError
 from .._runtime import Runtime
 from .._settings import flag, positive_seconds
 from .._sweeping import SweepDrives
@@ -43,7 +45,7 @@ from ._limits import BodyLimit, OneFraming
 from ._links import add_links
 from ._login import router as login_router
 from ._login import sign_in_redirect
-from ._message_page import dashboard_error
+from ._message_page import dashboard_error, error_page, wants_page
 from ._metrics import Observed, Scraping
 from ._metrics import router as metrics_router
 from ._pages import csrf_key
@@ -314,8 +316,26 @@ def create_app(
         response.headers.update(exc.headers)
         return response
 
+    def as_page(handler: Any) -> Any:
+        """`handler`'s JSON error, shown as a page to a browser on a dashboard address."""
+
+        async def handle(request: Request, exc: Exception) -> Response:
+            response: Response = await handler(request, exc)
+            if not (is_dashboard(request.url.path) and wants_page(request)):
+                return response
+            error = json.loads(bytes(response.body))["error"]
+            page = await error_page(request, response.status_code, error["code"], error["message"])
+            for name in ("retry-after", "allow"):
+                if name in response.headers:
+                    page.headers[name] = response.headers[name]
+            return page
+
+        return handle
+
     app.add_exception_handler(SignIn, on_sign_in)
     app.add_exception_handler(ApiError, on_api_error)
+    for kind in (SignoffError, StarletteHTTPException):
+        app.add_exception_handler(kind, as_page(app.exception_handlers[kind]))
     app.include_router(api_router)
     app.include_router(dashboard_router)
     app.include_router(login_router)

@@ -20,6 +20,7 @@ from starlette.responses import (
 
 from .._answers import check_text
 from .._exceptions import (
+    ConflictingAnswer,
     IdempotencyKeyReused,
     InvalidAnswer,
     SignoffError,
@@ -49,6 +50,7 @@ from ._page_data import (
     session_context,
     sessions_context,
     setting_history,
+    settled_as,
     signed_in,
     tool_rows,
 )
@@ -161,7 +163,12 @@ async def respond(request: Request, request_id: str) -> Response:
     try:
         result = await ctx.runtime.respond(session_id, [answer], principal=viewer)
     except SignoffError as exc:
-        return await dashboard_error(request, status_for(exc), exc.code, public_message(exc))
+        message = public_message(exc)
+        if isinstance(exc, ConflictingAnswer):
+            # A stale page's other answer: who closed the request first, as a like one is told.
+            closed = await settled_as(ctx, request_id, viewer)
+            message = message if closed is None else f"{closed}: {message}"
+        return await dashboard_error(request, status_for(exc), exc.code, message)
     mine = next((o for o in result.outcomes if o.request_id == request_id), None)
     outcome = None if mine is None else mine.outcome
     already = None

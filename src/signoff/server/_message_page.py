@@ -6,11 +6,13 @@ from __future__ import annotations
 from fastapi import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
+from .._exceptions import SignoffError
+from ._auth import DASHBOARD_PREFIX
 from ._context import get_context
 from ._page_data import base
-from ._pages import render
+from ._pages import env, render
 
-__all__ = ["dashboard_error", "message_page", "wants_json"]
+__all__ = ["dashboard_error", "error_page", "message_page", "wants_json", "wants_page"]
 
 
 def wants_json(request: Request) -> bool:
@@ -18,8 +20,20 @@ def wants_json(request: Request) -> bool:
     return "application/json" in request.headers.get("accept", "")
 
 
+def wants_page(request: Request) -> bool:
+    """Whether a browser asked, to show what it gets (a page it went to, a form it posted):
+    it accepts HTML, where the page's script asks for JSON and an API client for anything."""
+    return "text/html" in request.headers.get("accept", "").lower() and not wants_json(request)
+
+
 async def message_page(
-    request: Request, status: int, title: str, message: str, *, code: str | None = None
+    request: Request,
+    status: int,
+    title: str,
+    message: str,
+    *,
+    code: str | None = None,
+    hint: str | None = None,
 ) -> HTMLResponse:
     """A page saying `message` (and an error's `code`, as the API names it), with the navigation
     back to the queue when someone is signed in (an error page without it left a reviewer only
@@ -28,8 +42,50 @@ async def message_page(
     viewer = await ctx.principal(request)
     shared = {"viewer": None} if viewer is None else base(ctx, viewer)
     return await render(
-        "message.html", request, status, title=title, message=message, error=code, **shared
+        "message.html",
+        request,
+        status,
+        title=title,
+        message=message,
+        error=code,
+        hint=hint,
+        **shared,
     )
+
+
+_TITLES = {
+    404: "Not found",
+    503: "The server cannot reach its store",
+}
+_HINTS = {
+    503: "Reload the page in a little while: the dashboard works again once the server reaches "
+    "its store. What you sent may not have been taken; sending it again is safe (the same "
+    "answer, or a form sent twice, counts once).",
+}
+
+
+async def error_page(request: Request, status: int, code: str, message: str) -> HTMLResponse:
+    """A failure on a dashboard address (its store down, no such page) as a page for a browser,
+    which showed the API's JSON as it is. With the navigation of a signed-in reviewer, unless
+    telling who is signed in fails too (a sign-in cookie is checked in the store): then
+    without it."""
+    title = _TITLES.get(status, "That did not work")
+    hint = _HINTS.get(status)
+    try:
+        return await message_page(request, status, title, message, code=code, hint=hint)
+    except SignoffError:
+        html = env.get_template("message.html").render(
+            prefix=DASHBOARD_PREFIX,
+            csrf="",
+            path=request.url.path,
+            now=get_context(request).runtime.now(),
+            viewer=None,
+            title=title,
+            message=message,
+            error=code,
+            hint=hint,
+        )
+        return HTMLResponse(html, status)
 
 
 async def dashboard_error(request: Request, status: int, code: str, message: str) -> Response:

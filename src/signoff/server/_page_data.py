@@ -214,6 +214,25 @@ async def answered_by_another(
     return who(by)
 
 
+async def settled_as(ctx: ServerContext, request_id: str, viewer: Principal) -> str | None:
+    """How a settled request was closed, for a reviewer whose other answer it refused: "Already
+    denied by Bob (bob)", "Already approved by you" (another tab of theirs); None if its
+    record names no one."""
+    stored = await ctx.runtime.store.get_request(request_id)
+    resolution = (stored.resolution if stored else None) or {}
+    by = resolution.get("by")
+    if stored is None or by is None:
+        return None
+    principal = principal_of(by)
+    named = "you" if principal is not None and principal.same_as(viewer) else who(by)
+    outcome = resolution.get("outcome")
+    if stored.request.kind == "tool-approval":
+        verb = {"approved": "approved", "cancelled": "denied"}.get(str(outcome), "settled")
+    else:
+        verb = "answered" if outcome == "answered" else "settled"
+    return f"Already {verb} by {named}"
+
+
 def _schemas(ctx: ServerContext, deciding: dict[str, InputRequest]) -> dict[str, Any]:
     """Per request: the tool's description and input schema (for edit-then-approve)."""
     out: dict[str, Any] = {}
