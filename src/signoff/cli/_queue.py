@@ -66,6 +66,15 @@ from ._tables import cell, fit, print_table
 
 LIMIT = whole(1, 100_000)
 OFFSET = whole(0, 2**63 - 1)  # as `Runtime.pending` and `Runtime.sessions` take it
+OffsetOption = Annotated[
+    int,
+    typer.Option(
+        "--offset",
+        metavar="N",
+        parser=OFFSET,
+        help=f"Skip this many first, to page on ({OFFSET.range}).",
+    ),
+]
 
 
 @app.command()
@@ -87,15 +96,7 @@ def pending(
             "--limit", metavar="N", parser=LIMIT, help=f"At most this many ({LIMIT.range})."
         ),
     ] = 100,
-    offset: Annotated[
-        int,
-        typer.Option(
-            "--offset",
-            metavar="N",
-            parser=OFFSET,
-            help=f"Skip this many first, to page on ({OFFSET.range}).",
-        ),
-    ] = 0,
+    offset: OffsetOption = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List the open requests across sessions, oldest first. --offset skips that many of
@@ -155,15 +156,7 @@ def sessions(
             "--limit", metavar="N", parser=LIMIT, help=f"At most this many ({LIMIT.range})."
         ),
     ] = 50,
-    offset: Annotated[
-        int,
-        typer.Option(
-            "--offset",
-            metavar="N",
-            parser=OFFSET,
-            help=f"Skip this many first, to page on ({OFFSET.range}).",
-        ),
-    ] = 0,
+    offset: OffsetOption = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List sessions, most recently active first. --offset skips that many of them, to page
