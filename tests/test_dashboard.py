@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import urlencode
+from urllib.parse import unquote, urlencode
+from xml.etree import ElementTree
 
 import httpx
 import pytest
@@ -198,6 +200,96 @@ def test_pages_carry_security_headers(base: str) -> None:
     api = httpx.get(f"{base}/v1/requests", headers=auth("alice-token"), verify=PLAIN)
     assert api.headers["x-content-type-options"] == "nosniff"
     assert api.headers["x-frame-options"] == "DENY"
+
+
+class _Controls(HTMLParser):
+    """Each form control a page shows (no hidden input) as (name attribute, accessible name,
+    visible label): the label is the text of the `<label>` around it, else its placeholder up to
+    a `(` or `:` (what follows is a hint); the name is its `aria-label`, else that label."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[tuple[str, str, str]] = []
+        self.labels: list[list[str]] = []  # the text of each open <label>, outside its control
+        self.open: list[dict[str, str]] = []  # the controls inside the innermost open <label>
+        self.inside = 0  # within a <textarea> or <select>: its text is no label's
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "label":
+            self.labels.append([])
+            self.open.append({})
+        elif tag in ("input", "textarea", "select") and a.get("type") != "hidden":
+            if self.labels and not self.open[-1]:
+                self.open[-1] = a  # named when its </label> closes
+            else:
+                self._found(a, "")
+            self.inside += tag != "input"
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("textarea", "select"):
+            self.inside -= 1
+        elif tag == "label" and self.labels:
+            text, control = " ".join("".join(self.labels.pop()).split()), self.open.pop()
+            if control:
+                self._found(control, text)
+
+    def handle_data(self, data: str) -> None:
+        if self.labels and not self.inside:
+            self.labels[-1].append(data)
+
+    def _found(self, a: dict[str, str], label: str) -> None:
+        shown = label or re.split(r"[(:]", a.get("placeholder", ""))[0].strip()
+        self.found.append((a.get("name", ""), a.get("aria-label") or label, shown))
+
+
+def test_each_controls_accessible_name_holds_the_words_of_its_visible_label(base: str) -> None:
+    """WCAG 2.5.3 (Label in Name): a speech user says what they see. The box to edit an
+    approval's arguments, labelled "Arguments (JSON)", was named "Edited arguments"; a
+    question's box, showing "Your answer", was named "Answer"; a session's message box, showing
+    "Send a message", was named "Message": saying the words on the screen reached none."""
+    approval, question = start(base), start(base, "helper")
+    controls: dict[str, list[tuple[str, str, str]]] = {}
+    with signed_in(base) as c:
+        for path in (
+            "/_signoff/",
+            f"/_signoff/sessions/{approval['session_id']}",
+            f"/_signoff/sessions/{question['session_id']}",
+            "/_signoff/sessions",
+            "/_signoff/new",
+            "/_signoff/audit",
+            "/_signoff/tools",
+        ):
+            parser = _Controls()
+            parser.feed(c.get(path).text)
+            controls[path] = parser.found
+    parser = _Controls()
+    parser.feed(httpx.get(f"{base}/_signoff/login", verify=PLAIN).text)
+    controls["/_signoff/login"] = parser.found
+    names = {n for found in controls.values() for n, _, _ in found}
+    # the edit box, a reason, an answer, a message, the filters, the token: all were looked at
+    assert {"edited_input", "text", "message", "agent", "tool", "token"} <= names, names
+    bad = {
+        path: [(n, name, shown) for n, name, shown in found if shown.lower() not in name.lower()]
+        for path, found in controls.items()
+    }
+    assert {path: b for path, b in bad.items() if b} == {}
+
+
+def test_every_page_declares_its_icon_inline(base: str) -> None:
+    """Without an icon a browser asked for /favicon.ico on every page view: a 404, and a line
+    in the server's log each time. The pages name an inline SVG one, which their content
+    security policy lets them show (`img-src data:`)."""
+    with signed_in(base) as c:
+        for path in ("/_signoff/", "/_signoff/login", "/_signoff/tools", "/_signoff/sessions/x"):
+            r = c.get(path)
+            icon = re.search(r'<link rel="icon" href="(data:image/svg\+xml,[^"]+)">', r.text)
+            assert icon, path
+            svg = ElementTree.fromstring(unquote(icon.group(1).partition(",")[2]))
+            assert svg.tag == "{http://www.w3.org/2000/svg}svg", path
+            policy = [d.split() for d in r.headers["content-security-policy"].split(";")]
+            images = next(d[1:] for d in policy if d[0] == "img-src")
+            assert "data:" in images, (path, images)
 
 
 def test_the_csrf_cookie_is_secure_over_https(tmp_path: Path) -> None:

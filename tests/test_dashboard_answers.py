@@ -309,7 +309,7 @@ def _offered(card: str, request: dict[str, object], rid: str) -> set[str]:
     if request["kind"] != "tool-approval":
         options = [o["id"] for o in request["options"]]  # type: ignore[attr-defined]
         got = {"option"} if all(f'value="{o}"' in card for o in options) else set()
-        return got | ({"text"} if 'aria-label="Answer"' in card else set())
+        return got | ({"text"} if 'aria-label="Your answer"' in card else set())
     shown = {APPROVE: 'value="approve"', DENY: 'value="cancel"', EDIT: 'name="edited_input"'}
     return {action for action, mark in shown.items() if mark in card}
 

@@ -125,3 +125,79 @@ def test_each_request_card_is_named_by_what_it_asks(page: Page, base: str) -> No
         expect(card.get_by_role("button").first).to_have_accessible_description(
             name.rsplit(" ", 2)[0]
         )
+
+
+# The element the keyboard's focus is on, and its focus ring: style, width, colour, and the
+# WCAG 2 contrast of that colour against the first opaque background around the element (the
+# ring is drawn outside it).
+_RING = """() => {
+  const el = document.activeElement;
+  if (!el || el === document.body) return null;
+  const rgb = (text) => (text.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => {
+    const c = [r, g, b].map((v) => {
+      v /= 255;
+      return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+    });
+    return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2];
+  };
+  let around = [255, 255, 255];
+  for (let p = el.parentElement; p; p = p.parentElement) {
+    const c = rgb(getComputedStyle(p).backgroundColor);
+    if (c.length === 3 || (c.length === 4 && c[3] === 1)) { around = c.slice(0, 3); break; }
+  }
+  const style = getComputedStyle(el);
+  const ring = rgb(style.outlineColor);
+  const [a, b] = [lum(ring.slice(0, 3)), lum(around)];
+  const name = el.name ? "[name=" + el.name + "]" : "";
+  const text = (el.textContent || "").trim().slice(0, 20);
+  const kind = el.className ? "." + el.className : "";
+  const what = el.tagName.toLowerCase() + name + kind + ` '${text}'`;
+  return {
+    what,
+    style: style.outlineStyle,
+    width: parseFloat(style.outlineWidth),
+    opaque: ring.length === 3 || ring[3] === 1,
+    contrast: (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05),
+  };
+}"""
+
+
+def test_the_keyboards_focus_is_clearly_ringed_on_every_control(page: Page, base: str) -> None:
+    """A select or text box the keyboard reached only turned its border indigo, with a faint
+    ring (indigo at 35%, 1.75:1 against the white card) a low-vision reviewer could not find;
+    buttons and links had the browser's own ring. Tabbing through each page, every stop now has
+    the same solid ring of 2px or more, 3:1 at least against what is around it (WCAG 2.4.7,
+    2.4.11)."""
+    approval = start(base)
+    question = start(base, "helper")
+    pages = [
+        "/_signoff/",
+        f"/_signoff/sessions/{approval['session_id']}",
+        f"/_signoff/sessions/{question['session_id']}",
+        "/_signoff/sessions",
+        "/_signoff/new",
+    ]
+    seen: set[str] = set()
+    faint: dict[str, list[str]] = {}
+    for path in pages:
+        page.goto(path)
+        page.wait_for_timeout(400)  # a new card's arrival fades in
+        page.locator("details.edit").evaluate_all("all => all.forEach((d) => { d.open = true; })")
+        first = None
+        for _ in range(80):
+            page.keyboard.press("Tab")
+            ring = page.evaluate(_RING)
+            if ring is None or ring["what"] == first:
+                break
+            first = first or ring["what"]
+            seen.add(ring["what"].partition("'")[0].split(".")[0].strip())
+            shown = f"{ring['style']} {ring['width']}px, {ring['contrast']:.2f}:1"
+            solid = ring["style"] == "solid" and ring["width"] >= 2 and ring["opaque"]
+            if not solid or ring["contrast"] < 3:
+                faint.setdefault(path, []).append(f"{ring['what']} {shown}")
+    # every kind of control was reached: selects, the text boxes, buttons, links, a summary
+    for control in ("select[name=agent]", "input[name=text]", "textarea[name=edited_input]"):
+        assert control in seen, seen
+    assert {"textarea[name=message]", "button", "a", "summary"} <= seen, seen
+    assert faint == {}
