@@ -334,6 +334,49 @@ def test_a_second_ctrl_c_stops_serve_at_once_without_a_traceback(url: str) -> No
     assert _lease_taken(url, _napping(url) or "")
 
 
+def test_a_second_sigterm_stops_serve_at_once_too(url: str) -> None:
+    """SIGTERM twice (a supervisor that gave up waiting) while a request runs a turn stops the
+    server at once, by that signal, as a second Ctrl-C does: uvicorn forced the stop only on a
+    second SIGINT, so the server waited out the 60 s tool. The session's lease is given back."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "serve", "tests.test_cli_interrupts:napper"]
+        + ["--port", str(port), "--store", url],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def start_a_nap() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # the server stops before it answers
+            body = {"agent": "napper", "message": "Take a nap"}
+            httpx.post(f"http://127.0.0.1:{port}/v1/sessions", json=body, timeout=30)
+
+    napping = threading.Thread(target=start_a_nap)
+    try:
+        assert proc.stderr is not None
+        _wait_for_line(proc, "Application startup complete")
+        napping.start()
+        deadline = time.monotonic() + 30
+        while not _napping(url):
+            assert time.monotonic() < deadline, "the nap never began"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _wait_for_line(proc, "Waiting for connections to close")
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=10)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if napping.is_alive():
+            napping.join()
+    assert proc.returncode == -signal.SIGTERM, rest  # 143 in a shell
+    assert "Traceback" not in rest and "CancelledError" not in rest, rest
+    assert _lease_taken(url, _napping(url) or "")
+
+
 def _ctrl_c_twice(proc: subprocess.Popen[str], between: str) -> str:
     """Ctrl-C, and once the process logs `between` (it has begun to stop) a second one: what
     it then writes to stderr before it ends."""

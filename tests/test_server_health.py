@@ -57,7 +57,45 @@ async def test_readyz_is_503_once_the_sqlite_file_is_gone(tmp_path: Path) -> Non
         assert r.status_code == 503, r.text
         assert r.json()["error"]["code"] == "store_gone"
         assert str(db) not in r.text  # where the store is stays in the server's log
-        assert (await c.get("/healthz")).status_code == 200  # alive, though not ready
+
+
+async def test_a_store_gone_for_good_fails_liveness_so_the_process_is_restarted(
+    tmp_path: Path,
+) -> None:
+    """The SQLite file deleted or replaced under the server (or its PostgreSQL schema dropped):
+    only a restart mends it, as `signoff worker` exits then. `/healthz` stayed 200 for ever, so
+    an orchestrator never restarted a server that could never be ready again."""
+    db = tmp_path / "state.db"
+    async with probed(f"sqlite:///{db}") as (_, c, _ctx):
+        assert (await c.get("/healthz")).status_code == 200
+        db.unlink()
+        await asyncio.sleep(READ_CHECK_EVERY)
+        assert (await c.get("/healthz")).status_code == 200  # not known yet: nothing read
+        assert (await c.get("/readyz")).json()["error"]["code"] == "store_gone"
+        for _ in range(2):  # from then on, for good
+            r = await c.get("/healthz")
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "store_gone"
+            assert str(db) not in r.text
+
+
+async def test_in_process_workers_stopped_by_a_store_gone_fail_liveness(tmp_path: Path) -> None:
+    """The in-process workers meet the file replaced first and stop: the server went on serving
+    with none, alive to its probe, until someone read its log."""
+    db = tmp_path / "state.db"
+    runtime = so.Runtime(make_agents(), store=f"sqlite:///{db}")
+    app = create_app(runtime, auth=TokenAuth(TOKENS), workers=1, close_runtime=True)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        assert (await c.get("/healthz")).status_code == 200
+        db.unlink()
+        deadline = time.monotonic() + 20
+        while (r := await c.get("/healthz")).status_code == 200 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "store_gone"
 
 
 async def test_readyz_gives_up_on_a_store_slower_than_a_probe(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from importlib.resources import files
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -19,7 +20,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from .. import __version__
-from .._exceptions import SignoffError, StoreError, UsageError
+from .._exceptions import SignoffError, StoreError, StoreGone, UsageError
 from .._runtime import Runtime
 from .._settings import flag, positive_seconds
 from .._sweeping import SweepDrives
@@ -66,6 +67,14 @@ def _log_failure(task: asyncio.Task[None]) -> None:
     """Log the in-process workers' loop ending with an error, when it does, not at shutdown."""
     if not task.cancelled() and task.exception() is not None:
         log.error("the in-process workers stopped", exc_info=task.exception())
+
+
+def _note_gone(context: ServerContext, task: asyncio.Task[None]) -> None:
+    """Mark the server's store gone when the in-process workers stopped for that (`StoreGone`,
+    which only a restart mends), so `/healthz` fails and a supervisor restarts the process, as
+    `signoff worker` ends then."""
+    if not task.cancelled() and isinstance(task.exception(), StoreGone):
+        context.gone = cast(StoreGone, task.exception())
 
 
 class AppChannels(Protocol):
@@ -248,6 +257,7 @@ def create_app(
                 runtime.work(concurrency=workers, stop=stop, sweep_every=every)
             )
             working.add_done_callback(_log_failure)
+            working.add_done_callback(functools.partial(_note_gone, app.state.signoff))
             sweeper = None
         else:
             working = None

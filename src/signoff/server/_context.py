@@ -20,7 +20,7 @@ from .._deadlines import (
     summary_after_expiry,
 )
 from .._events import Event
-from .._exceptions import StoreError, UnknownRequest, UnknownSession
+from .._exceptions import StoreError, StoreGone, UnknownRequest, UnknownSession
 from .._queue_page import counted_listing, counted_page, keyed_page
 from .._runtime import Runtime
 from .._session_page import counted_sessions
@@ -86,6 +86,10 @@ class ServerContext:
     # Set when the server begins to stop: open streams end at their next poll instead of
     # holding the shutdown, which waits for every response to finish.
     closing: bool = False
+    # Set when the store's SQLite file was deleted or replaced, or its PostgreSQL schema dropped,
+    # under this process (a request, `/readyz` or the in-process workers met `StoreGone`): only
+    # a restart mends that, so `/healthz` fails from then on.
+    gone: StoreGone | None = None
     # A session's initiator never changes (`initiator`).
     _initiators: dict[str, Principal | None] = field(default_factory=dict, repr=False)
     sign_outs: SignOuts = field(init=False, repr=False)

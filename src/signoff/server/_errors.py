@@ -34,6 +34,7 @@ from .._exceptions import (
     StaleAnswer,
     StoreBusy,
     StoreError,
+    StoreGone,
     StoreUnavailable,
     TooLarge,
     UnknownAgent,
@@ -222,6 +223,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_signoff(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, SignoffError)
+        context = getattr(request.app.state, "signoff", None)
+        if isinstance(exc, StoreGone) and context is not None:  # only a restart mends it:
+            context.gone = exc  # `/healthz` says so from now on
         # An expired session names the requests its expiry closed (`.pending`).
         ids = exc.pending if isinstance(exc, SessionExpired) else getattr(exc, "request_ids", None)
         response = error_response(

@@ -1,15 +1,17 @@
 """`/healthz` and `/readyz`: what a load balancer or an orchestrator probes, without credentials.
 
-Liveness says the process answers HTTP; readiness also says its store answers a read and the
-server is not stopping, so a proxy sends requests elsewhere while the database is down or the
-process drains. Neither tells anything about sessions, so neither asks who is calling.
+Liveness says the process answers HTTP and its store is not gone for good (its SQLite file
+deleted or replaced, or its PostgreSQL schema dropped, under it: only a restart mends that);
+readiness also says its store answers a read and the server is not stopping, so a proxy sends
+requests elsewhere while the database is down or the process drains. Neither tells anything
+about sessions, so neither asks who is calling.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from .._exceptions import StoreError, StoreUnavailable
+from .._exceptions import StoreError, StoreGone, StoreUnavailable
 from ._context import get_context
 from ._errors import ApiError, public_message
 from ._json_response import JSONText
@@ -29,8 +31,16 @@ router = APIRouter(default_response_class=JSONText, include_in_schema=False)
 
 
 @router.get("/healthz")
-async def healthz() -> dict[str, str]:
-    """The process is up and serving HTTP (it does not touch the store)."""
+async def healthz(request: Request) -> dict[str, str]:
+    """The process is up and serving HTTP (it does not touch the store), and its store was not
+    found gone for good: a database that is down fails readiness only, as waiting mends it."""
+    if get_context(request).gone is not None:
+        raise ApiError(
+            503,
+            StoreGone.code,
+            "the store was deleted or replaced under this process (its SQLite file, or its "
+            "PostgreSQL schema); only a restart mends that",
+        )
     return {"status": "ok"}
 
 
@@ -42,6 +52,9 @@ async def readyz(request: Request) -> dict[str, str]:
         raise ApiError(503, "shutting_down", "the server is stopping", headers={"Retry-After": "1"})
     try:
         await within(ctx.runtime.store.head(PROBE_SESSION), READY_TIMEOUT)
+    except StoreGone as gone:  # for good: `/healthz` fails too from now on
+        ctx.gone = gone
+        raise
     except TimeoutError:
         exc: StoreError = StoreUnavailable(f"the store did not answer within {READY_TIMEOUT:g} s")
         raise ApiError(

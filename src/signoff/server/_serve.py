@@ -179,6 +179,13 @@ def serve(
                 bound = self.servers[0].sockets[0].getsockname()[1]
                 print(_banner(host, bound), flush=True)
 
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # uvicorn forces the stop only on a second SIGINT; a second SIGTERM (a supervisor
+            # that gave up waiting) or a SIGTERM after Ctrl-C stops it at once too.
+            if self.should_exit:
+                self.force_exit = True
+            super().handle_exit(sig, frame)
+
         async def shutdown(self, sockets: Any = None) -> None:
             context.closing = True
             dropping = asyncio.create_task(self.drop_stalled())
@@ -186,6 +193,18 @@ def serve(
                 await super().shutdown(sockets)
             finally:
                 dropping.cancel()
+            if self.force_exit:
+                await self.cut_short()
+
+        async def cut_short(self) -> None:
+            """Cancel the requests still running on a forced stop, and give them a moment to
+            unwind (a turn gives its lease back): a SIGTERM uvicorn raises again as it returns
+            ends the process at once, before `asyncio.run` would cancel them."""
+            running = [task for task in self.server_state.tasks if not task.done()]
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.wait(running, timeout=STALLED_GRACE)
 
         async def drop_stalled(self) -> None:
             """Abort, after a grace, the connections whose client has stopped reading: their
