@@ -5,6 +5,7 @@ back from the SDK's in-memory exporter; and signoff unchanged without OpenTeleme
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -254,6 +255,32 @@ print(sorted(span.name for span in exporter.get_finished_spans()))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['chat', 'invoke_agent a']"
+
+
+def test_a_tracer_provider_named_wrong_in_the_environment_turns_tracing_off(
+    tmp_path: Path,
+) -> None:
+    """OTEL_PYTHON_TRACER_PROVIDER naming no provider makes OpenTelemetry raise StopIteration at
+    every look for the global provider, which failed every turn ("coroutine raised
+    StopIteration"). Turns run untraced, with one warning saying why."""
+    code = f"""
+import logging
+import signoff as so
+from signoff.testing import reply, scripted_agent, sqlite_runtime
+
+logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+rt = sqlite_runtime({str(tmp_path)!r}, scripted_agent("a", [reply("hi")], repeat_last=True))
+print(rt.generate_sync("a", "hello").status, rt.generate_sync("a", "again").status)
+rt.close_sync()
+"""
+    env = {**os.environ, "OTEL_PYTHON_TRACER_PROVIDER": "no_such_provider"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "completed completed"
+    off = "tracing is off: the tracer provider OTEL_PYTHON_TRACER_PROVIDER='no_such_provider'"
+    assert done.stderr.count(off) == 1, done.stderr
 
 
 async def test_a_result_over_its_bound_is_not_put_on_the_span_but_fails_it(

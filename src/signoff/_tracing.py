@@ -522,8 +522,22 @@ class Tracing:
             if not _load():
                 self._unset = False  # not installed: off for good
                 return
-            self.tracer = _tracer(None)
-        if not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
+        try:
+            provider = _trace.get_tracer_provider()
+            if self.tracer is None:
+                self.tracer = _tracer(provider)
+        except Exception:
+            # OTEL_PYTHON_TRACER_PROVIDER names no provider that loads (its StopIteration would
+            # end the drive's coroutine); it raises on every look, so one warning and off.
+            self._unset = False
+            log.warning(
+                "tracing is off: the tracer provider OTEL_PYTHON_TRACER_PROVIDER=%r names could "
+                "not be loaded",
+                os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"),
+                exc_info=True,
+            )
+            return
+        if not isinstance(provider, _trace.ProxyTracerProvider):
             self._unset = False
             self.on = True
 
