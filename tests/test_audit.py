@@ -352,7 +352,7 @@ async def test_a_trail_cut_at_its_limit_says_so(store_url: str) -> None:
         exact = await rt.audit(sid, limit=len(whole))
         assert exact == whole and exact.truncated is False
         assert (await rt.audit(sid, limit=0)).truncated is True
-        assert (await rt.audit("ses_none", limit=0)).truncated is False
+        assert (await rt.audit("tools:none.none", limit=0)).truncated is False
         everything = await rt.audit()
         assert everything.truncated is False
         assert (await rt.audit(limit=len(everything) - 1)).truncated is True

@@ -2,6 +2,7 @@
 not raised, and entries committed while verifying are not.
 """
 
+import io
 import json
 from pathlib import Path
 from typing import cast
@@ -443,13 +444,22 @@ async def test_a_log_cut_short_of_the_head_its_session_keeps_is_named(store_url:
 
 async def test_verifying_a_session_the_store_knows_nothing_of_is_refused(store_url: str) -> None:
     """A session id mistyped or of another store verifies nothing: `UnknownSession`, not an
-    empty list that reads as its trail checked out. A session with no audited event yet, and a
-    tool-setting stream, still verify as clean."""
+    empty list that reads as its trail checked out; reading or exporting its trail is refused
+    as well, not an empty trail (both listed nothing). A session with no audited event yet, and
+    a tool-setting stream, still verify as clean and read as empty."""
     quiet = scripted_agent("quiet", [reply("hello")])
     async with so.Runtime([agent(), quiet], store=store_url) as rt:
         r = await rt.generate("quiet", "hi")
         assert await rt.audit(r.session_id) == []
         assert await rt.verify_audit(r.session_id) == []
         assert await rt.verify_audit("tools:support.wipe") == []
+        assert await rt.audit("tools:quiet.nothing") == []
+        out = io.StringIO()
+        assert await rt.export_audit(out, r.session_id) == 0
         with pytest.raises(so.UnknownSession, match="ses_mistyped"):
             await rt.verify_audit("ses_mistyped")
+        with pytest.raises(so.UnknownSession, match="ses_mistyped"):
+            await rt.audit("ses_mistyped")
+        with pytest.raises(so.UnknownSession, match="ses_mistyped"):
+            await rt.export_audit(out, "ses_mistyped")
+        assert out.getvalue() == ""

@@ -24,7 +24,8 @@ class Auditing(Workers):
     ) -> AuditEntries:
         """Audit entries (requests, evaluations, decisions, edits, expiries, executions and tool
         setting changes), oldest first; for one session or across all. At most `limit`: the
-        list's `truncated` says whether more followed (`export_audit` writes them all)."""
+        list's `truncated` says whether more followed (`export_audit` writes them all). A session
+        id the store knows nothing of is `UnknownSession`, not an empty trail."""
         session_id = _audit.check_stream(session_id, "session_id")
         stream = _audit.check_stream(stream)
         if session_id is not None and stream is not None and session_id != stream:
@@ -41,6 +42,8 @@ class Auditing(Workers):
                 out.truncated = True
                 break
             out.append(_audit.undamaged(e))
+        if not out and session_id is not None:
+            await self._known(session_id)
         return out
 
     @closes_stop
@@ -51,23 +54,28 @@ class Auditing(Workers):
         session_id = _audit.check_stream(session_id, "session_id")
         await self.open()
         problems = await _audit.verify(self.store, stream=session_id)
-        if (
-            not problems
-            and session_id is not None
-            and not _audit.own_stream(session_id)
-            and await self.store.head(session_id) is None
-        ):
+        if not problems and session_id is not None:
             # With no session row, any entry of it is named (past the end of no chain): none.
-            raise UnknownSession(session_id)
+            await self._known(session_id)
         return problems
 
     @closes_stop
     async def export_audit(self, out: IO[str], session_id: str | None = None) -> int:
-        """Write the audit trail as JSON lines to `out`; returns the number of entries."""
+        """Write the audit trail as JSON lines to `out`; returns the number of entries. A session id
+        the store knows nothing of is `UnknownSession`, as for `audit` and `verify_audit`."""
         session_id = _audit.check_stream(session_id, "session_id")
         _audit.check_writable(out)
         await self.open()
-        return await _audit.export(self.store, out, stream=session_id)
+        written = await _audit.export(self.store, out, stream=session_id)
+        if not written and session_id is not None:
+            await self._known(session_id)
+        return written
+
+    async def _known(self, session_id: str) -> None:
+        """`UnknownSession` for a session id the store knows nothing of (a typo), asked of a
+        trail found empty: an empty trail would read as that session's, with nothing in it."""
+        if not _audit.own_stream(session_id) and await self.store.head(session_id) is None:
+            raise UnknownSession(session_id)
 
     audit_sync = twin(audit)
     verify_audit_sync = twin(verify_audit)
