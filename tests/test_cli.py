@@ -140,6 +140,23 @@ def test_help_keeps_each_paragraph_of_a_docstring_whole(command: str) -> None:
         assert paragraph in lines, (paragraph, shown.output)
 
 
+def test_the_command_list_gives_each_command_a_short_summary() -> None:
+    """`signoff --help` lists each command by its docstring's first paragraph: `pending` and
+    `sessions` put their paging rules there and filled four lines each of the list. Each entry
+    is now one sentence of at most two lines at 80 columns; the rest is the command's help."""
+    import typer.core
+    import typer.main
+
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    for name, command in group.commands.items():
+        summary = (command.help or "").split("\n\n")[0]
+        assert len(" ".join(summary.split())) <= 110, (name, summary)
+    shown = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "80"})
+    assert "│ pending   List the open requests across sessions, oldest first.  " in shown.output
+    assert "--offset" not in shown.output, shown.output
+
+
 def test_store_option_replaces_only_the_store(url: str) -> None:
     """`--store` (or SIGNOFF_STORE) moves the runtime to another store and keeps the rest: a
     runtime that leaves its turns to workers (`inline=False`) still does under `signoff serve`."""

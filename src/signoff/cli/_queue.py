@@ -99,9 +99,10 @@ def pending(
     offset: OffsetOption = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """List the open requests across sessions, oldest first. --offset skips that many of
-    them, to page through the rest. When --limit or --offset leaves some out, a line on stderr
-    says which were shown of how many (the JSON keeps its shape)."""
+    """List the open requests across sessions, oldest first.
+
+    --offset skips that many of them, to page through the rest. When --limit or --offset leaves
+    some out, a line on stderr says which were shown of how many (the JSON keeps its shape)."""
 
     async def go() -> None:
         with misuse():
@@ -159,9 +160,10 @@ def sessions(
     offset: OffsetOption = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """List sessions, most recently active first. --offset skips that many of them, to page
-    through the rest. When --limit or --offset leaves some out, a line on stderr says which
-    were shown of how many (the JSON keeps its shape)."""
+    """List sessions, most recently active first.
+
+    --offset skips that many of them, to page through the rest. When --limit or --offset leaves
+    some out, a line on stderr says which were shown of how many (the JSON keeps its shape)."""
     with misuse():
         refuse_undecodable({"--agent": agent})
         refuse_empty_filters({"--agent": agent})
