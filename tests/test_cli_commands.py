@@ -77,6 +77,17 @@ def test_every_help_names_values_by_their_metavar(
             assert METAVAR.fullmatch(param.display_name_raw), param.display_name_raw
 
 
+@pytest.mark.parametrize(("path", "command"), ALL, ids=IDS)
+def test_every_argument_and_option_says_what_it_is(
+    path: tuple[str, ...], command: _click.Command
+) -> None:
+    """`approve --help` listed REQUEST_ID with nothing but `[required]`, and `events --help`
+    SESSION_ID likewise: each parameter now has a help line."""
+    for param in params(command):
+        assert isinstance(param, TyperOption | TyperArgument)
+        assert (param.help or "").strip(), (path, param.name)
+
+
 def readme_command_lines() -> dict[str, str]:
     """The README's command-line summary: each `signoff ...` line (continuations joined) by
     the words naming its command."""

@@ -186,7 +186,12 @@ async def _print_log(
 
 @app.command()
 def events(
-    session_id: Annotated[str, typer.Argument(metavar="SESSION_ID")],
+    session_id: Annotated[
+        str,
+        typer.Argument(
+            metavar="SESSION_ID", help="The session's id (ses_...), as 'signoff sessions' lists it."
+        ),
+    ],
     target: RuntimeArgument = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new events (Ctrl-C stops).")

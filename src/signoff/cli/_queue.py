@@ -506,9 +506,19 @@ TargetArgument = Annotated[
 ]
 
 
+RequestArgument = Annotated[
+    str,
+    typer.Argument(
+        metavar="REQUEST_ID",
+        help="The request's id (req_...), as 'signoff pending' lists it.",
+        show_default=False,
+    ),
+]
+
+
 @app.command()
 def approve(
-    request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
+    request_id: RequestArgument,
     target: TargetArgument = None,
     reason: Annotated[
         str | None, typer.Option("--reason", metavar="TEXT", help="Why (recorded).")
@@ -523,7 +533,7 @@ def approve(
 
 @app.command()
 def deny(
-    request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
+    request_id: RequestArgument,
     target: TargetArgument = None,
     reason: Annotated[
         str | None, typer.Option("--reason", metavar="TEXT", help="Why; the model reads it.")
@@ -538,7 +548,7 @@ def deny(
 
 @app.command()
 def answer(
-    request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
+    request_id: RequestArgument,
     target: TargetArgument = None,
     option: Annotated[
         str | None, typer.Option("--option", metavar="ID", help="The id of the chosen option.")
