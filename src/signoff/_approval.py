@@ -21,6 +21,7 @@ from ._text import is_blank, is_utf8
 from ._types import Principal, Usage
 
 __all__ = [
+    "ApprovalArg",
     "ApprovalContext",
     "ApprovalPolicy",
     "ApprovalStatus",
@@ -393,6 +394,12 @@ _HELPERS = {
     "always": (__name__,),
     "auto": ("signoff._auto",),
 }
+
+
+ApprovalArg: TypeAlias = "ApprovalPolicy | Callable[[Any], object] | bool | None"
+"""What `approval=` takes: a policy (`never()`, `once()`, `always()`, `auto(...)`, `policy(fn)`),
+a predicate of the validated input or a function of an `ApprovalContext` (sync or async), `True`
+(always) or `False` / None (never). `as_policy` checks it, and refuses anything else."""
 
 
 def as_policy(value: object) -> ApprovalPolicy:

@@ -32,7 +32,7 @@ from ._exceptions import UsageError
 from ._runtime import Runtime
 from ._settings import finite
 from ._tool_context import ToolContext
-from ._tools import Tool
+from ._tools import RunAs, Tool, ToolApproval
 from ._types import InputRequest, Message, ModelResponse, ToolCall, ToolResultMessage, Usage
 from .models import Scripted
 from .models._scripted import Step, misfit
@@ -166,8 +166,8 @@ class ExecutionLog:
         *,
         name: str | None = None,
         description: str | None = None,
-        approval: object = None,
-        run_as: str = "requester",
+        approval: ToolApproval = None,
+        run_as: RunAs = "requester",
     ) -> Callable[[Callable[..., Any]], RecordingTool]: ...
 
     def tool(
@@ -177,8 +177,8 @@ class ExecutionLog:
         *,
         name: str | None = None,
         description: str | None = None,
-        approval: object = None,
-        run_as: str = "requester",
+        approval: ToolApproval = None,
+        run_as: RunAs = "requester",
     ) -> RecordingTool | Callable[[Callable[..., Any]], RecordingTool]:
         """Like `@so.tool`, but every execution is recorded in this log.
 
