@@ -21,7 +21,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -311,7 +311,7 @@ class AsyncClient:
         session_id: str,
         message: str,
         *,
-        turn_policy: str = "steer",
+        turn_policy: Literal["steer", "queue"] = "steer",
         idempotency_key: str | None = None,
     ) -> RemoteResult:
         """Send a message under `idempotency_key` (a new one per call if none is given): a call
