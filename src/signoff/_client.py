@@ -40,7 +40,7 @@ from ._session_cache import check_agent_name
 from ._settings import check_page, finite, flag, seconds, whole
 from ._sync import SyncBridge
 from ._text import is_utf8
-from ._types import Decision, InputRequest, InputResponse
+from ._types import Decision, InputRequest, InputResponse, RequestKind, RequestStatus
 from .models._reply_cap import KNOWN_ENCODINGS, ReplyTooLarge, cap_reply, check_reply_cap
 from .stores import SessionSummary
 
@@ -341,8 +341,8 @@ class AsyncClient:
         *,
         agent: str | None = None,
         tool_name: str | None = None,
-        kind: str | None = None,
-        status: str = "pending",
+        kind: RequestKind | None = None,
+        status: RequestStatus = "pending",
         older_than: float | None = None,
         limit: int = 50,
         offset: int = 0,
