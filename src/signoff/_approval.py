@@ -8,6 +8,7 @@ be sync or async and may return any `ApprovalStatus`.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -98,7 +99,7 @@ class ApprovalContext:
     tool_input: Any
     approved_tools: frozenset[str]  # a person approved a call of each (a deadline does not)
     call_id: str
-    abort_signal: Any
+    abort_signal: asyncio.Event  # set when the turn is cancelled or steered away
     pending_tools: frozenset[str] = field(default_factory=frozenset)
     budget_left: Mapping[str, float] = field(default_factory=dict)
     edited: bool = False
