@@ -9,6 +9,7 @@ calls, so that what the types say is what the calls do."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import io
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -365,6 +366,9 @@ def _typed_stores(url: str) -> None:
     assert_type(so.MAX_TEXT_BYTES, int)
     assert_type(so.APP_PRINCIPAL, so.Principal)
     so.Runtime([], store=Path("x.db"))  # type: ignore[arg-type]
+    testing.sqlite_runtime(Path("."), lease_tll=5.0)  # type: ignore[call-arg]  # misspelt
+    testing.sqlite_runtime(Path("."), store="sqlite:///x.db")  # type: ignore[call-arg]
+    testing.sqlite_runtime(Path("."), lease_ttl="30")  # type: ignore[arg-type]
 
 
 _STATIC: tuple[Callable[..., object], ...] = (
@@ -428,6 +432,14 @@ async def test_the_async_calls_and_their_twins_agree(tmp_path: Path) -> None:
         assert r.status == "completed"
         assert (await rt.state(r.session_id)).status == "idle"
         assert [e.seq async for e in rt.events(r.session_id, follow=False)][0] == 1
+
+
+def test_sqlite_runtime_takes_the_keyword_arguments_of_runtime_but_store() -> None:
+    """`testing.RuntimeOptions` types `sqlite_runtime`'s keyword arguments: they are all
+    `Runtime`'s, so a new one of `Runtime` must be added there too."""
+    taken = inspect.signature(so.Runtime).parameters.values()
+    keywords = {p.name for p in taken if p.kind is p.KEYWORD_ONLY}
+    assert set(testing.RuntimeOptions.__annotations__) == keywords
 
 
 def test_the_wrong_uses_mypy_rejects_are_refused_when_run(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, TypedDict, Unpack, overload
 
 from pydantic import BaseModel
 
@@ -45,6 +45,7 @@ __all__ = [
     "Flaky",
     "ManualClock",
     "RecordingTool",
+    "RuntimeOptions",
     "StoreContents",
     "call",
     "call_tools",
@@ -422,7 +423,9 @@ async def _every(store: Store, flt: PendingFilter) -> list[InputRequest]:
     return found
 
 
-def sqlite_runtime(directory: str | os.PathLike[str], *agents: Agent, **kwargs: Any) -> Runtime:
+def sqlite_runtime(
+    directory: str | os.PathLike[str], *agents: Agent, **kwargs: Unpack[RuntimeOptions]
+) -> Runtime:
     """A `Runtime` for `agents` on the SQLite file `state.db` in `directory` (e.g. pytest's
     tmp_path), made if new; another call on the same directory opens the same store, as a
     restarted process would."""
@@ -440,6 +443,20 @@ def sqlite_runtime(directory: str | os.PathLike[str], *agents: Agent, **kwargs: 
             f"{str(directory)!r}"
         )
     return Runtime(list(agents), store=f"sqlite:///{where / 'state.db'}", **kwargs)
+
+
+class RuntimeOptions(TypedDict, total=False):
+    """The keyword arguments of `Runtime(...)` but `store`, which `sqlite_runtime` passes on:
+    a misspelt one is a type error, not a TypeError when the test runs."""
+
+    clock: Callable[[], float]
+    lease_ttl: float
+    lease_wait: float
+    cache_size: int
+    poll_interval: float
+    inline: bool
+    tracer_provider: Any
+    trace_content: bool
 
 
 def timeline(events: Sequence[Event]) -> list[str]:
