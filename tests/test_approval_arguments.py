@@ -130,7 +130,7 @@ def test_a_policy_function_that_cannot_take_its_argument_is_refused_when_made(
 
 def test_a_context_policy_that_cannot_take_its_argument_is_named_a_policy() -> None:
     with pytest.raises(so.UsageError, match=r"ApprovalContext .*, not \(ctx, extra\)$"):
-        so.tool(approval=_context_and)(noop)
+        so.tool(approval=_context_and)(noop)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

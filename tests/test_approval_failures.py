@@ -173,9 +173,9 @@ def test_invalid_approval_values_are_usage_errors() -> None:
 
     for bad in ("sometimes", 3, 2.5, object()):
         with pytest.raises(so.UsageError):
-            so.tool(approval=bad)(fn)
+            so.tool(approval=bad)(fn)  # type: ignore[call-overload]
     with pytest.raises(so.UsageError):
-        so.tool(approval=lambda: True)(fn)
+        so.tool(approval=lambda: True)(fn)  # type: ignore[arg-type]
     with pytest.raises(so.UsageError):
         so.tool_policy(require_approval="issue_refund")
 

@@ -319,7 +319,7 @@ async def test_a_real_servers_too_large_prompt_is_too_large(tmp_path: Path) -> N
                 await c.generate("support", "x" * (5 << 20))
             with pytest.raises(so.UsageError, match="turnPolicy"):
                 r = await c.generate("support", "Refund order 1042")
-                await c.send(r.session_id, "hi", turn_policy="bogus")
+                await c.send(r.session_id, "hi", turn_policy="bogus")  # type: ignore[arg-type]
 
 
 async def test_a_bad_call_raises_the_same_class_over_http_as_in_process(tmp_path: Path) -> None:
@@ -403,7 +403,7 @@ async def test_a_bad_call_raises_the_same_class_over_http_as_in_process(tmp_path
                 ),
                 "turn-policy": (
                     lambda: rt.send(sid, "hi", turn_policy="bogus"),  # type: ignore[arg-type]
-                    lambda: c.send(sid, "hi", turn_policy="bogus"),
+                    lambda: c.send(sid, "hi", turn_policy="bogus"),  # type: ignore[arg-type]
                 ),
             }
             got = {}

@@ -61,6 +61,7 @@ def test_a_policy_function_is_told_from_a_predicate_as_the_readme_says(tmp_path:
     / `context` (or wrapped in `so.policy`) gets the context; any other (or `so.predicate`) gets
     the validated input."""
     import signoff as so
+    from signoff._approval import ApprovalArg
 
     row = " ".join(section("Approval policies").split())
     assert "named `ctx` / `context`" in row and "`so.policy(fn)`" in row
@@ -80,7 +81,7 @@ def test_a_policy_function_is_told_from_a_predicate_as_the_readme_says(tmp_path:
     def on_c(c: object) -> bool:  # any other name: a predicate of the input
         return getattr(c, "amount", 0) > 100
 
-    cases = [typed, ctx, context, so.policy(lambda c: typed(c)), on_input, on_c]
+    cases: list[ApprovalArg] = [typed, ctx, context, so.policy(lambda c: typed(c)), on_input, on_c]
     cases += [so.predicate(lambda ctx: getattr(ctx, "amount", 0) > 100)]
     for n, approval in enumerate(cases):
 

@@ -7,6 +7,7 @@ import re
 import httpx
 
 import signoff as so
+from signoff._approval import ApprovalArg
 from signoff._audit_trail import record_tool_settings
 from signoff.server import TokenAuth, create_app
 
@@ -16,7 +17,7 @@ T0 = 1_700_000_000.0
 NEWEST = ["Conditional (large)", "Never", "Always"]
 
 
-def _ops(policy: object) -> so.Agent:
+def _ops(policy: ApprovalArg) -> so.Agent:
     @so.tool(approval=policy)
     async def delete_account(email: str) -> str:
         """Delete a customer's account."""

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff._tools import RunAs
 from signoff.testing import (
     Capture,
     ExecutionLog,
@@ -312,7 +313,7 @@ async def test_a_scheduled_turn_that_must_ask_is_answerable_only_as_the_policy_s
 # -- execution identity ---------------------------------------------------------------------------
 
 
-def identity_agent(log: ExecutionLog, *, run_as: str) -> tuple[so.Agent, Capture]:
+def identity_agent(log: ExecutionLog, *, run_as: RunAs) -> tuple[so.Agent, Capture]:
     @log.tool(approval=so.ApprovalSpec(request=so.always(), response=allow_anyone), run_as=run_as)
     async def deploy(service: str) -> str:
         """Deploy a service."""
@@ -338,7 +339,7 @@ def identity_agent(log: ExecutionLog, *, run_as: str) -> tuple[so.Agent, Capture
 
 @pytest.mark.parametrize(("run_as", "deployer"), [("requester", "alice"), ("approver", "bob")])
 async def test_approved_call_runs_as_requester_unless_the_tool_opts_in_to_the_approver(
-    tmp_path: Path, run_as: str, deployer: str
+    tmp_path: Path, run_as: RunAs, deployer: str
 ) -> None:
     log = ExecutionLog()
     agent, seen = identity_agent(log, run_as=run_as)
@@ -393,7 +394,7 @@ def test_run_as_takes_requester_or_approver() -> None:
         """F."""
 
     with pytest.raises(so.UsageError, match="run_as"):
-        so.tool(run_as="admin")(f)
+        so.tool(run_as="admin")(f)  # type: ignore[call-overload]
 
 
 async def test_a_refusal_tells_apart_two_names_that_differ_only_in_type(tmp_path: Path) -> None:

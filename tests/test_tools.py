@@ -99,7 +99,7 @@ def test_bad_definitions_are_usage_errors() -> None:
     with pytest.raises(so.UsageError, match="name"):
         so.tool(name="has spaces")(var_kwargs)
     with pytest.raises(so.UsageError, match="run_as"):
-        so.tool(run_as="root")(positional_only)
+        so.tool(run_as="root")(positional_only)  # type: ignore[call-overload]
 
 
 def test_a_tool_name_the_model_apis_refuse_is_a_usage_error() -> None:

@@ -192,7 +192,7 @@ def test_a_wrong_tracer_provider_or_trace_content_is_refused(tmp_path: Path) -> 
     with pytest.raises(so.UsageError, match="TracerProvider, not str"):
         sqlite_runtime(tmp_path, agent, tracer_provider="jaeger")
     with pytest.raises(so.UsageError, match="trace_content must be True or False"):
-        sqlite_runtime(tmp_path, agent, trace_content="yes")
+        sqlite_runtime(tmp_path, agent, trace_content="yes")  # type: ignore[arg-type]
 
 
 def test_without_opentelemetry_a_turn_runs_and_nothing_of_it_is_imported(tmp_path: Path) -> None:

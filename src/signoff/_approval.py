@@ -8,6 +8,7 @@ be sync or async and may return any `ApprovalStatus`.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from ._text import is_blank, is_utf8
 from ._types import Principal, Usage
 
 __all__ = [
+    "ApprovalArg",
     "ApprovalContext",
     "ApprovalPolicy",
     "ApprovalStatus",
@@ -97,7 +99,7 @@ class ApprovalContext:
     tool_input: Any
     approved_tools: frozenset[str]  # a person approved a call of each (a deadline does not)
     call_id: str
-    abort_signal: Any
+    abort_signal: asyncio.Event  # set when the turn is cancelled or steered away
     pending_tools: frozenset[str] = field(default_factory=frozenset)
     budget_left: Mapping[str, float] = field(default_factory=dict)
     edited: bool = False
@@ -393,6 +395,12 @@ _HELPERS = {
     "always": (__name__,),
     "auto": ("signoff._auto",),
 }
+
+
+ApprovalArg: TypeAlias = "ApprovalPolicy | Callable[[Any], object] | bool | None"
+"""What `approval=` takes: a policy (`never()`, `once()`, `always()`, `auto(...)`, `policy(fn)`),
+a predicate of the validated input or a function of an `ApprovalContext` (sync or async), `True`
+(always) or `False` / None (never). `as_policy` checks it, and refuses anything else."""
 
 
 def as_policy(value: object) -> ApprovalPolicy:

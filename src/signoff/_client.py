@@ -21,7 +21,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -40,7 +40,7 @@ from ._session_cache import check_agent_name
 from ._settings import check_page, finite, flag, seconds, whole
 from ._sync import SyncBridge
 from ._text import is_utf8
-from ._types import Decision, InputRequest, InputResponse
+from ._types import Decision, InputRequest, InputResponse, RequestKind, RequestStatus
 from .models._reply_cap import KNOWN_ENCODINGS, ReplyTooLarge, cap_reply, check_reply_cap
 from .stores import SessionSummary
 
@@ -311,7 +311,7 @@ class AsyncClient:
         session_id: str,
         message: str,
         *,
-        turn_policy: str = "steer",
+        turn_policy: Literal["steer", "queue"] = "steer",
         idempotency_key: str | None = None,
     ) -> RemoteResult:
         """Send a message under `idempotency_key` (a new one per call if none is given): a call
@@ -341,8 +341,8 @@ class AsyncClient:
         *,
         agent: str | None = None,
         tool_name: str | None = None,
-        kind: str | None = None,
-        status: str = "pending",
+        kind: RequestKind | None = None,
+        status: RequestStatus = "pending",
         older_than: float | None = None,
         limit: int = 50,
         offset: int = 0,

@@ -14,7 +14,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
-from ._approval import ApprovalPolicy, OnTimeout, SessionInfo, as_policy, reason_text, takes_one
+from ._approval import (
+    ApprovalArg,
+    ApprovalPolicy,
+    OnTimeout,
+    SessionInfo,
+    as_policy,
+    reason_text,
+    takes_one,
+)
 from ._error_text import error_text
 from ._exceptions import UsageError
 from ._settings import positive_seconds, shown_value
@@ -102,7 +110,7 @@ class ApprovalSpec:
 
     def __init__(
         self,
-        request: object = None,
+        request: ApprovalArg = None,
         response: ResponsePolicy | None = None,
         *,
         timeout: float = 10.0,

@@ -317,7 +317,7 @@ class Runtime(EventStream):
         *,
         agent: str | None = None,
         tool_name: str | None = None,
-        kind: str | None = None,
+        kind: RequestKind | None = None,
         session_id: str | None = None,
         older_than: float | None = None,
         limit: int = 100,

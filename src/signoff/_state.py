@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 from ._conversation import MALFORMED, Conversation
 from ._event_handlers import HANDLERS
@@ -21,6 +21,7 @@ from ._state_parts import (
     CallStatus,
     RequestState,
     TurnState,
+    TurnStatus,
     check_asked,
     check_kept,
     dump_principal,
@@ -40,6 +41,7 @@ __all__ = [
     "CallStatus",
     "RequestState",
     "SessionState",
+    "SessionStatus",
     "TurnState",
     "budget_left",
     "by_budget",
@@ -50,6 +52,9 @@ __all__ = [
     "turn_over",
 ]
 
+
+SessionStatus: TypeAlias = Literal["idle", "running", "waiting", "failed", "cancelled"]
+"""A session's status as every surface shows it (`SessionState.status`)."""
 
 SNAPSHOT_VERSION = 2
 """Version of the snapshot form this signoff writes and the newest it reads. 2: calls keep their
@@ -120,7 +125,7 @@ class SessionState:
     # -- questions the engine and runtime ask --------------------------------------------
 
     @property
-    def status(self) -> str:
+    def status(self) -> SessionStatus:
         """`idle` | `running` | `waiting` | `failed` | `cancelled`: the one status every surface
         shows (the store's summary too). `running` means there is work to do now, whether or not
         a process is doing it (answers accepted but not resumed, messages that waited); `waiting`
@@ -130,10 +135,13 @@ class SessionState:
             return "idle"
         if runnable(self):
             return "running"
-        return "idle" if turn.status == "completed" else turn.status
+        status = turn.status
+        if status == "completed":
+            return "idle"
+        return status
 
     @property
-    def turn_status(self) -> str | None:
+    def turn_status(self) -> TurnStatus | None:
         """The current turn's status as shown: `running`, not `waiting`, once the answers it
         waited on are in and it has work to do (`respond(resume=False)`)."""
         turn = self.turn

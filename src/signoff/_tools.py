@@ -9,11 +9,11 @@ import json
 import re
 import warnings
 from collections.abc import Callable
-from typing import Any, get_type_hints, overload
+from typing import Any, Literal, TypeAlias, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, PydanticUserError, ValidationError, create_model
 
-from ._approval import ApprovalPolicy, as_policy
+from ._approval import ApprovalArg, ApprovalPolicy, as_policy
 from ._exceptions import UsageError
 from ._response import ApprovalSpec, ResponsePolicy
 from ._sync import called_off_loop, is_async
@@ -23,7 +23,15 @@ from ._tool_json import MAX_INPUT_DEPTH, UNPARSED_ARGUMENTS, jsonable, non_finit
 # The tool names OpenAI and Anthropic take.
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
-__all__ = ["TOOL_NAME", "Tool", "tool"]
+__all__ = ["TOOL_NAME", "RunAs", "Tool", "ToolApproval", "tool"]
+
+RunAs: TypeAlias = Literal["requester", "approver"]
+"""Whom an approved call runs as: the principal whose turn asked (the default), or, as an
+explicit opt-in, the one who approved it."""
+
+ToolApproval: TypeAlias = "ApprovalArg | ApprovalSpec"
+"""What a tool's `approval=` takes: a policy in any form `ApprovalArg` names, or an
+`ApprovalSpec` (when to ask and who may answer)."""
 
 # Why arguments a provider passed on unparsed (`UNPARSED_ARGUMENTS`) cannot be used.
 _UNREAD = (
@@ -46,8 +54,8 @@ class Tool:
         *,
         name: str | None = None,
         description: str | None = None,
-        approval: object = None,
-        run_as: str = "requester",
+        approval: ToolApproval = None,
+        run_as: RunAs = "requester",
         workflow: bool | None = None,
         max_result_bytes: int | None = None,
     ) -> None:
@@ -317,8 +325,8 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    approval: object = None,
-    run_as: str = "requester",
+    approval: ToolApproval = None,
+    run_as: RunAs = "requester",
     max_result_bytes: int | None = None,
 ) -> Tool: ...
 
@@ -328,8 +336,8 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    approval: object = None,
-    run_as: str = "requester",
+    approval: ToolApproval = None,
+    run_as: RunAs = "requester",
     max_result_bytes: int | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
@@ -340,8 +348,8 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    approval: object = None,
-    run_as: str = "requester",
+    approval: ToolApproval = None,
+    run_as: RunAs = "requester",
     max_result_bytes: int | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function into a `Tool`: hints give the schema, the docstring the description.

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, TypedDict, Unpack, overload
 
 from pydantic import BaseModel
 
@@ -32,7 +32,7 @@ from ._exceptions import UsageError
 from ._runtime import Runtime
 from ._settings import finite
 from ._tool_context import ToolContext
-from ._tools import Tool
+from ._tools import RunAs, Tool, ToolApproval
 from ._types import InputRequest, Message, ModelResponse, ToolCall, ToolResultMessage, Usage
 from .models import Scripted
 from .models._scripted import Step, misfit
@@ -45,6 +45,7 @@ __all__ = [
     "Flaky",
     "ManualClock",
     "RecordingTool",
+    "RuntimeOptions",
     "StoreContents",
     "call",
     "call_tools",
@@ -166,8 +167,8 @@ class ExecutionLog:
         *,
         name: str | None = None,
         description: str | None = None,
-        approval: object = None,
-        run_as: str = "requester",
+        approval: ToolApproval = None,
+        run_as: RunAs = "requester",
     ) -> Callable[[Callable[..., Any]], RecordingTool]: ...
 
     def tool(
@@ -177,8 +178,8 @@ class ExecutionLog:
         *,
         name: str | None = None,
         description: str | None = None,
-        approval: object = None,
-        run_as: str = "requester",
+        approval: ToolApproval = None,
+        run_as: RunAs = "requester",
     ) -> RecordingTool | Callable[[Callable[..., Any]], RecordingTool]:
         """Like `@so.tool`, but every execution is recorded in this log.
 
@@ -422,7 +423,9 @@ async def _every(store: Store, flt: PendingFilter) -> list[InputRequest]:
     return found
 
 
-def sqlite_runtime(directory: str | os.PathLike[str], *agents: Agent, **kwargs: Any) -> Runtime:
+def sqlite_runtime(
+    directory: str | os.PathLike[str], *agents: Agent, **kwargs: Unpack[RuntimeOptions]
+) -> Runtime:
     """A `Runtime` for `agents` on the SQLite file `state.db` in `directory` (e.g. pytest's
     tmp_path), made if new; another call on the same directory opens the same store, as a
     restarted process would."""
@@ -440,6 +443,20 @@ def sqlite_runtime(directory: str | os.PathLike[str], *agents: Agent, **kwargs: 
             f"{str(directory)!r}"
         )
     return Runtime(list(agents), store=f"sqlite:///{where / 'state.db'}", **kwargs)
+
+
+class RuntimeOptions(TypedDict, total=False):
+    """The keyword arguments of `Runtime(...)` but `store`, which `sqlite_runtime` passes on:
+    a misspelt one is a type error, not a TypeError when the test runs."""
+
+    clock: Callable[[], float]
+    lease_ttl: float
+    lease_wait: float
+    cache_size: int
+    poll_interval: float
+    inline: bool
+    tracer_provider: Any
+    trace_content: bool
 
 
 def timeline(events: Sequence[Event]) -> list[str]:
