@@ -343,3 +343,55 @@ async def test_the_notes_only_the_responder_sees_are_never_parsed_either(
     told = await _refused_note(tmp_path, slack_api, HOSTILE)
     _unparsed(told)
     assert "@here @channel #general" in told["text"]
+
+
+async def test_a_message_slack_refuses_as_too_long_is_posted_short_and_still_answers(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Slack also refuses a message whose blocks hold too much text together (`msg_blocks_too
+    _long`, a limit it does not document). Posted again as it was, it would be refused for
+    ever: the request is posted once as a short message instead, which says its input is too
+    long for Slack and where to read it whole, and keeps Approve / Deny; the closed message,
+    refused as well, is written short too."""
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always()))
+    async def run(cmd: str) -> str:
+        """Run a command."""
+        return "ran"
+
+    steps = [call_tools(call("run", cmd="x" * 5000)), reply("ok")]
+    agent = scripted_agent("runner", steps, tools=[run])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        (req,) = (await rt.generate("runner", prompt="go")).pending
+        slack_api.most_text = 2500  # less than the input's part of the message
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], max_attempts=1)) as hub:
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") is not None  # announced
+            full, short = slack_api.of("chat.postMessage")
+            assert [b["block_id"] for b in full["blocks"]][:2] == [
+                "signoff.summary",
+                "signoff.input",
+            ]
+            shown = "\n".join(strings(short["blocks"]))
+            assert "*runner* wants to run `run`" in shown
+            assert "too long for a Slack message" in shown and "msg_blocks_too_long" in shown
+            assert "signoff dashboard" in shown and "signoff pending --json" in shown
+            (actions,) = [b for b in short["blocks"] if b["type"] == "actions"]
+            assert [e["action_id"] for e in actions["elements"]] == [
+                "signoff.approve",
+                "signoff.deny",
+            ]
+            await hub.poll()
+            assert len(slack_api.of("chat.postMessage")) == 2  # posted once
+            body = click({"action_id": "signoff.approve", "block_id": "b", "value": req.id})
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.outcome == "approved"
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") is None  # its closed message written
+            updated = slack_api.of("chat.update")[-1]
+            assert updated["blocks"][-1]["block_id"] == "signoff.resolution"
+            assert "*Approved*" in updated["blocks"][-1]["elements"][0]["text"]
+            assert "too long for a Slack message" in "\n".join(strings(updated["blocks"]))

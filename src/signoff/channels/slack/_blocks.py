@@ -28,8 +28,11 @@ __all__ = [
     "fallback_text",
     "note_text",
     "refused_view",
+    "TOO_LONG",
     "request_blocks",
+    "short_blocks",
     "slack_mention",
+    "text_length",
     "text_view",
 ]
 
@@ -53,6 +56,12 @@ _MAX_GROUP = 200  # a group's name in the facts line, which Slack limits as a wh
 _MAX_VALUE = 150  # Slack's limit for a select option's value
 _MAX_OPTIONS = 100  # Slack's limit for a select's options, and for its option groups
 _BY_POSITION = "signoff.option#"
+_MAX_NAME = 200  # an agent's or a tool's name in a short message
+
+# What Slack answers when it refuses a message's blocks: a limit signoff does not know of, or
+# the undocumented one on all of a message's text together (about 12,000 characters). The
+# request is then posted as `short_blocks`, which leaves the long parts out and says so.
+TOO_LONG = frozenset({"invalid_blocks", "msg_blocks_too_long", "msg_too_long"})
 
 # Lone surrogates (JSON carries them from a model, UTF-8 cannot hold them) and C0 controls but
 # tab and newline: replaced in prose.
@@ -214,6 +223,61 @@ def request_blocks(
             }
         )
     return blocks
+
+
+def short_blocks(
+    request: InputRequest, resolution: Resolution | None = None, *, refused: str
+) -> list[dict[str, Any]]:
+    """The message for a request whose full message Slack `refused` (one of `TOO_LONG`): who
+    asks for what, a warning that the rest is too long for Slack and where to read it whole,
+    its facts, and its controls (an approval's buttons; a question's free-text answer when it
+    takes one: its choices, which may be what Slack refused, are left to the other surfaces)
+    or how it closed."""
+    agent = _clip(escape(request.agent), _MAX_NAME)
+    if request.kind == "tool-approval":
+        tool = _clip(escape(request.tool_name or ""), _MAX_NAME).replace("`", "\\u0060")
+        summary = f"*{agent}* wants to run `{tool}`"
+        asks = request.payload is not None
+        what = "its input and what it asks approval of" if asks else "its input"
+    else:
+        summary = f"*{agent}* asks: {_clip(escape(request.question or 'a question'), _MAX_SHOWN)}"
+        what = "its question and choices" if request.options else "its question"
+    warning = (
+        f":warning: This request is too long for a Slack message (Slack refused it: "
+        f"`{escape(refused)}`), so {what} cannot be shown here. Read it whole before deciding: "
+        f"on the signoff dashboard, or with `signoff pending --json`."
+    )
+    full = request_blocks(request, resolution)
+    facts = [b for b in full if b.get("block_id") == "signoff.facts"]
+    blocks: list[dict[str, Any]] = [
+        {"type": "section", "block_id": "signoff.summary", "text": _mrkdwn(summary)},
+        {"type": "section", "block_id": "signoff.short", "text": _mrkdwn(warning)},
+        *facts,
+    ]
+    if resolution is not None:
+        blocks.append(
+            {
+                "type": "context",
+                "block_id": "signoff.resolution",
+                "elements": [_mrkdwn(describe(request, resolution))],
+            }
+        )
+        return blocks
+    controls = _controls(request)
+    controls["elements"] = [e for e in controls["elements"] if e["type"] == "button"]
+    if controls["elements"]:
+        blocks.append(controls)
+    return blocks
+
+
+def text_length(value: Any) -> int:
+    """How many characters of text (each text object's and option's) `value`'s blocks hold."""
+    if isinstance(value, dict):
+        own = len(value["text"]) if isinstance(value.get("text"), str) else 0
+        return own + sum(text_length(v) for k, v in value.items() if k != "text" or not own)
+    if isinstance(value, list):
+        return sum(text_length(v) for v in value)
+    return 0
 
 
 def _controls(request: InputRequest) -> dict[str, Any]:
