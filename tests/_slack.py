@@ -117,7 +117,7 @@ class FakeSlack:
         self.called_at: list[float] = []  # monotonic time of each of `calls`, as it came
         # The most characters of text all of a message's blocks may hold together: past it
         # Slack answers `msg_blocks_too_long` (undocumented; Slack's staff say about 12,000).
-        self.most_text: float = float("inf")
+        self.most_text = MOST_TEXT
 
     async def start(self) -> None:
         app = web.Application()
@@ -272,6 +272,7 @@ HISTORY = "conversations.history"
 
 
 MAX_MESSAGE = 40_000  # characters of a message's text past which Slack refuses it (msg_too_long)
+MOST_TEXT = 12_000  # characters of text in all of a message's blocks (msg_blocks_too_long)
 
 
 def texts(value: Any) -> int:

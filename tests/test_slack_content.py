@@ -363,7 +363,7 @@ async def test_a_message_slack_refuses_as_too_long_is_posted_short_and_still_ans
     agent = scripted_agent("runner", steps, tools=[run])
     async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
         (req,) = (await rt.generate("runner", prompt="go")).pending
-        slack_api.most_text = 2500  # less than the input's part of the message
+        slack_api.most_text = 2500  # less than the input's part of the message: a lower limit
         slack = channel(slack_api)
         async with manual(ChannelHub(rt, [slack], max_attempts=1)) as hub:
             await hub.poll()
@@ -395,3 +395,53 @@ async def test_a_message_slack_refuses_as_too_long_is_posted_short_and_still_ans
             assert updated["blocks"][-1]["block_id"] == "signoff.resolution"
             assert "*Approved*" in updated["blocks"][-1]["elements"][0]["text"]
             assert "too long for a Slack message" in "\n".join(strings(updated["blocks"]))
+
+
+async def test_two_hundred_long_choices_that_begin_alike_can_be_told_apart_and_chosen(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """200 choices of 500 characters each, alike but for their ends: cut to Slack's 75 each,
+    they read the same in the menu, and together they passed the text Slack takes in one
+    message (`msg_blocks_too_long`). The menu shows each numbered and cut to what the message
+    leaves room for, the question's section lists them whole as far as it can and says where
+    to read the rest, and the 200th is chosen from Slack."""
+    stem = "Refund the customer in full and close the ticket with the standard apology, " * 6
+    options: list[so.Option | str] = [
+        so.Option(id=f"o{i}", label=f"{stem[:480]} (variant {i})") for i in range(200)
+    ]
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Ask which."""
+        return str((await ctx.ask("Which one?", options=options)).option_id)
+
+    agent = scripted_agent("shop", [call_tools(call("pick")), reply("ok")], tools=[pick])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        (req,) = (await rt.generate("shop", prompt="go")).pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], max_attempts=1)) as hub:
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") is not None
+            (posted,) = slack_api.of("chat.postMessage")  # taken at once, in full
+            (select,) = selects(posted)
+            shown = [o for g in select["option_groups"] for o in g["options"]]
+            texts = [o["text"]["text"] for o in shown]
+            assert len(set(texts)) == 200 and texts[199].startswith("200. Refund the")
+            (summary,) = [b for b in posted["blocks"] if b["block_id"] == "signoff.summary"]
+            text = summary["text"]["text"]
+            assert f"*1.* {stem[:480]} (variant 0)" in text
+            assert "read the question and its choices whole on the signoff dashboard" in text
+            body = click(
+                {
+                    "type": "static_select",
+                    "action_id": "signoff.option",
+                    "block_id": f"signoff:{req.id}",
+                    "selected_option": shown[199],
+                },
+                user="U5",
+            )
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.resolution is not None
+            assert stored.resolution["answer"]["option_id"] == "o199"

@@ -55,8 +55,21 @@ _MAX_SHOWN = 1000  # an answer or a reason in the closing line, so the line stay
 _MAX_GROUP = 200  # a group's name in the facts line, which Slack limits as a whole
 _MAX_VALUE = 150  # Slack's limit for a select option's value
 _MAX_OPTIONS = 100  # Slack's limit for a select's options, and for its option groups
+_MAX_PLAIN = 75  # Slack's limit for a button's or an option's text
+# Slack refuses a message whose blocks hold more text than about 12,000 characters in all
+# (`msg_blocks_too_long`, undocumented): a question's options share what is left of this.
+_MOST_TEXT = 11_000
+_OTHER_TEXT = 1500  # a question's facts line, its menu's placeholder, groups' and button's text
+_LEAST_ROOM = 8  # an option's number and its label's start: fewer would say nothing
 _BY_POSITION = "signoff.option#"
 _MAX_NAME = 200  # an agent's or a tool's name in a short message
+_CODE_SHOWN = 2700  # of a tool input cut to fit a section, beside its label and the cut's note
+_SUMMARY_SHOWN = 2800  # of a question (and its options' descriptions) cut to fit a section
+
+# Where a person reads whole what a message cuts: an open request's input or question, the
+# edited input of one closed.
+OPEN_WHOLE = "on the signoff dashboard or with `signoff pending --json`"
+EDITED_WHOLE = "in the session's audit on the signoff dashboard"
 
 # What Slack answers when it refuses a message's blocks: a limit signoff does not know of, or
 # the undocumented one on all of a message's text together (about 12,000 characters). The
@@ -108,14 +121,25 @@ def _span(text: str) -> str:
 _SLACK_USER = re.compile(r"[A-Z0-9]+")
 
 
-def _code(value: Any) -> str:
+def _code(value: Any, where: str = OPEN_WHOLE) -> str:
+    """`value` as indented JSON in a code block; one too long for a section is cut, and a line
+    after the block says how much is shown and `where` to read it whole."""
     dumped = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    whole = len(dumped)
     dumped = escape(HIDDEN.sub(escape_as_json, dumped))
     # Backticks (only in JSON strings) that would end the code block are written as escapes.
     dumped = _FENCE.sub(lambda m: "\\u0060" * len(m.group()), dumped)
-    if len(dumped) > _MAX_TEXT - 40:
-        dumped = _clip(dumped, _MAX_TEXT - 60) + "\n… (truncated)"
-    return f"```{dumped}```"
+    if len(dumped) <= _MAX_TEXT - 40:
+        return f"```{dumped}```"
+    dumped = _clip(dumped, _CODE_SHOWN)
+    return f"```{dumped}```\n_{cut_note(whole, where)}_"
+
+
+def cut_note(whole: int | None, where: str) -> str:
+    """What a text cut to fit Slack says after it: how long it is and where to read it all."""
+    if whole is None:
+        return f"Cut here: read the question and its choices whole {where}."
+    return f"Cut here: it is {whole:,} characters long; read it whole {where}."
 
 
 def _date(at: float) -> str:
@@ -189,14 +213,23 @@ def request_blocks(
     else:
         question = escape(request.question or "a question")
         lines = [f"*{agent}* asks: {question}"]
-        lines += [
-            f"• *{escape(o.label)}*: {escape(o.description)}"
-            for o in request.options
-            if o.description
-        ]
-        blocks.append(
-            {"type": "section", "block_id": "signoff.summary", "text": _mrkdwn("\n".join(lines))}
-        )
+        if _option_room(request) is None:
+            lines += [
+                f"• *{escape(o.label)}*: {escape(o.description)}"
+                for o in request.options
+                if o.description
+            ]
+        else:  # the menu shows them numbered and cut: here they are whole, as many as fit
+            lines += [
+                f"*{n}.* {escape(o.label)}"
+                + (f": {escape(o.description)}" if o.description else "")
+                for n, o in enumerate(request.options, 1)
+            ]
+        summary = "\n".join(lines)
+        if len(summary) > _MAX_TEXT:
+            shown = _clip(summary, _SUMMARY_SHOWN)
+            summary = f"{shown}\n_{cut_note(None, OPEN_WHOLE)}_"
+        blocks.append({"type": "section", "block_id": "signoff.summary", "text": _mrkdwn(summary)})
     facts = [f"request {_span(request.id)}", f"session {_span(request.session_id)}"]
     if request.approvers > 1:
         so_far = ", ".join(escape(p) for p in request.approved_by) or "none yet"
@@ -213,7 +246,7 @@ def request_blocks(
         blocks.append(_controls(request))
     else:
         if edited_input is not None:
-            text = "Approved with edited input:\n" + _code(edited_input)
+            text = "Approved with edited input:\n" + _code(edited_input, EDITED_WHOLE)
             blocks.append({"type": "section", "block_id": "signoff.edited", "text": _mrkdwn(text)})
         blocks.append(
             {
@@ -328,8 +361,12 @@ def _controls(request: InputRequest) -> dict[str, Any]:
 def _choices(request: InputRequest) -> dict[str, Any]:
     """A select's `options`, or `option_groups` of 100 each when there are more than the 100
     options Slack allows in one list (it allows 100 groups)."""
+    room = _option_room(request)
     options = [
-        {"text": _plain(o.label), "value": _option_value(i, o.id)}
+        {
+            "text": _plain(o.label) if room is None else _plain(f"{i + 1}. {o.label}", room),
+            "value": _option_value(i, o.id),
+        }
         for i, o in enumerate(request.options[: _MAX_OPTIONS * _MAX_OPTIONS])
     ]
     if len(options) <= _MAX_OPTIONS:
@@ -340,6 +377,19 @@ def _choices(request: InputRequest) -> dict[str, Any]:
         label = f"Options {start + 1}–{start + len(part)}"
         groups.append({"label": _plain(label), "options": part})
     return {"option_groups": groups}
+
+
+def _option_room(request: InputRequest) -> int | None:
+    """How many characters each option of the menu may show, numbered, when their labels do
+    not all fit whole (None: they do, unnumbered). Slack takes 75 for each, and refuses a
+    message whose text passes `_MOST_TEXT` in all (`msg_blocks_too_long`): the options share
+    what the question's section, at its longest, and the other text leave of it. Cut labels
+    are numbered, as two may begin alike, and the question's section lists them whole."""
+    labels = [_plain(o.label, _MAX_TEXT)["text"] for o in request.options]
+    room = min(_MAX_PLAIN, (_MOST_TEXT - _MAX_TEXT - _OTHER_TEXT) // max(1, len(labels)))
+    if all(len(label) <= room for label in labels):
+        return None
+    return max(room, _LEAST_ROOM)
 
 
 def _option_value(position: int, option_id: str) -> str:
