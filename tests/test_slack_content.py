@@ -237,6 +237,28 @@ def test_the_group_an_escalation_names_is_escaped_and_kept_within_limits() -> No
     assert len(text) < 400 and "g" * 199 + "…*" in text
 
 
+def test_long_approver_names_leave_the_deadline_and_escalation_in_the_facts_line() -> None:
+    """A quorum's approvers so far are named in the facts line, before its deadline and the
+    group it was escalated to: names of thousands of characters (a principal may have 16 KiB)
+    filled the line to Slack's 3,000, and those were cut off. Each name and the list are cut."""
+    from signoff.channels.slack._blocks import request_blocks
+
+    base = {"kind": "question", "id": "req_1", "session_id": "s", "turn_id": "t"}
+    request = so.InputRequest(
+        **base,
+        agent="a",
+        created_at=0.0,
+        approvers=3,
+        approved_by=["p" * 2000, "q" * 2000],
+        expires_at=time.time() + 3600,
+        escalated_to="ops",
+    )
+    (facts,) = [b for b in request_blocks(request) if b["block_id"] == "signoff.facts"]
+    text = facts["elements"][0]["text"]
+    assert "needs 3 approvals (2 of 3: ppp" in text and " · expires <!date^" in text
+    assert text.endswith("escalated to *ops*: no one decided before the deadline")
+
+
 async def test_an_input_cannot_close_its_code_block_and_write_its_own_message(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
@@ -373,6 +395,10 @@ async def test_a_message_slack_refuses_as_too_long_is_posted_short_and_still_ans
                 "signoff.summary",
                 "signoff.input",
             ]
+            assert full["blocks"][1]["text"]["text"].endswith(
+                "```\n_Cut here: it is 5,015 characters long; read it whole on the signoff "
+                "dashboard or with `signoff pending --json`._"
+            )
             shown = "\n".join(strings(short["blocks"]))
             assert "*runner* wants to run `run`" in shown
             assert "too long for a Slack message" in shown and "msg_blocks_too_long" in shown

@@ -232,7 +232,9 @@ def request_blocks(
         blocks.append({"type": "section", "block_id": "signoff.summary", "text": _mrkdwn(summary)})
     facts = [f"request {_span(request.id)}", f"session {_span(request.session_id)}"]
     if request.approvers > 1:
-        so_far = ", ".join(escape(p) for p in request.approved_by) or "none yet"
+        # Each name and the list cut, so the deadline and an escalation after them still show.
+        so_far = ", ".join(_clip(escape(p), _MAX_GROUP) for p in request.approved_by)
+        so_far = _clip(so_far, _MAX_SHOWN) or "none yet"
         facts.append(f"needs {request.approvers} approvals ({request.progress}: {so_far})")
     if request.expires_at is not None and resolution is None:
         facts.append(f"expires {_date(request.expires_at)}")
