@@ -259,6 +259,28 @@ def test_long_approver_names_leave_the_deadline_and_escalation_in_the_facts_line
     assert text.endswith("escalated to *ops*: no one decided before the deadline")
 
 
+def test_a_long_deciders_name_leaves_the_time_and_reason_in_the_closing_line() -> None:
+    """Who decided comes before when and why in a closed message's last line: a principal id
+    of thousands of characters filled the line to Slack's 3,000 and cut the reason off."""
+    from signoff.channels import Resolution
+    from signoff.channels.slack._blocks import describe
+
+    base = {"kind": "question", "id": "req_1", "session_id": "s", "turn_id": "t"}
+    request = so.InputRequest(**base, agent="a", created_at=0.0)
+    by = so.Principal(authenticator="web", principal_id="b" * 10_000)
+    closed = Resolution(
+        request_id="req_1",
+        outcome="cancelled",
+        status="settled",
+        at=time.time(),
+        by=by,
+        reason="the amount is wrong",
+    )
+    line = describe(request, closed)
+    assert line.startswith(":x: *Denied* by `" + "b" * 199 + "…` <!date^")
+    assert line.endswith(": “the amount is wrong”")
+
+
 async def test_an_input_cannot_close_its_code_block_and_write_its_own_message(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:

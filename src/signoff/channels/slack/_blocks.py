@@ -159,7 +159,8 @@ def slack_mention(principal: Principal | None) -> str:
     slack = principal.authenticator == "slack" and len(parts) == 3 and parts[0] == "slack"
     if slack and _SLACK_USER.fullmatch(parts[2]):  # only Slack's own user id is a mention
         return f"<@{parts[2]}>"
-    return _span(principal.principal_id)
+    # Cut, so the time and the reason after it in a closing line still show.
+    return _span(_clip(principal.principal_id, _MAX_GROUP))
 
 
 def fallback_text(request: InputRequest, resolution: Resolution | None = None) -> str:
