@@ -115,6 +115,9 @@ class FakeSlack:
         self.team: str | None = TEAM  # None: an org-wide installation's
         self.enterprise: str | None = None
         self.called_at: list[float] = []  # monotonic time of each of `calls`, as it came
+        # The most characters of text all of a message's blocks may hold together: past it
+        # Slack answers `msg_blocks_too_long` (undocumented; Slack's staff say about 12,000).
+        self.most_text = MOST_TEXT
 
     async def start(self) -> None:
         app = web.Application()
@@ -156,6 +159,10 @@ class FakeSlack:
         )
         if refused is not None:
             return web.json_response({"ok": False, "error": "invalid_blocks", "why": refused})
+        if method in ("chat.postMessage", "chat.update") and texts(body.get("blocks")) > (
+            self.most_text
+        ):
+            return web.json_response({"ok": False, "error": "msg_blocks_too_long"})
         if len(str(body.get("text", ""))) > MAX_MESSAGE:
             return web.json_response({"ok": False, "error": "msg_too_long"})
         if self.limited.get(method, 0) > 0:
@@ -265,6 +272,19 @@ HISTORY = "conversations.history"
 
 
 MAX_MESSAGE = 40_000  # characters of a message's text past which Slack refuses it (msg_too_long)
+MOST_TEXT = 12_000  # characters of text in all of a message's blocks (msg_blocks_too_long)
+
+
+def texts(value: Any) -> int:
+    """How many characters of text all the text objects (`{"type": ..., "text": "..."}`) of
+    blocks hold together, an option's and a label's included."""
+    if isinstance(value, dict):
+        text = value.get("text")
+        own = len(text) if isinstance(text, str) and "type" in value else 0
+        return own + sum(texts(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(texts(v) for v in value)
+    return 0
 
 
 HISTORY_SCOPE = "channels:history,groups:history,mpim:history,im:history"

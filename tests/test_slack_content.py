@@ -237,6 +237,50 @@ def test_the_group_an_escalation_names_is_escaped_and_kept_within_limits() -> No
     assert len(text) < 400 and "g" * 199 + "…*" in text
 
 
+def test_long_approver_names_leave_the_deadline_and_escalation_in_the_facts_line() -> None:
+    """A quorum's approvers so far are named in the facts line, before its deadline and the
+    group it was escalated to: names of thousands of characters (a principal may have 16 KiB)
+    filled the line to Slack's 3,000, and those were cut off. Each name and the list are cut."""
+    from signoff.channels.slack._blocks import request_blocks
+
+    base = {"kind": "question", "id": "req_1", "session_id": "s", "turn_id": "t"}
+    request = so.InputRequest(
+        **base,
+        agent="a",
+        created_at=0.0,
+        approvers=3,
+        approved_by=["p" * 2000, "q" * 2000],
+        expires_at=time.time() + 3600,
+        escalated_to="ops",
+    )
+    (facts,) = [b for b in request_blocks(request) if b["block_id"] == "signoff.facts"]
+    text = facts["elements"][0]["text"]
+    assert "needs 3 approvals (2 of 3: ppp" in text and " · expires <!date^" in text
+    assert text.endswith("escalated to *ops*: no one decided before the deadline")
+
+
+def test_a_long_deciders_name_leaves_the_time_and_reason_in_the_closing_line() -> None:
+    """Who decided comes before when and why in a closed message's last line: a principal id
+    of thousands of characters filled the line to Slack's 3,000 and cut the reason off."""
+    from signoff.channels import Resolution
+    from signoff.channels.slack._blocks import describe
+
+    base = {"kind": "question", "id": "req_1", "session_id": "s", "turn_id": "t"}
+    request = so.InputRequest(**base, agent="a", created_at=0.0)
+    by = so.Principal(authenticator="web", principal_id="b" * 10_000)
+    closed = Resolution(
+        request_id="req_1",
+        outcome="cancelled",
+        status="settled",
+        at=time.time(),
+        by=by,
+        reason="the amount is wrong",
+    )
+    line = describe(request, closed)
+    assert line.startswith(":x: *Denied* by `" + "b" * 199 + "…` <!date^")
+    assert line.endswith(": “the amount is wrong”")
+
+
 async def test_an_input_cannot_close_its_code_block_and_write_its_own_message(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
@@ -343,3 +387,109 @@ async def test_the_notes_only_the_responder_sees_are_never_parsed_either(
     told = await _refused_note(tmp_path, slack_api, HOSTILE)
     _unparsed(told)
     assert "@here @channel #general" in told["text"]
+
+
+async def test_a_message_slack_refuses_as_too_long_is_posted_short_and_still_answers(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Slack also refuses a message whose blocks hold too much text together (`msg_blocks_too
+    _long`, a limit it does not document). Posted again as it was, it would be refused for
+    ever: the request is posted once as a short message instead, which says its input is too
+    long for Slack and where to read it whole, and keeps Approve / Deny; the closed message,
+    refused as well, is written short too."""
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always()))
+    async def run(cmd: str) -> str:
+        """Run a command."""
+        return "ran"
+
+    steps = [call_tools(call("run", cmd="x" * 5000)), reply("ok")]
+    agent = scripted_agent("runner", steps, tools=[run])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        (req,) = (await rt.generate("runner", prompt="go")).pending
+        slack_api.most_text = 2500  # less than the input's part of the message: a lower limit
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], max_attempts=1)) as hub:
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") is not None  # announced
+            full, short = slack_api.of("chat.postMessage")
+            assert [b["block_id"] for b in full["blocks"]][:2] == [
+                "signoff.summary",
+                "signoff.input",
+            ]
+            assert full["blocks"][1]["text"]["text"].endswith(
+                "```\n_Cut here: it is 5,015 characters long; read it whole on the signoff "
+                "dashboard or with `signoff pending --json`._"
+            )
+            shown = "\n".join(strings(short["blocks"]))
+            assert "*runner* wants to run `run`" in shown
+            assert "too long for a Slack message" in shown and "msg_blocks_too_long" in shown
+            assert "signoff dashboard" in shown and "signoff pending --json" in shown
+            (actions,) = [b for b in short["blocks"] if b["type"] == "actions"]
+            assert [e["action_id"] for e in actions["elements"]] == [
+                "signoff.approve",
+                "signoff.deny",
+            ]
+            await hub.poll()
+            assert len(slack_api.of("chat.postMessage")) == 2  # posted once
+            body = click({"action_id": "signoff.approve", "block_id": "b", "value": req.id})
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.outcome == "approved"
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") is None  # its closed message written
+            updated = slack_api.of("chat.update")[-1]
+            assert updated["blocks"][-1]["block_id"] == "signoff.resolution"
+            assert "*Approved*" in updated["blocks"][-1]["elements"][0]["text"]
+            assert "too long for a Slack message" in "\n".join(strings(updated["blocks"]))
+
+
+async def test_two_hundred_long_choices_that_begin_alike_can_be_told_apart_and_chosen(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """200 choices of 500 characters each, alike but for their ends: cut to Slack's 75 each,
+    they read the same in the menu, and together they passed the text Slack takes in one
+    message (`msg_blocks_too_long`). The menu shows each numbered and cut to what the message
+    leaves room for, the question's section lists them whole as far as it can and says where
+    to read the rest, and the 200th is chosen from Slack."""
+    stem = "Refund the customer in full and close the ticket with the standard apology, " * 6
+    options: list[so.Option | str] = [
+        so.Option(id=f"o{i}", label=f"{stem[:480]} (variant {i})") for i in range(200)
+    ]
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Ask which."""
+        return str((await ctx.ask("Which one?", options=options)).option_id)
+
+    agent = scripted_agent("shop", [call_tools(call("pick")), reply("ok")], tools=[pick])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        (req,) = (await rt.generate("shop", prompt="go")).pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], max_attempts=1)) as hub:
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") is not None
+            (posted,) = slack_api.of("chat.postMessage")  # taken at once, in full
+            (select,) = selects(posted)
+            shown = [o for g in select["option_groups"] for o in g["options"]]
+            texts = [o["text"]["text"] for o in shown]
+            assert len(set(texts)) == 200 and texts[199].startswith("200. Refund the")
+            (summary,) = [b for b in posted["blocks"] if b["block_id"] == "signoff.summary"]
+            text = summary["text"]["text"]
+            assert f"*1.* {stem[:480]} (variant 0)" in text
+            assert "read the question and its choices whole on the signoff dashboard" in text
+            body = click(
+                {
+                    "type": "static_select",
+                    "action_id": "signoff.option",
+                    "block_id": f"signoff:{req.id}",
+                    "selected_option": shown[199],
+                },
+                user="U5",
+            )
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.resolution is not None
+            assert stored.resolution["answer"]["option_id"] == "o199"

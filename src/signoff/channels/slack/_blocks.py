@@ -28,8 +28,11 @@ __all__ = [
     "fallback_text",
     "note_text",
     "refused_view",
+    "TOO_LONG",
     "request_blocks",
+    "short_blocks",
     "slack_mention",
+    "text_length",
     "text_view",
 ]
 
@@ -52,7 +55,26 @@ _MAX_SHOWN = 1000  # an answer or a reason in the closing line, so the line stay
 _MAX_GROUP = 200  # a group's name in the facts line, which Slack limits as a whole
 _MAX_VALUE = 150  # Slack's limit for a select option's value
 _MAX_OPTIONS = 100  # Slack's limit for a select's options, and for its option groups
+_MAX_PLAIN = 75  # Slack's limit for a button's or an option's text
+# Slack refuses a message whose blocks hold more text than about 12,000 characters in all
+# (`msg_blocks_too_long`, undocumented): a question's options share what is left of this.
+_MOST_TEXT = 11_000
+_OTHER_TEXT = 1500  # a question's facts line, its menu's placeholder, groups' and button's text
+_LEAST_ROOM = 8  # an option's number and its label's start: fewer would say nothing
 _BY_POSITION = "signoff.option#"
+_MAX_NAME = 200  # an agent's or a tool's name in a short message
+_CODE_SHOWN = 2700  # of a tool input cut to fit a section, beside its label and the cut's note
+_SUMMARY_SHOWN = 2800  # of a question (and its options' descriptions) cut to fit a section
+
+# Where a person reads whole what a message cuts: an open request's input or question, the
+# edited input of one closed.
+OPEN_WHOLE = "on the signoff dashboard or with `signoff pending --json`"
+EDITED_WHOLE = "in the session's audit on the signoff dashboard"
+
+# What Slack answers when it refuses a message's blocks: a limit signoff does not know of, or
+# the undocumented one on all of a message's text together (about 12,000 characters). The
+# request is then posted as `short_blocks`, which leaves the long parts out and says so.
+TOO_LONG = frozenset({"invalid_blocks", "msg_blocks_too_long", "msg_too_long"})
 
 # Lone surrogates (JSON carries them from a model, UTF-8 cannot hold them) and C0 controls but
 # tab and newline: replaced in prose.
@@ -99,14 +121,25 @@ def _span(text: str) -> str:
 _SLACK_USER = re.compile(r"[A-Z0-9]+")
 
 
-def _code(value: Any) -> str:
+def _code(value: Any, where: str = OPEN_WHOLE) -> str:
+    """`value` as indented JSON in a code block; one too long for a section is cut, and a line
+    after the block says how much is shown and `where` to read it whole."""
     dumped = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    whole = len(dumped)
     dumped = escape(HIDDEN.sub(escape_as_json, dumped))
     # Backticks (only in JSON strings) that would end the code block are written as escapes.
     dumped = _FENCE.sub(lambda m: "\\u0060" * len(m.group()), dumped)
-    if len(dumped) > _MAX_TEXT - 40:
-        dumped = _clip(dumped, _MAX_TEXT - 60) + "\n… (truncated)"
-    return f"```{dumped}```"
+    if len(dumped) <= _MAX_TEXT - 40:
+        return f"```{dumped}```"
+    dumped = _clip(dumped, _CODE_SHOWN)
+    return f"```{dumped}```\n_{cut_note(whole, where)}_"
+
+
+def cut_note(whole: int | None, where: str) -> str:
+    """What a text cut to fit Slack says after it: how long it is and where to read it all."""
+    if whole is None:
+        return f"Cut here: read the question and its choices whole {where}."
+    return f"Cut here: it is {whole:,} characters long; read it whole {where}."
 
 
 def _date(at: float) -> str:
@@ -126,7 +159,8 @@ def slack_mention(principal: Principal | None) -> str:
     slack = principal.authenticator == "slack" and len(parts) == 3 and parts[0] == "slack"
     if slack and _SLACK_USER.fullmatch(parts[2]):  # only Slack's own user id is a mention
         return f"<@{parts[2]}>"
-    return _span(principal.principal_id)
+    # Cut, so the time and the reason after it in a closing line still show.
+    return _span(_clip(principal.principal_id, _MAX_GROUP))
 
 
 def fallback_text(request: InputRequest, resolution: Resolution | None = None) -> str:
@@ -180,17 +214,28 @@ def request_blocks(
     else:
         question = escape(request.question or "a question")
         lines = [f"*{agent}* asks: {question}"]
-        lines += [
-            f"• *{escape(o.label)}*: {escape(o.description)}"
-            for o in request.options
-            if o.description
-        ]
-        blocks.append(
-            {"type": "section", "block_id": "signoff.summary", "text": _mrkdwn("\n".join(lines))}
-        )
+        if _option_room(request) is None:
+            lines += [
+                f"• *{escape(o.label)}*: {escape(o.description)}"
+                for o in request.options
+                if o.description
+            ]
+        else:  # the menu shows them numbered and cut: here they are whole, as many as fit
+            lines += [
+                f"*{n}.* {escape(o.label)}"
+                + (f": {escape(o.description)}" if o.description else "")
+                for n, o in enumerate(request.options, 1)
+            ]
+        summary = "\n".join(lines)
+        if len(summary) > _MAX_TEXT:
+            shown = _clip(summary, _SUMMARY_SHOWN)
+            summary = f"{shown}\n_{cut_note(None, OPEN_WHOLE)}_"
+        blocks.append({"type": "section", "block_id": "signoff.summary", "text": _mrkdwn(summary)})
     facts = [f"request {_span(request.id)}", f"session {_span(request.session_id)}"]
     if request.approvers > 1:
-        so_far = ", ".join(escape(p) for p in request.approved_by) or "none yet"
+        # Each name and the list cut, so the deadline and an escalation after them still show.
+        so_far = ", ".join(_clip(escape(p), _MAX_GROUP) for p in request.approved_by)
+        so_far = _clip(so_far, _MAX_SHOWN) or "none yet"
         facts.append(f"needs {request.approvers} approvals ({request.progress}: {so_far})")
     if request.expires_at is not None and resolution is None:
         facts.append(f"expires {_date(request.expires_at)}")
@@ -204,7 +249,7 @@ def request_blocks(
         blocks.append(_controls(request))
     else:
         if edited_input is not None:
-            text = "Approved with edited input:\n" + _code(edited_input)
+            text = "Approved with edited input:\n" + _code(edited_input, EDITED_WHOLE)
             blocks.append({"type": "section", "block_id": "signoff.edited", "text": _mrkdwn(text)})
         blocks.append(
             {
@@ -214,6 +259,61 @@ def request_blocks(
             }
         )
     return blocks
+
+
+def short_blocks(
+    request: InputRequest, resolution: Resolution | None = None, *, refused: str
+) -> list[dict[str, Any]]:
+    """The message for a request whose full message Slack `refused` (one of `TOO_LONG`): who
+    asks for what, a warning that the rest is too long for Slack and where to read it whole,
+    its facts, and its controls (an approval's buttons; a question's free-text answer when it
+    takes one: its choices, which may be what Slack refused, are left to the other surfaces)
+    or how it closed."""
+    agent = _clip(escape(request.agent), _MAX_NAME)
+    if request.kind == "tool-approval":
+        tool = _clip(escape(request.tool_name or ""), _MAX_NAME).replace("`", "\\u0060")
+        summary = f"*{agent}* wants to run `{tool}`"
+        asks = request.payload is not None
+        what = "its input and what it asks approval of" if asks else "its input"
+    else:
+        summary = f"*{agent}* asks: {_clip(escape(request.question or 'a question'), _MAX_SHOWN)}"
+        what = "its question and choices" if request.options else "its question"
+    warning = (
+        f":warning: This request is too long for a Slack message (Slack refused it: "
+        f"`{escape(refused)}`), so {what} cannot be shown here. Read it whole before deciding: "
+        f"on the signoff dashboard, or with `signoff pending --json`."
+    )
+    full = request_blocks(request, resolution)
+    facts = [b for b in full if b.get("block_id") == "signoff.facts"]
+    blocks: list[dict[str, Any]] = [
+        {"type": "section", "block_id": "signoff.summary", "text": _mrkdwn(summary)},
+        {"type": "section", "block_id": "signoff.short", "text": _mrkdwn(warning)},
+        *facts,
+    ]
+    if resolution is not None:
+        blocks.append(
+            {
+                "type": "context",
+                "block_id": "signoff.resolution",
+                "elements": [_mrkdwn(describe(request, resolution))],
+            }
+        )
+        return blocks
+    controls = _controls(request)
+    controls["elements"] = [e for e in controls["elements"] if e["type"] == "button"]
+    if controls["elements"]:
+        blocks.append(controls)
+    return blocks
+
+
+def text_length(value: Any) -> int:
+    """How many characters of text (each text object's and option's) `value`'s blocks hold."""
+    if isinstance(value, dict):
+        own = len(value["text"]) if isinstance(value.get("text"), str) else 0
+        return own + sum(text_length(v) for k, v in value.items() if k != "text" or not own)
+    if isinstance(value, list):
+        return sum(text_length(v) for v in value)
+    return 0
 
 
 def _controls(request: InputRequest) -> dict[str, Any]:
@@ -264,8 +364,12 @@ def _controls(request: InputRequest) -> dict[str, Any]:
 def _choices(request: InputRequest) -> dict[str, Any]:
     """A select's `options`, or `option_groups` of 100 each when there are more than the 100
     options Slack allows in one list (it allows 100 groups)."""
+    room = _option_room(request)
     options = [
-        {"text": _plain(o.label), "value": _option_value(i, o.id)}
+        {
+            "text": _plain(o.label) if room is None else _plain(f"{i + 1}. {o.label}", room),
+            "value": _option_value(i, o.id),
+        }
         for i, o in enumerate(request.options[: _MAX_OPTIONS * _MAX_OPTIONS])
     ]
     if len(options) <= _MAX_OPTIONS:
@@ -276,6 +380,19 @@ def _choices(request: InputRequest) -> dict[str, Any]:
         label = f"Options {start + 1}–{start + len(part)}"
         groups.append({"label": _plain(label), "options": part})
     return {"option_groups": groups}
+
+
+def _option_room(request: InputRequest) -> int | None:
+    """How many characters each option of the menu may show, numbered, when their labels do
+    not all fit whole (None: they do, unnumbered). Slack takes 75 for each, and refuses a
+    message whose text passes `_MOST_TEXT` in all (`msg_blocks_too_long`): the options share
+    what the question's section, at its longest, and the other text leave of it. Cut labels
+    are numbered, as two may begin alike, and the question's section lists them whole."""
+    labels = [_plain(o.label, _MAX_TEXT)["text"] for o in request.options]
+    room = min(_MAX_PLAIN, (_MOST_TEXT - _MAX_TEXT - _OTHER_TEXT) // max(1, len(labels)))
+    if all(len(label) <= room for label in labels):
+        return None
+    return max(room, _LEAST_ROOM)
 
 
 def _option_value(position: int, option_id: str) -> str:

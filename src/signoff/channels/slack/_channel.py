@@ -44,7 +44,15 @@ from .._base import (
 )
 from .._lease import Presence, alive
 from ._adopt import retry_handlers
-from ._blocks import UNPARSED, fallback_text, note_text, request_blocks
+from ._blocks import (
+    TOO_LONG,
+    UNPARSED,
+    fallback_text,
+    note_text,
+    request_blocks,
+    short_blocks,
+    text_length,
+)
 from ._clicks import Clicks
 from ._identity import Identities, SlackUserMapping
 from ._payloads import (
@@ -257,7 +265,7 @@ class SlackChannel(Channel):
     async def on_updated(self, request: InputRequest) -> None:
         where = await self.posts.where(request.id)
         if where is not None:
-            await self._update(request.id, where, request_blocks(request), fallback_text(request))
+            await self._update(request, where, None, request_blocks(request))
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
         where = await self.posts.where(request.id) or await self.posts.find_unsaved(request.id)
@@ -273,26 +281,48 @@ class SlackChannel(Channel):
         closed = {"request_id": request.id, "closed_at": resolution.at}
         thread = thread_key(where["channel"], where["ts"])
         await off_loop(self.remember, thread, closed)
-        await self._update(request.id, where, blocks, fallback_text(request, resolution))
+        await self._update(request, where, resolution, blocks)
         await self.posts.forget(request.id, {thread: closed})
 
     async def _update(
-        self, request_id: str, where: dict[str, Any], blocks: list[Any], text: str
+        self,
+        request: InputRequest,
+        where: dict[str, Any],
+        resolution: Resolution | None,
+        blocks: list[Any],
     ) -> None:
-        """Rewrite a request's message; one deleted in Slack (or past editing) is forgotten, as
-        the hub's retries could never update it and would hold back the other requests."""
+        """Rewrite a request's message (as `blocks`, or as its short form when Slack refuses
+        them: see `short_blocks`); one deleted in Slack (or past editing) is forgotten, as the
+        hub's retries could never update it and would hold back the other requests."""
+        text = fallback_text(request, resolution)
         try:
-            await self.client.chat_update(
-                channel=where["channel"], ts=where["ts"], text=text, blocks=blocks, **UNPARSED
-            )
+            try:
+                await self.client.chat_update(
+                    channel=where["channel"], ts=where["ts"], text=text, blocks=blocks, **UNPARSED
+                )
+            except SlackApiError as exc:
+                refused = api_error(exc)
+                if refused not in TOO_LONG:
+                    raise
+                logger.warning(
+                    "slack: Slack refused the updated message of %s (%s, %s characters of "
+                    "text); updating it to a short one that points to the dashboard",
+                    request.id,
+                    refused,
+                    text_length(blocks),
+                )
+                short = short_blocks(request, resolution, refused=refused)
+                await self.client.chat_update(
+                    channel=where["channel"], ts=where["ts"], text=text, blocks=short, **UNPARSED
+                )
             self.refused_token.worked()
         except SlackApiError as exc:
             self.refused(exc, "chat.update", where["channel"])
             error = api_error(exc)
             if error not in _GONE:
                 raise
-            logger.warning("slack: the message of %s cannot be updated (%s)", request_id, error)
-            await self.posts.gone(request_id, where)
+            logger.warning("slack: the message of %s cannot be updated (%s)", request.id, error)
+            await self.posts.gone(request.id, where)
 
     def refused(self, exc: SlackApiError, method: str, channel: str) -> None:
         """Raise `RateLimited` for a 429 and `ChannelUnreachable` for a token or scope Slack

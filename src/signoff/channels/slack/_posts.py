@@ -21,8 +21,8 @@ from ..._types import InputRequest
 from .._base import logger, off_loop
 from .._shared import Shared
 from ._adopt import find_post, metadata, new_attempt
-from ._blocks import UNPARSED, fallback_text, request_blocks
-from ._payloads import maybe_done
+from ._blocks import TOO_LONG, UNPARSED, fallback_text, request_blocks, short_blocks, text_length
+from ._payloads import api_error, maybe_done
 from ._replies import thread_key
 
 if TYPE_CHECKING:
@@ -103,13 +103,35 @@ class Posts:
         await off_loop(ch.remember, _attempt_key(request.id), attempt)
         await self.shared.keep({_shared_key(request.id): {"attempt": attempt}})
         try:
-            reply = await ch.client.chat_postMessage(
-                channel=ch.channel,
-                text=fallback_text(request),
-                blocks=request_blocks(request),
-                metadata=metadata(request.id, attempt),
-                **UNPARSED,
-            )
+            try:
+                blocks = request_blocks(request)
+                reply = await ch.client.chat_postMessage(
+                    channel=ch.channel,
+                    text=fallback_text(request),
+                    blocks=blocks,
+                    metadata=metadata(request.id, attempt),
+                    **UNPARSED,
+                )
+            except SlackApiError as exc:
+                refused = api_error(exc)
+                if refused not in TOO_LONG:
+                    raise
+                # Posted again as it is, Slack would refuse it for ever: the short message
+                # says the rest is too long for Slack and where to read it.
+                logger.warning(
+                    "slack: Slack refused the message of %s (%s, %s characters of text); "
+                    "posting a short one that points to the dashboard",
+                    request.id,
+                    refused,
+                    text_length(blocks),
+                )
+                reply = await ch.client.chat_postMessage(
+                    channel=ch.channel,
+                    text=fallback_text(request),
+                    blocks=short_blocks(request, refused=refused),
+                    metadata=metadata(request.id, attempt),
+                    **UNPARSED,
+                )
         except SlackApiError as exc:
             if not maybe_done(exc):  # Slack posted nothing: no message to find
                 with contextlib.suppress(SignoffError):
