@@ -533,3 +533,48 @@ def test_printable_keeps_backslashes_at_its_end_whatever_markup_follows(
     with console.capture() as captured:
         console.print(before + printable(text) + after, end="")
     assert captured.get() == _unstyled(before) + text + _unstyled(after)
+
+
+def test_a_huge_input_is_cut_in_the_prompt_and_v_shows_all_of_it() -> None:
+    """A 200 KB argument (and a 50 KB payload) printed whole before `(y/N)` filled thousands of
+    lines of the terminal, the prompt lost at their end. Each is cut, saying how much is left
+    out, and `v` at the prompt prints all of both, then asks again: what is approved is there
+    to read."""
+    blob = "y" * 200_000
+    payload = {"note": "p" * 50_000}
+    console = Console(record=True, width=120, file=open(os.devnull, "w"))
+    prompts: list[str] = []
+    printed: list[str] = []
+    answers = ["v", "y"]
+
+    def read(prompt: str) -> str | None:
+        prompts.append(prompt)
+        printed.append(console.export_text(clear=True))
+        return answers.pop(0)
+
+    action = so.Action(call_id="c", tool_name="upload", input={"blob": blob}, input_hash="h")
+    try:
+        answer = TerminalChannel(console, read=read).ask(
+            _request(action=action, payload=payload, source="tool")
+        )
+    finally:
+        console.file.close()
+    assert answer == so.InputResponse(request_id="req_1", option_id="approve")
+    first = printed[0] + prompts[0]
+    assert len(first) < 5_000, "the first screen is the whole input"
+    assert "Run upload(" in prompts[0] and "(y/N, v shows all of it)" in prompts[0]
+    assert f"{len(compact_json({'blob': blob})) - 1000:,} more characters" in prompts[0]
+    assert "more characters" in printed[0]  # the payload's line, cut too
+    assert compact_json({"blob": blob}) in printed[1]
+    assert compact_json(payload) in printed[1]
+    assert "Run upload(" in prompts[1]
+
+
+def test_a_short_input_is_shown_whole_with_no_hint_to_see_more() -> None:
+    channel, prompts, console = _channel(["y"])
+    try:
+        channel.ask(_request())
+    finally:
+        console.file.close()
+    assert prompts[0].endswith("[dim](y/N)[/] ")
+    assert "more characters" not in prompts[0]

@@ -2,7 +2,8 @@
 
 An approval is one line naming the call, its input as compact JSON, and a yes/no prompt whose
 default is no: `? Run issue_refund({"order_id":"1042",...})? (y/N)`; a question shows numbered
-choices and, when the request allows it, takes free text.
+choices and, when the request allows it, takes free text. An input or payload longer than
+`SHOWN_CHARS` is cut there, saying how much is left out, and `v` at the prompt prints all of it.
 """
 
 from __future__ import annotations
@@ -31,10 +32,23 @@ from .._types import (
 )
 from ._tty import read_terminal_line, terminal_stdin
 
-__all__ = ["TerminalChannel", "compact_json", "duration", "printable"]
+__all__ = ["SHOWN_CHARS", "TerminalChannel", "compact_json", "duration", "printable"]
+
+SHOWN_CHARS = 1000
+"""How much of a call's input (or its tool's payload) an approval shows before its prompt: a
+200 KB argument printed whole filled thousands of lines, the prompt lost at their end. `v` at
+the prompt prints it all."""
 
 _YES = frozenset({"y", "yes"})
 _NO = frozenset({"n", "no", ""})
+_VIEW = frozenset({"v", "view"})
+
+
+def _cut(text: str) -> str:
+    """`text`, or its first `SHOWN_CHARS` characters and how many more there are."""
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{text[:SHOWN_CHARS]}… ({len(text) - SHOWN_CHARS:,} more characters)"
 
 
 def compact_json(value: Any) -> str:
@@ -161,8 +175,32 @@ class TerminalChannel:
         return self.read("[bold green]?[/] [bold]you:[/] ")
 
     def approval_prompt(self, request: InputRequest) -> str:
-        """The inline question for a tool approval, as plain text."""
-        return f"Run {request.tool_name}({compact_json(request.input)})?"
+        """The inline question for a tool approval, as plain text: the input cut at
+        `SHOWN_CHARS`, saying how much is left out."""
+        return f"Run {request.tool_name}({_cut(compact_json(request.input))})?"
+
+    def _cut_short(self, request: InputRequest) -> bool:
+        """Whether the approval shows `request`'s input or payload cut."""
+        return any(
+            value is not None and len(compact_json(value)) > SHOWN_CHARS
+            for value in (
+                request.input,
+                request.payload if request.kind == "tool-approval" else None,
+            )
+        )
+
+    def _show_all(self, request: InputRequest) -> None:
+        """Print the payload and the input whole (`v` at the prompt), as the terminal wraps
+        them: what is approved is there to read, however long."""
+        if request.payload is not None:
+            self.console.print(
+                f"  [dim]{printable(request.tool_name or 'tool')} asks for approval:[/] "
+                f"{printable(compact_json(request.payload))}",
+                soft_wrap=True,
+            )
+        self.console.print(
+            f"  [dim]input:[/] {printable(compact_json(request.input))}", soft_wrap=True
+        )
 
     def show(self, request: InputRequest) -> None:
         """Print what a reviewer should know before the prompt: payload, policy errors."""
@@ -170,7 +208,7 @@ class TerminalChannel:
             if request.payload is not None:
                 self.console.print(
                     f"  [dim]{printable(request.tool_name or 'tool')} asks for approval:[/] "
-                    f"{printable(compact_json(request.payload))}"
+                    f"{printable(_cut(compact_json(request.payload)))}"
                 )
             if request.source == "guardrail":
                 self.console.print("  [dim]required by the agent's tool policy[/]")
@@ -205,12 +243,16 @@ class TerminalChannel:
         return self._ask_question(request)
 
     def _ask_approval(self, request: InputRequest) -> InputResponse | None:
-        prompt = f"[bold yellow]?[/] {printable(self.approval_prompt(request))} [dim](y/N)[/] "
+        hint = "(y/N, v shows all of it)" if self._cut_short(request) else "(y/N)"
+        prompt = f"[bold yellow]?[/] {printable(self.approval_prompt(request))} [dim]{hint}[/] "
         while True:
             answer = self.read(prompt)
             if answer is None:
                 return None
             answer = folded(answer)  # as the text channel reads it: `ｙｅｓ` is yes
+            if answer in _VIEW:
+                self._show_all(request)
+                continue
             if answer in _YES:
                 return InputResponse(request_id=request.id, option_id="approve")
             if answer in _NO:
