@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,6 +28,7 @@ from ._server_api import (
 )
 from .test_server_common import (
     TOKENS,
+    auth,
     make_runtime,
     read_sse,
     running,
@@ -532,3 +534,56 @@ def test_idle_streams_send_keep_alive_comments(store: str) -> None:
                     break
     assert "id: 1" in seen and "event: session.created" in seen
     assert seen[0].startswith("retry: ")
+
+
+async def test_the_queue_lists_without_inputs_when_asked(tmp_path: Path) -> None:
+    """A listing of requests whose calls each carry 600 KB of arguments was 600 KB an item (a
+    page of 500 of 1 MB ones, 500 MB, which `Client.pending` refuses past 64 MB), with no way to
+    list them lighter. `inputs=false` sends each `action.input` and `payload` as null, the rest
+    (`input_hash` too) as it is; `GET /v1/requests/{id}` has all of one."""
+    blob = "z" * 600_000
+
+    @so.tool
+    def upload(ctx: so.ToolContext, blob: str) -> str:
+        """Upload a file."""
+        ctx.request_approval({"bytes": len(blob), "head": blob[:100_000]})
+        return "stored"
+
+    call = so.ToolCall(name="upload", input={"blob": blob})
+    agent = so.Agent(
+        name="files",
+        model=so.models.Scripted([so.ModelResponse(tool_calls=[call])], repeat_last=True),
+        tools=[upload],
+    )
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/big.db")
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=transport, base_url="http://t", headers=auth("alice-token")
+        ) as c,
+    ):
+        for _ in range(3):
+            r = await c.post("/v1/sessions", json={"agent": "files", "message": "store it"})
+            assert r.json()["status"] == "waiting", r.text
+        whole = await c.get("/v1/requests")
+        assert len(whole.content) > 2_100_000
+        light = await c.get("/v1/requests", params={"inputs": "false"})
+        assert light.status_code == 200
+        assert len(light.content) < 10_000
+        page = light.json()
+        assert page["total"] == 3 and len(page["items"]) == 3
+        for item, full in zip(page["items"], whole.json()["items"], strict=True):
+            assert item["id"] == full["id"]
+            assert item["action"]["input"] is None and item["payload"] is None
+            assert item["action"]["input_hash"] == full["action"]["input_hash"]
+            assert full["action"]["input"] == {"blob": blob}
+            assert full["payload"]["bytes"] == 600_000
+            one = (await c.get(f"/v1/requests/{item['id']}")).json()["request"]
+            assert one["action"]["input"] == {"blob": blob}
+        async with so.AsyncClient("http://t", token="alice-token", transport=transport) as api:
+            items, total = await api.pending(inputs=False)
+        assert total == 3 and all(q.input is None and q.payload is None for q in items)
+        hashes = [i["action"]["input_hash"] for i in page["items"]]
+        assert [q.action.input_hash for q in items if q.action] == hashes

@@ -346,9 +346,17 @@ class AsyncClient:
         older_than: float | None = None,
         limit: int = 50,
         offset: int = 0,
+        inputs: bool = True,
     ) -> tuple[list[InputRequest], int]:
-        """One page of the queue across sessions, and the total."""
+        """One page of the queue across sessions, and the total. `inputs=False` lists each
+        request with its call's input and its payload as None (the input's hash as it is): a
+        page of calls with megabytes of arguments stays small; `state(session_id)` has a
+        session's pending requests whole."""
+        if not isinstance(inputs, bool):
+            raise errors.UsageError(f"inputs must be True or False, not {inputs!r}")
         params: dict[str, Any] = {"status": status, "limit": limit, "offset": offset}
+        if not inputs:
+            params["inputs"] = "false"
         for name, text in (("agent", agent), ("tool_name", tool_name), ("kind", kind)):
             _filter(name, text)
         _filter("status", status)

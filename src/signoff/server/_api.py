@@ -32,6 +32,7 @@ from ._models import (
     session_page,
     session_view,
     turn_result,
+    without_inputs,
 )
 from ._route import ApiRoute
 from ._sse import event_stream, parse_last_event_id, stream_response
@@ -316,6 +317,14 @@ async def list_requests(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
+    inputs: Annotated[
+        bool,
+        Query(
+            description="false: each request's `action.input` and `payload` are sent as null "
+            "(its `action.input_hash` as it is), a page of calls with megabytes of arguments "
+            "a few kilobytes; `GET /v1/requests/{request_id}` has all of one."
+        ),
+    ] = True,
 ) -> QueuePage:
     """The approval queue across sessions (oldest first), paginated, with the total."""
     ctx, caller = await _caller(request)
@@ -330,6 +339,8 @@ async def list_requests(
         offset=offset,
     )
     items, total = await ctx.visible_requests(caller, flt)
+    if not inputs:
+        items = [without_inputs(r) for r in items]
     return QueuePage(items=items, total=total, limit=limit, offset=offset)
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "session_page",
     "session_view",
     "turn_result",
+    "without_inputs",
 ]
 
 
@@ -252,6 +253,18 @@ class QueuePage(_View):
     total: int
     limit: int
     offset: int
+
+
+def without_inputs(request: InputRequest) -> InputRequest:
+    """`request` as a light listing shows it: its call's input and its payload null, what binds
+    an approval to them (`action.input_hash`) as it is."""
+    action = request.action
+    return request.model_copy(
+        update={
+            "action": None if action is None else action.model_copy(update={"input": None}),
+            "payload": None,
+        }
+    )
 
 
 class SessionItem(_View):
