@@ -587,3 +587,57 @@ async def test_a_redirect_refused_names_where_it_pointed_with_any_password_maske
         await hooks.close()
     assert "HTTP 308 to 'https://hook:***@new.example/hook'" in caplog.text
     assert "s3cr3t" not in caplog.text
+
+
+async def test_a_request_with_megabytes_of_arguments_reaches_a_receiver_capped_at_1_mib(
+    tmp_path: Path,
+) -> None:
+    """A call with 700 KB of arguments and a 700 KB payload was announced in a 1.4 MB body: a
+    receiver taking up to 1 MiB (aiohttp's default, as many) answered 413, a refusal, never
+    sent again, so it never heard of the request. Over `max_body_bytes` (256 KiB) a body sends
+    the input and the payload as null and names them in `clipped`; the request's id and
+    `input_hash` are there to read it whole (`GET /v1/requests/{id}`)."""
+    blob = "b" * 700_000
+
+    @so.tool
+    def upload(ctx: so.ToolContext, blob: str) -> str:
+        """Upload a file."""
+        ctx.request_approval({"head": blob})
+        return "stored"
+
+    agent = scripted_agent(
+        "files", [call_tools(call("upload", blob=blob)), reply("Done.")], tools=[upload]
+    )
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, max_attempts=1)
+        async with manual(ChannelHub(rt, [hooks])) as hub:
+            r = await rt.generate("files", prompt="store it")
+            (request,) = r.pending
+            await hub.poll()
+            await hooks.drain()
+            await rt.respond(
+                r.session_id, [so.InputResponse(request_id=request.id, option_id="approve")]
+            )
+            await hub.poll()
+            await hooks.drain()
+        assert await hooks.refusals() == []
+    bodies = [json.loads(body) for _, body in receiver.accepted]
+    assert [b["type"] for b in bodies] == ["request.opened", "request.resolved"]
+    for (_, raw), body in zip(receiver.accepted, bodies, strict=True):
+        assert len(raw) <= 256 * 1024
+        assert body["clipped"] == ["request.action.input", "request.payload"]
+        assert body["request"]["id"] == request.id
+        assert body["request"]["action"]["input"] is None and body["request"]["payload"] is None
+        assert request.action is not None
+        assert body["request"]["action"]["input_hash"] == request.action.input_hash
+    small = hooks.payload("request.opened", request.model_copy(update={"payload": None}))
+    assert "clipped" not in hooks.payload(
+        "request.opened",
+        request.model_copy(
+            update={"payload": None, "action": request.action.model_copy(update={"input": {}})}
+        ),
+    )
+    assert small["clipped"] == ["request.action.input"]

@@ -78,6 +78,18 @@ _RETRY_STATUSES = frozenset({408, 425, 429})
 _DONE = {"delivered": "delivered", "refused": "refused", "gave up": "given up on"}
 _BACKFILLED = "backfilled"  # memo: the open requests were announced on a first start
 
+MAX_BODY_BYTES = 256 * 1024
+"""The default bound on a delivery's body (`max_body_bytes`): receivers often take no more
+than 1 MiB (aiohttp's default), or 100 KB (Express's), and answer a larger one with 413."""
+
+_CLIPPABLE = (
+    ("request.action.input", ("request", "action", "input")),
+    ("request.payload", ("request", "payload")),
+    ("resolution.answer", ("resolution", "answer")),
+)
+"""What a body over `max_body_bytes` sends as null, in this order until it fits: what a
+request is about that may be megabytes, each readable whole at `GET /v1/requests/{id}`."""
+
 
 def _json_bytes(body: Mapping[str, Any]) -> bytes:
     """The delivery body as UTF-8 JSON; text with unpaired surrogates (which UTF-8 cannot hold)
@@ -86,6 +98,26 @@ def _json_bytes(body: Mapping[str, Any]) -> bytes:
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
     except UnicodeEncodeError:
         return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _within(body: dict[str, Any], limit: int) -> dict[str, Any]:
+    """`body`, or if it is over `limit` bytes as sent, with the call's input, the tool's payload
+    and then the answer sent as null until it fits, each named in `clipped`: a receiver that
+    caps its bodies (and answers 413, a refusal never sent again) still hears of the request,
+    with its id and `input_hash` to read it whole."""
+    clipped: list[str] = []
+    for name, path in _CLIPPABLE:
+        if len(_json_bytes(body)) <= limit:
+            break
+        *parents, key = path
+        holder: Any = body
+        for part in parents:
+            holder = holder.get(part) if isinstance(holder, dict) else None
+        if isinstance(holder, dict) and holder.get(key) is not None:
+            holder[key] = None
+            clipped.append(name)
+            body["clipped"] = clipped
+    return body
 
 
 class WebhookChannel(Channel):
@@ -108,6 +140,9 @@ class WebhookChannel(Channel):
     A new channel starts from now, as the hub does: requests opened before it first started
     are not announced. `backfill=True` sends `request.opened` for each of those still open (as
     stored then, oldest first) on the first start with it on the hub's state, once.
+
+    `max_body_bytes` (256 KiB) bounds a body: one over it sends the call's input, the tool's
+    payload and then the answer as null until it fits, naming them in `clipped`.
     """
 
     name = "webhooks"
@@ -129,6 +164,7 @@ class WebhookChannel(Channel):
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         backfill: bool = False,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         super().__init__(name=name, accepts=accepts)
         checked_clock(clock, "WebhookChannel: clock")  # else every delivery failed to be signed
@@ -138,6 +174,7 @@ class WebhookChannel(Channel):
         url_list = checked_urls(urls)
         secrets = secret_list(secret, "WebhookChannel")
         whole("max_attempts", max_attempts, least=1)  # 2.5 would fail each delivery
+        whole("max_body_bytes", max_body_bytes, least=1024)
         seconds("timeout", timeout)  # 0 would fail every attempt at once
         # A NaN or infinite max_backoff would sleep forever between attempts.
         seconds("backoff", backoff, zero=True)
@@ -148,6 +185,7 @@ class WebhookChannel(Channel):
         self.secret = secrets[0]
         self.expiring_within = expiring_within
         self.max_attempts = max_attempts
+        self.max_body_bytes = max_body_bytes
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.timeout = timeout
@@ -370,7 +408,7 @@ class WebhookChannel(Channel):
         """The JSON body of a delivery; `id` is stable for the same event of the same request
         (a request is escalated at most once, so that event has one id too)."""
         digest = hashlib.sha256(f"{event}:{request.id}".encode()).hexdigest()[:24]
-        return {
+        body = {
             "id": f"whd_{digest}",
             "type": event,
             "at": self._now(),
@@ -378,6 +416,7 @@ class WebhookChannel(Channel):
             "resolution": None if resolution is None else resolution.to_dict(),
             "escalation": None if escalation is None else escalation.to_dict(),
         }
+        return _within(body, self.max_body_bytes)
 
     def _now(self) -> float:
         """When an event is queued, on the runtime's clock (on PostgreSQL the database's): the
