@@ -633,6 +633,7 @@ async def test_a_request_with_megabytes_of_arguments_reaches_a_receiver_capped_a
         assert body["request"]["action"]["input"] is None and body["request"]["payload"] is None
         assert request.action is not None
         assert body["request"]["action"]["input_hash"] == request.action.input_hash
+    assert request.action is not None
     small = hooks.payload("request.opened", request.model_copy(update={"payload": None}))
     assert "clipped" not in hooks.payload(
         "request.opened",
