@@ -35,8 +35,11 @@ SECRET = "whsec_test_4f1a"
 class Receiver:
     """An HTTP endpoint on loopback that answers with the statuses it is given, then 204."""
 
-    def __init__(self, statuses: list[int | tuple[int, dict[str, str]]]) -> None:
+    def __init__(
+        self, statuses: list[int | tuple[int, dict[str, str]]], max_size: int = 1024**2
+    ) -> None:
         self.statuses = list(statuses)
+        self.max_size = max_size  # a larger body is answered 413, as aiohttp's default 1 MiB
         self.attempts: list[tuple[dict[str, str], bytes]] = []
         self.accepted: list[tuple[dict[str, str], bytes]] = []
         self.targets: list[str] = []  # each attempt's path and query
@@ -44,7 +47,7 @@ class Receiver:
         self._runner: web.AppRunner | None = None
 
     async def __aenter__(self) -> Receiver:
-        app = web.Application()
+        app = web.Application(client_max_size=self.max_size)
         app.router.add_post("/hooks/signoff", self.handle)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
@@ -642,3 +645,45 @@ async def test_a_request_with_megabytes_of_arguments_reaches_a_receiver_capped_a
         ),
     )
     assert small["clipped"] == ["request.action.input"]
+
+
+async def test_a_receiver_capping_bodies_below_max_body_bytes_gets_them_clipped_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A receiver taking less than `max_body_bytes` (Express takes 100 KB) answered 413 to a
+    request with 150 KB of arguments, a final refusal: it never heard of the request. A 413 is
+    now answered at once with the input, payload and answer sent as null (named in `clipped`),
+    not counted as an attempt; a receiver that refuses even that is refused as too large."""
+
+    @so.tool(approval=so.always())
+    def upload(blob: str) -> str:
+        """Upload a file."""
+        return "stored"
+
+    blob = "b" * 150_000
+    agent = scripted_agent(
+        "files", [call_tools(call("upload", blob=blob)), reply("Done.")], tools=[upload]
+    )
+    async with (
+        Receiver([], max_size=100_000) as receiver,
+        so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, max_attempts=1)
+        async with manual(ChannelHub(rt, [hooks])) as hub:
+            r = await rt.generate("files", prompt="store it")
+            (request,) = r.pending
+            await hub.poll()
+            await hooks.drain()
+        assert await hooks.refusals() == []
+    assert len(receiver.attempts) == 1  # the first, 413, was answered by aiohttp itself
+    ((_, raw),) = receiver.accepted
+    body = json.loads(raw)
+    assert body["type"] == "request.opened" and body["clipped"] == ["request.action.input"]
+    assert body["request"]["id"] == request.id and body["request"]["action"]["input"] is None
+    assert "HTTP 413 (body too large)" in caplog.text and "max_body_bytes" in caplog.text
+
+    async with Receiver([], max_size=1024) as tiny:  # smaller than any body
+        hooks = WebhookChannel(tiny.url, SECRET, max_attempts=1)
+        assert not await hooks.deliver(tiny.url, "whd_x", "request.opened", raw)
+        assert tiny.accepted == []
+    assert "the body is too large for it" in caplog.text

@@ -13,13 +13,14 @@ from ._webhook_urls import masked
 if TYPE_CHECKING:
     from .webhooks import WebhookChannel
 
-__all__ = ["REDIRECTED", "REFUSALS_KEPT", "REFUSED", "note_refusal", "refusals"]
+__all__ = ["REDIRECTED", "REFUSALS_KEPT", "REFUSED", "TOO_LARGE", "note_refusal", "refusals"]
 
 REFUSALS_KEPT = 100  # refusals kept per URL, the oldest dropped first
 _KEY = "refused:"  # memo key prefix of the refusals of a URL: "refused:{url}"
 REDIRECTED = "a redirect is not followed (the signed body goes only to the URL configured): "
 REDIRECTED += "configure the channel with the URL it points to"
 REFUSED = "the receiver's final answer: check its URL and secret"
+TOO_LARGE = "the receiver's final answer: the body is too large for it, even with nothing to clip"
 
 
 def note_refusal(

@@ -55,7 +55,7 @@ from ._retries import MAX_WAIT, Outage, doubled
 from ._webhook_outbox import OUTBOX as _OUTBOX
 from ._webhook_outbox import drop_copy, keep_copies, kept_in_store, take_copies
 from ._webhook_posts import post_once
-from ._webhook_refusals import REDIRECTED, REFUSED, note_refusal, refusals
+from ._webhook_refusals import REDIRECTED, REFUSED, TOO_LARGE, note_refusal, refusals
 from ._webhook_signatures import (
     DELIVERY_HEADER,
     EVENT_HEADER,
@@ -105,7 +105,7 @@ def _within(body: dict[str, Any], limit: int) -> dict[str, Any]:
     and then the answer sent as null until it fits, each named in `clipped`: a receiver that
     caps its bodies (and answers 413, a refusal never sent again) still hears of the request,
     with its id and `input_hash` to read it whole."""
-    clipped: list[str] = []
+    clipped: list[str] = list(body.get("clipped") or [])
     for name, path in _CLIPPABLE:
         if len(_json_bytes(body)) <= limit:
             break
@@ -118,6 +118,20 @@ def _within(body: dict[str, Any], limit: int) -> dict[str, Any]:
             clipped.append(name)
             body["clipped"] = clipped
     return body
+
+
+def _smallest(raw: bytes) -> bytes | None:
+    """`raw`'s body with everything `_CLIPPABLE` sent as null, for a receiver that answered 413
+    to it (its cap below `max_body_bytes`); None when there is nothing left to leave out."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    before = list(body.get("clipped") or [])
+    body = _within(body, 0)
+    return None if body.get("clipped", []) == before else _json_bytes(body)
 
 
 class WebhookChannel(Channel):
@@ -543,7 +557,9 @@ class WebhookChannel(Channel):
 
         client = self._http()
         await self._wait_asked(url, delivery)
-        for attempt in range(1, self.max_attempts + 1):
+        attempt = 0
+        while attempt < self.max_attempts:
+            attempt += 1
             stamp = int(self.clock())  # signed afresh: a late retry is not a stale delivery
             headers = {
                 "Content-Type": "application/json",
@@ -569,6 +585,21 @@ class WebhookChannel(Channel):
                 problem = f"HTTP {status}"
                 if moved is not None:  # where to point the channel, if the receiver moved
                     problem += f" to {str(masked(moved))[:200]!r}"  # masked whole, then cut
+            if status == 413 and (smaller := _smallest(raw)) is not None:
+                # Under max_body_bytes and still too large for this receiver: at once, as small
+                # as it goes (not an attempt: the receiver answered, and will take it).
+                logger.warning(
+                    "webhook %s: HTTP 413 (body too large) for %s of %s bytes; sending it "
+                    "again at once with the input, payload and answer as null (%s bytes): "
+                    "set WebhookChannel(max_body_bytes=) below the receiver's limit",
+                    masked(url),
+                    delivery,
+                    len(raw),
+                    len(smaller),
+                )
+                raw = smaller
+                attempt -= 1
+                continue
             self._answers[url] = (status, problem, asked)
             if status is not None and status < 500 and status not in _RETRY_STATUSES:
                 logger.error(
@@ -576,7 +607,7 @@ class WebhookChannel(Channel):
                     masked(url),
                     delivery,
                     problem,
-                    REDIRECTED if status < 400 else REFUSED,
+                    REDIRECTED if status < 400 else TOO_LARGE if status == 413 else REFUSED,
                     "see WebhookChannel.refusals()" if self._state is not None else "not kept",
                 )
                 self.failed += 1
