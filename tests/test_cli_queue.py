@@ -57,6 +57,34 @@ def test_pending_lists_the_parked_request(url: str) -> None:
     assert rows[0]["status"] == "pending"
 
 
+def test_pending_says_where_a_cut_input_is_whole(url: str) -> None:
+    """The table cuts a request's input at 200 characters with "...": it now says, under the
+    table, that `--json` shows it whole; a table with nothing cut says nothing of it."""
+    from ._cli import issue_refund
+
+    reason = "the parcel arrived crushed " * 20
+    long_agent = scripted_agent(
+        "support",
+        [call_tools(call("issue_refund", order_id="1042", amount=180.0, reason=reason))],
+        tools=[issue_refund],
+    )
+    with so.Runtime([long_agent], store=url) as rt:
+        assert rt.generate_sync("support", "Refund order 1042").status == "waiting"
+    result = invoke("pending", "--store", url)
+    assert result.exit_code == 0, result.output
+    assert "..." in result.output
+    assert "cut at 200 characters: --json shows them whole." in " ".join(result.output.split())
+    as_json = json.loads(invoke("pending", "--store", url, "--json").stdout)
+    assert as_json[0]["action"]["input"]["reason"] == reason
+
+
+def test_a_table_with_nothing_cut_says_nothing_of_json(url: str) -> None:
+    park(url)
+    result = invoke("pending", "--store", url)
+    assert result.exit_code == 0, result.output
+    assert "--json" not in result.output
+
+
 def test_pending_says_how_many_more_a_limit_left_out(url: str) -> None:
     """`--limit` shows the oldest requests and says how many are open in all."""
     ids = [park(url)[1] for _ in range(3)]

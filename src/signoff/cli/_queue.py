@@ -232,13 +232,24 @@ def _print_queue(
             else "No pending requests."
         )
         return
-    table = _queue_table(requests, total, offset, now)
+    table, cut = _queue_table(requests, total, offset, now)
     print_table(console, table, fit(console, table))
+    if cut:
+        console.print(
+            f"Inputs and questions are cut at {_SHOWN} characters: --json shows them whole."
+        )
 
 
-def _queue_table(requests: list[InputRequest], total: int, offset: int, now: float) -> Table:
+_SHOWN = 200  # characters of a request's input or question in the queue's table
+
+
+def _queue_table(
+    requests: list[InputRequest], total: int, offset: int, now: float
+) -> tuple[Table, bool]:
     """The queue as a table, its ages and deadlines as of `now`: the runtime's clock, which
-    stamped and judges them (on PostgreSQL the database's, whatever this machine's says)."""
+    stamped and judges them (on PostgreSQL the database's, whatever this machine's says); and
+    whether an input or a question in it is cut."""
+    cut = False
     table = Table(
         title=f"Pending requests ({shown_of(len(requests), total, offset)})",
         title_justify="left",
@@ -267,9 +278,10 @@ def _queue_table(requests: list[InputRequest], total: int, offset: int, now: flo
             cell(r.id, "\n", (r.session_id, "dim")),
             cell(r.agent, "\n", (asker, "dim")),
             cell(what, "\n", (f"{duration(now - r.created_at)} ago{expiry}", "dim")),
-            cell(clip(readable, 200)),
+            cell(clip(readable, _SHOWN)),
         )
-    return table
+        cut = cut or len(readable) > _SHOWN
+    return table, cut
 
 
 def _unknown_request(request_id: str, where: str) -> UnknownRequest:
