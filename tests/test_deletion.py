@@ -231,3 +231,32 @@ def test_the_sync_twin_deletes(tmp_path: Any) -> None:
         sid = rt.generate_sync("chat", prompt="hi", auth=ALICE).session_id
         assert rt.delete_session_sync(sid, by=OPS) == [sid]
         assert rt.sessions_sync() == []
+
+
+async def test_a_channel_hub_copes_with_a_deleted_sessions_requests(store_url: str) -> None:
+    """A hub that showed a request whose session was then cancelled and deleted before it read
+    the close: its polls go on without failing or showing anything again, and it delivers the
+    next session's request; a hub started afterwards is handed nothing of the deleted one."""
+    from signoff.channels import ChannelHub
+
+    from ._channels import Texts, manual
+
+    async with so.Runtime(agents(), store=store_url) as rt:
+        r = await rt.generate("chat", prompt="refund it", auth=ALICE)
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms], gap_timeout=0)) as hub:
+            await hub.poll()
+            assert sms.sent == [sms.render(r.pending[0])]
+            await rt.cancel(r.session_id, principal=ALICE)
+            await rt.delete_session(r.session_id)
+            for _ in range(3):
+                await hub.poll()
+            shown = list(sms.sent)
+            assert sms.render(r.pending[0]) not in shown[1:]
+            nxt = await rt.generate("chat", prompt="refund it", auth=ALICE)
+            await hub.poll()
+            assert sms.sent[-1] == sms.render(nxt.pending[0])
+        later = Texts()
+        async with manual(ChannelHub(rt, [later], name="later")) as hub:
+            await hub.poll()
+            assert all(r.session_id not in text for text in later.sent)
