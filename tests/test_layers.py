@@ -48,7 +48,7 @@ LAYERS: list[set[str]] = [
     {"_work"},
     {"_work_audit"},
     {"_wire", "_payloads", "_event_stream"},
-    {"_live_session", "_keyed_calls", "_remote_events"},
+    {"_live_session", "_keyed_calls", "_remote_events", "_deletion"},
     {"_runtime", "_client"},
     {"_exports"},
     {"__init__"},

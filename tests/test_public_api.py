@@ -52,6 +52,8 @@ def test_core_names_present() -> None:
         "NotAllowed",
         "SessionExpired",
         "SessionLimitReached",
+        "SessionWaiting",
+        "SubagentSession",
         "ModelError",
         "RemoteError",
         "StoreError",

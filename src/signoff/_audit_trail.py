@@ -19,6 +19,7 @@ from ._types import InputRequest
 from .stores import Store
 from .stores._audit import DAMAGED, AuditEntry, AuditRow, chain_hash, int_time_hash
 from .stores._base import RequestRow
+from .stores._deletions import DELETIONS_STREAM
 
 __all__ = [
     "AuditEntries",
@@ -41,13 +42,14 @@ SIGN_OUTS_STREAM = "dashboard:sign-outs"  # the dashboard's sign-ins signed out 
 # The dashboard's forms sent, as signoff recorded them for a while (idempotency keys do now):
 # old stores may hold this stream, which no session keeps the head of either.
 _OLD_FORMS_STREAM = "dashboard:forms"
-# the streams no session keeps the head of
-_OWN_STREAMS = (TOOLS_STREAM, SIGN_OUTS_STREAM, _OLD_FORMS_STREAM)
+# the streams no session keeps the head of (deletions: `stores._deletions.DELETIONS_STREAM`)
+_OWN_STREAMS = (TOOLS_STREAM, SIGN_OUTS_STREAM, _OLD_FORMS_STREAM, DELETIONS_STREAM)
 RESPONSE_POLICY_NOTE = " + response policy"  # ends the setting of a tool with a response policy
 
 
 def own_stream(stream: str) -> bool:
-    """Whether `stream` is one no session keeps the head of (tool settings, the dashboard's)."""
+    """Whether `stream` is one no session keeps the head of (tool settings, the dashboard's,
+    deletions)."""
     return stream.startswith(_OWN_STREAMS)
 
 

@@ -73,6 +73,14 @@ def _session_path(session_id: str, tail: str = "") -> str:
     return f"/v1/sessions/{quote(session_id, safe='')}{tail}"
 
 
+def _deleted(body: Any) -> list[str]:
+    """The ids a deletion's answer lists (`{"deleted": [...]}`)."""
+    ids = body["deleted"]
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise TypeError("deleted must be a list of ids")
+    return ids
+
+
 def _filter(name: str, value: str | None) -> None:
     """Refuse a listing's text filter that is not text, or holds a lone surrogate, as `Runtime`
     does: the query string carried a number as text, and no URL can carry a lone surrogate."""
@@ -332,6 +340,13 @@ class AsyncClient:
         """Cancel the session's running or waiting turn; its open requests are withdrawn."""
         return await self._turn(_session_path(session_id, "/cancel"), {"reason": reason})
 
+    async def delete_session(self, session_id: str, *, reason: str | None = None) -> list[str]:
+        """Delete the session and its subagents' sessions (`Runtime.delete_session`) as the
+        caller; returns the ids deleted."""
+        return await self._call(
+            "DELETE", _session_path(session_id), _deleted, "a deletion", json={"reason": reason}
+        )
+
     async def state(self, session_id: str) -> dict[str, Any]:
         """The session as the server shows it (status, turn, usage, pending)."""
         return await self._call("GET", _session_path(session_id), wire.session_view, "a session")
@@ -528,6 +543,7 @@ class Client:
     send = _blocking(AsyncClient.send)
     respond = _blocking(AsyncClient.respond)
     cancel = _blocking(AsyncClient.cancel)
+    delete_session = _blocking(AsyncClient.delete_session)
     state = _blocking(AsyncClient.state)
     pending = _blocking(AsyncClient.pending)
     sessions = _blocking(AsyncClient.sessions)

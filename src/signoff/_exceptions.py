@@ -11,6 +11,8 @@
     │   ├── UnknownSession         no such session
     │   ├── SessionExpired         its TTL passed; reopening it fails loudly
     │   ├── SessionBusy            another drive is running its turn right now
+    │   ├── SessionWaiting         it waits on people: not deleted (.request_ids)
+    │   ├── SubagentSession        a subagent's, deleted only with its parent (.parent_id)
     │   └── SessionLimitReached    a token, cost or step limit was hit
     ├── AnswerError                an answer that cannot be applied    (.request_ids)
     │   ├── UnknownRequest         ids never requested in this session (typos, other sessions)
@@ -71,6 +73,7 @@ __all__ = [
     "SessionError",
     "SessionExpired",
     "SessionLimitReached",
+    "SessionWaiting",
     "SignoffError",
     "StaleAnswer",
     "StepFailed",
@@ -78,6 +81,7 @@ __all__ = [
     "StoreError",
     "StoreGone",
     "StoreUnavailable",
+    "SubagentSession",
     "TooLarge",
     "UnknownAgent",
     "UnknownRequest",
@@ -185,6 +189,36 @@ class SessionBusy(SessionError):
     its turn."""
 
     code = "session_busy"
+
+
+class SessionWaiting(SessionError):
+    """The session (or a subagent session under it) has open requests, so it is not deleted:
+    cancel it first (`Runtime.cancel`), which withdraws them."""
+
+    code = "session_waiting"
+
+    def __init__(self, session_id: str, request_ids: Iterable[str]) -> None:
+        self.request_ids = list(request_ids)
+        super().__init__(
+            f"session {session_id!r} waits on open requests ({', '.join(self.request_ids)}): "
+            "cancel it first",
+            session_id,
+        )
+
+
+class SubagentSession(SessionError):
+    """The session is a subagent's whose parent session still exists: it is part of the
+    parent's conversation, deleted only with it (delete the top session instead)."""
+
+    code = "subagent_session"
+
+    def __init__(self, session_id: str, parent_id: str) -> None:
+        self.parent_id = parent_id
+        super().__init__(
+            f"session {session_id!r} is a subagent's of session {parent_id!r}: delete the "
+            "top session instead",
+            session_id,
+        )
 
 
 class SessionLimitReached(SessionError):

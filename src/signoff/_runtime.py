@@ -19,8 +19,8 @@ from ._answers import check_principal, check_text
 from ._answers import decisions as _decisions
 from ._cancellation import cancel_specs, stop_calls, withdrawal
 from ._deadlines import expiry_specs
+from ._deletion import Deletion
 from ._engine import Driver
-from ._event_stream import EventStream
 from ._events import Event
 from ._exceptions import (
     InvalidAnswer,
@@ -56,7 +56,7 @@ log = logging.getLogger("signoff.worker")
 _UNSET = (None, None, None, None, None, 100, 0)  # `Runtime.pending`'s keyword defaults
 
 
-class Runtime(EventStream):
+class Runtime(Deletion):
     """Runs the turns of `agents` (a list of `Agent`) against a store, and answers, lists,
     follows and cancels them.
 

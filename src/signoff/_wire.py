@@ -50,6 +50,8 @@ ERRORS: dict[str, type[errors.SignoffError]] = {
         errors.UnknownSession,
         errors.SessionExpired,
         errors.SessionBusy,
+        errors.SessionWaiting,
+        errors.SubagentSession,
         errors.SessionLimitReached,
         errors.AnswerError,
         errors.UnknownRequest,
@@ -134,6 +136,10 @@ def error(detail: Mapping[str, Any], status: int, path: str = "") -> errors.Sign
         exc.session_id = str(detail.get("session_id") or "")  # type: ignore[attr-defined]
     if issubclass(cls, errors.EventsRewritten):
         exc.seq = int(detail.get("seq") or 0)  # type: ignore[attr-defined]
+    if issubclass(cls, errors.SessionWaiting):
+        exc.request_ids = request_ids(detail.get("request_ids"))  # type: ignore[attr-defined]
+    if issubclass(cls, errors.SubagentSession):
+        exc.parent_id = ""  # type: ignore[attr-defined]  # the server's message names it
     if issubclass(cls, errors.SessionExpired):
         exc.pending = request_ids(detail.get("request_ids"))  # type: ignore[attr-defined]
     if issubclass(cls, errors.ModelError):

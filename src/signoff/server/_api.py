@@ -20,6 +20,8 @@ from ._models import (
     Approvals,
     CancelBody,
     CreateSession,
+    DeleteBody,
+    Deleted,
     GenerateBody,
     QueuePage,
     RequestRecord,
@@ -240,6 +242,23 @@ async def cancel(
     await ctx.session(session_id, caller)
     reason = None if body is None else body.reason
     return turn_result(await ctx.runtime.cancel(session_id, reason, principal=caller))
+
+
+@router.delete("/sessions/{session_id}", tags=["sessions"])
+async def delete_session(
+    request: Request,
+    session_id: SessionId,
+    body: Annotated[DeleteBody | None, Body(json_schema_extra=_no_null)] = None,
+) -> Deleted:
+    """Delete the session, and its subagents' sessions, with everything the store keeps of
+    them; the deletion is recorded in the audit trail (`store:deletions`). Whoever may cancel
+    it may delete it. A turn running is 409 `session_busy`, one waiting on people 409
+    `session_waiting` (cancel it first), a subagent's session 409 `subagent_session`."""
+    _object_or_none(body, await request.body())
+    ctx, caller = await _caller(request)
+    await ctx.session(session_id, caller)
+    reason = None if body is None else body.reason
+    return Deleted(deleted=await ctx.runtime.delete_session(session_id, by=caller, reason=reason))
 
 
 @router.get(

@@ -170,6 +170,18 @@ class CancelBody(_Body):
     reason: StrictStr | None = None
 
 
+class DeleteBody(_Body):
+    reason: StrictStr | None = None
+
+
+class Deleted(BaseModel):
+    """The sessions a deletion erased: the one asked for first, then its subagents'."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    deleted: list[str]
+
+
 class _View(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -1,7 +1,8 @@
 """The audit trail: entries derived from events in the same commit, hash-chained per stream.
 
 A stream is a session id, or `tools:<agent>.<tool>` for changes of a tool's approval setting,
-or `dashboard:sign-outs` for the dashboard's sign-ins signed out (`server._sign_ins`).
+or `dashboard:sign-outs` for the dashboard's sign-ins signed out (`server._sign_ins`),
+or `store:deletions` for sessions deleted (`_deletions`).
 Each entry's hash covers the previous entry's hash of its stream, so altering, removing or
 reordering a stored entry breaks the chain at that point (`Runtime.verify_audit`).
 """

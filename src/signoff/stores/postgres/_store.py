@@ -30,6 +30,7 @@ from .._codec import EventTexts, Previous, pack_bytes, type_name
 from .._initiators import initiator_columns
 from .._request_rows import request_rows
 from ._connections import Conn, Seen, storable
+from ._deletions import Deletions
 from ._leases import Leases
 from ._reads import Reads
 from ._sql import (
@@ -49,7 +50,7 @@ from ._sql import (
 __all__ = ["PostgresStore"]
 
 
-class PostgresStore(Reads, Leases):
+class PostgresStore(Reads, Leases, Deletions):
     """`Store` on PostgreSQL (`postgresql://user@host:port/db`); many processes may share it.
 
     `schema` names the PostgreSQL schema holding signoff's tables. With `migrate=False`, `open()`

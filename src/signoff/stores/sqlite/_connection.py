@@ -458,8 +458,10 @@ class Connection:
         assert self._conn is not None
         return self._conn
 
-    def _session_key(self, session_id: str) -> int | None:
-        sk = self._sk.get(session_id)
+    def _session_key(self, session_id: str, *, fresh: bool = False) -> int | None:
+        """The session's row key, as remembered unless `fresh` (read anew: a write that adds a
+        row of the session, lest it add one of a session another process deleted)."""
+        sk = None if fresh else self._sk.get(session_id)
         if sk is None:
             row = self.conn.execute("SELECT sk FROM sessions WHERE id=?", (session_id,)).fetchone()
             if row is None:

@@ -39,7 +39,7 @@ class Leases(Connection):
         conn = self.conn
         self._before(LEASE_ACQUIRED)
         with immediate(conn, self._writable, self.path):
-            sk = self._session_key(session_id)
+            sk = self._session_key(session_id, fresh=True)
             if sk is None:
                 raise UnknownSession(session_id)
             row = conn.execute("SELECT owner, token, expires_at FROM leases WHERE sk=?", (sk,))

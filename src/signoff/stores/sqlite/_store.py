@@ -16,9 +16,9 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 
-from ..._events import Event, dumps
+from ..._events import Event
 from ..._exceptions import AppendConflict, LeaseLost, RequestClosed, StoreError, UnknownSession
-from .._audit import AUDIT_TYPES, AuditRow, chain_hash, chain_session
+from .._audit import AUDIT_TYPES, AuditRow, chain_session
 from .._base import AUDIT_RECORDED, Commit, parent_of
 from .._codec import (
     CHAIN_MAX,
@@ -34,7 +34,9 @@ from .._codec import (
 from .._initiators import initiator_columns
 from .._request_rows import request_rows
 from ._connection import kept
+from ._deletions import LAST_KEY, Deletions
 from ._leases import Leases
+from ._own_streams import append_entry
 from ._reads import Reads
 from ._schema import CURRENT_TURN
 from ._transactions import failed, immediate, serialised
@@ -44,6 +46,13 @@ __all__ = ["SQLiteStore", "TURN_NAMED_EVERY"]
 TURN_NAMED_EVERY = 64
 """An event row names its turn when the turn changes, and at least every 64 rows, so finding
 an event's turn never scans back further than that."""
+
+
+_NEXT_KEY = (
+    "MAX(COALESCE((SELECT MAX(sk) FROM sessions), 0), COALESCE((SELECT CAST(value AS INTEGER) "
+    f"FROM meta WHERE key = '{LAST_KEY}'), 0)) + 1"
+)
+"""A new session's row key: past the highest of any session stored or deleted."""
 
 
 class Follows:
@@ -57,7 +66,7 @@ class Follows:
         self.seen: tuple[object, int, int] | None = None
 
 
-class SQLiteStore(Reads, Leases):
+class SQLiteStore(Reads, Leases, Deletions):
     """`Store` on one SQLite file (`sqlite:///path`); `sqlite:///:memory:` for throwaway use.
 
     With `migrate=False`, opening refuses a file of an older schema (or none) instead of
@@ -88,8 +97,10 @@ class SQLiteStore(Reads, Leases):
         try:
             with immediate(conn, self._writable, self.path):
                 cur = conn.execute(
-                    "INSERT INTO sessions (id, agent, head, status, created_at, updated_at, "
-                    "expires_at, initiator, tenant, parent, parent_turn) SELECT ?,?,?,?,?,?,?,?,?, "
+                    # The key past every session's, deleted ones' too (`LAST_KEY`).
+                    "INSERT INTO sessions (sk, id, agent, head, status, created_at, updated_at, "
+                    "expires_at, initiator, tenant, parent, parent_turn) SELECT "
+                    f"{_NEXT_KEY}, ?,?,?,?,?,?,?,?,?, "
                     "p.sk, CASE WHEN p.sk IS NOT NULL THEN COALESCE(?, "
                     + CURRENT_TURN.format(sk="p.sk")
                     + ") END FROM (SELECT 1) LEFT JOIN sessions p ON p.id = ?",
@@ -258,35 +269,7 @@ class SQLiteStore(Reads, Leases):
         with immediate(conn, self._writable, self.path):
             last: dict[str, tuple[int, str | None]] = {}
             for row in rows:
-                if row.stream not in last:
-                    # The head row first; if it went missing, the last entry.
-                    found = conn.execute(
-                        "SELECT CASE WHEN n = 0 THEN seq ELSE n END, hash FROM audit "
-                        "WHERE stream=? ORDER BY n = 0 DESC, n DESC LIMIT 1",
-                        (row.stream,),
-                    ).fetchone()
-                    last[row.stream] = (
-                        (0, None) if found is None else _stream_head(row.stream, found)
-                    )
-                n, prev = last[row.stream]
-                if row.after is not None and n != row.after:
-                    continue
-                n += 1
-                digest = chain_hash(
-                    prev, stream=row.stream, n=n, type=row.type, at=row.at, seq=None, data=row.data
-                )
-                cur = conn.execute(
-                    "INSERT INTO audit (stream, n, type, at, data, hash) VALUES (?,?,?,?,?,?)",
-                    (row.stream, n, row.type, row.at, dumps(row.data), bytes.fromhex(digest)),
-                )
-                last[row.stream] = (n, digest)
-                # A negative id: no gap among the ids readers page through (a ChannelHub waits).
-                conn.execute(
-                    "INSERT INTO audit (id, stream, n, seq, hash) VALUES (?,?,0,?,?) "
-                    "ON CONFLICT (stream, n) WHERE stream IS NOT NULL "
-                    "DO UPDATE SET seq=excluded.seq, hash=excluded.hash",
-                    (-int(cur.lastrowid or 0), row.stream, n, bytes.fromhex(digest)),
-                )
+                append_entry(conn, last, row)
         self._after(AUDIT_RECORDED)
 
     def _turn_at(self, sk: int, head: int) -> tuple[str, int] | None:
@@ -504,9 +487,3 @@ class SQLiteStore(Reads, Leases):
         if found is None:
             raise UnknownSession(session_id)
         return 0, int(kept(found[0], int, session_id, "head"))
-
-
-def _stream_head(stream: str, found: tuple[object, object]) -> tuple[int, str]:
-    """A tool-setting stream's chain head as its head row (or last entry) keeps it, checked:
-    SQLite keeps whatever a hand edit puts in a column."""
-    return kept(found[0], int, stream, "audit_n"), kept(found[1], bytes, stream, "audit_hash").hex()

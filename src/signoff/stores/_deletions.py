@@ -1,0 +1,90 @@
+"""Deleting a session from a store: what both stores check before, and the audit entry they
+write with it, in the same transaction, on a stream of its own (`DELETIONS_STREAM`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._exceptions import SessionBusy, SessionWaiting, SubagentSession, UnknownSession
+from ._audit import AuditRow
+
+__all__ = [
+    "DELETIONS_STREAM",
+    "SESSION_DELETED",
+    "Doomed",
+    "deletion_row",
+    "refuse",
+]
+
+DELETIONS_STREAM = "store:deletions"
+"""The audit stream of deletions: one entry per `delete_session`, chained like tool settings'."""
+
+SESSION_DELETED = "session.deleted"
+"""The type of a deletion's audit entry, and the fault hook's label of `delete_session`."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Doomed:
+    """A session about to be deleted, as its row kept it: its id, agent, last event and the
+    head of its audit chain (entries, last hash), which the deletion's entry records."""
+
+    id: str
+    agent: str
+    head: int
+    audit_n: int
+    audit_hash: bytes | None
+
+
+def deletion_row(
+    doomed: Sequence[Doomed], *, at: float, by: dict[str, Any] | None, reason: str | None
+) -> AuditRow:
+    """The deletion's audit entry: which sessions (the one asked for first, then its subagents'),
+    who deleted them, when and why, and where each one's event log and audit chain ended."""
+    return AuditRow(
+        stream=DELETIONS_STREAM,
+        type=SESSION_DELETED,
+        at=at,
+        seq=None,
+        data={
+            "session_id": doomed[0].id,
+            "by": by,
+            "reason": reason,
+            "sessions": [
+                {
+                    "id": d.id,
+                    "agent": d.agent,
+                    "events": d.head,
+                    "audit_n": d.audit_n,
+                    "audit_hash": None if d.audit_hash is None else d.audit_hash.hex(),
+                }
+                for d in doomed
+            ],
+        },
+    )
+
+
+def refuse(
+    session_id: str,
+    *,
+    found: bool,
+    parent: str | None,
+    leased: str | None,
+    waiting: Sequence[str],
+) -> None:
+    """Raise why the session may not be deleted, if it may not: unknown, a subagent's whose
+    parent exists, a turn of it (or of a subagent under it) running under a lease, or open
+    requests in it (or under it)."""
+    if not found:
+        raise UnknownSession(session_id)
+    if parent is not None:
+        raise SubagentSession(session_id, parent)
+    if leased is not None:
+        whose = "its" if leased == session_id else f"subagent session {leased!r}'s"
+        raise SessionBusy(
+            f"session {session_id!r} is running: {whose} turn holds the lease; cancel it first",
+            session_id,
+        )
+    if waiting:
+        raise SessionWaiting(session_id, waiting)

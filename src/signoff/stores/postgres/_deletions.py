@@ -1,0 +1,191 @@
+"""The PostgreSQL store's session deletion: a session and its subagents' sessions, every row
+of them, and the audit entry recording it, in one transaction sent as one message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from ..._events import dumps
+from ..._exceptions import StoreError
+from .._audit import AuditRow, chain_parts
+from .._deletions import DELETIONS_STREAM, SESSION_DELETED, Doomed, deletion_row, refuse
+from ._connections import Conn, Connections, storable
+from ._sql import AUDIT_APPEND, AUDIT_LOCK
+
+__all__ = ["Deletions"]
+
+_TREE = (
+    "t(sk) AS (SELECT x.sk FROM {s}.sessions x WHERE x.id = %s "
+    "UNION SELECT c.sk FROM {s}.sessions c JOIN t ON c.parent = t.sk)"
+)
+"""The session named and its subagents' sessions, recursively, by row key."""
+
+_READ = (
+    "WITH RECURSIVE " + _TREE + " SELECT x.sk, x.id, x.agent, x.head, x.audit_n, x.audit_hash, "
+    "p.id, (SELECT l.sk IS NOT NULL FROM {s}.leases l WHERE l.sk = x.sk AND l.owner <> '' "
+    "AND l.expires_at > %s), (SELECT array_agg(r.id ORDER BY r.id) FROM {s}.requests r "
+    "WHERE r.sk = x.sk AND r.status = 'pending') "
+    "FROM t JOIN {s}.sessions x ON x.sk = t.sk LEFT JOIN {s}.sessions p ON p.sk = x.parent "
+    "ORDER BY x.sk"
+)
+"""Each session of the tree as its row keeps it, its parent's id, whether a drive holds its
+lease and its open requests."""
+
+_GATE = (
+    "ok AS (SELECT 1 WHERE (SELECT array_agg(x.sk || ':' || x.audit_n || ':' || x.head "
+    "ORDER BY x.sk) FROM {s}.sessions x JOIN t ON t.sk = x.sk) = %s::text[] "
+    "AND NOT EXISTS (SELECT 1 FROM {s}.sessions x JOIN {s}.sessions p ON p.sk = x.parent "
+    "WHERE x.id = %s) "
+    "AND NOT EXISTS (SELECT 1 FROM {s}.leases l JOIN t ON t.sk = l.sk "
+    "WHERE l.owner <> '' AND l.expires_at > %s) "
+    "AND NOT EXISTS (SELECT 1 FROM {s}.requests r JOIN t ON t.sk = r.sk "
+    "WHERE r.status = 'pending')), "
+    "d AS (SELECT sk FROM t WHERE EXISTS (SELECT 1 FROM ok)), "
+    + "".join(
+        f"d{table} AS (DELETE FROM {{s}}.{table} y USING d WHERE y.sk = d.sk), "
+        for table in ("events", "snapshots", "requests", "leases", "audit", "sessions")
+    )
+)
+"""Deletes the tree's rows only if it is still the tree read (the same sessions, chains and
+logs), none of it a subagent's under a parent, leased or waiting on people."""
+
+_START = "WITH RECURSIVE v AS ("
+_V_END = "behind, k)), "
+
+_DELETE = AUDIT_APPEND.replace(_START, "WITH RECURSIVE " + _TREE + ", " + _GATE + "v AS (").replace(
+    _V_END, "behind, k) WHERE EXISTS (SELECT 1 FROM ok)), "
+)
+"""The deletion and its audit entry (chained as `AUDIT_APPEND` chains), in one statement: the
+entry is written only when the rows are deleted."""
+
+if AUDIT_APPEND.count(_START) != 1 or AUDIT_APPEND.count(_V_END) != 1:  # pragma: no cover
+    raise ImportError("AUDIT_APPEND changed its shape: _DELETE must be written anew")
+
+
+class Deletions(Connections):
+    """`PostgresStore.delete_session`."""
+
+    async def delete_session(
+        self,
+        session_id: str,
+        *,
+        now: float,
+        by: dict[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> list[str]:
+        """Delete the session and its subagents' sessions with every row of theirs (events,
+        snapshot, requests, lease, audit entries), and record it in `DELETIONS_STREAM`, in one
+        transaction; refused, nothing changed, as `_deletions.refuse` says. Returns the ids.
+
+        The tree is read first, unlocked; the write locks its session and lease rows and the
+        stream, then deletes only if what it finds is what was read (else it reads again), so
+        the entry names the chain heads deleted. One message, as every write here."""
+        for _ in range(5):
+            doomed = await self._doomed(session_id, now)
+            row = deletion_row([d for _, d in doomed], at=now, by=by, reason=reason)
+            ids = [d.id for _, d in doomed]
+            self._before(SESSION_DELETED)
+            if await self._delete(session_id, doomed, row, now):
+                for sid in ids:
+                    self._state.pop(sid, None)
+                    self._granted.pop(sid, None)
+                self._after(SESSION_DELETED)
+                return ids
+        raise StoreError(f"deleting session {session_id!r}: its sessions kept changing")
+
+    async def _delete(
+        self, session_id: str, doomed: list[tuple[int, Doomed]], row: AuditRow, now: float
+    ) -> bool:
+        """One attempt: whether the rows `doomed` (as read) were deleted, with the entry `row`;
+        False when the write found the tree changed or refused, and wrote nothing."""
+        s = self._s
+        keys = [sk for sk, _ in doomed]
+        before, behind = chain_parts(
+            stream=row.stream, type=row.type, at=row.at, seq=None, data=row.data
+        )
+        shape = [f"{sk}:{d.audit_n}:{d.head}" for sk, d in sorted(doomed, key=lambda d: d[0])]
+        sync = self._sync_setting(True)
+        sql = (
+            ("SELECT set_config('synchronous_commit', %s, true); " if sync else "")
+            + f"{AUDIT_LOCK}; "
+            + "SELECT 1 FROM {s}.sessions WHERE sk = ANY(%s) ORDER BY sk FOR UPDATE; "
+            + "SELECT 1 FROM {s}.leases WHERE sk = ANY(%s) ORDER BY sk FOR UPDATE; "
+            + _DELETE
+            # Followers of the sessions wake now, to find them gone.
+            + "; SELECT pg_notify(%s, x || ' 0') FROM unnest(%s::text[]) x "
+            + "WHERE NOT EXISTS (SELECT 1 FROM {s}.sessions WHERE id = %s); "
+            + "SELECT EXISTS (SELECT 1 FROM {s}.sessions WHERE id = %s)"
+        ).format(s=s)
+        params: list[Any] = [sync] if sync else []
+        params += [[DELETIONS_STREAM], keys, keys, session_id, shape, session_id, now]
+        params += [[row.stream], [None], [row.type], [row.at], [dumps(row.data)]]
+        params += [[before], [behind]]
+        params += [self.channel, [d.id for _, d in doomed], session_id, session_id]
+        sent = False
+
+        async def body(conn: Conn) -> bool:
+            nonlocal sent
+            sent = True
+            cur = psycopg.AsyncClientCursor(conn)
+            await cur.execute(sql, params)
+            while cur.nextset():
+                pass
+            found = await cur.fetchone()
+            return found is not None and not found[0]
+
+        async def committed() -> bool:
+            return await self._deleted(session_id)
+
+        deleted = await self._write(
+            body, f"deleting session {session_id!r}", committed=committed, began=lambda: sent
+        )
+        return deleted is None or deleted
+
+    async def _doomed(self, session_id: str, now: float) -> list[tuple[int, Doomed]]:
+        """The session and its subagents' sessions, by key, checked deletable at `now` as read
+        (the write checks again, locked)."""
+        if not storable(session_id):
+            refuse(session_id, found=False, parent=None, leased=None, waiting=())
+
+        async def body(conn: Conn) -> list[tuple[Any, ...]]:
+            cur = await conn.execute(_READ.format(s=self._s), (session_id, now))
+            return list(await cur.fetchall())
+
+        rows = await self._read(body, f"reading session {session_id!r} to delete it")
+        top = next((r for r in rows if r[1] == session_id), None)
+        waiting = [rid for r in rows for rid in (r[8] or ())]
+        refuse(
+            session_id,
+            found=top is not None,
+            parent=None if top is None else top[6],
+            leased=next((str(r[1]) for r in rows if r[7]), None),
+            waiting=sorted(waiting),
+        )
+        doomed = [
+            (
+                int(r[0]),
+                Doomed(
+                    id=str(r[1]),
+                    agent=str(r[2]),
+                    head=int(r[3]),
+                    audit_n=int(r[4]),
+                    audit_hash=None if r[5] is None else bytes(r[5]),
+                ),
+            )
+            for r in rows
+        ]
+        doomed.sort(key=lambda d: d[1].id != session_id)  # the one asked for first
+        return doomed
+
+    async def _deleted(self, session_id: str) -> bool:
+        """Whether the session has no row (a deletion whose connection was lost committed)."""
+
+        async def body(conn: Conn) -> bool:
+            cur = await conn.execute(
+                f"SELECT 1 FROM {self._s}.sessions WHERE id = %s", (session_id,)
+            )
+            return await cur.fetchone() is None
+
+        return await self._read(body, f"checking whether session {session_id!r} was deleted")

@@ -1,0 +1,118 @@
+"""The SQLite store's session deletion: a session and its subagents' sessions, every row of
+them, and the audit entry recording it, in one `BEGIN IMMEDIATE` transaction."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from ..._exceptions import StoreError
+from .._deletions import SESSION_DELETED, Doomed, deletion_row, refuse
+from ._connection import Connection, kept
+from ._own_streams import append_entry
+from ._transactions import failed, immediate, serialised
+
+__all__ = ["Deletions", "LAST_KEY"]
+
+LAST_KEY = "last_sk"
+"""The `meta` row keeping the highest row key a deleted session had: SQLite gives a new row
+the highest key + 1, so deleting the newest session would let the next one take its key, which
+another process may still hold for the deleted one (`_session_key`) and read as its own."""
+
+_TREE = (
+    "WITH RECURSIVE t(sk) AS (SELECT ? UNION SELECT c.sk FROM sessions c JOIN t ON c.parent = "
+    "t.sk) SELECT s.sk, s.id, s.agent, s.head, s.audit_n, s.audit_hash FROM sessions s "
+    "JOIN t ON t.sk = s.sk ORDER BY s.sk"
+)
+"""The session whose key is `?` and its subagents' sessions, recursively, oldest first."""
+
+_TABLES = ("events", "snapshots", "requests", "leases", "audit")
+"""The tables holding rows of a session by its key, besides `sessions`."""
+
+
+class Deletions(Connection):
+    """`SQLiteStore.delete_session`."""
+
+    @serialised
+    async def delete_session(
+        self,
+        session_id: str,
+        *,
+        now: float,
+        by: dict[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> list[str]:
+        """Delete the session and its subagents' sessions with every row of theirs (events,
+        snapshot, requests, lease, audit entries), and record it in `DELETIONS_STREAM`, in one
+        transaction; refused, nothing changed, as `_deletions.refuse` says. Returns the ids."""
+        conn = self.conn
+        self._before(SESSION_DELETED)
+        try:
+            with immediate(conn, self._writable, self.path):
+                doomed = self._doomed(conn, session_id, now)
+                keys = [sk for sk, _ in doomed]
+                marks = ",".join("?" * len(keys))
+                for table in _TABLES:
+                    conn.execute(f"DELETE FROM {table} WHERE sk IN ({marks})", keys)
+                conn.execute(f"DELETE FROM sessions WHERE sk IN ({marks})", keys)
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE "
+                    "SET value = MAX(CAST(value AS INTEGER), excluded.value)",
+                    (LAST_KEY, max(keys)),
+                )
+                row = deletion_row([d for _, d in doomed], at=now, by=by, reason=reason)
+                append_entry(conn, {}, row)
+        except sqlite3.IntegrityError as exc:
+            raise StoreError(failed("delete from", self.path, exc)) from exc
+        ids = [d.id for _, d in doomed]
+        for sid in ids:
+            self._sk.pop(sid, None)
+            self._leased.pop(sid, None)
+        self._after(SESSION_DELETED)
+        return ids
+
+    def _doomed(
+        self, conn: sqlite3.Connection, session_id: str, now: float
+    ) -> list[tuple[int, Doomed]]:
+        """The session and its subagents' sessions, by key, checked deletable at `now`."""
+        top = conn.execute(
+            "SELECT s.sk, p.id FROM sessions s LEFT JOIN sessions p ON p.sk = s.parent "
+            "WHERE s.id=?",
+            (session_id,),
+        ).fetchone()
+        if top is None:
+            refuse(session_id, found=False, parent=None, leased=None, waiting=())
+        doomed = [
+            (
+                int(sk),
+                Doomed(
+                    id=str(sid),
+                    agent=str(agent),
+                    head=kept(head, int, sid, "head"),
+                    audit_n=kept(n, int, sid, "audit_n"),
+                    audit_hash=kept(digest, bytes, sid, "audit_hash"),
+                ),
+            )
+            for sk, sid, agent, head, n, digest in conn.execute(_TREE, (int(top[0]),))
+        ]
+        doomed.sort(key=lambda d: d[1].id != session_id)  # the one asked for first
+        keys = [sk for sk, _ in doomed]
+        marks = ",".join("?" * len(keys))
+        leased = conn.execute(
+            f"SELECT s.id FROM leases l JOIN sessions s ON s.sk = l.sk WHERE l.sk IN ({marks}) "
+            "AND l.owner <> '' AND NOT (typeof(l.expires_at) IN ('integer', 'real') "
+            "AND l.expires_at <= ?) ORDER BY l.sk LIMIT 1",
+            (*keys, now),
+        ).fetchone()
+        waiting = conn.execute(
+            f"SELECT id FROM requests WHERE sk IN ({marks}) AND status = 'pending' ORDER BY id",
+            keys,
+        ).fetchall()
+        refuse(
+            session_id,
+            found=True,
+            parent=None if top[1] is None else str(top[1]),
+            leased=None if leased is None else str(leased[0]),
+            waiting=[str(r[0]) for r in waiting],
+        )
+        return doomed

@@ -1,0 +1,262 @@
+"""`Runtime.delete_session`: a finished session and its subagents' sessions erased from either
+store in one transaction, recorded and chained in the audit stream `store:deletions`; a live
+one (running, waiting on people), a subagent's and an unknown one refused with nothing changed;
+readers of a deleted session (listings, followers, trails) told it is unknown."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.stores._deletions import DELETIONS_STREAM
+from signoff.testing import ManualClock, call, call_tools, scripted_agent
+
+from .conftest import make_store
+from .test_subagents_spend import orders, support, tokens, waiting_child
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+OPS = so.Principal(authenticator="test", principal_id="ops")
+
+
+def chat() -> so.Agent:
+    """An agent answering every message, and asking for approval of a refund when told to."""
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    return scripted_agent(
+        "chat",
+        [
+            lambda conv: (
+                call_tools(call("refund", order_id="7"))
+                if "refund" in str(conv[-1])
+                else so.ModelResponse(text="hello")
+            )
+        ],
+        tools=[refund],
+        repeat_last=True,
+    )
+
+
+def agents() -> list[so.Agent]:
+    return [chat(), support(), orders(tokens(40))]
+
+
+async def _rows(url: str) -> dict[str, int]:
+    """How many rows each table of the store holds (sessions, events, ...)."""
+    store = make_store(url)
+    await store.open()
+    try:
+        counts: dict[str, int] = {}
+        tables = ("sessions", "events", "snapshots", "requests", "leases")
+        if url.startswith("sqlite"):
+            conn = store.conn  # type: ignore[attr-defined]
+            for t in tables:
+                counts[t] = conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+            counts["session audit"] = conn.execute(
+                "SELECT COUNT(*) FROM audit WHERE sk IS NOT NULL"
+            ).fetchone()[0]
+        else:
+            s = store._s  # type: ignore[attr-defined]
+
+            async def body(conn: Any) -> None:
+                for t in tables:
+                    cur = await conn.execute(f"SELECT COUNT(*) FROM {s}.{t}")
+                    counts[t] = (await cur.fetchone())[0]
+                cur = await conn.execute(f"SELECT COUNT(*) FROM {s}.audit WHERE sk IS NOT NULL")
+                counts["session audit"] = (await cur.fetchone())[0]
+
+            await store._read(body, "counting")  # type: ignore[attr-defined]
+        return counts
+    finally:
+        await store.close()
+
+
+async def test_a_finished_session_and_its_subagents_are_deleted_whole(store_url: str) -> None:
+    async with so.Runtime(agents(), store=store_url) as rt:
+        kept = (await rt.generate("chat", prompt="hi", auth=ALICE)).session_id
+        before = await _rows(store_url)
+        parent, child = await waiting_child(rt)
+        await rt.cancel(parent, principal=ALICE)
+        heads = {sid: (await rt.audit(sid))[-1] for sid in (parent, child)}
+        deleted = await rt.delete_session(parent, by=OPS, reason="GDPR erasure #12")
+        assert deleted == [parent, child]
+        for sid in (parent, child):
+            with pytest.raises(so.UnknownSession):
+                await rt.state(sid)
+            with pytest.raises(so.UnknownSession):
+                await rt.audit(sid)
+            with pytest.raises(so.UnknownSession):
+                await rt.verify_audit(sid)
+            with pytest.raises(so.UnknownSession):
+                [e async for e in rt.events(sid, follow=False)]
+        assert [s.id for s in await rt.sessions()] == [kept]
+        assert await rt.pending() == []
+        assert await rt.verify_audit() == []
+        [entry] = await rt.audit(stream=DELETIONS_STREAM)
+        assert entry.type == "session.deleted" and entry.n == 1
+        assert entry.data["session_id"] == parent
+        assert entry.data["by"] == OPS.model_dump()
+        assert entry.data["reason"] == "GDPR erasure #12"
+        recorded = {d["id"]: d for d in entry.data["sessions"]}
+        assert set(recorded) == {parent, child}
+        for sid, last in heads.items():
+            assert recorded[sid]["audit_n"] == last.n
+            assert recorded[sid]["audit_hash"] == last.hash
+        assert await rt.verify_audit(DELETIONS_STREAM) == []
+        with pytest.raises(so.UnknownSession):
+            await rt.delete_session(parent)  # twice: the second finds nothing
+    assert await _rows(store_url) == before  # nothing of either left behind
+
+
+async def test_deletions_chain_and_verify_like_other_streams(store_url: str) -> None:
+    async with so.Runtime(agents(), store=store_url) as rt:
+        ids = [(await rt.generate("chat", prompt="hi", auth=ALICE)).session_id for _ in range(3)]
+        for sid in ids:
+            await rt.delete_session(sid, reason=f"erase {sid}")
+        entries = await rt.audit(stream=DELETIONS_STREAM)
+        assert [e.n for e in entries] == [1, 2, 3]
+        assert [e.data["session_id"] for e in entries] == ids
+        assert entries[1].prev == entries[0].hash
+        assert await rt.verify_audit() == []
+        assert await rt.sessions() == []
+
+
+async def test_a_deletions_entry_altered_is_named(tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with so.Runtime(agents(), store=url) as rt:
+        sid = (await rt.generate("chat", prompt="hi", auth=ALICE)).session_id
+        await rt.delete_session(sid, reason="asked")
+        conn = rt.store.conn  # type: ignore[attr-defined]
+        conn.execute("UPDATE audit SET data = replace(data, 'asked', 'other') WHERE n = 1")
+        [problem] = await rt.verify_audit()
+        assert problem.stream == DELETIONS_STREAM and "content" in problem.reason
+
+
+async def test_a_live_session_is_refused_and_left_whole(store_url: str) -> None:
+    async with so.Runtime(agents(), store=store_url) as rt:
+        r = await rt.generate("chat", prompt="refund it", auth=ALICE)
+        assert r.status == "waiting"
+        with pytest.raises(so.SessionWaiting) as waiting:
+            await rt.delete_session(r.session_id)
+        assert waiting.value.request_ids == [r.pending[0].id]
+        assert waiting.value.code == "session_waiting"
+        parent, child = await waiting_child(rt)
+        with pytest.raises(so.SubagentSession) as sub:
+            await rt.delete_session(child)
+        assert sub.value.parent_id == parent
+        with pytest.raises(so.SessionWaiting):  # its child waits on an approval
+            await rt.delete_session(parent)
+        await rt.cancel(parent, principal=ALICE)
+        with pytest.raises(so.SubagentSession):  # cancelled, still its parent's
+            await rt.delete_session(child)
+        # A turn running: its lease held by a drive.
+        idle = (await rt.generate("chat", prompt="hi", auth=ALICE)).session_id
+        token = await rt.store.acquire_lease(idle, "elsewhere", 30.0, rt.now())
+        assert token is not None
+        with pytest.raises(so.SessionBusy):
+            await rt.delete_session(idle)
+        await rt.store.release_lease(idle, "elsewhere", token)
+        assert await rt.audit(stream=DELETIONS_STREAM) == []
+        assert len(await rt.sessions()) == 4
+        assert await rt.verify_audit() == []
+        with pytest.raises(so.UnknownSession):
+            await rt.delete_session("sess_nope")
+        assert await rt.delete_session(idle) == [idle]
+
+
+async def test_a_session_whose_ttl_passed_with_a_request_open_is_expired_then_deleted(
+    tmp_path: Any,
+) -> None:
+    clock = ManualClock()
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    limited = scripted_agent(
+        "chat",
+        [call_tools(call("refund", order_id="7"))],
+        tools=list(chat().tools.values()),
+        limits=so.Limits(ttl=60),
+    )
+    async with so.Runtime([limited], store=url, clock=clock) as rt:
+        r = await rt.generate("chat", prompt="refund it", auth=ALICE)
+        assert r.status == "waiting"
+        clock.advance(61)
+        assert await rt.delete_session(r.session_id) == [r.session_id]
+        assert await rt.verify_audit() == []
+
+
+async def test_a_follower_of_a_deleted_session_ends_with_unknown_session(store_url: str) -> None:
+    async with so.Runtime(agents(), store=store_url, poll_interval=0.05) as rt:
+        sid = (await rt.generate("chat", prompt="hi", auth=ALICE)).session_id
+        seen: list[int] = []
+
+        async def follow() -> None:
+            async for e in rt.events(sid):
+                seen.append(e.seq)
+
+        task = asyncio.create_task(follow())
+        while not seen or seen[-1] < (await rt.state(sid)).seq:
+            await asyncio.sleep(0.01)
+        await rt.delete_session(sid)
+        with pytest.raises(so.UnknownSession):
+            await asyncio.wait_for(task, 10)
+
+
+async def test_another_process_deleting_leaves_no_key_to_another_session(tmp_path: Any) -> None:
+    """SQLite gives a new row the highest key + 1: a store that remembered the deleted newest
+    session's key must not read a session created after it as that one."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with so.Runtime(agents(), store=url) as a, so.Runtime(agents(), store=url) as b:
+        gone = (await a.generate("chat", prompt="hi", auth=ALICE)).session_id
+        assert await a.store.read_events(gone)  # remembers its key
+        await b.delete_session(gone)
+        new = (await b.generate("chat", prompt="hi", auth=ALICE)).session_id
+        assert await a.store.read_events(gone) == []
+        with pytest.raises(so.UnknownSession):  # no lease row of no session is written
+            await a.store.acquire_lease(gone, "x", 30.0, a.now())
+        with pytest.raises(so.UnknownSession):
+            await a.state(gone)
+        assert [e.session_id for e in await a.store.read_events(new)] == [new] * len(
+            await b.store.read_events(new)
+        )
+        assert await a.verify_audit() == []
+
+
+def test_the_sync_twin_deletes(tmp_path: Any) -> None:
+    with so.Runtime(agents(), store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        sid = rt.generate_sync("chat", prompt="hi", auth=ALICE).session_id
+        assert rt.delete_session_sync(sid, by=OPS) == [sid]
+        assert rt.sessions_sync() == []
+
+
+async def test_a_channel_hub_copes_with_a_deleted_sessions_requests(store_url: str) -> None:
+    """A hub that showed a request whose session was then cancelled and deleted before it read
+    the close: its polls go on without failing or showing anything again, and it delivers the
+    next session's request; a hub started afterwards is handed nothing of the deleted one."""
+    from signoff.channels import ChannelHub
+
+    from ._channels import Texts, manual
+
+    async with so.Runtime(agents(), store=store_url) as rt:
+        r = await rt.generate("chat", prompt="refund it", auth=ALICE)
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms], gap_timeout=0)) as hub:
+            await hub.poll()
+            assert sms.sent == [sms.render(r.pending[0])]
+            await rt.cancel(r.session_id, principal=ALICE)
+            await rt.delete_session(r.session_id)
+            for _ in range(3):
+                await hub.poll()
+            shown = list(sms.sent)
+            assert sms.render(r.pending[0]) not in shown[1:]
+            nxt = await rt.generate("chat", prompt="refund it", auth=ALICE)
+            await hub.poll()
+            assert sms.sent[-1] == sms.render(nxt.pending[0])
+        later = Texts()
+        async with manual(ChannelHub(rt, [later], name="later")) as hub:
+            await hub.poll()
+            assert all(r.session_id not in text for text in later.sent)

@@ -1,0 +1,77 @@
+"""`DELETE /v1/sessions/{id}` and `Client.delete_session`: whoever may cancel a session may
+delete it; a live one is 409 with a stable code, an unknown or unseen one 404; once deleted,
+its page, state and event stream are 404 and a stream following it ends with `stream.end`."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import signoff as so
+from signoff.server import TokenAuth, create_app
+from signoff.stores._deletions import DELETIONS_STREAM
+
+from .test_server_common import PLAIN, TOKENS, auth, make_runtime, read_sse, running
+
+
+def _waiting(c: httpx.Client) -> dict[str, Any]:
+    body = c.post("/v1/sessions", json={"agent": "support", "message": "refund order 1042"}).json()
+    assert isinstance(body, dict) and body["status"] == "waiting", body
+    return body
+
+
+def test_a_deletion_over_http(tmp_path: Path) -> None:
+    rt = make_runtime(f"sqlite:///{tmp_path / 's.db'}")
+    with running(create_app(rt, auth=TokenAuth(TOKENS))) as base:
+        with (
+            httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as alice,
+            httpx.Client(base_url=base, headers=auth("mallory-token"), verify=PLAIN) as mallory,
+        ):
+            sid = _waiting(alice)["session_id"]
+            r = alice.delete(f"/v1/sessions/{sid}")
+            assert r.status_code == 409 and r.json()["error"]["code"] == "session_waiting"
+            assert r.json()["error"]["request_ids"]
+            r = mallory.request("DELETE", f"/v1/sessions/{sid}", json={"reason": "mine now"})
+            assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_session"
+            assert alice.post(f"/v1/sessions/{sid}/cancel").status_code == 200
+            with so.Client(base, token="alice-token") as client:
+                assert client.delete_session(sid, reason="GDPR erasure") == [sid]
+                with pytest.raises(so.UnknownSession):
+                    client.delete_session(sid)
+            for path in (f"/v1/sessions/{sid}", f"/v1/sessions/{sid}/events?follow=false"):
+                r = alice.get(path)
+                assert r.status_code == 404, path
+            assert alice.get(f"/_signoff/sessions/{sid}").status_code == 404
+            assert alice.get("/v1/sessions").json()["total"] == 0
+    [entry] = rt.audit_sync(stream=DELETIONS_STREAM)
+    assert entry.data["by"]["principal_id"] == "alice"
+    assert entry.data["reason"] == "GDPR erasure"
+    assert rt.verify_audit_sync() == []
+    rt.close_sync()
+
+
+def test_a_stream_following_a_deleted_session_ends(tmp_path: Path) -> None:
+    rt = make_runtime(f"sqlite:///{tmp_path / 's.db'}")
+    with running(create_app(rt, auth=TokenAuth(TOKENS))) as base:
+        with httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as alice:
+            sid = _waiting(alice)["session_id"]
+            alice.post(f"/v1/sessions/{sid}/cancel")
+            head = alice.get(f"/v1/sessions/{sid}").json()["seq"]
+            got: list[dict[str, Any]] = []
+
+            def follow() -> None:
+                with alice.stream("GET", f"/v1/sessions/{sid}/events?after={head}") as r:
+                    got.extend(read_sse(r, until="stream.end", timeout=30))
+
+            t = threading.Thread(target=follow)
+            t.start()
+            assert alice.delete(f"/v1/sessions/{sid}").status_code == 200
+            t.join(40)
+            assert not t.is_alive()
+            assert got[-1]["event"] == "stream.end"
+            assert got[-1]["data"]["error"]["code"] == "unknown_session"
+    rt.close_sync()
