@@ -1,0 +1,115 @@
+"""`signoff delete`: erase a finished session and its subagents' sessions from the store, as
+`Runtime.delete_session` does, after asking at the terminal (or with `--yes`)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from .._exceptions import UsageError
+from .._runtime import Runtime
+from .._types import Principal
+from ..channels.terminal import printable
+from ..stores import SQLiteStore
+from ._app import (
+    RuntimeArgument,
+    StoreOption,
+    app,
+    load_runtime,
+    misuse,
+    out,
+    parse_principal,
+    refuse_empty_ids,
+    refuse_undecodable,
+    run,
+    set_or_unset,
+    split_target,
+)
+from ._store_files import existing_store, refuse_unmade_schema
+
+__all__ = ["delete"]
+
+DeleterOption = Annotated[
+    str | None,
+    typer.Option(
+        "--as",
+        envvar="SIGNOFF_PRINCIPAL",
+        callback=set_or_unset("SIGNOFF_PRINCIPAL"),
+        metavar="AUTHENTICATOR:ID",
+        help="Who deletes it, as the audit trail records (default: local:<your user name>).",
+        show_default=False,
+    ),
+]
+
+
+@app.command()
+def delete(
+    session_id: Annotated[
+        str,
+        typer.Argument(
+            metavar="SESSION_ID", help="The session's id (ses_...), as 'signoff sessions' lists it."
+        ),
+    ],
+    target: RuntimeArgument = None,
+    reason: Annotated[
+        str | None,
+        typer.Option("--reason", metavar="TEXT", help="Why (recorded in the audit trail)."),
+    ] = None,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Delete without asking (as a script must).")
+    ] = False,
+    store: StoreOption = None,
+    acting_as: DeleterOption = None,
+) -> None:
+    """Delete a finished session and its subagents' sessions, for good.
+
+    Everything the store keeps of them goes (events, requests, answers, audit entries); the
+    audit stream store:deletions records who deleted what, when and why. A session with a turn
+    running or waiting on people is refused: cancel it first. Asks before deleting, unless
+    --yes; without a terminal to ask at, --yes is needed."""
+    with misuse():
+        refuse_undecodable({"SESSION_ID": session_id, "--reason": reason})
+        refuse_empty_ids({"SESSION_ID": session_id})
+        principal = parse_principal(acting_as)
+        if target:
+            split_target(target)
+        if not yes and not _can_ask():
+            raise UsageError("there is no terminal to ask for confirmation at: pass --yes")
+    run(_delete(session_id, target, store, reason, yes, principal))
+
+
+def _can_ask() -> bool:
+    """Whether a person can be asked: standard input is a terminal."""
+    return sys.stdin.isatty()
+
+
+async def _delete(
+    session_id: str,
+    target: str | None,
+    store: str | None,
+    reason: str | None,
+    yes: bool,
+    principal: Principal,
+) -> None:
+    loaded = load_runtime(target, store) if target else None
+    if loaded is not None and isinstance(loaded.store, SQLiteStore):
+        existing_store(loaded.store.url)  # a mistyped path is refused, not created empty
+    url = existing_store(store) if loaded is None else None
+    await refuse_unmade_schema(loaded.store if loaded is not None else str(url))
+    console = out()
+    async with loaded or Runtime([], store=url) as runtime:
+        state = await runtime.state(session_id)  # an unknown id: UnknownSession, asked nothing
+        if not yes:
+            shown = (
+                f"Delete session {session_id} ({printable(state.agent)}, {state.status}, "
+                f"{state.seq} events) and its subagents' sessions, for good?"
+            )
+            if not typer.confirm(shown, default=False):
+                console.print("Nothing deleted.")
+                raise typer.Exit(1)
+        deleted = await runtime.delete_session(session_id, by=principal, reason=reason)
+    others = deleted[1:]
+    also = f" and {len(others)} subagent session(s): {', '.join(others)}" if others else ""
+    console.print(f"[green]deleted[/] {session_id}{also}; recorded in the audit trail")

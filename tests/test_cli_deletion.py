@@ -1,0 +1,89 @@
+"""`signoff delete` (`_deletion`): a finished session erased with its audit entry, a live one
+refused with nothing changed, and the confirmation asked at a terminal."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+import signoff as so
+from signoff.cli import _deletion, app
+from signoff.testing import reply, scripted_agent
+
+from ._cli import invoke, park, refused_usage, url
+
+__all__ = ["url"]  # the fixture, used by name
+
+
+def _finished(url: str) -> str:
+    """A session whose turn completed: the id."""
+    with so.Runtime([scripted_agent("greeter", [reply("hello")])], store=url) as rt:
+        return rt.generate_sync("greeter", "hi").session_id
+
+
+def _deletions(url: str) -> list[dict[str, object]]:
+    with so.Runtime([], store=url) as rt:
+        assert rt.verify_audit_sync() == []
+        return [e.data for e in rt.audit_sync(stream="store:deletions")]
+
+
+def test_delete_erases_a_finished_session_and_records_who_and_why(url: str) -> None:
+    session_id = _finished(url)
+    result = invoke("delete", session_id, "--store", url, "--yes", "--reason", "GDPR erasure")
+    assert result.exit_code == 0, result.output
+    assert f"deleted {session_id}; recorded in the audit trail" in result.stdout
+    with so.Runtime([], store=url) as rt, pytest.raises(so.UnknownSession):
+        rt.state_sync(session_id)
+    (entry,) = _deletions(url)
+    assert entry["session_id"] == session_id and entry["reason"] == "GDPR erasure"
+    assert entry["by"] == so.cli.local_principal().model_dump()
+    again = invoke("delete", session_id, "--store", url, "--yes")
+    assert again.exit_code == 1 and "UnknownSession" in again.stderr
+
+
+def test_delete_records_the_principal_given_with_as(url: str) -> None:
+    session_id = _finished(url)
+    result = invoke("delete", session_id, "--store", url, "-y", "--as", "oidc:dpo@example.com")
+    assert result.exit_code == 0, result.output
+    (entry,) = _deletions(url)
+    by = entry["by"]
+    assert isinstance(by, dict) and by["principal_id"] == "dpo@example.com"
+
+
+def test_delete_refuses_a_session_waiting_on_people_and_changes_nothing(url: str) -> None:
+    session_id, request_id = park(url)
+    result = invoke("delete", session_id, "--store", url, "--yes")
+    assert result.exit_code == 1, result.output
+    assert "SessionWaiting" in result.stderr and "cancel it first" in result.stderr
+    with so.Runtime([], store=url) as rt:
+        assert [r.id for r in rt.pending_sync(session_id=session_id)] == [request_id]
+    assert _deletions(url) == []
+
+
+def test_delete_without_a_terminal_needs_yes(url: str) -> None:
+    session_id = _finished(url)
+    message = refused_usage(invoke("delete", session_id, "--store", url))
+    assert "no terminal to ask for confirmation at: pass --yes" in message
+    with so.Runtime([], store=url) as rt:
+        assert rt.state_sync(session_id).status == "idle"
+
+
+def test_delete_asks_at_a_terminal_and_no_keeps_the_session(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_deletion, "_can_ask", lambda: True)
+    session_id = _finished(url)
+    kept = CliRunner().invoke(app, ["delete", session_id, "--store", url], input="n\n")
+    assert kept.exit_code == 1, kept.output
+    assert f"Delete session {session_id} (greeter, idle, " in kept.stdout
+    assert "Nothing deleted." in kept.stdout
+    assert _deletions(url) == []
+    gone = CliRunner().invoke(app, ["delete", session_id, "--store", url], input="y\n")
+    assert gone.exit_code == 0, gone.output
+    assert len(_deletions(url)) == 1
+
+
+def test_delete_refuses_an_empty_id_and_a_missing_store(url: str, tmp_path: object) -> None:
+    assert "SESSION_ID is empty" in refused_usage(invoke("delete", "", "--store", url, "--yes"))
+    missing = invoke("delete", "ses_x", "--store", "sqlite:////nonexistent/dir/s.db", "--yes")
+    assert missing.exit_code != 0 and "Traceback" not in missing.output
