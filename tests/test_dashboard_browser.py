@@ -505,3 +505,51 @@ def test_an_answer_after_the_sign_in_expired_leads_to_signing_in_and_back(
     approve = page.locator(f"[data-request-id='{rid}']").get_by_role("button", name="Approve")
     expect(approve).to_be_visible()
     assert session(base, sid)["status"] == "waiting"  # the refused click changed nothing
+
+
+def test_a_question_of_many_choices_is_answered_from_its_menu(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """Past 12 choices a question's card offers one menu (numbered as the list above it) and an
+    Answer button, not a button per choice: the reviewer picks one and the turn gets it."""
+    labels = [f"Warehouse {n:02d}" for n in range(1, 21)]
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Pick a warehouse."""
+        answer = await ctx.ask("Ship from where?", options=labels, allow_text=False)
+        return str(answer.value)
+
+    script = [
+        so.ModelResponse(tool_calls=[so.ToolCall(name="pick", input={})]),
+        so.ModelResponse(text="Shipping."),
+    ]
+    agent = so.Agent(name="depot", model=so.models.Scripted(script), tools=[pick])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/many.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as served_at:
+        r = httpx.post(
+            f"{served_at}/v1/sessions",
+            json={"agent": "depot", "message": "ship it"},
+            headers=auth("alice-token"),
+            timeout=10,
+            verify=PLAIN,
+        )
+        sid, rid = r.json()["session_id"], r.json()["pending"][0]["id"]
+        context = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=served_at)
+        try:
+            p = context.new_page()
+            p.set_default_timeout(10_000)
+            p.goto("/_signoff/login")
+            p.fill("input[name=token]", "alice-token")
+            p.click("button[type=submit]")
+            card = p.locator(f'[data-request-id="{rid}"]')
+            expect(card.locator("button.option")).to_have_count(0)
+            menu = card.get_by_label("Choose one of 20")
+            menu.select_option(label="7. Warehouse 07")
+            card.get_by_role("button", name="Answer").click()
+            expect(card).to_contain_text("Answered")
+        finally:
+            context.close()
+    with so.Runtime([agent], store=f"sqlite:///{tmp_path}/many.db") as rt:
+        (done,) = [e for e in rt.events_sync(sid) if e.type == "tool.completed"]
+        assert done.data["result"] == "Warehouse 07"

@@ -333,7 +333,9 @@ def test_long_option_descriptions_leave_the_buttons_near_the_top(
     browser: Browser, tmp_path: Path
 ) -> None:
     """`ctx.ask` takes options of any length: 30 options described in 10 KB each made a list
-    50,000 pixels tall above the buttons. The list scrolls in a box of its own."""
+    50,000 pixels tall above the buttons. The list scrolls in a box of its own, and the menu
+    that takes the answer (past 12 options, one menu rather than a button each) is near the
+    top."""
 
     @so.tool(name="pick")
     async def pick(ctx: so.ToolContext, topic: str) -> dict[str, Any]:
@@ -359,8 +361,10 @@ def test_long_option_descriptions_leave_the_buttons_near_the_top(
         )
         p = context.new_page()
         p.goto("/_signoff/")
-        first = p.get_by_role("button", name="Plan 0").bounding_box()
-        assert first is not None and first["y"] + first["height"] <= 1800, first
+        menu = p.get_by_label("Choose one of 30").bounding_box()
+        assert menu is not None and menu["y"] + menu["height"] <= 1800, menu
+        answer = p.get_by_role("button", name="Answer").bounding_box()
+        assert answer is not None and answer["y"] + answer["height"] <= 1900, answer
         context.close()
 
 

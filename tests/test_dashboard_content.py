@@ -234,3 +234,56 @@ def test_a_models_text_with_a_lone_surrogate_or_bidi_override_is_shown(tmp_path:
         assert "I will ask\ufffd first \\u202eksa" in r.text
         r = c.get(f"/_signoff/fragments/sessions/{state.session_id}")
         assert r.status_code == 200 and "\\\\u202eksa" in r.text
+
+
+def test_a_question_of_many_choices_is_answered_from_one_menu(tmp_path: Path) -> None:
+    """A question of 30 choices showed 30 buttons after the 30 listed choices, each label again
+    in its button and its tooltip (a question of 200 long choices: 400 KB of one card). Past 12
+    the list is numbered and one menu, numbered alike, takes the answer; a form sent with no
+    choice and no text is refused, nothing recorded."""
+    labels = [f"Warehouse {n:02d}: " + "ships within two days, " * 8 for n in range(1, 31)]
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Pick a warehouse."""
+        answer = await ctx.ask("Ship from where?", options=labels, allow_text=False)
+        return str(answer.value)
+
+    script = [
+        so.ModelResponse(tool_calls=[so.ToolCall(name="pick", input={})]),
+        so.ModelResponse(text="Shipping."),
+    ]
+    agent = so.Agent(name="depot", model=so.models.Scripted(script), tools=[pick])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/many.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
+        r = httpx.post(
+            f"{base}/v1/sessions",
+            json={"agent": "depot", "message": "ship it"},
+            headers=auth("alice-token"),
+            timeout=10,
+            verify=PLAIN,
+        )
+        sid, request = r.json()["session_id"], r.json()["pending"][0]
+        rid, options = request["id"], request["options"]
+        with signed_in(base) as c:
+            page = c.get("/_signoff/").text
+            card = page[page.index(f'id="{rid}"') :]
+            card = card[: card.index("</article>")]
+            assert 'class="btn option' not in card
+            assert '<ol class="options">' in card
+            menu = card[card.index("<select") : card.index("</select>")]
+            assert 'name="option"' in menu and " required" in menu
+            assert re.findall(r'<option value="([^"]*)"', menu) == ["", *[o["id"] for o in options]]
+            assert "30. Warehouse 30" in menu
+            # Listed whole, and in the menu: its value (the id, here the label) and its text, cut;
+            # four times before (the list, the button's value, its tooltip and its text).
+            assert card.count(labels[0][:40]) == 3
+            url = f"/_signoff/requests/{rid}/respond"
+            blank = c.post(url, data={"option": "", "csrf": csrf_of(page)})
+            assert blank.status_code >= 400
+            assert [p.id for p in runtime.pending_sync(session_id=sid)] == [rid]
+            chosen = c.post(url, data={"option": options[4]["id"], "csrf": csrf_of(page)})
+            assert chosen.status_code in (200, 303), chosen.text
+    with so.Runtime([agent], store=f"sqlite:///{tmp_path}/many.db") as rt:
+        (done,) = [e for e in rt.events_sync(sid) if e.type == "tool.completed"]
+        assert done.data["status"] == "ok" and done.data["result"] == labels[4]
