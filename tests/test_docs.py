@@ -476,3 +476,27 @@ def test_a_tool_runs_as_whom_the_readme_says_run_as_names(tmp_path: Path) -> Non
         }
     expected = {"quorum": "carol", "plain": "alice", "unasked": "alice", "lapsed": "alice"}
     assert ran_as == expected and started == expected
+
+
+def test_a_script_that_runs_out_does_what_docs_testing_md_says(tmp_path: Path) -> None:
+    """docs/testing.md: a session asking past its script's end fails its turn retryably
+    (`model_error`), and `repeat_last=True` plays the last step again. `repeat_last`, which
+    examples/support.py uses, was documented nowhere."""
+    from signoff.testing import reply, scripted_agent, sqlite_runtime
+
+    said = " ".join((ROOT / "docs" / "testing.md").read_text().split())
+    assert "fails its turn, retryably (`model_error`, saying to script more)" in said
+    assert "`scripted_agent(..., repeat_last=True)`) it is played the last step again" in said
+    assert "repeat_last=True" in (ROOT / "examples" / "support.py").read_text()
+
+    short = scripted_agent("short", [reply("one")])
+    again = scripted_agent("again", [reply("one"), reply("last")], repeat_last=True)
+    with sqlite_runtime(tmp_path, short, again) as rt:
+        r = rt.generate_sync("short", prompt="1")
+        r = rt.generate_sync(session_id=r.session_id, prompt="2")
+        assert r.status == "failed" and r.error is not None
+        assert r.error["code"] == "model_error" and r.retryable
+        assert "script more" in r.error["message"]
+        r = rt.generate_sync("again", prompt="1")
+        texts = [rt.generate_sync(session_id=r.session_id, prompt=p).text for p in "234"]
+        assert texts == ["last", "last", "last"]
