@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from signoff import ToolContext
+
 from ._docs import DOCS, ROOT, blocks
 
 
@@ -415,3 +417,86 @@ def test_the_errors_the_readme_says_a_wrong_typed_answer_raises(tmp_path: Path) 
             rt.respond_sync(r.session_id, [{"request_id": 5, "option_id": "approve"}])
     finally:
         rt.close_sync()
+
+
+def test_a_tool_runs_as_whom_the_readme_says_run_as_names(tmp_path: Path) -> None:
+    """README (*Approval policies*): `run_as="approver"` runs an approved call as the person
+    whose approval settled it (a quorum's last vote), as the requester by default, and a call
+    no one approved (its policy let it run, a deadline approved it) as the requester. `run_as`
+    was named among the features and explained nowhere."""
+    import signoff as so
+    from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent, sqlite_runtime
+
+    said = " ".join(section("Approval policies").split())
+    assert '`@so.tool(run_as="approver")` runs it as the person whose approval settled' in said
+    assert "(for a quorum, the one whose vote completed it)" in said
+    assert 'deadline\'s `on_timeout="approve"` approved) runs as the requester either way' in said
+
+    alice, bob, carol = (
+        so.Principal(authenticator="web", principal_id=name) for name in ("alice", "bob", "carol")
+    )
+    ran_as: dict[str, str | None] = {}
+
+    def anyone(ctx: so.ResponseContext) -> so.Allowed:
+        return so.Allowed()
+
+    def gated(name: str, run_as: Any, request: Any) -> so.Tool:
+        async def body(ctx: ToolContext, amount: int) -> int:  # a module-level hint
+            current = ctx.session.auth.current
+            ran_as[name] = None if current is None else current.principal_id
+            return amount
+
+        spec = so.ApprovalSpec(request, anyone)
+        return so.tool(body, name=name, description="Refund.", approval=spec, run_as=run_as)
+
+    tools = [
+        gated("quorum", "approver", so.always(approvers=2)),
+        gated("plain", "requester", so.always()),
+        gated("unasked", "approver", so.never()),
+        gated("lapsed", "approver", so.always(expires_in=60, on_timeout="approve")),
+    ]
+    calls = call_tools(*(call(t.name, amount=1) for t in tools))
+    agent = scripted_agent("a", [calls, reply("done")], tools=tools)
+    clock = ManualClock()
+    with sqlite_runtime(tmp_path, agent, clock=clock) as rt:
+        r = rt.generate_sync("a", prompt="go", auth=alice)
+        asked = {p.tool_name: p.id for p in r.pending}
+        approve = [
+            so.InputResponse(request_id=asked["quorum"], option_id="approve"),
+            so.InputResponse(request_id=asked["plain"], option_id="approve"),
+        ]
+        rt.respond_sync(r.session_id, approve, principal=bob)
+        rt.respond_sync(r.session_id, approve[:1], principal=carol)
+        clock.advance(61)
+        assert rt.generate_sync(session_id=r.session_id).status == "completed"
+        started = {
+            e.data["tool_name"]: e.data["principal"]["principal_id"]
+            for e in rt.events_sync(r.session_id)
+            if e.type == "tool.started"
+        }
+    expected = {"quorum": "carol", "plain": "alice", "unasked": "alice", "lapsed": "alice"}
+    assert ran_as == expected and started == expected
+
+
+def test_a_script_that_runs_out_does_what_docs_testing_md_says(tmp_path: Path) -> None:
+    """docs/testing.md: a session asking past its script's end fails its turn retryably
+    (`model_error`), and `repeat_last=True` plays the last step again. `repeat_last`, which
+    examples/support.py uses, was documented nowhere."""
+    from signoff.testing import reply, scripted_agent, sqlite_runtime
+
+    said = " ".join((ROOT / "docs" / "testing.md").read_text().split())
+    assert "fails its turn, retryably (`model_error`, saying to script more)" in said
+    assert "`scripted_agent(..., repeat_last=True)`) it is played the last step again" in said
+    assert "repeat_last=True" in (ROOT / "examples" / "support.py").read_text()
+
+    short = scripted_agent("short", [reply("one")])
+    again = scripted_agent("again", [reply("one"), reply("last")], repeat_last=True)
+    with sqlite_runtime(tmp_path, short, again) as rt:
+        r = rt.generate_sync("short", prompt="1")
+        r = rt.generate_sync(session_id=r.session_id, prompt="2")
+        assert r.status == "failed" and r.error is not None
+        assert r.error["code"] == "model_error" and r.retryable
+        assert "script more" in r.error["message"]
+        r = rt.generate_sync("again", prompt="1")
+        texts = [rt.generate_sync(session_id=r.session_id, prompt=p).text for p in "234"]
+        assert texts == ["last", "last", "last"]

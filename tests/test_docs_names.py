@@ -8,6 +8,8 @@ import inspect
 import re
 from typing import Any
 
+import pytest
+
 from ._docs import DOCS, ROOT, blocks_text
 
 
@@ -449,6 +451,43 @@ def test_every_variable_that_picks_a_model_is_named_where_the_readme_says_how() 
         part = readme[readme.index(start) :]
         part = part[: part.index(end)]
         assert {v for v in read if f"`{v}`" not in part} == set(), start
+
+
+def test_the_readme_says_which_model_from_env_picks_and_how_signoff_model_names_one() -> None:
+    """The README told which variables `from_env` reads but not what `SIGNOFF_MODEL` holds nor
+    which model a bare API key picks: a reader could not set either. What it says now is what
+    `from_env` does, and the default models it names are the code's."""
+    import signoff as so
+    from signoff.models._from_env import DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    for said in (
+        "`SIGNOFF_MODEL` names the model as `openai:NAME`, `anthropic:NAME` or a bare name "
+        "(`claude-*` goes to Anthropic, any other to the OpenAI-compatible endpoint, such as "
+        "`SIGNOFF_MODEL=qwen3:8b`",
+        f"`ANTHROPIC_API_KEY` picks Anthropic's `{DEFAULT_ANTHROPIC_MODEL}`, else "
+        f"`OPENAI_API_KEY` or `OPENAI_BASE_URL` picks `{DEFAULT_OPENAI_MODEL}`, else "
+        "`from_env(fallback=...)` is used (without one, a `UsageError`)",
+    ):
+        assert said in readme, said
+    local = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "x"}
+    both = {**local, "ANTHROPIC_API_KEY": "y"}
+    picked = [
+        ({**both, "SIGNOFF_MODEL": "openai:gpt-x"}, so.models.OpenAIChat, "gpt-x"),
+        ({**both, "SIGNOFF_MODEL": "anthropic:claude-x"}, so.models.Anthropic, "claude-x"),
+        ({**both, "SIGNOFF_MODEL": "claude-y"}, so.models.Anthropic, "claude-y"),
+        ({**both, "SIGNOFF_MODEL": "qwen3:8b"}, so.models.OpenAIChat, "qwen3:8b"),
+        (both, so.models.Anthropic, DEFAULT_ANTHROPIC_MODEL),
+        (local, so.models.OpenAIChat, DEFAULT_OPENAI_MODEL),
+        ({"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}, so.models.OpenAIChat, DEFAULT_OPENAI_MODEL),
+    ]
+    for env, kind, name in picked:
+        model = so.models.from_env(env=env)
+        assert isinstance(model, kind) and getattr(model, "model", None) == name, (env, model)
+    fallback = so.models.Scripted([])
+    assert so.models.from_env(fallback, env={}) is fallback
+    with pytest.raises(so.UsageError):
+        so.models.from_env(env={})
 
 
 def test_every_span_attribute_and_event_signoff_sets_is_in_the_tracing_docs() -> None:
