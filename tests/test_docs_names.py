@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+import signoff as so
+
 from ._docs import DOCS, ROOT, blocks_text
 
 
@@ -592,3 +594,35 @@ def test_every_rt_r_and_ctx_attribute_the_docs_use_exists() -> None:
                 assert name in names, (doc, f"{prefix}.{name}")
                 checked += 1
     assert checked >= 40, checked
+
+
+def test_every_option_of_the_public_constructors_is_documented() -> None:
+    """The docs name each keyword a public constructor takes (`name=`, `` `name` ``,
+    `.name` or `name:`): `ChannelHub(max_attempts=, retry_backoff=)`, `WebhookChannel(
+    backoff=, sleep=)`, `OpenAIChat(temperature=)`, both models' `params=`, `TerminalChannel(
+    console=)`, `SlackChannel(path=)` and `Agent(instructions=, guardrails=, limits=)` were
+    explained only in docstrings. A new option is documented with it."""
+    import inspect
+    import re
+
+    from signoff.channels import ChannelHub, WebhookChannel
+    from signoff.channels.slack import SlackChannel
+    from signoff.channels.terminal import TerminalChannel
+    from signoff.models import Anthropic, OpenAIChat, Scripted
+    from signoff.server import create_app
+
+    text = (ROOT / "README.md").read_text() + "".join(
+        p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))
+    )
+    made: list[Any] = [so.Runtime, so.Agent, so.Limits, so.ApprovalSpec, so.tool, so.always]
+    made += [ChannelHub, WebhookChannel, SlackChannel, TerminalChannel]
+    made += [OpenAIChat, Anthropic, Scripted, create_app]
+    undocumented = []
+    for made_by in made:
+        first, *rest = inspect.signature(made_by).parameters.values()
+        for p in rest if first.kind is not first.KEYWORD_ONLY else [first, *rest]:
+            if p.kind is not p.KEYWORD_ONLY and p.default is p.empty:
+                continue  # what it is made of, positional: shown in every example
+            if not re.search(rf"(\b{p.name}=|`{p.name}`|\.{p.name}\b|\b{p.name}: )", text):
+                undocumented.append(f"{made_by.__name__}({p.name}=)")
+    assert undocumented == []
