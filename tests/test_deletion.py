@@ -170,6 +170,24 @@ async def test_a_live_session_is_refused_and_left_whole(store_url: str) -> None:
         assert await rt.delete_session(idle) == [idle]
 
 
+async def test_a_turn_with_work_to_do_and_no_lease_is_refused(store_url: str) -> None:
+    """Answered and not yet taken up again (`respond(resume=False)`, or a drive about to take
+    the lease, or one that died): the turn is running though no drive holds its lease, and a
+    worker would claim it. It was deleted, the answer accepted and then lost."""
+    async with so.Runtime(agents(), store=store_url) as rt:
+        r = await rt.generate("chat", prompt="refund it", auth=ALICE)
+        answer = {"request_id": r.pending[0].id, "option_id": "approve"}
+        await rt.respond(r.session_id, [answer], principal=ALICE, resume=False)
+        assert (await rt.state(r.session_id)).status == "running"
+        before = await _rows(store_url)
+        with pytest.raises(so.SessionBusy, match="has work to do"):
+            await rt.delete_session(r.session_id)
+        assert await _rows(store_url) == before
+        assert await rt.audit(stream=DELETIONS_STREAM) == []
+        await rt.cancel(r.session_id, principal=ALICE)
+        assert await rt.delete_session(r.session_id) == [r.session_id]
+
+
 async def test_a_session_whose_ttl_passed_with_a_request_open_is_expired_then_deleted(
     tmp_path: Any,
 ) -> None:
@@ -184,6 +202,26 @@ async def test_a_session_whose_ttl_passed_with_a_request_open_is_expired_then_de
     async with so.Runtime([limited], store=url, clock=clock) as rt:
         r = await rt.generate("chat", prompt="refund it", auth=ALICE)
         assert r.status == "waiting"
+        clock.advance(61)
+        assert await rt.delete_session(r.session_id) == [r.session_id]
+        assert await rt.verify_audit() == []
+
+
+async def test_a_turn_with_work_to_do_whose_ttl_passed_is_deleted(tmp_path: Any) -> None:
+    """No worker claims a session whose TTL passed: it can never run again, and is deleted."""
+    clock = ManualClock()
+    limited = scripted_agent(
+        "chat",
+        [call_tools(call("refund", order_id="7"))],
+        tools=list(chat().tools.values()),
+        limits=so.Limits(ttl=60),
+    )
+    async with so.Runtime([limited], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        r = await rt.generate("chat", prompt="refund it", auth=ALICE)
+        answer = {"request_id": r.pending[0].id, "option_id": "approve"}
+        await rt.respond(r.session_id, [answer], principal=ALICE, resume=False)
+        with pytest.raises(so.SessionBusy):
+            await rt.delete_session(r.session_id)
         clock.advance(61)
         assert await rt.delete_session(r.session_id) == [r.session_id]
         assert await rt.verify_audit() == []
@@ -224,6 +262,32 @@ async def test_another_process_deleting_leaves_no_key_to_another_session(tmp_pat
             await b.store.read_events(new)
         )
         assert await a.verify_audit() == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known defect, not fixed: a session's id derives from its idempotency key, so a "
+    "call repeating the key after the deletion creates a session of the deleted id; a store "
+    "would need a record of deleted ids (a migration) to refuse it",
+)
+async def test_an_idempotency_key_repeated_after_a_deletion_brings_no_id_back(
+    store_url: str,
+) -> None:
+    """A client retrying `POST /v1/sessions` with its Idempotency-Key after the session was
+    erased: a new session of the erased id, which the deletion entry names and which another
+    process that remembered the old one's SQLite row key reads as having no events."""
+    async with (
+        so.Runtime(agents(), store=store_url) as a,
+        so.Runtime(agents(), store=store_url) as b,
+    ):
+        sid = (await a.generate("chat", prompt="hi", auth=ALICE, idempotency_key="k1")).session_id
+        assert await a.store.read_events(sid)
+        await b.delete_session(sid)
+        try:
+            again = await b.generate("chat", prompt="hi", auth=ALICE, idempotency_key="k1")
+        except so.SignoffError:
+            return
+        assert again.session_id != sid
 
 
 def test_the_sync_twin_deletes(tmp_path: Any) -> None:

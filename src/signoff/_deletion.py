@@ -27,7 +27,8 @@ class Deletion(EventStream):
         lease, audit entries, and the same of its subagents' sessions; the deletion itself is
         recorded (by whom, why, where each chain ended) in the audit stream `store:deletions`.
         Returns the ids deleted, the session's first. Refused, nothing changed: a turn running
-        (`SessionBusy`) or waiting on people (`SessionWaiting`): cancel it first; a subagent's
+        or with work to do, under a lease or not, before its TTL passes (`SessionBusy`), or
+        waiting on people (`SessionWaiting`): cancel it first; a subagent's
         session whose parent exists (`SubagentSession`); an unknown id (`UnknownSession`)."""
         check_session_id(session_id)
         if reason is not None and not isinstance(reason, str):

@@ -72,10 +72,13 @@ def refuse(
     parent: str | None,
     leased: str | None,
     waiting: Sequence[str],
+    running: str | None = None,
 ) -> None:
     """Raise why the session may not be deleted, if it may not: unknown, a subagent's whose
-    parent exists, a turn of it (or of a subagent under it) running under a lease, or open
-    requests in it (or under it)."""
+    parent exists, a turn of it (or of a subagent under it) running under a lease, open
+    requests in it (or under it), or a turn of it (or under it) with work to do and no lease
+    (`running`: answered and not yet taken up again, a message just sent, a drive that died)
+    before its TTL passed, which a worker would claim and run."""
     if not found:
         raise UnknownSession(session_id)
     if parent is not None:
@@ -88,3 +91,9 @@ def refuse(
         )
     if waiting:
         raise SessionWaiting(session_id, waiting)
+    if running is not None:
+        whose = "its" if running == session_id else f"subagent session {running!r}'s"
+        raise SessionBusy(
+            f"session {session_id!r} is running: {whose} turn has work to do; cancel it first",
+            session_id,
+        )

@@ -26,12 +26,13 @@ _READ = (
     "WITH RECURSIVE " + _TREE + " SELECT x.sk, x.id, x.agent, x.head, x.audit_n, x.audit_hash, "
     "p.id, (SELECT l.sk IS NOT NULL FROM {s}.leases l WHERE l.sk = x.sk AND l.owner <> '' "
     "AND l.expires_at > %s), (SELECT array_agg(r.id ORDER BY r.id) FROM {s}.requests r "
-    "WHERE r.sk = x.sk AND r.status = 'pending') "
+    "WHERE r.sk = x.sk AND r.status = 'pending'), "
+    "x.status = 'running' AND (x.expires_at IS NULL OR x.expires_at > %s) "
     "FROM t JOIN {s}.sessions x ON x.sk = t.sk LEFT JOIN {s}.sessions p ON p.sk = x.parent "
     "ORDER BY x.sk"
 )
 """Each session of the tree as its row keeps it, its parent's id, whether a drive holds its
-lease and its open requests."""
+lease, its open requests and whether its turn has work to do (its TTL not passed)."""
 
 _GATE = (
     "ok AS (SELECT 1 WHERE (SELECT array_agg(x.sk || ':' || x.audit_n || ':' || x.head "
@@ -40,6 +41,8 @@ _GATE = (
     "WHERE x.id = %s) "
     "AND NOT EXISTS (SELECT 1 FROM {s}.leases l JOIN t ON t.sk = l.sk "
     "WHERE l.owner <> '' AND l.expires_at > %s) "
+    "AND NOT EXISTS (SELECT 1 FROM {s}.sessions x JOIN t ON t.sk = x.sk "
+    "WHERE x.status = 'running' AND (x.expires_at IS NULL OR x.expires_at > %s)) "
     "AND NOT EXISTS (SELECT 1 FROM {s}.requests r JOIN t ON t.sk = r.sk "
     "WHERE r.status = 'pending')), "
     "d AS (SELECT sk FROM t WHERE EXISTS (SELECT 1 FROM ok)), "
@@ -49,7 +52,7 @@ _GATE = (
     )
 )
 """Deletes the tree's rows only if it is still the tree read (the same sessions, chains and
-logs), none of it a subagent's under a parent, leased or waiting on people."""
+logs), none of it a subagent's under a parent, leased, running or waiting on people."""
 
 _START = "WITH RECURSIVE v AS ("
 _V_END = "behind, k)), "
@@ -119,7 +122,7 @@ class Deletions(Connections):
             + "SELECT EXISTS (SELECT 1 FROM {s}.sessions WHERE id = %s)"
         ).format(s=s)
         params: list[Any] = [sync] if sync else []
-        params += [[DELETIONS_STREAM], keys, keys, session_id, shape, session_id, now]
+        params += [[DELETIONS_STREAM], keys, keys, session_id, shape, session_id, now, now]
         params += [[row.stream], [None], [row.type], [row.at], [dumps(row.data)]]
         params += [[before], [behind]]
         params += [self.channel, [d.id for _, d in doomed], session_id, session_id]
@@ -150,7 +153,7 @@ class Deletions(Connections):
             refuse(session_id, found=False, parent=None, leased=None, waiting=())
 
         async def body(conn: Conn) -> list[tuple[Any, ...]]:
-            cur = await conn.execute(_READ.format(s=self._s), (session_id, now))
+            cur = await conn.execute(_READ.format(s=self._s), (session_id, now, now))
             return list(await cur.fetchall())
 
         rows = await self._read(body, f"reading session {session_id!r} to delete it")
@@ -162,6 +165,7 @@ class Deletions(Connections):
             parent=None if top is None else top[6],
             leased=next((str(r[1]) for r in rows if r[7]), None),
             waiting=sorted(waiting),
+            running=next((str(r[1]) for r in rows if r[9]), None),
         )
         doomed = [
             (

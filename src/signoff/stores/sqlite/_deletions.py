@@ -108,11 +108,18 @@ class Deletions(Connection):
             f"SELECT id FROM requests WHERE sk IN ({marks}) AND status = 'pending' ORDER BY id",
             keys,
         ).fetchall()
+        running = conn.execute(
+            f"SELECT id FROM sessions WHERE sk IN ({marks}) AND status = 'running' "
+            "AND NOT (typeof(expires_at) IN ('integer', 'real') AND expires_at <= ?) "
+            "ORDER BY sk LIMIT 1",
+            (*keys, now),
+        ).fetchone()
         refuse(
             session_id,
             found=True,
             parent=None if top[1] is None else str(top[1]),
             leased=None if leased is None else str(leased[0]),
             waiting=[str(r[0]) for r in waiting],
+            running=None if running is None else str(running[0]),
         )
         return doomed
