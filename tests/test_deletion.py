@@ -264,18 +264,14 @@ async def test_another_process_deleting_leaves_no_key_to_another_session(tmp_pat
         assert await a.verify_audit() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect, not fixed: a session's id derives from its idempotency key, so a "
-    "call repeating the key after the deletion creates a session of the deleted id; a store "
-    "would need a record of deleted ids (a migration) to refuse it",
-)
 async def test_an_idempotency_key_repeated_after_a_deletion_brings_no_id_back(
     store_url: str,
 ) -> None:
-    """A client retrying `POST /v1/sessions` with its Idempotency-Key after the session was
-    erased: a new session of the erased id, which the deletion entry names and which another
-    process that remembered the old one's SQLite row key reads as having no events."""
+    """A client retrying `generate` (or `POST /v1/sessions`) with its idempotency key after the
+    session was erased got a new session of the erased id, which the deletion entry names and
+    which another process that remembered the old one's SQLite row key read as having no
+    events. The key now starts nothing again: `SessionDeleted` (an `UnknownSession`), nothing
+    written; a new key starts a new session."""
     async with (
         so.Runtime(agents(), store=store_url) as a,
         so.Runtime(agents(), store=store_url) as b,
@@ -283,11 +279,18 @@ async def test_an_idempotency_key_repeated_after_a_deletion_brings_no_id_back(
         sid = (await a.generate("chat", prompt="hi", auth=ALICE, idempotency_key="k1")).session_id
         assert await a.store.read_events(sid)
         await b.delete_session(sid)
-        try:
-            again = await b.generate("chat", prompt="hi", auth=ALICE, idempotency_key="k1")
-        except so.SignoffError:
-            return
-        assert again.session_id != sid
+        for rt in (a, b):
+            with pytest.raises(so.SessionDeleted, match="was deleted") as raised:
+                await rt.generate("chat", prompt="hi", auth=ALICE, idempotency_key="k1")
+            assert isinstance(raised.value, so.UnknownSession)
+            assert raised.value.session_id == sid
+            assert await rt.store.head(sid) is None
+            with pytest.raises(so.UnknownSession):
+                await rt.state(sid)
+        fresh = await a.generate("chat", prompt="hi", auth=ALICE, idempotency_key="k2")
+        assert fresh.session_id != sid
+        assert [s.id for s in await a.sessions()] == [fresh.session_id]
+        assert await a.verify_audit() == []
 
 
 def test_the_sync_twin_deletes(tmp_path: Any) -> None:

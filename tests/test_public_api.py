@@ -53,6 +53,7 @@ def test_core_names_present() -> None:
         "SessionExpired",
         "SessionLimitReached",
         "SessionWaiting",
+        "SessionDeleted",
         "SubagentSession",
         "ModelError",
         "RemoteError",

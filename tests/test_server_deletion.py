@@ -75,3 +75,26 @@ def test_a_stream_following_a_deleted_session_ends(tmp_path: Path) -> None:
             assert got[-1]["event"] == "stream.end"
             assert got[-1]["data"]["error"]["code"] == "unknown_session"
     rt.close_sync()
+
+
+def test_a_create_repeating_the_key_of_a_deleted_session_is_410(tmp_path: Path) -> None:
+    """`POST /v1/sessions` repeating the `Idempotency-Key` of a session since deleted made a new
+    session of the erased id; it is 410 `session_deleted` (`SessionDeleted` in the client), and
+    nothing is made."""
+    rt = make_runtime(f"sqlite:///{tmp_path / 's.db'}")
+    with running(create_app(rt, auth=TokenAuth(TOKENS))) as base:
+        with httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as alice:
+            body = {"agent": "support", "message": "refund order 1042"}
+            keyed = {"Idempotency-Key": "refund-1042"}
+            sid = alice.post("/v1/sessions", json=body, headers=keyed).json()["session_id"]
+            assert alice.post(f"/v1/sessions/{sid}/cancel").status_code == 200
+            assert alice.delete(f"/v1/sessions/{sid}").status_code == 200
+            again = alice.post("/v1/sessions", json=body, headers=keyed)
+            assert again.status_code == 410, again.text
+            assert again.json()["error"]["code"] == "session_deleted"
+            assert again.json()["error"]["session_id"] == sid
+            assert alice.get("/v1/sessions").json()["total"] == 0
+            with so.Client(base, token="alice-token") as client:
+                with pytest.raises(so.SessionDeleted) as raised:
+                    client.generate("support", "refund order 1042", idempotency_key="refund-1042")
+                assert raised.value.session_id == sid

@@ -203,6 +203,8 @@ class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
         self.trace: list[str] = []
         self.keyed: list[tuple[Any, int, str]] = []  # a keyed call, its status, its session
         self.settled: list[str] = []
+        self.deleted: set[str] = set()  # sessions a chain's DELETE erased
+        self.of: dict[str, str] = {}  # a settled request's session
         self.calls = itertools.count()
         self.store = Path(_dir.name) / f"stateful-{next(_stores)}.db"
         shutil.copyfile(_template, self.store)
@@ -213,10 +215,16 @@ class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
     def teardown(self) -> None:
         try:
             for case, status, session_id in self.keyed:
-                self._repeat(case, status, session_id)
+                if session_id in self.deleted:
+                    self._repeat_deleted(case, session_id)
+                else:
+                    self._repeat(case, status, session_id)
             for rid in self.settled:
                 record = self.reads.get(f"/v1/requests/{rid}", headers=HEADERS).json()
-                assert record["status"] == "settled", record
+                if self.of[rid] in self.deleted:  # erased with its session
+                    assert record["error"]["code"] == "unknown_request", record
+                else:
+                    assert record["status"] == "settled", record
             Chains.scenarios.append(self.trace)
             Chains.settled += self.settled
         finally:
@@ -268,11 +276,15 @@ class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
             Chains.keyed.append(op.path)
         if op.path in ANSWERS and response.status_code == 200:
             body = response.json()
-            self.settled += [
+            settled = [
                 o["request_id"]
                 for o in body["outcomes"]
                 if o["applied"] and o["outcome"] in SETTLED
             ]
+            self.settled += settled
+            self.of.update(dict.fromkeys(settled, case.path_parameters["session_id"]))
+        if op.method.upper() == "DELETE" and response.status_code == 200:
+            self.deleted.update(response.json()["deleted"])
 
     def _seq(self, session_id: str) -> int:
         """The session's last event (what a call that stores nothing leaves as it was)."""
@@ -304,6 +316,24 @@ class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
         assert self._seq(session_id) == before, label
         opens = case.operation.path == "/v1/sessions" and case.body.get("message") is None
         self.trace.append(f"REPLAY {label} {status}{' open' if opens else ''}")
+        Chains.replays.append(label)
+
+    def _repeat_deleted(self, case: Any, session_id: str) -> None:
+        """A keyed call whose session a later DELETE erased, sent again: a create is 410
+        `session_deleted` (the erased id is not made again), a message 404 `unknown_session`."""
+        kwargs = self.get_call_kwargs(case)
+        label = f"{case.operation.method.upper()} {case.operation.path}"
+        again = case.derive()
+        response = self.call(again, **kwargs)
+        self.validate_response(response, again, **kwargs)
+        error = response.json()["error"]
+        creates = case.operation.path == "/v1/sessions"
+        wanted = (410, "session_deleted") if creates else (404, "unknown_session")
+        assert (response.status_code, error["code"]) == wanted, (label, response.text)
+        assert error["session_id"] == session_id, (label, error)
+        gone = self.reads.get(f"/v1/sessions/{session_id}", headers=HEADERS)
+        assert gone.status_code == 404, (label, gone.text)
+        self.trace.append(f"REPLAY {label} {wanted[0]} deleted")
         Chains.replays.append(label)
 
 

@@ -106,6 +106,7 @@ __all__ = [
     "SchemaVersionError",
     "SessionAuth",
     "SessionBusy",
+    "SessionDeleted",
     "SessionError",
     "SessionExpired",
     "SessionInfo",

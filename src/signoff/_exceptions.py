@@ -9,6 +9,7 @@
     │   └── ReplayError            a workflow tool stepped or asked differently on replay
     ├── SessionError               about a session as a whole          (.session_id)
     │   ├── UnknownSession         no such session
+    │   │   └── SessionDeleted     it was deleted: its idempotency key starts nothing again
     │   ├── SessionExpired         its TTL passed; reopening it fails loudly
     │   ├── SessionBusy            another drive is running its turn right now
     │   ├── SessionWaiting         it waits on people: not deleted (.request_ids)
@@ -70,6 +71,7 @@ __all__ = [
     "RequestClosed",
     "SchemaVersionError",
     "SessionBusy",
+    "SessionDeleted",
     "SessionError",
     "SessionExpired",
     "SessionLimitReached",
@@ -171,6 +173,21 @@ class UnknownSession(SessionError):
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f"unknown session {session_id!r}", session_id)
+
+
+class SessionDeleted(UnknownSession):
+    """The session was deleted (`Runtime.delete_session`): a call repeating the idempotency key
+    that started it does not start it again under the id of the erased one."""
+
+    code = "session_deleted"
+
+    def __init__(self, session_id: str) -> None:
+        SessionError.__init__(
+            self,
+            f"session {session_id!r} was deleted: the idempotency key that started it starts "
+            "nothing again; use a new key for a new session",
+            session_id,
+        )
 
 
 class SessionExpired(SessionError):

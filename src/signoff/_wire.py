@@ -48,6 +48,7 @@ ERRORS: dict[str, type[errors.SignoffError]] = {
         errors.IdempotencyKeyReused,
         errors.SessionError,
         errors.UnknownSession,
+        errors.SessionDeleted,
         errors.SessionExpired,
         errors.SessionBusy,
         errors.SessionWaiting,

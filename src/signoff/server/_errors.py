@@ -27,6 +27,7 @@ from .._exceptions import (
     PartialAnswer,
     RequestClosed,
     SessionBusy,
+    SessionDeleted,
     SessionError,
     SessionExpired,
     SessionLimitReached,
@@ -103,6 +104,7 @@ class ApiError(Exception):
 
 # Most specific first: the first class an error is an instance of decides its status.
 _STATUS: list[tuple[type[SignoffError], int]] = [
+    (SessionDeleted, 410),
     (UnknownSession, 404),
     (UnknownRequest, 404),
     (ConflictingAnswer, 409),
@@ -350,7 +352,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         "`session_waiting`, `subagent_session`), or, ending an event stream, the "
         "store lost events the stream had sent (`events_rewritten`)"
     ),
-    410: _doc("The session expired (`session_expired`)"),
+    410: _doc(
+        "The session expired (`session_expired`), or was deleted: a call repeating the "
+        "idempotency key that started it (`session_deleted`)"
+    ),
     413: _doc("The request body is too large (`payload_too_large`)"),
     415: _doc(
         "The request body is sent compressed (`unsupported_encoding`, with "

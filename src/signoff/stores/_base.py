@@ -275,7 +275,8 @@ class Store(Protocol):
         lease: tuple[str, float, float] | None = None,
     ) -> int | None:
         """Write a new session with its first events in one transaction; a `session_id`
-        already stored is a `StoreError` and writes nothing. The events may start its first
+        already stored is a `StoreError`, and one `delete_session` erased `SessionDeleted`,
+        each writing nothing. The events may start its first
         turn too (`status` is then the one that turn gives it: a new session and its first
         message are one write); none of them is an audited one (`AUDIT_TYPES`). With `lease`
         (`owner, ttl, now`, as `acquire_lease` takes them) the session is leased to that owner

@@ -50,6 +50,9 @@ _GATE = (
         f"d{table} AS (DELETE FROM {{s}}.{table} y USING d WHERE y.sk = d.sk), "
         for table in ("events", "snapshots", "requests", "leases", "audit", "sessions")
     )
+    # Each id kept: its idempotency key starts nothing again (`SessionDeleted`).
+    + "dx AS (INSERT INTO {s}.deleted_sessions (id, at) SELECT x.id, %s::float8 "
+    "FROM {s}.sessions x JOIN d ON d.sk = x.sk ON CONFLICT (id) DO NOTHING), "
 )
 """Deletes the tree's rows only if it is still the tree read (the same sessions, chains and
 logs), none of it a subagent's under a parent, leased, running or waiting on people."""
@@ -122,7 +125,7 @@ class Deletions(Connections):
             + "SELECT EXISTS (SELECT 1 FROM {s}.sessions WHERE id = %s)"
         ).format(s=s)
         params: list[Any] = [sync] if sync else []
-        params += [[DELETIONS_STREAM], keys, keys, session_id, shape, session_id, now, now]
+        params += [[DELETIONS_STREAM], keys, keys, session_id, shape, session_id, now, now, now]
         params += [[row.stream], [None], [row.type], [row.at], [dumps(row.data)]]
         params += [[before], [behind]]
         params += [self.channel, [d.id for _, d in doomed], session_id, session_id]

@@ -252,6 +252,17 @@ CREATE TABLE {s}.channel_claims (
 );
 """,
     ),
+    (
+        13,
+        "deleted sessions: the ids `delete_session` erased, so a call repeating the idempotency "
+        "key one derives from starts nothing again",
+        """
+CREATE TABLE {s}.deleted_sessions (
+    id TEXT PRIMARY KEY,
+    at DOUBLE PRECISION NOT NULL
+);
+""",
+    ),
 ]
 """Versioned migrations, applied in order; `{s}` is the quoted schema name. Append, never edit.
 A migration that SQL alone cannot complete has a step in `FILLS` too, run after its SQL in the

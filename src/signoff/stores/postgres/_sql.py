@@ -212,7 +212,8 @@ def named_turn(s: str, sk: str, head: str) -> str:
 @functools.lru_cache(maxsize=64)
 def create_sql(s: str, events: int, lease: bool, sync: bool) -> str:
     """`create_session`'s statement: the session row, its first events, its lease (token 1,
-    as the first grant of `acquire_lease`), the announcement."""
+    as the first grant of `acquire_lease`), the announcement; no row answers (nothing written)
+    for the id of a deleted session."""
     return (
         f"WITH i AS (INSERT INTO {s}.sessions (id, agent, head, status, created_at, updated_at, "
         "expires_at, initiator, tenant, parent, parent_turn, child_expires_at) "
@@ -220,7 +221,9 @@ def create_sql(s: str, events: int, lease: bool, sync: bool) -> str:
         "CASE WHEN p.sk IS NOT NULL THEN COALESCE(%s::text, "
         + CURRENT_TURN.format(s=s, sk="p.sk")
         + ") END, CASE WHEN p.sk IS NOT NULL THEN %s::float8 END "
-        f"FROM (SELECT 1) o LEFT JOIN {s}.sessions p ON p.id = %s RETURNING sk), "
+        f"FROM (SELECT 1) o LEFT JOIN {s}.sessions p ON p.id = %s "
+        # A deleted session's id is not made again: nothing is written, and no row answers.
+        f"WHERE NOT EXISTS (SELECT 1 FROM {s}.deleted_sessions d WHERE d.id = %s) RETURNING sk), "
         f"e AS (INSERT INTO {s}.events (sk, seq, type, turn, at, v, data) "
         f"SELECT i.sk, x.* FROM i, {rows_sql(events, _EVENT_COLUMNS)}) "
         + (

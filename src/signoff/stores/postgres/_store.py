@@ -23,7 +23,7 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from ..._events import Event, dumps
-from ..._exceptions import AppendConflict, LeaseLost, StoreError, UnknownSession
+from ..._exceptions import AppendConflict, LeaseLost, SessionDeleted, StoreError, UnknownSession
 from .._audit import AuditRow, chain_parts, chain_session
 from .._base import AUDIT_RECORDED, Commit, parent_of
 from .._codec import EventTexts, Previous, pack_bytes, type_name
@@ -91,7 +91,7 @@ class PostgresStore(Reads, Leases, Deletions):
         initiator, tenant = initiator_columns(events)  # who may see it, for listings
         params: list[Any] = [session_id, agent, last, status, at, at, expires_at, initiator]
         params.append(tenant)
-        params += [turn, expires_at, parent]  # the deadline again, a child's copy of it
+        params += [turn, expires_at, parent, session_id]  # the deadline again: a child's copy
         params += rows_params(rows)
         if lease is not None:
             owner, ttl, now = lease
@@ -100,15 +100,16 @@ class PostgresStore(Reads, Leases, Deletions):
         if sync is not None:
             params.append(sync)
 
-        async def body(conn: Conn) -> None:
-            await conn.execute(sql, params)
+        async def body(conn: Conn) -> bool:
+            cur = await conn.execute(sql, params)
+            return await cur.fetchone() is not None
 
         async def committed() -> bool:
             return await self._has_events(session_id, events)
 
         self._before("session.created")
         try:
-            await self._write(
+            made = await self._write(
                 body,
                 f"creating session {session_id!r}",
                 committed=committed,
@@ -123,6 +124,9 @@ class PostgresStore(Reads, Leases, Deletions):
             # first one made, committed meanwhile (the server went on with it): this call's.
             if not await self._created(session_id, events, None if lease is None else lease[0]):
                 raise StoreError(f"session {session_id!r} already exists") from None
+            made = True
+        if made is False:
+            raise SessionDeleted(session_id)
         self._remember(session_id, Seen(last, 0, None, *named))
         self._tails.put(session_id, last, tail)
         self._after("session.created")

@@ -12,12 +12,17 @@ from ._connection import Connection, kept
 from ._own_streams import append_entry
 from ._transactions import failed, immediate, serialised
 
-__all__ = ["Deletions", "LAST_KEY"]
+__all__ = ["DELETED", "Deletions", "LAST_KEY"]
 
 LAST_KEY = "last_sk"
 """The `meta` row keeping the highest row key a deleted session had: SQLite gives a new row
 the highest key + 1, so deleting the newest session would let the next one take its key, which
 another process may still hold for the deleted one (`_session_key`) and read as its own."""
+
+DELETED = "deleted:"
+"""The `meta` rows naming each deleted session (`deleted:<id>`, the time): a call repeating
+the idempotency key its id derives from is refused (`SessionDeleted`), not given a new session
+of the erased id, which the deletion's entry names and another process may hold the key of."""
 
 _TREE = (
     "WITH RECURSIVE t(sk) AS (SELECT ? UNION SELECT c.sk FROM sessions c JOIN t ON c.parent = "
@@ -59,6 +64,10 @@ class Deletions(Connection):
                     "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE "
                     "SET value = MAX(CAST(value AS INTEGER), excluded.value)",
                     (LAST_KEY, max(keys)),
+                )
+                conn.executemany(  # its idempotency key starts nothing again (`SessionDeleted`)
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
+                    [(DELETED + d.id, repr(now)) for _, d in doomed],
                 )
                 row = deletion_row([d for _, d in doomed], at=now, by=by, reason=reason)
                 append_entry(conn, {}, row)

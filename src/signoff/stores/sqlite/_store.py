@@ -17,7 +17,14 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..._events import Event
-from ..._exceptions import AppendConflict, LeaseLost, RequestClosed, StoreError, UnknownSession
+from ..._exceptions import (
+    AppendConflict,
+    LeaseLost,
+    RequestClosed,
+    SessionDeleted,
+    StoreError,
+    UnknownSession,
+)
 from .._audit import AUDIT_TYPES, AuditRow, chain_session
 from .._base import AUDIT_RECORDED, Commit, parent_of
 from .._codec import (
@@ -34,7 +41,7 @@ from .._codec import (
 from .._initiators import initiator_columns
 from .._request_rows import request_rows
 from ._connection import kept
-from ._deletions import LAST_KEY, Deletions
+from ._deletions import DELETED, LAST_KEY, Deletions
 from ._leases import Leases
 from ._own_streams import append_entry
 from ._reads import Reads
@@ -87,7 +94,8 @@ class SQLiteStore(Reads, Leases, Deletions):
         lease: tuple[str, float, float] | None = None,
     ) -> int | None:
         """Write a new session with its first events (and `status`, and `lease`) in one
-        transaction; a `session_id` already stored is a `StoreError` and writes nothing."""
+        transaction; a `session_id` already stored is a `StoreError` and one deleted
+        `SessionDeleted`, each writing nothing."""
         conn = self.conn
         at = events[0].at
         # A subagent's: its row names the parent and the parent's turn that delegated to it.
@@ -96,6 +104,9 @@ class SQLiteStore(Reads, Leases, Deletions):
         self._before("session.created")
         try:
             with immediate(conn, self._writable, self.path):
+                deleted = "SELECT 1 FROM meta WHERE key=?"
+                if conn.execute(deleted, (DELETED + session_id,)).fetchone() is not None:
+                    raise SessionDeleted(session_id)
                 cur = conn.execute(
                     # The key past every session's, deleted ones' too (`LAST_KEY`).
                     "INSERT INTO sessions (sk, id, agent, head, status, created_at, updated_at, "
