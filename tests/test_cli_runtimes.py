@@ -31,6 +31,7 @@ COMMANDS = [
     ["approve", "req_x", T],
     ["deny", "req_x", T],
     ["answer", "req_x", T, "--text", "hi"],
+    ["delete", "ses_x", T, "--yes"],
     ["db", "upgrade", T],
     ["db", "status", T],
 ]
