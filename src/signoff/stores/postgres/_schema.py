@@ -257,8 +257,9 @@ CREATE TABLE {s}.channel_claims (
         "deleted sessions: the ids `delete_session` erased, so a call repeating the idempotency "
         "key one derives from starts nothing again",
         """
+-- A bounded id (signoff's are 24 characters): no TOAST table, whose index alone is 8 KB.
 CREATE TABLE {s}.deleted_sessions (
-    id TEXT PRIMARY KEY,
+    id VARCHAR(255) PRIMARY KEY,
     at DOUBLE PRECISION NOT NULL
 );
 """,
