@@ -103,7 +103,7 @@ class Deletions(Connections):
         make each one a non-HOT update writing every index of the row. So this reads the
         sessions (a sequential scan, or `sessions_by_status` for a filter that picks few) and
         keeps the oldest `limit` in a top-N heap sort: memory bounded by `limit`, time linear
-        in the sessions (3 to 4 ms for 10,000, measured), once per batch, outside any lock the
+        in the sessions (3 to 6 ms for 10,000, measured), once per batch, outside any lock the
         deletions take. Retention runs now and then; turns commit all the time."""
 
         async def body(conn: Conn) -> list[str]:
