@@ -32,6 +32,7 @@ COMMANDS = [
     ["deny", "req_x", T],
     ["answer", "req_x", T, "--text", "hi"],
     ["delete", "ses_x", T, "--yes"],
+    ["prune", "--older-than", "90d", T, "--yes"],
     ["db", "upgrade", T],
     ["db", "status", T],
 ]

@@ -8,8 +8,18 @@ import contextlib
 from ._answers import check_principal, check_text
 from ._deadlines import expiry_specs
 from ._event_stream import EventStream
-from ._exceptions import SessionExpired, SessionWaiting, StoreError, UsageError
+from ._exceptions import (
+    SessionBusy,
+    SessionExpired,
+    SessionWaiting,
+    StoreError,
+    SubagentSession,
+    UnknownSession,
+    UsageError,
+)
 from ._session_cache import check_session_id, closes_stop
+from ._session_page import check_listing
+from ._settings import seconds, whole
 from ._sync import twin
 from ._types import Principal
 
@@ -37,15 +47,93 @@ class Deletion(EventStream):
             check_text(reason, "the reason")
         principal = check_principal(by, "by")
         await self.open()
-        delete = getattr(self.store, "delete_session", None)
-        if delete is None:  # a store written for an earlier signoff
+        if getattr(self.store, "delete_session", None) is None:  # a store for an earlier signoff
             raise UsageError(f"{type(self.store).__name__} cannot delete sessions")
         who = None if principal is None else principal.model_dump()
+        return await self._erase(session_id, who, reason)
+
+    @closes_stop
+    async def prune(
+        self,
+        *,
+        older_than: float,
+        by: Principal | None = None,
+        reason: str | None = None,
+        limit: int = 1000,
+        agent: str | None = None,
+    ) -> list[str]:
+        """Retention: delete the finished top-level sessions (`idle`, `failed`, `cancelled`, or
+        any whose TTL passed) of `agent` (of every agent if None) whose last activity is more
+        than `older_than` seconds before now, oldest first, at most `limit` of them, each with
+        its subagents' sessions as `delete_session` deletes them: one transaction and one
+        `store:deletions` entry per session, so a crash midway leaves each whole or gone, and
+        the next prune goes on. A session found live, or touched since it was listed, is
+        skipped (and stays a candidate of the next prune, so a batch may delete fewer than
+        `limit`). Returns the ids of the top-level sessions deleted, oldest first."""
+        deleted, _ = await self._prune(
+            older_than=older_than, by=by, reason=reason, limit=limit, agent=agent
+        )
+        return deleted
+
+    async def _prune(
+        self,
+        *,
+        older_than: object,
+        by: Principal | None,
+        reason: str | None,
+        limit: object,
+        agent: str | None,
+        dry_run: bool = False,
+    ) -> tuple[list[str], list[str]]:
+        """`prune`: the ids it deleted, and the candidates it listed (all `limit` of them when
+        more may remain); with `dry_run`, the candidates only, nothing deleted."""
+        age = seconds("older_than", older_than, zero=True)
+        count = whole("limit", limit, least=1, most=2**63 - 1)
+        check_listing(agent, None)
+        if reason is not None and not isinstance(reason, str):
+            raise UsageError(f"reason must be a string, not {type(reason).__name__}")
+        if reason is not None:
+            check_text(reason, "the reason")
+        principal = check_principal(by, "by")
+        await self.open()
+        stale = getattr(self.store, "stale_sessions", None)
+        if stale is None or getattr(self.store, "delete_session", None) is None:
+            raise UsageError(f"{type(self.store).__name__} cannot prune sessions")
+        now = self.now()
+        before = now - age
+        candidates: list[str] = await stale(before=before, now=now, limit=count, agent=agent)
+        if dry_run:
+            return [], candidates
+        who = None if principal is None else principal.model_dump()
+        deleted: list[str] = []
+        for session_id in candidates:
+            try:
+                if await self._erase(session_id, who, reason, before=before):
+                    deleted.append(session_id)
+            except (SessionBusy, SessionWaiting, SubagentSession, UnknownSession):
+                continue  # live, a subagent's by now, or gone already: another run's to see
+        return deleted, candidates
+
+    async def _erase(
+        self,
+        session_id: str,
+        who: dict[str, object] | None,
+        reason: str | None,
+        *,
+        before: float | None = None,
+    ) -> list[str]:
+        """Delete the session in the store, recording first a TTL that passed while it waited;
+        with `before`, only if its last activity is older ([] if it was touched since)."""
+        delete = self.store.delete_session  # type: ignore[attr-defined]
+        since = {} if before is None else {"before": before}
         try:
-            ids: list[str] = await delete(session_id, now=self.now(), by=who, reason=reason)
+            ids: list[str] = await delete(
+                session_id, now=self.now(), by=who, reason=reason, **since
+            )
         except SessionWaiting:
             # Waiting on requests no one can answer any more (its TTL passed): recorded as a
-            # listing would record it (they expire), then deleted.
+            # listing would record it (they expire), then deleted. Recording it is activity,
+            # but a session past its TTL comes to life no more: no `before` then.
             if not await self._expired_now(session_id):
                 raise
             ids = await delete(session_id, now=self.now(), by=who, reason=reason)
@@ -64,3 +152,4 @@ class Deletion(EventStream):
         return True
 
     delete_session_sync = twin(delete_session)
+    prune_sync = twin(prune)

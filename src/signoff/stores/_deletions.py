@@ -12,6 +12,8 @@ from ._audit import AuditRow
 
 __all__ = [
     "DELETIONS_STREAM",
+    "FINISHED",
+    "LIVE",
     "SESSION_DELETED",
     "Doomed",
     "deletion_row",
@@ -23,6 +25,12 @@ DELETIONS_STREAM = "store:deletions"
 
 SESSION_DELETED = "session.deleted"
 """The type of a deletion's audit entry, and the fault hook's label of `delete_session`."""
+
+FINISHED = ("idle", "failed", "cancelled")
+"""The statuses of a session `prune` deletes whatever its TTL: its turn over (or none yet)."""
+
+LIVE = ("running", "waiting")
+"""The statuses of a session `prune` deletes once its TTL has passed (it can go on no more)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,10 +7,10 @@ import sqlite3
 from typing import Any
 
 from ..._exceptions import StoreError
-from .._deletions import SESSION_DELETED, Doomed, deletion_row, refuse
+from .._deletions import FINISHED, LIVE, SESSION_DELETED, Doomed, deletion_row, refuse
 from ._connection import Connection, kept
 from ._own_streams import append_entry
-from ._transactions import failed, immediate, serialised
+from ._transactions import failed, immediate, reading, serialised
 
 __all__ = ["DELETED", "Deletions", "LAST_KEY"]
 
@@ -31,12 +31,50 @@ _TREE = (
 )
 """The session whose key is `?` and its subagents' sessions, recursively, oldest first."""
 
+
+def _oldest(statuses: str, *, agent: bool, ttl: bool) -> str:
+    """The oldest top-level sessions of `statuses` (of the agent `?`, if `agent`; their TTL
+    passed at `?`, if `ttl`) last active before `?`, at most `?` of them."""
+    return (
+        "SELECT * FROM (SELECT id, updated_at, sk FROM sessions "
+        f"WHERE status IN ({statuses}) AND updated_at < ? AND parent IS NULL"
+        + (" AND agent = ?" if agent else "")
+        + (" AND typeof(expires_at) IN ('integer', 'real') AND expires_at <= ?" if ttl else "")
+        + " ORDER BY updated_at, sk LIMIT ?)"
+    )
+
+
 _TABLES = ("events", "snapshots", "requests", "leases", "audit")
 """The tables holding rows of a session by its key, besides `sessions`."""
 
 
 class Deletions(Connection):
     """`SQLiteStore.delete_session`."""
+
+    @reading
+    async def stale_sessions(
+        self, *, before: float, now: float, limit: int, agent: str | None = None
+    ) -> list[str]:
+        """The ids of the top-level sessions `prune` deletes: finished (`FINISHED`), or live
+        (`LIVE`) with their TTL passed at `now`, last active before `before` (of `agent`, if
+        given), oldest first, at most `limit`.
+
+        Plan: one branch per status, each an ordered range of the index `sessions_by_status
+        (status, updated_at)` that stops after `limit` rows (subagents' rows it meets are
+        skipped), merged by a sort of at most 4 x `limit` rows: a batch costs its size, not the
+        store's. The live branch (running, waiting; their TTL in no index) reads the live
+        sessions older than `before`, few. No new index: the one there is in order."""
+        sql = (
+            "SELECT id FROM ("
+            + " UNION ALL ".join(
+                [_oldest(f"'{st}'", agent=agent is not None, ttl=False) for st in FINISHED]
+                + [_oldest(", ".join(f"'{st}'" for st in LIVE), agent=agent is not None, ttl=True)]
+            )
+            + ") ORDER BY updated_at, sk LIMIT ?"
+        )
+        branch = [before, *([agent] if agent is not None else [])]
+        params = [*(branch + [limit]) * len(FINISHED), *branch, now, limit, limit]
+        return [str(row[0]) for row in self.conn.execute(sql, params)]
 
     @serialised
     async def delete_session(
@@ -46,15 +84,19 @@ class Deletions(Connection):
         now: float,
         by: dict[str, Any] | None = None,
         reason: str | None = None,
+        before: float | None = None,
     ) -> list[str]:
         """Delete the session and its subagents' sessions with every row of theirs (events,
         snapshot, requests, lease, audit entries), and record it in `DELETIONS_STREAM`, in one
-        transaction; refused, nothing changed, as `_deletions.refuse` says. Returns the ids."""
+        transaction; refused, nothing changed, as `_deletions.refuse` says. Returns the ids;
+        with `before`, none ([], nothing changed) if the session was last active since then."""
         conn = self.conn
         self._before(SESSION_DELETED)
         try:
             with immediate(conn, self._writable, self.path):
                 doomed = self._doomed(conn, session_id, now)
+                if before is not None and not self._untouched(conn, session_id, before):
+                    return []
                 keys = [sk for sk, _ in doomed]
                 marks = ",".join("?" * len(keys))
                 for table in _TABLES:
@@ -79,6 +121,14 @@ class Deletions(Connection):
             self._leased.pop(sid, None)
         self._after(SESSION_DELETED)
         return ids
+
+    @staticmethod
+    def _untouched(conn: sqlite3.Connection, session_id: str, before: float) -> bool:
+        """Whether the session's last activity is before `before` (`prune` listed it so)."""
+        row = conn.execute(
+            "SELECT 1 FROM sessions WHERE id = ? AND updated_at < ?", (session_id, before)
+        ).fetchone()
+        return row is not None
 
     def _doomed(
         self, conn: sqlite3.Connection, session_id: str, now: float

@@ -1,0 +1,168 @@
+"""`signoff prune`: retention from the command line, as `Runtime.prune` does it: the finished
+sessions last active more than a duration ago deleted, a bounded batch at a time, after asking
+at the terminal (or with `--yes`); `--dry-run` lists them and deletes nothing."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated
+
+import typer
+
+from .._exceptions import UsageError
+from .._runtime import Runtime
+from .._types import Principal
+from ..stores import SQLiteStore
+from . import _deletion
+from ._app import (
+    RuntimeArgument,
+    StoreOption,
+    app,
+    load_runtime,
+    misuse,
+    out,
+    parse_principal,
+    refuse_undecodable,
+    run,
+    split_target,
+)
+from ._deletion import DeleterOption
+from ._numbers import whole
+from ._store_files import existing_store, refuse_unmade_schema
+
+__all__ = ["duration", "prune"]
+
+_LIMIT = whole(1, 1_000_000)
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+
+
+def duration(value: object) -> float:
+    """Seconds from `90d`, `12h`, `30m`, `3600s` or a plain number of seconds (`3600`), else
+    `typer.BadParameter` (exit 2)."""
+    text = str(value).strip()
+    found = _DURATION.fullmatch(text)
+    seconds = float(found[1]) * _UNITS[found[2] or "s"] if found else math.nan
+    if not math.isfinite(seconds):
+        raise typer.BadParameter(
+            f"{text!r} is not a duration such as 90d, 12h, 30m, 3600s or 3600 (seconds)"
+        )
+    return seconds
+
+
+@app.command()
+def prune(
+    older_than: Annotated[
+        float,
+        typer.Option(
+            "--older-than",
+            metavar="DURATION",
+            parser=duration,
+            help="Delete sessions last active longer ago than this: 90d, 12h, 30m, 3600s.",
+            show_default=False,
+        ),
+    ],
+    target: RuntimeArgument = None,
+    store: StoreOption = None,
+    agent: Annotated[
+        str | None,
+        typer.Option("--agent", metavar="NAME", help="Only this agent's sessions."),
+    ] = None,
+    limit: Annotated[
+        int,
+        typer.Option(
+            "--limit",
+            metavar="N",
+            parser=_LIMIT,
+            help=f"Delete at most N sessions, the oldest first ({_LIMIT.range}); the rest wait "
+            "for the next run.",
+        ),
+    ] = 1000,
+    reason: Annotated[
+        str | None,
+        typer.Option("--reason", metavar="TEXT", help="Why (recorded in the audit trail)."),
+    ] = None,
+    acting_as: DeleterOption = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List the sessions it would delete; delete none.")
+    ] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Delete without asking (as a script must).")
+    ] = False,
+) -> None:
+    """Delete the finished sessions last active longer ago than --older-than, for good.
+
+    A session goes with its subagents' sessions if it is finished (idle, failed, cancelled, or
+    its TTL passed), oldest first, at most --limit of them; each deletion is recorded in the
+    audit stream store:deletions. Live sessions, and any active since they were listed, are
+    skipped. Asks before deleting, unless --yes or --dry-run; without a terminal to ask at,
+    --yes is needed."""
+    with misuse():
+        refuse_undecodable({"--agent": agent, "--reason": reason})
+        principal = parse_principal(acting_as)
+        if target:
+            split_target(target)
+        if not (yes or dry_run or _deletion._can_ask()):
+            raise UsageError("there is no terminal to ask for confirmation at: pass --yes")
+    run(_prune(target, store, older_than, agent, limit, reason, principal, dry_run, yes))
+
+
+async def _prune(
+    target: str | None,
+    store: str | None,
+    older_than: float,
+    agent: str | None,
+    limit: int,
+    reason: str | None,
+    principal: Principal,
+    dry_run: bool,
+    yes: bool,
+) -> None:
+    loaded = load_runtime(target, store) if target else None
+    if loaded is not None and isinstance(loaded.store, SQLiteStore):
+        existing_store(loaded.store.url)  # a mistyped path is refused, not created empty
+    url = existing_store(store) if loaded is None else None
+    await refuse_unmade_schema(loaded.store if loaded is not None else str(url))
+    console = out()
+    async with loaded or Runtime([], store=url) as runtime:
+
+        async def batch(dry_run: bool) -> tuple[list[str], list[str]]:
+            return await runtime._prune(
+                older_than=older_than,
+                by=principal,
+                reason=reason,
+                limit=limit,
+                agent=agent,
+                dry_run=dry_run,
+            )
+
+        _, found = await batch(True)
+        if not found and not dry_run:
+            console.print("Nothing to delete: no finished session was last active that long ago.")
+            return
+        if dry_run:
+            for session_id in found:
+                console.print(session_id, highlight=False)
+            console.print(f"{len(found)} session(s) would be deleted; nothing deleted.")
+            if len(found) == limit:
+                console.print(f"(--limit {limit} reached: more may be old enough.)")
+            return
+        if not yes:
+            shown = (
+                f"Delete {len(found)} finished session(s) last active more than "
+                f"{older_than:g} seconds ago, and their subagents' sessions, for good?"
+            )
+            if not typer.confirm(shown, default=False):
+                console.print("Nothing deleted.")
+                raise typer.Exit(1)
+        deleted, listed = await batch(False)
+    skipped = len(listed) - len(deleted)
+    console.print(
+        f"[green]deleted[/] {len(deleted)} session(s) and their subagents' sessions; recorded "
+        "in the audit trail"
+        + (f"; {skipped} skipped (live, or active since listed)" if skipped else "")
+    )
+    if len(listed) == limit:
+        console.print(f"--limit {limit} reached: older sessions remain for the next run.")

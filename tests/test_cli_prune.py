@@ -1,0 +1,128 @@
+"""`signoff prune` (`_prune`): the old finished sessions deleted a batch at a time with their
+audit entries, `--dry-run` deleting none, the limit reached said, and the confirmation asked at
+a terminal (or `--yes`), on both stores."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+import signoff as so
+from signoff.cli import _deletion, _prune, app
+from signoff.testing import ManualClock, reply, scripted_agent
+
+from ._cli import agent, invoke, refused_usage
+
+
+def _old(url: str, n: int = 1, *, waiting: int = 0) -> list[str]:
+    """`n` completed sessions (and `waiting` ones parked on an approval), made years ago by a
+    manual clock, one a second apart: their ids, oldest first."""
+    clock = ManualClock()
+    greeter = scripted_agent("greeter", [reply("hello")], repeat_last=True)
+    with so.Runtime([greeter, agent], store=url, clock=clock) as rt:
+        ids = []
+        for _ in range(n):
+            ids.append(rt.generate_sync("greeter", "hi").session_id)
+            clock.advance(1)
+        for _ in range(waiting):
+            assert rt.generate_sync("support", "Refund order 1042").status == "waiting"
+        return ids
+
+
+def _left(url: str) -> list[str]:
+    with so.Runtime([], store=url) as rt:
+        assert rt.verify_audit_sync() == []
+        return sorted(s.id for s in rt.sessions_sync())
+
+
+def _deletions(url: str) -> list[dict[str, object]]:
+    with so.Runtime([], store=url) as rt:
+        return [e.data for e in rt.audit_sync(stream="store:deletions")]
+
+
+def test_prune_deletes_the_old_finished_sessions_and_records_each(store_url: str) -> None:
+    ids = _old(store_url, 2, waiting=1)
+    waiting = _left(store_url)
+    result = invoke(
+        "prune", "--older-than", "30d", "--store", store_url, "--yes", "--reason", "retention"
+    )
+    assert result.exit_code == 0, result.output
+    assert "deleted 2 session(s) and their subagents' sessions" in result.stdout
+    assert "remain" not in result.stdout
+    assert _left(store_url) == sorted(set(waiting) - set(ids))
+    entries = _deletions(store_url)
+    assert [e["session_id"] for e in entries] == ids
+    assert all(e["reason"] == "retention" for e in entries)
+    assert all(e["by"] == so.cli.local_principal().model_dump() for e in entries)
+
+
+def test_prune_dry_run_lists_and_deletes_nothing(store_url: str) -> None:
+    ids = _old(store_url, 2)
+    result = invoke("prune", "--older-than", "90d", "--store", store_url, "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split()[:2] == ids
+    assert "2 session(s) would be deleted; nothing deleted." in result.stdout
+    assert _left(store_url) == sorted(ids)
+    assert _deletions(store_url) == []
+
+
+def test_prune_says_when_the_limit_left_some_for_the_next_run(store_url: str) -> None:
+    ids = _old(store_url, 3)
+    first = invoke("prune", "--older-than", "3600", "--store", store_url, "-y", "--limit", "2")
+    assert first.exit_code == 0, first.output
+    assert "deleted 2 session(s)" in first.stdout
+    assert "--limit 2 reached: older sessions remain for the next run." in first.stdout
+    assert _left(store_url) == [ids[2]]
+    second = invoke("prune", "--older-than", "3600", "--store", store_url, "-y", "--limit", "2")
+    assert second.exit_code == 0, second.output
+    assert "deleted 1 session(s)" in second.stdout and "remain" not in second.stdout
+    third = invoke("prune", "--older-than", "3600", "--store", store_url, "-y")
+    assert third.exit_code == 0 and "Nothing to delete" in third.stdout
+
+
+def test_prune_keeps_sessions_more_recent_than_the_duration(store_url: str) -> None:
+    ids = _old(store_url, 1)
+    result = invoke("prune", "--older-than", "36500d", "--store", store_url, "--yes")
+    assert result.exit_code == 0, result.output
+    assert "Nothing to delete" in result.stdout
+    assert _left(store_url) == ids
+
+
+def test_prune_without_a_terminal_needs_yes(store_url: str) -> None:
+    ids = _old(store_url, 1)
+    message = refused_usage(invoke("prune", "--older-than", "1d", "--store", store_url))
+    assert "no terminal to ask for confirmation at: pass --yes" in message
+    assert _left(store_url) == ids
+
+
+def test_prune_asks_at_a_terminal_and_no_keeps_the_sessions(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_deletion, "_can_ask", lambda: True)
+    ids = _old(store_url, 2)
+    args = ["prune", "--older-than", "1d", "--store", store_url]
+    kept = CliRunner().invoke(app, args, input="n\n")
+    assert kept.exit_code == 1, kept.output
+    assert "Delete 2 finished session(s) last active more than 86400 seconds ago" in kept.stdout
+    assert "Nothing deleted." in kept.stdout
+    assert _left(store_url) == sorted(ids)
+    gone = CliRunner().invoke(app, args, input="y\n")
+    assert gone.exit_code == 0, gone.output
+    assert len(_deletions(store_url)) == 2 and _left(store_url) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90d", 7_776_000), ("12h", 43_200), ("30m", 1_800), ("3600s", 3_600), ("3600", 3_600)],
+)
+def test_durations_read_as_seconds(text: str, seconds: float) -> None:
+    assert _prune.duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "90x", "-5d", "nan", "inf", "1e400", "d", "5 days"])
+def test_a_bad_duration_or_limit_is_refused(text: str, tmp_path: object) -> None:
+    store = f"sqlite:///{tmp_path}/s.db"
+    message = refused_usage(invoke("prune", "--older-than", text, "--store", store, "-y"))
+    assert "is not a duration such as 90d" in message
+    zero = refused_usage(invoke("prune", "--older-than", "1d", "--store", store, "--limit", "0"))
+    assert "--limit" in zero

@@ -1,0 +1,187 @@
+"""`Runtime.prune`: retention. The finished top-level sessions last active before a cutoff go,
+oldest first, a bounded batch at a time, each with its subagents' sessions and its own
+`store:deletions` entry; live ones, recent ones and ones touched after the listing stay."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.stores._deletions import DELETIONS_STREAM
+from signoff.testing import ManualClock, call, call_tools, scripted_agent
+
+from .test_deletion import ALICE, OPS, agents, chat
+from .test_subagents_spend import waiting_child
+
+DAY = 86400.0
+
+
+async def _finished(rt: so.Runtime, clock: ManualClock, n: int = 1) -> list[str]:
+    """`n` completed sessions, one a second apart (so oldest first is their order)."""
+    ids = []
+    for _ in range(n):
+        ids.append((await rt.generate("chat", prompt="hi", auth=ALICE)).session_id)
+        clock.advance(1)
+    return ids
+
+
+async def test_old_finished_top_level_sessions_go_with_their_subagents(store_url: str) -> None:
+    clock = ManualClock()
+    async with so.Runtime(agents(), store=store_url, clock=clock) as rt:
+        [done] = await _finished(rt, clock)
+        parent, child = await waiting_child(rt)
+        await rt.cancel(parent, principal=ALICE)
+        clock.advance(1)
+        waiting = (await rt.generate("chat", prompt="refund it", auth=ALICE)).session_id
+        clock.advance(40 * DAY)
+        [recent] = await _finished(rt, clock)
+        deleted = await rt.prune(older_than=30 * DAY, by=OPS, reason="retention 30d")
+        assert deleted == [done, parent]
+        for sid in (done, parent, child):
+            with pytest.raises(so.UnknownSession):
+                await rt.state(sid)
+        assert {s.id for s in await rt.sessions()} == {waiting, recent}
+        assert await rt.verify_audit() == []
+        entries = await rt.audit(stream=DELETIONS_STREAM)
+        assert [e.data["session_id"] for e in entries] == [done, parent]
+        assert [d["id"] for d in entries[1].data["sessions"]] == [parent, child]
+        assert all(e.data["by"] == OPS.model_dump() for e in entries)
+        assert all(e.data["reason"] == "retention 30d" for e in entries)
+        assert await rt.prune(older_than=30 * DAY) == []  # nothing more is old enough
+
+
+async def test_a_batch_takes_the_oldest_first_up_to_the_limit(store_url: str) -> None:
+    clock = ManualClock()
+    async with so.Runtime(agents(), store=store_url, clock=clock) as rt:
+        ids = await _finished(rt, clock, 5)
+        clock.advance(DAY)
+        assert await rt.prune(older_than=3600, limit=2) == ids[:2]
+        assert await rt.prune(older_than=3600, limit=2) == ids[2:4]
+        assert await rt.prune(older_than=3600, limit=2) == ids[4:]
+        assert await rt.prune(older_than=3600, limit=2) == []
+        assert len(await rt.audit(stream=DELETIONS_STREAM)) == 5
+        assert await rt.verify_audit() == []
+
+
+async def test_the_cutoff_is_last_activity_not_creation(store_url: str) -> None:
+    clock = ManualClock()
+    async with so.Runtime(agents(), store=store_url, clock=clock) as rt:
+        old, active = await _finished(rt, clock, 2)
+        clock.advance(10 * DAY)
+        await rt.generate(session_id=active, prompt="again", auth=ALICE)
+        clock.advance(DAY)
+        assert await rt.prune(older_than=5 * DAY) == [old]
+        assert [s.id for s in await rt.sessions()] == [active]
+
+
+async def test_live_sessions_are_skipped_and_the_prune_goes_on(store_url: str) -> None:
+    clock = ManualClock()
+    async with so.Runtime(agents(), store=store_url, clock=clock) as rt:
+        leased, done = await _finished(rt, clock, 2)
+        parent, child = await waiting_child(rt)  # its child waits: parent and child are live
+        waiting = (await rt.generate("chat", prompt="refund it", auth=ALICE)).session_id
+        r = await rt.generate("chat", prompt="refund it", auth=ALICE)
+        answer = {"request_id": r.pending[0].id, "option_id": "approve"}
+        await rt.respond(r.session_id, [answer], principal=ALICE, resume=False)  # work to do
+        clock.advance(DAY)
+        token = await rt.store.acquire_lease(leased, "elsewhere", 3 * DAY, rt.now())
+        assert token is not None
+        assert await rt.prune(older_than=60) == [done]
+        left = {s.id for s in await rt.sessions()}
+        assert left == {leased, parent, child, waiting, r.session_id}
+        await rt.store.release_lease(leased, "elsewhere", token)
+        assert await rt.prune(older_than=60) == [leased]
+        assert await rt.verify_audit() == []
+        assert len(await rt.audit(stream=DELETIONS_STREAM)) == 2
+
+
+async def test_a_session_touched_after_the_listing_is_skipped(store_url: str) -> None:
+    """The deletion checks the last activity the listing saw, in its transaction: a session a
+    new turn touched in between stays (it is no longer old), nothing written for it."""
+    clock = ManualClock()
+    async with so.Runtime(agents(), store=store_url, clock=clock) as rt:
+        touched, old = await _finished(rt, clock, 2)
+        clock.advance(DAY)
+        listing = rt.store.stale_sessions  # type: ignore[attr-defined]
+
+        async def then_touched(**kw: Any) -> list[str]:
+            found: list[str] = await listing(**kw)
+            await rt.generate(session_id=touched, prompt="still here", auth=ALICE)
+            return found
+
+        rt.store.stale_sessions = then_touched  # type: ignore[attr-defined]
+        assert await rt.prune(older_than=60) == [old]
+        assert [s.id for s in await rt.sessions()] == [touched]
+        [entry] = await rt.audit(stream=DELETIONS_STREAM)
+        assert entry.data["session_id"] == old
+        assert await rt.verify_audit() == []
+
+
+async def test_a_session_whose_ttl_passed_is_pruned(store_url: str) -> None:
+    """Waiting on people when its TTL passed: it can never go on. Recorded expired, deleted."""
+    clock = ManualClock()
+    limited = scripted_agent(
+        "chat",
+        [call_tools(call("refund", order_id="7"))],
+        tools=list(chat().tools.values()),
+        limits=so.Limits(ttl=60),
+    )
+    async with so.Runtime([limited], store=store_url, clock=clock) as rt:
+        r = await rt.generate("chat", prompt="refund it", auth=ALICE)
+        assert r.status == "waiting"
+        clock.advance(30)
+        assert await rt.prune(older_than=10) == []  # old enough, but still live
+        clock.advance(DAY)
+        assert await rt.prune(older_than=3600) == [r.session_id]
+        assert await rt.sessions() == []
+        assert await rt.verify_audit() == []
+
+
+async def test_prune_of_one_agent_leaves_the_others(store_url: str) -> None:
+    clock = ManualClock()
+    async with so.Runtime(agents(), store=store_url, clock=clock) as rt:
+        [mine] = await _finished(rt, clock)
+        parent, _ = await waiting_child(rt)
+        await rt.cancel(parent, principal=ALICE)
+        clock.advance(DAY)
+        assert await rt.prune(older_than=60, agent="support") == [parent]
+        assert await rt.prune(older_than=60, agent="nobody") == []
+        assert [s.id for s in await rt.sessions()] == [mine]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"older_than": -1}, "older_than must be"),
+        ({"older_than": math.nan}, "older_than must be"),
+        ({"older_than": math.inf}, "older_than must be"),
+        ({"older_than": "90d"}, "older_than must be"),
+        ({"older_than": True}, "older_than must be"),
+        ({"older_than": 60, "limit": 0}, "limit must be a whole number from 1"),
+        ({"older_than": 60, "limit": 1.5}, "limit must be a whole number from 1"),
+        ({"older_than": 60, "limit": True}, "limit must be a whole number from 1"),
+        ({"older_than": 60, "agent": 5}, "agent must be text"),
+        ({"older_than": 60, "reason": 5}, "reason must be a string"),
+        ({"older_than": 60, "by": "ops"}, "by"),
+    ],
+)
+async def test_bad_arguments_are_usage_errors_and_delete_nothing(
+    tmp_path: Any, kwargs: dict[str, Any], message: str
+) -> None:
+    async with so.Runtime(agents(), store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        sid = (await rt.generate("chat", prompt="hi", auth=ALICE)).session_id
+        with pytest.raises(so.UsageError, match=message):
+            await rt.prune(**kwargs)
+        assert [s.id for s in await rt.sessions()] == [sid]
+
+
+def test_the_sync_twin_prunes(tmp_path: Any) -> None:
+    clock = ManualClock()
+    with so.Runtime(agents(), store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        sid = rt.generate_sync("chat", prompt="hi", auth=ALICE).session_id
+        clock.advance(DAY)
+        assert rt.prune_sync(older_than=3600, by=OPS) == [sid]
+        assert rt.sessions_sync() == []
