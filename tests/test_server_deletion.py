@@ -62,13 +62,18 @@ def test_a_stream_following_a_deleted_session_ends(tmp_path: Path) -> None:
             alice.post(f"/v1/sessions/{sid}/cancel")
             head = alice.get(f"/v1/sessions/{sid}").json()["seq"]
             got: list[dict[str, Any]] = []
+            opened = threading.Event()
 
             def follow() -> None:
                 with alice.stream("GET", f"/v1/sessions/{sid}/events?after={head}") as r:
+                    assert r.status_code == 200
+                    opened.set()  # the stream follows the session: deleted only now
                     got.extend(read_sse(r, until="stream.end", timeout=30))
 
             t = threading.Thread(target=follow)
             t.start()
+            # A delete before the stream opened made it a 404 with no event (flaky under load).
+            assert opened.wait(30)
             assert alice.delete(f"/v1/sessions/{sid}").status_code == 200
             t.join(40)
             assert not t.is_alive()
