@@ -149,9 +149,9 @@ async def respond(request: Request, request_id: str) -> Response:
         if option is not None and text is not None and fields.get("menu"):
             # From a menu and a text box sent by one Answer button, neither is plainly meant:
             # the choice taken, the typed answer was dropped unsaid.
-            exc = InvalidAnswer(_BOTH, [request_id])
-            ctx.runtime._counts.refuse(exc)  # a refused answer, as the runtime counts its own
-            return await dashboard_error(request, 422, exc.code, _BOTH)
+            both = InvalidAnswer(_BOTH, [request_id])
+            ctx.runtime._counts.refuse(both)  # a refused answer, as the runtime counts its own
+            return await dashboard_error(request, 422, both.code, _BOTH)
         if option is not None:
             text = None  # a chosen option is the answer; the text box is for a typed answer
     else:
