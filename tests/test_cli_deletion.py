@@ -3,6 +3,12 @@ refused with nothing changed, and the confirmation asked at a terminal."""
 
 from __future__ import annotations
 
+import os
+import pty
+import signal
+import subprocess
+import sys
+
 import pytest
 from typer.testing import CliRunner
 
@@ -10,7 +16,8 @@ import signoff as so
 from signoff.cli import _deletion, app
 from signoff.testing import reply, scripted_agent
 
-from ._cli import invoke, park, refused_usage, url
+from ._cli import ROOT, invoke, park, refused_usage, url
+from .test_cli_interrupts import _read_until, _wait_until_blocked
 
 __all__ = ["url"]  # the fixture, used by name
 
@@ -87,3 +94,47 @@ def test_delete_refuses_an_empty_id_and_a_missing_store(url: str, tmp_path: obje
     assert "SESSION_ID is empty" in refused_usage(invoke("delete", "", "--store", url, "--yes"))
     missing = invoke("delete", "ses_x", "--store", "sqlite:////nonexistent/dir/s.db", "--yes")
     assert missing.exit_code != 0 and "Traceback" not in missing.output
+
+
+def test_one_ctrl_c_at_the_confirmation_ends_delete_and_deletes_nothing(url: str) -> None:
+    """Ctrl-C at `signoff delete`'s question in a terminal ends it at once, 130 and one line, the
+    session kept: the question was read in the command's event loop, where asyncio's handler
+    only cancelled the task, so Ctrl-C did nothing until Enter (and a `y` typed then went on)."""
+    session_id = _finished(url)
+    terminal, tty = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "delete", session_id, "--store", url],
+        cwd=ROOT,
+        stdin=tty,
+        stdout=tty,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    os.close(tty)
+    try:
+        _read_until(terminal, b"[y/N]")
+        _wait_until_blocked(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        os.close(terminal)
+    assert proc.returncode == 130, stderr
+    assert stderr.decode().strip() == "interrupted"
+    assert _deletions(url) == []
+
+
+def test_the_confirmation_asks_again_at_another_answer_and_keeps_the_session_at_end_of_input(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_deletion, "_can_ask", lambda: True)
+    session_id = _finished(url)
+    kept = CliRunner().invoke(app, ["delete", session_id, "--store", url], input="maybe\n")
+    assert kept.exit_code == 1, kept.output
+    assert "answer y or n" in kept.stdout and "Nothing deleted." in kept.stdout
+    assert _deletions(url) == []
+    gone = CliRunner().invoke(app, ["delete", session_id, "--store", url], input="x\nYes\n")
+    assert gone.exit_code == 0, gone.output
+    assert len(_deletions(url)) == 1

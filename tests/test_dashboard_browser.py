@@ -553,3 +553,116 @@ def test_a_question_of_many_choices_is_answered_from_its_menu(
     with so.Runtime([agent], store=f"sqlite:///{tmp_path}/many.db") as rt:
         (done,) = [e for e in rt.events_sync(sid) if e.type == "tool.completed"]
         assert done.data["result"] == "Warehouse 07"
+
+
+def test_a_choice_made_in_a_menu_and_not_sent_counts_as_work_in_progress(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A reviewer picked one of 20 choices in a question's menu, then looked elsewhere on the
+    page before pressing Answer, and the question was answered in another tab: the card left
+    without a word, as one nobody had touched, where typed text keeps it to say it was closed
+    elsewhere and that nothing was sent. A choice made and not sent is work too."""
+    labels = [f"Warehouse {n:02d}" for n in range(1, 21)]
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Pick a warehouse."""
+        answer = await ctx.ask("Ship from where?", options=labels, allow_text=False)
+        return str(answer.value)
+
+    script = [
+        so.ModelResponse(tool_calls=[so.ToolCall(name="pick", input={})]),
+        so.ModelResponse(text="Shipping."),
+    ]
+    agent = so.Agent(name="depot", model=so.models.Scripted(script), tools=[pick])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/many.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as served_at:
+        r = httpx.post(
+            f"{served_at}/v1/sessions",
+            json={"agent": "depot", "message": "ship it"},
+            headers=auth("alice-token"),
+            timeout=10,
+            verify=PLAIN,
+        )
+        sid, request = r.json()["session_id"], r.json()["pending"][0]
+        context = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=served_at)
+        try:
+            p = context.new_page()
+            p.set_default_timeout(10_000)
+            p.goto("/_signoff/login")
+            p.fill("input[name=token]", "alice-token")
+            p.click("button[type=submit]")
+            expect(p.locator("#live-dot.on")).to_be_attached()
+            card = p.locator(f'[data-request-id="{request["id"]}"]')
+            card.get_by_label("Choose one of 20").select_option(label="7. Warehouse 07")
+            p.locator("h1").click()  # the focus leaves the card: only the choice is left
+            assert p.evaluate("document.activeElement === document.body")
+            httpx.post(
+                f"{served_at}/v1/sessions/{sid}/responses",
+                json={
+                    "inputResponses": [
+                        {"requestId": request["id"], "optionId": request["options"][2]["id"]}
+                    ]
+                },
+                headers=auth("alice-token"),
+                timeout=10,
+                verify=PLAIN,
+            ).raise_for_status()
+            expect(card.locator(".result-note")).to_contain_text("Closed elsewhere")
+            expect(card.get_by_role("button")).to_have_count(0)
+        finally:
+            context.close()
+
+
+def test_a_choice_and_typed_text_sent_together_from_a_menu_are_refused_not_cut(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A question of 20 choices that takes free text: the reviewer typed their own answer with a
+    choice still picked in the menu and pressed Answer. The choice was recorded and what they
+    typed dropped without a word; now the form says to send one or the other, nothing
+    recorded, and with the menu back at its blank choice the typed text is the answer."""
+    labels = [f"Warehouse {n:02d}" for n in range(1, 21)]
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Pick a warehouse."""
+        answer = await ctx.ask("Ship from where?", options=labels, allow_text=True)
+        return str(answer.value if answer.value is not None else answer.text)
+
+    script = [
+        so.ModelResponse(tool_calls=[so.ToolCall(name="pick", input={})]),
+        so.ModelResponse(text="Shipping."),
+    ]
+    agent = so.Agent(name="depot", model=so.models.Scripted(script), tools=[pick])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/many.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as served_at:
+        r = httpx.post(
+            f"{served_at}/v1/sessions",
+            json={"agent": "depot", "message": "ship it"},
+            headers=auth("alice-token"),
+            timeout=10,
+            verify=PLAIN,
+        )
+        sid, rid = r.json()["session_id"], r.json()["pending"][0]["id"]
+        context = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=served_at)
+        try:
+            p = context.new_page()
+            p.set_default_timeout(10_000)
+            p.goto("/_signoff/login")
+            p.fill("input[name=token]", "alice-token")
+            p.click("button[type=submit]")
+            card = p.locator(f'[data-request-id="{rid}"]')
+            menu = card.get_by_label("Choose one of 20")
+            menu.select_option(label="7. Warehouse 07")
+            card.get_by_label("Your answer").fill("the new one on the quay")
+            card.get_by_role("button", name="Answer").click()
+            expect(card.locator(".form-error")).to_contain_text("not both")
+            assert [q.id for q in runtime.pending_sync(session_id=sid)] == [rid]
+            menu.select_option(label="Choose…")
+            card.get_by_role("button", name="Answer").click()
+            expect(card).to_contain_text("Answered")
+        finally:
+            context.close()
+    with so.Runtime([agent], store=f"sqlite:///{tmp_path}/many.db") as rt:
+        (done,) = [e for e in rt.events_sync(sid) if e.type == "tool.completed"]
+        assert done.data["result"] == "the new one on the quay"

@@ -493,3 +493,41 @@ async def test_two_hundred_long_choices_that_begin_alike_can_be_told_apart_and_c
             stored = await rt.store.get_request(req.id)
             assert stored is not None and stored.resolution is not None
             assert stored.resolution["answer"]["option_id"] == "o199"
+
+
+async def test_a_short_message_slack_refuses_too_is_posted_as_text_and_not_again(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Slack may refuse the short message as well (`invalid_blocks` for a limit signoff does
+    not know, in what the short message keeps). Posted again, both would be refused on every
+    round and the request would never appear in Slack: it is posted once as text alone, which
+    says where to answer it, and its close is written so too."""
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always()))
+    async def run(cmd: str) -> str:
+        """Run a command."""
+        return "ran"
+
+    steps = [call_tools(call("run", cmd="x" * 5000)), reply("ok")]
+    agent = scripted_agent("runner", steps, tools=[run])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        result = await rt.generate("runner", prompt="go")
+        (req,) = result.pending
+        slack_api.most_text = 10  # less than any blocks hold: only a message of text passes
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], max_attempts=1)) as hub:
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") is not None  # announced
+            *refused, posted = slack_api.of("chat.postMessage")
+            assert len(refused) == 2 and "blocks" not in posted
+            assert "too long for Slack" in posted["text"]
+            assert "signoff dashboard" in posted["text"]
+            await hub.poll()
+            assert len(slack_api.of("chat.postMessage")) == 3  # posted once
+            answer = so.InputResponse(request_id=req.id, option_id="approve")
+            await rt.respond(result.session_id, [answer])
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") is None  # its closed message written
+            updated = slack_api.of("chat.update")[-1]
+            assert updated["blocks"] == []  # the short message's buttons taken off
+            assert updated["text"].startswith("Approved") and "read it on" in updated["text"]

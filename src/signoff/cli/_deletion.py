@@ -10,13 +10,14 @@ import typer
 
 from .._exceptions import UsageError
 from .._runtime import Runtime
-from .._types import Principal
-from ..channels.terminal import printable
+from .._types import Principal, folded
+from ..channels.terminal import TerminalChannel, printable
 from ..stores import SQLiteStore
 from ._app import (
     RuntimeArgument,
     StoreOption,
     app,
+    ctrl_c_interrupts,
     load_runtime,
     misuse,
     out,
@@ -80,6 +81,24 @@ def delete(
     run(_delete(session_id, target, store, reason, yes, principal))
 
 
+def _confirmed(terminal: TerminalChannel, question: str) -> bool:
+    """Whether the person answers y to `question` (Rich markup; no by default, and at the end
+    of input). Read as `signoff chat` reads its prompts: one Ctrl-C ends the command at once
+    (asyncio's own handler only cancels its task, which a blocking read never sees)."""
+    while True:
+        with ctrl_c_interrupts():
+            answer = terminal.read(f"{question} [dim]\\[y/N][/] ")
+        if answer is None:
+            terminal.console.print()
+            return False
+        answer = folded(answer)
+        if answer in ("y", "yes"):
+            return True
+        if answer in ("", "n", "no"):
+            return False
+        terminal.console.print("  [red]answer y or n[/]")
+
+
 def _can_ask() -> bool:
     """Whether a person can be asked: standard input is a terminal."""
     return sys.stdin.isatty()
@@ -103,10 +122,10 @@ async def _delete(
         state = await runtime.state(session_id)  # an unknown id: UnknownSession, asked nothing
         if not yes:
             shown = (
-                f"Delete session {session_id} ({printable(state.agent)}, {state.status}, "
-                f"{state.seq} events) and its subagents' sessions, for good?"
+                f"Delete session {printable(session_id)} ({printable(state.agent)}, "
+                f"{state.status}, {state.seq} events) and its subagents' sessions, for good?"
             )
-            if not typer.confirm(shown, default=False):
+            if not _confirmed(TerminalChannel(console), shown):
                 console.print("Nothing deleted.")
                 raise typer.Exit(1)
         deleted = await runtime.delete_session(session_id, by=principal, reason=reason)

@@ -121,6 +121,12 @@ async def queue_stream(request: Request) -> Response:
     return stream_response(queue_changes(request, ctx, viewer), ctx.streams.take(viewer))
 
 
+_BOTH = (
+    "a choice in the menu and an answer typed: send one, not both (set the menu back to "
+    "Choose… to send what you typed)"
+)
+
+
 @router.post("/requests/{request_id}/respond")
 async def respond(request: Request, request_id: str) -> Response:
     """Settle one request from a dashboard form: an option (approve / deny / an answer) + text."""
@@ -140,6 +146,12 @@ async def respond(request: Request, request_id: str) -> Response:
     input_hash: str | None = None
     action = stored.request.action
     if stored.request.kind != "tool-approval":
+        if option is not None and text is not None and fields.get("menu"):
+            # From a menu and a text box sent by one Answer button, neither is plainly meant:
+            # the choice taken, the typed answer was dropped unsaid.
+            both = InvalidAnswer(_BOTH, [request_id])
+            ctx.runtime._counts.refuse(both)  # a refused answer, as the runtime counts its own
+            return await dashboard_error(request, 422, both.code, _BOTH)
         if option is not None:
             text = None  # a chosen option is the answer; the text box is for a typed answer
     else:

@@ -31,6 +31,7 @@ __all__ = [
     "TOO_LONG",
     "request_blocks",
     "short_blocks",
+    "short_text",
     "slack_mention",
     "text_length",
     "text_view",
@@ -304,6 +305,18 @@ def short_blocks(
     if controls["elements"]:
         blocks.append(controls)
     return blocks
+
+
+def short_text(request: InputRequest, resolution: Resolution | None = None, *, refused: str) -> str:
+    """The message of text alone for a request whose short message Slack `refused` too (a limit
+    signoff does not know, met in what `short_blocks` keeps): what it is, and that it is to be
+    read (and answered) elsewhere, as no buttons come with it."""
+    where = "read it" if resolution is not None else "read and answer it"
+    warning = (
+        f"This request is too long for Slack (Slack refused it: {escape(refused)}): {where} "
+        "on the signoff dashboard, or with `signoff pending --json`."
+    )
+    return _clip(f"{fallback_text(request, resolution)}\n{warning}", _MAX_TEXT)
 
 
 def text_length(value: Any) -> int:

@@ -45,13 +45,9 @@ from .._base import (
 from .._lease import Presence, alive
 from ._adopt import retry_handlers
 from ._blocks import (
-    TOO_LONG,
     UNPARSED,
-    fallback_text,
     note_text,
     request_blocks,
-    short_blocks,
-    text_length,
 )
 from ._clicks import Clicks
 from ._identity import Identities, SlackUserMapping
@@ -62,7 +58,7 @@ from ._payloads import (
     retry_after,
     slack_principal,
 )
-from ._posts import Posts
+from ._posts import Posts, sent_fitting
 from ._replies import ThreadReplies, thread_key
 from ._routes import routes
 from ._token import TokenRefusals
@@ -291,30 +287,18 @@ class SlackChannel(Channel):
         resolution: Resolution | None,
         blocks: list[Any],
     ) -> None:
-        """Rewrite a request's message (as `blocks`, or as its short form when Slack refuses
-        them: see `short_blocks`); one deleted in Slack (or past editing) is forgotten, as the
-        hub's retries could never update it and would hold back the other requests."""
-        text = fallback_text(request, resolution)
+        """Rewrite a request's message (as `blocks`, or shorter when Slack refuses them: see
+        `sent_fitting`); one deleted in Slack (or past editing) is forgotten, as the hub's
+        retries could never update it and would hold back the other requests."""
+
+        async def send(shown: list[dict[str, Any]], text: str) -> Any:
+            # an empty list: a message of text alone, the blocks it had taken off
+            return await self.client.chat_update(
+                channel=where["channel"], ts=where["ts"], text=text, blocks=shown, **UNPARSED
+            )
+
         try:
-            try:
-                await self.client.chat_update(
-                    channel=where["channel"], ts=where["ts"], text=text, blocks=blocks, **UNPARSED
-                )
-            except SlackApiError as exc:
-                refused = api_error(exc)
-                if refused not in TOO_LONG:
-                    raise
-                logger.warning(
-                    "slack: Slack refused the updated message of %s (%s, %s characters of "
-                    "text); updating it to a short one that points to the dashboard",
-                    request.id,
-                    refused,
-                    text_length(blocks),
-                )
-                short = short_blocks(request, resolution, refused=refused)
-                await self.client.chat_update(
-                    channel=where["channel"], ts=where["ts"], text=text, blocks=short, **UNPARSED
-                )
+            await sent_fitting(send, request, resolution, blocks, "updated")
             self.refused_token.worked()
         except SlackApiError as exc:
             self.refused(exc, "chat.update", where["channel"])

@@ -12,23 +12,34 @@ this state or another.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from slack_sdk.errors import SlackApiError
 
 from ..._exceptions import SignoffError
 from ..._types import InputRequest
-from .._base import logger, off_loop
+from .._base import Resolution, logger, off_loop
 from .._shared import Shared
 from ._adopt import find_post, metadata, new_attempt
-from ._blocks import TOO_LONG, UNPARSED, fallback_text, request_blocks, short_blocks, text_length
+from ._blocks import (
+    TOO_LONG,
+    UNPARSED,
+    fallback_text,
+    request_blocks,
+    short_blocks,
+    short_text,
+    text_length,
+)
 from ._payloads import api_error, maybe_done
 from ._replies import thread_key
 
 if TYPE_CHECKING:
     from ._channel import SlackChannel
 
-__all__ = ["Posts", "post_key"]
+__all__ = ["Posts", "post_key", "sent_fitting"]
+
+T = TypeVar("T")
 
 
 def post_key(request_id: str) -> str:
@@ -103,35 +114,17 @@ class Posts:
         await off_loop(ch.remember, _attempt_key(request.id), attempt)
         await self.shared.keep({_shared_key(request.id): {"attempt": attempt}})
         try:
-            try:
-                blocks = request_blocks(request)
-                reply = await ch.client.chat_postMessage(
+
+            async def send(blocks: list[dict[str, Any]], text: str) -> Any:
+                return await ch.client.chat_postMessage(
                     channel=ch.channel,
-                    text=fallback_text(request),
-                    blocks=blocks,
+                    text=text,
+                    blocks=blocks or None,  # none at all: a message of text alone
                     metadata=metadata(request.id, attempt),
                     **UNPARSED,
                 )
-            except SlackApiError as exc:
-                refused = api_error(exc)
-                if refused not in TOO_LONG:
-                    raise
-                # Posted again as it is, Slack would refuse it for ever: the short message
-                # says the rest is too long for Slack and where to read it.
-                logger.warning(
-                    "slack: Slack refused the message of %s (%s, %s characters of text); "
-                    "posting a short one that points to the dashboard",
-                    request.id,
-                    refused,
-                    text_length(blocks),
-                )
-                reply = await ch.client.chat_postMessage(
-                    channel=ch.channel,
-                    text=fallback_text(request),
-                    blocks=short_blocks(request, refused=refused),
-                    metadata=metadata(request.id, attempt),
-                    **UNPARSED,
-                )
+
+            reply = await sent_fitting(send, request, None, request_blocks(request), "new")
         except SlackApiError as exc:
             if not maybe_done(exc):  # Slack posted nothing: no message to find
                 with contextlib.suppress(SignoffError):
@@ -193,3 +186,46 @@ class Posts:
         key = thread_key(where["channel"], where["ts"])
         await off_loop(ch.forget, key)
         await self.forget(request_id, {key: None})
+
+
+async def sent_fitting(
+    send: Callable[[list[dict[str, Any]], str], Awaitable[T]],
+    request: InputRequest,
+    resolution: Resolution | None,
+    blocks: list[dict[str, Any]],
+    what: str,
+) -> T:
+    """`send(blocks, text)`; when Slack refuses the blocks (one of `TOO_LONG`), sent once more as
+    `short_blocks`, and when it refuses those too, as text alone (`short_text`, no blocks): a
+    form Slack refused is refused on every retry, and the request would never be in Slack."""
+    text = fallback_text(request, resolution)
+    try:
+        return await send(blocks, text)
+    except SlackApiError as exc:
+        refused = api_error(exc)
+        if refused not in TOO_LONG:
+            raise
+    # Sent again as it is, Slack would refuse it for ever: the short message says the rest is
+    # too long for Slack and where to read it.
+    logger.warning(
+        "slack: Slack refused the %s message of %s (%s, %s characters of text); sending a "
+        "short one that points to the dashboard",
+        what,
+        request.id,
+        refused,
+        text_length(blocks),
+    )
+    try:
+        return await send(short_blocks(request, resolution, refused=refused), text)
+    except SlackApiError as exc:
+        again = api_error(exc)
+        if again not in TOO_LONG:
+            raise
+    logger.warning(
+        "slack: Slack refused the short %s message of %s too (%s); sending it as text alone, "
+        "with no buttons: it is answered on the dashboard or the command line",
+        what,
+        request.id,
+        again,
+    )
+    return await send([], short_text(request, resolution, refused=again))

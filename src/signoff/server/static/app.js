@@ -170,10 +170,13 @@
   // A card closed elsewhere (answered in another tab or by someone else, withdrawn, expired)
   // while the reviewer wrote in it or had the focus in it vanished mid-sentence, unexplained: it
   // says so where they were, without buttons, and leaves a while later.
+  // A choice made in a question's menu and not sent is work in progress too, as typed text is.
   function writing(card) {
     if (card !== document.activeElement && card.contains(document.activeElement)) return true;
     const boxes = card.querySelectorAll("form.respond input[type=text], form.respond textarea");
-    return Array.from(boxes).some((box) => box.value !== box.defaultValue);
+    const menus = card.querySelectorAll("form.respond select.choice");
+    return Array.from(boxes).some((box) => box.value !== box.defaultValue) ||
+      Array.from(menus).some((menu) => menu.value !== "");
   }
   function closedElsewhere(card) {
     const focused = card.contains(document.activeElement);
