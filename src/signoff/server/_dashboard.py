@@ -4,7 +4,10 @@ token, `_page_data` reads and shapes what a page shows and `_message_page` shows
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import hmac
 import json
 import logging
 from typing import Any
@@ -79,6 +82,36 @@ _QUEUED_PATH = f"{DASHBOARD_PREFIX}/sessions"
 def _queued_mark(session_id: str) -> str:
     """The queued note's cookie value for a session: a digest, as an id may be any text."""
     return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+# A session deleted from its page is told, once, on the Sessions list the form leads to: its id
+# and how many subagent sessions went with it, in a cookie keyed by the server's secret (only
+# this server's own note is shown, whatever a cookie says).
+_DELETED_COOKIE = "signoff_deleted"
+
+
+def _deleted_note(secret: bytes, deleted: list[str]) -> str:
+    raw = base64.urlsafe_b64encode(json.dumps([deleted[0], len(deleted) - 1]).encode()).decode()
+    mac = hmac.new(secret, b"deleted " + raw.encode(), hashlib.sha256).hexdigest()[:32]
+    return f"{raw}.{mac}"
+
+
+def _deleted_told(secret: bytes, cookie: str | None) -> str | None:
+    """What the deletion note's cookie tells, if this server wrote it: "Deleted ses_… and N
+    subagent sessions"; None for no cookie or another's."""
+    raw, _, mac = (cookie or "").partition(".")
+    want = hmac.new(secret, b"deleted " + raw.encode(), hashlib.sha256).hexdigest()[:32]
+    if not raw or not hmac.compare_digest(want.encode(), mac.encode()):
+        return None
+    try:
+        sid, others = json.loads(base64.urlsafe_b64decode(raw.encode()))
+    except (binascii.Error, ValueError, TypeError):
+        return None
+    if not isinstance(sid, str) or not isinstance(others, int):
+        return None
+    if not others:
+        return f"Deleted {sid}."
+    return f"Deleted {sid} and {others} subagent session{'' if others == 1 else 's'}."
 
 
 def _utf8(text: str | None) -> str | None:
@@ -277,8 +310,21 @@ async def _whole(request: Request, request_id: str, *, payload: bool) -> Respons
 
 @router.get("/sessions", response_class=HTMLResponse)
 async def sessions_page(request: Request) -> Response:
-    """Every session the viewer may see, most recently active first, waiting or not."""
-    return await render("sessions.html", request, **await sessions_context(request))
+    """Every session the viewer may see, most recently active first, waiting or not; once,
+    after a session was deleted from its page, a note that says so."""
+    context = await sessions_context(request)
+    cookie = request.cookies.get(_DELETED_COOKIE)
+    deleted = _deleted_told(get_context(request).secret, cookie) if cookie else None
+    response = await render("sessions.html", request, **context, deleted=deleted)
+    if cookie is not None:  # told once: a reload does not tell it again
+        response.delete_cookie(
+            _DELETED_COOKIE,
+            path=_QUEUED_PATH,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+    return response
 
 
 @router.get("/sessions/{session_id}", response_class=HTMLResponse)
@@ -435,6 +481,48 @@ async def send_message(request: Request, session_id: str) -> Response:
     return response
 
 
+@router.post("/sessions/{session_id}/delete")
+async def delete_session(request: Request, session_id: str) -> Response:
+    """Delete a finished session, and its subagents' sessions, as the signed-in person (who
+    may, as whoever may cancel it: `DELETE /v1/sessions/{id}`), once they ticked that they
+    understand it is for good; then the Sessions list, which says what was deleted. A session
+    running or waiting, or a subagent's, is refused as the runtime refuses it, nothing deleted."""
+    ctx, viewer = await signed_in(request)
+    fields = await check_csrf(request)
+    try:
+        await ctx.session(session_id, viewer)
+    except UnknownSession:
+        return await dashboard_error(
+            request, 404, "unknown_session", f"unknown session {session_id!r}"
+        )
+    if fields.get("confirm") != "yes":
+        return await dashboard_error(
+            request,
+            422,
+            "invalid_request",
+            "tick “I understand this erases the conversation for good” to delete the session",
+        )
+    reason = fields.get("reason", "").strip() or None
+    try:
+        deleted = await ctx.runtime.delete_session(session_id, by=viewer, reason=reason)
+    except SignoffError as exc:
+        return await _refused(request, exc)
+    where = f"{DASHBOARD_PREFIX}/sessions"
+    if wants_json(request):
+        return JSONResponse({"ok": True, "deleted": [utf8(d) for d in deleted], "url": where})
+    response = RedirectResponse(where, status_code=303)
+    response.set_cookie(
+        _DELETED_COOKIE,
+        _deleted_note(ctx.secret, deleted),
+        max_age=300,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path=_QUEUED_PATH,
+    )
+    return response
+
+
 @router.get("/fragments/sessions/{session_id}")
 async def session_fragment(request: Request, session_id: str) -> Response:
     """New trace rows after `?after=` plus the refreshed header and the page of open requests
@@ -456,6 +544,7 @@ async def session_fragment(request: Request, session_id: str) -> Response:
             "more": context["more"],
             "rows": env.get_template("_trace_rows.html").render(**common),
             "header": env.get_template("_session_header.html").render(**common),
+            "delete": env.get_template("_session_delete.html").render(**common),
             "pending": env.get_template("_queue_items.html").render(**common, compact=True),
             "pager": env.get_template("_pager.html").render(**common),
             "total": context["total"],

@@ -305,7 +305,11 @@
         if (over || signedOff) return;
         if (res && res.ok) open();
         else if (res && res.status === 401) signInAgain("you are no longer signed in");
-        else if (res && [404, 410].includes(res.status)) { over = true; reconnecting(false); }
+        else if (res && [404, 410].includes(res.status)) {
+          over = true;
+          reconnecting(false);
+          if (ended) ended({ status: res.status });  // the page's read shows why
+        }
         else {
           if (res && res.status === 503 && down === null) down = "";
           retry();
@@ -418,6 +422,7 @@
         // The page of open requests shown (`page=`), which the pager's query names.
         const q = (document.querySelector("[data-pager]") || { dataset: {} }).dataset.query;
         const res = await fetch(prefix + "/fragments/sessions/" + encodeURIComponent(sid) + "?after=" + seq + (q ? "&" + q : ""), { credentials: "same-origin" });
+        if (res.status === 404) { gone(); return; }
         if (await signedOut(res) || !res.ok) return;
         const data = await res.json();
         if (data.seq <= seq) return;
@@ -432,11 +437,42 @@
         document.getElementById("session-header").innerHTML = data.header;
         moved(true);
         if (status() !== was) toast("The session is now " + status());  // read out, too
+        // Deleting is offered once the session is finished: redrawn only when that changes, so
+        // a reason being typed stays.
+        const drawn = document.getElementById("session-delete");
+        const offer = fragment(data.delete || "");
+        const shape = (root) => (root.querySelector("form") ? "form" : (root.textContent || "").trim());
+        if (drawn && shape(offer) !== shape(drawn)) drawn.replaceChildren(offer);
         mergeCards(document.getElementById("session-pending"), data.pending);
         repage(fragment(data.pager).querySelector("[data-pager]"));
         document.querySelectorAll("[data-pending-total]").forEach((el) => { el.textContent = data.total ? String(data.total) : ""; });
         if (data.more) { clearTimeout(timer); timer = setTimeout(refresh, 0); }
       } finally { busy = false; }
+    };
+    // Someone deleted the session while its page was open (its stream ended with
+    // `unknown_session`, or its read is a 404): said once, at the page's top; nothing here can
+    // be sent any more.
+    const gone = () => {
+      clearTimeout(timer);
+      if (dot) dot.classList.remove("on");
+      reconnecting(false);
+      if (document.getElementById("session-deleted")) return;
+      const note = document.createElement("p");
+      note.id = "session-deleted";
+      note.className = "warning";
+      note.setAttribute("role", "alert");
+      const back = document.createElement("a");
+      back.href = prefix + "/sessions";
+      back.textContent = "Back to Sessions";
+      note.append("This session was deleted. ", back);
+      ["send", "session-delete"].forEach((id) => {
+        const el = document.getElementById(id);
+        if (el) el.hidden = true;
+      });
+      document.querySelectorAll("#session-pending form button").forEach((b) => { b.disabled = true; });
+      moved(false);
+      (document.querySelector("main") || document.body).prepend(note);
+      moved(true);
     };
     const types = (sessionEl.dataset.eventTypes || "").split(" ").filter(Boolean);
     const soon = () => { clearTimeout(timer); timer = setTimeout(refresh, 60); };
@@ -444,10 +480,26 @@
     // others in their place: reading on after them would skip those, so the page is read anew.
     const ended = (end) => {
       if (end && end.error && end.error.code === "events_rewritten") location.reload();
+      else if (end && (end.status === 404 || (end.error && end.error.code === "unknown_session"))) gone();
       else soon();
     };
     live(() => "/v1/sessions/" + encodeURIComponent(sid) + "/events?after=" + seq, { any: soon }, types, ended);
   }
+
+  // -- deleting a session: the form is sent once (a second sending would find it gone) ---------
+  document.addEventListener("submit", (ev) => {
+    const form = ev.target;
+    if (!(form instanceof HTMLFormElement) || form.id !== "delete-session") return;
+    if (form.dataset.sent) { ev.preventDefault(); return; }
+    form.dataset.sent = "1";
+    form.querySelector("button[type=submit]").disabled = true;
+  });
+  window.addEventListener("pageshow", () => {
+    const form = document.getElementById("delete-session");
+    if (!form) return;
+    delete form.dataset.sent;
+    form.querySelector("button[type=submit]").disabled = false;
+  });
 
   // -- starting a conversation: once, however often Start is clicked --------------------------
   const started = document.getElementById("new-session");
