@@ -4,10 +4,7 @@ token, `_page_data` reads and shapes what a page shows and `_message_page` shows
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
-import hmac
 import json
 import logging
 from typing import Any
@@ -37,6 +34,7 @@ from .._types import InputRequest, InputResponse, Principal
 from ..stores import PendingFilter
 from ._auth import DASHBOARD_PREFIX
 from ._context import get_context
+from ._deleted_note import DELETED_COOKIE, deleted_note, deleted_told
 from ._errors import public_message, status_for
 from ._forms import Refusal, form_key, form_token
 from ._json_body import RepeatedKey, unique_keys
@@ -82,36 +80,6 @@ _QUEUED_PATH = f"{DASHBOARD_PREFIX}/sessions"
 def _queued_mark(session_id: str) -> str:
     """The queued note's cookie value for a session: a digest, as an id may be any text."""
     return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-
-
-# A session deleted from its page is told, once, on the Sessions list the form leads to: its id
-# and how many subagent sessions went with it, in a cookie keyed by the server's secret (only
-# this server's own note is shown, whatever a cookie says).
-_DELETED_COOKIE = "signoff_deleted"
-
-
-def _deleted_note(secret: bytes, deleted: list[str]) -> str:
-    raw = base64.urlsafe_b64encode(json.dumps([deleted[0], len(deleted) - 1]).encode()).decode()
-    mac = hmac.new(secret, b"deleted " + raw.encode(), hashlib.sha256).hexdigest()[:32]
-    return f"{raw}.{mac}"
-
-
-def _deleted_told(secret: bytes, cookie: str | None) -> str | None:
-    """What the deletion note's cookie tells, if this server wrote it: "Deleted ses_… and N
-    subagent sessions"; None for no cookie or another's."""
-    raw, _, mac = (cookie or "").partition(".")
-    want = hmac.new(secret, b"deleted " + raw.encode(), hashlib.sha256).hexdigest()[:32]
-    if not raw or not hmac.compare_digest(want.encode(), mac.encode()):
-        return None
-    try:
-        sid, others = json.loads(base64.urlsafe_b64decode(raw.encode()))
-    except (binascii.Error, ValueError, TypeError):
-        return None
-    if not isinstance(sid, str) or not isinstance(others, int):
-        return None
-    if not others:
-        return f"Deleted {sid}."
-    return f"Deleted {sid} and {others} subagent session{'' if others == 1 else 's'}."
 
 
 def _utf8(text: str | None) -> str | None:
@@ -313,12 +281,12 @@ async def sessions_page(request: Request) -> Response:
     """Every session the viewer may see, most recently active first, waiting or not; once,
     after a session was deleted from its page, a note that says so."""
     context = await sessions_context(request)
-    cookie = request.cookies.get(_DELETED_COOKIE)
-    deleted = _deleted_told(get_context(request).secret, cookie) if cookie else None
+    cookie = request.cookies.get(DELETED_COOKIE)
+    deleted = deleted_told(get_context(request).secret, cookie) if cookie else None
     response = await render("sessions.html", request, **context, deleted=deleted)
     if cookie is not None:  # told once: a reload does not tell it again
         response.delete_cookie(
-            _DELETED_COOKIE,
+            DELETED_COOKIE,
             path=_QUEUED_PATH,
             httponly=True,
             samesite="strict",
@@ -512,8 +480,8 @@ async def delete_session(request: Request, session_id: str) -> Response:
         return JSONResponse({"ok": True, "deleted": [utf8(d) for d in deleted], "url": where})
     response = RedirectResponse(where, status_code=303)
     response.set_cookie(
-        _DELETED_COOKIE,
-        _deleted_note(ctx.secret, deleted),
+        DELETED_COOKIE,
+        deleted_note(ctx.secret, deleted),
         max_age=300,
         httponly=True,
         samesite="strict",
