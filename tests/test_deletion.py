@@ -327,3 +327,45 @@ async def test_a_channel_hub_copes_with_a_deleted_sessions_requests(store_url: s
         async with manual(ChannelHub(rt, [later], name="later")) as hub:
             await hub.poll()
             assert all(r.session_id not in text for text in later.sent)
+
+
+async def test_a_session_waiting_with_no_request_open_is_not_deleted(store_url: str) -> None:
+    """A parent whose subagent ended, and which is yet to read its result back, waits with no
+    request open anywhere in its tree and no lease held: it was deleted, and the turn its
+    worker was about to go on with was lost (found by a load test, 1 run in 6). Status
+    `waiting` with no request open is refused as not finished, until its TTL passes."""
+    from ._audit import alter
+
+    async with so.Runtime(agents(), store=store_url) as rt:
+        sid = (await rt.generate("chat", prompt="hi", auth=ALICE)).session_id
+        assert (await rt.state(sid)).status == "idle"
+        alter(store_url, "UPDATE {t}sessions SET status = 'waiting' WHERE id = {p}", sid)
+        with pytest.raises(so.SessionBusy, match="waits on a subagent"):
+            await rt.delete_session(sid, by=OPS)
+        assert await rt.store.head(sid) is not None
+        assert await rt.audit(stream=DELETIONS_STREAM) == []
+
+
+async def test_a_key_repeated_while_its_session_is_deleted_is_told_it_was_deleted(
+    store_url: str,
+) -> None:
+    """A call repeating an idempotency key meets its session (the create refused as already
+    there), which a deletion then erases before the call reads it back: it raised
+    `StoreError: session ... already exists` of a session that was not. It is `SessionDeleted`
+    (found by a load test on PostgreSQL)."""
+    async with (
+        so.Runtime(agents(), store=store_url) as a,
+        so.Runtime(agents(), store=store_url) as b,
+    ):
+        sid = (await a.generate("chat", prompt="hi", auth=ALICE, idempotency_key="k9")).session_id
+        create = b.store.create_session
+
+        async def meets_it_then_it_goes(*args: Any, **kwargs: Any) -> int | None:
+            b.store.create_session = create  # type: ignore[method-assign]
+            await a.delete_session(sid, by=OPS)  # between the refused create and the read
+            raise so.StoreError(f"session {sid!r} already exists")
+
+        b.store.create_session = meets_it_then_it_goes  # type: ignore[method-assign]
+        with pytest.raises(so.SessionDeleted):
+            await b.generate("chat", prompt="hi", auth=ALICE, idempotency_key="k9")
+        assert await b.store.head(sid) is None

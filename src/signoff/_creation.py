@@ -75,25 +75,32 @@ async def made(
     now = rt.now()
     ttl = agent.limits.ttl_seconds
     events, state = first_events(session_id, agent, auth, idem, now, first)
-    try:
-        token = await rt.store.create_session(
-            session_id,
-            agent.name,
-            events,
-            None if ttl is None else now + ttl,
-            status=stored_status(state),
-            lease=None if owner is None else (owner, rt.lease_ttl, now),
-        )
-    except StoreError:
-        if owner is not None:  # its write may have gone through, told as failed
-            await _give_back(rt, session_id, owner)
-        if idem is None or await rt.store.head(session_id) is None:
+    for attempt in range(2):
+        try:
+            token = await rt.store.create_session(
+                session_id,
+                agent.name,
+                events,
+                None if ttl is None else now + ttl,
+                status=stored_status(state),
+                lease=None if owner is None else (owner, rt.lease_ttl, now),
+            )
+            break
+        except StoreError:
+            if owner is not None:  # its write may have gone through, told as failed
+                await _give_back(rt, session_id, owner)
+            if idem is None:
+                raise
+            if await rt.store.head(session_id) is not None:
+                return session_id, False, None
+            if attempt:
+                raise
+            # There and gone: deleted meanwhile. Made again, it is refused as such
+            # (`SessionDeleted`), or made if it was never there (a write told as failed).
+        except asyncio.CancelledError:
+            if owner is not None:
+                await _give_back(rt, session_id, owner)
             raise
-        return session_id, False, None
-    except asyncio.CancelledError:
-        if owner is not None:
-            await _give_back(rt, session_id, owner)
-        raise
     rt._remember(state)
     if token is not None and owner is not None:
         # Its write waited long (for a pool connection, say): renewed first, as a grant is.

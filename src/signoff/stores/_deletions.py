@@ -86,7 +86,8 @@ def refuse(
     parent exists, a turn of it (or of a subagent under it) running under a lease, open
     requests in it (or under it), or a turn of it (or under it) with work to do and no lease
     (`running`: answered and not yet taken up again, a message just sent, a drive that died)
-    before its TTL passed, which a worker would claim and run."""
+    or waiting with no request open (on a subagent that ended and has yet to be read back)
+    before its TTL passed, which a worker would go on with."""
     if not found:
         raise UnknownSession(session_id)
     if parent is not None:
@@ -102,6 +103,7 @@ def refuse(
     if running is not None:
         whose = "its" if running == session_id else f"subagent session {running!r}'s"
         raise SessionBusy(
-            f"session {session_id!r} is running: {whose} turn has work to do; cancel it first",
+            f"session {session_id!r} is not finished: {whose} turn has work to do or waits on "
+            "a subagent; cancel it first",
             session_id,
         )

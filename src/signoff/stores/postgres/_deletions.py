@@ -36,7 +36,8 @@ _READ = (
     "p.id, (SELECT l.sk IS NOT NULL FROM {s}.leases l WHERE l.sk = x.sk AND l.owner <> '' "
     "AND l.expires_at > %s), (SELECT array_agg(r.id ORDER BY r.id) FROM {s}.requests r "
     "WHERE r.sk = x.sk AND r.status = 'pending'), "
-    "x.status = 'running' AND (x.expires_at IS NULL OR x.expires_at > %s), x.updated_at "
+    "x.status IN ('running', 'waiting') AND (x.expires_at IS NULL OR x.expires_at > %s), "
+    "x.updated_at "
     "FROM t JOIN {s}.sessions x ON x.sk = t.sk LEFT JOIN {s}.sessions p ON p.sk = x.parent "
     "ORDER BY x.sk"
 )
@@ -51,7 +52,7 @@ _GATE = (
     "AND NOT EXISTS (SELECT 1 FROM {s}.leases l JOIN t ON t.sk = l.sk "
     "WHERE l.owner <> '' AND l.expires_at > %s) "
     "AND NOT EXISTS (SELECT 1 FROM {s}.sessions x JOIN t ON t.sk = x.sk "
-    "WHERE x.status = 'running' AND (x.expires_at IS NULL OR x.expires_at > %s)) "
+    "WHERE x.status IN ('running', 'waiting') AND (x.expires_at IS NULL OR x.expires_at > %s)) "
     "AND NOT EXISTS (SELECT 1 FROM {s}.requests r JOIN t ON t.sk = r.sk "
     "WHERE r.status = 'pending') "
     "AND NOT EXISTS (SELECT 1 FROM {s}.sessions x WHERE x.id = %s AND x.updated_at >= %s)), "

@@ -168,7 +168,7 @@ class Deletions(Connection):
             keys,
         ).fetchall()
         running = conn.execute(
-            f"SELECT id FROM sessions WHERE sk IN ({marks}) AND status = 'running' "
+            f"SELECT id FROM sessions WHERE sk IN ({marks}) AND status IN ('running', 'waiting') "
             "AND NOT (typeof(expires_at) IN ('integer', 'real') AND expires_at <= ?) "
             "ORDER BY sk LIMIT 1",
             (*keys, now),
