@@ -41,6 +41,7 @@ FORM_ROUTES = [
     "/_signoff/logout",
     "/_signoff/sessions",
     "/_signoff/sessions/{session_id}/messages",
+    "/_signoff/sessions/{session_id}/delete",
     "/_signoff/requests/{request_id}/respond",
 ]
 
