@@ -30,7 +30,7 @@ from ._app import (
 )
 from ._store_files import existing_store, refuse_unmade_schema
 
-__all__ = ["delete"]
+__all__ = ["delete", "store_runtime"]
 
 DeleterOption = Annotated[
     str | None,
@@ -104,6 +104,18 @@ def _can_ask() -> bool:
     return sys.stdin.isatty()
 
 
+async def store_runtime(target: str | None, store: str | None) -> Runtime:
+    """The runtime a command that deletes acts through: MODULE:RUNTIME's, or one of no agents
+    on --store; a SQLite file that is not there, or a PostgreSQL database or `?schema=` with no
+    signoff schema, is refused (a mistyped path or name), not created empty."""
+    loaded = load_runtime(target, store) if target else None
+    if loaded is not None and isinstance(loaded.store, SQLiteStore):
+        existing_store(loaded.store.url)
+    url = existing_store(store) if loaded is None else None
+    await refuse_unmade_schema(loaded.store if loaded is not None else str(url))
+    return loaded or Runtime([], store=url)
+
+
 async def _delete(
     session_id: str,
     target: str | None,
@@ -112,13 +124,8 @@ async def _delete(
     yes: bool,
     principal: Principal,
 ) -> None:
-    loaded = load_runtime(target, store) if target else None
-    if loaded is not None and isinstance(loaded.store, SQLiteStore):
-        existing_store(loaded.store.url)  # a mistyped path is refused, not created empty
-    url = existing_store(store) if loaded is None else None
-    await refuse_unmade_schema(loaded.store if loaded is not None else str(url))
     console = out()
-    async with loaded or Runtime([], store=url) as runtime:
+    async with await store_runtime(target, store) as runtime:
         state = await runtime.state(session_id)  # an unknown id: UnknownSession, asked nothing
         if not yes:
             shown = (

@@ -11,15 +11,12 @@ from typing import Annotated
 import typer
 
 from .._exceptions import UsageError
-from .._runtime import Runtime
 from .._types import Principal
-from ..stores import SQLiteStore
 from . import _deletion
 from ._app import (
     RuntimeArgument,
     StoreOption,
     app,
-    load_runtime,
     misuse,
     out,
     parse_principal,
@@ -27,9 +24,8 @@ from ._app import (
     run,
     split_target,
 )
-from ._deletion import DeleterOption
+from ._deletion import DeleterOption, store_runtime
 from ._numbers import whole
-from ._store_files import existing_store, refuse_unmade_schema
 
 __all__ = ["duration", "prune"]
 
@@ -120,13 +116,8 @@ async def _prune(
     dry_run: bool,
     yes: bool,
 ) -> None:
-    loaded = load_runtime(target, store) if target else None
-    if loaded is not None and isinstance(loaded.store, SQLiteStore):
-        existing_store(loaded.store.url)  # a mistyped path is refused, not created empty
-    url = existing_store(store) if loaded is None else None
-    await refuse_unmade_schema(loaded.store if loaded is not None else str(url))
     console = out()
-    async with loaded or Runtime([], store=url) as runtime:
+    async with await store_runtime(target, store) as runtime:
 
         async def batch(dry_run: bool) -> tuple[list[str], list[str]]:
             return await runtime._prune(
