@@ -26,6 +26,16 @@ from ._types import Principal
 __all__ = ["Deletion"]
 
 
+def _deleter(by: Principal | None, reason: str | None) -> dict[str, object] | None:
+    """`by` as a deletion records it, once it and `reason` are checked (`UsageError`)."""
+    if reason is not None and not isinstance(reason, str):
+        raise UsageError(f"reason must be a string, not {type(reason).__name__}")
+    if reason is not None:
+        check_text(reason, "the reason")
+    principal = check_principal(by, "by")
+    return None if principal is None else principal.model_dump()
+
+
 class Deletion(EventStream):
     """Session deletion, which `Runtime` offers beside its turns, answers and audit trail."""
 
@@ -41,15 +51,10 @@ class Deletion(EventStream):
         waiting on people (`SessionWaiting`): cancel it first; a subagent's
         session whose parent exists (`SubagentSession`); an unknown id (`UnknownSession`)."""
         check_session_id(session_id)
-        if reason is not None and not isinstance(reason, str):
-            raise UsageError(f"reason must be a string, not {type(reason).__name__}")
-        if reason is not None:
-            check_text(reason, "the reason")
-        principal = check_principal(by, "by")
+        who = _deleter(by, reason)
         await self.open()
         if getattr(self.store, "delete_session", None) is None:  # a store for an earlier signoff
             raise UsageError(f"{type(self.store).__name__} cannot delete sessions")
-        who = None if principal is None else principal.model_dump()
         return await self._erase(session_id, who, reason)
 
     @closes_stop
@@ -90,11 +95,7 @@ class Deletion(EventStream):
         age = seconds("older_than", older_than, zero=True)
         count = whole("limit", limit, least=1, most=2**63 - 1)
         check_listing(agent, None)
-        if reason is not None and not isinstance(reason, str):
-            raise UsageError(f"reason must be a string, not {type(reason).__name__}")
-        if reason is not None:
-            check_text(reason, "the reason")
-        principal = check_principal(by, "by")
+        who = _deleter(by, reason)
         await self.open()
         stale = getattr(self.store, "stale_sessions", None)
         if stale is None or getattr(self.store, "delete_session", None) is None:
@@ -104,7 +105,6 @@ class Deletion(EventStream):
         candidates: list[str] = await stale(before=before, now=now, limit=count, agent=agent)
         if dry_run:
             return [], candidates
-        who = None if principal is None else principal.model_dump()
         deleted: list[str] = []
         for session_id in candidates:
             try:
