@@ -369,3 +369,87 @@ async def test_a_key_repeated_while_its_session_is_deleted_is_told_it_was_delete
         with pytest.raises(so.SessionDeleted):
             await b.generate("chat", prompt="hi", auth=ALICE, idempotency_key="k9")
         assert await b.store.head(sid) is None
+
+
+async def _erasing_meanwhile(url: str, session_id: str, call: Any) -> tuple[Any, bool]:
+    """Run `call()` while another transaction has deleted the session's rows (as a deletion
+    does) and not committed yet, committed once `call`'s statement waits on it (or `call`
+    ended): what `call` returned or raised, and whether it waited."""
+    import psycopg
+
+    from ._procs import query
+
+    [(sk,)] = query(url, "SELECT sk FROM {t}sessions WHERE id = {p}", session_id)
+    base, _, _ = url.partition("?")
+    waited = False
+    async with await psycopg.AsyncConnection.connect(base) as pg:
+        for table in ("events", "snapshots", "requests", "leases", "audit", "sessions"):
+            await pg.execute(f"DELETE FROM signoff.{table} WHERE sk = %s", (sk,))
+        await pg.execute(
+            "INSERT INTO signoff.deleted_sessions (id, at) VALUES (%s, 0)", (session_id,)
+        )
+        task = asyncio.create_task(call())
+        async with await psycopg.AsyncConnection.connect(base, autocommit=True) as look:
+            for _ in range(500):  # until its statement waits for this transaction
+                cur = await look.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                )
+                waited = bool((await cur.fetchone() or (0,))[0])
+                if waited or task.done():
+                    break
+                await asyncio.sleep(0.01)
+        await pg.commit()
+    outcome: tuple[Any] = await asyncio.gather(task, return_exceptions=True)
+    return outcome[0], waited
+
+
+async def test_a_key_repeated_as_its_session_is_deleted_makes_nothing_again(
+    pg_store_url: str,
+) -> None:
+    """PostgreSQL: a repeated key's create whose statement began before a deletion of its
+    session committed waited for it on the id's unique index, then went through, its check
+    of the erased ids having read the time before: the session was made again, and ran (found
+    by a load test: an id deleted twice). The create checks again in a second statement of
+    its transaction: `SessionDeleted`, nothing written."""
+    async with so.Runtime(agents(), store=pg_store_url, inline=False) as rt:
+        sid = (await rt.generate("chat", prompt="hi", auth=ALICE, idempotency_key="k")).session_id
+        raised, waited = await _erasing_meanwhile(
+            pg_store_url,
+            sid,
+            lambda: rt.generate("chat", prompt="hi", auth=ALICE, idempotency_key="k"),
+        )
+        assert isinstance(raised, so.SessionDeleted), raised
+        assert waited
+        assert raised.session_id == sid
+        assert await rt.store.head(sid) is None
+        assert await rt.sessions() == []
+
+
+async def test_a_subagent_is_not_made_under_a_parent_being_deleted(pg_store_url: str) -> None:
+    """PostgreSQL: a subagent's session created as its parent is deleted (the parent's drive
+    stalled past its lease) was made with no parent, a top-level session no one would run or
+    delete with its tree. Refused: `SessionDeleted` naming the parent, nothing written."""
+    from signoff._events import Event
+
+    async with so.Runtime(agents(), store=pg_store_url) as rt:
+        parent = (await rt.generate("chat", prompt="hi", auth=ALICE)).session_id
+        created = Event(
+            session_id="ses_child",
+            seq=1,
+            type="session.created",
+            at=1.0,
+            data={"agent": "chat", "initiator": None, "parent": parent, "ttl": None},
+        )
+        raised, waited = await _erasing_meanwhile(
+            pg_store_url,
+            parent,
+            lambda: rt.store.create_session("ses_child", "chat", [created], None),
+        )
+        assert isinstance(raised, so.SessionDeleted), raised
+        assert waited
+        assert raised.session_id == parent
+        assert await rt.store.head("ses_child") is None
+        with pytest.raises(so.SessionDeleted):  # and once it is gone, as well
+            await rt.store.create_session("ses_child", "chat", [created], None)
+        assert await rt.store.head("ses_child") is None

@@ -50,6 +50,13 @@ from ._sql import (
 __all__ = ["PostgresStore"]
 
 
+_UNDELETED = (
+    "INSERT INTO {s}.deleted_sessions (id, at) SELECT d.id, d.at FROM {s}.deleted_sessions d "
+    "WHERE d.id = ANY(%s::text[])"
+)
+"""Fails (`deleted_sessions_pkey`) if any of the ids given was deleted, else writes nothing."""
+
+
 class PostgresStore(Reads, Leases, Deletions):
     """`Store` on PostgreSQL (`postgresql://user@host:port/db`); many processes may share it.
 
@@ -100,9 +107,26 @@ class PostgresStore(Reads, Leases, Deletions):
         if sync is not None:
             params.append(sync)
 
+        # The session (its id derived from a key) or its parent (a subagent's) may be deleted
+        # by a transaction this statement's snapshot predates: the insert waits for its commit
+        # on the id's unique index, then goes through; a parent read there goes on as it was.
+        # Later statements of the same message and transaction wait for the parent's row, then
+        # find either id kept as deleted, with snapshots of their own, and undo the create.
+        again = parent is not None or "idem" in events[0].data
+        if again:
+            if parent is not None:
+                sql += f"; SELECT 1 FROM {s}.sessions WHERE id = %s FOR KEY SHARE"
+                params.append(parent)
+            sql += "; " + _UNDELETED.format(s=s)
+            params.append([session_id] if parent is None else [session_id, parent])
+
         async def body(conn: Conn) -> bool:
-            cur = await conn.execute(sql, params)
-            return await cur.fetchone() is not None
+            if not again:
+                cur = await conn.execute(sql, params)
+                return await cur.fetchone() is not None
+            client = psycopg.AsyncClientCursor(conn)
+            await client.execute(sql, params)
+            return await client.fetchone() is not None
 
         async def committed() -> bool:
             return await self._has_events(session_id, events)
@@ -116,6 +140,12 @@ class PostgresStore(Reads, Leases, Deletions):
             )
         except AppendConflict as exc:
             cause = exc.__cause__
+            if isinstance(cause, psycopg.errors.UniqueViolation) and (
+                cause.diag.constraint_name == "deleted_sessions_pkey"
+            ):
+                said = cause.diag.message_detail or ""
+                gone = parent if parent is not None and f"=({parent})" in said else session_id
+                raise SessionDeleted(gone) from None
             if not isinstance(cause, psycopg.errors.UniqueViolation) or (
                 cause.diag.constraint_name != "sessions_id_key"
             ):
