@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff import _child_sessions
 from signoff.stores._deletions import DELETIONS_STREAM
-from signoff.testing import ManualClock, call, call_tools, scripted_agent
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from .conftest import make_store
 from .test_subagents_spend import orders, support, tokens, waiting_child
@@ -453,3 +454,49 @@ async def test_a_subagent_is_not_made_under_a_parent_being_deleted(pg_store_url:
         with pytest.raises(so.SessionDeleted):  # and once it is gone, as well
             await rt.store.create_session("ses_child", "chat", [created], None)
         assert await rt.store.head("ses_child") is None
+
+
+def _boss_and_desk() -> list[so.Agent]:
+    """`boss` delegates each message to `desk`, which answers it."""
+    desk = scripted_agent("desk", [reply("on it")], repeat_last=True)
+    boss = scripted_agent(
+        "boss",
+        [
+            lambda conv: (
+                reply("done")
+                if isinstance(conv[-1], so.ToolResultMessage)
+                else call_tools(call("desk", message="help"))
+            )
+        ],
+        tools=[so.delegate("desk")],
+        repeat_last=True,
+    )
+    return [boss, desk]
+
+
+async def test_a_subagents_turn_ends_well_though_its_tree_is_deleted_as_it_ends(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message to a subagent's session (its parent finished) runs a turn; once it ended and
+    gave its lease back, a prune deleted the tree, and the drive, looking for the parent's
+    turn to go on with, raised `UnknownSession`: a worker logged "the turn failed" and kept
+    the lease for its TTL (found by the retention load test). The turn's result stands."""
+    async with (
+        so.Runtime(_boss_and_desk(), store=store_url) as a,
+        so.Runtime(_boss_and_desk(), store=store_url) as b,
+    ):
+        parent = (await a.generate("boss", prompt="hi", auth=ALICE)).session_id
+        [child] = [s.id for s in await a.sessions() if s.agent == "desk"]
+        assert (await a.state(parent)).status == "idle"
+        after_drive = _child_sessions.after_drive
+
+        async def deleted_first(rt: so.Runtime, session_id: str) -> None:
+            if session_id == child:  # its turn ended, its lease given back
+                assert await b.delete_session(parent, by=OPS) == [parent, child]
+            await after_drive(rt, session_id)
+
+        monkeypatch.setattr(_child_sessions, "after_drive", deleted_first)
+        result = await a.send(child, "thanks", principal=ALICE)
+        assert (result.status, result.text) == ("completed", "on it")
+        with pytest.raises(so.UnknownSession):
+            await a.state(child)

@@ -52,7 +52,10 @@ async def after_drive(rt: Runtime, session_id: str) -> None:
     state = rt._cache.get(session_id)
     if state is None or state.parent is None or session_id in delegating.get():
         return
-    parent = await rt._state(state.parent)
+    try:
+        parent = await rt._state(state.parent)
+    except UnknownSession:  # deleted with its tree once the child's turn ended: none goes on
+        return
     if await _lapsed(rt, parent):
         return
     # Mirrors closed already count too: an answer through the parent that lost to one given
