@@ -451,9 +451,6 @@ async def test_a_subagent_is_not_made_under_a_parent_being_deleted(pg_store_url:
         assert waited
         assert raised.session_id == parent
         assert await rt.store.head("ses_child") is None
-        with pytest.raises(so.SessionDeleted):  # and once it is gone, as well
-            await rt.store.create_session("ses_child", "chat", [created], None)
-        assert await rt.store.head("ses_child") is None
 
 
 def _boss_and_desk() -> list[so.Agent]:
@@ -500,3 +497,26 @@ async def test_a_subagents_turn_ends_well_though_its_tree_is_deleted_as_it_ends(
         assert (result.status, result.text) == ("completed", "on it")
         with pytest.raises(so.UnknownSession):
             await a.state(child)
+
+
+async def test_a_subagent_is_not_made_under_a_deleted_parent(store_url: str) -> None:
+    """A subagent's session created once its parent was deleted (the parent's drive stalled
+    past its lease) was made with no parent: a top-level session of no one. Refused on either
+    store: `SessionDeleted` naming the parent, nothing written."""
+    from signoff._events import Event
+
+    async with so.Runtime(agents(), store=store_url) as rt:
+        parent = (await rt.generate("chat", prompt="hi", auth=ALICE)).session_id
+        await rt.delete_session(parent, by=OPS)
+        created = Event(
+            session_id="ses_child",
+            seq=1,
+            type="session.created",
+            at=1.0,
+            data={"agent": "chat", "initiator": None, "parent": parent, "ttl": None},
+        )
+        with pytest.raises(so.SessionDeleted) as raised:
+            await rt.store.create_session("ses_child", "chat", [created], None)
+        assert raised.value.session_id == parent
+        assert await rt.store.head("ses_child") is None
+        assert await rt.sessions() == []

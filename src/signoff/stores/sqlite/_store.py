@@ -94,8 +94,8 @@ class SQLiteStore(Reads, Leases, Deletions):
         lease: tuple[str, float, float] | None = None,
     ) -> int | None:
         """Write a new session with its first events (and `status`, and `lease`) in one
-        transaction; a `session_id` already stored is a `StoreError` and one deleted
-        `SessionDeleted`, each writing nothing."""
+        transaction; a `session_id` already stored is a `StoreError` and one deleted (or a
+        subagent's whose parent was) `SessionDeleted`, each writing nothing."""
         conn = self.conn
         at = events[0].at
         # A subagent's: its row names the parent and the parent's turn that delegated to it.
@@ -105,8 +105,9 @@ class SQLiteStore(Reads, Leases, Deletions):
         try:
             with immediate(conn, self._writable, self.path):
                 deleted = "SELECT 1 FROM meta WHERE key=?"
-                if conn.execute(deleted, (DELETED + session_id,)).fetchone() is not None:
-                    raise SessionDeleted(session_id)
+                for sid in (session_id,) if parent is None else (session_id, parent):
+                    if conn.execute(deleted, (DELETED + sid,)).fetchone() is not None:
+                        raise SessionDeleted(sid)  # or under its parent, with no parent
                 cur = conn.execute(
                     # The key past every session's, deleted ones' too (`LAST_KEY`).
                     "INSERT INTO sessions (sk, id, agent, head, status, created_at, updated_at, "
