@@ -143,7 +143,7 @@ def _cancel_then_start(
         if check:
             return await original(host, child, message, principal, source)
         who = None if principal is None else so.Principal.model_validate(principal)
-        await rt._start_turn(child, message, who, source=source)
+        await rt._start_turn(child, message, who, source=source, delegated=True)
         return True
 
     monkeypatch.setattr(_subagents.RuntimeHost, "start_child", start_child)

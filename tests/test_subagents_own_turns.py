@@ -67,3 +67,35 @@ async def test_a_child_on_a_turn_of_its_own_is_not_listed_as_an_orphan(
             state = await rt.state(kid)
             assert state.turn is not None and state.turn.status == "waiting"
             assert len(state.pending_requests()) == 1
+
+
+async def test_a_message_cannot_take_the_first_turn_of_a_child_not_yet_started(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delegate call creates the child's session, then starts its turn: two writes, the
+    session listed (idle) between them. A message sent to it then became its first turn; the
+    delegate call failed (`SessionBusy`) or took the message's turn as its own, and the
+    message's turn was cancelled as its parent's ended (found by the retention load test).
+    Such a message is refused (`SessionBusy`, nothing recorded); the delegated task runs."""
+    from signoff._subagents import RuntimeHost
+
+    refused: list[Exception] = []
+    start_child = RuntimeHost.start_child
+
+    async def a_message_first(self: RuntimeHost, child: str, *args: Any) -> bool:
+        try:
+            await self.runtime.send(child, "Something else.", principal=ALICE)
+        except so.SessionBusy as exc:
+            refused.append(exc)
+        return await start_child(self, child, *args)
+
+    monkeypatch.setattr(RuntimeHost, "start_child", a_message_first)
+    async with so.Runtime(agents(), store=store_url) as rt:
+        r = await rt.generate("support", prompt="Order 1042?", auth=ALICE)
+        assert (r.status, r.text) == ("completed", "Done.")
+        [kid] = await rt.sessions(agent="billing")
+        [turn] = [e for e in await rt.store.read_events(kid.id) if e.type == "turn.started"]
+        assert turn.data["message"] == "Look into order 1042"
+        assert (await rt.state(kid.id)).status == "idle"
+        [busy] = refused
+        assert "has not started yet" in str(busy)

@@ -95,9 +95,11 @@ class SessionRunner(SessionCache):
         *,
         source: str = "message",
         idem: Keyed | None = None,
+        delegated: bool = False,
     ) -> bool:
         """Start a turn with `prompt`; False (nothing recorded) when its idempotency key
-        recorded it already."""
+        recorded it already. A subagent's session's first turn is its delegate call's
+        (`delegated`): a message finding none started yet is `SessionBusy`."""
         check_prompt(prompt)
         # The cached state is trusted at first (a stale one makes the append below conflict,
         # and `start` then asks for a fresh look); it is checked against the store before a
@@ -109,9 +111,18 @@ class SessionRunner(SessionCache):
                 return False
             pending = state.pending_requests()
             unfinished = _unfinished(state)
-            if (pending or unfinished) and not fresh:
+            # Created and not yet started by its delegate call (two writes): a message taking
+            # the first turn would leave the delegated task undone and be cancelled as it.
+            unstarted = not delegated and state.parent is not None and state.turn is None
+            if (pending or unfinished or unstarted) and not fresh:
                 fresh = True
                 continue
+            if unstarted:
+                raise SessionBusy(
+                    f"session {session_id!r} is a subagent's whose delegated task has not "
+                    "started yet: a message cannot start it; send it once the task has",
+                    session_id,
+                )
             if pending:
                 raise PartialAnswer(session_id, [r.id for r in pending], prompt=True)
             if unfinished:

@@ -389,7 +389,7 @@ class RuntimeHost:
         if state.turn is not None:
             return False
         who = None if principal is None else Principal.model_validate(principal)
-        await rt._start_turn(child, message, who, source=source)
+        await rt._start_turn(child, message, who, source=source, delegated=True)
         # The parent's cancel may have swept its children just before this turn started.
         await cancel_orphan(rt, await rt._state(child))
         return True
