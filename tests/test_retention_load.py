@@ -1,16 +1,16 @@
 """Retention under load, on each store: two `signoff worker` processes run many sessions whose
 turns park on approvals and questions, while the test answers requests, sends messages into
-finished sessions (bringing them back to life), starts sessions with idempotency keys and
-repeats keys, and a third process (`tests._retention_procs`) loops `prune` (of sessions
+finished sessions (bringing them back to life), cancels live turns (a subagent's too),
+starts sessions with idempotency keys and repeats keys, and a third process (`tests._retention_procs`) loops `prune` (of sessions
 finished `PRUNE_AGE` seconds ago) and `delete_session` of random sessions.
 
 Once everything stopped: the store verifies; no row (event, snapshot, request, lease, audit
 entry, subagent's session) outlives its session; each deleted id has one `store:deletions`
 entry, no session row and its deleted mark, and is never created again (a repeated key is
 refused, never given a session); an answer told its session is unknown (only the test
-answers; no TTL, no cancel) was applied and its turn ran to its end before the deletion; every
-turn the test saw start ran to its end (its `close` record), or parks at the end in a session
-still there: a deletion of a session with a turn running or with work to do loses that turn;
+answers and cancels; no TTL) was applied and its turn ran to its end before the deletion; one
+told its request closed met a cancelled turn; every turn the test saw start ran to its end
+(its `close` record), was cancelled by the test, or parks at the end in a session still there: a deletion of a session with a turn running or with work to do loses that turn;
 the pruner met only the expected refusals and the workers logged no error.
 
 It found, and checks again: a parent waiting on a subagent's result deleted under it; a key
@@ -63,7 +63,8 @@ class Driver:
         # (session, turn) of answers told UnknownSession: applied, their turn run to its end and
         # the session pruned before `respond` read it back; checked at the end
         self.gone_on_answer: set[tuple[str, str]] = set()
-        self.repeats = self.messages = self.answers = 0
+        self.repeats = self.messages = self.answers = self.closed_on_answer = 0
+        self.cancelled: set[tuple[str, str]] = set()  # (session, turn) the test cancelled
         self.surprises: list[str] = []
         self.ops: list[str] = []  # what it did, when: written beside the logs to read a failure
 
@@ -97,7 +98,8 @@ class Driver:
 
     async def answer(self) -> None:
         """Answer what is open (on the subagent's session, not its parent's mirror): only the
-        test answers, and nothing cancels or expires, so each is open until answered here."""
+        test answers or cancels, and nothing expires, so each is open until answered here or
+        its turn cancelled (its own, or its parent's)."""
         for req in await self.rt.pending(limit=1000):
             if req.child is not None or req.id in self.answered or self.rng.random() < 0.3:
                 continue  # a mirror, answered already, or left for later
@@ -114,6 +116,11 @@ class Driver:
                 )
             except so.UnknownSession:
                 self.gone_on_answer.add((req.session_id, req.turn_id))
+                continue
+            except so.RequestClosed as exc:
+                if not await self._cancelled(req.session_id, req.turn_id):
+                    self.surprises.append(f"answer {req.id} of {req.session_id}: {exc!r}")
+                self.closed_on_answer += 1
                 continue
             except so.SignoffError as exc:
                 self.surprises.append(f"answer {req.id} of {req.session_id}: {exc!r}")
@@ -142,6 +149,34 @@ class Driver:
         self.messages += 1
         self._turn(res)
 
+    async def _cancelled(self, sid: str, turn: str) -> bool:
+        """Whether the turn was cancelled since the pending list read it open (withdrawn with
+        its turn, or its parent's), or its session is gone since."""
+        try:
+            state = await self.rt.state(sid)
+        except so.UnknownSession:
+            return True
+        return state.turn is not None and state.turn.id == turn and state.status == "cancelled"
+
+    async def cancel(self) -> None:
+        """Cancel a live session's turn (a subagent's too), as a person changing their mind."""
+        live = [
+            s
+            for status in ("waiting", "running")
+            for s in await self.rt.sessions(status=status, limit=1000)
+        ]
+        if not live:
+            return
+        sid = self.rng.choice(live).id
+        self.ops.append(f"{time.time():.3f} cancel {sid}")
+        try:
+            res = await self.rt.cancel(sid, "changed my mind", principal=ALICE)
+        except so.UnknownSession:
+            return  # pruned since it was listed, its turn over
+        self.ops.append(f"{time.time():.3f} cancelled {sid} {res.turn_id} {res.status}")
+        if res.status == "cancelled" and res.turn_id is not None:
+            self.cancelled.add((sid, res.turn_id))
+
     async def round(self) -> None:
         try:
             if self.rng.random() < 0.6:
@@ -149,6 +184,8 @@ class Driver:
             await self.answer()
             if self.rng.random() < 0.4:
                 await self.message()
+            if self.rng.random() < 0.3:
+                await self.cancel()
         except so.SignoffError as exc:
             self.surprises.append(f"round: {exc!r} {traceback.format_exc()}")
 
@@ -279,7 +316,7 @@ async def _run(url: str, tmp: Path, kind: str) -> None:
             closed = {tuple(k.split()) for w, k, _ in read_records(records) if w == "closed"}
             lost = []
             for sid, turn in sorted(driver.turns):
-                if (sid, turn) in closed:
+                if (sid, turn) in closed or (sid, turn) in driver.cancelled:
                     continue
                 if sid in alive:
                     state = await rt.state(sid)
@@ -295,7 +332,8 @@ async def _run(url: str, tmp: Path, kind: str) -> None:
                 f"retention {kind}: {len(driver.keys)} sessions started, {driver.repeats} keys "
                 f"repeated ({len(driver.refused_keys)} refused as deleted), {driver.answers} "
                 f"answers, {driver.messages} messages ({driver.gone_on_send} to sessions gone, "
-                f"{driver.busy_on_send} refused as busy), "
+                f"{driver.busy_on_send} refused as busy), {len(driver.cancelled)} turns "
+                f"cancelled ({driver.closed_on_answer} answers found them so), "
                 f"{len(driver.turns)} turns, {len(entries)} deletions ({len(deleted)} sessions), "
                 f"{refusals} refusals, {len(alive)} sessions left; {took:.1f}s"
             )
