@@ -1,8 +1,9 @@
 """Retention under load, on each store: two `signoff worker` processes run many sessions whose
 turns park on approvals and questions, while the test answers requests, sends messages into
 finished sessions (bringing them back to life), cancels live turns (a subagent's too),
-starts sessions with idempotency keys and repeats keys, and a third process (`tests._retention_procs`) loops `prune` (of sessions
-finished `PRUNE_AGE` seconds ago) and `delete_session` of random sessions.
+starts sessions with idempotency keys and repeats keys, and a third process
+(`tests._retention_procs`) loops `prune` (of sessions finished `PRUNE_AGE` seconds ago) and
+`delete_session` of random sessions.
 
 Once everything stopped: the store verifies; no row (event, snapshot, request, lease, audit
 entry, subagent's session) outlives its session; each deleted id has one `store:deletions`
@@ -10,8 +11,9 @@ entry, no session row and its deleted mark, and is never created again (a repeat
 refused, never given a session); an answer told its session is unknown (only the test
 answers and cancels; no TTL) was applied and its turn ran to its end before the deletion; one
 told its request closed met a cancelled turn; every turn the test saw start ran to its end
-(its `close` record), was cancelled by the test, or parks at the end in a session still there: a deletion of a session with a turn running or with work to do loses that turn;
-the pruner met only the expected refusals and the workers logged no error.
+(its `close` record), was cancelled by the test, or parks at the end in a session still
+there: a deletion of a session with a turn running or with work to do loses that turn; the
+pruner met only the expected refusals and the workers logged no error.
 
 It found, and checks again: a parent waiting on a subagent's result deleted under it; a key
 repeated as its session was erased (a `StoreError`, and on PostgreSQL the erased id made
