@@ -7,7 +7,8 @@ and an operator at the console would.
 message parks on a question again ("park") or not; every turn ends with a `close` tool that
 writes a record `closed <session> <turn>` (fsync'd, to the file named by `SIGNOFF_TEST_RECORDS`)
 before the final text, so the test knows which turns ran to their end even once their session
-is gone. The agent `boss` delegates its prompt to `desk` (a subagent's session), then closes.
+is gone. The agent `boss` delegates its prompt to `desk` (a subagent's session), then closes;
+`brief` is `desk` with a TTL of `BRIEF_TTL` seconds.
 
 `python -m tests._retention_procs URL SECONDS LOG` is the pruner: for `SECONDS` it loops
 `prune(older_than=PRUNE_AGE)` and `delete_session` of random listed sessions, and writes each
@@ -29,19 +30,32 @@ from signoff.testing import call, call_tools, reply, scripted_agent
 
 from ._procs import record_execution
 
-__all__ = ["AGENT", "ALICE", "OPS", "PARENT", "PRUNE_AGE", "make_agents", "runtime"]
+__all__ = [
+    "AGENT",
+    "ALICE",
+    "BRIEF",
+    "BRIEF_TTL",
+    "OPS",
+    "PARENT",
+    "PRUNE_AGE",
+    "make_agents",
+    "runtime",
+]
 
 AGENT = "desk"
 PARENT = "boss"
 ALICE = so.Principal(authenticator="test", principal_id="alice")
 OPS = so.Principal(authenticator="test", principal_id="ops")
+BRIEF = "brief"
+"""`desk` with a short TTL: a turn waiting on no one's answer expires, and is pruned then."""
+BRIEF_TTL = 1.5
 PRUNE_AGE = 0.3
 """Seconds a finished session stays before the pruner's `prune` may take it."""
 REFUSED = (so.SessionBusy, so.SessionWaiting, so.SubagentSession, so.UnknownSession)
 """What `delete_session` may answer a live, subagent's or gone session: expected refusals."""
 
 
-def _desk(records: str) -> so.Agent:
+def _desk(records: str, name: str = AGENT, ttl: float | None = None) -> so.Agent:
     @so.tool(approval=so.always())
     async def refund(ctx: so.ToolContext, order_id: str) -> str:
         """Refund an order."""
@@ -75,7 +89,13 @@ def _desk(records: str) -> so.Agent:
             calls.append(call("confirm", order_id="later"))
         return call_tools(*(calls or [call("close")]))
 
-    return scripted_agent(AGENT, [step], tools=[refund, confirm, close], repeat_last=True)
+    return scripted_agent(
+        name,
+        [step],
+        tools=[refund, confirm, close],
+        limits=so.Limits(ttl=ttl),
+        repeat_last=True,
+    )
 
 
 def _boss(records: str) -> so.Agent:
@@ -98,7 +118,7 @@ def _boss(records: str) -> so.Agent:
 
 
 def make_agents(records: str) -> list[so.Agent]:
-    return [_desk(records), _boss(records)]
+    return [_desk(records), _boss(records), _desk(records, BRIEF, BRIEF_TTL)]
 
 
 def runtime() -> so.Runtime:

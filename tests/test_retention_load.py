@@ -1,24 +1,24 @@
-"""Retention under load, on each store: two `signoff worker` processes run many sessions whose
-turns park on approvals and questions, while the test answers requests, sends messages into
-finished sessions (bringing them back to life), cancels live turns (a subagent's too),
-starts sessions with idempotency keys and repeats keys, and a third process
-(`tests._retention_procs`) loops `prune` (of sessions finished `PRUNE_AGE` seconds ago) and
-`delete_session` of random sessions.
+"""Retention under load, on each store: two `signoff worker` processes run many sessions whose turns
+park on approvals and questions, while the test answers requests, sends messages into finished
+sessions (bringing them back to life), cancels live turns (a subagent's too), leaves some
+requests of sessions with a short TTL (`brief`) to expire with them, starts sessions with
+idempotency keys and repeats keys, and a third process (`tests._retention_procs`) loops `prune`
+(of sessions finished `PRUNE_AGE` seconds ago) and `delete_session` of random sessions.
 
-Once everything stopped: the store verifies; no row (event, snapshot, request, lease, audit
-entry, subagent's session) outlives its session; each deleted id has one `store:deletions`
-entry, no session row and its deleted mark, and is never created again (a repeated key is
-refused, never given a session); an answer told its session is unknown (only the test
-answers and cancels; no TTL) was applied and its turn ran to its end before the deletion; one
-told its request closed met a cancelled turn; every turn the test saw start ran to its end
-(its `close` record), was cancelled by the test, or parks at the end in a session still
-there: a deletion of a session with a turn running or with work to do loses that turn; the
-pruner met only the expected refusals and the workers logged no error.
+Once everything stopped: the store verifies; no row (event, snapshot, request, lease, audit entry,
+subagent's session) outlives its session; each deleted id has one `store:deletions` entry, no
+session row and its deleted mark, and is never created again (a repeated key is refused, never given
+a session); an answer told its session is unknown (only the test answers and cancels; only `brief`
+sessions expire) was applied and its turn ran to its end before the deletion; one told its request
+closed met a cancelled turn; every turn the test saw start ran to its end (its `close` record), was
+cancelled by the test, is a `brief` session's, or parks at the end in a session still there: a
+deletion of a session with a turn running or with work to do loses that turn; the pruner met only
+the expected refusals and the workers logged no error.
 
-It found, and checks again: a parent waiting on a subagent's result deleted under it; a key
-repeated as its session was erased (a `StoreError`, and on PostgreSQL the erased id made
-again); a message taking a subagent's first turn before its delegate call started it; a
-subagent's drive failing once its tree was deleted as its turn ended.
+It found, and checks again: a parent waiting on a subagent's result deleted under it; a key repeated
+as its session was erased (a `StoreError`, and on PostgreSQL the erased id made again); a message
+taking a subagent's first turn before its delegate call started it; a subagent's drive failing once
+its tree was deleted as its turn ended.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from signoff.stores._deletions import DELETIONS_STREAM
 
 from ._forks import python_env
 from ._procs import ROOT, query
-from ._retention_procs import AGENT, ALICE, PARENT, make_agents
+from ._retention_procs import AGENT, ALICE, BRIEF, PARENT, make_agents
 from ._worker_procs import read_records
 
 LOAD_SECONDS = 12.0
@@ -67,6 +67,8 @@ class Driver:
         self.gone_on_answer: set[tuple[str, str]] = set()
         self.repeats = self.messages = self.answers = self.closed_on_answer = 0
         self.cancelled: set[tuple[str, str]] = set()  # (session, turn) the test cancelled
+        self.brief: set[str] = set()  # sessions of `brief`, whose TTL may pass at any call
+        self.expired = 0  # calls told a brief session expired
         self.surprises: list[str] = []
         self.ops: list[str] = []  # what it did, when: written beside the logs to read a failure
 
@@ -82,6 +84,9 @@ class Driver:
             self.repeats += 1
             try:
                 res = await self.rt.generate(agent, prompt=prompt, auth=ALICE, idempotency_key=key)
+            except so.SessionExpired as exc:
+                self._expired(sid, exc)
+                return
             except so.UnknownSession as exc:  # deleted (SessionDeleted), or as it replayed
                 if exc.session_id != sid:
                     self.surprises.append(f"key {key}: refused as {exc.session_id}, not {sid}")
@@ -92,10 +97,12 @@ class Driver:
             return
         i = len(self.keys)
         what = self.rng.choice(["approve", "ask", "approve ask", "plain"])
-        agent = PARENT if self.rng.random() < 0.2 else AGENT
+        agent = self.rng.choices([AGENT, PARENT, BRIEF], [6, 2, 2])[0]
         prompt, key = f"order {1000 + i} {what}", f"key-{i}"
         res = await self.rt.generate(agent, prompt=prompt, auth=ALICE, idempotency_key=key)
         self.keys[key] = (agent, prompt, res.session_id)
+        if agent == BRIEF:
+            self.brief.add(res.session_id)
         self._turn(res)
 
     async def answer(self) -> None:
@@ -103,6 +110,10 @@ class Driver:
         test answers or cancels, and nothing expires, so each is open until answered here or
         its turn cancelled (its own, or its parent's)."""
         for req in await self.rt.pending(limit=1000):
+            if req.session_id in self.brief and req.id not in self.answered:
+                if self.rng.random() < 0.5:  # left to expire with its session, for good
+                    self.answered.add(req.id)
+                    continue
             if req.child is not None or req.id in self.answered or self.rng.random() < 0.3:
                 continue  # a mirror, answered already, or left for later
             option = (
@@ -116,10 +127,16 @@ class Driver:
                     [so.InputResponse(request_id=req.id, option_id=option)],
                     principal=ALICE,
                 )
+            except so.SessionExpired as exc:
+                self._expired(req.session_id, exc)
+                continue
             except so.UnknownSession:
                 self.gone_on_answer.add((req.session_id, req.turn_id))
                 continue
             except so.RequestClosed as exc:
+                if req.session_id in self.brief:  # expired
+                    self.expired += 1
+                    continue
                 if not await self._cancelled(req.session_id, req.turn_id):
                     self.surprises.append(f"answer {req.id} of {req.session_id}: {exc!r}")
                 self.closed_on_answer += 1
@@ -142,6 +159,9 @@ class Driver:
         text = "park please" if self.rng.random() < 0.5 else "thanks"
         try:
             res = await self.rt.send(sid, text, principal=ALICE)
+        except so.SessionExpired as exc:
+            self._expired(sid, exc)
+            return
         except so.UnknownSession:
             self.gone_on_send += 1  # pruned since it was listed: fine
             return
@@ -150,6 +170,12 @@ class Driver:
             return
         self.messages += 1
         self._turn(res)
+
+    def _expired(self, sid: str, exc: so.SessionExpired) -> None:
+        """A call told the session expired: only a `brief` one may be."""
+        if sid not in self.brief:
+            self.surprises.append(f"{sid}: {exc!r}")
+        self.expired += 1
 
     async def _cancelled(self, sid: str, turn: str) -> bool:
         """Whether the turn was cancelled since the pending list read it open (withdrawn with
@@ -167,12 +193,16 @@ class Driver:
             for status in ("waiting", "running")
             for s in await self.rt.sessions(status=status, limit=1000)
         ]
+        live = [s for s in live if s.id not in self.brief]  # left to expire
         if not live:
             return
         sid = self.rng.choice(live).id
         self.ops.append(f"{time.time():.3f} cancel {sid}")
         try:
             res = await self.rt.cancel(sid, "changed my mind", principal=ALICE)
+        except so.SessionExpired as exc:
+            self._expired(sid, exc)
+            return
         except so.UnknownSession:
             return  # pruned since it was listed, its turn over
         self.ops.append(f"{time.time():.3f} cancelled {sid} {res.turn_id} {res.status}")
@@ -186,7 +216,7 @@ class Driver:
             await self.answer()
             if self.rng.random() < 0.4:
                 await self.message()
-            if self.rng.random() < 0.3:
+            if self.rng.random() < 0.2:
                 await self.cancel()
         except so.SignoffError as exc:
             self.surprises.append(f"round: {exc!r} {traceback.format_exc()}")
@@ -320,6 +350,8 @@ async def _run(url: str, tmp: Path, kind: str) -> None:
             for sid, turn in sorted(driver.turns):
                 if (sid, turn) in closed or (sid, turn) in driver.cancelled:
                     continue
+                if sid in driver.brief:  # its TTL may have passed with the turn unfinished
+                    continue
                 if sid in alive:
                     state = await rt.state(sid)
                     if state.turn is not None and state.turn.id == turn:
@@ -330,12 +362,17 @@ async def _run(url: str, tmp: Path, kind: str) -> None:
             for sid, turn in driver.gone_on_answer:  # gone only once the answer's turn ended
                 assert sid in deleted and (sid, turn) in closed, (seed, sid, turn)
             refusals = sum(e["op"] == "refused" for e in done)
+            lapsed = sum(  # brief sessions deleted unfinished, their TTL passed
+                1 for e in entries for d in e.data["sessions"] if d["id"] in driver.brief
+            )
             print(
                 f"retention {kind}: {len(driver.keys)} sessions started, {driver.repeats} keys "
                 f"repeated ({len(driver.refused_keys)} refused as deleted), {driver.answers} "
                 f"answers, {driver.messages} messages ({driver.gone_on_send} to sessions gone, "
                 f"{driver.busy_on_send} refused as busy), {len(driver.cancelled)} turns "
                 f"cancelled ({driver.closed_on_answer} answers found them so), "
+                f"{len(driver.brief)} brief sessions ({driver.expired} calls found one expired, "
+                f"{lapsed} deleted), "
                 f"{len(driver.turns)} turns, {len(entries)} deletions ({len(deleted)} sessions), "
                 f"{refusals} refusals, {len(alive)} sessions left; {took:.1f}s"
             )
