@@ -226,12 +226,12 @@ def test_a_pending_migrations_names_are_checked_not_the_stores_own(pg_url: str) 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         last = conn.execute("SELECT MAX(version) FROM shared.schema_version").fetchone()
         assert last is not None
-        conn.execute("DROP TABLE shared.deleted_sessions")
+        conn.execute("DROP INDEX shared.sessions_by_parent")
         conn.execute("DELETE FROM shared.schema_version WHERE version = %s", (last[0],))
-        conn.execute("CREATE TABLE shared.deleted_sessions (id INTEGER)")
+        conn.execute("CREATE TABLE shared.sessions_by_parent (id INTEGER)")
         before = _relations(conn)
-        with pytest.raises(so.StoreError, match="already holds deleted_sessions, "):
+        with pytest.raises(so.StoreError, match="already holds sessions_by_parent, "):
             asyncio.run(PostgresStore(url).migrate())
         assert _relations(conn) == before
-        conn.execute("DROP TABLE shared.deleted_sessions")
+        conn.execute("DROP TABLE shared.sessions_by_parent")
         assert asyncio.run(PostgresStore(url).migrate()) == (last[0] - 1, last[0])

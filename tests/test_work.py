@@ -289,6 +289,7 @@ def _as_schema_before_session_parents(url: str) -> None:
     if url.startswith("sqlite:///"):
         with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
             conn.execute("DROP INDEX sessions_children")
+            conn.execute("DROP INDEX sessions_by_parent")  # schema 10's, after this one
             conn.execute("ALTER TABLE sessions DROP COLUMN parent")
             conn.execute("ALTER TABLE sessions DROP COLUMN parent_turn")
             conn.execute("UPDATE meta SET value='5' WHERE key='schema'")

@@ -27,9 +27,10 @@ __all__ = ["Deletions"]
 
 _TREE = (
     "t(sk) AS (SELECT x.sk FROM {s}.sessions x WHERE x.id = %s "
-    "UNION SELECT c.sk FROM {s}.sessions c JOIN t ON c.parent = t.sk)"
+    "UNION SELECT c.sk FROM {s}.sessions c JOIN t ON c.parent = t.sk WHERE c.parent > 0)"
 )
-"""The session named and its subagents' sessions, recursively, by row key."""
+"""The session named and its subagents' sessions, recursively, by row key (through
+`sessions_by_parent`, whose condition `parent > 0` says)."""
 
 _READ = (
     "WITH RECURSIVE " + _TREE + " SELECT x.sk, x.id, x.agent, x.head, x.audit_n, x.audit_hash, "
@@ -68,6 +69,12 @@ _GATE = (
 """Deletes the tree's rows only if it is still the tree read (the same sessions, chains and
 logs), none of it a subagent's under a parent, leased, running or waiting on people, and the
 session last active before the time given (`prune`'s; +infinity for `delete_session`)."""
+
+_NESTED = "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; "
+"""Sent before the statements that join the tree: the planner guesses a recursive query's rows
+in the hundreds, and so read whole tables (sessions, events) to hash or merge them with a tree
+of a session or a few, at a cost that grew with the store. Nested loops over the indexes
+instead, for this transaction only."""
 
 _STALE = (
     "SELECT id FROM {s}.sessions WHERE parent IS NULL AND updated_at < %s "
@@ -169,6 +176,7 @@ class Deletions(Connections):
         sync = self._sync_setting(True)
         sql = (
             ("SELECT set_config('synchronous_commit', %s, true); " if sync else "")
+            + _NESTED
             + f"{AUDIT_LOCK}; "
             + "SELECT 1 FROM {s}.sessions WHERE sk = ANY(%s) ORDER BY sk FOR UPDATE; "
             + "SELECT 1 FROM {s}.leases WHERE sk = ANY(%s) ORDER BY sk FOR UPDATE; "
@@ -213,7 +221,10 @@ class Deletions(Connections):
             refuse(session_id, found=False, parent=None, leased=None, waiting=())
 
         async def body(conn: Conn) -> list[tuple[Any, ...]]:
-            cur = await conn.execute(_READ.format(s=self._s), (session_id, now, now))
+            cur = psycopg.AsyncClientCursor(conn)
+            await cur.execute(_NESTED + _READ.format(s=self._s), (session_id, now, now))
+            while cur.nextset():
+                pass
             return list(await cur.fetchall())
 
         rows = await self._read(body, f"reading session {session_id!r} to delete it")

@@ -264,6 +264,17 @@ CREATE TABLE {s}.deleted_sessions (
 );
 """,
     ),
+    (
+        14,
+        "subagent sessions indexed by their parent, so a deletion finds a session's subagents' "
+        "sessions without reading every session",
+        """
+-- No commit changes `parent`: the updates of a session's row stay in place (HOT). `parent > 0`
+-- (every key is) is a condition only a query saying so can use: the reads of children by
+-- status and deadline, which say `parent IS NOT NULL`, keep to `sessions_children`.
+CREATE INDEX sessions_by_parent ON {s}.sessions (parent) WHERE parent > 0;
+""",
+    ),
 ]
 """Versioned migrations, applied in order; `{s}` is the quoted schema name. Append, never edit.
 A migration that SQL alone cannot complete has a step in `FILLS` too, run after its SQL in the

@@ -26,10 +26,11 @@ of the erased id, which the deletion's entry names and another process may hold 
 
 _TREE = (
     "WITH RECURSIVE t(sk) AS (SELECT ? UNION SELECT c.sk FROM sessions c JOIN t ON c.parent = "
-    "t.sk) SELECT s.sk, s.id, s.agent, s.head, s.audit_n, s.audit_hash FROM sessions s "
-    "JOIN t ON t.sk = s.sk ORDER BY s.sk"
+    "t.sk WHERE c.parent > 0) SELECT s.sk, s.id, s.agent, s.head, s.audit_n, s.audit_hash "
+    "FROM sessions s JOIN t ON t.sk = s.sk ORDER BY s.sk"
 )
-"""The session whose key is `?` and its subagents' sessions, recursively, oldest first."""
+"""The session whose key is `?` and its subagents' sessions, recursively, oldest first (through
+`sessions_by_parent`, whose condition `parent > 0` says)."""
 
 
 def _oldest(statuses: str, *, agent: bool, ttl: bool) -> str:

@@ -31,7 +31,7 @@ __all__ = [
     "upgrade_from_1",
 ]
 
-STORE_SCHEMA = 9
+STORE_SCHEMA = 10
 """2: audit entries point at their events, chain heads in the session rows. 3: event rows hold a
 type code, a turn id only where it changes, and data that may be stored on the event before
 (`_codec.DEFLATE_ON_PREVIOUS`); an older signoff reads none of that, so it refuses the file.
@@ -56,6 +56,11 @@ indexes `expires_at` itself and needs no schema 9 for that.
 9: `channel_claims`, the claim a channel hub holds (owner, expiry) on delivering to a channel,
 with the position it reached, so hubs in any process sharing the store deliver each entry once;
 an older signoff would deliver beside the claimant.
+10: subagent sessions are indexed by their parent (`sessions_by_parent`), so a deletion finds a
+session's subagents' sessions at once: without it SQLite built a temporary index of every
+session for each deletion, whose cost grew with the store. Its condition, `parent > 0` (every
+key is), is one only a query saying so can use: the queries of children by status and deadline,
+which say `parent IS NOT NULL`, keep to `sessions_children`.
 A file already marked with this version is opened without running `SCHEMA` (so that opening
 writes nothing), so any change to `SCHEMA` needs a new version."""
 
@@ -111,6 +116,7 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions (status, updated_at);
 CREATE INDEX IF NOT EXISTS sessions_children ON sessions (status, expires_at)
     WHERE parent IS NOT NULL;
+CREATE INDEX IF NOT EXISTS sessions_by_parent ON sessions (parent) WHERE parent > 0;
 CREATE INDEX IF NOT EXISTS sessions_by_initiator ON sessions (initiator);
 CREATE INDEX IF NOT EXISTS sessions_by_tenant ON sessions (tenant) WHERE tenant IS NOT NULL;
 CREATE TABLE IF NOT EXISTS events (
