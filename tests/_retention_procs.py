@@ -55,6 +55,18 @@ REFUSED = (so.SessionBusy, so.SessionWaiting, so.SubagentSession, so.UnknownSess
 """What `delete_session` may answer a live, subagent's or gone session: expected refusals."""
 
 
+def _closer(records: str) -> so.Tool:
+    """The `close` tool: writes `closed <session> <turn>`, so the test sees the turn ended."""
+
+    @so.tool
+    async def close(ctx: so.ToolContext) -> str:
+        """Close the turn: recorded, so the test sees it ran to its end."""
+        record_execution(records, f"closed {ctx.session.id} {ctx.session.turn}", os.getpid())
+        return "closed"
+
+    return close
+
+
 def _desk(records: str, name: str = AGENT, ttl: float | None = None) -> so.Agent:
     @so.tool(approval=so.always())
     async def refund(ctx: so.ToolContext, order_id: str) -> str:
@@ -68,11 +80,7 @@ def _desk(records: str, name: str = AGENT, ttl: float | None = None) -> so.Agent
         answer = await ctx.ask(f"Proceed with {order_id}?", options=["yes", "no"])
         return answer.value
 
-    @so.tool
-    async def close(ctx: so.ToolContext) -> str:
-        """Close the turn: recorded, so the test sees it ran to its end."""
-        record_execution(records, f"closed {ctx.session.id} {ctx.session.turn}", os.getpid())
-        return "closed"
+    close = _closer(records)
 
     def step(conv: list[so.Message]) -> so.ModelResponse:
         last = conv[-1]
@@ -99,11 +107,7 @@ def _desk(records: str, name: str = AGENT, ttl: float | None = None) -> so.Agent
 
 
 def _boss(records: str) -> so.Agent:
-    @so.tool
-    async def close(ctx: so.ToolContext) -> str:
-        """Close the turn: recorded, so the test sees it ran to its end."""
-        record_execution(records, f"closed {ctx.session.id} {ctx.session.turn}", os.getpid())
-        return "closed"
+    close = _closer(records)
 
     def step(conv: list[so.Message]) -> so.ModelResponse:
         last = conv[-1]

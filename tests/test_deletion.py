@@ -427,21 +427,26 @@ async def test_a_key_repeated_as_its_session_is_deleted_makes_nothing_again(
         assert await rt.sessions() == []
 
 
+def _child_created(parent: str) -> Any:
+    """A `session.created` of a subagent's session `ses_child` under `parent`."""
+    from signoff._events import Event
+
+    return Event(
+        session_id="ses_child",
+        seq=1,
+        type="session.created",
+        at=1.0,
+        data={"agent": "chat", "initiator": None, "parent": parent, "ttl": None},
+    )
+
+
 async def test_a_subagent_is_not_made_under_a_parent_being_deleted(pg_store_url: str) -> None:
     """PostgreSQL: a subagent's session created as its parent is deleted (the parent's drive
     stalled past its lease) was made with no parent, a top-level session no one would run or
     delete with its tree. Refused: `SessionDeleted` naming the parent, nothing written."""
-    from signoff._events import Event
-
     async with so.Runtime(agents(), store=pg_store_url) as rt:
         parent = (await rt.generate("chat", prompt="hi", auth=ALICE)).session_id
-        created = Event(
-            session_id="ses_child",
-            seq=1,
-            type="session.created",
-            at=1.0,
-            data={"agent": "chat", "initiator": None, "parent": parent, "ttl": None},
-        )
+        created = _child_created(parent)
         raised, waited = await _erasing_meanwhile(
             pg_store_url,
             parent,
@@ -503,18 +508,10 @@ async def test_a_subagent_is_not_made_under_a_deleted_parent(store_url: str) -> 
     """A subagent's session created once its parent was deleted (the parent's drive stalled
     past its lease) was made with no parent: a top-level session of no one. Refused on either
     store: `SessionDeleted` naming the parent, nothing written."""
-    from signoff._events import Event
-
     async with so.Runtime(agents(), store=store_url) as rt:
         parent = (await rt.generate("chat", prompt="hi", auth=ALICE)).session_id
         await rt.delete_session(parent, by=OPS)
-        created = Event(
-            session_id="ses_child",
-            seq=1,
-            type="session.created",
-            at=1.0,
-            data={"agent": "chat", "initiator": None, "parent": parent, "ttl": None},
-        )
+        created = _child_created(parent)
         with pytest.raises(so.SessionDeleted) as raised:
             await rt.store.create_session("ses_child", "chat", [created], None)
         assert raised.value.session_id == parent
