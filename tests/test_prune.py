@@ -185,3 +185,62 @@ def test_the_sync_twin_prunes(tmp_path: Any) -> None:
         clock.advance(DAY)
         assert rt.prune_sync(older_than=3600, by=OPS) == [sid]
         assert rt.sessions_sync() == []
+
+
+async def test_a_prune_syncs_its_deletions_to_disk_once_before_it_returns(
+    store_url: str,
+) -> None:
+    """SQLite committed every deletion with `synchronous=NORMAL`: one its caller was told of
+    could be undone by a power loss (PostgreSQL waited for each flush). `delete_session` now
+    syncs its own; a prune commits its deletions without waiting for the disk and syncs them
+    together (`flush`) before it returns, so a batch costs no more than before."""
+    clock = ManualClock()
+    async with so.Runtime(agents(), store=store_url, clock=clock) as rt:
+        ids = await _finished(rt, clock, 4)
+        clock.advance(DAY)
+        calls: list[str] = []
+        delete, flush = rt.store.delete_session, rt.store.flush  # type: ignore[attr-defined]
+
+        async def deleting(*args: Any, **kwargs: Any) -> list[str]:
+            calls.append("durable" if kwargs.get("durable", True) else "not durable")
+            return list(await delete(*args, **kwargs))
+
+        async def flushing() -> None:
+            calls.append("flush")
+            await flush()
+
+        rt.store.delete_session = deleting  # type: ignore[attr-defined]
+        rt.store.flush = flushing  # type: ignore[attr-defined]
+        assert await rt.prune(older_than=60, limit=3) == ids[:3]
+        assert calls == ["not durable"] * 3 + ["flush"]
+        calls.clear()
+        assert await rt.prune(older_than=10 * DAY) == []  # nothing deleted: nothing to sync
+        assert calls == []
+        assert await rt.delete_session(ids[3]) == [ids[3]]
+        assert calls == ["durable"]
+        assert await rt.verify_audit() == []
+
+
+async def test_a_sqlite_flush_syncs_the_write_ahead_log(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `flush` does on SQLite: an fsync of the `-wal` file, as a `synchronous=FULL`
+    commit ends with; a durable deletion leaves the connection at `synchronous=NORMAL` again."""
+    import os
+
+    path = tmp_path / "s.db"
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    async with so.Runtime(agents(), store=f"sqlite:///{path}") as rt:
+        sid = (await rt.generate("chat", prompt="hi", auth=ALICE)).session_id
+        monkeypatch.setattr(os, "fsync", fsync)
+        await rt.store.flush()  # type: ignore[attr-defined]
+        assert synced == [f"{path}-wal"]
+        assert await rt.delete_session(sid) == [sid]
+        conn = rt.store.conn  # type: ignore[attr-defined]
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL

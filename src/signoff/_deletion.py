@@ -98,7 +98,9 @@ class Deletion(EventStream):
         who = _deleter(by, reason)
         await self.open()
         stale = getattr(self.store, "stale_sessions", None)
-        if stale is None or getattr(self.store, "delete_session", None) is None:
+        if stale is None or not all(
+            getattr(self.store, name, None) is not None for name in ("delete_session", "flush")
+        ):
             raise UsageError(f"{type(self.store).__name__} cannot prune sessions")
         now = self.now()
         before = now - age
@@ -106,12 +108,16 @@ class Deletion(EventStream):
         if dry_run:
             return [], candidates
         deleted: list[str] = []
-        for session_id in candidates:
-            try:
-                if await self._erase(session_id, who, reason, before=before):
-                    deleted.append(session_id)
-            except (SessionBusy, SessionWaiting, SubagentSession, UnknownSession):
-                continue  # live, a subagent's by now, or gone already: another run's to see
+        try:
+            for session_id in candidates:
+                try:
+                    if await self._erase(session_id, who, reason, before=before, durable=False):
+                        deleted.append(session_id)
+                except (SessionBusy, SessionWaiting, SubagentSession, UnknownSession):
+                    continue  # live, a subagent's by now, or gone already: another run's to see
+        finally:
+            if deleted:  # each committed without waiting for the disk: synced together
+                await self.store.flush()  # type: ignore[attr-defined]
         return deleted, candidates
 
     async def _erase(
@@ -121,11 +127,15 @@ class Deletion(EventStream):
         reason: str | None,
         *,
         before: float | None = None,
+        durable: bool = True,
     ) -> list[str]:
         """Delete the session in the store, recording first a TTL that passed while it waited;
-        with `before`, only if its last activity is older ([] if it was touched since)."""
+        with `before`, only if its last activity is older ([] if it was touched since); not
+        `durable`, committed without waiting for the disk (the caller's `flush` syncs it)."""
         delete = self.store.delete_session  # type: ignore[attr-defined]
-        since = {} if before is None else {"before": before}
+        since: dict[str, object] = {"durable": durable}
+        if before is not None:
+            since["before"] = before
         try:
             ids: list[str] = await delete(
                 session_id, now=self.now(), by=who, reason=reason, **since
@@ -136,7 +146,7 @@ class Deletion(EventStream):
             # but a session past its TTL comes to life no more: no `before` then.
             if not await self._expired_now(session_id):
                 raise
-            ids = await delete(session_id, now=self.now(), by=who, reason=reason)
+            ids = await delete(session_id, now=self.now(), by=who, reason=reason, durable=durable)
         for sid in ids:
             self._cache.pop(sid, None)
         return ids

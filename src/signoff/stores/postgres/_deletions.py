@@ -131,11 +131,14 @@ class Deletions(Connections):
         by: dict[str, Any] | None = None,
         reason: str | None = None,
         before: float | None = None,
+        durable: bool = True,
     ) -> list[str]:
         """Delete the session and its subagents' sessions with every row of theirs (events,
         snapshot, requests, lease, audit entries), and record it in `DELETIONS_STREAM`, in one
         transaction; refused, nothing changed, as `_deletions.refuse` says. Returns the ids;
         with `before`, none ([], nothing changed) if the session was last active since then.
+        Not `durable`: committed without waiting for the WAL's flush (a batch's deletions,
+        made durable together by `flush`).
 
         The tree is read first, unlocked; the write locks its session and lease rows and the
         stream, then deletes only if what it finds is what was read (else it reads again), so
@@ -148,7 +151,7 @@ class Deletions(Connections):
             row = deletion_row([d for _, d in doomed], at=now, by=by, reason=reason)
             ids = [d.id for _, d in doomed]
             self._before(SESSION_DELETED)
-            if await self._delete(session_id, doomed, row, now, until):
+            if await self._delete(session_id, doomed, row, now, until, durable):
                 for sid in ids:
                     self._state.pop(sid, None)
                     self._granted.pop(sid, None)
@@ -163,6 +166,7 @@ class Deletions(Connections):
         row: AuditRow,
         now: float,
         until: float,
+        durable: bool,
     ) -> bool:
         """One attempt: whether the rows `doomed` (as read) were deleted, with the entry `row`;
         False when the write found the tree changed (or last active at `until` or since) or
@@ -173,7 +177,7 @@ class Deletions(Connections):
             stream=row.stream, type=row.type, at=row.at, seq=None, data=row.data
         )
         shape = [f"{sk}:{d.audit_n}:{d.head}" for sk, d in sorted(doomed, key=lambda d: d[0])]
-        sync = self._sync_setting(True)
+        sync = self._sync_setting(durable)
         sql = (
             ("SELECT set_config('synchronous_commit', %s, true); " if sync else "")
             + _NESTED
@@ -255,6 +259,18 @@ class Deletions(Connections):
         ]
         doomed.sort(key=lambda d: d[1].id != session_id)  # the one asked for first
         return doomed
+
+    async def flush(self) -> None:
+        """Wait until every commit made so far is flushed to disk: deletions committed not
+        `durable` are then durable too. A transaction given an id commits synchronously, and
+        its flush takes the write-ahead log up to its commit record, past all of theirs."""
+
+        async def body(conn: Conn) -> None:
+            await conn.execute(
+                "SELECT set_config('synchronous_commit', 'on', true), txid_current()"
+            )
+
+        await self._write(body, "flushing the deletions to disk", transaction=False)
 
     async def _deleted(self, session_id: str) -> bool:
         """Whether the session has no row (a deletion whose connection was lost committed)."""

@@ -3,6 +3,7 @@ them, and the audit entry recording it, in one `BEGIN IMMEDIATE` transaction."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from typing import Any
 
@@ -86,13 +87,18 @@ class Deletions(Connection):
         by: dict[str, Any] | None = None,
         reason: str | None = None,
         before: float | None = None,
+        durable: bool = True,
     ) -> list[str]:
         """Delete the session and its subagents' sessions with every row of theirs (events,
         snapshot, requests, lease, audit entries), and record it in `DELETIONS_STREAM`, in one
         transaction; refused, nothing changed, as `_deletions.refuse` says. Returns the ids;
-        with `before`, none ([], nothing changed) if the session was last active since then."""
+        with `before`, none ([], nothing changed) if the session was last active since then.
+        `durable`: synced to disk before it returns (`synchronous=FULL`), as an answer is; a
+        batch's deletions are synced together by `flush`."""
         conn = self.conn
         self._before(SESSION_DELETED)
+        if durable:
+            conn.execute("PRAGMA synchronous=FULL")
         try:
             with immediate(conn, self._writable, self.path):
                 doomed = self._doomed(conn, session_id, now)
@@ -116,12 +122,32 @@ class Deletions(Connection):
                 append_entry(conn, {}, row)
         except sqlite3.IntegrityError as exc:
             raise StoreError(failed("delete from", self.path, exc)) from exc
+        finally:
+            if durable:
+                conn.execute("PRAGMA synchronous=NORMAL")
         ids = [d.id for _, d in doomed]
         for sid in ids:
             self._sk.pop(sid, None)
             self._leased.pop(sid, None)
         self._after(SESSION_DELETED)
         return ids
+
+    @serialised
+    async def flush(self) -> None:
+        """Sync the write-ahead log to disk, as a `synchronous=FULL` commit does: deletions
+        committed not `durable` are then durable too (a checkpoint synced what it moved)."""
+        if self.path == ":memory:":
+            return
+        try:
+            fd = os.open(self.path + "-wal", os.O_RDONLY)
+        except FileNotFoundError:
+            return  # none: everything is in the database file, synced by its checkpoint
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise StoreError(f"syncing {self.path}-wal to disk failed: {exc}") from exc
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _untouched(conn: sqlite3.Connection, session_id: str, before: float) -> bool:
