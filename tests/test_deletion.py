@@ -44,6 +44,16 @@ def chat() -> so.Agent:
     )
 
 
+def chat_with_ttl() -> so.Agent:
+    """`chat` whose sessions expire 60 s after they start; its first reply asks for a refund."""
+    return scripted_agent(
+        "chat",
+        [call_tools(call("refund", order_id="7"))],
+        tools=list(chat().tools.values()),
+        limits=so.Limits(ttl=60),
+    )
+
+
 def agents() -> list[so.Agent]:
     return [chat(), support(), orders(tokens(40))]
 
@@ -194,12 +204,7 @@ async def test_a_session_whose_ttl_passed_with_a_request_open_is_expired_then_de
 ) -> None:
     clock = ManualClock()
     url = f"sqlite:///{tmp_path / 'state.db'}"
-    limited = scripted_agent(
-        "chat",
-        [call_tools(call("refund", order_id="7"))],
-        tools=list(chat().tools.values()),
-        limits=so.Limits(ttl=60),
-    )
+    limited = chat_with_ttl()
     async with so.Runtime([limited], store=url, clock=clock) as rt:
         r = await rt.generate("chat", prompt="refund it", auth=ALICE)
         assert r.status == "waiting"
@@ -211,12 +216,7 @@ async def test_a_session_whose_ttl_passed_with_a_request_open_is_expired_then_de
 async def test_a_turn_with_work_to_do_whose_ttl_passed_is_deleted(tmp_path: Any) -> None:
     """No worker claims a session whose TTL passed: it can never run again, and is deleted."""
     clock = ManualClock()
-    limited = scripted_agent(
-        "chat",
-        [call_tools(call("refund", order_id="7"))],
-        tools=list(chat().tools.values()),
-        limits=so.Limits(ttl=60),
-    )
+    limited = chat_with_ttl()
     async with so.Runtime([limited], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
         r = await rt.generate("chat", prompt="refund it", auth=ALICE)
         answer = {"request_id": r.pending[0].id, "option_id": "approve"}

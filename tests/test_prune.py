@@ -11,9 +11,9 @@ import pytest
 
 import signoff as so
 from signoff.stores._deletions import DELETIONS_STREAM
-from signoff.testing import ManualClock, call, call_tools, scripted_agent
+from signoff.testing import ManualClock
 
-from .test_deletion import ALICE, OPS, agents, chat
+from .test_deletion import ALICE, OPS, agents, chat_with_ttl
 from .test_subagents_spend import waiting_child
 
 DAY = 86400.0
@@ -123,12 +123,7 @@ async def test_a_session_touched_after_the_listing_is_skipped(store_url: str) ->
 async def test_a_session_whose_ttl_passed_is_pruned(store_url: str) -> None:
     """Waiting on people when its TTL passed: it can never go on. Recorded expired, deleted."""
     clock = ManualClock()
-    limited = scripted_agent(
-        "chat",
-        [call_tools(call("refund", order_id="7"))],
-        tools=list(chat().tools.values()),
-        limits=so.Limits(ttl=60),
-    )
+    limited = chat_with_ttl()
     async with so.Runtime([limited], store=store_url, clock=clock) as rt:
         r = await rt.generate("chat", prompt="refund it", auth=ALICE)
         assert r.status == "waiting"

@@ -437,16 +437,21 @@ async def send_message(request: Request, session_id: str) -> Response:
         )
     response = RedirectResponse(where, status_code=303)
     if result.queued:  # a form's post (no script) is told on the page it lands on
-        response.set_cookie(
-            _QUEUED_COOKIE,
-            _queued_mark(session_id),
-            max_age=300,
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-            path=_QUEUED_PATH,
-        )
+        _note(response, request, _QUEUED_COOKIE, _queued_mark(session_id))
     return response
+
+
+def _note(response: Response, request: Request, name: str, value: str) -> None:
+    """Set a short-lived cookie the next page of the dashboard reads once (a one-time note)."""
+    response.set_cookie(
+        name,
+        value,
+        max_age=300,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path=_QUEUED_PATH,
+    )
 
 
 @router.post("/sessions/{session_id}/delete")
@@ -479,15 +484,7 @@ async def delete_session(request: Request, session_id: str) -> Response:
     if wants_json(request):
         return JSONResponse({"ok": True, "deleted": [utf8(d) for d in deleted], "url": where})
     response = RedirectResponse(where, status_code=303)
-    response.set_cookie(
-        DELETED_COOKIE,
-        deleted_note(ctx.secret, deleted),
-        max_age=300,
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-        path=_QUEUED_PATH,
-    )
+    _note(response, request, DELETED_COOKIE, deleted_note(ctx.secret, deleted))
     return response
 
 
