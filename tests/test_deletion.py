@@ -555,3 +555,24 @@ async def test_a_deletion_finds_the_subagents_through_their_index(store_url: str
         assert "Hash Join" not in text and "Merge Join" not in text, plan
     async with so.Runtime(agents(), store=store_url) as rt:
         assert await rt.delete_session(parent) == [parent, child]
+
+
+async def test_a_session_deleted_as_it_is_loaded_is_unknown(pg_store_url: str) -> None:
+    """PostgreSQL loads a session in two statements (its row and snapshot, then its events):
+    one deleted between them raised `StoreError: ... changed while it was read: its schema
+    made anew?` (found by the retention load test in a full CI run). It is unknown."""
+    async with (
+        so.Runtime(agents(), store=pg_store_url) as a,
+        so.Runtime(agents(), store=pg_store_url) as b,
+    ):
+        sid = (await a.generate("chat", prompt="hi", auth=ALICE)).session_id
+        events = b.store._events  # type: ignore[attr-defined]
+
+        async def deleted_first(*args: Any, **kwargs: Any) -> Any:
+            b.store._events = events  # type: ignore[attr-defined]
+            await a.delete_session(sid, by=OPS)
+            return await events(*args, **kwargs)
+
+        b.store._events = deleted_first  # type: ignore[attr-defined]
+        with pytest.raises(so.UnknownSession):
+            await b.state(sid)

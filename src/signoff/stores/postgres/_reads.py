@@ -66,7 +66,9 @@ class Reads(AuditReads):
             after = 0 if row[2] is None else int(row[2])
             snapshot = None if row[3] is None else unpack_snapshot(row[3], session_id, after)
             key, events = await self._events(conn, session_id, after, None, None)
-            if key != sk:  # dropped, or made anew, between the two statements
+            if key is None:  # deleted between the two statements
+                return None
+            if key != sk:  # its schema dropped, or made anew, between the two statements
                 raise StoreError(
                     f"session {session_id!r} changed while it was read: its schema "
                     "made anew? Read it again"
