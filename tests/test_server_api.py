@@ -358,6 +358,32 @@ def test_a_cancel_body_of_null_is_refused_and_cancels_nothing(store_url: str) ->
         ]
 
 
+def test_a_cancel_naming_a_turn_cancels_only_that_turn(store_url: str) -> None:
+    """`{turnId}` cancels that turn only: one not the session's, or one that has ended, leaves
+    the session as it is (200, its current turn reported); a malformed id is 422, nothing
+    stored. `Client.cancel(turn_id=)` sends it."""
+    with served(store_url) as base, client(base, "alice-token") as alice:
+        body = start(alice)
+        sid, turn = body["session_id"], body["turn_id"]
+        before = _stored(store_url)
+        url = f"/v1/sessions/{sid}/cancel"
+        for bad in ("", 5, ["trn_x"]):
+            error(alice.post(url, json={"turnId": bad}), 422, "invalid_request")
+        r = alice.post(url, json={"turnId": "trn_another"})
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] == "waiting"
+        assert r.json()["turn_id"] == turn and _stored(store_url) == before
+        with so.Client(base, token="alice-token") as remote:
+            done = remote.cancel(sid, "no longer needed", turn_id=turn)
+            assert done.status == "cancelled" and done.turn_id == turn
+            later = alice.post(f"/v1/sessions/{sid}/messages", json={"text": "thanks"})
+            assert later.status_code == 200 and later.json()["turn_id"] != turn, later.text
+            after = _stored(store_url)
+            stale = remote.cancel(sid, turn_id=turn)  # the page's form, sent again: nothing
+            assert (stale.status, stale.turn_id) == ("completed", later.json()["turn_id"])
+        assert _stored(store_url) == after
+
+
 def test_queue_filters_and_pagination(alice: httpx.Client) -> None:
     for _ in range(3):
         start(alice)

@@ -336,9 +336,15 @@ class AsyncClient:
         body = {"inputResponses": [response_body(r) for r in input_responses(responses)]}
         return await self._turn(_session_path(session_id, "/responses"), body)
 
-    async def cancel(self, session_id: str, reason: str | None = None) -> RemoteResult:
-        """Cancel the session's running or waiting turn; its open requests are withdrawn."""
-        return await self._turn(_session_path(session_id, "/cancel"), {"reason": reason})
+    async def cancel(
+        self, session_id: str, reason: str | None = None, *, turn_id: str | None = None
+    ) -> RemoteResult:
+        """Cancel the session's running or waiting turn (with `turn_id`, only that one, as
+        `Runtime.cancel`); its open requests are withdrawn."""
+        body: dict[str, str | None] = {"reason": reason}
+        if turn_id is not None:
+            body["turnId"] = turn_id
+        return await self._turn(_session_path(session_id, "/cancel"), body)
 
     async def delete_session(self, session_id: str, *, reason: str | None = None) -> list[str]:
         """Delete the session and its subagents' sessions (`Runtime.delete_session`) as the

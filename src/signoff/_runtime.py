@@ -409,17 +409,26 @@ class Runtime(Deletion):
     @closes_stop
     @following_mirrors
     async def cancel(
-        self, session_id: str, reason: str | None = None, *, principal: Principal | None = None
+        self,
+        session_id: str,
+        reason: str | None = None,
+        *,
+        principal: Principal | None = None,
+        turn_id: str | None = None,
     ) -> GenerateResult:
         """Cancel the running or waiting turn, or one a retry could resume (it failed on a
         model error, say); its open requests are withdrawn. `principal`, who cancels, is
-        recorded with the cancellation (in the audited `turn.cancelled`). A session past its
-        TTL raises `SessionExpired`, as every call does: nothing revives it."""
+        recorded with the cancellation (in the audited `turn.cancelled`). With `turn_id`, only
+        that turn is cancelled: once another has started, the session is reported as it is,
+        nothing cancelled (a cancel sent again, or from a page shown before, stops no later
+        turn). A session past its TTL raises `SessionExpired`, as every call does."""
         await self.open()
         if reason is not None and not isinstance(reason, str):
             raise UsageError(f"reason must be a string, not {type(reason).__name__}")
         if reason is not None:
             check_text(reason, "the reason")
+        if turn_id is not None and (not isinstance(turn_id, str) or not turn_id):
+            raise UsageError(f"turn_id must be a turn's id (a non-empty string), not {turn_id!r}")
         principal = check_principal(principal, "principal")
         by = None if principal is None else principal.model_dump()
         began: tuple[str, int] | None = None  # the turn to cancel: not one that followed it
@@ -430,6 +439,8 @@ class Runtime(Deletion):
             turn = state.turn
             if began is not None and (turn is None or turn.id != began[0]):  # ended meanwhile
                 return self._result(await load_turn(self.store, session_id, *began))
+            if turn_id is not None and (turn is None or turn.id != turn_id):
+                return self._result(state)  # not (or no longer) the session's turn
             if turn is None or turn_over(turn):
                 if turn is not None and turn.status == "cancelled":
                     # A cancel that died before reaching the turn's subagents: finish it.

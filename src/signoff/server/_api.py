@@ -236,12 +236,15 @@ async def cancel(
     session_id: SessionId,
     body: Annotated[CancelBody | None, Body(json_schema_extra=_no_null)] = None,
 ) -> TurnResult:
-    """Cancel the running or waiting turn; its open requests are withdrawn."""
+    """Cancel the running or waiting turn (with `turn_id`, only that one); its open requests
+    are withdrawn."""
     _object_or_none(body, await request.body())
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)
-    reason = None if body is None else body.reason
-    return turn_result(await ctx.runtime.cancel(session_id, reason, principal=caller))
+    reason, turn_id = (None, None) if body is None else (body.reason, body.turn_id)
+    return turn_result(
+        await ctx.runtime.cancel(session_id, reason, principal=caller, turn_id=turn_id)
+    )
 
 
 @router.delete("/sessions/{session_id}", tags=["sessions"])

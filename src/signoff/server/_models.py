@@ -168,6 +168,11 @@ class GenerateBody(_Body):
 
 class CancelBody(_Body):
     reason: StrictStr | None = None
+    turn_id: StrictStr | None = Field(
+        default=None,
+        min_length=1,
+        description="Cancel this turn only: once another has started, nothing is cancelled.",
+    )
 
 
 class DeleteBody(_Body):

@@ -1,0 +1,59 @@
+"""Cancelling one turn by its id (`Runtime.cancel(turn_id=)`): a cancel sent again, or from a page
+shown before, stops that turn and never a later one; a turn id that is not the session's cancels
+nothing and reports the session as it is; a malformed one is a `UsageError`. Both stores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import Capture, call, call_tools
+
+from ._steer import ALICE, events, plan_agent
+
+
+def _agent() -> so.Agent:
+    """Asks which plan at every turn: each turn waits on a person until answered or cancelled."""
+    again = call_tools(call("pick_plan", id="p2"))
+    return plan_agent(Capture(again), call_tools(call("pick_plan", id="p3")))
+
+
+async def test_a_cancel_naming_a_turn_stops_that_turn_and_no_later_one(store_url: str) -> None:
+    async with so.Runtime([_agent()], store=store_url) as rt:
+        first = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        sid = first.session_id
+        assert first.status == "waiting" and first.turn_id is not None
+        seq = (await rt.state(sid)).seq
+        other = await rt.cancel(sid, turn_id="trn_not_this_one", principal=ALICE)
+        assert other.status == "waiting" and other.turn_id == first.turn_id
+        assert (await rt.state(sid)).seq == seq  # nothing recorded
+        done = await rt.cancel(sid, "changed my mind", turn_id=first.turn_id, principal=ALICE)
+        assert done.status == "cancelled" and done.turn_id == first.turn_id
+        again = await rt.cancel(sid, turn_id=first.turn_id)  # sent twice: the same report
+        assert again.status == "cancelled" and again.turn_id == first.turn_id
+        second = await rt.send(sid, "basic, please", principal=ALICE)
+        assert second.status == "waiting" and second.turn_id != first.turn_id
+        seq = (await rt.state(sid)).seq
+        stale = await rt.cancel(sid, turn_id=first.turn_id, principal=ALICE)
+        assert stale.status == "waiting" and stale.turn_id == second.turn_id
+        state = await rt.state(sid)
+        assert state.seq == seq and [r.id for r in state.pending_requests()] == [
+            r.id for r in second.pending
+        ]
+        cancelled = [e for e in await events(rt, sid) if e.type == "turn.cancelled"]
+        assert [e.turn_id for e in cancelled] == [first.turn_id]
+
+
+@pytest.mark.parametrize("bad", ["", 5, b"trn_x"])
+async def test_a_malformed_turn_id_is_a_usage_error_and_cancels_nothing(
+    store_url: str, bad: Any
+) -> None:
+    async with so.Runtime([_agent()], store=store_url) as rt:
+        r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        seq = (await rt.state(r.session_id)).seq
+        with pytest.raises(so.UsageError, match="turn_id must be a turn's id"):
+            await rt.cancel(r.session_id, turn_id=bad)
+        state = await rt.state(r.session_id)
+        assert state.status == "waiting" and state.seq == seq
