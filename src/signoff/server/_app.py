@@ -51,6 +51,7 @@ from ._metrics import Observed, Scraping
 from ._metrics import router as metrics_router
 from ._pages import csrf_key
 from ._prompt import PromptStore
+from ._session_end import router as session_end_router
 from ._sign_ins import SIGN_IN_LIFETIME, lifetime_of
 from ._stream_slots import MAX_STREAMS, max_streams_of
 
@@ -348,6 +349,7 @@ def create_app(
         app.add_exception_handler(kind, as_page(app.exception_handlers[kind]))
     app.include_router(api_router)
     app.include_router(dashboard_router)
+    app.include_router(session_end_router)
     app.include_router(login_router)
     app.include_router(health_router)
     if metrics:

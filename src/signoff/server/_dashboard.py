@@ -1,10 +1,10 @@
 """The reviewer dashboard at `/_signoff`: server-rendered pages, a little JS, CSRF-safe forms.
-Its routes are here except signing in (`_login`); `_pages` renders a page and checks a form's CSRF
+Its routes are here except signing in (`_login`) and the forms that cancel a turn or delete a
+session (`_session_end`); `_pages` renders a page and checks a form's CSRF
 token, `_page_data` reads and shapes what a page shows and `_message_page` shows an error."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from typing import Any
@@ -21,7 +21,6 @@ from starlette.responses import (
 from .._answers import check_text
 from .._exceptions import (
     ConflictingAnswer,
-    IdempotencyKeyReused,
     InvalidAnswer,
     SignoffError,
     StoreError,
@@ -34,12 +33,20 @@ from .._types import InputRequest, InputResponse, Principal
 from ..stores import PendingFilter
 from ._auth import DASHBOARD_PREFIX
 from ._context import get_context
-from ._deleted_note import DELETED_COOKIE, deleted_note, deleted_told
 from ._errors import public_message, status_for
 from ._forms import Refusal, form_key, form_token
 from ._json_body import RepeatedKey, unique_keys
 from ._login import return_to
-from ._message_page import dashboard_error, message_page, wants_json
+from ._message_page import dashboard_error, message_page, refused, wants_json
+from ._notes import (
+    DELETED_COOKIE,
+    NOT_CANCELLED_COOKIE,
+    QUEUED_COOKIE,
+    clear_note,
+    deleted_told,
+    session_mark,
+    set_note,
+)
 from ._page_data import (
     PAGE_SIZE,
     SignIn,
@@ -69,17 +76,6 @@ router = APIRouter(prefix=DASHBOARD_PREFIX, include_in_schema=False)
 # What a form's answer may become and still count as taken (the script's wording follows these).
 _ACCEPTED = frozenset({"approved", "cancelled", "answered", "counted"})
 _SETTLED = {"approved": "approved", "cancelled": "denied", "answered": "answered"}
-
-
-# A form's queued message is told on the page its post leads to, once: a mark in a cookie that
-# page takes back (a `?queued=1` in the URL told it again on every reload).
-_QUEUED_COOKIE = "signoff_queued"
-_QUEUED_PATH = f"{DASHBOARD_PREFIX}/sessions"
-
-
-def _queued_mark(session_id: str) -> str:
-    """The queued note's cookie value for a session: a digest, as an id may be any text."""
-    return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _utf8(text: str | None) -> str | None:
@@ -285,13 +281,7 @@ async def sessions_page(request: Request) -> Response:
     deleted = deleted_told(get_context(request).secret, cookie) if cookie else None
     response = await render("sessions.html", request, **context, deleted=deleted)
     if cookie is not None:  # told once: a reload does not tell it again
-        response.delete_cookie(
-            DELETED_COOKIE,
-            path=_QUEUED_PATH,
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-        )
+        clear_note(response, request, DELETED_COOKIE)
     return response
 
 
@@ -304,13 +294,17 @@ async def session_page(request: Request, session_id: str) -> Response:
         return await message_page(request, 404, "No such session", session_id)
     ctx, viewer = await signed_in(request)
     form = form_token(ctx.secret, viewer, ctx.runtime.now())
-    queued = request.cookies.get(_QUEUED_COOKIE) == _queued_mark(session_id)
-    response = await render("session.html", request, **context, form=form, queued=queued)
-    if queued:  # told once: a reload does not tell it again
-        secure = request.url.scheme == "https"
-        response.delete_cookie(
-            _QUEUED_COOKIE, path=_QUEUED_PATH, httponly=True, samesite="strict", secure=secure
-        )
+    notes = {
+        name: request.cookies.get(name) == session_mark(session_id)
+        for name in (QUEUED_COOKIE, NOT_CANCELLED_COOKIE)
+    }
+    queued, not_cancelled = notes[QUEUED_COOKIE], notes[NOT_CANCELLED_COOKIE]
+    response = await render(
+        "session.html", request, **context, form=form, queued=queued, not_cancelled=not_cancelled
+    )
+    for name, told in notes.items():
+        if told:  # told once: a reload does not tell it again
+            clear_note(response, request, name)
     return response
 
 
@@ -340,17 +334,6 @@ async def new_session_page(request: Request) -> Response:
     picked = request.query_params.get("agent")
     form = form_token(ctx.secret, viewer, ctx.runtime.now())
     return await render("new.html", request, **base(ctx, viewer, picked=picked, form=form))
-
-
-_RESENT = "this form was sent already with other content: reload the page to send a new message"
-
-
-async def _refused(request: Request, exc: SignoffError) -> Response:
-    """The runtime refused what a form asked (nothing was done: sending it again may try again);
-    a form sent again with other content is told to reload, not about keys."""
-    if isinstance(exc, IdempotencyKeyReused):
-        return await dashboard_error(request, 409, "form_already_sent", _RESENT)
-    return await dashboard_error(request, status_for(exc), exc.code, public_message(exc))
 
 
 def _repeated(
@@ -386,7 +369,7 @@ async def start_session(request: Request) -> Response:
         check_prompt(message)  # before anything is recorded
         result = await ctx.runtime.generate(agent, prompt=message, auth=viewer, idempotency_key=key)
     except SignoffError as exc:
-        return await _refused(request, exc)
+        return await refused(request, exc)
     where = f"{DASHBOARD_PREFIX}/sessions/{result.session_id}"
     if result.replayed:
         return _repeated(request, ctx.secret, viewer, now, where)
@@ -421,7 +404,7 @@ async def send_message(request: Request, session_id: str) -> Response:
         check_text(text, "the message")
         result = await ctx.runtime.send(session_id, text, principal=viewer, idempotency_key=key)
     except SignoffError as exc:
-        return await _refused(request, exc)
+        return await refused(request, exc)
     if result.replayed:
         return _repeated(request, ctx.secret, viewer, now, where)
     if wants_json(request):
@@ -437,54 +420,7 @@ async def send_message(request: Request, session_id: str) -> Response:
         )
     response = RedirectResponse(where, status_code=303)
     if result.queued:  # a form's post (no script) is told on the page it lands on
-        _note(response, request, _QUEUED_COOKIE, _queued_mark(session_id))
-    return response
-
-
-def _note(response: Response, request: Request, name: str, value: str) -> None:
-    """Set a short-lived cookie the next page of the dashboard reads once (a one-time note)."""
-    response.set_cookie(
-        name,
-        value,
-        max_age=300,
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-        path=_QUEUED_PATH,
-    )
-
-
-@router.post("/sessions/{session_id}/delete")
-async def delete_session(request: Request, session_id: str) -> Response:
-    """Delete a finished session, and its subagents' sessions, as the signed-in person (who
-    may, as whoever may cancel it: `DELETE /v1/sessions/{id}`), once they ticked that they
-    understand it is for good; then the Sessions list, which says what was deleted. A session
-    running or waiting, or a subagent's, is refused as the runtime refuses it, nothing deleted."""
-    ctx, viewer = await signed_in(request)
-    fields = await check_csrf(request)
-    try:
-        await ctx.session(session_id, viewer)
-    except UnknownSession:
-        return await dashboard_error(
-            request, 404, "unknown_session", f"unknown session {session_id!r}"
-        )
-    if fields.get("confirm") != "yes":
-        return await dashboard_error(
-            request,
-            422,
-            "invalid_request",
-            "tick “I understand this erases the conversation for good” to delete the session",
-        )
-    reason = fields.get("reason", "").strip() or None
-    try:
-        deleted = await ctx.runtime.delete_session(session_id, by=viewer, reason=reason)
-    except SignoffError as exc:
-        return await _refused(request, exc)
-    where = f"{DASHBOARD_PREFIX}/sessions"
-    if wants_json(request):
-        return JSONResponse({"ok": True, "deleted": [utf8(d) for d in deleted], "url": where})
-    response = RedirectResponse(where, status_code=303)
-    _note(response, request, DELETED_COOKIE, deleted_note(ctx.secret, deleted))
+        set_note(response, request, QUEUED_COOKIE, session_mark(session_id))
     return response
 
 

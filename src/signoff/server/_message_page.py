@@ -6,13 +6,21 @@ from __future__ import annotations
 from fastapi import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
-from .._exceptions import SignoffError
+from .._exceptions import IdempotencyKeyReused, SignoffError
 from ._auth import DASHBOARD_PREFIX
 from ._context import get_context
+from ._errors import public_message, status_for
 from ._page_data import base
 from ._pages import env, render
 
-__all__ = ["dashboard_error", "error_page", "message_page", "wants_json", "wants_page"]
+__all__ = [
+    "dashboard_error",
+    "error_page",
+    "message_page",
+    "refused",
+    "wants_json",
+    "wants_page",
+]
 
 
 def wants_json(request: Request) -> bool:
@@ -93,3 +101,14 @@ async def dashboard_error(request: Request, status: int, code: str, message: str
     if wants_json(request):
         return JSONResponse({"ok": False, "error": {"code": code, "message": message}}, status)
     return await message_page(request, status, "That did not work", message, code=code)
+
+
+_RESENT = "this form was sent already with other content: reload the page to send a new message"
+
+
+async def refused(request: Request, exc: SignoffError) -> Response:
+    """The runtime refused what a form asked (nothing was done: sending it again may try again);
+    a form sent again with other content is told to reload, not about keys."""
+    if isinstance(exc, IdempotencyKeyReused):
+        return await dashboard_error(request, 409, "form_already_sent", _RESENT)
+    return await dashboard_error(request, status_for(exc), exc.code, public_message(exc))

@@ -437,11 +437,15 @@
         document.getElementById("session-header").innerHTML = data.header;
         moved(true);
         if (status() !== was) toast("The session is now " + status());  // read out, too
-        // Deleting is offered once the session is finished: redrawn only when that changes, so
-        // a reason being typed stays.
+        // Cancelling is offered while a turn runs or waits (for that turn), deleting once the
+        // session is finished: redrawn only when what is offered changes, so a reason being
+        // typed stays.
         const drawn = document.getElementById("session-delete");
         const offer = fragment(data.delete || "");
-        const shape = (root) => (root.querySelector("form") ? "form" : (root.textContent || "").trim());
+        const shape = (root) => {
+          const forms = [...root.querySelectorAll("form")].map((f) => f.id + ":" + ((f.elements.namedItem("turn") || {}).value || ""));
+          return forms.length ? forms.join(" ") : (root.textContent || "").trim();
+        };
         if (drawn && shape(offer) !== shape(drawn)) drawn.replaceChildren(offer);
         mergeCards(document.getElementById("session-pending"), data.pending);
         repage(fragment(data.pager).querySelector("[data-pager]"));
@@ -486,19 +490,23 @@
     live(() => "/v1/sessions/" + encodeURIComponent(sid) + "/events?after=" + seq, { any: soon }, types, ended);
   }
 
-  // -- deleting a session: the form is sent once (a second sending would find it gone) ---------
+  // -- cancelling a turn, deleting a session: each form is sent once (a second sending would
+  // find the turn cancelled, the session gone) ---------------------------------------------------
+  const once = ["cancel-turn", "delete-session"];
   document.addEventListener("submit", (ev) => {
     const form = ev.target;
-    if (!(form instanceof HTMLFormElement) || form.id !== "delete-session") return;
+    if (!(form instanceof HTMLFormElement) || !once.includes(form.id)) return;
     if (form.dataset.sent) { ev.preventDefault(); return; }
     form.dataset.sent = "1";
     form.querySelector("button[type=submit]").disabled = true;
   });
   window.addEventListener("pageshow", () => {
-    const form = document.getElementById("delete-session");
-    if (!form) return;
-    delete form.dataset.sent;
-    form.querySelector("button[type=submit]").disabled = false;
+    once.forEach((id) => {
+      const form = document.getElementById(id);
+      if (!form) return;
+      delete form.dataset.sent;
+      form.querySelector("button[type=submit]").disabled = false;
+    });
   });
 
   // -- starting a conversation: once, however often Start is clicked --------------------------
