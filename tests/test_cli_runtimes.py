@@ -31,6 +31,7 @@ COMMANDS = [
     ["approve", "req_x", T],
     ["deny", "req_x", T],
     ["answer", "req_x", T, "--text", "hi"],
+    ["cancel", "ses_x", T],
     ["delete", "ses_x", T, "--yes"],
     ["prune", "--older-than", "90d", T, "--yes"],
     ["db", "upgrade", T],

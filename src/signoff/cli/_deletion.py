@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -104,16 +105,23 @@ def _can_ask() -> bool:
     return sys.stdin.isatty()
 
 
-async def store_runtime(target: str | None, store: str | None) -> Runtime:
-    """The runtime a command that deletes acts through: MODULE:RUNTIME's, or one of no agents
-    on --store; a SQLite file that is not there, or a PostgreSQL database or `?schema=` with no
-    signoff schema, is refused (a mistyped path or name), not created empty."""
+def _agentless(url: str) -> Runtime:
+    return Runtime([], store=url)
+
+
+async def store_runtime(
+    target: str | None, store: str | None, *, bare: Callable[[str], Runtime] = _agentless
+) -> Runtime:
+    """The runtime a command that deletes or cancels acts through: MODULE:RUNTIME's, or
+    `bare`'s on --store (one of no agents); a SQLite file that is not there, or a PostgreSQL
+    database or `?schema=` with no signoff schema, is refused (a mistyped path or name), not
+    created empty."""
     loaded = load_runtime(target, store) if target else None
     if loaded is not None and isinstance(loaded.store, SQLiteStore):
         existing_store(loaded.store.url)
     url = existing_store(store) if loaded is None else None
     await refuse_unmade_schema(loaded.store if loaded is not None else str(url))
-    return loaded or Runtime([], store=url)
+    return loaded or bare(str(url))
 
 
 async def _delete(

@@ -1,0 +1,123 @@
+"""`signoff cancel` (`cli/_cancellation`): a session's turn cancelled from the command line with
+who and why recorded, its open requests withdrawn; `--turn` cancels that turn only; a session
+with nothing to cancel is left as it is. Without MODULE:RUNTIME the cancel is only recorded:
+nothing in the command drives a turn (a subagent's parent goes on in a process with its
+agent)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import signoff as so
+
+from ._cli import invoke, park, refused_usage, runtime_module, url
+from .test_subagents_spend import orders, support, tokens
+
+__all__ = ["url"]  # the fixture, used by name
+
+
+def _asking() -> so.Agent:
+    """Proposes a refund that needs approval at every turn: each turn waits on a person."""
+
+    @so.tool(approval=True)
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    proposal = so.ModelResponse(
+        tool_calls=[so.ToolCall(name="issue_refund", input={"order_id": "1"})]
+    )
+    model = so.models.Scripted([proposal], repeat_last=True)
+    return so.Agent(name="support", model=model, tools=[issue_refund])
+
+
+def test_cancel_withdraws_the_turns_requests_and_records_who_and_why(url: str) -> None:
+    session_id, request_id = park(url)
+    result = invoke("cancel", session_id, "--store", url, "--reason", "customer left")
+    assert result.exit_code == 0, result.output
+    with so.Runtime([], store=url) as rt:
+        state = rt.state_sync(session_id)
+        assert state.turn is not None and state.turn.status == "cancelled"
+        said = f"cancelled turn {state.turn.id} of {session_id}; 1 open request(s) withdrawn"
+        assert said in result.stdout
+        assert [r.status for r in state.requests.values()] == ["withdrawn"]
+        [event] = [e for e in rt.events_sync(session_id) if e.type == "turn.cancelled"]
+        assert event.data["reason"] == "customer left"
+        assert event.data["by"] == so.cli.local_principal().model_dump()
+        seq = state.seq
+    again = invoke("cancel", session_id, "--store", url, "--as", "oidc:ops@example.com")
+    assert again.exit_code == 0, again.output
+    assert f"Nothing to cancel: {session_id} is cancelled; nothing changed." in again.stdout
+    with so.Runtime([], store=url) as rt:
+        assert rt.state_sync(session_id).seq == seq
+    assert request_id
+
+
+def test_cancel_with_turn_leaves_a_later_turn_alone(url: str) -> None:
+    with so.Runtime([_asking()], store=url) as rt:
+        first = rt.generate_sync("support", "refund 1")
+        sid = first.session_id
+        rt.cancel_sync(sid)
+        second = rt.send_sync(sid, "refund 1 after all")
+        assert second.status == "waiting" and first.turn_id and second.turn_id
+        seq = rt.state_sync(sid).seq
+    result = invoke("cancel", sid, "--store", url, "--turn", first.turn_id)
+    assert result.exit_code == 0, result.output
+    said = (
+        f"Turn {first.turn_id} is not the current turn of {sid}: its turn is "
+        f"{second.turn_id} (waiting); nothing cancelled."
+    )
+    assert said in " ".join(result.stdout.split())
+    with so.Runtime([], store=url) as rt:
+        state = rt.state_sync(sid)
+        assert state.seq == seq and state.status == "waiting"
+    done = invoke("cancel", sid, "--store", url, "--turn", second.turn_id)
+    assert done.exit_code == 0 and f"cancelled turn {second.turn_id}" in done.stdout
+
+
+def test_a_subagents_turn_cancelled_without_its_runtime_leaves_the_parent_to_its_own(
+    url: str,
+) -> None:
+    """The child's cancel closes the parent's mirror of its request, and the parent's delegate
+    call may go on: a process running the parent's agent does it. This command has no model
+    for either agent (its runtime stands one in for each): the parent is left runnable, not
+    failed for want of one."""
+    agents = [support(), orders(tokens(40))]
+    with so.Runtime(agents, store=url) as rt:
+        r = rt.generate_sync("support", "refund 3")
+        child = r.pending[0].child
+        assert child is not None
+    result = invoke("cancel", child.session_id, "--store", url)
+    assert result.exit_code == 0, result.output
+    with so.Runtime([], store=url) as rt:
+        assert rt.state_sync(child.session_id).status == "cancelled"
+        events = [e.type for e in rt.events_sync(r.session_id)]
+        assert "turn.failed" not in events and "model.failed" not in events, events
+        assert rt.state_sync(r.session_id).status == "running"  # for a process with its agent
+
+
+def test_cancelling_a_parent_cancels_its_subagents_turn_too(url: str) -> None:
+    with so.Runtime([support(), orders(tokens(40))], store=url) as rt:
+        r = rt.generate_sync("support", "refund 3")
+        child = r.pending[0].child
+        assert child is not None
+    result = invoke("cancel", r.session_id, "--store", url)
+    assert result.exit_code == 0, result.output
+    with so.Runtime([], store=url) as rt:
+        assert rt.state_sync(r.session_id).status == "cancelled"
+        assert rt.state_sync(child.session_id).status == "cancelled"
+
+
+def test_cancel_with_the_runtime_and_its_misuses(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session_id, _ = park(url)
+    target = runtime_module(tmp_path, monkeypatch, "cancelling", repr(url))
+    assert refused_usage(invoke("cancel", "", "--store", url)).count("SESSION_ID is empty")
+    assert "--turn is empty" in refused_usage(invoke("cancel", session_id, url, "--turn", ""))
+    unknown = invoke("cancel", "ses_nope", "--store", url)
+    assert unknown.exit_code == 1 and "UnknownSession" in unknown.stderr
+    done = invoke("cancel", session_id, target, "--reason", "from the runtime")
+    assert done.exit_code == 0 and f"of {session_id}; 1 open request(s) withdrawn" in done.stdout
