@@ -216,6 +216,37 @@ async def test_a_prune_syncs_its_deletions_to_disk_once_before_it_returns(
         assert await rt.verify_audit() == []
 
 
+async def test_a_prune_failing_midway_raises_its_first_error_not_the_syncs(
+    store_url: str,
+) -> None:
+    """A store failing on the third deletion, and on the sync of the two before it: the prune
+    raised the sync's error, which hid why it stopped. It raises the deletion's, with the sync's
+    failure noted on it; the two deleted stay deleted."""
+    clock = ManualClock()
+    async with so.Runtime(agents(), store=store_url, clock=clock) as rt:
+        ids = await _finished(rt, clock, 3)
+        clock.advance(DAY)
+        delete = rt.store.delete_session  # type: ignore[attr-defined]
+
+        async def deleting(session_id: str, *args: Any, **kwargs: Any) -> list[str]:
+            if session_id == ids[2]:
+                raise so.StoreError("the disk is full")
+            return list(await delete(session_id, *args, **kwargs))
+
+        async def flushing() -> None:
+            raise so.StoreError("the sync failed")
+
+        rt.store.delete_session = deleting  # type: ignore[attr-defined]
+        rt.store.flush = flushing  # type: ignore[attr-defined]
+        with pytest.raises(so.StoreError, match="the disk is full") as raised:
+            await rt.prune(older_than=60)
+        assert raised.value.__notes__ == [
+            "the 2 deletion(s) before it may not be on disk: "
+            "syncing them failed too (StoreError: the sync failed)"
+        ]
+        assert [s.id for s in await rt.sessions()] == [ids[2]]
+
+
 async def test_a_sqlite_flush_syncs_the_write_ahead_log(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -115,9 +115,18 @@ class Deletion(EventStream):
                         deleted.append(session_id)
                 except (SessionBusy, SessionWaiting, SubagentSession, UnknownSession):
                     continue  # live, a subagent's by now, or gone already: another run's to see
-        finally:
-            if deleted:  # each committed without waiting for the disk: synced together
-                await self.store.flush()  # type: ignore[attr-defined]
+        except BaseException as exc:
+            if deleted:  # the first error is the one raised; the sync's is noted on it
+                try:
+                    await self.store.flush()  # type: ignore[attr-defined]
+                except Exception as also:
+                    exc.add_note(
+                        f"the {len(deleted)} deletion(s) before it may not be on disk: "
+                        f"syncing them failed too ({type(also).__name__}: {also})"
+                    )
+            raise
+        if deleted:  # each committed without waiting for the disk: synced together
+            await self.store.flush()  # type: ignore[attr-defined]
         return deleted, candidates
 
     async def _erase(
