@@ -30,11 +30,12 @@ import psycopg
 
 import signoff as so
 from signoff._session_page import session_page, shown_total
+from signoff._types import SessionStatus
 from signoff.stores import open_store
 
 __all__ = ["main"]
 
-STATUSES = ("waiting", "running", "failed")
+STATUSES: tuple[SessionStatus, ...] = ("waiting", "running", "failed")
 
 
 def rows(sessions: int, now: float, lapsed: bool) -> list[tuple[Any, ...]]:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff._types import SessionStatus
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 
@@ -123,7 +124,7 @@ async def test_a_listing_shows_a_turn_running_past_the_ttl_running(store_url: st
 
 @pytest.mark.parametrize("status", [None, "running", "failed"])
 async def test_a_listing_probes_a_turn_running_past_the_ttl_once(
-    store_url: str, status: str | None
+    store_url: str, status: SessionStatus | None
 ) -> None:
     """Whether a live drive holds a turn the TTL caught running is a read of its lease (it was
     a lease taken and released, a write): one `rt.sessions()` asked two to four times for one

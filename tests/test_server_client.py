@@ -234,7 +234,7 @@ async def test_sessions_over_http_are_the_callers_own(base: str) -> None:
         rows, total = await mallory.sessions()
         assert (total, [s.id for s in rows]) == (1, [theirs.session_id])
         with pytest.raises(so.UsageError, match="status"):
-            await alice.sessions(status="open")
+            await alice.sessions(status="open")  # type: ignore[arg-type]
         with pytest.raises(so.UsageError, match="limit"):
             await alice.sessions(limit=0)
 

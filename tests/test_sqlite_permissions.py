@@ -20,6 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 import signoff as so
+from signoff._types import SessionStatus
 from signoff.cli import app
 from signoff.stores import Commit, PendingFilter, SQLiteStore
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
@@ -362,7 +363,7 @@ def test_a_runtime_with_the_agent_lists_a_read_only_store_past_a_session_ttl(
     finally:
         rt.close_sync()
 
-    def listed() -> tuple[list[str], list[str]]:
+    def listed() -> tuple[list[SessionStatus], list[SessionStatus]]:
         later = so.Runtime([agent], store=url, clock=lambda: 2000.0)
         try:
             running = [s.status for s in later.sessions_sync(status="running")]

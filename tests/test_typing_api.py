@@ -265,10 +265,15 @@ def _typed_sync_twins(rt: so.Runtime, sid: str) -> None:
     assert_type(rt.send_sync(sid, "hi", turn_policy="steer"), so.GenerateResult)
     assert_type(rt.schedule_sync("support", "hi"), so.GenerateResult)
     assert_type(rt.cancel_sync(sid), so.GenerateResult)
+    assert_type(rt.cancel_sync(sid, "why", turn_id="trn_1"), so.GenerateResult)
     assert_type(rt.create_session_sync("support"), str)
     assert_type(rt.pending_sync(session_id=sid), list[so.InputRequest])
     assert_type(rt.pending_page_sync(PendingFilter()), tuple[list[so.InputRequest], bool])
     assert_type(rt.sessions_sync(status="waiting"), list[SessionSummary])
+    rt.sessions_sync(status="asleep")  # type: ignore[arg-type]  # not a session's status
+    assert_type(
+        rt.sessions_sync()[0].status, Literal["idle", "running", "waiting", "failed", "cancelled"]
+    )
     assert_type(rt.prune_sync(older_than=3600, agent="support", reason="retention"), list[str])
     assert_type(rt.expire_due_sync(), int)
     assert_type(rt.state_sync(sid), so.SessionState)

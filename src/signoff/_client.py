@@ -40,7 +40,14 @@ from ._session_cache import check_agent_name
 from ._settings import check_page, finite, flag, seconds, whole
 from ._sync import SyncBridge
 from ._text import is_utf8
-from ._types import Decision, InputRequest, InputResponse, RequestKind, RequestStatus
+from ._types import (
+    Decision,
+    InputRequest,
+    InputResponse,
+    RequestKind,
+    RequestStatus,
+    SessionStatus,
+)
 from .models._reply_cap import KNOWN_ENCODINGS, ReplyTooLarge, cap_reply, check_reply_cap
 from .stores import SessionSummary
 
@@ -397,7 +404,7 @@ class AsyncClient:
         self,
         *,
         agent: str | None = None,
-        status: str | None = None,
+        status: SessionStatus | None = None,
         limit: int = 50,
         offset: int = 0,
     ) -> tuple[list[SessionSummary], int]:

@@ -44,7 +44,15 @@ from ._session_page import check_listing, session_page
 from ._settings import check_page, finite, flag, seconds
 from ._state import SessionState, turn_over
 from ._sync import blocking_doc, twin
-from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKind, RequestStatus
+from ._types import (
+    APP_PRINCIPAL,
+    Decision,
+    InputRequest,
+    Principal,
+    RequestKind,
+    RequestStatus,
+    SessionStatus,
+)
 from ._work import Workers
 from .stores import PendingFilter, SessionSummary, Store
 from .stores._base import created_before
@@ -381,7 +389,7 @@ class Runtime(Deletion):
         self,
         *,
         agent: str | None = None,
-        status: str | None = None,
+        status: SessionStatus | None = None,
         limit: int = 100,
         offset: int = 0,
     ) -> list[SessionSummary]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any
 
 from ._conversation import MALFORMED, Conversation
 from ._event_handlers import HANDLERS
@@ -33,6 +33,7 @@ from ._types import (
     InputRequest,
     Message,
     Principal,
+    SessionStatus,
     Usage,
 )
 
@@ -53,7 +54,6 @@ __all__ = [
 ]
 
 
-SessionStatus: TypeAlias = Literal["idle", "running", "waiting", "failed", "cancelled"]
 """A session's status as every surface shows it (`SessionState.status`)."""
 
 SNAPSHOT_VERSION = 2

@@ -31,6 +31,7 @@ __all__ = [
     "ReportedUsage",
     "RequestKind",
     "RequestStatus",
+    "SessionStatus",
     "ToolCall",
     "ToolResultMessage",
     "Usage",
@@ -232,6 +233,7 @@ Message = Annotated[UserMessage | AssistantMessage | ToolResultMessage, Field(di
 
 RequestKind = Literal["tool-approval", "question", "session-limit"]
 RequestStatus = Literal["pending", "settled", "expired", "withdrawn"]
+SessionStatus = Literal["idle", "running", "waiting", "failed", "cancelled"]
 
 
 def input_hash(value: Any, *, tool_name: str = "", call_id: str = "") -> str:

@@ -10,7 +10,7 @@ from .._events import Event
 from .._exceptions import SchemaVersionError, StoreError, UsageError
 from .._settings import check_page
 from .._text import is_utf8
-from .._types import InputRequest
+from .._types import InputRequest, SessionStatus
 from ._audit import AuditEntry, AuditRow
 from ._initiators import InitiatorFilter
 from ._pending import PendingFilter, created_before
@@ -141,7 +141,7 @@ class SessionSummary:
 
     id: str
     agent: str
-    status: str
+    status: SessionStatus
     head: int
     created_at: float
     updated_at: float
