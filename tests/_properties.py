@@ -137,3 +137,4 @@ class Session:
     status: str = "idle"
     events: list[dict[str, Any]] = field(default_factory=list)  # every event seen so far
     plans: list[list[str]] = field(default_factory=list)
+    turns: list[str] = field(default_factory=list)  # its turns' ids, the current one last

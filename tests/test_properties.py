@@ -175,6 +175,9 @@ class RuntimeMachine(RuleBasedStateMachine):
     def took(self, sid: str, result: so.GenerateResult) -> None:
         """Fold a result into the model: new requests appear, the status follows them."""
         assert result.session_id == sid
+        turns = self.sessions[sid].turns
+        if result.turn_id is not None and result.turn_id not in turns:
+            turns.append(result.turn_id)
         for req in result.pending:
             known = self.requests.get(req.id)
             if known is None:
@@ -395,12 +398,14 @@ class RuntimeMachine(RuleBasedStateMachine):
         self.rejected(so.InvalidAnswer, self.rt.respond(req.session_id, [response]))
 
     @precondition(lambda self: self.sessions)
-    @rule(i=st.integers(0, 99))
-    def cancel(self, i: int) -> None:
+    @rule(i=st.integers(0, 99), named=st.booleans())
+    def cancel(self, i: int, named: bool) -> None:
+        """Named or not, a cancel ends the session's current turn."""
         self.step()
         sid = self.pick(list(self.sessions), i)
         session = self.sessions[sid]
-        result = self.run(self.rt.cancel(sid, reason="changed my mind"))
+        turn = session.turns[-1] if named and session.turns else None
+        result = self.run(self.rt.cancel(sid, reason="changed my mind", turn_id=turn))
         if session.status == "waiting":
             assert result.status == "cancelled", result
             for req in self.pending_of(sid):
@@ -409,6 +414,22 @@ class RuntimeMachine(RuleBasedStateMachine):
         else:  # nothing to cancel: the call changes nothing
             assert result.status in ("completed", "cancelled", "idle"), result
         assert result.pending == []
+
+    @precondition(lambda self: any(len(s.turns) > 1 for s in self.sessions.values()))
+    @rule(i=st.integers(0, 99), j=st.integers(0, 99))
+    def cancel_an_earlier_turn(self, i: int, j: int) -> None:
+        """A cancel naming a turn the session has moved on from (a form sent again, a page
+        shown before) changes nothing, and reports the session's current turn."""
+        self.step()
+        sid = self.pick([s.id for s in self.sessions.values() if len(s.turns) > 1], i)
+        session = self.sessions[sid]
+        earlier = self.pick(session.turns[:-1], j)
+        before = self._everything()
+        result = self.run(self.rt.cancel(sid, reason="too late", turn_id=earlier))
+        assert result.turn_id == session.turns[-1], (result, session.turns)
+        shown = {"waiting": "waiting", "idle": "completed", "cancelled": "cancelled"}
+        assert result.status == shown[session.status], (result, session.status)
+        assert self._everything() == before, "a cancel of an earlier turn changed data"
 
     @precondition(lambda self: self.moved)
     @rule()
