@@ -13,6 +13,7 @@ from ._exceptions import (
     SessionExpired,
     StoreError,
     StoreGone,
+    UnknownSession,
     UsageError,
 )
 from ._leasing import lost_line
@@ -348,6 +349,10 @@ class Workers(Sweeps):
             if lost:  # then the session could not be read again: the loss is what happened
                 log.warning(lost_line(session_id, lost[-1]))
                 log.info("session %s: after its lease was lost: %s", session_id, exc)
+                return
+            if isinstance(exc, UnknownSession) and exc.session_id == session_id:
+                # Deleted (a prune, past its TTL) once the lease lapsed: nothing left to drive.
+                log.info("session %s: deleted while claimed; nothing to drive", session_id)
                 return
             if give_backs is not None and isinstance(exc, StoreError):
                 if not isinstance(exc, StoreGone):  # else only a restart mends it
