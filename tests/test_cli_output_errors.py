@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
 
+import signoff as so
+from signoff.cli._app import fail
 from tests._cli import ROOT, park
 
 COMMANDS = [
@@ -81,3 +84,18 @@ def test_output_cut_short_in_one_write_is_status_141(
         err = proc.stderr.read()
         assert proc.wait(timeout=60) == 141, err
     assert err == b"", err
+
+
+def test_an_error_is_one_line_with_its_notes(capsys: pytest.CaptureFixture[str]) -> None:
+    """A note added to an error (a prune's sync that failed after the deletion that stopped it)
+    was dropped: only the error's own message was printed."""
+    exc = so.StoreError("the disk is full\nwhile deleting")
+    exc.add_note("the 2 deletion(s) before it may not be on disk")
+    with pytest.raises(typer.Exit) as exited:
+        fail(exc)
+    assert exited.value.exit_code == 1
+    said = " ".join(capsys.readouterr().err.split())
+    assert said == (
+        "error: StoreError: the disk is full while deleting; the 2 deletion(s) before it may not "
+        "be on disk"
+    )

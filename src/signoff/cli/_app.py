@@ -200,9 +200,13 @@ def err() -> Console:
 
 
 def fail(exc: BaseException) -> NoReturn:
-    """Print `exc` as one red line (a multi-line message, e.g. a driver's, is joined) and exit 1."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    message = " ".join(lines) or "(no message)"
+    """Print `exc` as one red line (a multi-line message, e.g. a driver's, is joined, and the
+    notes added to it follow: a prune's failed sync) and exit 1."""
+    texts = [str(exc), *(str(note) for note in getattr(exc, "__notes__", ()))]
+    joined = [
+        " ".join(line.strip() for line in text.splitlines() if line.strip()) for text in texts
+    ]
+    message = "; ".join(text for text in joined if text) or "(no message)"
     message += _other_kind_of_id(exc)
     err().print(
         f"[bold red]error:[/] [red]{type(exc).__name__}: {printable(message)}[/]", soft_wrap=True
