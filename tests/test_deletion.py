@@ -411,8 +411,9 @@ async def test_a_key_repeated_as_its_session_is_deleted_makes_nothing_again(
     """PostgreSQL: a repeated key's create whose statement began before a deletion of its
     session committed waited for it on the id's unique index, then went through, its check
     of the erased ids having read the time before: the session was made again, and ran (found
-    by a load test: an id deleted twice). The create checks again in a second statement of
-    its transaction: `SessionDeleted`, nothing written."""
+    by a load test: an id deleted twice). The create's statement now locks the id's row too: a
+    row its snapshot saw but gone once locked was deleted meanwhile: `SessionDeleted`, nothing
+    written (the locking read is what waits here)."""
     async with so.Runtime(agents(), store=pg_store_url, inline=False) as rt:
         sid = (await rt.generate("chat", prompt="hi", auth=ALICE, idempotency_key="k")).session_id
         raised, waited = await _erasing_meanwhile(

@@ -210,20 +210,43 @@ def named_turn(s: str, sk: str, head: str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def create_sql(s: str, events: int, lease: bool, sync: bool) -> str:
+def create_sql(s: str, events: int, lease: bool, sync: bool, guard: bool = False) -> str:
     """`create_session`'s statement: the session row, its first events, its lease (token 1,
     as the first grant of `acquire_lease`), the announcement; no row answers (nothing written)
-    for the id of a deleted session."""
+    for the id of a deleted session.
+
+    With `guard` (an id derived from an idempotency key, or a subagent's, whose parent may be
+    deleted meanwhile), `g` holds whether this statement's snapshot saw the session's row and
+    its parent's, and `ks` and `kp` lock them: a row seen but gone once locked was deleted by a
+    transaction that committed while this statement ran, after its snapshot was taken (so its
+    `deleted_sessions` row is not seen here either). Nothing is written then; without the lock,
+    the insert waited for that deletion on the id's unique index and then went through."""
+    guarded = (
+        f"g AS (SELECT EXISTS (SELECT 1 FROM {s}.sessions WHERE id = %s) AS s, "
+        f"EXISTS (SELECT 1 FROM {s}.sessions WHERE id = %s) AS p), "
+        f"ks AS (SELECT 1 FROM {s}.sessions WHERE id = %s FOR KEY SHARE), "
+        f"kp AS (SELECT 1 FROM {s}.sessions WHERE id = %s FOR KEY SHARE), "
+        if guard
+        else ""
+    )
+    kept = (
+        "AND (SELECT s FROM g) = EXISTS (SELECT 1 FROM ks) "
+        "AND (SELECT p FROM g) = EXISTS (SELECT 1 FROM kp) "
+        if guard
+        else ""
+    )
+    deleted = "d.id = ANY(%s::text[])" if guard else "d.id = %s"
     return (
-        f"WITH i AS (INSERT INTO {s}.sessions (id, agent, head, status, created_at, updated_at, "
-        "expires_at, initiator, tenant, parent, parent_turn, child_expires_at) "
+        f"WITH {guarded}i AS (INSERT INTO {s}.sessions (id, agent, head, status, created_at, "
+        "updated_at, expires_at, initiator, tenant, parent, parent_turn, child_expires_at) "
         "SELECT %s,%s,%s,%s,%s,%s,%s,%s,%s, p.sk, "
         "CASE WHEN p.sk IS NOT NULL THEN COALESCE(%s::text, "
         + CURRENT_TURN.format(s=s, sk="p.sk")
         + ") END, CASE WHEN p.sk IS NOT NULL THEN %s::float8 END "
         f"FROM (SELECT 1) o LEFT JOIN {s}.sessions p ON p.id = %s "
         # A deleted session's id is not made again: nothing is written, and no row answers.
-        f"WHERE NOT EXISTS (SELECT 1 FROM {s}.deleted_sessions d WHERE d.id = %s) RETURNING sk), "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {s}.deleted_sessions d WHERE {deleted}) {kept}"
+        "RETURNING sk), "
         f"e AS (INSERT INTO {s}.events (sk, seq, type, turn, at, v, data) "
         f"SELECT i.sk, x.* FROM i, {rows_sql(events, _EVENT_COLUMNS)}) "
         + (

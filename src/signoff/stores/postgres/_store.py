@@ -50,13 +50,6 @@ from ._sql import (
 __all__ = ["PostgresStore"]
 
 
-_UNDELETED = (
-    "INSERT INTO {s}.deleted_sessions (id, at) SELECT d.id, d.at FROM {s}.deleted_sessions d "
-    "WHERE d.id = ANY(%s::text[])"
-)
-"""Fails (`deleted_sessions_pkey`) if any of the ids given was deleted, else writes nothing."""
-
-
 class PostgresStore(Reads, Leases, Deletions):
     """`Store` on PostgreSQL (`postgresql://user@host:port/db`); many processes may share it.
 
@@ -90,15 +83,20 @@ class PostgresStore(Reads, Leases, Deletions):
         last = events[-1].seq
         sync = self._sync_setting(True)
         rows, named, tail = event_rows(events, (None, None), None)
-        # One statement: the session row, its first events, its lease and the announcement.
-        sql = create_sql(s, len(rows), lease is not None, sync is not None)
         # A subagent's row names its parent and the parent's turn that delegated to it (or its
         # current one if the event names none), for `orphaned_children`.
         parent, turn = parent_of(events)
+        # The session (its id derived from a key) or its parent (a subagent's) may be deleted
+        # by a transaction this statement's snapshot predates: guarded (`create_sql`).
+        guard = parent is not None or "idem" in events[0].data
+        # One statement: the session row, its first events, its lease and the announcement.
+        sql = create_sql(s, len(rows), lease is not None, sync is not None, guard)
         initiator, tenant = initiator_columns(events)  # who may see it, for listings
-        params: list[Any] = [session_id, agent, last, status, at, at, expires_at, initiator]
+        params: list[Any] = [session_id, parent, session_id, parent] if guard else []
+        params += [session_id, agent, last, status, at, at, expires_at, initiator]
         params.append(tenant)
-        params += [turn, expires_at, parent, session_id]  # the deadline again: a child's copy
+        params += [turn, expires_at, parent]  # the deadline again: a child's copy
+        params.append([session_id, *([] if parent is None else [parent])] if guard else session_id)
         params += rows_params(rows)
         if lease is not None:
             owner, ttl, now = lease
@@ -107,26 +105,9 @@ class PostgresStore(Reads, Leases, Deletions):
         if sync is not None:
             params.append(sync)
 
-        # The session (its id derived from a key) or its parent (a subagent's) may be deleted
-        # by a transaction this statement's snapshot predates: the insert waits for its commit
-        # on the id's unique index, then goes through; a parent read there goes on as it was.
-        # Later statements of the same message and transaction wait for the parent's row, then
-        # find either id kept as deleted, with snapshots of their own, and undo the create.
-        again = parent is not None or "idem" in events[0].data
-        if again:
-            if parent is not None:
-                sql += f"; SELECT 1 FROM {s}.sessions WHERE id = %s FOR KEY SHARE"
-                params.append(parent)
-            sql += "; " + _UNDELETED.format(s=s)
-            params.append([session_id] if parent is None else [session_id, parent])
-
         async def body(conn: Conn) -> bool:
-            if not again:
-                cur = await conn.execute(sql, params)
-                return await cur.fetchone() is not None
-            client = psycopg.AsyncClientCursor(conn)
-            await client.execute(sql, params)
-            return await client.fetchone() is not None
+            cur = await conn.execute(sql, params)
+            return await cur.fetchone() is not None
 
         async def committed() -> bool:
             return await self._has_events(session_id, events)
@@ -140,12 +121,6 @@ class PostgresStore(Reads, Leases, Deletions):
             )
         except AppendConflict as exc:
             cause = exc.__cause__
-            if isinstance(cause, psycopg.errors.UniqueViolation) and (
-                cause.diag.constraint_name == "deleted_sessions_pkey"
-            ):
-                said = cause.diag.message_detail or ""
-                gone = parent if parent is not None and f"=({parent})" in said else session_id
-                raise SessionDeleted(gone) from None
             if not isinstance(cause, psycopg.errors.UniqueViolation) or (
                 cause.diag.constraint_name != "sessions_id_key"
             ):
@@ -155,8 +130,9 @@ class PostgresStore(Reads, Leases, Deletions):
             if not await self._created(session_id, events, None if lease is None else lease[0]):
                 raise StoreError(f"session {session_id!r} already exists") from None
             made = True
-        if made is False:
-            raise SessionDeleted(session_id)
+        if made is False:  # the session's id was deleted, or its parent
+            gone = parent if parent is not None and await self._was_deleted(parent) else None
+            raise SessionDeleted(gone or session_id)
         self._remember(session_id, Seen(last, 0, None, *named))
         self._tails.put(session_id, last, tail)
         self._after("session.created")
@@ -444,6 +420,17 @@ class PostgresStore(Reads, Leases, Deletions):
             if owner is not None and (row[2] != owner or row[3] != 1):
                 return False
             return await self._events_match(conn, int(row[0]), events)
+
+        return await self._read(body, f"checking session {session_id!r}")
+
+    async def _was_deleted(self, session_id: str) -> bool:
+        """Whether `delete_session` erased this id (its row in `deleted_sessions`)."""
+
+        async def body(conn: Conn) -> bool:
+            cur = await conn.execute(
+                f"SELECT 1 FROM {self._s}.deleted_sessions WHERE id = %s", (session_id,)
+            )
+            return await cur.fetchone() is not None
 
         return await self._read(body, f"checking session {session_id!r}")
 
