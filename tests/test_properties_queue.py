@@ -85,14 +85,14 @@ class QueueMachine(RuntimeMachine):
         assert started[first.turn_id].get("dequeued"), first
 
     @precondition(lambda self: self.sessions)
-    @rule(i=st.integers(0, 99))
-    def cancel(self, i: int) -> None:
+    @rule(i=st.integers(0, 99), named=st.booleans())
+    def cancel(self, i: int, named: bool) -> None:
         """Cancel a session's turn, messages waiting behind it or not: the turn is cancelled
         and its requests withdrawn (the base machine's rule), and the first message waiting
         starts the next turn, which a resume then reports as it stands."""
         sid = self.pick(list(self.sessions), i)
         behind = len(self.observed(sid)[1].queued)  # read already if nothing was written since
-        RuntimeMachine.cancel(self, i)
+        RuntimeMachine.cancel(self, i, named)
         if behind:
             left = len(self.run(self.rt.state(sid)).queued)
             event("cancel with a message queued: " + ("started" if left < behind else "left"))
@@ -103,14 +103,17 @@ class QueueMachine(RuntimeMachine):
         i=st.integers(0, 99),
         plans=st.lists(RuntimeMachine.plans, min_size=1, max_size=2),
         elsewhere=st.booleans(),
+        named=st.booleans(),
     )
-    def cancel_behind_a_queue(self, i: int, plans: list[list[str]], elsewhere: bool) -> None:
+    def cancel_behind_a_queue(
+        self, i: int, plans: list[list[str]], elsewhere: bool, named: bool
+    ) -> None:
         """Messages queued behind a turn held on a question, then a cancel of that turn: the
         first message starts the next turn, the rest wait behind it."""
         sid = self.pick(self.held_on_questions(), i)
         for plan in plans:
             self.queue_message(list(self.sessions).index(sid), plan, elsewhere)
-        self.cancel(list(self.sessions).index(sid))
+        self.cancel(list(self.sessions).index(sid), named)
 
     def held_on_questions(self) -> list[str]:
         """The sessions whose turn waits on questions only: a message queues behind it."""
