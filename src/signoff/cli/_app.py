@@ -336,17 +336,24 @@ def parse_principal(value: str | None) -> Principal:
     return principal
 
 
-AsOption = Annotated[
-    str | None,
-    typer.Option(
+def as_option(help: str) -> Any:
+    """`--as AUTHENTICATOR:ID` (or `SIGNOFF_PRINCIPAL`): who a command acts as, with `help`."""
+    return typer.Option(
         "--as",
         envvar="SIGNOFF_PRINCIPAL",
         callback=set_or_unset("SIGNOFF_PRINCIPAL"),
         metavar="AUTHENTICATOR:ID",
-        help="Act as AUTHENTICATOR:ID (default: local:<your user name>). By default only the "
-        "principal whose turn asked may answer its requests (anyone, for a turn asked with no "
-        "principal); a tool's approval settings (a response policy, approvers=) can say otherwise.",
+        help=help,
         show_default=False,
+    )
+
+
+AsOption = Annotated[
+    str | None,
+    as_option(
+        "Act as AUTHENTICATOR:ID (default: local:<your user name>). By default only the "
+        "principal whose turn asked may answer its requests (anyone, for a turn asked with no "
+        "principal); a tool's approval settings (a response policy, approvers=) can say otherwise."
     ),
 ]
 

@@ -18,13 +18,13 @@ from ._app import (
     RuntimeArgument,
     StoreOption,
     app,
+    as_option,
     misuse,
     out,
     parse_principal,
     refuse_empty_ids,
     refuse_undecodable,
     run,
-    set_or_unset,
     split_target,
 )
 from ._deletion import store_runtime
@@ -33,14 +33,7 @@ __all__ = ["cancel"]
 
 CancellerOption = Annotated[
     str | None,
-    typer.Option(
-        "--as",
-        envvar="SIGNOFF_PRINCIPAL",
-        callback=set_or_unset("SIGNOFF_PRINCIPAL"),
-        metavar="AUTHENTICATOR:ID",
-        help="Who cancels it, as the session's trace records (default: local:<your user name>).",
-        show_default=False,
-    ),
+    as_option("Who cancels it, as the session's trace records (default: local:<your user name>)."),
 ]
 
 

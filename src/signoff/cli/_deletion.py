@@ -18,6 +18,7 @@ from ._app import (
     RuntimeArgument,
     StoreOption,
     app,
+    as_option,
     ctrl_c_interrupts,
     load_runtime,
     misuse,
@@ -26,7 +27,6 @@ from ._app import (
     refuse_empty_ids,
     refuse_undecodable,
     run,
-    set_or_unset,
     split_target,
 )
 from ._store_files import existing_store, refuse_unmade_schema
@@ -35,14 +35,7 @@ __all__ = ["delete", "store_runtime"]
 
 DeleterOption = Annotated[
     str | None,
-    typer.Option(
-        "--as",
-        envvar="SIGNOFF_PRINCIPAL",
-        callback=set_or_unset("SIGNOFF_PRINCIPAL"),
-        metavar="AUTHENTICATOR:ID",
-        help="Who deletes it, as the audit trail records (default: local:<your user name>).",
-        show_default=False,
-    ),
+    as_option("Who deletes it, as the audit trail records (default: local:<your user name>)."),
 ]
 
 
