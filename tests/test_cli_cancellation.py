@@ -6,13 +6,16 @@ agent)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 import signoff as so
+from signoff.testing import ManualClock
 
 from ._cli import invoke, park, refused_usage, runtime_module, url
+from ._workers import refund_agent
 from .test_subagents_spend import orders, support, tokens
 
 __all__ = ["url"]  # the fixture, used by name
@@ -121,3 +124,19 @@ def test_cancel_with_the_runtime_and_its_misuses(
     assert unknown.exit_code == 1 and "UnknownSession" in unknown.stderr
     done = invoke("cancel", session_id, target, "--reason", "from the runtime")
     assert done.exit_code == 0 and f"of {session_id}; 1 open request(s) withdrawn" in done.stdout
+
+
+def test_cancel_without_a_runtime_records_a_passed_ttl_as_every_call_does(url: str) -> None:
+    """The stand-in agents carry no limits of their own: a session whose TTL passed waiting is
+    expired through them (its turn failed, its request closed) and the command says so, as
+    `Runtime.cancel` raises `SessionExpired`."""
+    clock = ManualClock(time.time() - 3600)
+    with so.Runtime([refund_agent([], ttl=60)], store=url, clock=clock) as rt:
+        r = rt.generate_sync("support", "Refund order 1042")
+        assert r.status == "waiting"
+    result = invoke("cancel", r.session_id, "--store", url)
+    assert result.exit_code == 1 and "SessionExpired" in result.stderr, result.output
+    with so.Runtime([], store=url) as rt:
+        state = rt.state_sync(r.session_id)
+        assert state.turn is not None and (state.turn.error or {}).get("code") == "session_expired"
+        assert rt.pending_sync(session_id=r.session_id) == []
