@@ -179,17 +179,30 @@ class Chaos:
                 body = {"text": text, "turnPolicy": policy}
                 r = await self.http.post(f"/v1/sessions/{session_id}/messages", json=body)
                 if r.status_code != 200:
-                    self._http_error("message", r, ())
+                    child = await self._is_child(session_id)
+                    self._http_error("message", r, ("session_busy",) if child else ())
                     return
             else:
                 await self.front.send(session_id, text, principal=ALICE, turn_policy=policy)
         except httpx.TransportError:
             self.ledger.lost_transport += 1
             return
+        except so.SessionBusy as exc:
+            if not await self._is_child(session_id):
+                self.ledger.surprises.append(f"message {session_id}: SessionBusy: {exc}")
+            return
         except so.SignoffError as exc:
             self.ledger.surprises.append(f"message {session_id}: {type(exc).__name__}: {exc}")
             return
         self.ledger.messages[text] = True
+
+    async def _is_child(self, session_id: str) -> bool:
+        """Whether the session is a subagent's: a message is refused (`SessionBusy`) while its
+        delegated task has not started, which a kill between the delegate call's creating the
+        child and starting it leaves so until the parent's turn goes on."""
+        async for e in self.front.events(session_id, follow=False):
+            return e.type == "session.created" and e.data.get("parent") is not None
+        return False
 
     async def asked_after_cancel(self, pending: list[so.InputRequest]) -> None:
         """A pending request of the delegated turn of a child whose parent's turn the test
