@@ -95,6 +95,14 @@ RuntimeArgument = Annotated[
 ]
 """The runtime a command that only reads or manages the store may name, for its store."""
 
+SessionArgument = Annotated[
+    str,
+    typer.Argument(
+        metavar="SESSION_ID", help="The session's id (ses_...), as 'signoff sessions' lists it."
+    ),
+]
+"""The session a command acts on (`events`, `cancel`, `delete`)."""
+
 
 def log_level_of(value: object) -> str:
     """A log level as `serve` and `worker` take it (uvicorn's names, any case)."""

@@ -16,6 +16,7 @@ from ..channels.terminal import printable
 from ._app import (
     NoModel,
     RuntimeArgument,
+    SessionArgument,
     StoreOption,
     app,
     as_option,
@@ -56,12 +57,7 @@ class _Recorder(Runtime):
 
 @app.command()
 def cancel(
-    session_id: Annotated[
-        str,
-        typer.Argument(
-            metavar="SESSION_ID", help="The session's id (ses_...), as 'signoff sessions' lists it."
-        ),
-    ],
+    session_id: SessionArgument,
     target: RuntimeArgument = None,
     reason: Annotated[
         str | None,

@@ -16,6 +16,7 @@ from ..channels.terminal import TerminalChannel, printable
 from ..stores import SQLiteStore
 from ._app import (
     RuntimeArgument,
+    SessionArgument,
     StoreOption,
     app,
     as_option,
@@ -41,12 +42,7 @@ DeleterOption = Annotated[
 
 @app.command()
 def delete(
-    session_id: Annotated[
-        str,
-        typer.Argument(
-            metavar="SESSION_ID", help="The session's id (ses_...), as 'signoff sessions' lists it."
-        ),
-    ],
+    session_id: SessionArgument,
     target: RuntimeArgument = None,
     reason: Annotated[
         str | None,

@@ -26,6 +26,7 @@ from .._text import HIDDEN, escape_as_json
 from ..channels.terminal import compact_json, printable
 from ._app import (
     RuntimeArgument,
+    SessionArgument,
     StoreOption,
     app,
     clip,
@@ -186,12 +187,7 @@ async def _print_log(
 
 @app.command()
 def events(
-    session_id: Annotated[
-        str,
-        typer.Argument(
-            metavar="SESSION_ID", help="The session's id (ses_...), as 'signoff sessions' lists it."
-        ),
-    ],
+    session_id: SessionArgument,
     target: RuntimeArgument = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new events (Ctrl-C stops).")
