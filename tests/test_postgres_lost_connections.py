@@ -435,3 +435,40 @@ async def test_a_worker_drive_reads_the_head_with_its_claim_not_after_it(
             stop.set()
             await asyncio.wait_for(working, 30)
         assert heads == []
+
+
+async def test_a_read_whose_connection_is_lost_twice_is_tried_a_third_time(
+    pg: PostgresStore, pg_store_url: str
+) -> None:
+    """A server crashing kills the connection a read had and the one its retry makes as the
+    server goes down: a follower's read of the head then ended with a `StoreError` (seen in CI
+    during a crash recovery) where a write, tried three times, went on. A read is tried three
+    times too; a third loss is still an error."""
+    sid = await new_session(pg)
+    holder, observer = await admin(pg_store_url), await admin(pg_store_url)
+    async with holder, observer:
+        # The read waits for the table's lock, in a backend to kill there.
+        await holder.execute("BEGIN")
+        await holder.execute("LOCK TABLE signoff.sessions IN ACCESS EXCLUSIVE MODE")
+        read = asyncio.create_task(pg.head(sid))
+        killed: set[int] = set()
+        for _ in range(2):
+            pid = await _backend_waiting(observer, "%", killed)
+            await observer.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            killed.add(pid)
+        await _backend_waiting(observer, "%", killed)  # the third attempt, waiting
+        assert not read.done()
+        await holder.execute("COMMIT")
+        assert await asyncio.wait_for(read, 10) == 1
+        await holder.execute("BEGIN")
+        await holder.execute("LOCK TABLE signoff.sessions IN ACCESS EXCLUSIVE MODE")
+        read = asyncio.create_task(pg.head(sid))
+        killed = set()
+        for _ in range(3):
+            pid = await _backend_waiting(observer, "%", killed)
+            await observer.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            killed.add(pid)
+        with pytest.raises(StoreError, match="failed at"):
+            await asyncio.wait_for(read, 10)
+        await holder.execute("COMMIT")
+    assert await pg.head(sid) == 1

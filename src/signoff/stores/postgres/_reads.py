@@ -1,6 +1,6 @@
 """The PostgreSQL store's reads: sessions and their events, requests and the approval queue
-(the audit trail's are in `_audit_reads`). Each is one read on a pooled connection, retried once
-if the connection is lost."""
+(the audit trail's are in `_audit_reads`). Each is one read on a pooled connection, retried (twice
+at most) if the connection is lost."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Running a read or a write on the PostgreSQL store's pool, with the retries a lost
-connection allows: a read is tried again once, a write again when it was lost before it was
-sent or is found not committed. `Transactions` is the part of `Connections` that does it."""
+connection allows: a read is tried again (three attempts in all), a write again when it was
+lost before it was sent or is found not committed. `Transactions` is the part of `Connections`
+that does it."""
 
 from __future__ import annotations
 
@@ -50,10 +51,11 @@ class Transactions:
         def _forget(self) -> None: ...
 
     async def _read(self, body: Callable[[Conn], Awaitable[T]], what: str) -> T:
-        """Run a read-only `body`; a lost connection is retried once on a fresh one, one cut for
-        passing `operation_timeout` is not (the server is not answering)."""
+        """Run a read-only `body`; a lost connection is retried on a fresh one, twice at most
+        (as a write): a server crashing kills a connection made as it goes down, too. One cut for
+        passing `operation_timeout` is not retried (the server is not answering)."""
         pool = await self._get_pool()
-        for attempt in range(2):
+        for attempt in range(3):
             broken = False
             borrowed = self._borrow(pool, attempt)
             try:
@@ -70,7 +72,7 @@ class Transactions:
             except psycopg.Error as exc:
                 if borrowed.expired:
                     raise self._timed_out(what) from exc
-                if isinstance(exc, psycopg.OperationalError) and broken and attempt == 0:
+                if isinstance(exc, psycopg.OperationalError) and broken and attempt < 2:
                     await self._after_loss(pool)
                     continue
                 if isinstance(exc, _MISSING):
