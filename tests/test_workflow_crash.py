@@ -32,8 +32,10 @@ from ._procs import lapse_leases, query
 
 ROOT = Path(__file__).resolve().parent.parent
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
-LEASE_TTL = 0.5
-"""The lease TTL of the test that needs a step to block past it."""
+LEASE_TTL = 1.5
+"""The lease TTL of the test that needs a step to block past it: long enough that a loaded
+machine's stall does not outlast the renewal's half of it (at 0.5 s, a CI run's child lost its
+lease so, and the worker ran the step again: the "stalled past its lease" case)."""
 
 CHILD_LEASE_TTL = 5.0
 """The children's lease TTL otherwise: one a loaded machine's stalls cannot outlast (a drive
@@ -426,12 +428,12 @@ async def test_sigkill_after_a_long_journal_whose_snapshot_left_it_out(tmp_path:
 async def test_a_step_blocking_past_the_lease_ttl_is_not_run_again_by_a_worker(
     tmp_path: Path, store_url: str
 ) -> None:
-    """A step's plain function that blocks (here 6 lease TTLs) must not stop its process from
+    """A step's plain function that blocks (here 3 lease TTLs) must not stop its process from
     renewing the lease: else the lease lapses mid-step, a worker elsewhere claims the session
     and runs the step again, while the first is still in it."""
     children: list[Child] = []
     try:
-        slow = str(6 * LEASE_TTL)
+        slow = str(3 * LEASE_TTL)
         options = ["--slow-step", slow, "--store", store_url, "--lease-ttl", str(LEASE_TTL)]
         first = Child(tmp_path, ["start", *options])
         children.append(first)
