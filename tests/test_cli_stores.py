@@ -120,6 +120,7 @@ def test_answering_with_a_runtime_refuses_a_store_that_does_not_exist(tmp_path: 
         result = invoke(*args, TARGET, "--store", f"sqlite:///{typo}")
         assert result.exit_code == 1, (args, result.output)
         assert result.stderr.startswith(f"error: UsageError: no store at {typo}"), result.stderr
+        assert "serve, worker, chat and db upgrade create one" in result.stderr  # every way
         assert not typo.exists(), args
 
 

@@ -139,7 +139,8 @@ async def test_the_blocking_client_reads_within_its_cap(canned: Canned) -> None:
 
 @pytest.mark.parametrize("value", [0, 1023, True, "65536", 65536.0, None])
 def test_a_cap_that_is_not_a_whole_number_of_bytes_is_refused(value: object) -> None:
-    with pytest.raises(so.UsageError, match="max_reply_bytes must be an integer >= 1024"):
+    with pytest.raises(so.UsageError, match="^AsyncClient: max_reply_bytes must be an integer"):
         AsyncClient("http://127.0.0.1:1", max_reply_bytes=value)  # type: ignore[arg-type]
-    with pytest.raises(so.UsageError, match="max_reply_bytes"):
+    # The blocking client's error names it, not the AsyncClient it wraps.
+    with pytest.raises(so.UsageError, match="^Client: max_reply_bytes must be an integer"):
         Client("http://127.0.0.1:1", max_reply_bytes=value)  # type: ignore[arg-type]

@@ -217,7 +217,8 @@ def test_a_ca_bundle_that_cannot_be_loaded_is_a_usage_error(flavor: str, tmp_pat
 @pytest.mark.parametrize("proxy", ["ftp://proxy.example:21", "http://[::1"])
 def test_a_proxy_that_cannot_be_used_is_a_usage_error(flavor: str, proxy: str) -> None:
     key = "OPENAI_API_KEY" if flavor == "openai" else "ANTHROPIC_API_KEY"
-    with pytest.raises(so.UsageError, match="a proxy env names is not usable"):
+    named = r"the proxy URL HTTPS_PROXY names \(.*\) is not usable"
+    with pytest.raises(so.UsageError, match=named):
         so.models.from_env(env={key: API_KEY, "HTTPS_PROXY": proxy})
 
 

@@ -41,12 +41,16 @@ def test_authentication_and_visibility(base: str) -> None:
         with client(base, "mallory-token") as mallory:
             body = start(alice)
             sid, rid = body["session_id"], body["pending"][0]["id"]
-            error(httpx.get(f"{base}/v1/sessions/{sid}", verify=PLAIN), 401, "unauthenticated")
-            error(
+            plain = httpx.get(f"{base}/v1/sessions/{sid}", verify=PLAIN)
+            none = error(plain, 401, "unauthenticated")
+            assert none["message"].startswith("authenticate with a bearer token"), none
+            wrong = error(
                 httpx.get(f"{base}/v1/requests", headers=auth("wrong"), verify=PLAIN),
                 401,
                 "unauthenticated",
             )
+            # a token sent and refused is told apart from none sent (not which tokens exist)
+            assert wrong["message"].startswith("the bearer token sent is not one"), wrong
             # another tenant cannot see the session, its events, or its requests
             error(mallory.get(f"/v1/sessions/{sid}"), 404, "unknown_session")
             error(mallory.get(f"/v1/sessions/{sid}/events?follow=false"), 404, "unknown_session")

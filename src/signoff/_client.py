@@ -498,6 +498,7 @@ class Client:
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
         verify: ssl.SSLContext | bool = True,
     ) -> None:
+        check_reply_cap("Client", max_reply_bytes)  # named as the caller knows it
         self._async = AsyncClient(
             base_url,
             token=token,

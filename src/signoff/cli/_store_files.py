@@ -27,7 +27,7 @@ def existing_store(store: str | None) -> str:
         if not os.path.exists(path):
             raise UsageError(
                 f"no store at {path} (from {url}): pass --store or set SIGNOFF_STORE; "
-                "serve, worker and chat create one"
+                "serve, worker, chat and db upgrade create one"
             )
         tables = _unmarked(path)
         if tables:
@@ -35,7 +35,8 @@ def existing_store(store: str | None) -> str:
         if tables is not None:
             raise UsageError(
                 f"{path} is not a signoff store (it has no signoff schema): pass the "
-                "store's path with --store or SIGNOFF_STORE; serve, worker and chat create one"
+                "store's path with --store or SIGNOFF_STORE; serve, worker, chat and db upgrade "
+                "create one"
             )
     return url
 

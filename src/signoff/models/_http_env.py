@@ -137,7 +137,10 @@ class HttpEnv:
                 try:
                     http.Proxy(url)
                 except (ValueError, http.InvalidURL) as exc:
-                    raise UsageError(f"{owner}: a proxy env names is not usable: {exc}") from None
+                    name = pattern.removesuffix("://").upper() + "_PROXY"
+                    raise UsageError(
+                        f"{owner}: the proxy URL {name} names ({url}) is not usable: {exc}"
+                    ) from None
             self.routes[pattern] = url
 
     def client_options(self) -> dict[str, Any]:

@@ -64,6 +64,7 @@ REQUEST_SCAN = 10_000
 REQUEST_CHUNK = 500  # requests read per store query while filtering a caller's queue
 
 TOKEN_REQUIRED = "authenticate with a bearer token (Authorization header)"
+TOKEN_REFUSED = "the bearer token sent is not one this server accepts (mistyped, or revoked)"
 DEV_REFUSED = (
     "dev mode serves only requests from this machine, addressed to localhost, 127.0.0.1 or "
     "[::1] and not sent by a page of another origin; serve others with --token "
@@ -203,7 +204,12 @@ class ServerContext:
                 message = f"send one Authorization header, not {count}"
                 raise ApiError(401, "unauthenticated", message)
             # dev mode has no token to ask for: say what it serves instead
-            message = DEV_REFUSED if isinstance(self.auth, DevAuth) else TOKEN_REQUIRED
+            if isinstance(self.auth, DevAuth):
+                message = DEV_REFUSED
+            elif bearer_token(request) is not None:  # a token, refused: not "send one"
+                message = TOKEN_REFUSED
+            else:
+                message = TOKEN_REQUIRED
             raise ApiError(401, "unauthenticated", message)
         return principal
 
