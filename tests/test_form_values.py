@@ -79,6 +79,24 @@ def _bodies(csrf: str) -> dict[str, tuple[str, bytes, int, str]]:
             400,
             "malformed_form",
         ),
+        "parts cut off before the closing boundary": (
+            _multipart([("csrf", csrf.encode()), ("option", b"approve"), ("text", b"why")])[0],
+            _multipart([("csrf", csrf.encode()), ("option", b"approve"), ("text", b"why")])[1][
+                : -len(b"\r\n--x--\r\n")
+            ],
+            400,
+            "malformed_form",
+        ),
+        "a field sent as a file": (
+            _multipart([("csrf", csrf.encode()), ("option", b"approve")])[0],
+            _multipart([("csrf", csrf.encode()), ("option", b"approve")])[1].replace(
+                b"--x--",
+                b'--x\r\nContent-Disposition: form-data; name="text"; filename="a.txt"\r\n'
+                b"\r\nwhy\r\n--x--",
+            ),
+            400,
+            "malformed_form",
+        ),
         "parts labelled latin-1": (
             *_multipart(
                 [("csrf", csrf.encode()), ("option", b"approve"), ("text", b"caf\xc3\xa9")],
@@ -95,7 +113,9 @@ def test_an_answer_with_a_field_twice_or_not_utf8_is_refused(store_url: str, nam
     """`option=cancel&option=approve` approved (Starlette keeps the last value); `text=%FF` was
     recorded as the reason "\ufffd", raw UTF-8 (`curl -d`) as "Ã©" and a part labelled
     Latin-1 as such: each was a 303 that settled the request, as was an ASCII urlencoded body
-    labelled UTF-16 (read as ASCII, where a gateway decoding by the label reads other text)."""
+    labelled UTF-16 (read as ASCII, where a gateway decoding by the label reads other text).
+    Parts cut off before the closing boundary, or a reason sent as a file, settled it without
+    the reason (the parser drops a last part cut off, and the form kept only text fields)."""
     with served(store_url) as base, signed_in(base) as c:
         body = start(base)
         rid = body["pending"][0]["id"]

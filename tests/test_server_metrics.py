@@ -135,6 +135,21 @@ async def test_a_guessed_scrape_token_is_throttled_as_any_guess(tmp_path: Path) 
         assert (r.status_code, r.json()["error"]["code"]) == (429, "too_many_failures")
 
 
+async def test_the_scrape_token_sent_to_the_api_is_refused_as_such_not_as_a_guess(
+    tmp_path: Path,
+) -> None:
+    """A scraper pointed at the wrong path was told its token is not one the server accepts,
+    and each try counted as a guess: after ten the address (and every token from it, the
+    scrape token on /metrics included) was held for a minute."""
+    async with metered(f"sqlite:///{tmp_path}/s.db", metrics_token=SCRAPE) as (_, c):
+        for _ in range(40):
+            r = await c.get("/v1/sessions", headers=auth(SCRAPE))
+            assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthenticated")
+            assert r.json()["error"]["message"].startswith("the metrics token opens /metrics only")
+        await scrape(c, auth(SCRAPE))
+        assert (await c.get("/v1/sessions", headers=auth("alice-token"))).status_code == 200
+
+
 async def test_counters_follow_real_calls_by_route_template(store_url: str) -> None:
     async with metered(store_url) as (runtime, c):
         before = await scrape(c)
@@ -353,7 +368,7 @@ def test_serve_metrics_and_its_token(
         monkeypatch.setenv("SIGNOFF_METRICS_TOKEN", SCRAPE)
     result = invoke(*args)
     assert result.exit_code == 0, result.output
-    assert served[0].state.signoff_metrics._digest is not None
+    assert served[0].state.signoff.scrape_digest is not None
 
 
 def test_serve_refuses_a_metrics_token_without_metrics(

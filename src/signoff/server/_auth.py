@@ -39,6 +39,7 @@ __all__ = [
     "default_access",
     "default_filter",
     "may_see",
+    "token_digest",
 ]
 
 TOKEN_COOKIE = "signoff_token"
@@ -128,15 +129,16 @@ class TokenAuth:
     def lookup(self, token: str) -> Principal | None:
         """The principal of `token`, compared in constant time: digests are compared, so the
         time taken does not tell how long a configured token is either."""
-        sent = _digest(token)
+        sent = token_digest(token)
         found = None
         for known, principal in self.tokens.items():
-            if hmac.compare_digest(_digest(known), sent):
+            if hmac.compare_digest(token_digest(known), sent):
                 found = principal
         return found
 
 
-def _digest(token: str) -> bytes:
+def token_digest(token: str) -> bytes:
+    """A token's SHA-256, which is what is compared (and kept, for the metrics token)."""
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import inspect
 import logging
 import math
@@ -40,6 +41,7 @@ from ._auth import (
     default_filter,
     may_see,
     sign_in_cookie,
+    token_digest,
 )
 from ._errors import ApiError
 from ._sign_ins import SIGN_IN_LIFETIME, Grant, Honoured, SignOuts, checked
@@ -65,6 +67,7 @@ REQUEST_CHUNK = 500  # requests read per store query while filtering a caller's 
 
 TOKEN_REQUIRED = "authenticate with a bearer token (Authorization header)"
 TOKEN_REFUSED = "the bearer token sent is not one this server accepts (mistyped, or revoked)"
+SCRAPE_TOKEN_ONLY = "the metrics token opens /metrics only: call the API with an API token"
 DEV_REFUSED = (
     "dev mode serves only requests from this machine, addressed to localhost, 127.0.0.1 or "
     "[::1] and not sent by a page of another origin; serve others with --token "
@@ -91,6 +94,8 @@ class ServerContext:
     # under this process (a request, `/readyz` or the in-process workers met `StoreGone`): only
     # a restart mends that, so `/healthz` fails from then on.
     gone: StoreGone | None = None
+    # The digest of `/metrics`'s own token (`Scraping`): refused elsewhere, but not a guess.
+    scrape_digest: bytes | None = None
     # A session's initiator never changes (`initiator`).
     _initiators: dict[str, Principal | None] = field(default_factory=dict, repr=False)
     sign_outs: SignOuts = field(init=False, repr=False)
@@ -128,13 +133,20 @@ class ServerContext:
         if result is not None and not isinstance(result, Principal):
             raise TypeError(f"the authenticator returned {result!r}, not a Principal or None")
         found: Principal | None = result
-        if found is None and guessed:
+        if found is None and guessed and not self.scrape_token(bearer_token(request)):
             self.failures.failed(client_of(request))
         if found is None:
             grant = await self.sign_in(request)
             found = None if grant is None else grant.principal
         request.state.signoff_principal = found
         return found
+
+    def scrape_token(self, token: str | None) -> bool:
+        """Whether `token` is the metrics token, compared in constant time."""
+        digest = self.scrape_digest
+        if digest is None or token is None:
+            return False
+        return hmac.compare_digest(token_digest(token), digest)
 
     async def _authenticate(self, request: HTTPConnection) -> Any:
         """The authenticator's answer: an `async` one (or a built-in one, which does no I/O) on
@@ -206,6 +218,8 @@ class ServerContext:
             # dev mode has no token to ask for: say what it serves instead
             if isinstance(self.auth, DevAuth):
                 message = DEV_REFUSED
+            elif self.scrape_token(bearer_token(request)):  # a scraper sent to the wrong path
+                message = SCRAPE_TOKEN_ONLY
             elif bearer_token(request) is not None:  # a token, refused: not "send one"
                 message = TOKEN_REFUSED
             else:

@@ -42,22 +42,30 @@ def _utf8(raw: bytes) -> bool:
     return True
 
 
-def _type(request: Request) -> tuple[str, str | None]:
-    """The body's media type, lowercased, and the charset its label names, if any."""
+def _type(request: Request) -> tuple[str, dict[str, str]]:
+    """The body's media type, lowercased, and the parameters of its label (`charset`,
+    `boundary`), by lowercased name."""
     kind, *params = request.headers.get("content-type", "").split(";")
-    charset = None
+    named: dict[str, str] = {}
     for param in params:
         name, _, value = param.partition("=")
-        if name.strip().lower() == "charset":
-            charset = value.strip().strip('"')
-    return kind.strip().lower(), charset
+        named.setdefault(name.strip().lower(), value.strip().strip('"'))
+    return kind.strip().lower(), named
+
+
+def _closed(body: bytes, boundary: str) -> bool:
+    """Whether a multipart body has its closing boundary: the parser drops a last part cut off
+    before it (a reason or an answer lost, the rest acted on) rather than refuse the body."""
+    close = b"--" + boundary.encode("latin-1") + b"--"
+    return body.startswith(close) or b"\r\n" + close in body
 
 
 async def _check_bytes(request: Request) -> None:
     """400 `malformed_form` for a form body the parser would read as something it does not say:
     over the fields a form may have (`too_many_fields`, refused unparsed), not UTF-8, or
     labelled with another charset (read as UTF-8, where a gateway decodes it by its label)."""
-    kind, charset = _type(request)
+    kind, params = _type(request)
+    charset = params.get("charset")
     if kind in (_URLENCODED, _MULTIPART) and charset is not None and _codec(charset) != "utf-8":
         raise _malformed(f"it is labelled {charset!r}: a form is sent as UTF-8")
     if kind == _URLENCODED:
@@ -70,8 +78,12 @@ async def _check_bytes(request: Request) -> None:
         if not body.isascii() or not _utf8(unquote_to_bytes(body)):
             raise _malformed(NOT_UTF8)
     elif kind == _MULTIPART:
-        if not _utf8(await request.body()):  # the dashboard's forms have no file to upload
+        body = await request.body()
+        if not _utf8(body):  # the dashboard's forms have no file to upload
             raise _malformed(NOT_UTF8)
+        boundary = params.get("boundary")
+        if boundary and boundary.isascii() and not _closed(body, boundary):
+            raise _malformed("its parts end before the closing boundary (cut off?)")
 
 
 def _codec(charset: str) -> str | None:
@@ -112,4 +124,9 @@ async def form_fields(request: Request) -> dict[str, str]:
         raise ApiError(
             422, "invalid_request", message, fields=[{"field": name, "problem": problem}]
         )
+    files = [name for name, value in form.multi_items() if not isinstance(value, str)]
+    if files:  # dropped, it was a reason or an answer lost with the rest acted on
+        await form.close()
+        name = files[0] if len(files[0]) <= 100 else files[0][:100] + "…"
+        raise _malformed(f"the field {name!r} is sent as a file: the form has no file to upload")
     return {k: v for k, v in form.items() if isinstance(v, str)}
