@@ -233,13 +233,19 @@ def test_the_pager_follows_the_queue_as_it_shrinks_and_grows(
     expect(page.locator(f"[data-request-id='{bodies[2]['pending'][0]['id']}']")).to_have_count(1)
     expect(pager).to_have_count(0)
     expect(page).to_have_url(f"{base}/_signoff/")
+    # With one page left, no "Page 1 of 1" told the reviewer their page 2 was gone: a note does,
+    # kept by the live reads of page 1 that follow, gone once another page is shown.
+    note = page.locator(".pager-note")
+    expect(note).to_have_text("Page 2 is gone (fewer are open now): showing page 1.")
     more = [start(base) for _ in range(2)]  # three again: page 1 of 2, and a way to the next
     expect(page.locator("[data-request-id]")).to_have_count(2)
     expect(pager).to_contain_text("Page 1 of 2")
+    expect(note).to_have_count(1)
     pager.get_by_role("link", name="Next →").click()
     expect(page).to_have_url(f"{base}/_signoff/?page=2")
     expect(page.locator(f"[data-request-id='{more[1]['pending'][0]['id']}']")).to_have_count(1)
     expect(pager).to_contain_text("Page 2 of 2")
+    expect(note).to_have_count(0)
 
 
 # The pauses the page's script sets before it tries a stream again, in order: its only timers
@@ -512,3 +518,46 @@ def test_a_click_as_a_card_leaves_does_not_answer_the_card_slid_under_it(
     page.wait_for_timeout(800)  # it stays put: a press now is meant
     page.mouse.click(x, y)
     expect(slid.locator(".result-note")).to_contain_text("Approved")
+
+
+NOTES = """
+window.notes = [];
+new MutationObserver((changes) => {
+  changes.forEach((c) => c.addedNodes.forEach((n) => {
+    if (n.classList && n.classList.contains("result-note")) window.notes.push(n.textContent);
+  }));
+}).observe(document, { childList: true, subtree: true });
+"""
+
+
+def test_an_answer_refused_as_closed_first_is_not_then_said_closed_before_it(
+    page: Page, base: str
+) -> None:
+    """A reviewer's Approve on a card another tab had denied said "... Nothing was changed";
+    the queue's next live update then added "Closed elsewhere ... before you answered", which
+    contradicts it (the note had the focus, so the card counted as being written in). The
+    card keeps its one note, and leaves."""
+    held = [True]
+
+    def stream(route: Route) -> None:
+        if held[0]:
+            route.abort()  # no live update until the answer's note is shown
+        else:
+            route.continue_()
+
+    page.add_init_script(NOTES)
+    page.route("**/_signoff/stream", stream)
+    first = start(base)
+    page.goto("/_signoff/")
+    card = page.locator(f"[data-request-id='{first['pending'][0]['id']}']")
+    card.locator("input[name=text]").fill("looks right")
+    deny(base, first)
+    card.get_by_role("button", name="Approve").click()
+    expect(card.locator(".result-note")).to_contain_text("Nothing was changed")
+    held[0] = False
+    second = start(base)  # the live update that comes next brings this one's card
+    arrived = page.locator(f"[data-request-id='{second['pending'][0]['id']}']")
+    expect(arrived).to_be_attached(timeout=30_000)
+    notes: list[str] = page.evaluate("window.notes")
+    assert len(notes) == 1 and "Nothing was changed" in notes[0], notes
+    expect(card).to_have_count(0, timeout=15_000)  # and it leaves

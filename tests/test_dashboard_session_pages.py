@@ -58,6 +58,8 @@ async def test_a_sessions_open_requests_are_paged(
     assert f'name="next" value="/_signoff/sessions/{sid}?page=2"' in page
     page = (await c.get(f"/_signoff/sessions/{sid}?page=9")).text
     assert shown(page, ids) == ids[4:] and "Page 3 of 3" in page
+    assert "Page 9 is gone (fewer are open now): showing page 3." in page  # and says so
+    assert "is gone" not in (await c.get(f"/_signoff/sessions/{sid}?page=3")).text
 
 
 async def test_a_sessions_live_read_brings_the_page_it_shows(

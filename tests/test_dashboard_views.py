@@ -219,11 +219,15 @@ def test_odd_query_strings_are_not_server_errors(base: str) -> None:
 @pytest.mark.parametrize("token", ["alice-token", "admin-token"])
 def test_a_page_past_the_end_of_the_queue_shows_its_last_page(base: str, token: str) -> None:
     """A reviewer left on page 2 after the queue shrank (or following an old link) sees the
-    last page, not "All caught up" beside a count of open requests."""
+    last page, not "All caught up" beside a count of open requests; and is told so (with one
+    page left there is no "Page 1 of 1" to tell it)."""
     rid = start(base)["pending"][0]["id"]
-    for path in ("/_signoff/?page=2", "/_signoff/fragments/queue?page=7"):
+    for path, asked in (("/_signoff/?page=2", 2), ("/_signoff/fragments/queue?page=7", 7)):
         page = httpx.get(base + path, headers=auth(token), verify=PLAIN).text
         assert rid in page and "All caught up" not in page, path
+        assert f"Page {asked} is gone (fewer are open now): showing page 1." in page, path
+    page = httpx.get(f"{base}/_signoff/", headers=auth(token), verify=PLAIN).text
+    assert "is gone" not in page
 
 
 def test_a_page_past_the_end_of_the_audit_shows_its_last_page(base: str) -> None:

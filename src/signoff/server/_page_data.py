@@ -104,6 +104,7 @@ async def queue_context(request: Request) -> dict[str, Any]:
     flt, picked, page = _queue_filter(request)
     items, total = await ctx.visible_requests(viewer, flt)
     pages = max(1, -(-total // PAGE_SIZE))
+    asked = page
     if page > pages:  # the queue shrank below this page (or an old link): show its last page
         page = pages
         flt = replace(flt, offset=(page - 1) * PAGE_SIZE)
@@ -119,6 +120,7 @@ async def queue_context(request: Request) -> dict[str, Any]:
         pages=pages,
         picked=picked,
         tool_names=tools,
+        shrank=asked if asked > page else None,  # the pager says so
         query=urlencode({**picked, **({"page": page} if page > 1 else {})}),
         page_query=lambda n: urlencode({**picked, "page": n}),
         **await _offers(ctx, viewer, items),
@@ -431,7 +433,7 @@ async def session_context(
     seq = events[-1].seq if events else after
     waiting = state.pending_requests()
     pages = max(1, -(-len(waiting) // PAGE_SIZE))
-    page = min(page, pages)  # fewer open requests than this page needs: the last page
+    asked, page = page, min(page, pages)  # fewer open requests than this page needs: the last
     pending = waiting[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
     kept = {"upto": upto} if upto else {}  # the trace's place, kept by the pager's links
     return base(
@@ -448,6 +450,7 @@ async def session_context(
         total=len(waiting),
         page=page,
         pages=pages,
+        shrank=asked if asked > page else None,  # the pager says so
         query=urlencode({**kept, **({"page": page} if page > 1 else {})}),
         page_query=lambda n: urlencode({**kept, "page": n}),
         **await _offers(ctx, viewer, pending),

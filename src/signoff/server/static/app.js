@@ -360,11 +360,15 @@
   }
 
   // The pager says which page the cards are: the last, once the list shrank below the one shown;
-  // the next reads ask for that page, and the address names it (a reload shows it).
+  // the next reads ask for that page, and the address names it (a reload shows it). Its note
+  // that the page asked is gone stays while that page is shown: the next read, asking for the
+  // page shown, has none.
   function repage(pager) {
     const drawn = document.querySelector("[data-pager]");
     if (!pager || !drawn) return null;
     const was = drawn.dataset.query;
+    const said = drawn.querySelector(".pager-note");
+    if (said && !pager.querySelector(".pager-note") && pager.dataset.query === was) pager.append(said);
     drawn.replaceWith(pager);
     if (pager.dataset.query !== was) {
       const query = pager.dataset.query ? "?" + pager.dataset.query : "";
@@ -635,10 +639,13 @@
     } catch (err) {
       if (["conflicting_answer", "request_closed", "session_expired"].includes(err.code)) {
         // Someone else (another tab) closed it first, or it expired: say so, and offer no more
-        // buttons, which could only fail alike; the card goes with the queue's next live update.
+        // buttons, which could only fail alike. The card is `done`: a live update saying it
+        // closed would otherwise add "closed elsewhere before you answered" beside this note.
         form.remove();
+        card.classList.add("done");
         noteFor(card, err.message + ". Nothing was changed.", "bad");
         toast(err.message, true);
+        setTimeout(() => leave(card), 8000);
         return;
       }
       buttons.forEach((b) => { b.disabled = false; });
