@@ -57,3 +57,23 @@ async def test_a_malformed_turn_id_is_a_usage_error_and_cancels_nothing(
             await rt.cancel(r.session_id, turn_id=bad)
         state = await rt.state(r.session_id)
         assert state.status == "waiting" and state.seq == seq
+
+
+async def test_the_requests_a_cancel_withdraws_carry_its_reason(store_url: str) -> None:
+    """A withdrawn request said only "turn cancelled" (the audit's Withdrawn tab, Slack's
+    message, the request's record): the reason the person gave was on the turn's event alone."""
+    async with so.Runtime([_agent()], store=store_url) as rt:
+        first = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        rid = first.pending[0].id
+        await rt.cancel(first.session_id, "wrong customer", principal=ALICE)
+        stored = await rt.store.get_request(rid)
+        assert stored is not None and stored.status == "withdrawn"
+        assert stored.resolution is not None
+        assert stored.resolution["reason"] == "turn cancelled: wrong customer"
+        resolved = [e for e in await events(rt, first.session_id) if e.type == "input.resolved"]
+        assert [e.data["reason"] for e in resolved] == ["turn cancelled: wrong customer"]
+        second = await rt.send(first.session_id, "basic, please", principal=ALICE)
+        await rt.cancel(first.session_id, principal=ALICE)  # no reason given: none added
+        stored = await rt.store.get_request(second.pending[0].id)
+        assert stored is not None and stored.resolution is not None
+        assert stored.resolution["reason"] == "turn cancelled"

@@ -13,6 +13,12 @@ from .stores import Resolve
 __all__ = ["cancel_specs", "stop_calls", "withdrawal"]
 
 
+def _withdrawn_because(reason: str | None) -> str:
+    """The reason an open request of a cancelled turn closed: the cancel's own, when it gave
+    one, which the audit trail of requests shows (the turn's event alone had it)."""
+    return f"turn cancelled: {reason}" if reason else "turn cancelled"
+
+
 def cancel_specs(
     pending: Sequence[InputRequest], reason: str | None, by: dict[str, Any] | None
 ) -> list[Any]:
@@ -25,7 +31,7 @@ def cancel_specs(
                 "request_id": r.id,
                 "outcome": "cancelled",
                 "status": "withdrawn",
-                "reason": "turn cancelled",
+                "reason": _withdrawn_because(reason),
                 "by": by,
             },
         )
@@ -34,9 +40,9 @@ def cancel_specs(
     return [*specs, ("turn.cancelled", {"reason": reason, "by": by}), ("session.waiting", {})]
 
 
-def withdrawal(request_id: str, by: dict[str, Any] | None) -> Resolve:
+def withdrawal(request_id: str, reason: str | None, by: dict[str, Any] | None) -> Resolve:
     """The store's record of an open request the cancellation withdrew."""
-    resolution = {"outcome": "cancelled", "reason": "turn cancelled", "by": by}
+    resolution = {"outcome": "cancelled", "reason": _withdrawn_because(reason), "by": by}
     return Resolve(
         request_id=request_id, status="withdrawn", outcome="cancelled", resolution=resolution
     )

@@ -479,7 +479,7 @@ class Runtime(Deletion):
                 delegated[:] = _child_sessions.delegated(current)
                 return Batch(
                     specs=cancel_specs(withdrawn, reason, by),
-                    resolve=[withdrawal(r.id, by) for r in withdrawn],
+                    resolve=[withdrawal(r.id, reason, by) for r in withdrawn],
                 )
 
             driver = self._driver(state, None)
