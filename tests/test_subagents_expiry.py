@@ -175,3 +175,30 @@ async def test_a_child_the_orphan_sweep_fails_on_is_logged_and_tried_again_later
         assert await rt.expire_due() == 1
         await _assert_child_cancelled(rt, parent, child)
         assert ran == []
+
+
+async def test_a_child_whose_own_ttl_passed_gives_its_lease_back_when_found_expired(
+    store_url: str,
+) -> None:
+    """The parent's delegate call drove a child whose TTL had passed: the drive recorded the
+    expiry and kept the child's lease (as a worker's failed drive keeps its own), so deleting
+    the finished parent said "subagent session ...'s turn holds the lease; cancel it first",
+    and a cancel of the child said `SessionExpired`, until the lease lapsed (30 s)."""
+    ran: list[str] = []
+    support, billing = refund_desk(so.always(), ran)
+    billing.limits = so.Limits(ttl=60)
+    clock = ManualClock()
+    async with so.Runtime([support, billing], store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        child = mirror.child.session_id
+        clock.advance(61)  # past the child's TTL, not the parent's (it has none)
+        again = await rt.generate(session_id=r.session_id)
+        assert again.status == "completed"
+        ended = (await rt.state(child)).turn
+        assert ended is not None and ended.status == "failed" and ran == []
+        assert ended.error is not None and ended.error["code"] == "session_expired"
+        await rt.delete_session(r.session_id)  # at once: nothing holds the child
+        with pytest.raises(so.UnknownSession):
+            await rt.state(child)

@@ -13,7 +13,7 @@ from functools import partial
 from . import _creation
 from ._agent import Agent
 from ._engine import Driver
-from ._exceptions import LeaseLost, PartialAnswer, SessionBusy, StoreError
+from ._exceptions import LeaseLost, PartialAnswer, SessionBusy, SessionExpired, StoreError
 from ._idempotency import Keyed, seen
 from ._leasing import lost_line
 from ._prompts import check_prompt, next_turn
@@ -242,7 +242,7 @@ class SessionRunner(SessionCache):
                 renew = asyncio.create_task(self._renew(session_id, owner, token, renewing, held))
                 driver: Driver | None = None
                 failed = True
-                lost = cancelled = False
+                lost = cancelled = expired = False
                 try:
                     state = await self._checked(session_id, lease=(owner, token), head=head)
                     if await self._recover(state):  # under the lease, its renewals running
@@ -274,6 +274,14 @@ class SessionRunner(SessionCache):
                     # failed: the lease is given back, so the next drive need not wait out its TTL.
                     cancelled = True
                     raise
+                except SessionExpired as exc:
+                    # Its TTL passed, which this drive recorded: the session is over, and nothing
+                    # is left for a worker to retry, so its lease (a worker's claim, a delegate
+                    # call's on its child) is given back, not kept to lapse: till then deleting
+                    # the session, or its parent's, was refused as busy.
+                    expired = True
+                    span.fail(exc)
+                    raise
                 except BaseException as exc:
                     span.fail(exc)
                     raise
@@ -292,7 +300,7 @@ class SessionRunner(SessionCache):
                         self._remember(driver.state)
                     if driver is not None and driver.released:
                         pass
-                    elif cancelled:
+                    elif cancelled or expired:
                         with contextlib.suppress(StoreError):  # kept in `_unreleased` for later
                             await self._release(session_id, owner, token)
                     elif not (failed and keep_on_error):
