@@ -171,6 +171,29 @@ async def test_a_damaged_snapshot_is_named_by_its_session(
             await rt.generate(session_id=sid, prompt="again")
 
 
+@pytest.mark.parametrize("damage", ["a row deleted", "a turn id changed"])
+async def test_a_damaged_log_is_a_store_error_not_a_newer_schema(
+    store_url: str, damage: str
+) -> None:
+    """An event row deleted by hand, or its turn id changed, raised `SchemaVersionError`,
+    whose documented fix (`signoff db upgrade`, a newer signoff) mends nothing: it is a
+    `StoreError` saying the session is damaged, on either store."""
+    agent = scripted_agent("a", [reply("ok")], repeat_last=True)
+    async with so.Runtime([agent], store=store_url) as rt:
+        sid = (await rt.generate("a", prompt="first")).session_id
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions")
+    if damage == "a row deleted":
+        alter(store_url, "DELETE FROM {t}events WHERE sk={p} AND seq=3", sk)
+        said = "does not follow 2"
+    else:
+        alter(store_url, "UPDATE {t}events SET turn={p} WHERE sk={p} AND seq=3", "trn_x", sk)
+        said = "refers to a turn that is not open"
+    async with so.Runtime([agent], store=store_url) as rt:
+        with pytest.raises(so.StoreError, match=f"session {sid} is damaged: .*{said}") as hit:
+            await rt.state(sid)
+    assert not isinstance(hit.value, so.SchemaVersionError)
+
+
 def test_event_from_row_refuses_newer_versions_and_unknown_types() -> None:
     ok = so.Event.from_row(
         session_id="s", seq=1, type="turn.started", at=1.0, turn_id="t", data={}, v=1

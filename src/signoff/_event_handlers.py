@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._events import Event
-from ._exceptions import SchemaVersionError, StoreError
+from ._exceptions import StoreError
 from ._idempotency import KEPT
 from ._state_parts import CallState, RequestState, TurnState, kept_usage, load_principal
 from ._types import InputRequest
@@ -436,7 +436,10 @@ def _revive(turn: TurnState) -> None:
 
 def _turn(s: SessionState, e: Event) -> TurnState:
     if s.turn is None or s.turn.id != e.turn_id:
-        raise SchemaVersionError(f"event {e.id} ({e.type}) refers to a turn that is not open")
+        raise StoreError(
+            f"session {e.session_id} is damaged: event {e.id} ({e.type}) refers to a turn that "
+            "is not open"
+        )
     return s.turn
 
 
@@ -445,7 +448,9 @@ def _call(s: SessionState, e: Event) -> CallState:
     try:
         return turn.calls[e.data["call_id"]]
     except KeyError:
-        raise SchemaVersionError(f"event {e.id} ({e.type}) refers to an unknown call") from None
+        raise StoreError(
+            f"session {e.session_id} is damaged: event {e.id} ({e.type}) refers to an unknown call"
+        ) from None
 
 
 HANDLERS = {

@@ -174,8 +174,10 @@ class SessionState:
     def apply(self, event: Event) -> None:
         """Advance the state by one event; events must come in `seq` order."""
         if event.seq != self.seq + 1:
-            raise SchemaVersionError(
-                f"session {self.id}: event seq {event.seq} does not follow {self.seq}"
+            # Damage (a row deleted by hand, a copy restored in part), not a newer signoff's
+            # data: `SchemaVersionError` said to upgrade, which mends nothing.
+            raise StoreError(
+                f"session {self.id} is damaged: event seq {event.seq} does not follow {self.seq}"
             )
         self.seq = event.seq
         if event.type != "subagent.spent":  # bookkeeping: the session was not active, its TTL
