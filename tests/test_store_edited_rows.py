@@ -149,9 +149,9 @@ async def test_a_session_row_that_disagrees_with_its_log_is_a_store_error(
 async def test_a_request_row_that_disagrees_with_the_log_is_a_store_error(
     store_url: str, damage: str
 ) -> None:
-    """The log says a request is pending, its row says otherwise (or is gone): answering it is
-    a StoreError naming both, not twenty retries ending in 'too much contention'; nothing is
-    written, and the other session's answer goes through."""
+    """The log says a request is pending, its row says otherwise (or is gone): answering it, or
+    cancelling its turn, is a StoreError naming both, not twenty retries ending in 'too much
+    contention'; nothing is written, and the other session's answer goes through."""
     async with so.Runtime([gated_agent()], store=store_url) as rt:
         one, two = await parked_pair(rt)
         rid = one.pending[0].id
@@ -161,6 +161,10 @@ async def test_a_request_row_that_disagrees_with_the_log_is_a_store_error(
         with pytest.raises(StoreError, match=f"session '{one.session_id}'.*{rid}") as info:
             await rt.respond(one.session_id, [answer])
         assert type(info.value) is StoreError, info.value
+        assert session_rows(store_url, one.session_id) == before
+        # A cancel, too (it said `SessionBusy`, "could not cancel", after its retries).
+        with pytest.raises(StoreError, match=f"session '{one.session_id}' is damaged.*{rid}"):
+            await rt.cancel(one.session_id, "stuck")
         assert session_rows(store_url, one.session_id) == before
         answer = so.InputResponse(request_id=two.pending[0].id, option_id="approve")
         assert (await rt.respond(two.session_id, [answer])).status == "completed"

@@ -463,12 +463,14 @@ class Runtime(Deletion):
             began = (turn.id, turn.first_seq)
             withdrawn: list[InputRequest] = []
             delegated: list[str] = []
+            built_on: list[int] = []  # the seq of the state the batch was built from
 
             def build(
                 current: SessionState,
                 tid: str = turn.id,
                 withdrawn: list[InputRequest] = withdrawn,
                 delegated: list[str] = delegated,
+                built_on: list[int] = built_on,
             ) -> Batch:
                 # Built from the state it is committed on: after a concurrent append the turn
                 # may have ended (nothing to cancel) or opened other requests (withdrawn too).
@@ -477,6 +479,7 @@ class Runtime(Deletion):
                     return Batch(specs=[])
                 withdrawn[:] = current.pending_requests()
                 delegated[:] = _child_sessions.delegated(current)
+                built_on[:] = [current.seq]
                 return Batch(
                     specs=cancel_specs(withdrawn, reason, by),
                     resolve=[withdrawal(r.id, reason, by) for r in withdrawn],
@@ -485,7 +488,13 @@ class Runtime(Deletion):
             driver = self._driver(state, None)
             try:
                 recorded = await driver.record(build, durable=True)
-            except (RequestClosed, TurnStopped):
+            except RequestClosed:
+                self._cache.pop(session_id, None)
+                if built_on:  # rows changed behind the log's back: no retry gets past that
+                    resolves = [withdrawal(r.id, reason, by) for r in withdrawn]
+                    await self._rows_agree(session_id, built_on[0], resolves)
+                continue
+            except TurnStopped:
                 self._cache.pop(session_id, None)
                 continue
             if not recorded:  # the turn ended meanwhile: report it as it is now
