@@ -328,8 +328,15 @@ def test_cancel_withdraws_and_closes(alice: httpx.Client) -> None:
     assert error(late, 409, "request_closed")["request_ids"] == [rid]
     assert alice.get("/v1/requests", params={"status": "withdrawn"}).json()["total"] == 1
     events = alice.get(f"/v1/sessions/{sid}/events", params={"follow": "false"}).text
-    (line,) = [x for x in events.splitlines() if x.startswith("data:") and "customer left" in x]
-    assert json.loads(line[5:])["data"]["by"]["principal_id"] == "alice"
+    said = [
+        json.loads(x[5:])
+        for x in events.splitlines()
+        if x.startswith("data:") and "customer left" in x
+    ]
+    # the cancel, and the request it withdrew (whose reason carries the cancel's), by alice
+    assert [e["type"] for e in said] == ["input.resolved", "turn.cancelled"]
+    assert said[0]["data"]["reason"] == "turn cancelled: customer left"
+    assert [e["data"]["by"]["principal_id"] for e in said] == ["alice", "alice"]
 
 
 def test_a_cancel_body_of_null_is_refused_and_cancels_nothing(store_url: str) -> None:
