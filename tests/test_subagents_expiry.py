@@ -202,3 +202,27 @@ async def test_a_child_whose_own_ttl_passed_gives_its_lease_back_when_found_expi
         await rt.delete_session(r.session_id)  # at once: nothing holds the child
         with pytest.raises(so.UnknownSession):
             await rt.state(child)
+
+
+async def test_the_parents_state_records_a_waiting_childs_passed_ttl(store_url: str) -> None:
+    """A child whose TTL passed while it waited on a person, nothing recording it yet: the
+    parent's `state()` (a session page, `GET /v1/sessions/{id}`) read `waiting` on its mirror of
+    the child's request, which no one could answer any more (`RequestClosed`), though `state()`
+    says it never reads as waiting on answers no one can give. It records the child's expiry,
+    which closes the mirror: the parent's delegate call goes on without the child."""
+    ran: list[str] = []
+    support, billing = refund_desk(so.always(), ran)
+    billing.limits = so.Limits(ttl=60)
+    clock = ManualClock()
+    async with so.Runtime([support, billing], store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        clock.advance(61)  # past the child's TTL; the parent has none
+        state = await rt.state(r.session_id)
+        # Runnable, not driven: a read calls no model (the next call, or a worker, goes on).
+        assert state.pending_requests() == [] and state.turn_status == "running"
+        ended = (await rt.state(mirror.child.session_id)).turn
+        assert ended is not None and ended.status == "failed"
+        assert (await rt.generate(session_id=r.session_id)).status == "completed"
+        assert ran == []

@@ -41,6 +41,7 @@ from ._recording import Batch, EventSpec, TurnStopped, load_turn
 from ._results import GenerateResult
 from ._session_cache import check_agent_name, check_session_id, closes_stop
 from ._session_page import check_listing, session_page
+from ._sessions import to_claims
 from ._settings import check_page, finite, flag, seconds
 from ._state import SessionState, turn_over
 from ._sync import blocking_doc, twin
@@ -405,13 +406,24 @@ class Runtime(Deletion):
     async def state(self, session_id: str) -> SessionState:
         """The session's current state. Like a listing, it records a TTL that passed with the
         turn unfinished first (the turn fails, its requests expire), so it never reads as
-        waiting on answers no one can give; a store that refuses the write shows it unrecorded.
-        Its open mirrors show their subagents' requests' votes, escalation and deadline."""
+        waiting on answers no one can give (nor on a mirror of a subagent's whose TTL passed);
+        a store that refuses the write shows it unrecorded. Its open mirrors show their
+        subagents' requests' votes, escalation and deadline."""
         state = await self._state(session_id)
         if state.expired(self.now()) and expiry_specs(state) and state.agent in self.agents:
             with contextlib.suppress(SessionExpired, StoreError):
                 await self._checked(session_id)
             state = await self._state(session_id)
+        else:
+            # A read drives no turn: the parent's delegate call, which the child's expiry lets
+            # go on, is left runnable for the next call or a worker, as `resume=False` leaves it.
+            leaving = to_claims.set(True)
+            try:
+                recorded = await _child_sessions.record_expired(self, state)
+            finally:
+                to_claims.reset(leaving)
+            if recorded:
+                state = await self._state(session_id)
         return await followed_state(self.store, state)
 
     @closes_stop
