@@ -16,12 +16,14 @@ from ._delegation import refund_desk
 from ._subagents import ALICE
 
 
-async def _parked(store_url: str, ran: list[str]) -> tuple[so.Runtime, ManualClock, str, str]:
-    """A `support` session (TTL 60 s) waiting on its mirror of `billing`'s approval (billing's
-    sessions have no TTL), with the clock just past the parent's TTL; returns the runtime, its
-    clock, the parent's and the child's session ids."""
+async def _parked(
+    store_url: str, ran: list[str], expiring: str = "support"
+) -> tuple[so.Runtime, ManualClock, str, str]:
+    """A `support` session waiting on its mirror of `billing`'s approval, the `expiring`
+    agent's sessions with a TTL of 60 s (the other's none), with the clock just past it;
+    returns the runtime, its clock, the parent's and the child's session ids."""
     support, billing = refund_desk(so.always(), ran)
-    support.limits = so.Limits(ttl=60)
+    (support if expiring == "support" else billing).limits = so.Limits(ttl=60)
     clock = ManualClock()
     rt = so.Runtime([support, billing], store=store_url, clock=clock)
     r = await rt.generate("support", prompt="refund 9", auth=ALICE)
@@ -185,21 +187,13 @@ async def test_a_child_whose_own_ttl_passed_gives_its_lease_back_when_found_expi
     the finished parent said "subagent session ...'s turn holds the lease; cancel it first",
     and a cancel of the child said `SessionExpired`, until the lease lapsed (30 s)."""
     ran: list[str] = []
-    support, billing = refund_desk(so.always(), ran)
-    billing.limits = so.Limits(ttl=60)
-    clock = ManualClock()
-    async with so.Runtime([support, billing], store=store_url, clock=clock) as rt:
-        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
-        (mirror,) = r.pending
-        assert mirror.child is not None
-        child = mirror.child.session_id
-        clock.advance(61)  # past the child's TTL, not the parent's (it has none)
-        again = await rt.generate(session_id=r.session_id)
-        assert again.status == "completed"
+    rt, _, parent, child = await _parked(store_url, ran, expiring="billing")
+    async with rt:
+        assert (await rt.generate(session_id=parent)).status == "completed"
         ended = (await rt.state(child)).turn
         assert ended is not None and ended.status == "failed" and ran == []
         assert ended.error is not None and ended.error["code"] == "session_expired"
-        await rt.delete_session(r.session_id)  # at once: nothing holds the child
+        await rt.delete_session(parent)  # at once: nothing holds the child
         with pytest.raises(so.UnknownSession):
             await rt.state(child)
 
@@ -211,18 +205,12 @@ async def test_the_parents_state_records_a_waiting_childs_passed_ttl(store_url: 
     says it never reads as waiting on answers no one can give. It records the child's expiry,
     which closes the mirror: the parent's delegate call goes on without the child."""
     ran: list[str] = []
-    support, billing = refund_desk(so.always(), ran)
-    billing.limits = so.Limits(ttl=60)
-    clock = ManualClock()
-    async with so.Runtime([support, billing], store=store_url, clock=clock) as rt:
-        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
-        (mirror,) = r.pending
-        assert mirror.child is not None
-        clock.advance(61)  # past the child's TTL; the parent has none
-        state = await rt.state(r.session_id)
+    rt, _, parent, child = await _parked(store_url, ran, expiring="billing")
+    async with rt:
+        state = await rt.state(parent)
         # Runnable, not driven: a read calls no model (the next call, or a worker, goes on).
         assert state.pending_requests() == [] and state.turn_status == "running"
-        ended = (await rt.state(mirror.child.session_id)).turn
+        ended = (await rt.state(child)).turn
         assert ended is not None and ended.status == "failed"
-        assert (await rt.generate(session_id=r.session_id)).status == "completed"
+        assert (await rt.generate(session_id=parent)).status == "completed"
         assert ran == []
