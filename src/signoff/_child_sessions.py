@@ -10,9 +10,8 @@ from collections.abc import Iterable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from ._deadlines import expiry_specs
 from ._events import Event
-from ._exceptions import SessionExpired, SignoffError, StoreError, UnknownAgent, UnknownSession
+from ._exceptions import SessionExpired, SignoffError, UnknownAgent, UnknownSession
 from ._mirrors import close_mirror
 from ._recording import EventSpec, runnable
 from ._state import CallState, SessionState, by_budget, delegated_turn, fold
@@ -38,7 +37,6 @@ __all__ = [
     "first_turn",
     "headroom_now",
     "reconcile",
-    "record_expired",
     "with_spend",
 ]
 
@@ -168,24 +166,6 @@ async def _go_on(rt: Runtime, parent: str) -> None:
     state = await rt._state(parent)
     if state.agent in rt.agents and runnable(state):
         await rt._drive(parent)
-
-
-async def record_expired(rt: Runtime, state: SessionState) -> bool:
-    """Record the passed TTL of the children the session's open mirrors were asked for, which
-    closes those mirrors and lets the delegate call go on (`after_close`), so a state read does
-    not wait on answers no one can give. Returns whether it recorded any."""
-    now = rt.now()
-    recorded = False
-    for child in children(state.pending_requests()):
-        try:
-            kid = await rt._state(child)
-        except UnknownSession:
-            continue
-        if kid.expired(now) and expiry_specs(kid) and kid.agent in rt.agents:
-            with contextlib.suppress(SessionExpired, StoreError):  # a store refusing: unrecorded
-                await rt._checked(child)
-            recorded = True
-    return recorded
 
 
 def children(requests: Iterable[InputRequest]) -> list[str]:

@@ -419,12 +419,29 @@ class Runtime(Deletion):
             # go on, is left runnable for the next call or a worker, as `resume=False` leaves it.
             leaving = to_claims.set(True)
             try:
-                recorded = await _child_sessions.record_expired(self, state)
+                recorded = await self._record_expired_children(state)
             finally:
                 to_claims.reset(leaving)
             if recorded:
                 state = await self._state(session_id)
         return await followed_state(self.store, state)
+
+    async def _record_expired_children(self, state: SessionState) -> bool:
+        """Record the passed TTL of the subagents the session's open mirrors were asked for,
+        which closes those mirrors and lets the delegate call go on (`after_close`). Returns
+        whether it recorded any."""
+        now = self.now()
+        recorded = False
+        for child in _child_sessions.children(state.pending_requests()):
+            try:
+                kid = await self._state(child)
+            except UnknownSession:
+                continue
+            if kid.expired(now) and expiry_specs(kid) and kid.agent in self.agents:
+                with contextlib.suppress(SessionExpired, StoreError):  # refused: unrecorded
+                    await self._checked(child)
+                recorded = True
+        return recorded
 
     @closes_stop
     @following_mirrors
