@@ -87,6 +87,14 @@ def _bodies(csrf: str) -> dict[str, tuple[str, bytes, int, str]]:
             400,
             "malformed_form",
         ),
+        "a boundary named twice, the one read cut off": (
+            "multipart/form-data; boundary=z; boundary=x",  # the parser reads the last
+            _multipart([("csrf", csrf.encode()), ("option", b"approve"), ("text", b"\r\n--z--")])[
+                1
+            ][: -len(b"\r\n--x--\r\n")],
+            400,
+            "malformed_form",
+        ),
         "a field sent as a file": (
             _multipart([("csrf", csrf.encode()), ("option", b"approve")])[0],
             _multipart([("csrf", csrf.encode()), ("option", b"approve")])[1].replace(

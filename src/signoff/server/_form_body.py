@@ -44,12 +44,12 @@ def _utf8(raw: bytes) -> bool:
 
 def _type(request: Request) -> tuple[str, dict[str, str]]:
     """The body's media type, lowercased, and the parameters of its label (`charset`,
-    `boundary`), by lowercased name."""
+    `boundary`), by lowercased name: the last of a name given twice, as the parser reads it."""
     kind, *params = request.headers.get("content-type", "").split(";")
     named: dict[str, str] = {}
     for param in params:
         name, _, value = param.partition("=")
-        named.setdefault(name.strip().lower(), value.strip().strip('"'))
+        named[name.strip().lower()] = value.strip().strip('"')
     return kind.strip().lower(), named
 
 
