@@ -1,5 +1,5 @@
 """Running a read or a write on the PostgreSQL store's pool, with the retries a lost
-connection allows: a read is tried again (three attempts in all), a write again when it was
+connection allows: a read is tried again (`ATTEMPTS` in all), a write again when it was
 lost before it was sent or is found not committed. `Transactions` is the part of `Connections`
 that does it."""
 
@@ -51,11 +51,11 @@ class Transactions:
         def _forget(self) -> None: ...
 
     async def _read(self, body: Callable[[Conn], Awaitable[T]], what: str) -> T:
-        """Run a read-only `body`; a lost connection is retried on a fresh one, twice at most
-        (as a write): a server crashing kills a connection made as it goes down, too. One cut for
-        passing `operation_timeout` is not retried (the server is not answering)."""
+        """Run a read-only `body`; a lost connection is retried on a fresh one (`ATTEMPTS` in
+        all, as a write); one cut for passing `operation_timeout` is not (the server is not
+        answering)."""
         pool = await self._get_pool()
-        for attempt in range(3):
+        for attempt in range(ATTEMPTS):
             broken = False
             borrowed = self._borrow(pool, attempt)
             try:
@@ -72,7 +72,7 @@ class Transactions:
             except psycopg.Error as exc:
                 if borrowed.expired:
                     raise self._timed_out(what) from exc
-                if isinstance(exc, psycopg.OperationalError) and broken and attempt < 2:
+                if isinstance(exc, psycopg.OperationalError) and broken and attempt < ATTEMPTS - 1:
                     await self._after_loss(pool)
                     continue
                 if isinstance(exc, _MISSING):
@@ -134,7 +134,7 @@ class Transactions:
         if renewal and pool.leases is not None:
             pool = pool.leases
         fresh = False  # a connection opened for the call, not another of the pool's
-        for attempt in range(3):
+        for attempt in range(ATTEMPTS):
             phase = "connect"
             broken = False
             borrowed = self._borrow(pool, attempt, fresh)
@@ -175,7 +175,7 @@ class Transactions:
                         except StoreError:
                             pass
                         else:
-                            if attempt < 2:
+                            if attempt < ATTEMPTS - 1:
                                 continue  # not committed: safe to try again
                     lost = (
                         f"no answer from {self._where} within {self.operation_timeout:g}s "
@@ -188,7 +188,7 @@ class Transactions:
                     ) from exc
                 if expired:  # not sent again: the server is not answering
                     raise self._timed_out(what) from exc
-                if attempt < 2:
+                if attempt < ATTEMPTS - 1:
                     continue  # lost before COMMIT (the server rolled back) or idempotent
                 raise failed(f"{what} failed at {self._where}", exc) from exc
             except psycopg.IntegrityError as exc:
@@ -235,6 +235,11 @@ class Transactions:
             return "off"
         return "on" if self._server_async else None  # the server skips flushes: not for us
 
+
+ATTEMPTS = 3
+"""How many times a read, or a write lost before it was sent (or found not committed), is tried
+on a lost connection: a server crashing kills the connection a call had and the one its retry
+made as the server went down."""
 
 CHECK_WAIT = 1.0
 """Seconds a call that lost its connection waits for the pool's test (`_after_loss`): dead
