@@ -50,9 +50,6 @@ async def check_subagents(
         state = await front.state(child)
         assert state.parent == parent, (seed, child, state.parent, parent)
         own = [e async for e in front.events(child, follow=False)]
-        turn_id = next(e.turn_id for e in own if e.type == "turn.started")  # the delegated one
-        [end] = [e for e in own if e.turn_id == turn_id and e.type in ended]
-        text = [e.data["text"] for e in own if e.turn_id == turn_id and e.type == "model.completed"]
         [step] = [e for e in events if e.type == "tool.step" and e.data["result"] == child]
         call = (step.turn_id, step.data["call_id"])
         results = [
@@ -61,6 +58,16 @@ async def check_subagents(
             if e.type == "tool.completed" and (e.turn_id, e.data["call_id"]) == call
         ]
         parent_end = [e for e in events if e.turn_id == step.turn_id and e.type in ended]
+        turn_id = next((e.turn_id for e in own if e.type == "turn.started"), None)
+        if turn_id is None:
+            # The call journaled the child's session, then died before it started the child's
+            # turn, and its parent's turn was cancelled before any process took the call up
+            # again: as for a child never journaled (above), nothing of it ran or answered.
+            assert results == [], (seed, parent, child, results)
+            assert [e.type for e in parent_end] == ["turn.cancelled"], (seed, parent, parent_end)
+            continue
+        [end] = [e for e in own if e.turn_id == turn_id and e.type in ended]
+        text = [e.data["text"] for e in own if e.turn_id == turn_id and e.type == "model.completed"]
         if results:
             [result] = results
             assert result.data["status"] == "ok", (seed, parent, child, result.data)
