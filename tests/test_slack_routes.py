@@ -530,12 +530,13 @@ async def test_interactions_sent_to_the_events_url_are_logged_with_the_urls_to_s
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                # Two clicks, signed at two times (no replay): the same time when the second
+                # read the clock a second after the first did, so it was refused as a replay.
+                now = int(time.time())
                 with caplog.at_level("WARNING", logger="signoff.channels"):
-                    for n in range(2):  # two clicks (signed at two times: no replay)
+                    for n in range(2):
                         response = await http.post(
-                            "/channels/slack/events",
-                            content=body,
-                            headers=sign(body, int(time.time()) - n),
+                            "/channels/slack/events", content=body, headers=sign(body, now - n)
                         )
                         assert response.status_code == 400
             await slack.idle()
