@@ -15,6 +15,7 @@ from signoff import _child_sessions
 from signoff.stores._deletions import DELETIONS_STREAM
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
+from ._subagents import Counted, refund_agents
 from .conftest import make_store
 from .test_subagents_spend import orders, support, tokens, waiting_child
 
@@ -503,6 +504,40 @@ async def test_a_subagents_turn_ends_well_though_its_tree_is_deleted_as_it_ends(
         assert (result.status, result.text) == ("completed", "on it")
         with pytest.raises(so.UnknownSession):
             await a.state(child)
+
+
+async def test_a_child_answered_directly_whose_parent_another_process_finished_and_deleted(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child's approval answered on the child closes its mirror in the parent, then drives the
+    parent's turn on: if another process finished that turn and pruned the tree in between (a
+    stall under load), the read of the parent raised `UnknownSession` for the parent, which a
+    worker logged as "the turn failed" and kept the lease for its TTL. The answer stands."""
+    ran: list[dict[str, Any]] = []
+    parent_agent, child_agent = refund_agents(ran, Counted("Handled in the billing session."))
+    async with (
+        so.Runtime([parent_agent, child_agent], store=store_url) as a,
+        so.Runtime([parent_agent, child_agent], store=store_url) as b,
+    ):
+        [mirror] = (await a.generate("support", prompt="Refund order 1042", auth=ALICE)).pending
+        assert mirror.child is not None
+        parent, child = mirror.session_id, mirror.child.session_id
+        lapsed = _child_sessions._lapsed
+
+        async def finished_elsewhere(rt: so.Runtime, state: so.SessionState) -> bool:
+            # The child's drive read the parent (waiting for it), then stalled: meanwhile another
+            # process finishes the parent's turn with the child's result and prunes the tree.
+            if rt is a and state.id == parent:
+                assert (await b.generate("support", session_id=parent)).status == "completed"
+                assert await b.delete_session(parent, by=OPS) == [parent, child]
+            return await lapsed(rt, state)
+
+        monkeypatch.setattr(_child_sessions, "_lapsed", finished_elsewhere)
+        answer = so.InputResponse(request_id=mirror.child.request_id, option_id="approve")
+        done = await a.respond(child, [answer], principal=ALICE)
+        assert done.status == "completed" and ran == [{"order_id": "1042", "amount": 180.0}]
+        with pytest.raises(so.UnknownSession):
+            await a.state(parent)
 
 
 async def test_a_subagent_is_not_made_under_a_deleted_parent(store_url: str) -> None:

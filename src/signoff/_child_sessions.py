@@ -162,10 +162,15 @@ async def _lapsed(rt: Runtime, parent: SessionState) -> bool:
 
 async def _go_on(rt: Runtime, parent: str) -> None:
     """Drive the parent's turn if it can go on and this runtime has its agent; otherwise it is
-    left runnable in the store for a process (a worker) that has it."""
-    state = await rt._state(parent)
-    if state.agent in rt.agents and runnable(state):
-        await rt._drive(parent)
+    left runnable in the store for a process (a worker) that has it. A parent deleted since it
+    was read (another process finished its turn, then a prune took the tree) has none."""
+    try:
+        state = await rt._state(parent)
+        if state.agent in rt.agents and runnable(state):
+            await rt._drive(parent)
+    except UnknownSession as exc:
+        if exc.session_id != parent:
+            raise
 
 
 def children(requests: Iterable[InputRequest]) -> list[str]:
