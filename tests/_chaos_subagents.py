@@ -62,7 +62,9 @@ async def check_subagents(
         if turn_id is None:
             # The call journaled the child's session, then died before it started the child's
             # turn, and its parent's turn was cancelled before any process took the call up
-            # again: as for a child never journaled (above), nothing of it ran or answered.
+            # again, by a process that died before its sweep of the turn's children (which
+            # starts such a child's turn to cancel it): as for a child never journaled (above),
+            # nothing of it ran or answered.
             assert results == [], (seed, parent, child, results)
             assert [e.type for e in parent_end] == ["turn.cancelled"], (seed, parent, parent_end)
             continue

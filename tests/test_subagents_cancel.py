@@ -127,7 +127,8 @@ def _cancel_then_start(
     monkeypatch: pytest.MonkeyPatch, rt: so.Runtime, parent_id: list[str], *, check: bool
 ) -> None:
     """Cancel the parent right before its delegate call starts the child's turn: the cancel's
-    sweep of children finds the child without a turn. Without `check` the child's turn is
+    sweep of children finds the child without a turn (and starts it, to cancel it). Without
+    `check` the cancelling process dies before its sweep of children, and the child's turn is
     started as a process that died at once after it would leave it (no check of the parent)."""
     original = _subagents.RuntimeHost.start_child
 
@@ -138,7 +139,10 @@ def _cancel_then_start(
         principal: dict[str, Any] | None,
         source: str,
     ) -> bool:
-        cancelled = await rt.cancel(parent_id[0], "changed my mind")
+        with monkeypatch.context() as m:
+            if not check:
+                m.setattr(_child_sessions, "cancel_delegated", _swept_none)
+            cancelled = await rt.cancel(parent_id[0], "changed my mind")
         assert cancelled.status == "cancelled"
         if check:
             return await original(host, child, message, principal, source)
@@ -147,6 +151,10 @@ def _cancel_then_start(
         return True
 
     monkeypatch.setattr(_subagents.RuntimeHost, "start_child", start_child)
+
+
+async def _swept_none(*args: Any) -> None:
+    """A cancel's sweep of the turn's children that never ran (its process died first)."""
 
 
 def _lookup_agents(looked: list[str]) -> tuple[so.Agent, so.Agent]:
@@ -396,6 +404,50 @@ async def test_a_parent_cancelled_just_after_its_child_was_created_leaves_it_can
         assert (await rt.cancel(sid)).status == "cancelled"
         assert await rt.pending() == [] and looked == []
         assert await rt.expire_due() == 0
+
+
+async def test_a_parent_cancelled_after_its_call_died_between_its_two_steps_cancels_the_child(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delegate call journaled the child's session (`subagent.session`), then its process
+    died before the next step started the child's turn; the parent's turn is cancelled before
+    any process takes the call up again. The child was left an empty session to which every
+    message was refused as busy ("its delegated task has not started yet") for ever. The
+    cancel starts the child's delegated turn with its task, and cancels it."""
+    looked: list[str] = []
+    parent, child = _lookup_agents(looked)
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        sid = await rt.create_session("support", auth=ALICE)
+
+        async def died(*args: Any, **kwargs: Any) -> bool:
+            raise so.StoreError("the process died here")  # the drive records nothing more
+
+        monkeypatch.setattr(_subagents.RuntimeHost, "start_child", died)
+        with pytest.raises(so.StoreError, match="died here"):
+            await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)
+        monkeypatch.undo()
+        [row] = await rt.sessions(agent="billing")
+        assert (await rt.state(row.id)).turn is None  # journaled, never started
+        assert (await rt.cancel(sid, "wrong order")).status == "cancelled"
+        child_state = await rt.state(row.id)
+        assert child_state.turn is not None and child_state.turn.status == "cancelled"
+        assert timeline(await events(rt, row.id)) == [
+            "session.created",
+            "turn.started",
+            "turn.cancelled",
+            "session.waiting",
+        ]
+        started = (await events(rt, row.id))[1]
+        assert started.data["message"] == "Refund order 1042", started.data
+        cancelled = (await events(rt, row.id))[2]
+        assert cancelled.data["reason"] == "wrong order", cancelled.data
+        assert await rt.pending() == [] and looked == []
+        # The call taken up again at the same moment starts no second delegated turn after it.
+        assert await rt._start_turn(row.id, "Refund order 1042", None, delegated=True) is False
+        assert len(await events(rt, row.id)) == 4
+        # The child is a session like any other now: a message to it runs a turn of its own.
+        own = await rt.send(row.id, "and order 1043?", principal=ALICE)
+        assert own.status == "waiting" and looked == ["child model"]
 
 
 async def test_a_message_queued_on_the_child_starts_its_own_turn_after_the_parents_cancel(

@@ -255,11 +255,35 @@ async def cancel_delegated(
     """Cancel the child's delegated turn for its parent's cancel; a later turn, which a message
     sent to the child started, is the child's own and is left alone."""
     state = await rt._state(child)
+    if state.turn is None and state.parent is not None:
+        state = await _start_unstarted(rt, state)
     first = (await first_turn(rt, state)).turn
     if state.turn is not None and first is not None and first.id == state.turn.id:
         with contextlib.suppress(SessionExpired):  # its expiry is recorded: its turn ended
             await _cancel_child(rt, state, reason, principal)
     await count_spent(rt, child)
+
+
+async def _start_unstarted(rt: Runtime, state: SessionState) -> SessionState:
+    """Start, for its parent's cancel to cancel, the delegated turn of a child whose delegate
+    call journaled its session and died before it started the turn (two steps): left without
+    one, the child read as an empty session, and a message to it was refused as busy for ever
+    (`_start_turn`: the delegated task must start first). Its task is the call's `message`."""
+    assert state.parent is not None
+    parent = await rt._state(state.parent)
+    turn = parent.turn
+    calls = [] if turn is None else [c for c in turn.calls.values() if state.id in c.subagents()]
+    given = [c.input if c.edited_input is None else c.edited_input for c in calls]
+    tasks = [
+        g["message"] for g in given if isinstance(g, dict) and isinstance(g.get("message"), str)
+    ]
+    if turn is None or len(tasks) != 1:
+        return state
+    source = "schedule" if turn.source == "schedule" else "message"
+    # A process taking the call up again may start it at the same moment: its turn is as good.
+    with contextlib.suppress(SignoffError):
+        await rt._start_turn(state.id, tasks[0], turn.principal, source=source, delegated=True)
+    return await rt._state(state.id)
 
 
 async def _cancel_child(

@@ -98,8 +98,9 @@ class SessionRunner(SessionCache):
         delegated: bool = False,
     ) -> bool:
         """Start a turn with `prompt`; False (nothing recorded) when its idempotency key
-        recorded it already. A subagent's session's first turn is its delegate call's
-        (`delegated`): a message finding none started yet is `SessionBusy`."""
+        recorded it already, or, for the delegated turn, when it was started already. A
+        subagent's session's first turn is its delegate call's (`delegated`): a message finding
+        none started yet is `SessionBusy`."""
         check_prompt(prompt)
         # The cached state is trusted at first (a stale one makes the append below conflict,
         # and `start` then asks for a fresh look); it is checked against the store before a
@@ -108,6 +109,10 @@ class SessionRunner(SessionCache):
         for _ in range(10):
             state = await self._checked(session_id, trust_cache=not fresh)
             if seen(state.keys, idem, session_id):
+                return False
+            # Its delegate call, and its parent's cancel starting it to cancel (`_child_sessions`),
+            # may both start it: one does, and the other, reading a turn, starts none after it.
+            if delegated and state.turn is not None:
                 return False
             pending = state.pending_requests()
             unfinished = _unfinished(state)
