@@ -35,16 +35,21 @@ async def check_subagents(
     for child in set(children) - set(delegated):  # created as its parent's turn was cancelled
         state = await front.state(child)
         assert state.parent is not None, (seed, child, state.status)
-        # Either the call died before it started the child's turn, or `abandon_child` started
-        # it to cancel itself (before any drive of it, or when a worker is about to drive it),
-        # so the child reads as cancelled. A later turn, a message's, is the child's own.
+        # Created with its turn started (one write) by a call whose process died before
+        # journaling it, or whose parent's turn ended first. That turn was cancelled (by the
+        # parent's cancel, `abandon_child`, a worker about to drive it or the orphan sweep), or
+        # a drive ran it to its end while the parent's turn could still take its result. A
+        # later turn, a message's, is the child's own.
         own = [e async for e in front.events(child, follow=False)]
         first = next((e.turn_id for e in own if e.type == "turn.started"), None)
-        if first is not None:
-            of_first = [e.type for e in own if e.turn_id == first]
-            assert [t for t in of_first if t in ended] == ["turn.cancelled"], (seed, child)
-        last = (await front.state(state.parent)).turn
-        assert last is not None and last.status in ("completed", "cancelled"), (seed, child)
+        assert first is not None, (seed, child, [e.type for e in own])
+        [end] = [e for e in own if e.turn_id == first and e.type in ended]
+        theirs = [e async for e in front.events(state.parent, follow=False)]
+        made_by = own[0].data.get("parent_turn")
+        [over] = [e for e in theirs if e.turn_id == made_by and e.type in ended]
+        if end.type != "turn.cancelled":
+            assert end.at <= over.at + GRACE, (seed, child, end.type, end.at, over.at)
+        assert over.type in ("turn.completed", "turn.cancelled"), (seed, child, over.type)
     assert set(delegated) <= set(children), (seed, children, list(delegated))
     for child, (parent, events) in delegated.items():
         state = await front.state(child)
@@ -58,16 +63,9 @@ async def check_subagents(
             if e.type == "tool.completed" and (e.turn_id, e.data["call_id"]) == call
         ]
         parent_end = [e for e in events if e.turn_id == step.turn_id and e.type in ended]
+        # Every child is created with its delegated turn started, in one write.
         turn_id = next((e.turn_id for e in own if e.type == "turn.started"), None)
-        if turn_id is None:
-            # The call journaled the child's session, then died before it started the child's
-            # turn, and its parent's turn was cancelled before any process took the call up
-            # again, by a process that died before its sweep of the turn's children (which
-            # starts such a child's turn to cancel it): as for a child never journaled (above),
-            # nothing of it ran or answered.
-            assert results == [], (seed, parent, child, results)
-            assert [e.type for e in parent_end] == ["turn.cancelled"], (seed, parent, parent_end)
-            continue
+        assert turn_id is not None, (seed, parent, child, [e.type for e in own])
         [end] = [e for e in own if e.turn_id == turn_id and e.type in ended]
         text = [e.data["text"] for e in own if e.turn_id == turn_id and e.type == "model.completed"]
         if results:

@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 import signoff as so
-from signoff import _subagents
+from signoff import _child_sessions, _subagents
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
@@ -78,7 +78,7 @@ async def main(url: str) -> None:
             await other.cancel(sid, "changed my mind")
             again = await other.generate(session_id=sid, prompt="Try again", auth=ALICE)
             assert again.status == "failed", again
-            child = _subagents._child_id(key)
+            child = _child_sessions.child_id(key)
             print(json.dumps({"parent": sid, "child": child}), flush=True)
 
             def kill(when: str, label: str) -> None:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import signoff as so
+from signoff import _subagents
 from signoff.testing import (
     Capture,
     call,
@@ -16,7 +19,14 @@ from signoff.testing import (
     tool_results,
 )
 
-__all__ = ["ALICE", "Counted", "events", "refund_agents"]
+__all__ = [
+    "ALICE",
+    "Counted",
+    "approve_refund_through_parent",
+    "events",
+    "refund_agents",
+    "two_step_children",
+]
 
 
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
@@ -59,3 +69,33 @@ def refund_agents(ran: list[dict[str, Any]], parent_step: Counted) -> tuple[so.A
         tools=[so.delegate("billing", description="Billing specialist.")],
     )
     return parent, child
+
+
+def two_step_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Create children as signoff before 2026-12 did: the session alone, its delegated turn
+    started by a second write (`RuntimeHost.start_child`), which a process could die before.
+    A store written so is what the code for such children must still read."""
+    original = _subagents.RuntimeHost.create_child
+
+    async def create_child(host: _subagents.RuntimeHost, *args: Any, **kwargs: Any) -> str:
+        return await original(host, *args, **{**kwargs, "task": None})
+
+    monkeypatch.setattr(_subagents.RuntimeHost, "create_child", create_child)
+
+
+async def approve_refund_through_parent(
+    rt: so.Runtime,
+    session_id: str,
+    mirror: so.InputRequest,
+    ran: list[dict[str, Any]],
+    after: Counted,
+) -> None:
+    """Approve the child's refund (`refund_agents`) through its mirror on the parent: the refund
+    runs once and the parent's model reads the child's text as the delegate call's result."""
+    done = await rt.respond(
+        session_id, [so.InputResponse(request_id=mirror.id, option_id="approve")], principal=ALICE
+    )
+    assert (done.status, done.text) == ("completed", "The refund went through.")
+    assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 1
+    [result] = tool_results(after.capture.last)
+    assert result.content == "Refunded: {'refunded': 180.0}"

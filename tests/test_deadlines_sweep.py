@@ -94,16 +94,17 @@ async def test_an_orphan_the_sweep_cannot_read_does_not_hold_up_deadlines(
     """The sweep cancels children whose parent's turn ended before it applies deadlines: a child
     it could not read stopped it there, so no deadline was applied while that child stayed."""
     from ._subagents import ALICE
-    from .test_subagents_cancel import _cancel_then_start, _lookup_agents
+    from .test_subagents_cancel import _cancel_once_created, _lookup_agents
 
     clock = ManualClock()
     parent, child = _lookup_agents([])
     agents = [parent, child, payout_agent(ExecutionLog(), so.always(expires_in=60))]
     async with so.Runtime(agents, store=store_url, clock=clock) as rt:
         sid = await rt.create_session("support", auth=ALICE)
-        _cancel_then_start(monkeypatch, rt, [sid], check=False)
-        cancelled = await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)
-        assert cancelled.status == "cancelled"
+        _cancel_once_created(monkeypatch, rt, [sid], check=False)
+        with pytest.raises(so.StoreError, match="died here"):
+            await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)
+        assert (await rt.state(sid)).turn_status == "cancelled"
         [orphan] = await rt.sessions(agent="billing")
         assert orphan.status == "running"
         monkeypatch.undo()

@@ -9,8 +9,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import signoff as so
 from signoff import _subagents
+from signoff._tool_context import ToolContext
 from signoff.testing import (
     call,
     call_tools,
@@ -24,8 +27,10 @@ from signoff.testing import (
 from ._subagents import (
     ALICE,
     Counted,
+    approve_refund_through_parent,
     events,
     refund_agents,
+    two_step_children,
 )
 
 SHIPPING = [
@@ -76,7 +81,6 @@ async def test_child_approval_is_asked_and_answered_through_the_parent(tmp_path:
         "model.completed",
         "tool.started billing",
         "tool.step billing:subagent.session",
-        "tool.step billing:subagent.turn",
         "input.requested tool-approval:issue_refund",
         "turn.waiting",
         "input.resolved approved",
@@ -161,7 +165,7 @@ async def test_child_questions_answered_by_message_to_the_parent(tmp_path: Path)
     r = await rt.send(r.session_id, "Lisbon", principal=ALICE)
     assert r.status == "completed" and r.text == "Booked." and after.calls == 1
     assert tool_results(after.capture.last)[0].content == "Shipping to Lisbon."
-    assert timeline(await events(rt, r.session_id))[6:] == [
+    assert timeline(await events(rt, r.session_id))[5:] == [
         "input.requested question:How to ship?",
         "turn.waiting",
         "input.resolved answered",
@@ -422,3 +426,40 @@ async def test_an_agent_delegating_to_itself_stops_at_the_depth_limit(store_url:
         assert {s.status for s in sessions} == {"idle"}
         assert r.text.count("ok: ") == _subagents.MAX_DEPTH
         assert f"would nest subagents {_subagents.MAX_DEPTH + 1} deep" in r.text
+
+
+async def test_a_call_journaled_in_two_steps_by_an_older_signoff_replays_both(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delegate call an older signoff journaled as two steps (`subagent.session`, then
+    `subagent.turn`), parked on its child's approval, replays both when answered after the
+    upgrade, which makes one: the child's turn is not started again, the refund runs once, and
+    the call's result is the child's text."""
+    ran: list[dict[str, Any]] = []
+    after = Counted("The refund went through.")
+    parent, child = refund_agents(ran, after)
+    two_step_children(monkeypatch)
+    step = ToolContext.step
+
+    async def older(ctx: ToolContext, name: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        result = await step(ctx, name, fn, *args, **kwargs)
+        if name == "subagent.session":  # its second step, journaled (the turn starts after)
+            await step(ctx, "subagent.turn", _started)
+        return result
+
+    monkeypatch.setattr(ToolContext, "step", older)
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+    monkeypatch.undo()
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        await approve_refund_through_parent(rt, r.session_id, mirror, ran, after)
+        steps = [e.data["name"] for e in await events(rt, r.session_id) if e.type == "tool.step"]
+        assert steps == ["subagent.session", "subagent.turn"]
+        assert mirror.child is not None
+        kid = [e.type for e in await events(rt, mirror.child.session_id)]
+        assert kid.count("turn.started") == 1 and kid[-2:] == ["turn.completed", "session.waiting"]
+
+
+async def _started() -> bool:
+    return True

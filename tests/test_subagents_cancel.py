@@ -25,8 +25,10 @@ from signoff.testing import (
 from ._subagents import (
     ALICE,
     Counted,
+    approve_refund_through_parent,
     events,
     refund_agents,
+    two_step_children,
 )
 
 
@@ -123,34 +125,28 @@ async def test_cancelling_the_parent_while_its_child_runs_cancels_the_child(
         assert ran == [] and after.calls == 0
 
 
-def _cancel_then_start(
+def _cancel_once_created(
     monkeypatch: pytest.MonkeyPatch, rt: so.Runtime, parent_id: list[str], *, check: bool
 ) -> None:
-    """Cancel the parent right before its delegate call starts the child's turn: the cancel's
-    sweep of children finds the child without a turn (and starts it, to cancel it). Without
-    `check` the cancelling process dies before its sweep of children, and the child's turn is
-    started as a process that died at once after it would leave it (no check of the parent)."""
-    original = _subagents.RuntimeHost.start_child
+    """Cancel the parent right after its delegate call created the child (its turn started with
+    it), before the call journaled the child: the cancel's sweep of the turn's children does not
+    find it. With `check`, the call goes on and finds its parent's turn ended. Without, the
+    cancelling process dies before its sweep and the call's process right after the cancel (a
+    `StoreError` ends its drive, recording nothing), leaving the child's turn running."""
+    original = _subagents.RuntimeHost.create_child
 
-    async def start_child(
-        host: _subagents.RuntimeHost,
-        child: str,
-        message: str,
-        principal: dict[str, Any] | None,
-        source: str,
-    ) -> bool:
+    async def create_child(host: _subagents.RuntimeHost, *args: Any, **kwargs: Any) -> str:
+        child = await original(host, *args, **kwargs)
         with monkeypatch.context() as m:
             if not check:
                 m.setattr(_child_sessions, "cancel_delegated", _swept_none)
             cancelled = await rt.cancel(parent_id[0], "changed my mind")
         assert cancelled.status == "cancelled"
-        if check:
-            return await original(host, child, message, principal, source)
-        who = None if principal is None else so.Principal.model_validate(principal)
-        await rt._start_turn(child, message, who, source=source, delegated=True)
-        return True
+        if not check:
+            raise so.StoreError("the process died here")
+        return child
 
-    monkeypatch.setattr(_subagents.RuntimeHost, "start_child", start_child)
+    monkeypatch.setattr(_subagents.RuntimeHost, "create_child", create_child)
 
 
 async def _swept_none(*args: Any) -> None:
@@ -179,14 +175,15 @@ def _lookup_agents(looked: list[str]) -> tuple[so.Agent, so.Agent]:
 async def test_a_parent_cancelled_as_its_child_starts_leaves_no_live_child(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The parent is cancelled after its delegate call created the child but before the child's
-    turn started: the cancel finds no turn to cancel, so the child's turn, started next, must
-    see its parent's turn ended and cancel itself rather than stay `running` for a worker."""
+    """The parent is cancelled after its delegate call created the child but before the call
+    journaled it: the cancel finds no child to cancel, so the call, going on, must see its
+    parent's turn ended and cancel the child's turn rather than leave it `running` for a
+    worker."""
     looked: list[str] = []
     parent, child = _lookup_agents(looked)
     async with sqlite_runtime(tmp_path, parent, child) as rt:
         sid = await rt.create_session("support", auth=ALICE)
-        _cancel_then_start(monkeypatch, rt, [sid], check=True)
+        _cancel_once_created(monkeypatch, rt, [sid], check=True)
         r = await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)
         assert r.status == "cancelled"
         [child_id] = [s.id for s in await rt.sessions(agent="billing")]
@@ -199,7 +196,7 @@ async def test_a_parent_cancelled_as_its_child_starts_leaves_no_live_child(
 async def test_a_worker_cancels_a_child_whose_parent_turn_ended(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A child's turn left running for a cancelled parent (its starter died before checking
+    """A child's turn left running for a cancelled parent (its creator died before checking
     the parent) is cancelled by the worker that claims it: its model never runs and no
     approval for the cancelled task reaches the queue."""
     looked: list[str] = []
@@ -207,10 +204,10 @@ async def test_a_worker_cancels_a_child_whose_parent_turn_ended(
     url = f"sqlite:///{tmp_path / 'state.db'}"
     async with so.Runtime([parent, child], store=url) as rt:
         sid = await rt.create_session("support", auth=ALICE)
-        _cancel_then_start(monkeypatch, rt, [sid], check=False)
-        assert (await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)).status == (
-            "cancelled"
-        )
+        _cancel_once_created(monkeypatch, rt, [sid], check=False)
+        with pytest.raises(so.StoreError, match="died here"):
+            await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)
+        assert (await rt.state(sid)).turn_status == "cancelled"
         [orphan] = await rt.sessions(agent="billing")
         assert orphan.status == "running"
     monkeypatch.undo()
@@ -409,13 +406,14 @@ async def test_a_parent_cancelled_just_after_its_child_was_created_leaves_it_can
 async def test_a_parent_cancelled_after_its_call_died_between_its_two_steps_cancels_the_child(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The delegate call journaled the child's session (`subagent.session`), then its process
-    died before the next step started the child's turn; the parent's turn is cancelled before
-    any process takes the call up again. The child was left an empty session to which every
-    message was refused as busy ("its delegated task has not started yet") for ever. The
-    cancel starts the child's delegated turn with its task, and cancels it."""
+    """An older signoff's delegate call journaled the child's session (`subagent.session`),
+    then its process died before the next step started the child's turn; the parent's turn is
+    cancelled before any process takes the call up again. The child was left an empty session to
+    which every message was refused as busy ("its delegated task has not started yet") for
+    ever. The cancel starts the child's delegated turn with its task, and cancels it."""
     looked: list[str] = []
     parent, child = _lookup_agents(looked)
+    two_step_children(monkeypatch)
     async with so.Runtime([parent, child], store=store_url) as rt:
         sid = await rt.create_session("support", auth=ALICE)
 
@@ -496,3 +494,78 @@ async def test_a_message_queued_on_the_child_starts_its_own_turn_after_the_paren
             child_id, [so.InputResponse(request_id=own.id, option_id="approve")], principal=ALICE
         )
         assert (done.status, done.text) == ("completed", "Refund done.")
+
+
+async def test_a_worker_drives_a_child_its_parent_has_yet_to_journal(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child is created with its turn started, so a worker may claim it before the delegate
+    call that created it journals it (or after that call's process died, before a retry does).
+    Its parent's turn still takes the call's result: the worker drives the child, not cancels
+    it as an orphan, and the call takes the child's result."""
+    ran: list[dict[str, Any]] = []
+    after = Counted("The refund went through.")
+    parent, child = refund_agents(ran, after)
+    original = _subagents.RuntimeHost.create_child
+    claimed: list[str] = []
+
+    async def create_child(host: _subagents.RuntimeHost, *args: Any, **kwargs: Any) -> str:
+        child_id = await original(host, *args, **kwargs)
+        async with so.Runtime([parent, child], store=store_url, inline=False) as worker:
+            stop = asyncio.Event()
+            working = asyncio.create_task(worker.work(stop=stop, idle_wait=0.02))
+            try:
+                for _ in range(250):
+                    if (await worker.state(child_id)).status != "running":
+                        break
+                    await asyncio.sleep(0.02)
+            finally:
+                stop.set()
+                await asyncio.wait_for(working, 10)
+            claimed.append((await worker.state(child_id)).status)
+        return child_id
+
+    monkeypatch.setattr(_subagents.RuntimeHost, "create_child", create_child)
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        assert claimed == ["waiting"]  # the worker ran the child's model: it asks its approval
+        monkeypatch.undo()
+        [mirror] = r.pending
+        assert r.status == "waiting" and mirror.source == "child"
+        await approve_refund_through_parent(rt, r.session_id, mirror, ran, after)
+
+
+async def test_cancelling_the_parent_reaches_a_child_its_call_died_before_journaling(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delegate call created the child (its turn started with it) and its process died
+    before journaling it; another drive ran the child, which asks its approval. Cancelling the
+    parent's turn cancels that child too, found from the call's idempotency key: it was left
+    waiting on a person for a task no one would take the result of, until an orphan sweep."""
+    looked: list[str] = []
+    parent, child = _lookup_agents(looked)
+
+    async def died(host: _subagents.RuntimeHost, *args: Any, **kwargs: Any) -> str:
+        await original(host, *args, **kwargs)
+        raise so.StoreError("the process died here")
+
+    original = _subagents.RuntimeHost.create_child
+    monkeypatch.setattr(_subagents.RuntimeHost, "create_child", died)
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        sid = await rt.create_session("support", auth=ALICE)
+        with pytest.raises(so.StoreError, match="died here"):
+            await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)
+        monkeypatch.undo()
+        [row] = await rt.sessions(agent="billing")
+        steps = [e for e in await events(rt, sid) if e.type == "tool.step"]
+        assert steps == []  # not journaled
+        asked = await rt.generate(session_id=row.id)
+        assert asked.status == "waiting" and looked == ["child model"]
+        [request] = await rt.pending()
+        assert request.session_id == row.id
+        assert (await rt.cancel(sid, "wrong order")).status == "cancelled"
+        kid = await rt.state(row.id)
+        assert kid.turn is not None and kid.turn.status == "cancelled"
+        assert await rt.pending() == []
+        stored = await rt.store.get_request(request.id)
+        assert stored is not None and stored.status == "withdrawn"

@@ -11,7 +11,7 @@ import pytest
 import signoff as so
 from signoff.testing import call, call_tools, reply, scripted_agent
 
-from ._subagents import ALICE
+from ._subagents import ALICE, two_step_children
 
 
 def agents() -> list[so.Agent]:
@@ -72,12 +72,14 @@ async def test_a_child_on_a_turn_of_its_own_is_not_listed_as_an_orphan(
 async def test_a_message_cannot_take_the_first_turn_of_a_child_not_yet_started(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A delegate call creates the child's session, then starts its turn: two writes, the
-    session listed (idle) between them. A message sent to it then became its first turn; the
-    delegate call failed (`SessionBusy`) or took the message's turn as its own, and the
-    message's turn was cancelled as its parent's ended (found by the retention load test).
+    """An older signoff's delegate call created the child's session, then started its turn: two
+    writes, the session listed (idle) between them. A message sent to it then became its first
+    turn; the delegate call failed (`SessionBusy`) or took the message's turn as its own, and
+    the message's turn was cancelled as its parent's ended (found by the retention load test).
     Such a message is refused (`SessionBusy`, nothing recorded); the delegated task runs."""
     from signoff._subagents import RuntimeHost
+
+    two_step_children(monkeypatch)
 
     refused: list[Exception] = []
     start_child = RuntimeHost.start_child

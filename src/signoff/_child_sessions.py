@@ -5,6 +5,7 @@ when a child's requests close, and cancelling a delegated turn its parent no lon
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 from collections.abc import Iterable
 from contextvars import ContextVar
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
 
 __all__ = [
+    "CHILD_KEY",
     "after_close",
     "after_drive",
     "before_drive",
@@ -29,6 +31,7 @@ __all__ = [
     "cancel_expired",
     "cancel_for_expiry",
     "cancel_orphan",
+    "child_id",
     "children",
     "count_owed",
     "count_spent",
@@ -37,6 +40,7 @@ __all__ = [
     "first_turn",
     "headroom_now",
     "reconcile",
+    "unjournaled",
     "with_spend",
 ]
 
@@ -182,6 +186,32 @@ def children(requests: Iterable[InputRequest]) -> list[str]:
     return out
 
 
+CHILD_KEY = "subagent"
+"""The name a delegate call's child session id derives from, within the call's idempotency key."""
+
+
+def child_id(key: str) -> str:
+    """The child session of the delegate call whose idempotency key (`CHILD_KEY`'s) is `key`."""
+    return "ses_" + hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def unjournaled(state: SessionState) -> list[str]:
+    """The child sessions the turn's started calls that journaled none may have created: a
+    delegate call creates its child (its turn started with it), then journals it, and a cancel
+    between the two writes, or after its process died there, must reach that child too. Most
+    such ids name no session (the calls of other tools)."""
+    turn = state.turn
+    out: list[str] = []
+    for c in [] if turn is None else turn.calls.values():
+        if c.status in _UNSTARTED or c.idempotency_key is None or c.subagents():
+            continue
+        out.append(child_id(f"{c.idempotency_key}:{CHILD_KEY}"))
+    return out
+
+
+_UNSTARTED = ("proposed", "requested", "approved", "denied", "done")
+
+
 def delegated(state: SessionState) -> list[str]:
     """The child sessions of the turn's delegate calls that have no result yet: cancelling the
     turn cancels them too, whether or not they wait on a person yet."""
@@ -209,7 +239,12 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
     if parent.expired(rt.now()) and parent.agent in rt.agents:
         with contextlib.suppress(SessionExpired):  # recorded first: its mirrors read expired
             await rt._checked(parent.id)
-    if _takes_results(parent, rt.now()) and state.id in _journaled(parent, done=True):
+    if _takes_results(parent, rt.now()) and (
+        state.id in _journaled(parent, done=True)
+        # Created (its turn started with it) by a call of the parent's turn not yet journaled:
+        # that call journals it still, or a retry of it does once its process died.
+        or (parent.turn is not None and parent.turn.id == state.parent_turn)
+    ):
         return False
     cancelled = True
     with contextlib.suppress(SessionExpired):  # its expiry is recorded instead: as good
@@ -266,7 +301,8 @@ async def cancel_delegated(
 
 async def _start_unstarted(rt: Runtime, state: SessionState) -> SessionState:
     """Start, for its parent's cancel to cancel, the delegated turn of a child whose delegate
-    call journaled its session and died before it started the turn (two steps): left without
+    call (an older signoff's, in two steps) journaled its session and died before it started
+    the turn: left without
     one, the child read as an empty session, and a message to it was refused as busy for ever
     (`_start_turn`: the delegated task must start first). Its task is the call's `message`."""
     assert state.parent is not None

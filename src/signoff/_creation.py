@@ -21,7 +21,7 @@ from ._types import Principal
 if TYPE_CHECKING:
     from ._sessions import SessionRunner
 
-__all__ = ["first_events", "made", "open_keyed"]
+__all__ = ["first_events", "made", "open_keyed", "turn_events"]
 
 
 def first_events(
@@ -48,15 +48,29 @@ def first_events(
     events = [created]
     if first is not None:
         prompt, source = first
-        turn_id = new_id("trn")
-        specs = next_turn(state, prompt, data["initiator"], source, idem)
-        for i, (type_, spec) in enumerate(specs):
-            event = Event(
-                session_id=session_id, seq=2 + i, type=type_, at=now, turn_id=turn_id, data=spec
-            )
-            state.apply(event)
-            events.append(event)
+        events += turn_events(state, prompt, data["initiator"], source, idem, now)
     return events, state
+
+
+def turn_events(
+    state: SessionState,
+    prompt: str,
+    who: dict[str, Any] | None,
+    source: str,
+    idem: Keyed | None,
+    now: float,
+) -> list[Event]:
+    """The events that start a turn on `prompt` in a session no write has reached since
+    `state` (its next seq on), applied to `state`: for a session created with its first turn."""
+    turn_id = new_id("trn")
+    events: list[Event] = []
+    for type_, spec in next_turn(state, prompt, who, source, idem):
+        event = Event(
+            session_id=state.id, seq=state.seq + 1, type=type_, at=now, turn_id=turn_id, data=spec
+        )
+        state.apply(event)
+        events.append(event)
+    return events
 
 
 async def made(

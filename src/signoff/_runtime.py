@@ -507,7 +507,10 @@ class Runtime(Deletion):
                 if now is None or now.id != tid or turn_over(now):
                     return Batch(specs=[])
                 withdrawn[:] = current.pending_requests()
-                delegated[:] = _child_sessions.delegated(current)
+                delegated[:] = [
+                    *_child_sessions.delegated(current),
+                    *_child_sessions.unjournaled(current),
+                ]
                 built_on[:] = [current.seq]
                 return Batch(
                     specs=cancel_specs(withdrawn, reason, by),

@@ -116,8 +116,8 @@ class SessionRunner(SessionCache):
                 return False
             pending = state.pending_requests()
             unfinished = _unfinished(state)
-            # Created and not yet started by its delegate call (two writes): a message taking
-            # the first turn would leave the delegated task undone and be cancelled as it.
+            # Created and not yet started by an older signoff's delegate call (two writes): a
+            # message taking the first turn would leave the delegated task undone.
             unstarted = not delegated and state.parent is not None and state.turn is None
             if (pending or unfinished or unstarted) and not fresh:
                 fresh = True

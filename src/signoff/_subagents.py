@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import inspect
 import logging
 import weakref
@@ -23,7 +22,8 @@ from pydantic import AfterValidator, Field
 
 from ._agent import unpriced
 from ._answers import check_text
-from ._child_sessions import cancel_orphan, delegating, first_turn
+from ._child_sessions import CHILD_KEY, cancel_orphan, child_id, delegating, first_turn
+from ._creation import turn_events
 from ._events import Event
 from ._exceptions import (
     SessionBusy,
@@ -34,7 +34,8 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
-from ._recording import TurnStopped, new_id, runnable
+from ._prompts import check_prompt
+from ._recording import TurnStopped, new_id, runnable, stored_status
 from ._results import GenerateResult
 from ._state import SessionState, budget_left, by_budget, fold
 from ._sweeps import one_of_many
@@ -210,15 +211,19 @@ async def _delegated(ctx: ToolContext, journal: _DelegateJournal, agent: str, me
     principal = ctx.session.auth.current
     who = None if principal is None else principal.model_dump(mode="json")
     source = "message" if journal.can_ask else "schedule"
-    key = ctx.idempotency_key("subagent")
+    key = ctx.idempotency_key(CHILD_KEY)
+    task = (message, who, source)
     try:
-        create = partial(_ours, journal, partial(host.create_child, turn=journal.turn_id))
+        made = partial(host.create_child, turn=journal.turn_id, task=task)
+        create = partial(_ours, journal, made)
         child = await ctx.step("subagent.session", create, agent, journal.session_id, key)
     except TurnStopped:  # the parent's turn ended after the child's creation, before its record
-        await host.abandon_child(_child_id(key), message, who, source, journal.turn_id)
+        await host.abandon_child(child_id(key), message, who, source, journal.turn_id)
         raise
-    start = partial(_ours, journal, host.start_child)
-    await ctx.step("subagent.turn", start, child, message, who, source)
+    # The child's turn started with its session. This starts one an older signoff created and
+    # died before starting (its `subagent.turn` step, journaled then, is the call's last entry:
+    # left unreplayed, it is never looked for), and cancels it if its parent's turn ended.
+    await _ours(journal, host.start_child, child, message, who, source)
     if journal.steered():
         return await _interrupted(host, agent, child)
     try:
@@ -316,14 +321,22 @@ class RuntimeHost:
         self.runtime = runtime
 
     async def create_child(
-        self, agent: str, parent: str, key: str, *, turn: str | None = None
+        self,
+        agent: str,
+        parent: str,
+        key: str,
+        *,
+        turn: str | None = None,
+        task: tuple[str, dict[str, Any] | None, str] | None = None,
     ) -> str:
         """Create the child session once: its id derives from the call's idempotency key. Its
         `session.created` names the parent and the parent's `turn` that delegated to it, which
-        may have ended as the child is created (the orphan sweep then lists the child)."""
+        may have ended as the child is created (the orphan sweep then lists the child). Given
+        its `task` (message, principal, source), its delegated turn starts in the same write:
+        no process dying between two writes can leave a child without the task it was made for."""
         rt = self.runtime
         spec = rt.agent(agent)
-        child = _child_id(key)
+        child = child_id(key)
         if await rt.store.head(child) is not None:
             return child
         parent_state = await rt._state(parent)
@@ -359,15 +372,25 @@ class RuntimeHost:
                 **({"parent_spent": by_budget(spent, left)} if left else {}),
             },
         )
+        state = fold([event])
+        events = [event]
+        if task is not None:
+            message, who, source = task
+            check_prompt(message)
+            events += turn_events(state, message, who, source, None, now)
         try:
             await rt.store.create_session(
-                child, spec.name, [event], None if ttl is None else now + ttl
+                child,
+                spec.name,
+                events,
+                None if ttl is None else now + ttl,
+                status=stored_status(state),
             )
         except StoreError:
             if await rt.store.head(child) is None:
                 raise
             return child  # created by a run that died before journaling it
-        rt._remember(fold([event]))
+        rt._remember(state)
         return child
 
     async def _depth(self, grandparent: str | None) -> int:
@@ -383,16 +406,19 @@ class RuntimeHost:
     async def start_child(
         self, child: str, message: str, principal: dict[str, Any] | None, source: str
     ) -> bool:
-        """Start the child's one turn, unless a run that died before journaling it did."""
+        """Start the child's one turn, unless its creation or a run that died before journaling
+        it did; whether this did. Either way, cancel it if its parent no longer waits on it."""
         rt = self.runtime
         state = await rt._state(child)
-        if state.turn is not None:
-            return False
-        who = None if principal is None else Principal.model_validate(principal)
-        await rt._start_turn(child, message, who, source=source, delegated=True)
-        # The parent's cancel may have swept its children just before this turn started.
-        await cancel_orphan(rt, await rt._state(child))
-        return True
+        started = state.turn is None
+        if started:
+            who = None if principal is None else Principal.model_validate(principal)
+            await rt._start_turn(child, message, who, source=source, delegated=True)
+            state = await rt._state(child)
+        # The parent's cancel may have swept its children just before this turn started, or its
+        # turn ended before the call journaled the child.
+        await cancel_orphan(rt, state)
+        return started
 
     async def abandon_child(
         self,
@@ -403,14 +429,14 @@ class RuntimeHost:
         turn: str | None,
     ) -> None:
         """The parent's `turn` ended (or was replaced) before its delegate call recorded the
-        child it had created: start the child's turn, which cancels itself, so the child reads
-        as cancelled rather than as an empty session no one will use. Nothing while that turn
-        goes on elsewhere."""
+        child it had created: cancel the child's turn (started with it, or now for a child an
+        older signoff created without), so no one runs a task its parent no longer waits on.
+        Nothing while that turn goes on elsewhere."""
         rt = self.runtime
         if await rt.store.head(child) is None:
             return
         state = await rt._state(child)
-        if state.turn is not None or state.parent is None:
+        if state.parent is None:
             return
         parent = (await rt._state(state.parent)).turn
         if parent is not None and parent.id == turn and parent.status in ("running", "waiting"):
@@ -488,11 +514,6 @@ class RuntimeHost:
         if first.turn is None or state.turn is None or first.turn.id == state.turn.id:
             return None
         return rt._result(first)
-
-
-def _child_id(key: str) -> str:
-    """The child session of the delegate call whose idempotency key is `key`."""
-    return "ses_" + hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
 _PAGE = 500  # sessions the orphan sweep reads per query (tests patch it)
