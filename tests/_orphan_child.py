@@ -3,10 +3,10 @@ turn, and this process killed while it cleans that child up.
 
 `python -m tests._orphan_child STORE_URL`: the parent's delegate call stalls before it creates
 the child session; meanwhile its lease lapses and another runtime cancels the parent's turn and
-runs a new one, which fails. The call then creates the child (its row made as the new turn is
-the parent's current one), finds its own turn stopped and starts the child's turn to have it
-cancel itself (`abandon_child`): the store's fault hook SIGKILLs this process right after that
-turn's start is committed. It prints the parent's and the child's ids first.
+runs a new one, which fails. The call then creates the child with its turn started (its row
+made as the new turn is the parent's current one), and would find its own turn stopped and
+cancel the child's (`abandon_child`): the store's fault hook SIGKILLs this process right after
+the child's creation is committed. It prints the parent's and the child's ids first.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ async def main(url: str) -> None:
             key: str,
             *,
             turn: str | None = None,
+            task: tuple[str, dict[str, Any] | None, str] | None = None,
         ) -> str:
             # This process stalls here: its lease lapses (given back, as the store would let
             # another take it), and another process cancels the turn and runs a new one.
@@ -82,11 +83,11 @@ async def main(url: str) -> None:
             print(json.dumps({"parent": sid, "child": child}), flush=True)
 
             def kill(when: str, label: str) -> None:
-                if (when, label) == ("after", "turn.started"):  # the child's turn started
+                if (when, label) == ("after", "session.created"):  # with the child's turn
                     os.kill(os.getpid(), signal.SIGKILL)
 
             rt.store.set_fault_hook(kill)
-            return await create(host, agent, parent, key, turn=turn)
+            return await create(host, agent, parent, key, turn=turn, task=task)
 
         setattr(_subagents.RuntimeHost, "create_child", create_child)  # noqa: B010 (a method)
         result: Any = await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)

@@ -413,8 +413,9 @@ async def test_the_sweep_cancels_a_child_created_as_its_parent_moved_to_a_new_tu
     store_url: str,
 ) -> None:
     """A delegate call creates its child just after another process cancelled the parent's turn
-    and ran a new one (which failed), and its process is killed right after starting the
-    child's turn to have it cancel itself. The child's row names the turn that delegated to it,
+    and ran a new one (which failed), and its process is killed right after creating the child
+    with its turn started, before it could cancel it. The child's row names the turn that
+    delegated to it,
     not the new one current as it was created, so the store lists it and the sweep cancels it."""
     proc = subprocess.run(
         [sys.executable, "-m", "tests._orphan_child", store_url],
