@@ -16,6 +16,7 @@ import signoff as so
 from signoff.cli import _deletion, app
 from signoff.testing import reply, scripted_agent
 
+from ._audit import alter
 from ._cli import ROOT, invoke, park, refused_usage, url
 from .test_cli_interrupts import _read_until, _wait_until_blocked
 
@@ -138,3 +139,25 @@ def test_the_confirmation_asks_again_at_another_answer_and_keeps_the_session_at_
     gone = CliRunner().invoke(app, ["delete", session_id, "--store", url], input="x\nYes\n")
     assert gone.exit_code == 0, gone.output
     assert len(_deletions(url)) == 1
+
+
+def test_delete_force_erases_a_damaged_session_a_cancel_cannot_finish(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session whose log a hand edit broke (an event gone) cannot be read, so not cancelled,
+    nor deleted unfinished: `--force` deletes it, the question saying it is damaged rather
+    than failing to read it."""
+    monkeypatch.setattr(_deletion, "_can_ask", lambda: True)
+    session_id, _ = park(url)
+    alter(url, "DELETE FROM {t}events WHERE seq = 2")
+    refused = invoke("delete", session_id, "--store", url, "--yes")
+    assert refused.exit_code == 1 and "damaged" in refused.stderr, refused.output
+    assert _deletions(url) == []
+    asked = CliRunner().invoke(app, ["delete", session_id, "--store", url, "--force"], input="n\n")
+    assert asked.exit_code == 1, asked.output
+    assert f"Delete session {session_id} (damaged: " in asked.stdout
+    assert _deletions(url) == []
+    gone = invoke("delete", session_id, "--store", url, "--yes", "--force", "--reason", "broken")
+    assert gone.exit_code == 0, gone.output
+    (entry,) = _deletions(url)
+    assert entry["force"] is True and entry["reason"] == "broken"

@@ -15,6 +15,7 @@ from signoff import _child_sessions
 from signoff.stores._deletions import DELETIONS_STREAM
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
+from ._audit import alter
 from ._subagents import Counted, refund_agents
 from .conftest import make_store
 from .test_subagents_spend import orders, support, tokens, waiting_child
@@ -612,3 +613,76 @@ async def test_a_session_deleted_as_it_is_loaded_is_unknown(pg_store_url: str) -
         b.store._events = deleted_first  # type: ignore[attr-defined]
         with pytest.raises(so.UnknownSession):
             await b.state(sid)
+
+
+# -- forced: a session no cancel can finish -----------------------------------------------------
+
+
+async def test_a_damaged_session_no_cancel_can_finish_is_deleted_when_forced(
+    store_url: str,
+) -> None:
+    """A session waiting on a request whose row is gone (a hand edit, a half-restored copy):
+    its cancel is refused as damage (`StoreError`) and its deletion as unfinished, so nothing
+    could remove it but SQL by hand. `force=True` deletes it, its subagent's with it, and its
+    audit entry says so; nothing else changes."""
+    async with so.Runtime(agents(), store=store_url) as rt:
+        other = (await rt.generate("chat", prompt="hi", auth=ALICE)).session_id
+        parent, child = await waiting_child(rt)
+        alter(store_url, "DELETE FROM {t}requests")
+        with pytest.raises(so.StoreError, match="damaged"):
+            await rt.cancel(parent, principal=ALICE)
+        before = await _rows(store_url)
+        with pytest.raises(so.SessionBusy):
+            await rt.delete_session(parent)
+        with pytest.raises(so.SubagentSession):  # forced or not: deleted with its parent
+            await rt.delete_session(child, force=True)
+        assert await _rows(store_url) == before
+        deleted = await rt.delete_session(parent, by=OPS, reason="damaged", force=True)
+        assert deleted == [parent, child]
+        for sid in deleted:
+            with pytest.raises(so.UnknownSession):
+                await rt.state(sid)
+        [entry] = await rt.audit(stream=DELETIONS_STREAM)
+        assert entry.data["force"] is True and entry.data["reason"] == "damaged"
+        assert [s.id for s in await rt.sessions()] == [other]
+        assert await rt.verify_audit() == []
+        # Not forced, the entry says nothing of it: as entries before the option were.
+        assert await rt.delete_session(other) == [other]
+        assert "force" not in (await rt.audit(stream=DELETIONS_STREAM))[-1].data
+
+
+async def test_forcing_still_refuses_a_session_a_drive_holds(store_url: str) -> None:
+    """A drive holding the lease is writing to the session: forced or not, it is refused
+    (`SessionBusy`) and nothing changes; a `force` that is not a bool is misuse."""
+    async with so.Runtime(agents(), store=store_url) as rt:
+        r = await rt.generate("chat", prompt="refund it", auth=ALICE)
+        token = await rt.store.acquire_lease(r.session_id, "elsewhere", 30.0, rt.now())
+        assert token is not None
+        before = await _rows(store_url)
+        with pytest.raises(so.SessionBusy, match="holds the lease"):
+            await rt.delete_session(r.session_id, force=True)
+        with pytest.raises(so.UsageError, match="force must be True or False"):
+            await rt.delete_session(r.session_id, force="yes")  # type: ignore[arg-type]
+        assert await _rows(store_url) == before
+        assert await rt.audit(stream=DELETIONS_STREAM) == []
+        await rt.store.release_lease(r.session_id, "elsewhere", token)
+        # Live, waiting on a person, under no lease: forced, its open request goes with it.
+        assert await rt.delete_session(r.session_id, force=True) == [r.session_id]
+        assert await rt.pending() == []
+
+
+async def test_a_lease_row_a_hand_edit_left_odd_does_not_hold_a_forced_deletion(
+    tmp_path: Any,
+) -> None:
+    """A lease whose expiry a hand edit left as text reads as held for ever (SQLite orders text
+    after every number), so the session was `SessionBusy` to every deletion; forced, only a
+    lease its row plainly shows held refuses it."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with so.Runtime(agents(), store=url) as rt:
+        sid = (await rt.generate("chat", prompt="hi", auth=ALICE)).session_id
+        token = await rt.store.acquire_lease(sid, "elsewhere", 30.0, rt.now())
+        assert token is not None
+        alter(url, "UPDATE {t}leases SET expires_at = 'soon'")
+        with pytest.raises(so.SessionBusy):
+            await rt.delete_session(sid)
+        assert await rt.delete_session(sid, force=True) == [sid]

@@ -103,3 +103,30 @@ def test_a_create_repeating_the_key_of_a_deleted_session_is_410(tmp_path: Path) 
                 with pytest.raises(so.SessionDeleted) as raised:
                     client.generate("support", "refund order 1042", idempotency_key="refund-1042")
                 assert raised.value.session_id == sid
+
+
+def test_a_forced_deletion_over_http(tmp_path: Path) -> None:
+    """`{"force": true}` deletes a session waiting on people without a cancel (one no cancel
+    can finish); a `force` that is not a JSON boolean is 422, nothing deleted."""
+    rt = make_runtime(f"sqlite:///{tmp_path / 's.db'}")
+    with running(create_app(rt, auth=TokenAuth(TOKENS))) as base:
+        with httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as alice:
+            first, second = _waiting(alice)["session_id"], _waiting(alice)["session_id"]
+            r = alice.request("DELETE", f"/v1/sessions/{first}", json={"force": "yes"})
+            assert r.status_code == 422, r.text
+            r = alice.request("DELETE", f"/v1/sessions/{first}", json={"force": True})
+            assert r.status_code == 200 and r.json() == {"deleted": [first]}
+            with so.Client(base, token="alice-token") as client:
+                with pytest.raises(so.SessionWaiting):
+                    client.delete_session(second)
+                assert client.delete_session(second, reason="erasure", force=True) == [second]
+                with pytest.raises(so.UsageError):
+                    client.delete_session(second, force=1)  # type: ignore[arg-type]
+            assert alice.get("/v1/sessions").json()["total"] == 0
+    entries = rt.audit_sync(stream=DELETIONS_STREAM)
+    assert [(e.data["session_id"], e.data["force"]) for e in entries] == [
+        (first, True),
+        (second, True),
+    ]
+    assert rt.verify_audit_sync() == []
+    rt.close_sync()

@@ -353,11 +353,18 @@ class AsyncClient:
             body["turnId"] = turn_id
         return await self._turn(_session_path(session_id, "/cancel"), body)
 
-    async def delete_session(self, session_id: str, *, reason: str | None = None) -> list[str]:
-        """Delete the session and its subagents' sessions (`Runtime.delete_session`) as the
-        caller; returns the ids deleted."""
+    async def delete_session(
+        self, session_id: str, *, reason: str | None = None, force: bool = False
+    ) -> list[str]:
+        """Delete the session and its subagents' sessions (`Runtime.delete_session`, `force`
+        too) as the caller; returns the ids deleted."""
+        if not isinstance(force, bool):
+            raise errors.UsageError(f"force must be True or False, not {force!r}")
+        body: dict[str, Any] = {"reason": reason}
+        if force:  # sent only when given: a server from before it refuses the field
+            body["force"] = True
         return await self._call(
-            "DELETE", _session_path(session_id), _deleted, "a deletion", json={"reason": reason}
+            "DELETE", _session_path(session_id), _deleted, "a deletion", json=body
         )
 
     async def state(self, session_id: str) -> dict[str, Any]:

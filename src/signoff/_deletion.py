@@ -4,6 +4,7 @@ sessions, in one transaction that also records who deleted it and why in the aud
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 from ._answers import check_principal, check_text
 from ._deadlines import expiry_specs
@@ -41,7 +42,12 @@ class Deletion(EventStream):
 
     @closes_stop
     async def delete_session(
-        self, session_id: str, *, by: Principal | None = None, reason: str | None = None
+        self,
+        session_id: str,
+        *,
+        by: Principal | None = None,
+        reason: str | None = None,
+        force: bool = False,
     ) -> list[str]:
         """Delete the session and everything the store keeps of it: events, snapshot, requests,
         lease, audit entries, and the same of its subagents' sessions; the deletion itself is
@@ -49,13 +55,19 @@ class Deletion(EventStream):
         Returns the ids deleted, the session's first. Refused, nothing changed: a turn running
         or with work to do, under a lease or not, before its TTL passes (`SessionBusy`), or
         waiting on people (`SessionWaiting`): cancel it first; a subagent's
-        session whose parent exists (`SubagentSession`); an unknown id (`UnknownSession`)."""
+        session whose parent exists (`SubagentSession`); an unknown id (`UnknownSession`).
+
+        `force`: delete it unfinished too, its open requests with it, for a session no cancel
+        can finish (a damaged one: `StoreError`). Only a lease a drive plainly holds still
+        refuses it (`SessionBusy`); the deletion's audit entry says it was forced."""
         check_session_id(session_id)
         who = _deleter(by, reason)
+        if not isinstance(force, bool):
+            raise UsageError(f"force must be True or False, not {force!r}")
         await self.open()
         if getattr(self.store, "delete_session", None) is None:  # a store for an earlier signoff
             raise UsageError(f"{type(self.store).__name__} cannot delete sessions")
-        return await self._erase(session_id, who, reason)
+        return await self._erase(session_id, who, reason, force=force)
 
     @closes_stop
     async def prune(
@@ -137,14 +149,20 @@ class Deletion(EventStream):
         *,
         before: float | None = None,
         durable: bool = True,
+        force: bool = False,
     ) -> list[str]:
         """Delete the session in the store, recording first a TTL that passed while it waited;
         with `before`, only if its last activity is older ([] if it was touched since); not
-        `durable`, committed without waiting for the disk (the caller's `flush` syncs it)."""
+        `durable`, committed without waiting for the disk (the caller's `flush` syncs it);
+        `force`, unfinished too (see `delete_session`)."""
         delete = self.store.delete_session  # type: ignore[attr-defined]
         since: dict[str, object] = {"durable": durable}
         if before is not None:
             since["before"] = before
+        if force:  # passed only when given: a store that cannot force is asked nothing else
+            if "force" not in inspect.signature(delete).parameters:
+                raise UsageError(f"{type(self.store).__name__} cannot force a deletion")
+            since["force"] = True
         try:
             ids: list[str] = await delete(
                 session_id, now=self.now(), by=who, reason=reason, **since

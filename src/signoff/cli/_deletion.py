@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from .._exceptions import UsageError
+from .._exceptions import StoreBusy, StoreError, StoreUnavailable, UsageError
 from .._runtime import Runtime
 from .._types import Principal, folded
 from ..channels.terminal import TerminalChannel, printable
@@ -51,6 +51,14 @@ def delete(
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="Delete without asking (as a script must).")
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Delete it unfinished too, its open requests with it: for a session no cancel "
+            "can finish (a damaged one). Still refused while a drive holds its lease.",
+        ),
+    ] = False,
     store: StoreOption = None,
     acting_as: DeleterOption = None,
 ) -> None:
@@ -58,8 +66,8 @@ def delete(
 
     Everything the store keeps of them goes (events, requests, answers, audit entries); the
     audit stream store:deletions records who deleted what, when and why. A session with a turn
-    running or waiting on people is refused: cancel it first. Asks before deleting, unless
-    --yes; without a terminal to ask at, --yes is needed."""
+    running or waiting on people is refused: cancel it first (or, where that fails, --force).
+    Asks before deleting, unless --yes; without a terminal to ask at, --yes is needed."""
     with misuse():
         refuse_undecodable({"SESSION_ID": session_id, "--reason": reason})
         refuse_empty_ids({"SESSION_ID": session_id})
@@ -68,7 +76,7 @@ def delete(
             split_target(target)
         if not yes and not _can_ask():
             raise UsageError("there is no terminal to ask for confirmation at: pass --yes")
-    run(_delete(session_id, target, store, reason, yes, principal))
+    run(_delete(session_id, target, store, reason, yes, principal, force=force))
 
 
 def _confirmed(terminal: TerminalChannel, question: str) -> bool:
@@ -120,19 +128,30 @@ async def _delete(
     reason: str | None,
     yes: bool,
     principal: Principal,
+    *,
+    force: bool = False,
 ) -> None:
     console = out()
     async with await store_runtime(target, store) as runtime:
-        state = await runtime.state(session_id)  # an unknown id: UnknownSession, asked nothing
+        try:  # an unknown id: UnknownSession, asked nothing
+            state = await runtime.state(session_id)
+            about = f"{printable(state.agent)}, {state.status}, {state.seq} events"
+        except (StoreUnavailable, StoreBusy):
+            raise
+        except StoreError as exc:
+            if not force:
+                raise
+            # Damaged, as --force is for: said as it is, rather than read.
+            about = f"damaged: {printable(str(exc))[:200]}"
         if not yes:
             shown = (
-                f"Delete session {printable(session_id)} ({printable(state.agent)}, "
-                f"{state.status}, {state.seq} events) and its subagents' sessions, for good?"
+                f"Delete session {printable(session_id)} ({about}) and its subagents' "
+                "sessions, for good?"
             )
             if not _confirmed(TerminalChannel(console), shown):
                 console.print("Nothing deleted.")
                 raise typer.Exit(1)
-        deleted = await runtime.delete_session(session_id, by=principal, reason=reason)
+        deleted = await runtime.delete_session(session_id, by=principal, reason=reason, force=force)
     others = deleted[1:]
     also = f" and {len(others)} subagent session(s): {', '.join(others)}" if others else ""
     console.print(f"[green]deleted[/] {session_id}{also}; recorded in the audit trail")

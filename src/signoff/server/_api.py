@@ -256,12 +256,14 @@ async def delete_session(
     """Delete the session, and its subagents' sessions, with everything the store keeps of
     them; the deletion is recorded in the audit trail (`store:deletions`). Whoever may cancel
     it may delete it. A turn running is 409 `session_busy`, one waiting on people 409
-    `session_waiting` (cancel it first), a subagent's session 409 `subagent_session`."""
+    `session_waiting` (cancel it first, or where that fails, `force` it), a subagent's session
+    409 `subagent_session`."""
     _object_or_none(body, await request.body())
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)
-    reason = None if body is None else body.reason
-    return Deleted(deleted=await ctx.runtime.delete_session(session_id, by=caller, reason=reason))
+    reason, force = (None, False) if body is None else (body.reason, body.force)
+    deleted = await ctx.runtime.delete_session(session_id, by=caller, reason=reason, force=force)
+    return Deleted(deleted=deleted)
 
 
 @router.get(

@@ -177,6 +177,12 @@ class CancelBody(_Body):
 
 class DeleteBody(_Body):
     reason: StrictStr | None = None
+    force: StrictBool = Field(
+        default=False,
+        description="Delete it unfinished too, its open requests with it: for a session no "
+        "cancel can finish (a damaged one). Still 409 `session_busy` while a drive holds its "
+        "lease; the deletion's audit entry says it was forced.",
+    )
 
 
 class Deleted(BaseModel):

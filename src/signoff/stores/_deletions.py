@@ -46,10 +46,16 @@ class Doomed:
 
 
 def deletion_row(
-    doomed: Sequence[Doomed], *, at: float, by: dict[str, Any] | None, reason: str | None
+    doomed: Sequence[Doomed],
+    *,
+    at: float,
+    by: dict[str, Any] | None,
+    reason: str | None,
+    force: bool = False,
 ) -> AuditRow:
     """The deletion's audit entry: which sessions (the one asked for first, then its subagents'),
-    who deleted them, when and why, and where each one's event log and audit chain ended."""
+    who deleted them, when and why, where each one's event log and audit chain ended, and
+    whether it was forced (unfinished, `force`; said only then)."""
     return AuditRow(
         stream=DELETIONS_STREAM,
         type=SESSION_DELETED,
@@ -59,6 +65,7 @@ def deletion_row(
             "session_id": doomed[0].id,
             "by": by,
             "reason": reason,
+            **({"force": True} if force else {}),
             "sessions": [
                 {
                     "id": d.id,

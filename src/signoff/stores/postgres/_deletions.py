@@ -52,10 +52,11 @@ _GATE = (
     "WHERE x.id = %s) "
     "AND NOT EXISTS (SELECT 1 FROM {s}.leases l JOIN t ON t.sk = l.sk "
     "WHERE l.owner <> '' AND l.expires_at > %s) "
-    "AND NOT EXISTS (SELECT 1 FROM {s}.sessions x JOIN t ON t.sk = x.sk "
+    # The first %s: forced, unfinished too.
+    "AND (%s OR NOT EXISTS (SELECT 1 FROM {s}.sessions x JOIN t ON t.sk = x.sk "
     "WHERE x.status IN ('running', 'waiting') AND (x.expires_at IS NULL OR x.expires_at > %s)) "
     "AND NOT EXISTS (SELECT 1 FROM {s}.requests r JOIN t ON t.sk = r.sk "
-    "WHERE r.status = 'pending') "
+    "WHERE r.status = 'pending')) "
     "AND NOT EXISTS (SELECT 1 FROM {s}.sessions x WHERE x.id = %s AND x.updated_at >= %s)), "
     "d AS (SELECT sk FROM t WHERE EXISTS (SELECT 1 FROM ok)), "
     + "".join(
@@ -67,8 +68,9 @@ _GATE = (
     "FROM {s}.sessions x JOIN d ON d.sk = x.sk ON CONFLICT (id) DO NOTHING), "
 )
 """Deletes the tree's rows only if it is still the tree read (the same sessions, chains and
-logs), none of it a subagent's under a parent, leased, running or waiting on people, and the
-session last active before the time given (`prune`'s; +infinity for `delete_session`)."""
+logs), none of it a subagent's under a parent, leased, running or waiting on people (unless
+forced), and the session last active before the time given (`prune`'s; +infinity for
+`delete_session`)."""
 
 _NESTED = "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; "
 """Sent before the statements that join the tree: the planner guesses a recursive query's rows
@@ -132,26 +134,27 @@ class Deletions(Connections):
         reason: str | None = None,
         before: float | None = None,
         durable: bool = True,
+        force: bool = False,
     ) -> list[str]:
         """Delete the session and its subagents' sessions with every row of theirs (events,
         snapshot, requests, lease, audit entries), and record it in `DELETIONS_STREAM`, in one
         transaction; refused, nothing changed, as `_deletions.refuse` says. Returns the ids;
         with `before`, none ([], nothing changed) if the session was last active since then.
         Not `durable`: committed without waiting for the WAL's flush (a batch's deletions,
-        made durable together by `flush`).
+        made durable together by `flush`). `force`: unfinished too, under no lease held.
 
         The tree is read first, unlocked; the write locks its session and lease rows and the
         stream, then deletes only if what it finds is what was read (else it reads again), so
         the entry names the chain heads deleted. One message, as every write here."""
         until = math.inf if before is None else before
         for _ in range(5):
-            doomed = await self._doomed(session_id, now, until)
+            doomed = await self._doomed(session_id, now, until, force=force)
             if doomed is None:
                 return []  # touched since `prune` listed it
-            row = deletion_row([d for _, d in doomed], at=now, by=by, reason=reason)
+            row = deletion_row([d for _, d in doomed], at=now, by=by, reason=reason, force=force)
             ids = [d.id for _, d in doomed]
             self._before(SESSION_DELETED)
-            if await self._delete(session_id, doomed, row, now, until, durable):
+            if await self._delete(session_id, doomed, row, now, until, durable, force):
                 for sid in ids:
                     self._state.pop(sid, None)
                     self._granted.pop(sid, None)
@@ -167,6 +170,7 @@ class Deletions(Connections):
         now: float,
         until: float,
         durable: bool,
+        force: bool = False,
     ) -> bool:
         """One attempt: whether the rows `doomed` (as read) were deleted, with the entry `row`;
         False when the write found the tree changed (or last active at `until` or since) or
@@ -191,8 +195,8 @@ class Deletions(Connections):
             + "SELECT EXISTS (SELECT 1 FROM {s}.sessions WHERE id = %s)"
         ).format(s=s)
         params: list[Any] = [sync] if sync else []
-        params += [[DELETIONS_STREAM], keys, keys, session_id, shape, session_id, now, now]
-        params += [session_id, until, now]
+        params += [[DELETIONS_STREAM], keys, keys, session_id, shape, session_id, now, force]
+        params += [now, session_id, until, now]
         params += [[row.stream], [None], [row.type], [row.at], [dumps(row.data)]]
         params += [[before], [behind]]
         params += [self.channel, [d.id for _, d in doomed], session_id, session_id]
@@ -217,10 +221,11 @@ class Deletions(Connections):
         return deleted is None or deleted
 
     async def _doomed(
-        self, session_id: str, now: float, before: float
+        self, session_id: str, now: float, before: float, *, force: bool = False
     ) -> list[tuple[int, Doomed]] | None:
         """The session and its subagents' sessions, by key, checked deletable at `now` as read
-        (the write checks again, locked); None if it was last active at `before` or since."""
+        (the write checks again, locked); None if it was last active at `before` or since.
+        `force`: unfinished too, under no lease held."""
         if not storable(session_id):
             refuse(session_id, found=False, parent=None, leased=None, waiting=())
 
@@ -239,8 +244,8 @@ class Deletions(Connections):
             found=top is not None,
             parent=None if top is None else top[6],
             leased=next((str(r[1]) for r in rows if r[7]), None),
-            waiting=sorted(waiting),
-            running=next((str(r[1]) for r in rows if r[9]), None),
+            waiting=() if force else sorted(waiting),
+            running=None if force else next((str(r[1]) for r in rows if r[9]), None),
         )
         if top is not None and not top[10] < before:
             return None

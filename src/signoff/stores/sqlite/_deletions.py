@@ -88,20 +88,22 @@ class Deletions(Connection):
         reason: str | None = None,
         before: float | None = None,
         durable: bool = True,
+        force: bool = False,
     ) -> list[str]:
         """Delete the session and its subagents' sessions with every row of theirs (events,
         snapshot, requests, lease, audit entries), and record it in `DELETIONS_STREAM`, in one
         transaction; refused, nothing changed, as `_deletions.refuse` says. Returns the ids;
         with `before`, none ([], nothing changed) if the session was last active since then.
         `durable`: synced to disk before it returns (`synchronous=FULL`), as an answer is; a
-        batch's deletions are synced together by `flush`."""
+        batch's deletions are synced together by `flush`. `force`: unfinished too; refused
+        only for a lease its row plainly shows held (one a hand edit left odd is not)."""
         conn = self.conn
         self._before(SESSION_DELETED)
         if durable:
             conn.execute("PRAGMA synchronous=FULL")
         try:
             with immediate(conn, self._writable, self.path):
-                doomed = self._doomed(conn, session_id, now)
+                doomed = self._doomed(conn, session_id, now, force=force)
                 if before is not None and not self._untouched(conn, session_id, before):
                     return []
                 keys = [sk for sk, _ in doomed]
@@ -118,7 +120,9 @@ class Deletions(Connection):
                     "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
                     [(DELETED + d.id, repr(now)) for _, d in doomed],
                 )
-                row = deletion_row([d for _, d in doomed], at=now, by=by, reason=reason)
+                row = deletion_row(
+                    [d for _, d in doomed], at=now, by=by, reason=reason, force=force
+                )
                 append_entry(conn, {}, row)
         except sqlite3.IntegrityError as exc:
             raise StoreError(failed("delete from", self.path, exc)) from exc
@@ -158,9 +162,10 @@ class Deletions(Connection):
         return row is not None
 
     def _doomed(
-        self, conn: sqlite3.Connection, session_id: str, now: float
+        self, conn: sqlite3.Connection, session_id: str, now: float, *, force: bool = False
     ) -> list[tuple[int, Doomed]]:
-        """The session and its subagents' sessions, by key, checked deletable at `now`."""
+        """The session and its subagents' sessions, by key, checked deletable at `now` (`force`:
+        unfinished too, under no lease plainly held)."""
         top = conn.execute(
             "SELECT s.sk, p.id FROM sessions s LEFT JOIN sessions p ON p.sk = s.parent "
             "WHERE s.id=?",
@@ -184,12 +189,27 @@ class Deletions(Connection):
         doomed.sort(key=lambda d: d[1].id != session_id)  # the one asked for first
         keys = [sk for sk, _ in doomed]
         marks = ",".join("?" * len(keys))
+        # An expiry that is not a number (a hand edit) reads as held, unless forced: SQLite
+        # orders text after every number, so it would otherwise read as held for ever.
+        held = (
+            "typeof(l.expires_at) IN ('integer', 'real') AND l.expires_at > ?"
+            if force
+            else "NOT (typeof(l.expires_at) IN ('integer', 'real') AND l.expires_at <= ?)"
+        )
         leased = conn.execute(
             f"SELECT s.id FROM leases l JOIN sessions s ON s.sk = l.sk WHERE l.sk IN ({marks}) "
-            "AND l.owner <> '' AND NOT (typeof(l.expires_at) IN ('integer', 'real') "
-            "AND l.expires_at <= ?) ORDER BY l.sk LIMIT 1",
+            f"AND l.owner <> '' AND {held} ORDER BY l.sk LIMIT 1",
             (*keys, now),
         ).fetchone()
+        if force:
+            refuse(
+                session_id,
+                found=True,
+                parent=None if top[1] is None else str(top[1]),
+                leased=None if leased is None else str(leased[0]),
+                waiting=(),
+            )
+            return doomed
         waiting = conn.execute(
             f"SELECT id FROM requests WHERE sk IN ({marks}) AND status = 'pending' ORDER BY id",
             keys,
