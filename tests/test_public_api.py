@@ -342,3 +342,19 @@ def test_a_guardrail_of_ones_own_returns_the_exported_verdict(tmp_path) -> None:
         assert result.is_error and "no refunds on Sunday" in str(result.content)
     finally:
         rt.close_sync()
+
+
+def test_the_status_and_kind_literals_are_public() -> None:
+    """The values a session, a turn or a request takes (`SessionSummary.status`,
+    `SessionState.turn_status`, `InputRequest.kind`, `PendingFilter.status`) are exported as
+    the Literal types the signatures use, so a caller's own annotations say the same."""
+    from typing import get_args
+
+    import signoff._state_parts as parts
+    import signoff._types as types
+
+    assert get_args(so.SessionStatus) == ("idle", "running", "waiting", "failed", "cancelled")
+    assert get_args(so.TurnStatus) == ("running", "waiting", "completed", "failed", "cancelled")
+    assert get_args(so.RequestKind) == ("tool-approval", "question", "session-limit")
+    assert get_args(so.RequestStatus) == ("pending", "settled", "expired", "withdrawn")
+    assert so.SessionStatus is types.SessionStatus and so.TurnStatus is parts.TurnStatus

@@ -72,6 +72,7 @@ from ._response import (
 from ._results import GenerateResult, Outcome
 from ._runtime import Runtime
 from ._state import SessionState
+from ._state_parts import TurnStatus
 from ._subagents import delegate
 from ._tool_context import ReplayError, ToolContext
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
@@ -89,6 +90,9 @@ from ._types import (
     ModelResponse,
     Option,
     Principal,
+    RequestKind,
+    RequestStatus,
+    SessionStatus,
     ToolCall,
     ToolResultMessage,
     Usage,
@@ -145,6 +149,8 @@ __all__ = [
     "RemoteError",
     "ReplayError",
     "RequestClosed",
+    "RequestKind",
+    "RequestStatus",
     "RequestInfo",
     "ResponseContext",
     "ResponseInfo",
@@ -157,6 +163,7 @@ __all__ = [
     "SessionExpired",
     "SessionInfo",
     "SessionLimitReached",
+    "SessionStatus",
     "SessionWaiting",
     "SessionDeleted",
     "SessionState",
@@ -173,6 +180,7 @@ __all__ = [
     "ToolCall",
     "ToolContext",
     "ToolResultMessage",
+    "TurnStatus",
     "UnknownAgent",
     "UnknownRequest",
     "UnknownSession",
