@@ -153,7 +153,9 @@ async def _swept_none(*args: Any) -> None:
     """A cancel's sweep of the turn's children that never ran (its process died first)."""
 
 
-def _lookup_agents(looked: list[str]) -> tuple[so.Agent, so.Agent]:
+def _lookup_agents(
+    looked: list[str], *, usage: so.Usage | None = None
+) -> tuple[so.Agent, so.Agent]:
     @so.tool(approval=so.always())
     async def issue_refund(order_id: str) -> str:
         """Refund an order."""
@@ -161,7 +163,7 @@ def _lookup_agents(looked: list[str]) -> tuple[so.Agent, so.Agent]:
 
     def first(conversation: list[so.Message]) -> so.ModelResponse:
         looked.append("child model")
-        return call_tools(call("issue_refund", order_id="1042"))
+        return call_tools(call("issue_refund", order_id="1042"), usage=usage)
 
     child = scripted_agent("billing", [first, reply("Refund done.")], tools=[issue_refund])
     parent = scripted_agent(
@@ -541,9 +543,10 @@ async def test_cancelling_the_parent_reaches_a_child_its_call_died_before_journa
     """The delegate call created the child (its turn started with it) and its process died
     before journaling it; another drive ran the child, which asks its approval. Cancelling the
     parent's turn cancels that child too, found from the call's idempotency key: it was left
-    waiting on a person for a task no one would take the result of, until an orphan sweep."""
+    waiting on a person for a task no one would take the result of, until an orphan sweep. And
+    the parent's budgets count what it spent."""
     looked: list[str] = []
-    parent, child = _lookup_agents(looked)
+    parent, child = _lookup_agents(looked, usage=so.Usage(input_tokens=120, output_tokens=30))
 
     async def died(host: _subagents.RuntimeHost, *args: Any, **kwargs: Any) -> str:
         await original(host, *args, **kwargs)
@@ -569,3 +572,8 @@ async def test_cancelling_the_parent_reaches_a_child_its_call_died_before_journa
         assert await rt.pending() == []
         stored = await rt.store.get_request(request.id)
         assert stored is not None and stored.status == "withdrawn"
+        # What it spent counts in its parent's budgets, as a journaled child's does.
+        spent = (await rt.state(row.id)).usage
+        assert spent.input_tokens == 120
+        after = await rt.state(sid)
+        assert after.delegated == spent and after.owed == {}

@@ -20,10 +20,14 @@ def _withdrawn_because(reason: str | None) -> str:
 
 
 def cancel_specs(
-    pending: Sequence[InputRequest], reason: str | None, by: dict[str, Any] | None
+    pending: Sequence[InputRequest],
+    reason: str | None,
+    by: dict[str, Any] | None,
+    children: Sequence[str] = (),
 ) -> list[Any]:
     """The events of a turn's cancellation by `by`: its open requests withdrawn, then the
-    cancellation."""
+    cancellation, naming the `children` its delegate calls created and did not journal (owed,
+    as the journaled ones are, for their spend)."""
     specs: list[Any] = [
         (
             "input.resolved",
@@ -37,7 +41,10 @@ def cancel_specs(
         )
         for r in pending
     ]
-    return [*specs, ("turn.cancelled", {"reason": reason, "by": by}), ("session.waiting", {})]
+    cancelled: dict[str, Any] = {"reason": reason, "by": by}
+    if children:
+        cancelled["children"] = list(children)
+    return [*specs, ("turn.cancelled", cancelled), ("session.waiting", {})]
 
 
 def withdrawal(request_id: str, reason: str | None, by: dict[str, Any] | None) -> Resolve:

@@ -406,6 +406,8 @@ def _turn_cancelled(s: SessionState, e: Event) -> None:
     turn = _turn(s, e)
     if turn.status != "failed" or turn.retryable:  # one failed for good owes them already
         _owe(s, turn)
+        for child in e.data.get("children") or ():  # created, not journaled: owed alike
+            s.owed.setdefault(str(child), turn.id)
     turn.status = "cancelled"
 
 

@@ -490,6 +490,9 @@ class Runtime(Deletion):
                     state = await self._state(session_id)
                 return self._result(state)
             began = (turn.id, turn.first_seq)
+            # Children its calls created and did not journal (their process died in between):
+            # the cancel owes and cancels them as it does the journaled ones.
+            made = [c for c in _child_sessions.unjournaled(state) if await self.store.head(c)]
             withdrawn: list[InputRequest] = []
             delegated: list[str] = []
             built_on: list[int] = []  # the seq of the state the batch was built from
@@ -500,6 +503,7 @@ class Runtime(Deletion):
                 withdrawn: list[InputRequest] = withdrawn,
                 delegated: list[str] = delegated,
                 built_on: list[int] = built_on,
+                made: list[str] = made,
             ) -> Batch:
                 # Built from the state it is committed on: after a concurrent append the turn
                 # may have ended (nothing to cancel) or opened other requests (withdrawn too).
@@ -507,13 +511,10 @@ class Runtime(Deletion):
                 if now is None or now.id != tid or turn_over(now):
                     return Batch(specs=[])
                 withdrawn[:] = current.pending_requests()
-                delegated[:] = [
-                    *_child_sessions.delegated(current),
-                    *_child_sessions.unjournaled(current),
-                ]
+                delegated[:] = [*_child_sessions.delegated(current), *made]
                 built_on[:] = [current.seq]
                 return Batch(
-                    specs=cancel_specs(withdrawn, reason, by),
+                    specs=cancel_specs(withdrawn, reason, by, made),
                     resolve=[withdrawal(r.id, reason, by) for r in withdrawn],
                 )
 
