@@ -302,9 +302,9 @@ async def cancel_delegated(
 async def _start_unstarted(rt: Runtime, state: SessionState) -> SessionState:
     """Start, for its parent's cancel to cancel, the delegated turn of a child whose delegate
     call (an older signoff's, in two steps) journaled its session and died before it started
-    the turn: left without
-    one, the child read as an empty session, and a message to it was refused as busy for ever
-    (`_start_turn`: the delegated task must start first). Its task is the call's `message`."""
+    the turn: left without one, the child read as an empty session, and a message to it was
+    refused as busy for ever (`_start_turn`: the delegated task must start first). Its task is
+    the call's `message`."""
     assert state.parent is not None
     parent = await rt._state(state.parent)
     turn = parent.turn
