@@ -241,9 +241,9 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
             await rt._checked(parent.id)
     if _takes_results(parent, rt.now()) and (
         state.id in _journaled(parent, done=True)
-        # Created (its turn started with it) by a call of the parent's turn not yet journaled:
-        # that call journals it still, or a retry of it does once its process died.
-        or (parent.turn is not None and parent.turn.id == state.parent_turn)
+        # Created (its turn started with it) by a call of the parent's turn that has yet to
+        # journal it and has no result: that call journals it still, or its retry does.
+        or state.id in unjournaled(parent)
     ):
         return False
     cancelled = True

@@ -27,7 +27,6 @@ def _session_created(s: SessionState, e: Event) -> None:
     s.ttl = e.data.get("ttl")
     s.initiator = load_principal(e.data.get("initiator"))
     s.parent = e.data.get("parent")
-    s.parent_turn = t if isinstance(t := e.data.get("parent_turn"), str) else None
     s.headroom = dict(e.data.get("headroom") or {})
     s.parent_spent = dict(e.data.get("parent_spent") or {})
     _keyed(s, e, [None])

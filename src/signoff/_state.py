@@ -74,9 +74,6 @@ class SessionState:
     ttl: float | None = None
     initiator: Principal | None = None
     parent: str | None = None
-    # The parent's turn whose delegate call created this child (from its `session.created`; None
-    # where that did not say, as an older signoff's did not).
-    parent_turn: str | None = None
     turn: TurnState | None = None
     requests: dict[str, RequestState] = field(default_factory=dict)
     # Whether a turn's start dropped closed requests of earlier turns from `requests`: until
@@ -205,7 +202,6 @@ class SessionState:
             "ttl": self.ttl,
             "initiator": dump_principal(self.initiator),
             "parent": self.parent,
-            **({"parent_turn": self.parent_turn} if self.parent_turn is not None else {}),
             "approved_tools": sorted(self.approved_tools),
             "model_responses": self.model_responses,
             "usage": self.usage.model_dump(),
@@ -323,7 +319,6 @@ class SessionState:
             ttl=self.ttl,
             initiator=self.initiator,
             parent=self.parent,
-            parent_turn=self.parent_turn,
             turn=turn,
             requests={
                 k: RequestState(
@@ -395,7 +390,6 @@ class SessionState:
             ttl=data["ttl"],
             initiator=load_principal(data["initiator"]),
             parent=data["parent"],
-            parent_turn=p if isinstance(p := data.get("parent_turn"), str) else None,
             approved_tools=set(data["approved_tools"]),
             model_responses=data["model_responses"],
             usage=kept_usage(data["usage"]),
