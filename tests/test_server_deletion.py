@@ -130,3 +130,59 @@ def test_a_forced_deletion_over_http(tmp_path: Path) -> None:
     ]
     assert rt.verify_audit_sync() == []
     rt.close_sync()
+
+
+def _finished(c: httpx.Client) -> str:
+    """A session whose turn was cancelled: finished, for a prune to take."""
+    sid = str(_waiting(c)["session_id"])
+    assert c.post(f"/v1/sessions/{sid}/cancel").json()["status"] == "cancelled"
+    return sid
+
+
+def test_a_prune_over_http_is_an_admins(tmp_path: Path) -> None:
+    """`POST /v1/prune` deletes the finished sessions older than `olderThan`, a bounded batch
+    at a time (`more` says whether older ones may remain), each deletion recorded with the
+    admin as `by`; `dryRun` lists them only. It deletes every tenant's sessions, so a caller
+    who is not an admin is 403 `admin_only`, and a bad body 422; both delete nothing."""
+    rt = make_runtime(f"sqlite:///{tmp_path / 's.db'}")
+    with running(create_app(rt, auth=TokenAuth(TOKENS))) as base:
+        with (
+            httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as alice,
+            httpx.Client(base_url=base, headers=auth("admin-token"), verify=PLAIN) as admin,
+        ):
+            done = [_finished(alice) for _ in range(3)]
+            live = _waiting(alice)["session_id"]
+            r = alice.post("/v1/prune", json={"olderThan": 0})
+            assert r.status_code == 403 and r.json()["error"]["code"] == "admin_only", r.text
+            for bad in (
+                {},
+                {"olderThan": -1},
+                {"olderThan": "0"},
+                {"olderThan": 0, "limit": 0},
+                {"olderThan": 0, "limit": 10_001},
+                {"olderThan": 0, "dryRun": "yes"},
+                {"olderThan": 0, "purge": True},
+            ):
+                r = admin.post("/v1/prune", json=bad)
+                assert r.status_code == 422, (bad, r.text)
+            r = admin.post("/v1/prune", json={"olderThan": 0, "limit": 4.5})
+            assert r.status_code == 422, r.text
+            r = admin.post("/v1/prune", json={"olderThan": 0, "limit": 4.0, "dryRun": True})
+            assert r.status_code == 200, r.text
+            assert r.json() == {"deleted": [], "listed": done, "more": False}
+            assert alice.get("/v1/sessions").json()["total"] == 4
+            body = {"olderThan": 0, "limit": 2, "reason": "retention"}
+            r = admin.post("/v1/prune", json=body)
+            assert r.json() == {"deleted": done[:2], "listed": done[:2], "more": True}, r.text
+            with so.Client(base, token="admin-token") as client:
+                assert client.prune(older_than=3600) == {"deleted": [], "listed": [], "more": False}
+                got = client.prune(older_than=0, reason="retention")
+                assert got == {"deleted": done[2:], "listed": done[2:], "more": False}
+            [left] = alice.get("/v1/sessions").json()["items"]
+            assert left["id"] == live
+    entries = rt.audit_sync(stream=DELETIONS_STREAM)
+    assert [e.data["session_id"] for e in entries] == done
+    assert {e.data["by"]["principal_id"] for e in entries} == {"root"}
+    assert {e.data["reason"] for e in entries} == {"retention"}
+    assert rt.verify_audit_sync() == []
+    rt.close_sync()

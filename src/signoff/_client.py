@@ -88,6 +88,16 @@ def _deleted(body: Any) -> list[str]:
     return ids
 
 
+def _pruned(body: Any) -> dict[str, Any]:
+    """A prune's answer: `deleted` and `listed` (lists of ids) and `more` (a bool)."""
+    ids = [body["deleted"], body["listed"]]
+    if not all(isinstance(x, list) and all(isinstance(i, str) for i in x) for x in ids):
+        raise TypeError("deleted and listed must be lists of ids")
+    if not isinstance(body["more"], bool):
+        raise TypeError("more must be a bool")
+    return {"deleted": ids[0], "listed": ids[1], "more": body["more"]}
+
+
 def _filter(name: str, value: str | None) -> None:
     """Refuse a listing's text filter that is not text, or holds a lone surrogate, as `Runtime`
     does: the query string carried a number as text, and no URL can carry a lone surrogate."""
@@ -367,6 +377,27 @@ class AsyncClient:
             "DELETE", _session_path(session_id), _deleted, "a deletion", json=body
         )
 
+    async def prune(
+        self,
+        *,
+        older_than: float,
+        limit: int = 1000,
+        agent: str | None = None,
+        reason: str | None = None,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        """Retention over HTTP (`Runtime.prune`; an admin's token): delete the finished sessions
+        last active more than `older_than` seconds ago, at most `limit`, oldest first.
+        `{"deleted": [...], "listed": [...], "more": bool}`; `dry_run` deletes nothing."""
+        body = {
+            "olderThan": older_than,
+            "limit": limit,
+            "agent": agent,
+            "reason": reason,
+            "dryRun": dry_run,
+        }
+        return await self._call("POST", "/v1/prune", _pruned, "a prune", json=body)
+
     async def state(self, session_id: str) -> dict[str, Any]:
         """The session as the server shows it (status, turn, usage, pending)."""
         return await self._call("GET", _session_path(session_id), wire.session_view, "a session")
@@ -565,6 +596,7 @@ class Client:
     respond = _blocking(AsyncClient.respond)
     cancel = _blocking(AsyncClient.cancel)
     delete_session = _blocking(AsyncClient.delete_session)
+    prune = _blocking(AsyncClient.prune)
     state = _blocking(AsyncClient.state)
     pending = _blocking(AsyncClient.pending)
     sessions = _blocking(AsyncClient.sessions)

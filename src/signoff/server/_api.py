@@ -23,6 +23,8 @@ from ._models import (
     DeleteBody,
     Deleted,
     GenerateBody,
+    PruneBody,
+    Pruned,
     QueuePage,
     RequestRecord,
     Responses,
@@ -264,6 +266,29 @@ async def delete_session(
     reason, force = (None, False) if body is None else (body.reason, body.force)
     deleted = await ctx.runtime.delete_session(session_id, by=caller, reason=reason, force=force)
     return Deleted(deleted=deleted)
+
+
+@router.post("/prune", tags=["sessions"])
+async def prune(request: Request, body: PruneBody) -> Pruned:
+    """Retention (`Runtime.prune`), for admins only (403 `admin_only`: it deletes every tenant's
+    sessions): delete the finished top-level sessions last active more than `olderThan` seconds
+    ago, oldest first, at most `limit` (10,000 at most), each with its subagents' sessions and
+    its own `store:deletions` entry naming the caller; `dryRun` lists them, deleting nothing.
+    `more`: it listed `limit` of them, and older ones may remain for another run."""
+    ctx, caller = await _caller(request)
+    if caller.attributes.get("admin") is not True:
+        raise ApiError(
+            403, "admin_only", "pruning deletes every tenant's sessions: an admin's token does it"
+        )
+    deleted, listed = await ctx.runtime._prune(
+        older_than=body.older_than,
+        by=caller,
+        reason=body.reason,
+        limit=body.limit,
+        agent=body.agent,
+        dry_run=body.dry_run,
+    )
+    return Pruned(deleted=deleted, listed=listed, more=len(listed) >= body.limit)
 
 
 @router.get(

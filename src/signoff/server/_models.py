@@ -7,9 +7,12 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
+    StrictFloat,
+    StrictInt,
     StrictStr,
     WithJsonSchema,
     model_validator,
@@ -183,6 +186,49 @@ class DeleteBody(_Body):
         "cancel can finish (a damaged one). Still 409 `session_busy` while a drive holds its "
         "lease; the deletion's audit entry says it was forced.",
     )
+
+
+def _whole(value: Any) -> Any:
+    """A JSON number with no fraction (`271.0`) as the integer it is: JSON Schema's `integer`
+    takes it, so a body written to the schema is not refused. Anything else as it came."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return value
+
+
+MAX_PRUNE = 10_000
+"""The most sessions one `POST /v1/prune` deletes: each is a transaction, and a request waits for
+them all (run it again for the rest, as `more` says)."""
+
+
+class PruneBody(_Body):
+    older_than: StrictFloat = Field(
+        ge=0,
+        allow_inf_nan=False,
+        description="Delete the finished sessions last active more than this many seconds ago.",
+    )
+    limit: Annotated[StrictInt, BeforeValidator(_whole)] = Field(
+        default=1000, ge=1, le=MAX_PRUNE, description="At most this many, the oldest first."
+    )
+    agent: StrictStr | None = Field(default=None, description="Only this agent's sessions.")
+    reason: StrictStr | None = Field(
+        default=None, description="Why, as each deletion's audit entry records it."
+    )
+    dry_run: StrictBool = Field(
+        default=False, description="List the sessions it would delete; delete nothing."
+    )
+
+
+class Pruned(BaseModel):
+    """What a prune did: the top-level sessions it deleted (oldest first), those it listed to
+    delete (a session found live, or active since, is skipped), and whether it listed `limit`
+    of them, so older ones may remain for another run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    deleted: list[str]
+    listed: list[str]
+    more: bool
 
 
 class Deleted(BaseModel):
