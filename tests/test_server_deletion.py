@@ -186,3 +186,19 @@ def test_a_prune_over_http_is_an_admins(tmp_path: Path) -> None:
     assert {e.data["reason"] for e in entries} == {"retention"}
     assert rt.verify_audit_sync() == []
     rt.close_sync()
+
+
+def test_a_prune_over_http_is_no_ones_under_an_apps_own_access_rule(tmp_path: Path) -> None:
+    """With an access rule of the app's own, `admin` may mean nothing to it: no caller is known
+    to see every session, so none may prune them all over HTTP (403, nothing deleted)."""
+    rt = make_runtime(f"sqlite:///{tmp_path / 's.db'}")
+    app = create_app(rt, auth=TokenAuth(TOKENS), access=lambda caller, initiator: True)
+    with running(app) as base:
+        with httpx.Client(base_url=base, headers=auth("admin-token"), verify=PLAIN) as admin:
+            sid = _finished(admin)
+            r = admin.post("/v1/prune", json={"olderThan": 0})
+            assert r.status_code == 403 and r.json()["error"]["code"] == "admin_only", r.text
+            assert "signoff prune" in r.json()["error"]["message"]
+            assert [s["id"] for s in admin.get("/v1/sessions").json()["items"]] == [sid]
+    assert rt.audit_sync(stream=DELETIONS_STREAM) == []
+    rt.close_sync()

@@ -271,14 +271,19 @@ async def delete_session(
 @router.post("/prune", tags=["sessions"])
 async def prune(request: Request, body: PruneBody) -> Pruned:
     """Retention (`Runtime.prune`), for admins only (403 `admin_only`: it deletes every tenant's
-    sessions): delete the finished top-level sessions last active more than `olderThan` seconds
-    ago, oldest first, at most `limit` (10,000 at most), each with its subagents' sessions and
-    its own `store:deletions` entry naming the caller; `dryRun` lists them, deleting nothing.
-    `more`: it listed `limit` of them, and older ones may remain for another run."""
+    sessions; under an app's own access rule, for no caller): delete the finished top-level
+    sessions last active more than `olderThan` seconds ago, oldest first, at most `limit`
+    (10,000 at most), each with its subagents' sessions and its own `store:deletions` entry
+    naming the caller; `dryRun` lists them, deleting nothing. `more`: it listed `limit` of
+    them, and older ones may remain for another run."""
     ctx, caller = await _caller(request)
-    if caller.attributes.get("admin") is not True:
+    if not ctx.sees_every_request(caller):
+        # Under an access rule of the app's own, no caller is known to see every session.
         raise ApiError(
-            403, "admin_only", "pruning deletes every tenant's sessions: an admin's token does it"
+            403,
+            "admin_only",
+            "pruning deletes every tenant's sessions: an admin's token does it, under the "
+            "default access rule (with an app's own rule, prune with `signoff prune`)",
         )
     deleted, listed = await ctx.runtime._prune(
         older_than=body.older_than,
