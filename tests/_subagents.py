@@ -72,9 +72,9 @@ def refund_agents(ran: list[dict[str, Any]], parent_step: Counted) -> tuple[so.A
 
 
 def two_step_children(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Create children as signoff before 2026-12 did: the session alone, its delegated turn
-    started by a second write (`RuntimeHost.start_child`), which a process could die before.
-    A store written so is what the code for such children must still read."""
+    """Create children as signoff before one-write creation (d7ea7d83) did: the session alone,
+    its delegated turn started by a second write (`RuntimeHost.start_child`), which a process
+    could die before. A store written so is what the code for such children must still read."""
     original = _subagents.RuntimeHost.create_child
 
     async def create_child(host: _subagents.RuntimeHost, *args: Any, **kwargs: Any) -> str:
