@@ -65,7 +65,7 @@ def test_the_requester_of_a_four_eyes_call_is_told_someone_else_must_approve(
         start(base, "ops")
         mine = get(f"{base}/_signoff/", headers=auth("alice-token")).text
         assert 'value="approve"' not in mine
-        assert "the requester may not approve their own call" in mine
+        assert "the requester may not approve or deny their own call" in mine
         # another reviewer of the tenant may
         assert 'value="approve"' in get(f"{base}/_signoff/", headers=auth("admin-token")).text
 

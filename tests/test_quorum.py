@@ -206,8 +206,8 @@ async def test_the_requester_is_not_eligible_when_excluded(tmp_path: Path) -> No
     async with sqlite_runtime(tmp_path, agent) as rt:
         sid, req, _ = await asked(rt)
         before = await store_contents(rt.store, sid)
-        for decision in ("approve", "cancel"):
-            with pytest.raises(so.NotAllowed, match="the requester may not approve") as info:
+        for decision, verb in (("approve", "approve"), ("cancel", "deny")):
+            with pytest.raises(so.NotAllowed, match=f"the requester may not {verb} their") as info:
                 await rt.respond(sid, vote(req.id, decision), principal=ALICE)
             assert info.value.request_ids == [req.id]
         # full identity: other attributes are still the requester

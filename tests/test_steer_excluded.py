@@ -83,3 +83,42 @@ async def test_the_excluded_requesters_cancel_steers_as_any_other_message(
         denied = await rt.send(r.session_id, "cancel", principal=BOB)
         assert [(o.outcome, o.applied) for o in denied.outcomes] == [("cancelled", True)]
         assert log.count() == 0
+
+
+@pytest.mark.parametrize("approval", list(FOUR_EYES.values()), ids=list(FOUR_EYES))
+async def test_the_excluded_requesters_deny_by_request_id_is_refused_as_a_deny(
+    store_url: str, approval: Any
+) -> None:
+    """Alice's deny by request id was refused as if she had approved ("may not approve their own
+    call"). It is refused as the deny it is, pointing her to a message, and changes nothing."""
+    log = ExecutionLog()
+    async with so.Runtime(
+        [deploy_agent(log, approval, Capture(reply("ok")))], store=store_url
+    ) as rt:
+        r = await rt.generate("ops", prompt="deploy api", auth=ALICE)
+        (req,) = r.pending
+        before = await store_contents(rt.store, r.session_id)
+        deny = so.InputResponse(request_id=req.id, option_id="cancel", text="wrong")
+        attempts = [
+            lambda: rt.respond(r.session_id, [deny], principal=ALICE),
+            lambda: rt.generate(
+                session_id=r.session_id,
+                approvals=[so.Decision(id=req.id, approved=False)],
+                auth=ALICE,
+            ),
+        ]
+        for attempt in attempts:
+            with pytest.raises(so.NotAllowed) as refused:
+                await attempt()
+            assert str(refused.value) == (
+                f"request {req.id}: the requester may not deny their own call by request id; "
+                "a message of theirs (send) withdraws it"
+            )
+        with pytest.raises(so.NotAllowed, match="may not approve their own call$"):
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=req.id, option_id="approve")],
+                principal=ALICE,
+            )
+        assert await store_contents(rt.store, r.session_id) == before
+        assert log.count() == 0

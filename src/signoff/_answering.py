@@ -252,7 +252,7 @@ class Answering(Candidates):
                     # The decision on a tool's own approval is its call's result, value and all;
                     # judged, as an edit is, only for someone who may answer.
                     if gate:
-                        check_quorum_eligibility(request, principal)
+                        check_quorum_eligibility(request, principal, wanted["decision"])
                     else:
                         authorize(request, principal)
                     limit = result_bound(tool, agent.limits)
@@ -260,7 +260,7 @@ class Answering(Candidates):
                 if wanted.get("edited_input") is not None and tool is not None:
                     # The approval policy judges the edit only for someone who may answer.
                     if gate:
-                        check_quorum_eligibility(request, principal)
+                        check_quorum_eligibility(request, principal, wanted["decision"])
                     else:
                         authorize(request, principal)
                     limit = result_bound(tool, agent.limits)
@@ -299,8 +299,8 @@ class Answering(Candidates):
                 turn_id = request.turn_id
             if unknown:
                 raise UnknownRequest(session_id, unknown)
-            for request, _, _ in gated:  # who may answer first, as under the default rule
-                check_quorum_eligibility(request, principal)
+            for request, _, wanted in gated:  # who may answer first, as under the default rule
+                check_quorum_eligibility(request, principal, wanted["decision"])
             if require_all and (resolves or gated):  # a call that only repeats is a no-op
                 answered = set(ids)
                 missing = [r for r in state.pending_requests() if r.id not in answered]

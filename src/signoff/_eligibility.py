@@ -146,9 +146,12 @@ def is_gated(request: InputRequest, tool: Tool | None) -> bool:
     )
 
 
-def check_quorum_eligibility(request: InputRequest, principal: Principal | None) -> None:
+def check_quorum_eligibility(
+    request: InputRequest, principal: Principal | None, decision: str | None = None
+) -> None:
     """Who may count toward a quorum: an identified principal, not the requester if excluded
-    (compared by principal id, the key votes are counted by)."""
+    (compared by principal id, the key votes are counted by). `decision` ("approve" or
+    "cancel", None before any answer) is what the refusal names."""
     if request.approvers <= 1 and not request.exclude_requester:
         return
     if principal is None:
@@ -165,6 +168,17 @@ def check_quorum_eligibility(request: InputRequest, principal: Principal | None)
         and asker is not None
         and principal.principal_id == asker.principal_id
     ):
-        raise NotAllowed(
-            f"request {request.id}: the requester may not approve their own call", [request.id]
-        )
+        raise NotAllowed(f"request {request.id}: {_own_call(decision)}", [request.id])
+
+
+def _own_call(decision: str | None) -> str:
+    """Why the requester four eyes bars may not settle their call, as they tried to."""
+    if decision == "approve":
+        return "the requester may not approve their own call"
+    if decision is None:
+        return "the requester may not approve or deny their own call"
+    # A deny by request id would settle it too; a message of theirs withdraws it instead.
+    return (
+        "the requester may not deny their own call by request id; "
+        "a message of theirs (send) withdraws it"
+    )
