@@ -251,3 +251,48 @@ async def test_allow_text_that_is_not_a_bool_is_a_usage_error_and_nothing_is_ask
         (result,) = tool_results(seen.last)
         assert result.is_error is True
         assert result.content["error"].startswith("UsageError: ctx.ask(): allow_text must be")
+
+
+async def test_an_option_id_given_as_a_number_is_that_number(tmp_path: Path) -> None:
+    """`{"id": 0}` was asked as the option "zero", a slug of its label, because 0 read as no id;
+    `{"id": 1}` stayed "1". A number is its own decimal text, so "0" answers it."""
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Ask which."""
+        options = [{"id": 0, "label": "Zero"}, {"id": 1, "label": "One"}]
+        return (await ctx.ask("Which?", options=options)).option_id or ""
+
+    seen = Capture(reply("Noted."))
+    agent = scripted_agent("bot", [call_tools(call("pick")), seen], tools=[pick])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        (asked,) = r.pending
+        assert [(o.id, o.label) for o in asked.options] == [("0", "Zero"), ("1", "One")]
+        answer = so.InputResponse(request_id=asked.id, option_id="0")
+        done = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert done.status == "completed"
+        assert [c.content for c in tool_results(seen.last)] == ["0"]
+
+
+@pytest.mark.parametrize(
+    ("given", "words"),
+    [
+        ("", "option #1 has a blank id"),
+        (["x"], "option #1's id must be text, not list"),
+        (True, "option #1's id must be text, not bool"),
+        (1.5, "option #1's id must be text, not float"),
+    ],
+    ids=["empty", "list", "bool", "float"],
+)
+async def test_an_option_id_that_is_blank_or_not_text_is_refused(
+    tmp_path: Path, given: Any, words: str
+) -> None:
+    """An empty id was replaced by a slug of the label, and any other value by its `str()`
+    (`"['x']"`): an id the caller never gave. Both are refused, and nothing is asked."""
+    r, results, stored = await _asked(tmp_path, "Which?", [{"id": given, "label": "A"}, "B"])
+    assert r.status == "completed" and r.pending == []
+    assert stored.requests == [] and stored.pending == []
+    (result,) = results
+    assert result.is_error is True
+    assert result.content["error"] == f"UsageError: ctx.ask(): {words}"

@@ -353,7 +353,8 @@ APPROVAL_OPTIONS = [
 def make_options(options: Any) -> list[Option]:
     """Options from strings, dicts (`label`, optional `id` and `description`) or `Option`s.
 
-    Each needs a label and an id that are not blank: a blank one cannot be picked everywhere.
+    Each needs a label and an id that are not blank: a blank one cannot be picked everywhere. A
+    dict's id is text or a whole number (its decimal text); one it lacks comes from its label.
     """
     if isinstance(options, (str, bytes, Mapping)):
         raise ValueError(f"options must be a list, not {type(options).__name__}")
@@ -364,9 +365,14 @@ def make_options(options: Any) -> list[Option]:
         elif isinstance(raw, str):
             out.append(Option(id=raw, label=raw))
         elif isinstance(raw, dict) and isinstance(raw.get("label"), str):
+            given = raw.get("id")
+            if isinstance(given, int) and not isinstance(given, bool):
+                given = str(given)  # `{"id": 0}` is the option "0", not one named for its label
+            elif given is not None and not isinstance(given, str):
+                raise ValueError(f"option #{i + 1}'s id must be text, not {type(given).__name__}")
             out.append(
                 Option(
-                    id=str(raw.get("id") or _slug(raw["label"]) or i + 1),
+                    id=_slug(raw["label"]) or str(i + 1) if given is None else given,
                     label=raw["label"],
                     description=raw.get("description"),
                 )
