@@ -80,6 +80,60 @@ def test_prune_says_when_the_limit_left_some_for_the_next_run(store_url: str) ->
     assert third.exit_code == 0 and "Nothing to delete" in third.stdout
 
 
+def test_prune_says_no_more_remain_when_exactly_the_limit_was_old_enough(store_url: str) -> None:
+    """It said "older sessions remain" whenever it had listed `--limit` of them: with exactly
+    that many, the next run found nothing. It lists one more to know."""
+    ids = _old(store_url, 2)
+    look = invoke("prune", "--older-than", "1h", "--store", store_url, "--dry-run", "--limit", "2")
+    assert look.exit_code == 0, look.output
+    assert look.stdout.split()[:2] == ids and "limit" not in look.stdout
+    fewer = invoke("prune", "--older-than", "1h", "--store", store_url, "--dry-run", "--limit", "1")
+    assert "(--limit 1 reached: more are old enough.)" in fewer.stdout
+    done = invoke("prune", "--older-than", "1h", "--store", store_url, "-y", "--limit", "2")
+    assert done.exit_code == 0, done.output
+    assert "deleted 2 session(s)" in done.stdout and "remain" not in done.stdout
+    assert _left(store_url) == []
+
+
+def test_prune_refuses_an_empty_agent_and_deletes_nothing(store_url: str) -> None:
+    """`--agent ""` (a variable unset) matched no session, so it said there was nothing to
+    delete, as the listings' empty filters once did: refused as theirs are."""
+    ids = _old(store_url, 1)
+    for extra in (["-y"], ["--dry-run"]):
+        args = ["prune", "--older-than", "1h", "--store", store_url, "--agent", "", *extra]
+        assert "--agent takes an agent's name, not ''" in refused_usage(invoke(*args))
+    assert _left(store_url) == ids
+
+
+def test_prune_and_delete_without_the_runtime_take_a_session_whose_ttl_passed_waiting(
+    store_url: str,
+) -> None:
+    """A session whose TTL passed while it waited on a request is finished, but only a runtime
+    with its agent recorded that: on --store alone `prune` skipped it for ever (and, the oldest,
+    it took a place in every batch) and `delete` said to cancel it first, which
+    `SessionExpired` refused. Both record the expiry, then delete it."""
+    clock = ManualClock(1_600_000_000)  # older than `_old`'s: the first a batch lists
+    short = so.Agent(
+        name="support",
+        model=agent.model,
+        tools=list(agent.tools.values()),
+        limits=so.Limits(ttl=60),
+    )
+    with so.Runtime([short], store=store_url, clock=clock) as rt:
+        expired = [rt.generate_sync("support", "Refund order 1042").session_id for _ in range(2)]
+        assert all(rt.state_sync(s).status == "waiting" for s in expired)
+    ids = _old(store_url, 1)
+    result = invoke("prune", "--older-than", "1h", "--store", store_url, "-y", "--limit", "1")
+    assert result.exit_code == 0, result.output
+    assert "deleted 1 session(s)" in result.stdout and "skipped" not in result.stdout
+    assert sorted(_left(store_url)) == sorted([expired[1], *ids])
+    gone = invoke("delete", expired[1], "--store", store_url, "-y")
+    assert gone.exit_code == 0, gone.output
+    assert _left(store_url) == ids
+    entries = _deletions(store_url)
+    assert [e["session_id"] for e in entries] == expired
+
+
 def test_prune_keeps_sessions_more_recent_than_the_duration(store_url: str) -> None:
     ids = _old(store_url, 1)
     result = invoke("prune", "--older-than", "36500d", "--store", store_url, "--yes")
@@ -103,7 +157,7 @@ def test_prune_asks_at_a_terminal_and_no_keeps_the_sessions(
     args = ["prune", "--older-than", "1d", "--store", store_url]
     kept = CliRunner().invoke(app, args, input="n\n")
     assert kept.exit_code == 1, kept.output
-    assert "Delete 2 finished session(s) last active more than 86400 seconds ago" in kept.stdout
+    assert "Delete 2 finished session(s) last active more than 1 day ago, and" in kept.stdout
     assert "Nothing deleted." in kept.stdout
     assert _left(store_url) == sorted(ids)
     gone = CliRunner().invoke(app, args, input="y\n")

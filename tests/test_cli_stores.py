@@ -221,7 +221,13 @@ UPGRADE_FIXTURES = ROOT / "tests" / "fixtures" / "upgrade"
 OLDER = "0c4a186"  # store schema 4 on SQLite, migrations 1-5 on PostgreSQL
 
 
-READING = [["pending"], ["sessions"], ["events", "SESSION"], ["db", "status"]]
+READING = [
+    ["pending"],
+    ["sessions"],
+    ["events", "SESSION"],
+    ["db", "status"],
+    ["prune", "--older-than", "1d", "--dry-run"],
+]
 
 
 """Every command that only reads the store; `SESSION` stands for a session the store holds."""

@@ -141,7 +141,7 @@ def _finished(c: httpx.Client) -> str:
 
 def test_a_prune_over_http_is_an_admins(tmp_path: Path) -> None:
     """`POST /v1/prune` deletes the finished sessions older than `olderThan`, a bounded batch
-    at a time (`more` says whether older ones may remain), each deletion recorded with the
+    at a time (`more` says whether older ones remain), each deletion recorded with the
     admin as `by`; `dryRun` lists them only. It deletes every tenant's sessions, so a caller
     who is not an admin is 403 `admin_only`, and a bad body 422; both delete nothing."""
     rt = make_runtime(f"sqlite:///{tmp_path / 's.db'}")
@@ -170,6 +170,9 @@ def test_a_prune_over_http_is_an_admins(tmp_path: Path) -> None:
             r = admin.post("/v1/prune", json={"olderThan": 0, "limit": 4.0, "dryRun": True})
             assert r.status_code == 200, r.text
             assert r.json() == {"deleted": [], "listed": done, "more": False}
+            # Exactly `limit` old enough: none left for another run (it said `more`).
+            r = admin.post("/v1/prune", json={"olderThan": 0, "limit": 3, "dryRun": True})
+            assert r.json() == {"deleted": [], "listed": done, "more": False}, r.text
             assert alice.get("/v1/sessions").json()["total"] == 4
             body = {"olderThan": 0, "limit": 2, "reason": "retention"}
             r = admin.post("/v1/prune", json=body)

@@ -7,7 +7,7 @@ import contextlib
 import inspect
 
 from ._answers import check_principal, check_text
-from ._deadlines import expiry_specs
+from ._deadlines import expiry_resolves, expiry_specs
 from ._event_stream import EventStream
 from ._exceptions import (
     SessionBusy,
@@ -18,9 +18,11 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
+from ._recording import Batch
 from ._session_cache import check_session_id, closes_stop
 from ._session_page import check_listing
 from ._settings import seconds, whole
+from ._state import SessionState
 from ._sync import twin
 from ._types import Principal
 
@@ -87,7 +89,7 @@ class Deletion(EventStream):
         the next prune goes on. A session found live, or touched since it was listed, is
         skipped (and stays a candidate of the next prune, so a batch may delete fewer than
         `limit`). Returns the ids of the top-level sessions deleted, oldest first."""
-        deleted, _ = await self._prune(
+        deleted, _, _ = await self._prune(
             older_than=older_than, by=by, reason=reason, limit=limit, agent=agent
         )
         return deleted
@@ -101,9 +103,9 @@ class Deletion(EventStream):
         limit: object,
         agent: str | None,
         dry_run: bool = False,
-    ) -> tuple[list[str], list[str]]:
-        """`prune`: the ids it deleted, and the candidates it listed (all `limit` of them when
-        more may remain); with `dry_run`, the candidates only, nothing deleted."""
+    ) -> tuple[list[str], list[str], bool]:
+        """`prune`: the ids it deleted, the candidates it listed (at most `limit`), and whether
+        more were old enough when it listed them; with `dry_run`, nothing is deleted."""
         age = seconds("older_than", older_than, zero=True)
         count = whole("limit", limit, least=1, most=2**63 - 1)
         check_listing(agent, None)
@@ -116,9 +118,12 @@ class Deletion(EventStream):
             raise UsageError(f"{type(self.store).__name__} cannot prune sessions")
         now = self.now()
         before = now - age
-        candidates: list[str] = await stale(before=before, now=now, limit=count, agent=agent)
+        # One more than the limit tells whether the next run has any left.
+        listed = await stale(before=before, now=now, limit=min(count + 1, 2**63 - 1), agent=agent)
+        candidates: list[str] = listed[:count]
+        more = len(listed) > count
         if dry_run:
-            return [], candidates
+            return [], candidates, more
         deleted: list[str] = []
         try:
             for session_id in candidates:
@@ -139,7 +144,7 @@ class Deletion(EventStream):
             raise
         if deleted:  # each committed without waiting for the disk: synced together
             await self.store.flush()  # type: ignore[attr-defined]
-        return deleted, candidates
+        return deleted, candidates, more
 
     async def _erase(
         self,
@@ -182,10 +187,22 @@ class Deletion(EventStream):
         """Record the session's passed TTL, if it passed with its turn unfinished: whether it
         did (its requests are then expired, no longer open)."""
         state = await self._state(session_id)
-        if not (state.expired(self.now()) and expiry_specs(state) and state.agent in self.agents):
+        if not (state.expired(self.now()) and expiry_specs(state) and state.turn is not None):
             return False
-        with contextlib.suppress(SessionExpired, StoreError):
-            await self._checked(session_id)
+        if state.agent in self.agents:
+            with contextlib.suppress(SessionExpired, StoreError):
+                await self._checked(session_id)
+            return True
+        # A runtime without its agent (the CLI's on --store) records it as a stand-in, as it
+        # records a subagent's mirror closed (`_append`): nothing drives the session, deleted next.
+
+        def expiry(current: SessionState) -> Batch:
+            if not (current.expired(self.now()) and expiry_specs(current)):
+                return Batch(specs=[])
+            return Batch(specs=expiry_specs(current), resolve=expiry_resolves(current))
+
+        with contextlib.suppress(StoreError):
+            await self._append(session_id, expiry, durable=True, turn_id=state.turn.id)
         return True
 
     delete_session_sync = twin(delete_session)

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from .._exceptions import UsageError
+from .._runtime import Runtime
 from .._types import Principal
 from . import _deletion
 from ._app import (
@@ -20,12 +21,15 @@ from ._app import (
     misuse,
     out,
     parse_principal,
+    refuse_empty_filters,
     refuse_undecodable,
     run,
     split_target,
+    store_of,
 )
 from ._deletion import DeleterOption, store_runtime
 from ._numbers import whole
+from ._store_files import reading_store
 
 __all__ = ["duration", "prune"]
 
@@ -97,6 +101,7 @@ def prune(
     --yes is needed."""
     with misuse():
         refuse_undecodable({"--agent": agent, "--reason": reason})
+        refuse_empty_filters({"--agent": agent})
         principal = parse_principal(acting_as)
         if target:
             split_target(target)
@@ -117,43 +122,70 @@ async def _prune(
     yes: bool,
 ) -> None:
     console = out()
+    if dry_run:  # a look changes nothing: an older schema is refused, not upgraded
+        async with Runtime([], store=reading_store(store_of(target, store))) as looking:
+            _, found, more = await _batch(looking, older_than, agent, limit, reason, principal)
+        for session_id in found:
+            console.print(session_id, highlight=False)
+        console.print(f"{len(found)} session(s) would be deleted; nothing deleted.")
+        if more:
+            console.print(f"(--limit {limit} reached: more are old enough.)")
+        return
     async with await store_runtime(target, store) as runtime:
-
-        async def batch(dry_run: bool) -> tuple[list[str], list[str]]:
-            return await runtime._prune(
-                older_than=older_than,
-                by=principal,
-                reason=reason,
-                limit=limit,
-                agent=agent,
-                dry_run=dry_run,
-            )
-
-        _, found = await batch(True)
-        if not found and not dry_run:
+        _, found, _ = await _batch(runtime, older_than, agent, limit, reason, principal)
+        if not found:
             console.print("Nothing to delete: no finished session was last active that long ago.")
-            return
-        if dry_run:
-            for session_id in found:
-                console.print(session_id, highlight=False)
-            console.print(f"{len(found)} session(s) would be deleted; nothing deleted.")
-            if len(found) == limit:
-                console.print(f"(--limit {limit} reached: more may be old enough.)")
             return
         if not yes:
             shown = (
                 f"Delete {len(found)} finished session(s) last active more than "
-                f"{older_than:g} seconds ago, and their subagents' sessions, for good?"
+                f"{age(older_than)} ago, and their subagents' sessions, for good?"
             )
             if not typer.confirm(shown, default=False):
                 console.print("Nothing deleted.")
                 raise typer.Exit(1)
-        deleted, listed = await batch(False)
+        deleted, listed, more = await _batch(
+            runtime, older_than, agent, limit, reason, principal, delete=True
+        )
     skipped = len(listed) - len(deleted)
     console.print(
         f"[green]deleted[/] {len(deleted)} session(s) and their subagents' sessions; recorded "
         "in the audit trail"
         + (f"; {skipped} skipped (live, or active since listed)" if skipped else "")
     )
-    if len(listed) == limit:
+    if more:
         console.print(f"--limit {limit} reached: older sessions remain for the next run.")
+
+
+async def _batch(
+    runtime: Runtime,
+    older_than: float,
+    agent: str | None,
+    limit: int,
+    reason: str | None,
+    principal: Principal,
+    *,
+    delete: bool = False,
+) -> tuple[list[str], list[str], bool]:
+    """One batch of `Runtime.prune`: deleted, listed, and whether more were old enough."""
+    return await runtime._prune(
+        older_than=older_than,
+        by=principal,
+        reason=reason,
+        limit=limit,
+        agent=agent,
+        dry_run=not delete,
+    )
+
+
+def age(seconds: float) -> str:
+    """A duration as a person reads it: `90 days`, `12 hours`, `30 minutes`, `3600.5 seconds`
+    (the largest unit it is a whole number of)."""
+    for unit, size in (("day", 86400.0), ("hour", 3600.0), ("minute", 60.0)):
+        if seconds >= size and (seconds / size).is_integer():
+            count = int(seconds / size)
+            return f"{count:,} {unit}{'' if count == 1 else 's'}"
+    text = f"{seconds:,.6f}".rstrip("0").rstrip(".")
+    if text == "0" and seconds:  # below a microsecond: as Python writes it
+        text = repr(seconds)
+    return text + (" second" if seconds == 1 else " seconds")

@@ -274,8 +274,8 @@ async def prune(request: Request, body: PruneBody) -> Pruned:
     sessions; under an app's own access rule, for no caller): delete the finished top-level
     sessions last active more than `olderThan` seconds ago, oldest first, at most `limit`
     (10,000 at most), each with its subagents' sessions and its own `store:deletions` entry
-    naming the caller; `dryRun` lists them, deleting nothing. `more`: it listed `limit` of
-    them, and older ones may remain for another run."""
+    naming the caller; `dryRun` lists them, deleting nothing. `more`: more than `limit` were
+    old enough when it listed them, left for another run."""
     ctx, caller = await _caller(request)
     if not ctx.sees_every_request(caller):
         # Under an access rule of the app's own, no caller is known to see every session.
@@ -285,7 +285,7 @@ async def prune(request: Request, body: PruneBody) -> Pruned:
             "pruning deletes every tenant's sessions: an admin's token does it, under the "
             "default access rule (with an app's own rule, prune with `signoff prune`)",
         )
-    deleted, listed = await ctx.runtime._prune(
+    deleted, listed, more = await ctx.runtime._prune(
         older_than=body.older_than,
         by=caller,
         reason=body.reason,
@@ -293,7 +293,7 @@ async def prune(request: Request, body: PruneBody) -> Pruned:
         agent=body.agent,
         dry_run=body.dry_run,
     )
-    return Pruned(deleted=deleted, listed=listed, more=len(listed) >= body.limit)
+    return Pruned(deleted=deleted, listed=listed, more=more)
 
 
 @router.get(

@@ -221,8 +221,8 @@ class PruneBody(_Body):
 
 class Pruned(BaseModel):
     """What a prune did: the top-level sessions it deleted (oldest first), those it listed to
-    delete (a session found live, or active since, is skipped), and whether it listed `limit`
-    of them, so older ones may remain for another run."""
+    delete (a session found live, or active since, is skipped), and whether more than `limit`
+    were old enough as it listed them, left for another run."""
 
     model_config = ConfigDict(extra="forbid")
 
