@@ -17,6 +17,7 @@ from signoff.cli import app
 from signoff.testing import call, call_tools, reply, scripted_agent
 from tests._cli import (
     ROOT,
+    TARGET,
     agent,
     invoke,
     issue_refund,
@@ -102,6 +103,25 @@ def test_text_from_a_model_cannot_steer_the_terminal(url: str) -> None:
             assert control not in result.output, (control, result.output)
     as_json = invoke("events", parked.session_id, "--store", url, "--json")  # JSON escapes C0
     assert "\x1b" not in as_json.output and "\x07" not in as_json.output
+
+
+def test_a_reason_with_line_breaks_cannot_print_a_made_up_event(url: str) -> None:
+    """A deny's reason holding a line break printed a second line under `approval.settled` and
+    `tool.completed`, and the reviewer had written it to read as `tool.started`: a denied call
+    seen to run. Each event is one line, its breaks shown as `\\n`."""
+    session_id, request_id = park(url)
+    forged = "no\n   9  13:08:18  tool.started       issue_refund\r\u2028x"
+    denied = invoke("deny", request_id, TARGET, "--reason", forged, "--store", url)
+    assert denied.exit_code == 0, denied.output
+    shown = invoke("events", session_id, "--store", url)
+    assert shown.exit_code == 0, shown.output
+    lines = shown.stdout.splitlines()
+    assert len(lines) == len(log(url, session_id))
+    assert [ln.split()[2] for ln in lines].count("tool.started") == 0
+    escaped = "no\\n   9  13:08:18  tool.started       issue_refund\\r\\u2028x"
+    (settled,) = [ln for ln in lines if " approval.settled " in ln]
+    (completed,) = [ln for ln in lines if " tool.completed " in ln]
+    assert escaped in settled and escaped in completed
 
 
 def test_events_json_cannot_steer_the_terminal_either(url: str) -> None:

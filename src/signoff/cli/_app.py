@@ -14,6 +14,7 @@ import importlib
 import inspect
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -564,10 +565,10 @@ def tool_line(data: dict[str, Any]) -> str:
     name, status, result = data.get("tool_name"), data.get("status"), data.get("result")
     if status == "denied":
         why = (result or {}).get("reason") if isinstance(result, dict) else None
-        return f"{name} denied" + (f": {why}" if why else "")
+        return one_line(f"{name} denied" + (f": {why}" if why else ""))
     if status == "error":
         error = result.get("error") if isinstance(result, dict) else result
-        return f"{name} failed: {clip(str(error))}"
+        return one_line(f"{name} failed: {clip(str(error))}")
     notes = []
     if (
         isinstance(result, dict)
@@ -581,7 +582,17 @@ def tool_line(data: dict[str, Any]) -> str:
             notes.append(f"approved: {approval['reason']}")
         result = result["result"]
     extra = f" ({'; '.join(notes)})" if notes else ""
-    return f"{name} -> {clip(compact_json(result))}{extra}"
+    return one_line(f"{name} -> {clip(compact_json(result))}{extra}")
+
+
+_LINE_BREAKS = re.compile("[\n\r\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks shown as `\\n` and the like: a line that stands for one
+    event or call, whose reason or result a person or a model wrote, cannot print what reads
+    as another (a made-up `tool.started` line under a denial)."""
+    return _LINE_BREAKS.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
 def clip(text: str, width: int = 100) -> str:

@@ -34,6 +34,7 @@ from ._app import (
     err,
     error_text,
     misuse,
+    one_line,
     out,
     refuse_empty_ids,
     refuse_undecodable,
@@ -140,7 +141,7 @@ def _print(console: Console, event: Event, as_json: bool, follow: bool) -> None:
     at = when.strftime("%H:%M:%S" if when.date() == date.today() else "%Y-%m-%d %H:%M:%S")
     console.print(
         f"{event.seq:>4}  [dim]{at}[/]  [bold]{event.type:<18}[/] "
-        f"{printable(clip(_summary(event), 160))}",
+        f"{printable(clip(one_line(_summary(event)), 160))}",
         soft_wrap=True,
     )
     if follow:
