@@ -70,6 +70,40 @@ def test_the_requester_of_a_four_eyes_call_is_told_someone_else_must_approve(
         assert 'value="approve"' in get(f"{base}/_signoff/", headers=auth("admin-token")).text
 
 
+def test_an_edit_from_1_to_true_on_the_dashboard_is_an_edit(tmp_path: Path) -> None:
+    """The dashboard compared the typed arguments with the proposed ones by `==`, for which
+    `true` is `1`: the reviewer's edit was dropped, and the call ran with `1`, unedited."""
+
+    @so.tool(approval=so.always())
+    async def set_flag(name: str, value: int | bool) -> str:
+        """Set a flag."""
+        return f"{name}={value!r}"
+
+    call = so.ToolCall(name="set_flag", input={"name": "beta", "value": 1})
+    script = [so.ModelResponse(tool_calls=[call]), so.ModelResponse(text="done")]
+    agent = so.Agent(name="flags", model=so.models.Scripted(script), tools=[set_flag])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/flags.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
+        body = start(base, "flags")
+        rid = body["pending"][0]["id"]
+        with signed_in(base) as c:
+            page = c.get(f"/_signoff/sessions/{body['session_id']}").text
+            form = {
+                "csrf": csrf_of(page),
+                "option": "approve",
+                "edited_input": '{"name": "beta", "value": true}',
+            }
+            r = c.post(f"/_signoff/requests/{rid}/respond", data=form, headers=JSON)
+        assert r.status_code == 200, r.text
+        assert r.json()["edited"] is True and r.json()["outcome"] == "approved"
+    events = runtime.events_sync(body["session_id"])
+    (done,) = [e for e in events if e.type == "tool.completed"]
+    assert done.data["result"]["result"] == "beta=True"
+    (settled,) = [e for e in events if e.type == "approval.settled"]
+    assert settled.data["edited_input"] == {"name": "beta", "value": True}
+    runtime.close_sync()
+
+
 def test_the_same_answer_from_a_stale_page_names_who_gave_it_first(base: str) -> None:
     """Bob's vote settled a two-person approval while the admin's page still showed it; the
     admin's Approve was reported as "Approved", as if it had been theirs. It names who settled

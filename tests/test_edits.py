@@ -471,3 +471,56 @@ async def test_an_edit_holding_an_integer_too_long_for_json_is_refused(store_url
         )
         assert r.status == "completed"
     assert log.count() == 1
+
+
+def _flag_agent(log: ExecutionLog) -> so.Agent:
+    @log.tool(approval=so.always())
+    async def set_flag(name: str, value: int | bool) -> str:
+        """Set a flag."""
+        return f"{name}={value!r}"
+
+    return scripted_agent(
+        "flags", [call_tools(call("set_flag", name="beta", value=1)), reply("ok")], tools=[set_flag]
+    )
+
+
+async def test_an_edit_from_1_to_true_is_another_answer_than_1(tmp_path: Path) -> None:
+    """A second approval was compared with the first by `==`, for which `true` is `1`: approving
+    again with `{"value": true}` after `{"value": 1}` was taken as the same answer, a no-op. It
+    approves another call, a `ConflictingAnswer`; `1.0` is the same JSON number as `1`."""
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, _flag_agent(log)) as rt:
+        r = await rt.generate("flags", prompt="go", auth=ALICE)
+        (req,) = r.pending
+
+        def approve(value: object) -> list[so.InputResponse]:
+            edit = {"name": "beta", "value": value}
+            return [so.InputResponse(request_id=req.id, option_id="approve", edited_input=edit)]
+
+        await rt.respond(r.session_id, approve(1), principal=ALICE)
+        before = await store_contents(rt.store, r.session_id)
+        again = await rt.respond(r.session_id, approve(1.0), principal=ALICE)
+        assert again.outcomes == [so.Outcome(request_id=req.id, outcome="approved", applied=False)]
+        with pytest.raises(so.ConflictingAnswer):
+            await rt.respond(r.session_id, approve(True), principal=ALICE)
+        assert await store_contents(rt.store, r.session_id) == before
+        assert [e.input for e in log.executions] == [{"name": "beta", "value": 1}]
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ({"v": 1}, {"v": True}, False),
+        (0, False, False),
+        ([True], [1], False),
+        (1, 1.0, True),
+        ({"a": [1, {"b": None}]}, {"a": [1.0, {"b": None}]}, True),
+        ({"a": 1}, {"a": 1, "b": 1}, False),
+        ([1], {"0": 1}, False),
+        ("1", 1, False),
+    ],
+)
+def test_same_json_tells_booleans_from_numbers(a: object, b: object, same: bool) -> None:
+    from signoff._types import same_json
+
+    assert same_json(a, b) is same and same_json(b, a) is same

@@ -21,7 +21,7 @@ from signoff.server import TokenAuth, create_app
 from signoff.stores import SQLiteStore, promptly
 from signoff.stores.postgres import PostgresStore
 
-from .test_server_common import TOKENS, auth, make_runtime
+from .test_server_common import TOKENS, auth, make_agents, make_runtime
 
 BOUND = 10.0
 """A generous bound on a prompt failure with a 0.3 s wait: far below the pool's 30 s."""
@@ -199,3 +199,46 @@ async def test_sqlite_a_prompt_write_on_a_locked_file_is_store_busy(tmp_path: Pa
     finally:
         locker.close()
         await store.close()
+
+
+def test_a_dashboard_form_on_a_locked_file_is_503_with_retry_after(tmp_path: Path) -> None:
+    """The API's 503 `store_busy` says when to try again; the dashboard's forms (an answer, as
+    a page or as JSON, a message, a new session) gave the same 503 without `Retry-After`, which
+    docs/server.md promises for any failure a browser meets there. Nothing is recorded."""
+    import re
+
+    from ._dashboard import csrf_of, signed_in, start
+    from .test_server_common import running
+
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}", busy_timeout=0.3)  # each refusal in 0.3 s, not 3
+    runtime = so.Runtime(make_agents(), store=store, poll_interval=0.05)
+    with running(create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)) as base:
+        body = start(base)
+        sid, rid = body["session_id"], body["pending"][0]["id"]
+        with signed_in(base) as c:
+            page = c.get(f"/_signoff/sessions/{sid}").text
+            csrf = csrf_of(page)
+            found = re.search(r'name="form" value="([^"]+)"', page)
+            assert found is not None
+            posts = [
+                (f"/_signoff/requests/{rid}/respond", {"option": "approve"}, "text/html"),
+                (f"/_signoff/requests/{rid}/respond", {"option": "approve"}, "application/json"),
+                (f"/_signoff/sessions/{sid}/messages", {"message": "hi", "form": found[1]}, "*/*"),
+                ("/_signoff/sessions", {"agent": "support", "message": "Refund 7"}, "*/*"),
+            ]
+            locker = sqlite3.connect(path, isolation_level=None)
+            try:
+                locker.execute("BEGIN IMMEDIATE")
+                for where, form, accept in posts:
+                    r = c.post(where, data={"csrf": csrf, **form}, headers={"Accept": accept})
+                    assert r.status_code == 503, (where, r.text)
+                    assert "store_busy" in r.text, (where, r.text)
+                    assert r.headers.get("Retry-After") == str(so.StoreBusy.retry_after), where
+            finally:
+                locker.execute("ROLLBACK")
+                locker.close()
+        with so.Runtime([], store=f"sqlite:///{path}") as rt:
+            assert [s.id for s in rt.sessions_sync()] == [sid]
+            assert [r.id for r in rt.pending_sync()] == [rid]
+    runtime.close_sync()

@@ -31,6 +31,7 @@ from ._types import (
     how_to_choose,
     match_option,
     named_options,
+    same_json,
 )
 
 __all__ = [
@@ -380,9 +381,9 @@ def repeat(
         how = f" ({outcome})" if outcome not in (None, status) else ""
         raise RequestClosed(f"request {rid} is {status}{how}; it takes no answers", [rid])
     if request.kind == "tool-approval":  # an approval of other edited input approves another call
-        same = first.get("edited_input") == wanted.get("edited_input")
+        same = same_json(first.get("edited_input"), wanted.get("edited_input"))
     else:
-        same = first.get("answer") == wanted.get("answer")
+        same = same_json(first.get("answer"), wanted.get("answer"))
     same = same and first.get("outcome") == wanted["outcome"]
     if not same:
 

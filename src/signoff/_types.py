@@ -46,6 +46,7 @@ __all__ = [
     "folded",
     "how_to_choose",
     "input_hash",
+    "same_json",
     "make_options",
     "match_option",
     "named_options",
@@ -245,6 +246,32 @@ def input_hash(value: Any, *, tool_name: str = "", call_id: str = "") -> str:
         ensure_ascii=False,
     )
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Whether two JSON values are the same JSON: `==` takes `true` for `1` and `false` for
+    `0`, so an edit from one to the other read as no edit (and ran the call unedited). Numbers
+    compare by value (`1` is `1.0`), as JSON has one kind of number. Walked without recursion:
+    a reviewer's value may nest as deep as the JSON parser allows."""
+    pairs = [(a, b)]
+    while pairs:
+        x, y = pairs.pop()
+        if isinstance(x, bool) or isinstance(y, bool):
+            if type(x) is not type(y) or x != y:
+                return False
+        elif isinstance(x, dict) and isinstance(y, dict):
+            if x.keys() != y.keys():
+                return False
+            pairs.extend((v, y[k]) for k, v in x.items())
+        elif isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+            if len(x) != len(y):
+                return False
+            pairs.extend(zip(x, y, strict=True))
+        elif isinstance(x, (dict, list, tuple)) or isinstance(y, (dict, list, tuple)):
+            return False
+        elif x != y:
+            return False
+    return True
 
 
 class Option(_Model):

@@ -29,11 +29,11 @@ from .._exceptions import (
 )
 from .._prompts import check_prompt
 from .._text import NOTHING_SAID, is_blank
-from .._types import InputRequest, InputResponse, Principal
+from .._types import InputRequest, InputResponse, Principal, same_json
 from ..stores import PendingFilter
 from ._auth import DASHBOARD_PREFIX
 from ._context import get_context
-from ._errors import public_message, status_for
+from ._errors import public_message
 from ._forms import Refusal, form_key, form_token
 from ._json_body import RepeatedKey, unique_keys
 from ._login import return_to
@@ -160,7 +160,7 @@ async def respond(request: Request, request_id: str) -> Response:
             except InvalidAnswer as exc:
                 ctx.runtime._counts.refuse(exc)  # a refused answer, as the runtime counts its own
                 return await dashboard_error(request, 422, exc.code, str(exc))
-            if parsed != action.input:
+            if not same_json(parsed, action.input):  # `true` for `1` is an edit
                 edited = parsed
     answer = InputResponse(
         request_id=request_id,
@@ -177,7 +177,7 @@ async def respond(request: Request, request_id: str) -> Response:
             # A stale page's other answer: who closed the request first, as a like one is told.
             closed = await settled_as(ctx, request_id, viewer)
             message = message if closed is None else f"{closed}: {message}"
-        return await dashboard_error(request, status_for(exc), exc.code, message)
+        return await refused(request, exc, message)
     mine = next((o for o in result.outcomes if o.request_id == request_id), None)
     outcome = None if mine is None else mine.outcome
     already = None

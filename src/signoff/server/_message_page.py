@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
-from .._exceptions import IdempotencyKeyReused, SignoffError
+from .._exceptions import IdempotencyKeyReused, SignoffError, StoreBusy, StoreUnavailable
 from ._auth import DASHBOARD_PREFIX
 from ._context import get_context
 from ._errors import public_message, status_for
@@ -106,9 +106,14 @@ async def dashboard_error(request: Request, status: int, code: str, message: str
 _RESENT = "this form was sent already with other content: reload the page to send a new message"
 
 
-async def refused(request: Request, exc: SignoffError) -> Response:
-    """The runtime refused what a form asked (nothing was done: sending it again may try again);
-    a form sent again with other content is told to reload, not about keys."""
+async def refused(request: Request, exc: SignoffError, message: str | None = None) -> Response:
+    """The runtime refused what a form asked (nothing was done: sending it again may try again),
+    said in `message` or the error's own words; a form sent again with other content is told to
+    reload, not about keys. A store down or busy says when to try again, as the API does."""
     if isinstance(exc, IdempotencyKeyReused):
         return await dashboard_error(request, 409, "form_already_sent", _RESENT)
-    return await dashboard_error(request, status_for(exc), exc.code, public_message(exc))
+    said = public_message(exc) if message is None else message
+    response = await dashboard_error(request, status_for(exc), exc.code, said)
+    if isinstance(exc, (StoreUnavailable, StoreBusy)):
+        response.headers["Retry-After"] = str(exc.retry_after)
+    return response
