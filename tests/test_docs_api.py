@@ -121,7 +121,6 @@ def test_the_error_table_lists_every_code_the_server_sends_and_only_those() -> N
     dashboard = {(403, "csrf_failed"), (400, "invalid_form"), (409, "form_already_sent")}
     dashboard |= {(429, "too_many_sign_ins")}  # the sign-in form's, named in its section
     dashboard |= {(503, "shutting_down")}  # `/readyz`'s, named in its section, not the API's
-    dashboard |= {(403, "admin_only")}  # `/metrics`'s, named in its section, not the API's
     assert dashboard <= written  # the dashboard's own, named in its section, not the API's
     table = _error_table()
     assert table == (sent | written) - dashboard, (

@@ -342,7 +342,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         "body framed both by a length and by chunks (`malformed_request`)"
     ),
     401: _doc("Not authenticated (`unauthenticated`)"),
-    403: _doc("Not allowed to settle (`not_allowed`)"),
+    403: _doc(
+        "Not allowed to settle (`not_allowed`), or a route only an admin may call "
+        "(`admin_only`: `POST /v1/prune`)"
+    ),
     404: _doc(
         "Unknown session or request (`unknown_session`, `unknown_request`), or path (`not_found`)"
     ),
