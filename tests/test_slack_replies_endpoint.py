@@ -172,7 +172,9 @@ async def test_the_events_path_is_configurable_or_off_and_checked(
         channel(fake, events_path="/channels/slack/interactivity")
     async with so.Runtime([shop_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
         off = channel(fake, events_path=None)
-        moved = channel(fake, name="slack2", events_path="/hooks/slack-events")
+        moved = channel(
+            fake, name="slack2", events_path="/hooks/slack-events", path="/hooks/slack-clicks"
+        )
         hub = ChannelHub(rt, [off, moved])
         app = create_app(rt, dev=True, channels=hub)
         async with app.router.lifespan_context(app):

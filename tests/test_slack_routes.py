@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import httpx
 import pytest
+from starlette.testclient import TestClient
 
 import signoff as so
 from signoff.channels import ChannelHub, InvalidSignature
@@ -549,3 +550,43 @@ async def test_interactions_sent_to_the_events_url_are_logged_with_the_urls_to_s
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.status == "pending"
         assert log == [] and slack_api.of("chat.postEphemeral") == []
+
+
+def test_two_channels_on_one_path_are_refused_when_the_app_is_made(tmp_path: Path) -> None:
+    """Two `SlackChannel`s in one hub on the default paths: Starlette served only the first's
+    routes, so a reply in the second's thread reached the first, which did not know its thread,
+    and Slack was answered 200 with nothing done. Refused when the app is made; channels on
+    paths of their own (each its own Slack app) are served, each at its own."""
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/s.db")
+    first = SlackChannel("C1", token="x", signing_secret=SECRET, name="first")
+    second = SlackChannel("C2", token="x", signing_secret=SECRET, name="second")
+    hub = ChannelHub(rt, [first, second], state=tmp_path / "hub.db")
+    with pytest.raises(so.UsageError, match=r"POST /channels/slack/interactivity is served al"):
+        create_app(rt, dev=True, channels=hub)
+    apart = SlackChannel(
+        "C2",
+        token="x",
+        signing_secret=SECRET,
+        name="second",
+        path="/channels/slack2/interactivity",
+        events_path="/channels/slack2/events",
+    )
+    half = SlackChannel(
+        "C3",
+        token="x",
+        signing_secret=SECRET,
+        name="third",
+        path="/channels/slack3/interactivity",
+        events_path="/channels/slack/events",
+    )
+    with pytest.raises(so.UsageError, match=r"POST /channels/slack/events is served already"):
+        create_app(rt, dev=True, channels=ChannelHub(rt, [first, half], state=tmp_path / "h.db"))
+    taken = SlackChannel("C4", token="x", signing_secret=SECRET, name="api", path="/v1/sessions")
+    with pytest.raises(so.UsageError, match=r"POST /v1/sessions is served already"):
+        create_app(rt, dev=True, channels=ChannelHub(rt, [taken], state=tmp_path / "t.db"))
+    app = create_app(rt, dev=True, channels=ChannelHub(rt, [first, apart], state=tmp_path / "a.db"))
+    client = TestClient(app)  # no lifespan: the hub, which would call Slack, is not started
+    for path in ("/channels/slack/events", "/channels/slack2/events"):
+        refused = client.post(path, content=b"{}", headers={"Content-Type": "application/json"})
+        assert refused.status_code == 401, (path, refused.text)  # unsigned: each one's check
+    rt.close_sync()

@@ -115,6 +115,28 @@ def _add_bearer(doc: dict[str, Any]) -> None:
                 operation["security"] = [{_BEARER: []}]
 
 
+def _refuse_taken_paths(served: Sequence[Any], router: Any) -> None:
+    """Refuse a channel's route whose path and method a route `served` already serves (another
+    channel's: two `SlackChannel`s on the default paths; or the app's own): Starlette serves
+    only the first, so the second channel's clicks and replies went to the first, which did
+    not know them, and was answered 200 with nothing done."""
+    for new in getattr(router, "routes", ()):
+        path, methods = getattr(new, "path", None), getattr(new, "methods", None)
+        if not isinstance(path, str):
+            continue
+        for old in served:
+            regex, taken = getattr(old, "path_regex", None), getattr(old, "methods", None)
+            if regex is None or not regex.match(path):
+                continue
+            if methods is None or taken is None or set(methods) & set(taken):
+                raise UsageError(
+                    f"a channel's route {'/'.join(sorted(methods or ['*']))} {path} is served "
+                    f"already ({getattr(old, 'path', path)}): give each channel its own paths "
+                    "(SlackChannel's path= and events_path=; a Slack app has one of each, so "
+                    "each SlackChannel is its own Slack app)"
+                )
+
+
 class WholeFiles(StaticFiles):
     """The dashboard's script and style, each sent whole: a `Range` is ignored (RFC 9110 lets a
     server), as Starlette answered a malformed or unsatisfiable one with a bare text 400 or 416,
@@ -347,14 +369,14 @@ def create_app(
     app.add_exception_handler(ApiError, on_api_error)
     for kind in (SignoffError, StarletteHTTPException):
         app.add_exception_handler(kind, as_page(app.exception_handlers[kind]))
-    app.include_router(api_router)
-    app.include_router(dashboard_router)
-    app.include_router(session_end_router)
-    app.include_router(login_router)
-    app.include_router(health_router)
-    if metrics:
-        app.include_router(metrics_router)
+    own_routers = [api_router, dashboard_router, session_end_router, login_router, health_router]
+    own_routers += [metrics_router] if metrics else []
+    for own in own_routers:
+        app.include_router(own)
+    served = [route for r in own_routers for route in r.routes]
     for channel_router in () if channels is None else channels.routers:
+        _refuse_taken_paths(served, channel_router)
+        served.extend(channel_router.routes)
         app.include_router(channel_router)
     static = files("signoff.server").joinpath("static")
     app.mount(
