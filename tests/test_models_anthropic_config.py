@@ -4,6 +4,7 @@ what it reads from an environment it is given."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import pytest
 
@@ -112,6 +113,53 @@ def test_the_label_names_the_base_url_of_the_environment_as_openai_s_does(monkey
     assert "5000" in repr(given)
     monkeypatch.delenv("ANTHROPIC_BASE_URL")
     assert repr(so.models.Anthropic("claude-haiku-4-5")) == "Anthropic('claude-haiku-4-5')"
+
+
+async def test_env_sets_the_sdks_telemetry_not_the_process(monkeypatch) -> None:
+    """Given no `open_telemetry=`, the SDK read its ANTHROPIC_OPEN_TELEMETRY* variables from the
+    process, past `env=`: the process's "content" mode traced the prompts of a model made apart
+    from it, whose mapping turned the SDK's spans off."""
+    monkeypatch.setenv("ANTHROPIC_OPEN_TELEMETRY_TRACES_CONTENT_MODE", "content")
+    monkeypatch.setenv("ANTHROPIC_OPEN_TELEMETRY_TRACES_MAX_CONTENT_BYTES", "99")
+    given = {"ANTHROPIC_API_KEY": API_KEY, "ANTHROPIC_OPEN_TELEMETRY": "false"}
+    m = so.models.Anthropic("claude-haiku-4-5", env=given)
+    telemetry = m._clients.get().open_telemetry
+    assert telemetry["traces"]["enabled"] is False
+    assert telemetry["traces"]["content_mode"] == "metadata_only"
+    assert telemetry["traces"]["max_content_bytes"] != 99
+    both = {**given, "ANTHROPIC_OPEN_TELEMETRY": "true"}
+    both["ANTHROPIC_OPEN_TELEMETRY_TRACES_CONTENT_MODE"] = "CONTENT"
+    both["ANTHROPIC_OPEN_TELEMETRY_TRACES_MAX_CONTENT_BYTES"] = " 4096 "
+    both["ANTHROPIC_OPEN_TELEMETRY_PROPAGATION"] = "false"
+    made = so.models.from_env(env=both)
+    assert isinstance(made, so.models.Anthropic)
+    telemetry = made._clients.get().open_telemetry
+    assert telemetry["traces"] == {
+        "enabled": True,
+        "content_mode": "content",
+        "max_content_bytes": 4096,
+    }
+    assert telemetry["propagation"] is False
+    await m.aclose()
+    await made.aclose()
+
+
+@pytest.mark.parametrize("variable", ["ANTHROPIC_BASE_URL", "OPENAI_BASE_URL"])
+async def test_an_empty_base_url_in_the_process_is_the_default(
+    monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    """`ANTHROPIC_BASE_URL=` (a compose file leaves it so) was unset to signoff but read again
+    by the SDK, which took "" for a URL: every turn then failed to connect ("missing an 'http://'
+    or 'https://' protocol"). The SDK's default URL is used."""
+    monkeypatch.setenv(variable, "")
+    if variable == "ANTHROPIC_BASE_URL":
+        m: Any = so.models.Anthropic("claude-haiku-4-5", api_key=API_KEY)
+        assert str(m._clients.get().base_url).startswith("https://api.anthropic.com")
+    else:
+        m = so.models.OpenAIChat("gpt-4.1-mini", api_key=API_KEY)
+        assert str(m._clients.get().base_url).startswith("https://api.openai.com/v1")
+    assert "base_url" not in repr(m)
+    await m.aclose()
 
 
 def test_a_missing_sdk_names_the_extra(monkeypatch) -> None:

@@ -157,6 +157,21 @@ async def test_from_env_with_env_reads_nothing_from_the_process(fake, monkeypatc
     assert "x-process" not in got.headers
 
 
+async def test_a_client_given_is_labelled_and_checked_by_itself(
+    fake: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process's OPENAI_BASE_URL, which a client given does not use, named the model in its
+    label (`signoff chat` prints it) and, not a URL, refused the model (`UsageError`), as
+    Anthropic's does not."""
+    monkeypatch.setenv("OPENAI_BASE_URL", "localhost:8080")
+    client = openai.AsyncOpenAI(api_key=API_KEY, base_url=fake.base_url)
+    m = so.models.OpenAIChat("gpt-4.1-mini", client=client)
+    assert repr(m) == "OpenAIChat('gpt-4.1-mini')"
+    fake.queue(openai_completion("ok"))
+    assert (await m.complete(request())).text == "ok"
+    await client.close()
+
+
 def test_a_model_made_with_a_client_takes_no_env() -> None:
     client = openai.AsyncOpenAI(api_key="k")
     with pytest.raises(so.UsageError, match="either client= or"):

@@ -17,7 +17,7 @@ from ._anthropic_wire import (
 )
 from ._base import ModelRequest, PausedPart
 from ._counts import uncounted, unread_usage
-from ._environment import anthropic_client
+from ._environment import ANTHROPIC_BASE_URL, anthropic_client
 from ._http_env import HttpEnv
 from ._provider import (
     ANTHROPIC_PRICES,
@@ -168,7 +168,8 @@ class Anthropic(SdkModel):
                 return self._sdk.AsyncAnthropic(
                     api_key=api_key,
                     auth_token=auth_token,
-                    base_url=base_url,
+                    # The SDK reads ANTHROPIC_BASE_URL again, and took an empty one for a URL.
+                    base_url=self._base_url or ANTHROPIC_BASE_URL,
                     max_retries=max_retries,
                     timeout=timeout,
                     http_client=self._http_client(),

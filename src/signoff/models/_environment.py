@@ -7,6 +7,7 @@ so a stray `ANTHROPIC_BASE_URL` or `OPENAI_ORG_ID` of the process cannot redirec
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Mapping
 from types import ModuleType
@@ -77,6 +78,11 @@ def anthropic_client(
 ) -> Any:
     """An `AsyncAnthropic` whose settings all come from the arguments and `env` (an explicit key
     or token also keeps the SDK from looking for profiles and federation settings)."""
+    telemetry: dict[str, Any] = {}
+    if "open_telemetry" in inspect.signature(sdk.AsyncAnthropic).parameters:
+        # Given none, the SDK reads its ANTHROPIC_OPEN_TELEMETRY* variables from the process
+        # (a process's "content" mode would trace the prompts of a model made apart from it).
+        telemetry["open_telemetry"] = _open_telemetry(env)
     client = sdk.AsyncAnthropic(
         api_key=api_key,
         auth_token=auth_token,
@@ -85,6 +91,24 @@ def anthropic_client(
         timeout=timeout,
         http_client=http_client,
         default_headers=_headers(sdk, env, "ANTHROPIC_CUSTOM_HEADERS"),
+        **telemetry,
     )
     client.webhook_key = env.get("ANTHROPIC_WEBHOOK_SIGNING_KEY") or None
     return client
+
+
+def _open_telemetry(env: Mapping[str, str]) -> dict[str, Any]:
+    """The `open_telemetry=` option the SDK would make of its variables, made of `env`'s: only
+    what a variable changes from the SDK's defaults, as `anthropic._tracing` reads them."""
+    traces: dict[str, Any] = {}
+    if env.get("ANTHROPIC_OPEN_TELEMETRY", "").lower() == "false":
+        traces["enabled"] = False
+    if env.get("ANTHROPIC_OPEN_TELEMETRY_TRACES_CONTENT_MODE", "").lower() == "content":
+        traces["content_mode"] = "content"
+    most = env.get("ANTHROPIC_OPEN_TELEMETRY_TRACES_MAX_CONTENT_BYTES", "").strip()
+    if most.isascii() and most.isdigit() and len(most) <= 18 and int(most) >= 1:
+        traces["max_content_bytes"] = int(most)
+    options: dict[str, Any] = {"traces": traces}
+    if env.get("ANTHROPIC_OPEN_TELEMETRY_PROPAGATION", "").lower() == "false":
+        options["propagation"] = False
+    return options

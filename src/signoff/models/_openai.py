@@ -22,7 +22,7 @@ from .._types import (
 )
 from ._base import ModelRequest, ToolSpec
 from ._counts import uncounted, unread_usage
-from ._environment import openai_client
+from ._environment import OPENAI_BASE_URL, openai_client
 from ._http_env import HttpEnv
 from ._ids import openai_id_fits, wire_ids, wire_name
 from ._provider import (
@@ -163,7 +163,8 @@ class OpenAIChat(SdkModel):
         if env is not None:
             self._http_env = HttpEnv(owner, self._sdk, env)
         source = os.environ if env is None else env
-        self._base_url = base_url or source.get("OPENAI_BASE_URL") or None
+        # named in the model's label; a client given is not ours to point anywhere
+        self._base_url = base_url or (None if client else source.get("OPENAI_BASE_URL")) or None
         check_endpoint(owner, self._base_url, api_key)
         if client is None and api_key is None:
             api_key = source.get("OPENAI_API_KEY") or None
@@ -179,7 +180,8 @@ class OpenAIChat(SdkModel):
             if env is None:
                 return self._sdk.AsyncOpenAI(
                     api_key=api_key,
-                    base_url=base_url,
+                    # The SDK reads OPENAI_BASE_URL again, and took an empty one for a URL.
+                    base_url=self._base_url or OPENAI_BASE_URL,
                     max_retries=max_retries,
                     timeout=timeout,
                     http_client=self._http_client(),
