@@ -103,6 +103,30 @@ def test_an_exception_rebuilt_as_pickle_rebuilds_it_is_raised_again(exc: Excepti
         )
 
 
+@pytest.mark.parametrize(
+    "exc",
+    [
+        so.UnknownSession("ses_x"),
+        so.SessionBusy("session 'ses_x' is busy", "ses_x"),
+        so.SessionExpired("ses_x", ["req_1"]),
+        so.UnknownRequest("ses_x", ["req_1"]),
+        so.PartialAnswer("ses_x", ["req_1", "req_2"]),
+        so.ConflictingAnswer("req_1 was approved", ["req_1"]),
+        so.NotAllowed("request req_1: not yours", ["req_1"]),
+        so.RemoteError("http://other:8000/v1/sessions: connection refused", "unreachable", 0),
+    ],
+    ids=lambda exc: type(exc).__name__,
+)
+def test_a_signoff_error_is_raised_again_as_itself_with_its_attributes(exc: Exception) -> None:
+    """Most signoff errors take other arguments than the message their `args` hold, so
+    `cls(*args)` failed or garbled the message and the replay raised `StepFailed` (a tool's
+    `except so.RemoteError:` took another path), or rebuilt the class without its
+    `request_ids`. They are rebuilt as pickle rebuilds them, attributes and all."""
+    again = replayed(json.loads(json.dumps(failure_of(exc))))
+    assert type(again) is type(exc) and str(again) == str(exc)
+    assert vars(again) == vars(exc)
+
+
 async def test_a_tool_catching_a_missing_file_takes_the_same_path_on_replay(tmp_path: Path) -> None:
     """The body runs again once the question is answered: its step's `FileNotFoundError` is
     raised again as itself, so the tool's `except` takes it as on the first run."""

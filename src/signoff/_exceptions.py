@@ -104,11 +104,12 @@ class SignoffError(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt without calling `__init__`: most subclasses take other arguments than the
         # message their `args` hold, so `cls(*args)` failed or garbled the message.
-        return (_rebuild, (type(self), self.args, self.__dict__))
+        return (rebuild_error, (type(self), self.args, self.__dict__))
 
 
-def _rebuild(cls: type[SignoffError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
-    """Unpickle a `SignoffError`: its args and attributes as they were."""
+def rebuild_error(cls: type[SignoffError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    """Unpickle a `SignoffError`: its args and attributes as they were (a journaled step's
+    failure is built again so too)."""
     error = cls.__new__(cls, *args)
     error.args = args
     error.__dict__.update(state)

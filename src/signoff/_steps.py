@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 from ._error_text import error_message
 from ._events import FITS_BITS, check_digits
-from ._exceptions import StepFailed, TooLarge
+from ._exceptions import SignoffError, StepFailed, TooLarge, rebuild_error
 from ._tool_json import MAX_INPUT_DEPTH
 
 __all__ = ["MAX_GROUP_DEPTH", "failure_of", "raise_recorded"]
@@ -39,12 +39,18 @@ def _failure(exc: Exception, cut: int | None, depth: int) -> dict[str, Any]:
         group = [_failure(e, None, depth + 1) for e in exc.exceptions]
     if cut is not None:
         message, args, group = message[:cut] + " [cut]", None, None
-    error = {
+    error: dict[str, Any] = {
         "module": cls.__module__,
         "type": cls.__qualname__,
         "message": message,
         "args": args if _plain(args) else None,
     }
+    if isinstance(exc, SignoffError) and cut is None:
+        # Most take other arguments than the message their `args` hold: rebuilt as pickle
+        # rebuilds them, from their args and attributes (`request_ids`, `session_id`, ...).
+        state = dict(vars(exc))
+        if _plain(state):
+            error["state"] = state
     if group is not None:
         error["group"] = group
     return error
@@ -76,8 +82,12 @@ def _rebuilt(error: dict[str, Any], depth: int) -> Exception | None:
         if any(m is None for m in members):
             return None  # one of them would replay otherwise: the whole group is StepFailed
         args = [*args, members]
+    state = error.get("state")
     try:
-        again = cls(*args)
+        if issubclass(cls, SignoffError) and isinstance(state, dict):
+            again = rebuild_error(cls, tuple(args), state)
+        else:
+            again = cls(*args)
     except Exception:  # a class whose arguments are not its args: rebuilt differently
         return None
     if isinstance(again, cls) and error_message(again) == str(error.get("message", "")):
