@@ -112,6 +112,51 @@ async def test_a_settled_requests_row_rewritten_is_named(store_url: str) -> None
     assert "it is pending, but the trail has it expired;" in reasons[0], reasons
 
 
+async def test_a_number_in_a_row_made_a_boolean_is_named(store_url: str) -> None:
+    """Rows were compared with the trail by `==`, for which `true` is `1` and `false` is `0`: a
+    row's call input or edited input so rewritten was not named, though the queue then showed
+    `true` for a call that runs with `1`. The same number written `1.0` is no change."""
+
+    @so.tool(approval=so.always())
+    async def set_flag(name: str, value: int) -> str:
+        """Set a flag."""
+        return f"{name}={value}"
+
+    calls = [call_tools(call("set_flag", name="x", value=1))] * 2
+    flags = scripted_agent("flags", [*calls, reply("ok")], tools=[set_flag], repeat_last=True)
+    async with so.Runtime([flags], store=store_url) as rt:
+        settled = await rt.generate("flags", "set x")
+        edit = {"name": "x", "value": 0}
+        (asked,) = settled.pending
+        answer = so.InputResponse(request_id=asked.id, option_id="approve", edited_input=edit)
+        await rt.respond(settled.session_id, [answer])
+        (waiting,) = (await rt.generate("flags", "set x again")).pending
+        stored = await rt.store.get_request(asked.id)
+        shown = await rt.store.get_request(waiting.id)
+        assert await rt.verify_audit() == []
+
+    async def named() -> list[str]:
+        async with so.Runtime([flags], store=store_url) as rt:
+            return [p.reason for p in await rt.verify_audit()]
+
+    assert stored is not None and stored.resolution is not None and shown is not None
+    for value, said in ((False, True), (0.0, False)):
+        edited = {**stored.resolution, "edited_input": {"name": "x", "value": value}}
+        set_resolution(store_url, asked.id, edited)
+        reasons = await named()
+        assert bool(reasons) is said, (value, reasons)
+        assert not said or (asked.id in reasons[0] and "edited_input" in reasons[0])
+    set_resolution(store_url, asked.id, stored.resolution)
+    dumped = shown.request.model_dump(mode="json", exclude_defaults=True)
+    for value, said in ((True, True), (1.0, False)):
+        action = {**dumped["action"], "input": {"name": "x", "value": value}}
+        data = pack_bytes({**dumped, "action": action})
+        alter(store_url, "UPDATE {t}requests SET data={p} WHERE id={p}", data, waiting.id)
+        reasons = await named()
+        assert bool(reasons) is said, (value, reasons)
+        assert not said or (waiting.id in reasons[0] and "its data (action)" in reasons[0])
+
+
 async def parked(rt: so.Runtime) -> tuple[str, str]:
     """A session waiting on one approval of `wipe`: its id and the request's."""
     r = await rt.generate("support", prompt="refund and wipe", auth=ALICE)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pydantic
 
-from ._types import InputRequest
+from ._types import InputRequest, same_json
 from .stores import Store
 from .stores._audit import AuditEntry
 from .stores._base import RequestRow
@@ -212,7 +212,10 @@ def _said(row: RequestRow, entries: list[tuple[int, int, str, dict[str, Any]]]) 
     assert row.request is not None
     mine = row.request.model_dump(mode="json", exclude_defaults=True, exclude={"status"})
     theirs = request.model_dump(mode="json", exclude_defaults=True, exclude={"status"})
-    keys = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+    # `same_json`, not `!=`: a row's `true` where the trail has `1` is another value
+    keys = sorted(
+        k for k in mine.keys() | theirs.keys() if not same_json(mine.get(k), theirs.get(k))
+    )
     if keys:
         said.append(f"its data ({', '.join(keys)}) is not what was asked")
     columns = {
@@ -239,12 +242,16 @@ def _said(row: RequestRow, entries: list[tuple[int, int, str, dict[str, Any]]]) 
         said.append("it holds no resolution")
     else:
         recorded = {**settled, **resolved}
-        differ = {k for k, v in row.resolution.items() if k not in recorded or recorded[k] != v}
+        differ = {
+            k
+            for k, v in row.resolution.items()
+            if k not in recorded or not same_json(recorded[k], v)
+        }
         required = [(k, resolved) for k in _FROM_RESOLVED] + [(k, settled) for k in _FROM_SETTLED]
         differ |= {
             k
             for k, source in required
-            if source.get(k) is not None and row.resolution.get(k) != source[k]
+            if source.get(k) is not None and not same_json(row.resolution.get(k), source[k])
         }
         if differ:
             said.append(f"its resolution's {', '.join(sorted(differ))} differ")
