@@ -114,7 +114,10 @@ class Deletions(Connections):
         sessions (a sequential scan, or `sessions_by_status` for a filter that picks few) and
         keeps the oldest `limit` in a top-N heap sort: memory bounded by `limit`, time linear
         in the sessions (3 to 6 ms for 10,000, measured), once per batch, outside any lock the
-        deletions take. Retention runs now and then; turns commit all the time."""
+        deletions take. Retention runs now and then; turns commit all the time. An agent
+        named with a NUL names none (PostgreSQL text cannot hold it), as SQLite finds none."""
+        if not storable(agent):
+            return []
 
         async def body(conn: Conn) -> list[str]:
             cur = await conn.execute(
