@@ -75,6 +75,12 @@ def runtime() -> so.Runtime:
     records = os.environ["SIGNOFF_TEST_RECORDS"]
     delay = float(os.environ.get("SIGNOFF_TEST_TOOL_DELAY", "0"))
     hold = os.environ.get("SIGNOFF_TEST_HOLD") or None
+    loading = os.environ.get("SIGNOFF_TEST_LOADING") or None
+    if loading is not None:  # an app slow to load: says so in `loading`, then waits for `.go`
+        Path(loading).write_text("loading")
+        deadline = time.monotonic() + 30
+        while not Path(loading + ".go").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
     return so.Runtime([make_agent(records, delay, hold)], store="sqlite:///:memory:")
 
 
@@ -100,6 +106,7 @@ class Worker:
         self, url: str, tmp: Path, name: str, records: Path, *, delay: float, **options: Any
     ) -> None:
         hold = options.pop("hold", None)
+        loading = options.pop("loading", None)
         self.log_path = tmp / f"worker-{name}.log"
         self._log = self.log_path.open("w")
         argv = [sys.executable, "-m", "signoff", "worker", "tests._worker_procs:runtime"]
@@ -111,6 +118,7 @@ class Worker:
             "SIGNOFF_TEST_RECORDS": str(records),
             "SIGNOFF_TEST_TOOL_DELAY": str(delay),
             "SIGNOFF_TEST_HOLD": "" if hold is None else str(hold),
+            "SIGNOFF_TEST_LOADING": "" if loading is None else str(loading),
         }
         self.proc = subprocess.Popen(
             argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=self._log

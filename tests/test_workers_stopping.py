@@ -109,6 +109,31 @@ async def test_signoff_worker_on_sigterm_gives_back_a_session_with_a_message_que
         assert await front.store.acquire_lease(r.session_id, "other", 30, front.now()) is not None
 
 
+async def test_signoff_worker_on_sigterm_while_its_app_loads_stops_cleanly(
+    tmp_path: Path,
+) -> None:
+    """A SIGTERM while the worker imported its app, before the loop's handler was set, killed
+    it (exit 143, nothing logged). It is taken as the stop it asks for: exit 0, said."""
+    loading = tmp_path / "loading"
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    worker = Worker(url, tmp_path, "loading", tmp_path / "runs.jsonl", delay=0.0, loading=loading)
+    try:
+        await until(lambda: _exists(loading), timeout=30)
+        worker.proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.2)
+        Path(f"{loading}.go").touch()
+        assert await asyncio.to_thread(worker.proc.wait, 30) == 0, worker.log()
+    finally:
+        worker.close()
+    log = worker.log()
+    assert "SIGTERM: stopping after the running turns" in log and "worker stopped" in log, log
+    assert "Traceback" not in log
+
+
+async def _exists(path: Path) -> bool:
+    return path.exists()
+
+
 async def _status(rt: so.Runtime, session_id: str, wanted: str) -> bool:
     return (await rt.state(session_id)).status == wanted
 

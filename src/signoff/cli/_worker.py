@@ -91,6 +91,10 @@ def worker(
         split_target(target)
     log_to_stderr(log_level)
     log = logging.getLogger("signoff.worker")
+    # A SIGTERM while the app is imported, before the loop's handler is set, killed it (exit
+    # 143, nothing said): kept, and taken as the first stop once the handlers are set.
+    early: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: early.append(signum))
 
     async def go() -> None:
         # inline=False: expired deadlines only make sessions runnable; claims drive them
@@ -113,6 +117,8 @@ def worker(
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
+        for signum in early[:1]:
+            on_signal(signum)
         # a second Ctrl-C held in SQLite ends it at once; set after the loop's handlers, whose
         # wakeup fd it passes each signal on to
         with ctrl_c_in_sqlite(presses=2):
