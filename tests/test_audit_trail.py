@@ -47,6 +47,24 @@ async def test_malformed_audit_arguments_are_usage_errors(tmp_path: Path) -> Non
         for out in (None, io.BytesIO()):
             with pytest.raises(so.UsageError, match="text"):
                 await rt.export_audit(out)  # type: ignore[arg-type]
+        # A file that cannot take every entry's text, or none: refused before a line is
+        # written (an ASCII one failed at its first "é", leaving a cut export that verified).
+        target = tmp_path / "trail.jsonl"
+        for encoding in ("ascii", "cp1252", "latin-1"):
+            with target.open("w", encoding=encoding) as f:
+                with pytest.raises(so.UsageError, match="encoding='utf-8'"):
+                    await rt.export_audit(f)
+            assert target.read_bytes() == b""
+        with target.open("r", encoding="utf-8") as f:
+            with pytest.raises(so.UsageError, match="not writable"):
+                await rt.export_audit(f)
+        closed = target.open("w", encoding="utf-8")
+        closed.close()
+        with pytest.raises(so.UsageError, match="closed file"):
+            await rt.export_audit(closed)
+        for encoding in ("utf-8", "UTF8", "utf-16"):
+            with target.open("w", encoding=encoding) as f:
+                assert await rt.export_audit(f) == len(await rt.audit())
 
 
 def chained(stream: str, n: int, entry_id: int, prev: str | None) -> AuditEntry:

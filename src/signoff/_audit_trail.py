@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from collections import deque
@@ -90,11 +91,30 @@ def check_stream(stream: object, what: str = "stream") -> str | None:
 
 
 def check_writable(out: object) -> None:
-    """An export's target must take text: refused before any entry is read, not mid-way."""
+    """An export's target must take text, and any text an entry holds: refused before any entry
+    is read, not mid-way (a file opened in ASCII or cp1252 failed at its first "é", leaving a
+    cut-short export that verifies clean; a closed or read-only one failed as Python's own)."""
     try:
         out.write("")  # type: ignore[attr-defined]
     except (AttributeError, TypeError) as exc:
         raise UsageError(f"export_audit writes text: {type(out).__name__} takes none") from exc
+    except ValueError as exc:  # closed, or not open for writing (`io.UnsupportedOperation`)
+        raise UsageError(f"export_audit cannot write to {type(out).__name__}: {exc}") from exc
+    encoding = getattr(out, "encoding", None)
+    if isinstance(encoding, str) and not _unicode(encoding):
+        raise UsageError(
+            f"export_audit writes any text an entry holds, which {encoding!r} cannot encode: "
+            "open the file with encoding='utf-8'"
+        )
+
+
+def _unicode(encoding: str) -> bool:
+    """Whether `encoding` encodes every character (a UTF); an unknown name is left to it."""
+    try:
+        name = codecs.lookup(encoding).name
+    except LookupError:
+        return True
+    return name.startswith("utf")
 
 
 PAGE = 1000  # entries read at once
