@@ -98,9 +98,48 @@ async def test_tool_setting_changes_are_recorded_once(tmp_path: Path) -> None:
             history = await rt.audit(stream="tools:support.wipe")
             assert len(history) == expected
     assert [(e.data["old"], e.data["new"]) for e in history] == [
-        (None, "Always"),
-        ("Always", "Never"),
+        (None, "Always [expires in 60 s]"),
+        ("Always [expires in 60 s]", "Never"),
     ]
+
+
+async def test_a_change_of_any_rule_of_an_approval_is_recorded(tmp_path: Path) -> None:
+    """Only a policy's name and approver count were recorded: a deadline made to approve on
+    timeout, or the requester no longer excluded, left no entry. Each rule other than its
+    default is part of the setting recorded, so each change is one entry."""
+    url = f"sqlite:///{tmp_path}/a.db"
+    settings = [
+        (so.always(), "Always"),
+        (so.always(exclude_requester=True), "Always [not the requester]"),
+        (
+            so.always(expires_in=60, exclude_requester=True),
+            "Always [not the requester; expires in 60 s]",
+        ),
+        (
+            so.always(expires_in=60, on_timeout="approve"),
+            "Always [expires in 60 s; on timeout approve]",
+        ),
+        (
+            so.always(
+                approvers=2,
+                distinct=False,
+                expires_in=1.5,
+                on_timeout="escalate",
+                escalate_to="ops",
+            ),
+            "Always (2 approvers) [one person's approvals count each; expires in 1.5 s; "
+            "on timeout escalate; escalates to ops]",
+        ),
+    ]
+    for approval, _ in [*settings, settings[-1]]:  # the last one twice: recorded once
+        tool = so.tool(approval=approval)(wipe.fn)
+        async with so.Runtime(
+            [scripted_agent("support", [reply("hi")], tools=[tool])], store=url
+        ) as rt:
+            history = await rt.audit(stream="tools:support.wipe")
+    assert [e.data["new"] for e in history] == [said for _, said in settings]
+    async with so.Runtime([], store=url) as rt:
+        assert await rt.verify_audit() == []
 
 
 async def test_a_runtime_opens_on_a_store_refusing_writes_and_records_its_settings_later(
@@ -130,8 +169,8 @@ async def test_a_runtime_opens_on_a_store_refusing_writes_and_records_its_settin
         assert again.status == "completed"
         history = await rt.audit(stream="tools:support.wipe")
         assert [(e.data["old"], e.data["new"]) for e in history] == [
-            (None, "Always"),
-            ("Always", "Never"),
+            (None, "Always [expires in 60 s]"),
+            ("Always [expires in 60 s]", "Never"),
         ]
     finally:
         await rt.close()
@@ -194,7 +233,9 @@ async def test_runtimes_opening_at_once_record_a_tool_setting_once(store_url: st
     try:
         await asyncio.gather(*(rt.open() for rt in runtimes))
         history = await runtimes[0].audit(stream="tools:support.wipe")
-        assert [(e.n, e.data["old"], e.data["new"]) for e in history] == [(1, None, "Always")]
+        assert [(e.n, e.data["old"], e.data["new"]) for e in history] == [
+            (1, None, "Always [expires in 60 s]")
+        ]
         assert await runtimes[0].verify_audit() == []
     finally:
         for rt in runtimes:

@@ -143,6 +143,23 @@ class RequestRules:
     on_timeout: OnTimeout = "deny"
     escalate_to: str | None = None
 
+    def described(self) -> str:
+        """The rules other than the defaults, in words ("" for none) beyond the approver count
+        `describe` gives: what the audit trail records of a tool's setting, so a change of
+        any of them (a deadline that now approves, the requester no longer excluded) is one."""
+        said = []
+        if self.exclude_requester:
+            said.append("not the requester")
+        if not self.distinct:
+            said.append("one person's approvals count each")
+        if self.expires_in is not None:
+            said.append(f"expires in {self.expires_in:g} s")
+        if self.on_timeout != "deny":
+            said.append(f"on timeout {self.on_timeout}")
+        if self.escalate_to is not None:
+            said.append(f"escalates to {self.escalate_to}")
+        return "; ".join(said)
+
     def __post_init__(self) -> None:
         approvers = self.approvers
         # One past what a store's integer holds (10**5000 failed every runtime's opening with a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
 import re
 from collections import deque
@@ -12,6 +13,7 @@ from typing import IO, Any
 
 from ._agent import Agent
 from ._answers import check_text
+from ._approval import RequestRules
 from ._audit_requests import PAGE as REQUESTS_PAGE
 from ._audit_requests import Leftovers, RequestTrail, request_rows
 from ._exceptions import StoreError, UsageError
@@ -110,11 +112,9 @@ def check_writable(out: object) -> None:
 
 def _unicode(encoding: str) -> bool:
     """Whether `encoding` encodes every character (a UTF); an unknown name is left to it."""
-    try:
-        name = codecs.lookup(encoding).name
-    except LookupError:
-        return True
-    return name.startswith("utf")
+    with contextlib.suppress(LookupError):
+        return codecs.lookup(encoding).name.startswith("utf")
+    return True
 
 
 PAGE = 1000  # entries read at once
@@ -551,6 +551,9 @@ def tool_setting(agent: Agent, name: str) -> str:
         if name in set(g.tool_names()):
             return "Always (guardrail)"
     setting = tool.approval.describe()
+    rules = getattr(tool.approval, "rules", None)  # a policy of the app's may have others
+    if isinstance(rules, RequestRules) and rules.described():
+        setting += f" [{rules.described()}]"
     if tool.response_policy is not None:
         setting += RESPONSE_POLICY_NOTE
     return setting
