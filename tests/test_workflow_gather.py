@@ -490,3 +490,51 @@ async def test_a_stalled_loop_does_not_turn_a_waited_for_sibling_into_a_replay_e
         assert (result.is_error, result.content) == (False, ["sent", "reserved"])
         assert ran == ["reserve", "quote", "send"]  # each once
         assert bodies == 2
+
+
+@pytest.mark.parametrize("branches", [False, True], ids=["plain", "gather"])
+async def test_a_body_that_returns_without_replaying_what_it_recorded_is_a_replay_error(
+    tmp_path: Path, branches: bool
+) -> None:
+    """On replay the body took another branch (on a read that is not journaled) and returned
+    without reaching its recorded step and answered question: the call completed with its new
+    result, though the debit had happened. It is a ReplayError, as stepping in another order
+    is, and the step does not run again."""
+    bodies = 0
+    ran: list[str] = []
+
+    @so.tool
+    async def transfer(ctx: so.ToolContext) -> str:
+        """Debit, then ask whether to credit; another path on the second run."""
+        nonlocal bodies
+        bodies += 1
+        if bodies > 1:
+            return "nothing done"
+
+        async def debit() -> None:
+            await ctx.step("debit", ran.append, "debit")
+
+        async def credit() -> str:
+            return (await ctx.ask("Credit the other account?", options=["yes", "no"])).value
+
+        if branches:
+            return str((await asyncio.gather(debit(), credit()))[1])
+        await debit()
+        return await credit()
+
+    seen = Capture(reply("Failed."))
+    agent = scripted_agent("bank", [call_tools(call("transfer")), seen], tools=[transfer])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bank", prompt="move it", auth=ALICE)
+        (asked,) = r.pending
+        answer = so.InputResponse(request_id=asked.id, option_id="yes")
+        r = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert r.status == "completed"
+    [result] = tool_results(seen.last)
+    assert result.is_error is True
+    error = result.content["error"]
+    assert (
+        error.startswith("ReplayError: tool 'transfer'") and "returned without replaying" in error
+    )
+    assert "step 'debit'" in error or "ask 'Credit the other account?'" in error
+    assert ran == ["debit"]

@@ -221,8 +221,9 @@ async def _delegated(ctx: ToolContext, journal: _DelegateJournal, agent: str, me
         await host.abandon_child(child_id(key), message, who, source, journal.turn_id)
         raise
     # The child's turn started with its session. This starts one an older signoff created and
-    # died before starting (its `subagent.turn` step, journaled then, is the call's last entry:
-    # left unreplayed, it is never looked for), and cancels it if its parent's turn ended.
+    # died before starting (its `subagent.turn` step, journaled then, is passed over), and
+    # cancels it if its parent's turn ended.
+    ctx._pass_over("step", "subagent.turn")
     await _ours(journal, host.start_child, child, message, who, source)
     if journal.steered():
         return await _interrupted(host, agent, child)

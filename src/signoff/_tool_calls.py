@@ -363,7 +363,7 @@ class ToolCalls(CallEnds):
         on `ctx.ask()` (the body is stopped then; it replays its journal once answered); and
         whether this drive was cancelled while a plain body ran on in its thread to an outcome,
         which is to be recorded before the cancel goes on (else a resume ran it again)."""
-        task = asyncio.ensure_future(tool.invoke(ctx, validated))
+        task = asyncio.ensure_future(_replayed_whole(tool, ctx, validated))
         parked = asyncio.ensure_future(journal.parked.wait())
         lease = self.held
         if lease is not None:
@@ -406,6 +406,14 @@ class ToolCalls(CallEnds):
             if lease is not None:
                 lease.body = None
         return task, False
+
+
+async def _replayed_whole(tool: Tool, ctx: ToolContext, validated: BaseModel) -> Any:
+    """The body's result, once it has replayed every entry it recorded (`ReplayError` if it
+    returned without reaching one)."""
+    result = await tool.invoke(ctx, validated)
+    ctx._reached_all()
+    return result
 
 
 async def _to_end(task: asyncio.Future[Any]) -> None:

@@ -188,6 +188,41 @@ class ToolContext:
                 self._left.setdefault((e["kind"], e["name"], e.get("n")), e)
         self._indexed = len(entries)
 
+    def _pass_over(self, kind: str, name: str) -> None:
+        """Take as reached an entry an older version of the body recorded next and this one no
+        longer makes (a delegate call's `subagent.turn`), so the body's end does not take it
+        for one the body failed to reach (`_reached_all`)."""
+        if self._journal is None:
+            return
+        if self._journal.keyed:
+            self._index()
+            n = self._seen.get((kind, name), 0)
+            if self._left.pop((kind, name, n), None) is not None:
+                self._seen[(kind, name)] = n + 1
+            return
+        entries = self._journal.entries()
+        entry = entries[self._cursor] if self._cursor < len(entries) else None
+        if entry is not None and (entry["kind"], entry["name"]) == (kind, name):
+            self._cursor += 1
+
+    def _reached_all(self) -> None:
+        """At the body's return: `ReplayError` if it left an entry it recorded unreached (a
+        branch taken on a read that is not journaled, say), as a step or question it reaches
+        in another order is one: the effects of what it skipped happened, and its result says
+        otherwise."""
+        if self._journal is None:
+            return
+        if self._journal.keyed:
+            left = self._unreplayed()
+        else:
+            left = [e for e in self._journal.entries()[self._cursor :] if e is not None]
+        if left:
+            raise ReplayError(
+                f"tool {self.tool_name!r} (call {self.call_id}) returned without replaying "
+                f"{left[0]['kind']} {left[0]['name']!r}, which it recorded; a workflow tool must "
+                "ask and step in the same order on every run"
+            )
+
     def _unreplayed(self) -> list[dict[str, Any]]:
         """Recorded entries no branch of this run has reached yet."""
         self._index()
