@@ -163,6 +163,7 @@ def test_an_execution_log_records_a_tool_the_app_already_made(tmp_path: Path) ->
         {"name": "refund"},
         {"description": "Refund."},
         {"run_as": "agent"},
+        {"max_result_bytes": 100},
     ],
 )
 def test_an_execution_log_refuses_options_it_would_drop(made: bool, option: dict[str, Any]) -> None:
@@ -179,6 +180,27 @@ def test_an_execution_log_refuses_options_it_would_drop(made: bool, option: dict
     with pytest.raises(so.UsageError, match=r"@log\.tool\(") as refused:
         log.tool(fn, **option)
     assert next(iter(option)) in str(refused.value)
+
+
+def test_log_tool_takes_every_option_so_tool_does() -> None:
+    """`@log.tool(...)` "makes one as `@so.tool` does", but `max_result_bytes=` was a
+    TypeError: its options are `so.tool`'s, each kept on the tool it makes."""
+    import inspect
+
+    def options(fn: Any) -> dict[str, Any]:
+        params = inspect.signature(fn).parameters.values()
+        return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+
+    assert options(testing.ExecutionLog().tool) == options(so.tool)
+
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return order_id
+
+    made = testing.ExecutionLog().tool(max_result_bytes=100, run_as="approver")(issue_refund)
+    assert (made.max_result_bytes, made.run_as) == (100, "approver")
+    with pytest.raises(so.UsageError, match="max_result_bytes"):
+        testing.ExecutionLog().tool(max_result_bytes=0)(issue_refund)
 
 
 @pytest.mark.parametrize("on_file", [False, True])

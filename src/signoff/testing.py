@@ -169,6 +169,7 @@ class ExecutionLog:
         description: str | None = None,
         approval: ToolApproval = None,
         run_as: RunAs = "requester",
+        max_result_bytes: int | None = None,
     ) -> Callable[[Callable[..., Any]], RecordingTool]: ...
 
     def tool(
@@ -180,13 +181,19 @@ class ExecutionLog:
         description: str | None = None,
         approval: ToolApproval = None,
         run_as: RunAs = "requester",
+        max_result_bytes: int | None = None,
     ) -> RecordingTool | Callable[[Callable[..., Any]], RecordingTool]:
         """Like `@so.tool`, but every execution is recorded in this log.
 
         Given a tool your code already made with `@so.tool`, returns a copy of it (same name,
         schema and approval) that records its executions: `log.tool(shop.issue_refund)`.
         """
-        options = {"name": name, "description": description, "approval": approval}
+        options = {
+            "name": name,
+            "description": description,
+            "approval": approval,
+            "max_result_bytes": max_result_bytes,
+        }
         given = [k for k, v in options.items() if v is not None]
         given += ["run_as"] if run_as != "requester" else []
         if fn is not None and given:  # they would be dropped, unsaid
@@ -209,7 +216,13 @@ class ExecutionLog:
 
         def wrap(f: Callable[..., Any]) -> RecordingTool:
             return RecordingTool(
-                f, log=self, name=name, description=description, approval=approval, run_as=run_as
+                f,
+                log=self,
+                name=name,
+                description=description,
+                approval=approval,
+                run_as=run_as,
+                max_result_bytes=max_result_bytes,
             )
 
         return wrap
