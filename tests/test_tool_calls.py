@@ -14,6 +14,7 @@ import signoff as so
 from signoff.testing import (
     Capture,
     ExecutionLog,
+    ManualClock,
     call,
     call_tools,
     reply,
@@ -294,3 +295,47 @@ async def test_a_reviewer_s_reason_of_megabytes_reaches_the_model_cut(
     assert len(shown) < 4000
     assert "because xxx" in shown and "[cut]" in shown
     assert runs == (["1"] if approved else [])
+
+
+@pytest.mark.parametrize(
+    ("approval", "timed_out"),
+    [
+        (
+            so.ApprovalSpec(lambda i: len(i.order_id) > 100, expires_in=60, on_timeout="approve"),
+            "deny",
+        ),
+        (so.always(expires_in=60, on_timeout="approve"), "deny"),
+        (so.always(expires_in=60, on_timeout="escalate", escalate_to="ops"), "escalate"),
+    ],
+    ids=["tool-would-run", "tool-asks-too", "escalates"],
+)
+async def test_a_guardrails_approval_is_never_approved_by_the_tools_deadline(
+    tmp_path: Path, approval: Any, timed_out: str
+) -> None:
+    """`tool_policy(require_approval=[...])` asks a person "without modifying" the tool, the
+    stricter winning; the request took the tool's own `on_timeout="approve"`, so its deadline
+    ran the call with no one deciding. Under a guardrail a deadline denies (or escalates, if
+    the tool says so); it never approves."""
+    log = ExecutionLog()
+    clock = ManualClock()
+
+    @log.tool(approval=approval)
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("refund", order_id="1")), reply("ok")],
+        tools=[refund],
+        guardrails=[so.tool_policy(require_approval=["refund"])],
+    )
+    async with sqlite_runtime(tmp_path, agent, clock=clock) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        (asked,) = r.pending
+        assert (asked.source, asked.on_timeout) == ("guardrail", timed_out)
+        clock.advance(61)
+        r = await rt.generate(session_id=r.session_id, auth=ALICE)
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    assert log.count() == 0
+    assert not any(e.type == "approval.settled" and e.data["decision"] == "approve" for e in events)

@@ -200,6 +200,11 @@ class ToolCalls(CallEnds):
         assert turn is not None
         dumped = tool.approved_form(validated)
         rules = tool.approval.rules
+        guarded = verdict.reason == "guardrail"
+        if guarded and rules.on_timeout == "approve":
+            # A guardrail requires a person: the tool's own deadline may deny or escalate, but
+            # not approve the call unseen (the stricter of tool and guardrail wins).
+            rules = dataclasses.replace(rules, on_timeout="deny")
         now = self.clock()
         error = verdict.error  # a policy's message of megabytes is cut
         if error is not None:
@@ -212,7 +217,7 @@ class ToolCalls(CallEnds):
             agent=s.agent,
             action=Action.of(call.id, tool.name, dumped),
             options=list(APPROVAL_OPTIONS),
-            source="guardrail" if verdict.reason == "guardrail" else "policy",
+            source="guardrail" if guarded else "policy",
             requested_by=turn.principal,
             created_at=now,
             expires_at=None if rules.expires_in is None else now + rules.expires_in,

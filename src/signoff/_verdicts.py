@@ -47,6 +47,11 @@ async def strictest(tool: Tool, ctx: ApprovalContext, guardrails: Sequence[Guard
         if v is not None:
             verdicts.append(v)
     chosen = next((v for a in ("deny", "ask") for v in verdicts if v.action == a), verdicts[0])
+    guard = next((v for v in verdicts[1:] if v.action == "ask"), None)
+    if chosen is own and own.action == "ask" and guard is not None:
+        # Asked by both: a guardrail's request, whose deadline never approves the call (the
+        # tool's review and error kept with it).
+        chosen = dataclasses.replace(guard, error=own.error or guard.error, auto=own.auto)
     # What any of them spent (an auto() review) is counted whichever decides.
     return _with_text_reason(dataclasses.replace(chosen, usage=Verdict.spent(verdicts)))
 
