@@ -91,6 +91,31 @@ def test_a_helper_given_uncalled_is_refused_by_name(helper: Any) -> None:
         so.ApprovalSpec(helper)
 
 
+@pytest.mark.parametrize("wrapper", [so.policy, so.predicate])
+def test_a_wrapper_given_uncalled_is_refused_by_name(wrapper: Any) -> None:
+    """`approval=so.policy` was taken for a predicate, which failed on every call (a person
+    asked with a UsageError for the reason): refused as the helpers are."""
+    name = wrapper.__name__
+    with pytest.raises(so.UsageError, match=rf"so\.{name} is not called: write so\.{name}\(fn\)"):
+        so.tool(approval=wrapper)(noop)
+
+
+@pytest.mark.parametrize("cls", [so.Approved, so.Denied, so.ApprovalSpec, so.Verdict, bool])
+def test_a_class_given_for_an_approval_is_refused(cls: Any) -> None:
+    """A class was taken for a predicate and called with the input, making one of itself:
+    `approval=so.Approved` ran every call with no one asked (an `Approved` is a yes). It is
+    refused wherever a policy function is taken."""
+    with pytest.raises(so.UsageError, match=rf"approval={cls.__name__} is a class, not a policy"):
+        so.tool(approval=cls)(noop)
+    for make, what in (
+        (so.predicate, "approval predicate"),
+        (so.policy, "approval policy"),
+        (lambda fn: so.ApprovalSpec(response=fn), "response policy"),
+    ):
+        with pytest.raises(so.UsageError, match=rf"^{what} must be a function, not the class"):
+            make(cls)
+
+
 def _two(a: Any, b: Any) -> bool:
     return True
 
@@ -135,8 +160,8 @@ def test_a_context_policy_that_cannot_take_its_argument_is_named_a_policy() -> N
 
 @pytest.mark.parametrize(
     "fn",
-    [lambda input, extra=1: True, lambda *args: True, len, so.Approved],
-    ids=["default", "varargs", "builtin", "class"],
+    [lambda input, extra=1: True, lambda *args: True, len],
+    ids=["default", "varargs", "builtin"],
 )
 def test_a_policy_function_that_takes_one_argument_is_taken(fn: Any) -> None:
     so.tool(approval=fn)(noop)

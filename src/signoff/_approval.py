@@ -363,7 +363,11 @@ def takes_one(fn: Callable[..., Any], must: str) -> Callable[..., Any]:
     """`fn`, if it can be called with the one argument it is given: one that cannot (no
     parameter, two that need a value, a keyword-only one) raised a TypeError on every call, so
     each call of the tool asked a person (or each answer was refused) for a reason nobody could
-    act on. `must` says what it takes, `{}` standing for its name."""
+    act on. `must` says what it takes, `{}` standing for its name. A class is refused: called,
+    it makes one of itself (`so.Approved` as a predicate ran every call unasked)."""
+    if isinstance(fn, type):
+        what = must.split(" {}", 1)[0]
+        raise UsageError(f"{what} must be a function, not the class {fn.__name__}")
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # no signature to read (some builtins): left to the call
@@ -411,6 +415,8 @@ _HELPERS = {
     "once": (__name__,),
     "always": (__name__,),
     "auto": ("signoff._auto",),
+    "policy": (__name__,),
+    "predicate": (__name__,),
 }
 
 
@@ -433,6 +439,13 @@ def as_policy(value: object) -> ApprovalPolicy:
             f"approval={value.__name__} is a policy class: pass one of it, "
             f"approval={value.__name__}()"
         )
+    if isinstance(value, type):
+        # Called as a predicate, a class makes one of itself: `approval=so.Approved` ran every
+        # call unasked (an `Approved` is a yes), `so.ApprovalSpec` asked for each one.
+        raise UsageError(
+            f"approval={value.__name__} is a class, not a policy: pass a policy "
+            "(so.always(), so.policy(fn), ...), a predicate or a function of the context"
+        )
     if value is True:
         return _Always()
     if value is False:
@@ -440,7 +453,8 @@ def as_policy(value: object) -> ApprovalPolicy:
     name = getattr(value, "__name__", None)
     if name in _HELPERS and getattr(value, "__module__", None) in _HELPERS[name]:
         # Else taken for a predicate: each call asked a person, a TypeError for the reason.
-        raise UsageError(f"approval=so.{name} is not called: write so.{name}()")
+        called = f"so.{name}(fn)" if name in ("policy", "predicate") else f"so.{name}()"
+        raise UsageError(f"approval=so.{name} is not called: write {called}")
     if callable(value):
         context = _takes_context(value)
         return _Function(
