@@ -87,3 +87,52 @@ async def test_a_review_of_a_call_behind_a_busy_workflow_counts_once(store_url: 
     again = scripted_agent("billing", [], tools=[plan, refunds(ExecutionLog(), None)])
     async with so.Runtime([again], store=store_url) as rt2:
         assert (await rt2.state(r.session_id)).usage == TURN + BILLED
+
+
+async def test_a_caution_held_behind_a_parked_workflow_call_is_asked_not_reviewed_again(
+    store_url: str,
+) -> None:
+    """The reviewed call waits behind a workflow call that parks on a question: its caution
+    was kept only by the drive, which ended with the park, so the drive after the answer
+    reviewed it again, and a second review saying clear ran it with no person asked. The
+    verdict is recorded with the first event, and the call is asked for as decided, after a
+    restart too."""
+    log = ExecutionLog()
+    reviews: list[str] = []
+
+    def second_opinion(conversation: Any) -> so.ModelResponse:
+        """Caution on the first review, clear on any other: a reviewer that can change its mind."""
+        reviews.append("caution" if not reviews else "clear")
+        return review(reviews[-1])
+
+    reviewer = so.models.Scripted([second_opinion])
+
+    @so.tool
+    async def confirm(ctx: so.ToolContext, question: str) -> str:
+        """Ask the customer."""
+        return (await ctx.ask(question, options=["yes", "no"])).value
+
+    steps = [
+        so.ModelResponse(
+            tool_calls=[
+                call("confirm", question="Refund ch_1?"),
+                call("refund_charge", charge_id="ch_1", amount=40),
+            ],
+            usage=TURN,
+        ),
+        so.ModelResponse(text="done", usage=TURN),
+    ]
+    agent = scripted_agent("billing", steps, tools=[confirm, refunds(log, reviewer)])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1", auth=ALICE)
+        (question,) = r.pending
+        assert question.kind == "question" and reviews == ["caution"]
+    async with so.Runtime([agent], store=store_url) as rt:  # a restart: nothing in memory
+        answer = so.InputResponse(request_id=question.id, option_id="yes")
+        r = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert r.status == "waiting", r
+        (approval,) = r.pending
+        assert approval.kind == "tool-approval" and approval.tool_name == "refund_charge"
+        assert (approval.auto_verdict, approval.auto_reason) == ("caution", "caution it is")
+        assert reviews == ["caution"] and log.count() == 0
+        assert (await rt.state(r.session_id)).usage == TURN + BILLED

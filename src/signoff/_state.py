@@ -185,6 +185,10 @@ class SessionState:
         handler = HANDLERS[event.type]
         try:
             handler(self, event)
+            if "held" in event.data and self.turn is not None:
+                for call_id, verdict in event.data["held"].items():
+                    if call_id in self.turn.calls:
+                        self.turn.calls[call_id].held = dict(verdict)
         except MALFORMED as exc:
             raise StoreError(f"event {event.id} ({event.type}) is malformed: {exc!r}") from exc
 
@@ -260,6 +264,7 @@ class SessionState:
                         "since": c.since,
                         "journaled": c.journaled,
                         **({"kids": dict(c.kids)} if c.kids else {}),
+                        **({"held": c.held} if c.held is not None else {}),
                     }
                     for c in turn.calls.values()
                 ],
@@ -306,6 +311,7 @@ class SessionState:
                         journaled=c.journaled,
                         kids=dict(c.kids),
                         placed=dict(c.placed) if journals else {},
+                        held=c.held,
                     )
                     for k, c in t.calls.items()
                 },

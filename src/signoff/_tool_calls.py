@@ -94,6 +94,8 @@ class ToolCalls(CallEnds):
                 budget_left=left,
             )
             held = self.deferred.pop(f"{s.model_responses}:{call.id}", None)
+            if held is None and call.held is not None:  # held back by a drive gone since
+                held = _unheld(call.held)
             verdict = held if held is not None else await self.verdict(tool, ctx)
             if verdict.usage is not None:
                 left = spare(left, verdict.usage)
@@ -109,6 +111,10 @@ class ToolCalls(CallEnds):
         requests: list[InputRequest] = []
         to_run: list[tuple[CallState, Tool, BaseModel, Verdict]] = []
         held_back: list[tuple[str, Verdict]] = []
+        # The held-back verdicts the log does not have yet: recorded with the first event
+        # recorded here (or the first call started), so a drive after this one (the workflow
+        # call parked on a question) asks for them as decided, not reviewing them again.
+        unrecorded: dict[str, dict[str, Any]] = {}
         for call, tool, validated, verdict in decided:
             # The outcome of a call that does not run carries what reviewing it cost.
             billed = {"usage": verdict.usage}
@@ -119,6 +125,8 @@ class ToolCalls(CallEnds):
             elif verdict.action == "ask":
                 if workflow_busy and not tool.workflow:
                     held_back.append((f"{s.model_responses}:{call.id}", verdict))
+                    if call.held is None:
+                        unrecorded[call.id] = _held(verdict)
                     continue
                 if turn.steered:
                     # A steering message came while this approval waited to be asked: it is
@@ -153,6 +161,9 @@ class ToolCalls(CallEnds):
         if unbilled is not None and specs:
             specs = with_usage(specs, unbilled)
             unbilled = None
+        if unrecorded and specs:
+            (kind, data), *rest = specs
+            specs, unrecorded = [(kind, {**data, "held": unrecorded}), *rest], {}
         for key, verdict in held_back:
             keep = unbilled is not None and not to_run
             self.deferred[key] = verdict if keep else dataclasses.replace(verdict, usage=None)
@@ -179,6 +190,8 @@ class ToolCalls(CallEnds):
                 ran_because.update(auto_verdict=verdict.auto[0], auto_reason=review["reason"])
             principal = self.state.turn.principal  # type: ignore[union-attr]
             paid, unbilled = _plus(unbilled, verdict.usage), None
+            if unrecorded:
+                ran_because["held"], unrecorded = unrecorded, {}
             await self.run_tool(
                 current, tool, validated, principal, approval=note, usage=paid, decided=ran_because
             )
@@ -452,6 +465,26 @@ def _traced(span: ToolSpan, task: asyncio.Future[Any] | None, bound: int) -> str
     else:
         span.fail(exc)
     return too_large
+
+
+def _held(verdict: Verdict) -> dict[str, Any]:
+    """An `ask` verdict held back behind a workflow call, as the log records it."""
+    return {
+        "reason": verdict.reason,
+        "error": verdict.error,
+        "auto": None if verdict.auto is None else list(verdict.auto),
+    }
+
+
+def _unheld(held: dict[str, Any]) -> Verdict:
+    """The verdict `_held` recorded (its review paid when it was made)."""
+    auto = held.get("auto")
+    return Verdict(
+        "ask",
+        held.get("reason"),
+        held.get("error"),
+        auto=None if auto is None else (str(auto[0]), str(auto[1])),
+    )
 
 
 def _plus(a: Usage | None, b: Usage | None) -> Usage | None:
