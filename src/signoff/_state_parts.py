@@ -61,8 +61,8 @@ class CallState:
     keyed: bool = False  # the journal's `index` is the occurrence of a name, not a position
     since: int = 0  # the event that made this call (its `model.completed`), or one before it
     journaled: bool = False  # an entry was recorded (a first entry says how they are keyed)
-    # The `ask` verdict of a call held back behind a workflow call of its response (`error`,
-    # `auto`, `guardrail`), recorded so a later drive asks for it as decided, not anew.
+    # The `ask` verdict of a call held back behind a workflow call of its response (`reason`,
+    # `error`, `auto`), recorded so a later drive asks for it as decided, not anew.
     held: dict[str, Any] | None = None
     # The entries of child sessions (`subagent.session` steps), by `p` and position or `n` and
     # occurrence (in the order first recorded), with their child (None: not a child's id now):
