@@ -231,8 +231,9 @@ def test_the_channels_example_runs_as_written(
 
 
 def test_the_chat_transcript_in_the_readme_is_what_chat_prints(tmp_path: Path) -> None:
-    """The README's `./scripts/chat` session, typed into `signoff chat examples.support:runtime`
-    (what the script runs) in a directory of its own, is what it prints, line for line from its
+    """The README's `./scripts/chat` session, typed into `signoff chat examples.support:runtime
+    --as dev:dev` (what the script runs) in a directory of its own, is what it prints, line for
+    line from its
     header on; only the session id differs. (Read from a pipe, what is typed is not echoed: it
     and its line break are left out of the transcript.)"""
     [transcript] = re.findall(r"```\n\$ \./scripts/chat\n(.*?)```", section("Quick start"), re.S)
@@ -243,7 +244,7 @@ def test_the_chat_transcript_in_the_readme_is_what_chat_prints(tmp_path: Path) -
         env.pop(name, None)  # the example's offline demo model, as on a machine with no provider
     env.pop("SIGNOFF_STORE", None)  # the example runtime's own store, as the script uses
     out = subprocess.run(
-        [sys.executable, "-m", "signoff", "chat", "examples.support:runtime"],
+        [sys.executable, "-m", "signoff", "chat", "examples.support:runtime", "--as", "dev:dev"],
         input="".join(f"{t}\n" for t in typed),
         cwd=tmp_path,
         env={**env, "COLUMNS": "200"},
@@ -256,6 +257,47 @@ def test_the_chat_transcript_in_the_readme_is_what_chat_prints(tmp_path: Path) -
     printed = re.sub(r"ses_\w+", "ses_", out.stdout)
     assert printed.startswith(re.sub(r"ses_\w+", "ses_", expected)), (expected, printed)
     assert (tmp_path / ".signoff" / "state.db").exists()
+    script = (ROOT / "scripts" / "chat").read_text()
+    assert "as=(--as dev:dev)" in script and 'examples.support:runtime "${as[@]}"' in script
+
+
+def test_what_scripts_chat_leaves_pending_the_demo_dashboard_answers(tmp_path: Path) -> None:
+    """The README said the dashboard answers a request chat leaves pending; chat acted as
+    `local:<user>` and the demo's dev dashboard as `dev:dev`, which the default rule refused
+    (403 `not_allowed`). `./scripts/chat` acts as `dev:dev`: the dashboard approves it."""
+    import httpx
+
+    import signoff as so
+    from signoff.server import create_app
+
+    from .test_server_common import running
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    for name in ("SIGNOFF_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY"):
+        env.pop(name, None)
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    out = subprocess.run(
+        [sys.executable, "-m", "signoff", "chat", "examples.support:runtime"]
+        + ["--as", "dev:dev", "--store", store],
+        input="refund order 1042, it arrived broken\n",
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    from examples.support import runtime as example
+
+    runtime = so.Runtime(list(example.agents.values()), store=store)
+    with running(create_app(runtime, dev=True)) as base:
+        (pending,) = httpx.get(f"{base}/v1/requests", verify=False).json()["items"]
+        body = {"inputResponses": [{"requestId": pending["id"], "optionId": "approve"}]}
+        sid = pending["session_id"]
+        r = httpx.post(f"{base}/v1/sessions/{sid}/responses", json=body, verify=False)
+        assert r.status_code == 200, r.text
+        assert r.json()["pending"] == [] and "refunded 180.00" in r.json()["text"], r.text
+    runtime.close_sync()
 
 
 def test_the_packages_the_quick_start_says_setup_installs_are_the_ones_it_installs() -> None:
