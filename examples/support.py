@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import unicodedata
 from typing import Any
 
 import signoff as so
@@ -51,8 +52,14 @@ async def issue_refund(order_id: str, amount: float, reason: str) -> dict[str, A
     order = ORDERS.get(order_id)
     if order is None:
         raise LookupError(f"no order {order_id}")
-    if not 0 < amount <= order["total"]:
-        raise ValueError(f"amount must be between 0 and the order total {order['total']:.2f}")
+    done = sum(r["amount"] for r in REFUNDS if r["order_id"] == order_id)
+    left = order["total"] - done
+    if not 0 < amount <= left:
+        already = f" ({done:.2f} refunded already)" if done else ""
+        raise ValueError(
+            f"amount must be between 0 and what is left of the order total "
+            f"{order['total']:.2f}: {left:.2f}{already}"
+        )
     REFUNDS.append({"order_id": order_id, "amount": amount, "reason": reason})
     return {"order_id": order_id, "refunded": amount}
 
@@ -63,10 +70,20 @@ async def delete_account(email: str) -> dict[str, Any]:
     return {"deleted": email}
 
 
+# An order is the number after "order" ("order 42", "order #1042", "order no. 1042"), else the
+# first of four digits or more; text is folded first (NFKC), so full-width digits read as digits.
+_ORDER_NAMED = re.compile(r"\border\s*(?:#|no\.?|number)?\s*(\d+)\b", re.I)
 _ORDER = re.compile(r"\b(\d{4,})\b")
-_AMOUNT = re.compile(
-    r"(?:\$\s*(\d+(?:\.\d+)?))|(?:\b(\d+(?:\.\d+)?)\s*(?:usd|dollars|eur)\b)", re.I
-)
+# An amount is a number with a currency before or after it: $40, €40, 40 usd, USD 40, 40 euros,
+# 40 dollars, 40.50, 40,50 (a decimal comma), 1,250.00 (thousands).
+_NUMBER = r"(\d{1,3}(?:,\d{3})+(?:\.\d{1,2})?|\d+(?:[.,]\d{1,2})?)"
+_CURRENCY = r"(?:usd|eur|gbp|dollars?|euros?|pounds?)"
+# A symbol before the number first: in "order 1043 $0" the 1043 is not an amount in dollars.
+_AMOUNTS = [
+    re.compile(rf"[$€£]\s*{_NUMBER}"),
+    re.compile(rf"\b{_CURRENCY}\s*{_NUMBER}", re.I),
+    re.compile(rf"{_NUMBER}\s*(?:{_CURRENCY}\b|[$€£])", re.I),
+]
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 
 HELP = (
@@ -94,12 +111,12 @@ def _on_message(text: str) -> ModelResponse:
         if email is None:  # ask, and wait for the answer, as for a refund naming no order
             return _call("ask_question", {"question": "Which account? Give its email address."})
         return _call("delete_account", {"email": email.group(0)})
-    order = _ORDER.search(text)
+    order = _order_number(text)
     if order is None:
         if "refund" in lowered:  # rather than guess, ask which order (and wait for the answer)
             return _call("ask_question", {"question": "Which order should I refund?"})
         return ModelResponse(text=HELP)
-    return _call("lookup_order", {"order_id": order.group(1)})
+    return _call("lookup_order", {"order_id": order})
 
 
 def _after_tools(conversation: list[Message]) -> ModelResponse:
@@ -117,9 +134,10 @@ def _after_tools(conversation: list[Message]) -> ModelResponse:
             email = _EMAIL.search(answer)
             if email is not None and "delete" in request.lower():
                 return _call("delete_account", {"email": email.group(0)})
-            answered = _ORDER.search(answer)
+            folded = unicodedata.normalize("NFKC", answer).strip()  # "42" alone names it too
+            answered = _order_number(folded) or (folded if folded.isdigit() else None)
             if answered:
-                return _call("lookup_order", {"order_id": answered.group(1)})
+                return _call("lookup_order", {"order_id": answered})
             sentences.append(HELP)
         elif result.tool_name == "lookup_order":
             if result.is_error:
@@ -188,10 +206,21 @@ def _last_user_text(conversation: list[Message]) -> str:
 
 
 def _requested_amount(text: str) -> float | None:
-    match = _AMOUNT.search(text)
+    folded = unicodedata.normalize("NFKC", text)
+    match = next((m for m in (a.search(folded) for a in _AMOUNTS) if m is not None), None)
     if match is None:
         return None
-    return float(match.group(1) or match.group(2))
+    number = match.group(1)
+    if re.fullmatch(r"\d+,\d{1,2}", number):  # a decimal comma: 50,00
+        return float(number.replace(",", "."))
+    return float(number.replace(",", ""))
+
+
+def _order_number(text: str) -> str | None:
+    """The order a message names: the number after "order", else its first of 4+ digits."""
+    folded = unicodedata.normalize("NFKC", text)
+    found = _ORDER_NAMED.search(folded) or _ORDER.search(folded)
+    return None if found is None else found.group(1)
 
 
 def _reason(text: str) -> str:

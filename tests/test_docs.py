@@ -261,7 +261,9 @@ def test_the_chat_transcript_in_the_readme_is_what_chat_prints(tmp_path: Path) -
     assert "as=(--as dev:dev)" in script and 'examples.support:runtime "${as[@]}"' in script
 
 
-def test_what_scripts_chat_leaves_pending_the_demo_dashboard_answers(tmp_path: Path) -> None:
+def test_what_scripts_chat_leaves_pending_the_demo_dashboard_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The README said the dashboard answers a request chat leaves pending; chat acted as
     `local:<user>` and the demo's dev dashboard as `dev:dev`, which the default rule refused
     (403 `not_allowed`). `./scripts/chat` acts as `dev:dev`: the dashboard approves it."""
@@ -287,9 +289,13 @@ def test_what_scripts_chat_leaves_pending_the_demo_dashboard_answers(tmp_path: P
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    from examples.support import runtime as example
+    import importlib
 
-    runtime = so.Runtime(list(example.agents.values()), store=store)
+    import examples.support
+
+    monkeypatch.setenv("SIGNOFF_MODEL", "demo")
+    example = importlib.reload(examples.support)  # its refunds so far forgotten
+    runtime = so.Runtime([example.agent], store=store)
     with running(create_app(runtime, dev=True)) as base:
         (pending,) = httpx.get(f"{base}/v1/requests", verify=False).json()["items"]
         body = {"inputResponses": [{"requestId": pending["id"], "optionId": "approve"}]}

@@ -48,8 +48,76 @@ async def test_a_refund_of_nothing_is_refused_not_made_in_full(
     async with so.Runtime([support], store=f"sqlite:///{tmp_path}/s.db") as rt:
         r = await rt.generate("support", prompt="refund order 1043 $0, changed my mind")
         assert (r.status, r.pending) == ("completed", [])
-        assert r.text.startswith("The refund failed: amount must be between 0 and the order")
+        assert r.text == (
+            "The refund failed: amount must be between 0 and what is left of the order total "
+            "45.00: 45.00."
+        )
     assert examples.support.REFUNDS == []
+
+
+@pytest.mark.parametrize(
+    ("prompt", "amount"),
+    [
+        ("refund 30 euros on order 1043, it was late", 30.0),
+        ("refund 1 dollar on order 1043, it was late", 1.0),
+        ("refund 12,50 EUR on order 1043, it was late", 12.5),
+        ("refund USD 20 on order 1043, it was late", 20.0),
+        ("refund €5 on order 1043, it was late", 5.0),
+        ("refund 7.25$ on order 1043, it was late", 7.25),
+    ],
+)
+async def test_an_amount_in_any_currency_word_is_the_amount_refunded(
+    tmp_path: Path, support: so.Agent, prompt: str, amount: float
+) -> None:
+    """Only `$N`, `N usd`, `N dollars` and `N eur` were read: "30 euros" or "1 dollar" refunded
+    the whole 45.00 (under the approval threshold, so no one was asked), "50,00 EUR" nothing."""
+    import examples.support
+
+    async with so.Runtime([support], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt=prompt)
+        assert (r.status, r.pending) == ("completed", []), r
+        assert f"refunded {amount:.2f} for order 1043" in r.text
+    assert [x["amount"] for x in examples.support.REFUNDS] == [amount]
+
+
+async def test_an_order_is_refunded_at_most_its_total_in_all(
+    tmp_path: Path, support: so.Agent
+) -> None:
+    """Each refund was checked against the order's total alone: three refunds of the 45.00
+    order refunded 135.00, none asked about (each under the threshold)."""
+    import examples.support
+
+    async with so.Runtime([support], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="refund $30 on order 1043, it was late")
+        assert "refunded 30.00" in r.text
+        r = await rt.send(r.session_id, "refund order 1043, it broke")
+        assert r.text == (
+            "The refund failed: amount must be between 0 and what is left of the order total "
+            "45.00: 15.00 (30.00 refunded already)."
+        )
+        r = await rt.send(r.session_id, "refund $15 on order 1043, it broke")
+        assert "refunded 15.00" in r.text
+    assert sum(x["amount"] for x in examples.support.REFUNDS) == 45.0
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "I bought it in 2025, refund order 1042, it arrived broken",
+        "refund order \uff11\uff10\uff14\uff12, it arrived broken",  # full-width digits
+        "refund order #1042, it arrived broken",
+    ],
+    ids=["a-year-first", "full-width", "hash"],
+)
+async def test_the_order_is_the_number_after_order(
+    tmp_path: Path, support: so.Agent, prompt: str
+) -> None:
+    """The first number of four digits or more was the order: a year said first was looked up
+    ("no order 2025"), and full-width digits (an input method's wide mode) were no order."""
+    async with so.Runtime([support], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt=prompt)
+        (approval,) = r.pending
+        assert approval.tool_name == "issue_refund" and approval.input["order_id"] == "1042"
 
 
 async def test_delete_account_is_gated_by_the_guardrail(tmp_path: Path, support: so.Agent) -> None:
