@@ -45,6 +45,10 @@ def test_serve_on_a_port_in_use_is_one_line(url: str) -> None:
     [
         (["s3cret-1=alice", "s3cret-1=bob"], "--token gives one secret to two principals"),
         (["s3cret-1"], "--token takes SECRET=PRINCIPAL_ID"),
+        # `--token "$(cat tokens.txt)"`: the second line made part of the first id, never valid
+        (["s3cret-1=carol\ns3cret-2=dave"], "token #1 of --token holds a space, line break"),
+        (["s3cret-1=carol", "s3cret-2=dave smith"], "token #2 of --token holds a space"),
+        (["s3cret-1=carol\x1b[2J"], "token #1 of --token holds a space, line break or control"),
     ],
 )
 def test_serve_refuses_a_token_it_would_misread_without_printing_it(

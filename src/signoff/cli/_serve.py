@@ -477,6 +477,13 @@ def _token_principals(tokens: list[str]) -> dict[str, Principal]:
                 f"--token takes SECRET=PRINCIPAL_ID, and token #{n} is not one "
                 "(not shown, as it may hold a secret)"
             )
+        if any(c.isspace() or not c.isprintable() for c in item):
+            # `--token "$(cat tokens.txt)"`: two lines made one token, the second never valid
+            raise UsageError(
+                f"token #{n} of --token holds a space, line break or control character "
+                "(not shown, as it may hold a secret): give each token its own --token, or "
+                "list them in SIGNOFF_TOKENS separated by spaces"
+            )
         known = principals.get(secret)
         if known is not None and known.principal_id != who:
             raise UsageError(
