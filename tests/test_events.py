@@ -475,3 +475,32 @@ async def test_what_a_subagent_spent_event_records_is_what_the_event_page_says(
     assert data["session_id"] == child
     for key in data:
         assert f"`{key}`" in rows["subagent.spent"], key
+
+
+async def test_events_not_followed_yield_none_written_after_the_call_began(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rt.events(follow=False)` is "a snapshot as of the call", but a read bounded by bytes
+    yielded its last batch whole, with events written while the caller iterated."""
+    agent = scripted_agent("a", [reply("ok")], repeat_last=True)
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="hi")
+        await rt.generate(session_id=r.session_id, prompt="again")
+        head = await rt.store.head(r.session_id)
+        assert head is not None
+        read, reads = rt.store.read_events, list[dict[str, Any]]()
+
+        async def first_read_short(session_id: str, **kw: Any) -> Any:
+            if not reads:  # a read bounded by bytes, stopping after one event
+                kw["limit"] = 1
+            reads.append(kw)
+            return await read(session_id, **kw)
+
+        monkeypatch.setattr(rt.store, "read_events", first_read_short)
+        seen = []
+        async for event in rt.events(r.session_id, follow=False):
+            seen.append(event.seq)
+            if len(seen) == 1:
+                await rt.generate(session_id=r.session_id, prompt="while reading")
+        assert seen == list(range(1, head + 1))
+        assert (await rt.store.head(r.session_id) or 0) > head

@@ -473,3 +473,79 @@ def test_a_followed_stream_ends_exactly_when_the_session_ttl_passes(tmp_path: Pa
             r = c.get(url, headers=resume)
             assert r.status_code == 410 and r.json()["error"]["code"] == "session_expired", at
         assert c.get(url, params={"follow": "false"}).text.count(f"id: {head}\n") == 1
+
+
+async def test_a_stream_ends_only_once_it_has_sent_what_another_process_wrote(
+    tmp_path: Path,
+) -> None:
+    """Between a followed stream's empty read and its read of the session's state, another
+    process recorded the session's expiry (`input.resolved`, `turn.failed`): the stream ended
+    with `stream.end` at once, and those events were never sent. The end waits until the
+    stream has read up to the state it judged."""
+    import signoff as so
+    from signoff.server import create_app
+    from signoff.server._sse import session_end
+    from signoff.testing import ManualClock
+
+    from ._ttl import ttl_agent
+
+    clock = ManualClock()
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    rt = so.Runtime([ttl_agent()], store=url, clock=clock)
+    app = create_app(rt, dev=True, sweep_every=None)
+    async with app.router.lifespan_context(app):
+        r = await rt.generate("desk", prompt="reset")
+        assert r.status == "waiting"
+        sent = await rt.store.head(r.session_id)  # all the stream has sent
+        assert sent is not None
+        clock.advance(61)
+        async with so.Runtime([ttl_agent()], store=url, clock=clock) as other:
+            assert (await other.state(r.session_id)).status == "failed"  # recorded there
+        ctx = app.state.signoff
+        ended, _ = await session_end(ctx, r.session_id, sent)
+        assert ended is None  # read on: the expiry's events first
+        head = await rt.store.head(r.session_id)
+        assert head is not None and head > sent
+        ended, _ = await session_end(ctx, r.session_id, head)
+        assert isinstance(ended, so.SessionExpired)
+
+
+def test_a_stream_not_followed_sends_nothing_written_after_it_began(store: str) -> None:
+    """`?follow=false` is a snapshot as of the request, but the stream sent each read's batch
+    whole: one read after events were written (its first read stopped short) sent them too,
+    past the head the request had read. It sends none past it."""
+    from signoff.server import TokenAuth, create_app
+
+    from .test_server_common import TOKENS, make_runtime, running
+
+    runtime = make_runtime(store)
+    reads: dict[str, int] = {}  # of the snapshot's session, once it is armed
+    read = runtime.store.read_events
+
+    async def first_read_short(session_id: str, **kw: Any) -> Any:
+        n = reads.get(session_id)
+        if n is not None:
+            reads[session_id] = n + 1
+            if n == 0:  # a read bounded by bytes, stopping after one event
+                kw["limit"] = 1
+            elif n == 1:  # more events, written while the snapshot is read
+                await runtime.send(
+                    session_id, "and order 1043 too", principal=TOKENS["alice-token"]
+                )
+        return await read(session_id, **kw)
+
+    runtime.store.read_events = first_read_short  # type: ignore[method-assign,assignment]
+    app = create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05)
+    with (
+        running(app) as base,
+        httpx.Client(base_url=base, headers=auth("alice-token"), verify=PLAIN) as c,
+    ):
+        body = c.post("/v1/sessions", json={"agent": "support", "message": "Refund 1042"}).json()
+        sid = body["session_id"]
+        url = f"/v1/sessions/{sid}/events"
+        head = c.get(f"/v1/sessions/{sid}").json()["seq"]
+        reads[sid] = 0
+        with c.stream("GET", url, params={"follow": "false"}) as s:
+            seen = [int(event["id"]) for event in read_sse(s)]
+        assert reads[sid] >= 2 and c.get(f"/v1/sessions/{sid}").json()["seq"] > head
+        assert seen == list(range(1, head + 1)), (seen, head)

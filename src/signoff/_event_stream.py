@@ -77,6 +77,8 @@ class EventStream(Auditing):
                 )
             unchecked = False
             for event in batch:
+                if not follow and event.seq > head:
+                    return  # a snapshot: none written after the call began
                 yield event
                 after, shown = event.seq, event
             if batch:

@@ -161,6 +161,8 @@ async def session_end(
         return exc, 0.0
     if state.seq < after:  # lost, and not written anew yet: the stream's read found no event
         return EventsRewritten(session_id, after), 0.0
+    if state.seq > after:  # written since the stream's read (another process's expiry, say):
+        return None, 0.0  # sent first; its end, if any, is told after them
     now = ctx.runtime.now()
     ended = await ctx.runtime._ended(state, now)
     if ended is not None:
@@ -237,6 +239,8 @@ async def event_stream(
         if ended is not None:
             yield end_event(ended)
             return
+        if not follow and head is not None:  # a snapshot: none written after the read began
+            batch = [e for e in batch if e.seq <= head]
         sent = bool(batch)
         batch.reverse()
         while batch:  # each event let go once written: only the one being written is held
