@@ -53,7 +53,7 @@ async def issue_refund(order_id: str, amount: float, reason: str) -> dict[str, A
     if order is None:
         raise LookupError(f"no order {order_id}")
     done = sum(r["amount"] for r in REFUNDS if r["order_id"] == order_id)
-    left = order["total"] - done
+    left = round(order["total"] - done, 2)  # in cents: 45.00 - 30.10 leaves 14.90, not 14.8999
     if not 0 < amount <= left:
         already = f" ({done:.2f} refunded already)" if done else ""
         raise ValueError(

@@ -3,6 +3,7 @@ question replayed with other options than it was answered with is a `ReplayError
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -296,3 +297,42 @@ async def test_an_option_id_that_is_blank_or_not_text_is_refused(
     (result,) = results
     assert result.is_error is True
     assert result.content["error"] == f"UsageError: ctx.ask(): {words}"
+
+
+@pytest.mark.parametrize(
+    ("options", "first"),
+    [
+        ([{"id": 0, "label": "None"}, {"id": 1, "label": "One"}], ("none", "None")),
+        ([{"id": "", "label": "Yes"}, {"id": "no", "label": "No"}], ("yes", "Yes")),
+    ],
+    ids=["id-0", "empty-id"],
+)
+async def test_a_question_an_older_signoff_asked_replays_with_its_option_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: list[Any], first: tuple[str, str]
+) -> None:
+    """An older signoff made `{"id": 0}` and `{"id": ""}` options of the label ("none",
+    "yes"); ids are checked now, so a question it parked replayed with other options
+    (`ReplayError`) or was refused (`UsageError`) once answered after the upgrade. It replays
+    as it was asked."""
+    from signoff import _tool_context, _types
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Ask how many."""
+        return (await ctx.ask("How many?", options=options)).option_id or ""
+
+    seen = Capture(reply("Noted."))
+    agent = scripted_agent("bot", [call_tools(call("pick")), seen], tools=[pick])
+    older = partial(_types.make_options, before_ids_checked=True)
+    with monkeypatch.context() as before_the_upgrade:
+        before_the_upgrade.setattr(_tool_context, "make_options", older)
+        async with sqlite_runtime(tmp_path, agent) as rt:
+            r = await rt.generate("bot", prompt="go", auth=ALICE)
+            (asked,) = r.pending
+    assert (asked.options[0].id, asked.options[0].label) == first
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        answer = so.InputResponse(request_id=asked.id, option_id=first[0])
+        done = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert done.status == "completed"
+    [result] = tool_results(seen.last)
+    assert (result.is_error, result.content) == (False, first[0])

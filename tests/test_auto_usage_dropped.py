@@ -136,3 +136,16 @@ async def test_a_caution_held_behind_a_parked_workflow_call_is_asked_not_reviewe
         assert (approval.auto_verdict, approval.auto_reason) == ("caution", "caution it is")
         assert reviews == ["caution"] and log.count() == 0
         assert (await rt.state(r.session_id)).usage == TURN + BILLED
+
+
+def test_a_held_verdict_is_recorded_with_its_texts_cut() -> None:
+    """A policy's error of megabytes on a held-back call went whole into the event that records
+    it (5 MB on a `tool.started`), though its request cuts it to a quarter of the result bound."""
+    from signoff._approval import Verdict
+    from signoff._tool_calls import _held, _unheld
+
+    huge = "x" * 5_000_000
+    held = _held(Verdict("ask", error=huge, auto=("caution", huge)), 1000)
+    for text in (held["error"], held["auto"][1]):
+        assert len(text) < 1100 and text.endswith("[cut]"), len(text)  # as the request cuts it
+    assert _unheld(held) == Verdict("ask", error=held["error"], auto=("caution", held["auto"][1]))

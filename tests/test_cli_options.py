@@ -46,9 +46,9 @@ def test_serve_on_a_port_in_use_is_one_line(url: str) -> None:
         (["s3cret-1=alice", "s3cret-1=bob"], "--token gives one secret to two principals"),
         (["s3cret-1"], "--token takes SECRET=PRINCIPAL_ID"),
         # `--token "$(cat tokens.txt)"`: the second line made part of the first id, never valid
-        (["s3cret-1=carol\ns3cret-2=dave"], "token #1 of --token holds a space, line break"),
-        (["s3cret-1=carol", "s3cret-2=dave smith"], "token #2 of --token holds a space"),
-        (["s3cret-1=carol\x1b[2J"], "token #1 of --token holds a space, line break or control"),
+        (["s3cret-1=carol\ns3cret-2=dave"], "token #1 of --token holds a line break"),
+        (["s3cret-1=carol", "s3cret 2=dave"], "token #2 of --token holds a line break"),
+        (["s3cret-1=carol\x1b[2J"], "token #1 of --token holds a line break or control"),
     ],
 )
 def test_serve_refuses_a_token_it_would_misread_without_printing_it(
@@ -78,14 +78,18 @@ def test_serve_keeps_a_base64_secret_s_padding_in_the_secret(
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self.config.app))
     one, two = "c2VjcmV0LTE=", "c2VjcmV0LTIzNA=="  # one and two bytes of padding
     args = ["--token", f"{one}=alice", "--token", f"{two}=bob", "--token", "s3cret=uid=carol"]
+    args += ["--token", "s3cret-4=Jane Doe", "--token", "s3cret-5=Ann\u00a0Lee"]  # ids with spaces
     result = invoke("serve", TARGET, "--store", url, "--port", "0", *args)
     assert result.exit_code == 0, result.output
     auth = served[0].state.signoff.auth
-    found = {t: auth.lookup(t) for t in (one, two, "s3cret", one[:-1], two[:-2])}
+    tried = (one, two, "s3cret", one[:-1], two[:-2], "s3cret-4", "s3cret-5")
+    found = {t: auth.lookup(t) for t in tried}
     assert {t: p.principal_id for t, p in found.items() if p is not None} == {
         one: "alice",
         two: "bob",
         "s3cret": "uid=carol",
+        "s3cret-4": "Jane Doe",
+        "s3cret-5": "Ann\u00a0Lee",
     }
 
 

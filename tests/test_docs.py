@@ -257,8 +257,36 @@ def test_the_chat_transcript_in_the_readme_is_what_chat_prints(tmp_path: Path) -
     printed = re.sub(r"ses_\w+", "ses_", out.stdout)
     assert printed.startswith(re.sub(r"ses_\w+", "ses_", expected)), (expected, printed)
     assert (tmp_path / ".signoff" / "state.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("environ", "args", "runs"),
+    [
+        ({}, [], "examples.support:runtime --as dev:dev"),
+        ({}, ["--session", "ses_1"], "examples.support:runtime --as dev:dev --session ses_1"),
+        ({}, ["--as", "web:alice"], "examples.support:runtime --as web:alice"),
+        ({}, ["--as=web:alice"], "examples.support:runtime --as=web:alice"),
+        ({"SIGNOFF_PRINCIPAL": "web:alice"}, [], "examples.support:runtime"),
+    ],
+)
+def test_scripts_chat_acts_as_the_demo_dashboard_unless_told_otherwise(
+    environ: dict[str, str], args: list[str], runs: str
+) -> None:
+    """`./scripts/chat` adds `--as dev:dev` (the demo dashboard's principal) unless the caller
+    says who they are, by `--as` or `SIGNOFF_PRINCIPAL` (which it overrode)."""
     script = (ROOT / "scripts" / "chat").read_text()
-    assert "as=(--as dev:dev)" in script and 'examples.support:runtime "${as[@]}"' in script
+    assert "./scripts/setup\n" in script and "exec .venv/bin/signoff chat " in script
+    dry = script.replace("./scripts/setup\n", "").replace("exec .venv/bin/signoff chat ", "echo ")
+    env = {k: v for k, v in os.environ.items() if k != "SIGNOFF_PRINCIPAL"} | environ
+    out = subprocess.run(
+        ["bash", "-c", dry, str(ROOT / "scripts" / "chat"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == runs
 
 
 def test_what_scripts_chat_leaves_pending_the_demo_dashboard_answers(

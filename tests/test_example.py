@@ -97,7 +97,12 @@ async def test_an_order_is_refunded_at_most_its_total_in_all(
         )
         r = await rt.send(r.session_id, "refund $15 on order 1043, it broke")
         assert "refunded 15.00" in r.text
-    assert sum(x["amount"] for x in examples.support.REFUNDS) == 45.0
+        # what is left is reckoned in cents: 120.00 - 64.40 leaves 55.60, not 55.5999...
+        r = await rt.send(r.session_id, "refund $64.40 on order 1044, it broke")
+        assert "refunded 64.40" in r.text, r
+        r = await rt.send(r.session_id, "refund $55.60 on order 1044, it broke")
+        assert "refunded 55.60" in r.text, r
+    assert [x["amount"] for x in examples.support.REFUNDS] == [30.0, 15.0, 64.4, 55.6]
 
 
 @pytest.mark.parametrize(

@@ -130,6 +130,24 @@ async def test_signoff_worker_on_sigterm_while_its_app_loads_stops_cleanly(
     assert "Traceback" not in log
 
 
+async def test_a_second_sigterm_while_its_app_loads_stops_it_at_once(tmp_path: Path) -> None:
+    """The first SIGTERM while the app loads is kept for a stop once the worker runs; a second
+    one stops it at once, as it does once running (an import that hangs is not waited for)."""
+    loading = tmp_path / "loading"
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    worker = Worker(url, tmp_path, "loading", tmp_path / "runs.jsonl", delay=0.0, loading=loading)
+    try:
+        await until(lambda: _exists(loading), timeout=30)
+        worker.proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.2)
+        assert worker.proc.poll() is None  # kept: still loading
+        worker.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(worker.proc.wait, 10) == -signal.SIGTERM
+        assert not Path(f"{loading}.go").exists()  # it never went on loading
+    finally:
+        worker.close()
+
+
 async def _exists(path: Path) -> bool:
     return path.exists()
 

@@ -126,7 +126,7 @@ class ToolCalls(CallEnds):
                 if workflow_busy and not tool.workflow:
                     held_back.append((f"{s.model_responses}:{call.id}", verdict))
                     if call.held is None:
-                        unrecorded[call.id] = _held(verdict)
+                        unrecorded[call.id] = _held(verdict, self.max_result_bytes(tool) // 4)
                     continue
                 if turn.steered:
                     # A steering message came while this approval waited to be asked: it is
@@ -467,12 +467,13 @@ def _traced(span: ToolSpan, task: asyncio.Future[Any] | None, bound: int) -> str
     return too_large
 
 
-def _held(verdict: Verdict) -> dict[str, Any]:
-    """An `ask` verdict held back behind a workflow call, as the log records it."""
+def _held(verdict: Verdict, bound: int) -> dict[str, Any]:
+    """An `ask` verdict held back behind a workflow call, as the log records it: its texts cut
+    to `bound` characters, as its request would cut a policy's error of megabytes."""
     return {
-        "reason": verdict.reason,
-        "error": verdict.error,
-        "auto": None if verdict.auto is None else list(verdict.auto),
+        "reason": None if verdict.reason is None else cut(verdict.reason, bound),
+        "error": None if verdict.error is None else cut(verdict.error, bound),
+        "auto": None if verdict.auto is None else [verdict.auto[0], cut(verdict.auto[1], bound)],
     }
 
 

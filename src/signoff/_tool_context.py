@@ -188,6 +188,29 @@ class ToolContext:
                 self._left.setdefault((e["kind"], e["name"], e.get("n")), e)
         self._indexed = len(entries)
 
+    def _as_asked(
+        self,
+        entry: dict[str, Any],
+        options: Any,
+        opts: list[Option],
+        allow_text: bool,
+        refused: UsageError | None,
+    ) -> tuple[list[Option], UsageError | None]:
+        """The options of a question asked before, as it was asked: an older signoff made an
+        option id of 0 or "" from the label, and `str()`-ed any other, where ids are checked
+        now. Those it asked with replay as they were, not as a `ReplayError`."""
+        assert self._journal is not None
+        asked = self._journal.asked(entry["request_id"])
+        if asked is None or (refused is None and _same_choice(asked, (opts, allow_text))):
+            return opts, refused
+        try:
+            older = make_options(options, before_ids_checked=True)
+        except ValueError:
+            return opts, refused
+        if _same_choice(asked, (older, allow_text)):
+            return older, None
+        return opts, refused
+
     def _pass_over(self, kind: str, name: str) -> None:
         """Take as reached an entry an older version of the body recorded next and this one no
         longer makes (a delegate call's `subagent.turn`), so the body's end does not take it
@@ -338,14 +361,19 @@ class ToolContext:
         if not isinstance(allow_text, bool):
             # "no" is true, so it passed the check below, and the request read it as False.
             raise UsageError(f"ctx.ask(): allow_text must be True or False, not {allow_text!r}")
+        refused: UsageError | None = None
         try:
             opts = make_options(options)
         except ValueError as exc:
-            raise UsageError(f"ctx.ask(): {exc}") from None
-        if not opts and not allow_text:
+            refused, opts = UsageError(f"ctx.ask(): {exc}"), []
+        if refused is None and not opts and not allow_text:
             raise UsageError("ctx.ask() without options must allow free text")
         self._outside_steps("ask")
         index, entry = self._next("ask", question)
+        if entry is not None:  # asked before: perhaps by an older signoff, with its option ids
+            opts, refused = self._as_asked(entry, options, opts, allow_text, refused)
+        if refused is not None:
+            raise refused
         journal = self._journal
         assert journal is not None
         if entry is None:

@@ -377,11 +377,13 @@ APPROVAL_OPTIONS = [
 ]
 
 
-def make_options(options: Any) -> list[Option]:
+def make_options(options: Any, *, before_ids_checked: bool = False) -> list[Option]:
     """Options from strings, dicts (`label`, optional `id` and `description`) or `Option`s.
 
     Each needs a label and an id that are not blank: a blank one cannot be picked everywhere. A
     dict's id is text or a whole number (its decimal text); one it lacks comes from its label.
+    `before_ids_checked`: as an older signoff made them (a falsy id came from the label, any
+    other was `str()`-ed), for a question it asked that replays.
     """
     if isinstance(options, (str, bytes, Mapping)):
         raise ValueError(f"options must be a list, not {type(options).__name__}")
@@ -393,7 +395,9 @@ def make_options(options: Any) -> list[Option]:
             out.append(Option(id=raw, label=raw))
         elif isinstance(raw, dict) and isinstance(raw.get("label"), str):
             given = raw.get("id")
-            if isinstance(given, int) and not isinstance(given, bool):
+            if before_ids_checked:  # as a question asked before 2026-12-05 (f79b4a61) was
+                given = str(given) if given else None
+            elif isinstance(given, int) and not isinstance(given, bool):
                 given = str(given)  # `{"id": 0}` is the option "0", not one named for its label
             elif given is not None and not isinstance(given, str):
                 raise ValueError(f"option #{i + 1}'s id must be text, not {type(given).__name__}")

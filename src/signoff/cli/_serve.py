@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import unicodedata
 from typing import Annotated, Any
 
 import typer
@@ -477,12 +478,15 @@ def _token_principals(tokens: list[str]) -> dict[str, Principal]:
                 f"--token takes SECRET=PRINCIPAL_ID, and token #{n} is not one "
                 "(not shown, as it may hold a secret)"
             )
-        if any(c.isspace() or not c.isprintable() for c in item):
+        if any(c.isspace() for c in secret) or any(
+            unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in item
+        ):
             # `--token "$(cat tokens.txt)"`: two lines made one token, the second never valid
+            # (a principal id may hold a space: `s3cret=Jane Doe`)
             raise UsageError(
-                f"token #{n} of --token holds a space, line break or control character "
-                "(not shown, as it may hold a secret): give each token its own --token, or "
-                "list them in SIGNOFF_TOKENS separated by spaces"
+                f"token #{n} of --token holds a line break or control character, or a space "
+                "in its secret (not shown, as it may hold a secret): give each token its own "
+                "--token"
             )
         known = principals.get(secret)
         if known is not None and known.principal_id != who:

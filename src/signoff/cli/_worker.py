@@ -85,6 +85,7 @@ def worker(
     (`StoreGone`) ends it with exit status 1.
     """
     import logging
+    import os
     import signal
 
     with misuse():
@@ -94,7 +95,14 @@ def worker(
     # A SIGTERM while the app is imported, before the loop's handler is set, killed it (exit
     # 143, nothing said): kept, and taken as the first stop once the handlers are set.
     early: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, _frame: early.append(signum))
+
+    def while_loading(signum: int, _frame: object) -> None:
+        if early:  # a second one stops at once, as it does once running
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        early.append(signum)
+
+    signal.signal(signal.SIGTERM, while_loading)
 
     async def go() -> None:
         # inline=False: expired deadlines only make sessions runnable; claims drive them
