@@ -230,6 +230,15 @@ def test_the_channels_example_runs_as_written(
     assert (tmp_path / ".signoff" / "channels.db").exists()
 
 
+def _offline_env() -> dict[str, str]:
+    """A subprocess's environment for the example: this checkout importable, and no provider
+    configured, so it runs its offline demo model, as on a machine with none."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    for name in ("SIGNOFF_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY"):
+        env.pop(name, None)
+    return env
+
+
 def test_the_chat_transcript_in_the_readme_is_what_chat_prints(tmp_path: Path) -> None:
     """The README's `./scripts/chat` session, typed into `signoff chat examples.support:runtime
     --as dev:dev` (what the script runs) in a directory of its own, is what it prints, line for
@@ -239,9 +248,7 @@ def test_the_chat_transcript_in_the_readme_is_what_chat_prints(tmp_path: Path) -
     [transcript] = re.findall(r"```\n\$ \./scripts/chat\n(.*?)```", section("Quick start"), re.S)
     typed = re.findall(r"(?:\? you: |\(y/N\) )(.+)$", transcript, re.M)
     assert typed == ["refund order 1042, it arrived broken", "y"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-    for name in ("SIGNOFF_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY"):
-        env.pop(name, None)  # the example's offline demo model, as on a machine with no provider
+    env = _offline_env()
     env.pop("SIGNOFF_STORE", None)  # the example runtime's own store, as the script uses
     out = subprocess.run(
         [sys.executable, "-m", "signoff", "chat", "examples.support:runtime", "--as", "dev:dev"],
@@ -302,9 +309,7 @@ def test_what_scripts_chat_leaves_pending_the_demo_dashboard_answers(
 
     from .test_server_common import running
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-    for name in ("SIGNOFF_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY"):
-        env.pop(name, None)
+    env = _offline_env()
     store = f"sqlite:///{tmp_path / 'state.db'}"
     out = subprocess.run(
         [sys.executable, "-m", "signoff", "chat", "examples.support:runtime"]

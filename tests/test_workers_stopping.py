@@ -114,11 +114,8 @@ async def test_signoff_worker_on_sigterm_while_its_app_loads_stops_cleanly(
 ) -> None:
     """A SIGTERM while the worker imported its app, before the loop's handler was set, killed
     it (exit 143, nothing logged). It is taken as the stop it asks for: exit 0, said."""
-    loading = tmp_path / "loading"
-    url = f"sqlite:///{tmp_path / 'state.db'}"
-    worker = Worker(url, tmp_path, "loading", tmp_path / "runs.jsonl", delay=0.0, loading=loading)
+    worker, loading = await _loading(tmp_path)
     try:
-        await until(lambda: _exists(loading), timeout=30)
         worker.proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.2)
         Path(f"{loading}.go").touch()
@@ -133,11 +130,8 @@ async def test_signoff_worker_on_sigterm_while_its_app_loads_stops_cleanly(
 async def test_a_second_sigterm_while_its_app_loads_stops_it_at_once(tmp_path: Path) -> None:
     """The first SIGTERM while the app loads is kept for a stop once the worker runs; a second
     one stops it at once, as it does once running (an import that hangs is not waited for)."""
-    loading = tmp_path / "loading"
-    url = f"sqlite:///{tmp_path / 'state.db'}"
-    worker = Worker(url, tmp_path, "loading", tmp_path / "runs.jsonl", delay=0.0, loading=loading)
+    worker, loading = await _loading(tmp_path)
     try:
-        await until(lambda: _exists(loading), timeout=30)
         worker.proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.2)
         assert worker.proc.poll() is None  # kept: still loading
@@ -146,6 +140,20 @@ async def test_a_second_sigterm_while_its_app_loads_stops_it_at_once(tmp_path: P
         assert not Path(f"{loading}.go").exists()  # it never went on loading
     finally:
         worker.close()
+
+
+async def _loading(tmp_path: Path) -> tuple[Worker, Path]:
+    """A `signoff worker` whose app is loading (it waits for the file `loading.go`), and the
+    file `loading` it wrote when it began."""
+    loading = tmp_path / "loading"
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    worker = Worker(url, tmp_path, "loading", tmp_path / "runs.jsonl", delay=0.0, loading=loading)
+    try:
+        await until(lambda: _exists(loading), timeout=30)
+    except BaseException:
+        worker.close()
+        raise
+    return worker, loading
 
 
 async def _exists(path: Path) -> bool:
