@@ -127,3 +127,43 @@ def test_a_second_ctrl_c_stops_a_worker_held_in_a_locked_sqlite_store_at_once(
     assert took < 10, took
     assert "Traceback" not in rest
     assert rest.endswith("what this command was writing is not recorded\n"), rest
+
+
+def test_ctrl_c_while_an_upgrade_waits_on_a_locked_file_ends_it_at_once_unwritten(
+    tmp_path: Path,
+) -> None:
+    """An upgrade waits for the file's lock inside SQLite, in a thread: the Ctrl-C printed
+    "interrupted" only once the other process let go (up to 30 s), and the upgrade committed
+    after all, locking out the older processes. It ends at once, the file as it was."""
+    fixture = ROOT / "tests" / "fixtures" / "upgrade" / "sqlite-c6a7afd.db"
+    db = tmp_path / "state.db"
+    db.write_bytes(fixture.read_bytes())
+    before = db.read_bytes()
+    url = f"sqlite:///{db}"
+    argv = [sys.executable, "-m", "signoff", "db", "upgrade", "--store", url]
+    with _write_locked(url):
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
+        )
+        try:
+            time.sleep(3)  # its upgrade waits on the lock
+            pressed = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+            took = time.monotonic() - pressed
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 130, err
+    assert took < 10, took
+    assert out == "" and "Traceback" not in err
+    assert err.endswith("what this command was writing is not recorded\n"), err
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == ("3",)
+    assert db.read_bytes() == before

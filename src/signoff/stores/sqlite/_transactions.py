@@ -74,9 +74,17 @@ def immediate(conn: sqlite3.Connection, check: Callable[[], None], path: str) ->
     SQLite itself (a full disk, a damaged file) is a `StoreError` naming the file at `path`; a
     constraint violation is left to the caller, which knows what it means. Inside `serialised`,
     a lock held elsewhere is `Contended` (the call waits for it on the event loop); elsewhere
-    (a store's set-up as it opens) SQLite waits for it the busy timeout."""
+    (a store's set-up as it opens) SQLite waits for it the busy timeout, in a thread: that wait
+    counts as one for `waiting_for_lock`, so a Ctrl-C then ends the command at once, the
+    transaction never begun (an upgrade interrupted so committed once the lock was free)."""
     try:
-        _begin(conn)
+        waiting = object() if _WAITS_OUTSIDE.get() is None else None
+        if waiting is not None:
+            _LOCK_WAITS.add(waiting)
+        try:
+            _begin(conn)
+        finally:
+            _LOCK_WAITS.discard(waiting)
         try:
             check()
             yield
