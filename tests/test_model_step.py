@@ -396,3 +396,28 @@ async def test_a_drive_cancelled_as_it_starts_the_model_call_leaves_no_coroutine
         gc.collect()
     assert started == []
     assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
+
+
+class _CachedUsage(so.Usage):
+    """A model's own usage type, with a field of its own."""
+
+    cached_tokens: int = 0
+
+
+async def test_a_models_own_usage_type_is_recorded_as_a_plain_usage(tmp_path: Path) -> None:
+    # Recorded with its own field, it could not be read back: the session stayed running.
+    mine = _CachedUsage(input_tokens=10, output_tokens=3, cost_usd=0.5, cached_tokens=8)
+    model = so.models.Scripted([so.ModelError("refused", usage=mine)])
+    agent = so.Agent(name="a", model=model, tools=[refund])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("a", prompt="hi")
+        assert (r.status, r.retryable) == ("failed", True)
+        model.steps = [so.ModelResponse(text="hello", usage=mine)]
+        r = await rt.generate(session_id=r.session_id)
+        assert (r.status, r.text, r.error) == ("completed", "hello", None)
+        log = [e async for e in rt.events(r.session_id, follow=False)]
+        usages = [e.data["usage"] for e in log if e.type in ("turn.failed", "model.completed")]
+        plain = {"input_tokens": 10, "output_tokens": 3, "cost_usd": 0.5}
+        assert usages == [plain, plain]
+        state = await rt.state(r.session_id)
+        assert (state.status, state.usage) == ("idle", so.Usage(**plain) + so.Usage(**plain))

@@ -420,3 +420,29 @@ async def test_a_refusal_tells_apart_two_names_that_differ_only_in_type(tmp_path
         assert "asked by app:signoff:app (runtime); app:signoff:app (user) may not" in str(
             refused.value
         )
+
+
+class Staff(so.Principal):
+    """An app's own principal type, with a field of its own."""
+
+    team: str = "support"
+
+
+async def test_an_apps_own_principal_type_is_recorded_as_a_plain_principal(
+    tmp_path: Path,
+) -> None:
+    # Recorded with its own field, it could not be read back: the approved call never ran and
+    # each resume failed; a turn it started failed as a store error.
+    log = ExecutionLog()
+    agent, _ = identity_agent(log, run_as="approver")
+    carol = Staff(authenticator="slack", issuer="T01", principal_id="carol", team="ops")
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("ops", prompt="deploy api", auth=carol)
+        r = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=r.pending[0].id, option_id="approve")],
+            principal=Staff(**dict(BOB)),
+        )
+        assert r.status == "completed"
+        assert [e.principal_id for e in log.executions] == ["bob", "carol"]
+        assert "team" not in str([e.data async for e in rt.events(r.session_id, follow=False)])

@@ -238,15 +238,20 @@ def check_principal(value: object, name: str) -> Principal | None:
     """Who acts (`auth`, `principal`) is a `so.Principal` or None, its attributes plain JSON:
     a name or a dict failed only where it was recorded, with an `AttributeError`, attributes
     JSON cannot hold with a bare TypeError or ValueError (and NaN was recorded), attributes
-    nested deeper than `MAX_DEPTH` levels failed each request the turn opened. Returns it
-    with its attributes as JSON gives them back, as a resumed run reads them (a tuple as a
-    list, an IntEnum as an int)."""
+    nested deeper than `MAX_DEPTH` levels failed each request the turn opened. Returns it as a
+    plain `Principal` (an app's subclass loses its own fields: what a policy needs goes in
+    `attributes`), its attributes as JSON gives them back, as a resumed run reads them (a tuple
+    as a list, an IntEnum as an int)."""
     if value is None:
         return None
     if not isinstance(value, Principal):
         raise UsageError(f"{name} must be a so.Principal, not {type(value).__name__}")
     try:
-        value = type(value).model_validate(unchecked(value))  # a subclass of it kept
+        value = type(value).model_validate(unchecked(value))  # an app's subclass checks itself
+        if type(value) is not Principal:
+            # Recorded as what every reader reads back: a subclass's own fields were recorded
+            # too, and each read of them failed (the session stuck running, an answer lost).
+            value = Principal.model_validate({f: getattr(value, f) for f in Principal.model_fields})
     except ValidationError as exc:
         raise UsageError(f"{name} is not a valid so.Principal: {_first_problems(exc)}") from None
     problem = blank_identity(value)

@@ -30,6 +30,7 @@ from ._types import (
     ToolResultMessage,
     Usage,
     billable,
+    plain_usage,
     reported_usage,
     usage_fields,
     usage_too_large,
@@ -206,7 +207,7 @@ class ModelStep(DriverPart):
         data: dict[str, Any] = {
             "text": response.text,
             "tool_calls": calls,
-            "usage": response.usage.model_dump(),
+            "usage": plain_usage(response.usage).model_dump(),
         }
         if response.cut_off is not None:  # a partial answer says so
             data["cut_off"] = response.cut_off

@@ -12,7 +12,7 @@ from ._exceptions import ModelError
 from ._recording import DriverPart
 from ._state_parts import TurnState, kept_usage
 from ._sync import to_end
-from ._types import Usage, billable
+from ._types import Usage, billable, plain_usage
 from .models import PausedPart
 
 __all__ = ["journal_pauses", "paused_parts"]
@@ -33,7 +33,7 @@ def journal_pauses(
         data = {
             "model": part.model,
             "data": part.data,
-            "usage": usage.model_dump(),
+            "usage": plain_usage(usage).model_dump(),
             "read_through": read_through,
         }
         try:

@@ -40,6 +40,7 @@ __all__ = [
     "MAX_REPLY_COST_USD",
     "MAX_REPLY_TOKENS",
     "billable",
+    "plain_usage",
     "reported_usage",
     "usage_fields",
     "usage_too_large",
@@ -123,11 +124,23 @@ def reported_usage(usage: Usage) -> ReportedUsage:
     )
 
 
+def plain_usage(usage: Usage) -> Usage:
+    """`usage` as a `Usage` (or `ReportedUsage`) itself, as the log records it and reads it back:
+    a model's own subclass of it, with fields of its own, was recorded whole and could not be
+    read again, which left its session running for good."""
+    kind = ReportedUsage if isinstance(usage, ReportedUsage) else Usage
+    if type(usage) is kind:
+        return usage
+    return kind(
+        input_tokens=usage.input_tokens, output_tokens=usage.output_tokens, cost_usd=usage.cost_usd
+    )
+
+
 def usage_fields(usage: Usage) -> dict[str, Any]:
     """An event's `usage`, with `cost_reported` beside it when its cost is the provider's figure
     (as `model.completed` has it)."""
     reported = {"cost_reported": True} if isinstance(usage, ReportedUsage) else {}
-    return {"usage": usage.model_dump(), **reported}
+    return {"usage": plain_usage(usage).model_dump(), **reported}
 
 
 MAX_REPLY_TOKENS = 2**53 - 1
@@ -164,7 +177,7 @@ def billable(usage: object) -> Usage | None:
     cost = usage.cost_usd
     if type(cost) not in (int, float) or not (math.isfinite(cost) and cost >= 0):
         return None
-    return None if usage_too_large(usage) else usage
+    return None if usage_too_large(usage) else plain_usage(usage)
 
 
 class ToolCall(_Model):
