@@ -168,6 +168,55 @@ async def test_a_question_asked_after_a_steering_message_is_withdrawn_at_once(
         assert await rt.pending(session_id=sid) == []
 
 
+async def test_an_approval_a_tool_asks_for_after_a_steering_message_is_ignored_at_once(
+    tmp_path: Path,
+) -> None:
+    """As a question is withdrawn: the message came while the body ran, so the approval its
+    body then asks for (`ctx.request_approval`) is never opened; the model reads the message
+    at once rather than after someone approves what the user just called off."""
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    @so.tool
+    async def wire(ctx: so.ToolContext, to: str) -> str:
+        """Wire money, once approved."""
+        entered.set()
+        await asyncio.wait_for(release.wait(), timeout=10)
+        ctx.request_approval({"to": to})
+
+    seen = Capture(reply("Okay, not wiring."))
+    agent = scripted_agent("bank", [call_tools(call("wire", to="acme")), seen], tools=[wire])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = await rt.create_session("bank", auth=ALICE)
+        running = asyncio.create_task(rt.generate(session_id=sid, prompt="wire", auth=ALICE))
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        steering = asyncio.create_task(
+            rt.send(sid, "no wait, don't wire anything", principal=ALICE)
+        )
+        for _ in range(1000):  # until the message is recorded (10 s, however busy the machine)
+            if "turn.message no wait, don't wire anything" in timeline(await events(rt, sid)):
+                break
+            await asyncio.sleep(0.01)
+        release.set()
+        r = await asyncio.wait_for(running, timeout=10)
+        await asyncio.wait_for(steering, timeout=10)
+        assert (r.status, r.pending, r.text) == ("completed", [], "Okay, not wiring.")
+        assert timeline(await events(rt, sid))[1:] == [
+            "turn.started",
+            "model.completed",
+            "tool.started wire",
+            "turn.message no wait, don't wire anything",
+            "tool.completed wire denied",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+        [result] = [m.content for m in tool_results(seen.last)]
+        assert isinstance(result, dict) and result["outcome"] == "ignored"
+        assert texts(seen.last)[-1] == ("user", "no wait, don't wire anything")
+        assert await rt.pending(session_id=sid) == []
+
+
 async def test_steering_a_workflow_call_also_ignores_the_approval_waiting_behind_it(
     tmp_path: Path,
 ) -> None:

@@ -351,13 +351,20 @@ class CallJournal:
         raise QuestionWithdrawn("", "cancelled")
 
     def ending(
-        self, specs: Sequence[EventSpec], new_requests: Sequence[InputRequest] = ()
+        self,
+        specs: Sequence[EventSpec],
+        new_requests: Sequence[InputRequest] = (),
+        steered: Sequence[EventSpec] | None = None,
     ) -> Callable[[SessionState], Batch]:
         """`specs` that end the call, first withdrawing any question its body left open: a
-        gather branch that asked as its sibling failed leaves one nobody waits for."""
+        gather branch that asked as its sibling failed leaves one nobody waits for. `steered`
+        ends it instead when a message steered the turn meanwhile (an approval it asked for is
+        then never opened)."""
         self.closed.set()
 
         def batch(state: SessionState) -> Batch:
+            if steered is not None and state.turn is not None and state.turn.steered:
+                return self.ending(steered)(state)
             reason = "the tool call ended before the question was answered"
             left = [
                 r
