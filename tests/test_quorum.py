@@ -128,6 +128,24 @@ async def test_two_distinct_approvers_are_needed(tmp_path: Path) -> None:
         assert await rt.pending(session_id=sid) == []
 
 
+async def test_a_votes_reason_and_value_are_recorded_with_it(tmp_path: Path) -> None:
+    # Without a response policy (whose pending candidate records the answer), a counted vote
+    # recorded only who voted: the first approver's reason was accepted and lost, audit too.
+    log = ExecutionLog()
+    policy = so.always(approvers=2, exclude_requester=True)
+    async with sqlite_runtime(tmp_path, deploy_agent(log, policy)) as rt:
+        sid, req, head = await asked(rt)
+        why = so.InputResponse(
+            request_id=req.id, option_id="approve", text="invoice 7 checked", value={"t": 9}
+        )
+        r = await rt.respond(sid, [why], principal=BOB)
+        assert r.outcomes[0].outcome == "counted"
+        [counted] = [e.data for e in await events_of(rt, sid, head) if e.data.get("votes")]
+        assert (counted["text"], counted["value"]) == ("invoice 7 checked", {"t": 9})
+        trail = [e.data for e in await rt.audit(sid)]
+        assert any(d.get("text") == "invoice 7 checked" for d in trail)
+
+
 async def test_one_cancel_denies(tmp_path: Path) -> None:
     log = ExecutionLog()
     seen = Capture(reply("not deployed"))

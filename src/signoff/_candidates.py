@@ -397,6 +397,12 @@ class Candidates(SessionRunner):
                         "votes": len(votes),
                         "needed": current.approvers,
                     }
+                    if not evaluated:  # else its pending candidate recorded the answer
+                        counted.update(
+                            text=reply.text,
+                            value=wanted["value"],
+                            edited_input=reply.edited_input,
+                        )
                     return Batch(
                         specs=[("approval.candidate", counted), _waiting(st)],
                         updated_requests=[progressed],
