@@ -78,6 +78,44 @@ async def test_anvil_request_approval_approved(tmp_path: Path, raise_directly: b
         assert result.content["by"]["principal_id"] == "alice@example.com"
 
 
+async def test_a_decision_on_a_tools_own_approval_is_its_result_value_and_all(
+    tmp_path: Path,
+) -> None:
+    """The value is the call's result: another value again is another answer (it was a
+    no-op), and the model reads who decided without their sign-in attributes."""
+    log = ExecutionLog()
+    seen = Capture(reply("Refund approved and issued."))
+    agent = scripted_agent(
+        "anvil",
+        [call_tools(call("issue_refund", order_id="order-99", amount=42.5)), seen],
+        tools=[anvil_refund(log)],
+    )
+    reviewer = so.Principal(
+        authenticator="sso", principal_id="alice", attributes={"email": "alice@corp.example"}
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("anvil", prompt="refund order-99", auth=reviewer)
+        (req,) = r.pending
+
+        def approve(value: object) -> list[so.InputResponse]:
+            return [so.InputResponse(request_id=req.id, option_id="approve", value=value)]
+
+        await rt.respond(r.session_id, approve({"ref": "A"}), principal=reviewer, resume=False)
+        before = await store_contents(rt.store, r.session_id)
+        with pytest.raises(so.ConflictingAnswer, match="this answer has another value"):
+            await rt.respond(r.session_id, approve({"ref": "B"}), principal=reviewer)
+        with pytest.raises(so.ConflictingAnswer, match="this answer has another value"):
+            await rt.respond(r.session_id, approve(None), principal=reviewer)
+        assert await store_contents(rt.store, r.session_id) == before
+        again = await rt.respond(r.session_id, approve({"ref": "A"}), principal=reviewer)
+        assert again.status == "completed" and not again.outcomes[0].applied
+        (result,) = tool_results(seen.last)
+        assert result.content["value"] == {"ref": "A"}
+        assert result.content["by"]["principal_id"] == "alice"
+        assert "attributes" not in result.content["by"]
+        assert "corp.example" not in str(seen.last)
+
+
 async def test_anvil_request_approval_rejected(tmp_path: Path) -> None:
     log = ExecutionLog()
     seen = Capture(reply("The refund was rejected: amount exceeds policy limit."))

@@ -387,6 +387,8 @@ def repeat(
         raise RequestClosed(f"request {rid} is {status}{how}; it takes no answers", [rid])
     if request.kind == "tool-approval":  # an approval of other edited input approves another call
         same = same_json(first.get("edited_input"), wanted.get("edited_input"))
+        if request.source == "tool":  # its decision's value is the call's result
+            same = same and same_json(first.get("value"), wanted.get("value"))
     else:
         same = same_json(first.get("answer"), wanted.get("answer"))
     same = same and first.get("outcome") == wanted["outcome"]
@@ -398,7 +400,10 @@ def repeat(
 
         says = f"says {shown(wanted['outcome'])}"
         if first.get("outcome") == wanted["outcome"]:
-            says = "has other edited input" if request.kind == "tool-approval" else "differs"
+            says = "differs"
+            if request.kind == "tool-approval":
+                edited = same_json(first.get("edited_input"), wanted.get("edited_input"))
+                says = "has another value" if edited else "has other edited input"
         raise ConflictingAnswer(
             f"request {rid} was already settled as {shown(first.get('outcome'))}; "
             f"this answer {says}",

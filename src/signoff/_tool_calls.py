@@ -271,6 +271,11 @@ class ToolCalls(CallEnds):
             return
         if call.status == "decided":
             decided = self._cut(call, call.decision or {"approved": False})
+            by = decided.get("by")
+            if isinstance(by, dict) and "attributes" in by:
+                # Who decided, without the attributes they signed in with (as `ctx.ask` gives
+                # its responder): those are the identity provider's, not the model's to read.
+                decided = {**decided, "by": {k: v for k, v in by.items() if k != "attributes"}}
             await self.record([tool_result(call, "decided", decided)])
             return
         tool = self.agent.tools.get(call.tool_name)
