@@ -355,6 +355,47 @@ async def test_an_edit_the_tools_approval_policy_would_deny_is_refused(tmp_path:
         ]
 
 
+class _NoBigRefunds(so.Guardrail):
+    """Denies a refund over 1000, giving no reason."""
+
+    async def decide(self, ctx: so.ApprovalContext) -> so.Verdict | None:
+        return so.Verdict("deny") if ctx.tool_input.amount > 1000 else None
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["policy", "guardrail"])
+async def test_an_edit_denied_without_a_reason_names_no_reason(
+    tmp_path: Path, guarded: bool
+) -> None:
+    # It said "... approval policy denies the edited input: None", a guardrail's denial too.
+    def no_big_refunds(ctx: so.ApprovalContext) -> Any:
+        return "denied" if ctx.tool_input.amount > 1000 else "user-approval"
+
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always() if guarded else no_big_refunds)
+    async def refund_charge(charge_id: str, amount: float) -> str:
+        """Refund a charge."""
+        return "refunded"
+
+    agent = scripted_agent(
+        "support",
+        [call_tools(call("refund_charge", charge_id="c", amount=5)), reply("x")],
+        tools=[refund_charge],
+        guardrails=[_NoBigRefunds()] if guarded else [],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support", prompt="refund")
+        (req,) = r.pending
+        edit = {"charge_id": "c", "amount": 5000}
+        answer = so.InputResponse(request_id=req.id, option_id="approve", edited_input=edit)
+        with pytest.raises(so.InvalidAnswer) as info:
+            await rt.respond(r.session_id, [answer])
+        whose = "approval policy or a guardrail" if guarded else "approval policy"
+        said = f"request {req.id}: refund_charge's {whose} denies the edited input"
+        assert str(info.value) == said
+        assert log.count() == 0
+
+
 async def test_a_question_takes_no_edited_input(tmp_path: Path) -> None:
     agent = scripted_agent(
         "support",

@@ -426,9 +426,11 @@ class Answering(Candidates):
         # Only a denial refuses the edit: a caution asks a person, and the approver is one.
         verdict = await driver.verdict(tool, ctx)
         if verdict.action == "deny":
+            whose = " or a guardrail" if driver.agent.guardrails else ""
+            why = f": {verdict.reason}" if verdict.reason else ""
             raise InvalidAnswer(
-                f"request {request.id}: {tool.name}'s approval policy denies the edited input: "
-                f"{verdict.reason}",
+                f"request {request.id}: {tool.name}'s approval policy{whose} denies the edited "
+                f"input{why}",
                 [request.id],
             )
         return verdict
