@@ -353,6 +353,27 @@ def test_a_hub_refuses_seconds_that_are_not_finite(
         ChannelHub(rt, [], **setting)
 
 
+def test_a_hub_refuses_a_runtime_channels_or_state_of_the_wrong_kind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each was a raw AttributeError or TypeError, and a number for `state` made files named
+    after it in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/s.db")
+    texts = Texts()
+    with pytest.raises(so.UsageError, match="takes a so.Runtime, not None"):
+        ChannelHub(None, [])  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="takes a list of channels"):
+        ChannelHub(rt, texts)  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="takes a list of channels, not None"):
+        ChannelHub(rt, None)  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="state must be a ChannelState or a file path"):
+        ChannelHub(rt, [], state=42)  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="holds a NUL"):
+        ChannelHub(rt, [], state=f"{tmp_path}/hub\x00.db")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("attempts", [0, 2.5, float("nan"), True, "3"])
 def test_a_hub_refuses_max_attempts_that_is_not_a_whole_number_from_1(
     tmp_path: Path, attempts: Any

@@ -95,6 +95,25 @@ async def test_a_session_id_or_filter_holding_a_lone_surrogate_is_refused_withou
     assert canned.seen == []
 
 
+async def test_a_session_id_or_filter_too_long_for_a_url_is_refused_without_a_call(
+    canned: Canned,
+) -> None:
+    """As `Runtime` answers them (no session has such an id); each was a raw
+    `httpx.InvalidURL`, the URL too long."""
+    long = "x" * 70_000
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.UnknownSession):
+            await c.state("ses_" + long)
+        with pytest.raises(so.UsageError, match="URL is unusable"):
+            await c.pending(kind=long)  # type: ignore[arg-type]
+        with pytest.raises(so.UsageError, match="URL is unusable"):
+            await c.sessions(status=long)  # type: ignore[arg-type]
+    with Client(canned.base) as blocking:
+        with pytest.raises(so.UsageError, match="URL is unusable"):
+            blocking.pending(agent=long)
+    assert canned.seen == []
+
+
 @pytest.mark.parametrize("base", ["http://signoff.test:8000", "http://signoff.test:8000/"])
 async def test_a_server_that_cannot_be_reached_is_named_by_the_url_called(base: str) -> None:
     """The URL was the base and the path run together (`http://signoff.test:8000v1/sessions`)

@@ -452,6 +452,9 @@ async def test_default_store_is_dot_signoff(
         ("sqlite:////tmp/s.db#x", so.StoreError, "no query"),
         ("sqlite:///~/state.db", so.StoreError, "'~', which names a folder"),
         ("sqlite:///~", so.StoreError, "'~', which names a folder"),
+        # A raw ValueError / UnicodeEncodeError at the first call, the URL accepted.
+        ("sqlite:///state\x00.db", so.StoreError, "a NUL or lone surrogate"),
+        ("sqlite:///state\ud800.db", so.StoreError, "a NUL or lone surrogate"),
         ("mysql://localhost/db", so.UsageError, "unknown store URL"),
         ("state.db", so.UsageError, "unknown store URL"),
         ("sqlite:state.db", so.UsageError, "unknown store URL"),

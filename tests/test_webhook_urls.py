@@ -33,6 +33,13 @@ def test_a_url_that_is_not_text_is_a_usage_error(url: object) -> None:
         WebhookChannel([url], SECRET)  # type: ignore[list-item]
 
 
+@pytest.mark.parametrize("urls", [None, 123])
+def test_urls_that_are_no_url_nor_list_are_a_usage_error(urls: object) -> None:
+    # A raw TypeError ('NoneType' object is not iterable).
+    with pytest.raises(so.UsageError, match="takes a URL or a list of URLs, not"):
+        WebhookChannel(urls, SECRET)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     "url",
     [

@@ -70,13 +70,24 @@ DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
 over a page of 500 sessions or requests, or a long session's state."""
 
 
+_MAX_SESSION_ID = 1000
+"""The longest session id the client sends: signoff's are 24 characters, and one of 70,000 was
+a raw `httpx.InvalidURL` (the URL too long) where `Runtime` says `UnknownSession`."""
+
+
 def _session_path(session_id: str, tail: str = "") -> str:
     """The path of a session's resource, its id quoted as one segment: a `?`, `#`, `/` or `..`
     in an id must not reach another session (no session has such an id)."""
     if not isinstance(session_id, str):  # as `Runtime` says it (a bare TypeError here)
         raise errors.UsageError(f"session_id must be text, not {type(session_id).__name__}")
-    if not session_id or "/" in session_id or session_id in (".", "..") or not is_utf8(session_id):
-        raise errors.UnknownSession(session_id)  # a lone surrogate: no URL can hold one either
+    if (
+        not session_id
+        or "/" in session_id
+        or session_id in (".", "..")
+        or not is_utf8(session_id)  # a lone surrogate: no URL can hold one either
+        or len(session_id) > _MAX_SESSION_ID
+    ):
+        raise errors.UnknownSession(session_id)
     return f"/v1/sessions/{quote(session_id, safe='')}{tail}"
 
 
@@ -235,6 +246,10 @@ class AsyncClient:
             raise wire.transport_error(exc, self._url(path)) from exc
         except ReplyTooLarge as exc:
             raise too_large(exc) from None
+        except httpx.InvalidURL as exc:  # a filter of 70,000 characters: no URL holds it
+            raise errors.UsageError(
+                f"the request cannot be sent: its URL is unusable ({exc})"
+            ) from None
         wire.raise_for(response)
         try:
             data = response.json()

@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -123,6 +124,16 @@ class ChannelHub(Standby):
         clock: Callable[[], float] | None = None,
         claim_ttl: float = 30.0,
     ) -> None:
+        if not hasattr(runtime, "now") or not hasattr(runtime, "store"):
+            # Else an AttributeError deep in the constructor (None) or at the first tick.
+            raise UsageError(f"a ChannelHub takes a so.Runtime, not {runtime!r}")
+        if isinstance(channels, Channel) or not isinstance(channels, Iterable):
+            raise UsageError(f"a ChannelHub takes a list of channels, not {channels!r}")
+        if not (state is None or isinstance(state, ChannelState | str | os.PathLike)):
+            # A number was taken for a file name, made in the working directory.
+            raise UsageError(f"state must be a ChannelState or a file path, not {state!r}")
+        if isinstance(state, str | os.PathLike) and "\x00" in os.fspath(state):
+            raise UsageError(f"the state file's path holds a NUL: {state!r}")
         channels = list(channels)
         for ch in channels:
             if not isinstance(ch, Channel):

@@ -18,6 +18,8 @@ def checked_urls(urls: str | Sequence[str]) -> list[str]:
     and a host are case-insensitive (RFC 3986 3.1, 3.2.2) and a scheme's own port is no other,
     so `HTTPS://Example.com:443/x` and `https://example.com/x` are one URL."""
     httpx = httpx_module()  # fail at configuration time, with the install hint
+    if not isinstance(urls, str | Sequence):
+        raise UsageError(f"WebhookChannel takes a URL or a list of URLs, not {urls!r}")
     given = [_lowercase_scheme(url) for url in ([urls] if isinstance(urls, str) else urls)]
     if not given:
         raise UsageError("WebhookChannel needs at least one URL")

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from ..._exceptions import SchemaVersionError, StoreError, StoreGone
 from ..._settings import flag, seconds
+from ..._text import is_utf8
 from .._base import FaultHook, older_schema
 from .._codec import PerSession, Previous, Tails
 from ._files import beside, open_access, unopenable
@@ -55,6 +56,10 @@ def _path_from_url(url: str) -> str:
     path = rest[1:]
     if not path:
         raise StoreError(f"SQLite URL names no file: {url!r}")
+    if "\x00" in path or not is_utf8(path):  # else a raw ValueError at the first call
+        raise StoreError(
+            f"SQLite URL names no file a path can hold (a NUL or lone surrogate): {url!r}"
+        )
     if path == "~" or path.startswith("~/"):  # nothing expands it in a URL, not even a shell
         home = os.path.expanduser(path)  # what was meant, to name in the message
         meant = "sqlite:////full/path.db"
