@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 import signoff as so
+from signoff import _mirrors
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent, store_contents
 from tests._server_api import in_process
 from tests._subagents import Counted, refund_agents
@@ -295,4 +298,151 @@ async def test_a_keyed_vote_for_a_subagents_quorum_repeated_over_http_says_repla
         assert again.status_code == 200 and again.json()["replayed"] is True, again.json()
         assert again.json()["pending"] == first["pending"] and ran == []
         assert [await store_contents(rt.store, s) for s in (sid, child)] == before
+        assert await rt.verify_audit() == []
+
+
+def _counted_parent(child: so.Agent, after: Counted) -> list[so.Agent]:
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund 1042")), after],
+        tools=[so.delegate("billing", description="Billing specialist.")],
+        repeat_last=True,
+    )
+    return [parent, child]
+
+
+async def _both(rt: so.Runtime, parent: str, child: str) -> list[Any]:
+    return [await store_contents(rt.store, s) for s in (parent, child)]
+
+
+async def test_a_keyed_vote_through_a_subagents_mirror_is_one_call_in_both_sessions(
+    store_url: str,
+) -> None:
+    """A keyed message's vote on a subagent's quorum, counted through the parent's mirror, was
+    recorded in the child only: the same key with another message ("deny") was taken as a new
+    call and denied the request. It is `IdempotencyKeyReused` naming the parent, where it was
+    sent, and nothing is stored; the same key sent to the child is the same call there."""
+    ran: list[str] = []
+    agents = _counted_parent(refunding(so.always(approvers=2), ran), Counted("Done."))
+    async with so.Runtime(agents, store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        first = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert first.status == "waiting" and first.pending[0].approved_by == ["bob"]
+        child = first.pending[0].child
+        assert child is not None
+        before = await _both(rt, r.session_id, child.session_id)
+        with pytest.raises(so.IdempotencyKeyReused) as caught:
+            await rt.send(r.session_id, "deny", principal=BOB, idempotency_key="k")
+        assert caught.value.session_id == r.session_id
+        again = await rt.send(child.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert again.replayed and again.status == "waiting"
+        with pytest.raises(so.IdempotencyKeyReused) as caught:
+            await rt.send(child.session_id, "deny", principal=BOB, idempotency_key="k")
+        assert caught.value.session_id == child.session_id
+        assert await _both(rt, r.session_id, child.session_id) == before and ran == []
+        done = await rt.send(r.session_id, "approve", principal=CAROL)
+        assert (done.status, ran) == ("completed", ["1042"])
+        assert await rt.verify_audit() == []
+
+
+@pytest.mark.parametrize("end", ["quorum", "cancel"])
+async def test_a_keyed_vote_through_a_subagents_mirror_retried_after_its_turn_is_replayed(
+    store_url: str, end: str
+) -> None:
+    """A keyed vote through a subagent's mirror, sent again with its key after the quorum was
+    made (or the parent cancelled): the parent had no record of it, so the retry started a new
+    turn with "approve" as its prompt and ran the model again. It is `replayed`, answers with
+    the turn the vote went to, and stores nothing."""
+    ran: list[str] = []
+    after = Counted("Done.")
+    agents = _counted_parent(refunding(so.always(approvers=2), ran), after)
+    async with so.Runtime(agents, store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        first = await rt.send(r.session_id, "approve", principal=ALICE, idempotency_key="k")
+        assert first.outcomes[0].outcome == "counted" and first.outcomes[0].applied
+        if end == "quorum":
+            done = await rt.send(r.session_id, "approve", principal=BOB)
+            assert (done.status, ran, after.calls) == ("completed", ["1042"], 1)
+        else:
+            await rt.cancel(r.session_id, principal=ALICE)
+        child = first.pending[0].child
+        assert child is not None
+        before = await _both(rt, r.session_id, child.session_id)
+        calls = after.calls
+        again = await rt.send(r.session_id, "approve", principal=ALICE, idempotency_key="k")
+        status = "completed" if end == "quorum" else "cancelled"
+        assert again.replayed and (again.turn_id, again.status) == (r.turn_id, status)
+        assert await _both(rt, r.session_id, child.session_id) == before
+        assert after.calls == calls and await messages(rt, r.session_id) == ["refund 1042"]
+        assert await rt.verify_audit() == []
+
+
+async def test_a_keyed_vote_through_a_mirror_whose_parent_record_was_lost_stays_one_call(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process killed between the child's commit of a keyed vote and the parent's record of
+    its key: the parent holds no key. Sent again with another message, the message is refused
+    (the child holds the key); with the same message it is a repeat, and the parent records the
+    key then, so a retry after the quorum is made is still one."""
+    ran: list[str] = []
+    after = Counted("Done.")
+    agents = _counted_parent(refunding(so.always(approvers=2), ran), after)
+    async with so.Runtime(agents, store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        with monkeypatch.context() as m:
+
+            async def killed(*args: Any) -> None:
+                return None  # the process died before the parent's commit
+
+            m.setattr(_mirrors, "keep_vote_key", killed, raising=False)
+            first = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert first.status == "waiting" and first.pending[0].approved_by == ["bob"]
+        child = first.pending[0].child
+        assert child is not None
+        before = await _both(rt, r.session_id, child.session_id)
+        with pytest.raises(so.IdempotencyKeyReused) as caught:
+            await rt.send(r.session_id, "deny", principal=BOB, idempotency_key="k")
+        assert caught.value.session_id == r.session_id
+        assert await _both(rt, r.session_id, child.session_id) == before
+        again = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert again.replayed and again.status == "waiting" and ran == []
+        assert again.pending[0].approved_by == ["bob"]
+        done = await rt.send(r.session_id, "approve", principal=CAROL)
+        assert (done.status, ran) == ("completed", ["1042"])
+        calls = after.calls
+        last = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert last.replayed and (last.turn_id, last.status) == (r.turn_id, "completed")
+        assert after.calls == calls and await messages(rt, r.session_id) == ["refund 1042"]
+        assert await rt.verify_audit() == []
+
+
+async def test_a_keyed_vote_through_a_subagents_mirror_over_http_is_one_call(
+    store_url: str,
+) -> None:
+    """Over HTTP: the same `Idempotency-Key` with another text after a vote through a mirror is
+    409 `idempotency_key_reused` (it was 200 and denied the request), and the vote sent again
+    after the quorum was made is `replayed` (it started a new turn), each storing nothing."""
+    ran: list[str] = []
+    after = Counted("Done.")
+    agents = _counted_parent(refunding(so.always(approvers=2), ran), after)
+    async with so.Runtime(agents, store=store_url) as rt, in_process(rt) as alice:
+        r = await alice.post("/v1/sessions", json={"agent": "support", "message": "refund 1042"})
+        sid = r.json()["session_id"]
+        url, key = f"/v1/sessions/{sid}/messages", {"Idempotency-Key": "vote-1"}
+        first = (await alice.post(url, json={"text": "approve"}, headers=key)).json()
+        assert (first["status"], first["pending"][0]["approved_by"]) == ("waiting", ["alice"])
+        child = first["pending"][0]["child"]["session_id"]
+        before = await _both(rt, sid, child)
+        other = await alice.post(url, json={"text": "deny"}, headers=key)
+        assert other.status_code == 409, other.text
+        assert other.json()["error"]["code"] == "idempotency_key_reused"
+        assert await _both(rt, sid, child) == before and ran == []
+        bob = {"Authorization": "Bearer bob-token"}
+        done = (await alice.post(url, json={"text": "approve"}, headers=bob)).json()
+        assert (done["status"], ran) == ("completed", ["1042"])
+        before, calls = await _both(rt, sid, child), after.calls
+        again = await alice.post(url, json={"text": "approve"}, headers=key)
+        assert again.status_code == 200 and again.json()["replayed"] is True, again.json()
+        assert (again.json()["turn_id"], again.json()["status"]) == (first["turn_id"], "completed")
+        assert await _both(rt, sid, child) == before and after.calls == calls
         assert await rt.verify_audit() == []

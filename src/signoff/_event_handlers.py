@@ -242,6 +242,7 @@ def _input_requested(s: SessionState, e: Event) -> None:
 def _turn_waiting(s: SessionState, e: Event) -> None:
     turn = _turn(s, e)
     turn.status = "waiting"
+    _keyed(s, e, _in_turn(s, e))  # a keyed message's vote counted through a mirror
     # Only a traced drive stores its context; a re-park without one (a rejected answer, an
     # untraced runtime) keeps the last: the drive that resumes links to it (`_tracing`).
     traceparent = e.data.get("traceparent")

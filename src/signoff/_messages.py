@@ -12,9 +12,15 @@ from ._answers import Reply, check_principal, check_unambiguous, names_several
 from ._answers import check_text as _check_text
 from ._answers import match as _match
 from ._cancellation import stop_calls
-from ._exceptions import ConflictingAnswer, RequestClosed, SessionBusy, UsageError
+from ._exceptions import (
+    ConflictingAnswer,
+    RequestClosed,
+    SessionBusy,
+    UnknownSession,
+    UsageError,
+)
 from ._idempotency import Keyed, keyed, seen, session_for, turn_of
-from ._mirrors import following_mirrors
+from ._mirrors import following_mirrors, keep_vote_key
 from ._recording import Changed, TurnStopped, load_turn, unchanged
 from ._results import GenerateResult
 from ._session_cache import closes_stop
@@ -77,7 +83,7 @@ class Messages(Answering):
         key = {} if idem is None else {"idem": list(idem)}
         for _ in range(20):
             state = await self._checked(session_id)
-            if seen(state.keys, idem, session_id):
+            if seen(state.keys, idem, session_id) or await self._voted_behind(state, idem):
                 return await self._replay(session_id, idem)
             turn = state.turn
             if turn is None or turn.status in ("completed", "failed", "cancelled"):
@@ -158,16 +164,38 @@ class Messages(Answering):
                 continue  # the turn ended or its requests changed meanwhile: decide again
         raise SessionBusy(f"could not deliver the message to {session_id!r}", session_id)
 
+    async def _voted_behind(self, state: SessionState, idem: Keyed | None) -> bool:
+        """Whether the message keyed `idem` cast a vote through one of the session's mirrors
+        (open or closed) that only the subagent's session records: a process died between that
+        commit and the one recording the key here, or the mirror closed in between. The key is
+        recorded here then, if the mirror is still open. `IdempotencyKeyReused` if the key came
+        with another message there."""
+        if idem is None:
+            return False
+        for live in list(state.requests.values()):
+            if live.request.child is None:
+                continue
+            try:
+                taken = await self._taken(state.id, live.request, idem)
+            except UnknownSession:
+                continue  # a subagent's session gone: it holds no key
+            if taken:
+                await keep_vote_key(self, state.id, live.request, idem)
+                return True
+        return False
+
     async def _taken(self, session_id: str, request: InputRequest, idem: Keyed) -> bool:
         """Whether the message keyed `idem` answered `request` before: its key is recorded in the
         session, or in the subagent's session a mirrored request stands for, where its vote on
-        a quorum is recorded (the parent records none while the quorum is short)."""
+        a quorum is recorded (the parent records it after the child: `keep_vote_key`). A key
+        that came with another message there is `IdempotencyKeyReused`, naming `session_id`,
+        where the message was sent."""
         sid, rid = session_id, request.id
         visited: set[str] = set()
         while sid not in visited:
             visited.add(sid)
             state = await self._state(sid)
-            if seen(state.keys, idem, sid):
+            if seen(state.keys, idem, session_id):
                 return True
             live = state.requests.get(rid)
             ref = None if live is None else live.request.child

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ._answering import Answering
     from ._answers import Reply
     from ._approval import Verdict
+    from ._idempotency import Keyed
 
 __all__ = [
     "FOLLOWED",
@@ -38,6 +39,7 @@ __all__ = [
     "followed",
     "followed_state",
     "following_mirrors",
+    "keep_vote_key",
     "routed",
     "settle_routed",
     "stored_followed",
@@ -217,8 +219,9 @@ async def _settle_routed(
     """Settle answers to mirrored requests in their child sessions (each under the child's own
     policies), close the mirrors the children closed, and settle the rest here. `mark`, the
     idempotency key of the message that gave the answers, is recorded here, by the first
-    mirror's closing (or the rest's settlement), so the message repeated is not taken again,
-    and in the child with its answer, where a vote it cast is not counted again.
+    mirror's closing, or the vote it counted there (`keep_vote_key`), or the rest's
+    settlement, so the message repeated is not taken again, and in the child with its answer,
+    where a vote it cast is not counted again.
 
     Every answer is checked before any is settled: a bad one leaves every session unchanged,
     but for a mirror whose child's request had closed unseen, which closes too (the parent's
@@ -274,6 +277,8 @@ async def _settle_routed(
                 )
         finally:  # whatever the child now says
             await close_mirror(rt, state.id, mirror, mark=mark if i == 0 else None)
+        if i == 0 and mark is not None:
+            await keep_vote_key(rt, state.id, mirror, mark)
         outcomes.extend(dataclasses.replace(o, request_id=a.request_id) for o in got)
     if rest:
         key = None if mirrored else mark
@@ -377,5 +382,36 @@ async def close_mirror(
             request_id=mirror.id, status=closed_as, outcome=data["outcome"], resolution=data
         )
         return Batch(specs=[spec], resolve=[resolve])
+
+    await rt._append(parent, build, durable=True, turn_id=mirror.turn_id)
+
+
+async def keep_vote_key(rt: Answering, parent: str, mirror: InputRequest, mark: Keyed) -> None:
+    """Record in `parent` the key `mark` of the message whose vote on the subagent's request
+    behind `mirror` was counted there (the child holds the key) and left it open, on a
+    `turn.waiting` of the turn that still waits on the mirror: the parent, where the message
+    was sent, then judges the message sent again (`send`), as the child does. Nothing if the
+    child does not hold the key, the parent holds it already, or the mirror is closed."""
+    ref = mirror.child
+    assert ref is not None
+    child = await rt._state(ref.session_id)
+    if (child.keys.get(mark[0]) or [None])[0] != mark[1]:
+        return
+
+    def build(st: SessionState) -> Batch:
+        live = st.requests.get(mirror.id)
+        turn = st.turn
+        if (
+            live is None
+            or live.status != "pending"
+            or mark[0] in st.keys
+            or turn is None
+            or turn.id != mirror.turn_id
+            or turn.status != "waiting"  # a drive still running parks it when done
+        ):
+            return Batch(specs=[])
+        ids = [r.id for r in st.pending_requests()]
+        waiting = {"on": "input", "request_ids": ids, "idem": list(mark)}
+        return Batch(specs=[("turn.waiting", waiting)])
 
     await rt._append(parent, build, durable=True, turn_id=mirror.turn_id)
