@@ -35,6 +35,9 @@ from ._types import APPROVAL_OPTIONS, Action, InputRequest
 
 __all__ = ["CallEnds"]
 
+IGNORED = {"reason": "the user sent a new message instead", "outcome": "ignored"}
+"""The decision on an approval a message steered past before it was asked."""
+
 
 class CallEnds(DriverPart):
     """Recording how a call's body ended: a part of `Driver`, mixed into it with `ToolCalls`."""
@@ -91,28 +94,16 @@ class CallEnds(DriverPart):
             result = wrapped
         await self.end_call(key, journal, [tool_result(call, "ok", result)])
 
-    async def end_call(
-        self,
-        key: str,
-        journal: CallJournal,
-        specs: list[EventSpec],
-        steered: list[EventSpec] | None = None,
-    ) -> None:
+    async def end_call(self, key: str, journal: CallJournal, specs: list[EventSpec]) -> None:
         """Record the outcome of a call whose body ran, whatever cancels the drive meanwhile
         (a close while the record waits for the session's lock): the body would run again on
         resume. If the store fails to take it (a full disk, a lost database), keep it: a later
         drive in this process records it instead of running the body, and its side effects,
         again. An approval the body asked for is such an outcome too: its request is opened
-        from the `input.requested` kept, unless a message steered the turn (`steered`)."""
-        await to_end(self._end_call(key, journal, specs, steered), journal.lost)
+        from the `input.requested` kept, unless a message steered the turn meanwhile."""
+        await to_end(self._end_call(key, journal, specs), journal.lost)
 
-    async def _end_call(
-        self,
-        key: str,
-        journal: CallJournal,
-        specs: list[EventSpec],
-        steered: list[EventSpec] | None = None,
-    ) -> None:
+    async def _end_call(self, key: str, journal: CallJournal, specs: list[EventSpec]) -> None:
         # A branch the body left running (a gather whose other branch failed) steps no more,
         # and its steps under way are journaled into the call before its end, not after it.
         journal.closed.set()
@@ -130,6 +121,11 @@ class CallEnds(DriverPart):
         )
         if call is not None and self.host is not None:  # a delegate call: what its child spent
             specs = await with_spend(self.host.runtime, call, specs)
+        steered = None
+        if call is not None and requests:
+            # A message that steered the turn while the body ran ignores the approval it asked
+            # for, as one already asked: the model reads the message, not a request opened.
+            steered = [tool_result(call, "denied", denial(IGNORED))]
         try:
             await self.record(journal.ending(specs, requests, steered))
         except StoreError:
@@ -216,11 +212,6 @@ class CallEnds(DriverPart):
             escalate_to=rules.escalate_to,
             response_policy=tool.response_policy is not None,
         )
-        # A message that steered the turn while the body ran ignores it, as one already asked.
-        why = {"reason": "the user sent a new message instead", "outcome": "ignored"}
         await self.end_call(
-            key,
-            journal,
-            [("input.requested", {"requests": [dump_request(request)]})],
-            steered=[tool_result(call, "denied", denial(why))],
+            key, journal, [("input.requested", {"requests": [dump_request(request)]})]
         )

@@ -14,7 +14,7 @@ from pydantic_core import PydanticSerializationError
 
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
 from ._bound_input import as_approved, still_bound
-from ._call_ends import CallEnds
+from ._call_ends import IGNORED, CallEnds
 from ._exceptions import LeaseLost, TooLarge
 from ._journal import UNRECORDED_KEPT, CallJournal
 from ._output_caps import spare
@@ -131,8 +131,7 @@ class ToolCalls(CallEnds):
                 if turn.steered:
                     # A steering message came while this approval waited to be asked: it is
                     # ignored like one already asked, and the model reads the message.
-                    why = {"reason": "the user sent a new message instead", "outcome": "ignored"}
-                    results.append(tool_result(call, "denied", denial(why), **billed))
+                    results.append(tool_result(call, "denied", denial(IGNORED), **billed))
                     continue
                 try:
                     requests.append(self._approval_request(call, tool, validated, verdict))
