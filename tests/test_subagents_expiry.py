@@ -58,7 +58,8 @@ async def test_an_answer_to_a_child_whose_parent_expired_is_refused_and_runs_not
     ran: list[str] = []
     rt, _, parent, child = await _parked(store_url, ran)
     async with rt:
-        [request] = await rt.pending(session_id=child)
+        assert await rt.pending(session_id=child) == []  # it takes no answer: not listed
+        [request] = (await rt.state(child)).pending_requests()
         with pytest.raises(so.RequestClosed):
             await rt.respond(
                 child,

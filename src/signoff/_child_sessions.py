@@ -236,6 +236,10 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
         parent = await rt._state(state.parent)
     except UnknownSession:
         return False
+    if not parent.expired(rt.now()) and await cancel_orphan(rt, parent):
+        # The parent's own delegated turn ended (a session above it passed its TTL, say), which
+        # ends this one: its parent's expiry cancels the whole chain below it.
+        parent = await rt._state(state.parent)
     if parent.expired(rt.now()) and parent.agent in rt.agents:
         with contextlib.suppress(SessionExpired):  # recorded first: its mirrors read expired
             await rt._checked(parent.id)

@@ -12,6 +12,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from typing import Any
 
+from ._cancellation import withdrawal
 from ._events import Event
 from ._recording import Batch, EventSpec
 from ._state import SessionState
@@ -101,12 +102,23 @@ def state_after_deadlines(state: SessionState, now: float) -> SessionState:
     return replace(state, requests=requests)
 
 
-def stored_after_expiry(stored: StoredRequest) -> StoredRequest:
+def stored_after_expiry(stored: StoredRequest, now: float) -> StoredRequest:
     """A stored open request as its session's passed TTL leaves it before anyone has recorded
     that (a store this process may only read, another agent's session): `expired`, as
-    `expiry_resolves` records it."""
+    `expiry_resolves` records it. One of a subagent whose own TTL has not passed lies below a
+    session's that did, whose expiry cancels the subagent's turn: withdrawn, as that records it."""
     if stored.status != "pending":
         return stored
+    own = stored.session_expires_at
+    if own is None or own > now:
+        closed = withdrawal(stored.request.id, "the parent session expired", None)
+        return replace(
+            stored,
+            request=stored.request.model_copy(update={"status": closed.status}),
+            status=closed.status,
+            outcome=closed.outcome,
+            resolution=closed.resolution,
+        )
     return replace(
         stored,
         request=stored.request.model_copy(update={"status": "expired"}),

@@ -272,11 +272,11 @@ class ServerContext:
         except UnknownSession:
             raise UnknownRequest("", [request_id]) from None
         if stored.status == "pending" and not await self._live(stored.request.session_id):
-            # Its session's TTL passed: the queue leaves it out and an answer is 410. Record
-            # that, as the session's own read does; what cannot be recorded reads expired too.
+            # Its session's TTL passed (or one's above it): the queue leaves it out. Record that,
+            # as the session's own read does; what is not recorded reads as recording closes it.
             await self.runtime.state(stored.request.session_id)
             stored = await self.runtime.store.get_request(request_id) or stored
-            return stored_after_expiry(stored)
+            return stored_after_expiry(stored, self.runtime.now())
         if is_due(stored.request, self.runtime.now()):
             # Its deadline passed and no sweep applied it yet: apply it, as the queue does.
             flt = PendingFilter(session_id=stored.request.session_id, limit=10_000)
@@ -288,8 +288,8 @@ class ServerContext:
         return stored
 
     async def _live(self, session_id: str) -> bool:
-        """Whether the session's TTL has not passed: it still has an open request the store
-        does not leave out as lapsed (one indexed count, no state loaded)."""
+        """Whether neither the session's TTL nor one above it has passed: it still has an open
+        request the store does not leave out as lapsed (one indexed count, no state loaded)."""
         live = PendingFilter(session_id=session_id, live_at=self.runtime.now(), limit=1)
         return await self.runtime.store.count_pending(live) > 0
 

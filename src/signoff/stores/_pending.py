@@ -10,16 +10,21 @@ from typing import TYPE_CHECKING, Any
 from .._exceptions import StoreError, UsageError
 from .._settings import finite
 from .._text import is_utf8
+from ._codec import stored_type
 from ._initiators import InitiatorFilter
 
 if TYPE_CHECKING:
     from .._types import InputRequest
 
-__all__ = ["TIME_LIMIT", "PendingFilter", "created_before", "cursor_past"]
+__all__ = ["DEEPEST", "TIME_LIMIT", "PendingFilter", "created_before", "cursor_past"]
 
 
 TIME_LIMIT = 2**63
 """A filter's times lie within ±`TIME_LIMIT` seconds: SQLite binds no integer past 64 bits."""
+
+DEEPEST = 8
+"""How many sessions at most lie above a subagent's (`signoff._subagents.MAX_DEPTH`): how far
+up `live_at` looks for one whose TTL passed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,7 +38,9 @@ class PendingFilter:
     session_id: str | None = None
     created_before: float | None = None
     created_after: float | None = None
-    live_at: float | None = None  # leave out requests of sessions whose TTL passed by then
+    # Leave out requests of sessions whose TTL passed by then, and of subagents' delegated turns
+    # below a session whose TTL passed (its expiry cancels them: they take no answer).
+    live_at: float | None = None
     due_by: float | None = None  # only requests whose deadline passed by then (at it counts)
     initiated_by: InitiatorFilter | None = None  # only requests of the sessions it picks
     # Not these requests (ids): those a listing would leave out though the store holds them
@@ -43,9 +50,10 @@ class PendingFilter:
     # that, unlike `offset`, skips no request when one before it closes between two pages.
     after: tuple[float, str] | None = None
 
-    def where(self, ph: str) -> tuple[str, list[Any]]:
+    def where(self, ph: str, prefix: str = "") -> tuple[str, list[Any]]:
         """The SQL `WHERE` clause (over `requests r JOIN sessions s`) and its parameters, with
-        `ph` as the driver's placeholder (`?` for SQLite, `%s` for psycopg)."""
+        `ph` as the driver's placeholder (`?` for SQLite, `%s` for psycopg) and `prefix` the
+        tables' schema (`name.`; none for SQLite)."""
         where: list[str] = []
         params: list[Any] = []
         for column, value in (
@@ -70,6 +78,9 @@ class PendingFilter:
             if moment is not None:
                 where.append(condition)
                 params.append(moment)
+        if self.live_at is not None:
+            where.append(_above_live(ph, prefix))
+            params += [self.live_at, self.live_at]
         if self.initiated_by is not None:
             condition, more = self.initiated_by.where(ph, "s")
             where.append(condition)
@@ -136,6 +147,32 @@ class PendingFilter:
                 raise UsageError(
                     f"PendingFilter({name}=...) must be a whole number from 0, not {count!r}"
                 )
+
+
+def _above_live(ph: str, prefix: str) -> str:
+    """SQL: whether no session above `s` (its parent, grandparent, ...) passed its TTL by the
+    time `ph` (given twice), as far up as each session from `s` is on its first turn: its
+    delegated one, which its parent's expiry cancels (a later one, a message to it started, is
+    its own). A session with no parent reads nothing, a subagent's of a live top-level session
+    its parent's row; only past those are the rows above walked, and only below a session whose
+    TTL passed the turns of those between read."""
+    started = f"('{stored_type('turn.started')}', 'turn.started')"
+    last = (
+        f"(SELECT t.turn FROM {prefix}events t WHERE t.sk = b.sk AND t.type IN {started} "
+        "ORDER BY t.seq DESC LIMIT 1)"
+    )
+    first = last.replace(" DESC", "")
+    differs = "IS NOT" if ph == "?" else "IS DISTINCT FROM"
+    return (
+        # A lookup of the parent's row, not EXISTS: PostgreSQL would hash every row it matches.
+        f"(s.parent IS NULL OR NOT (SELECT q.parent IS NOT NULL OR (q.expires_at IS NOT NULL "
+        f"AND q.expires_at <= {ph}) FROM {prefix}sessions q WHERE q.sk = s.parent) "
+        "OR NOT EXISTS (WITH RECURSIVE up(sk, parent, expires_at, n) AS "
+        "(SELECT s.sk, s.parent, s.expires_at, 0 UNION ALL SELECT p.sk, p.parent, p.expires_at, "
+        f"u.n + 1 FROM up u JOIN {prefix}sessions p ON p.sk = u.parent WHERE u.n < {DEEPEST}) "
+        f"SELECT 1 FROM up a WHERE a.n > 0 AND a.expires_at <= {ph} "
+        f"AND NOT EXISTS (SELECT 1 FROM up b WHERE b.n < a.n AND {last} {differs} {first})))"
+    )
 
 
 def _cursor(after: object) -> bool:

@@ -303,7 +303,7 @@ class Reads(AuditReads):
     def _filter_sql(self, flt: PendingFilter) -> tuple[str, list[Any]]:
         if not storable(flt.status, flt.agent, flt.tool_name, flt.kind, flt.session_id):
             return " WHERE false", []
-        return flt.where("%s")
+        return flt.where("%s", f"{self._s}.")
 
     async def pending(self, flt: PendingFilter) -> list[InputRequest]:
         clause, params = self._filter_sql(flt)
