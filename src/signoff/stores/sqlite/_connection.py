@@ -18,7 +18,6 @@ from typing import Any, Literal
 
 from ..._exceptions import SchemaVersionError, StoreError, StoreGone
 from ..._settings import flag, seconds
-from ..._text import is_utf8
 from .._base import FaultHook, older_schema
 from .._codec import PerSession, Previous, Tails
 from ._files import beside, open_access, unopenable
@@ -56,7 +55,11 @@ def _path_from_url(url: str) -> str:
     path = rest[1:]
     if not path:
         raise StoreError(f"SQLite URL names no file: {url!r}")
-    if "\x00" in path or not is_utf8(path):  # else a raw ValueError at the first call
+    try:  # a byte that is no UTF-8 comes as a surrogate os.fsencode gives back
+        unusable = "\x00" in path or not os.fsencode(path)
+    except UnicodeEncodeError:
+        unusable = True
+    if unusable:  # else a raw ValueError or UnicodeEncodeError at the first call
         raise StoreError(
             f"SQLite URL names no file a path can hold (a NUL or lone surrogate): {url!r}"
         )
