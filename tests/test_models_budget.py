@@ -46,9 +46,9 @@ async def test_a_reply_cut_off_at_the_budget_asks_to_raise_it_and_is_never_used(
     """max_tokens=200: the first call (60 tokens, 50 of them input, which the second reads
     again) leaves 140, so the second asks for at most 90 output tokens; cut off there, its half
     answer is counted (205) but neither recorded as the turn's answer nor shown to the model
-    again; the person is asked, and `continue` (budget 400, 195 left, 145 after the input) lets
-    the next call finish the turn. Before, the second call was sent without a limit and its
-    half answer ended the turn."""
+    again; the person is asked, and `continue` (budget 400, 195 left, 140 after the 55 input
+    tokens the cut call read, which the next reads again) lets the next call finish the turn.
+    Before, the second call was sent without a limit and its half answer ended the turn."""
     with FakeLLM(flavor, strict=True) as fake:
         if flavor == "openai":
             lookup = openai_tool_call("call_1", "lookup_order", {"order_id": "7"})
@@ -104,7 +104,7 @@ async def test_a_reply_cut_off_at_the_budget_asks_to_raise_it_and_is_never_used(
             log = await events(rt, r.session_id)
         await model.aclose()
         sent = fake.bodies
-    assert [limit_of(b) for b in sent] == [200, 90, 145]
+    assert [limit_of(b) for b in sent] == [200, 90, 140]
     assert "deliv" not in str(sent[2]["messages"])  # the cut reply never reaches the model
     completed = [e.data["text"] for e in log if e.type == "model.completed"]
     assert completed == ["", "Order 7 was delivered."]

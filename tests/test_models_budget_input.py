@@ -114,3 +114,41 @@ async def test_a_window_that_drops_messages_holds_nothing_back(store_url: str) -
         r = await rt.generate(session_id=r.session_id, prompt="thanks", auth=ALICE)
         assert r.status == "completed"
     assert model.caps == [1000, 1000 - 45 - 40, 1000 - 95]
+
+
+async def test_a_billed_reply_the_turn_did_not_use_is_read_again_by_the_next_call(
+    store_url: str,
+) -> None:
+    """max_tokens=1000: a reply cut at the cap read 400 tokens and wrote 1000; `continue`
+    (budget 2000) leaves 600, of which the next call reads those 400 again: its cap is 200,
+    not 600 (the session ended at 2400 of 2000). A billed reply that failed the turn (a call
+    cut off) is read again by the retry alike."""
+    usage = so.Usage(input_tokens=400, output_tokens=1000)
+    model = Capped(
+        so.BudgetSpent("cut off", usage=usage),
+        reply("Done.", usage=so.Usage(input_tokens=400, output_tokens=200)),
+    )
+    agent = so.Agent(name="a", model=model, limits=so.Limits(max_tokens=1000))
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="hi", auth=ALICE)
+        [ask] = r.pending
+        r = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=ask.id, option_id="continue")],
+            principal=ALICE,
+        )
+        assert (r.status, r.text) == ("completed", "Done.")
+        assert (await rt.state(r.session_id)).usage.total_tokens == 2000
+    assert model.caps == [1000, 200]
+
+    failing = Capped(
+        so.ModelError("cut off", usage=so.Usage(input_tokens=400, output_tokens=50)),
+        reply("Done.", usage=so.Usage(input_tokens=400, output_tokens=150)),
+    )
+    agent = so.Agent(name="b", model=failing, limits=so.Limits(max_tokens=1000))
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("b", prompt="hi", auth=ALICE)
+        assert (r.status, r.retryable) == ("failed", True)
+        r = await rt.generate(session_id=r.session_id)
+        assert (r.status, r.text) == ("completed", "Done.")
+    assert failing.caps == [1000, 150]

@@ -220,9 +220,11 @@ def _tool_completed(s: SessionState, e: Event) -> None:
 
 def _input_requested(s: SessionState, e: Event) -> None:
     turn = _turn(s, e)
-    _billed(s, e)  # what reviewing the calls cost (an auto() policy's model)
+    _billed(s, e)  # what reviewing the calls cost, or the reply a budget cut off
     for raw in e.data["requests"]:
         request = InputRequest.model_validate(raw)
+        if request.kind == "session-limit":  # its usage is a reply cut at what was left
+            _read_again(s, e)
         s.requests[request.id] = RequestState(request=request)
         if request.child is not None:  # mirrored from a subagent: its delegate call waits
             if request.child.call_id in turn.calls:
@@ -248,6 +250,14 @@ def _turn_waiting(s: SessionState, e: Event) -> None:
     traceparent = e.data.get("traceparent")
     if isinstance(traceparent, str):
         turn.traceparent = traceparent
+
+
+def _read_again(s: SessionState, e: Event) -> None:
+    """A billed reply the turn did not use read the conversation as it stands: the next call
+    reads at least that much again, which the budgets hold back before it (`_input_floor`)."""
+    if "usage" in e.data:
+        read = kept_usage(e.data["usage"], strict=False).input_tokens
+        s.last_input_tokens = max(s.last_input_tokens, read)
 
 
 def _billed(s: SessionState, e: Event) -> None:
@@ -390,6 +400,7 @@ def _turn_failed(s: SessionState, e: Event) -> None:
     turn.retryable = bool(e.data.get("retryable"))
     turn.error = e.data.get("error")
     _billed(s, e)  # a reply the provider billed that the turn could not use
+    _read_again(s, e)
     if e.data.get("reason") == "session expired":
         s.lapsed = True  # it ended because the TTL passed: the session stays expired
     if not turn.retryable:
