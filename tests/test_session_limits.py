@@ -148,6 +148,19 @@ def test_limits_that_cannot_work_are_usage_errors(bad: dict[str, Any]) -> None:
         so.Limits(**bad)
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [{"max_tokens": 10**5000}, {"max_tokens": 2**53}, {"max_cost_usd": 1e308}],
+    ids=["huge", "2**53", "1e308"],
+)
+def test_budgets_past_what_can_be_added_up_are_usage_errors(bad: dict[str, Any]) -> None:
+    # Taken, each model step raised a raw OverflowError or ValueError, the session left running.
+    with pytest.raises(so.UsageError, match="is at most .* \\(None bounds nothing\\)"):
+        so.Limits(**bad)
+    most = so.Limits(max_tokens=2**53 - 1, max_cost_usd=1e18)
+    assert (most.max_tokens, most.max_cost_usd) == (2**53 - 1, 1e18)
+
+
 def test_a_ttl_no_float_holds_is_a_usage_error() -> None:
     """`Limits(ttl=10**400)` was taken, and every session under it failed with an
     `OverflowError` when it was created."""

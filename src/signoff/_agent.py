@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING
 
 from ._approval import Guardrail, own_decide
 from ._exceptions import UsageError
-from ._settings import positive_seconds
+from ._settings import positive_seconds, shown_value
 from ._text import is_blank, is_utf8
 from ._tool_json import MAX_RESULT_BYTES
 from ._tools import Tool
+from ._types import MAX_REPLY_COST_USD, MAX_REPLY_TOKENS
 from .models._base import not_a_model_class
 from .models._provider import SdkModel
 
@@ -72,6 +73,14 @@ class Limits:
             if not _positive(value, whole=whole):
                 kind = "whole number" if whole else "number"
                 raise UsageError(f"Limits({name}=...) must be a positive {kind}, not {value!r}")
+            most = _MOST.get(name)
+            if most is not None and value > most:  # type: ignore[operator]
+                # Past these the budgets' sums lose precision or reach infinity (a cost of 1e308
+                # at any price): every model step raised, the session left running.
+                raise UsageError(
+                    f"Limits({name}=...) is at most {most:,} (None bounds nothing), not "
+                    f"{shown_value(value)}"
+                )
         ttl = self.ttl.total_seconds() if isinstance(self.ttl, timedelta) else self.ttl
         if ttl is not None and not _positive(ttl, whole=False):
             raise UsageError(f"Limits(ttl=...) must be positive seconds or a timedelta: {ttl!r}")
@@ -82,6 +91,10 @@ class Limits:
         if isinstance(self.ttl, timedelta):
             return self.ttl.total_seconds()
         return None if self.ttl is None else float(self.ttl)
+
+
+_MOST = {"max_tokens": MAX_REPLY_TOKENS, "max_cost_usd": MAX_REPLY_COST_USD}
+"""The largest budgets: what one reply may count at most (`usage_too_large`)."""
 
 
 def _positive(value: object, *, whole: bool) -> bool:
