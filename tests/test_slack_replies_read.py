@@ -112,6 +112,27 @@ async def test_a_reply_reads_as_typed_slacks_escapes_undone_once(slack: SlackCha
     assert entity is not None and entity.text == "write &lt;b&gt; for <b>"
 
 
+@pytest.mark.parametrize(
+    ("sent", "typed"),
+    [
+        ("<http://acme.io|acme.io>", "acme.io"),
+        ("ship to <https://acme.io/x?a=1&amp;b=2>", "ship to https://acme.io/x?a=1&b=2"),
+        ("<mailto:bob@acme.com|bob@acme.com>", "bob@acme.com"),
+        ("<mailto:bob@acme.com>", "bob@acme.com"),
+        ("<HTTP://acme.io|acme.io>", "<HTTP://acme.io|acme.io>"),  # not Slack's: it writes http
+        ("ask <@U0BOB> first", "ask <@U0BOB> first"),  # a mention names someone exactly
+    ],
+)
+async def test_a_reply_reads_slacks_links_as_they_show(
+    slack: SlackChannel, sent: str, typed: str
+) -> None:
+    """Slack sends a typed `acme.io` as `<http://acme.io|acme.io>`: the option `acme.io` was
+    not matched (the question withdrawn, the model reading the markup), and free text was
+    recorded with it. Mentions are kept as Slack writes them."""
+    reply = _read(slack, sent)
+    assert reply is not None and reply.text == typed
+
+
 async def test_a_thread_closed_too_long_ago_takes_no_reply_before_it_is_tidied(
     slack: SlackChannel,
 ) -> None:

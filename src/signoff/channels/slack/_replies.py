@@ -360,8 +360,17 @@ class ThreadReplies:
 
 
 def _plain(text: str, bots: set[Any]) -> str:
-    """A message's text as typed: Slack's escapes undone, a leading mention of the bot dropped."""
+    """A message's text as typed: a leading mention of the bot dropped, a link Slack made of
+    what was typed read as what it shows (a typed `acme.io` arrives as
+    `<http://acme.io|acme.io>`), then Slack's escapes undone. Mentions of people and channels
+    are kept as Slack writes them (`<@U1>`): they name someone exactly."""
     mention = _LEADING_MENTION.match(text)
     if mention is not None and mention.group(1) in bots:
         text = text[mention.end() :]
+    text = _LINK.sub(lambda link: link.group(2) or link.group(1).removeprefix("mailto:"), text)
     return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&").strip()
+
+
+_LINK = re.compile(r"<((?:https?://|mailto:)[^<>|]*)(?:\|([^<>]*))?>")
+"""A link in Slack's markup, with the text it shows: a typed `<` arrives as `&lt;`, so a `<`
+in the text is Slack's own."""
