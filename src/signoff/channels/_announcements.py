@@ -1,19 +1,30 @@
 """What a channel is told of an audit entry: a request opened, counted a vote, escalated or
 closed, as the channel shows it (a subagent's request is shown as the child's own, never as its
-mirror on the parent)."""
+mirror on the parent).
+
+A session's deletion erases its requests and their entries at once, so a hub may never read
+a close, or read it and find the request gone: the deletion's own entry names each request it
+erased and the entry that closed it, and a channel is told of those closes from it (`Erased`)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from .._types import InputRequest
 from ..stores import Store
 from ..stores._audit import AuditEntry
-from ._base import Channel, Escalation, Resolution
+from ..stores._deletions import DELETIONS_STREAM, SESSION_DELETED
+from ._base import Channel, Erased, Escalation, Resolution
 
 __all__ = ["announce"]
 
 
-async def announce(store: Store, ch: Channel, entry: AuditEntry) -> None:
-    """Tell one channel about one entry (nothing, for entries it does not care about)."""
+async def announce(
+    store: Store, ch: Channel, entry: AuditEntry, told: Callable[[int], bool] | None = None
+) -> None:
+    """Tell one channel about one entry (nothing, for entries it does not care about).
+    `told(entry_id)`: whether the hub delivered that entry to `ch` already (None: not known,
+    taken as not delivered)."""
     if entry.type == "input.requested":
         for raw in entry.data.get("requests", ()):
             request = InputRequest.model_validate(raw)
@@ -49,6 +60,18 @@ async def announce(store: Store, ch: Channel, entry: AuditEntry) -> None:
         stored = await store.get_request(str(entry.data.get("request_id")))
         if stored is not None and stored.request.child is None and _shows(ch, stored.request):
             await ch.on_resolved(stored.request, Resolution.from_event(entry.data, entry.at))
+        elif stored is None and "child_request_id" not in entry.data:
+            # Erased since it was read (a mirror's close names its child's request).
+            resolution = Resolution.from_event(entry.data, entry.at)
+            await ch.on_erased([Erased(session_id=entry.stream, resolution=resolution)])
+    elif entry.type == SESSION_DELETED and entry.stream == DELETIONS_STREAM:
+        erased = [
+            e
+            for e, closed in Erased.from_deletion(entry.data, entry.at)
+            if ch.live_only or closed is None or told is None or not told(closed)
+        ]
+        if erased:
+            await ch.on_erased(erased)
 
 
 def _unescalated(request: InputRequest) -> InputRequest:

@@ -27,6 +27,8 @@ __all__ = [
     "Channel",
     "ChannelState",
     "ChannelUnreachable",
+    "DELETED",
+    "Erased",
     "Escalation",
     "InvalidSignature",
     "QUEUED_NOTE",
@@ -85,12 +87,17 @@ class ChannelUnreachable(RateLimited):
         self.logged = logged
 
 
+DELETED = "deleted"
+"""The outcome of a request closed by its session's deletion (`Runtime.delete_session`,
+`prune`), as channels are told it: no `input.resolved` records it (status `withdrawn`)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Resolution:
     """How a request closed: its outcome, who decided (if a person did), when, and why."""
 
     request_id: str
-    outcome: str  # answered | approved | cancelled | ignored | expired | interrupted
+    outcome: str  # answered | approved | cancelled | ignored | expired | deleted
     status: str  # settled | expired | withdrawn
     at: float
     by: Principal | None = None
@@ -132,6 +139,48 @@ class Resolution:
             return None
         value = self.answer.get("value")
         return None if value is None else str(value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Erased:
+    """A request erased with its session before its channels were told it closed: its session,
+    and how it closed (`resolution`: outcome `deleted`, `by` and `reason` the deletion's, for
+    one the hub learns closed from the deletion itself; its own close when the hub read that
+    but found the request gone). Nothing else of it is left to read."""
+
+    session_id: str
+    resolution: Resolution
+
+    @property
+    def request_id(self) -> str:
+        """The erased request's id."""
+        return self.resolution.request_id
+
+    @classmethod
+    def from_deletion(cls, data: Mapping[str, Any], at: float) -> list[tuple[Erased, int | None]]:
+        """The requests a `session.deleted` audit entry (its `data`, written `at`) names, each
+        with the id of the entry that recorded its close (None: it was open)."""
+        by = data.get("by")
+        reason = data.get("reason")
+        found: list[tuple[Erased, int | None]] = []
+        for session in data.get("sessions") or ():
+            if not isinstance(session, dict) or not isinstance(session.get("id"), str):
+                continue
+            for request in session.get("requests") or ():
+                if not isinstance(request, dict) or not isinstance(request.get("id"), str):
+                    continue
+                closed = request.get("closed")
+                resolution = Resolution(
+                    request_id=request["id"],
+                    outcome=DELETED,
+                    status="withdrawn",
+                    at=at,
+                    by=Principal.model_validate(by) if isinstance(by, dict) else None,
+                    reason=reason if isinstance(reason, str) else None,
+                )
+                erased = cls(session_id=session["id"], resolution=resolution)
+                found.append((erased, closed if type(closed) is int else None))
+        return found
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -318,6 +367,15 @@ class Channel:
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
         """A request closed: answered, approved, denied, expired or withdrawn."""
+
+    async def on_erased(self, erased: Sequence[Erased]) -> None:
+        """Requests erased with their session (`Runtime.delete_session`, `prune`) before this
+        channel was told they closed: the request is gone, so a channel closes what it kept of
+        those it shows (their message, their place in a queue) and ignores the others. A
+        `live_only` channel is handed every request a deletion erased, also ones it was told
+        closed before (it shows none of those); one that is not (it keeps nothing of the
+        requests it was shown) only those whose close its hub did not deliver to it. By
+        default nothing."""
 
     async def tick(self, now: float) -> None:
         """Called on every hub poll, for time-based work (e.g. expiry warnings)."""

@@ -58,6 +58,7 @@ _HOOKS = (
     "on_updated",
     "on_escalated",
     "on_resolved",
+    "on_erased",
     "tick",
     "close",
     "submit",
@@ -191,6 +192,8 @@ class ChannelHub(Standby):
         self._seen: dict[str, set[int]] = {}
         self._kept: dict[str, list[int]] = {}  # `_seen` as saved in the state
         self._gaps: dict[int, float] = {}
+        # Ids a channel's position passed as holes while it waited on a later entry (`_told`).
+        self._skipped: dict[str, set[int]] = {}
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -287,6 +290,7 @@ class ChannelHub(Standby):
                 self._kept[ch.name] = kept if isinstance(kept, list) else []
                 self._seen[ch.name] = {i for i in self._kept[ch.name] if _whole(i) and i > saved}
             self._positions[ch.name] = saved
+            self._skipped.pop(ch.name, None)
             await self._keep_seen(ch)
         self._active.update(ch.name for ch in channels)
         if channels:
@@ -457,7 +461,10 @@ class ChannelHub(Standby):
                 since = self._gaps.setdefault(nxt, now)
                 if now - since < self.gap_timeout:
                     break
+                self._skipped.setdefault(ch.name, set()).add(nxt)
             pos = nxt
+        if pos >= top:  # every deletion that erased a hole below is delivered by now
+            self._skipped.pop(ch.name, None)
         if pos != self._positions[ch.name]:
             self._positions[ch.name] = pos
             await off_loop(self.state.set_position, self._key(ch), pos)
@@ -488,7 +495,7 @@ class ChannelHub(Standby):
             if entry.id in seen:
                 continue
             try:
-                await announce(self.runtime.store, ch, entry)
+                await announce(self.runtime.store, ch, entry, self._told(ch))
             except RateLimited as exc:
                 # The service says when to come back: no attempt is spent, nothing given up.
                 self._retries.rate_limited(ch.name, entry.id, exc)
@@ -504,6 +511,15 @@ class ChannelHub(Standby):
             seen.add(entry.id)
             handled = 1
         return handled
+
+    def _told(self, ch: Channel) -> Callable[[int], bool]:
+        """Whether an entry was delivered to `ch`: below its position (and not a hole it
+        passed: an entry erased before it was read, whose deletion it is yet to read), or
+        delivered above it."""
+        pos = self._positions[ch.name]
+        seen = self._seen.get(ch.name, set())
+        skipped = self._skipped.get(ch.name, set())
+        return lambda i: (i <= pos and i not in skipped) or i in seen
 
     async def _redeliver(self, ch: Channel, *, until_failure: bool = False) -> None:
         """Deliver again the entries given up on for `ch` (`redeliver`); those kept are tried

@@ -16,7 +16,14 @@ if TYPE_CHECKING:
     from .._types import InputRequest
     from .webhooks import WebhookChannel
 
-__all__ = ["WARNED", "drop_warned", "keep_warned", "may_be_warned", "was_warned"]
+__all__ = [
+    "WARNED",
+    "drop_warned",
+    "drop_warned_erased",
+    "keep_warned",
+    "may_be_warned",
+    "was_warned",
+]
 
 WARNED = "warned:"  # the memo, in the state and the store, per request warned of
 
@@ -51,6 +58,17 @@ def may_be_warned(request: InputRequest) -> bool:
     """Whether a closed `request` may have been warned of: it had a deadline (escalation lifts
     it and names the group). Others keep no memo in the store to drop."""
     return request.expires_at is not None or request.escalated_to is not None
+
+
+async def drop_warned_erased(channel: WebhookChannel, request_id: str) -> None:
+    """Drop the memo of a request erased with its session, wherever one is kept: nothing else
+    is left of the request to tell whether it had a deadline."""
+    if await was_warned(channel, request_id):
+        key = f"{WARNED}{request_id}"
+        shared = _shared(channel)
+        if shared is not None:
+            await shared.keep({key: None})
+        await off_loop(channel.forget, key)
 
 
 async def drop_warned(channel: WebhookChannel, request: InputRequest) -> None:

@@ -11,25 +11,32 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from .._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
+from .._exceptions import (
+    AnswerError,
+    NotAllowed,
+    SignoffError,
+    UnknownRequest,
+    UnknownSession,
+    UsageError,
+)
 from .._results import Outcome
 from .._text import BIDI, escape_as_json, is_blank, utc_text
 from .._types import (
     InputRequest,
     InputResponse,
     Principal,
-    folded,
     how_to_choose,
     named_options,
     numbers_clash,
 )
 from ._base import (
+    DELETED,
     QUEUED_NOTE,
     Channel,
+    Erased,
     Escalation,
     Resolution,
     describe_principal,
@@ -39,6 +46,7 @@ from ._base import (
 )
 from ._retries import doubled
 from ._state import ChannelState
+from ._text_replies import parse_reply
 from ._text_shown import (
     adopt_shown,
     keep_escalation,
@@ -54,42 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TerminalTextChannel", "TextChannel", "parse_reply"]
 
-_APPROVE = frozenset({"y", "yes", "approve", "approved", "ok", "1"})
-_DENY = frozenset({"n", "no", "deny", "denied", "reject", "cancel", "2"})
-_WORD = re.compile(r"^\s*([^\s:,.!-]+)[\s:,.!-]*(.*)$", re.DOTALL)
-# A word joined on without a space is one word: `no-brainer`, `1.5` and `1,000` say no yes or no.
-_JOINED = re.compile(r"^\s*[^\s:,.!-]+(?:-\w|[.,]\d)")
 _MAX_RESHOW_WAIT = 60.0  # seconds: the longest a tick waits to show again what start could not
-
-
-def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
-    """The answer a typed reply gives `request`, or None if it is not one.
-
-    Approvals take `yes` / `no` (or approve / deny, 1 / 2), optionally followed by a reason
-    (`no: too large`); questions take an option's id, label or number, or free text if allowed.
-    Text that shows nothing, or names two options at once, answers nothing.
-    """
-    text = text.strip()
-    if is_blank(text):
-        return None
-    if request.kind == "tool-approval":
-        m = _WORD.match(text)
-        if m is None or _JOINED.match(text):
-            return None
-        word, rest = folded(m.group(1)), m.group(2).strip() or None  # as options are named
-        if word in _APPROVE:
-            return InputResponse(request_id=request.id, option_id="approve", text=rest)
-        if word in _DENY:
-            return InputResponse(request_id=request.id, option_id="cancel", text=rest)
-        return None
-    named = named_options(request.options, text)
-    if len(named) == 1:
-        return InputResponse(request_id=request.id, option_id=named[0].id)
-    if named:  # ambiguous: taken as text, the person would think they chose an option
-        return None
-    if request.allow_text:
-        return InputResponse(request_id=request.id, text=text)
-    return None
 
 
 def _shown(text: str) -> str:
@@ -214,6 +187,9 @@ class TextChannel(Channel):
             text = f"{what} was answered by {by} at {when}: {resolution.value}"
         elif resolution.outcome == "expired":
             text = f"{what} expired at {when}"
+        elif resolution.outcome == DELETED:
+            text = f"{what} was withdrawn at {when}: its session was deleted"
+            text += "" if resolution.by is None else f" by {by}"
         else:
             text = f"{what} was withdrawn at {when}"
         if resolution.reason and resolution.outcome != "answered":
@@ -344,6 +320,14 @@ class TextChannel(Channel):
                 await keep_escalation(self, request.id, None)
             await self._show_unseen()
 
+    async def on_erased(self, erased: Sequence[Erased]) -> None:
+        """Each erased request this channel holds closes as `on_resolved` closes it (the one
+        shown told how, the next shown), from what the queue kept of it."""
+        for gone in erased:
+            held = next((r for r in self._queue if r.id == gone.request_id), None)
+            if held is not None:
+                await self.on_resolved(held, gone.resolution)
+
     async def _show_unseen(self) -> None:
         """Show the current request unless the person has seen it (its message may have failed:
         the service was down)."""
@@ -471,6 +455,8 @@ class TextChannel(Channel):
             return None
         except SignoffError as exc:  # an answer of the wrong shape, an expired session, ...
             await self._say(f"Your answer was not accepted: {exc}")
+            if isinstance(exc, UnknownSession | UnknownRequest):
+                await self._drop_erased(request)
             return None
         if outcome.outcome == "counted":
             if outcome.applied:
@@ -489,6 +475,17 @@ class TextChannel(Channel):
                 del self._queue[0]  # closed by this answer: the next one can be shown
                 await self._show_current()
         return outcome
+
+    async def _drop_erased(self, request: InputRequest) -> None:
+        """Drop `request` when the store no longer has it (its session was deleted) and show
+        the next: the hub tells of such a close from the deletion's entry, but one this channel
+        missed would otherwise stay on show, every reply refused, no other request shown."""
+        if await self.runtime.store.get_request(request.id) is not None:
+            return
+        async with self._lock:
+            if self._queue and self._queue[0].id == request.id:
+                del self._queue[0]
+                await self._show_current()
 
     async def _settled_before(self, request: InputRequest) -> str:
         stored = await self.runtime.store.get_request(request.id)

@@ -50,7 +50,7 @@ from .._settings import seconds, whole
 from .._sync import checked_clock, checked_sleep
 from .._types import InputRequest
 from . import _given_up as given_up
-from ._base import Channel, Escalation, Resolution, logger, off_loop
+from ._base import Channel, Erased, Escalation, Resolution, logger, off_loop
 from ._retries import MAX_WAIT, Outage, doubled
 from ._webhook_outbox import OUTBOX as _OUTBOX
 from ._webhook_outbox import drop_copy, keep_copies, kept_in_store, take_copies
@@ -67,7 +67,7 @@ from ._webhook_signatures import (
 )
 from ._webhook_urls import checked_urls, endpoint, httpx_module, masked
 from ._webhook_waits import Waits
-from ._webhook_warned import drop_warned, keep_warned, was_warned
+from ._webhook_warned import drop_warned, drop_warned_erased, keep_warned, was_warned
 
 if TYPE_CHECKING:
     import httpx
@@ -313,6 +313,19 @@ class WebhookChannel(Channel):
         await drop_warned(self, request)  # a closed request is never warned about again
         await self.enqueue("request.resolved", request, resolution)
 
+    async def on_erased(self, erased: Sequence[Erased]) -> None:
+        """`request.resolved` for each request erased with its session before its close was
+        delivered, whatever `accepts` says (the request is gone: it cannot be asked); its
+        `request` holds only its `id` and `session_id`."""
+        for gone in erased:
+            rid = gone.request_id
+            self._deadlines.pop(rid, None)
+            self._backfilled.discard(rid)
+            self._unkept.discard(rid)
+            await drop_warned_erased(self, rid)
+            left = {"id": rid, "session_id": gone.session_id}
+            await self._enqueue(self._payload("request.resolved", rid, left, gone.resolution))
+
     async def tick(self, now: float) -> None:
         """Queue the kept deliveries a start could not read, and the warnings now due. What the
         state fails is tried again at the next tick, logged when it starts failing, when its
@@ -421,12 +434,24 @@ class WebhookChannel(Channel):
     ) -> dict[str, Any]:
         """The JSON body of a delivery; `id` is stable for the same event of the same request
         (a request is escalated at most once, so that event has one id too)."""
-        digest = hashlib.sha256(f"{event}:{request.id}".encode()).hexdigest()[:24]
+        shown = request.model_dump(mode="json")
+        return self._payload(event, request.id, shown, resolution, escalation)
+
+    def _payload(
+        self,
+        event: str,
+        request_id: str,
+        request: dict[str, Any],
+        resolution: Resolution | None,
+        escalation: Escalation | None = None,
+    ) -> dict[str, Any]:
+        """`payload`'s body for the request `request_id` as `request` shows it."""
+        digest = hashlib.sha256(f"{event}:{request_id}".encode()).hexdigest()[:24]
         body = {
             "id": f"whd_{digest}",
             "type": event,
             "at": self._now(),
-            "request": request.model_dump(mode="json"),
+            "request": request,
             "resolution": None if resolution is None else resolution.to_dict(),
             "escalation": None if escalation is None else escalation.to_dict(),
         }
@@ -449,7 +474,11 @@ class WebhookChannel(Channel):
     ) -> None:
         """Queue one event for every URL (each URL gets them in order), kept in the hub's state
         first: a failure to keep it queues it nowhere."""
-        body = self.payload(event, request, resolution, escalation=escalation)
+        await self._enqueue(self.payload(event, request, resolution, escalation=escalation))
+
+    async def _enqueue(self, body: dict[str, Any]) -> None:
+        """`enqueue` the delivery of `body`."""
+        event = body["type"]
         raw = _json_bytes(body)
         self._ensure_workers()
         urls = [

@@ -3,20 +3,24 @@ write with it, in the same transaction, on a stream of its own (`DELETIONS_STREA
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._exceptions import SessionBusy, SessionWaiting, SubagentSession, UnknownSession
-from ._audit import AuditRow
+from .._exceptions import SessionBusy, SessionWaiting, StoreError, SubagentSession, UnknownSession
+from ._audit import AuditRow, loaded_data
+from ._codec import stored_type, unpack
+from ._request_rows import stored_request
 
 __all__ = [
     "DELETIONS_STREAM",
     "FINISHED",
     "LIVE",
+    "RESOLVED_STORED",
     "SESSION_DELETED",
     "Doomed",
     "deletion_row",
+    "erased_requests",
     "refuse",
 ]
 
@@ -32,6 +36,10 @@ FINISHED = ("idle", "failed", "cancelled")
 LIVE = ("running", "waiting")
 """The statuses of a session `prune` deletes once its TTL has passed (it can go on no more)."""
 
+RESOLVED_STORED = (stored_type("input.resolved"), "input.resolved")
+"""How an event row may keep the type `input.resolved` (its code, or its name before codes):
+the closes a deletion reads to name, for each request it erases, the entry that closed it."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Doomed:
@@ -45,6 +53,37 @@ class Doomed:
     audit_hash: bytes | None
 
 
+def erased_requests(
+    requests: Iterable[Sequence[Any]], closes: Iterable[Sequence[Any]]
+) -> dict[str, list[dict[str, Any]]]:
+    """The requests a deletion erases that channels may show, by session: each one's `id` and
+    `closed`, the id of the audit entry that recorded its close (erased with it; None for one
+    still open, which only a forced deletion erases), in the order they closed, the open last.
+    A hub that never read that entry tells its channels of the close from the deletion's.
+
+    `requests`: rows of the session's id and `REQUEST_COLUMNS` (a store's); `closes`: rows of
+    an `input.resolved` entry's id, its event's stored data and the events it may be kept on.
+    A subagent's request mirrored on its parent is left out, as channels show the child's own;
+    one that cannot be read back (a damaged row, which `force` deletes) is kept in."""
+    closed: dict[str, int] = {}
+    for entry_id, data, *earlier in closes:
+        request_id = loaded_data(data, earlier).get("request_id")
+        if isinstance(request_id, str):
+            closed.setdefault(request_id, int(entry_id))
+    found: dict[str, list[dict[str, Any]]] = {}
+    for session_id, request_id, *columns in requests:
+        try:
+            child = stored_request(request_id, *columns[:4], unpack, *columns[4:]).child
+        except StoreError:
+            child = None
+        if child is None:
+            rid = str(request_id)
+            found.setdefault(str(session_id), []).append({"id": rid, "closed": closed.get(rid)})
+    for listed in found.values():
+        listed.sort(key=lambda r: (r["closed"] is None, r["closed"] or 0, r["id"]))
+    return found
+
+
 def deletion_row(
     doomed: Sequence[Doomed],
     *,
@@ -52,10 +91,12 @@ def deletion_row(
     by: dict[str, Any] | None,
     reason: str | None,
     force: bool = False,
+    requests: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> AuditRow:
     """The deletion's audit entry: which sessions (the one asked for first, then its subagents'),
-    who deleted them, when and why, where each one's event log and audit chain ended, and
-    whether it was forced (unfinished, `force`; said only then)."""
+    who deleted them, when and why, where each one's event log and audit chain ended, the
+    requests each held that channels may show (`erased_requests`), and whether it was forced
+    (unfinished, `force`; said only then)."""
     return AuditRow(
         stream=DELETIONS_STREAM,
         type=SESSION_DELETED,
@@ -73,6 +114,7 @@ def deletion_row(
                     "events": d.head,
                     "audit_n": d.audit_n,
                     "audit_hash": None if d.audit_hash is None else d.audit_hash.hex(),
+                    "requests": (requests or {}).get(d.id, []),
                 }
                 for d in doomed
             ],

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..._text import BIDI, HIDDEN, escape_as_json, far_off, in_utc
 from ..._types import InputRequest, Principal
-from .._base import Resolution
+from .._base import DELETED, Erased, Resolution
 
 __all__ = [
     "APPROVE",
@@ -25,6 +25,8 @@ __all__ = [
     "chosen_option",
     "closed_as",
     "deny_view",
+    "erased_blocks",
+    "erased_text",
     "fallback_text",
     "note_text",
     "refused_view",
@@ -428,9 +430,12 @@ def chosen_option(request: InputRequest, value: str) -> str:
 
 
 def closed_as(resolution: Resolution) -> str:
-    """How a request closed, in one word: Approved, Denied, Answered, Expired or Withdrawn."""
+    """How a request closed, in one word: Approved, Denied, Answered, Expired, Deleted (with its
+    session) or Withdrawn."""
     if resolution.outcome == "approved":
         return "Approved"
+    if resolution.outcome == DELETED:
+        return "Deleted"
     if resolution.outcome == "cancelled" and resolution.status == "settled":
         return "Denied"
     if resolution.outcome in ("answered", "expired"):
@@ -440,6 +445,10 @@ def closed_as(resolution: Resolution) -> str:
 
 def describe(request: InputRequest, resolution: Resolution) -> str:
     """One line: how the request closed, by whom and when."""
+    return _closing_line(resolution)
+
+
+def _closing_line(resolution: Resolution) -> str:
     by = slack_mention(resolution.by)
     when = _date(resolution.at)
     reason = f": “{_clip(escape(resolution.reason), _MAX_SHOWN)}”" if resolution.reason else ""
@@ -453,7 +462,32 @@ def describe(request: InputRequest, resolution: Resolution) -> str:
         return f":speech_balloon: *Answered* “{_clip(value, _MAX_SHOWN)}” by {by} {when}"
     if closed == "Expired":
         return f":hourglass: *Expired* {when}{reason}"
+    if closed == "Deleted":
+        by = "" if resolution.by is None else f" by {by}"
+        return f":wastebasket: *Deleted* with its session{by} {when}{reason}"
     return f":no_entry_sign: *Withdrawn* {when}{reason}"
+
+
+def erased_blocks(erased: Erased) -> list[dict[str, Any]]:
+    """The message of a request erased with its session: what it asked went with it, and is
+    no longer shown (its controls neither); its ids and how it closed are."""
+    gone = "_This request's session was deleted: what it asked is erased._"
+    facts = f"request {_span(erased.request_id)} · session {_span(erased.session_id)}"
+    return [
+        {"type": "section", "block_id": "signoff.summary", "text": _mrkdwn(gone)},
+        {"type": "context", "block_id": "signoff.facts", "elements": [_mrkdwn(facts)]},
+        {
+            "type": "context",
+            "block_id": "signoff.resolution",
+            "elements": [_mrkdwn(_closing_line(erased.resolution))],
+        },
+    ]
+
+
+def erased_text(erased: Erased) -> str:
+    """The notification text of an erased request's message (see `fallback_text`)."""
+    text = f"{closed_as(erased.resolution)}: request {erased.request_id} (its session was deleted)"
+    return _clip(escape(text), _MAX_TEXT)
 
 
 def _modal(

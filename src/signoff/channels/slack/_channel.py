@@ -36,6 +36,7 @@ from ...stores import promptly
 from .._base import (
     Channel,
     ChannelUnreachable,
+    Erased,
     InvalidSignature,
     RateLimited,
     Resolution,
@@ -46,6 +47,8 @@ from .._lease import Presence, alive
 from ._adopt import retry_handlers
 from ._blocks import (
     UNPARSED,
+    erased_blocks,
+    erased_text,
     note_text,
     request_blocks,
 )
@@ -279,6 +282,39 @@ class SlackChannel(Channel):
         await off_loop(self.remember, thread, closed)
         await self._update(request, where, resolution, blocks)
         await self.posts.forget(request.id, {thread: closed})
+
+    async def on_erased(self, erased: Sequence[Erased]) -> None:
+        """Each erased request whose message this channel keeps: rewritten to say its session
+        was deleted (what it asked went with it, and its buttons), and its memos dropped, its
+        thread's too (the session takes no reply)."""
+        kept = set(self.posts.unsaved)
+        for prefix in ("msg:", "posting:"):
+            kept.update(k.removeprefix(prefix) for k, _ in await off_loop(self.memos, prefix))
+        kept.update(k.removeprefix("post:") for k, _, _ in await self.posts.shared.listed("post:"))
+        for gone in erased:
+            rid = gone.request_id
+            if rid not in kept:
+                continue
+            where = await self.posts.where(rid, adopt=False) or await self.posts.find_unsaved(rid)
+            if where is None:  # an attempt that never reached Slack
+                await self.posts.forget(rid)
+                continue
+            try:
+                await self.client.chat_update(
+                    channel=where["channel"],
+                    ts=where["ts"],
+                    text=erased_text(gone),
+                    blocks=erased_blocks(gone),
+                    **UNPARSED,
+                )
+                self.refused_token.worked()
+            except SlackApiError as exc:
+                self.refused(exc, "chat.update", where["channel"])
+                error = api_error(exc)
+                if error not in _GONE:
+                    raise
+                logger.warning("slack: the message of %s cannot be updated (%s)", rid, error)
+            await self.posts.gone(rid, where)
 
     async def _update(
         self,

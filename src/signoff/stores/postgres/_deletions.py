@@ -15,13 +15,22 @@ from .._deletions import (
     DELETIONS_STREAM,
     FINISHED,
     LIVE,
+    RESOLVED_STORED,
     SESSION_DELETED,
     Doomed,
     deletion_row,
+    erased_requests,
     refuse,
 )
 from ._connections import Conn, Connections, storable
-from ._sql import AUDIT_APPEND, AUDIT_LOCK
+from ._sql import (
+    AUDIT_APPEND,
+    AUDIT_LOCK,
+    EARLIER_COLUMNS,
+    EARLIER_JOIN,
+    REQUEST_COLUMNS,
+    REQUEST_JOIN,
+)
 
 __all__ = ["Deletions"]
 
@@ -44,6 +53,17 @@ _READ = (
 )
 """Each session of the tree as its row keeps it, its parent's id, whether a drive holds its
 lease, its open requests and whether its turn has work to do (its TTL not passed)."""
+
+_REQUESTS = (
+    f"SELECT s.id, {REQUEST_COLUMNS} FROM {{s}}.requests r {REQUEST_JOIN} WHERE r.sk = ANY(%s)"
+)
+"""The request rows of the sessions of the keys given (`erased_requests`)."""
+
+_CLOSES = (
+    f"SELECT a.id, e.data, {EARLIER_COLUMNS} FROM {{s}}.audit a JOIN {{s}}.events e "
+    f"ON e.sk = a.sk AND e.seq = a.seq{EARLIER_JOIN} WHERE a.sk = ANY(%s) AND e.type = ANY(%s)"
+)
+"""The `input.resolved` entries of the sessions of the keys given, with their events."""
 
 _GATE = (
     "ok AS (SELECT 1 WHERE (SELECT array_agg(x.sk || ':' || x.audit_n || ':' || x.head "
@@ -151,10 +171,18 @@ class Deletions(Connections):
         the entry names the chain heads deleted. One message, as every write here."""
         until = math.inf if before is None else before
         for _ in range(5):
-            doomed = await self._doomed(session_id, now, until, force=force)
-            if doomed is None:
+            found = await self._doomed(session_id, now, until, force=force)
+            if found is None:
                 return []  # touched since `prune` listed it
-            row = deletion_row([d for _, d in doomed], at=now, by=by, reason=reason, force=force)
+            doomed, erased = found
+            row = deletion_row(
+                [d for _, d in doomed],
+                at=now,
+                by=by,
+                reason=reason,
+                force=force,
+                requests=erased,
+            )
             ids = [d.id for _, d in doomed]
             self._before(SESSION_DELETED)
             if await self._delete(session_id, doomed, row, now, until, durable, force):
@@ -225,21 +253,31 @@ class Deletions(Connections):
 
     async def _doomed(
         self, session_id: str, now: float, before: float, *, force: bool = False
-    ) -> list[tuple[int, Doomed]] | None:
+    ) -> tuple[list[tuple[int, Doomed]], dict[str, list[dict[str, Any]]]] | None:
         """The session and its subagents' sessions, by key, checked deletable at `now` as read
-        (the write checks again, locked); None if it was last active at `before` or since.
-        `force`: unfinished too, under no lease held."""
+        (the write checks again, locked), with the requests of theirs channels may show
+        (`erased_requests`: the write's check that the chains are still the ones read keeps
+        them true); None if it was last active at `before` or since. `force`: unfinished
+        too, under no lease held."""
         if not storable(session_id):
             refuse(session_id, found=False, parent=None, leased=None, waiting=())
+        s = self._s
 
-        async def body(conn: Conn) -> list[tuple[Any, ...]]:
+        async def body(conn: Conn) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
             cur = psycopg.AsyncClientCursor(conn)
-            await cur.execute(_NESTED + _READ.format(s=self._s), (session_id, now, now))
+            await cur.execute(_NESTED + _READ.format(s=s), (session_id, now, now))
             while cur.nextset():
                 pass
-            return list(await cur.fetchall())
+            tree = list(await cur.fetchall())
+            keys = [int(r[0]) for r in tree]
+            if not keys:
+                return tree, {}
+            requests = await conn.execute(_REQUESTS.format(s=s), (keys,))
+            closes = await conn.execute(_CLOSES.format(s=s), (keys, list(RESOLVED_STORED)))
+            erased = erased_requests(await requests.fetchall(), await closes.fetchall())
+            return tree, erased
 
-        rows = await self._read(body, f"reading session {session_id!r} to delete it")
+        rows, erased = await self._read(body, f"reading session {session_id!r} to delete it")
         top = next((r for r in rows if r[1] == session_id), None)
         waiting = [rid for r in rows for rid in (r[8] or ())]
         refuse(
@@ -266,7 +304,7 @@ class Deletions(Connections):
             for r in rows
         ]
         doomed.sort(key=lambda d: d[1].id != session_id)  # the one asked for first
-        return doomed
+        return doomed, erased
 
     async def flush(self) -> None:
         """Wait until every commit made so far is flushed to disk: deletions committed not

@@ -8,9 +8,20 @@ import sqlite3
 from typing import Any
 
 from ..._exceptions import StoreError
-from .._deletions import FINISHED, LIVE, SESSION_DELETED, Doomed, deletion_row, refuse
+from .._codec import CHAIN_MAX
+from .._deletions import (
+    FINISHED,
+    LIVE,
+    RESOLVED_STORED,
+    SESSION_DELETED,
+    Doomed,
+    deletion_row,
+    erased_requests,
+    refuse,
+)
 from ._connection import Connection, kept
 from ._own_streams import append_entry
+from ._schema import EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN
 from ._transactions import failed, immediate, reading, serialised
 
 __all__ = ["DELETED", "Deletions", "LAST_KEY"]
@@ -48,6 +59,18 @@ def _oldest(statuses: str, *, agent: bool, ttl: bool) -> str:
 
 _TABLES = ("events", "snapshots", "requests", "leases", "audit")
 """The tables holding rows of a session by its key, besides `sessions`."""
+
+_REQUESTS = f"SELECT s.id, {REQUEST_COLUMNS} FROM requests r {REQUEST_JOIN} WHERE r.sk IN ({{}})"
+"""The request rows of the sessions whose keys fill `{}` (`erased_requests`)."""
+
+_CLOSES = (
+    "SELECT a.id, e.data, "
+    + ", ".join(f"p{i}.data" for i in range(1, CHAIN_MAX + 1))
+    + " FROM audit a JOIN events e ON e.sk = a.sk AND e.seq = a.seq"
+    + EARLIER_JOIN
+    + " WHERE a.sk IN ({}) AND e.type IN (?, ?)"
+)
+"""The `input.resolved` entries of the sessions whose keys fill `{}`, with their events."""
 
 
 class Deletions(Connection):
@@ -108,6 +131,16 @@ class Deletions(Connection):
                     return []
                 keys = [sk for sk, _ in doomed]
                 marks = ",".join("?" * len(keys))
+                # Read before they go: the requests channels may show, for the hubs (see
+                # `erased_requests`).
+                erased = erased_requests(
+                    conn.execute(_REQUESTS.format(marks), keys).fetchall(),
+                    conn.execute(_CLOSES.format(marks), [*keys, *RESOLVED_STORED]).fetchall(),
+                )
+                # SQLite numbers a row one past the highest kept: the entry goes past every id
+                # given so far, so no id a hub has read past is given again (it would never
+                # read this entry, nor the next ones, which took the erased entries' ids).
+                top = conn.execute("SELECT max(id) FROM audit").fetchone()[0]
                 for table in _TABLES:
                     conn.execute(f"DELETE FROM {table} WHERE sk IN ({marks})", keys)
                 conn.execute(f"DELETE FROM sessions WHERE sk IN ({marks})", keys)
@@ -121,9 +154,14 @@ class Deletions(Connection):
                     [(DELETED + d.id, repr(now)) for _, d in doomed],
                 )
                 row = deletion_row(
-                    [d for _, d in doomed], at=now, by=by, reason=reason, force=force
+                    [d for _, d in doomed],
+                    at=now,
+                    by=by,
+                    reason=reason,
+                    force=force,
+                    requests=erased,
                 )
-                append_entry(conn, {}, row)
+                append_entry(conn, {}, row, entry_id=max(0, int(top or 0)) + 1)
         except sqlite3.IntegrityError as exc:
             raise StoreError(failed("delete from", self.path, exc)) from exc
         finally:

@@ -14,10 +14,15 @@ __all__ = ["append_entry"]
 
 
 def append_entry(
-    conn: sqlite3.Connection, last: dict[str, tuple[int, str | None]], row: AuditRow
+    conn: sqlite3.Connection,
+    last: dict[str, tuple[int, str | None]],
+    row: AuditRow,
+    *,
+    entry_id: int | None = None,
 ) -> bool:
     """Chain `row` onto its stream inside the caller's transaction; `last` holds the heads read
-    so far in it. False (nothing written) when `row.after` is given and the stream moved."""
+    so far in it. False (nothing written) when `row.after` is given and the stream moved.
+    `entry_id`: the id to give it (else SQLite's next, one past the highest kept now)."""
     if row.stream not in last:
         # The head row first; if it went missing, the last entry.
         found = conn.execute(
@@ -34,8 +39,8 @@ def append_entry(
         prev, stream=row.stream, n=n, type=row.type, at=row.at, seq=None, data=row.data
     )
     cur = conn.execute(
-        "INSERT INTO audit (stream, n, type, at, data, hash) VALUES (?,?,?,?,?,?)",
-        (row.stream, n, row.type, row.at, dumps(row.data), bytes.fromhex(digest)),
+        "INSERT INTO audit (id, stream, n, type, at, data, hash) VALUES (?,?,?,?,?,?,?)",
+        (entry_id, row.stream, n, row.type, row.at, dumps(row.data), bytes.fromhex(digest)),
     )
     last[row.stream] = (n, digest)
     # A negative id: no gap among the ids readers page through (a ChannelHub waits).
