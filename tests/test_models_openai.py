@@ -3,6 +3,7 @@ request it sends and how it reads the response."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -109,6 +110,29 @@ async def test_conversation_and_tools_reach_the_server_in_chat_format(fake, mode
         }
     ]
     assert "temperature" not in body and "max_tokens" not in body
+
+
+async def test_arguments_go_back_as_a_json_object_whatever_the_model_wrote(fake, model) -> None:
+    """Ollama and vLLM parse the arguments of each earlier call as an object: one the model
+    wrote unparsable went back as written, and every later request of the session was
+    refused (400), retries and new turns alike. It goes back under `_unparsed_arguments`, and
+    input that is no object under `input`."""
+    fake.queue(openai_completion("ok"))
+    broken = '{"order_id": "1042"'
+    calls = [
+        so.ToolCall(name="f", input={"_unparsed_arguments": broken}, id="call_a"),
+        so.ToolCall(name="f", input=[1], id="call_b"),
+        so.ToolCall(name="f", input={"a": "é"}, id="call_c"),
+    ]
+    results = [so.ToolResultMessage(call_id=c.id or "", tool_name="f", content="ok") for c in calls]
+    await model.complete(request(so.AssistantMessage(tool_calls=calls), *results))
+    [assistant] = [m for m in fake.bodies[0]["messages"] if m["role"] == "assistant"]
+    sent = [c["function"]["arguments"] for c in assistant["tool_calls"]]
+    assert sent == [
+        json.dumps({"_unparsed_arguments": broken}),
+        '{"input": [1]}',
+        '{"a": "é"}',
+    ]
 
 
 async def test_no_tools_no_system_and_options_are_sent(fake) -> None:

@@ -123,7 +123,8 @@ async def test_malformed_arguments_become_a_tool_error_the_model_sees(
     assert [(d["call_id"], d["status"]) for d in completed] == [("call_bad", "error")]
     assistant, tool_message = fake.bodies[1]["messages"][-2:]
     # the malformed text goes back exactly as the model wrote it
-    assert assistant["tool_calls"][0]["function"]["arguments"] == raw
+    sent = assistant["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(sent) == {"_unparsed_arguments": raw}  # a JSON object, what it wrote in it
     assert tool_message["tool_call_id"] == "call_bad"
     content = tool_message["content"]
     assert content.startswith("ERROR: the call to issue_refund failed.")

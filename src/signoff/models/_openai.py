@@ -515,11 +515,13 @@ def _finite(number: str) -> float:
 
 
 def format_arguments(value: Any) -> str:
-    """The inverse of `parse_arguments`: unparsable arguments go back exactly as received."""
-    if isinstance(value, dict) and set(value) == {UNPARSED_ARGUMENTS}:
-        raw = value[UNPARSED_ARGUMENTS]
-        if isinstance(raw, str):
-            return raw
+    """Tool-call arguments as sent back: always a JSON object, as compatible servers read them
+    again (Ollama and vLLM parse each earlier call's, and refused every later request of the
+    session over one the model wrote unparsable). Unparsable text goes back under
+    `UNPARSED_ARGUMENTS`, as signoff holds it, and input that is no object under `input`, as
+    `Anthropic` sends it."""
+    if not isinstance(value, dict):
+        value = {"input": value}
     return json.dumps(value, ensure_ascii=False)
 
 
