@@ -1,5 +1,6 @@
 """`TerminalTextChannel` in a hub: a prompt is asked again by a process started anew, the
-terminal is read by one prompt at a time, also when the request asked closes elsewhere, and
+terminal is read by one prompt at a time, also when the request asked closes elsewhere or is
+dropped, a line typed for a dropped one is not applied, and
 Ctrl-C at a prompt ends the program at once."""
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from rich.console import Console
 
 import signoff as so
 from signoff.channels import ChannelHub, TerminalChannel, TerminalTextChannel
+from signoff.testing import ManualClock
 
-from ._channels import BOB, manual, status, three_refunds
+from ._channels import BOB, escalating_refund, manual, status, three_refunds
 
 
 def _prompts(read: Callable[[str], str | None]) -> tuple[TerminalTextChannel, io.StringIO]:
@@ -58,6 +60,35 @@ async def test_a_prompt_left_open_is_asked_again_when_the_hub_starts_again(
             await again.idle()
         assert [await status(rt, x.id) for x in (a, b, c)] == [("settled", "approved")] * 3
         assert runs == ["A-1", "B-2", "C-3"]
+
+
+async def test_a_prompt_closed_while_no_hub_ran_is_told_not_asked_again(tmp_path: Path) -> None:
+    """A's prompt was left open; A was approved elsewhere before a hub started again (a new
+    process): the person is told how A closed and asked B, not asked A, which no answer can
+    close."""
+    runs: list[str] = []
+    state = tmp_path / "channels.db"
+    async with so.Runtime([three_refunds(runs)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a, b, _ = r.pending
+        first, _ = _prompts(lambda prompt: None)
+        async with manual(ChannelHub(rt, [first], state=state)) as hub:
+            await hub.poll()
+            await first.idle()
+        await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+        asked: list[str] = []
+
+        def leave(prompt: str) -> str | None:
+            asked.append(prompt)
+            return None
+
+        again, out = _prompts(leave)
+        async with manual(ChannelHub(rt, [again], state=state)) as hub:
+            await hub.poll()
+            await again.idle()
+        assert "issue_refund was approved by the policy" in out.getvalue()
+        assert len(asked) == 1 and "B-2" in asked[0]
+        assert await status(rt, b.id) == ("pending", None)
 
 
 async def _reading(readers: Callable[[], int]) -> None:
@@ -116,6 +147,51 @@ async def test_a_request_closed_elsewhere_leaves_one_prompt_reading_the_terminal
             ("settled", "cancelled"),
         ]
         assert runs == ["A-1", "B-2"]
+
+
+async def test_a_line_typed_for_a_request_the_channel_dropped_is_not_applied(
+    tmp_path: Path,
+) -> None:
+    """A escalated to finance while its prompt waits, and this terminal takes no escalated
+    request: the person is told A is no longer shown here and what they type no longer counts,
+    yet their `y` approved A (which the group's policy let them) and the refund ran. It is not
+    applied, they are told so, and the next request is asked after it."""
+    runs: list[str] = []
+    typed: queue.Queue[str | None] = queue.Queue()
+    asked: list[str] = []
+
+    def read(prompt: str) -> str | None:
+        asked.append(prompt)
+        return typed.get(timeout=10)
+
+    clock = ManualClock()
+    agents = [escalating_refund("billing"), three_refunds(runs)]
+    async with so.Runtime(agents, store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        (a,) = (await rt.generate("billing", prompt="Refund A")).pending
+        clock.advance(1)
+        others = (await rt.generate("support", prompt="Refund three orders")).pending
+        out = io.StringIO()
+        terminal = TerminalChannel(Console(file=out, width=200, highlight=False), read=read)
+        prompts = TerminalTextChannel(
+            terminal, principal=BOB, accepts=lambda r: r.escalated_to is None
+        )
+        async with manual(ChannelHub(rt, [prompts])) as hub:
+            await hub.poll()
+            await _reading(lambda: len(asked))
+            clock.advance(60)
+            await rt.pending()  # a listing records the passed deadline: A goes to finance
+            await hub.poll()
+            assert "it is no longer shown here" in out.getvalue()
+            typed.put("y")  # typed at A's prompt
+            typed.put(None)  # at the next prompt: the input ends
+            await prompts.idle()
+        assert await status(rt, a.id) == ("pending", None)
+        assert "what you typed was not applied: issue_refund is no longer shown here" in (
+            out.getvalue()
+        )
+        assert len(asked) == 2 and '"amount":' in asked[1]  # one of the others
+        assert [await status(rt, x.id) for x in others] == [("pending", None)] * 3
+        assert runs == []
 
 
 async def test_a_hub_stopped_and_started_again_in_the_process_keeps_the_prompt_out(

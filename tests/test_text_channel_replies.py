@@ -152,3 +152,29 @@ async def test_bidirectional_controls_in_what_a_text_channel_sends_show_as_escap
             await hub.poll()
         assert all(not BIDI.search(text) for text in sms.sent), sms.sent
         assert sms.sent[-1].endswith(": ok \\u202eon.")
+
+
+@pytest.mark.parametrize(
+    ("typed", "option", "reason"),
+    [
+        ("ｎｏ：ｔｏｏ ｂｉｇ", "cancel", "ｔｏｏ ｂｉｇ"),  # the reason as typed
+        ("no：too big", "cancel", "too big"),
+        ("no，too big", "cancel", "too big"),
+        ("no、too big", "cancel", "too big"),
+        ("ｙｅｓ！", "approve", None),
+        ("ｙｅｓ．", "approve", None),
+        ("yes。", "approve", None),
+    ],
+)
+def test_an_approval_reads_its_separators_in_any_width(
+    typed: str, option: str, reason: str | None
+) -> None:
+    """`ＮＯ: too big` was read and `ｎｏ：ｔｏｏ ｂｉｇ` (an input method's wide mode, whole)
+    was not: the word was compared in compatibility form, its separator only as typed."""
+    approval = so.InputRequest(
+        kind="tool-approval", id="req_1", session_id="s", turn_id="t", agent="a", created_at=0.0
+    )
+    assert parse_reply(approval, typed) == so.InputResponse(
+        request_id="req_1", option_id=option, text=reason
+    )
+    assert parse_reply(approval, "１．５") is None  # a number, as `1.5` is: no yes or no

@@ -3,7 +3,11 @@ follow), an option of a question by its id, label or number, or free text where 
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import re
+import unicodedata
+from collections.abc import Callable
 
 from .._text import is_blank
 from .._types import InputRequest, InputResponse, folded, named_options
@@ -12,9 +16,11 @@ __all__ = ["parse_reply"]
 
 _APPROVE = frozenset({"y", "yes", "approve", "approved", "ok", "1"})
 _DENY = frozenset({"n", "no", "deny", "denied", "reject", "cancel", "2"})
-_WORD = re.compile(r"^\s*([^\s:,.!-]+)[\s:,.!-]*(.*)$", re.DOTALL)
+# Read in compatibility form (`_compatible`): a full-width `：` or `！` is `:` or `!`; the
+# ideographic `、` and `。` separate as `,` and `.` do.
+_WORD = re.compile(r"^\s*([^\s:,.!、。-]+)[\s:,.!、。-]*(.*)$", re.DOTALL)
 # A word joined on without a space is one word: `no-brainer`, `1.5` and `1,000` say no yes or no.
-_JOINED = re.compile(r"^\s*[^\s:,.!-]+(?:-\w|[.,]\d)")
+_JOINED = re.compile(r"^\s*[^\s:,.!、。-]+(?:-\w|[.,]\d)")
 
 
 def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
@@ -28,10 +34,12 @@ def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
     if is_blank(text):
         return None
     if request.kind == "tool-approval":
-        m = _WORD.match(text)
-        if m is None or _JOINED.match(text):
+        compatible, typed_at = _compatible(text)
+        m = _WORD.match(compatible)
+        if m is None or _JOINED.match(compatible):
             return None
-        word, rest = folded(m.group(1)), m.group(2).strip() or None  # as options are named
+        # the word as options are named; the reason as typed
+        word, rest = folded(m.group(1)), text[typed_at(m.start(2)) :].strip() or None
         if word in _APPROVE:
             return InputResponse(request_id=request.id, option_id="approve", text=rest)
         if word in _DENY:
@@ -45,3 +53,12 @@ def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
     if request.allow_text:
         return InputResponse(request_id=request.id, text=text)
     return None
+
+
+def _compatible(text: str) -> tuple[str, Callable[[int], int]]:
+    """`text` in Unicode's compatibility form character by character (full-width `ｎｏ：` is
+    `no:`), and where in `text` the character holding an index of it is (the next one where
+    that index is inside one that became several)."""
+    parts = [unicodedata.normalize("NFKC", c) for c in text]
+    starts = list(itertools.accumulate((len(p) for p in parts), initial=0))
+    return "".join(parts), lambda i: bisect.bisect_left(starts, i)

@@ -8,18 +8,21 @@ last."""
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import TYPE_CHECKING, Any
 
-from ._base import off_loop
+from ._base import Resolution, off_loop
 from ._shared import Shared
 
 if TYPE_CHECKING:
+    from .._types import InputRequest
     from .text import TextChannel
 
 __all__ = [
     "ESCALATED",
     "SHOWN",
     "adopt_shown",
+    "closed_on_show",
     "keep_escalation",
     "keep_shown",
     "shown_in_store",
@@ -27,6 +30,7 @@ __all__ = [
 ]
 
 SHOWN = "shown"  # the memo, in the state and the store: the id of the request on show
+_PAGE = 500  # audit entries read at once
 
 
 def _shared(ch: TextChannel) -> Shared | None:
@@ -68,6 +72,32 @@ async def adopt_shown(ch: TextChannel) -> None:
         await off_loop(ch.forget, SHOWN)
     else:
         await off_loop(ch.remember, SHOWN, shown)
+
+
+async def closed_on_show(
+    ch: TextChannel, now_open: Container[str]
+) -> tuple[InputRequest, Resolution] | None:
+    """The request on show by the memo if it closed while no hub delivered to `ch`, with how it
+    closed as its session's trail records it: a channel made anew (in a new process) does not
+    hold it, and a hub that starts past that entry does not tell it. None if it is open or gone."""
+    shown = await off_loop(ch.recall, SHOWN)
+    if not isinstance(shown, str) or shown in now_open:
+        return None
+    store = ch.runtime.store
+    stored = await store.get_request(shown)
+    if stored is None or stored.status == "pending":
+        return None
+    after = 0
+    while True:
+        entries = await store.audit(
+            sessions=[stored.request.session_id], after_id=after, limit=_PAGE
+        )
+        for e in entries:
+            if e.type == "input.resolved" and e.data.get("request_id") == shown:
+                return stored.request, Resolution.from_event(e.data, e.at)
+        if len(entries) < _PAGE:
+            return None
+        after = entries[-1].id
 
 
 ESCALATED = "escalated:"

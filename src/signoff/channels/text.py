@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
@@ -49,6 +50,7 @@ from ._state import ChannelState
 from ._text_replies import parse_reply
 from ._text_shown import (
     adopt_shown,
+    closed_on_show,
     keep_escalation,
     keep_shown,
     shown_in_store,
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
 __all__ = ["TerminalTextChannel", "TextChannel", "parse_reply"]
 
 _MAX_RESHOW_WAIT = 60.0  # seconds: the longest a tick waits to show again what start could not
+_AT_ONCE = -sys.float_info.max  # `_reshow_at` for the first tick (after the first poll's entries)
 
 
 def _shown(text: str) -> str:
@@ -208,9 +211,10 @@ class TextChannel(Channel):
     # -- what the hub tells it ----------------------------------------------------------------
 
     async def start(self, open_requests: Sequence[InputRequest]) -> None:
-        """Hold the open requests as they stand now, and the closed one on show, whose close a
-        poll tells; a channel started again after standing by (another hub delivered, and told
-        of closes, meanwhile) drops the others that closed since, which no poll tells it of."""
+        """Hold the open requests as they stand now, and the closed one on show (by the memo,
+        also in a new process), whose close a poll tells, else the first tick (from the trail);
+        a channel started again after standing by (another hub delivered, and told of closes,
+        meanwhile) drops the others that closed since, which no poll tells it of."""
         self._started = True
         self._adopted = False
         async with self._lock:
@@ -222,16 +226,22 @@ class TextChannel(Channel):
                     self._queue.append(r)
             if self._queue:
                 self._reshow_at, self._reshows = -math.inf, 0  # no entry the hub retries shows it
-                await self._put_in_order()
+            await self._put_in_order()  # adopts the store's memo of the one shown
+            closed = await closed_on_show(self, now_open)
+            if closed is not None:  # told by the replayed `on_resolved`, else by the first tick
+                self._queue = [closed[0], *(r for r in self._queue if r.id != closed[0].id)]
+                self._untold[closed[0].id] = closed
+            if self._queue:
                 shown = await off_loop(self.recall, "shown")
                 self._queue = [r for r in self._queue if r.id in now_open or r.id == shown]
                 await self._show_unseen()
-                self._reshow_at = None
+                self._reshow_at, self._reshows = (None if closed is None else _AT_ONCE), 0
 
     async def tick(self, now: float) -> None:
         """Show the current request if `start` failed to, and tell how the one shown closed if
-        `on_resolved` failed to (the service was down): the hub retries an entry only so many
-        times, and no entry is left to retry a start. Tried a second after, then after 2 s,
+        `on_resolved` failed to (the service was down) or no poll told the close `start` found
+        (at the first tick): the hub retries an entry only so many times, and no entry is left
+        to retry a start. Tried a second after, then after 2 s,
         4 s... up to a minute while it keeps failing (the hub's retries may do it before)."""
         if self._reshow_at == -math.inf:
             self._reshow_at = now + 1.0
@@ -542,7 +552,7 @@ class TerminalTextChannel(TextChannel):
         """As `TextChannel`'s, but the memo of the request shown outlives the process and its
         prompt does not: one this process has not asked is asked, also after a restart."""
         current = self.current
-        if current is not None and current.id != self._asked:
+        if current is not None and current.id not in (self._asked, *self._untold):  # untold: closed
             await self._show_current()
         else:
             await super()._show_unseen()
@@ -582,7 +592,8 @@ class TerminalTextChannel(TextChannel):
                         self._out = None
                 if response is None:
                     return
-                await self.answer(request, response, self.principal)
+                if await self._still_shown(request):
+                    await self.answer(request, response, self.principal)
             except Exception:
                 logger.exception("terminal channel: asking %s failed", request.id)
                 return
@@ -590,6 +601,22 @@ class TerminalTextChannel(TextChannel):
             if current is None or current.id == request.id:
                 return
             request = current
+
+    async def _still_shown(self, request: InputRequest) -> bool:
+        """Whether the line typed at `request`'s prompt is applied: not if the channel dropped
+        the request while it was read (escalated to a group its `accepts` does not take), which
+        the person is told; one that closed meanwhile is answered, and the answer says so."""
+        if any(r.id == request.id for r in self._queue):
+            return True
+        stored = await self.runtime.store.get_request(request.id)
+        if stored is None or stored.status != "pending":
+            return True
+        what = request.tool_name if request.kind == "tool-approval" else "the question"
+        self.terminal.console.print(
+            f"  [dim]what you typed was not applied: {printable(str(what))} is no longer "
+            "shown here[/]"
+        )
+        return False
 
     async def idle(self) -> None:
         """Wait until the prompts shown so far are answered (or left)."""
