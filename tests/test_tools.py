@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pytest
-from pydantic import AfterValidator, BaseModel, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator
 from pydantic.json_schema import GenerateJsonSchema
 
 import signoff as so
@@ -46,9 +46,34 @@ def test_schema_from_type_hints() -> None:
     assert "title" not in schema
 
 
-def test_description_from_the_docstring_first_paragraph() -> None:
+def test_description_from_the_docstring_up_to_its_sections() -> None:
+    # Its first paragraph only was the description: a rule in the second never reached the
+    # model. Sections for the code's readers (Args:, :param:) stay out.
     assert issue_refund.name == "issue_refund"
-    assert issue_refund.description == "Refund an order in full or in part."
+    assert issue_refund.description == (
+        "Refund an order in full or in part.\n\nAmounts over 100 need a person to approve."
+    )
+
+    @so.tool
+    async def refund(amount: int) -> int:
+        """Refund an order.
+
+        `amount` is in cents, not dollars.
+
+        Args:
+            amount: what to refund.
+        """
+        return amount
+
+    @so.tool
+    async def refund_rest(amount: int) -> int:
+        """Refund an order.
+        :param amount: in cents.
+        """
+        return amount
+
+    assert refund.description == "Refund an order.\n\n`amount` is in cents, not dollars."
+    assert refund_rest.description == "Refund an order."
 
     @so.tool(name="refund-v2", description="Explicit description.")
     async def other(x: int) -> int:
@@ -471,3 +496,39 @@ def test_a_class_given_for_a_tool_is_refused_naming_it() -> None:
     of type hints of its constructor."""
     with pytest.raises(so.UsageError, match="class _Refunder is not a tool"):
         so.tool(_Refunder)
+
+
+def test_a_tuple_parameters_array_has_items_as_openai_requires() -> None:
+    # pydantic describes a tuple with `prefixItems` alone; OpenAI refused every call of the
+    # agent: "array schema missing items".
+    @so.tool
+    async def locate(
+        point: tuple[float, float], path: list[tuple[int, str]], none: tuple[()]
+    ) -> str:
+        """Locate a point."""
+        return "here"
+
+    props = locate.json_schema()["properties"]
+    assert props["point"]["items"] == {"type": "number"}
+    assert props["point"]["prefixItems"] == [{"type": "number"}, {"type": "number"}]
+    pair = props["path"]["items"]
+    assert pair["items"] == {"anyOf": [{"type": "integer"}, {"type": "string"}]}
+    assert props["none"]["items"] == {}
+    assert locate.validate({"point": [1, 2], "path": [[1, "a"]], "none": []}).point == (1.0, 2.0)
+
+
+def test_a_parameter_name_providers_refuse_is_refused_when_the_tool_is_made() -> None:
+    # Anthropic refuses a request whose tool input has such a property: every call failed.
+    async def sized(größe: int) -> int:
+        """Set a size."""
+        return größe
+
+    with pytest.raises(so.UsageError, match="parameter 'größe' is a name providers refuse"):
+        so.tool(sized)
+
+    async def aliased(order_id: Annotated[str, Field(alias="order id")]) -> str:
+        """Look an order up."""
+        return order_id
+
+    with pytest.raises(so.UsageError, match="parameter 'order id' is a name providers refuse"):
+        so.tool(aliased)

@@ -184,8 +184,20 @@ class Tool:
 
 
 def _describe(fn: Callable[..., Any]) -> str:
+    """The model's description of the tool: its docstring, as `inspect` cleans it, up to its
+    first section for readers of the code (`Args:`, `Returns:`, `:param x:`...). Only its first
+    paragraph was sent, so a rule in a later one (`amount` in cents) never reached the model."""
     doc = inspect.getdoc(fn) or ""
-    return doc.split("\n\n", 1)[0].replace("\n", " ").strip()
+    section = _DOC_SECTION.search(doc)
+    return (doc if section is None else doc[: section.start()]).strip()
+
+
+_DOC_SECTION = re.compile(
+    r"^(?:(?:Args|Arguments|Parameters|Params|Keyword Args|Returns?|Yields?|Raises|Examples?)"
+    r"\s*:?\s*$|:(?:param|type|returns?|rtype|raises)\b)",
+    re.MULTILINE,
+)
+"""A Google, NumPy or reST docstring section, which describes the code to its readers."""
 
 
 def _hinted(fn: Callable[..., Any]) -> tuple[Callable[..., Any], set[str]]:
@@ -258,7 +270,37 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseMode
         ) from None
     _check_async_functions(model, name)
     _check_defaults(model, name)
+    for key in schema.get("properties", {}):
+        if not _PROPERTY_NAME.fullmatch(key):
+            # Anthropic refuses the request (every one of the agent's calls) over such a key.
+            raise UsageError(
+                f"tool {name!r}: its parameter {key!r} is a name providers refuse (letters, "
+                "digits, '_', '.' and '-' only, at most 64): rename it, or give it an alias"
+            )
+    _give_arrays_items(schema)
     return takes_context, model, schema
+
+
+_PROPERTY_NAME = re.compile(r"[a-zA-Z0-9_.-]{1,64}")
+"""What Anthropic takes as a name of a tool's parameter (its input schema's property)."""
+
+
+def _give_arrays_items(schema: Any) -> None:
+    """Give each array in `schema` that has none an `items`: OpenAI refuses an array without
+    one, which pydantic makes of a tuple (`prefixItems` alone), so every call failed. Its
+    `prefixItems` (and `maxItems`) still say what each place holds."""
+    if isinstance(schema, list):
+        for item in schema:
+            _give_arrays_items(item)
+        return
+    if not isinstance(schema, dict):
+        return
+    if schema.get("type") == "array" and "items" not in schema:
+        places = schema.get("prefixItems") or []
+        kinds = [p for i, p in enumerate(places) if p not in places[:i]]
+        schema["items"] = kinds[0] if len(kinds) == 1 else ({"anyOf": kinds} if kinds else {})
+    for value in schema.values():
+        _give_arrays_items(value)
 
 
 def _check_async_functions(model: type[BaseModel], name: str) -> None:
