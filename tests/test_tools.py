@@ -514,7 +514,8 @@ def test_a_tuple_parameters_array_has_items_as_openai_requires() -> None:
     pair = props["path"]["items"]
     assert pair["items"] == {"anyOf": [{"type": "integer"}, {"type": "string"}]}
     assert props["none"]["items"] == {}
-    assert locate.validate({"point": [1, 2], "path": [[1, "a"]], "none": []}).point == (1.0, 2.0)
+    checked: Any = locate.validate({"point": [1, 2], "path": [[1, "a"]], "none": []})
+    assert checked.point == (1.0, 2.0)
 
 
 def test_a_parameter_name_providers_refuse_is_refused_when_the_tool_is_made() -> None:
