@@ -29,6 +29,7 @@ def _pages(sid: str, rid: str) -> list[str]:
         f"/_signoff/sessions/{sid}/events/1",
         f"/_signoff/requests/{rid}/input",
         f"/_signoff/requests/{rid}/payload",
+        f"/_signoff/requests/{rid}/place",
         "/_signoff/new",
         "/_signoff/tools",
         "/_signoff/audit",

@@ -76,3 +76,51 @@ async def test_a_sessions_live_read_brings_the_page_it_shows(
     assert f'value="/_signoff/sessions/{sid}?page=2"' in data["pending"]
     page = (await c.get(f"/_signoff/sessions/{sid}?upto=2&page=2")).text
     assert 'href="?upto=2&amp;page=3"' in page
+
+
+async def test_where_an_open_request_is_listed_now(
+    client: tuple[httpx.AsyncClient, str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A card written in that left its page was said closed elsewhere, though its request had
+    only moved to another page: the page asks where the list shows it now, if anywhere."""
+    monkeypatch.setattr(_page_data, "PAGE_SIZE", 2)
+    c, sid, ids = client
+
+    async def place(rid: str, query: str = "") -> object:
+        r = await c.get(f"/_signoff/requests/{rid}/place{query}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    assert await place(ids[3], "?in=session&page=1") == {
+        "open": True,
+        "page": 2,
+        "url": f"/_signoff/sessions/{sid}?page=2",
+    }
+    assert await place(ids[0], "?in=session") == {
+        "open": True,
+        "page": 1,
+        "url": f"/_signoff/sessions/{sid}",
+    }
+    # The queue's place keeps its filters; a request its filter leaves out is not open there.
+    assert await place(ids[4], "?agent=bulk&page=1") == {
+        "open": True,
+        "page": 3,
+        "url": "/_signoff/?agent=bulk&page=3",
+    }
+    assert await place(ids[1]) == {"open": True, "page": 1, "url": "/_signoff/"}
+    nowhere = {"open": False, "page": None, "url": None}
+    assert await place(ids[1], "?agent=other") == nowhere
+    assert await place(ids[1], "?kind=question") == nowhere
+    assert await place("req_unknown") == nowhere
+    denied = await c.post(
+        f"/v1/sessions/{sid}/responses",
+        json={"inputResponses": [{"requestId": ids[0], "optionId": "cancel"}]},
+    )
+    assert denied.status_code == 200, denied.text
+    assert await place(ids[0]) == nowhere
+    assert await place(ids[0], "?in=session") == nowhere
+    assert await place(ids[2], "?in=session") == {
+        "open": True,
+        "page": 1,
+        "url": f"/_signoff/sessions/{sid}",
+    }

@@ -55,6 +55,7 @@ from ._page_data import (
     query_number,
     queue_context,
     recorded_tools,
+    request_place,
     session_context,
     sessions_context,
     setting_history,
@@ -116,6 +117,13 @@ async def queue_stream(request: Request) -> Response:
     except StoreError:
         pass  # the stream waits this out
     return stream_response(queue_changes(request, ctx, viewer), ctx.streams.take(viewer))
+
+
+@router.get("/requests/{request_id}/place")
+async def request_place_page(request: Request, request_id: str) -> Response:
+    """Whether a request is open and which page of a list shows it (JSON): a card that left
+    its page while the reviewer wrote in it is said closed only if it closed."""
+    return JSONResponse(await request_place(request, request_id))
 
 
 _BOTH = (

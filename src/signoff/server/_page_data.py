@@ -14,13 +14,14 @@ from .._agent import Agent
 from .._audit_trail import TOOL_SETTING, TOOLS_STREAM, entries
 from .._eligibility import refusal, voted
 from .._events import EVENT_TYPES, Event
+from .._exceptions import UnknownRequest, UnknownSession
 from .._mirrors import deciding as _deciding
 from .._state_parts import RequestState
 from .._types import InputRequest, Principal
 from ..models import Scripted
 from ..stores import PendingFilter, SessionSummary
 from ..stores._audit import AuditEntry
-from ._auth import TokenAuth
+from ._auth import DASHBOARD_PREFIX, TokenAuth
 from ._context import ServerContext, get_context
 from ._pages import principal_of, who
 from ._route import check_query
@@ -34,6 +35,7 @@ __all__ = [
     "query_number",
     "recorded_tools",
     "queue_context",
+    "request_place",
     "session_context",
     "sessions_context",
     "setting_history",
@@ -125,6 +127,50 @@ async def queue_context(request: Request) -> dict[str, Any]:
         page_query=lambda n: urlencode({**picked, "page": n}),
         **await _offers(ctx, viewer, items),
     )
+
+
+async def request_place(request: Request, request_id: str) -> dict[str, Any]:
+    """Where a list of open requests shows one now (its session's with `?in=session`, else the
+    queue filtered as the query says): `open`, and the `page` and `url` that list it. A card
+    that left its page may only have moved to another (requests before it closed), not closed;
+    an open request the list does not show is not `open` there."""
+    ctx, viewer = await signed_in(request)
+    nowhere: dict[str, Any] = {"open": False, "page": None, "url": None}
+    try:
+        stored = await ctx.request(request_id, viewer)
+    except UnknownRequest:
+        return nowhere
+    if stored.status != "pending":
+        return nowhere
+    r = stored.request
+    picked: dict[str, str] = {}
+    if request.query_params.get("in") == "session":
+        try:
+            state = await ctx.session(r.session_id, viewer, shown=True)
+        except UnknownSession:
+            return nowhere
+        listed = [p.id for p in state.pending_requests()]
+        if request_id not in listed:
+            return nowhere
+        index = listed.index(request_id)
+        path = f"{DASHBOARD_PREFIX}/sessions/{r.session_id}"
+    else:
+        flt, picked, _ = _queue_filter(request)
+        its = {"agent": r.agent, "tool": r.tool_name, "kind": r.kind}
+        if any(its[name] != value for name, value in picked.items()):
+            return nowhere  # the queue's filter leaves it out
+        first = replace(flt, offset=0, limit=1)
+        _, total = await ctx.visible_requests(viewer, first)
+        _, later = await ctx.visible_requests(viewer, replace(first, after=(r.created_at, r.id)))
+        index = total - later - 1
+        found = await ctx.visible_requests(viewer, replace(first, offset=max(index, 0)))
+        if index < 0 or [q.id for q in found[0]] != [request_id]:
+            # Open, but where is not known: the queue changed between these reads.
+            return {**nowhere, "open": True}
+        path = f"{DASHBOARD_PREFIX}/"
+    page = index // PAGE_SIZE + 1
+    query = urlencode({**picked, **({"page": page} if page > 1 else {})})
+    return {"open": True, "page": page, "url": path + ("?" + query if query else "")}
 
 
 SESSION_STATUSES = ("idle", "running", "waiting", "failed", "cancelled")

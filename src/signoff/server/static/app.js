@@ -138,9 +138,13 @@
 
   // A card leaves; the keyboard's focus in it goes on to the card after it (or before it, or
   // its list), so a reviewer tabbing through the queue goes on from where they were.
+  // One listed again before it has gone (the next read, of another page, shows it) stays.
+  const leaving = new WeakMap();
   function leave(card) {
+    if (leaving.has(card)) return;
     card.classList.add("leaving");
-    setTimeout(() => {
+    leaving.set(card, setTimeout(() => {
+      leaving.delete(card);
       if (card.contains(document.activeElement)) {
         const staying = (el) => el && el.matches("[data-request-id]:not(.leaving)");
         let next = card.nextElementSibling;
@@ -153,7 +157,13 @@
       moved(false);
       card.remove();
       moved(true);
-    }, 300);
+    }, 300));
+  }
+  function stay(card) {
+    if (!leaving.has(card)) return;
+    clearTimeout(leaving.get(card));
+    leaving.delete(card);
+    card.classList.remove("leaving");
   }
 
   // Where a removed form had the focus, its note takes it (and is read out): not the page's start.
@@ -181,8 +191,7 @@
   function closedElsewhere(card) {
     const focused = card.contains(document.activeElement);
     card.classList.add("closed");
-    const form = card.querySelector("form.respond");
-    if (form) form.remove();
+    card.querySelectorAll("form.respond, .moved-note").forEach((el) => el.remove());
     const note = document.createElement("p");
     note.className = "result-note barred";
     note.setAttribute("role", "status");
@@ -194,9 +203,41 @@
     setTimeout(() => leave(card), 8000);
   }
 
+  // A card written in that left its page may only have moved to another page of the list
+  // (requests before it closed): `placeOf` asks where its request is listed now. Still open,
+  // it stays, its form and text kept, and says on which page it is now; closed, it says so.
+  const settled = (card) => ["done", "answering", "closed"].some((c) => card.classList.contains(c));
+  async function placed(card, url) {
+    if (card.dataset.asking) return;
+    card.dataset.asking = "1";
+    let place = null;
+    try {
+      const res = await fetch(url, { credentials: "same-origin" });
+      if (!(await signedOut(res)) && res.ok) place = await res.json();
+    } catch (e) { /* not known: the next read asks again */ }
+    delete card.dataset.asking;
+    // Back on the page meanwhile, or answered here: nothing to say.
+    if (!place || !card.dataset.away || !card.isConnected || settled(card)) return;
+    moved(false);
+    if (!place.open) { closedElsewhere(card); moved(true); return; }
+    let note = card.querySelector(".moved-note");
+    if (!note) {
+      note = document.createElement("p");
+      note.className = "result-note barred moved-note";
+      note.setAttribute("role", "status");
+      card.insertBefore(note, card.querySelector("form.respond"));
+    }
+    const where = document.createElement(place.url ? "a" : "span");
+    if (place.url) where.href = place.url;
+    where.textContent = place.page ? "page " + place.page : "another page";
+    note.replaceChildren("Still open, now on ", where,
+      ": what you type here is kept, and you can answer it here.");
+    moved(true);
+  }
+
   // Merge freshly rendered cards into a container without touching cards still present, so a
   // reviewer typing a reason does not lose it when another request arrives.
-  function mergeCards(container, html) {
+  function mergeCards(container, html, placeOf) {
     moved(false);  // what moved before this update is not its doing
     const incoming = fragment(html);
     const fresh = new Map();
@@ -204,10 +245,10 @@
     container.querySelectorAll("[data-request-id]").forEach((el) => {
       // A card being answered here stays until its answer's note is shown (`done`): the live
       // update saying the request closed can come before the answer's own response does.
-      const kept = ["done", "answering", "closed"].some((c) => el.classList.contains(c));
-      if (!fresh.has(el.dataset.requestId) && !kept) {
-        if (writing(el)) closedElsewhere(el); else leave(el);
-      }
+      if (fresh.has(el.dataset.requestId) || settled(el) || leaving.has(el)) return;
+      el.dataset.away = "1";
+      if (!writing(el)) leave(el);
+      else placed(el, placeOf(el.dataset.requestId));
     });
     let previous = null;
     fresh.forEach((el, id) => {
@@ -217,6 +258,13 @@
         current = el;
         if (previous) previous.after(current); else container.prepend(current);
       } else {
+        if (!settled(current)) {
+          // Listed here again: it stays, and a note that it moved goes.
+          delete current.dataset.away;
+          stay(current);
+          const note = current.querySelector(".moved-note");
+          if (note) note.remove();
+        }
         // A card kept (and what is typed in it) still shows others' votes as they come.
         current.querySelectorAll("[data-votes]").forEach((was) => {
           const now = el.querySelector('[data-votes="' + was.dataset.votes + '"]');
@@ -398,7 +446,8 @@
       merged = mine;
       const shown = Number(res.headers.get("X-Total-Count"));
       if (filtered && Number.isInteger(shown)) setShown(shown);
-      mergeCards(queue, html);
+      mergeCards(queue, html, (id) => prefix + "/requests/" + encodeURIComponent(id) + "/place" +
+        (queue.dataset.query ? "?" + queue.dataset.query : ""));
       const pager = repage(fragment(html).querySelector("[data-pager]"));
       if (pager) queue.dataset.query = pager.dataset.query;
     };
@@ -451,7 +500,8 @@
           return forms.length ? forms.join(" ") : (root.textContent || "").trim();
         };
         if (drawn && shape(offer) !== shape(drawn)) drawn.replaceChildren(offer);
-        mergeCards(document.getElementById("session-pending"), data.pending);
+        mergeCards(document.getElementById("session-pending"), data.pending,
+          (id) => prefix + "/requests/" + encodeURIComponent(id) + "/place?in=session");
         repage(fragment(data.pager).querySelector("[data-pager]"));
         document.querySelectorAll("[data-pending-total]").forEach((el) => { el.textContent = data.total ? String(data.total) : ""; });
         if (data.more) { clearTimeout(timer); timer = setTimeout(refresh, 0); }
