@@ -4,6 +4,7 @@ nothing and reports the session as it is; a malformed one is a `UsageError`. Bot
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -28,22 +29,43 @@ async def test_a_cancel_naming_a_turn_stops_that_turn_and_no_later_one(store_url
         seq = (await rt.state(sid)).seq
         other = await rt.cancel(sid, turn_id="trn_not_this_one", principal=ALICE)
         assert other.status == "waiting" and other.turn_id == first.turn_id
+        assert other.cancelled is False
         assert (await rt.state(sid)).seq == seq  # nothing recorded
         done = await rt.cancel(sid, "changed my mind", turn_id=first.turn_id, principal=ALICE)
-        assert done.status == "cancelled" and done.turn_id == first.turn_id
+        assert done.status == "cancelled" and done.turn_id == first.turn_id and done.cancelled
         again = await rt.cancel(sid, turn_id=first.turn_id)  # sent twice: the same report
         assert again.status == "cancelled" and again.turn_id == first.turn_id
+        assert again.cancelled is False  # ... but this one cancelled nothing
         second = await rt.send(sid, "basic, please", principal=ALICE)
         assert second.status == "waiting" and second.turn_id != first.turn_id
         seq = (await rt.state(sid)).seq
         stale = await rt.cancel(sid, turn_id=first.turn_id, principal=ALICE)
         assert stale.status == "waiting" and stale.turn_id == second.turn_id
+        assert stale.cancelled is False
         state = await rt.state(sid)
         assert state.seq == seq and [r.id for r in state.pending_requests()] == [
             r.id for r in second.pending
         ]
         cancelled = [e for e in await events(rt, sid) if e.type == "turn.cancelled"]
         assert [e.turn_id for e in cancelled] == [first.turn_id]
+
+
+async def test_of_two_cancels_sent_at_once_one_says_it_cancelled(store_url: str) -> None:
+    """A form sent twice (a double click): both calls reported the turn cancelled, and nothing
+    told which one had cancelled it and whose reason was recorded; `cancelled` says it."""
+    async with so.Runtime([_agent()], store=store_url) as rt:
+        first = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        sid, turn = first.session_id, first.turn_id
+        both = await asyncio.gather(
+            rt.cancel(sid, "one", turn_id=turn, principal=ALICE),
+            rt.cancel(sid, "two", turn_id=turn, principal=ALICE),
+        )
+        assert [(r.status, r.turn_id) for r in both] == [("cancelled", turn)] * 2
+        assert sorted(r.cancelled for r in both) == [False, True]
+        [mine] = [i for i, r in enumerate(both) if r.cancelled]
+        [cancelled] = [e for e in await events(rt, sid) if e.type == "turn.cancelled"]
+        assert cancelled.data["reason"] == ["one", "two"][mine]
+        assert (await rt.cancel(sid)).cancelled is False  # a turn over: nothing to cancel
 
 
 @pytest.mark.parametrize("bad", ["", 5, b"trn_x"])

@@ -126,3 +126,28 @@ def test_a_subagents_waiting_turn_may_be_cancelled_from_its_page(tmp_path: Path)
             )
             assert r.status_code == 200 and r.json()["cancelled"] is True, r.text
     rt.close_sync()
+
+
+def test_a_form_sent_twice_cancels_once_and_the_second_says_so(tmp_path: Path) -> None:
+    """A double submit without JavaScript, or a second tab's form for the same turn: the second
+    post found the turn cancelled by the first and answered `cancelled: true` as well, its
+    reason dropped without a word. It cancels nothing, and says so as a later turn's does."""
+    rt = so.Runtime([_always_asking()], store=f"sqlite:///{tmp_path / 's.db'}")
+    with served(rt) as base:
+        started = _start(base)
+        sid, turn = started["session_id"], started["turn_id"]
+        with signed_in(base) as alice:
+            page = alice.get(f"/_signoff/sessions/{sid}").text
+            url = f"/_signoff/sessions/{sid}/cancel"
+            form = {"csrf": csrf_of(page), "turn": turn, "reason": "first"}
+            r = alice.post(url, data=form, headers=JSON)
+            assert r.status_code == 200 and r.json()["cancelled"] is True, r.text
+            r = alice.post(url, data={**form, "reason": "second"}, headers=JSON)
+            assert r.status_code == 200 and r.json()["cancelled"] is False, r.text
+            assert r.json()["status"] == "cancelled"
+            r = alice.post(url, data={**form, "reason": "third"}, headers=HTML)
+            assert r.status_code == 303
+            assert NOTE in alice.get(f"/_signoff/sessions/{sid}").text
+    [cancelled] = [e for e in rt.events_sync(sid) if e.type == "turn.cancelled"]
+    assert cancelled.turn_id == turn and cancelled.data["reason"] == "first"
+    rt.close_sync()

@@ -380,9 +380,12 @@ def test_a_cancel_naming_a_turn_cancels_only_that_turn(store_url: str) -> None:
         assert r.status_code == 200, r.text
         assert r.json()["status"] == "waiting"
         assert r.json()["turn_id"] == turn and _stored(store_url) == before
+        assert r.json()["cancelled"] is False
         with so.Client(base, token="alice-token") as remote:
             done = remote.cancel(sid, "no longer needed", turn_id=turn)
-            assert done.status == "cancelled" and done.turn_id == turn
+            assert done.status == "cancelled" and done.turn_id == turn and done.cancelled
+            again = remote.cancel(sid, "sent twice", turn_id=turn)  # reported, not cancelled
+            assert (again.status, again.turn_id, again.cancelled) == ("cancelled", turn, False)
             later = alice.post(f"/v1/sessions/{sid}/messages", json={"text": "thanks"})
             assert later.status_code == 200 and later.json()["turn_id"] != turn, later.text
             after = _stored(store_url)

@@ -49,6 +49,7 @@ class RemoteResult:
     replayed: bool = False
     queued: bool = False
     cut_off: str | None = None  # why the latest reply stopped short, as `GenerateResult` says
+    cancelled: bool = False  # a cancel's: it recorded the cancel, as `GenerateResult` says
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RemoteResult:
@@ -66,6 +67,7 @@ class RemoteResult:
             replayed=data.get("replayed") is True,
             queued=data.get("queued") is True,
             cut_off=cut if isinstance(cut := data.get("cut_off"), str) else None,
+            cancelled=data.get("cancelled") is True,
         )
 
 

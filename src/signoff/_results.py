@@ -31,7 +31,8 @@ class GenerateResult:
     True when `send` left the message waiting for the end of the turn it reports (the message
     starts a later turn), rather than delivering it. `cut_off` says why the model's latest
     reply in the turn stopped short (`max_tokens`, `content_filter`): `text` ends in a partial
-    answer.
+    answer. `cancelled` is True when `cancel` recorded the cancel of the turn it reports; a
+    cancel that found that turn over (sent twice, say) or another the session's is False.
     """
 
     status: Literal["completed", "waiting", "failed", "cancelled", "running", "idle"]
@@ -45,3 +46,4 @@ class GenerateResult:
     replayed: bool = False
     queued: bool = False
     cut_off: str | None = None
+    cancelled: bool = False

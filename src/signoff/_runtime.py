@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Self, get_args
@@ -458,7 +459,8 @@ class Runtime(Deletion):
         recorded with the cancellation (in the audited `turn.cancelled`). With `turn_id`, only
         that turn is cancelled: once another has started, the session is reported as it is,
         nothing cancelled (a cancel sent again, or from a page shown before, stops no later
-        turn). A session past its TTL raises `SessionExpired`, as every call does."""
+        turn); the result's `cancelled` says whether this call cancelled the turn it reports.
+        A session past its TTL raises `SessionExpired`, as every call does."""
         await self.open()
         if reason is not None and not isinstance(reason, str):
             raise UsageError(f"reason must be a string, not {type(reason).__name__}")
@@ -544,7 +546,7 @@ class Runtime(Deletion):
                     await _child_sessions.cancel_delegated(self, child, reason, principal)
             # A subagent cancelled on its own: its parent's delegate call goes on.
             await _child_sessions.after_close(self, driver.state)
-            return await self._after_cancel(driver.state)
+            return dataclasses.replace(await self._after_cancel(driver.state), cancelled=True)
         raise SessionBusy(f"could not cancel session {session_id!r}", session_id)
 
     # -- sync twins ---------------------------------------------------------------------------

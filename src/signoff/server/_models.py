@@ -282,6 +282,12 @@ class TurnResult(_View):
         "output limit or context window) or `content_filter` (a filter or refusal); `text` "
         "then ends in a partial answer. Null for a reply the model finished.",
     )
+    cancelled: bool = Field(
+        default=False,
+        description="True when a cancel recorded the cancel of the turn this result reports; "
+        "false for one that found that turn over (a cancel sent twice) or another the "
+        "session's turn.",
+    )
 
 
 class TurnView(_View):
@@ -396,6 +402,7 @@ def turn_result(r: GenerateResult) -> TurnResult:
         replayed=r.replayed,
         queued=r.queued,
         cut_off=r.cut_off,
+        cancelled=r.cancelled,
     )
 
 

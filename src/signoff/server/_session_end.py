@@ -55,7 +55,8 @@ async def cancel_turn(request: Request, session_id: str) -> Response:
         result = await ctx.runtime.cancel(session_id, reason, principal=viewer, turn_id=turn)
     except SignoffError as exc:
         return await refused(request, exc)
-    cancelled = result.turn_id == turn and result.status == "cancelled"
+    # Not the result's status: a turn this form's first sending cancelled reads cancelled too.
+    cancelled = result.turn_id == turn and result.cancelled
     where = f"{DASHBOARD_PREFIX}/sessions/{session_id}"
     if wants_json(request):
         return JSONResponse(
