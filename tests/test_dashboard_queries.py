@@ -30,6 +30,7 @@ def _pages(sid: str, rid: str) -> list[str]:
         f"/_signoff/requests/{rid}/input",
         f"/_signoff/requests/{rid}/payload",
         f"/_signoff/requests/{rid}/place",
+        f"/_signoff/requests/{rid}/reason",
         "/_signoff/new",
         "/_signoff/tools",
         "/_signoff/audit",

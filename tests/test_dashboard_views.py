@@ -409,3 +409,39 @@ def test_the_audit_shows_the_arguments_an_approver_edited(base: str) -> None:
     # someone who may not see the request may not read its edit either
     other = httpx.get(f"{base}{link}", headers=auth("mallory-token"), verify=PLAIN)
     assert other.status_code == 404 and edited_reason[:40] not in other.text
+
+
+def test_the_audit_cuts_a_long_reason_with_a_link_to_all_of_it(base: str) -> None:
+    """A deny reason of megabytes (any field may reach the body's 4 MiB) was shown whole: a
+    page of megabytes, of hundreds with 50 such rows. It is cut as an answer is, at 300
+    characters, with a link to all of it as text; a short one is shown whole, with no link."""
+    long, short = "why " * 250_000, "wrong order"
+    bodies = [start(base), start(base)]
+    for body, reason in zip(bodies, (long, short), strict=True):
+        r = httpx.post(
+            f"{base}/v1/sessions/{body['session_id']}/responses",
+            json={
+                "inputResponses": [
+                    {"requestId": body["pending"][0]["id"], "optionId": "cancel", "text": reason}
+                ]
+            },
+            headers=auth("alice-token"),
+            timeout=30,
+            verify=PLAIN,
+        )
+        assert r.status_code == 200, r.text
+    rid = bodies[0]["pending"][0]["id"]
+    with signed_in(base) as c:
+        html = c.get("/_signoff/audit").text
+        assert len(html) < 50_000, len(html)
+        rows = html[html.index('id="audit"') :].split("<tr>")[2:]
+        assert len(rows) == 2 and rid in rows[1]  # newest first
+        link = f"/_signoff/requests/{rid}/reason"
+        assert f"<bdi>{long[:300]}…</bdi>" in rows[1] and f'href="{link}"' in rows[1]
+        assert f"<bdi>{short}</bdi>" in rows[0] and "/reason" not in rows[0]
+        whole = c.get(link)
+        assert whole.status_code == 200 and whole.text == long
+        assert whole.headers["content-type"].startswith("text/plain")
+    # someone who may not see the request may not read its reason either
+    other = httpx.get(f"{base}{link}", headers=auth("mallory-token"), verify=PLAIN)
+    assert other.status_code == 404 and "why why" not in other.text

@@ -249,17 +249,34 @@ async def request_payload(request: Request, request_id: str) -> Response:
 async def request_edited(request: Request, request_id: str) -> Response:
     """All of the arguments an approver edited a request's call to, as text (the audit shows
     only the start of them); a 404 where no edit is recorded."""
-    ctx, viewer = await signed_in(request)
-    try:
-        stored = await ctx.request(request_id, viewer)
-    except UnknownRequest:
-        stored = None
-    edited = ((stored.resolution if stored else None) or {}).get("edited_input")
+    edited = (await _resolution(request, request_id)).get("edited_input")
     if edited is None:
         return await dashboard_error(
             request, 404, "not_found", f"no edited arguments of request {request_id!r}"
         )
     return PlainTextResponse(pretty(edited))
+
+
+@router.get("/requests/{request_id}/reason")
+async def request_reason(request: Request, request_id: str) -> Response:
+    """All of the reason a request was closed with, as text (the audit shows only its start);
+    a 404 where none is recorded."""
+    reason = (await _resolution(request, request_id)).get("reason")
+    if not reason:
+        return await dashboard_error(
+            request, 404, "not_found", f"no reason recorded for request {request_id!r}"
+        )
+    return PlainTextResponse(reason if isinstance(reason, str) else pretty(reason))
+
+
+async def _resolution(request: Request, request_id: str) -> dict[str, Any]:
+    """How a request was closed, as recorded, for a reviewer who may see it (else empty)."""
+    ctx, viewer = await signed_in(request)
+    try:
+        stored = await ctx.request(request_id, viewer)
+    except UnknownRequest:
+        return {}
+    return stored.resolution or {}
 
 
 async def _whole(request: Request, request_id: str, *, payload: bool) -> Response:
@@ -525,12 +542,15 @@ async def audit_page(request: Request) -> Response:
     for r in newest:
         stored = await ctx.runtime.store.get_request(r.id)
         resolution = (stored.resolution if stored else None) or {}
+        # Cut, as the answer is: a reason of megabytes made a page of megabytes.
+        reason = _cut(resolution.get("reason"))
         entries.append(
             {
                 "request": r,
                 "outcome": stored.outcome if stored else None,
                 "by": resolution.get("by"),
-                "reason": resolution.get("reason"),
+                "reason": reason,
+                "reason_cut": reason != resolution.get("reason"),  # the rest a link away
                 "answer": _answer(resolution),
                 # The arguments an approver ran the call with instead of those proposed.
                 "edited": resolution.get("edited_input"),
@@ -555,7 +575,11 @@ def _answer(resolution: dict[str, Any]) -> str | None:
     """What a person answered, as the audit shows it: a question's answer (kept under
     `answer`), else a decision's value; text as it is, other JSON as JSON, cut at 300."""
     answer = resolution.get("answer")
-    value = answer.get("value") if isinstance(answer, dict) else resolution.get("value")
+    return _cut(answer.get("value") if isinstance(answer, dict) else resolution.get("value"))
+
+
+def _cut(value: Any) -> str | None:
+    """`value` as the audit shows it: text as it is, other JSON as JSON, cut at 300."""
     if value is None:
         return None
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
