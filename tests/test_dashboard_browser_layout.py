@@ -504,3 +504,57 @@ def test_the_audits_ids_names_and_times_stay_whole_beside_a_long_reason(
     )
     assert table <= 0, table  # the unbroken reason wraps: the table needs no sideways scroll
     context.close()
+
+
+@pytest.mark.parametrize("count", [15, 120])
+def test_a_long_menus_numbers_and_its_label_show_where_they_belong(
+    browser: Browser, tmp_path: Path, count: int
+) -> None:
+    """A question of more than 12 options lists them numbered and offers a menu. The list's
+    markers from 10 on were cut at its left edge ("1." beside option 11), and the menu's label,
+    "Choose one of 15", sat beside the "Your answer" box, not above the menu it names."""
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Pick a warehouse."""
+        labels = [f"Warehouse {n:03d}" for n in range(1, count + 1)]
+        answer = await ctx.ask("Ship from where?", options=labels, allow_text=True)
+        return str(answer.value)
+
+    script = [so.ModelResponse(tool_calls=[so.ToolCall(name="pick", input={})])]
+    agent = so.Agent(name="depot", model=so.models.Scripted(script), tools=[pick])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/menu.db", poll_interval=0.05)
+    with running(create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05)) as url:
+        start(url, "depot")
+        context = browser.new_context(
+            viewport={"width": 1280, "height": 900},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        p.goto("/_signoff/")
+        listed = p.locator("ol.options")
+        expect(listed.locator("li")).to_have_count(count)
+        # Each marker ("15.", "120.") fits in the room left of its option, or sits inside it.
+        cut = listed.evaluate(
+            """ol => {
+                const canvas = document.createElement("canvas").getContext("2d");
+                return Array.from(ol.children).flatMap((li, i) => {
+                    const style = getComputedStyle(li);
+                    if (style.listStylePosition === "inside") return [];
+                    canvas.font = style.font;
+                    const needs = canvas.measureText((i + 1) + ". ").width;
+                    const room = li.getBoundingClientRect().left - ol.getBoundingClientRect().left;
+                    return room >= needs ? [] : [[i + 1, room, needs]];
+                });
+            }"""
+        )
+        assert cut == [], cut
+        label = p.get_by_text(f"Choose one of {count}").bounding_box()
+        menu = p.get_by_label(f"Choose one of {count}").bounding_box()
+        typed = p.get_by_label("Your answer").bounding_box()
+        assert label and menu and typed
+        assert label["y"] >= typed["y"] + typed["height"], (label, typed)  # below the box
+        assert label["y"] + label["height"] <= menu["y"], (label, menu)  # just above its menu
+        assert abs(label["x"] - menu["x"]) <= 1, (label, menu)
+        context.close()
