@@ -538,3 +538,56 @@ async def test_a_body_that_returns_without_replaying_what_it_recorded_is_a_repla
     )
     assert "step 'debit'" in error or "ask 'Credit the other account?'" in error
     assert ran == ["debit"]
+
+
+async def test_a_signal_from_a_task_group_branch_is_the_calls_not_an_error(
+    tmp_path: Path,
+) -> None:
+    """`asyncio.TaskGroup` wraps what a branch raises in an exception group: a branch's
+    `ctx.request_approval` ended the call as the error 'unhandled errors in a TaskGroup',
+    nobody asked, and a question a message steered past ended it as an error, not cancelled."""
+
+    @so.tool
+    async def wire(ctx: so.ToolContext) -> str:
+        """Wire money, approved in a branch."""
+
+        async def approve() -> None:
+            ctx.request_approval({"amount": 900})
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(approve())
+        return "unreachable"
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Ask for the account in a branch."""
+
+        async def ask() -> str:
+            options = ["checking", "savings"]
+            return (await ctx.ask("Which account?", options, allow_text=False)).value
+
+        async with asyncio.TaskGroup() as tg:
+            asked = tg.create_task(ask())
+        return asked.result()
+
+    agent = scripted_agent(
+        "bank",
+        [call_tools(call("wire")), reply("Wired."), call_tools(call("pick")), reply("Okay.")],
+        tools=[wire, pick],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bank", prompt="wire", auth=ALICE)
+        assert (r.status, [p.kind for p in r.pending]) == ("waiting", ["tool-approval"])
+        r = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=r.pending[0].id, option_id="approve")],
+            principal=ALICE,
+        )
+        assert (r.status, r.text) == ("completed", "Wired.")
+        r = await rt.generate(session_id=r.session_id, prompt="pick", auth=ALICE)
+        assert r.status == "waiting"
+        r = await rt.send(r.session_id, "never mind", principal=ALICE)
+        assert (r.status, r.text) == ("completed", "Okay.")
+        lines = timeline(await events(rt, r.session_id))
+        assert "tool.completed wire decided" in lines
+        assert "tool.completed pick cancelled" in lines

@@ -33,10 +33,32 @@ from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
 from ._tools import Tool
 from ._types import APPROVAL_OPTIONS, Action, InputRequest
 
-__all__ = ["CallEnds"]
+__all__ = ["IGNORED", "CallEnds", "signal_in"]
 
 IGNORED = {"reason": "the user sent a new message instead", "outcome": "ignored"}
 """The decision on an approval a message steered past before it was asked."""
+
+
+def signal_in(exc: BaseException) -> BaseException:
+    """`exc`, or the signal an `asyncio.TaskGroup` wrapped in an exception group when every
+    exception in it is that one kind of signal (a branch's `ctx.request_approval`, a question
+    withdrawn): the group was taken for the tool's error, so nobody was asked."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc
+    leaves: list[BaseException] = []
+
+    def gather(group: BaseExceptionGroup[BaseException]) -> None:
+        for inner in group.exceptions:
+            if isinstance(inner, BaseExceptionGroup):
+                gather(inner)
+            else:
+                leaves.append(inner)
+
+    gather(exc)
+    for kind in (TurnStopped, ApprovalRequired, QuestionWithdrawn, InputUnavailable):
+        if leaves and all(isinstance(leaf, kind) for leaf in leaves):
+            return leaves[0]
+    return exc
 
 
 class CallEnds(DriverPart):
@@ -57,11 +79,13 @@ class CallEnds(DriverPart):
         none of them if the store refused a record of the body's, whatever it made of that."""
         try:
             result = task.result()
-        except (Exception, asyncio.CancelledError) as exc:
-            if not isinstance(exc, Exception) and not own_cancel(exc):
+        except (Exception, asyncio.CancelledError) as raised:
+            if not isinstance(raised, Exception) and not own_cancel(raised):
                 raise  # this drive is being cancelled, not failed by the tool
+            exc = signal_in(raised)
             if isinstance(exc, TurnStopped):
-                raise  # a step or question found the turn cancelled or replaced: not the tool's
+                # A step or question found the turn cancelled or replaced: not the tool's.
+                raise exc from (None if exc is raised else raised)
             journal.refused()  # the store refused a step, or a child its drive: not the tool's
             if isinstance(exc, ApprovalRequired):
                 await self.request_from_tool(call, exc, journal, tool, validated, key)

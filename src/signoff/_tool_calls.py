@@ -14,7 +14,7 @@ from pydantic_core import PydanticSerializationError
 
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
 from ._bound_input import as_approved, still_bound
-from ._call_ends import IGNORED, CallEnds
+from ._call_ends import IGNORED, CallEnds, signal_in
 from ._exceptions import LeaseLost, TooLarge
 from ._journal import UNRECORDED_KEPT, CallJournal
 from ._output_caps import spare
@@ -456,7 +456,8 @@ def _traced(span: ToolSpan, task: asyncio.Future[Any] | None, bound: int) -> str
     if task.cancelled():
         span.fail(asyncio.CancelledError("the tool body was cancelled"))
         return None
-    exc = task.exception()
+    raised = task.exception()
+    exc = None if raised is None else signal_in(raised)
     too_large = None if exc is not None else over_limit("the result is", task.result(), bound)
     if too_large is not None:
         span.fail(TooLarge(too_large))  # as the log records the call: the model reads this
