@@ -307,3 +307,44 @@ async def test_a_message_from_a_second_approver_answers_but_never_steers(tmp_pat
         assert b.queued and [p.id for p in b.pending] == [req.id] and log.count() == 0
         done = await rt.send(r.session_id, "approve", principal=BOB)
         assert log.count() == 1 and done.outcomes[0].outcome == "approved"
+
+
+async def test_a_message_racing_one_from_another_process_steers_the_turn_that_started(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Process A read the session idle; before it started its turn, B's message started one
+    that waits on an approval. A's `send` raised `PartialAnswer` (the prompt's refusal: "or
+    send() the message"), its message lost; it steers that turn now."""
+
+    @so.tool(approval=so.always())
+    async def charge(amount: float) -> str:
+        """Charge a card."""
+        return "charged"
+
+    def step(conversation: list[so.Message]) -> so.ModelResponse:
+        last = conversation[-1]
+        if isinstance(last, so.UserMessage) and last.text != "from A":
+            return call_tools(call("charge", amount=5))
+        return reply("Read A's message.")
+
+    def runtime() -> so.Runtime:
+        agent = scripted_agent("probe", [step], tools=[charge], repeat_last=True)
+        return so.Runtime([agent], store=store_url)
+
+    async with runtime() as a, runtime() as b:
+        sid = await a.create_session("probe", auth=ALICE)
+        start_turn = a._start_turn
+
+        async def racing(*args: Any, **kwargs: Any) -> Any:
+            raced = await b.send(sid, "from B", principal=ALICE)
+            assert raced.status == "waiting"
+            return await start_turn(*args, **kwargs)
+
+        monkeypatch.setattr(a, "_start_turn", racing)
+        r = await a.send(sid, "from A", principal=ALICE)
+        assert (r.status, r.text) == ("completed", "Read A's message.")
+        lines = timeline(await events(a, sid))
+        assert lines.count("turn.started") == 1
+        assert "turn.message from A" in lines
+        assert "input.resolved ignored" in lines
+        assert await a.pending(session_id=sid) == []

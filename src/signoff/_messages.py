@@ -14,6 +14,7 @@ from ._answers import match as _match
 from ._cancellation import stop_calls
 from ._exceptions import (
     ConflictingAnswer,
+    PartialAnswer,
     RequestClosed,
     SessionBusy,
     UnknownSession,
@@ -108,7 +109,8 @@ class Messages(Answering):
                 try:
                     if not await self._start_turn(session_id, message, principal, idem=idem):
                         return await self._replay(session_id, idem)
-                except SessionBusy:
+                except (SessionBusy, PartialAnswer):
+                    # PartialAnswer: the turn another message started first waits on a request.
                     now = (await self._state(session_id)).turn
                     if now is not None and (turn is None or now.id != turn.id):
                         continue  # another message started a turn first: steer or queue on it
