@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -125,6 +126,33 @@ def test_a_signoff_error_is_raised_again_as_itself_with_its_attributes(exc: Exce
     again = replayed(json.loads(json.dumps(failure_of(exc))))
     assert type(again) is type(exc) and str(again) == str(exc)
     assert vars(again) == vars(exc)
+
+
+class HttpError(Exception):
+    """An exception whose constructor keeps a keyword its `args` lack."""
+
+    def __init__(self, message: str, *, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def test_an_exceptions_attributes_come_back_as_pickle_restores_them() -> None:
+    """Attributes set from keywords its `args` lack, or added (`add_note`), came back at their
+    defaults: `status` 500 for 404, a CalledProcessError's output None; a tool's `except`
+    took another path on replay. Those JSON cannot hold are left out."""
+    http = HttpError("not found", status=404)
+    http.add_note("while quoting")
+    again = replayed(failure_of(http))
+    assert type(again) is HttpError and again.status == 404
+    assert again.__notes__ == ["while quoting"]
+    ran = subprocess.CalledProcessError(3, ["quote"], output="partial\n", stderr="boom")
+    again = replayed(failure_of(ran))
+    assert isinstance(again, subprocess.CalledProcessError)
+    assert (again.returncode, again.stdout, again.stderr) == (3, "partial\n", "boom")
+    odd = HttpError("gone", status=410)
+    odd.raw = b"\xff"  # type: ignore[attr-defined]
+    again = replayed(failure_of(odd))
+    assert isinstance(again, HttpError) and again.status == 410 and not hasattr(again, "raw")
 
 
 async def test_a_tool_catching_a_missing_file_takes_the_same_path_on_replay(tmp_path: Path) -> None:

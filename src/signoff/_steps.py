@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 from ._error_text import error_message
 from ._events import FITS_BITS, check_digits
 from ._exceptions import SignoffError, StepFailed, TooLarge, rebuild_error
-from ._tool_json import MAX_INPUT_DEPTH
+from ._tool_json import MAX_INPUT_DEPTH, copied
 
 __all__ = ["MAX_GROUP_DEPTH", "failure_of", "raise_recorded"]
 
@@ -51,6 +51,13 @@ def _failure(exc: Exception, cut: int | None, depth: int) -> dict[str, Any]:
         state = dict(vars(exc))
         if _plain(state):
             error["state"] = state
+    elif cut is None:
+        # Its attributes, as pickle keeps them: set by its constructor from keywords its `args`
+        # lack (`HttpError("not found", status=404)`, a CalledProcessError's output) or added
+        # (`add_note`), they came back at their defaults. Those that are not JSON are left out.
+        kept = {k: v for k, v in vars(exc).items() if isinstance(k, str) and _plain(v)}
+        if kept:
+            error["state"] = kept
     if group is not None:
         error["group"] = group
     return error
@@ -88,6 +95,8 @@ def _rebuilt(error: dict[str, Any], depth: int) -> Exception | None:
             again = rebuild_error(cls, tuple(args), state)
         else:
             again = cls(*args)
+            if isinstance(state, dict):
+                again.__dict__.update(copied(state))  # as unpickling restores them
     except Exception:  # a class whose arguments are not its args: rebuilt differently
         return None
     if isinstance(again, cls) and error_message(again) == str(error.get("message", "")):
