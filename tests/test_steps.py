@@ -297,6 +297,40 @@ async def test_a_step_failure_whose_arguments_cannot_be_written_is_journaled(
     assert step.data["error"]["type"] == "Charged" and step.data["error"]["args"] is None
 
 
+async def test_a_step_failure_whose_attributes_are_too_big_keeps_its_class(
+    tmp_path: Path,
+) -> None:
+    """Attributes over the tool's result bound (a response's body) are left out of the entry,
+    not the exception: it replays as its own class, rebuilt from its arguments."""
+
+    def quote() -> None:
+        failed = HttpError("bad gateway", status=502)
+        failed.body = "x" * 5000  # type: ignore[attr-defined]
+        raise failed
+
+    @so.tool(max_result_bytes=2000)
+    async def pay(ctx: so.ToolContext) -> dict[str, str]:
+        """Quote, and ask whether to go on if that fails."""
+        try:
+            await ctx.step("quote", quote)
+        except HttpError as exc:
+            answer = await ctx.ask("The quote failed. Go on?", options=["yes", "no"])
+            return {"caught": type(exc).__name__, "go_on": answer.value}
+        return {"caught": "nothing"}
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("billing", [call_tools(call("pay")), seen], tools=[pay])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("billing", prompt="pay")
+        r = await rt.send(r.session_id, "yes")
+        assert r.status == "completed"
+        steps = [e async for e in rt.events(r.session_id, follow=False) if e.type == "tool.step"]
+    [result] = tool_results(seen.last)
+    assert result.content == {"caught": "HttpError", "go_on": "yes"}
+    [step] = steps
+    assert step.data["error"]["args"] == ["bad gateway"] and "state" not in step.data["error"]
+
+
 def test_an_exception_group_is_raised_again_with_its_exceptions() -> None:
     """A step that fans out with a `TaskGroup` raises an `ExceptionGroup`: its exceptions (a
     nested group too) are kept each as a step's would be, and replay raises the group again, so

@@ -184,6 +184,10 @@ class CallJournal:
                 data["error"] = failure_of(exc)
                 limit = self._limit()
                 if over_limit("the step's failure", data["error"], limit) is not None:
+                    # Attributes of megabytes (a response's body) are left out first: rebuilt
+                    # from its arguments alone, it is still the same class on replay.
+                    data["error"] = failure_of(exc, attributes=False)
+                if over_limit("the step's failure", data["error"], limit) is not None:
                     # A message of megabytes is cut, as a tool's is: replayed as `StepFailed`.
                     data["error"] = failure_of(exc, cut=limit // 4)
                 await self._journaled_to_end(held_key, data)

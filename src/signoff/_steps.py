@@ -21,22 +21,27 @@ MAX_GROUP_DEPTH = 20
 (deeper, it replays as `StepFailed`)."""
 
 
-def failure_of(exc: Exception, *, cut: int | None = None) -> dict[str, Any]:
+def failure_of(
+    exc: Exception, *, cut: int | None = None, attributes: bool = True
+) -> dict[str, Any]:
     """How `exc`, raised by a step, is journaled: its class by module and name, its message, and
-    its arguments when they are plain JSON (to build it again on replay); an exception group's
-    (a `TaskGroup` in the step) its own message and its exceptions so. With `cut` (for one too
-    big to store), the message's first `cut` characters and no arguments."""
-    return _failure(exc, cut, 0)
+    its arguments and attributes when they are plain JSON (to build it again on replay); an
+    exception group's (a `TaskGroup` in the step) its own message and its exceptions so. With
+    `cut` (for one too big to store), the message's first `cut` characters and no arguments;
+    without `attributes`, none of a class not signoff's own (too big to store)."""
+    return _failure(exc, cut, 0, attributes)
 
 
-def _failure(exc: Exception, cut: int | None, depth: int) -> dict[str, Any]:
+def _failure(
+    exc: Exception, cut: int | None, depth: int, attributes: bool = True
+) -> dict[str, Any]:
     cls = type(exc)
     message = error_message(exc)
     args: list[Any] | None = _arguments(exc)
     group = None
     if isinstance(exc, ExceptionGroup) and depth < MAX_GROUP_DEPTH:
         args = [exc.message]
-        group = [_failure(e, None, depth + 1) for e in exc.exceptions]
+        group = [_failure(e, None, depth + 1, attributes) for e in exc.exceptions]
     if cut is not None:
         message, args, group = message[:cut] + " [cut]", None, None
     error: dict[str, Any] = {
@@ -51,7 +56,7 @@ def _failure(exc: Exception, cut: int | None, depth: int) -> dict[str, Any]:
         state = dict(vars(exc))
         if _plain(state):
             error["state"] = state
-    elif cut is None:
+    elif cut is None and attributes:
         # Its attributes, as pickle keeps them: set by its constructor from keywords its `args`
         # lack (`HttpError("not found", status=404)`, a CalledProcessError's output) or added
         # (`add_note`), they came back at their defaults. Those that are not JSON are left out.
