@@ -40,6 +40,7 @@ class OneQuestion:
 
     can_ask = True
     keyed = True
+    stopping = False
 
     def __init__(self) -> None:
         self.options: list[Option] | None = None

@@ -405,6 +405,7 @@ class _Recorded:
 
     can_ask = True
     keyed = True
+    stopping = False
 
     def __init__(self, n: int) -> None:
         self.journal = _Counted(
