@@ -12,6 +12,8 @@ import pytest
 
 import signoff as so
 from signoff import _child_sessions
+from signoff.stores import _deletions
+from signoff.stores._codec import pack
 from signoff.stores._deletions import DELETIONS_STREAM
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
@@ -189,6 +191,25 @@ async def test_the_entry_names_each_request_erased_and_the_entry_that_closed_it(
         [forced] = two.data["sessions"]
         assert forced["requests"] == [{"id": b.pending[0].id, "closed": None}]
         assert await rt.verify_audit() == []
+
+
+def test_the_entry_names_at_most_max_erased_the_open_and_the_last_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A session of 100,000 requests made one entry of megabytes, read by every hub: the
+    entry names the open ones and those closed last, `MAX_ERASED` in all."""
+    monkeypatch.setattr(_deletions, "MAX_ERASED", 3)
+    own = pack({"id": "x", "kind": "tool-approval"})
+    rows = [("ses_a", f"req_{i}", own, None, None, "settled") for i in range(5)]
+    rows.append(("ses_b", "req_open", own, None, None, "pending"))
+    mirror = pack({"id": "m", "child": {"session_id": "ses_c", "call_id": "c"}})
+    rows.append(("ses_b", "req_mirror", mirror, None, None, "pending"))
+    closes = [(10 + i, pack({"request_id": f"req_{i}"})) for i in range(5)]
+    found = _deletions.erased_requests(rows, closes)
+    assert found == {
+        "ses_a": [{"id": "req_3", "closed": 13}, {"id": "req_4", "closed": 14}],
+        "ses_b": [{"id": "req_open", "closed": None}],
+    }
 
 
 async def test_the_entry_goes_past_every_id_the_trail_gave(store_url: str) -> None:

@@ -160,7 +160,8 @@ class Erased:
     def from_deletion(cls, data: Mapping[str, Any], at: float) -> list[tuple[Erased, int | None]]:
         """The requests a `session.deleted` audit entry (its `data`, written `at`) names, each
         with the id of the entry that recorded its close (None: it was open)."""
-        by = data.get("by")
+        given = data.get("by")
+        by = Principal.model_validate(given) if isinstance(given, dict) else None  # once
         reason = data.get("reason")
         found: list[tuple[Erased, int | None]] = []
         for session in data.get("sessions") or ():
@@ -175,7 +176,7 @@ class Erased:
                     outcome=DELETED,
                     status="withdrawn",
                     at=at,
-                    by=Principal.model_validate(by) if isinstance(by, dict) else None,
+                    by=by,
                     reason=reason if isinstance(reason, str) else None,
                 )
                 erased = cls(session_id=session["id"], resolution=resolution)

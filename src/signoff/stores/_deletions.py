@@ -7,15 +7,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._exceptions import SessionBusy, SessionWaiting, StoreError, SubagentSession, UnknownSession
+from .._exceptions import SessionBusy, SessionWaiting, SubagentSession, UnknownSession
 from ._audit import AuditRow, loaded_data
-from ._codec import stored_type, unpack
-from ._request_rows import stored_request
+from ._codec import stored_type, unpack, unpack_event
 
 __all__ = [
     "DELETIONS_STREAM",
     "FINISHED",
     "LIVE",
+    "MAX_ERASED",
     "RESOLVED_STORED",
     "SESSION_DELETED",
     "Doomed",
@@ -53,13 +53,20 @@ class Doomed:
     audit_hash: bytes | None
 
 
+MAX_ERASED = 10_000
+"""The most requests a deletion's entry names for the hubs: the open ones, then those whose
+close was recorded last (a hub far enough behind to miss an older close is not told of it);
+it keeps the entry, and what each hub reads of it, bounded."""
+
+
 def erased_requests(
     requests: Iterable[Sequence[Any]], closes: Iterable[Sequence[Any]]
 ) -> dict[str, list[dict[str, Any]]]:
     """The requests a deletion erases that channels may show, by session: each one's `id` and
     `closed`, the id of the audit entry that recorded its close (erased with it; None for one
-    still open, which only a forced deletion erases), in the order they closed, the open last.
-    A hub that never read that entry tells its channels of the close from the deletion's.
+    still open, which only a forced deletion erases), in the order they closed, the open last;
+    at most `MAX_ERASED` of them. A hub that never read that entry tells its channels of the
+    close from the deletion's.
 
     `requests`: rows of the session's id and `REQUEST_COLUMNS` (a store's); `closes`: rows of
     an `input.resolved` entry's id, its event's stored data and the events it may be kept on.
@@ -70,18 +77,36 @@ def erased_requests(
         request_id = loaded_data(data, earlier).get("request_id")
         if isinstance(request_id, str):
             closed.setdefault(request_id, int(entry_id))
-    found: dict[str, list[dict[str, Any]]] = {}
-    for session_id, request_id, *columns in requests:
-        try:
-            child = stored_request(request_id, *columns[:4], unpack, *columns[4:]).child
-        except StoreError:
-            child = None
-        if child is None:
+    events: dict[Any, list[Any]] = {}  # each event holding requests unpacked once, not per row
+    listed: list[tuple[str, dict[str, Any]]] = []
+    for session_id, request_id, own, event_data, index, _status, *earlier in requests:
+        if not _mirrored(own, event_data, index, earlier, events):
             rid = str(request_id)
-            found.setdefault(str(session_id), []).append({"id": rid, "closed": closed.get(rid)})
-    for listed in found.values():
-        listed.sort(key=lambda r: (r["closed"] is None, r["closed"] or 0, r["id"]))
+            listed.append((str(session_id), {"id": rid, "closed": closed.get(rid)}))
+    listed.sort(key=lambda r: (r[1]["closed"] is None, r[1]["closed"] or 0, r[1]["id"]))
+    found: dict[str, list[dict[str, Any]]] = {}
+    for session_id, request in listed[-MAX_ERASED:]:
+        found.setdefault(session_id, []).append(request)
     return found
+
+
+def _mirrored(
+    own: Any, event_data: Any, index: Any, earlier: list[Any], events: dict[Any, list[Any]]
+) -> bool:
+    """Whether a request row is a subagent's request mirrored on its parent (its `child`),
+    read without validating the request: False when it cannot be read."""
+    try:
+        if own is not None:
+            raw = unpack(own)
+        else:
+            key = (event_data, *earlier)
+            held = events.get(key)
+            if held is None:
+                held = events[key] = unpack_event(event_data, *earlier)["requests"]
+            raw = held[index]
+        return isinstance(raw, dict) and raw.get("child") is not None
+    except Exception:  # a damaged row, which `force` deletes: kept in, as a request
+        return False
 
 
 def deletion_row(
