@@ -84,6 +84,24 @@ async def test_off_by_default_and_nothing_of_it_runs(tmp_path: Path) -> None:
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
 
 
+async def test_under_an_apps_own_access_rule_only_the_scrape_token_may_scrape(
+    tmp_path: Path,
+) -> None:
+    """The admin flag grants nothing under an app's own rule (their queue shows their own
+    tenant's only), yet `/metrics` served them every tenant's counts; `/v1/prune` refused."""
+
+    def own_only(caller: so.Principal, initiator: so.Principal | None) -> bool:
+        return initiator is not None and caller.same_as(initiator)
+
+    async with metered(f"sqlite:///{tmp_path}/s.db", metrics_token=SCRAPE, access=own_only) as (
+        _,
+        c,
+    ):
+        r = await c.get("/metrics", headers=ADMIN)
+        assert (r.status_code, r.json()["error"]["code"]) == (403, "admin_only")
+        await scrape(c, auth(SCRAPE))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
