@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff._idempotency import KEPT, MAX_KEY, keyed, session_for
-from signoff.testing import call, call_tools, reply, scripted_agent
+from signoff._idempotency import KEPT, MAX_KEY, _digest, keyed, session_for
+from signoff.testing import call, call_tools, reply, scripted_agent, sqlite_runtime
 
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
 BOB = so.Principal(authenticator="okta", principal_id="bob")
@@ -570,3 +570,21 @@ async def test_a_repeat_while_another_process_runs_its_turn_says_so(store_url: s
         assert running.turn_id == first.turn_id and first.text == "slow answer"
         done = await two.generate("chat", prompt="hello", auth=ALICE, idempotency_key="slow")
         assert done.replayed and (done.status, done.text) == ("completed", "slow answer")
+
+
+async def test_a_key_is_scoped_to_the_callers_exact_identity(tmp_path: Path) -> None:
+    """An issuer of None and one of "" are two people (`Principal.same_as`), but their keys
+    were scoped alike: the second got the first's session replayed, its requests and all. A
+    key given by a principal with no issuer is scoped as before, so it still replays."""
+    none = so.Principal(authenticator="oidc", principal_id="alice", issuer=None)
+    empty = so.Principal(authenticator="oidc", principal_id="alice", issuer="")
+    joined = so.Principal(authenticator="oidc\0alice", principal_id="", issuer=None)
+    assert keyed("k", none) == (
+        _digest("signoff-key", "oidc", "", "user", "alice", "k"),
+        _digest("signoff-asked"),
+    )
+    assert len({keyed("k", p) for p in (none, empty, joined)}) == 3
+    async with sqlite_runtime(tmp_path, scripted_agent("a", [reply("hi")], repeat_last=True)) as rt:
+        first = await rt.generate("a", prompt="hello", auth=none, idempotency_key="k")
+        second = await rt.generate("a", prompt="hello", auth=empty, idempotency_key="k")
+        assert second.session_id != first.session_id and not second.replayed

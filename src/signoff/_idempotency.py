@@ -12,12 +12,23 @@ from the scoped key, so a repeat finds it instead of making another.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 from ._exceptions import IdempotencyKeyReused, UsageError
 from ._types import Principal
 
-__all__ = ["KEPT", "MAX_KEY", "Keyed", "check_key", "keyed", "seen", "session_for", "turn_of"]
+__all__ = [
+    "KEPT",
+    "MAX_KEY",
+    "Keyed",
+    "caller_parts",
+    "check_key",
+    "keyed",
+    "seen",
+    "session_for",
+    "turn_of",
+]
 
 KEPT = 32
 """Keys a session state remembers (the newest ones): a repeat of an older one is not known."""
@@ -65,17 +76,25 @@ def keyed(key: str | None, principal: Principal | None, *asked: str) -> Keyed | 
     if key is None:
         return None
     check_key(key)
-    who = (
-        ()
-        if principal is None
-        else (
-            principal.authenticator,
-            principal.issuer or "",
-            principal.principal_type,
-            principal.principal_id,
-        )
+    return _digest("signoff-key", *caller_parts(principal), key), _digest("signoff-asked", *asked)
+
+
+def caller_parts(principal: Principal | None) -> tuple[str, ...]:
+    """Who gave a key, as its scope: the principal's full identity (`Principal.same_as`). An
+    issuer of "" was taken for none, and a NUL in a field could join two fields as another
+    pair's: such a principal (rare) is its JSON form instead, so two people never share one."""
+    if principal is None:
+        return ()
+    fields = (
+        principal.authenticator,
+        principal.issuer or "",
+        principal.principal_type,
+        principal.principal_id,
     )
-    return _digest("signoff-key", *who, key), _digest("signoff-asked", *asked)
+    if principal.issuer == "" or any("\0" in f for f in fields):
+        exact = [principal.authenticator, principal.issuer, *fields[2:]]
+        return ("exact", json.dumps(exact, ensure_ascii=False))
+    return fields  # as keys were scoped before: a key given then still replays
 
 
 def session_for(idem: Keyed) -> str:

@@ -105,12 +105,15 @@ async def create_session(
         )
     if body.message is None:
         sid, replayed = await rt._open(body.agent, caller, idempotency_key)
+        if replayed:  # its key is the caller's: yet one the access rule hides is not shown
+            await ctx.session(sid, caller)
         return idle_result(await rt._state(sid), replayed=replayed)
-    return turn_result(
-        await rt.generate(
-            body.agent, prompt=body.message, auth=caller, idempotency_key=idempotency_key
-        )
+    result = await rt.generate(
+        body.agent, prompt=body.message, auth=caller, idempotency_key=idempotency_key
     )
+    if result.replayed:
+        await ctx.session(result.session_id, caller)
+    return turn_result(result)
 
 
 @router.post("/sessions/{session_id}/messages", tags=["sessions"])

@@ -14,6 +14,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from .._exceptions import UsageError
+from .._idempotency import caller_parts
 from .._types import Principal
 from ._errors import ApiError
 
@@ -31,13 +32,8 @@ def max_streams_of(value: object) -> int:
     return value
 
 
-def _caller(principal: Principal) -> tuple[str, str, str, str]:
-    return (
-        principal.authenticator,
-        principal.issuer or "",
-        principal.principal_type,
-        principal.principal_id,
-    )
+def _caller(principal: Principal) -> tuple[str, ...]:
+    return caller_parts(principal)  # as an idempotency key is scoped: one person, one budget
 
 
 class StreamSlots:
@@ -46,7 +42,7 @@ class StreamSlots:
     def __init__(self, per_caller: int, retry_after: int) -> None:
         self.per_caller = per_caller
         self.retry_after = retry_after
-        self._held: dict[tuple[str, str, str, str], int] = {}
+        self._held: dict[tuple[str, ...], int] = {}
 
     def held(self, principal: Principal) -> int:
         return self._held.get(_caller(principal), 0)
