@@ -40,7 +40,6 @@ class OneQuestion:
 
     can_ask = True
     keyed = True
-    stopping = False
 
     def __init__(self) -> None:
         self.options: list[Option] | None = None

@@ -405,7 +405,6 @@ class _Recorded:
 
     can_ask = True
     keyed = True
-    stopping = False
 
     def __init__(self, n: int) -> None:
         self.journal = _Counted(

@@ -4,7 +4,6 @@ cancelling, and turns replaced or cancelled under a running body."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import signoff as so
@@ -291,43 +290,3 @@ async def test_a_body_that_goes_on_after_its_turn_was_cancelled_runs_no_further_
         log = timeline(await events(rt, sid))
         assert log[-2:] == ["turn.cancelled", "session.waiting"], log
         assert await rt.verify_audit(sid) == []
-
-
-async def test_a_plain_step_the_tools_own_timeout_cancels_fails_alike_live_and_on_replay(
-    tmp_path: Path,
-) -> None:
-    """`asyncio.wait_for(ctx.step(...))` over a plain function: its thread cannot be stopped,
-    so its result was journaled though the body saw a timeout and asked at the standard rate;
-    the replay got the result and took the other path, silently. The step fails instead, the
-    same `StepFailed` live and on replay, which takes the path the live run took."""
-    quoted: list[float] = []
-
-    def slow_quote() -> float:
-        time.sleep(0.3)
-        quoted.append(1.1)
-        return 1.1
-
-    @so.tool
-    async def transfer(ctx: so.ToolContext) -> str:
-        """Quote within 50 ms, else use the standard rate; then confirm."""
-        try:
-            rate = await asyncio.wait_for(ctx.step("quote", slow_quote), timeout=0.05)
-            why = "quoted"
-        except (TimeoutError, so.StepFailed) as exc:
-            rate, why = 1.0, type(exc).__name__
-        answer = await ctx.ask(f"Transfer at {rate}?", options=["yes", "no"], allow_text=False)
-        return f"{why} {rate} {answer.value}"
-
-    seen = Capture(reply("Done."))
-    agent = scripted_agent("bank", [call_tools(call("transfer")), seen], tools=[transfer])
-    async with sqlite_runtime(tmp_path, agent) as rt:
-        r = await rt.generate("bank", prompt="transfer", auth=ALICE)
-        assert [p.question for p in r.pending] == ["Transfer at 1.0?"]
-    async with sqlite_runtime(tmp_path, agent) as rt:  # another process: the body replays
-        r = await rt.send(r.session_id, "yes", principal=ALICE)
-        assert r.status == "completed"
-        steps = [e async for e in rt.events(r.session_id, follow=False) if e.type == "tool.step"]
-    assert [m.content for m in tool_results(seen.last)] == ["StepFailed 1.0 yes"]
-    assert quoted == [1.1]  # it ran once, to its end
-    [step] = steps
-    assert "give the function its own timeout" in step.data["error"]["message"]

@@ -51,10 +51,6 @@ class CallJournal:
         self.call_id = call_id
         self.parked = asyncio.Event()
         self.closed = asyncio.Event()  # the body ended: a stray branch may ask no more
-        # The drive is stopping the body (it closes, or the body parked): a step's thread that
-        # runs on meanwhile is journaled and the cancel goes on. A cancel the body's own code
-        # made (asyncio.wait_for around a step) is not the drive's (`ToolContext.step`).
-        self.stopping = False
         self.inflight = 0  # questions being opened and steps under way
         self.quiet = asyncio.Event()  # set while nothing is in flight
         self.quiet.set()

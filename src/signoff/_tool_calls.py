@@ -405,7 +405,6 @@ class ToolCalls(CallEnds):
                         f"the lease on session {ctx.session.id!r} was lost while {ctx.call_id} ran"
                     )
             if not task.done():
-                journal.stopping = True
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
@@ -416,7 +415,6 @@ class ToolCalls(CallEnds):
             # This drive is cancelled: the body stops with it rather than run on unseen and
             # journal after the lease is given back (a resume runs the call again). A plain one
             # cannot stop: its thread runs to an outcome, recorded while the lease is held.
-            journal.stopping = True
             if isinstance(exc, asyncio.CancelledError) and not tool.is_async:
                 await _to_end(task)
                 if not task.cancelled() and not (lease is not None and lease.lost):

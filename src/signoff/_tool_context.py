@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
 from ._approval import SessionInfo
-from ._exceptions import StepFailed, TooLarge, UsageError
+from ._exceptions import TooLarge, UsageError
 from ._steps import raise_recorded
 from ._sync import exited, thread_to_end
 from ._text import is_blank
@@ -37,7 +37,6 @@ class Journal(Protocol):
     """What the engine gives a `ToolContext` so `ask` and `step` are recorded and replayed."""
 
     can_ask: bool
-    stopping: bool  # the drive, not the tool's own code, is cancelling the body
 
     @property
     def keyed(self) -> bool:
@@ -331,9 +330,6 @@ class ToolContext:
                     result = await fn(*args, **kwargs)
                 else:  # in a thread, as a sync tool: blocking, it would stop lease renewals
                     work, stopped = await thread_to_end(fn, journal.lost, *args, **kwargs)
-                    if stopped and not journal.stopping:
-                        stopped = False
-                        raise _cancelled_by_the_tool(name, work)
                     result = work.result()
                 if inspect.isawaitable(result):
                     result = await result
@@ -425,22 +421,6 @@ class ToolContext:
     def request_approval(self, payload: Any = None) -> NoReturn:
         """Park the turn until a person decides; the decision becomes this call's result."""
         raise ApprovalRequired(payload, call_id=self.call_id)
-
-
-def _cancelled_by_the_tool(name: str, work: asyncio.Future[Any]) -> StepFailed:
-    """The failure of a plain step the tool's own code cancelled (`asyncio.wait_for` or
-    `asyncio.timeout` around `ctx.step`) while its thread, which cannot be stopped, ran on to
-    its end: journaled as the step's failure, so the replay fails alike. Its result journaled
-    and returned to the body on replay, it took another path than the live run did, silently."""
-    failed = work.exception()
-    ended = "returned" if failed is None else f"raised {type(failed).__name__}"
-    return StepFailed(
-        name,
-        "asyncio.CancelledError",
-        f"the tool's own code cancelled step {name!r} (asyncio.wait_for or asyncio.timeout "
-        f"around ctx.step?) while its function ran in a thread, which cannot be stopped: it "
-        f"{ended}, unseen; give the function its own timeout instead",
-    )
 
 
 def _askable(question: str, options: list[Option]) -> None:
