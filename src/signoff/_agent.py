@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ._approval import Guardrail, own_decide
 from ._exceptions import UsageError
-from ._settings import positive_seconds, shown_value
+from ._settings import positive_seconds
 from ._text import is_blank, is_utf8
 from ._tool_json import MAX_RESULT_BYTES
 from ._tools import Tool
@@ -75,12 +75,10 @@ class Limits:
                 raise UsageError(f"Limits({name}=...) must be a positive {kind}, not {value!r}")
             most = _MOST.get(name)
             if most is not None and value > most:  # type: ignore[operator]
-                # Past these the budgets' sums lose precision or reach infinity (a cost of 1e308
-                # at any price): every model step raised, the session left running.
-                raise UsageError(
-                    f"Limits({name}=...) is at most {most:,} (None bounds nothing), not "
-                    f"{shown_value(value)}"
-                )
+                # Counted as the most: past it the budgets' sums lose precision or reach
+                # infinity (a cost of 1e308 at any price), and every model step raised, the
+                # session left running. `sys.maxsize`, as "no bound", still bounds nothing.
+                object.__setattr__(self, name, most)
         ttl = self.ttl.total_seconds() if isinstance(self.ttl, timedelta) else self.ttl
         if ttl is not None and not _positive(ttl, whole=False):
             raise UsageError(f"Limits(ttl=...) must be positive seconds or a timedelta: {ttl!r}")
