@@ -116,6 +116,35 @@ async def test_a_decision_on_a_tools_own_approval_is_its_result_value_and_all(
         assert "corp.example" not in str(seen.last)
 
 
+async def test_a_voters_retry_of_their_own_answer_under_a_quorum_is_no_conflict(
+    tmp_path: Path,
+) -> None:
+    """The settlement of a tool's own approval under `approvers=2` holds the last voter's
+    value: the first voter's retry of their own answer (an HTTP retry) was refused as one with
+    another value; it is a no-op."""
+    log = ExecutionLog()
+
+    @log.tool(approval=so.ApprovalSpec(so.never(), approvers=2))
+    async def refund(ctx: so.ToolContext) -> str:
+        """Refund, approved by two."""
+        ctx.request_approval({"amount": 5})
+
+    agent = scripted_agent("x", [call_tools(call("refund")), reply("ok")], tools=[refund])
+    ana, ben = (so.Principal(authenticator="sso", principal_id=p) for p in ("ana", "ben"))
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("x", prompt="refund")
+        (req,) = r.pending
+        assert (req.source, req.approvers) == ("tool", 2)
+
+        def approve(value: str) -> list[so.InputResponse]:
+            return [so.InputResponse(request_id=req.id, option_id="approve", value=value)]
+
+        await rt.respond(r.session_id, approve("from ana"), principal=ana, resume=False)
+        await rt.respond(r.session_id, approve("from ben"), principal=ben, resume=False)
+        again = await rt.respond(r.session_id, approve("from ana"), principal=ana)
+        assert [(o.outcome, o.applied) for o in again.outcomes] == [("approved", False)]
+
+
 async def test_anvil_request_approval_rejected(tmp_path: Path) -> None:
     log = ExecutionLog()
     seen = Capture(reply("The refund was rejected: amount exceeds policy limit."))

@@ -387,7 +387,9 @@ def repeat(
         raise RequestClosed(f"request {rid} is {status}{how}; it takes no answers", [rid])
     if request.kind == "tool-approval":  # an approval of other edited input approves another call
         same = same_json(first.get("edited_input"), wanted.get("edited_input"))
-        if request.source == "tool":  # its decision's value is the call's result
+        if request.source == "tool" and request.approvers <= 1:
+            # Its decision's value is the call's result. Under a quorum the settlement holds
+            # the last voter's: an earlier voter's retry of their own answer is no conflict.
             same = same and same_json(first.get("value"), wanted.get("value"))
     else:
         same = same_json(first.get("answer"), wanted.get("answer"))
