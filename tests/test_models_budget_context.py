@@ -89,3 +89,36 @@ async def test_after_anthropics_server_tools_ran_no_input_is_held_back(store_url
             assert (r.status, r.text) == ("completed", "done")
         await claude.aclose()
     assert len(fake.received) == 2 and log.count() == 1
+
+
+async def test_a_cut_reply_after_server_tools_holds_nothing_back(store_url: str) -> None:
+    """A reply cut at the budget's cap after a web search read 6,000 tokens the conversation
+    does not keep: after `continue` the next call was refused at once (held back: 6,000, as
+    much as the cut reply read); it is made, as after a completed one (`context_tokens` 0 on
+    the `input.requested` that counts the cut reply)."""
+    search = {"type": "server_tool_use", "id": "srvtoolu_01", "name": "web_search", "input": {}}
+    found = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_01", "content": []}
+    with FakeLLM("anthropic", strict=False) as fake:
+        cut = anthropic_message(
+            "Searching ",
+            search,
+            found,
+            "partial",
+            usage={"input_tokens": 6000, "output_tokens": 10000},
+        )
+        cut["stop_reason"] = "max_tokens"
+        fake.queue(cut, anthropic_message("Done.", usage={"input_tokens": 12, "output_tokens": 5}))
+        async with so.models.Anthropic(
+            "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, max_tokens=20000
+        ) as model:
+            agent = so.Agent(name="a", model=model, limits=so.Limits(max_tokens=10000))
+            async with so.Runtime([agent], store=store_url) as rt:
+                r = await rt.generate("a", prompt="hi", auth=ALICE)
+                [ask] = r.pending
+                answer = so.InputResponse(request_id=ask.id, option_id="continue")
+                r = await rt.respond(r.session_id, [answer], principal=ALICE)
+                assert (r.status, r.text) == ("completed", "Done.")
+                log = [e async for e in rt.events(r.session_id, follow=False)]
+        assert [b["max_tokens"] for b in fake.bodies] == [10000, 4000]
+    [requested] = [e for e in log if e.type == "input.requested"]
+    assert requested.data["context_tokens"] == 0

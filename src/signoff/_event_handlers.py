@@ -256,8 +256,10 @@ def _read_again(s: SessionState, e: Event) -> None:
     """A billed reply the turn did not use read the conversation as it stands: the next call
     reads at least that much again, which the budgets hold back before it (`_input_floor`)."""
     if "usage" in e.data:
-        read = kept_usage(e.data["usage"], strict=False).input_tokens
-        s.last_input_tokens = max(s.last_input_tokens, read)
+        kept = e.data.get("context_tokens")  # less than its input, as on `model.completed`
+        if not (type(kept) is int and kept >= 0):
+            kept = kept_usage(e.data["usage"], strict=False).input_tokens
+        s.last_input_tokens = max(s.last_input_tokens, kept)
 
 
 def _billed(s: SessionState, e: Event) -> None:

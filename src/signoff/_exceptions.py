@@ -331,13 +331,17 @@ class NotAllowed(AnswerError):
 class ModelError(SignoffError):
     """The model call failed or returned something unusable. `usage` is what a reply refused
     as unusable cost (it was billed, so the failed turn counts it against the session's
-    budgets); None when no reply came."""
+    budgets); None when no reply came. `context_tokens`, as `ModelResponse.context_tokens`:
+    how much of that reply's input the next call reads again, when not all of it."""
 
     code = "model_error"
 
-    def __init__(self, *args: object, usage: Usage | None = None) -> None:
+    def __init__(
+        self, *args: object, usage: Usage | None = None, context_tokens: int | None = None
+    ) -> None:
         super().__init__(*args)
         self.usage = usage
+        self.context_tokens = context_tokens
 
 
 class BudgetSpent(ModelError):

@@ -161,6 +161,7 @@ class ModelStep(DriverPart):
                         usage=reported_usage(response.usage)
                         if response.cost_reported
                         else response.usage,
+                        context_tokens=response.context_tokens,
                     )
                 if journaled:  # the trace says what the call billed, its paused parts too
                     billed = sum(journaled, Usage()) + response.usage
@@ -179,9 +180,7 @@ class ModelStep(DriverPart):
             message = cut(error_text(exc), limits.max_response_bytes // 4)
             failed: dict[str, Any] = {"error": {"code": code, "message": message}}
             failed["retryable"] = True
-            spent = _billed(exc)
-            if spent is not None:
-                failed.update(usage_fields(spent))
+            failed.update(_billing(_billed(exc), _kept(exc)))
             await self.record(
                 [
                     ("turn.failed", failed),
@@ -318,6 +317,7 @@ class ModelStep(DriverPart):
         raise it; a subagent on its parent's share fails, as that is not its to raise)."""
         s = self.state
         spent = None if exc is None else _billed(exc)
+        kept = None if exc is None else _kept(exc)
         if exc is not None and exc.usage is not None:
             what = f"the model's reply was cut off at the {cap} output tokens left"
         elif floor:
@@ -331,27 +331,31 @@ class ModelStep(DriverPart):
             what = "not one output token was left"
         if parents:
             left = f"its parent session had left when it delegated (session {s.parent})"
-            await self._fail_limit(f"{what} of what {left}", usage=spent)
+            await self._fail_limit(f"{what} of what {left}", usage=spent, kept=kept)
             return True
         limits = self.agent.limits
         used = "; ".join(t for t, _ in _spending(s, limits.max_tokens, limits.max_cost_usd, spent))
-        return await self._session_limit(f"{what} in the session's budget: {used}", usage=spent)
+        problem = f"{what} in the session's budget: {used}"
+        return await self._session_limit(problem, usage=spent, kept=kept)
 
-    async def _fail_limit(self, problem: str, *, usage: Usage | None = None) -> None:
+    async def _fail_limit(
+        self, problem: str, *, usage: Usage | None = None, kept: int | None = None
+    ) -> None:
         """Fail the turn for good with `session_limit_reached`, counting `usage` (a reply the
-        budget cut off)."""
+        budget cut off, which the next call reads `kept` input tokens of again: `_billing`)."""
         failed: dict[str, Any] = {
             "error": {"code": "session_limit_reached", "message": problem},
             "retryable": False,
+            **_billing(usage, kept),
         }
-        if usage is not None:
-            failed.update(usage_fields(usage))
         await self.record([("turn.failed", failed), ("session.waiting", {})])
 
-    async def _session_limit(self, problem: str, *, usage: Usage | None = None) -> bool:
+    async def _session_limit(
+        self, problem: str, *, usage: Usage | None = None, kept: int | None = None
+    ) -> bool:
         """A budget is spent: ask the person to continue (raising it) or stop; with nobody to
         ask, fail with `session_limit_reached`. `usage` is what a reply the budget cut off cost,
-        counted with the request (or the failure)."""
+        counted with the request (or the failure), and `kept` as `_billing` says."""
         s = self.state
         turn = s.turn
         assert turn is not None
@@ -369,14 +373,15 @@ class ModelStep(DriverPart):
         if last is not None and last.outcome == "answered":
             choice = ((last.resolution or {}).get("answer") or {}).get("option_id")
             if choice == "stop":
-                await self._fail_limit(f"{problem}; the person chose to stop", usage=usage)
+                stopped = f"{problem}; the person chose to stop"
+                await self._fail_limit(stopped, usage=usage, kept=kept)
                 return True
         principal = turn.principal
         if turn.source == "schedule" or (
             principal is not None and principal.principal_type == "runtime"
         ):
             await self._fail_limit(
-                f"{problem}; nobody can raise the budget of this session", usage=usage
+                f"{problem}; nobody can raise the budget of this session", usage=usage, kept=kept
             )
             return True
         request = InputRequest(
@@ -391,9 +396,10 @@ class ModelStep(DriverPart):
             created_at=self.clock(),
             usage=s.usage if usage is None else s.usage + usage,
         )
-        requested: dict[str, Any] = {"requests": [dump_request(request)]}
-        if usage is not None:
-            requested.update(usage_fields(usage))
+        requested: dict[str, Any] = {
+            "requests": [dump_request(request)],
+            **_billing(usage, kept),
+        }
         await self.record(
             [
                 ("input.requested", requested),
@@ -458,6 +464,21 @@ def _delegated_turn(s: SessionState) -> bool:
 def _less(amount: float, shown: str) -> str:
     """How much of the headroom the parent's other subagents took, where they took any."""
     return f", less {shown} spent since by its parent's other subagents" if amount > 0 else ""
+
+
+def _kept(exc: BaseException) -> int | None:
+    """How many of the refused reply's input tokens the next call reads again, when the model
+    says not all of them (`ModelError.context_tokens`; 0: not known)."""
+    return exc.context_tokens if isinstance(exc, ModelError) else None
+
+
+def _billing(usage: Usage | None, kept: int | None) -> dict[str, Any]:
+    """What an event counts of a reply billed and not used: its `usage`, and `context_tokens`
+    when the next call reads again less than all its input (what `model.completed` says of a
+    reply used), which the budgets then hold back before it instead."""
+    if usage is None:
+        return {}
+    return {**usage_fields(usage), **({} if kept is None else {"context_tokens": kept})}
 
 
 def _billed(exc: BaseException) -> Usage | None:

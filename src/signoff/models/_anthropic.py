@@ -399,12 +399,20 @@ class Anthropic(SdkModel):
         usage = _total([*unjournaled, billed])
         written = billed.output_tokens + (0 if here is None else here.output_tokens)
         stop = plain_str(getattr(message, "stop_reason", None))
+        parts = [*([_Stored(b) for b in p.data["content"]] for p in paused), content]
+        # Input billed that the conversation does not keep (what a server tool read, a paused
+        # turn read again) is not read by the next call: how much of it there was is not known.
+        unkept = bool(paused) or any(
+            plain_str(getattr(b, "type", None)) not in _KEPT for blocks in parts for b in blocks
+        )
+        kept = 0 if unkept else None  # a reply refused below says so too (`context_tokens`)
         if cap is not None and stop == "max_tokens" and not 0 < written < cap:
             # Cut at what the budgets had left: half an answer or call must not pass for one.
             raise BudgetSpent(
                 f"Anthropic messages call for {where} was cut off at the {cap} output tokens the "
                 "session's budgets had left (stop_reason max_tokens)",
                 usage=usage,
+                context_tokens=kept,
             )
         if stop == "refusal" and (
             not any(getattr(b, "type", None) == "text" and getattr(b, "text", "") for b in content)
@@ -415,6 +423,7 @@ class Anthropic(SdkModel):
             raise ModelError(
                 f"Anthropic messages call for {where} was refused (stop_reason refusal)",
                 usage=usage,
+                context_tokens=kept,
             )
         if stop in _CUT and content and getattr(content[-1], "type", None) == "tool_use":
             # The limit cut the block's input short: running it would act on half a call.
@@ -423,18 +432,13 @@ class Anthropic(SdkModel):
                 f"Anthropic messages call for {where} was cut off {limit} in a tool call"
                 + ("; raise max_tokens" if stop == "max_tokens" else ""),
                 usage=usage,
+                context_tokens=kept,
             )
         texts: list[str] = []
         calls: list[ToolCall] = []
         reasoning: list[dict[str, Any]] = []
-        parts = [*([_Stored(b) for b in p.data["content"]] for p in paused), content]
         for blocks in parts:
             _read_blocks(blocks, where, usage, texts, calls, reasoning)
-        # Input billed that the conversation does not keep (what a server tool read, a paused
-        # turn read again) is not read by the next call: how much of it there was is not known.
-        unkept = bool(paused) or any(
-            plain_str(getattr(b, "type", None)) not in _KEPT for blocks in parts for b in blocks
-        )
         if not "".join(texts).strip() and not calls and stop in _EARLY:
             # Thinking that spent max_tokens, a paused server tool: the empty text would pass
             # for the model's answer.
@@ -442,6 +446,7 @@ class Anthropic(SdkModel):
                 f"Anthropic messages call for {where} stopped before any answer "
                 f"(stop_reason {stop})" + ("; raise max_tokens" if stop == "max_tokens" else ""),
                 usage=usage,
+                context_tokens=kept,
             )
         cut: CutOff | None = None  # half an answer must not pass for a whole one
         if stop in _CUT:
@@ -454,7 +459,7 @@ class Anthropic(SdkModel):
             usage=usage,
             reasoning=reasoning,
             cut_off=cut,
-            context_tokens=0 if unkept else None,
+            context_tokens=kept,
             model=served_model(getattr(message, "model", None), self.model),
         )
 
