@@ -383,3 +383,13 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             browsers = sys.modules.get("tests._dashboard_browser")
             if browsers is not None:
                 browsers.close_browser()
+
+
+@pytest.fixture(autouse=True)
+def _demo_shop_refunds_nothing_yet() -> None:
+    """The example's refunds (`examples.support.REFUNDS`, kept in its module) start empty in each
+    test: a test that approved order 1042's refund in this worker made the next one that did,
+    through the CLI in-process, refuse it as refunded already."""
+    shop = sys.modules.get("examples.support")
+    if shop is not None:
+        shop.REFUNDS.clear()
