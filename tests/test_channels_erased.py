@@ -213,3 +213,33 @@ async def test_a_channel_held_back_past_an_erased_close_is_told_it_from_the_dele
             await hub.poll()
             await hub.poll()
         assert ch.erased == [r.pending[0].id]
+
+
+async def test_a_channel_held_back_past_an_erased_close_is_told_it_after_a_restart(
+    store_url: str, tmp_path: Path
+) -> None:
+    """As above, but the hub stops (a restart, a standby taking over) before its retry: the
+    position it saved is not past the erased close's id, so the hub started again on its state
+    still tells the close from the deletion. Before, the holes it passed were kept in memory
+    only, and the one started again took the close as delivered: nothing was told."""
+    state = tmp_path / "channels.db"
+    async with so.Runtime([refunds()], store=store_url) as rt:
+        r = await rt.generate("refunds", prompt="refund 7", auth=ALICE)
+        ch = Closes()
+        ch.failed = True  # its first opening goes through
+        async with manual(ChannelHub(rt, [ch], gap_timeout=0, retry_backoff=0, state=state)) as hub:
+            await hub.poll()
+            ch.failed = False
+            await rt.cancel(r.session_id, principal=ALICE)
+            await rt.generate("refunds", prompt="refund 8", auth=ALICE)  # fails once
+            await rt.delete_session(r.session_id, by=OPS)
+            await hub.poll()
+            assert ch.erased == []  # held back by the failure
+        again = Closes()
+        again.failed = True  # the service is back
+        async with manual(
+            ChannelHub(rt, [again], gap_timeout=0, retry_backoff=0, state=state)
+        ) as hub:
+            await hub.poll()
+            await hub.poll()
+        assert again.erased == [r.pending[0].id]

@@ -9,11 +9,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import signoff as so
 from signoff.channels import ChannelHub
 
 from ._channels import Texts, manual, three_refunds
+from .test_deletion import OPS, refunds
 
 _HUB = """
 import asyncio, json, sys
@@ -35,6 +37,21 @@ async def main():
 
 asyncio.run(main())
 """
+
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+
+
+async def _two_refunds(rt: so.Runtime) -> tuple[so.GenerateResult, so.GenerateResult]:
+    """Two sessions, each waiting on a refund's approval (order 7 first, then 8)."""
+    x = await rt.generate("refunds", prompt="refund 7", auth=ALICE)
+    y = await rt.generate("refunds", prompt="refund 8", auth=ALICE)
+    return x, y
+
+
+async def _erase(rt: so.Runtime, session_id: str) -> None:
+    await rt.cancel(session_id, principal=ALICE)
+    await rt.delete_session(session_id, by=OPS, reason="GDPR request 12")
 
 
 async def _deny(rt: so.Runtime, request: so.InputRequest) -> None:
@@ -112,3 +129,108 @@ async def test_a_hub_past_the_close_of_the_request_shown_tells_it_at_its_first_p
             assert other.sent[1:] == [other.render(b)]
             await hub.poll()
             assert len(other.sent) == 2  # told once
+
+
+# A request erased with its session while no hub ran: the store has nothing left of it, so the
+# memo of the request shown describes it (its tool), and the deletion's entry says who and why.
+# Before, a channel made anew showed the next request at once, with no word of the one it showed.
+
+
+async def test_a_new_channel_says_the_request_shown_was_erased_while_no_hub_ran(
+    store_url: str, tmp_path: Path
+) -> None:
+    async with so.Runtime([refunds()], store=store_url) as rt:
+        x, y = await _two_refunds(rt)
+        first = Texts()
+        async with manual(ChannelHub(rt, [first], state=tmp_path / "channels.db")):
+            assert first.sent == [first.render(x.pending[0])]
+        await _erase(rt, x.session_id)
+        again = Texts()  # as a new process makes it
+        async with manual(ChannelHub(rt, [again], state=tmp_path / "channels.db")) as hub:
+            assert again.sent == []  # the erased one is still the one shown: not the next yet
+            await hub.poll()
+            told, shown = again.sent
+            assert told.startswith("refund was withdrawn at ")
+            assert told.endswith(": its session was deleted by ops (GDPR request 12).")
+            assert shown == again.render(y.pending[0])
+            await hub.poll()
+            assert len(again.sent) == 2  # told once
+            outcome = await again.reply("yes", ALICE)  # answers the next, shown
+            assert outcome is not None and outcome.request_id == y.pending[0].id
+
+
+async def test_a_new_process_says_the_request_shown_was_erased_while_no_hub_ran(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    async with so.Runtime([refunds()], store=url) as rt:
+        x, y = await _two_refunds(rt)
+        first = Texts()
+        async with manual(ChannelHub(rt, [first], state=tmp_path / "channels.db")):
+            assert first.sent == [first.render(x.pending[0])]
+        await _erase(rt, x.session_id)
+    args = [sys.executable, "-c", _HUB, url, str(tmp_path / "channels.db")]
+    done = await asyncio.to_thread(
+        subprocess.run, args, capture_output=True, text=True, timeout=120, check=True
+    )
+    sent = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(sent) == 2, done.stdout
+    assert sent[0].startswith("refund was withdrawn at ")
+    assert sent[0].endswith(": its session was deleted by ops (GDPR request 12).")
+    assert sent[1] == first.render(y.pending[0])
+
+
+async def test_a_hub_past_the_deletion_of_the_request_shown_tells_it_from_the_deletion(
+    tmp_path: Path,
+) -> None:
+    """The hub read the deletion while its SMS service was down, gave up on the entry, and its
+    machine was lost; the hub on another state goes on from the position past it (the store's
+    claim), so no poll brings it: the store's memo describes the request shown, and the
+    deletion's entry on `store:deletions` says who deleted it and why."""
+    async with so.Runtime([refunds()], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        x, y = await _two_refunds(rt)
+        lost = Texts()
+        hub = ChannelHub(rt, [lost], state=tmp_path / "a.db", max_attempts=1, retry_backoff=0)
+        async with manual(hub):
+            assert lost.sent == [lost.render(x.pending[0])]
+            await _erase(rt, x.session_id)
+
+            async def down(text: str) -> None:
+                raise ConnectionError("SMS service down")
+
+            lost.send_text = down  # type: ignore[method-assign]
+            await hub.poll()  # given up on the deletion: the position goes past it
+        other = Texts()
+        async with manual(ChannelHub(rt, [other], state=tmp_path / "b.db")) as hub:
+            assert other.sent == []
+            await hub.poll()
+            told, shown = other.sent
+            assert told.startswith("refund was withdrawn at ")
+            assert told.endswith(": its session was deleted by ops (GDPR request 12).")
+            assert shown == other.render(y.pending[0])
+
+
+async def test_a_memo_written_before_descriptions_says_the_request_shown_was_erased(
+    tmp_path: Path,
+) -> None:
+    """A memo of the request shown written by an earlier signoff holds only its id: the person
+    is told `the request shown` was withdrawn, as its tool is not known any more."""
+    async with so.Runtime([refunds()], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        x, y = await _two_refunds(rt)
+        first = Texts()
+        state = so.channels.ChannelState(tmp_path / "channels.db")
+        async with manual(ChannelHub(rt, [first], state=state)):
+            assert first.sent == [first.render(x.pending[0])]
+        state.forget("text", "shown_as", hub="hub")
+        memos: Any = rt.store  # the SQLite store's memos, beside the hub's claim
+        memo = json.dumps({"request_id": x.pending[0].id})
+        await memos.keep_channel_memos({"hub.text:shown": memo}, rt.now())
+        await _erase(rt, x.session_id)
+        again = Texts()
+        async with manual(ChannelHub(rt, [again], state=state)) as hub:
+            await hub.poll()
+            told, shown = again.sent
+            assert told.startswith("the request shown was withdrawn at ")
+            assert told.endswith(": its session was deleted by ops (GDPR request 12).")
+            assert shown == again.render(y.pending[0])
+        state.close()

@@ -192,8 +192,6 @@ class ChannelHub(Standby):
         self._seen: dict[str, set[int]] = {}
         self._kept: dict[str, list[int]] = {}  # `_seen` as saved in the state
         self._gaps: dict[int, float] = {}
-        # Ids a channel's position passed as holes while it waited on a later entry (`_told`).
-        self._skipped: dict[str, set[int]] = {}
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -290,7 +288,6 @@ class ChannelHub(Standby):
                 self._kept[ch.name] = kept if isinstance(kept, list) else []
                 self._seen[ch.name] = {i for i in self._kept[ch.name] if _whole(i) and i > saved}
             self._positions[ch.name] = saved
-            self._skipped.pop(ch.name, None)
             await self._keep_seen(ch)
         self._active.update(ch.name for ch in channels)
         if channels:
@@ -447,9 +444,14 @@ class ChannelHub(Standby):
         Ids are assigned before commit, so on PostgreSQL a lower id can become visible after a
         higher one: a missing id holds the position back until it shows up (it is delivered
         then) or `gap_timeout` passes (a rolled-back transaction leaves a permanent hole).
+        A hole below an entry the channel has not handled yet (it failed, or waits for its
+        retry) holds it back too: it may be a close its session's deletion erased, which that
+        deletion's entry, read later, tells only while the close is above the position
+        (`_told`), also for a hub started again or taking over from the position saved.
         """
         seen = self._seen.setdefault(ch.name, set())
         pos = self._positions[ch.name]
+        held = any(i > pos and i not in seen for i in present)
         now = time.monotonic()
         while pos < top:
             nxt = pos + 1
@@ -459,12 +461,9 @@ class ChannelHub(Standby):
                 break  # fetched but not handled: the channel failed on it
             else:
                 since = self._gaps.setdefault(nxt, now)
-                if now - since < self.gap_timeout:
+                if held or now - since < self.gap_timeout:
                     break
-                self._skipped.setdefault(ch.name, set()).add(nxt)
             pos = nxt
-        if pos >= top:  # every deletion that erased a hole below is delivered by now
-            self._skipped.pop(ch.name, None)
         if pos != self._positions[ch.name]:
             self._positions[ch.name] = pos
             await off_loop(self.state.set_position, self._key(ch), pos)
@@ -513,13 +512,12 @@ class ChannelHub(Standby):
         return handled
 
     def _told(self, ch: Channel) -> Callable[[int], bool]:
-        """Whether an entry was delivered to `ch`: below its position (and not a hole it
-        passed: an entry erased before it was read, whose deletion it is yet to read), or
+        """Whether an entry was delivered to `ch`: below its position (which passes a hole only
+        once every entry after it fetched is handled, a deletion that erased it among them), or
         delivered above it."""
         pos = self._positions[ch.name]
         seen = self._seen.get(ch.name, set())
-        skipped = self._skipped.get(ch.name, set())
-        return lambda i: (i <= pos and i not in skipped) or i in seen
+        return lambda i: i <= pos or i in seen
 
     async def _redeliver(self, ch: Channel, *, until_failure: bool = False) -> None:
         """Deliver again the entries given up on for `ch` (`redeliver`); those kept are tried

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._base import Resolution, off_loop
 from ._shared import Shared
+from ._text_erased import DESCRIBED, described, erased_on_show
 
 if TYPE_CHECKING:
     from .._types import InputRequest
@@ -30,6 +31,8 @@ __all__ = [
 ]
 
 SHOWN = "shown"  # the memo, in the state and the store: the id of the request on show
+# The store's memo holds what describes that request too (`described`), the state's another
+# one (`DESCRIBED`): its session may be deleted, which leaves nothing of it to read.
 _PAGE = 500  # audit entries read at once
 
 
@@ -51,15 +54,19 @@ async def shown_in_store(ch: TextChannel) -> tuple[bool, str | None]:
     return True, shown if isinstance(shown, str) else None
 
 
-async def keep_shown(ch: TextChannel, request_id: str | None) -> None:
-    """Keep which request is on show (None: none), in the store first, then in the state."""
+async def keep_shown(ch: TextChannel, request: InputRequest | None) -> None:
+    """Keep which request is on show (None: none), in the store first, then in the state, with
+    what describes it (`described`)."""
+    memo = None if request is None else described(request)
     shared = _shared(ch)
     if shared is not None:
-        await shared.keep({SHOWN: {"request_id": request_id}})
-    if request_id is None:
+        await shared.keep({SHOWN: memo or {"request_id": None}})
+    if request is None:
         await off_loop(ch.forget, SHOWN)
+        await off_loop(ch.forget, DESCRIBED)
     else:
-        await off_loop(ch.remember, SHOWN, request_id)
+        await off_loop(ch.remember, SHOWN, request.id)
+        await off_loop(ch.remember, DESCRIBED, memo)
 
 
 async def adopt_shown(ch: TextChannel) -> None:
@@ -79,13 +86,21 @@ async def closed_on_show(
 ) -> tuple[InputRequest, Resolution] | None:
     """The request on show by the memo if it closed while no hub delivered to `ch`, with how it
     closed as its session's trail records it: a channel made anew (in a new process) does not
-    hold it, and a hub that starts past that entry does not tell it. None if it is open or gone."""
+    hold it, and a hub that starts past that entry does not tell it. One the store no longer
+    has (its session deleted) as the memo describes it, closed as the deletion's entry says
+    (`erased_on_show`). None if it is open, or its close is not found."""
     shown = await off_loop(ch.recall, SHOWN)
     if not isinstance(shown, str) or shown in now_open:
         return None
     store = ch.runtime.store
     stored = await store.get_request(shown)
-    if stored is None or stored.status == "pending":
+    if stored is None:  # its session deleted: the memos are all that is left of it
+        shared = _shared(ch)
+        in_store = None if shared is None else await shared.recall(SHOWN)
+        closed = await erased_on_show(ch, shown, in_store)
+        await keep_escalation(ch, shown, None)  # the stand-in does not say it was escalated
+        return closed
+    if stored.status == "pending":
         return None
     after = 0
     while True:

@@ -352,7 +352,7 @@ class TextChannel(Channel):
                 await keep_shown(self, None)
             return
         await self.show(current)
-        await keep_shown(self, current.id)
+        await keep_shown(self, current)
 
     async def show(self, request: InputRequest) -> None:
         """Put `request` in front of the person (by default: `send_text(render(request))`)."""
