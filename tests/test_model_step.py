@@ -421,3 +421,29 @@ async def test_a_models_own_usage_type_is_recorded_as_a_plain_usage(tmp_path: Pa
         assert usages == [plain, plain]
         state = await rt.state(r.session_id)
         assert (state.status, state.usage) == ("idle", so.Usage(**plain) + so.Usage(**plain))
+
+
+@pytest.mark.parametrize("kept", [None, 10**9, float("nan"), "3", -1, True], ids=str)
+async def test_a_model_errors_context_tokens_counts_only_as_a_whole_number_within_its_input(
+    tmp_path: Path, kept: Any
+) -> None:
+    """One built without it (an older signoff's, rebuilt from a journal) made the failure's own
+    record raise AttributeError, the session left running; one of 10**9 held every later call
+    back, NaN went into the log, an object failed the record. Each says nothing now, or at most
+    its input."""
+    from signoff._exceptions import rebuild_error
+
+    usage = so.Usage(input_tokens=10, output_tokens=5)
+    if kept is None:
+        error = rebuild_error(so.ModelError, ("upstream failed",), {"usage": usage})
+    else:
+        error = so.ModelError("upstream failed", usage=usage, context_tokens=kept)
+    agent = so.Agent(name="a", model=so.models.Scripted([error]), tools=[refund])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("a", prompt="refund order 1")
+        assert (r.status, r.retryable) == ("failed", True)
+        log = [e async for e in rt.events(r.session_id, follow=False)]
+        [failed] = [e for e in log if e.type == "turn.failed"]
+        # At most its input: 10**9 is 10, the rest nothing.
+        assert failed.data.get("context_tokens") == (10 if kept == 10**9 else None)
+        assert (await rt.state(r.session_id)).last_input_tokens == 10

@@ -335,6 +335,8 @@ class ModelError(SignoffError):
     how much of that reply's input the next call reads again, when not all of it."""
 
     code = "model_error"
+    usage: Usage | None = None  # also for one built by an older signoff, or without __init__
+    context_tokens: int | None = None
 
     def __init__(
         self, *args: object, usage: Usage | None = None, context_tokens: int | None = None

@@ -468,8 +468,14 @@ def _less(amount: float, shown: str) -> str:
 
 def _kept(exc: BaseException) -> int | None:
     """How many of the refused reply's input tokens the next call reads again, when the model
-    says not all of them (`ModelError.context_tokens`; 0: not known)."""
-    return exc.context_tokens if isinstance(exc, ModelError) else None
+    says not all of them (`ModelError.context_tokens`; 0: not known), at most its input. One
+    built without it (an older signoff's, rebuilt from a journal; the HTTP client's), or not a
+    whole number from 0, says nothing: all of it is held back."""
+    kept = getattr(exc, "context_tokens", None) if isinstance(exc, ModelError) else None
+    usage = _billed(exc)
+    if type(kept) is not int or kept < 0 or usage is None:
+        return None
+    return min(kept, usage.input_tokens)
 
 
 def _billing(usage: Usage | None, kept: int | None) -> dict[str, Any]:
