@@ -374,3 +374,37 @@ async def test_a_plain_access_rule_runs_off_the_event_loop(tmp_path: Path) -> No
     await _served_while_blocked(app, "bob-token", blocking)
     assert threading.get_ident() not in threads
     await runtime.close()
+
+
+async def test_a_keyed_post_is_replayed_to_its_creator_whatever_the_access_rule_shows(
+    tmp_path: Path,
+) -> None:
+    """A submit-only client (the app's rule shows it no session) retrying its keyed POST got
+    404 for the session its first attempt made (and may then send it again without the key):
+    the creator is told of it; another caller only if the rule shows it to them."""
+    submitter = so.Principal(
+        authenticator="tok", principal_id="intake", attributes={"role": "submit"}
+    )
+
+    def reviewers_only(caller: so.Principal, initiator: so.Principal | None) -> bool:
+        return caller.attributes.get("role") == "review"
+
+    agent = so.Agent(name="a", model=so.models.Scripted([so.ModelResponse(text="hi")] * 3))
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db")
+    app = create_app(
+        runtime,
+        auth=TokenAuth({"t1": submitter}),
+        access=reviewers_only,
+        close_runtime=True,
+        sweep_every=None,
+    )
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        sent = {"authorization": "Bearer t1", "idempotency-key": "intake-42"}
+        first = await c.post("/v1/sessions", json={"agent": "a", "message": "hi"}, headers=sent)
+        again = await c.post("/v1/sessions", json={"agent": "a", "message": "hi"}, headers=sent)
+        assert (first.status_code, again.status_code) == (201, 201)
+        assert again.json()["session_id"] == first.json()["session_id"]
+        assert again.json()["replayed"] is True

@@ -10,7 +10,7 @@ from starlette.responses import StreamingResponse
 from .._deadlines import stored_after_deadline
 from .._exceptions import UnknownRequest
 from .._mirrors import followed, stored_followed
-from .._types import Decision, InputResponse
+from .._types import Decision, InputResponse, Principal
 from ..stores import PendingFilter
 from ..stores._base import created_before
 from ._context import ServerContext, get_context
@@ -105,15 +105,24 @@ async def create_session(
         )
     if body.message is None:
         sid, replayed = await rt._open(body.agent, caller, idempotency_key)
-        if replayed:  # its key is the caller's: yet one the access rule hides is not shown
-            await ctx.session(sid, caller)
+        if replayed:
+            await _replayed_to(ctx, sid, caller)
         return idle_result(await rt._state(sid), replayed=replayed)
     result = await rt.generate(
         body.agent, prompt=body.message, auth=caller, idempotency_key=idempotency_key
     )
     if result.replayed:
-        await ctx.session(result.session_id, caller)
+        await _replayed_to(ctx, result.session_id, caller)
     return turn_result(result)
+
+
+async def _replayed_to(ctx: ServerContext, session_id: str, caller: Principal) -> None:
+    """A session a key replays is its creator's to be told of, whatever the access rule shows
+    them (a submit-only client retries its POST); another's (a key given before keys were
+    scoped to exact identities) only if the caller may see it."""
+    state = await ctx.runtime._state(session_id)
+    if state.initiator is None or not state.initiator.same_as(caller):
+        await ctx.session(session_id, caller)
 
 
 @router.post("/sessions/{session_id}/messages", tags=["sessions"])
