@@ -100,6 +100,9 @@ async def test_under_an_apps_own_access_rule_only_the_scrape_token_may_scrape(
         r = await c.get("/metrics", headers=ADMIN)
         assert (r.status_code, r.json()["error"]["code"]) == (403, "admin_only")
         await scrape(c, auth(SCRAPE))
+    runtime = so.Runtime(make_agents(), store=f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(so.UsageError, match="app's own access rule need a metrics_token"):
+        create_app(runtime, auth=TokenAuth(TOKENS), metrics=True, access=own_only)
 
 
 @pytest.mark.parametrize(

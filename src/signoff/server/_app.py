@@ -246,6 +246,12 @@ def create_app(
     flag("metrics", metrics)
     if metrics_token is not None and not metrics:
         raise UsageError("metrics_token is given but metrics is off (metrics=True)")
+    if metrics is True and metrics_token is None and access is not default_access:
+        # No caller's view is every tenant's under an app's own rule: nobody could scrape.
+        raise UsageError(
+            "metrics under an app's own access rule need a metrics_token: admins scrape them "
+            "only under the default rule"
+        )
 
     async def _sweep(every: float) -> None:
         # The turns its deadlines make runnable run in the background, not inside the sweep:
