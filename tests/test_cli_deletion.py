@@ -97,14 +97,19 @@ def test_delete_refuses_an_empty_id_and_a_missing_store(url: str, tmp_path: obje
     assert missing.exit_code != 0 and "Traceback" not in missing.output
 
 
-def test_one_ctrl_c_at_the_confirmation_ends_delete_and_deletes_nothing(url: str) -> None:
-    """Ctrl-C at `signoff delete`'s question in a terminal ends it at once, 130 and one line, the
-    session kept: the question was read in the command's event loop, where asyncio's handler
-    only cancelled the task, so Ctrl-C did nothing until Enter (and a `y` typed then went on)."""
+@pytest.mark.parametrize("command", ["delete", "prune"])
+def test_one_ctrl_c_at_the_confirmation_ends_delete_and_deletes_nothing(
+    url: str, command: str
+) -> None:
+    """Ctrl-C at `signoff delete`'s (or `prune`'s) question in a terminal ends it at once, 130
+    and one line, the session kept: the question was read in the command's event loop, where
+    asyncio's handler only cancelled the task, so Ctrl-C did nothing until Enter (and a `y`
+    typed then went on)."""
     session_id = _finished(url)
     terminal, tty = pty.openpty()
+    args = [session_id] if command == "delete" else ["--older-than", "0s"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "signoff", "delete", session_id, "--store", url],
+        [sys.executable, "-m", "signoff", command, *args, "--store", url],
         cwd=ROOT,
         stdin=tty,
         stdout=tty,
@@ -161,3 +166,22 @@ def test_delete_force_erases_a_damaged_session_a_cancel_cannot_finish(
     assert gone.exit_code == 0, gone.output
     (entry,) = _deletions(url)
     assert entry["force"] is True and entry["reason"] == "broken"
+
+
+@pytest.mark.parametrize("command", ["delete", "prune"])
+def test_with_standard_input_closed_deleting_asks_for_yes(url: str, command: str) -> None:
+    """`<&-` (Python's stdin None) was an AttributeError traceback, exit 1: no terminal to ask
+    at, as for /dev/null, is exit 2 naming --yes, and nothing is deleted."""
+    session_id = _finished(url)
+    args = [session_id] if command == "delete" else ["--older-than", "0s"]
+    done = subprocess.run(
+        [sys.executable, "-m", "signoff", command, *args, "--store", url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: os.close(0),
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "pass --yes" in done.stderr and "Traceback" not in done.stderr
+    assert _deletions(url) == []

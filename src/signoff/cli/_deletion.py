@@ -98,8 +98,9 @@ def _confirmed(terminal: TerminalChannel, question: str) -> bool:
 
 
 def _can_ask() -> bool:
-    """Whether a person can be asked: standard input is a terminal."""
-    return sys.stdin.isatty()
+    """Whether a person can be asked: standard input is a terminal (not closed: `<&-`, which
+    Python gives as None, raised AttributeError)."""
+    return sys.stdin is not None and sys.stdin.isatty()
 
 
 def _agentless(url: str) -> Runtime:

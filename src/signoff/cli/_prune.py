@@ -13,6 +13,7 @@ import typer
 from .._exceptions import UsageError
 from .._runtime import Runtime
 from .._types import Principal
+from ..channels.terminal import TerminalChannel
 from . import _deletion
 from ._app import (
     RuntimeArgument,
@@ -141,7 +142,9 @@ async def _prune(
                 f"Delete {len(found)} finished session(s) last active more than "
                 f"{age(older_than)} ago, and their subagents' sessions, for good?"
             )
-            if not typer.confirm(shown, default=False):
+            # Read as `delete` asks: one Ctrl-C ends the command at once (a blocking confirm in
+            # the event loop swallowed it, and a `y` typed afterwards went on to delete).
+            if not _deletion._confirmed(TerminalChannel(console), shown):
                 console.print("Nothing deleted.")
                 raise typer.Exit(1)
         deleted, listed, more = await _batch(
