@@ -6,6 +6,7 @@ agent)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -140,3 +141,18 @@ def test_cancel_without_a_runtime_records_a_passed_ttl_as_every_call_does(url: s
         state = rt.state_sync(r.session_id)
         assert state.turn is not None and (state.turn.error or {}).get("code") == "session_expired"
         assert rt.pending_sync(session_id=r.session_id) == []
+
+
+def test_only_the_cancel_that_recorded_it_says_it_cancelled() -> None:
+    """Two `signoff cancel`s of one turn at once: each read the turn waiting before, and both
+    said they cancelled it (their open requests withdrawn), though one was recorded, with one
+    reason. The one whose call did not record it (`cancelled` False) says nothing changed."""
+    from signoff.cli._cancellation import _told
+
+    ended = so.GenerateResult(status="cancelled", session_id="ses_1", turn_id="trn_1", text="")
+    mine = dataclasses.replace(ended, cancelled=True)
+    before = ("trn_1", "waiting")
+    assert _told("ses_1", None, before, 1, mine).startswith("[green]cancelled[/] turn trn_1")
+    assert _told("ses_1", None, before, 1, ended) == (
+        "Nothing to cancel: ses_1 is cancelled; nothing changed."
+    )

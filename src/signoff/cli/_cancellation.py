@@ -115,12 +115,9 @@ def _told(
 ) -> str:
     """What the cancel did, in one line: `before` is the turn the session had (id, status)."""
     sid, tid = printable(session_id), printable(result.turn_id or "")
-    if (
-        result.status == "cancelled"
-        and before is not None
-        and before[0] == result.turn_id
-        and before[1] != "cancelled"
-    ):
+    # `cancelled`: this call recorded the cancel (one racing it may have, the state before
+    # read as either). The open requests counted before were withdrawn with it.
+    if result.cancelled and before is not None and before[0] == result.turn_id:
         withdrawn = f"; {open_before} open request(s) withdrawn" if open_before else ""
         return f"[green]cancelled[/] turn {tid} of {sid}{withdrawn}"
     if turn is not None and result.turn_id != turn:
