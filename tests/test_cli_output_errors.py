@@ -58,6 +58,26 @@ def test_output_that_cannot_be_written_is_one_line_and_status_1(
     assert lines[0] == "error: OSError: [Errno 28] No space left on device", lines
 
 
+@pytest.mark.parametrize("command", [*COMMANDS, ["events", "SESSION", "--follow"]], ids=" ".join)
+def test_output_closed_is_one_line_and_status_1(command: list[str], tmp_path: Path) -> None:
+    """`>&-` (Python's stdout None): the commands exited 0 having written nothing, and
+    `events --follow` ended in a traceback. As for a full disk: one line, status 1."""
+    url = f"sqlite:///{tmp_path}/state.db"
+    session_id, _ = park(url)
+    args = [session_id if a == "SESSION" else a for a in command]
+    done = subprocess.run(
+        [sys.executable, "-m", "signoff", *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "SIGNOFF_STORE": url},
+        preexec_fn=lambda: os.close(1),
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == ["error: OSError: [Errno 9] standard output is closed"]
+
+
 @pytest.mark.parametrize("unbuffered", ["1", None], ids=["unbuffered", "buffered"])
 def test_output_cut_short_in_one_write_is_status_141(
     unbuffered: str | None, tmp_path: Path

@@ -129,9 +129,10 @@ def _interrupted() -> NoReturn:
     raise typer.Exit(130)
 
 
-_WRITE_FAILED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
-"""What a write of the output meets on a full disk or a failing device (`> /dev/full`): the
-store's own such failures come as its errors, so at the top of a command these are the output's."""
+_WRITE_FAILED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF})
+"""What a write of the output meets on a full disk or a failing device (`> /dev/full`), or
+closed (`>&-`): the store's own such failures come as its errors, so at the top of a command
+these are the output's."""
 
 
 def _unwritable(exc: OSError) -> NoReturn:
