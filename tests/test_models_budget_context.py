@@ -12,6 +12,7 @@ import pytest
 import signoff as so
 from signoff.testing import ExecutionLog, call, call_tools, reply
 
+from ._models import request
 from .fakes.llm import API_KEY, FakeLLM, anthropic_message
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
@@ -122,3 +123,25 @@ async def test_a_cut_reply_after_server_tools_holds_nothing_back(store_url: str)
         assert [b["max_tokens"] for b in fake.bodies] == [10000, 4000]
     [requested] = [e for e in log if e.type == "input.requested"]
     assert requested.data["context_tokens"] == 0
+
+
+async def test_a_reply_refused_after_server_tools_says_its_input_is_not_kept() -> None:
+    """A reply of a block of the wrong shape, after a web search, fails the call with its
+    usage; its `context_tokens` says 0 as a completed one's would, or the budgets held back
+    all the search's input before the next call."""
+    search = {"type": "server_tool_use", "id": "srvtoolu_01", "name": "web_search", "input": {}}
+    found = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_01", "content": []}
+    broken = {"type": "tool_use", "id": "toolu_1", "name": "", "input": {}}
+    with FakeLLM("anthropic", strict=False) as fake:
+        fake.queue(
+            anthropic_message(
+                search, found, broken, usage={"input_tokens": 6000, "output_tokens": 9}
+            )
+        )
+        async with so.models.Anthropic(
+            "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0
+        ) as model:
+            with pytest.raises(so.ModelError) as raised:
+                await model.complete(request())
+    assert raised.value.usage is not None and raised.value.usage.input_tokens == 6000
+    assert raised.value.context_tokens == 0

@@ -252,14 +252,19 @@ class Anthropic(SdkModel):
             except ModelError as exc:
                 if unjournaled:  # the paused parts were billed: the failed turn counts them
                     exc.usage = _total([*unjournaled, exc.usage])
+                    exc.context_tokens = 0  # read again each call, not kept: how much, unknown
                 raise
             budgeted = request.max_output_tokens is not None
             if not _paused(message):
                 return self._parse(message, where, cap, parts, here, unjournaled, budgeted=budgeted)
-            _check_counted(message, where, budgeted, unjournaled)
-            billed = self._usage(message)
-            # Blocks of the wrong shape fail the call here, before they are journaled.
-            _read_blocks(message.content, where, _total([*unjournaled, billed]), [], [], [])
+            try:
+                _check_counted(message, where, budgeted, unjournaled)
+                billed = self._usage(message)
+                # Blocks of the wrong shape fail the call here, before they are journaled.
+                _read_blocks(message.content, where, _total([*unjournaled, billed]), [], [], [])
+            except ModelError as exc:
+                exc.context_tokens = 0  # a paused turn's input is not kept (as below)
+                raise
             data: dict[str, Any] = {"content": scrub([_sent_back(b) for b in message.content])}
             container = getattr(getattr(message, "container", None), "id", None)
             if isinstance(container, str) and container:
@@ -437,8 +442,12 @@ class Anthropic(SdkModel):
         texts: list[str] = []
         calls: list[ToolCall] = []
         reasoning: list[dict[str, Any]] = []
-        for blocks in parts:
-            _read_blocks(blocks, where, usage, texts, calls, reasoning)
+        try:
+            for blocks in parts:
+                _read_blocks(blocks, where, usage, texts, calls, reasoning)
+        except ModelError as exc:
+            exc.context_tokens = kept
+            raise
         if not "".join(texts).strip() and not calls and stop in _EARLY:
             # Thinking that spent max_tokens, a paused server tool: the empty text would pass
             # for the model's answer.
