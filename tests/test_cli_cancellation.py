@@ -156,3 +156,7 @@ def test_only_the_cancel_that_recorded_it_says_it_cancelled() -> None:
     assert _told("ses_1", None, before, 1, ended) == (
         "Nothing to cancel: ses_1 is cancelled; nothing changed."
     )
+    # A turn that started between the read and the cancel, which this call cancelled.
+    assert _told("ses_1", None, None, 0, mine) == "[green]cancelled[/] turn trn_1 of ses_1"
+    later = dataclasses.replace(mine, turn_id="trn_2")
+    assert _told("ses_1", None, before, 1, later) == "[green]cancelled[/] turn trn_2 of ses_1"

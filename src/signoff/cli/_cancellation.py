@@ -116,9 +116,11 @@ def _told(
     """What the cancel did, in one line: `before` is the turn the session had (id, status)."""
     sid, tid = printable(session_id), printable(result.turn_id or "")
     # `cancelled`: this call recorded the cancel (one racing it may have, the state before
-    # read as either). The open requests counted before were withdrawn with it.
-    if result.cancelled and before is not None and before[0] == result.turn_id:
-        withdrawn = f"; {open_before} open request(s) withdrawn" if open_before else ""
+    # read as either); the open requests counted before were withdrawn with it if that turn
+    # is the one cancelled (another may have started in between).
+    if result.cancelled:
+        counted = before is not None and before[0] == result.turn_id and open_before
+        withdrawn = f"; {open_before} open request(s) withdrawn" if counted else ""
         return f"[green]cancelled[/] turn {tid} of {sid}{withdrawn}"
     if turn is not None and result.turn_id != turn:
         now = f"its turn is {tid} ({result.status})" if result.turn_id else "it has no turn"
