@@ -408,3 +408,5 @@ async def test_a_keyed_post_is_replayed_to_its_creator_whatever_the_access_rule_
         assert (first.status_code, again.status_code) == (201, 201)
         assert again.json()["session_id"] == first.json()["session_id"]
         assert again.json()["replayed"] is True
+        # It is told the call happened, not what the turn said since: the rule hides that.
+        assert first.json()["text"] == "hi" and again.json()["text"] == ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Header, Path, Query, Request
@@ -111,18 +112,25 @@ async def create_session(
     result = await rt.generate(
         body.agent, prompt=body.message, auth=caller, idempotency_key=idempotency_key
     )
-    if result.replayed:
-        await _replayed_to(ctx, result.session_id, caller)
+    if result.replayed and not await _replayed_to(ctx, result.session_id, caller):
+        # Its creator, whom the rule shows it no more: the call is told it happened, not
+        # what the turn said or asked since (a GET of the session is 404 to them).
+        result = dataclasses.replace(
+            result, text="", pending=[], outcomes=[], error=None, cut_off=None
+        )
     return turn_result(result)
 
 
-async def _replayed_to(ctx: ServerContext, session_id: str, caller: Principal) -> None:
-    """A session a key replays is its creator's to be told of, whatever the access rule shows
-    them (a submit-only client retries its POST); another's (a key given before keys were
-    scoped to exact identities) only if the caller may see it."""
+async def _replayed_to(ctx: ServerContext, session_id: str, caller: Principal) -> bool:
+    """Whether the caller may see the session a key replays: a 404 for another's (a key given
+    before keys were scoped to exact identities) they may not; its creator is told of it,
+    whatever the access rule shows them (a submit-only client retries its POST), but False
+    when the rule hides it from them."""
     state = await ctx.runtime._state(session_id)
     if state.initiator is None or not state.initiator.same_as(caller):
         await ctx.session(session_id, caller)
+        return True
+    return await ctx._may_see(caller, state.initiator)
 
 
 @router.post("/sessions/{session_id}/messages", tags=["sessions"])
