@@ -58,10 +58,18 @@ def test_output_that_cannot_be_written_is_one_line_and_status_1(
     assert lines[0] == "error: OSError: [Errno 28] No space left on device", lines
 
 
-@pytest.mark.parametrize("command", [*COMMANDS, ["events", "SESSION", "--follow"]], ids=" ".join)
+CLOSED = [
+    *COMMANDS,
+    ["events", "SESSION", "--follow"],
+    ["serve", "examples.support:runtime", "--port", "0"],
+]
+
+
+@pytest.mark.parametrize("command", CLOSED, ids=" ".join)
 def test_output_closed_is_one_line_and_status_1(command: list[str], tmp_path: Path) -> None:
     """`>&-` (Python's stdout None): the commands exited 0 having written nothing, and
-    `events --follow` ended in a traceback. As for a full disk: one line, status 1."""
+    `events --follow` (and `serve --port 0`, its banner printed once listening) ended in a
+    traceback. As for a full disk: one line, status 1."""
     url = f"sqlite:///{tmp_path}/state.db"
     session_id, _ = park(url)
     args = [session_id if a == "SESSION" else a for a in command]

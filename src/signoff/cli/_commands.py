@@ -36,7 +36,7 @@ from rich.markup import escape
 from typer import _click
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-__all__ = ["Command", "Group", "closed_pipe", "finish_help"]
+__all__ = ["ClosedOutput", "Command", "Group", "closed_pipe", "finish_help"]
 
 
 class _Argument(TyperArgument):
@@ -185,3 +185,14 @@ def finish_help(typer_app: typer.Typer) -> None:
     for group in typer_app.registered_groups:
         if group.typer_instance is not None:
             finish_help(group.typer_instance)
+
+
+class ClosedOutput(io.TextIOBase):
+    """Standard output that was closed: each write fails as a write to a closed descriptor
+    does, so the command names the error and exits 1, as for a full disk."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+    def writable(self) -> bool:
+        return True

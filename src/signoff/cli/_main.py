@@ -3,7 +3,6 @@ cleanly on a Ctrl-C, and the names `signoff.cli` exports."""
 
 from __future__ import annotations
 
-import errno
 import io
 import sys
 from typing import TextIO
@@ -12,7 +11,7 @@ from typing import TextIO
 from . import _chat, _queue  # noqa: F401  # isort: skip
 from . import _events, _cancellation, _deletion, _prune, _serve, _worker  # noqa: F401  # isort: skip
 from ._app import app, load_runtime, local_principal, parse_principal
-from ._commands import finish_help
+from ._commands import ClosedOutput, finish_help
 
 __all__ = ["app", "load_runtime", "local_principal", "parse_principal", "run"]
 
@@ -23,7 +22,7 @@ def run() -> None:
     """Run the command line `sys.argv` gives."""
     # Closed (`>&-`), Python gives it as None: what was printed went nowhere, exit 0, or a
     # traceback (`events --follow`). Writing to it fails now as to any file that takes nothing.
-    sys.stdout = _Closed() if sys.stdout is None else _whole_writes(sys.stdout)
+    sys.stdout = ClosedOutput() if sys.stdout is None else _whole_writes(sys.stdout)
     for stream in (sys.stdout, sys.stderr):
         # Output that is not UTF-8 (a Windows pipe's code page, a Latin-1 locale) shows what it
         # cannot hold (an agent's name, a model's text) as escapes rather than failing on it.
@@ -48,14 +47,3 @@ def _whole_writes(stream: TextIO) -> TextIO:
         line_buffering=True,
         write_through=True,
     )
-
-
-class _Closed(io.TextIOBase):
-    """Standard output that was closed: each write fails as a write to a closed descriptor
-    does, so the command names the error and exits 1, as for a full disk."""
-
-    def write(self, text: str) -> int:
-        raise OSError(errno.EBADF, "standard output is closed")
-
-    def writable(self) -> bool:
-        return True

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
 import socket
+import sys
 import unicodedata
 from typing import Annotated, Any
 
@@ -30,6 +32,7 @@ from ._app import (
     set_or_unset,
     split_target,
 )
+from ._commands import ClosedOutput
 from ._numbers import number_of_seconds, seconds, whole
 from ._store_files import own_store
 from ._waiting import open_when_up
@@ -257,6 +260,10 @@ def serve(
     Needs pip install 'signoff\\[server]'. With --webhook or --slack-channel the queue is also
     posted to those channels. Started while its database is down, it waits for it before
     listening (SIGTERM ends the wait)."""
+    if isinstance(sys.stdout, ClosedOutput):
+        # Said now, as any command's closed output: with --port 0 the banner, printed once
+        # listening, failed inside the server's start-up with a traceback of 90 lines.
+        raise OSError(errno.EBADF, "standard output is closed")
     try:
         from ..server import TokenAuth
         from ..server import serve as run_server
