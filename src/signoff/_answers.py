@@ -385,8 +385,9 @@ def repeat(
         outcome = first.get("outcome")  # said when it says more than the status (`expired`)
         how = f" ({outcome})" if outcome not in (None, status) else ""
         raise RequestClosed(f"request {rid} is {status}{how}; it takes no answers", [rid])
+    edited = same_json(first.get("edited_input"), wanted.get("edited_input"))
     if request.kind == "tool-approval":  # an approval of other edited input approves another call
-        same = same_json(first.get("edited_input"), wanted.get("edited_input"))
+        same = edited
         if request.source == "tool" and request.approvers <= 1:
             # Its decision's value is the call's result. Under a quorum the settlement holds
             # the last voter's: an earlier voter's retry of their own answer is no conflict.
@@ -404,7 +405,6 @@ def repeat(
         if first.get("outcome") == wanted["outcome"]:
             says = "differs"
             if request.kind == "tool-approval":
-                edited = same_json(first.get("edited_input"), wanted.get("edited_input"))
                 says = "has another value" if edited else "has other edited input"
         raise ConflictingAnswer(
             f"request {rid} was already settled as {shown(first.get('outcome'))}; "

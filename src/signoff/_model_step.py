@@ -16,6 +16,7 @@ from ._exceptions import BudgetSpent, LeaseLost, ModelError, SignoffError
 from ._output_caps import input_price_floor, output_cap, output_price, spare
 from ._paused_parts import journal_pauses, paused_parts
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
+from ._refused_replies import billing, read_again, refused_cost
 from ._state import SessionState, delegated_turn
 from ._sync import exited
 from ._text import cut
@@ -29,10 +30,8 @@ from ._types import (
     ToolCall,
     ToolResultMessage,
     Usage,
-    billable,
     plain_usage,
     reported_usage,
-    usage_fields,
     usage_too_large,
 )
 from .models import ModelRequest, ToolSpec
@@ -180,7 +179,8 @@ class ModelStep(DriverPart):
             message = cut(error_text(exc), limits.max_response_bytes // 4)
             failed: dict[str, Any] = {"error": {"code": code, "message": message}}
             failed["retryable"] = True
-            failed.update(_billing(_billed(exc), _kept(exc)))
+            spent = refused_cost(exc)
+            failed.update(billing(spent, read_again(exc, spent)))
             await self.record(
                 [
                     ("turn.failed", failed),
@@ -316,8 +316,8 @@ class ModelStep(DriverPart):
         and nothing of it used, and the turn stops as at a spent budget (asking the person to
         raise it; a subagent on its parent's share fails, as that is not its to raise)."""
         s = self.state
-        spent = None if exc is None else _billed(exc)
-        kept = None if exc is None else _kept(exc)
+        spent = None if exc is None else refused_cost(exc)
+        kept = None if exc is None else read_again(exc, spent)
         if exc is not None and exc.usage is not None:
             what = f"the model's reply was cut off at the {cap} output tokens left"
         elif floor:
@@ -342,11 +342,11 @@ class ModelStep(DriverPart):
         self, problem: str, *, usage: Usage | None = None, kept: int | None = None
     ) -> None:
         """Fail the turn for good with `session_limit_reached`, counting `usage` (a reply the
-        budget cut off, which the next call reads `kept` input tokens of again: `_billing`)."""
+        budget cut off, which the next call reads `kept` input tokens of again: `billing`)."""
         failed: dict[str, Any] = {
             "error": {"code": "session_limit_reached", "message": problem},
             "retryable": False,
-            **_billing(usage, kept),
+            **billing(usage, kept),
         }
         await self.record([("turn.failed", failed), ("session.waiting", {})])
 
@@ -355,7 +355,7 @@ class ModelStep(DriverPart):
     ) -> bool:
         """A budget is spent: ask the person to continue (raising it) or stop; with nobody to
         ask, fail with `session_limit_reached`. `usage` is what a reply the budget cut off cost,
-        counted with the request (or the failure), and `kept` as `_billing` says."""
+        counted with the request (or the failure), and `kept` as `billing` says."""
         s = self.state
         turn = s.turn
         assert turn is not None
@@ -398,7 +398,7 @@ class ModelStep(DriverPart):
         )
         requested: dict[str, Any] = {
             "requests": [dump_request(request)],
-            **_billing(usage, kept),
+            **billing(usage, kept),
         }
         await self.record(
             [
@@ -464,33 +464,6 @@ def _delegated_turn(s: SessionState) -> bool:
 def _less(amount: float, shown: str) -> str:
     """How much of the headroom the parent's other subagents took, where they took any."""
     return f", less {shown} spent since by its parent's other subagents" if amount > 0 else ""
-
-
-def _kept(exc: BaseException) -> int | None:
-    """How many of the refused reply's input tokens the next call reads again, when the model
-    says not all of them (`ModelError.context_tokens`; 0: not known), at most its input. One
-    built without it (an older signoff's, rebuilt from a journal; the HTTP client's), or not a
-    whole number from 0, says nothing: all of it is held back."""
-    kept = getattr(exc, "context_tokens", None) if isinstance(exc, ModelError) else None
-    usage = _billed(exc)
-    if type(kept) is not int or kept < 0 or usage is None:
-        return None
-    return min(kept, usage.input_tokens)
-
-
-def _billing(usage: Usage | None, kept: int | None) -> dict[str, Any]:
-    """What an event counts of a reply billed and not used: its `usage`, and `context_tokens`
-    when the next call reads again less than all its input (what `model.completed` says of a
-    reply used), which the budgets then hold back before it instead."""
-    if usage is None:
-        return {}
-    return {**usage_fields(usage), **({} if kept is None else {"context_tokens": kept})}
-
-
-def _billed(exc: BaseException) -> Usage | None:
-    """What the refused reply behind a `ModelError` cost, when it says (see `billable`): the
-    failed turn adds it to the session's usage, as the provider billed it."""
-    return billable(exc.usage) if isinstance(exc, ModelError) else None
 
 
 def _check_recordable(response: ModelResponse, limits: Limits) -> dict[str, Any]:

@@ -22,6 +22,8 @@ from ._state import ChannelState, off_loop, waiting_until
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
+    from ..stores import Store
+    from ..stores._audit import AuditEntry
 
 __all__ = [
     "Channel",
@@ -35,6 +37,7 @@ __all__ = [
     "RateLimited",
     "Resolution",
     "check_name",
+    "closing_entry",
     "describe_principal",
     "off_loop",
     "waiting_until",
@@ -415,3 +418,20 @@ class Channel:
             if outcome.request_id == request.id:
                 return outcome
         return Outcome(request_id=request.id, outcome="unknown", applied=False)
+
+
+async def closing_entry(store: Store, session_id: str, request_id: str) -> AuditEntry | None:
+    """The audit entry that recorded the close of `request_id`, read from its session's stream
+    a page at a time (None: not there, its close not recorded yet or its session deleted)."""
+    after = 0
+    while True:
+        page = await store.audit(stream=session_id, after_id=after, limit=_CLOSES_PAGE)
+        for entry in page:
+            if entry.type == "input.resolved" and entry.data.get("request_id") == request_id:
+                return entry
+        if len(page) < _CLOSES_PAGE:
+            return None
+        after = page[-1].id
+
+
+_CLOSES_PAGE = 500  # audit entries `closing_entry` reads at once

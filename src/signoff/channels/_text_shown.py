@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Container
 from typing import TYPE_CHECKING, Any
 
-from ._base import Resolution, off_loop
+from ._base import Resolution, closing_entry, off_loop
 from ._shared import Shared
 from ._text_erased import DESCRIBED, described, erased_on_show
 
@@ -30,10 +30,10 @@ __all__ = [
     "told_escalation",
 ]
 
-SHOWN = "shown"  # the memo, in the state and the store: the id of the request on show
-# The store's memo holds what describes that request too (`described`), the state's another
-# one (`DESCRIBED`): its session may be deleted, which leaves nothing of it to read.
-_PAGE = 500  # audit entries read at once
+SHOWN = "shown"
+"""The memo, in the state and the store, of the request on show: its id, and in the store's
+what describes it too (`described`; the state's is another memo, `DESCRIBED`): its session may
+be deleted, which leaves nothing of it to read."""
 
 
 def _shared(ch: TextChannel) -> Shared | None:
@@ -102,17 +102,8 @@ async def closed_on_show(
         return closed
     if stored.status == "pending":
         return None
-    after = 0
-    while True:
-        entries = await store.audit(
-            sessions=[stored.request.session_id], after_id=after, limit=_PAGE
-        )
-        for e in entries:
-            if e.type == "input.resolved" and e.data.get("request_id") == shown:
-                return stored.request, Resolution.from_event(e.data, e.at)
-        if len(entries) < _PAGE:
-            return None
-        after = entries[-1].id
+    entry = await closing_entry(store, stored.request.session_id, shown)
+    return None if entry is None else (stored.request, Resolution.from_event(entry.data, entry.at))
 
 
 ESCALATED = "escalated:"

@@ -32,10 +32,6 @@ def max_streams_of(value: object) -> int:
     return value
 
 
-def _caller(principal: Principal) -> tuple[str, ...]:
-    return caller_parts(principal)  # as an idempotency key is scoped: one person, one budget
-
-
 class StreamSlots:
     """The streams each caller holds open in this process, bounded per caller."""
 
@@ -45,7 +41,7 @@ class StreamSlots:
         self._held: dict[tuple[str, ...], int] = {}
 
     def held(self, principal: Principal) -> int:
-        return self._held.get(_caller(principal), 0)
+        return self._held.get(caller_parts(principal), 0)
 
     def total(self) -> int:
         """The streams open in this process, every caller's."""
@@ -54,7 +50,7 @@ class StreamSlots:
     def take(self, principal: Principal) -> Callable[[], None]:
         """A slot for one more stream of `principal`, and the function giving it back (once);
         429 `too_many_streams` when the caller holds all of theirs."""
-        key = _caller(principal)
+        key = caller_parts(principal)
         held = self._held.get(key, 0)
         if held >= self.per_caller:
             raise ApiError(

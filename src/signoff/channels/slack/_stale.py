@@ -8,16 +8,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...stores import StoredRequest
-from ...stores._audit import AuditEntry
 from .._announcements import announce
-from .._base import logger, off_loop
+from .._base import closing_entry, logger, off_loop
 
 if TYPE_CHECKING:
     from ._channel import SlackChannel
 
 __all__ = ["show_closed"]
-
-_PAGE = 500
 
 
 async def show_closed(ch: SlackChannel, stored: StoredRequest) -> None:
@@ -28,7 +25,7 @@ async def show_closed(ch: SlackChannel, stored: StoredRequest) -> None:
     try:
         if stored.status == "pending" or await ch.posts.where(rid, adopt=False) is None:
             return  # open, or its message shows it closed already (or was never posted)
-        entry = await _resolved_entry(ch, stored)
+        entry = await closing_entry(ch.runtime.store, stored.request.session_id, rid)
         if entry is None:
             return
         position = await off_loop(ch.state.position, f"{ch._hub}:{ch.name}")
@@ -40,19 +37,3 @@ async def show_closed(ch: SlackChannel, stored: StoredRequest) -> None:
         logger.warning(
             "slack: the message of closed request %s was not updated", rid, exc_info=True
         )
-
-
-async def _resolved_entry(ch: SlackChannel, stored: StoredRequest) -> AuditEntry | None:
-    """The audit entry that closed `stored`, read from its session's stream."""
-    rid = stored.request.id
-    after = 0
-    while True:
-        page = await ch.runtime.store.audit(
-            stream=stored.request.session_id, after_id=after, limit=_PAGE
-        )
-        for entry in page:
-            if entry.type == "input.resolved" and entry.data.get("request_id") == rid:
-                return entry
-        if len(page) < _PAGE:
-            return None
-        after = page[-1].id
