@@ -115,6 +115,18 @@ def start(base: str, agent: str = "support") -> dict[str, Any]:
     return body
 
 
+def answer(base: str, sid: str, rid: str, option: str = "approve") -> None:
+    """Answer a request over the API as alice: answered elsewhere than the page."""
+    r = httpx.post(
+        f"{base}/v1/sessions/{sid}/responses",
+        json={"inputResponses": [{"requestId": rid, "optionId": option}]},
+        headers=auth("alice-token"),
+        timeout=10,
+        verify=PLAIN,
+    )
+    assert r.status_code == 200, r.text
+
+
 def session(base: str, sid: str) -> dict[str, Any]:
     r = httpx.get(
         f"{base}/v1/sessions/{sid}", headers=auth("alice-token"), timeout=10, verify=PLAIN

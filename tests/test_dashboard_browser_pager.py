@@ -13,24 +13,12 @@ from playwright.sync_api import Browser, Page, Route, expect
 import signoff as so
 from signoff.server import TokenAuth, _page_data, create_app
 
-from ._dashboard_browser import base, browser, page, start
+from ._dashboard_browser import answer, base, browser, page, start
 from .test_server_common import PLAIN, TOKENS, auth, running
 
 __all__ = ["base", "browser", "page"]  # the fixtures, used by name
 
 REASON = "Checked the photos: the screen is cracked"
-
-
-def deny(base: str, sid: str, rid: str) -> None:
-    """Deny a request over the API: answered elsewhere than the page."""
-    r = httpx.post(
-        f"{base}/v1/sessions/{sid}/responses",
-        json={"inputResponses": [{"requestId": rid, "optionId": "cancel"}]},
-        headers=auth("alice-token"),
-        timeout=10,
-        verify=PLAIN,
-    )
-    assert r.status_code == 200, r.text
 
 
 def ids(body: dict[str, Any]) -> list[str]:
@@ -62,13 +50,13 @@ def test_a_card_back_on_the_page_as_it_leaves_stays(
             held.append((route, route.fetch()))
 
     page.route("**/_signoff/fragments/queue*", hold)
-    deny(base, bodies[0]["session_id"], ids(bodies[0])[0])
+    answer(base, bodies[0]["session_id"], ids(bodies[0])[0], "cancel")
     for _ in range(200):
         if held:
             break
         page.wait_for_timeout(50)
     assert len(held) == 1, "the page did not read the queue after a request was answered"
-    deny(base, bodies[1]["session_id"], ids(bodies[1])[0])
+    answer(base, bodies[1]["session_id"], ids(bodies[1])[0], "cancel")
     for _ in range(200):
         if len(held) == 2:
             break
@@ -103,7 +91,7 @@ def test_a_card_moved_to_another_page_while_a_reason_is_typed_stays_open(
     expect(page.locator("#live-dot.on")).to_be_attached()
     card = page.locator(f"[data-request-id='{moving}']")
     card.locator("input[name=text]").fill(REASON)
-    deny(base, bodies[0]["session_id"], ids(bodies[0])[0])
+    answer(base, bodies[0]["session_id"], ids(bodies[0])[0], "cancel")
     # The next card of the queue comes in; the one typed in stays, said to have moved.
     expect(page.locator(f"[data-request-id='{ids(bodies[4])[0]}']")).to_have_count(1)
     note = card.locator(".result-note")
@@ -125,7 +113,7 @@ def test_a_card_moved_to_another_page_while_a_reason_is_typed_stays_open(
     # A card typed in that really closed elsewhere is still said to be closed.
     closing = page.locator(f"[data-request-id='{ids(bodies[4])[0]}']")
     closing.locator("input[name=text]").fill(REASON)
-    deny(base, bodies[4]["session_id"], ids(bodies[4])[0])
+    answer(base, bodies[4]["session_id"], ids(bodies[4])[0], "cancel")
     expect(closing.locator(".result-note")).to_contain_text("Closed elsewhere")
     expect(closing.locator("form")).to_have_count(0)
 
@@ -166,7 +154,7 @@ def test_a_sessions_card_moved_to_another_page_while_typed_in_stays_open(
             expect(p.locator("#live-dot.on")).to_be_attached()
             card = p.locator(f"[data-request-id='{b}']")
             card.locator("input[name=text]").fill(REASON)
-            deny(url, sid, a)
+            answer(url, sid, a, "cancel")
             expect(p.locator(f"[data-request-id='{c}']")).to_have_count(1)  # page 2's now
             expect(card.locator(".result-note")).to_have_text(
                 "Still open, now on page 1: what you type here is kept, and you can answer it here."
