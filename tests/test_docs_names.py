@@ -358,7 +358,7 @@ def test_the_limits_and_waits_the_docs_quote_are_the_code_s() -> None:
         _tracing,
         _types,
     )
-    from signoff import _client as client
+    from signoff import _async_client as client
     from signoff.server import _health, _login, _metrics, _pages, _serve, _throttle
 
     server, readme = "docs/server.md", "README.md"

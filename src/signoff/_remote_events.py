@@ -15,7 +15,7 @@ from ._events import Event
 from .models._reply_cap import ReplyTooLarge
 
 if TYPE_CHECKING:
-    from ._client import AsyncClient
+    from ._async_client import AsyncClient
 
 __all__ = ["remote_events", "too_large"]
 
