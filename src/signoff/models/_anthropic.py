@@ -22,13 +22,11 @@ from ._http_env import HttpEnv
 from ._provider import (
     ANTHROPIC_PRICES,
     SdkModel,
-    body_error,
     cap_output,
     check_params,
     check_positive,
     check_price,
     check_rate,
-    hide_secrets,
     load_sdk,
     lookup_price,
     plain_input,
@@ -38,6 +36,7 @@ from ._provider import (
     served_model,
     shown_url,
 )
+from ._provider_errors import body_error, hide_secrets
 from ._reply_cap import DEFAULT_MAX_REPLY_BYTES, check_reply_cap
 from ._urls import check_endpoint
 

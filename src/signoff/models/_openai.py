@@ -31,14 +31,12 @@ from ._provider import (
     OPENAI_PRICES,
     UNPARSED_ARGUMENTS,
     SdkModel,
-    body_error,
     cap_output,
     check_params,
     check_positive,
     check_price,
     check_rate,
     encode_tool_result,
-    hide_secrets,
     load_sdk,
     lookup_price,
     plain_input,
@@ -48,6 +46,7 @@ from ._provider import (
     served_model,
     shown_url,
 )
+from ._provider_errors import body_error, hide_secrets
 from ._reply_cap import DEFAULT_MAX_REPLY_BYTES, check_reply_cap
 from ._urls import check_endpoint
 

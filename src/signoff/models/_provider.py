@@ -8,15 +8,14 @@ import json
 import math
 import re
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
-from html.parser import HTMLParser
+from collections.abc import Awaitable, Callable, Mapping
 from types import ModuleType
 from typing import Any, Generic, Self, TypeVar
 
-from .._exceptions import ModelError, SignoffError, UsageError
+from .._exceptions import ModelError, UsageError
 from .._tool_json import UNPARSED_ARGUMENTS, nests_deeper
 from ._http_env import HttpEnv
+from ._provider_errors import connection_problem, status_detail, status_hint
 from ._reply_cap import ReplyTooLarge, capped_http_client
 from ._retry_after import long_wait_note
 from ._urls import shown_url
@@ -31,13 +30,11 @@ __all__ = [
     "LoopClients",
     "check_price",
     "check_rate",
-    "cause_of",
     "call_bound",
     "cap_output",
     "check_params",
     "check_positive",
     "encode_tool_result",
-    "hide_secrets",
     "load_sdk",
     "lookup_price",
     "plain_input",
@@ -45,8 +42,6 @@ __all__ = [
     "scrub",
     "served_model",
     "shown_url",
-    "status_detail",
-    "status_hint",
 ]
 
 
@@ -328,184 +323,6 @@ def load_sdk(module: str, extra: str, owner: str) -> ModuleType:
         raise UsageError(
             f"{owner} needs the {module!r} package: pip install 'signoff[{extra}]'"
         ) from exc
-
-
-# How much of a server's own error text a message keeps: a page of megabytes helps nobody, and
-# would be stored whole in the turn's failure on every retry.
-_DETAIL_CHARS = 2000
-
-
-def cut(text: str) -> str:
-    """`text` as an error message shows it: at most `_DETAIL_CHARS` characters, then `[cut]`."""
-    return text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS] + " [cut]"
-
-
-def status_detail(exc: BaseException) -> str:
-    """The error an API returned, from the body of an SDK status error: `type: message`."""
-    return cut(_status_detail(exc))
-
-
-def _status_detail(exc: BaseException) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            kind = error.get("type")
-            prefix = f"{kind}: " if isinstance(kind, str) and kind else ""
-            return prefix + str(error["message"])
-        if isinstance(error, str):
-            return error
-        detail = body.get("detail")  # a FastAPI-based server's (vLLM's, a proxy's)
-        if isinstance(detail, str) and detail:
-            return detail
-        if body:
-            # The openai SDK's message says only "Error code: 422": what the server said is
-            # in the body, whatever its shape.
-            try:
-                return json.dumps(body, ensure_ascii=False, default=str)
-            except (ValueError, RecursionError):
-                pass
-    if isinstance(body, str):
-        # A proxy's page (nginx's 413, a load balancer's 502) or plain text: its words.
-        text = page_text(body)
-        if text:
-            return text
-    return str(getattr(exc, "message", exc))
-
-
-class _PageText(HTMLParser):
-    """The text of a page outside its scripts and styles (linear in the page, where a pattern
-    for tags backtracks over a hostile `<<<<...`)."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.words: list[str] = []
-        self._skipping = 0
-
-    def handle_starttag(self, tag: str, attrs: Any) -> None:
-        if tag in ("script", "style"):
-            self._skipping += 1
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in ("script", "style") and self._skipping:
-            self._skipping -= 1
-
-    def handle_data(self, data: str) -> None:
-        if not self._skipping:
-            self.words.extend(data.split())
-
-
-def page_text(body: str) -> str:
-    """The words of an error page or text (its first 32 KB read): tags, scripts and styles
-    left out, entities read, runs of whitespace made one space."""
-    reader = _PageText()
-    try:
-        reader.feed(body[: 16 * _DETAIL_CHARS])
-        reader.close()
-    except Exception:  # the parser's own trouble with a malformed page: its text as it is
-        return " ".join(body[: 16 * _DETAIL_CHARS].split())
-    return " ".join(reader.words)
-
-
-def body_error(body: Any) -> str | None:
-    """The error a 200 reply carries in place of a result (a gateway passing on an upstream
-    failure, or a compatible server's `{"object": "error", ...}`), as `type: message`; else None."""
-
-    def field(value: Any, key: str) -> Any:
-        return value.get(key) if isinstance(value, dict) else getattr(value, key, None)
-
-    error = field(body, "error")
-    if error is None and "error" in (field(body, "object"), field(body, "type")):
-        error = body
-    if error is None:
-        # A FastAPI-based server's or proxy's error (vLLM's) is `{"detail": ...}`.
-        error = field(body, "detail")
-    if isinstance(error, str) and error:
-        return cut(error)
-    message = field(error, "message")
-    if not isinstance(message, str):
-        return None
-    kind = field(error, "type")
-    prefix = f"{kind}: " if isinstance(kind, str) and kind and kind != "error" else ""
-    return cut(prefix + message)
-
-
-def status_hint(status: int) -> str:
-    """What to check for a status that retrying will not fix."""
-    if status in (401, 403):
-        return " (check the API key)"
-    if status == 404:
-        return " (check the model name and base_url)"
-    return ""
-
-
-# Header names whose values are credentials (`Authorization`, `api-key`, `x-portkey-api-key`,
-# `cf-aig-authorization`): a gateway that echoes one in an error must not have it recorded.
-_SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie", re.IGNORECASE)
-# Shorter values are no credential worth hiding (`unused`, a local server's `x`), and hiding
-# them would garble the message around every word that holds them.
-_LEAST_SECRET = 8
-
-
-def client_secrets(client: Any) -> list[str]:
-    """The credentials an SDK client sends: its API key, auth token, and the values of its
-    custom headers named like credentials (a `Bearer` value's token alone too), longest first."""
-    found: list[Any] = [getattr(client, "api_key", None), getattr(client, "auth_token", None)]
-    headers = getattr(client, "_custom_headers", None)
-    if isinstance(headers, Mapping):
-        for name, value in headers.items():
-            if isinstance(name, str) and isinstance(value, str) and _SECRET_HEADER.search(name):
-                found += [value, value.rpartition(" ")[2]]
-    kept = {s for s in found if isinstance(s, str) and len(s.strip()) >= _LEAST_SECRET}
-    return sorted(kept, key=len, reverse=True)
-
-
-@contextmanager
-def hide_secrets(client: Any) -> Iterator[None]:
-    """Within it, a signoff error raised has the credentials `client` sends replaced by
-    `[redacted]` in its message: a server or gateway that echoes the key it was sent in its
-    error (`invalid x-api-key sk-...`) had it recorded in the turn's failure, which anyone who
-    may read the session reads, and shown by the dashboard and the CLI. So do the messages of
-    the errors it was raised from (the SDK's)."""
-    try:
-        yield
-    except SignoffError as exc:
-        secrets = client_secrets(client)
-        seen: set[int] = set()
-        error: BaseException | None = exc
-        # The SDK's errors it was raised from too: a trace's stack (with content on) and a
-        # logged traceback show their messages.
-        while secrets and error is not None and id(error) not in seen:
-            seen.add(id(error))
-            error.args = tuple(_hidden(a, secrets) if isinstance(a, str) else a for a in error.args)
-            if isinstance(getattr(error, "message", None), str):
-                error.message = _hidden(error.message, secrets)  # type: ignore[attr-defined]
-            error = error.__cause__ or error.__context__
-        raise
-
-
-def _hidden(text: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, "[redacted]")
-    return text
-
-
-def cause_of(exc: BaseException) -> str:
-    """What lies under an SDK connection error, for a message that says what failed."""
-    cause = exc.__cause__ or exc.__context__
-    return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
-
-
-def connection_problem(exc: BaseException) -> str:
-    """Whether a connection error happened before the server was reached, in the middle of its
-    answer (a body cut short), or after it (a body labelled with an encoding it does not have),
-    so the message does not send anyone to check the address."""
-    cause = exc.__cause__ or exc.__context__
-    kind = type(cause).__name__
-    if kind == "DecodingError":
-        return f"the body could not be decoded ({cause_of(exc)})"
-    broke = kind in ("RemoteProtocolError", "ReadError", "WriteError")
-    return f"{'the connection broke' if broke else 'cannot connect'} ({cause_of(exc)})"
 
 
 def call_bound(client: Any) -> float | None:
