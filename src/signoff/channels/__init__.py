@@ -18,8 +18,9 @@ from ._base import (
     Resolution,
 )
 from ._hub import ChannelHub
+from ._terminal_text import TerminalTextChannel
 from .terminal import TerminalChannel, compact_json, duration
-from .text import TerminalTextChannel, TextChannel, parse_reply
+from .text import TextChannel, parse_reply
 from .webhooks import WebhookChannel, sign_webhook, verify_webhook
 
 __all__ = [

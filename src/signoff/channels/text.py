@@ -3,13 +3,13 @@
 They show one request at a time, in the order a typed message answers them (a session-limit
 prompt first, then the order the requests were opened), and post the next only once the current
 one is answered, so a typed reply always answers the request the person sees.
-`TerminalTextChannel` puts the CLI's inline prompts behind the same interface.
+`TerminalTextChannel` (in `_terminal_text`) puts the CLI's inline prompts behind the same
+interface.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -41,12 +41,10 @@ from ._base import (
     Escalation,
     Resolution,
     describe_principal,
-    logger,
     off_loop,
     settled_as,
 )
 from ._retries import doubled
-from ._state import ChannelState
 from ._text_replies import parse_reply
 from ._text_shown import (
     adopt_shown,
@@ -56,13 +54,12 @@ from ._text_shown import (
     shown_in_store,
     told_escalation,
 )
-from ._tty import in_daemon_thread
-from .terminal import TerminalChannel, compact_json, printable
+from .terminal import compact_json
 
 if TYPE_CHECKING:
-    from .._runtime import Runtime
+    pass
 
-__all__ = ["TerminalTextChannel", "TextChannel", "parse_reply"]
+__all__ = ["TextChannel", "parse_reply"]
 
 _MAX_RESHOW_WAIT = 60.0  # seconds: the longest a tick waits to show again what start could not
 _AT_ONCE = -sys.float_info.max  # `_reshow_at` for the first tick (after the first poll's entries)
@@ -502,128 +499,3 @@ class TextChannel(Channel):
         shown, who = settled_as(stored.resolution if stored is not None else None)
         what = request.tool_name if request.kind == "tool-approval" else "the question"
         return f"{what} was already {shown} by {who}."
-
-
-class TerminalTextChannel(TextChannel):
-    """The CLI's inline prompts as a text channel: each request shown is asked on the terminal.
-
-    It wraps a `TerminalChannel` (the one `signoff chat` uses) and answers as `principal`.
-    A prompt left unanswered (end of input) leaves the request pending; a hub started again
-    asks it again.
-    """
-
-    name = "terminal"
-
-    def __init__(
-        self,
-        terminal: TerminalChannel | None = None,
-        *,
-        principal: Principal | None = None,
-        name: str | None = None,
-        accepts: Callable[[InputRequest], bool] | None = None,
-    ) -> None:
-        super().__init__(name=name, accepts=accepts)
-        if terminal is not None and not isinstance(terminal, TerminalChannel):
-            raise UsageError(f"terminal must be a TerminalChannel or None, not {terminal!r}")
-        if principal is not None and not isinstance(principal, Principal):
-            raise UsageError(f"principal must be a so.Principal or None, not {principal!r}")
-        self.terminal = terminal or TerminalChannel()
-        self.principal = principal
-        self._asking: asyncio.Task[None] | None = None
-        self._asked: str | None = None  # the request this process last put to a prompt
-        self._reading: str | None = None  # the request whose prompt waits for a line now
-        # That prompt's read, kept when the hub stops: its thread cannot be stopped, and a hub
-        # started again takes the line it reads rather than asking in a second read.
-        self._out: tuple[InputRequest, asyncio.Future[InputResponse | None]] | None = None
-        self._noted: str | None = None  # the last one told of as closed while it waited
-
-    async def send_text(self, text: str) -> None:
-        # printable: another reviewer's reason or answer must not steer the terminal
-        self.terminal.console.print(printable(text))
-
-    def bind(self, runtime: Runtime, state: ChannelState, *, hub: str = "") -> None:
-        """As `Channel.bind`; a terminal given no clock counts deadlines by the runtime's,
-        which set them (on PostgreSQL the database's)."""
-        super().bind(runtime, state, hub=hub)
-        if self.terminal.clock is None:
-            self.terminal.clock = runtime.now
-
-    async def _show_unseen(self) -> None:
-        """As `TextChannel`'s, but the memo of the request shown outlives the process and its
-        prompt does not: one this process has not asked is asked, also after a restart."""
-        current = self.current
-        if current is not None and current.id not in (self._asked, *self._untold):  # untold: closed
-            await self._show_current()
-        else:
-            await super()._show_unseen()
-
-    async def show(self, request: InputRequest) -> None:
-        # Asked in a task: the hub goes on while the person types. One prompt reads the
-        # terminal at a time: while one is out (its request closed elsewhere, or answered and
-        # this is the next), it takes the next line, and its task then asks the one shown.
-        if self._asking is not None and not self._asking.done():
-            reading = self._reading
-            if reading not in (None, request.id, self._noted):  # said once per prompt
-                self._noted = reading
-                self.terminal.console.print(
-                    "  [dim]what you type at the prompt above no longer counts; "
-                    "the next request is asked after it[/]"
-                )
-            return
-        self._asking = asyncio.create_task(self._ask(request), name=f"signoff-ask-{request.id}")
-
-    async def _ask(self, request: InputRequest) -> None:
-        """Ask `request` (or first take the line of the prompt a stopped hub left out), then
-        each request shown next that no prompt has asked, until one is left unanswered (end of
-        input) or its answer leaves it on show (refused, or counted)."""
-        while True:
-            try:
-                if self._out is None:
-                    ask = functools.partial(self.terminal.ask, request)
-                    read = in_daemon_thread(ask, f"signoff-ask-{request.id}")
-                    self._out = (request, asyncio.ensure_future(read))
-                request, reading = self._out  # a prompt left out by a hub stopped: its line
-                self._asked = self._reading = request.id
-                try:
-                    response = await asyncio.shield(reading)
-                finally:
-                    self._reading = None
-                    if reading.done():  # else the hub stopped: a hub started again takes it
-                        self._out = None
-                if response is None:
-                    return
-                if await self._still_shown(request):
-                    await self.answer(request, response, self.principal)
-            except Exception:
-                logger.exception("terminal channel: asking %s failed", request.id)
-                return
-            current = self.current
-            if current is None or current.id == request.id:
-                return
-            request = current
-
-    async def _still_shown(self, request: InputRequest) -> bool:
-        """Whether the line typed at `request`'s prompt is applied: not if the channel dropped
-        the request while it was read (escalated to a group its `accepts` does not take), which
-        the person is told; one that closed meanwhile is answered, and the answer says so."""
-        if any(r.id == request.id for r in self._queue):
-            return True
-        stored = await self.runtime.store.get_request(request.id)
-        if stored is None or stored.status != "pending":
-            return True
-        what = request.tool_name if request.kind == "tool-approval" else "the question"
-        self.terminal.console.print(
-            f"  [dim]what you typed was not applied: {printable(str(what))} is no longer "
-            "shown here[/]"
-        )
-        return False
-
-    async def idle(self) -> None:
-        """Wait until the prompts shown so far are answered (or left)."""
-        while self._asking is not None and not self._asking.done():
-            await asyncio.wait({self._asking})
-
-    async def close(self) -> None:
-        if self._asking is not None and not self._asking.done():
-            self._asking.cancel()  # the read blocked in its thread goes on (`_out`)
-        self._asked = None  # started again, it asks (or waits on the prompt out) anew
