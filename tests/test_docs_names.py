@@ -419,7 +419,7 @@ def test_every_event_type_the_docs_name_is_one_signoff_writes() -> None:
     from signoff._events import EVENT_TYPES
 
     webhooks = (ROOT / "src/signoff/channels/webhooks.py").read_text()
-    sent = set(re.findall(r"enqueue\(\"(request\.\w+)\"", webhooks))
+    sent = set(re.findall(r"(?:enqueue|payload)\(\"(request\.\w+)\"", webhooks))
     fields = {f"request.{name}" for name in so.InputRequest.model_fields}
     assert {"request.opened", "request.escalated", "request.resolved", "request.expiring"} <= sent
     named: set[str] = set()

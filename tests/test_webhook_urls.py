@@ -25,6 +25,31 @@ def test_a_url_no_connection_can_use_is_refused_when_configured() -> None:
             WebhookChannel(bad, SECRET)
 
 
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1 :8080/hook", "http://exa mple.com/hook", "http://a%41b.example/h"]
+)
+def test_a_host_no_lookup_can_find_is_refused_when_configured(url: str) -> None:
+    """httpx reads `exa mple.com` (a stray space) as the host `exa%20mple.com`: the channel
+    was made, then every delivery failed to resolve it and was retried for good."""
+    with pytest.raises(so.UsageError, match="names no usable host"):
+        WebhookChannel(url, SECRET)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[::1]:8080/hook",
+        "http://b\u00fccher.example/hook",
+        "http://xn--bcher-kva.example/hook",
+        "http://hooks_internal.example/hook",
+        "https://10.0.0.7/hook",
+    ],
+)
+def test_hosts_that_resolve_are_accepted(url: str) -> None:
+    """IPv6 in brackets, an international name, an underscore of an internal name."""
+    assert WebhookChannel(url, SECRET).urls
+
+
 @pytest.mark.parametrize("url", [123, None, b"http://example.com/hook"])
 def test_a_url_that_is_not_text_is_a_usage_error(url: object) -> None:
     """Masking a password in the URL an error names must not fail on what is no text at all:

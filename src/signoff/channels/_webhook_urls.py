@@ -11,6 +11,9 @@ from .._exceptions import UsageError
 
 __all__ = ["checked_urls", "endpoint", "httpx_module", "masked", "without_login"]
 
+_HOST = re.compile(rb"[A-Za-z0-9._-]+")
+"""A host as httpx sends it (IDNA-encoded): a name, or an IPv4 address."""
+
 
 def checked_urls(urls: str | Sequence[str]) -> list[str]:
     """`urls` as a list, each an http(s) URL httpx can send to, naming a host and a usable port,
@@ -34,6 +37,13 @@ def checked_urls(urls: str | Sequence[str]) -> list[str]:
             raise UsageError(f"not a usable webhook URL: {_unusable(url, exc)}") from None
         if not host:
             raise UsageError(f"the webhook URL {masked(url)!r} names no host")
+        if not _HOST.fullmatch(parsed.raw_host) and b":" not in parsed.raw_host:
+            # httpx takes `exa mple.com` as `exa%20mple.com`, which no lookup finds: every
+            # delivery would fail, retried for good. (An IPv6 address holds `:`.)
+            raise UsageError(
+                f"the webhook URL {masked(url)!r} names no usable host: a host name or address "
+                "holds only letters, digits, `.`, `-` and `_`"
+            )
         if port is not None and not 0 < port < 65536:  # else each send raises
             raise UsageError(f"the webhook URL {masked(url)!r} names no usable port")
         url = endpoint(url)

@@ -84,11 +84,27 @@ than 1 MiB (aiohttp's default), or 100 KB (Express's), and answer a larger one w
 
 _CLIPPABLE = (
     ("request.action.input", ("request", "action", "input")),
+    ("resolution.edited_input", ("resolution", "edited_input")),
     ("request.payload", ("request", "payload")),
     ("resolution.answer", ("resolution", "answer")),
+    ("resolution.reason", ("resolution", "reason")),
+    ("escalation.reason", ("escalation", "reason")),
+    ("request.question", ("request", "question")),
+    ("request.auto_reason", ("request", "auto_reason")),
+    ("request.policy_error", ("request", "policy_error")),
+    ("request.options", ("request", "options")),
+    ("request.requested_by.attributes", ("request", "requested_by", "attributes")),
+    ("resolution.by.attributes", ("resolution", "by", "attributes")),
 )
-"""What a body over `max_body_bytes` sends as null, in this order until it fits: what a
-request is about that may be megabytes, each readable whole at `GET /v1/requests/{id}`."""
+"""What a body over `max_body_bytes` clips, the largest first, until it fits: what a request
+is about that may be megabytes, each readable whole at `GET /v1/requests/{id}`. Text (a reason,
+a question) is cut to its first `_CUT_CHARS` characters, the rest sent as null; none of
+`_CUT_CHARS` or fewer (as JSON) is clipped."""
+
+_CUT_CHARS = 500
+
+_UNEDITED = {"edited_input": None}
+"""A resolution's `edited_input` until `on_resolved` reads the approved input from the store."""
 
 
 def _json_bytes(body: Mapping[str, Any]) -> bytes:
@@ -101,22 +117,33 @@ def _json_bytes(body: Mapping[str, Any]) -> bytes:
 
 
 def _within(body: dict[str, Any], limit: int) -> dict[str, Any]:
-    """`body`, or if it is over `limit` bytes as sent, with the call's input, the tool's payload
-    and then the answer sent as null until it fits, each named in `clipped`: a receiver that
-    caps its bodies (and answers 413, a refusal never sent again) still hears of the request,
-    with its id and `input_hash` to read it whole."""
-    clipped: list[str] = list(body.get("clipped") or [])
-    for name, path in _CLIPPABLE:
-        if len(_json_bytes(body)) <= limit:
-            break
+    """`body`, or if it is over `limit` bytes as sent, with what `_CLIPPABLE` names clipped,
+    the largest first, until it fits, each named in `clipped` (in `_CLIPPABLE`'s order): a
+    receiver that caps its bodies (and answers 413, a refusal never sent again) still hears of
+    the request, and of its close, with its id and `input_hash` to read it whole."""
+    if len(_json_bytes(body)) <= limit:
+        return body
+    found: list[tuple[int, int, dict[str, Any], str]] = []
+    for index, (_, path) in enumerate(_CLIPPABLE):
         *parents, key = path
         holder: Any = body
         for part in parents:
             holder = holder.get(part) if isinstance(holder, dict) else None
-        if isinstance(holder, dict) and holder.get(key) is not None:
-            holder[key] = None
-            clipped.append(name)
-            body["clipped"] = clipped
+        value = holder.get(key) if isinstance(holder, dict) else None
+        if value is None:
+            continue
+        size = len(value) if isinstance(value, str) else len(json.dumps(value, default=str))
+        if size > _CUT_CHARS:  # a few hundred bytes are not worth losing
+            found.append((-size, index, holder, key))
+    done: list[int] = []
+    for _, index, holder, key in sorted(found, key=lambda f: f[:2]):
+        if len(_json_bytes(body)) <= limit:
+            break
+        value = holder[key]
+        holder[key] = value[:_CUT_CHARS] if isinstance(value, str) else None
+        done.append(index)
+    if done:
+        body["clipped"] = [*(body.get("clipped") or []), *(_CLIPPABLE[i][0] for i in sorted(done))]
     return body
 
 
@@ -155,8 +182,9 @@ class WebhookChannel(Channel):
     are not announced. `backfill=True` sends `request.opened` for each of those still open (as
     stored then, oldest first) on the first start with it on the hub's state, once.
 
-    `max_body_bytes` (256 KiB) bounds a body: one over it sends the call's input, the tool's
-    payload and then the answer as null until it fits, naming them in `clipped`.
+    `max_body_bytes` (256 KiB) bounds a body: one over it is clipped (`_CLIPPABLE`: inputs,
+    payload and answer as null, long text cut), the largest part first, naming each in
+    `clipped`.
     """
 
     name = "webhooks"
@@ -311,7 +339,15 @@ class WebhookChannel(Channel):
         self._backfilled.discard(request.id)
         self._unkept.discard(request.id)
         await drop_warned(self, request)  # a closed request is never warned about again
-        await self.enqueue("request.resolved", request, resolution)
+        body = self.payload("request.resolved", request, resolution)
+        if resolution.outcome == "approved" and self._runtime is not None:
+            # The audit entry does not carry an edit: the approved input is the stored one.
+            stored = await self._runtime.store.get_request(request.id)
+            edited = ((stored.resolution if stored else None) or {}).get("edited_input")
+            if edited is not None:
+                body["resolution"]["edited_input"] = edited
+                body = _within(body, self.max_body_bytes)
+        await self._enqueue(body)
 
     async def on_erased(self, erased: Sequence[Erased]) -> None:
         """`request.resolved` for each request erased with its session before its close was
@@ -452,7 +488,7 @@ class WebhookChannel(Channel):
             "type": event,
             "at": self._now(),
             "request": request,
-            "resolution": None if resolution is None else resolution.to_dict(),
+            "resolution": None if resolution is None else {**resolution.to_dict(), **_UNEDITED},
             "escalation": None if escalation is None else escalation.to_dict(),
         }
         return _within(body, self.max_body_bytes)

@@ -248,10 +248,10 @@ def serve(
         typer.Option(
             "--channel-state",
             metavar="FILE",
-            help="SQLite file keeping channel delivery positions across restarts; processes "
-            "sharing it deliver once: one posts, the others stand by to take over (default: in "
-            "memory, shared with no other process, so each posts everything, and a restart "
-            "starts at the end of the queue).",
+            help="SQLite file keeping channel delivery positions across restarts. Processes on "
+            "one store deliver once whatever their state (one posts, holding a claim in the "
+            "store, the others stand by); sharing this file, a standby takes over at once, "
+            "else when the claim lapses (30 s). Default: in memory.",
         ),
     ] = None,
 ) -> None:

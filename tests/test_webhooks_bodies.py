@@ -1,0 +1,108 @@
+"""Webhook bodies: a close whose reason or question is long still fits a capped receiver, and an
+approval with an edited input says what was approved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import signoff as so
+from signoff.channels import ChannelHub, WebhookChannel
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+from .test_webhooks import SECRET, Receiver, manual
+
+
+@so.tool(approval=so.always())
+def refund(order_id: str, amount: float) -> str:
+    """Refund an order."""
+    return f"refunded {amount}"
+
+
+def refund_agent() -> so.Agent:
+    return scripted_agent(
+        "billing",
+        [call_tools(call("refund", order_id="1000", amount=180.0)), reply("Done.")],
+        tools=[refund],
+    )
+
+
+async def closes(tmp_path: Path, receiver: Receiver, answer: so.InputResponse) -> list[Any]:
+    """The bodies `receiver` accepted for one refund opened, then answered with `answer`."""
+    async with so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        hooks = WebhookChannel(receiver.url, SECRET, max_attempts=1)
+        async with manual(ChannelHub(rt, [hooks])) as hub:
+            r = await rt.generate("billing", prompt="refund order 1000")
+            (request,) = r.pending
+            await hub.poll()
+            await hooks.drain()
+            await rt.respond(r.session_id, [answer.model_copy(update={"request_id": request.id})])
+            await hub.poll()
+            await hooks.drain()
+        assert await hooks.refusals() == []
+    return [json.loads(body) for _, body in receiver.accepted]
+
+
+async def test_a_denial_with_a_reason_of_megabytes_reaches_a_receiver_capped_at_1_mib(
+    tmp_path: Path,
+) -> None:
+    """A denial's reason may be 4 MiB (a pasted log): its `request.resolved` was sent whole,
+    1.2 MB, and a receiver taking 1 MiB (aiohttp's default) answered 413, a refusal never sent
+    again, so it never heard the request closed. The reason is cut to its first 500 characters
+    (named in `clipped`), as the body must fit `max_body_bytes`."""
+    reason = "log line " * 140_000  # 1.26 MB
+    async with Receiver([]) as receiver:
+        bodies = await closes(
+            tmp_path, receiver, so.InputResponse(request_id="", option_id="cancel", text=reason)
+        )
+    assert [b["type"] for b in bodies] == ["request.opened", "request.resolved"]
+    resolved = bodies[1]
+    assert resolved["resolution"]["outcome"] == "denied" or resolved["resolution"]["reason"]
+    assert resolved["clipped"] == ["resolution.reason"]
+    assert resolved["resolution"]["reason"] == reason[:500]
+    assert len(receiver.accepted[1][1]) <= 256 * 1024
+
+
+async def test_a_receiver_capping_below_a_long_reason_gets_it_cut_at_once(
+    tmp_path: Path,
+) -> None:
+    """Under `max_body_bytes` but over a receiver's own cap (Express takes 100 KB): the 413 is
+    answered at once with the body at its smallest, the reason cut."""
+    reason = "why " * 40_000  # 160 KB
+    async with Receiver([], max_size=100_000) as receiver:
+        bodies = await closes(
+            tmp_path, receiver, so.InputResponse(request_id="", option_id="cancel", text=reason)
+        )
+    assert [b["type"] for b in bodies] == ["request.opened", "request.resolved"]
+    assert bodies[1]["resolution"]["reason"] == reason[:500]
+    assert "resolution.reason" in bodies[1]["clipped"]
+
+
+async def test_an_approval_with_an_edited_input_says_what_was_approved(tmp_path: Path) -> None:
+    """Approved with the amount edited from 180 to 50, the call ran with 50, but the receiver
+    read "approved" beside the proposed 180, and no edit: `resolution.edited_input` now holds
+    the input approved (null when approved as proposed, and for every other event)."""
+    edited = {"order_id": "1000", "amount": 50.0}
+    async with Receiver([]) as receiver:
+        bodies = await closes(
+            tmp_path,
+            receiver,
+            so.InputResponse(request_id="", option_id="approve", edited_input=edited),
+        )
+    opened, resolved = bodies
+    assert opened["resolution"] is None
+    assert resolved["resolution"]["outcome"] == "approved"
+    assert resolved["resolution"]["edited_input"] == edited
+    assert resolved["request"]["action"]["input"] == {"order_id": "1000", "amount": 180.0}
+
+
+async def test_an_approval_as_proposed_has_no_edited_input(tmp_path: Path) -> None:
+    """Every resolution has the same keys: `edited_input` is null without an edit."""
+    async with Receiver([]) as receiver:
+        bodies = await closes(
+            tmp_path, receiver, so.InputResponse(request_id="", option_id="approve")
+        )
+    assert bodies[1]["resolution"]["outcome"] == "approved"
+    assert bodies[1]["resolution"]["edited_input"] is None
+    assert "clipped" not in bodies[1]
