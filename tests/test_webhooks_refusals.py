@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import signoff as so
-from signoff.channels import ChannelHub, WebhookChannel, _webhook_refusals, webhooks
+from signoff.channels import ChannelHub, WebhookChannel, _webhook_refusals, _webhook_rounds
 from signoff.channels import _given_up as given_up
 
 from .test_webhooks import SECRET, Receiver, manual, refund_agent
@@ -122,7 +122,7 @@ async def test_a_retry_after_past_the_next_round_is_waited_for(
     the next round a minute on, but once the ten minutes have passed."""
     offset = [0.0]
     fake = types.SimpleNamespace(monotonic=lambda: time.monotonic() + offset[0], time=time.time)
-    monkeypatch.setattr(webhooks, "time", fake)
+    monkeypatch.setattr(_webhook_rounds, "time", fake)
     async with (
         Receiver([(429, {"Retry-After": "600"})]) as receiver,
         so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .. import __version__
 from .._exceptions import UsageError
 from .._settings import seconds
 from ._base import InvalidSignature
@@ -22,6 +23,7 @@ __all__ = [
     "TIMESTAMP_HEADER",
     "secret_list",
     "sign_webhook",
+    "signed_headers",
     "verify_webhook",
 ]
 
@@ -38,6 +40,20 @@ def sign_webhook(secret: str, timestamp: int, body: bytes) -> str:
     """The `Signoff-Signature` value for `body` sent at `timestamp`."""
     mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
     return "v1=" + mac.hexdigest()
+
+
+def signed_headers(
+    secrets: Sequence[str], stamp: int, raw: bytes, event: str, delivery: str
+) -> dict[str, str]:
+    """The headers of one attempt to deliver `raw`, signed at `stamp` by each secret."""
+    return {
+        "Content-Type": "application/json",
+        "User-Agent": f"signoff/{__version__}",
+        TIMESTAMP_HEADER: str(stamp),
+        SIGNATURE_HEADER: ", ".join(sign_webhook(s, stamp, raw) for s in secrets),
+        EVENT_HEADER: event,
+        DELIVERY_HEADER: delivery,
+    }
 
 
 def verify_webhook(

@@ -8,6 +8,7 @@ at once."""
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import SignoffError
@@ -42,6 +43,24 @@ class Waits:
     def left(self, url: str) -> float:
         """Seconds the receiver at `url` still asks to wait (0 for none)."""
         return max(0.0, self.until.get(url, 0.0) - self.channel.clock())
+
+    async def wait_out(
+        self, url: str, delivery: str, sleep: Callable[[float], Awaitable[None]]
+    ) -> None:
+        """Before a delivery's first attempt, wait out what the receiver's last `Retry-After`
+        still asks: one asked of an earlier delivery (given up on past `max_backoff`) holds
+        back the deliveries after it too, rather than each calling at once, also when it was
+        asked of an earlier run or of a hub on another machine."""
+        wait = self.left(url)
+        if wait <= 0:
+            return
+        logger.warning(
+            "webhook %s asked to be called no sooner (Retry-After); %s waits %.0fs",
+            masked(url),
+            delivery,
+            wait,
+        )
+        await sleep(wait)
 
     async def load(self) -> None:
         """Take up what receivers asked of an earlier run or another hub (a `StoreError` if it

@@ -38,33 +38,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
 from .._exceptions import StoreError, UsageError
 from .._settings import seconds, whole
 from .._sync import checked_clock, checked_sleep
 from .._types import InputRequest
 from . import _given_up as given_up
 from ._base import Channel, Erased, Escalation, Resolution, logger, off_loop
-from ._retries import MAX_WAIT, Outage, doubled
+from ._retries import Outage, doubled
+from ._webhook_bodies import MAX_BODY_BYTES, delivery_body, json_bytes, smallest, within
 from ._webhook_outbox import OUTBOX as _OUTBOX
 from ._webhook_outbox import drop_copy, keep_copies, kept_in_store, take_copies
 from ._webhook_posts import post_once
 from ._webhook_refusals import REDIRECTED, REFUSED, TOO_LARGE, note_refusal, refusals
-from ._webhook_signatures import (
-    DELIVERY_HEADER,
-    EVENT_HEADER,
-    SIGNATURE_HEADER,
-    TIMESTAMP_HEADER,
-    secret_list,
-    sign_webhook,
-    verify_webhook,
-)
+from ._webhook_rounds import Rounds
+from ._webhook_signatures import secret_list, sign_webhook, signed_headers, verify_webhook
 from ._webhook_urls import checked_urls, endpoint, httpx_module, masked
 from ._webhook_waits import Waits
 from ._webhook_warned import drop_warned, drop_warned_erased, keep_warned, was_warned
@@ -77,88 +68,6 @@ __all__ = ["WebhookChannel", "sign_webhook", "verify_webhook"]
 _RETRY_STATUSES = frozenset({408, 425, 429})
 _DONE = {"delivered": "delivered", "refused": "refused", "gave up": "given up on"}
 _BACKFILLED = "backfilled"  # memo: the open requests were announced on a first start
-
-MAX_BODY_BYTES = 256 * 1024
-"""The default bound on a delivery's body (`max_body_bytes`): receivers often take no more
-than 1 MiB (aiohttp's default), or 100 KB (Express's), and answer a larger one with 413."""
-
-_CLIPPABLE = (
-    ("request.action.input", ("request", "action", "input")),
-    ("resolution.edited_input", ("resolution", "edited_input")),
-    ("request.payload", ("request", "payload")),
-    ("resolution.answer", ("resolution", "answer")),
-    ("resolution.reason", ("resolution", "reason")),
-    ("escalation.reason", ("escalation", "reason")),
-    ("request.question", ("request", "question")),
-    ("request.auto_reason", ("request", "auto_reason")),
-    ("request.policy_error", ("request", "policy_error")),
-    ("request.options", ("request", "options")),
-    ("request.requested_by.attributes", ("request", "requested_by", "attributes")),
-    ("resolution.by.attributes", ("resolution", "by", "attributes")),
-)
-"""What a body over `max_body_bytes` clips, the largest first, until it fits: what a request
-is about that may be megabytes, each readable whole at `GET /v1/requests/{id}`. Text (a reason,
-a question) is cut to its first `_CUT_CHARS` characters, the rest sent as null; none of
-`_CUT_CHARS` or fewer (as JSON) is clipped."""
-
-_CUT_CHARS = 500
-
-_UNEDITED = {"edited_input": None}
-"""A resolution's `edited_input` until `on_resolved` reads the approved input from the store."""
-
-
-def _json_bytes(body: Mapping[str, Any]) -> bytes:
-    """The delivery body as UTF-8 JSON; text with unpaired surrogates (which UTF-8 cannot hold)
-    is written with `\\u` escapes instead, so such a request is delivered rather than failing."""
-    try:
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        return json.dumps(body, separators=(",", ":")).encode()
-
-
-def _within(body: dict[str, Any], limit: int) -> dict[str, Any]:
-    """`body`, or if it is over `limit` bytes as sent, with what `_CLIPPABLE` names clipped,
-    the largest first, until it fits, each named in `clipped` (in `_CLIPPABLE`'s order): a
-    receiver that caps its bodies (and answers 413, a refusal never sent again) still hears of
-    the request, and of its close, with its id and `input_hash` to read it whole."""
-    if len(_json_bytes(body)) <= limit:
-        return body
-    found: list[tuple[int, int, dict[str, Any], str]] = []
-    for index, (_, path) in enumerate(_CLIPPABLE):
-        *parents, key = path
-        holder: Any = body
-        for part in parents:
-            holder = holder.get(part) if isinstance(holder, dict) else None
-        value = holder.get(key) if isinstance(holder, dict) else None
-        if value is None:
-            continue
-        size = len(value) if isinstance(value, str) else len(json.dumps(value, default=str))
-        if size > _CUT_CHARS:  # a few hundred bytes are not worth losing
-            found.append((-size, index, holder, key))
-    done: list[int] = []
-    for _, index, holder, key in sorted(found, key=lambda f: f[:2]):
-        if len(_json_bytes(body)) <= limit:
-            break
-        value = holder[key]
-        holder[key] = value[:_CUT_CHARS] if isinstance(value, str) else None
-        done.append(index)
-    if done:
-        body["clipped"] = [*(body.get("clipped") or []), *(_CLIPPABLE[i][0] for i in sorted(done))]
-    return body
-
-
-def _smallest(raw: bytes) -> bytes | None:
-    """`raw`'s body with everything `_CLIPPABLE` sent as null, for a receiver that answered 413
-    to it (its cap below `max_body_bytes`); None when there is nothing left to leave out."""
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(body, dict):
-        return None
-    before = list(body.get("clipped") or [])
-    body = _within(body, 0)
-    return None if body.get("clipped", []) == before else _json_bytes(body)
 
 
 class WebhookChannel(Channel):
@@ -247,14 +156,7 @@ class WebhookChannel(Channel):
         self.backfill = backfill
         self._backfilled: set[str] = set()  # request ids whose opening `start` sent
         self._unrestored = False  # the deliveries kept by an earlier run are still to be queued
-        # URL -> monotonic time a delivery to it was last given up on (while some are kept),
-        # and the one delivery sent to a URL to see whether it is back (`_redo`).
-        self._given_up_at: dict[str, float] = {}
-        self._probing: dict[str, str] = {}
-        # URL -> the deliveries given up on that its round queued behind the one that got
-        # through; "url delivery" of those to skip, one before them having failed again.
-        self._redoing: dict[str, set[str]] = {}
-        self._held_back: set[str] = set()
+        self._rounds = Rounds(self)  # the deliveries given up on, sent again in rounds
         # URL -> its last failed answer: status (None: no answer), what failed, Retry-After.
         self._answers: dict[str, tuple[int | None, str, float | None]] = {}
         # What each URL's last answer asked with Retry-After, kept for other hubs too.
@@ -346,7 +248,7 @@ class WebhookChannel(Channel):
             edited = ((stored.resolution if stored else None) or {}).get("edited_input")
             if edited is not None:
                 body["resolution"]["edited_input"] = edited
-                body = _within(body, self.max_body_bytes)
+                body = within(body, self.max_body_bytes)
         await self._enqueue(body)
 
     async def on_erased(self, erased: Sequence[Erased]) -> None:
@@ -370,7 +272,7 @@ class WebhookChannel(Channel):
             if self._unrestored:
                 await self._restore()
             await self._warn(now)
-            await self._redo()
+            await self._rounds.redo()
         except StoreError as exc:
             self._failing.failed(exc)
             return
@@ -396,53 +298,6 @@ class WebhookChannel(Channel):
                 await keep_warned(self, rid)
                 self._unkept.discard(rid)
             self._deadlines.pop(rid, None)
-
-    async def _redo(self) -> None:
-        """Every `REDO_EVERY` seconds, send again the oldest delivery given up on of each URL
-        that has some; once it gets through (`_work`), the others kept for that URL follow."""
-        for url, at in list(self._given_up_at.items()):
-            if url in self._probing or time.monotonic() - at < given_up.REDO_EVERY:
-                continue
-            self._given_up_at[url] = time.monotonic()
-            kept = await self._requeue(url, first_only=True)
-            if kept is None:
-                del self._given_up_at[url]  # none left (sent by a start, or no longer kept)
-            else:
-                self._probing[url] = kept
-
-    async def _requeue(self, url: str, *, first_only: bool = False) -> str | None:
-        """Queue again the deliveries kept for `url` that are not queued (given up on), oldest
-        first, or only the oldest; the id of the first queued, None if none was."""
-        first = None
-        for spelled, delivery, kept in await off_loop(self._unsent):
-            key = f"{spelled} {delivery}"
-            if spelled != url or key in self._queued:
-                continue
-            self._queued.add(key)
-            self._queues[url].put_nowait((delivery, kept["event"], kept["body"].encode()))
-            first = delivery if first is None else first
-            if first_only:
-                break
-            self._redoing.setdefault(url, set()).add(delivery)
-        return first
-
-    def _hold_back(self, url: str, delivery: str) -> None:
-        """A delivery of `url`'s round given up on again: the others the round queued behind
-        it are skipped (still kept), so the next round starts from it, the oldest, rather than
-        each spending its attempts on a receiver down again and arriving before it."""
-        redoing = self._redoing.pop(url, set())
-        if delivery not in redoing:
-            if redoing:
-                self._redoing[url] = redoing
-            return
-        redoing.discard(delivery)
-        self._held_back.update(f"{url} {d}" for d in redoing)
-        if redoing:
-            logger.warning(
-                "webhook %s: %s other deliveries given up on wait for the next round",
-                masked(url),
-                len(redoing),
-            )
 
     async def _still_expiring(self, request: InputRequest) -> bool:
         """Whether `request` is open with the deadline it was shown with, as stored now. An
@@ -482,16 +337,8 @@ class WebhookChannel(Channel):
         escalation: Escalation | None = None,
     ) -> dict[str, Any]:
         """`payload`'s body for the request `request_id` as `request` shows it."""
-        digest = hashlib.sha256(f"{event}:{request_id}".encode()).hexdigest()[:24]
-        body = {
-            "id": f"whd_{digest}",
-            "type": event,
-            "at": self._now(),
-            "request": request,
-            "resolution": None if resolution is None else {**resolution.to_dict(), **_UNEDITED},
-            "escalation": None if escalation is None else escalation.to_dict(),
-        }
-        return _within(body, self.max_body_bytes)
+        body = delivery_body(event, request_id, request, resolution, escalation, self._now())
+        return within(body, self.max_body_bytes)
 
     def _now(self) -> float:
         """When an event is queued, on the runtime's clock (on PostgreSQL the database's): the
@@ -515,7 +362,7 @@ class WebhookChannel(Channel):
     async def _enqueue(self, body: dict[str, Any]) -> None:
         """`enqueue` the delivery of `body`."""
         event = body["type"]
-        raw = _json_bytes(body)
+        raw = json_bytes(body)
         self._ensure_workers()
         urls = [
             url
@@ -551,13 +398,13 @@ class WebhookChannel(Channel):
         queue = self._queues[url]
         while True:
             delivery, event, raw = await queue.get()
-            if f"{url} {delivery}" in self._held_back:  # kept: the next round sends it
-                self._held_back.discard(f"{url} {delivery}")
+            if f"{url} {delivery}" in self._rounds.held_back:  # kept: the next round sends it
+                self._rounds.held_back.discard(f"{url} {delivery}")
                 self._queued.discard(f"{url} {delivery}")
                 queue.task_done()
                 continue
             self._sending.add(f"{url} {delivery}")
-            probe = self._probing.get(url) == delivery
+            probe = self._rounds.probing.get(url) == delivery
             outcome: str | None = None
             recorded = False  # what the receiver answered is kept in the state and store
             try:
@@ -571,13 +418,9 @@ class WebhookChannel(Channel):
                         await drop_copy(self, url, delivery)
                     recorded = True
                     if probe:  # the receiver answered: what was given up on follows
-                        self._probing.pop(url, None)
-                        if await self._requeue(url) is None:
-                            self._given_up_at.pop(url, None)
+                        await self._rounds.got_through(url)
                 elif self._state is not None:
-                    self._hold_back(url, delivery)
-                    later = self._later_asked(url)
-                    self._given_up_at[url] = time.monotonic() + later
+                    later = self._rounds.gave_up(url, delivery)
                     logger.error(
                         "webhook %s: %s is sent again in %gs and when the hub next starts",
                         masked(url),
@@ -585,29 +428,9 @@ class WebhookChannel(Channel):
                         given_up.REDO_EVERY + later,
                     )
             except Exception:
-                if outcome is None:
-                    logger.exception("webhook %s: delivering %s failed", masked(url), delivery)
-                elif recorded:  # reading the deliveries given up on failed: `_redo` tries again
-                    logger.exception(
-                        "webhook %s: %s was %s; queuing the deliveries given up on behind it "
-                        "failed, tried again in %gs",
-                        masked(url),
-                        delivery,
-                        _DONE.get(outcome, outcome),
-                        given_up.REDO_EVERY,
-                    )
-                else:  # the receiver answered: only keeping that in the state or store failed
-                    logger.exception(
-                        "webhook %s: %s was %s, but the hub's state or the store could not "
-                        "record it; it is sent again when the hub next starts",
-                        masked(url),
-                        delivery,
-                        _DONE.get(outcome, outcome),
-                    )
+                _log_unfinished(url, delivery, outcome, recorded)
             finally:
-                if probe:
-                    self._probing.pop(url, None)
-                self._redoing.get(url, set()).discard(delivery)
+                self._rounds.done(url, delivery, probe)
                 self._sending.discard(f"{url} {delivery}")
                 self._queued.discard(f"{url} {delivery}")
                 queue.task_done()
@@ -621,19 +444,12 @@ class WebhookChannel(Channel):
         import httpx
 
         client = self._http()
-        await self._wait_asked(url, delivery)
+        await self._waits.wait_out(url, delivery, self._sleep)
         attempt = 0
         while attempt < self.max_attempts:
             attempt += 1
             stamp = int(self.clock())  # signed afresh: a late retry is not a stale delivery
-            headers = {
-                "Content-Type": "application/json",
-                "User-Agent": f"signoff/{__version__}",
-                TIMESTAMP_HEADER: str(stamp),
-                SIGNATURE_HEADER: ", ".join(sign_webhook(s, stamp, raw) for s in self.secrets),
-                EVENT_HEADER: event,
-                DELIVERY_HEADER: delivery,
-            }
+            headers = signed_headers(self.secrets, stamp, raw, event, delivery)
             asked: float | None = None
             status = None
             try:
@@ -650,13 +466,13 @@ class WebhookChannel(Channel):
                 problem = f"HTTP {status}"
                 if moved is not None:  # where to point the channel, if the receiver moved
                     problem += f" to {str(masked(moved))[:200]!r}"  # masked whole, then cut
-            if status == 413 and (smaller := _smallest(raw)) is not None:
+            if status == 413 and (smaller := smallest(raw)) is not None:
                 # Under max_body_bytes and still too large for this receiver: at once, as small
                 # as it goes (not an attempt: the receiver answered, and will take it).
                 logger.warning(
                     "webhook %s: HTTP 413 (body too large) for %s of %s bytes; sending it "
-                    "again at once with the input, payload and answer as null (%s bytes): "
-                    "set WebhookChannel(max_body_bytes=) below the receiver's limit",
+                    "again at once clipped as far as it goes (%s bytes): set "
+                    "WebhookChannel(max_body_bytes=) below the receiver's limit",
                     masked(url),
                     delivery,
                     len(raw),
@@ -692,36 +508,12 @@ class WebhookChannel(Channel):
         self.failed += 1
         return "gave up"
 
-    async def _wait_asked(self, url: str, delivery: str) -> None:
-        """Before a delivery's first attempt, wait out what the receiver's last `Retry-After`
-        still asks: one asked of an earlier delivery (given up on past `max_backoff`) holds
-        back the deliveries after it too, rather than each calling at once, also when it was
-        asked of an earlier run or of a hub on another machine (`Waits`)."""
-        wait = self._waits.left(url)
-        if wait <= 0:
-            return
-        logger.warning(
-            "webhook %s asked to be called no sooner (Retry-After); %s waits %.0fs",
-            masked(url),
-            delivery,
-            wait,
-        )
-        await self._sleep(wait)
-
     async def refusals(self) -> list[dict[str, Any]]:
         """The deliveries receivers refused (a 3xx, or a 4xx other than 408, 425 and 429),
         oldest first, each with its `url` (masked), `delivery` id, `event`, `status`, `reason`
         (the redirect's target included) and `at` (Unix time); kept in the hub's state, the
         latest `REFUSALS_KEPT` per URL. They are never sent again."""
         return await refusals(self)
-
-    def _later_asked(self, url: str) -> float:
-        """How much later than `REDO_EVERY` the receiver's last `Retry-After` asks a delivery
-        given up on to be sent again (at most `MAX_WAIT` in all)."""
-        asked = self._answers.get(url, (None, "", None))[2]
-        if asked is None:
-            return 0.0
-        return max(0.0, min(asked, MAX_WAIT) - given_up.REDO_EVERY)
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -762,10 +554,31 @@ class WebhookChannel(Channel):
         self._queues.clear()
         self._queued.clear()
         self._sending.clear()
-        self._given_up_at.clear()  # kept in the state: the next start sends them
-        self._probing.clear()
-        self._redoing.clear()
-        self._held_back.clear()
+        self._rounds = Rounds(self)  # what was given up on is kept: the next start sends it
         if self._own_client and self._client is not None:
             await self._client.aclose()
             self._client = None
+
+
+def _log_unfinished(url: str, delivery: str, outcome: str | None, recorded: bool) -> None:
+    """Log what failed while a worker sent `delivery` to `url` (called in its `except`): the
+    sending, the queuing of what was given up on behind it, or the keeping of the answer."""
+    if outcome is None:
+        logger.exception("webhook %s: delivering %s failed", masked(url), delivery)
+    elif recorded:  # reading the deliveries given up on failed: the next round tries again
+        logger.exception(
+            "webhook %s: %s was %s; queuing the deliveries given up on behind it failed, "
+            "tried again in %gs",
+            masked(url),
+            delivery,
+            _DONE.get(outcome, outcome),
+            given_up.REDO_EVERY,
+        )
+    else:  # the receiver answered: only keeping that in the state or store failed
+        logger.exception(
+            "webhook %s: %s was %s, but the hub's state or the store could not record it; it "
+            "is sent again when the hub next starts",
+            masked(url),
+            delivery,
+            _DONE.get(outcome, outcome),
+        )

@@ -1,0 +1,124 @@
+"""What a `WebhookChannel` delivery's body holds, and how one over `max_body_bytes` (or over
+what a receiver answering 413 takes) is clipped so the receiver still hears of the request."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ._base import Escalation, Resolution
+
+__all__ = [
+    "CLIPPABLE",
+    "CUT_CHARS",
+    "MAX_BODY_BYTES",
+    "delivery_body",
+    "json_bytes",
+    "smallest",
+    "within",
+]
+
+MAX_BODY_BYTES = 256 * 1024
+"""The default bound on a delivery's body (`max_body_bytes`): receivers often take no more
+than 1 MiB (aiohttp's default), or 100 KB (Express's), and answer a larger one with 413."""
+
+CLIPPABLE = (
+    ("request.action.input", ("request", "action", "input")),
+    ("resolution.edited_input", ("resolution", "edited_input")),
+    ("request.payload", ("request", "payload")),
+    ("resolution.answer", ("resolution", "answer")),
+    ("resolution.reason", ("resolution", "reason")),
+    ("escalation.reason", ("escalation", "reason")),
+    ("request.question", ("request", "question")),
+    ("request.auto_reason", ("request", "auto_reason")),
+    ("request.policy_error", ("request", "policy_error")),
+    ("request.options", ("request", "options")),
+    ("request.requested_by.attributes", ("request", "requested_by", "attributes")),
+    ("resolution.by.attributes", ("resolution", "by", "attributes")),
+)
+"""What a body over `max_body_bytes` clips, the largest first, until it fits: what a request
+is about that may be megabytes, each readable whole at `GET /v1/requests/{id}`. Text (a reason,
+a question) is cut to its first `CUT_CHARS` characters, the rest sent as null; none of
+`CUT_CHARS` or fewer (as JSON) is clipped."""
+
+CUT_CHARS = 500
+
+
+def json_bytes(body: Mapping[str, Any]) -> bytes:
+    """The delivery body as UTF-8 JSON; text with unpaired surrogates (which UTF-8 cannot hold)
+    is written with `\\u` escapes instead, so such a request is delivered rather than failing."""
+    try:
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(body, separators=(",", ":")).encode()
+
+
+def within(body: dict[str, Any], limit: int) -> dict[str, Any]:
+    """`body`, or if it is over `limit` bytes as sent, with what `CLIPPABLE` names clipped,
+    the largest first, until it fits, each named in `clipped` (in `CLIPPABLE`'s order): a
+    receiver that caps its bodies (and answers 413, a refusal never sent again) still hears of
+    the request, and of its close, with its id and `input_hash` to read it whole."""
+    if len(json_bytes(body)) <= limit:
+        return body
+    found: list[tuple[int, int, dict[str, Any], str]] = []
+    for index, (_, path) in enumerate(CLIPPABLE):
+        *parents, key = path
+        holder: Any = body
+        for part in parents:
+            holder = holder.get(part) if isinstance(holder, dict) else None
+        value = holder.get(key) if isinstance(holder, dict) else None
+        if value is None:
+            continue
+        size = len(value) if isinstance(value, str) else len(json.dumps(value, default=str))
+        if size > CUT_CHARS:  # a few hundred bytes are not worth losing
+            found.append((-size, index, holder, key))
+    done: list[int] = []
+    for _, index, holder, key in sorted(found, key=lambda f: f[:2]):
+        if len(json_bytes(body)) <= limit:
+            break
+        value = holder[key]
+        holder[key] = value[:CUT_CHARS] if isinstance(value, str) else None
+        done.append(index)
+    if done:
+        body["clipped"] = [*(body.get("clipped") or []), *(CLIPPABLE[i][0] for i in sorted(done))]
+    return body
+
+
+def smallest(raw: bytes) -> bytes | None:
+    """`raw`'s body with everything `CLIPPABLE` sent as null, for a receiver that answered 413
+    to it (its cap below `max_body_bytes`); None when there is nothing left to leave out."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    before = list(body.get("clipped") or [])
+    body = within(body, 0)
+    return None if body.get("clipped", []) == before else json_bytes(body)
+
+
+def delivery_body(
+    event: str,
+    request_id: str,
+    request: dict[str, Any],
+    resolution: Resolution | None,
+    escalation: Escalation | None,
+    at: float,
+) -> dict[str, Any]:
+    """The JSON body of `event` for the request `request_id` as `request` shows it; its `id`
+    is stable for the same event of the same request. A resolution's `edited_input` is null
+    until the channel reads the approved input from the store (the audit entry lacks it)."""
+    digest = hashlib.sha256(f"{event}:{request_id}".encode()).hexdigest()[:24]
+    return {
+        "id": f"whd_{digest}",
+        "type": event,
+        "at": at,
+        "request": request,
+        "resolution": None
+        if resolution is None
+        else {**resolution.to_dict(), "edited_input": None},
+        "escalation": None if escalation is None else escalation.to_dict(),
+    }
