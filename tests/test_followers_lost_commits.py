@@ -331,6 +331,43 @@ async def test_a_read_resumed_from_an_event_read_before_checks_it(store_url: str
             [e async for e in rt.events(sid, 2, follow=False, shown=first)]
 
 
+async def test_a_read_checking_the_one_event_a_store_lost_raises(store_url: str) -> None:
+    """A client that read event N asks from N - 1 to check it: a store put back to N - 1 had
+    that start, so the read was merely empty (and a followed one waited), the lost event never
+    told; a `LiveSession` synced on as if nothing was lost. `?shown=N` is refused past the
+    head, and the client raises `EventsRewritten`, followed or not, as `rt.events` does."""
+    async with so.Runtime(_agents([reply("One."), reply("Two.")]), store=store_url) as rt:
+        sid = (await rt.generate("a", "one")).session_id
+        kept = await rt.store.head(sid)
+        assert kept is not None
+        put_back = await _copy(store_url)
+        await rt.generate(session_id=sid, prompt="two")
+        lost = (await rt.store.read_events(sid, after=kept))[0]
+        await put_back()
+        assert await rt.store.head(sid) == lost.seq - 1
+        server = so.Runtime(_agents([]), store=store_url, poll_interval=0.05)
+        app = create_app(server, auth=TokenAuth(TOKENS), poll_interval=0.05, heartbeat=0.5)
+        with running(app) as base:
+            async with AsyncClient(base, token="admin-token", timeout=5) as client:
+                for follow in (False, True):
+                    with pytest.raises(so.EventsRewritten) as rewritten:
+                        async with asyncio.timeout(10):
+                            read = client.events(sid, lost.seq, follow=follow, shown=lost)
+                            [e async for e in read]
+                    assert (rewritten.value.session_id, rewritten.value.seq) == (sid, lost.seq)
+                async with httpx.AsyncClient(base_url=base, headers=auth("admin-token")) as raw:
+                    path = f"/v1/sessions/{sid}/events"
+                    asked = {"after": kept, "shown": lost.seq, "follow": "false"}
+                    refused = await raw.get(path, params=asked)
+                    assert refused.status_code == 422, refused.text
+                    assert refused.json()["error"]["code"] == "invalid_request"
+                    asked = {"after": kept - 1, "shown": kept, "follow": "false"}
+                    ok = await raw.get(path, params=asked)
+                    assert ok.status_code == 200, ok.text
+        with pytest.raises(so.EventsRewritten):
+            [e async for e in rt.events(sid, lost.seq, follow=False, shown=lost)]
+
+
 async def test_signoff_events_follow_across_lost_commits_stops(
     store_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -44,6 +44,8 @@ async def remote_events(
         client._check_open()  # closed since the last connection: httpx's bare RuntimeError
         since = last if shown is None else shown.seq - 1
         params = {"after": since, "follow": "true" if follow else "false"}
+        if shown is not None:  # refused if gone, where the stream would be merely empty
+            params["shown"] = shown.seq
         headers = {"Last-Event-ID": str(since), "Accept": "text/event-stream"}
         pause = 0.0
         streaming = False

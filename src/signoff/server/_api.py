@@ -335,6 +335,16 @@ async def events(
         int, Query(ge=0, le=MAX_SEQ, description="Send the events after this seq.")
     ] = 0,
     follow: Annotated[bool, Query(description="Keep the stream open for new events.")] = True,
+    shown: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=MAX_SEQ,
+            description="The seq of the last event the client read, which it reads again to "
+            "check it: a session whose last event is before it is refused, as a store that "
+            "lost commits.",
+        ),
+    ] = None,
     last_event_id: Annotated[
         str | None,
         Header(description="Set by a reconnecting client; takes precedence over `after`."),
@@ -354,13 +364,15 @@ async def events(
         if parsed > MAX_SEQ:
             raise ApiError(422, "invalid_request", f"Last-Event-ID must be in 0..{MAX_SEQ}")
         start = parsed
-    if start > state.seq:
+    if max(start, shown or 0) > state.seq:
         # Not an id this session has sent: a followed stream would wait, silent, until the
-        # session caught up, and skip every event before it.
+        # session caught up, and skip every event before it. A client checking an event it
+        # read asks from the one before, so a store one event short still has its start.
         raise ApiError(
             422,
             "invalid_request",
-            f"{start} is past the session's last event ({state.seq}); resume from an id it sent",
+            f"{max(start, shown or 0)} is past the session's last event ({state.seq}); "
+            "resume from an id it sent",
         )
     if follow and start >= state.seq:  # not ended while a drive runs its turn on past the TTL
         ended = await ctx.runtime._ended(state, ctx.runtime.now())
