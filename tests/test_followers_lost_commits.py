@@ -357,7 +357,8 @@ async def test_a_read_checking_the_one_event_a_store_lost_raises(store_url: str)
                     assert (rewritten.value.session_id, rewritten.value.seq) == (sid, lost.seq)
                 async with httpx.AsyncClient(base_url=base, headers=auth("admin-token")) as raw:
                     path = f"/v1/sessions/{sid}/events"
-                    asked = {"after": kept, "shown": lost.seq, "follow": "false"}
+                    asked: dict[str, int | str] = {"after": kept, "shown": lost.seq}
+                    asked["follow"] = "false"
                     refused = await raw.get(path, params=asked)
                     assert refused.status_code == 422, refused.text
                     assert refused.json()["error"]["code"] == "invalid_request"
