@@ -463,3 +463,8 @@ async def test_verifying_a_session_the_store_knows_nothing_of_is_refused(store_u
         with pytest.raises(so.UnknownSession, match="ses_mistyped"):
             await rt.export_audit(out, "ses_mistyped")
         assert out.getvalue() == ""
+        # An empty id (a form left blank) read every session's trail: refused as the others.
+        for call in (rt.audit, rt.verify_audit, lambda sid: rt.export_audit(out, sid)):
+            with pytest.raises(so.UnknownSession):
+                await call("")
+        assert out.getvalue() == ""

@@ -65,6 +65,42 @@ async def test_a_session_the_sweep_cannot_read_does_not_hold_up_the_others_deadl
         assert (await worker.state(s1)).turn_status == "completed"
 
 
+@pytest.mark.parametrize("page", [500, 2])
+async def test_a_request_row_no_one_can_read_does_not_hold_up_the_others_deadlines(
+    store_url: str, page: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One request row whose data is not JSON (a hand edit, a bad restore) failed the sweep's
+    listing of due requests as a whole, at every sweep: no other session's deadline was ever
+    applied, nor any TTL recorded. Its page is read again a row at a time: the row is logged
+    with its session and passed, the others applied, also on the pages after it."""
+    from signoff import _sweeping
+
+    from .test_store_edited_rows import edit
+
+    monkeypatch.setattr(_sweeping, "_SWEEP_PAGE", page)
+    clock = ManualClock()
+    log = ExecutionLog()
+    agent = payout_agent(log, so.always(expires_in=60))
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        asked_ = []
+        for _ in range(4):
+            asked_.append(await asked(rt))
+            clock.advance(1)
+    s1, r1, _ = asked_[1]
+    edit(store_url, "UPDATE {t}requests SET data = {p} WHERE id = {p}", b"{broken", r1.id)
+    clock.advance(60)
+    async with so.Runtime([agent], store=store_url, clock=clock) as worker:
+        with caplog.at_level(logging.WARNING, logger="signoff.worker"):
+            assert await worker.expire_due() == 3
+        assert s1 in caplog.text and r1.id in caplog.text
+        for sid, request, _ in asked_:
+            if sid == s1:
+                continue
+            stored = await worker.store.get_request(request.id)
+            assert stored is not None and stored.status == "expired"
+            assert (await worker.state(sid)).turn_status == "completed"
+
+
 async def test_a_lapsed_session_the_sweep_cannot_record_does_not_hold_up_deadlines(
     store_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 
 from ._deadlines import DEADLINE_RECORDS, is_due, is_lapsed, records_deadline
-from ._exceptions import SessionExpired, StoreError
+from ._exceptions import SessionExpired, StoreBusy, StoreError, StoreGone, StoreUnavailable
 from ._messages import Messages
 from ._session_cache import closes_stop
 from ._sessions import to_claims
@@ -102,11 +102,11 @@ class Sweeps(Messages):
             after: tuple[float, str] | None = None
             while True:
                 flt = PendingFilter(limit=_SWEEP_PAGE, after=after, due_by=now, agent=agent)
-                page = await self.store.pending(flt)
+                page, listed, last = await self._due_page(flt)
                 due += [r for r in page if is_due(r, now)]
-                if len(page) < _SWEEP_PAGE:
+                if listed < _SWEEP_PAGE:
                     break
-                after = cursor_past(page[-1], after)
+                after = last
         expired = await self._record_lapsed(await self._lapsed(now, sorted(self.agents)), now)
         orphans = await self._sweep_orphans()
         applied = await self._apply_deadlines(due)
@@ -119,6 +119,37 @@ class Sweeps(Messages):
         else:
             await self._drive_all(left, lease_wait=0.0)
         return applied + expired + orphans + len(left)
+
+    async def _due_page(
+        self, flt: PendingFilter
+    ) -> tuple[list[InputRequest], int, tuple[float, str] | None]:
+        """A page of due requests, how many rows it listed, and the cursor past it. A page
+        the store cannot read (a damaged row) is read again a row at a time, where the store
+        tells each row's key (`pending_keys`): the row that fails is logged with its session
+        and passed, so the others' deadlines are applied all the same."""
+        try:
+            page = await self.store.pending(flt)
+        except (StoreGone, StoreUnavailable, StoreBusy):
+            raise
+        except StoreError:
+            keys = getattr(self.store, "pending_keys", None)
+            if keys is None:
+                raise
+        else:
+            return page, len(page), cursor_past(page[-1], flt.after) if page else None
+        rows: list[tuple[float, str, str]] = await keys(flt)
+        page = []
+        for _, request_id, session_id in rows:
+            with one_of_many(log, session_id, f"its passed deadline of {request_id}"):
+                stored = await self.store.get_request(request_id)
+                if stored is not None and stored.status == "pending":
+                    page.append(stored.request)
+        if not rows:
+            return page, 0, None
+        last = rows[-1][:2]
+        if flt.after is not None and last <= flt.after:
+            raise StoreError(f"request {last[1]!r}: its row is listed past {flt.after!r}")
+        return page, len(rows), last
 
     async def _left_undriven(self, now: float) -> list[str]:
         """The sessions of this runtime's agents whose passed deadlines were recorded, leaving

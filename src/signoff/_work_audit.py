@@ -37,7 +37,8 @@ class Auditing(Workers):
         # to tell whether one follows, comes in the last of them, not in a page of its own.
         pages = max(1, -(-limit // _audit.PAGE))
         page = -(-(limit + 1) // pages)
-        async for e in _audit.entries(self.store, stream=session_id or stream, page=page):
+        stream = session_id if session_id is not None else stream
+        async for e in _audit.entries(self.store, stream=stream, page=page):
             if len(out) >= limit:  # one more than asked for: the list says it was cut
                 out.truncated = True
                 break

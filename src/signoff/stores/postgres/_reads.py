@@ -314,6 +314,22 @@ class Reads(AuditReads):
 
         return await self._read(body, "listing pending requests")
 
+    async def pending_keys(self, flt: PendingFilter) -> list[tuple[float, str, str]]:
+        """Each row `pending(flt)` lists as `(created_at, id, session id)`, its data unread:
+        how a sweep passes a row it cannot read, rather than stop at it."""
+        clause, params = self._filter_sql(flt)
+        s = self._s
+        sql = (
+            f"SELECT r.created_at, r.id, s.id FROM {s}.requests r JOIN {s}.sessions s "
+            f'ON s.sk = r.sk{clause} ORDER BY r.created_at, r.id COLLATE "C" LIMIT %s OFFSET %s'
+        )
+
+        async def body(conn: Conn) -> list[tuple[float, str, str]]:
+            cur = await conn.execute(sql, [*params, flt.limit, flt.offset])
+            return [(float(at), str(rid), str(sid)) for at, rid, sid in await cur.fetchall()]
+
+        return await self._read(body, "listing pending requests' keys")
+
     async def count_pending(self, flt: PendingFilter) -> int:
         clause, params = self._filter_sql(flt)
 

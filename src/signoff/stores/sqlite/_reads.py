@@ -237,6 +237,20 @@ class Reads(Connection):
         return self._listing(flt)
 
     @reading
+    async def pending_keys(self, flt: PendingFilter) -> list[tuple[float, str, str]]:
+        """Each row `pending(flt)` lists as `(created_at, id, session id)`, its data unread:
+        how a sweep passes a row it cannot read, rather than stop at it."""
+        clause, params = self._filter_sql(flt)
+        due = flt.due_by is not None and flt.status == "pending"
+        rows = self.conn.execute(
+            f"SELECT r.created_at, r.id, s.id FROM requests r "
+            f"{'INDEXED BY requests_due ' if due else ''}JOIN sessions s ON s.sk = r.sk"
+            f"{clause} ORDER BY r.created_at, r.id LIMIT ? OFFSET ?",
+            [*params, flt.limit, flt.offset],
+        ).fetchall()
+        return [(float(at), str(rid), str(sid)) for at, rid, sid in rows]
+
+    @reading
     async def count_pending(self, flt: PendingFilter) -> int:
         return self._count(flt)
 
