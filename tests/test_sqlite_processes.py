@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -78,6 +79,81 @@ async def test_a_write_to_a_file_deleted_under_the_store_is_refused(tmp_path: Pa
     assert not store.conn.in_transaction
     await store.close()
     assert not path.exists()  # nothing recreated it behind the caller's back
+
+
+_OTHER_PROCESS = """
+import asyncio, sys
+import signoff as so
+from signoff.stores import SQLiteStore
+async def main():
+    store = SQLiteStore("sqlite:///" + sys.argv[1])
+    if sys.argv[2] == "write":
+        event = so.Event(session_id="s2", seq=1, type="session.created", at=1.0, data={})
+        await store.create_session("s2", "a", [event], None)
+    print(await store.head("s1"), await store.head("s2"), await store.head("s3"))
+    await store.close()
+asyncio.run(main())
+"""
+
+
+def _other_process(path: Path, what: str) -> str:
+    """What another process reads of sessions s1, s2 and s3 (after writing s2, if `what`)."""
+    src = str(Path(so.__file__).resolve().parents[1])
+    run = [sys.executable, "-c", _OTHER_PROCESS, str(path), what]
+    env = {**os.environ, "PYTHONPATH": src}
+    done = subprocess.run(run, check=True, timeout=60, env=env, capture_output=True, text=True)
+    return done.stdout
+
+
+@pytest.mark.parametrize("deleted", [("-wal", "-shm"), ("-shm",), ("-wal",)])
+async def test_a_wal_deleted_under_the_store_is_not_written_to(
+    tmp_path: Path, deleted: tuple[str, ...]
+) -> None:
+    # Someone "cleaning up" the -wal and -shm beside a live store: the process that had them
+    # open wrote on to its orphaned WAL, never saw another process's commits (made in new
+    # files), and its close, as the last connection, deleted the new -wal with them, or wrote
+    # its pages over them. It refuses to go on, and leaves its connection open.
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.create_session("s1", "a", [_event("s1", 1)], None)
+    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # s1 in the file, as when idle
+    for suffix in deleted:
+        Path(f"{path}{suffix}").unlink()
+    assert _other_process(path, "write").split() == ["1", "1", "None"]
+    with pytest.raises(so.StoreGone, match="-wal or -shm file"):
+        await store.create_session("s3", "a", [_event("s3", 1)], None)
+    with pytest.raises(so.StoreGone, match="-wal or -shm file"):
+        await store.commit(
+            Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+        )
+    await store.close()
+    with pytest.raises(so.StoreGone, match="restart the process"):
+        await store.head("s1")  # here SQLite would read it through the old -shm
+    assert _other_process(path, "read").split() == ["1", "1", "None"]  # kept
+
+
+def test_opening_a_store_locked_elsewhere_waits_busy_timeout_once(tmp_path: Path) -> None:
+    # The check whether the file has this signoff's schema took "database is locked" (after the
+    # whole busy_timeout) for a new file, and the transaction after it waited as long again:
+    # the CLI failed after 60 s where 30 were documented.
+    from signoff.stores.sqlite import _connection
+
+    path = tmp_path / "state.db"
+    made = SQLiteStore(f"sqlite:///{path}")
+    made.open_sync()
+    made.conn.close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            _connection._is_current(conn)
+        with pytest.raises(so.StoreError, match="locked"):
+            SQLiteStore(f"sqlite:///{path}", busy_timeout=0.2).open_sync()
+    finally:
+        conn.close()
+        holder.close()
 
 
 async def test_a_file_replaced_under_the_store_is_not_written_to(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ the lock that gives the connection to one store call at a time are in `_transact
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import sqlite3
 import threading
@@ -147,7 +148,9 @@ def _is_current(conn: sqlite3.Connection) -> bool:
     reader never waits for another process's write lock (in WAL mode readers need none)."""
     try:
         row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-    except sqlite3.Error:
+    except sqlite3.Error as exc:
+        if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            raise  # waited `busy_timeout` already: the transaction after would wait again
         return False  # a new file, or one the write transaction will name the fault of
     return row is not None and row[0] == str(STORE_SCHEMA)
 
@@ -160,6 +163,16 @@ def _stamp(path: str) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return st.st_mtime_ns, st.st_ctime_ns, st.st_size
+
+
+_ABANDONED: set[tuple[int, int]] = set()
+"""The database files (device, inode) whose connections `_abandon` left open in this process."""
+_ABANDONED_CONNECTIONS: list[sqlite3.Connection] = []
+
+
+def _wal_files(path: str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """The identities of the -wal and -shm files of the database at `path`."""
+    return _identity(beside(path, "-wal")), _identity(beside(path, "-shm"))
 
 
 def _identity(path: str) -> tuple[int, int] | None:
@@ -211,6 +224,9 @@ class Connection:
         self._access = "rw"
         self._stamp: tuple[int, int, int] | None = None  # the file as an immutable read saw it
         self._shm: tuple[int, int] | None = None  # the -shm a read-only connection reads through
+        # The -wal and -shm a writing connection opened with: SQLite keeps both while any
+        # connection has the file open, so one gone or new means a WAL no other process shares.
+        self._wal: tuple[tuple[int, int] | None, tuple[int, int] | None] | None = None
         # The store schema the file had when this store opened it: 0 for a new file.
         self.schema_found: int | None = None
         # `wait_for_change`'s shared poll, one per event loop (a `_store.Follows`).
@@ -255,6 +271,12 @@ class Connection:
                 raise StoreError(f"cannot create the directory of {self.path}: {exc}") from exc
             if os.path.exists(self.path) and not os.path.isfile(self.path):
                 raise StoreError(f"cannot open SQLite store {self.path}: {unopenable(self.path)}")
+            if _identity(self.path) in _ABANDONED:
+                raise StoreGone(
+                    f"the -wal or -shm file of {self.path} was deleted or replaced while this "
+                    "process had it open: restart the process to open it (SQLite would read it "
+                    "through the old ones here)"
+                )
         conn: sqlite3.Connection | None = None
         access = self._access = open_access(self.path)
         if access == "immutable":
@@ -301,6 +323,10 @@ class Connection:
                 why = f"{unopenable(self.path) or exc}{damaged(exc)}"
                 raise StoreError(f"cannot open SQLite store {self.path}: {why}") from exc
             raise
+        self._wal = None
+        if access == "rw" and self._opened is not None:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # both exist now
+            self._wal = _wal_files(self._opened[0])
         self._conn = conn
         self.schema_found = found
         if self.path == ":memory:":  # kept open by `close`: closed once the store is dropped
@@ -365,10 +391,11 @@ class Connection:
         if self.path == ":memory:":
             return
         with self._lock:
-            if self._conn is not None:
+            if self._conn is not None and self._conn not in _ABANDONED_CONNECTIONS:
                 self._conn.close()
-                self._conn = None
+            self._conn = None
             self._opened = None
+            self._wal = None
             self._sk = PerSession()
             self._tails = Tails()
             self._named = Tails()
@@ -382,10 +409,33 @@ class Connection:
             return
         where, identity = self._opened
         if identity is None or _identity(where) != identity:
+            self._abandon(identity)
             raise StoreGone(
                 f"{self.path} was deleted or replaced after this store opened it; nothing was "
                 f"{done}. Close the store (or restart the process) to open the file there now."
             )
+        if self._wal is not None and _wal_files(where) != self._wal:
+            # Its WAL would be this process's alone: the commits of others, written to the
+            # new one, lost when this one checkpoints over them.
+            self._abandon(identity)
+            raise StoreGone(
+                f"the -wal or -shm file of {self.path} was deleted or replaced after this store "
+                f"opened it; nothing was {done}, and what this process wrote to them before is "
+                "lost. Restart the process to open the store anew."
+            )
+
+    def _abandon(self, identity: tuple[int, int] | None) -> None:
+        """Leave this store's writing connection open for the life of the process: closed, as
+        the file's last connection in this process, SQLite would write the WAL it has (the old
+        one) over the database, and delete the -wal there by name, another process's new one
+        with its commits. Its file is not opened again here: SQLite would share the old -shm."""
+        conn = self._conn
+        if self._access != "rw" or conn is None or conn in _ABANDONED_CONNECTIONS:
+            return
+        _ABANDONED_CONNECTIONS.append(conn)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(conn))  # never freed, so never closed
+        if identity is not None:
+            _ABANDONED.add(identity)
 
     def _writable(self) -> None:
         """Refuse a write, naming why, to a store opened read-only or deleted or replaced."""
