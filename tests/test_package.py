@@ -70,6 +70,8 @@ def test_the_wheel_holds_the_package_with_its_data_and_nothing_else(wheel) -> No
         "signoff/server/static/app.css",
         "signoff/server/static/app.js",
         "signoff/server/static/ages.js",
+        "signoff/server/static/aim.js",
+        "signoff/server/static/drafts.js",
         "signoff/server/templates/base.html",
         "signoff/server/templates/login.html",
     ):

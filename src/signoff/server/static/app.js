@@ -5,52 +5,9 @@
   const csrf = (document.querySelector('meta[name="csrf-token"]') || {}).content || "";
   const dot = document.getElementById("live-dot");
 
-  // -- a click lands where it was aimed ---------------------------------------------------------
-  // A live update moves buttons: a card above leaving or arriving, a banner. A pointer resting on
-  // one request's Approve then rests on another's, and a click meant for the first answered the
-  // second. A pointer's press on a button a live update moved (or brought in above others) less
-  // than `SETTLE` ms before sends nothing and says so. What the reviewer's own doing moves (an
-  // edit box opened, their answer's note) only updates where each button is, and so does each
-  // live change first: only what it moves itself is marked (`moved(false)`, change, `moved(true)`).
-  const SETTLE = 800;
-  let pressedAt = -Infinity;
-  const layoutAt = (el) => {
-    let x = 0, y = 0;
-    for (; el; el = el.offsetParent) { x += el.offsetLeft; y += el.offsetTop; }
-    return x + "," + y;
-  };
-  function moved(live) {
-    const now = String(performance.now());
-    document.querySelectorAll("form.respond button").forEach((b) => {
-      const at = layoutAt(b);
-      if (b.dataset.at === at) return;
-      const card = b.closest("[data-request-id]");
-      const next = card && card.nextElementSibling;
-      // A card come in with older ones after it took the place one of theirs had.
-      const cameAbove = b.dataset.at === undefined && next && next.querySelector("button[data-at]");
-      if (live && (b.dataset.at !== undefined || cameAbove)) b.dataset.movedAt = now;
-      b.dataset.at = at;
-    });
-  }
-  moved(false);
-  new MutationObserver(() => moved(false)).observe(document.body, {
-    childList: true, subtree: true, attributes: true, attributeFilter: ["open", "hidden"],
-  });
-  window.addEventListener("resize", () => moved(false));
-  document.addEventListener("pointerdown", () => { pressedAt = performance.now(); }, true);
-  document.addEventListener("click", (ev) => {
-    const button = ev.target instanceof Element ? ev.target.closest("form.respond button") : null;
-    if (!button || ev.detail === 0) return;  // a key pressed it: the focus chose it, not a pointer
-    if (!(Number(button.dataset.movedAt) > pressedAt - SETTLE)) return;
-    ev.preventDefault();
-    ev.stopImmediatePropagation();
-    const error = button.form.querySelector(".form-error");
-    if (error) {
-      error.textContent = "This moved under the pointer as you clicked: nothing was sent. " +
-        "Check that it is the request you mean, then click again.";
-      error.hidden = false;
-    }
-  }, true);
+  // Marks what a live update moved under the pointer (`aim.js`): `moved(false)`, change,
+  // `moved(true)`.
+  const moved = (window.signoffAim && window.signoffAim.moved) || (() => {});
 
   function toast(text, bad) {
     const box = document.getElementById("toasts");
@@ -63,47 +20,15 @@
     setTimeout(() => el.remove(), 5000);
   }
 
-  // What was typed and not sent outlives leaving the page to sign in again (or a reload for a
-  // fresh form token): kept in this tab as the page goes, filled in once when it comes back.
-  // Only a box whose text differs from the page's own is kept (an edit box starts filled).
-  const draftsKey = "signoff-drafts:" + location.pathname;
-  let keepTyped = false;
-  const boxes = () => document.querySelectorAll("form textarea, form input[type=text]");
-  const draftKey = (el) => el.form.getAttribute("action") + " " + el.name;
-  window.addEventListener("pagehide", () => {
-    if (!keepTyped) return;
-    const drafts = {};
-    boxes().forEach((el) => { if (el.value !== el.defaultValue) drafts[draftKey(el)] = el.value; });
-    try {
-      if (Object.keys(drafts).length) {
-        sessionStorage.setItem(draftsKey, JSON.stringify({ at: Date.now(), drafts }));
-      }
-    } catch (e) { /* storage off or full: nothing is kept */ }
-  });
-  (function restoreDrafts() {
-    let kept = null;
-    try {
-      kept = JSON.parse(sessionStorage.getItem(draftsKey) || "null");
-      sessionStorage.removeItem(draftsKey);
-    } catch (e) { return; }
-    // Text left a day ago in this tab, then this page opened again, is no longer a draft.
-    if (!kept || !(Date.now() - kept.at < 86400000)) return;
-    const drafts = kept.drafts || {};
-    boxes().forEach((el) => {
-      const text = drafts[draftKey(el)];
-      if (typeof text !== "string") return;
-      el.value = text;
-      const folded = el.closest("details");
-      if (folded) folded.open = true;
-    });
-  })();
+  // What was typed is kept as the page goes once this says so (`drafts.js`).
+  const keepTyped = () => window.signoffDrafts && window.signoffDrafts.keep();
 
   // The sign-in ended (it expired, or was signed out in another tab): say so at the page's top,
   // with a link to sign in again that comes back to this page.
   let signedOff = false;  // no stream is opened again: each would be refused alike
   function signInAgain(text) {
     signedOff = true;
-    keepTyped = true;
+    keepTyped();
     reconnecting(false);
     let note = document.getElementById("signed-out");
     if (!note) {
@@ -596,7 +521,7 @@
         });
         const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
         if (res.status === 401) signInAgain(data.error && data.error.message || "you are no longer signed in");
-        if (data.error && data.error.code === "csrf_failed") keepTyped = true;  // a reload is asked
+        if (data.error && data.error.code === "csrf_failed") keepTyped();  // a reload is asked
         if (!data.ok) throw new Error(data.error && data.error.message || "Sending failed");
         send.querySelector("textarea").value = "";
         // The form's token was spent on this message: the next one needs its own.
@@ -640,7 +565,7 @@
       });
       const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
       if (res.status === 401) signInAgain(data.error && data.error.message || "you are no longer signed in");
-      if (data.error && data.error.code === "csrf_failed") keepTyped = true;  // a reload is asked
+      if (data.error && data.error.code === "csrf_failed") keepTyped();  // a reload is asked
       if (!data.ok) {
         const failed = new Error(data.error && data.error.message || "Request failed");
         failed.code = data.error && data.error.code;
