@@ -300,3 +300,12 @@ def test_ctrl_c_at_a_prompt_ends_the_program_at_once(tmp_path: Path) -> None:
             return [p.tool_name or "" for p in await rt.pending()]
 
     assert asyncio.run(pending()) == ["issue_refund"]  # the store as it was: nothing answered
+
+
+def test_it_is_still_imported_from_the_text_module() -> None:
+    """It moved to `_terminal_text`; code importing it from `signoff.channels.text`, where it
+    was, gets the same class."""
+    from signoff.channels import TerminalTextChannel as listed
+    from signoff.channels.text import TerminalTextChannel
+
+    assert TerminalTextChannel is listed

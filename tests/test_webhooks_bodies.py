@@ -58,7 +58,7 @@ async def test_a_denial_with_a_reason_of_megabytes_reaches_a_receiver_capped_at_
         )
     assert [b["type"] for b in bodies] == ["request.opened", "request.resolved"]
     resolved = bodies[1]
-    assert resolved["resolution"]["outcome"] == "denied" or resolved["resolution"]["reason"]
+    assert resolved["resolution"]["outcome"] == "cancelled"
     assert resolved["clipped"] == ["resolution.reason"]
     assert resolved["resolution"]["reason"] == reason[:500]
     assert len(receiver.accepted[1][1]) <= 256 * 1024
@@ -77,6 +77,19 @@ async def test_a_receiver_capping_below_a_long_reason_gets_it_cut_at_once(
     assert [b["type"] for b in bodies] == ["request.opened", "request.resolved"]
     assert bodies[1]["resolution"]["reason"] == reason[:500]
     assert "resolution.reason" in bodies[1]["clipped"]
+
+
+def test_a_payload_of_text_is_sent_as_null_not_cut() -> None:
+    """Only text that says why (a reason, a question) is cut to its first 500 characters: a
+    tool's payload, input or answer cut would read as whole, so it is sent as null."""
+    from signoff.channels._webhook_bodies import within
+
+    body = {"request": {"payload": "+ line\n" * 60_000, "question": "why? " * 1000}}
+    clipped = within(body, 10_000)
+    assert clipped["request"]["payload"] is None
+    assert clipped["clipped"] == ["request.payload"]
+    assert within(clipped, 1_000)["request"]["question"] == ("why? " * 1000)[:500]
+    assert clipped["clipped"] == ["request.payload", "request.question"]
 
 
 async def test_an_approval_with_an_edited_input_says_what_was_approved(tmp_path: Path) -> None:

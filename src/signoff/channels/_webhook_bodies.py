@@ -25,23 +25,23 @@ MAX_BODY_BYTES = 256 * 1024
 than 1 MiB (aiohttp's default), or 100 KB (Express's), and answer a larger one with 413."""
 
 CLIPPABLE = (
-    ("request.action.input", ("request", "action", "input")),
-    ("resolution.edited_input", ("resolution", "edited_input")),
-    ("request.payload", ("request", "payload")),
-    ("resolution.answer", ("resolution", "answer")),
-    ("resolution.reason", ("resolution", "reason")),
-    ("escalation.reason", ("escalation", "reason")),
-    ("request.question", ("request", "question")),
-    ("request.auto_reason", ("request", "auto_reason")),
-    ("request.policy_error", ("request", "policy_error")),
-    ("request.options", ("request", "options")),
-    ("request.requested_by.attributes", ("request", "requested_by", "attributes")),
-    ("resolution.by.attributes", ("resolution", "by", "attributes")),
+    ("request.action.input", ("request", "action", "input"), False),
+    ("resolution.edited_input", ("resolution", "edited_input"), False),
+    ("request.payload", ("request", "payload"), False),
+    ("resolution.answer", ("resolution", "answer"), False),
+    ("resolution.reason", ("resolution", "reason"), True),
+    ("escalation.reason", ("escalation", "reason"), True),
+    ("request.question", ("request", "question"), True),
+    ("request.auto_reason", ("request", "auto_reason"), True),
+    ("request.policy_error", ("request", "policy_error"), True),
+    ("request.options", ("request", "options"), False),
+    ("request.requested_by.attributes", ("request", "requested_by", "attributes"), False),
+    ("resolution.by.attributes", ("resolution", "by", "attributes"), False),
 )
 """What a body over `max_body_bytes` clips, the largest first, until it fits: what a request
-is about that may be megabytes, each readable whole at `GET /v1/requests/{id}`. Text (a reason,
-a question) is cut to its first `CUT_CHARS` characters, the rest sent as null; none of
-`CUT_CHARS` or fewer (as JSON) is clipped."""
+is about that may be megabytes, each readable whole at `GET /v1/requests/{id}`. Each is sent as
+null, but text marked to be cut (a reason, a question), cut to its first `CUT_CHARS` characters;
+none of `CUT_CHARS` or fewer (as JSON) is clipped."""
 
 CUT_CHARS = 500
 
@@ -63,7 +63,7 @@ def within(body: dict[str, Any], limit: int) -> dict[str, Any]:
     if len(json_bytes(body)) <= limit:
         return body
     found: list[tuple[int, int, dict[str, Any], str]] = []
-    for index, (_, path) in enumerate(CLIPPABLE):
+    for index, (_, path, _) in enumerate(CLIPPABLE):
         *parents, key = path
         holder: Any = body
         for part in parents:
@@ -78,8 +78,8 @@ def within(body: dict[str, Any], limit: int) -> dict[str, Any]:
     for _, index, holder, key in sorted(found, key=lambda f: f[:2]):
         if len(json_bytes(body)) <= limit:
             break
-        value = holder[key]
-        holder[key] = value[:CUT_CHARS] if isinstance(value, str) else None
+        value, cut = holder[key], CLIPPABLE[index][2]
+        holder[key] = value[:CUT_CHARS] if cut and isinstance(value, str) else None
         done.append(index)
     if done:
         body["clipped"] = [*(body.get("clipped") or []), *(CLIPPABLE[i][0] for i in sorted(done))]

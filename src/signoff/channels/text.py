@@ -499,3 +499,13 @@ class TextChannel(Channel):
         shown, who = settled_as(stored.resolution if stored is not None else None)
         what = request.tool_name if request.kind == "tool-approval" else "the question"
         return f"{what} was already {shown} by {who}."
+
+
+def __getattr__(name: str) -> object:
+    """`TerminalTextChannel`, which this module held, from `_terminal_text` (which imports
+    this one), for code that imports it from here."""
+    if name == "TerminalTextChannel":
+        from ._terminal_text import TerminalTextChannel
+
+        return TerminalTextChannel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
