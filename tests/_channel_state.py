@@ -1,6 +1,6 @@
-"""The channel-state tests' recording channel, a runtime whose tool waits on an approval, and
-an old-layout state file (shared by the tests/test_channel_state*.py files and the webhook
-state tests).
+"""The channel-state tests' recording channel, a runtime whose tool waits on an approval, an
+old-layout state file and a memo damaged in one (shared by the tests/test_channel_state*.py
+files and the webhook and Slack state tests).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import signoff as so
 from signoff.channels import Channel
 from signoff.testing import call, call_tools, scripted_agent
 
-__all__ = ["OLD_LAYOUT", "Seen", "gated", "old_state_file", "open_one"]
+__all__ = ["OLD_LAYOUT", "Seen", "damage_memo", "gated", "old_state_file", "open_one"]
 
 
 # -- one hub delivers per state file: the others stand by ---------------------------------------
@@ -71,5 +71,16 @@ def old_state_file(
     conn.executemany(
         "INSERT INTO channel_memos VALUES (?, ?, ?)",
         [(channel, key, json.dumps(value)) for channel, key, value in memos],
+    )
+    conn.close()
+
+
+def damage_memo(path: Path, hub: str, channel: str, key: str, stored: str | bytes) -> None:
+    """Write `stored` as the memo under `key`, as a hand or a tool other than signoff might."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "INSERT INTO channel_memos (hub, channel, key, value) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT(hub, channel, key) DO UPDATE SET value=excluded.value",
+        (hub, channel, key, stored),
     )
     conn.close()

@@ -1,6 +1,6 @@
 """How often the Slack inbox runs a piece of saved work: once while it runs (a scan that finds
 it pending meanwhile starts nothing), and never once it is done (by another process sharing the
-channel state, say)."""
+channel state, say); a damaged memo beside it does not keep it from running."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ from pathlib import Path
 
 import signoff as so
 from signoff.channels import ChannelState
+from signoff.channels._base import off_loop
 from signoff.channels.slack import SlackChannel
 from signoff.channels.slack._inbox import RETRY_WINDOW, Inbox
+
+from ._channel_state import damage_memo
 
 
 @dataclass
@@ -71,3 +74,26 @@ async def test_work_another_process_finished_is_not_run(tmp_path: Path) -> None:
         await slack.idle()
         assert ran == []
         assert slack.recall("note:n1") == done
+
+
+async def test_saved_work_is_resumed_and_threads_tidied_past_a_damaged_memo(
+    tmp_path: Path,
+) -> None:
+    """One memo of the state file not JSON (damaged by hand or by a tool) failed each scan of
+    saved work with a `JSONDecodeError`, so the work a dead process left was never resumed,
+    nor old threads tidied, nor a reply's request found by its message."""
+    ran: list[tuple[str, bool]] = []
+    async with inbox_of(tmp_path, ran) as (slack, inbox):
+        slack.remember("note:n1", {"state": "pending", "at": 0, "tries": 0, "text": "hello"})
+        path = Path(slack.state.path)
+        for key in ("note:n2", "thread:C42:1.1", "msg:r2"):
+            damage_memo(path, slack._hub, slack.name, key, "{not json")
+        slack.remember("thread:C42:2.2", {"request_id": "r3", "closed_at": 0})
+        slack.remember("msg:r4", {"channel": "C42", "ts": "4.4"})
+        await inbox.resume()
+        await slack.idle()
+        assert ran == [("hello", False)]
+        await off_loop(slack.replies._tidy_threads)
+        assert slack.recall("thread:C42:2.2") is None  # closed long ago: dropped
+        assert slack.replies._request_of("C42", "1.1") is None
+        assert slack.replies._request_of("C42", "4.4") == "r4"

@@ -330,8 +330,8 @@ class Channel:
         return bool(taken)
 
     def recall(self, key: str) -> Any:
-        """This channel's memo under `key` (None if none). Memo calls wait while another
-        process holds the state file's lock: a coroutine makes them in a thread
+        """This channel's memo under `key` (None if none, or not JSON: logged). Memo calls wait
+        while another process holds the state file's lock: a coroutine makes them in a thread
         (`await asyncio.to_thread(self.remember, key, value)`), so the event loop goes on."""
         return self.state.recall(self.name, key, hub=self._hub)
 
@@ -345,7 +345,8 @@ class Channel:
         self.state.forget(self.name, key, hub=self._hub)
 
     def memos(self, prefix: str = "") -> list[tuple[str, Any]]:
-        """This channel's memos whose key starts with `prefix`, oldest first."""
+        """This channel's memos whose key starts with `prefix`, oldest first (but for those not
+        JSON, logged)."""
         return self.state.memos(self.name, prefix, hub=self._hub)
 
     # -- what the hub tells a channel ---------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import sqlite3
 import threading
@@ -22,6 +23,7 @@ from typing import Any, ParamSpec, TypeVar
 from .._exceptions import SchemaVersionError, StoreError, UsageError
 from ..stores.sqlite._connection import _switch_to_wal
 from ..stores.sqlite._files import unopenable
+from ._webhook_urls import masked
 
 __all__ = ["STATE_SCHEMA", "ChannelState", "make_room", "off_loop", "waiting_until"]
 
@@ -40,6 +42,10 @@ _MEMOS = (
 )
 
 _DEADLINE: ContextVar[float | None] = ContextVar("signoff_channel_state_deadline", default=None)
+
+_UNREADABLE = object()  # a memo's value that is not JSON
+
+logger = logging.getLogger("signoff.channels")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -88,7 +94,9 @@ class ChannelState:
     outside any hub), e.g. the Slack message that shows a request; each write is synced to disk
     before it returns. A read or write waits up to `busy_timeout` seconds for another process's
     lock; any failure of SQLite (the file locked longer, a full disk) is a `StoreError`, and a
-    file written by a newer signoff is a `SchemaVersionError`.
+    file written by a newer signoff is a `SchemaVersionError`. A memo that is not JSON (damaged
+    by hand or by a tool) is read as absent, its key logged once, so a channel goes on with its
+    other memos; it stays in the file until written again or forgotten.
     """
 
     def __init__(self, path: str | Path = ":memory:", *, busy_timeout: float = 5.0) -> None:
@@ -102,6 +110,7 @@ class ChannelState:
         self.busy_timeout = busy_timeout
         self._lock = threading.Lock()
         self.closed = False
+        self._unreadable: set[tuple[str, str, str]] = set()  # (hub, channel, key) logged
         conn: sqlite3.Connection | None = None
         make_room(self.path)
         # SQLite built with SQLITE_USE_URI (Debian's is) reads a name starting "file:" as a
@@ -168,13 +177,15 @@ class ChannelState:
             )
 
     def recall(self, channel: str, key: str, *, hub: str = "") -> Any:
-        """The memo under `key` of `channel` (of `hub`), or None if there is none."""
+        """The memo under `key` of `channel` (of `hub`), or None if there is none (or it cannot
+        be read, logged)."""
         with self._using("read a memo") as conn:
             row = conn.execute(
                 "SELECT value FROM channel_memos WHERE hub=? AND channel=? AND key=?",
                 (hub, channel, key),
             ).fetchone()
-        return None if row is None else json.loads(row[0])
+            value = _UNREADABLE if row is None else self._loaded(hub, channel, key, row[0])
+        return None if value is _UNREADABLE else value
 
     def remember(self, channel: str, key: str, value: Any, *, hub: str = "") -> None:
         """Keep `value` (JSON) under `key` of `channel` (of `hub`), replacing any memo there."""
@@ -184,16 +195,39 @@ class ChannelState:
                 "ON CONFLICT(hub, channel, key) DO UPDATE SET value=excluded.value",
                 (hub, channel, key, json.dumps(value, separators=(",", ":"))),
             )
+            self._unreadable.discard((hub, channel, key))
 
     def memos(self, channel: str, prefix: str = "", *, hub: str = "") -> list[tuple[str, Any]]:
-        """A channel's memos whose key starts with `prefix`, oldest first."""
+        """A channel's memos whose key starts with `prefix`, oldest first, but for those that
+        cannot be read (logged)."""
         with self._using("read memos") as conn:
             rows = conn.execute(
                 "SELECT key, value FROM channel_memos WHERE hub=? AND channel=? "
                 "AND substr(key, 1, length(?))=? ORDER BY rowid",
                 (hub, channel, prefix, prefix),
             ).fetchall()
-        return [(str(key), json.loads(value)) for key, value in rows]
+            found = [(str(k), self._loaded(hub, channel, str(k), value)) for k, value in rows]
+        return [(key, value) for key, value in found if value is not _UNREADABLE]
+
+    def _loaded(self, hub: str, channel: str, key: str, text: Any) -> Any:
+        """A memo's value, or `_UNREADABLE` for one that is not JSON, logged once per key (a
+        channel reads some at every poll): kept as it is, since a read does not write. Called
+        holding the lock, which guards the keys logged."""
+        try:
+            return json.loads(text)
+        except (ValueError, TypeError, RecursionError) as exc:
+            if (hub, channel, key) not in self._unreadable:
+                self._unreadable.add((hub, channel, key))
+                logger.warning(
+                    "channel state %s: the memo %s of channel %s (hub %r) cannot be read (%s); "
+                    "it is taken as absent until written again",
+                    self.path,
+                    _shown(key),
+                    channel,
+                    hub,
+                    exc,
+                )
+            return _UNREADABLE
 
     def forget(self, channel: str, key: str, *, hub: str = "") -> None:
         """Drop the memo under `key` of `channel` (of `hub`); nothing if there is none."""
@@ -202,12 +236,21 @@ class ChannelState:
                 "DELETE FROM channel_memos WHERE hub=? AND channel=? AND key=?",
                 (hub, channel, key),
             )
+            self._unreadable.discard((hub, channel, key))
 
     def close(self) -> None:
         """Close the file; later calls are a `StoreError`."""
         with self._lock:
             self._conn.close()
             self.closed = True
+
+
+def _shown(key: str) -> str:
+    """A memo's key as a log line shows it: a URL in it (a webhook's) with its secrets masked."""
+    try:
+        return " ".join(str(masked(word)) for word in key.split(" "))
+    except UsageError:  # no httpx to read a URL's login with
+        return f"{key.partition(':')[0]}:<a URL>"
 
 
 def make_room(path: str) -> None:

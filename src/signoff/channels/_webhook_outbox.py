@@ -21,7 +21,15 @@ from ._webhook_urls import masked
 if TYPE_CHECKING:
     from .webhooks import WebhookChannel
 
-__all__ = ["OUTBOX", "digest", "drop_copy", "keep_copies", "kept_in_store", "take_copies"]
+__all__ = [
+    "OUTBOX",
+    "digest",
+    "drop_copy",
+    "keep_copies",
+    "kept_in_store",
+    "readable",
+    "take_copies",
+]
 
 OUTBOX = "outbox:"  # memo key prefix of a delivery not yet sent: "outbox:{url} {delivery}"
 
@@ -85,7 +93,7 @@ async def take_copies(channel: WebhookChannel) -> None:
         for key, kept, _ in copies:
             digest, _, delivery = key.removeprefix(OUTBOX).partition(" ")
             url = urls.get(digest)
-            if url is None or not _readable(kept) or f"{OUTBOX}{url} {delivery}" in have:
+            if url is None or not readable(kept) or f"{OUTBOX}{url} {delivery}" in have:
                 continue
             channel.remember(f"{OUTBOX}{url} {delivery}", kept)
             taken += 1
@@ -100,7 +108,8 @@ async def take_copies(channel: WebhookChannel) -> None:
         )
 
 
-def _readable(kept: Any) -> bool:
+def readable(kept: Any) -> bool:
+    """Whether `kept` is a delivery as kept: its event and body."""
     return (
         isinstance(kept, dict)
         and isinstance(kept.get("event"), str)

@@ -51,7 +51,7 @@ from ._base import Channel, Erased, Escalation, Resolution, logger, off_loop
 from ._retries import Outage, doubled
 from ._webhook_bodies import MAX_BODY_BYTES, delivery_body, json_bytes, smallest, within
 from ._webhook_outbox import OUTBOX as _OUTBOX
-from ._webhook_outbox import drop_copy, keep_copies, kept_in_store, take_copies
+from ._webhook_outbox import drop_copy, keep_copies, kept_in_store, readable, take_copies
 from ._webhook_posts import post_once
 from ._webhook_refusals import REDIRECTED, REFUSED, TOO_LARGE, note_refusal, refusals
 from ._webhook_rounds import Rounds
@@ -204,7 +204,8 @@ class WebhookChannel(Channel):
         """The deliveries an earlier run kept and did not send (`url`, `delivery`, the memo);
         those of a URL no longer configured are dropped. One kept under another spelling of a
         URL (an earlier version's key: `https://Example.com:443/x`) is kept again under its
-        `endpoint` first, so it is sent once and then forgotten."""
+        `endpoint` first, so it is sent once and then forgotten. One kept damaged (no event and
+        body) is dropped, logged; one that is not JSON is passed by the state, logged."""
         unsent = []
         found: set[str] = set()
         for key, kept in self.memos(_OUTBOX):
@@ -214,6 +215,10 @@ class WebhookChannel(Channel):
                 logger.warning(
                     "webhook %s is no longer configured; dropping %s", masked(url), delivery
                 )
+                self.forget(key)
+                continue
+            if not readable(kept):  # damaged: no event and body to send
+                logger.warning("webhook %s: dropping %s, kept damaged", masked(url), delivery)
                 self.forget(key)
                 continue
             if url != spelled:  # kept again before the old key goes: a crash loses neither
