@@ -4,6 +4,7 @@ it cannot record or go on with is logged and left for the next sweep, not a stop
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 import signoff as so
 from signoff.testing import ExecutionLog, ManualClock
 
+from ._procs import query
 from ._ttl import ttl_agent
 from .test_deadlines import asked, payout_agent
 
@@ -215,3 +217,112 @@ async def test_a_sweep_reads_no_lapsed_session_of_an_agent_it_lacks(store_url: s
         assert read == []
     async with so.Runtime([ttl_agent()], store=store_url, clock=clock) as rt:
         assert await rt.expire_due() == 3  # its own it still reads and records
+
+
+# -- session rows no one can read (SQLite keeps what a hand edit puts in a REAL column; in
+# PostgreSQL's typed NOT NULL columns no such value can be) -------------------------------------
+
+
+def damage_session_row(url: str, session_id: str) -> None:
+    """Make the session's row unreadable to a listing: its `updated_at` text, not a number."""
+    from .test_store_edited_rows import edit
+
+    edit(url, "UPDATE {t}sessions SET updated_at = {p} WHERE id = {p}", "garbage", session_id)
+
+
+@pytest.mark.parametrize("page", [500, 1])
+async def test_a_lapsed_session_row_no_one_can_read_does_not_stop_the_sweep(
+    tmp_path: Path, page: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One session row whose TTL passed and that cannot be read (`updated_at` not a number)
+    failed the listing of lapsed sessions as a whole, at every sweep: no expiry recorded, no
+    deadline applied. It is logged, naming it, and passed; the others' expiries (also on the
+    pages after it) and deadlines are recorded. Listings people read still fail on it."""
+    from signoff import _sweeping
+
+    monkeypatch.setattr(_sweeping, "_SWEEP_PAGE", page)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    clock = ManualClock()
+    agents = [ttl_agent(), payout_agent(ExecutionLog(), so.always(expires_in=60))]
+    async with so.Runtime(agents, store=url, clock=clock) as rt:
+        parked = []
+        for _ in range(3):
+            parked.append((await rt.generate("desk", prompt="reset it")).session_id)
+            clock.advance(1)
+        s2, r2, _ = await asked(rt)
+    bad = parked[1]
+    damage_session_row(url, bad)
+    clock.advance(61)
+    async with so.Runtime(agents, store=url, clock=clock) as worker:
+        with caplog.at_level(logging.WARNING, logger="signoff.worker"):
+            assert await worker.expire_due() == 3
+        assert f"session {bad}: its expiry not recorded" in caplog.text
+        assert "garbage" in caplog.text
+        for sid in parked:  # as the rows hold them (a read of the session would record it)
+            [(status,)] = query(url, "SELECT status FROM {t}sessions WHERE id = {p}", sid)
+            assert status == ("waiting" if sid == bad else "failed")
+        stored = await worker.store.get_request(r2.id)
+        assert stored is not None and stored.status == "expired"
+        assert (await worker.state(s2)).turn_status == "completed"
+        with pytest.raises(so.StoreError, match=bad):
+            await worker.sessions()
+
+
+async def test_an_orphan_row_no_one_can_read_does_not_stop_the_orphan_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Likewise one orphaned child's row failed the listing of orphans, at every sweep: no other
+    orphan cancelled, and no deadline applied (they come after). It is logged and passed."""
+    from signoff import _subagents
+
+    from .test_offset_skips import three_orphans
+
+    monkeypatch.setattr(_subagents, "_PAGE", 2)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    agents, orphans = await three_orphans(url, monkeypatch)
+    bad = sorted(orphans)[1]
+    damage_session_row(url, bad)
+    async with so.Runtime(agents, store=url) as worker:
+        with caplog.at_level(logging.WARNING):
+            assert await worker.expire_due() == 2
+        assert f"session {bad}: its orphaned turn not cancelled" in caplog.text
+        for sid in orphans:
+            turn = (await worker.state(sid)).turn
+            assert turn is not None and (turn.status == "cancelled") is (sid != bad)
+
+
+async def test_a_running_session_row_no_one_can_read_does_not_stop_an_inline_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Likewise, on a runtime that drives its own turns, one row among the running sessions a
+    sweep goes on with (their deadlines recorded, their turns never driven): it is logged and
+    passed, and the other turns go on."""
+    from signoff import _sweeping
+
+    from ._workers import refund_agent
+
+    monkeypatch.setattr(_sweeping, "_SWEEP_PAGE", 2)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    clock = ManualClock()
+    runs: list[str] = []
+    agent = refund_agent(runs, approval=so.always(expires_in=60, on_timeout="approve"))
+    async with so.Runtime([agent], store=url, clock=clock) as rt:
+        asked_ = [await rt.generate("support", prompt=f"Refund order {i}") for i in range(3)]
+        clock.advance(61)
+        token = _sweeping._handing.set(lambda sid, wait: None)  # recorded, then not driven
+        try:
+            assert await rt.expire_due() == 3
+        finally:
+            _sweeping._handing.reset(token)
+    assert runs == []
+    sessions = sorted(r.session_id for r in asked_)
+    bad = sessions[1]
+    damage_session_row(url, bad)
+    async with so.Runtime([agent], store=url, clock=clock) as worker:
+        with caplog.at_level(logging.WARNING, logger="signoff.worker"):
+            assert await worker.expire_due() == 2
+        assert f"session {bad}: its recorded deadlines not gone on with" in caplog.text
+        for sid in sessions:
+            status = (await worker.state(sid)).turn_status
+            assert status == ("running" if sid == bad else "completed")
+    assert len(runs) == 2

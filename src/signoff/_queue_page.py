@@ -4,12 +4,15 @@ page: a request closing or opening meanwhile cannot set the total and the page a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from ._deadlines import after_deadline, is_due
+from ._exceptions import StoreBusy, StoreError, StoreGone, StoreUnavailable
 from ._mirrors import followed
+from ._sweeps import one_of_many
 from ._types import InputRequest
 from .stores import PendingFilter, Store
 from .stores._pending import cursor_past
@@ -17,10 +20,12 @@ from .stores._pending import cursor_past
 if TYPE_CHECKING:
     from ._work import Workers
 
-__all__ = ["counted_listing", "counted_page", "keyed_page", "queue_page"]
+__all__ = ["counted_listing", "counted_page", "keyed_page", "passing_page", "queue_page"]
 
 T = TypeVar("T")
 Read = Callable[[PendingFilter], Awaitable[tuple[list[InputRequest], T]]]
+Listed = tuple[int, tuple[float, str] | None]
+"""How many rows a page's read listed, and the `PendingFilter.after` past them (None: none)."""
 
 
 async def queue_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool]:
@@ -30,15 +35,54 @@ async def queue_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest
 
 
 async def keyed_page(
-    rt: Workers, flt: PendingFilter
+    rt: Workers, flt: PendingFilter, *, passing: tuple[logging.Logger, str] | None = None
 ) -> tuple[list[InputRequest], tuple[float, str] | None]:
     """`queue_page`, and the `PendingFilter.after` of the next page (None after the last): the
     last request the store listed, shown or not. Unlike an offset, it shifts no request out of
-    the next page when one on this page or an earlier one closes before that page is read."""
-    shown, listed, _ = await _page(rt, flt, partial(_uncounted, rt.store), None)
-    if len(listed) < flt.limit or not listed:
+    the next page when one on this page or an earlier one closes before that page is read.
+    `passing` (a logger, and what is left undone), for a reader in the background (a hub's
+    start): a request that cannot be read is logged and left out (`passing_page`)."""
+    if passing is not None:
+        read = partial(passing_page, rt.store, log=passing[0], what=passing[1])
+        shown, _, (listed, last) = await _page(rt, flt, read, None, passing)
+        return shown, last if listed >= flt.limit else None
+    shown, page, _ = await _page(rt, flt, partial(_uncounted, rt.store), None)
+    if len(page) < flt.limit or not page:
         return shown, None
-    return shown, cursor_past(listed[-1], flt.after)
+    return shown, cursor_past(page[-1], flt.after)
+
+
+async def passing_page(
+    store: Store, flt: PendingFilter, *, log: logging.Logger, what: str
+) -> tuple[list[InputRequest], Listed]:
+    """`store.pending(flt)` for a reader in the background (a sweep, a hub's start), with how
+    many rows the store listed and the cursor past them. A page the store cannot read (a
+    damaged row) is read again a row at a time, where the store tells each row's key
+    (`pending_keys`): the row that fails is logged with its session and `what` is left undone,
+    and passed, so the others are read all the same. The store failing as a whole is raised."""
+    try:
+        page = await store.pending(flt)
+    except (StoreGone, StoreUnavailable, StoreBusy):
+        raise
+    except StoreError:
+        keys = getattr(store, "pending_keys", None)
+        if keys is None:
+            raise
+    else:
+        return page, (len(page), cursor_past(page[-1], flt.after) if page else None)
+    rows: list[tuple[float, str, str]] = await keys(flt)
+    page = []
+    for _, request_id, session_id in rows:
+        with one_of_many(log, session_id, f"request {request_id}, {what}"):
+            stored = await store.get_request(request_id)
+            if stored is not None and flt.status in (None, stored.status):
+                page.append(stored.request)
+    if not rows:
+        return page, (0, None)
+    last = rows[-1][:2]
+    if flt.after is not None and last <= flt.after:
+        raise StoreError(f"request {last[1]!r}: its row is listed past {flt.after!r}")
+    return page, (len(rows), last)
 
 
 async def counted_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool, int]:
@@ -67,10 +111,15 @@ async def _uncounted(store: Store, flt: PendingFilter) -> tuple[list[InputReques
 
 
 async def _page(
-    rt: Workers, flt: PendingFilter, read: Read[T], at: float | None
+    rt: Workers,
+    flt: PendingFilter,
+    read: Read[T],
+    at: float | None,
+    passing: tuple[logging.Logger, str] | None = None,
 ) -> tuple[list[InputRequest], list[InputRequest], T]:
     """The page as of `at` (else now), as shown and as the store listed it: passed deadlines
-    it holds are applied first, then the page (and its total) read again."""
+    it holds are applied first, then the page (and its total) read again. `passing`: as
+    `keyed_page`'s, also for a mirror whose subagent's request cannot be read."""
     page, total = await read(flt)
     now = rt.now() if at is None else at
     due = [r for r in page if is_due(r, now)]
@@ -81,6 +130,20 @@ async def _page(
     # session passed its TTL, it shows as expired (it takes no answer): left out too.
     followed_page = page
     if flt.status == "pending":
-        followed_page = [r for r in await followed(rt.store, page, now) if r.status == "pending"]
+        followed_page = await _followed(rt.store, page, now, passing)
+        followed_page = [r for r in followed_page if r.status == "pending"]
     shown = [a for r in followed_page if (a := after_deadline(r, now)) is not None]
     return shown, page, total
+
+
+async def _followed(
+    store: Store, page: list[InputRequest], now: float, passing: tuple[logging.Logger, str] | None
+) -> list[InputRequest]:
+    """`followed(store, page, now)`; `passing`, a mirror that fails is logged and left out."""
+    if passing is None or all(r.child is None for r in page):
+        return await followed(store, page, now)
+    out: list[InputRequest] = []
+    for r in page:
+        with one_of_many(passing[0], r.session_id, f"request {r.id}, {passing[1]}"):
+            out += await followed(store, [r], now)
+    return out

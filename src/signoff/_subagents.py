@@ -44,6 +44,7 @@ from ._tool_context import ToolContext
 from ._tools import TOOL_NAME, Tool
 from ._types import InputRequest, Principal
 from .stores import SessionSummary
+from .stores._swept_rows import Swept, readable_sessions
 
 if TYPE_CHECKING:
     from ._agent import Agent
@@ -539,7 +540,7 @@ async def sweep_orphans(rt: Runtime) -> int:
             if tool in _targets
         }
         agents = sorted(targets & rt.agents.keys())
-    rows: list[SessionSummary] = []
+    rows: list[Swept] = []
     if query is not None and agents:
         rows = await _orphans(query, agents)
     elif query is None:
@@ -547,9 +548,9 @@ async def sweep_orphans(rt: Runtime) -> int:
             for status in ("running", "waiting"):
                 rows += await _all(partial(_listed, rt, agent, status))
     cancelled = 0
-    for row in rows:
-        # One child it cannot cancel holds up neither the rest nor the deadlines the sweep
-        # applies next: tried again at the next sweep. The store failing as a whole ends it.
+    for row in readable_sessions(rows, log, "its orphaned turn not cancelled"):
+        # One child it cannot cancel (or read) holds up neither the rest nor the deadlines the
+        # sweep applies next: tried again at the next sweep. The store failing as a whole ends it.
         with (
             one_of_many(log, row.id, "its orphaned turn not cancelled"),
             contextlib.suppress(SessionExpired, UnknownSession),
@@ -562,16 +563,14 @@ async def _listed(rt: Runtime, agent: str, status: str, offset: int) -> list[Ses
     return await rt.store.sessions(agent=agent, status=status, limit=_PAGE, offset=offset)
 
 
-async def _orphans(
-    query: Callable[..., Awaitable[list[SessionSummary]]], agents: list[str]
-) -> list[SessionSummary]:
+async def _orphans(query: Callable[..., Awaitable[list[Swept]]], agents: list[str]) -> list[Swept]:
     """Every orphan the store lists, `_PAGE` at a time by keyset (past the last id read): one
     another process cancels meanwhile shifts no later one out of the next page. A store whose
     `orphaned_children` takes no `after` is paged by offset."""
     params = inspect.signature(query).parameters.values()
     if not any(p.name == "after" or p.kind is p.VAR_KEYWORD for p in params):
         return await _all(lambda offset: query(agents, limit=_PAGE, offset=offset))
-    rows: list[SessionSummary] = []
+    rows: list[Swept] = []
     after: dict[str, str] = {}
     while True:
         got = await query(agents, limit=_PAGE, **after)
@@ -581,12 +580,10 @@ async def _orphans(
         after = {"after": got[-1].id}
 
 
-async def _all(
-    page: Callable[[int], Awaitable[list[SessionSummary]]],
-) -> list[SessionSummary]:
+async def _all(page: Callable[[int], Awaitable[Sequence[Swept]]]) -> list[Swept]:
     """Every row of a listing, `_PAGE` at a time: all listed before any is cancelled, which would
     move the pages."""
-    rows: list[SessionSummary] = []
+    rows: list[Swept] = []
     offset = 0
     while True:
         got = await page(offset)

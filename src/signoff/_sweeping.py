@@ -11,14 +11,15 @@ from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 
 from ._deadlines import DEADLINE_RECORDS, is_due, is_lapsed, records_deadline
-from ._exceptions import SessionExpired, StoreBusy, StoreError, StoreGone, StoreUnavailable
+from ._exceptions import SessionExpired, StoreError
 from ._messages import Messages
+from ._queue_page import passing_page
 from ._session_cache import closes_stop
 from ._sessions import to_claims
 from ._sweeps import one_of_many
 from ._types import InputRequest
 from .stores import PendingFilter, SessionSummary
-from .stores._pending import cursor_past
+from .stores._swept_rows import readable_sessions
 
 __all__ = ["SWEEP_DRIVES", "SweepDrives", "Sweeps"]
 
@@ -102,12 +103,14 @@ class Sweeps(Messages):
             after: tuple[float, str] | None = None
             while True:
                 flt = PendingFilter(limit=_SWEEP_PAGE, after=after, due_by=now, agent=agent)
-                page, listed, last = await self._due_page(flt)
+                what = "its passed deadline not applied"
+                page, (listed, last) = await passing_page(self.store, flt, log=log, what=what)
                 due += [r for r in page if is_due(r, now)]
                 if listed < _SWEEP_PAGE:
                     break
                 after = last
-        expired = await self._record_lapsed(await self._lapsed(now, sorted(self.agents)), now)
+        lapsed = await self._lapsed(now, sorted(self.agents), passing=True)
+        expired = await self._record_lapsed(lapsed, now)
         orphans = await self._sweep_orphans()
         applied = await self._apply_deadlines(due)
         again = {r.session_id for r in due}  # driven on by `_apply_deadlines` already
@@ -119,37 +122,6 @@ class Sweeps(Messages):
         else:
             await self._drive_all(left, lease_wait=0.0)
         return applied + expired + orphans + len(left)
-
-    async def _due_page(
-        self, flt: PendingFilter
-    ) -> tuple[list[InputRequest], int, tuple[float, str] | None]:
-        """A page of due requests, how many rows it listed, and the cursor past it. A page
-        the store cannot read (a damaged row) is read again a row at a time, where the store
-        tells each row's key (`pending_keys`): the row that fails is logged with its session
-        and passed, so the others' deadlines are applied all the same."""
-        try:
-            page = await self.store.pending(flt)
-        except (StoreGone, StoreUnavailable, StoreBusy):
-            raise
-        except StoreError:
-            keys = getattr(self.store, "pending_keys", None)
-            if keys is None:
-                raise
-        else:
-            return page, len(page), cursor_past(page[-1], flt.after) if page else None
-        rows: list[tuple[float, str, str]] = await keys(flt)
-        page = []
-        for _, request_id, session_id in rows:
-            with one_of_many(log, session_id, f"its passed deadline of {request_id}"):
-                stored = await self.store.get_request(request_id)
-                if stored is not None and stored.status == "pending":
-                    page.append(stored.request)
-        if not rows:
-            return page, 0, None
-        last = rows[-1][:2]
-        if flt.after is not None and last <= flt.after:
-            raise StoreError(f"request {last[1]!r}: its row is listed past {flt.after!r}")
-        return page, len(rows), last
 
     async def _left_undriven(self, now: float) -> list[str]:
         """The sessions of this runtime's agents whose passed deadlines were recorded, leaving
@@ -190,15 +162,18 @@ class Sweeps(Messages):
                 page = await query(
                     agent, now, last_types=DEADLINE_RECORDS, limit=_SWEEP_PAGE, after=after
                 )
-            rows += page
+            rows += readable_sessions(page, log, "its recorded deadlines not gone on with")
             if len(page) < _SWEEP_PAGE:
                 return rows
             offset, after = offset + _SWEEP_PAGE, page[-1].id
 
-    async def _lapsed(self, now: float, agents: list[str] | None = None) -> list[SessionSummary]:
+    async def _lapsed(
+        self, now: float, agents: list[str] | None = None, *, passing: bool = False
+    ) -> list[SessionSummary]:
         """The running or waiting sessions (of `agents` only, if given: a sweep records only
         its own) whose TTL passed by `now` (claims skip those: nothing else records them): only
-        those where the store can tell them, else every one."""
+        those where the store can tell them, else every one. A row the store cannot read is a
+        StoreError, or, `passing` (a sweep), logged and passed (`readable_sessions`)."""
         lapsed: list[SessionSummary] = []
         query = getattr(self.store, "lapsed_sessions", None)
         only = {} if agents is None else {"agents": agents}
@@ -213,7 +188,9 @@ class Sweeps(Messages):
                     )
                 else:
                     rows = await query(now, limit=_SWEEP_PAGE, **only, **past)
-                lapsed += rows
+                lapsed += readable_sessions(
+                    rows, log if passing else None, "its expiry not recorded"
+                )
                 if len(rows) < _SWEEP_PAGE:
                     break
                 offset += _SWEEP_PAGE

@@ -19,6 +19,7 @@ __all__ = ["behind_the_end", "open_requests", "start_at", "trail_end"]
 
 _WINDOW = 1_000_000  # ids a look for the trail's end steps over at once (read from an index)
 _SETTLING = 1000  # ids below the end a first start looks at for transactions still committing
+_UNREAD = "not handed to the channels starting"  # logged for an open request no one can read
 
 
 async def start_at(store: Store, page: int) -> tuple[int, set[int]]:
@@ -64,14 +65,16 @@ async def open_requests(
     runtime: Runtime, clock: Callable[[], float], page: int
 ) -> list[InputRequest]:
     """Every open request, read in pages each past the last one's last request (not by
-    offset: a request closing on an earlier page meanwhile would shift one past them all)."""
+    offset: a request closing on an earlier page meanwhile would shift one past them all).
+    One the store cannot read (a damaged row) is logged and left out: failing the read, it
+    kept every channel from starting (`serve --webhook` from starting at all)."""
     await runtime.open()
     out: list[InputRequest] = []
     ids: set[str] = set()
     after: tuple[float, str] | None = None
     while True:
         flt = PendingFilter(limit=page, after=after, live_at=clock())
-        found, after = await keyed_page(runtime, flt)
+        found, after = await keyed_page(runtime, flt, passing=(logger, _UNREAD))
         out.extend(r for r in found if r.child is None and r.id not in ids)
         ids.update(r.id for r in found)  # a row edited to list later is handed over once
         if after is None:

@@ -250,8 +250,13 @@ class Store(Protocol):
     `running_unheld(agent, now, last_types=, limit=, after=)`, the running sessions of
     `agent` whose TTL has not passed by `now`, whose lease no drive holds at `now` and whose
     last event is of one of `last_types`, by id past `after` (both stores have it: the inline
-    sweep then reads those only, not the lease and last event of every running session);
-    and a store whose `pending()` honours `PendingFilter.due_by` lists only the due requests."""
+    sweep then reads those only, not the lease and last event of every running session).
+    These three only a sweep reads: a row of theirs that cannot be read is listed in its place
+    as a `DamagedSession` (`_swept_rows`), which the sweep logs and passes.
+    `pending_keys(flt)` lists each row `pending(flt)` would as `(created_at, id, session id)`,
+    its data unread (both stores have it: a background reader then reads a page with a damaged
+    row again a row at a time, passing that one, `_queue_page.passing_page`).
+    A store whose `pending()` honours `PendingFilter.due_by` lists only the due requests."""
 
     url: str
 

@@ -20,10 +20,10 @@ from .._base import (
     LEASE_RELEASED,
     LEASE_RENEWED,
     SessionSummary,
-    session_summary,
 )
 from .._codec import stored_type
 from .._memos import checked_memo_names, checked_memos
+from .._swept_rows import DamagedSession, swept_summary
 from ._connections import Conn, Connections, storable
 from ._sql import named_turn
 
@@ -292,7 +292,7 @@ class Leases(Connections):
         last_types: Sequence[str],
         limit: int = 100,
         after: str | None = None,
-    ) -> list[SessionSummary]:
+    ) -> list[SessionSummary | DamagedSession]:
         """The running sessions of `agent` whose TTL has not passed by `now`, whose lease no
         drive holds at `now`, and whose last event is of one of `last_types`, by id past
         `after`: one query, where reading each session's lease and last event took two."""
@@ -312,9 +312,9 @@ class Leases(Connections):
         )
         params = [agent, now, types, now, *([] if after is None else [after]), limit]
 
-        async def body(conn: Conn) -> list[SessionSummary]:
+        async def body(conn: Conn) -> list[SessionSummary | DamagedSession]:
             cur = await conn.execute(sql, params)
-            return [session_summary(row) for row in await cur.fetchall()]
+            return [swept_summary(row) for row in await cur.fetchall()]
 
         return await self._read(body, f"listing the running sessions of {agent!r} none holds")
 

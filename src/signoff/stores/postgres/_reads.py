@@ -24,6 +24,7 @@ from .._codec import EventTexts, parse, stored_type, type_name, unpack, unpack_s
 from .._initiators import InitiatorFilter, checked_filter
 from .._request_rows import REQUEST_ROW_COLUMNS, request_row, stored_request, stored_resolution
 from .._shown import check_shown
+from .._swept_rows import DamagedSession, swept_summary
 from ._audit_reads import AuditReads
 from ._connections import Conn, Seen, storable
 from ._sql import (
@@ -316,7 +317,7 @@ class Reads(AuditReads):
 
     async def pending_keys(self, flt: PendingFilter) -> list[tuple[float, str, str]]:
         """Each row `pending(flt)` lists as `(created_at, id, session id)`, its data unread:
-        how a sweep passes a row it cannot read, rather than stop at it."""
+        how a reader in the background (a sweep, a hub starting) passes a row it cannot read."""
         clause, params = self._filter_sql(flt)
         s = self._s
         sql = (
@@ -454,7 +455,7 @@ class Reads(AuditReads):
         offset: int = 0,
         agents: Sequence[str] | None = None,
         after: tuple[float, str] | None = None,
-    ) -> list[SessionSummary]:
+    ) -> list[SessionSummary | DamagedSession]:
         """Running or waiting sessions (of `agents` only, if given) whose TTL passed by `now`,
         soonest expired first (then by id), past `after` (a session's expires_at and id)."""
         s = self._s
@@ -466,14 +467,14 @@ class Reads(AuditReads):
             past = 'AND expires_at >= %s AND (expires_at > %s OR id COLLATE "C" > %s) '
         cursor = [] if after is None else [after[0], after[0], after[1]]
 
-        async def body(conn: Conn) -> list[SessionSummary]:
+        async def body(conn: Conn) -> list[SessionSummary | DamagedSession]:
             cur = await conn.execute(
                 "SELECT id, agent, status, head, created_at, updated_at, expires_at "
                 f"FROM {s}.sessions WHERE status IN ('running', 'waiting') AND expires_at <= %s "
                 f'{only}{past}ORDER BY expires_at, id COLLATE "C" LIMIT %s OFFSET %s',
                 (now, *([] if agents is None else [list(agents)]), *cursor, limit, offset),
             )
-            return [session_summary(row) for row in await cur.fetchall()]
+            return [swept_summary(row) for row in await cur.fetchall()]
 
         return await self._read(body, "listing sessions whose TTL passed")
 
@@ -498,7 +499,7 @@ class Reads(AuditReads):
         limit: int = 100,
         offset: int = 0,
         after: str | None = None,
-    ) -> list[SessionSummary]:
+    ) -> list[SessionSummary | DamagedSession]:
         """Running or waiting sessions of `agents` created for a parent whose turn that created
         them may be over: the parent gone, idle, cancelled or failed, or on a later turn (see
         `cancel_orphan`, which decides on each), by id, past the id `after`. Only those still on
@@ -509,7 +510,7 @@ class Reads(AuditReads):
             return []
         past = "" if after is None else "AND c.id > %s "
 
-        async def body(conn: Conn) -> list[SessionSummary]:
+        async def body(conn: Conn) -> list[SessionSummary | DamagedSession]:
             cur = await conn.execute(
                 "SELECT c.id, c.agent, c.status, c.head, c.created_at, c.updated_at, "
                 f"c.expires_at FROM {s}.sessions c LEFT JOIN {s}.sessions p ON p.sk = c.parent "
@@ -523,7 +524,7 @@ class Reads(AuditReads):
                 f"{FIRST_TURN.format(s=s, sk='c.sk')} END ORDER BY c.id LIMIT %s OFFSET %s",
                 (list(agents), *(() if after is None else (after,)), limit, offset),
             )
-            return [session_summary(row) for row in await cur.fetchall()]
+            return [swept_summary(row) for row in await cur.fetchall()]
 
         return await self._read(body, "listing orphaned subagent sessions")
 

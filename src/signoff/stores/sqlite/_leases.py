@@ -18,10 +18,10 @@ from .._base import (
     LEASE_RELEASED,
     LEASE_RENEWED,
     SessionSummary,
-    session_summary,
 )
 from .._codec import stored_type
 from .._memos import checked_memo_names, checked_memos
+from .._swept_rows import DamagedSession, swept_summary
 from ._connection import Connection, kept
 from ._files import beside
 from ._transactions import immediate, reading, serialised
@@ -155,7 +155,7 @@ class Leases(Connection):
         last_types: Sequence[str],
         limit: int = 100,
         after: str | None = None,
-    ) -> list[SessionSummary]:
+    ) -> list[SessionSummary | DamagedSession]:
         """The running sessions of `agent` whose TTL has not passed by `now`, whose lease no
         drive may hold at `now`, and whose last event is of one of `last_types`, by id past
         `after`: one query, where reading each session's lease and last event took two."""
@@ -177,7 +177,7 @@ class Leases(Connection):
             f"{past} ORDER BY s.id LIMIT ?"
         )
         params = [agent, now, *types, now, *([] if after is None else [after]), limit]
-        return [session_summary(row) for row in self.conn.execute(sql, params)]
+        return [swept_summary(row) for row in self.conn.execute(sql, params)]
 
     @serialised
     async def release_lease(self, session_id: str, owner: str, token: int) -> None:

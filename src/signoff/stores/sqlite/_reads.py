@@ -37,6 +37,7 @@ from .._codec import (
 from .._initiators import InitiatorFilter, checked_filter
 from .._request_rows import REQUEST_ROW_COLUMNS, request_row, stored_request, stored_resolution
 from .._shown import check_shown
+from .._swept_rows import DamagedSession, swept_summary
 from ._connection import Connection, kept
 from ._files import beside
 from ._schema import CURRENT_TURN, EARLIER_JOIN, FIRST_TURN, REQUEST_COLUMNS, REQUEST_JOIN
@@ -239,7 +240,7 @@ class Reads(Connection):
     @reading
     async def pending_keys(self, flt: PendingFilter) -> list[tuple[float, str, str]]:
         """Each row `pending(flt)` lists as `(created_at, id, session id)`, its data unread:
-        how a sweep passes a row it cannot read, rather than stop at it."""
+        how a reader in the background (a sweep, a hub starting) passes a row it cannot read."""
         clause, params = self._filter_sql(flt)
         due = flt.due_by is not None and flt.status == "pending"
         rows = self.conn.execute(
@@ -364,7 +365,7 @@ class Reads(Connection):
         limit: int = 100,
         offset: int = 0,
         after: str | None = None,
-    ) -> list[SessionSummary]:
+    ) -> list[SessionSummary | DamagedSession]:
         """Running or waiting sessions of `agents` created for a parent whose turn that created
         them may be over: the parent gone, idle, cancelled or failed, or on a later turn (see
         `cancel_orphan`, which decides on each), by id, past the id `after`. Only those still on
@@ -387,7 +388,7 @@ class Reads(Connection):
             "ORDER BY c.id LIMIT ? OFFSET ?"
         )
         params = [*agents, *([] if after is None else [after]), limit, offset]
-        return [session_summary(row) for row in self.conn.execute(sql, params)]
+        return [swept_summary(row) for row in self.conn.execute(sql, params)]
 
     @reading
     async def lapsed_sessions(
@@ -398,7 +399,7 @@ class Reads(Connection):
         offset: int = 0,
         agents: Sequence[str] | None = None,
         after: tuple[float, str] | None = None,
-    ) -> list[SessionSummary]:
+    ) -> list[SessionSummary | DamagedSession]:
         """Running or waiting sessions (of `agents` only, if given) whose TTL passed by `now`,
         soonest expired first (then by id), past `after` (a session's expires_at and id)."""
         if agents is not None and not agents:
@@ -412,7 +413,7 @@ class Reads(Connection):
         )
         cursor = [] if after is None else [after[0], after[0], after[1]]
         params = [now, *(agents or ()), *cursor, limit, offset]
-        return [session_summary(row) for row in self.conn.execute(sql, params)]
+        return [swept_summary(row) for row in self.conn.execute(sql, params)]
 
     @reading
     async def lapsed_ancestors(self, now: float) -> list[str]:
