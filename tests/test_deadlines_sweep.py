@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff.stores import PendingFilter
 from signoff.testing import ExecutionLog, ManualClock
 
 from ._procs import query
@@ -73,8 +74,8 @@ async def test_a_request_row_no_one_can_read_does_not_hold_up_the_others_deadlin
 ) -> None:
     """One request row whose data is not JSON (a hand edit, a bad restore) failed the sweep's
     listing of due requests as a whole, at every sweep: no other session's deadline was ever
-    applied, nor any TTL recorded. Its page is read again a row at a time: the row is logged
-    with its session and passed, the others applied, also on the pages after it."""
+    applied, nor any TTL recorded. Its page is read again in halves down to that row: it is
+    logged with its session and passed, the others applied, also on the pages after it."""
     from signoff import _sweeping
 
     from .test_store_edited_rows import edit
@@ -101,6 +102,41 @@ async def test_a_request_row_no_one_can_read_does_not_hold_up_the_others_deadlin
             stored = await worker.store.get_request(request.id)
             assert stored is not None and stored.status == "expired"
             assert (await worker.state(sid)).turn_status == "completed"
+
+
+async def test_a_page_with_a_request_no_one_can_read_is_read_again_in_a_few_reads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While the damaged row stays, every sweep reads its page again: a read a row (500 on a
+    full page, at every sweep) became a few reads, the page halved down to the row."""
+    from .test_store_edited_rows import edit
+
+    store_url = f"sqlite:///{tmp_path / 's.db'}"
+    clock = ManualClock()
+    agent = payout_agent(ExecutionLog(), so.always(expires_in=60))
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        sessions = [await asked(rt) for _ in range(64)]
+    damaged = sessions[37][1].id
+    edit(store_url, "UPDATE {t}requests SET data = {p} WHERE id = {p}", b"{broken", damaged)
+    clock.advance(61)
+    async with so.Runtime([agent], store=store_url, clock=clock) as worker:
+        reads: list[int] = []
+        pending, get_request = worker.store.pending, worker.store.get_request
+
+        async def counted(flt: PendingFilter) -> list[so.InputRequest]:
+            reads.append(flt.limit)
+            return await pending(flt)
+
+        async def one(request_id: str) -> Any:
+            reads.append(1)
+            return await get_request(request_id)
+
+        worker.store.pending = counted  # type: ignore[method-assign]
+        worker.store.get_request = one  # type: ignore[method-assign]
+        with caplog.at_level(logging.WARNING, logger="signoff.worker"):
+            assert await worker.expire_due() == 63
+        assert damaged in caplog.text
+        assert len(reads) <= 2 + 2 * 6, reads  # the page, then log2(64) halvings of two reads
 
 
 async def test_a_lapsed_session_the_sweep_cannot_record_does_not_hold_up_deadlines(

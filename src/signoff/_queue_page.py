@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
@@ -57,9 +58,10 @@ async def passing_page(
 ) -> tuple[list[InputRequest], Listed]:
     """`store.pending(flt)` for a reader in the background (a sweep, a hub's start), with how
     many rows the store listed and the cursor past them. A page the store cannot read (a
-    damaged row) is read again a row at a time, where the store tells each row's key
-    (`pending_keys`): the row that fails is logged with its session and `what` is left undone,
-    and passed, so the others are read all the same. The store failing as a whole is raised."""
+    damaged row) is read again in halves, where the store tells each row's key (`pending_keys`),
+    down to the row that fails: it is logged with its session and `what` is left undone, and
+    passed, so the others are read all the same, in a few reads a damaged row (not one a row,
+    at every sweep while it stays). The store failing as a whole is raised."""
     try:
         page = await store.pending(flt)
     except (StoreGone, StoreUnavailable, StoreBusy):
@@ -71,18 +73,39 @@ async def passing_page(
     else:
         return page, (len(page), cursor_past(page[-1], flt.after) if page else None)
     rows: list[tuple[float, str, str]] = await keys(flt)
-    page = []
-    for _, request_id, session_id in rows:
-        with one_of_many(log, session_id, f"request {request_id}, {what}"):
-            stored = await store.get_request(request_id)
-            if stored is not None and flt.status in (None, stored.status):
-                page.append(stored.request)
     if not rows:
-        return page, (0, None)
+        return [], (0, None)
     last = rows[-1][:2]
     if flt.after is not None and last <= flt.after:
         raise StoreError(f"request {last[1]!r}: its row is listed past {flt.after!r}")
-    return page, (len(rows), last)
+    return await _around(store, flt, rows, 0, len(rows), log, what), (len(rows), last)
+
+
+async def _around(
+    store: Store,
+    flt: PendingFilter,
+    rows: list[tuple[float, str, str]],
+    lo: int,
+    hi: int,
+    log: logging.Logger,
+    what: str,
+) -> list[InputRequest]:
+    """The requests of `rows[lo:hi]` the store can read, in order: read whole, else in halves."""
+    after = rows[lo - 1][:2] if lo else flt.after
+    try:
+        page = await store.pending(replace(flt, after=after, limit=hi - lo, offset=0))
+    except (StoreGone, StoreUnavailable, StoreBusy):
+        raise
+    except StoreError as exc:
+        if hi - lo > 1:
+            mid = (lo + hi) // 2
+            head = await _around(store, flt, rows, lo, mid, log, what)
+            return head + await _around(store, flt, rows, mid, hi, log, what)
+        _, request_id, session_id = rows[lo]
+        log.warning("session %s: request %s, %s: %s", session_id, request_id, what, exc)
+        return []
+    wanted = {rid for _, rid, _ in rows[lo:hi]}  # not a later one, past one closed meanwhile
+    return [r for r in page if r.id in wanted]
 
 
 async def counted_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool, int]:
