@@ -132,6 +132,29 @@ async def test_a_wal_deleted_under_the_store_is_not_written_to(
     assert _other_process(path, "read").split() == ["1", "1", "None"]  # kept
 
 
+async def test_a_second_store_here_on_a_file_whose_wal_was_deleted_is_refused(
+    tmp_path: Path,
+) -> None:
+    # A store opened in the same process after the -wal and -shm were deleted, while another
+    # store here still had them open, got SQLite's old -shm of that one: its writes were
+    # acknowledged, then lost. Both are refused; another process's commits are kept.
+    path = tmp_path / "state.db"
+    first = SQLiteStore(f"sqlite:///{path}")
+    await first.create_session("s1", "a", [_event("s1", 1)], None)
+    first.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink()
+    assert _other_process(path, "write").split() == ["1", "1", "None"]
+    second = SQLiteStore(f"sqlite:///{path}")
+    with pytest.raises(so.StoreGone, match="restart the process"):
+        await second.create_session("s3", "a", [_event("s3", 1)], None)
+    with pytest.raises(so.StoreGone, match="-wal or -shm file"):
+        await first.create_session("s3", "a", [_event("s3", 1)], None)
+    await second.close()
+    await first.close()
+    assert _other_process(path, "read").split() == ["1", "1", "None"]
+
+
 def test_opening_a_store_locked_elsewhere_waits_busy_timeout_once(tmp_path: Path) -> None:
     # The check whether the file has this signoff's schema took "database is locked" (after the
     # whole busy_timeout) for a new file, and the transaction after it waited as long again:

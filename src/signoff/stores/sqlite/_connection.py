@@ -168,6 +168,8 @@ def _stamp(path: str) -> tuple[int, int, int] | None:
 _ABANDONED: set[tuple[int, int]] = set()
 """The database files (device, inode) whose connections `_abandon` left open in this process."""
 _ABANDONED_CONNECTIONS: list[sqlite3.Connection] = []
+_WRITERS: dict[tuple[int, int], weakref.WeakSet[Connection]] = {}
+"""The stores writing each database file (device, inode) in this process (`_among_writers`)."""
 
 
 def _wal_files(path: str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
@@ -327,6 +329,7 @@ class Connection:
         if access == "rw" and self._opened is not None:
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # both exist now
             self._wal = _wal_files(self._opened[0])
+            self._among_writers(conn, self._opened[1])
         self._conn = conn
         self.schema_found = found
         if self.path == ":memory:":  # kept open by `close`: closed once the store is dropped
@@ -393,6 +396,8 @@ class Connection:
         with self._lock:
             if self._conn is not None and self._conn not in _ABANDONED_CONNECTIONS:
                 self._conn.close()
+            if self._opened is not None and self._opened[1] is not None:
+                _WRITERS.get(self._opened[1], weakref.WeakSet()).discard(self)
             self._conn = None
             self._opened = None
             self._wal = None
@@ -423,6 +428,26 @@ class Connection:
                 f"opened it; nothing was {done}, and what this process wrote to them before is "
                 "lost. Restart the process to open the store anew."
             )
+
+    def _among_writers(self, conn: sqlite3.Connection, identity: tuple[int, int] | None) -> None:
+        """Count this store among the process's writers of the file. One here that opened it
+        with another -wal or -shm (deleted or replaced since) means SQLite gives this
+        connection that one's old -shm too: both are refused, that one's left open."""
+        if identity is None:
+            return
+        writers = _WRITERS.setdefault(identity, weakref.WeakSet())
+        stale = [w for w in writers if w._conn is not None and w._wal != self._wal]
+        if not stale:
+            writers.add(self)
+            return
+        for writer in stale:
+            writer._abandon(identity)
+        conn.close()  # not the file's last connection here: SQLite checkpoints nothing
+        raise StoreGone(
+            f"the -wal or -shm file of {self.path} was deleted or replaced while this process "
+            "had it open: restart the process to open it (SQLite would read it through the old "
+            "ones here)"
+        )
 
     def _abandon(self, identity: tuple[int, int] | None) -> None:
         """Leave this store's writing connection open for the life of the process: closed, as
