@@ -165,11 +165,23 @@ def _stamp(path: str) -> tuple[int, int, int] | None:
     return st.st_mtime_ns, st.st_ctime_ns, st.st_size
 
 
-_ABANDONED: set[tuple[int, int]] = set()
-"""The database files (device, inode) whose connections `_abandon` left open in this process."""
+_ABANDONED: set[tuple[int, int, int]] = set()
+"""The database files (process id, device, inode) whose connections `_abandon` left open."""
 _ABANDONED_CONNECTIONS: list[sqlite3.Connection] = []
-_WRITERS: dict[tuple[int, int], weakref.WeakSet[Connection]] = {}
-"""The stores writing each database file (device, inode) in this process (`_among_writers`)."""
+_WRITERS: dict[tuple[int, int, int], weakref.WeakSet[Connection]] = {}
+"""The stores writing each database file (process id, device, inode) (`_among_writers`): a
+process forked keeps its parent's, which are not its own."""
+
+
+def _is_open(conn: sqlite3.Connection | None) -> bool:
+    """Whether `conn` is a connection not closed (by its store, or behind its back)."""
+    if conn is None:
+        return False
+    try:
+        conn.total_changes  # noqa: B018  # a closed connection's raises ProgrammingError
+    except sqlite3.ProgrammingError:
+        return False
+    return True
 
 
 def _wal_files(path: str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
@@ -273,7 +285,8 @@ class Connection:
                 raise StoreError(f"cannot create the directory of {self.path}: {exc}") from exc
             if os.path.exists(self.path) and not os.path.isfile(self.path):
                 raise StoreError(f"cannot open SQLite store {self.path}: {unopenable(self.path)}")
-            if _identity(self.path) in _ABANDONED:
+            on_disk = _identity(self.path)
+            if on_disk is not None and (os.getpid(), *on_disk) in _ABANDONED:
                 raise StoreGone(
                     f"the -wal or -shm file of {self.path} was deleted or replaced while this "
                     "process had it open: restart the process to open it (SQLite would read it "
@@ -397,7 +410,7 @@ class Connection:
             if self._conn is not None and self._conn not in _ABANDONED_CONNECTIONS:
                 self._conn.close()
             if self._opened is not None and self._opened[1] is not None:
-                _WRITERS.get(self._opened[1], weakref.WeakSet()).discard(self)
+                _WRITERS.get((os.getpid(), *self._opened[1]), weakref.WeakSet()).discard(self)
             self._conn = None
             self._opened = None
             self._wal = None
@@ -435,8 +448,8 @@ class Connection:
         connection that one's old -shm too: both are refused, that one's left open."""
         if identity is None:
             return
-        writers = _WRITERS.setdefault(identity, weakref.WeakSet())
-        stale = [w for w in writers if w._conn is not None and w._wal != self._wal]
+        writers = _WRITERS.setdefault((os.getpid(), *identity), weakref.WeakSet())
+        stale = [w for w in writers if _is_open(w._conn) and w._wal != self._wal]
         if not stale:
             writers.add(self)
             return
@@ -460,7 +473,7 @@ class Connection:
         _ABANDONED_CONNECTIONS.append(conn)
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(conn))  # never freed, so never closed
         if identity is not None:
-            _ABANDONED.add(identity)
+            _ABANDONED.add((os.getpid(), *identity))
 
     def _writable(self) -> None:
         """Refuse a write, naming why, to a store opened read-only or deleted or replaced."""
