@@ -12,6 +12,7 @@ from signoff.cli import _deletion, _prune, app
 from signoff.testing import ManualClock, reply, scripted_agent
 
 from ._cli import agent, invoke, refused_usage
+from .test_store_edited_rows import edit
 
 
 def _old(url: str, n: int = 1, *, waiting: int = 0) -> list[str]:
@@ -132,6 +133,40 @@ def test_prune_and_delete_without_the_runtime_take_a_session_whose_ttl_passed_wa
     assert _left(store_url) == ids
     entries = _deletions(store_url)
     assert [e["session_id"] for e in entries] == expired
+
+
+def test_prune_names_a_session_it_cannot_read_and_deletes_the_others(store_url: str) -> None:
+    """The oldest session whose TTL passed while it waited has a damaged event: its expiry
+    cannot be recorded. Every prune failed on it, deleting nothing; it is named, left for
+    `delete --force`, the others deleted, and the command exits 1 for a person to see."""
+    clock = ManualClock(1_600_000_000)  # older than `_old`'s: the first a batch lists
+    short = so.Agent(
+        name="support",
+        model=agent.model,
+        tools=list(agent.tools.values()),
+        limits=so.Limits(ttl=60),
+    )
+    with so.Runtime([short], store=store_url, clock=clock) as rt:
+        damaged = rt.generate_sync("support", "Refund order 1042").session_id
+    edit(
+        store_url,
+        "UPDATE {t}events SET data = {p} WHERE seq = 2 AND sk = "
+        "(SELECT sk FROM {t}sessions WHERE id = {p})",
+        b"\x01not deflate",
+        damaged,
+    )
+    ids = _old(store_url, 1)
+    result = invoke("prune", "--older-than", "1h", "--store", store_url, "-y")
+    assert result.exit_code == 1, result.output
+    assert "deleted 1 session(s)" in result.stdout and "skipped" not in result.stdout
+    assert f"not deleted: 1 session(s) that could not be read (damaged): {damaged};" in (
+        result.stderr
+    )
+    assert "signoff delete --force SESSION_ID" in result.stderr
+    assert [e["session_id"] for e in _deletions(store_url)] == ids
+    gone = invoke("delete", damaged, "--store", store_url, "-y", "--force")
+    assert gone.exit_code == 0, gone.output
+    assert _left(store_url) == []
 
 
 def test_prune_keeps_sessions_more_recent_than_the_duration(store_url: str) -> None:

@@ -14,6 +14,7 @@ from signoff.stores._deletions import DELETIONS_STREAM
 from signoff.testing import ManualClock
 
 from .test_deletion import ALICE, OPS, agents, chat_with_ttl
+from .test_store_edited_rows import edit
 from .test_subagents_spend import waiting_child
 
 DAY = 86400.0
@@ -133,6 +134,47 @@ async def test_a_session_whose_ttl_passed_is_pruned(store_url: str) -> None:
         assert await rt.prune(older_than=3600) == [r.session_id]
         assert await rt.sessions() == []
         assert await rt.verify_audit() == []
+
+
+async def test_a_session_whose_ttl_passed_but_cannot_be_read_is_logged_and_the_others_go(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The oldest of three sessions whose TTL passed while they waited has a damaged event:
+    its expiry, recorded before it is deleted, cannot be read. Every prune raised that
+    StoreError, so none of them was deleted, at every run. It is logged naming the session,
+    told in the prune's answer (`damaged`) and left, the others deleted; a forced deletion
+    takes it."""
+    clock = ManualClock()
+    async with so.Runtime([chat_with_ttl()], store=store_url, clock=clock) as rt:
+        ids = []
+        for _ in range(3):
+            r = await rt.generate("chat", prompt="refund it", auth=ALICE)
+            assert r.status == "waiting"
+            ids.append(r.session_id)
+            clock.advance(1)
+    edit(
+        store_url,
+        "UPDATE {t}events SET data = {p} WHERE seq = 2 AND sk = "
+        "(SELECT sk FROM {t}sessions WHERE id = {p})",
+        b"\x01not deflate",
+        ids[0],
+    )
+    clock.advance(DAY)
+    async with so.Runtime([chat_with_ttl()], store=store_url, clock=clock) as rt:  # no cache
+        with caplog.at_level("WARNING", logger="signoff.runtime"):
+            assert await rt.prune(older_than=3600, limit=2) == [ids[1]]
+            deleted, listed, more, damaged = await rt._prune(
+                older_than=3600, by=OPS, reason=None, limit=1000, agent=None
+            )
+        assert (deleted, listed, more) == ([ids[2]], [ids[0], ids[2]], False)
+        assert list(damaged) == [ids[0]] and "event 2" in damaged[ids[0]]
+        lines = [r.getMessage() for r in caplog.records if r.name == "signoff.runtime"]
+        assert len(lines) == 2 and all(f"session {ids[0]}: not pruned" in ln for ln in lines)
+        assert [s.id for s in await rt.sessions()] == [ids[0]]
+        with pytest.raises(so.StoreError, match="event 2"):
+            await rt.delete_session(ids[0])  # unforced, it still says what is wrong
+        assert await rt.delete_session(ids[0], force=True) == [ids[0]]
+        assert await rt.prune(older_than=3600) == []
 
 
 async def test_prune_of_one_agent_leaves_the_others(store_url: str) -> None:

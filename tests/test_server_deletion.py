@@ -14,8 +14,11 @@ import pytest
 import signoff as so
 from signoff.server import TokenAuth, create_app
 from signoff.stores._deletions import DELETIONS_STREAM
+from signoff.testing import ManualClock
 
+from .test_deletion import chat_with_ttl
 from .test_server_common import PLAIN, TOKENS, auth, make_runtime, read_sse, running
+from .test_store_edited_rows import edit
 
 
 def _waiting(c: httpx.Client) -> dict[str, Any]:
@@ -169,18 +172,21 @@ def test_a_prune_over_http_is_an_admins(tmp_path: Path) -> None:
             assert r.status_code == 422, r.text
             r = admin.post("/v1/prune", json={"olderThan": 0, "limit": 4.0, "dryRun": True})
             assert r.status_code == 200, r.text
-            assert r.json() == {"deleted": [], "listed": done, "more": False}
+            assert r.json() == {"deleted": [], "listed": done, "more": False, "damaged": []}
             # Exactly `limit` old enough: none left for another run (it said `more`).
             r = admin.post("/v1/prune", json={"olderThan": 0, "limit": 3, "dryRun": True})
-            assert r.json() == {"deleted": [], "listed": done, "more": False}, r.text
+            none = {"deleted": [], "listed": [], "more": False, "damaged": []}
+            assert r.json() == {**none, "listed": done}, r.text
             assert alice.get("/v1/sessions").json()["total"] == 4
             body = {"olderThan": 0, "limit": 2, "reason": "retention"}
             r = admin.post("/v1/prune", json=body)
-            assert r.json() == {"deleted": done[:2], "listed": done[:2], "more": True}, r.text
+            assert r.json() == {**none, "deleted": done[:2], "listed": done[:2], "more": True}, (
+                r.text
+            )
             with so.Client(base, token="admin-token") as client:
-                assert client.prune(older_than=3600) == {"deleted": [], "listed": [], "more": False}
+                assert client.prune(older_than=3600) == none
                 got = client.prune(older_than=0, reason="retention")
-                assert got == {"deleted": done[2:], "listed": done[2:], "more": False}
+                assert got == {**none, "deleted": done[2:], "listed": done[2:]}
             [left] = alice.get("/v1/sessions").json()["items"]
             assert left["id"] == live
     entries = rt.audit_sync(stream=DELETIONS_STREAM)
@@ -188,6 +194,32 @@ def test_a_prune_over_http_is_an_admins(tmp_path: Path) -> None:
     assert {e.data["by"]["principal_id"] for e in entries} == {"root"}
     assert {e.data["reason"] for e in entries} == {"retention"}
     assert rt.verify_audit_sync() == []
+    rt.close_sync()
+
+
+def test_a_prune_over_http_tells_the_sessions_it_could_not_read(tmp_path: Path) -> None:
+    """A session whose TTL passed while it waited, its events damaged: its expiry cannot be
+    recorded, so the prune leaves it and answers it in `damaged` (the client too), deleting
+    the others; it failed every prune with a 503 `store_error`, deleting none."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    clock = ManualClock()
+    with so.Runtime([chat_with_ttl()], store=url, clock=clock) as rt:
+        ids = [rt.generate_sync("chat", prompt="refund it").session_id for _ in range(2)]
+    damage = (
+        "UPDATE events SET data = ? WHERE seq = 2 AND sk = (SELECT sk FROM sessions WHERE id = ?)"
+    )
+    edit(url, damage, b"\x01not deflate", ids[0])
+    clock.advance(86400)
+    rt = so.Runtime([chat_with_ttl()], store=url, clock=clock)
+    with running(create_app(rt, auth=TokenAuth(TOKENS))) as base:
+        with httpx.Client(base_url=base, headers=auth("admin-token"), verify=PLAIN) as admin:
+            r = admin.post("/v1/prune", json={"olderThan": 3600})
+            assert r.status_code == 200, r.text
+            got = r.json()
+            assert got == {"deleted": [ids[1]], "listed": ids, "more": False, "damaged": ids[:1]}
+        with so.Client(base, token="admin-token") as client:
+            got = client.prune(older_than=3600)
+            assert got == {"deleted": [], "listed": ids[:1], "more": False, "damaged": ids[:1]}
     rt.close_sync()
 
 

@@ -319,6 +319,44 @@ async def test_claim_skips_the_sessions_its_process_drives(store: Store) -> None
     assert [sid for sid, _ in await store.claim("w2", 10, T0 + 41, 10, skip=[s2])] == [s1]
 
 
+async def test_a_damaged_lease_row_is_passed_over_not_failing_every_claim(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lease row a hand edit left with a token claims cannot take over (text, a fraction, the
+    column's largest, with no next) or an expiry that is no number: that session is passed over
+    and named in the log once (SQLite), taking no place within the claim's limit, and the
+    others are claimed; its own acquiring still says what is wrong. It failed every claim, so
+    no session ran. (PostgreSQL's columns hold only the largest token of these.)"""
+    sqlite = store_url.startswith("sqlite")
+    store = make_store(store_url)
+    await store.open()
+    try:
+        damaged = await running_session(store, T0)  # the oldest: a claim reads it first
+        other = await running_session(store, T0 + 1)
+        assert await store.acquire_lease(damaged, "w0", 10, T0) is not None
+        damages: list[tuple[str, object]] = [("token", 2**63 - 1)]
+        if sqlite:
+            damages += [("token", "seven"), ("token", 7.5), ("expires_at", "soon")]
+        for n, (column, value) in enumerate(damages):
+            now = T0 + 100 * (n + 1)
+            row = "WHERE sk = (SELECT sk FROM {t}sessions WHERE id = {p})"
+            edit(store_url, "UPDATE {t}leases SET token = 5, expires_at = {p} " + row, T0, damaged)
+            edit(store_url, f"UPDATE {{t}}leases SET {column} = {{p}} " + row, value, damaged)
+            caplog.clear()
+            with caplog.at_level("WARNING", logger="signoff.store"):
+                [(claimed, token)] = await store.claim("w1", 10, now, 1)
+                assert await store.claim("w2", 10, now, 10) == []
+            assert claimed == other
+            if sqlite:
+                [line] = [r.getMessage() for r in caplog.records]  # once, not at every claim
+                assert damaged in line and "claims pass it over" in line
+            with pytest.raises(StoreError):
+                await store.acquire_lease(damaged, "w3", 10, now)
+            await store.release_lease(other, "w1", token)
+    finally:
+        await store.close()
+
+
 async def test_concurrent_claimers_never_share_a_session(store_url: str) -> None:
     stores = [make_store(store_url) for _ in range(4)]
     for s in stores:

@@ -89,13 +89,14 @@ def _deleted(body: Any) -> list[str]:
 
 
 def _pruned(body: Any) -> dict[str, Any]:
-    """A prune's answer: `deleted` and `listed` (lists of ids) and `more` (a bool)."""
-    ids = [body["deleted"], body["listed"]]
+    """A prune's answer: `deleted`, `listed` and `damaged` (lists of ids; a server before
+    `damaged` answers none) and `more` (a bool)."""
+    ids = [body["deleted"], body["listed"], body.get("damaged", [])]
     if not all(isinstance(x, list) and all(isinstance(i, str) for i in x) for x in ids):
-        raise TypeError("deleted and listed must be lists of ids")
+        raise TypeError("deleted, listed and damaged must be lists of ids")
     if not isinstance(body["more"], bool):
         raise TypeError("more must be a bool")
-    return {"deleted": ids[0], "listed": ids[1], "more": body["more"]}
+    return {"deleted": ids[0], "listed": ids[1], "more": body["more"], "damaged": ids[2]}
 
 
 def _filter(name: str, value: str | None) -> None:
@@ -392,7 +393,8 @@ class AsyncClient:
     ) -> dict[str, Any]:
         """Retention over HTTP (`Runtime.prune`; an admin's token): delete the finished sessions
         last active more than `older_than` seconds ago, at most `limit`, oldest first.
-        `{"deleted": [...], "listed": [...], "more": bool}`; `dry_run` deletes nothing."""
+        `{"deleted": [...], "listed": [...], "more": bool, "damaged": [...]}` (`damaged`: those
+        listed it could not read, left to a forced deletion); `dry_run` deletes nothing."""
         body = {
             "olderThan": older_than,
             "limit": limit,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 
 from ._answers import check_principal, check_text
 from ._deadlines import expiry_resolves, expiry_specs
@@ -13,7 +14,10 @@ from ._exceptions import (
     SessionBusy,
     SessionExpired,
     SessionWaiting,
+    StoreBusy,
     StoreError,
+    StoreGone,
+    StoreUnavailable,
     SubagentSession,
     UnknownSession,
     UsageError,
@@ -27,6 +31,8 @@ from ._sync import twin
 from ._types import Principal
 
 __all__ = ["Deletion"]
+
+log = logging.getLogger("signoff.runtime")
 
 
 def _deleter(by: Principal | None, reason: str | None) -> dict[str, object] | None:
@@ -88,8 +94,10 @@ class Deletion(EventStream):
         `store:deletions` entry per session, so a crash midway leaves each whole or gone, and
         the next prune goes on. A session found live, or touched since it was listed, is
         skipped (and stays a candidate of the next prune, so a batch may delete fewer than
-        `limit`). Returns the ids of the top-level sessions deleted, oldest first."""
-        deleted, _, _ = await self._prune(
+        `limit`); so is one whose passed TTL it must record first but cannot read (a damaged
+        row: `delete_session(force=True)` deletes it), logged as a warning naming it. Returns
+        the ids of the top-level sessions deleted, oldest first."""
+        deleted, _, _, _ = await self._prune(
             older_than=older_than, by=by, reason=reason, limit=limit, agent=agent
         )
         return deleted
@@ -103,9 +111,10 @@ class Deletion(EventStream):
         limit: object,
         agent: str | None,
         dry_run: bool = False,
-    ) -> tuple[list[str], list[str], bool]:
-        """`prune`: the ids it deleted, the candidates it listed (at most `limit`), and whether
-        more were old enough when it listed them; with `dry_run`, nothing is deleted."""
+    ) -> tuple[list[str], list[str], bool, dict[str, str]]:
+        """`prune`: the ids it deleted, the candidates it listed (at most `limit`), whether
+        more were old enough when it listed them, and the candidates it could not read, with
+        why; with `dry_run`, nothing is deleted."""
         age = seconds("older_than", older_than, zero=True)
         count = whole("limit", limit, least=1, most=2**63 - 1)
         check_listing(agent, None)
@@ -123,15 +132,19 @@ class Deletion(EventStream):
         candidates: list[str] = listed[:count]
         more = len(listed) > count
         if dry_run:
-            return [], candidates, more
+            return [], candidates, more, {}
         deleted: list[str] = []
+        damaged: dict[str, str] = {}
         try:
             for session_id in candidates:
                 try:
-                    if await self._erase(session_id, who, reason, before=before, durable=False):
-                        deleted.append(session_id)
+                    erased = await self._erase(
+                        session_id, who, reason, before=before, durable=False, damaged=damaged
+                    )
                 except (SessionBusy, SessionWaiting, SubagentSession, UnknownSession):
                     continue  # live, a subagent's by now, or gone already: another run's to see
+                if erased:
+                    deleted.append(session_id)
         except BaseException as exc:
             if deleted:  # the first error is the one raised; the sync's is noted on it
                 try:
@@ -144,7 +157,7 @@ class Deletion(EventStream):
             raise
         if deleted:  # each committed without waiting for the disk: synced together
             await self.store.flush()  # type: ignore[attr-defined]
-        return deleted, candidates, more
+        return deleted, candidates, more, damaged
 
     async def _erase(
         self,
@@ -155,11 +168,13 @@ class Deletion(EventStream):
         before: float | None = None,
         durable: bool = True,
         force: bool = False,
+        damaged: dict[str, str] | None = None,
     ) -> list[str]:
         """Delete the session in the store, recording first a TTL that passed while it waited;
         with `before`, only if its last activity is older ([] if it was touched since); not
         `durable`, committed without waiting for the disk (the caller's `flush` syncs it);
-        `force`, unfinished too (see `delete_session`)."""
+        `force`, unfinished too (see `delete_session`). With `damaged` (a prune's), a session
+        whose TTL cannot be recorded as it cannot be read is noted there and logged ([])."""
         delete = self.store.delete_session  # type: ignore[attr-defined]
         since: dict[str, object] = {"durable": durable}
         if before is not None:
@@ -176,7 +191,23 @@ class Deletion(EventStream):
             # Waiting on requests no one can answer any more (its TTL passed): recorded as a
             # listing would record it (they expire), then deleted. Recording it is activity,
             # but a session past its TTL comes to life no more: no `before` then.
-            if not await self._expired_now(session_id):
+            try:
+                expired = await self._expired_now(session_id)
+            except (StoreGone, StoreUnavailable, StoreBusy):
+                raise  # the store failing as a whole: a prune's other sessions would too
+            except StoreError as exc:
+                if damaged is None:
+                    raise
+                # Listed first at every prune: the others are deleted all the same, and this
+                # one is left to a forced deletion, or to a prune once it is mended.
+                damaged[session_id] = str(exc)
+                log.warning(
+                    "session %s: not pruned, as it cannot be read (delete it with force): %s",
+                    session_id,
+                    exc,
+                )
+                return []
+            if not expired:
                 raise
             ids = await delete(session_id, now=self.now(), by=who, reason=reason, durable=durable)
         for sid in ids:

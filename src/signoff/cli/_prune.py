@@ -13,12 +13,13 @@ import typer
 from .._exceptions import UsageError
 from .._runtime import Runtime
 from .._types import Principal
-from ..channels.terminal import TerminalChannel
+from ..channels.terminal import TerminalChannel, printable
 from . import _deletion
 from ._app import (
     RuntimeArgument,
     StoreOption,
     app,
+    err,
     misuse,
     out,
     parse_principal,
@@ -98,8 +99,9 @@ def prune(
     A session goes with its subagents' sessions if it is finished (idle, failed, cancelled, or
     its TTL passed), oldest first, at most --limit of them; each deletion is recorded in the
     audit stream store:deletions. Live sessions, and any active since they were listed, are
-    skipped. Asks before deleting, unless --yes or --dry-run; without a terminal to ask at,
-    --yes is needed."""
+    skipped; one that cannot be read (damaged) is named and left, with exit status 1 (delete
+    --force deletes it). Asks before deleting, unless --yes or --dry-run; without a terminal to
+    ask at, --yes is needed."""
     with misuse():
         refuse_undecodable({"--agent": agent, "--reason": reason})
         refuse_empty_filters({"--agent": agent})
@@ -125,7 +127,7 @@ async def _prune(
     console = out()
     if dry_run:  # a look changes nothing: an older schema is refused, not upgraded
         async with Runtime([], store=reading_store(store_of(target, store))) as looking:
-            _, found, more = await _batch(looking, older_than, agent, limit, reason, principal)
+            _, found, more, _ = await _batch(looking, older_than, agent, limit, reason, principal)
         for session_id in found:
             console.print(session_id, highlight=False)
         console.print(f"{len(found)} session(s) would be deleted; nothing deleted.")
@@ -133,7 +135,7 @@ async def _prune(
             console.print(f"(--limit {limit} reached: more are old enough.)")
         return
     async with await store_runtime(target, store) as runtime:
-        _, found, _ = await _batch(runtime, older_than, agent, limit, reason, principal)
+        _, found, _, _ = await _batch(runtime, older_than, agent, limit, reason, principal)
         if not found:
             console.print("Nothing to delete: no finished session was last active that long ago.")
             return
@@ -147,10 +149,10 @@ async def _prune(
             if not _deletion._confirmed(TerminalChannel(console), shown):
                 console.print("Nothing deleted.")
                 raise typer.Exit(1)
-        deleted, listed, more = await _batch(
+        deleted, listed, more, damaged = await _batch(
             runtime, older_than, agent, limit, reason, principal, delete=True
         )
-    skipped = len(listed) - len(deleted)
+    skipped = len(listed) - len(deleted) - len(damaged)
     console.print(
         f"[green]deleted[/] {len(deleted)} session(s) and their subagents' sessions; recorded "
         "in the audit trail"
@@ -158,6 +160,16 @@ async def _prune(
     )
     if more:
         console.print(f"--limit {limit} reached: older sessions remain for the next run.")
+    if damaged:
+        # Each run lists them again: a person mends or force-deletes them, so it exits 1. Why
+        # each could not be read is the runtime's warning, logged above.
+        err().print(
+            f"[bold red]not deleted:[/] [red]{len(damaged)} session(s) that could not be read "
+            f"(damaged): {printable(', '.join(damaged))}; `signoff delete --force SESSION_ID` "
+            "deletes one[/]",
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
 
 
 async def _batch(
@@ -169,8 +181,9 @@ async def _batch(
     principal: Principal,
     *,
     delete: bool = False,
-) -> tuple[list[str], list[str], bool]:
-    """One batch of `Runtime.prune`: deleted, listed, and whether more were old enough."""
+) -> tuple[list[str], list[str], bool, dict[str, str]]:
+    """One batch of `Runtime.prune`: deleted, listed, whether more were old enough, and those
+    it could not read, with why."""
     return await runtime._prune(
         older_than=older_than,
         by=principal,

@@ -295,7 +295,8 @@ async def prune(request: Request, body: PruneBody) -> Pruned:
     sessions last active more than `olderThan` seconds ago, oldest first, at most `limit`
     (10,000 at most), each with its subagents' sessions and its own `store:deletions` entry
     naming the caller; `dryRun` lists them, deleting nothing. `more`: more than `limit` were
-    old enough when it listed them, left for another run."""
+    old enough when it listed them, left for another run; `damaged`: those of the listed it
+    could not read (a damaged row), logged and left, the others deleted all the same."""
     ctx, caller = await _caller(request)
     if not ctx.sees_every_request(caller):
         # Under an access rule of the app's own, no caller is known to see every session.
@@ -305,7 +306,7 @@ async def prune(request: Request, body: PruneBody) -> Pruned:
             "pruning deletes every tenant's sessions: an admin's token does it, under the "
             "default access rule (with an app's own rule, prune with `signoff prune`)",
         )
-    deleted, listed, more = await ctx.runtime._prune(
+    deleted, listed, more, damaged = await ctx.runtime._prune(
         older_than=body.older_than,
         by=caller,
         reason=body.reason,
@@ -313,7 +314,7 @@ async def prune(request: Request, body: PruneBody) -> Pruned:
         agent=body.agent,
         dry_run=body.dry_run,
     )
-    return Pruned(deleted=deleted, listed=listed, more=more)
+    return Pruned(deleted=deleted, listed=listed, more=more, damaged=list(damaged))
 
 
 @router.get(

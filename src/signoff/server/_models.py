@@ -221,14 +221,16 @@ class PruneBody(_Body):
 
 class Pruned(BaseModel):
     """What a prune did: the top-level sessions it deleted (oldest first), those it listed to
-    delete (a session found live, or active since, is skipped), and whether more than `limit`
-    were old enough as it listed them, left for another run."""
+    delete (a session found live, or active since, is skipped), whether more than `limit`
+    were old enough as it listed them, left for another run, and those of the listed it could
+    not read to record their passed TTL (a damaged row: a forced deletion deletes one)."""
 
     model_config = ConfigDict(extra="forbid")
 
     deleted: list[str]
     listed: list[str]
     more: bool
+    damaged: list[str]
 
 
 class Deleted(BaseModel):

@@ -29,6 +29,9 @@ from ._sql import named_turn
 
 __all__ = ["Leases"]
 
+# A BIGINT's largest value: a lease token there has no next one to grant.
+_LAST_TOKEN = 2**63 - 1
+
 # The database's clock, in seconds since the epoch, as of the statement's start.
 _NOW = "extract(epoch FROM statement_timestamp())::float8"
 
@@ -109,6 +112,9 @@ class Leases(Connections):
                 f"LEFT JOIN {s}.leases l ON l.sk = s.sk "
                 "WHERE s.status = 'running' "
                 "AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < %s) "
+                # A token a hand edit left at the column's largest has no next: taken, it failed
+                # the whole statement, every claim. Passed over, its session is left unclaimed.
+                f"AND (l.sk IS NULL OR l.token < {_LAST_TOKEN}) "
                 # a session whose TTL passed can never run again: no worker is to claim it
                 "AND (s.expires_at IS NULL OR s.expires_at > %s) "
                 f"{only}ORDER BY s.updated_at LIMIT %s FOR UPDATE OF s SKIP LOCKED), "

@@ -233,6 +233,9 @@ class Connection:
         # the latest time a lease call gave, past which an unreleased one has lapsed.
         self._leased: dict[str, tuple[int, float]] = {}
         self._lease_now = 0.0
+        # The sessions claims passed over for a damaged lease row, with what is wrong with it:
+        # each is logged once, not at every claim.
+        self._passed_over: dict[str, str] = {}
         self._opened: tuple[str, tuple[int, int] | None] | None = None
         self._checked = -READ_CHECK_EVERY  # when a read last found the file the one opened
         self._access = "rw"

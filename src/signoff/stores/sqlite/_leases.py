@@ -4,6 +4,7 @@ a park folds the WAL into the database file when the store is quiet."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,23 @@ from ._files import beside
 from ._transactions import immediate, reading, serialised
 
 __all__ = ["Leases"]
+
+log = logging.getLogger("signoff.store")
+
+# SQLite's largest integer: a token there has no next one to grant.
+_LAST_TOKEN = 2**63 - 1
+
+
+def _lease_damage(token: object, expires: object) -> str | None:
+    """What is wrong with a lease row's token and expiry (a hand edit, a half-restored backup),
+    as claims read them; None for a lease they can take over with the next token."""
+    if not isinstance(token, int):
+        return f"token is {token!r:.40}"
+    if token >= _LAST_TOKEN:
+        return f"token is {token}, past which no token can be granted"
+    if not isinstance(expires, int | float):
+        return f"expiry is {expires!r:.40}"
+    return None
 
 
 class Leases(Connection):
@@ -52,8 +70,10 @@ class Leases(Connection):
                 token = 1
             else:
                 held_by = kept(lease[0], str, session_id, "lease owner")
-                token = kept(lease[1], int, session_id, "lease token")
-                expires_at = kept(lease[2], int | float, session_id, "lease expiry")
+                damage = _lease_damage(lease[1], lease[2])
+                if damage is not None:
+                    raise StoreError(f"session {session_id!r} is damaged: its lease {damage}")
+                token, expires_at = lease[1], lease[2]
                 if held_by != "" and held_by != owner and expires_at > now:
                     return None
                 token += 1
@@ -108,22 +128,37 @@ class Leases(Connection):
         self._before(LEASE_CLAIMED)
         with immediate(conn, self._writable, self.path):
             rows = conn.execute(
-                "SELECT s.sk, s.id, l.token FROM sessions s LEFT JOIN leases l ON l.sk = s.sk "
-                "WHERE s.status = 'running' AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < ?)"
+                "SELECT s.sk, s.id, l.sk, l.token, l.expires_at "
+                "FROM sessions s LEFT JOIN leases l ON l.sk = s.sk "
+                "WHERE s.status = 'running' AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < ?"
+                # SQLite orders text after every number: such an expiry is listed to be named
+                " OR typeof(l.expires_at) NOT IN ('integer', 'real'))"
                 # a session whose TTL passed can never run again: no worker is to claim it
                 " AND (s.expires_at IS NULL OR s.expires_at > ?)"
-                f"{only} ORDER BY s.updated_at LIMIT ?",
-                (now, now, *(agents or ()), *skip, limit),
-            ).fetchall()
-            for sk, session_id, token in rows:
-                new = 1 if token is None else kept(token, int, session_id, "lease token") + 1
+                f"{only} ORDER BY s.updated_at",
+                (now, now, *(agents or ()), *skip),
+            )
+            # Read a row at a time up to `limit` claimable ones (the index keeps the order): a
+            # damaged lease row is passed over, not counted, so it neither fails every claim
+            # nor takes a place that another session's would fill.
+            taken: list[tuple[int, str, int]] = []
+            for sk, session_id, leased, token, expires in rows:
+                if len(taken) >= limit:
+                    break
+                damage = None if leased is None else _lease_damage(token, expires)
+                if damage is not None:
+                    self._pass_over(str(session_id), damage)
+                    continue
+                taken.append((sk, str(session_id), 1 if leased is None else token + 1))
+            rows.close()
+            for sk, session_id, new in taken:
                 conn.execute(
                     "INSERT INTO leases (sk, owner, token, expires_at) VALUES (?,?,?,?) "
                     "ON CONFLICT (sk) DO UPDATE SET owner=excluded.owner, token=excluded.token, "
                     "expires_at=excluded.expires_at",
                     (sk, owner, new, now + ttl),
                 )
-                claimed.append((str(session_id), new))
+                claimed.append((session_id, new))
         self._after(LEASE_CLAIMED)
         for session_id, token in claimed:
             self._granted(session_id, token, now, ttl)
@@ -297,6 +332,22 @@ class Leases(Connection):
             (prefix, prefix),
         ).fetchall()
         return [(str(n), str(v), float(at)) for n, v, at in rows]
+
+    def _pass_over(self, session_id: str, damage: str) -> None:
+        """Log, once, that claims pass over a session for its damaged lease row: the worker
+        that meets it goes on with the others, and the row is the operator's to mend."""
+        if self._passed_over.get(session_id) == damage:
+            return
+        self._passed_over.pop(session_id, None)
+        self._passed_over[session_id] = damage  # the newest last: the oldest forgotten first
+        if len(self._passed_over) > 10_000:
+            del self._passed_over[next(iter(self._passed_over))]
+        log.warning(
+            "session %s is damaged: its lease %s (%s); claims pass it over until it is mended",
+            session_id,
+            damage,
+            self.path,
+        )
 
     def _given_back(self, session_id: str, token: int, *, rest: bool = False) -> None:
         """Forget a lease this store granted. When that leaves a session at rest for a person's
