@@ -3,6 +3,8 @@ it cannot record or go on with is logged and left for the next sweep, not a stop
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 from pathlib import Path
 from typing import Any
@@ -137,6 +139,43 @@ async def test_a_page_with_a_request_no_one_can_read_is_read_again_in_a_few_read
             assert await worker.expire_due() == 63
         assert damaged in caplog.text
         assert len(reads) <= 2 + 2 * 6, reads  # the page, then log2(64) halvings of two reads
+
+
+@pytest.mark.parametrize("listing", [False, True])
+async def test_a_sweep_lets_the_loops_other_tasks_run_between_the_deadlines_it_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listing: bool
+) -> None:
+    """SQLite's store never suspends: recording 3,000 passed deadlines held the event loop for
+    2.9 s, a server answering nothing (and renewing no lease) meanwhile. Another task runs
+    between one session's deadlines and the next's, in a sweep and in a listing."""
+    clock = ManualClock()
+    agent = payout_agent(ExecutionLog(), so.always(expires_in=60))
+    store_url = f"sqlite:///{tmp_path / 's.db'}"
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        for _ in range(8):
+            await asked(rt)
+    clock.advance(61)
+    async with so.Runtime([agent], store=store_url, clock=clock) as worker:
+        ticks: list[int] = []
+        seen: list[int] = []  # how many ticks had run as each session's deadlines were read
+        checked = worker._checked
+
+        async def counted(sid: str, *args: Any, **kwargs: Any) -> Any:
+            seen.append(len(ticks))
+            return await checked(sid, *args, **kwargs)
+
+        async def ticker() -> None:
+            while True:
+                ticks.append(1)
+                await asyncio.sleep(0)
+
+        monkeypatch.setattr(worker, "_checked", counted)
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        await (worker.pending() if listing else worker.expire_due())
+        task.cancel()
+        recording = seen[:8]  # then the turns driven read them again
+        assert all(b > a for a, b in itertools.pairwise(recording)), seen
 
 
 async def test_a_lapsed_session_the_sweep_cannot_record_does_not_hold_up_deadlines(

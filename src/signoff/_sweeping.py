@@ -251,6 +251,9 @@ class Sweeps(Messages):
                 ):
                     await self._checked(sid)  # records the expiries; the turn is runnable
                     recorded.append(sid)
+                # A store that never suspends (SQLite's) held the loop for the whole sweep: a
+                # server answered nothing, renewed no lease, while thousands were recorded.
+                await asyncio.sleep(0)
             hand = _handing.get()
             if hand is not None:
                 for sid in recorded:
@@ -270,6 +273,7 @@ class Sweeps(Messages):
                     log.warning("session %s: its passed deadlines not recorded: %s", sid, exc)
                     continue
                 listed.append(sid)
+            await asyncio.sleep(0)  # as above: the loop's other tasks run between them
         await self._drive_listed(listed)
         return len(sessions)
 
