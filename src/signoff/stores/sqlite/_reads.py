@@ -453,6 +453,7 @@ class Reads(Connection):
             "WHERE a.id>? AND a.n>0"
         )
         params: list[Any] = [after_id]
+        order = "a.id"
         if upto_id is not None:
             sql += " AND a.id<=?"
             params.append(upto_id)
@@ -460,6 +461,15 @@ class Reads(Connection):
             sk = self._session_key(stream)
             sql += " AND a.stream=?" if sk is None else " AND a.sk=?"
             params.append(stream if sk is None else sk)
+            if sessions is None and not others:
+                # One stream, read in its index's order, `n`, which is its order of ids: by
+                # id, each page read and sorted the whole rest of the stream (100,000 entries
+                # read page by page took 9.6 s). Past an entry of it, from that entry's `n`.
+                past = self._stream_place(after_id, sk, stream)
+                if past is not None:
+                    sql += " AND a.n>?"
+                    params.append(past)
+                    order = "a.n"
         if sessions is not None:
             sql += (
                 " AND a.sk IS NOT NULL AND a.sk IN (SELECT sk FROM sessions WHERE id IN "
@@ -468,7 +478,7 @@ class Reads(Connection):
             params += sessions
         if others:
             sql += " AND s.sk IS NULL"  # no session row: another stream's, or its row is gone
-        sql += " ORDER BY a.id LIMIT ?"
+        sql += f" ORDER BY {order} LIMIT ?"
         params.append(limit)
         entries = []
         for i, st, n, t, at, seq, d, prev, h, *earlier in self.conn.execute(sql, params):
@@ -486,6 +496,19 @@ class Reads(Connection):
                 )
             )
         return entries
+
+    def _stream_place(self, after_id: int, sk: int | None, stream: str) -> int | None:
+        """The `n` of the entry `after_id` of the stream (`sk`, a session's, else `stream`), 0
+        for none yet (`after_id` 0), or None if that entry is not the stream's."""
+        if after_id == 0:
+            return 0
+        row = self.conn.execute(
+            "SELECT n, sk, stream FROM audit WHERE id=?", (after_id,)
+        ).fetchone()
+        if row is None or not isinstance(row[0], int):
+            return None
+        mine = row[1] == sk if sk is not None else row[1] is None and row[2] == stream
+        return row[0] if mine else None
 
     @reading
     async def audit_window(self, *, after_id: int = 0, limit: int = 1000) -> int | None:
