@@ -49,6 +49,7 @@ class AuditReads(Connections):
                 "WHERE a.id>%s AND a.n>0"
             )
             params: list[Any] = [after_id]
+            order = "a.id"
             if upto_id is not None:
                 sql += " AND a.id<=%s"
                 params.append(upto_id)
@@ -58,6 +59,15 @@ class AuditReads(Connections):
                 sk = await self._session_key(conn, stream)
                 sql += " AND a.stream=%s" if sk is None else " AND a.sk=%s"
                 params.append(stream if sk is None else sk)
+                if sessions is None and not others:
+                    # One stream, read in its index's order, `n` (its order of ids), past the
+                    # last entry's `n`: by id, a page read the rest of the stream, or of the
+                    # trail, for its LIMIT, each page of a long stream longer.
+                    past = await _stream_place(conn, s, after_id, sk, stream)
+                    if past is not None:
+                        sql += " AND a.n>%s"
+                        params.append(past)
+                        order = "a.n"
             if sessions is not None:
                 # Their keys first: a plan for an unknown list of ids scans every entry.
                 cur = await conn.execute(
@@ -68,7 +78,7 @@ class AuditReads(Connections):
                 params.append([int(sk) for (sk,) in await cur.fetchall()])
             if others:
                 sql += " AND x.sk IS NULL"  # of no session row: another stream's
-            sql += " ORDER BY a.id LIMIT %s"
+            sql += f" ORDER BY {order} LIMIT %s"
             params.append(limit)
             cur = await conn.execute(sql, params)
             return [
@@ -164,3 +174,18 @@ class AuditReads(Connections):
             }
 
         return await self._read(body, "reading the audit chain heads")
+
+
+async def _stream_place(
+    conn: Conn, s: str, after_id: int, sk: int | None, stream: str
+) -> int | None:
+    """The `n` of the entry `after_id` of the stream (`sk`, a session's, else `stream`), 0 for
+    none yet (`after_id` 0), or None if that entry is not the stream's."""
+    if after_id == 0:
+        return 0
+    cur = await conn.execute(f"SELECT n, sk, stream FROM {s}.audit WHERE id = %s", [after_id])
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    mine = row[1] == sk if sk is not None else row[1] is None and row[2] == stream
+    return int(row[0]) if mine else None

@@ -1,9 +1,8 @@
-"""SQLite's reads of one audit stream page by page: in the stream's index order (`n`, its order
-of ids), each page bounded by the page, the same entries as a read by id."""
+"""Reads of one audit stream page by page: in the stream's index order (`n`, its order of ids),
+each page bounded by the page (on SQLite, a search of the index), the same entries as by id."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import signoff as so
@@ -25,7 +24,7 @@ def _rows(stream: str, count: int) -> list[AuditRow]:
     ]
 
 
-async def _paged(store: SQLiteStore, stream: str, after: int = 0, page: int = 7) -> list[Any]:
+async def _paged(store: Any, stream: str, after: int = 0, page: int = 7) -> list[Any]:
     out = []
     while True:
         got = await store.audit(stream=stream, after_id=after, limit=page)
@@ -36,16 +35,15 @@ async def _paged(store: SQLiteStore, stream: str, after: int = 0, page: int = 7)
 
 
 async def test_a_stream_read_page_by_page_is_read_from_its_index_without_a_sort(
-    tmp_path: Path,
+    store_url: str,
 ) -> None:
     """Each page of one stream read and sorted the whole rest of the stream by id before its
     LIMIT: 100,000 sign-outs (which every server process reads at its first sign-in check)
     took 5.5 s, growing with the square of the stream; now a search of its index."""
     steps = [call_tools(call("wipe")), reply("Done.")] * 3
     agent = scripted_agent("a", steps, tools=[wipe])
-    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
-        store = rt.store
-        assert isinstance(store, SQLiteStore)
+    async with so.Runtime([agent], store=store_url) as rt:
+        store: Any = rt.store
         r = await rt.generate("a", "one")
         sid = r.session_id
         await store.record_audit(_rows("x:a", 20) + _rows("x:b", 20))
@@ -62,6 +60,8 @@ async def test_a_stream_read_page_by_page_is_read_from_its_index_without_a_sort(
             # From an id that is not the stream's (another's, or none): read by id, as before.
             other = whole["x:b" if stream != "x:b" else "x:a"][3].id
             assert await _paged(store, stream, after=other) == [e for e in entries if e.id > other]
+        if not isinstance(store, SQLiteStore):
+            return
         plans: list[str] = []
         real = store.conn
         execute = real.execute
