@@ -155,6 +155,41 @@ async def test_a_second_store_here_on_a_file_whose_wal_was_deleted_is_refused(
     assert _other_process(path, "read").split() == ["1", "1", "None"]
 
 
+def _write_in_fork(path: str) -> None:
+    """In a forked child: exit 3 if writing the store is refused as the -wal was, else 0."""
+    try:
+        asyncio.run(
+            SQLiteStore(f"sqlite:///{path}").create_session("s4", "a", [_event("s4", 1)], None)
+        )
+    except so.StoreGone:
+        os._exit(3)
+    os._exit(0)
+
+
+async def test_a_process_forked_from_one_that_left_its_wal_does_not_write_the_store(
+    tmp_path: Path,
+) -> None:
+    # A child inherits SQLite's record of the old -shm the parent's connection kept: its new
+    # connection would read and write through it, and lose others' commits as the parent would.
+    import multiprocessing
+
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.create_session("s1", "a", [_event("s1", 1)], None)
+    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink()
+    with pytest.raises(so.StoreGone):
+        await store.create_session("s3", "a", [_event("s3", 1)], None)
+    assert _other_process(path, "write").split() == ["1", "1", "None"]
+    child = multiprocessing.get_context("fork").Process(target=_write_in_fork, args=(str(path),))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 3
+    await store.close()
+    assert _other_process(path, "read").split() == ["1", "1", "None"]
+
+
 def test_opening_a_store_locked_elsewhere_waits_busy_timeout_once(tmp_path: Path) -> None:
     # The check whether the file has this signoff's schema took "database is locked" (after the
     # whole busy_timeout) for a new file, and the transaction after it waited as long again:

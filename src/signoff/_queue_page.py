@@ -104,8 +104,19 @@ async def _around(
         _, request_id, session_id = rows[lo]
         log.warning("session %s: request %s, %s: %s", session_id, request_id, what, exc)
         return []
-    wanted = {rid for _, rid, _ in rows[lo:hi]}  # not a later one, past one closed meanwhile
-    return [r for r in page if r.id in wanted]
+    by_id = {r.id: r for r in page}
+    full = len(page) >= hi - lo  # a request made meanwhile may have taken a place of theirs
+    out: list[InputRequest] = []
+    for _, request_id, session_id in rows[lo:hi]:  # not one past them, nor one made meanwhile
+        found = by_id.get(request_id)
+        if found is None and full:
+            with one_of_many(log, session_id, f"request {request_id}, {what}"):
+                stored = await store.get_request(request_id)
+                if stored is not None and flt.status in (None, stored.status):
+                    found = stored.request
+        if found is not None:
+            out.append(found)
+    return out
 
 
 async def counted_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool, int]:

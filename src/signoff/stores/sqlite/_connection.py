@@ -165,12 +165,14 @@ def _stamp(path: str) -> tuple[int, int, int] | None:
     return st.st_mtime_ns, st.st_ctime_ns, st.st_size
 
 
-_ABANDONED: set[tuple[int, int, int]] = set()
-"""The database files (process id, device, inode) whose connections `_abandon` left open."""
+_ABANDONED: set[tuple[int, int]] = set()
+"""The database files (device, inode) whose connections `_abandon` left open in this process
+(or in the process it was forked from: SQLite's record of the old -shm is inherited too)."""
 _ABANDONED_CONNECTIONS: list[sqlite3.Connection] = []
-_WRITERS: dict[tuple[int, int, int], weakref.WeakSet[Connection]] = {}
-"""The stores writing each database file (process id, device, inode) (`_among_writers`): a
-process forked keeps its parent's, which are not its own."""
+_WRITERS: dict[tuple[int, int], weakref.WeakSet[Connection]] = {}
+"""The stores writing each database file (device, inode) here (`_among_writers`), those of the
+process this one was forked from too: SQLite's own records of their files come with them."""
+_WRITERS_LOCK = threading.Lock()  # stores open and close in threads (`asyncio.to_thread`)
 
 
 def _is_open(conn: sqlite3.Connection | None) -> bool:
@@ -289,7 +291,7 @@ class Connection:
             if os.path.exists(self.path) and not os.path.isfile(self.path):
                 raise StoreError(f"cannot open SQLite store {self.path}: {unopenable(self.path)}")
             on_disk = _identity(self.path)
-            if on_disk is not None and (os.getpid(), *on_disk) in _ABANDONED:
+            if on_disk is not None and on_disk in _ABANDONED:
                 raise StoreGone(
                     f"the -wal or -shm file of {self.path} was deleted or replaced while this "
                     "process had it open: restart the process to open it (SQLite would read it "
@@ -413,7 +415,8 @@ class Connection:
             if self._conn is not None and self._conn not in _ABANDONED_CONNECTIONS:
                 self._conn.close()
             if self._opened is not None and self._opened[1] is not None:
-                _WRITERS.get((os.getpid(), *self._opened[1]), weakref.WeakSet()).discard(self)
+                with _WRITERS_LOCK:
+                    _WRITERS.get(self._opened[1], weakref.WeakSet()).discard(self)
             self._conn = None
             self._opened = None
             self._wal = None
@@ -451,11 +454,12 @@ class Connection:
         connection that one's old -shm too: both are refused, that one's left open."""
         if identity is None:
             return
-        writers = _WRITERS.setdefault((os.getpid(), *identity), weakref.WeakSet())
-        stale = [w for w in writers if _is_open(w._conn) and w._wal != self._wal]
-        if not stale:
-            writers.add(self)
-            return
+        with _WRITERS_LOCK:
+            writers = _WRITERS.setdefault(identity, weakref.WeakSet())
+            stale = [w for w in list(writers) if _is_open(w._conn) and w._wal != self._wal]
+            if not stale:
+                writers.add(self)
+                return
         for writer in stale:
             writer._abandon(identity)
         conn.close()  # not the file's last connection here: SQLite checkpoints nothing
@@ -476,7 +480,7 @@ class Connection:
         _ABANDONED_CONNECTIONS.append(conn)
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(conn))  # never freed, so never closed
         if identity is not None:
-            _ABANDONED.add((os.getpid(), *identity))
+            _ABANDONED.add(identity)
 
     def _writable(self) -> None:
         """Refuse a write, naming why, to a store opened read-only or deleted or replaced."""
