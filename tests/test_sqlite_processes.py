@@ -105,6 +105,19 @@ def _other_process(path: Path, what: str) -> str:
     return done.stdout
 
 
+async def _idle_store_whose_wal_goes(
+    path: Path, deleted: tuple[str, ...] = ("-wal", "-shm")
+) -> SQLiteStore:
+    """A store holding session s1, its WAL checkpointed (as an idle store's is), whose `deleted`
+    files are then deleted under it, as someone "cleaning up" beside a live store would."""
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.create_session("s1", "a", [_event("s1", 1)], None)
+    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    for suffix in deleted:
+        Path(f"{path}{suffix}").unlink()
+    return store
+
+
 @pytest.mark.parametrize("deleted", [("-wal", "-shm"), ("-shm",), ("-wal",)])
 async def test_a_wal_deleted_under_the_store_is_not_written_to(
     tmp_path: Path, deleted: tuple[str, ...]
@@ -114,11 +127,7 @@ async def test_a_wal_deleted_under_the_store_is_not_written_to(
     # files), and its close, as the last connection, deleted the new -wal with them, or wrote
     # its pages over them. It refuses to go on, and leaves its connection open.
     path = tmp_path / "state.db"
-    store = SQLiteStore(f"sqlite:///{path}")
-    await store.create_session("s1", "a", [_event("s1", 1)], None)
-    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # s1 in the file, as when idle
-    for suffix in deleted:
-        Path(f"{path}{suffix}").unlink()
+    store = await _idle_store_whose_wal_goes(path, deleted)
     assert _other_process(path, "write").split() == ["1", "1", "None"]
     with pytest.raises(so.StoreGone, match="-wal or -shm file"):
         await store.create_session("s3", "a", [_event("s3", 1)], None)
@@ -139,11 +148,7 @@ async def test_a_second_store_here_on_a_file_whose_wal_was_deleted_is_refused(
     # store here still had them open, got SQLite's old -shm of that one: its writes were
     # acknowledged, then lost. Both are refused; another process's commits are kept.
     path = tmp_path / "state.db"
-    first = SQLiteStore(f"sqlite:///{path}")
-    await first.create_session("s1", "a", [_event("s1", 1)], None)
-    first.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    for suffix in ("-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink()
+    first = await _idle_store_whose_wal_goes(path)
     assert _other_process(path, "write").split() == ["1", "1", "None"]
     second = SQLiteStore(f"sqlite:///{path}")
     with pytest.raises(so.StoreGone, match="restart the process"):
@@ -174,11 +179,7 @@ async def test_a_process_forked_from_one_that_left_its_wal_does_not_write_the_st
     import multiprocessing
 
     path = tmp_path / "state.db"
-    store = SQLiteStore(f"sqlite:///{path}")
-    await store.create_session("s1", "a", [_event("s1", 1)], None)
-    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    for suffix in ("-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink()
+    store = await _idle_store_whose_wal_goes(path)
     with pytest.raises(so.StoreGone):
         await store.create_session("s3", "a", [_event("s3", 1)], None)
     assert _other_process(path, "write").split() == ["1", "1", "None"]
