@@ -35,7 +35,7 @@ from ._schema import (
     order_children_by_expiry,
     upgrade_from_1,
 )
-from ._transactions import damaged, immediate
+from ._transactions import _busy, damaged, immediate
 
 __all__ = ["READ_CHECK_EVERY", "Connection", "kept"]
 
@@ -149,7 +149,7 @@ def _is_current(conn: sqlite3.Connection) -> bool:
     try:
         row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
     except sqlite3.Error as exc:
-        if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        if _busy(exc):
             raise  # waited `busy_timeout` already: the transaction after would wait again
         return False  # a new file, or one the write transaction will name the fault of
     return row is not None and row[0] == str(STORE_SCHEMA)
@@ -428,7 +428,8 @@ class Connection:
         """Refuse to write, or read, when the file at the store's path is no longer the one this
         store opened (deleted, or another moved over it): SQLite would go on with the orphaned
         file, which no other process uses, so answers it acknowledged would be lost and readers
-        would never see another change. It costs one `stat` of the path."""
+        would never see another change. So does a writer's -wal or -shm deleted or replaced
+        (`_abandon`). It costs a `stat` of the path, and of those two for a writer."""
         if self._opened is None:
             return
         where, identity = self._opened
