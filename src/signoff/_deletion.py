@@ -14,10 +14,7 @@ from ._exceptions import (
     SessionBusy,
     SessionExpired,
     SessionWaiting,
-    StoreBusy,
     StoreError,
-    StoreGone,
-    StoreUnavailable,
     SubagentSession,
     UnknownSession,
     UsageError,
@@ -27,6 +24,7 @@ from ._session_cache import check_session_id, closes_stop
 from ._session_page import check_listing
 from ._settings import seconds, whole
 from ._state import SessionState
+from ._sweeps import STORE_FAILING
 from ._sync import twin
 from ._types import Principal
 
@@ -193,7 +191,7 @@ class Deletion(EventStream):
             # but a session past its TTL comes to life no more: no `before` then.
             try:
                 expired = await self._expired_now(session_id)
-            except (StoreGone, StoreUnavailable, StoreBusy):
+            except STORE_FAILING:
                 raise  # the store failing as a whole: a prune's other sessions would too
             except StoreError as exc:
                 if damaged is None:

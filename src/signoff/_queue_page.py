@@ -11,9 +11,9 @@ from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from ._deadlines import after_deadline, is_due
-from ._exceptions import StoreBusy, StoreError, StoreGone, StoreUnavailable
+from ._exceptions import StoreError
 from ._mirrors import followed
-from ._sweeps import one_of_many
+from ._sweeps import STORE_FAILING, one_of_many
 from ._types import InputRequest
 from .stores import PendingFilter, Store
 from .stores._pending import cursor_past
@@ -64,7 +64,7 @@ async def passing_page(
     at every sweep while it stays). The store failing as a whole is raised."""
     try:
         page = await store.pending(flt)
-    except (StoreGone, StoreUnavailable, StoreBusy):
+    except STORE_FAILING:
         raise
     except StoreError:
         keys = getattr(store, "pending_keys", None)
@@ -92,7 +92,7 @@ async def _around(
     after = rows[lo - 1][:2] if lo else flt.after
     try:
         page = await store.pending(replace(flt, after=after, limit=hi - lo, offset=0))
-    except (StoreGone, StoreUnavailable, StoreBusy):
+    except STORE_FAILING:
         raise
     except StoreError as exc:
         if hi - lo > 1:

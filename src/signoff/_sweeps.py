@@ -9,7 +9,11 @@ from collections.abc import Iterator
 
 from ._exceptions import SessionExpired, StoreBusy, StoreError, StoreGone, StoreUnavailable
 
-__all__ = ["one_of_many"]
+__all__ = ["STORE_FAILING", "one_of_many"]
+
+STORE_FAILING = (StoreGone, StoreUnavailable, StoreBusy)
+"""The store failing as a whole (gone, down, out of connections): it ends a sweep, where one
+session's failure is logged and passed."""
 
 
 @contextlib.contextmanager
@@ -20,7 +24,7 @@ def one_of_many(log: logging.Logger, session_id: str, what: str) -> Iterator[Non
     `log`, the sweeping module's."""
     try:
         yield
-    except (SessionExpired, StoreGone, StoreUnavailable, StoreBusy):
+    except (SessionExpired, *STORE_FAILING):
         raise
     except StoreError as exc:
         log.warning("session %s: %s: %s", session_id, what, exc)
