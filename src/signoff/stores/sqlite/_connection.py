@@ -186,9 +186,9 @@ def _is_open(conn: sqlite3.Connection | None) -> bool:
     return True
 
 
-def _wal_files(path: str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
-    """The identities of the -wal and -shm files of the database at `path`."""
-    return _identity(beside(path, "-wal")), _identity(beside(path, "-shm"))
+def _wal_files(paths: tuple[str, str]) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """The identities of the -wal and -shm files at `paths` (`beside` the database's)."""
+    return _identity(paths[0]), _identity(paths[1])
 
 
 def _identity(path: str) -> tuple[int, int] | None:
@@ -246,6 +246,7 @@ class Connection:
         # The -wal and -shm a writing connection opened with: SQLite keeps both while any
         # connection has the file open, so one gone or new means a WAL no other process shares.
         self._wal: tuple[tuple[int, int] | None, tuple[int, int] | None] | None = None
+        self._wal_paths = ("", "")  # where they are, resolved once (a `realpath` costs a write)
         # The store schema the file had when this store opened it: 0 for a new file.
         self.schema_found: int | None = None
         # `wait_for_change`'s shared poll, one per event loop (a `_store.Follows`).
@@ -346,7 +347,9 @@ class Connection:
         self._wal = None
         if access == "rw" and self._opened is not None:
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # both exist now
-            self._wal = _wal_files(self._opened[0])
+            where = self._opened[0]
+            self._wal_paths = (beside(where, "-wal"), beside(where, "-shm"))
+            self._wal = _wal_files(self._wal_paths)
             self._among_writers(conn, self._opened[1])
         self._conn = conn
         self.schema_found = found
@@ -439,7 +442,7 @@ class Connection:
                 f"{self.path} was deleted or replaced after this store opened it; nothing was "
                 f"{done}. Close the store (or restart the process) to open the file there now."
             )
-        if self._wal is not None and _wal_files(where) != self._wal:
+        if self._wal is not None and _wal_files(self._wal_paths) != self._wal:
             # Its WAL would be this process's alone: the commits of others, written to the
             # new one, lost when this one checkpoints over them.
             self._abandon(identity)
