@@ -319,11 +319,8 @@ class Reads(AuditReads):
         """Each row `pending(flt)` lists as `(created_at, id, session id)`, its data unread:
         how a reader in the background (a sweep, a hub starting) passes a row it cannot read."""
         clause, params = self._filter_sql(flt)
-        s = self._s
-        sql = (
-            f"SELECT r.created_at, r.id, s.id FROM {s}.requests r JOIN {s}.sessions s "
-            f'ON s.sk = r.sk{clause} ORDER BY r.created_at, r.id COLLATE "C" LIMIT %s OFFSET %s'
-        )
+        join = f"JOIN {self._s}.sessions s ON s.sk = r.sk"
+        sql = self._listing_sql(clause, columns="r.created_at, r.id, s.id", join=join)
 
         async def body(conn: Conn) -> list[tuple[float, str, str]]:
             cur = await conn.execute(sql, [*params, flt.limit, flt.offset])
@@ -358,11 +355,16 @@ class Reads(AuditReads):
 
         return await self._read(body, "listing pending requests")
 
-    def _listing_sql(self, clause: str, before: str = "") -> str:
+    def _listing_sql(
+        self, clause: str, before: str = "", *, columns: str = REQUEST_COLUMNS, join: str = ""
+    ) -> str:
+        """A page of `clause`'s requests, as `columns` (after `before`) of `requests r` and
+        `join` (the request's event and session, by default): the page and its keys
+        (`pending_keys`) in one order, which reading a damaged page in halves relies on."""
         s = self._s
         return (
-            f"SELECT {before}{REQUEST_COLUMNS} FROM {s}.requests r "
-            f"{REQUEST_JOIN.format(s=s)}{clause} "
+            f"SELECT {before}{columns} FROM {s}.requests r "
+            f"{join or REQUEST_JOIN.format(s=s)}{clause} "
             'ORDER BY r.created_at, r.id COLLATE "C" LIMIT %s OFFSET %s'
         )
 

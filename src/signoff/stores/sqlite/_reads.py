@@ -241,14 +241,7 @@ class Reads(Connection):
     async def pending_keys(self, flt: PendingFilter) -> list[tuple[float, str, str]]:
         """Each row `pending(flt)` lists as `(created_at, id, session id)`, its data unread:
         how a reader in the background (a sweep, a hub starting) passes a row it cannot read."""
-        clause, params = self._filter_sql(flt)
-        due = flt.due_by is not None and flt.status == "pending"
-        rows = self.conn.execute(
-            f"SELECT r.created_at, r.id, s.id FROM requests r "
-            f"{'INDEXED BY requests_due ' if due else ''}JOIN sessions s ON s.sk = r.sk"
-            f"{clause} ORDER BY r.created_at, r.id LIMIT ? OFFSET ?",
-            [*params, flt.limit, flt.offset],
-        ).fetchall()
+        rows = self._listed(flt, "r.created_at, r.id, s.id", "JOIN sessions s ON s.sk = r.sk")
         # One whose created_at a hand edit made text sorts after every other (as SQLite orders
         # text after numbers) and has no key a cursor holds: left out, as it cannot be read.
         number = (int, float)
@@ -272,16 +265,21 @@ class Reads(Connection):
                 conn.execute("ROLLBACK")
 
     def _listing(self, flt: PendingFilter) -> list[InputRequest]:
+        rows = self._listed(flt, REQUEST_COLUMNS, REQUEST_JOIN)
+        return [stored_request(*row[:5], unpack, *row[5:]) for row in rows]
+
+    def _listed(self, flt: PendingFilter, columns: str, join: str) -> list[Any]:
+        """The rows `flt` lists, as `columns` of `requests r` and `join`: the page and its keys
+        (`pending_keys`) in one order, which reading a damaged page in halves relies on."""
         clause, params = self._filter_sql(flt)
         # Else SQLite scans every pending request in the order asked for, to skip sorting.
         due = flt.due_by is not None and flt.status == "pending"
-        rows = self.conn.execute(
-            f"SELECT {REQUEST_COLUMNS} FROM requests r "
-            f"{'INDEXED BY requests_due ' if due else ''}{REQUEST_JOIN}"
+        return self.conn.execute(
+            f"SELECT {columns} FROM requests r "
+            f"{'INDEXED BY requests_due ' if due else ''}{join}"
             f"{clause} ORDER BY r.created_at, r.id LIMIT ? OFFSET ?",
             [*params, flt.limit, flt.offset],
         ).fetchall()
-        return [stored_request(*row[:5], unpack, *row[5:]) for row in rows]
 
     def _count(self, flt: PendingFilter) -> int:
         clause, params = self._filter_sql(flt)
