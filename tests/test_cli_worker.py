@@ -146,3 +146,36 @@ def test_worker_names_the_agents_whose_sessions_it_claims(
     said = [r.getMessage() for r in caplog.records if r.name == "signoff.worker"]
     (started,) = [line for line in said if ", concurrency 16, lease " in line]
     assert started.endswith(", lease 30.0s, agents: support"), said
+
+
+def test_db_status_names_a_table_or_index_dropped_by_hand_on_sqlite(tmp_path: Path) -> None:
+    """A store whose mark is current but which lacks a table or index of the schema: "up to
+    date" read as healthy, and no migration makes them again. Exit status 1 names them."""
+    db = tmp_path / "state.db"
+    assert invoke("db", "upgrade", "--store", f"sqlite:///{db}").exit_code == 0
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP INDEX requests_due")
+        conn.execute("DROP TABLE snapshots")
+    conn.close()
+    before = db.read_bytes()
+    result = invoke("db", "status", "--store", f"sqlite:///{db}")
+    assert result.exit_code == 1, result.output
+    assert "up to date" not in result.output
+    assert "lacks snapshots and requests_due, dropped outside signoff" in result.stderr
+    assert "Restore it from a backup" in result.stderr
+    assert db.read_bytes() == before
+
+
+def test_db_status_names_an_index_or_function_dropped_by_hand_on_postgres(pg_url: str) -> None:
+    import psycopg
+
+    url = pg_url + "?schema=dropped"
+    assert invoke("db", "upgrade", "--store", url).exit_code == 0
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DROP INDEX dropped.sessions_children")
+        conn.execute("DROP FUNCTION dropped.request_closed")
+    result = invoke("db", "status", "--store", url)
+    assert result.exit_code == 1, result.output
+    assert "lacks sessions_children and request_closed(), dropped outside" in result.stderr
+    assert invoke("db", "upgrade", "--store", url).exit_code == 0  # nothing to migrate
+    assert invoke("db", "status", "--store", url).exit_code == 1

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from .._exceptions import StoreError
 from .._logs import log_to_stderr
 from .._runtime import Runtime
 from ..channels.terminal import printable
@@ -192,7 +193,8 @@ def db_upgrade(target: RuntimeArgument = None, store: StoreOption = None) -> Non
 @db_app.command("status")
 def db_status(target: RuntimeArgument = None, store: StoreOption = None) -> None:
     """Check the store's schema against this signoff's, changing nothing: exit status 0 when it
-    is up to date, 1 (naming what to do) when it has none, an older or a newer one."""
+    is up to date, 1 (naming what to do) when it has none, an older or a newer one, or lacks a
+    table or index of it (dropped by hand)."""
 
     async def go() -> None:
         # never created nor upgraded, as the reading commands
@@ -208,6 +210,13 @@ def db_status(target: RuntimeArgument = None, store: StoreOption = None) -> None
                 assert isinstance(opened, PostgresStore)
                 version = POSTGRES_SCHEMA
                 where = f"{shown_store(opened.url)}, schema {opened.schema!r}"
+            missing = await opened.schema_missing()
+            if missing:
+                raise StoreError(
+                    f"{printable(where)} has schema version {version} but lacks "
+                    f"{_listed(missing)}, dropped outside signoff: the store is damaged. Restore "
+                    "it from a backup; no `signoff db upgrade` makes them again"
+                )
             out().print(f"schema is up to date (version {version}) ({printable(where)})")
         finally:
             await opened.close()
@@ -222,3 +231,8 @@ def _migrated(before: int, after: int) -> str:
     if before == after:
         return f"schema is up to date (version {after})"
     return f"schema upgraded from version {before} to {after}"
+
+
+def _listed(names: list[str]) -> str:
+    """`a`, `a and b`, `a, b and c`."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"

@@ -378,6 +378,17 @@ class Connections(Transactions):
         finally:
             await conn.close()
 
+    async def schema_missing(self) -> list[str]:
+        """The tables, indexes and functions of this signoff's schema that the database's
+        schema lacks (`db status`)."""
+        conn = await self._connect()
+        try:
+            return await _schema.names_missing(conn, self.schema)
+        except psycopg.Error as exc:
+            raise self._opening_failed("cannot read the schema", exc) from exc
+        finally:
+            await conn.close()
+
     async def migrate(self) -> tuple[int, int]:
         """Bring the database's schema up to `STORE_SCHEMA`; returns (before, after). A schema
         already there needs nothing created, so a user that may only use it can run this too."""

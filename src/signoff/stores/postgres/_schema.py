@@ -22,6 +22,7 @@ __all__ = [
     "STORE_SCHEMA",
     "locked_version",
     "names_created",
+    "names_missing",
     "names_taken",
     "shared",
 ]
@@ -377,6 +378,40 @@ def names_created(after: int) -> tuple[list[str], list[str]]:
                 if name not in made:
                     (functions if kind == "FUNCTION" else relations).append(name)
     return relations, functions
+
+
+_DROPPED = re.compile(r"DROP (TABLE|INDEX|FUNCTION) (?:IF EXISTS )?(?:\{s\}\.)?(\w+)")
+
+
+def names_current() -> tuple[list[str], list[str]]:
+    """The relations (tables, indexes) and the functions a schema at `STORE_SCHEMA` holds by
+    the names its migrations give them: each one created and not dropped after."""
+    kinds: dict[str, str] = {}
+    for _, _, ddl in MIGRATIONS:
+        for statement in ddl.split(";"):
+            for kind, name in _CREATED.findall(statement):
+                kinds[name] = kind
+            for _, name in _DROPPED.findall(statement):
+                kinds.pop(name, None)
+    relations = sorted(name for name, kind in kinds.items() if kind != "FUNCTION")
+    functions = sorted(name for name, kind in kinds.items() if kind == "FUNCTION")
+    return relations, functions
+
+
+async def names_missing(conn: psycopg.AsyncConnection[TupleRow], schema: str) -> list[str]:
+    """Which tables, indexes and functions (`name()`) of a current schema `schema` lacks: one
+    dropped by hand, which no migration makes again, as its version says it has them."""
+    relations, functions = names_current()
+    cur = await conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = ANY(%s) "
+        "UNION SELECT p.proname || '()' FROM pg_proc p "
+        "JOIN pg_namespace n ON n.oid = p.pronamespace "
+        "WHERE n.nspname = %s AND p.proname = ANY(%s)",
+        (schema, relations, schema, functions),
+    )
+    found = {str(row[0]) for row in await cur.fetchall()}
+    return [name for name in relations + [f"{name}()" for name in functions] if name not in found]
 
 
 async def locked_version(conn: psycopg.AsyncConnection[TupleRow], schema: str, s: str) -> int:

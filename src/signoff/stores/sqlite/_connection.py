@@ -31,6 +31,7 @@ from ._schema import (
     keep_session_initiators,
     keep_session_parents,
     keep_stream_heads,
+    names_missing,
     names_taken,
     order_children_by_expiry,
     upgrade_from_1,
@@ -268,6 +269,14 @@ class Connection:
             await asyncio.to_thread(self.open_sync, upgrade=True)
         assert self.schema_found is not None
         return self.schema_found, STORE_SCHEMA
+
+    async def schema_missing(self) -> list[str]:
+        """The tables and indexes of this signoff's schema that the file lacks (`db status`)."""
+        self._readable()
+        try:
+            return names_missing(self.conn)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the schema of {self.path}: {exc}") from exc
 
     def open_sync(self, *, upgrade: bool | None = None) -> None:
         """Open the file; create or upgrade its schema if `upgrade` (default: the store's
