@@ -167,3 +167,45 @@ def test_a_policy_function_that_takes_one_argument_is_taken(fn: Any) -> None:
     so.tool(approval=fn)(noop)
     so.predicate(fn)
     so.ApprovalSpec(response=fn)
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (
+            lambda: so.always(expires_in=3600, escalate_to="finance"),
+            r"^escalate_to='finance' needs on_timeout='escalate': without it the request is denied",
+        ),
+        (
+            lambda: so.always(expires_in=60, on_timeout="approve", escalate_to="finance"),
+            "approved at its deadline and the group never hears of it",
+        ),
+        (lambda: so.always(on_timeout="approve"), r"^on_timeout='approve' needs expires_in"),
+        (
+            lambda: so.always(on_timeout="escalate", escalate_to="finance"),
+            r"^on_timeout='escalate' needs expires_in",
+        ),
+        (lambda: so.ApprovalSpec(on_timeout="approve"), "needs expires_in"),
+        (lambda: so.ApprovalSpec(escalate_to="finance", expires_in=9), "needs on_timeout"),
+    ],
+    ids=["escalate_to", "approve-and-group", "approve", "escalate", "spec-approve", "spec-group"],
+)
+def test_a_deadline_setting_that_would_do_nothing_is_refused(make: Any, problem: str) -> None:
+    """Either half of a deadline alone was accepted and did nothing: the call was denied at its
+    deadline with the group never told, or never timed out, while the audit trail and the
+    request's `escalate_to` read as if it would escalate or approve."""
+    with pytest.raises(so.UsageError, match=problem):
+        make()
+
+
+def test_a_spec_overriding_on_timeout_drops_the_policys_group() -> None:
+    """`ApprovalSpec` overrides a policy's rules one by one: one saying `on_timeout="deny"` of
+    a policy that escalates leaves no group that nothing would escalate to."""
+    escalating = so.always(expires_in=60, on_timeout="escalate", escalate_to="finance")
+    spec = so.ApprovalSpec(escalating, on_timeout="deny")
+    assert spec.request.rules.on_timeout == "deny"
+    assert spec.request.rules.escalate_to is None
+    assert escalating.rules.escalate_to == "finance"  # the policy itself is not changed
+    kept = so.ApprovalSpec(escalating, expires_in=120)
+    rules = kept.request.rules
+    assert (rules.on_timeout, rules.escalate_to) == ("escalate", "finance")

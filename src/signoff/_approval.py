@@ -195,6 +195,19 @@ class RequestRules:
             )
         if self.on_timeout == "escalate" and not self.escalate_to:
             raise UsageError("on_timeout='escalate' needs escalate_to (a group name)")
+        # Either alone was accepted and did nothing, while the audit trail and the request
+        # (`escalate_to`) read as if the deadline would escalate or approve.
+        if group is not None and self.on_timeout != "escalate":
+            then = "approved" if self.on_timeout == "approve" else "denied"
+            raise UsageError(
+                f"escalate_to={group!r} needs on_timeout='escalate': without it the request is "
+                f"{then} at its deadline and the group never hears of it"
+            )
+        if self.on_timeout != "deny" and expires_in is None:
+            raise UsageError(
+                f"on_timeout={self.on_timeout!r} needs expires_in (seconds): without a deadline "
+                "the request never times out"
+            )
 
 
 class ApprovalPolicy:

@@ -145,6 +145,8 @@ class ApprovalSpec:
             "escalate_to": escalate_to,
         }
         overrides = {k: v for k, v in given.items() if v is not None}
+        if overrides.get("on_timeout", "escalate") != "escalate" and escalate_to is None:
+            overrides["escalate_to"] = None  # the policy's group, which nothing would escalate to
         if overrides:
             base = self.request.rules
             self.request = copy.copy(self.request)  # never change a policy shared elsewhere
