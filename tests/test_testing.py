@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
+from pydantic import AfterValidator, SecretStr
 
 import signoff as so
 from signoff import testing
@@ -345,3 +346,38 @@ async def test_store_contents_reads_every_request_page_by_page(
         contents = await testing.store_contents(rt.store, sids[0])
     assert contents.pending == [r.id for r in everything]
     assert contents.requests == [(r.id, r.status) for r in everything if r.session_id == sids[0]]
+
+
+class _Handle:
+    """An object with no JSON form, as a validator may make of an argument."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"handle {self.name}"
+
+
+def test_an_execution_log_records_an_input_a_validator_made_an_object(
+    tmp_path: Path,
+) -> None:
+    """A tool whose validator turns an argument into an object (a connection handle): the
+    logged copy failed every call before its body ran, where the tool itself ran; a test of
+    it checked another tool than production's. The input is recorded by the object's `str`,
+    and a secret beside it stays masked."""
+    log = testing.ExecutionLog(tmp_path / "runs.jsonl")
+
+    @log.tool
+    async def connect(target: Annotated[Any, AfterValidator(_Handle)], password: SecretStr) -> str:
+        """Connect to a database."""
+        assert isinstance(target, _Handle)
+        return f"connected {target.name}"
+
+    seen = Capture(reply("done"))
+    steps = [testing.call_tools(testing.call("connect", target="db1", password="hunter2")), seen]
+    with sqlite_runtime(tmp_path, scripted_agent("ops", steps, tools=[connect])) as rt:
+        assert rt.generate_sync("ops", prompt="go").status == "completed"
+    assert [m.content for m in testing.tool_results(seen.last)] == ["connected db1"]
+    (execution,) = log.of("connect")
+    assert execution.input == {"target": "handle db1", "password": "**********"}
+    assert testing.ExecutionLog(tmp_path / "runs.jsonl").executions == [execution]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypedDict, Unpack, overload
 
 from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError
 
 from ._agent import Agent, Limits
 from ._approval import Guardrail
@@ -245,12 +246,22 @@ class RecordingTool(Tool):
                 session_id=ctx.session.id,
                 call_id=ctx.call_id,
                 idempotency_key=ctx.idempotency_key(),
-                input=validated.model_dump(mode="json"),
+                input=_recorded(validated),
                 principal_id=None if current is None else current.principal_id,
                 replay=replay,
             )
         )
         return await super().invoke(ctx, validated)
+
+
+def _recorded(validated: BaseModel) -> dict[str, Any]:
+    """The call's input as JSON: a field a validator made an object with no JSON form (a
+    connection handle) by its `str`, as tracing shows it; the tool takes it all the same."""
+    try:
+        return validated.model_dump(mode="json")
+    except PydanticSerializationError:
+        plain = validated.model_dump(warnings=False)  # secrets stay masked, as `str` shows them
+        return dict(json.loads(json.dumps(plain, default=str)))
 
 
 # -- scripting models ----------------------------------------------------------------------------
