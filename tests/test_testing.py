@@ -374,8 +374,8 @@ def test_an_execution_log_records_an_input_a_validator_made_an_object(
         return f"connected {target.name}"
 
     seen = Capture(reply("done"))
-    steps = [testing.call_tools(testing.call("connect", target="db1", password="hunter2")), seen]
-    with sqlite_runtime(tmp_path, scripted_agent("ops", steps, tools=[connect])) as rt:
+    proposed = testing.call_tools(testing.call("connect", target="db1", password="hunter2"))
+    with sqlite_runtime(tmp_path, scripted_agent("ops", [proposed, seen], tools=[connect])) as rt:
         assert rt.generate_sync("ops", prompt="go").status == "completed"
     assert [m.content for m in testing.tool_results(seen.last)] == ["connected db1"]
     (execution,) = log.of("connect")
