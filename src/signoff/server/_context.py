@@ -541,6 +541,16 @@ class ServerContext:
             marks = [f"{s.id}@{s.head}" for s in parked]
         return total, _digest(total, [r.id for r in ends] + marks)
 
+    async def open_requests_count(self) -> int:
+        """The count of every open request the queue shows, as `open_requests_version`'s, with
+        no row read while none is past a deadline or a TTL: a damaged row fails the queue's
+        listing (so it is seen), not a scrape's count of it (`signoff_store_up`)."""
+        live = PendingFilter(live_at=self.runtime.now())
+        store = self.runtime.store
+        if not await store.count_pending(live):
+            return 0
+        return await store.count_pending(await self._listed(live))
+
     async def _listed(self, flt: PendingFilter, *, record: bool = False) -> PendingFilter:
         """`flt` leaving out the open requests the queue does not show (`unlisted`: past a
         deadline, or a mirror whose subagent's request or session lapsed, nothing recorded

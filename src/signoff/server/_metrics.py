@@ -148,14 +148,14 @@ async def metrics(request: Request) -> Response:
     exporter = scraping.exporter
     open_requests: int | None = None
     try:
-        open_requests, _ = await within(_counted(ctx), STORE_TIMEOUT)
+        open_requests = await within(_counted(ctx), STORE_TIMEOUT)
     except Exception as exc:  # the scrape still answers: `signoff_store_up` says it failed
         log.debug("metrics: counting open requests failed", exc_info=exc)
     body, content_type = exporter.render(request.headers.get("accept", ""), open_requests)
     return Response(body, media_type=content_type)
 
 
-async def _counted(ctx: ServerContext) -> tuple[int, str]:
+async def _counted(ctx: ServerContext) -> int:
     """The open requests of every session, as an admin's queue counts them."""
     await ctx.runtime.open()
-    return await ctx.open_requests_version()
+    return await ctx.open_requests_count()
