@@ -77,3 +77,22 @@ async def test_a_newest_message_over_the_bound_alone_is_cut(
     assert newest["json"].endswith(" [cut]") and newest["bytes"] == len(
         json.dumps({"kind": "user", "text": prompt}, ensure_ascii=False).encode()
     )
+
+
+def test_a_conversation_that_fits_is_whole_up_to_the_last_byte() -> None:
+    """The room for the marker was taken before knowing whether one was needed: a
+    conversation within about 40 bytes of the bound lost its oldest message to a marker."""
+    from signoff._tracing import _json, _messages
+
+    sent = [so.UserMessage(text="x" * 100) for _ in range(10)]
+    for spare in (0, 1, 5, 40):
+        whole = "[" + ", ".join(_json(m) for m in sent[:-1]) + ", " + _json(sent[-1]) + "]"
+        last = "x" * (100 + MESSAGES_MAX - len(whole.encode()) - spare)
+        grown = [*sent[:-1], so.UserMessage(text=last)]
+        text = _messages(grown)
+        assert len(text.encode()) == MESSAGES_MAX - spare
+        assert json.loads(text) == [{"kind": "user", "text": m.text} for m in grown]
+    over = [so.UserMessage(text="y" * 100), *sent[1:-1], so.UserMessage(text=last + "x" * 41)]
+    marker, *kept = json.loads(_messages(over))
+    assert marker == {"kind": "omitted", "messages": 1}
+    assert len(kept) == 9 and len(_messages(over).encode()) <= MESSAGES_MAX

@@ -138,21 +138,25 @@ def _messages(messages: Sequence[Any]) -> str:
     `MESSAGES_MAX` bytes; else `{"kind": "omitted", "messages": n}` for the `n` oldest, then the
     newest that fit whole, or the newest alone cut (`_cut_message`). Only what is kept is
     written out, newest first, so a long conversation costs no more than a short one."""
-    marker_room = len(_omitted(len(messages))) + 2  # the marker and the ", " after it
-    room = MESSAGES_MAX - marker_room
     kept: list[str] = []  # newest first
     size = 2  # the brackets
+    newest = ""
     for message in reversed(messages):
         text = _json(message)
+        newest = newest or text
         grown = size + _utf8_size(text) + (2 if kept else 0)
-        if grown > room:
-            if not kept:
-                kept.append(_cut_message(text, room - size))
+        if grown > MESSAGES_MAX:
             break
         kept.append(text)
         size = grown
     else:
         return "[" + ", ".join(reversed(kept)) + "]"
+    # Some are left out: the marker needs room too, taken from the oldest kept.
+    room = MESSAGES_MAX - len(_omitted(len(messages))) - 2  # the marker and the ", " after it
+    while kept and size > room:
+        size -= _utf8_size(kept.pop()) + (2 if kept else 0)
+    if not kept:
+        kept.append(_cut_message(newest, room - 2))
     return "[" + ", ".join([_omitted(len(messages) - len(kept)), *reversed(kept)]) + "]"
 
 
