@@ -400,3 +400,32 @@ def test_events_of_another_day_show_their_date(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     for line in result.stdout.splitlines():
         assert line.split()[1].count(":") == 2 and "-" not in line.split()[1], line
+
+
+smiler = scripted_agent("smiler", [reply("Done \U0001f600 caf\xe9")])
+
+
+@pytest.mark.parametrize("encoding", ["cp1252", "latin-1", "ascii"])
+def test_events_json_is_json_on_an_output_that_cannot_hold_an_emoji(
+    url: str, encoding: str
+) -> None:
+    """A model's emoji on a cp1252 or Latin-1 stdout: `events --json` wrote Python's escape
+    (`\\U0001f600`), which no JSON parser reads, and exited 0. It is written as JSON's escape
+    (a surrogate pair), so each line parses to the same text."""
+    rt = so.Runtime([smiler], store=url)
+    try:
+        session_id = rt.generate_sync("smiler", "hi").session_id
+    finally:
+        rt.close_sync()
+    proc = subprocess.run(
+        [sys.executable, "-m", "signoff", "events", session_id, "--json", "--store", url],
+        cwd=ROOT,
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": encoding},
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    said = [
+        json.loads(line)["data"].get("text") for line in proc.stdout.decode(encoding).splitlines()
+    ]
+    assert "Done \U0001f600 caf\xe9" in said

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import time
 from datetime import date, datetime
@@ -128,13 +129,35 @@ def _say(line: str) -> None:
     err().print(printable(line), soft_wrap=True)
 
 
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def _encodable(line: str) -> str:
+    """`line` of JSON with what stdout's encoding cannot hold (cp1252 takes no emoji) as JSON's
+    escapes: the stream's own `backslashreplace` wrote Python's `\U0001f600`, not JSON."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+
+    def escaped(match: re.Match[str]) -> str:
+        try:
+            match.group().encode(encoding)
+        except UnicodeEncodeError:
+            return escape_as_json(match)
+        return match.group()
+
+    try:
+        line.encode(encoding)
+    except UnicodeEncodeError:
+        return _NON_ASCII.sub(escaped, line)
+    return line
+
+
 def _print(console: Console, event: Event, as_json: bool, follow: bool) -> None:
     """Print one event: a line of the table, or of JSON."""
     if as_json:
         line = json.dumps(event.to_dict(), ensure_ascii=False)
         # what JSON leaves raw and a terminal may act on or hide: C1 controls (a CSI), bidi
         # overrides, lone surrogates (UTF-8 cannot hold them), escaped
-        typer.echo(HIDDEN.sub(escape_as_json, line))
+        typer.echo(_encodable(HIDDEN.sub(escape_as_json, line)))
         return
     when = datetime.fromtimestamp(event.at)
     # The day too, but for today's: a session waits for people for days.
