@@ -3,6 +3,8 @@ approval on, retrying a failed turn, each gated call of a step in turn."""
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import os
 import re
@@ -10,6 +12,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -196,3 +199,57 @@ def test_exit_at_a_prompt_leaves_the_request_pending(
     events = log(url, request["session_id"])
     assert [e.type for e in events][-1] == "turn.waiting"
     assert not [e for e in events if e.type == "input.resolved"]
+
+
+@pytest.mark.parametrize("blip", [False, True], ids=["retry", "retry-after-a-blip"])
+def test_chat_names_its_session_before_a_first_turn_a_store_failure_cuts_short(
+    url: str, monkeypatch: pytest.MonkeyPatch, blip: bool
+) -> None:
+    """chat learned its session's id only when the first turn returned: a store failure (or a
+    Ctrl-C) cutting that turn short left the id unsaid, `/retry` found nothing to resume, and
+    the next message opened a second session beside the stranded one. A store failure under
+    `/retry` itself ended chat with status 1 instead of a line it goes on after."""
+    from rich.console import Console
+
+    from signoff.channels import TerminalChannel
+    from signoff.cli._chat import _Chat
+
+    from ._cli import agent
+
+    typed = iter(["refund order 1042", "y", *(["/retry"] if blip else []), "/retry", "/exit"])
+    console = Console(file=io.StringIO(), width=200)
+
+    async def go() -> None:
+        async with so.Runtime([agent], store=url) as rt:
+            commit, state = rt.store.commit, rt.state
+            failures = {"commit": 1, "state": int(blip)}
+
+            async def failing_commit(c: Any) -> Any:
+                if failures["commit"] and "tool.completed" in [e.type for e in c.events]:
+                    failures["commit"] -= 1
+                    raise so.StoreUnavailable("the database went away (test)")
+                return await commit(c)
+
+            async def failing_state(session_id: str, **kw: Any) -> Any:
+                if failures["state"]:
+                    failures["state"] -= 1
+                    raise so.StoreUnavailable("the database is restarting (test)")
+                return await state(session_id, **kw)
+
+            monkeypatch.setattr(rt.store, "commit", failing_commit)
+            monkeypatch.setattr(rt, "state", failing_state)
+            chat = _Chat(rt, agent, console, local_principal(), target=TARGET)
+            chat.channel = TerminalChannel(console, read=lambda prompt: next(typed))
+            await chat.run(None)
+            assert not chat.undone
+
+    asyncio.run(go())
+    shown = console.file.getvalue()  # type: ignore[attr-defined]
+    rt = so.Runtime([], store=url)
+    try:
+        (session,) = rt.sessions_sync()
+    finally:
+        rt.close_sync()
+    assert shown.index(f"session {session.id}") < shown.index("the database went away (test)")
+    assert session.status == "idle" and "support: Refunded 180.00." in shown
+    assert ("the database is restarting (test)" in shown) == blip

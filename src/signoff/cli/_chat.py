@@ -15,6 +15,7 @@ from .._exceptions import (
     InvalidAnswer,
     NotAllowed,
     SignoffError,
+    StoreError,
     TooLarge,
     UsageError,
 )
@@ -127,20 +128,21 @@ class _Chat:
             if line == "/help":
                 self.console.print(_HELP)
                 continue
-            if line == "/retry" and (why := await self.nothing_to_retry()):
-                self.console.print(f"[yellow]nothing to retry: {why}[/]")
-                continue
             try:
+                if line == "/retry" and (why := await self.nothing_to_retry()):
+                    self.console.print(f"[yellow]nothing to retry: {why}[/]")
+                    continue
+                if self.session_id is None:
+                    # Opened and named before the first turn: one a failure or Ctrl-C cuts
+                    # short is then resumed by /retry or `chat --session`, not lost.
+                    self.session_id = await self.runtime.create_session(
+                        self.agent.name, auth=self.principal
+                    )
+                    self.console.print(f"[dim]session {self.session_id}[/]")
                 with self.console.status(f"{printable(self.agent.name)} is working..."):
-                    if line == "/retry" and self.session_id is not None:
+                    if line == "/retry":
                         self.failed = False  # the failed turn resumes; `report` says how it ends
                         result = await self.runtime.generate(session_id=self.session_id)
-                    elif self.session_id is None:
-                        result = await self.runtime.generate(
-                            self.agent.name, line, auth=self.principal
-                        )
-                        self.session_id = result.session_id
-                        self.console.print(f"[dim]session {result.session_id}[/]")
                     else:
                         result = await self.runtime.generate(
                             session_id=self.session_id, prompt=line, auth=self.principal
@@ -149,7 +151,9 @@ class _Chat:
                     return
             except SignoffError as exc:
                 self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
-                if line == "/retry":
+                if line == "/retry" or isinstance(exc, StoreError):
+                    # A store failure may cut short a turn the message began: /retry resumes
+                    # it if so (and says there is nothing to resume if not).
                     self.failed = True
                 else:
                     self.refused = True  # what the message said is never done
