@@ -15,9 +15,16 @@ from pathlib import Path
 import pytest
 
 import signoff as so
-from signoff.channels import ChannelHub, WebhookChannel, _webhook_refusals, _webhook_rounds
+from signoff.channels import (
+    ChannelHub,
+    WebhookChannel,
+    _webhook_refusals,
+    _webhook_rounds,
+    _webhook_waits,
+)
 from signoff.channels import _given_up as given_up
 
+from ._channels import frozen_monotonic
 from .test_webhooks import SECRET, Receiver, manual, refund_agent
 
 
@@ -146,18 +153,20 @@ async def test_a_retry_after_past_the_next_round_is_waited_for(
 
 
 async def test_a_delivery_after_one_given_up_on_waits_out_the_receivers_retry_after(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The receiver asks for an hour (429, `Retry-After: 3600`) and the first delivery is
     given up on after its retries (at `max_backoff`); the next delivery to it waits out the
-    hour before its first attempt, on a frozen clock that only the channel's sleeps move.
+    hour before its first attempt, on frozen clocks that only the channel's sleeps move.
     Before, it was sent at once, as if the receiver had asked nothing."""
     now = [1_800_000_000.0]
     slept: list[float] = []
+    monotonic = frozen_monotonic(monkeypatch, _webhook_waits)
 
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
         now[0] += seconds
+        monotonic.now += seconds
 
     answers: list[int | tuple[int, dict[str, str]]] = [
         (429, {"Retry-After": "3600"}),

@@ -155,3 +155,26 @@ async def test_a_wait_kept_in_the_state_is_honoured_on_a_store_without_memos(
             assert again.memos("asked:") == []  # lifted by the 2xx
     assert len(slept) == 1 and 590 <= slept[0] <= 600
     assert len(receiver.accepted) == 1
+
+
+@pytest.mark.parametrize("step", [-86_400.0, 86_400.0], ids=["back", "forward"])
+async def test_a_step_of_the_wall_clock_neither_lengthens_nor_lifts_a_wait(step: float) -> None:
+    """The wait a receiver asked for was timed by the channel's wall clock: stepped back a day
+    (NTP, a snapshot restored), the next delivery to it waited a day and 30 s, past the hour
+    `MAX_WAIT` allows, holding every later one behind it; stepped forward, it was sent at once.
+    It is timed by the process's monotonic clock, and waits what was asked."""
+    now = [1_800_000_000.0]
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    async with Receiver([(429, {"Retry-After": "30"})]) as receiver:
+        hooks = WebhookChannel(
+            receiver.url, SECRET, max_attempts=1, sleep=sleep, clock=lambda: now[0]
+        )
+        assert await hooks.deliver(receiver.url, "whd_1", "request.opened", b"{}") is False
+        now[0] += step
+        assert await hooks.deliver(receiver.url, "whd_2", "request.opened", b"{}") is True
+        await hooks.close()
+    assert len(slept) == 1 and 29 <= slept[0] <= 30, slept

@@ -8,6 +8,7 @@ at once."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,10 +28,12 @@ ASKED = "asked:"  # memo key prefix: the store's "asked:{digest}", the state's "
 
 
 class Waits:
-    """The `clock` time before which each URL asked not to be called, kept for other hubs."""
+    """The time before which each URL asked not to be called, kept for other hubs."""
 
     def __init__(self, channel: WebhookChannel) -> None:
         self.channel = channel
+        # By `time.monotonic()`: a step of the wall clock (the channel's `clock`, which stamps
+        # signatures) held a receiver's deliveries back for as long as the step, past `MAX_WAIT`.
         self.until: dict[str, float] = {}
 
     def _shared(self) -> Shared | None:
@@ -42,7 +45,7 @@ class Waits:
 
     def left(self, url: str) -> float:
         """Seconds the receiver at `url` still asks to wait (0 for none)."""
-        return max(0.0, self.until.get(url, 0.0) - self.channel.clock())
+        return max(0.0, self.until.get(url, 0.0) - time.monotonic())
 
     async def wait_out(
         self, url: str, delivery: str, sleep: Callable[[float], Awaitable[None]]
@@ -67,7 +70,7 @@ class Waits:
         cannot be read: the caller tries again); memos whose wait is over are dropped."""
         ch = self.channel
         shared = self._shared()
-        now = ch.clock()
+        now = time.monotonic()
         if shared is not None:
             urls = {digest(url): url for url in ch.urls}
             over: dict[str, Any] = {}
@@ -83,9 +86,9 @@ class Waits:
         elif ch._state is not None:
             for key, kept in await off_loop(ch.memos, ASKED):
                 url = key.removeprefix(ASKED)
-                until = _seconds(kept, "until")
-                if url in ch.urls and until > now:
-                    self.until[url] = max(self.until.get(url, 0.0), min(until, now + MAX_WAIT))
+                wait = _seconds(kept, "until") - ch.clock()  # kept as a time of the clock
+                if url in ch.urls and wait > 0:
+                    self.until[url] = max(self.until.get(url, 0.0), now + min(wait, MAX_WAIT))
 
     async def note(self, url: str, asked: float | None) -> None:
         """Note until when `url`'s answer asks not to be called (its `Retry-After`, at most
@@ -98,7 +101,7 @@ class Waits:
             wait = None
         else:
             wait = min(asked, MAX_WAIT)
-            self.until[url] = ch.clock() + wait
+            self.until[url] = time.monotonic() + wait
         shared = self._shared()
         try:
             if shared is not None:
@@ -106,8 +109,9 @@ class Waits:
                 await shared.keep({f"{ASKED}{digest(url)}": memo})
             elif ch._state is not None and wait is None:
                 await off_loop(ch.forget, f"{ASKED}{url}")
-            elif ch._state is not None:
-                await off_loop(ch.remember, f"{ASKED}{url}", {"until": self.until[url]})
+            elif ch._state is not None and wait is not None:
+                until = ch.clock() + wait  # a time another process's clock reads
+                await off_loop(ch.remember, f"{ASKED}{url}", {"until": until})
         except SignoffError as exc:
             logger.warning(
                 "webhook %s: what its Retry-After asks is not kept for another hub: %s",
