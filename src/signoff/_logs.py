@@ -6,8 +6,10 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import traceback
+from collections.abc import Generator, Sequence
 from types import TracebackType
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 __all__ = ["LOG_FORMAT", "LOG_LEVELS", "log_to_stderr"]
 
@@ -39,37 +41,61 @@ class _Escaping(logging.Formatter):
     """Writes what a record quotes (a model's error, a tool's) with its control characters as
     escapes (`\\x1b`, `\\n`): as they are, they steered the terminal reading the log and
     made lines no logger wrote. A traceback keeps its own line breaks, not those of the
-    messages it quotes."""
+    messages and notes it quotes."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         return _escaped(_IN_LINE, super().formatMessage(record))
 
     def formatException(self, ei: _ExcInfo) -> str:
-        text = super().formatException(ei)
-        # Longest first: a message may hold another (the exception it wraps).
-        for said in sorted(_messages(ei[1]), key=len, reverse=True):
-            text = text.replace(said, _escaped(_IN_LINE, said))
-        return _escaped(_IN_BLOCK, text)
+        if ei[1] is None:  # logged outside an `except`: "NoneType: None"
+            return super().formatException(ei)
+        text = "".join(_quoted(ei[1], ei[2]).format())
+        return _escaped(_IN_BLOCK, text.removesuffix("\n"))
 
     def formatStack(self, stack_info: str) -> str:
         return _escaped(_IN_BLOCK, super().formatStack(stack_info))
 
 
-def _messages(exc: BaseException | None) -> set[str]:
-    """The messages of `exc` and of the exceptions chained to it that hold a line break, as a
-    traceback quotes them (`: message`)."""
-    found: set[str] = set()
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        try:
-            said = str(exc)
-        except Exception:
-            said = ""
-        if "\n" in said:  # the other controls are escaped with the whole traceback
-            found.add(": " + said)
-        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
-    return found
+class _OneLine(traceback.TracebackException):
+    """An exception of a traceback whose every line (type and message, a note, a syntax
+    error's source) is one line: a break within what it quotes shows as `\\n`."""
+
+    def format_exception_only(self, **kwargs: Any) -> Generator[str, None, None]:
+        # The stdlib yields each line with its break: any other break is in what it quotes.
+        for line in super().format_exception_only(**kwargs):
+            said = line.removesuffix("\n")
+            yield _escaped(_IN_LINE, said) + line[len(said) :]
+
+
+def _quoted(exc: BaseException, tb: TracebackType | None) -> traceback.TracebackException:
+    """The traceback `print_exception` writes of `exc`, with the message and notes of each
+    exception it shows (causes, contexts, a group's members) one line each, whatever margin the
+    line takes. The stdlib cuts the chain's cycles; this walk visits each exception once."""
+    top = traceback.TracebackException(type(exc), exc, tb, compact=True)
+    stack, seen = [top], set()
+    while stack:
+        te = stack.pop()
+        if id(te) in seen:
+            continue
+        seen.add(id(te))
+        te.__class__ = _OneLine
+        notes = te.__notes__
+        # The stdlib splits a note at its breaks: they are escaped first.
+        if isinstance(notes, Sequence):
+            te.__notes__ = [_escaped(_IN_LINE, _note(note)) for note in notes]
+        for frame in te.stack:
+            frame.filename = _escaped(_IN_LINE, frame.filename)
+            frame.name = _escaped(_IN_LINE, frame.name)
+        stack.extend(held for held in (te.__cause__, te.__context__) if held is not None)
+        stack.extend(te.exceptions or ())
+    return top
+
+
+def _note(note: object) -> str:
+    try:
+        return str(note)
+    except Exception:
+        return "<note str() failed>"  # the stdlib's words
 
 
 def log_to_stderr(level: str = "info") -> None:
