@@ -78,7 +78,7 @@ def _quoted(exc: BaseException, tb: TracebackType | None) -> traceback.Traceback
         if id(te) in seen:
             continue
         seen.add(id(te))
-        te.__class__ = _OneLine
+        te.__class__ = _OneLine  # the stdlib makes the chained ones of its own class
         notes = te.__notes__
         # The stdlib splits a note at its breaks: they are escaped first.
         if isinstance(notes, Sequence):
