@@ -220,7 +220,7 @@ def test_every_class_name_the_docs_use_exists() -> None:
     defined |= set(re.findall(r"^([A-Z]\w*)(?: *:[^=\n]*)? *=", source, re.M))  # type aliases
     outside = {"ValidationError", "KeyboardInterrupt", "SystemExit", "EventSource"}
     outside |= {"HttpOnly", "SameSite"}  # cookie attributes
-    outside |= {"SecretStr"}  # pydantic's
+    outside |= {"SecretStr", "SecretBytes"}  # pydantic's
     outside |= {"CancelledError"}  # asyncio's
     outside |= {"RuntimeError", "ExceptionGroup", "TaskGroup"}  # Python's
     outside |= {"AsyncRateLimitErrorRetryHandler"}  # slack_sdk's

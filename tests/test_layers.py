@@ -12,6 +12,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "signoff"
 # other freely. Imports under `if TYPE_CHECKING:` are annotations only and do not count.
 LAYERS: list[set[str]] = [
     {"_exceptions", "_types", "_text", "_error_text", "_logs", "_form_fields"},
+    {"_trace_content"},
     {
         "_any_loop",
         "_events",

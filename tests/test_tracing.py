@@ -349,3 +349,45 @@ async def test_tool_input_with_no_json_form_is_traced_by_its_text_and_the_call_r
     shown = json.loads(str(attributes["gen_ai.tool.call.arguments"]))
     assert shown == {"order": "order 7", "pin": "**********"}  # the secret still masked
     assert attributes["signoff.tool.outcome"] == "ok"
+
+
+async def test_a_secret_tool_input_is_masked_on_the_chat_spans_too(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """A `SecretStr` parameter was masked on its `execute_tool` span only: the model span that
+    proposed the call (`gen_ai.output.messages`) and every later one (`gen_ai.input.messages`)
+    showed it in clear. Each shows the call's input as the tool validated it now; input that
+    fails validation is shown as sent but for its secret, and a call of no tool as sent."""
+    secret = "hunter2-TOPSECRET"
+
+    @so.tool
+    async def login(user: str, password: SecretStr) -> str:
+        """Log in."""
+        return "logged in " + user
+
+    proposal = call_tools(
+        call("login", id="c1", user="bob", password=secret),
+        call("login", id="c2", user=7, password=secret),  # fails: user is no string
+        call("nope", id="c3", password="sent as is"),
+    )
+    agent = scripted_agent("support", [proposal, reply("done")], tools=[login])
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider, trace_content=True)
+    r = await rt.generate("support", "log in")
+    await rt.close()
+    assert r.status == "completed"
+    spans = exporter.get_finished_spans()
+    assert secret not in _text_of(spans)
+    shown = [
+        {"user": "bob", "password": "**********"},
+        {"user": 7, "password": "**********"},
+        {"password": "sent as is"},
+    ]
+    first, second = _by_name(spans)["chat"]
+    output = json.loads(str((first.attributes or {})["gen_ai.output.messages"]))
+    assert [p["arguments"] for p in output[0]["parts"]] == shown
+    assert [p["id"] for p in output[0]["parts"]] == ["c1", "c2", "c3"]
+    sent = json.loads(str((second.attributes or {})["gen_ai.input.messages"]))
+    assert [c["input"] for c in sent[1]["tool_calls"]] == shown
+    assert [c["id"] for c in sent[1]["tool_calls"]] == ["c1", "c2", "c3"]
+    (tool,) = _by_name(spans)["execute_tool login"]
+    assert json.loads(str((tool.attributes or {})["gen_ai.tool.call.arguments"])) == shown[0]

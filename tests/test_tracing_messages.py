@@ -82,11 +82,14 @@ async def test_a_newest_message_over_the_bound_alone_is_cut(
 def test_a_conversation_that_fits_is_whole_up_to_the_last_byte() -> None:
     """The room for the marker was taken before knowing whether one was needed: a
     conversation within about 40 bytes of the bound lost its oldest message to a marker."""
-    from signoff._tracing import _json, _messages
+    from signoff._trace_content import json_text, messages_json
+
+    def _messages(messages: list[so.UserMessage]) -> str:
+        return messages_json(messages, lambda call: call.input)
 
     sent = [so.UserMessage(text="x" * 100) for _ in range(10)]
     for spare in (0, 1, 5, 40):
-        whole = "[" + ", ".join(_json(m) for m in sent[:-1]) + ", " + _json(sent[-1]) + "]"
+        whole = "[" + ", ".join(json_text(m) for m in sent) + "]"
         last = "x" * (100 + MESSAGES_MAX - len(whole.encode()) - spare)
         grown = [*sent[:-1], so.UserMessage(text=last)]
         text = _messages(grown)

@@ -145,7 +145,7 @@ class ModelStep(DriverPart):
         )
         # The model reads every message now: the calls it proposes start un-aborted.
         self.abort_signal.clear()
-        span = self.tracing.model(s, self.agent.model, request)
+        span = self.tracing.model(s, self.agent.model, request, self.agent.tools)
         try:
             with span:  # ended, and no longer current, however the call ends
                 response = await self._complete(request)

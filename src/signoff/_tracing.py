@@ -8,21 +8,19 @@ OpenTelemetry GenAI semantic conventions where they apply, `signoff.*` for the r
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import re
 import sys
 import traceback
-from collections.abc import Callable, Sequence
-from types import TracebackType
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar, cast
-
-from pydantic_core import PydanticSerializationError
 
 from ._error_text import error_message, error_text
 from ._exceptions import SignoffError, UsageError
 from ._text import cut
+from ._trace_content import MESSAGES_MAX, ShownInputs, json_text, messages_json, shown_input
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
@@ -57,10 +55,7 @@ _TEXT_MAX = 16_384
 many characters: the log cuts what it stores too, and a span of megabytes is one an exporter
 sends slowly or drops with its whole batch."""
 
-MESSAGES_MAX = 65_536
-"""With content on, `gen_ai.input.messages` holds at most this many bytes (UTF-8): the newest
-messages that fit, after a marker of how many were left off. The whole conversation went on
-every model span: 500 turns made the last one's 280 KB, and the turn's spans 70 MB."""
+_NO_TOOLS: Mapping[str, Any] = MappingProxyType({})
 
 # `opentelemetry.trace` and `opentelemetry.context`, once a runtime found them installed.
 _trace: Any = None
@@ -125,74 +120,6 @@ def _named(exc: BaseException) -> str:
     error code if it has one."""
     name = type(exc).__name__
     return f"{name} ({exc.code})" if isinstance(exc, SignoffError) else name
-
-
-def _json(value: Any) -> str:
-    """`value` as JSON text for an attribute: pydantic models by their JSON form, anything
-    else with none by its text."""
-    return json.dumps(value, ensure_ascii=False, default=_plain)
-
-
-def _messages(messages: Sequence[Any]) -> str:
-    """The conversation as JSON text for `gen_ai.input.messages`: whole if it fits in
-    `MESSAGES_MAX` bytes; else `{"kind": "omitted", "messages": n}` for the `n` oldest, then the
-    newest that fit whole, or the newest alone cut (`_cut_message`). Only what is kept is
-    written out, newest first, so a long conversation costs no more than a short one."""
-    kept: list[str] = []  # newest first
-    size = 2  # the brackets
-    newest = ""
-    for message in reversed(messages):
-        text = _json(message)
-        newest = newest or text
-        grown = size + _utf8_size(text) + (2 if kept else 0)
-        if grown > MESSAGES_MAX:
-            break
-        kept.append(text)
-        size = grown
-    else:
-        return "[" + ", ".join(reversed(kept)) + "]"
-    # Some are left out: the marker needs room too, taken from the oldest kept.
-    room = MESSAGES_MAX - len(_omitted(len(messages))) - 2  # the marker and the ", " after it
-    while kept and size > room:
-        size -= _utf8_size(kept.pop()) + (2 if kept else 0)
-    if not kept:
-        kept.append(_cut_message(newest, room - 2))
-    return "[" + ", ".join([_omitted(len(messages) - len(kept)), *reversed(kept)]) + "]"
-
-
-def _omitted(count: int) -> str:
-    return _json({"kind": "omitted", "messages": count})
-
-
-def _cut_message(text: str, room: int) -> str:
-    """A message whose JSON `text` is over `room` bytes alone, as `{"kind": "cut", "bytes":
-    its size, "json": the start of its text}` in at most `room` bytes."""
-    total = _utf8_size(text)
-    chars = room
-    while True:
-        shown = _json({"kind": "cut", "bytes": total, "json": cut(text, chars)})
-        size = _utf8_size(shown)
-        if size <= room or chars == 0:
-            return shown
-        # Escapes and characters past ASCII take more than a byte each: shrink in proportion.
-        chars = max(0, min(chars - 1, chars * room // size - 8))
-
-
-def _utf8_size(text: str) -> int:
-    """How many bytes `text` takes as UTF-8 (a lone surrogate as UTF-8 would encode it)."""
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-
-
-def _plain(value: Any) -> Any:
-    dump = getattr(value, "model_dump", None)
-    if not callable(dump):
-        return str(value)
-    try:
-        return dump(mode="json")
-    except PydanticSerializationError:
-        # A validator made a field an object with no JSON form: the call runs all the same,
-        # so its span must not fail it. Secrets stay masked, as `str` shows them.
-        return dump(warnings=False)
 
 
 def _guarded(method: Callable[_P, _R | None]) -> Callable[_P, _R | None]:
@@ -414,13 +341,19 @@ def _answered(state: SessionState) -> list[Any]:
 
 
 class ModelSpan(_Span):
-    """`chat {model}`: one call of the agent's model."""
+    """`chat {model}`: one call of the agent's model, whose `tools` show its calls' input."""
 
-    __slots__ = ()
+    __slots__ = ("tools",)
 
     def __init__(
-        self, tracer: Tracer, kind: Any, attributes: dict[str, Any], content: bool
+        self,
+        tracer: Tracer,
+        kind: Any,
+        attributes: dict[str, Any],
+        content: bool,
+        tools: Mapping[str, Any],
     ) -> None:
+        self.tools = tools
         model = attributes.get("gen_ai.request.model")
         super().__init__(tracer, f"chat {model}" if model else "chat", kind, attributes, content)
 
@@ -440,11 +373,16 @@ class ModelSpan(_Span):
             if response.text:
                 parts.append({"type": "text", "content": response.text})
             parts += [
-                {"type": "tool_call", "id": c.id, "name": c.name, "arguments": c.input}
+                {
+                    "type": "tool_call",
+                    "id": c.id,
+                    "name": c.name,
+                    "arguments": shown_input(self.tools.get(c.name), c.input),
+                }
                 for c in response.tool_calls
             ]
             output = [{"role": "assistant", "parts": parts}]
-            span.set_attribute("gen_ai.output.messages", _json(output))
+            span.set_attribute("gen_ai.output.messages", json_text(output))
 
 
 class ToolSpan(_Span):
@@ -465,7 +403,7 @@ class ToolSpan(_Span):
         if span.is_recording():
             span.set_attribute("signoff.tool.outcome", outcome)
             if self.content and outcome == "ok":
-                span.set_attribute("gen_ai.tool.call.result", _json(result))
+                span.set_attribute("gen_ai.tool.call.result", json_text(result))
 
 
 class _Off:
@@ -516,6 +454,7 @@ class Tracing:
         # set, a global provider stays; each drive looks whether it is set yet (`drive`).
         self._unset = lazy
         self.on = tracer is not None and not isinstance(tracer, _trace.NoOpTracer)
+        self._inputs = ShownInputs()
 
     def _look(self) -> None:
         """Whether the global provider is set now (OpenTelemetry imported the first time one
@@ -560,8 +499,15 @@ class Tracing:
         kind = _trace.SpanKind.INTERNAL
         return DriveSpan(self.tracer, "invoke_agent", kind, attributes, self.content)
 
-    def model(self, state: SessionState, model: object, request: Any) -> ModelSpan:
-        """Start a call of `model` with `request`."""
+    def model(
+        self,
+        state: SessionState,
+        model: object,
+        request: Any,
+        tools: Mapping[str, Any] = _NO_TOOLS,
+    ) -> ModelSpan:
+        """Start a call of `model` with `request`, for an agent with `tools` (by name): with
+        content on, its calls' input is shown as they validate it, secrets masked."""
         if not self.on:
             return cast(ModelSpan, _OFF_SPAN)
         assert self.tracer is not None
@@ -581,9 +527,11 @@ class Tracing:
         if self.content:
             if request.instructions:
                 instructions = [{"type": "text", "content": request.instructions}]
-                attributes["gen_ai.system_instructions"] = _json(instructions)
-            attributes["gen_ai.input.messages"] = _messages(request.messages)
-        return ModelSpan(self.tracer, _trace.SpanKind.CLIENT, attributes, self.content)
+                attributes["gen_ai.system_instructions"] = json_text(instructions)
+            shown = functools.partial(self._inputs.of, tools=tools)
+            attributes["gen_ai.input.messages"] = messages_json(request.messages, shown)
+        kind = _trace.SpanKind.CLIENT
+        return ModelSpan(self.tracer, kind, attributes, self.content, tools)
 
     def tool(self, state: SessionState, call_id: str, name: str, arguments: Any) -> ToolSpan:
         """Start a run of tool `name`'s body for call `call_id`."""
@@ -600,7 +548,7 @@ class Tracing:
             "signoff.turn_id": "" if state.turn is None else state.turn.id,
         }
         if self.content:
-            attributes["gen_ai.tool.call.arguments"] = _json(arguments)
+            attributes["gen_ai.tool.call.arguments"] = json_text(arguments)
         return ToolSpan(self.tracer, name, _trace.SpanKind.INTERNAL, attributes, self.content)
 
 

@@ -1,0 +1,134 @@
+"""Tool input as spans show it with `trace_content=True`: validated, secrets masked; input that
+fails validation as sent but for what may hold a secret; and a conversation's calls validated
+once while they are in memory, not again at every model call."""
+
+from __future__ import annotations
+
+import gc
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, Field, Secret, SecretStr
+
+import signoff as so
+from signoff._trace_content import MASK, ShownInputs, messages_json, shown_input
+from signoff._types import AssistantMessage, ToolCall, UserMessage
+
+
+class _Credentials(BaseModel):
+    user: str
+    password: SecretStr
+
+
+@dataclass
+class _Key:
+    name: str
+    value: Secret[int]
+
+
+@so.tool
+async def connect(
+    host: str,
+    login: _Credentials,
+    token: Annotated[SecretStr | None, Field(alias="apiToken")] = None,
+    pins: list[Secret[int]] = [],  # noqa: B006 - pydantic copies it
+    key: _Key | None = None,
+    port: int = 443,
+) -> str:
+    """Connect."""
+    return host
+
+
+@so.tool
+async def plain(order: str) -> str:
+    """No secret here."""
+    return order
+
+
+def test_valid_input_is_shown_validated_with_its_secrets_masked() -> None:
+    raw = {
+        "host": "db",
+        "login": {"user": "bob", "password": "pw1"},
+        "apiToken": "tok",
+        "pins": [1234],
+        "key": {"name": "k", "value": 99},
+    }
+    assert shown_input(connect, raw) == {
+        "host": "db",
+        "login": {"user": "bob", "password": MASK},
+        "token": MASK,
+        "pins": [MASK],
+        "key": {"name": "k", "value": MASK},
+        "port": 443,
+    }
+
+
+def test_input_failing_validation_is_shown_as_sent_but_for_what_may_hold_a_secret() -> None:
+    raw = {
+        "host": "db",
+        "login": {"user": "bob", "password": "pw1"},
+        "apiToken": "tok",
+        "pins": [1234],
+        "key": {"name": "k", "value": 99},
+        "port": "not a port",
+        "passwrod": "pw2",  # no parameter's: a misspelt secret, maybe
+    }
+    assert shown_input(connect, raw) == {
+        "host": "db",
+        "login": MASK,
+        "apiToken": MASK,
+        "pins": MASK,
+        "key": MASK,
+        "port": "not a port",
+        "passwrod": MASK,
+    }
+    unparsed = {"_unparsed_arguments": '{"host": "db", "login": {"password": "pw1"'}
+    assert shown_input(connect, unparsed) == {"_unparsed_arguments": MASK}
+    assert shown_input(connect, ["pw1"]) == MASK
+
+
+def test_input_of_a_tool_without_secrets_or_of_no_tool_is_shown_as_sent_when_it_fails() -> None:
+    assert shown_input(plain, {"order": 7, "extra": "x"}) == {"order": 7, "extra": "x"}
+    assert shown_input(plain, "text") == "text"
+    assert shown_input(None, {"password": "pw1"}) == {"password": "pw1"}
+
+
+_validated: list[str] = []
+
+
+def _seen(value: str) -> str:
+    _validated.append(value)
+    return value
+
+
+@so.tool
+async def login(user: Annotated[str, AfterValidator(_seen)], password: SecretStr) -> str:
+    """Log in."""
+    return user
+
+
+def test_a_conversations_calls_are_validated_once_while_they_live() -> None:
+    validated = _validated
+    validated.clear()
+    inputs = ShownInputs()
+    tools = {"login": login}
+    calls = [ToolCall(id="c1", name="login", input={"user": "bob", "password": "pw1"})]
+    conversation: list[Any] = [UserMessage(text="log in"), AssistantMessage(tool_calls=calls)]
+
+    def shown(call: ToolCall) -> Any:
+        return inputs.of(call, tools)
+
+    for _ in range(3):  # one model call after another, the conversation sent again each time
+        sent = json.loads(messages_json(conversation, shown))
+        assert sent[1]["tool_calls"] == [
+            {"name": "login", "input": {"user": "bob", "password": MASK}, "id": "c1"}
+        ]
+    assert validated == ["bob"]
+    # An equal call read again from the log is another object: validated for itself.
+    again = ToolCall(id="c1", name="login", input={"user": "bob", "password": "pw1"})
+    assert inputs.of(again, tools) == {"user": "bob", "password": MASK}
+    assert validated == ["bob", "bob"]
+    del conversation, calls, again
+    gc.collect()
+    assert inputs._shown == {}  # forgotten with their calls
