@@ -20,7 +20,7 @@ from signoff.channels import ChannelHub
 from signoff.channels.slack import _inbox
 
 from ._procs import ROOT, make_agent, read_executions
-from ._slack import TEAM, FakeSlack, channel, click, fake, manual, sign
+from ._slack import TEAM, FakeSlack, channel, click, fake, manual, sign, state_locked
 from ._slack_replies import ALLOWED, FIRST_TS, event
 
 __all__ = ["fake"]  # the fixture, used by name
@@ -189,6 +189,68 @@ async def test_an_answer_the_store_cannot_keep_in_time_gets_a_503_and_is_taken_o
             await slack.idle()
             assert [m["state"] for _, m in slack.memos("click:")] == ["done"]
             assert await s.channel_memos("hub.slack:click:") == []
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.outcome == "approved"
+        assert [e.type for e in await rt.audit()].count("approval.settled") == 1
+    assert len(read_executions(records)) == 1
+    assert fake.of("chat.postEphemeral") == []
+
+
+@pytest.mark.parametrize("fault", ["refused", "locked"])
+@pytest.mark.parametrize("kind", ["click", "reply"])
+async def test_an_answer_the_state_cannot_keep_gets_a_503_and_leaves_nothing_to_take_up(
+    store_url: str,
+    tmp_path: Path,
+    fake: FakeSlack,
+    kind: str,
+    fault: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store keeps the copy of Approve (or of an `approve` typed in the request's thread)
+    but the state refuses its memo (a full disk) or is locked by another process past the two
+    seconds (the memo fails after the 503): the copy is dropped again, so the delivering hub's
+    scans, past `ADOPT_AFTER`, settle nothing. Before, the copy stayed and a scan settled it a
+    minute after Slack had shown the person an error. Slack's retry is then taken, once."""
+    monkeypatch.setattr(_inbox, "ADOPT_AFTER", 0.0)
+    monkeypatch.setattr(_inbox, "ADOPT_EVERY", 0.0)
+    records = str(tmp_path / "runs.jsonl")
+    async with so.Runtime([make_agent(records)], store=store_url) as rt:
+        (req,) = (await rt.generate("support", prompt="Refund order 1042")).pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], state=tmp_path / "b.db")) as hub:
+            await hub.poll()
+            s: Any = rt.store
+            body = approve(req.id) if kind == "click" else event("approve", thread=FIRST_TS)
+            handle = slack.handle if kind == "click" else slack.handle_event
+            prefix = "click:" if kind == "click" else "event:"
+            if fault == "refused":
+                remember = slack.remember
+
+                def refusing(key: str, value: Any) -> None:
+                    if key.startswith(prefix):
+                        raise so.StoreError("database or disk is full")
+                    remember(key, value)
+
+                monkeypatch.setattr(slack, "remember", refusing)
+                with pytest.raises(so.StoreError, match="disk is full"):
+                    await handle(body, _signed(body))
+                monkeypatch.setattr(slack, "remember", remember)
+            else:
+                async with state_locked(tmp_path / "b.db"):
+                    with pytest.raises(so.StoreError, match="not saved within 2s"):
+                        await handle(body, _signed(body))
+                    await slack.idle()  # the memo fails late, the lock still held
+            await slack.idle()
+            await hub.poll()  # a scan of the store, past ADOPT_AFTER
+            await slack.idle()
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.status == "pending"
+            assert read_executions(records) == []
+            assert await s.channel_memos(f"hub.slack:{prefix}") == []
+            assert slack.memos(prefix) == []
+            assert await handle(body, _signed(body, 1)) is None  # Slack's retry
+            await slack.idle()
+            assert [m["state"] for _, m in slack.memos(prefix)] == ["done"]
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.outcome == "approved"
         assert [e.type for e in await rt.audit()].count("approval.settled") == 1

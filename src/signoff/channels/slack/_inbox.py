@@ -16,7 +16,10 @@ it was taken on, its `home`), and dropped there once done: a machine lost after 
 its state with it, and the hub delivering to the channel on another state takes up what such a
 state left undone for `ADOPT_AFTER` seconds (scanning at its start and every `ADOPT_EVERY`
 seconds). Taking it up names the new home in the store; a run that resumes saved work first
-checks the store still names its own (else another state took it, or finished it).
+checks the store still names its own (else another state took it, or finished it). Work the
+state did not take (Slack had a 503 for it) is dropped from the store again; only a process
+that dies between the two saves, or a store that refuses the drop, leaves a copy there, taken
+up as a lost machine's would be (the store cannot tell them apart).
 """
 
 from __future__ import annotations
@@ -118,7 +121,8 @@ class Inbox(Generic[T]):
 
     def _late(self, saving: asyncio.Task[tuple[str, T] | None]) -> None:
         """Start the work of a save that ended after Slack had a 503 for it, or log its failure
-        (nothing was taken: Slack sends it again)."""
+        (nothing was taken, `_save` dropped its copy in the store: Slack sends it again, or the
+        person acts again)."""
         if saving.cancelled():
             return
         exc = saving.exception()
@@ -133,20 +137,42 @@ class Inbox(Generic[T]):
         self, pick: Callable[[], tuple[str, T] | None], deadline: float
     ) -> tuple[str, T] | None:
         """Save the work `pick` names, unless taken before: in the store first (where a hub on
-        another state finds it if this machine is lost), then in the state, the state's calls
-        in a thread and waiting for it until `deadline`."""
+        another state finds it if this machine is lost), then in the state (where Slack's retry
+        finds it taken, so only once both hold it), the state's calls in a thread and waiting
+        for it until `deadline`. The state failing, in time or not, the store's copy is dropped
+        again (`_unshare`): nothing is taken."""
         ch = self.channel
         found = await off_loop(self._pick, pick, deadline)
         if found is None:
             return None
         work_id, work = found
+        key = self.key(work_id)
         memo = {"state": "pending", "at": ch.clock(), "tries": 0, **asdict(work)}
-        if self.shared.kept:
-            shared = {self.key(work_id): {**asdict(work), "home": ch.home}}
-            await self.shared.keep(shared, durable=True)  # acknowledged: an answer, synced
-            memo["shared"] = True  # a resumed run checks the store still names this home
-        await off_loop(self._keep, self.key(work_id), memo, deadline)
+        if not self.shared.kept:
+            await off_loop(self._keep, key, memo, deadline)
+            return found
+        shared = {key: {**asdict(work), "home": ch.home}}
+        await self.shared.keep(shared, durable=True)  # acknowledged: an answer, synced
+        memo["shared"] = True  # a resumed run checks the store still names this home
+        try:
+            await off_loop(self._keep, key, memo, deadline)
+        except Exception:
+            await self._unshare(key)
+            raise
         return found
+
+    async def _unshare(self, key: str) -> None:
+        """Drop the store's copy of work the state did not take (Slack has a 503 for it), which
+        the delivering hub would otherwise take up in a minute as work a lost machine left."""
+        try:
+            await self.shared.keep({key: None})
+        except SignoffError as exc:
+            logger.warning(
+                "slack: the %s %s the state did not take stays in the store: %s",
+                self.what,
+                key.removeprefix(self.prefix),
+                exc,
+            )
 
     def _pick(
         self, pick: Callable[[], tuple[str, T] | None], deadline: float
