@@ -78,3 +78,24 @@ async def test_a_delivery_is_taken_only_if_saved_before_the_ack_deadline(
         await slack.idle()
         assert ran == [("hello", False)]
     state.close()
+
+
+def test_a_step_back_of_the_wall_clock_holds_off_no_scan() -> None:
+    """The every-`TIDY_EVERY` scan (resuming answers whose settling failed) was paced by the
+    wall clock alone: stepped back an hour, no scan ran for an hour and five minutes. It now
+    counts from the step."""
+    from slack_sdk.web.async_client import AsyncWebClient
+
+    from signoff.channels.slack import _inbox
+
+    wall = [1_800_000_000.0]
+    client = AsyncWebClient(token="xoxb-test")
+    slack = SlackChannel("C0123ABCD", signing_secret="x", client=client, clock=lambda: wall[0])
+    inbox = slack.clicks.inbox
+    assert inbox.due() and not inbox.due()
+    wall[0] -= 3600
+    assert not inbox.due()
+    wall[0] += _inbox.TIDY_EVERY - 1
+    assert not inbox.due()
+    wall[0] += 1
+    assert inbox.due()

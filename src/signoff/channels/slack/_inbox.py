@@ -231,9 +231,13 @@ class Inbox(Generic[T]):
         return found
 
     def due(self) -> bool:
-        """Whether it is time for another scan (every `TIDY_EVERY` seconds); notes it is."""
+        """Whether it is time for another scan (every `TIDY_EVERY` seconds); notes it is. A
+        step back of the wall clock counts from the step: it held the scans off as long."""
         now = self.channel.clock()
-        if self._tidied_at is not None and now - self._tidied_at < TIDY_EVERY:
+        if self._tidied_at is not None and 0 <= now - self._tidied_at < TIDY_EVERY:
+            return False
+        if self._tidied_at is not None and now < self._tidied_at:
+            self._tidied_at = now
             return False
         self._tidied_at = now
         return True
