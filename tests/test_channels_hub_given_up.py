@@ -2,23 +2,26 @@
 again while the hub runs, every `REDO_EVERY` seconds, not only when it next starts: a service
 down for a few minutes must not leave the approvals opened meanwhile unshown until a restart.
 A round stops at the first entry that fails again (the service is still down) rather than
-holding the hub's poll, and the other channels, through one failure per entry."""
+holding the hub's poll, and the other channels, through one failure per entry; one that never
+goes through holds back none of the others, tried in turn behind it."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub
 from signoff.channels import _given_up as given_up
+from signoff.channels.slack import SlackChannel
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 from ._channels import manual
-from ._slack import ALICE, FakeSlack, channel, slack_api
+from ._slack import ALICE, SECRET, FakeSlack, channel, slack_api
 from .test_channels_hub import Flaky
 
 __all__ = ["slack_api"]  # the fixture, used by name
@@ -85,3 +88,101 @@ async def test_a_slack_post_given_up_on_is_posted_once_slack_is_back_without_a_r
             assert post["metadata"]["event_payload"]["request_id"] == req.id
             await hub.poll()
         assert len(slack_api.of("chat.postMessage")) == 2
+
+
+class _Refusing(Flaky):
+    """Fails on every request whose id it `refuses` (a delivery no retry can make), and on the
+    others while it is `down`."""
+
+    def __init__(self, refuses: set[str]) -> None:
+        super().__init__(0)
+        self.refuses = refuses
+        self.down = False
+
+    async def on_requested(self, request: so.InputRequest) -> None:
+        self.attempts += 1
+        if self.down or request.id in self.refuses:
+            raise ConnectionError("refused")
+        self.seen.append(("requested", request.id))
+
+
+async def test_an_entry_that_fails_every_round_holds_back_none_given_up_on_after_it(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round stops at the first entry that fails again; when the oldest failed first in the
+    round before too, one other is tried, in turn, and once it goes through the rest follow.
+    Before, one entry that could never be delivered was the only one tried each round, and
+    the others waited for the next start."""
+    async with so.Runtime([_refund([])], store=store_url) as rt:
+        ch = _Refusing(set())
+        async with manual(ChannelHub(rt, [ch], state=tmp_path / "hub.db", max_attempts=1)) as hub:
+            stuck = (await rt.generate("support", prompt="Refund A")).pending[0]
+            ch.refuses.add(stuck.id)
+            await hub.poll()  # given up on
+            ch.down = True
+            later = [(await rt.generate("support", prompt=p)).pending[0] for p in "BC"]
+            await hub.poll()  # both given up on too
+            assert (ch.attempts, ch.seen) == (3, [])
+            monkeypatch.setattr(given_up, "REDO_EVERY", 0.0)
+            await hub.poll()  # still down: the round stops at the first entry
+            assert ch.attempts == 4
+            ch.down = False
+            await hub.poll()  # the oldest fails first again: the next goes through, and the rest
+            assert ch.seen == [("requested", r.id) for r in later]
+            assert ch.attempts == 7
+            await hub.poll()  # only the one that never goes through is left
+            assert ch.attempts == 8
+
+
+async def test_each_entry_given_up_on_is_tried_in_turn_behind_ones_that_never_go_through(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two entries that never go through, then one that would: the rounds try the others in
+    turn behind the oldest, so the third is delivered by the third round, not never."""
+    monkeypatch.setattr(given_up, "REDO_EVERY", 0.0)
+    async with so.Runtime([_refund([])], store=store_url) as rt:
+        ch = _Refusing(set())
+        async with manual(ChannelHub(rt, [ch], state=tmp_path / "hub.db", max_attempts=1)) as hub:
+            opened = [(await rt.generate("support", prompt=p)).pending[0] for p in "ABC"]
+            ch.refuses.update(r.id for r in opened)
+            await hub.poll()  # all three given up on
+            ch.refuses.discard(opened[2].id)
+            tried = []
+            for _ in range(3):
+                before = ch.attempts
+                await hub.poll()
+                tried.append(ch.attempts - before)
+            assert tried == [1, 2, 3]  # A; A and B; A, C (delivered) and B, the rest
+            assert ch.seen == [("requested", opened[2].id)]
+
+
+async def test_an_update_in_an_archived_old_channel_holds_back_no_post_given_up_on(
+    tmp_path: Path, slack_api: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The close of a request whose message is in the conversation the app posted to before
+    `channel` changed, archived since, fails every round (not the channel's own: not waited
+    out). Before, each round tried it first and stopped there, so a request whose post was
+    given up on in a short outage meanwhile was not posted until the hub's next start."""
+    state = tmp_path / "hub.db"
+    async with so.Runtime([_refund([])], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        async with manual(ChannelHub(rt, [channel(slack_api)], state=state)) as hub:
+            first = await rt.generate("support", prompt="Refund A", auth=ALICE)
+            await hub.poll()
+        slack_api.messages["C99"] = []
+        moved = SlackChannel(
+            "C99", token="xoxb-test", base_url=slack_api.url, signing_secret=SECRET
+        )
+        async with manual(ChannelHub(rt, [moved], state=state, max_attempts=1)) as hub:
+            slack_api.failing["chat.update"] = "is_archived"  # only the message in C42 is updated
+            answer = so.InputResponse(request_id=first.pending[0].id, option_id="approve")
+            await rt.respond(first.session_id, [answer], principal=ALICE)
+            await hub.poll()  # its update given up on
+            slack_api.failing["chat.postMessage"] = "internal_error"
+            req = (await rt.generate("support", prompt="Refund B", auth=ALICE)).pending[0]
+            await hub.poll()  # its post given up on
+            del slack_api.failing["chat.postMessage"]
+            monkeypatch.setattr(given_up, "REDO_EVERY", 0.0)
+            for _ in range(2):
+                await hub.poll()
+            assert moved.recall(f"msg:{req.id}") == {"channel": "C99", "ts": ANY}
+        assert len(slack_api.of("chat.postMessage")) == 3

@@ -1,7 +1,8 @@
 """The audit entries a `ChannelHub` gave a channel up on (it failed on each `max_attempts`
 times): kept in the channel state, under the hub's key for the channel, and delivered again
 every `REDO_EVERY` seconds while the hub runs and when it next starts on that state (a service
-down for a few minutes must not leave what opened meanwhile unshown until a restart)."""
+down for a few minutes must not leave what opened meanwhile unshown until a restart, and one
+entry it never takes must not hold back the others)."""
 
 from __future__ import annotations
 
@@ -36,28 +37,35 @@ async def redeliver(
     *,
     until_failure: bool = False,
 ) -> int:
-    """Deliver again the entries given up on; those failing again are kept (and logged) for
-    the next round, or the start after; how many are kept. A rate limit holds them, and the
-    channel's feed behind them, until its delay has passed: the next poll then goes on with
-    them. `until_failure`: a round while the hub runs, which stops at the first entry that
-    fails again (the service is still down) rather than hold the poll through one failure per
-    entry."""
+    """Deliver again the entries given up on, oldest first; those failing again are kept (and
+    logged) for the next round, or the start after; how many are kept. A rate limit holds them,
+    and the channel's feed behind them, until its delay has passed: the next poll then goes on
+    with them. `until_failure`: a round while the hub runs, which stops at the first entry
+    that fails again (the service is still down) rather than hold the poll through one failure
+    per entry; see `_in_turn` for the one it tries after it."""
     skipped = [int(i) for i in await off_loop(state.recall, key, _SKIPPED) or []]
     if not skipped:
         retries.redo.discard(ch.name)
+        retries.stuck.pop(ch.name, None)
         return 0
+    stuck = retries.stuck.get(ch.name) if until_failure else None
+    turn = _in_turn(skipped, stuck)
+    queue = list(skipped)
     limited = False
-    left: list[int] = []
-    for n, entry_id in enumerate(skipped):
+    done: set[int] = set()  # delivered, or no longer in the trail
+    failed: int | None = None  # the first entry that failed again
+    tried: int | None = None  # the one in turn, once tried
+    while queue:
+        entry_id = queue.pop(0)
         found = await store.audit(after_id=entry_id - 1, limit=1)
         if not found or found[0].id != entry_id:
-            continue  # no longer in the trail: nothing to deliver
+            done.add(entry_id)  # no longer in the trail: nothing to deliver
+            continue
         try:
             await announce(store, ch, found[0])
         except RateLimited as exc:
             retries.rate_limited(ch.name, entry_id, exc)
             limited = True
-            left.extend(skipped[n:])
             break
         except Exception:
             if until_failure:
@@ -69,7 +77,13 @@ async def redeliver(
                     REDO_EVERY,
                     exc_info=True,
                 )
-                left.extend(skipped[n:])
+                if failed is None:
+                    failed = entry_id
+                if entry_id == skipped[0] and turn is not None:
+                    queue.remove(turn)  # it shows whether the service is back
+                    queue.insert(0, turn)
+                    tried = turn
+                    continue
                 break
             logger.exception(
                 "channel %s failed again on audit entry %s; it is tried again in %gs and when "
@@ -78,7 +92,16 @@ async def redeliver(
                 entry_id,
                 REDO_EVERY,
             )
-            left.append(entry_id)
+            continue
+        done.add(entry_id)
+    if until_failure and not limited:
+        if failed is None:
+            retries.stuck.pop(ch.name, None)
+        else:
+            if tried is None and stuck is not None and stuck[0] == failed:
+                tried = stuck[1]
+            retries.stuck[ch.name] = (failed, tried)
+    left = [i for i in skipped if i not in done]
     if left != skipped:
         if left:
             await off_loop(state.remember, key, _SKIPPED, left)
@@ -89,3 +112,14 @@ async def redeliver(
     else:
         retries.redo.discard(ch.name)
     return 0 if limited else len(left)
+
+
+def _in_turn(skipped: list[int], stuck: tuple[int, int | None] | None) -> int | None:
+    """The entry a round tries should the oldest fail again, None if it stops there: when the
+    last round failed first on that oldest too (`stuck`), the one after the last tried so
+    (cycling through them). One the channel can never deliver holds back none of the others,
+    while a service still down costs two attempts a round, and one back gets them in order."""
+    if stuck is None or len(skipped) < 2 or skipped[0] != stuck[0]:
+        return None
+    rest, after = sorted(skipped[1:]), stuck[1]
+    return next((i for i in rest if after is None or i > after), rest[0])

@@ -22,6 +22,9 @@ class Retries:
         self._failures: dict[tuple[str, int], int] = {}
         self._retry_at: dict[str, float] = {}
         self.redo: set[str] = set()  # channels whose redelivery a rate limit holds back
+        # channel -> the entry given up on that its last round of redelivery failed on first,
+        # and the one tried after it in turn (`_given_up`)
+        self.stuck: dict[str, tuple[int, int | None]] = {}
 
     def blocked(self) -> set[str]:
         """The channels not to be told anything now: waiting for their retry, or holding the
