@@ -16,7 +16,7 @@ import pytest
 
 import signoff as so
 from signoff.channels import Channel, ChannelHub, _retries
-from signoff.channels.slack import SlackChannel, _channel, slack_principal
+from signoff.channels.slack import SlackChannel, _backlog, slack_principal
 
 from ._channels import frozen_monotonic
 from ._slack import (
@@ -140,7 +140,7 @@ async def test_slack_rate_limited_at_start_posts_the_open_requests_later(
 ) -> None:
     """Requests open when the hub starts are posted once Slack's Retry-After has passed, not
     left unposted until the next start because the first post was rate limited."""
-    clock = frozen_monotonic(monkeypatch, _channel)
+    clock = frozen_monotonic(monkeypatch, _backlog)
     log: list[Any] = []
     async with refund_requested(tmp_path, log) as (rt, req):
         slack_api.limited["chat.postMessage"] = 1
@@ -230,7 +230,7 @@ async def test_slack_down_at_start_posts_the_open_requests_once_it_is_back(
 ) -> None:
     """A 5xx from Slack while the hub posts the requests open at start: they are posted again
     after a backoff (not left unposted until the next start), once each."""
-    clock = frozen_monotonic(monkeypatch, _channel)
+    clock = frozen_monotonic(monkeypatch, _backlog)
     log: list[Any] = []
     async with refund_requested(tmp_path, log) as (rt, req):
         slack_api.down["chat.postMessage"] = 2
@@ -247,6 +247,65 @@ async def test_slack_down_at_start_posts_the_open_requests_once_it_is_back(
         # two 503s, then the post (Slack's first "ts"), and nothing more
         assert [m for m, _ in slack_api.calls] == ["chat.postMessage"] * 3
         assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": "1700000000.000001"}
+
+
+async def test_slack_down_for_minutes_at_start_posts_the_open_requests_once_it_is_back(
+    tmp_path: Path,
+    slack_api: FakeSlack,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Slack failing the posts of the requests open at start for longer than their backoff
+    (about two minutes): that is logged as an error, and they are tried once a minute while
+    the hub runs. Before, they were dropped, unposted until the hub's next start."""
+    clock = frozen_monotonic(monkeypatch, _backlog)
+    log: list[Any] = []
+    async with refund_requested(tmp_path, log) as (rt, req):
+        slack_api.failing["chat.postMessage"] = "internal_error"
+        slack = channel(slack_api)
+        with caplog.at_level(logging.WARNING, logger="signoff.channels"):
+            async with manual(ChannelHub(rt, [slack])) as hub:
+                for _ in range(_backlog.ATTEMPTS - 1):  # 1, 2, 4 ... 64 s apart
+                    clock.now += 65
+                    await hub.poll()
+                assert len(slack_api.of("chat.postMessage")) == _backlog.ATTEMPTS
+                assert any(r.levelno == logging.ERROR for r in caplog.records)
+                del slack_api.failing["chat.postMessage"]
+                clock.now += 59
+                await hub.poll()
+                assert slack.recall(f"msg:{req.id}") is None
+                clock.now += 2
+                await hub.poll()
+                assert slack.recall(f"msg:{req.id}") is not None
+                await hub.poll()
+        assert len(slack_api.of("chat.postMessage")) == _backlog.ATTEMPTS + 1
+
+
+async def test_a_request_open_at_start_whose_post_keeps_failing_holds_back_no_other(
+    tmp_path: Path, slack_api: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first of two requests open at start fails to post at every try: it goes behind the
+    second, posted a second later. Before, the second waited for the first's eight tries
+    (about two minutes)."""
+    clock = frozen_monotonic(monkeypatch, _backlog)
+    log: list[Any] = []
+    async with refund_requested(tmp_path, log) as (rt, first):
+        second = (await rt.generate("support", prompt="Refund order 7", auth=ALICE)).pending[0]
+        slack = channel(slack_api)
+        show = slack.posts.show
+
+        async def failing_first(request: so.InputRequest) -> None:
+            if request.id == first.id:
+                raise ConnectionError("this one never goes through")
+            await show(request)
+
+        monkeypatch.setattr(slack.posts, "show", failing_first)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            assert slack_api.of("chat.postMessage") == []
+            clock.now += 1.05
+            await hub.poll()
+            assert slack.recall(f"msg:{second.id}") is not None
+            assert slack.recall(f"msg:{first.id}") is None
 
 
 async def test_a_gateway_page_instead_of_slacks_json_is_read_as_a_failure_of_slack(

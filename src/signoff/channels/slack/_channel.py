@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import re
 import secrets
@@ -45,6 +44,7 @@ from .._base import (
 )
 from .._lease import Presence, alive
 from ._adopt import retry_handlers
+from ._backlog import Backlog
 from ._blocks import (
     UNPARSED,
     erased_blocks,
@@ -71,7 +71,6 @@ __all__ = ["SlackChannel", "SlackPayloadError", "slack_principal"]
 R = TypeVar("R")
 
 TOLERANCE = 300  # seconds: Slack's own advice for the request timestamp
-_BACKLOG_ATTEMPTS = 8  # posts of a request open at start, 1 s apart doubling (about 2 min)
 
 # While the bot cannot reach its channel (`ABSENT` errors), the hub holds the channel's feed,
 # trying again every ABSENT_WAIT seconds, instead of giving up each request in turn.
@@ -184,9 +183,6 @@ class SlackChannel(Channel):
         self._answered: dict[str, dict[str, Any] | None] = {}  # signature -> what Slack got
         self._tasks: set[asyncio.Task[Any]] = set()
         self._router: Any = None
-        self._backlog: list[InputRequest] = []  # open at start, not posted yet
-        self._backlog_at = 0.0  # monotonic time Slack lets the backlog be posted again
-        self._backlog_failures = 0  # failed posts of the backlog's first request
         self._presence: Presence | None = None  # held while it may act on the work it took
         self._presence_lock = threading.Lock()
         self._token = secrets.token_hex(8)  # names this object's `home` on a state in memory
@@ -195,16 +191,15 @@ class SlackChannel(Channel):
         self.replies = ThreadReplies(self)
         self.clicks = Clicks(self)
         self.posts = Posts(self)
+        self.backlog = Backlog(self)  # the requests open at start, not posted yet
         self.refused_token = TokenRefusals()  # a token or scope Slack refuses: logged, waited
 
     # -- what the hub tells it ----------------------------------------------------------------
 
     async def start(self, open_requests: Sequence[InputRequest]) -> None:
         # Those never posted (e.g. opened before the first start); what Slack's rate limit
-        # holds back is posted on the hub's ticks once its Retry-After has passed.
-        self._backlog = list(open_requests)
-        self._backlog_at = 0.0
-        self._backlog_failures = 0
+        # or a failure holds back is posted on the hub's ticks (`_backlog`).
+        self.backlog.start(open_requests)
         if self._closing is None or self._closing.is_set():  # else notes wait on it already
             self._closing = asyncio.Event()
         # Answers acknowledged and not settled (or sent) before a crash, on this state or (in
@@ -213,50 +208,12 @@ class SlackChannel(Channel):
         await self.replies.resume()
         await self.clicks.inbox.adopt()
         await self.replies.inbox.adopt()
-        await self._post_backlog()
+        await self.backlog.post()
 
     async def tick(self, now: float) -> None:
         await self.clicks.tick()
         await self.replies.tick()
-        await self._post_backlog()
-
-    async def _post_backlog(self) -> None:
-        """Post the requests open at start that are still open, as they are now, until Slack
-        rate-limits (retried after its Retry-After) or fails (retried with a backoff)."""
-        while self._backlog and time.monotonic() >= self._backlog_at:
-            request = self._backlog[0]
-            try:
-                stored = await self.runtime.store.get_request(request.id)
-                if stored is not None and stored.status == "pending":
-                    await self.on_requested(stored.request)
-            except RateLimited as exc:
-                wait = min(max(0.0, exc.retry_after), 3600.0)
-                self._backlog_at = time.monotonic() + wait
-                if isinstance(exc, ChannelUnreachable):
-                    level = logging.DEBUG if exc.logged else logging.WARNING  # logged: told
-                    logger.log(level, "%s; posting %s again in %gs", exc, request.id, wait)
-                else:
-                    logger.warning("slack: rate limited; posting %s again later", request.id)
-                return
-            except Exception:
-                self._backlog_failures += 1
-                if self._backlog_failures < _BACKLOG_ATTEMPTS:
-                    delay = 2.0 ** (self._backlog_failures - 1)
-                    self._backlog_at = time.monotonic() + delay
-                    logger.warning(
-                        "slack: posting %s failed; retrying in %gs",
-                        request.id,
-                        delay,
-                        exc_info=True,
-                    )
-                    return
-                logger.exception(
-                    "slack: posting %s failed %s times; it is posted when the hub next starts",
-                    request.id,
-                    self._backlog_failures,
-                )
-            self._backlog_failures = 0
-            self._backlog.pop(0)
+        await self.backlog.post()
 
     async def on_requested(self, request: InputRequest) -> None:
         await self.posts.show(request)
