@@ -3,8 +3,11 @@ cut short or runs on is refused, and so is the right digest under another scheme
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+import signoff as so
 from signoff.channels import InvalidSignature, verify_webhook
 from signoff.channels.webhooks import sign_webhook
 
@@ -36,3 +39,15 @@ def test_a_signature_almost_right_is_refused(index: int) -> None:
     forged = _near_misses(good)[index]
     with pytest.raises(InvalidSignature, match="does not match"):
         verify_webhook(SECRET, {**headers, "Signoff-Signature": forged}, BODY, now=STAMP)
+
+
+@pytest.mark.parametrize("now", [10**400, "1800000000", float("nan"), True])
+def test_a_now_that_is_no_unix_time_is_a_usage_error(now: Any) -> None:
+    """`now=` a string or an int no float holds raised a bare TypeError or OverflowError from
+    the check meant to refuse it."""
+    headers = {
+        "Signoff-Timestamp": str(STAMP),
+        "Signoff-Signature": sign_webhook(SECRET, STAMP, BODY),
+    }
+    with pytest.raises(so.UsageError, match="^now must be a finite Unix time, not "):
+        verify_webhook(SECRET, headers, BODY, now=now)

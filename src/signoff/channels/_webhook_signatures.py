@@ -6,14 +6,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import __version__
 from .._exceptions import UsageError
-from .._settings import seconds
+from .._settings import finite, seconds, shown_value
 from ._base import InvalidSignature
 
 __all__ = [
@@ -80,8 +79,8 @@ def verify_webhook(
     secrets = secret_list(secret, "verify_webhook()")
     # NaN compares false with every age and infinity is above each: either lets any replay in.
     seconds("tolerance", tolerance, zero=True)
-    if now is not None and not math.isfinite(now):
-        raise UsageError(f"now must be a finite Unix time, not {now!r}")
+    if now is not None and not finite(now):  # a str or 10**400 made math.isfinite raise
+        raise UsageError(f"now must be a finite Unix time, not {shown_value(now)}")
     try:
         raw = body.encode() if isinstance(body, str) else bytes(body)
     except UnicodeEncodeError:  # text decoded from invalid UTF-8: the bytes signed are gone
