@@ -128,3 +128,24 @@ async def test_a_session_that_went_on_since_it_was_read_is_not_shown_expired() -
     now[0] = 126.0
     with pytest.raises(so.SessionExpired):
         await live.respond([{"request_id": "r1", "text": "order 8"}])
+
+
+async def test_a_subagents_late_spend_keeps_no_session_alive() -> None:
+    """A parent's `subagent.spent` (the late count of a child's usage) is bookkeeping, which the
+    server's TTL does not count from: the live session counted from it, and showed a request
+    open up to a TTL after the server had expired it."""
+    from .test_live_session import Remote, _asked
+
+    def at(seq: int, kind: Any, when: float, data: dict[str, Any]) -> so.Event:
+        return so.Event(session_id="s1", seq=seq, type=kind, at=when, turn_id="t1", data=data)
+
+    spent = {"session_id": "ses_child", "delegated": so.Usage().model_dump()}
+    log = [
+        at(1, "session.created", 1.0, {"agent": "support", "ttl": 60}),
+        _asked(2, "r1"),
+        at(3, "subagent.spent", 50.0, spent),
+    ]
+    now = [62.0]
+    live = LiveSession(Remote(log), "s1", clock=lambda: now[0])
+    await live.sync()  # last active at 1.0 (`_state.SessionState` skips the spend too)
+    assert live.open_requests() == [] and live.requests["r1"].status == "expired"

@@ -113,7 +113,8 @@ class LiveSession:
                 200,
             ) from None
         self.seq = event.seq
-        self._updated_at = event.at
+        if event.type != "subagent.spent":  # bookkeeping, as the server's fold counts it
+            self._updated_at = event.at
         self._last = event
         return fold()
 
