@@ -259,6 +259,43 @@ async def test_resuming_the_parent_picks_up_a_child_answered_without_resuming(
     await rt.close()
 
 
+async def test_resuming_the_top_picks_up_a_grandchild_answered_without_resuming(
+    tmp_path: Path,
+) -> None:
+    """As one level down, two: resuming the top of three after the grandchild's request was
+    answered with resume=False (or its process died right after recording it) left the top
+    waiting on both mirrors, the person asked again and the refund not run. Each level's
+    mirrors are now closed from the bottom up."""
+    ran: list[dict[str, Any]] = []
+    top_after = Counted("All sorted.")
+    _, refunds = refund_agents(ran, Counted("Refunded."))
+    middle = scripted_agent(
+        "desk",
+        [call_tools(call("billing", message="refund 1042")), reply("The desk refunded it.")],
+        tools=[so.delegate("billing")],
+    )
+    top = scripted_agent(
+        "front",
+        [call_tools(call("desk", message="sort out 1042")), top_after],
+        tools=[so.delegate("desk")],
+    )
+    rt = sqlite_runtime(tmp_path, top, middle, refunds)
+    r = await rt.generate("front", prompt="sort out 1042", auth=ALICE)
+    (leaf,) = [p for p in await rt.pending() if p.child is None]
+    assert leaf.session_id not in (r.session_id,) and len(await rt.pending()) == 3
+    await rt.respond(
+        leaf.session_id,
+        [so.InputResponse(request_id=leaf.id, option_id="approve")],
+        principal=ALICE,
+        resume=False,
+    )
+    done = await rt.generate(session_id=r.session_id)
+    assert (done.status, done.text) == ("completed", "All sorted.")
+    assert ran == [{"order_id": "1042", "amount": 180.0}] and top_after.calls == 1
+    assert await rt.pending() == []
+    await rt.close()
+
+
 async def test_a_cancelled_or_expired_child_lets_its_parent_go_on_on_both_stores(
     store_url: str,
 ) -> None:

@@ -117,7 +117,8 @@ async def after_close(rt: Runtime, state: SessionState) -> None:
 async def reconcile(rt: Runtime, state: SessionState) -> bool:
     """Before the parent's turn is driven, close its open mirrors whose child requests closed
     while nothing told it (an answer given with `resume=False`, a process that died, a child
-    session that expired); returns whether it closed any."""
+    session that expired); returns whether it closed any. Each child's own mirrors first, so a
+    grandchild's request closed so closes the mirrors above it too."""
     turn = state.turn
     mirrors = [
         r
@@ -132,6 +133,7 @@ async def reconcile(rt: Runtime, state: SessionState) -> bool:
         for child in kids:
             with contextlib.suppress(SessionExpired, UnknownSession):
                 await rt._checked(child)  # records the child's expiry and passed deadlines
+                await reconcile(rt, await rt._state(child))
         for mirror in mirrors:
             await close_mirror(rt, state.id, mirror)
     finally:
