@@ -793,3 +793,35 @@ async def test_a_lease_row_a_hand_edit_left_odd_does_not_hold_a_forced_deletion(
         with pytest.raises(so.SessionBusy):
             await rt.delete_session(sid)
         assert await rt.delete_session(sid, force=True) == [sid]
+
+
+async def test_a_subagents_own_waiting_turn_is_named_as_what_to_cancel(store_url: str) -> None:
+    """The top session's turn was over; its subagent's own turn (a message sent to it) waited
+    on an approval. The refusal named the top and said "cancel it first", which leaves that
+    turn alone (as documented): following it changed nothing. It names the subagent's session."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    asks = [call_tools(call("issue_refund", order_id="1042")), reply("Refunded.")]
+    billing = scripted_agent("billing", asks * 2, tools=[issue_refund])
+    delegates = [call_tools(call("billing", message="Refund order 1042")), reply("Done.")]
+    parent_agent = scripted_agent("support", delegates, tools=[so.delegate("billing")])
+    async with so.Runtime([parent_agent, billing], store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        kid = mirror.child.session_id
+        approve = so.InputResponse(request_id=mirror.id, option_id="approve")
+        assert (await rt.respond(r.session_id, [approve], principal=ALICE)).status == "completed"
+        own = await rt.send(kid, "refund order 1042 again", principal=ALICE)
+        (asked,) = own.pending
+        with pytest.raises(so.SessionWaiting) as waiting:
+            await rt.delete_session(r.session_id)
+        assert (waiting.value.request_ids, waiting.value.held_by) == ([asked.id], [kid])
+        assert f"{asked.id} of subagent session {kid!r}" in str(waiting.value)
+        assert "cancel the sessions holding them first" in str(waiting.value)
+        await rt.cancel(kid, principal=ALICE)
+        assert await rt.delete_session(r.session_id) == [r.session_id, kid]

@@ -211,15 +211,25 @@ class SessionBusy(SessionError):
 
 class SessionWaiting(SessionError):
     """The session (or a subagent session under it) has open requests, so it is not deleted:
-    cancel it first (`Runtime.cancel`), which withdraws them."""
+    cancel the sessions holding them first (`Runtime.cancel`), which withdraws them. A
+    subagent's own turn (a message sent to it) is not cancelled with its parent's:
+    `held_by` names the session of each request."""
 
     code = "session_waiting"
 
-    def __init__(self, session_id: str, request_ids: Iterable[str]) -> None:
+    def __init__(
+        self, session_id: str, request_ids: Iterable[str], held_by: Iterable[str] = ()
+    ) -> None:
         self.request_ids = list(request_ids)
+        self.held_by = list(held_by) or [session_id] * len(self.request_ids)
+        listed = ", ".join(
+            rid if holder == session_id else f"{rid} of subagent session {holder!r}"
+            for rid, holder in zip(self.request_ids, self.held_by, strict=False)
+        )
+        holders = {session_id, *self.held_by}
         super().__init__(
-            f"session {session_id!r} waits on open requests ({', '.join(self.request_ids)}): "
-            "cancel it first",
+            f"session {session_id!r} waits on open requests ({listed}): cancel "
+            f"{'it' if len(holders) == 1 else 'the sessions holding them'} first",
             session_id,
         )
 

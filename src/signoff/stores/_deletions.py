@@ -153,7 +153,7 @@ def refuse(
     found: bool,
     parent: str | None,
     leased: str | None,
-    waiting: Sequence[str],
+    waiting: Sequence[tuple[str, str]],
     running: str | None = None,
 ) -> None:
     """Raise why the session may not be deleted, if it may not: unknown, a subagent's whose
@@ -172,8 +172,8 @@ def refuse(
             f"session {session_id!r} is running: {whose} turn holds the lease; cancel it first",
             session_id,
         )
-    if waiting:
-        raise SessionWaiting(session_id, waiting)
+    if waiting:  # (request id, the session holding it)
+        raise SessionWaiting(session_id, [r for r, _ in waiting], [h for _, h in waiting])
     if running is not None:
         whose = "its" if running == session_id else f"subagent session {running!r}'s"
         raise SessionBusy(

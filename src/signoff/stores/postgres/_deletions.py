@@ -279,7 +279,7 @@ class Deletions(Connections):
 
         rows, erased = await self._read(body, f"reading session {session_id!r} to delete it")
         top = next((r for r in rows if r[1] == session_id), None)
-        waiting = [rid for r in rows for rid in (r[8] or ())]
+        waiting = [(rid, str(r[1])) for r in rows for rid in (r[8] or ())]
         refuse(
             session_id,
             found=top is not None,

@@ -249,7 +249,8 @@ class Deletions(Connection):
             )
             return doomed
         waiting = conn.execute(
-            f"SELECT id FROM requests WHERE sk IN ({marks}) AND status = 'pending' ORDER BY id",
+            f"SELECT r.id, s.id FROM requests r JOIN sessions s ON s.sk = r.sk "
+            f"WHERE r.sk IN ({marks}) AND r.status = 'pending' ORDER BY r.id",
             keys,
         ).fetchall()
         running = conn.execute(
@@ -263,7 +264,7 @@ class Deletions(Connection):
             found=True,
             parent=None if top[1] is None else str(top[1]),
             leased=None if leased is None else str(leased[0]),
-            waiting=[str(r[0]) for r in waiting],
+            waiting=[(str(r[0]), str(r[1])) for r in waiting],
             running=None if running is None else str(running[0]),
         )
         return doomed
