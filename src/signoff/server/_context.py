@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import inspect
 import logging
@@ -22,7 +21,7 @@ from .._deadlines import (
 )
 from .._events import Event
 from .._exceptions import StoreError, StoreGone, UnknownRequest, UnknownSession
-from .._queue_page import counted_listing, counted_page, keyed_page
+from .._queue_page import counted_page, keyed_page
 from .._runtime import Runtime
 from .._session_page import counted_sessions
 from .._state import SessionState
@@ -44,6 +43,7 @@ from ._auth import (
     token_digest,
 )
 from ._errors import ApiError
+from ._open_requests import OpenRequests, digest
 from ._sign_ins import SIGN_IN_LIFETIME, Grant, Honoured, SignOuts, checked
 from ._stream_slots import MAX_STREAMS, StreamSlots
 from ._throttle import Failures, client_of, too_many
@@ -76,7 +76,7 @@ DEV_REFUSED = (
 
 
 @dataclass(slots=True, kw_only=True)
-class ServerContext:
+class ServerContext(OpenRequests):
     runtime: Runtime
     auth: Authenticator
     access: AccessRule
@@ -508,48 +508,12 @@ class ServerContext:
             return await self.open_requests_version(picks)
         items, total = await self.visible_requests(caller, PendingFilter(limit=1_000_000))
         # With each request's votes: a quorum's card shows how many approved so far.
-        return total, _digest(total, [f"{r.id}/{len(r.approved_by)}" for r in items])
+        return total, digest(total, [f"{r.id}/{len(r.approved_by)}" for r in items])
 
     def sees_every_request(self, caller: Principal) -> bool:
         """Whether the caller sees every session, so every open request (an admin under the
         default rule)."""
         return caller.attributes.get("admin") is True and self._default_access()
-
-    async def open_requests_version(self, picks: InitiatorFilter | None = None) -> tuple[int, str]:
-        """The count and fingerprint of every open request the queue shows (of the sessions the
-        store `picks`, if given), from indexed queries (one while nothing is open): a caller's
-        own queue can only have changed when this did. Nothing is recorded: a stream asks often.
-
-        A vote counted toward a quorum changes neither the set nor its ends, only the parked
-        session it was cast in: the fingerprint takes in the newest change of a waiting session
-        (of those the store `picks`), so a card's count of approvals is redrawn too. SQLite finds
-        it by its index; PostgreSQL's index of sessions is by status alone (an `updated_at` in
-        it would cost each commit its in-place update), so there it reads the waiting sessions'
-        rows, as the count reads every open request's (measured: 7-10 ms for 30,000 waiting
-        sessions, where the fingerprint of 30,000 open requests took about 200 ms)."""
-        store = self.runtime.store
-        live = PendingFilter(live_at=self.runtime.now(), initiated_by=picks)
-        total = await store.count_pending(live)
-        ends: list[InputRequest] = []
-        if total:
-            live = await self._listed(live)
-            ends, total = await counted_listing(store, replace(live, limit=1))  # one snapshot
-        marks: list[str] = []
-        if total:
-            ends += await store.pending(replace(live, limit=1, offset=total - 1))
-            parked = await store.sessions(status="waiting", limit=1, initiated_by=picks)
-            marks = [f"{s.id}@{s.head}" for s in parked]
-        return total, _digest(total, [r.id for r in ends] + marks)
-
-    async def open_requests_count(self) -> int:
-        """The count of every open request the queue shows, as `open_requests_version`'s, with
-        no row read while none is past a deadline or a TTL: a damaged row fails the queue's
-        listing (so it is seen), not a scrape's count of it (`signoff_store_up`)."""
-        live = PendingFilter(live_at=self.runtime.now())
-        store = self.runtime.store
-        if not await store.count_pending(live):
-            return 0
-        return await store.count_pending(await self._listed(live))
 
     async def _listed(self, flt: PendingFilter, *, record: bool = False) -> PendingFilter:
         """`flt` leaving out the open requests the queue does not show (`unlisted`: past a
@@ -596,10 +560,6 @@ class ServerContext:
 def _credentials(request: HTTPConnection) -> int:
     """How many `Authorization` headers the request carries."""
     return len(request.headers.getlist("authorization"))
-
-
-def _digest(total: int, ids: list[str]) -> str:
-    return hashlib.sha256(f"{total} {' '.join(ids)}".encode()).hexdigest()[:16]
 
 
 def _created_by(events: list[Event]) -> tuple[bool, Principal | None]:
