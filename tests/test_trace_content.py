@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
+import pytest
 from pydantic import AfterValidator, BaseModel, Field, Secret, SecretStr
+from typing_extensions import TypeAliasType
 
 import signoff as so
 from signoff._trace_content import MASK, ShownInputs, messages_json, shown_input
@@ -132,3 +136,60 @@ def test_a_conversations_calls_are_validated_once_while_they_live() -> None:
     del conversation, calls, again
     gc.collect()
     assert inputs._shown == {}  # forgotten with their calls
+
+
+_Token = TypeAliasType("_Token", SecretStr)
+
+
+@so.tool
+async def _aliased(user: str, password: _Token) -> str:
+    """Log in."""
+    return "ok"
+
+
+def test_a_secret_behind_a_type_alias_is_found_and_an_alias_of_itself_ends() -> None:
+    """`typing_extensions.TypeAliasType` (the 3.11 spelling of `type X = ...`) was not looked
+    through, so a secret behind one was shown in clear on input that failed validation; and an
+    alias referring to itself (`type JSON = dict[str, JSON] | ...`, which 3.12 writes plainly)
+    recursed until RecursionError, failing the turn at every model call."""
+    from signoff._trace_content import _holds_secret
+
+    assert shown_input(_aliased, {"user": 7, "password": "pw"}) == {"user": 7, "password": MASK}
+    nested = TypeAliasType("nested", int)
+    object.__setattr__(nested, "__value__", dict[str, nested] | list[nested] | int)
+    assert _holds_secret(nested, set()) is False
+    object.__setattr__(nested, "__value__", dict[str, nested] | SecretStr)
+    assert _holds_secret(nested, set()) is True
+
+
+async def test_a_tracer_that_cannot_show_the_conversation_fails_no_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Showing a model call's messages validates its tool calls with the app's tools: what
+    raised there (a recursion, a validator's bug) escaped the unguarded span's start and failed
+    the turn at every resume, leaving it running."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from signoff import _tracing
+    from signoff.testing import call, call_tools, reply, scripted_agent, sqlite_runtime
+
+    def broken(*args: Any, **kwargs: Any) -> str:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    @so.tool
+    async def login(user: str, password: SecretStr) -> str:
+        """Log in."""
+        return "ok"
+
+    monkeypatch.setattr(_tracing, "messages_json", broken)
+    steps = [call_tools(call("login", user="bob", password="pw")), reply("done")]
+    rt = sqlite_runtime(
+        tmp_path,
+        scripted_agent("a", steps, tools=[login]),
+        tracer_provider=TracerProvider(),
+        trace_content=True,
+    )
+    with caplog.at_level(logging.WARNING, logger="signoff.runtime"):
+        assert (await rt.generate("a", "go")).status == "completed"
+    await rt.close()
+    assert "tracing failed to show a model call's messages" in caplog.text

@@ -38,7 +38,6 @@ messages that fit, after a marker of how many were left off. The whole conversat
 every model span: 500 turns made the last one's 280 KB, and the turn's spans 70 MB."""
 
 _SECRETS = (SecretStr, SecretBytes, Secret)
-_ALIAS: Any = getattr(typing, "TypeAliasType", ())  # Python 3.12 on
 
 
 def json_text(value: Any) -> str:
@@ -104,8 +103,11 @@ def _holds_secret(kind: Any, seen: set[Any]) -> bool:
     for cls in (kind, origin):
         if isinstance(cls, type) and issubclass(cls, _SECRETS):
             return True
-    if isinstance(kind, _ALIAS):  # `type X = ...`
-        kind = kind.__value__
+    if type(kind).__name__ == "TypeAliasType":  # `type X = ...`, or typing_extensions' on 3.11
+        if kind in seen:  # an alias may refer to itself (`type JSON = dict[str, JSON] | ...`)
+            return False
+        seen.add(kind)
+        return _holds_secret(kind.__value__, seen)
     if isinstance(kind, type) and kind not in seen:
         seen.add(kind)  # a model may refer to itself
         if issubclass(kind, BaseModel):

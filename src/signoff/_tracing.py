@@ -529,7 +529,10 @@ class Tracing:
                 instructions = [{"type": "text", "content": request.instructions}]
                 attributes["gen_ai.system_instructions"] = json_text(instructions)
             shown = functools.partial(self._inputs.of, tools=tools)
-            attributes["gen_ai.input.messages"] = messages_json(request.messages, shown)
+            try:  # it validates the calls with the app's tools: a trace must not fail the turn
+                attributes["gen_ai.input.messages"] = messages_json(request.messages, shown)
+            except Exception:
+                log.warning("tracing failed to show a model call's messages", exc_info=True)
         kind = _trace.SpanKind.CLIENT
         return ModelSpan(self.tracer, kind, attributes, self.content, tools)
 
