@@ -253,3 +253,30 @@ def test_chat_names_its_session_before_a_first_turn_a_store_failure_cuts_short(
     assert shown.index(f"session {session.id}") < shown.index("the database went away (test)")
     assert session.status == "idle" and "support: Refunded 180.00." in shown
     assert ("the database is restarting (test)" in shown) == blip
+
+
+def test_a_first_message_chat_refuses_leaves_no_session(url: str) -> None:
+    """chat opens its session before the first turn; a first message the runtime refuses (a
+    lone surrogate, one over the size limit) then left an empty session behind."""
+    from rich.console import Console
+
+    from signoff._answers import MAX_TEXT_BYTES
+    from signoff.channels import TerminalChannel
+    from signoff.cli._chat import _Chat
+
+    from ._cli import agent
+
+    typed = iter(["x" * (MAX_TEXT_BYTES + 1), "bad \ud800", "/exit"])
+    console = Console(file=io.StringIO(), width=200)
+
+    async def go() -> bool:
+        async with so.Runtime([agent], store=url) as rt:
+            chat = _Chat(rt, agent, console, local_principal(), target=TARGET)
+            chat.channel = TerminalChannel(console, read=lambda prompt: next(typed))
+            await chat.run(None)
+            assert await rt.sessions() == []
+            return chat.undone
+
+    assert asyncio.run(go())
+    shown = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "TooLarge" in shown and "lone surrogate" in shown and "session ses_" not in shown

@@ -19,6 +19,7 @@ from .._exceptions import (
     TooLarge,
     UsageError,
 )
+from .._prompts import check_prompt
 from .._results import GenerateResult
 from .._runtime import Runtime
 from .._state import SessionState, starts_queued, turn_over
@@ -133,6 +134,7 @@ class _Chat:
                     self.console.print(f"[yellow]nothing to retry: {why}[/]")
                     continue
                 if self.session_id is None:
+                    check_prompt(line)  # a message refused leaves no session behind
                     # Opened and named before the first turn: one a failure or Ctrl-C cuts
                     # short is then resumed by /retry or `chat --session`, not lost.
                     self.session_id = await self.runtime.create_session(
