@@ -120,8 +120,10 @@ def test_a_forced_deletion_over_http(tmp_path: Path) -> None:
             r = alice.request("DELETE", f"/v1/sessions/{first}", json={"force": True})
             assert r.status_code == 200 and r.json() == {"deleted": [first]}
             with so.Client(base, token="alice-token") as client:
-                with pytest.raises(so.SessionWaiting):
+                with pytest.raises(so.SessionWaiting) as waiting:
                     client.delete_session(second)
+                assert waiting.value.held_by == [second]  # each open request's session
+                assert waiting.value.request_ids == [r.id for r in rt.pending_sync()]
                 assert client.delete_session(second, reason="erasure", force=True) == [second]
                 with pytest.raises(so.UsageError):
                     client.delete_session(second, force=1)  # type: ignore[arg-type]

@@ -139,7 +139,7 @@ def error(detail: Mapping[str, Any], status: int, path: str = "") -> errors.Sign
         exc.seq = int(detail.get("seq") or 0)  # type: ignore[attr-defined]
     if issubclass(cls, errors.SessionWaiting):
         exc.request_ids = request_ids(detail.get("request_ids"))  # type: ignore[attr-defined]
-        exc.held_by = []  # type: ignore[attr-defined]  # the server's message names them
+        exc.held_by = request_ids(detail.get("held_by"))  # type: ignore[attr-defined]
     if issubclass(cls, errors.SubagentSession):
         exc.parent_id = ""  # type: ignore[attr-defined]  # the server's message names it
     if issubclass(cls, errors.SessionExpired):

@@ -71,6 +71,7 @@ class ErrorDetail(BaseModel):
     message: str
     request_ids: list[str] | None = None
     session_id: str | None = None
+    held_by: list[str] | None = None  # `session_waiting`: the session of each of `request_ids`
     fields: list[dict[str, Any]] | None = None
 
 
@@ -236,6 +237,7 @@ def install_error_handlers(app: FastAPI) -> None:
             public_message(exc),
             request_ids=ids or None,
             session_id=getattr(exc, "session_id", None),
+            held_by=getattr(exc, "held_by", None) or None,
         )
         if isinstance(exc, (StoreUnavailable, StoreBusy)):  # say when to try again
             response.headers["Retry-After"] = str(exc.retry_after)
