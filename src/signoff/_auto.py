@@ -142,13 +142,32 @@ class _Auto(ApprovalPolicy):
         if cut is not None:  # half a review clears nothing: `{"verdict": "clear", "reason": "but`
             return _caution("failed", f"the review was cut off ({cut})", spent)
         # An input that holds a verdict may be quoted by the reviewer: see `_parse`.
-        planted = "verdict" in json.dumps(tool_input).lower()
+        planted = _names_verdict(tool_input)
         verdict, reason = _parse(getattr(response, "text", ""), planted=planted)
         if verdict == "clear":
             return Verdict("run", reason, auto=("clear", reason), usage=spent)
         if verdict == "caution":
             return _caution("caution", reason, spent)
         return _caution("failed", f"the review answered something unparsable: {reason}", spent)
+
+
+def _names_verdict(value: Any) -> bool:
+    """Whether the call's input names a `verdict` a reviewer's quote of it could carry: as it
+    is, or with JSON's escapes decoded (`v\\u0065rdict`), as `_parse` reads the quote."""
+    if isinstance(value, dict):
+        return any(_names_verdict(k) or _names_verdict(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_names_verdict(v) for v in value)
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if "verdict" in text.lower():
+        return True
+    if "\\" not in text:
+        return False
+    try:  # one level of escapes, as one `json.loads` of the quote decodes
+        decoded = text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except (UnicodeDecodeError, ValueError):
+        return True  # escapes it cannot read: taken as naming one, so a person decides
+    return "verdict" in decoded.lower()
 
 
 def _caution(verdict: str, reason: str, usage: Usage | None = None) -> Verdict:
