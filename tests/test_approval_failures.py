@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -447,3 +448,28 @@ async def test_a_policy_error_of_megabytes_is_cut(store_url: str) -> None:
             session_id=r.session_id, approvals=[so.Decision(id=req.id, approved=True)]
         )
         assert r.status == "completed" and log.count() == 1
+
+
+@pytest.mark.parametrize("odd", [mock.ANY, {"type": mock.ANY}], ids=["object", "in a dict"])
+def test_an_approval_policy_returning_an_object_equal_to_all_asks_saying_why(
+    tmp_path: Path, odd: Any
+) -> None:
+    """An object equal to everything (`mock.ANY`, a permissive proxy) was compared before its
+    type was checked: read as "user-approval", it asked with no `policy_error`, or, in a dict,
+    as "approved" it ran the call. It is an invalid status: a person is asked, told why."""
+
+    @so.tool(approval=lambda input: odd)
+    async def refund(amount: float) -> float:
+        """Refund."""
+        return amount
+
+    agent = scripted_agent(
+        "shop", [call_tools(call("refund", amount=5)), reply("ok")], tools=[refund]
+    )
+    rt = sqlite_runtime(tmp_path, agent)
+    try:
+        r = rt.generate_sync("shop", prompt="refund 5")
+    finally:
+        rt.close_sync()
+    (request,) = r.pending
+    assert request.policy_error == f"approval policy returned an invalid status: {odd!r}"

@@ -9,6 +9,7 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -146,13 +147,22 @@ def _none(ctx: so.ResponseContext) -> Any:
 
 
 class _Unreadable:
-    """A status that cannot be compared: reading it raised out of the answer, the candidate
-    left pending."""
+    """A status that cannot be compared nor shown: reading it raised out of the answer, the
+    candidate left pending."""
 
     def __eq__(self, other: object) -> bool:
         raise RuntimeError("no comparing")
 
+    def __repr__(self) -> str:
+        raise RuntimeError("no showing")
+
     __hash__ = object.__hash__
+
+
+def _equal_to_all(ctx: so.ResponseContext) -> Any:
+    """An object equal to everything (`mock.ANY`, a permissive proxy): compared with "allowed"
+    before its type was checked, it allowed the answer."""
+    return mock.ANY
 
 
 def _unreadable(ctx: so.ResponseContext) -> Any:
@@ -178,8 +188,9 @@ async def _times_out_itself(ctx: so.ResponseContext) -> Any:
             _unreadable,
             "failed",
             "response policy returned a _Unreadable that could not be read: "
-            "RuntimeError: no comparing",
+            "RuntimeError: no showing",
         ),
+        (_equal_to_all, "failed", "response policy returned an invalid status: <ANY>"),
         (_hangs, "timed-out", "response policy took longer than 0.05s"),
         (_blocks, "timed-out", "response policy took longer than 0.05s"),
         (_blocks_async, "timed-out", "response policy took longer than 0.05s"),
@@ -199,6 +210,7 @@ async def _times_out_itself(ctx: so.ResponseContext) -> Any:
         "invalid status",
         "returns None",
         "unreadable",
+        "equal to all",
         "hangs",
         "blocks",
         "blocks async",

@@ -287,21 +287,23 @@ class _Function(ApprovalPolicy):
 
 
 def normalize(result: object) -> Verdict:
-    """Turn any `ApprovalStatus` into a `Verdict`; anything else asks a person (fail closed)."""
-    if result is True or result == "user-approval":
+    """Turn any `ApprovalStatus` into a `Verdict`; anything else asks a person (fail closed),
+    saying why. Types are checked first: an object equal to everything (`mock.ANY`) is none."""
+    word = result if isinstance(result, str) else None
+    if result is True or word == "user-approval":
         return Verdict("ask")
-    if result is False or result == "not-applicable":
+    if result is False or word in ("not-applicable", "approved"):
         return Verdict("run")
-    if result == "approved":
-        return Verdict("run")
-    if result == "denied":
+    if word == "denied":
         return Verdict("deny")
     if isinstance(result, Approved):
         return Verdict("run", result.reason)
     if isinstance(result, Denied):
         return Verdict("deny", result.reason)
-    if isinstance(result, dict) and result.get("type") in ("approved", "denied"):
-        return Verdict("run" if result["type"] == "approved" else "deny", result.get("reason"))
+    kind = result.get("type") if isinstance(result, dict) else None
+    if isinstance(kind, str) and kind in ("approved", "denied"):
+        assert isinstance(result, dict)
+        return Verdict("run" if kind == "approved" else "deny", result.get("reason"))
     return Verdict("ask", error=f"approval policy returned an invalid status: {result!r}")
 
 

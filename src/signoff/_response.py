@@ -157,14 +157,20 @@ _RESPONSE = "response policy {} must take one argument, an so.ResponseContext (d
 
 
 def _normalize(result: object) -> ResponseVerdict:
-    if result == "allowed" or isinstance(result, Allowed):
+    """A response policy's return as a verdict; anything undocumented fails closed. Types are
+    checked first: an object equal to everything (`mock.ANY`, a proxy) allowed the answer."""
+    if isinstance(result, Allowed) or (isinstance(result, str) and result == "allowed"):
         return ResponseVerdict("allowed")
     if isinstance(result, Rejected):
         return ResponseVerdict("rejected", reason_text(result.reason))
-    if result == "rejected":
+    if isinstance(result, str) and result == "rejected":
         return ResponseVerdict("rejected")
-    if isinstance(result, dict) and result.get("status") in ("allowed", "rejected"):
-        return ResponseVerdict(result["status"], reason_text(result.get("reason")))
+    if isinstance(result, dict):
+        status, reason = result.get("status"), reason_text(result.get("reason"))
+        if isinstance(status, str) and status == "allowed":
+            return ResponseVerdict("allowed", reason)
+        if isinstance(status, str) and status == "rejected":
+            return ResponseVerdict("rejected", reason)
     return ResponseVerdict("failed", f"response policy returned an invalid status: {result!r}")
 
 
