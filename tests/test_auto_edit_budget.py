@@ -15,6 +15,8 @@ from signoff.testing import ExecutionLog, call, call_tools, reply
 from ._models import review_reads
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
+BOB = so.Principal(authenticator="test", principal_id="bob")
+MALLORY = so.Principal(authenticator="test", principal_id="mallory")
 REVIEW = so.Usage(input_tokens=10, output_tokens=5)
 CAUTION = json.dumps({"verdict": "caution", "reason": "a refund"})
 
@@ -94,8 +96,8 @@ async def test_an_edits_review_is_capped_and_counted(store_url: str) -> None:
 
 
 async def test_an_edit_through_a_response_policy_has_its_review_counted(store_url: str) -> None:
-    """A response policy judges the edit after the review: the review's cost is counted on the
-    answer's `approval.candidate`, which is recorded first."""
+    """An edit the response policy allows is reviewed, and the review's cost is counted on the
+    answer's `approval.candidate`, which is recorded before the settlement."""
     log, reviewer = ExecutionLog(), Reviewer()
     agent = agent_with(log, reviewer, so.Limits(max_tokens=1000), response=lambda ctx: so.Allowed())
     async with so.Runtime([agent], store=store_url) as rt:
@@ -108,6 +110,42 @@ async def test_an_edit_through_a_response_policy_has_its_review_counted(store_ur
         assert pending.data["usage"]["output_tokens"] == 5
         assert (await rt.state(r.session_id)).usage.total_tokens == 130
     assert reviewer.caps == less(reviewer.reads, 900, 885)
+
+
+def only_bob(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+    who = ctx.response.principal
+    return so.Allowed() if who is not None and who.principal_id == "bob" else so.Rejected("not bob")
+
+
+async def test_an_edit_the_response_policy_rejects_is_not_reviewed(store_url: str) -> None:
+    """The response policy judges an edited answer before its review: one it rejects is neither
+    reviewed nor billed, and its refusal is recorded once, as a plain answer's is. Before, each
+    repeat was reviewed, billed and recorded (3 events), so someone who may not answer could spend
+    the session's budget and grow its log."""
+    log, reviewer = ExecutionLog(), Reviewer()
+    agent = agent_with(log, reviewer, so.Limits(max_tokens=1000), response=only_bob)
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund", auth=ALICE)
+        sid, [ask] = r.session_id, r.pending
+        for _ in range(3):
+            r = await rt.respond(sid, edit(ask), principal=MALLORY)
+            [out] = r.outcomes
+            assert (r.status, out.outcome, out.applied, out.reason) == (
+                "waiting",
+                "rejected",
+                False,
+                "not bob",
+            )
+        events = [e async for e in rt.events(sid, 0, follow=False)]
+        candidates = [e.data for e in events if e.type == "approval.candidate"]
+        assert [c["outcome"] for c in candidates] == ["pending", "rejected"]
+        assert not any("usage" in c or "auto_verdict" in c for c in candidates)
+        assert (await rt.state(sid)).usage.total_tokens == 115
+        r = await rt.respond(sid, edit(ask), principal=BOB)
+        assert r.status == "completed"
+        assert (await rt.state(sid)).usage.total_tokens == 130
+    assert len(reviewer.caps) == 2  # the proposal's review and bob's edit's
+    assert [e.input["amount"] for e in log.executions] == [150.0]
 
 
 async def test_with_nothing_left_an_edit_is_not_reviewed_and_stands(store_url: str) -> None:

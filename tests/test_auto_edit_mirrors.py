@@ -12,6 +12,7 @@ from signoff.models import ModelRequest
 from signoff.testing import call, call_tools, reply, scripted_agent, tool_results
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
+BOB = so.Principal(authenticator="test", principal_id="bob")
 REVIEW = so.Usage(input_tokens=10, output_tokens=5)
 
 
@@ -27,8 +28,16 @@ class Reviewer:
         return so.ModelResponse(text=text, usage=REVIEW)
 
 
-def agents(ran: list[Any], reviewer: Reviewer) -> list[so.Agent]:
-    @so.tool(approval=so.auto(reviewer, review_edits=True))
+def only_bob(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+    who = ctx.response.principal
+    return so.Allowed() if who is not None and who.principal_id == "bob" else so.Rejected("not bob")
+
+
+def agents(ran: list[Any], reviewer: Reviewer, response: Any = None) -> list[so.Agent]:
+    policy = so.auto(reviewer, review_edits=True)
+    approval = policy if response is None else so.ApprovalSpec(request=policy, response=response)
+
+    @so.tool(approval=approval)
     async def issue_refund(order_id: str, amount: float) -> dict[str, Any]:
         """Refund an order."""
         ran.append(amount)
@@ -61,6 +70,31 @@ async def test_an_edit_on_a_mirror_is_reviewed_once(store_url: str) -> None:
         edited = {"order_id": "1042", "amount": 90.0}
         answer = so.InputResponse(request_id=mirror.id, option_id="approve", edited_input=edited)
         r = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert r.status == "completed" and ran == [90.0]
+        child = await rt.state(mirror.child.session_id)
+        assert child.usage.total_tokens == 2 * REVIEW.total_tokens
+    assert len(reviewer.inputs) == 2
+
+
+async def test_an_edit_on_a_mirror_the_response_policy_rejects_is_not_reviewed(
+    store_url: str,
+) -> None:
+    """The subagent's response policy judges an edit given on the mirror before it is reviewed:
+    one it rejects is not reviewed (nor billed) by the check or the settlement, and one it
+    allows is reviewed once. Before, the rejected edit was reviewed too."""
+    ran: list[Any] = []
+    reviewer = Reviewer()
+    async with so.Runtime(agents(ran, reviewer, only_bob), store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        edited = {"order_id": "1042", "amount": 90.0}
+        answer = so.InputResponse(request_id=mirror.id, option_id="approve", edited_input=edited)
+        r = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert r.status == "waiting"
+        assert (r.outcomes[0].outcome, r.outcomes[0].reason) == ("rejected", "not bob")
+        assert len(reviewer.inputs) == 1
+        r = await rt.respond(r.session_id, [answer], principal=BOB)
         assert r.status == "completed" and ran == [90.0]
         child = await rt.state(mirror.child.session_id)
         assert child.usage.total_tokens == 2 * REVIEW.total_tokens

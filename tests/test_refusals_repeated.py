@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
 import signoff as so
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
@@ -106,6 +107,48 @@ async def test_a_refusal_repeated_over_http_adds_no_events(store_url: str) -> No
         assert lines(await events_of(rt, sid, head or 0)) == REFUSED
         assert len(set(sizes)) == 1
         assert log.executions == []
+
+
+async def test_an_edit_refused_is_recorded_once_and_not_shown_to_the_approval_policy(
+    store_url: str,
+) -> None:
+    """The response policy judges an edited answer before the tool's approval policy sees the
+    edit: one it refuses is refused as any answer is, once, whatever the edit. Before, the
+    approval policy judged it first, and its denial came back to the person refused
+    (`InvalidAnswer`), telling them what that policy says of the edit."""
+    judged: list[float] = []
+
+    def limit(ctx: so.ApprovalContext) -> Any:
+        """Asks for a refund up to 1000, denies a bigger one; records the edits it judges."""
+        if ctx.edited:
+            judged.append(ctx.tool_input.amount)
+        return (
+            so.Denied("over the refund limit") if ctx.tool_input.amount > 1000 else "user-approval"
+        )
+
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=limit, response=tenant_guard)
+
+    def edit(req: so.InputRequest, amount: float) -> list[so.InputResponse]:
+        new = {"tenant_id": "t1", "charge_id": "ch_1", "amount": amount}
+        return [so.InputResponse(request_id=req.id, option_id="approve", edited_input=new)]
+
+    async with so.Runtime([refund_agent(log, spec)], store=store_url) as rt:
+        sid, req, head = await asked(rt, ALICE)
+        for amount in (5000, 20, 5000):
+            r = await rt.respond(sid, edit(req, amount), principal=MALLORY)
+            assert (r.outcomes[0].outcome, r.outcomes[0].reason) == (
+                "rejected",
+                "Responder cannot act for this tenant.",
+            )
+        assert lines(await events_of(rt, sid, head)) == REFUSED
+        assert judged == []
+        with pytest.raises(so.InvalidAnswer, match="over the refund limit"):
+            await rt.respond(sid, edit(req, 5000), principal=BOB)
+        r = await rt.respond(sid, edit(req, 20), principal=BOB)
+        assert r.status == "completed"
+    assert judged == [5000.0, 20.0]
+    assert [e.input["amount"] for e in log.executions] == [20.0]
 
 
 def turns_agent(log: ExecutionLog, turns: int) -> so.Agent:

@@ -44,6 +44,7 @@ from ._mirrors import deciding
 from ._output_caps import spare
 from ._policy_inputs import session_info, typed_input
 from ._recording import Batch, runnable, with_usage
+from ._response import ResponseVerdict
 from ._results import GenerateResult, Outcome
 from ._session_cache import closes_stop
 from ._settings import flag
@@ -192,6 +193,7 @@ class Answering(Candidates):
             resolves: list[Resolve] = []
             unknown: list[str] = []
             gated: list[tuple[InputRequest, _Reply, dict[str, Any]]] = []
+            verdicts: dict[str, ResponseVerdict] = {}  # the response policy's, on edits
             turn_id = None
             for reply in answers:
                 rid = reply.request_id
@@ -265,13 +267,17 @@ class Answering(Candidates):
                         authorize(request, principal)
                     limit = result_bound(tool, agent.limits)
                     _check_size(request, "edited input", wanted["edited_input"], limit)
-                    on_edit = await self._reviewed_edit(
-                        state, tool, request, wanted["edited_input"], reviews, check_only
+                    judge = gate and tool.response_policy is not None
+                    early, on_edit = await self._reviewed_edit(
+                        state, tool, request, wanted, principal, judge, reviews, check_only
                     )
-                    usage = on_edit.usage
+                    if early is not None:
+                        verdicts[rid] = early
+                    usage = None if on_edit is None else on_edit.usage
                     if usage is not None:
                         reviews[rid] = usage + reviews[rid] if rid in reviews else usage
-                    if on_edit.auto is not None:  # recorded with the approval, for the trail
+                    if on_edit is not None and on_edit.auto is not None:
+                        # Recorded with the approval, for the trail.
                         wanted["auto_verdict"] = on_edit.auto[0]
                         wanted["auto_reason"] = cut(on_edit.auto[1], limit // 8)
                 if gate and wanted["decision"] == "approve" and voted(request, principal):
@@ -346,6 +352,7 @@ class Answering(Candidates):
                         principal,
                         mark=key,
                         usage=reviews.get(request.id),
+                        verdict=verdicts.get(request.id),
                     )
                 except RequestClosed:
                     # Its deadline may have closed it just now: the turn goes on without it.
@@ -382,21 +389,30 @@ class Answering(Candidates):
         state: SessionState,
         tool: Tool,
         request: InputRequest,
-        edited: dict[str, Any],
+        wanted: dict[str, Any],
+        principal: Principal | None,
+        judge: bool,
         reviews: Mapping[str, Usage],
         check_only: bool,
-    ) -> Verdict:
-        """`_check_edit` of an answer's edit, but once for the check of every answer that
-        settling mirrored requests makes first (`_mirrors.REVIEWED`) and the settlement after."""
-        spent = sum(reviews.values(), Usage())
+    ) -> tuple[ResponseVerdict | None, Verdict | None]:
+        """The verdict of the tool's response policy on an answer with an edit (if `judge`),
+        then `_check_edit`'s of the edit unless that policy refused the answer: neither the
+        approval policy nor a billed review sees an answer that cannot settle the request.
+        Once for the check of every answer that settling mirrored requests makes first
+        (`_mirrors.REVIEWED`) and the settlement after."""
+        edited = wanted["edited_input"]
         memo = _mirrors.REVIEWED.get()
         key = (request.id, json.dumps(edited, sort_keys=True, default=str))
         if memo is not None and key in memo:
             return memo[key] if check_only else memo.pop(key)
-        verdict = await self._check_edit(state, tool, request, edited, spent)
+        early = await self._judged(state, tool, request, wanted, principal) if judge else None
+        verdict = None
+        if early is None or early.outcome == "allowed":
+            spent = sum(reviews.values(), Usage())
+            verdict = await self._check_edit(state, tool, request, edited, spent)
         if memo is not None and check_only:
-            memo[key] = verdict
-        return verdict
+            memo[key] = (early, verdict)
+        return early, verdict
 
     async def _check_edit(
         self,

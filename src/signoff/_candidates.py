@@ -211,6 +211,7 @@ class Candidates(SessionRunner):
         recovered: str | None = None,
         mark: Keyed | None = None,
         usage: Usage | None = None,
+        verdict: ResponseVerdict | None = None,
     ) -> Outcome:
         """Settle an approval that has a response policy or a quorum, recording its candidacy.
 
@@ -223,7 +224,8 @@ class Candidates(SessionRunner):
         `mark` is the idempotency key of the message that gave the answer: its vote or its
         settlement records the key too, so the message repeated with it is not taken again (one
         refused, or closed under it by a deadline, is not taken: `send` delivers it anew).
-        `usage` is what reviewing the answer's edit cost: the first event it records counts it.
+        `usage` is what reviewing the answer's edit cost: the first event it records counts it;
+        `verdict` the response policy's, judged already (before the edit's check), not again.
         """
         rid = request.id
         cid = recovered or new_id("cand")
@@ -293,15 +295,14 @@ class Candidates(SessionRunner):
                 "edited_input": reply.edited_input,
                 **edit_review(wanted),
             }
-            early: ResponseVerdict | None = None
             if recovered is None:
                 proposed = await self._proposed(
-                    state, tool, request, wanted, principal, pending, usage
+                    state, tool, request, wanted, principal, pending, usage, verdict
                 )
                 if isinstance(proposed, Outcome):
                     return proposed
-                early, after = proposed
-            verdict = early or await self._judged(state, tool, request, wanted, principal)
+                verdict, after = proposed
+            verdict = verdict or await self._judged(state, tool, request, wanted, principal)
             if verdict.outcome != "allowed":
                 reason = verdict.reason
                 refusal = {**base, "outcome": verdict.outcome, "reason": reason}
@@ -456,6 +457,7 @@ class Candidates(SessionRunner):
         principal: Principal | None,
         pending: dict[str, Any],
         usage: Usage | None,
+        verdict: ResponseVerdict | None,
     ) -> Outcome | tuple[ResponseVerdict | None, int]:
         """Record the answer's candidate (`pending`), unless the response policy refused the same
         person's same decision before with the verdict it gives now: the trail records a refusal
@@ -463,12 +465,11 @@ class Candidates(SessionRunner):
         returned, recording nothing. A candidate of the same answer being judged meanwhile (by
         another call or process) is waited for, not judged beside it; one whose process died
         is judged again first (`_recover`), so its refusal is the one recorded. Returns the
-        verdict judged here (None if none was) and the seq of the candidate recorded. An answer
-        whose edit review cost usage is always recorded (its usage must be billed)."""
+        verdict given or judged here (None if neither) and the seq of the candidate recorded. An
+        answer whose edit review cost usage is always recorded (its usage must be billed)."""
         sid, tid, rid = state.id, request.turn_id, request.id
         once = Refusals(self.store, state, request, pending["by"], wanted["decision"])
         lost_after = tool.response_timeout + RECOVERY_GRACE
-        verdict: ResponseVerdict | None = None
 
         guarded = [usage is None]
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ._answers import Reply
     from ._approval import Verdict
     from ._idempotency import Keyed
+    from ._response import ResponseVerdict
 
 __all__ = [
     "FOLLOWED",
@@ -51,12 +52,12 @@ _R = TypeVar("_R", bound="_Reading")
 MAX_HOPS = 100
 """How far down a chain of subagents a mirrored request is followed to the one it stands for."""
 
-REVIEWED: contextvars.ContextVar[dict[tuple[str, str], Verdict] | None] = contextvars.ContextVar(
-    "reviewed", default=None
-)
-"""While `settle_routed` checks every answer and then settles them: the verdict on each edit (by
-request id and edit) with what its review cost, so the settlement takes the check's review, not
-another."""
+REVIEWED: contextvars.ContextVar[
+    dict[tuple[str, str], tuple[ResponseVerdict | None, Verdict | None]] | None
+] = contextvars.ContextVar("reviewed", default=None)
+"""While `settle_routed` checks every answer and then settles them: the verdicts on each edit (by
+request id and edit), the response policy's and the approval policy's with what its review cost,
+so the settlement takes the check's, judging and reviewing nothing again."""
 
 
 async def deciding(store: Store, request: InputRequest) -> InputRequest:
