@@ -205,3 +205,76 @@ async def test_an_answer_over_a_custom_asks_result_bound_is_refused(store_url: s
         assert done.status == "completed"
     (result,) = tool_results(seen.last)
     assert not result.is_error and result.content == fits
+
+
+def _record_only(name: str, store_url: str) -> so.Runtime:
+    """A runtime without the asking tool, as `signoff answer REQ --store URL` settles through."""
+    return so.Runtime([scripted_agent(name, [])], store=store_url)
+
+
+@so.tool(max_result_bytes=500)
+async def asker(ctx: so.ToolContext) -> str:
+    """Ask a name."""
+    return str((await ctx.ask("Your name?", allow_text=True)).value)
+
+
+@pytest.mark.parametrize(
+    ("tools", "limits", "fits"),
+    [([asker], None, 498), ([so.ask_question()], so.Limits(max_result_bytes=500), 467)],
+    ids=["ctx.ask", "ask_question"],
+)
+async def test_an_answer_over_the_askers_bound_is_refused_without_the_tool(
+    store_url: str, tools: list[so.Tool], limits: so.Limits | None, fits: int
+) -> None:
+    """A runtime without the asking tool (`signoff answer` without MODULE:RUNTIME, as
+    Scale-out advises) took an answer over the tool's `max_result_bytes`, and the resumed call
+    ended in the error "the result is ... over the limit of 500 bytes", the answer lost. The
+    bound is recorded on the question as it is asked: refused there too, by id and by message,
+    nothing recorded and the question still open; one that fits (as `ask_question` returns it,
+    whole, for its question) is answered and reaches the model."""
+    ask = call("asker") if tools[0] is asker else call("ask_question", question="Your name?")
+    seen = Capture(reply("ok"))
+    agent = scripted_agent("bot", [call_tools(ask), seen], tools=tools, limits=limits)
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        (req,) = r.pending
+        head = await rt.store.head(r.session_id)
+        over = "N" * (fits + 1)
+        async with _record_only("bot", store_url) as settler:
+            with pytest.raises(so.InvalidAnswer, match="over the limit of 500 bytes") as caught:
+                answer = so.InputResponse(request_id=req.id, text=over)
+                await settler.respond(r.session_id, [answer], principal=ALICE, resume=False)
+            assert caught.value.request_ids == [req.id]
+            with pytest.raises(so.InvalidAnswer, match="over the limit of 500 bytes"):
+                await settler.send(r.session_id, over, principal=ALICE)
+            assert await settler.store.head(r.session_id) == head
+            assert [q.id for q in await settler.pending(session_id=r.session_id)] == [req.id]
+            answer = so.InputResponse(request_id=req.id, text="N" * fits)
+            await settler.respond(r.session_id, [answer], principal=ALICE, resume=False)
+        done = await rt.generate(session_id=r.session_id, auth=ALICE)
+        assert done.status == "completed", done.error
+    (result,) = tool_results(seen.last)
+    assert not result.is_error, result.content
+    assert "N" * fits in str(result.content)
+
+
+async def test_a_value_over_the_tools_bound_is_refused_without_the_tool(store_url: str) -> None:
+    """The decision on a tool's own approval is its call's result, value and all: a runtime
+    without the tool bounded the value by its own agent's 1 MiB instead of the tool's
+    `max_result_bytes`. The tool's bound is recorded on the request: refused there too."""
+
+    @so.tool(max_result_bytes=500)
+    def gate(ctx: so.ToolContext) -> str:
+        """Gate."""
+        ctx.request_approval({"what": "go"})
+        return "unreached"
+
+    agent = scripted_agent("bot", [call_tools(call("gate")), reply("ok")], tools=[gate])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        (req,) = r.pending
+        async with _record_only("bot", store_url) as settler:
+            over = so.InputResponse(request_id=req.id, option_id="approve", value="v" * 600)
+            with pytest.raises(so.InvalidAnswer, match=r"over the limit of 500 bytes \(max_"):
+                await settler.respond(r.session_id, [over], principal=ALICE, resume=False)
+            assert [q.id for q in await settler.pending(session_id=r.session_id)] == [req.id]

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import _mirrors
+from ._agent import Limits
 from ._answers import Reply as _Reply
 from ._answers import check_decided as _check_decided
 from ._answers import check_principal, input_responses
@@ -243,12 +244,13 @@ class Answering(Candidates):
                 check_policy_present(request, tool, recorded=recorded, here=True)
                 gate = is_gated(request, tool)
                 text = (wanted.get("answer") or {}).get("text")
-                if text is not None and tool is not None:
+                if text is not None and (tool is not None or request.max_result_bytes is not None):
                     # A free-text answer is bounded as its question is, by the tool's result:
                     # `ask_question` returns it whole, a tool's own `ctx.ask` as it likes.
                     authorize(request, principal)  # who may answer first, as for an edit
-                    limit = result_bound(tool, agent.limits)
-                    shown = question_result(text) if echoes_answers(tool) else text
+                    limit = _answer_bound(request, tool, agent.limits)
+                    echoed = request.echoes_answer if tool is None else echoes_answers(tool)
+                    shown = question_result(text) if echoed else text
                     _check_size(request, "answer", shown, limit)
                 if wanted.get("value") is not None:
                     # The decision on a tool's own approval is its call's result, value and all;
@@ -257,7 +259,7 @@ class Answering(Candidates):
                         check_quorum_eligibility(request, principal, wanted["decision"])
                     else:
                         authorize(request, principal)
-                    limit = result_bound(tool, agent.limits)
+                    limit = _answer_bound(request, tool, agent.limits)
                     _check_size(request, "value", wanted["value"], limit)
                 if wanted.get("edited_input") is not None and tool is not None:
                     # The approval policy judges the edit only for someone who may answer.
@@ -482,6 +484,14 @@ class Answering(Candidates):
     async def _may_answer(self, request: InputRequest, principal: Principal | None) -> bool:
         """Whether `principal` may answer `request` (for a mirror, the subagent's request)."""
         return await refusal(self.agents, self.store, request, principal) is None
+
+
+def _answer_bound(request: InputRequest, tool: Tool | None, limits: Limits) -> int:
+    """The bound on the result `request`'s answer makes its call return: its tool's when this
+    runtime has it (it runs the call on), else the one recorded when it asked, else `limits`'."""
+    if tool is None and request.max_result_bytes is not None:
+        return request.max_result_bytes
+    return result_bound(tool, limits)
 
 
 def _check_size(request: InputRequest, what: str, value: Any, limit: int) -> None:

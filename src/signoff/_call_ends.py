@@ -235,6 +235,7 @@ class CallEnds(DriverPart):
             on_timeout=rules.on_timeout,
             escalate_to=rules.escalate_to,
             response_policy=tool.response_policy is not None,
+            max_result_bytes=limit,  # the decision's value is the call's result
         )
         await self.end_call(
             key, journal, [("input.requested", {"requests": [dump_request(request)]})]

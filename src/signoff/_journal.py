@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from ._ask import echoes_answers
 from ._events import Event
 from ._exceptions import SignoffError, StoreError, TooLarge, UsageError
 from ._recording import Batch, EventSpec, TurnStopped, dump_request, load_journal, new_id
@@ -242,6 +243,10 @@ class CallJournal:
         tool = self.driver.agent.tools.get(self._call().tool_name)
         return result_bound(tool, self.driver.agent.limits)
 
+    def _echoes(self) -> bool:
+        tool = self.driver.agent.tools.get(self._call().tool_name)
+        return tool is not None and echoes_answers(tool)
+
     def _busy(self, change: int) -> None:
         self.inflight += change
         if self.inflight:
@@ -275,6 +280,8 @@ class CallJournal:
                 requested_by=turn.principal,
                 created_at=self.driver.clock(),
                 usage=s.usage,
+                max_result_bytes=self._limit(),
+                echoes_answer=self._echoes(),
             )
 
             def specs(state: SessionState) -> list[EventSpec]:

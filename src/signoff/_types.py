@@ -357,6 +357,13 @@ class InputRequest(_Model):
     child: ChildRef | None = None
     response_policy: bool = False
     """The tool's response policy decides who may answer: only a runtime that has it settles."""
+    max_result_bytes: int | None = None
+    """The asking call's bound on its result when it asked (a `ctx.ask()` question, or a tool's
+    own approval): the answer it returns must fit, settled by a runtime with the tool or without.
+    None on a request recorded before requests carried it, and on the others."""
+    echoes_answer: bool = False
+    """The question is `ask_question`'s, which returns the answer whole (`answered`): that form
+    is what must fit `max_result_bytes`."""
 
     @property
     def progress(self) -> str:
