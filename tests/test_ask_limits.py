@@ -278,3 +278,24 @@ async def test_a_value_over_the_tools_bound_is_refused_without_the_tool(store_ur
             with pytest.raises(so.InvalidAnswer, match=r"over the limit of 500 bytes \(max_"):
                 await settler.respond(r.session_id, [over], principal=ALICE, resume=False)
             assert [q.id for q in await settler.pending(session_id=r.session_id)] == [req.id]
+
+
+@so.tool
+async def default_asker(ctx: so.ToolContext) -> str:
+    """Ask a name, under the default bound."""
+    return str((await ctx.ask("Your name?", allow_text=True)).value)
+
+
+@pytest.mark.parametrize("tool", [default_asker, so.ask_question()], ids=["ctx.ask", "ask"])
+async def test_a_question_under_the_default_bound_records_none(
+    tmp_path: Path, tool: so.Tool
+) -> None:
+    """Every runtime applies the default bound: recording it on each question only made every
+    question unreadable to an older signoff beside this one (its requests forbid unknown
+    fields)."""
+    ask = call("default_asker") if tool is default_asker else call("ask_question", question="?")
+    agent = scripted_agent("bot", [call_tools(ask), reply("ok")], tools=[tool])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        (req,) = (await rt.generate("bot", prompt="go")).pending
+        assert (req.max_result_bytes, req.echoes_answer) == (None, False)
+        assert "max_result_bytes" not in json.dumps(req.model_dump(exclude_defaults=True))

@@ -28,7 +28,7 @@ from ._recording import (
 from ._state import CallState
 from ._sync import to_end
 from ._text import cut
-from ._tool_json import jsonable, over_limit, result_bound
+from ._tool_json import jsonable, over_limit, recorded_bound, result_bound
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
 from ._tools import Tool
 from ._types import APPROVAL_OPTIONS, Action, InputRequest
@@ -235,7 +235,7 @@ class CallEnds(DriverPart):
             on_timeout=rules.on_timeout,
             escalate_to=rules.escalate_to,
             response_policy=tool.response_policy is not None,
-            max_result_bytes=limit,  # the decision's value is the call's result
+            max_result_bytes=recorded_bound(limit),  # the decision's value is the call's result
         )
         await self.end_call(
             key, journal, [("input.requested", {"requests": [dump_request(request)]})]

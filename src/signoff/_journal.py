@@ -13,7 +13,7 @@ from ._recording import Batch, EventSpec, TurnStopped, dump_request, load_journa
 from ._state import CallState, SessionState
 from ._steps import failure_of, raise_recorded
 from ._sync import to_end
-from ._tool_json import jsonable, over_limit, result_bound
+from ._tool_json import jsonable, over_limit, recorded_bound, result_bound
 from ._tool_signals import (
     ApprovalRequired,
     InputUnavailable,
@@ -280,8 +280,8 @@ class CallJournal:
                 requested_by=turn.principal,
                 created_at=self.driver.clock(),
                 usage=s.usage,
-                max_result_bytes=self._limit(),
-                echoes_answer=self._echoes(),
+                max_result_bytes=recorded_bound(self._limit()),
+                echoes_answer=recorded_bound(self._limit()) is not None and self._echoes(),
             )
 
             def specs(state: SessionState) -> list[EventSpec]:

@@ -45,6 +45,7 @@ __all__ = [
     "nests_deeper",
     "non_finite",
     "over_limit",
+    "recorded_bound",
     "result_bound",
     "sets_sorted",
 ]
@@ -145,6 +146,12 @@ def result_bound(tool: Tool | None, limits: Limits) -> int:
     """The bound on `tool`'s results: its own `max_result_bytes`, or else (as for a tool the
     agent no longer has) its agent's `limits`."""
     return (None if tool is None else tool.max_result_bytes) or limits.max_result_bytes
+
+
+def recorded_bound(limit: int) -> int | None:
+    """A call's result bound as a request records it: None for the default, which any runtime
+    applies (and an older signoff cannot read the field), else the bound."""
+    return None if limit == MAX_RESULT_BYTES else limit
 
 
 def over_limit(
