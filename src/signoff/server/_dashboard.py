@@ -47,6 +47,7 @@ from ._notes import (
     session_mark,
     set_note,
 )
+from ._option_values import chosen_option
 from ._page_data import (
     PAGE_SIZE,
     SignIn,
@@ -137,7 +138,9 @@ async def respond(request: Request, request_id: str) -> Response:
     """Settle one request from a dashboard form: an option (approve / deny / an answer) + text."""
     ctx, viewer = await signed_in(request)
     fields = await check_csrf(request)
-    option = fields.get("option") or None
+    # A question's option as its button or menu sent it: a JSON string where a browser would
+    # change the id on the way (a line break in it, sent as CRLF).
+    option = chosen_option(fields.get("option") or "") or None
     text = (fields.get("text") or "").strip() or None
     try:
         stored = await ctx.request(request_id, viewer)

@@ -33,6 +33,7 @@ from ._auth import DASHBOARD_PREFIX, bearer_token, token_cookie
 from ._context import get_context
 from ._errors import ApiError
 from ._form_body import form_fields
+from ._option_values import option_value
 
 __all__ = [
     "CLIP",
@@ -178,7 +179,9 @@ def _bdi(value: object) -> Markup:
     return Markup("<bdi>{}</bdi>").format(value)
 
 
-env.filters.update(ago=_ago, bdi=_bdi, iso=_iso, pretty=pretty, who=who, usd=_usd)
+env.filters.update(
+    ago=_ago, bdi=_bdi, iso=_iso, option_value=option_value, pretty=pretty, who=who, usd=_usd
+)
 
 
 async def render(name: str, request: Request, code: int = 200, **context: Any) -> HTMLResponse:
