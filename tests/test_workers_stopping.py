@@ -107,6 +107,9 @@ async def test_signoff_worker_on_sigterm_gives_back_a_session_with_a_message_que
         assert turn is not None and turn.status == "completed"
         # Given back: another owner gets its lease at once.
         assert await front.store.acquire_lease(r.session_id, "other", 30, front.now()) is not None
+        # Said so: "running" read as if this worker still ran a turn as it stopped.
+        said = f"session {r.session_id}: its turn is done; what is queued behind it is left"
+        assert said in worker.log() and f"session {r.session_id}: running" not in worker.log()
 
 
 async def test_signoff_worker_on_sigterm_while_its_app_loads_stops_cleanly(

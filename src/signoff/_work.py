@@ -340,6 +340,13 @@ class Workers(Sweeps):
                     error.get("message", ""),
                     "; retryable" if result.retryable else "",
                 )
+            elif result.status == "running" and stopping is not None and stopping():
+                # Its turn ended; "running" would read as if this worker still ran one.
+                log.info(
+                    "session %s: its turn is done; what is queued behind it is left to another "
+                    "worker, the lease given back",
+                    session_id,
+                )
             else:
                 log.info("session %s: %s", session_id, result.status)
         except SessionExpired:
