@@ -299,3 +299,27 @@ async def test_a_question_under_the_default_bound_records_none(
         (req,) = (await rt.generate("bot", prompt="go")).pending
         assert (req.max_result_bytes, req.echoes_answer) == (None, False)
         assert "max_result_bytes" not in json.dumps(req.model_dump(exclude_defaults=True))
+
+
+@pytest.mark.parametrize("tool", [default_asker, so.ask_question()], ids=["ctx.ask", "ask"])
+async def test_an_answer_over_the_default_bound_is_refused_without_the_tool(
+    store_url: str, tool: so.Tool
+) -> None:
+    """The default bound is recorded on no question, and a runtime without the tool checked a
+    free-text answer only against a recorded one: an answer over 1 MiB was taken, the resumed
+    call failed with "over the limit" and the answer was lost. It is checked against the
+    default, as `ask_question` returns it (the stricter, as the question does not say)."""
+    ask = call("default_asker") if tool is default_asker else call("ask_question", question="?")
+    agent = scripted_agent("bot", [call_tools(ask), reply("ok")], tools=[tool])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        (req,) = r.pending
+        head = await rt.store.head(r.session_id)
+        async with _record_only("bot", store_url) as settler:
+            over = so.InputResponse(request_id=req.id, text="N" * ((1 << 20) - 10))
+            with pytest.raises(so.InvalidAnswer, match="over the limit of 1048576 bytes"):
+                await settler.respond(r.session_id, [over], principal=ALICE, resume=False)
+            assert await settler.store.head(r.session_id) == head
+            fits = so.InputResponse(request_id=req.id, text="N" * 1000)
+            await settler.respond(r.session_id, [fits], principal=ALICE, resume=False)
+        assert (await rt.generate(session_id=r.session_id, auth=ALICE)).status == "completed"

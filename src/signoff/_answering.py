@@ -244,12 +244,15 @@ class Answering(Candidates):
                 check_policy_present(request, tool, recorded=recorded, here=True)
                 gate = is_gated(request, tool)
                 text = (wanted.get("answer") or {}).get("text")
-                if text is not None and (tool is not None or request.max_result_bytes is not None):
+                if text is not None and (tool is not None or request.source == "ask"):
                     # A free-text answer is bounded as its question is, by the tool's result:
                     # `ask_question` returns it whole, a tool's own `ctx.ask` as it likes.
                     authorize(request, principal)  # who may answer first, as for an edit
                     limit = _answer_bound(request, tool, agent.limits)
-                    echoed = request.echoes_answer if tool is None else echoes_answers(tool)
+                    if tool is not None:
+                        echoed = echoes_answers(tool)
+                    else:  # unknown under the default bound, which records neither: stricter
+                        echoed = request.echoes_answer or request.max_result_bytes is None
                     shown = question_result(text) if echoed else text
                     _check_size(request, "answer", shown, limit)
                 if wanted.get("value") is not None:
@@ -488,7 +491,8 @@ class Answering(Candidates):
 
 def _answer_bound(request: InputRequest, tool: Tool | None, limits: Limits) -> int:
     """The bound on the result `request`'s answer makes its call return: its tool's when this
-    runtime has it (it runs the call on), else the one recorded when it asked, else `limits`'."""
+    runtime has it (it runs the call on), else the one recorded when it asked, else `limits`'
+    (the default, which a question leaves unrecorded)."""
     if tool is None and request.max_result_bytes is not None:
         return request.max_result_bytes
     return result_bound(tool, limits)
