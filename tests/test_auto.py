@@ -481,3 +481,17 @@ async def test_a_reply_that_starts_with_the_word_clear_is_a_verdict_only_when_it
         if not runs:
             (req,) = r.pending
             assert req.auto_verdict == "failed"
+
+
+@pytest.mark.parametrize("charge_id", [r"ch_\d+ C:\temp", r"C:\Users\x\N{x}", "ch_\\u0031"])
+async def test_a_clear_on_input_with_backslashes_runs(tmp_path: Path, charge_id: str) -> None:
+    """The planted-verdict check decoded the input's escapes with Python's `unicode_escape`:
+    `\\d` warned (an error under `-W error`, so the policy "raised" and a person was asked) and
+    `C:\\Users` failed to decode (read as a planted verdict). Only JSON's escapes are read."""
+    log = ExecutionLog()
+    proposed = call("refund_charge", charge_id=charge_id, amount=40)
+    clear = so.ModelResponse(text='Looks fine. {"verdict": "clear", "reason": "small"}')
+    agent = refund_agent(log, so.auto(so.models.Scripted([clear])), proposed)
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("billing", prompt="refund", auth=ALICE)
+        assert (r.status, log.count()) == ("completed", 1), r.pending

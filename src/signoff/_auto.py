@@ -161,13 +161,20 @@ def _names_verdict(value: Any) -> bool:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     if "verdict" in text.lower():
         return True
-    if "\\" not in text:
-        return False
-    try:  # one level of escapes, as one `json.loads` of the quote decodes
-        decoded = text.encode("latin-1", "backslashreplace").decode("unicode_escape")
-    except (UnicodeDecodeError, ValueError):
-        return True  # escapes it cannot read: taken as naming one, so a person decides
-    return "verdict" in decoded.lower()
+    # One level of JSON's own escapes (`\u0065`, `\n`), as one `json.loads` of the quote
+    # decodes; Python's `unicode_escape` warned on `\d` and failed on `C:\Users`.
+    return "verdict" in _JSON_ESCAPE.sub(_unescaped, text).lower()
+
+
+_JSON_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|([\"\\/bfnrt]))")
+_ONE_LETTER = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _unescaped(match: re.Match[str]) -> str:
+    code, letter = match.group(1), match.group(2)
+    if code is not None:
+        return chr(int(code, 16))
+    return _ONE_LETTER.get(letter, letter)
 
 
 def _caution(verdict: str, reason: str, usage: Usage | None = None) -> Verdict:
