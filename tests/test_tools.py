@@ -533,3 +533,27 @@ def test_a_parameter_name_providers_refuse_is_refused_when_the_tool_is_made() ->
 
     with pytest.raises(so.UsageError, match="parameter 'order id' is a name providers refuse"):
         so.tool(aliased)
+
+
+class _Nested(BaseModel):
+    limit: float = float("inf")
+
+
+class _Extra(BaseModel):
+    model_config = {"json_schema_extra": {"example": object()}}  # type: ignore[dict-item]
+    name: str = "x"
+
+
+@pytest.mark.parametrize("kind", [_Nested, _Extra], ids=["nested infinity", "object in extra"])
+def test_a_schema_that_is_not_json_is_refused_when_the_tool_is_made(kind: type) -> None:
+    """A nested model's default of infinity (a top-level one was refused already) was kept in
+    the tool's schema: every request of the agent then failed before it was sent, on both
+    providers, each turn recorded failed, the tool unnamed."""
+
+    async def setlim(inner: Any) -> str:
+        """Set a limit."""
+        return "ok"
+
+    setlim.__annotations__["inner"] = kind
+    with pytest.raises(so.UsageError, match=r"^tool 'setlim': its input schema is not JSON"):
+        so.tool(setlim)

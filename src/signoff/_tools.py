@@ -278,6 +278,13 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseMode
                 "digits, '_', '.' and '-' only, at most 64): rename it, or give it an alias"
             )
     _give_arrays_items(schema)
+    try:  # a nested model's default of NaN or infinity, an object in `json_schema_extra`
+        json.dumps(schema, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(
+            f"tool {name!r}: its input schema is not JSON, which every request to a model "
+            f"sends ({exc}): a nested default of NaN or infinity, say"
+        ) from None
     return takes_context, model, schema
 
 
