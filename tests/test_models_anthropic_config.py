@@ -31,6 +31,7 @@ __all__ = ["fake"]  # the fixture, used by name
         ({"params": {"extra_body": {"stream": True}}}, "params may not set extra_body's stream"),
         ({"params": {"extra_body": {"system": "x"}}}, "params may not set extra_body's system"),
         ({"params": ["seed"]}, "params must be a mapping"),
+        ({"params": {"temprature": 0.2}}, r"params names 'temprature', which the SDK's create"),
         ({"price_per_mtok": "cheap"}, "price_per_mtok"),
         ({"price_per_mtok": (float("inf"), 1.0)}, "price_per_mtok"),
         ({"price_per_mtok": (1.0, 10**400)}, "price_per_mtok"),

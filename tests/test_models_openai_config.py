@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from typing import Any
 
 import openai
 import pytest
@@ -223,11 +224,12 @@ def test_importing_signoff_does_not_import_the_sdks() -> None:
 
 
 async def test_params_the_sdk_does_not_know_are_a_usage_error(fake: FakeLLM) -> None:
-    async with so.models.OpenAIChat(
-        "m", base_url=fake.base_url, api_key=API_KEY, params={"temprature": 0.1}
-    ) as m:
-        with pytest.raises(so.UsageError, match="temprature"):
-            await m.complete(request())
+    """Refused when the model is made: at its first call, the agent's every turn had failed
+    and been recorded so, each one retryable, before any session could tell."""
+    with pytest.raises(so.UsageError, match=r"params names 'temprature', which the SDK's"):
+        so.models.OpenAIChat(
+            "m", base_url=fake.base_url, api_key=API_KEY, params={"temprature": 0.1}
+        )
     assert fake.received == []
     with pytest.raises(so.UsageError, match="params may not set messages"):
         so.models.OpenAIChat("m", api_key="k", params={"messages": []})
@@ -276,3 +278,17 @@ async def test_a_client_passed_in_used_on_a_second_loop_fails_saying_why(fake: F
         assert "base_url=" in str(failed)
     finally:
         await client.close()
+
+
+def test_params_a_client_of_your_own_takes_are_left_to_it() -> None:
+    """A `client=` of your own (a wrapper taking `**kwargs`) may take arguments the SDK's does
+    not: those are not refused, its own `create` is asked."""
+    import types
+
+    class Completions:
+        async def create(self, **kwargs: Any) -> Any:
+            raise AssertionError("not called")
+
+    client: Any = types.SimpleNamespace(chat=types.SimpleNamespace(completions=Completions()))
+    model = so.models.OpenAIChat("m", client=client, params={"gateway_route": "eu"})
+    assert model.params == {"gateway_route": "eu"}

@@ -129,8 +129,13 @@ class Anthropic(SdkModel):
         self._sdk = load_sdk("anthropic", "anthropic", "Anthropic")
         self.model = model
         self.max_tokens = max_tokens
+        create = (
+            getattr(getattr(client, "messages", None), "create", None)
+            if client is not None
+            else self._sdk.resources.messages.AsyncMessages.create
+        )
         self.params = check_params(
-            owner, params, {"model", "messages", "tools", "system", "stream"}
+            owner, params, {"model", "messages", "tools", "system", "stream"}, create
         )
         given = check_price(owner, price_per_mtok)
         self._price_given = given is not None

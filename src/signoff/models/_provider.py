@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import json
 import math
 import re
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any, Generic, Self, TypeVar
 
@@ -186,14 +187,23 @@ def check_positive(owner: str, name: str, value: object, *, integer: bool = Fals
         raise UsageError(f"{owner}: {name} must be a positive, finite {kind}, not {value!r}")
 
 
-def check_params(owner: str, params: object, reserved: set[str]) -> dict[str, Any]:
+def check_params(
+    owner: str, params: object, reserved: set[str], create: Any = None
+) -> dict[str, Any]:
     """Validate `params=`: extra SDK arguments that may not replace what signoff sends or ask
     for a stream (the reply is read whole), nor through `extra_body`, which the SDK merges into
-    the request over them."""
+    the request over them; nor name one the SDK's `create` does not take, which failed every
+    call of the agent (a typo: `temprature`)."""
     if params is None:
         return {}
     if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
         raise UsageError(f"{owner}: params must be a mapping of argument names, not {params!r}")
+    unknown = _not_taken(create, params)
+    if unknown:
+        raise UsageError(
+            f"{owner}: params names {', '.join(map(repr, unknown))}, which the SDK's create() "
+            "does not take (a field of your server's own goes in params={'extra_body': {...}})"
+        )
     taken = sorted(reserved & set(params))
     extra = params.get("extra_body")
     if isinstance(extra, Mapping):
@@ -204,6 +214,21 @@ def check_params(owner: str, params: object, reserved: set[str]) -> dict[str, An
             "(it reads whole replies, not streams)"
         )
     return dict(params)
+
+
+def _not_taken(create: Any, names: Iterable[str]) -> list[str]:
+    """Those of `names` that `create` takes no keyword argument of; none when it takes any
+    (`**kwargs`: a client of your own) or its signature cannot be read."""
+    if create is None:
+        return []
+    try:
+        parameters = inspect.signature(create).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return []
+    taken = {p.name for p in parameters}
+    return sorted(name for name in names if name not in taken)
 
 
 def cap_output(
