@@ -57,3 +57,41 @@ async def test_a_hub_taking_delivery_back_forgets_what_closed_while_it_stood_by(
             await one.stop()
             await two.stop()
         assert runs == ["A-1", "B-2", "C-3"]
+
+
+async def test_a_reply_reaching_a_hub_that_lost_its_claim_answers_what_is_shown(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hub whose claim lapsed stands by with the queue it held then: a reply reaching its
+    process answered the first of that queue (a request answered since, so the reply was
+    refused or lost), sent the person a closed request, and wrote over the store's memo of
+    what is shown. It answers what the delivering hub shows, and sends and writes nothing."""
+    from signoff.channels._text_shown import shown_in_store
+
+    monkeypatch.setattr(_claims, "TRY_EVERY", 0.0)
+    runs: list[str] = []
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
+        first, second = Texts(), Texts()
+        one = ChannelHub(rt, [first], claim_ttl=0.5)
+        two = ChannelHub(rt, [second], claim_ttl=0.5)
+        await one.start(follow=False)
+        await two.start(follow=False)
+        try:
+            a, b, c = (await rt.generate("support", prompt="Refund A, B and C")).pending
+            await one.poll()
+            await asyncio.sleep(0.6)  # one stalls: its claim lapses
+            await two.poll()
+            for _ in (a, b):
+                await second.reply("yes", BOB)
+                await two.poll()
+            assert second.current is not None and second.current.id == c.id
+            await one.poll()  # one wakes, and stands by
+            assert not one.active
+            sent = len(first.sent)
+            outcome = await first.reply("yes", BOB)  # C, which the person sees
+            assert outcome is not None and (outcome.request_id, outcome.applied) == (c.id, True)
+            assert first.sent[sent:] == []
+            assert (await shown_in_store(second))[1] == c.id
+        finally:
+            await one.stop()
+            await two.stop()

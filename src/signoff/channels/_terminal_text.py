@@ -145,3 +145,4 @@ class TerminalTextChannel(TextChannel):
         if self._asking is not None and not self._asking.done():
             self._asking.cancel()  # the read blocked in its thread goes on (`_out`)
         self._asked = None  # started again, it asks (or waits on the prompt out) anew
+        await super().close()

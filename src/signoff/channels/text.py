@@ -355,6 +355,12 @@ class TextChannel(Channel):
         """Put `request` in front of the person (by default: `send_text(render(request))`)."""
         await self.send_text(self.render(request))
 
+    async def close(self) -> None:
+        """Stand by: the hub stopped, or lost its claim to another that delivers now. Its queue
+        is kept for a start again, but a reply no longer answers it (`reply`)."""
+        self._started = False
+        await super().close()
+
     # -- answers ------------------------------------------------------------------------------
 
     async def reply(self, text: str, principal: Principal | None) -> Outcome | None:
@@ -363,10 +369,10 @@ class TextChannel(Channel):
         Returns what became of the answer, or None when it answered nothing (a hint was sent,
         or with `unmatched="send"` the message went to the session).
         """
-        request = self.current
-        standby = request is None and not self._started
-        if standby:  # the memo it reads names what the delivering hub showed
-            request = await self._shown_elsewhere()
+        # Standing by, its queue is as it was when it stopped delivering: the memo names what
+        # the delivering hub shows now.
+        standby = not self._started
+        request = await self._shown_elsewhere() if standby else self.current
         if request is None:
             await self._say("Nothing is waiting for an answer.")
             return None
