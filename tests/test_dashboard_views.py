@@ -445,3 +445,28 @@ def test_the_audit_cuts_a_long_reason_with_a_link_to_all_of_it(base: str) -> Non
     # someone who may not see the request may not read its reason either
     other = httpx.get(f"{base}{link}", headers=auth("mallory-token"), verify=PLAIN)
     assert other.status_code == 404 and "why why" not in other.text
+
+
+async def test_under_an_apps_own_access_rule_no_one_verifies_every_tenants_trail(
+    tmp_path: Path,
+) -> None:
+    """The check reads every tenant's trail and names the sessions it finds altered: an admin
+    of one tenant (under an app's own rule, which `/metrics` and prune refuse to everyone) ran it
+    from the tool changes page and read another tenant's session ids."""
+
+    def own_tenant(caller: so.Principal, initiator: so.Principal | None) -> bool:
+        return initiator is not None and caller.attributes.get("tenant") == (
+            initiator.attributes.get("tenant")
+        )
+
+    admin = so.Principal(
+        authenticator="token", principal_id="a-admin", attributes={"tenant": "A", "admin": True}
+    )
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/t.db")
+    app = create_app(rt, auth=TokenAuth({"a-admin-token": admin}), access=own_tenant)
+    with running(app) as base:
+        page = httpx.get(
+            f"{base}/_signoff/audit/tools?verify=1", headers=auth("a-admin-token"), verify=PLAIN
+        )
+        assert page.status_code == 200
+        assert 'id="verify-result"' not in page.text and "?verify=1" not in page.text

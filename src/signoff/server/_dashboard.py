@@ -510,12 +510,22 @@ async def tool_changes_page(request: Request) -> Response:
             changes.append({"agent": agent, "tool": name, **change})
     changes.sort(key=lambda c: c["at"], reverse=True)
     verified = None
-    if request.query_params.get("verify") and viewer.attributes.get("admin") is True:
+    # The check reads every tenant's trail: for a caller who sees them all, as `/metrics` and
+    # prune (an admin under the default rule; no one under an app's own `access=`).
+    can_verify = ctx.sees_every_request(viewer)
+    if request.query_params.get("verify") and can_verify:
         verified = await ctx.runtime.verify_audit()
     return await render(
         "tool_changes.html",
         request,
-        **base(ctx, viewer, changes=changes, status="tools", verified=verified),
+        **base(
+            ctx,
+            viewer,
+            changes=changes,
+            status="tools",
+            verified=verified,
+            can_verify=can_verify,
+        ),
     )
 
 
