@@ -548,3 +548,48 @@ async def test_a_session_limit_prompt_is_shown_next_before_requests_asked_earlie
         finally:
             await hub.stop()
         assert (await rt.state(r.session_id)).turn_status == "completed"
+
+
+async def test_a_reply_to_the_request_being_recorded_as_shown_is_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next request reached the phone, and the person's answer arrived while the channel
+    still recorded it as shown (a store write behind another writer): the reply read the memo
+    before the write, waited for it, found the request shown then, and dropped the answer with
+    nothing said. It is answered."""
+    import asyncio
+
+    from signoff.channels._shared import Shared
+
+    keep = Shared.keep
+
+    async def slow_keep(self: Any, memos: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.05)
+        return await keep(self, memos, **kwargs)
+
+    monkeypatch.setattr(Shared, "keep", slow_keep)
+    runs: list[str] = []
+    answered: list[asyncio.Task[Any]] = []
+    sms = Texts()
+    send_text = sms.send_text
+
+    async def sending(text: str) -> None:
+        await send_text(text)
+        if "B-2" in text and not answered:  # it reached the person, who answers at once
+            answered.append(asyncio.create_task(sms.reply("no: too big", BOB)))
+
+    monkeypatch.setattr(sms, "send_text", sending)
+    async with so.Runtime([refunds(runs, "A-1", "B-2")], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="refund", auth=BOB)
+        _, b = r.pending
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            await hub.poll()
+            await sms.reply("yes", BOB)
+            outcome = await answered[0]
+            assert outcome is not None and (outcome.request_id, outcome.outcome) == (
+                b.id,
+                "cancelled",
+            )
+        stored = await rt.store.get_request(b.id)
+        assert stored is not None and stored.outcome == "cancelled"
+    assert runs == ["A-1"]

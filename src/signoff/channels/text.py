@@ -376,12 +376,17 @@ class TextChannel(Channel):
         if request is None:
             await self._say("Nothing is waiting for an answer.")
             return None
-        if (
-            not standby and await off_loop(self.recall, "shown") != request.id
-        ):  # its message failed: never answer it unseen
+        if not standby and await off_loop(self.recall, "shown") != request.id:
+            # Its message failed: never answer it unseen. Or it was being recorded as shown as
+            # the reply came (the person answered what reached them): under the lock, it is.
             async with self._lock:
-                await self._show_unseen()
-            return None
+                current = self.current
+                seen = current is not None and current.id == request.id
+                seen = seen and await off_loop(self.recall, "shown") == request.id
+                if not seen:
+                    await self._show_unseen()
+            if not seen:
+                return None
         response = parse_reply(request, text)
         if response is not None and await self._steers(request, response, principal):
             response = None  # a deny they may not give: sent on, as `Runtime.send` takes it
