@@ -35,6 +35,7 @@ __all__ = [
     "AccessRule",
     "Authenticator",
     "DevAuth",
+    "Naming",
     "TokenAuth",
     "default_access",
     "default_filter",
@@ -73,6 +74,42 @@ def may_see(access: AccessRule, caller: Principal, initiator: Principal | None) 
             _shown(seen),
         )
     return False
+
+
+class Naming:
+    """Checks that the principals an authenticator answers name someone, logging each problem
+    once (not once a request: one authenticator's mistake fails every request alike)."""
+
+    def __init__(self, auth: object) -> None:
+        self.auth = auth
+        self.told: set[str] = set()
+
+    def __call__(self, principal: Principal) -> Principal | None:
+        """`principal`, or None when it names no one (a blank `authenticator` or
+        `principal_id`, as an authenticator reading a missing header as "" answers: every such
+        caller would be one person) or is too large to record."""
+        problem = blank_identity(principal)
+        kind = problem or "too large"
+        if problem is None:
+            problem = principal_too_large(principal)
+        if problem is None:
+            return principal
+        if kind not in self.told:
+            self.told.add(kind)
+            _log.error(
+                "the authenticator %s answered a principal that %s %s; the requests it answers "
+                "so are served as unauthenticated (401): fix the authenticator",
+                _name_of(self.auth),
+                "is" if kind == "too large" else "names no one:",
+                problem,
+            )
+        return None
+
+
+def _name_of(auth: object) -> str:
+    """How the log names an authenticator: its function's or its class's name."""
+    name = getattr(auth, "__name__", None)
+    return name if isinstance(name, str) else type(auth).__qualname__
 
 
 def _shown(value: object) -> str:

@@ -34,6 +34,7 @@ from ._auth import (
     AccessRule,
     Authenticator,
     DevAuth,
+    Naming,
     TokenAuth,
     bearer_token,
     default_access,
@@ -105,16 +106,20 @@ class ServerContext(OpenRequests):
     honoured: Honoured = field(init=False, repr=False)
     # The event streams each caller holds open (`_stream_slots`).
     streams: StreamSlots = field(init=False, repr=False)
+    # Refuses the authenticator's principals that name no one, logging it (`Naming`).
+    naming: Naming = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.naming = Naming(self.auth)
         self.sign_outs = SignOuts(self.sign_in_lifetime)
         self.failures = Failures(self.runtime.clock)
         self.honoured = Honoured()
         self.streams = StreamSlots(self.max_streams, retry_after=math.ceil(self.heartbeat))
 
     async def principal(self, request: HTTPConnection) -> Principal | None:
-        """The caller, or `None` when the authenticator does not recognise it (asked once per
-        request: a page and its CSRF token must agree on who is signed in)."""
+        """The caller, or `None` when the authenticator does not recognise it or answers a
+        principal naming no one (asked once per request: a page and its CSRF token must agree
+        on who is signed in)."""
         known: Any = getattr(request.state, "signoff_principal", _UNKNOWN)
         if known is not _UNKNOWN:
             return cast(Principal | None, known)
@@ -135,9 +140,11 @@ class ServerContext(OpenRequests):
         found: Principal | None = result
         if found is None and guessed and not self.scrape_token(bearer_token(request)):
             self.failures.failed(client_of(request))
+        if found is not None:  # not a guess when it names no one: the server's own mistake
+            found = self.naming(found)
         if found is None:
             grant = await self.sign_in(request)
-            found = None if grant is None else grant.principal
+            found = None if grant is None else self.naming(grant.principal)
         request.state.signoff_principal = found
         return found
 

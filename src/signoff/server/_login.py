@@ -143,8 +143,8 @@ async def login(request: Request) -> Response:
         response.headers.update(refusal.headers)
         return response
     principal = auth.lookup(token) if isinstance(auth, TokenAuth) and token else None
-    if principal is None:
-        if token and isinstance(auth, TokenAuth):
+    if principal is None or ctx.naming(principal) is None:  # no cookie for no one
+        if principal is None and token and isinstance(auth, TokenAuth):
             ctx.failures.failed(client)
         return await render(
             "login.html",
