@@ -11,7 +11,8 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "signoff"
 # Lowest first. A unit is a private module or a subpackage; a subpackage's modules import each
 # other freely. Imports under `if TYPE_CHECKING:` are annotations only and do not count.
 LAYERS: list[set[str]] = [
-    {"_exceptions", "_types", "_text", "_error_text", "_logs", "_form_fields"},
+    {"_text"},
+    {"_exceptions", "_types", "_error_text", "_logs", "_form_fields"},
     {"_trace_content"},
     {
         "_any_loop",

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import signoff as so
 from signoff._answers import match
+from signoff._text import visible
 from signoff._types import APPROVAL_OPTIONS, Option, folded, match_option
 
 from . import _proof
@@ -110,7 +111,7 @@ def test_ask_takes_any_options_or_refuses_them_as_usage_errors(raw: list[Any]) -
         # Typing an option's id picks that option, unless the same text also names another
         # option (its label or id, compared folded, or its 1-based number): then it picks none
         # rather than guess.
-        t = o.id.strip()
+        t = visible(o.id).strip()
         also = [
             p
             for j, p in enumerate(options)
@@ -129,18 +130,21 @@ def test_ask_takes_any_options_or_refuses_them_as_usage_errors(raw: list[Any]) -
 
 replies = st.one_of(
     st.text(max_size=40),
-    st.from_regex(r"\s*(approve|deny|cancel|[0-9²³¹①١٢]{1,3})\s*", fullmatch=True),
+    # with what draws nothing about it: a zero-width space, a right-to-left mark, U+FE0F
+    st.from_regex(
+        "\\s*[\u200b\u200f]?(approve|deny|cancel|[0-9²³¹①١٢]{1,3})\ufe0f?\\s*", fullmatch=True
+    ),
 )
 
 
 @given(text=replies)
 @settings(deadline=None)
 def test_approval_replies_never_crash(text: str) -> None:
-    """Any text either names approve/deny by id, label (any case or width, padded) or index,
-    or nothing."""
+    """Any text either names approve/deny by id, label (any case or width, padded, with what
+    draws nothing) or index, or nothing."""
     _proof.record("hypothesis:test_approval_replies:examples")
     option = match_option(APPROVAL_OPTIONS, text)
-    t = text.strip()
+    t = visible(text).strip()
     expected = {"approve": "approve", "deny": "cancel", "cancel": "cancel"}.get(folded(t))
     if t.isdecimal() and int(t) in (1, 2):
         expected = ["approve", "cancel"][int(t) - 1]
@@ -174,12 +178,13 @@ def test_an_option_round_trips_by_id_label_and_index(options: list[Option], data
     _proof.record("hypothesis:test_option_round_trip:examples")
     i = data.draw(st.integers(0, len(options) - 1))
     o = options[i]
-    pad = data.draw(st.sampled_from(["", " ", "\t", "  \n"]))
+    pad = data.draw(st.sampled_from(["", " ", "\t", "  \n", "\u200b", " \u200f"]))
 
     def answering(typed: str) -> set[str]:
         """The ids of the options that answer to the typed text: its id or label compared
-        folded (no case, Unicode's compatibility form: `²` reads as `2`), or its number."""
-        t = typed.strip()
+        folded (no case, Unicode's compatibility form: `²` reads as `2`, nothing that draws
+        nothing), or its number as it shows."""
+        t = visible(typed).strip()
         return {
             p.id
             for j, p in enumerate(options)

@@ -327,12 +327,16 @@ def test_channel_approves_on_y() -> None:
     assert "(y/N)" in prompts[0]
 
 
-@pytest.mark.parametrize(("typed", "option"), [("ｙｅｓ", "approve"), ("Ｎ", "cancel")])
+@pytest.mark.parametrize(
+    ("typed", "option"),
+    [("ｙｅｓ", "approve"), ("Ｎ", "cancel"), ("yes\u200b", "approve"), ("\u200fn", "cancel")],
+)
 def test_channel_reads_a_full_width_yes_or_no_as_the_text_channel_does(
     typed: str, option: str
 ) -> None:
     """An input method's wide mode types `ｙｅｓ`: the text channel folds it (NFKC, casefold)
-    into `yes`, and the terminal took it for nonsense and asked again."""
+    into `yes`, and the terminal took it for nonsense and asked again; so too `yes` with a
+    zero-width space, or `n` after a right-to-left mark (what draws nothing is passed over)."""
     channel, prompts, console = _channel([typed, ""])
     try:
         assert channel.ask(_request()) == so.InputResponse(request_id="req_1", option_id=option)

@@ -6,7 +6,16 @@ from __future__ import annotations
 import json
 import math
 
-from signoff._text import BIDI, HIDDEN, escape_as_json, in_utc, is_blank, is_utf8, utc_text
+from signoff._text import (
+    BIDI,
+    HIDDEN,
+    escape_as_json,
+    in_utc,
+    is_blank,
+    is_utf8,
+    utc_text,
+    visible,
+)
 from signoff.channels.slack._blocks import sendable
 from signoff.server._pages import pretty
 
@@ -17,6 +26,14 @@ def test_hidden_characters_become_the_escapes_json_would_write() -> None:
     assert escaped == "a\\u202eb\\u200bc\\udb40\\udc41d\\ud800e"
     assert json.loads(f'"{escaped}"') == text  # inside a JSON string, the same value
     assert BIDI.sub(escape_as_json, "x\u2066y") == "x\\u2066y"
+
+
+def test_visible_drops_what_draws_nothing_but_keeps_what_parts_words() -> None:
+    """A reply is read as it shows: a zero-width space, a bidirectional mark, a variation
+    selector or a tag character go; a line separator stays, as it parts words as a space does."""
+    assert visible("\u200fy\u200be\ufe0fs\U000e0041\xad") == "yes"
+    assert visible("yes\u2028no\x85maybe") == "yes\u2028no\x85maybe"
+    assert is_blank(visible("\u200b\u2066 \ufeff")) and visible("\u2764\ufe0f") == "\u2764"
 
 
 def test_a_page_shows_a_lone_surrogate_escaped_so_it_can_be_sent() -> None:

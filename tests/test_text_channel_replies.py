@@ -17,6 +17,7 @@ from signoff.channels import ChannelHub
 from signoff.channels.text import parse_reply
 from signoff.testing import call, call_tools, reply, scripted_agent
 
+from ._channels import runtime, status, three_refunds
 from .test_text_channel import BOB, CAROL, Texts, manual
 
 
@@ -178,3 +179,60 @@ def test_an_approval_reads_its_separators_in_any_width(
         request_id="req_1", option_id=option, text=reason
     )
     assert parse_reply(approval, "１．５") is None  # a number, as `1.5` is: no yes or no
+
+
+def _asking(options: list[str], allow_text: bool) -> so.Agent:
+    """An agent that asks one question of `options`."""
+
+    @so.tool
+    async def ask(ctx: so.ToolContext) -> str:
+        """Ask the user."""
+        return (await ctx.ask("Which?", options=options, allow_text=allow_text)).value
+
+    return scripted_agent("shop", [call_tools(call("ask")), reply("Done.")], tools=[ask])
+
+
+async def test_a_text_yes_with_a_zero_width_space_approves_and_is_not_sent_on(
+    tmp_path: Path,
+) -> None:
+    """`yes` + a zero-width space (a paste, some keyboards) shows as `yes` and was sent on as a
+    message (`unmatched="send"`): it withdrew the approval the person gave, and the model read
+    `yes` as a new prompt."""
+    runs: list[str] = []
+    async with runtime(tmp_path, three_refunds(runs)) as rt:
+        r = await rt.generate("support", prompt="Refund", auth=BOB)
+        sms = Texts(unmatched="send")
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            await hub.poll()
+            outcome = await sms.reply("yes\u200b", BOB)
+            assert outcome is not None and outcome.outcome == "approved"
+        assert await status(rt, r.pending[0].id) == ("settled", "approved")
+        assert [await status(rt, q.id) for q in r.pending[1:]] == [("pending", None)] * 2
+        assert (await rt.state(r.session_id)).queued == []
+
+
+@pytest.mark.parametrize(
+    ("options", "allow_text", "typed", "chosen"),
+    [
+        (["Yes", "No"], True, "\u200fYes", "Yes"),  # a right-to-left keyboard's mark first
+        (["\u2764\ufe0f", "\U0001f494"], False, "\u2764", "\u2764\ufe0f"),  # no U+FE0F
+        (["\U0001f44d", "\U0001f44e"], False, "\U0001f44d\ufe0f", "\U0001f44d"),
+    ],
+)
+async def test_a_text_reply_with_what_draws_nothing_chooses_the_option_it_shows(
+    tmp_path: Path, options: list[str], allow_text: bool, typed: str, chosen: str
+) -> None:
+    """`Yes` after a right-to-left mark was stored as free text, never choosing the option
+    `Yes`; `❤` was not the option `❤️`, and the person was told to reply with an option's name,
+    which they had typed."""
+    async with runtime(tmp_path, _asking(options, allow_text)) as rt:
+        r = await rt.generate("shop", prompt="Ask", auth=BOB)
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            await hub.poll()
+            outcome = await sms.reply(typed, BOB)
+            assert outcome is not None and outcome.outcome == "answered", sms.sent[-1]
+        stored = await rt.store.get_request(r.pending[0].id)
+        assert stored is not None and stored.resolution is not None
+        answer = stored.resolution["answer"]
+        assert (answer["option_id"], answer["value"], answer["text"]) == (chosen, chosen, None)

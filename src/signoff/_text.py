@@ -18,6 +18,7 @@ __all__ = [
     "is_blank",
     "is_utf8",
     "utc_text",
+    "visible",
 ]
 
 BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -35,6 +36,8 @@ Inside a JSON string they can be escaped and the text still parses to the same v
 
 
 _C0 = re.compile("[\x00-\x1f]")
+_DRAWN_NOTHING = re.compile(f"(?!\\s){HIDDEN.pattern}")
+"""`HIDDEN` but for the line separators (U+0085, U+2028, U+2029), which part words as spaces do."""
 
 
 def cut(text: str, cap: int) -> str:
@@ -48,6 +51,12 @@ def is_blank(text: str) -> bool:
     typed reply like that is no answer, and a prompt or message like that starts no turn, as an
     empty one does not: this is the one rule, for the runtime, the API, the CLI and channels."""
     return not HIDDEN.sub("", _C0.sub("", text)).strip()
+
+
+def visible(text: str) -> str:
+    """`text` without the characters that draw nothing (a zero-width space, a bidirectional mark,
+    a variation selector): a typed reply as a person reads it, to compare with an option's name."""
+    return _DRAWN_NOTHING.sub("", text)
 
 
 SAID = (

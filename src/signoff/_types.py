@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
+from ._text import visible
+
 __all__ = [
     "APP_PRINCIPAL",
     "Action",
@@ -469,8 +471,15 @@ def match_option(options: list[Option], text: str) -> Option | None:
 
 def folded(text: str) -> str:
     """`text` as a typed reply is compared with an option's id and label: stripped, without
-    case, and in Unicode's compatibility form, so full-width letters (an input method's wide
-    mode) and an accent typed as a combining mark (`cafe` + U+0301) read as what they show."""
+    case, in Unicode's compatibility form and without what draws nothing (`visible`), so
+    full-width letters (an input method's wide mode), an accent typed as a combining mark
+    (`cafe` + U+0301), a zero-width space, a right-to-left mark or an emoji's variation
+    selector (`❤` + U+FE0F) read as what they show."""
+    return _normalized(visible(text))
+
+
+def _normalized(text: str) -> str:
+    """`text` stripped, without case and in Unicode's compatibility form."""
     return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold()).strip()
 
 
@@ -483,7 +492,7 @@ def named_options(options: list[Option], text: str) -> list[Option]:
     An exact label or id wins: `#2` names an option labelled `#2` (`ctx.ask` refuses one that
     is not the second where the `#` replies are offered: `shadowed_number`).
     """
-    t = text.strip()
+    t = visible(text).strip()  # a number as it shows: `2` + U+FE0F names the second
     typed = folded(t)
     named = [o for o in options if typed in (folded(o.id), folded(o.label))]
     # A bounded length: int() refuses thousands of digits, and no list has that many options.
@@ -551,10 +560,15 @@ def _by_number(options: list[Option], option: Option) -> str | None:
 
 def twin_labels(options: list[Option]) -> str | None:
     """Why `options` cannot be told apart, if two of their labels are the same as a reply is
-    compared with them (`folded`): two buttons saying Yes, and a reply naming both."""
+    compared with them (`folded`): two buttons saying Yes, and a reply naming both.
+
+    Labels that differ only by what draws nothing (`❤` and `❤️`) pass, as they did before
+    replies passed over it: a model's question recorded with them must replay, and a reply
+    naming both is refused, saying how to choose each (`how_to_choose`).
+    """
     seen: dict[str, int] = {}
     for i, option in enumerate(options):
-        first = seen.setdefault(folded(option.label), i)
+        first = seen.setdefault(_normalized(option.label), i)
         if first != i:  # the two it names, not every label: a tool may offer a thousand
             return (
                 f"option labels must be distinct: #{first + 1} {options[first].label!r} and "

@@ -9,7 +9,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 
-from .._text import is_blank
+from .._text import is_blank, visible
 from .._types import InputRequest, InputResponse, folded, named_options
 
 __all__ = ["parse_reply"]
@@ -38,12 +38,13 @@ def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
         m = _WORD.match(compatible)
         if m is None or _JOINED.match(compatible):
             return None
-        # the word as options are named; the reason as typed
-        word, rest = folded(m.group(1)), text[typed_at(m.start(2)) :].strip() or None
+        # the word as options are named; the reason as typed (none if it shows nothing)
+        word, rest = folded(m.group(1)), text[typed_at(m.start(2)) :].strip()
+        reason = None if is_blank(rest) else rest
         if word in _APPROVE:
-            return InputResponse(request_id=request.id, option_id="approve", text=rest)
+            return InputResponse(request_id=request.id, option_id="approve", text=reason)
         if word in _DENY:
-            return InputResponse(request_id=request.id, option_id="cancel", text=rest)
+            return InputResponse(request_id=request.id, option_id="cancel", text=reason)
         return None
     named = named_options(request.options, text)
     if len(named) == 1:
@@ -57,8 +58,9 @@ def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
 
 def _compatible(text: str) -> tuple[str, Callable[[int], int]]:
     """`text` in Unicode's compatibility form character by character (full-width `ｎｏ：` is
-    `no:`), and where in `text` the character holding an index of it is (the next one where
-    that index is inside one that became several)."""
-    parts = [unicodedata.normalize("NFKC", c) for c in text]
+    `no:`) without what draws nothing (`yes` + U+200B is `yes`), and where in `text` the
+    character holding an index of it is (the next one where that index is inside one that became
+    several, or the first of those dropped before it)."""
+    parts = [unicodedata.normalize("NFKC", visible(c)) for c in text]
     starts = list(itertools.accumulate((len(p) for p in parts), initial=0))
     return "".join(parts), lambda i: bisect.bisect_left(starts, i)
