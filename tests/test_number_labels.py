@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 import signoff as so
-from signoff._types import APPROVAL_OPTIONS, how_to_choose, make_options, match_option
+from signoff._option_names import how_to_choose, match_option
+from signoff._types import APPROVAL_OPTIONS, make_options
 from signoff.channels import TerminalChannel
 from signoff.channels.text import parse_reply
 from signoff.testing import call, call_tools, reply, scripted_agent, store_contents

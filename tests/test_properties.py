@@ -29,8 +29,8 @@ from hypothesis.stateful import (
 )
 
 import signoff as so
+from signoff._option_names import match_option
 from signoff._text import is_blank
-from signoff._types import match_option
 
 from . import _proof
 from ._properties import (

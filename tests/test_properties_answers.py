@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 import signoff as so
 from signoff._answers import match
+from signoff._option_names import folded, match_option
 from signoff._text import visible
-from signoff._types import APPROVAL_OPTIONS, Option, folded, match_option
+from signoff._types import APPROVAL_OPTIONS, Option
 
 from . import _proof
 from ._properties import AGENT

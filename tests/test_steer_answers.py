@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import signoff as so
-from signoff._types import make_options, match_option
+from signoff._option_names import match_option
+from signoff._types import make_options
 from signoff.testing import (
     Capture,
     ExecutionLog,

@@ -10,14 +10,8 @@ import pytest
 
 import signoff as so
 from signoff._answers import Reply, match
-from signoff._types import (
-    APPROVAL_OPTIONS,
-    how_to_choose,
-    make_options,
-    match_option,
-    named_options,
-    twin_labels,
-)
+from signoff._option_names import how_to_choose, match_option, named_options, twin_labels
+from signoff._types import APPROVAL_OPTIONS, make_options
 from signoff.channels import parse_reply
 from signoff.testing import Capture, ExecutionLog, reply, sqlite_runtime, tool_results
 

@@ -11,8 +11,8 @@ from typing import Literal
 import pytest
 
 import signoff as so
+from signoff._option_names import named_options
 from signoff._text import BIDI
-from signoff._types import named_options
 from signoff.channels import ChannelHub
 from signoff.channels.text import parse_reply
 from signoff.testing import call, call_tools, reply, scripted_agent

@@ -19,20 +19,12 @@ from ._exceptions import (
     TooLarge,
     UsageError,
 )
+from ._option_names import how_to_choose, match_option, named_options
 from ._results import Outcome
 from ._text import is_blank
 from ._tool_json import copied, holds_mask, key_not_text, nests_deeper
 from ._tools import Tool
-from ._types import (
-    Decision,
-    InputRequest,
-    InputResponse,
-    Principal,
-    how_to_choose,
-    match_option,
-    named_options,
-    same_json,
-)
+from ._types import Decision, InputRequest, InputResponse, Principal, same_json
 
 __all__ = [
     "MAX_PRINCIPAL_BYTES",

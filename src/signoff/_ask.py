@@ -6,10 +6,11 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from ._option_names import shadowed_number, twin_labels, unique_name
 from ._tool_context import ToolContext
 from ._tool_signals import InputUnavailable, QuestionWithdrawn
 from ._tools import Tool
-from ._types import Option, shadowed_number, twin_labels, unique_name
+from ._types import Option
 
 __all__ = ["MAX_QUESTION_CHARS", "QuestionOption", "answered", "ask_question", "echoes_answers"]
 

@@ -12,6 +12,7 @@ from typing import Any, NoReturn, Protocol
 
 from ._approval import SessionInfo
 from ._exceptions import TooLarge, UsageError
+from ._option_names import shadowed_number, twin_labels
 from ._steps import raise_recorded
 from ._sync import exited, thread_to_end
 from ._text import is_blank
@@ -22,7 +23,7 @@ from ._tool_signals import (
     QuestionWithdrawn,
     misuse_in_step,
 )
-from ._types import Answer, Option, Principal, make_options, shadowed_number, twin_labels
+from ._types import Answer, Option, Principal, make_options
 
 __all__ = ["MAX_STEP_NAME_CHARS", "Journal", "ReplayError", "ToolContext"]
 

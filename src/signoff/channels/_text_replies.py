@@ -9,8 +9,9 @@ import re
 import unicodedata
 from collections.abc import Callable
 
+from .._option_names import folded, named_options
 from .._text import is_blank, visible
-from .._types import InputRequest, InputResponse, folded, named_options
+from .._types import InputRequest, InputResponse
 
 __all__ = ["parse_reply"]
 

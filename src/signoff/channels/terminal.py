@@ -20,16 +20,10 @@ from rich.emoji import Emoji
 from rich.markup import escape
 
 from .._exceptions import UsageError
+from .._option_names import folded, how_to_choose, named_options, numbers_clash
 from .._sync import checked_clock, is_async
 from .._text import HIDDEN, escape_as_json, is_blank
-from .._types import (
-    InputRequest,
-    InputResponse,
-    folded,
-    how_to_choose,
-    named_options,
-    numbers_clash,
-)
+from .._types import InputRequest, InputResponse
 from ._tty import read_terminal_line, terminal_stdin
 
 __all__ = ["SHOWN_CHARS", "TerminalChannel", "compact_json", "duration", "printable"]

@@ -23,16 +23,10 @@ from .._exceptions import (
     UnknownSession,
     UsageError,
 )
+from .._option_names import how_to_choose, named_options, numbers_clash
 from .._results import Outcome
 from .._text import BIDI, escape_as_json, is_blank, utc_text
-from .._types import (
-    InputRequest,
-    InputResponse,
-    Principal,
-    how_to_choose,
-    named_options,
-    numbers_clash,
-)
+from .._types import InputRequest, InputResponse, Principal
 from ._base import (
     DELETED,
     QUEUED_NOTE,

@@ -10,8 +10,9 @@ from typing import Annotated
 import typer
 
 from .._exceptions import StoreBusy, StoreError, StoreUnavailable, UsageError
+from .._option_names import folded
 from .._runtime import Runtime
-from .._types import Principal, folded
+from .._types import Principal
 from ..channels.terminal import TerminalChannel, printable
 from ..stores import SQLiteStore
 from ._app import (
