@@ -6,7 +6,9 @@ message. The crash tests are in test_models_anthropic_pause_crash.py."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,16 +17,20 @@ import signoff as so
 from signoff._paused_parts import paused_parts as _parts
 from signoff._state import fold
 from signoff.cli._events import _summary as cli_line
+from signoff.models import ModelRequest, PausedPart
 from signoff.server._page_data import _summary as trace_line
+from signoff.testing import sqlite_runtime
 
 from .test_docs_events import rows
 
 SEARCH = {"type": "server_tool_use", "id": "srvtoolu_01", "name": "web_search", "input": {}}
 
 
-def _paused(seq: int, text: str, tokens: tuple[int, int], read: int = 2) -> so.Event:
+def _paused(
+    seq: int, text: str, tokens: tuple[int, int], read: int = 2, model: str = "claude-haiku-4-5"
+) -> so.Event:
     data = {
-        "model": "anthropic:claude-haiku-4-5",
+        "model": f"anthropic:{model}",
         "data": {"content": [{"type": "text", "text": text}, SEARCH]},
         "usage": {"input_tokens": tokens[0], "output_tokens": tokens[1], "cost_usd": 0.001},
         "read_through": read,
@@ -129,7 +135,8 @@ def test_a_damaged_part_folds_or_is_refused_by_name_and_then_starts_over() -> No
             continue
         assert state.turn is not None
         parts = _parts(state.turn)
-        assert parts == () or len(parts) == 2
+        # One renamed for another model is gone on from alone, as the start of a new reply.
+        assert parts == () or len(parts) == 2 or parts[0].model != whole[0].model
         resumed = claude._resumed(parts)
         assert resumed in ([], list(parts))
         for part in resumed:
@@ -142,6 +149,69 @@ def test_a_message_since_the_parts_makes_the_reply_start_over() -> None:
     state = fold([*_log(), _event(5, "turn.message", {"message": "and shipping?"})])
     assert state.turn is not None and len(state.turn.paused) == 2
     assert _parts(state.turn) == ()
+
+
+def test_parts_journaled_after_the_reply_started_over_are_gone_on_from() -> None:
+    """A message came after the first part, so the next drive started over and journaled one
+    read after it: that one is gone on from, not the stale part, and never nothing again."""
+    message = _event(4, "turn.message", {"message": "and shipping?"})
+    state = fold([*_log()[:3], message, _paused(5, "Again. ", (102, 22), read=4)])
+    assert state.turn is not None and len(state.turn.paused) == 2
+    assert [p.data["content"][0]["text"] for p in _parts(state.turn)] == ["Again. "]
+    state.apply(_paused(6, "More. ", (103, 23), read=5))  # a drive that went on from it
+    assert [p.data["content"][0]["text"] for p in _parts(state.turn)] == ["Again. ", "More. "]
+    state.apply(_event(7, "turn.message", {"message": "in euros"}))
+    assert _parts(state.turn) == ()
+
+
+def test_parts_after_another_models_are_gone_on_from_alone() -> None:
+    """The agent's model changed, so the reply started over with the new one's parts: those
+    are gone on from, and the old model's are given to nobody (nor mixed with them)."""
+    log = [*_log(), _paused(5, "Sonnet. ", (104, 24), model="claude-sonnet-4-5")]
+    parts = _parts(fold(log).turn)  # type: ignore[arg-type]
+    assert [p.model for p in parts] == ["anthropic:claude-sonnet-4-5"]
+    assert so.models.Anthropic("claude-haiku-4-5", api_key="unused")._resumed(parts) == []
+    sonnet = so.models.Anthropic("claude-sonnet-4-5", api_key="unused")
+    assert sonnet._resumed(parts) == list(parts)
+
+
+async def test_a_drive_after_a_message_mid_reply_goes_on_from_the_parts_read_after_it(
+    tmp_path: Path,
+) -> None:
+    """A message arrives after the first drive's part, so the second drive starts over; its
+    part is the one the third drive goes on from. Before, the stale first part made every
+    later drive start over, asking (and paying) again for what was journaled after it."""
+    given: list[list[str]] = []
+    steered, released = asyncio.Event(), asyncio.Event()
+
+    class Pausing:
+        async def complete(self, request: ModelRequest) -> so.ModelResponse:
+            given.append([p.data["part"] for p in request.paused])
+            if len(given) == 3:
+                return so.ModelResponse(text="done", usage=so.Usage(output_tokens=1))
+            part = {"part": f"P{len(given)}"}
+            assert request.on_pause is not None
+            await request.on_pause(
+                PausedPart(model="m", data=part, usage=so.Usage(output_tokens=9))
+            )
+            if len(given) == 1:
+                steered.set()
+                await released.wait()
+            raise so.ModelError("HTTP 500 on the continuation")
+
+    async with sqlite_runtime(tmp_path, so.Agent(name="a", model=Pausing())) as rt:
+        sid = await rt.create_session("a")
+        first = asyncio.create_task(rt.generate(session_id=sid, prompt="search"))
+        await steered.wait()
+        await rt.send(sid, "and 2025")
+        released.set()
+        assert (await first).status == "failed"
+        assert (await rt.generate(session_id=sid)).status == "failed"
+        r = await rt.generate(session_id=sid)
+        usage = (await rt.state(sid)).usage
+    assert (r.status, r.text) == ("completed", "done")
+    assert given == [[], [], ["P2"]]
+    assert usage.output_tokens == 19  # each part counted once
 
 
 def test_a_paused_part_is_never_shown_as_a_message() -> None:

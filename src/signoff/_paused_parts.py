@@ -56,13 +56,17 @@ def journal_pauses(
 
 def paused_parts(turn: TurnState) -> tuple[PausedPart, ...]:
     """The parts of the reply being made that the provider paused and the log journaled, to
-    continue from: none when a message came after the model read the conversation (the reply
-    must read it, so it starts over) or when one is not of the form journaled."""
-    if not turn.paused:
-        return ()
-    read = turn.paused[0].get("read_through")
-    if not isinstance(read, int) or turn.last_message_seq > read:
-        return ()
+    continue from: the last run of one model's parts read after the turn's last message, as
+    parts before them belong to a reply that started over (a message came, which the reply
+    must read, or the model changed); none when one is not of the form journaled."""
+    start = len(turn.paused)
+    for p in reversed(turn.paused):
+        read = p.get("read_through")
+        if not isinstance(read, int) or turn.last_message_seq > read:
+            break
+        if p.get("model") != turn.paused[-1].get("model"):
+            break
+        start -= 1
     try:
         return tuple(
             PausedPart(
@@ -70,7 +74,7 @@ def paused_parts(turn: TurnState) -> tuple[PausedPart, ...]:
                 data=dict(p["data"]),
                 usage=kept_usage(p["usage"], strict=False),
             )
-            for p in turn.paused
+            for p in turn.paused[start:]
         )
     except (KeyError, TypeError, ValueError):
         return ()
