@@ -292,3 +292,24 @@ def test_params_a_client_of_your_own_takes_are_left_to_it() -> None:
     client: Any = types.SimpleNamespace(chat=types.SimpleNamespace(completions=Completions()))
     model = so.models.OpenAIChat("m", client=client, params={"gateway_route": "eu"})
     assert model.params == {"gateway_route": "eu"}
+
+
+def test_params_a_wrapped_sdk_client_takes_are_left_to_it() -> None:
+    """A tracing wrapper over the SDK's own client (as langsmith's `wrap_openai`: a
+    `functools.wraps` of `create` taking a keyword of its own) was judged by the SDK's signature,
+    which the wrapper reports, and refused its keyword. The SDK's client itself is still judged."""
+    import functools
+
+    client = openai.AsyncOpenAI(api_key="x", base_url="http://127.0.0.1:9")
+    original = client.chat.completions.create
+
+    @functools.wraps(original)
+    async def traced(*args: Any, langsmith_extra: Any = None, **kwargs: Any) -> Any:
+        return await original(*args, **kwargs)
+
+    client.chat.completions.create = traced  # type: ignore[method-assign]
+    model = so.models.OpenAIChat("m", client=client, params={"langsmith_extra": {"run": "a"}})
+    assert model.params == {"langsmith_extra": {"run": "a"}}
+    plain = openai.AsyncOpenAI(api_key="x", base_url="http://127.0.0.1:9")
+    with pytest.raises(so.UsageError, match="params names 'temprature'"):
+        so.models.OpenAIChat("m", client=plain, params={"temprature": 0.1})

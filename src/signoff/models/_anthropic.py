@@ -129,13 +129,10 @@ class Anthropic(SdkModel):
         self._sdk = load_sdk("anthropic", "anthropic", "Anthropic")
         self.model = model
         self.max_tokens = max_tokens
-        create = (
-            getattr(getattr(client, "messages", None), "create", None)
-            if client is not None
-            else self._sdk.resources.messages.AsyncMessages.create
-        )
+        sdk_create = self._sdk.resources.messages.AsyncMessages.create
+        given = getattr(getattr(client, "messages", None), "create", None)
         self.params = check_params(
-            owner, params, {"model", "messages", "tools", "system", "stream"}, create
+            owner, params, {"model", "messages", "tools", "system", "stream"}, sdk_create, given
         )
         given = check_price(owner, price_per_mtok)
         self._price_given = given is not None

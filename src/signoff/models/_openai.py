@@ -145,12 +145,11 @@ class OpenAIChat(SdkModel):
         self.model = model
         self.temperature = temperature
         self.max_tokens = max_tokens
-        create = (
-            getattr(getattr(getattr(client, "chat", None), "completions", None), "create", None)
-            if client is not None
-            else self._sdk.resources.chat.completions.AsyncCompletions.create
+        sdk_create = self._sdk.resources.chat.completions.AsyncCompletions.create
+        given = getattr(getattr(getattr(client, "chat", None), "completions", None), "create", None)
+        self.params = check_params(
+            owner, params, {"model", "messages", "tools", "stream"}, sdk_create, given
         )
-        self.params = check_params(owner, params, {"model", "messages", "tools", "stream"}, create)
         given = check_price(owner, price_per_mtok)
         self._price_given = given is not None
         self.price_per_mtok = given or lookup_price(model, OPENAI_PRICES)

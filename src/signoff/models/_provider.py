@@ -188,7 +188,11 @@ def check_positive(owner: str, name: str, value: object, *, integer: bool = Fals
 
 
 def check_params(
-    owner: str, params: object, reserved: set[str], create: Any = None
+    owner: str,
+    params: object,
+    reserved: set[str],
+    sdk_create: Any = None,
+    given_create: Any = None,
 ) -> dict[str, Any]:
     """Validate `params=`: extra SDK arguments that may not replace what signoff sends or ask
     for a stream (the reply is read whole), nor through `extra_body`, which the SDK merges into
@@ -198,7 +202,10 @@ def check_params(
         return {}
     if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
         raise UsageError(f"{owner}: params must be a mapping of argument names, not {params!r}")
-    unknown = _not_taken(create, params)
+    # A `client=` whose `create` is not the SDK's own (a tracing wrapper: langsmith's takes
+    # `langsmith_extra`) judges its own arguments.
+    own = given_create is None or getattr(given_create, "__func__", None) is sdk_create
+    unknown = _not_taken(sdk_create, params) if own else []
     if unknown:
         raise UsageError(
             f"{owner}: params names {', '.join(map(repr, unknown))}, which the SDK's create() "
