@@ -593,3 +593,35 @@ async def test_a_reply_to_the_request_being_recorded_as_shown_is_answered(
         stored = await rt.store.get_request(b.id)
         assert stored is not None and stored.outcome == "cancelled"
     assert runs == ["A-1"]
+
+
+async def test_a_reply_sent_before_the_next_request_reached_the_person_does_not_answer_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The person's second "yes" (meant for A) arrives while B's message is still being sent:
+    it waited for the send, found B shown, and approved B, which the person had not seen. A
+    reply answers a request only if its message had reached the person when the reply came."""
+    import asyncio
+
+    runs: list[str] = []
+    early: list[asyncio.Task[Any]] = []
+    sms = Texts()
+    send_text = sms.send_text
+
+    async def sending(text: str) -> None:
+        if "B-2" in text and not early:
+            early.append(asyncio.create_task(sms.reply("yes", BOB)))
+            await asyncio.sleep(0.05)  # the SMS provider's call, B not yet sent
+        await send_text(text)
+
+    monkeypatch.setattr(sms, "send_text", sending)
+    async with so.Runtime([refunds(runs, "A-1", "B-2")], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="refund", auth=BOB)
+        _, b = r.pending
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            await hub.poll()
+            await sms.reply("yes", BOB)  # A; B is shown next
+            assert await early[0] is None
+        stored = await rt.store.get_request(b.id)
+        assert stored is not None and stored.status == "pending"
+    assert runs == ["A-1"]

@@ -95,3 +95,40 @@ async def test_a_reply_reaching_a_hub_that_lost_its_claim_answers_what_is_shown(
         finally:
             await one.stop()
             await two.stop()
+
+
+async def test_a_standby_answering_the_head_of_its_stale_queue_shows_nothing_next(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request the delivering hub shows was also the head of the standby's stale queue: the
+    reply answered it, then the standby showed the next of its queue (one closed meanwhile) and
+    wrote the store's memo. The delivering hub shows what comes next; the standby sends nothing."""
+    from signoff.channels._text_shown import shown_in_store
+
+    monkeypatch.setattr(_claims, "TRY_EVERY", 0.0)
+    runs: list[str] = []
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
+        first, second = Texts(), Texts()
+        one = ChannelHub(rt, [first], claim_ttl=0.5)
+        two = ChannelHub(rt, [second], claim_ttl=0.5)
+        await one.start(follow=False)
+        await two.start(follow=False)
+        try:
+            a, b, _ = (await rt.generate("support", prompt="Refund A, B and C")).pending
+            await one.poll()
+            await asyncio.sleep(0.6)  # one stalls: its claim lapses
+            await two.poll()
+            assert second.current is not None and second.current.id == a.id
+            deny = so.InputResponse(request_id=b.id, option_id="cancel")
+            await rt.respond(a.session_id, [deny], resume=False)  # B closes elsewhere
+            await two.poll()
+            await one.poll()  # one wakes and stands by, its queue still A, B, C
+            assert not one.active
+            sent = len(first.sent)
+            outcome = await first.reply("yes", BOB)  # A, which two shows
+            assert outcome is not None and (outcome.request_id, outcome.applied) == (a.id, True)
+            assert first.sent[sent:] == []
+            assert (await shown_in_store(second))[1] != b.id
+        finally:
+            await one.stop()
+            await two.stop()

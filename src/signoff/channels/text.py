@@ -100,6 +100,7 @@ class TextChannel(Channel):
         self._queue: list[InputRequest] = []
         self._lock = asyncio.Lock()
         self._started = False  # by a hub that delivers to it (else it stands by, or is not run)
+        self._delivered: str | None = None  # the request whose message was last sent whole
         self._adopted = False  # the store's memo of the request shown is the state's since start
         # When `tick` shows again the request `start` failed to show, or tells again how the
         # one shown closed (the hub's clock; -inf: a second after the next tick), and how often
@@ -343,6 +344,7 @@ class TextChannel(Channel):
                 await keep_shown(self, None)
             return
         await self.show(current)
+        self._delivered = current.id  # it may be answered before its memo below is kept
         await keep_shown(self, current)
 
     async def show(self, request: InputRequest) -> None:
@@ -367,15 +369,16 @@ class TextChannel(Channel):
         # the delivering hub shows now.
         standby = not self._started
         request = await self._shown_elsewhere() if standby else self.current
+        delivered = self._delivered  # as the reply came: one sent later it cannot answer
         if request is None:
             await self._say("Nothing is waiting for an answer.")
             return None
         if not standby and await off_loop(self.recall, "shown") != request.id:
-            # Its message failed: never answer it unseen. Or it was being recorded as shown as
-            # the reply came (the person answered what reached them): under the lock, it is.
+            # Its message failed: never answer it unseen. Or it had reached the person and was
+            # being recorded as shown as the reply came: under the lock, it is.
             async with self._lock:
                 current = self.current
-                seen = current is not None and current.id == request.id
+                seen = delivered == request.id and current is not None and current.id == request.id
                 seen = seen and await off_loop(self.recall, "shown") == request.id
                 if not seen:
                     await self._show_unseen()
@@ -483,7 +486,8 @@ class TextChannel(Channel):
         if not outcome.applied:  # settled the same way before: say by whom, as on_resolved would
             await self._say(await self._settled_before(request))
         async with self._lock:
-            if self._queue and self._queue[0].id == request.id:
+            # Standing by, the delivering hub shows the next: its queue here is stale.
+            if self._started and self._queue and self._queue[0].id == request.id:
                 del self._queue[0]  # closed by this answer: the next one can be shown
                 await self._show_current()
         return outcome
