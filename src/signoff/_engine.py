@@ -15,7 +15,7 @@ from typing import Any
 from ._agent import Agent
 from ._any_loop import AnyLoopLock
 from ._counts import Counts
-from ._events import Event
+from ._events import BOOKKEEPING, Event
 from ._exceptions import AppendConflict, LeaseLost, StoreError
 from ._leasing import Held
 from ._model_step import ModelStep
@@ -34,12 +34,13 @@ from ._recording import (
     waited_for_a_person,
 )
 from ._state import SessionState, starts_queued
+from ._state_parts import kept_usage
 from ._tool_calls import ToolCalls
 from ._tracing import OFF, Tracing, parked_by
-from ._types import InputRequest
+from ._types import InputRequest, Usage
 from .stores import Commit, Resolve, Store
 
-__all__ = ["APPEND_PATIENCE", "Driver"]
+__all__ = ["APPEND_PATIENCE", "Driver", "spent_in"]
 
 # An append that others' appends to the session keep beating is tried again for this long (in
 # seconds, from its first try), however many times it loses: it is refused with `AppendConflict`
@@ -128,14 +129,19 @@ class Driver(ToolCalls, ModelStep):
         resolve: Sequence[Resolve] = (),
         durable: bool = False,
         turn_id: str | None = None,
+        billed: Sequence[EventSpec] = (),
     ) -> list[Event]:
         """Append events for this drive's turn (or `turn_id`'s), retrying on a concurrent append
         by someone else; `TurnStopped` if that turn is no longer the session's current one.
 
         `specs` may be a function of the state, re-evaluated after a concurrent append. The
-        commit is synced to disk when `durable`, and always when it `tells_a_person`.
+        commit is synced to disk when `durable`, and always when it `tells_a_person`. What the
+        events (a function's: `billed`) say was spent is recorded alone (`model.spent`) when
+        the turn stopped first: a reply billed is counted in the session's budgets whatever
+        ended its turn.
         """
         tid = turn_id or self.own_turn
+        spent: EventSpec | None = None  # once the turn stopped: what the events counted
         async with self.lock:
             if self.released:
                 raise TurnStopped  # this drive gave its lease back with its last commit
@@ -145,17 +151,27 @@ class Driver(ToolCalls, ModelStep):
             while True:
                 state = self.state
                 turn = state.turn
-                if turn_id is None and (
-                    turn is None or turn.id != tid or turn.status == "cancelled"
+                if (
+                    spent is None
+                    and turn_id is None
+                    and (turn is None or turn.id != tid or turn.status == "cancelled")
                 ):
-                    raise TurnStopped  # cancelled or replaced under us: record nothing more
+                    # Cancelled or replaced under us: record nothing more of the turn.
+                    spent = spent_in(billed if callable(specs) else specs)
+                    if spent is None:
+                        raise TurnStopped
                 now = self.clock()
-                made = specs(state) if callable(specs) else specs
-                if isinstance(made, Batch):
-                    batch, resolve, new_requests = made.specs, made.resolve, made.new_requests
-                    updated = made.updated_requests
+                batch: Sequence[EventSpec]
+                updated: Sequence[InputRequest]
+                if spent is not None:  # bookkeeping, by no lease: it changes no turn
+                    batch, updated, new_requests, resolve = [spent], (), (), ()
                 else:
-                    batch, updated = made, ()
+                    made = specs(state) if callable(specs) else specs
+                    if isinstance(made, Batch):
+                        batch, resolve, new_requests = made.specs, made.resolve, made.new_requests
+                        updated = made.updated_requests
+                    else:
+                        batch, updated = made, ()
                 if not batch:
                     return []
                 if self.traceparent is not None:
@@ -175,6 +191,7 @@ class Driver(ToolCalls, ModelStep):
                 after = shadow(state, events, before)
                 release = (
                     self.release_at_end
+                    and spent is None
                     and self.lease_token is not None
                     and after is not None
                     and ends_drive(events, after)
@@ -187,8 +204,8 @@ class Driver(ToolCalls, ModelStep):
                             session_id=state.id,
                             expected_seq=before,
                             events=events,
-                            lease_token=self.lease_token,
-                            lease_owner=self.lease_owner,
+                            lease_token=self.lease_token if spent is None else None,
+                            lease_owner=self.lease_owner if spent is None else None,
                             new_requests=new_requests,
                             updated_requests=updated,
                             resolve=resolve,
@@ -196,7 +213,7 @@ class Driver(ToolCalls, ModelStep):
                             durable=durable or tells_a_person(batch, new_requests),
                             status=None if after is None else stored_status(after),
                             expires_at=state.expires_at  # bookkeeping: the TTL runs on
-                            if all(t == "subagent.spent" for t, _ in batch)
+                            if all(t in BOOKKEEPING for t, _ in batch)
                             else self._expires_at(state, after, now),
                             release_lease=release,
                             waited=release and after is not None and waited_for_a_person(after),
@@ -226,6 +243,8 @@ class Driver(ToolCalls, ModelStep):
                 if any(e.type == "turn.started" for e in events):
                     self.own_turn = tid  # this drive goes on with the turn it started
                 self.released = release
+                if spent is not None:
+                    raise TurnStopped
                 return events
 
     @staticmethod
@@ -340,6 +359,19 @@ class Driver(ToolCalls, ModelStep):
             return [("turn.started", data)]
 
         await self.record(start, turn_id=new_id("trn"))
+
+
+def spent_in(specs: Sequence[EventSpec]) -> EventSpec | None:
+    """The `model.spent` counting what `specs` say was billed (their `usage`), or None when
+    they count nothing; its cost is `cost_reported` when each of theirs was."""
+    billed = [d for _, d in specs if "usage" in d]
+    if not billed:
+        return None
+    usage = sum((kept_usage(d["usage"], strict=False) for d in billed), Usage())
+    data: dict[str, Any] = {"usage": usage.model_dump()}
+    if all(d.get("cost_reported") for d in billed):
+        data["cost_reported"] = True
+    return ("model.spent", data)
 
 
 def _given_up(sid: str, first: float, beaten: int, unexplained: int, exc: BaseException) -> None:

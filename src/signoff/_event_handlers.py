@@ -431,6 +431,12 @@ def _subagent_spent(s: SessionState, e: Event) -> None:
         s.delegated = s.delegated + kept_usage(e.data["delegated"], strict=False)
 
 
+def _model_spent(s: SessionState, e: Event) -> None:
+    """What a reply (or review) was billed once its turn had ended elsewhere: counted, and the
+    turn, which may be another by now, left as it is."""
+    s.usage = s.usage + kept_usage(e.data["usage"], strict=False)
+
+
 def _owe(s: SessionState, turn: TurnState) -> None:
     """The turn ended (or was replaced) for good: the children of its delegate calls without a
     result are owed, their spend counted by a `subagent.spent` once their own turn ended."""
@@ -489,4 +495,5 @@ HANDLERS = {
     "turn.cancelled": _turn_cancelled,
     "session.waiting": _session_waiting,
     "subagent.spent": _subagent_spent,
+    "model.spent": _model_spent,
 }

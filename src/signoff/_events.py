@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 from ._exceptions import SchemaVersionError, StoreError, TooLarge, UsageError
 
 __all__ = [
+    "BOOKKEEPING",
     "EVENT_TYPES",
     "SCHEMA_VERSION",
     "Event",
@@ -51,9 +52,14 @@ EventType = Literal[
     "turn.cancelled",
     "session.waiting",
     "subagent.spent",
+    "model.spent",
 ]
 
 EVENT_TYPES: Final[frozenset[str]] = frozenset(EventType.__args__)  # type: ignore[attr-defined]
+
+BOOKKEEPING: Final[frozenset[str]] = frozenset({"subagent.spent", "model.spent"})
+"""Events that count what was spent after the turn that spent it ended: the session was not
+active, so its TTL runs on from the event before (the store's row keeps its deadline)."""
 
 
 def dumps(value: Any) -> str:

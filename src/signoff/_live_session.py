@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Protocol
 from . import _exceptions as errors
 from ._deadlines import EXPIRED, after_deadline
 from ._event_handlers import candidate_applied
-from ._events import Event
+from ._events import BOOKKEEPING, Event
 from ._mirrors import FOLLOWED, MAX_HOPS
 from ._payloads import RemoteResult, input_responses
 from ._types import InputRequest, InputResponse
@@ -113,7 +113,7 @@ class LiveSession:
                 200,
             ) from None
         self.seq = event.seq
-        if event.type != "subagent.spent":  # bookkeeping, as the server's fold counts it
+        if event.type not in BOOKKEEPING:  # as the server's fold counts it
             self._updated_at = event.at
         self._last = event
         return fold()

@@ -232,7 +232,7 @@ class ModelStep(DriverPart):
             # The answer is the `model.completed` just before: `turn.completed` does not repeat it.
             return [completed, ("turn.completed", {}), ("session.waiting", {})]
 
-        await self.record(specs)
+        await self.record(specs, billed=[completed])
         return False
 
     async def _complete(self, request: ModelRequest) -> Any:

@@ -436,6 +436,7 @@ class DriverPart:
             resolve: Sequence[Resolve] = (),
             durable: bool = False,
             turn_id: str | None = None,
+            billed: Sequence[EventSpec] = (),
         ) -> list[Event]: ...
 
         async def budget_left(self) -> dict[str, float]: ...  # `ModelStep.budget_left`

@@ -14,7 +14,7 @@ from typing import Any
 
 from ._conversation import MALFORMED, Conversation
 from ._event_handlers import HANDLERS
-from ._events import Event
+from ._events import BOOKKEEPING, Event
 from ._exceptions import SchemaVersionError, StoreError
 from ._state_parts import (
     CallState,
@@ -180,8 +180,8 @@ class SessionState:
                 f"session {self.id} is damaged: event seq {event.seq} does not follow {self.seq}"
             )
         self.seq = event.seq
-        if event.type != "subagent.spent":  # bookkeeping: the session was not active, its TTL
-            self.updated_at = event.at  # runs on (`Driver.record` keeps the row's deadline)
+        if event.type not in BOOKKEEPING:  # the session was not active: its TTL runs on
+            self.updated_at = event.at  # (`Driver.record` keeps the row's deadline)
         handler = HANDLERS[event.type]
         try:
             handler(self, event)

@@ -171,7 +171,7 @@ class ToolCalls(CallEnds):
             def parked(state: SessionState) -> Batch:
                 return Batch(specs=specs + waiting_after(state, specs), new_requests=requests)
 
-            await self.record(parked)
+            await self.record(parked, billed=specs)
         elif specs:
             await self.record(specs, new_requests=requests)
         for call, tool, validated, verdict in to_run:

@@ -400,6 +400,9 @@ def _summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
             return [(more, False)]
         spent = f"Subagent {d.get('session_id')} spent {count:,} tokens (counted after its turn)"
         return [(spent, False)]
+    if t == "model.spent":
+        late = f"Billed {_tokens(d.get('usage')):,} tokens after the turn ended (counted)"
+        return [(late, False)]
     if t == "turn.cancelled":
         if d.get("reason"):
             return [("Cancelled: ", False), _said(d["reason"])]
