@@ -29,6 +29,7 @@ SAMPLES: dict[str, Callable[[], BaseException]] = {
     "SessionDeleted": lambda: so.SessionDeleted("ses_1"),
     "SessionWaiting": lambda: so.SessionWaiting("ses_1", ["req_1", "req_2"]),
     "SubagentSession": lambda: so.SubagentSession("ses_2", "ses_1"),
+    "SubagentOrphaned": lambda: so.SubagentOrphaned("ses_2", "ses_1"),
     "SessionLimitReached": lambda: so.SessionLimitReached("spent", "ses_1"),
     "AnswerError": lambda: so.AnswerError("no", ["req_1"]),
     "UnknownRequest": lambda: so.UnknownRequest("ses_1", ["req_1", "req_2"]),

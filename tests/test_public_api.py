@@ -55,6 +55,7 @@ def test_core_names_present() -> None:
         "SessionWaiting",
         "SessionDeleted",
         "SubagentSession",
+        "SubagentOrphaned",
         "ModelError",
         "RemoteError",
         "StoreError",

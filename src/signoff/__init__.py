@@ -124,6 +124,7 @@ __all__ = [
     "StoreError",
     "StoreGone",
     "StoreUnavailable",
+    "SubagentOrphaned",
     "SubagentSession",
     "Tool",
     "ToolCall",

@@ -12,7 +12,13 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from ._events import Event
-from ._exceptions import SessionExpired, SignoffError, UnknownAgent, UnknownSession
+from ._exceptions import (
+    SessionExpired,
+    SignoffError,
+    SubagentOrphaned,
+    UnknownAgent,
+    UnknownSession,
+)
 from ._mirrors import close_mirror
 from ._recording import EventSpec, runnable
 from ._state import CallState, SessionState, by_budget, delegated_turn, fold
@@ -40,6 +46,7 @@ __all__ = [
     "first_turn",
     "headroom_now",
     "reconcile",
+    "refuse_orphaned_retry",
     "unjournaled",
     "with_spend",
 ]
@@ -257,6 +264,29 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
         cancelled = await _cancel_child(rt, state, "the parent turn ended", None)
     await count_spent(rt, state.id)
     return cancelled
+
+
+async def refuse_orphaned_retry(rt: Runtime, session_id: str) -> None:
+    """Refuse (`SubagentOrphaned`) a retry of a child's failed delegated turn that its parent no
+    longer waits on: its delegate call read the failure as its result, counting what the child
+    had spent, or the parent's turn ended. Run again, it would spend against its parent's
+    headroom without the parent ever reading its result or counting its spend."""
+    state = await rt._state(session_id)
+    turn = state.turn
+    if state.parent is None or turn is None or turn.status != "failed" or not turn.retryable:
+        return
+    first = (await first_turn(rt, state)).turn
+    if first is None or first.id != turn.id:  # a turn a message to the child started: its own
+        return
+    try:
+        parent = await rt._state(state.parent)
+    except UnknownSession:
+        return
+    if _takes_results(parent, rt.now()) and (
+        session_id in delegated(parent) or session_id in unjournaled(parent)
+    ):
+        return  # the call still waits on it: a retry's result is the call's
+    raise SubagentOrphaned(session_id, parent.id)
 
 
 def _takes_results(parent: SessionState, now: float) -> bool:

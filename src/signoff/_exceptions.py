@@ -14,6 +14,7 @@
     │   ├── SessionBusy            another drive is running its turn right now
     │   ├── SessionWaiting         it waits on people: not deleted (.request_ids)
     │   ├── SubagentSession        a subagent's, deleted only with its parent (.parent_id)
+    │   ├── SubagentOrphaned       a subagent's failed turn no one waits on: no retry (.parent_id)
     │   └── SessionLimitReached    a token, cost or step limit was hit
     ├── AnswerError                an answer that cannot be applied    (.request_ids)
     │   ├── UnknownRequest         ids never requested in this session (typos, other sessions)
@@ -83,6 +84,7 @@ __all__ = [
     "StoreError",
     "StoreGone",
     "StoreUnavailable",
+    "SubagentOrphaned",
     "SubagentSession",
     "TooLarge",
     "UnknownAgent",
@@ -245,6 +247,24 @@ class SubagentSession(SessionError):
         super().__init__(
             f"session {session_id!r} is a subagent's of session {parent_id!r}: delete the "
             "top session instead",
+            session_id,
+        )
+
+
+class SubagentOrphaned(SessionError):
+    """A retry of a subagent's failed delegated turn that its parent no longer waits on (its
+    delegate call took the failure as its result, or the parent's turn ended): run again, it
+    would only spend, its result read by no one. Send the subagent a message instead."""
+
+    code = "subagent_orphaned"
+
+    def __init__(self, session_id: str, parent_id: str) -> None:
+        self.parent_id = parent_id
+        super().__init__(
+            f"session {session_id!r} is a subagent's whose delegated turn failed, and its parent "
+            f"session {parent_id!r} no longer waits on it (it read the failure as its delegate "
+            "call's result, or its turn ended): a retry is not run; send the subagent a "
+            "message to start a turn of its own",
             session_id,
         )
 

@@ -116,6 +116,8 @@ class Runtime(Deletion):
 
     async def _drive(self, session_id: str, **kwargs: Any) -> GenerateResult:
         check_session_id(session_id)
+        if kwargs.get("retry"):  # a subagent's failed turn whose result no one would read
+            await _child_sessions.refuse_orphaned_retry(self, session_id)
         # A subagent's parent: its mirrors of what closed close first, lest a death lose them.
         try:
             await _child_sessions.before_drive(self, session_id)

@@ -53,6 +53,7 @@ ERRORS: dict[str, type[errors.SignoffError]] = {
         errors.SessionBusy,
         errors.SessionWaiting,
         errors.SubagentSession,
+        errors.SubagentOrphaned,
         errors.SessionLimitReached,
         errors.AnswerError,
         errors.UnknownRequest,
@@ -140,7 +141,7 @@ def error(detail: Mapping[str, Any], status: int, path: str = "") -> errors.Sign
     if issubclass(cls, errors.SessionWaiting):
         exc.request_ids = request_ids(detail.get("request_ids"))  # type: ignore[attr-defined]
         exc.held_by = request_ids(detail.get("held_by"))  # type: ignore[attr-defined]
-    if issubclass(cls, errors.SubagentSession):
+    if issubclass(cls, (errors.SubagentSession, errors.SubagentOrphaned)):
         exc.parent_id = ""  # type: ignore[attr-defined]  # the server's message names it
     if issubclass(cls, errors.SessionExpired):
         exc.pending = request_ids(detail.get("request_ids"))  # type: ignore[attr-defined]
