@@ -371,7 +371,7 @@ def test_type_codes_are_the_ones_files_already_hold() -> None:
         "input.resolved": "l",
         "model.completed": "d",
         "model.paused": "s",  # new: an older signoff refuses its rows as of a newer one
-        "model.spent": "t",  # new, likewise
+        "model.spent": "u",  # new, likewise
         "session.created": "a",
         "session.waiting": "q",
         "subagent.spent": "r",

@@ -52,11 +52,13 @@ async def test_a_principal_over_its_bound_is_refused_and_nothing_is_stored(store
         assert done.status == "completed"
 
 
-async def test_an_authenticators_principal_over_its_bound_is_a_400_storing_nothing(
+async def test_an_authenticators_principal_over_its_bound_authenticates_no_one(
     store_url: str,
 ) -> None:
     """An authenticator handing out a principal of megabytes: each call it made was stored with
-    it; now 400 `usage_error`, no session opened. `TokenAuth` refuses one when it is made."""
+    it; then a 400 `usage_error` blamed the client for the server's authenticator (and reads were
+    served); now 401 `unauthenticated`, no session opened (`server._auth.Naming`). `TokenAuth`
+    refuses one when it is made."""
     from signoff.server import TokenAuth, create_app
 
     with pytest.raises(so.UsageError, match="API token #1's principal is .* over the limit"):
@@ -67,7 +69,7 @@ async def test_an_authenticators_principal_over_its_bound_is_a_400_storing_nothi
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
             r = await c.post("/v1/sessions", json={"agent": "a", "message": "go"})
-            assert r.status_code == 400, r.text
-            assert r.json()["error"]["code"] == "usage_error"
+            assert r.status_code == 401, r.text
+            assert r.json()["error"]["code"] == "unauthenticated"
         assert await rt.sessions() == []
     await rt.close()

@@ -365,9 +365,9 @@ def spent_in(specs: Sequence[EventSpec]) -> EventSpec | None:
     """The `model.spent` counting what `specs` say was billed (their `usage`), or None when
     they count nothing; its cost is `cost_reported` when each of theirs was."""
     billed = [d for _, d in specs if "usage" in d]
-    if not billed:
-        return None
     usage = sum((kept_usage(d["usage"], strict=False) for d in billed), Usage())
+    if usage == Usage():  # nothing billed (a scripted model, a cached reply): nothing to count
+        return None
     data: dict[str, Any] = {"usage": usage.model_dump()}
     if all(d.get("cost_reported") for d in billed):
         data["cost_reported"] = True

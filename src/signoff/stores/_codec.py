@@ -366,7 +366,7 @@ _TYPE_CODES: dict[str, str] = {
     "session.waiting": "q",
     "subagent.spent": "r",
     "model.paused": "s",
-    "model.spent": "t",
+    "model.spent": "u",
 }
 _TYPE_NAMES = {code: name for name, code in _TYPE_CODES.items()}
 
