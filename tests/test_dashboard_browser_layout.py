@@ -104,7 +104,9 @@ def test_a_huge_input_leaves_approve_on_the_first_screen(browser: Browser, tmp_p
         whole = card.get_by_role("link", name="See all of it")
         with context.expect_page() as opened:
             whole.click()
-        assert opened.value.locator("body").inner_text().count("x") == 1_000_000
+        whole_page = opened.value
+        whole_page.wait_for_load_state()  # a new tab: read before its body arrived, it was empty
+        assert whole_page.locator("body").inner_text().count("x") == 1_000_000
         approve.click()
         expect(card.locator(".result-note")).to_contain_text("Approved")
         context.close()
