@@ -112,7 +112,7 @@ async def test_closing_from_the_test_loop_finishes_the_bridge_pools_close_before
     (bridge_pool,) = store._parked.values()
     await rt.close()
     assert bridge_pool.closed
-    assert await asyncio.to_thread(_backends, pg_store_url) == 0  # its connections too
+    assert await _backends_gone(pg_store_url)  # its connections too (their backends exit after)
 
 
 async def test_a_loop_waiting_while_another_opens_its_pool_is_woken_and_gets_its_own(
