@@ -7,6 +7,8 @@ and the open one behind it was never shown."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -19,18 +21,30 @@ from ._channels import Texts, three_refunds
 BOB = so.Principal(authenticator="sms", principal_id="+15550100")
 
 
+@asynccontextmanager
+async def two_hubs(
+    rt: so.Runtime,
+) -> AsyncIterator[tuple[Texts, Texts, ChannelHub, ChannelHub]]:
+    """Two started hubs on `rt`'s store, each with a text channel, claims lapsing in 0.5 s."""
+    first, second = Texts(), Texts()
+    one = ChannelHub(rt, [first], claim_ttl=0.5)
+    two = ChannelHub(rt, [second], claim_ttl=0.5)
+    await one.start(follow=False)
+    await two.start(follow=False)
+    try:
+        yield first, second, one, two
+    finally:
+        await one.stop()
+        await two.stop()
+
+
 async def test_a_hub_taking_delivery_back_forgets_what_closed_while_it_stood_by(
     store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_claims, "TRY_EVERY", 0.0)  # a standby tries at every poll
     runs: list[str] = []
     async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
-        first, second = Texts(), Texts()
-        one = ChannelHub(rt, [first], claim_ttl=0.5)
-        two = ChannelHub(rt, [second], claim_ttl=0.5)
-        await one.start(follow=False)
-        await two.start(follow=False)
-        try:
+        async with two_hubs(rt) as (first, second, one, two):
             a, b, c = (await rt.generate("support", prompt="Refund A, B and C")).pending
             await one.poll()
             assert first.sent == [first.render(a)]
@@ -53,9 +67,6 @@ async def test_a_hub_taking_delivery_back_forgets_what_closed_while_it_stood_by(
             assert first.sent[-1] == first.render(c)  # C is shown next, not A again
             outcome = await first.reply("yes", BOB)
             assert outcome is not None and (outcome.request_id, outcome.applied) == (c.id, True)
-        finally:
-            await one.stop()
-            await two.stop()
         assert runs == ["A-1", "B-2", "C-3"]
 
 
@@ -71,12 +82,7 @@ async def test_a_reply_reaching_a_hub_that_lost_its_claim_answers_what_is_shown(
     monkeypatch.setattr(_claims, "TRY_EVERY", 0.0)
     runs: list[str] = []
     async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
-        first, second = Texts(), Texts()
-        one = ChannelHub(rt, [first], claim_ttl=0.5)
-        two = ChannelHub(rt, [second], claim_ttl=0.5)
-        await one.start(follow=False)
-        await two.start(follow=False)
-        try:
+        async with two_hubs(rt) as (first, second, one, two):
             a, b, c = (await rt.generate("support", prompt="Refund A, B and C")).pending
             await one.poll()
             await asyncio.sleep(0.6)  # one stalls: its claim lapses
@@ -92,9 +98,6 @@ async def test_a_reply_reaching_a_hub_that_lost_its_claim_answers_what_is_shown(
             assert outcome is not None and (outcome.request_id, outcome.applied) == (c.id, True)
             assert first.sent[sent:] == []
             assert (await shown_in_store(second))[1] == c.id
-        finally:
-            await one.stop()
-            await two.stop()
 
 
 async def test_a_standby_answering_the_head_of_its_stale_queue_shows_nothing_next(
@@ -108,12 +111,7 @@ async def test_a_standby_answering_the_head_of_its_stale_queue_shows_nothing_nex
     monkeypatch.setattr(_claims, "TRY_EVERY", 0.0)
     runs: list[str] = []
     async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
-        first, second = Texts(), Texts()
-        one = ChannelHub(rt, [first], claim_ttl=0.5)
-        two = ChannelHub(rt, [second], claim_ttl=0.5)
-        await one.start(follow=False)
-        await two.start(follow=False)
-        try:
+        async with two_hubs(rt) as (first, second, one, two):
             a, b, _ = (await rt.generate("support", prompt="Refund A, B and C")).pending
             await one.poll()
             await asyncio.sleep(0.6)  # one stalls: its claim lapses
@@ -129,6 +127,3 @@ async def test_a_standby_answering_the_head_of_its_stale_queue_shows_nothing_nex
             assert outcome is not None and (outcome.request_id, outcome.applied) == (a.id, True)
             assert first.sent[sent:] == []
             assert (await shown_in_store(second))[1] != b.id
-        finally:
-            await one.stop()
-            await two.stop()
