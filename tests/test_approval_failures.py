@@ -396,11 +396,10 @@ async def test_a_policy_reason_that_is_not_text_is_recorded_as_text(
         json.dumps([e.data for e in events], allow_nan=False).encode()
 
 
-def test_a_predicate_reading_the_input_as_a_dict_says_how_to_read_it(tmp_path: Path) -> None:
-    """`lambda input: input["amount"] > 100` raises on every call, so every call asks a person
-    (fail closed); the request's `policy_error` says the input is an object, `input.amount`."""
+def _asked(tmp_path: Path, approval: Any) -> so.InputRequest:
+    """The one request a refund of 5 under `approval` leaves open."""
 
-    @so.tool(approval=lambda input: input["amount"] > 100)
+    @so.tool(approval=approval)
     async def refund(amount: float) -> float:
         """Refund."""
         return amount
@@ -414,6 +413,14 @@ def test_a_predicate_reading_the_input_as_a_dict_says_how_to_read_it(tmp_path: P
     finally:
         rt.close_sync()
     (request,) = r.pending
+    return request
+
+
+def test_a_predicate_reading_the_input_as_a_dict_says_how_to_read_it(tmp_path: Path) -> None:
+    """`lambda input: input["amount"] > 100` raises on every call, so every call asks a person
+    (fail closed); the request's `policy_error` says the input is an object, `input.amount`."""
+
+    request = _asked(tmp_path, lambda input: input["amount"] > 100)
     assert request.policy_error == (
         "approval policy raised TypeError: 'refund_input' object is not subscriptable (a "
         "predicate gets the validated input as an object: input.amount, not input['amount'])"
@@ -458,18 +465,5 @@ def test_an_approval_policy_returning_an_object_equal_to_all_asks_saying_why(
     type was checked: read as "user-approval", it asked with no `policy_error`, or, in a dict,
     as "approved" it ran the call. It is an invalid status: a person is asked, told why."""
 
-    @so.tool(approval=lambda input: odd)
-    async def refund(amount: float) -> float:
-        """Refund."""
-        return amount
-
-    agent = scripted_agent(
-        "shop", [call_tools(call("refund", amount=5)), reply("ok")], tools=[refund]
-    )
-    rt = sqlite_runtime(tmp_path, agent)
-    try:
-        r = rt.generate_sync("shop", prompt="refund 5")
-    finally:
-        rt.close_sync()
-    (request,) = r.pending
+    request = _asked(tmp_path, lambda input: odd)
     assert request.policy_error == f"approval policy returned an invalid status: {odd!r}"

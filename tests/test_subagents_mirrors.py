@@ -125,13 +125,13 @@ async def test_cancelling_the_child_directly_closes_the_mirror_and_resumes_the_p
     await rt.close()
 
 
-async def test_cancelling_the_middle_of_three_resumes_the_top(tmp_path: Path) -> None:
-    ran: list[dict[str, Any]] = []
-    top_after = Counted("The desk was stopped.")
+def _three_deep(ran: list[dict[str, Any]], top_after: Counted, desk_says: str) -> list[so.Agent]:
+    """`front` delegates to `desk`, which delegates to `billing`'s refund (`ran` records it);
+    `front` answers with `top_after` once `desk` has, `desk` with `desk_says`."""
     _, refunds = refund_agents(ran, Counted("unused"))
     middle = scripted_agent(
         "desk",
-        [call_tools(call("billing", message="refund 1042")), reply("unused")],
+        [call_tools(call("billing", message="refund 1042")), reply(desk_says)],
         tools=[so.delegate("billing")],
     )
     top = scripted_agent(
@@ -139,7 +139,13 @@ async def test_cancelling_the_middle_of_three_resumes_the_top(tmp_path: Path) ->
         [call_tools(call("desk", message="sort out 1042")), top_after],
         tools=[so.delegate("desk")],
     )
-    rt = sqlite_runtime(tmp_path, top, middle, refunds)
+    return [top, middle, refunds]
+
+
+async def test_cancelling_the_middle_of_three_resumes_the_top(tmp_path: Path) -> None:
+    ran: list[dict[str, Any]] = []
+    top_after = Counted("The desk was stopped.")
+    rt = sqlite_runtime(tmp_path, *_three_deep(ran, top_after, "unused"))
     r = await rt.generate("front", prompt="sort out 1042", auth=ALICE)
     [mirror] = r.pending
     assert mirror.child is not None
@@ -268,21 +274,10 @@ async def test_resuming_the_top_picks_up_a_grandchild_answered_without_resuming(
     mirrors are now closed from the bottom up."""
     ran: list[dict[str, Any]] = []
     top_after = Counted("All sorted.")
-    _, refunds = refund_agents(ran, Counted("Refunded."))
-    middle = scripted_agent(
-        "desk",
-        [call_tools(call("billing", message="refund 1042")), reply("The desk refunded it.")],
-        tools=[so.delegate("billing")],
-    )
-    top = scripted_agent(
-        "front",
-        [call_tools(call("desk", message="sort out 1042")), top_after],
-        tools=[so.delegate("desk")],
-    )
-    rt = sqlite_runtime(tmp_path, top, middle, refunds)
+    rt = sqlite_runtime(tmp_path, *_three_deep(ran, top_after, "The desk refunded it."))
     r = await rt.generate("front", prompt="sort out 1042", auth=ALICE)
     (leaf,) = [p for p in await rt.pending() if p.child is None]
-    assert leaf.session_id not in (r.session_id,) and len(await rt.pending()) == 3
+    assert leaf.session_id != r.session_id and len(await rt.pending()) == 3
     await rt.respond(
         leaf.session_id,
         [so.InputResponse(request_id=leaf.id, option_id="approve")],
