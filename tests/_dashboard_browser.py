@@ -26,6 +26,10 @@ __all__ = [
 ]
 
 
+# An assertion waits as long as an action may: Playwright's own 5 s was too short for an
+# approval's round trip (a resumed turn) on a loaded two-CPU machine.
+expect.set_options(timeout=10_000)
+
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
     "--no-sandbox",
