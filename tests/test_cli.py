@@ -160,7 +160,7 @@ def test_the_command_list_gives_each_command_a_short_summary() -> None:
 def test_store_option_replaces_only_the_store(url: str) -> None:
     """`--store` (or SIGNOFF_STORE) moves the runtime to another store and keeps the rest: a
     runtime that leaves its turns to workers (`inline=False`) still does under `signoff serve`."""
-    from signoff.cli._app import load_runtime
+    from signoff.cli._loading import load_runtime
 
     moved = load_runtime("tests._cli:offline_runtime", url)
     assert moved.store.url == url

@@ -26,9 +26,9 @@ from ._app import (
     refuse_empty_ids,
     refuse_undecodable,
     run,
-    split_target,
 )
 from ._deletion import store_runtime
+from ._loading import split_target
 
 __all__ = ["cancel"]
 

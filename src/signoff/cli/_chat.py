@@ -36,7 +36,6 @@ from ._app import (
     ctrl_c_interrupts,
     driving,
     error_text,
-    load_runtime,
     misuse,
     out,
     parse_principal,
@@ -45,9 +44,9 @@ from ._app import (
     refuse_undecodable,
     run,
     shown_store,
-    split_target,
     tool_line,
 )
+from ._loading import load_runtime, split_target
 from ._store_files import own_store
 
 _HELP = (

@@ -22,15 +22,14 @@ from ._app import (
     app,
     as_option,
     ctrl_c_interrupts,
-    load_runtime,
     misuse,
     out,
     parse_principal,
     refuse_empty_ids,
     refuse_undecodable,
     run,
-    split_target,
 )
+from ._loading import load_runtime, split_target
 from ._store_files import existing_store, refuse_unmade_schema
 
 __all__ = ["delete", "store_runtime"]

@@ -10,8 +10,9 @@ from typing import TextIO
 # Each registers its commands, which `--help` lists in this order: the queue's before the log's.
 from . import _chat, _queue  # noqa: F401  # isort: skip
 from . import _events, _cancellation, _deletion, _prune, _serve, _worker  # noqa: F401  # isort: skip
-from ._app import app, load_runtime, local_principal, parse_principal
+from ._app import app, local_principal, parse_principal
 from ._commands import ClosedOutput, finish_help
+from ._loading import load_runtime
 
 __all__ = ["app", "load_runtime", "local_principal", "parse_principal", "run"]
 

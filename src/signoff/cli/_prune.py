@@ -26,10 +26,10 @@ from ._app import (
     refuse_empty_filters,
     refuse_undecodable,
     run,
-    split_target,
     store_of,
 )
 from ._deletion import DeleterOption, store_runtime
+from ._loading import split_target
 from ._numbers import whole
 from ._store_files import reading_store
 

@@ -46,7 +46,6 @@ from ._app import (
     driving,
     err,
     error_text,
-    load_runtime,
     misuse,
     out,
     parse_principal,
@@ -57,9 +56,9 @@ from ._app import (
     say_cut,
     shown_of,
     shown_store,
-    split_target,
     store_of,
 )
+from ._loading import load_runtime, split_target
 from ._numbers import whole
 from ._store_files import existing_store, reading_store, refuse_unmade_schema
 from ._tables import cell, fit, print_table

@@ -26,13 +26,12 @@ from ._app import (
     StoreOption,
     app,
     fail,
-    load_runtime,
     misuse,
     run,
     set_or_unset,
-    split_target,
 )
 from ._commands import ClosedOutput
+from ._loading import load_runtime, split_target
 from ._numbers import number_of_seconds, seconds, whole
 from ._store_files import own_store
 from ._waiting import open_when_up

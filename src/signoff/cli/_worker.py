@@ -19,15 +19,14 @@ from ._app import (
     RuntimeArgument,
     StoreOption,
     app,
-    load_runtime,
     misuse,
     out,
     run,
     shown_store,
-    split_target,
     store_of,
 )
 from ._commands import Group
+from ._loading import load_runtime, split_target
 from ._numbers import seconds, whole
 from ._store_files import own_store, reading_store
 from ._stuck import ctrl_c_in_sqlite
