@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Callable
+from typing import Any
 
 import httpx
+import pytest
 
 import signoff as so
 from signoff._approval import ApprovalArg
 from signoff._audit_trail import record_tool_settings
 from signoff.server import TokenAuth, create_app
+from signoff.server._context import ServerContext
 
 from .test_server_common import PLAIN, TOKENS, auth, running
 
@@ -53,3 +58,68 @@ async def test_a_tool_changed_often_shows_its_newest_settings(store_url: str) ->
         rows = re.findall(r"<td><strong>([^<]+)</strong></td>", table)
         assert rows[:3] == NEWEST, rows[:3]
         assert len(rows) == 200  # the newest 200 of the 241 recorded
+
+
+def _refunds() -> so.Agent:
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    call = so.ToolCall(id="c1", name="issue_refund", input={"order_id": "1042"})
+    turn = [so.ModelResponse(tool_calls=[call]), so.ModelResponse(text="done")]
+    return so.Agent(name="support", model=so.models.Scripted(turn * 2), tools=[issue_refund])
+
+
+async def test_a_session_page_never_shows_events_past_the_state_it_draws(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page read its state, then its events: another process committing between the two (an
+    approval) put the page's `seq` past its header and cards, and the live page, which reads
+    only events after `seq`, kept the closed request's Approve button for good."""
+    reading = ServerContext.session
+    meanwhile: list[Callable[[], None]] = []
+
+    async def session(self: ServerContext, *args: Any, **kwargs: Any) -> Any:
+        state = await reading(self, *args, **kwargs)
+        while meanwhile:
+            await asyncio.to_thread(meanwhile.pop())
+        return state
+
+    monkeypatch.setattr(ServerContext, "session", session)
+    view = create_app(so.Runtime([_refunds()], store=store_url), auth=TokenAuth(TOKENS))
+    other = create_app(so.Runtime([_refunds()], store=store_url), auth=TokenAuth(TOKENS))
+    h = auth("alice-token")
+    with running(view) as base, running(other) as elsewhere:
+
+        def call(method: str, url: str, body: dict[str, Any] | None = None) -> Any:
+            r = httpx.request(method, url, json=body, headers=h, verify=PLAIN, timeout=30)
+            assert r.status_code in (200, 201), r.text
+            return r.json() if method == "POST" or "/fragments/" in url else r.text
+
+        def asked() -> tuple[str, Callable[[], None]]:
+            body = {"agent": "support", "message": "refund order 1042"}
+            started = call("POST", f"{elsewhere}/v1/sessions", body)
+            sid, rid = started["session_id"], started["pending"][0]["id"]
+            answer = {"approvals": [{"id": rid, "approved": True}]}
+            return sid, lambda: call("POST", f"{elsewhere}/v1/sessions/{sid}/approvals", answer)
+
+        sid, approve = asked()
+        page = f"{base}/_signoff/fragments/sessions/{sid}"
+        before = call("GET", f"{page}?after=0")
+        meanwhile.append(approve)
+        racing = call("GET", f"{page}?after={before['seq']}")
+        assert 'value="approve"' in racing["pending"]  # drawn from the state read first
+        assert racing["seq"] == before["seq"]  # so its trace ends where that state ended
+        after = call("GET", f"{page}?after={racing['seq']}")
+        assert after["seq"] > racing["seq"]  # app.js applies only a later seq
+        assert after["total"] == 0 and 'value="approve"' not in after["pending"]
+
+        sid, approve = asked()  # the whole page: its data-seq no further than its header
+        meanwhile.append(approve)
+        whole = call("GET", f"{base}/_signoff/sessions/{sid}")
+        seq = re.search(r'data-seq="(\d+)"', whole)
+        events = re.search(r"<dt>Events</dt><dd>(\d+)</dd>", whole)
+        assert seq is not None and events is not None
+        assert seq.group(1) == events.group(1)
+        assert 'value="approve"' in whole

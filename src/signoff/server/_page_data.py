@@ -470,15 +470,18 @@ async def session_context(
     ctx, viewer = await signed_in(request)
     page = query_number(request.query_params.get("page", "1"), 1, 1, 1_000_000)
     state = await ctx.session(session_id, viewer, shown=True)
-    store = ctx.runtime.store
+    # The trace ends where the state read ends: events another process committed since would
+    # put the page's `seq` past its header and cards, and a live page never reads those again.
     if after or (upto is None and state.seq <= TRACE_ROWS):
-        events = await store.read_events(session_id, after=after, limit=TRACE_ROWS)
+        start, end = after, min(after + TRACE_ROWS, state.seq)
     elif upto is None or upto >= state.seq:
         upto = None
-        events = await store.read_events(session_id, newest=TRACE_ROWS)
+        start, end = max(0, state.seq - TRACE_ROWS), state.seq
     else:
-        start = max(0, upto - TRACE_ROWS)
-        events = await store.read_events(session_id, after=start, limit=upto - start)
+        start, end = max(0, upto - TRACE_ROWS), upto
+    events = []
+    if end > start:
+        events = await ctx.runtime.store.read_events(session_id, after=start, limit=end - start)
     seq = events[-1].seq if events else after
     waiting = state.pending_requests()
     pages = max(1, -(-len(waiting) // PAGE_SIZE))
