@@ -1,11 +1,12 @@
 """Queued follow-up messages (`send` while a turn runs): they are answered in the order they were
-sent, before any prompt that arrives after them, however the next turn is started."""
+sent, before any prompt that arrives after them, however the next turn is started; a keyed one
+sent twice at once is delivered once."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -411,3 +412,179 @@ async def test_a_message_naming_two_options_answers_nothing_and_says_how_to_choo
         stored = await rt.store.get_request(q.id)
         assert stored is not None and stored.resolution is not None
         assert stored.resolution["answer"]["option_id"] == "x"
+
+
+# -- one keyed message sent twice at once ------------------------------------------------------
+
+
+class Overlap:
+    """Calls (`run`) made to read the session before either records: the first to reach
+    `Driver.record` waits there for the other, records, and records nothing more (its drive)
+    until the other has recorded on the state it read before, as when a double click or a
+    client's retry overlaps a first call whose commit stalls."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.tasks: list[asyncio.Task[so.GenerateResult]] = []
+        self.arrived: list[asyncio.Task[Any] | None] = []
+        self.both, self.first, self.second = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        record = Driver.record
+
+        async def overlapping(driver: Driver, *args: Any, **kwargs: Any) -> Any:
+            task = asyncio.current_task()
+            if task not in self.tasks or self.second.is_set():
+                return await record(driver, *args, **kwargs)
+            if task in self.arrived:  # the first call's drive: after the other's record
+                await self.second.wait()
+                return await record(driver, *args, **kwargs)
+            self.arrived.append(task)
+            if len(self.arrived) == 2:
+                self.both.set()
+            await self.both.wait()
+            first = task is self.arrived[0]
+            if not first:
+                await self.first.wait()
+            try:
+                return await record(driver, *args, **kwargs)
+            finally:
+                (self.first if first else self.second).set()
+
+        monkeypatch.setattr(Driver, "record", overlapping)
+
+    async def run(self, *calls: Any) -> tuple[so.GenerateResult, so.GenerateResult]:
+        """The results of the two calls: the one that delivered, then the other."""
+        self.tasks = [asyncio.create_task(c) for c in calls]
+        results = await asyncio.wait_for(asyncio.gather(*self.tasks), 30)
+        assert self.second.is_set()  # both recorded (or tried to) on the state they read first
+        delivered, replayed = sorted(results, key=lambda r: r.replayed)
+        return delivered, replayed
+
+
+def seen_as(result: so.GenerateResult) -> tuple[Any, ...]:
+    """What a call's result says of the turn it reports, but for `replayed`."""
+    pending = [r.id for r in result.pending]
+    return result.turn_id, result.status, result.text, pending, result.queued, result.error
+
+
+async def said(rt: so.Runtime, session_id: str) -> list[tuple[str, str]]:
+    return [
+        (e.type, e.data["message"])
+        async for e in rt.events(session_id, follow=False)
+        if e.type in ("turn.started", "turn.message")
+    ]
+
+
+@pytest.mark.parametrize("policy", ["queue", "steer"])
+@pytest.mark.parametrize("runtimes", [1, 2], ids=["one runtime", "two runtimes"])
+async def test_a_keyed_message_sent_twice_at_once_to_a_running_turn_is_delivered_once(
+    store_url: str,
+    policy: Literal["queue", "steer"],
+    runtimes: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both calls read the running turn before either records the message: the second, finding
+    the key recorded when it appends, answers as a repeat (what the first call returned), not
+    with the message delivered again (and, with `queue`, run as a second turn)."""
+    gate, running = asyncio.Event(), asyncio.Event()
+
+    @so.tool
+    async def slow() -> str:
+        """Run until the test lets it finish."""
+        running.set()
+        await gate.wait()
+        return "ok"
+
+    agent = scripted_agent(
+        "sales", [call_tools(call("slow", id="s1")), reply("done")], tools=[slow], repeat_last=True
+    )
+    async with (
+        so.Runtime([agent], store=store_url) as rt,
+        # they answer with the turn `rt` runs, not waiting out `lease_wait` for it
+        so.Runtime([agent], store=store_url, lease_wait=0) as one,
+        so.Runtime([agent], store=store_url, lease_wait=0) as two,
+    ):
+        sid = await rt.create_session("sales", auth=ALICE)
+        drive = asyncio.create_task(rt.generate(session_id=sid, prompt="go", auth=ALICE))
+        await running.wait()
+        delivered, again = await Overlap(monkeypatch).run(
+            *(
+                r.send(sid, "also this", principal=ALICE, turn_policy=policy, idempotency_key="k")
+                for r in ((one, two) if runtimes == 2 else (one, one))
+            )
+        )
+        assert [m for t, m in await said(rt, sid) if t == "turn.message"] == ["also this"]
+        assert not delivered.replayed and again.replayed
+        assert seen_as(again) == seen_as(delivered)
+        assert delivered.queued == (policy == "queue") and delivered.status == "running"
+        gate.set()
+        await drive
+        assert (await rt.state(sid)).queued == []
+        assert await said(rt, sid) == [
+            ("turn.started", "go"),
+            ("turn.message", "also this"),
+            *([("turn.started", "also this")] if policy == "queue" else []),
+        ]
+
+
+async def test_a_keyed_message_sent_twice_at_once_behind_a_finished_turn_is_delivered_once(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn ended with Bob's message still waiting (a worker has yet to start it): both
+    calls read that, and the message joins the queue once, behind Bob's; the second call
+    answers with the turn the first one's message ran as."""
+    agent = plan_agent(reply("Hi Bob."), reply("Hi Alice."))
+    async with (
+        so.Runtime([agent], store=store_url) as one,
+        so.Runtime([agent], store=store_url) as two,
+    ):
+        sid = await parked_with_bob_queued(one)
+        async with so.Runtime([agent], store=store_url, inline=False) as client:
+            await client.cancel(sid)  # leaves Bob's message waiting behind the cancelled turn
+        delivered, again = await Overlap(monkeypatch).run(
+            *(r.send(sid, "also this", principal=ALICE, idempotency_key="k") for r in (one, two))
+        )
+        assert [m for t, m in await said(one, sid) if t == "turn.message"] == [
+            "bob here",
+            "also this",
+        ]
+        assert not delivered.replayed and again.replayed
+        assert seen_as(again) == seen_as(delivered)
+        assert (delivered.status, delivered.text, delivered.queued) == (
+            "completed",
+            "Hi Alice.",
+            False,
+        )
+        assert [m for m, _, _ in await started(one, sid)] == ["upgrade me", "bob here", "also this"]
+
+
+@pytest.mark.parametrize("case", ["answer", "new turn"])
+async def test_a_keyed_answer_or_first_message_sent_twice_at_once_acts_once(
+    store_url: str, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, for a message that answers the open question (its request is settled once)
+    or starts the session's next turn (it starts once)."""
+    agent = plan_agent(reply("Pro it is."), reply("Hello."))
+    text = "pro" if case == "answer" else "hello"
+    async with (
+        so.Runtime([agent], store=store_url) as one,
+        so.Runtime([agent], store=store_url) as two,
+    ):
+        r = await one.generate("sales", prompt="upgrade me", auth=ALICE)
+        if case == "new turn":
+            r = await one.send(r.session_id, "pro", principal=ALICE)
+        assert r.status == ("waiting" if case == "answer" else "completed")
+        delivered, again = await Overlap(monkeypatch).run(
+            *(
+                rt.send(r.session_id, text, principal=ALICE, idempotency_key="k")
+                for rt in (one, two)
+            )
+        )
+        events = [e async for e in one.events(r.session_id, follow=False)]
+        assert sum("idem" in e.data for e in events) == 1
+        assert not delivered.replayed and again.replayed
+        assert seen_as(again) == seen_as(delivered)
+        if case == "answer":
+            assert (delivered.turn_id, delivered.text) == (r.turn_id, "Pro it is.")
+            assert sum(e.type == "input.resolved" for e in events) == 1
+        else:
+            assert delivered.text == "Hello." and delivered.turn_id != r.turn_id
+            assert [m for m, _, _ in await started(one, r.session_id)] == ["upgrade me", "hello"]

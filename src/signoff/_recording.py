@@ -454,10 +454,13 @@ def unchanged(
     checked: SessionState, specs: Sequence[EventSpec], resolve: Sequence[Resolve] = ()
 ) -> Callable[[SessionState], Batch]:
     """`specs` for `Driver.record`, refused (`Changed`) when the state they are committed on
-    differs from the `checked` one in what decided them: the turn, whether it ended, and its
-    open requests. A message decided on a running turn must not land after it ended."""
+    differs from the `checked` one in what decided them: the turn, whether it ended, its open
+    requests, and the idempotency keys the specs record. A message decided on a running turn
+    must not land after it ended, nor twice when two calls with its key raced: the caller,
+    reading again, replays the first."""
     turn = checked.turn
     pending = [r.id for r in checked.pending_requests()]
+    keys = {d["idem"][0]: checked.keys.get(d["idem"][0]) for _, d in specs if d.get("idem")}
 
     def build(current: SessionState) -> Batch:
         now = current.turn
@@ -469,6 +472,7 @@ def unchanged(
                 and (now.id, now.status in _TURN_ENDED) != (turn.id, turn.status in _TURN_ENDED)
             )
             or [r.id for r in current.pending_requests()] != pending
+            or any(current.keys.get(k) != was for k, was in keys.items())
         ):
             raise Changed
         return Batch(specs=specs, resolve=resolve)
