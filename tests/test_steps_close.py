@@ -199,3 +199,54 @@ async def test_an_async_tool_whose_outcome_waits_at_close_is_recorded_and_not_ru
         await locked.close_while_waited(sid, turn)  # the result's record waits for it
     await resumed_to_the_end(agent(), store_url, sid)
     assert refunds == ["1"]
+
+
+async def test_a_task_its_body_started_steps_nothing_once_close_stopped_the_body(
+    store_url: str,
+) -> None:
+    """A task the body started steps after `close` cancelled the body: its charge ran unseen
+    (nothing could record it), and the resumed turn charged the card again. It is refused."""
+    charges: list[str] = []
+    refused: list[BaseException] = []
+    started = threading.Event()
+    turn: list[asyncio.Task[so.GenerateResult]] = []  # the call `close` cancels
+    closed = asyncio.Event()
+    bodies: list[str] = []
+
+    async def charge() -> str:
+        charges.append("charge")
+        return "charged"
+
+    async def later(ctx: so.ToolContext, first: bool) -> str:
+        if first:
+            await closed.wait()
+        try:
+            return str(await ctx.step("charge", charge))
+        except BaseException as exc:
+            refused.append(exc)
+            raise
+
+    @so.tool
+    async def pay(ctx: so.ToolContext) -> str:
+        """Charge the card in a task of its own."""
+        bodies.append("pay")
+        task = asyncio.create_task(later(ctx, first=len(bodies) == 1))
+        if len(bodies) == 1:
+            started.set()
+            await asyncio.Event().wait()  # until `close` cancels the body
+        return await task
+
+    def agent() -> so.Agent:
+        script = [call_tools(call("pay")), reply("Paid.")]
+        return scripted_agent("shop", script, tools=[pay])
+
+    rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    sid = await closed_mid_call(rt, "pay", started, turn)
+    closed.set()
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    assert charges == []
+    [exc] = refused
+    assert isinstance(exc, so.UsageError) and "stopped" in str(exc)
+    await resumed_to_the_end(agent(), store_url, sid)
+    assert charges == ["charge"]

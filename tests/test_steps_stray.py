@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import signoff as so
-from signoff.testing import Capture, call, call_tools, reply, scripted_agent
+from signoff.testing import Capture, call, call_tools, reply, scripted_agent, tool_results
 
 
 async def test_a_step_of_a_branch_left_running_after_its_call_ended_runs_nothing(
@@ -99,3 +99,122 @@ async def test_a_step_under_way_when_its_body_fails_is_journaled_before_the_call
     of_pay = [(e.type, e.data.get("status")) for e in events if e.data.get("call_id") == pay_id]
     assert of_pay == [("tool.started", None), ("tool.step", None), ("tool.completed", "error")]
     assert charges == ["charge"]
+
+
+async def test_a_step_of_a_task_left_running_after_its_body_parked_runs_nothing(
+    store_url: str,
+) -> None:
+    """A task the body started steps after the body parked on a question: its invoice was sent
+    while the call was parked, its record refused (the drive had given its lease back), and the
+    resumed body sent it again. It is refused now, and the resumed body sends it once."""
+    sent: list[str] = []
+    refused: list[BaseException] = []
+
+    async def send_invoice() -> str:
+        sent.append("invoice")
+        return "sent"
+
+    async def later(ctx: so.ToolContext) -> str:
+        await asyncio.sleep(0.2)  # a read first, say: the body has parked meanwhile
+        try:
+            return str(await ctx.step("invoice", send_invoice))
+        except BaseException as exc:
+            refused.append(exc)
+            raise
+
+    @so.tool
+    async def bill(ctx: so.ToolContext) -> str:
+        """Send the invoice while asking whether to go on."""
+        task = asyncio.create_task(later(ctx))
+        answer = await ctx.ask("Go on?", options=["yes", "no"])
+        return f"{answer.value} {await task}"
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("shop", [call_tools(call("bill")), seen], tools=[bill])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="bill")
+        assert r.status == "waiting"
+        await asyncio.sleep(0.4)
+        assert sent == []
+        [exc] = refused
+        assert isinstance(exc, so.UsageError)
+        assert "after call" in str(exc) and "stopped" in str(exc)
+        r = await rt.send(r.session_id, "yes")
+        assert r.status == "completed", r
+        steps = [
+            e.data["name"]
+            async for e in rt.events(r.session_id, 0, follow=False)
+            if e.type == "tool.step"
+        ]
+    assert sent == ["invoice"]
+    assert steps == ["invoice"]
+    assert tool_results(seen.last)[0].content == "yes sent"
+
+
+async def test_a_shielded_branch_that_steps_after_its_body_parked_runs_nothing(
+    store_url: str,
+) -> None:
+    """A shielded branch of a gather is not cancelled when its sibling's question parks the
+    body: its step ran then, unrecorded, and again on resume. It is refused until the resume."""
+    sent: list[str] = []
+
+    async def send_invoice() -> str:
+        sent.append("invoice")
+        return "sent"
+
+    @so.tool
+    async def bill(ctx: so.ToolContext) -> str:
+        """Send the invoice while asking whether to go on."""
+
+        async def later() -> str:
+            await asyncio.sleep(0.2)
+            return str(await ctx.step("invoice", send_invoice))
+
+        answer, invoice = await asyncio.gather(
+            ctx.ask("Go on?", options=["yes", "no"]), asyncio.shield(later())
+        )
+        return f"{answer.value} {invoice}"
+
+    agent = scripted_agent("shop", [call_tools(call("bill")), reply("Done.")], tools=[bill])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="bill")
+        assert r.status == "waiting"
+        await asyncio.sleep(0.4)
+        assert sent == []
+        r = await rt.send(r.session_id, "yes")
+        assert r.status == "completed", r
+    assert sent == ["invoice"]
+
+
+async def test_a_question_of_a_task_left_running_after_its_body_parked_asks_nothing(
+    store_url: str,
+) -> None:
+    """A task the body started asks after the body parked: it is refused by name, not left to
+    the internal signal its record raised, and nothing is asked."""
+    refused: list[BaseException] = []
+
+    async def later(ctx: so.ToolContext) -> str:
+        await asyncio.sleep(0.2)
+        try:
+            return (await ctx.ask("And the address?")).value
+        except BaseException as exc:
+            refused.append(exc)
+            raise
+
+    @so.tool
+    async def bill(ctx: so.ToolContext) -> str:
+        """Ask whether to go on, and (later) for the address."""
+        task = asyncio.create_task(later(ctx))
+        answer = await ctx.ask("Go on?", options=["yes", "no"])
+        task.cancel()
+        return answer.value
+
+    agent = scripted_agent("shop", [call_tools(call("bill")), reply("Done.")], tools=[bill])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="bill")
+        assert r.status == "waiting"
+        await asyncio.sleep(0.4)
+        [exc] = refused
+        assert isinstance(exc, so.UsageError)
+        assert "nothing was asked" in str(exc)
+        assert [p.question for p in await rt.pending()] == ["Go on?"]

@@ -52,6 +52,7 @@ class CallJournal:
         self.call_id = call_id
         self.parked = asyncio.Event()
         self.closed = asyncio.Event()  # the body ended: a stray branch may ask no more
+        self.stopped = False  # closed as the body parked (or its drive stopped), not at its end
         self.inflight = 0  # questions being opened and steps under way
         self.quiet = asyncio.Event()  # set while nothing is in flight
         self.quiet.set()
@@ -129,14 +130,8 @@ class CallJournal:
         """Run a step's function and journal its result as JSON (`jsonable`). It counts as in
         flight meanwhile, so a body that parks waits for it instead of cancelling it between its
         effect and its record (a cancelled step runs again on replay)."""
+        self._body_running(f"ctx.step({name!r})", "nothing ran")
         keyed = self.keyed  # as when `index` was claimed: empty only ever turns keyed
-        if self.closed.is_set():
-            # A branch that outlived the body (its gather failed): the call's outcome is
-            # recorded, so an effect now would go unseen, its entry into a call that ended.
-            raise UsageError(
-                f"ctx.step({name!r}) after call {self.call_id} ended: a branch of its body "
-                "outlived it (use asyncio.TaskGroup, which cancels the others); nothing ran"
-            )
         self.refused()  # nothing more runs in a drive that failed to record: a retry steps
         self._busy(1)
         try:
@@ -198,6 +193,34 @@ class CallJournal:
         finally:
             self._busy(-1)
 
+    def stop(self) -> None:
+        """The body was cancelled without ending the call: parked on a question (it runs again
+        once answered), or its drive stopped. A branch it left running (a task it started, a
+        shielded one) steps and asks no more: nothing it did now would be recorded, and the
+        resumed body would do it again."""
+        self.stopped = True
+        self.closed.set()
+
+    def _body_running(self, what: str, nothing: str) -> None:
+        """Refuse a step or question of a branch that outlived the body (`UsageError`), and one
+        this drive could record nothing of: it gave its lease back with its last commit
+        (`TurnStopped`, as its record would raise once the effect had run)."""
+        if self.closed.is_set():
+            # The call's outcome is recorded, or the body parked and replays once answered:
+            # an effect now would go unseen, and the resumed body would run it again.
+            when = (
+                "stopped (it parked, or its drive was stopped: it runs again on resume)"
+                if self.stopped
+                else "ended"
+            )
+            raise UsageError(
+                f"{what} after call {self.call_id} {when}: a branch of its body outlived it "
+                "(use asyncio.TaskGroup, which cancels its tasks when one fails or the body is "
+                f"cancelled); {nothing}"
+            )
+        if self.driver.released:
+            raise TurnStopped
+
     async def _journaled_to_end(self, held_key: str, data: dict[str, Any]) -> None:
         """`_journaled`, awaited to its end whatever cancels the body meanwhile (`Runtime.close`:
         the record may wait for the session's lock, which a sibling's commit holds across its
@@ -257,6 +280,7 @@ class CallJournal:
     async def open_question(
         self, index: int, question: str, options: list[Option], allow_text: bool
     ) -> str:
+        self._body_running("ctx.ask()", "nothing was asked")
         self.refused()  # a question asked as the drive fails would park the call unseen
         self._busy(1)
         try:

@@ -419,6 +419,7 @@ class DriverPart:
     host: Any  # what delegate tools drive subagents through; read by a running call's journal
     lease_check: Callable[[], Awaitable[None]] | None  # raises LeaseLost; before a tool body
     held: Held | None  # the drive's lease: a tool body runs as its `body`
+    released: bool  # its last commit gave the lease back: it records nothing more
     # Outcomes of tool bodies that ran but the store failed to record, by idempotency key.
     unrecorded: dict[str, list[EventSpec]]
     # Verdicts of calls held behind a busy workflow call, by response and call id: the drive

@@ -408,6 +408,10 @@ class ToolCalls(CallEnds):
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+                # A branch it left running steps no more, and one it began meanwhile (as the
+                # body was cancelled) is journaled before the turn parks, as at a call's end.
+                journal.stop()
+                await journal.quiet.wait()
                 return None, False
             # Ended meanwhile: a sibling's step under way, waited for, failed and the gather
             # with it. Its outcome is recorded (withdrawing the question), not discarded.
@@ -422,6 +426,7 @@ class ToolCalls(CallEnds):
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
+            journal.stop()  # a branch it left running steps no more: a resume runs the call
             raise
         finally:
             parked.cancel()
