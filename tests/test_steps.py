@@ -155,6 +155,61 @@ def test_an_exceptions_attributes_come_back_as_pickle_restores_them() -> None:
     assert isinstance(again, HttpError) and again.status == 410 and not hasattr(again, "raw")
 
 
+def test_an_import_errors_name_and_path_come_back_as_pickle_restores_them() -> None:
+    """An `ImportError`'s `name` and `path` are in its pickled state alone, not in its
+    `__dict__`: they came back None, and a tool's `if exc.name == ...` took another path on
+    replay. A journal written before keeps replaying, without them, as it did."""
+    missing = ModuleNotFoundError("No module named 'plugin'", name="plugin")
+    again = replayed(failure_of(missing))
+    assert type(again) is ModuleNotFoundError and again.name == "plugin" and again.path is None
+    broken = ImportError("cannot import name 'rates'", name="plugin", path="/opt/plugin.py")
+    broken.add_note("while quoting")
+    again = replayed(failure_of(broken))
+    assert type(again) is ImportError and str(again) == str(broken)
+    assert (again.name, again.path, again.__notes__) == (
+        "plugin",
+        "/opt/plugin.py",
+        ["while quoting"],
+    )
+    older = {"module": "builtins", "type": "ModuleNotFoundError", "message": str(missing)}
+    again = replayed({**older, "args": [str(missing)]})
+    assert type(again) is ModuleNotFoundError and again.name is None
+
+
+async def test_a_tool_branching_on_a_missing_modules_name_takes_the_same_path_on_replay(
+    store_url: str,
+) -> None:
+    """A step importing an optional plugin raises `ModuleNotFoundError`: the tool tells a missing
+    plugin (`exc.name`) from another failed import, live and after a restart alike."""
+    imports: list[str] = []
+
+    def load_plugin() -> object:
+        imports.append("plugin")
+        raise ModuleNotFoundError("No module named 'fancy_rates'", name="fancy_rates")
+
+    @so.tool
+    async def rates(ctx: so.ToolContext) -> str:
+        """Rates from the optional plugin, else ask."""
+        try:
+            return str(await ctx.step("plugin", load_plugin))
+        except ModuleNotFoundError as exc:
+            why = "plugin missing" if exc.name == "fancy_rates" else f"import failed ({exc.name})"
+            answer = await ctx.ask(f"{why}. Use the default rates?", options=["yes", "no"])
+            return f"{why}: defaults {answer.value}"
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("fx", [call_tools(call("rates")), seen], tools=[rates])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("fx", prompt="rates")
+        assert [p.question for p in r.pending] == ["plugin missing. Use the default rates?"]
+    async with so.Runtime([agent], store=store_url) as rt:  # a restart: the body replays
+        r = await rt.send(r.session_id, "yes")
+        assert r.status == "completed", r
+    [result] = tool_results(seen.last)
+    assert (result.is_error, result.content) == (False, "plugin missing: defaults yes")
+    assert imports == ["plugin"]
+
+
 async def test_a_tool_catching_a_missing_file_takes_the_same_path_on_replay(tmp_path: Path) -> None:
     """The body runs again once the question is answered: its step's `FileNotFoundError` is
     raised again as itself, so the tool's `except` takes it as on the first run."""

@@ -37,7 +37,8 @@ def _failure(
 ) -> dict[str, Any]:
     cls = type(exc)
     message = error_message(exc)
-    args: list[Any] | None = _arguments(exc)
+    reduced, pickled = _reduced(exc)
+    args: list[Any] | None = reduced
     group = None
     if isinstance(exc, ExceptionGroup) and depth < MAX_GROUP_DEPTH:
         args = [exc.message]
@@ -59,8 +60,10 @@ def _failure(
     elif cut is None and attributes:
         # Its attributes, as pickle keeps them: set by its constructor from keywords its `args`
         # lack (`HttpError("not found", status=404)`, a CalledProcessError's output) or added
-        # (`add_note`), they came back at their defaults. Those that are not JSON are left out.
-        kept = {k: v for k, v in vars(exc).items() if isinstance(k, str) and _plain(v)}
+        # (`add_note`), they came back at their defaults; and those only its pickled state
+        # holds (an `ImportError`'s `name` and `path`). Those that are not JSON are left out.
+        attrs = {**vars(exc), **pickled}
+        kept = {k: v for k, v in attrs.items() if isinstance(k, str) and _plain(v)}
         if kept:
             error["state"] = kept
     if group is not None:
@@ -101,7 +104,7 @@ def _rebuilt(error: dict[str, Any], depth: int) -> Exception | None:
         else:
             again = cls(*args)
             if isinstance(state, dict):
-                again.__dict__.update(copied(state))  # as unpickling restores them
+                _restore(again, copied(state))
     except Exception:  # a class whose arguments are not its args: rebuilt differently
         return None
     if isinstance(again, cls) and error_message(again) == str(error.get("message", "")):
@@ -109,17 +112,30 @@ def _rebuilt(error: dict[str, Any], depth: int) -> Exception | None:
     return None
 
 
-def _arguments(exc: Exception) -> list[Any]:
-    """The arguments that build `exc` again, as pickle takes them (`__reduce__`): an `OSError`'s
-    file and a `JSONDecodeError`'s document are in its message but not in its `args`."""
+def _restore(exc: Exception, state: dict[str, Any]) -> None:
+    """Set the attributes `state` keeps on `exc`, as unpickling restores them: each by `setattr`,
+    so a slot of the class's own (an `ImportError`'s `name`) is set too; one that refuses it is
+    kept in the instance's `__dict__`, as it was before."""
+    for key, value in state.items():
+        try:
+            setattr(exc, key, value)
+        except Exception:
+            exc.__dict__[key] = value
+
+
+def _reduced(exc: Exception) -> tuple[list[Any], dict[str, Any]]:
+    """The arguments that build `exc` again and the state set on it after, as pickle takes them
+    (`__reduce__`): an `OSError`'s file and a `JSONDecodeError`'s document are in its message
+    but not in its `args`, and an `ImportError`'s `name` and `path` are in its state alone."""
     try:
         reduced = exc.__reduce__()
     except Exception:
         reduced = None
     if isinstance(reduced, tuple) and len(reduced) >= 2 and reduced[0] is type(exc):
         if isinstance(reduced[1], tuple):
-            return list(reduced[1])
-    return list(exc.args)
+            state = reduced[2] if len(reduced) >= 3 else None
+            return list(reduced[1]), state if isinstance(state, dict) else {}
+    return list(exc.args), {}
 
 
 def _loaded_class(module: str, qualname: str) -> type[Exception] | None:
