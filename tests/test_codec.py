@@ -3,6 +3,8 @@ and anything else read back is a named StoreError."""
 
 from __future__ import annotations
 
+import random
+import string
 from typing import Any
 
 import pytest
@@ -299,6 +301,11 @@ def test_tails_answer_only_for_the_head_they_saw_and_keep_the_most_recent() -> N
     tails.put("c", 1, ("text c", 0))  # over `keep`: the least recent (b) goes
     assert not tails.knows("b", 3) and tails.get("a", 7) == ("text a2", 1)
     assert tails.knows("c", 1)
+    tails.forget("a", past=7)  # a head read at 7: kept
+    tails.forget("c", past=0)  # a head read below 1: the store lost it, so forgotten
+    assert tails.knows("a", 7) and not tails.knows("c", 1)
+    tails.forget("a")
+    assert not tails.knows("a", 7)
 
 
 def test_the_stored_format_keeps_chains_of_at_most_two() -> None:
@@ -422,3 +429,88 @@ async def test_no_event_is_stored_on_an_audited_one(store_url: str) -> None:
     # the audited 4 may be stored on 3, and 6 is stored on 5
     needs = [needs_previous(stored[seq]) for seq in range(2, 7)]
     assert needs == [False, False, True, False, True]
+
+
+def prose(seed: int) -> dict[str, Any]:
+    """Event data of 100 random six-letter words: as long as any other seed's."""
+    r = random.Random(seed)
+    return {"text": " ".join("".join(r.choices(string.ascii_lowercase, k=6)) for _ in range(100))}
+
+
+def stored_rows(store_url: str, sid: str) -> dict[int, Any]:
+    rows = query(
+        store_url,
+        "SELECT e.seq, e.data FROM {t}events e JOIN {t}sessions s ON s.sk = e.sk "
+        "WHERE s.id = {p} ORDER BY e.seq",
+        sid,
+    )
+    return {seq: bytes(data) if isinstance(data, memoryview) else data for seq, data in rows}
+
+
+@pytest.mark.parametrize("lost", [1, 2])
+async def test_no_event_is_stored_on_a_head_the_store_lost_and_another_wrote_again(
+    store_url: str, lost: int
+) -> None:
+    """A store keeps the text of the last event it wrote, to store the next on it. The store may
+    lose that commit while the process runs on, and another process write those seqs again with
+    other data: a PostgreSQL crash losing commits made with `synchronous_commit=off`, a backup
+    restored in place. The loss is made here by hand (the rows deleted, the session row put back
+    as it was), as either leaves it. The first store's next event, repeating what it wrote, then
+    reads back as written; with two lost, the other's head row is byte for byte the first's
+    (it repeats the event before it, which differs), so the rows below the head are checked too."""
+    sid = f"ses_codec_lost_{lost}"
+    first, other, reader = make_store(store_url), make_store(store_url), make_store(store_url)
+    for s in (first, other, reader):
+        await s.open()
+    try:
+        created = so.Event(session_id=sid, seq=1, type="session.created", at=1.0, data={})
+        await first.create_session(sid, "a", [created], None)
+        kept = query(
+            store_url,
+            "SELECT head, status, updated_at, expires_at, audit_n, audit_hash "
+            "FROM {t}sessions WHERE id = {p}",
+            sid,
+        )[0]
+
+        def run(seed: int) -> list[so.Event]:  # each event repeats the one before it
+            data: list[dict[str, Any]] = [prose(seed), {"input": prose(seed)}][:lost]
+            return [
+                so.Event(session_id=sid, seq=2 + i, type="turn.started", at=2.0 + i, data=d)
+                for i, d in enumerate(data)
+            ]
+
+        mine, theirs = run(1), run(2)
+        await first.commit(Commit(session_id=sid, expected_seq=1, events=mine))
+        written = stored_rows(store_url, sid)
+        query(
+            store_url,
+            "DELETE FROM {t}events WHERE seq > 1 AND sk = "
+            "(SELECT sk FROM {t}sessions WHERE id = {p}) RETURNING seq",
+            sid,
+        )
+        query(
+            store_url,
+            "UPDATE {t}sessions SET head = {p}, status = {p}, updated_at = {p}, "
+            "expires_at = {p}, audit_n = {p}, audit_hash = {p} WHERE id = {p} RETURNING id",
+            *kept,
+            sid,
+        )
+        await other.commit(Commit(session_id=sid, expected_seq=1, events=theirs))
+        rewritten = stored_rows(store_url, sid)
+        assert (written[lost + 1] == rewritten[lost + 1]) is (lost == 2)
+        head = lost + 1
+        again = [
+            so.Event(session_id=sid, seq=head + i, type="turn.started", at=9.0 + i, data=d)
+            for i, d in enumerate([{"again": mine[-1].data}, {"more": mine[-1].data}], 1)
+        ]
+        await first.commit(Commit(session_id=sid, expected_seq=head, events=again[:1]))
+        await first.commit(Commit(session_id=sid, expected_seq=head + 1, events=again[1:]))
+        assert [e.data for e in await reader.read_events(sid)] == [
+            e.data for e in [created, *theirs, *again]
+        ]
+        stored = stored_rows(store_url, sid)
+        # stored alone, as the head is not what it wrote; the next one, on what it just wrote
+        assert not needs_previous(stored[head + 1]) and needs_previous(stored[head + 2])
+    finally:
+        for s in (first, other, reader):
+            await s.close()

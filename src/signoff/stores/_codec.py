@@ -26,6 +26,7 @@ __all__ = [
     "EventTexts",
     "Previous",
     "Stored",
+    "Tail",
     "Tails",
     "event_text",
     "needs_previous",
@@ -34,6 +35,7 @@ __all__ = [
     "pack_event",
     "parse",
     "stored_type",
+    "tail_of",
     "type_name",
     "unpack",
     "unpack_event",
@@ -178,6 +180,26 @@ def pack_bytes(value: Any) -> bytes:
     return packed.encode() if isinstance(packed, str) else packed
 
 
+Tail: TypeAlias = tuple[Previous, tuple[str | bytes, ...]]
+"""What a session's head event, as a store wrote it, gives the next event to be stored on, with
+the stored data of each row its text is read from, the head's first: the store checks they are
+still there before storing an event on it, since a crash or a restore may have lost that event
+and let another process write other data at its seq."""
+
+
+def tail_of(
+    on: Previous | None, stored: Sequence[str | bytes], previous: Tail | None
+) -> Tail | None:
+    """The `Tail` of the last of a run of events stored in order (`stored`, stored on
+    `previous`): what `pack_event` gave after it (`on`), with its row's data and that of the
+    rows it is stored on. None when the next event may not be stored on it."""
+    if on is None or on[1] >= CHAIN_MAX:
+        return None
+    read = on[1] + 1
+    mine = tuple(reversed(stored[-read:]))
+    return on, mine + (() if previous is None else previous[1])[: read - len(mine)]
+
+
 def needs_previous(stored: Stored | None) -> bool:
     """Whether a stored event can only be read with the text of the event before it."""
     if not isinstance(stored, bytes | memoryview) or not stored:
@@ -296,7 +318,8 @@ class PerSession(dict[str, V]):
 class Tails(Generic[V]):
     """What the last event a store wrote to each of its recent sessions can give the next one
     to be stored on (`Previous | None`, or what else a store keeps of that event), keyed by
-    session; valid only while that event is the session's head."""
+    session; valid only while that event is the session's head and the store holds it as
+    written (a crash or a restore may lose it and let the seq be written again)."""
 
     def __init__(self, keep: int = 1024) -> None:
         self._keep = keep
@@ -309,6 +332,13 @@ class Tails(Generic[V]):
     def knows(self, key: Any, head: int) -> bool:
         known = self._tails.get(key)
         return known is not None and known[0] == head
+
+    def forget(self, key: Any, past: int = -1) -> None:
+        """Forget the event kept for `key` if its seq is past `past` (whatever it is, by
+        default): a head read below it means the store lost it."""
+        known = self._tails.get(key)
+        if known is not None and known[0] > past:
+            del self._tails[key]
 
     def put(self, key: Any, seq: int, previous: V) -> None:
         """Remember that event `seq`, now the head, gives `previous` (None: nothing)."""

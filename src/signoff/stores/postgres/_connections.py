@@ -27,7 +27,7 @@ from ..._exceptions import (
 from ..._settings import flag, seconds, whole
 from .. import _without_password
 from .._base import FaultHook, older_schema
-from .._codec import PerSession, Previous, Tails
+from .._codec import PerSession, Tail, Tails
 from .._prompt import REQUEST_WAIT
 from . import _schema
 from ._borrowed import LEASE_CONNECTIONS, OPERATION_TIMEOUT, Pool
@@ -161,7 +161,7 @@ class Connections(Migrations):
         # no round trip to read it first; the guess is checked in the statement that writes,
         # under the session's row lock.
         self._state: PerSession[Seen] = PerSession()
-        self._tails: Tails[Previous | None] = Tails()
+        self._tails: Tails[Tail | None] = Tails()
         # The head each session had when this store granted a lease on it, by token
         # (`granted_head`): the drive under that lease needs no round trip to read it.
         self._granted: PerSession[tuple[int, int]] = PerSession()
@@ -377,12 +377,14 @@ class Connections(Migrations):
 
     def _remember(self, session_id: str, state: Seen) -> None:
         self._state[session_id] = state
+        self._tails.forget(session_id, past=state.head)
 
     def _moved(self, session_id: str, row: Sequence[Any]) -> int:
         """The head of a session row read as `head, audit_n, audit_hash, turn seq, turn`: the
         guess a commit makes of a session this store works on is kept up with it, so a commit
         after another process's needs no round trip to read its state first."""
         head = int(row[0])
+        self._tails.forget(session_id, past=head)
         guess = self._state.get(session_id)
         if guess is not None and guess.head != head:
             digest = None if row[2] is None else bytes(row[2])

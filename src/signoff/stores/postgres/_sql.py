@@ -9,7 +9,15 @@ from typing import Any, Final
 
 from ..._events import Event
 from .._audit import AUDIT_TYPES
-from .._codec import CHAIN_MAX, DEFLATE_ON_PREVIOUS, Previous, pack_event, stored_type
+from .._codec import (
+    CHAIN_MAX,
+    DEFLATE_ON_PREVIOUS,
+    Tail,
+    needs_previous,
+    pack_event,
+    stored_type,
+    tail_of,
+)
 
 __all__ = [
     "AUDIT_APPEND",
@@ -165,27 +173,31 @@ def rows_params(rows: Sequence[Sequence[Any]]) -> list[Any]:
 
 
 def event_rows(
-    events: Sequence[Event], named: tuple[int | None, str | None], previous: Previous | None
-) -> tuple[list[tuple[Any, ...]], tuple[int | None, str | None], Previous | None]:
-    """Events as rows of `_EVENT_COLUMNS`, the row naming the turn of the last of them, and what
-    the event after them may be stored on.
+    events: Sequence[Event], named: tuple[int | None, str | None], previous: Tail | None
+) -> tuple[
+    list[tuple[Any, ...]], tuple[int | None, str | None], Tail | None, tuple[str | bytes, ...]
+]:
+    """Events as rows of `_EVENT_COLUMNS`, the row naming the turn of the last of them, what
+    the event after them may be stored on, and the stored data of the rows the first is stored
+    on (none if it stands alone), which the commit checks at the head.
 
     `named` is the row naming the turn of the event they follow (its seq and turn; `(None,
     None)` for none). `type` is the type's one-letter code. `turn` is NULL when an event belongs
     to the turn of the row before it: a row names its turn ('' for none) where it changes from
     the row before, and when the row naming it is `TURN_NAMED_EVERY` rows back. `previous` is
-    what the event they follow gives (`pack_event`); an audited event gives nothing, so altering
+    what the event they follow gives (a `Tail`); an audited event gives nothing, so altering
     one in the log is reported at its entry alone."""
     rows = []
     seq, turn = named
+    on = None if previous is None else previous[0]
     for e in events:
         now = e.turn_id or ""
         same = now == turn and seq is not None and e.seq - seq < TURN_NAMED_EVERY
         if not same:
             seq, turn = e.seq, now
-        data, previous = pack_event(e.data, previous)
+        data, on = pack_event(e.data, on)
         if e.type in AUDIT_TYPES:
-            previous = None
+            on = None
         rows.append(
             (
                 e.seq,
@@ -196,7 +208,8 @@ def event_rows(
                 data.encode() if isinstance(data, str) else data,
             )
         )
-    return rows, (seq, turn), previous
+    checked = previous[1] if previous is not None and needs_previous(rows[0][5]) else ()
+    return rows, (seq, turn), tail_of(on, [row[5] for row in rows], previous), checked
 
 
 def named_turn(s: str, sk: str, head: str) -> str:
@@ -274,16 +287,18 @@ def commit_sql(
     release: bool,
     sync: bool,
     owner: bool = False,
+    checked: int = 0,
 ) -> str:
     """`commit`'s statement for a commit of this shape.
 
     `c` locks the session row (then `l` holds the lease row, in that order, as `claim` takes
     them); `t` finds the row naming the turn at the head; `g` holds the session's key only if
-    head, audit chain head, lease (its token, and its owner with `owner`) and (when it writes
-    events, whose rows depend on it) the row naming the turn are as the commit expects, and
-    every write reads it, so a commit that does not apply writes nothing. The answer is the
-    state found and whether it applied (and the lease's owner, after the turn);
-    `request_closed()` raises, undoing all of it, if a request to resolve was not pending.
+    head, audit chain head, lease (its token, and its owner with `owner`), (when it writes
+    events, whose rows depend on it) the row naming the turn, and the stored data of the
+    `checked` rows ending at the head (those its first event is deflated on) are as the
+    commit expects, and every write reads it, so a commit that does not apply writes nothing.
+    The answer is the state found and whether it applied (and the lease's owner, after the
+    turn); `request_closed()` raises, undoing all of it, if a request to resolve was not pending.
 
     `t` sees the events as they were when the statement started. If it then waited for the row
     lock, events committed meanwhile are missing from it, but they moved the head too: `g` does
@@ -314,6 +329,11 @@ def commit_sql(
         check += " AND (SELECT token FROM l) = %s::bigint"
         if owner:
             check += " AND (SELECT owner FROM l) = %s::text"
+    for i in range(checked):
+        check += (
+            f" AND (SELECT p.data FROM {s}.events p WHERE p.sk = c.sk "
+            f"AND p.seq = c.head - {i}) = %s::bytea"
+        )
     parts.append(f"g AS (SELECT c.sk FROM c WHERE {check})")
     if resolve:
         parts.append(f"y AS (SELECT * FROM {rows_sql(resolve, _RESOLVE_COLUMNS)})")

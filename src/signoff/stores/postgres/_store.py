@@ -26,7 +26,7 @@ from ..._events import Event, dumps
 from ..._exceptions import AppendConflict, LeaseLost, SessionDeleted, StoreError, UnknownSession
 from .._audit import AuditRow, chain_parts, chain_session
 from .._base import AUDIT_RECORDED, Commit, parent_of
-from .._codec import EventTexts, Previous, pack_bytes, type_name
+from .._codec import EventTexts, Tail, pack_bytes, type_name
 from .._initiators import initiator_columns
 from .._request_rows import request_rows
 from ._connections import Conn, Seen, storable
@@ -82,7 +82,7 @@ class PostgresStore(Reads, Leases, Deletions):
         at = events[0].at
         last = events[-1].seq
         sync = self._sync_setting(True)
-        rows, named, tail = event_rows(events, (None, None), None)
+        rows, named, tail, _ = event_rows(events, (None, None), None)
         # A subagent's row names its parent and the parent's turn that delegated to it (or its
         # current one if the event names none), for `orphaned_children`.
         parent, turn = parent_of(events)
@@ -144,10 +144,12 @@ class PostgresStore(Reads, Leases, Deletions):
     async def commit(self, commit: Commit) -> None:
         """One statement writes the whole commit, gated on the session's state: its head, its
         audit chain head and the row naming the turn at the head (the audit chain and the event
-        rows are computed here from a guess of them, `_state`) and the lease, read under the
-        session's row lock in that same statement. A wrong guess writes nothing and answers the
-        state found, so the commit is sent again from it; a commit with no guess reads the state
-        first (locked), as the statement's transaction's first round trip."""
+        rows are computed here from a guess of them, `_state`), the lease, and the stored data of
+        the rows its first event is deflated on (their text is this store's copy, `_tails`),
+        read under the session's row lock in that same statement. A wrong guess writes nothing
+        and answers the state found, so the commit is sent again from it (without that copy); a
+        commit with no guess reads the state first (locked), as the statement's transaction's
+        first round trip."""
         s = self._s
         sid = commit.session_id
         label = commit.events[0].type if commit.events else "commit"
@@ -229,8 +231,10 @@ class PostgresStore(Reads, Leases, Deletions):
             n, digest = state.audit_n, state.audit_hash
             rows: list[tuple[Any, ...]] = []
             named = state.turn_seq, state.turn
+            checked: tuple[str | bytes, ...] = ()  # the rows its first event is deflated on
             if events:
-                rows, named, tail = event_rows(events, named, self._tails.get(sid, state.head))
+                cached = self._tails.get(sid, state.head)
+                rows, named, tail, checked = event_rows(events, named, cached)
                 tails[:] = [tail]
             audit = chain_session(n, digest, events) if events else []
             if audit:
@@ -247,6 +251,7 @@ class PostgresStore(Reads, Leases, Deletions):
                 commit.release_lease and token is not None,
                 sync is not None,
                 token is not None and owner is not None,
+                len(checked),
             )
             # In the order of their placeholders in `commit_sql`.
             params: list[Any] = [sid, commit.expected_seq, state.audit_n, state.audit_hash]
@@ -256,6 +261,7 @@ class PostgresStore(Reads, Leases, Deletions):
                 params.append(token)
                 if owner is not None:
                     params.append(owner)
+            params += checked
             if resolve_rows:
                 params += rows_params(resolve_rows)
             if new_rows:
@@ -289,7 +295,7 @@ class PostgresStore(Reads, Leases, Deletions):
             return await self._has_events(sid, events)
 
         written: list[Seen] = []  # the state after it, if it applies
-        tails: list[Previous | None] = []  # what its last event gives the next, if it applies
+        tails: list[Tail | None] = []  # what its last event gives the next, if it applies
         self._before(label)
         for _ in range(2):
             cur = await self._write(
@@ -324,6 +330,9 @@ class PostgresStore(Reads, Leases, Deletions):
             ):
                 raise LeaseLost(f"lease {token} on session {sid!r} was taken over")
             guess = None  # a stale guess of the chain head or the turn: read it again
+            # Or the head event is not the one this store wrote at that seq (a crash lost it and
+            # another process wrote the seq again): its text is no dictionary for the next.
+            self._tails.forget(sid)
         else:
             raise StoreError(f"commit to session {sid!r}: its state kept changing")
         if written:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from ..._exceptions import SchemaVersionError, StoreError, StoreGone
 from ..._settings import flag, seconds
 from .._base import FaultHook, older_schema
-from .._codec import PerSession, Previous, Tails
+from .._codec import PerSession, Tail, Tails
 from ._files import beside, open_access, unopenable
 from ._schema import (
     PAGE_SIZE,
@@ -228,7 +228,7 @@ class Connection:
         # it that a lock held elsewhere turned back ran already (`_hook`, `serialised`).
         self._hooks_run = self._hooks_fired = 0
         self._sk: PerSession[int] = PerSession()
-        self._tails: Tails[Previous | None] = Tails()
+        self._tails: Tails[Tail | None] = Tails()
         # The turn each recent session's head event is in and how many rows back a row names it
         # (what `_turn_at` reads), as this store wrote it; valid while that event is the head.
         self._named: Tails[tuple[str, int]] = Tails()

@@ -29,13 +29,13 @@ from .._audit import AUDIT_TYPES, AuditRow, chain_session
 from .._base import AUDIT_RECORDED, Commit, parent_of
 from .._codec import (
     CHAIN_MAX,
-    Previous,
-    Stored,
+    Tail,
     event_text,
     needs_previous,
     pack,
     pack_event,
     stored_type,
+    tail_of,
     type_name,
 )
 from .._initiators import initiator_columns
@@ -215,12 +215,17 @@ class SQLiteStore(Reads, Leases, Deletions):
                         ),
                     )
                 if commit.events:
+                    # A head below what this store wrote: the file lost that (a backup restored).
+                    self._tails.forget(sk, past=head)
+                    self._named.forget(sk, past=head)
+                    cached = self._tails.knows(sk, head)
                     tail, named = self._insert_events(
                         conn,
                         sk,
                         commit.events,
                         self._named.get(sk, head) or self._turn_at(sk, head),
-                        self._previous(conn, sk, head),
+                        self._tails.get(sk, head) if cached else self._previous(conn, sk, head),
+                        head if cached else None,
                     )
                     n = kept(row[3], int, sid, "audit_n")
                     digest = kept(row[4], bytes, sid, "audit_hash")
@@ -293,42 +298,53 @@ class SQLiteStore(Reads, Leases, Deletions):
         ).fetchone()
         return None if row is None else (str(row[1]), head - int(row[0]))
 
-    @staticmethod
+    @classmethod
     def _insert_events(
+        cls,
         conn: sqlite3.Connection,
         sk: int,
         events: Sequence[Event],
         turn_before: tuple[str, int] | None,
-        previous: Previous | None,
-    ) -> tuple[Previous | None, tuple[str, int]]:
+        previous: Tail | None,
+        head: int | None = None,
+    ) -> tuple[Tail | None, tuple[str, int]]:
         """Insert a commit's events; returns what the next event may be stored on, and the
         turn of the last one with how many rows back a row names it (`_turn_at` of it). An
         audited event is never stored on, so altering one in the log is reported at its entry
-        alone."""
+        alone. Given `head`, `previous` is this store's copy of that event, checked if used."""
         # `turn` is NULL when the event belongs to the turn of the event before it: only a
         # turn's first event names it ('' for none), and one in every TURN_NAMED_EVERY again.
         rows = []
         turn, since = turn_before or (None, 0)
+        on = None if previous is None else previous[0]
         for e in events:
             named = e.turn_id or ""
             same = named == turn and since + 1 < TURN_NAMED_EVERY
             since = since + 1 if same else 0
-            data, previous = pack_event(e.data, previous)
+            data, on = pack_event(e.data, on)
             if e.type in AUDIT_TYPES:
-                previous = None
+                on = None
             rows.append((sk, e.seq, stored_type(e.type), None if same else named, e.at, e.v, data))
             turn = named
+        if head is not None and previous is not None and needs_previous(rows[0][6]):
+            found = conn.execute(
+                "SELECT data FROM events WHERE sk=? AND seq BETWEEN ? AND ? ORDER BY seq DESC",
+                (sk, head + 1 - len(previous[1]), head),
+            )
+            if tuple(data for (data,) in found) != previous[1]:
+                # Not the rows this store wrote there (a backup restored under it, and the seq
+                # written again): the first event stands alone.
+                return cls._insert_events(conn, sk, events, turn_before, None)
         conn.executemany(
             "INSERT INTO events (sk, seq, type, turn, at, v, data) VALUES (?,?,?,?,?,?,?)", rows
         )
-        return previous, (turn or "", since)
+        return tail_of(on, [row[6] for row in rows], previous), (turn or "", since)
 
-    def _previous(self, conn: sqlite3.Connection, sk: int, head: int) -> Previous | None:
-        """The text of the session's event `head` and how many events reading it needs, for the
-        next event to be stored on; None if it cannot be read (that event then stands alone)."""
-        if self._tails.knows(sk, head):
-            return self._tails.get(sk, head)
-        rows: dict[int, Stored] = {}
+    def _previous(self, conn: sqlite3.Connection, sk: int, head: int) -> Tail | None:
+        """The text of the session's event `head` and how many events reading it needs, with
+        their rows' data, for the next event to be stored on; None if it cannot be read (that
+        event then stands alone)."""
+        rows: dict[int, str | bytes] = {}
         try:
             for seq, code, data in conn.execute(
                 "SELECT seq, type, data FROM events WHERE sk=? AND seq BETWEEN ? AND ?",
@@ -345,7 +361,9 @@ class SQLiteStore(Reads, Leases, Deletions):
         needs = 0
         while needs < CHAIN_MAX and needs_previous(rows.get(head - needs)):
             needs += 1
-        return text, needs
+        if needs >= CHAIN_MAX:
+            return None  # no event may be stored on it
+        return (text, needs), tuple(rows[head - i] for i in range(needs + 1))
 
     # -- change notifications (polling: SQLite has no NOTIFY) ---------------------------------
 
