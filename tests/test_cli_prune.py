@@ -4,6 +4,9 @@ a terminal (or `--yes`), on both stores."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 from typer.testing import CliRunner
 
@@ -94,6 +97,35 @@ def test_prune_says_no_more_remain_when_exactly_the_limit_was_old_enough(store_u
     assert done.exit_code == 0, done.output
     assert "deleted 2 session(s)" in done.stdout and "remain" not in done.stdout
     assert _left(store_url) == []
+
+
+def _leased(url: str, ids: list[str]) -> None:
+    """The sessions held under a lease by another process for an hour: a prune skips them."""
+
+    async def lease() -> None:
+        async with so.Runtime([], store=url) as rt:
+            for sid in ids:
+                assert await rt.store.acquire_lease(sid, "elsewhere", 3600, time.time())
+
+    asyncio.run(lease())
+
+
+def test_prune_goes_past_the_sessions_it_skips_and_says_when_none_remain(store_url: str) -> None:
+    """The two oldest are held by another process. `--limit 2` skipped them at every run,
+    deleting nothing and saying older sessions remained; it deletes the next oldest instead."""
+    ids = _old(store_url, 5)
+    _leased(store_url, ids[:2])
+    args = ["prune", "--older-than", "1h", "--store", store_url, "-y", "--limit", "2"]
+    first = invoke(*args)
+    assert first.exit_code == 0, first.output
+    assert "deleted 2 session(s)" in first.stdout and "; 2 skipped (live" in first.stdout
+    assert "--limit 2 reached: older sessions remain for the next run." in first.stdout
+    second = invoke(*args)
+    assert second.exit_code == 0, second.output
+    assert "deleted 1 session(s)" in second.stdout and "; 2 skipped (live" in second.stdout
+    assert "remain" not in second.stdout
+    assert _left(store_url) == sorted(ids[:2])
+    assert [e["session_id"] for e in _deletions(store_url)] == ids[2:]
 
 
 def test_prune_refuses_an_empty_agent_and_deletes_nothing(store_url: str) -> None:

@@ -11,13 +11,45 @@ import pytest
 
 import signoff as so
 from signoff.stores._deletions import DELETIONS_STREAM
-from signoff.testing import ManualClock
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from .test_deletion import ALICE, OPS, agents, chat_with_ttl
 from .test_store_edited_rows import edit
 from .test_subagents_spend import waiting_child
 
 DAY = 86400.0
+
+
+def _desk() -> list[so.Agent]:
+    """`desk`, whose turn delegates to `helper` and ends; `helper` answers a person talking to
+    it directly, and asks for a refund's approval when asked for one. With `chat`."""
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    def helping(conversation: list[Any]) -> so.ModelResponse:
+        last = conversation[-1]
+        if isinstance(last, so.UserMessage) and "refund" in last.text:
+            return call_tools(call("refund", order_id="4"))
+        return reply("order 3 is shipped")
+
+    desk = scripted_agent(
+        "desk",
+        [call_tools(call("helper", message="where is order 3?")), reply("done")],
+        tools=[so.delegate("helper")],
+    )
+    return [*agents(), desk, scripted_agent("helper", [helping], tools=[refund], repeat_last=True)]
+
+
+async def _helped(rt: so.Runtime) -> tuple[str, str]:
+    """A `desk` session whose turn ended, with the `helper` session it started (idle)."""
+    helpers = {s.id for s in await rt.sessions(agent="helper")}
+    r = await rt.generate("desk", prompt="where is order 3?", auth=ALICE)
+    assert r.status == "completed"
+    [child] = {s.id for s in await rt.sessions(agent="helper")} - helpers
+    return r.session_id, child
 
 
 async def _finished(rt: so.Runtime, clock: ManualClock, n: int = 1) -> list[str]:
@@ -67,6 +99,50 @@ async def test_a_batch_takes_the_oldest_first_up_to_the_limit(store_url: str) ->
         assert await rt.verify_audit() == []
 
 
+async def test_sessions_it_must_skip_take_no_place_in_the_batch(store_url: str) -> None:
+    """The two oldest sessions' subagents wait on a person, so neither can go; behind them,
+    three old finished ones. Each prune listed the `limit` oldest, skipped them and returned []
+    (fewer than `limit`: "done") for ever. It goes on past the ones it skips."""
+    clock = ManualClock()
+    async with so.Runtime(_desk(), store=store_url, clock=clock) as rt:
+        kept = []
+        for _ in range(2):
+            parent, child = await _helped(rt)
+            r = await rt.generate(session_id=child, prompt="refund order 4", auth=ALICE)
+            assert r.status == "waiting"
+            kept += [parent, child]
+            clock.advance(1)
+        ids = await _finished(rt, clock, 3)
+        clock.advance(100 * DAY)
+        deleted, listed, more, damaged = await rt._prune(
+            older_than=90 * DAY, by=OPS, reason=None, limit=2, agent=None
+        )
+        assert (deleted, listed, more, damaged) == (ids[:2], [kept[0], kept[2], *ids[:2]], True, {})
+        assert await rt.prune(older_than=90 * DAY, limit=2) == ids[2:]  # fewer: none left
+        assert await rt.prune(older_than=90 * DAY, limit=2) == []
+        assert sorted(s.id for s in await rt.sessions()) == sorted(kept)
+        assert len(await rt.audit(stream=DELETIONS_STREAM)) == 3
+        assert await rt.verify_audit() == []
+
+
+async def test_a_batch_ending_on_the_last_of_a_page_says_whether_more_are_left(
+    store_url: str,
+) -> None:
+    """A page lists one more than the limit; one skipped, the limit is reached on its last
+    row: whether any are left past it is looked up, not guessed."""
+    clock = ManualClock()
+    async with so.Runtime(agents(), store=store_url, clock=clock) as rt:
+        leased, *ids = await _finished(rt, clock, 4)
+        clock.advance(DAY)
+        token = await rt.store.acquire_lease(leased, "elsewhere", 3 * DAY, rt.now())
+        assert token is not None
+        found = await rt._prune(older_than=60, by=OPS, reason=None, limit=2, agent=None)
+        assert found == (ids[:2], [leased, *ids[:2]], True, {})
+        found = await rt._prune(older_than=60, by=OPS, reason=None, limit=1, agent=None)
+        assert found == (ids[2:], [leased, ids[2]], False, {})
+        assert [s.id for s in await rt.sessions()] == [leased]
+
+
 async def test_the_cutoff_is_last_activity_not_creation(store_url: str) -> None:
     clock = ManualClock()
     async with so.Runtime(agents(), store=store_url, clock=clock) as rt:
@@ -108,8 +184,8 @@ async def test_a_session_touched_after_the_listing_is_skipped(store_url: str) ->
         clock.advance(DAY)
         listing = rt.store.stale_sessions  # type: ignore[attr-defined]
 
-        async def then_touched(**kw: Any) -> list[str]:
-            found: list[str] = await listing(**kw)
+        async def then_touched(**kw: Any) -> list[tuple[str, Any]]:
+            found: list[tuple[str, Any]] = await listing(**kw)
             await rt.generate(session_id=touched, prompt="still here", auth=ALICE)
             return found
 
@@ -162,7 +238,8 @@ async def test_a_session_whose_ttl_passed_but_cannot_be_read_is_logged_and_the_o
     clock.advance(DAY)
     async with so.Runtime([chat_with_ttl()], store=store_url, clock=clock) as rt:  # no cache
         with caplog.at_level("WARNING", logger="signoff.runtime"):
-            assert await rt.prune(older_than=3600, limit=2) == [ids[1]]
+            # Skipped, it takes no place in the batch: the next oldest is deleted instead.
+            assert await rt.prune(older_than=3600, limit=1) == [ids[1]]
             deleted, listed, more, damaged = await rt._prune(
                 older_than=3600, by=OPS, reason=None, limit=1000, agent=None
             )

@@ -27,6 +27,7 @@ from ._state import SessionState
 from ._sweeps import STORE_FAILING
 from ._sync import twin
 from ._types import Principal
+from .stores._deletions import StaleKey
 
 __all__ = ["Deletion"]
 
@@ -91,10 +92,11 @@ class Deletion(EventStream):
         its subagents' sessions as `delete_session` deletes them: one transaction and one
         `store:deletions` entry per session, so a crash midway leaves each whole or gone, and
         the next prune goes on. A session found live, or touched since it was listed, is
-        skipped (and stays a candidate of the next prune, so a batch may delete fewer than
-        `limit`); so is one whose passed TTL it must record first but cannot read (a damaged
-        row: `delete_session(force=True)` deletes it), logged as a warning naming it. Returns
-        the ids of the top-level sessions deleted, oldest first."""
+        skipped, as is one whose passed TTL it must record first but cannot read (a damaged
+        row: `delete_session(force=True)` deletes it), logged as a warning naming it; the prune
+        goes on past them until `limit` are deleted or none is left, so one that returns fewer
+        than `limit` left none it could delete. Returns the ids of the top-level sessions
+        deleted, oldest first."""
         deleted, _, _, _ = await self._prune(
             older_than=older_than, by=by, reason=reason, limit=limit, agent=agent
         )
@@ -110,9 +112,10 @@ class Deletion(EventStream):
         agent: str | None,
         dry_run: bool = False,
     ) -> tuple[list[str], list[str], bool, dict[str, str]]:
-        """`prune`: the ids it deleted, the candidates it listed (at most `limit`), whether
-        more were old enough when it listed them, and the candidates it could not read, with
-        why; with `dry_run`, nothing is deleted."""
+        """`prune`: the ids it deleted, the candidates it tried (those deleted, skipped and
+        damaged, oldest first), whether more were old enough past the last it tried, and the
+        candidates it could not read, with why. With `dry_run`, nothing is deleted, and the
+        candidates are the oldest `limit`."""
         age = seconds("older_than", older_than, zero=True)
         count = whole("limit", limit, least=1, most=2**63 - 1)
         check_listing(agent, None)
@@ -125,16 +128,35 @@ class Deletion(EventStream):
             raise UsageError(f"{type(self.store).__name__} cannot prune sessions")
         now = self.now()
         before = now - age
-        # One more than the limit tells whether the next run has any left.
-        listed = await stale(before=before, now=now, limit=min(count + 1, 2**63 - 1), agent=agent)
-        candidates: list[str] = listed[:count]
-        more = len(listed) > count
+        size = min(count + 1, 2**63 - 1)  # one more than the limit tells whether any are left
+
+        async def page(after: StaleKey | None, most: int = size) -> list[tuple[str, StaleKey]]:
+            found: list[tuple[str, StaleKey]] = await stale(
+                before=before, now=now, limit=most, agent=agent, after=after
+            )
+            return found
+
+        rows = await page(None)
         if dry_run:
-            return [], candidates, more, {}
+            return [], [sid for sid, _ in rows[:count]], len(rows) > count, {}
+        listed: list[str] = []
         deleted: list[str] = []
         damaged: dict[str, str] = {}
+        place: StaleKey | None = None
+        ahead = rows[::-1]  # popped from the end: the oldest first
         try:
-            for session_id in candidates:
+            while len(deleted) < count:
+                if not ahead:
+                    if len(rows) < size:
+                        break  # the last page: none left
+                    # A full page tried, some skipped: the next starts past them, not at the
+                    # oldest again, which every prune would list, and skip, for ever.
+                    rows = await page(place)
+                    ahead = rows[::-1]
+                    if not ahead:
+                        break
+                session_id, place = ahead.pop()
+                listed.append(session_id)
                 try:
                     erased = await self._erase(
                         session_id, who, reason, before=before, durable=False, damaged=damaged
@@ -143,6 +165,7 @@ class Deletion(EventStream):
                     continue  # live, a subagent's by now, or gone already: another run's to see
                 if erased:
                     deleted.append(session_id)
+            more = bool(ahead) or (len(rows) == size and bool(await page(place, 1)))
         except BaseException as exc:
             if deleted:  # the first error is the one raised; the sync's is noted on it
                 try:
@@ -155,7 +178,7 @@ class Deletion(EventStream):
             raise
         if deleted:  # each committed without waiting for the disk: synced together
             await self.store.flush()  # type: ignore[attr-defined]
-        return deleted, candidates, more, damaged
+        return deleted, listed, more, damaged
 
     async def _erase(
         self,

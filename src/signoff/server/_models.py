@@ -220,10 +220,10 @@ class PruneBody(_Body):
 
 
 class Pruned(BaseModel):
-    """What a prune did: the top-level sessions it deleted (oldest first), those it listed to
-    delete (a session found live, or active since, is skipped), whether more than `limit`
-    were old enough as it listed them, left for another run, and those of the listed it could
-    not read to record their passed TTL (a damaged row: a forced deletion deletes one)."""
+    """What a prune did: the top-level sessions it deleted (oldest first), those it tried to
+    delete (a session found live, or active since, is skipped, the next taken in its place),
+    whether more were old enough past the last it tried, left for another run, and those of
+    the tried it could not read to record their passed TTL (a forced deletion deletes one)."""
 
     model_config = ConfigDict(extra="forbid")
 

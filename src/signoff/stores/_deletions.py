@@ -19,6 +19,7 @@ __all__ = [
     "RESOLVED_STORED",
     "SESSION_DELETED",
     "Doomed",
+    "StaleKey",
     "deletion_row",
     "erased_requests",
     "refuse",
@@ -35,6 +36,10 @@ FINISHED = ("idle", "failed", "cancelled")
 
 LIVE = ("running", "waiting")
 """The statuses of a session `prune` deletes once its TTL has passed (it can go on no more)."""
+
+StaleKey = tuple[float, int]
+"""A session's place in the order `stale_sessions` lists them in (its last activity, its row
+key): the next page starts after it, so a prune goes on past the sessions it had to skip."""
 
 RESOLVED_STORED = (stored_type("input.resolved"), "input.resolved")
 """How an event row may keep the type `input.resolved` (its code, or its name before codes):

@@ -18,6 +18,7 @@ from .._deletions import (
     RESOLVED_STORED,
     SESSION_DELETED,
     Doomed,
+    StaleKey,
     deletion_row,
     erased_requests,
     refuse,
@@ -99,11 +100,14 @@ of a session or a few, at a cost that grew with the store. Nested loops over the
 instead, for this transaction only."""
 
 _STALE = (
-    "SELECT id FROM {s}.sessions WHERE parent IS NULL AND updated_at < %s "
-    "AND (status = ANY(%s) OR (status = ANY(%s) AND expires_at <= %s)) "
-    "AND (%s::text IS NULL OR agent = %s) ORDER BY updated_at, sk LIMIT %s"
+    "SELECT id, updated_at, sk FROM {s}.sessions WHERE parent IS NULL "
+    "AND updated_at < %(before)s "
+    "AND (status = ANY(%(finished)s) OR (status = ANY(%(live)s) AND expires_at <= %(now)s)) "
+    "AND (%(agent)s::text IS NULL OR agent = %(agent)s) "
+    "AND (%(at)s::float8 IS NULL OR (updated_at, sk) > (%(at)s::float8, %(sk)s::bigint)) "
+    "ORDER BY updated_at, sk LIMIT %(limit)s"
 )
-"""The top-level sessions `prune` deletes, oldest first (see `stale_sessions`)."""
+"""The top-level sessions `prune` deletes, oldest first, past a place (see `stale_sessions`)."""
 
 _START = "WITH RECURSIVE v AS ("
 _V_END = "behind, k)), "
@@ -122,29 +126,44 @@ class Deletions(Connections):
     """`PostgresStore.delete_session` and `stale_sessions`."""
 
     async def stale_sessions(
-        self, *, before: float, now: float, limit: int, agent: str | None = None
-    ) -> list[str]:
-        """The ids of the top-level sessions `prune` deletes: finished (`FINISHED`), or live
-        (`LIVE`) with their TTL passed at `now`, last active before `before` (of `agent`, if
-        given), oldest first, at most `limit`.
+        self,
+        *,
+        before: float,
+        now: float,
+        limit: int,
+        agent: str | None = None,
+        after: StaleKey | None = None,
+    ) -> list[tuple[str, StaleKey]]:
+        """The top-level sessions `prune` deletes: finished (`FINISHED`), or live (`LIVE`) with
+        their TTL passed at `now`, last active before `before` (of `agent`, if given), oldest
+        first, at most `limit`, past the place `after` (a page before ended there); each with
+        its place, where the next page starts.
 
         Plan: no index orders sessions by `updated_at` here, on purpose (migration 3 dropped it
         from `sessions_by_status`): every commit changes `updated_at`, and an index on it would
         make each one a non-HOT update writing every index of the row. So this reads the
         sessions (a sequential scan, or `sessions_by_status` for a filter that picks few) and
         keeps the oldest `limit` in a top-N heap sort: memory bounded by `limit`, time linear
-        in the sessions (3 to 6 ms for 10,000, measured), once per batch, outside any lock the
+        in the sessions (3 to 6 ms for 10,000, measured), once per page, outside any lock the
         deletions take. Retention runs now and then; turns commit all the time. An agent
         named with a NUL names none (PostgreSQL text cannot hold it), as SQLite finds none."""
         if not storable(agent):
             return []
+        at, sk = (None, None) if after is None else after
+        params = {
+            "before": before,
+            "finished": list(FINISHED),
+            "live": list(LIVE),
+            "now": now,
+            "agent": agent,
+            "at": at,
+            "sk": sk,
+            "limit": limit,
+        }
 
-        async def body(conn: Conn) -> list[str]:
-            cur = await conn.execute(
-                _STALE.format(s=self._s),
-                (before, list(FINISHED), list(LIVE), now, agent, agent, limit),
-            )
-            return [str(row[0]) for row in await cur.fetchall()]
+        async def body(conn: Conn) -> list[tuple[str, StaleKey]]:
+            cur = await conn.execute(_STALE.format(s=self._s), params)
+            return [(str(sid), (float(u), int(key))) for sid, u, key in await cur.fetchall()]
 
         return await self._read(body, "listing the sessions to prune")
 

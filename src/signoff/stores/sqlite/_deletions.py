@@ -15,6 +15,7 @@ from .._deletions import (
     RESOLVED_STORED,
     SESSION_DELETED,
     Doomed,
+    StaleKey,
     deletion_row,
     erased_requests,
     refuse,
@@ -45,15 +46,18 @@ _TREE = (
 `sessions_by_parent`, whose condition `parent > 0` says)."""
 
 
-def _oldest(statuses: str, *, agent: bool, ttl: bool) -> str:
-    """The oldest top-level sessions of `statuses` (of the agent `?`, if `agent`; their TTL
-    passed at `?`, if `ttl`) last active before `?`, at most `?` of them."""
+def _oldest(statuses: str, *, agent: bool, ttl: bool, after: bool) -> str:
+    """The oldest top-level sessions of `statuses` (of the agent `:agent`, if `agent`; their TTL
+    passed at `:now`, if `ttl`; past the place `(:at, :sk)`, if `after`) last active before
+    `:before`, at most `:limit` of them."""
     return (
         "SELECT * FROM (SELECT id, updated_at, sk FROM sessions "
-        f"WHERE status IN ({statuses}) AND updated_at < ? AND parent IS NULL"
-        + (" AND agent = ?" if agent else "")
-        + (" AND typeof(expires_at) IN ('integer', 'real') AND expires_at <= ?" if ttl else "")
-        + " ORDER BY updated_at, sk LIMIT ?)"
+        f"WHERE status IN ({statuses}) AND updated_at < :before AND parent IS NULL"
+        + (" AND agent = :agent" if agent else "")
+        + (" AND typeof(expires_at) IN ('integer', 'real') AND expires_at <= :now" if ttl else "")
+        # The range starts at `:at` in the index; the rows of that time up to `:sk` are skipped.
+        + (" AND updated_at >= :at AND (updated_at > :at OR sk > :sk)" if after else "")
+        + " ORDER BY updated_at, sk LIMIT :limit)"
     )
 
 
@@ -78,28 +82,42 @@ class Deletions(Connection):
 
     @reading
     async def stale_sessions(
-        self, *, before: float, now: float, limit: int, agent: str | None = None
-    ) -> list[str]:
-        """The ids of the top-level sessions `prune` deletes: finished (`FINISHED`), or live
-        (`LIVE`) with their TTL passed at `now`, last active before `before` (of `agent`, if
-        given), oldest first, at most `limit`.
+        self,
+        *,
+        before: float,
+        now: float,
+        limit: int,
+        agent: str | None = None,
+        after: StaleKey | None = None,
+    ) -> list[tuple[str, StaleKey]]:
+        """The top-level sessions `prune` deletes: finished (`FINISHED`), or live (`LIVE`) with
+        their TTL passed at `now`, last active before `before` (of `agent`, if given), oldest
+        first, at most `limit`, past the place `after` (a page before ended there); each with
+        its place, where the next page starts.
 
         Plan: one branch per status, each an ordered range of the index `sessions_by_status
-        (status, updated_at)` that stops after `limit` rows (subagents' rows it meets are
-        skipped), merged by a sort of at most 4 x `limit` rows: a batch costs its size, not the
-        store's. The live branch (running, waiting; their TTL in no index) reads the live
-        sessions older than `before`, few. No new index: the one there is in order."""
+        (status, updated_at)` (its rows end with their key) that stops after `limit` rows
+        (subagents' rows it meets are skipped), merged by a sort of at most 4 x `limit` rows:
+        a page costs its size, not the store's. The live branch (running, waiting; their TTL in
+        no index) reads the live sessions older than `before`, few. No new index: the one there
+        is in order."""
         sql = (
-            "SELECT id FROM ("
+            "SELECT id, updated_at, sk FROM ("
             + " UNION ALL ".join(
-                [_oldest(f"'{st}'", agent=agent is not None, ttl=False) for st in FINISHED]
-                + [_oldest(", ".join(f"'{st}'" for st in LIVE), agent=agent is not None, ttl=True)]
+                _oldest(st, agent=agent is not None, ttl=ttl, after=after is not None)
+                for st, ttl in [
+                    *((f"'{st}'", False) for st in FINISHED),
+                    (", ".join(f"'{st}'" for st in LIVE), True),
+                ]
             )
-            + ") ORDER BY updated_at, sk LIMIT ?"
+            + ") ORDER BY updated_at, sk LIMIT :limit"
         )
-        branch = [before, *([agent] if agent is not None else [])]
-        params = [*(branch + [limit]) * len(FINISHED), *branch, now, limit, limit]
-        return [str(row[0]) for row in self.conn.execute(sql, params)]
+        at, sk = (None, None) if after is None else after
+        params = {"before": before, "now": now, "limit": limit, "agent": agent, "at": at, "sk": sk}
+        return [
+            (str(sid), (float(updated), int(key)))
+            for sid, updated, key in self.conn.execute(sql, params)
+        ]
 
     @serialised
     async def delete_session(
