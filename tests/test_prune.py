@@ -21,8 +21,9 @@ DAY = 86400.0
 
 
 def _desk() -> list[so.Agent]:
-    """`desk`, whose turn delegates to `helper` and ends; `helper` answers a person talking to
-    it directly, and asks for a refund's approval when asked for one. With `chat`."""
+    """`desk`, whose turn delegates to `helper` and ends, and `front`, whose turn delegates to
+    `desk`; `helper` answers a person talking to it directly, and asks for a refund's approval
+    when asked for one. With `agents()`."""
 
     @so.tool(approval=so.always())
     async def refund(order_id: str) -> str:
@@ -40,13 +41,20 @@ def _desk() -> list[so.Agent]:
         [call_tools(call("helper", message="where is order 3?")), reply("done")],
         tools=[so.delegate("helper")],
     )
-    return [*agents(), desk, scripted_agent("helper", [helping], tools=[refund], repeat_last=True)]
+    front = scripted_agent(
+        "front",
+        [call_tools(call("desk", message="where is order 3?")), reply("done")],
+        tools=[so.delegate("desk")],
+    )
+    helper = scripted_agent("helper", [helping], tools=[refund], repeat_last=True)
+    return [*agents(), desk, front, helper]
 
 
-async def _helped(rt: so.Runtime) -> tuple[str, str]:
-    """A `desk` session whose turn ended, with the `helper` session it started (idle)."""
+async def _helped(rt: so.Runtime, agent: str = "desk") -> tuple[str, str]:
+    """A session of `agent` (`desk`, or `front` above it) whose turn ended, with the `helper`
+    session under it (idle)."""
     helpers = {s.id for s in await rt.sessions(agent="helper")}
-    r = await rt.generate("desk", prompt="where is order 3?", auth=ALICE)
+    r = await rt.generate(agent, prompt="where is order 3?", auth=ALICE)
     assert r.status == "completed"
     [child] = {s.id for s in await rt.sessions(agent="helper")} - helpers
     return r.session_id, child
@@ -152,6 +160,59 @@ async def test_the_cutoff_is_last_activity_not_creation(store_url: str) -> None:
         clock.advance(DAY)
         assert await rt.prune(older_than=5 * DAY) == [old]
         assert [s.id for s in await rt.sessions()] == [active]
+
+
+async def test_a_session_is_as_old_as_the_newest_activity_under_it(store_url: str) -> None:
+    """A person talked to a subagent's subagent a minute ago; the session at the top was last
+    active 100 days ago. A prune of 90 days deleted the three, the one just used with them:
+    a session's tree is as old as its newest activity, in the listing and in the deletion."""
+    clock = ManualClock()
+    async with so.Runtime(_desk(), store=store_url, clock=clock) as rt:
+        top, grandchild = await _helped(rt, "front")
+        old = await _finished(rt, clock, 2)
+        clock.advance(100 * DAY)
+        r = await rt.generate(session_id=grandchild, prompt="and order 4?", auth=ALICE)
+        assert r.status == "completed"
+        clock.advance(60)
+        tree = {s.id for s in await rt.sessions()} - set(old)
+        assert len(tree) == 3
+        for limit, listed, more in ((10, old, False), (1, old[:1], True)):
+            assert await rt._prune(
+                older_than=90 * DAY, by=OPS, reason=None, limit=limit, agent=None, dry_run=True
+            ) == ([], listed, more, {})
+        assert await rt.prune(older_than=90 * DAY) == old
+        assert {s.id for s in await rt.sessions()} == tree
+        clock.advance(91 * DAY)  # the grandchild's activity is old enough now too
+        assert await rt.prune(older_than=90 * DAY) == [top]
+        assert await rt.sessions() == []
+        assert await rt.verify_audit() == []
+
+
+async def test_a_subagents_session_touched_after_the_listing_keeps_its_tree(
+    store_url: str,
+) -> None:
+    """Listed when the whole tree was old, a person talks to the subagent before the deletion:
+    its check, in the deletion's transaction, reads every session of the tree, not only the
+    top's, and the tree stays, nothing written for it."""
+    clock = ManualClock()
+    async with so.Runtime(_desk(), store=store_url, clock=clock) as rt:
+        parent, child = await _helped(rt)
+        clock.advance(DAY)
+        listing = rt.store.stale_sessions  # type: ignore[attr-defined]
+
+        async def then_touched(**kw: Any) -> list[tuple[str, Any]]:
+            found: list[tuple[str, Any]] = await listing(**kw)
+            await rt.generate(session_id=child, prompt="and order 4?", auth=ALICE)
+            return found
+
+        rt.store.stale_sessions = then_touched  # type: ignore[attr-defined]
+        assert await rt.prune(older_than=60) == []
+        assert {s.id for s in await rt.sessions()} == {parent, child}
+        assert await rt.audit(stream=DELETIONS_STREAM) == []
+        cutoff = rt.now() - 60
+        assert await listing(before=cutoff, now=rt.now(), limit=10) == []
+        store_delete = rt.store.delete_session  # type: ignore[attr-defined]
+        assert await store_delete(parent, now=rt.now(), before=cutoff) == []
 
 
 async def test_live_sessions_are_skipped_and_the_prune_goes_on(store_url: str) -> None:

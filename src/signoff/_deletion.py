@@ -87,8 +87,9 @@ class Deletion(EventStream):
         agent: str | None = None,
     ) -> list[str]:
         """Retention: delete the finished top-level sessions (`idle`, `failed`, `cancelled`, or
-        any whose TTL passed) of `agent` (of every agent if None) whose last activity is more
-        than `older_than` seconds before now, oldest first, at most `limit` of them, each with
+        any whose TTL passed) of `agent` (of every agent if None) whose last activity, the
+        newest of theirs and their subagents' sessions', is more than `older_than` seconds
+        before now, oldest first, at most `limit` of them, each with
         its subagents' sessions as `delete_session` deletes them: one transaction and one
         `store:deletions` entry per session, so a crash midway leaves each whole or gone, and
         the next prune goes on. A session found live, or touched since it was listed, is

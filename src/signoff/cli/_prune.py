@@ -97,11 +97,11 @@ def prune(
     """Delete the finished sessions last active longer ago than --older-than, for good.
 
     A session goes with its subagents' sessions if it is finished (idle, failed, cancelled, or
-    its TTL passed), oldest first, at most --limit of them; each deletion is recorded in the
-    audit stream store:deletions. Live sessions, and any active since they were listed, are
-    skipped; one that cannot be read (damaged) is named and left, with exit status 1 (delete
-    --force deletes it). Asks before deleting, unless --yes or --dry-run; without a terminal to
-    ask at, --yes is needed."""
+    its TTL passed) and none of them was active since, oldest first, at most --limit of them;
+    each deletion is recorded in the audit stream store:deletions. Live sessions, and any
+    active since they were listed, are skipped, the next taken in their place; one that cannot
+    be read (damaged) is named and left, with exit status 1 (delete --force deletes it). Asks
+    before deleting, unless --yes or --dry-run; without a terminal to ask at, --yes is needed."""
     with misuse():
         refuse_undecodable({"--agent": agent, "--reason": reason})
         refuse_empty_filters({"--agent": agent})

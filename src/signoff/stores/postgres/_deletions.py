@@ -78,7 +78,8 @@ _GATE = (
     "WHERE x.status IN ('running', 'waiting') AND (x.expires_at IS NULL OR x.expires_at > %s)) "
     "AND NOT EXISTS (SELECT 1 FROM {s}.requests r JOIN t ON t.sk = r.sk "
     "WHERE r.status = 'pending')) "
-    "AND NOT EXISTS (SELECT 1 FROM {s}.sessions x WHERE x.id = %s AND x.updated_at >= %s)), "
+    "AND NOT EXISTS (SELECT 1 FROM {s}.sessions x JOIN t ON t.sk = x.sk "
+    "WHERE x.updated_at >= %s)), "
     "d AS (SELECT sk FROM t WHERE EXISTS (SELECT 1 FROM ok)), "
     + "".join(
         f"d{table} AS (DELETE FROM {{s}}.{table} y USING d WHERE y.sk = d.sk), "
@@ -90,8 +91,8 @@ _GATE = (
 )
 """Deletes the tree's rows only if it is still the tree read (the same sessions, chains and
 logs), none of it a subagent's under a parent, leased, running or waiting on people (unless
-forced), and the session last active before the time given (`prune`'s; +infinity for
-`delete_session`)."""
+forced), and each session of it last active before the time given (`prune`'s; +infinity
+for `delete_session`)."""
 
 _NESTED = "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; "
 """Sent before the statements that join the tree: the planner guesses a recursive query's rows
@@ -100,14 +101,25 @@ of a session or a few, at a cost that grew with the store. Nested loops over the
 instead, for this transaction only."""
 
 _STALE = (
-    "SELECT id, updated_at, sk FROM {s}.sessions WHERE parent IS NULL "
+    "SELECT o.id, o.updated_at, o.sk, NOT EXISTS (WITH RECURSIVE t(sk) AS (SELECT c.sk "
+    "FROM {s}.sessions c WHERE c.parent = o.sk AND c.parent > 0 UNION SELECT c.sk "
+    "FROM {s}.sessions c JOIN t ON c.parent = t.sk WHERE c.parent > 0) SELECT 1 FROM t "
+    "JOIN {s}.sessions x ON x.sk = t.sk WHERE x.updated_at >= %(before)s) "
+    "FROM (SELECT id, updated_at, sk FROM {s}.sessions WHERE parent IS NULL "
     "AND updated_at < %(before)s "
     "AND (status = ANY(%(finished)s) OR (status = ANY(%(live)s) AND expires_at <= %(now)s)) "
     "AND (%(agent)s::text IS NULL OR agent = %(agent)s) "
     "AND (%(at)s::float8 IS NULL OR (updated_at, sk) > (%(at)s::float8, %(sk)s::bigint)) "
-    "ORDER BY updated_at, sk LIMIT %(limit)s"
+    "ORDER BY updated_at, sk LIMIT %(limit)s) o ORDER BY o.updated_at, o.sk"
 )
-"""The top-level sessions `prune` deletes, oldest first, past a place (see `stale_sessions`)."""
+"""The oldest top-level sessions `prune` may delete, past a place, each with whether no
+subagent's session under it (recursively) was active at the cutoff or since: looked up for the
+`limit` rows only, after the sort (see `stale_sessions`)."""
+
+_LISTING = _NESTED + "SET LOCAL jit = off; "
+"""Sent before `_STALE`: its lookup of each row's subagents' sessions is a few index probes,
+which the planner guesses far dearer (a recursive query's rows in the hundreds, per row), and
+compiled with JIT at a cost of 100 ms and more."""
 
 _START = "WITH RECURSIVE v AS ("
 _V_END = "behind, k)), "
@@ -135,35 +147,48 @@ class Deletions(Connections):
         after: StaleKey | None = None,
     ) -> list[tuple[str, StaleKey]]:
         """The top-level sessions `prune` deletes: finished (`FINISHED`), or live (`LIVE`) with
-        their TTL passed at `now`, last active before `before` (of `agent`, if given), oldest
-        first, at most `limit`, past the place `after` (a page before ended there); each with
-        its place, where the next page starts.
+        their TTL passed at `now`, last active before `before`, their subagents' sessions too
+        (of `agent`, if given), oldest first by their own last activity, at most `limit`, past
+        the place `after` (a page before ended there); each with its place, where the next page
+        starts.
 
         Plan: no index orders sessions by `updated_at` here, on purpose (migration 3 dropped it
         from `sessions_by_status`): every commit changes `updated_at`, and an index on it would
         make each one a non-HOT update writing every index of the row. So this reads the
         sessions (a sequential scan, or `sessions_by_status` for a filter that picks few) and
         keeps the oldest `limit` in a top-N heap sort: memory bounded by `limit`, time linear
-        in the sessions (3 to 6 ms for 10,000, measured), once per page, outside any lock the
-        deletions take. Retention runs now and then; turns commit all the time. An agent
-        named with a NUL names none (PostgreSQL text cannot hold it), as SQLite finds none."""
+        in the sessions (3 to 6 ms for 10,000, measured), outside any lock the deletions take.
+        Only those `limit` have their subagents' sessions looked up (`sessions_by_parent`):
+        were some active since, it reads on past them, a scan a time. Retention runs now and
+        then; turns commit all the time. An agent named with a NUL names none (PostgreSQL text
+        cannot hold it), as SQLite finds none."""
         if not storable(agent):
             return []
-        at, sk = (None, None) if after is None else after
-        params = {
+        sql = _LISTING + _STALE.format(s=self._s)
+        params: dict[str, Any] = {
             "before": before,
             "finished": list(FINISHED),
             "live": list(LIVE),
             "now": now,
             "agent": agent,
-            "at": at,
-            "sk": sk,
             "limit": limit,
         }
 
         async def body(conn: Conn) -> list[tuple[str, StaleKey]]:
-            cur = await conn.execute(_STALE.format(s=self._s), params)
-            return [(str(sid), (float(u), int(key))) for sid, u, key in await cur.fetchall()]
+            found: list[tuple[str, StaleKey]] = []
+            place = after
+            while len(found) < limit:
+                params["at"], params["sk"] = (None, None) if place is None else place
+                cur = psycopg.AsyncClientCursor(conn)
+                await cur.execute(sql, params)
+                while cur.nextset():
+                    pass
+                rows = await cur.fetchall()
+                found += [(str(r[0]), (float(r[1]), int(r[2]))) for r in rows if r[3]]
+                if len(rows) < limit:
+                    break  # the scan reached the end
+                place = (float(rows[-1][1]), int(rows[-1][2]))
+            return found[:limit]
 
         return await self._read(body, "listing the sessions to prune")
 
@@ -181,9 +206,10 @@ class Deletions(Connections):
         """Delete the session and its subagents' sessions with every row of theirs (events,
         snapshot, requests, lease, audit entries), and record it in `DELETIONS_STREAM`, in one
         transaction; refused, nothing changed, as `_deletions.refuse` says. Returns the ids;
-        with `before`, none ([], nothing changed) if the session was last active since then.
-        Not `durable`: committed without waiting for the WAL's flush (a batch's deletions,
-        made durable together by `flush`). `force`: unfinished too, under no lease held.
+        with `before`, none ([], nothing changed) if the session, or a subagent's session under
+        it, was last active since then. Not `durable`: committed without waiting for the WAL's
+        flush (a batch's deletions, made durable together by `flush`). `force`: unfinished too,
+        under no lease held.
 
         The tree is read first, unlocked; the write locks its session and lease rows and the
         stream, then deletes only if what it finds is what was read (else it reads again), so
@@ -223,8 +249,8 @@ class Deletions(Connections):
         force: bool = False,
     ) -> bool:
         """One attempt: whether the rows `doomed` (as read) were deleted, with the entry `row`;
-        False when the write found the tree changed (or last active at `until` or since) or
-        refused, and wrote nothing."""
+        False when the write found the tree changed (or a session of it last active at `until`
+        or since) or refused, and wrote nothing."""
         s = self._s
         keys = [sk for sk, _ in doomed]
         before, behind = chain_parts(
@@ -246,7 +272,7 @@ class Deletions(Connections):
         ).format(s=s)
         params: list[Any] = [sync] if sync else []
         params += [[DELETIONS_STREAM], keys, keys, session_id, shape, session_id, now, force]
-        params += [now, session_id, until, now]
+        params += [now, until, now]
         params += [[row.stream], [None], [row.type], [row.at], [dumps(row.data)]]
         params += [[before], [behind]]
         params += [self.channel, [d.id for _, d in doomed], session_id, session_id]
@@ -276,8 +302,8 @@ class Deletions(Connections):
         """The session and its subagents' sessions, by key, checked deletable at `now` as read
         (the write checks again, locked), with the requests of theirs channels may show
         (`erased_requests`: the write's check that the chains are still the ones read keeps
-        them true); None if it was last active at `before` or since. `force`: unfinished
-        too, under no lease held."""
+        them true); None if it, or a subagent's session under it, was last active at `before`
+        or since. `force`: unfinished too, under no lease held."""
         if not storable(session_id):
             refuse(session_id, found=False, parent=None, leased=None, waiting=())
         s = self._s
@@ -307,7 +333,7 @@ class Deletions(Connections):
             waiting=() if force else sorted(waiting),
             running=None if force else next((str(r[1]) for r in rows if r[9]), None),
         )
-        if top is not None and not top[10] < before:
+        if not all(r[10] < before for r in rows):  # a subagent's session too: the tree's age
             return None
         doomed = [
             (
