@@ -232,6 +232,35 @@ def test_prune_asks_at_a_terminal_and_no_keeps_the_sessions(
     assert len(_deletions(store_url)) == 2 and _left(store_url) == []
 
 
+def test_prune_deletes_no_more_than_it_asked_about(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asked about the one session old enough; the person took 150 s to answer, by when the
+    second was old enough too, and both went: the deletion counted its cutoff back from a new
+    now. It deletes at the moment of the question."""
+    monkeypatch.setattr(_deletion, "_can_ask", lambda: True)
+    clock = ManualClock(time.time() - 1050)
+    greeter = scripted_agent("greeter", [reply("hello")], repeat_last=True)
+    with so.Runtime([greeter], store=store_url, clock=clock) as rt:
+        older = rt.generate_sync("greeter", "hi").session_id
+        clock.advance(100)
+        newer = rt.generate_sync("greeter", "hi").session_id
+    now, asked = so.Runtime.now, []
+
+    def answered(channel: object, question: str) -> bool:
+        asked.append(question)
+        monkeypatch.setattr(so.Runtime, "now", lambda self: now(self) + 150)
+        return True
+
+    monkeypatch.setattr(_deletion, "_confirmed", answered)
+    result = invoke("prune", "--older-than", "1000s", "--store", store_url)
+    assert result.exit_code == 0, result.output
+    assert [q.split(" last active")[0] for q in asked] == ["Delete 1 finished session(s)"]
+    assert "deleted 1 session(s)" in result.stdout
+    assert _left(store_url) == [newer]
+    assert [e["session_id"] for e in _deletions(store_url)] == [older]
+
+
 @pytest.mark.parametrize(
     ("text", "seconds"),
     [("90d", 7_776_000), ("12h", 43_200), ("30m", 1_800), ("3600s", 3_600), ("3600", 3_600)],

@@ -112,11 +112,13 @@ class Deletion(EventStream):
         limit: object,
         agent: str | None,
         dry_run: bool = False,
+        at: float | None = None,
     ) -> tuple[list[str], list[str], bool, dict[str, str]]:
         """`prune`: the ids it deleted, the candidates it tried (those deleted, skipped and
         damaged, oldest first), whether more were old enough past the last it tried, and the
         candidates it could not read, with why. With `dry_run`, nothing is deleted, and the
-        candidates are the oldest `limit`."""
+        candidates are the oldest `limit`. `at`: the moment `older_than` counts back from and
+        TTLs are read at (now if None), so a listing and the deletion asked about share it."""
         age = seconds("older_than", older_than, zero=True)
         count = whole("limit", limit, least=1, most=2**63 - 1)
         check_listing(agent, None)
@@ -127,7 +129,7 @@ class Deletion(EventStream):
             getattr(self.store, name, None) is not None for name in ("delete_session", "flush")
         ):
             raise UsageError(f"{type(self.store).__name__} cannot prune sessions")
-        now = self.now()
+        now = self.now() if at is None else at
         before = now - age
         size = min(count + 1, 2**63 - 1)  # one more than the limit tells whether any are left
 

@@ -135,7 +135,11 @@ async def _prune(
             console.print(f"(--limit {limit} reached: more are old enough.)")
         return
     async with await store_runtime(target, store) as runtime:
-        _, found, _, _ = await _batch(runtime, older_than, agent, limit, reason, principal)
+        await runtime.open()
+        # One moment for the question and the deletion: the cutoff read a minute later (the
+        # person taking that long to answer) took in sessions the question had not counted.
+        at = runtime.now()
+        _, found, _, _ = await _batch(runtime, older_than, agent, limit, reason, principal, at=at)
         if not found:
             console.print("Nothing to delete: no finished session was last active that long ago.")
             return
@@ -149,8 +153,10 @@ async def _prune(
             if not _deletion._confirmed(TerminalChannel(console), shown):
                 console.print("Nothing deleted.")
                 raise typer.Exit(1)
+        # At most as many as it asked about, each one old enough at that moment (one skipped
+        # now, found live, lets the next oldest go in its place).
         deleted, listed, more, damaged = await _batch(
-            runtime, older_than, agent, limit, reason, principal, delete=True
+            runtime, older_than, agent, len(found), reason, principal, delete=True, at=at
         )
     skipped = len(listed) - len(deleted) - len(damaged)
     console.print(
@@ -181,9 +187,10 @@ async def _batch(
     principal: Principal,
     *,
     delete: bool = False,
+    at: float | None = None,
 ) -> tuple[list[str], list[str], bool, dict[str, str]]:
-    """One batch of `Runtime.prune`: deleted, listed, whether more were old enough, and those
-    it could not read, with why."""
+    """One batch of `Runtime.prune` (its cutoff counted back from `at`, if given): deleted,
+    listed, whether more were old enough, and those it could not read, with why."""
     return await runtime._prune(
         older_than=older_than,
         by=principal,
@@ -191,6 +198,7 @@ async def _batch(
         limit=limit,
         agent=agent,
         dry_run=not delete,
+        at=at,
     )
 
 
