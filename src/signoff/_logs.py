@@ -11,7 +11,7 @@ from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any, TypeAlias
 
-__all__ = ["LOG_FORMAT", "LOG_LEVELS", "log_to_stderr"]
+__all__ = ["LOG_FORMAT", "LOG_LEVELS", "log_to_stderr", "one_line"]
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 """The levels the commands take, uvicorn's (`trace` is its own, below debug)."""
@@ -35,6 +35,12 @@ _ExcInfo: TypeAlias = (
 
 def _escaped(pattern: re.Pattern[str], text: str) -> str:
     return pattern.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+def one_line(text: str) -> str:
+    """`text` as a log line quotes it, for a line written without a logger: its controls, line
+    breaks and bidirectional marks as escapes (`\\x1b`), so it cannot steer the terminal."""
+    return _escaped(_IN_LINE, text)
 
 
 class _Escaping(logging.Formatter):

@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import Callable
 
 from .._exceptions import StoreUnavailable
+from .._logs import one_line
 from .._runtime import Runtime
 
 __all__ = ["open_when_up"]
@@ -26,7 +27,8 @@ async def open_when_up(runtime: Runtime, stop: asyncio.Event, say: Callable[[str
         try:
             await runtime.open()
         except StoreUnavailable as exc:
-            why = " ".join(str(exc).split())  # a driver's message spans lines
+            # A driver's message spans lines, and quotes the URL (escapes and all) as given.
+            why = one_line(" ".join(str(exc).split()))
             say(f"waiting for the store (retrying in {wait:.1f}s): {why}")
             waited = True
             with contextlib.suppress(TimeoutError):
