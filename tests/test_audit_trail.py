@@ -11,8 +11,8 @@ import pytest
 
 import signoff as so
 from signoff import _audit_trail as audit_trail
+from signoff._audit_export import export as export_trail
 from signoff._audit_trail import entries as trail_entries
-from signoff._audit_trail import export as export_trail
 from signoff._audit_trail import verify as verify_trail
 from signoff.stores import Store
 from signoff.stores._audit import AuditEntry, AuditRow, chain_hash

@@ -1,15 +1,12 @@
-"""Reading, verifying and exporting the audit trail, and recording tool setting changes."""
+"""Reading and verifying the audit trail, and recording tool setting changes (exporting it is
+`_audit_export`'s)."""
 
 from __future__ import annotations
 
-import codecs
-import contextlib
-import json
-import re
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 from ._agent import Agent
 from ._answers import check_text
@@ -17,18 +14,17 @@ from ._approval import RequestRules
 from ._audit_requests import PAGE as REQUESTS_PAGE
 from ._audit_requests import Leftovers, RequestTrail, request_rows
 from ._exceptions import StoreError, UsageError
-from ._text import cut, escape_as_json
 from ._types import InputRequest
 from .stores import Store
 from .stores._audit import DAMAGED, AuditEntry, AuditRow, chain_hash, int_time_hash
 from .stores._base import RequestRow
-from .stores._deletions import DELETIONS_STREAM
+from .stores._deletions import DELETIONS_STREAM, SESSION_DELETED
 
 __all__ = [
     "AuditEntries",
     "AuditProblem",
+    "Chains",
     "check_stream",
-    "check_writable",
     "entries",
     "own_stream",
     "undamaged",
@@ -36,7 +32,6 @@ __all__ = [
     "response_policy_recorded",
     "tool_setting",
     "verify",
-    "verify_export",
 ]
 
 TOOL_SETTING = "tool.approval_changed"
@@ -90,31 +85,6 @@ def check_stream(stream: object, what: str = "stream") -> str | None:
         raise UsageError(f"{what} must be text or None, not {type(stream).__name__}")
     check_text(stream, what)
     return stream
-
-
-def check_writable(out: object) -> None:
-    """An export's target must take text, and any text an entry holds: refused before any entry
-    is read, not mid-way (a file opened in ASCII or cp1252 failed at its first "é", leaving a
-    cut-short export that verifies clean; a closed or read-only one failed as Python's own)."""
-    try:
-        out.write("")  # type: ignore[attr-defined]
-    except (AttributeError, TypeError) as exc:
-        raise UsageError(f"export_audit writes text: {type(out).__name__} takes none") from exc
-    except ValueError as exc:  # closed, or not open for writing (`io.UnsupportedOperation`)
-        raise UsageError(f"export_audit cannot write to {type(out).__name__}: {exc}") from exc
-    encoding = getattr(out, "encoding", None)
-    if isinstance(encoding, str) and not _unicode(encoding):
-        raise UsageError(
-            f"export_audit writes any text an entry holds, which {encoding!r} cannot encode: "
-            "open the file with encoding='utf-8'"
-        )
-
-
-def _unicode(encoding: str) -> bool:
-    """Whether `encoding` encodes every character (a UTF); an unknown name is left to it."""
-    with contextlib.suppress(LookupError):
-        return codecs.lookup(encoding).name.startswith("utf")
-    return True
 
 
 PAGE = 1000  # entries read at once
@@ -186,7 +156,7 @@ def undamaged(e: AuditEntry) -> AuditEntry:
     return e
 
 
-class _Chains:
+class Chains:
     """Each stream's chain as checked so far, entry by entry in its order."""
 
     def __init__(self) -> None:
@@ -249,9 +219,13 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
     of its session stands for (a step shown twice), a log that no longer ends at the event its
     session row keeps as its last (its newest events deleted), and a request row that says
     other than the entries of its request (`_audit_requests`). A whole store is checked a page
-    of sessions at a time, then the other streams, so what is held does not grow with it."""
+    of sessions at a time, then the other streams, so what is held does not grow with it; a
+    session deleted meanwhile, its deletion recorded, is not named."""
     left = Leftovers()
     problems: list[AuditProblem] = []
+    since = None  # the deletions recorded before: a session erased later is no tampering
+    if not (stream is not None and own_stream(stream)) and hasattr(store, "log_ends"):
+        since = await _deletions_head(store)
     async for heads, rows, audited, ends, found in _groups(store, stream):
         problems += await _check(store, heads, rows, audited, ends, found, left)
     named = left.paired()
@@ -266,7 +240,49 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
         after = page[-1].id
     for entry_id, sid, n, reason in named + left.missing():
         problems.append(AuditProblem(id=entry_id, stream=sid, n=n, reason=reason))
-    return problems
+    return problems if since is None else await _but_deleted(store, problems, since)
+
+
+async def _deletions_head(store: Store) -> int:
+    """How many deletions the `store:deletions` chain holds now, before verifying begins."""
+    return (await store.audit_heads(stream=DELETIONS_STREAM)).get(DELETIONS_STREAM, (0, None))[0]
+
+
+async def _but_deleted(
+    store: Store, problems: list[AuditProblem], since: int
+) -> list[AuditProblem]:
+    """`problems` but those of sessions deleted while they were verified: a deletion meanwhile
+    erases a session between two of verification's reads (its head read, then no entry), which
+    is no tampering. A session counts as deleted so only if it is gone now and an entry of the
+    deletions chain past its `since`-th, following its chain and within its head, names it: a
+    session row deleted by hand, which no such entry names, stays named."""
+    streams = sorted({p.stream for p in problems if not own_stream(p.stream)})
+    gone = set()
+    for i in range(0, len(streams), SESSIONS_PAGE):  # those with no session row now
+        page = streams[i : i + SESSIONS_PAGE]
+        gone |= set(page) - set(await store.log_ends(page))
+    if not gone:
+        return problems
+    named: list[tuple[int, set[str]]] = []
+    chains = Chains()
+    async for e in entries(store, stream=DELETIONS_STREAM):
+        if chains.check(e) is None and e.n > since and e.type == SESSION_DELETED:
+            named.append((e.n, gone & _deleted_by(e.data)))
+    # The head read after the entries: one past it was appended by hand, with no deletion.
+    head = await _deletions_head(store)
+    deleted = {sid for n, sids in named if n <= head for sid in sids}
+    return [p for p in problems if p.stream not in deleted]
+
+
+def _deleted_by(data: dict[str, Any]) -> set[str]:
+    """The ids of the sessions a deletion's entry says it deleted."""
+    sessions = data.get("sessions")
+    ids = (
+        {s.get("id") for s in sessions if isinstance(s, dict)}
+        if isinstance(sessions, list)
+        else set()
+    )
+    return {i for i in ids if isinstance(i, str)}
 
 
 _Group = tuple[
@@ -283,7 +299,8 @@ async def _groups(store: Store, stream: str | None) -> AsyncIterator[_Group]:
     and entries. Each group's heads are read before its rows, its rows before its audited
     events, and those before its entries: a commit meanwhile only adds entries past these
     heads, each row comes with the length its session's chain had when it was read, and each
-    audited event read has its entry, committed with it, among those read after."""
+    audited event read has its entry, committed with it, among those read after. A deletion
+    meanwhile erases all of a session's: `verify` then finds it recorded (`_but_deleted`)."""
     if stream is not None:
         heads = await store.audit_heads(stream=stream)
         own = stream.startswith(_OWN_STREAMS)  # no requests in its stream
@@ -345,7 +362,7 @@ async def _check(
 ) -> list[AuditProblem]:
     """The problems of one group of streams, all of whose entries are `found`; the rows and
     requests that only another group can pair are `left` to it."""
-    chains = _Chains()
+    chains = Chains()
     requests = RequestTrail()
     unentried = _Unentried(audited)
     past: dict[str, None] = {}  # streams with entries past the head read above, in order
@@ -411,7 +428,7 @@ class _Unentried:
         self.todo = {sid: deque(events) for sid, events in audited.items()}
         self.missed: dict[str, list[tuple[int, str, int, int]]] = {}
 
-    def see(self, e: AuditEntry, chains: _Chains) -> None:
+    def see(self, e: AuditEntry, chains: Chains) -> None:
         """Take in `e`, before `chains` checks it: the events before its own have no entry."""
         todo, at = self.todo.get(e.stream), e.seq
         if not todo or at is None:
@@ -420,126 +437,18 @@ class _Unentried:
         if todo and todo[0][0] == at:
             todo.popleft()
 
-    def left(self, chains: _Chains) -> dict[str, list[tuple[int, str, int, int]]]:
+    def left(self, chains: Chains) -> dict[str, list[tuple[int, str, int, int]]]:
         """Every event no entry stood for, by session, once all the entries were seen."""
         for sid in self.todo:
             self._miss(sid, chains, lambda seq: True)
         return self.missed
 
-    def _miss(self, sid: str, chains: _Chains, before: Callable[[int], bool]) -> None:
+    def _miss(self, sid: str, chains: Chains, before: Callable[[int], bool]) -> None:
         todo = self.todo[sid]
         n, entry_id = chains.last.get(sid, (0, None))[0], chains.last_id.get(sid, 0)
         while todo and before(todo[0][0]):
             seq, kind = todo.popleft()
             self.missed.setdefault(sid, []).append((seq, kind, n + 1, entry_id))
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-# A JSON escape, read left to right so `\\\\` is one; group 1 the code of an escaped surrogate.
-_ESCAPE = re.compile(r"\\(?:u([dD][89a-fA-F][0-9a-fA-F]{2})|.)")
-
-
-async def export(store: Store, out: IO[str], *, stream: str | None = None) -> int:
-    """Write the trail as JSON lines; returns how many entries. Text is written as it is,
-    except a lone surrogate, which no encoding of `out` could hold: it is written as its JSON
-    escape (`verify_export` reads a high one then a low one so back as two, not as a pair)."""
-    count = 0
-    async for e in entries(store, stream=stream):
-        line = json.dumps(undamaged(e).to_dict(), ensure_ascii=False, separators=(",", ":"))
-        try:
-            line.encode("utf-8")
-        except UnicodeEncodeError:
-            line = _SURROGATE.sub(escape_as_json, line)
-        out.write(line + "\n")
-        count += 1
-    return count
-
-
-def _unjoined(line: str) -> str:
-    """`line` with each escaped surrogate written as itself: JSON would read an escaped high
-    surrogate then a low one as the one character they encode, not as the two exported."""
-    if "\\u" not in line:
-        return line
-    return _ESCAPE.sub(lambda m: chr(int(m[1], 16)) if m[1] else m[0], line)
-
-
-def verify_export(lines: Iterable[str]) -> list[AuditProblem]:
-    """Check an export (`Runtime.export_audit`, JSON lines) without the database: each stream's
-    chain is recomputed from its first entry as `verify` does. A line that is not an entry is
-    named with `n = 0` and its line number as `id`. Without the chain heads the store keeps, an
-    export cut short at a stream's end, or rewritten whole, cannot be told apart. The export's
-    whole text is read line by line too (at each newline: an entry's text may hold other line
-    separators); bytes are refused, as a file opened in binary mode gives them."""
-    if isinstance(lines, str):
-        _not_a_file_name(lines)
-        lines = lines.split("\n")
-    elif isinstance(lines, bytes | bytearray) or not isinstance(lines, Iterable):
-        raise UsageError(_LINES_OF_TEXT.format(type(lines).__name__))
-    chains = _Chains()
-    problems: list[AuditProblem] = []
-    for number, line in enumerate(lines, 1):
-        if not isinstance(line, str):
-            raise UsageError(_LINES_OF_TEXT.format(f"line {number}: {type(line).__name__}"))
-        if number == 1:  # a file written as "utf-8-sig" and read as UTF-8 begins with its mark
-            line = line.removeprefix("\ufeff")
-        if not line.strip():
-            continue
-        try:
-            text = _unjoined(line)
-            e = _entry(json.loads(text))
-            if text != line and not chains.follows(e):
-                # Exported before lone surrogates alone were escaped: an entry holding one had
-                # all its non-ASCII text escaped, a character above U+FFFF as a pair.
-                joined = _entry(json.loads(line))
-                e = joined if chains.follows(joined) else e
-            # A forger's line may hold a time no float holds (OverflowError) or nest deeper
-            # than JSON is read or written (RecursionError): named like any other, not raised.
-            problem = chains.check(e)
-        except (ValueError, TypeError, KeyError, OverflowError, RecursionError) as exc:
-            reason = f"line {number} is not an audit entry: {exc}"
-            problems.append(AuditProblem(id=number, stream="", n=0, reason=reason))
-            continue
-        if problem is not None:
-            problems.append(problem)
-    return problems
-
-
-def _not_a_file_name(text: str) -> None:
-    """Refuse text that is no export's but reads as the name of one: a file name passed as the
-    text was read as a one-line export, and reported as a line that is not an entry, as if the
-    export had been tampered with. An export ends each entry, a JSON object, with a newline, so
-    text with no newline that does not begin as an object is not one (nor part of one)."""
-    first = text.removeprefix("\ufeff").strip()
-    if first and "\n" not in text and not first.startswith("{"):
-        raise UsageError(
-            f"verify_audit_export takes the export itself, not {cut(first, 80)!r}: to check a "
-            "file, open it and pass the file (with open(path, encoding='utf-8') as f: "
-            "so.verify_audit_export(f))"
-        )
-
-
-_LINES_OF_TEXT = (
-    "verify_audit_export reads lines of text (a file opened as text, a list of lines or the "
-    "export's whole text), not {}"
-)
-
-
-def _entry(d: dict[str, Any]) -> AuditEntry:
-    """An exported entry read back; a field of the wrong kind is a ValueError or TypeError."""
-    ints = {k: d[k] for k in ("id", "n")}
-    texts = {k: d[k] for k in ("stream", "type", "hash")}
-    if any(isinstance(v, bool) or not isinstance(v, int) for v in ints.values()):
-        raise TypeError("id and n must be whole numbers")
-    if not all(isinstance(v, str) for v in texts.values()):
-        raise TypeError("stream, type and hash must be text")
-    seq, prev, at, data = d["seq"], d["prev"], d["at"], d["data"]
-    if not (seq is None or (isinstance(seq, int) and not isinstance(seq, bool))):
-        raise TypeError("seq must be a whole number or null")
-    if not (prev is None or isinstance(prev, str)):
-        raise TypeError("prev must be text or null")
-    if isinstance(at, bool) or not isinstance(at, (int, float)) or not isinstance(data, dict):
-        raise TypeError("at must be a number and data an object")
-    return AuditEntry(**ints, **texts, seq=seq, prev=prev, at=float(at), data=data)
 
 
 def tool_setting(agent: Agent, name: str) -> str:

@@ -22,8 +22,8 @@ from ._approval import (
     tool_policy,
 )
 from ._ask import ask_question
+from ._audit_export import verify_export as verify_audit_export
 from ._audit_trail import AuditEntries, AuditProblem
-from ._audit_trail import verify_export as verify_audit_export
 from ._auto import Criteria, auto
 from ._events import SCHEMA_VERSION, Event
 from ._exceptions import (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import IO
 
+from . import _audit_export
 from . import _audit_trail as _audit
 from ._audit_trail import AuditEntries, AuditProblem
 from ._exceptions import UnknownSession, UsageError
@@ -65,9 +66,9 @@ class Auditing(Workers):
         """Write the audit trail as JSON lines to `out`; returns the number of entries. A session id
         the store knows nothing of is `UnknownSession`, as for `audit` and `verify_audit`."""
         session_id = _audit.check_stream(session_id, "session_id")
-        _audit.check_writable(out)
+        _audit_export.check_writable(out)
         await self.open()
-        written = await _audit.export(self.store, out, stream=session_id)
+        written = await _audit_export.export(self.store, out, stream=session_id)
         if not written and session_id is not None:
             await self._known(session_id)
         return written
