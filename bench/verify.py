@@ -5,9 +5,11 @@ on PostgreSQL (a script, not a test).
     scripts/pg run -- .venv/bin/python -m bench.verify --sessions 5000   # both stores
 
 N sessions each run one turn whose tool call is approved (one settled request, six audit
-entries). A fresh runtime (a cold cache, as in a separate process) then verifies the whole
-store: once timed (wall and CPU), once under `tracemalloc` for the peak of Python memory it
-allocates. Both runs must find nothing wrong. PostgreSQL runs when `SIGNOFF_PG_URL` is set, in
+entries); with `--events E`, each then runs plain turns until its log holds E events (past 64
+it has a snapshot, which verification checks by folding the events before it). A fresh
+runtime (a cold cache, as in a separate process) then verifies the whole store: once timed
+(wall and CPU), once under `tracemalloc` for the peak of Python memory it allocates. Both runs
+must find nothing wrong. PostgreSQL runs when `SIGNOFF_PG_URL` is set, in
 a schema of its own that is dropped afterwards.
 """
 
@@ -36,22 +38,27 @@ def agent() -> so.Agent:
         return "refunded"
 
     call = so.ToolCall(name="refund", input={"order_id": "A1"})
-    model = so.models.Scripted([so.ModelResponse(tool_calls=[call]), so.ModelResponse(text="done")])
+    model = so.models.Scripted(
+        [so.ModelResponse(tool_calls=[call]), so.ModelResponse(text="done")], repeat_last=True
+    )
     return so.Agent(name="ops", model=model, tools=[refund])
 
 
-async def _one(rt: so.Runtime) -> None:
+async def _one(rt: so.Runtime, events: int) -> None:
     r = await rt.generate("ops", prompt="refund A1")
     decision = so.Decision(id=r.pending[0].id, approved=True, reason="ok")
     done = await rt.generate(session_id=r.session_id, approvals=[decision])
     assert done.status == "completed", done.status
+    while (await rt.state(r.session_id)).seq < events:
+        await rt.generate(session_id=r.session_id, prompt="and now?")
 
 
-async def fill(url: str, sessions: int) -> None:
-    """`sessions` sessions on the store at `url`, each with one approved and settled request."""
+async def fill(url: str, sessions: int, events: int = 0) -> None:
+    """`sessions` sessions on the store at `url`, each with one approved and settled request,
+    then plain turns until its log holds `events` events."""
     async with so.Runtime([agent()], store=url) as rt:
         for start in range(0, sessions, 50):
-            await asyncio.gather(*(_one(rt) for _ in range(min(50, sessions - start))))
+            await asyncio.gather(*(_one(rt, events) for _ in range(min(50, sessions - start))))
 
 
 async def measure(url: str) -> tuple[float, float, float]:
@@ -80,19 +87,19 @@ def _report(store: str, sessions: int, wall: float, cpu: float, peak: float) -> 
     )
 
 
-async def main(sessions: int, keep: Path | None) -> None:
+async def main(sessions: int, keep: Path | None, events: int = 0) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = keep or Path(tmp) / "verify.db"
         url = f"sqlite:///{path}"
         if not path.exists():
-            await fill(url, sessions)
+            await fill(url, sessions, events)
         _report("sqlite", sessions, *await measure(url))
     pg = os.environ.get("SIGNOFF_PG_URL")
     if pg:
         schema = f"verify_{uuid.uuid4().hex[:8]}"
         url = f"{pg}{'&' if '?' in pg else '?'}schema={schema}"
         try:
-            await fill(url, sessions)
+            await fill(url, sessions, events)
             _report("postgres", sessions, *await measure(url))
         finally:
             import psycopg
@@ -107,5 +114,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--keep", type=Path, help="a SQLite file to fill once and verify on each run"
     )
+    parser.add_argument(
+        "--events", type=int, default=0, help="plain turns until each log holds this many events"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.sessions, args.keep))
+    asyncio.run(main(args.sessions, args.keep, args.events))

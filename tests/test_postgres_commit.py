@@ -39,8 +39,10 @@ async def chain_problems(pg: PostgresStore, sid: str) -> list[Any]:
     """`verify`'s findings about the session's hash chain. The requests these tests commit are
     asked by stand-in events, not real `input.requested` ones, so the check of request rows
     against their entries (`_audit_requests`, tested in test_audit_requests.py) finds them all
-    unasked: that half of `verify` is left out here."""
-    return [p for p in await verify(pg, stream=sid) if not p.reason.startswith("request ")]
+    unasked, and their stand-in snapshots are no fold of those events (`_audit_snapshots`,
+    tested in test_audit_verify_snapshots.py): those parts of `verify` are left out here."""
+    problems = await verify(pg, stream=sid)
+    return [p for p in problems if not p.reason.startswith(("request ", "the snapshot "))]
 
 
 def approval(sid: str, rid: str) -> InputRequest:

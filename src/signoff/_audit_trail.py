@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._agent import Agent
@@ -13,10 +13,18 @@ from ._answers import check_text
 from ._approval import RequestRules
 from ._audit_requests import PAGE as REQUESTS_PAGE
 from ._audit_requests import Leftovers, RequestTrail, request_rows
+from ._audit_snapshots import snapshot_problems
 from ._exceptions import StoreError, UsageError
 from ._types import InputRequest
 from .stores import Store
-from .stores._audit import DAMAGED, AuditEntry, AuditRow, chain_hash, int_time_hash
+from .stores._audit import (
+    DAMAGED,
+    AuditEntry,
+    AuditRow,
+    StoredSnapshot,
+    chain_hash,
+    int_time_hash,
+)
 from .stores._base import RequestRow
 from .stores._deletions import DELETIONS_STREAM, SESSION_DELETED
 
@@ -69,7 +77,8 @@ class AuditProblem:
     for entries missing from the end of a stream's chain, `n` is the first missing and `id` the
     last entry left (0 if none is). A request row that does not say what the trail recorded of
     its request is named by the request's last entry it was read with (`id` and `n` 0 if no
-    entry asks that request), its `reason` naming the request."""
+    entry asks that request), its `reason` naming the request; a snapshot that is not the fold
+    of its session's events by the session's last entry up to it (0 and 0 if none)."""
 
     id: int
     stream: str
@@ -217,17 +226,18 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
     stops short of the head the store keeps for it (its last entries removed) or goes past it
     (entries added after its last), a session entry pointing at an event an earlier entry
     of its session stands for (a step shown twice), a log that no longer ends at the event its
-    session row keeps as its last (its newest events deleted), and a request row that says
-    other than the entries of its request (`_audit_requests`). A whole store is checked a page
-    of sessions at a time, then the other streams, so what is held does not grow with it; a
-    session deleted meanwhile, its deletion recorded, is not named."""
+    session row keeps as its last (its newest events deleted), a request row that says other
+    than the entries of its request (`_audit_requests`), and a snapshot that is not the fold
+    of its session's events (`_audit_snapshots`). A whole store is checked a page of sessions
+    at a time, then the other streams, so what is held does not grow with it; a session
+    deleted meanwhile, its deletion recorded, is not named."""
     left = Leftovers()
     problems: list[AuditProblem] = []
     since = None  # the deletions recorded before: a session erased later is no tampering
     if not (stream is not None and own_stream(stream)) and hasattr(store, "log_ends"):
         since = await _deletions_head(store)
-    async for heads, rows, audited, ends, found in _groups(store, stream):
-        problems += await _check(store, heads, rows, audited, ends, found, left)
+    async for group in _groups(store, stream):
+        problems += await _check(store, group, left)
     named = left.paired()
     after = ""
     while left.asks and stream is None:
@@ -285,54 +295,76 @@ def _deleted_by(data: dict[str, Any]) -> set[str]:
     return {i for i in ids if isinstance(i, str)}
 
 
-_Group = tuple[
-    dict[str, tuple[int, str | None]],
-    list[RequestRow],
-    dict[str, list[tuple[int, str]]],
-    dict[str, tuple[int, int]],
-    AsyncIterator[AuditEntry],
-]
+@dataclass(slots=True, kw_only=True)
+class _Group:
+    """Streams verified together: their heads, and what their entries are checked against
+    (none of it for the streams of no session), then the entries themselves, `found`."""
+
+    heads: dict[str, tuple[int, str | None]]
+    found: AsyncIterator[AuditEntry]
+    rows: list[RequestRow] = field(default_factory=list)
+    audited: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    ends: dict[str, tuple[int, int]] = field(default_factory=dict)
+    snapshots: dict[str, StoredSnapshot] = field(default_factory=dict)
 
 
 async def _groups(store: Store, stream: str | None) -> AsyncIterator[_Group]:
-    """The streams to verify, a group at a time, as their heads, request rows, audited events
-    and entries. Each group's heads are read before its rows, its rows before its audited
-    events, and those before its entries: a commit meanwhile only adds entries past these
-    heads, each row comes with the length its session's chain had when it was read, and each
-    audited event read has its entry, committed with it, among those read after. A deletion
-    meanwhile erases all of a session's: `verify` then finds it recorded (`_but_deleted`)."""
+    """The streams to verify, a group at a time. Each group's heads are read before its rows,
+    its rows before its audited events and snapshots, and those before its entries: a commit
+    meanwhile only adds entries past these heads, each row comes with the length its session's
+    chain had when it was read, and each audited event read has its entry, committed with it,
+    among those read after. A deletion meanwhile erases all of a session's: `verify` then
+    finds it recorded (`_but_deleted`)."""
     if stream is not None:
         heads = await store.audit_heads(stream=stream)
-        own = stream.startswith(_OWN_STREAMS)  # no requests in its stream
-        rows = [] if own else await request_rows(store, session_id=stream)
-        audited = {} if own else await _audited(store, [stream])
-        ends = {} if own else await _log_ends(store, [stream])
-        yield heads, rows, audited, ends, entries(store, stream=stream)
+        found = entries(store, stream=stream)
+        if stream.startswith(_OWN_STREAMS):  # no requests in its stream
+            yield _Group(heads=heads, found=found)
+        else:
+            yield await _session_group(store, heads, [stream], found)
         return
     if not hasattr(store, "audit_sessions"):
         # A store that cannot page its sessions (written for an earlier signoff): each stream
         # it keeps a head for, one at a time.
-        heads = await store.audit_heads()
-        for sid, head in heads.items():
-            own = sid.startswith(_OWN_STREAMS)
-            rows = [] if own else await request_rows(store, session_id=sid)
-            audited = {} if own else await _audited(store, [sid])
-            ends = {} if own else await _log_ends(store, [sid])
-            yield {sid: head}, rows, audited, ends, entries(store, stream=sid)
+        for sid, head in (await store.audit_heads()).items():
+            found = entries(store, stream=sid)
+            if sid.startswith(_OWN_STREAMS):
+                yield _Group(heads={sid: head}, found=found)
+            else:
+                yield await _session_group(store, {sid: head}, [sid], found)
         return
     after = ""
     while True:
         heads = await store.audit_sessions(after=after, limit=SESSIONS_PAGE)
         if heads:
             sessions = list(heads)
-            rows = await request_rows(store, sessions=sessions)
-            audited = await _audited(store, sessions)
-            ends = await _log_ends(store, sessions)
-            yield heads, rows, audited, ends, entries(store, sessions=sessions)
+            yield await _session_group(store, heads, sessions, entries(store, sessions=sessions))
         if len(heads) < SESSIONS_PAGE:
             break
         after = sessions[-1]
-    yield await store.audit_heads(others=True), [], {}, {}, entries(store, others=True)
+    yield _Group(heads=await store.audit_heads(others=True), found=entries(store, others=True))
+
+
+async def _session_group(
+    store: Store,
+    heads: dict[str, tuple[int, str | None]],
+    sessions: list[str],
+    found: AsyncIterator[AuditEntry],
+) -> _Group:
+    """A group of `sessions` whose `heads` were read: their rows, audited events, where their
+    logs end and their snapshots, read in that order, before their entries are `found`."""
+    if len(sessions) == 1:  # by its id, as a store of an earlier signoff reads them too
+        rows = await request_rows(store, session_id=sessions[0])
+    else:
+        rows = await request_rows(store, sessions=sessions)
+    return _Group(
+        heads=heads,
+        found=found,
+        rows=rows,
+        audited=await _audited(store, sessions),
+        ends=await _log_ends(store, sessions),
+        snapshots=await store.snapshots(sessions) if hasattr(store, "snapshots") else {},
+    )
 
 
 async def _audited(store: Store, sessions: list[str]) -> dict[str, list[tuple[int, str]]]:
@@ -351,23 +383,17 @@ async def _log_ends(store: Store, sessions: list[str]) -> dict[str, tuple[int, i
     return await store.log_ends(sessions)
 
 
-async def _check(
-    store: Store,
-    heads: dict[str, tuple[int, str | None]],
-    rows: list[RequestRow],
-    audited: dict[str, list[tuple[int, str]]],
-    ends: dict[str, tuple[int, int]],
-    found: AsyncIterator[AuditEntry],
-    left: Leftovers,
-) -> list[AuditProblem]:
+async def _check(store: Store, group: _Group, left: Leftovers) -> list[AuditProblem]:
     """The problems of one group of streams, all of whose entries are `found`; the rows and
     requests that only another group can pair are `left` to it."""
+    heads, ends, snapshots = group.heads, group.ends, group.snapshots
     chains = Chains()
     requests = RequestTrail()
-    unentried = _Unentried(audited)
+    unentried = _Unentried(group.audited)
     past: dict[str, None] = {}  # streams with entries past the head read above, in order
+    placed: dict[str, tuple[int, int]] = {}  # the last entry of each session up to its snapshot
     problems: list[AuditProblem] = []
-    async for e in found:
+    async for e in group.found:
         unentried.see(e, chains)
         problem = chains.check(e)
         if problem is not None:
@@ -375,6 +401,9 @@ async def _check(
         requests.see(e)
         if e.n > heads.get(e.stream, (0, None))[0]:
             past[e.stream] = None
+        snapshot = snapshots.get(e.stream)
+        if snapshot is not None and e.seq is not None and 0 <= e.seq <= snapshot.seq:
+            placed[e.stream] = (e.id, e.n)
     last, last_id = chains.last, chains.last_id
     for sid, (n, digest) in heads.items():
         seen, seen_hash = last.get(sid, (0, None))
@@ -414,7 +443,10 @@ async def _check(
                 "chain stands for it"
             )
             problems.append(AuditProblem(id=entry_id, stream=sid, n=n, reason=reason))
-    for entry_id, sid, n, reason in requests.check(rows, heads, broken, left):
+    found = requests.check(group.rows, heads, broken, left)
+    # A log named already (an event with no entry, too) is not folded again for its snapshot.
+    found += await snapshot_problems(store, snapshots, placed, {p.stream for p in problems})
+    for entry_id, sid, n, reason in found:
         problems.append(AuditProblem(id=entry_id, stream=sid, n=n, reason=reason))
     return problems
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from .._events import Event
 from .._exceptions import StoreError
-from ._codec import Stored, event_text, parse, stored_type, type_name
+from ._codec import Stored, event_text, parse, stored_type, type_name, unpack_snapshot
 
 __all__ = [
     "AUDITED_STORED",
@@ -25,6 +25,7 @@ __all__ = [
     "AuditEntry",
     "AuditRow",
     "DAMAGED",
+    "StoredSnapshot",
     "audit_rows",
     "chain_hash",
     "chain_parts",
@@ -32,6 +33,7 @@ __all__ = [
     "entry_type",
     "int_time_hash",
     "loaded_data",
+    "stored_snapshot",
 ]
 
 AUDIT_TYPES = frozenset(
@@ -68,6 +70,27 @@ class AuditRow:
 DAMAGED = -1
 """An entry's `n` or `seq` as read where the store holds no whole number (SQLite keeps what a
 hand edit puts in a column): no entry has it, so verification names that entry and goes on."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredSnapshot:
+    """A session's snapshot as `Store.snapshots` reads it for verification: the event it was
+    taken after and its value read back (None, and `damage` saying why, if it cannot be)."""
+
+    seq: int
+    data: Any
+    damage: str | None = None
+
+
+def stored_snapshot(session_id: str, seq: object, data: Stored) -> StoredSnapshot:
+    """A snapshot row read back for verification: one a hand edit left unreadable (a `seq`
+    that is no whole number, data that does not unpack) says so, rather than stop it."""
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        return StoredSnapshot(seq=DAMAGED, data=None, damage=f"its seq is {seq!r:.40}")
+    try:
+        return StoredSnapshot(seq=seq, data=unpack_snapshot(data, session_id, seq))
+    except StoreError as exc:
+        return StoredSnapshot(seq=seq, data=None, damage=str(exc))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,7 +11,7 @@ from .._exceptions import SchemaVersionError, StoreError, UsageError
 from .._settings import check_page
 from .._text import is_utf8
 from .._types import InputRequest, SessionStatus
-from ._audit import AuditEntry, AuditRow
+from ._audit import AuditEntry, AuditRow, StoredSnapshot
 from ._initiators import InitiatorFilter
 from ._pending import PendingFilter, created_before
 
@@ -475,6 +475,11 @@ class Store(Protocol):
         """`(head, last)` of each of the `sessions` listed (one with no row is left out): the
         last event its session row keeps, and the last seq in its log (0 if none), read in one
         statement: verification checks that the log ends where its session says."""
+        ...
+
+    async def snapshots(self, sessions: Sequence[str]) -> dict[str, StoredSnapshot]:
+        """The snapshot of each of the `sessions` listed that has one, read in one statement:
+        verification checks that it is the fold of the session's events up to its `seq`."""
         ...
 
     async def stored_requests(

@@ -1,12 +1,19 @@
 """The PostgreSQL store's reads of the audit trail: its entries, the chain heads and the
-audited events `verify_audit` checks them against."""
+audited events and snapshots `verify_audit` checks them against."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from .._audit import AUDITED_STORED, AuditEntry, entry_type, loaded_data
+from .._audit import (
+    AUDITED_STORED,
+    AuditEntry,
+    StoredSnapshot,
+    entry_type,
+    loaded_data,
+    stored_snapshot,
+)
 from ._connections import Conn, Connections, storable
 from ._sql import EARLIER_COLUMNS, EARLIER_JOIN
 
@@ -164,6 +171,20 @@ class AuditReads(Connections):
             }
 
         return await self._read(body, "reading where the event logs end")
+
+    async def snapshots(self, sessions: Sequence[str]) -> dict[str, StoredSnapshot]:
+        async def body(conn: Conn) -> dict[str, StoredSnapshot]:
+            s, ids = self._s, [i for i in sessions if storable(i)]
+            cur = await conn.execute(
+                f"SELECT s.id, n.seq, n.data FROM {s}.sessions s JOIN {s}.snapshots n "
+                "ON n.sk = s.sk WHERE s.id = ANY(%s)",
+                (ids,),
+            )
+            return {
+                sid: stored_snapshot(sid, int(seq), data) for sid, seq, data in await cur.fetchall()
+            }
+
+        return await self._read(body, "reading the snapshots")
 
     async def _heads(self, sql: str, params: dict[str, Any]) -> dict[str, tuple[int, str | None]]:
         async def body(conn: Conn) -> dict[str, tuple[int, str | None]]:

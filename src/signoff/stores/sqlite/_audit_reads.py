@@ -7,7 +7,15 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .._audit import AUDITED_STORED, DAMAGED, AuditEntry, entry_type, loaded_data
+from .._audit import (
+    AUDITED_STORED,
+    DAMAGED,
+    AuditEntry,
+    StoredSnapshot,
+    entry_type,
+    loaded_data,
+    stored_snapshot,
+)
 from ._connection import Connection, kept
 from ._schema import EARLIER_JOIN
 from ._transactions import reading
@@ -156,6 +164,17 @@ class AuditReads(Connection):
         return {
             sid: (_seq_or(head), _seq_or(last))
             for sid, head, last in self.conn.execute(sql, list(sessions))
+        }
+
+    @reading
+    async def snapshots(self, sessions: Sequence[str]) -> dict[str, StoredSnapshot]:
+        sql = (
+            "SELECT s.id, n.seq, n.data FROM sessions s JOIN snapshots n ON n.sk = s.sk "
+            f"WHERE s.id IN ({','.join('?' * len(sessions))})"
+        )
+        return {
+            sid: stored_snapshot(sid, seq, data)
+            for sid, seq, data in self.conn.execute(sql, list(sessions))
         }
 
 
