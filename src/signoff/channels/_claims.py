@@ -4,7 +4,8 @@ deliver each entry to a channel once.
 
 A claim names the hub and the channel (as the hub's file lock does), its owner (this hub) and
 when it lapses; the delivering hub renews it at its polls, saving the position it reached, and
-gives it back when it stops. A hub that dies leaves it to lapse after `ttl` seconds; another
+in the background while a poll goes on (`Standby._keeping`), and gives it back when it stops. A
+hub that dies leaves it to lapse after `ttl` seconds; another
 then takes it and goes on from that position (or its own state's, if further on), if the
 claim was given back or lapsed within `FRESH` seconds (a hub without a position of its own
 otherwise starts at the end, as on a first start). A hub that
@@ -15,18 +16,23 @@ signoff's) leaves each hub to deliver on its own.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import socket
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
 
-__all__ = ["FRESH", "TRY_EVERY", "Claims"]
+__all__ = ["FRESH", "MARGIN", "TRY_EVERY", "Claims"]
 
 TRY_EVERY = 2.0  # seconds between a standby's tries for claims another hub holds
+# The part of `ttl` before a claim's lapse (reckoned from when its last renewal was asked) in
+# which the hub no longer delivers under it unless a renewal gets through: another may take it.
+MARGIN = 0.1
 # Seconds within which a claim given back or lapsed passes its position on to the hub that
 # takes it next; a hub taking an older one (with no position of its own) starts at the end.
 FRESH = 600.0
@@ -47,8 +53,10 @@ class Claims:
         self.owner = f"{self.family}{os.getpid()}|{secrets.token_hex(6)}"
         self.held: set[str] = set()  # channels claimed
         self.saved: dict[str, int | None] = {}  # the position each claim held when taken
-        self._renewed: dict[str, tuple[float, int | None]] = {}  # when, and the position saved
+        # monotonic time each claim's last renewal (or take) was asked at, and the position saved
+        self._renewed: dict[str, tuple[float, int | None]] = {}
         self._tried_at: float | None = None  # monotonic time of the last try for free claims
+        self._writing = asyncio.Lock()  # renewals (the poll's, the keeper's) and give-backs
 
     @property
     def store(self) -> Any:
@@ -81,7 +89,7 @@ class Claims:
         if not self.kept:
             self.held.add(channel)
             return True
-        now = self.now()
+        asked, now = time.monotonic(), self.now()
         held, saved, since = await self.store.claim_channel(
             self.name(channel),
             self.owner,
@@ -94,38 +102,66 @@ class Claims:
             # Passed on from a hub gone within `FRESH` seconds; an older one's is not.
             fresh = since is not None and since >= now - FRESH
             self.saved[channel] = saved if fresh else None
-            self._renewed[channel] = (time.monotonic(), saved)
+            self._renewed[channel] = (asked, saved)
         return bool(held)
+
+    def live(self, channel: str) -> bool:
+        """Whether this hub may deliver to `channel` now: it holds the claim, renewed within
+        `ttl` less a `MARGIN` of it (a renewal late, the store unreachable or this process
+        stalled, may let another hub take the claim: nothing more is delivered under it until
+        a renewal gets through or finds it taken)."""
+        if channel not in self.held:
+            return False
+        if not self.kept:
+            return True
+        at, _ = self._renewed.get(channel, (0.0, None))
+        return time.monotonic() - at < self.ttl * (1 - MARGIN)
+
+    def due_in(self, channels: Iterable[str]) -> float:
+        """Seconds until the first claim of `channels` is due for renewal (a third of `ttl`
+        after the last), 0 if one is overdue: when a busy hub renews them (`Standby._keep`)."""
+        times = [self._renewed[ch][0] for ch in channels if ch in self._renewed]
+        if not times:
+            return self.ttl / 3
+        return max(0.0, min(times) + self.ttl / 3 - time.monotonic())
 
     async def renew(self, channel: str, position: int, *, force: bool = False) -> bool:
         """Keep the claim on `channel`, saving `position` in it, when a third of `ttl` has
         passed since the last renewal or the position moved (or `force`); False if another
-        hub took it meanwhile (this one stalled past `ttl`)."""
+        hub took it meanwhile (this one stalled past `ttl`), or it was lost or given back
+        before (only `take` claims it again)."""
         if not self.kept:
             return True
-        at, kept = self._renewed.get(channel, (0.0, None))
-        if not force and kept == position and time.monotonic() - at < self.ttl / 3:
+        async with self._writing:  # one at a time: a second one finds the first's done
+            if channel not in self.held:
+                return False
+            at, kept = self._renewed.get(channel, (0.0, None))
+            if not force and kept == position and time.monotonic() - at < self.ttl / 3:
+                return True
+            asked = time.monotonic()
+            held, _, _ = await self.store.claim_channel(
+                self.name(channel), self.owner, self.ttl, self.now(), after_id=position
+            )
+            if not held:
+                self.held.discard(channel)
+                self._renewed.pop(channel, None)
+                return False
+            if channel not in self.held:  # given back meanwhile (`release` waits for this)
+                return False
+            self._renewed[channel] = (asked, position)
             return True
-        held, _, _ = await self.store.claim_channel(
-            self.name(channel), self.owner, self.ttl, self.now(), after_id=position
-        )
-        if not held:
-            self.held.discard(channel)
-            self._renewed.pop(channel, None)
-            return False
-        self._renewed[channel] = (time.monotonic(), position)
-        return True
 
     async def release(self, channel: str, position: int | None) -> None:
         """Give back the claim on `channel`, saving `position` in it first (if known)."""
         if channel not in self.held:
             return
-        self.held.discard(channel)
+        self.held.discard(channel)  # no renewal begun from now on takes it again
         self._renewed.pop(channel, None)
         if not self.kept:
             return
-        if position is not None:
-            await self.store.claim_channel(
-                self.name(channel), self.owner, self.ttl, self.now(), after_id=position
-            )
-        await self.store.release_channel(self.name(channel), self.owner, self.now())
+        async with self._writing:  # after a renewal under way, not before it
+            if position is not None:
+                await self.store.claim_channel(
+                    self.name(channel), self.owner, self.ttl, self.now(), after_id=position
+                )
+            await self.store.release_channel(self.name(channel), self.owner, self.now())

@@ -92,8 +92,9 @@ class ChannelHub(Standby):
     next poll when the first stops or dies (skipping what the first delivered past a hole).
     Across states (in memory, other files, other machines) hubs sharing the runtime's store
     exclude each other by a claim in it (`_claims`): the delivering hub renews it at its polls
-    with the position it reached; a standby takes it once it is given back (within two seconds)
-    or lapses `claim_ttl` seconds after its hub died, and goes on from that position. A
+    with the position it reached, and in the background while a poll takes longer; a standby
+    takes it once it is given back (within two seconds) or lapses `claim_ttl` seconds after its
+    hub died or stalled, and goes on from that position. A
     channel's positions and memos (Slack's messages, webhooks not yet sent) are the hub's own
     too: hubs of different names keep theirs apart on one file, also for channels of the same
     name. Hub and channel names must not contain `:`
@@ -246,7 +247,8 @@ class ChannelHub(Standby):
         self._started = True
         try:
             free = await self._free()
-            await self._activate(free)
+            async with self._keeping():  # a channel's start may take long (many open requests)
+                await self._activate(free)
         except BaseException:  # e.g. the store is down: no lock held, no channel left running
             await self.stop()
             raise
@@ -397,46 +399,58 @@ class ChannelHub(Standby):
     # -- the feed -----------------------------------------------------------------------------
 
     async def poll(self) -> int:
-        """Dispatch every entry past the channels' positions now; returns how many were new."""
+        """Dispatch every entry past the channels' positions now; returns how many were new.
+        The claims are renewed while it runs (`_keeping`), however long that is."""
         if not self._started:
             raise UsageError("start the ChannelHub first (await hub.start() or `async with`)")
         async with self._lock:
             if len(self._active) < len(self.channels):
                 await self._take_over()
             live = await self._renew([ch for ch in self.channels if ch.name in self._active])
-            total = 0
-            for ch in live:  # the entries given up on before, which a rate limit held back
-                if self._retries.redo_due(ch.name):
-                    await self._redeliver(ch)
-                elif self._redo_due(ch):  # ... or which failed: the service may be back
-                    await self._redeliver(ch, until_failure=True)
-            if live:
-                cursor = min(self._positions[ch.name] for ch in live)
-                # Channels that failed and wait for their retry: they go on from there later;
-                # those another hub delivers to are never told anything here.
-                blocked = self._retries.blocked()
-                blocked.update(ch.name for ch in self.channels if ch.name not in self._active)
-                top = cursor
-                present: set[int] = set()
-                while True:
-                    entries = await self.runtime.store.audit(after_id=cursor, limit=_PAGE)
-                    for entry in entries:
-                        present.add(entry.id)
-                        total += await self._dispatch(entry, blocked)
-                    if entries:
-                        cursor = top = entries[-1].id
-                    if len(entries) < _PAGE:
-                        break
-                for ch in live:
-                    await self._advance(ch, top, present)
+            async with self._keeping():
+                total = await self._deliver(live) if live else 0
                 live = await self._renew(live)  # the positions reached, for a hub taking over
-            now = self.clock()
-            for ch in live:
-                try:
-                    await ch.tick(now)
-                except Exception:
-                    logger.exception("channel %s failed on tick", ch.name)
+                now = self.clock()
+                for ch in live:
+                    try:
+                        await ch.tick(now)
+                    except Exception:
+                        logger.exception("channel %s failed on tick", ch.name)
             return total
+
+    async def _deliver(self, live: list[Channel]) -> int:
+        """Dispatch the entries past the positions of the `live` channels, page by page, and
+        move the positions on; how many were new. A channel whose claim is not live any more
+        (another hub took it, or it was not renewed in time) is given nothing more."""
+        total = 0
+        for ch in live:  # the entries given up on before, which a rate limit held back
+            if not self._claims.live(ch.name):
+                continue
+            if self._retries.redo_due(ch.name):
+                await self._redeliver(ch)
+            elif self._redo_due(ch):  # ... or which failed: the service may be back
+                await self._redeliver(ch, until_failure=True)
+        cursor = min(self._positions[ch.name] for ch in live)
+        # Channels that failed and wait for their retry: they go on from there later;
+        # those another hub delivers to are never told anything here.
+        blocked = self._retries.blocked()
+        blocked.update(ch.name for ch in self.channels if ch.name not in self._active)
+        top = cursor
+        present: set[int] = set()
+        while True:
+            entries = await self.runtime.store.audit(after_id=cursor, limit=_PAGE)
+            for entry in entries:
+                present.add(entry.id)
+                total += await self._dispatch(entry, blocked)
+                await asyncio.sleep(0)  # the claims' keeper runs even if no channel waits
+            if entries:
+                cursor = top = entries[-1].id
+            if len(entries) < _PAGE:
+                break
+        for ch in live:
+            if ch.name in self._claims.held:  # else another hub's now: it moves on from its own
+                await self._advance(ch, top, present)
+        return total
 
     async def _advance(self, ch: Channel, top: int, present: set[int]) -> None:
         """Move a channel's saved position over every id it handled, up to the first hole.
@@ -489,6 +503,9 @@ class ChannelHub(Standby):
         handled = 0
         for ch in self.channels:
             if ch.name in blocked or self._positions[ch.name] >= entry.id:
+                continue
+            if not self._claims.live(ch.name):  # taken, or late: nothing more this poll
+                blocked.add(ch.name)
                 continue
             seen = self._seen.setdefault(ch.name, set())
             if entry.id in seen:

@@ -3,13 +3,18 @@
 A hub delivers to a channel while it holds both the OS lock next to its state file (`HubLease`,
 against hubs on that file of this machine) and the claim in the runtime's store (`Claims`,
 against hubs on any other state); for the others it stands by, and takes over at a poll once
-the hub before let go of them or its claim lapsed.
+the hub before let go of them or its claim lapsed. While it delivers (a poll, a start) it
+renews its claims in the background, however long that takes (`_keeping`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 
+from .._exceptions import StoreError
+from .._work import Failing
 from ._base import Channel, logger
 from ._claims import Claims
 from ._lease import HubLease
@@ -74,7 +79,8 @@ class Standby:
         if not free:
             return
         try:
-            await self._activate(free)
+            async with self._keeping():  # a channel's start may take long (many open requests)
+                await self._activate(free)
         except BaseException:  # e.g. the store is down: stand by again and retry on a poll
             for ch in free:
                 await self._stand_by(ch)
@@ -103,8 +109,8 @@ class Standby:
 
     async def _renew(self, live: list[Channel]) -> list[Channel]:
         """Keep the claims of the channels delivered to (`Claims.renew`); those another hub
-        took meanwhile (this one stalled past the claim's time) are stood by for. The
-        channels still delivered to."""
+        took meanwhile (this one stalled past the claim's time, or could not renew it) are
+        stood by for. The channels still delivered to."""
         kept = []
         for ch in live:
             if await self._claims.renew(ch.name, self._positions[ch.name]):
@@ -112,10 +118,63 @@ class Standby:
                 continue
             logger.warning(
                 "channel hub %s: its claim on %s lapsed and another hub took it (this one "
-                "stalled past %gs); standing by",
+                "stalled past %gs, or could not renew it); standing by",
                 self.name,
                 ch.name,
                 self._claims.ttl,
             )
             await self._stand_by(ch, lost=True)
         return kept
+
+    @contextlib.asynccontextmanager
+    async def _keeping(self) -> AsyncIterator[None]:
+        """Renew the claims of the channels delivered to while the body (a poll, a start)
+        runs, whenever they fall due (`_keep`): a backlog, a slow channel or one delivery
+        longer than `claim_ttl` keeps them, where renewing only between polls let a standby
+        take over while this hub still delivered, and both did. A claim found taken meanwhile
+        is no longer held (`Claims.live`): the body delivers nothing more under it."""
+        if not self._claims.kept:
+            yield
+            return
+        done = asyncio.Event()
+        keeper = asyncio.create_task(self._keep(done), name=f"signoff-hub-{self.name}-claims")
+        try:
+            yield
+        finally:
+            done.set()
+            # Shielded: a poll cut off (a stop) waits for a renewal under way, not cancels it.
+            await asyncio.shield(keeper)
+
+    async def _keep(self, done: asyncio.Event) -> None:
+        """Renew the claims held as each falls due (`Claims.due_in`) until `done`; a failure
+        (the store down) is logged once and tried again a sixth of `claim_ttl` later, while
+        `Claims.live` stops the deliveries under a claim not renewed in time."""
+        failing = Failing(f"channel hub {self.name}: renewing its claims", logger)
+        wait = self._claims.due_in(self._to_renew())
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await done.wait()
+            if done.is_set():
+                return
+            try:
+                for name in self._to_renew():
+                    await self._claims.renew(name, self._positions[name])
+            except StoreError as exc:
+                failing.failed(exc, 0.0)
+                wait = self._claims.ttl / 6
+                continue
+            except Exception:
+                logger.exception("channel hub %s: renewing its claims failed", self.name)
+                wait = self._claims.ttl / 6
+                continue
+            failing.worked()
+            wait = self._claims.due_in(self._to_renew())
+
+    def _to_renew(self) -> list[str]:
+        """The channels whose claims the keeper renews: delivered to, and claimed still."""
+        return [
+            ch.name
+            for ch in self.channels
+            if ch.name in self._active and ch.name in self._claims.held
+        ]

@@ -1,0 +1,182 @@
+"""A channel hub keeps its claims while it delivers, however long a poll (or a start) takes: it
+renews them in the background as they fall due. Before, it renewed them only between polls, so
+a poll longer than `claim_ttl` (a backlog through a slow channel, one delivery that took long, a
+channel's start with many open requests) let a standby take the claims mid-poll, and both hubs
+delivered the same requests. A claim taken by another hub meanwhile (or not renewed in time)
+stops the deliveries under it at once, not at the end of the poll."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+import signoff as so
+from signoff.channels import Channel, ChannelHub, _claims
+
+from ._channel_state import gated, open_one
+
+TTL = 1.0  # seconds: the claims' time in these tests, which a poll here outlasts twice over
+
+
+class Slow(Channel):
+    """A channel whose deliveries take time: `each` seconds a request (`first` for the first),
+    and `start` seconds to start with open requests (posting each, say)."""
+
+    def __init__(self, *, each: float = 0.0, first: float | None = None, start: float = 0.0):
+        super().__init__(name="slow")
+        self.each, self.first, self.starting = each, first, start
+        self.opened: list[str] = []
+        self.shown: list[str] = []  # the open requests it was started with
+
+    async def start(self, open_requests: Sequence[so.InputRequest]) -> None:
+        if open_requests:
+            await asyncio.sleep(self.starting)
+        self.shown += [r.id for r in open_requests]
+
+    async def on_requested(self, request: so.InputRequest) -> None:
+        wait = self.first if self.first is not None and not self.opened else self.each
+        await asyncio.sleep(wait)
+        self.opened.append(request.id)
+
+
+async def _standing_by(standby: ChannelHub, work: asyncio.Task[object]) -> list[bool]:
+    """Poll `standby` as `signoff serve` would while `work` (the other hub's) runs; whether it
+    was active at each poll."""
+    seen = []
+    while not work.done():
+        await standby.poll()
+        seen.append(standby.active)
+        await asyncio.sleep(0.05)
+    await work
+    return seen
+
+
+@pytest.mark.parametrize("shape", ["backlog", "one-long-delivery"])
+async def test_a_poll_longer_than_the_claim_keeps_it(
+    store_url: str, tmp_path: Path, shape: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hub one (a state in memory) works through requests for more than twice `claim_ttl`:
+    22 at 0.1 s each, or 3 of which the first takes 2.2 s. Hub two stands by, polling all the
+    while: it never takes the claim, and every request is delivered once, by one, in order."""
+    monkeypatch.setattr(_claims, "TRY_EVERY", 0.0)  # the standby tries at every poll
+    async with gated(tmp_path, store_url) as rt:
+        if shape == "backlog":
+            first, second = Slow(each=0.1), Slow(each=0.1)
+        else:
+            first, second = Slow(first=2.2), Slow(first=2.2)
+        one = ChannelHub(rt, [first], claim_ttl=TTL)
+        two = ChannelHub(rt, [second], claim_ttl=TTL)
+        await one.start(follow=False)
+        await two.start(follow=False)
+        try:
+            assert one.active and not two.active
+            ids = [await open_one(rt) for _ in range(22 if shape == "backlog" else 3)]
+            began = time.monotonic()
+            seen = await _standing_by(two, asyncio.create_task(one.poll()))
+            assert time.monotonic() - began > 2 * TTL  # the poll outlasted the claim's time
+            await one.poll()  # (one late renewal stops the poll: the next one goes on)
+            await two.poll()
+            assert not any(seen) and not two.active and one.active
+            assert first.opened == ids and second.opened == []
+        finally:
+            await one.stop()
+            await two.stop()
+
+
+async def test_a_long_start_keeps_the_claim(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hub one starts with open requests that its channel takes 2.2 s to show: hub two,
+    started beside it and polling, stands by all the while and shows none of them."""
+    monkeypatch.setattr(_claims, "TRY_EVERY", 0.0)
+    async with gated(tmp_path, store_url) as rt:
+        ids = [await open_one(rt) for _ in range(2)]
+        first, second = Slow(start=2.2), Slow(start=2.2)
+        one = ChannelHub(rt, [first], claim_ttl=TTL)
+        two = ChannelHub(rt, [second], claim_ttl=TTL)
+        starting = asyncio.create_task(one.start(follow=False))
+        while not one.active:  # its claim taken, its channel starting
+            await asyncio.sleep(0.01)
+        try:
+            await two.start(follow=False)
+            seen = await _standing_by(two, starting)
+            await two.poll()
+            assert not any(seen) and not two.active and one.active
+            assert sorted(first.shown) == sorted(ids) and second.shown == []
+        finally:
+            await one.stop()
+            await two.stop()
+
+
+async def test_a_claim_taken_mid_poll_stops_the_deliveries_under_it(
+    store_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another hub takes the claim while hub one delivers a backlog (as it may once one stalled
+    past it): one learns it at its next renewal, in the background, and delivers nothing more
+    under it, rather than the rest of the backlog; at the poll's end it stands by."""
+    async with gated(tmp_path, store_url) as rt:
+        hub: ChannelHub | None = None
+
+        class Taken(Slow):
+            async def on_requested(self, request: so.InputRequest) -> None:
+                await super().on_requested(request)
+                if len(self.opened) == 3:
+                    assert hub is not None
+                    held, _, _ = await rt.store.claim_channel(
+                        "hub.slow", "another", 30, rt.now(), succeeds=hub._claims.owner
+                    )
+                    assert held
+                    deadline = time.monotonic() + 5 * TTL
+                    while "slow" in hub._claims.held and time.monotonic() < deadline:
+                        await asyncio.sleep(0.02)
+
+        seen = Taken()
+        hub = ChannelHub(rt, [seen], claim_ttl=TTL)
+        await hub.start(follow=False)
+        try:
+            ids = [await open_one(rt) for _ in range(6)]
+            with caplog.at_level(logging.WARNING, logger="signoff.channels"):
+                await hub.poll()
+            assert seen.opened == ids[:3] and not hub.active
+            assert "its claim on slow lapsed and another hub took it" in caplog.text
+        finally:
+            await hub.stop()
+
+
+async def test_a_claim_not_renewed_in_time_stops_the_deliveries_until_it_is(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store fails the renewals while hub one delivers (a connection lost): past most of
+    `claim_ttl` since the last one got through, another hub may have taken the claim, so one
+    delivers nothing more under it; once a renewal gets through, it goes on from there."""
+    async with gated(tmp_path, store_url) as rt:
+        claim = rt.store.claim_channel
+
+        async def failing(*args: object, **kwargs: object) -> object:
+            raise so.StoreError("the store is unreachable")
+
+        class Cut(Slow):
+            async def on_requested(self, request: so.InputRequest) -> None:
+                await super().on_requested(request)
+                if len(self.opened) == 2:
+                    monkeypatch.setattr(rt.store, "claim_channel", failing)
+                    await asyncio.sleep(TTL)
+
+        seen = Cut()
+        hub = ChannelHub(rt, [seen], claim_ttl=TTL)
+        await hub.start(follow=False)
+        try:
+            ids = [await open_one(rt) for _ in range(5)]
+            with pytest.raises(so.StoreError, match="unreachable"):
+                await hub.poll()  # its renewal at the end fails too
+            assert seen.opened == ids[:2]
+            monkeypatch.setattr(rt.store, "claim_channel", claim)
+            await hub.poll()
+            assert seen.opened == ids and hub.active
+        finally:
+            await hub.stop()
