@@ -220,3 +220,99 @@ async def test_the_store_claims_are_atomic_with_an_owner_and_an_expiry(store_url
             *(s.claim_channel("hub.race", f"o{n}", 30, now) for n in range(8))
         )
         assert sum(held for held, _, _ in results) == 1  # one winner
+
+
+async def test_a_hub_on_another_file_at_the_same_path_takes_no_live_claim(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two hubs whose state files have one path on machines of one name (two containers with
+    host networking, each with its own volume at /data/channels.db), as here one file, and
+    its lock, moved aside while its hub runs and a new one made at the path. Each holds its
+    own file's lock: the second took the first's live claim at once (the same machine's name
+    and path said "the same file"), the first took it back, and both delivered. The file's own
+    id tells them apart: the second stands by while the first lives."""
+    monkeypatch.setattr(_claims, "TRY_EVERY", 0.0)  # a standby tries at every poll
+    state = tmp_path / "data" / "channels.db"
+    async with gated(tmp_path, store_url) as rt:
+        first, second = Seen(), Seen()
+        one = ChannelHub(rt, [first], state=state)
+        await one.start(follow=False)
+        elsewhere = tmp_path / "m1"
+        elsewhere.mkdir()
+        for path in state.parent.iterdir():  # the file, its WAL and its lock go on in use
+            path.rename(elsewhere / path.name)
+        two = ChannelHub(rt, [second], state=state)
+        await two.start(follow=False)
+        try:
+            r1 = await open_one(rt)
+            for _ in range(3):
+                await two.poll()
+                await one.poll()
+            assert one.active and not two.active
+            assert first.opened == [r1] and second.opened == []
+            assert two.state.identity() != one.state.identity()
+            await one.stop()
+            r2 = await open_one(rt)
+            await two.poll()
+            assert two.active and second.opened == [r2]
+        finally:
+            await one.stop()
+            await two.stop()
+
+
+async def test_a_hub_on_the_same_file_succeeds_its_dead_predecessor_at_once(
+    store_url: str, tmp_path: Path
+) -> None:
+    """A hub started again on the state file of one that died (its lock let go, its claim
+    left to lapse in 30 s) takes the claim at once, in a process of its own or in this one,
+    and goes on from the position it saved."""
+    state = tmp_path / "channels.db"
+    async with gated(tmp_path, store_url) as rt:
+        first, second = Seen(), Seen()
+        one = ChannelHub(rt, [first], state=state)
+        await one.start(follow=False)
+        r1 = await open_one(rt)
+        await one.poll()
+        one._leases["seen"].release()  # dies: the OS lets go of its lock, nothing more
+        two = ChannelHub(rt, [second], state=state)
+        await two.start(follow=False)
+        try:
+            assert two.active
+            r2 = await open_one(rt)
+            await two.poll()
+            assert first.opened == [r1] and second.opened == [r2]
+        finally:
+            await two.stop()
+            one._active.clear()
+            one._claims.held.clear()
+            await one.stop()
+
+
+async def test_a_hub_on_the_same_file_by_another_path_takes_no_live_claim(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One state file reached by two paths (a symlink): each hub holds the lock next to its
+    own path, which says nothing of the other, so neither succeeds the other's claim at once
+    (the file's id alone would have let each take the other's live one)."""
+    monkeypatch.setattr(_claims, "TRY_EVERY", 0.0)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    state, alias = tmp_path / "a" / "channels.db", tmp_path / "b" / "channels.db"
+    async with gated(tmp_path, store_url) as rt:
+        first, second = Seen(), Seen()
+        one = ChannelHub(rt, [first], state=state)
+        await one.start(follow=False)
+        alias.symlink_to(state)
+        two = ChannelHub(rt, [second], state=alias)
+        await two.start(follow=False)
+        try:
+            r1 = await open_one(rt)
+            for _ in range(3):
+                await two.poll()
+                await one.poll()
+            assert one.active and not two.active
+            assert first.opened == [r1] and second.opened == []
+            assert two.state.identity() == one.state.identity()
+        finally:
+            await one.stop()
+            await two.stop()

@@ -10,16 +10,18 @@ then takes it and goes on from that position (or its own state's, if further on)
 claim was given back or lapsed within `FRESH` seconds (a hub without a position of its own
 otherwise starts at the end, as on a first start). A hub that
 holds the file lock next to its state file takes over at once a claim of a hub on the same file
-of the same machine: that lock says the hub before is gone. A store without claims (an earlier
-signoff's) leaves each hub to deliver on its own.
+by the same path (whose owner starts with the file's own id, `ChannelState.identity`, and that
+path, not the machine's name and the path, which another machine's file can share): that lock
+says the hub before is gone. A store without claims (an earlier signoff's) leaves each hub to
+deliver on its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import secrets
-import socket
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -43,20 +45,34 @@ class Claims:
     timed by the database's clock at each statement (every process agrees on it, whatever its
     own reckoning of it), on SQLite by the runtime's clock (the machine's, shared)."""
 
-    def __init__(self, runtime: Runtime, hub: str, state_path: str, ttl: float) -> None:
+    def __init__(self, runtime: Runtime, hub: str, ttl: float) -> None:
         self.runtime = runtime
         self.hub = hub
         self.ttl = ttl
-        # Hubs on this file of this machine: the one holding its lock succeeds any other's.
-        where = "memory" if state_path == ":memory:" else os.path.abspath(state_path)
-        self.family = f"{socket.gethostname()}|{where}|"
-        self.owner = f"{self.family}{os.getpid()}|{secrets.token_hex(6)}"
+        # The hubs on this hub's state file (`bind`): the one holding its lock succeeds the others.
+        self.family = f"unbound-{secrets.token_hex(16)}|"
+        self._me = f"{os.getpid()}|{secrets.token_hex(6)}"
         self.held: set[str] = set()  # channels claimed
         self.saved: dict[str, int | None] = {}  # the position each claim held when taken
         # monotonic time each claim's last renewal (or take) was asked at, and the position saved
         self._renewed: dict[str, tuple[float, int | None]] = {}
         self._tried_at: float | None = None  # monotonic time of the last try for free claims
         self._writing = asyncio.Lock()  # renewals (the poll's, the keeper's) and give-backs
+
+    def bind(self, state_id: str, state_path: str) -> None:
+        """Name the state this hub is on: its file's own id (`ChannelState.identity`) and the
+        path it is opened by, which names the lock next to it. The hubs with both, and only
+        those, contend for that lock, so the one holding it succeeds the others at once; a hub
+        on another machine's file at the same path, or on this file by another path (another
+        lock), does not."""
+        where = "memory" if state_path == ":memory:" else os.path.abspath(state_path)
+        # Hashed: a `|` in the path cannot make one family a prefix of another's.
+        self.family = f"{state_id}|{hashlib.sha256(os.fsencode(where)).hexdigest()[:16]}|"
+
+    @property
+    def owner(self) -> str:
+        """This hub's name in its claims: its state's (`bind`), its process and a token."""
+        return f"{self.family}{self._me}"
 
     @property
     def store(self) -> Any:
@@ -85,7 +101,7 @@ class Claims:
 
     async def take(self, channel: str, *, locked: bool) -> bool:
         """Claim `channel`; `locked`: this hub holds the file lock of its state, so a claim of
-        a hub on the same file of this machine is taken over at once."""
+        a hub on the same file (`bind`) is taken over at once."""
         if not self.kept:
             self.held.add(channel)
             return True

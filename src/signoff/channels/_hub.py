@@ -184,7 +184,7 @@ class ChannelHub(Standby):
             if self._path != ":memory:"
         }
         self._active: set[str] = set()  # the channels this hub delivers to (holding their locks)
-        self._claims = Claims(runtime, name, self._path, claim_ttl)
+        self._claims = Claims(runtime, name, claim_ttl)
         self._unclaimed: set[str] = set()  # channels locked here whose claim another hub holds
         self._positions: dict[str, int] = {}
         self._retries = Retries()
@@ -246,6 +246,8 @@ class ChannelHub(Standby):
             ch.bind(self.runtime, self._state, hub=self.name)
         self._started = True
         try:
+            # The hubs on this file by this path (only those) succeed each other's claims at once.
+            self._claims.bind(await off_loop(self.state.identity), self._path)
             free = await self._free()
             async with self._keeping():  # a channel's start may take long (many open requests)
                 await self._activate(free)

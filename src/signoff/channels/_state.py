@@ -3,14 +3,18 @@ and `off_loop`, which reads and writes it without stalling the event loop.
 
 The file is marked with its layout (SQLite's `user_version`): a file of an older layout is
 brought up to date in place, in one transaction, when it is opened; a newer one is refused.
+Each file has an id of its own (`ChannelState.identity`), written in it by the first hub on it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import math
+import re
+import secrets
 import sqlite3
 import threading
 import time
@@ -40,6 +44,9 @@ _MEMOS = (
     "CREATE TABLE channel_memos (hub TEXT NOT NULL, channel TEXT NOT NULL, key TEXT NOT NULL, "
     "value TEXT NOT NULL, PRIMARY KEY (hub, channel, key))"
 )
+
+# The memo, outside any hub and channel (no channel is named ""), holding the file's own id.
+_ID = "state-id"
 
 _DEADLINE: ContextVar[float | None] = ContextVar("signoff_channel_state_deadline", default=None)
 
@@ -97,6 +104,9 @@ class ChannelState:
     file written by a newer signoff is a `SchemaVersionError`. A memo that is not JSON (damaged
     by hand or by a tool) is read as absent, its key logged once, so a channel goes on with its
     other memos; it stays in the file until written again or forgotten.
+
+    `identity()` names the file itself: hubs on one file share it, and hubs on other files
+    (another machine's at the same path, say) do not.
     """
 
     def __init__(self, path: str | Path = ":memory:", *, busy_timeout: float = 5.0) -> None:
@@ -111,6 +121,7 @@ class ChannelState:
         self._lock = threading.Lock()
         self.closed = False
         self._unreadable: set[tuple[str, str, str]] = set()  # (hub, channel, key) logged
+        self._id: str | None = None
         conn: sqlite3.Connection | None = None
         make_room(self.path)
         # SQLite built with SQLITE_USE_URI (Debian's is) reads a name starting "file:" as a
@@ -158,6 +169,15 @@ class ChannelState:
             raise StoreError(f"channel state {self.path}: cannot {what}: {exc}") from exc
         finally:
             self._lock.release()
+
+    def identity(self) -> str:
+        """The file's own id: random, written in it at the first call on it (a hub's start),
+        also in a file an older signoff wrote, and read from it after. A copy of the file
+        carries it; each state in memory has one of its own."""
+        if self._id is None:
+            with self._using("read its id") as conn:
+                self._id = _identity(self.path, conn)
+        return self._id
 
     def position(self, name: str) -> int | None:
         """The last audit entry id `name` has handled, or None if it never ran."""
@@ -287,6 +307,31 @@ def _set_up(path: str, conn: sqlite3.Connection) -> None:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def _identity(path: str, conn: sqlite3.Connection) -> str:
+    """The file's own id, made now if it has none (a new file, or one an older signoff wrote):
+    in one statement, so a crash leaves the file with it or without it, and processes opening
+    the file at once all read the one written first. A value damaged (by hand, by a tool) is
+    read as the hash of what it holds, the same for every process."""
+    read = "SELECT value FROM channel_memos WHERE hub='' AND channel='' AND key=?"
+    row = conn.execute(read, (_ID,)).fetchone()
+    if row is None:
+        conn.execute(
+            "INSERT OR IGNORE INTO channel_memos (hub, channel, key, value) VALUES ('', '', ?, ?)",
+            (_ID, json.dumps(secrets.token_hex(16))),
+        )
+        row = conn.execute(read, (_ID,)).fetchone()
+        if row is None:  # written and gone: something else deletes it meanwhile
+            raise StoreError(f"channel state {path}: its id could not be kept")
+    text = row[0]
+    try:
+        value = json.loads(text)
+    except (ValueError, TypeError, RecursionError):
+        value = None
+    if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{32}", value):
+        return value
+    return hashlib.sha256(repr(text).encode()).hexdigest()[:32]
 
 
 def _layout(path: str, conn: sqlite3.Connection) -> int:
