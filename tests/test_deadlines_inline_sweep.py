@@ -5,6 +5,7 @@ not one after another inside the sweep, holding up the deadlines behind them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from typing import Any
@@ -190,3 +191,81 @@ async def test_an_inline_sweep_goes_on_with_turns_left_undriven_across_pages(
         assert bool(set(read) & set(stranded)) is not indexed
         listed = {r.id: r.status for r in await rt.store.sessions(agent="support", limit=20)}
         assert {sid: listed[sid] for sid in stranded} == dict.fromkeys(stranded, "running")
+
+
+def two_approvals(runs: list[str], hold: asyncio.Event) -> so.Agent:
+    """One response proposing two gated calls: `timed`, denied once its deadline (0.2 s)
+    passes, and `gated`, with no deadline, which logs its key and waits until `hold` is set."""
+
+    @so.tool(approval=so.always(expires_in=0.2))
+    async def timed() -> str:
+        """Run with a deadline."""
+        return "timed"
+
+    @so.tool(approval=so.always())
+    async def gated(ctx: so.ToolContext) -> str:
+        """Run once a person approves."""
+        runs.append(ctx.idempotency_key())
+        await hold.wait()
+        return "gated"
+
+    calls = [so.ToolCall(id="call_timed", name="timed"), so.ToolCall(id="call_gated", name="gated")]
+    model = so.models.Scripted([so.ModelResponse(tool_calls=calls), so.ModelResponse(text="Done.")])
+    return so.Agent(name="support", model=model, tools=[timed, gated])
+
+
+async def stopped_mid_tool(rt: so.Runtime, sid: str, runs: list[str], drive: Any) -> None:
+    """Run `drive` until the gated call's body started, then stop it, as a process that died
+    there leaves the turn: `running`, its lease not held."""
+    task = asyncio.ensure_future(drive)
+    await until(lambda: asyncio.sleep(0, len(runs) == 1))
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert (await rt.state(sid)).status == "running"
+    assert not await rt.store.lease_held(sid, rt.now())  # type: ignore[attr-defined]
+
+
+async def test_an_inline_sweep_goes_on_with_a_turn_its_drive_left_mid_tool(
+    store_url: str,
+) -> None:
+    """A sweep approves a call on timeout and drives the turn on; that drive stops in the call's
+    body (its process stopped, say: `serve` shut down). The next sweep finishes the turn, the
+    interrupted body run again. Before, it read `running` for good: the sweep went on only with
+    a turn whose last event was the deadline's record."""
+    runs: list[str] = []
+    hold = asyncio.Event()
+    agent = refund_agent(runs, approval=so.always(expires_in=0.2, on_timeout="approve"), hold=hold)
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("support", prompt=f"Refund order {ORDER}")
+        await asyncio.sleep(0.3)
+        await stopped_mid_tool(rt, r.session_id, runs, rt.expire_due())
+        hold.set()
+        assert await rt.expire_due() == 1
+        assert await is_(rt, r.session_id, "completed")
+        assert await rt.expire_due() == 0
+    assert len(runs) == 2 and len(set(runs)) == 1  # again, with its key
+
+
+async def test_an_inline_sweep_leaves_a_turn_a_persons_answer_resumed_to_its_caller(
+    store_url: str,
+) -> None:
+    """A turn waiting on two calls: one's deadline passes (the sweep records it; the turn still
+    waits on the other), then a person's approval resumes the turn, and that call's drive stops
+    mid-tool. That turn is the caller's to retry, as after any other crash: no sweep takes it
+    up, though a deadline was recorded since the turn parked."""
+    runs: list[str] = []
+    hold = asyncio.Event()
+    async with so.Runtime([two_approvals(runs, hold)], store=store_url) as rt:
+        r = await rt.generate("support", prompt="Go")
+        gated = next(p for p in r.pending if p.action and p.action.tool_name == "gated")
+        await asyncio.sleep(0.3)
+        assert await rt.expire_due() == 1  # the deadline recorded; the turn waits on
+        assert (await rt.state(r.session_id)).status == "waiting"
+        answer = so.InputResponse(request_id=gated.id, option_id="approve")
+        await stopped_mid_tool(rt, r.session_id, runs, rt.respond(r.session_id, [answer]))
+        assert await rt.expire_due() == 0
+        assert (await rt.state(r.session_id)).status == "running" and len(runs) == 1
+        hold.set()
+        assert (await rt.generate(session_id=r.session_id)).status == "completed"
+    assert len(runs) == 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -441,6 +442,48 @@ async def test_running_unheld_lists_the_running_sessions_of_an_agent_none_holds(
     # earlier, the lapsed lease was live and the passed TTL not passed yet
     earlier = [r.id for r in await query("support", T0 + 40, last_types=settled, limit=100)]
     assert lapsed_lease not in earlier and lapsed in earlier
+
+
+async def test_running_unheld_among_reads_the_last_event_of_those_types(store: Store) -> None:
+    """`among=`: the type of a session's last event of `among`'s types, not of its last: the
+    inline sweep lists a session whose request closed and whose drive wrote on before it died,
+    not one that parked again since, nor one whose lease a drive holds."""
+    query = store.running_unheld  # type: ignore[attr-defined]
+    among = ["turn.waiting", "session.waiting", "input.resolved"]
+
+    async def running(*types: str) -> str:
+        sid = await new_session(store)
+        events = [ev(sid, seq, t) for seq, t in enumerate(types, 2)]
+        await store.commit(Commit(session_id=sid, expected_seq=1, events=events, status="running"))
+        return sid
+
+    resumed = [
+        await running("turn.waiting", "input.resolved"),  # the drive died before it wrote
+        await running("turn.waiting", "input.resolved", "tool.started", "tool.completed"),
+        await running("input.resolved", "model.completed", "tool.step", "model.spent"),
+    ]
+    parked = await running("turn.waiting", "input.resolved", "tool.started", "turn.waiting")
+    idle = await running("turn.waiting", "input.resolved", "session.waiting", "turn.started")
+    never = await running("turn.started", "tool.started", "tool.completed")
+    held = await running("turn.waiting", "input.resolved", "tool.started")
+    assert await store.acquire_lease(held, "w1", 10, T0 + 100) is not None
+
+    def listed(rows: list[Any]) -> list[str]:
+        return [r.id for r in rows]
+
+    closed = ["input.resolved"]
+    rows = await query("support", T0 + 100, last_types=closed, among=among, limit=100)
+    assert listed(rows) == sorted(resumed), (parked, idle, never, held)
+    first = await query("support", T0 + 100, last_types=closed, among=among, limit=1)
+    rest = await query(
+        "support", T0 + 100, last_types=closed, among=among, after=first[0].id, limit=100
+    )
+    assert listed(first) + listed(rest) == sorted(resumed)
+    # Without `among`, the session's last event: only the first of those ends with it.
+    assert listed(await query("support", T0 + 100, last_types=closed)) == [resumed[0]]
+    assert listed(await query("support", T0 + 120, last_types=closed, among=among)) == sorted(
+        [*resumed, held]
+    )  # its lease lapsed
 
 
 async def test_running_unheld_lists_a_session_whose_lease_row_was_edited_odd(

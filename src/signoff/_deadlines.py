@@ -8,7 +8,7 @@ named group (the response policy sees `request.escalated_to`) and lifts the dead
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -21,14 +21,16 @@ from .stores import Resolve, SessionSummary, StoredRequest
 
 __all__ = [
     "EXPIRED",
+    "RESUMPTIONS",
     "TIMED_OUT",
     "after_deadline",
+    "closed_by_deadline",
     "due_batch",
     "expiry_resolves",
     "expiry_specs",
     "is_due",
     "is_lapsed",
-    "records_deadline",
+    "resumed_by_deadline",
     "state_after_deadlines",
     "stored_after_deadline",
     "stored_after_expiry",
@@ -187,24 +189,30 @@ def due_batch(state: SessionState, now: float) -> Batch | None:
     return Batch(specs=specs, resolve=resolves, updated_requests=updated)
 
 
-DEADLINE_RECORDS = ("approval.settled", "input.resolved", "approval.candidate")
-"""The types of the events `records_deadline` can be true of: a store lists the sessions whose
-last event is one of them, for a sweep to read only those."""
+RESUMPTIONS = ("turn.waiting", "session.waiting", "input.resolved")
+"""The types of the events `resumed_by_deadline` reads the newest of: a turn parking
+(`turn.waiting`, or `session.waiting` once the session is idle) and a request closing. A store
+lists the running sessions whose newest event of these is an `input.resolved`, for a sweep to
+read only those."""
 
 
-def records_deadline(event: Event) -> bool:
-    """Whether `event` is one `due_batch` writes: a request closed by its passed deadline, a
-    call approved by it (`on_timeout="approve"`), or a request escalated by it. A session whose
-    last event is one, and whose turn that left runnable, had its deadline recorded and was
-    not driven on since (the process that recorded it died first)."""
+def closed_by_deadline(event: Event) -> bool:
+    """Whether `event` closes a request because its deadline passed (denied or approved on
+    timeout): `due_batch`'s record, or a parent's mirror of a subagent's."""
     data = event.data
-    if event.type == "approval.settled":
-        return data.get("auto") == "timeout"
-    if event.type == "input.resolved":
-        return data.get("outcome") == "expired" and data.get("reason") == TIMED_OUT
-    if event.type == "approval.candidate":
-        return data.get("outcome") == "escalated" and data.get("reason") == TIMED_OUT
-    return False
+    return (
+        event.type == "input.resolved"
+        and data.get("outcome") == "expired"
+        and data.get("reason") == TIMED_OUT
+    )
+
+
+def resumed_by_deadline(newest: Sequence[Event]) -> bool:
+    """Whether the last of `newest` (a session's newest events of `RESUMPTIONS`' types, oldest
+    first) closed a request for its passed deadline: a deadline's record (a sweep's, a
+    listing's) last made the turn runnable, not a person, and the turn has not parked since,
+    so the drive that record started, whatever it wrote, never finished (its process died)."""
+    return bool(newest) and closed_by_deadline(newest[-1])
 
 
 def expiry_specs(state: SessionState) -> list[EventSpec]:

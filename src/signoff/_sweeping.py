@@ -1,6 +1,7 @@
 """The sweeps of `Runtime`: applying passed request deadlines and lapsed TTLs across sessions
 (`rt.expire_due()`, a worker's and a server's periodic sweep), and driving the turns they make
-runnable, and those an earlier sweep made runnable but never drove (its process died)."""
+runnable, and those an earlier sweep made runnable but never finished driving (its process
+died)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 
-from ._deadlines import DEADLINE_RECORDS, is_due, is_lapsed, records_deadline
+from ._deadlines import RESUMPTIONS, is_due, is_lapsed, resumed_by_deadline
 from ._exceptions import SessionExpired, StoreError
 from ._messages import Messages
 from ._queue_page import passing_page
@@ -87,7 +88,7 @@ class Sweeps(Messages):
         """Apply every passed request deadline across sessions and resume their turns: all
         the deadlines are recorded first, then the turns driven `SWEEP_DRIVES` at once. On a
         runtime that drives its own turns, it also goes on with the turns an earlier sweep or
-        listing recorded deadlines of but never drove on (its process died in between).
+        listing recorded deadlines of but never finished driving (its process died first).
 
         Run it periodically (a worker does); returns how many sessions it touched.
         """
@@ -124,14 +125,16 @@ class Sweeps(Messages):
         return applied + expired + orphans + len(left)
 
     async def _left_undriven(self, now: float) -> list[str]:
-        """The sessions of this runtime's agents whose passed deadlines were recorded, leaving
-        their turn runnable, and that no drive went on with since: the process that recorded
-        them (a sweep, a listing) died, or failed, before it drove the turn. Nothing else would
-        meet them again in a runtime that drives its own turns: their requests are closed, so no
-        sweep or listing lists them, and it makes no claims (a worker's claims take them).
-        Told by the session's last event (`records_deadline`), among those listed `running`
-        with no drive holding their lease; one still held (a drive here or in another process,
-        or a dead one's lease not lapsed yet) is left to that drive, or to a later sweep."""
+        """The sessions of this runtime's agents whose turn a recorded deadline made runnable
+        and that no drive has parked or ended since: the process that recorded it (a sweep, a
+        listing) died, failed or stopped first, whatever its drive of the turn wrote meanwhile.
+        Nothing else would meet them again in a runtime that drives its own turns: their
+        requests are closed, so no sweep or listing lists them, and it makes no claims (a
+        worker's claims take them). Told by the session's newest park or request closing
+        (`resumed_by_deadline`), among those listed `running` with no drive holding their
+        lease; one still held (a drive here or in another process, or a dead one's lease not
+        lapsed yet) is left to that drive, or to a later sweep. A turn a person's answer
+        resumed is its caller's to retry, as after any other crash."""
         left: list[str] = []
         for agent in sorted(self.agents):
             for row in await self._maybe_undriven(agent, now):
@@ -140,16 +143,16 @@ class Sweeps(Messages):
                 with one_of_many(log, row.id, "its recorded deadlines not gone on with"):
                     if await self._busy(row.id):
                         continue
-                    tail = await self.store.read_events(row.id, after=max(row.head - 1, 0))
-                    if tail and records_deadline(tail[-1]):
+                    newest = await self.store.read_events(row.id, types=RESUMPTIONS, newest=1)
+                    if resumed_by_deadline(newest):
                         left.append(row.id)
         return left
 
     async def _maybe_undriven(self, agent: str, now: float) -> list[SessionSummary]:
         """The running sessions of `agent` that a deadline may have left undriven: those the
-        store tells no drive holds and whose last event could record one (`running_unheld`,
-        one query a page), else every running one. Every page first: driving them would
-        reorder the listing."""
+        store tells no drive holds and whose newest park or request closing is a closing
+        (`running_unheld`, one query a page), else every running one. Every page first:
+        driving them would reorder the listing."""
         query = getattr(self.store, "running_unheld", None)
         rows: list[SessionSummary] = []
         offset, after = 0, None
@@ -160,7 +163,12 @@ class Sweeps(Messages):
                 )
             else:
                 page = await query(
-                    agent, now, last_types=DEADLINE_RECORDS, limit=_SWEEP_PAGE, after=after
+                    agent,
+                    now,
+                    last_types=("input.resolved",),
+                    among=RESUMPTIONS,
+                    limit=_SWEEP_PAGE,
+                    after=after,
                 )
             rows += readable_sessions(page, log, "its recorded deadlines not gone on with")
             if len(page) < _SWEEP_PAGE:

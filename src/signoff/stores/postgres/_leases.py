@@ -296,27 +296,41 @@ class Leases(Connections):
         now: float,
         *,
         last_types: Sequence[str],
+        among: Sequence[str] | None = None,
         limit: int = 100,
         after: str | None = None,
     ) -> list[SessionSummary | DamagedSession]:
         """The running sessions of `agent` whose TTL has not passed by `now`, whose lease no
-        drive holds at `now`, and whose last event is of one of `last_types`, by id past
-        `after`: one query, where reading each session's lease and last event took two."""
+        drive holds at `now`, and whose last event (of those of `among`'s types, if given) is
+        of one of `last_types`, by id past `after`: one query, where reading each session's
+        lease and last event took two."""
         s = self._s
         if not last_types:
             return []
         types = sorted({stored_type(t) for t in last_types} | set(last_types))
         past = "" if after is None else 'AND x.id COLLATE "C" > %s '
+        # The type of the session's last event, or its last of `among`'s types, read back from
+        # the head along the primary key (for a session stranded mid-turn, the events since it
+        # last parked only); in a CASE, which the planner cannot take apart, so only where no
+        # lease is held, not in the scan of every running session.
+        last = f"(SELECT m.type FROM {s}.events m WHERE m.sk = x.sk AND "
+        kinds: list[list[str]] = []
+        if among is None:
+            last += "m.seq = x.head)"
+        else:
+            last += "m.type = ANY(%s) ORDER BY m.seq DESC LIMIT 1)"
+            kinds.append(sorted({stored_type(t) for t in among} | set(among)))
         sql = (
             "SELECT x.id, x.agent, x.status, x.head, x.created_at, x.updated_at, x.expires_at "
-            f"FROM {s}.sessions x JOIN {s}.events e ON e.sk = x.sk AND e.seq = x.head "
-            f"LEFT JOIN {s}.leases l ON l.sk = x.sk "
+            f"FROM {s}.sessions x LEFT JOIN {s}.leases l ON l.sk = x.sk "
             "WHERE x.status = 'running' AND x.agent = %s "
-            "AND (x.expires_at IS NULL OR x.expires_at > %s) AND e.type = ANY(%s) "
-            "AND NOT (l.owner IS NOT NULL AND l.owner <> '' AND l.expires_at > %s) "
-            f'{past}ORDER BY x.id COLLATE "C" LIMIT %s'
+            f"AND (x.expires_at IS NULL OR x.expires_at > %s) {past}"
+            "AND CASE WHEN l.owner <> '' AND l.expires_at > %s THEN false "
+            f"ELSE {last} = ANY(%s) END "
+            'ORDER BY x.id COLLATE "C" LIMIT %s'
         )
-        params = [agent, now, types, now, *([] if after is None else [after]), limit]
+        later = [] if after is None else [after]
+        params = [agent, now, *later, now, *kinds, types, limit]
 
         async def body(conn: Conn) -> list[SessionSummary | DamagedSession]:
             cur = await conn.execute(sql, params)

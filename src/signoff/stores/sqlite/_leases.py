@@ -188,30 +188,42 @@ class Leases(Connection):
         now: float,
         *,
         last_types: Sequence[str],
+        among: Sequence[str] | None = None,
         limit: int = 100,
         after: str | None = None,
     ) -> list[SessionSummary | DamagedSession]:
         """The running sessions of `agent` whose TTL has not passed by `now`, whose lease no
-        drive may hold at `now`, and whose last event is of one of `last_types`, by id past
-        `after`: one query, where reading each session's lease and last event took two."""
+        drive may hold at `now`, and whose last event (of those of `among`'s types, if given)
+        is of one of `last_types`, by id past `after`: one query, where reading each session's
+        lease and last event took two."""
         if not last_types:
             return []
         types = sorted({stored_type(t) for t in last_types} | set(last_types))
+        marks = ",".join("?" * len(types))
         past = "" if after is None else " AND s.id > ?"
+        # The type of the session's last event, or its last of `among`'s types, read back from
+        # the head along the primary key (for a session stranded mid-turn, the events since it
+        # last parked only); in a CASE, so only where no lease is held.
+        last = "(SELECT m.type FROM events m WHERE m.sk = s.sk AND "
+        kinds: list[str] = []
+        if among is None:
+            last += "m.seq = s.head)"
+        else:
+            kinds = sorted({stored_type(t) for t in among} | set(among))
+            last += f"m.type IN ({','.join('?' * len(kinds))}) ORDER BY m.seq DESC LIMIT 1)"
         # A lease is taken as held only when its row says so plainly: one a hand edit left
         # odd is listed, so that reading it then (`lease_held`) says what is wrong with it.
         sql = (
             "SELECT s.id, s.agent, s.status, s.head, s.created_at, s.updated_at, s.expires_at "
-            "FROM sessions s JOIN events e ON e.sk = s.sk AND e.seq = s.head "
-            "LEFT JOIN leases l ON l.sk = s.sk "
+            "FROM sessions s LEFT JOIN leases l ON l.sk = s.sk "
             "WHERE s.status = 'running' AND s.agent = ? "
-            "AND (s.expires_at IS NULL OR s.expires_at > ?) "
-            f"AND e.type IN ({','.join('?' * len(types))}) "
-            "AND NOT (l.owner IS NOT NULL AND l.owner <> '' "
-            "AND typeof(l.expires_at) IN ('integer', 'real') AND l.expires_at > ?)"
-            f"{past} ORDER BY s.id LIMIT ?"
+            f"AND (s.expires_at IS NULL OR s.expires_at > ?){past} "
+            "AND CASE WHEN l.owner IS NOT NULL AND l.owner <> '' "
+            "AND typeof(l.expires_at) IN ('integer', 'real') AND l.expires_at > ? THEN 0 "
+            f"ELSE {last} IN ({marks}) END ORDER BY s.id LIMIT ?"
         )
-        params = [agent, now, *types, now, *([] if after is None else [after]), limit]
+        later = [] if after is None else [after]
+        params = [agent, now, *later, now, *kinds, *types, limit]
         return [swept_summary(row) for row in self.conn.execute(sql, params)]
 
     @serialised
