@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import conninfo
 from typer.testing import CliRunner
 
 import signoff as so
@@ -618,3 +619,34 @@ def test_sessions_lists_leases_as_a_postgres_role_that_may_only_select(
     finally:
         with psycopg.connect(pg_store_url, autocommit=True) as conn:
             conn.execute(f'DROP OWNED BY "{role}"; DROP ROLE "{role}"'.encode())
+
+
+@pytest.mark.parametrize("from_env", [False, True])
+def test_a_resume_hint_opens_the_store_with_its_password(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, from_env: bool
+) -> None:
+    """The command printed to resume a failed turn named the store as logs do, without its
+    password: run as printed against a server that asks for one, it could not connect. A store
+    `SIGNOFF_STORE` names is left to it (the password with it); another shows `***` to fill."""
+    params = conninfo.conninfo_to_dict(pg_url)  # the test cluster trusts loopback: any
+    url = f"postgresql://{params['user']}:hunter2@{params['host']}:{params['port']}/"  # password
+    url += str(params["dbname"])
+    flaky_step.failed = False
+    rt = so.Runtime([flaky], store=url)
+    try:
+        parked = rt.generate_sync("flaky", "Refund order 1042")
+    finally:
+        rt.close_sync()
+    if from_env:
+        monkeypatch.setenv("SIGNOFF_STORE", url)
+        result = invoke("approve", parked.pending[0].id, "tests._cli:flaky")
+    else:
+        result = invoke("approve", parked.pending[0].id, "tests._cli:flaky", "--store", url)
+    assert result.exit_code == 1, result.output
+    hint = f"; it resumes with signoff chat tests._cli:flaky --session {parked.session_id}"
+    if from_env:
+        assert result.stderr.endswith(f"{hint}\n"), result.stderr
+    else:
+        masked = url.replace(":hunter2@", ":***@")
+        assert result.stderr.endswith(f"{hint} --store '{masked}'\n"), result.stderr
+    assert "hunter2" not in result.output

@@ -38,7 +38,7 @@ from .._text import is_utf8
 from .._types import InputRequest, ModelResponse, Principal
 from ..channels.terminal import compact_json, printable
 from ..models import ModelRequest
-from ..stores import DEFAULT_URL
+from ..stores import DEFAULT_URL, _without_password
 from ._commands import Group, closed_pipe
 from ._loading import load_runtime, split_target
 from ._numbers import seconds
@@ -185,6 +185,16 @@ def shown_store(url: str) -> str:
 
         return describe(url)
     return url
+
+
+def store_args(url: str) -> list[str]:
+    """`--store URL` for a command a hint prints, to open the store this one opened: none for
+    the default store or the one `SIGNOFF_STORE` names (run where this was, it opens that one,
+    password and all), else the URL as given with any password shown as `***`, to be filled in
+    (the URL `shown_store` prints leaves it and the driver's options out, and cannot connect)."""
+    if url == DEFAULT_URL or url == os.environ.get("SIGNOFF_STORE"):
+        return []
+    return ["--store", _without_password(url)]
 
 
 class _Console(Console):

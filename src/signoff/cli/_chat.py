@@ -27,7 +27,6 @@ from .._text import is_blank
 from .._types import InputRequest, InputResponse, Principal
 from ..channels.terminal import TerminalChannel, printable
 from ..models import Scripted
-from ..stores import DEFAULT_URL
 from ._app import (
     AsOption,
     StoreOption,
@@ -44,6 +43,7 @@ from ._app import (
     refuse_undecodable,
     run,
     shown_store,
+    store_args,
     tool_line,
 )
 from ._loading import load_runtime, split_target
@@ -183,8 +183,8 @@ class _Chat:
         if request.response_policy:
             args.append(self.target)
         url = getattr(self.runtime.store, "url", None)
-        if isinstance(url, str) and url != DEFAULT_URL:
-            args += ["--store", shown_store(self.runtime.store.url)]
+        if isinstance(url, str):
+            args += store_args(url)
         if self.acting_as is not None:
             args += ["--as", self.acting_as]
         return printable(shlex.join(args))

@@ -33,7 +33,7 @@ from .._text import HIDDEN, escape_as_json
 from .._types import InputRequest, InputResponse, Principal
 from .._unlisted import unlisted
 from ..channels.terminal import compact_json, duration, printable
-from ..stores import DEFAULT_URL, PendingFilter, SessionSummary, SQLiteStore
+from ..stores import PendingFilter, SessionSummary, SQLiteStore
 from ._app import (
     AsOption,
     NoModel,
@@ -56,6 +56,7 @@ from ._app import (
     say_cut,
     shown_of,
     shown_store,
+    store_args,
     store_of,
 )
 from ._loading import load_runtime, split_target
@@ -433,8 +434,7 @@ async def _settle(
     else:
         given = answer.option_id if answer.option_id is not None else compact_json(answer.text)
         console.print(f"[green]answered[/] {request_id} with {printable(given)} {where}")
-    url = runtime.store.url
-    on = "" if url == DEFAULT_URL else f" --store {shlex.quote(shown_store(runtime.store.url))}"
+    on = "".join(f" {shlex.quote(arg)}" for arg in store_args(runtime.store.url))
     if result.pending:  # `running` too: an approved call can run while another still waits
         ids = ", ".join(r.id for r in result.pending)
         console.print(f"[yellow]the turn still waits on: {ids}[/]")
