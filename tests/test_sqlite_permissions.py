@@ -533,3 +533,31 @@ def test_the_sessions_command_tells_a_held_session_on_a_store_it_may_only_read(
     before = leases(url)
     assert as_user(READER, listed) == {held: "running", free: "failed"}
     assert leases(url) == before
+
+
+def test_signoff_names_a_read_only_file_system_as_such(folder: Path) -> None:
+    """A store to create on a file system mounted read-only (a container's volume) was named a
+    permission problem of "this user", which no chmod or other user mends; here the mount is
+    made in a mount namespace of the command's own, gone with it."""
+    import subprocess
+    import sys
+
+    mounted = folder / "volume"
+    mounted.mkdir()
+    src = Path(__file__).resolve().parents[1] / "src"
+    script = (
+        f"mount -t tmpfs -o ro tmpfs {mounted} && exec {sys.executable} -m signoff db upgrade "
+        f"--store sqlite:///{mounted / 'new.db'}"
+    )
+    ran = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", script],
+        env={**os.environ, "PYTHONPATH": str(src)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 1, ran
+    assert ran.stderr == (
+        f"error: StoreError: cannot open SQLite store {mounted / 'new.db'}: the file system "
+        f"holding {mounted} is mounted read-only\n"
+    )

@@ -54,5 +54,15 @@ def unopenable(path: str) -> str | None:
             )
         return None
     if not os.access(folder, os.W_OK | os.X_OK):
+        if _read_only(folder):  # no user may: chmod or another user mends nothing
+            return f"the file system holding {folder} is mounted read-only"
         return f"this user may not create files in {folder} (permission denied)"
     return None
+
+
+def _read_only(folder: str) -> bool:
+    """Whether `folder` is on a file system mounted read-only (a container's volume, often)."""
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
