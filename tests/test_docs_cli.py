@@ -58,6 +58,10 @@ def test_the_readme_shows_every_command() -> None:
         if words[:1] == ["signoff"]:
             shown |= {" ".join(words[1:2]), " ".join(words[1:3])}
     assert every - shown == set()
+    # and in the status's list of what exists today, which left out cancel, delete and prune
+    listed = re.search(r"- The command line: (.*?)\.\n", (ROOT / "README.md").read_text(), re.S)
+    assert listed is not None
+    assert set(re.findall(r"`([^`]+)`", listed.group(1))) == every
 
 
 def test_every_command_and_option_the_docs_name_in_their_text_exists() -> None:
