@@ -650,3 +650,16 @@ def test_a_resume_hint_opens_the_store_with_its_password(
         masked = url.replace(":hunter2@", ":***@")
         assert result.stderr.endswith(f"{hint} --store '{masked}'\n"), result.stderr
     assert "hunter2" not in result.output
+
+
+def test_a_hint_masks_all_of_a_password_libpq_reads_from_the_query() -> None:
+    """libpq reads `?password=` up to the next `&`, a `#` included: the hint's mask stopped at
+    the `#` and printed the rest of the password."""
+    from signoff.cli._app import store_args
+
+    url = "postgresql://app@db/prod?password=hunter2#42&sslmode=require"
+    assert store_args(url) == ["--store", "postgresql://app@db/prod?password=***&sslmode=require"]
+    assert store_args("postgresql://app:pw#1@db/prod") == [
+        "--store",
+        "postgresql://app:***@db/prod",
+    ]

@@ -72,5 +72,6 @@ def open_store(store: str | Store | None) -> Store:
 def _without_password(url: str) -> str:
     """`url` with any password (`user:PASSWORD@`, `password=…`) masked: the URL of a store this
     signoff does not know, e.g. a SQLAlchemy `postgresql+psycopg://`, is still named in errors."""
-    url = re.sub(r"(//[^/?#@:]*):[^/?#]*@", r"\1:***@", url)
-    return re.sub(r"(?i)(password=)[^&#]*", r"\1***", url)
+    url = re.sub(r"(//[^/?#@:]*):[^/?@]*@", r"\1:***@", url)
+    # libpq reads a parameter's value up to the next "&": a "#" in it starts no fragment.
+    return re.sub(r"(?i)(password=)[^&]*", r"\1***", url)
