@@ -32,9 +32,9 @@ class YieldingStore(SQLiteStore):
         super().__init__(url)
         self.lost = lost
 
-    async def head(self, session_id: str) -> int | None:
+    async def head(self, session_id: str, *, shown: so.Event | None = None) -> int | None:
         await asyncio.sleep(0)
-        return await super().head(session_id)
+        return await super().head(session_id, shown=shown)
 
     async def load(self, session_id: str) -> Loaded | None:
         await asyncio.sleep(0)

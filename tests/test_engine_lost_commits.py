@@ -14,7 +14,10 @@ import psycopg
 import pytest
 
 import signoff as so
+from signoff.stores import Commit
 from signoff.testing import call, call_tools, reply, scripted_agent, store_contents
+
+from .conftest import make_store
 
 Restore = Callable[[], Awaitable[None]]
 
@@ -102,3 +105,55 @@ async def test_a_drive_whose_store_lost_its_last_commits_stops_and_records_nothi
         assert await store_contents(rt.store, sid) == kept
         state = await rt.state(sid)  # it reads: no event names a call the log lost
         assert state.seq == kept.head
+
+
+async def test_a_drive_whose_lost_commits_were_written_again_stops_and_records_nothing(
+    store_url: str,
+) -> None:
+    """As above, and then another process wrote the session up to the seq the drive had reached
+    (filler events here): the store's head is the one the drive expects, so its next commit
+    applied, on a log that does not hold what it was planned from. The head event is checked
+    too (`Commit.expected_event`): the drive stops with a `StoreError`, writing nothing."""
+    reached: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+    go = {"first": asyncio.Event(), "second": asyncio.Event()}
+
+    async def pause(name: str, ctx: so.ToolContext) -> str:
+        await reached.put((name, ctx.session.id))
+        await go[name].wait()
+        return "done"
+
+    @so.tool
+    async def first(ctx: so.ToolContext) -> str:
+        """The first step."""
+        return await pause("first", ctx)
+
+    @so.tool
+    async def second(ctx: so.ToolContext) -> str:
+        """The second step."""
+        return await pause("second", ctx)
+
+    script = [call_tools(call("first")), call_tools(call("second")), reply("Done.")]
+    agent = scripted_agent("a", script, tools=[first, second])
+    async with so.Runtime([agent], store=store_url) as rt:
+        turn = asyncio.create_task(rt.generate("a", prompt="go"))
+        _, sid = await asyncio.wait_for(reached.get(), 20)
+        kept = await rt.store.head(sid) or 0
+        put_back = await _copy(store_url)
+        go["first"].set()
+        assert (await asyncio.wait_for(reached.get(), 20))[0] == "second"
+        head = await rt.store.head(sid) or 0
+        await put_back()  # the commits since the copy are lost
+        other = make_store(store_url)
+        await other.open()
+        try:
+            for seq in range(kept + 1, head + 1):  # written again, by another process
+                filler = so.Event(session_id=sid, seq=seq, type="session.waiting", at=seq)
+                await other.commit(Commit(session_id=sid, expected_seq=seq - 1, events=[filler]))
+        finally:
+            await other.close()
+        written = await store_contents(rt.store, sid)
+        go["second"].set()
+        with pytest.raises(so.StoreError, match="another event at the seq .* lost commits"):
+            await asyncio.wait_for(turn, 20)
+        assert await store_contents(rt.store, sid) == written
+        assert (await rt.state(sid)).seq == head

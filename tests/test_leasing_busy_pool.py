@@ -119,11 +119,11 @@ async def test_a_slow_read_of_what_others_recorded_holds_up_no_renewal(store_url
         head = store.head
         slow = asyncio.Event()
 
-        async def slow_head(session_id: str) -> int | None:
+        async def slow_head(session_id: str, *, shown: so.Event | None = None) -> int | None:
             if slow.is_set():
                 slow.clear()  # the next renewal's read, once
                 await asyncio.sleep(3.75)
-            return await head(session_id)
+            return await head(session_id, shown=shown)
 
         store.head = slow_head  # type: ignore[method-assign]
         sid = await holder.create_session("support")

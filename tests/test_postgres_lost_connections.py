@@ -385,9 +385,9 @@ async def test_a_drive_reads_the_head_with_its_lease_not_after_it(pg_store_url: 
         heads: list[str] = []
         real_head = store.head
 
-        async def head(session_id: str) -> int | None:
+        async def head(session_id: str, *, shown: so.Event | None = None) -> int | None:
             heads.append(session_id)
-            return await real_head(session_id)
+            return await real_head(session_id, shown=shown)
 
         store.head = head  # type: ignore[method-assign]
         r = await rt.generate(session_id=r.session_id, prompt="two")
@@ -414,9 +414,9 @@ async def test_a_worker_drive_reads_the_head_with_its_claim_not_after_it(
         heads: list[str] = []
         real_head = worker.store.head
 
-        async def head(session_id: str) -> int | None:
+        async def head(session_id: str, *, shown: so.Event | None = None) -> int | None:
             heads.append(session_id)
-            return await real_head(session_id)
+            return await real_head(session_id, shown=shown)
 
         worker.store.head = head  # type: ignore[method-assign]
         stop = asyncio.Event()

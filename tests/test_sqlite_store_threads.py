@@ -145,7 +145,7 @@ async def test_waiting_for_a_change_leaves_the_store_to_other_threads(store: SQL
 
 class _Suspending(SQLiteStore):
     @serialised
-    async def head(self, session_id: str) -> int | None:
+    async def head(self, session_id: str, *, shown: so.Event | None = None) -> int | None:
         await asyncio.sleep(0)
         return None
 

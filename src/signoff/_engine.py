@@ -111,6 +111,7 @@ class Driver(ToolCalls, ModelStep):
         # The state as a turn this drive ran failed for good, when it went on to the message
         # queued behind it: the drive is a failed one, and its span says that turn's failure.
         self.failed_turn: SessionState | None = None
+        self.recorded = 0  # the seq of the last event this drive recorded
         # Set by a worker's drive: once it says so (the worker is stopping), a message queued
         # behind the turn is left to start in another drive, not started by this one.
         self.stopping: Callable[[], bool] | None = None
@@ -187,7 +188,7 @@ class Driver(ToolCalls, ModelStep):
                     )
                     for i, (t, d) in enumerate(batch)
                 ]
-                before = state.seq
+                before, planned_on = state.seq, state.shown()
                 after = shadow(state, events, before)
                 release = (
                     self.release_at_end
@@ -217,6 +218,7 @@ class Driver(ToolCalls, ModelStep):
                             else self._expires_at(state, after, now),
                             release_lease=release,
                             waited=release and after is not None and waited_for_a_person(after),
+                            expected_event=planned_on,
                         )
                     )
                 except BaseException as exc:
@@ -231,7 +233,17 @@ class Driver(ToolCalls, ModelStep):
                     await self.reload()
                     if self.state.seq < before:
                         raise _went_back(self.state.id, self.state.seq, before) from exc
-                    if self.state.seq > before:  # others appended first: try on, read anew
+                    # Another event at that seq: the store lost commits, then took others'.
+                    again = (
+                        planned_on is not None
+                        and self.state.seq == before
+                        and self.state.shown() != planned_on
+                    )
+                    if again and before <= self.recorded:  # what this drive recorded is gone
+                        raise _went_back(self.state.id, self.state.seq, before, again) from exc
+                    if self.state.seq > before or again:
+                        # Others appended first (or, once the store lost commits, wrote that
+                        # seq again under a state cached here): try on, read anew.
                         beaten, unexplained = beaten + 1, 0
                     else:
                         unexplained += 1
@@ -240,6 +252,7 @@ class Driver(ToolCalls, ModelStep):
                 # Applied only once committed, so a state object is never ahead of the store.
                 for e in events:
                     state.apply(e)
+                self.recorded = state.seq
                 if any(e.type == "turn.started" for e in events):
                     self.own_turn = tid  # this drive goes on with the turn it started
                 self.released = release
@@ -391,14 +404,19 @@ def _given_up(sid: str, first: float, beaten: int, unexplained: int, exc: BaseEx
         ) from exc
 
 
-def _went_back(session_id: str, head: int, before: int) -> StoreError:
+def _went_back(session_id: str, head: int, before: int, again: bool = False) -> StoreError:
     """The store holds less of the session than this drive had recorded: it lost commits it had
     acknowledged (a PostgreSQL server that crashed, whose ordinary commits skip the WAL flush,
-    or a restore). What the drive would record next was planned from what is gone, so it stops
-    and records nothing; the session goes on from what is stored, in a new drive."""
+    or a restore), and (`again`) another process has written that seq since. What the drive
+    would record next was planned from what is gone, so it stops and records nothing; the
+    session goes on from what is stored, in a new drive."""
+    where = (
+        f"holds another event at the seq {before} this drive had recorded"
+        if again
+        else f"is at seq {head} in the store, behind the seq {before} this drive had recorded"
+    )
     return StoreError(
-        f"session {session_id!r} is at seq {head} in the store, behind the seq {before} this "
-        "drive had recorded: the store lost commits it had acknowledged (a database server "
-        "that crashed, or a restore); the drive stops, recording nothing, and the session is "
-        "driven again from what is stored"
+        f"session {session_id!r} {where}: the store lost commits it had acknowledged (a "
+        "database server that crashed, or a restore); the drive stops, recording nothing, "
+        "and the session is driven again from what is stored"
     )

@@ -199,6 +199,10 @@ async def load_state(store: Store, session_id: str) -> SessionState:
         await _check_head(store, session_id, 0 if state is None else state.seq, loaded.head)
     if state is None:
         raise UnknownSession(session_id)
+    if state.last is None:  # an older signoff's snapshot at the head: its event read alone
+        for event in await store.read_events(session_id, after=state.seq - 1, limit=1):
+            if event.seq == state.seq:
+                state.last = (event.type, event.at, event.turn_id)
     return state
 
 

@@ -1,7 +1,7 @@
 """`Runtime`: the public facade. Starts and resumes turns, settles answers, lists the queue.
 
 Nothing is held in memory between calls that the store does not also hold: the in-process cache
-of session states is checked against the store's head before every use.
+of session states is checked against the store's head, and the event it ends at, before every use.
 """
 
 from __future__ import annotations

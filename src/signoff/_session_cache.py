@@ -1,8 +1,9 @@
 """`SessionCache`: the runtime's store, settings and live state, and its in-process cache of
 session states, on which `SessionRunner` starts and drives turns.
 
-The in-process cache of session states is checked against the store's head before every use,
-so nothing is trusted from memory that the store does not also hold.
+The in-process cache of session states is checked against the store's head, and the event it
+ends at, before every use (a commit planned on one checks that event too), so nothing is trusted
+from memory that the store does not also hold.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ._deadlines import due_batch, expiry_resolves, expiry_specs
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
+    EventsRewritten,
     ModelError,
     SessionExpired,
     StoreError,
@@ -361,28 +363,36 @@ class SessionCache(Leasing):
         return await self._state_at(session_id, None)
 
     async def _state_at(self, session_id: str, head: int | None) -> SessionState:
-        """`_state`, checked against `head` if the caller just read it (with a lease) instead."""
+        """`_state`, checked against `head` instead if the caller just read it (a lease's grant,
+        which checked the event the cached state ends at: `_shown`). A cached state is checked
+        by the last event it folded, not its seq alone: a store that lost commits (a PostgreSQL
+        crash) may have had those seqs written again by another process."""
         check_session_id(session_id)
         await self.open()
         cached = self._cache.get(session_id)
         if cached is not None:
             if head is None:
-                head = await self.store.head(session_id)
+                try:
+                    head = await self.store.head(session_id, shown=cached.shown())
+                except EventsRewritten:
+                    head = -1  # the store lost that event: loaded anew, as behind a head
             if head is None:
                 raise UnknownSession(session_id)
             if head == cached.seq:
                 self._remember(cached)  # another task may have dropped it while we awaited
                 return cached
             if head < cached.seq:
-                # The store went back (a restore over it, a schema made anew): what was folded
-                # here is no longer there, so the session is loaded as it now stands.
+                # The store went back (a restore over it, a schema made anew, a crash that lost
+                # commits): what was folded here is no longer there, so the session is loaded
+                # as it now stands.
                 self._cache.pop(session_id, None)
                 cached = None
         if cached is not None:
             try:
                 # Drivers commit and apply under this lock: fold in only what none has applied.
                 async with self._lock_of(session_id):
-                    tail = await self.store.read_events(session_id, after=cached.seq)
+                    shown = cached.shown()  # raises `EventsRewritten` if written again meanwhile
+                    tail = await self.store.read_events(session_id, after=cached.seq, shown=shown)
                     state = fold(tail, cached)
                 self._remember(state)
                 return state
@@ -391,6 +401,11 @@ class SessionCache(Leasing):
         state = await load_state(self.store, session_id)
         self._remember(state)
         return state
+
+    def _shown(self, session_id: str) -> Event | None:
+        """The last event the session's cached state folded, if any (`SessionState.shown`)."""
+        cached = self._cache.get(session_id)
+        return None if cached is None else cached.shown()
 
     def _remember(self, state: SessionState) -> None:
         self._cache[state.id] = state

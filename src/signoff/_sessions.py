@@ -13,6 +13,7 @@ from functools import partial
 from . import _creation
 from ._agent import Agent
 from ._engine import Driver
+from ._events import Event
 from ._exceptions import LeaseLost, PartialAnswer, SessionBusy, SessionExpired, StoreError
 from ._idempotency import Keyed, seen
 from ._leasing import lost_line
@@ -149,16 +150,19 @@ class SessionRunner(SessionCache):
                 continue
             driver = self._driver(state, None)
             turn_id = new_id("trn")
-            checked = state.seq
+            checked = state.seq, state.shown()
             who = None if auth is None else auth.model_dump()
             specs = next_turn(state, prompt, who, source, idem)
 
             def start(
-                current: SessionState, checked: int = checked, specs: list[EventSpec] = specs
+                current: SessionState,
+                checked: tuple[int, Event | None] = checked,
+                specs: list[EventSpec] = specs,
             ) -> list[EventSpec]:
-                # Someone appended since the checks above (a turn, an open request): check again
-                # rather than start a turn over theirs.
-                if current.seq != checked:
+                # Someone appended since the checks above (a turn, an open request), or wrote
+                # that seq again after the store lost commits: check again rather than start a
+                # turn over theirs.
+                if (current.seq, current.shown()) != checked:
                     raise Changed
                 return specs
 
@@ -239,7 +243,12 @@ class SessionRunner(SessionCache):
                         return self._result(state, outcomes, busy=True)
                     token = acquired
                 # The session's head when this lease was granted, if the store read it then.
-                head: int | None = None if granted is None else granted(session_id, token)
+                # Checked against the event this runtime's cached state ends at (`_state_at`).
+                head: int | None = (
+                    None
+                    if granted is None
+                    else granted(session_id, token, shown=self._shown(session_id))
+                )
                 span = self._tracing.drive(session_id)  # before the renewals: nothing to leak
                 renewing = asyncio.Event()
                 renewing.set()

@@ -14,7 +14,7 @@ from typing import Any
 
 from ._conversation import MALFORMED, Conversation
 from ._event_handlers import HANDLERS
-from ._events import BOOKKEEPING, Event
+from ._events import BOOKKEEPING, EVENT_TYPES, Event, EventType
 from ._exceptions import SchemaVersionError, StoreError
 from ._state_parts import (
     CallState,
@@ -115,6 +115,26 @@ class SessionState:
     candidates: dict[str, dict[str, Any]] = field(default_factory=dict)
     # None when rebuilt from a snapshot: the engine loads it from the events on demand.
     conversation: Conversation | None = field(default_factory=lambda: Conversation())
+    # The type, time and turn of the event at `seq`, the last one folded (None: not known, a
+    # snapshot of an older signoff's): a store that lost commits can hold another event at that
+    # seq, written again since, which the seq alone does not tell from this one (`shown`).
+    last: tuple[EventType, float, str | None] | None = field(
+        default=None, compare=False, repr=False
+    )
+    _shown: Event | None = field(default=None, init=False, compare=False, repr=False)
+
+    def shown(self) -> Event | None:
+        """The last event folded, without its data, for a store to check it still holds it
+        (`EventsRewritten`, `Commit.expected_event`); None if not known. Made once a seq: each
+        use of a cached state asks for it."""
+        last, made = self.last, self._shown
+        if made is not None and made.seq == self.seq:
+            return made
+        if last is None or not self.seq:
+            return None
+        made = Event(session_id=self.id, seq=self.seq, type=last[0], at=last[1], turn_id=last[2])
+        self._shown = made
+        return made
 
     @property
     def messages(self) -> list[Message] | None:
@@ -180,6 +200,7 @@ class SessionState:
                 f"session {self.id} is damaged: event seq {event.seq} does not follow {self.seq}"
             )
         self.seq = event.seq
+        self.last = (event.type, event.at, event.turn_id)
         if event.type not in BOOKKEEPING:  # the session was not active: its TTL runs on
             self.updated_at = event.at  # (`Driver.record` keeps the row's deadline)
         handler = HANDLERS[event.type]
@@ -222,6 +243,7 @@ class SessionState:
             "earlier_requests": self.earlier_requests,
             "keys": self.keys,
             "candidates": self.candidates,
+            **({} if self.last is None else {"last": list(self.last)}),
             "requests": [
                 {
                     "request": r.request.model_dump(mode="json"),
@@ -348,6 +370,7 @@ class SessionState:
             keys=dict(self.keys),
             candidates=dict(self.candidates),
             conversation=None,
+            last=self.last,
         )
 
     @classmethod
@@ -423,10 +446,26 @@ class SessionState:
             },
             turn=turn,
             conversation=None,
+            last=_last_of(data.get("last")),
         )
         for call in () if turn is None else turn.calls.values():
             check_asked(call, state.requests)
         return state
+
+
+def _last_of(value: Any) -> tuple[EventType, float, str | None] | None:
+    """The last event's type, time and turn as a snapshot keeps them; None if it does not (an
+    older signoff's), which leaves them to be read from the store."""
+    if value is None:
+        return None
+    kind, at, turn = value
+    if (
+        kind not in EVENT_TYPES
+        or not isinstance(at, int | float)
+        or not isinstance(turn, str | None)
+    ):
+        raise ValueError(f"a snapshot's last event is malformed: {value!r:.100}")
+    return kind, float(at), turn
 
 
 def _paused_of(value: Any) -> tuple[dict[str, Any], ...]:

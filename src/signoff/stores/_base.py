@@ -99,8 +99,9 @@ class Commit:
     """Everything one transaction writes to one session.
 
     It applies only if the session's head is still `expected_seq` (and, given a lease token, the
-    lease is still ours: that token, and `lease_owner`'s if given); every `Resolve` must find its
-    request pending, or nothing is written.
+    lease is still ours: that token, and `lease_owner`'s if given, and given `expected_event`,
+    the event there is still that one); every `Resolve` must find its request pending, or
+    nothing is written.
     """
 
     session_id: str
@@ -121,6 +122,10 @@ class Commit:
     # With release_lease: the turn ends here after waiting for a person, so it was slow anyway
     # and the store may tidy up at no cost to back-to-back turns (SQLite folds its WAL).
     waited: bool = False
+    # The event at `expected_seq` the commit was planned on (`SessionState.shown`; its type and
+    # time are compared): a store that lost it in a crash, and had that seq written again since,
+    # refuses the commit (`AppendConflict`) rather than have it build on what is gone.
+    expected_event: Event | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -312,8 +317,9 @@ class Store(Protocol):
         `after` a follower read before, is checked in the same read (`EventsRewritten`)."""
         ...
 
-    async def head(self, session_id: str) -> int | None:
-        """The seq of the session's last event, or None if there is no such session."""
+    async def head(self, session_id: str, *, shown: Event | None = None) -> int | None:
+        """The seq of the session's last event, or None if there is no such session. `shown`,
+        an event a cached state ended at, is checked in the same read (`EventsRewritten`)."""
         ...
 
     async def commit(self, commit: Commit) -> None:

@@ -1,6 +1,7 @@
 """The check a follower's read makes that the last event it showed is still the store's: a store
 that lost commits (a crash, a restored copy) and then ran the session on has another event at
-that seq, which the follower would skip, reading on after it."""
+that seq, which the follower would skip, reading on after it. A cached state, and a commit
+planned on one, are checked the same way."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from .._events import Event
 from .._exceptions import EventsRewritten
 from ._codec import type_name
 
-__all__ = ["check_shown"]
+__all__ = ["check_shown", "rewritten"]
 
 
 def check_shown(session_id: str, shown: Event, row: Sequence[Any] | None) -> None:
@@ -28,3 +29,12 @@ def check_shown(session_id: str, shown: Event, row: Sequence[Any] | None) -> Non
         ):
             return
     raise EventsRewritten(session_id, shown.seq)
+
+
+def rewritten(session_id: str, seq: int) -> str:
+    """What `AppendConflict` says of a commit planned on an event at `seq` the store no longer
+    holds (`Commit.expected_event`)."""
+    return (
+        f"session {session_id!r}: its event {seq} is not the one this commit was planned on "
+        "(the store lost commits and that seq was written again)"
+    )

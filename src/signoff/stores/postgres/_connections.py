@@ -162,9 +162,10 @@ class Connections(Migrations):
         # under the session's row lock.
         self._state: PerSession[Seen] = PerSession()
         self._tails: Tails[Tail | None] = Tails()
-        # The head each session had when this store granted a lease on it, by token
-        # (`granted_head`): the drive under that lease needs no round trip to read it.
-        self._granted: PerSession[tuple[int, int]] = PerSession()
+        # The head each session had when this store granted a lease on it, by token, with that
+        # event's stored type, time and turn (`granted_head`): the drive under that lease needs
+        # no round trip to read it, nor to check it is the event its cached state ends at.
+        self._granted: PerSession[tuple[int, int, Sequence[Any] | None]] = PerSession()
         # Claims whose connection was lost and that were sent again (`Leases.claim`): by owner,
         # each one's lease expiry and the sessions the resend took.
         self._unsure: dict[str, list[tuple[float, list[str]]]] = {}

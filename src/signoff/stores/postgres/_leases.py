@@ -10,7 +10,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import TupleRow
 
-from ..._exceptions import UnknownSession
+from ..._events import Event
+from ..._exceptions import EventsRewritten, UnknownSession
 from .._base import (
     CHANNEL_CLAIMED,
     CHANNEL_MEMOS,
@@ -23,6 +24,7 @@ from .._base import (
 )
 from .._codec import stored_type
 from .._memos import checked_memo_names, checked_memos
+from .._shown import check_shown
 from .._swept_rows import DamagedSession, swept_summary
 from ._connections import Conn, Connections, storable
 from ._sql import named_turn
@@ -71,12 +73,24 @@ class Leases(Connections):
             await pool.resize(self.min_size, connections)
         return before, self.max_size
 
-    def granted_head(self, session_id: str, token: int) -> int | None:
+    def granted_head(
+        self, session_id: str, token: int, *, shown: Event | None = None
+    ) -> int | None:
         """The session's head when this store granted it lease `token` (by `claim` or
-        `acquire_lease`), once; None if it granted no such lease. A token names one grant, so
-        the drive holding it reads the head it began at without another round trip."""
+        `acquire_lease`), once; None if it granted no such lease, or if `shown` (the event a
+        cached state ends at) is at that head and the grant found another event there. A token
+        names one grant, so the drive holding it reads the head it began at, checked, without
+        another round trip."""
         granted = self._granted.pop(session_id, None)
-        return granted[1] if granted is not None and granted[0] == token else None
+        if granted is None or granted[0] != token:
+            return None
+        _, head, row = granted
+        if shown is not None and shown.seq == head:
+            try:
+                check_shown(session_id, shown, row)
+            except EventsRewritten:
+                return None
+        return head
 
     async def claim(
         self,
@@ -124,10 +138,12 @@ class Leases(Connections):
                 # re-checked on the latest row: an acquire_lease may have won meanwhile
                 "WHERE l.owner = '' OR l.expires_at < %s "
                 "RETURNING l.sk, l.token) "
-                "SELECT c.id, i.token, c.head, c.audit_n, c.audit_hash, t.seq, t.turn"
+                "SELECT c.id, i.token, c.head, c.audit_n, c.audit_hash, t.seq, t.turn, "
+                "h.type, h.at, h.turn"
                 + ("" if sync is None else ", set_config('synchronous_commit', %s, true)")
                 + " FROM i JOIN c ON c.sk = i.sk "
                 f"LEFT JOIN LATERAL ({named_turn(s, 'c.sk', 'c.head')}) t ON true "
+                f"LEFT JOIN {s}.events h ON h.sk = c.sk AND h.seq = c.head "
                 "ORDER BY c.updated_at",
                 (now, now, *([] if agents is None else [list(agents)]))
                 + ((list(skip),) if skip else ())
@@ -164,7 +180,7 @@ class Leases(Connections):
         if sent_again is not None:
             sent_again[:] = [session_id for session_id, _, _ in claimed]
         for session_id, token, row in claimed:
-            self._granted[session_id] = (token, self._moved(session_id, row))
+            self._granted[session_id] = (token, self._moved(session_id, row), _head_row(row))
         return [(session_id, token) for session_id, token, _ in claimed]
 
     async def _give_back_orphans(
@@ -227,8 +243,10 @@ class Leases(Connections):
                 "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at "
                 "WHERE l.owner = '' OR l.owner = excluded.owner OR l.expires_at <= %s "
                 "RETURNING token) "
-                "SELECT (SELECT token FROM i), x.head, x.audit_n, x.audit_hash, t.seq, t.turn "
-                f"FROM x LEFT JOIN LATERAL ({named_turn(s, 'x.sk', 'x.head')}) t ON true",
+                "SELECT (SELECT token FROM i), x.head, x.audit_n, x.audit_hash, t.seq, t.turn, "
+                "h.type, h.at, h.turn FROM x LEFT JOIN LATERAL "
+                f"({named_turn(s, 'x.sk', 'x.head')}) t ON true "
+                f"LEFT JOIN {s}.events h ON h.sk = x.sk AND h.seq = x.head",
                 (session_id, owner, now + ttl, now),
             )
             row = await cur.fetchone()
@@ -245,7 +263,7 @@ class Leases(Connections):
         token, row = acquired
         head = self._moved(session_id, row)
         if token is not None:
-            self._granted[session_id] = (token, head)
+            self._granted[session_id] = (token, head, _head_row(row))
         return token
 
     async def renew_lease(
@@ -484,3 +502,9 @@ class Leases(Connections):
             return [(str(n), str(v), float(at)) for n, v, at in await cur.fetchall()]
 
         return await self._read(body, f"reading the channel memos {prefix!r}")
+
+
+def _head_row(row: Sequence[Any]) -> Sequence[Any] | None:
+    """The stored type, time and turn of the head event, from a grant's row (`head, audit_n,
+    audit_hash, turn seq, turn`, then those): None when the session has no such row."""
+    return None if row[5] is None else row[5:8]

@@ -213,23 +213,31 @@ class Reads(AuditReads):
             )
         return key, events
 
-    async def head(self, session_id: str) -> int | None:
+    async def head(self, session_id: str, *, shown: Event | None = None) -> int | None:
         """The session's head. The state a commit guesses is read with it, so that the next
-        commit to a session another process moved on needs no round trip to read it first."""
+        commit to a session another process moved on needs no round trip to read it first;
+        and with `shown`, the row at its seq (`check_shown`)."""
         s = self._s
         if not storable(session_id):
             return None
+        columns = "s.head, s.audit_n, s.audit_hash, t.seq, t.turn"
+        joined = f"LEFT JOIN LATERAL ({named_turn(s, 's.sk', 's.head')}) t ON true"
+        params: tuple[Any, ...] = (session_id,)
+        if shown is not None:
+            columns += ", x.type, x.at, x.turn"
+            joined += f" LEFT JOIN {s}.events x ON x.sk = s.sk AND x.seq = %s"
+            params = (shown.seq, session_id)
+        sql = f"SELECT {columns} FROM {s}.sessions s {joined} WHERE s.id=%s"
 
         async def body(conn: Conn) -> int | None:
-            cur = await conn.execute(
-                f"SELECT s.head, s.audit_n, s.audit_hash, t.seq, t.turn FROM {s}.sessions s "
-                f"LEFT JOIN LATERAL ({named_turn(s, 's.sk', 's.head')}) t ON true WHERE s.id=%s",
-                (session_id,),
-            )
+            cur = await conn.execute(sql, params)
             row = await cur.fetchone()
             if row is None:
                 return None
-            return self._moved(session_id, row)
+            head = self._moved(session_id, row)
+            if shown is not None:
+                check_shown(session_id, shown, None if row[5] is None else row[5:8])
+            return head
 
         return await self._read(body, f"reading the head of session {session_id!r}")
 

@@ -288,6 +288,7 @@ def commit_sql(
     sync: bool,
     owner: bool = False,
     checked: int = 0,
+    shown: bool = False,
 ) -> str:
     """`commit`'s statement for a commit of this shape.
 
@@ -297,8 +298,11 @@ def commit_sql(
     events, whose rows depend on it) the row naming the turn, and the stored data of the
     `checked` rows ending at the head (those its first event is deflated on) are as the
     commit expects, and every write reads it, so a commit that does not apply writes nothing.
-    The answer is the state found and whether it applied (and the lease's owner, after the
-    turn); `request_closed()` raises, undoing all of it, if a request to resolve was not pending.
+    With `shown`, `h` holds whether the head event's time and type (code, or name as an older
+    signoff stored it) are the ones the commit was planned on, and `g` requires it too. The
+    answer is the state found and whether it applied (and the lease's owner, after the turn,
+    and with `shown` what `h` holds, last); `request_closed()` raises, undoing all of it, if a
+    request to resolve was not pending.
 
     `t` sees the events as they were when the statement started. If it then waited for the row
     lock, events committed meanwhile are missing from it, but they moved the head too: `g` does
@@ -329,6 +333,12 @@ def commit_sql(
         check += " AND (SELECT token FROM l) = %s::bigint"
         if owner:
             check += " AND (SELECT owner FROM l) = %s::text"
+    if shown:
+        parts.append(
+            f"h AS (SELECT EXISTS (SELECT FROM {s}.events x, c WHERE x.sk = c.sk "
+            "AND x.seq = c.head AND x.at = %s::float8 AND x.type IN (%s, %s)) AS same)"
+        )
+        check += " AND (SELECT same FROM h)"
     for i in range(checked):
         check += (
             f" AND (SELECT p.data FROM {s}.events p WHERE p.sk = c.sk "
@@ -397,4 +407,6 @@ def commit_sql(
             "WHERE y.dup OR y.id NOT IN (SELECT id FROM r) ORDER BY y.i LIMIT 1) z "
             "WHERE EXISTS (SELECT FROM g))"
         )
+    if shown:
+        answer += ", (SELECT same FROM h)"
     return "WITH " + ", ".join(parts) + " SELECT " + answer + " FROM c"

@@ -26,9 +26,10 @@ from ..._events import Event, dumps
 from ..._exceptions import AppendConflict, LeaseLost, SessionDeleted, StoreError, UnknownSession
 from .._audit import AuditRow, chain_parts, chain_session
 from .._base import AUDIT_RECORDED, Commit, parent_of
-from .._codec import EventTexts, Tail, pack_bytes, type_name
+from .._codec import EventTexts, Tail, pack_bytes, stored_type, type_name
 from .._initiators import initiator_columns
 from .._request_rows import request_rows
+from .._shown import rewritten
 from ._connections import Conn, Seen, storable
 from ._deletions import Deletions
 from ._leases import Leases
@@ -138,7 +139,8 @@ class PostgresStore(Reads, Leases, Deletions):
         self._after("session.created")
         if lease is None:
             return None
-        self._granted[session_id] = (1, last)  # the head its drive begins at (`granted_head`)
+        # The head its drive begins at (`granted_head`), as this statement wrote it.
+        self._granted[session_id] = (1, last, (events[-1].type, events[-1].at, None))
         return 1
 
     async def commit(self, commit: Commit) -> None:
@@ -190,6 +192,9 @@ class PostgresStore(Reads, Leases, Deletions):
             resolve_rows.append((r.request_id, r.status, r.outcome, resolution, data, i, dup))
         updated_rows = [(rid, data, deadline) for rid, (data, deadline) in updated.items()]
         sync = self._sync_setting(commit.durable)
+        shown = commit.expected_event
+        if shown is not None and shown.seq != commit.expected_seq:
+            shown = None  # not the head it expects: nothing to compare it with
         ambiguous = False
         sent = False  # whether the body's last run sent its statement
         guess = self._state.get(sid)
@@ -252,9 +257,13 @@ class PostgresStore(Reads, Leases, Deletions):
                 sync is not None,
                 token is not None and owner is not None,
                 len(checked),
+                shown is not None,
             )
             # In the order of their placeholders in `commit_sql`.
-            params: list[Any] = [sid, commit.expected_seq, state.audit_n, state.audit_hash]
+            params: list[Any] = [sid]
+            if shown is not None:
+                params += [shown.at, stored_type(shown.type), shown.type]
+            params += [commit.expected_seq, state.audit_n, state.audit_hash]
             if events:
                 params += [state.turn_seq, state.turn]
             if token is not None:
@@ -329,6 +338,8 @@ class PostgresStore(Reads, Leases, Deletions):
                 row[1] is None or int(row[1]) != token or owner not in (None, row[7])
             ):
                 raise LeaseLost(f"lease {token} on session {sid!r} was taken over")
+            if shown is not None and not row[-1]:
+                raise AppendConflict(rewritten(sid, head))
             guess = None  # a stale guess of the chain head or the turn: read it again
             # Or the head event is not the one this store wrote at that seq (a crash lost it and
             # another process wrote the seq again): its text is no dictionary for the next.

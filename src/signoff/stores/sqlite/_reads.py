@@ -182,9 +182,23 @@ class Reads(AuditReads):
         return [rows.get(seq - i) for i in range(1, CHAIN_MAX + 1)]
 
     @reading
-    async def head(self, session_id: str) -> int | None:
-        row = self.conn.execute("SELECT head FROM sessions WHERE id=?", (session_id,)).fetchone()
-        return None if row is None else int(kept(row[0], int, session_id, "head"))
+    async def head(self, session_id: str, *, shown: Event | None = None) -> int | None:
+        sql = "SELECT head FROM sessions WHERE id=?"
+        params: tuple[Any, ...] = (session_id,)
+        if (
+            shown is not None
+        ):  # one statement: the head and the row at `shown.seq` as of one snapshot
+            sql = (
+                "SELECT s.head, e.type, e.at, e.turn FROM sessions s LEFT JOIN events e "
+                "ON e.sk = s.sk AND e.seq = ? WHERE s.id = ?"
+            )
+            params = (shown.seq, session_id)
+        row = self.conn.execute(sql, params).fetchone()
+        if row is None:
+            return None
+        if shown is not None:
+            check_shown(session_id, shown, None if row[1] is None else row[1:])
+        return int(kept(row[0], int, session_id, "head"))
 
     @reading
     async def get_request(self, request_id: str) -> StoredRequest | None:

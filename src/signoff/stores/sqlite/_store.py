@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from ..._events import Event
 from ..._exceptions import (
     AppendConflict,
+    EventsRewritten,
     LeaseLost,
     RequestClosed,
     SessionDeleted,
@@ -40,6 +41,7 @@ from .._codec import (
 )
 from .._initiators import initiator_columns
 from .._request_rows import request_rows
+from .._shown import check_shown, rewritten
 from ._connection import kept
 from ._deletions import DELETED, LAST_KEY, Deletions
 from ._leases import Leases
@@ -152,10 +154,12 @@ class SQLiteStore(Reads, Leases, Deletions):
         try:
             with immediate(conn, self._writable, self.path):
                 # A released lease (no owner) keeps its token for the next grant, but fences it.
+                # With the row of the head event, which `expected_event` must still be.
                 row = conn.execute(
                     "SELECT s.sk, s.head, CASE WHEN l.owner <> '' THEN l.token END, s.audit_n, "
-                    "s.audit_hash, l.owner FROM sessions s LEFT JOIN leases l ON l.sk = s.sk "
-                    "WHERE s.id=?",
+                    "s.audit_hash, l.owner, e.type, e.at, e.turn FROM sessions s "
+                    "LEFT JOIN leases l ON l.sk = s.sk "
+                    "LEFT JOIN events e ON e.sk = s.sk AND e.seq = s.head WHERE s.id=?",
                     (commit.session_id,),
                 ).fetchone()
                 if row is None:
@@ -166,6 +170,11 @@ class SQLiteStore(Reads, Leases, Deletions):
                     raise AppendConflict(
                         f"session {commit.session_id!r} is at seq {head}, not {commit.expected_seq}"
                     )
+                if commit.expected_event is not None:
+                    try:
+                        check_shown(sid, commit.expected_event, None if row[6] is None else row[6:])
+                    except EventsRewritten:
+                        raise AppendConflict(rewritten(sid, head)) from None
                 if commit.lease_token is not None and (
                     row[2] is None
                     or kept(row[2], int, sid, "lease token") != commit.lease_token
