@@ -283,3 +283,46 @@ async def test_pending_refuses_keywords_beside_a_filter(tmp_path: Path) -> None:
                 await rt.pending(flt, **given)
         assert len(await rt.pending(flt)) == 1
         assert await rt.pending(agent="b") == []
+
+
+async def test_the_state_a_caller_reads_is_its_own(tmp_path: Path) -> None:
+    """`rt.state()` handed out the runtime's cached state: the runtime's later calls changed it
+    under its reader (waiting, then idle), and a reader's edits changed what the runtime decided
+    next (here a gated call marked approved ran, no one having approved it, and an edit of its
+    input would have run with it). It is a copy, with the conversation, the calls' journals and
+    the event data they hold, which neither the runtime nor its reader changes for the other."""
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:
+        r = await waiting_session(rt)
+        sid, [request] = r.session_id, r.pending
+        state = await rt.state(sid)
+        kept = (await rt.state(sid)).to_snapshot(journals=True)  # another copy: not edited below
+        messages = list(state.messages or [])
+        assert state.turn is not None and messages
+        [gated] = state.turn.calls.values()
+        gated.status, gated.request_id = "approved", None  # edits of its own copy
+        gated.input["amount"] = 500
+        state.requests.clear()
+        state.approved_tools.add("issue_refund")
+        again = await rt.generate(session_id=sid)
+        assert again.status == "waiting" and log.count("issue_refund") == 0
+        assert (await rt.state(sid)).to_snapshot(journals=True) == kept
+        answer = so.Decision(id=request.id, approved=True)
+        assert (await rt.generate(session_id=sid, approvals=[answer])).status == "completed"
+        assert [e.input["amount"] for e in log.of("issue_refund")] == [5]
+        assert state.seq == kept["seq"] and state.turn.status == "waiting"
+        assert state.messages == messages  # the runtime's later folds left it as it was
+        assert await rt.state(sid) is not await rt.state(sid)
+
+
+async def test_the_error_of_a_result_is_the_callers_own(tmp_path: Path) -> None:
+    """A failed turn's result carried the cached turn's own error: an edit of it went into what
+    the runtime showed next (and into the next snapshot it wrote)."""
+    agent = scripted_agent("a", [ConnectionError("model unavailable")])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="hi")
+        assert r.status == "failed" and r.error is not None
+        shown = dict(r.error)
+        r.error.clear()
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.error == shown

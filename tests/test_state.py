@@ -151,6 +151,53 @@ async def test_copy_is_the_snapshot_round_trip_and_leaves_the_original_alone(
         assert prefix.to_snapshot() == snap, f"the copy changed the original at event {n}"
 
 
+async def test_a_whole_copy_keeps_the_conversation_and_leaves_the_original_alone(
+    tmp_path: Path,
+) -> None:
+    """`detached()` (what `rt.state()` hands out) is the whole state, conversation, journals and
+    last event too, and folding on, or changing, either leaves the other as it was (but for the
+    journals' entries, shared)."""
+    log = ExecutionLog()
+    rt, sid = await rich_session(tmp_path, log)
+    async with rt:
+        events = await events_of(rt, sid)
+    whole = fold(events)
+    for n in range(1, len(events)):
+        state = fold(events[:n])
+        kept, said = state.to_snapshot(journals=True), list(state.messages or [])
+        copy = state.detached()
+        assert copy.to_snapshot(journals=True) == kept and copy.messages == said
+        assert copy.shown() == state.shown()
+        for e in events[n:]:
+            copy.apply(e)  # the copy folds on: the original stays
+        assert state.to_snapshot(journals=True) == kept and state.messages == said
+        assert copy.to_snapshot() == whole.to_snapshot() and copy.messages == whole.messages
+        earlier = state.detached()
+        for e in events[n:]:
+            state.apply(e)  # the original folds on: a copy made before stays
+        assert earlier.to_snapshot(journals=True) == kept and earlier.messages == said
+        after = state.to_snapshot(journals=True)
+        _scribble(earlier)  # and changing a copy, however deep, leaves it
+        assert state.to_snapshot(journals=True) == after
+
+
+def _scribble(state: so.SessionState) -> None:
+    """Change every object and array of event data `state` holds, in place."""
+    for r in state.requests.values():
+        if r.resolution is not None:
+            r.resolution["scribbled"] = True
+    for c in [] if state.turn is None else state.turn.calls.values():
+        for held in (c.input, c.decision, c.held):
+            if isinstance(held, dict):
+                held["scribbled"] = True
+        if c.journal is not None:  # its entries are shared, the list is not
+            c.journal.append(None)
+    for keyed in state.keys.values():
+        keyed.append("scribbled")
+    for entry in state.queued:
+        entry["scribbled"] = True
+
+
 def test_copy_does_not_share_a_calls_journal() -> None:
     state = so.SessionState(id="ses_1")
     state.turn = TurnState(id="trn_1")

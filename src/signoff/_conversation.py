@@ -52,6 +52,17 @@ class Conversation:
         # read (it came while the model was busy) goes after that response
         self.unread: list[tuple[int, Message]] = []
 
+    def copy(self) -> Conversation:
+        """A conversation that adding to leaves this one as it is (the messages, immutable,
+        are shared: `add` tells a message by its identity)."""
+        other = Conversation(partial=self.partial)
+        other.turn_start = self.turn_start
+        other.messages = list(self.messages)
+        other.open_calls = dict(self.open_calls)
+        other.deferred = list(self.deferred)
+        other.unread = list(self.unread)
+        return other
+
     def _say(self, message: Message, seq: int) -> None:
         if self.open_calls:
             self.deferred.append(message)

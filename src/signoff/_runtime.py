@@ -411,7 +411,9 @@ class Runtime(Deletion):
         turn unfinished first (the turn fails, its requests expire), so it never reads as
         waiting on answers no one can give (nor on a mirror of a subagent's whose TTL passed);
         a store that refuses the write shows it unrecorded. Its open mirrors show their
-        subagents' requests' votes, escalation and deadline."""
+        subagents' requests' votes, escalation and deadline. It is the caller's own copy: the
+        runtime's later calls leave it as it is, and changing it (but for the entries of its
+        calls' journals, shared) changes nothing they decide (`SessionState.detached`)."""
         state = await self._state(session_id)
         if state.expired(self.now()) and expiry_specs(state) and state.agent in self.agents:
             with contextlib.suppress(SessionExpired, StoreError):
@@ -427,7 +429,8 @@ class Runtime(Deletion):
                 to_claims.reset(leaving)
             if recorded:
                 state = await self._state(session_id)
-        return await followed_state(self.store, state)
+        # Not the cached state, which the runtime folds on and decides from.
+        return await followed_state(self.store, state.detached())
 
     async def _record_expired_children(self, state: SessionState) -> bool:
         """Record the passed TTL of the subagents the session's open mirrors were asked for,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import logging
 import os
@@ -550,7 +551,8 @@ class SessionCache(Leasing):
             turn_id=None if turn is None else turn.id,
             text="" if turn is None else turn.text,
             pending=state.pending_requests(),
-            error=None if turn is None else turn.error,
+            # A copy: the caller's to change, not the cached state's (written to its snapshots).
+            error=None if turn is None or turn.error is None else copy.deepcopy(turn.error),
             retryable=False if turn is None else turn.retryable,
             outcomes=list(outcomes),
             cut_off=None if turn is None else turn.cut_off,

@@ -293,12 +293,12 @@ class SessionState:
             },
         }
 
-    def copy(self, *, journals: bool = False) -> SessionState:
+    def copy(self, *, journals: bool = False, conversation: bool = False) -> SessionState:
         """What `from_snapshot(self.to_snapshot(journals=journals))` gives, without the JSON round
         trip: a state to apply events to that leaves this one untouched (the conversation left
-        out, and the calls' journals unless `journals`, so a copy costs the same however long
-        they are)."""
-        t = self.turn
+        out unless `conversation`, and the calls' journals unless `journals`, so a copy without
+        them costs the same however long they are)."""
+        t, conv = self.turn, self.conversation
         turn = None
         if t is not None:
             turn = TurnState(
@@ -369,9 +369,26 @@ class SessionState:
             earlier_requests=self.earlier_requests,
             keys=dict(self.keys),
             candidates=dict(self.candidates),
-            conversation=None,
+            conversation=None if not conversation or conv is None else conv.copy(),
             last=self.last,
         )
+
+    def detached(self) -> SessionState:
+        """A whole copy for a caller to keep (`Runtime.state`), with the event data it holds (a
+        call's input, an answer) copied too, so neither the runtime folding on nor the caller
+        changing it changes the other. The conversation's messages (immutable) and the entries
+        of the calls' journals are shared, not copied one by one: their lists grow long."""
+        state = self.copy(journals=True, conversation=True)
+        for r in state.requests.values():
+            r.resolution = _data(r.resolution)
+        if (turn := state.turn) is not None:
+            turn.error, turn.paused = _data(turn.error), tuple(_data(list(turn.paused)))
+            for c in turn.calls.values():
+                c.input, c.edited_input = _data(c.input), _data(c.edited_input)
+                c.decision, c.held = _data(c.decision), _data(c.held)
+        state.keys, state.candidates = _data(state.keys), _data(state.candidates)
+        state.queued, state.short = _data(state.queued), _data(state.short)
+        return state
 
     @classmethod
     def from_snapshot(cls, data: dict[str, Any]) -> SessionState:
@@ -451,6 +468,18 @@ class SessionState:
         for call in () if turn is None else turn.calls.values():
             check_asked(call, state.requests)
         return state
+
+
+def _data(value: Any) -> Any:
+    """`value`, JSON as events hold it, with its objects and arrays copied."""
+    if type(value) is dict:
+        return {k: _data(v) if type(v) in _NESTED else v for k, v in value.items()}
+    if type(value) is list:
+        return [_data(v) if type(v) in _NESTED else v for v in value]
+    return value
+
+
+_NESTED = (dict, list)
 
 
 def _last_of(value: Any) -> tuple[EventType, float, str | None] | None:
