@@ -130,13 +130,14 @@ def _unlike(
     skip: str = "",
 ) -> list[str]:
     """The keys whose values in `kept` and `folded` differ, but for those `raw` was written
-    without and reading it filled in: an earlier signoff's snapshot holds only the fields it
+    without (reading it filled them in, or left them out, as the `last` event a snapshot of an
+    earlier signoff does not name): an earlier signoff's snapshot holds only the fields it
     knew of (its idempotency keys without the seq of their turn's first event), and the
     snapshots after it carry on what it was read as (`CARRIED`)."""
     fields = []
     for key in sorted(kept.keys() | folded.keys()):
         mine, theirs = kept.get(key), folded.get(key)
-        if key == skip or (key not in raw and key in kept) or mine == theirs:
+        if key == skip or key not in raw or mine == theirs:
             continue
         if prefix or not _carried(key, mine, theirs):
             fields.append(prefix + key)
