@@ -53,3 +53,30 @@ async def test_a_sync_call_from_another_thread_wakes_the_body_waiting_on_its_abo
         assert aborted and seconds < 4, waited  # not the body's own 8 s
         assert r.status == ("cancelled" if how == "cancel_sync" else "completed")
         assert len(results) == 1
+
+
+async def test_a_failed_turn_cancelled_after_is_not_retryable(store_url: str) -> None:
+    """A turn that failed retryably and was then cancelled kept reporting `retryable: true` (its
+    result, the HTTP session view): a client retrying on it got nothing, as no retry resumes a
+    cancelled turn."""
+    from signoff.server._models import session_view, turn_result
+    from signoff.testing import Flaky
+
+    agent = scripted_agent("bot", [Flaky(reply("hi"), failures=5)])
+    async with so.Runtime([agent], store=store_url) as rt:
+        failed = await rt.generate("bot", prompt="hello")
+        assert (failed.status, failed.retryable) == ("failed", True)
+        cancelled = await rt.cancel(failed.session_id, "never mind")
+        assert (cancelled.status, cancelled.cancelled, cancelled.retryable) == (
+            "cancelled",
+            True,
+            False,
+        )
+        assert turn_result(cancelled).retryable is False
+        view = session_view(await rt.state(failed.session_id))
+        assert view.turn is not None and (view.turn.status, view.turn.retryable) == (
+            "cancelled",
+            False,
+        )
+        retried = await rt.generate(session_id=failed.session_id)
+        assert (retried.status, retried.retryable) == ("cancelled", False)

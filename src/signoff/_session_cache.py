@@ -553,7 +553,8 @@ class SessionCache(Leasing):
             pending=state.pending_requests(),
             # A copy: the caller's to change, not the cached state's (written to its snapshots).
             error=None if turn is None or turn.error is None else copy.deepcopy(turn.error),
-            retryable=False if turn is None else turn.retryable,
+            # A failed turn cancelled after keeps the flag its failure set: no retry resumes it.
+            retryable=turn is not None and turn.status == "failed" and turn.retryable,
             outcomes=list(outcomes),
             cut_off=None if turn is None else turn.cut_off,
         )
