@@ -96,6 +96,9 @@ class Driver(ToolCalls, ModelStep):
         # Set with the lease: awaited before a tool body runs, it raises `LeaseLost` if the
         # lease lapsed and was taken over while this process stalled.
         self.lease_check: Callable[[], Awaitable[None]] | None = None
+        # Set with the lease: awaited before a step runs its function, it reads whether another
+        # process cancelled the turn since this drive last read the log (`Held.cancelled`).
+        self.cancel_check: Callable[[], Awaitable[None]] | None = None
         # Set with the lease: once its renewals find it lost, nothing more is recorded and the
         # tool body running (`ToolCalls.run_tool`) is cancelled.
         self.held: Held | None = None

@@ -68,10 +68,13 @@ class CallJournal:
 
     def _call(self) -> CallState:
         """The call as the state shows it; `TurnStopped` once its turn was cancelled or replaced
-        (a reload showed it): the body then runs no further step, of another turn's call least."""
+        (a reload showed it, or a read of the log found it cancelled in another process:
+        `Held.cancelled`): the body then runs no further step, of another turn's call least."""
         turn = self.driver.state.turn
+        held = self.driver.held
         if (
-            turn is None
+            (held is not None and held.cancelled == self.turn_id)
+            or turn is None
             or turn.id != self.turn_id
             or turn.status == "cancelled"
             or self.call_id not in turn.calls
@@ -152,6 +155,16 @@ class CallJournal:
                 except StoreError as exc:
                     self.failed = exc
                     raise
+            if self.driver.cancel_check is not None:
+                # Nor one of a turn another process cancelled (a read of the session's head,
+                # and of its log only if others wrote to it): the effect would run unrecorded.
+                # A renewal may not have read the cancel yet. The store failing fails the drive.
+                try:
+                    await self.driver.cancel_check()
+                except StoreError as exc:
+                    self.failed = exc
+                    raise
+                self._call()  # `TurnStopped` if it found the turn cancelled
             data: dict[str, Any] = {
                 "call_id": call.id,
                 "tool_name": call.tool_name,

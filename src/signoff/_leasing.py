@@ -100,6 +100,9 @@ class Held:
     # processes recorded since (`Leasing._cancelled_elsewhere`), a cancel or a steer.
     drive: Callable[[], tuple[str | None, int]] | None = None
     read: int = 0  # the last event those renewals read: the next reads on from there
+    # The drive's turn, once such a read found it cancelled: its tool bodies run no further
+    # step or question (`CallJournal`), as when the cancel was made in this process.
+    cancelled: str | None = None
     # A commit that gives the lease back is on its way: a renewal refused meanwhile may have
     # met that release, not a takeover (a real one refuses the commit too, which says so).
     releasing: bool = False
@@ -449,41 +452,48 @@ class Leasing:
     async def _cancelled_elsewhere(
         self, session_id: str, drive: Callable[[], tuple[str | None, int]], held: Held
     ) -> None:
+        """`_read_elsewhere` at a renewal: a store failing is read again at the next one."""
+        with contextlib.suppress(StoreError):
+            await self._read_elsewhere(session_id, drive, held)
+
+    async def _read_elsewhere(
+        self, session_id: str, drive: Callable[[], tuple[str | None, int]], held: Held
+    ) -> None:
         """Set the session's abort signal once another process cancelled or steered the turn a
         drive here runs, as a cancel or steer made in this process does: a tool body waiting on
-        `ctx.abort_signal` stops. Read at each renewal, the events after the drive's last (and
-        after those an earlier renewal read: however many messages queued up, it reads on to
-        the head); a steer only while the drive has not read it (its model would have, and
-        cleared the signal)."""
+        `ctx.abort_signal` stops, and a cancel is marked (`Held.cancelled`), so the body runs
+        no further step. Reads the events after the drive's last (and after those an earlier
+        read read: however many messages queued up, it reads on to the head); a steer only
+        while the drive has not read it (its model would have, and cleared the signal)."""
         turn, seq = drive()
         after = max(seq, held.read)
-        try:
-            head = None if turn is None else await self.store.head(session_id)
-            if head is None or head == after:
-                return
-            while True:
-                events = await self.store.read_events(
-                    session_id, after=after, limit=500, types=("turn.cancelled", "turn.message")
-                )
-                known = drive()[1]  # the drive may have read on meanwhile
-                if any(
-                    e.turn_id == turn
-                    and (
-                        e.type == "turn.cancelled"
-                        or (e.type == "turn.message" and not e.data.get("queued") and e.seq > known)
-                    )
-                    for e in events
-                ):
-                    abort = self._aborts.get(session_id)
-                    if abort is not None:
-                        abort.set()
-                    return
-                if not events:  # read to the head: none of those types since
-                    held.read = max(after, head)
-                    return
-                after = held.read = events[-1].seq
-        except StoreError:
-            return  # read again at the next renewal
+        head = None if turn is None else await self.store.head(session_id)
+        if head is None or head == after:
+            return
+        steered = False
+        while True:
+            events = await self.store.read_events(
+                session_id, after=after, limit=500, types=("turn.cancelled", "turn.message")
+            )
+            known = drive()[1]  # the drive may have read on meanwhile
+            for e in events:
+                if e.turn_id != turn:
+                    continue
+                if e.type == "turn.cancelled":
+                    held.cancelled = turn
+                elif not e.data.get("queued") and e.seq > known:
+                    steered = True  # read again until the drive has read it: `held.read` stays
+            if held.cancelled == turn or not events:
+                break
+            after = events[-1].seq  # a cancel behind the steer is looked for all the same
+            if not steered:
+                held.read = after
+        if held.cancelled == turn or steered:
+            abort = self._aborts.get(session_id)
+            if abort is not None:
+                abort.set()
+        elif not events:  # read to the head: none of those types since
+            held.read = max(after, head)
 
     def _lapsing(self, session_id: str, token: int, why: str, held: Held) -> None:
         """Give up a lease about to lapse with no renewal getting through: its drive stops

@@ -422,6 +422,7 @@ class DriverPart:
     abort_signal: asyncio.Event
     host: Any  # what delegate tools drive subagents through; read by a running call's journal
     lease_check: Callable[[], Awaitable[None]] | None  # raises LeaseLost; before a tool body
+    cancel_check: Callable[[], Awaitable[None]] | None  # reads a cancel made elsewhere; a step's
     held: Held | None  # the drive's lease: a tool body runs as its `body`
     released: bool  # its last commit gave the lease back: it records nothing more
     # Outcomes of tool bodies that ran but the store failed to record, by idempotency key.

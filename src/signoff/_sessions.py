@@ -270,6 +270,9 @@ class SessionRunner(SessionCache):
                     driver.held = held
                     held.drive = driver.position  # its renewals see a cancel made elsewhere
                     driver.lease_check = partial(self._confirm, session_id, owner, token, held)
+                    driver.cancel_check = partial(
+                        self._read_elsewhere, session_id, driver.position, held
+                    )
                     driver.stopping = stopping
                     state = await driver.drive(retry=retry)
                     failed = False
