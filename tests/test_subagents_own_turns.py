@@ -1,6 +1,8 @@
 """A subagent session whose delegated turn ended and which a message sent to it put on a turn of
 its own (waiting on a person, say) is no orphan: the orphan sweep leaves it alone, and does not
-even list it, so a sweep's cost does not grow with how many such sessions wait."""
+even list it, so a sweep's cost does not grow with how many such sessions wait; and a parent's
+cancel, or the sweep, that checked the delegated turn just before it ended cancels only that
+turn, never the child's own one that began meanwhile."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff import _child_sessions
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 from ._subagents import ALICE, two_step_children
@@ -101,3 +104,114 @@ async def test_a_message_cannot_take_the_first_turn_of_a_child_not_yet_started(
         assert (await rt.state(kid.id)).status == "idle"
         [busy] = refused
         assert "has not started yet" in str(busy)
+
+
+def waiting_agents() -> list[so.Agent]:
+    """As `agents`, but the child's delegated turn waits on an approval too (mirrored on the
+    parent), and its own turn, begun by a message, waits on another."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    child = scripted_agent(
+        "billing",
+        [
+            call_tools(call("issue_refund", order_id="1042")),
+            call_tools(call("issue_refund", id="again", order_id="1043")),
+            reply("ok"),
+        ],
+        tools=[issue_refund],
+    )
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), reply("unused")],
+        tools=[so.delegate("billing")],
+    )
+    return [parent, child]
+
+
+@pytest.mark.parametrize("by", ["parent_cancel", "sweep"])
+async def test_a_parents_cancel_checked_before_the_child_moved_on_leaves_its_own_turn(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, by: str
+) -> None:
+    """The parent's cancel (or the orphan sweep, after a cancel that died before reaching the
+    child) read the child's delegated turn; before it cancelled that turn, another process
+    cancelled it and a message to the child began the child's own turn, waiting on a person.
+    That own turn is left waiting: it used to be cancelled with the parent's reason, because
+    the child was cancelled by session, not by the turn that was checked."""
+    agents = waiting_agents()
+    async with (
+        so.Runtime(agents, store=store_url) as rt,
+        so.Runtime(agents[1:], store=store_url) as other,
+    ):
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        kid = mirror.child.session_id
+        if by == "sweep":
+            with monkeypatch.context() as m:  # the cancel reaches no child: as if it died there
+                m.setattr(_child_sessions, "children", lambda requests: [])
+                m.setattr(_child_sessions, "delegated", lambda state: [])
+                assert (await rt.cancel(r.session_id, principal=ALICE)).cancelled
+        own: list[str] = []
+        cancel_child = _child_sessions._cancel_child
+
+        async def moved_on_meanwhile(*args: Any) -> bool:
+            await other.cancel(kid, "stop that refund", principal=ALICE)
+            later = await other.send(kid, "Refund 1043 too.", principal=ALICE)
+            assert later.status == "waiting" and later.turn_id is not None
+            own.append(later.turn_id)
+            return await cancel_child(*args)
+
+        monkeypatch.setattr(_child_sessions, "_cancel_child", moved_on_meanwhile)
+        if by == "sweep":
+            await rt.expire_due()
+        else:
+            assert (await rt.cancel(r.session_id, "wrong customer", principal=ALICE)).cancelled
+        state = await rt.state(kid)
+        assert state.turn is not None and [state.turn.id] == own
+        assert state.turn.status == "waiting" and len(state.pending_requests()) == 1
+        reasons = [
+            e.data["reason"] for e in await rt.store.read_events(kid) if e.type == "turn.cancelled"
+        ]
+        assert reasons == ["stop that refund"]
+
+
+async def test_a_steer_checked_before_the_child_moved_on_leaves_its_own_turn(
+    store_url: str,
+) -> None:
+    """A message steers the parent while its child waits on an approval: the delegate call
+    reads the child's delegated turn and cancels it. Before that cancel, another process
+    cancelled that turn and a message to the child began the child's own turn. That own turn is
+    left waiting (the call's result is the delegated turn's, cancelled); it used to be
+    cancelled as "steered"."""
+    agents = waiting_agents()
+    async with (
+        so.Runtime(agents, store=store_url) as rt,
+        so.Runtime(agents[1:], store=store_url) as other,
+    ):
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        kid = mirror.child.session_id
+        own: list[str] = []
+        cancel = rt.cancel
+
+        async def moved_on_meanwhile(session_id: str, *args: Any, **kwargs: Any) -> Any:
+            if session_id == kid and not own:
+                await other.cancel(kid, "stop that refund", principal=ALICE)
+                later = await other.send(kid, "Refund 1043 too.", principal=ALICE)
+                assert later.status == "waiting" and later.turn_id is not None
+                own.append(later.turn_id)
+            return await cancel(session_id, *args, **kwargs)
+
+        rt.cancel = moved_on_meanwhile  # type: ignore[method-assign]
+        steered = await rt.send(r.session_id, "Actually, leave it.", principal=ALICE)
+        assert steered.status == "completed" and own
+        state = await rt.state(kid)
+        assert state.turn is not None and [state.turn.id] == own
+        assert state.turn.status == "waiting" and len(state.pending_requests()) == 1
+        cancels = [e for e in await rt.store.read_events(kid) if e.type == "turn.cancelled"]
+        assert [e.data["reason"] for e in cancels] == ["stop that refund"]

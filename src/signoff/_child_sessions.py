@@ -361,10 +361,13 @@ async def _start_unstarted(rt: Runtime, state: SessionState) -> SessionState:
 async def _cancel_child(
     rt: Runtime, state: SessionState, reason: str | None, principal: Principal | None
 ) -> bool:
-    """Cancel a child's turn for its parent; whether it did. A runtime lacking the child's
-    agent logs that it leaves the child to one that has it (its orphan sweep cancels it)."""
+    """Cancel the child's turn that its caller checked (`state.turn`) for its parent; whether
+    that turn is over now (cancelled, or it ended meanwhile). A turn a message to the child
+    started since is the child's own and left alone. A runtime lacking the child's agent logs
+    that it leaves the child to one that has it (its orphan sweep cancels it)."""
+    turn_id = None if state.turn is None else state.turn.id
     try:
-        await rt.cancel(state.id, reason, principal=principal)
+        await rt.cancel(state.id, reason, principal=principal, turn_id=turn_id)
     except UnknownAgent:
         why = "is left to a process that has its agent (its orphan sweep cancels it)"
         log.warning("subagent session %s of agent %r %s", state.id, state.agent, why)

@@ -492,14 +492,18 @@ class RuntimeHost:
 
     async def cancel_child(self, child: str, reason: str) -> GenerateResult:
         """Cancel the child's delegated turn from its parent's drive (the parent goes on by
-        itself); returns that turn's result, which may have ended otherwise first."""
-        ended = await self._delegated_turn(child)
-        if ended is not None:
-            return ended
+        itself); returns that turn's result, which may have ended otherwise first. Only that
+        turn: one a message to the child began since it was read is the child's own."""
+        rt = self.runtime
+        state = await rt._state(child)
+        first = await first_turn(rt, state)
+        if first.turn is not None and state.turn is not None and first.turn.id != state.turn.id:
+            return rt._result(first)  # ended, and the child is on a turn of its own
+        turn_id = None if state.turn is None else state.turn.id
         reset = delegating.set(delegating.get() | {child})
         try:
             try:
-                result = await self.runtime.cancel(child, reason)
+                result = await rt.cancel(child, reason, turn_id=turn_id)
             except SessionExpired:  # its expiry is recorded: nothing to stop
                 result = self.runtime._result(await self.runtime._state(child))
         finally:
