@@ -7,10 +7,11 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from ._types import InputRequest
-from .stores import Resolve
+from ._state_parts import load_principal
+from ._types import InputRequest, Principal
+from .stores import Resolve, Store
 
-__all__ = ["cancel_specs", "stop_calls", "withdrawal"]
+__all__ = ["cancel_specs", "cancelled_by", "stop_calls", "withdrawal"]
 
 
 def _withdrawn_because(reason: str | None) -> str:
@@ -68,3 +69,19 @@ def stop_calls(abort: asyncio.Event) -> None:
         abort.set()
     else:
         loop.call_soon_threadsafe(abort.set)
+
+
+async def cancelled_by(
+    store: Store, session_id: str, turn_id: str | None, began: int
+) -> tuple[str | None, Principal | None] | None:
+    """The reason and canceller of the turn `turn_id` (started at seq `began`) if it was
+    cancelled, read from its `turn.cancelled`: the first after it began, as no other turn
+    starts before it ends. None if it was not."""
+    if turn_id is None:
+        return None
+    cancels = await store.read_events(
+        session_id, max(began - 1, 0), limit=1, types=("turn.cancelled",)
+    )
+    if not cancels or cancels[0].turn_id != turn_id:
+        return None
+    return cancels[0].data.get("reason"), load_principal(cancels[0].data.get("by"))

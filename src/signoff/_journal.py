@@ -62,6 +62,8 @@ class CallJournal:
         turn = driver.state.turn
         # The turn running the call: a reload after a concurrent append may show a later one.
         self.turn_id = driver.own_turn
+        # The seq of that turn's `turn.started` (a delegate call reads its cancel from there).
+        self.turn_seq = turn.first_seq if turn is not None and turn.id == self.turn_id else 0
         self.can_ask = not (
             principal is not None and principal.principal_type == "runtime"
         ) and not (turn is not None and turn.source == "schedule")

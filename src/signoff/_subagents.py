@@ -22,6 +22,7 @@ from pydantic import AfterValidator, Field
 
 from ._agent import unpriced
 from ._answers import check_text
+from ._cancellation import cancelled_by
 from ._child_sessions import CHILD_KEY, cancel_orphan, child_id, delegating, first_turn
 from ._creation import turn_events
 from ._events import Event
@@ -79,6 +80,7 @@ class _DelegateJournal(Protocol):
 
     can_ask: bool
     turn_id: str | None
+    turn_seq: int
     failed: SignoffError | None
 
     @property
@@ -227,9 +229,9 @@ async def _delegated(ctx: ToolContext, journal: _DelegateJournal, agent: str, me
     ctx._pass_over("step", "subagent.turn")
     await _ours(journal, host.start_child, child, message, who, source)
     if journal.steered():
-        return await _interrupted(host, agent, child)
+        return await _interrupted(host, journal, agent, child)
     try:
-        result = await _driven(host, ctx.abort_signal, agent, child)
+        result = await _driven(host, journal, ctx.abort_signal, agent, child)
     except UnknownAgent as exc:
         # The child has work its agent must do (an approval recorded without resuming, say):
         # the call is not over, so this drive fails and records nothing; a process with that
@@ -242,7 +244,7 @@ async def _delegated(ctx: ToolContext, journal: _DelegateJournal, agent: str, me
         if await journal.mirror(child, agent, result.pending):
             await journal.park()
         if journal.steered():
-            return await _interrupted(host, agent, child)
+            return await _interrupted(host, journal, agent, child)
         raise SubagentFailed(f"agent {agent!r} (session {child}) waits on nothing to ask")
     return _ended(result, agent, child)
 
@@ -271,25 +273,30 @@ def _ended(result: GenerateResult, agent: str, child: str) -> Any:
     )
 
 
-async def _interrupted(host: RuntimeHost, agent: str, child: str) -> Any:
-    """The person wrote to the parent instead of answering: the child's turn is cancelled. A
-    turn that ended first (answered on the child meanwhile) keeps its result: its tools ran."""
-    result = await host.cancel_child(child, "the parent turn was steered by a new message")
+async def _interrupted(host: RuntimeHost, journal: _DelegateJournal, agent: str, child: str) -> Any:
+    """The parent's call was stopped while its child's turn was live: that turn is cancelled,
+    for the parent's cancel (with its reason and canceller, read from the parent's log: it may
+    have been made in another process) or as steered (the person wrote to the parent instead
+    of answering). A turn that ended first keeps its result: its tools ran."""
+    turn = (journal.session_id, journal.turn_id, journal.turn_seq)
+    why = await cancelled_by(host.runtime.store, *turn)
+    steered = ("the parent turn was steered by a new message", None)
+    result = await host.cancel_child(child, *(why or steered))
     if result.status in ("completed", "failed"):
         return _ended(result, agent, child)
     return {"interrupted": True, "session_id": child}
 
 
 class _Steered:
-    """The parent's call was aborted (a steering message) while its child's turn ran: the
-    call's `result` (`_interrupted`'s), the child's turn cancelled and its drive here over."""
+    """The parent's call was aborted (a steering message, a cancel) while its child's turn ran:
+    the call's `result` (`_interrupted`'s), the child's turn cancelled and its drive here over."""
 
     def __init__(self, result: Any) -> None:
         self.result = result
 
 
 async def _driven(
-    host: RuntimeHost, abort: asyncio.Event, agent: str, child: str
+    host: RuntimeHost, journal: _DelegateJournal, abort: asyncio.Event, agent: str, child: str
 ) -> GenerateResult | _Steered:
     """`host.drive_child`, until the parent's call is aborted (a steering message, a cancel)
     while the child's turn runs: its turn is then cancelled, as a steer cancels a waiting
@@ -303,7 +310,7 @@ async def _driven(
             result: GenerateResult = drive.result()
             return result
         try:
-            outcome = await _interrupted(host, agent, child)  # a child that failed first raises
+            outcome = await _interrupted(host, journal, agent, child)  # one failed first raises
         finally:
             await drive  # its turn over, it stops at its next record
         return _Steered(outcome)
@@ -490,10 +497,12 @@ class RuntimeHost:
             self.runtime.agent(state.agent)  # raises: its work runs only where its agent is
         return self.runtime._result(state)
 
-    async def cancel_child(self, child: str, reason: str) -> GenerateResult:
+    async def cancel_child(
+        self, child: str, reason: str | None, principal: Principal | None = None
+    ) -> GenerateResult:
         """Cancel the child's delegated turn from its parent's drive (the parent goes on by
-        itself); returns that turn's result, which may have ended otherwise first. Only that
-        turn: one a message to the child began since it was read is the child's own."""
+        itself), by `principal`; returns that turn's result, which may have ended otherwise
+        first. Only that turn: one a message to the child began since it was read is its own."""
         rt = self.runtime
         state = await rt._state(child)
         first = await first_turn(rt, state)
@@ -503,7 +512,7 @@ class RuntimeHost:
         reset = delegating.set(delegating.get() | {child})
         try:
             try:
-                result = await rt.cancel(child, reason, turn_id=turn_id)
+                result = await rt.cancel(child, reason, principal=principal, turn_id=turn_id)
             except SessionExpired:  # its expiry is recorded: nothing to stop
                 result = self.runtime._result(await self.runtime._state(child))
         finally:
