@@ -52,9 +52,9 @@ class _Payer:
         """Count the store's head reads in `reads`."""
         head = store.head
 
-        async def counted(session_id: str) -> int | None:
+        async def counted(session_id: str, *, shown: so.Event | None = None) -> int | None:
             self.reads += 1
-            return await head(session_id)
+            return await head(session_id, shown=shown)
 
         store.head = counted  # type: ignore[method-assign]
 
