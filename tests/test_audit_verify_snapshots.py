@@ -182,3 +182,29 @@ async def test_healthy_snapshots_verify_clean(store_url: str) -> None:
         assert problem.reason == (
             f"the snapshot at event {seq} differs from the event log: turn.calls.journal"
         )
+
+
+async def test_a_field_left_out_at_its_default_and_deleted_by_hand_is_named(
+    store_url: str,
+) -> None:
+    """A field a snapshot leaves out at its default (the last reply's input tokens, a
+    subagent's spend) deleted by hand was taken for one an earlier signoff never wrote, and
+    passed: deleting `delegated` so would undercount a budget. Only `last`, which earlier
+    snapshots lack, passes so."""
+    counted = so.Usage(input_tokens=7, output_tokens=1)
+    agent = scripted_agent("ops", [reply("ok", usage=counted)], repeat_last=True)
+    async with so.Runtime([agent], store=store_url) as rt:
+        sid = (await rt.generate("ops", prompt="hi", auth=ALICE)).session_id
+        while (await rt.state(sid)).seq < 70:
+            await rt.generate(session_id=sid, prompt="hi", auth=ALICE)
+    seq, snapshot = stored_snapshot(store_url, sid)
+    assert snapshot["last_input_tokens"] == 7 and "last" in snapshot
+    put_snapshot(store_url, sid, {k: v for k, v in snapshot.items() if k != "last"})
+    async with so.Runtime([agent], store=store_url) as rt:
+        assert await rt.verify_audit() == []
+    put_snapshot(store_url, sid, {k: v for k, v in snapshot.items() if k != "last_input_tokens"})
+    async with so.Runtime([agent], store=store_url) as rt:
+        [problem] = await rt.verify_audit()
+    assert problem.reason == (
+        f"the snapshot at event {seq} differs from the event log: last_input_tokens"
+    )

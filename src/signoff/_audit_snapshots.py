@@ -18,6 +18,9 @@ __all__ = ["snapshot_problems"]
 PAGE = 256  # events read at once
 PAGE_BYTES = 1 << 20  # and at most about this much of them
 _NOT_THE_DATA = (StoreUnavailable, StoreBusy, StoreGone)
+UNWRITTEN = frozenset({"last"})
+"""Fields a snapshot of an earlier signoff lacks and reading it leaves out (the state then
+reads its last event from the log): their absence is no tampering."""
 CARRIED = {"earlier_requests": True}
 """Fields whose value a snapshot of an earlier signoff, read without them, was taken to hold,
 which the snapshots after it carry on whatever the fold says (`earlier_requests` stays True
@@ -130,14 +133,16 @@ def _unlike(
     skip: str = "",
 ) -> list[str]:
     """The keys whose values in `kept` and `folded` differ, but for those `raw` was written
-    without (reading it filled them in, or left them out, as the `last` event a snapshot of an
-    earlier signoff does not name): an earlier signoff's snapshot holds only the fields it
-    knew of (its idempotency keys without the seq of their turn's first event), and the
-    snapshots after it carry on what it was read as (`CARRIED`)."""
+    without that reading it filled in, or that an earlier signoff never wrote (`UNWRITTEN`):
+    an earlier signoff's snapshot holds only the fields it knew of (its idempotency keys
+    without the seq of their turn's first event), and the snapshots after it carry on what it
+    was read as (`CARRIED`). A field this signoff leaves out at its default (`delegated`) and
+    the fold holds is named: deleted, it would read as spent by no subagent."""
     fields = []
     for key in sorted(kept.keys() | folded.keys()):
         mine, theirs = kept.get(key), folded.get(key)
-        if key == skip or key not in raw or mine == theirs:
+        absent = key not in raw and (key in kept or key in UNWRITTEN)
+        if key == skip or absent or mine == theirs:
             continue
         if prefix or not _carried(key, mine, theirs):
             fields.append(prefix + key)
