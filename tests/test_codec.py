@@ -514,3 +514,64 @@ async def test_no_event_is_stored_on_a_head_the_store_lost_and_another_wrote_aga
     finally:
         for s in (first, other, reader):
             await s.close()
+
+
+@pytest.mark.parametrize("kept", [1, 2])
+async def test_no_event_is_stored_in_the_turn_of_a_head_the_store_lost_and_another_wrote_again(
+    store_url: str, kept: int
+) -> None:
+    """A row names its turn only where it changes, so a store keeps the turn at the head it
+    wrote. The file lost the first store's events past seq `kept` (a backup restored in place,
+    made by hand here as in the test above) and another store wrote those seqs again, in
+    another turn; the first store's next event, in its own turn, read back in the other's (its
+    row named none, the kept turn being its own). SQLite trusted its copy at the same head."""
+    sid = f"ses_codec_named_{kept}"
+    first, other, reader = make_store(store_url), make_store(store_url), make_store(store_url)
+    for s in (first, other, reader):
+        await s.open()
+
+    def said(seq: int, turn: str) -> so.Event:
+        data = {"message": f"{turn} {seq}"}
+        return so.Event(
+            session_id=sid, seq=seq, type="turn.message", at=float(seq), turn_id=turn, data=data
+        )
+
+    try:
+        created = so.Event(session_id=sid, seq=1, type="session.created", at=1.0, data={})
+        await first.create_session(sid, "a", [created], None)
+        mine = [said(seq, "trn_a") for seq in range(2, 4)]
+        if kept > 1:
+            await first.commit(Commit(session_id=sid, expected_seq=1, events=mine[: kept - 1]))
+        lost = query(
+            store_url,
+            "SELECT head, status, updated_at, expires_at, audit_n, audit_hash "
+            "FROM {t}sessions WHERE id = {p}",
+            sid,
+        )[0]
+        await first.commit(Commit(session_id=sid, expected_seq=kept, events=mine[kept - 1 :]))
+        query(
+            store_url,
+            "DELETE FROM {t}events WHERE seq > {p} AND sk = "
+            "(SELECT sk FROM {t}sessions WHERE id = {p}) RETURNING seq",
+            kept,
+            sid,
+        )
+        query(
+            store_url,
+            "UPDATE {t}sessions SET head = {p}, status = {p}, updated_at = {p}, "
+            "expires_at = {p}, audit_n = {p}, audit_hash = {p} WHERE id = {p} RETURNING id",
+            *lost,
+            sid,
+        )
+        theirs = [said(seq, "trn_b") for seq in range(kept + 1, 4)]
+        await other.commit(Commit(session_id=sid, expected_seq=kept, events=theirs))
+        again = [said(4, "trn_a"), said(5, "trn_a")]
+        for event in again:
+            await first.commit(Commit(session_id=sid, expected_seq=event.seq - 1, events=[event]))
+        found = [(e.seq, e.turn_id) for e in await reader.read_events(sid)]
+        assert found == [(1, None), *[(e.seq, e.turn_id) for e in mine[: kept - 1]]] + [
+            (e.seq, e.turn_id) for e in [*theirs, *again]
+        ]
+    finally:
+        for s in (first, other, reader):
+            await s.close()

@@ -230,8 +230,9 @@ class Connection:
         self._sk: PerSession[int] = PerSession()
         self._tails: Tails[Tail | None] = Tails()
         # The turn each recent session's head event is in and how many rows back a row names it
-        # (what `_turn_at` reads), as this store wrote it; valid while that event is the head.
-        self._named: Tails[tuple[str, int]] = Tails()
+        # (what `_turn_at` reads), as this store wrote it, with the file's `data_version` then;
+        # valid while that event is the head and no other connection has committed since.
+        self._named: Tails[tuple[str, int, int]] = Tails()
         # Leases this store granted and not yet given back: session -> (token, expiry); and
         # the latest time a lease call gave, past which an unreleased one has lapsed.
         self._leased: dict[str, tuple[int, float]] = {}
