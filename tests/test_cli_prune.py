@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 import signoff as so
+from signoff import _deletion as signoff_deletion
 from signoff.cli import _deletion, _prune, app
 from signoff.testing import ManualClock, reply, scripted_agent
 
@@ -126,6 +127,23 @@ def test_prune_goes_past_the_sessions_it_skips_and_says_when_none_remain(store_u
     assert "remain" not in second.stdout
     assert _left(store_url) == sorted(ids[:2])
     assert [e["session_id"] for e in _deletions(store_url)] == ids[2:]
+
+
+def test_prune_says_when_it_stopped_after_skipping_as_many_as_a_run_may(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three old sessions held by another process, then one finished. A run of --limit 1
+    skips at most 1 (`SKIPS`, here; 100 by default) or --limit, then stops, saying older
+    sessions remain although the limit was not reached."""
+    monkeypatch.setattr(signoff_deletion, "SKIPS", 1, raising=False)
+    ids = _old(store_url, 4)
+    _leased(store_url, ids[:3])
+    args = ["prune", "--older-than", "1h", "--store", store_url, "--limit", "1"]
+    done = invoke(*args, "-y")
+    assert done.exit_code == 0, done.output
+    assert "deleted 0 session(s)" in done.stdout and "; 2 skipped (live" in done.stdout
+    assert "it skipped as many as one run may: older sessions remain" in done.stdout
+    assert _deletions(store_url) == []
 
 
 def test_prune_refuses_an_empty_agent_and_deletes_nothing(store_url: str) -> None:

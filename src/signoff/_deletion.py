@@ -29,9 +29,15 @@ from ._sync import twin
 from ._types import Principal
 from .stores._deletions import StaleKey
 
-__all__ = ["Deletion"]
+__all__ = ["SKIPS", "Deletion"]
 
 log = logging.getLogger("signoff.runtime")
+
+SKIPS = 100
+"""How many sessions one prune may skip (found live, leased, touched since, damaged) before it
+stops, or its `limit` if that is more: the sessions it tries, so its time and its `listed`, are
+bounded by `limit`, not by the sessions it must skip. Those it would skip at every run, a
+subagent's session still live under one, are no candidates (`stale_sessions`)."""
 
 
 def _deleter(by: Principal | None, reason: str | None) -> dict[str, object] | None:
@@ -95,9 +101,9 @@ class Deletion(EventStream):
         the next prune goes on. A session found live, or touched since it was listed, is
         skipped, as is one whose passed TTL it must record first but cannot read (a damaged
         row: `delete_session(force=True)` deletes it), logged as a warning naming it; the prune
-        goes on past them until `limit` are deleted or none is left, so one that returns fewer
-        than `limit` left none it could delete. Returns the ids of the top-level sessions
-        deleted, oldest first."""
+        goes on past them until `limit` are deleted, none is left, or it skipped `SKIPS` (or
+        `limit`, if more): one that returns fewer than `limit` left none it could delete, unless
+        it skipped that many. Returns the ids of the top-level sessions deleted, oldest first."""
         deleted, _, _, _ = await self._prune(
             older_than=older_than, by=by, reason=reason, limit=limit, agent=agent
         )
@@ -131,15 +137,16 @@ class Deletion(EventStream):
             raise UsageError(f"{type(self.store).__name__} cannot prune sessions")
         now = self.now() if at is None else at
         before = now - age
-        size = min(count + 1, 2**63 - 1)  # one more than the limit tells whether any are left
+        tries = min(count + max(count, SKIPS), 2**63 - 1)
+        asked = min(count + 1, tries)  # one more than the limit tells whether any are left
 
-        async def page(after: StaleKey | None, most: int = size) -> list[tuple[str, StaleKey]]:
+        async def page(after: StaleKey | None, most: int) -> list[tuple[str, StaleKey]]:
             found: list[tuple[str, StaleKey]] = await stale(
                 before=before, now=now, limit=most, agent=agent, after=after
             )
             return found
 
-        rows = await page(None)
+        rows = await page(None, asked)
         if dry_run:
             return [], [sid for sid, _ in rows[:count]], len(rows) > count, {}
         listed: list[str] = []
@@ -148,13 +155,15 @@ class Deletion(EventStream):
         place: StaleKey | None = None
         ahead = rows[::-1]  # popped from the end: the oldest first
         try:
-            while len(deleted) < count:
+            while len(deleted) < count and len(listed) < tries:
                 if not ahead:
-                    if len(rows) < size:
+                    if len(rows) < asked:
                         break  # the last page: none left
                     # A full page tried, some skipped: the next starts past them, not at the
-                    # oldest again, which every prune would list, and skip, for ever.
-                    rows = await page(place)
+                    # oldest again, which every prune would list, and skip, for ever; it holds
+                    # as many as may still be tried.
+                    asked = min(tries - len(listed) + 1, 2**63 - 1)
+                    rows = await page(place, asked)
                     ahead = rows[::-1]
                     if not ahead:
                         break
@@ -168,7 +177,7 @@ class Deletion(EventStream):
                     continue  # live, a subagent's by now, or gone already: another run's to see
                 if erased:
                     deleted.append(session_id)
-            more = bool(ahead) or (len(rows) == size and bool(await page(place, 1)))
+            more = bool(ahead) or (len(rows) == asked and bool(await page(place, 1)))
         except BaseException as exc:
             if deleted:  # the first error is the one raised; the sync's is noted on it
                 try:

@@ -97,11 +97,12 @@ def prune(
     """Delete the finished sessions last active longer ago than --older-than, for good.
 
     A session goes with its subagents' sessions if it is finished (idle, failed, cancelled, or
-    its TTL passed) and none of them was active since, oldest first, at most --limit of them;
-    each deletion is recorded in the audit stream store:deletions. Live sessions, and any
-    active since they were listed, are skipped, the next taken in their place; one that cannot
-    be read (damaged) is named and left, with exit status 1 (delete --force deletes it). Asks
-    before deleting, unless --yes or --dry-run; without a terminal to ask at, --yes is needed."""
+    its TTL passed) and none of them was active since or is still live, oldest first, at most
+    --limit of them; each deletion is recorded in the audit stream store:deletions. Live
+    sessions, and any active since they were listed, are skipped, the next taken in their place
+    (a run stops after skipping 100, or --limit if more); one that cannot be read (damaged) is
+    named and left, with exit status 1 (delete --force deletes it). Asks before deleting,
+    unless --yes or --dry-run; without a terminal to ask at, --yes is needed."""
     with misuse():
         refuse_undecodable({"--agent": agent, "--reason": reason})
         refuse_empty_filters({"--agent": agent})
@@ -165,7 +166,11 @@ async def _prune(
         + (f"; {skipped} skipped (live, or active since listed)" if skipped else "")
     )
     if more:
-        console.print(f"--limit {limit} reached: older sessions remain for the next run.")
+        reached = len(deleted) >= len(found)
+        console.print(
+            (f"--limit {limit} reached" if reached else "it skipped as many as one run may")
+            + ": older sessions remain for the next run."
+        )
     if damaged:
         # Each run lists them again: a person mends or force-deletes them, so it exits 1. Why
         # each could not be read is the runtime's warning, logged above.

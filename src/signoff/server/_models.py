@@ -198,7 +198,8 @@ def _whole(value: Any) -> Any:
 
 MAX_PRUNE = 10_000
 """The most sessions one `POST /v1/prune` deletes: each is a transaction, and a request waits for
-them all (run it again for the rest, as `more` says)."""
+them all (run it again for the rest, as `more` says). It skips at most as many again (or
+`_deletion.SKIPS`, if more) before it stops, so this bounds a request's time and answer."""
 
 
 class PruneBody(_Body):

@@ -104,7 +104,9 @@ _STALE = (
     "SELECT o.id, o.updated_at, o.sk, NOT EXISTS (WITH RECURSIVE t(sk) AS (SELECT c.sk "
     "FROM {s}.sessions c WHERE c.parent = o.sk AND c.parent > 0 UNION SELECT c.sk "
     "FROM {s}.sessions c JOIN t ON c.parent = t.sk WHERE c.parent > 0) SELECT 1 FROM t "
-    "JOIN {s}.sessions x ON x.sk = t.sk WHERE x.updated_at >= %(before)s) "
+    "JOIN {s}.sessions x ON x.sk = t.sk WHERE x.updated_at >= %(before)s "
+    "OR (x.status IN ('running', 'waiting') AND (x.expires_at IS NULL "
+    "OR x.expires_at > %(now)s))) "
     "FROM (SELECT id, updated_at, sk FROM {s}.sessions WHERE parent IS NULL "
     "AND updated_at < %(before)s "
     "AND (status = ANY(%(finished)s) OR (status = ANY(%(live)s) AND expires_at <= %(now)s)) "
@@ -113,8 +115,9 @@ _STALE = (
     "ORDER BY updated_at, sk LIMIT %(limit)s) o ORDER BY o.updated_at, o.sk"
 )
 """The oldest top-level sessions `prune` may delete, past a place, each with whether no
-subagent's session under it (recursively) was active at the cutoff or since: looked up for the
-`limit` rows only, after the sort (see `stale_sessions`)."""
+subagent's session under it (recursively) keeps it: active at the cutoff or since, or live
+with its TTL not passed (a deletion refuses the tree then, and would at every prune). Looked up
+for the `limit` rows only, after the sort (see `stale_sessions`)."""
 
 _LISTING = _NESTED + "SET LOCAL jit = off; "
 """Sent before `_STALE`: its lookup of each row's subagents' sessions is a few index probes,
@@ -147,10 +150,10 @@ class Deletions(Connections):
         after: StaleKey | None = None,
     ) -> list[tuple[str, StaleKey]]:
         """The top-level sessions `prune` deletes: finished (`FINISHED`), or live (`LIVE`) with
-        their TTL passed at `now`, last active before `before`, their subagents' sessions too
-        (of `agent`, if given), oldest first by their own last activity, at most `limit`, past
-        the place `after` (a page before ended there); each with its place, where the next page
-        starts.
+        their TTL passed at `now`, last active before `before`, their subagents' sessions too,
+        none of which is live with its TTL not passed (of `agent`, if given), oldest first by
+        their own last activity, at most `limit`, past the place `after` (a page before ended
+        there); each with its place, where the next page starts.
 
         Plan: no index orders sessions by `updated_at` here, on purpose (migration 3 dropped it
         from `sessions_by_status`): every commit changes `updated_at`, and an index on it would
@@ -158,8 +161,10 @@ class Deletions(Connections):
         sessions (a sequential scan, or `sessions_by_status` for a filter that picks few) and
         keeps the oldest `limit` in a top-N heap sort: memory bounded by `limit`, time linear
         in the sessions (3 to 6 ms for 10,000, measured), outside any lock the deletions take.
-        Only those `limit` have their subagents' sessions looked up (`sessions_by_parent`):
-        were some active since, it reads on past them, a scan a time. Retention runs now and
+        Only the rows kept have their subagents' sessions looked up (`sessions_by_parent`):
+        were some filtered out, it reads on past them, each scan keeping as many rows as the
+        rest takes at the rate kept so far, twice over, up to 4 times the scan before: a few
+        scans go past any number, with few lookups past those it needs. Retention runs now and
         then; turns commit all the time. An agent named with a NUL names none (PostgreSQL text
         cannot hold it), as SQLite finds none."""
         if not storable(agent):
@@ -176,18 +181,24 @@ class Deletions(Connections):
 
         async def body(conn: Conn) -> list[tuple[str, StaleKey]]:
             found: list[tuple[str, StaleKey]] = []
-            place = after
+            place, scan, read = after, limit, 0
             while len(found) < limit:
                 params["at"], params["sk"] = (None, None) if place is None else place
+                params["limit"] = scan
                 cur = psycopg.AsyncClientCursor(conn)
                 await cur.execute(sql, params)
                 while cur.nextset():
                     pass
                 rows = await cur.fetchall()
                 found += [(str(r[0]), (float(r[1]), int(r[2]))) for r in rows if r[3]]
-                if len(rows) < limit:
+                if len(rows) < scan:
                     break  # the scan reached the end
                 place = (float(rows[-1][1]), int(rows[-1][2]))
+                # Some were filtered out: the next reads twice what the rest takes at the rate
+                # kept so far, and at most 4 times this one (all filtered out: 4 times).
+                read, need = read + len(rows), limit - len(found)
+                wanted = 2 * need * read // len(found) if found else 4 * scan
+                scan = min(4 * scan, max(need, wanted))
             return found[:limit]
 
         return await self._read(body, "listing the sessions to prune")

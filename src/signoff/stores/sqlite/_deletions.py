@@ -46,23 +46,31 @@ _TREE = (
 `sessions_by_parent`, whose condition `parent > 0` says)."""
 
 
+_KEEPS = (
+    "(NOT {x}.updated_at < :before OR ({x}.status IN ('running', 'waiting') AND NOT "
+    "(typeof({x}.expires_at) IN ('integer', 'real') AND {x}.expires_at <= :now)))"
+)
+"""The subagent's session `{x}` keeps its tree: active at `:before` or since, or live with its
+TTL not passed at `:now` (a deletion refuses the tree then, as `_doomed` does)."""
+
 _QUIET = (
     " AND NOT EXISTS (SELECT 1 FROM sessions c WHERE c.parent = o.sk AND c.parent > 0"
-    " AND (NOT c.updated_at < :before OR EXISTS (WITH RECURSIVE t(sk) AS (SELECT g.sk"
+    f" AND ({_KEEPS.format(x='c')} OR EXISTS (WITH RECURSIVE t(sk) AS (SELECT g.sk"
     " FROM sessions g WHERE g.parent = c.sk AND g.parent > 0 UNION SELECT g.sk FROM sessions g"
     " JOIN t ON g.parent = t.sk WHERE g.parent > 0) SELECT 1 FROM t JOIN sessions x"
-    " ON x.sk = t.sk WHERE NOT x.updated_at < :before)))"
+    f" ON x.sk = t.sk WHERE {_KEEPS.format(x='x')})))"
 )
-"""No subagent's session under the session `o` (recursively, through `sessions_by_parent`) was
-active at `:before` or since: a session's tree is as old as its newest activity. Its children
-are read plainly, and only theirs recursively: a recursive query per row cost 4 times the
-listing (20 us a row, measured), this one a fifth more."""
+"""No subagent's session under the session `o` (recursively, through `sessions_by_parent`)
+keeps it (`_KEEPS`): a session's tree is as old as its newest activity, and one a subagent
+still waits in (on a person) would be skipped at every prune. Its children are read plainly,
+and only theirs recursively: a recursive query per row cost 4 times the listing (20 us a row,
+measured), this one a fifth more."""
 
 
 def _oldest(statuses: str, *, agent: bool, ttl: bool, after: bool) -> str:
     """The oldest top-level sessions of `statuses` (of the agent `:agent`, if `agent`; their TTL
     passed at `:now`, if `ttl`; past the place `(:at, :sk)`, if `after`) last active before
-    `:before`, their subagents' sessions too, at most `:limit` of them."""
+    `:before`, their subagents' sessions too, none of those live (`_QUIET`), at most `:limit`."""
     return (
         "SELECT * FROM (SELECT id, updated_at, sk FROM sessions o "
         f"WHERE status IN ({statuses}) AND updated_at < :before AND parent IS NULL"
@@ -92,7 +100,7 @@ _CLOSES = (
 
 
 class Deletions(Connection):
-    """`SQLiteStore.delete_session`."""
+    """`SQLiteStore.delete_session` and `stale_sessions`."""
 
     @reading
     async def stale_sessions(
@@ -105,10 +113,10 @@ class Deletions(Connection):
         after: StaleKey | None = None,
     ) -> list[tuple[str, StaleKey]]:
         """The top-level sessions `prune` deletes: finished (`FINISHED`), or live (`LIVE`) with
-        their TTL passed at `now`, last active before `before`, their subagents' sessions too
-        (of `agent`, if given), oldest first by their own last activity, at most `limit`, past
-        the place `after` (a page before ended there); each with its place, where the next page
-        starts.
+        their TTL passed at `now`, last active before `before`, their subagents' sessions too,
+        none of which is live with its TTL not passed (of `agent`, if given), oldest first by
+        their own last activity, at most `limit`, past the place `after` (a page before ended
+        there); each with its place, where the next page starts.
 
         Plan: one branch per status, each an ordered range of the index `sessions_by_status
         (status, updated_at)` (its rows end with their key) that stops after `limit` rows
