@@ -150,8 +150,10 @@ async def test_a_prune_tries_a_bounded_number_past_the_sessions_it_skips(
         clock.advance(DAY)
         tokens = [await rt.store.acquire_lease(s, "elsewhere", 3 * DAY, rt.now()) for s in ids[:5]]
         assert all(tokens)
-        found = await rt._prune(older_than=60, by=OPS, reason=None, limit=1, agent=None)
-        assert found == ([], ids[:3], True, {})
+        for dry_run in (False, True):
+            assert await rt._prune(
+                older_than=60, by=OPS, reason=None, limit=1, agent=None, dry_run=dry_run
+            ) == ([], [] if dry_run else ids[:3], True, {})
         found = await rt._prune(older_than=60, by=OPS, reason=None, limit=3, agent=None)
         # it may skip 3 (the limit, more than SKIPS): it stops after trying 3 + 3
         assert found == (ids[5:6], ids[:6], True, {})
@@ -194,6 +196,53 @@ async def test_a_listing_goes_past_many_young_trees_in_a_few_scans(
         assert len(scans) <= 3 if store_url.startswith("postgres") else scans == []
         assert await rt.prune(older_than=60, limit=1) == [old]
         assert {s.id for s in await rt.sessions()} == {s for tree in young for s in tree}
+
+
+async def test_a_dry_run_lists_what_a_prune_then_deletes(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Oldest first: a session held by another process, one whose TTL passed but that cannot
+    be read (damaged), one whose TTL passed (its expiry recorded, then deleted), and three
+    cancelled. A dry run listed the `limit` oldest, two the prune would skip, while the prune
+    deleted two it never showed. It makes the deletion's checks, reading only, and lists what
+    the prune then deletes; the one it cannot read it answers in `damaged`."""
+    clock = ManualClock()
+    async with so.Runtime([chat_with_ttl()], store=store_url, clock=clock) as rt:
+        ids = []
+        for _ in range(6):
+            r = await rt.generate("chat", prompt="refund it", auth=ALICE)
+            assert r.status == "waiting"
+            ids.append(r.session_id)
+            clock.advance(1)
+        for sid in ids[3:]:
+            await rt.cancel(sid, principal=ALICE)
+    edit(
+        store_url,
+        "UPDATE {t}events SET data = {p} WHERE seq = 2 AND sk = "
+        "(SELECT sk FROM {t}sessions WHERE id = {p})",
+        b"\x01not deflate",
+        ids[1],
+    )
+    clock.advance(DAY)
+    async with so.Runtime([chat_with_ttl()], store=store_url, clock=clock) as rt:
+        assert await rt.store.acquire_lease(ids[0], "elsewhere", 3 * DAY, rt.now())
+        heads = [await rt.store.head(sid) for sid in ids]
+        with caplog.at_level("WARNING", logger="signoff.runtime"):
+            looked = await rt._prune(
+                older_than=3600, by=OPS, reason=None, limit=2, agent=None, dry_run=True
+            )
+            assert looked[:3] == ([], ids[2:4], True) and list(looked[3]) == [ids[1]]
+            assert [await rt.store.head(sid) for sid in ids] == heads  # nothing written
+            assert await rt.audit(stream=DELETIONS_STREAM) == []
+            deleted, listed, more, damaged = await rt._prune(
+                older_than=3600, by=OPS, reason=None, limit=2, agent=None
+            )
+        assert (deleted, listed, more) == (ids[2:4], ids[:4], True)
+        assert list(damaged) == [ids[1]]
+        assert await rt._prune(
+            older_than=3600, by=OPS, reason=None, limit=5, agent=None, dry_run=True
+        ) == ([], ids[4:], False, damaged)
+        assert await rt.prune(older_than=3600, limit=5) == ids[4:]
 
 
 async def test_a_batch_ending_on_the_last_of_a_page_says_whether_more_are_left(

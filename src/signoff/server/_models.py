@@ -216,15 +216,17 @@ class PruneBody(_Body):
         default=None, description="Why, as each deletion's audit entry records it."
     )
     dry_run: StrictBool = Field(
-        default=False, description="List the sessions it would delete; delete nothing."
+        default=False,
+        description="List the sessions it would delete now (the same checks read); delete nothing.",
     )
 
 
 class Pruned(BaseModel):
     """What a prune did: the top-level sessions it deleted (oldest first), those it tried to
-    delete (a session found live, or active since, is skipped, the next taken in its place),
-    whether more were old enough past the last it tried, left for another run, and those of
-    the tried it could not read to record their passed TTL (a forced deletion deletes one)."""
+    delete (a session found live, or active since, is skipped, the next taken in its place; a
+    dry run's: those it would delete), whether more were old enough past the last it tried,
+    left for another run, and those of the tried it could not read to record their passed TTL
+    (a forced deletion deletes one)."""
 
     model_config = ConfigDict(extra="forbid")
 

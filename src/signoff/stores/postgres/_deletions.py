@@ -138,7 +138,7 @@ if AUDIT_APPEND.count(_START) != 1 or AUDIT_APPEND.count(_V_END) != 1:  # pragma
 
 
 class Deletions(Connections):
-    """`PostgresStore.delete_session` and `stale_sessions`."""
+    """`PostgresStore.delete_session`, `deletable` and `stale_sessions`."""
 
     async def stale_sessions(
         self,
@@ -202,6 +202,17 @@ class Deletions(Connections):
             return found[:limit]
 
         return await self._read(body, "listing the sessions to prune")
+
+    async def deletable(
+        self, session_id: str, *, now: float, before: float | None = None
+    ) -> list[str]:
+        """The ids `delete_session` with these arguments would delete now, the session's first,
+        nothing written: refused as it refuses, and none ([]) if the session, or a subagent's
+        session under it, was last active at `before` or since. What a dry run of `prune`
+        checks."""
+        until = math.inf if before is None else before
+        found = await self._doomed(session_id, now, until, shown=False)
+        return [] if found is None else [d.id for _, d in found[0]]
 
     async def delete_session(
         self,
@@ -308,13 +319,19 @@ class Deletions(Connections):
         return deleted is None or deleted
 
     async def _doomed(
-        self, session_id: str, now: float, before: float, *, force: bool = False
+        self,
+        session_id: str,
+        now: float,
+        before: float,
+        *,
+        force: bool = False,
+        shown: bool = True,
     ) -> tuple[list[tuple[int, Doomed]], dict[str, list[dict[str, Any]]]] | None:
         """The session and its subagents' sessions, by key, checked deletable at `now` as read
         (the write checks again, locked), with the requests of theirs channels may show
-        (`erased_requests`: the write's check that the chains are still the ones read keeps
-        them true); None if it, or a subagent's session under it, was last active at `before`
-        or since. `force`: unfinished too, under no lease held."""
+        (`erased_requests`, if `shown`: the write's check that the chains are still the ones
+        read keeps them true); None if it, or a subagent's session under it, was last active at
+        `before` or since. `force`: unfinished too, under no lease held."""
         if not storable(session_id):
             refuse(session_id, found=False, parent=None, leased=None, waiting=())
         s = self._s
@@ -326,7 +343,7 @@ class Deletions(Connections):
                 pass
             tree = list(await cur.fetchall())
             keys = [int(r[0]) for r in tree]
-            if not keys:
+            if not keys or not shown:
                 return tree, {}
             requests = await conn.execute(_REQUESTS.format(s=s), (keys,))
             closes = await conn.execute(_CLOSES.format(s=s), (keys, list(RESOLVED_STORED)))

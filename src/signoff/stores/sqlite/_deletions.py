@@ -100,7 +100,7 @@ _CLOSES = (
 
 
 class Deletions(Connection):
-    """`SQLiteStore.delete_session` and `stale_sessions`."""
+    """`SQLiteStore.delete_session`, `deletable` and `stale_sessions`."""
 
     @reading
     async def stale_sessions(
@@ -142,6 +142,25 @@ class Deletions(Connection):
             (str(sid), (float(updated), int(key)))
             for sid, updated, key in self.conn.execute(sql, params)
         ]
+
+    @reading
+    async def deletable(
+        self, session_id: str, *, now: float, before: float | None = None
+    ) -> list[str]:
+        """The ids `delete_session` with these arguments would delete now, the session's first,
+        read in one snapshot and nothing written: refused as it refuses, and none ([]) if the
+        session, or a subagent's session under it, was last active at `before` or since. What a
+        dry run of `prune` checks."""
+        conn = self.conn
+        conn.execute("BEGIN")
+        try:
+            doomed = self._doomed(conn, session_id, now)
+            if before is not None and not self._untouched(conn, [sk for sk, _ in doomed], before):
+                return []
+            return [d.id for _, d in doomed]
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
 
     @serialised
     async def delete_session(
