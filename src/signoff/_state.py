@@ -376,8 +376,9 @@ class SessionState:
     def detached(self) -> SessionState:
         """A whole copy for a caller to keep (`Runtime.state`), with the event data it holds (a
         call's input, an answer) copied too, so neither the runtime folding on nor the caller
-        changing it changes the other. The conversation's messages (immutable) and the entries
-        of the calls' journals are shared, not copied one by one: their lists grow long."""
+        changing it changes the other. The frozen models it holds (messages, requests,
+        principals) and the entries of the calls' journals are shared, not copied one by one:
+        there are many, and the README asks callers to read them only."""
         state = self.copy(journals=True, conversation=True)
         for r in state.requests.values():
             r.resolution = _data(r.resolution)

@@ -227,8 +227,11 @@ class Store(Protocol):
 
     A store may also offer `server_time()` (the clock the runtime times everything by, as of
     the middle of the call: a wait before its query reads it is made up for) and
-    `granted_head(session_id, token)` (the head it read when it granted that lease, which saves
-    a drive a round trip); the runtime uses them when present, as PostgreSQL's store has them.
+    `granted_head(session_id, token, *, shown=None)` (the head it read when it granted that
+    lease, which saves a drive a round trip; None if `shown`, the event a cached state ends at,
+    was not the event at that head); the runtime uses them when present, as PostgreSQL's store
+    has them. The runtime always passes `shown=` to `head` and `granted_head`: a store written
+    before it took `shown` must take it (and check it) to be used by this signoff.
     Both stores have `keep_channel_memos(memos, now, durable=False)` (`durable`: synced as an
     answer's commit is), `channel_memo(name)` and `channel_memos(prefix)` (each name, value and
     when it was kept): JSON texts a channel keeps for the hub that delivers to it next (on
