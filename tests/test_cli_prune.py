@@ -11,7 +11,6 @@ import pytest
 from typer.testing import CliRunner
 
 import signoff as so
-from signoff import _deletion as signoff_deletion
 from signoff.cli import _deletion, _prune, app
 from signoff.testing import ManualClock, reply, scripted_agent
 
@@ -127,74 +126,6 @@ def test_prune_goes_past_the_sessions_it_skips_and_says_when_none_remain(store_u
     assert "remain" not in second.stdout
     assert _left(store_url) == sorted(ids[:2])
     assert [e["session_id"] for e in _deletions(store_url)] == ids[2:]
-
-
-def test_prune_dry_run_lists_the_sessions_a_run_deletes(store_url: str) -> None:
-    """The two oldest are held by another process: `--dry-run --limit 2` listed them, and the
-    run that followed deleted the two behind them, which it never showed. It lists those."""
-    ids = _old(store_url, 5)
-    _leased(store_url, ids[:2])
-    args = ["prune", "--older-than", "1h", "--store", store_url, "--limit", "2"]
-    look = invoke(*args, "--dry-run")
-    assert look.exit_code == 0, look.output
-    assert look.stdout.split()[:3] == [*ids[2:4], "2"]
-    assert "(--limit 2 reached: more are old enough.)" in look.stdout
-    done = invoke(*args, "-y")
-    assert done.exit_code == 0, done.output
-    assert [e["session_id"] for e in _deletions(store_url)] == ids[2:4]
-
-
-def test_prune_deletes_the_sessions_it_asked_about_and_no_other(
-    store_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The oldest is held by another process, so the question counts the next one; the
-    other process lets go while the question is answered. The deletion, at the moment asked,
-    deleted the oldest in its place, which the question had not counted (nor --dry-run
-    shown). It deletes the sessions it asked about."""
-    monkeypatch.setattr(_deletion, "_can_ask", lambda: True)
-    ids = _old(store_url, 3)
-    _leased(store_url, ids[:1])
-    asked = []
-
-    def answered(channel: object, question: str) -> bool:
-        asked.append(question)
-        edit(
-            store_url,
-            "UPDATE {t}leases SET owner = '', expires_at = 0 WHERE sk = "
-            "(SELECT sk FROM {t}sessions WHERE id = {p})",
-            ids[0],
-        )
-        return True
-
-    monkeypatch.setattr(_deletion, "_confirmed", answered)
-    result = invoke("prune", "--older-than", "1h", "--store", store_url, "--limit", "1")
-    assert result.exit_code == 0, result.output
-    assert [q.split(" last active")[0] for q in asked] == ["Delete 1 finished session(s)"]
-    assert "deleted 1 session(s)" in result.stdout and "skipped" not in result.stdout
-    assert "--limit 1 reached: older sessions remain for the next run." in result.stdout
-    assert [e["session_id"] for e in _deletions(store_url)] == ids[1:2]
-    assert _left(store_url) == sorted([ids[0], ids[2]])
-
-
-def test_prune_says_when_it_stopped_after_skipping_as_many_as_a_run_may(
-    store_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Three old sessions held by another process, then one finished. A run of --limit 1
-    skips at most 1 (`SKIPS`, here; 100 by default) or --limit, then stops, saying older
-    sessions remain although the limit was not reached; the dry run says so too."""
-    monkeypatch.setattr(signoff_deletion, "SKIPS", 1, raising=False)
-    ids = _old(store_url, 4)
-    _leased(store_url, ids[:3])
-    args = ["prune", "--older-than", "1h", "--store", store_url, "--limit", "1"]
-    look = invoke(*args, "--dry-run")
-    assert look.exit_code == 0, look.output
-    assert "0 session(s) would be deleted; nothing deleted." in look.stdout
-    assert "(it skipped as many sessions as one run may: more are old enough.)" in look.stdout
-    done = invoke(*args, "-y")
-    assert done.exit_code == 0, done.output
-    assert "deleted 0 session(s)" in done.stdout and "; 2 skipped (live" in done.stdout
-    assert "it skipped as many as one run may: older sessions remain" in done.stdout
-    assert _deletions(store_url) == []
 
 
 def test_prune_refuses_an_empty_agent_and_deletes_nothing(store_url: str) -> None:

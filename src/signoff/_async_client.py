@@ -394,8 +394,7 @@ class AsyncClient:
         """Retention over HTTP (`Runtime.prune`; an admin's token): delete the finished sessions
         last active more than `older_than` seconds ago, at most `limit`, oldest first.
         `{"deleted": [...], "listed": [...], "more": bool, "damaged": [...]}` (`damaged`: those
-        listed it could not read, left to a forced deletion); `dry_run` deletes nothing and
-        lists those it would delete now (the same checks read)."""
+        listed it could not read, left to a forced deletion); `dry_run` deletes nothing."""
         body = {
             "olderThan": older_than,
             "limit": limit,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from collections.abc import Sequence
 
 from ._answers import check_principal, check_text
 from ._deadlines import expiry_resolves, expiry_specs
@@ -30,15 +29,9 @@ from ._sync import twin
 from ._types import Principal
 from .stores._deletions import StaleKey
 
-__all__ = ["SKIPS", "Deletion"]
+__all__ = ["Deletion"]
 
 log = logging.getLogger("signoff.runtime")
-
-SKIPS = 100
-"""How many sessions one prune may skip (found live, leased, touched since, damaged) before it
-stops, or its `limit` if that is more: the sessions it tries, so its time and its `listed`, are
-bounded by `limit`, not by the sessions it must skip. Those it would skip at every run, a
-subagent's session still live under one, are no candidates (`stale_sessions`)."""
 
 
 def _deleter(by: Principal | None, reason: str | None) -> dict[str, object] | None:
@@ -102,9 +95,9 @@ class Deletion(EventStream):
         the next prune goes on. A session found live, or touched since it was listed, is
         skipped, as is one whose passed TTL it must record first but cannot read (a damaged
         row: `delete_session(force=True)` deletes it), logged as a warning naming it; the prune
-        goes on past them until `limit` are deleted, none is left, or it skipped `SKIPS` (or
-        `limit`, if more): one that returns fewer than `limit` left none it could delete, unless
-        it skipped that many. Returns the ids of the top-level sessions deleted, oldest first."""
+        goes on past them until `limit` are deleted or none is left, so one that returns fewer
+        than `limit` left none it could delete. Returns the ids of the top-level sessions
+        deleted, oldest first."""
         deleted, _, _, _ = await self._prune(
             older_than=older_than, by=by, reason=reason, limit=limit, agent=agent
         )
@@ -120,54 +113,48 @@ class Deletion(EventStream):
         agent: str | None,
         dry_run: bool = False,
         at: float | None = None,
-        only: Sequence[str] | None = None,
     ) -> tuple[list[str], list[str], bool, dict[str, str]]:
         """`prune`: the ids it deleted, the candidates it tried (those deleted, skipped and
         damaged, oldest first), whether more were old enough past the last it tried, and the
-        candidates it could not read, with why. With `dry_run`, nothing is written: the same
-        checks read, it lists those a prune would delete then (in place of those it tried).
-        `at`: the moment `older_than` counts back from and TTLs are read at (now if None), so a
-        listing and the deletion asked about share it; `only`: the candidates, in place of
-        those listed (a dry run's, to delete no other)."""
+        candidates it could not read, with why. With `dry_run`, nothing is deleted, and the
+        candidates are the oldest `limit`. `at`: the moment `older_than` counts back from and
+        TTLs are read at (now if None), so a listing and the deletion asked about share it."""
         age = seconds("older_than", older_than, zero=True)
         count = whole("limit", limit, least=1, most=2**63 - 1)
         check_listing(agent, None)
         who = _deleter(by, reason)
         await self.open()
         stale = getattr(self.store, "stale_sessions", None)
-        needs = ("delete_session", "flush", *(("deletable",) if dry_run else ()))
-        if stale is None or not all(getattr(self.store, name, None) is not None for name in needs):
+        if stale is None or not all(
+            getattr(self.store, name, None) is not None for name in ("delete_session", "flush")
+        ):
             raise UsageError(f"{type(self.store).__name__} cannot prune sessions")
         now = self.now() if at is None else at
         before = now - age
-        tries = min(count + max(count, SKIPS), 2**63 - 1)
-        asked = min(count + 1, tries)  # one more than the limit tells whether any are left
+        size = min(count + 1, 2**63 - 1)  # one more than the limit tells whether any are left
 
-        async def page(after: StaleKey | None, most: int) -> list[tuple[str, StaleKey | None]]:
-            found: list[tuple[str, StaleKey | None]] = await stale(
+        async def page(after: StaleKey | None, most: int = size) -> list[tuple[str, StaleKey]]:
+            found: list[tuple[str, StaleKey]] = await stale(
                 before=before, now=now, limit=most, agent=agent, after=after
             )
             return found
 
-        if only is None:
-            rows = await page(None, asked)
-        else:
-            rows, asked = [(sid, None) for sid in only], len(only) + 1
+        rows = await page(None)
+        if dry_run:
+            return [], [sid for sid, _ in rows[:count]], len(rows) > count, {}
         listed: list[str] = []
         deleted: list[str] = []
         damaged: dict[str, str] = {}
         place: StaleKey | None = None
         ahead = rows[::-1]  # popped from the end: the oldest first
         try:
-            while len(deleted) < count and len(listed) < tries:
+            while len(deleted) < count:
                 if not ahead:
-                    if len(rows) < asked:
+                    if len(rows) < size:
                         break  # the last page: none left
                     # A full page tried, some skipped: the next starts past them, not at the
-                    # oldest again, which every prune would list, and skip, for ever; it holds
-                    # as many as may still be tried.
-                    asked = min(tries - len(listed) + 1, 2**63 - 1)
-                    rows = await page(place, asked)
+                    # oldest again, which every prune would list, and skip, for ever.
+                    rows = await page(place)
                     ahead = rows[::-1]
                     if not ahead:
                         break
@@ -175,21 +162,15 @@ class Deletion(EventStream):
                 listed.append(session_id)
                 try:
                     erased = await self._erase(
-                        session_id,
-                        who,
-                        reason,
-                        before=before,
-                        durable=False,
-                        damaged=damaged,
-                        dry=dry_run,
+                        session_id, who, reason, before=before, durable=False, damaged=damaged
                     )
                 except (SessionBusy, SessionWaiting, SubagentSession, UnknownSession):
                     continue  # live, a subagent's by now, or gone already: another run's to see
                 if erased:
                     deleted.append(session_id)
-            more = bool(ahead) or (len(rows) == asked and bool(await page(place, 1)))
+            more = bool(ahead) or (len(rows) == size and bool(await page(place, 1)))
         except BaseException as exc:
-            if deleted and not dry_run:  # the first error is raised; the sync's is noted on it
+            if deleted:  # the first error is the one raised; the sync's is noted on it
                 try:
                     await self.store.flush()  # type: ignore[attr-defined]
                 except Exception as also:
@@ -198,8 +179,6 @@ class Deletion(EventStream):
                         f"syncing them failed too ({type(also).__name__}: {also})"
                     )
             raise
-        if dry_run:
-            return [], deleted, more, damaged
         if deleted:  # each committed without waiting for the disk: synced together
             await self.store.flush()  # type: ignore[attr-defined]
         return deleted, listed, more, damaged
@@ -214,32 +193,30 @@ class Deletion(EventStream):
         durable: bool = True,
         force: bool = False,
         damaged: dict[str, str] | None = None,
-        dry: bool = False,
     ) -> list[str]:
         """Delete the session in the store, recording first a TTL that passed while it waited;
         with `before`, only if its last activity is older ([] if it was touched since); not
         `durable`, committed without waiting for the disk (the caller's `flush` syncs it);
         `force`, unfinished too (see `delete_session`). With `damaged` (a prune's), a session
-        whose TTL cannot be recorded as it cannot be read is noted there and logged ([]).
-        `dry`: nothing written, the same checks read (`deletable`); a passed TTL it would
-        record counts as deleted after it."""
+        whose TTL cannot be recorded as it cannot be read is noted there and logged ([])."""
         delete = self.store.delete_session  # type: ignore[attr-defined]
-        since: dict[str, object] = {} if dry else {"by": who, "reason": reason, "durable": durable}
+        since: dict[str, object] = {"durable": durable}
         if before is not None:
             since["before"] = before
         if force:  # passed only when given: a store that cannot force is asked nothing else
             if "force" not in inspect.signature(delete).parameters:
                 raise UsageError(f"{type(self.store).__name__} cannot force a deletion")
             since["force"] = True
-        check = self.store.deletable if dry else delete  # type: ignore[attr-defined]
         try:
-            ids: list[str] = await check(session_id, now=self.now(), **since)
+            ids: list[str] = await delete(
+                session_id, now=self.now(), by=who, reason=reason, **since
+            )
         except SessionWaiting:
             # Waiting on requests no one can answer any more (its TTL passed): recorded as a
             # listing would record it (they expire), then deleted. Recording it is activity,
             # but a session past its TTL comes to life no more: no `before` then.
             try:
-                expired = await self._expired_now(session_id, record=not dry)
+                expired = await self._expired_now(session_id)
             except STORE_FAILING:
                 raise  # the store failing as a whole: a prune's other sessions would too
             except StoreError as exc:
@@ -256,23 +233,17 @@ class Deletion(EventStream):
                 return []
             if not expired:
                 raise
-            if dry:
-                return [session_id]
             ids = await delete(session_id, now=self.now(), by=who, reason=reason, durable=durable)
-        if not dry:
-            for sid in ids:
-                self._cache.pop(sid, None)
+        for sid in ids:
+            self._cache.pop(sid, None)
         return ids
 
-    async def _expired_now(self, session_id: str, *, record: bool = True) -> bool:
+    async def _expired_now(self, session_id: str) -> bool:
         """Record the session's passed TTL, if it passed with its turn unfinished: whether it
-        did (its requests are then expired, no longer open). Not `record`: only whether it
-        would."""
+        did (its requests are then expired, no longer open)."""
         state = await self._state(session_id)
         if not (state.expired(self.now()) and expiry_specs(state) and state.turn is not None):
             return False
-        if not record:
-            return True
         if state.agent in self.agents:
             with contextlib.suppress(SessionExpired, StoreError):
                 await self._checked(session_id)

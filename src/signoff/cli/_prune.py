@@ -1,7 +1,6 @@
 """`signoff prune`: retention from the command line, as `Runtime.prune` does it: the finished
 sessions last active more than a duration ago deleted, a bounded batch at a time, after asking
-at the terminal about those a deletion would delete (or with `--yes`); `--dry-run` lists those
-and deletes nothing."""
+at the terminal (or with `--yes`); `--dry-run` lists them and deletes nothing."""
 
 from __future__ import annotations
 
@@ -98,13 +97,11 @@ def prune(
     """Delete the finished sessions last active longer ago than --older-than, for good.
 
     A session goes with its subagents' sessions if it is finished (idle, failed, cancelled, or
-    its TTL passed) and none of them was active since or is still live, oldest first, at most
-    --limit of them; each deletion is recorded in the audit stream store:deletions. Live
-    sessions, and any active since they were listed, are skipped, the next taken in their place
-    (a run stops after skipping 100, or --limit if more); one that cannot be read (damaged) is
-    named and left, with exit status 1 (delete --force deletes it). --dry-run lists those a run
-    would delete now, the same checks read. Asks before deleting, about those, and deletes no
-    other, unless --yes; without a terminal to ask at, --yes is needed."""
+    its TTL passed) and none of them was active since, oldest first, at most --limit of them;
+    each deletion is recorded in the audit stream store:deletions. Live sessions, and any
+    active since they were listed, are skipped, the next taken in their place; one that cannot
+    be read (damaged) is named and left, with exit status 1 (delete --force deletes it). Asks
+    before deleting, unless --yes or --dry-run; without a terminal to ask at, --yes is needed."""
     with misuse():
         refuse_undecodable({"--agent": agent, "--reason": reason})
         refuse_empty_filters({"--agent": agent})
@@ -130,84 +127,55 @@ async def _prune(
     console = out()
     if dry_run:  # a look changes nothing: an older schema is refused, not upgraded
         async with Runtime([], store=reading_store(store_of(target, store))) as looking:
-            _, would, more, damaged = await _batch(
-                looking, older_than, agent, limit, reason, principal
-            )
-        for session_id in would:
+            _, found, more, _ = await _batch(looking, older_than, agent, limit, reason, principal)
+        for session_id in found:
             console.print(session_id, highlight=False)
-        console.print(f"{len(would)} session(s) would be deleted; nothing deleted.")
+        console.print(f"{len(found)} session(s) would be deleted; nothing deleted.")
         if more:
-            console.print(
-                f"(--limit {limit} reached: more are old enough.)"
-                if len(would) >= limit
-                else "(it skipped as many sessions as one run may: more are old enough.)"
-            )
-        if damaged:
-            err().print(f"[red]{_damaged(damaged)}, would be left[/]", soft_wrap=True)
+            console.print(f"(--limit {limit} reached: more are old enough.)")
         return
     async with await store_runtime(target, store) as runtime:
-        asked: list[str] | None = None  # with --yes, none: the batch it lists as it goes
-        at: float | None = None
-        looked: dict[str, str] = {}
+        await runtime.open()
+        # One moment for the question and the deletion: the cutoff read a minute later (the
+        # person taking that long to answer) took in sessions the question had not counted.
+        at = runtime.now()
+        _, found, _, _ = await _batch(runtime, older_than, agent, limit, reason, principal, at=at)
+        if not found:
+            console.print("Nothing to delete: no finished session was last active that long ago.")
+            return
         if not yes:
-            await runtime.open()
-            # One moment for the question and the deletion: the cutoff read a minute later (the
-            # person taking that long to answer) took in sessions the question had not counted.
-            at = runtime.now()
-            # What a deletion would delete now (the same checks, read): what it asks about.
-            _, asked, more, looked = await _batch(
-                runtime, older_than, agent, limit, reason, principal, at=at
-            )
             shown = (
-                f"Delete {len(asked)} finished session(s) last active more than "
+                f"Delete {len(found)} finished session(s) last active more than "
                 f"{age(older_than)} ago, and their subagents' sessions, for good?"
             )
             # Read as `delete` asks: one Ctrl-C ends the command at once (a blocking confirm in
             # the event loop swallowed it, and a `y` typed afterwards went on to delete).
-            if asked and not _deletion._confirmed(TerminalChannel(console), shown):
+            if not _deletion._confirmed(TerminalChannel(console), shown):
                 console.print("Nothing deleted.")
                 raise typer.Exit(1)
-        # Asked: the sessions it counted, none other, each checked again as it is deleted, at
-        # the moment asked (one found live since is skipped, and said).
-        deleted, listed, now_more, damaged = await _batch(
-            runtime, older_than, agent, limit, reason, principal, delete=True, at=at, only=asked
+        # At most as many as it asked about, each one old enough at that moment (one skipped
+        # now, found live, lets the next oldest go in its place).
+        deleted, listed, more, damaged = await _batch(
+            runtime, older_than, agent, len(found), reason, principal, delete=True, at=at
         )
-    more = now_more if asked is None else more
     skipped = len(listed) - len(deleted) - len(damaged)
-    damaged = {**looked, **damaged}
-    if listed:
-        console.print(
-            f"[green]deleted[/] {len(deleted)} session(s) and their subagents' sessions; "
-            "recorded in the audit trail"
-            + (f"; {skipped} skipped (live, or active since listed)" if skipped else "")
-        )
-    elif not damaged:
-        console.print(
-            "Nothing to delete: no finished session last active that long ago can be deleted now."
-        )
+    console.print(
+        f"[green]deleted[/] {len(deleted)} session(s) and their subagents' sessions; recorded "
+        "in the audit trail"
+        + (f"; {skipped} skipped (live, or active since listed)" if skipped else "")
+    )
     if more:
-        reached = len(deleted if asked is None else asked) >= limit
-        console.print(
-            (f"--limit {limit} reached" if reached else "it skipped as many as one run may")
-            + ": older sessions remain for the next run."
-        )
+        console.print(f"--limit {limit} reached: older sessions remain for the next run.")
     if damaged:
         # Each run lists them again: a person mends or force-deletes them, so it exits 1. Why
         # each could not be read is the runtime's warning, logged above.
         err().print(
-            f"[bold red]not deleted:[/] [red]{_damaged(damaged)}; `signoff delete --force "
-            "SESSION_ID` deletes one[/]",
+            f"[bold red]not deleted:[/] [red]{len(damaged)} session(s) that could not be read "
+            f"(damaged): {printable(', '.join(damaged))}; `signoff delete --force SESSION_ID` "
+            "deletes one[/]",
             soft_wrap=True,
         )
         raise typer.Exit(1)
-
-
-def _damaged(damaged: dict[str, str]) -> str:
-    """The sessions a prune could not read, named for a person."""
-    return (
-        f"{len(damaged)} session(s) that could not be read (damaged): "
-        f"{printable(', '.join(damaged))}"
-    )
 
 
 async def _batch(
@@ -220,11 +188,9 @@ async def _batch(
     *,
     delete: bool = False,
     at: float | None = None,
-    only: list[str] | None = None,
 ) -> tuple[list[str], list[str], bool, dict[str, str]]:
-    """One batch of `Runtime.prune` (its cutoff counted back from `at`, if given; of the
-    sessions `only`, if given): deleted, listed (not `delete`: those it would delete), whether
-    more were old enough, and those it could not read, with why."""
+    """One batch of `Runtime.prune` (its cutoff counted back from `at`, if given): deleted,
+    listed, whether more were old enough, and those it could not read, with why."""
     return await runtime._prune(
         older_than=older_than,
         by=principal,
@@ -233,7 +199,6 @@ async def _batch(
         agent=agent,
         dry_run=not delete,
         at=at,
-        only=only,
     )
 
 

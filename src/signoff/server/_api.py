@@ -295,11 +295,10 @@ async def prune(request: Request, body: PruneBody) -> Pruned:
     sessions; under an app's own access rule, for no caller): delete the finished top-level
     sessions last active more than `olderThan` seconds ago, oldest first, at most `limit`
     (10,000 at most), each with its subagents' sessions and its own `store:deletions` entry
-    naming the caller; `dryRun` lists those it would delete (the same checks read), writing
-    nothing. `listed`: those it tried (a session it skips takes no place in the batch, up to
-    100 skipped, or `limit` if more); `more`: more were old enough past the last it tried, left
-    for another run; `damaged`: those it could not read (a damaged row), logged and left, the
-    others deleted all the same."""
+    naming the caller; `dryRun` lists them, deleting nothing. `listed`: those it tried (a
+    session it skips takes no place in the batch); `more`: more were old enough past the last
+    it tried, left for another run; `damaged`: those it could not read (a damaged row), logged
+    and left, the others deleted all the same."""
     ctx, caller = await _caller(request)
     if not ctx.sees_every_request(caller):
         # Under an access rule of the app's own, no caller is known to see every session.

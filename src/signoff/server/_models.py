@@ -198,8 +198,7 @@ def _whole(value: Any) -> Any:
 
 MAX_PRUNE = 10_000
 """The most sessions one `POST /v1/prune` deletes: each is a transaction, and a request waits for
-them all (run it again for the rest, as `more` says). It skips at most as many again (or
-`_deletion.SKIPS`, if more) before it stops, so this bounds a request's time and answer."""
+them all (run it again for the rest, as `more` says)."""
 
 
 class PruneBody(_Body):
@@ -216,17 +215,15 @@ class PruneBody(_Body):
         default=None, description="Why, as each deletion's audit entry records it."
     )
     dry_run: StrictBool = Field(
-        default=False,
-        description="List the sessions it would delete now (the same checks read); delete nothing.",
+        default=False, description="List the sessions it would delete; delete nothing."
     )
 
 
 class Pruned(BaseModel):
     """What a prune did: the top-level sessions it deleted (oldest first), those it tried to
-    delete (a session found live, or active since, is skipped, the next taken in its place; a
-    dry run's: those it would delete), whether more were old enough past the last it tried,
-    left for another run, and those of the tried it could not read to record their passed TTL
-    (a forced deletion deletes one)."""
+    delete (a session found live, or active since, is skipped, the next taken in its place),
+    whether more were old enough past the last it tried, left for another run, and those of
+    the tried it could not read to record their passed TTL (a forced deletion deletes one)."""
 
     model_config = ConfigDict(extra="forbid")
 

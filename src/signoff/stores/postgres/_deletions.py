@@ -104,9 +104,7 @@ _STALE = (
     "SELECT o.id, o.updated_at, o.sk, NOT EXISTS (WITH RECURSIVE t(sk) AS (SELECT c.sk "
     "FROM {s}.sessions c WHERE c.parent = o.sk AND c.parent > 0 UNION SELECT c.sk "
     "FROM {s}.sessions c JOIN t ON c.parent = t.sk WHERE c.parent > 0) SELECT 1 FROM t "
-    "JOIN {s}.sessions x ON x.sk = t.sk WHERE x.updated_at >= %(before)s "
-    "OR (x.status IN ('running', 'waiting') AND (x.expires_at IS NULL "
-    "OR x.expires_at > %(now)s))) "
+    "JOIN {s}.sessions x ON x.sk = t.sk WHERE x.updated_at >= %(before)s) "
     "FROM (SELECT id, updated_at, sk FROM {s}.sessions WHERE parent IS NULL "
     "AND updated_at < %(before)s "
     "AND (status = ANY(%(finished)s) OR (status = ANY(%(live)s) AND expires_at <= %(now)s)) "
@@ -115,9 +113,8 @@ _STALE = (
     "ORDER BY updated_at, sk LIMIT %(limit)s) o ORDER BY o.updated_at, o.sk"
 )
 """The oldest top-level sessions `prune` may delete, past a place, each with whether no
-subagent's session under it (recursively) keeps it: active at the cutoff or since, or live
-with its TTL not passed (a deletion refuses the tree then, and would at every prune). Looked up
-for the `limit` rows only, after the sort (see `stale_sessions`)."""
+subagent's session under it (recursively) was active at the cutoff or since: looked up for the
+`limit` rows only, after the sort (see `stale_sessions`)."""
 
 _LISTING = _NESTED + "SET LOCAL jit = off; "
 """Sent before `_STALE`: its lookup of each row's subagents' sessions is a few index probes,
@@ -138,7 +135,7 @@ if AUDIT_APPEND.count(_START) != 1 or AUDIT_APPEND.count(_V_END) != 1:  # pragma
 
 
 class Deletions(Connections):
-    """`PostgresStore.delete_session`, `deletable` and `stale_sessions`."""
+    """`PostgresStore.delete_session` and `stale_sessions`."""
 
     async def stale_sessions(
         self,
@@ -150,10 +147,10 @@ class Deletions(Connections):
         after: StaleKey | None = None,
     ) -> list[tuple[str, StaleKey]]:
         """The top-level sessions `prune` deletes: finished (`FINISHED`), or live (`LIVE`) with
-        their TTL passed at `now`, last active before `before`, their subagents' sessions too,
-        none of which is live with its TTL not passed (of `agent`, if given), oldest first by
-        their own last activity, at most `limit`, past the place `after` (a page before ended
-        there); each with its place, where the next page starts.
+        their TTL passed at `now`, last active before `before`, their subagents' sessions too
+        (of `agent`, if given), oldest first by their own last activity, at most `limit`, past
+        the place `after` (a page before ended there); each with its place, where the next page
+        starts.
 
         Plan: no index orders sessions by `updated_at` here, on purpose (migration 3 dropped it
         from `sessions_by_status`): every commit changes `updated_at`, and an index on it would
@@ -161,10 +158,8 @@ class Deletions(Connections):
         sessions (a sequential scan, or `sessions_by_status` for a filter that picks few) and
         keeps the oldest `limit` in a top-N heap sort: memory bounded by `limit`, time linear
         in the sessions (3 to 6 ms for 10,000, measured), outside any lock the deletions take.
-        Only the rows kept have their subagents' sessions looked up (`sessions_by_parent`):
-        were some filtered out, it reads on past them, each scan keeping as many rows as the
-        rest takes at the rate kept so far, twice over, up to 4 times the scan before: a few
-        scans go past any number, with few lookups past those it needs. Retention runs now and
+        Only those `limit` have their subagents' sessions looked up (`sessions_by_parent`):
+        were some active since, it reads on past them, a scan a time. Retention runs now and
         then; turns commit all the time. An agent named with a NUL names none (PostgreSQL text
         cannot hold it), as SQLite finds none."""
         if not storable(agent):
@@ -181,38 +176,21 @@ class Deletions(Connections):
 
         async def body(conn: Conn) -> list[tuple[str, StaleKey]]:
             found: list[tuple[str, StaleKey]] = []
-            place, scan, read = after, limit, 0
+            place = after
             while len(found) < limit:
                 params["at"], params["sk"] = (None, None) if place is None else place
-                params["limit"] = scan
                 cur = psycopg.AsyncClientCursor(conn)
                 await cur.execute(sql, params)
                 while cur.nextset():
                     pass
                 rows = await cur.fetchall()
                 found += [(str(r[0]), (float(r[1]), int(r[2]))) for r in rows if r[3]]
-                if len(rows) < scan:
+                if len(rows) < limit:
                     break  # the scan reached the end
                 place = (float(rows[-1][1]), int(rows[-1][2]))
-                # Some were filtered out: the next reads twice what the rest takes at the rate
-                # kept so far, and at most 4 times this one (all filtered out: 4 times).
-                read, need = read + len(rows), limit - len(found)
-                wanted = 2 * need * read // len(found) if found else 4 * scan
-                scan = min(4 * scan, max(need, wanted))
             return found[:limit]
 
         return await self._read(body, "listing the sessions to prune")
-
-    async def deletable(
-        self, session_id: str, *, now: float, before: float | None = None
-    ) -> list[str]:
-        """The ids `delete_session` with these arguments would delete now, the session's first,
-        nothing written: refused as it refuses, and none ([]) if the session, or a subagent's
-        session under it, was last active at `before` or since. What a dry run of `prune`
-        checks."""
-        until = math.inf if before is None else before
-        found = await self._doomed(session_id, now, until, shown=False)
-        return [] if found is None else [d.id for _, d in found[0]]
 
     async def delete_session(
         self,
@@ -319,19 +297,13 @@ class Deletions(Connections):
         return deleted is None or deleted
 
     async def _doomed(
-        self,
-        session_id: str,
-        now: float,
-        before: float,
-        *,
-        force: bool = False,
-        shown: bool = True,
+        self, session_id: str, now: float, before: float, *, force: bool = False
     ) -> tuple[list[tuple[int, Doomed]], dict[str, list[dict[str, Any]]]] | None:
         """The session and its subagents' sessions, by key, checked deletable at `now` as read
         (the write checks again, locked), with the requests of theirs channels may show
-        (`erased_requests`, if `shown`: the write's check that the chains are still the ones
-        read keeps them true); None if it, or a subagent's session under it, was last active at
-        `before` or since. `force`: unfinished too, under no lease held."""
+        (`erased_requests`: the write's check that the chains are still the ones read keeps
+        them true); None if it, or a subagent's session under it, was last active at `before`
+        or since. `force`: unfinished too, under no lease held."""
         if not storable(session_id):
             refuse(session_id, found=False, parent=None, leased=None, waiting=())
         s = self._s
@@ -343,7 +315,7 @@ class Deletions(Connections):
                 pass
             tree = list(await cur.fetchall())
             keys = [int(r[0]) for r in tree]
-            if not keys or not shown:
+            if not keys:
                 return tree, {}
             requests = await conn.execute(_REQUESTS.format(s=s), (keys,))
             closes = await conn.execute(_CLOSES.format(s=s), (keys, list(RESOLVED_STORED)))

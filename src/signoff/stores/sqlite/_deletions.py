@@ -46,31 +46,23 @@ _TREE = (
 `sessions_by_parent`, whose condition `parent > 0` says)."""
 
 
-_KEEPS = (
-    "(NOT {x}.updated_at < :before OR ({x}.status IN ('running', 'waiting') AND NOT "
-    "(typeof({x}.expires_at) IN ('integer', 'real') AND {x}.expires_at <= :now)))"
-)
-"""The subagent's session `{x}` keeps its tree: active at `:before` or since, or live with its
-TTL not passed at `:now` (a deletion refuses the tree then, as `_doomed` does)."""
-
 _QUIET = (
     " AND NOT EXISTS (SELECT 1 FROM sessions c WHERE c.parent = o.sk AND c.parent > 0"
-    f" AND ({_KEEPS.format(x='c')} OR EXISTS (WITH RECURSIVE t(sk) AS (SELECT g.sk"
+    " AND (NOT c.updated_at < :before OR EXISTS (WITH RECURSIVE t(sk) AS (SELECT g.sk"
     " FROM sessions g WHERE g.parent = c.sk AND g.parent > 0 UNION SELECT g.sk FROM sessions g"
     " JOIN t ON g.parent = t.sk WHERE g.parent > 0) SELECT 1 FROM t JOIN sessions x"
-    f" ON x.sk = t.sk WHERE {_KEEPS.format(x='x')})))"
+    " ON x.sk = t.sk WHERE NOT x.updated_at < :before)))"
 )
-"""No subagent's session under the session `o` (recursively, through `sessions_by_parent`)
-keeps it (`_KEEPS`): a session's tree is as old as its newest activity, and one a subagent
-still waits in (on a person) would be skipped at every prune. Its children are read plainly,
-and only theirs recursively: a recursive query per row cost 4 times the listing (20 us a row,
-measured), this one a fifth more."""
+"""No subagent's session under the session `o` (recursively, through `sessions_by_parent`) was
+active at `:before` or since: a session's tree is as old as its newest activity. Its children
+are read plainly, and only theirs recursively: a recursive query per row cost 4 times the
+listing (20 us a row, measured), this one a fifth more."""
 
 
 def _oldest(statuses: str, *, agent: bool, ttl: bool, after: bool) -> str:
     """The oldest top-level sessions of `statuses` (of the agent `:agent`, if `agent`; their TTL
     passed at `:now`, if `ttl`; past the place `(:at, :sk)`, if `after`) last active before
-    `:before`, their subagents' sessions too, none of those live (`_QUIET`), at most `:limit`."""
+    `:before`, their subagents' sessions too, at most `:limit` of them."""
     return (
         "SELECT * FROM (SELECT id, updated_at, sk FROM sessions o "
         f"WHERE status IN ({statuses}) AND updated_at < :before AND parent IS NULL"
@@ -100,7 +92,7 @@ _CLOSES = (
 
 
 class Deletions(Connection):
-    """`SQLiteStore.delete_session`, `deletable` and `stale_sessions`."""
+    """`SQLiteStore.delete_session`."""
 
     @reading
     async def stale_sessions(
@@ -113,10 +105,10 @@ class Deletions(Connection):
         after: StaleKey | None = None,
     ) -> list[tuple[str, StaleKey]]:
         """The top-level sessions `prune` deletes: finished (`FINISHED`), or live (`LIVE`) with
-        their TTL passed at `now`, last active before `before`, their subagents' sessions too,
-        none of which is live with its TTL not passed (of `agent`, if given), oldest first by
-        their own last activity, at most `limit`, past the place `after` (a page before ended
-        there); each with its place, where the next page starts.
+        their TTL passed at `now`, last active before `before`, their subagents' sessions too
+        (of `agent`, if given), oldest first by their own last activity, at most `limit`, past
+        the place `after` (a page before ended there); each with its place, where the next page
+        starts.
 
         Plan: one branch per status, each an ordered range of the index `sessions_by_status
         (status, updated_at)` (its rows end with their key) that stops after `limit` rows
@@ -142,25 +134,6 @@ class Deletions(Connection):
             (str(sid), (float(updated), int(key)))
             for sid, updated, key in self.conn.execute(sql, params)
         ]
-
-    @reading
-    async def deletable(
-        self, session_id: str, *, now: float, before: float | None = None
-    ) -> list[str]:
-        """The ids `delete_session` with these arguments would delete now, the session's first,
-        read in one snapshot and nothing written: refused as it refuses, and none ([]) if the
-        session, or a subagent's session under it, was last active at `before` or since. What a
-        dry run of `prune` checks."""
-        conn = self.conn
-        conn.execute("BEGIN")
-        try:
-            doomed = self._doomed(conn, session_id, now)
-            if before is not None and not self._untouched(conn, [sk for sk, _ in doomed], before):
-                return []
-            return [d.id for _, d in doomed]
-        finally:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
 
     @serialised
     async def delete_session(
