@@ -60,14 +60,9 @@ async def _copy(url: str) -> Restore:
     return put_back_tables
 
 
-async def test_a_drive_whose_store_lost_its_last_commits_stops_and_records_nothing(
-    store_url: str, tmp_path: Path
-) -> None:
-    """A drive whose store lost the commits that recorded its second tool call (the server
-    crashed before flushing them) went on as if they were there: it appended that call's result
-    after what was left, naming a call the log no longer held, and the session could never be
-    read again ("refers to an unknown call"). It stops with a `StoreError` saying so, writes
-    nothing, and the session reads as the store kept it."""
+def _two_steps() -> tuple[so.Agent, asyncio.Queue[tuple[str, str]], dict[str, asyncio.Event]]:
+    """An agent calling two tools in turn, each of which says it was reached (its name and
+    session) and waits to be let go (`go[name]`)."""
     reached: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
     go = {"first": asyncio.Event(), "second": asyncio.Event()}
 
@@ -87,7 +82,18 @@ async def test_a_drive_whose_store_lost_its_last_commits_stops_and_records_nothi
         return await pause("second", ctx)
 
     script = [call_tools(call("first")), call_tools(call("second")), reply("Done.")]
-    agent = scripted_agent("a", script, tools=[first, second])
+    return scripted_agent("a", script, tools=[first, second]), reached, go
+
+
+async def test_a_drive_whose_store_lost_its_last_commits_stops_and_records_nothing(
+    store_url: str, tmp_path: Path
+) -> None:
+    """A drive whose store lost the commits that recorded its second tool call (the server
+    crashed before flushing them) went on as if they were there: it appended that call's result
+    after what was left, naming a call the log no longer held, and the session could never be
+    read again ("refers to an unknown call"). It stops with a `StoreError` saying so, writes
+    nothing, and the session reads as the store kept it."""
+    agent, reached, go = _two_steps()
     async with so.Runtime([agent], store=store_url) as rt:
         turn = asyncio.create_task(rt.generate("a", prompt="go"))
         name, sid = await asyncio.wait_for(reached.get(), 20)
@@ -114,26 +120,7 @@ async def test_a_drive_whose_lost_commits_were_written_again_stops_and_records_n
     (filler events here): the store's head is the one the drive expects, so its next commit
     applied, on a log that does not hold what it was planned from. The head event is checked
     too (`Commit.expected_event`): the drive stops with a `StoreError`, writing nothing."""
-    reached: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
-    go = {"first": asyncio.Event(), "second": asyncio.Event()}
-
-    async def pause(name: str, ctx: so.ToolContext) -> str:
-        await reached.put((name, ctx.session.id))
-        await go[name].wait()
-        return "done"
-
-    @so.tool
-    async def first(ctx: so.ToolContext) -> str:
-        """The first step."""
-        return await pause("first", ctx)
-
-    @so.tool
-    async def second(ctx: so.ToolContext) -> str:
-        """The second step."""
-        return await pause("second", ctx)
-
-    script = [call_tools(call("first")), call_tools(call("second")), reply("Done.")]
-    agent = scripted_agent("a", script, tools=[first, second])
+    agent, reached, go = _two_steps()
     async with so.Runtime([agent], store=store_url) as rt:
         turn = asyncio.create_task(rt.generate("a", prompt="go"))
         _, sid = await asyncio.wait_for(reached.get(), 20)
