@@ -346,11 +346,21 @@ class SlackChannel(Channel):
 
     @property
     def home(self) -> str:
-        """The state this channel object works on (its machine and file, or this object for a
-        state in memory), as the work it saves in the store names it (`_inbox`)."""
+        """The state this channel object works on, as the work it saves in the store names it
+        (`_inbox`): its file's own id (`ChannelState.identity`; another file at the same path,
+        another machine's of the same name, has another), or this object for a state in memory.
+        A file's is read from it once (the hub's start reads it first, in a thread)."""
+        if self.state.path == ":memory:":
+            return f"memory|{self._token}"
+        return self.state.identity()
+
+    @property
+    def old_home(self) -> str | None:
+        """The name an older signoff gave this state as the work's home: the machine's name and
+        the file's absolute path, which another file at that path (a container's of the same
+        hostname) had too; None in memory, whose older names went with their objects."""
         path = self.state.path
-        where = f"memory|{self._token}" if path == ":memory:" else os.path.abspath(path)
-        return f"{socket.gethostname()}|{where}"
+        return None if path == ":memory:" else f"{socket.gethostname()}|{os.path.abspath(path)}"
 
     def elsewhere(self, token: object) -> bool:
         """Whether work saved with `token` is another live channel object's (of this channel,

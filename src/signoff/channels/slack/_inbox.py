@@ -16,7 +16,10 @@ it was taken on, its `home`), and dropped there once done: a machine lost after 
 its state with it, and the hub delivering to the channel on another state takes up what such a
 state left undone for `ADOPT_AFTER` seconds (scanning at its start and every `ADOPT_EVERY`
 seconds). Taking it up names the new home in the store; a run that resumes saved work first
-checks the store still names its own (else another state took it, or finished it). Work the
+checks the store still names its own (else another state took it, or finished it). A home is
+the state file's own id (`SlackChannel.home`), so another file at the same path (a container's
+of the same hostname) is another home; the name an older signoff gave (the machine's and the
+path) still counts for the work this state took under it (`_names`). Work the
 state did not take (Slack had a 503 for it) is dropped from the store again; only a process
 that dies between the two saves, or a store that refuses the drop, leaves a copy there, taken
 up as a lost machine's would be (the store cannot tell them apart).
@@ -142,24 +145,25 @@ class Inbox(Generic[T]):
         for it until `deadline`. The state failing, in time or not, the store's copy is dropped
         again (`_unshare`): nothing is taken."""
         ch = self.channel
-        found = await off_loop(self._pick, pick, deadline)
-        if found is None:
+        picked = await off_loop(self._pick, pick, deadline)
+        if picked is None:
             return None
-        work_id, work = found
+        work_id, work, home = picked
         key = self.key(work_id)
         memo = {"state": "pending", "at": ch.clock(), "tries": 0, **asdict(work)}
         if not self.shared.kept:
             await off_loop(self._keep, key, memo, deadline)
-            return found
-        shared = {key: {**asdict(work), "home": ch.home}}
+            return work_id, work
+        shared = {key: {**asdict(work), "home": home}}
         await self.shared.keep(shared, durable=True)  # acknowledged: an answer, synced
-        memo["shared"] = True  # a resumed run checks the store still names this home
+        # A resumed run checks the store still names this home (this signoff's name of it).
+        memo.update(shared=True, home=home)
         try:
             await off_loop(self._keep, key, memo, deadline)
         except Exception:
             await self._unshare(key)
             raise
-        return found
+        return work_id, work
 
     async def _unshare(self, key: str) -> None:
         """Drop the store's copy of work the state did not take (Slack has a 503 for it), which
@@ -176,13 +180,17 @@ class Inbox(Generic[T]):
 
     def _pick(
         self, pick: Callable[[], tuple[str, T] | None], deadline: float
-    ) -> tuple[str, T] | None:
+    ) -> tuple[str, T, str] | None:
+        """The work `pick` names, unless taken before, and this state's home (in this thread:
+        the first read of a file's id waits for the file)."""
         with waiting_until(deadline):
             found = pick()
-            if found is not None and self.seen(found[0]):
+            if found is None:
+                return None
+            if self.seen(found[0]):
                 logger.debug("slack: the %s %s was taken before", self.what, found[0])
                 return None
-        return found
+            return *found, self.channel.home
 
     def _keep(self, key: str, memo: dict[str, Any], deadline: float | None = None) -> None:
         ch = self.channel
@@ -261,21 +269,42 @@ class Inbox(Generic[T]):
         if not self.shared.kept or (due and last is not None and at - last < ADOPT_EVERY):
             return
         self._adopted_at = at
-        ch = self.channel
         try:
             for key, memo, age in await self.shared.listed(self.prefix):
-                local = await off_loop(ch.recall, key)
+                local, homes = await off_loop(self._local, key)
                 if isinstance(local, dict) and local.get("state") == "done":
-                    if isinstance(memo, dict) and memo.get("home") == ch.home:
+                    if isinstance(memo, dict) and memo.get("home") in homes:
                         await self.shared.keep({key: None})  # finished here, its drop failed
                 elif local is not None or age < ADOPT_AFTER:
                     continue  # this state's own to run (`resume`), or its home's still
                 else:
-                    await self._adopt(key, memo)
+                    await self._adopt(key, memo, homes[0])
         except SignoffError as exc:
             logger.warning("slack: the %ss left in the store were not read: %s", self.what, exc)
 
-    async def _adopt(self, key: str, memo: Any) -> None:
+    def _local(self, key: str) -> tuple[Any, tuple[str, ...]]:
+        """The memo of the work under `key` in this state, and the names by which the store
+        may call this state its home (`_names`)."""
+        memo = self.channel.recall(key)
+        return memo, self._names(memo)
+
+    def _names(self, memo: Any) -> tuple[str, ...]:
+        """The names by which the store may call this state the home of the work whose memo
+        here is `memo`, this signoff's first (called in a thread: the first read of a file's id
+        waits for the file). An older signoff's name (the machine's and the path, which another
+        container of the same hostname with its own file at that path had too) counts only for
+        work this state took under that signoff (its memo names no home): that work is not lost
+        in an upgrade, and its run first renames it in the store (`_ours`). Work this state took
+        since, the store naming it so, was taken up by an older signoff's hub on such a file:
+        it is that hub's. Of work both states took under the older signoff, both may run it, as
+        they could then (the store does not say which took it last)."""
+        ch = self.channel
+        old = ch.old_home
+        if old is not None and isinstance(memo, dict) and "home" not in memo:
+            return ch.home, old
+        return (ch.home,)
+
+    async def _adopt(self, key: str, memo: Any, home: str) -> None:
         ch = self.channel
         names = self.kind.__dataclass_fields__
         try:
@@ -290,8 +319,8 @@ class Inbox(Generic[T]):
             key.removeprefix(self.prefix),
             memo.get("home"),
         )
-        await self.shared.keep({key: {**memo, "home": ch.home}}, durable=True)
-        saved = {"state": "pending", "at": ch.clock(), "tries": 1, "shared": True}
+        await self.shared.keep({key: {**memo, "home": home}}, durable=True)
+        saved = {"state": "pending", "at": ch.clock(), "tries": 1, "shared": True, "home": home}
         await off_loop(self._keep, key, {**saved, **asdict(work)})
         self._start(key.removeprefix(self.prefix), work)
 
@@ -305,11 +334,10 @@ class Inbox(Generic[T]):
             tried = await off_loop(self._try, key)
             if tried is None:
                 return  # done meanwhile (another process)
-            tries, shared = tried
-            if shared and not checked and not await self._ours(key):
+            tries, shared, homes = tried
+            if shared and not checked and not await self._ours(key, homes):
                 logger.info("slack: the %s %s was taken up on another state", self.what, work_id)
-                done = {"state": "done", "until": ch.clock() + RETRY_WINDOW}
-                await off_loop(ch.remember, key, done)
+                await off_loop(ch.remember, key, self._done(homes[0]))
                 return
             try:
                 await self.run(work, tries > 1)
@@ -325,7 +353,7 @@ class Inbox(Generic[T]):
                 logger.exception("slack: the %s %s failed", self.what, work_id)
             except Exception:
                 logger.exception("slack: the %s %s failed", self.what, work_id)
-            await off_loop(ch.remember, key, {"state": "done", "until": ch.clock() + RETRY_WINDOW})
+            await off_loop(ch.remember, key, self._done(homes[0]))
             if shared:
                 try:
                     await self.shared.keep({key: None})
@@ -336,26 +364,33 @@ class Inbox(Generic[T]):
         finally:
             self._busy.discard(work_id)
 
-    async def _ours(self, key: str) -> bool:
-        """Whether the store still names this state the home of the work under `key`, which
-        it then keeps (its time renewed: no other state takes it up while it runs)."""
-        ch = self.channel
+    def _done(self, home: str) -> dict[str, Any]:
+        """The memo of work done (kept for Slack's retries), naming this signoff's home: a
+        copy the store keeps of it under an older signoff's name is not dropped as this
+        state's (`adopt`, `_names`)."""
+        return {"state": "done", "until": self.channel.clock() + RETRY_WINDOW, "home": home}
+
+    async def _ours(self, key: str, homes: tuple[str, ...]) -> bool:
+        """Whether the store still names this state the home of the work under `key` (by one
+        of `homes`, `_names`), which it then keeps, named by the first (its time renewed: no
+        other state takes it up while it runs)."""
         memo = await self.shared.recall(key)
-        if not isinstance(memo, dict) or memo.get("home") != ch.home:
+        if not isinstance(memo, dict) or memo.get("home") not in homes:
             return False
-        await self.shared.keep({key: memo})
+        await self.shared.keep({key: {**memo, "home": homes[0]}})
         return True
 
-    def _try(self, key: str) -> tuple[int, bool] | None:
-        """Count one more run of the work saved under `key`: which run this is and whether the
-        store has the work too, or None if it is no longer pending."""
+    def _try(self, key: str) -> tuple[int, bool, tuple[str, ...]] | None:
+        """Count one more run of the work saved under `key`: which run this is, whether the
+        store has the work too and the names it may give this state as its home (`_names`), or
+        None if it is no longer pending."""
         ch = self.channel
         memo = ch.recall(key)
         if not isinstance(memo, dict) or memo.get("state") != "pending":
             return None
         tries = int(memo.get("tries") or 0) + 1
         ch.remember(key, {**memo, "tries": tries, "by": ch.owner()})
-        return tries, memo.get("shared") is True
+        return tries, memo.get("shared") is True, self._names(memo)
 
 
 def seconds(value: Any) -> float:
