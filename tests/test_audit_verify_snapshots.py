@@ -86,18 +86,25 @@ async def test_a_snapshot_edited_by_hand_is_named(store_url: str) -> None:
 async def test_a_snapshot_as_an_earlier_signoff_wrote_it_is_not_named(store_url: str) -> None:
     """An earlier signoff's snapshot holds only the fields it knew of and its idempotency keys
     without the seq of their turn's first event, and the snapshots after one carry on
-    `earlier_requests` as it was read (True): none of that is tampering. Its keys emptied are
-    named, as is `earlier_requests` made False where the log says True."""
+    `earlier_requests` as it was read (True): none of that is tampering. It records no `fold`
+    (fold 1), so no session loads from it and it is not checked; the same fields in a snapshot
+    of this fold, which nothing wrote so, are named. Its keys emptied are named, as is
+    `earlier_requests` made False where the log says True."""
     sid, seq, _ = await _long_session(store_url, prompt="hello")
     _, snapshot = stored_snapshot(store_url, sid)
     assert snapshot["earlier_requests"] is False
     assert snapshot["keys"] and all(len(v) == 3 for v in snapshot["keys"].values())
-    older = {k: v for k, v in snapshot.items() if k not in ("limit_grants", "candidates")}
+    older = {k: v for k, v in snapshot.items() if k not in ("limit_grants", "candidates", "fold")}
     older["keys"] = {k: v[:2] for k, v in snapshot["keys"].items()}
     older["earlier_requests"] = True
     put_snapshot(store_url, sid, older)
     async with so.Runtime([ops()], store=store_url) as rt:
         assert await rt.verify_audit() == []
+        put_snapshot(store_url, sid, {**older, "fold": snapshot["fold"]})
+        [problem] = await rt.verify_audit()
+        assert problem.reason == (
+            f"the snapshot at event {seq} differs from the event log: earlier_requests, keys"
+        )
         put_snapshot(store_url, sid, {**snapshot, "keys": {}})
         [problem] = await rt.verify_audit()
         assert problem.reason == f"the snapshot at event {seq} differs from the event log: keys"
@@ -190,7 +197,8 @@ async def test_a_field_left_out_at_its_default_and_deleted_by_hand_is_named(
     """A field a snapshot leaves out at its default (the last reply's input tokens, a
     subagent's spend) deleted by hand was taken for one an earlier signoff never wrote, and
     passed: deleting `delegated` so would undercount a budget. Only `last`, which earlier
-    snapshots lack, passes so."""
+    snapshots lack, passes so, in a snapshot of an earlier signoff (no `fold`: not checked,
+    nor loaded from); in one of this fold, which always holds it, it is named."""
     counted = so.Usage(input_tokens=7, output_tokens=1)
     agent = scripted_agent("ops", [reply("ok", usage=counted)], repeat_last=True)
     async with so.Runtime([agent], store=store_url) as rt:
@@ -199,9 +207,13 @@ async def test_a_field_left_out_at_its_default_and_deleted_by_hand_is_named(
             await rt.generate(session_id=sid, prompt="hi", auth=ALICE)
     seq, snapshot = stored_snapshot(store_url, sid)
     assert snapshot["last_input_tokens"] == 7 and "last" in snapshot
-    put_snapshot(store_url, sid, {k: v for k, v in snapshot.items() if k != "last"})
+    put_snapshot(store_url, sid, {k: v for k, v in snapshot.items() if k not in ("last", "fold")})
     async with so.Runtime([agent], store=store_url) as rt:
         assert await rt.verify_audit() == []
+    put_snapshot(store_url, sid, {k: v for k, v in snapshot.items() if k != "last"})
+    async with so.Runtime([agent], store=store_url) as rt:
+        [problem] = await rt.verify_audit()
+    assert problem.reason == f"the snapshot at event {seq} differs from the event log: last"
     put_snapshot(store_url, sid, {k: v for k, v in snapshot.items() if k != "last_input_tokens"})
     async with so.Runtime([agent], store=store_url) as rt:
         [problem] = await rt.verify_audit()

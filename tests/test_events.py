@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff._state import FOLD_VERSION
 from signoff.stores import SQLiteStore
 from signoff.stores._codec import pack, pack_bytes, unpack
 from signoff.testing import (
@@ -148,7 +149,8 @@ async def test_newer_snapshot_version_is_refused(tmp_path: Path) -> None:
     "damage",
     [
         lambda stored: stored[: len(stored) // 2],  # cut short: it no longer inflates
-        lambda stored: pack_bytes({"v": so.SCHEMA_VERSION, "seq": 64}),  # JSON, not a state
+        # JSON, not a state, of this signoff's fold (one of another is not read: `_recording`)
+        lambda stored: pack_bytes({"v": so.SCHEMA_VERSION, "fold": FOLD_VERSION, "seq": 64}),
     ],
     ids=["truncated", "malformed"],
 )

@@ -1,7 +1,8 @@
 """Snapshots checked against the event log: a session loads from its snapshot plus the events
 after it, so a snapshot must be the fold of the session's events up to the one it was taken
 after, or the runtime acts on a state the log never reached (a tool approved that no one
-approved)."""
+approved). Only the snapshots of this signoff's fold are (`of_this_fold`): the runtime folds
+the events instead of using another's, which a fold changed since may rightly differ from."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Container
 from typing import Any
 
 from ._exceptions import StoreBusy, StoreError, StoreGone, StoreUnavailable, UnknownSession
-from ._state import SessionState
+from ._state import SessionState, of_this_fold
 from .stores import Store
 from .stores._audit import StoredSnapshot
 
@@ -18,13 +19,6 @@ __all__ = ["snapshot_problems"]
 PAGE = 256  # events read at once
 PAGE_BYTES = 1 << 20  # and at most about this much of them
 _NOT_THE_DATA = (StoreUnavailable, StoreBusy, StoreGone)
-UNWRITTEN = frozenset({"last"})
-"""Fields a snapshot of an earlier signoff lacks and reading it leaves out (the state then
-reads its last event from the log): their absence is no tampering."""
-CARRIED = {"earlier_requests": True}
-"""Fields whose value a snapshot of an earlier signoff, read without them, was taken to hold,
-which the snapshots after it carry on whatever the fold says (`earlier_requests` stays True
-once it is): a snapshot holding that value is not named for it."""
 
 
 async def snapshot_problems(
@@ -36,10 +30,12 @@ async def snapshot_problems(
     """Each snapshot that is not the fold of its session's events, as `AuditProblem` fields
     `(id, stream, n, reason)`: named by the session's last entry at or before the snapshot's
     event (`placed`: its id and `n`; 0 and 0 if none). Sessions named already (`broken`) are
-    left out: their logs no longer say what was recorded."""
+    left out: their logs no longer say what was recorded; so are the snapshots of another fold
+    than this signoff's (an older signoff's), which no session loads from: `verify_audit`
+    neither checks nor names them."""
     problems: list[tuple[int, str, int, str]] = []
     for sid, snapshot in snapshots.items():
-        if sid in broken:
+        if sid in broken or not of_this_fold(snapshot.data):
             continue
         reason = await _differs(store, sid, snapshot)
         if reason is not None:
@@ -64,7 +60,7 @@ async def _differs(store: Store, session_id: str, snapshot: StoredSnapshot) -> s
         folded = await _fold(store, session_id, snapshot.seq)
         if folded.seq != snapshot.seq:
             return f"{what} is past the end of the event log, at event {folded.seq}"
-        fields = _fields(snapshot.data, kept, _form(folded))
+        fields = _fields(kept, _form(folded))
     except UnknownSession:
         return f"{what} has no session"  # deleted meanwhile (then not named) or by hand
     except _NOT_THE_DATA:
@@ -97,68 +93,40 @@ def _form(state: SessionState) -> dict[str, Any]:
     return SessionState.from_snapshot(state.to_snapshot(journals=True)).to_snapshot(journals=True)
 
 
-def _fields(raw: dict[str, Any], kept: dict[str, Any], folded: dict[str, Any]) -> list[str]:
-    """The fields of the stored snapshot (`raw`, read as `kept`) that differ from the fold's
-    (a turn's and its calls' by name)."""
-    turn, theirs, stored = kept.get("turn"), folded.get("turn"), raw.get("turn")
-    if not (isinstance(turn, dict) and isinstance(theirs, dict) and isinstance(stored, dict)):
-        return _unlike(raw, kept, folded)  # a turn on one side only: named as "turn"
+def _fields(kept: dict[str, Any], folded: dict[str, Any]) -> list[str]:
+    """The fields of the stored snapshot (read as `kept`) that differ from the fold's (a turn's
+    and its calls' by name). A snapshot of this fold holds every field its state does (but a
+    call's journal, `_calls`): one missing, read as its default, is named if the fold differs."""
+    turn, theirs = kept.get("turn"), folded.get("turn")
+    if not (isinstance(turn, dict) and isinstance(theirs, dict)):
+        return _unlike(kept, folded)  # a turn on one side only: named as "turn"
     return [
-        *_unlike(raw, kept, folded, skip="turn"),
-        *_unlike(stored, turn, theirs, "turn.", skip="calls"),
-        *_calls(stored["calls"], turn["calls"], theirs["calls"]),
+        *_unlike(kept, folded, skip="turn"),
+        *_unlike(turn, theirs, "turn.", skip="calls"),
+        *_calls(turn["calls"], theirs["calls"]),
     ]
 
 
-def _calls(raw: list[Any], kept: list[Any], folded: list[Any]) -> list[str]:
+def _calls(kept: list[Any], folded: list[Any]) -> list[str]:
     """The fields of the turn's calls that differ, by name. A call the snapshot keeps without
     its journal has it read back from its events when its body runs (`load_journal` checks it
     there): its journal is not compared."""
     if [c["id"] for c in kept] != [c["id"] for c in folded]:
         return ["turn.calls"]
-    stored = {c["id"]: c for c in raw}
     fields: set[str] = set()
     for mine, theirs in zip(kept, folded, strict=True):
         if "journal" not in mine:
             theirs = {k: v for k, v in theirs.items() if k != "journal"}
-        fields.update(_unlike(stored[mine["id"]], mine, theirs, "turn.calls."))
+        fields.update(_unlike(mine, theirs, "turn.calls."))
     return sorted(fields)
 
 
 def _unlike(
-    raw: dict[str, Any],
-    kept: dict[str, Any],
-    folded: dict[str, Any],
-    prefix: str = "",
-    skip: str = "",
+    kept: dict[str, Any], folded: dict[str, Any], prefix: str = "", skip: str = ""
 ) -> list[str]:
-    """The keys whose values in `kept` and `folded` differ, but for those `raw` was written
-    without that reading it filled in, or that an earlier signoff never wrote (`UNWRITTEN`):
-    an earlier signoff's snapshot holds only the fields it knew of (its idempotency keys
-    without the seq of their turn's first event), and the snapshots after it carry on what it
-    was read as (`CARRIED`). A field this signoff leaves out at its default (`delegated`) and
-    the fold holds is named: deleted, it would read as spent by no subagent."""
-    fields = []
-    for key in sorted(kept.keys() | folded.keys()):
-        mine, theirs = kept.get(key), folded.get(key)
-        absent = key not in raw and (key in kept or key in UNWRITTEN)
-        if key == skip or absent or mine == theirs:
-            continue
-        if prefix or not _carried(key, mine, theirs):
-            fields.append(prefix + key)
-    return fields
-
-
-def _carried(key: str, kept: Any, folded: Any) -> bool:
-    """Whether the session's field `key` holds what a snapshot of an earlier signoff was read
-    as, which the snapshots after it carry on: a `CARRIED` value, or the idempotency keys the
-    fold holds, some kept as an earlier signoff kept them (`[asked, turn id]`, without the seq
-    of the turn's first event)."""
-    if key != "keys":
-        return key in CARRIED and kept == CARRIED[key]
-    return (
-        isinstance(kept, dict)
-        and isinstance(folded, dict)
-        and kept.keys() == folded.keys()
-        and all(v == folded[k] or (len(v) == 2 and folded[k][:2] == v) for k, v in kept.items())
-    )
+    """The keys (but `skip`) whose values in `kept` and `folded` differ, after `prefix`."""
+    return [
+        prefix + key
+        for key in sorted(kept.keys() | folded.keys())
+        if key != skip and kept.get(key) != folded.get(key)
+    ]

@@ -422,6 +422,7 @@ def _turn_cancelled(s: SessionState, e: Event) -> None:
         for child in e.data.get("children") or ():  # created, not journaled: owed alike
             s.owed.setdefault(str(child), turn.id)
     turn.status = "cancelled"
+    turn.retryable = False  # a failure's before it: no retry resumes a cancelled turn (fold 2)
 
 
 def _subagent_spent(s: SessionState, e: Event) -> None:

@@ -14,7 +14,15 @@ from pydantic import ValidationError
 from ._event_handlers import journal_fold
 from ._events import Event, EventType
 from ._exceptions import SchemaVersionError, StoreError, UnknownSession
-from ._state import CallState, SessionState, TurnState, fold, runnable, turn_over
+from ._state import (
+    CallState,
+    SessionState,
+    TurnState,
+    fold,
+    of_this_fold,
+    runnable,
+    turn_over,
+)
 from ._text import cut, is_blank
 from ._types import InputRequest, Usage, reported_usage, usage_fields
 from .stores import Resolve, Store
@@ -188,11 +196,19 @@ def new_id(prefix: str) -> str:
 
 
 async def load_state(store: Store, session_id: str) -> SessionState:
-    """One snapshot plus the tail; the conversation is left out until the model needs it."""
+    """One snapshot plus the tail; the conversation is left out until the model needs it. A
+    snapshot of another fold than this signoff's is not used: the events before the tail are
+    folded instead (`_folded_before`)."""
     loaded = await store.load(session_id)
     if loaded is None:
         raise UnknownSession(session_id)
-    state = None if loaded.snapshot is None else _from_snapshot(session_id, loaded.snapshot)
+    snapshot = loaded.snapshot
+    if snapshot is None:
+        state = None
+    elif of_this_fold(snapshot):
+        state = _from_snapshot(session_id, snapshot)
+    else:
+        state = await _folded_before(store, session_id, loaded.events, loaded.head)
     if state is not None or loaded.events:
         state = fold(loaded.events, state)
     if loaded.head is not None and (0 if state is None else state.seq) != loaded.head:
@@ -203,6 +219,28 @@ async def load_state(store: Store, session_id: str) -> SessionState:
         for event in await store.read_events(session_id, after=state.seq - 1, limit=1):
             if event.seq == state.seq:
                 state.last = (event.type, event.at, event.turn_id)
+    return state
+
+
+async def _folded_before(
+    store: Store, session_id: str, tail: list[Event], head: int | None
+) -> SessionState:
+    """The state the session's events before `tail` fold to, read a page at a time (up to its
+    `head` with no tail, as far as the log goes if that is not known): what a snapshot of
+    another fold stood for, which this signoff's fold of the same events may not give. Its
+    conversation is left out, as a snapshot's is."""
+    upto = tail[0].seq - 1 if tail else head
+    state = SessionState(id=session_id, conversation=None)
+    while upto is None or state.seq < upto:
+        events = await store.read_events(
+            session_id, after=state.seq, limit=_TURN_PAGE, max_bytes=_TURN_PAGE_BYTES
+        )
+        if upto is not None:
+            events = [e for e in events if e.seq <= upto]
+        if not events:
+            break  # short of `upto`: a gap, which the tail folded on or the head names
+        for event in events:
+            state.apply(event)
     return state
 
 

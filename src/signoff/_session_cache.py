@@ -553,7 +553,8 @@ class SessionCache(Leasing):
             pending=state.pending_requests(),
             # A copy: the caller's to change, not the cached state's (written to its snapshots).
             error=None if turn is None or turn.error is None else copy.deepcopy(turn.error),
-            # A failed turn cancelled after keeps the flag its failure set: no retry resumes it.
+            # Only while failed: a turn a retry resumed keeps its failure's flag until the model
+            # answers (and one cancelled after did too, before fold 2).
             retryable=turn is not None and turn.status == "failed" and turn.retryable,
             outcomes=list(outcomes),
             cut_off=None if turn is None else turn.cut_off,

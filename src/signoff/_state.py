@@ -38,6 +38,7 @@ from ._types import (
 )
 
 __all__ = [
+    "FOLD_VERSION",
     "CallState",
     "CallStatus",
     "RequestState",
@@ -48,6 +49,7 @@ __all__ = [
     "by_budget",
     "delegated_turn",
     "fold",
+    "of_this_fold",
     "runnable",
     "starts_queued",
     "turn_over",
@@ -60,6 +62,11 @@ SNAPSHOT_VERSION = 2
 """Version of the snapshot form this signoff writes and the newest it reads. 2: calls keep their
 journals out (read back from the events); an older signoff refuses such a snapshot by its
 version. One of version 1 or before holds each journal whole, and still loads."""
+
+FOLD_VERSION = 2
+"""Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`;
+none is 1), raised whenever an event comes to fold otherwise: a session loads only from a
+snapshot of this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -219,6 +226,7 @@ class SessionState:
         turn = self.turn
         return {
             "v": SNAPSHOT_VERSION,
+            "fold": FOLD_VERSION,  # an older signoff reads past it: it knows no such field
             "id": self.id,
             "agent": self.agent,
             "seq": self.seq,
@@ -469,6 +477,13 @@ class SessionState:
         for call in () if turn is None else turn.calls.values():
             check_asked(call, state.requests)
         return state
+
+
+def of_this_fold(snapshot: Any) -> bool:
+    """Whether a session may load from `snapshot`: not if it records another fold (none: 1), an
+    older or a newer signoff's, whose events are folded again instead; anything else is read
+    (and refused if it cannot be)."""
+    return not isinstance(snapshot, dict) or snapshot.get("fold", 1) == FOLD_VERSION
 
 
 def _data(value: Any) -> Any:

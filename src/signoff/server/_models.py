@@ -445,7 +445,7 @@ def session_view(s: SessionState) -> SessionView:
             steps=t.steps,
             started_at=t.started_at,
             error=t.error,
-            retryable=t.status == "failed" and t.retryable,  # not once cancelled after
+            retryable=t.status == "failed" and t.retryable,  # not once resumed (`_session_cache`)
             cut_off=t.cut_off,
         ),
         pending=s.pending_requests(),

@@ -1,0 +1,169 @@
+"""Snapshots record the version of the fold that made them (`FOLD_VERSION`): a session loads from
+one of this signoff's fold only, and folds its events otherwise, and `verify_audit` compares
+only those. Without it, a change to how an event folds left every older snapshot trusted by the
+runtime though the fold now says otherwise, and named by verification as tampering: a failed
+turn cancelled after folds with `retryable` False now, where the fold before kept the failure's
+True. Run on both stores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import signoff as so
+import signoff._recording as recording
+from signoff._events import EventType
+from signoff._state import FOLD_VERSION, of_this_fold
+from signoff.stores._codec import pack_bytes
+from signoff.testing import reply, scripted_agent
+
+from ._audit import ALICE, alter
+from ._procs import query
+from .test_audit_verify_snapshots import _long_session, ops, ran
+from .test_journal_snapshots import put_snapshot, stored_snapshot
+
+
+def _event(seq: int, type: EventType, **data: Any) -> so.Event:
+    turn = None if type == "session.created" else "trn_1"
+    return so.Event(session_id="ses_1", seq=seq, type=type, at=float(seq), turn_id=turn, data=data)
+
+
+def test_a_failed_turn_cancelled_after_folds_as_not_retryable() -> None:
+    """The fold said `retryable` True of a turn that failed retryably and was then cancelled,
+    though no retry resumes a cancelled turn (its result and the HTTP view said false only
+    from 3e2c8d58 on, at view level); its snapshot records the fold that made it."""
+    state = so.SessionState(id="ses_1")
+    state.apply(_event(1, "session.created", agent="a"))
+    state.apply(_event(2, "turn.started", message="go"))
+    error = {"code": "model_error", "message": "model unavailable"}
+    state.apply(_event(3, "turn.failed", error=error, retryable=True))
+    assert state.turn is not None and state.turn.retryable
+    state.apply(_event(4, "turn.cancelled", reason=None, by=None))
+    assert (state.turn.status, state.turn.retryable, state.turn.error) == (
+        "cancelled",
+        False,
+        error,
+    )
+    snapshot = state.to_snapshot()
+    assert snapshot["fold"] == FOLD_VERSION == 2 and snapshot["turn"]["retryable"] is False
+    assert of_this_fold(snapshot)
+    assert not of_this_fold({k: v for k, v in snapshot.items() if k != "fold"})  # fold 1
+    assert not of_this_fold({**snapshot, "fold": FOLD_VERSION + 1})  # a newer signoff's
+    assert of_this_fold("damaged")  # read as it is, and refused (not passed over)
+
+
+def _failing(conversation: list[Any]) -> so.ModelResponse:
+    last = conversation[-1]
+    if isinstance(last, so.UserMessage) and last.text == "fail":
+        raise ConnectionError("model unavailable")
+    return reply("ok")
+
+
+def _agent() -> so.Agent:
+    return scripted_agent("bot", [_failing], repeat_last=True)
+
+
+def _set_snapshot(url: str, session_id: str, seq: int, snapshot: dict[str, Any]) -> None:
+    """Write `snapshot` over the session's stored one, taken after event `seq`."""
+    alter(
+        url,
+        "UPDATE {t}snapshots SET seq={p}, data={p} "
+        "WHERE sk=(SELECT sk FROM {t}sessions WHERE id={p})",
+        seq,
+        pack_bytes(snapshot),
+        session_id,
+    )
+
+
+async def test_a_snapshot_of_the_fold_before_is_folded_again_and_not_named(
+    store_url: str,
+) -> None:
+    """A session whose snapshot, taken after its failed turn was cancelled, was written by the
+    fold before (no `fold`, `retryable` True) loads from its events: its turn reads
+    `retryable` False, and verification, which does not compare such a snapshot, names
+    nothing. The same snapshot recording this fold is named by the field that differs."""
+    agent = _agent()
+    async with so.Runtime([agent], store=store_url) as rt:
+        sid = (await rt.generate("bot", prompt="hi", auth=ALICE)).session_id
+        while (await rt.state(sid)).seq < 70:  # long enough for a snapshot
+            await rt.generate(session_id=sid, prompt="hi", auth=ALICE)
+        failed = await rt.generate(session_id=sid, prompt="fail", auth=ALICE)
+        assert (failed.status, failed.retryable) == ("failed", True)
+        assert (await rt.cancel(sid, "never mind")).status == "cancelled"
+        events = [e async for e in rt.events(sid, follow=False)]
+    head = events[-1].seq
+    assert stored_snapshot(store_url, sid)[0] < head  # no snapshot since the failure
+    now = so.SessionState(id=sid)
+    for e in events:
+        now.apply(e)
+    assert now.turn is not None and (now.turn.status, now.turn.retryable) == ("cancelled", False)
+    before = {k: v for k, v in now.to_snapshot().items() if k != "fold"}
+    before["turn"] = {**before["turn"], "retryable": True}  # what the fold before said
+    _set_snapshot(store_url, sid, head, before)
+    async with so.Runtime([agent], store=store_url) as rt:
+        state = await rt.state(sid)
+        assert state.turn is not None and state.seq == head
+        assert (state.turn.status, state.turn.retryable) == ("cancelled", False)
+        assert state.approved_tools == now.approved_tools and state.usage == now.usage
+        assert await rt.verify_audit() == []
+        again = await rt.generate(session_id=sid, prompt="hi", auth=ALICE)
+        assert again.status == "completed"
+        assert await rt.verify_audit() == []
+    edited = {**before, "fold": FOLD_VERSION}
+    _set_snapshot(store_url, sid, head, edited)
+    async with so.Runtime([agent], store=store_url) as rt:
+        [problem] = await rt.verify_audit()
+        assert problem.stream == sid and problem.reason == (
+            f"the snapshot at event {head} differs from the event log: turn.retryable"
+        )
+
+
+async def test_a_snapshot_of_another_fold_is_not_loaded_from(store_url: str) -> None:
+    """A snapshot of an older fold (none recorded) or a newer one granting a `once()` tool no
+    one approved is not loaded from: the session folds its events, so the tool asks for its
+    approval, and verification leaves the snapshot out, as the runtime does. Recording this
+    fold, the same snapshot lets the tool run unasked (`test_audit_verify_snapshots`)."""
+    sid, seq, _ = await _long_session(store_url)
+    _, snapshot = stored_snapshot(store_url, sid)
+    assert snapshot["fold"] == FOLD_VERSION and snapshot["approved_tools"] == ["refund"]
+    granted = {**snapshot, "approved_tools": ["refund", "wipe"]}
+    older = {k: v for k, v in granted.items() if k != "fold"}
+    for other in (older, {**granted, "fold": FOLD_VERSION + 1}):
+        put_snapshot(store_url, sid, other)
+        ran.clear()
+        async with so.Runtime([ops()], store=store_url) as rt:
+            assert "wipe" not in (await rt.state(sid)).approved_tools
+            r = await rt.generate(session_id=sid, prompt="wipe it", auth=ALICE)
+            assert (r.status, ran) == ("waiting", [])
+            assert r.pending[0].action is not None and r.pending[0].action.tool_name == "wipe"
+            assert (await rt.cancel(sid, "not now")).status == "cancelled"
+            assert await rt.verify_audit() == []
+        assert stored_snapshot(store_url, sid) == (seq, other)  # no commit crossed another
+
+
+async def test_the_events_under_a_snapshot_of_another_fold_are_read_a_page_at_a_time(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The events a snapshot of another fold stood for are read a page at a time and folded,
+    then those after it: the state the whole log folds to. One of them deleted by hand (a gap)
+    is the session's damage named, not a state folded past it, and nothing is recorded."""
+    monkeypatch.setattr(recording, "_TURN_PAGE", 8)
+    sid, seq, _ = await _long_session(store_url, prompt="hello")
+    _, snapshot = stored_snapshot(store_url, sid)
+    put_snapshot(store_url, sid, {k: v for k, v in snapshot.items() if k != "fold"})
+    async with so.Runtime([ops()], store=store_url) as rt:
+        events = [e async for e in rt.events(sid, follow=False)]
+        state = await rt.state(sid)
+    whole = so.SessionState(id=sid)
+    for e in events:
+        whole.apply(e)
+    assert state.seq == whole.seq > seq + 1
+    assert state.to_snapshot(journals=True) == whole.to_snapshot(journals=True)
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    alter(store_url, "DELETE FROM {t}events WHERE sk={p} AND seq={p}", sk, seq - 20)
+    async with so.Runtime([ops()], store=store_url) as rt:
+        gap = f"damaged: event seq {seq - 19} does not follow {seq - 21}"
+        with pytest.raises(so.StoreError, match=gap):
+            await rt.generate(session_id=sid, prompt="hi", auth=ALICE)
+        assert await rt.store.head(sid) == whole.seq
