@@ -51,6 +51,7 @@ LAYERS: list[set[str]] = [
     {"_engine"},
     {"_session_cache"},
     {"_sessions"},
+    {"_candidate_ends"},
     {"_candidates"},
     {"_answering"},
     {"_messages"},

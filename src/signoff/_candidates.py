@@ -1,6 +1,7 @@
 """`Candidates`: approvals settled through a response policy or a quorum. Each response is
 recorded as a candidate first, then judged or counted; one whose verdict a dead process never
-recorded is judged again (`_recover`)."""
+recorded is judged again (`_recover`). What an answer meets when another process ended its
+candidate meanwhile is `_candidate_ends`'s."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from ._answers import edit_review
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
-from ._counts import counted_elsewhere
+from ._candidate_ends import RECHECKED, CandidateEnds, already_counted
+from ._candidate_ends import EndedElsewhere as _EndedElsewhere
+from ._candidate_ends import base as _base
+from ._candidate_ends import ending as _ending
+from ._candidate_ends import naming as _naming
+from ._candidate_ends import sent as _sent
+from ._candidate_ends import waiting as _waiting
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import authorize, voted
 from ._error_text import error_text
@@ -31,7 +38,6 @@ from ._response import (
     evaluate_response,
 )
 from ._results import Outcome
-from ._sessions import SessionRunner
 from ._state import SessionState
 from ._text import cut
 from ._tool_json import result_bound
@@ -54,15 +60,8 @@ LATE = "the deadline passed before this response could settle it"
 RECOVERY_GRACE = 5.0
 """Seconds beyond a response policy's timeout after which a pending candidate counts as lost."""
 
-RECHECKED = (
-    "settled by another process, which judged this response again while this one was stalled "
-    "past the response policy's timeout"
-)
-"""The reason of an answer's outcome when its own call stalled and another process's check of
-it settled its request (`Candidates._told`)."""
 
-
-class Candidates(SessionRunner):
+class Candidates(CandidateEnds):
     """Settles the approvals that have a response policy or a quorum; `Answering` builds on it."""
 
     async def _recover(self, state: SessionState) -> bool:
@@ -143,62 +142,6 @@ class Candidates(SessionRunner):
 
         await self._append(session_id, end, turn_id=request.turn_id)
         return here == [True]
-
-    async def _told(
-        self,
-        session_id: str,
-        request: InputRequest,
-        cid: str,
-        after: int,
-        wanted: dict[str, Any],
-    ) -> Outcome | None:
-        """What became of response `cid` to `request`, ended by another process (which judged
-        it again, taking this one, stalled, for dead) after seq `after`: the outcome its call
-        returns, or the error it raises, as if this process had recorded that end; left out of
-        this process's counts, as that one counted it. None if no one ended it: its request
-        closed under it (another answer, a deadline), and this call records its end."""
-        rid = request.id
-        kinds = ["approval.candidate", "approval.settled"]
-        for e in await self.store.read_events(session_id, after, types=kinds):
-            d = e.data
-            if d.get("candidate_id") != cid or d.get("outcome") == "pending":
-                continue
-            if e.type == "approval.settled":
-                outcome = Outcome(
-                    request_id=rid, outcome=wanted["outcome"], applied=True, reason=RECHECKED
-                )
-            elif d.get("outcome") == "counted":
-                votes = f"{d.get('votes')} of {d.get('needed')}"
-                outcome = Outcome(request_id=rid, outcome="counted", applied=True, reason=votes)
-            else:
-                outcome = await self._ended_as(session_id, request, d, wanted)
-            return counted_elsewhere(outcome)
-        return None
-
-    async def _ended_as(
-        self, session_id: str, request: InputRequest, ended: dict[str, Any], wanted: dict[str, Any]
-    ) -> Outcome:
-        """The outcome of a response another process refused (`ended` says how): its verdict
-        while the request stays open, or what a repeat of the answer meets once it closed (the
-        deadline or TTL that overtook it there)."""
-        rid = request.id
-        state = await self._state(session_id)
-        live = state.requests.get(rid)
-        if ended.get("outcome") != "stale" or (live is not None and live.status == "pending"):
-            return Outcome(
-                request_id=rid, outcome=ended["outcome"], applied=False, reason=ended.get("reason")
-            )
-        if state.lapsed:
-            raise counted_elsewhere(SessionExpired(session_id, [rid]))
-        try:
-            return _repeat(
-                request,
-                live.status if live else "withdrawn",
-                live.resolution if live else None,
-                wanted,
-            )
-        except AnswerError as exc:
-            raise counted_elsewhere(exc) from None
 
     async def _candidate(
         self,
@@ -506,29 +449,6 @@ class Candidates(SessionRunner):
         recorded = await self._append(sid, propose, durable=True, turn_id=tid)
         return verdict, recorded[0].seq
 
-    async def _closed_meanwhile(
-        self,
-        state: SessionState,
-        request: InputRequest,
-        wanted: dict[str, Any],
-        principal: Principal | None,
-    ) -> Outcome | None:
-        """What an answer meets once another call of the same answer was judged: a repeat's
-        outcome (or error) if that settled the request, `already_counted` if it counted the
-        person's vote; None if the request is still open to it."""
-        rid = request.id
-        if state.lapsed:
-            raise SessionExpired(state.id, [rid])
-        live = state.requests.get(rid)
-        if live is not None and live.status == "pending":
-            if wanted["decision"] == "approve" and voted(live.request, principal):
-                return already_counted(live.request)
-            return None
-        stored = await self.store.get_request(rid)
-        if stored is None:
-            return _repeat(request, "withdrawn", None, wanted)
-        return _repeat(request, stored.status, stored.resolution, wanted)
-
     async def _judged(
         self,
         state: SessionState,
@@ -566,53 +486,3 @@ class Candidates(SessionRunner):
             return verdict
         cap = result_bound(tool, self.agent(state.agent).limits) // 8
         return dataclasses.replace(verdict, reason=cut(verdict.reason, cap))
-
-
-class _EndedElsewhere(Exception):
-    """A candidate judged again after its process died was ended by another process judging it
-    at the same time: this one recorded nothing, and counts nothing."""
-
-
-def _sent(st: SessionState, mark: Keyed | None) -> bool:
-    """Whether the message keyed `mark` is recorded in `st` already: sent again at once, it
-    counted its vote meanwhile (which `voted` misses where one person may vote twice)."""
-    return mark is not None and (st.keys.get(mark[0]) or [None])[0] == mark[1]
-
-
-def already_counted(request: InputRequest) -> Outcome:
-    """The outcome of an approval from someone whose vote `request` has counted already: a
-    no-op, saying how far the quorum is."""
-    reason = f"already counted: {request.progress}"
-    return Outcome(request_id=request.id, outcome="counted", applied=False, reason=reason)
-
-
-def _base(request: InputRequest, cid: str, decision: Any, by: Any) -> dict[str, Any]:
-    """What every `approval.candidate` event of candidate `cid` (a response to `request`)
-    says."""
-    return {
-        "request_id": request.id,
-        "call_id": request.call_id,
-        "candidate_id": cid,
-        "decision": decision,
-        "by": by,
-    }
-
-
-def _naming(specs: list[EventSpec], cid: str) -> list[EventSpec]:
-    """A settlement's events, its `approval.settled` naming candidate `cid`, whose response it
-    is: a process that judged the same response finds it there (`Candidates._told`)."""
-    return [(t, {**d, "candidate_id": cid} if t == "approval.settled" else d) for t, d in specs]
-
-
-def _waiting(st: SessionState) -> EventSpec:
-    """The turn waiting again, on the requests still pending."""
-    return ("turn.waiting", {"on": "input", "request_ids": [r.id for r in st.pending_requests()]})
-
-
-def _ending(st: SessionState, rid: str, ended: dict[str, Any]) -> list[EventSpec]:
-    """A candidate ending as `ended` says, the turn waiting on again; or `stale` if its request
-    `rid` closed meanwhile."""
-    live = st.requests.get(rid)
-    if live is None or live.status != "pending":
-        return [("approval.candidate", {**ended, "outcome": "stale"})]
-    return [("approval.candidate", ended), _waiting(st)]

@@ -1,0 +1,171 @@
+"""How a response's candidate ends: the events that end one, and what an answer's call meets
+when another process ended its candidate or closed its request meanwhile. A part of
+`Candidates`, apart from `_candidates` so that one keeps to recording and judging responses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._answers import repeat as _repeat
+from ._counts import counted_elsewhere
+from ._eligibility import voted
+from ._exceptions import AnswerError, SessionExpired
+from ._idempotency import Keyed
+from ._recording import EventSpec
+from ._results import Outcome
+from ._sessions import SessionRunner
+from ._state import SessionState
+from ._types import InputRequest, Principal
+
+__all__ = [
+    "RECHECKED",
+    "CandidateEnds",
+    "EndedElsewhere",
+    "already_counted",
+    "base",
+    "ending",
+    "naming",
+    "sent",
+    "waiting",
+]
+
+RECHECKED = (
+    "settled by another process, which judged this response again while this one was stalled "
+    "past the response policy's timeout"
+)
+"""The reason of an answer's outcome when its own call stalled and another process's check of
+it settled its request (`CandidateEnds._told`)."""
+
+
+class CandidateEnds(SessionRunner):
+    """What an answer's call meets when its candidate or its request was ended elsewhere; the
+    base of `Candidates`."""
+
+    async def _told(
+        self,
+        session_id: str,
+        request: InputRequest,
+        cid: str,
+        after: int,
+        wanted: dict[str, Any],
+    ) -> Outcome | None:
+        """What became of response `cid` to `request`, ended by another process (which judged
+        it again, taking this one, stalled, for dead) after seq `after`: the outcome its call
+        returns, or the error it raises, as if this process had recorded that end; left out of
+        this process's counts, as that one counted it. None if no one ended it: its request
+        closed under it (another answer, a deadline), and this call records its end."""
+        rid = request.id
+        kinds = ["approval.candidate", "approval.settled"]
+        for e in await self.store.read_events(session_id, after, types=kinds):
+            d = e.data
+            if d.get("candidate_id") != cid or d.get("outcome") == "pending":
+                continue
+            if e.type == "approval.settled":
+                outcome = Outcome(
+                    request_id=rid, outcome=wanted["outcome"], applied=True, reason=RECHECKED
+                )
+            elif d.get("outcome") == "counted":
+                votes = f"{d.get('votes')} of {d.get('needed')}"
+                outcome = Outcome(request_id=rid, outcome="counted", applied=True, reason=votes)
+            else:
+                outcome = await self._ended_as(session_id, request, d, wanted)
+            return counted_elsewhere(outcome)
+        return None
+
+    async def _ended_as(
+        self, session_id: str, request: InputRequest, ended: dict[str, Any], wanted: dict[str, Any]
+    ) -> Outcome:
+        """The outcome of a response another process refused (`ended` says how): its verdict
+        while the request stays open, or what a repeat of the answer meets once it closed (the
+        deadline or TTL that overtook it there)."""
+        rid = request.id
+        state = await self._state(session_id)
+        live = state.requests.get(rid)
+        if ended.get("outcome") != "stale" or (live is not None and live.status == "pending"):
+            return Outcome(
+                request_id=rid, outcome=ended["outcome"], applied=False, reason=ended.get("reason")
+            )
+        if state.lapsed:
+            raise counted_elsewhere(SessionExpired(session_id, [rid]))
+        try:
+            return _repeat(
+                request,
+                live.status if live else "withdrawn",
+                live.resolution if live else None,
+                wanted,
+            )
+        except AnswerError as exc:
+            raise counted_elsewhere(exc) from None
+
+    async def _closed_meanwhile(
+        self,
+        state: SessionState,
+        request: InputRequest,
+        wanted: dict[str, Any],
+        principal: Principal | None,
+    ) -> Outcome | None:
+        """What an answer meets once another call of the same answer was judged: a repeat's
+        outcome (or error) if that settled the request, `already_counted` if it counted the
+        person's vote; None if the request is still open to it."""
+        rid = request.id
+        if state.lapsed:
+            raise SessionExpired(state.id, [rid])
+        live = state.requests.get(rid)
+        if live is not None and live.status == "pending":
+            if wanted["decision"] == "approve" and voted(live.request, principal):
+                return already_counted(live.request)
+            return None
+        stored = await self.store.get_request(rid)
+        if stored is None:
+            return _repeat(request, "withdrawn", None, wanted)
+        return _repeat(request, stored.status, stored.resolution, wanted)
+
+
+class EndedElsewhere(Exception):
+    """A candidate judged again after its process died was ended by another process judging it
+    at the same time: this one recorded nothing, and counts nothing."""
+
+
+def sent(st: SessionState, mark: Keyed | None) -> bool:
+    """Whether the message keyed `mark` is recorded in `st` already: sent again at once, it
+    counted its vote meanwhile (which `voted` misses where one person may vote twice)."""
+    return mark is not None and (st.keys.get(mark[0]) or [None])[0] == mark[1]
+
+
+def already_counted(request: InputRequest) -> Outcome:
+    """The outcome of an approval from someone whose vote `request` has counted already: a
+    no-op, saying how far the quorum is."""
+    reason = f"already counted: {request.progress}"
+    return Outcome(request_id=request.id, outcome="counted", applied=False, reason=reason)
+
+
+def base(request: InputRequest, cid: str, decision: Any, by: Any) -> dict[str, Any]:
+    """What every `approval.candidate` event of candidate `cid` (a response to `request`)
+    says."""
+    return {
+        "request_id": request.id,
+        "call_id": request.call_id,
+        "candidate_id": cid,
+        "decision": decision,
+        "by": by,
+    }
+
+
+def naming(specs: list[EventSpec], cid: str) -> list[EventSpec]:
+    """A settlement's events, its `approval.settled` naming candidate `cid`, whose response it
+    is: a process that judged the same response finds it there (`CandidateEnds._told`)."""
+    return [(t, {**d, "candidate_id": cid} if t == "approval.settled" else d) for t, d in specs]
+
+
+def waiting(st: SessionState) -> EventSpec:
+    """The turn waiting again, on the requests still pending."""
+    return ("turn.waiting", {"on": "input", "request_ids": [r.id for r in st.pending_requests()]})
+
+
+def ending(st: SessionState, rid: str, ended: dict[str, Any]) -> list[EventSpec]:
+    """A candidate ending as `ended` says, the turn waiting on again; or `stale` if its request
+    `rid` closed meanwhile."""
+    live = st.requests.get(rid)
+    if live is None or live.status != "pending":
+        return [("approval.candidate", {**ended, "outcome": "stale"})]
+    return [("approval.candidate", ended), waiting(st)]
