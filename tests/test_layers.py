@@ -45,6 +45,7 @@ LAYERS: list[set[str]] = [
     {"_prompts", "_verdicts", "_paused_parts", "_audit_export"},
     {"_mirrors", "_leasing", "_creation"},
     {"_child_sessions"},
+    {"_runtime_host"},
     {"_deadlines", "_journal", "_subagents", "_eligibility"},
     {"_call_ends"},
     {"_model_step", "_tool_calls", "_unlisted", "_queue_page", "_session_page"},
