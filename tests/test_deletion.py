@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff import _child_sessions
+from signoff import _child_closes, _child_sessions
 from signoff.stores import _deletions
 from signoff.stores._codec import pack
 from signoff.stores._deletions import DELETIONS_STREAM
@@ -630,7 +630,7 @@ async def test_a_child_answered_directly_whose_parent_another_process_finished_a
         [mirror] = (await a.generate("support", prompt="Refund order 1042", auth=ALICE)).pending
         assert mirror.child is not None
         parent, child = mirror.session_id, mirror.child.session_id
-        lapsed = _child_sessions._lapsed
+        lapsed = _child_closes._lapsed
 
         async def finished_elsewhere(rt: so.Runtime, state: so.SessionState) -> bool:
             # The child's drive read the parent (waiting for it), then stalled: meanwhile another
@@ -640,7 +640,7 @@ async def test_a_child_answered_directly_whose_parent_another_process_finished_a
                 assert await b.delete_session(parent, by=OPS) == [parent, child]
             return await lapsed(rt, state)
 
-        monkeypatch.setattr(_child_sessions, "_lapsed", finished_elsewhere)
+        monkeypatch.setattr(_child_closes, "_lapsed", finished_elsewhere)
         answer = so.InputResponse(request_id=mirror.child.request_id, option_id="approve")
         done = await a.respond(child, [answer], principal=ALICE)
         assert done.status == "completed" and ran == [{"order_id": "1042", "amount": 180.0}]

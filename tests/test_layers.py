@@ -44,6 +44,7 @@ LAYERS: list[set[str]] = [
     {"_recording", "_audit_trail"},
     {"_prompts", "_verdicts", "_paused_parts", "_audit_export"},
     {"_mirrors", "_leasing", "_creation"},
+    {"_child_closes"},
     {"_child_sessions"},
     {"_runtime_host"},
     {"_deadlines", "_journal", "_subagents", "_eligibility"},

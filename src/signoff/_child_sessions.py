@@ -1,5 +1,7 @@
 """The child sessions of delegate calls, seen from their parent: closing the parent's mirrors
-when a child's requests close, and cancelling a delegated turn its parent no longer waits on.
+when a child's requests close (`reconcile`; the hooks around a child's own drives are
+`_child_closes`'s, re-exported here), cancelling a delegated turn its parent no longer waits on,
+and counting in the parent what its children spent.
 """
 
 from __future__ import annotations
@@ -8,9 +10,9 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import Iterable
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from ._child_closes import after_close, after_drive, before_drive, delegating
 from ._events import Event
 from ._exceptions import (
     SessionExpired,
@@ -20,7 +22,7 @@ from ._exceptions import (
     UnknownSession,
 )
 from ._mirrors import close_mirror
-from ._recording import EventSpec, runnable
+from ._recording import EventSpec
 from ._state import CallState, SessionState, by_budget, delegated_turn, fold
 from ._types import InputRequest, Principal, Usage
 
@@ -53,73 +55,6 @@ __all__ = [
 
 log = logging.getLogger("signoff.runtime")
 
-delegating: ContextVar[frozenset[str]] = ContextVar("signoff_delegating", default=frozenset())
-"""Child sessions their parent's drive is handling in this task (it goes on by itself)."""
-
-
-async def after_drive(rt: Runtime, session_id: str) -> None:
-    """A child session driven on its own (answered directly, a deadline passed): close the
-    parent's mirrors of requests it closed and let the parent's turn go on."""
-    state = rt._cache.get(session_id)
-    if state is None or state.parent is None or session_id in delegating.get():
-        return
-    try:
-        parent = await rt._state(state.parent)
-    except UnknownSession:  # deleted with its tree once the child's turn ended: none goes on
-        return
-    if await _lapsed(rt, parent):
-        return
-    # Mirrors closed already count too: an answer through the parent that lost to one given
-    # here closes the mirror and raises, leaving the parent's turn for this drive to go on.
-    mirrors = _mirrors(parent, session_id)
-    for live in mirrors:
-        if live.status == "pending":
-            await close_mirror(rt, parent.id, live.request)
-    if mirrors:
-        await _go_on(rt, parent.id)
-
-
-async def before_drive(rt: Runtime, session_id: str) -> None:
-    """A child session about to be driven on its own (answered directly, claimed by a worker):
-    close the parent's mirrors of the requests it closed first, so that a process dying once
-    its turn ended leaves the parent's turn runnable (a worker's to claim) rather than waiting
-    on a mirror nothing looks at again. The parent's turn goes on after the child's
-    (`after_drive`)."""
-    state = rt._cache.get(session_id) or await rt._state(session_id)
-    if state.parent is None or session_id in delegating.get():
-        return
-    try:
-        parent = await rt._state(state.parent)
-    except UnknownSession:
-        return
-    if parent.expired(rt.now()):  # its expiry is recorded instead (`after_drive`)
-        return
-    for live in _mirrors(parent, session_id):
-        if live.status == "pending":
-            await close_mirror(rt, parent.id, live.request)
-
-
-async def after_close(rt: Runtime, state: SessionState) -> None:
-    """A child whose requests closed on their own (its turn cancelled, its session expired),
-    not from its parent's drive: close the parent's mirrors of them and let the parent's turn
-    go on, so the delegate call gets its result instead of a wait that never ends."""
-    if state.parent is None or state.id in delegating.get():
-        return
-    try:
-        parent = await rt._state(state.parent)
-    except UnknownSession:
-        return
-    if await _lapsed(rt, parent):
-        return
-    # Mirrors closed already count too, as for `after_drive`: an answer through the parent that
-    # lost to this close closes its mirror and raises, leaving the parent's turn to go on here.
-    mirrors = _mirrors(parent, state.id)
-    for live in mirrors:
-        if live.status == "pending":
-            await close_mirror(rt, parent.id, live.request)
-    if mirrors:
-        await _go_on(rt, parent.id)
-
 
 async def reconcile(rt: Runtime, state: SessionState) -> bool:
     """Before the parent's turn is driven, close its open mirrors whose child requests closed
@@ -146,44 +81,6 @@ async def reconcile(rt: Runtime, state: SessionState) -> bool:
     finally:
         delegating.reset(reset)
     return (await rt._state(state.id)).seq != state.seq
-
-
-def _mirrors(parent: SessionState, child: str) -> list[Any]:
-    """The parent's current turn's mirrors of `child`'s requests, open or closed."""
-    turn = parent.turn
-    return [
-        live
-        for live in parent.requests.values()
-        if live.request.child is not None
-        and live.request.child.session_id == child
-        and turn is not None
-        and live.request.turn_id == turn.id
-    ]
-
-
-async def _lapsed(rt: Runtime, parent: SessionState) -> bool:
-    """Whether the parent's TTL passed: its delegate call can never take the child's result, so
-    its mirrors are not closed (that would count its TTL again from now) nor its turn driven
-    on; its expiry is recorded instead where this runtime has its agent (else by one that has)."""
-    if not parent.expired(rt.now()):
-        return False
-    if parent.agent in rt.agents:
-        with contextlib.suppress(SessionExpired):
-            await rt._checked(parent.id)
-    return True
-
-
-async def _go_on(rt: Runtime, parent: str) -> None:
-    """Drive the parent's turn if it can go on and this runtime has its agent; otherwise it is
-    left runnable in the store for a process (a worker) that has it. A parent deleted since it
-    was read (another process finished its turn, then a prune took the tree) has none."""
-    try:
-        state = await rt._state(parent)
-        if state.agent in rt.agents and runnable(state):
-            await rt._drive(parent)
-    except UnknownSession as exc:
-        if exc.session_id != parent:
-            raise
 
 
 def children(requests: Iterable[InputRequest]) -> list[str]:

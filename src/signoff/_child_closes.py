@@ -1,0 +1,124 @@
+"""A subagent's requests closing on their own (answered on the child, a deadline, its turn
+cancelled, its TTL), seen from its parent: the parent's mirrors of them close and its delegate
+call goes on. The runtime calls these hooks through `_child_sessions`, which re-exports them."""
+
+from __future__ import annotations
+
+import contextlib
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from ._exceptions import SessionExpired, UnknownSession
+from ._mirrors import close_mirror
+from ._recording import runnable
+from ._state import SessionState
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = ["after_close", "after_drive", "before_drive", "delegating"]
+
+delegating: ContextVar[frozenset[str]] = ContextVar("signoff_delegating", default=frozenset())
+"""Child sessions their parent's drive is handling in this task (it goes on by itself)."""
+
+
+async def after_drive(rt: Runtime, session_id: str) -> None:
+    """A child session driven on its own (answered directly, a deadline passed): close the
+    parent's mirrors of requests it closed and let the parent's turn go on."""
+    state = rt._cache.get(session_id)
+    if state is None or state.parent is None or session_id in delegating.get():
+        return
+    try:
+        parent = await rt._state(state.parent)
+    except UnknownSession:  # deleted with its tree once the child's turn ended: none goes on
+        return
+    if await _lapsed(rt, parent):
+        return
+    # Mirrors closed already count too: an answer through the parent that lost to one given
+    # here closes the mirror and raises, leaving the parent's turn for this drive to go on.
+    mirrors = _mirrors(parent, session_id)
+    for live in mirrors:
+        if live.status == "pending":
+            await close_mirror(rt, parent.id, live.request)
+    if mirrors:
+        await _go_on(rt, parent.id)
+
+
+async def before_drive(rt: Runtime, session_id: str) -> None:
+    """A child session about to be driven on its own (answered directly, claimed by a worker):
+    close the parent's mirrors of the requests it closed first, so that a process dying once
+    its turn ended leaves the parent's turn runnable (a worker's to claim) rather than waiting
+    on a mirror nothing looks at again. The parent's turn goes on after the child's
+    (`after_drive`)."""
+    state = rt._cache.get(session_id) or await rt._state(session_id)
+    if state.parent is None or session_id in delegating.get():
+        return
+    try:
+        parent = await rt._state(state.parent)
+    except UnknownSession:
+        return
+    if parent.expired(rt.now()):  # its expiry is recorded instead (`after_drive`)
+        return
+    for live in _mirrors(parent, session_id):
+        if live.status == "pending":
+            await close_mirror(rt, parent.id, live.request)
+
+
+async def after_close(rt: Runtime, state: SessionState) -> None:
+    """A child whose requests closed on their own (its turn cancelled, its session expired),
+    not from its parent's drive: close the parent's mirrors of them and let the parent's turn
+    go on, so the delegate call gets its result instead of a wait that never ends."""
+    if state.parent is None or state.id in delegating.get():
+        return
+    try:
+        parent = await rt._state(state.parent)
+    except UnknownSession:
+        return
+    if await _lapsed(rt, parent):
+        return
+    # Mirrors closed already count too, as for `after_drive`: an answer through the parent that
+    # lost to this close closes its mirror and raises, leaving the parent's turn to go on here.
+    mirrors = _mirrors(parent, state.id)
+    for live in mirrors:
+        if live.status == "pending":
+            await close_mirror(rt, parent.id, live.request)
+    if mirrors:
+        await _go_on(rt, parent.id)
+
+
+def _mirrors(parent: SessionState, child: str) -> list[Any]:
+    """The parent's current turn's mirrors of `child`'s requests, open or closed."""
+    turn = parent.turn
+    return [
+        live
+        for live in parent.requests.values()
+        if live.request.child is not None
+        and live.request.child.session_id == child
+        and turn is not None
+        and live.request.turn_id == turn.id
+    ]
+
+
+async def _lapsed(rt: Runtime, parent: SessionState) -> bool:
+    """Whether the parent's TTL passed: its delegate call can never take the child's result, so
+    its mirrors are not closed (that would count its TTL again from now) nor its turn driven
+    on; its expiry is recorded instead where this runtime has its agent (else by one that has)."""
+    if not parent.expired(rt.now()):
+        return False
+    if parent.agent in rt.agents:
+        with contextlib.suppress(SessionExpired):
+            await rt._checked(parent.id)
+    return True
+
+
+async def _go_on(rt: Runtime, parent: str) -> None:
+    """Drive the parent's turn if it can go on and this runtime has its agent; otherwise it is
+    left runnable in the store for a process (a worker) that has it. A parent deleted since it
+    was read (another process finished its turn, then a prune took the tree) has none."""
+    try:
+        state = await rt._state(parent)
+        if state.agent in rt.agents and runnable(state):
+            await rt._drive(parent)
+    except UnknownSession as exc:
+        if exc.session_id != parent:
+            raise
