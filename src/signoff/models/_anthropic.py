@@ -1,4 +1,5 @@
-"""`Anthropic`: Claude models through the official SDK's messages API."""
+"""`Anthropic`: Claude models through the official SDK's messages API. What signoff sends is
+`_anthropic_wire`'s; reading the blocks of a reply is `_anthropic_replies`'s."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from .._exceptions import BudgetSpent, ModelError, UsageError
 from .._types import CutOff, ModelResponse, ToolCall, Usage
+from ._anthropic_replies import Stored as _Stored
+from ._anthropic_replies import check_counted as _check_counted
+from ._anthropic_replies import paused as _paused
+from ._anthropic_replies import read_blocks as _read_blocks
+from ._anthropic_replies import sent_back as _sent_back
+from ._anthropic_replies import total as _total
 from ._anthropic_wire import (
     REASONING,
     last_turn_thinks,
@@ -16,7 +23,6 @@ from ._anthropic_wire import (
     to_anthropic_tool,
 )
 from ._base import ModelRequest, PausedPart
-from ._counts import uncounted, unread_usage
 from ._environment import ANTHROPIC_BASE_URL, anthropic_client
 from ._http_env import HttpEnv
 from ._provider import (
@@ -29,7 +35,6 @@ from ._provider import (
     check_rate,
     load_sdk,
     lookup_price,
-    plain_input,
     plain_int,
     plain_str,
     scrub,
@@ -51,9 +56,6 @@ _KEPT = ("text", "tool_use", *REASONING)
 # The stop reasons that cut a reply short, and those that mean an empty one is no answer.
 _CUT = ("max_tokens", "model_context_window_exceeded")
 _EARLY = (*_CUT, "tool_use", "pause_turn")
-
-# The token counts of a reply's usage the session's budgets need.
-_COUNTS = ("input_tokens", "output_tokens")
 
 # The least `budget_tokens` thinking takes.
 _LEAST_THINKING = 1024
@@ -507,98 +509,3 @@ class Anthropic(SdkModel):
                 + output * price_out
             ) / 1_000_000
         return Usage(input_tokens=plain + written + read, output_tokens=output, cost_usd=cost)
-
-
-def _check_counted(message: Any, where: str, budgeted: bool, unjournaled: Sequence[Usage]) -> None:
-    """Fail a call the session's budgets bound whose reply reports no usage they can count,
-    counting the paused parts before it that were billed and not journaled."""
-    unread = unread_usage(getattr(message, "usage", None), _COUNTS)
-    if budgeted and unread is not None:
-        spent = _total(unjournaled) if unjournaled else None
-        raise ModelError(uncounted("Anthropic messages call", where, unread), usage=spent)
-
-
-def _read_blocks(
-    content: list[Any],
-    where: str,
-    usage: Usage,
-    texts: list[str],
-    calls: list[ToolCall],
-    reasoning: list[dict[str, Any]],
-) -> None:
-    """Add a message's text, tool calls and reasoning blocks to `texts`, `calls` and
-    `reasoning`; a block of the wrong shape fails the call, counting `usage`."""
-    for block in content:
-        if block is None or isinstance(block, str | int | float | list):
-            # Skipped, a reply of such blocks passed for an empty answer that ended the turn.
-            raise ModelError(
-                f"Anthropic messages call for {where} has a content block that is not an "
-                f"object: {type(block).__name__}",
-                usage=usage,
-            )
-        kind = plain_str(getattr(block, "type", None))
-        if kind == "text":
-            text = getattr(block, "text", None)
-            if not isinstance(text, str):
-                raise ModelError(
-                    f"Anthropic messages call for {where} has a text block whose text is not "
-                    f"text: {type(text).__name__}",
-                    usage=usage,
-                )
-            texts.append(text)
-        elif kind == "tool_use":
-            name = getattr(block, "name", None)
-            if not isinstance(name, str) or not name:
-                raise ModelError(
-                    f"Anthropic messages call for {where} has a tool_use block with no name",
-                    usage=usage,
-                )
-            call_id = getattr(block, "id", None)
-            raw = getattr(block, "input", None)
-            calls.append(
-                ToolCall(
-                    name=name,
-                    input={} if raw is None else plain_input(raw),
-                    id=call_id if isinstance(call_id, str) and call_id else None,
-                )
-            )
-        elif kind in REASONING:
-            # With thinking on, the API wants these back, unchanged, with the tool_use.
-            block_data = {k: getattr(block, k, None) for k in REASONING[kind]}
-            if all(isinstance(v, str) for v in block_data.values()):
-                reasoning.append({"type": kind, **block_data})
-        # server-tool blocks are not part of signoff's conversation
-
-
-class _Stored:
-    """A block of a paused part as journaled (its JSON), read as the SDK's blocks are."""
-
-    __slots__ = ("_block",)
-
-    def __init__(self, block: dict[str, Any]) -> None:
-        self._block = block
-
-    def __getattr__(self, name: str) -> Any:
-        return self._block.get(name)
-
-
-def _paused(message: Any) -> bool:
-    """Whether the API paused the turn (a long server-tool loop) with content to send back."""
-    content = getattr(message, "content", None)
-    stop = plain_str(getattr(message, "stop_reason", None))
-    return stop == "pause_turn" and isinstance(content, list) and bool(content)
-
-
-def _sent_back(block: Any) -> Any:
-    """A content block of a paused turn as the API sent it, to be sent back unchanged."""
-    to_dict = getattr(block, "to_dict", None)
-    return to_dict(mode="json") if callable(to_dict) else block
-
-
-def _total(usages: Any) -> Usage:
-    """The sum of `usages` (None counts nothing)."""
-    total = Usage()
-    for u in usages:
-        if u is not None:
-            total = total + u
-    return total
