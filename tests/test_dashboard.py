@@ -157,7 +157,7 @@ def test_pages_name_their_script_and_style_by_content(base: str) -> None:
     for days: an upgraded page ran the previous script. Their URLs carry a hash of them."""
     page = httpx.get(f"{base}/_signoff/", headers=auth("alice-token"), verify=PLAIN).text
     static = Path(so.__file__).parent / "server" / "static"
-    for name in ("app.js", "aim.js", "drafts.js", "ages.js", "app.css"):
+    for name in ("app.js", "forms.js", "aim.js", "drafts.js", "ages.js", "app.css"):
         url = re.search(rf'"(/_signoff/static/{re.escape(name)}[^"]*)"', page)
         assert url, name
         version = url.group(1).partition("?v=")[2]
@@ -172,7 +172,7 @@ def test_a_static_file_is_served_whole_whatever_range_is_asked(base: str) -> Non
     `Range` is ignored (RFC 9110 lets a server) and the file is sent whole, with its headers."""
     static = Path(so.__file__).parent / "server" / "static"
     with httpx.Client(base_url=base, timeout=10, verify=PLAIN) as c:
-        for name in ("app.js", "aim.js", "drafts.js", "ages.js", "app.css"):
+        for name in ("app.js", "forms.js", "aim.js", "drafts.js", "ages.js", "app.css"):
             whole = (static / name).read_bytes()
             for asked in ("bytes=abc", "bytes=5-1", "bytes=999999-", "items=0-1", "bytes=0-10"):
                 for method in ("GET", "HEAD"):

@@ -176,7 +176,7 @@ def test_a_queued_message_is_said_to_wait_without_javascript(base: str) -> None:
     the script shows, once (it landed on `?queued=1`, whose note came back on every reload); a
     message that did not wait shows none."""
     note = "Your message waits for the current turn to end; it then starts the next turn."
-    script = (Path(so.__file__).parent / "server" / "static" / "app.js").read_text()
+    script = (Path(so.__file__).parent / "server" / "static" / "forms.js").read_text()
     assert f'"{note}"' in script  # the same words as the script's
     body = start(base)
     sid, other = body["session_id"], start(base)["session_id"]

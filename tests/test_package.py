@@ -72,6 +72,7 @@ def test_the_wheel_holds_the_package_with_its_data_and_nothing_else(wheel) -> No
         "signoff/server/static/ages.js",
         "signoff/server/static/aim.js",
         "signoff/server/static/drafts.js",
+        "signoff/server/static/forms.js",
         "signoff/server/templates/base.html",
         "signoff/server/templates/login.html",
     ):
