@@ -4,19 +4,37 @@ mirror on the parent).
 
 A session's deletion erases its requests and their entries at once, so a hub may never read
 a close, or read it and find the request gone: the deletion's own entry names each request it
-erased and the entry that closed it, and a channel is told of those closes from it (`Erased`)."""
+erased and the entry that closed it, and a channel is told of those closes from it (`Erased`).
+
+What the store cannot read of an entry (its data, or a request row, as a hand edit or a
+half-restored copy left it) is `Damaged`: the rest of the entry is told all the same, and the
+hub passes the entry rather than retry what reads the same every time (`passed`). The store's
+own classes tell that from a read that failed: the store failing as a whole (down, busy, gone:
+`STORE_FAILING`) is raised, and retried, as a sweep and the hub's start take it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, TypeVar
 
+import pydantic
+
+from .._exceptions import StoreError
+from .._sweeps import STORE_FAILING
 from .._types import InputRequest
-from ..stores import Store
+from ..stores import Store, StoredRequest
 from ..stores._audit import AuditEntry
 from ..stores._deletions import DELETIONS_STREAM, SESSION_DELETED
-from ._base import Channel, Erased, Escalation, Resolution
+from ._base import Channel, Erased, Escalation, Resolution, logger
 
-__all__ = ["announce"]
+__all__ = ["Damaged", "announce", "passed"]
+
+T = TypeVar("T")
+
+
+class Damaged(Exception):
+    """What a channel could not be told of an entry, the store holding it unreadable (each part
+    named): reading it again gives the same, so it is passed, not retried."""
 
 
 async def announce(
@@ -24,19 +42,11 @@ async def announce(
 ) -> None:
     """Tell one channel about one entry (nothing, for entries it does not care about).
     `told(entry_id)`: whether the hub delivered that entry to `ch` already (None: not known,
-    taken as not delivered)."""
+    taken as not delivered). `Damaged` once the rest is told, for what cannot be read."""
     if entry.type == "input.requested":
-        for raw in entry.data.get("requests", ()):
-            request = InputRequest.model_validate(raw)
-            if request.child is not None or not ch.accepts(request):
-                continue
-            if ch.live_only:
-                stored = await store.get_request(request.id)
-                if stored is not None and stored.status != "pending":
-                    continue  # it closed before we read it: nothing left to answer
-            await ch.on_requested(request)
+        await _requested(store, ch, entry)
     elif entry.type == "approval.candidate" and entry.data.get("outcome") == "counted":
-        stored = await store.get_request(str(entry.data.get("request_id")))
+        stored = await _stored(store, entry)
         if (
             stored is not None
             and stored.status == "pending"
@@ -45,7 +55,7 @@ async def announce(
         ):
             await ch.on_updated(stored.request)
     elif entry.type == "approval.candidate" and entry.data.get("outcome") == "escalated":
-        stored = await store.get_request(str(entry.data.get("request_id")))
+        stored = await _stored(store, entry)
         if stored is None or stored.request.child is not None:
             return
         request = stored.request
@@ -55,23 +65,105 @@ async def announce(
         if now and not before and ch.live_only:
             await ch.on_requested(request)  # a channel of the group: it opens there now
         else:
-            await ch.on_escalated(request, Escalation.from_event(entry.data, request, entry.at))
+            escalation = _read("escalation", Escalation.from_event, entry.data, request, entry.at)
+            await ch.on_escalated(request, escalation)
     elif entry.type == "input.resolved":
-        stored = await store.get_request(str(entry.data.get("request_id")))
+        stored = await _stored(store, entry)
         if stored is not None and stored.request.child is None and _shows(ch, stored.request):
-            await ch.on_resolved(stored.request, Resolution.from_event(entry.data, entry.at))
+            resolution = _read("resolution", Resolution.from_event, entry.data, entry.at)
+            await ch.on_resolved(stored.request, resolution)
         elif stored is None and "child_request_id" not in entry.data:
             # Erased since it was read (a mirror's close names its child's request).
-            resolution = Resolution.from_event(entry.data, entry.at)
+            resolution = _read("resolution", Resolution.from_event, entry.data, entry.at)
             await ch.on_erased([Erased(session_id=entry.stream, resolution=resolution)])
     elif entry.type == SESSION_DELETED and entry.stream == DELETIONS_STREAM:
         erased = [
             e
-            for e, closed in Erased.from_deletion(entry.data, entry.at)
+            for e, closed in _read("erased requests", Erased.from_deletion, entry.data, entry.at)
             if ch.live_only or closed is None or told is None or not told(closed)
         ]
         if erased:
             await ch.on_erased(erased)
+
+
+def passed(ch: Channel, entry: AuditEntry, exc: Damaged) -> None:
+    """Log, once, what `ch` was not told of `entry` (`Damaged`), which the hub passes."""
+    logger.warning(
+        "channel %s passes audit entry %s (%s of %s): the store holds it damaged: %s; it is "
+        "not tried again (Runtime.verify_audit names the damage)",
+        ch.name,
+        entry.id,
+        entry.type,
+        entry.stream,
+        exc,
+    )
+
+
+async def _requested(store: Store, ch: Channel, entry: AuditEntry) -> None:
+    """Tell `ch` of the requests an `input.requested` entry opened, each it takes; one that
+    cannot be read (its data in the entry, or its row) is passed and the others told."""
+    raws = entry.data.get("requests")
+    if not isinstance(raws, list):  # data that cannot be read is read as {}
+        raise Damaged("its requests cannot be read")
+    damage = []
+    for i, raw in enumerate(raws):
+        try:
+            request = InputRequest.model_validate(raw)
+        except pydantic.ValidationError as exc:
+            rid = raw.get("id") if isinstance(raw, dict) else None
+            named = f"request {rid!r:.60}" if isinstance(rid, str) else f"its request #{i + 1}"
+            damage.append(f"{named} cannot be read: {_first(exc)}")
+            continue
+        if request.child is not None or not ch.accepts(request):
+            continue
+        if ch.live_only:
+            try:
+                stored = await _request(store, request.id)
+            except Damaged as exc:
+                damage.append(str(exc))  # its status unknown, and an answer could not be taken
+                continue
+            if stored is not None and stored.status != "pending":
+                continue  # it closed before we read it: nothing left to answer
+        await ch.on_requested(request)
+    if damage:
+        raise Damaged("; ".join(damage))
+
+
+async def _stored(store: Store, entry: AuditEntry) -> StoredRequest | None:
+    """The request an entry names as it is stored now (None: erased); `Damaged` if the entry
+    names none or its row cannot be read."""
+    request_id = entry.data.get("request_id")
+    if not isinstance(request_id, str):
+        raise Damaged("it names no request")
+    return await _request(store, request_id)
+
+
+async def _request(store: Store, request_id: str) -> StoredRequest | None:
+    """`store.get_request`: a row it cannot read is `Damaged`; the store failing as a whole
+    (down, busy, gone) is raised as it is, for the hub to try again."""
+    try:
+        return await store.get_request(request_id)
+    except STORE_FAILING:
+        raise
+    except StoreError as exc:
+        raise Damaged(str(exc)) from exc
+
+
+def _read(what: str, make: Callable[..., T], *args: Any) -> T:
+    """`make(*args)`, what a channel is told read from an entry's data: what a hand edit left
+    of the wrong shape is `Damaged`, naming `what`."""
+    try:
+        return make(*args)
+    except (KeyError, TypeError, ValueError) as exc:  # pydantic's ValidationError too
+        detail = _first(exc) if isinstance(exc, pydantic.ValidationError) else repr(exc)
+        raise Damaged(f"its {what} cannot be read: {detail}") from exc
+
+
+def _first(exc: pydantic.ValidationError) -> str:
+    """The first of pydantic's errors, on one line: where and what."""
+    error = exc.errors()[0]
+    where = ".".join(str(p) for p in error["loc"]) or "it"
+    return f"{where}: {error['msg']}"
 
 
 def _unescalated(request: InputRequest) -> InputRequest:

@@ -7,7 +7,7 @@ entry it never takes must not hold back the others)."""
 from __future__ import annotations
 
 from ..stores import Store
-from ._announcements import announce
+from ._announcements import Damaged, announce, passed
 from ._base import Channel, ChannelState, RateLimited, logger, off_loop
 from ._retries import Retries
 
@@ -67,6 +67,8 @@ async def redeliver(
             retries.rate_limited(ch.name, entry_id, exc)
             limited = True
             break
+        except Damaged as exc:  # the rest of it told: reading it again gives the same
+            passed(ch, found[0], exc)
         except Exception:
             if until_failure:
                 logger.warning(

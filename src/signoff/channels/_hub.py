@@ -30,7 +30,7 @@ from .._types import InputRequest
 from .._work import Failing
 from ..stores._audit import AuditEntry
 from . import _given_up as given_up
-from ._announcements import announce
+from ._announcements import Damaged, announce, passed
 from ._base import Channel, ChannelState, RateLimited, check_name, logger, off_loop
 from ._claims import Claims
 from ._given_up import note_given_up, redeliver
@@ -108,6 +108,11 @@ class ChannelHub(Standby):
     A channel that raises `RateLimited` is retried after the delay it names (at most an hour),
     without spending an attempt, so a service that throttles is never given up on (nor are the
     entries delivered again at a start: the polls after the delay go on with them).
+    What the store holds damaged (a request of an entry that is none, a request row it cannot
+    read: `_announcements.Damaged`) is passed once the rest of its entry is told, logged once by
+    each channel: it reads the same every time, so retrying it held every later entry back for
+    `max_attempts` and then failed on it every minute. The store failing as a whole (down, busy,
+    gone) is retried as a channel's failure is.
     Deadlines (`request.expiring` warnings, expired sessions) are judged by `clock`, the
     runtime's (`Runtime.now`) unless given.
     """
@@ -519,6 +524,8 @@ class ChannelHub(Standby):
                 self._retries.rate_limited(ch.name, entry.id, exc)
                 blocked.add(ch.name)
                 continue
+            except Damaged as exc:  # the rest of it told: reading it again gives the same
+                passed(ch, entry, exc)
             except Exception:
                 if self._retries.failed(ch.name, entry.id, self.max_attempts, self.retry_backoff):
                     blocked.add(ch.name)
