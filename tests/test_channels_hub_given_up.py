@@ -20,7 +20,7 @@ from signoff.channels import _given_up as given_up
 from signoff.channels.slack import SlackChannel
 from signoff.testing import call, call_tools, reply, scripted_agent
 
-from ._channels import manual
+from ._channels import manual, three_refunds
 from ._slack import ALICE, SECRET, FakeSlack, channel, slack_api
 from .test_channels_hub import Flaky
 
@@ -186,3 +186,41 @@ async def test_an_update_in_an_archived_old_channel_holds_back_no_post_given_up_
                 await hub.poll()
             assert moved.recall(f"msg:{req.id}") == {"channel": "C99", "ts": ANY}
         assert len(slack_api.of("chat.postMessage")) == 3
+
+
+class Refusing(Flaky):
+    """Fails for good on the requests named in `refused`, and tells the others."""
+
+    refused: set[str]
+
+    async def on_requested(self, request: so.InputRequest) -> None:
+        self.attempts += 1
+        if request.id in self.refused:
+            raise ValueError("refused for good")
+        self.seen.append(("requested", request.id))
+
+
+async def test_a_request_a_channel_never_takes_holds_back_none_beside_it_in_its_entry(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three requests opened together, the channel failing for good on the middle one: each
+    attempt stopped there, so the last was never shown, neither by the attempts nor by the
+    rounds delivering it again, and the first was shown again by every one of them. Delivered
+    again once given up on, the entry shows the others; no request is shown twice."""
+    monkeypatch.setattr(given_up, "REDO_EVERY", 0.0)
+    async with so.Runtime([three_refunds([])], store=store_url) as rt:
+        picky = Refusing(0)
+        async with manual(ChannelHub(rt, [picky], max_attempts=3, retry_backoff=0)) as hub:
+            a = (await rt.generate("support", prompt="Refund A")).pending
+            picky.refused = {a[1].id}
+            b = (await rt.generate("support", prompt="Refund B")).pending
+            for _ in range(3):  # its three attempts, each stopping at the refused one
+                await hub.poll()
+            assert picky.seen == [("requested", r.id) for r in [a[0], *b]]
+            assert picky.attempts == 4 + 3
+            await hub.poll()  # a round delivering it again: past the refused one
+            shown = [("requested", r.id) for r in [a[0], *b, a[2]]]
+            assert picky.seen == shown
+            await hub.poll()  # the next: the refused one alone
+            assert picky.seen == shown
+            assert picky.attempts == 4 + 3 + 2 + 1

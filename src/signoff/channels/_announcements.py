@@ -25,7 +25,7 @@ from .._types import InputRequest
 from ..stores import Store, StoredRequest
 from ..stores._audit import AuditEntry
 from ..stores._deletions import DELETIONS_STREAM, SESSION_DELETED
-from ._base import Channel, Erased, Escalation, Resolution, logger
+from ._base import Channel, Erased, Escalation, RateLimited, Resolution, logger
 
 __all__ = ["Damaged", "announce", "passed"]
 
@@ -38,13 +38,22 @@ class Damaged(Exception):
 
 
 async def announce(
-    store: Store, ch: Channel, entry: AuditEntry, told: Callable[[int], bool] | None = None
+    store: Store,
+    ch: Channel,
+    entry: AuditEntry,
+    told: Callable[[int], bool] | None = None,
+    *,
+    shown: set[str] | None = None,
+    every: bool = False,
 ) -> None:
     """Tell one channel about one entry (nothing, for entries it does not care about).
     `told(entry_id)`: whether the hub delivered that entry to `ch` already (None: not known,
-    taken as not delivered). `Damaged` once the rest is told, for what cannot be read."""
+    taken as not delivered). `Damaged` once the rest is told, for what cannot be read.
+    For an entry opening several requests: `shown` holds those `ch` was told of (by an attempt
+    that failed on another), which are not told again, and gets those told now; `every` tells
+    each past one the channel fails on, then raises that failure (else it is raised at once)."""
     if entry.type == "input.requested":
-        await _requested(store, ch, entry)
+        await _requested(store, ch, entry, set() if shown is None else shown, every)
     elif entry.type == "approval.candidate" and entry.data.get("outcome") == "counted":
         stored = await _stored(store, entry)
         if (
@@ -99,13 +108,17 @@ def passed(ch: Channel, entry: AuditEntry, exc: Damaged) -> None:
     )
 
 
-async def _requested(store: Store, ch: Channel, entry: AuditEntry) -> None:
-    """Tell `ch` of the requests an `input.requested` entry opened, each it takes; one that
-    cannot be read (its data in the entry, or its row) is passed and the others told."""
+async def _requested(
+    store: Store, ch: Channel, entry: AuditEntry, shown: set[str], every: bool
+) -> None:
+    """Tell `ch` of the requests an `input.requested` entry opened, each it takes and was not
+    `shown`; one that cannot be read (its data in the entry, or its row) is passed and the
+    others told, and with `every` so is one the channel fails on, the failure raised after."""
     raws = entry.data.get("requests")
     if not isinstance(raws, list):  # data that cannot be read is read as {}
         raise Damaged("its requests cannot be read")
     damage = []
+    failure: Exception | None = None
     for i, raw in enumerate(raws):
         try:
             request = InputRequest.model_validate(raw)
@@ -114,7 +127,7 @@ async def _requested(store: Store, ch: Channel, entry: AuditEntry) -> None:
             named = f"request {rid!r:.60}" if isinstance(rid, str) else f"its request #{i + 1}"
             damage.append(f"{named} cannot be read: {_first(exc)}")
             continue
-        if request.child is not None or not ch.accepts(request):
+        if request.id in shown or request.child is not None or not ch.accepts(request):
             continue
         if ch.live_only:
             try:
@@ -124,7 +137,18 @@ async def _requested(store: Store, ch: Channel, entry: AuditEntry) -> None:
                 continue
             if stored is not None and stored.status != "pending":
                 continue  # it closed before we read it: nothing left to answer
-        await ch.on_requested(request)
+        try:
+            await ch.on_requested(request)
+        except RateLimited:
+            raise  # the service said when to come back: no more now
+        except Exception as exc:
+            if not every:
+                raise
+            failure = failure or exc
+            continue
+        shown.add(request.id)
+    if failure is not None:
+        raise failure
     if damage:
         raise Damaged("; ".join(damage))
 

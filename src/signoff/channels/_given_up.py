@@ -2,7 +2,8 @@
 times): kept in the channel state, under the hub's key for the channel, and delivered again
 every `REDO_EVERY` seconds while the hub runs and when it next starts on that state (a service
 down for a few minutes must not leave what opened meanwhile unshown until a restart, and one
-entry it never takes must not hold back the others)."""
+entry it never takes must not hold back the others, nor one request it never takes the others
+opened with it: each is told past it, and none told twice while the hub runs)."""
 
 from __future__ import annotations
 
@@ -58,18 +59,21 @@ async def redeliver(
     while queue:
         entry_id = queue.pop(0)
         found = await store.audit(after_id=entry_id - 1, limit=1)
+        shown = retries.shown.pop((ch.name, entry_id), set())
         if not found or found[0].id != entry_id:
             done.add(entry_id)  # no longer in the trail: nothing to deliver
             continue
         try:
-            await announce(store, ch, found[0])
+            await announce(store, ch, found[0], shown=shown, every=True)
         except RateLimited as exc:
+            retries.keep_shown(ch.name, entry_id, shown)
             retries.rate_limited(ch.name, entry_id, exc)
             limited = True
             break
         except Damaged as exc:  # the rest of it told: reading it again gives the same
             passed(ch, found[0], exc)
         except Exception:
+            retries.keep_shown(ch.name, entry_id, shown)
             if until_failure:
                 logger.warning(
                     "channel %s still fails on audit entry %s (given up on before); it is "

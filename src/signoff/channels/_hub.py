@@ -104,7 +104,9 @@ class ChannelHub(Standby):
     seconds, `max_attempts` times in all (about two minutes by default), before the entry is
     skipped for it: that is logged as an error, and the entry is delivered to it again every
     minute while the hub runs (see `_given_up`) and when the hub next starts on the same
-    `state`.
+    `state`. Of an entry opening several requests, a retry tells none told already, and each
+    delivery of it once given up on tells the others past the one the channel fails on, so one
+    it never takes holds none back.
     A channel that raises `RateLimited` is retried after the delay it names (at most an hour),
     without spending an attempt, so a service that throttles is never given up on (nor are the
     entries delivered again at a start: the polls after the delay go on with them).
@@ -517,16 +519,19 @@ class ChannelHub(Standby):
             seen = self._seen.setdefault(ch.name, set())
             if entry.id in seen:
                 continue
+            shown = self._retries.shown.pop((ch.name, entry.id), set())
             try:
-                await announce(self.runtime.store, ch, entry, self._told(ch))
+                await announce(self.runtime.store, ch, entry, self._told(ch), shown=shown)
             except RateLimited as exc:
                 # The service says when to come back: no attempt is spent, nothing given up.
+                self._retries.keep_shown(ch.name, entry.id, shown)
                 self._retries.rate_limited(ch.name, entry.id, exc)
                 blocked.add(ch.name)
                 continue
             except Damaged as exc:  # the rest of it told: reading it again gives the same
                 passed(ch, entry, exc)
             except Exception:
+                self._retries.keep_shown(ch.name, entry.id, shown)  # also once given up on
                 if self._retries.failed(ch.name, entry.id, self.max_attempts, self.retry_backoff):
                     blocked.add(ch.name)
                     continue

@@ -25,6 +25,9 @@ class Retries:
         # channel -> the entry given up on that its last round of redelivery failed on first,
         # and the one tried after it in turn (`_given_up`)
         self.stuck: dict[str, tuple[int, int | None]] = {}
+        # (channel, entry) -> the requests of the entry the channel was told of by an attempt
+        # that failed on another of them: not told again by a retry, nor by a later round
+        self.shown: dict[tuple[str, int], set[str]] = {}
 
     def blocked(self) -> set[str]:
         """The channels not to be told anything now: waiting for their retry, or holding the
@@ -78,6 +81,11 @@ class Retries:
             self._failures[key],
         )
         return False
+
+    def keep_shown(self, name: str, entry_id: int, shown: set[str]) -> None:
+        """Keep the requests of an entry the channel was told of by an attempt that failed."""
+        if shown:
+            self.shown[(name, entry_id)] = shown
 
     def handled(self, name: str, entry_id: int) -> None:
         """The channel is done with the entry (told, or given up on): no retry is pending."""
