@@ -12,11 +12,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
-from pydantic import AfterValidator, BaseModel, Field, Secret, SecretStr
+from pydantic import AfterValidator, BaseModel, Field, PlainSerializer, Secret, SecretStr
 from typing_extensions import TypeAliasType
 
 import signoff as so
-from signoff._trace_content import MASK, ShownInputs, messages_json, shown_input
+from signoff._trace_content import (
+    MASK,
+    ShownInputs,
+    json_form,
+    json_text,
+    messages_json,
+    shown_input,
+)
 from signoff._types import AssistantMessage, ToolCall, UserMessage
 
 
@@ -193,3 +200,91 @@ async def test_a_tracer_that_cannot_show_the_conversation_fails_no_turn(
         assert (await rt.generate("a", "go")).status == "completed"
     await rt.close()
     assert "tracing failed to show a model call's messages" in caplog.text
+
+
+def _in_itself(value: Any) -> dict[str, Any]:
+    made: dict[str, Any] = {"v": value}
+    made["me"] = made
+    return made
+
+
+def _raising(value: Any) -> Any:
+    raise RuntimeError("the serializer's bug")
+
+
+class _Unshown:
+    def __repr__(self) -> str:
+        raise RuntimeError("no text either")
+
+
+class _Cyclic(BaseModel):
+    x: Annotated[Any, AfterValidator(_in_itself)]
+
+
+class _Keyed(BaseModel):
+    x: Annotated[Any, AfterValidator(lambda v: {frozenset([1]): v})]
+    pin: SecretStr
+
+
+class _Serialized(BaseModel):
+    x: Annotated[Any, PlainSerializer(_raising)]
+
+
+class _Unshowable(BaseModel):
+    x: Annotated[Any, AfterValidator(lambda v: _Unshown()), PlainSerializer(_raising)]
+
+
+def test_a_value_json_has_no_form_for_is_shown_by_its_text_or_a_placeholder() -> None:
+    """`json_text` raised on a model whose Python form `json.dumps` rejects too (a key, a dict
+    that holds itself) or whose serializer raises, and on a value whose `str` raises: spans of
+    tool input and results, failing the turn. What has no JSON form is shown by its text, and
+    what has none either by a placeholder."""
+    keyed = json.loads(json_text(_Keyed(x=7, pin=SecretStr("4321"))))
+    assert keyed == {"x": {"frozenset({1})": 7}, "pin": MASK}
+    cyclic = json_text(_Cyclic(x=7))
+    assert json.loads(cyclic)["x"]["v"] == 7 and "'me': {...}" in cyclic
+    assert json.loads(json_text(_Serialized(x=7))) == "x=7"  # the model's `str`
+    assert json.loads(json_text(_Unshowable(x=7))) == "<unrepresentable: _Unshowable>"
+    # Outside any model as well: a tool's result, say.
+    itself = _in_itself(7)
+    assert json.loads(json_text(itself)) == {"v": 7, "me": "{'v': 7, 'me': {...}}"}
+    assert json.loads(json_text([{(1, 2): _Unshown()}])) == [
+        {"(1, 2)": "<unrepresentable: _Unshown>"}
+    ]
+    assert json_form(_Serialized(x=7)) == "x=7"
+
+
+async def test_a_tracer_that_cannot_show_a_tools_input_fails_no_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tool's span starts after `tool.started` is recorded: what raised building its
+    attributes left the turn running, to fail the same at every retry."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from signoff import _tracing
+    from signoff.testing import call, call_tools, reply, scripted_agent, sqlite_runtime
+
+    def broken(*args: Any, **kwargs: Any) -> str:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    ran: list[str] = []
+
+    @so.tool
+    async def look(order: str) -> str:
+        """Look an order up."""
+        ran.append(order)
+        return "found"
+
+    monkeypatch.setattr(_tracing, "json_text", broken)
+    steps = [call_tools(call("look", order="A1")), reply("done")]
+    rt = sqlite_runtime(
+        tmp_path,
+        scripted_agent("a", steps, tools=[look]),
+        tracer_provider=TracerProvider(),
+        trace_content=True,
+    )
+    with caplog.at_level(logging.WARNING, logger="signoff.runtime"):
+        assert (await rt.generate("a", "go")).status == "completed"
+    await rt.close()
+    assert ran == ["A1"]
+    assert "tracing failed to show a tool's input" in caplog.text

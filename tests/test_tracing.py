@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import pytest
 from opentelemetry import trace
@@ -349,6 +349,65 @@ async def test_tool_input_with_no_json_form_is_traced_by_its_text_and_the_call_r
     shown = json.loads(str(attributes["gen_ai.tool.call.arguments"]))
     assert shown == {"order": "order 7", "pin": "**********"}  # the secret still masked
     assert attributes["signoff.tool.outcome"] == "ok"
+
+
+class _Mute:
+    """An object a validator may make that cannot even be shown as text."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text either")
+
+
+_ran: list[object] = []
+
+
+@so.tool(name="tally")
+async def _keyed(x: Annotated[Any, AfterValidator(lambda v: {frozenset(["k"]): v})]) -> str:
+    """Tally."""
+    _ran.append(x)
+    return "tallied"
+
+
+@so.tool(name="tally")
+async def _mute(x: Annotated[Any, AfterValidator(lambda v: _Mute())]) -> str:
+    """Tally."""
+    _ran.append(x)
+    return "tallied"
+
+
+_NO_JSON = {  # a tool whose validator makes something of input {"x": 7}; how a span shows it
+    "keyed by a frozenset": (_keyed, {"x": {"frozenset({'k'})": 7}}),
+    "with no text": (_mute, {"x": "<unrepresentable: _Mute>"}),
+}
+
+
+@pytest.mark.parametrize("case", list(_NO_JSON))
+async def test_tool_input_json_rejects_is_traced_by_its_text_and_the_call_runs_once(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider, case: str
+) -> None:
+    """Input a validator made into what `json.dumps` rejects (a frozenset key; an object whose
+    `str` raises) failed the start of the tool's span, after `tool.started` was recorded: the
+    turn was left running, to fail the same at every retry. Its key or value is shown by its
+    text now, or a placeholder if that raises too, and the call runs as it would untraced."""
+    tally, shown = _NO_JSON[case]
+    _ran.clear()
+    proposal = call_tools(so.ToolCall(id="c1", name="tally", input={"x": 7}))
+    agent = scripted_agent("support", [proposal, reply("done")], tools=[tally])
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider, trace_content=True)
+    r = await rt.generate("support", "go")
+    await rt.close()
+    assert r.status == "completed" and len(_ran) == 1
+    spans = _by_name(exporter.get_finished_spans())
+    (tool,) = spans["execute_tool tally"]
+    attributes = tool.attributes or {}
+    assert json.loads(str(attributes["gen_ai.tool.call.arguments"])) == shown
+    assert attributes["signoff.tool.outcome"] == "ok"
+    # The model spans show the call's input so too: the reply that proposed it, and the next.
+    first, second = ((s.attributes or {}) for s in spans["chat"])
+    output = json.loads(str(first["gen_ai.output.messages"]))
+    assert output[0]["parts"][0]["arguments"] == shown
+    sent = json.loads(str(second["gen_ai.input.messages"]))
+    assert sent[1]["tool_calls"][0]["input"] == shown
 
 
 async def test_a_secret_tool_input_is_masked_on_the_chat_spans_too(

@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, get_args, get_origin, is_typeddict
 
 from pydantic import AliasChoices, AliasPath, BaseModel, Secret, SecretBytes, SecretStr
-from pydantic_core import PydanticSerializationError
 
 from ._text import cut
 
@@ -42,21 +41,61 @@ _SECRETS = (SecretStr, SecretBytes, Secret)
 
 def json_text(value: Any) -> str:
     """`value` as JSON text for an attribute: pydantic models by their JSON form, anything
-    else with none by its text."""
-    return json.dumps(value, ensure_ascii=False, default=json_form)
+    else with none by its text. It never raises: a trace must not fail the turn."""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=json_form)
+    except Exception:  # a key JSON has no form for, a container holding itself, deep nesting
+        pass
+    try:
+        return json.dumps(_json_data(value, frozenset()), ensure_ascii=False)
+    except Exception:  # nested past the recursion limit
+        return json.dumps(_text(value), ensure_ascii=False)
 
 
 def json_form(value: Any) -> Any:
-    """A pydantic model's JSON form (secrets masked), or any other value's text."""
+    """A pydantic model's JSON form (secrets masked), or any other value's text. It never
+    raises: a model with no JSON form (a validator made a field an object JSON has none for) is
+    its Python form made JSON data, else its text."""
     dump = getattr(value, "model_dump", None)
     if not callable(dump):
-        return str(value)
+        return _text(value)
     try:
         return dump(mode="json")
-    except PydanticSerializationError:
-        # A validator made a field an object with no JSON form: the call runs all the same,
-        # so its span must not fail it. Secrets stay masked, as `str` shows them.
-        return dump(warnings=False)
+    except Exception:  # pydantic's serialization error, a key's TypeError, a cycle's ValueError
+        pass
+    # The call runs all the same, so its span must not fail it. Secrets stay masked, as their
+    # Python form and `str` show them.
+    try:
+        return _json_data(dump(warnings=False), frozenset())
+    except Exception:  # a serializer that raised in Python mode too
+        return _text(value)
+
+
+def _text(value: Any) -> str:
+    """`str(value)`, or `<unrepresentable: {its type}>` if that raises."""
+    try:
+        return str(value)
+    except Exception:
+        return f"<unrepresentable: {type(value).__name__}>"
+
+
+def _json_data(value: Any, within: frozenset[int]) -> Any:
+    """`value` (inside the containers `within`, by id) as data `json.dumps` takes: a key it
+    does not by its text, a container inside itself by its text, any other object `json_form`."""
+    if value is None or isinstance(value, str | int | float):
+        return value
+    if not isinstance(value, dict | list | tuple):
+        return json_form(value)
+    if id(value) in within:
+        return _text(value)
+    within |= {id(value)}
+    if isinstance(value, dict):
+        return {_json_key(k): _json_data(v, within) for k, v in value.items()}
+    return [_json_data(v, within) for v in value]
+
+
+def _json_key(key: Any) -> Any:
+    return key if key is None or isinstance(key, str | int | float) else _text(key)
 
 
 def shown_input(tool: Any, raw: Any) -> Any:

@@ -551,7 +551,12 @@ class Tracing:
             "signoff.turn_id": "" if state.turn is None else state.turn.id,
         }
         if self.content:
-            attributes["gen_ai.tool.call.arguments"] = json_text(arguments)
+            # `tool.started` is recorded: raising here would leave the turn running, to fail
+            # the same at every retry.
+            try:
+                attributes["gen_ai.tool.call.arguments"] = json_text(arguments)
+            except Exception:
+                log.warning("tracing failed to show a tool's input", exc_info=True)
         return ToolSpan(self.tracer, name, _trace.SpanKind.INTERNAL, attributes, self.content)
 
 
