@@ -59,6 +59,45 @@ async def test_a_drive_that_raises_is_a_failed_one(
     await rt.close()
 
 
+class _Waiting(so.models.Scripted):
+    """A scripted model that waits, inside its call, until `go` is set."""
+
+    def __init__(self, steps: list[so.ModelResponse]) -> None:
+        super().__init__(steps)
+        self.inside = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def complete(self, request: so.models.ModelRequest) -> so.ModelResponse:
+        self.inside.set()
+        await self.go.wait()
+        return await super().complete(request)
+
+
+async def test_a_drive_whose_turn_another_process_cancelled_recorded_nothing_and_is_no_drive(
+    tmp_path: Path,
+) -> None:
+    """A drive was counted when the state it ended with was ahead of the one it began with,
+    which counts what other processes appended and it read back: a drive whose turn another
+    runtime cancelled during its model call recorded nothing, yet counted as one."""
+    model = _Waiting([so.ModelResponse(text="hi")])
+    rt = sqlite_runtime(tmp_path, so.Agent(name="a", model=model))
+    other = sqlite_runtime(tmp_path, so.Agent(name="a", model=so.models.Scripted([])))
+    await rt.open()
+    driving = asyncio.create_task(rt.generate("a", prompt="hello"))
+    await model.inside.wait()
+    (session,) = await other.sessions()
+    await other.cancel(session.id, "stop")
+    head = await rt.store.head(session.id)
+    model.go.set()
+    r = await driving
+    assert (
+        r.status == "cancelled" and await rt.store.head(session.id) == head
+    )  # it recorded nothing
+    assert (rt._counts.drives, rt._counts.failed_drives) == (0, 0)
+    await rt.close()
+    await other.close()
+
+
 async def test_answers_count_once_accepted_and_refusals_by_code(tmp_path: Path) -> None:
     ran: list[dict[str, Any]] = []
     parent, child = refund_agents(ran, Counted("Done."))

@@ -302,14 +302,15 @@ class Driver(ToolCalls, ModelStep):
         the messages queued behind a turn that ended for good; counted in `counts` if it
         recorded anything, failed if it raised or a turn failed (a cancelled drive is stopped,
         not failed)."""
-        seq = self.state.seq
+        recorded = self.recorded
         self._steered_meanwhile()
         try:
             state = await self._forward(retry)
         except Exception:
             self.counts.drove(failed=True)
             raise
-        if state.seq != seq:
+        # Not `state.seq`: that moves with what other processes appended and this drive read.
+        if self.recorded != recorded:
             failed = state.turn is not None and state.turn.status == "failed"
             self.counts.drove(failed=failed or self.failed_turn is not None)
         return state
