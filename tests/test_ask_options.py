@@ -8,8 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import signoff as so
+from signoff._types import _slug, make_options
 from signoff.testing import (
     Capture,
     call,
@@ -336,3 +339,77 @@ async def test_a_question_an_older_signoff_asked_replays_with_its_option_ids(
         assert done.status == "completed"
     [result] = tool_results(seen.last)
     assert (result.is_error, result.content) == (False, first[0])
+
+
+@pytest.mark.parametrize(
+    ("options", "ids"),
+    [
+        ([{"label": "C++"}, {"label": "C#"}], ["c", "c-2"]),
+        ([{"label": "?"}, {"label": "1"}], ["1", "1-2"]),  # "?" is numbered by its place
+        ([{"label": "Yes"}, {"label": "Yes!"}], ["yes", "yes-2"]),
+        ([{"label": "C++"}, {"id": "c", "label": "Cee"}], ["c-2", "c"]),  # given later
+        ([{"label": "C++"}, {"label": "C#"}, {"label": "C 2"}], ["c", "c-3", "c-2"]),
+        (["a", {"label": "A!"}, {"label": "a 2"}, "a-3"], ["a", "a-4", "a-2", "a-3"]),
+    ],
+    ids=["c++-c#", "numbered", "yes-yes!", "given-later", "slug-later", "given-and-slugs"],
+)
+async def test_option_ids_made_from_labels_that_clash_are_made_unique(
+    tmp_path: Path, options: list[Any], ids: list[str]
+) -> None:
+    """Ids made from labels drop punctuation (`C++` and `C#` are both `c`), and a label of none
+    is numbered by its place: `ctx.ask()` refused such labels, distinct as they are, naming ids
+    the caller never gave ("option ids must be distinct: ['c', 'c']"). A made id that another
+    has is suffixed, never taking an id given or made from a label anywhere in the list."""
+    r, _, _ = await _asked(tmp_path, "Which?", options)
+    assert r.status == "waiting"
+    (request,) = r.pending
+    assert [o.id for o in request.options] == ids
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        [{"id": "c", "label": "C++"}, {"id": "c", "label": "C#"}],
+        ["c", {"id": "c", "label": "Cee"}],
+        [so.Option(id="c", label="Cee"), {"label": "C++"}, "c"],
+    ],
+    ids=["dicts", "string-and-dict", "option-and-string"],
+)
+def test_option_ids_given_twice_are_still_refused(options: list[Any]) -> None:
+    with pytest.raises(ValueError, match="option ids must be distinct"):
+        make_options(options)
+
+
+@given(st.lists(st.sampled_from(["a", "A!", "a 2", "?", "1", "2", "b-2", "a-2"]), max_size=5))
+def test_option_ids_made_from_labels_that_do_not_clash_are_as_before(labels: list[str]) -> None:
+    """A question recorded before replays with the ids it was asked with: where all ids, given
+    and made from labels, were distinct, they are unchanged (every third option here is given
+    its label as its id)."""
+    options: list[Any] = [
+        {"label": label, "id": label} if i % 3 == 2 else {"label": label}
+        for i, label in enumerate(labels)
+    ]
+    before = [o.get("id") or _slug(o["label"]) or str(i + 1) for i, o in enumerate(options)]
+    if len(before) == len(set(before)):
+        assert [o.id for o in make_options(options)] == before
+
+
+async def test_an_option_id_made_unique_answers_it_when_the_question_replays(
+    tmp_path: Path,
+) -> None:
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Ask which."""
+        answer = await ctx.ask("Which?", options=[{"label": "C++"}, {"label": "C#"}])
+        return f"{answer.value} ({answer.option_id})"
+
+    seen = Capture(reply("Noted."))
+    agent = scripted_agent("bot", [call_tools(call("pick")), seen], tools=[pick])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        (asked,) = r.pending
+        answer = so.InputResponse(request_id=asked.id, option_id="c-2")
+        done = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert done.status == "completed"
+    [result] = tool_results(seen.last)
+    assert (result.is_error, result.content) == (False, "C# (c-2)")

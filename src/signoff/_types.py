@@ -392,13 +392,15 @@ def make_options(options: Any, *, before_ids_checked: bool = False) -> list[Opti
     """Options from strings, dicts (`label`, optional `id` and `description`) or `Option`s.
 
     Each needs a label and an id that are not blank: a blank one cannot be picked everywhere. A
-    dict's id is text or a whole number (its decimal text); one it lacks comes from its label.
-    `before_ids_checked`: as an older signoff made them (a falsy id came from the label, any
-    other was `str()`-ed), for a question it asked that replays.
+    dict's id is text or a whole number (its decimal text); one it lacks comes from its label
+    (`_derived_ids`), made unique, so only ids given twice are refused. `before_ids_checked`: as
+    an older signoff made them (a falsy id came from the label, any other was `str()`-ed), for a
+    question it asked that replays.
     """
     if isinstance(options, (str, bytes, Mapping)):
         raise ValueError(f"options must be a list, not {type(options).__name__}")
     out: list[Option] = []
+    derived: list[int] = []  # the positions of options whose id comes from their label
     for i, raw in enumerate(options or ()):
         if isinstance(raw, Option):
             out.append(raw)
@@ -412,6 +414,8 @@ def make_options(options: Any, *, before_ids_checked: bool = False) -> list[Opti
                 given = str(given)  # `{"id": 0}` is the option "0", not one named for its label
             elif given is not None and not isinstance(given, str):
                 raise ValueError(f"option #{i + 1}'s id must be text, not {type(given).__name__}")
+            if given is None:
+                derived.append(i)
             out.append(
                 Option(
                     id=_slug(raw["label"]) or str(i + 1) if given is None else given,
@@ -429,9 +433,33 @@ def make_options(options: Any, *, before_ids_checked: bool = False) -> list[Opti
             if not _is_text(getattr(out[-1], field)):
                 # An answer naming it could never be recorded (it must be valid JSON text).
                 raise ValueError(f"option #{i + 1}'s {field} is not valid Unicode text")
+    out = _derived_ids(out, derived)
     ids = [o.id for o in out]
     if len(set(ids)) != len(ids):
         raise ValueError(f"option ids must be distinct: {ids}")
+    return out
+
+
+def _derived_ids(options: list[Option], derived: list[int]) -> list[Option]:
+    """`options` with the ids derived from labels (at positions `derived`) made unique: `C++` and
+    `C#` both slug to `c`. An id stays as derived unless an id given anywhere in the list, or
+    derived earlier, is the same; then it takes the first free `-2`, `-3`... after it. Ids that
+    did not clash before are unchanged, so questions recorded before replay as asked."""
+    if not derived:
+        return options
+    out, mine = list(options), set(derived)
+    taken = {o.id for i, o in enumerate(out) if i not in mine}
+    clashing = []
+    for i in derived:  # every derived id that is free keeps it, before any is suffixed
+        if out[i].id in taken:
+            clashing.append(i)
+        taken.add(out[i].id)
+    for i in clashing:
+        n = 2
+        while f"{out[i].id}-{n}" in taken:
+            n += 1
+        taken.add(f"{out[i].id}-{n}")
+        out[i] = out[i].model_copy(update={"id": f"{out[i].id}-{n}"})
     return out
 
 
