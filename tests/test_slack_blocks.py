@@ -402,3 +402,54 @@ async def test_a_closed_requests_message_text_says_how_it_closed_not_approve_or_
             "Denied: ops wants to run wipe_cache",
             "Withdrawn: ops wants to run wipe_cache",
         ]
+
+
+async def test_an_id_that_reads_as_a_position_does_not_answer_for_the_option_there(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """An option id too long for Slack is sent as its position, `signoff.option#0`, and an
+    option whose id is `signoff.option#0` was sent as it is: the menu gave both one value, and
+    choosing "Delete everything" recorded "Keep" (the id was read first). An id beginning so is
+    sent as its position too, and choosing each answers with its own id."""
+    options = [
+        so.Option(id="x" * 200, label="Delete everything"),
+        so.Option(id="signoff.option#0", label="Keep"),
+    ]
+
+    @so.tool
+    async def clean_up(ctx: so.ToolContext) -> str:
+        """Ask what to do."""
+        return str((await ctx.ask("What now?", options=options)).option_id)
+
+    agent = scripted_agent("ops", [call_tools(call("clean_up")), reply("Done.")], tools=[clean_up])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("ops", prompt="Clean up")
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            (posted,) = slack_api.of("chat.postMessage")
+            (select,) = [
+                e
+                for b in posted["blocks"]
+                if b["type"] == "actions"
+                for e in b["elements"]
+                if e["type"] == "static_select"
+            ]
+            values = [o["value"] for o in select["options"]]
+            assert values == ["signoff.option#0", "signoff.option#1"]
+            delete = select["options"][0]
+            body = click(
+                {
+                    "type": "static_select",
+                    "action_id": "signoff.option",
+                    "block_id": f"signoff:{req.id}",
+                    "selected_option": delete,
+                },
+                user="U5",
+            )
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.resolution is not None
+        assert stored.resolution["answer"]["option_id"] == "x" * 200

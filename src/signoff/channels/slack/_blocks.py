@@ -411,21 +411,41 @@ def _option_room(request: InputRequest) -> int | None:
 
 
 def _option_value(position: int, option_id: str) -> str:
-    """What a select option carries: its id, or its position when the id is longer than the
-    150 characters Slack allows (Slack would refuse the whole message) or is not text Slack
-    can send back unchanged (a lone surrogate, a control character)."""
-    if len(option_id) <= _MAX_VALUE and option_id and sendable(option_id) == option_id:
-        return option_id
-    return f"{_BY_POSITION}{position}"
+    """What a select option carries: its id, or its position (`signoff.option#0`) when the id
+    is longer than the 150 characters Slack allows (Slack would refuse the whole message), is not
+    text Slack can send back unchanged (a lone surrogate, a control character), or itself
+    begins as a position does, so a value never means two options."""
+    return f"{_BY_POSITION}{position}" if _by_position(option_id) else option_id
+
+
+def _by_position(option_id: str) -> bool:
+    """Whether an option with this id is sent as its position (see `_option_value`)."""
+    return (
+        len(option_id) > _MAX_VALUE
+        or not option_id
+        or sendable(option_id) != option_id
+        or option_id.startswith(_BY_POSITION)
+    )
 
 
 def chosen_option(request: InputRequest, value: str) -> str:
-    """The id of the option a select's `value` names (see `_option_value`)."""
-    if any(o.id == value for o in request.options) or not value.startswith(_BY_POSITION):
-        return value
-    position = value[len(_BY_POSITION) :]
-    if position.isdecimal() and int(position) < len(request.options):
-        return request.options[int(position)].id
+    """The id of the option a select's `value` names (see `_option_value`): `signoff.option#N`
+    names the option at N when that option is sent as its position; any other value is an id.
+
+    Messages posted before ids beginning `signoff.option#` were sent as positions carried them
+    as they are, and their values still read as then unless the option at N is sent as its
+    position too; then they read as it, as in any message posted since. In such an older
+    message either two options had that value (the option at N's id was too long or unsendable:
+    the click could mean either, and was read as the id), or the option at N's id also began
+    `signoff.option#` and the two were told apart (now the id is read as the position N).
+    """
+    number = value[len(_BY_POSITION) :]
+    if value.startswith(_BY_POSITION) and number.isascii() and number.isdecimal():
+        position = int(number)
+        if value == f"{_BY_POSITION}{position}" and position < len(request.options):
+            option = request.options[position]
+            if _by_position(option.id):
+                return option.id
     return value
 
 
