@@ -21,7 +21,7 @@ from ._approval import ApprovalContext, Verdict
 from ._ask import answered as question_result
 from ._ask import echoes_answers
 from ._candidates import Candidates, already_counted
-from ._counts import counted_answers
+from ._counts import counted_answers, settled_before_raising
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import (
     authorize,
@@ -33,6 +33,7 @@ from ._eligibility import (
     voted,
 )
 from ._exceptions import (
+    AnswerError,
     InvalidAnswer,
     PartialAnswer,
     RequestClosed,
@@ -359,8 +360,12 @@ class Answering(Candidates):
                         usage=reviews.get(request.id),
                         verdict=verdicts.get(request.id),
                     )
-                except RequestClosed:
-                    # Its deadline may have closed it just now: the turn goes on without it.
+                except BaseException as exc:
+                    settled_before_raising(outcomes)  # the batch's, and the gated ones' before
+                    # Its deadline closed it just now, or another process answered it (with
+                    # `resume=False`, say): the turn goes on without it, as nothing else drives it.
+                    if not isinstance(exc, AnswerError):
+                        raise
                     if drive_expired and runnable(await self._state(session_id)):
                         await self._drive(session_id)
                     raise

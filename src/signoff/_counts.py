@@ -26,7 +26,14 @@ from ._exceptions import (
 if TYPE_CHECKING:
     from ._results import Outcome
 
-__all__ = ["REFUSALS", "REFUSED_OUTCOMES", "Counts", "counted_answers", "counted_elsewhere"]
+__all__ = [
+    "REFUSALS",
+    "REFUSED_OUTCOMES",
+    "Counts",
+    "counted_answers",
+    "counted_elsewhere",
+    "settled_before_raising",
+]
 
 _Settle = TypeVar("_Settle", bound=Callable[..., Awaitable[list["Outcome"]]])
 _Told = TypeVar("_Told", bound="Outcome | BaseException")
@@ -37,6 +44,9 @@ _settling: ContextVar[bool] = ContextVar("signoff_settling", default=False)
 
 # What the settlement running returns or raises that another process counted (`counted_elsewhere`).
 _elsewhere: ContextVar[list[object] | None] = ContextVar("signoff_elsewhere", default=None)
+
+# What the settlement running committed before it raised (`settled_before_raising`).
+_kept: ContextVar[list[Outcome] | None] = ContextVar("signoff_kept", default=None)
 
 
 @dataclass(slots=True)
@@ -112,24 +122,35 @@ def counted_answers(settle: _Settle) -> _Settle:
     async def counted(self: Any, *args: Any, **kwargs: Any) -> list[Outcome]:
         if kwargs.get("check_only") or _settling.get():
             return await settle(self, *args, **kwargs)
-        token = _settling.set(True)
         told: list[object] = []
-        told_token = _elsewhere.set(told)
+        kept: list[Outcome] = []
+        token, told_token, kept_token = _settling.set(True), _elsewhere.set(told), _kept.set(kept)
         try:
             outcomes = await settle(self, *args, **kwargs)
-        except SignoffError as exc:
+        except BaseException as exc:
+            self._counts.answered(o for o in kept if not any(o is t for t in told))
             # A message's answer closed or answered meanwhile: `send` delivers it as a message.
             anew = kwargs.get("from_message") and isinstance(exc, _DELIVERED_ANEW)
-            if not (anew or any(exc is t for t in told)):
+            if isinstance(exc, SignoffError) and not (anew or any(exc is t for t in told)):
                 self._counts.refuse(exc)
             raise
         finally:
             _settling.reset(token)
             _elsewhere.reset(told_token)
+            _kept.reset(kept_token)
         self._counts.answered(o for o in outcomes if not any(o is t for t in told))
         return outcomes
 
     return cast(_Settle, counted)
+
+
+def settled_before_raising(outcomes: Iterable[Outcome]) -> None:
+    """`outcomes`, of answers the settlement running committed before another of its answers
+    raised (answers settled one by one: through several mirrors, or judged by a response
+    policy), counted by it though it raises: they took effect all the same."""
+    kept = _kept.get()
+    if kept is not None:
+        kept.extend(outcomes)
 
 
 def counted_elsewhere(told: _Told) -> _Told:

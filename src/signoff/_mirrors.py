@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
+from ._counts import settled_before_raising
 from ._exceptions import (
     AnswerError,
     InvalidAnswer,
@@ -226,7 +227,9 @@ async def _settle_routed(
 
     Every answer is checked before any is settled: a bad one leaves every session unchanged,
     but for a mirror whose child's request had closed unseen, which closes too (the parent's
-    turn then goes on, if `drive`).
+    turn then goes on, if `drive`). They are settled one by one, each in its session: one that
+    another process settled after the check raises, the ones settled before it stand (counted,
+    and the parent's turn goes on with them, if `drive`) and the ones after it stay open.
     """
     mirrored: list[tuple[Reply, InputRequest, ChildRef]] = []
     rest: list[Reply] = []
@@ -266,24 +269,36 @@ async def _settle_routed(
     if check_only:
         return []
     outcomes: list[Outcome] = []
-    for i, (a, mirror, ref) in enumerate(mirrored):
-        try:
-            with _naming(a, ref):
-                got = await rt._settle(
-                    ref.session_id,
-                    [_for_child(a, ref)],
-                    principal,
-                    require_all=False,
-                    mark=mark if i == 0 else None,  # a vote there counts the message once
-                )
-        finally:  # whatever the child now says
-            await close_mirror(rt, state.id, mirror, mark=mark if i == 0 else None)
-        if i == 0 and mark is not None:
-            await keep_vote_key(rt, state.id, mirror, mark)
-        outcomes.extend(dataclasses.replace(o, request_id=a.request_id) for o in got)
-    if rest:
-        key = None if mirrored else mark
-        outcomes.extend(await rt._settle(state.id, rest, principal, require_all=False, mark=key))
+    try:
+        for i, (a, mirror, ref) in enumerate(mirrored):
+            try:
+                with _naming(a, ref):
+                    got = await rt._settle(
+                        ref.session_id,
+                        [_for_child(a, ref)],
+                        principal,
+                        require_all=False,
+                        drive_expired=drive,
+                        mark=mark if i == 0 else None,  # a vote there counts the message once
+                    )
+            finally:  # whatever the child now says
+                await close_mirror(rt, state.id, mirror, mark=mark if i == 0 else None)
+            if i == 0 and mark is not None:
+                await keep_vote_key(rt, state.id, mirror, mark)
+            outcomes.extend(dataclasses.replace(o, request_id=a.request_id) for o in got)
+        if rest:
+            key = None if mirrored else mark
+            got = await rt._settle(
+                state.id, rest, principal, require_all=False, drive_expired=drive, mark=key
+            )
+            outcomes.extend(got)
+    except BaseException as exc:
+        # Another process settled a request between the check and here: the answers settled
+        # before it stand, as if given alone, and the rest are left open.
+        settled_before_raising(outcomes)
+        if drive and isinstance(exc, AnswerError):
+            await _go_on(rt, state.id, settled=bool(outcomes))
+        raise
     return outcomes
 
 
@@ -306,6 +321,15 @@ async def _closed_behind(rt: Answering, parent: str, mirror: InputRequest, *, dr
     if live is None or live.status == "pending":
         return
     if drive and state.agent in rt.agents and runnable(state):
+        await rt._drive(parent)
+
+
+async def _go_on(rt: Answering, parent: str, *, settled: bool) -> None:
+    """An answer through `parent` was refused after the call's earlier ones `settled` requests
+    (their subagents' turns go on in its drive) or mirrors closed left its turn runnable: drive
+    it, as the call would have had it not raised. Nothing else would: it waits on no one."""
+    state = await rt._state(parent)
+    if state.agent in rt.agents and (settled or runnable(state)):
         await rt._drive(parent)
 
 
