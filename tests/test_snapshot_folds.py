@@ -167,3 +167,33 @@ async def test_the_events_under_a_snapshot_of_another_fold_are_read_a_page_at_a_
         with pytest.raises(so.StoreError, match=gap):
             await rt.generate(session_id=sid, prompt="hi", auth=ALICE)
         assert await rt.store.head(sid) == whole.seq
+
+
+async def test_the_events_under_a_snapshot_of_another_fold_must_fold_up_to_it(
+    store_url: str,
+) -> None:
+    """A snapshot of another fold is not compared with the fold, but the runtime folds the
+    events it was taken after instead: one of them deleted by hand (no audited one) leaves the
+    session unloadable, and verification names the snapshot, as it did before folds were
+    recorded, rather than return `[]`; so it does one past the end of the log."""
+    sid, seq, last = await _long_session(store_url, prompt="hello")
+    other, at, _ = await _long_session(store_url, prompt="hello again")
+    assert last is None  # nothing audited: only the snapshot can tell
+    older = {}
+    for session_id in (sid, other):
+        _, snapshot = stored_snapshot(store_url, session_id)
+        older[session_id] = {k: v for k, v in snapshot.items() if k != "fold"}
+        put_snapshot(store_url, session_id, older[session_id])
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    alter(store_url, "DELETE FROM {t}events WHERE sk={p} AND seq={p}", sk, seq - 20)
+    gap = f"session {sid} is damaged: event seq {seq - 19} does not follow {seq - 21}"
+    reason = f"the snapshot at event {seq} cannot be checked: its events do not fold: {gap}"
+    async with so.Runtime([ops()], store=store_url) as rt:
+        head = (await rt.state(other)).seq
+        _set_snapshot(store_url, other, head + 5, {**older[other], "seq": head + 5})
+        past = f"the snapshot at event {head + 5} is past the end of the event log, at event {head}"
+        found = {(p.id, p.stream, p.n, p.reason) for p in await rt.verify_audit()}
+        assert found == {(0, sid, 0, reason), (0, other, 0, past)}
+        assert [p.reason for p in await rt.verify_audit(sid)] == [reason]
+        with pytest.raises(so.StoreError, match=gap):
+            await rt.state(sid)

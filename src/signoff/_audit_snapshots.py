@@ -1,8 +1,9 @@
 """Snapshots checked against the event log: a session loads from its snapshot plus the events
 after it, so a snapshot must be the fold of the session's events up to the one it was taken
 after, or the runtime acts on a state the log never reached (a tool approved that no one
-approved). Only the snapshots of this signoff's fold are (`of_this_fold`): the runtime folds
-the events instead of using another's, which a fold changed since may rightly differ from."""
+approved). Only the snapshots of this signoff's fold are compared (`of_this_fold`): the runtime
+folds the events instead of using another's, which a fold changed since may rightly differ
+from; those events must still fold up to it, or the session cannot be loaded."""
 
 from __future__ import annotations
 
@@ -30,12 +31,13 @@ async def snapshot_problems(
     """Each snapshot that is not the fold of its session's events, as `AuditProblem` fields
     `(id, stream, n, reason)`: named by the session's last entry at or before the snapshot's
     event (`placed`: its id and `n`; 0 and 0 if none). Sessions named already (`broken`) are
-    left out: their logs no longer say what was recorded; so are the snapshots of another fold
-    than this signoff's (an older signoff's), which no session loads from: `verify_audit`
-    neither checks nor names them."""
+    left out: their logs no longer say what was recorded. A snapshot of another fold than this
+    signoff's (an older signoff's), which no session loads from, is not compared with the fold,
+    but named if the events it was taken after do not fold up to it: the runtime folds them
+    instead, and could not load the session."""
     problems: list[tuple[int, str, int, str]] = []
     for sid, snapshot in snapshots.items():
-        if sid in broken or not of_this_fold(snapshot.data):
+        if sid in broken:
             continue
         reason = await _differs(store, sid, snapshot)
         if reason is not None:
@@ -46,21 +48,24 @@ async def snapshot_problems(
 
 async def _differs(store: Store, session_id: str, snapshot: StoredSnapshot) -> str | None:
     """How `snapshot` differs from the fold of the session's events up to its `seq`, if it
-    does: the fields that differ, as the runtime would read them."""
+    does: the fields that differ, as the runtime would read them; only whether the events fold
+    up to it, for a snapshot of another fold (not read: the runtime reads its events instead)."""
     what = "the snapshot" if snapshot.seq < 0 else f"the snapshot at event {snapshot.seq}"
     if snapshot.damage is not None:
         return f"{what} cannot be read: {snapshot.damage}"
+    kept = None
     try:
         if not isinstance(snapshot.data, dict):
             raise StoreError(f"it is no object but {type(snapshot.data).__name__}")
-        kept = _form(SessionState.from_snapshot(snapshot.data))
+        if of_this_fold(snapshot.data):
+            kept = _form(SessionState.from_snapshot(snapshot.data))
     except StoreError as exc:  # its version a newer signoff's too (`SchemaVersionError`)
         return f"{what} cannot be read: {exc}"
     try:
         folded = await _fold(store, session_id, snapshot.seq)
         if folded.seq != snapshot.seq:
             return f"{what} is past the end of the event log, at event {folded.seq}"
-        fields = _fields(kept, _form(folded))
+        fields = [] if kept is None else _fields(kept, _form(folded))
     except UnknownSession:
         return f"{what} has no session"  # deleted meanwhile (then not named) or by hand
     except _NOT_THE_DATA:
