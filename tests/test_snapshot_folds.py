@@ -139,7 +139,9 @@ async def test_a_snapshot_of_another_fold_is_not_loaded_from(store_url: str) -> 
             assert r.pending[0].action is not None and r.pending[0].action.tool_name == "wipe"
             assert (await rt.cancel(sid, "not now")).status == "cancelled"
             assert await rt.verify_audit() == []
-        assert stored_snapshot(store_url, sid) == (seq, other)  # no commit crossed another
+        at, now = stored_snapshot(store_url, sid)
+        # the first commit wrote one of this fold in its stead: the grant is not carried on
+        assert at > seq and now["fold"] == FOLD_VERSION and now["approved_tools"] == ["refund"]
 
 
 async def test_the_events_under_a_snapshot_of_another_fold_are_read_a_page_at_a_time(
@@ -197,3 +199,102 @@ async def test_the_events_under_a_snapshot_of_another_fold_must_fold_up_to_it(
         assert [p.reason for p in await rt.verify_audit(sid)] == [reason]
         with pytest.raises(so.StoreError, match=gap):
             await rt.state(sid)
+
+
+@pytest.mark.parametrize("answer", [False, True], ids=["message", "answer"])
+async def test_the_first_commit_past_a_snapshot_of_another_fold_writes_one_of_this_fold(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, answer: bool
+) -> None:
+    """A session loaded past a snapshot of another fold was folded from its first event on
+    every load until a commit crossed the next 64 events (an idle or waiting one, for ever):
+    its next commit, a message's or an answer's, writes a snapshot of this fold, the later ones
+    only as often as before, and the session then loads from it."""
+    sid, _, _ = await _long_session(store_url, prompt="hello")
+    if answer:
+        async with so.Runtime([ops()], store=store_url) as rt:
+            parked = await rt.generate(session_id=sid, prompt="wipe it", auth=ALICE)
+            assert parked.status == "waiting"
+    _, snapshot = stored_snapshot(store_url, sid)
+    put_snapshot(store_url, sid, {k: v for k, v in snapshot.items() if k != "fold"})
+    commits: list[tuple[int, dict[str, Any] | None]] = []
+    async with so.Runtime([ops()], store=store_url) as rt:
+        state = await rt.state(sid)
+        original = rt.store.commit
+
+        async def seen(commit: Any) -> None:
+            await original(commit)
+            commits.append((commit.events[-1].seq, commit.snapshot))
+
+        monkeypatch.setattr(rt.store, "commit", seen)
+        if answer:
+            [request] = state.pending_requests()
+            approve = so.InputResponse(request_id=request.id, option_id="approve")
+            r = await rt.respond(sid, [approve], principal=ALICE)
+        else:
+            r = await rt.generate(session_id=sid, prompt="hi", auth=ALICE)
+        assert r.status == "completed" and len(commits) > 1
+        (first, written), *later = commits
+        assert written is not None and written["fold"] == FOLD_VERSION
+        assert written["seq"] == first and "stale_snapshot" not in written
+        assert [s for _, s in later if s is not None] == []  # none due 64 events on
+        assert stored_snapshot(store_url, sid) == (first, written)
+        assert await rt.verify_audit(sid) == []  # compared, as this fold's
+
+    async def not_again(*_: Any) -> Any:
+        raise AssertionError("folded from the first event again")
+
+    monkeypatch.setattr(recording, "_folded_before", not_again)
+    async with so.Runtime([ops()], store=store_url) as rt:
+        assert (await rt.state(sid)).seq == commits[-1][0]
+
+
+async def test_the_mark_of_a_stale_snapshot_is_the_loaded_states_alone(store_url: str) -> None:
+    """The state loaded past a snapshot of another fold is marked for its next commit to write
+    one (`stale_snapshot`); no snapshot records the mark, and no copy holds it: the one a caller
+    is given (`rt.state`), nor the one a commit's snapshot is made of (`shadow`)."""
+    sid, _, _ = await _long_session(store_url, prompt="hello")
+    _, snapshot = stored_snapshot(store_url, sid)
+    put_snapshot(store_url, sid, {k: v for k, v in snapshot.items() if k != "fold"})
+    async with so.Runtime([ops()], store=store_url) as rt:
+        assert not (await rt.state(sid)).stale_snapshot
+        loaded = await recording.load_state(rt.store, sid)
+    assert loaded.stale_snapshot and not loaded.copy().stale_snapshot
+    assert not loaded.detached().stale_snapshot
+    assert "stale_snapshot" not in loaded.to_snapshot(journals=True)
+    assert not so.SessionState.from_snapshot(loaded.to_snapshot()).stale_snapshot
+    spent = {"usage": {"input_tokens": 1, "output_tokens": 1}}  # no status it changes
+    event = so.Event(session_id=sid, seq=loaded.seq + 1, type="model.spent", at=1.0, data=spent)
+    assert recording.shadow(loaded.copy(), [event], loaded.seq) is None  # none due
+    after = recording.shadow(loaded, [event], loaded.seq)
+    assert after is not None and not after.stale_snapshot
+    written = recording.snapshot_after(loaded, [event], loaded.seq, after)
+    assert written is not None and written["fold"] == FOLD_VERSION
+    assert written["seq"] == event.seq and "stale_snapshot" not in written
+    put_snapshot(store_url, sid, snapshot)
+    async with so.Runtime([ops()], store=store_url) as rt:
+        assert not (await recording.load_state(rt.store, sid)).stale_snapshot
+
+
+async def test_the_events_under_a_snapshot_of_another_fold_are_read_no_further(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Folding the events a snapshot of another fold stood for, the last page is asked for only
+    up to the snapshot's event, not a whole page past it that is then left unread."""
+    monkeypatch.setattr(recording, "_TURN_PAGE", 8)
+    sid, seq, _ = await _long_session(store_url, prompt="hello")
+    _, snapshot = stored_snapshot(store_url, sid)
+    put_snapshot(store_url, sid, {k: v for k, v in snapshot.items() if k != "fold"})
+    async with so.Runtime([ops()], store=store_url) as rt:
+        asked: list[tuple[int, int | None, int]] = []
+        original = rt.store.read_events
+
+        async def counted(session_id: str, **kw: Any) -> list[so.Event]:
+            got = await original(session_id, **kw)
+            asked.append((kw["after"], kw.get("limit"), len(got)))
+            return got
+
+        monkeypatch.setattr(rt.store, "read_events", counted)
+        state = await recording.load_state(rt.store, sid)
+    assert state.seq > seq
+    pages = [(after, limit) for after, limit, _ in asked if after < seq]
+    assert pages == [(after, min(8, seq - after)) for after in range(0, seq, 8)]

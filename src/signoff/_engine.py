@@ -193,6 +193,7 @@ class Driver(ToolCalls, ModelStep):
                 ]
                 before, planned_on = state.seq, state.shown()
                 after = shadow(state, events, before)
+                snapshot = snapshot_after(state, events, before, after)
                 release = (
                     self.release_at_end
                     and spent is None
@@ -213,7 +214,7 @@ class Driver(ToolCalls, ModelStep):
                             new_requests=new_requests,
                             updated_requests=updated,
                             resolve=resolve,
-                            snapshot=snapshot_after(state, events, before, after),
+                            snapshot=snapshot,
                             durable=durable or tells_a_person(batch, new_requests),
                             status=None if after is None else stored_status(after),
                             expires_at=state.expires_at  # bookkeeping: the TTL runs on
@@ -255,6 +256,8 @@ class Driver(ToolCalls, ModelStep):
                 # Applied only once committed, so a state object is never ahead of the store.
                 for e in events:
                     state.apply(e)
+                if snapshot is not None:
+                    state.stale_snapshot = False
                 self.recorded = state.seq
                 if any(e.type == "turn.started" for e in events):
                     self.own_turn = tid  # this drive goes on with the turn it started

@@ -108,12 +108,19 @@ def snapshot_due(before: int, count: int) -> bool:
     return before // SNAPSHOT_EVERY != (before + count) // SNAPSHOT_EVERY
 
 
+def _due(state: SessionState, before: int, count: int) -> bool:
+    """Whether a commit of `count` events on `state` writes a snapshot: when one is due, or
+    when the store's is of another fold (`stale_snapshot`), which each load passes over to fold
+    the session's events from the first, up to 64 events on otherwise (or for ever, idle)."""
+    return state.stale_snapshot or snapshot_due(before, count)
+
+
 def shadow(
     state: SessionState, events: Sequence[Event], before: int, *, journals: bool = False
 ) -> SessionState | None:
     """The state after `events`, built on a copy (with the calls' journals it holds, if
     `journals`), when a snapshot is due or the session's stored status may change."""
-    due = any(e.type in STATUS_TYPES for e in events) or snapshot_due(before, len(events))
+    due = any(e.type in STATUS_TYPES for e in events) or _due(state, before, len(events))
     if not due:
         return None
     copy = state.copy(journals=journals)
@@ -129,10 +136,11 @@ def snapshot_after(
     events, without the calls' journals (a step then costs the same however many came before
     it), except while the turn waits for a person, when nothing is journaled: it keeps them, so
     the resume reads them with the snapshot, not from their events. The commit that parks the
-    turn writes one too when its journals are longer than that."""
+    turn writes one too when its journals are longer than that; so does the first commit on a
+    state whose stored snapshot is of another fold (`stale_snapshot`)."""
     if after is None:
         return None
-    due = snapshot_due(before, len(events))
+    due = _due(state, before, len(events))
     if after.turn is None or after.turn.status != "waiting" or state.turn is None:
         return after.to_snapshot() if due else None
     parks = any(e.type == "turn.waiting" for e in events)
@@ -198,7 +206,8 @@ def new_id(prefix: str) -> str:
 async def load_state(store: Store, session_id: str) -> SessionState:
     """One snapshot plus the tail; the conversation is left out until the model needs it. A
     snapshot of another fold than this signoff's is not used: the events before the tail are
-    folded instead (`_folded_before`)."""
+    folded instead (`_folded_before`), and the state is marked for its next commit to write one
+    of this fold (`stale_snapshot`)."""
     loaded = await store.load(session_id)
     if loaded is None:
         raise UnknownSession(session_id)
@@ -209,6 +218,7 @@ async def load_state(store: Store, session_id: str) -> SessionState:
         state = _from_snapshot(session_id, snapshot)
     else:
         state = await _folded_before(store, session_id, loaded.events, loaded.head)
+        state.stale_snapshot = True
     if state is not None or loaded.events:
         state = fold(loaded.events, state)
     if loaded.head is not None and (0 if state is None else state.seq) != loaded.head:
@@ -232,11 +242,10 @@ async def _folded_before(
     upto = tail[0].seq - 1 if tail else head
     state = SessionState(id=session_id, conversation=None)
     while upto is None or state.seq < upto:
+        limit = _TURN_PAGE if upto is None else min(_TURN_PAGE, upto - state.seq)
         events = await store.read_events(
-            session_id, after=state.seq, limit=_TURN_PAGE, max_bytes=_TURN_PAGE_BYTES
+            session_id, after=state.seq, limit=limit, max_bytes=_TURN_PAGE_BYTES
         )
-        if upto is not None:
-            events = [e for e in events if e.seq <= upto]
         if not events:
             break  # short of `upto`: a gap, which the tail folded on or the head names
         for event in events:

@@ -55,9 +55,6 @@ __all__ = [
     "turn_over",
 ]
 
-
-"""A session's status as every surface shows it (`SessionState.status`)."""
-
 SNAPSHOT_VERSION = 2
 """Version of the snapshot form this signoff writes and the newest it reads. 2: calls keep their
 journals out (read back from the events); an older signoff refuses such a snapshot by its
@@ -129,6 +126,8 @@ class SessionState:
         default=None, compare=False, repr=False
     )
     _shown: Event | None = field(default=None, init=False, compare=False, repr=False)
+    # Its stored snapshot is of another fold (`load_state`): its next commit writes one anew.
+    stale_snapshot: bool = field(default=False, init=False, compare=False, repr=False)
 
     def shown(self) -> Event | None:
         """The last event folded, without its data, for a store to check it still holds it

@@ -239,6 +239,7 @@ Message = Annotated[UserMessage | AssistantMessage | ToolResultMessage, Field(di
 RequestKind = Literal["tool-approval", "question", "session-limit"]
 RequestStatus = Literal["pending", "settled", "expired", "withdrawn"]
 SessionStatus = Literal["idle", "running", "waiting", "failed", "cancelled"]
+"""A session's status as every surface shows it (`SessionState.status`)."""
 
 
 def input_hash(value: Any, *, tool_name: str = "", call_id: str = "") -> str:
