@@ -326,7 +326,7 @@ def _check_edit_kept(rid: str, tool: Tool, edited: dict[str, Any]) -> None:
     try:
         validated = tool.validate(edited)
         again = None if holds_mask(validated) else tool.approved_form(validated)
-    except ValidationError:
+    except (ValidationError, PydanticSerializationError):
         again = None
     if again != edited:
         raise InvalidAnswer(

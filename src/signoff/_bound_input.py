@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from ._tool_json import holds_mask
 from ._tools import Tool
@@ -15,8 +16,12 @@ __all__ = ["as_approved", "still_bound"]
 
 
 def still_bound(action: Action, tool: Tool, validated: BaseModel) -> bool:
-    """Whether `validated` is the input `action` binds, by the hash the reviewer approved."""
-    form = tool.approved_form(validated)
+    """Whether `validated` is the input `action` binds, by the hash the reviewer approved: not
+    if it has no JSON form now (a validator that made another value), which no one saw."""
+    try:
+        form = tool.approved_form(validated)
+    except PydanticSerializationError:
+        return False
     return input_hash(form, tool_name=action.tool_name, call_id=action.call_id) == (
         action.input_hash
     )

@@ -1,6 +1,6 @@
 """A tool's input and results as JSON: the bound on a result's size, NaN and infinities as null,
-sets in a stable order, keys JSON cannot keep apart, and the masked secrets a reviewer's form
-gives back."""
+sets in a stable order, keys JSON cannot keep apart, input JSON cannot write, and the masked
+secrets a reviewer's form gives back."""
 
 from __future__ import annotations
 
@@ -43,11 +43,11 @@ __all__ = [
     "jsonable",
     "key_not_text",
     "nests_deeper",
-    "non_finite",
     "over_limit",
     "recorded_bound",
     "result_bound",
     "sets_sorted",
+    "unwritable",
 ]
 
 
@@ -70,16 +70,16 @@ _MASK = "**********"
 def holds_mask(validated: BaseModel) -> bool:
     """Whether validated input holds a secret whose value is its mask: what a reviewer's form
     gives back for a secret, which a tool must not be run with."""
+    seen: set[int] = set()  # a container walked once: one inside itself looped for ever
     stack: list[Any] = [validated.model_dump()]
     while stack:
         value = stack.pop()
         if isinstance(value, SecretStr | SecretBytes | Secret):
             if value.get_secret_value() in (_MASK, _MASK.encode()):
                 return True
-        elif isinstance(value, dict):
-            stack.extend(value.values())
-        elif isinstance(value, list | tuple | set | frozenset):
-            stack.extend(value)
+        elif isinstance(value, dict | list | tuple | set | frozenset) and id(value) not in seen:
+            seen.add(id(value))
+            stack.extend(value.values() if isinstance(value, dict) else value)
     return False
 
 
@@ -200,21 +200,39 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def non_finite(
-    value: Any, loc: tuple[str | int, ...]
-) -> tuple[tuple[str | int, ...], float] | None:
-    """Where validated input holds NaN or an infinity (pydantic parses "NaN" and "1e400" into
-    floats): such input would slip past `amount > 100` and reach the reviewer as null."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else (loc, value)
-    if isinstance(value, dict):
-        items: Any = value.items()
-    elif isinstance(value, (list, tuple, set, frozenset)):
-        items = enumerate(value)
-    else:
-        return None
-    for key, item in items:
-        found = non_finite(item, (*loc, key if isinstance(key, (str, int)) else str(key)))
-        if found is not None:
-            return found
+def unwritable(value: Any) -> tuple[tuple[str | int, ...], Any] | None:
+    """Where validated input holds what JSON cannot write, and what: NaN or an infinity (pydantic
+    parses "NaN" and "1e400" into floats: such input would slip past `amount > 100` and reach
+    the reviewer as null), or a dict, list, tuple or set inside itself (a validator may make
+    one: walked by recursion, it raised `RecursionError` out of the drive). Walked without
+    recursion, each container once: one held twice, not inside itself, is no cycle."""
+    inside: set[int] = set()  # the containers the walk is in
+    done: set[int] = set()
+    stack: list[tuple[Any, tuple[str | int, ...], bool]] = [(value, (), False)]
+    while stack:
+        item, where, leaving = stack.pop()
+        if leaving:
+            inside.discard(id(item))
+            done.add(id(item))
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return where, item
+            continue
+        if isinstance(item, dict):
+            items: Any = item.items()
+        elif isinstance(item, list | tuple | set | frozenset):
+            items = enumerate(item)
+        else:
+            continue
+        if id(item) in inside:
+            return where, item
+        if id(item) in done:
+            continue
+        inside.add(id(item))
+        stack.append((item, where, True))
+        children = [
+            (v, (*where, k if isinstance(k, str | int) else str(k)), False) for k, v in items
+        ]
+        stack.extend(reversed(children))  # the first found first, as the input reads
     return None

@@ -12,13 +12,14 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeAlias, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, PydanticUserError, ValidationError, create_model
+from pydantic_core import PydanticSerializationError
 
 from ._approval import ApprovalArg, ApprovalPolicy, as_policy
 from ._exceptions import UsageError
 from ._response import ApprovalSpec, ResponsePolicy
 from ._sync import called_off_loop, is_async
 from ._tool_context import ToolContext
-from ._tool_json import MAX_INPUT_DEPTH, UNPARSED_ARGUMENTS, jsonable, non_finite, sets_sorted
+from ._tool_json import MAX_INPUT_DEPTH, UNPARSED_ARGUMENTS, jsonable, sets_sorted, unwritable
 
 # The tool names OpenAI and Anthropic take.
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -125,7 +126,8 @@ class Tool:
 
     def validate(self, raw: Any) -> BaseModel:
         """Validate model-proposed input; raises `pydantic.ValidationError`, also for any other
-        error a validator raises on it."""
+        error a validator raises on it and for a value JSON cannot write (NaN, one inside
+        itself)."""
         if not isinstance(raw, dict):
             raise ValidationError.from_exception_data(
                 self.input_model.__name__,
@@ -156,20 +158,31 @@ class Tool:
                     }
                 ],
             ) from None
-        bad = non_finite(dumped, ())
+        bad = unwritable(dumped)
         if bad is not None:
             loc, value = bad
-            raise ValidationError.from_exception_data(
-                self.input_model.__name__,
-                [{"type": "finite_number", "loc": loc, "input": value}],
-            )
+            if isinstance(value, float):
+                error: Any = {"type": "finite_number", "loc": loc, "input": value}
+            else:
+                held = f"a {type(value).__name__} inside itself, which JSON cannot write"
+                ctx = {"error": f"a validator of {self.name} made the value {held}"}
+                error = {"type": "value_error", "loc": loc, "input": value, "ctx": ctx}
+            raise ValidationError.from_exception_data(self.input_model.__name__, [error])
         return validated
 
     def approved_form(self, validated: BaseModel) -> dict[str, Any]:
         """Validated input as a reviewer sees it and an approval binds it: JSON, by the names
         the model is shown (aliases), so that it validates again to the same input; a set in
-        sorted order, as its own order is another in each process (hash randomization)."""
-        form = validated.model_dump(mode="json", by_alias=True)
+        sorted order, as its own order is another in each process (hash randomization). Raises
+        `PydanticSerializationError` if it has no JSON form."""
+        try:
+            form = validated.model_dump(mode="json", by_alias=True)
+        except (ValueError, TypeError, RecursionError) as exc:
+            if isinstance(exc, PydanticSerializationError):
+                raise
+            # pydantic's own for a key JSON cannot write (a frozenset) or a value too deep:
+            # raised as they are, they failed the drive and left its session running.
+            raise PydanticSerializationError(f"{type(exc).__name__}: {exc}") from None
         if self._has_sets is None:  # a set is an array of unique items to JSON schema
             self._has_sets = "uniqueItems" in json.dumps(self.json_schema())
         if not self._has_sets:
@@ -315,9 +328,14 @@ def _check_async_functions(model: type[BaseModel], name: str) -> None:
     it without awaiting, and its coroutine became the value, so the check never ran and the body
     got a coroutine for its argument (or, to be approved, the input could not be shown)."""
     found: list[Any] = []
+    seen: set[int] = set()  # each container once: a default inside itself looped for ever
     stack: list[Any] = [model.__pydantic_core_schema__]
     while stack:
         item = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
         if isinstance(item, dict):
             for key, value in item.items():
                 if key == "function" and callable(value):
@@ -352,9 +370,13 @@ def _check_defaults(model: type[BaseModel], name: str) -> None:
         except Exception as exc:  # a validator raising other than ValueError: pydantic passes it
             problem = f"{type(exc).__name__}: {exc}"
         else:
-            if non_finite(blank.model_dump(include={field}), ()) is None:
+            bad = unwritable(blank.model_dump(include={field}))
+            if bad is None:
                 continue
-            problem = "a number JSON cannot hold (NaN or infinity)"
+            if isinstance(bad[1], float):
+                problem = "a number JSON cannot hold (NaN or infinity)"
+            else:
+                problem = f"a {type(bad[1]).__name__} inside itself, which JSON cannot write"
         raise UsageError(
             f"tool {name!r}: the default {_shown(default)} of parameter {field!r} is not what its "
             f"type hint takes ({problem}); give it a default of its type (`x: int | None = None` "
