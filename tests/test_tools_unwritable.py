@@ -1,7 +1,8 @@
 """Validated input JSON cannot write, as a tool's validator may make it: a value inside itself is
 invalid input the model reads, a key JSON cannot write leaves nothing to ask a reviewer about,
 and a validator's own error is invalid input too. None of them fails the drive, which left the
-turn running with no `turn.failed`, every retry failing the same way."""
+turn running with no `turn.failed`, every retry failing the same way. Two keys JSON writes as
+the same text are invalid input too: the reviewer was shown one, the body got both."""
 
 # No `from __future__ import annotations`: the tools' hints name validators local to a test.
 import math
@@ -12,7 +13,7 @@ import pytest
 from pydantic import AfterValidator, BaseModel, SecretStr, ValidationError
 
 import signoff as so
-from signoff._tool_json import holds_mask, unwritable
+from signoff._tool_json import holds_mask, keys_alike, unwritable
 from signoff.testing import Capture, call_tools, reply, scripted_agent, sqlite_runtime, tool_results
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
@@ -205,3 +206,123 @@ def test_a_masked_secret_is_found_in_input_that_holds_itself() -> None:
     held["self"] = held
     assert not holds_mask(_Login(token=SecretStr("s3cret"), more=held))
     assert holds_mask(_Login(token=SecretStr("**********"), more=held))
+
+
+def _int_and_text(value: Any) -> dict[Any, str]:
+    return {1: "a", "1": "b"}
+
+
+def _bool_and_text(value: Any) -> list[Any]:
+    return [{"ok": {True: "x", "true": "y"}}]
+
+
+def _none_and_text(value: Any) -> dict[Any, int]:
+    return {None: 1, "None": 2}  # pydantic writes None as "None" in a reviewer's form
+
+
+_ALIKE = {
+    _int_and_text: (("x", "1"), "1 and '1', both '1'"),
+    _bool_and_text: (("x", 0, "ok", "true"), "True and 'true', both 'true'"),
+    _none_and_text: (("x", "None"), "None and 'None', both 'None'"),
+}
+
+
+@pytest.mark.parametrize("approval", [so.never(), so.always()], ids=["runs", "asks"])
+@pytest.mark.parametrize("made", list(_ALIKE))
+async def test_input_with_two_keys_json_writes_alike_is_invalid_input(
+    tmp_path: Path, made: Any, approval: so.ApprovalPolicy
+) -> None:
+    """A validator that makes a dict with keys `1` and `"1"`: the reviewer was asked about
+    `{"1": "b"}` (the hash bound that) and the approved body ran with both keys; ungated, the
+    body ran with input its JSON form does not hold. It is invalid input: nothing is asked and
+    nothing runs, and the turn goes on."""
+    ran: list[Any] = []
+
+    @so.tool(approval=approval)
+    async def keep(x: Annotated[Any, AfterValidator(made)]) -> str:
+        """Keep x."""
+        ran.append(x)
+        return "kept"
+
+    result, again = await _one_call(tmp_path, keep)
+    assert result.is_error and result.content["error"] == "invalid input"
+    [detail] = result.content["details"]
+    loc, keys = _ALIKE[made]
+    assert detail["type"] == "value_error" and tuple(detail["loc"]) == loc
+    assert f"two keys that JSON writes as the same text ({keys})" in detail["msg"]
+    assert detail["msg"].startswith("Value error, keep's input has a dict with")
+    assert again == "completed" and ran == []
+
+
+async def test_an_approved_call_whose_validator_makes_keys_alike_then_does_not_run(
+    tmp_path: Path,
+) -> None:
+    """A validator that makes two keys alike only once the call is approved: the body would get
+    a key the reviewer never saw. The call ends as invalid input and does not run."""
+    state = {"alike": False}
+    ran: list[Any] = []
+
+    def later(value: Any) -> Any:
+        return _int_and_text(value) if state["alike"] else value
+
+    @so.tool(approval=so.always())
+    async def keep(x: Annotated[Any, AfterValidator(later)]) -> str:
+        """Keep x."""
+        ran.append(x)
+        return "kept"
+
+    seen = Capture(reply("sorry"))
+    proposal = call_tools(so.ToolCall(id="c1", name="keep", input={"x": {"1": "b"}}))
+    agent = scripted_agent("a", [proposal, seen], tools=[keep])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        assert req.action is not None and req.action.input == {"x": {"1": "b"}}
+        state["alike"] = True
+        approve = so.Decision(id=req.id, approved=True)
+        done = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
+        assert done.status == "completed"
+    [result] = tool_results(seen.last)
+    assert result.is_error and result.content["error"] == "invalid input"
+    assert ran == []
+
+
+async def test_keys_that_are_not_text_but_write_apart_are_valid(tmp_path: Path) -> None:
+    """`dict[int, str]` takes `{"1": "a"}` as `{1: "a"}`: each key writes as its own text, so
+    the reviewer's form (`{"1": "a"}`) validates again to what the body gets, and it runs."""
+    ran: list[Any] = []
+
+    @so.tool(approval=so.always())
+    async def keep(x: dict[int, str]) -> str:
+        """Keep x."""
+        ran.append(x)
+        return "kept"
+
+    proposal = call_tools(so.ToolCall(id="c1", name="keep", input={"x": {"1": "a", "2": "b"}}))
+    agent = scripted_agent("a", [proposal, reply("done")], tools=[keep])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        assert req.action is not None and req.action.input == {"x": {"1": "a", "2": "b"}}
+        approve = so.Decision(id=req.id, approved=True)
+        done = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
+        assert done.status == "completed"
+    assert ran == [{1: "a", 2: "b"}]
+
+
+def test_keys_alike_are_found_where_the_input_reads_them() -> None:
+    shared = {"n": 1}
+    assert keys_alike({"a": shared, "b": [shared, {1: 2.0, 1.5: 3}]}) is None
+    found = keys_alike({"a": [{"x": 1}, ({2: "p", "2": "q"},)]})
+    assert found == (("a", 1, 0, "2"), 2, "2", "2")
+    # A key with no JSON form at all is left to the reviewer's form, which raises for it.
+    assert keys_alike({frozenset({1}): 1, "1": 2}) is None
+
+
+def test_a_default_with_keys_json_writes_alike_is_refused_when_the_tool_is_made() -> None:
+    def keep(x: Any = {1: "a", "1": "b"}) -> str:  # noqa: B006
+        """Keep x."""
+        return "kept"
+
+    with pytest.raises(so.UsageError, match="two keys that JSON writes as the same text"):
+        so.tool(keep)

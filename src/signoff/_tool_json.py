@@ -1,6 +1,6 @@
 """A tool's input and results as JSON: the bound on a result's size, NaN and infinities as null,
-sets in a stable order, keys JSON cannot keep apart, input JSON cannot write, and the masked
-secrets a reviewer's form gives back."""
+sets in a stable order, keys JSON cannot keep apart (in results and in input), input JSON cannot
+write, and the masked secrets a reviewer's form gives back."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ __all__ = [
     "json_size",
     "jsonable",
     "key_not_text",
+    "keys_alike",
     "nests_deeper",
     "over_limit",
     "recorded_bound",
@@ -236,3 +237,48 @@ def unwritable(value: Any) -> tuple[tuple[str | int, ...], Any] | None:
         ]
         stack.extend(reversed(children))  # the first found first, as the input reads
     return None
+
+
+def keys_alike(value: Any) -> tuple[tuple[str | int, ...], Any, Any, str] | None:
+    """Where validated input (with no container inside itself: `unwritable`) has a dict with two
+    keys pydantic writes as the same JSON text (`1` and `"1"`, `True` and `"true"`), which two,
+    and the text: its JSON form, which a reviewer approves and the records keep, would hold one
+    of them where the tool body gets both. A dict with a key pydantic cannot write (a frozenset)
+    is skipped: its input has no JSON form to show at all, which `Tool.approved_form` raises."""
+    done: set[int] = set()
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        item, where = stack.pop()
+        if not isinstance(item, dict | list | tuple | set | frozenset) or id(item) in done:
+            continue
+        done.add(id(item))
+        if not isinstance(item, dict):
+            stack.extend(reversed([(v, (*where, i)) for i, v in enumerate(item)]))
+            continue
+        if any(type(key) is not str for key in item):
+            found = _alike(item)
+            if found is not None:
+                first, second, text = found
+                return (*where, _loc(second)), first, second, text
+        stack.extend(reversed([(v, (*where, _loc(k))) for k, v in item.items()]))
+    return None
+
+
+def _alike(item: dict[Any, Any]) -> tuple[Any, Any, str] | None:
+    """The first two keys of `item` pydantic writes as the same text, and the text."""
+    keys = list(item)
+    try:
+        written = to_jsonable_python([{key: None} for key in keys])
+    except (PydanticSerializationError, ValueError, TypeError):
+        return None
+    first: dict[str, Any] = {}
+    for key, one in zip(keys, written, strict=True):
+        text = next(iter(one))
+        if text in first:
+            return first[text], key, text
+        first[text] = key
+    return None
+
+
+def _loc(key: Any) -> str | int:
+    return key if isinstance(key, str | int) else str(key)

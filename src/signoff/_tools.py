@@ -19,7 +19,14 @@ from ._exceptions import UsageError
 from ._response import ApprovalSpec, ResponsePolicy
 from ._sync import called_off_loop, is_async
 from ._tool_context import ToolContext
-from ._tool_json import MAX_INPUT_DEPTH, UNPARSED_ARGUMENTS, jsonable, sets_sorted, unwritable
+from ._tool_json import (
+    MAX_INPUT_DEPTH,
+    UNPARSED_ARGUMENTS,
+    jsonable,
+    keys_alike,
+    sets_sorted,
+    unwritable,
+)
 
 # The tool names OpenAI and Anthropic take.
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -167,6 +174,14 @@ class Tool:
                 held = f"a {type(value).__name__} inside itself, which JSON cannot write"
                 ctx = {"error": f"a validator of {self.name} made the value {held}"}
                 error = {"type": "value_error", "loc": loc, "input": value, "ctx": ctx}
+            raise ValidationError.from_exception_data(self.input_model.__name__, [error])
+        alike = keys_alike(dumped)
+        if alike is not None:
+            # Its JSON form, which a reviewer approves and the records keep, would hold one key
+            # where the body gets both: what runs would not be what was approved.
+            loc, first, second, text = alike
+            ctx = {"error": f"{self.name}'s input has {_keys_alike(first, second, text)}"}
+            error = {"type": "value_error", "loc": loc, "input": second, "ctx": ctx}
             raise ValidationError.from_exception_data(self.input_model.__name__, [error])
         return validated
 
@@ -370,18 +385,36 @@ def _check_defaults(model: type[BaseModel], name: str) -> None:
         except Exception as exc:  # a validator raising other than ValueError: pydantic passes it
             problem = f"{type(exc).__name__}: {exc}"
         else:
-            bad = unwritable(blank.model_dump(include={field}))
-            if bad is None:
+            found = _unwritable_default(blank.model_dump(include={field}))
+            if found is None:
                 continue
-            if isinstance(bad[1], float):
-                problem = "a number JSON cannot hold (NaN or infinity)"
-            else:
-                problem = f"a {type(bad[1]).__name__} inside itself, which JSON cannot write"
+            problem = found
         raise UsageError(
             f"tool {name!r}: the default {_shown(default)} of parameter {field!r} is not what its "
             f"type hint takes ({problem}); give it a default of its type (`x: int | None = None` "
             "for none)"
         )
+
+
+def _unwritable_default(dumped: Any) -> str | None:
+    """What JSON cannot write of a default as validated, or None."""
+    bad = unwritable(dumped)
+    if bad is not None:
+        if isinstance(bad[1], float):
+            return "a number JSON cannot hold (NaN or infinity)"
+        return f"a {type(bad[1]).__name__} inside itself, which JSON cannot write"
+    alike = keys_alike(dumped)
+    return None if alike is None else _keys_alike(*alike[1:])
+
+
+def _keys_alike(first: Any, second: Any, text: str) -> str:
+    """What is wrong with a dict whose keys `first` and `second` JSON writes as `text`."""
+    both = f"{_shown(first)} and {_shown(second)}"
+    return (
+        f"a dict with two keys that JSON writes as the same text ({both}, both "
+        f"{_shown(text)}): its JSON form, which is shown and recorded, would keep one where "
+        "the tool gets both; make its keys text, each its own"
+    )
 
 
 def _shown(value: Any) -> str:
