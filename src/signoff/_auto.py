@@ -26,7 +26,8 @@ from ._output_caps import (
     text_tokens,
 )
 from ._settings import flag, positive_seconds, shown_value
-from ._types import Usage, UserMessage, billable, reported_usage
+from ._tracing import review
+from ._types import ModelResponse, Usage, UserMessage, billable, reported_usage
 from .models._base import not_a_model_class
 
 if TYPE_CHECKING:
@@ -126,8 +127,11 @@ class _Auto(ApprovalPolicy):
             max_output_tokens=cap,
         )
         try:
-            async with asyncio.timeout(self.timeout):
-                response = await reply_to(self.model.complete, request)
+            with review(self.model, request, ctx.call_id) as span:  # failed by what it raises
+                async with asyncio.timeout(self.timeout):
+                    response = await reply_to(self.model.complete, request)
+                if isinstance(response, ModelResponse):
+                    span.responded(response)
         except TimeoutError:
             return _caution("failed", f"the review took longer than {self.timeout:g}s")
         except Exception as exc:

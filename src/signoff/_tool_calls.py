@@ -247,7 +247,8 @@ class ToolCalls(CallEnds):
 
     async def verdict(self, tool: Tool, ctx: ApprovalContext) -> Verdict:
         """The strictest of the tool's policy and the agent's guardrails: deny > ask > run."""
-        return await strictest(tool, ctx, self.agent.guardrails)
+        with self.tracing.reviews(self.state):  # an auto() review is a model call traced
+            return await strictest(tool, ctx, self.agent.guardrails)
 
     # -- tools --------------------------------------------------------------------------------
 

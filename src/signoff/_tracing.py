@@ -7,13 +7,15 @@ OpenTelemetry GenAI semantic conventions where they apply, `signoff.*` for the r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import re
 import sys
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar, cast
 
@@ -35,6 +37,7 @@ __all__ = [
     "ToolSpan",
     "Tracing",
     "parked_by",
+    "review",
     "tracing_for",
 ]
 
@@ -56,6 +59,12 @@ many characters: the log cuts what it stores too, and a span of megabytes is one
 sends slowly or drops with its whole batch."""
 
 _NO_TOOLS: Mapping[str, Any] = MappingProxyType({})
+
+_REVIEWS: ContextVar[tuple[Tracing, SessionState] | None] = ContextVar(
+    "signoff_tracing_reviews", default=None
+)
+"""While a call's policy and guardrails decide it (`Tracing.reviews`): the tracing and state its
+review calls (`review`) are traced with."""
 
 # `opentelemetry.trace` and `opentelemetry.context`, once a runtime found them installed.
 _trace: Any = None
@@ -505,9 +514,12 @@ class Tracing:
         model: object,
         request: Any,
         tools: Mapping[str, Any] = _NO_TOOLS,
+        *,
+        reviewed: str | None = None,
     ) -> ModelSpan:
         """Start a call of `model` with `request`, for an agent with `tools` (by name): with
-        content on, its calls' input is shown as they validate it, secrets masked."""
+        content on, its calls' input is shown as they validate it, secrets masked. `reviewed`:
+        the id of the tool call the model reviews (an `auto()` policy's)."""
         if not self.on:
             return cast(ModelSpan, _OFF_SPAN)
         assert self.tracer is not None
@@ -518,6 +530,8 @@ class Tracing:
             "signoff.session_id": state.id,
             "signoff.turn_id": "" if state.turn is None else state.turn.id,
         }
+        if reviewed is not None:
+            attributes["signoff.review.call_id"] = reviewed
         name = getattr(model, "model", None)
         if isinstance(name, str):
             attributes["gen_ai.request.model"] = name
@@ -535,6 +549,16 @@ class Tracing:
                 log.warning("tracing failed to show a model call's messages", exc_info=True)
         kind = _trace.SpanKind.CLIENT
         return ModelSpan(self.tracer, kind, attributes, self.content, tools)
+
+    @contextlib.contextmanager
+    def reviews(self, state: SessionState) -> Iterator[None]:
+        """While a call of `state`'s turn is decided: a review its policy makes (`review`) is
+        traced as a call of the agent's model, a child of the span current then."""
+        token = _REVIEWS.set((self, state))
+        try:
+            yield
+        finally:
+            _REVIEWS.reset(token)
 
     def tool(self, state: SessionState, call_id: str, name: str, arguments: Any) -> ToolSpan:
         """Start a run of tool `name`'s body for call `call_id`."""
@@ -562,3 +586,15 @@ class Tracing:
 
 OFF = Tracing(None)
 """No tracing: OpenTelemetry is not installed."""
+
+
+def review(model: object, request: Any, call_id: str) -> ModelSpan:
+    """Start `auto()`'s call of `model` reviewing call `call_id`: traced with the runtime's
+    tracing while `Tracing.reviews` decides the call, else recording nothing."""
+    found = _REVIEWS.get()
+    if found is None:
+        return cast(ModelSpan, _OFF_SPAN)
+    tracing, state = found
+    if tracing._unset:  # an edit's review, in a process that has driven no turn yet
+        tracing._look()
+    return tracing.model(state, model, request, reviewed=call_id)
