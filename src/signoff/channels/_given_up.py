@@ -7,6 +7,8 @@ opened with it: each is told past it, and none told twice while the hub runs).""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..stores import Store
 from ._announcements import Damaged, announce, passed
 from ._base import Channel, ChannelState, RateLimited, logger, off_loop
@@ -35,15 +37,18 @@ async def redeliver(
     key: str,
     ch: Channel,
     retries: Retries,
+    live: Callable[[], bool],
     *,
     until_failure: bool = False,
 ) -> int:
     """Deliver again the entries given up on, oldest first; those failing again are kept (and
     logged) for the next round, or the start after; how many are kept. A rate limit holds them,
     and the channel's feed behind them, until its delay has passed: the next poll then goes on
-    with them. `until_failure`: a round while the hub runs, which stops at the first entry
-    that fails again (the service is still down) rather than hold the poll through one failure
-    per entry; see `_in_turn` for the one it tries after it."""
+    with them. Each is delivered only while `live()` (the hub's claim on the channel): once
+    not, the rest are kept, as another hub may deliver to the channel now. `until_failure`: a
+    round while the hub runs, which stops at the first entry that fails again (the service is
+    still down) rather than hold the poll through one failure per entry; see `_in_turn` for
+    the one it tries after it."""
     skipped = [int(i) for i in await off_loop(state.recall, key, _SKIPPED) or []]
     if not skipped:
         retries.redo.discard(ch.name)
@@ -56,7 +61,7 @@ async def redeliver(
     done: set[int] = set()  # delivered, or no longer in the trail
     failed: int | None = None  # the first entry that failed again
     tried: int | None = None  # the one in turn, once tried
-    while queue:
+    while queue and live():
         entry_id = queue.pop(0)
         found = await store.audit(after_id=entry_id - 1, limit=1)
         shown = retries.shown.pop((ch.name, entry_id), set())

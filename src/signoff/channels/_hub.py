@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import os
 import time
@@ -304,6 +305,8 @@ class ChannelHub(Standby):
         if channels:
             open_requests = await self._open_requests()
             for ch in channels:
+                if not self._claims.live(ch.name):  # lapsed while another channel started
+                    continue
                 try:
                     await ch.start([r for r in open_requests if ch.accepts(r)])
                 except Exception:  # a service that is down must not keep the server from starting
@@ -551,10 +554,10 @@ class ChannelHub(Standby):
         return lambda i: i <= pos or i in seen
 
     async def _redeliver(self, ch: Channel, *, until_failure: bool = False) -> None:
-        """Deliver again the entries given up on for `ch` (`redeliver`); those kept are tried
-        again `REDO_EVERY` seconds later."""
-        key = self._key(ch)
-        args = (self.runtime.store, self.state, key, ch, self._retries)
+        """Deliver again the entries given up on for `ch` (`redeliver`), while its claim is live;
+        those kept are tried again `REDO_EVERY` seconds later."""
+        live = functools.partial(self._claims.live, ch.name)
+        args = (self.runtime.store, self.state, self._key(ch), ch, self._retries, live)
         if await redeliver(*args, until_failure=until_failure):
             self._given_up_at[ch.name] = time.monotonic()
         else:
