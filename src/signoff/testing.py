@@ -38,6 +38,7 @@ from ._types import InputRequest, Message, ModelResponse, ToolCall, ToolResultMe
 from .models import Scripted
 from .models._scripted import Step, misfit
 from .stores import PendingFilter, Store
+from .stores.sqlite._url import sqlite_url
 
 __all__ = [
     "Capture",
@@ -466,7 +467,7 @@ def sqlite_runtime(
             f"sqlite_runtime takes the directory to put state.db in (pytest's tmp_path), not "
             f"{str(directory)!r}"
         )
-    return Runtime(list(agents), store=f"sqlite:///{where / 'state.db'}", **kwargs)
+    return Runtime(list(agents), store=sqlite_url(where / "state.db"), **kwargs)
 
 
 class RuntimeOptions(TypedDict, total=False):

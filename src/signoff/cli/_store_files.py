@@ -12,6 +12,7 @@ import urllib.parse
 from .._exceptions import UsageError
 from ..stores import DEFAULT_URL, SQLiteStore, Store, open_store
 from ..stores.sqlite._files import beside
+from ..stores.sqlite._url import refuse_undecoded
 
 __all__ = ["existing_store", "own_store", "reading_store", "refuse_unmade_schema"]
 
@@ -24,6 +25,7 @@ def existing_store(store: str | None) -> str:
     found = open_store(url)
     if isinstance(found, SQLiteStore) and found.path != ":memory:":
         path = found.path
+        refuse_undecoded(url, path)  # a file its %-escapes named before they were decoded
         if not os.path.exists(path):
             raise UsageError(
                 f"no store at {path} (from {url}): pass --store or set SIGNOFF_STORE; "

@@ -37,6 +37,7 @@ from ._schema import (
     upgrade_from_1,
 )
 from ._transactions import _busy, damaged, immediate
+from ._url import path_from_url, refuse_undecoded
 
 __all__ = ["READ_CHECK_EVERY", "Connection", "kept"]
 
@@ -44,44 +45,6 @@ READ_CHECK_EVERY = 0.1
 """Seconds a read may go without checking that the file is still the one opened. A `stat` costs
 about as much as the cheapest read; a read this soon after the file changed is no staler than
 one just before it, and writes and `wait_for_change`'s polls check every time."""
-
-
-def _path_from_url(url: str) -> str:
-    if not isinstance(url, str) or not url.startswith("sqlite://"):
-        raise StoreError(f"not a SQLite URL: {url!r} (expected sqlite:///path/to/file.db)")
-    rest = url[len("sqlite://") :]
-    if not rest.startswith("/"):
-        raise StoreError(
-            f"SQLite URL needs three slashes: sqlite:///relative or sqlite:////abs: {url!r}"
-        )
-    path = rest[1:]
-    if not path:
-        raise StoreError(f"SQLite URL names no file: {url!r}")
-    try:  # a byte that is no UTF-8 comes as a surrogate os.fsencode gives back
-        unusable = "\x00" in path or not os.fsencode(path)
-    except UnicodeEncodeError:
-        unusable = True
-    if unusable:  # else a raw ValueError or UnicodeEncodeError at the first call
-        raise StoreError(
-            f"SQLite URL names no file a path can hold (a NUL or lone surrogate): {url!r}"
-        )
-    if path == "~" or path.startswith("~/"):  # nothing expands it in a URL, not even a shell
-        home = os.path.expanduser(path)  # what was meant, to name in the message
-        meant = "sqlite:////full/path.db"
-        if path != "~" and home.startswith("/"):  # expanded: a file under the home directory
-            meant = f"sqlite:///{home}"
-        raise StoreError(
-            "SQLite URL path starts with '~', which names a folder '~' here, not your home "
-            f"directory (nothing expands it in a URL): {url!r}; give the full path instead, "
-            f"such as {meant!r}"
-        )
-    if path.endswith("/"):  # SQLite would open `x/` as the file `x`, creating one if none
-        raise StoreError(f"SQLite URL ends in '/', which names a folder, not a file: {url!r}")
-    if "?" in path or "#" in path:
-        raise StoreError(
-            f"SQLite URL takes no query or fragment (the store sets its own options): {url!r}"
-        )
-    return path
 
 
 def _schema_version(path: str, value: object) -> int:
@@ -215,7 +178,7 @@ class Connection:
     ):
         self.url = url
         self.auto_migrate = flag("migrate", migrate)  # "no" upgraded the store it was to spare
-        self.path = _path_from_url(url)
+        self.path = path_from_url(url)
         # SQLite takes it in whole milliseconds, as a C int: a day is well within that.
         self.busy_timeout = seconds("busy_timeout", busy_timeout, most=86_400, zero=True)
         self._conn: sqlite3.Connection | None = None
@@ -293,6 +256,7 @@ class Connection:
         upgrade = self.auto_migrate if upgrade is None else upgrade
         upgrade = upgrade or self.path == ":memory:"  # always new: nothing else uses it
         if self.path != ":memory:":
+            refuse_undecoded(self.url, self.path)
             if not upgrade and not os.path.lexists(self.path):
                 raise older_schema(self.path, 0, STORE_SCHEMA)  # and nothing is created
             try:
