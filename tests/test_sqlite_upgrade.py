@@ -450,3 +450,24 @@ async def test_with_migrate_false_an_older_or_missing_file_is_refused_untouched(
     with pytest.raises(so.SchemaVersionError, match=r"has no signoff schema.*signoff db upgrade"):
         await SQLiteStore(f"sqlite:///{missing}", migrate=False).open()
     assert not missing.parent.exists()
+
+
+async def test_with_migrate_false_a_dangling_symlink_is_refused_creating_nothing(
+    tmp_path: Path,
+) -> None:
+    """A symlink to a file not there was taken for a file (`lexists`), and SQLite then created
+    its target before the missing schema was refused; now nothing is created, and `migrate()`
+    still makes the store at the target, as it makes one at a new path."""
+    target, link = tmp_path / "real.db", tmp_path / "link.db"
+    link.symlink_to(target)
+    store = SQLiteStore(f"sqlite:///{link}", migrate=False)
+    with pytest.raises(so.SchemaVersionError, match=r"has no signoff schema.*signoff db upgrade"):
+        await store.open()
+    assert not os.path.lexists(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.db"]
+    assert await store.migrate() == (0, STORE_SCHEMA)
+    await store.close()
+    assert target.is_file() and link.is_symlink()
+    linked = SQLiteStore(f"sqlite:///{link}", migrate=False)  # a link to a store opens
+    await linked.open()
+    await linked.close()

@@ -257,7 +257,7 @@ class Connection:
         upgrade = upgrade or self.path == ":memory:"  # always new: nothing else uses it
         if self.path != ":memory:":
             refuse_undecoded(self.url, self.path)
-            if not upgrade and not os.path.lexists(self.path):
+            if not upgrade and not os.path.exists(self.path):  # a dangling link too
                 raise older_schema(self.path, 0, STORE_SCHEMA)  # and nothing is created
             try:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
