@@ -43,7 +43,7 @@ def agents() -> list[so.Agent]:
     )
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Refund order 1042")), down],
+        [call_tools(call("billing", call_id="d1", message="Refund order 1042")), down],
         tools=[so.delegate("billing")],
     )
     return [parent, child]

@@ -99,7 +99,7 @@ def make_agent(runs: Runs) -> so.Agent:
             calls = [
                 call(
                     name,
-                    id=f"t{turn}c{i}",
+                    call_id=f"t{turn}c{i}",
                     **({"text": "hi"} if name == "note" else {"order": f"{turn}"}),
                     **({"reason": REASON} if name == "refund" else {}),
                 )

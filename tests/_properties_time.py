@@ -136,7 +136,7 @@ def make_agent(runs: Runs, clock: ManualClock, slow: Slow) -> so.Agent:
             if not last.text.startswith("plan:"):
                 return reply("noted")
             plan = last.text.split(":", 1)[1].split()
-            calls = [call(n, id=f"t{turn}c{i}", order=str(turn)) for i, n in enumerate(plan)]
+            calls = [call(n, call_id=f"t{turn}c{i}", order=str(turn)) for i, n in enumerate(plan)]
             return call_tools(*calls) if calls else reply("nothing to do")
         return reply("done")
 

@@ -64,7 +64,7 @@ def refund_tool(log: ExecutionLog) -> so.Tool:
 
 
 def refund_agent(log: ExecutionLog, *steps: Any) -> so.Agent:
-    first = call_tools(call("issue_refund", id="r1", order_id="1042", amount=180))
+    first = call_tools(call("issue_refund", call_id="r1", order_id="1042", amount=180))
     return scripted_agent("support", [first, *steps], tools=[refund_tool(log)])
 
 
@@ -101,5 +101,5 @@ def plan_agent(seen: Capture, *more: Any) -> so.Agent:
         return a.value
 
     return scripted_agent(
-        "sales", [call_tools(call("pick_plan", id="p1")), seen, *more], tools=[pick_plan]
+        "sales", [call_tools(call("pick_plan", call_id="p1")), seen, *more], tools=[pick_plan]
     )

@@ -65,7 +65,7 @@ def refund_agents(ran: list[dict[str, Any]], parent_step: Counted) -> tuple[so.A
     )
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Refund order 1042")), parent_step],
+        [call_tools(call("billing", call_id="d1", message="Refund order 1042")), parent_step],
         tools=[so.delegate("billing", description="Billing specialist.")],
     )
     return parent, child

@@ -325,7 +325,7 @@ async def test_policy_receives_the_approval_context(tmp_path: Path) -> None:
     agent = scripted_agent(
         "support",
         [
-            call_tools(call("refund", order_id="1", amount=3, id="call_model_1")),
+            call_tools(call("refund", order_id="1", amount=3, call_id="call_model_1")),
             call_tools(call("gate", x=1)),
             call_tools(call("refund", order_id="2")),
             reply("ok"),

@@ -53,7 +53,7 @@ def agents(ran: list[Any], reviewer: Reviewer, response: Any = None) -> list[so.
     )
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Refund order 1042")), reply("done")],
+        [call_tools(call("billing", call_id="d1", message="Refund order 1042")), reply("done")],
         tools=[so.delegate("billing", description="Billing specialist.")],
     )
     return [parent, child]

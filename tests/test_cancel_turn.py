@@ -17,8 +17,8 @@ from ._steer import ALICE, events, plan_agent
 
 def _agent() -> so.Agent:
     """Asks which plan at every turn: each turn waits on a person until answered or cancelled."""
-    again = call_tools(call("pick_plan", id="p2"))
-    return plan_agent(Capture(again), call_tools(call("pick_plan", id="p3")))
+    again = call_tools(call("pick_plan", call_id="p2"))
+    return plan_agent(Capture(again), call_tools(call("pick_plan", call_id="p3")))
 
 
 async def test_a_cancel_naming_a_turn_stops_that_turn_and_no_later_one(store_url: str) -> None:

@@ -31,7 +31,7 @@ def _echo(conversation: list[so.Message]) -> so.ModelResponse:
 
 def _clerk(*, max_steps: int | None = None) -> so.Agent:
     """Asks to refund an order (an approval parks its turn), then echoes."""
-    first = call_tools(call("issue_refund", id="r1", order_id="1042", amount=180))
+    first = call_tools(call("issue_refund", call_id="r1", order_id="1042", amount=180))
     agent = so.Agent(
         name="clerk",
         model=so.models.Scripted([first, _echo], repeat_last=True),
@@ -113,7 +113,7 @@ def _talk(conversation: list[so.Message]) -> so.ModelResponse:
     """Asks to refund an order when told to (an approval parks the turn); else echoes."""
     last = conversation[-1]
     if isinstance(last, so.UserMessage) and last.text.startswith("refund"):
-        return call_tools(call("issue_refund", id="r1", order_id="1042", amount=180))
+        return call_tools(call("issue_refund", call_id="r1", order_id="1042", amount=180))
     return _echo(conversation)
 
 

@@ -379,7 +379,7 @@ async def test_two_cancels_at_once_both_report_the_cancelled_turn(
     """Two runtimes cancel one waiting turn at once: one records it, the other (which lost the
     append) reports the cancelled turn, as a second cancel after the first would; it used to
     raise the engine's internal `TurnStopped`."""
-    steps = [call_tools(call("refund", id="c1", order_id="1")), reply("done")]
+    steps = [call_tools(call("refund", call_id="c1", order_id="1")), reply("done")]
 
     def runtime() -> so.Runtime:
         store = YieldingStore(race_url, []) if store_kind == "yielding" else race_url
@@ -432,7 +432,7 @@ async def test_a_request_opened_while_cancelling_is_withdrawn_with_the_turn(
     pending on a cancelled turn (in the queue for good)."""
     url = sqlite_url(tmp_path)
     log = ExecutionLog()
-    steps = [call_tools(call("refund", id="c1", order_id="1")), reply("done")]
+    steps = [call_tools(call("refund", call_id="c1", order_id="1")), reply("done")]
     async with so.Runtime([_refund_then(*steps, log=log)], store=url, inline=False) as starter:
         sid = (await starter.generate("a", prompt="refund order 1")).session_id
         async with so.Runtime([_refund_then(*steps, log=log)], store=url) as driver:

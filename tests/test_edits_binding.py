@@ -51,8 +51,8 @@ async def test_each_request_carries_the_hash_of_its_exact_call(tmp_path: Path) -
     agent = refund_agent(
         log,
         None,
-        call("issue_refund", id="call_a", order_id="1042", amount=180),
-        call("issue_refund", id="call_b", order_id="1042", amount=180),
+        call("issue_refund", call_id="call_a", order_id="1042", amount=180),
+        call("issue_refund", call_id="call_b", order_id="1042", amount=180),
     )
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("support", prompt="refund twice", auth=ALICE)
@@ -103,8 +103,8 @@ async def test_an_answer_for_another_call_is_stale_and_changes_nothing(
     agent = refund_agent(
         log,
         None,
-        call("issue_refund", id="call_a", order_id="1042", amount=180),
-        call("issue_refund", id="call_b", order_id="1042", amount=180),
+        call("issue_refund", call_id="call_a", order_id="1042", amount=180),
+        call("issue_refund", call_id="call_b", order_id="1042", amount=180),
     )
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("support", prompt="refund twice", auth=ALICE)

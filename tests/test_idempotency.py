@@ -39,7 +39,7 @@ def asking_agent() -> so.Agent:
 
     return scripted_agent(
         "sales",
-        [call_tools(call("pick_plan", id="p1")), reply("done")],
+        [call_tools(call("pick_plan", call_id="p1")), reply("done")],
         tools=[pick_plan],
         repeat_last=True,
     )

@@ -29,7 +29,7 @@ def refunding(approval: Any, ran: list[str]) -> so.Agent:
 
     return scripted_agent(
         "billing",
-        [call_tools(call("refund", id="c1", order_id="1042")), reply("done")],
+        [call_tools(call("refund", call_id="c1", order_id="1042")), reply("done")],
         tools=[refund],
         repeat_last=True,
     )
@@ -155,7 +155,7 @@ async def test_a_keyed_vote_for_a_subagents_quorum_repeated_counts_once(store_ur
     child = refunding(so.always(approvers=2, distinct=False), ran)
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Refund 1042")), reply("Done.")],
+        [call_tools(call("billing", call_id="d1", message="Refund 1042")), reply("Done.")],
         tools=[so.delegate("billing", description="Billing specialist.")],
     )
     async with so.Runtime([parent, child], store=store_url) as rt:
@@ -180,7 +180,7 @@ async def test_a_keyed_vote_judged_by_a_subagents_policy_repeated_counts_once(
     child = refunding(spec, ran)
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Refund 1042")), reply("Done.")],
+        [call_tools(call("billing", call_id="d1", message="Refund 1042")), reply("Done.")],
         tools=[so.delegate("billing", description="Billing specialist.")],
     )
     async with so.Runtime([parent, child], store=store_url) as rt:
@@ -210,7 +210,7 @@ async def test_a_keyed_message_whose_subagents_request_closed_meanwhile_is_deliv
     child = refunding(so.ApprovalSpec(request=so.always(expires_in=60), response=slow), ran)
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Refund 1042")), reply("Done.")],
+        [call_tools(call("billing", call_id="d1", message="Refund 1042")), reply("Done.")],
         tools=[so.delegate("billing", description="Billing specialist.")],
         repeat_last=True,
     )
@@ -270,7 +270,7 @@ async def test_a_keyed_answer_sent_at_once_from_two_runtimes_says_the_repeats_re
 def _delegating(child: so.Agent) -> list[so.Agent]:
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Refund 1042")), reply("Done.")],
+        [call_tools(call("billing", call_id="d1", message="Refund 1042")), reply("Done.")],
         tools=[so.delegate("billing", description="Billing specialist.")],
     )
     return [parent, child]
@@ -304,7 +304,7 @@ async def test_a_keyed_vote_for_a_subagents_quorum_repeated_over_http_says_repla
 def _counted_parent(child: so.Agent, after: Counted) -> list[so.Agent]:
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Refund 1042")), after],
+        [call_tools(call("billing", call_id="d1", message="Refund 1042")), after],
         tools=[so.delegate("billing", description="Billing specialist.")],
         repeat_last=True,
     )

@@ -45,7 +45,7 @@ def workflow(ran: list[int], seen: dict[str, Any] | None = None) -> so.Agent:
         return [total, answer.value]
 
     return scripted_agent(
-        "clerk", [call_tools(call("tally", id="t1")), reply("done")], tools=[tally]
+        "clerk", [call_tools(call("tally", call_id="t1")), reply("done")], tools=[tally]
     )
 
 
@@ -209,7 +209,9 @@ async def test_a_reload_while_the_body_steps_keeps_its_journal(store_url: str) -
         return total
 
     agent = scripted_agent(
-        "clerk", [call_tools(call("tally", id="t1")), reply("done"), reply("noted")], tools=[tally]
+        "clerk",
+        [call_tools(call("tally", call_id="t1")), reply("done"), reply("noted")],
+        tools=[tally],
     )
     async with (
         so.Runtime([agent], store=store_url) as rt,

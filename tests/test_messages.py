@@ -39,7 +39,7 @@ def plan_agent(*steps: Any) -> so.Agent:
         return a.value
 
     return scripted_agent(
-        "sales", [call_tools(call("pick_plan", id="p1")), *steps], tools=[pick_plan]
+        "sales", [call_tools(call("pick_plan", call_id="p1")), *steps], tools=[pick_plan]
     )
 
 
@@ -308,7 +308,7 @@ async def test_send_says_when_the_message_waits_in_the_queue(tmp_path: Path) -> 
     """A message that waits for the turn's end (from someone the turn does not serve, or with
     `queue` while the turn is not held on an approval) reads `queued`, and so does its repeat
     while it waits; a message the turn reads, or one that answers, does not."""
-    asks_again = call_tools(call("pick_plan", id="p2"))
+    asks_again = call_tools(call("pick_plan", call_id="p2"))
     agent = plan_agent(reply("Hi Bob."), asks_again, asks_again, reply("ok"), reply("Hi Carol."))
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
@@ -345,7 +345,7 @@ async def test_send_says_when_the_message_waits_in_the_queue(tmp_path: Path) -> 
 async def test_a_message_behind_a_failed_turns_queue_says_it_waits(tmp_path: Path) -> None:
     """After a failed turn, a new message starts the one that waited and queues behind it: when
     that turn asks again, the new message is still waiting, and says so."""
-    flaky = Flaky(call_tools(call("pick_plan", id="p2")), error=ValueError("the model broke"))
+    flaky = Flaky(call_tools(call("pick_plan", call_id="p2")), error=ValueError("the model broke"))
     async with sqlite_runtime(tmp_path, plan_agent(flaky, reply("ok"), reply("Hi."))) as rt:
         sid = await parked_with_bob_queued(rt)
         assert (await rt.send(sid, "pro", principal=ALICE)).status == "failed"
@@ -362,7 +362,7 @@ async def test_a_message_behind_a_failed_turns_queue_says_it_waits(tmp_path: Pat
 async def test_a_message_behind_an_equal_one_says_it_waits(tmp_path: Path) -> None:
     """The same words sent again while the first still waits, by its sender with another key
     or by someone else: the second waits in the queue too, and says so."""
-    asks_again = call_tools(call("pick_plan", id="p2"))
+    asks_again = call_tools(call("pick_plan", call_id="p2"))
     async with sqlite_runtime(tmp_path, plan_agent(asks_again, reply("ok"))) as rt:
         sid = await parked_with_bob_queued(rt)
         await rt.send(sid, "same", principal=CAROL)
@@ -396,7 +396,7 @@ async def test_a_message_naming_two_options_answers_nothing_and_says_how_to_choo
         return a.value
 
     agent = scripted_agent(
-        "shop", [call_tools(call("how_many", id="h1")), reply("ok")], tools=[how_many]
+        "shop", [call_tools(call("how_many", call_id="h1")), reply("ok")], tools=[how_many]
     )
     async with so.Runtime([agent], store=store_url) as rt:
         r = await rt.generate("shop", prompt="reorder", auth=ALICE)
@@ -494,7 +494,10 @@ async def test_a_keyed_message_sent_twice_at_once_to_a_running_turn_is_delivered
         return "ok"
 
     agent = scripted_agent(
-        "sales", [call_tools(call("slow", id="s1")), reply("done")], tools=[slow], repeat_last=True
+        "sales",
+        [call_tools(call("slow", call_id="s1")), reply("done")],
+        tools=[slow],
+        repeat_last=True,
     )
     async with (
         so.Runtime([agent], store=store_url) as rt,

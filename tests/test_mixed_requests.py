@@ -84,18 +84,18 @@ def _agent(name: str, *calls: so.ToolCall) -> so.Agent:
 
 gated = _agent(
     "gated",
-    call("refund", id="c1", order_id="7", amount=30),
-    call("ask_question", id="c2", question=QUESTION, options=SHIPPING),
+    call("refund", call_id="c1", order_id="7", amount=30),
+    call("ask_question", call_id="c2", question=QUESTION, options=SHIPPING),
 )
 """A gated workflow tool beside `ask_question`: both requests open in one step."""
 
-anvil = _agent("anvil", call("reship", id="c1", order_id="7"), call("pick", id="c2"))
+anvil = _agent("anvil", call("reship", call_id="c1", order_id="7"), call("pick", call_id="c2"))
 """`ctx.request_approval` in one workflow tool beside `ctx.ask` in another."""
 
 deferred = _agent(
     "deferred",
-    call("refund_plain", id="c1", order_id="7", amount=30),
-    call("ask_question", id="c2", question=QUESTION, options=SHIPPING),
+    call("refund_plain", call_id="c1", order_id="7", amount=30),
+    call("ask_question", call_id="c2", question=QUESTION, options=SHIPPING),
 )
 """An ordinary gated tool beside `ask_question`: its approval waits for the question."""
 
@@ -447,8 +447,8 @@ async def test_a_message_answers_a_subagents_limit_prompt_before_an_earlier_ques
         model=so.models.Scripted(
             [
                 call_tools(
-                    call("ask_question", id="c1", question=QUESTION, options=SHIPPING),
-                    call("orders", id="c2", message="where is 3?"),
+                    call("ask_question", call_id="c1", question=QUESTION, options=SHIPPING),
+                    call("orders", call_id="c2", message="where is 3?"),
                 ),
                 finish,
             ]

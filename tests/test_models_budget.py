@@ -334,7 +334,9 @@ async def test_a_subagent_is_capped_at_its_share_and_fails_when_cut(store_url: s
     of 1000, may take only the 60 left on output; cut there, the child's turn fails (the
     budget is its parent's) counting the cut reply, and the parent, at 40 + 90, asks."""
     parent = Capped(
-        call_tools(call("orders", id="d1", message="look 3 up"), usage=so.Usage(input_tokens=40)),
+        call_tools(
+            call("orders", call_id="d1", message="look 3 up"), usage=so.Usage(input_tokens=40)
+        ),
         reply("unused"),
     )
     child = Capped(so.BudgetSpent("cut", usage=so.Usage(input_tokens=30, output_tokens=60)))

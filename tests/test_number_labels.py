@@ -136,7 +136,9 @@ async def test_a_follow_up_message_chooses_a_number_label_with_a_hash(store_url:
         """Ask how many bags."""
         return (await ctx.ask("How many bags?", options=BAGS)).value
 
-    agent = scripted_agent("shop", [call_tools(call("bags", id="b1")), reply("ok")], tools=[bags])
+    agent = scripted_agent(
+        "shop", [call_tools(call("bags", call_id="b1")), reply("ok")], tools=[bags]
+    )
     async with so.Runtime([agent], store=store_url) as rt:
         r = await rt.generate("shop", prompt="pack", auth=ALICE)
         (q,) = r.pending

@@ -165,7 +165,7 @@ async def three_orphans(
     """Three parents each delegate to a child and are cancelled, each cancel missing its child
     (as if its process died there); returns the agents and the orphaned children."""
     _, child = refund_agents([], Counted("unused"))
-    delegating = call_tools(call("billing", id="d1", message="Refund order 1042"))
+    delegating = call_tools(call("billing", call_id="d1", message="Refund order 1042"))
     parent = scripted_agent("support", [delegating], tools=[so.delegate("billing")])
     agents = [parent, child]
     async with so.Runtime(agents, store=store_url) as rt:

@@ -45,7 +45,7 @@ def shipping_agent(seen: Capture, options: Any = SHIPPING) -> so.Agent:
         ask["options"] = options
     return scripted_agent(
         "shop",
-        [call_tools(call("ask_question", id="q1", **ask)), seen],
+        [call_tools(call("ask_question", call_id="q1", **ask)), seen],
         tools=[so.ask_question()],
     )
 
@@ -181,8 +181,8 @@ async def test_ask_question_is_interrupted_by_a_message_that_answers_nothing(
         "shop",
         [
             call_tools(
-                call("pick_size", id="c1"),
-                call("ask_question", id="c2", question=QUESTION, options=SHIPPING),
+                call("pick_size", call_id="c1"),
+                call("ask_question", call_id="c2", question=QUESTION, options=SHIPPING),
             ),
             seen,
         ],
@@ -357,7 +357,7 @@ async def test_an_option_that_is_not_valid_unicode_is_a_tool_error_not_a_stuck_q
 
     seen = Capture(reply("ok"))
     agent = scripted_agent(
-        "shop", [call_tools(call("pick_carrier", id="c1")), seen], tools=[pick_carrier]
+        "shop", [call_tools(call("pick_carrier", call_id="c1")), seen], tools=[pick_carrier]
     )
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("shop", prompt="ship my order", auth=ALICE)
@@ -557,7 +557,7 @@ async def test_a_question_whose_turn_was_replaced_meanwhile_is_not_asked(store_u
         return (await ctx.ask("Which size?", options=["S", "M", "L"])).value
 
     def agent() -> so.Agent:
-        script = [call_tools(call("pick_size", id="c1")), reply("Tried again.")]
+        script = [call_tools(call("pick_size", call_id="c1")), reply("Tried again.")]
         return scripted_agent("shop", script, tools=[pick_size])
 
     async with (

@@ -71,8 +71,8 @@ async def test_ungated_calls_run_while_gated_ones_wait_and_model_waits_for_all(
         "a",
         [
             call_tools(
-                call("issue_refund", order_id="1", amount=5, id="c_refund"),
-                call("lookup_order", order_id="1", id="c_lookup"),
+                call("issue_refund", order_id="1", amount=5, call_id="c_refund"),
+                call("lookup_order", order_id="1", call_id="c_lookup"),
             ),
             seen,
         ],
@@ -152,9 +152,9 @@ async def test_model_visible_tool_results(tmp_path: Path) -> None:
         "a",
         [
             call_tools(
-                call("lookup_order", order_id="9", id="c1"),
-                call("explode", x=3, id="c2"),
-                call("issue_refund", order_id="9", amount=1, id="c3"),
+                call("lookup_order", order_id="9", call_id="c1"),
+                call("explode", x=3, call_id="c2"),
+                call("issue_refund", order_id="9", amount=1, call_id="c3"),
             ),
             seen,
         ],
@@ -346,8 +346,8 @@ async def test_duplicate_call_ids_from_the_model_are_made_unique(tmp_path: Path)
         "a",
         [
             call_tools(
-                call("lookup_order", order_id="1", id="same"),
-                call("lookup_order", order_id="2", id="same"),
+                call("lookup_order", order_id="1", call_id="same"),
+                call("lookup_order", order_id="2", call_id="same"),
             ),
             seen,
         ],
@@ -369,9 +369,9 @@ async def test_a_replacement_call_id_never_takes_an_id_the_model_gave(tmp_path: 
         "a",
         [
             call_tools(
-                call("lookup_order", order_id="1", id="call_3_2"),
-                call("lookup_order", order_id="2", id="same"),
-                call("lookup_order", order_id="3", id="same"),
+                call("lookup_order", order_id="1", call_id="call_3_2"),
+                call("lookup_order", order_id="2", call_id="same"),
+                call("lookup_order", order_id="3", call_id="same"),
             ),
             seen,
         ],
@@ -415,10 +415,10 @@ async def test_reused_call_ids_across_responses_get_distinct_keys(tmp_path: Path
     agent = scripted_agent(
         "a",
         [
-            call_tools(call("charge", amount=1, id="call_0")),
-            call_tools(call("charge", amount=2, id="call_0")),
+            call_tools(call("charge", amount=1, call_id="call_0")),
+            call_tools(call("charge", amount=2, call_id="call_0")),
             reply("charged twice"),
-            call_tools(call("charge", amount=3, id="call_0")),
+            call_tools(call("charge", amount=3, call_id="call_0")),
             reply("charged again"),
         ],
         tools=[charge],

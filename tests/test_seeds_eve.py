@@ -342,8 +342,8 @@ async def test_eve_a_message_answers_a_runtime_limit_prompt_before_earlier_reque
         "support",
         [
             call_tools(
-                call("billing", id="d1", message="refund 1"),
-                call("orders", id="d2", message="where is 3?"),
+                call("billing", call_id="d1", message="refund 1"),
+                call("orders", call_id="d2", message="where is 3?"),
             ),
             reply("All done."),
         ],

@@ -300,9 +300,9 @@ async def test_a_question_of_an_earlier_turn_left_out_of_the_snapshot_still_load
     agent = scripted_agent(
         "wf",
         [
-            call_tools(call("tally", id="c1")),
+            call_tools(call("tally", call_id="c1")),
             reply("done"),
-            call_tools(call("tally", id="c2")),
+            call_tools(call("tally", call_id="c2")),
             reply("done again"),
         ],
         tools=list(workflow(ran).tools.values()),

@@ -366,7 +366,7 @@ async def test_calls_a_cancelled_turn_left_open_get_a_result_in_the_next_turn(
     capture = Capture(reply("hello again"))
     agent = scripted_agent(
         "a",
-        [call_tools(call("ask_question", id="call_q", question="Which order?")), capture],
+        [call_tools(call("ask_question", call_id="call_q", question="Which order?")), capture],
         tools=[so.ask_question()],
         limits=so.Limits(max_messages=max_messages),
     )

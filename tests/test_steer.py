@@ -74,8 +74,8 @@ async def test_steering_runs_the_calls_already_approved_in_the_batch(tmp_path: P
     log = ExecutionLog()
     seen = Capture(reply("Refunded the first only."))
     two = call_tools(
-        call("issue_refund", id="r1", order_id="1", amount=10),
-        call("issue_refund", id="r2", order_id="2", amount=20),
+        call("issue_refund", call_id="r1", order_id="1", amount=10),
+        call("issue_refund", call_id="r2", order_id="2", amount=20),
     )
     agent = scripted_agent("support", [two, seen], tools=[refund_tool(log)])
     async with sqlite_runtime(tmp_path, agent) as rt:
@@ -298,7 +298,7 @@ async def test_a_message_from_a_second_approver_answers_but_never_steers(tmp_pat
         """Refund an order."""
         return "refunded"
 
-    first = call_tools(call("issue_refund", id="r1", order_id="1042"))
+    first = call_tools(call("issue_refund", call_id="r1", order_id="1042"))
     agent = scripted_agent("support", [first, reply("done")], tools=[issue_refund])
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("support", prompt="refund 1042", auth=ALICE)

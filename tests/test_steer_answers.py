@@ -157,10 +157,10 @@ async def test_two_questions_in_one_response_are_answered_in_request_order(
         "shop",
         [
             call_tools(
-                call("ask_question", id="a1", question="Colour?"),
+                call("ask_question", call_id="a1", question="Colour?"),
                 call(
                     "ask_question",
-                    id="a2",
+                    call_id="a2",
                     question="Size?",
                     options=[
                         {"label": "Medium", "description": "M."},
@@ -208,8 +208,8 @@ async def test_several_approvals_a_message_answers_only_the_first(tmp_path: Path
     log = ExecutionLog()
     seen = Capture(reply("One refunded."))
     two = call_tools(
-        call("issue_refund", id="r1", order_id="1", amount=10),
-        call("issue_refund", id="r2", order_id="2", amount=20),
+        call("issue_refund", call_id="r1", order_id="1", amount=10),
+        call("issue_refund", call_id="r2", order_id="2", amount=20),
     )
     agent = scripted_agent("support", [two, seen], tools=[refund_tool(log)])
     async with sqlite_runtime(tmp_path, agent) as rt:
@@ -234,8 +234,8 @@ async def test_an_approval_beside_a_workflow_call_is_requested_after_it(tmp_path
         "support",
         [
             call_tools(
-                call("ask_question", id="q1", question="Which pack?", options=PACKS),
-                call("issue_refund", id="r1", order_id="1042", amount=30),
+                call("ask_question", call_id="q1", question="Which pack?", options=PACKS),
+                call("issue_refund", call_id="r1", order_id="1042", amount=30),
             ),
             seen,
         ],

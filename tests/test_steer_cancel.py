@@ -235,8 +235,8 @@ async def test_steering_a_workflow_call_also_ignores_the_approval_waiting_behind
         "support",
         [
             call_tools(
-                call("pick_pack", id="p1"),
-                call("issue_refund", id="r1", order_id="1042", amount=30),
+                call("pick_pack", call_id="p1"),
+                call("issue_refund", call_id="r1", order_id="1042", amount=30),
             ),
             seen,
         ],

@@ -270,7 +270,7 @@ async def test_a_message_while_the_child_runs_stops_the_child(store_url: str) ->
     after = Counted("Okay, stopped.")
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Reconcile acme")), after],
+        [call_tools(call("billing", call_id="d1", message="Reconcile acme")), after],
         tools=[so.delegate("billing")],
     )
     async with so.Runtime([parent, child], store=store_url) as rt:

@@ -199,8 +199,8 @@ def mixed_agents(ran: list[str]) -> tuple[so.Agent, so.Agent]:
         "support",
         [
             call_tools(
-                call("billing", id="d1", message="Refund order 1042"),
-                call("confirm", id="c1", text="Email you?"),
+                call("billing", call_id="d1", message="Refund order 1042"),
+                call("confirm", call_id="c1", text="Email you?"),
             ),
             lambda conv: reply(" / ".join(str(r.content) for r in tool_results(conv))),
         ],
@@ -311,8 +311,8 @@ def refund_then_notify(ran: list[str]) -> list[so.Agent]:
     parent = scripted_agent(
         "support",
         [
-            call_tools(call("billing", id="d1", message="Refund order 1042")),
-            call_tools(call("notify", id="n1", text="refunded")),
+            call_tools(call("billing", call_id="d1", message="Refund order 1042")),
+            call_tools(call("notify", call_id="n1", text="refunded")),
             reply("Done."),
         ],
         tools=[so.delegate("billing", description="Billing specialist."), notify],

@@ -30,7 +30,7 @@ def support(after: Counted, **limits: Any) -> so.Agent:
     """A parent that delegates once (its own step costs 10 tokens), then answers with `after`."""
     return scripted_agent(
         "support",
-        [call_tools(call("orders", id="d1", message="where is 3?"), usage=tokens(10)), after],
+        [call_tools(call("orders", call_id="d1", message="where is 3?"), usage=tokens(10)), after],
         tools=[so.delegate("orders")],
         limits=so.Limits(**limits),
     )

@@ -138,7 +138,7 @@ async def test_a_later_turn_of_the_child_is_not_the_delegate_calls_result(tmp_pa
     after.capture.respond = lambda conv: reply(f"parent saw: {tool_results(conv)[-1].content}")
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Refund order 1042")), after],
+        [call_tools(call("billing", call_id="d1", message="Refund order 1042")), after],
         tools=[so.delegate("billing")],
     )
     rt = sqlite_runtime(tmp_path, parent, child)
@@ -218,7 +218,7 @@ async def test_a_message_to_a_child_after_its_parent_finished_gets_a_reply(
     )
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Refund order 1042")), reply("Done.")],
+        [call_tools(call("billing", call_id="d1", message="Refund order 1042")), reply("Done.")],
         tools=[so.delegate("billing")],
     )
     async with sqlite_runtime(tmp_path, parent, child) as rt:
@@ -315,7 +315,7 @@ async def test_a_delegate_call_waits_for_a_child_driven_elsewhere(tmp_path: Path
     after.capture.respond = lambda conv: reply(f"parent saw: {tool_results(conv)[-1].content}")
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Refund order 1042")), after],
+        [call_tools(call("billing", call_id="d1", message="Refund order 1042")), after],
         tools=[so.delegate("billing")],
     )
     async with sqlite_runtime(tmp_path, parent, child, lease_wait=0.2) as rt:
@@ -360,7 +360,7 @@ async def test_a_delegate_call_whose_parent_turn_was_replaced_records_nothing_in
         parent = scripted_agent("support", script, tools=[so.delegate("billing")])
         return [parent, scripted_agent("billing", [reply("Refund done.")])]
 
-    delegate = call_tools(call("billing", id="d1", message="Refund order 1042"))
+    delegate = call_tools(call("billing", call_id="d1", message="Refund order 1042"))
     async with (
         so.Runtime(agents([delegate, reply("Tried again.")]), store=store_url) as rt,
         so.Runtime(agents([reply("Tried again.")]), store=store_url, lease_wait=0) as other,
@@ -415,7 +415,7 @@ async def test_a_store_failure_in_a_delegate_call_fails_the_drive_not_the_call(
     after = Counted("Billing says it is paid.")
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Is order 7 paid?")), after],
+        [call_tools(call("billing", call_id="d1", message="Is order 7 paid?")), after],
         tools=[so.delegate("billing")],
     )
     seen: list[str] = []
@@ -468,7 +468,7 @@ async def test_a_child_drive_that_loses_its_lease_is_waited_for_not_a_busy_error
     after = Counted("Billing says it is paid.")
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Is order 7 paid?")), after],
+        [call_tools(call("billing", call_id="d1", message="Is order 7 paid?")), after],
         tools=[so.delegate("billing")],
     )
     async with so.Runtime([parent, child], store=store_url, lease_ttl=1.0) as rt:

@@ -107,7 +107,7 @@ async def test_cancelling_the_parent_while_its_child_runs_cancels_the_child(
     after = Counted("unused")
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Refund order 1042")), after],
+        [call_tools(call("billing", call_id="d1", message="Refund order 1042")), after],
         tools=[so.delegate("billing")],
     )
     async with sqlite_runtime(tmp_path, parent, child) as rt:
@@ -168,7 +168,7 @@ def _lookup_agents(
     child = scripted_agent("billing", [first, reply("Refund done.")], tools=[issue_refund])
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Refund order 1042")), reply("unused")],
+        [call_tools(call("billing", call_id="d1", message="Refund order 1042")), reply("unused")],
         tools=[so.delegate("billing")],
     )
     return parent, child
@@ -329,14 +329,14 @@ async def test_cancelling_the_parent_leaves_a_later_turn_of_the_child_alone(
         [
             call_tools(call("issue_refund", order_id="1042")),
             reply("Refund done."),
-            call_tools(call("issue_refund", id="again", order_id="1043")),
+            call_tools(call("issue_refund", call_id="again", order_id="1043")),
             reply("Second refund done."),
         ],
         tools=[issue_refund],
     )
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Refund order 1042")), reply("unused")],
+        [call_tools(call("billing", call_id="d1", message="Refund order 1042")), reply("unused")],
         tools=[so.delegate("billing")],
     )
     rt = sqlite_runtime(tmp_path, parent, child)

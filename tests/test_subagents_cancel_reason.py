@@ -36,7 +36,7 @@ def _agents(entered: asyncio.Event) -> list[so.Agent]:
     )
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Reconcile acme")), reply("Stopped.")],
+        [call_tools(call("billing", call_id="d1", message="Reconcile acme")), reply("Stopped.")],
         tools=[so.delegate("billing")],
     )
     return [parent, child]

@@ -38,7 +38,7 @@ def delegating(name: str, to: str, first: so.Usage, **limits: Any) -> so.Agent:
     """An agent whose first step (costing `first`) delegates to `to`, then replies."""
     return scripted_agent(
         name,
-        [call_tools(call(to, id="d1", message="look 3 up"), usage=first), reply("done")],
+        [call_tools(call(to, call_id="d1", message="look 3 up"), usage=first), reply("done")],
         tools=[so.delegate(to)],
         limits=so.Limits(**limits),
     )

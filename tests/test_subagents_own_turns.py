@@ -33,7 +33,7 @@ def agents() -> list[so.Agent]:
     )
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Look into order 1042")), reply("Done.")],
+        [call_tools(call("billing", call_id="d1", message="Look into order 1042")), reply("Done.")],
         tools=[so.delegate("billing")],
     )
     return [parent, child]
@@ -119,14 +119,14 @@ def waiting_agents() -> list[so.Agent]:
         "billing",
         [
             call_tools(call("issue_refund", order_id="1042")),
-            call_tools(call("issue_refund", id="again", order_id="1043")),
+            call_tools(call("issue_refund", call_id="again", order_id="1043")),
             reply("ok"),
         ],
         tools=[issue_refund],
     )
     parent = scripted_agent(
         "support",
-        [call_tools(call("billing", id="d1", message="Refund order 1042")), reply("unused")],
+        [call_tools(call("billing", call_id="d1", message="Refund order 1042")), reply("unused")],
         tools=[so.delegate("billing")],
     )
     return [parent, child]

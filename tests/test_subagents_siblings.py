@@ -31,7 +31,7 @@ def agents(parent_spent: int, child: so.Limits | None = None, **limits: Any) -> 
         """Look an order up."""
         return "shipped"
 
-    calls = [call("orders", id=f"d{i}", message=f"refund {i}") for i in (1, 2, 3)]
+    calls = [call("orders", call_id=f"d{i}", message=f"refund {i}") for i in (1, 2, 3)]
     return [
         scripted_agent(
             "support",
@@ -133,7 +133,7 @@ async def test_grandchildren_share_what_the_top_had_left(store_url: str) -> None
     (its 8 with its cousin's 4 reach 10 past the top's 90), the second at once (the first's 8
     counted up the tree): 12 between them, not 24."""
     spec = agents(90, max_tokens=100)
-    calls = [call("middle", id=f"d{i}", message=f"refund {i}") for i in (1, 2)]
+    calls = [call("middle", call_id=f"d{i}", message=f"refund {i}") for i in (1, 2)]
     spec[0] = scripted_agent(
         "support",
         [call_tools(*calls, usage=tokens(90))],
@@ -144,7 +144,7 @@ async def test_grandchildren_share_what_the_top_had_left(store_url: str) -> None
     spec.append(
         scripted_agent(
             "middle",
-            [call_tools(call("orders", id="m1", message="refund it"))],
+            [call_tools(call("orders", call_id="m1", message="refund it"))],
             tools=[so.delegate("orders")],
             repeat_last=True,
         )
@@ -176,7 +176,7 @@ def cousins(*, stock: bool = True) -> list[so.Agent]:
         """Look an order up."""
         return "shipped"
 
-    calls = [call("orders", id=f"d{i}", message=f"refund {i}") for i in (1, 2)]
+    calls = [call("orders", call_id=f"d{i}", message=f"refund {i}") for i in (1, 2)]
     out = [
         scripted_agent(
             "support",

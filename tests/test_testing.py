@@ -381,3 +381,28 @@ def test_an_execution_log_records_an_input_a_validator_made_an_object(
     (execution,) = log.of("connect")
     assert execution.input == {"target": "handle db1", "password": "**********"}
     assert testing.ExecutionLog(tmp_path / "runs.jsonl").executions == [execution]
+
+
+def test_call_gives_a_tool_its_id_input_and_takes_the_calls_own_as_call_id(
+    tmp_path: Path,
+) -> None:
+    """`call("get_order", id="42")` took `id` as the call's id, so a tool with an `id`
+    parameter could never be scripted: its call failed validation, and the turn went on. Every
+    keyword but `call_id` is the tool's input now."""
+    log = testing.ExecutionLog()
+
+    @log.tool
+    async def get_order(id: str) -> dict[str, str]:
+        """Get an order."""
+        return {"order": id}
+
+    assert testing.call("get_order", id="42") == so.ToolCall(name="get_order", input={"id": "42"})
+    proposed = testing.call("get_order", call_id="c1", id="42")
+    assert proposed == so.ToolCall(name="get_order", input={"id": "42"}, id="c1")
+    seen = Capture(reply("done"))
+    agent = scripted_agent("shop", [testing.call_tools(proposed), seen], tools=[get_order])
+    with sqlite_runtime(tmp_path, agent) as rt:
+        assert rt.generate_sync("shop", prompt="order 42?").status == "completed"
+    (result,) = testing.tool_results(seen.last)
+    assert (result.call_id, result.content, result.is_error) == ("c1", {"order": "42"}, False)
+    assert [e.input for e in log.of("get_order")] == [{"id": "42"}]

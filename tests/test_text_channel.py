@@ -498,9 +498,9 @@ def _limit_behind_two_approvals() -> list[so.Agent]:
         "support",
         [
             call_tools(
-                call("billing", id="d1", message="refund 1"),
-                call("billing", id="d2", message="refund 2"),
-                call("orders", id="d3", message="where is 3?"),
+                call("billing", call_id="d1", message="refund 1"),
+                call("billing", call_id="d2", message="refund 2"),
+                call("orders", call_id="d3", message="where is 3?"),
             ),
             reply("All done."),
         ],

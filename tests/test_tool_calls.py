@@ -157,7 +157,9 @@ async def test_an_approval_is_not_asked_while_an_approved_workflow_call_waits_to
         return "sent"
 
     calls = call_tools(
-        call("survey", id="s"), call("migrate", id="m"), call("notify", id="n", team="ops")
+        call("survey", call_id="s"),
+        call("migrate", call_id="m"),
+        call("notify", call_id="n", team="ops"),
     )
     agent = scripted_agent("a", [calls, reply("ok")], tools=[survey, migrate, notify])
     async with sqlite_runtime(tmp_path, agent) as rt:

@@ -75,7 +75,10 @@ async def test_tool_context_is_passed_when_asked_for(tmp_path: Path) -> None:
     alice = so.Principal(authenticator="test", principal_id="alice")
     agent = scripted_agent(
         "a",
-        [call_tools(call("annotated", x=1, id="c1"), call("by_name", x=2, id="c2")), reply("ok")],
+        [
+            call_tools(call("annotated", x=1, call_id="c1"), call("by_name", x=2, call_id="c2")),
+            reply("ok"),
+        ],
         tools=[annotated, by_name],
     )
     async with sqlite_runtime(tmp_path, agent) as rt:

@@ -425,9 +425,9 @@ async def test_a_secret_tool_input_is_masked_on_the_chat_spans_too(
         return "logged in " + user
 
     proposal = call_tools(
-        call("login", id="c1", user="bob", password=secret),
-        call("login", id="c2", user=7, password=secret),  # fails: user is no string
-        call("nope", id="c3", password="sent as is"),
+        call("login", call_id="c1", user="bob", password=secret),
+        call("login", call_id="c2", user=7, password=secret),  # fails: user is no string
+        call("nope", call_id="c3", password="sent as is"),
     )
     agent = scripted_agent("support", [proposal, reply("done")], tools=[login])
     rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider, trace_content=True)

@@ -362,7 +362,7 @@ async def _children_of_three_parents(
     child), both cancels missing their children (as if their process died there). Returns the
     agents, the orphaned children and those whose parent still waits for them."""
     _, child = refund_agents([], Counted("unused"))
-    delegating = call_tools(call("billing", id="d1", message="Refund order 1042"))
+    delegating = call_tools(call("billing", call_id="d1", message="Refund order 1042"))
     parent = scripted_agent(
         "support", [delegating, delegating, reply("unused")], tools=[so.delegate("billing")]
     )

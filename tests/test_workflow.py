@@ -81,7 +81,7 @@ async def test_step_runs_once_and_answers_replay_in_order(tmp_path: Path) -> Non
     t = Transfer()
     seen = Capture(reply("Sent."))
     agent = scripted_agent(
-        "bank", [call_tools(call("transfer", id="c1", amount=200)), seen], tools=[t.tool]
+        "bank", [call_tools(call("transfer", call_id="c1", amount=200)), seen], tools=[t.tool]
     )
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("bank", prompt="move 200", auth=ALICE)
@@ -294,7 +294,9 @@ async def test_a_call_journaled_by_position_replays_by_position(tmp_path: Path) 
         return {"proceed": proceed.value, "sent": sent, "memo": memo.value}
 
     seen = Capture(reply("Done."))
-    agent = scripted_agent("bank", [call_tools(call("transfer", id="t1")), seen], tools=[transfer])
+    agent = scripted_agent(
+        "bank", [call_tools(call("transfer", call_id="t1")), seen], tools=[transfer]
+    )
     url = f"sqlite:///{tmp_path / 'state.db'}"
     async with so.Runtime([agent], store=PositionalWriter(url)) as old:
         r = await old.generate("bank", prompt="pay", auth=ALICE)
@@ -332,7 +334,7 @@ async def test_the_same_step_and_question_twice_replay_each_in_turn(tmp_path: Pa
         return seen
 
     seen = Capture(reply("Rolled."))
-    agent = scripted_agent("game", [call_tools(call("dice", id="d1")), seen], tools=[dice])
+    agent = scripted_agent("game", [call_tools(call("dice", call_id="d1")), seen], tools=[dice])
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("game", prompt="roll", auth=ALICE)
         r = await rt.send(r.session_id, "yes", principal=ALICE)
@@ -354,7 +356,9 @@ async def test_a_snapshot_keeps_a_calls_journal_keyed(tmp_path: Path) -> None:
         held = await ctx.step("hold", lambda: "held")
         return [held, (await ctx.ask("What time?")).value]
 
-    agent = scripted_agent("host", [call_tools(call("book", id="b1")), reply("ok")], tools=[book])
+    agent = scripted_agent(
+        "host", [call_tools(call("book", call_id="b1")), reply("ok")], tools=[book]
+    )
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("host", prompt="book", auth=ALICE)
         state = await rt.state(r.session_id)
@@ -393,7 +397,7 @@ async def test_a_step_that_raises_is_journaled_and_raised_again_on_replay(store_
             return {"declined": str(exc), "retry": other.value}
 
     seen = Capture(reply("Done."))
-    agent = scripted_agent("shop", [call_tools(call("pay", id="p1")), seen], tools=[pay])
+    agent = scripted_agent("shop", [call_tools(call("pay", call_id="p1")), seen], tools=[pay])
     async with so.Runtime([agent], store=store_url) as rt:
         r = await rt.generate("shop", prompt="pay", auth=ALICE)
         assert [p.question for p in r.pending] == ["card 4242 declined. Try another card?"]
@@ -441,7 +445,9 @@ async def test_a_step_exception_that_cannot_be_rebuilt_replays_as_step_failed(
                 caught.append((type(exc).__name__, str(exc)))
         return [(await ctx.ask("Go on?")).value]
 
-    agent = scripted_agent("ops", [call_tools(call("flaky", id="f1")), reply("ok")], tools=[flaky])
+    agent = scripted_agent(
+        "ops", [call_tools(call("flaky", call_id="f1")), reply("ok")], tools=[flaky]
+    )
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("ops", prompt="go", auth=ALICE)
         r = await rt.send(r.session_id, "yes", principal=ALICE)
@@ -499,7 +505,12 @@ async def test_a_step_whose_function_steps_or_asks_is_refused_not_hung(store_url
     seen = Capture(reply("ok"))
     agent = scripted_agent(
         "ops",
-        [call_tools(call("nest", id="n1", inner="ask"), call("nest", id="n2", inner="step")), seen],
+        [
+            call_tools(
+                call("nest", call_id="n1", inner="ask"), call("nest", call_id="n2", inner="step")
+            ),
+            seen,
+        ],
         tools=[nest],
     )
     async with so.Runtime([agent], store=store_url) as rt:
@@ -543,7 +554,7 @@ async def test_a_tool_changing_what_a_step_returned_changes_no_replay(store_url:
         return items
 
     agent = scripted_agent(
-        "shop", [call_tools(call("basket", id="b1")), reply("ok")], tools=[basket]
+        "shop", [call_tools(call("basket", call_id="b1")), reply("ok")], tools=[basket]
     )
     async with so.Runtime([agent], store=store_url) as rt:
         r = await rt.generate("shop", prompt="go", auth=ALICE)

@@ -148,7 +148,7 @@ async def test_a_worker_resumes_a_workflow_call_after_each_answer(tmp_path: Path
     t = Transfer()
     seen = Capture(reply("Sent."))
     agent = scripted_agent(
-        "bank", [call_tools(call("transfer", id="c1", amount=200)), seen], tools=[t.tool]
+        "bank", [call_tools(call("transfer", call_id="c1", amount=200)), seen], tools=[t.tool]
     )
     url = f"sqlite:///{tmp_path / 'state.db'}"
     async with (

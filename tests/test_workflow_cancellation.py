@@ -34,7 +34,7 @@ async def test_a_withdrawn_question_that_propagates_cancels_the_call(tmp_path: P
         return a.value
 
     seen = Capture(reply("Okay, I'll stop."))
-    agent = scripted_agent("sales", [call_tools(call("pick", id="p1")), seen], tools=[pick])
+    agent = scripted_agent("sales", [call_tools(call("pick", call_id="p1")), seen], tools=[pick])
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
         [req] = r.pending
@@ -237,7 +237,7 @@ async def test_a_step_whose_turn_was_replaced_meanwhile_records_nothing_into_the
         return "done"
 
     def agent() -> so.Agent:
-        script = [call_tools(call("checkout", id="c1")), reply("Tried again.")]
+        script = [call_tools(call("checkout", call_id="c1")), reply("Tried again.")]
         return scripted_agent("shop", script, tools=[checkout])
 
     async with (
@@ -278,7 +278,7 @@ async def test_a_body_that_goes_on_after_its_turn_was_cancelled_runs_no_further_
         await ctx.step("receipt", sent.append, "receipt")
         return "done"
 
-    agent = scripted_agent("shop", [call_tools(call("checkout", id="c1"))], tools=[checkout])
+    agent = scripted_agent("shop", [call_tools(call("checkout", call_id="c1"))], tools=[checkout])
     async with (
         so.Runtime([agent], store=store_url) as rt,
         so.Runtime([agent], store=store_url, lease_wait=0) as other,

@@ -109,7 +109,7 @@ def make_agent(
         return reply(f"Done: {json.dumps(result.content, sort_keys=True)}")
 
     return scripted_agent(
-        "bank", [call_tools(call("transfer", id="t1", amount=200)), final], tools=[transfer]
+        "bank", [call_tools(call("transfer", call_id="t1", amount=200)), final], tools=[transfer]
     )
 
 

@@ -41,7 +41,7 @@ async def test_two_asks_in_gather_are_answered_one_message_each_in_order(
         return {"date": date.value, "seats": seats.value}
 
     seen = Capture(reply("Booked."))
-    agent = scripted_agent("host", [call_tools(call("book", id="b1")), seen], tools=[book])
+    agent = scripted_agent("host", [call_tools(call("book", call_id="b1")), seen], tools=[book])
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("host", prompt="book a table", auth=ALICE)
         sid = r.session_id
@@ -160,7 +160,7 @@ async def test_a_question_a_gather_branch_asks_as_its_sibling_fails_is_withdrawn
 
     seen = Capture(reply("Sorry, it is out of stock."))
     agent = scripted_agent(
-        "shop", [call_tools(call("reserve", id="r1")), seen, reply("Hello.")], tools=[reserve]
+        "shop", [call_tools(call("reserve", call_id="r1")), seen, reply("Hello.")], tools=[reserve]
     )
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("shop", prompt="reserve a shirt", auth=ALICE)
@@ -206,7 +206,9 @@ async def test_gather_branches_that_go_on_after_a_replayed_ask_replay_in_order(
         return {"send": done, "memo": note}
 
     seen = Capture(reply("Done."))
-    agent = scripted_agent("bank", [call_tools(call("transfer", id="t1")), seen], tools=[transfer])
+    agent = scripted_agent(
+        "bank", [call_tools(call("transfer", call_id="t1")), seen], tools=[transfer]
+    )
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("bank", prompt="pay rent", auth=ALICE)
         confirm, memo = r.pending
@@ -262,7 +264,7 @@ async def test_gather_branches_replay_whatever_order_they_reach_the_journal(
         return {"reserved": reserved, "colour": picked}
 
     seen = Capture(reply("Ordered."))
-    agent = scripted_agent("shop", [call_tools(call("order", id="o1")), seen], tools=[order])
+    agent = scripted_agent("shop", [call_tools(call("order", call_id="o1")), seen], tools=[order])
     async with so.Runtime([agent], store=store_url) as rt:
         r = await rt.generate("shop", prompt="order a shirt", auth=ALICE)
         assert r.status == "waiting"
@@ -298,7 +300,7 @@ async def test_a_gather_branch_that_changed_between_runs_is_a_replay_error(
         return list(await asyncio.gather(stock(), colour()))
 
     seen = Capture(reply("Failed."))
-    agent = scripted_agent("shop", [call_tools(call("order", id="o1")), seen], tools=[order])
+    agent = scripted_agent("shop", [call_tools(call("order", call_id="o1")), seen], tools=[order])
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("shop", prompt="order", auth=ALICE)
         r = await rt.send(r.session_id, "red", principal=ALICE)
@@ -334,7 +336,9 @@ async def test_a_step_under_way_when_a_sibling_parks_finishes_and_is_journaled(
         return list(await asyncio.gather(ctx.step("charge", charge), slot()))
 
     seen = Capture(reply("Done."))
-    agent = scripted_agent("shop", [call_tools(call("checkout", id="c1")), seen], tools=[checkout])
+    agent = scripted_agent(
+        "shop", [call_tools(call("checkout", call_id="c1")), seen], tools=[checkout]
+    )
     async with so.Runtime([agent], store=store_url) as rt:
         r = await rt.generate("shop", prompt="checkout", auth=ALICE)
         assert r.status == "waiting"
@@ -371,7 +375,9 @@ async def test_a_step_under_way_that_fails_as_a_sibling_parks_ends_the_call(
         return list(await asyncio.gather(ctx.step("charge", charge), slot()))
 
     seen = Capture(reply("The card was declined."))
-    agent = scripted_agent("shop", [call_tools(call("checkout", id="c1")), seen], tools=[checkout])
+    agent = scripted_agent(
+        "shop", [call_tools(call("checkout", call_id="c1")), seen], tools=[checkout]
+    )
     async with so.Runtime([agent], store=store_url) as rt:
         r = await rt.generate("shop", prompt="checkout", auth=ALICE)
         assert (r.status, r.pending) == ("completed", [])
@@ -423,7 +429,7 @@ async def test_a_sibling_that_awaits_io_before_its_recorded_step_is_waited_for(
         return list(await asyncio.gather(confirm_and_send(), read_and_reserve()))
 
     seen = Capture(reply("Done."))
-    agent = scripted_agent("shop", [call_tools(call("order", id="o1")), seen], tools=[order])
+    agent = scripted_agent("shop", [call_tools(call("order", call_id="o1")), seen], tools=[order])
     async with so.Runtime([agent], store=store_url) as rt:
         r = await rt.generate("shop", prompt="order", auth=ALICE)
         assert [p.question for p in r.pending] == ["The fee is 2.5. Proceed?"]
@@ -480,7 +486,7 @@ async def test_a_stalled_loop_does_not_turn_a_waited_for_sibling_into_a_replay_e
         return list(await asyncio.gather(confirm_and_send(), read_and_reserve()))
 
     seen = Capture(reply("Done."))
-    agent = scripted_agent("shop", [call_tools(call("order", id="o1")), seen], tools=[order])
+    agent = scripted_agent("shop", [call_tools(call("order", call_id="o1")), seen], tools=[order])
     async with so.Runtime([agent], store=store_url) as rt:
         r = await rt.generate("shop", prompt="order", auth=ALICE)
         assert [p.question for p in r.pending] == ["The fee is 2.5. Proceed?"]

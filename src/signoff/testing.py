@@ -268,9 +268,11 @@ def _recorded(validated: BaseModel) -> dict[str, Any]:
 # -- scripting models ----------------------------------------------------------------------------
 
 
-def call(name: str, /, *, id: str | None = None, **input: Any) -> ToolCall:
-    """A tool call the scripted model proposes: `call("issue_refund", amount=180)`."""
-    return ToolCall(name=name, input=input, id=id)
+def call(name: str, /, *, call_id: str | None = None, **input: Any) -> ToolCall:
+    """A tool call the scripted model proposes: `call("issue_refund", amount=180)`; every keyword
+    is the tool's input (`id=` too) but `call_id`, the call's own id (the engine gives one if
+    none)."""
+    return ToolCall(name=name, input=input, id=call_id)
 
 
 def call_tools(*calls: ToolCall, text: str = "", usage: Usage | None = None) -> ModelResponse:
