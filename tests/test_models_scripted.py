@@ -167,3 +167,30 @@ def test_a_script_made_afresh_after_a_restart_resumes_each_session_at_its_next_s
         assert (r.status, r.text) == ("completed", "all done")
         (done,) = [e for e in rt.events_sync(r.session_id) if e.type == "tool.completed"]
         assert (done.data["tool_name"], done.data["result"]) == ("billing", "refunded")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: so.models.Scripted([], repeat_last=True),
+        lambda: scripted_agent("a", [], repeat_last=True),
+    ],
+    ids=["Scripted", "scripted_agent"],
+)
+def test_repeat_last_with_no_step_to_repeat_is_refused_when_scripted(make: Any) -> None:
+    """It was accepted, and then every session's first model call failed its turn saying to
+    "script more, or pass repeat_last=True", which was passed."""
+    with pytest.raises(so.UsageError, match="repeat_last=True has no step to repeat"):
+        make()
+
+
+async def test_a_script_past_its_end_suggests_repeat_last_only_when_it_is_off(
+    tmp_path: Path,
+) -> None:
+    model = so.models.Scripted([reply("hi")], repeat_last=True)
+    model.steps.clear()  # emptied after it was made: there is nothing to repeat
+    agent = so.Agent(name="a", model=model)
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="x")
+    message = (r.error or {})["message"]
+    assert r.status == "failed" and message.endswith("(script more)"), message

@@ -23,11 +23,12 @@ class Scripted:
 
     An entry may be a `ModelResponse`, a function of the conversation returning one, or an
     exception to raise (to test failures). With `repeat_last=True` the last entry is reused
-    once the script runs out, which suits long benchmarks. With `cut_at_cap=True` a response
-    whose `usage` says it wrote more output tokens than the request's `max_output_tokens` (what
-    the session's budgets leave) is cut there, as the shipped models cut one: `BudgetSpent` is
-    raised, counting the tokens up to the cap. Without it, the cap is ignored, so a script may
-    spend past a budget in one reply, which no real model can.
+    once the script runs out, which suits long benchmarks (an empty script, with none to reuse,
+    is refused). With `cut_at_cap=True` a response whose `usage` says it wrote more output
+    tokens than the request's `max_output_tokens` (what the session's budgets leave) is cut
+    there, as the shipped models cut one: `BudgetSpent` is raised, counting the tokens up to
+    the cap. Without it, the cap is ignored, so a script may spend past a budget in one reply,
+    which no real model can.
     """
 
     def __init__(
@@ -51,6 +52,8 @@ class Scripted:
                 )
             _check_function(i, step)
         self.repeat_last = flag("Scripted repeat_last", repeat_last)  # "no" was true
+        if self.repeat_last and not self.steps:  # else each session's first call failed
+            raise UsageError("Scripted repeat_last=True has no step to repeat: script at least one")
         self.cut_at_cap = flag("Scripted cut_at_cap", cut_at_cap)
         self.calls = 0
 
@@ -60,10 +63,11 @@ class Scripted:
         index = request.response_index
         if index >= len(self.steps):
             if not (self.repeat_last and self.steps):
+                hint = "script more" + ("" if self.repeat_last else ", or pass repeat_last=True")
                 raise ModelError(
                     f"the Scripted model of agent {request.agent!r} has {len(self.steps)} "
                     f"response(s); session {request.session_id!r} asked for response "
-                    f"#{index + 1} (script more, or pass repeat_last=True)"
+                    f"#{index + 1} ({hint})"
                 )
             index = len(self.steps) - 1
         step = self.steps[index]
