@@ -32,7 +32,7 @@ def desk(ran: list[str], orders: list[str]) -> list[so.Agent]:
     child = scripted_agent(
         "billing", [call_tools(call("refund", order="?")), reply("billing done")], tools=[refund]
     )
-    calls = [call("billing", id=f"d{i}", message=f"refund {o}") for i, o in enumerate(orders)]
+    calls = [call("billing", call_id=f"d{i}", message=f"refund {o}") for i, o in enumerate(orders)]
     parent = scripted_agent(
         "front", [call_tools(*calls), reply("front done")], tools=[so.delegate("billing")]
     )
