@@ -199,6 +199,68 @@ async def test_a_store_failing_as_a_whole_is_still_retried(store_url: str) -> No
             assert live.seen == [("requested", r.id) for r in a.pending]
 
 
+@pytest.mark.parametrize(
+    "failure",
+    [
+        # PostgreSQL's own words for a hub's read (not made for an HTTP request, so no
+        # StoreBusy): every connection in use, the server refusing, a statement cancelled.
+        "PostgreSQL store db:5432/x: all 10 connections in use for 30s (a pool too small?)",
+        "reading request 'req_x' failed: canceling statement due to statement timeout",
+        "SQLite read /data/s.db failed: disk I/O error",
+    ],
+)
+async def test_a_read_failing_for_a_moment_with_a_plain_store_error_is_retried(
+    store_url: str, failure: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plain `StoreError` from `get_request` (what PostgreSQL raises for the hub's reads
+    when its pool is busy or a query is cancelled, what SQLite raises for an I/O error) is a
+    read that failed, not damage: it was taken for a damaged row, and the request never shown."""
+    async with so.Runtime([three_refunds([])], store=store_url) as rt:
+        live = Flaky(0, name="live")
+        async with manual(ChannelHub(rt, [live], retry_backoff=0)) as hub:
+            a = await _parked(rt, "Refund A")
+            reading = rt.store.get_request
+            failures = [so.StoreError(failure)]
+
+            async def failing(request_id: str) -> Any:
+                if failures:
+                    raise failures.pop(0)
+                return await reading(request_id)
+
+            rt.store.get_request = failing  # type: ignore[method-assign]
+            with caplog.at_level(logging.WARNING, logger="signoff.channels"):
+                for _ in range(3):
+                    await hub.poll()
+            assert failures == []
+            assert live.seen == [("requested", r.id) for r in a.pending]
+            assert _damage_logged(caplog) == []
+            assert hub.state.recall("hub:live", "skipped") is None
+
+
+async def test_a_request_row_whose_resolution_cannot_be_read_is_passed(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A closed request whose stored resolution does not unpack reads the same every time
+    (`StoreDamaged`, as its request's data would): its close is passed, the others told."""
+    async with so.Runtime([three_refunds([])], store=store_url) as rt:
+        live = Flaky(0, name="live")
+        async with manual(ChannelHub(rt, [live], retry_backoff=0)) as hub:
+            a = await _parked(rt, "Refund A")
+            await hub.poll()
+            approve = [so.InputResponse(request_id=r.id, option_id="approve") for r in a.pending]
+            await rt.respond(a.session_id, approve)
+            bad = a.pending[0].id
+            edit(store_url, "UPDATE {t}requests SET resolution = {p} WHERE id = {p}", b"{x", bad)
+            with pytest.raises(so.StoreDamaged, match="its resolution"):
+                await rt.store.get_request(bad)
+            del live.seen[:]
+            with caplog.at_level(logging.WARNING, logger="signoff.channels"):
+                await hub.poll()
+            assert live.seen == [("approved", r.id) for r in a.pending[1:]]
+            [logged] = _damage_logged(caplog)
+            assert "input.resolved" in logged and bad in logged
+
+
 async def test_an_entry_given_up_on_and_found_damaged_is_passed_at_the_next_start(
     store_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -50,6 +50,7 @@ SAMPLES: dict[str, Callable[[], BaseException]] = {
     "EventsRewritten": lambda: so.EventsRewritten("ses_1", 3),
     "StoreUnavailable": lambda: so.StoreUnavailable("down"),
     "StoreBusy": lambda: so.StoreBusy("busy"),
+    "StoreDamaged": lambda: so.StoreDamaged("request req_1: a stored document is not JSON"),
     "ApprovalRequired": lambda: so.ApprovalRequired({"amount": 5}, call_id="call_1"),
     "QuestionWithdrawn": lambda: so.QuestionWithdrawn("req_1", "ignored"),
     "InputUnavailable": lambda: so.InputUnavailable("nobody can answer"),

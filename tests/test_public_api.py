@@ -59,6 +59,7 @@ def test_core_names_present() -> None:
         "ModelError",
         "RemoteError",
         "StoreError",
+        "StoreDamaged",
         "SchemaVersionError",
     }
     assert expected <= set(so.__all__)

@@ -323,6 +323,7 @@ def _typed_errors(exc: Exception) -> None:
         so.LeaseLost,
         so.StoreUnavailable,
         so.StoreBusy,
+        so.StoreDamaged,
     ):
         assert issubclass(store_error, so.StoreError)
 

@@ -121,6 +121,7 @@ __all__ = [
     "StepFailed",
     "TooLarge",
     "StoreBusy",
+    "StoreDamaged",
     "StoreError",
     "StoreGone",
     "StoreUnavailable",

@@ -35,6 +35,7 @@
     ├── SlackUserUnknown           a Slack user the channel cannot map to a principal
     └── StoreError                 the store failed or holds something unusable
         ├── SchemaVersionError     data written by a newer signoff
+        ├── StoreDamaged           a stored row that cannot be read back: it reads the same again
         ├── StoreGone              the store's file (or schema) was deleted or replaced under it
         ├── AppendConflict         someone else appended to the session first
         ├── LeaseLost              our lease on the session was taken over
@@ -81,6 +82,7 @@ __all__ = [
     "StaleAnswer",
     "StepFailed",
     "StoreBusy",
+    "StoreDamaged",
     "StoreError",
     "StoreGone",
     "StoreUnavailable",
@@ -406,6 +408,13 @@ class SchemaVersionError(StoreError):
     a store of an older schema opened with `migrate=False`: `signoff db upgrade` upgrades it."""
 
     code = "schema_version"
+
+
+class StoreDamaged(StoreError):
+    """A stored request row (or a number a SQLite row keeps) cannot be read back, as a hand edit
+    or a half-restored copy left it: reading it again gives the same, so it is not retried (the
+    store failing, busy or down, is a plain `StoreError` or one of its other classes). It is
+    sent and told as a `StoreError` (no code of its own)."""
 
 
 class StoreGone(StoreError):

@@ -8,9 +8,10 @@ erased and the entry that closed it, and a channel is told of those closes from 
 
 What the store cannot read of an entry (its data, or a request row, as a hand edit or a
 half-restored copy left it) is `Damaged`: the rest of the entry is told all the same, and the
-hub passes the entry rather than retry what reads the same every time (`passed`). The store's
-own classes tell that from a read that failed: the store failing as a whole (down, busy, gone:
-`STORE_FAILING`) is raised, and retried, as a sweep and the hub's start take it."""
+hub passes the entry rather than retry what reads the same every time (`passed`). Of the
+store's errors only `StoreDamaged` (a row it cannot decode) is that: every other `StoreError`
+is a read that failed (PostgreSQL's pool busy, a statement cancelled, the connection lost, an
+I/O error) and is raised, for the hub to try again."""
 
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ from typing import Any, TypeVar
 
 import pydantic
 
-from .._exceptions import StoreError
-from .._sweeps import STORE_FAILING
+from .._exceptions import StoreDamaged
 from .._types import InputRequest
 from ..stores import Store, StoredRequest
 from ..stores._audit import AuditEntry
@@ -163,13 +163,11 @@ async def _stored(store: Store, entry: AuditEntry) -> StoredRequest | None:
 
 
 async def _request(store: Store, request_id: str) -> StoredRequest | None:
-    """`store.get_request`: a row it cannot read is `Damaged`; the store failing as a whole
-    (down, busy, gone) is raised as it is, for the hub to try again."""
+    """`store.get_request`: a row it cannot decode (`StoreDamaged`) is `Damaged`; any other
+    failure (the store down or busy, a query cancelled) is raised as it is, to be tried again."""
     try:
         return await store.get_request(request_id)
-    except STORE_FAILING:
-        raise
-    except StoreError as exc:
+    except StoreDamaged as exc:
         raise Damaged(str(exc)) from exc
 
 

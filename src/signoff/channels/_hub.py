@@ -114,8 +114,8 @@ class ChannelHub(Standby):
     What the store holds damaged (a request of an entry that is none, a request row it cannot
     read: `_announcements.Damaged`) is passed once the rest of its entry is told, logged once by
     each channel: it reads the same every time, so retrying it held every later entry back for
-    `max_attempts` and then failed on it every minute. The store failing as a whole (down, busy,
-    gone) is retried as a channel's failure is.
+    `max_attempts` and then failed on it every minute. Any other `StoreError` (down, busy, a
+    query cancelled) is retried as a channel's failure is.
     Deadlines (`request.expiring` warnings, expired sessions) are judged by `clock`, the
     runtime's (`Runtime.now`) unless given.
     """

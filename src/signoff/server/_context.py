@@ -20,7 +20,7 @@ from .._deadlines import (
     summary_after_expiry,
 )
 from .._events import Event
-from .._exceptions import StoreError, StoreGone, UnknownRequest, UnknownSession
+from .._exceptions import StoreDamaged, StoreError, StoreGone, UnknownRequest, UnknownSession
 from .._queue_page import counted_page, keyed_page
 from .._runtime import Runtime
 from .._session_page import counted_sessions
@@ -473,7 +473,7 @@ class ServerContext(OpenRequests):
             except UnknownSession:
                 pass
             except StoreError as exc:
-                if type(exc) is not StoreError:  # busy, down, gone: not the session's own fault
+                if type(exc) not in (StoreError, StoreDamaged):  # busy, down, gone: not its fault
                     raise
                 log.warning("session %s left out of a listing: %s", session_id, exc)
         judged = await self._judged(caller, initiators)

@@ -9,7 +9,7 @@ from typing import Any
 import pydantic
 
 from .._events import SCHEMA_VERSION
-from .._exceptions import SchemaVersionError, StoreError
+from .._exceptions import SchemaVersionError, StoreDamaged, StoreError
 from .._types import InputRequest
 from ._base import Commit, RequestRow
 from ._codec import unpack_event
@@ -86,10 +86,16 @@ def request_row(row: Sequence[Any], unpack: Callable[[Any], Any]) -> RequestRow:
     )
 
 
-def stored_resolution(raw: Any, unpack: Callable[[Any], Any]) -> dict[str, Any] | None:
+def stored_resolution(
+    request_id: str, raw: Any, unpack: Callable[[Any], Any]
+) -> dict[str, Any] | None:
     """A request's stored resolution read back, or None if it is not an object (an old or
-    hand-edited store): every reader of `StoredRequest` then copes as with none recorded."""
-    resolution = None if raw is None else unpack(raw)
+    hand-edited store): every reader of `StoredRequest` then copes as with none recorded. One
+    that does not unpack is `StoreDamaged` naming the request."""
+    try:
+        resolution = None if raw is None else unpack(raw)
+    except StoreError as exc:
+        raise StoreDamaged(f"request {request_id}: its resolution: {exc}") from exc
     return resolution if isinstance(resolution, dict) else None
 
 
@@ -104,14 +110,14 @@ def stored_request(
 ) -> InputRequest:
     """A request row read back: its own copy if it has one, else its place in the
     `input.requested` event that recorded it (`earlier`: the stored events before that one,
-    nearest first, which it may be kept on). What cannot be read is a `StoreError` naming the
-    request, so a damaged row that fails a whole listing can be found."""
+    nearest first, which it may be kept on). What cannot be read is `StoreDamaged` naming the
+    request, so a damaged row that fails a whole listing can be found (and is not retried)."""
     try:
         return _stored_request(own, event_data, index, status, unpack, *earlier)
     except SchemaVersionError:
         raise
     except StoreError as exc:
-        raise StoreError(f"request {request_id}: {exc}") from exc
+        raise StoreDamaged(f"request {request_id}: {exc}") from exc
 
 
 def _stored_request(
@@ -126,7 +132,7 @@ def _stored_request(
         if own is not None:
             raw = unpack(own)
         elif event_data is None or index is None:
-            raise StoreError("a request row refers to an event that is not in the log")
+            raise StoreDamaged("a request row refers to an event that is not in the log")
         else:
             raw = unpack_event(event_data, *earlier)["requests"][index]
         if raw.get("v", SCHEMA_VERSION) > SCHEMA_VERSION:
@@ -134,4 +140,4 @@ def _stored_request(
         raw["status"] = status
         return InputRequest.model_validate(raw)
     except (KeyError, IndexError, TypeError, AttributeError, pydantic.ValidationError) as exc:
-        raise StoreError(f"a stored request cannot be read: {exc}") from exc
+        raise StoreDamaged(f"a stored request cannot be read: {exc}") from exc

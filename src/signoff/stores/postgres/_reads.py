@@ -273,7 +273,7 @@ class Reads(AuditReads):
                 request=stored_request(*row[3:8], unpack, *row[8:]),
                 status=row[7],
                 outcome=row[0],
-                resolution=stored_resolution(row[1], unpack),
+                resolution=stored_resolution(request_id, row[1], unpack),
                 session_expires_at=None if row[2] is None else float(row[2]),
             )
 

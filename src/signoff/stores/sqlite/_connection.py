@@ -17,7 +17,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Literal
 
-from ..._exceptions import SchemaVersionError, StoreError, StoreGone
+from ..._exceptions import SchemaVersionError, StoreDamaged, StoreError, StoreGone
 from ..._settings import flag, seconds
 from .._base import FaultHook, older_schema
 from .._codec import PerSession, Tail, Tails
@@ -64,7 +64,7 @@ def kept(value: object, kind: type | types.UnionType, session_id: str, what: str
     in a column, and converting text would raise a bare ValueError or TypeError."""
     if isinstance(value, kind) or (kind is bytes and value is None):
         return value
-    raise StoreError(f"session {session_id!r} is damaged: its {what} is {value!r:.40}")
+    raise StoreDamaged(f"session {session_id!r} is damaged: its {what} is {value!r:.40}")
 
 
 def _switch_to_wal(conn: sqlite3.Connection, timeout: float) -> None:

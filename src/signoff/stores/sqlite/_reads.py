@@ -217,7 +217,7 @@ class Reads(AuditReads):
             request=request,
             status=row[7],
             outcome=row[0],
-            resolution=stored_resolution(row[1], unpack),
+            resolution=stored_resolution(request_id, row[1], unpack),
             session_expires_at=expires_at,
         )
 
