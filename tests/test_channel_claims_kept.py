@@ -180,3 +180,47 @@ async def test_a_claim_not_renewed_in_time_stops_the_deliveries_until_it_is(
             assert seen.opened == ids and hub.active
         finally:
             await hub.stop()
+
+
+async def test_a_channel_whose_claim_lapsed_while_another_started_is_started_later(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store fails the renewals while the hub's first channel starts, past the claim's
+    time: the second channel's start was skipped, yet it stayed delivered to, so once the
+    renewals got through it was told of new requests without ever being started (a Slack
+    backlog never posted, the open requests never handed to it). Now it stands by and a later
+    poll takes it over, starting it first."""
+    async with gated(tmp_path, store_url) as rt:
+        claim = rt.store.claim_channel
+
+        async def failing(*args: object, **kwargs: object) -> object:
+            raise so.StoreError("the store is unreachable")
+
+        class Cutting(Channel):
+            async def start(self, open_requests: Sequence[so.InputRequest]) -> None:
+                monkeypatch.setattr(rt.store, "claim_channel", failing)
+                await asyncio.sleep(TTL * 1.5)
+                monkeypatch.setattr(rt.store, "claim_channel", claim)  # nobody took the claims
+
+        told: list[tuple[str, list[str]]] = []
+
+        class Recording(Channel):
+            async def start(self, open_requests: Sequence[so.InputRequest]) -> None:
+                told.append(("start", [r.id for r in open_requests]))
+
+            async def on_requested(self, request: so.InputRequest) -> None:
+                told.append(("requested", [request.id]))
+
+        first = await open_one(rt)
+        hub = ChannelHub(rt, [Cutting(name="a"), Recording(name="b")], claim_ttl=TTL)
+        await hub.start(follow=False)
+        try:
+            second = await open_one(rt)
+            for _ in range(3):
+                await hub.poll()
+            assert hub.active
+            assert told and told[0][0] == "start", told  # nothing told before its start
+            assert first in told[0][1]
+            assert ("requested", [second]) in told or second in told[0][1]
+        finally:
+            await hub.stop()

@@ -40,6 +40,7 @@ __all__ = [
     "closing_entry",
     "describe_principal",
     "off_loop",
+    "plain_hooks",
     "waiting_until",
 ]
 
@@ -436,3 +437,30 @@ async def closing_entry(store: Store, session_id: str, request_id: str) -> Audit
 
 
 _CLOSES_PAGE = 500  # audit entries `closing_entry` reads at once
+
+
+_HOOKS = (
+    "start",
+    "on_requested",
+    "on_updated",
+    "on_escalated",
+    "on_resolved",
+    "on_erased",
+    "tick",
+    "close",
+    "submit",
+)
+
+
+def plain_hooks(ch: Channel) -> None:
+    """Refuse a channel whose hooks (what the hub awaits) are plain methods: the hub awaited
+    what one returned, a TypeError after its work was done ("object NoneType can't be used in
+    'await' expression"), so it delivered the entry again, each attempt posting it once more,
+    and on every later poll and start after giving up."""
+    for hook in _HOOKS:
+        method = getattr(type(ch), hook, None)
+        if method is not None and not inspect.iscoroutinefunction(method):
+            raise UsageError(
+                f"channel {ch.name!r}: {type(ch).__name__}.{hook} must be an async def, as "
+                "Channel's is: the hub awaits it"
+            )

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import inspect
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -32,7 +31,15 @@ from .._work import Failing
 from ..stores._audit import AuditEntry
 from . import _given_up as given_up
 from ._announcements import Damaged, announce, passed
-from ._base import Channel, ChannelState, RateLimited, check_name, logger, off_loop
+from ._base import (
+    Channel,
+    ChannelState,
+    RateLimited,
+    check_name,
+    logger,
+    off_loop,
+    plain_hooks,
+)
 from ._claims import Claims
 from ._given_up import note_given_up, redeliver
 from ._hub_standby import Standby
@@ -51,33 +58,6 @@ _STOP_GRACE = 10.0  # seconds: how long stop() lets a poll in progress finish it
 # The memo (under the hub's key for a channel) of the entries it delivered above its position
 # (past a hole); those it gave up on are `_given_up`'s.
 _DELIVERED = "delivered"
-
-
-_HOOKS = (
-    "start",
-    "on_requested",
-    "on_updated",
-    "on_escalated",
-    "on_resolved",
-    "on_erased",
-    "tick",
-    "close",
-    "submit",
-)
-
-
-def plain_hooks(ch: Channel) -> None:
-    """Refuse a channel whose hooks (what the hub awaits) are plain methods: the hub awaited
-    what one returned, a TypeError after its work was done ("object NoneType can't be used in
-    'await' expression"), so it delivered the entry again, each attempt posting it once more,
-    and on every later poll and start after giving up."""
-    for hook in _HOOKS:
-        method = getattr(type(ch), hook, None)
-        if method is not None and not inspect.iscoroutinefunction(method):
-            raise UsageError(
-                f"channel {ch.name!r}: {type(ch).__name__}.{hook} must be an async def, as "
-                "Channel's is: the hub awaits it"
-            )
 
 
 class ChannelHub(Standby):
@@ -306,6 +286,14 @@ class ChannelHub(Standby):
             open_requests = await self._open_requests()
             for ch in channels:
                 if not self._claims.live(ch.name):  # lapsed while another channel started
+                    # Not left active unstarted: a later poll takes it over and starts it.
+                    logger.warning(
+                        "channel hub %s: its claim on %s lapsed while another channel started; "
+                        "standing by to take it over",
+                        self.name,
+                        ch.name,
+                    )
+                    await self._stand_by(ch)
                     continue
                 try:
                     await ch.start([r for r in open_requests if ch.accepts(r)])
