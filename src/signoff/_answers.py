@@ -22,7 +22,7 @@ from ._exceptions import (
 from ._option_names import how_to_choose, match_option, named_options
 from ._results import Outcome
 from ._text import is_blank
-from ._tool_json import copied, holds_mask, key_not_text, nests_deeper
+from ._tool_json import copied, holds_mask, key_not_text, nests_deeper, unlike
 from ._tools import Tool
 from ._types import Decision, InputRequest, InputResponse, Principal, same_json
 
@@ -122,7 +122,8 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
                 )
             _check_edit_as_given(rid, reply.edited_input)
             try:
-                edited = tool.approved_form(tool.validate(reply.edited_input))
+                validated = tool.validate(reply.edited_input)
+                edited = tool.approved_form(validated)
             except ValidationError as exc:
                 problems = _first_problems(exc)
                 raise InvalidAnswer(
@@ -134,7 +135,7 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
                     f"request {rid}: validated, the edited input has no JSON form to record: {exc}",
                     [rid],
                 ) from None
-            _check_edit_kept(rid, tool, edited)
+            _check_edit_kept(rid, tool, validated, edited)
         approve = reply.option_id == "approve"
         out: dict[str, Any] = {
             "outcome": "approved" if approve else "cancelled",
@@ -319,20 +320,31 @@ def _check_depth(rid: str, value: Any) -> None:
         )
 
 
-def _check_edit_kept(rid: str, tool: Tool, edited: dict[str, Any]) -> None:
-    """Refuse an edit the call would not run with: the recorded (validated) edit is validated
-    again when the call runs, and must come out the same (a validator that changes a value would
-    not), holding no secret's mask (which would, as the mask)."""
+def _check_edit_kept(rid: str, tool: Tool, validated: BaseModel, edited: dict[str, Any]) -> None:
+    """Refuse an edit the call would not run with: the recorded edit (the JSON form of the
+    `validated` edit) is validated again when the call runs, and must come out the same, as
+    JSON and as the tool gets it (a validator that changes a value would not, nor a value the
+    form leaves out or shows otherwise: a serializer's mask), holding no secret's mask (which
+    would run as the mask)."""
     try:
-        validated = tool.validate(edited)
-        again = None if holds_mask(validated) else tool.approved_form(validated)
+        again = tool.validate(edited)
+        form = None if holds_mask(again) else tool.approved_form(again)
     except (ValidationError, PydanticSerializationError):
-        again = None
-    if again != edited:
+        again, form = None, None
+    if form != edited:
         raise InvalidAnswer(
             f"request {rid}: {tool.name}'s input cannot be edited: validated again, the edit "
             "does not come out as it went in (a masked secret, or a validator that changes "
             "its value), so the call could not run with it",
+            [rid],
+        )
+    found = unlike(validated, again, edited)
+    if found is not None:
+        where = ".".join(str(part) for part in found[0]) or "the input"
+        raise InvalidAnswer(
+            f"request {rid}: {tool.name}'s input cannot be edited: its JSON form, which is "
+            f"recorded and runs, shows {where!r} otherwise than the edit gives it (a serializer "
+            "that shows less than the value), so the call would not run with the edit",
             [rid],
         )
 

@@ -26,6 +26,7 @@ from ._output_caps import (
     text_tokens,
 )
 from ._settings import flag, positive_seconds, shown_value
+from ._tool_json import unlike
 from ._tracing import review
 from ._types import ModelResponse, Usage, UserMessage, billable, reported_usage
 from .models._base import not_a_model_class
@@ -91,7 +92,13 @@ class _Auto(ApprovalPolicy):
             return _caution("failed", "no decision model is configured for auto()")
         tool_input: Any = ctx.tool_input
         if isinstance(tool_input, BaseModel):
-            tool_input = tool_input.model_dump(mode="json")
+            tool_input = _shown(tool_input)
+            if tool_input is None:
+                return _caution(
+                    "caution",
+                    "the call's input as JSON is not what the tool would get (a field it leaves "
+                    "out or shows otherwise), so it cannot be reviewed",
+                )
         if tool_input is None:
             return _caution("caution", "the call has no input to review")
         from .models import ModelRequest
@@ -179,6 +186,17 @@ def _unescaped(match: re.Match[str]) -> str:
     if code is not None:
         return chr(int(code, 16))
     return _ONE_LETTER.get(letter, letter)
+
+
+def _shown(validated: BaseModel) -> dict[str, Any] | None:
+    """Validated input as JSON, by the names the model is shown, as a person would see it; None
+    if validated again it is other input (`unlike`): a review of it would not see what runs."""
+    form = validated.model_dump(mode="json", by_alias=True)
+    try:
+        again = type(validated).model_validate(form)
+    except Exception:  # a validator may raise anything: the form is no input either way
+        return None
+    return None if unlike(validated, again, form) is not None else form
 
 
 def _caution(verdict: str, reason: str, usage: Usage | None = None) -> Verdict:

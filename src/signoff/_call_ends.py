@@ -30,7 +30,7 @@ from ._sync import to_end
 from ._text import cut
 from ._tool_json import jsonable, over_limit, recorded_bound, result_bound
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
-from ._tools import Tool
+from ._tools import Tool, Unshown
 from ._types import APPROVAL_OPTIONS, Action, InputRequest
 
 __all__ = ["IGNORED", "CallEnds", "signal_in"]
@@ -207,9 +207,13 @@ class CallEnds(DriverPart):
             await self.end_call(key, journal, [tool_result(call, "error", {"error": too_large})])
             return
         try:
-            shown = tool.approved_form(validated)
+            shown = tool.shown_form(validated)
         except PydanticSerializationError as exc:
             error = {"error": f"the input has no JSON form to show a reviewer: {exc}"}
+            await self.end_call(key, journal, [tool_result(call, "error", error)])
+            return
+        except Unshown as exc:
+            error = {"error": f"the input cannot be shown to a reviewer as the tool got it: {exc}"}
             await self.end_call(key, journal, [tool_result(call, "error", error)])
             return
         rules, now = tool.approval.rules, self.clock()

@@ -34,7 +34,7 @@ from ._text import cut
 from ._tool_context import ToolContext
 from ._tool_json import over_limit
 from ._tool_signals import ApprovalRequired, QuestionWithdrawn
-from ._tools import Tool
+from ._tools import Tool, Unshown
 from ._tracing import ToolSpan
 from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, Usage, usage_fields
 from ._verdicts import strictest
@@ -143,6 +143,14 @@ class ToolCalls(CallEnds):
                         f"reviewer, so it cannot be approved: {exc}"
                     }
                     results.append(tool_result(call, "error", shown, **billed))
+                except Unshown as exc:
+                    # Its form would not show what the tool gets: approving it would run unseen
+                    # input.
+                    shown = {
+                        "error": f"the input of {tool.name} cannot be shown to a reviewer as "
+                        f"the tool would get it, so it cannot be approved: {exc}"
+                    }
+                    results.append(tool_result(call, "error", shown, **billed))
             else:
                 to_run.append((call, tool, validated, verdict))
         specs: list[EventSpec] = []
@@ -210,7 +218,7 @@ class ToolCalls(CallEnds):
         s = self.state
         turn = s.turn
         assert turn is not None
-        dumped = tool.approved_form(validated)
+        dumped = tool.shown_form(validated)
         rules = tool.approval.rules
         guarded = verdict.reason == "guardrail"
         if guarded and rules.on_timeout == "approve":

@@ -1,9 +1,11 @@
 """A tool's input and results as JSON: the bound on a result's size, NaN and infinities as null,
 sets in a stable order, keys JSON cannot keep apart (in results and in input), input JSON cannot
-write, and the masked secrets a reviewer's form gives back."""
+write, the masked secrets a reviewer's form gives back, and whether that form, validated again,
+is the input the tool gets."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import TYPE_CHECKING, Any
@@ -15,6 +17,7 @@ from ._events import FITS_BITS, check_digits, dumps
 from ._exceptions import UsageError
 from ._json_keys import as_json_keys, check_keys, key_not_text
 from ._text import cut
+from ._types import same_json
 
 if TYPE_CHECKING:
     from ._agent import Limits
@@ -48,6 +51,7 @@ __all__ = [
     "recorded_bound",
     "result_bound",
     "sets_sorted",
+    "unlike",
     "unwritable",
 ]
 
@@ -282,3 +286,99 @@ def _alike(item: dict[Any, Any]) -> tuple[Any, Any, str] | None:
 
 def _loc(key: Any) -> str | int:
     return key if isinstance(key, str | int) else str(key)
+
+
+def unlike(validated: Any, again: Any, form: Any) -> tuple[tuple[str | int, ...], bool] | None:
+    """Where `form` (validated input's JSON form, as a reviewer sees it) does not show what the
+    tool gets, and whether there it leaves the value out (a field excluded from JSON): where
+    `again` (the form validated again) is other input than `validated`, unless the form holds
+    that value as it is (plain JSON a validator changes again each time it runs, as one that
+    scales a number). A secret whose value in `again` is its mask is alike (a reviewer sees a
+    secret masked, by design). Fields are compared as the tool gets them, excluded ones too;
+    walked without recursion, each pair once."""
+    seen: set[tuple[int, int]] = set()
+    stack: list[tuple[Any, Any, Any, tuple[str | int, ...], bool]] = [
+        (validated, again, form, (), False)
+    ]
+    while stack:
+        one, other, shown, where, left_out = stack.pop()
+        if isinstance(one, SecretStr | SecretBytes | Secret) and type(one) is type(other):
+            value = other.get_secret_value()
+            if value not in (_MASK, _MASK.encode()) and one.get_secret_value() != value:
+                return where, left_out
+            continue
+        if type(one) is not type(other):
+            pass
+        elif isinstance(one, BaseModel | dict | list | tuple) or _is_dataclass(one):
+            if (id(one), id(other)) in seen:
+                continue
+            seen.add((id(one), id(other)))
+            pairs = _pairs(one, other, shown, where, left_out)
+            if pairs is not None:
+                stack.extend(reversed(pairs))  # the first found first, as the input reads
+                continue
+        elif one == other:
+            continue
+        if not (shown is not _ABSENT and _plain(one) and same_json(one, shown)):
+            return where, left_out
+    return None
+
+
+_ABSENT = object()
+"""Where the form has no value for a value the tool gets."""
+
+
+def _pairs(
+    one: Any, other: Any, shown: Any, where: tuple[str | int, ...], left_out: bool
+) -> list[tuple[Any, Any, Any, tuple[str | int, ...], bool]] | None:
+    """What `unlike` compares inside two containers of a type, with the form's part for each;
+    None if they do not hold the same keys or as many items."""
+
+    def part(key: Any) -> Any:
+        if isinstance(shown, dict):
+            return shown.get(key, _ABSENT) if isinstance(key, str) else _ABSENT
+        if isinstance(shown, list) and isinstance(key, int) and key < len(shown):
+            return shown[key]
+        return _ABSENT
+
+    if isinstance(one, BaseModel):
+        pairs: list[tuple[Any, Any, Any, tuple[str | int, ...], bool]] = []
+        for name, info in type(one).model_fields.items():
+            out = left_out or bool(info.exclude) or getattr(info, "exclude_if", None) is not None
+            key = info.serialization_alias or name
+            pairs.append((getattr(one, name), getattr(other, name), part(key), (*where, name), out))
+        extra = one.__pydantic_extra__ or {}, other.__pydantic_extra__ or {}
+        if extra[0] or extra[1]:
+            pairs.append((*extra, shown, where, left_out))
+        return pairs
+    if _is_dataclass(one):
+        names = [field.name for field in dataclasses.fields(one)]
+        return [(getattr(one, n), getattr(other, n), part(n), (*where, n), left_out) for n in names]
+    if isinstance(one, dict):
+        if one.keys() != other.keys():
+            return None
+        return [(v, other[k], part(k), (*where, _loc(k)), left_out) for k, v in one.items()]
+    if len(one) != len(other):
+        return None
+    both = enumerate(zip(one, other, strict=True))
+    return [(v, w, part(i), (*where, i), left_out) for i, (v, w) in both]
+
+
+def _plain(value: Any) -> bool:
+    """Whether `value` is plain JSON (text keys, lists, no objects), as its form holds it."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if any(type(key) is not str for key in item):
+                return False
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif not (item is None or type(item) in (str, int, float, bool)):
+            return False
+    return True
+
+
+def _is_dataclass(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)

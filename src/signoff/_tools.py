@@ -25,13 +25,20 @@ from ._tool_json import (
     jsonable,
     keys_alike,
     sets_sorted,
+    unlike,
     unwritable,
 )
 
 # The tool names OpenAI and Anthropic take.
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
-__all__ = ["TOOL_NAME", "RunAs", "Tool", "ToolApproval", "tool"]
+__all__ = ["TOOL_NAME", "RunAs", "Tool", "ToolApproval", "Unshown", "tool"]
+
+
+class Unshown(Exception):
+    """Validated input whose JSON form, validated again, is other input: a reviewer approving
+    that form would not see what the tool gets (a field it leaves out or shows otherwise)."""
+
 
 RunAs: TypeAlias = Literal["requester", "approver"]
 """Whom an approved call runs as: the principal whose turn asked (the default), or, as an
@@ -204,6 +211,34 @@ class Tool:
             return form
         return sets_sorted(validated.model_dump(by_alias=True), form)  # type: ignore[no-any-return]
 
+    def shown_form(self, validated: BaseModel) -> dict[str, Any]:
+        """`approved_form`, for a reviewer: it must validate again to `validated` (a secret's
+        mask aside), so that what they approve is what runs. Raises `Unshown` if it does not (a
+        field the form leaves out or shows otherwise, a validator that changes it again), and
+        `PydanticSerializationError` if it has no JSON form. Asked of gated calls only."""
+        form = self.approved_form(validated)
+        try:
+            again = self.validate(form)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(part) for part in error["loc"]) or "the input"
+            raise Unshown(
+                f"validated again, its JSON form is not valid input ({where}: {error['msg']}): "
+                "a field the form leaves out or shows otherwise (a serializer, an alias)"
+            ) from None
+        found = unlike(validated, again, form)
+        if found is None:
+            return form
+        loc, left_out = found
+        where = ".".join(str(part) for part in loc) or "the input"
+        if left_out:
+            raise Unshown(f"its JSON form leaves out {where!r} (excluded), which the tool gets")
+        raise Unshown(
+            f"its JSON form shows {where!r} otherwise than the tool gets it: validated again, it "
+            "gives another value (a serializer that shows less than the value, or a validator "
+            "that changes it again)"
+        )
+
     async def invoke(self, ctx: ToolContext, validated: BaseModel) -> Any:
         """Run the body with validated input; returns its result as JSON-able data."""
         kwargs = {name: getattr(validated, name) for name in type(validated).model_fields}
@@ -298,6 +333,7 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseMode
         ) from None
     _check_async_functions(model, name)
     _check_defaults(model, name)
+    _check_shown_fields(model, name)
     for key in schema.get("properties", {}):
         if not _PROPERTY_NAME.fullmatch(key):
             # Anthropic refuses the request (every one of the agent's calls) over such a key.
@@ -366,6 +402,36 @@ def _check_async_functions(model: type[BaseModel], name: str) -> None:
                 f"tool {name!r}: the validator {shown} is async; pydantic calls validators "
                 "without awaiting them, so its check would never run: make it a plain def"
             )
+
+
+_FIELDS = ("model-field", "dataclass-field", "typed-dict-field")
+
+
+def _check_shown_fields(model: type[BaseModel], name: str) -> None:
+    """Refuse a field (a parameter, or one of a model in one) left out of the input's JSON form
+    (`exclude=True`, `exclude_if`): a reviewer approving a call would not see the value the
+    model gave it, which the tool gets. Its core schema is walked, each container once."""
+    seen: set[int] = set()
+    stack: list[tuple[Any, Any]] = [(model.__pydantic_core_schema__, None)]
+    while stack:
+        item, key = stack.pop()
+        if not isinstance(item, dict | list | tuple) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, dict):
+            if item.get("type") in _FIELDS and (
+                item.get("serialization_exclude") or item.get("serialization_exclude_if")
+            ):
+                field = item.get("name", key)
+                raise UsageError(
+                    f"tool {name!r}: field {field!r} is excluded from the input's JSON form "
+                    "(exclude=True or exclude_if), which a reviewer approves, yet the tool "
+                    "would get it: drop the exclusion, or take the value other than from the "
+                    "model"
+                )
+            stack.extend(reversed([(value, k) for k, value in item.items()]))  # in order
+        else:
+            stack.extend(reversed([(value, None) for value in item]))
 
 
 def _check_defaults(model: type[BaseModel], name: str) -> None:
