@@ -21,8 +21,8 @@ from ._exceptions import (
 )
 from ._option_names import how_to_choose, match_option, named_options
 from ._results import Outcome
-from ._text import is_blank
-from ._tool_json import copied, holds_mask, key_not_text, nests_deeper, unlike
+from ._text import cut, is_blank
+from ._tool_json import copied, edit_changed, holds_mask, key_not_text, nests_deeper, unlike
 from ._tools import Tool
 from ._types import Decision, InputRequest, InputResponse, Principal, same_json
 
@@ -136,6 +136,7 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
                     [rid],
                 ) from None
             _check_edit_kept(rid, tool, validated, edited)
+            _check_edit_unchanged(rid, tool, reply.edited_input, edited)
         approve = reply.option_id == "approve"
         out: dict[str, Any] = {
             "outcome": "approved" if approve else "cancelled",
@@ -347,6 +348,25 @@ def _check_edit_kept(rid: str, tool: Tool, validated: BaseModel, edited: dict[st
             "that shows less than the value), so the call would not run with the edit",
             [rid],
         )
+
+
+def _check_edit_unchanged(rid: str, tool: Tool, given: Any, edited: dict[str, Any]) -> None:
+    """Refuse an edit that validation changed (`edit_changed`): the reviewer approved what they
+    gave, and the call would run with something else, recorded as if they had approved it."""
+    found = edit_changed(given, edited)
+    if found is None:
+        return
+    loc, shown, dropped = found
+    where = ".".join(str(part) for part in loc) or "the input"
+    if dropped:
+        what = "is dropped (a key the tool does not take)"
+    else:
+        what = f"comes out as {cut(json.dumps(shown), 100)}, not as the edit gives it"
+    raise InvalidAnswer(
+        f"request {rid}: validated, the edit's {where!r} {what}: {tool.name} would run with "
+        "other input than approved; edit it to the value it takes",
+        [rid],
+    )
 
 
 def _check_edit_as_given(rid: str, edited: Any) -> None:

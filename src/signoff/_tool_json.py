@@ -41,6 +41,7 @@ __all__ = [
     "MAX_RESULT_BYTES",
     "UNPARSED_ARGUMENTS",
     "copied",
+    "edit_changed",
     "holds_mask",
     "json_size",
     "jsonable",
@@ -382,3 +383,35 @@ def _plain(value: Any) -> bool:
 
 def _is_dataclass(value: Any) -> bool:
     return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def edit_changed(given: Any, form: Any) -> tuple[tuple[str | int, ...], Any, bool] | None:
+    """Where an edit as a reviewer gave it (`given`, plain JSON) is not what its validated form
+    (`form`) holds, the form's value there, and whether the form dropped that key: a validator that
+    changed a value (`min(v, 1000)`), a model that ignored a misspelt key. Keys the edit leaves
+    out are the form's to fill; a list the form holds sorted as a set's items are is the same."""
+    stack: list[tuple[Any, Any, tuple[str | int, ...]]] = [(given, form, ())]
+    while stack:
+        one, shown, where = stack.pop()
+        if isinstance(one, dict) and isinstance(shown, dict):
+            for key in one:
+                if key not in shown:
+                    return (*where, key), None, True
+            stack.extend(reversed([(v, shown[k], (*where, k)) for k, v in one.items()]))
+        elif isinstance(one, list) and isinstance(shown, list) and len(one) == len(shown):
+            if _as_set(one, shown):
+                continue
+            pairs = enumerate(zip(one, shown, strict=True))
+            stack.extend(reversed([(v, w, (*where, i)) for i, (v, w) in pairs]))
+        elif not same_json(one, shown):
+            return where, shown, False
+    return None
+
+
+def _as_set(given: list[Any], shown: list[Any]) -> bool:
+    """Whether `shown` is `given` sorted as `approved_form` sorts a set's items."""
+    try:
+        ordered = sorted(given, key=lambda item: json.dumps(item, sort_keys=True))
+    except (TypeError, ValueError):
+        return False
+    return ordered != given and same_json(ordered, shown)
