@@ -6,11 +6,12 @@ field, or with the mask, and the body ran with the value they never saw."""
 
 # No `from __future__ import annotations`: the tools' hints name types local to a test.
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
-from pydantic import AfterValidator, BaseModel, Field, PlainSerializer, SecretStr
+from pydantic import AfterValidator, AliasChoices, BaseModel, Field, PlainSerializer, SecretStr
 
 import signoff as so
 from signoff.testing import Capture, call_tools, reply, scripted_agent, sqlite_runtime, tool_results
@@ -210,3 +211,74 @@ def test_unlike_names_where_the_form_does_not_show_the_value() -> None:
         ("key",),
         False,
     )
+
+
+class _Mail(BaseModel):
+    to: str = Field(validation_alias="recipient")
+
+
+def _send_valias(to: Annotated[str, Field(validation_alias="recipient")]) -> str:
+    """Send."""
+    return to
+
+
+def _send_choices(to: Annotated[str, Field(validation_alias=AliasChoices("to", "rcpt"))]) -> str:
+    """Send."""
+    return to
+
+
+def _send_salias(to: Annotated[str, Field(serialization_alias="recipient")]) -> str:
+    """Send."""
+    return to
+
+
+def _send_nested(mail: _Mail) -> str:
+    """Send."""
+    return mail.to
+
+
+@pytest.mark.parametrize(
+    ("fn", "read", "shown"),
+    [
+        (_send_valias, "'recipient'", "'to'"),
+        (_send_choices, "[['to'], ['rcpt']]", "'to'"),
+        (_send_salias, "'to'", "'recipient'"),
+        (_send_nested, "'recipient'", "'to'"),
+    ],
+)
+def test_a_field_read_by_one_name_and_shown_by_another_is_refused_when_the_tool_is_made(
+    fn: Any, read: str, shown: str
+) -> None:
+    """The model was shown `recipient`, the reviewer `to`: an edit in the form shown was
+    always refused, and with a generated value the approved call never ran."""
+    message = f"field 'to' is read from the model as {read} but shown to a reviewer as {shown}"
+    with pytest.raises(so.UsageError, match=re.escape(message)):
+        so.tool(fn, approval=so.always())
+
+
+async def test_a_field_with_one_alias_is_shown_by_it_and_runs(tmp_path: Path) -> None:
+    """`Field(alias=...)` names the field alike both ways: asked by it, edited by it, run."""
+    ran: list[Any] = []
+
+    @so.tool(approval=so.always())
+    async def send(
+        to: Annotated[str, Field(alias="recipient")],
+        ref: str = Field(default_factory=lambda: "r-1"),
+    ) -> str:
+        """Send."""
+        ran.append((to, ref))
+        return "ok"
+
+    agent = scripted_agent(
+        "a",
+        [call_tools(so.ToolCall(id="c1", name="send", input={"recipient": "al"})), reply("ok")],
+        tools=[send],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        assert req.input == {"recipient": "al", "ref": "r-1"}
+        edit = so.Decision(id=req.id, approved=True, edited_input={**req.input, "recipient": "bo"})
+        done = await rt.generate(session_id=r.session_id, approvals=[edit], auth=ALICE)
+        assert done.status == "completed"
+    assert ran == [("bo", "r-1")]

@@ -410,7 +410,8 @@ _FIELDS = ("model-field", "dataclass-field", "typed-dict-field")
 def _check_shown_fields(model: type[BaseModel], name: str) -> None:
     """Refuse a field (a parameter, or one of a model in one) left out of the input's JSON form
     (`exclude=True`, `exclude_if`): a reviewer approving a call would not see the value the
-    model gave it, which the tool gets. Its core schema is walked, each container once."""
+    model gave it, which the tool gets; or named there other than the model reads it
+    (`_check_names`). Its core schema is walked, each container once."""
     seen: set[int] = set()
     stack: list[tuple[Any, Any]] = [(model.__pydantic_core_schema__, None)]
     while stack:
@@ -429,9 +430,26 @@ def _check_shown_fields(model: type[BaseModel], name: str) -> None:
                     "would get it: drop the exclusion, or take the value other than from the "
                     "model"
                 )
+            if item.get("type") in _FIELDS:
+                _check_names(item, item.get("name", key), name)
             stack.extend(reversed([(value, k) for k, value in item.items()]))  # in order
         else:
             stack.extend(reversed([(value, None) for value in item]))
+
+
+def _check_names(field: dict[str, Any], key: Any, name: str) -> None:
+    """Refuse a field read from the model by one name and shown to a reviewer by another
+    (`validation_alias`, `serialization_alias`): the form named it other than the schema the
+    model is shown, so an edit in it was refused and a filled-in approved call never ran."""
+    read = field.get("validation_alias", key)
+    shown = field.get("serialization_alias", key)
+    if read == shown:
+        return
+    raise UsageError(
+        f"tool {name!r}: field {key!r} is read from the model as {_shown(read)} but shown to a "
+        f"reviewer as {shown!r}: give it one name, `Field(alias=...)` (no AliasChoices or "
+        "AliasPath), so the form a reviewer approves names it as the model does"
+    )
 
 
 def _check_defaults(model: type[BaseModel], name: str) -> None:
