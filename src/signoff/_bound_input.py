@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Secret, SecretBytes, SecretStr, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from ._tool_json import holds_mask
+from ._tool_json import holds_mask, is_mask
 from ._tools import Tool
 from ._types import Action, input_hash
 
@@ -28,13 +28,27 @@ def still_bound(action: Action, tool: Tool, validated: BaseModel) -> bool:
 
 
 def as_approved(action: Action, tool: Tool, raw: Any) -> BaseModel | None:
-    """The model's input with what it left out taken from the approved form, validated, if it
-    is the input approved: a value pydantic generates for what is left out (a `default_factory`:
-    an id, a time) is another one each time, the one the reviewer saw is in the form. None if
-    it is not, or if a secret would reach the tool as the form's mask."""
-    filled = _filled(raw, action.input)
+    """The input approved, when the model's own no longer validates to it: a value pydantic
+    generates for what is left out (a `default_factory`: an id, a time) is another one each
+    time, the one the reviewer saw is in the form. First the model's input with what it left
+    out taken from the form (a secret's mask left out: its default applies, unless generated);
+    else, as that pairs list items by place (a validator that sorts them, a text it makes an
+    object of), the form itself, when it holds no mask. Either is taken only if its hash is
+    the one approved; a deploy that changed what the input validates to is refused. None if
+    neither is the input approved."""
+    filled, masks_left = _filled(raw, action.input)
+    validated = _bound(action, tool, filled)
+    if validated is not None and masks_left:
+        again = _bound(action, tool, filled)  # a secret generated anew: not one anybody saw
+        if again is None or _secrets(again) != _secrets(validated):
+            validated = None
+    return validated if validated is not None else _bound(action, tool, action.input)
+
+
+def _bound(action: Action, tool: Tool, raw: Any) -> BaseModel | None:
+    """`raw` validated, if that is the input `action` binds and no secret in it is its mask."""
     try:
-        validated = tool.validate(filled)
+        validated = tool.validate(raw)
     except ValidationError:
         return None
     if holds_mask(validated) or not still_bound(action, tool, validated):
@@ -42,10 +56,34 @@ def as_approved(action: Action, tool: Tool, raw: Any) -> BaseModel | None:
     return validated
 
 
-def _filled(raw: Any, form: Any) -> Any:
-    """`raw` with the keys it lacks (in its objects, at any depth) taken from `form`."""
-    if isinstance(raw, dict) and isinstance(form, dict):
-        return {**form, **{k: _filled(v, form.get(k)) for k, v in raw.items()}}
-    if isinstance(raw, list) and isinstance(form, list) and len(raw) == len(form):
-        return [_filled(v, f) for v, f in zip(raw, form, strict=True)]
-    return raw
+def _filled(raw: Any, form: Any) -> tuple[Any, bool]:
+    """`raw` with the keys it lacks (in its objects, at any depth) taken from `form`, but for a
+    secret's mask, and whether a mask was so left out (a secret from a default)."""
+    left = False
+
+    def fill(raw: Any, form: Any) -> Any:
+        nonlocal left
+        if isinstance(raw, dict) and isinstance(form, dict):
+            kept = {k: v for k, v in form.items() if k in raw or not is_mask(v)}
+            left = left or len(kept) < len(form)
+            return {**kept, **{k: fill(v, form.get(k)) for k, v in raw.items()}}
+        if isinstance(raw, list) and isinstance(form, list) and len(raw) == len(form):
+            return [fill(v, f) for v, f in zip(raw, form, strict=True)]
+        return raw
+
+    return fill(raw, form), left
+
+
+def _secrets(validated: BaseModel) -> list[Any]:
+    """The values of the secrets in validated input, in the order its fields are walked."""
+    found: list[Any] = []
+    stack: list[Any] = [validated.model_dump()]
+    seen: set[int] = set()  # a container walked once: one inside itself looped for ever
+    while stack:
+        value = stack.pop()
+        if isinstance(value, SecretStr | SecretBytes | Secret):
+            found.append(value.get_secret_value())
+        elif isinstance(value, dict | list | tuple | set | frozenset) and id(value) not in seen:
+            seen.add(id(value))
+            stack.extend(value.values() if isinstance(value, dict) else value)
+    return found

@@ -43,6 +43,7 @@ __all__ = [
     "copied",
     "edit_changed",
     "holds_mask",
+    "is_mask",
     "json_size",
     "jsonable",
     "key_not_text",
@@ -71,6 +72,11 @@ def sets_sorted(value: Any, form: Any) -> Any:
 
 _MASK = "**********"
 """How pydantic shows a secret as JSON, as a reviewer sees it."""
+
+
+def is_mask(value: Any) -> bool:
+    """Whether a value of a reviewer's form is a secret's mask, which holds no value of it."""
+    return isinstance(value, str) and value == _MASK
 
 
 def holds_mask(validated: BaseModel) -> bool:
