@@ -136,7 +136,7 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
                     [rid],
                 ) from None
             _check_edit_kept(rid, tool, validated, edited)
-            _check_edit_unchanged(rid, tool, reply.edited_input, edited)
+            _check_edit_unchanged(rid, tool, reply.edited_input, edited, validated)
         approve = reply.option_id == "approve"
         out: dict[str, Any] = {
             "outcome": "approved" if approve else "cancelled",
@@ -350,10 +350,12 @@ def _check_edit_kept(rid: str, tool: Tool, validated: BaseModel, edited: dict[st
         )
 
 
-def _check_edit_unchanged(rid: str, tool: Tool, given: Any, edited: dict[str, Any]) -> None:
+def _check_edit_unchanged(
+    rid: str, tool: Tool, given: Any, edited: dict[str, Any], validated: BaseModel
+) -> None:
     """Refuse an edit that validation changed (`edit_changed`): the reviewer approved what they
     gave, and the call would run with something else, recorded as if they had approved it."""
-    found = edit_changed(given, edited)
+    found = edit_changed(given, edited, validated)
     if found is None:
         return
     loc, shown, dropped = found

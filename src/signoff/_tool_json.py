@@ -449,27 +449,66 @@ def _is_dataclass(value: Any) -> bool:
     return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
-def edit_changed(given: Any, form: Any) -> tuple[tuple[str | int, ...], Any, bool] | None:
+def edit_changed(
+    given: Any, form: Any, validated: Any = None
+) -> tuple[tuple[str | int, ...], Any, bool] | None:
     """Where an edit as a reviewer gave it (`given`, plain JSON) is not what its validated form
     (`form`) holds, the form's value there, and whether the form dropped that key: a validator that
     changed a value (`min(v, 1000)`), a model that ignored a misspelt key. Keys the edit leaves
-    out are the form's to fill; a list the form holds sorted as a set's items are is the same."""
-    stack: list[tuple[Any, Any, tuple[str | int, ...]]] = [(given, form, ())]
+    out are the form's to fill; a list the form holds sorted as a set's items are is the same.
+    A computed field of a model (in `validated`, the edit validated) is no input: the form
+    shows it anew, so the edit's own (the stale one a dashboard posts back) is not compared."""
+    stack: list[tuple[Any, Any, Any, tuple[str | int, ...]]] = [(given, form, validated, ())]
     while stack:
-        one, shown, where = stack.pop()
+        one, shown, value, where = stack.pop()
         if isinstance(one, dict) and isinstance(shown, dict):
+            computed = _computed(value)
             for key in one:
-                if key not in shown:
+                if key not in shown and key not in computed:
                     return (*where, key), None, True
-            stack.extend(reversed([(v, shown[k], (*where, k)) for k, v in one.items()]))
+            stack.extend(
+                reversed(
+                    [
+                        (v, shown[k], _inner(value, k), (*where, k))
+                        for k, v in one.items()
+                        if k not in computed
+                    ]
+                )
+            )
         elif isinstance(one, list) and isinstance(shown, list) and len(one) == len(shown):
             if _as_set(one, shown):
                 continue
+            inner = value if isinstance(value, list | tuple) and len(value) == len(one) else None
             pairs = enumerate(zip(one, shown, strict=True))
-            stack.extend(reversed([(v, w, (*where, i)) for i, (v, w) in pairs]))
+            stack.extend(
+                reversed(
+                    [
+                        (v, w, None if inner is None else inner[i], (*where, i))
+                        for i, (v, w) in pairs
+                    ]
+                )
+            )
         elif not same_json(one, shown):
             return where, shown, False
     return None
+
+
+def _computed(value: Any) -> set[str]:
+    """The keys of a model's (or a pydantic dataclass's) computed fields in its JSON form."""
+    fields = getattr(type(value), "__pydantic_computed_fields__", None) or {}
+    return {info.alias or name for name, info in fields.items()}
+
+
+def _inner(value: Any, key: str) -> Any:
+    """What `value` (validated input, a part of it) holds under `key` of its JSON form."""
+    if isinstance(value, BaseModel):
+        for name, info in type(value).model_fields.items():
+            if (info.serialization_alias or name) == key:
+                return getattr(value, name)
+        return (value.__pydantic_extra__ or {}).get(key)
+    if _is_dataclass(value):
+        return getattr(value, key, None)
+    return value.get(key) if isinstance(value, dict) else None
 
 
 def _as_set(given: list[Any], shown: list[Any]) -> bool:
