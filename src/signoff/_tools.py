@@ -407,6 +407,9 @@ def _check_async_functions(model: type[BaseModel], name: str) -> None:
 
 
 _FIELDS = ("model-field", "dataclass-field", "typed-dict-field")
+_NOT_INPUT = ("return_schema", "json_schema_input_schema")
+"""Schemas in a core schema of no input the tool gets: what a serializer returns, what a
+validator's JSON schema says it takes."""
 
 
 def _check_shown_fields(model: type[BaseModel], name: str) -> None:
@@ -434,7 +437,8 @@ def _check_shown_fields(model: type[BaseModel], name: str) -> None:
                 )
             if item.get("type") in _FIELDS:
                 _check_names(item, item.get("name", key), name)
-            stack.extend(reversed([(value, k) for k, value in item.items()]))  # in order
+            parts = [(value, k) for k, value in item.items() if k not in _NOT_INPUT]
+            stack.extend(reversed(parts))  # in order
         else:
             stack.extend(reversed([(value, None) for value in item]))
 
@@ -443,7 +447,7 @@ def _check_names(field: dict[str, Any], key: Any, name: str) -> None:
     """Refuse a field read from the model by one name and shown to a reviewer by another
     (`validation_alias`, `serialization_alias`): the form named it other than the schema the
     model is shown, so an edit in it was refused and a filled-in approved call never ran."""
-    read = field.get("validation_alias", key)
+    read = _one_name(field.get("validation_alias", key))
     shown = field.get("serialization_alias", key)
     if read == shown:
         return
@@ -452,6 +456,16 @@ def _check_names(field: dict[str, Any], key: Any, name: str) -> None:
         f"reviewer as {shown!r}: give it one name, `Field(alias=...)` (no AliasChoices or "
         "AliasPath), so the form a reviewer approves names it as the model does"
     )
+
+
+def _one_name(alias: Any) -> Any:
+    """A validation alias that names one key (`AliasChoices("to")`, `AliasPath("to")`, in the
+    core schema `[["to"]]` and `["to"]`) as that key; any other as it is."""
+    if isinstance(alias, list) and len(alias) == 1 and isinstance(alias[0], list):
+        alias = alias[0]
+    if isinstance(alias, list) and len(alias) == 1 and isinstance(alias[0], str):
+        return alias[0]
+    return alias
 
 
 def _check_defaults(model: type[BaseModel], name: str) -> None:
