@@ -1,7 +1,8 @@
 """An edit posted back whole, computed fields and all, runs with its input (`edit_changed`): a
 dashboard posts the form it showed, so a changed `order.qty` comes with the stale
 `order.total`, which the model computes anew. Before, the edit was refused as changed by
-validation ("the edit's 'order.total' comes out as 7.5")."""
+validation ("the edit's 'order.total' comes out as 7.5"). And an edit by a field's own name
+(`populate_by_name`) is told the name the form shows, not that the tool does not take it."""
 
 # No `from __future__ import annotations`: the tools' hints name types local to a test.
 import re
@@ -9,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, computed_field
+from pydantic import BaseModel, ConfigDict, computed_field
+from pydantic.alias_generators import to_camel
 
 import signoff as so
 from signoff.testing import call_tools, reply, scripted_agent, sqlite_runtime
@@ -86,3 +88,32 @@ def test_edit_changed_skips_the_computed_fields_of_the_validated_edit() -> None:
     assert edit_changed(given, form, validated) is None
     given = {"order": {"qty": 3, "price": 2.0, "total": 7.5}}
     assert edit_changed(given, form, validated) == (("order", "price"), 2.5, False)
+
+
+class _Person(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+    first_name: str
+
+
+async def test_an_edit_by_a_fields_own_name_is_told_the_name_shown(tmp_path: Path) -> None:
+    """`populate_by_name` takes `first_name`, but the form shows `firstName`: the refusal said
+    the key was one the tool does not take."""
+
+    @so.tool(approval=so.always())
+    async def greet(person: _Person) -> str:
+        """Greet."""
+        return person.first_name
+
+    agent = scripted_agent(
+        "a",
+        [call_tools(so.ToolCall(id="c1", name="greet", input={"person": {"firstName": "al"}}))],
+        tools=[greet],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        edit = {"person": {"first_name": "bo"}}
+        answer = so.Decision(id=req.id, approved=True, edited_input=edit)
+        message = "the edit's 'person.first_name' is greet's field shown as 'firstName' in the form"
+        with pytest.raises(so.InvalidAnswer, match=re.escape(message)):
+            await rt.generate(session_id=r.session_id, approvals=[answer], auth=ALICE)

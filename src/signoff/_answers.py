@@ -351,7 +351,7 @@ def _check_edit_kept(rid: str, tool: Tool, validated: BaseModel, edited: dict[st
 
 
 def _check_edit_unchanged(
-    rid: str, tool: Tool, given: Any, edited: dict[str, Any], validated: BaseModel
+    rid: str, tool: Tool, given: Any, edited: dict[str, Any], validated: BaseModel | None = None
 ) -> None:
     """Refuse an edit that validation changed (`edit_changed`): the reviewer approved what they
     gave, and the call would run with something else, recorded as if they had approved it."""
@@ -360,6 +360,12 @@ def _check_edit_unchanged(
         return
     loc, shown, dropped = found
     where = ".".join(str(part) for part in loc) or "the input"
+    if dropped and shown is not None:
+        raise InvalidAnswer(
+            f"request {rid}: the edit's {where!r} is {tool.name}'s field shown as {shown!r} in "
+            f"the form, which is recorded and binds the approval: edit it by that name",
+            [rid],
+        )
     if dropped:
         what = "is dropped (a key the tool does not take)"
     else:

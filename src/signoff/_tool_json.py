@@ -453,7 +453,8 @@ def edit_changed(
     given: Any, form: Any, validated: Any = None
 ) -> tuple[tuple[str | int, ...], Any, bool] | None:
     """Where an edit as a reviewer gave it (`given`, plain JSON) is not what its validated form
-    (`form`) holds, the form's value there, and whether the form dropped that key: a validator that
+    (`form`) holds, the form's value there (for a dropped key, the name the form shows it by,
+    if it is a field's own name), and whether the form dropped that key: a validator that
     changed a value (`min(v, 1000)`), a model that ignored a misspelt key. Keys the edit leaves
     out are the form's to fill; a list the form holds sorted as a set's items are is the same.
     A computed field of a model (in `validated`, the edit validated) is no input: the form
@@ -465,7 +466,7 @@ def edit_changed(
             computed = _computed(value)
             for key in one:
                 if key not in shown and key not in computed:
-                    return (*where, key), None, True
+                    return (*where, key), _shown_as(value, key), True
             stack.extend(
                 reversed(
                     [
@@ -491,6 +492,13 @@ def edit_changed(
         elif not same_json(one, shown):
             return where, shown, False
     return None
+
+
+def _shown_as(value: Any, key: str) -> str | None:
+    """The name the form shows a model's field by, if `key` is its own name and not that one
+    (`populate_by_name` takes it, the form does not show it so)."""
+    info = type(value).model_fields.get(key) if isinstance(value, BaseModel) else None
+    return None if info is None else info.serialization_alias
 
 
 def _computed(value: Any) -> set[str]:
