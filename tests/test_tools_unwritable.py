@@ -49,6 +49,25 @@ async def _one_call(tmp_path: Path, tool: so.Tool) -> tuple[so.ToolResultMessage
     return result, again.status
 
 
+async def _approved_after(
+    tmp_path: Path, tool: so.Tool, given: dict[str, Any], turn: dict[str, bool]
+) -> tuple[so.InputRequest, so.ToolResultMessage]:
+    """Propose one call of `tool` with input `given`, turn its validator `turn["on"]` once it
+    is asked, then approve it: the request asked, and the result the model read."""
+    seen = Capture(reply("sorry"))
+    proposal = call_tools(so.ToolCall(id="c1", name=tool.name, input=given))
+    agent = scripted_agent("a", [proposal, seen], tools=[tool])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        turn["on"] = True
+        approve = so.Decision(id=req.id, approved=True)
+        done = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
+        assert done.status == "completed"
+    [result] = tool_results(seen.last)
+    return req, result
+
+
 @pytest.mark.parametrize("approval", [so.never(), so.always()], ids=["runs", "asks"])
 @pytest.mark.parametrize("made", [_dict_in_itself, _list_in_itself])
 async def test_input_a_validator_made_hold_itself_is_invalid_input(
@@ -119,10 +138,10 @@ async def test_a_validator_raising_once_approved_fails_the_call_not_the_turn(
 ) -> None:
     """A validator that raises `RuntimeError` when the approved call is validated again: the
     call ends as invalid input, as a tool body's error ends it, and the turn goes on."""
-    state = {"raise": False}
+    state = {"on": False}
 
     def checked(value: Any) -> Any:
-        if state["raise"]:
+        if state["on"]:
             raise RuntimeError("boom")
         return value
 
@@ -131,17 +150,7 @@ async def test_a_validator_raising_once_approved_fails_the_call_not_the_turn(
         """Keep x."""
         return "kept"
 
-    seen = Capture(reply("sorry"))
-    proposal = call_tools(so.ToolCall(id="c1", name="keep", input={"x": 1}))
-    agent = scripted_agent("a", [proposal, seen], tools=[keep])
-    async with sqlite_runtime(tmp_path, agent) as rt:
-        r = await rt.generate("a", prompt="go", auth=ALICE)
-        [req] = r.pending
-        state["raise"] = True
-        approve = so.Decision(id=req.id, approved=True)
-        done = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
-        assert done.status == "completed"
-    [result] = tool_results(seen.last)
+    _, result = await _approved_after(tmp_path, keep, {"x": 1}, state)
     assert result.is_error and result.content["error"] == "invalid input"
     assert "RuntimeError: boom" in result.content["details"][0]["msg"]
 
@@ -168,11 +177,11 @@ async def test_an_approved_call_whose_input_has_no_json_form_now_does_not_run(
     """A validator that makes a key JSON cannot write only once the call is approved: checking
     the input was the one approved raised `TypeError` out of the drive. It was not: the call
     does not run, and the turn goes on."""
-    state = {"unwritable": False}
+    state = {"on": False}
     ran: list[Any] = []
 
     def later(value: Any) -> Any:
-        return _frozenset_key(value) if state["unwritable"] else value
+        return _frozenset_key(value) if state["on"] else value
 
     @so.tool(approval=so.always())
     async def keep(x: Annotated[Any, AfterValidator(later)]) -> str:
@@ -180,17 +189,7 @@ async def test_an_approved_call_whose_input_has_no_json_form_now_does_not_run(
         ran.append(x)
         return "kept"
 
-    seen = Capture(reply("sorry"))
-    proposal = call_tools(so.ToolCall(id="c1", name="keep", input={"x": 1}))
-    agent = scripted_agent("a", [proposal, seen], tools=[keep])
-    async with sqlite_runtime(tmp_path, agent) as rt:
-        r = await rt.generate("a", prompt="go", auth=ALICE)
-        [req] = r.pending
-        state["unwritable"] = True
-        approve = so.Decision(id=req.id, approved=True)
-        done = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
-        assert done.status == "completed"
-    [result] = tool_results(seen.last)
+    _, result = await _approved_after(tmp_path, keep, {"x": 1}, state)
     assert result.is_error and "other input than was approved" in result.content["error"]
     assert ran == []
 
@@ -259,11 +258,11 @@ async def test_an_approved_call_whose_validator_makes_keys_alike_then_does_not_r
 ) -> None:
     """A validator that makes two keys alike only once the call is approved: the body would get
     a key the reviewer never saw. The call ends as invalid input and does not run."""
-    state = {"alike": False}
+    state = {"on": False}
     ran: list[Any] = []
 
     def later(value: Any) -> Any:
-        return _int_and_text(value) if state["alike"] else value
+        return _int_and_text(value) if state["on"] else value
 
     @so.tool(approval=so.always())
     async def keep(x: Annotated[Any, AfterValidator(later)]) -> str:
@@ -271,18 +270,8 @@ async def test_an_approved_call_whose_validator_makes_keys_alike_then_does_not_r
         ran.append(x)
         return "kept"
 
-    seen = Capture(reply("sorry"))
-    proposal = call_tools(so.ToolCall(id="c1", name="keep", input={"x": {"1": "b"}}))
-    agent = scripted_agent("a", [proposal, seen], tools=[keep])
-    async with sqlite_runtime(tmp_path, agent) as rt:
-        r = await rt.generate("a", prompt="go", auth=ALICE)
-        [req] = r.pending
-        assert req.action is not None and req.action.input == {"x": {"1": "b"}}
-        state["alike"] = True
-        approve = so.Decision(id=req.id, approved=True)
-        done = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
-        assert done.status == "completed"
-    [result] = tool_results(seen.last)
+    req, result = await _approved_after(tmp_path, keep, {"x": {"1": "b"}}, state)
+    assert req.action is not None and req.action.input == {"x": {"1": "b"}}
     assert result.is_error and result.content["error"] == "invalid input"
     assert ran == []
 
