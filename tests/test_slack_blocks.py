@@ -212,6 +212,34 @@ async def test_an_escalated_request_says_where_it_went_and_its_group_answers_fro
         )
 
 
+def _menu(posted: dict[str, Any]) -> dict[str, Any]:
+    """The one select menu of a posted message."""
+    (select,) = [
+        e
+        for b in posted["blocks"]
+        if b["type"] == "actions"
+        for e in b["elements"]
+        if e["type"] == "static_select"
+    ]
+    assert isinstance(select, dict)
+    return select
+
+
+async def _choose(slack: Any, request_id: str, option: dict[str, Any]) -> None:
+    """Choose `option` of a request's menu as user U5 would, and wait for it to settle."""
+    body = click(
+        {
+            "type": "static_select",
+            "action_id": "signoff.option",
+            "block_id": f"signoff:{request_id}",
+            "selected_option": option,
+        },
+        user="U5",
+    )
+    await slack.handle(body, sign(body, int(time.time())))
+    await slack.idle()
+
+
 async def test_options_longer_than_slack_allows_are_chosen_by_position(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
@@ -236,27 +264,10 @@ async def test_options_longer_than_slack_allows_are_chosen_by_position(
         async with manual(ChannelHub(rt, [slack])) as hub:
             await hub.poll()
             (posted,) = slack_api.of("chat.postMessage")
-            (select,) = [
-                e
-                for b in posted["blocks"]
-                if b["type"] == "actions"
-                for e in b["elements"]
-                if e["type"] == "static_select"
-            ]
+            select = _menu(posted)
             for o in select["options"]:
                 assert len(o["value"]) <= 150 and len(o["text"]["text"]) <= 75, o
-            long_one = select["options"][0]
-            body = click(
-                {
-                    "type": "static_select",
-                    "action_id": "signoff.option",
-                    "block_id": f"signoff:{req.id}",
-                    "selected_option": long_one,
-                },
-                user="U5",
-            )
-            await slack.handle(body, sign(body, int(time.time())))
-            await slack.idle()
+            await _choose(slack, req.id, select["options"][0])
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.resolution is not None
         assert stored.resolution["answer"]["option_id"] == plan
@@ -429,27 +440,10 @@ async def test_an_id_that_reads_as_a_position_does_not_answer_for_the_option_the
         async with manual(ChannelHub(rt, [slack])) as hub:
             await hub.poll()
             (posted,) = slack_api.of("chat.postMessage")
-            (select,) = [
-                e
-                for b in posted["blocks"]
-                if b["type"] == "actions"
-                for e in b["elements"]
-                if e["type"] == "static_select"
-            ]
+            select = _menu(posted)
             values = [o["value"] for o in select["options"]]
             assert values == ["signoff.option#0", "signoff.option#1"]
-            delete = select["options"][0]
-            body = click(
-                {
-                    "type": "static_select",
-                    "action_id": "signoff.option",
-                    "block_id": f"signoff:{req.id}",
-                    "selected_option": delete,
-                },
-                user="U5",
-            )
-            await slack.handle(body, sign(body, int(time.time())))
-            await slack.idle()
+            await _choose(slack, req.id, select["options"][0])
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.resolution is not None
         assert stored.resolution["answer"]["option_id"] == "x" * 200
