@@ -26,7 +26,7 @@ from ._output_caps import (
     text_tokens,
 )
 from ._settings import flag, positive_seconds, shown_value
-from ._tool_json import revealed, unlike
+from ._tool_json import unlike
 from ._tracing import review
 from ._types import ModelResponse, Usage, UserMessage, billable, reported_usage
 from .models._base import not_a_model_class
@@ -193,7 +193,7 @@ def _shown(validated: BaseModel) -> dict[str, Any] | None:
     if validated again it is other input (`unlike`): a review of it would not see what runs."""
     form = validated.model_dump(mode="json", by_alias=True)
     try:
-        again = type(validated).model_validate(revealed(validated))
+        again = type(validated).model_validate(form)
     except Exception:  # a validator may raise anything: the form is no input either way
         return None
     return None if unlike(validated, again, form) is not None else form

@@ -6,7 +6,6 @@ is the input the tool gets."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import math
 from typing import TYPE_CHECKING, Any
@@ -53,7 +52,6 @@ __all__ = [
     "over_limit",
     "recorded_bound",
     "result_bound",
-    "revealed",
     "sets_sorted",
     "unlike",
     "unwritable",
@@ -331,62 +329,6 @@ def unlike(validated: Any, again: Any, form: Any) -> tuple[tuple[str | int, ...]
         if not (shown is not _ABSENT and _plain(one) and same_json(one, shown)):
             return where, left_out
     return None
-
-
-def revealed(validated: BaseModel) -> dict[str, Any]:
-    """Validated input's JSON form as input again, to validate and compare with it (`unlike`),
-    never to show: each secret's mask is its value (the mask is no `Secret[int]`, and too short
-    for a `min_length`), a `Json` field is its text and computed fields are left out (which a
-    model with `extra="forbid"` refuses). What the reviewer's form shows otherwise (a field it
-    leaves out, a serializer's own mask) it shows so too."""
-    form: dict[str, Any] = validated.model_dump(
-        mode="json", by_alias=True, round_trip=True, **_NO_COMPUTED
-    )
-    seen: set[tuple[int, int]] = set()
-    stack: list[tuple[Any, Any]] = [(validated, form)]
-    while stack:
-        value, shown = stack.pop()
-        if (id(value), id(shown)) in seen:
-            continue
-        seen.add((id(value), id(shown)))
-        for key, inner in _parts(value):
-            if isinstance(shown, dict) and isinstance(key, str) and key in shown:
-                part = shown[key]
-            elif isinstance(shown, list) and isinstance(key, int) and key < len(shown):
-                part = shown[key]
-            else:
-                continue
-            if isinstance(inner, SecretStr | SecretBytes | Secret):
-                if part == _MASK:
-                    try:
-                        shown[key] = to_jsonable_python(inner.get_secret_value())
-                    except (PydanticSerializationError, ValueError, TypeError):
-                        pass  # left masked: validated again, it is found as other input
-            elif isinstance(part, dict | list):
-                stack.append((inner, part))
-    return form
-
-
-_NO_COMPUTED: dict[str, Any] = (
-    {"exclude_computed_fields": True}
-    if "exclude_computed_fields" in inspect.signature(BaseModel.model_dump).parameters
-    else {}  # before pydantic 2.12: `round_trip` leaves them out
-)
-
-
-def _parts(value: Any) -> list[tuple[Any, Any]]:
-    """A container's values by their key in its JSON form (by alias), for `revealed`."""
-    if isinstance(value, BaseModel):
-        fields = type(value).model_fields.items()
-        parts = [(info.serialization_alias or name, getattr(value, name)) for name, info in fields]
-        return parts + list((value.__pydantic_extra__ or {}).items())
-    if _is_dataclass(value):
-        return [(field.name, getattr(value, field.name)) for field in dataclasses.fields(value)]
-    if isinstance(value, dict):
-        return list(value.items())
-    if isinstance(value, list | tuple):
-        return list(enumerate(value))
-    return []
 
 
 _ABSENT = object()

@@ -24,7 +24,6 @@ from ._tool_json import (
     UNPARSED_ARGUMENTS,
     jsonable,
     keys_alike,
-    revealed,
     sets_sorted,
     unlike,
     unwritable,
@@ -213,14 +212,13 @@ class Tool:
         return sets_sorted(validated.model_dump(by_alias=True), form)  # type: ignore[no-any-return]
 
     def shown_form(self, validated: BaseModel) -> dict[str, Any]:
-        """`approved_form`, for a reviewer: as input (`revealed`: a secret's value for its
-        mask) it must validate again to `validated`, so that what they approve is what runs.
-        Raises `Unshown` if it does not (a field the form leaves out or shows otherwise, a
-        validator that changes it again), and `PydanticSerializationError` if it has no JSON
-        form. Asked of gated calls only."""
+        """`approved_form`, for a reviewer: it must validate again to `validated` (a secret's
+        mask aside), so that what they approve is what runs. Raises `Unshown` if it does not (a
+        field the form leaves out or shows otherwise, a validator that changes it again), and
+        `PydanticSerializationError` if it has no JSON form. Asked of gated calls only."""
         form = self.approved_form(validated)
         try:
-            again = self.validate(revealed(validated))
+            again = self.validate(form)
         except ValidationError as exc:
             error = exc.errors()[0]
             where = ".".join(str(part) for part in error["loc"]) or "the input"
