@@ -7,10 +7,10 @@ validation ("the edit's 'order.total' comes out as 7.5"). And an edit by a field
 # No `from __future__ import annotations`: the tools' hints name types local to a test.
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
-from pydantic import BaseModel, ConfigDict, computed_field
+from pydantic import AfterValidator, BaseModel, ConfigDict, computed_field
 from pydantic.alias_generators import to_camel
 
 import signoff as so
@@ -88,6 +88,25 @@ def test_edit_changed_skips_the_computed_fields_of_the_validated_edit() -> None:
     assert edit_changed(given, form, validated) is None
     given = {"order": {"qty": 3, "price": 2.0, "total": 7.5}}
     assert edit_changed(given, form, validated) == (("order", "price"), 2.5, False)
+
+
+def test_a_computed_field_shown_by_an_input_fields_key_leaves_that_key_checked() -> None:
+    """A computed field aliased as a field of input (`qty`): skipping the computed field's key
+    skipped the input's, and an edit capped from 999 to 10 ran as 10 unrefused."""
+    from signoff._tool_json import edit_changed
+
+    class Capped(BaseModel):
+        qty: Annotated[int, AfterValidator(lambda v: min(v, 10))]
+
+        @computed_field(alias="qty")  # type: ignore[prop-decorator]
+        @property
+        def shown_qty(self) -> int:
+            return self.qty
+
+    given = {"qty": 999}
+    validated = Capped.model_validate(given)
+    form = validated.model_dump(mode="json", by_alias=True)
+    assert edit_changed(given, form, validated) == (("qty",), 10, False)
 
 
 class _Person(BaseModel):

@@ -444,9 +444,12 @@ def _shown_as(value: Any, key: str) -> str | None:
 
 
 def _computed(value: Any) -> set[str]:
-    """The keys of a model's (or a pydantic dataclass's) computed fields in its JSON form."""
+    """The keys of a model's (or a pydantic dataclass's) computed fields in its JSON form, but
+    a key a field of input is shown by too (a computed field aliased so): that one is input."""
     fields = getattr(type(value), "__pydantic_computed_fields__", None) or {}
-    return {info.alias or name for name, info in fields.items()}
+    real = getattr(type(value), "__pydantic_fields__", None) or {}
+    taken = {info.serialization_alias or info.alias or name for name, info in real.items()}
+    return {info.alias or name for name, info in fields.items()} - taken - set(real)
 
 
 def _inner(value: Any, key: str) -> Any:
