@@ -35,6 +35,22 @@ def _frozenset_key(value: Any) -> dict[Any, int]:
     return {frozenset({1}): 1}
 
 
+def _keep(
+    made: Any, ran: list[Any] | None = None, approval: so.ApprovalPolicy | None = None
+) -> so.Tool:
+    """A tool `keep(x)` whose `x` goes through the validator `made`, gated by `approval`
+    (always asks by default); the body adds each `x` it gets to `ran`."""
+
+    @so.tool(approval=approval or so.always())
+    async def keep(x: Annotated[Any, AfterValidator(made)]) -> str:
+        """Keep x."""
+        if ran is not None:
+            ran.append(x)
+        return "kept"
+
+    return keep
+
+
 async def _one_call(tmp_path: Path, tool: so.Tool) -> tuple[so.ToolResultMessage, str]:
     """Run one call of `tool` (no tracer), then another message in the same session: the result
     the model read, and the status of the turn the second message ran."""
@@ -76,14 +92,7 @@ async def test_input_a_validator_made_hold_itself_is_invalid_input(
     """A validator that makes a value inside itself: walking it for NaN recursed until
     `RecursionError` escaped the drive. It is invalid input the model reads; the turn goes on."""
     ran: list[Any] = []
-
-    @so.tool(approval=approval)
-    async def keep(x: Annotated[Any, AfterValidator(made)]) -> str:
-        """Keep x."""
-        ran.append(x)
-        return "kept"
-
-    result, again = await _one_call(tmp_path, keep)
+    result, again = await _one_call(tmp_path, _keep(made, ran, approval))
     assert result.is_error and result.content["error"] == "invalid input"
     [detail] = result.content["details"]
     assert detail["type"] == "value_error" and detail["loc"][0] == "x"
@@ -145,12 +154,7 @@ async def test_a_validator_raising_once_approved_fails_the_call_not_the_turn(
             raise RuntimeError("boom")
         return value
 
-    @so.tool(approval=so.always())
-    async def keep(x: Annotated[Any, AfterValidator(checked)]) -> str:
-        """Keep x."""
-        return "kept"
-
-    _, result = await _approved_after(tmp_path, keep, {"x": 1}, state)
+    _, result = await _approved_after(tmp_path, _keep(checked), {"x": 1}, state)
     assert result.is_error and result.content["error"] == "invalid input"
     assert "RuntimeError: boom" in result.content["details"][0]["msg"]
 
@@ -160,13 +164,7 @@ async def test_a_call_whose_input_has_a_key_json_cannot_write_is_not_asked(
 ) -> None:
     """A validator that makes a frozenset a key: showing the reviewer its JSON form raised
     pydantic's `TypeError` out of the drive. The call ends with an error the model reads."""
-
-    @so.tool(approval=so.always())
-    async def keep(x: Annotated[Any, AfterValidator(_frozenset_key)]) -> str:
-        """Keep x."""
-        return "kept"
-
-    result, again = await _one_call(tmp_path, keep)
+    result, again = await _one_call(tmp_path, _keep(_frozenset_key))
     assert result.is_error and "no JSON form to show a reviewer" in result.content["error"]
     assert "TypeError" in result.content["error"] and again == "completed"
 
@@ -183,13 +181,7 @@ async def test_an_approved_call_whose_input_has_no_json_form_now_does_not_run(
     def later(value: Any) -> Any:
         return _frozenset_key(value) if state["on"] else value
 
-    @so.tool(approval=so.always())
-    async def keep(x: Annotated[Any, AfterValidator(later)]) -> str:
-        """Keep x."""
-        ran.append(x)
-        return "kept"
-
-    _, result = await _approved_after(tmp_path, keep, {"x": 1}, state)
+    _, result = await _approved_after(tmp_path, _keep(later, ran), {"x": 1}, state)
     assert result.is_error and "other input than was approved" in result.content["error"]
     assert ran == []
 
@@ -236,14 +228,7 @@ async def test_input_with_two_keys_json_writes_alike_is_invalid_input(
     body ran with input its JSON form does not hold. It is invalid input: nothing is asked and
     nothing runs, and the turn goes on."""
     ran: list[Any] = []
-
-    @so.tool(approval=approval)
-    async def keep(x: Annotated[Any, AfterValidator(made)]) -> str:
-        """Keep x."""
-        ran.append(x)
-        return "kept"
-
-    result, again = await _one_call(tmp_path, keep)
+    result, again = await _one_call(tmp_path, _keep(made, ran, approval))
     assert result.is_error and result.content["error"] == "invalid input"
     [detail] = result.content["details"]
     loc, keys = _ALIKE[made]
@@ -264,13 +249,7 @@ async def test_an_approved_call_whose_validator_makes_keys_alike_then_does_not_r
     def later(value: Any) -> Any:
         return _int_and_text(value) if state["on"] else value
 
-    @so.tool(approval=so.always())
-    async def keep(x: Annotated[Any, AfterValidator(later)]) -> str:
-        """Keep x."""
-        ran.append(x)
-        return "kept"
-
-    req, result = await _approved_after(tmp_path, keep, {"x": {"1": "b"}}, state)
+    req, result = await _approved_after(tmp_path, _keep(later, ran), {"x": {"1": "b"}}, state)
     assert req.action is not None and req.action.input == {"x": {"1": "b"}}
     assert result.is_error and result.content["error"] == "invalid input"
     assert ran == []
