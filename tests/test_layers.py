@@ -32,6 +32,7 @@ LAYERS: list[set[str]] = [
     {"_event_handlers", "_steps"},
     {"_state", "_approval", "stores", "models"},
     {
+        "_budgets",
         "_response",
         "_audit_requests",
         "_audit_snapshots",

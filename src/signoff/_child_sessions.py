@@ -12,6 +12,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from ._budgets import by_budget
 from ._child_closes import after_close, after_drive, before_drive, delegating
 from ._events import Event
 from ._exceptions import (
@@ -23,7 +24,7 @@ from ._exceptions import (
 )
 from ._mirrors import close_mirror
 from ._recording import EventSpec
-from ._state import CallState, SessionState, by_budget, delegated_turn, fold
+from ._state import CallState, SessionState, delegated_turn, fold
 from ._types import InputRequest, Principal, Usage
 
 if TYPE_CHECKING:

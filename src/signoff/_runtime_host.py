@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from ._budgets import budget_left, by_budget
 from ._child_sessions import cancel_orphan, child_id, delegating, first_turn
 from ._creation import turn_events
 from ._events import Event
@@ -13,7 +14,7 @@ from ._exceptions import SessionExpired, StoreError
 from ._prompts import check_prompt
 from ._recording import new_id, runnable, stored_status
 from ._results import GenerateResult
-from ._state import SessionState, budget_left, by_budget, fold
+from ._state import SessionState, fold
 from ._types import Principal
 
 if TYPE_CHECKING:

@@ -45,8 +45,6 @@ __all__ = [
     "SessionState",
     "SessionStatus",
     "TurnState",
-    "budget_left",
-    "by_budget",
     "delegated_turn",
     "fold",
     "of_this_fold",
@@ -532,31 +530,6 @@ def _call_of(c: dict[str, Any], turn: dict[str, Any]) -> CallState:
             call.kept_beside()
     check_kept(call)  # a damaged one is refused now, not once its body runs on it
     return call
-
-
-def budget_left(s: SessionState, max_tokens: int | None, max_cost: float | None) -> dict[str, Any]:
-    """What the session may still spend now, by budget (`max_tokens`, `max_cost_usd`): what its
-    own budgets leave (raised by each `continue`) and, in the turn its parent delegated, what its
-    parent had left (its own `headroom`), whichever is less. A new child's `session.created`
-    records it, so the child's bound is fixed once, the same on replay and after a restart."""
-    times = 1 + s.limit_grants
-    spent = s.usage + s.delegated
-    left: dict[str, Any] = {}
-    if max_tokens is not None:
-        left["max_tokens"] = max_tokens * times - spent.total_tokens
-    if max_cost is not None:
-        left["max_cost_usd"] = max_cost * times - spent.cost_usd
-    if delegated_turn(s):
-        for key, cap in s.headroom.items():
-            used = spent.total_tokens if key == "max_tokens" else spent.cost_usd
-            left[key] = min(left.get(key, cap - used), cap - used)
-    return {key: max(value, 0) for key, value in left.items()}
-
-
-def by_budget(usage: Usage, keys: Iterable[str]) -> dict[str, float]:
-    """`usage` as the budgets named by `keys` count it: `max_tokens` its tokens, `max_cost_usd`
-    its cost."""
-    return {k: usage.total_tokens if k == "max_tokens" else usage.cost_usd for k in keys}
 
 
 def delegated_turn(s: SessionState) -> bool:
