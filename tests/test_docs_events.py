@@ -5,6 +5,7 @@ and `data` field it records must be in the page, as every field of a request.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from pathlib import Path
@@ -239,3 +240,43 @@ def test_docs_events_md_names_every_field_of_a_request() -> None:
     fields = set(so.InputRequest.model_fields)
     assert len(fields) >= 20
     assert {name for name in fields if f"`{name}`" not in section} == set()
+
+
+@so.tool()
+async def look_up(order_id: str) -> str:
+    """Read an order."""
+    return f"order {order_id}: shipped"
+
+
+async def test_a_replys_reasoning_and_what_it_read_through_are_in_docs_events_md(
+    tmp_path: Path,
+) -> None:
+    """A reply with reasoning and a call, a message steered in while the model wrote it: its
+    `model.completed` keeps the reasoning to replay and the last event the model read, fields
+    docs/events.md named only on `model.paused` or nowhere."""
+    asked, go = asyncio.Event(), asyncio.Event()
+    thought = {"type": "thinking", "thinking": "check the order", "signature": "SIG"}
+
+    async def slow(messages: list[so.Message]) -> so.ModelResponse:
+        asked.set()
+        await go.wait()
+        call = so.ToolCall(id="c1", name="look_up", input={"order_id": "1"})
+        return so.ModelResponse(text="Looking.", tool_calls=[call], reasoning=[thought])
+
+    model = so.models.Scripted([slow, so.ModelResponse(text="Both shipped.")])
+    agent = so.Agent(name="a", model=model, tools=[look_up])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/mid.db") as rt:
+        turn = asyncio.create_task(rt.generate("a", prompt="where is order 1?"))
+        await asyncio.wait_for(asked.wait(), 10)
+        sid = (await rt.sessions(limit=1))[0].id
+        steer = asyncio.create_task(rt.send(sid, "and order 2?", turn_policy="steer"))
+        while not [e async for e in rt.events(sid, follow=False) if e.type == "turn.message"]:
+            await asyncio.sleep(0.01)  # the message is in the log; `send` waits for the turn
+        go.set()
+        assert (await asyncio.wait_for(turn, 10)).text.endswith("Both shipped.")
+        await asyncio.wait_for(steer, 10)
+        completed = [e.data async for e in rt.events(sid, follow=False)]
+    replies = [data for data in completed if "tool_calls" in data and data["tool_calls"]]
+    assert replies[0]["reasoning"] == [thought] and replies[0]["read_through"] >= 1, replies
+    row = rows()["model.completed"]
+    assert {name for name in replies[0] if f"`{name}`" not in row} == set()
