@@ -220,3 +220,27 @@ async def test_a_field_left_out_at_its_default_and_deleted_by_hand_is_named(
     assert problem.reason == (
         f"the snapshot at event {seq} differs from the event log: last_input_tokens"
     )
+
+
+async def test_an_event_deleted_after_the_snapshot_is_named_as_a_gap(store_url: str) -> None:
+    """The events after the snapshot are not folded for it: one deleted there (not the last) is
+    a gap in the log, named by the last entry before it. One deleted before the snapshot as
+    well is named once, as the snapshot's events not folding."""
+    sid, seq, last = await _long_session(store_url)
+    async with so.Runtime([ops()], store=store_url) as rt:
+        head = (await rt.state(sid)).seq
+    assert seq + 1 < head
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    alter(store_url, "DELETE FROM {t}events WHERE sk={p} AND seq={p}", sk, seq + 1)
+    async with so.Runtime([ops()], store=store_url) as rt:
+        for problems in (await rt.verify_audit(), await rt.verify_audit(sid)):
+            assert [(p.id, p.stream, p.n, p.reason) for p in problems] == [
+                (last.id, sid, last.n, f"event {seq + 1} is missing from the event log")
+            ]
+        alter(store_url, "DELETE FROM {t}events WHERE sk={p} AND seq={p}", sk, seq - 20)
+        for problems in (await rt.verify_audit(), await rt.verify_audit(sid)):
+            [problem] = problems
+            assert (problem.id, problem.stream, problem.n) == (last.id, sid, last.n)
+            assert problem.reason.startswith(
+                f"the snapshot at event {seq} cannot be checked: its events do not fold: "
+            )

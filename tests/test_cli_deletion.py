@@ -29,9 +29,10 @@ def _finished(url: str) -> str:
         return rt.generate_sync("greeter", "hi").session_id
 
 
-def _deletions(url: str) -> list[dict[str, object]]:
+def _deletions(url: str, damaged: tuple[str, ...] = ()) -> list[dict[str, object]]:
+    """The deletions recorded, the trail verifying clean but for the sessions `damaged`."""
     with so.Runtime([], store=url) as rt:
-        assert rt.verify_audit_sync() == []
+        assert [p.stream for p in rt.verify_audit_sync()] == list(damaged)
         return [e.data for e in rt.audit_sync(stream="store:deletions")]
 
 
@@ -157,11 +158,11 @@ def test_delete_force_erases_a_damaged_session_a_cancel_cannot_finish(
     alter(url, "DELETE FROM {t}events WHERE seq = 2")
     refused = invoke("delete", session_id, "--store", url, "--yes")
     assert refused.exit_code == 1 and "damaged" in refused.stderr, refused.output
-    assert _deletions(url) == []
+    assert _deletions(url, damaged=(session_id,)) == []  # verification names the gap
     asked = CliRunner().invoke(app, ["delete", session_id, "--store", url, "--force"], input="n\n")
     assert asked.exit_code == 1, asked.output
     assert f"Delete session {session_id} (damaged: " in asked.stdout
-    assert _deletions(url) == []
+    assert _deletions(url, damaged=(session_id,)) == []
     gone = invoke("delete", session_id, "--store", url, "--yes", "--force", "--reason", "broken")
     assert gone.exit_code == 0, gone.output
     (entry,) = _deletions(url)

@@ -36,6 +36,7 @@ LAYERS: list[set[str]] = [
         "_response",
         "_audit_requests",
         "_audit_snapshots",
+        "_audit_logs",
         "_cancellation",
         "_tool_context",
         "_refusals",

@@ -11,6 +11,7 @@ from typing import Any
 from ._agent import Agent
 from ._answers import check_text
 from ._approval import RequestRules
+from ._audit_logs import Gap, log_ends
 from ._audit_requests import PAGE as REQUESTS_PAGE
 from ._audit_requests import Leftovers, RequestTrail, request_rows
 from ._audit_snapshots import snapshot_problems
@@ -78,7 +79,9 @@ class AuditProblem:
     last entry left (0 if none is). A request row that does not say what the trail recorded of
     its request is named by the request's last entry it was read with (`id` and `n` 0 if no
     entry asks that request), its `reason` naming the request; a snapshot that is not the fold
-    of its session's events by the session's last entry up to it (0 and 0 if none)."""
+    of its session's events by the session's last entry up to it (0 and 0 if none), and events
+    missing from a log before its last by its last entry before the first of them (0 and 0 if
+    none, or if which is first cannot be told)."""
 
     id: int
     stream: str
@@ -226,11 +229,12 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
     stops short of the head the store keeps for it (its last entries removed) or goes past it
     (entries added after its last), a session entry pointing at an event an earlier entry
     of its session stands for (a step shown twice), a log that no longer ends at the event its
-    session row keeps as its last (its newest events deleted), a request row that says other
-    than the entries of its request (`_audit_requests`), and a snapshot that is not the fold
-    of its session's events (`_audit_snapshots`). A whole store is checked a page of sessions
-    at a time, then the other streams, so what is held does not grow with it; a session
-    deleted meanwhile, its deletion recorded, is not named."""
+    session row keeps as its last (its newest events deleted) or misses events before it (a
+    gap, `_audit_logs`), a request row that says other than the entries of its request
+    (`_audit_requests`), and a snapshot that is not the fold of its session's events
+    (`_audit_snapshots`). A whole store is checked a page of sessions at a time, then the
+    other streams, so what is held does not grow with it; a session deleted meanwhile, its
+    deletion recorded, is not named."""
     left = Leftovers()
     problems: list[AuditProblem] = []
     since = None  # the deletions recorded before: a session erased later is no tampering
@@ -305,6 +309,7 @@ class _Group:
     rows: list[RequestRow] = field(default_factory=list)
     audited: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     ends: dict[str, tuple[int, int]] = field(default_factory=dict)
+    gaps: dict[str, Gap] = field(default_factory=dict)
     snapshots: dict[str, StoredSnapshot] = field(default_factory=dict)
 
 
@@ -352,17 +357,21 @@ async def _session_group(
     found: AsyncIterator[AuditEntry],
 ) -> _Group:
     """A group of `sessions` whose `heads` were read: their rows, audited events, where their
-    logs end and their snapshots, read in that order, before their entries are `found`."""
+    logs end (and their gaps) and their snapshots, read in that order, before their entries are
+    `found`."""
     if len(sessions) == 1:  # by its id, as a store of an earlier signoff reads them too
         rows = await request_rows(store, session_id=sessions[0])
     else:
         rows = await request_rows(store, sessions=sessions)
+    audited = await _audited(store, sessions)
+    ends, gaps = await log_ends(store, sessions)
     return _Group(
         heads=heads,
         found=found,
         rows=rows,
-        audited=await _audited(store, sessions),
-        ends=await _log_ends(store, sessions),
+        audited=audited,
+        ends=ends,
+        gaps=gaps,
         snapshots=await store.snapshots(sessions) if hasattr(store, "snapshots") else {},
     )
 
@@ -375,23 +384,16 @@ async def _audited(store: Store, sessions: list[str]) -> dict[str, list[tuple[in
     return await store.audited_events(sessions)
 
 
-async def _log_ends(store: Store, sessions: list[str]) -> dict[str, tuple[int, int]]:
-    """Where the event logs of `sessions` end, and where their session rows say they end;
-    none from a store written for an earlier signoff, which cannot read them."""
-    if not hasattr(store, "log_ends"):
-        return {}
-    return await store.log_ends(sessions)
-
-
 async def _check(store: Store, group: _Group, left: Leftovers) -> list[AuditProblem]:
     """The problems of one group of streams, all of whose entries are `found`; the rows and
     requests that only another group can pair are `left` to it."""
-    heads, ends, snapshots = group.heads, group.ends, group.snapshots
+    heads, ends, gaps, snapshots = group.heads, group.ends, group.gaps, group.snapshots
     chains = Chains()
     requests = RequestTrail()
     unentried = _Unentried(group.audited)
     past: dict[str, None] = {}  # streams with entries past the head read above, in order
     placed: dict[str, tuple[int, int]] = {}  # the last entry of each session up to its snapshot
+    before_gap: dict[str, tuple[int, int]] = {}  # and before the first event missing in its log
     problems: list[AuditProblem] = []
     async for e in group.found:
         unentried.see(e, chains)
@@ -404,6 +406,9 @@ async def _check(store: Store, group: _Group, left: Leftovers) -> list[AuditProb
         snapshot = snapshots.get(e.stream)
         if snapshot is not None and e.seq is not None and 0 <= e.seq <= snapshot.seq:
             placed[e.stream] = (e.id, e.n)
+        gap = gaps.get(e.stream)
+        if gap is not None and e.seq is not None and 0 <= e.seq < gap.first:
+            before_gap[e.stream] = (e.id, e.n)
     last, last_id = chains.last, chains.last_id
     for sid, (n, digest) in heads.items():
         seen, seen_hash = last.get(sid, (0, None))
@@ -444,8 +449,16 @@ async def _check(store: Store, group: _Group, left: Leftovers) -> list[AuditProb
             )
             problems.append(AuditProblem(id=entry_id, stream=sid, n=n, reason=reason))
     found = requests.check(group.rows, heads, broken, left)
-    # A log named already (an event with no entry, too) is not folded again for its snapshot.
-    found += await snapshot_problems(store, snapshots, placed, {p.stream for p in problems})
+    # A log named already (an event with no entry, too) is not folded again for its snapshot,
+    # nor named for a gap, which a snapshot after it names as its events not folding.
+    logged = {p.stream for p in problems}
+    folded = await snapshot_problems(store, snapshots, placed, logged)
+    logged.update(sid for _, sid, _, _ in folded)
+    found += folded
+    for sid, gap in gaps.items():
+        if sid not in logged:
+            entry_id, n = before_gap.get(sid, (0, 0))
+            found.append((entry_id, sid, n, gap.reason))
     for entry_id, sid, n, reason in found:
         problems.append(AuditProblem(id=entry_id, stream=sid, n=n, reason=reason))
     return problems

@@ -25,6 +25,7 @@ __all__ = [
     "AuditEntry",
     "AuditRow",
     "DAMAGED",
+    "LogShape",
     "StoredSnapshot",
     "audit_rows",
     "chain_hash",
@@ -80,6 +81,21 @@ class StoredSnapshot:
     seq: int
     data: Any
     damage: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogShape:
+    """A session's event log as `Store.log_shapes` reads it for verification: the last event
+    its session row keeps (`head`), and of its event rows the highest seq (`last`), how many
+    there are (`count`), the lowest seq (`low`) and the sum of their seqs (`total`); 0 each
+    for a log of none, -1 for what a hand edit left that is no whole number. A whole log holds
+    each event from 1 to `last` once and ends at `head`."""
+
+    head: int
+    last: int
+    count: int
+    low: int
+    total: int
 
 
 def stored_snapshot(session_id: str, seq: object, data: Stored) -> StoredSnapshot:

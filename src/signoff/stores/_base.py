@@ -11,7 +11,7 @@ from .._exceptions import SchemaVersionError, StoreError, UsageError
 from .._settings import check_page
 from .._text import is_utf8
 from .._types import InputRequest, SessionStatus
-from ._audit import AuditEntry, AuditRow, StoredSnapshot
+from ._audit import AuditEntry, AuditRow, LogShape, StoredSnapshot
 from ._initiators import InitiatorFilter
 from ._pending import PendingFilter, created_before
 
@@ -484,7 +484,16 @@ class Store(Protocol):
     async def log_ends(self, sessions: Sequence[str]) -> dict[str, tuple[int, int]]:
         """`(head, last)` of each of the `sessions` listed (one with no row is left out): the
         last event its session row keeps, and the last seq in its log (0 if none), read in one
-        statement: verification checks that the log ends where its session says."""
+        statement: verification reads which sessions are still there by it, and where their
+        logs end from a store without `log_shapes`."""
+        ...
+
+    async def log_shapes(self, sessions: Sequence[str]) -> dict[str, LogShape]:
+        """What `log_ends` reads, and how many event rows each log holds, their lowest seq and
+        the sum of their seqs (`LogShape`), read in one statement: verification checks that the
+        log ends where its session says and holds each event up to there, so an event row
+        deleted from its middle is a gap it names. A store without it (an earlier signoff's)
+        is verified by `log_ends`, its gaps unseen."""
         ...
 
     async def snapshots(self, sessions: Sequence[str]) -> dict[str, StoredSnapshot]:

@@ -1,5 +1,5 @@
 """The PostgreSQL store's reads of the audit trail: its entries, the chain heads and the
-audited events and snapshots `verify_audit` checks them against."""
+audited events, event logs and snapshots `verify_audit` checks them against."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 from .._audit import (
     AUDITED_STORED,
     AuditEntry,
+    LogShape,
     StoredSnapshot,
     entry_type,
     loaded_data,
@@ -171,6 +172,31 @@ class AuditReads(Connections):
             }
 
         return await self._read(body, "reading where the event logs end")
+
+    async def log_shapes(self, sessions: Sequence[str]) -> dict[str, LogShape]:
+        async def body(conn: Conn) -> dict[str, LogShape]:
+            s, ids = self._s, [i for i in sessions if storable(i)]
+            # One pass over each session's events by the primary key (LATERAL: never a scan of
+            # all events joined): their count, sum and lowest seq come with the highest.
+            sql = (
+                "SELECT s.id, s.head, x.hi, x.n, x.lo, x.total "
+                f"FROM {s}.sessions s CROSS JOIN LATERAL (SELECT max(e.seq) AS hi, "
+                "count(*) AS n, min(e.seq) AS lo, sum(e.seq) AS total "
+                f"FROM {s}.events e WHERE e.sk = s.sk) x WHERE s.id = ANY(%s)"
+            )
+            cur = await conn.execute(sql, (ids,))
+            return {
+                sid: LogShape(
+                    head=int(head),
+                    last=0 if last is None else int(last),
+                    count=int(count),
+                    low=0 if low is None else int(low),
+                    total=0 if total is None else int(total),
+                )
+                for sid, head, last, count, low, total in await cur.fetchall()
+            }
+
+        return await self._read(body, "reading the shapes of the event logs")
 
     async def snapshots(self, sessions: Sequence[str]) -> dict[str, StoredSnapshot]:
         async def body(conn: Conn) -> dict[str, StoredSnapshot]:

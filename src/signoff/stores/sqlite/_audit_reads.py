@@ -11,6 +11,7 @@ from .._audit import (
     AUDITED_STORED,
     DAMAGED,
     AuditEntry,
+    LogShape,
     StoredSnapshot,
     entry_type,
     loaded_data,
@@ -167,6 +168,26 @@ class AuditReads(Connection):
         }
 
     @reading
+    async def log_shapes(self, sessions: Sequence[str]) -> dict[str, LogShape]:
+        # One pass over each session's events by the primary key: their count, sum and lowest
+        # seq come with the highest, which alone was one seek.
+        sql = (
+            "SELECT s.id, s.head, max(e.seq), count(e.seq), min(e.seq), sum(e.seq) "
+            "FROM sessions s LEFT JOIN events e ON e.sk = s.sk "
+            f"WHERE s.id IN ({','.join('?' * len(sessions))}) GROUP BY s.sk"
+        )
+        return {
+            sid: LogShape(
+                head=_seq_or(head),
+                last=_seq_or(last),
+                count=count,
+                low=_seq_or(low),
+                total=_seq_or(total),
+            )
+            for sid, head, last, count, low, total in self.conn.execute(sql, list(sessions))
+        }
+
+    @reading
     async def snapshots(self, sessions: Sequence[str]) -> dict[str, StoredSnapshot]:
         sql = (
             "SELECT s.id, n.seq, n.data FROM sessions s JOIN snapshots n ON n.sk = s.sk "
@@ -185,7 +206,8 @@ def _entry_number(value: object) -> int:
 
 
 def _seq_or(value: object) -> int:
-    """A seq as read for `log_ends`: 0 for none, -1 for what a hand edit left that is none."""
+    """A seq as read for `log_ends` and `log_shapes` (or their sum): 0 for none, -1 for what a
+    hand edit left that is none."""
     if value is None:
         return 0
     return value if isinstance(value, int) and not isinstance(value, bool) else -1
