@@ -8,6 +8,7 @@ fixtures in conftest.py run it against both backends.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -189,3 +190,90 @@ async def test_a_damaged_request_row_is_named_by_its_id(store_url: str) -> None:
             # Damage, not a read that failed (a retry reads the same): no other StoreError.
             assert type(info.value) is so.StoreDamaged, info.value
         assert session_rows(store_url, one.session_id) == before
+
+
+EVENT_DAMAGES = {
+    "data that does not inflate": ("data", b"\x01not deflate"),
+    "data that is not an object": ("data", pack_bytes([1, 2])),
+    "a type code no signoff wrote": ("type", "?"),
+}
+
+
+@pytest.mark.parametrize("damage", [*EVENT_DAMAGES, "a snapshot that does not inflate"])
+async def test_an_event_or_snapshot_that_cannot_be_read_back_is_store_damaged(
+    store_url: str, damage: str
+) -> None:
+    """A stored event or snapshot that does not read back is `StoreDamaged` (reading it again
+    gives the same), naming its session, from the store's reads and from a state's load; it
+    was a plain `StoreError`, what a read that failed for a moment also raises. Nothing is
+    written, and the other session goes on."""
+    async with so.Runtime([gated_agent()], store=store_url) as rt:
+        one, two = await parked_pair(rt)
+        sid = one.session_id
+        state = await rt.state(sid)
+    of_session = "sk = (SELECT sk FROM {t}sessions WHERE id = {p})"
+    if damage in EVENT_DAMAGES:
+        column, value = EVENT_DAMAGES[damage]
+        edit(
+            store_url,
+            f"UPDATE {{t}}events SET {column} = {{p}} WHERE seq = 2 AND {of_session}",
+            value,
+            sid,
+        )
+        reads: tuple[str, ...] = ("read_events", "load", "state")
+    else:
+        edit(
+            store_url,
+            "INSERT INTO {t}snapshots (sk, seq, data) SELECT sk, {p}, {p} FROM {t}sessions "
+            "WHERE id = {p} ON CONFLICT (sk) DO UPDATE SET seq = excluded.seq, "
+            "data = excluded.data",
+            state.seq,
+            b"\x01garbage",
+            sid,
+        )
+        reads = ("load", "state")
+    before = session_rows(store_url, sid)
+    async with so.Runtime([gated_agent()], store=store_url) as fresh:  # nothing cached
+        await fresh.open()
+        attempts = {
+            "read_events": lambda: fresh.store.read_events(sid),
+            "load": lambda: fresh.store.load(sid),
+            "state": lambda: fresh.state(sid),
+        }
+        for read in reads:
+            with pytest.raises(StoreError, match=f"session '{sid}'") as info:
+                await attempts[read]()
+            assert type(info.value) is so.StoreDamaged, (read, info.value)
+        answer = so.InputResponse(request_id=two.pending[0].id, option_id="approve")
+        assert (await fresh.respond(two.session_id, [answer])).status == "completed"
+    assert session_rows(store_url, sid) == before
+
+
+@pytest.mark.parametrize(
+    ("sql", "read"),
+    [
+        ("UPDATE events SET at = 'noon' WHERE seq = 2", "read_events"),
+        ("UPDATE sessions SET head = 'x'", "load"),
+        ("UPDATE leases SET token = 'x'", "acquire_lease"),
+    ],
+)
+async def test_a_sqlite_row_of_the_wrong_types_is_store_damaged(
+    tmp_path: Path, sql: str, read: str
+) -> None:
+    """SQLite keeps whatever a hand edit puts in a column: an event's time, a session row's head
+    or its lease of the wrong type is `StoreDamaged` naming the session, as a number `kept`
+    checks already was."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with so.Runtime([gated_agent()], store=url) as rt:
+        one, _ = await parked_pair(rt)
+    edit(url, sql)
+    async with so.Runtime([gated_agent()], store=url) as fresh:
+        await fresh.open()
+        attempts = {
+            "read_events": lambda: fresh.store.read_events(one.session_id),
+            "load": lambda: fresh.store.load(one.session_id),
+            "acquire_lease": lambda: fresh.store.acquire_lease(one.session_id, "me", 30.0, 0.0),
+        }
+        with pytest.raises(StoreError, match=f"session '{one.session_id}'") as info:
+            await attempts[read]()
+        assert type(info.value) is so.StoreDamaged, info.value

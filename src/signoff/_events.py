@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal
 
-from ._exceptions import SchemaVersionError, StoreError, TooLarge, UsageError
+from ._exceptions import SchemaVersionError, StoreDamaged, TooLarge, UsageError
 
 __all__ = [
     "BOOKKEEPING",
@@ -175,8 +175,9 @@ class Event:
 def _check_row(
     session_id: str, seq: int, type: str, at: float, turn_id: str | None, data: Any, v: int
 ) -> None:
-    """Refuse a stored event's fields unless they are of their types, its version one this
-    signoff reads and its type one it knows (`Event.from_row`)."""
+    """Refuse a stored event's fields unless they are of their types (else `StoreDamaged`: the
+    row reads the same again), its version one this signoff reads and its type one it knows
+    (else `SchemaVersionError`) (`Event.from_row`)."""
     fields = (  # `_is_int` inline, and a float `at` (what the stores give) told first
         isinstance(session_id, str)
         and isinstance(seq, int)
@@ -189,7 +190,7 @@ def _check_row(
         and isinstance(data, dict)
     )
     if not fields:
-        raise StoreError(
+        raise StoreDamaged(
             f"event {session_id!r}:{seq!r} is malformed: seq and v must be integers, at a "
             "number, session_id, type and turn_id strings and data an object"
         )

@@ -411,10 +411,14 @@ class SchemaVersionError(StoreError):
 
 
 class StoreDamaged(StoreError):
-    """A stored request row (or a number a SQLite row keeps) cannot be read back, as a hand edit
-    or a half-restored copy left it: reading it again gives the same, so it is not retried (the
-    store failing, busy or down, is a plain `StoreError` or one of its other classes). It is
-    sent and told as a `StoreError` (no code of its own)."""
+    """A stored row cannot be read back, as a hand edit or a half-restored copy left it: an
+    event's or snapshot's data that does not decode (or names a format or type code this
+    signoff does not know), an event's fields of the wrong types, a request row, or a number a
+    SQLite session row keeps. Reading it again gives the same, so it is not retried, and a
+    server's listing leaves its session out; the store failing, busy or down is a plain
+    `StoreError` or one of its other classes, and so are the state's own checks that find a
+    session's readable rows disagreeing. It is sent and told as a `StoreError` (no code of its
+    own)."""
 
 
 class StoreGone(StoreError):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._events import Event
-from .._exceptions import StoreError
+from .._exceptions import StoreDamaged
 from ._codec import Stored, event_text, parse, stored_type, type_name, unpack_snapshot
 
 __all__ = [
@@ -105,7 +105,7 @@ def stored_snapshot(session_id: str, seq: object, data: Stored) -> StoredSnapsho
         return StoredSnapshot(seq=DAMAGED, data=None, damage=f"its seq is {seq!r:.40}")
     try:
         return StoredSnapshot(seq=seq, data=unpack_snapshot(data, session_id, seq))
-    except StoreError as exc:
+    except StoreDamaged as exc:
         return StoredSnapshot(seq=seq, data=None, damage=str(exc))
 
 
@@ -196,7 +196,7 @@ def loaded_data(stored: Stored | None, earlier: Sequence[Stored | None] = ()) ->
         return {}
     try:
         data = parse(event_text(stored, earlier))
-    except StoreError:
+    except StoreDamaged:
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -208,7 +208,7 @@ def entry_type(stored: object) -> str:
         return ""
     try:
         return type_name(stored)
-    except StoreError:
+    except StoreDamaged:
         return str(stored)
 
 

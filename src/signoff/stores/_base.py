@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from .._events import Event
-from .._exceptions import SchemaVersionError, StoreError, UsageError
+from .._exceptions import SchemaVersionError, StoreDamaged, UsageError
 from .._settings import check_page
 from .._text import is_utf8
 from .._types import InputRequest, SessionStatus
@@ -180,11 +180,12 @@ def session_summary(row: Sequence[Any]) -> SessionSummary:
 
 
 def _number(value: Any, session_id: str, what: str, *, whole: bool = False) -> Any:
-    """A number a session row keeps, checked: SQLite keeps whatever a hand edit puts in a
-    column, and converting text would fail a whole listing with a bare ValueError."""
+    """A number a session row keeps, checked (else `StoreDamaged`): SQLite keeps whatever a
+    hand edit puts in a column, and converting text would fail a whole listing with a bare
+    ValueError."""
     if isinstance(value, int if whole else int | float) and not isinstance(value, bool):
         return value
-    raise StoreError(f"session {session_id!r} is damaged: its {what} is {value!r:.40}")
+    raise StoreDamaged(f"session {session_id!r} is damaged: its {what} is {value!r:.40}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

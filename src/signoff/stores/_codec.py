@@ -8,6 +8,10 @@ its UTF-8 bytes, a lone surrogate kept as UTF-8 would encode it), so rows writte
 existed still read back. An event may also be deflated with the text of the event before it as
 its dictionary, so a request that repeats the tool call the model just proposed stores only what
 is new; reading it then needs that event (at most `CHAIN_MAX`).
+
+A stored value that cannot be read back is `StoreDamaged`: reading it again gives the same. That
+includes a format byte or a type code this signoff does not know, which only a hand edit or a
+newer signoff writes (the message says so); a read that failed is the store's own error.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeAlias, TypeVar
 
 from .._events import dumps, loads
-from .._exceptions import StoreError
+from .._exceptions import StoreDamaged
 
 __all__ = [
     "CHAIN_MAX",
@@ -214,24 +218,24 @@ def unpack_text(stored: str | bytes | memoryview, previous: str | None = None) -
         return stored
     if not isinstance(stored, bytes):
         if not isinstance(stored, memoryview):  # SQLite keeps what a hand edit put there
-            raise StoreError(f"a stored document is neither text nor bytes: {stored!r:.40}")
+            raise StoreDamaged(f"a stored document is neither text nor bytes: {stored!r:.40}")
         stored = bytes(stored)
     if not stored:
-        raise StoreError("a stored document is empty")
+        raise StoreDamaged("a stored document is empty")
     form = stored[0]
     if form >= 0x20 or form in b"\t\n\r":  # plain JSON text
         try:
             return stored.decode("utf-8", "surrogatepass")
         except UnicodeDecodeError as exc:
-            raise StoreError(f"a stored document is not UTF-8: {exc}") from exc
+            raise StoreDamaged(f"a stored document is not UTF-8: {exc}") from exc
     if form == _DEFLATE_V1:
         wbits, dictionary = -12, _DICTIONARY_V1
     elif form == DEFLATE_ON_PREVIOUS:
         if previous is None:
-            raise StoreError("a stored event is kept on the event before it, which is missing")
+            raise StoreDamaged("a stored event is kept on the event before it, which is missing")
         wbits, dictionary = -15, _DICTIONARY_V1 + _utf8(previous)
     else:
-        raise StoreError(f"a stored document has unknown format {form} (newer signoff?)")
+        raise StoreDamaged(f"a stored document has unknown format {form} (newer signoff?)")
     return _inflated(stored, wbits, dictionary)
 
 
@@ -243,10 +247,10 @@ def _inflated(stored: bytes, wbits: int, dictionary: bytes) -> str:
         # ended there is truncated, and `flush` would add nothing to one that has.
         text = inflater.decompress(memoryview(stored)[1:])
         if not inflater.eof or inflater.unused_data:
-            raise StoreError("a stored document is corrupt: truncated or followed by garbage")
+            raise StoreDamaged("a stored document is corrupt: truncated or followed by garbage")
         return text.decode("utf-8", "surrogatepass")
     except (zlib.error, UnicodeDecodeError) as exc:
-        raise StoreError(f"a stored document is corrupt: {exc}") from exc
+        raise StoreDamaged(f"a stored document is corrupt: {exc}") from exc
 
 
 def parse(text: str) -> Any:
@@ -254,7 +258,7 @@ def parse(text: str) -> Any:
     try:
         return loads(text)
     except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
-        raise StoreError(f"a stored document is not JSON: {exc}") from exc
+        raise StoreDamaged(f"a stored document is not JSON: {exc}") from exc
 
 
 def unpack(stored: str | bytes | memoryview) -> Any:
@@ -264,11 +268,11 @@ def unpack(stored: str | bytes | memoryview) -> Any:
 
 def unpack_snapshot(stored: str | bytes | memoryview, session_id: str, seq: int) -> Any:
     """The value of a session's stored snapshot (as of event `seq`); one that cannot be read is
-    a `StoreError` naming the session, as a damaged event is, so the damage can be found."""
+    `StoreDamaged` naming the session, as a damaged event is, so the damage can be found."""
     try:
         return unpack(stored)
-    except StoreError as exc:
-        raise StoreError(f"session {session_id!r}, its snapshot at event {seq}: {exc}") from exc
+    except StoreDamaged as exc:
+        raise StoreDamaged(f"session {session_id!r}, its snapshot at event {seq}: {exc}") from exc
 
 
 def event_text(stored: str | bytes | memoryview, earlier: Sequence[Stored | None]) -> str:
@@ -284,7 +288,7 @@ def event_text(stored: str | bytes | memoryview, earlier: Sequence[Stored | None
         if not needs_previous(before):
             break
     if needs_previous(chain[-1]):
-        raise StoreError(
+        raise StoreDamaged(
             "a stored event is kept on the events before it, which are missing "
             f"or need more than {CHAIN_MAX} others"
         )
@@ -409,12 +413,12 @@ def stored_type(name: str) -> str:
 def type_name(stored: object) -> str:
     """The event type a row keeps (`stored_type` in reverse)."""
     if not isinstance(stored, str):
-        raise StoreError(f"a stored event has a type that is not text: {stored!r}")
+        raise StoreDamaged(f"a stored event has a type that is not text: {stored!r}")
     if "." in stored:
         return stored
     try:
         return _TYPE_NAMES[stored]
     except KeyError:
-        raise StoreError(
+        raise StoreDamaged(
             f"a stored event has unknown type code {stored!r} (newer signoff?)"
         ) from None

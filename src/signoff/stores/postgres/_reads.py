@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._events import Event, event_of_row
-from ..._exceptions import StoreError, UnknownSession
+from ..._exceptions import StoreDamaged, StoreError, UnknownSession
 from ..._types import InputRequest
 from .._base import (
     Loaded,
@@ -205,12 +205,13 @@ class Reads(AuditReads):
             try:
                 type_, text = type_name(code), texts.text(int(seq), data)
                 value = parse(text)
-            except StoreError as exc:
-                raise StoreError(f"session {session_id!r}, event {seq}: {exc}") from exc
+                event = event_of_row(
+                    session_id, int(seq), type_, float(at), turn_id or None, value, int(v)
+                )
+            except StoreDamaged as exc:  # named by its session and seq, so it can be found
+                raise StoreDamaged(f"session {session_id!r}, event {seq}: {exc}") from exc
             held += len(text)
-            events.append(
-                event_of_row(session_id, int(seq), type_, float(at), turn_id or None, value, int(v))
-            )
+            events.append(event)
         return key, events
 
     async def head(self, session_id: str, *, shown: Event | None = None) -> int | None:

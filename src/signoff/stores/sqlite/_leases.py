@@ -9,7 +9,7 @@ import os
 import sqlite3
 from collections.abc import Mapping, Sequence
 
-from ..._exceptions import StoreError, UnknownSession
+from ..._exceptions import StoreDamaged, StoreError, UnknownSession
 from .._base import (
     CHANNEL_CLAIMED,
     CHANNEL_MEMOS,
@@ -72,7 +72,7 @@ class Leases(Connection):
                 held_by = kept(lease[0], str, session_id, "lease owner")
                 damage = _lease_damage(lease[1], lease[2])
                 if damage is not None:
-                    raise StoreError(f"session {session_id!r} is damaged: its lease {damage}")
+                    raise StoreDamaged(f"session {session_id!r} is damaged: its lease {damage}")
                 token, expires_at = lease[1], lease[2]
                 if held_by != "" and held_by != owner and expires_at > now:
                     return None

@@ -11,7 +11,7 @@ from contextlib import closing
 from typing import Any
 
 from ..._events import Event, event_of_row
-from ..._exceptions import StoreError, UnknownSession
+from ..._exceptions import StoreDamaged, UnknownSession
 from ..._types import InputRequest
 from .._base import (
     Loaded,
@@ -65,7 +65,7 @@ class Reads(AuditReads):
             return None
         sk, agent, head = int(row[0]), str(row[1]), row[2]
         if not isinstance(head, int):  # SQLite keeps what a hand edit put there
-            raise StoreError(f"session {session_id!r} is damaged: its row's head is {head!r:.40}")
+            raise StoreDamaged(f"session {session_id!r} is damaged: its row's head is {head!r:.40}")
         self._sk[session_id] = sk
         snap_row = conn.execute("SELECT seq, data FROM snapshots WHERE sk=?", (sk,)).fetchone()
         after = 0
@@ -153,11 +153,11 @@ class Reads(AuditReads):
                 turn = named
                 try:
                     type_, text = type_name(code), texts.text(seq, data)
-                    value = parse(text)
-                except StoreError as exc:
-                    raise StoreError(f"session {session_id!r}, event {seq}: {exc}") from exc
+                    event = event_of_row(session_id, seq, type_, at, named or None, parse(text), v)
+                except StoreDamaged as exc:  # named by its session and seq, so it can be found
+                    raise StoreDamaged(f"session {session_id!r}, event {seq}: {exc}") from exc
                 held += len(text)
-                events.append(event_of_row(session_id, seq, type_, at, named or None, value, v))
+                events.append(event)
                 if max_bytes is not None and held >= max_bytes:
                     break
         return events

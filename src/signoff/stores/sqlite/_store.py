@@ -23,6 +23,7 @@ from ..._exceptions import (
     LeaseLost,
     RequestClosed,
     SessionDeleted,
+    StoreDamaged,
     StoreError,
     UnknownSession,
 )
@@ -386,7 +387,7 @@ class SQLiteStore(Reads, Leases, Deletions):
             if head not in rows:
                 return None
             text = event_text(rows[head], [rows.get(head - i) for i in range(1, CHAIN_MAX + 1)])
-        except StoreError:
+        except StoreDamaged:
             return None
         needs = 0
         while needs < CHAIN_MAX and needs_previous(rows.get(head - needs)):
