@@ -299,6 +299,62 @@ async def test_a_session_whose_first_event_is_damaged_is_left_out_of_listings(
         assert r.status_code == 503
 
 
+async def test_a_listing_fails_when_who_started_a_session_cannot_be_read_for_a_moment(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a rule of its own the server reads who started each session from its first event.
+    A read that fails with a plain `StoreError` (SQLite's disk I/O error, PostgreSQL's statement
+    cancelled) is not damage: the listing and the queue fail with 503 `store_error`, as any
+    call the store fails does. They answered 200 leaving the session out (its request too), a
+    page the caller could not tell was short. Read again once the store mends, it is listed."""
+    async with in_process(store_url, custom_access) as (runtime, c):
+        good = (await runtime.generate("support", "refund it", auth=ALICE)).session_id
+        bad = (await runtime.generate("support", "refund it", auth=ALICE)).session_id
+        real = runtime.store.read_events
+        failing = [True]
+
+        async def read_events(session_id: str, *args: Any, **kwargs: Any) -> Any:
+            if session_id == bad and failing[0]:
+                raise so.StoreError("SQLite read state.db failed: disk I/O error")
+            return await real(session_id, *args, **kwargs)
+
+        monkeypatch.setattr(runtime.store, "read_events", read_events)
+        for path in ("/v1/sessions", "/v1/requests"):
+            r = await c.get(path, headers=auth("alice-token"))
+            assert r.status_code == 503, (path, r.text)
+            assert r.json()["error"]["code"] == "store_error", r.text
+        failing[0] = False
+        r = await c.get("/v1/sessions", headers=auth("alice-token"))
+        assert {s["id"] for s in r.json()["items"]} == {good, bad}, r.text
+        r = await c.get("/v1/requests", headers=auth("alice-token"))
+        assert {q["session_id"] for q in r.json()["items"]} == {good, bad}, r.text
+
+
+@pytest.mark.parametrize("first", ["b", "?"])
+async def test_a_session_whose_first_event_is_not_its_start_is_left_out_of_listings(
+    store_url: str, first: str
+) -> None:
+    """A first event that reads back but is no `session.created` (its type code edited to
+    another event's, `b`) does not say who started the session: its state is read, whose own
+    checks fail on it, and a listing under a rule of its own leaves the session out (it is
+    `StoreDamaged`, as one whose first event does not read back, `?`, is) rather than fail
+    for every caller; the session's own read answers 503 `store_error`."""
+    async with so.Runtime(make_agents(), store=store_url) as rt:
+        good = (await rt.generate("support", "refund it", auth=ALICE)).session_id
+        bad = (await rt.generate("support", "refund it", auth=ALICE)).session_id
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", bad)
+    alter(store_url, "UPDATE {t}events SET type={p} WHERE sk={p} AND seq=1", first, sk)
+    async with in_process(store_url, custom_access) as (_, c):
+        r = await c.get("/v1/sessions", headers=auth("alice-token"))
+        assert r.status_code == 200, r.text
+        assert [s["id"] for s in r.json()["items"]] == [good], r.text
+        r = await c.get("/v1/requests", headers=auth("alice-token"))
+        assert r.status_code == 200, r.text
+        assert {q["session_id"] for q in r.json()["items"]} == {good}, r.text
+        r = await c.get(f"/v1/sessions/{bad}", headers=auth("alice-token"))
+        assert r.status_code == 503 and r.json()["error"]["code"] == "store_error", r.text
+
+
 async def test_a_subagents_session_is_listed_to_whoever_may_see_its_parent(
     store_url: str,
 ) -> None:

@@ -463,18 +463,16 @@ class ServerContext(OpenRequests):
 
     async def _sees(self, caller: Principal, session_ids: Collection[str]) -> dict[str, bool]:
         """Whether a listing shows each session to the caller: not when it was deleted, nor when
-        who started it cannot be read (a damaged log: one such session must not fail every
-        caller's listing; its own read names the damage). The access rule is asked of them all
-        at once (`_judged`)."""
+        who started it cannot be read back (`StoreDamaged`: one damaged log must not fail every
+        caller's listing; its own read names the damage); any other store error fails the
+        listing rather than leave one out. The rule is asked of them all at once (`_judged`)."""
         initiators: dict[str, Principal | None] = {}
         for session_id in session_ids:
             try:
                 initiators[session_id] = await self.initiator(session_id)
             except UnknownSession:
                 pass
-            except StoreError as exc:
-                if type(exc) not in (StoreError, StoreDamaged):  # busy, down, gone: not its fault
-                    raise
+            except StoreDamaged as exc:
                 log.warning("session %s left out of a listing: %s", session_id, exc)
         judged = await self._judged(caller, initiators)
         return {session_id: judged.get(session_id, False) for session_id in session_ids}
@@ -494,8 +492,17 @@ class ServerContext(OpenRequests):
         if not first:
             raise UnknownSession(session_id)
         known, initiator = _created_by(first)
-        if not known:  # a damaged log: the state's own checks name what is wrong
-            initiator = (await self.runtime._state(session_id)).initiator
+        if not known:  # a damaged log: its state says who started it, or what is wrong
+            try:
+                initiator = (await self.runtime._state(session_id)).initiator
+            except StoreError as exc:
+                if type(exc) is not StoreError:  # busy, down, gone, damaged: raised as it is
+                    raise
+                # The state's own checks: damage, as that first event is whatever they find.
+                raise StoreDamaged(
+                    f"session {session_id!r} is damaged: its first event does not say who "
+                    f"started it, and its state cannot be read: {exc}"
+                ) from exc
         if len(self._initiators) >= 100_000:
             self._initiators.clear()
         self._initiators[session_id] = initiator
