@@ -6,7 +6,9 @@ that is not there, is the same error whatever the command, before any store is o
 from __future__ import annotations
 
 import json
+import socket
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +281,195 @@ def test_the_readme_s_script_named_as_a_runtime_is_one_line_saying_why(
         "under if __name__ == '__main__':)\n"
     )
     assert [p.name for p in tmp_path.iterdir() if p.name != "__pycache__"] == ["app.py"]
+
+
+# -- a runtime's store opened with its own settings --------------------------------------------
+
+PG_SETTINGS = (
+    "schema='tenant_a', connect_timeout=1, operation_timeout=7, grace=3, timeout=9, "
+    "request_timeout=2, min_size=2, max_size=4, poll_interval=0.5"
+)
+"""A runtime's `PostgresStore` settings other than its URL's, none of them the default."""
+
+
+@pytest.fixture
+def blackhole() -> Iterator[int]:
+    """The port of a socket that listens and never accepts nor answers: a hung server, to which
+    a connection is made (by the kernel) and then waits for libpq's `connect_timeout`."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield sock.getsockname()[1]
+
+
+def pg_runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, port: int) -> str:
+    """A module of a runtime whose `PostgresStore` at `port` has `PG_SETTINGS`."""
+    url = f"postgresql://u:pw@127.0.0.1:{port}/db"
+    return runtime_module(
+        tmp_path,
+        monkeypatch,
+        "pg_settings_runtime",
+        f"PostgresStore({url!r}, {PG_SETTINGS})",
+        imported="from signoff.stores.postgres import PostgresStore",
+    )
+
+
+def connected(monkeypatch: pytest.MonkeyPatch, *, refused: bool) -> list[Any]:
+    """The PostgreSQL stores that go on to connect (each time), recorded; with `refused`, each
+    connection is refused at once as by a wrong password (a `StoreError`, not waited out)."""
+    import psycopg
+
+    from signoff.stores.postgres._connections import Connections
+
+    stores: list[Any] = []
+    real = Connections._connect_raw
+
+    async def recorded(self: Connections) -> Any:
+        stores.append(self)
+        if refused:
+            raise psycopg.OperationalError('FATAL:  password authentication failed for user "u"')
+        return await real(self)
+
+    monkeypatch.setattr(Connections, "_connect_raw", recorded)
+    return stores
+
+
+def assert_own_settings(store: Any) -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    assert conninfo_to_dict(store._dsn)["connect_timeout"] == "1"
+    assert store.schema == "tenant_a"
+    assert (store.operation_timeout, store.timeout, store.request_timeout) == (7, 9, 2)
+    assert (store.min_size, store.max_size, store.poll_interval) == (2, 4, 0.5)
+    assert store._outage.grace == 3
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["pending", T],
+        ["sessions", T],
+        ["events", "ses_x", T],
+        ["db", "status", T],
+        ["db", "upgrade", T],
+        ["prune", "--older-than", "90d", T, "--dry-run"],
+        ["prune", "--older-than", "90d", T, "--yes"],
+        ["approve", "req_x", T],
+        ["deny", "req_x", T],
+        ["answer", "req_x", T, "--text", "hi"],
+        ["cancel", "ses_x", T],
+        ["delete", "ses_x", T, "--yes"],
+        ["serve", T, "--port", "0"],
+    ],
+    ids=lambda c: " ".join(w for w in c if "{" not in w),
+)
+def test_a_runtimes_postgres_store_is_opened_with_its_own_settings(
+    command: list[str], blackhole: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`signoff pending app:runtime` opened a store made again from the runtime's store's URL,
+    which leaves out the settings given as arguments (`PostgresStore(url, connect_timeout=1)`):
+    the command waited libpq's 5 s on a hung server where the runtime waits 2, and so did each
+    command's store, the schema probe of the answering ones and `serve`'s check. Each now
+    connects with the runtime's settings, upgrading nothing unless it is `serve`'s own store."""
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: None)  # never reached
+    target = pg_runtime(tmp_path, monkeypatch, blackhole)
+    stores = connected(monkeypatch, refused=True)
+    result = invoke(*naming(command, target))
+    assert result.exit_code == 1, result.output
+    assert "password authentication failed" in result.stderr
+    assert stores
+    for store in stores:
+        assert_own_settings(store)
+        assert store.auto_migrate is (command[0] == "serve")
+
+
+def test_a_command_on_a_hung_server_fails_as_its_runtime_would(
+    blackhole: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hunt's case: a server that takes the connection and never answers. `pending` fails
+    as the runtime would, after the runtime's `connect_timeout`, not libpq's default."""
+    target = pg_runtime(tmp_path, monkeypatch, blackhole)
+    stores = connected(monkeypatch, refused=False)
+    result = invoke("pending", target)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: StoreUnavailable: cannot connect to PostgreSQL"), (
+        result.stderr
+    )
+    assert "timeout expired" in result.stderr
+    assert stores
+    for store in stores:
+        assert_own_settings(store)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["pending", T],
+        ["sessions", T],
+        ["events", "{session}", T],
+        ["db", "status", T],
+        ["db", "upgrade", T],
+        ["prune", "--older-than", "90d", T, "--dry-run"],
+        ["approve", "{request}", T],
+        ["serve", T, "--port", "0"],
+    ],
+    ids=lambda c: " ".join(w for w in c if "{" not in w),
+)
+def test_a_runtimes_sqlite_store_is_opened_with_its_busy_timeout(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`SQLiteStore(path, busy_timeout=…)`: the reading and schema commands and `serve`'s check
+    waited SQLite's locks the default 30 s, not the runtime's; they now wait its own."""
+    from signoff.stores.sqlite._connection import Connection
+
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: None)
+    url = f"sqlite:///{tmp_path}/own.db"
+    session_id, request_id = park(url)
+    target = runtime_module(
+        tmp_path,
+        monkeypatch,
+        "busy_runtime",
+        f"SQLiteStore({url!r}, busy_timeout=0.25)",
+        imported="from signoff.stores import SQLiteStore",
+    )
+    opened: list[Connection] = []
+    real = Connection._open
+
+    def recorded(self: Connection, upgrade: bool | None) -> None:
+        opened.append(self)
+        real(self, upgrade)
+
+    monkeypatch.setattr(Connection, "_open", recorded)
+    words = [w.format(session=session_id, request=request_id) for w in naming(command, target)]
+    result = invoke(*words)
+    assert result.exit_code == 0, result.output
+    assert opened
+    assert [store.busy_timeout for store in opened] == [0.25] * len(opened)
+
+
+def test_a_runtimes_store_of_another_kind_is_read_from_its_url_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that is neither of signoff's has no settings the CLI knows: the reading commands
+    open a store of its URL, as they always did, and never call it."""
+    url = f"sqlite:///{tmp_path}/own.db"
+    _, request_id = park(url)
+    (tmp_path / "elsewhere_store.py").write_text(
+        "class Elsewhere:\n"
+        f"    url = {url!r}\n"
+        "    async def open(self):\n"
+        "        raise AssertionError('opened')\n"
+        "    async def close(self):\n"
+        "        pass\n"
+    )
+    target = runtime_module(
+        tmp_path,
+        monkeypatch,
+        "elsewhere_runtime",
+        "Elsewhere()",
+        imported="from elsewhere_store import Elsewhere",
+    )
+    listed = invoke("pending", target, "--json")
+    assert [r["id"] for r in json.loads(listed.stdout)] == [request_id], listed.output
+    status = invoke("db", "status", target)
+    assert status.exit_code == 0, status.output

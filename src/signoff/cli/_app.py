@@ -38,7 +38,7 @@ from .._text import is_utf8
 from .._types import InputRequest, ModelResponse, Principal
 from ..channels.terminal import compact_json, printable
 from ..models import ModelRequest
-from ..stores import DEFAULT_URL, _without_password
+from ..stores import DEFAULT_URL, Store, _without_password
 from ._commands import Group, closed_pipe
 from ._loading import load_runtime, split_target
 from ._numbers import seconds
@@ -375,16 +375,16 @@ AsOption = Annotated[
 ]
 
 
-def store_of(target: str | None, store: str | None) -> str | None:
-    """The store URL a command opens: `--store` (or `SIGNOFF_STORE`), else that of the runtime
-    `target` names (imported even when `--store` replaces its store, so a wrong one is refused
-    as every command refuses it), else None, the default store."""
+def store_of(target: str | None, store: str | None) -> Store | str | None:
+    """The store a command opens: `--store` (or `SIGNOFF_STORE`), else the store of the runtime
+    `target` names, which the command opens again with its settings (`unopened_like`), not from
+    its URL alone; else None, the default store. The runtime is imported even when `--store`
+    replaces its store, so a wrong one is refused as every command refuses it."""
     if target is None:
         return store
     with misuse():
         split_target(target)
-    own = load_runtime(target, store).store
-    return own.url  # a PostgresStore's names a schema given to it apart (`schema=`)
+    return load_runtime(target, store).store
 
 
 @contextmanager

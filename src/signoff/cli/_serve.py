@@ -19,7 +19,7 @@ from .._exceptions import (
 from .._runtime import Runtime
 from .._text import is_utf8
 from .._types import Principal
-from ..stores import SQLiteStore, Store
+from ..stores import Store
 from ._app import (
     LeaseTtlOption,
     LogLevelOption,
@@ -33,7 +33,7 @@ from ._app import (
 from ._commands import ClosedOutput
 from ._loading import load_runtime, split_target
 from ._numbers import number_of_seconds, seconds, whole
-from ._store_files import own_store
+from ._store_files import own_store, unopened_like
 from ._waiting import open_when_up
 
 PORT = whole(0, 65535)
@@ -390,19 +390,13 @@ def _check_address(host: str, port: int) -> None:
 async def _check_store(store: Store, up: list[bool]) -> None:
     """Open and close a store like `store` (SQLite or PostgreSQL; other stores are left alone),
     waiting while its database is down; `up[0]` is False if SIGTERM came first. It is opened as
-    the runtime would open it: in its schema, and upgrading it only if `store` would."""
-    url = store.url
-    migrate = getattr(store, "auto_migrate", True)
-    if url.startswith("sqlite://"):
-        probe: Store = SQLiteStore(url, migrate=migrate)
-        own_store(probe)
-    elif url.startswith(("postgresql://", "postgres://")):
-        from ..stores.postgres import PostgresStore
-
-        probe = PostgresStore(url, migrate=migrate)
-    else:
+    the runtime would open it: in its schema, with its settings (`connect_timeout`,
+    `busy_timeout`), and upgrading it only if `store` would."""
+    probe = unopened_like(store, migrate=getattr(store, "auto_migrate", True))
+    if probe is None:
         up[0] = True
         return
+    own_store(probe)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

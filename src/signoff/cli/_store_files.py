@@ -1,6 +1,7 @@
 """What the commands make of a SQLite file before its store opens it: the reading and answering
 commands refuse one that is no signoff store, and the commands that create or upgrade a store
 refuse another program's database, so that none writes signoff's tables into a file not its own.
+A runtime's store is opened again with the settings it was made with (`unopened_like`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,28 @@ from ..stores import DEFAULT_URL, SQLiteStore, Store, open_store
 from ..stores.sqlite._files import beside
 from ..stores.sqlite._url import refuse_undecoded
 
-__all__ = ["existing_store", "own_store", "reading_store", "refuse_unmade_schema"]
+__all__ = ["existing_store", "own_store", "reading_store", "refuse_unmade_schema", "unopened_like"]
+
+
+def unopened_like(store: Store | str, *, migrate: bool) -> Store | None:
+    """A new, unopened SQLite or PostgreSQL store that opens as `store` would but for `migrate`:
+    a signoff store's copy, keeping the settings it was made with (a `connect_timeout`, a
+    `busy_timeout`), which its URL leaves out; for a URL, or a store of another kind, one made
+    from the URL. None for a URL of neither kind."""
+    if isinstance(store, SQLiteStore):
+        return store._unopened_copy(migrate=migrate)
+    url = store if isinstance(store, str) else getattr(store, "url", None)
+    if not isinstance(url, str):
+        return None
+    if url.startswith("sqlite://"):
+        return SQLiteStore(url, migrate=migrate)
+    if url.startswith(("postgresql://", "postgres://")):
+        from ..stores.postgres import PostgresStore  # a UsageError without the extra
+
+        if isinstance(store, PostgresStore):
+            return store._unopened_copy(migrate=migrate)
+        return PostgresStore(url, migrate=migrate)
+    return None
 
 
 def existing_store(store: str | None) -> str:
@@ -54,7 +76,8 @@ async def refuse_unmade_schema(store: Store | str) -> None:
         return
     from ..stores.postgres import PostgresStore  # a UsageError without the extra
 
-    probe = PostgresStore(url, migrate=False)
+    probe = unopened_like(store, migrate=False)  # a runtime's store: with its settings
+    assert isinstance(probe, PostgresStore)
     try:
         if await probe.schema_version() == 0:
             await probe.open()  # with no schema and migrate=False: its SchemaVersionError
@@ -62,18 +85,17 @@ async def refuse_unmade_schema(store: Store | str) -> None:
         await probe.close()
 
 
-def reading_store(store: str | None) -> Store:
+def reading_store(store: Store | str | None) -> Store:
     """The store a command that only reads opens (`pending`, `sessions`, `events`): as
     `existing_store`, and never upgraded, as that would lock out the older processes still
-    using it; an older schema is a `SchemaVersionError` saying to run `signoff db upgrade`."""
-    url = existing_store(store)
-    if url.startswith("sqlite://"):
-        return SQLiteStore(url, migrate=False)
-    if url.startswith(("postgresql://", "postgres://")):
-        from ..stores.postgres import PostgresStore  # a UsageError without the extra
-
-        return PostgresStore(url, migrate=False)
-    return open_store(url)  # a URL of neither kind: its UsageError
+    using it; an older schema is a `SchemaVersionError` saying to run `signoff db upgrade`. A
+    runtime's store (`store_of`) is opened with its own settings (`unopened_like`)."""
+    if store is None or isinstance(store, str):
+        store = url = existing_store(store)
+    else:
+        url = existing_store(store.url)
+    reading = unopened_like(store, migrate=False)
+    return open_store(url) if reading is None else reading  # neither kind: its UsageError
 
 
 def own_store(store: Store | str) -> None:

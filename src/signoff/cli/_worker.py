@@ -28,7 +28,7 @@ from ._app import (
 from ._commands import Group
 from ._loading import load_runtime, split_target
 from ._numbers import seconds, whole
-from ._store_files import own_store, reading_store
+from ._store_files import own_store, reading_store, unopened_like
 from ._stuck import ctrl_c_in_sqlite
 from ._waiting import open_when_up
 
@@ -168,18 +168,21 @@ def db_upgrade(target: RuntimeArgument = None, store: StoreOption = None) -> Non
 
     async def go() -> None:
         given = store_of(target, store)
-        url = DEFAULT_URL if given is None else given  # "" (an unset variable) is refused
+        given = DEFAULT_URL if given is None else given  # "" (an unset variable) is refused
+        url = given if isinstance(given, str) else given.url
         if url.startswith(("postgresql://", "postgres://")):
             from ..stores.postgres import PostgresStore  # a UsageError without the extra
 
-            postgres = PostgresStore(url, migrate=False)
+            # a runtime's store with its settings (`connect_timeout`), not the defaults
+            postgres = unopened_like(given, migrate=False)
+            assert isinstance(postgres, PostgresStore)
             before, after = await postgres.migrate()
             # which database, and which schema of it (`?schema=`, which the URL shown leaves out)
             where = f"{shown_store(url)}, schema {postgres.schema!r}"
             out().print(f"{_migrated(before, after)} ({printable(where)})")
             return
         own_store(url)
-        async with Runtime([], store=url) as runtime:
+        async with Runtime([], store=unopened_like(given, migrate=True)) as runtime:
             sqlite = runtime.store
             assert isinstance(sqlite, SQLiteStore)  # a URL of neither kind was refused
             before, after = await sqlite.migrate()

@@ -89,11 +89,23 @@ class Connections(Migrations):
         if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
             shown = _without_password(url) if isinstance(url, str) else url
             raise StoreError(f"not a PostgreSQL URL: {shown!r} (expected postgresql://…)")
+        # As given, for a copy of this store (`PostgresStore._unopened_copy`): a setting taken
+        # from the URL (or its default) stays the URL's there, as here.
+        self._given: dict[str, Any] = {
+            "min_size": min_size,
+            "max_size": max_size,
+            "connect_timeout": connect_timeout,
+            "timeout": timeout,
+            "poll_interval": poll_interval,
+            "grace": grace,
+            "request_timeout": request_timeout,
+            "operation_timeout": operation_timeout,
+        }
         dsn, options = split_options(url)
         check_parameters(dsn)
         schema = schema_name(schema, options)
         # Naming the schema given as an argument: what opens the store again from its URL alone
-        # (`signoff serve`'s check, a process handed it) must open this schema, not the default.
+        # (the `--store` a command suggests, a process handed it) must open this schema.
         self.url = with_schema(url, schema)
         self.schema = schema
         self.channel = f"{schema}_changes"

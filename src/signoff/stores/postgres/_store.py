@@ -67,6 +67,12 @@ class PostgresStore(Reads, Leases, Deletions):
     def __repr__(self) -> str:
         return f"PostgresStore({self._where!r}, schema={self.schema!r})"
 
+    def _unopened_copy(self, *, migrate: bool) -> PostgresStore:
+        """A new store, not yet opened, of this one's URL, schema and settings but `migrate`:
+        what a command opens for a runtime's store (`signoff pending app:runtime`) waits as
+        long as the runtime's own would, where one made from its URL took the defaults."""
+        return PostgresStore(self.url, schema=self.schema, migrate=migrate, **self._given)
+
     # -- writes -------------------------------------------------------------------------------
 
     async def create_session(

@@ -83,6 +83,12 @@ class SQLiteStore(Reads, Leases, Deletions):
     upgrading it, and writes nothing to it (run `signoff db upgrade`), as `PostgresStore` does.
     """
 
+    def _unopened_copy(self, *, migrate: bool) -> SQLiteStore:
+        """A new store, not yet opened, of this one's file and `busy_timeout` but `migrate`:
+        what a command opens for a runtime's store (`signoff pending app:runtime`) waits on a
+        lock as long as the runtime's own would, where one made from its URL took the default."""
+        return SQLiteStore(self.url, busy_timeout=self.busy_timeout, migrate=migrate)
+
     # -- writes -------------------------------------------------------------------------------
 
     @serialised
