@@ -24,6 +24,8 @@ from tests._cli import (
     log,
     park,
     refused_usage,
+    sizer,
+    treasurer,
     url,
 )
 
@@ -52,6 +54,46 @@ def test_tables_print_ids_and_status_whole_at_any_width(url: str, columns: str) 
     queue = CliRunner().invoke(app, ["pending", "--store", url], env=env)
     assert queue.exit_code == 0, queue.output
     assert request.id in queue.output and parked.session_id in queue.output, queue.output
+
+
+def _input_column(printed: str) -> list[str]:
+    """The Input column of `signoff pending`'s table (its last), one entry a request: the text
+    of its lines, joined as one line."""
+    lines = printed.splitlines()
+    header = next(i for i, line in enumerate(lines) if "Request / session" in line)
+    assert "Input" in lines[header], printed
+    at = lines[header].index("Input")
+    shown: list[str] = []
+    for line in lines[header + 2 :]:
+        if line[:at].strip().startswith("req_"):
+            shown.append("")
+        if shown and line[at:].strip():
+            shown[-1] = f"{shown[-1]} {line[at:].strip()}".strip()
+    return shown
+
+
+@pytest.mark.parametrize("columns", ["20", "50", "60", "64", "80"])
+def test_pending_shows_every_input_at_any_width(url: str, columns: str) -> None:
+    """What a reviewer approves is on the queue however narrow the terminal: the Input column
+    was laid out at no width below about 70 columns (header, input and all, with nothing saying
+    so) and in strips of a few characters just above; it is now at least its longest word wide,
+    the table printed wider than the terminal if need be."""
+    rt = so.Runtime([treasurer, sizer], store=url)
+    try:
+        rt.generate_sync("treasurer", "Pay ACME")
+        rt.generate_sync("sizer", "Order coffee")
+        requests = rt.pending_sync()
+    finally:
+        rt.close_sync()
+    listed = CliRunner().invoke(app, ["pending", "--store", url], env={"COLUMNS": columns})
+    assert listed.exit_code == 0, listed.output
+    assert [r.id for r in requests] == [
+        line.split()[0] for line in listed.output.splitlines() if line.startswith(" req_")
+    ], listed.output
+    assert _input_column(listed.output) == [
+        '{"to": "ACME", "amount": 5000.0}',
+        "Which size? (1=Small, 2=Large) or free text",
+    ], listed.output
 
 
 _STEERING = "\x1b]0;owned\x07\x1b[2J\x9b31m\u202e"  # set the title, clear, C1 CSI, bidi override

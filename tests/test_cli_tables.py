@@ -147,3 +147,18 @@ def test_a_rich_without_the_internals_prints_the_table_itself(
     expected = _printed(make, 80, False, 1 if kind == "sessions" else None, fast=False)
     monkeypatch.setattr(_tables, "_FAST", False)
     assert _printed(make, 80, False, 1 if kind == "sessions" else None, fast=True) == expected
+
+
+@pytest.mark.parametrize("width", [20, 50, 60, 80])
+@pytest.mark.parametrize("seed", range(16))
+def test_a_column_that_wraps_is_never_narrower_than_its_longest_word(width: int, seed: int) -> None:
+    """Rich narrows only the columns that wrap, to nothing if the others fill the console: at the
+    table's measured minimum, the queue's Input column (what a reviewer approves) was left out,
+    header and all. `fit` makes room for each such column's longest word."""
+    from signoff.cli._tables import _measure, _texts, _widths
+
+    console = Console(file=io.StringIO(), width=width, highlight=False, soft_wrap=True)
+    table = _pending(random.Random(seed), [1, 2, 7, 40][seed % 4])
+    sample = fit(console, table)
+    longest = max(_measure(t)[0] for t in [Text("Input"), *_texts(table.columns[3])])
+    assert _widths(console, sample)[3] >= longest + 1  # and its space of padding

@@ -44,10 +44,11 @@ def cell(*parts: str | tuple[str, str]) -> Text:
 
 
 def fit(console: Console, table: Table, give_way: int | None = None) -> Table:
-    """Make `console` wide enough to print `table` without cutting its ids, and return the
-    few of its rows that decide its layout: when it is wider than the terminal (or a pipe's 80
-    columns), column `give_way` alone is shortened, to its header at most, where Rich would cut
-    every column evenly; what still does not fit is printed wider than the terminal."""
+    """Make `console` wide enough to print `table` without cutting its ids or leaving out a
+    column, and return the few of its rows that decide its layout: when it is wider than the
+    terminal (or a pipe's 80 columns), column `give_way` alone is shortened, to its header at
+    most, where Rich would cut every column evenly; else a column that wraps is narrowed, to its
+    longest word at most; what still does not fit is printed wider than the terminal."""
     sample = _sample(table) if _FAST else table
     unbounded = console.options.update_width(1_000_000)
     needed = Measurement.get(console, unbounded, sample)
@@ -58,7 +59,8 @@ def fit(console: Console, table: Table, give_way: int | None = None) -> Table:
         for t in (table, sample):
             t.columns[give_way].max_width = max_width
         needed = Measurement.get(console, unbounded, sample)
-    console.width = max(console.width, needed.maximum if give_way is not None else needed.minimum)
+    least = needed.maximum if give_way is not None else _unwrapped(console, sample)
+    console.width = max(console.width, needed.minimum, least)
     return sample
 
 
@@ -193,6 +195,31 @@ def _widths(console: Console, sample: Table) -> list[int]:
     """The widths Rich gives `sample`'s columns (padding included), as `Table` lays them out."""
     options = console.options.update_width(console.width - _edges(sample))
     return list(sample._calculate_column_widths(console, options))
+
+
+def _unwrapped(console: Console, table: Table) -> int:
+    """The width `table` needs for its column that wraps (the queue's Input) to be no narrower
+    than its longest word. Rich gives a column that does not wrap its widest and narrows only
+    those that wrap, to nothing if it must: at the table's measured minimum, one was left out."""
+    options = console.options.update_width(1_000_000)
+    needed = _edges(table)
+    for index, column in enumerate(table.columns):
+        cells = [*([column.header] if table.show_header else []), *column.cells]
+        cells += [column.footer] if table.show_footer else []
+        least, most = 0, 0
+        for renderable in cells:
+            measured = Measurement.get(console, options, renderable)
+            least, most = max(least, measured.minimum), max(most, measured.maximum)
+        padding = sum(_padding(table, index))
+        if column.width is not None:
+            least = most = column.width
+        kept = Measurement(least + padding, most + padding).clamp(
+            None if column.min_width is None else column.min_width + padding,
+            None if column.max_width is None else column.max_width + padding,
+        )
+        wraps = column.width is None and not column.no_wrap
+        needed += kept.minimum if wraps else kept.maximum
+    return needed
 
 
 def _edges(table: Table) -> int:
