@@ -317,6 +317,41 @@ def test_a_terminal_that_cannot_show_unicode_gets_escapes_not_a_traceback(
     assert b"\\u30af\\u30de" in proc.stdout, proc.stdout  # クマ
 
 
+refunder = scripted_agent(
+    "zoë",
+    [call_tools(call("ask_question", question="Refund 40 € to Zoë?")), reply("Refunded.")],
+    tools=[so.ask_question()],
+)
+
+
+@pytest.mark.parametrize("command", [["pending"], ["sessions"], ["events", "SESSION"]])
+def test_a_c_locale_gets_escapes_not_a_traceback(url: str, command: list[str]) -> None:
+    """In a C or POSIX locale with UTF-8 mode off (`LC_ALL=C PYTHONUTF8=0`, as some cron jobs
+    and containers run), stdout is ASCII with `surrogateescape`, which `run` left as it was: a
+    "€" in a question (an "ë" in an agent's name) ended `pending` and `events` (`sessions`) with
+    a UnicodeEncodeError and a traceback. It is shown as an escape, as on any output that cannot
+    hold it."""
+    rt = so.Runtime([refunder], store=url)
+    try:
+        session_id = rt.generate_sync("zoë", "Refund Zoë").session_id
+    finally:
+        rt.close_sync()
+    args = [session_id if arg == "SESSION" else arg for arg in command]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHONIO"))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "signoff", *args, "--store", url],
+        cwd=ROOT,
+        capture_output=True,
+        env={**env, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"},
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stderr == b""
+    assert b"zo\\xeb" in proc.stdout, proc.stdout  # the agent's name
+    if command != ["sessions"]:
+        assert b"40 \\u20ac" in proc.stdout and b"Zo\\xeb?" in proc.stdout, proc.stdout
+
+
 kuma = scripted_agent(
     "クマ",
     [

@@ -26,10 +26,15 @@ def run() -> None:
     sys.stdout = ClosedOutput() if sys.stdout is None else _whole_writes(sys.stdout)
     for stream in (sys.stdout, sys.stderr):
         # Output that is not UTF-8 (a Windows pipe's code page, a Latin-1 locale) shows what it
-        # cannot hold (an agent's name, a model's text) as escapes rather than failing on it.
-        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+        # cannot hold (an agent's name, a model's text) as escapes rather than failing on it. A
+        # C or POSIX locale's (UTF-8 mode off) is ASCII with `surrogateescape`, which fails on
+        # all else; what is printed holds no lone surrogate for it to pass on (`printable`).
+        if isinstance(stream, io.TextIOWrapper) and stream.errors in _FAILING:
             stream.reconfigure(errors="backslashreplace")
     app()
+
+
+_FAILING = frozenset({"strict", "surrogateescape"})  # error handlers that raise on a "€" in ASCII
 
 
 def _whole_writes(stream: TextIO) -> TextIO:
