@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -89,3 +90,106 @@ def test_serve_refuses_an_empty_secret_or_tokens_variable(variable: str, url: st
         )
     message = refused_usage(result)
     assert f"{variable} is set but empty" in message, message
+
+
+_TOKEN = ["--token", "s3cret=alice"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "option", "args", "env"),
+    [
+        ("SIGNOFF_METRICS_TOKEN", "--metrics-token", [*_TOKEN, "--metrics"], {}),
+        ("SIGNOFF_METRICS_TOKEN", "--metrics-token", ["--metrics"], {}),  # dev mode
+        ("SIGNOFF_METRICS", None, [], {}),
+        ("SIGNOFF_WEBHOOK_SECRET", "--webhook-secret", ["--webhook", "https://h.example/x"], {}),
+        (
+            "SLACK_BOT_TOKEN",
+            "--slack-token",
+            ["--slack-channel", "C0123"],
+            {"SLACK_SIGNING_SECRET": "s"},
+        ),
+        (
+            "SLACK_SIGNING_SECRET",
+            "--slack-signing-secret",
+            ["--slack-channel", "C0123"],
+            {"SLACK_BOT_TOKEN": "xoxb-1"},
+        ),
+        ("SIGNOFF_MAX_STREAMS", "--max-streams", [], {}),
+        ("SIGNOFF_MAX_BODY_SIZE", "--max-body-size", [], {}),
+        ("SIGNOFF_MAX_CONNECTIONS", "--max-connections", [], {}),
+        ("SIGNOFF_KEEP_ALIVE_TIMEOUT", "--keep-alive-timeout", [], {}),
+        ("SIGNOFF_LEASE_TTL", "--lease-ttl", [], {}),
+        ("SIGNOFF_LOG_LEVEL", "--log-level", [], {}),
+    ],
+)
+def test_serve_refuses_every_empty_variable_as_its_empty_option(
+    variable: str,
+    option: str | None,
+    args: list[str],
+    env: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`SIGNOFF_METRICS_TOKEN=$METRICS_TOKEN` with the variable unset served /metrics with no
+    token of its own (401 to the scraper, said nowhere; in dev mode, to localhost), and an
+    empty limit or log level served with the default, where each typed empty is refused (a
+    channel's secret was refused as missing, never named). Nothing is served or stored."""
+    import uvicorn
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self))
+    command = ["serve", TARGET, "--store", f"sqlite:///{tmp_path}/s.db", "--port", "0", *args]
+    if option is not None:  # a flag (`--metrics`) has no empty value to type
+        assert refused_usage(CliRunner().invoke(app, [*command, option, ""], env=env))
+    message = refused_usage(CliRunner().invoke(app, command, env={**env, variable: ""}))
+    assert f"{variable} is set but empty: give it a value" in message, message
+    assert served == [] and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("variable", ["SIGNOFF_LEASE_TTL", "SIGNOFF_LOG_LEVEL"])
+def test_a_worker_refuses_an_empty_lease_ttl_or_log_level_variable(
+    variable: str, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker took the runtime's lease TTL and the `info` level instead; the option typed
+    wins over the empty variable, as over one with a value."""
+    import signoff as so
+
+    worked: list[so.Runtime] = []
+
+    async def work(self: so.Runtime, **kw: Any) -> None:
+        worked.append(self)
+
+    monkeypatch.setattr(so.Runtime, "work", work)
+    message = refused_usage(
+        CliRunner().invoke(app, ["worker", TARGET, "--store", url], env={variable: ""})
+    )
+    assert f"{variable} is set but empty" in message, message
+    assert worked == []
+    option = {
+        "SIGNOFF_LEASE_TTL": ["--lease-ttl", "5"],
+        "SIGNOFF_LOG_LEVEL": ["--log-level", "debug"],
+    }
+    result = CliRunner().invoke(
+        app, ["worker", TARGET, "--store", url, *option[variable]], env={variable: ""}
+    )
+    assert result.exit_code == 0, result.output
+    assert len(worked) == 1
+
+
+def test_serve_leaves_empty_secrets_of_what_it_does_not_run_unused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A channel's secret or the metrics token exported without the channel or `--metrics` is
+    left unused, empty as with a value: it may be meant for another run."""
+    import uvicorn
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self))
+    empty = ("SIGNOFF_METRICS_TOKEN", "SIGNOFF_WEBHOOK_SECRET", "SLACK_BOT_TOKEN")
+    result = CliRunner().invoke(
+        app,
+        ["serve", TARGET, "--store", f"sqlite:///{tmp_path}/s.db", "--port", "0"],
+        env={**dict.fromkeys(empty, ""), "SLACK_SIGNING_SECRET": ""},
+    )
+    assert result.exit_code == 0, result.output
+    assert len(served) == 1

@@ -54,20 +54,26 @@ app = typer.Typer(
 )
 
 
-def set_or_unset(envvar: str) -> Callable[[Any], Any]:
+def set_or_unset(envvar: str) -> Callable[..., Any]:
     """The callback of an option whose variable, set but empty, is refused as the empty option
     is: Click takes it for an unset one, so `SIGNOFF_STORE=$DATABASE_URL` with the variable
-    unset would quietly act on the default store (or as the local user) instead."""
+    unset would quietly act on the default store (or as the local user) instead. The option
+    typed on the command line wins over the variable, empty or not."""
 
-    def check(value: Any) -> Any:
-        given = value is not None and value != [] and value != ()  # a repeatable one's none
-        if not given and os.environ.get(envvar) == "":
-            raise typer.BadParameter(
-                f"{envvar} is set but empty: give it a value, or unset it for the default"
-            )
+    def check(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+        # By name: newer Typer vendors Click, so its ParameterSource is not click's own enum.
+        typed = getattr(ctx.get_parameter_source(param.name or ""), "name", None) == "COMMANDLINE"
+        if not typed and os.environ.get(envvar) == "":
+            raise typer.BadParameter(set_but_empty(envvar))
         return value
 
     return check
+
+
+def set_but_empty(envvar: str, instead: str = "unset it for the default") -> str:
+    """What a command says of its variable `envvar` set but empty, where `instead` is the way
+    out other than a value."""
+    return f"{envvar} is set but empty: give it a value, or {instead}"
 
 
 StoreOption = Annotated[
@@ -116,6 +122,7 @@ LogLevelOption = Annotated[
     typer.Option(
         "--log-level",
         envvar="SIGNOFF_LOG_LEVEL",
+        callback=set_or_unset("SIGNOFF_LOG_LEVEL"),
         metavar="LEVEL",
         parser=log_level_of,
         help=f"Least level logged to stderr: {', '.join(LOG_LEVELS)}.",
@@ -130,6 +137,7 @@ LeaseTtlOption = Annotated[
     typer.Option(
         "--lease-ttl",
         envvar="SIGNOFF_LEASE_TTL",
+        callback=set_or_unset("SIGNOFF_LEASE_TTL"),
         metavar="SECONDS",
         parser=LEASE_TTL,
         help=f"Seconds a session's lease lasts without renewal, {LEASE_TTL.range}: a turn left "

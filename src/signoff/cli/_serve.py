@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import signal
 import socket
 import sys
@@ -28,6 +29,7 @@ from ._app import (
     fail,
     misuse,
     run,
+    set_but_empty,
     set_or_unset,
 )
 from ._commands import ClosedOutput
@@ -167,6 +169,7 @@ def serve(
         typer.Option(
             "--max-streams",
             envvar="SIGNOFF_MAX_STREAMS",
+            callback=set_or_unset("SIGNOFF_MAX_STREAMS"),
             metavar="N",
             parser=MAX_STREAMS,
             help="Event streams one caller may hold open at once in this process (the sessions' "
@@ -180,6 +183,7 @@ def serve(
         typer.Option(
             "--max-body-size",
             envvar="SIGNOFF_MAX_BODY_SIZE",
+            callback=set_or_unset("SIGNOFF_MAX_BODY_SIZE"),
             metavar="BYTES",
             parser=MAX_BODY_SIZE,
             help=f"Largest request body taken, in bytes, {MAX_BODY_SIZE.range}; a larger one is "
@@ -192,6 +196,7 @@ def serve(
         typer.Option(
             "--max-connections",
             envvar="SIGNOFF_MAX_CONNECTIONS",
+            callback=set_or_unset("SIGNOFF_MAX_CONNECTIONS"),
             metavar="N",
             parser=MAX_CONNECTIONS,
             help="Connections (idle ones and event streams included) or running requests this "
@@ -205,6 +210,7 @@ def serve(
         typer.Option(
             "--keep-alive-timeout",
             envvar="SIGNOFF_KEEP_ALIVE_TIMEOUT",
+            callback=set_or_unset("SIGNOFF_KEEP_ALIVE_TIMEOUT"),
             metavar="SECONDS",
             parser=KEEP_ALIVE_TIMEOUT,
             help="Seconds an idle connection is kept open after a response, "
@@ -228,6 +234,7 @@ def serve(
         typer.Option(
             "--metrics",
             envvar="SIGNOFF_METRICS",
+            callback=set_or_unset("SIGNOFF_METRICS"),
             # `\\[` keeps rich from taking `[metrics]` for markup and dropping it
             help="Serve Prometheus metrics at /metrics (needs pip install "
             "'signoff\\[metrics]'), to --metrics-token or, in dev mode, localhost.",
@@ -447,6 +454,9 @@ def _check_metrics(ctx: typer.Context, metrics: bool, token: str | None, auth: o
 
         if token is not None and not token:  # `--metrics-token "$UNSET"`
             raise UsageError("the metrics token (--metrics-token) must not be empty")
+        if _empty(token, "SIGNOFF_METRICS_TOKEN"):  # else no token: a scraper's is 401
+            instead = "unset it to serve /metrics to admins alone"
+            raise UsageError(set_but_empty("SIGNOFF_METRICS_TOKEN", instead))
         if token is not None:
             check_token(token, auth)
     elif getattr(ctx.get_parameter_source("metrics_token"), "name", None) == "COMMANDLINE":
@@ -505,7 +515,20 @@ def _refuse_missing_secrets(
     slack_token: str | None,
     slack_signing_secret: str | None,
 ) -> None:
-    """Refuse a channel asked for without the secrets it needs."""
+    """Refuse a channel asked for without the secrets it needs, naming a variable of one set but
+    empty (which Click takes for unset)."""
+    for used, value, envvar, flag in (
+        (webhooks, webhook_secret, "SIGNOFF_WEBHOOK_SECRET", "--webhook-secret"),
+        (bool(slack_channel), slack_token, "SLACK_BOT_TOKEN", "--slack-token"),
+        (
+            bool(slack_channel),
+            slack_signing_secret,
+            "SLACK_SIGNING_SECRET",
+            "--slack-signing-secret",
+        ),
+    ):
+        if used and _empty(value, envvar):
+            raise UsageError(set_but_empty(envvar, f"give {flag}"))
     if webhooks and not webhook_secret:
         raise UsageError("--webhook needs --webhook-secret (or SIGNOFF_WEBHOOK_SECRET)")
     if slack_channel and (not slack_token or not slack_signing_secret):
@@ -513,6 +536,13 @@ def _refuse_missing_secrets(
             "--slack-channel needs --slack-token and --slack-signing-secret "
             "(or SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET)"
         )
+
+
+def _empty(value: str | None, envvar: str) -> bool:
+    """Whether an option left untyped (`value` None: a typed one is a string) has its variable
+    `envvar` set but empty. Checked only where the option is used: one only exported, as one
+    exported with a value, may be meant for another run."""
+    return value is None and os.environ.get(envvar) == ""
 
 
 def _webhook_channels(
