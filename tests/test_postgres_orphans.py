@@ -15,6 +15,7 @@ import pytest
 from signoff._exceptions import StoreError
 from signoff.stores import Commit
 from signoff.stores._audit import AuditRow
+from signoff.stores._deletions import DELETIONS_STREAM, SESSION_DELETED
 from signoff.stores.postgres import PostgresStore
 from signoff.stores.postgres._borrowed import sever
 
@@ -174,5 +175,33 @@ async def test_audit_entries_whose_statement_committed_after_its_connection_was_
         assert sent == 2
         entries = [(e.n, e.type, e.data) for e in await store.audit(stream="signouts")]
         assert entries == [(1, "signed.out", {"who": "al"})]
+    finally:
+        await store.close()
+
+
+async def test_a_deletion_whose_statement_committed_after_its_connection_was_lost_returns_its_ids(
+    pg_store_url: str,
+    held_commits: psycopg.AsyncConnection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check found no entry of the deletion (the first statement not committed yet), the
+    statement sent again found the session gone, the first having deleted it meanwhile: it is
+    this call's deletion (its entry says so), not `UnknownSession`, and recorded once."""
+    store = PostgresStore(pg_store_url, min_size=1, max_size=2)
+    await store.open()
+    try:
+        sid = await new_session(store)
+        deleted: list[list[str]] = []
+
+        async def delete() -> None:
+            deleted.append(await store.delete_session(sid, now=T0 + 10, reason="once"))
+
+        assert await _first_commits_while_resent(store, held_commits, monkeypatch, delete) == 2
+        assert deleted == [[sid]]
+        entries = await store.audit(stream=DELETIONS_STREAM)
+        assert [(e.type, e.data["session_id"], e.data["reason"]) for e in entries] == [
+            (SESSION_DELETED, sid, "once")
+        ]
+        assert await store.head(sid) is None
     finally:
         await store.close()

@@ -213,7 +213,9 @@ class Deletions(Connections):
 
         The tree is read first, unlocked; the write locks its session and lease rows and the
         stream, then deletes only if what it finds is what was read (else it reads again), so
-        the entry names the chain heads deleted. One message, as every write here."""
+        the entry names the chain heads deleted. One that read the tree as another deletion
+        erased it finds it gone when it reads again: `UnknownSession`, as on SQLite, not the
+        ids of a deletion it did not make. One message, as every write here."""
         until = math.inf if before is None else before
         for _ in range(5):
             found = await self._doomed(session_id, now, until, force=force)
@@ -248,9 +250,10 @@ class Deletions(Connections):
         durable: bool,
         force: bool = False,
     ) -> bool:
-        """One attempt: whether the rows `doomed` (as read) were deleted, with the entry `row`;
-        False when the write found the tree changed (or a session of it last active at `until`
-        or since) or refused, and wrote nothing."""
+        """One attempt: whether the rows `doomed` (as read) were deleted by it, with the entry
+        `row`; False when the write found the tree changed or gone (or a session of it last
+        active at `until` or since) or refused, and wrote nothing. After a lost connection, the
+        entry found in its stream says the deletion committed."""
         s = self._s
         keys = [sk for sk, _ in doomed]
         before, behind = chain_parts(
@@ -267,33 +270,43 @@ class Deletions(Connections):
             + _DELETE
             # Followers of the sessions wake now, to find them gone.
             + "; SELECT pg_notify(%s, x || ' 0') FROM unnest(%s::text[]) x "
-            + "WHERE NOT EXISTS (SELECT 1 FROM {s}.sessions WHERE id = %s); "
-            + "SELECT EXISTS (SELECT 1 FROM {s}.sessions WHERE id = %s)"
+            + "WHERE NOT EXISTS (SELECT 1 FROM {s}.sessions WHERE id = %s)"
         ).format(s=s)
         params: list[Any] = [sync] if sync else []
         params += [[DELETIONS_STREAM], keys, keys, session_id, shape, session_id, now, force]
         params += [now, until, now]
         params += [[row.stream], [None], [row.type], [row.at], [dumps(row.data)]]
         params += [[before], [behind]]
-        params += [self.channel, [d.id for _, d in doomed], session_id, session_id]
+        params += [self.channel, [d.id for _, d in doomed], session_id]
         sent = False
+        lost = False
 
         async def body(conn: Conn) -> bool:
             nonlocal sent
             sent = True
             cur = psycopg.AsyncClientCursor(conn)
             await cur.execute(sql, params)
-            while cur.nextset():
-                pass
-            found = await cur.fetchone()
-            return found is not None and not found[0]
+            deleted = False
+            while True:
+                # Whether this statement deleted the tree, not whether it is gone: a deletion
+                # that read it as another one committed finds it gone, and deleted nothing.
+                if (cur.statusmessage or "").startswith("INSERT"):  # `_DELETE`: its entry
+                    deleted = cur.rowcount > 0
+                if not cur.nextset():
+                    return deleted
 
         async def committed() -> bool:
-            return await self._deleted(session_id)
+            nonlocal lost
+            lost = True
+            return await self._recorded(row)
 
         deleted = await self._write(
             body, f"deleting session {session_id!r}", committed=committed, began=lambda: sent
         )
+        if deleted is False and lost:
+            # Sent again after its connection was lost, it found the tree changed or gone: the
+            # first one, which the server went on with after the check, may have deleted it.
+            return await self._recorded(row)
         return deleted is None or deleted
 
     async def _doomed(
@@ -363,13 +376,20 @@ class Deletions(Connections):
 
         await self._write(body, "flushing the deletions to disk", transaction=False)
 
-    async def _deleted(self, session_id: str) -> bool:
-        """Whether the session has no row (a deletion whose connection was lost committed)."""
+    async def _recorded(self, row: AuditRow) -> bool:
+        """Whether the deletion's entry `row` is in its stream: written only with the deletion,
+        so found, a deletion whose connection was lost committed. Not the session's row gone,
+        which another deletion may have erased. (An entry the same in every part, the same
+        sessions, moment, `by` and `reason`, is the same deletion asked twice at once.)"""
+        data = dumps(row.data)
 
         async def body(conn: Conn) -> bool:
             cur = await conn.execute(
-                f"SELECT 1 FROM {self._s}.sessions WHERE id = %s", (session_id,)
+                f"SELECT EXISTS (SELECT 1 FROM {self._s}.audit WHERE stream = %s AND n > 0 "
+                "AND type = %s AND at = %s AND data::text = %s)",
+                (row.stream, row.type, row.at, data),
             )
-            return await cur.fetchone() is None
+            found = await cur.fetchone()
+            return found is not None and bool(found[0])
 
-        return await self._read(body, f"checking whether session {session_id!r} was deleted")
+        return await self._read(body, "checking whether the deletion was recorded")
