@@ -3,6 +3,7 @@ the middle (of a type the trail does not audit, no snapshot taken after it) brea
 leaves the log ending where its session says, so only counting the log's rows can name it.
 """
 
+from pathlib import Path
 from typing import Any, cast
 
 import signoff as so
@@ -138,3 +139,29 @@ async def test_a_store_without_log_shapes_is_still_verified_by_where_its_logs_en
             assert [(p.id, p.stream, p.n, p.reason) for p in problems] == [
                 (trail[-1].id, sid, trail[-1].n + 1, ends)
             ]
+
+
+async def test_a_seq_past_what_a_sum_holds_is_named_not_a_failed_verification(
+    store_url: str,
+) -> None:
+    """The last event's seq edited to the largest integer: SQLite's `sum` of the seqs failed
+    the whole verification ("integer overflow"); it is named as where the log ends, once."""
+    sid, sk, _, events = await _parked(store_url)
+    head, huge = events[-1].seq, 2**63 - 1
+    alter(store_url, "UPDATE {t}events SET seq={p} WHERE sk={p} AND seq={p}", huge, sk, head)
+    found = await _found(store_url, sid)
+    assert [(stream, reason) for _, stream, _, reason in found] == [
+        (sid, f"the event log ends at event {huge}, but its session keeps {head} as its last")
+    ]
+
+
+async def test_a_seq_that_is_no_whole_number_is_named(tmp_path: Path) -> None:
+    """SQLite keeps a hand edit's 5.5 as a seq: as many rows as seqs, from 1 to the last, and
+    the log looked whole to a count; the sum of its seqs tells it is not."""
+    url = f"sqlite:///{tmp_path}/gaps.db"
+    sid, sk, _, events = await _parked(url)
+    waiting = next(e.seq for e in events if e.type == "turn.waiting")
+    alter(url, "UPDATE {t}events SET seq={p} WHERE sk={p} AND seq={p}", waiting + 0.5, sk, waiting)
+    head = events[-1].seq
+    reason = f"the event log holds a seq that is not a whole number of 1 to {head}"
+    assert await _found(url, sid) == [(0, sid, 0, reason)]

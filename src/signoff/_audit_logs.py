@@ -41,8 +41,13 @@ def _gap(shape: LogShape) -> Gap | None:
     """What is missing from a log before its last event, if anything: the event, if one alone
     is, else how many events it holds where it should hold `last`."""
     last, count, low = shape.last, shape.count, shape.low
-    if last <= 0 or (count == last and low == 1):
-        return None  # whole, or no whole number to count to (named as where the log ends)
+    if last <= 0:
+        return None  # no whole number to count to: named as where the log ends
+    if count == last and low == 1:
+        if shape.total == last * (last + 1) // 2:
+            return None  # each of 1 to `last` once: whole
+        # As many rows as seqs, from 1 to `last`: one of them is no whole number (a hand edit).
+        return Gap(0, f"the event log holds a seq that is not a whole number of 1 to {last}")
     if low >= 1 and count == last - 1:
         # Seqs from 1 to `last`, but one: their sum falls short of 1 + ... + last by that one.
         missing = last * (last + 1) // 2 - shape.total

@@ -172,7 +172,9 @@ class AuditReads(Connection):
         # One pass over each session's events by the primary key: their count, sum and lowest
         # seq come with the highest, which alone was one seek.
         sql = (
-            "SELECT s.id, s.head, max(e.seq), count(e.seq), min(e.seq), sum(e.seq) "
+            # `total`, not `sum`: a float, where a hand-edited seq made `sum` fail the whole
+            # verification with "integer overflow" (`_sum_or` takes only what it holds exactly).
+            "SELECT s.id, s.head, max(e.seq), count(e.seq), min(e.seq), total(e.seq) "
             "FROM sessions s LEFT JOIN events e ON e.sk = s.sk "
             f"WHERE s.id IN ({','.join('?' * len(sessions))}) GROUP BY s.sk"
         )
@@ -182,7 +184,7 @@ class AuditReads(Connection):
                 last=_seq_or(last),
                 count=count,
                 low=_seq_or(low),
-                total=_seq_or(total),
+                total=_sum_or(total),
             )
             for sid, head, last, count, low, total in self.conn.execute(sql, list(sessions))
         }
@@ -205,9 +207,17 @@ def _entry_number(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else DAMAGED
 
 
+def _sum_or(value: object) -> int:
+    """A sum of seqs as `total()` reads it for `log_shapes`: the whole number it is, if a float
+    holds it exactly, else -1 (a seq that is no whole number, or a sum past 2**53)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return -1
+
+
 def _seq_or(value: object) -> int:
-    """A seq as read for `log_ends` and `log_shapes` (or their sum): 0 for none, -1 for what a
-    hand edit left that is none."""
+    """A seq as read for `log_ends` and `log_shapes`: 0 for none, -1 for what a hand edit left
+    that is none."""
     if value is None:
         return 0
     return value if isinstance(value, int) and not isinstance(value, bool) else -1
