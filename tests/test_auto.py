@@ -215,6 +215,25 @@ async def test_a_hanging_review_times_out_and_asks_a_person(tmp_path: Path) -> N
         assert log.count() == 0
 
 
+async def test_a_reviewers_own_timeout_error_is_its_failure_not_the_reviews_timeout(
+    tmp_path: Path,
+) -> None:
+    """A model raising its own `TimeoutError` (a provider's read timeout) at once was recorded
+    as "the review took longer than 15s", on the request the reviewer reads and in the trail."""
+    log = ExecutionLog()
+    reviewer = so.models.Scripted([TimeoutError("provider read timed out")])
+    agent = refund_agent(log, so.auto(reviewer, timeout=15))
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await asyncio.wait_for(rt.generate("billing", prompt="refund", auth=ALICE), 5)
+        assert r.status == "waiting"
+        (req,) = r.pending
+        assert req.auto_verdict == "failed"
+        assert req.auto_reason is not None and "took longer" not in req.auto_reason
+        assert req.auto_reason.startswith("the review failed: ")
+        assert "provider read timed out" in req.auto_reason
+        assert log.count() == 0
+
+
 async def test_a_reviewer_whose_complete_is_no_coroutine_asks_a_person_saying_so(
     tmp_path: Path,
 ) -> None:

@@ -133,14 +133,18 @@ class _Auto(ApprovalPolicy):
             response_index=0,
             max_output_tokens=cap,
         )
+        bound = asyncio.timeout(self.timeout)
         try:
             with review(self.model, request, ctx.call_id) as span:  # failed by what it raises
-                async with asyncio.timeout(self.timeout):
+                async with bound:
                     response = await reply_to(self.model.complete, request)
                 if isinstance(response, ModelResponse):
                     span.responded(response)
-        except TimeoutError:
-            return _caution("failed", f"the review took longer than {self.timeout:g}s")
+        except TimeoutError as exc:
+            if bound.expired():
+                return _caution("failed", f"the review took longer than {self.timeout:g}s")
+            # The model's own (a provider's read timeout), raised before this one: it failed.
+            return _caution("failed", f"the review failed: {error_text(exc)}")
         except Exception as exc:
             # A reply billed but refused (cut off at the cap among them) counts all the same.
             spent = billable(exc.usage) if isinstance(exc, ModelError) else None
