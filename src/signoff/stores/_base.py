@@ -225,6 +225,8 @@ class RequestRow:
 @runtime_checkable
 class Store(Protocol):
     """Durable home of sessions: the event log plus tables derived from it in the same commit.
+    A row it cannot decode raises `StoreDamaged` (a server's listing leaves that session out);
+    any other `StoreError` is the store failing, and fails the listing.
 
     A store may also offer `server_time()` (the clock the runtime times everything by, as of
     the middle of the call: a wait before its query reads it is made up for) and
