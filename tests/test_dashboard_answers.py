@@ -481,3 +481,44 @@ def test_an_answer_that_conflicts_with_one_given_elsewhere_names_who_gave_it(bas
         r = alice.post(f"/_signoff/requests/{rid}/respond", data=form, headers=JSON)
         assert r.status_code == 409
         assert r.json()["error"]["message"].startswith("Already approved by you: ")
+
+
+def test_an_options_button_pressed_with_an_answer_typed_is_refused_not_cut(
+    tmp_path: Path,
+) -> None:
+    """A question of two options that takes free text: the reviewer typed "Large, gift-wrapped"
+    and pressed Large. The option was recorded and what they typed dropped without a word (the
+    menu of many options refused the same); now nothing is recorded, and either alone is the
+    answer."""
+
+    @so.tool
+    async def size(ctx: so.ToolContext) -> str:
+        """Ask which size."""
+        answer = await ctx.ask("Which size?", options=["Small", "Large"], allow_text=True)
+        return str(answer.value if answer.value is not None else answer.text)
+
+    script = [
+        so.ModelResponse(tool_calls=[so.ToolCall(name="size", input={})]),
+        so.ModelResponse(text="Noted."),
+    ]
+    agent = so.Agent(name="shop", model=so.models.Scripted(script), tools=[size])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/sizes.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
+        body = start(base, "shop")
+        sid, (request,) = body["session_id"], body["pending"]
+        large = request["options"][1]["id"]
+        with signed_in(base) as c:
+            token = csrf_of(c.get(f"/_signoff/sessions/{sid}").text)
+            respond = f"/_signoff/requests/{request['id']}/respond"
+            form = {"csrf": token, "option": large, "text": "Large, gift-wrapped"}
+            r = c.post(respond, data=form, headers=JSON)
+            assert r.status_code == 422, r.text
+            assert r.json()["error"]["code"] == "invalid_answer"
+            assert "not both" in r.json()["error"]["message"]
+            assert [q.id for q in runtime.pending_sync(session_id=sid)] == [request["id"]]
+            r = c.post(respond, data={"csrf": token, "text": "Large, gift-wrapped"}, headers=JSON)
+            assert r.status_code == 200, r.text
+    events = runtime.events_sync(sid)
+    (done,) = [e for e in events if e.type == "tool.completed"]
+    assert done.data["result"] == "Large, gift-wrapped"
+    runtime.close_sync()

@@ -131,6 +131,10 @@ _BOTH = (
     "a choice in the menu and an answer typed: send one, not both (set the menu back to "
     "Choose… to send what you typed)"
 )
+_BOTH_BUTTONS = (
+    "an option pressed and an answer typed: send one, not both (clear the box to choose an "
+    "option, or press Send answer to send what you typed)"
+)
 
 
 @router.post("/requests/{request_id}/respond")
@@ -154,14 +158,13 @@ async def respond(request: Request, request_id: str) -> Response:
     input_hash: str | None = None
     action = stored.request.action
     if stored.request.kind != "tool-approval":
-        if option is not None and text is not None and fields.get("menu"):
-            # From a menu and a text box sent by one Answer button, neither is plainly meant:
-            # the choice taken, the typed answer was dropped unsaid.
-            both = InvalidAnswer(_BOTH, [request_id])
+        if option is not None and text is not None:
+            # A choice (a menu's, or an option's button) sent with an answer typed beside it:
+            # neither is plainly meant, and the choice taken dropped the typed answer unsaid.
+            said = _BOTH if fields.get("menu") else _BOTH_BUTTONS
+            both = InvalidAnswer(said, [request_id])
             ctx.runtime._counts.refuse(both)  # a refused answer, as the runtime counts its own
-            return await dashboard_error(request, 422, both.code, _BOTH)
-        if option is not None:
-            text = None  # a chosen option is the answer; the text box is for a typed answer
+            return await dashboard_error(request, 422, both.code, said)
     else:
         input_hash = fields.get("input_hash") or None
         raw = (fields.get("edited_input") or "").strip()
