@@ -57,7 +57,10 @@ class Messages(Answering):
 
         It answers the first open request when it names one of its options (id, label or
         1-based index) or the request takes free text; naming two of them is `InvalidAnswer`,
-        which says how to name each. Otherwise, with `steer` (the default),
+        which says how to name each. One whose request another answer closed meanwhile is
+        delivered anew, but never as the answer to a request opened after it arrived (a
+        subagent's next question, once that answer let it go on). Otherwise, with `steer` (the
+        default),
         open approvals are ignored, open questions withdrawn and the model reads the message;
         with `queue` it waits for the end of the turn, unless the turn is held on an approval.
         A message from someone other than the person the turn serves waits for the turn's end.
@@ -82,8 +85,11 @@ class Messages(Answering):
         policy = () if turn_policy == "steer" else (turn_policy,)
         idem = keyed(idempotency_key, principal, "message", message, *policy)
         key = {} if idem is None else {"idem": list(idem)}
+        asked: set[str] | None = None  # the requests open when the message arrived
         for _ in range(20):
             state = await self._checked(session_id)
+            if asked is None:
+                asked = {r.id for r in state.pending_requests()}
             if seen(state.keys, idem, session_id) or await self._voted_behind(state, idem):
                 return await self._replay(session_id, idem)
             turn = state.turn
@@ -124,6 +130,10 @@ class Messages(Answering):
             serves = turn.principal
             same_person = serves is None or (principal is not None and principal.same_as(serves))
             first = await self._answering(state, message, principal)
+            if first is not None and first.id not in asked:
+                # Asked after the message arrived (a subagent's next question, once an answer
+                # to the request it replied to closed that): its sender never saw it.
+                first = None
             if first is not None:
                 check_unambiguous(first, message)
                 reply = _match(first, message)
@@ -138,7 +148,9 @@ class Messages(Answering):
                             from_message=True,
                         )
                     except (RequestClosed, ConflictingAnswer):
-                        continue  # answered or closed meanwhile: the message is delivered anew
+                        # Answered or closed meanwhile: the message is delivered anew, as an
+                        # answer only to a request open when it arrived.
+                        continue
                     if idem is not None and not any(o.applied for o in outcomes):
                         # Settled with this answer meanwhile: by this key's call, a repeat?
                         if await self._taken(session_id, first, idem):
