@@ -119,3 +119,23 @@ async def test_an_approval_as_proposed_has_no_edited_input(tmp_path: Path) -> No
     assert bodies[1]["resolution"]["outcome"] == "approved"
     assert bodies[1]["resolution"]["edited_input"] is None
     assert "clipped" not in bodies[1]
+
+
+def test_a_body_clipped_to_fit_fits_with_the_names_of_what_was_clipped() -> None:
+    """A body one byte over the limit with a reason of 501 characters: cutting the reason saved
+    one byte, so the body was taken to fit, and the `clipped` list then added after it sent it
+    30 bytes over `max_body_bytes` (a receiver capped there answered 413, never sent again)."""
+    from signoff.channels._base import Resolution
+    from signoff.channels._webhook_bodies import delivery_body, json_bytes, within
+
+    limit = 1024
+    resolution = Resolution(
+        request_id="req_1", outcome="cancelled", status="settled", at=1.0, reason="r" * 501
+    )
+    request = {"id": "req_1", "session_id": "ses_1", "question": None, "pad": ""}
+    body = delivery_body("request.resolved", "req_1", request, resolution, None, 1.0)
+    body["request"]["pad"] = "x" * (limit - len(json_bytes(body)) + 1)
+    assert len(json_bytes(body)) == limit + 1
+    clipped = within(body, limit)
+    assert len(json_bytes(clipped)) <= limit
+    assert "resolution.reason" in clipped["clipped"]

@@ -74,15 +74,24 @@ def within(body: dict[str, Any], limit: int) -> dict[str, Any]:
         size = len(value) if isinstance(value, str) else len(json.dumps(value, default=str))
         if size > CUT_CHARS:  # a few hundred bytes are not worth losing
             found.append((-size, index, holder, key))
-    done: list[int] = []
+    before = list(body.get("clipped") or [])
+    done: list[tuple[int, dict[str, Any], str]] = []
     for _, index, holder, key in sorted(found, key=lambda f: f[:2]):
+        if done:  # measured with the names of what was clipped, as it is sent
+            body["clipped"] = [*before, *(CLIPPABLE[i][0] for i, _, _ in sorted(done))]
         if len(json_bytes(body)) <= limit:
             break
         value, cut = holder[key], CLIPPABLE[index][2]
         holder[key] = value[:CUT_CHARS] if cut and isinstance(value, str) else None
-        done.append(index)
+        done.append((index, holder, key))
     if done:
-        body["clipped"] = [*(body.get("clipped") or []), *(CLIPPABLE[i][0] for i in sorted(done))]
+        body["clipped"] = [*before, *(CLIPPABLE[i][0] for i, _, _ in sorted(done))]
+    for _, holder, key in done if limit > 0 else ():  # 0: `smallest`'s, each clipped once
+        # Text cut to its first characters saved too little for the list naming it to fit as
+        # well: sent as null instead, as a payload is.
+        if len(json_bytes(body)) <= limit:
+            break
+        holder[key] = None
     return body
 
 
