@@ -178,3 +178,16 @@ async def test_a_step_of_the_wall_clock_neither_lengthens_nor_lifts_a_wait(step:
         assert await hooks.deliver(receiver.url, "whd_2", "request.opened", b"{}") is True
         await hooks.close()
     assert len(slept) == 1 and 29 <= slept[0] <= 30, slept
+
+
+@pytest.mark.parametrize("asked", ["999999999", "1000000000", "86400000000", "9" * 5000])
+def test_a_retry_after_of_many_digits_is_a_long_wait_not_none(asked: str) -> None:
+    """A `Retry-After` of ten digits or more was read as no wait at all (only nine were taken
+    as seconds, the rest failed as a date): the receiver was called again at once, and a wait
+    an earlier answer asked for was forgotten. Any number of seconds is a wait, capped later."""
+    import httpx
+
+    from signoff.channels._webhook_posts import retry_after
+
+    wait = retry_after(httpx.Headers({"retry-after": asked}), 0.0)
+    assert wait is not None and wait >= 999_999_999
