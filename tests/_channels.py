@@ -50,7 +50,9 @@ class Monotonic:
     (`now`): a wait for a Retry-After or a backoff is judged by it, not by the machine's speed."""
 
     def __init__(self) -> None:
-        self.now = time.monotonic()
+        # A whole number of seconds: waits of whole seconds added and taken away stay exact
+        # (3600, not 3600.0000000000073, as the machine's uptime's fraction made them).
+        self.now = float(int(time.monotonic()))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(time, name)
