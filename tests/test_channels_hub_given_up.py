@@ -17,11 +17,11 @@ import pytest
 import signoff as so
 from signoff.channels import ChannelHub
 from signoff.channels import _given_up as given_up
-from signoff.channels.slack import SlackChannel
-from signoff.testing import call, call_tools, reply, scripted_agent
+from signoff.channels.slack import SlackChannel, slack_principal
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
-from ._channels import manual, three_refunds
-from ._slack import ALICE, SECRET, FakeSlack, channel, slack_api
+from ._channels import escalating_refund, manual, three_refunds
+from ._slack import ALICE, SECRET, TEAM, FakeSlack, channel, date, slack_api
 from .test_channels_hub import Flaky
 
 __all__ = ["slack_api"]  # the fixture, used by name
@@ -88,6 +88,84 @@ async def test_a_slack_post_given_up_on_is_posted_once_slack_is_back_without_a_r
             assert post["metadata"]["event_payload"]["request_id"] == req.id
             await hub.poll()
         assert len(slack_api.of("chat.postMessage")) == 2
+
+
+def _facts(posted: dict[str, Any]) -> str:
+    """The line of facts of a posted message (its request, session, progress, deadline)."""
+    (facts,) = [b for b in posted["blocks"] if b["block_id"] == "signoff.facts"]
+    text = facts["elements"][0]["text"]
+    assert isinstance(text, str)
+    return text
+
+
+async def test_a_post_given_up_on_shows_the_votes_counted_before_it_went_through(
+    tmp_path: Path, slack_api: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A vote counted while Slack was down was told to no message (none was posted yet). Before,
+    the post delivered again showed the request as it opened, "0 of 2" with one vote counted,
+    and nothing updated it until the next vote or the close."""
+
+    @so.tool(approval=so.always(approvers=2))
+    async def delete_account(account_id: str) -> str:
+        """Delete an account."""
+        return "deleted"
+
+    agent = scripted_agent(
+        "admin",
+        [call_tools(call("delete_account", account_id="acct_7")), reply("Gone.")],
+        tools=[delete_account],
+    )
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        slack = channel(slack_api)
+        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db", max_attempts=1)
+        async with manual(hub):
+            slack_api.down["chat.postMessage"] = 1
+            req = (await rt.generate("admin", prompt="Delete acct_7", auth=ALICE)).pending[0]
+            await hub.poll()  # its post given up on
+            voter = slack_principal(TEAM, "U0BOB")
+            vote = so.InputResponse(request_id=req.id, option_id="approve")
+            (counted,) = (await rt.respond(req.session_id, [vote], principal=voter)).outcomes
+            assert counted.outcome == "counted"
+            await hub.poll()  # the count: no message to update yet
+            monkeypatch.setattr(given_up, "REDO_EVERY", 0.0)
+            await hub.poll()
+            _, posted = slack_api.of("chat.postMessage")
+            assert _facts(posted) == (
+                f"request `{req.id}` · session `{req.session_id}` · "
+                f"needs 2 approvals (1 of 2: {voter.principal_id})"
+            )
+            await hub.poll()
+        assert len(slack_api.of("chat.postMessage")) == 2
+
+
+async def test_a_post_given_up_on_names_the_group_it_was_escalated_to_meanwhile(
+    tmp_path: Path, slack_api: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its deadline passed and it was escalated while Slack was down. Before, the post delivered
+    again showed the passed deadline and never named the group (the escalation had been told to
+    no message)."""
+    clock = ManualClock()
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    async with so.Runtime([escalating_refund()], store=store, clock=clock) as rt:
+        slack = channel(slack_api)
+        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db", max_attempts=1, clock=clock)
+        async with manual(hub):
+            slack_api.down["chat.postMessage"] = 1
+            req = (await rt.generate("support", prompt="Refund A-1", auth=ALICE)).pending[0]
+            await hub.poll()  # its post given up on
+            clock.advance(61)
+            assert await rt.expire_due() == 1
+            await hub.poll()  # the escalation: no message to update yet
+            monkeypatch.setattr(given_up, "REDO_EVERY", 0.0)
+            await hub.poll()
+            _, posted = slack_api.of("chat.postMessage")
+            facts = _facts(posted)
+            assert facts == (
+                f"request `{req.id}` · session `{req.session_id}` · "
+                ":arrow_up: escalated to *finance*: no one decided before the deadline"
+            )
+            assert date(req.expires_at or 0) not in facts
+            assert posted["blocks"][-1]["type"] == "actions"  # the group answers it there
 
 
 class _Refusing(Flaky):

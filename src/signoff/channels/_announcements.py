@@ -112,8 +112,9 @@ async def _requested(
     store: Store, ch: Channel, entry: AuditEntry, shown: set[str], every: bool
 ) -> None:
     """Tell `ch` of the requests an `input.requested` entry opened, each it takes and was not
-    `shown`; one that cannot be read (its data in the entry, or its row) is passed and the
-    others told, and with `every` so is one the channel fails on, the failure raised after."""
+    `shown` (a `live_only` channel each still open, as it stands now; any other as it opened);
+    one that cannot be read (its data in the entry, or its row) is passed and the others told,
+    and with `every` so is one the channel fails on, the failure raised after."""
     raws = entry.data.get("requests")
     if not isinstance(raws, list):  # data that cannot be read is read as {}
         raise Damaged("its requests cannot be read")
@@ -137,6 +138,10 @@ async def _requested(
                 continue
             if stored is not None and stored.status != "pending":
                 continue  # it closed before we read it: nothing left to answer
+            if stored is not None:
+                # As it stands now: the votes counted and an escalation recorded since (an
+                # entry given up on and delivered again, or read late) were told to no message.
+                request = stored.request
         try:
             await ch.on_requested(request)
         except RateLimited:

@@ -356,7 +356,8 @@ class Channel:
         """Called once when the hub starts, with the requests open now (that it accepts)."""
 
     async def on_requested(self, request: InputRequest) -> None:
-        """A request opened."""
+        """A request opened: for a `live_only` channel as it stands when the hub reads the
+        opening (still open, its votes and escalation so far in it), else as it opened."""
 
     async def on_updated(self, request: InputRequest) -> None:
         """An open request changed (a quorum approval was counted)."""
