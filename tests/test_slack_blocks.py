@@ -140,6 +140,48 @@ async def test_expired_and_withdrawn_requests_stay_visible_as_records(
         assert first_update["blocks"][1] == posted[1]  # the exact input is still shown
 
 
+async def test_a_call_its_deadline_approved_reads_approved_automatically_not_expired(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """`on_timeout="approve"`: the open message says what its deadline does, and once it passed
+    the call ran. Before, the message said only "expires <date>", then "Expired … no one
+    decided" (and its text "Expired: …"), as for a call that never ran."""
+    from signoff.testing import ManualClock
+
+    runs: list[str] = []
+
+    @so.tool(approval=so.always(expires_in=60, on_timeout="approve"))
+    async def wipe_cache(region: str) -> str:
+        """Wipe a cache."""
+        runs.append(region)
+        return "wiped"
+
+    agent = scripted_agent(
+        "ops", [call_tools(call("wipe_cache", region="eu")), reply("Done.")], tools=[wipe_cache]
+    )
+    clock = ManualClock()
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        (req,) = (await rt.generate("ops", prompt="Wipe eu")).pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], clock=clock)) as hub:
+            await hub.poll()
+            (posted,) = slack_api.of("chat.postMessage")
+            assert posted["blocks"][2]["elements"][0]["text"] == (
+                f"request `{req.id}` · session `{req.session_id}` · "
+                f"expires {date(req.expires_at or 0)}, then it is approved automatically"
+            )
+            clock.advance(61)
+            assert await rt.expire_due() == 1
+            await hub.poll()
+        assert runs == ["eu"]
+        (closed,) = slack_api.of("chat.update")
+        assert closed["text"] == "Approved automatically: ops wants to run wipe_cache"
+        assert closed["blocks"][-1]["elements"][0]["text"] == (
+            ":white_check_mark: *Approved automatically* when the deadline passed "
+            f"{date(await resolved_at(rt, req.id))}: “no one decided before the deadline”"
+        )
+
+
 async def test_an_escalated_request_says_where_it_went_and_its_group_answers_from_slack(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
@@ -179,7 +221,7 @@ async def test_an_escalated_request_says_where_it_went_and_its_group_answers_fro
             (posted,) = slack_api.of("chat.postMessage")
             facts = f"request `{req.id}` · session `{req.session_id}`"
             assert posted["blocks"][2]["elements"][0]["text"] == (
-                f"{facts} · expires {date(req.expires_at or 0)}"
+                f"{facts} · expires {date(req.expires_at or 0)}, then it is escalated to *finance*"
             )
             clock.advance(61)
             assert await rt.expire_due() == 1

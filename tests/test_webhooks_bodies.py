@@ -9,7 +9,7 @@ from typing import Any
 
 import signoff as so
 from signoff.channels import ChannelHub, WebhookChannel
-from signoff.testing import call, call_tools, reply, scripted_agent
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from .test_webhooks import SECRET, Receiver, manual
 
@@ -139,3 +139,34 @@ def test_a_body_clipped_to_fit_fits_with_the_names_of_what_was_clipped() -> None
     clipped = within(body, limit)
     assert len(json_bytes(clipped)) <= limit
     assert "resolution.reason" in clipped["clipped"]
+
+
+async def test_a_call_its_deadline_approved_says_so_in_its_resolution(tmp_path: Path) -> None:
+    """`on_timeout="approve"`: the call ran, though its request closed as `expired`, as one
+    denied at its deadline does; `resolution.on_timeout` tells them apart (null when no
+    deadline closed it, as in `test_an_approval_as_proposed_has_no_edited_input`). Before, the
+    resolution had no such key."""
+
+    @so.tool(approval=so.always(expires_in=60, on_timeout="approve"))
+    def deploy(env: str) -> str:
+        """Deploy."""
+        return "deployed"
+
+    agent = scripted_agent(
+        "ops", [call_tools(call("deploy", env="prod")), reply("Deployed.")], tools=[deploy]
+    )
+    clock = ManualClock()
+    async with Receiver([]) as receiver:
+        store = f"sqlite:///{tmp_path / 's.db'}"
+        async with so.Runtime([agent], store=store, clock=clock) as rt:
+            hooks = WebhookChannel(receiver.url, SECRET, max_attempts=1)
+            async with manual(ChannelHub(rt, [hooks], clock=clock)) as hub:
+                await rt.generate("ops", prompt="Deploy")
+                clock.advance(61)
+                assert await rt.expire_due() == 1
+                await hub.poll()
+                await hooks.drain()
+        bodies = [json.loads(body) for _, body in receiver.accepted]
+    assert [b["type"] for b in bodies] == ["request.opened", "request.resolved"]
+    resolution = bodies[1]["resolution"]
+    assert (resolution["outcome"], resolution["on_timeout"]) == ("expired", "approve")

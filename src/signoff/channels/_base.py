@@ -98,7 +98,9 @@ DELETED = "deleted"
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Resolution:
-    """How a request closed: its outcome, who decided (if a person did), when, and why."""
+    """How a request closed: its outcome, who decided (if a person did), when, and why.
+    `on_timeout`: what its passed deadline did when that closed it (`approve`: the call ran,
+    approved automatically; `deny`), None when no deadline closed it."""
 
     request_id: str
     outcome: str  # answered | approved | cancelled | ignored | expired | deleted
@@ -107,6 +109,7 @@ class Resolution:
     by: Principal | None = None
     reason: str | None = None
     answer: dict[str, Any] | None = None
+    on_timeout: str | None = None
 
     @classmethod
     def from_event(cls, data: Mapping[str, Any], at: float) -> Resolution:
@@ -114,6 +117,7 @@ class Resolution:
         by = data.get("by")
         answer = data.get("answer")
         reason = data.get("reason")
+        on_timeout = data.get("on_timeout")
         return cls(
             request_id=str(data["request_id"]),
             outcome=str(data.get("outcome")),
@@ -122,6 +126,7 @@ class Resolution:
             by=Principal.model_validate(by) if isinstance(by, dict) else None,
             reason=reason if isinstance(reason, str) else None,
             answer=answer if isinstance(answer, dict) else None,
+            on_timeout=on_timeout if isinstance(on_timeout, str) else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -134,7 +139,14 @@ class Resolution:
             "by": None if self.by is None else self.by.model_dump(mode="json"),
             "reason": self.reason,
             "answer": self.answer,
+            "on_timeout": self.on_timeout,
         }
+
+    @property
+    def approved_on_timeout(self) -> bool:
+        """Whether its passed deadline approved it (`on_timeout="approve"`): it closed as
+        `expired`, and the call ran all the same, approved by no one."""
+        return self.outcome == "expired" and self.on_timeout == "approve"
 
     @property
     def value(self) -> str | None:

@@ -69,10 +69,18 @@ def _when(at: float) -> str:
 
 
 def _deadline(request: InputRequest) -> list[str]:
-    """The line on a request's deadline: when it expires, or the group it was escalated to."""
+    """The line on a request's deadline: when it expires (and what then, unless it is just
+    denied), or the group it was escalated to."""
     if request.escalated_to is not None:
         return [f"Escalated to {request.escalated_to}: no one decided before the deadline."]
-    return [] if request.expires_at is None else [f"Expires {_when(request.expires_at)}."]
+    if request.expires_at is None:
+        return []
+    then = ""
+    if request.on_timeout == "approve":
+        then = "; then it is approved automatically"
+    elif request.on_timeout == "escalate" and request.escalate_to:
+        then = f"; then it is escalated to {request.escalate_to}"
+    return [f"Expires {_when(request.expires_at)}{then}."]
 
 
 class TextChannel(Channel):
@@ -180,6 +188,8 @@ class TextChannel(Channel):
             text = f"{what} was denied by {by} at {when}"
         elif resolution.outcome == "answered":
             text = f"{what} was answered by {by} at {when}: {resolution.value}"
+        elif resolution.approved_on_timeout:  # the call ran
+            text = f"{what} was approved automatically when its deadline passed at {when}"
         elif resolution.outcome == "expired":
             text = f"{what} expired at {when}"
         elif resolution.outcome == DELETED:

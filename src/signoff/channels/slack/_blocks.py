@@ -241,7 +241,7 @@ def request_blocks(
         so_far = _clip(so_far, _MAX_SHOWN) or "none yet"
         facts.append(f"needs {request.approvers} approvals ({request.progress}: {so_far})")
     if request.expires_at is not None and resolution is None:
-        facts.append(f"expires {_date(request.expires_at)}")
+        facts.append(f"expires {_date(request.expires_at)}{_then(request)}")
     if request.escalated_to is not None:
         group = _clip(escape(request.escalated_to), _MAX_GROUP)
         facts.append(f":arrow_up: escalated to *{group}*: no one decided before the deadline")
@@ -262,6 +262,16 @@ def request_blocks(
             }
         )
     return blocks
+
+
+def _then(request: InputRequest) -> str:
+    """What its passed deadline does to a request, after the date it expires (as the terminal
+    says it): nothing more for one denied then, which just expires."""
+    if request.on_timeout == "approve":
+        return ", then it is approved automatically"
+    if request.on_timeout == "escalate" and request.escalate_to:
+        return f", then it is escalated to *{_clip(escape(request.escalate_to), _MAX_GROUP)}*"
+    return ""
 
 
 def short_blocks(
@@ -450,10 +460,13 @@ def chosen_option(request: InputRequest, value: str) -> str:
 
 
 def closed_as(resolution: Resolution) -> str:
-    """How a request closed, in one word: Approved, Denied, Answered, Expired, Deleted (with its
-    session) or Withdrawn."""
+    """How a request closed, in a word or two: Approved, Approved automatically (its deadline
+    passed with `on_timeout="approve"`: the call ran), Denied, Answered, Expired, Deleted (with
+    its session) or Withdrawn."""
     if resolution.outcome == "approved":
         return "Approved"
+    if resolution.approved_on_timeout:
+        return "Approved automatically"
     if resolution.outcome == DELETED:
         return "Deleted"
     if resolution.outcome == "cancelled" and resolution.status == "settled":
@@ -475,6 +488,9 @@ def _closing_line(resolution: Resolution) -> str:
     closed = closed_as(resolution)
     if closed == "Approved":
         return f":white_check_mark: *Approved* by {by} {when}{reason}"
+    if closed == "Approved automatically":
+        passed = f"when the deadline passed {when}"  # the call ran: no one decided
+        return f":white_check_mark: *Approved automatically* {passed}{reason}"
     if closed == "Denied":
         return f":x: *Denied* by {by} {when}{reason}"
     if closed == "Answered":

@@ -1,0 +1,47 @@
+"""What a `TextChannel` says of a deadline that approves the call (`on_timeout="approve"`):
+the request shown says so, and the call it approved, which ran, is told as approved, not as
+expired."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import signoff as so
+from signoff.channels import ChannelHub
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+
+from ._channels import Texts, manual
+
+
+async def test_a_call_its_deadline_approved_is_told_as_approved_not_expired(
+    tmp_path: Path,
+) -> None:
+    """Before, the request read "Expires <date>." and its close "deploy expired at …", as for
+    a call that never ran, though the deadline approved it and it ran."""
+    runs: list[str] = []
+
+    @so.tool(approval=so.always(expires_in=60, on_timeout="approve"))
+    async def deploy(env: str) -> str:
+        """Deploy."""
+        runs.append(env)
+        return "deployed"
+
+    agent = scripted_agent(
+        "ops", [call_tools(call("deploy", env="prod")), reply("Deployed.")], tools=[deploy]
+    )
+    clock = ManualClock(1_750_000_000.0)
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms], clock=clock)) as hub:
+            await rt.generate("ops", prompt="Deploy")
+            await hub.poll()
+            (shown,) = sms.sent
+            assert "\nExpires 2025-06-15 15:07 UTC; then it is approved automatically.\n" in shown
+            clock.advance(61)
+            assert await rt.expire_due() == 1
+            await hub.poll()
+        assert runs == ["prod"]
+        assert sms.sent[1:] == [
+            "deploy was approved automatically when its deadline passed at 2025-06-15 15:07 UTC "
+            "(no one decided before the deadline)."
+        ]
