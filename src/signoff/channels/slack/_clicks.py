@@ -150,7 +150,7 @@ class Clicks:
             await ch._tell(where, f"You may not answer this request: {exc}")
             return
         except ConflictingAnswer:  # decided otherwise (elsewhere): say how and by whom
-            await ch._tell(where, (await self._closed(rid))[0])
+            await ch._tell(where, (await self._closed(rid, principal))[0])
             await self._show_closed(rid)
             return
         except AnswerError as exc:
@@ -165,8 +165,8 @@ class Clicks:
             if not (again and outcome.outcome == "counted" and not outcome.applied):
                 await ch._tell(where, told)
         elif not outcome.applied:  # settled before: elsewhere, by a second press, or by this one
-            closed, decider = await self._closed(rid)
-            if not principal.same_as(decider):  # else their answer stands: nothing to tell
+            closed, decided = await self._closed(rid, principal)
+            if not decided:  # else their answer stands: nothing to tell
                 await ch._tell(where, closed)
             await self._show_closed(rid)
 
@@ -189,14 +189,20 @@ class Clicks:
         if stored is not None:
             await show_closed(self.channel, stored)
 
-    async def _closed(self, request_id: str) -> tuple[str, Principal | None]:
-        """How a request closed, as a late responder is told it, and who decided it."""
+    async def _closed(self, request_id: str, principal: Principal) -> tuple[str, bool]:
+        """How a request closed, as a late responder is told it, and whether `principal` took
+        part in that decision: its decider, or a voter of the quorum that approved it (counted,
+        as votes are, by principal id)."""
         stored = await self.channel.runtime.store.get_request(request_id)
-        resolution = stored.resolution if stored is not None else None
-        by = (resolution or {}).get("by")
+        resolution = (stored.resolution if stored is not None else None) or {}
+        by = resolution.get("by")
         shown, who = settled_as(resolution)
-        decider = Principal.model_validate(by) if isinstance(by, dict) else None
-        return f"Request {request_id} is already closed: {shown} by {who}.", decider
+        decided = principal.same_as(Principal.model_validate(by) if isinstance(by, dict) else None)
+        if not decided and stored is not None and resolution.get("outcome") == "approved":
+            votes = resolution.get("approved_by")  # the quorum's, the decider's vote last
+            voters = [*stored.request.approved_by, *(votes if isinstance(votes, list) else ())]
+            decided = principal.principal_id in voters
+        return f"Request {request_id} is already closed: {shown} by {who}.", decided
 
     async def _open_form(self, click: Interaction, again: bool) -> None:
         """Open Deny's or free text's form for the person who pressed, or tell them why not
