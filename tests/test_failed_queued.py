@@ -6,7 +6,7 @@ until it is retried. Run on both stores."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -232,3 +232,62 @@ async def test_a_queued_message_another_call_starts_first_is_not_started_twice(
         started = [e.data["message"] for e in await events(rt, sid) if e.type == "turn.started"]
         assert started == ["upgrade me", "bob here", "carol here"]
         assert (await rt.state(sid)).queued == []
+
+
+async def failed_retryably(rt: so.Runtime) -> tuple[str, str]:
+    """Alice's turn, her question answered, fails on a model error a retry can resume: the
+    session and her turn."""
+    r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+    failed = await rt.send(r.session_id, "pro", principal=ALICE)
+    assert (failed.status, failed.turn_id, failed.retryable) == ("failed", r.turn_id, True)
+    assert r.turn_id is not None
+    return r.session_id, r.turn_id
+
+
+@pytest.mark.parametrize(("sender", "policy"), [(BOB, "steer"), (BOB, "queue"), (ALICE, "queue")])
+async def test_a_message_sent_after_a_turn_failed_retryably_waits_for_the_retry(
+    store_url: str, sender: so.Principal, policy: Literal["steer", "queue"]
+) -> None:
+    """Once Alice's turn failed in a way a retry can resume, Bob's message (or her own `queue`
+    one) started a new turn at once in the sender's name: her retry then found her turn gone
+    and reported that one. The turn has not ended: the message waits, as one sent before the
+    failure does; the retry finishes her turn, and the message's turn starts then."""
+    broken = Capture(Flaky(reply("Pro it is."), error=ValueError("the model broke")))
+    later = Capture(reply("Hi later."))
+    async with so.Runtime([plan_agent(broken, later)], store=store_url) as rt:
+        sid, alice = await failed_retryably(rt)
+        b = await rt.send(sid, "later here", principal=sender, turn_policy=policy)
+        assert (b.status, b.turn_id, b.queued) == ("failed", alice, True)
+        state = await rt.state(sid)
+        assert state.status == "failed" and len(state.queued) == 1
+        assert state.turn is not None and state.turn.id == alice
+        assert later.conversations == []
+        again = await rt.generate(session_id=sid)
+        assert len(broken.conversations) == 2  # her turn resumed
+        assert texts(broken.last)[-1] == ("tool", "pro")
+        assert again.status == "completed" and again.text == "Hi later."
+        assert texts(later.last)[-2:] == [("assistant", "Pro it is."), ("user", "later here")]
+        started = [e for e in await events(rt, sid) if e.type == "turn.started"]
+        assert [e.data["message"] for e in started] == ["upgrade me", "later here"]
+        assert started[-1].data["principal"] == sender.model_dump()
+        assert (await rt.state(sid)).queued == []
+
+
+async def test_someone_elses_prompt_past_a_turn_a_retry_can_resume_is_refused(
+    store_url: str,
+) -> None:
+    """`generate` with Bob's prompt on Alice's turn that failed retryably started his turn
+    past hers. It is refused as while a turn runs (`SessionBusy`), storing nothing; her own
+    prompt still starts the next turn past it."""
+    broken = Capture(Flaky(reply("Pro it is."), error=ValueError("the model broke")))
+    async with so.Runtime([plan_agent(broken)], store=store_url) as rt:
+        sid, alice = await failed_retryably(rt)
+        before = len(await events(rt, sid))
+        with pytest.raises(so.SessionBusy) as caught:
+            await rt.generate(session_id=sid, prompt="bob here", auth=BOB)
+        assert caught.value.session_id == sid
+        assert len(await events(rt, sid)) == before
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.id == alice
+        mine = await rt.generate(session_id=sid, prompt="new plan", auth=ALICE)
+        assert mine.status == "completed" and mine.turn_id != alice

@@ -25,7 +25,7 @@ from ._mirrors import following_mirrors, keep_vote_key
 from ._recording import Changed, TurnStopped, load_turn, unchanged
 from ._results import GenerateResult
 from ._session_cache import closes_stop
-from ._state import SessionState, turn_over
+from ._state import SessionState, turn_over, waits_for_retry
 from ._text import NOTHING_SAID, is_blank
 from ._types import InputRequest, Principal
 from .stores import Resolve
@@ -64,6 +64,9 @@ class Messages(Answering):
         open approvals are ignored, open questions withdrawn and the model reads the message;
         with `queue` it waits for the end of the turn, unless the turn is held on an approval.
         A message from someone other than the person the turn serves waits for the turn's end.
+        A turn that failed in a way a retry can resume has not ended: such a message, and a
+        `queue` one, waits for the retry to finish it (or a cancel); only a `steer` message from
+        the person it serves starts the next turn past it.
         A deny its sender may not give (four eyes excludes the requester) steers as well; an
         approve they may not give is `NotAllowed`.
         With an `idempotency_key`, a message sent again with the same key (by the same
@@ -93,7 +96,10 @@ class Messages(Answering):
             if seen(state.keys, idem, session_id) or await self._voted_behind(state, idem):
                 return await self._replay(session_id, idem)
             turn = state.turn
-            if turn is None or turn.status in ("completed", "failed", "cancelled"):
+            # A turn a retry can resume has not ended: only a `steer` message from the person
+            # it serves starts the next turn past it; any other waits, as on a running turn.
+            held = waits_for_retry(turn, principal, queue=turn_policy == "queue")
+            if turn is None or (turn.status in ("completed", "failed", "cancelled") and not held):
                 if state.queued and turn is not None and turn_over(turn):
                     # Messages that waited for the turn's end go first: this one queues too
                     # (a drive or a worker starts the first of them).
@@ -113,7 +119,10 @@ class Messages(Answering):
                     self._remember(driver.state)
                     return await self._drive_after(session_id, message, principal, idem)
                 try:
-                    if not await self._start_turn(session_id, message, principal, idem=idem):
+                    started = await self._start_turn(
+                        session_id, message, principal, idem=idem, queue=turn_policy == "queue"
+                    )
+                    if not started:
                         return await self._replay(session_id, idem)
                 except (SessionBusy, PartialAnswer):
                     # PartialAnswer: the turn another message started first waits on a request.

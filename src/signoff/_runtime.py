@@ -193,7 +193,10 @@ class Runtime(Deletion):
         (a retry after a failure, or picking up a turn another process left); a turn that
         failed for good (`retryable` false: `max_steps`, a budget nobody can raise) is returned
         as it is, unless a message queued behind it has yet to start (its process died): the
-        turn that message starts is run and returned.
+        turn that message starts is run and returned. A prompt is refused while a turn runs
+        (`SessionBusy`) or waits on a request (`PartialAnswer`), and, from someone other than
+        the person it serves, while a turn a retry can resume waits for it (`SessionBusy`):
+        `send` steers or queues it instead.
         With an `idempotency_key`, a call repeated with the same key (by the same `auth`) starts
         nothing: it returns the turn its prompt went to, as that turn stands now (`replayed`),
         or raises `IdempotencyKeyReused` if the key was given for another agent, prompt or

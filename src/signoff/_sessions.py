@@ -21,7 +21,7 @@ from ._prompts import check_prompt, next_turn
 from ._recording import Changed, EventSpec, ended_under, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._session_cache import SessionCache, check_session_id
-from ._state import SessionState, TurnState, turn_over
+from ._state import SessionState, TurnState, turn_over, waits_for_retry
 from ._types import Principal
 
 __all__ = ["SessionRunner", "to_claims"]
@@ -97,11 +97,13 @@ class SessionRunner(SessionCache):
         source: str = "message",
         idem: Keyed | None = None,
         delegated: bool = False,
+        queue: bool = False,
     ) -> bool:
         """Start a turn with `prompt`; False (nothing recorded) when its idempotency key
         recorded it already, or, for the delegated turn, when it was started already. A
         subagent's session's first turn is its delegate call's (`delegated`): a message finding
-        none started yet is `SessionBusy`."""
+        none started yet is `SessionBusy`. So is one that waits behind a turn a retry can resume
+        (`waits_for_retry`: it is `queue`d, or `auth` is not the person the turn serves)."""
         check_prompt(prompt)
         # The cached state is trusted at first (a stale one makes the append below conflict,
         # and `start` then asks for a fresh look); it is checked against the store before a
@@ -120,7 +122,8 @@ class SessionRunner(SessionCache):
             # Created and not yet started by an older signoff's delegate call (two writes): a
             # message taking the first turn would leave the delegated task undone.
             unstarted = not delegated and state.parent is not None and state.turn is None
-            if (pending or unfinished or unstarted) and not fresh:
+            held = not delegated and waits_for_retry(state.turn, auth, queue=queue)
+            if (pending or unfinished or unstarted or held) and not fresh:
                 fresh = True
                 continue
             if unstarted:
@@ -131,6 +134,13 @@ class SessionRunner(SessionCache):
                 )
             if pending:
                 raise PartialAnswer(session_id, [r.id for r in pending], prompt=True)
+            if held:
+                raise SessionBusy(
+                    f"session {session_id!r} has a turn a retry can resume, which serves "
+                    "someone else: it must end first (a retry or a cancel); send() the "
+                    "message to have it wait for that",
+                    session_id,
+                )
             if unfinished:
                 # Its calls (approved ones, one a dead process was running) must not be left
                 # without results: the turn is finished first, never started over.

@@ -51,6 +51,7 @@ __all__ = [
     "runnable",
     "starts_queued",
     "turn_over",
+    "waits_for_retry",
 ]
 
 SNAPSHOT_VERSION = 2
@@ -544,6 +545,16 @@ def turn_over(turn: TurnState) -> bool:
     return turn.status in ("completed", "cancelled") or (
         turn.status == "failed" and not turn.retryable
     )
+
+
+def waits_for_retry(turn: TurnState | None, sender: Principal | None, *, queue: bool) -> bool:
+    """Whether a message `sender` sends waits behind `turn`, failed in a way a retry can resume
+    (it has not ended): a `queue` message does, and one from someone other than the person the
+    turn serves; only that person's `steer` message starts the next turn past it."""
+    if turn is None or turn.status != "failed" or not turn.retryable:
+        return False
+    serves = turn.principal
+    return queue or not (serves is None or (sender is not None and sender.same_as(serves)))
 
 
 def starts_queued(state: SessionState) -> bool:

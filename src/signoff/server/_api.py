@@ -208,9 +208,10 @@ async def generate(
 ) -> TurnResult:
     """Run the session's next turn with `message` until it completes or waits for a person, as
     `Runtime.generate(session_id=...)` does: refused while a turn runs (409 `session_busy`) or
-    waits on a request (422 `partial_answer`). Without a message, resume the session's turn
-    (a retry after a failure; a subagent's failed turn its parent no longer waits on is 409
-    `subagent_orphaned`)."""
+    waits on a request (422 `partial_answer`), and while a turn a retry can resume waits for
+    it, unless the caller is the person it serves (409 `session_busy`). Without a message,
+    resume the session's turn (a retry after a failure; a subagent's failed turn its parent no
+    longer waits on is 409 `subagent_orphaned`)."""
     _object_or_none(body, await request.body())
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)
