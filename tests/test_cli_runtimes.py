@@ -341,8 +341,8 @@ def assert_own_settings(store: Any) -> None:
     assert store.schema == "tenant_a"
     assert (store.operation_timeout, store.timeout, store.request_timeout) == (7, 9, 2)
     assert store.poll_interval == 0.5
-    # Not the runtime's pool sizes: a command needs a connection or two, not a server's pool.
-    assert (store.min_size, store.max_size) == (1, 10)
+    # One connection kept, not the runtime's least: a command needs a connection or two.
+    assert (store.min_size, store.max_size) == (1, 4)
     assert store._outage.grace == 3
 
 
@@ -475,3 +475,20 @@ def test_a_runtimes_store_of_another_kind_is_read_from_its_url_as_before(
     assert [r["id"] for r in json.loads(listed.stdout)] == [request_id], listed.output
     status = invoke("db", "status", target)
     assert status.exit_code == 0, status.output
+
+
+def test_a_copy_of_a_runtimes_store_keeps_one_connection_whatever_its_pool() -> None:
+    """A pool the runtime sizes from its URL (`?pool_min=16`) and its code (`max_size=32`):
+    the copy a command opens dropped both sizes and took the URL's least with the default
+    most, 16 above 10, refused; and `?pool_min=8` overridden by `min_size=1` opened 8."""
+    from signoff.cli._store_files import unopened_like
+    from signoff.stores.postgres import PostgresStore
+
+    for store, most in [
+        (PostgresStore("postgresql://u@127.0.0.1:1/db?pool_min=16", max_size=32), 32),
+        (PostgresStore("postgresql://u@127.0.0.1:1/db?pool_min=8", min_size=1), 10),
+        (PostgresStore("postgresql://u@127.0.0.1:1/db?pool_max=3"), 3),
+    ]:
+        copy = unopened_like(store, migrate=False)
+        assert isinstance(copy, PostgresStore) and copy is not store
+        assert (copy.min_size, copy.max_size) == (1, most)

@@ -70,10 +70,11 @@ class PostgresStore(Reads, Leases, Deletions):
     def _unopened_copy(self, *, migrate: bool) -> PostgresStore:
         """A new store, not yet opened, of this one's URL, schema and settings but `migrate`:
         what a command opens for a runtime's store (`signoff pending app:runtime`) waits as
-        long as the runtime's own would, where one made from its URL took the defaults. Not its
-        pool's sizes: a command needs a connection or two, and one opening a server's pool
-        (`min_size=20`) waited for all of them, or failed at a role's connection limit."""
-        given = {k: v for k, v in self._given.items() if k not in ("min_size", "max_size")}
+        long as the runtime's own would, where one made from its URL took the defaults. Its
+        pool keeps one connection open, not the runtime's least: a command needs a connection
+        or two, and one opening a server's pool (`min_size=20`, or `?pool_min=20`) waited for
+        all of them, or failed at a role's connection limit."""
+        given = {**self._given, "min_size": 1}  # at most any maximum: the copy is always valid
         return PostgresStore(self.url, schema=self.schema, migrate=migrate, **given)
 
     # -- writes -------------------------------------------------------------------------------
