@@ -191,3 +191,12 @@ def test_a_retry_after_of_many_digits_is_a_long_wait_not_none(asked: str) -> Non
 
     wait = retry_after(httpx.Headers({"retry-after": asked}), 0.0)
     assert wait is not None and wait >= 999_999_999
+
+
+def test_a_retry_after_with_leading_zeros_is_its_number_of_seconds() -> None:
+    """`0000000005` is five seconds: ten digits were taken for a wait of 31 years (capped)."""
+    import httpx
+
+    from signoff.channels._webhook_posts import retry_after
+
+    assert retry_after(httpx.Headers({"retry-after": "0000000005"}), 0.0) == 5.0

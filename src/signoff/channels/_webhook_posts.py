@@ -79,8 +79,8 @@ def retry_after(headers: httpx.Headers, now: float) -> float | None:
     None without one or with one that is neither."""
     value = headers.get("retry-after", "").strip()
     if value.isascii() and value.isdigit():
-        # Seconds; ten digits or more are 31 years and more, which every wait is capped below.
-        return float(value) if len(value) <= 9 else 1e9
+        # Seconds (leading zeros and all), at most 31 years: every wait is capped below that.
+        return min(float(value), 1e9)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError, OverflowError):  # Overflow: a year or offset
