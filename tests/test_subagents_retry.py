@@ -5,6 +5,8 @@ count."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 
 import signoff as so
@@ -97,3 +99,24 @@ async def test_a_failed_delegated_turn_its_call_waits_on_is_retried(store_url: s
         done = await rt.generate(session_id=r.session_id)
         assert done.status == "completed" and done.text == "done"
         assert (await rt.state(r.session_id)).delegated.total_tokens == 400
+
+
+@pytest.mark.parametrize("policy", ["steer", "queue"])
+async def test_a_message_to_a_child_no_retry_will_resume_starts_its_own_turn(
+    store_url: str, policy: Literal["steer", "queue"]
+) -> None:
+    """The child's failed delegated turn its parent no longer waits on is never retried (a
+    retry is `SubagentOrphaned`): someone else's message, or a `queue` one, waited for that
+    retry, queued for good, and someone else's prompt was `SessionBusy`; each starts the
+    child's own turn, as docs/subagents.md says a message to the child does."""
+    bob = so.Principal(authenticator="test", principal_id="bob")
+    async with so.Runtime([parent(), child(approval=False)], store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 3", auth=ALICE)
+        assert r.status == "completed"
+        [kid] = [s.id for s in await rt.sessions(agent="orders")]
+        sender = ALICE if policy == "queue" else bob
+        own = await rt.send(kid, "and order 4", principal=sender, turn_policy=policy)
+        assert (own.status, own.text, own.queued) == ("completed", "refunded 3", False)
+        state = await rt.state(kid)
+        assert state.queued == [] and state.turn is not None
+        assert state.turn.principal == sender

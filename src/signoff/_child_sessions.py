@@ -49,6 +49,7 @@ __all__ = [
     "first_turn",
     "headroom_now",
     "reconcile",
+    "orphaned_retry",
     "refuse_orphaned_retry",
     "unjournaled",
     "with_spend",
@@ -185,6 +186,16 @@ async def refuse_orphaned_retry(rt: Runtime, session_id: str) -> None:
     ):
         return  # the call still waits on it: a retry's result is the call's
     raise SubagentOrphaned(session_id, parent.id)
+
+
+async def orphaned_retry(rt: Runtime, session_id: str) -> bool:
+    """Whether a retry of the session's failed turn would be refused (`refuse_orphaned_retry`):
+    then no retry will come, and a message sent to it starts a turn of its own."""
+    try:
+        await refuse_orphaned_retry(rt, session_id)
+    except SubagentOrphaned:
+        return True
+    return False
 
 
 def _takes_results(parent: SessionState, now: float) -> bool:

@@ -98,7 +98,9 @@ class Messages(Answering):
             turn = state.turn
             # A turn a retry can resume has not ended: only a `steer` message from the person
             # it serves starts the next turn past it; any other waits, as on a running turn.
-            held = waits_for_retry(turn, principal, queue=turn_policy == "queue")
+            held = waits_for_retry(
+                turn, principal, queue=turn_policy == "queue"
+            ) and not await self._retry_refused(session_id)
             if turn is None or (turn.status in ("completed", "failed", "cancelled") and not held):
                 if state.queued and turn is not None and turn_over(turn):
                     # Messages that waited for the turn's end go first: this one queues too

@@ -142,6 +142,9 @@ class Runtime(Deletion):
         # Children its ended turns left whose spend is not counted yet (a process died first).
         return await _child_sessions.count_owed(self, state) or recovered
 
+    async def _retry_refused(self, session_id: str) -> bool:
+        return await _child_sessions.orphaned_retry(self, session_id)
+
     async def _orphaned(self, state: SessionState) -> bool:
         # A child its parent's cancel missed (that process died): no answer is applied to it.
         return await _child_sessions.cancel_orphan(self, state)

@@ -88,6 +88,12 @@ class SessionRunner(SessionCache):
         started = await self._start_turn(session_id, prompt, auth, source=source, idem=idem)
         return session_id, started, None
 
+    async def _retry_refused(self, session_id: str) -> bool:
+        """Whether a retry of the session's failed turn would be refused (a subagent's delegated
+        turn its parent no longer waits on: the runtime knows subagents): a message then waits
+        for no retry, and starts the next turn."""
+        return False
+
     async def _start_turn(
         self,
         session_id: str,
@@ -122,7 +128,11 @@ class SessionRunner(SessionCache):
             # Created and not yet started by an older signoff's delegate call (two writes): a
             # message taking the first turn would leave the delegated task undone.
             unstarted = not delegated and state.parent is not None and state.turn is None
-            held = not delegated and waits_for_retry(state.turn, auth, queue=queue)
+            held = (
+                not delegated
+                and waits_for_retry(state.turn, auth, queue=queue)
+                and not await self._retry_refused(session_id)
+            )
             if (pending or unfinished or unstarted or held) and not fresh:
                 fresh = True
                 continue
