@@ -302,8 +302,9 @@ class Runtime(Deletion):
         Policies can skip approval for such turns (see `session.auth.current`), and
         `ask_question` answers `{"status": "unavailable"}` since nobody can answer, and a spent
         budget raises `SessionLimitReached` (there is nobody to raise it). A `session_id` must
-        be a session of `agent` (else `UsageError`), as with `generate`. An `idempotency_key`
-        (a job's run, say) makes a repeated call start nothing, as with `generate`.
+        be a session of `agent` (else `UsageError`), as with `generate`, refused likewise while
+        its turn runs (`SessionBusy`) or a person's turn a retry can resume waits for it. An
+        `idempotency_key` (a job's run, say) makes a repeated call start nothing.
         """
         await self.open()
         if session_id is None:
