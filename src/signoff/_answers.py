@@ -33,6 +33,7 @@ __all__ = [
     "blank_identity",
     "check_decided",
     "check_principal",
+    "checked_cancel",
     "check_unambiguous",
     "decisions",
     "edit_review",
@@ -226,6 +227,21 @@ def check_decided(request: InputRequest) -> None:
             f"/v1/sessions/{request.session_id}/responses)",
             [request.id],
         )
+
+
+def checked_cancel(
+    reason: object, turn_id: object, principal: object
+) -> tuple[Principal | None, dict[str, Any] | None]:
+    """Refuse a cancel's bad arguments (`UsageError`); who cancels, and as its events record
+    them (`by`)."""
+    if reason is not None and not isinstance(reason, str):
+        raise UsageError(f"reason must be a string, not {type(reason).__name__}")
+    if reason is not None:
+        check_text(reason, "the reason")
+    if turn_id is not None and (not isinstance(turn_id, str) or not turn_id):
+        raise UsageError(f"turn_id must be a turn's id (a non-empty string), not {turn_id!r}")
+    checked = check_principal(principal, "principal")
+    return checked, None if checked is None else checked.model_dump()
 
 
 def check_principal(value: object, name: str) -> Principal | None:

@@ -16,7 +16,7 @@ from typing import Any, Self, get_args
 
 from . import _child_sessions, _subagents, stores
 from ._answers import Reply as _Reply
-from ._answers import check_principal, check_text
+from ._answers import check_principal, checked_cancel
 from ._answers import decisions as _decisions
 from ._cancellation import cancel_specs, stop_calls, withdrawal
 from ._deadlines import expiry_specs
@@ -474,14 +474,7 @@ class Runtime(Deletion):
         turn); the result's `cancelled` says whether this call cancelled the turn it reports.
         A session past its TTL raises `SessionExpired`, as every call does."""
         await self.open()
-        if reason is not None and not isinstance(reason, str):
-            raise UsageError(f"reason must be a string, not {type(reason).__name__}")
-        if reason is not None:
-            check_text(reason, "the reason")
-        if turn_id is not None and (not isinstance(turn_id, str) or not turn_id):
-            raise UsageError(f"turn_id must be a turn's id (a non-empty string), not {turn_id!r}")
-        principal = check_principal(principal, "principal")
-        by = None if principal is None else principal.model_dump()
+        principal, by = checked_cancel(reason, turn_id, principal)
         began: tuple[str, int] | None = None  # the turn to cancel: not one that followed it
         for _ in range(20):
             state = await self._state(session_id)
