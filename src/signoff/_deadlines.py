@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from ._cancellation import withdrawal
-from ._events import Event
+from ._events import BOOKKEEPING, Event
 from ._recording import Batch, EventSpec
 from ._state import SessionState
 from ._types import InputRequest
@@ -30,6 +30,7 @@ __all__ = [
     "expiry_specs",
     "is_due",
     "is_lapsed",
+    "records_expiry",
     "resumed_by_deadline",
     "state_after_deadlines",
     "stored_after_deadline",
@@ -231,6 +232,20 @@ def expiry_specs(state: SessionState) -> list[EventSpec]:
         error = {"code": "session_expired", "message": "the session's TTL passed"}
         specs.append(("turn.failed", {"error": error, "retryable": False, "reason": EXPIRED}))
     return specs
+
+
+def records_expiry(specs: Sequence[EventSpec], after: SessionState | None) -> bool:
+    """Whether `specs` only record the session's passed TTL (`expiry_specs`, and what its
+    subagents spent): time did that, not anyone, so the store keeps the session's last activity
+    (`Commit.activity`), which a prune ages it by, whoever looked first."""
+    expiry = False
+    for type_, data in specs:
+        if type_ in BOOKKEEPING:
+            continue
+        if type_ not in ("input.resolved", "turn.failed") or data.get("reason") != EXPIRED:
+            return False
+        expiry = True
+    return expiry and after is not None and after.lapsed
 
 
 def expiry_resolves(state: SessionState) -> list[Resolve]:

@@ -213,8 +213,9 @@ class Deletion(EventStream):
             )
         except SessionWaiting:
             # Waiting on requests no one can answer any more (its TTL passed): recorded as a
-            # listing would record it (they expire), then deleted. Recording it is activity,
-            # but a session past its TTL comes to life no more: no `before` then.
+            # listing would record it (they expire), then deleted. Recording it is no activity
+            # (`records_expiry`), but cancelling its subagents' turns with it is, and a session
+            # past its TTL comes to life no more: no `before` then.
             try:
                 expired = await self._expired_now(session_id)
             except STORE_FAILING:

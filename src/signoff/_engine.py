@@ -15,6 +15,7 @@ from typing import Any
 from ._agent import Agent
 from ._any_loop import AnyLoopLock
 from ._counts import Counts
+from ._deadlines import records_expiry
 from ._events import BOOKKEEPING, Event
 from ._exceptions import AppendConflict, LeaseLost, StoreError
 from ._leasing import Held
@@ -220,6 +221,7 @@ class Driver(ToolCalls, ModelStep):
                             expires_at=state.expires_at  # bookkeeping: the TTL runs on
                             if all(t in BOOKKEEPING for t, _ in batch)
                             else self._expires_at(state, after, now),
+                            activity=not records_expiry(batch, after),
                             release_lease=release,
                             waited=release and after is not None and waited_for_a_person(after),
                             expected_event=planned_on,

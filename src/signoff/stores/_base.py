@@ -118,6 +118,10 @@ class Commit:
     durable: bool = False
     status: str | None = None
     expires_at: float | None = None
+    # False when the events only record what time did (a passed TTL): the session row keeps
+    # its `updated_at` (its last activity, which prune ages it by) instead of the last event's
+    # `at`. A store that ignores it moves `updated_at` as before.
+    activity: bool = True
     release_lease: bool = False  # with lease_token: the drive ends here, so free the lease too
     # With release_lease: the turn ends here after waiting for a person, so it was slow anyway
     # and the store may tidy up at no cost to back-to-back turns (SQLite folds its WAL).
@@ -331,7 +335,9 @@ class Store(Protocol):
     async def commit(self, commit: Commit) -> None:
         """Apply `commit` in one transaction, or nothing of it: `AppendConflict` if the head
         moved, `LeaseLost` if the lease was taken over, `RequestClosed` if a request it resolves
-        is no longer pending, `UnknownSession` if the session is gone."""
+        is no longer pending, `UnknownSession` if the session is gone. The session row takes the
+        commit's `status` (if given) and `expires_at`, and, unless `activity` is False, the last
+        event's `at` as its `updated_at`."""
         ...
 
     async def get_request(self, request_id: str) -> StoredRequest | None:

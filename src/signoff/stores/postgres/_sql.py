@@ -376,7 +376,8 @@ def commit_sql(
                 f"SELECT g.sk, x.* FROM g, {rows_sql(audit, _AUDIT_COLUMNS)})"
             )
         parts.append(
-            f"u AS (UPDATE {s}.sessions x SET head=%s, updated_at=%s, "
+            f"u AS (UPDATE {s}.sessions x SET head=%s, "
+            "updated_at=COALESCE(%s::float8, x.updated_at), "
             "status=COALESCE(%s, x.status), expires_at=%s, "
             # A child's copy of its deadline (migration 11); NULL, unchanged, for any other.
             "child_expires_at=CASE WHEN x.parent IS NOT NULL THEN %s::float8 END, "

@@ -292,7 +292,8 @@ class PostgresStore(Reads, Leases, Deletions):
                 params += rows_params(rows)
                 if audit:
                     params += rows_params(audit)
-                params += [last.seq, last.at, commit.status, commit.expires_at]
+                at = last.at if commit.activity else None  # None: the row keeps its updated_at
+                params += [last.seq, at, commit.status, commit.expires_at]
                 params += [commit.expires_at, n, digest]  # a child's copy of the deadline first
                 params += [self.channel, f"{sid} {last.seq}"]
             if commit.snapshot is not None:

@@ -250,9 +250,18 @@ class SQLiteStore(Reads, Leases, Deletions):
                     n, digest = self._insert_session_audit(conn, sk, n, digest, commit.events)
                     last = commit.events[-1]
                     conn.execute(
-                        "UPDATE sessions SET head=?, updated_at=?, status=COALESCE(?, status), "
-                        "expires_at=?, audit_n=?, audit_hash=? WHERE sk=?",
-                        (last.seq, last.at, commit.status, commit.expires_at, n, digest, sk),
+                        "UPDATE sessions SET head=?, updated_at=COALESCE(?, updated_at), "
+                        "status=COALESCE(?, status), expires_at=?, audit_n=?, audit_hash=? "
+                        "WHERE sk=?",
+                        (
+                            last.seq,
+                            last.at if commit.activity else None,
+                            commit.status,
+                            commit.expires_at,
+                            n,
+                            digest,
+                            sk,
+                        ),
                     )
                 if commit.snapshot is not None:
                     conn.execute(
