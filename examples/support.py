@@ -75,14 +75,16 @@ async def delete_account(email: str) -> dict[str, Any]:
 _ORDER_NAMED = re.compile(r"\border\s*(?:#|no\.?|number)?\s*(\d+)\b", re.I)
 _ORDER = re.compile(r"\b(\d{4,})\b")
 # An amount is a number with a currency before or after it: $40, €40, 40 usd, USD 40, 40 euros,
-# 40 dollars, 40.50, 40,50 (a decimal comma), 1,250.00 (thousands).
-_NUMBER = r"(\d{1,3}(?:,\d{3})+(?:\.\d{1,2})?|\d+(?:[.,]\d{1,2})?)"
+# 40 dollars, 40.50, 40,50 (a decimal comma), 1,250.00 (thousands); read whole, its sign and
+# every decimal with it (100.005 is not 100.00, nor $-5 five), for the tool to refuse or ask.
+_NUMBER = r"(-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:[.,]\d+)?))(?!\d)"
 _CURRENCY = r"(?:usd|eur|gbp|dollars?|euros?|pounds?)"
-# A symbol before the number first: in "order 1043 $0" the 1043 is not an amount in dollars.
+# A symbol before the number first: in "order 1043 $0" the 1043 is not an amount in dollars,
+# nor is 1042 in "order 1042 $-5".
 _AMOUNTS = [
     re.compile(rf"[$€£]\s*{_NUMBER}"),
     re.compile(rf"\b{_CURRENCY}\s*{_NUMBER}", re.I),
-    re.compile(rf"{_NUMBER}\s*(?:{_CURRENCY}\b|[$€£])", re.I),
+    re.compile(rf"{_NUMBER}\s*(?:{_CURRENCY}\b|[$€£](?!\s*-?\d))", re.I),
 ]
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 
@@ -211,7 +213,7 @@ def _requested_amount(text: str) -> float | None:
     if match is None:
         return None
     number = match.group(1)
-    if re.fullmatch(r"\d+,\d{1,2}", number):  # a decimal comma: 50,00
+    if re.fullmatch(r"-?\d+,\d{1,2}", number):  # a decimal comma: 50,00
         return float(number.replace(",", "."))
     return float(number.replace(",", ""))
 

@@ -181,3 +181,23 @@ def test_an_async_runtime_factory_is_refused_without_a_stray_warning(tmp_path: P
         gc.collect()
     finally:
         sys.path.remove(str(tmp_path))
+
+
+async def test_an_amount_is_read_whole_with_its_sign_and_every_decimal(
+    tmp_path: Path, support: so.Agent
+) -> None:
+    """The demo model read "$100.005" as 100.00 (refunded with no one asked: the threshold is
+    over 100), and in "order 1042 $-5" took the order number for the amount (1042 asked for);
+    now 100.005 is asked about as it is, and -5 reaches the tool, which refuses it."""
+    import examples.support
+
+    async with so.Runtime([support], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="refund order 1044 $100.005, it broke")
+        assert r.status == "waiting", r
+        (request,) = r.pending
+        assert request.action is not None and request.action.input["amount"] == 100.005
+        for prompt in ("refund order 1042 $-5, it broke", "refund order 1042 -5$, it broke"):
+            r = await rt.generate("support", prompt=prompt)
+            assert r.status == "completed" and r.pending == [], r
+            assert r.text.startswith("The refund failed: amount must be between 0"), r.text
+    assert examples.support.REFUNDS == []
