@@ -6,7 +6,6 @@ from __future__ import annotations
 import signoff as so
 from signoff.testing import ManualClock
 
-from ._delegation import refund_desk
 from .test_deletion import ALICE, chat_with_ttl
 
 
@@ -63,31 +62,3 @@ async def test_a_listing_before_the_prune_changes_nothing(store_url: str) -> Non
         assert {s.status for s in await rt.sessions()} == {"failed"}
         assert sorted(await rt.prune(older_than=150)) == sorted([a, b])
         assert await rt.sessions() == []
-
-
-async def test_a_subagent_its_parents_expiry_cancelled_keeps_its_last_activity(
-    store_url: str,
-) -> None:
-    """The parent's passed TTL, recorded by a read, cancels the child's delegated turn that
-    waited on a person: time did that too, so neither session row moves its `updated_at`, and a
-    prune ages the tree by when its sessions were last active, not by when someone looked."""
-    ran: list[str] = []
-    support, billing = refund_desk(so.always(), ran)
-    support.limits = so.Limits(ttl=60)
-    clock = ManualClock()
-    async with so.Runtime([support, billing], store=store_url, clock=clock) as rt:
-        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
-        (mirror,) = r.pending
-        assert mirror.child is not None
-        parent, child = r.session_id, mirror.child.session_id
-        before = {s.id: s.updated_at for s in await rt.sessions()}
-        clock.advance(61)
-        state = await rt.state(parent)  # records the parent's expiry, cancelling the child
-        assert state.turn is not None and state.turn.status == "failed"
-        kid = await rt.state(child)
-        assert kid.turn is not None and kid.turn.status == "cancelled"
-        assert {s.id: s.updated_at for s in await rt.sessions()} == before
-        clock.advance(139)
-        assert await rt.prune(older_than=150) == [parent]
-        assert await rt.sessions() == []
-        assert ran == []

@@ -11,20 +11,10 @@ from ._state_parts import load_principal
 from ._types import InputRequest, Principal
 from .stores import Resolve, Store
 
-__all__ = [
-    "PARENT_EXPIRED",
-    "cancel_specs",
-    "cancelled_by",
-    "stop_calls",
-    "withdrawal",
-    "withdrawn_because",
-]
-
-PARENT_EXPIRED = "the parent session expired"
-"""Why a subagent's delegated turn was cancelled when its parent's TTL passed (by no one)."""
+__all__ = ["cancel_specs", "cancelled_by", "stop_calls", "withdrawal"]
 
 
-def withdrawn_because(reason: str | None) -> str:
+def _withdrawn_because(reason: str | None) -> str:
     """The reason an open request of a cancelled turn closed: the cancel's own, when it gave
     one, which the audit trail of requests shows (the turn's event alone had it)."""
     return f"turn cancelled: {reason}" if reason else "turn cancelled"
@@ -46,7 +36,7 @@ def cancel_specs(
                 "request_id": r.id,
                 "outcome": "cancelled",
                 "status": "withdrawn",
-                "reason": withdrawn_because(reason),
+                "reason": _withdrawn_because(reason),
                 "by": by,
             },
         )
@@ -60,7 +50,7 @@ def cancel_specs(
 
 def withdrawal(request_id: str, reason: str | None, by: dict[str, Any] | None) -> Resolve:
     """The store's record of an open request the cancellation withdrew."""
-    resolution = {"outcome": "cancelled", "reason": withdrawn_because(reason), "by": by}
+    resolution = {"outcome": "cancelled", "reason": _withdrawn_because(reason), "by": by}
     return Resolve(
         request_id=request_id, status="withdrawn", outcome="cancelled", resolution=resolution
     )

@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._budgets import by_budget
-from ._cancellation import PARENT_EXPIRED
 from ._child_closes import after_close, after_drive, before_drive, delegating
 from ._events import Event
 from ._exceptions import (
@@ -223,7 +222,7 @@ async def cancel_expired(rt: Runtime, kids: Iterable[str]) -> None:
     person is not left open for ever, nor run once answered."""
     for child in kids:
         try:
-            await cancel_delegated(rt, child, PARENT_EXPIRED, None)
+            await cancel_delegated(rt, child, "the parent session expired", None)
         except (UnknownSession, SessionExpired):
             pass
         except SignoffError as exc:  # the parent's expiry is what its caller must hear of

@@ -12,7 +12,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ._cancellation import PARENT_EXPIRED, withdrawal, withdrawn_because
+from ._cancellation import withdrawal
 from ._events import BOOKKEEPING, Event
 from ._recording import Batch, EventSpec
 from ._state import SessionState
@@ -114,7 +114,7 @@ def stored_after_expiry(stored: StoredRequest, now: float) -> StoredRequest:
         return stored
     own = stored.session_expires_at
     if own is None or own > now:
-        closed = withdrawal(stored.request.id, PARENT_EXPIRED, None)
+        closed = withdrawal(stored.request.id, "the parent session expired", None)
         return replace(
             stored,
             request=stored.request.model_copy(update={"status": closed.status}),
@@ -235,27 +235,17 @@ def expiry_specs(state: SessionState) -> list[EventSpec]:
 
 
 def records_expiry(specs: Sequence[EventSpec], after: SessionState | None) -> bool:
-    """Whether `specs` only record a passed TTL: the session's own (`expiry_specs`, and what its
-    subagents spent), or its parent's, which cancels its delegated turn (`PARENT_EXPIRED`).
-    Time did that, not anyone, so the store keeps the session's last activity
-    (`Commit.activity`), which a prune ages a tree by, whoever looked first."""
-    own = parents = False
+    """Whether `specs` only record the session's passed TTL (`expiry_specs`, and what its
+    subagents spent): time did that, not anyone, so the store keeps the session's last activity
+    (`Commit.activity`), which a prune ages it by, whoever looked first."""
+    expiry = False
     for type_, data in specs:
-        if type_ in BOOKKEEPING or type_ == "session.waiting":
+        if type_ in BOOKKEEPING:
             continue
-        reason = data.get("reason")
-        if type_ in ("input.resolved", "turn.failed") and reason == EXPIRED:
-            own = True
-        elif data.get("by") is None and (
-            (type_ == "turn.cancelled" and reason == PARENT_EXPIRED)
-            or (type_ == "input.resolved" and reason == withdrawn_because(PARENT_EXPIRED))
-        ):
-            parents = True
-        else:
+        if type_ not in ("input.resolved", "turn.failed") or data.get("reason") != EXPIRED:
             return False
-    if own:
-        return not parents and after is not None and after.lapsed
-    return parents
+        expiry = True
+    return expiry and after is not None and after.lapsed
 
 
 def expiry_resolves(state: SessionState) -> list[Resolve]:
