@@ -104,3 +104,30 @@ def test_model_spent_folds_into_usage_whatever_turn_is_open() -> None:
     assert state.turn is not None and state.turn.id == "t2" and state.turn.status == "running"
     assert state.updated_at == 4.0 and state.expires_at == 64.0
     assert SessionState.from_snapshot(state.to_snapshot()).usage == BILLED
+
+
+async def test_a_bill_counted_after_the_turn_ended_is_no_activity(store_url: str) -> None:
+    """The reply billed 100 s after the cancel is counted (`model.spent`), which the fold and
+    the TTL take for no activity; the session row took its time as its last activity, so a
+    prune of sessions idle for 50 s left it, as a listing showed it active just now."""
+    from signoff.testing import ManualClock
+
+    model, clock = Held(), ManualClock()
+    agent = so.Agent(name="a", model=model, limits=so.Limits(max_tokens=1000))
+    async with (
+        so.Runtime([agent], store=store_url, clock=clock) as rt1,
+        so.Runtime([so.Agent(name="a", model=Held())], store=store_url, clock=clock) as rt2,
+    ):
+        sid = await rt1.create_session("a")
+        drive = asyncio.create_task(rt1.generate(session_id=sid, prompt="hi"))
+        await asyncio.wait_for(model.called.wait(), 10)
+        await rt2.cancel(sid, "stop")
+        cancelled_at = clock()
+        clock.advance(100)
+        model.go.set()
+        assert (await asyncio.wait_for(drive, 10)).status == "cancelled"
+        events = [e async for e in rt2.events(sid, follow=False)]
+        assert events[-1].type == "model.spent" and events[-1].at == cancelled_at + 100
+        [row] = await rt2.sessions()
+        assert row.updated_at == (await rt2.state(sid)).updated_at == cancelled_at
+        assert await rt2.prune(older_than=50) == [sid]

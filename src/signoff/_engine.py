@@ -219,9 +219,10 @@ class Driver(ToolCalls, ModelStep):
                             durable=durable or tells_a_person(batch, new_requests),
                             status=None if after is None else stored_status(after),
                             expires_at=state.expires_at  # bookkeeping: the TTL runs on
-                            if all(t in BOOKKEEPING for t, _ in batch)
+                            if (kept := all(t in BOOKKEEPING for t, _ in batch))
                             else self._expires_at(state, after, now),
-                            activity=not records_expiry(batch, after),
+                            # nor is it activity, as a passed TTL recorded is not
+                            activity=not (kept or records_expiry(batch, after)),
                             release_lease=release,
                             waited=release and after is not None and waited_for_a_person(after),
                             expected_event=planned_on,
