@@ -242,3 +242,33 @@ def test_a_dashboard_form_on_a_locked_file_is_503_with_retry_after(tmp_path: Pat
             assert [s.id for s in rt.sessions_sync()] == [sid]
             assert [r.id for r in rt.pending_sync()] == [rid]
     runtime.close_sync()
+
+
+async def test_a_new_session_refused_as_busy_waits_once_not_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session made for an HTTP request on a locked SQLite file: its creation gave up
+    (`StoreBusy`: nothing written), then giving back the lease it never took waited for the
+    lock as long again (503 after 6 s where the docs say 3). Nothing is given back now."""
+    path = tmp_path / "state.db"
+    runtime = make_runtime(f"sqlite:///{path}")
+    await runtime.open()
+    released: list[str] = []
+    release = runtime._release
+
+    async def counted(session_id: str, owner: str, token: int) -> None:
+        released.append(session_id)
+        await release(session_id, owner, token)
+
+    monkeypatch.setattr(runtime, "_release", counted)
+    locker = sqlite3.connect(path, isolation_level=None)
+    try:
+        locker.execute("BEGIN IMMEDIATE")
+        with promptly(), pytest.raises(so.StoreBusy, match="locked"):
+            await runtime.generate("support", "Refund order 1042, it broke", auth=_alice())
+        assert released == []
+        locker.execute("ROLLBACK")
+        assert await runtime.sessions() == []
+    finally:
+        locker.close()
+        await runtime.close()

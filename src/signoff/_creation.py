@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._agent import Agent
 from ._events import Event
-from ._exceptions import IdempotencyKeyReused, StoreError
+from ._exceptions import IdempotencyKeyReused, StoreBusy, StoreError
 from ._idempotency import Keyed, seen, session_for
 from ._prompts import next_turn
 from ._recording import new_id, stored_status
@@ -100,8 +100,10 @@ async def made(
                 lease=None if owner is None else (owner, rt.lease_ttl, now),
             )
             break
-        except StoreError:
-            if owner is not None:  # its write may have gone through, told as failed
+        except StoreError as exc:
+            # Its write may have gone through, told as failed; not when busy (`StoreBusy`: no
+            # lock or connection came, nothing was written), where giving back waited again.
+            if owner is not None and not isinstance(exc, StoreBusy):
                 await _give_back(rt, session_id, owner)
             if idem is None:
                 raise

@@ -144,7 +144,10 @@ def public_message(exc: SignoffError) -> str:
         return "the store is unavailable (its database is down); try again later"
     if isinstance(exc, StoreBusy):  # one line per call while the server is overloaded
         log.warning("the store is busy: %s", exc)
-        return "the store is busy (every connection to its database is in use); try again soon"
+        return (
+            "the store is busy (no connection to its database, or its file's lock, came free in "
+            "time); try again soon"
+        )
     if isinstance(exc, EventsRewritten):  # names no database: the caller reads again
         log.warning("%s", exc)
         return str(exc)
