@@ -46,6 +46,7 @@ __all__ = [
     "channel",
     "click",
     "date",
+    "deleting_agent",
     "fake",
     "fake_slack",
     "form",
@@ -567,4 +568,22 @@ def question_agent() -> so.Agent:
         "shop",
         [call_tools(ask), call_tools(ask), reply("Reordered.")],
         tools=[so.ask_question()],
+    )
+
+
+def deleting_agent(runs: list[str] | None = None) -> so.Agent:
+    """`admin`, whose one call deletes `acct_7` once two people approve it (each run noted in
+    `runs`), then replies "Gone."."""
+
+    @so.tool(approval=so.always(approvers=2))
+    async def delete_account(account_id: str) -> str:
+        """Delete an account."""
+        if runs is not None:
+            runs.append(account_id)
+        return "deleted"
+
+    return scripted_agent(
+        "admin",
+        [call_tools(call("delete_account", account_id="acct_7")), reply("Gone.")],
+        tools=[delete_account],
     )

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import signoff as so
 from signoff.testing import (
     Capture,
@@ -20,6 +22,7 @@ __all__ = [
     "APPROVED_TAIL",
     "BOB",
     "DENIED_TAIL",
+    "answered_first",
     "events",
     "PACKS",
     "plan_agent",
@@ -103,3 +106,25 @@ def plan_agent(seen: Capture, *more: Any) -> so.Agent:
     return scripted_agent(
         "sales", [call_tools(call("pick_plan", call_id="p1")), seen, *more], tools=[pick_plan]
     )
+
+
+def answered_first(
+    monkeypatch: pytest.MonkeyPatch,
+    rt: so.Runtime,
+    request_id: str,
+    option_id: str,
+    principal: so.Principal,
+) -> None:
+    """Have `principal` answer `request_id` with `option_id` (not resuming) between a message's
+    check and its own answer: the message's answer then loses to this one."""
+    settle = so.Runtime._settle
+    raced: list[bool] = []
+
+    async def racing(runtime: so.Runtime, session_id: str, answers: Any, *a: Any, **k: Any) -> Any:
+        if not raced:
+            raced.append(True)
+            answer = so.InputResponse(request_id=request_id, option_id=option_id)
+            await rt.respond(session_id, [answer], principal=principal, resume=False)
+        return await settle(runtime, session_id, answers, *a, **k)
+
+    monkeypatch.setattr(so.Runtime, "_settle", racing)

@@ -21,7 +21,7 @@ from signoff.channels.slack import SlackChannel, slack_principal
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._channels import escalating_refund, manual, three_refunds
-from ._slack import ALICE, SECRET, TEAM, FakeSlack, channel, date, slack_api
+from ._slack import ALICE, SECRET, TEAM, FakeSlack, channel, date, deleting_agent, slack_api
 from .test_channels_hub import Flaky
 
 __all__ = ["slack_api"]  # the fixture, used by name
@@ -105,16 +105,7 @@ async def test_a_post_given_up_on_shows_the_votes_counted_before_it_went_through
     the post delivered again showed the request as it opened, "0 of 2" with one vote counted,
     and nothing updated it until the next vote or the close."""
 
-    @so.tool(approval=so.always(approvers=2))
-    async def delete_account(account_id: str) -> str:
-        """Delete an account."""
-        return "deleted"
-
-    agent = scripted_agent(
-        "admin",
-        [call_tools(call("delete_account", account_id="acct_7")), reply("Gone.")],
-        tools=[delete_account],
-    )
+    agent = deleting_agent()
     async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
         slack = channel(slack_api)
         hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db", max_attempts=1)

@@ -24,6 +24,8 @@ from signoff.testing import (
     store_contents,
 )
 
+from ._steer import answered_first
+
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
 BOB = so.Principal(authenticator="okta", principal_id="bob")
 CAROL = so.Principal(authenticator="okta", principal_id="carol")
@@ -279,21 +281,7 @@ async def test_a_message_for_a_question_answered_meanwhile_is_delivered(
     async with sqlite_runtime(tmp_path, plan_agent(reply("ok"), reply("noted"))) as rt:
         r = await rt.generate("sales", prompt="Sign me up", auth=ALICE)
         [question] = r.pending
-        settle = so.Runtime._settle
-        raced: list[bool] = []
-
-        async def racing(runtime: so.Runtime, session_id: str, answers: Any, *a: Any, **k: Any):
-            if not raced:  # the other answer lands between the message's check and its answer
-                raced.append(True)
-                await rt.respond(
-                    session_id,
-                    [so.InputResponse(request_id=question.id, option_id="basic")],
-                    principal=ALICE,
-                    resume=False,
-                )
-            return await settle(runtime, session_id, answers, *a, **k)
-
-        monkeypatch.setattr(so.Runtime, "_settle", racing)
+        answered_first(monkeypatch, rt, question.id, "basic", ALICE)
         done = await rt.send(r.session_id, "pro", principal=ALICE)
         assert done.status == "completed"
         said = [

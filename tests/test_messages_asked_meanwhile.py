@@ -12,6 +12,7 @@ import pytest
 import signoff as so
 from signoff.testing import call, call_tools, reply, scripted_agent, sqlite_runtime
 
+from ._steer import answered_first
 from ._subagents import ALICE, Counted, events
 
 
@@ -178,21 +179,7 @@ async def test_a_message_whose_question_was_answered_meanwhile_answers_the_next_
         r = await rt.generate("sales", prompt="Sign me up", auth=ALICE)
         assert [p.question for p in r.pending] == ["Which plan?", "Any notes?"]
         plan, notes = r.pending
-        settle = so.Runtime._settle
-        raced: list[bool] = []
-
-        async def racing(runtime: so.Runtime, session_id: str, answers: Any, *a: Any, **k: Any):
-            if not raced:
-                raced.append(True)
-                await rt.respond(
-                    session_id,
-                    [so.InputResponse(request_id=plan.id, option_id="basic")],
-                    principal=ALICE,
-                    resume=False,
-                )
-            return await settle(runtime, session_id, answers, *a, **k)
-
-        monkeypatch.setattr(so.Runtime, "_settle", racing)
+        answered_first(monkeypatch, rt, plan.id, "basic", ALICE)
         done = await rt.send(r.session_id, "pro", principal=ALICE)
         assert (done.status, done.text) == ("completed", "All set.")
         answers = {

@@ -24,6 +24,7 @@ from ._slack import (
     channel,
     click,
     date,
+    deleting_agent,
     manual,
     refund_runtime,
     resolved_at,
@@ -53,17 +54,7 @@ async def test_a_quorum_shows_its_progress_until_it_is_met(
 ) -> None:
     runs: list[str] = []
 
-    @so.tool(approval=so.always(approvers=2))
-    async def delete_account(account_id: str) -> str:
-        """Delete an account."""
-        runs.append(account_id)
-        return "deleted"
-
-    agent = scripted_agent(
-        "admin",
-        [call_tools(call("delete_account", account_id="acct_7")), reply("Gone.")],
-        tools=[delete_account],
-    )
+    agent = deleting_agent(runs)
     async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
         r = await rt.generate("admin", prompt="Delete acct_7", auth=ALICE)
         (req,) = r.pending
@@ -321,16 +312,7 @@ async def test_a_request_posted_late_shows_the_approvals_counted_meanwhile(
     """An open request Slack's rate limit held back at start is posted as it is then, with
     the approvals counted while it waited, not as it was when the hub started."""
 
-    @so.tool(approval=so.always(approvers=2))
-    async def delete_account(account_id: str) -> str:
-        """Delete an account."""
-        return "deleted"
-
-    agent = scripted_agent(
-        "admin",
-        [call_tools(call("delete_account", account_id="acct_7")), reply("Gone.")],
-        tools=[delete_account],
-    )
+    agent = deleting_agent()
     async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
         r = await rt.generate("admin", prompt="Delete acct_7", auth=ALICE)
         (req,) = r.pending
