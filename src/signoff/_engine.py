@@ -193,6 +193,7 @@ class Driver(ToolCalls, ModelStep):
                     for i, (t, d) in enumerate(batch)
                 ]
                 before, planned_on = state.seq, state.shown()
+                bookkeeping = all(t in BOOKKEEPING for t, _ in batch)
                 after = shadow(state, events, before)
                 snapshot = snapshot_after(state, events, before, after)
                 release = (
@@ -219,10 +220,10 @@ class Driver(ToolCalls, ModelStep):
                             durable=durable or tells_a_person(batch, new_requests),
                             status=None if after is None else stored_status(after),
                             expires_at=state.expires_at  # bookkeeping: the TTL runs on
-                            if (kept := all(t in BOOKKEEPING for t, _ in batch))
+                            if bookkeeping
                             else self._expires_at(state, after, now),
                             # nor is it activity, as a passed TTL recorded is not
-                            activity=not (kept or records_expiry(batch, after)),
+                            activity=not (bookkeeping or records_expiry(batch, after)),
                             release_lease=release,
                             waited=release and after is not None and waited_for_a_person(after),
                             expected_event=planned_on,
