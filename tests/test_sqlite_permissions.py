@@ -561,3 +561,39 @@ def test_signoff_names_a_read_only_file_system_as_such(folder: Path) -> None:
         f"error: StoreError: cannot open SQLite store {mounted / 'new.db'}: the file system "
         f"holding {mounted} is mounted read-only\n"
     )
+
+
+def test_a_store_opened_read_only_writes_once_its_mode_allows(folder: Path) -> None:
+    """The store's owner made it read-only (444), then writable again: the process that opened
+    it meanwhile refused every write until it restarted, though README says a store that
+    refuses writes is written once it takes them again. It opens the file anew, writable."""
+    path = folder / "state.db"
+    _store_with_a_session(path)
+    os.chown(path, OWNER, OWNER)
+    os.chown(folder, OWNER, OWNER)
+    path.chmod(0o444)
+
+    def read_then_mended() -> tuple[str, int | None]:
+        async def go() -> tuple[str, int | None]:
+            store = SQLiteStore(f"sqlite:///{path}", busy_timeout=2)
+            assert await store.head("s1") == 1
+            write = Commit(
+                session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")]
+            )
+            try:
+                await store.commit(write)
+                refused = ""
+            except so.StoreError as exc:
+                refused = str(exc)
+            path.chmod(0o644)  # its owner makes it writable again
+            await store.commit(write)
+            head = await store.head("s1")
+            await store.close()
+            return refused, head
+
+        return asyncio.run(go())
+
+    refused, head = as_user(OWNER, read_then_mended)
+    assert "read-only to this process" in refused
+    assert head == 2
+    assert asyncio.run(SQLiteStore(f"sqlite:///{path}").head("s1")) == 2

@@ -388,6 +388,10 @@ class Connection:
         sessions live there alone, for the next use (another runtime sharing the store, say)."""
         if self.path == ":memory:":
             return
+        self._shut()
+
+    def _shut(self) -> None:
+        """`close`, which a store opened read-only runs too, to open the file anew writable."""
         with self._lock:
             if self._conn is not None and self._conn not in _ABANDONED_CONNECTIONS:
                 self._conn.close()
@@ -534,6 +538,11 @@ class Connection:
 
     @property
     def conn(self) -> sqlite3.Connection:
+        if self._conn is not None and self._access != "rw" and open_access(self.path) == "rw":
+            # Opened read-only, and its mode (or its folder's) now lets this process write: open
+            # it anew, writable, else its writes were refused until the process restarted.
+            with self._lock:
+                self._shut()
         if self._conn is None:
             self.open_sync()
         assert self._conn is not None
