@@ -536,13 +536,15 @@ class Connection:
     def set_fault_hook(self, hook: FaultHook | None) -> None:
         self._fault = hook
 
+    def _mended(self) -> None:
+        """At the start of a store call (under the lock, no connection taken yet): a file opened
+        read-only whose mode (or its folder's) now lets this process write is opened anew,
+        writable, by the call; else its writes were refused until the process restarted."""
+        if self._conn is not None and self._access != "rw" and open_access(self.path) == "rw":
+            self._shut()
+
     @property
     def conn(self) -> sqlite3.Connection:
-        if self._conn is not None and self._access != "rw" and open_access(self.path) == "rw":
-            # Opened read-only, and its mode (or its folder's) now lets this process write: open
-            # it anew, writable, else its writes were refused until the process restarted.
-            with self._lock:
-                self._shut()
         if self._conn is None:
             self.open_sync()
         assert self._conn is not None

@@ -169,6 +169,7 @@ def reading(
     async def guarded(store: C, /, *args: P.args, **kwargs: P.kwargs) -> R:
         with store._lock:
             try:
+                store._mended()
                 store._readable()
                 return _through(read(store, *args, **kwargs))
             except sqlite3.Error as exc:
@@ -193,6 +194,7 @@ def serialised(
         try:
             while True:
                 with store._lock:
+                    store._mended()
                     waits = _WAITS_OUTSIDE.set(patient)
                     store._hooks_run, store._hooks_fired = 0, fired
                     try:
