@@ -1,8 +1,9 @@
 """`Anthropic` continues a turn the API paused (`stop_reason: "pause_turn"`, a long server-tool
 loop), as Anthropic's docs say: the paused content is sent back as the assistant's and the
 request made again (naming the code-execution container, if any), at most `MAX_CONTINUATIONS`
-times, each capped at what the session's budgets leave of the reply's output, and what every
-part cost is counted. Against the strict fake, through the real SDK."""
+times, each capped at what the session's budgets leave of the reply's output (where that is
+below the model's own max_tokens), and what every part cost is counted. Against the strict
+fake, through the real SDK."""
 
 from __future__ import annotations
 
@@ -109,6 +110,101 @@ async def test_a_pause_past_the_budgets_output_is_not_continued(fake, model) -> 
         await model.complete(capped)
     assert len(fake.received) == 1
     assert e.value.usage is not None and e.value.usage.output_tokens == 100
+
+
+async def test_continuations_are_capped_below_the_models_own_limit(fake, model) -> None:
+    """The model's own max_tokens (1024) is below the 2500 the budgets leave, so the first call
+    sends its own; after two parts of 1000 the continuation may write 500, and cut off there the
+    reply is a BudgetSpent counting all three. Before, the budget was dropped once the model's
+    own limit bound the first call: each continuation asked for 1024 again, and the reply cut
+    at 500 passed for the model's own cut-off."""
+    cut = anthropic_message("Refunds take", usage={"input_tokens": 150, "output_tokens": 500})
+    cut["stop_reason"] = "max_tokens"
+    fake.queue(paused("One. ", SEARCH, usage=(100, 1000)), paused("Two. ", usage=(120, 1000)), cut)
+    with pytest.raises(so.BudgetSpent, match="cut off at the 2500 output tokens") as e:
+        await model.complete(request(max_output_tokens=2500))
+    assert [b["max_tokens"] for b in fake.bodies] == [1024, 1024, 500]
+    assert e.value.usage is not None and e.value.usage.output_tokens == 2500
+
+
+async def test_a_pause_that_spends_the_budget_is_not_continued_past_the_models_limit(
+    fake, model
+) -> None:
+    """2000 left: the second call asks for the 1000 left after the first part's 1000; its part
+    spends them, so no third is made. Before, a third was, at the model's own 1024."""
+    fake.queue(*[paused(f"part {i}. ", SEARCH, usage=(100, 1000)) for i in range(3)])
+    with pytest.raises(so.BudgetSpent, match="paused its turn after the 2000 output tokens") as e:
+        await model.complete(request(max_output_tokens=2000))
+    assert [b["max_tokens"] for b in fake.bodies] == [1024, 1000]
+    assert e.value.usage is not None and e.value.usage.output_tokens == 2000
+
+
+async def test_a_continuation_cut_at_the_models_own_limit_is_its_cut_off(fake, model) -> None:
+    """With 5000 left after a part of 1000, the model's own 1024 still binds: a reply cut
+    there is the model's cut-off, as without a budget, not a spent budget."""
+    cut = anthropic_message("Refunds take", usage={"input_tokens": 150, "output_tokens": 1024})
+    cut["stop_reason"] = "max_tokens"
+    fake.queue(paused("One. ", SEARCH, usage=(100, 1000)), cut)
+    response = await model.complete(request(max_output_tokens=5000))
+    assert (response.text, response.cut_off) == ("One. Refunds take", "max_tokens")
+    assert [b["max_tokens"] for b in fake.bodies] == [1024, 1024]
+
+
+async def test_continuations_lower_thinking_within_what_the_budgets_leave(fake) -> None:
+    """Thinking's budget_tokens (2048) must stay below max_tokens: the first call and the one
+    after 2000 output tokens (3000 left) keep the model's own; after 1500 more, 1500 are left:
+    max_tokens 1500 and thinking 1499."""
+    claude = so.models.Anthropic(
+        "claude-haiku-4-5",
+        base_url=fake.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        max_tokens=4096,
+        params={"thinking": {"type": "enabled", "budget_tokens": 2048}},
+    )
+    fake.queue(
+        paused("One. ", SEARCH, usage=(100, 2000)),
+        paused("Two. ", usage=(100, 1500)),
+        anthropic_message("Done.", usage={"input_tokens": 150, "output_tokens": 30}),
+    )
+    try:
+        response = await claude.complete(request(max_output_tokens=5000))
+    finally:
+        await claude.aclose()
+    assert response.text == "One. Two. Done."
+    sent = [(b["max_tokens"], b["thinking"]["budget_tokens"]) for b in fake.bodies]
+    assert sent == [(4096, 2048), (3000, 2048), (1500, 1499)]
+
+
+@pytest.mark.parametrize(
+    "limits", [so.Limits(max_tokens=3000), so.Limits(max_cost_usd=0.015)], ids=["tokens", "cost"]
+)
+async def test_a_paused_turn_stops_at_the_sessions_budget(store_url: str, limits) -> None:
+    """A session's budget leaves 3000 output tokens (max_cost_usd at claude-haiku-4-5's $5 per
+    million output tokens alike) and each paused part writes 1000: the third call asks for the
+    1000 left, and once they are spent no fourth is made; the person is asked to raise the
+    budget. Before, all nine parts were asked for at the model's own 1024 each, and the turn
+    completed having written 9000 output tokens."""
+    with FakeLLM("anthropic", strict=True) as server:
+        server.queue(
+            *[paused(f"part {i}. ", SEARCH, usage=(10, 1000)) for i in range(MAX_CONTINUATIONS)],
+            anthropic_message("Done.", usage={"input_tokens": 10, "output_tokens": 1000}),
+        )
+        claude = so.models.Anthropic(
+            "claude-haiku-4-5", base_url=server.base_url, api_key=API_KEY, max_retries=0
+        )
+        agent = so.Agent(name="support", model=claude, tools=[], limits=limits)
+        async with so.Runtime([agent], store=store_url) as rt:
+            r = await rt.generate("support", prompt="policy?")
+            assert r.status == "waiting"
+            [ask] = r.pending
+            assert ask.kind == "session-limit"
+            assert ask.question is not None
+            assert ask.question.startswith("the model's reply was cut off at the 3000 output")
+            usage = (await rt.state(r.session_id)).usage
+        await claude.aclose()
+    assert [b["max_tokens"] for b in server.bodies] == [1024, 1024, 1000]
+    assert (usage.input_tokens, usage.output_tokens) == (30, 3000)
 
 
 async def test_a_paused_turn_costs_its_parts_in_the_session(store_url: str) -> None:

@@ -228,10 +228,12 @@ class Anthropic(SdkModel):
             extra = kwargs.get("extra_body")
             if isinstance(extra, Mapping) and "thinking" in extra:
                 kwargs["extra_body"] = {k: v for k, v in extra.items() if k != "thinking"}
+        # What the budgets leave the whole reply, kept for its continuations whether or not it
+        # binds now; `binds`: it set the next call's limit (else the model's own limit binds, and
+        # a reply that limit cut is no budget's doing).
         cap = request.max_output_tokens
-        if not cap_output(kwargs, ("max_tokens",), "max_tokens", cap):
-            cap = None  # the model's own limit binds: a reply it cut is no budget's doing
-        elif thinking and cap is not None:
+        binds = cap_output(kwargs, ("max_tokens",), "max_tokens", cap)
+        if binds and thinking and cap is not None:
             self._think_within(kwargs, cap)
         sdk = self._sdk
         where = f"{self.model!r} at {shown_url(client.base_url)}"
@@ -242,7 +244,7 @@ class Anthropic(SdkModel):
         unjournaled: list[Usage] = []
         here = Usage()  # what the parts this call received cost: its cap was set before them
         if parts:
-            self._continue(kwargs, parts, parts, here, unjournaled, where, cap)
+            binds = self._continue(kwargs, parts, parts, here, unjournaled, where, cap, binds)
         while True:
             try:
                 message = await self._request(
@@ -259,7 +261,10 @@ class Anthropic(SdkModel):
                 raise
             budgeted = request.max_output_tokens is not None
             if not _paused(message):
-                return self._parse(message, where, cap, parts, here, unjournaled, budgeted=budgeted)
+                bound = cap if binds else None
+                return self._parse(
+                    message, where, bound, parts, here, unjournaled, budgeted=budgeted
+                )
             try:
                 _check_counted(message, where, budgeted, unjournaled)
                 billed = self._usage(message)
@@ -279,7 +284,7 @@ class Anthropic(SdkModel):
             else:
                 await request.on_pause(part)
             parts.append(part)
-            self._continue(kwargs, parts, parts[-1:], here, unjournaled, where, cap)
+            binds = self._continue(kwargs, parts, parts[-1:], here, unjournaled, where, cap, binds)
 
     @property
     def _maker(self) -> str:
@@ -313,11 +318,13 @@ class Anthropic(SdkModel):
         unjournaled: list[Usage],
         where: str,
         cap: int | None,
-    ) -> None:
+        binds: bool,
+    ) -> bool:
         """Make `kwargs` the request that continues the turn the API paused, as Anthropic says to:
         the paused content (of the `new` parts of `parts`) sent back as the assistant's (and its
         code-execution container named), its output capped at what `cap` leaves of it after the
-        parts this call received (`here`)."""
+        parts this call received (`here`) when that is below the model's own limit. True when
+        the budgets set its limit (`binds`: they set the last one's)."""
         spent = _total(unjournaled)
         if len(parts) > MAX_CONTINUATIONS:
             raise ModelError(
@@ -338,7 +345,7 @@ class Anthropic(SdkModel):
         if container:
             kwargs["container"] = container
         if cap is None:
-            return
+            return False
         left = cap - here.output_tokens
         if left <= 0:
             raise BudgetSpent(
@@ -346,13 +353,15 @@ class Anthropic(SdkModel):
                 "tokens the session's budgets had left (stop_reason pause_turn)",
                 usage=spent,
             )
-        kwargs["max_tokens"] = min(kwargs["max_tokens"], left)
-        if thinking_on(kwargs):
+        # What is left only shrinks: once it binds, it binds on (a part of no output leaves it).
+        binds = cap_output(kwargs, ("max_tokens",), "max_tokens", left) or binds
+        if binds and thinking_on(kwargs):
             try:
                 self._think_within(kwargs, left)
             except BudgetSpent as exc:
                 exc.usage = spent
                 raise
+        return binds
 
     def _think_within(self, kwargs: dict[str, Any], cap: int) -> None:
         """Lower thinking's `budget_tokens` below `cap`, as the API wants it below `max_tokens`;
