@@ -1,5 +1,6 @@
 """The CLI's answering commands at their edges: the documented exit statuses, an expired
-request, `/retry` before any turn, the resume command chat prints, approving a question."""
+request, `/retry` before any turn, the resume command chat prints, approving a question (even one
+whose options are `approve` and `cancel`)."""
 
 from __future__ import annotations
 
@@ -273,3 +274,47 @@ def test_an_id_of_the_other_kind_is_named_as_such(url: str) -> None:
     assert invoke("events", "ses_nope", "--store", url).stderr == (
         "error: UnknownSession: unknown session 'ses_nope'\n"
     )
+
+
+@so.tool
+async def go_ahead(ctx: so.ToolContext) -> dict[str, object]:
+    """Ask a question whose options are named as a decision's are."""
+    answer = await ctx.ask("Go ahead?", options=["approve", "cancel"], allow_text=False)
+    return {"answer": answer.value}
+
+
+_go = so.ModelResponse(tool_calls=[so.ToolCall(name="go_ahead", input={})])
+confirmer = so.Agent(
+    name="confirmer",
+    model=so.models.Scripted([_go, so.ModelResponse(text="Done.")]),
+    tools=[go_ahead],
+)
+
+
+@pytest.mark.parametrize("target", [[], ["tests.test_cli_edges:confirmer"]])
+@pytest.mark.parametrize("reason", [[], ["--reason", "too risky"]])
+@pytest.mark.parametrize("command", ["approve", "deny"])
+def test_approve_or_deny_refuses_a_question_whose_options_are_approve_and_cancel(
+    url: str, command: str, reason: list[str], target: list[str]
+) -> None:
+    """A decision answers approvals only (README, as in Python and over HTTP): `approve` or
+    `deny` of a question whose options are `approve` and `cancel` is refused, naming `signoff
+    answer`, and nothing is recorded. It used to answer the question (`deny` said "answered
+    ... with cancel"), and with `--reason` to fail in the API's terms ("give option_id or text,
+    not both": the CLI has no option_id)."""
+    rt = so.Runtime([confirmer], store=url)
+    try:
+        question = rt.generate_sync("confirmer", "go").pending[0]
+    finally:
+        rt.close_sync()
+    before = len(log(url, question.session_id))
+    result = invoke(command, question.id, *target, *reason, "--store", url)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: InvalidAnswer: {question.id} is a question (Go ahead?), not an approval: "
+        f"signoff answer {question.id} --option ID\n"
+    )
+    assert len(log(url, question.session_id)) == before
+    answered = invoke("answer", question.id, "--option", "cancel", "--store", url)
+    assert answered.exit_code == 0, answered.output
+    assert f"answered {question.id} with cancel" in answered.output

@@ -350,11 +350,9 @@ async def _settle(
         if stored is None:
             raise _unknown_request(request_id, shown_store(runtime.store.url))
         request = stored.request
-        if (
-            command in ("approve", "deny")
-            and request.kind != "tool-approval"
-            and answer.option_id not in {o.id for o in request.options}
-        ):
+        # A decision answers approvals only, as `check_decided`: not a question whose options
+        # happen to be `approve` and `cancel` (with `--reason` it failed in the API's terms).
+        if command in ("approve", "deny") and request.kind != "tool-approval":
             what = request.question or request.kind
             raise InvalidAnswer(
                 f"{request_id} is a {request.kind} ({what}), not an approval: "
@@ -537,7 +535,9 @@ def approve(
     store: StoreOption = None,
     acting_as: AsOption = None,
 ) -> None:
-    """Approve a pending request."""
+    """Approve a pending tool call.
+
+    A question is answered with `signoff answer`."""
     answer = InputResponse(request_id=request_id, option_id="approve", text=reason)
     run(_settle("approve", request_id, answer, target, store, acting_as))
 
@@ -552,7 +552,9 @@ def deny(
     store: StoreOption = None,
     acting_as: AsOption = None,
 ) -> None:
-    """Deny a pending request; the call never runs and the model reads the reason."""
+    """Deny a pending tool call; the call never runs and the model reads the reason.
+
+    A question is answered with `signoff answer`."""
     answer = InputResponse(request_id=request_id, option_id="cancel", text=reason)
     run(_settle("deny", request_id, answer, target, store, acting_as))
 
