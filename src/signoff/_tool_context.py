@@ -197,19 +197,22 @@ class ToolContext:
         allow_text: bool,
         refused: UsageError | None,
     ) -> tuple[list[Option], UsageError | None]:
-        """The options of a question asked before, as it was asked: an older signoff made an
-        option id of 0 or "" from the label, and `str()`-ed any other, where ids are checked
-        now. Those it asked with replay as they were, not as a `ReplayError`."""
+        """The options of a question asked before, as it was asked: those without an id take
+        the ids they were asked with, matched by what they show (`make_options(asked=...)`), as
+        ids made by position and clash suffixes differ when the same come in another order; and
+        an older signoff made an option id of 0 or "" from the label, and `str()`-ed any other,
+        where ids are checked now. Those replay as they were asked, not as a `ReplayError`."""
         assert self._journal is not None
         asked = self._journal.asked(entry["request_id"])
         if asked is None or (refused is None and _same_choice(asked, (opts, allow_text))):
             return opts, refused
-        try:
-            older = make_options(options, before_ids_checked=True)
-        except ValueError:
-            return opts, refused
-        if _same_choice(asked, (older, allow_text)):
-            return older, None
+        for older in (False, True):
+            try:
+                again = make_options(options, before_ids_checked=older, asked=asked[0])
+            except ValueError:
+                continue
+            if _same_choice(asked, (again, allow_text)):
+                return again, None
         return opts, refused
 
     def _pass_over(self, kind: str, name: str) -> None:

@@ -389,14 +389,17 @@ APPROVAL_OPTIONS = [
 ]
 
 
-def make_options(options: Any, *, before_ids_checked: bool = False) -> list[Option]:
+def make_options(
+    options: Any, *, before_ids_checked: bool = False, asked: list[Option] | None = None
+) -> list[Option]:
     """Options from strings, dicts (`label`, optional `id` and `description`) or `Option`s.
 
     Each needs a label and an id that are not blank: a blank one cannot be picked everywhere. A
     dict's id is text or a whole number (its decimal text); one it lacks comes from its label
     (`_derived_ids`), made unique, so only ids given twice are refused. `before_ids_checked`: as
     an older signoff made them (a falsy id came from the label, any other was `str()`-ed), for a
-    question it asked that replays.
+    question it asked that replays. `asked`: the options a replayed question was asked with,
+    whose ids those without one take (`_ids_as_asked`).
     """
     if isinstance(options, (str, bytes, Mapping)):
         raise ValueError(f"options must be a list, not {type(options).__name__}")
@@ -435,6 +438,8 @@ def make_options(options: Any, *, before_ids_checked: bool = False) -> list[Opti
                 # An answer naming it could never be recorded (it must be valid JSON text).
                 raise ValueError(f"option #{i + 1}'s {field} is not valid Unicode text")
     out = _derived_ids(out, derived)
+    if asked is not None:
+        out = _ids_as_asked(out, derived, asked)
     ids = [o.id for o in out]
     if len(set(ids)) != len(ids):
         raise ValueError(f"option ids must be distinct: {ids}")
@@ -461,6 +466,29 @@ def _derived_ids(options: list[Option], derived: list[int]) -> list[Option]:
             n += 1
         taken.add(f"{out[i].id}-{n}")
         out[i] = out[i].model_copy(update={"id": f"{out[i].id}-{n}"})
+    return out
+
+
+def _ids_as_asked(options: list[Option], derived: list[int], asked: list[Option]) -> list[Option]:
+    """`options` with each id made from a label (at positions `derived`) replaced by the id of
+    the option `asked` that shows the same (label and description), not given to another: made
+    by position and clash suffixes, ids differ when the same options come in another order (a
+    set's), and a question's answer names an option by its id as asked. All or none: where one
+    shows as none asked does, `options` as made (a replay with other options)."""
+    if not derived:
+        return options
+    mine = set(derived)
+    given = {o.id for i, o in enumerate(options) if i not in mine}
+    free: dict[tuple[str, str | None], list[str]] = {}
+    for o in asked:  # two that show the same (recorded before they were refused) in their order
+        if o.id not in given:
+            free.setdefault((o.label, o.description), []).append(o.id)
+    out = list(options)
+    for i in derived:
+        ids = free.get((out[i].label, out[i].description))
+        if not ids:
+            return options
+        out[i] = out[i].model_copy(update={"id": ids.pop(0)})
     return out
 
 
