@@ -460,3 +460,99 @@ def test_a_postgresql_setting_libpq_refuses_is_refused_not_waited_for(
     )
     assert done.returncode == 1, done.stderr
     assert done.stderr == f"error: StoreError: {message}\n", done.stderr
+
+
+ASKING = {
+    # what the command is given, and what it says once `db upgrade` upgraded the store
+    "delete answered no": (["delete", "SESSION"], "Nothing deleted."),
+    "delete --force answered no": (["delete", "SESSION", "--force"], "Nothing deleted."),
+    "delete --yes": (["delete", "SESSION", "--yes"], "SessionWaiting"),
+    "delete an unknown id": (["delete", "ses_nope", "--yes"], "UnknownSession"),
+    "delete MODULE:RUNTIME": (["delete", "SESSION", TARGET, "--yes"], "SessionWaiting"),
+    "prune": (["prune", "--older-than", "1d"], "Nothing to delete"),
+    "prune --yes": (["prune", "--older-than", "1d", "--yes"], "Nothing to delete"),
+    "prune MODULE:RUNTIME": (["prune", "--older-than", "1d", TARGET, "--yes"], "Nothing to delete"),
+}
+
+
+def _schema_3_sqlite(tmp_path: Path) -> tuple[Path, str]:
+    """A copy of a store signoff c6a7afd wrote (schema 3), and one of its (waiting) sessions."""
+    db = tmp_path / "state.db"
+    db.write_bytes((UPGRADE_FIXTURES / "sqlite-c6a7afd.db").read_bytes())
+    manifest = json.loads((UPGRADE_FIXTURES / "sqlite-c6a7afd.json").read_text())
+    return db, manifest["sessions"]["one"]
+
+
+@pytest.mark.parametrize(("command", "then"), ASKING.values(), ids=ASKING.keys())
+def test_a_command_that_asks_first_refuses_an_older_sqlite_store_and_changes_nothing(
+    command: list[str], then: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`delete` and `prune` upgraded the store on opening, before they asked: an answer of no
+    (or a mistyped id) had still locked out the older processes using it. They refuse an older
+    schema as the reading commands do, with `--yes` too, asking nothing and writing nothing;
+    once `db upgrade` upgraded it, they go on as before."""
+    from signoff.cli import _deletion
+    from signoff.stores.sqlite import STORE_SCHEMA
+
+    monkeypatch.setattr(_deletion, "_can_ask", lambda: True)
+    db, session = _schema_3_sqlite(tmp_path)
+    before = db.read_bytes()
+    args = [*(session if a == "SESSION" else a for a in command), "--store", f"sqlite:///{db}"]
+    result = CliRunner().invoke(app, args, input="n\n")
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: SchemaVersionError: {db} is at store schema 3, this signoff needs "
+        f"{STORE_SCHEMA}: run `signoff db upgrade` (once no older signoff uses it)\n"
+    )
+    assert result.stdout == ""  # nothing asked
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.db"]
+    assert invoke("db", "upgrade", "--store", f"sqlite:///{db}").exit_code == 0
+    result = CliRunner().invoke(app, args, input="n\n")
+    assert then in result.output, result.output
+    assert result.exit_code == (0 if then.startswith("Nothing to") else 1), result.output
+
+
+def test_cancel_writes_without_asking_and_upgrades_an_older_sqlite_store(tmp_path: Path) -> None:
+    """`cancel` asks nothing: it opens the store as `approve` does, an older schema upgraded."""
+    from signoff.stores.sqlite import STORE_SCHEMA
+
+    db, session = _schema_3_sqlite(tmp_path)
+    result = invoke("cancel", session, "--store", f"sqlite:///{db}")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("cancelled turn "), result.output
+    assert _sqlite_mark(db) == str(STORE_SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "command", [["delete", "SESSION", "--yes"], ["prune", "--older-than", "1d", "--yes"]]
+)
+def test_a_command_that_asks_first_refuses_an_older_postgres_store_and_changes_nothing(
+    command: list[str], pg_url: str
+) -> None:
+    """The same on PostgreSQL: the database stays at its migration, with its columns as they
+    were."""
+    import psycopg
+
+    from signoff.stores.postgres._schema import STORE_SCHEMA
+    from signoff.stores.postgres._url import describe
+    from tests.conftest import PG_BIN
+
+    restore = [str(PG_BIN / "psql"), "-q", "-v", "ON_ERROR_STOP=1", "-f", "-", pg_url]
+    dump = (UPGRADE_FIXTURES / "postgres-c6a7afd.sql").read_bytes()
+    subprocess.run(restore, input=dump, check=True)
+    session = json.loads((UPGRADE_FIXTURES / "postgres-c6a7afd.json").read_text())["sessions"]
+    tables = "SELECT table_name, column_name FROM information_schema.columns ORDER BY 1, 2"
+    with psycopg.connect(pg_url) as conn:
+        columns = conn.execute(tables).fetchall()
+    args = [session["one"] if a == "SESSION" else a for a in command]
+    result = invoke(*args, "--store", pg_url)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: SchemaVersionError: PostgreSQL store {describe(pg_url)} (schema 'signoff') "
+        f"is at store schema 4, this signoff needs {STORE_SCHEMA}: run `signoff db upgrade` "
+        "(once no older signoff uses it)\n"
+    )
+    assert _pg_version(pg_url) == 4
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute(tables).fetchall() == columns

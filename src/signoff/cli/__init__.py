@@ -4,8 +4,8 @@ Every command reports a signoff error as one red line naming its class and exits
 a command line Click rejects, or one found wrong before anything runs, exits 2, Ctrl-C 130
 (`worker` and `events --follow` stop on it, 0), output nobody reads any more 141, output that
 cannot be written (a full disk) one red line and 1. The commands
-that only read (`pending`, `sessions`, `events`) never upgrade the store's schema; the others
-do, as a `Runtime` does.
+that only read (`pending`, `sessions`, `events`) and those that ask first (`delete`, `prune`)
+never upgrade the store's schema; the others do, as a `Runtime` does.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """`signoff delete`: erase a finished session and its subagents' sessions from the store, as
-`Runtime.delete_session` does, after asking at the terminal (or with `--yes`)."""
+`Runtime.delete_session` does, after asking at the terminal (or with `--yes`); a store of an
+older schema is refused, not upgraded before the answer."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from ._app import (
     run,
 )
 from ._loading import load_runtime, split_target
-from ._store_files import existing_store, refuse_unmade_schema
+from ._store_files import existing_store, reading_store, refuse_unmade_schema
 
 __all__ = ["delete", "store_runtime"]
 
@@ -108,13 +109,22 @@ def _agentless(url: str) -> Runtime:
 
 
 async def store_runtime(
-    target: str | None, store: str | None, *, bare: Callable[[str], Runtime] = _agentless
+    target: str | None,
+    store: str | None,
+    *,
+    bare: Callable[[str], Runtime] = _agentless,
+    upgrade: bool = True,
 ) -> Runtime:
     """The runtime a command that deletes or cancels acts through: MODULE:RUNTIME's, or
     `bare`'s on --store (one of no agents); a SQLite file that is not there, or a PostgreSQL
     database or `?schema=` with no signoff schema, is refused (a mistyped path or name), not
-    created empty."""
+    created empty. Without `upgrade` (a command that asks first), its store opens as a reading
+    command's does (`reading_store`): an older schema is a `SchemaVersionError`, not upgraded
+    before the answer, which would lock out the older processes still using it."""
     loaded = load_runtime(target, store) if target else None
+    if not upgrade:
+        reading = reading_store(store if loaded is None else loaded.store)
+        return (loaded or bare(reading.url)).with_store(reading)
     if loaded is not None and isinstance(loaded.store, SQLiteStore):
         existing_store(loaded.store.url)
     url = existing_store(store) if loaded is None else None
@@ -133,7 +143,7 @@ async def _delete(
     force: bool = False,
 ) -> None:
     console = out()
-    async with await store_runtime(target, store) as runtime:
+    async with await store_runtime(target, store, upgrade=False) as runtime:
         try:  # an unknown id: UnknownSession, asked nothing
             state = await runtime.state(session_id)
             about = f"{printable(state.agent)}, {state.status}, {state.seq} events"

@@ -134,7 +134,9 @@ async def _prune(
         if more:
             console.print(f"(--limit {limit} reached: more are old enough.)")
         return
-    async with await store_runtime(target, store) as runtime:
+    # Opened as the --dry-run look is: an older schema refused, not upgraded before the
+    # answer (which would lock out the older processes still using it).
+    async with await store_runtime(target, store, upgrade=False) as runtime:
         await runtime.open()
         # One moment for the question and the deletion: the cutoff read a minute later (the
         # person taking that long to answer) took in sessions the question had not counted.

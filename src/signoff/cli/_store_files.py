@@ -86,10 +86,11 @@ async def refuse_unmade_schema(store: Store | str) -> None:
 
 
 def reading_store(store: Store | str | None) -> Store:
-    """The store a command that only reads opens (`pending`, `sessions`, `events`): as
-    `existing_store`, and never upgraded, as that would lock out the older processes still
-    using it; an older schema is a `SchemaVersionError` saying to run `signoff db upgrade`. A
-    runtime's store (`store_of`) is opened with its own settings (`unopened_like`)."""
+    """The store a command that only reads (`pending`, `sessions`, `events`), or asks before
+    it writes (`delete`, `prune`), opens: as `existing_store`, and never upgraded, as that
+    would lock out the older processes still using it; an older schema is a
+    `SchemaVersionError` saying to run `signoff db upgrade`. A runtime's store (`store_of`) is
+    opened with its own settings (`unopened_like`)."""
     if store is None or isinstance(store, str):
         store = url = existing_store(store)
     else:
