@@ -10,6 +10,8 @@ import pytest
 import signoff as so
 from signoff.testing import call, call_tools, reply, scripted_agent, timeline
 
+from ._models import Capped
+
 ALICE = so.Principal(authenticator="test", principal_id="alice")
 
 
@@ -280,3 +282,77 @@ def test_a_cost_budget_over_an_auto_reviewer_of_no_known_price_is_a_usage_error(
         )
     so.Agent(name="a", model=scripted, tools=[refund(priced)], limits=so.Limits(max_cost_usd=1.0))
     so.Agent(name="a", model=scripted, tools=[refund(unknown)], limits=so.Limits(max_tokens=1000))
+
+
+@pytest.mark.parametrize("raised", [{"max_tokens": 1000}, {}], ids=["raised", "removed"])
+@pytest.mark.parametrize("snapshots", [False, True], ids=["events", "snapshots"])
+async def test_stop_ends_the_turn_though_a_redeploy_raised_the_budget(
+    store_url: str, raised: dict[str, Any], snapshots: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn spent 120 of max_tokens=100 and asked; the agent was redeployed with a larger
+    budget (or none) and the person answered `stop`. The answer was read only once a budget was
+    spent again, so the turn went on: two more model calls and a tool ran, and it completed."""
+    if snapshots:  # the answering process loads the state from a snapshot, not from events
+        monkeypatch.setattr("signoff._recording.SNAPSHOT_EVERY", 1)
+    async with so.Runtime([agent(max_tokens=100)], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [asked] = r.pending
+    async with so.Runtime([agent(**raised)], store=store_url) as rt2:
+        answer = so.InputResponse(request_id=asked.id, option_id="stop")
+        r = await rt2.respond(r.session_id, [answer], principal=ALICE)
+        assert (r.status, r.retryable) == ("failed", False)
+        assert r.error == {
+            "code": "session_limit_reached",
+            "message": "the session used 120 of max_tokens=100; the person chose to stop",
+        }
+        lines = timeline([e async for e in rt2.events(r.session_id, follow=False)])
+        assert lines.count("model.completed") == 2
+        assert lines.count("tool.completed lookup ok") == 2
+        assert lines[-3:] == ["input.resolved answered", "turn.failed", "session.waiting"]
+        # The stop was that turn's: the next message's turn runs on the raised budget.
+        r = await rt2.generate(session_id=r.session_id, prompt="again", auth=ALICE)
+        assert (r.status, r.text) == ("completed", "finished")
+
+
+async def test_stop_after_a_continue_ends_the_turn_at_the_budget_it_asked_about(
+    tmp_path: Path,
+) -> None:
+    """`continue` raised the budget to 200 and the turn asked again at 240; the redeploy's
+    budget of 1000 leaves room, but the later `stop` is the answer the turn goes by."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    async with so.Runtime([agent(max_tokens=100)], store=url) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        r = await rt.send(r.session_id, "continue", principal=ALICE)
+        [asked] = r.pending
+    async with so.Runtime([agent(max_tokens=1000)], store=url) as rt2:
+        answer = so.InputResponse(request_id=asked.id, option_id="stop")
+        r = await rt2.respond(r.session_id, [answer], principal=ALICE)
+        assert (r.status, r.retryable) == ("failed", False)
+        assert r.error is not None and r.error["message"] == (
+            "the session used 240 of max_tokens=200; the person chose to stop"
+        )
+        lines = timeline([e async for e in rt2.events(r.session_id, follow=False)])
+        assert lines.count("model.completed") == 4
+
+
+async def test_stop_after_a_reply_too_few_tokens_could_hold_calls_the_model_no_more(
+    tmp_path: Path,
+) -> None:
+    """A model that found the tokens left too few for its reply (`BudgetSpent` with no usage,
+    as a thinking model's is) asks without spending; `stop` then called it once more, which
+    raised again, before the turn failed."""
+    model = Capped(so.BudgetSpent("too few for thinking"), so.BudgetSpent("too few for thinking"))
+    a = so.Agent(name="a", model=model, limits=so.Limits(max_tokens=100))
+    async with so.Runtime([a], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [asked] = r.pending
+        assert asked.kind == "session-limit"
+        answer = so.InputResponse(request_id=asked.id, option_id="stop")
+        r = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert (r.status, r.retryable) == ("failed", False)
+        assert r.error is not None and r.error["code"] == "session_limit_reached"
+        assert r.error["message"] == (
+            "the 100 output tokens left were too few for the model's reply in the session's "
+            "budget: the session used 0 of max_tokens=100; the person chose to stop"
+        )
+    assert model.caps == [100]

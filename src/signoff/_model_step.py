@@ -98,10 +98,14 @@ class ModelStep(DriverPart):
         turn = s.turn
         assert turn is not None
         limits = self.agent.limits
+        budget = _over_budget(s, limits.max_tokens, limits.max_cost_usd)
+        stopped = _stopped(s)
+        if stopped is not None:
+            await self._fail_limit(f"{budget or stopped}; the person chose to stop")
+            return True
         if turn.steps >= limits.max_steps:
             await self._fail_limit(f"the turn reached max_steps={limits.max_steps}")
             return True
-        budget = _over_budget(s, limits.max_tokens, limits.max_cost_usd)
         if budget is not None:
             return await self._session_limit(budget)
         past, theirs = await self._past_headroom()
@@ -353,9 +357,9 @@ class ModelStep(DriverPart):
     async def _session_limit(
         self, problem: str, *, usage: Usage | None = None, kept: int | None = None
     ) -> bool:
-        """A budget is spent: ask the person to continue (raising it) or stop; with nobody to
-        ask, fail with `session_limit_reached`. `usage` is what a reply the budget cut off cost,
-        counted with the request (or the failure), and `kept` as `billing` says."""
+        """A budget is spent: ask the person to continue (raising it) or stop (`_stopped`); with
+        nobody to ask, fail with `session_limit_reached`. `usage` is what a reply the budget cut
+        off cost, counted with the request (or the failure), and `kept` as `billing` says."""
         s = self.state
         turn = s.turn
         assert turn is not None
@@ -370,12 +374,6 @@ class ModelStep(DriverPart):
                 waiting = {"on": "input", "request_ids": [last.request.id]}
                 await self.record([("turn.waiting", waiting)])
             return True
-        if last is not None and last.outcome == "answered":
-            choice = ((last.resolution or {}).get("answer") or {}).get("option_id")
-            if choice == "stop":
-                stopped = f"{problem}; the person chose to stop"
-                await self._fail_limit(stopped, usage=usage, kept=kept)
-                return True
         principal = turn.principal
         if turn.source == "schedule" or (
             principal is not None and principal.principal_type == "runtime"
@@ -390,7 +388,7 @@ class ModelStep(DriverPart):
             session_id=s.id,
             turn_id=turn.id,
             agent=s.agent,
-            question=f"{problem}. Continue with a raised budget, or stop?",
+            question=f"{problem}{_ASKED}",
             options=list(LIMIT_OPTIONS),
             requested_by=principal,
             created_at=self.clock(),
@@ -414,6 +412,26 @@ LIMIT_OPTIONS = [
     Option(id="continue", label="Continue", description="Raise the budget by its size again."),
     Option(id="stop", label="Stop", description="End this turn here."),
 ]
+_ASKED = ". Continue with a raised budget, or stop?"  # ends a session-limit request's question
+
+
+def _stopped(s: SessionState) -> str | None:
+    """The spent budget the turn's latest session-limit request asked about, when the person
+    answered it `stop`: the turn ends at its next model step, whatever the budgets are by then."""
+    turn = s.turn
+    assert turn is not None
+    own = ("session-limit", None, turn.id)  # not a subagent's, nor an earlier turn's
+    asked = [
+        r
+        for r in s.requests.values()
+        if (r.request.kind, r.request.child, r.request.turn_id) == own
+    ]
+    if not asked or asked[-1].outcome != "answered":
+        return None  # pending, expired, or none asked
+    last = asked[-1]
+    if ((last.resolution or {}).get("answer") or {}).get("option_id") != "stop":
+        return None
+    return (last.request.question or "").removesuffix(_ASKED) or "a session budget was spent"
 
 
 def _over_budget(
