@@ -9,6 +9,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, get_args
 
+from ._budgets import LIMIT_ASKED, LIMIT_OPTIONS, over_budget, spending, stopped_at_limit
 from ._child_sessions import headroom_now
 from ._conversation import MESSAGE_EVENT_TYPES, Conversation, conversation
 from ._error_text import error_text
@@ -26,7 +27,6 @@ from ._types import (
     InputRequest,
     Message,
     ModelResponse,
-    Option,
     ToolCall,
     ToolResultMessage,
     Usage,
@@ -98,8 +98,8 @@ class ModelStep(DriverPart):
         turn = s.turn
         assert turn is not None
         limits = self.agent.limits
-        budget = _over_budget(s, limits.max_tokens, limits.max_cost_usd)
-        stopped = _stopped(s)
+        budget = over_budget(s, limits.max_tokens, limits.max_cost_usd)
+        stopped = stopped_at_limit(s)
         if stopped is not None:
             await self._fail_limit(f"{budget or stopped}; the person chose to stop")
             return True
@@ -338,7 +338,7 @@ class ModelStep(DriverPart):
             await self._fail_limit(f"{what} of what {left}", usage=spent, kept=kept)
             return True
         limits = self.agent.limits
-        used = "; ".join(t for t, _ in _spending(s, limits.max_tokens, limits.max_cost_usd, spent))
+        used = "; ".join(t for t, _ in spending(s, limits.max_tokens, limits.max_cost_usd, spent))
         problem = f"{what} in the session's budget: {used}"
         return await self._session_limit(problem, usage=spent, kept=kept)
 
@@ -388,7 +388,7 @@ class ModelStep(DriverPart):
             session_id=s.id,
             turn_id=turn.id,
             agent=s.agent,
-            question=f"{problem}{_ASKED}",
+            question=f"{problem}{LIMIT_ASKED}",
             options=list(LIMIT_OPTIONS),
             requested_by=principal,
             created_at=self.clock(),
@@ -406,60 +406,6 @@ class ModelStep(DriverPart):
             new_requests=[request],
         )
         return True
-
-
-LIMIT_OPTIONS = [
-    Option(id="continue", label="Continue", description="Raise the budget by its size again."),
-    Option(id="stop", label="Stop", description="End this turn here."),
-]
-_ASKED = ". Continue with a raised budget, or stop?"  # ends a session-limit request's question
-
-
-def _stopped(s: SessionState) -> str | None:
-    """The spent budget the turn's latest session-limit request asked about, when the person
-    answered it `stop`: the turn ends at its next model step, whatever the budgets are by then."""
-    turn = s.turn
-    assert turn is not None
-    own = ("session-limit", None, turn.id)  # not a subagent's, nor an earlier turn's
-    asked = [
-        r
-        for r in s.requests.values()
-        if (r.request.kind, r.request.child, r.request.turn_id) == own
-    ]
-    if not asked or asked[-1].outcome != "answered":
-        return None  # pending, expired, or none asked
-    last = asked[-1]
-    if ((last.resolution or {}).get("answer") or {}).get("option_id") != "stop":
-        return None
-    return (last.request.question or "").removesuffix(_ASKED) or "a session budget was spent"
-
-
-def _over_budget(
-    s: SessionState, max_tokens: int | None, max_cost: float | None, more: Usage | None = None
-) -> str | None:
-    """Which budget the session has spent (with `more` spent besides), each raised once per
-    `continue` answered: its own usage and what its delegate calls' children spent count alike."""
-    return next((text for text, over in _spending(s, max_tokens, max_cost, more) if over), None)
-
-
-def _spending(
-    s: SessionState, max_tokens: int | None, max_cost: float | None, more: Usage | None
-) -> list[tuple[str, bool]]:
-    """What the session spent of each budget it has, in words, and whether that spent it."""
-    times = 1 + s.limit_grants
-    spent, theirs = s.usage + s.delegated, s.delegated
-    if more is not None:
-        spent = spent + more
-    out = []
-    if max_tokens is not None:
-        by = f" ({theirs.total_tokens} of them by its subagents)" if theirs.total_tokens else ""
-        text = f"the session used {spent.total_tokens} of max_tokens={max_tokens * times}{by}"
-        out.append((text, spent.total_tokens >= max_tokens * times))
-    if max_cost is not None:
-        by = f" ({theirs.cost_usd:.4f} of it by its subagents)" if theirs.cost_usd else ""
-        text = f"the session cost {spent.cost_usd:.4f} of max_cost_usd={max_cost * times:g}{by}"
-        out.append((text, spent.cost_usd >= max_cost * times))
-    return out
 
 
 def _left(s: SessionState, limits: Limits) -> dict[str, float]:
