@@ -21,7 +21,7 @@ from ._approval import ApprovalContext, Verdict
 from ._ask import answered as question_result
 from ._ask import echoes_answers
 from ._candidates import Candidates, already_counted
-from ._counts import counted_answers, settled_before_raising
+from ._counts import counted_answers, refused_only, settled_before_raising
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import (
     authorize,
@@ -108,7 +108,12 @@ class Answering(Candidates):
     ) -> GenerateResult:
         """Continue the turn after answers were settled; answers that only repeated earlier
         ones (`judged`: the state they were judged on, which they left as it was) return that
-        state if a drive of it would do nothing, without taking and giving back the lease."""
+        state if a drive of it would do nothing, without taking and giving back the lease.
+        Answers all refused by their outcome (a response policy's) settled nothing: the call
+        drives nothing, as one refused with an error (for a parent, a drive would close a
+        mirror its subagent's closed request left open, running that turn on)."""
+        if refused_only(outcomes):
+            return self._result(await self._state(session_id), outcomes)
         if judged and self._nothing_to_drive(judged[0], retry=retry):
             return self._result(judged[0], outcomes)
         return await self._drive(session_id, outcomes=outcomes, retry=retry)

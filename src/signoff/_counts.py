@@ -27,11 +27,13 @@ if TYPE_CHECKING:
     from ._results import Outcome
 
 __all__ = [
+    "CLOSED",
     "REFUSALS",
     "REFUSED_OUTCOMES",
     "Counts",
     "counted_answers",
     "counted_elsewhere",
+    "refused_only",
     "settled_before_raising",
 ]
 
@@ -108,9 +110,18 @@ The request stays open and the call returns the outcome (`applied` false), raisi
 `refuse` to count. A fixed set, as the error codes are."""
 
 
-_DELIVERED_ANEW = (RequestClosed, ConflictingAnswer)
-"""What a settlement `from_message` may raise without refusing the message: `send` then
-delivers it as a message instead of an answer."""
+CLOSED = (RequestClosed, ConflictingAnswer)
+"""The refusals that say the request itself is closed (withdrawn, expired, cancelled, or
+settled with another answer), as against who answered or what they sent. A settlement
+`from_message` may raise them without refusing the message: `send` then delivers it as a
+message instead of an answer."""
+
+
+def refused_only(outcomes: Iterable[Outcome]) -> bool:
+    """Whether answers that raised nothing were all refused by their outcome
+    (`REFUSED_OUTCOMES`): nothing was settled, and no request closed."""
+    got = list(outcomes)
+    return bool(got) and all(not o.applied and o.outcome in REFUSED_OUTCOMES for o in got)
 
 
 def counted_answers(settle: _Settle) -> _Settle:
@@ -130,7 +141,7 @@ def counted_answers(settle: _Settle) -> _Settle:
         except BaseException as exc:
             self._counts.answered(o for o in kept if not any(o is t for t in told))
             # A message's answer closed or answered meanwhile: `send` delivers it as a message.
-            anew = kwargs.get("from_message") and isinstance(exc, _DELIVERED_ANEW)
+            anew = kwargs.get("from_message") and isinstance(exc, CLOSED)
             if isinstance(exc, SignoffError) and not (anew or any(exc is t for t in told)):
                 self._counts.refuse(exc)
             raise

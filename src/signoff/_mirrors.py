@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
-from ._counts import settled_before_raising
+from ._counts import CLOSED, refused_only, settled_before_raising
 from ._exceptions import (
     AnswerError,
     InvalidAnswer,
@@ -226,10 +226,12 @@ async def _settle_routed(
     where a vote it cast is not counted again.
 
     Every answer is checked before any is settled: a bad one leaves every session unchanged,
-    but for a mirror whose child's request had closed unseen, which closes too (the parent's
-    turn then goes on, if `drive`). They are settled one by one, each in its session: one that
-    another process settled after the check raises, the ones settled before it stand (counted,
-    and the parent's turn goes on with them, if `drive`) and the ones after it stay open.
+    but for a mirror whose child's request had closed unseen, which an answer refused as
+    closed (`CLOSED`) closes too (the parent's turn then goes on, if `drive`); one refused for
+    who gave it or what it says (`NotAllowed`, a response policy's verdict) closes nothing.
+    They are settled one by one, each in its session: one that another process settled after
+    the check raises, the ones settled before it stand (counted, and the parent's turn goes on
+    with them, if `drive`) and the ones after it stay open.
     """
     mirrored: list[tuple[Reply, InputRequest, ChildRef]] = []
     rest: list[Reply] = []
@@ -249,7 +251,7 @@ async def _settle_routed(
                     require_all=False,
                     check_only=True,
                 )
-        except AnswerError:
+        except CLOSED:
             if not check_only:
                 await _closed_behind(rt, state.id, mirror, drive=drive)
             raise
@@ -271,6 +273,7 @@ async def _settle_routed(
     outcomes: list[Outcome] = []
     try:
         for i, (a, mirror, ref) in enumerate(mirrored):
+            refused = False
             try:
                 with _naming(a, ref):
                     got = await rt._settle(
@@ -281,8 +284,13 @@ async def _settle_routed(
                         drive_expired=drive,
                         mark=mark if i == 0 else None,  # a vote there counts the message once
                     )
-            finally:  # whatever the child now says
-                await close_mirror(rt, state.id, mirror, mark=mark if i == 0 else None)
+                refused = refused_only(got)
+            except (AnswerError, InvalidAnswer) as exc:
+                refused = not isinstance(exc, CLOSED)
+                raise
+            finally:  # whatever the child now says, unless it refused the caller
+                if not refused:
+                    await close_mirror(rt, state.id, mirror, mark=mark if i == 0 else None)
             if i == 0 and mark is not None:
                 await keep_vote_key(rt, state.id, mirror, mark)
             outcomes.extend(dataclasses.replace(o, request_id=a.request_id) for o in got)
@@ -303,10 +311,11 @@ async def _settle_routed(
 
 
 async def _closed_behind(rt: Answering, parent: str, mirror: InputRequest, *, drive: bool) -> None:
-    """An answer to `mirror` was refused: if its subagent's request had closed with the mirror
-    left open (the process that closed it died first), close the mirror as it closed (and the
-    open mirrors between, deepest first) and, if `drive`, let the parent's turn go on, which
-    nothing else would: it waits on no one. The sessions between go on as it drives them."""
+    """An answer to `mirror` was refused as closed (`CLOSED`): if its subagent's request had
+    closed with the mirror left open (the process that closed it died first), close the mirror
+    as it closed (and the open mirrors between, deepest first) and, if `drive`, let the
+    parent's turn go on, which nothing else would: it waits on no one. The sessions between go
+    on as it drives them."""
     chain = [mirror]
     for _ in range(MAX_HOPS):
         ref = chain[-1].child

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._counts import refused_only
 from .._exceptions import SignoffError, UsageError
 from .._results import Outcome
 from .._sync import is_async
@@ -412,6 +413,7 @@ class Channel:
         Raises the runtime's answer errors (`NotAllowed`, `RequestClosed`, ...), which change
         nothing. Once the answer is recorded the turn is resumed; if that fails (the model is
         down, say) the answer still stands and the failure is logged: the turn is retryable.
+        An answer a response policy refused settles nothing and resumes nothing, as an error.
         """
         if response.request_id != request.id:
             raise UsageError(
@@ -420,7 +422,8 @@ class Channel:
         rt = self.runtime
         result = await rt.respond(request.session_id, [response], principal=principal, resume=False)
         try:
-            await rt.generate(session_id=request.session_id)
+            if not refused_only(result.outcomes):
+                await rt.generate(session_id=request.session_id)
         except SignoffError:
             logger.warning(
                 "channel %s: the turn of session %s did not resume after answering %s",
