@@ -324,7 +324,11 @@ refunder = scripted_agent(
 )
 
 
-@pytest.mark.parametrize("command", [["pending"], ["sessions"], ["events", "SESSION"]])
+# `events` names the agent: with only a store it shows a call's input masked (docs/events.md).
+@pytest.mark.parametrize(
+    "command",
+    [["pending"], ["sessions"], ["events", "SESSION", "tests.test_cli_output:refunder"]],
+)
 def test_a_c_locale_gets_escapes_not_a_traceback(url: str, command: list[str]) -> None:
     """In a C or POSIX locale with UTF-8 mode off (`LC_ALL=C PYTHONUTF8=0`, as some cron jobs
     and containers run), stdout is ASCII with `surrogateescape`, which `run` left as it was: a
@@ -395,7 +399,8 @@ def test_invisible_characters_in_a_tool_input_show_as_escapes(url: str) -> None:
     shown = [
         chat,
         CliRunner().invoke(app, ["pending", "--store", url], env=wide),
-        invoke("events", parked.session_id, "--store", url),
+        # named, the agent shows its tool's input (with only a store it is masked)
+        invoke("events", parked.session_id, "tests.test_cli_output:hider", "--store", url),
     ]
     escaped = "ACME\\u200b\\udb40\\udc61\\udb40\\udc74\\u2060\\ufeff\\u00ad\\u061c"
     for result in shown:

@@ -1,6 +1,6 @@
 """What spans carry with `trace_content=True`: values as JSON text, the conversation bounded to
 `MESSAGES_MAX` bytes, and tool input as its tool validated it, secrets masked, on every span that
-shows it (`_tracing`)."""
+shows it (`_tracing`) and in every view of the event log (the dashboard, `signoff events`)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ __all__ = [
     "json_form",
     "json_text",
     "messages_json",
+    "shown_data",
     "shown_input",
 ]
 
@@ -116,6 +117,27 @@ def shown_input(tool: Any, raw: Any) -> Any:
     if not isinstance(raw, dict):
         return MASK
     return {k: v if k in plain and k not in secret else MASK for k, v in raw.items()}
+
+
+def shown_data(kind: str, data: dict[str, Any], tools: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The `data` of an event of type `kind` as a view of the log shows it: a `model.completed`'s
+    tool calls with each `input` as `shown_input` shows it for the tool of its name in `tools`
+    (the session's agent's), or `MASK` whole when `tools` is None (the viewer lacks the agent,
+    so which parameter holds a secret is unknown). Other data is as recorded: no other event
+    holds a tool's input as the model gave it (an edit holding a secret is refused unrecorded,
+    and a request holds the input it asks about masked). `data` itself is left as it is."""
+    calls = data.get("tool_calls") if kind == "model.completed" else None
+    if not isinstance(calls, list) or not calls:
+        return data
+    shown: list[Any] = []
+    for call in calls:
+        if not isinstance(call, dict) or "input" not in call:
+            shown.append(call)  # no input to show (a log edited by hand)
+            continue
+        name = call.get("name")
+        tool = tools.get(name) if tools is not None and isinstance(name, str) else None
+        shown.append({**call, "input": MASK if tools is None else shown_input(tool, call["input"])})
+    return {**data, "tool_calls": shown}
 
 
 def _keys(model: type[BaseModel]) -> tuple[frozenset[str], frozenset[str]]:

@@ -388,11 +388,17 @@ def store_of(target: str | None, store: str | None) -> Store | str | None:
     `target` names, which the command opens again with its settings (`unopened_like`), not from
     its URL alone; else None, the default store. The runtime is imported even when `--store`
     replaces its store, so a wrong one is refused as every command refuses it."""
+    loaded = runtime_of(target, store)
+    return store if loaded is None else loaded.store
+
+
+def runtime_of(target: str | None, store: str | None) -> Runtime | None:
+    """The runtime `target` names, imported, `store` replacing its store; None for none."""
     if target is None:
-        return store
+        return None
     with misuse():
         split_target(target)
-    return load_runtime(target, store).store
+    return load_runtime(target, store)
 
 
 @contextmanager

@@ -7,12 +7,14 @@ import json
 import re
 import sys
 import time
+from collections.abc import Mapping
 from datetime import date, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
+from .._agent import Agent
 from .._events import Event
 from .._exceptions import (
     EventsRewritten,
@@ -24,6 +26,7 @@ from .._exceptions import (
 )
 from .._runtime import Runtime
 from .._text import HIDDEN, escape_as_json
+from .._trace_content import shown_data
 from ..channels.terminal import compact_json, printable
 from ._app import (
     RuntimeArgument,
@@ -40,7 +43,7 @@ from ._app import (
     refuse_empty_ids,
     refuse_undecodable,
     run,
-    store_of,
+    runtime_of,
     tool_line,
 )
 from ._numbers import whole
@@ -52,8 +55,12 @@ __all__ = ["events"]
 SEQ = whole(0, 2**63 - 1)
 
 
-def _summary(event: Event) -> str:
-    d = event.data
+Tools = Mapping[str, Any] | None
+"""The tools of the session's agent, by name; None when the command lacks the agent."""
+
+
+def _summary(event: Event, tools: Tools = None) -> str:
+    d = shown_data(event.type, event.data, tools)
     t = event.type
     if t == "session.created":
         return f"agent={d.get('agent')}"
@@ -151,10 +158,12 @@ def _encodable(line: str) -> str:
     return line
 
 
-def _print(console: Console, event: Event, as_json: bool, follow: bool) -> None:
-    """Print one event: a line of the table, or of JSON."""
+def _print(console: Console, event: Event, as_json: bool, follow: bool, tools: Tools) -> None:
+    """Print one event: a line of the table, or of JSON; either way each tool call's input as a
+    span shows it, secrets masked, or masked whole without the session's agent (`shown_data`)."""
     if as_json:
-        line = json.dumps(event.to_dict(), ensure_ascii=False)
+        shown = {**event.to_dict(), "data": shown_data(event.type, event.data, tools)}
+        line = json.dumps(shown, ensure_ascii=False)
         # what JSON leaves raw and a terminal may act on or hide: C1 controls (a CSI), bidi
         # overrides, lone surrogates (UTF-8 cannot hold them), escaped
         typer.echo(_encodable(HIDDEN.sub(escape_as_json, line)))
@@ -164,21 +173,41 @@ def _print(console: Console, event: Event, as_json: bool, follow: bool) -> None:
     at = when.strftime("%H:%M:%S" if when.date() == date.today() else "%Y-%m-%d %H:%M:%S")
     console.print(
         f"{event.seq:>4}  [dim]{at}[/]  [bold]{event.type:<18}[/] "
-        f"{printable(clip(one_line(_summary(event)), 160))}",
+        f"{printable(clip(one_line(_summary(event, tools)), 160))}",
         soft_wrap=True,
     )
     if follow:
         sys.stdout.flush()
 
 
+async def _tools(runtime: Runtime, agents: Mapping[str, Agent] | None, session_id: str) -> Tools:
+    """The tools of the session's agent among `agents`, by the agent its first event names;
+    None when `agents` lacks it (or the session has no first event: it is not there)."""
+    if not agents:  # only a store: no first event to read
+        return None
+    first = await runtime.store.read_events(session_id, limit=1)
+    name = first[0].data.get("agent") if first and first[0].type == "session.created" else None
+    agent = agents.get(name) if isinstance(name, str) else None
+    return None if agent is None else agent.tools
+
+
 async def _print_log(
-    runtime: Runtime, console: Console, session_id: str, after: int, follow: bool, as_json: bool
+    runtime: Runtime,
+    console: Console,
+    session_id: str,
+    after: int,
+    follow: bool,
+    as_json: bool,
+    agents: Mapping[str, Agent] | None = None,
 ) -> None:
-    """Print the session's events after `after`. Following them, a store that fails is tried
-    again (`_Failing`), from the last event printed: at the start only while it is unavailable
-    (a wrong password or schema ends it at once, as it ends `worker`), later on any store error
-    but a file replaced or a newer schema, which only a restart (or a newer signoff) mends."""
+    """Print the session's events after `after`, tool input shown by the tools of the session's
+    agent among `agents`. Following them, a store that fails is tried again (`_Failing`), from
+    the last event printed: at the start only while it is unavailable (a wrong password or
+    schema ends it at once, as it ends `worker`), later on any store error but a file replaced
+    or a newer schema, which only a restart (or a newer signoff) mends."""
     seen, checked, opened = after, not after, False
+    tools: Tools = None
+    told = False  # whether `tools` was read
     shown: Event | None = None  # the last event printed: a read after a failure checks it
     failing = _Failing()
     while True:
@@ -196,9 +225,11 @@ async def _print_log(
                         "start from a seq it has"
                     )
                 checked = True
+            if not told:
+                tools, told = await _tools(runtime, agents, session_id), True
             async for event in runtime.events(session_id, seen, follow=follow, shown=shown):
                 with ctrl_c_interrupts():  # a log read without a wait between its events
-                    _print(console, event, as_json, follow)
+                    _print(console, event, as_json, follow, tools)
                 seen, shown = event.seq, event
             return
         except (StoreGone, SchemaVersionError, EventsRewritten):  # no retry mends them
@@ -240,9 +271,12 @@ def events(
             refuse_undecodable({"SESSION_ID": session_id})
             refuse_empty_ids({"SESSION_ID": session_id})
         console = out()
-        runtime = Runtime([], store=reading_store(store_of(target, store)))
+        loaded = runtime_of(target, store)  # its agents show their tools' input
+        given = store if loaded is None else loaded.store
+        runtime = Runtime([], store=reading_store(given))
+        agents = None if loaded is None else loaded.agents
         try:
-            await _print_log(runtime, console, session_id, after, follow, as_json)
+            await _print_log(runtime, console, session_id, after, follow, as_json, agents)
         finally:
             await runtime.close()
 

@@ -61,6 +61,7 @@ from ._page_data import (
     sessions_context,
     setting_history,
     settled_as,
+    shown_event,
     signed_in,
     tool_rows,
 )
@@ -345,8 +346,9 @@ async def session_event(request: Request, session_id: str, seq: str) -> Response
     ctx, viewer = await signed_in(request)
     number = query_number(seq, 0, 1, 2**53)
     events = []
+    agent = ""
     try:
-        await ctx.session(session_id, viewer)
+        agent = (await ctx.session(session_id, viewer)).agent
     except UnknownSession:
         pass  # a foreign session's events do not exist for this viewer either
     else:
@@ -356,7 +358,7 @@ async def session_event(request: Request, session_id: str, seq: str) -> Response
         return await dashboard_error(
             request, 404, "not_found", f"no event {seq!r} in session {session_id!r}"
         )
-    return PlainTextResponse(pretty(events[0].data))
+    return PlainTextResponse(pretty(shown_event(ctx, agent, events[0])))
 
 
 @router.get("/new", response_class=HTMLResponse)

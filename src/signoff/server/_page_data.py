@@ -16,7 +16,9 @@ from .._eligibility import refusal, voted
 from .._events import EVENT_TYPES, Event
 from .._exceptions import UnknownRequest, UnknownSession
 from .._mirrors import deciding as _deciding
+from .._state import SessionState
 from .._state_parts import RequestState
+from .._trace_content import shown_data
 from .._types import InputRequest, Principal
 from ..models import Scripted
 from ..stores import PendingFilter, SessionSummary
@@ -39,6 +41,7 @@ __all__ = [
     "session_context",
     "sessions_context",
     "setting_history",
+    "shown_event",
     "signed_in",
     "tool_rows",
 ]
@@ -441,15 +444,23 @@ def _cut(parts: list[Part]) -> list[Part]:
     return kept
 
 
-def _rows(events: list[Event], requests: dict[str, RequestState]) -> list[dict[str, Any]]:
+def shown_event(ctx: ServerContext, agent: str, event: Event) -> dict[str, Any]:
+    """The data of `event`, of a session of `agent`, as the dashboard shows it: each tool call's
+    input as a span shows it, secrets masked, or masked whole if this process lacks the agent,
+    as a request's card shows it masked (`shown_data`)."""
+    known = ctx.runtime.agents.get(agent)
+    return shown_data(event.type, event.data, None if known is None else known.tools)
+
+
+def _rows(ctx: ServerContext, state: SessionState, events: list[Event]) -> list[dict[str, Any]]:
     return [
         {
             "seq": e.seq,
             "type": e.type,
             "family": e.type.split(".")[0],
             "at": e.at,
-            "summary": _cut(_summary(e, requests)),
-            "data": e.data,
+            "summary": _cut(_summary(e, state.requests)),
+            "data": shown_event(ctx, state.agent, e),
         }
         for e in events
     ]
@@ -492,7 +503,7 @@ async def session_context(
         ctx,
         viewer,
         session=state,
-        rows=_rows(events, state.requests),
+        rows=_rows(ctx, state, events),
         seq=seq,
         more=seq < state.seq,
         earlier=events[0].seq - 1 if events and not after else 0,
