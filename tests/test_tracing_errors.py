@@ -19,7 +19,7 @@ from opentelemetry.trace import StatusCode
 import signoff as so
 from signoff._model_step import ModelStep
 from signoff._tracing import tracing_for
-from signoff.testing import call, call_tools, reply, scripted_agent, sqlite_runtime
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent, sqlite_runtime
 
 from ._tracing import (
     SECRET,
@@ -310,6 +310,36 @@ async def test_a_turn_failed_for_good_fails_the_drive_that_goes_on_to_a_queued_m
     assert drive.status.status_code == StatusCode.ERROR
     assert (d["signoff.turn.status"], d["signoff.turn_id"]) == ("failed", r.turn_id)
     assert d["error.type"] == "session_limit_reached"
+
+
+async def test_a_drive_that_records_the_sessions_expiry_names_its_span_and_the_turns_end(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """A retry past the TTL records the expiry and raises `SessionExpired`: its span was a bare
+    `invoke_agent`, with no agent, no turn id and no status, as the expiry came before the span
+    named the turn. It names the turn as the drive found it and says how the expiry left it."""
+    clock = ManualClock(1_000.0)
+    agent = _agent()
+    agent.limits = so.Limits(ttl=60)
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider, clock=clock)
+    r = await rt.generate("support", "refund A1")
+    assert r.status == "waiting"
+    parker = _by_name(exporter.get_finished_spans())["invoke_agent support"][0]
+    exporter.clear()
+    clock.advance(61)
+    with pytest.raises(so.SessionExpired):
+        await rt.generate(session_id=r.session_id)
+    await rt.close()
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans] == ["invoke_agent support"]
+    (drive,) = spans
+    d = drive.attributes or {}
+    assert d["signoff.session_id"] == r.session_id and d["gen_ai.agent.name"] == "support"
+    assert d["signoff.turn_id"] == r.turn_id and d["signoff.drive.resumed"] is True
+    assert (d["signoff.turn.status"], d["signoff.turn.retryable"]) == ("failed", False)
+    assert d["error.type"] == "session_expired"
+    assert drive.status.status_code == StatusCode.ERROR
+    assert [link.context.span_id for link in drive.links] == [_id(parker)]
 
 
 class _FailingProcessor(SpanProcessor):

@@ -46,6 +46,7 @@ from ._sessions import to_claims
 from ._settings import check_page, finite, flag, seconds
 from ._state import SessionState, turn_over
 from ._sync import blocking_doc, twin
+from ._tracing import DriveSpan
 from ._types import (
     APP_PRINCIPAL,
     Decision,
@@ -159,6 +160,8 @@ class Runtime(Deletion):
         lease: tuple[str, int] | None = None,
         probes: dict[str, bool] | None = None,
         extra: Sequence[EventSpec] = (),
+        *,
+        span: DriveSpan | None = None,
     ) -> None:
         kids = _child_sessions.awaited(state)  # before: recording the expiry moves `state` on
         # A parent's subagents are cancelled first and what they spent is counted in the same
@@ -167,7 +170,7 @@ class Runtime(Deletion):
         if kids:  # recorded on the parent as it is now, whatever cancelling them appended
             state = await self._state(state.id)
         try:
-            await super()._expire(state, lease, probes, [*extra, *spent])
+            await super()._expire(state, lease, probes, [*extra, *spent], span=span)
         except SessionExpired:
             # A subagent's session expired: its parent's delegate call goes on without it.
             await _child_sessions.after_close(self, state)

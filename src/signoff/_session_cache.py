@@ -46,7 +46,7 @@ from ._state import SessionState, fold
 from ._subagents import missing_targets, unpriced_delegates
 from ._sync import UNWIND, SyncBridge, checked_clock
 from ._text import is_utf8
-from ._tracing import tracing_for
+from ._tracing import DriveSpan, tracing_for
 from ._types import ModelResponse
 from .models import ModelRequest
 from .stores import Store, open_store
@@ -422,12 +422,13 @@ class SessionCache(Leasing):
         lease: tuple[str, int] | None = None,
         head: int | None = None,
         probes: dict[str, bool] | None = None,
+        span: DriveSpan | None = None,
     ) -> SessionState:
         """The session's state with its lapsed TTL and passed deadlines applied; `lease` is the
         caller's lease on it (owner and token), if any, and `head` the session's head when it
         was granted. `trust_cache` skips the store's head when nothing is due on the cached
         state: a stale cache makes the caller's append conflict instead. `probes`: see
-        `_busy`."""
+        `_busy`. `span`: the caller's drive's, which an expiry names (`_expire`)."""
         check_session_id(session_id)
         now = self.now()
         cached = self._cache.get(session_id) if trust_cache else None
@@ -435,7 +436,7 @@ class SessionCache(Leasing):
             return cached
         state = await self._state_at(session_id, head)
         if state.expired(now):
-            await self._expire(state, lease, probes)
+            await self._expire(state, lease, probes, span=span)
         if due_batch(state, now) is not None:
             await self._append(
                 session_id,
@@ -452,19 +453,29 @@ class SessionCache(Leasing):
         lease: tuple[str, int] | None = None,
         probes: dict[str, bool] | None = None,
         extra: Sequence[EventSpec] = (),
+        *,
+        span: DriveSpan | None = None,
     ) -> None:
         """Record that the session's TTL passed (its open requests expire, its unfinished turn
         fails), with `extra` in the same commit, then raise `SessionExpired`. A turn without
         open requests that another drive holds is left to the next look; the caller's own
-        `lease` fences the record instead."""
+        `lease` fences the record instead. A drive's `span` names the turn as it found it and
+        says how the expiry left it, as a drive that runs the turn does (docs/tracing.md)."""
         pending = state.pending_requests()
         specs = expiry_specs(state)
         specs = [*specs, *extra] if specs else specs
+        if span is not None:
+            span.begin(state, self.now())
+        left: SessionState | None = state  # as the session is left: nothing to record
         if specs and (pending or lease is not None or not await self._busy(state.id, probes)):
             driver = self._driver(state, lease)
+            left = None  # unknown, unless recorded
             with contextlib.suppress(Exception):  # LeaseLost: another drive took it over
                 await driver.record(specs, resolve=expiry_resolves(state))
+                left = driver.state
             self._cache.pop(state.id, None)
+        if span is not None:
+            span.finish(left)
         raise SessionExpired(state.id, [r.id for r in pending])
 
     def _driver(self, state: SessionState, lease: tuple[str, int] | None) -> Driver:

@@ -278,9 +278,12 @@ class SessionRunner(SessionCache):
                 failed = True
                 lost = cancelled = expired = False
                 try:
-                    state = await self._checked(session_id, lease=(owner, token), head=head)
+                    # An expiry it records names the span and says how it left the turn.
+                    state = await self._checked(
+                        session_id, lease=(owner, token), head=head, span=span
+                    )
                     if await self._recover(state):  # under the lease, its renewals running
-                        state = await self._checked(session_id, lease=(owner, token))
+                        state = await self._checked(session_id, lease=(owner, token), span=span)
                     if n == 0 and state.turn is not None and not turn_over(state.turn):
                         began = state.turn
                     span.begin(state, self.now())
