@@ -6,11 +6,14 @@ loopback fakes."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 import signoff as so
+from signoff.stores._codec import pack, unpack_event
 
 from ._models import request
 from .fakes.llm import API_KEY, FakeLLM, anthropic_message, openai_completion
@@ -132,3 +135,70 @@ async def test_the_model_that_answered_is_recorded_when_another_than_asked(tmp_p
         ) as m:
             replies = [await m.complete(request()) for _ in range(2)]
     assert [r.model for r in replies] == ["claude-haiku-4-5-20251001", None]
+
+
+ODD = "gpt-x\x1b[2J\n\u202eevil"
+"""A model name that would clear a terminal and reverse the text after it where it is shown."""
+
+
+@pytest.mark.parametrize("name", [ODD, "gpt\u200b-4o", "gpt-4o\t"])
+def test_a_model_name_that_is_not_printable_is_refused(name: str) -> None:
+    """docs/events.md says `model` is printable: a custom model's reply naming `ODD` was recorded
+    as given. It is refused as a name too long is, naming the field."""
+    with pytest.raises(ValidationError, match="model's name must be printable"):
+        so.ModelResponse(text="hi", model=name)
+    assert so.ModelResponse(text="hi", model="gpt-4o 2024 (EU)").model == "gpt-4o 2024 (EU)"
+
+
+async def test_a_reply_naming_an_unprintable_model_fails_the_turn_unrecorded(
+    tmp_path: Path,
+) -> None:
+    """A custom model's reply naming `ODD` fails the step as a model error (retryable), whether
+    it raised building the reply or built it past validation, and no `model.completed` holds
+    the name."""
+
+    def built(conversation: list[so.Message]) -> so.ModelResponse:
+        return so.ModelResponse(text="hi", model=ODD)
+
+    unchecked = so.ModelResponse.model_construct(
+        text="hi", tool_calls=[], usage=so.Usage(), reasoning=[], model=ODD
+    )
+    agents = [
+        so.Agent(name="built", model=so.models.Scripted([built])),
+        so.Agent(name="unchecked", model=so.models.Scripted([unchecked])),
+    ]
+    async with so.Runtime(agents, store=f"sqlite:///{tmp_path}/s.db") as rt:
+        for name, said in [("built", "model's name must be printable"), ("unchecked", "model is ")]:
+            r = await rt.generate(name, prompt="hi")
+            assert (r.status, r.retryable) == ("failed", True)
+            assert r.error is not None and r.error["code"] == "model_error"
+            assert said in r.error["message"] and ODD not in r.error["message"]
+            log = [e async for e in rt.events(r.session_id, follow=False)]
+            assert not [e for e in log if e.type == "model.completed"]
+
+
+async def test_a_stored_reply_naming_an_unprintable_model_still_loads(tmp_path: Path) -> None:
+    """The check is on replies made from now on: a `model.completed` recorded before it with
+    such a name is read back as stored (events are not read through `ModelResponse`), and its
+    session goes on."""
+    db = tmp_path / "s.db"
+    steps = [so.ModelResponse(text="hi", model="gpt-x"), so.ModelResponse(text="again")]
+    agent = so.Agent(name="a", model=so.models.Scripted(steps))
+    async with so.Runtime([agent], store=f"sqlite:///{db}") as rt:
+        sid = (await rt.generate("a", prompt="hi")).session_id
+    with sqlite3.connect(db) as conn:  # as an older signoff recorded it
+        (sk,) = conn.execute("SELECT sk FROM sessions WHERE id=?", (sid,)).fetchone()
+        rows = conn.execute(
+            "SELECT seq, data FROM events WHERE sk=? ORDER BY seq", (sk,)
+        ).fetchall()
+        stored = [data for _, data in rows]
+        values = [unpack_event(d, *reversed(stored[:i])) for i, d in enumerate(stored)]
+        for (seq, _), value in zip(rows, values, strict=True):
+            if value.get("model") == "gpt-x":
+                value["model"] = ODD
+            conn.execute("UPDATE events SET data=? WHERE sk=? AND seq=?", (pack(value), sk, seq))
+    async with so.Runtime([agent], store=f"sqlite:///{db}") as rt:
+        log = [e async for e in rt.events(sid, follow=False)]
+        assert [e.data.get("model") for e in log if e.type == "model.completed"] == [ODD]
+        assert (await rt.state(sid)).status == "idle"
+        assert (await rt.generate(session_id=sid, prompt="more")).text == "again"

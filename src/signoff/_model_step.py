@@ -23,6 +23,7 @@ from ._sync import exited
 from ._text import cut
 from ._tool_json import MAX_INPUT_DEPTH, key_not_text, nests_deeper
 from ._types import (
+    MODEL_NAME_MAX,
     CutOff,
     InputRequest,
     Message,
@@ -532,6 +533,12 @@ def _malformed(response: ModelResponse) -> str | None:
         return f"context_tokens is {cut(repr(n), 100)}, not a whole number >= 0 or None"
     if r.cut_off not in (None, *get_args(CutOff)):
         return f"cut_off is {cut(repr(r.cut_off), 100)}, not max_tokens, content_filter or None"
+    m = r.model
+    if m is not None and not (
+        isinstance(m, str) and 0 < len(m) <= MODEL_NAME_MAX and m.isprintable()
+    ):
+        most = MODEL_NAME_MAX
+        return f"model is {cut(repr(m), 100)}, not a printable name of 1 to {most} characters"
     if not isinstance(r.tool_calls, list):
         return "tool_calls is not a list"
     for c in r.tool_calls:

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
 
 __all__ = [
     "APP_PRINCIPAL",
@@ -38,6 +38,7 @@ __all__ = [
     "MAX_OPTIONS",
     "MAX_REPLY_COST_USD",
     "MAX_REPLY_TOKENS",
+    "MODEL_NAME_MAX",
     "billable",
     "plain_usage",
     "reported_usage",
@@ -143,6 +144,9 @@ MAX_REPLY_COST_USD = 1e18
 takes, and far enough from a float's range that a session's sum stays finite (two replies of
 1e308 added up to infinity, which no JSON reply can show)."""
 
+MODEL_NAME_MAX = 200
+"""The most characters `ModelResponse.model` may have: longer is no model's name."""
+
 
 def usage_too_large(usage: Usage) -> bool:
     """Whether `usage` counts more than one reply may (see `MAX_REPLY_TOKENS`)."""
@@ -195,7 +199,8 @@ class ModelResponse(_Model):
     `usage.cost_usd` is what the provider or gateway reported the call cost (OpenRouter's
     `usage.cost`), not a price computed from its tokens. `model`: the model the provider says
     made the reply when it names another than the one asked for (a gateway's router or
-    fallback, a dated version); `model.completed` records it."""
+    fallback, a dated version), printable (`str.isprintable`: no control, invisible or
+    bidirectional character) and at most 200 characters; `model.completed` records it."""
 
     text: str = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)
@@ -204,7 +209,20 @@ class ModelResponse(_Model):
     cut_off: CutOff | None = None
     context_tokens: int | None = Field(default=None, ge=0)
     cost_reported: bool = False
-    model: str | None = Field(default=None, min_length=1, max_length=200)
+    model: str | None = Field(default=None, min_length=1, max_length=MODEL_NAME_MAX)
+
+    @field_validator("model")
+    @classmethod
+    def _printable(cls, name: str | None) -> str | None:
+        """Refused, as a name too long is: the log, the dashboard and terminals show it, where
+        an escape sequence or a bidirectional override would steer what they show. The
+        OpenAI and Anthropic models keep only what is printable of the name a reply gives."""
+        if name is not None and not name.isprintable():
+            raise ValueError(
+                "a model's name must be printable: no control, invisible or bidirectional "
+                "characters"
+            )
+        return name
 
 
 class UserMessage(_Model):

@@ -15,6 +15,7 @@ from typing import Any, Generic, Self, TypeVar
 
 from .._exceptions import ModelError, UsageError
 from .._tool_json import UNPARSED_ARGUMENTS, nests_deeper
+from .._types import MODEL_NAME_MAX
 from ._http_env import HttpEnv
 from ._provider_errors import connection_problem, status_detail, status_hint
 from ._reply_cap import ReplyTooLarge, capped_http_client
@@ -314,8 +315,8 @@ def plain_input(value: Any) -> Any:
     return value
 
 
-SERVED_NAME_MAX = 200
-"""Characters of a model name a reply gives that are kept: longer is no model's name."""
+SERVED_NAME_MAX = MODEL_NAME_MAX
+"""Characters of a model name a reply gives that are kept, as `ModelResponse.model` takes."""
 
 
 def served_model(value: Any, asked: str) -> str | None:
