@@ -10,11 +10,12 @@ Signing out records the sign-in's id in the audit trail (stream `dashboard:sign-
 every process serving the store reads: each process keeps the ids it has read, and reads the
 stream again only when its head has moved (one indexed query a request). Ids of sign-ins past
 their lifetime are forgotten, since those are refused anyway. The id, not the credential, is
-revoked: signing out in one browser leaves the token's other sign-ins alone. A principal signed
-out more than `SIGN_OUTS_KEPT` times within the lifetime (a token holder looping sign-in and
-sign-out) has its next sign-out end all its sign-ins made until then, one entry in place of
-their ids, and may not sign in again until those have expired: the list, and the stream, grow
-by at most that many entries a principal a lifetime.
+revoked: signing out in one browser leaves the token's other sign-ins alone. A principal (its
+full identity, as `Principal.same_as` compares it) signed out more than `SIGN_OUTS_KEPT` times
+within the lifetime (a token holder looping sign-in and sign-out) has its next sign-out end all
+its sign-ins made until then, one entry in place of their ids, and may not sign in again until
+those have expired: the list, and the stream, grow by at most that many entries a principal a
+lifetime. Another principal of the same id (another issuer's, or type) is not held with it.
 
 Without a server secret the key is public, so anyone can make a cookie for a token they guess:
 a refused cookie then counts as a guess (`_throttle`), and an address held for its guesses is
@@ -137,14 +138,37 @@ def checked(
     return Grant(id=parts[1], issued=issued, principal=found[1]), False
 
 
-Who = tuple[str, str]  # a principal as a sign-out names it: (authenticator, principal_id)
+Who = tuple[str | None, ...]
+"""A principal as a sign-out names it: its full identity as `Principal.same_as` compares it,
+(authenticator, issuer, principal_type, principal_id). An entry written before the issuer and
+type were recorded names (authenticator, principal_id): every principal spelled so, as it was
+honoured then."""
+
+
+def _who_of(principal: Principal) -> Who:
+    return (
+        principal.authenticator,
+        principal.issuer,
+        principal.principal_type,
+        principal.principal_id,
+    )
 
 
 def _who(data: Mapping[str, object]) -> Who:
     authenticator, principal_id = data.get("authenticator"), data.get("principal_id")
-    if isinstance(authenticator, str) and isinstance(principal_id, str):
+    if not isinstance(authenticator, str) or not isinstance(principal_id, str):
+        return ("", None, "", "")  # no principal's: a malformed entry ends no one's sign-ins
+    if "issuer" not in data and "principal_type" not in data:
         return authenticator, principal_id
-    return "", ""
+    issuer, principal_type = data.get("issuer"), data.get("principal_type", "user")
+    if (issuer is None or isinstance(issuer, str)) and isinstance(principal_type, str):
+        return authenticator, issuer, principal_type, principal_id
+    return ("", None, "", "")
+
+
+def _covers(who: Who, other: Who) -> bool:
+    """Whether a sign-out of all of `who`'s sign-ins ends `other`'s too."""
+    return other == who or (len(who) == 2 and (other[0], other[-1]) == who)
 
 
 @dataclass(slots=True)
@@ -166,8 +190,7 @@ class SignOuts:
     async def revoked(self, store: Store, grant: Grant, now: float) -> bool:
         """Whether `grant` was signed out, in any process serving `store`."""
         await self.read(store, now)
-        who = (grant.principal.authenticator, grant.principal.principal_id)
-        return grant.id in self._ids or grant.issued <= self._upto.get(who, -1)
+        return grant.id in self._ids or grant.issued <= self._until(_who_of(grant.principal))
 
     async def read(self, store: Store, now: float) -> None:
         """Take in the sign-outs recorded since the last read, if the stream's head moved."""
@@ -188,8 +211,8 @@ class SignOuts:
     def held(self, principal: Principal, now: float) -> int | None:
         """Seconds until `principal` may sign in again, once it was signed out more than
         `limit` times within the lifetime (its sign-ins until then ended at once); else None."""
-        upto = self._upto.get((principal.authenticator, principal.principal_id))
-        if upto is None or upto <= now - self.lifetime:
+        upto = self._until(_who_of(principal))
+        if upto <= now - self.lifetime:
             return None
         return max(1, math.ceil(upto + self.lifetime - now))
 
@@ -201,9 +224,11 @@ class SignOuts:
             "sign_in": grant.id,
             "issued": grant.issued,
             "authenticator": who.authenticator,
+            "issuer": who.issuer,
+            "principal_type": who.principal_type,
             "principal_id": who.principal_id,
         }
-        if self._counts.get((who.authenticator, who.principal_id), 0) >= self.limit:
+        if self._counts.get(_who_of(who), 0) >= self.limit:
             data["upto"] = max(int(now), grant.issued)
         await store.record_audit(
             [AuditRow(stream=SIGN_OUTS, type=SIGNED_OUT, at=now, seq=None, data=data)]
@@ -216,7 +241,7 @@ class SignOuts:
         sign_in, issued = data.get("sign_in"), data.get("issued")
         if isinstance(upto, int):
             self._upto[who] = max(upto, self._upto.get(who, upto))
-            for gone in [i for i, (t, w) in self._ids.items() if w == who and t <= upto]:
+            for gone in [i for i, (t, w) in self._ids.items() if _covers(who, w) and t <= upto]:
                 self._drop(gone)
             if len(self._expiry) > 2 * len(self._ids):  # the heap's entries of ids dropped
                 self._expiry = [(t, i) for i, (t, _) in self._ids.items()]
@@ -224,11 +249,16 @@ class SignOuts:
             return
         if not isinstance(sign_in, str) or not isinstance(issued, int) or sign_in in self._ids:
             return
-        if issued <= self._upto.get(who, -1):
+        if issued <= self._until(who):
             return
         self._ids[sign_in] = (issued, who)
         self._counts[who] = self._counts.get(who, 0) + 1
         heapq.heappush(self._expiry, (issued, sign_in))
+
+    def _until(self, who: Who) -> int:
+        """The time until which all of `who`'s sign-ins are out (-1 for none): its own, or an
+        older entry's for every principal spelled with its authenticator and id."""
+        return max(self._upto.get(who, -1), self._upto.get((who[0], who[-1]), -1))
 
     def _drop(self, sign_in: str) -> None:
         _, who = self._ids.pop(sign_in)
