@@ -5,6 +5,9 @@ between the two posts, two processes), and a forged token is a clear 400."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
 import json
 import re
 from pathlib import Path
@@ -286,3 +289,25 @@ def test_a_token_past_its_lifetime_is_refused() -> None:
     assert check_form(b"k", ALICE, token, 109.0, 100.0) is not None
     assert check_form(b"k", ALICE, token, 110.0, 100.0) is None
     assert check_form(b"k", BOB, token, 50.0, 100.0) is None
+
+
+def test_a_token_is_bound_to_the_viewers_full_identity() -> None:
+    """A token was bound to the viewer's authenticator and id alone, joined with NUL: a viewer
+    of another issuer or type with the same id, or one whose NUL split the fields elsewhere,
+    could send it. A viewer of the default issuer and type is bound as before."""
+    other_issuer = ALICE.model_copy(update={"issuer": "https://idp-b.example"})
+    other_type = ALICE.model_copy(update={"principal_type": "service"})
+    token = form_token(b"k", ALICE, 10.0)
+    assert check_form(b"k", ALICE, token, 50.0, 100.0) is not None
+    for other in (other_issuer, other_type):
+        assert check_form(b"k", other, token, 50.0, 100.0) is None
+        theirs = form_token(b"k", other, 10.0)
+        assert check_form(b"k", other, theirs, 50.0, 100.0) is not None
+        assert check_form(b"k", ALICE, theirs, 50.0, 100.0) is None
+    one = ALICE.model_copy(update={"authenticator": "a\0b", "principal_id": "c"})
+    two = ALICE.model_copy(update={"authenticator": "a", "principal_id": "b\0c"})
+    assert check_form(b"k", two, form_token(b"k", one, 10.0), 50.0, 100.0) is None
+    # a page made before the upgrade still sends: the default viewer's token as it was made
+    raw = "\0".join(("signoff-form", "token", "alice", "10", "nonce")).encode()
+    mac = base64.urlsafe_b64encode(hmac.new(b"k", raw, hashlib.sha256).digest()[:18]).decode()
+    assert check_form(b"k", ALICE, f"10.nonce.{mac}", 50.0, 100.0) == ("nonce", 10)

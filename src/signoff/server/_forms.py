@@ -5,8 +5,9 @@ is sent where the first one led (the same session) instead of starting or sendin
 processes and restarts too, since the runtime records the key with the message it sent.
 
 A token is `<issued>.<nonce>.<mac>`: the time its page was made, a random nonce and an HMAC
-over them and the viewer, keyed with the server's key; a token of another viewer, a forged one
-or one past the sign-in lifetime is refused.
+over them and the viewer (its full identity: authenticator, issuer, type and id), keyed with the
+server's key; a token of another viewer, a forged one or one past the sign-in lifetime is
+refused.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import secrets
 from dataclasses import dataclass
 
@@ -24,10 +26,20 @@ __all__ = ["Refusal", "check_form", "form_key", "form_token"]
 _SKEW = 300  # seconds a token's time may be ahead of this process's clock (another process's)
 
 
+def _viewer(viewer: Principal) -> tuple[str, ...]:
+    """The viewer as a token binds it: its full identity (`Principal.same_as`). A principal of
+    the default issuer and type, with no NUL to join two fields as another pair's, is bound as
+    tokens were before (so pages open across an upgrade still send); any other is its JSON
+    form, after another label."""
+    fields = (viewer.authenticator, viewer.principal_id)
+    if viewer.issuer is None and viewer.principal_type == "user" and "\0" not in "".join(fields):
+        return ("signoff-form", *fields)
+    exact = [viewer.authenticator, viewer.issuer, viewer.principal_type, viewer.principal_id]
+    return ("signoff-form-exact", json.dumps(exact))
+
+
 def _mac(key: bytes, viewer: Principal, issued: str, nonce: str) -> str:
-    raw = "\0".join(
-        ("signoff-form", viewer.authenticator, viewer.principal_id, issued, nonce)
-    ).encode()
+    raw = "\0".join((*_viewer(viewer), issued, nonce)).encode()
     return base64.urlsafe_b64encode(hmac.new(key, raw, hashlib.sha256).digest()[:18]).decode()
 
 

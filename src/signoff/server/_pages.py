@@ -221,7 +221,11 @@ def csrf_key(secret: str | bytes | None) -> bytes:
 async def _sign_in(request: Request) -> bytes:
     """Who the request is signed in as: the principal (None if none) and its credential."""
     principal = await get_context(request).principal(request)
-    who = None if principal is None else [principal.authenticator, principal.principal_id]
+    who: list[str | None] | None = None
+    if principal is not None:  # its full identity; the default issuer and type as before
+        who = [principal.authenticator, principal.principal_id]
+        if principal.issuer is not None or principal.principal_type != "user":
+            who += [principal.issuer, principal.principal_type]
     credential = bearer_token(request) or request.cookies.get(token_cookie(request), "")
     return json.dumps([who, credential]).encode()
 
