@@ -105,6 +105,19 @@ def test_flaky_raises_an_exception_class_it_is_given(tmp_path: Path) -> None:
         assert rt.generate_sync(session_id=r.session_id).text == "back"
 
 
+class _NeedsAMessage(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+@pytest.mark.parametrize("error", [_NeedsAMessage, UnicodeDecodeError, so.SessionBusy])
+def test_flaky_refuses_an_exception_class_it_cannot_make(error: type[Exception]) -> None:
+    """Taken, each failed the turn mid-run with a `TypeError` (missing arguments) instead of
+    the error the test meant to play; an instance of it is what to give."""
+    with pytest.raises(so.UsageError, match=f"{error.__name__} cannot be made without arguments"):
+        Flaky(reply("x"), error=error)
+
+
 async def test_capture_records_each_conversation_and_answers_each_session(tmp_path: Path) -> None:
     seen = Capture(lambda conversation: reply(f"{len(conversation)} message(s)"))
     async with sqlite_runtime(tmp_path, scripted_agent("a", [seen])) as rt:

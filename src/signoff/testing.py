@@ -350,6 +350,14 @@ class Flaky:
             # A string failed the turn with "exceptions must derive from BaseException"; a
             # KeyboardInterrupt broke out of the runtime rather than fail the model call.
             raise UsageError(f"Flaky: error must be an Exception to raise, not {error!r}")
+        if isinstance(error, type):
+            try:  # raised as `raise cls`, which makes it with no arguments, mid-turn
+                error()
+            except Exception as exc:
+                raise UsageError(
+                    f"Flaky: {error.__name__} cannot be made without arguments ({exc}): "
+                    f"give an instance, such as {error.__name__}(...)"
+                ) from None
         self.respond = respond
         self.failures = failures
         self.error = error or ConnectionError("model unavailable")
