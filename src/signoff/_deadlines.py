@@ -28,6 +28,7 @@ __all__ = [
     "due_batch",
     "expiry_resolves",
     "expiry_specs",
+    "in_flight",
     "is_due",
     "is_lapsed",
     "records_expiry",
@@ -232,6 +233,22 @@ def expiry_specs(state: SessionState) -> list[EventSpec]:
         error = {"code": "session_expired", "message": "the session's TTL passed"}
         specs.append(("turn.failed", {"error": error, "retryable": False, "reason": EXPIRED}))
     return specs
+
+
+def in_flight(state: SessionState) -> bool:
+    """Whether a drive may be at work on the session's unfinished turn, so that its passed TTL
+    waits for no drive to hold its lease (a tool slower than the TTL is not idleness). With a
+    request open, only while a call of it is neither done nor waiting on a person (a tool
+    running beside an approval asked for); one whose every unfinished call waits is idle."""
+    turn = state.turn
+    if turn is None or turn.status not in ("running", "waiting"):
+        return False
+    if not state.pending_requests():
+        return True
+    return any(c.status not in _WAITING_OR_DONE for c in turn.calls.values())
+
+
+_WAITING_OR_DONE = frozenset({"requested", "awaiting", "asking", "done"})
 
 
 def records_expiry(specs: Sequence[EventSpec], after: SessionState | None) -> bool:

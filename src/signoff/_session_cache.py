@@ -26,7 +26,7 @@ from ._agent import Agent, by_name
 from ._any_loop import AnyLoopEvent, AnyLoopLock, blocked
 from ._audit_trail import record_tool_settings
 from ._counts import Counts
-from ._deadlines import due_batch, expiry_resolves, expiry_specs
+from ._deadlines import due_batch, expiry_resolves, expiry_specs, in_flight
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
@@ -457,17 +457,20 @@ class SessionCache(Leasing):
         span: DriveSpan | None = None,
     ) -> None:
         """Record that the session's TTL passed (its open requests expire, its unfinished turn
-        fails), with `extra` in the same commit, then raise `SessionExpired`. A turn without
-        open requests that another drive holds is left to the next look; the caller's own
-        `lease` fences the record instead. A drive's `span` names the turn as it found it and
-        says how the expiry left it, as a drive that runs the turn does (docs/tracing.md)."""
+        fails), with `extra` in the same commit, then raise `SessionExpired`. A turn another
+        drive holds with work in flight (`in_flight`: open requests or not) is left to the
+        next look; the caller's own `lease` fences the record instead. A drive's `span` names
+        the turn as it found it and says how the expiry left it, as a drive that runs the turn
+        does (docs/tracing.md)."""
         pending = state.pending_requests()
         specs = expiry_specs(state)
         specs = [*specs, *extra] if specs else specs
         if span is not None:
             span.begin(state, self.now())
         left: SessionState | None = state  # as the session is left: nothing to record
-        if specs and (pending or lease is not None or not await self._busy(state.id, probes)):
+        if specs and (
+            lease is not None or not in_flight(state) or not await self._busy(state.id, probes)
+        ):
             driver = self._driver(state, lease)
             left = None  # unknown, unless recorded
             with contextlib.suppress(Exception):  # LeaseLost: another drive took it over
@@ -529,11 +532,10 @@ class SessionCache(Leasing):
         return False
 
     async def _running_on(self, state: SessionState) -> bool:
-        """Whether a live drive holds the running turn of `state`, whose TTL passed with no
-        request open: it runs on (a tool slower than the TTL), so the session is not idle and
-        its expiry is left to a look after that drive (as `_expire` leaves it)."""
-        turn = state.turn
-        if turn is None or turn.status != "running" or state.pending_requests():
+        """Whether a live drive holds the running turn of `state`, whose TTL passed with work in
+        flight (`in_flight`): it runs on (a tool slower than the TTL), so the session is not
+        idle and its expiry is left to a look after that drive (as `_expire` leaves it)."""
+        if not in_flight(state):
             return False
         try:
             return await self._busy(state.id)
