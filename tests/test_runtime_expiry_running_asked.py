@@ -22,9 +22,9 @@ LOOKS: dict[str, Look] = {
 }
 
 
-def asking_agent(started: asyncio.Event, go: asyncio.Event) -> so.Agent:
+def asking_agent(started: asyncio.Event, go: asyncio.Event, approvers: int = 1) -> so.Agent:
     """Agent `a`: its turn calls `slow`, which waits for `go`, and `pay`, which asks for an
-    approval; sessions expire 60 s after their last event."""
+    approval (of `approvers` people); sessions expire 60 s after their last event."""
 
     @so.tool()
     async def slow(x: str) -> str:
@@ -33,7 +33,7 @@ def asking_agent(started: asyncio.Event, go: asyncio.Event) -> so.Agent:
         await go.wait()
         return "done"
 
-    @so.tool(approval=so.always())
+    @so.tool(approval=so.always(approvers=approvers))
     async def pay(x: str) -> str:
         """Pay."""
         return "paid"

@@ -335,10 +335,11 @@ class Answering(Candidates):
                     specs[0] = (kind, {**data, "idem": list(mark)})
                 late: list[str] = []
                 batch = Batch(specs=[*specs, *extra], resolve=resolves)
+                held = await self._held_past_ttl(state)
                 driver = self._driver(state, None)
                 try:
                     await driver.record(
-                        _in_time(self.now, batch, late), durable=True, turn_id=turn_id
+                        _in_time(self.now, batch, late, held), durable=True, turn_id=turn_id
                     )
                 except RequestClosed:
                     self._cache.pop(session_id, None)
@@ -522,16 +523,17 @@ def _check_size(request: InputRequest, what: str, value: Any, limit: int) -> Non
 
 
 def _in_time(
-    clock: Callable[[], float], batch: Batch, late: list[str]
+    clock: Callable[[], float], batch: Batch, late: list[str], held: bool
 ) -> Callable[[SessionState], Batch]:
     """`batch`, which settles requests, built on the state it commits on: a deadline or TTL that
     passed meanwhile (an edit's approval policy may be slow) wins, as while a response policy
-    runs, and what it closes is recorded instead; `late` then names the requests answered."""
+    runs, and what it closes is recorded instead; `late` then names the requests answered. A
+    TTL passed while a live drive runs the turn on (`held`: `_held_past_ttl`) is no expiry."""
     ids = {r.request_id for r in batch.resolve}
 
     def build(state: SessionState) -> Batch:
         now = clock()
-        if state.expired(now):
+        if state.expired(now) and not held:
             late[:] = sorted(ids)
             return Batch(specs=expiry_specs(state), resolve=expiry_resolves(state))
         late[:] = [r.id for r in state.pending_requests() if r.id in ids and is_due(r, now)]

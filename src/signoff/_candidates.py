@@ -293,9 +293,10 @@ class Candidates(CandidateEnds):
                 return Batch(specs=[("approval.candidate", stale)])
             current = live.request
             now = self.now()
-            if st.expired(now):
+            if st.expired(now) and not held:
                 # The session's TTL passed while the response was decided: it wins too, and is
-                # recorded as a reading of the session would record it.
+                # recorded as a reading of the session would record it (not while a live drive
+                # runs the turn on, as a reading leaves it).
                 lapsed.append(True)
                 why = f"the session expired before this response could settle request {rid}"
                 stale = {**base, "outcome": "stale", "reason": why}
@@ -371,6 +372,7 @@ class Candidates(CandidateEnds):
                 ],
             )
 
+        held = await self._held_past_ttl(await self._state(session_id))
         told = await end(settle_or_count, durable=True)
         if told is not None:
             return told

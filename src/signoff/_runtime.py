@@ -12,7 +12,7 @@ import copy
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, Self, get_args
+from typing import Any, NoReturn, Self, get_args
 
 from . import _child_sessions, _subagents, stores
 from ._answers import Reply as _Reply
@@ -154,15 +154,14 @@ class Runtime(Deletion):
         # Children a parent's cancel missed (that process died): a sweep cancels them.
         return await _subagents.sweep_orphans(self)
 
-    async def _expire(
+    async def _record_expiry(
         self,
         state: SessionState,
-        lease: tuple[str, int] | None = None,
-        probes: dict[str, bool] | None = None,
+        lease: tuple[str, int] | None,
         extra: Sequence[EventSpec] = (),
         *,
         span: DriveSpan | None = None,
-    ) -> None:
+    ) -> NoReturn:
         kids = _child_sessions.awaited(state)  # before: recording the expiry moves `state` on
         # A parent's subagents are cancelled first and what they spent is counted in the same
         # commit as its expiry: a process dying in between leaves the expiry for the next look.
@@ -170,7 +169,7 @@ class Runtime(Deletion):
         if kids:  # recorded on the parent as it is now, whatever cancelling them appended
             state = await self._state(state.id)
         try:
-            await super()._expire(state, lease, probes, [*extra, *spent], span=span)
+            await super()._record_expiry(state, lease, [*extra, *spent], span=span)
         except SessionExpired:
             # A subagent's session expired: its parent's delegate call goes on without it.
             await _child_sessions.after_close(self, state)
@@ -475,14 +474,18 @@ class Runtime(Deletion):
         that turn is cancelled: once another has started, the session is reported as it is,
         nothing cancelled (a cancel sent again, or from a page shown before, stops no later
         turn); the result's `cancelled` says whether this call cancelled the turn it reports.
-        A session past its TTL raises `SessionExpired`, as every call does."""
+        A session past its TTL raises `SessionExpired`, as every call does; one whose turn a
+        live drive runs on past it (a tool slower than the TTL) is not idle, so not past it:
+        that turn is cancelled."""
         await self.open()
         principal, by = checked_cancel(reason, turn_id, principal)
         began: tuple[str, int] | None = None  # the turn to cancel: not one that followed it
         for _ in range(20):
             state = await self._state(session_id)
             if state.expired(self.now()):
-                await self._expire(state)  # records what the TTL left unfinished, and raises
+                # Records what the TTL left unfinished, and raises; unless a live drive runs
+                # the turn on, which is then cancelled as any running turn is.
+                await self._expire(state)
             turn = state.turn
             if began is not None and (turn is None or turn.id != began[0]):  # ended meanwhile
                 return self._result(await load_turn(self.store, session_id, *began))

@@ -20,7 +20,7 @@ import time
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Coroutine, Iterator, Sequence
-from typing import Any, Concatenate, ParamSpec, Self, TypeVar
+from typing import Any, Concatenate, NoReturn, ParamSpec, Self, TypeVar
 
 from ._agent import Agent, by_name
 from ._any_loop import AnyLoopEvent, AnyLoopLock, blocked
@@ -452,29 +452,39 @@ class SessionCache(Leasing):
         state: SessionState,
         lease: tuple[str, int] | None = None,
         probes: dict[str, bool] | None = None,
-        extra: Sequence[EventSpec] = (),
         *,
         span: DriveSpan | None = None,
     ) -> None:
+        """Record that the session's TTL passed (`_record_expiry`) and raise `SessionExpired`;
+        unless a live drive, not the caller's, runs its turn on (`_running_on`): the session is
+        not idle, so not expired, and this returns, recording nothing, for the caller to go on
+        as with any running turn. The caller's own `lease` fences the record instead."""
+        if lease is None and await self._running_on(state, probes):
+            return
+        await self._record_expiry(state, lease, span=span)
+
+    async def _record_expiry(
+        self,
+        state: SessionState,
+        lease: tuple[str, int] | None,
+        extra: Sequence[EventSpec] = (),
+        *,
+        span: DriveSpan | None = None,
+    ) -> NoReturn:
         """Record that the session's TTL passed (its open requests expire, its unfinished turn
-        fails), with `extra` in the same commit, then raise `SessionExpired`. A turn another
-        drive holds with work in flight (`in_flight`: open requests or not) is left to the
-        next look; the caller's own `lease` fences the record instead. A drive's `span` names
-        the turn as it found it and says how the expiry left it, as a drive that runs the turn
-        does (docs/tracing.md)."""
+        fails), with `extra` in the same commit, then raise `SessionExpired`. A drive's `span`
+        names the turn as it found it and says how the expiry left it, as a drive that runs the
+        turn does (docs/tracing.md)."""
         pending = state.pending_requests()
         specs = expiry_specs(state)
-        specs = [*specs, *extra] if specs else specs
         if span is not None:
             span.begin(state, self.now())
         left: SessionState | None = state  # as the session is left: nothing to record
-        if specs and (
-            lease is not None or not in_flight(state) or not await self._busy(state.id, probes)
-        ):
+        if specs:
             driver = self._driver(state, lease)
             left = None  # unknown, unless recorded
             with contextlib.suppress(Exception):  # LeaseLost: another drive took it over
-                await driver.record(specs, resolve=expiry_resolves(state))
+                await driver.record([*specs, *extra], resolve=expiry_resolves(state))
                 left = driver.state
             self._cache.pop(state.id, None)
         if span is not None:
@@ -531,22 +541,28 @@ class SessionCache(Leasing):
         await self.store.release_lease(session_id, self.owner, token)
         return False
 
-    async def _running_on(self, state: SessionState) -> bool:
-        """Whether a live drive holds the running turn of `state`, whose TTL passed with work in
-        flight (`in_flight`): it runs on (a tool slower than the TTL), so the session is not
-        idle and its expiry is left to a look after that drive (as `_expire` leaves it)."""
-        if not in_flight(state):
-            return False
-        try:
-            return await self._busy(state.id)
-        except StoreError:  # a store this process may only read: it cannot tell
-            return False
+    async def _running_on(self, state: SessionState, probes: dict[str, bool] | None = None) -> bool:
+        """Whether a live drive holds the unfinished turn of `state` with work in flight
+        (`in_flight`): past the TTL it runs on (a tool slower than the TTL), so the session is
+        not idle, and its expiry is left to a look after that drive. `probes`: see `_busy`."""
+        return in_flight(state) and await self._busy(state.id, probes)
+
+    async def _held_past_ttl(self, state: SessionState) -> bool:
+        """Whether the TTL of `state` has passed while a live drive runs its turn on
+        (`_running_on`): not idle, so not expired, and a write settling its requests (built on
+        the state it commits on, which cannot ask the lease) goes in as on any running turn."""
+        return state.expired(self.now()) and await self._running_on(state)
 
     async def _ended(self, state: SessionState, now: float) -> SessionExpired | None:
         """The `SessionExpired` a follower of `state` meets at `now`: its TTL passed and no live
         drive runs its turn on (`_running_on`). None while it lives, or while a drive runs it on."""
-        if not state.expired(now) or await self._running_on(state):
+        if not state.expired(now):
             return None
+        try:
+            if await self._running_on(state):
+                return None
+        except StoreError:  # a store this process may only read: it cannot tell
+            pass
         return SessionExpired(state.id, [r.id for r in state.pending_requests()])
 
     def _result(
