@@ -99,3 +99,29 @@ def test_pages_reckon_times_by_the_database_clock(
     before = wall()
     shown = _pages_show_the_runtimes_time(runtime)
     assert before - 5 <= shown <= wall() + 5  # the database's time, which the real clock keeps
+
+
+def test_a_date_centuries_away_reads_in_years_not_hundreds_of_digits() -> None:
+    """A request's deadline `expires_in=1e300` away (valid) was shown as "in 1157407407…days",
+    a 304-character number of days; as the terminal does, a century or more reads in years,
+    and past 9999 of them "over 9999 years"."""
+    from signoff.server._pages import env
+
+    def ago(ts: float) -> str:
+        return env.from_string("{{ ts | ago }}").render(now=now, ts=ts)
+
+    now = 1.7e9
+    year = 365.25 * 86400
+    shown = [
+        ago(now + s)
+        for s in (2 * 86400, 36524 * 86400, 100 * year, 9999 * year + 1, 10_000 * year, 1e300)
+    ]
+    assert shown == [
+        "in 2 days",
+        "in 36524 days",
+        "in 100 years",
+        "in 9999 years",
+        "in over 9999 years",
+        "in over 9999 years",
+    ]
+    assert ago(now - 1e12) == "over 9999 years ago"

@@ -90,10 +90,16 @@ env = Environment(
 )
 
 
+_YEAR = 31_557_600
+"""A Julian year in seconds (365.25 days), as the terminal's `duration` counts years."""
+
+
 @pass_context
 def _ago(context: Context, ts: float | None) -> str:
     """How long ago `ts` was (or how far ahead), at the page's `now`: the runtime's clock,
-    which stamped the times shown (on PostgreSQL the database's, not this machine's)."""
+    which stamped the times shown (on PostgreSQL the database's, not this machine's). A
+    century or more reads in years, and past 9999 of them `over 9999 years`, not a number of
+    days hundreds of digits long (a deadline `expires_in=1e300` away is valid)."""
     if ts is None:
         return "—"
     delta = context["now"] - ts
@@ -109,8 +115,12 @@ def _ago(context: Context, ts: float | None) -> str:
         text = "an hour"
     elif delta < 86400:
         text = f"{round(delta / 3600)} hours"
-    else:
+    elif delta < 100 * _YEAR:
         text = f"{round(delta / 86400)} days"
+    elif delta < 10_000 * _YEAR:
+        text = f"{int(delta // _YEAR)} years"
+    else:
+        text = "over 9999 years"
     return f"in {text}" if future else f"{text} ago"
 
 

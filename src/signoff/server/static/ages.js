@@ -5,6 +5,7 @@
   "use strict";
   const served = Number(document.body.dataset.now);
   const skew = Number.isFinite(served) ? served - Date.now() / 1000 : 0;
+  const YEAR = 31557600; // a Julian year in seconds (365.25 days), as the server counts years
   function ago(ts) {
     let delta = Date.now() / 1000 + skew - ts;
     const future = delta < 0;
@@ -15,7 +16,9 @@
     else if (delta < 3600) text = Math.round(delta / 60) + " minutes";
     else if (delta < 5400) text = "an hour";
     else if (delta < 86400) text = Math.round(delta / 3600) + " hours";
-    else text = Math.round(delta / 86400) + " days";
+    else if (delta < 100 * YEAR) text = Math.round(delta / 86400) + " days";
+    else if (delta < 10000 * YEAR) text = Math.floor(delta / YEAR) + " years";
+    else text = "over 9999 years"; // as the server writes it: not "in 1.157e+295 days"
     return future ? "in " + text : text + " ago";
   }
   setInterval(() => {
