@@ -5,10 +5,15 @@ session (the event loop lets `SystemExit` through, out of `asyncio.run` or the s
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated
+
+import pytest
+from pydantic import AfterValidator
 
 import signoff as so
 from signoff.testing import (
@@ -117,6 +122,53 @@ async def test_a_model_that_exits_fails_the_turn_retryably(tmp_path: Path) -> No
         r = await rt.generate("ops", prompt="hi")
     assert (r.status, r.retryable) == ("failed", True)
     assert r.error is not None and "SystemExit(4)" in r.error["message"]
+
+
+def _checked(args: str) -> str:
+    if args == "--bad":
+        sys.exit(2)  # as `argparse` does on arguments it cannot parse
+    return args
+
+
+@so.tool
+async def run_checked(args: Annotated[str, AfterValidator(_checked)]) -> str:
+    """Run the report CLI with checked arguments."""
+    return args
+
+
+async def test_a_validator_that_exits_is_invalid_input_the_model_reads(tmp_path: Path) -> None:
+    """Its `SystemExit(2)` escaped `Tool.validate`, which turned only an `Exception` into invalid
+    input: `generate` raised it, the session stayed `running`, and each resume raised it again
+    (out of `asyncio.run`, or the server's loop)."""
+    seen = Capture(reply("Sorry."))
+    agent = scripted_agent(
+        "ops", [call_tools(call("run_checked", args="--bad")), seen], tools=[run_checked]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("ops", prompt="report")
+        assert r.status == "completed", r
+        [info] = await rt.sessions()
+        assert info.status == "idle"
+    [result] = tool_results(seen.last)
+    assert result.is_error and "SystemExit(2)" in str(result.content), result
+
+
+async def test_an_edit_a_validator_exits_on_is_refused(tmp_path: Path) -> None:
+    """An edited input is validated by the tool's validators as the model's is: one exiting on
+    it is an edit refused (`InvalidAnswer`, the request still pending), not the answering
+    process's end."""
+    gated = so.tool(run_checked.fn, name="run_gated", approval=so.always())
+    agent = scripted_agent(
+        "ops", [call_tools(call("run_gated", args="--days 2")), reply("Done.")], tools=[gated]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("ops", prompt="report")
+        [req] = r.pending
+        answer = so.Decision(id=req.id, approved=True, edited_input={"args": "--bad"})
+        with pytest.raises(so.InvalidAnswer, match=re.escape("SystemExit(2)")):
+            await rt.generate(session_id=r.session_id, approvals=[answer])
+        [still] = (await rt.state(r.session_id)).pending_requests()
+        assert still.id == req.id
 
 
 def _within(seconds: float, fn: Callable[[], object]) -> object:

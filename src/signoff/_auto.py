@@ -198,7 +198,7 @@ def _shown(validated: BaseModel) -> dict[str, Any] | None:
     form = validated.model_dump(mode="json", by_alias=True)
     try:
         again = type(validated).model_validate(form)
-    except Exception:  # a validator may raise anything: the form is no input either way
+    except (Exception, SystemExit):  # a validator may raise anything: the form is no input
         return None
     return None if unlike(validated, again, form) is not None else form
 

@@ -17,7 +17,7 @@ from pydantic_core import PydanticSerializationError
 from ._approval import ApprovalArg, ApprovalPolicy, as_policy
 from ._exceptions import UsageError
 from ._response import ApprovalSpec, ResponsePolicy
-from ._sync import called_off_loop, is_async
+from ._sync import called_off_loop, exited, is_async
 from ._tool_context import ToolContext
 from ._tool_json import (
     MAX_INPUT_DEPTH,
@@ -140,8 +140,8 @@ class Tool:
 
     def validate(self, raw: Any) -> BaseModel:
         """Validate model-proposed input; raises `pydantic.ValidationError`, also for any other
-        error a validator raises on it and for a value JSON cannot write (NaN, one inside
-        itself)."""
+        error a validator raises on it (`SystemExit` too) and for a value JSON cannot write (NaN,
+        one inside itself)."""
         if not isinstance(raw, dict):
             raise ValidationError.from_exception_data(
                 self.input_model.__name__,
@@ -158,9 +158,12 @@ class Tool:
             dumped = validated.model_dump()
         except ValidationError:
             raise
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             # pydantic passes on what a validator raises other than ValueError: raised here, it
-            # would fail the drive and leave its session running for good.
+            # would fail the drive and leave its session running for good; a `SystemExit` (a
+            # stray `sys.exit()`, argparse) would end the process, out of the event loop.
+            if isinstance(exc, SystemExit):
+                exc = exited(exc)
             raise ValidationError.from_exception_data(
                 self.input_model.__name__,
                 [
