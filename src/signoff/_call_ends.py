@@ -6,9 +6,9 @@ be recorded by the next drive here. A part of `Driver` (through `ToolCalls`), ap
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, TypeAlias
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ._child_sessions import with_spend
@@ -31,9 +31,13 @@ from ._text import cut
 from ._tool_json import jsonable, over_limit, recorded_bound, result_bound
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
 from ._tools import Tool, Unshown
-from ._types import APPROVAL_OPTIONS, Action, InputRequest
+from ._types import APPROVAL_OPTIONS, Action, InputRequest, same_json
 
-__all__ = ["IGNORED", "CallEnds", "signal_in"]
+__all__ = ["IGNORED", "CallEnds", "Got", "form_before", "signal_in"]
+
+Got: TypeAlias = "dict[str, Any] | PydanticSerializationError"
+"""A call's validated input as JSON (`Tool.approved_form`) before its body ran, or why it has
+no JSON form."""
 
 IGNORED = {"reason": "the user sent a new message instead", "outcome": "ignored"}
 """The decision on an approval a message steered past before it was asked."""
@@ -61,6 +65,39 @@ def signal_in(exc: BaseException) -> BaseException:
     return exc
 
 
+def form_before(tool: Tool, validated: BaseModel) -> Got:
+    """The JSON form of `validated` taken before the body gets it: a body that changes its input
+    in place (clears a list it was given) and then asks for approval would show the reviewer,
+    and bind the approval to, input the model never sent. Only the form, as cheap as a dump: the
+    checks of what a reviewer is shown run only if the body asks (`_shown_as_got`)."""
+    try:
+        return tool.approved_form(validated)
+    except PydanticSerializationError as exc:
+        return exc
+
+
+def _shown_as_got(tool: Tool, validated: BaseModel, got: Got) -> dict[str, Any]:
+    """What a reviewer is shown of the input a body asking for approval got: `got`, checked as
+    `Tool.shown_form` checks a form, and raising as it does. The input as the body holds it now
+    is checked too, as a form that shows otherwise than a value (a serializer's mask) is one
+    whatever the value; where the body changed it, `got` validated again must show as itself."""
+    if isinstance(got, PydanticSerializationError):
+        raise got
+    if same_json(tool.shown_form(validated), got):
+        return got
+    try:
+        again = tool.validate(got)
+        same = same_json(tool.shown_form(again), got)
+    except (ValidationError, Unshown):
+        same = False
+    if not same:
+        raise Unshown(
+            "the tool changed its input in place before asking for approval, and the input it "
+            "got does not show as itself validated again: copy an argument before changing it"
+        )
+    return got
+
+
 class CallEnds(DriverPart):
     """Recording how a call's body ended: a part of `Driver`, mixed into it with `ToolCalls`."""
 
@@ -72,6 +109,7 @@ class CallEnds(DriverPart):
         journal: CallJournal,
         tool: Tool,
         validated: BaseModel,
+        got: Got,
         key: str,
         approval: dict[str, Any] | None,
     ) -> None:
@@ -88,7 +126,7 @@ class CallEnds(DriverPart):
                 raise exc from (None if exc is raised else raised)
             journal.refused()  # the store refused a step, or a child its drive: not the tool's
             if isinstance(exc, ApprovalRequired):
-                await self.request_from_tool(call, exc, journal, tool, validated, key)
+                await self.request_from_tool(call, exc, journal, tool, validated, got, key)
                 return
             if isinstance(exc, QuestionWithdrawn):
                 cancelled = {"cancelled": True, "reason": str(exc)}
@@ -179,11 +217,13 @@ class CallEnds(DriverPart):
         journal: CallJournal,
         tool: Tool,
         validated: BaseModel,
+        got: Got,
         key: str,
     ) -> None:
         """Ask for the approval `tool` raised, showing the reviewer its validated input as a
-        policy's approval shows it (a secret masked, not the model's raw arguments). The body
-        ran: what ends the call is kept if the store fails to take it (`end_call`)."""
+        policy's approval shows it (a secret masked, not the model's raw arguments), as the body
+        got it (`got`, its form before the body ran). The body ran: what ends the call is kept
+        if the store fails to take it (`end_call`)."""
         s = self.state
         turn = s.turn
         assert turn is not None
@@ -207,7 +247,7 @@ class CallEnds(DriverPart):
             await self.end_call(key, journal, [tool_result(call, "error", {"error": too_large})])
             return
         try:
-            shown = tool.shown_form(validated)
+            shown = _shown_as_got(tool, validated, got)
         except PydanticSerializationError as exc:
             error = {"error": f"the input has no JSON form to show a reviewer: {exc}"}
             await self.end_call(key, journal, [tool_result(call, "error", error)])

@@ -14,7 +14,7 @@ from pydantic_core import PydanticSerializationError
 
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
 from ._bound_input import as_approved, still_bound
-from ._call_ends import IGNORED, CallEnds, signal_in
+from ._call_ends import IGNORED, CallEnds, form_before, signal_in
 from ._exceptions import LeaseLost, TooLarge
 from ._journal import UNRECORDED_KEPT, CallJournal
 from ._output_caps import spare
@@ -375,6 +375,7 @@ class ToolCalls(CallEnds):
             abort_signal=self.abort_signal,
             journal=journal,
         )
+        got = form_before(tool, validated)  # what a request the body asks for shows
         with self.tracing.tool(s, call.id, call.tool_name, validated) as span:
             if self.lease_check is not None:
                 await self.lease_check()  # a drive that stalled past its lease runs no body
@@ -383,7 +384,7 @@ class ToolCalls(CallEnds):
         if task is None:
             journal.refused()  # a branch's record refused, which the body caught
             return  # parked on ctx.ask(): the call is "asking" now
-        await self.body_ended(call, task, too_large, journal, tool, validated, key, approval)
+        await self.body_ended(call, task, too_large, journal, tool, validated, got, key, approval)
         if stopped:  # a plain body ran on to its end while its drive was cancelled
             raise asyncio.CancelledError
 
