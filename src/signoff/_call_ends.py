@@ -12,8 +12,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ._child_sessions import with_spend
-from ._error_text import error_message, error_text
-from ._exceptions import StoreError
+from ._error_text import error_message, error_text, readable
+from ._exceptions import StoreError, UsageError
 from ._journal import UNRECORDED_KEPT, CallJournal
 from ._recording import (
     DriverPart,
@@ -46,7 +46,8 @@ IGNORED = {"reason": "the user sent a new message instead", "outcome": "ignored"
 def signal_in(exc: BaseException) -> BaseException:
     """`exc`, or the signal an `asyncio.TaskGroup` wrapped in an exception group when every
     exception in it is that one kind of signal (a branch's `ctx.request_approval`, a question
-    withdrawn): the group was taken for the tool's error, so nobody was asked."""
+    withdrawn): the group was taken for the tool's error, so nobody was asked. Approvals two
+    branches asked for are a `UsageError`: the first alone was asked, the others dropped."""
     if not isinstance(exc, BaseExceptionGroup):
         return exc
     leaves: list[BaseException] = []
@@ -61,8 +62,24 @@ def signal_in(exc: BaseException) -> BaseException:
     gather(exc)
     for kind in (TurnStopped, ApprovalRequired, QuestionWithdrawn, InputUnavailable):
         if leaves and all(isinstance(leaf, kind) for leaf in leaves):
+            if kind is ApprovalRequired and len(leaves) > 1:
+                return _approvals_at_once(leaves)
             return leaves[0]
     return exc
+
+
+def _approvals_at_once(signals: list[BaseException]) -> UsageError:
+    """The error of a body whose parallel branches each asked for approval: a call's approval
+    is one decision, which becomes its result, so a reviewer deciding on one payload would
+    seem to decide on all (an approved wire read as an approved deletion too)."""
+    payloads = ", ".join(
+        cut(readable(getattr(signal, "payload", None), "payload"), 200) for signal in signals
+    )
+    return UsageError(
+        f"the tool asked for {len(signals)} approvals at once, from parallel branches (an "
+        "asyncio.TaskGroup): a call asks for one approval, whose decision is its result, so "
+        f"none was asked; ask once, with one payload naming every action (payloads: {payloads})"
+    )
 
 
 def form_before(tool: Tool, validated: BaseModel) -> Got:
