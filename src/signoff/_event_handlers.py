@@ -128,6 +128,9 @@ def _tool_started(s: SessionState, e: Event) -> None:
     _revive(_turn(s, e))
     call.idempotency_key = e.data.get("idempotency_key")
     _billed(s, e)  # what reviewing the call cost (an auto() policy's model)
+    reason = e.data.get("policy_reason")
+    if reason is not None:  # so.Approved(reason): a re-run of the body tells the model why too
+        call.decision = {"approved": True, "by": "policy", "reason": reason}
     if e.data.get("keyed"):  # signoff 0c4a186 marked keyed journals here, not on their entries
         call.keyed = True
 

@@ -59,10 +59,11 @@ SNAPSHOT_VERSION = 2
 journals out (read back from the events); an older signoff refuses such a snapshot by its
 version. One of version 1 or before holds each journal whole, and still loads."""
 
-FOLD_VERSION = 2
+FOLD_VERSION = 3
 """Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`;
 none is 1), raised whenever an event comes to fold otherwise: a session loads only from a
-snapshot of this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`."""
+snapshot of this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`.
+3: a `tool.started` with a `policy_reason` gives its call that `decision`."""
 
 
 @dataclass(slots=True, kw_only=True)

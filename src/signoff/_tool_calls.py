@@ -324,6 +324,8 @@ class ToolCalls(CallEnds):
             await self.record([tool_result(call, "error", unapproved)])
             return
         note = None
+        # A person's reason, or a policy's `so.Approved` one (its `tool.started` records it when
+        # the body first runs, and the fold makes it the call's decision): a re-run tells it too.
         decision = self._cut(call, call.decision or {})
         if decision.get("approved") and decision.get("reason"):
             by = decision.get("by")
