@@ -187,7 +187,7 @@ def _scribble(state: so.SessionState) -> None:
         if r.resolution is not None:
             r.resolution["scribbled"] = True
     for c in [] if state.turn is None else state.turn.calls.values():
-        for held in (c.input, c.decision, c.held):
+        for held in (c.input, c.decision, c.held, c.filled):
             if isinstance(held, dict):
                 held["scribbled"] = True
         if c.journal is not None:  # its entries are shared, the list is not
@@ -417,6 +417,7 @@ def _every_field_set() -> so.SessionState:
                 since=3,
                 journaled=True,
                 kids={"n0": "ses_2", "n1": None},
+                filled={"ref": "ref-1"},
             )
         },
     )

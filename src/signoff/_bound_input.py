@@ -1,5 +1,6 @@
 """Whether a call's input is still the one its approval is bound to, when it runs: by the
-hash of the form the reviewer saw. Apart from `_tool_calls` so the engine's part stays short."""
+hash of the form the reviewer saw; and the input an ungated call's body got when it first ran,
+for a re-run. Apart from `_tool_calls` so the engine's part stays short."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ._tool_json import holds_mask, is_mask
 from ._tools import Tool
 from ._types import Action, input_hash
 
-__all__ = ["as_approved", "still_bound"]
+__all__ = ["as_approved", "as_started", "left_out", "still_bound"]
 
 
 def still_bound(action: Action, tool: Tool, validated: BaseModel) -> bool:
@@ -43,6 +44,79 @@ def as_approved(action: Action, tool: Tool, raw: Any) -> BaseModel | None:
         if again is None or _secrets(again) != _secrets(validated):
             validated = None
     return validated if validated is not None else _bound(action, tool, action.input)
+
+
+def left_out(tool: Tool, raw: Any, validated: BaseModel) -> dict[str, Any] | None:
+    """What validation filled in of `validated` that the model's `raw` input leaves out, at any
+    depth, as its JSON form shows it (a secret's mask left out): a `default_factory`'s id or
+    time is another one each time the input is validated, and a re-run of an ungated call's
+    body is to get the one its first run got (`as_started`). None if nothing was, or the input
+    has no JSON form; a parameter's plain default, the same every time, is not kept."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        form = tool.approved_form(validated)
+    except PydanticSerializationError:
+        return None
+    found = _lacking(raw, form)
+    if found is None:
+        return None
+    model = type(validated)
+    fields = {f.serialization_alias or f.alias or n: n for n, f in model.model_fields.items()}
+    for key in [k for k in found if k not in raw and k in fields]:
+        info = model.model_fields[fields[key]]
+        if info.default_factory is None and _same(getattr(validated, fields[key]), info.default):
+            del found[key]
+    return found or None
+
+
+def as_started(tool: Tool, raw: Any, filled: Any) -> BaseModel | None:
+    """The input an ungated call's body first ran with: the model's `raw` input with what
+    validation filled in then (`left_out`) put back, as `as_approved` fills it from a reviewer's
+    form. None if that is no valid input now, holds a secret's mask, or validates to other
+    values than those (a validator that changes a value it is given): `raw` is validated then,
+    as before the values were kept."""
+    try:
+        validated = tool.validate(_filled(raw, filled)[0])
+    except ValidationError:
+        return None
+    if holds_mask(validated) or left_out(tool, raw, validated) != filled:
+        return None
+    return validated
+
+
+def _lacking(raw: Any, form: Any) -> Any:
+    """What of `form` `_filled` puts into `raw`: the values of the keys `raw` lacks, at any
+    depth and by the same keys and places, without a secret's mask; None if nothing."""
+    if isinstance(raw, dict) and isinstance(form, dict):
+        found = {k: _unmasked(v) for k, v in form.items() if k not in raw and not is_mask(v)}
+        for k, v in raw.items():
+            if k in form and (inner := _lacking(v, form[k])) is not None:
+                found[k] = inner
+        return found or None
+    if isinstance(raw, list) and isinstance(form, list) and len(raw) == len(form):
+        items = [_lacking(v, f) for v, f in zip(raw, form, strict=True)]
+        if all(item is None for item in items):
+            return None
+        return [{} if item is None else item for item in items]  # `{}` fills in nothing
+    return None
+
+
+def _unmasked(value: Any) -> Any:
+    """`value` without the secrets' masks of its objects: no value of theirs to keep."""
+    if isinstance(value, dict):
+        return {k: _unmasked(v) for k, v in value.items() if not is_mask(v)}
+    if isinstance(value, list):
+        return [_unmasked(v) for v in value]
+    return value
+
+
+def _same(value: Any, default: Any) -> bool:
+    """Whether a parameter's value is its plain default, which validation gives it again."""
+    try:
+        return type(value) is type(default) and bool(value == default)
+    except Exception:  # an object whose == raises, or gives no truth value
+        return False
 
 
 def _bound(action: Action, tool: Tool, raw: Any) -> BaseModel | None:

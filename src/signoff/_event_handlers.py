@@ -131,6 +131,8 @@ def _tool_started(s: SessionState, e: Event) -> None:
     reason = e.data.get("policy_reason")
     if reason is not None:  # so.Approved(reason): a re-run of the body tells the model why too
         call.decision = {"approved": True, "by": "policy", "reason": reason}
+    if e.data.get("filled") is not None:  # what a re-run of the body gets again
+        call.filled = e.data["filled"]
     if e.data.get("keyed"):  # signoff 0c4a186 marked keyed journals here, not on their entries
         call.keyed = True
 

@@ -59,11 +59,12 @@ SNAPSHOT_VERSION = 2
 journals out (read back from the events); an older signoff refuses such a snapshot by its
 version. One of version 1 or before holds each journal whole, and still loads."""
 
-FOLD_VERSION = 3
+FOLD_VERSION = 4
 """Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`;
 none is 1), raised whenever an event comes to fold otherwise: a session loads only from a
 snapshot of this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`.
-3: a `tool.started` with a `policy_reason` gives its call that `decision`."""
+3: a `tool.started` with a `policy_reason` gives its call that `decision`. 4: a call keeps
+its `tool.started`'s `filled`."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -294,6 +295,7 @@ class SessionState:
                         "journaled": c.journaled,
                         **({"kids": dict(c.kids)} if c.kids else {}),
                         **({"held": c.held} if c.held is not None else {}),
+                        **({"filled": c.filled} if c.filled is not None else {}),
                     }
                     for c in turn.calls.values()
                 ],
@@ -341,6 +343,7 @@ class SessionState:
                         kids=dict(c.kids),
                         placed=dict(c.placed) if journals else {},
                         held=c.held,
+                        filled=c.filled,
                     )
                     for k, c in t.calls.items()
                 },
@@ -393,7 +396,7 @@ class SessionState:
             turn.error, turn.paused = _data(turn.error), tuple(_data(list(turn.paused)))
             for c in turn.calls.values():
                 c.input, c.edited_input = _data(c.input), _data(c.edited_input)
-                c.decision, c.held = _data(c.decision), _data(c.held)
+                c.decision, c.held, c.filled = _data(c.decision), _data(c.held), _data(c.filled)
         state.keys, state.candidates = _data(state.keys), _data(state.candidates)
         state.queued, state.short = _data(state.queued), _data(state.short)
         return state

@@ -64,6 +64,9 @@ class CallState:
     # The `ask` verdict of a call held back behind a workflow call of its response (`reason`,
     # `error`, `auto`), recorded so a later drive asks for it as decided, not anew.
     held: dict[str, Any] | None = None
+    # What validation filled in of the input the model left out when the body first ran (its
+    # `tool.started`'s `filled`: a `default_factory`'s id), which a re-run of an ungated call gets.
+    filled: dict[str, Any] | None = None
     # The entries of child sessions (`subagent.session` steps), by `p` and position or `n` and
     # occurrence (in the order first recorded), with their child (None: not a child's id now):
     # `subagents()` without the journal.

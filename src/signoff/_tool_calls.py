@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
-from ._bound_input import as_approved, still_bound
+from ._bound_input import as_approved, as_started, left_out, still_bound
 from ._call_ends import IGNORED, CallEnds, form_before, signal_in
 from ._exceptions import LeaseLost, TooLarge
 from ._journal import UNRECORDED_KEPT, CallJournal
@@ -195,6 +195,9 @@ class ToolCalls(CallEnds):
             elif verdict.auto is not None:  # an auto() review cleared it
                 review = self._cut(call, {"reason": verdict.auto[1]})  # a reply of megabytes
                 ran_because.update(auto_verdict=verdict.auto[0], auto_reason=review["reason"])
+            filled = left_out(tool, call.input, validated)
+            if filled is not None:  # a default_factory's id: a re-run of the body gets it again
+                ran_because["filled"] = filled
             principal = self.state.turn.principal  # type: ignore[union-attr]
             paid, unbilled = _plus(unbilled, verdict.usage), None
             if unrecorded:
@@ -293,10 +296,14 @@ class ToolCalls(CallEnds):
         principal = turn.principal
         # The model's own input, validated again as when it was proposed (validating the form
         # the reviewer saw would mask secrets or run a value-changing validator twice), or an
-        # edit; either way it must still be the input the approval is bound to.
+        # edit; either way it must still be the input the approval is bound to. An ungated call
+        # run before gets what validation filled in then (a default_factory's id), not anew.
         raw = call.input
         bound: Action | None = None
-        if call.request_id is not None:
+        validated: BaseModel | None = None
+        if call.request_id is None and call.filled is not None:
+            validated = as_started(tool, raw, call.filled)
+        elif call.request_id is not None:
             req = s.requests[call.request_id].request
             if call.edited_input is not None:
                 raw = call.edited_input
@@ -307,7 +314,7 @@ class ToolCalls(CallEnds):
             if tool.run_as == "approver" and by is not None:
                 principal = Principal.model_validate(by)
         try:
-            validated = tool.validate(raw)
+            validated = tool.validate(raw) if validated is None else validated
         except ValidationError as exc:
             await self.record([tool_result(call, "error", invalid_input(exc))])
             return
@@ -358,7 +365,8 @@ class ToolCalls(CallEnds):
                             "idempotency_key": key,
                             "principal": None if principal is None else principal.model_dump(),
                             **({} if usage is None else usage_fields(usage)),
-                            **(decided or {}),  # why a policy let it run without a person
+                            # why a policy let it run without a person; what was `filled`
+                            **(decided or {}),
                         },
                     )
                 ]
