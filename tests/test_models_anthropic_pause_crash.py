@@ -118,13 +118,15 @@ async def test_a_turn_killed_mid_continuation_resumes_from_its_last_part(
 async def test_the_budgets_count_the_parts_journaled_before_a_crash(
     tmp_path: Path, store_url: str
 ) -> None:
-    """The two parts spent 242 tokens of max_tokens=240: the resumed turn asks the person to
+    """The two parts spent 242 tokens, made under max_tokens=1000, of the max_tokens=240 the
+    resumed runtime's agent has (a redeploy lowered it): the resumed turn asks the person to
     raise the budget instead of calling the model. Before, the budget saw none of them and the
-    turn asked from the first part again."""
+    turn asked from the first part again. (Under 240 from the start, the first process asks
+    once the second part is counted, and no third request is made to kill it in.)"""
     llm = PausingLLM(hold=2)
     with FakeLLM("anthropic", strict=True) as fake:
         fake.queue(*[llm] * 8)
-        session_id = _kill_at_the_held_continuation(tmp_path, store_url, fake, llm, 240)
+        session_id = _kill_at_the_held_continuation(tmp_path, store_url, fake, llm, 1000)
         agent = pause_agent(fake.base_url, max_tokens=240)
         async with so.Runtime([agent], store=store_url) as rt:
             r = await rt.generate(session_id=session_id)

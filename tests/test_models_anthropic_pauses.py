@@ -177,17 +177,25 @@ async def test_continuations_lower_thinking_within_what_the_budgets_leave(fake) 
 
 
 @pytest.mark.parametrize(
-    "limits", [so.Limits(max_tokens=3000), so.Limits(max_cost_usd=0.015)], ids=["tokens", "cost"]
+    ("limits", "third"),
+    [(so.Limits(max_tokens=3000), 970), (so.Limits(max_cost_usd=0.015), 995)],
+    ids=["tokens", "cost"],
 )
-async def test_a_paused_turn_stops_at_the_sessions_budget(store_url: str, limits) -> None:
+async def test_a_paused_turn_stops_at_the_sessions_budget(
+    store_url: str, limits: so.Limits, third: int
+) -> None:
     """A session's budget leaves 3000 output tokens (max_cost_usd at claude-haiku-4-5's $5 per
-    million output tokens alike) and each paused part writes 1000: the third call asks for the
-    1000 left, and once they are spent no fourth is made; the person is asked to raise the
-    budget. Before, all nine parts were asked for at the model's own 1024 each, and the turn
-    completed having written 9000 output tokens."""
+    million output tokens alike) and each paused part reads 10 input tokens and writes 1000:
+    the third call asks for the 1000 left less the 10 input tokens it reads at least (970; 995
+    for the cost budget, holding them back at the cache-read price), and once they are spent no
+    fourth is made; the person is asked to raise the budget. Before, all nine parts were asked
+    for at the model's own 1024 each, and the turn completed having written 9000 output
+    tokens."""
     with FakeLLM("anthropic", strict=True) as server:
         server.queue(
-            *[paused(f"part {i}. ", SEARCH, usage=(10, 1000)) for i in range(MAX_CONTINUATIONS)],
+            paused("part 0. ", SEARCH, usage=(10, 1000)),
+            paused("part 1. ", SEARCH, usage=(10, 1000)),
+            *[paused(f"part {i}. ", SEARCH, usage=(10, third)) for i in range(2, 8)],
             anthropic_message("Done.", usage={"input_tokens": 10, "output_tokens": 1000}),
         )
         claude = so.models.Anthropic(
@@ -200,11 +208,13 @@ async def test_a_paused_turn_stops_at_the_sessions_budget(store_url: str, limits
             [ask] = r.pending
             assert ask.kind == "session-limit"
             assert ask.question is not None
-            assert ask.question.startswith("the model's reply was cut off at the 3000 output")
+            assert ask.question.startswith(
+                "the provider paused the model's reply, and not one output token was left"
+            )
             usage = (await rt.state(r.session_id)).usage
         await claude.aclose()
-    assert [b["max_tokens"] for b in server.bodies] == [1024, 1024, 1000]
-    assert (usage.input_tokens, usage.output_tokens) == (30, 3000)
+    assert [b["max_tokens"] for b in server.bodies] == [1024, 1024, third]
+    assert (usage.input_tokens, usage.output_tokens) == (30, 2000 + third)
 
 
 async def test_a_paused_turn_costs_its_parts_in_the_session(store_url: str) -> None:
@@ -318,6 +328,25 @@ async def test_each_part_goes_to_on_pause_and_its_cost_is_left_out_of_the_reply(
     }
 
 
+async def test_a_continuation_is_capped_at_what_on_pause_says(fake, model) -> None:
+    """The engine's cap for the next part (what the budgets leave once the part is counted and
+    the next part's input is held back: 300) is below the 940 the reply's cap leaves: the
+    continuation asks for 300, and cut off there the reply is a BudgetSpent, not the model's
+    own cut-off. Before, `on_pause` said nothing back and the continuation asked for 940."""
+    cut = anthropic_message("Refunds take", usage={"input_tokens": 150, "output_tokens": 300})
+    cut["stop_reason"] = "max_tokens"
+    fake.queue(paused("Searching. ", SEARCH, usage=(100, 60)), cut)
+
+    async def on_pause(part: PausedPart) -> int:
+        return 300
+
+    asked = dataclasses.replace(request(), max_output_tokens=1000, on_pause=on_pause)
+    with pytest.raises(so.BudgetSpent, match="cut off at the 360 output tokens") as e:
+        await model.complete(asked)
+    assert [b["max_tokens"] for b in fake.bodies] == [1000, 300]
+    assert e.value.usage is not None and e.value.usage.output_tokens == 300  # the part's counted
+
+
 async def test_a_reply_goes_on_from_the_parts_journaled_before(fake, model) -> None:
     """Given two parts (a process stopped after them), one request asks for the rest, sending
     both back under the container named, its output capped at the budgets' cap as it is now
@@ -361,3 +390,83 @@ async def test_a_paused_part_of_the_wrong_shape_is_not_sent_back(fake, model) ->
         await model.complete(request())
     assert len(fake.received) == 1
     assert e.value.usage is not None and e.value.usage.output_tokens == 20
+
+
+@pytest.mark.parametrize(
+    ("limits", "sent", "left"),
+    [
+        (
+            so.Limits(max_tokens=20000),
+            [1024, 1024, 1024],
+            "its next part would read at least 5000 input tokens (as many as its last part "
+            "read), leaving not one output token",
+        ),
+        (so.Limits(max_cost_usd=0.02), [1024, 1024, 900], "not one output token was left"),
+    ],
+    ids=["tokens", "cost"],
+)
+async def test_each_continuation_holds_back_the_input_it_reads(
+    store_url: str, limits: so.Limits, sent: list[int], left: str
+) -> None:
+    """Each part reads 5000 input tokens and writes 500 ($0.0075 on claude-haiku-4-5), and each
+    continuation reads at least what the part before it read: held back first (in tokens, and
+    at the cache-read price), its output is capped at what is left after it, and none is asked
+    for once that leaves no output token. The person is asked before the budget is passed by
+    more than one part's spend. Before, only each part's output was taken from the reply's cap:
+    under max_tokens=20000 all nine parts were asked for at 1024 and the turn completed at
+    49,500 tokens; under max_cost_usd=0.02 the person was asked only at $0.06."""
+    with FakeLLM("anthropic", strict=True) as server:
+        server.queue(
+            *[paused(f"part {i}. ", SEARCH, usage=(5000, 500)) for i in range(MAX_CONTINUATIONS)],
+            anthropic_message("Done.", usage={"input_tokens": 5000, "output_tokens": 500}),
+        )
+        claude = so.models.Anthropic(
+            "claude-haiku-4-5", base_url=server.base_url, api_key=API_KEY, max_retries=0
+        )
+        agent = so.Agent(name="support", model=claude, tools=[], limits=limits)
+        async with so.Runtime([agent], store=store_url) as rt:
+            r = await rt.generate("support", prompt="policy?")
+            [ask] = r.pending
+            usage = (await rt.state(r.session_id)).usage
+        await claude.aclose()
+    assert (r.status, ask.kind) == ("waiting", "session-limit")
+    assert ask.question is not None
+    assert ask.question.startswith(f"the provider paused the model's reply, and {left}")
+    assert [b["max_tokens"] for b in server.bodies] == sent
+    assert (usage.input_tokens, usage.output_tokens) == (15000, 1500)
+    assert usage.total_tokens < 20000 + 5500 and usage.cost_usd < 0.02 + 0.0075
+
+
+async def test_a_continuation_after_a_continue_holds_back_the_last_parts_input(
+    store_url: str,
+) -> None:
+    """The part (5000 in, 500 out) leaves 500 of max_tokens=6000, too few for the 5000 input
+    tokens its continuation reads: the person is asked. `continue` raises the budget to 12000,
+    and the continuation, sending the journaled part back, may write the 1500 left after its
+    input. Before, no one was asked, and the continuation asked for the model's own 4096."""
+    with FakeLLM("anthropic", strict=True) as server:
+        server.queue(
+            paused("Searching. ", SEARCH, usage=(5000, 500)),
+            anthropic_message("Done.", usage={"input_tokens": 5100, "output_tokens": 200}),
+        )
+        claude = so.models.Anthropic(
+            "claude-haiku-4-5",
+            base_url=server.base_url,
+            api_key=API_KEY,
+            max_retries=0,
+            max_tokens=4096,
+        )
+        limits = so.Limits(max_tokens=6000)
+        agent = so.Agent(name="support", model=claude, tools=[], limits=limits)
+        async with so.Runtime([agent], store=store_url) as rt:
+            r = await rt.generate("support", prompt="policy?")
+            [ask] = r.pending
+            assert ask.question is not None
+            assert "its next part would read at least 5000 input tokens" in ask.question
+            answer = so.InputResponse(request_id=ask.id, option_id="continue")
+            r = await rt.respond(r.session_id, [answer])
+        await claude.aclose()
+    assert (r.status, r.text) == ("completed", "Searching. Done.")
+    first, second = server.bodies
+    assert (first["max_tokens"], second["max_tokens"]) == (4096, 1500)
+    assert [b.get("text") for b in second["messages"][-1]["content"]] == ["Searching. ", None]

@@ -1,5 +1,6 @@
 """Session limits: a spent token or cost budget parks the turn on a `session-limit` request."""
 
+import asyncio
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -356,3 +357,47 @@ async def test_stop_after_a_reply_too_few_tokens_could_hold_calls_the_model_no_m
             "budget: the session used 0 of max_tokens=100; the person chose to stop"
         )
     assert model.caps == [100]
+
+
+@so.tool(approval=True)
+async def refund(n: int) -> str:
+    """Refund."""
+    return f"refunded {n}"
+
+
+def _not_read(state: Any, store: Any = None) -> Any:
+    """`stopped_at_limit` as a signoff before 5afecff1 had it: none, so no `stop` was read once
+    the budget was raised or removed (awaited here; called, then, with the state alone)."""
+    return None if store is None else asyncio.sleep(0)
+
+
+async def test_a_stop_the_turn_went_on_past_is_not_read_after_an_upgrade(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn asked at 120 of max_tokens=100; the person answered `stop` after a redeploy
+    removed the budget, and the older signoff went on (it read no stop then): the model was
+    called and asked to refund. Approved after the upgrade, the refund ran and then the turn
+    failed at its next model step, for a budget the agent no longer has. Now a stop is read
+    only when no model call of the turn came after it: the turn goes on to its answer."""
+    steps = [costly(60), costly(60), call_tools(call("refund", n=1)), reply("finished")]
+
+    def agent(**limits: Any) -> so.Agent:
+        return scripted_agent("a", steps, tools=[lookup, refund], limits=so.Limits(**limits))
+
+    async with so.Runtime([agent(max_tokens=100)], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [asked] = r.pending
+    with monkeypatch.context() as patched:
+        patched.setattr("signoff._model_step.stopped_at_limit", _not_read)
+        async with so.Runtime([agent()], store=store_url) as rt:
+            stop = so.InputResponse(request_id=asked.id, option_id="stop")
+            r = await rt.respond(r.session_id, [stop], principal=ALICE)
+            [approval] = r.pending
+            assert (r.status, approval.kind) == ("waiting", "tool-approval")
+    async with so.Runtime([agent()], store=store_url) as rt:
+        approve = so.InputResponse(request_id=approval.id, option_id="approve")
+        r = await rt.respond(r.session_id, [approve], principal=ALICE)
+        assert (r.status, r.error, r.text) == ("completed", None, "finished")
+        lines = timeline([e async for e in rt.events(r.session_id, follow=False)])
+    assert lines.count("model.completed") == 4
+    assert "tool.completed refund ok" in lines

@@ -4,17 +4,24 @@ and the session-limit question asked when one is spent, with the `stop` that end
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
+from ._output_caps import input_price_floor, output_cap, output_price, spare
 from ._state import SessionState, delegated_turn
 from ._types import Option, Usage
+
+if TYPE_CHECKING:
+    from ._agent import Limits
+    from .stores import Store
 
 __all__ = [
     "LIMIT_ASKED",
     "LIMIT_OPTIONS",
     "budget_left",
     "by_budget",
+    "call_cap",
+    "own_left",
     "over_budget",
     "spending",
     "stopped_at_limit",
@@ -53,9 +60,12 @@ LIMIT_OPTIONS = [
 LIMIT_ASKED = ". Continue with a raised budget, or stop?"  # ends a session-limit request's question
 
 
-def stopped_at_limit(s: SessionState) -> str | None:
+async def stopped_at_limit(s: SessionState, store: Store) -> str | None:
     """The spent budget the turn's latest session-limit request asked about, when the person
-    answered it `stop`: the turn ends at its next model step, whatever the budgets are by then."""
+    answered it `stop` and no model call of the turn came after the answer: the turn ends at its
+    next model step, whatever the budgets are by then. A turn that went on past its answer (a
+    signoff before this one did, when the budget was raised or removed by then) is not ended by
+    it now, after tools approved since ran."""
     turn = s.turn
     assert turn is not None
     own = ("session-limit", None, turn.id)  # not a subagent's, nor an earlier turn's
@@ -69,7 +79,46 @@ def stopped_at_limit(s: SessionState) -> str | None:
     last = asked[-1]
     if ((last.resolution or {}).get("answer") or {}).get("option_id") != "stop":
         return None
+    if turn.model_seq > turn.first_seq:
+        # Where the answer was recorded, the fold does not keep: it is among the events since
+        # the turn's last model call, or that call came after it. Read only on a stop.
+        since = await store.read_events(s.id, after=turn.model_seq, types=["input.resolved"])
+        rid = last.request.id
+        if not any(e.seq <= s.seq and e.data.get("request_id") == rid for e in since):
+            return None
     return (last.request.question or "").removesuffix(LIMIT_ASKED) or "a session budget was spent"
+
+
+def own_left(s: SessionState, limits: Limits) -> dict[str, float]:
+    """What the session's own budgets (raised by each `continue`) leave, by budget."""
+    times = 1 + s.limit_grants
+    bound = {
+        k: v * times
+        for k, v in (("max_tokens", limits.max_tokens), ("max_cost_usd", limits.max_cost_usd))
+        if v is not None
+    }
+    return spare(bound, s.usage + s.delegated)
+
+
+def call_cap(
+    s: SessionState, limits: Limits, model: object, theirs: Mapping[str, float], floor: int
+) -> tuple[int | None, bool, int]:
+    """The most output tokens a call of `model` reading at least `floor` input tokens may write
+    within what the budgets leave, its own and its share of its parent's (`theirs`), with that
+    input held back first in tokens and at the model's least input price (None: nothing bounds
+    it); whether the parent's share sets it; and, when it is 0, `floor` if that input is what
+    leaves no output token (else 0: none was left before it)."""
+    reading = Usage(input_tokens=floor, cost_usd=floor * (input_price_floor(model) or 0.0))
+    price = output_price(model)
+    own_room = own_left(s, limits)
+    own = output_cap(spare(own_room, reading), price)
+    share = output_cap(spare(theirs, reading), price)
+    cap = own if share is None or (own is not None and own < share) else share
+    parents = cap is not None and cap == share
+    if cap != 0:
+        return cap, parents, 0
+    before = output_cap(theirs if parents else own_room, price)
+    return cap, parents, floor if before else 0
 
 
 def over_budget(

@@ -9,12 +9,20 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, get_args
 
-from ._budgets import LIMIT_ASKED, LIMIT_OPTIONS, over_budget, spending, stopped_at_limit
+from ._budgets import (
+    LIMIT_ASKED,
+    LIMIT_OPTIONS,
+    call_cap,
+    over_budget,
+    own_left,
+    spending,
+    stopped_at_limit,
+)
 from ._child_sessions import headroom_now
 from ._conversation import MESSAGE_EVENT_TYPES, Conversation, conversation
 from ._error_text import error_text
 from ._exceptions import BudgetSpent, LeaseLost, ModelError, SignoffError
-from ._output_caps import input_price_floor, output_cap, output_price, spare
+from ._output_caps import spare
 from ._paused_parts import journal_pauses, paused_parts
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
 from ._refused_replies import billing, read_again, refused_cost
@@ -35,7 +43,7 @@ from ._types import (
     reported_usage,
     usage_too_large,
 )
-from .models import ModelRequest, ToolSpec
+from .models import ModelRequest, PausedPart, ToolSpec
 from .models._base import reply_to
 
 if TYPE_CHECKING:
@@ -100,7 +108,7 @@ class ModelStep(DriverPart):
         assert turn is not None
         limits = self.agent.limits
         budget = over_budget(s, limits.max_tokens, limits.max_cost_usd)
-        stopped = stopped_at_limit(s)
+        stopped = await stopped_at_limit(s, self.store)
         if stopped is not None:
             await self._fail_limit(f"{budget or stopped}; the person chose to stop")
             return True
@@ -118,22 +126,31 @@ class ModelStep(DriverPart):
             return True
         # The reply may spend on output what the budgets leave, its own or its parent's share,
         # less what its input costs at least (the input of the last call, which this one reads
-        # again): a call whose input alone would spend them is not made.
+        # again; a continuation of a paused reply, the last part's): a call whose input alone
+        # would spend them is not made.
         messages = await self.window()
         floor = self._input_floor(messages)
-        model = self.agent.model
-        reading = Usage(input_tokens=floor, cost_usd=floor * (input_price_floor(model) or 0.0))
-        price = output_price(model)
-        own_left, share_left = _left(s, limits), theirs
-        own = output_cap(spare(own_left, reading), price)
-        share = output_cap(spare(share_left, reading), price)
-        cap = own if share is None or (own is not None and own < share) else share
-        parents = cap is not None and cap == share
+        paused = paused_parts(turn) if turn.paused else ()
+        if paused:
+            floor = max(floor, paused[-1].usage.input_tokens)
+        cap, parents, short = call_cap(s, limits, self.agent.model, theirs, floor)
         if cap == 0:  # what is left pays for no output token: no reply is worth asking for
-            before = output_cap(share_left if parents else own_left, price)
-            return await self._budget_cut(cap, parents, floor=floor if before else 0)
+            return await self._budget_cut(cap, parents, floor=short)
         read_through = s.seq
         journaled: list[Usage] = []  # what the parts of the reply journaled meanwhile cost
+        starved: list[tuple[bool, int]] = []  # a next part the budgets left no output for
+
+        async def next_cap(part: PausedPart) -> int | None:
+            # Each continuation reads at least what the part before it read: held back first,
+            # as before a call, and none is asked for when that leaves no output token.
+            theirs = await self._share_left()
+            floor = part.usage.input_tokens
+            room, by_parent, why = call_cap(self.state, limits, self.agent.model, theirs, floor)
+            if room != 0:
+                return room
+            starved.append((by_parent, why))
+            raise BudgetSpent("the budgets leave no output token for the paused reply's next part")
+
         request = ModelRequest(
             session_id=s.id,
             agent=s.agent,
@@ -145,8 +162,8 @@ class ModelStep(DriverPart):
             ],
             response_index=s.model_responses,
             max_output_tokens=cap,
-            paused=paused_parts(turn) if turn.paused else (),
-            on_pause=journal_pauses(self, read_through, journaled),
+            paused=paused,
+            on_pause=journal_pauses(self, read_through, journaled, next_cap),
         )
         # The model reads every message now: the calls it proposes start un-aborted.
         self.abort_signal.clear()
@@ -177,6 +194,9 @@ class ModelStep(DriverPart):
                 raise  # this drive is being cancelled, not failed by the model
             if isinstance(exc, LeaseLost) and self.held is not None and self.held.lost:
                 raise  # another process drives the turn now: nothing is recorded here
+            if isinstance(exc, BudgetSpent) and starved:
+                by_parent, why = starved[0]
+                return await self._budget_cut(0, by_parent, floor=why, paused=True)
             if isinstance(exc, BudgetSpent) and cap is not None:
                 return await self._budget_cut(cap, parents, exc)
             code = exc.code if isinstance(exc, SignoffError) else "model_error"
@@ -293,15 +313,21 @@ class ModelStep(DriverPart):
         """What the session's budgets leave for a model call now, by budget (`max_tokens`,
         `max_cost_usd`): the least of its own and of its share of its parent's; empty when none
         bounds it. What an `auto()` review may spend (`ApprovalContext.budget_left`)."""
-        past, theirs = await self._past_headroom()
-        if past is not None:  # its parent's share is spent
-            theirs = {k: 0.0 for k in self.state.headroom if k in ("max_tokens", "max_cost_usd")}
-        own = _left(self.state, self.agent.limits)
+        theirs = await self._share_left()
+        own = own_left(self.state, self.agent.limits)
         return {
             k: min(v for v in (own.get(k), theirs.get(k)) if v is not None)
             for k in ("max_tokens", "max_cost_usd")
             if k in own or k in theirs
         }
+
+    async def _share_left(self) -> dict[str, float]:
+        """What the session's share of its parent's budgets leaves, by budget: none of it once
+        spent; empty outside the turn its parent delegated."""
+        past, theirs = await self._past_headroom()
+        if past is not None:
+            return {k: 0.0 for k in self.state.headroom if k in ("max_tokens", "max_cost_usd")}
+        return theirs
 
     def _input_floor(self, messages: list[Message]) -> int:
         """The least number of input tokens a call sending `messages` reads: as many as the
@@ -314,16 +340,30 @@ class ModelStep(DriverPart):
         return self.state.last_input_tokens
 
     async def _budget_cut(
-        self, cap: int, parents: bool, exc: BudgetSpent | None = None, *, floor: int = 0
+        self,
+        cap: int,
+        parents: bool,
+        exc: BudgetSpent | None = None,
+        *,
+        floor: int = 0,
+        paused: bool = False,
     ) -> bool:
         """The reply was cut off at the `cap` output tokens the budgets left (`exc`), or none was
-        worth asking for (with `floor`, for the input it would read): what it cost is counted
-        and nothing of it used, and the turn stops as at a spent budget (asking the person to
-        raise it; a subagent on its parent's share fails, as that is not its to raise)."""
+        worth asking for (with `floor`, for the input it would read; `paused`: the next part of a
+        reply the provider paused): what it cost is counted and nothing of it used, and the turn
+        stops as at a spent budget (asking the person to raise it; a subagent on its parent's
+        share fails, as that is not its to raise)."""
         s = self.state
         spent = None if exc is None else refused_cost(exc)
         kept = None if exc is None else read_again(exc, spent)
-        if exc is not None and exc.usage is not None:
+        if paused:
+            what = "the provider paused the model's reply, and " + (
+                f"its next part would read at least {floor} input tokens (as many as its last "
+                "part read), leaving not one output token"
+                if floor
+                else "not one output token was left for its next part"
+            )
+        elif exc is not None and exc.usage is not None:
             what = f"the model's reply was cut off at the {cap} output tokens left"
         elif floor:
             what = (
@@ -407,17 +447,6 @@ class ModelStep(DriverPart):
             new_requests=[request],
         )
         return True
-
-
-def _left(s: SessionState, limits: Limits) -> dict[str, float]:
-    """What the session's own budgets (raised by each `continue`) leave, by budget."""
-    times = 1 + s.limit_grants
-    bound = {
-        k: v * times
-        for k, v in (("max_tokens", limits.max_tokens), ("max_cost_usd", limits.max_cost_usd))
-        if v is not None
-    }
-    return spare(bound, s.usage + s.delegated)
 
 
 def _delegated_turn(s: SessionState) -> bool:

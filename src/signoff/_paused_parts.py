@@ -19,14 +19,19 @@ __all__ = ["journal_pauses", "paused_parts"]
 
 
 def journal_pauses(
-    driver: DriverPart, read_through: int, journaled: list[Usage]
-) -> Callable[[PausedPart], Awaitable[None]]:
+    driver: DriverPart,
+    read_through: int,
+    journaled: list[Usage],
+    then: Callable[[PausedPart], Awaitable[int | None]],
+) -> Callable[[PausedPart], Awaitable[int | None]]:
     """What journals each part of the reply that the provider paused (`model.paused`), as it
     arrives and before the model asks for the next: billed, it is counted once, and a drive
     resumed after a crash continues from it instead of paying for it again. What each cost is
-    added to `journaled`; the model read the session's events up to `read_through`."""
+    added to `journaled`; the model read the session's events up to `read_through`. Returns
+    what `then` says of the part once counted: the output cap of the next part (None: none),
+    or it raises `BudgetSpent` when the budgets leave none."""
 
-    async def journal(part: PausedPart) -> None:
+    async def journal(part: PausedPart) -> int | None:
         usage = part.usage
         if not isinstance(usage, Usage) or (usage != Usage() and billable(usage) is None):
             raise ModelError(f"model's paused part has usage that cannot count: {usage!r}")
@@ -50,6 +55,7 @@ def journal_pauses(
         held = driver.held
         await to_end(driver.record([("model.paused", data)]), lambda: bool(held and held.lost))
         journaled.append(usage)
+        return await then(part)
 
     return journal
 

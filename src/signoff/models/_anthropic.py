@@ -229,8 +229,9 @@ class Anthropic(SdkModel):
             if isinstance(extra, Mapping) and "thinking" in extra:
                 kwargs["extra_body"] = {k: v for k, v in extra.items() if k != "thinking"}
         # What the budgets leave the whole reply, kept for its continuations whether or not it
-        # binds now; `binds`: it set the next call's limit (else the model's own limit binds, and
-        # a reply that limit cut is no budget's doing).
+        # binds now (and lowered by what `on_pause` says of each part); `binds`: it set the next
+        # call's limit (else the model's own limit binds, and a reply that limit cut is no
+        # budget's doing).
         cap = request.max_output_tokens
         binds = cap_output(kwargs, ("max_tokens",), "max_tokens", cap)
         if binds and thinking and cap is not None:
@@ -259,7 +260,7 @@ class Anthropic(SdkModel):
                     exc.usage = _total([*unjournaled, exc.usage])
                     exc.context_tokens = 0  # read again each call, not kept: how much, unknown
                 raise
-            budgeted = request.max_output_tokens is not None
+            budgeted = cap is not None
             if not _paused(message):
                 bound = cap if binds else None
                 return self._parse(
@@ -282,7 +283,12 @@ class Anthropic(SdkModel):
             if request.on_pause is None:
                 unjournaled.append(billed)
             else:
-                await request.on_pause(part)
+                # The engine's cap for the next part holds back its input too: the reply may
+                # write no more in all than the parts so far and that.
+                given = await request.on_pause(part)
+                if isinstance(given, int) and not isinstance(given, bool) and given > 0:
+                    more = here.output_tokens + given
+                    cap = more if cap is None else min(cap, more)
             parts.append(part)
             binds = self._continue(kwargs, parts, parts[-1:], here, unjournaled, where, cap, binds)
 

@@ -56,9 +56,13 @@ class ModelRequest:
 
     A model whose reply comes in parts hands each paused part to `on_pause` (the engine journals
     it) before asking for the next, and then leaves what that part cost out of its response's
-    usage and its errors': it was counted when journaled. `paused` holds the parts journaled of
-    this reply before the process stopped, in order: the model continues from the last of them
-    (the budgets counted them already), or ignores them to start over. Other models ignore both.
+    usage and its errors': it was counted when journaled. `on_pause` returns the output cap of
+    the next part (what the budgets leave once the part is counted and the next part's input, at
+    least the part's own, is held back; None: no bound), which the model caps it at too, or
+    raises `BudgetSpent` when they leave none: the model lets that end its reply. `paused` holds
+    the parts journaled of this reply before the process stopped, in order: the model continues
+    from the last of them (the budgets counted them already, and `max_output_tokens` holds back
+    the last one's input), or ignores them to start over. Other models ignore all three.
     """
 
     session_id: str
@@ -69,7 +73,7 @@ class ModelRequest:
     response_index: int
     max_output_tokens: int | None = None
     paused: Sequence[PausedPart] = ()
-    on_pause: Callable[[PausedPart], Awaitable[None]] | None = None
+    on_pause: Callable[[PausedPart], Awaitable[int | None]] | None = None
 
     def __post_init__(self) -> None:
         cap = self.max_output_tokens
