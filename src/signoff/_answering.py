@@ -110,25 +110,39 @@ class Answering(Candidates):
         ones (`judged`: the state they were judged on, which they left as it was) return that
         state if a drive of it would do nothing, without taking and giving back the lease.
         Answers all refused by their outcome (a response policy's) settled nothing: the call
-        drives nothing, as one refused with an error (for a parent, a drive would close a
-        mirror its subagent's closed request left open, running that turn on)."""
-        if refused_only(outcomes):
-            return self._result(await self._state(session_id), outcomes)
+        drives only what is due anyway (`_refused_idle`)."""
+        idle = await self._refused_idle(session_id, outcomes, retry=retry)
+        if idle is not None:
+            return self._result(idle, outcomes)
         if judged and self._nothing_to_drive(judged[0], retry=retry):
             return self._result(judged[0], outcomes)
         return await self._drive(session_id, outcomes=outcomes, retry=retry)
 
-    def _nothing_to_drive(self, state: SessionState, *, retry: bool) -> bool:
+    async def _refused_idle(
+        self, session_id: str, outcomes: Sequence[Outcome], *, retry: bool = False
+    ) -> SessionState | None:
+        """The session as it stands when answers were all refused by their outcome (a response
+        policy's) and a drive would find nothing due but the mirrors it checks: the call then
+        drives nothing, as one refused with an error (for a parent, that drive would close a
+        mirror its subagent's closed request left open, running that turn on, in a refused
+        call). None when a drive is due anyway: a deadline the call recorded, a verdict a dead
+        process left, a turn runnable."""
+        if not refused_only(outcomes):
+            return None
+        state = await self._state(session_id)
+        return state if self._nothing_to_drive(state, retry=retry, mirrors=False) else None
+
+    def _nothing_to_drive(self, state: SessionState, *, retry: bool, mirrors: bool = True) -> bool:
         """Whether a drive of `state` would record nothing: its turn waits on a person for a
         call (or is over), and nothing is due for it to finish first: a deadline or TTL passed,
-        a verdict or mirror a dead process left (`_recover`), a subagent's parent to tell, a
-        lease of this process's own to give back."""
+        a verdict or mirror a dead process left (`_recover`; a mirror only if `mirrors`), a
+        subagent's parent to tell, a lease of this process's own to give back."""
         now = self.now()
         if runnable(state, retry=retry) or state.expired(now) or due_batch(state, now) is not None:
             return False
         if state.parent is not None or state.candidates or state.id in self._unreleased:
             return False
-        if any(r.child is not None for r in state.pending_requests()):
+        if mirrors and any(r.child is not None for r in state.pending_requests()):
             return False
         turn = state.turn
         if turn is None or turn.status != "waiting":

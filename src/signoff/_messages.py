@@ -12,7 +12,6 @@ from ._answers import Reply, check_principal, check_unambiguous, names_several
 from ._answers import check_text as _check_text
 from ._answers import match as _match
 from ._cancellation import stop_calls
-from ._counts import refused_only
 from ._exceptions import (
     ConflictingAnswer,
     PartialAnswer,
@@ -167,8 +166,9 @@ class Messages(Answering):
                         # Settled with this answer meanwhile: by this key's call, a repeat?
                         if await self._taken(session_id, first, idem):
                             return await self._replay(session_id, idem)
-                    if refused_only(outcomes):  # settled nothing: drives nothing (`_go_on`)
-                        return self._result(await self._state(session_id), outcomes)
+                    idle = await self._refused_idle(session_id, outcomes)
+                    if idle is not None:  # settled nothing, nothing due: drives nothing
+                        return self._result(idle, outcomes)
                     return await self._drive(session_id, outcomes=outcomes)
             held_on_approval = any(r.kind == "tool-approval" for r in pending)
             who = None if principal is None else principal.model_dump()

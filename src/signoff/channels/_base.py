@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._counts import refused_only
 from .._exceptions import SignoffError, UsageError
 from .._results import Outcome
 from .._sync import is_async
@@ -422,7 +421,7 @@ class Channel:
         rt = self.runtime
         result = await rt.respond(request.session_id, [response], principal=principal, resume=False)
         try:
-            if not refused_only(result.outcomes):
+            if await rt._refused_idle(request.session_id, result.outcomes) is None:
                 await rt.generate(session_id=request.session_id)
         except SignoffError:
             logger.warning(
