@@ -7,6 +7,7 @@ field, or with the mask, and the body ran with the value they never saw."""
 # No `from __future__ import annotations`: the tools' hints name types local to a test.
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -336,3 +337,38 @@ async def test_a_field_with_one_alias_is_shown_by_it_and_runs(tmp_path: Path) ->
         done = await rt.generate(session_id=r.session_id, approvals=[edit], auth=ALICE)
         assert done.status == "completed"
     assert ran == [("bo", "r-1")]
+
+
+class _Rows(BaseModel):
+    rows: Iterable[int]
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["parameter", "nested"])
+async def test_an_ungated_tool_gets_its_lazy_iterable_whole(tmp_path: Path, nested: bool) -> None:
+    """An `Iterable[...]` parameter validates to an iterator, which a JSON form taken before the
+    body ran (to show an approval it might ask for, or to keep what validation filled in) used
+    up: the body summed nothing, with no error."""
+    got: list[list[int]] = []
+
+    @so.tool
+    async def total(items: Iterable[int]) -> int:
+        """Sum."""
+        got.append(list(items))
+        return sum(got[-1])
+
+    @so.tool(name="total")
+    async def total_rows(batch: _Rows) -> int:
+        """Sum."""
+        got.append(list(batch.rows))
+        return sum(got[-1])
+
+    given: dict[str, Any] = {"batch": {"rows": [1, 2, 3]}} if nested else {"items": [1, 2, 3]}
+    tool = total_rows if nested else total
+    seen = Capture(reply("done"))
+    call = so.ToolCall(id="c1", name="total", input=given)
+    agent = scripted_agent("a", [call_tools(call), seen], tools=[tool])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+    assert r.status == "completed"
+    assert got == [[1, 2, 3]]
+    assert [m.content for m in tool_results(seen.last)] == [6]

@@ -52,7 +52,7 @@ def left_out(tool: Tool, raw: Any, validated: BaseModel) -> dict[str, Any] | Non
     time is another one each time the input is validated, and a re-run of an ungated call's
     body is to get the one its first run got (`as_started`). None if nothing was, or the input
     has no JSON form; a parameter's plain default, the same every time, is not kept."""
-    if not isinstance(raw, dict):
+    if not isinstance(raw, dict) or tool.lazy:  # its form would use up the body's iterator
         return None
     try:
         form = tool.approved_form(validated)

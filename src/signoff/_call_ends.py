@@ -35,9 +35,9 @@ from ._types import APPROVAL_OPTIONS, Action, InputRequest, same_json
 
 __all__ = ["IGNORED", "CallEnds", "Got", "form_before", "signal_in"]
 
-Got: TypeAlias = "dict[str, Any] | PydanticSerializationError"
+Got: TypeAlias = "dict[str, Any] | PydanticSerializationError | None"
 """A call's validated input as JSON (`Tool.approved_form`) before its body ran, or why it has
-no JSON form."""
+no JSON form; None when none was taken (`Tool.lazy`: taking it would use up an iterator)."""
 
 IGNORED = {"reason": "the user sent a new message instead", "outcome": "ignored"}
 """The decision on an approval a message steered past before it was asked."""
@@ -87,6 +87,8 @@ def form_before(tool: Tool, validated: BaseModel) -> Got:
     in place (clears a list it was given) and then asks for approval would show the reviewer,
     and bind the approval to, input the model never sent. Only the form, as cheap as a dump: the
     checks of what a reviewer is shown run only if the body asks (`_shown_as_got`)."""
+    if tool.lazy:
+        return None
     try:
         return tool.approved_form(validated)
     except PydanticSerializationError as exc:
@@ -98,6 +100,8 @@ def _shown_as_got(tool: Tool, validated: BaseModel, got: Got) -> dict[str, Any]:
     `Tool.shown_form` checks a form, and raising as it does. The input as the body holds it now
     is checked too, as a form that shows otherwise than a value (a serializer's mask) is one
     whatever the value; where the body changed it, `got` validated again must show as itself."""
+    if got is None:
+        return tool.shown_form(validated)
     if isinstance(got, PydanticSerializationError):
         raise got
     if same_json(tool.shown_form(validated), got):

@@ -128,6 +128,7 @@ class Tool:
         schema.pop("title", None)
         self._schema = schema  # built once, when the model was checked
         self._has_sets: bool | None = None
+        self._lazy: bool | None = None
         # A workflow tool may ask people things; approvals of its siblings wait for it.
         self.workflow = self.takes_context if workflow is None else workflow
 
@@ -213,6 +214,15 @@ class Tool:
         if not self._has_sets:
             return form
         return sets_sorted(validated.model_dump(by_alias=True), form)  # type: ignore[no-any-return]
+
+    @property
+    def lazy(self) -> bool:
+        """Whether the input holds a lazy iterable (an `Iterable[...]` parameter, which pydantic
+        validates to an iterator): its JSON form uses the iterator up, so a form taken before
+        the body runs would hand the body an empty one."""
+        if self._lazy is None:
+            self._lazy = _generates(self.input_model.__pydantic_core_schema__)
+        return self._lazy
 
     def shown_form(self, validated: BaseModel) -> dict[str, Any]:
         """`approved_form`, for a reviewer: it must validate again to `validated` (a secret's
@@ -574,3 +584,12 @@ def tool(
         # Its options too: they were dropped, so `tool(fn, approval=always)` ran unapproved.
         return wrap(fn)
     return wrap
+
+
+def _generates(schema: Any) -> bool:
+    """Whether a pydantic-core schema validates anything to an iterator (`generator`)."""
+    if isinstance(schema, dict):
+        return schema.get("type") == "generator" or any(_generates(v) for v in schema.values())
+    if isinstance(schema, (list, tuple)):
+        return any(_generates(v) for v in schema)
+    return False
