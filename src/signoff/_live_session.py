@@ -362,7 +362,7 @@ class LiveSession:
         self._refresh()
         if self._overtaken(answers):
             await self.sync()  # shown closed as far as read: the sessions may have gone on
-        if self._expired(self.clock()):  # as the server refuses it
+        if self._expired(self.clock()):  # as the server does, but for a turn a live drive runs on
             left = [i for i, r in self._recorded.items() if r.status in ("pending", "responded")]
             raise errors.SessionExpired(self.session_id, left)
         for a in answers:
