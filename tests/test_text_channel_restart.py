@@ -11,10 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import signoff as so
 from signoff.channels import ChannelHub
+from signoff.testing import ManualClock, call, call_tools, scripted_agent
 
-from ._channels import Texts, manual, three_refunds
+from ._channels import Texts, manual, status, three_refunds
 from .test_deletion import OPS, refunds
 
 _HUB = """
@@ -234,3 +237,55 @@ async def test_a_memo_written_before_descriptions_says_the_request_shown_was_era
             assert told.endswith(": its session was deleted by ops (GDPR request 12).")
             assert shown == again.render(y.pending[0])
         state.close()
+
+
+def _lapsing() -> so.Agent:
+    """An agent asking for approval of one refund, in sessions a minute's TTL expires."""
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    asks = call_tools(call("refund", order_id="7"))
+    return scripted_agent("lapsing", [asks], tools=[refund], limits=so.Limits(ttl=60))
+
+
+@pytest.mark.parametrize("recorded_by", ["reply", "sweep"])
+async def test_a_new_channel_keeps_on_show_the_request_whose_session_lapsed_unrecorded(
+    store_url: str, tmp_path: Path, recorded_by: str
+) -> None:
+    """The TTL of the shown request's session passed while no hub ran, and no one recorded the
+    lapse yet: the open requests a hub starts with leave it out, but the new channel keeps it on
+    show, as a hub that went on delivering does. A reply to it is refused as expired (which
+    records the lapse), or a sweep records it; its close is told, then the next is shown.
+    Before, the next was shown with no word of it, and the reply meant for it approved that."""
+    clock = ManualClock()
+    state = tmp_path / "channels.db"
+    async with so.Runtime([_lapsing(), refunds()], store=store_url, clock=clock) as rt:
+        x = await rt.generate("lapsing", prompt="go", auth=ALICE)
+        clock.advance(1)  # asked after it
+        y = await rt.generate("refunds", prompt="refund 8", auth=ALICE)
+        first = Texts()
+        async with manual(ChannelHub(rt, [first], clock=clock, state=state)):
+            assert first.sent == [first.render(x.pending[0])]
+        clock.advance(120)
+        again = Texts()  # as a new process makes it
+        async with manual(ChannelHub(rt, [again], clock=clock, state=state)) as hub:
+            await hub.poll()
+            assert again.sent == []  # still the one shown: not sent again, nor the next
+            assert again.current is not None and again.current.id == x.pending[0].id
+            if recorded_by == "reply":
+                assert await again.reply("yes", ALICE) is None
+                refused = again.sent.pop(0)
+                assert refused.startswith("Your answer was not accepted: ")
+                assert "expired" in refused
+            else:
+                assert await rt.expire_due() == 1
+            await hub.poll()
+            told, shown = again.sent
+            assert told.startswith("refund expired at ")
+            assert told.endswith(" (session expired).")
+            assert shown == again.render(y.pending[0])
+        assert await status(rt, x.pending[0].id) == ("expired", "expired")
+        assert await status(rt, y.pending[0].id) == ("pending", None)

@@ -83,12 +83,16 @@ async def adopt_shown(ch: TextChannel) -> None:
 
 async def closed_on_show(
     ch: TextChannel, now_open: Container[str]
-) -> tuple[InputRequest, Resolution] | None:
-    """The request on show by the memo if it closed while no hub delivered to `ch`, with how it
-    closed as its session's trail records it: a channel made anew (in a new process) does not
-    hold it, and a hub that starts past that entry does not tell it. One the store no longer
-    has (its session deleted) as the memo describes it, closed as the deletion's entry says
-    (`erased_on_show`). None if it is open, or its close is not found."""
+) -> tuple[InputRequest, Resolution | None] | None:
+    """The request on show by the memo if `now_open` (the open requests listed) leaves it out,
+    with how it closed while no hub delivered to `ch`, as its session's trail records it: a
+    channel made anew (in a new process) does not hold it, and a hub that starts past that
+    entry does not tell it. One the store no longer has (its session deleted) as the memo
+    describes it, closed as the deletion's entry says (`erased_on_show`). One the store has
+    still pending (its session's TTL passed, which the listing leaves out, and no one recorded
+    the lapse yet) with None as how: it stays on show, as in a hub that went on delivering, so
+    a reply to it is refused as expired, not taken by the next, and its close is told when it
+    is recorded. None if it is listed, or its close is not found."""
     shown = await off_loop(ch.recall, SHOWN)
     if not isinstance(shown, str) or shown in now_open:
         return None
@@ -101,7 +105,8 @@ async def closed_on_show(
         await keep_escalation(ch, shown, None)  # the stand-in does not say it was escalated
         return closed
     if stored.status == "pending":
-        return None
+        request = stored.request
+        return (request, None) if request.child is None and ch.accepts(request) else None
     entry = await closing_entry(store, stored.request.session_id, shown)
     return None if entry is None else (stored.request, Resolution.from_event(entry.data, entry.at))
 

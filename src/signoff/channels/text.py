@@ -214,9 +214,11 @@ class TextChannel(Channel):
 
     async def start(self, open_requests: Sequence[InputRequest]) -> None:
         """Hold the open requests as they stand now, and the closed one on show (by the memo,
-        also in a new process), whose close a poll tells, else the first tick (from the trail);
-        a channel started again after standing by (another hub delivered, and told of closes,
-        meanwhile) drops the others that closed since, which no poll tells it of."""
+        also in a new process), whose close a poll tells, else the first tick (from the trail),
+        or the one on show not listed though pending (its session's TTL passed unrecorded),
+        whose close a poll tells when it is recorded; a channel started again after standing by
+        (another hub delivered, and told of closes, meanwhile) drops the others that closed
+        since, which no poll tells it of."""
         self._started = True
         self._adopted = False
         async with self._lock:
@@ -229,10 +231,13 @@ class TextChannel(Channel):
             if self._queue:
                 self._reshow_at, self._reshows = -math.inf, 0  # no entry the hub retries shows it
             await self._put_in_order()  # adopts the store's memo of the one shown
-            closed = await closed_on_show(self, now_open)
-            if closed is not None:  # told by the replayed `on_resolved`, else by the first tick
-                self._queue = [closed[0], *(r for r in self._queue if r.id != closed[0].id)]
-                self._untold[closed[0].id] = closed
+            on_show = await closed_on_show(self, now_open)
+            closed = None
+            if on_show is not None:  # shown still, closed or lapsed unrecorded
+                held, how = on_show
+                self._queue = [held, *(r for r in self._queue if r.id != held.id)]
+                if how is not None:  # told by the replayed `on_resolved`, else the first tick
+                    closed = self._untold[held.id] = (held, how)
             if self._queue:
                 shown = await off_loop(self.recall, "shown")
                 self._queue = [r for r in self._queue if r.id in now_open or r.id == shown]
