@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import signoff as so
 from signoff.channels import Channel, ChannelHub, Erased, WebhookChannel, verify_webhook
 
@@ -169,6 +171,36 @@ async def test_a_text_channel_answered_on_a_request_erased_shows_the_next(
             assert sms.sent[3:] == []
             out = await sms.reply("yes", ALICE)
             assert out is not None and out.request_id == nxt.pending[0].id and out.applied
+
+
+@pytest.mark.parametrize("text", ["no", "hold on"])
+async def test_a_text_channel_sending_on_a_reply_to_a_request_erased_shows_the_next(
+    store_url: str, text: str
+) -> None:
+    """As above, with `unmatched="send"`: a deny, which such a channel checks may steer the
+    turn, and a message it sends on to the session, are refused as the session is gone, and
+    the next request is shown. Before, the deny raised `UnknownSession` out of `reply` (an SMS
+    webhook's handler failed), and the message left the erased request on show."""
+    async with so.Runtime([refunds()], store=store_url) as rt:
+        sms = Texts(unmatched="send")
+        async with manual(ChannelHub(rt, [sms], gap_timeout=0)) as hub:
+            r = await rt.generate("refunds", prompt="refund 7", auth=ALICE)
+            nxt = await rt.generate("refunds", prompt="refund 8", auth=ALICE)
+            await hub.poll()
+            await rt.delete_session(r.session_id, by=OPS, force=True)
+            assert await sms.reply(text, ALICE) is None
+            refused, shown = sms.sent[1:]
+            assert refused.startswith(
+                "Your answer was not accepted: "
+                if text == "no"
+                else "Your message was not delivered: "
+            )
+            assert r.session_id in refused
+            assert shown == sms.render(nxt.pending[0])
+            for _ in range(3):
+                await hub.poll()
+            assert sms.sent[3:] == []
+            assert sms.current is not None and sms.current.id == nxt.pending[0].id
 
 
 class Closes(Channel):

@@ -416,6 +416,8 @@ class TextChannel(Channel):
                         )
                 except SignoffError as exc:  # refused before it was recorded: say so, as answers do
                     await self._say(f"Your message was not delivered: {exc}")
+                    if isinstance(exc, UnknownSession | UnknownRequest):
+                        await self._drop_erased(request)
                     return None
                 if other is not None:  # the runtime would take it as the answer to that one
                     await self._say(
@@ -451,16 +453,20 @@ class TextChannel(Channel):
     ) -> bool:
         """Whether `response`, with `unmatched="send"`, is a deny of an approval its sender may
         not give (four eyes excludes the requester) though the turn serves them: like any other
-        message of theirs, it is sent on and steers; refused, it would withdraw nothing."""
+        message of theirs, it is sent on and steers; refused, it would withdraw nothing. Not one
+        whose session was deleted (before the hub read it): answered, it is refused as such."""
         if self.unmatched != "send" or request.kind != "tool-approval":
             return False
         if response.option_id != "cancel":
             return False
-        state = await self.runtime.state(request.session_id)
-        serves = None if state.turn is None else state.turn.principal
-        if serves is not None and (principal is None or not principal.same_as(serves)):
+        try:
+            state = await self.runtime.state(request.session_id)
+            serves = None if state.turn is None else state.turn.principal
+            if serves is not None and (principal is None or not principal.same_as(serves)):
+                return False
+            return not await self.runtime._may_answer(request, principal)
+        except (UnknownSession, UnknownRequest):
             return False
-        return not await self.runtime._may_answer(request, principal)
 
     async def _answered_instead(
         self, request: InputRequest, text: str, principal: Principal | None
