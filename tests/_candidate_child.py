@@ -1,8 +1,10 @@
 """Child for the candidate-recovery test: a response policy that dies while it decides.
 
-`python -m tests._candidate_child DB OUT [--die]`: parks a turn on an approval whose response
-policy SIGKILLs this process on its first evaluation (with --die), after signoff recorded the
-response as a pending candidate. It prints the session and request ids before answering.
+`python -m tests._candidate_child DB OUT [--die] [--key KEY]`: parks a turn on an approval whose
+response policy SIGKILLs this process on its first evaluation (with --die), after signoff
+recorded the response as a pending candidate. It prints the session and request ids before
+answering: Bob's approval by id, or with --key his message "approve" sent with that idempotency
+key.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import signoff as so
 ALICE = so.Principal(authenticator="test", principal_id="alice")
 BOB = so.Principal(authenticator="test", principal_id="bob")
 DIE = "--die" in sys.argv
+KEY = sys.argv[sys.argv.index("--key") + 1] if "--key" in sys.argv else None
 
 
 def only_bob(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
@@ -50,6 +53,9 @@ async def main(db: str, out: str) -> None:
         r = await rt.generate("support", prompt="refund 9", auth=ALICE)
         rid = r.pending[0].id
         print(json.dumps({"session": r.session_id, "request": rid}), flush=True)
+        if KEY is not None:
+            await rt.send(r.session_id, "approve", principal=BOB, idempotency_key=KEY)
+            return
         answer = so.InputResponse(request_id=rid, option_id="approve", text="checked it")
         await rt.respond(r.session_id, [answer], principal=BOB)
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
+import pytest
 from pydantic import Field
 
 import signoff as so
@@ -20,12 +21,14 @@ from tests._workers import is_, until, working
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def died_deciding(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
-    """A child process records a response and is killed while its policy runs: the store file,
-    the file the refund tool writes to, and the ids the child printed."""
+def died_deciding(tmp_path: Path, *key: str) -> tuple[Path, Path, dict[str, str]]:
+    """A child process records a response (Bob's message "approve" sent with the idempotency
+    key `key`, if given) and is killed while its policy runs: the store file, the file the
+    refund tool writes to, and the ids the child printed."""
     db, out = tmp_path / "s.db", tmp_path / "runs"
+    keyed = ["--key", *key] if key else []
     child = subprocess.run(
-        [sys.executable, "-m", "tests._candidate_child", str(db), str(out), "--die"],
+        [sys.executable, "-m", "tests._candidate_child", str(db), str(out), "--die", *keyed],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -57,6 +60,39 @@ async def test_a_candidate_pending_when_the_process_died_is_evaluated_again(
         assert settled[0].data["reason"] == "checked it"  # the whole response survived
         assert [e.data["outcome"] for e in events if e.type == "approval.candidate"] == ["pending"]
         assert not (await rt.state(ids["session"])).candidates
+    assert len(out.read_text().splitlines()) == 1  # the refund ran once
+
+
+@pytest.mark.parametrize("first", ["drive", "repeat"])
+async def test_a_keyed_message_whose_candidate_died_deciding_is_a_repeat_once_judged_again(
+    tmp_path: Path, first: str
+) -> None:
+    """Bob's "approve" sent with an idempotency key, its process SIGKILLed while the response
+    policy judged it (its pending candidate committed): the process that judges it again (a
+    drive, or Bob's call sent again itself) records the key with the approval it settles, so the
+    call sent again with the key is a repeat answered with the turn it answered into, not a new
+    turn taking "approve" as its prompt."""
+    db, out, ids = died_deciding(tmp_path, "k-1")
+    sid = ids["session"]
+    later = time.time() + 60  # well past the policy's timeout: nobody is still deciding
+    async with so.Runtime(
+        [make_agent(str(out))], store=f"sqlite:///{db}", clock=lambda: later
+    ) as rt:
+        turn = (await rt.state(sid)).turn
+        assert turn is not None and not (await rt.state(sid)).keys  # no key taken yet
+        if first == "drive":
+            assert (await rt.generate(session_id=sid)).status == "completed"
+        for _ in range(2):
+            again = await rt.send(sid, "approve", principal=BOB, idempotency_key="k-1")
+            assert (again.status, again.turn_id, again.replayed) == ("completed", turn.id, True)
+            assert again.text.endswith("refunded")
+        events = [e async for e in rt.events(sid, follow=False)]
+        assert [e.data["message"] for e in events if e.type == "turn.started"] == ["refund 9"]
+        assert not [e for e in events if e.type == "turn.message"]
+        (settled,) = [e.data for e in events if e.type == "approval.settled"]
+        assert settled["by"]["principal_id"] == "bob" and settled.get("idem")
+        with pytest.raises(so.IdempotencyKeyReused):
+            await rt.send(sid, "deny", principal=BOB, idempotency_key="k-1")
     assert len(out.read_text().splitlines()) == 1  # the refund ran once
 
 

@@ -68,7 +68,9 @@ class Candidates(CandidateEnds):
         """Evaluate again the responses whose policy verdict was never recorded: the process
         that recorded them died while the policy ran (a live one has had its timeout). Each is
         counted (`_counts`) as accepted or refused here, as its dead process never did, by the
-        process that ends it: another judging it at once records and counts nothing."""
+        process that ends it: another judging it at once records and counts nothing. The key of
+        a message that gave one (`message_idem`) is recorded with its vote or settlement, as its
+        own call would have: the message sent again is a repeat."""
         if not state.candidates:
             return False
         session_id = state.id
@@ -90,6 +92,10 @@ class Candidates(CandidateEnds):
             )
             by = c.get("by")
             principal = None if by is None else Principal.model_validate(by)
+            sent = c.get("message_idem")  # the key of the message that gave it, if keyed
+            mark = (
+                (str(sent[0]), str(sent[1])) if isinstance(sent, list) and len(sent) == 2 else None
+            )
             log.info("re-evaluating response %s to request %s", cid, live.request.id)
             recovered = True
             try:
@@ -102,7 +108,7 @@ class Candidates(CandidateEnds):
                 continue
             try:
                 outcome = await self._candidate(
-                    session_id, live.request, reply, wanted, principal, recovered=cid
+                    session_id, live.request, reply, wanted, principal, recovered=cid, mark=mark
                 )
             except _EndedElsewhere:
                 continue  # another process judged it again meanwhile, and counted it
@@ -166,7 +172,9 @@ class Candidates(CandidateEnds):
         `_EndedElsewhere`, the answer's own call returns (or raises) what was recorded (`_told`).
         `mark` is the idempotency key of the message that gave the answer: its vote or its
         settlement records the key too, so the message repeated with it is not taken again (one
-        refused, or closed under it by a deadline, is not taken: `send` delivers it anew).
+        refused, or closed under it by a deadline, is not taken: `send` delivers it anew). Its
+        pending candidate keeps the key aside (`message_idem`, which takes nothing), for the
+        process that judges it again if this one dies (`_recover`).
         `usage` is what reviewing the answer's edit cost: the first event it records counts it;
         `verdict` the response policy's, judged already (before the edit's check), not again.
         """
@@ -237,6 +245,7 @@ class Candidates(CandidateEnds):
                 "value": wanted["value"],
                 "edited_input": reply.edited_input,
                 **edit_review(wanted),
+                **({} if mark is None else {"message_idem": list(mark)}),
             }
             if recovered is None:
                 proposed = await self._proposed(
