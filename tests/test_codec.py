@@ -375,6 +375,7 @@ def test_type_codes_are_the_ones_files_already_hold() -> None:
         "approval.candidate": "j",
         "approval.settled": "k",
         "input.requested": "h",
+        "input.repeated": "v",  # new, likewise
         "input.resolved": "l",
         "model.completed": "d",
         "model.paused": "s",  # new: an older signoff refuses its rows as of a newer one

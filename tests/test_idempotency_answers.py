@@ -11,9 +11,12 @@ import pytest
 
 import signoff as so
 from signoff import _mirrors
+from signoff.cli._events import _summary as cli_summary
+from signoff.server._page_data import _summary as page_summary
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent, store_contents
 from tests._server_api import in_process
 from tests._subagents import Counted, refund_agents
+from tests.test_docs_events import rows
 
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
 BOB = so.Principal(authenticator="okta", principal_id="bob")
@@ -445,4 +448,140 @@ async def test_a_keyed_vote_through_a_subagents_mirror_over_http_is_one_call(
         assert again.status_code == 200 and again.json()["replayed"] is True, again.json()
         assert (again.json()["turn_id"], again.json()["status"]) == (first["turn_id"], "completed")
         assert await _both(rt, sid, child) == before and after.calls == calls
+        assert await rt.verify_audit() == []
+
+
+async def test_a_keyed_vote_counted_before_keeps_its_key_once_the_quorum_is_made(
+    store_url: str,
+) -> None:
+    """Bob voted without a key, then sent "approve" with one: counted already, it changed
+    nothing and recorded no key, so once Carol made the quorum the call sent again with its key
+    started a new turn taking "approve" as its prompt. The key is kept (`input.repeated`) with
+    the turn it answered into: sent again it is a repeat, before the quorum and after, and the
+    same key with another message is `IdempotencyKeyReused`."""
+    ran: list[str] = []
+    async with so.Runtime([refunding(so.always(approvers=2), ran)], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund 1042", auth=ALICE)
+        (request,) = r.pending
+        yes = so.InputResponse(request_id=request.id, option_id="approve")
+        assert (await rt.respond(r.session_id, [yes], principal=BOB)).status == "waiting"
+        first = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert [(o.outcome, o.applied) for o in first.outcomes] == [("counted", False)]
+        assert (first.status, first.replayed) == ("waiting", False)
+        before = await event_count(rt, r.session_id)
+        again = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert again.replayed and (again.turn_id, again.status) == (r.turn_id, "waiting")
+        assert await event_count(rt, r.session_id) == before
+        done = await rt.send(r.session_id, "approve", principal=CAROL)
+        assert (done.status, ran) == ("completed", ["1042"])
+        before = await event_count(rt, r.session_id)
+        last = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert last.replayed and (last.turn_id, last.status) == (r.turn_id, "completed")
+        with pytest.raises(so.IdempotencyKeyReused):
+            await rt.send(r.session_id, "deny", principal=BOB, idempotency_key="k")
+        assert await event_count(rt, r.session_id) == before
+        assert await messages(rt, r.session_id) == ["refund 1042"]
+        assert ran == ["1042"] and await rt.verify_audit() == []
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+        (kept,) = [e for e in events if e.type == "input.repeated"]
+        assert kept.turn_id == r.turn_id
+        assert sorted(kept.data) == ["by", "idem", "request_id"]
+        documented = rows()["input.repeated"]
+        assert all(f"`{field}`" in documented for field in kept.data)
+        said = f"{request.id} answered again by bob (nothing changed)"
+        assert cli_summary(kept) == said  # `signoff events`
+        assert "".join(part for part, _ in page_summary(kept, {})) == said  # the dashboard
+        assert (kept.data["request_id"], kept.data["by"]) == (request.id, BOB.model_dump())
+
+
+@pytest.mark.parametrize("kind", ["approval", "question"])
+async def test_a_keyed_answer_someone_gave_first_keeps_its_key(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A keyed message taken as an answer its request had been settled with meanwhile (Alice
+    gave the same answer first) changed nothing and recorded no key: the call sent again, the
+    request closed, started a new turn with the message as its prompt. It is a repeat, and
+    answers with the turn the message answered into."""
+    ran: list[str] = []
+    if kind == "approval":
+        agent = refunding(so.always(), ran)
+        word, option, answer, runs = "approve", "approve", "approved", ["1042"]
+    else:
+
+        @so.tool
+        async def pick(ctx: so.ToolContext) -> str:
+            """Pick a plan."""
+            got = await ctx.ask("Which plan?", options=["basic", "pro"], allow_text=False)
+            ran.append(str(got.option_id))
+            return str(got.option_id)
+
+        agent = scripted_agent(
+            "billing",
+            [call_tools(call("pick", call_id="c1")), reply("done")],
+            tools=[pick],
+            repeat_last=True,
+        )
+        word, option, answer, runs = "pro", "pro", "answered", ["pro"]
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund 1042", auth=ALICE)
+        (request,) = r.pending
+        original = type(rt)._answering
+        answered: list[bool] = []
+
+        async def alice_first(self: Any, state: Any, message: str, who: Any) -> Any:
+            first = await original(self, state, message, who)
+            if not answered:  # Alice's answer lands between the read and the settlement
+                answered.append(True)
+                alice = so.InputResponse(request_id=request.id, option_id=option)
+                await rt.respond(r.session_id, [alice], principal=ALICE, resume=False)
+            return first
+
+        monkeypatch.setattr(type(rt), "_answering", alice_first)
+        first = await rt.send(r.session_id, word, principal=ALICE, idempotency_key="k")
+        monkeypatch.undo()
+        assert [(o.outcome, o.applied) for o in first.outcomes] == [(answer, False)]
+        assert (first.status, first.turn_id, ran) == ("completed", r.turn_id, runs)
+        before = await event_count(rt, r.session_id)
+        again = await rt.send(r.session_id, word, principal=ALICE, idempotency_key="k")
+        assert again.replayed and (again.turn_id, again.status) == (r.turn_id, "completed")
+        assert await event_count(rt, r.session_id) == before
+        assert await messages(rt, r.session_id) == ["refund 1042"] and ran == runs
+        assert await rt.verify_audit() == []
+
+
+async def test_a_keyed_answer_a_response_policy_refused_takes_no_key(store_url: str) -> None:
+    """A keyed message whose answer the response policy refused is not taken: sent again with
+    its key it is judged again (refused again, recording nothing), and the key stays free."""
+    ran: list[str] = []
+    spec = so.ApprovalSpec(request=so.always(), response=bobs_only)
+    async with so.Runtime([refunding(spec, ran)], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund 1042", auth=ALICE)
+        first = await rt.send(r.session_id, "approve", principal=CAROL, idempotency_key="k")
+        assert [(o.outcome, o.applied) for o in first.outcomes] == [("rejected", False)]
+        before = await event_count(rt, r.session_id)
+        again = await rt.send(r.session_id, "approve", principal=CAROL, idempotency_key="k")
+        assert not again.replayed and again.outcomes[0].outcome == "rejected"
+        assert await event_count(rt, r.session_id) == before
+        assert not (await rt.state(r.session_id)).keys
+
+
+async def test_a_keyed_vote_counted_before_through_a_mirror_keeps_its_key(store_url: str) -> None:
+    """As above through a subagent's mirror: Bob's vote counted there before, his keyed
+    "approve" sent to the parent changed nothing; sent again once the quorum is made it is a
+    repeat answered with the parent's turn, not a new turn there."""
+    ran: list[str] = []
+    after = Counted("Done.")
+    agents = _counted_parent(refunding(so.always(approvers=2), ran), after)
+    async with so.Runtime(agents, store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        yes = so.InputResponse(request_id=r.pending[0].id, option_id="approve")
+        assert (await rt.respond(r.session_id, [yes], principal=BOB)).status == "waiting"
+        first = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert [(o.outcome, o.applied) for o in first.outcomes] == [("counted", False)]
+        done = await rt.send(r.session_id, "approve", principal=CAROL)
+        assert (done.status, ran) == ("completed", ["1042"])
+        calls = after.calls
+        again = await rt.send(r.session_id, "approve", principal=BOB, idempotency_key="k")
+        assert again.replayed and (again.turn_id, again.status) == (r.turn_id, "completed")
+        assert after.calls == calls and await messages(rt, r.session_id) == ["refund 1042"]
         assert await rt.verify_audit() == []

@@ -397,6 +397,11 @@ def _input_resolved(s: SessionState, e: Event) -> None:
         call.status = "denied" if call.status == "requested" else "decided"
 
 
+def _input_repeated(s: SessionState, e: Event) -> None:
+    """A keyed message's answer that changed nothing: only its key is kept, with its turn."""
+    _keyed(s, e, _in_turn(s, e))
+
+
 def _turn_completed(s: SessionState, e: Event) -> None:
     _turn(s, e).status = "completed"
 
@@ -495,6 +500,7 @@ HANDLERS = {
     "approval.candidate": _approval_candidate,
     "approval.settled": _approval_settled,
     "input.resolved": _input_resolved,
+    "input.repeated": _input_repeated,
     "turn.completed": _turn_completed,
     "turn.failed": _turn_failed,
     "turn.resumed": _turn_resumed,

@@ -53,6 +53,7 @@ EventType = Literal[
     "session.waiting",
     "subagent.spent",
     "model.spent",
+    "input.repeated",
 ]
 
 EVENT_TYPES: Final[frozenset[str]] = frozenset(EventType.__args__)  # type: ignore[attr-defined]

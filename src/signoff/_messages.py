@@ -12,6 +12,7 @@ from ._answers import Reply, check_principal, check_unambiguous, names_several
 from ._answers import check_text as _check_text
 from ._answers import match as _match
 from ._cancellation import stop_calls
+from ._counts import refused_only
 from ._exceptions import (
     ConflictingAnswer,
     PartialAnswer,
@@ -22,7 +23,7 @@ from ._exceptions import (
 )
 from ._idempotency import Keyed, keyed, seen, session_for, turn_of
 from ._mirrors import following_mirrors, keep_vote_key
-from ._recording import Changed, TurnStopped, load_turn, unchanged
+from ._recording import Changed, EventSpec, TurnStopped, load_turn, unchanged
 from ._results import GenerateResult
 from ._session_cache import closes_stop
 from ._state import SessionState, turn_over, waits_for_retry
@@ -166,6 +167,12 @@ class Messages(Answering):
                         # Settled with this answer meanwhile: by this key's call, a repeat?
                         if await self._taken(session_id, first, idem):
                             return await self._replay(session_id, idem)
+                        # Counted before, or settled with this answer by another: taken all
+                        # the same, so its key is kept (a refused one is not taken).
+                        if not refused_only(outcomes) and await self._keep_key(
+                            session_id, first, principal, idem
+                        ):
+                            return await self._replay(session_id, idem)
                     idle = await self._refused_idle(session_id, outcomes)
                     if idle is not None:  # settled nothing, nothing due: drives nothing
                         return self._result(idle, outcomes)
@@ -231,6 +238,28 @@ class Messages(Answering):
                 return False
             sid, rid = ref.session_id, ref.request_id
         return False
+
+    async def _keep_key(
+        self, session_id: str, request: InputRequest, principal: Principal | None, idem: Keyed
+    ) -> bool:
+        """Record the key `idem` of a message taken as an answer to `request` that changed
+        nothing (its sender's vote was counted before, or the request was settled with that
+        answer meanwhile) on an `input.repeated` of the request's turn, which keeps it with that
+        turn: sent again, the message is a repeat, not a new message once the request closed.
+        True if the key was recorded meanwhile (by this call sent again: a repeat); nothing is
+        recorded then, nor once the session moved past that turn."""
+        who = None if principal is None else principal.model_dump()
+        data = {"request_id": request.id, "by": who, "idem": list(idem)}
+        taken: list[bool] = []
+
+        def build(st: SessionState) -> list[EventSpec]:
+            taken[:] = [idem[0] in st.keys and seen(st.keys, idem, session_id)]
+            if idem[0] in st.keys or st.turn is None or st.turn.id != request.turn_id:
+                return []
+            return [("input.repeated", data)]
+
+        await self._append(session_id, build, turn_id=request.turn_id)
+        return taken == [True]
 
     async def _answering(
         self, state: SessionState, message: str, principal: Principal | None

@@ -99,6 +99,9 @@ def _summary(event: Event, tools: Tools = None) -> str:
         return f"{d.get('request_id')} {d.get('decision')} by {by}{why}"
     if t == "input.resolved":
         return f"{d.get('request_id')} {d.get('outcome')}"
+    if t == "input.repeated":
+        by = (d.get("by") or {}).get("principal_id", "-")
+        return f"{d.get('request_id')} answered again by {by} (nothing changed)"
     if t == "turn.completed":
         return str(d.get("text", ""))  # the answer is the model.completed line before it
     if t == "turn.failed":

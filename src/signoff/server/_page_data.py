@@ -383,6 +383,9 @@ def _summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
         return parts
     if t == "input.resolved":
         return [(f"{d.get('request_id')} {d.get('outcome')}", False)]
+    if t == "input.repeated":
+        repeated = f"{d.get('request_id')} answered again by "
+        return [(repeated, False), _said(who(d.get("by"))), (" (nothing changed)", False)]
     if t == "turn.failed":
         err = d.get("error") or {}
         return [_said(err.get("message") or err)] if err else [("failed", False)]

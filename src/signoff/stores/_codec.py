@@ -401,6 +401,7 @@ _TYPE_CODES: dict[str, str] = {
     "subagent.spent": "r",
     "model.paused": "s",
     "model.spent": "u",
+    "input.repeated": "v",
 }
 _TYPE_NAMES = {code: name for name, code in _TYPE_CODES.items()}
 
