@@ -10,7 +10,7 @@ from ._answers import repeat as _repeat
 from ._counts import counted_elsewhere
 from ._eligibility import voted
 from ._exceptions import AnswerError, SessionExpired
-from ._idempotency import Keyed
+from ._idempotency import Keyed, same_ask
 from ._recording import EventSpec
 from ._results import Outcome
 from ._sessions import SessionRunner
@@ -129,7 +129,7 @@ class EndedElsewhere(Exception):
 def sent(st: SessionState, mark: Keyed | None) -> bool:
     """Whether the message keyed `mark` is recorded in `st` already: sent again at once, it
     counted its vote meanwhile (which `voted` misses where one person may vote twice)."""
-    return mark is not None and (st.keys.get(mark[0]) or [None])[0] == mark[1]
+    return mark is not None and same_ask((st.keys.get(mark[0]) or [None])[0], mark)
 
 
 def already_counted(request: InputRequest) -> Outcome:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ._agent import Agent
 from ._events import Event
 from ._exceptions import IdempotencyKeyReused, StoreBusy, StoreError
-from ._idempotency import Keyed, seen, session_for
+from ._idempotency import Keyed, records, seen, session_for
 from ._prompts import next_turn
 from ._recording import new_id, stored_status
 from ._state import SessionState, fold
@@ -156,7 +156,7 @@ async def open_keyed(
         return session_id, seen(state.keys, idem, session_id) or opens, False, None
     # Newer keys pushed it out of the state: the session's first event holds it.
     found = await rt.store.read_events(session_id, after=0, limit=1)
-    if not found or found[0].data.get("idem") != list(idem):
+    if not found or not records(found[0].data.get("idem"), idem):
         raise IdempotencyKeyReused(
             f"this idempotency key started session {session_id!r} for another agent or "
             "prompt: use a new key for a new call",

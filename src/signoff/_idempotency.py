@@ -25,6 +25,8 @@ __all__ = [
     "caller_parts",
     "check_key",
     "keyed",
+    "records",
+    "same_ask",
     "seen",
     "session_for",
     "turn_of",
@@ -37,7 +39,8 @@ MAX_KEY = 200
 """The longest key taken, in characters."""
 
 Keyed = tuple[str, str]
-"""A scoped key's digest and the digest of what the call asked for, as recorded (`idem`)."""
+"""A scoped key's digest and the digest of what the call asked for (`_asked`), as recorded
+(`idem`)."""
 
 # What the session state keeps per key digest (`SessionState.keys`):
 #   [asked, None]                only the session is created, no message recorded yet;
@@ -76,7 +79,41 @@ def keyed(key: str | None, principal: Principal | None, *asked: str) -> Keyed | 
     if key is None:
         return None
     check_key(key)
-    return _digest("signoff-key", *caller_parts(principal), key), _digest("signoff-asked", *asked)
+    return _digest("signoff-key", *caller_parts(principal), key), _asked(asked)
+
+
+def _asked(asked: tuple[str, ...]) -> str:
+    """The digest of what a call asked: its parts joined with NUL, as every ask was digested
+    before (a key recorded then still replays). A part holding a NUL (a message may) made that
+    ambiguous: "stop\0queue" sent as a `steer` and "stop" sent as `queue` digested alike. Such
+    an ask's digest is its parts' JSON form's instead, after its joined one and a dot, which
+    `same_ask` still takes for a key recorded before; without them where the joined one is also
+    an ask's without a NUL (a `steer` message ending in NUL and "queue" reads as a `queue` one,
+    `Messages.send` appending the policy), which is recorded so still and must not match."""
+    joined = _digest("signoff-asked", *asked)
+    if not any("\0" in part for part in asked):
+        return joined
+    exact = _digest("signoff-asked-exact", json.dumps(asked, ensure_ascii=False))
+    parts = "\0".join(asked).split("\0")
+    if len(parts) == 3 and parts[0] == "message" and parts[2] == "queue":
+        return exact
+    return f"{joined}.{exact}"
+
+
+def same_ask(recorded: object, idem: Keyed) -> bool:
+    """Whether `recorded`, the digest a key was recorded with, is of what the call `idem` asked:
+    its own, or the joined form signoff recorded an ask holding a NUL with before (`_asked`),
+    so a repeat of a call made then replays; another ask that form matched then, it matches
+    still, and no other."""
+    before, dot, _ = idem[1].partition(".")
+    return recorded == idem[1] or (bool(dot) and recorded == before)
+
+
+def records(data: object, idem: Keyed) -> bool:
+    """Whether an event's `idem` (`data`) recorded the key of `idem` for what it asked."""
+    return (
+        isinstance(data, list) and len(data) == 2 and data[0] == idem[0] and same_ask(data[1], idem)
+    )
 
 
 def caller_parts(principal: Principal | None) -> tuple[str, ...]:
@@ -110,7 +147,7 @@ def seen(keys: dict[str, Any], idem: Keyed | None, session_id: str) -> bool:
     known = keys.get(idem[0])
     if known is None:
         return False
-    if known[0] != idem[1]:
+    if not same_ask(known[0], idem):
         raise IdempotencyKeyReused(
             f"this idempotency key was used in session {session_id!r} for another "
             "agent, prompt, message or turn policy: use a new key for a new call",

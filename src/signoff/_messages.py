@@ -21,7 +21,7 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
-from ._idempotency import Keyed, keyed, seen, session_for, turn_of
+from ._idempotency import Keyed, keyed, records, seen, session_for, turn_of
 from ._mirrors import following_mirrors, keep_vote_key
 from ._recording import Changed, EventSpec, TurnStopped, load_turn, unchanged
 from ._results import GenerateResult
@@ -366,7 +366,7 @@ class Messages(Answering):
         second = await self.store.read_events(state.id, after=1, limit=1)
         if not second or second[0].type != "turn.started" or second[0].turn_id is None:
             return None
-        if second[0].data.get("idem") != list(idem):
+        if not records(second[0].data.get("idem"), idem):
             return None
         return second[0].turn_id, second[0].seq
 

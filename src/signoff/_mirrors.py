@@ -19,6 +19,7 @@ from ._exceptions import (
     RequestClosed,
     SessionExpired,
 )
+from ._idempotency import same_ask
 from ._recording import Batch, EventSpec, runnable
 from ._results import GenerateResult, Outcome
 from ._state import SessionState
@@ -429,7 +430,7 @@ async def keep_vote_key(rt: Answering, parent: str, mirror: InputRequest, mark: 
     ref = mirror.child
     assert ref is not None
     child = await rt._state(ref.session_id)
-    if (child.keys.get(mark[0]) or [None])[0] != mark[1]:
+    if not same_ask((child.keys.get(mark[0]) or [None])[0], mark):
         return
 
     def build(st: SessionState) -> Batch:
