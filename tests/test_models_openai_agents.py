@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import signoff as so
+from signoff.testing import ManualClock
 
 from ._models import issue_refund, lookup_order, support_agent
 from ._models_openai import fake, model
@@ -193,3 +194,33 @@ async def test_a_call_left_open_by_a_cancelled_turn_gets_a_result_before_the_nex
     assert (look["tool_call_id"], pay["tool_call_id"]) == ("call_look", "call_pay")
     assert pay["content"].startswith("CANCELLED: the call to issue_refund has no result.")
     assert prompt == {"role": "user", "content": "hello"}
+
+
+async def test_a_call_whose_approval_expired_reads_as_not_run(
+    fake: FakeLLM, model: so.models.OpenAIChat, tmp_path: Path
+) -> None:
+    """It read "ERROR: the call to ask_refund failed.", against its own `"ran": false`."""
+    fake.queue(
+        openai_completion(
+            None, [openai_tool_call("call_pay", "ask_refund", {"order_id": "1042", "amount": 5})]
+        ),
+        openai_completion("Nobody approved it."),
+    )
+
+    @so.tool(name="ask_refund", approval=so.always(expires_in=60, on_timeout="deny"))
+    async def ask_refund(order_id: str, amount: float) -> dict[str, object]:
+        """Refund an order."""
+        return {"refunded": amount, "order_id": order_id}
+
+    clock = ManualClock()
+    agent = so.Agent(name="support", model=model, tools=[ask_refund])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db", clock=clock) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        clock.advance(61)
+        assert await rt.expire_due() == 1
+        r = await rt.state(r.session_id)
+    (pay,) = [m for m in fake.bodies[1]["messages"] if m["role"] == "tool"]
+    assert pay["content"].startswith(
+        "EXPIRED: no one decided on the call to ask_refund in time; it was not run. "
+    )
+    assert json.loads(pay["content"].split("not run. ", 1)[1])["ran"] is False

@@ -486,6 +486,8 @@ def tool_text(m: ToolResultMessage) -> str:
     name = wire_name(m.tool_name)  # as its call shows it: a name the model made up may be long
     if isinstance(m.content, dict) and m.content.get("denied"):
         return f"DENIED: the call to {name} was not run. {body}"
+    if isinstance(m.content, dict) and m.content.get("timed_out"):
+        return f"EXPIRED: no one decided on the call to {name} in time; it was not run. {body}"
     if isinstance(m.content, dict) and m.content.get("cancelled"):
         return f"CANCELLED: the call to {name} has no result. {body}"
     return f"ERROR: the call to {name} failed. {body}"
