@@ -218,7 +218,7 @@ async def test_a_call_whose_approval_expired_reads_as_not_run(
         r = await rt.generate("support", prompt="Refund order 1042")
         clock.advance(61)
         assert await rt.expire_due() == 1
-        r = await rt.state(r.session_id)
+        assert (await rt.state(r.session_id)).turn is not None
     (pay,) = [m for m in fake.bodies[1]["messages"] if m["role"] == "tool"]
     assert pay["content"].startswith(
         "EXPIRED: no one decided on the call to ask_refund in time; it was not run. "
