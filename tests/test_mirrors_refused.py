@@ -12,9 +12,10 @@ import httpx
 import pytest
 
 import signoff as so
+from signoff import _child_closes
 from signoff.channels import Channel
 from signoff.server import TokenAuth, create_app
-from signoff.testing import StoreContents, store_contents
+from signoff.testing import StoreContents, call, call_tools, reply, scripted_agent, store_contents
 
 from ._delegation import refund_desk
 from .test_server_common import ALICE, BOB, TOKENS, auth
@@ -141,3 +142,110 @@ async def test_an_answer_not_allowed_through_a_mirror_left_open_changes_nothing_
         assert sent.status_code == 403 and sent.json()["error"]["code"] == "not_allowed"
         assert await _contents(rt, parent, mirror) == before
         assert ran == [] and (await rt.state(parent)).status == "waiting"
+
+
+@pytest.mark.parametrize("surface", ["respond", "channel"])
+async def test_an_answer_refused_on_the_subagents_own_request_closes_no_mirror_of_its_parent(
+    store_url: str, surface: str
+) -> None:
+    """Bob's approval given on the subagent's second request itself (as a channel shows it),
+    which its response policy refuses, while the parent's mirror of the first is left open
+    (Alice approved it there, and her process died before the mirror closed): the refused call
+    drove the subagent, whose drive closed that mirror and went on in the parent."""
+    ran: list[str] = []
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=_not_bob))
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "ok"
+
+    two = call_tools(call("refund", order_id="9"), call("refund", order_id="10"))
+    child = scripted_agent("billing", [two, reply("refunded")], tools=[refund])
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", message="refund 9 and 10")), reply("done")],
+        tools=[so.delegate("billing")],
+    )
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund", auth=ALICE)
+        first, second = r.pending
+        assert first.child is not None and second.child is not None
+        kid = first.child.session_id
+        dying = _child_closes.delegating.set(frozenset({kid}))  # no mirror closes meanwhile
+        try:
+            await rt.respond(kid, _approve(first.child.request_id), principal=ALICE)
+        finally:
+            _child_closes.delegating.reset(dying)
+        assert ran == ["9"]
+        before = await _contents(rt, r.session_id, first)
+        asked = await rt.store.get_request(second.child.request_id)
+        assert asked is not None
+        if surface == "respond":
+            got = await rt.respond(kid, _approve(asked.request.id), principal=BOB)
+            outcomes = got.outcomes
+        else:
+            channel: Any = Channel()
+            channel._runtime = rt  # as a hub attaches it
+            outcomes = [await channel.submit(asked.request, _approve(asked.request.id)[0], BOB)]
+        assert [(o.outcome, o.applied) for o in outcomes] == [("rejected", False)]
+        after = await _contents(rt, r.session_id, first)
+        assert after[0] == before[0]  # the parent's mirror still open, its turn as it was
+        stored = await rt.store.get_request(first.id)
+        assert stored is not None and stored.status == "pending"
+        assert ran == ["9"]
+
+
+@pytest.mark.parametrize("surface", ["respond", "send", "channel"])
+async def test_an_answer_refused_through_a_middle_sessions_mirror_changes_nothing(
+    store_url: str, surface: str
+) -> None:
+    """`top` delegates to `mid`, which delegates to `billing`; Alice approved `billing`'s request
+    on its own session (`resume=False`), leaving `mid`'s mirror open. Bob's answer to that
+    mirror, refused by `billing`'s response policy, drove `mid` (a subagent: its drive tells its
+    parent), closing the mirror, running the refund and all three turns to their end."""
+    ran: list[str] = []
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=_not_bob))
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "ok"
+
+    billing = scripted_agent(
+        "billing", [call_tools(call("refund", order_id="9")), reply("refunded")], tools=[refund]
+    )
+    mid = scripted_agent(
+        "mid",
+        [call_tools(call("billing", message="refund 9")), reply("mid done")],
+        tools=[so.delegate("billing")],
+    )
+    top = scripted_agent(
+        "top",
+        [call_tools(call("mid", message="refund 9")), reply("top done")],
+        tools=[so.delegate("mid")],
+    )
+    async with so.Runtime([top, mid, billing], store=store_url) as rt:
+        r = await rt.generate("top", prompt="refund 9", auth=ALICE)
+        (above,) = r.pending
+        assert above.child is not None
+        middle = above.child.session_id
+        (mirror,) = (await rt.state(middle)).pending_requests()
+        assert mirror.child is not None
+        deepest = mirror.child
+        await rt.respond(
+            deepest.session_id, _approve(deepest.request_id), principal=ALICE, resume=False
+        )
+        sessions = (r.session_id, middle, deepest.session_id)
+        before = [await store_contents(rt.store, sid) for sid in sessions]
+        if surface == "respond":
+            outcomes = (await rt.respond(middle, _approve(mirror.id), principal=BOB)).outcomes
+        elif surface == "send":
+            outcomes = (await rt.send(middle, "approve", principal=BOB)).outcomes
+        else:
+            channel: Any = Channel()
+            channel._runtime = rt  # as a hub attaches it
+            outcomes = [await channel.submit(mirror, _approve(mirror.id)[0], BOB)]
+        assert [(o.outcome, o.applied) for o in outcomes] == [("rejected", False)]
+        assert [await store_contents(rt.store, sid) for sid in sessions] == before
+        assert ran == [] and (await rt.state(r.session_id)).status == "waiting"

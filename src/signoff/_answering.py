@@ -135,12 +135,16 @@ class Answering(Candidates):
     def _nothing_to_drive(self, state: SessionState, *, retry: bool, mirrors: bool = True) -> bool:
         """Whether a drive of `state` would record nothing: its turn waits on a person for a
         call (or is over), and nothing is due for it to finish first: a deadline or TTL passed,
-        a verdict or mirror a dead process left (`_recover`; a mirror only if `mirrors`), a
-        subagent's parent to tell, a lease of this process's own to give back."""
+        a verdict or mirror a dead process left (`_recover`), a subagent's parent to tell (both
+        of these mirrors only if `mirrors`), a lease of this process's own to give back."""
         now = self.now()
         if runnable(state, retry=retry) or state.expired(now) or due_batch(state, now) is not None:
             return False
-        if state.parent is not None or state.candidates or state.id in self._unreleased:
+        # A subagent's drive tells its parent (closing its mirrors): nothing to tell of what a
+        # refused answer (`mirrors` False) left as it was.
+        if (mirrors and state.parent is not None) or state.candidates:
+            return False
+        if state.id in self._unreleased:
             return False
         if mirrors and any(r.child is not None for r in state.pending_requests()):
             return False
