@@ -21,7 +21,7 @@ from signoff.models._anthropic import MAX_CONTINUATIONS
 from ._models import request
 from ._models_anthropic import fake, model
 from ._tracing import exporter, provider
-from .fakes.llm import API_KEY, FakeLLM, anthropic_message
+from .fakes.llm import API_KEY, FakeLLM, Reply, anthropic_message
 
 __all__ = ["exporter", "fake", "model", "provider"]  # the fixtures, used by name
 
@@ -470,3 +470,35 @@ async def test_a_continuation_after_a_continue_holds_back_the_last_parts_input(
     first, second = server.bodies
     assert (first["max_tokens"], second["max_tokens"]) == (4096, 1500)
     assert [b.get("text") for b in second["messages"][-1]["content"]] == ["Searching. ", None]
+
+
+async def test_a_resumed_paused_reply_the_budget_leaves_no_part_for_is_asked_about_as_live(
+    store_url: str,
+) -> None:
+    """The part (5000 in) is journaled and the continuation fails (a 500); resumed under
+    max_tokens=5400, the next part's 5000 input tokens leave no output token: the question
+    says so of the paused reply, as the drive that journaled the part says it. Resumed, it
+    spoke of "the model's next call", the wording of a new call."""
+    with FakeLLM("anthropic", strict=True) as server:
+        server.queue(
+            paused("Searching. ", SEARCH, usage=(5000, 100)),
+            Reply({"type": "error", "error": {"type": "api_error", "message": "down"}}, 500),
+        )
+        claude = so.models.Anthropic(
+            "claude-haiku-4-5", base_url=server.base_url, api_key=API_KEY, max_retries=0
+        )
+        agent = so.Agent(name="support", model=claude, tools=[])
+        async with so.Runtime([agent], store=store_url) as rt:
+            r = await rt.generate("support", prompt="policy?")
+            assert (r.status, r.retryable) == ("failed", True)
+        limited = so.Agent(name="support", model=claude, limits=so.Limits(max_tokens=5400))
+        async with so.Runtime([limited], store=store_url) as rt:
+            again = await rt.generate(session_id=r.session_id)
+        await claude.aclose()
+    [ask] = again.pending
+    assert ask.question is not None
+    assert ask.question.startswith(
+        "the provider paused the model's reply, and its next part would read at least 5000 "
+        "input tokens"
+    ), ask.question
+    assert len(server.bodies) == 2  # the resumed drive asked the model for nothing

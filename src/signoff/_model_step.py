@@ -135,7 +135,9 @@ class ModelStep(DriverPart):
             floor = max(floor, paused[-1].usage.input_tokens)
         cap, parents, short = call_cap(s, limits, self.agent.model, theirs, floor)
         if cap == 0:  # what is left pays for no output token: no reply is worth asking for
-            return await self._budget_cut(cap, parents, floor=short)
+            # A paused reply's next part, whose input is the floor, as the live drive asks it.
+            again = bool(paused) and short == paused[-1].usage.input_tokens
+            return await self._budget_cut(cap, parents, floor=short, paused=again)
         read_through = s.seq
         journaled: list[Usage] = []  # what the parts of the reply journaled meanwhile cost
         starved: list[tuple[bool, int]] = []  # a next part the budgets left no output for
