@@ -250,3 +250,49 @@ async def test_a_task_its_body_started_steps_nothing_once_close_stopped_the_body
     assert isinstance(exc, so.UsageError) and "stopped" in str(exc)
     await resumed_to_the_end(agent(), store_url, sid)
     assert charges == ["charge"]
+
+
+async def test_a_finally_of_a_body_close_stopped_steps_nothing_and_the_resume_replays(
+    store_url: str,
+) -> None:
+    """`close` cancelled the body while an async step ran, and the body's `finally` ran its
+    release step then, journaled: the resumed body (unchanged) failed with a ReplayError at the
+    step that had been cut short, "recorded step 'release' there". The journal is closed before
+    the body is cancelled: the release is refused, and runs once, when the resumed body ends."""
+    effects: list[str] = []
+    started = threading.Event()
+    turn: list[asyncio.Task[so.GenerateResult]] = []  # the call `close` cancels
+
+    def effect(name: str) -> str:
+        effects.append(name)
+        return name
+
+    async def slow() -> str:
+        effects.append("slow")
+        if effects.count("slow") == 1:
+            started.set()
+            await asyncio.Event().wait()  # until `close` cancels it
+        return "slow"
+
+    @so.tool
+    async def locked(ctx: so.ToolContext) -> str:
+        """Take the lock, work slowly and let the lock go."""
+        await ctx.step("acquire", effect, "acquire")
+        try:
+            await ctx.step("slow", slow)
+            return str(await ctx.step("work", effect, "work"))
+        finally:
+            await ctx.step("release", effect, "release")
+
+    seen = Capture(reply("Done."))
+
+    def agent() -> so.Agent:
+        return scripted_agent("shop", [call_tools(call("locked")), seen], tools=[locked])
+
+    rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    sid = await closed_mid_call(rt, "work", started, turn)
+    assert effects == ["acquire", "slow"]
+    await resumed_to_the_end(agent(), store_url, sid)
+    assert effects == ["acquire", "slow", "slow", "work", "release"]
+    [result] = tool_results(seen.last)
+    assert (result.is_error, result.content) == (False, "work")

@@ -218,3 +218,80 @@ async def test_a_question_of_a_task_left_running_after_its_body_parked_asks_noth
         assert isinstance(exc, so.UsageError)
         assert "nothing was asked" in str(exc)
         assert [p.question for p in await rt.pending()] == ["Go on?"]
+
+
+async def test_a_finally_of_a_body_parked_on_a_question_steps_nothing_until_the_resume(
+    store_url: str,
+) -> None:
+    """The body's `finally` ran its release step as the body was cancelled to park, and that
+    step was journaled: the release happened while the lock was still needed, and the resumed
+    body (unchanged) failed with a ReplayError at its next step, "recorded step 'release'
+    there". The journal is closed before the body is cancelled: the `finally`'s step is refused
+    (its `so.UsageError` is no outcome of the call), and runs once, when the resumed body ends."""
+    effects: list[str] = []
+    refused: list[BaseException] = []
+
+    def effect(name: str) -> str:
+        effects.append(name)
+        return name
+
+    @so.tool
+    async def locked(ctx: so.ToolContext) -> str:
+        """Take the lock, ask, work and let the lock go."""
+        await ctx.step("acquire", effect, "acquire")
+        try:
+            answer = await ctx.ask("Go on?", options=["yes", "no"])
+            await ctx.step("work", effect, "work")
+            return f"worked: {answer.value}"
+        finally:
+            try:
+                await ctx.step("release", effect, "release")
+            except so.UsageError as exc:
+                refused.append(exc)
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("shop", [call_tools(call("locked")), seen], tools=[locked])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="work")
+        assert r.status == "waiting"
+        assert [p.question for p in r.pending] == ["Go on?"]
+        assert effects == ["acquire"]
+        [exc] = refused
+        assert "stopped" in str(exc) and "nothing ran" in str(exc)
+        r = await rt.send(r.session_id, "yes")
+        assert r.status == "completed", r
+        steps = [
+            e.data["name"]
+            async for e in rt.events(r.session_id, 0, follow=False)
+            if e.type == "tool.step"
+        ]
+    assert tool_results(seen.last)[0].content == "worked: yes"
+    assert effects == ["acquire", "work", "release"]
+    assert steps == ["acquire", "work", "release"]
+
+
+async def test_a_finally_of_a_body_parked_on_a_question_asks_nothing(store_url: str) -> None:
+    """A question the body's `finally` asked as the body was cancelled to park was opened: two
+    questions waited where the body had asked one, the second of a body that was not running.
+    It is refused, and only the body's own question waits."""
+    refused: list[BaseException] = []
+
+    @so.tool
+    async def confirm(ctx: so.ToolContext) -> str:
+        """Ask, and ask again on the way out."""
+        try:
+            return (await ctx.ask("Go on?", options=["yes", "no"])).value
+        finally:
+            try:
+                await ctx.ask("Clean up?", options=["yes", "no"])
+            except so.UsageError as exc:
+                refused.append(exc)
+
+    agent = scripted_agent("shop", [call_tools(call("confirm")), reply("Done.")], tools=[confirm])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await asyncio.wait_for(rt.generate("shop", prompt="confirm"), 10)
+        assert r.status == "waiting"
+        assert [p.question for p in r.pending] == ["Go on?"]
+        assert [p.question for p in await rt.pending()] == ["Go on?"]
+        [exc] = refused
+        assert "nothing was asked" in str(exc)

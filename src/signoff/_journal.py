@@ -209,10 +209,10 @@ class CallJournal:
             self._busy(-1)
 
     def stop(self) -> None:
-        """The body was cancelled without ending the call: parked on a question (it runs again
-        once answered), or its drive stopped. A branch it left running (a task it started, a
-        shielded one) steps and asks no more: nothing it did now would be recorded, and the
-        resumed body would do it again."""
+        """The body is cancelled without ending the call: parked on a question (it runs again
+        once answered), or its drive stopped. Called before the cancel: neither its unwinding
+        (a `finally`) nor a branch it left running (a task it started, a shielded one) steps or
+        asks now: what it did would not be replayed, and the resumed body does it again."""
         self.stopped = True
         self.closed.set()
 

@@ -425,12 +425,13 @@ class ToolCalls(CallEnds):
                         f"the lease on session {ctx.session.id!r} was lost while {ctx.call_id} ran"
                     )
             if not task.done():
+                # Closed first: the body unwinding (a `finally`, an `except CancelledError`)
+                # steps and asks no more, nor does a branch it left running. Nothing it did
+                # now would be replayed as the first run did it: the resumed body runs that.
+                journal.stop()
                 task.cancel()
                 with contextlib.suppress(BaseException):
-                    await task
-                # A branch it left running steps no more, and one it began meanwhile (as the
-                # body was cancelled) is journaled before the turn parks, as at a call's end.
-                journal.stop()
+                    await task  # what it raised (the refusal, say) is no outcome: it parked
                 await journal.quiet.wait()
                 return None, False
             # Ended meanwhile: a sibling's step under way, waited for, failed and the gather
@@ -443,10 +444,12 @@ class ToolCalls(CallEnds):
                 await _to_end(task)
                 if not task.cancelled() and not (lease is not None and lease.lost):
                     return task, True
+            # Closed first, as when it parks: neither its unwinding nor a branch it left
+            # running steps or asks now (a step under way is journaled): a resume runs them.
+            journal.stop()
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
-            journal.stop()  # a branch it left running steps no more: a resume runs the call
             raise
         finally:
             parked.cancel()
