@@ -194,6 +194,9 @@ def check_asked(call: CallState, requests: Container[str]) -> None:
             )
 
 
+_INFINITY = float("inf")
+
+
 def _entry(e: object) -> bool:
     """Whether `e` is a journal entry as the fold records one: a step and its result (and its
     error, if it failed), or a question and its request, keyed by a whole occurrence `n` or by
@@ -205,8 +208,15 @@ def _entry(e: object) -> bool:
     if (name is not None and type(name) is not str) or type(n) is not int or n < 0:
         return False
     if kind == "step":  # a failure is replayed from its error, an object (`raise_recorded`)
-        error = e.get("error")
-        return "result" in e and (error is None or type(error) is dict)
+        # A step the body cancelled: the seconds it ran, which its replay waits (not NaN or
+        # infinity, for ever).
+        error, cancelled = e.get("error"), e.get("cancelled", 0.0)
+        return (
+            "result" in e
+            and (error is None or type(error) is dict)
+            and type(cancelled) in (int, float)
+            and 0 <= cancelled < _INFINITY
+        )
     return kind == "ask" and type(e.get("request_id")) is str
 
 
