@@ -455,6 +455,54 @@ async def test_a_step_whose_task_group_failed_takes_the_same_except_star_on_repl
     assert fetched == ["a", "b"]  # once, though the body ran twice
 
 
+async def test_a_task_group_stepping_in_a_step_is_refused_unjournaled_and_the_fix_runs(
+    store_url: str,
+) -> None:
+    """A step's function that steps from a `TaskGroup`'s task (a bug in the tool's code) is
+    refused, and the refusal, wrapped in the group's `ExceptionGroup`, was journaled as the
+    step's own failure: once the code was fixed, its replay raised the old group, and the fixed
+    step never ran. The refusal is found in the group: nothing is journaled, and the fix runs."""
+    ran: list[str] = []
+    fixed: list[bool] = []
+
+    @so.tool
+    async def sync(ctx: so.ToolContext) -> list[str]:
+        """Sync the records while asking whether to notify."""
+
+        async def pull() -> str:
+            if not fixed:  # the bug: a step inside the step's function
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(ctx.step("inner", ran.append, "inner"))
+            ran.append("pulled")
+            return "pulled"
+
+        async def records() -> str:
+            try:
+                return str(await ctx.step("pull", pull))
+            except Exception as exc:
+                return type(exc).__name__
+
+        async def notify() -> str:
+            return (await ctx.ask("Notify?", options=["yes", "no"])).value
+
+        return list(await asyncio.gather(records(), notify()))
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("crm", [call_tools(call("sync")), seen], tools=[sync])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("crm", prompt="sync")
+        assert [p.question for p in r.pending] == ["Notify?"]
+        assert ran == []
+        fixed.append(True)  # the tool's code fixed before the answer
+        r = await rt.send(r.session_id, "yes")
+        assert r.status == "completed", r
+        steps = [e async for e in rt.events(r.session_id, follow=False) if e.type == "tool.step"]
+    assert tool_results(seen.last)[0].content == ["pulled", "yes"]
+    assert ran == ["pulled"]
+    [step] = steps
+    assert step.data["name"] == "pull" and step.data["result"] == "pulled"
+
+
 class _Recorded:
     """The engine's journal of a call whose N keyed steps all ran: it counts the entries read."""
 

@@ -38,7 +38,8 @@ a failure of the runtime's own (`CallJournal.failed`: a delegate's step creating
 child on this store, down a moment), after which the drive fails and a retry runs the step again
 (the child is then created): journaled, the outage would be raised again on every replay. Nor
 is signoff's refusal of the step's function stepping or asking (`misuse_in_step`): a bug in the
-tool's code, which once fixed runs the step. Any other exception is the step's own failure,
+tool's code, which once fixed runs the step. Nor an exception group holding one of these (the
+step's function ran an `asyncio.TaskGroup`). Any other exception is the step's own failure,
 which the tool may catch and go on from: journaled, a `SignoffError` too, and a `StoreError` of
 the step's own code (another store's, a signoff server's it called): the journal's own record
 fails apart from the step's function, never inside it."""
@@ -194,8 +195,7 @@ class CallJournal:
                 await self._cut_short(data, began)
                 raise
             except Exception as exc:
-                ours = exc is self.failed or refused_misuse(exc)  # not a sibling's failure
-                if not returned and (ours or isinstance(exc, _NOT_THE_STEPS)):
+                if not returned and (refused_misuse(exc) or self._about_the_run(exc)):
                     raise
                 # The step's own failure, which the tool may catch and go on from: journaled,
                 # so a replay takes the same path instead of running the step again.
@@ -214,6 +214,16 @@ class CallJournal:
             return data["result"]
         finally:
             self._busy(-1)
+
+    def _about_the_run(self, exc: BaseException) -> bool:
+        """Whether `exc` is, or an exception group holds (the step's function ran a
+        `TaskGroup`), this journal's own failure (`failed`: not a sibling's) or a signal
+        (`_NOT_THE_STEPS`): about the run, not the step's effect."""
+        if exc is self.failed or isinstance(exc, _NOT_THE_STEPS):
+            return True
+        if isinstance(exc, BaseExceptionGroup):
+            return any(self._about_the_run(inner) for inner in exc.exceptions)
+        return False
 
     async def _cut_short(self, data: dict[str, Any], began: float) -> None:
         """Journal a step whose function the body itself cancelled (a timeout around it, its

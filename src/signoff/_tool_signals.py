@@ -69,12 +69,18 @@ def misuse_in_step(exc: UsageError) -> UsageError:
 
 
 def refused_misuse(exc: BaseException) -> bool:
-    """Whether `exc` is such a refusal, or was raised on the way out of one (`raise ... from`)."""
+    """Whether `exc` is such a refusal, was raised on the way out of one (`raise ... from`), or
+    holds one (an exception group: the step's function stepped in an `asyncio.TaskGroup`)."""
     seen: set[int] = set()
-    at: BaseException | None = exc
-    while at is not None and id(at) not in seen:
+    left: list[BaseException | None] = [exc]
+    while left:
+        at = left.pop()
+        if at is None or id(at) in seen:
+            continue
         if getattr(at, _MISUSE, False):
             return True
         seen.add(id(at))
-        at = at.__cause__ or at.__context__
+        left.append(at.__cause__ or at.__context__)
+        if isinstance(at, BaseExceptionGroup):
+            left.extend(at.exceptions)
     return False
