@@ -11,8 +11,8 @@ import signoff as so
 from signoff.channels import ChannelHub
 from signoff.testing import call, call_tools, reply, scripted_agent
 
-from ._slack import ALICE, APPROVERS, FakeSlack, channel, manual
-from ._slack_replies import ALLOWED, deliver, event, events_of, fake
+from ._slack import ALICE, APPROVERS, FakeSlack, channel, manual, refund_runtime
+from ._slack_replies import ALLOWED, FIRST_TS, deliver, event, events_of, fake
 
 __all__ = ["fake"]  # the fixture, used by name
 
@@ -65,3 +65,27 @@ async def test_a_reply_that_would_answer_a_request_not_theirs_is_refused(
         (note,) = fake.of("chat.postEphemeral")
         assert note["text"] == f"You may not answer request {branch.id}: nothing was sent."
         assert (note["user"], note["thread_ts"]) == (ALLOWED, SECOND_TS)
+
+
+async def test_a_reply_in_the_thread_of_a_request_whose_session_was_deleted_is_told(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """The thread of a closed request takes replies for seven days; once its session is
+    deleted, a reply there reached no one and said nothing (only the server's log did)."""
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], state=tmp_path / "hub.db")) as hub:
+            await hub.poll()
+            bob = so.Principal(authenticator="slack", principal_id=APPROVERS[0])
+            yes = so.InputResponse(request_id=req.id, option_id="approve")
+            await rt.respond(req.session_id, [yes], principal=bob)
+            await hub.poll()
+            await rt.delete_session(req.session_id)
+            await hub.poll()
+            await deliver(slack, event("is this done?", event_id="Ev77", user=APPROVERS[0]))
+    (note,) = fake.of("chat.postEphemeral")
+    assert note["text"] == f"Your reply was not sent: request {req.id} is gone."
+    assert (note["user"], note["thread_ts"]) == (APPROVERS[0], FIRST_TS)

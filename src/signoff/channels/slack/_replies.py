@@ -308,8 +308,10 @@ class ThreadReplies:
         rt = ch.runtime
         where = {"channel": reply.channel, "user": reply.user, "thread_ts": reply.thread}
         stored = await rt.store.get_request(reply.request_id)
-        if stored is None:
+        if stored is None:  # its session was deleted: told, as a click on it is
             logger.warning("slack: a reply in the thread of unknown request %s", reply.request_id)
+            sent = "may not have been sent" if again else "was not sent"
+            await ch._tell(where, f"Your reply {sent}: request {reply.request_id} is gone.")
             return
         try:
             principal = await ch.identities.principal(reply.team, reply.user)
