@@ -8,10 +8,14 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx
 import pytest
 
 import signoff as so
+from signoff.server import TokenAuth, create_app
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+
+from .test_server_common import ALICE, TOKENS, auth
 
 Look = Callable[[so.Runtime, str], Awaitable[Any]]
 LOOKS: dict[str, Look] = {
@@ -155,3 +159,36 @@ async def test_a_turn_beside_a_request_whose_drive_died_still_expires(store_url:
         finally:
             go.set()
             await asyncio.gather(turn, return_exceptions=True)
+
+
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["same", "other"])
+async def test_the_request_of_a_turn_a_live_drive_runs_on_reads_open_over_http(
+    store_url: str, elsewhere: bool
+) -> None:
+    """`GET /v1/requests/{id}` read the approval `expired` (a resolution made up for a session
+    past its TTL) while the session read `running` with it pending, and an answer to it was
+    taken; the dashboard placed it nowhere. It reads pending, placed on its session's page."""
+    clock = ManualClock()
+    started, go = asyncio.Event(), asyncio.Event()
+    agent = asking_agent(started, go)
+    async with (
+        so.Runtime([agent], store=store_url, clock=clock, lease_ttl=600) as rt,
+        so.Runtime([agent], store=store_url, clock=clock, lease_ttl=600) as other,
+    ):
+        app = create_app(other if elsewhere else rt, auth=TokenAuth(TOKENS))
+        transport = httpx.ASGITransport(app=app)
+        turn = asyncio.create_task(rt.generate("a", prompt="hi", auth=ALICE))
+        try:
+            await started.wait()
+            [row] = await rt.sessions()
+            [request] = await rt.pending(session_id=row.id)
+            clock.advance(61)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                got = await http.get(f"/v1/requests/{request.id}", headers=auth("alice-token"))
+            assert got.status_code == 200
+            body = got.json()
+            assert (body["status"], body["outcome"], body["resolution"]) == ("pending", None, None)
+        finally:
+            go.set()
+            result = await turn
+        assert result.status == "waiting"

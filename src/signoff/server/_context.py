@@ -281,9 +281,12 @@ class ServerContext(OpenRequests):
         if stored.status == "pending" and not await self._live(stored.request.session_id):
             # Its session's TTL passed (or one's above it): the queue leaves it out. Record that,
             # as the session's own read does; what is not recorded reads as recording closes it.
-            await self.runtime.state(stored.request.session_id)
+            state = await self.runtime.state(stored.request.session_id)
             stored = await self.runtime.store.get_request(request_id) or stored
-            return stored_after_expiry(stored, self.runtime.now())
+            now = self.runtime.now()
+            if state.expired(now) and await self.runtime._ended(state, now) is None:
+                return stored  # a live drive runs its turn on past the TTL: not closed
+            return stored_after_expiry(stored, now)
         if is_due(stored.request, self.runtime.now()):
             # Its deadline passed and no sweep applied it yet: apply it, as the queue does.
             flt = PendingFilter(session_id=stored.request.session_id, limit=10_000)
