@@ -55,9 +55,7 @@ class OneQuestion:
     def asked(self, request_id: str) -> tuple[list[Option], bool] | None:
         return None
 
-    async def run_step(
-        self, index: int, name: str, run: Callable[[], Awaitable[Any]], began: float
-    ) -> Any:
+    async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any:
         raise AssertionError("no steps here")
 
     def lost(self) -> bool:

@@ -77,10 +77,6 @@ DAMAGES: dict[str, Callable[[dict[str, Any]], None]] = {
     # there was an AttributeError in the body, recorded as the tool's own failure.
     "a step's error text": lambda c: c["journal"][0].update(error="boom"),
     "a step's error a list": lambda c: c["journal"][0].update(error=["boom"]),
-    # A step the body cancelled: its replay waits the seconds it ran for the cancel again.
-    "a step's cancel text": lambda c: c["journal"][0].update(cancelled="3"),
-    "a step's cancel negative": lambda c: c["journal"][0].update(cancelled=-1),
-    "a step's cancel true": lambda c: c["journal"][0].update(cancelled=True),
 }
 
 

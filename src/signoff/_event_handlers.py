@@ -148,9 +148,6 @@ def _stepped(call: CallState, d: dict[str, Any]) -> None:
     error = d.get("error")
     if error is not None:  # the step raised: its replay raises it again
         entry["error"] = error
-    cancelled = d.get("cancelled")
-    if cancelled is not None:  # the body cancelled it: its replay waits to be cancelled again
-        entry["cancelled"] = cancelled
     call.record(d["index"], entry)
 
 

@@ -132,14 +132,10 @@ class CallJournal:
         call = self._call()
         return call.keyed or not call.journaled
 
-    async def run_step(
-        self, index: int, name: str, run: Callable[[], Awaitable[Any]], began: float
-    ) -> Any:
+    async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any:
         """Run a step's function and journal its result as JSON (`jsonable`). It counts as in
         flight meanwhile, so a body that parks waits for it instead of cancelling it between its
-        effect and its record (a cancelled step runs again on replay). One the body itself
-        cancels (a timeout around it) is journaled as cancelled, `began` (the loop's time the
-        body reached it) that many seconds before (`_cut_short`)."""
+        effect and its record (a cancelled step runs again on replay)."""
         self._body_running(f"ctx.step({name!r})", "nothing ran")
         keyed = self.keyed  # as when `index` was claimed: empty only ever turns keyed
         self.refused()  # nothing more runs in a drive that failed to record: a retry steps
@@ -191,9 +187,6 @@ class CallJournal:
                 if too_large is not None:
                     del data["result"]
                     raise TooLarge(too_large)
-            except asyncio.CancelledError:  # from its function's await: nothing ran after
-                await self._cut_short(data, began)
-                raise
             except Exception as exc:
                 if not returned and (refused_misuse(exc) or self._about_the_run(exc)):
                     raise
@@ -224,30 +217,6 @@ class CallJournal:
         if isinstance(exc, BaseExceptionGroup):
             return any(self._about_the_run(inner) for inner in exc.exceptions)
         return False
-
-    async def _cut_short(self, data: dict[str, Any], began: float) -> None:
-        """Journal a step whose function the body itself cancelled (a timeout around it, its
-        `TaskGroup` failing), with the seconds it had run: the body went on from the cancel, so
-        a replay of it must not run the step (it might return this time, and the body take
-        another path than it recorded) but wait to be cancelled again (`ToolContext.step`).
-        Nothing when the engine cancelled the body (closed first: it parks or its drive stops)
-        or its lease was lost, nor when the step raised the cancel itself: none of those is the
-        body's path. A record the store refuses fails the drive, as a step's does."""
-        task = asyncio.current_task()
-        if (
-            task is None
-            or not task.cancelling()
-            or self.closed.is_set()
-            or self.failed is not None
-            or self.lost()
-            or self.driver.released
-        ):
-            return
-        cancelled = {**data, "cancelled": round(asyncio.get_running_loop().time() - began, 3)}
-        try:
-            await to_end(self._record([("tool.step", cancelled)]), self.lost)
-        except (StoreError, TurnStopped):
-            pass  # `failed` says a store's refusal; a stopped turn steps no more anyway
 
     def stop(self) -> None:
         """The body is cancelled without ending the call: parked on a question (it runs again

@@ -194,9 +194,6 @@ def check_asked(call: CallState, requests: Container[str]) -> None:
             )
 
 
-_INFINITY = float("inf")
-
-
 def _entry(e: object) -> bool:
     """Whether `e` is a journal entry as the fold records one: a step and its result (and its
     error, if it failed), or a question and its request, keyed by a whole occurrence `n` or by
@@ -208,15 +205,8 @@ def _entry(e: object) -> bool:
     if (name is not None and type(name) is not str) or type(n) is not int or n < 0:
         return False
     if kind == "step":  # a failure is replayed from its error, an object (`raise_recorded`)
-        # A step the body cancelled: the seconds it ran, which its replay waits (not NaN or
-        # infinity, for ever).
-        error, cancelled = e.get("error"), e.get("cancelled", 0.0)
-        return (
-            "result" in e
-            and (error is None or type(error) is dict)
-            and type(cancelled) in (int, float)
-            and 0 <= cancelled < _INFINITY
-        )
+        error = e.get("error")
+        return "result" in e and (error is None or type(error) is dict)
     return kind == "ask" and type(e.get("request_id")) is str
 
 

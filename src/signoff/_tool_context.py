@@ -52,12 +52,7 @@ class Journal(Protocol):
         """The options and `allow_text` question `request_id` was asked with (None: unknown)."""
         ...
 
-    async def run_step(
-        self, index: int, name: str, run: Callable[[], Awaitable[Any]], began: float
-    ) -> Any:
-        """Run a step's function and journal its outcome (`began`: the loop's time the body
-        reached the step, for the seconds a step the body cancelled had run)."""
-        ...
+    async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any: ...
 
     def lost(self) -> bool:
         """Whether the session's lease was lost: nothing the call does can be recorded now."""
@@ -287,33 +282,11 @@ class ToolContext:
                 waited += min(loop.time() - before, _GRACE_PER_WAIT)
             left = now
 
-    async def _cancelled_again(self, name: str, after: float) -> NoReturn:
-        """Replay a step the body itself cancelled as it ran (a timeout around it), `after`
-        seconds in: wait to be cancelled again, as the body's own timer does about as long in,
-        so the body takes the path it recorded (run, the step might return this time). Nothing
-        cancelling it `REPLAY_GRACE` seconds later (counted as the loop ran, as siblings are
-        waited for) means the tool changed: `ReplayError`."""
-        await asyncio.sleep(after)
-        loop = asyncio.get_running_loop()
-        waited = 0.0
-        while waited < REPLAY_GRACE:
-            before = loop.time()
-            await asyncio.sleep(0.02)
-            waited += min(loop.time() - before, _GRACE_PER_WAIT)
-        raise ReplayError(
-            f"tool {self.tool_name!r} (call {self.call_id}) replayed step {name!r}, which it "
-            f"cancelled {after} s in when it ran (a timeout around it, say), but nothing "
-            "cancelled it on replay; a workflow tool must ask and step in the same order on "
-            "every run"
-        )
-
     async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run a side effect once and journal its result; a replay returns the recorded result.
 
         A step that raises is journaled too, and its replay raises the same exception again
-        (`StepFailed` when it cannot be rebuilt) instead of running the step again; one the body
-        cancels (a timeout around it) is journaled as cancelled, and its replay waits to be
-        cancelled again, so the body takes the path it recorded. Replay finds
+        (`StepFailed` when it cannot be rebuilt) instead of running the step again. Replay finds
         a step by its name and occurrence: concurrent branches that step under the same name
         must reach it in the same order on every run, so give each its own name. The step's
         own function may not step or ask (`UsageError`); a plain one runs in a thread. `name`
@@ -343,13 +316,10 @@ class ToolContext:
                 f"{MAX_STEP_NAME_CHARS} ({name[:40]!r}...); name the step, not its data"
             )
         if entry is not None:
-            if entry.get("cancelled") is not None:
-                await self._cancelled_again(name, entry["cancelled"])
             if entry.get("error") is not None:
                 raise_recorded(name, entry["error"])
             # A copy: the entry is the session's state, which a tool changing it would change.
             return copied(entry["result"])
-        began = asyncio.get_running_loop().time()  # a timeout around the step runs from here
         await self._replayed_first("step", name)
         journal = self._journal
         assert journal is not None
@@ -374,7 +344,7 @@ class ToolContext:
             return result
 
         try:
-            journaled = await journal.run_step(index, name, run, began)
+            journaled = await journal.run_step(index, name, run)
         finally:
             if stopped:  # its effect (or failure) is journaled now: the cancel goes on
                 raise asyncio.CancelledError
