@@ -98,3 +98,38 @@ async def test_a_refused_answer_recovers_a_verdict_a_dead_process_left(
         assert [(o.outcome, o.applied) for o in res.outcomes] == [("rejected", False)]
         assert (res.status, ran) == ("completed", ["9"])
         assert (await rt.state(r.session_id)).candidates == {}
+
+
+async def test_a_recovered_answer_keeps_its_edits_review_on_the_settlement(store_url: str) -> None:
+    """Bob's edited approval, whose edit an `auto()` review found `caution`, was left pending
+    by a process that died in the response policy: settled by the drive that judges it again,
+    its `approval.settled` lost the review's verdict (the candidate held it)."""
+    ran: list[str] = []
+    clock = ManualClock()
+    async with so.Runtime([_desk(ran, so.always())], store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (req,) = r.pending
+        dead = {
+            "request_id": req.id,
+            "call_id": req.call_id,
+            "candidate_id": "cand_dead",
+            "decision": "approve",
+            "by": BOB.model_dump(),
+            "outcome": "pending",
+            "text": None,
+            "value": None,
+            "edited_input": {"order_id": "10"},
+            "auto_verdict": "caution",
+            "auto_reason": "another order",
+        }
+        driver = rt._driver((await rt.state(r.session_id)).copy(), None)
+        await driver.record([("approval.candidate", dead)], durable=True)
+        clock.advance(1.0 + RECOVERY_GRACE + 1)
+        done = await rt.generate(session_id=r.session_id)
+        assert (done.status, ran) == ("completed", ["10"])
+        [settled] = [
+            e.data
+            async for e in rt.events(r.session_id, follow=False)
+            if e.type == "approval.settled"
+        ]
+        assert (settled["auto_verdict"], settled["auto_reason"]) == ("caution", "another order")

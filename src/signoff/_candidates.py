@@ -104,7 +104,8 @@ class Candidates(CandidateEnds):
             log.info("re-evaluating response %s to request %s", cid, live.request.id)
             recovered = True
             try:
-                wanted = _resolution(live.request, reply, tool)
+                # With the `auto()` review of its edit its own call made (not made again).
+                wanted = {**_resolution(live.request, reply, tool), **edit_review(c)}
             except (InvalidAnswer, AnswerError) as exc:
                 # Valid when given, it is not under this deploy (the tool's schema changed):
                 # it ends here, as raising would refuse everyone who touches the session.
