@@ -14,32 +14,21 @@ import pytest
 from pydantic import Field
 
 import signoff as so
-from signoff import _candidates
 from signoff._candidates import RECOVERY_GRACE
-from tests._candidate_child import ALICE, BOB, CAROL, make_agent
+from tests._candidate_child import ALICE, BOB, make_agent
 from tests._workers import is_, until, working
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def died_deciding(
-    tmp_path: Path, *flags: str, store: str | None = None
-) -> tuple[Path, Path, dict[str, str]]:
-    """A child process records a response (Bob's message "approve" sent with an idempotency key
-    with `--key KEY` in `flags`, see `tests._candidate_child`) in `store` (a SQLite file in
-    `tmp_path` if None) and is killed while its policy runs: the SQLite file, the file the
+def died_deciding(tmp_path: Path, *key: str) -> tuple[Path, Path, dict[str, str]]:
+    """A child process records a response (Bob's message "approve" sent with the idempotency
+    key `key`, if given) and is killed while its policy runs: the store file, the file the
     refund tool writes to, and the ids the child printed."""
     db, out = tmp_path / "s.db", tmp_path / "runs"
+    keyed = ["--key", *key] if key else []
     child = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests._candidate_child",
-            store or str(db),
-            str(out),
-            "--die",
-            *flags,
-        ],
+        [sys.executable, "-m", "tests._candidate_child", str(db), str(out), "--die", *keyed],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -83,7 +72,7 @@ async def test_a_keyed_message_whose_candidate_died_deciding_is_a_repeat_once_ju
     drive, or Bob's call sent again itself) records the key with the approval it settles, so the
     call sent again with the key is a repeat answered with the turn it answered into, not a new
     turn taking "approve" as its prompt."""
-    db, out, ids = died_deciding(tmp_path, "--key", "k-1")
+    db, out, ids = died_deciding(tmp_path, "k-1")
     sid = ids["session"]
     later = time.time() + 60  # well past the policy's timeout: nobody is still deciding
     async with so.Runtime(
@@ -105,91 +94,6 @@ async def test_a_keyed_message_whose_candidate_died_deciding_is_a_repeat_once_ju
         with pytest.raises(so.IdempotencyKeyReused):
             await rt.send(sid, "deny", principal=BOB, idempotency_key="k-1")
     assert len(out.read_text().splitlines()) == 1  # the refund ran once
-
-
-@pytest.mark.parametrize(
-    ("settled", "when"), [("approve", "lost"), ("approve", "deciding"), ("cancel", "lost")]
-)
-async def test_a_keyed_answer_that_died_deciding_meets_the_request_settled_meanwhile(
-    store_url: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    settled: str,
-    when: str,
-) -> None:
-    """Bob's "approve" sent with an idempotency key, his process SIGKILLed while the response
-    policy judged it; Carol settles the request before Bob's client sends it again. The dead
-    answer is judged as its live call would have gone on: if she approved, it was taken as
-    her answer was and its key is kept with the turn (`input.repeated`), so the message sent
-    again is a repeat, not a new turn taking "approve" as its prompt; sent again while its
-    process might still be deciding (`deciding`), the call waits that out first. If she
-    denied (`cancel`), the message is delivered anew, as a live call's is."""
-    monkeypatch.setattr(_candidates, "RECOVERY_GRACE", 0.5)  # the policy's timeout is 1 s
-    _, out, ids = died_deciding(tmp_path, "--key", "k-1", store=store_url)
-    sid, rid = ids["session"], ids["request"]
-    later = time.time() + 60  # well past the policy's timeout: nobody is still deciding
-    clock = time.time if when == "deciding" else (lambda: later)
-    agent = make_agent(str(out), also=["carol"])
-    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
-        turn = (await rt.state(sid)).turn
-        assert turn is not None
-        answer = so.InputResponse(request_id=rid, option_id=settled)
-        assert (await rt.respond(sid, [answer], principal=CAROL)).status == "completed"
-        again = await rt.send(sid, "approve", principal=BOB, idempotency_key="k-1")
-        events = [e async for e in rt.events(sid, follow=False)]
-        bob = [
-            e.data["outcome"]
-            for e in events
-            if e.type == "approval.candidate" and e.data["by"]["principal_id"] == "bob"
-        ]
-        assert bob == ["pending", "stale"]  # ended, its request closed
-        assert not (await rt.state(sid)).candidates
-        started = [e.data["message"] for e in events if e.type == "turn.started"]
-        kept = [e.data for e in events if e.type == "input.repeated"]
-        if settled == "approve":
-            assert (again.status, again.turn_id, again.replayed) == ("completed", turn.id, True)
-            assert started == ["refund 9"]
-            assert [k["request_id"] for k in kept] == [rid] and kept[0]["idem"]
-            with pytest.raises(so.IdempotencyKeyReused):
-                await rt.send(sid, "deny", principal=BOB, idempotency_key="k-1")
-        else:
-            assert (again.turn_id != turn.id, again.replayed) == (True, False)
-            assert started == ["refund 9", "approve"] and not kept
-            repeat = await rt.send(sid, "approve", principal=BOB, idempotency_key="k-1")
-            assert (repeat.turn_id, repeat.replayed) == (again.turn_id, True)
-    runs = out.read_text().splitlines() if out.exists() else []
-    assert len(runs) == (1 if settled == "approve" else 0)
-
-
-async def test_a_keyed_vote_that_died_deciding_after_its_sender_voted_keeps_its_key(
-    store_url: str, tmp_path: Path
-) -> None:
-    """Under a quorum of two, Bob's "approve" sent with an idempotency key dies in the response
-    policy; then Bob approves from another client (his principal with other attributes), which
-    is counted. The drive after it judges the dead answer again: counted before (one person,
-    one vote), it was taken all the same, and its key is kept as a live call's is
-    (`input.repeated`): once Carol's vote settles the request, the message sent again is a
-    repeat, not a new turn taking "approve" as its prompt."""
-    _, out, ids = died_deciding(tmp_path, "--key", "k-1", "--quorum", store=store_url)
-    sid, rid = ids["session"], ids["request"]
-    later = time.time() + 60  # well past the policy's timeout: nobody is still deciding
-    agent = make_agent(str(out), approvers=2, also=["carol"])
-    web = BOB.model_copy(update={"attributes": {"client": "web"}})
-    yes = so.InputResponse(request_id=rid, option_id="approve")
-    async with so.Runtime([agent], store=store_url, clock=lambda: later) as rt:
-        turn = (await rt.state(sid)).turn
-        assert turn is not None
-        voted = await rt.respond(sid, [yes], principal=web)
-        assert voted.status == "waiting" and voted.outcomes[0].outcome == "counted"
-        assert not (await rt.state(sid)).candidates  # the dead one judged again meanwhile
-        assert (await rt.respond(sid, [yes], principal=CAROL)).status == "completed"
-        again = await rt.send(sid, "approve", principal=BOB, idempotency_key="k-1")
-        assert (again.status, again.turn_id, again.replayed) == ("completed", turn.id, True)
-        events = [e async for e in rt.events(sid, follow=False)]
-        assert [e.data["message"] for e in events if e.type == "turn.started"] == ["refund 9"]
-        (kept,) = [e.data for e in events if e.type == "input.repeated"]
-        assert kept["request_id"] == rid and kept["by"]["principal_id"] == "bob"
-    assert len(out.read_text().splitlines()) == 1
 
 
 async def test_a_front_that_runs_no_turns_still_evaluates_a_dead_candidate_again(

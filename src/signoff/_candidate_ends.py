@@ -24,7 +24,6 @@ __all__ = [
     "already_counted",
     "base",
     "ending",
-    "kept_key",
     "naming",
     "sent",
     "waiting",
@@ -131,15 +130,6 @@ def sent(st: SessionState, mark: Keyed | None) -> bool:
     """Whether the message keyed `mark` is recorded in `st` already: sent again at once, it
     counted its vote meanwhile (which `voted` misses where one person may vote twice)."""
     return mark is not None and same_ask((st.keys.get(mark[0]) or [None])[0], mark)
-
-
-def kept_key(st: SessionState, request: InputRequest, by: Any, mark: Keyed) -> list[EventSpec]:
-    """The `input.repeated` that keeps the key `mark` of a message `by` someone taken as an
-    answer to `request` that changed nothing, with the request's turn: sent again, the message
-    is a repeat. None if the key is recorded already, or the session moved past that turn."""
-    if mark[0] in st.keys or st.turn is None or st.turn.id != request.turn_id:
-        return []
-    return [("input.repeated", {"request_id": request.id, "by": by, "idem": list(mark)})]
 
 
 def already_counted(request: InputRequest) -> Outcome:

@@ -5,7 +5,6 @@ candidate meanwhile is `_candidate_ends`'s."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -16,14 +15,13 @@ from ._answers import edit_review
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
-from ._candidate_ends import RECHECKED, CandidateEnds, already_counted, kept_key
+from ._candidate_ends import RECHECKED, CandidateEnds, already_counted
 from ._candidate_ends import EndedElsewhere as _EndedElsewhere
 from ._candidate_ends import base as _base
 from ._candidate_ends import ending as _ending
 from ._candidate_ends import naming as _naming
 from ._candidate_ends import sent as _sent
 from ._candidate_ends import waiting as _waiting
-from ._counts import CLOSED
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import authorize, voted
 from ._error_text import error_text
@@ -72,10 +70,7 @@ class Candidates(CandidateEnds):
         counted (`_counts`) as accepted or refused here, as its dead process never did, by the
         process that ends it: another judging it at once records and counts nothing. The key of
         a message that gave one (`message_idem`) is recorded with its vote or settlement, as its
-        own call would have: the message sent again is a repeat. Such an answer is judged again
-        after its request closed too (the state keeps it): taken if the request was settled
-        with it (or its sender's vote counted before), its key is kept with the turn
-        (`input.repeated`), as its call's `send` would have kept it; else it only ends."""
+        own call would have: the message sent again is a repeat."""
         if not state.candidates:
             return False
         session_id = state.id
@@ -84,7 +79,7 @@ class Candidates(CandidateEnds):
         now = self.now()
         for cid, c in list(state.candidates.items()):
             live = state.requests.get(c["request_id"])
-            if live is None:
+            if live is None or live.status != "pending":
                 continue
             tool = agent.tools.get(live.request.tool_name or "")
             if tool is None or tool.response_policy is None:
@@ -120,52 +115,13 @@ class Candidates(CandidateEnds):
                 continue  # another process judged it again meanwhile, and counted it
             except (AnswerError, SessionExpired) as exc:
                 # Its request closed or was answered otherwise meanwhile, or the session's TTL
-                # passed: refused, as the answer's own call would have been (a message's, whose
-                # request closed, is delivered anew when sent again: no refusal).
-                if mark is None or not isinstance(exc, CLOSED):
-                    self._counts.refuse(exc)
+                # passed: refused, as the answer's own call would have been.
+                self._counts.refuse(exc)
                 if isinstance(exc, SessionExpired):
                     raise
                 continue
             self._counts.answered([outcome])
         return recovered
-
-    async def _left_pending(self, state: SessionState, idem: Keyed | None) -> bool:
-        """Whether the message keyed `idem`, sent again, found its first call's answer pending
-        on a request closed since (that call died in the response policy, or is there still)
-        and saw it end: waited for while that call may still be deciding, then judged again
-        (`_recover`). Its key is kept then if that answer was taken, so the message is a repeat
-        (as its live call would have left it); else it is delivered anew."""
-        if idem is None:
-            return False
-        for cid, c in list(state.candidates.items()):
-            sent = c.get("message_idem")
-            live = state.requests.get(c["request_id"])
-            if not isinstance(sent, list) or sent[:1] != [idem[0]]:
-                continue
-            if live is None or live.status == "pending":
-                continue  # an answer to it again waits for that one (`_proposed`)
-            tool = self.agent(state.agent).tools.get(live.request.tool_name or "")
-            if tool is None or tool.response_policy is None:
-                continue
-            until = float(c["at"]) + tool.response_timeout + RECOVERY_GRACE
-            if await self._candidate_ended(state.id, cid, until):
-                return True
-            return await self._recover(await self._state(state.id))
-        return False
-
-    async def _candidate_ended(self, session_id: str, cid: str, until: float) -> bool:
-        """Wait until candidate `cid` is ended, or `until` passed by the clock (its process
-        died), or as many seconds of real time (a clock a test holds still): whether it ended."""
-        pause = 0.02
-        loop = asyncio.get_running_loop()
-        stop = loop.time() + max(until - self.now(), 0.0)
-        while self.now() < until and loop.time() < stop:
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.5)
-            if cid not in (await self._state(session_id)).candidates:
-                return True
-        return False
 
     async def _spoiled(
         self,
@@ -219,9 +175,7 @@ class Candidates(CandidateEnds):
         settlement records the key too, so the message repeated with it is not taken again (one
         refused, or closed under it by a deadline, is not taken: `send` delivers it anew). Its
         pending candidate keeps the key aside (`message_idem`, which takes nothing), for the
-        process that judges it again if this one dies (`_recover`), which keeps the key of one
-        that changed nothing (counted before, or its request settled with it meanwhile) on an
-        `input.repeated`, as `send` does after a live call (`kept_key`).
+        process that judges it again if this one dies (`_recover`).
         `usage` is what reviewing the answer's edit cost: the first event it records counts it;
         `verdict` the response policy's, judged already (before the edit's check), not again.
         """
@@ -322,13 +276,6 @@ class Candidates(CandidateEnds):
         late: list[InputRequest] = []
         lapsed: list[bool] = []
 
-        def keep(st: SessionState, taken: bool) -> list[EventSpec]:
-            """A recovered message's key, kept with its request's turn if it was `taken` but
-            changed nothing, as its own call's `send` would have kept it (`kept_key`)."""
-            if not taken or recovered is None or mark is None:
-                return []
-            return kept_key(st, request, by, mark)
-
         def settle_or_count(st: SessionState) -> Batch:
             late.clear()
             lapsed.clear()
@@ -353,7 +300,7 @@ class Candidates(CandidateEnds):
                 # Its pending candidate ends too: the request closed while the policy ran.
                 why = f"request {rid} was closed before this response could settle it"
                 stale = {**base, "outcome": "stale", "reason": why}
-                return Batch(specs=[("approval.candidate", stale), *keep(st, not refused)])
+                return Batch(specs=[("approval.candidate", stale)])
             current = live.request
             now = self.now()
             if st.expired(now) and not held:
@@ -386,7 +333,7 @@ class Candidates(CandidateEnds):
                         return Batch(specs=[])
                     # Its pending candidate ends here, lest every later drive judge it again.
                     spent = {**base, "outcome": "stale", "reason": again.reason}
-                    return Batch(specs=[("approval.candidate", spent), *keep(st, True)])
+                    return Batch(specs=[("approval.candidate", spent)])
                 votes = [*current.approved_by, str(me)]
                 if len(votes) < current.approvers:
                     progressed = current.model_copy(update={"approved_by": votes})

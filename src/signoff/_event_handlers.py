@@ -79,8 +79,6 @@ def _turn_started(s: SessionState, e: Event) -> None:
     kept = {k: r for k, r in s.requests.items() if r.status == "pending"}
     s.earlier_requests = s.earlier_requests or len(kept) < len(s.requests)
     s.requests = kept
-    # A keyed answer kept past its request's close can keep its key with that turn no more.
-    s.candidates = {c: d for c, d in s.candidates.items() if d.get("request_id") in kept}
     if s.conversation is not None:
         s.conversation.add(e)
 
@@ -276,12 +274,9 @@ def _billed(s: SessionState, e: Event) -> None:
 
 
 def _drop_candidates(s: SessionState, request_id: str) -> None:
-    """A closed request has nothing left to evaluate; but a keyed message's answer still pending
-    is kept until its end is recorded: its key is there alone, for the process that ends it
-    (its own, or `Candidates._recover` once that died) to keep with the request's turn."""
-    for cid, d in list(s.candidates.items()):
-        if d.get("request_id") == request_id and not d.get("message_idem"):
-            del s.candidates[cid]
+    """A closed request has nothing left to evaluate."""
+    for cid in [c for c, d in s.candidates.items() if d.get("request_id") == request_id]:
+        del s.candidates[cid]
 
 
 def _approval_candidate(s: SessionState, e: Event) -> None:
@@ -316,7 +311,6 @@ def _approval_settled(s: SessionState, e: Event) -> None:
     d = e.data
     _keyed(s, e, _in_turn(s, e))
     _billed(s, e)  # what reviewing the answer's edit cost (an auto() policy's model)
-    s.candidates.pop(d.get("candidate_id") or "", None)  # the answer it settles with
     _drop_candidates(s, d["request_id"])
     req = s.requests.get(d["request_id"])
     approve = d["decision"] == "approve"

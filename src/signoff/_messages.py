@@ -12,7 +12,6 @@ from ._answers import Reply, check_principal, check_unambiguous, names_several
 from ._answers import check_text as _check_text
 from ._answers import match as _match
 from ._cancellation import stop_calls
-from ._candidate_ends import kept_key
 from ._counts import refused_only
 from ._exceptions import (
     ConflictingAnswer,
@@ -97,8 +96,6 @@ class Messages(Answering):
                 asked = {r.id for r in state.pending_requests()}
             if seen(state.keys, idem, session_id) or await self._voted_behind(state, idem):
                 return await self._replay(session_id, idem)
-            if await self._left_pending(state, idem):
-                continue  # its first call's answer ended since: its key kept, or not
             turn = state.turn
             # A turn a retry can resume has not ended: only a `steer` message from the person
             # it serves starts the next turn past it; any other waits, as on a running turn.
@@ -252,11 +249,14 @@ class Messages(Answering):
         True if the key was recorded meanwhile (by this call sent again: a repeat); nothing is
         recorded then, nor once the session moved past that turn."""
         who = None if principal is None else principal.model_dump()
+        data = {"request_id": request.id, "by": who, "idem": list(idem)}
         taken: list[bool] = []
 
         def build(st: SessionState) -> list[EventSpec]:
             taken[:] = [idem[0] in st.keys and seen(st.keys, idem, session_id)]
-            return kept_key(st, request, who, idem)
+            if idem[0] in st.keys or st.turn is None or st.turn.id != request.turn_id:
+                return []
+            return [("input.repeated", data)]
 
         await self._append(session_id, build, turn_id=request.turn_id)
         return taken == [True]

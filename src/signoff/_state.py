@@ -59,13 +59,12 @@ SNAPSHOT_VERSION = 2
 journals out (read back from the events); an older signoff refuses such a snapshot by its
 version. One of version 1 or before holds each journal whole, and still loads."""
 
-FOLD_VERSION = 5
+FOLD_VERSION = 4
 """Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`;
 none is 1), raised whenever an event comes to fold otherwise: a session loads only from a
 snapshot of this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`.
 3: a `tool.started` with a `policy_reason` gives its call that `decision`. 4: a call keeps
-its `tool.started`'s `filled`. 5: a keyed message's pending candidate outlives its request's
-close, until its end or the next turn."""
+its `tool.started`'s `filled`."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -118,7 +117,6 @@ class SessionState:
     keys: dict[str, list[Any]] = field(default_factory=dict)
     # Responses recorded as `approval.candidate` pending whose policy verdict is not recorded
     # yet (the process may have died while the policy ran): candidate id -> its data and time.
-    # A keyed message's outlives its request's close, for its key (`Candidates._recover`).
     candidates: dict[str, dict[str, Any]] = field(default_factory=dict)
     # None when rebuilt from a snapshot: the engine loads it from the events on demand.
     conversation: Conversation | None = field(default_factory=lambda: Conversation())
