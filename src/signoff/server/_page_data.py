@@ -229,23 +229,42 @@ async def _offers(
     return {
         "deciding": deciding,
         "schemas": _schemas(ctx, deciding),
-        "refusals": await _refusals(ctx, viewer, deciding),
+        "refusals": await _refusals(ctx, viewer, items, deciding),
         "votes": {i: d.progress for i, d in deciding.items() if voted(d, viewer)},
     }
 
 
 async def _refusals(
-    ctx: ServerContext, viewer: Principal, deciding: dict[str, InputRequest]
+    ctx: ServerContext,
+    viewer: Principal,
+    items: list[InputRequest],
+    deciding: dict[str, InputRequest],
 ) -> dict[str, str]:
     """Per request the viewer may see but not answer (another's question, their own call that
-    needs someone else), why: its card offers no buttons that could only fail."""
+    needs someone else, one of a session whose agent this server does not run), why: its card
+    offers no buttons that could only fail."""
     out: dict[str, str] = {}
     rt = ctx.runtime
-    for rid, r in deciding.items():
+    for item in items:
+        rid, r = item.id, deciding[item.id]
         refused = await refusal(rt.agents, rt.store, r, viewer)
         if refused is not None:
             out[rid] = str(refused)
+            continue
+        # The runtime refuses such an answer as `unknown_agent`, whoever gives it: it would
+        # continue that agent's turn (for a mirror, the subagent's, then its parent's).
+        lacking = next((a for a in (r.agent, item.agent) if a not in rt.agents), None)
+        if lacking is not None:
+            out[rid] = _elsewhere(rid, lacking)
     return out
+
+
+def _elsewhere(request_id: str, agent: str) -> str:
+    """Why a request of a session whose agent this server does not run cannot be answered here."""
+    return (
+        f"request {request_id} waits in a session of agent {agent!r}, which this server does"
+        f" not run: answer it from a runtime that runs agent {agent!r}"
+    )
 
 
 async def answered_by_another(
