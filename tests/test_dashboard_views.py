@@ -262,6 +262,20 @@ def test_demo_models_are_labelled(base: str, tmp_path: Path) -> None:
         assert "Demo model" not in page
 
 
+def test_demo_agents_names_are_isolated(tmp_path: Path) -> None:
+    """The banner joined the demo agents' names bare: a right-to-left name reordered the commas
+    and words beside it. Each is isolated, in the banner as `<bdi>` and in the new
+    conversation's menu (an option holds no markup) between U+2068 and U+2069."""
+    script = so.models.Scripted([so.ModelResponse(text="hi")])
+    agents = [so.Agent(name=n, model=script) for n in ("עזרה 2", "support")]
+    runtime = so.Runtime(agents, store=f"sqlite:///{tmp_path}/d.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as other:
+        page = httpx.get(f"{other}/_signoff/", headers=auth("alice-token"), verify=PLAIN).text
+        assert "— <bdi>support</bdi>, <bdi>עזרה 2</bdi> run an offline" in page
+        new = httpx.get(f"{other}/_signoff/new", headers=auth("alice-token"), verify=PLAIN).text
+        assert ">&#x2068;עזרה 2&#x2069; (demo model)</option>" in new
+
+
 async def test_tool_setting_changes_are_shown(tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path}/t.db"
 
