@@ -377,6 +377,46 @@ def test_a_second_sigterm_stops_serve_at_once_too(url: str) -> None:
     assert _lease_taken(url, _napping(url) or "")
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_second_signal_stops_serve_at_once_while_its_in_process_worker_runs_a_turn(
+    url: str, sig: signal.Signals
+) -> None:
+    """A second Ctrl-C or SIGTERM while serve's in-process worker (no request) drives a turn
+    stops it at once: the lifespan's shutdown waited for the worker unbounded, so the server
+    ran the 60 s tool to its end. The session's lease is given back."""
+    rt = so.Runtime([napper], store=url, inline=False)
+    try:
+        session_id = rt.generate_sync("napper", "Take a nap").session_id
+    finally:
+        rt.close_sync()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "serve", "tests.test_cli_interrupts:napper"]
+        + ["--port", str(_free_port()), "--store", url],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while "tool.started" not in [e.type for e in log(url, session_id)]:
+            assert time.monotonic() < deadline and proc.poll() is None, "the nap never began"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _wait_for_line(proc, "Waiting for application shutdown")
+        proc.send_signal(sig)
+        rest = proc.communicate(timeout=10)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == (130 if sig == signal.SIGINT else -signal.SIGTERM), rest
+    assert "Traceback" not in rest and "CancelledError" not in rest, rest
+    assert "tool.completed" not in [e.type for e in log(url, session_id)]
+    assert _lease_taken(url, session_id)
+
+
 def _ctrl_c_twice(proc: subprocess.Popen[str], between: str) -> str:
     """Ctrl-C, and once the process logs `between` (it has begun to stop) a second one: what
     it then writes to stderr before it ends."""

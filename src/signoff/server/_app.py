@@ -280,9 +280,10 @@ def create_app(
         if channels is not None:
             await channels.start()
         stop = asyncio.Event()
+        background = context.background
         if workers and runtime.agents:  # a runtime of no agents has no turns to work on
             every = 5.0 if sweep_every is None else sweep_every
-            working = asyncio.create_task(
+            working = background.start(
                 runtime.work(concurrency=workers, stop=stop, sweep_every=every)
             )
             working.add_done_callback(_log_failure)
@@ -290,7 +291,7 @@ def create_app(
             sweeper = None
         else:
             working = None
-            sweeper = None if sweep_every is None else asyncio.create_task(_sweep(sweep_every))
+            sweeper = None if sweep_every is None else background.start(_sweep(sweep_every))
         try:
             yield
         finally:
@@ -300,8 +301,9 @@ def create_app(
                     await sweeper
             if working is not None:
                 stop.set()  # turns in flight finish or park, and their leases are released
-                with contextlib.suppress(Exception):  # logged when it failed
-                    await working
+                # Not `await working`: a forced stop cancels it (`Background.cut_short`), its
+                # turns cut short and their leases given back, and this goes on at once.
+                await asyncio.wait([working])  # its failure is logged (`_log_failure`)
             if channels is not None:
                 await channels.stop()
             if close_runtime:

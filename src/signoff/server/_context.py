@@ -43,6 +43,7 @@ from ._auth import (
     sign_in_cookie,
     token_digest,
 )
+from ._background import Background
 from ._errors import ApiError
 from ._open_requests import OpenRequests, digest
 from ._sign_ins import SIGN_IN_LIFETIME, Grant, Honoured, SignOuts, checked
@@ -91,6 +92,8 @@ class ServerContext(OpenRequests):
     # Set when the server begins to stop: open streams end at their next poll instead of
     # holding the shutdown, which waits for every response to finish.
     closing: bool = False
+    # The in-process workers or the deadline sweep: cut short on a forced stop (`_background`).
+    background: Background = field(default_factory=Background, repr=False)
     # Set when the store's SQLite file was deleted or replaced, or its PostgreSQL schema dropped,
     # under this process (a request, `/readyz` or the in-process workers met `StoreGone`): only
     # a restart mends that, so `/healthz` fails from then on.

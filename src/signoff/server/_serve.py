@@ -185,6 +185,8 @@ def serve(
             if self.should_exit:
                 self.force_exit = True
             super().handle_exit(sig, frame)
+            if self.force_exit:  # the lifespan's shutdown may be waiting for them, unbounded
+                context.background.cut_short()
 
         async def shutdown(self, sockets: Any = None) -> None:
             context.closing = True
@@ -197,10 +199,12 @@ def serve(
                 await self.cut_short()
 
         async def cut_short(self) -> None:
-            """Cancel the requests still running on a forced stop, and give them a moment to
-            unwind (a turn gives its lease back): a SIGTERM uvicorn raises again as it returns
-            ends the process at once, before `asyncio.run` would cancel them."""
-            running = [task for task in self.server_state.tasks if not task.done()]
+            """Cancel the requests and the app's own work (in-process workers, the sweep's
+            turns) still running on a forced stop, and give them a moment to unwind (a turn
+            gives its lease back): a SIGTERM uvicorn raises again as it returns ends the process
+            at once, before `asyncio.run` would cancel them."""
+            tasks = [*self.server_state.tasks, *context.background.tasks]
+            running = [task for task in tasks if not task.done()]
             for task in running:
                 task.cancel()
             if running:

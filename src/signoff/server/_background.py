@@ -1,0 +1,41 @@
+"""The app's own work beside its requests (the in-process workers, or the deadline sweep and
+the turns it drives), and how a stopping `serve` ends it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+__all__ = ["Background"]
+
+
+class Background:
+    """The tasks the app's lifespan runs beside the requests. A forced stop (a second Ctrl-C or
+    SIGTERM) cancels them, their turns' leases given back: the lifespan's shutdown waits for
+    them, and uvicorn waits for it, or skips it and ends the process without cancelling them."""
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.forced = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run `work` as a task of this, cancelled at once on a forced stop."""
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        if self.forced:
+            task.cancel()
+        return task
+
+    def cut_short(self) -> None:
+        """Cancel the tasks (a forced stop); safe from a signal handler."""
+        self.forced = True
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._cancel)
+
+    def _cancel(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
