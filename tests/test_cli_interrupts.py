@@ -473,6 +473,68 @@ def test_one_sigterm_lets_serve_finish_the_turn_its_deadline_sweep_drives(url: s
     assert [s.status for s in _sessions(url)] == ["idle"]
 
 
+short_napper = so.Agent(
+    name="short-napper",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(tool_calls=[so.ToolCall(name="nap", input={"seconds": 4})]),
+            so.ModelResponse(text="Rested."),
+        ]
+    ),
+    tools=[nap],
+)
+
+
+def nappers() -> so.Runtime:
+    """A runtime of both nappers, served by `test_a_draining_serve_claims_no_new_turn`."""
+    return so.Runtime([napper, short_napper])
+
+
+def test_a_draining_serve_claims_no_new_turn(url: str) -> None:
+    """Once SIGTERM begins serve's graceful stop, its in-process workers claim no more: a
+    session with work recorded while a request's turn keeps the server draining is left to the
+    next process, undriven and its lease free. The workers were told to stop only once every
+    connection had closed, so the draining server took it and started its 60 s call."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "serve", "tests.test_cli_interrupts:nappers"]
+        + ["--port", str(port), "--store", url],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def start_a_short_nap() -> None:
+        body = {"agent": "short-napper", "message": "Take a short nap"}
+        httpx.post(f"http://127.0.0.1:{port}/v1/sessions", json=body, timeout=30)
+
+    napping = threading.Thread(target=start_a_short_nap)
+    try:
+        _wait_for_line(proc, "Application startup complete")
+        napping.start()
+        deadline = time.monotonic() + 30
+        while not _napping(url):
+            assert time.monotonic() < deadline, "the short nap never began"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _wait_for_line(proc, "Waiting for connections to close")
+        rt = so.Runtime([napper], store=url, inline=False)
+        try:
+            later = rt.generate_sync("napper", "Take a nap").session_id
+        finally:
+            rt.close_sync()
+        rest = proc.communicate(timeout=15)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        napping.join()
+    assert proc.returncode == -signal.SIGTERM, rest
+    assert [e.type for e in log(url, later)] == ["session.created", "turn.started"], rest
+    assert _lease_taken(url, later)
+
+
 def _ctrl_c_twice(proc: subprocess.Popen[str], between: str) -> str:
     """Ctrl-C, and once the process logs `between` (it has begun to stop) a second one: what
     it then writes to stderr before it ends."""

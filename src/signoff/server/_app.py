@@ -286,8 +286,8 @@ def create_app(
         await runtime.open()
         if channels is not None:
             await channels.start()
-        stop = asyncio.Event()
         background = context.background
+        stop = background.stop_event()
         if workers and runtime.agents:  # a runtime of no agents has no turns to work on
             every = 5.0 if sweep_every is None else sweep_every
             working = background.start(

@@ -11,14 +11,29 @@ __all__ = ["Background"]
 
 
 class Background:
-    """The tasks the app's lifespan runs beside the requests. A forced stop (a second Ctrl-C or
-    SIGTERM) cancels them, their turns' leases given back: the lifespan's shutdown waits for
-    them, and uvicorn waits for it, or skips it and ends the process without cancelling them."""
+    """The tasks the app's lifespan runs beside the requests. They stop by the lifespan's stop
+    event, set as the server begins to stop (`stopping`) or at the latest at its shutdown; a
+    forced stop (a second Ctrl-C or SIGTERM) cancels them, their turns' leases given back: the
+    lifespan's shutdown waits for them, and uvicorn waits for it, or skips it and ends the
+    process without cancelling them."""
 
     def __init__(self) -> None:
         self.tasks: set[asyncio.Task[None]] = set()
         self.forced = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+
+    def stop_event(self) -> asyncio.Event:
+        """A new event for the tasks to stop by (one per lifespan), set once the server begins
+        to stop (`stopping`): they claim and sweep no more, and their turns finish or park."""
+        self._stop = asyncio.Event()
+        return self._stop
+
+    def stopping(self) -> None:
+        """The server begins to stop: set the tasks' stop event, so a draining server claims
+        no new turns while it waits for its connections, not only once they all closed."""
+        if self._stop is not None:
+            self._stop.set()
 
     def start(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run `work` as a task of this, cancelled at once on a forced stop."""
