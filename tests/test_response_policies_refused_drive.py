@@ -47,6 +47,27 @@ async def _answer(rt: so.Runtime, how: str, session_id: str, request_id: str) ->
     return await rt.generate(session_id=session_id, approvals=[decision], auth=ALICE)
 
 
+async def _dead_candidate(
+    rt: so.Runtime, session_id: str, req: so.InputRequest, **answer: Any
+) -> None:
+    """Bob's approval of `req` (`answer` its other fields), pending as a process that died in
+    the response policy left it; the clock must pass the policy's timeout and the grace."""
+    dead = {
+        "request_id": req.id,
+        "call_id": req.call_id,
+        "candidate_id": "cand_dead",
+        "decision": "approve",
+        "by": BOB.model_dump(),
+        "outcome": "pending",
+        "text": None,
+        "value": None,
+        "edited_input": None,
+        **answer,
+    }
+    driver = rt._driver((await rt.state(session_id)).copy(), None)
+    await driver.record([("approval.candidate", dead)], durable=True)
+
+
 @pytest.mark.parametrize("how", ["respond", "approvals"])
 async def test_a_refused_answer_past_the_deadline_lets_the_turn_go_on(
     store_url: str, how: str
@@ -80,19 +101,7 @@ async def test_a_refused_answer_recovers_a_verdict_a_dead_process_left(
     async with so.Runtime([_desk(ran, so.always())], store=store_url, clock=clock) as rt:
         r = await rt.generate("support", prompt="refund 9", auth=ALICE)
         (req,) = r.pending
-        dead = {
-            "request_id": req.id,
-            "call_id": req.call_id,
-            "candidate_id": "cand_dead",
-            "decision": "approve",
-            "by": BOB.model_dump(),
-            "outcome": "pending",
-            "text": "ok by bob",
-            "value": None,
-            "edited_input": None,
-        }
-        driver = rt._driver((await rt.state(r.session_id)).copy(), None)
-        await driver.record([("approval.candidate", dead)], durable=True)
+        await _dead_candidate(rt, r.session_id, req, text="ok by bob")
         clock.advance(1.0 + RECOVERY_GRACE + 1)
         res = await _answer(rt, how, r.session_id, req.id)
         assert [(o.outcome, o.applied) for o in res.outcomes] == [("rejected", False)]
@@ -109,21 +118,9 @@ async def test_a_recovered_answer_keeps_its_edits_review_on_the_settlement(store
     async with so.Runtime([_desk(ran, so.always())], store=store_url, clock=clock) as rt:
         r = await rt.generate("support", prompt="refund 9", auth=ALICE)
         (req,) = r.pending
-        dead = {
-            "request_id": req.id,
-            "call_id": req.call_id,
-            "candidate_id": "cand_dead",
-            "decision": "approve",
-            "by": BOB.model_dump(),
-            "outcome": "pending",
-            "text": None,
-            "value": None,
-            "edited_input": {"order_id": "10"},
-            "auto_verdict": "caution",
-            "auto_reason": "another order",
-        }
-        driver = rt._driver((await rt.state(r.session_id)).copy(), None)
-        await driver.record([("approval.candidate", dead)], durable=True)
+        edit = {"order_id": "10"}
+        review = {"auto_verdict": "caution", "auto_reason": "another order"}
+        await _dead_candidate(rt, r.session_id, req, edited_input=edit, **review)
         clock.advance(1.0 + RECOVERY_GRACE + 1)
         done = await rt.generate(session_id=r.session_id)
         assert (done.status, ran) == ("completed", ["10"])
