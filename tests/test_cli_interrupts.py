@@ -417,62 +417,6 @@ def test_a_second_signal_stops_serve_at_once_while_its_in_process_worker_runs_a_
     assert _lease_taken(url, session_id)
 
 
-@so.tool(approval=so.always(expires_in=0.5, on_timeout="approve"))
-async def timed_nap(seconds: float) -> str:
-    """Sleep a while, approved once no one answers within half a second."""
-    await asyncio.sleep(seconds)
-    return "rested"
-
-
-timed_napper = so.Agent(
-    name="napper",
-    model=so.models.Scripted(
-        [
-            so.ModelResponse(tool_calls=[so.ToolCall(name="timed_nap", input={"seconds": 2})]),
-            so.ModelResponse(text="Rested."),
-        ]
-    ),
-    tools=[timed_nap],
-)
-
-
-def test_one_sigterm_lets_serve_finish_the_turn_its_deadline_sweep_drives(url: str) -> None:
-    """`serve --workers 0` drives the turns its deadline sweep makes runnable in the
-    background: one SIGTERM (a graceful stop) while such a turn's tool runs waits for the turn,
-    as for a request's. The sweep was cancelled, its turns with it: the call cut short, the
-    session left running, and the next process ran the tool's body again."""
-    rt = so.Runtime([timed_napper], store=url)
-    try:
-        result = rt.generate_sync("napper", "Take a nap")
-    finally:
-        rt.close_sync()
-    assert result.status == "waiting"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "signoff", "serve", "tests.test_cli_interrupts:timed_napper"]
-        + ["--port", str(_free_port()), "--store", url, "--workers", "0"],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 30  # the app sweeps every 5 s
-        while "tool.started" not in [e.type for e in log(url, result.session_id)]:
-            assert time.monotonic() < deadline and proc.poll() is None, "the nap never began"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        rest = proc.communicate(timeout=10)[1]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == -signal.SIGTERM, rest
-    assert "Traceback" not in rest, rest
-    types = [e.type for e in log(url, result.session_id)]
-    assert types.count("tool.started") == 1 and "tool.completed" in types, types
-    assert [s.status for s in _sessions(url)] == ["idle"]
-
-
 short_napper = so.Agent(
     name="short-napper",
     model=so.models.Scripted(

@@ -72,12 +72,6 @@ class SweepDrives:
             except Exception:  # the deadline is recorded; the turn waits for the next call
                 log.exception("session %s: continuing after its deadline failed", session_id)
 
-    async def settle(self) -> None:
-        """Wait for the drives running to end, their turns finished or parked (a graceful
-        stop); cancelled, this leaves them to `aclose`."""
-        if self.tasks:
-            await asyncio.wait(list(self.tasks.values()))
-
     async def aclose(self) -> None:
         """Stop the drives running (their leases given back) and wait for them."""
         tasks = list(self.tasks.values())

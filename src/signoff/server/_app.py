@@ -253,22 +253,16 @@ def create_app(
             "only under the default rule"
         )
 
-    async def _sweep(every: float, stop: asyncio.Event) -> None:
+    async def _sweep(every: float) -> None:
         # The turns its deadlines make runnable run in the background, not inside the sweep:
-        # a slow one would hold up every deadline passing after it until it ended. Once `stop`
-        # is set it sweeps no more and waits for them; cancelled (a forced stop), it cuts them
-        # short, their leases given back.
+        # a slow one would hold up every deadline passing after it until it ended.
         drives = SweepDrives(runtime)
         # The store down (an outage, no bug): said once, and once more when it works again.
         failing = Failing("applying request deadlines", log)
         try:
             with drives.handing():
                 while True:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(every):
-                            await stop.wait()
-                    if stop.is_set():
-                        break
+                    await asyncio.sleep(every)
                     try:
                         await runtime.expire_due()
                     except StoreError as exc:  # retried at the next tick
@@ -277,7 +271,6 @@ def create_app(
                         log.exception("applying request deadlines failed")
                     else:
                         failing.worked()
-            await drives.settle()
         finally:
             await drives.aclose()
 
@@ -298,19 +291,18 @@ def create_app(
             sweeper = None
         else:
             working = None
-            sweeper = None
-            if sweep_every is not None:
-                sweeper = background.start(_sweep(sweep_every, stop))
+            sweeper = None if sweep_every is None else background.start(_sweep(sweep_every))
         try:
             yield
         finally:
-            # Turns in flight (the workers', the sweep's) finish or park, their leases released.
-            stop.set()
-            # Not awaited: a forced stop cancels them (`Background.cut_short`), their turns cut
-            # short and their leases given back, and this goes on at once.
             if sweeper is not None:
-                await asyncio.wait([sweeper])
+                sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeper
             if working is not None:
+                stop.set()  # turns in flight finish or park, and their leases are released
+                # Not `await working`: a forced stop cancels it (`Background.cut_short`), its
+                # turns cut short and their leases given back, and this goes on at once.
                 await asyncio.wait([working])  # its failure is logged (`_log_failure`)
             if channels is not None:
                 await channels.stop()

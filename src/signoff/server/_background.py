@@ -11,11 +11,12 @@ __all__ = ["Background"]
 
 
 class Background:
-    """The tasks the app's lifespan runs beside the requests. They stop by the lifespan's stop
-    event, set as the server begins to stop (`stopping`) or at the latest at its shutdown; a
-    forced stop (a second Ctrl-C or SIGTERM) cancels them, their turns' leases given back: the
-    lifespan's shutdown waits for them, and uvicorn waits for it, or skips it and ends the
-    process without cancelling them."""
+    """The tasks the app's lifespan runs beside the requests. The in-process workers stop by the
+    lifespan's stop event, set as the server begins to stop (`stopping`) or at the latest at its
+    shutdown (the deadline sweep is cancelled there, its turns cut short); a forced stop (a
+    second Ctrl-C or SIGTERM) cancels them, their turns' leases given back: the lifespan's
+    shutdown waits for them, and uvicorn waits for it, or skips it and ends the process without
+    cancelling them."""
 
     def __init__(self) -> None:
         self.tasks: set[asyncio.Task[None]] = set()
@@ -25,7 +26,7 @@ class Background:
 
     def stop_event(self) -> asyncio.Event:
         """A new event for the tasks to stop by (one per lifespan), set once the server begins
-        to stop (`stopping`): they claim and sweep no more, and their turns finish or park."""
+        to stop (`stopping`): the workers claim no more, and their turns finish or park."""
         self._stop = asyncio.Event()
         return self._stop
 
