@@ -190,7 +190,7 @@ def serve(
 
         async def shutdown(self, sockets: Any = None) -> None:
             context.closing = True
-            context.background.stopping()  # no new turns claimed or swept while it drains
+            context.background.stopping()  # its workers claim no new turns while it drains
             dropping = asyncio.create_task(self.drop_stalled())
             try:
                 await super().shutdown(sockets)
