@@ -16,6 +16,7 @@ LAYERS: list[set[str]] = [
     {"_trace_content", "_option_names"},
     {
         "_any_loop",
+        "_call_guards",
         "_events",
         "_results",
         "_idempotency",

@@ -20,6 +20,7 @@ from ._answers import settlement_events as _settlement_events
 from ._approval import ApprovalContext, Verdict
 from ._ask import answered as question_result
 from ._ask import echoes_answers
+from ._call_guards import closes_stop
 from ._candidates import Candidates, already_counted
 from ._counts import counted_answers, refused_only, settled_before_raising
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
@@ -48,7 +49,6 @@ from ._policy_inputs import session_info, typed_input
 from ._recording import Batch, runnable, with_usage
 from ._response import ResponseVerdict
 from ._results import GenerateResult, Outcome
-from ._session_cache import closes_stop
 from ._settings import flag
 from ._state import SessionState
 from ._text import cut, is_utf8

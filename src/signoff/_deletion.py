@@ -8,6 +8,7 @@ import inspect
 import logging
 
 from ._answers import check_principal, check_text
+from ._call_guards import closes_stop
 from ._deadlines import expiry_resolves, expiry_specs
 from ._event_stream import EventStream
 from ._exceptions import (
@@ -20,7 +21,7 @@ from ._exceptions import (
     UsageError,
 )
 from ._recording import Batch
-from ._session_cache import check_session_id, closes_stop
+from ._session_cache import check_session_id
 from ._session_page import check_listing
 from ._settings import seconds, whole
 from ._state import SessionState

@@ -10,10 +10,11 @@ import time
 from collections.abc import AsyncIterator
 
 from . import stores
+from ._call_guards import running
 from ._deadlines import expiry_specs
 from ._events import Event, check_shown_event
 from ._exceptions import EventsRewritten, SessionExpired, StoreError, UnknownSession, UsageError
-from ._session_cache import check_session_id, running
+from ._session_cache import check_session_id
 from ._settings import flag
 from ._work_audit import Auditing
 

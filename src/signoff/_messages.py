@@ -11,6 +11,7 @@ from ._answering import Answering
 from ._answers import Reply, check_principal, check_unambiguous, names_several
 from ._answers import check_text as _check_text
 from ._answers import match as _match
+from ._call_guards import closes_stop
 from ._cancellation import stop_calls
 from ._counts import refused_only
 from ._exceptions import (
@@ -25,7 +26,6 @@ from ._idempotency import Keyed, keyed, records, seen, session_for, turn_of
 from ._mirrors import following_mirrors, keep_vote_key
 from ._recording import Changed, EventSpec, TurnStopped, load_turn, unchanged
 from ._results import GenerateResult
-from ._session_cache import closes_stop
 from ._state import SessionState, turn_over, waits_for_retry
 from ._text import NOTHING_SAID, is_blank
 from ._types import InputRequest, Principal

@@ -18,6 +18,7 @@ from . import _child_sessions, _subagents, stores
 from ._answers import Reply as _Reply
 from ._answers import check_principal, checked_cancel
 from ._answers import decisions as _decisions
+from ._call_guards import closes_stop
 from ._cancellation import cancel_specs, stop_calls, withdrawal
 from ._deadlines import expiry_specs
 from ._deletion import Deletion
@@ -40,7 +41,7 @@ from ._prompts import check_prompt
 from ._queue_page import queue_page
 from ._recording import Batch, EventSpec, TurnStopped, load_turn
 from ._results import GenerateResult
-from ._session_cache import check_agent_name, check_session_id, closes_stop
+from ._session_cache import check_agent_name, check_session_id
 from ._session_page import check_listing, session_page
 from ._sessions import to_claims
 from ._settings import check_page, finite, flag, seconds

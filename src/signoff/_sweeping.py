@@ -11,11 +11,11 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 
+from ._call_guards import closes_stop
 from ._deadlines import RESUMPTIONS, is_due, is_lapsed, resumed_by_deadline
 from ._exceptions import SessionExpired, StoreError
 from ._messages import Messages
 from ._queue_page import passing_page
-from ._session_cache import closes_stop
 from ._sessions import to_claims
 from ._sweeps import one_of_many
 from ._types import InputRequest

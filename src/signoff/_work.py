@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from ._call_guards import closes_stop
 from ._exceptions import (
     SessionExpired,
     StoreError,
@@ -17,7 +18,6 @@ from ._exceptions import (
     UsageError,
 )
 from ._leasing import lost_line
-from ._session_cache import closes_stop
 from ._sessions import to_claims
 from ._settings import seconds, whole
 from ._sweeping import Sweeps

@@ -7,8 +7,8 @@ from typing import IO
 from . import _audit_export
 from . import _audit_trail as _audit
 from ._audit_trail import AuditEntries, AuditProblem
+from ._call_guards import closes_stop
 from ._exceptions import UnknownSession, UsageError
-from ._session_cache import closes_stop
 from ._settings import check_page
 from ._sync import twin
 from ._work import Workers
