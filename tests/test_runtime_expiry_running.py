@@ -32,6 +32,43 @@ def slow_agent(started: asyncio.Event, go: asyncio.Event) -> so.Agent:
     )
 
 
+async def followed_past_the_ttl(
+    rt: so.Runtime, session_id: str, last: str, go: asyncio.Event, turn: asyncio.Task[Any]
+) -> tuple[list[str], so.GenerateResult]:
+    """Follow the session's events, up to one of type `last`, from `rt`, whose clock passed the
+    TTL while a drive runs the turn (`turn`, its tool waiting for `go`): once the follower met
+    the TTL passed and looked again (or ended, raising), the tool goes on. The types it saw,
+    and the turn's result."""
+    read_events = rt.store.read_events
+    empty = [0]
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        batch = await read_events(*args, **kwargs)
+        empty[0] += not batch
+        return batch
+
+    rt.store.read_events = counted  # type: ignore[method-assign]
+    seen: list[str] = []
+
+    async def follow() -> None:
+        async for event in rt.events(session_id):
+            seen.append(event.type)
+            if event.type == last:
+                return
+
+    follower = asyncio.create_task(follow())
+    try:
+        while not follower.done() and empty[0] < 3:  # it met the TTL passed, looked again
+            await asyncio.sleep(0.01)
+        if follower.done():
+            await follower  # it ended: SessionExpired
+    finally:
+        go.set()
+        result = await turn
+    await asyncio.wait_for(follower, 5)
+    return seen, result
+
+
 async def test_a_follower_of_a_turn_running_past_the_ttl_follows_it_to_the_end(
     store_url: str,
 ) -> None:
@@ -48,34 +85,8 @@ async def test_a_follower_of_a_turn_running_past_the_ttl_follows_it_to_the_end(
         await started.wait()
         [row] = await rt.sessions()
         clock.advance(61)
-        read_events = rt.store.read_events
-        empty = [0]
-
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            batch = await read_events(*args, **kwargs)
-            empty[0] += not batch
-            return batch
-
-        rt.store.read_events = counted  # type: ignore[method-assign]
-        seen: list[str] = []
-
-        async def follow() -> None:
-            async for event in rt.events(row.id):
-                seen.append(event.type)
-                if event.type == "turn.completed":
-                    return
-
-        follower = asyncio.create_task(follow())
-        try:
-            while not follower.done() and empty[0] < 3:  # it met the TTL passed, looked again
-                await asyncio.sleep(0.01)
-            if follower.done():
-                await follower  # it ended: SessionExpired
-        finally:
-            go.set()
-            result = await turn
+        seen, result = await followed_past_the_ttl(rt, row.id, "turn.completed", go, turn)
         assert result.status == "completed" and result.text == "ok"
-        await asyncio.wait_for(follower, 5)
         assert seen[-3:] == ["tool.completed", "model.completed", "turn.completed"]
 
 

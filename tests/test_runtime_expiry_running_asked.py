@@ -15,6 +15,7 @@ import signoff as so
 from signoff.server import TokenAuth, create_app
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
+from .test_runtime_expiry_running import followed_past_the_ttl
 from .test_server_common import ALICE, TOKENS, auth
 
 Look = Callable[[so.Runtime, str], Awaitable[Any]]
@@ -106,34 +107,8 @@ async def test_a_follower_of_a_turn_a_live_drive_runs_beside_a_request_follows_i
         await started.wait()
         [row] = await rt.sessions()
         clock.advance(61)
-        read_events = rt.store.read_events
-        empty = [0]
-
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            batch = await read_events(*args, **kwargs)
-            empty[0] += not batch
-            return batch
-
-        rt.store.read_events = counted  # type: ignore[method-assign]
-        seen: list[str] = []
-
-        async def follow() -> None:
-            async for event in rt.events(row.id):
-                seen.append(event.type)
-                if event.type == "turn.waiting":
-                    return
-
-        follower = asyncio.create_task(follow())
-        try:
-            while not follower.done() and empty[0] < 3:  # it met the TTL passed, looked again
-                await asyncio.sleep(0.01)
-            if follower.done():
-                await follower  # it ended: SessionExpired
-        finally:
-            go.set()
-            result = await turn
+        seen, result = await followed_past_the_ttl(rt, row.id, "turn.waiting", go, turn)
         assert result.status == "waiting"
-        await asyncio.wait_for(follower, 5)
         assert seen[-2:] == ["tool.completed", "turn.waiting"]
         assert "turn.failed" not in seen
 
