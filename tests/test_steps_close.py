@@ -8,7 +8,10 @@ import contextlib
 import threading
 import time
 
+import pytest
+
 import signoff as so
+from signoff.stores import Commit
 from signoff.testing import Capture, call, call_tools, reply, scripted_agent, tool_results
 
 from ._steps import HeldLock, closed_mid_call, resumed_to_the_end
@@ -296,3 +299,73 @@ async def test_a_finally_of_a_body_close_stopped_steps_nothing_and_the_resume_re
     assert effects == ["acquire", "slow", "slow", "work", "release"]
     [result] = tool_results(seen.last)
     assert (result.is_error, result.content) == (False, "work")
+
+
+async def test_a_step_under_way_is_journaled_before_a_closed_drive_gives_its_lease_back(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One branch's step had returned and its record was on its way as `close` cancelled the
+    body; the other branch, cancelled in its function, ended the `gather` at once, and with it
+    the body: the drive gave its lease back before the record was committed, the record was
+    refused (`LeaseLost`), and the resumed turn charged the first card again. A closed drive
+    waits for the steps under way to be journaled before it lets the session go."""
+    charges: list[str] = []
+    resumed: list[bool] = []
+
+    async def charge(card: str) -> str:
+        charges.append(card)
+        return f"charged {card}"
+
+    async def slow_charge(card: str) -> str:
+        if not resumed:
+            await asyncio.sleep(30)  # cancelled by the close before it charges anything
+        return await charge(card)
+
+    @so.tool
+    async def pay(ctx: so.ToolContext) -> list[str]:
+        """Charge both cards."""
+        both = await asyncio.gather(
+            ctx.step("a", charge, "1111"), ctx.step("b", slow_charge, "2222")
+        )
+        return [str(r) for r in both]
+
+    def agent() -> so.Agent:
+        script = [call_tools(call("pay")), reply("Paid.")]
+        return scripted_agent("shop", script, tools=[pay])
+
+    rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    store = rt.store
+    commit, release = store.commit, store.release_lease
+    closing: list[asyncio.Task[None]] = []
+    released = asyncio.Event()
+
+    async def slow_step_record(c: Commit) -> None:
+        # The step's record is slow to get through (a round trip to PostgreSQL): the close
+        # starts meanwhile, and whatever gives the lease back is let go first, for a while.
+        if any(e.type == "tool.step" for e in c.events) and not closing:
+            closing.append(asyncio.create_task(rt.close()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(released.wait(), 1.0)
+        await commit(c)
+
+    async def release_lease(session_id: str, owner: str, token: int) -> None:
+        released.set()
+        await release(session_id, owner, token)
+
+    monkeypatch.setattr(store, "commit", slow_step_record)
+    monkeypatch.setattr(store, "release_lease", release_lease)
+    async with rt:
+        sid = await rt.create_session("shop")
+        turn = asyncio.create_task(rt.generate(session_id=sid, prompt="pay"))
+        while not closing:
+            await asyncio.sleep(0.01)
+        await closing[0]
+        with pytest.raises(so.UsageError, match="closed while this call ran"):
+            await turn
+    assert charges == ["1111"]
+    async with so.Runtime([], store=store_url) as reader:
+        steps = await reader.store.read_events(sid, types=["tool.step"])
+    assert [e.data["name"] for e in steps] == ["a"]
+    resumed.append(True)
+    await resumed_to_the_end(agent(), store_url, sid)
+    assert charges == ["1111", "2222"]

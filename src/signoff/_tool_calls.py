@@ -30,6 +30,7 @@ from ._recording import (
     with_usage,
 )
 from ._state import CallState, SessionState
+from ._sync import to_end
 from ._text import cut
 from ._tool_context import ToolContext
 from ._tool_json import over_limit
@@ -445,11 +446,15 @@ class ToolCalls(CallEnds):
                 if not task.cancelled() and not (lease is not None and lease.lost):
                     return task, True
             # Closed first, as when it parks: neither its unwinding nor a branch it left
-            # running steps or asks now (a step under way is journaled): a resume runs them.
+            # running steps or asks now: a resume runs them. A step under way is journaled
+            # before the drive gives its lease back (a `gather` whose other branch was
+            # cancelled ends the body while that record is on its way).
             journal.stop()
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
+            if not (lease is not None and lease.lost):
+                await to_end(journal.quiet.wait(), journal.lost)
             raise
         finally:
             parked.cancel()
