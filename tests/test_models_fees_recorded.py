@@ -154,6 +154,37 @@ async def test_a_models_reply_cut_off_with_calls_records_its_reported_cost(
         assert failed.data.get("cost_reported") is (True if reported else None), failed.data
 
 
+@pytest.mark.parametrize("over", ["max_calls_per_response", "max_response_bytes"])
+async def test_a_reply_refused_over_a_limit_records_its_reported_cost(
+    store_url: str, over: str
+) -> None:
+    """A reply refused for its size (more calls than `max_calls_per_response`, more bytes than
+    `max_response_bytes`) recorded its usage on `turn.failed` without `cost_reported`, which
+    the cut-off refusal kept: the provider's figure read as a computed price."""
+
+    @so.tool
+    async def lookup(q: str) -> str:
+        """Look something up."""
+        return "found"
+
+    spent = so.Usage(input_tokens=10, output_tokens=5, cost_usd=0.07)
+    calls = [so.ToolCall(name="lookup", input={"q": str(i)}, id=f"c{i}") for i in range(3)]
+    if over == "max_calls_per_response":
+        big = so.ModelResponse(tool_calls=calls, usage=spent, cost_reported=True)
+        limits = so.Limits(max_calls_per_response=2)
+    else:
+        big = so.ModelResponse(text="x" * 5000, usage=spent, cost_reported=True)
+        limits = so.Limits(max_response_bytes=4096)
+    agent = scripted_agent("support", [big], tools=[lookup], limits=limits)
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("support", prompt="hello", auth=ALICE)
+        assert (r.status, r.retryable) == ("failed", True)
+        assert r.error is not None and over in r.error["message"]
+        [failed] = [e for e in await _events(rt, r.session_id) if e.type == "turn.failed"]
+    assert failed.data["usage"] == spent.model_dump()
+    assert failed.data.get("cost_reported") is True, failed.data
+
+
 async def test_a_reply_cut_at_the_budgets_cap_records_its_reported_cost(store_url: str) -> None:
     """A reply the gateway cut at the output tokens the budgets left (`BudgetSpent`) asks to
     raise the budget, counting what it cost: the request's event records it as reported."""

@@ -479,6 +479,8 @@ def _check_recordable(response: ModelResponse, limits: Limits) -> dict[str, Any]
     if usage_too_large(usage):
         # Counted, a session's cost could add up to infinity, which no JSON reply can show.
         raise ModelError(f"model response has usage too large to add up: {usage!r}")
+    if response.cost_reported:  # a refused reply's usage says so too, as `turn.failed` shows
+        usage = reported_usage(usage)
     most, calls = limits.max_calls_per_response, len(response.tool_calls)
     if most is not None and calls > most:
         # Recorded, each gated call would open a request (and notify) of its own.
