@@ -61,6 +61,26 @@ async def test_a_caution_review_counts_in_the_sessions_usage(store_url: str) -> 
         assert (await again.state(r.session_id)).usage == TURN + BILLED
 
 
+async def test_a_review_nested_past_pythons_limit_is_unparsable_and_counts(
+    store_url: str,
+) -> None:
+    """A reviewer's reply of JSON nested past Python's recursion limit raised `RecursionError`
+    out of the review after it was billed: the policy "crashed", and what the review cost was
+    counted nowhere. It is an unparsable answer (a person asked), its cost counted as any
+    other's."""
+    nested = '{"verdict": ' + "[" * 3000 + "]" * 3000 + "}"
+    log = ExecutionLog()
+    reviewer = so.models.Scripted([so.ModelResponse(text=nested, usage=BILLED)])
+    async with so.Runtime([billing(log, reviewer)], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1", auth=ALICE)
+        assert r.status == "waiting"
+        (req,) = r.pending
+        assert (req.auto_verdict, req.policy_error) == ("failed", None), req
+        assert (req.auto_reason or "").startswith("the review answered something unparsable")
+        assert (await rt.state(r.session_id)).usage == TURN + BILLED
+    assert log.count() == 0
+
+
 async def test_a_review_counts_against_max_cost_usd(store_url: str) -> None:
     """The review billed $5 of a $1 budget: the next model call is not made, the person is asked
     to continue or stop, as for a turn's own spending."""

@@ -228,7 +228,7 @@ def _parse(text: str, *, planted: bool = False) -> tuple[str | None, str]:
     if match:
         try:
             data = json.loads(match.group(0))
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past Python's limit: unparsable too
             data = None
         found = data.get("verdict") if isinstance(data, dict) else None
         prose = text[: match.start()] + text[match.end() :]
