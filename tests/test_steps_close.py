@@ -369,3 +369,109 @@ async def test_a_step_under_way_is_journaled_before_a_closed_drive_gives_its_lea
     resumed.append(True)
     await resumed_to_the_end(agent(), store_url, sid)
     assert charges == ["1111", "2222"]
+
+
+async def test_a_step_still_running_in_a_task_the_body_left_does_not_hold_a_closed_drive(
+    store_url: str,
+) -> None:
+    """A closed drive waited for every step under way, a task the body left too, whose function
+    waited on what the body would have done next: `close` returned after its bound, the turn
+    never ended and the process kept the session's lease (no other could resume it). Only a
+    step whose function returned is waited for; this one runs again on resume."""
+    runs: list[str] = []
+    resumed: list[bool] = []
+    waiting = asyncio.Event()
+    left: set[asyncio.Task[str]] = set()
+
+    @so.tool
+    async def pay(ctx: so.ToolContext) -> str:
+        """Charge, then confirm."""
+        go = asyncio.Event()
+
+        async def confirm() -> str:
+            runs.append("confirm")
+            waiting.set()
+            await go.wait()  # set by the body once the charge is done
+            return "confirmed"
+
+        async def charge() -> str:
+            runs.append("charge")
+            if not resumed:
+                await asyncio.sleep(30)  # the close comes meanwhile
+            return "charged"
+
+        confirming = asyncio.create_task(ctx.step("confirm", confirm))
+        left.add(confirming)
+        charged = await ctx.step("charge", charge)
+        go.set()
+        return f"{charged} {await confirming}"
+
+    def agent() -> so.Agent:
+        return scripted_agent("shop", [call_tools(call("pay")), reply("Paid.")], tools=[pay])
+
+    rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    async with rt:
+        sid = await rt.create_session("shop")
+        turn = asyncio.create_task(rt.generate(session_id=sid, prompt="pay"))
+        await waiting.wait()
+        await rt.close()
+        assert turn.done()  # not left waiting past the close's bound for the confirm
+        with pytest.raises(so.UsageError, match="closed while this call ran"):
+            await turn
+    resumed.append(True)
+    again = so.Runtime([agent()], store=store_url, lease_ttl=600, lease_wait=0)
+    async with again:
+        r = await again.generate(session_id=sid)  # the lease is free: no wait
+        assert r.status == "completed", r
+    assert sorted(runs) == ["charge", "charge", "confirm", "confirm"]
+    for task in left:
+        task.cancel()
+
+
+async def test_a_close_while_a_parked_body_unwinds_stops_the_drive(store_url: str) -> None:
+    """`close` came as a body parked on `ctx.ask` ran its `finally` (an HTTP client's
+    `aclose`): the drive swallowed the cancel, cut the `finally` short, started the next call's
+    body after the close and kept the lease. The body now unwinds to its end and the drive
+    stops there: the turn raises `UsageError`, and the next call runs only on resume."""
+    unwound: list[str] = []
+    charged: list[str] = []
+    unwinding = asyncio.Event()
+    resumed: list[bool] = []
+
+    @so.tool
+    async def confirm(ctx: so.ToolContext) -> str:
+        """Ask first."""
+        try:
+            return str(await ctx.ask("Go on?", options=["yes", "no"]))
+        finally:
+            if not resumed:
+                unwinding.set()
+                await asyncio.sleep(0.3)  # the close comes meanwhile
+                unwound.append("confirm")
+
+    @so.tool
+    async def charge() -> str:
+        """Charge."""
+        charged.append("charge")
+        return "charged"
+
+    def agent() -> so.Agent:
+        script = [call_tools(call("confirm"), call("charge")), reply("Done.")]
+        return scripted_agent("shop", script, tools=[confirm, charge])
+
+    rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    async with rt:
+        sid = await rt.create_session("shop")
+        turn = asyncio.create_task(rt.generate(session_id=sid, prompt="go"))
+        await unwinding.wait()
+        await rt.close()
+        assert turn.done()
+        with pytest.raises(so.UsageError, match="closed while this call ran"):
+            await turn
+    assert (unwound, charged) == (["confirm"], [])
+    resumed.append(True)
+    again = so.Runtime([agent()], store=store_url, lease_ttl=600, lease_wait=0)
+    async with again:
+        r = await again.generate(session_id=sid)
+        assert r.status == "waiting" and len(r.pending) == 1, r
+    assert charged == ["charge"]

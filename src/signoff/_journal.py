@@ -57,6 +57,11 @@ class CallJournal:
         self.inflight = 0  # questions being opened and steps under way
         self.quiet = asyncio.Event()  # set while nothing is in flight
         self.quiet.set()
+        # Records of steps whose function ended (their effect ran), on their way to the store:
+        # a drive stopped mid-body waits for these, not for a function still running.
+        self.recording = 0
+        self.recorded = asyncio.Event()
+        self.recorded.set()
         # A record of the body's that the store refused, or a drive it could not make here (a
         # subagent's, whose agent this process lacks): the drive fails, the call goes on later.
         self.failed: SignoffError | None = None
@@ -252,7 +257,14 @@ class CallJournal:
         round trips to PostgreSQL): the step's effect ran, so it is recorded and the cancel then
         goes on, rather than the step run again on resume. Not when the lease was lost: nothing
         can be recorded then, and another process may be running the call."""
-        await to_end(self._journaled(held_key, data), self.lost)
+        self.recording += 1
+        self.recorded.clear()
+        try:
+            await to_end(self._journaled(held_key, data), self.lost)
+        finally:
+            self.recording -= 1
+            if not self.recording:
+                self.recorded.set()
 
     def lost(self) -> bool:
         """Whether the drive's lease was lost (another process may run the call now)."""

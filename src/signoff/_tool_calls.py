@@ -431,8 +431,8 @@ class ToolCalls(CallEnds):
                 # now would be replayed as the first run did it: the resumed body runs that.
                 journal.stop()
                 task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task  # what it raised (the refusal, say) is no outcome: it parked
+                if await _to_end(task):  # what it raised (the refusal, say) is no outcome
+                    raise asyncio.CancelledError  # the drive was stopped as the body unwound
                 await journal.quiet.wait()
                 return None, False
             # Ended meanwhile: a sibling's step under way, waited for, failed and the gather
@@ -441,20 +441,22 @@ class ToolCalls(CallEnds):
             # This drive is cancelled: the body stops with it rather than run on unseen and
             # journal after the lease is given back (a resume runs the call again). A plain one
             # cannot stop: its thread runs to an outcome, recorded while the lease is held.
-            if isinstance(exc, asyncio.CancelledError) and not tool.is_async:
+            plain = not tool.is_async and not journal.stopped  # not stopped as it parked
+            if isinstance(exc, asyncio.CancelledError) and plain:
                 await _to_end(task)
                 if not task.cancelled() and not (lease is not None and lease.lost):
                     return task, True
             # Closed first, as when it parks: neither its unwinding nor a branch it left
-            # running steps or asks now: a resume runs them. A step under way is journaled
-            # before the drive gives its lease back (a `gather` whose other branch was
-            # cancelled ends the body while that record is on its way).
+            # running steps or asks now: a resume runs them. A step whose function ended is
+            # journaled before the drive gives its lease back (a `gather` whose other branch
+            # was cancelled ends the body while that record is on its way); one whose function
+            # still runs (a task the body left) is not waited for: it runs again on resume.
             journal.stop()
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
             if not (lease is not None and lease.lost):
-                await to_end(journal.quiet.wait(), journal.lost)
+                await to_end(journal.recorded.wait(), journal.lost)
             raise
         finally:
             parked.cancel()
@@ -471,12 +473,16 @@ async def _replayed_whole(tool: Tool, ctx: ToolContext, validated: BaseModel) ->
     return result
 
 
-async def _to_end(task: asyncio.Future[Any]) -> None:
+async def _to_end(task: asyncio.Future[Any]) -> bool:
     """Wait for `task` to end, whatever cancels the waiter meanwhile (a lost lease may cancel
-    `task` itself)."""
+    `task` itself): whether the waiter was cancelled, which its caller is to raise."""
+    cancelled = False
     while not task.done():
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await asyncio.wait({task})
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
 
 
 def _traced(span: ToolSpan, task: asyncio.Future[Any] | None, bound: int) -> str | None:
