@@ -457,3 +457,49 @@ async def test_an_entry_naming_another_sessions_request_leaves_that_row_alone(
         )
         await rt.store.commit(Commit(session_id="ses_other", expected_seq=1, events=[named]))
         assert await rt.verify_audit() == [] and await rt.verify_audit(r.session_id) == []
+
+
+async def test_a_mirror_rows_votes_and_edit_removed_are_named(store_url: str) -> None:
+    """A parent's mirror of its subagent's approvals closes with `input.resolved` alone (no
+    `approval.settled` of its own), which records the subagent's votes and edit: removing them
+    from the mirror's row (what the dashboard's audit page and a late Slack click read) went
+    unnamed, while the same removal from the subagent's own row was named."""
+
+    @so.tool(approval=so.always(approvers=2))
+    async def refund(order_id: str, amount: float) -> dict[str, float]:
+        """Refund."""
+        return {"refunded": amount}
+
+    @so.tool(approval=so.always())
+    async def wipe(disk: str) -> str:
+        """Wipe."""
+        return "wiped " + disk
+
+    def agents() -> list[so.Agent]:
+        calls = call_tools(call("refund", order_id="9", amount=5), call("wipe", disk="sda"))
+        billing = scripted_agent("billing", [calls, reply("billed")], tools=[refund, wipe])
+        ask = call_tools(call("billing", message="refund 9"))
+        support = scripted_agent("support", [ask, reply("done")], tools=[so.delegate("billing")])
+        return [support, billing]
+
+    carol = so.Principal(authenticator="test", principal_id="carol")
+    async with so.Runtime(agents(), store=store_url) as rt:
+        r = await rt.generate("support", prompt="go", auth=ALICE)
+        sid = r.session_id
+        votes = next(p for p in r.pending if p.tool_name == "refund")
+        edit = next(p for p in r.pending if p.tool_name == "wipe")
+        for who in (BOB, carol):
+            await rt.respond(sid, [{"request_id": votes.id, "option_id": "approve"}], principal=who)
+        answer = {"request_id": edit.id, "option_id": "approve", "edited_input": {"disk": "sdb"}}
+        r = await rt.respond(sid, [answer], principal=ALICE)
+        assert r.status == "completed", r
+        assert await rt.verify_audit() == []
+        rows = {rid: await rt.store.get_request(rid) for rid in (votes.id, edit.id)}
+    for rid, key in ((votes.id, "approved_by"), (edit.id, "edited_input")):
+        row = rows[rid]
+        assert row is not None and row.resolution is not None and key in row.resolution, row
+        set_resolution(store_url, rid, {k: v for k, v in row.resolution.items() if k != key})
+        async with so.Runtime(agents(), store=store_url) as rt:
+            reasons = [p.reason for p in await rt.verify_audit()]
+        assert any(rid in r and f"its resolution's {key} differ" in r for r in reasons), reasons
+        set_resolution(store_url, rid, row.resolution)

@@ -19,8 +19,7 @@ __all__ = ["Found", "Leftovers", "RequestTrail", "request_rows"]
 PAGE = 1000  # rows read at once
 
 _TYPES = frozenset({"input.requested", "approval.candidate", "approval.settled", "input.resolved"})
-_FROM_RESOLVED = ("outcome", "by", "answer")
-_FROM_SETTLED = ("edited_input", "approved_by")
+_REQUIRED = ("outcome", "by", "answer", "edited_input", "approved_by")
 """What a resolution must carry whenever its entries record it (not null): who answered, how,
 and the edit or the votes approved; other keys it holds must only agree with the entries."""
 
@@ -247,11 +246,12 @@ def _said(row: RequestRow, entries: list[tuple[int, int, str, dict[str, Any]]]) 
             for k, v in row.resolution.items()
             if k not in recorded or not same_json(recorded[k], v)
         }
-        required = [(k, resolved) for k in _FROM_RESOLVED] + [(k, settled) for k in _FROM_SETTLED]
+        # From either entry: a mirror's `input.resolved` carries its subagent's edit and votes,
+        # with no `approval.settled` of its own.
         differ |= {
             k
-            for k, source in required
-            if source.get(k) is not None and not same_json(row.resolution.get(k), source[k])
+            for k in _REQUIRED
+            if recorded.get(k) is not None and not same_json(row.resolution.get(k), recorded[k])
         }
         if differ:
             said.append(f"its resolution's {', '.join(sorted(differ))} differ")
