@@ -234,6 +234,60 @@ def test_a_worker_rides_out_a_postgres_outage_with_a_turn_in_flight(
     assert all(LOG_LINE.match(line) for line in log), log  # one line each, no traceback
 
 
+def test_a_worker_stopped_during_a_postgres_outage_records_the_outcome_it_kept(
+    cluster: PgCluster, tmp_path: Path
+) -> None:
+    """SIGTERM mid tool body, then the server stops and the body ends: its result could not be
+    written, and the draining worker exited 0 with it only in memory, for the next worker to
+    run the refund again. It keeps trying, with backoff, records the result once the server is
+    back (the tool not run again), finishes the turn and only then exits, 0."""
+    url = cluster.admin_url
+    records, hold = tmp_path / "runs.jsonl", tmp_path / "hold"
+    worker = start_worker(f"{url}?outage_grace={GRACE}", tmp_path, "w", records, hold=hold)
+    try:
+        front = so.Runtime([make_agent(str(records))], store=url, inline=False)
+        try:
+            session_id = front.generate_sync(AGENT, "refund order 1042").session_id
+            _until(lambda: front.state_sync(session_id).status == "waiting", "the approval")
+            (request,) = front.state_sync(session_id).pending_requests()
+            approve = so.InputResponse(request_id=request.id, option_id="approve")
+            front.respond_sync(session_id, [approve])
+        finally:
+            front.close_sync()
+        _until(lambda: read_records(records), "the tool to start")
+        worker.proc.send_signal(signal.SIGTERM)
+        _until(lambda: "SIGTERM: stopping after the running turns" in worker.log(), "the stop")
+        cluster.halt()
+        hold.touch()  # the tool ends while the server is down
+        _until(lambda: [r[0] for r in read_records(records)] == ["start", "done"], "the tool")
+        _until(
+            lambda: (
+                "recording it before the worker stops" in worker.log()
+                or worker.proc.poll() is not None
+            ),
+            "the worker to retry the record, or to exit",
+        )
+        time.sleep(GRACE + 1)  # it keeps trying through the outage
+        assert worker.proc.poll() is None, worker.log()
+        cluster.resume()
+        assert worker.proc.wait(timeout=60) == 0, worker.log()
+    finally:
+        worker.close()
+    assert [r[0] for r in read_records(records)] == ["start", "done"]  # run once
+    check_logs(url)
+    rt = so.Runtime([], store=url)
+    try:
+        types = [e.type for e in rt.events_sync(session_id)]
+    finally:
+        rt.close_sync()
+    assert types.count("tool.started") == types.count("tool.completed") == 1, types
+    assert types.count("turn.completed") == 1, types
+    log = worker.log()
+    said = f"session {session_id}: the outcome of issue_refund call call_refund recorded"
+    assert said in log and "worker stopped" in log, log
+    assert all(LOG_LINE.match(line) for line in log.splitlines()), log  # no error, no traceback
+
+
 def test_events_follow_ends_when_its_sqlite_file_is_replaced(tmp_path: Path) -> None:
     """What only a restart mends is not retried: a follower whose SQLite file another was moved
     over (a backup restored under it) ends with one error line and status 1, as documented."""

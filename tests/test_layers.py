@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
         "_json_keys",
         "_output_caps",
         "_refused_replies",
+        "_unrecorded",
     },
     {"_state_parts", "_conversation", "_tool_json", "_sync"},
     {"_event_handlers", "_steps"},

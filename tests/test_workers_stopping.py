@@ -5,11 +5,15 @@ given back, to a worker that goes on."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import signoff as so
+from signoff import _work
 
 from ._worker_procs import AGENT, ALICE, Worker, make_agent, read_records
 from ._workers import refund_agent, until, working
@@ -202,3 +206,165 @@ async def test_sessions_claimed_as_the_worker_was_told_to_stop_are_given_back_no
         assert state.status == "running" and state.turn is not None and state.turn.steps == 0
         # Given back: another process may take it at once, not after the 600 s lease.
         assert await front.store.acquire_lease(r.session_id, "another", 10.0, front.now())
+
+
+class _Outage:
+    """A worker's store whose writes fail while `down` (a database restarting, a full disk):
+    commits, claims and leases, each named in `refused`. `asked` is set at each lease asked
+    for while down, which only a drive of a session by its id does (not a claim)."""
+
+    def __init__(self, store: Any) -> None:
+        self.down = False
+        self.refused: list[str] = []
+        self.asked = asyncio.Event()
+        for name in ("commit", "claim", "acquire_lease", "renew_lease", "release_lease"):
+            setattr(store, name, self._refusing(name, getattr(store, name)))
+
+    def _refusing(self, name: str, real: Any) -> Any:
+        async def refusing(*args: Any, **kwargs: Any) -> Any:
+            if self.down:
+                self.refused.append(name)
+                if name == "acquire_lease":
+                    self.asked.set()
+                raise so.StoreError(f"{name}: the database is restarting (test)")
+            return await real(*args, **kwargs)
+
+        return refusing
+
+
+async def _stop_with_a_refused_outcome(
+    worker: so.Runtime, front: so.Runtime, runs: list[str], hold: asyncio.Event, when: str
+) -> tuple[asyncio.Task[None], _Outage, str]:
+    """A worker runs a refund whose body waits for `hold`; it is told to stop, and the store
+    refuses the record of the body's outcome: `when` "draining", as the body ends after the
+    stop; "before", the drive failing before the stop. Returns the worker's task once it is
+    trying to record the outcome again (or has returned), its outage and the session."""
+    outage = _Outage(worker.store)
+    r = await front.generate("support", prompt="Refund order 1042")
+    assert r.status == "running"  # recorded only: the worker runs it
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.work(stop=stop, idle_wait=0.05))
+    await until(lambda: _has(runs, f"{r.session_id}:1:call_refund"))  # the body runs
+    if when == "draining":
+        stop.set()
+    outage.down = True
+    hold.set()  # the refund ran; its record is refused
+    if when == "before":
+        await until(lambda: _failed(worker, outage, r.session_id))
+        stop.set()
+    asked = asyncio.create_task(outage.asked.wait())
+    await asyncio.wait({task, asked}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    asked.cancel()
+    return task, outage, r.session_id
+
+
+async def _failed(worker: so.Runtime, outage: _Outage, session_id: str) -> bool:
+    """Whether the worker's drive of the session ended, the record of its outcome refused."""
+    return "commit" in outage.refused and session_id not in worker._driving
+
+
+@pytest.mark.parametrize("when", ["draining", "before"])
+async def test_a_stopping_worker_records_the_outcome_the_store_refused_before_it_returns(
+    store_url: str, when: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker told to stop (SIGTERM) whose tool body ended while the store refused writes
+    kept the outcome in memory for a later drive here, and returned at once (`signoff worker`
+    exited 0): the next worker ran the refund again. It drives the session again, with backoff,
+    until the store takes the outcome, and returns once it is recorded: the refund ran once."""
+    caplog.set_level(logging.INFO, logger="signoff.worker")
+    runs: list[str] = []
+    hold = asyncio.Event()
+    agent = refund_agent(runs, approval=so.never(), hold=hold)
+    async with (
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False) as worker,
+    ):
+        task, outage, session_id = await _stop_with_a_refused_outcome(
+            worker, front, runs, hold, when
+        )
+        try:
+            assert not task.done(), "the worker returned with the outcome only in memory"
+            outage.down = False  # the database is back
+            await asyncio.wait_for(task, 30)
+        finally:
+            outage.down = False
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        types = [e.type async for e in front.events(session_id, follow=False)]
+        assert types.count("tool.completed") == types.count("turn.completed") == 1, types
+        assert runs == [f"{session_id}:1:call_refund"]  # once
+    said = [r.getMessage() for r in caplog.records if r.name == "signoff.worker"]
+    assert any(
+        f"session {session_id}: the outcome of issue_refund call call_refund recorded" in line
+        for line in said
+    ), said
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_stopping_worker_that_cannot_record_an_outcome_names_it_and_fails(
+    store_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store refusing for longer than `RECORD_KEPT_WITHIN`: the stopping worker gives up,
+    logs as an error the session and call whose outcome is lost (the next drive runs the tool
+    again), and `work()` fails with a `StoreError` naming them (`signoff worker` exits 1),
+    not a return that reads as a clean stop."""
+    monkeypatch.setattr(_work, "RECORD_KEPT_WITHIN", 0.5, raising=False)
+    runs: list[str] = []
+    hold = asyncio.Event()
+    agent = refund_agent(runs, approval=so.never(), hold=hold)
+    async with (
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False) as worker,
+    ):
+        task, outage, session_id = await _stop_with_a_refused_outcome(
+            worker, front, runs, hold, "draining"
+        )
+        try:
+            with pytest.raises(so.StoreError) as failed:
+                await asyncio.wait_for(task, 30)
+        finally:
+            outage.down = False
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        types = [e.type async for e in front.events(session_id, follow=False)]
+        assert "tool.completed" not in types, types
+    lost = f"issue_refund call call_refund in session {session_id}"
+    assert lost in str(failed.value), failed.value
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any(
+        line.startswith(f"session {session_id}: the outcome of issue_refund call call_refund ran")
+        and "lost" in line
+        for line in errors
+    ), errors
+
+
+async def test_a_second_stop_while_recording_a_kept_outcome_stops_at_once_and_says_it_is_lost(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker trying to record an outcome the store refuses is cancelled (a second SIGTERM):
+    it stops at once, not after `RECORD_KEPT_WITHIN`, naming as an error the call whose
+    outcome is lost with it."""
+    runs: list[str] = []
+    hold = asyncio.Event()
+    agent = refund_agent(runs, approval=so.never(), hold=hold)
+    async with (
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False) as worker,
+    ):
+        task, outage, session_id = await _stop_with_a_refused_outcome(
+            worker, front, runs, hold, "draining"
+        )
+        try:
+            assert not task.done(), "the worker returned with the outcome only in memory"
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 5)
+        finally:
+            outage.down = False
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any(
+        line.startswith(f"stopping now: session {session_id}: the outcome of issue_refund call")
+        for line in errors
+    ), errors

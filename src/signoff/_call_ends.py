@@ -13,8 +13,8 @@ from pydantic_core import PydanticSerializationError
 
 from ._child_sessions import with_spend
 from ._error_text import error_message, error_text, readable
-from ._exceptions import StoreError, UsageError
-from ._journal import UNRECORDED_KEPT, CallJournal
+from ._exceptions import LeaseLost, StoreError, UsageError
+from ._journal import CallJournal
 from ._recording import (
     DriverPart,
     EventSpec,
@@ -211,10 +211,10 @@ class CallEnds(DriverPart):
             steered = [tool_result(call, "denied", denial(IGNORED))]
         try:
             await self.record(journal.ending(specs, requests, steered))
-        except StoreError:
-            while len(self.unrecorded) >= UNRECORDED_KEPT:
-                del self.unrecorded[next(iter(self.unrecorded))]  # the oldest
-            self.unrecorded[key] = specs
+        except StoreError as exc:
+            ran = f"call {journal.call_id}" if call is None else f"{call.tool_name} call {call.id}"
+            fenced = isinstance(exc, LeaseLost)
+            self.unrecorded.keep(self.state.id, key, specs, ran, fenced=fenced)
             raise
 
     def _cut(self, call: CallState, decision: dict[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from ._state_parts import kept_usage
 from ._tool_calls import ToolCalls
 from ._tracing import OFF, Tracing, parked_by
 from ._types import InputRequest, Usage
+from ._unrecorded import Unrecorded
 from .stores import Commit, Resolve, Store
 
 __all__ = ["APPEND_PATIENCE", "Driver", "spent_in"]
@@ -72,7 +73,7 @@ class Driver(ToolCalls, ModelStep):
         clock: Callable[[], float] = time.time,
         abort_signal: asyncio.Event | None = None,
         lock: AnyLoopLock | None = None,
-        unrecorded: dict[str, list[EventSpec]] | None = None,
+        unrecorded: Unrecorded | None = None,
         tracing: Tracing = OFF,
         counts: Counts | None = None,
     ) -> None:
@@ -105,7 +106,7 @@ class Driver(ToolCalls, ModelStep):
         self.held: Held | None = None
         # Shared by the runtime's drivers: a call whose body ran but whose outcome the store
         # failed to take (a full disk) is recorded from here, not run again, by a later drive.
-        self.unrecorded = {} if unrecorded is None else unrecorded
+        self.unrecorded = Unrecorded() if unrecorded is None else unrecorded
         self.deferred = {}  # verdicts of calls waiting behind a workflow call (`ToolCalls`)
         self.tracing = tracing  # spans of model calls and tool bodies (`_tracing`)
         self.counts = Counts() if counts is None else counts  # the runtime's, for metrics

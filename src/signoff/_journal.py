@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._ask import echoes_answers
 from ._events import Event
-from ._exceptions import SignoffError, StoreError, TooLarge, UsageError
+from ._exceptions import LeaseLost, SignoffError, StoreError, TooLarge, UsageError
 from ._recording import Batch, EventSpec, TurnStopped, dump_request, load_journal, new_id
 from ._state import CallState, SessionState
 from ._steps import failure_of, raise_recorded
@@ -21,15 +21,13 @@ from ._tool_signals import (
     refused_misuse,
 )
 from ._types import MAX_OPTIONS, Action, ChildRef, InputRequest, Option, Principal
+from ._unrecorded import UNRECORDED_KEPT
 from .stores import Resolve
 
 if TYPE_CHECKING:
     from ._tool_calls import ToolCalls
 
 __all__ = ["UNRECORDED_KEPT", "CallJournal"]
-
-UNRECORDED_KEPT = 1024
-"""How many unrecorded outcomes (of calls and of steps) a runtime keeps (the oldest go first)."""
 
 _NOT_THE_STEPS = (TurnStopped, ApprovalRequired, QuestionWithdrawn, InputUnavailable)
 """What a step may raise that is about the run, not the step's effect: never journaled, so the
@@ -148,7 +146,7 @@ class CallJournal:
         try:
             call = self._call()
             held_key = f"{call.idempotency_key or call.id}\0step\0{keyed}\0{index}\0{name}"
-            held = self.driver.unrecorded.pop(held_key, None)
+            held = self.driver.unrecorded.pop(held_key)
             if held is not None:  # it ran in this process; only recording it failed
                 await self._journaled_to_end(held_key, held[0][1])
                 if held[0][1].get("error") is not None:
@@ -276,11 +274,12 @@ class CallJournal:
         call's outcome is kept: the next drive here records it instead of running it again."""
         try:
             await self._record([("tool.step", data)])
-        except StoreError:
-            unrecorded = self.driver.unrecorded
-            while len(unrecorded) >= UNRECORDED_KEPT:
-                del unrecorded[next(iter(unrecorded))]  # the oldest
-            unrecorded[held_key] = [("tool.step", data)]
+        except StoreError as exc:
+            what = f"step {data['name']!r} of {data['tool_name']} call {data['call_id']}"
+            fenced = isinstance(exc, LeaseLost)
+            self.driver.unrecorded.keep(
+                self.driver.state.id, held_key, [("tool.step", data)], what, fenced=fenced
+            )
             raise
 
     def bound_question(self, question: str, options: list[Option]) -> None:

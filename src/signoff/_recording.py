@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ._agent import Agent
     from ._leasing import Held
     from ._tracing import Tracing
+    from ._unrecorded import Unrecorded
 
 __all__ = [
     "PARK_TYPES",
@@ -473,7 +474,7 @@ class DriverPart:
     held: Held | None  # the drive's lease: a tool body runs as its `body`
     released: bool  # its last commit gave the lease back: it records nothing more
     # Outcomes of tool bodies that ran but the store failed to record, by idempotency key.
-    unrecorded: dict[str, list[EventSpec]]
+    unrecorded: Unrecorded
     # Verdicts of calls held behind a busy workflow call, by response and call id: the drive
     # asks again with them, not with a second (billed) review.
     deferred: dict[str, Any]

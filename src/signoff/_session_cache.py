@@ -47,6 +47,7 @@ from ._sync import UNWIND, SyncBridge, checked_clock
 from ._text import is_utf8
 from ._tracing import DriveSpan, tracing_for
 from ._types import ModelResponse
+from ._unrecorded import Unrecorded
 from .models import ModelRequest
 from .stores import Store, open_store
 
@@ -166,7 +167,7 @@ class SessionCache(Leasing):
         self._stopped: dict[asyncio.Task[Any], bool] = {}
         self._closing = 0  # closes under way: no call begins meanwhile (`_entered`)
         # Outcomes of tool bodies that ran but were not recorded (`ToolCalls.end_call`).
-        self._unrecorded: dict[str, list[EventSpec]] = {}
+        self._unrecorded = Unrecorded()
         # Leases of ended drives the store refused to release: given back by the next drive here.
         self._unreleased: dict[str, tuple[str, int]] = {}
         self._expiries: dict[str, tuple[int, float]] = {}  # see `Leasing._hold`

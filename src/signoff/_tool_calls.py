@@ -373,7 +373,7 @@ class ToolCalls(CallEnds):
                 ]
             )
         journal = CallJournal(self, call.id, principal)
-        held = self.unrecorded.pop(key, None)
+        held = self.unrecorded.pop(key)
         if held is not None:  # the body ran in this process; only recording its outcome failed
             await self.end_call(key, journal, held)
             return

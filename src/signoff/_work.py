@@ -31,6 +31,13 @@ CLAIM_GAP = 0.02  # seconds a worker waits after a claim that found nothing befo
 LONGEST_RETRY = 5.0  # seconds: the longest a worker waits between claims while they fail
 GIVE_BACK_AFTER = 0.5  # seconds a lease waits, after a second drive in a row the store failed
 RELEASE_RETRY = 0.5  # seconds: the longest wait between tries to give such a lease back
+KEPT_RETRY = 1.0  # seconds: the longest wait between tries to record an outcome kept
+
+RECORD_KEPT_WITHIN = 60.0
+"""Seconds a stopping worker keeps trying to record a session's tool outcomes that the store
+refused (the database restarting, a full disk), kept in memory (`Unrecorded`), before it gives
+them up as lost: it logs them as an error and fails (`signoff worker` exits 1). A second signal
+stops it at once."""
 
 
 class Failing:
@@ -124,8 +131,10 @@ class Workers(Sweeps):
         lease, drive them, and apply passed deadlines (the turns those make runnable are left to
         the claims, whether or not the runtime is `inline`); returns once `stop` is set and the
         turns it was running have finished or parked (starting no message queued behind them:
-        those are left to workers that go on). Cancelled, it cancels them first (their leases
-        given back), so none runs on once it is gone."""
+        those are left to workers that go on), and the tool outcomes the store refused, kept in
+        memory, are recorded: retried for `RECORD_KEPT_WITHIN` seconds, then a `StoreError`
+        names those lost. Cancelled, it cancels them first (their leases given back), so none
+        runs on once it is gone."""
         whole("concurrency", concurrency, least=1)
         if stop is not None and not isinstance(stop, asyncio.Event):
             raise UsageError(f"stop must be an asyncio.Event or None, not {stop!r}")
@@ -147,6 +156,7 @@ class Workers(Sweeps):
         give_backs = _GiveBacks(self.store, self.lease_ttl, stop)
         retry_at = 0.0  # monotonic time before which claims that failed are not tried again
         gone: StoreGone | None = None  # the store's file replaced: only a restart mends it
+        unsaved: list[str] = []  # tool outcomes kept that it stopped without recording
         try:
             while not stop.is_set() and gone is None:
                 free = concurrency - len(running)
@@ -179,7 +189,9 @@ class Workers(Sweeps):
                     for session_id, token in claimed:
                         log.info("claimed session %s (lease %d)", session_id, token)
                         task = asyncio.create_task(
-                            self._work_on(session_id, owner, token, stop.is_set, give_backs),
+                            self._work_on(
+                                session_id, owner, token, stop.is_set, give_backs, unsaved
+                            ),
                             name=session_id,  # named if the worker is stopped at once
                         )
                         running.add(task)
@@ -232,6 +244,10 @@ class Workers(Sweeps):
                 await asyncio.gather(*running, return_exceptions=True)
             # Leases of drives the store failed: given back now, once (`stop` ends their waits).
             await asyncio.gather(*give_backs.tasks, return_exceptions=True)
+            # Outcomes the store refused before the stop, kept here: lost with the process.
+            await asyncio.gather(
+                *(self._record_kept(s, owner, unsaved) for s in self._unrecorded.sessions())
+            )
         except BaseException:
             # Cancelled (a second Ctrl-C, a task's cancel) or broken: the turns it drives stop
             # with it, their leases given back, rather than run on unseen once it is gone.
@@ -247,9 +263,23 @@ class Workers(Sweeps):
             for task in (*running, *give_backs.tasks):
                 task.cancel()
             await asyncio.gather(*running, *give_backs.tasks, return_exceptions=True)
+            for session_id in self._unrecorded.sessions():
+                log.error(
+                    "stopping now: session %s: the outcome of %s ran but is not recorded (the "
+                    "store refused it); lost unless this process drives the session again",
+                    session_id,
+                    ", ".join(self._unrecorded.of(session_id)),
+                )
             raise
         if gone is not None:
             raise gone
+        if unsaved:
+            more = f", and {len(unsaved) - 20} more" if len(unsaved) > 20 else ""
+            raise StoreError(
+                f"the worker stopped with {len(unsaved)} tool outcome(s) the store did not record "
+                f"(those tools run again where their sessions resume): "
+                f"{'; '.join(unsaved[:20])}{more}"
+            )
 
     async def _claim(self, owner: str, limit: int) -> list[tuple[str, int]]:
         """Claim up to `limit` sessions, keeping only leases that are ours and live: a claim that
@@ -316,10 +346,13 @@ class Workers(Sweeps):
         token: int,
         stopping: Callable[[], bool] | None = None,
         give_backs: _GiveBacks | None = None,
+        unsaved: list[str] | None = None,
     ) -> None:
         """Drive a claimed session; once `stopping()`, the turn in flight is finished, and a
         message queued behind it left to another worker. A drive the store failed has its
-        lease given back by `give_backs`, if given."""
+        lease given back by `give_backs`, if given, unless the worker is stopping and keeps
+        outcomes of the session the store refused: it records them first (`_record_kept`),
+        naming in `unsaved` those it could not."""
         lost: list[int] = []
         try:
             result = await self._drive(
@@ -362,6 +395,13 @@ class Workers(Sweeps):
                 log.info("session %s: deleted while claimed; nothing to drive", session_id)
                 return
             if give_backs is not None and isinstance(exc, StoreError):
+                draining = stopping is not None and stopping()
+                if draining and unsaved is not None and self._unrecorded.of(session_id):
+                    log.warning(
+                        "session %s: the store failed the turn in the worker: %s", session_id, exc
+                    )
+                    await self._record_kept(session_id, owner, unsaved)
+                    return
                 if not isinstance(exc, StoreGone):  # else only a restart mends it
                     wait = give_backs.failed(session_id, owner, token)
                     log.warning(
@@ -379,6 +419,83 @@ class Workers(Sweeps):
                 session_id,
                 self.lease_ttl,
             )
+
+    async def _record_kept(self, session_id: str, owner: str, unsaved: list[str]) -> None:
+        """Drive the session again until the store records the tool outcomes this runtime keeps
+        of it (`Unrecorded`: the drive records them instead of running the bodies), retried
+        with backoff for `RECORD_KEPT_WITHIN` seconds: a worker that stopped with them in
+        memory left the next worker to run those tools again. What it could not record is
+        logged as an error and named in `unsaved`."""
+        kept = self._unrecorded
+        ran = ", ".join(kept.of(session_id))
+        if not ran:
+            return
+        log.warning(
+            "session %s: the store refused the outcome of %s, which ran; recording it before "
+            "the worker stops (trying for %.0fs)",
+            session_id,
+            ran,
+            RECORD_KEPT_WITHIN,
+        )
+        deadline = time.monotonic() + RECORD_KEPT_WITHIN
+        delay = 0.05
+        while True:
+            try:
+                token = await self._try_acquire(session_id, owner)
+                if token is None:  # another drive holds it: one here records them too
+                    why = "another drive holds the session's lease"
+                else:
+                    result = await self._drive(
+                        session_id, claimed=(owner, token), stopping=lambda: True
+                    )
+                    if not kept.of(session_id):
+                        log.info(
+                            "session %s: the outcome of %s recorded (not run again); %s",
+                            session_id,
+                            ran,
+                            result.status,
+                        )
+                        return
+                    # Recorded after all by the commit whose answer was lost, or the call ended
+                    # otherwise (its turn cancelled, the session taken over): nothing to record.
+                    log.warning(
+                        "session %s: the outcome kept of %s is not needed (the session went on "
+                        "past the call); %s",
+                        session_id,
+                        ", ".join(kept.forget(session_id)),
+                        result.status,
+                    )
+                    return
+            except (SessionExpired, UnknownSession) as exc:  # over: nothing runs the call again
+                kept.forget(session_id)
+                log.warning("session %s: the outcome kept is not needed: %s", session_id, exc)
+                return
+            except StoreGone as exc:  # only a restart mends it
+                why = str(exc)
+                break
+            except StoreError as exc:  # the database still down, say: tried again
+                why = str(exc)
+                log.debug("session %s: recording the outcome kept failed: %s", session_id, exc)
+            except Exception as exc:  # a bug: not retried
+                why = f"{type(exc).__name__}: {exc}"
+                break
+            finally:
+                self._let_go(session_id, owner)
+            if not kept.of(session_id):  # recorded by that other drive here
+                return
+            if time.monotonic() + delay >= deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, KEPT_RETRY)
+        names = kept.forget(session_id)
+        unsaved.extend(f"{name} in session {session_id}" for name in names)
+        log.error(
+            "session %s: the outcome of %s ran but could not be recorded (%s): lost, and run "
+            "again by the next drive of the session",
+            session_id,
+            ", ".join(names),
+            why,
+        )
 
 
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:
