@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,20 +16,31 @@ from pydantic import Field
 
 import signoff as so
 from signoff._candidates import RECOVERY_GRACE
-from tests._candidate_child import ALICE, BOB, make_agent
+from tests._candidate_child import ALICE, BOB, CAROL, make_agent
 from tests._workers import is_, until, working
 
 ROOT = Path(__file__).resolve().parent.parent
+DAVE = so.Principal(authenticator="test", principal_id="dave")
 
 
-def died_deciding(tmp_path: Path, *key: str) -> tuple[Path, Path, dict[str, str]]:
-    """A child process records a response (Bob's message "approve" sent with the idempotency
-    key `key`, if given) and is killed while its policy runs: the store file, the file the
+def died_deciding(
+    tmp_path: Path, *flags: str, store: str | None = None
+) -> tuple[Path, Path, dict[str, str]]:
+    """A child process records a response (Bob's message "approve" sent with an idempotency key
+    with `--key KEY` in `flags`, see `tests._candidate_child`) in `store` (a SQLite file in
+    `tmp_path` if None) and is killed while its policy runs: the SQLite file, the file the
     refund tool writes to, and the ids the child printed."""
     db, out = tmp_path / "s.db", tmp_path / "runs"
-    keyed = ["--key", *key] if key else []
     child = subprocess.run(
-        [sys.executable, "-m", "tests._candidate_child", str(db), str(out), "--die", *keyed],
+        [
+            sys.executable,
+            "-m",
+            "tests._candidate_child",
+            store or str(db),
+            str(out),
+            "--die",
+            *flags,
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -72,7 +84,7 @@ async def test_a_keyed_message_whose_candidate_died_deciding_is_a_repeat_once_ju
     drive, or Bob's call sent again itself) records the key with the approval it settles, so the
     call sent again with the key is a repeat answered with the turn it answered into, not a new
     turn taking "approve" as its prompt."""
-    db, out, ids = died_deciding(tmp_path, "k-1")
+    db, out, ids = died_deciding(tmp_path, "--key", "k-1")
     sid = ids["session"]
     later = time.time() + 60  # well past the policy's timeout: nobody is still deciding
     async with so.Runtime(
@@ -94,6 +106,136 @@ async def test_a_keyed_message_whose_candidate_died_deciding_is_a_repeat_once_ju
         with pytest.raises(so.IdempotencyKeyReused):
             await rt.send(sid, "deny", principal=BOB, idempotency_key="k-1")
     assert len(out.read_text().splitlines()) == 1  # the refund ran once
+
+
+def _clock() -> tuple[list[float], Callable[[], float]]:
+    """A clock held still, set by `_set` once the dead candidate's time is known."""
+    now = [time.time()]
+    return now, lambda: now[0]
+
+
+async def _set(rt: so.Runtime, sid: str, now: list[float], when: str) -> None:
+    """Set `now` by the time Bob's dead candidate was recorded: `deciding` keeps it within the
+    policy's timeout (its process may still be deciding: nobody judges it again), `lost` well
+    past it and `RECOVERY_GRACE`."""
+    (dead,) = (await rt.state(sid)).candidates.values()
+    now[0] = float(dead["at"]) + (0.1 if when == "deciding" else 60.0)
+
+
+def _bobs(events: list[so.Event]) -> list[dict[str, Any]]:
+    """The `approval.candidate` events of Bob's answers (any client of his)."""
+    return [
+        e.data
+        for e in events
+        if e.type == "approval.candidate" and e.data["by"]["principal_id"] == "bob"
+    ]
+
+
+@pytest.mark.parametrize("when", ["deciding", "lost"])
+@pytest.mark.parametrize("settled", ["approve", "cancel"])
+async def test_a_keyed_answer_that_died_deciding_meets_its_request_settled_by_another(
+    store_url: str, tmp_path: Path, settled: str, when: str
+) -> None:
+    """Bob's "approve" sent with idempotency key k-1, his process SIGKILLed while the response
+    policy judged it; before anyone judges it again (its process may still be deciding, or is
+    taken for dead), Carol settles the request. The commit that settles it ends Bob's answer
+    too: if she approved, his was taken as a live call's would have been, and that end keeps
+    its key with the turn, so the message sent again is a repeat, never a new turn taking
+    "approve" as its prompt. If she denied, his answer is refused as a live call's would have
+    been, which delivers the message anew: sent again, it is delivered once, as that."""
+    _, out, ids = died_deciding(tmp_path, "--key", "k-1", store=store_url)
+    sid, rid = ids["session"], ids["request"]
+    now, clock = _clock()
+    agent = make_agent(str(out), also=["carol"])
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        await _set(rt, sid, now, when)
+        turn = (await rt.state(sid)).turn
+        assert turn is not None and not (await rt.state(sid)).keys
+        answer = so.InputResponse(request_id=rid, option_id=settled)
+        assert (await rt.respond(sid, [answer], principal=CAROL)).status == "completed"
+        assert not (await rt.state(sid)).candidates
+        again = await rt.send(sid, "approve", principal=BOB, idempotency_key="k-1")
+        events = [e async for e in rt.events(sid, follow=False)]
+        started = [e.data["message"] for e in events if e.type == "turn.started"]
+        bob = _bobs(events)
+        if settled == "approve":
+            assert started == ["refund 9"]
+            assert (again.status, again.turn_id, again.replayed) == ("completed", turn.id, True)
+            assert [b["outcome"] for b in bob] == ["pending", "stale"]  # ended as it closed
+            assert bob[1]["idem"] == bob[0]["message_idem"]  # in the commit that closed it
+            with pytest.raises(so.IdempotencyKeyReused):
+                await rt.send(sid, "deny", principal=BOB, idempotency_key="k-1")
+        else:
+            assert [b["outcome"] for b in bob] == ["pending", "stale"]
+            assert "idem" not in bob[1]
+            assert (again.turn_id != turn.id, again.replayed) == (True, False)
+            assert started == ["refund 9", "approve"]
+            repeat = await rt.send(sid, "approve", principal=BOB, idempotency_key="k-1")
+            assert (repeat.turn_id, repeat.replayed) == (again.turn_id, True)
+    runs = out.read_text().splitlines() if out.exists() else []
+    assert len(runs) == (1 if settled == "approve" else 0)
+
+
+async def test_a_keyed_vote_that_died_deciding_keeps_its_key_when_others_make_the_quorum(
+    store_url: str, tmp_path: Path
+) -> None:
+    """Under a quorum of two, Bob's "approve" sent with idempotency key k-1 dies in the
+    response policy; while its process may still be deciding, Carol and Dave vote and the
+    second vote settles the request. That commit ends Bob's vote and keeps its key: the
+    message sent again is a repeat, not a new turn taking "approve" as its prompt."""
+    _, out, ids = died_deciding(tmp_path, "--key", "k-1", "--quorum", store=store_url)
+    sid, rid = ids["session"], ids["request"]
+    now, clock = _clock()
+    agent = make_agent(str(out), approvers=2, also=["carol", "dave"])
+    yes = so.InputResponse(request_id=rid, option_id="approve")
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        await _set(rt, sid, now, "deciding")
+        turn = (await rt.state(sid)).turn
+        assert turn is not None
+        first = await rt.respond(sid, [yes], principal=CAROL)
+        assert (first.status, first.outcomes[0].outcome) == ("waiting", "counted")
+        assert (await rt.respond(sid, [yes], principal=DAVE)).status == "completed"
+        again = await rt.send(sid, "approve", principal=BOB, idempotency_key="k-1")
+        events = [e async for e in rt.events(sid, follow=False)]
+        assert [e.data["message"] for e in events if e.type == "turn.started"] == ["refund 9"]
+        assert (again.status, again.turn_id, again.replayed) == ("completed", turn.id, True)
+        bob = _bobs(events)
+        assert [b["outcome"] for b in bob] == ["pending", "stale"]
+        assert bob[1]["idem"] == bob[0]["message_idem"]
+    assert len(out.read_text().splitlines()) == 1
+
+
+async def test_a_keyed_vote_that_died_deciding_after_its_sender_voted_keeps_its_key(
+    store_url: str, tmp_path: Path
+) -> None:
+    """Under a quorum of two, Bob's "approve" sent with idempotency key k-1 dies in the
+    response policy; then Bob approves from another client, which is counted. The drive that
+    judges the dead answer again finds his vote counted (one person, one vote): that answer
+    changed nothing, and its end keeps its key in the same commit, as a live call keeps it.
+    Once Carol's vote settles the request, the message sent again is a repeat, not a new turn
+    taking "approve" as its prompt."""
+    _, out, ids = died_deciding(tmp_path, "--key", "k-1", "--quorum", store=store_url)
+    sid, rid = ids["session"], ids["request"]
+    now, clock = _clock()
+    agent = make_agent(str(out), approvers=2, also=["carol"])
+    web = BOB.model_copy(update={"attributes": {"client": "web"}})
+    yes = so.InputResponse(request_id=rid, option_id="approve")
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        await _set(rt, sid, now, "lost")
+        turn = (await rt.state(sid)).turn
+        assert turn is not None
+        voted = await rt.respond(sid, [yes], principal=web)
+        assert voted.status == "waiting" and voted.outcomes[0].outcome == "counted"
+        assert not (await rt.state(sid)).candidates  # the dead one judged again meanwhile
+        assert (await rt.respond(sid, [yes], principal=CAROL)).status == "completed"
+        again = await rt.send(sid, "approve", principal=BOB, idempotency_key="k-1")
+        events = [e async for e in rt.events(sid, follow=False)]
+        assert [e.data["message"] for e in events if e.type == "turn.started"] == ["refund 9"]
+        assert (again.status, again.turn_id, again.replayed) == ("completed", turn.id, True)
+        dead = [b for b in _bobs(events) if not b["by"].get("attributes")]
+        assert [b["outcome"] for b in dead] == ["pending", "stale"]
+        assert dead[1]["idem"] == dead[0]["message_idem"]  # with its end, not after it
+    assert len(out.read_text().splitlines()) == 1
 
 
 async def test_a_front_that_runs_no_turns_still_evaluates_a_dead_candidate_again(

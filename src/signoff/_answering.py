@@ -169,6 +169,7 @@ class Answering(Candidates):
         only_approvals: bool = False,
         from_message: bool = False,
         judged: list[SessionState] | None = None,
+        kept: list[bool] | None = None,
     ) -> list[Outcome]:
         """Validate every answer, then settle them all in one durable commit (or none);
         `check_only` raises what settling would raise and records nothing. An answer to a request
@@ -179,7 +180,8 @@ class Answering(Candidates):
         which answer approvals only. `from_message`: the answer is a message's, which `send`
         delivers as a message if its request closed meanwhile (no refusal to count: `_counts`).
         `judged` is given the state the answers were judged on when settling recorded nothing
-        (they only repeat earlier ones)."""
+        (they only repeat earlier ones). `kept` is given True when `mark` was recorded with the
+        end of an answer that changed nothing (`Candidates._candidate`)."""
         if len(answers) > MAX_ANSWERS:
             raise InvalidAnswer(
                 f"at most {MAX_ANSWERS} answers in one call, not {len(answers)}: "
@@ -383,6 +385,7 @@ class Answering(Candidates):
                         mark=key,
                         usage=reviews.get(request.id),
                         verdict=verdicts.get(request.id),
+                        kept=None if key is None else kept,
                     )
                 except BaseException as exc:
                     settled_before_raising(outcomes)  # the batch's, and the gated ones' before

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._answers import repeat as _repeat
+from ._candidate_keys import base
 from ._counts import counted_elsewhere
 from ._eligibility import voted
 from ._exceptions import AnswerError, SessionExpired
@@ -48,18 +49,23 @@ class CandidateEnds(SessionRunner):
         cid: str,
         after: int,
         wanted: dict[str, Any],
+        kept: list[bool] | None = None,
     ) -> Outcome | None:
         """What became of response `cid` to `request`, ended by another process (which judged
-        it again, taking this one, stalled, for dead) after seq `after`: the outcome its call
-        returns, or the error it raises, as if this process had recorded that end; left out of
-        this process's counts, as that one counted it. None if no one ended it: its request
-        closed under it (another answer, a deadline), and this call records its end."""
+        it again, taking this one, stalled, for dead, or closed its request) after seq `after`:
+        the outcome its call returns, or the error it raises, as if this process had recorded
+        that end; left out of this process's counts, as that one counted it. `kept` is told
+        (True appended) when that end recorded the key of the answer's message. None if no one
+        ended it: its request closed under it with no end of it recorded (an answer no message
+        keyed, or a close an older signoff made), and this call records its end."""
         rid = request.id
         kinds = ["approval.candidate", "approval.settled"]
         for e in await self.store.read_events(session_id, after, types=kinds):
             d = e.data
             if d.get("candidate_id") != cid or d.get("outcome") == "pending":
                 continue
+            if kept is not None and d.get("idem"):
+                kept.append(True)
             if e.type == "approval.settled":
                 outcome = Outcome(
                     request_id=rid, outcome=wanted["outcome"], applied=True, reason=RECHECKED
@@ -137,18 +143,6 @@ def already_counted(request: InputRequest) -> Outcome:
     no-op, saying how far the quorum is."""
     reason = f"already counted: {request.progress}"
     return Outcome(request_id=request.id, outcome="counted", applied=False, reason=reason)
-
-
-def base(request: InputRequest, cid: str, decision: Any, by: Any) -> dict[str, Any]:
-    """What every `approval.candidate` event of candidate `cid` (a response to `request`)
-    says."""
-    return {
-        "request_id": request.id,
-        "call_id": request.call_id,
-        "candidate_id": cid,
-        "decision": decision,
-        "by": by,
-    }
 
 
 def naming(specs: list[EventSpec], cid: str) -> list[EventSpec]:

@@ -22,6 +22,7 @@ from ._candidate_ends import ending as _ending
 from ._candidate_ends import naming as _naming
 from ._candidate_ends import sent as _sent
 from ._candidate_ends import waiting as _waiting
+from ._candidate_keys import keyable
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import authorize, voted
 from ._error_text import error_text
@@ -162,6 +163,7 @@ class Candidates(CandidateEnds):
         mark: Keyed | None = None,
         usage: Usage | None = None,
         verdict: ResponseVerdict | None = None,
+        kept: list[bool] | None = None,
     ) -> Outcome:
         """Settle an approval that has a response policy or a quorum, recording its candidacy.
 
@@ -175,7 +177,11 @@ class Candidates(CandidateEnds):
         settlement records the key too, so the message repeated with it is not taken again (one
         refused, or closed under it by a deadline, is not taken: `send` delivers it anew). Its
         pending candidate keeps the key aside (`message_idem`, which takes nothing), for the
-        process that judges it again if this one dies (`_recover`).
+        process that judges it again if this one dies (`_recover`), or for the commit that
+        closes its request meanwhile (`closing_ends`). An answer that changed nothing (its
+        sender's vote counted before, its request settled with it meanwhile) is taken all the
+        same: the end of its candidate records the key, in a recovery or when `kept` is given,
+        which is then told (True appended), as it is when such an end recorded elsewhere did.
         `usage` is what reviewing the answer's edit cost: the first event it records counts it;
         `verdict` the response policy's, judged already (before the edit's check), not again.
         """
@@ -203,7 +209,7 @@ class Candidates(CandidateEnds):
             """Record `build`, which ends the candidate: None if it did, else what ended it."""
             await self._append(session_id, build, durable=durable, turn_id=tid)
             if gone and recovered is None:
-                told = await self._told(session_id, request, cid, after, wanted)
+                told = await self._told(session_id, request, cid, after, wanted, kept)
                 if told is not None:
                     return told
                 closed.append(True)  # its request closed under it: its end is recorded here
@@ -215,6 +221,8 @@ class Candidates(CandidateEnds):
                     )
             if gone:
                 raise _EndedElsewhere(cid)
+            if keyed and kept is not None:
+                kept.append(True)
             return None
 
         by = None if principal is None else principal.model_dump()
@@ -222,6 +230,16 @@ class Candidates(CandidateEnds):
         key = {} if mark is None else {"idem": list(mark)}
         tid = request.turn_id
         after = 0  # the seq of the candidate this call records: its end is looked for after it
+        keep = mark is not None and (recovered is not None or kept is not None)
+        keyed: list[bool] = []  # the end recorded keeps the key of an answer that changed nothing
+
+        def taken(st: SessionState, ended: dict[str, Any]) -> dict[str, Any]:
+            """`ended`, the end of an answer that changed nothing, with its message's key if it
+            is to keep it here (`keep`, `keyable`)."""
+            if not (keep and mark is not None and keyable(st, request, mark[0], tid)):
+                return ended
+            keyed[:] = [True]
+            return {**ended, **key}
 
         live = state.requests.get(rid)
         if (
@@ -279,6 +297,7 @@ class Candidates(CandidateEnds):
         def settle_or_count(st: SessionState) -> Batch:
             late.clear()
             lapsed.clear()
+            keyed.clear()
             if not ours(st):
                 return Batch(specs=[])
             live = st.requests.get(rid)
@@ -300,6 +319,8 @@ class Candidates(CandidateEnds):
                 # Its pending candidate ends too: the request closed while the policy ran.
                 why = f"request {rid} was closed before this response could settle it"
                 stale = {**base, "outcome": "stale", "reason": why}
+                if not refused:  # settled with this answer meanwhile: taken all the same
+                    stale = taken(st, stale)
                 return Batch(specs=[("approval.candidate", stale)])
             current = live.request
             now = self.now()
@@ -333,7 +354,7 @@ class Candidates(CandidateEnds):
                         return Batch(specs=[])
                     # Its pending candidate ends here, lest every later drive judge it again.
                     spent = {**base, "outcome": "stale", "reason": again.reason}
-                    return Batch(specs=[("approval.candidate", spent)])
+                    return Batch(specs=[("approval.candidate", taken(st, spent))])
                 votes = [*current.approved_by, str(me)]
                 if len(votes) < current.approvers:
                     progressed = current.model_copy(update={"approved_by": votes})

@@ -14,6 +14,7 @@ from typing import Any
 
 from ._agent import Agent
 from ._any_loop import AnyLoopLock
+from ._candidate_keys import closing_ends
 from ._counts import Counts
 from ._deadlines import records_expiry
 from ._events import BOOKKEEPING, Event
@@ -180,6 +181,8 @@ class Driver(ToolCalls, ModelStep):
                         batch, updated = made, ()
                 if not batch:
                     return []
+                # A request it closes ends the keyed answers still judged for it, in this commit.
+                batch = [*batch, *closing_ends(state, batch, tid)]
                 if self.traceparent is not None:
                     batch = parked_by(batch, self.traceparent)
                 events = [

@@ -150,6 +150,7 @@ class Messages(Answering):
                 check_unambiguous(first, message)
                 reply = _match(first, message)
                 if reply is not None:
+                    kept: list[bool] = []  # its key recorded with its answer's end
                     try:
                         outcomes = await self._settle(
                             session_id,
@@ -158,12 +159,13 @@ class Messages(Answering):
                             require_all=False,
                             mark=idem,
                             from_message=True,
+                            kept=kept,
                         )
                     except (RequestClosed, ConflictingAnswer):
                         # Answered or closed meanwhile: the message is delivered anew, as an
                         # answer only to a request open when it arrived.
                         continue
-                    if idem is not None and not any(o.applied for o in outcomes):
+                    if idem is not None and not kept and not any(o.applied for o in outcomes):
                         # Settled with this answer meanwhile: by this key's call, a repeat?
                         if await self._taken(session_id, first, idem):
                             return await self._replay(session_id, idem)
