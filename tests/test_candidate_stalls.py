@@ -25,6 +25,9 @@ from ._response_policies import (
 )
 
 _TIMEOUT = 5.0
+CAROL = so.Principal(
+    authenticator="slack", issuer="T01", principal_id="carol", attributes={"tenant_id": "t1"}
+)
 
 
 def _total(*runtimes: so.Runtime) -> tuple[int, dict[str, int]]:
@@ -201,3 +204,106 @@ async def test_a_stalled_vote_of_a_quorum_counted_elsewhere_is_counted_once(
         assert state.requests[req.id].request.approved_by == ["bob"]
         assert _total(own_rt, other) == (1, {})
         assert log.count() == 0
+
+
+@pytest.mark.parametrize("meanwhile", ["nothing", "carol settles"])
+async def test_a_keyed_answer_whose_call_was_cancelled_deciding_is_judged_once(
+    store_url: str, meanwhile: str
+) -> None:
+    """Bob's "approve" sent with idempotency key k-1 is cancelled while the response policy
+    judges it (a caller's timeout; the process lives on). The answer is not left pending: it is
+    judged and settled all the same, or ended by the commit of Carol's settlement meanwhile,
+    which keeps its key. The message sent again with its key is a repeat answered with the
+    turn at once, rather than waiting out the policy's timeout and `RECOVERY_GRACE` for the
+    answer to be taken for dead, and the policy judges Bob's answer once."""
+    started, release = asyncio.Event(), asyncio.Event()
+    judged: list[str] = []
+
+    async def slow_for_bob(ctx: so.ResponseContext) -> so.Allowed:
+        assert ctx.response.principal is not None
+        judged.append(ctx.response.principal.principal_id)
+        if ctx.response.principal.principal_id == "bob":
+            started.set()
+            await release.wait()
+        return so.Allowed()
+
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=slow_for_bob, timeout=60.0)
+    async with so.Runtime([refund_agent(log, spec)], store=store_url) as rt:
+        sid, req, head = await asked(rt, ALICE)
+        turn = (await rt.state(sid)).turn
+        assert turn is not None
+        first = asyncio.create_task(rt.send(sid, "approve", principal=BOB, idempotency_key="k-1"))
+        await started.wait()
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        if meanwhile == "carol settles":
+            yes = so.InputResponse(request_id=req.id, option_id="approve")
+            assert (await rt.respond(sid, [yes], principal=CAROL)).status == "completed"
+        release.set()
+        if meanwhile == "nothing":  # its call gone, the answer is judged and settled all the same
+            await asyncio.wait_for(_settled(rt, sid, head), _TIMEOUT)
+        resent = rt.send(sid, "approve", principal=BOB, idempotency_key="k-1")
+        again = await asyncio.wait_for(resent, _TIMEOUT)  # the policy's timeout is 60 s
+        assert (again.status, again.turn_id, again.replayed) == ("completed", turn.id, True)
+        assert judged.count("bob") == 1
+        events = await events_of(rt, sid, head)
+        assert [e.type for e in events].count("turn.started") == 0
+        bob = [
+            e.data
+            for e in events
+            if e.type == "approval.candidate" and e.data["by"]["principal_id"] == "bob"
+        ]
+        (settled,) = [e.data for e in events if e.type == "approval.settled"]
+        if meanwhile == "nothing":
+            assert [b["outcome"] for b in bob] == ["pending"]  # its settlement ends it
+            assert settled["candidate_id"] == bob[0]["candidate_id"]
+            assert settled["idem"] == bob[0]["message_idem"]
+        else:
+            assert [b["outcome"] for b in bob] == ["pending", "stale"]
+            assert bob[1]["idem"] == bob[0]["message_idem"]
+            assert settled["by"]["principal_id"] == "carol"
+        assert rt._counts.accepted == 1
+        assert log.count() == 1
+
+
+async def test_the_judging_a_cancelled_call_left_going_is_stopped_by_close(store_url: str) -> None:
+    """Bob's call is cancelled while the response policy judges his answer: the judging goes on
+    without it, until the runtime's `close` stops it as it stops the runtime's calls, and the
+    answer is left pending, as one whose process died, for the next process to judge again."""
+    started, never = asyncio.Event(), asyncio.Event()
+    stopped: list[bool] = []
+
+    async def never_decides(ctx: so.ResponseContext) -> so.Allowed:
+        started.set()
+        try:
+            await never.wait()
+        except asyncio.CancelledError:
+            stopped.append(True)
+            raise
+        return so.Allowed()
+
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=never_decides, timeout=60.0)
+    agent = refund_agent(log, spec)
+    rt = so.Runtime([agent], store=store_url)
+    async with rt:
+        sid, req, head = await asked(rt, ALICE)
+        first = asyncio.create_task(rt.send(sid, "approve", principal=BOB, idempotency_key="k-1"))
+        await started.wait()
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert stopped == []  # still judging
+    assert stopped == [True]  # stopped by close
+    async with so.Runtime([agent], store=store_url) as again:
+        (pending,) = (await again.state(sid)).candidates.values()
+        assert (pending["request_id"], pending["by"]) == (req.id, BOB.model_dump())
+
+
+async def _settled(rt: so.Runtime, session_id: str, after: int) -> None:
+    """Follow the session's events after `after` until an approval is settled."""
+    async for event in rt.events(session_id, after, follow=True):
+        if event.type == "approval.settled":
+            return

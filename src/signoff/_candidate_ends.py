@@ -1,16 +1,21 @@
-"""How a response's candidate ends: the events that end one, and what an answer's call meets
-when another process ended its candidate or closed its request meanwhile. A part of
-`Candidates`, apart from `_candidates` so that one keeps to recording and judging responses."""
+"""How a response's candidate ends: the events that end one, what an answer's call meets
+when another process ended its candidate or closed its request meanwhile, and the judging that
+goes on when the call is cancelled (`past_cancel`). A part of `Candidates`, apart from
+`_candidates` so that one keeps to recording and judging responses."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ._answers import repeat as _repeat
+from ._call_guards import running
 from ._candidate_keys import base
-from ._counts import counted_elsewhere
+from ._counts import counted_elsewhere, unawaited
 from ._eligibility import voted
-from ._exceptions import AnswerError, SessionExpired
+from ._exceptions import AnswerError, SessionExpired, SignoffError
 from ._idempotency import Keyed, same_ask
 from ._recording import EventSpec
 from ._results import Outcome
@@ -26,9 +31,12 @@ __all__ = [
     "base",
     "ending",
     "naming",
+    "past_cancel",
     "sent",
     "waiting",
 ]
+
+log = logging.getLogger("signoff.runtime")
 
 RECHECKED = (
     "settled by another process, which judged this response again while this one was stalled "
@@ -163,3 +171,41 @@ def ending(st: SessionState, rid: str, ended: dict[str, Any]) -> list[EventSpec]
     if live is None or live.status != "pending":
         return [("approval.candidate", {**ended, "outcome": "stale"})]
     return [("approval.candidate", ended), waiting(st)]
+
+
+_LEFT: set[asyncio.Task[Outcome]] = set()
+"""Answers whose callers stopped waiting (`past_cancel`), held until they end."""
+
+
+async def past_cancel(
+    rt: CandidateEnds, decide: Callable[[], Coroutine[Any, Any, Outcome]], recording: list[bool]
+) -> Outcome:
+    """`decide()`, on a task of its own, one of `rt`'s calls (`running`: its `close` stops it).
+    Cancelled, the caller leaves it running once `recording` says its answer's candidate is
+    being committed, what it comes to counted as the caller's settlement would have counted
+    it (`unawaited`); before that, it is cancelled too."""
+
+    async def guarded() -> Outcome:
+        with running(rt):
+            return await decide()
+
+    task = asyncio.ensure_future(guarded())
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not recording:
+            task.cancel()
+        count = unawaited(rt._counts)
+        _LEFT.add(task)
+
+        def ended(task: asyncio.Task[Outcome]) -> None:
+            _LEFT.discard(task)
+            if task.cancelled():
+                return
+            exc = task.exception()
+            if exc is not None and not isinstance(exc, SignoffError):
+                log.error("an answer left to end after its call's cancel failed", exc_info=exc)
+            count(task.result() if exc is None else exc)
+
+        task.add_done_callback(ended)
+        raise

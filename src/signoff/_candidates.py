@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ._answers import Reply as _Reply
@@ -15,7 +15,7 @@ from ._answers import edit_review
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
-from ._candidate_ends import RECHECKED, CandidateEnds, already_counted
+from ._candidate_ends import RECHECKED, CandidateEnds, already_counted, past_cancel
 from ._candidate_ends import EndedElsewhere as _EndedElsewhere
 from ._candidate_ends import base as _base
 from ._candidate_ends import ending as _ending
@@ -165,6 +165,47 @@ class Candidates(CandidateEnds):
         verdict: ResponseVerdict | None = None,
         kept: list[bool] | None = None,
     ) -> Outcome:
+        """`_decide`, on a task of its own once its answer's candidate is being recorded: a
+        call cancelled from then on (a caller's timeout) leaves the answer to be judged and
+        ended all the same, not pending, so the message sent again with its key meets that
+        verdict, neither waiting for the candidate to be taken for dead nor judging it again.
+        Cancelled before, nothing is recorded, as before. A runtime's `close` stops it."""
+        recording: list[bool] = []
+
+        def decide() -> Coroutine[Any, Any, Outcome]:
+            return self._decide(
+                session_id,
+                request,
+                reply,
+                wanted,
+                principal,
+                recovered=recovered,
+                mark=mark,
+                usage=usage,
+                verdict=verdict,
+                kept=kept,
+                recording=recording,
+            )
+
+        if recovered is not None:
+            return await decide()
+        return await past_cancel(self, decide, recording)
+
+    async def _decide(
+        self,
+        session_id: str,
+        request: InputRequest,
+        reply: _Reply,
+        wanted: dict[str, Any],
+        principal: Principal | None,
+        *,
+        recovered: str | None = None,
+        mark: Keyed | None = None,
+        usage: Usage | None = None,
+        verdict: ResponseVerdict | None = None,
+        kept: list[bool] | None = None,
+        recording: list[bool],
+    ) -> Outcome:
         """Settle an approval that has a response policy or a quorum, recording its candidacy.
 
         `recovered` names a candidate recorded earlier whose evaluation never finished (its
@@ -184,6 +225,7 @@ class Candidates(CandidateEnds):
         which is then told (True appended), as it is when such an end recorded elsewhere did.
         `usage` is what reviewing the answer's edit cost: the first event it records counts it;
         `verdict` the response policy's, judged already (before the edit's check), not again.
+        `recording` is given True once the answer's candidate is about to be committed.
         """
         rid = request.id
         cid = recovered or new_id("cand")
@@ -268,7 +310,7 @@ class Candidates(CandidateEnds):
             }
             if recovered is None:
                 proposed = await self._proposed(
-                    state, tool, request, wanted, principal, pending, usage, verdict
+                    state, tool, request, wanted, principal, pending, usage, verdict, recording
                 )
                 if isinstance(proposed, Outcome):
                     return proposed
@@ -434,6 +476,7 @@ class Candidates(CandidateEnds):
         pending: dict[str, Any],
         usage: Usage | None,
         verdict: ResponseVerdict | None,
+        recording: list[bool],
     ) -> Outcome | tuple[ResponseVerdict | None, int]:
         """Record the answer's candidate (`pending`), unless the response policy refused the same
         person's same decision before with the verdict it gives now: the trail records a refusal
@@ -442,7 +485,8 @@ class Candidates(CandidateEnds):
         another call or process) is waited for, not judged beside it; one whose process died
         is judged again first (`_recover`), so its refusal is the one recorded. Returns the
         verdict given or judged here (None if neither) and the seq of the candidate recorded. An
-        answer whose edit review cost usage is always recorded (its usage must be billed)."""
+        answer whose edit review cost usage is always recorded (its usage must be billed).
+        `recording` holds True while the candidate is being committed, and once it is."""
         sid, tid, rid = state.id, request.turn_id, request.id
         once = Refusals(self.store, state, request, pending["by"], wanted["decision"])
         lost_after = tool.response_timeout + RECOVERY_GRACE
@@ -452,6 +496,7 @@ class Candidates(CandidateEnds):
         def propose(st: SessionState) -> list[EventSpec]:
             if guarded[0]:
                 once.guard(st, self.now(), lost_after)
+            recording[:] = [True]
             return with_usage([("approval.candidate", pending)], usage)
 
         for _ in range(20 if guarded[0] else 0):
@@ -464,8 +509,10 @@ class Candidates(CandidateEnds):
             try:
                 recorded = await self._append(sid, propose, durable=True, turn_id=tid)
             except Moved:
+                recording.clear()
                 continue
             except (InFlight, Lost) as other:
+                recording.clear()
                 if isinstance(other, InFlight):
                     await once.ended(self.now, other.cid, other.at + lost_after)
                 self._cache.pop(sid, None)

@@ -35,6 +35,7 @@ __all__ = [
     "counted_elsewhere",
     "refused_only",
     "settled_before_raising",
+    "unawaited",
 ]
 
 _Settle = TypeVar("_Settle", bound=Callable[..., Awaitable[list["Outcome"]]])
@@ -172,3 +173,23 @@ def counted_elsewhere(told: _Told) -> _Told:
     if elsewhere is not None:
         elsewhere.append(told)
     return told
+
+
+def unawaited(counts: Counts) -> Callable[[Outcome | BaseException], None]:
+    """What counts, in `counts`, an answer of the settlement running that goes on after its
+    caller was cancelled (judged by a response policy: `Candidates._candidate`): the outcome it
+    returns, or the refusal it raises, as the settlement would have counted it, unless another
+    process counted it (`counted_elsewhere`); a request closed meanwhile (`CLOSED`) is no
+    refusal of it."""
+    elsewhere = _elsewhere.get()
+
+    def count(told: Outcome | BaseException) -> None:
+        if elsewhere is not None and any(told is t for t in elsewhere):
+            return
+        if isinstance(told, BaseException):
+            if not isinstance(told, CLOSED):
+                counts.refuse(told)
+            return
+        counts.answered([told])
+
+    return count
