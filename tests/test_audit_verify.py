@@ -468,3 +468,33 @@ async def test_verifying_a_session_the_store_knows_nothing_of_is_refused(store_u
             with pytest.raises(so.UnknownSession):
                 await call("")
         assert out.getvalue() == ""
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        ("audit_hash='x'", "the chain does not end with the hash its session keeps"),
+        ("audit_n='x'", "the length of the chain its session keeps is not a whole number"),
+    ],
+)
+async def test_a_session_chain_head_edited_into_text_is_named_not_raised(
+    tmp_path: Path, edit: str, reason: str
+) -> None:
+    """SQLite keeps text a hand edit puts in a session row's chain head: reading it raised
+    `StoreDamaged` (or a bare ValueError) out of `verify_audit`, so the other sessions were not
+    checked at all. That head is named, and the others' problems still are."""
+    url = f"sqlite:///{tmp_path}/a.db"
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=url, clock=clock) as rt:
+        edited = await run_scenario(rt, clock)
+        other = await run_scenario(rt, clock)
+        assert await rt.verify_audit() == []
+        changed = next(e for e in await rt.audit(other) if e.type == "approval.settled")
+    ((sk,),) = query(url, "SELECT sk FROM {t}sessions WHERE id={p}", other)
+    alter(url, "UPDATE events SET at=at+1 WHERE sk=? AND seq=?", sk, changed.seq)
+    alter(url, f"UPDATE sessions SET {edit} WHERE id=?", edited)
+    async with so.Runtime([agent()], store=url, clock=clock) as rt2:
+        problems = [(p.stream, p.reason) for p in await rt2.verify_audit()]
+    assert sorted(problems) == sorted([(edited, reason), (other, "content does not match")]), (
+        problems
+    )

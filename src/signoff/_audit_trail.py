@@ -401,7 +401,8 @@ async def _check(store: Store, group: _Group, left: Leftovers) -> list[AuditProb
         if problem is not None:
             problems.append(problem)
         requests.see(e)
-        if e.n > heads.get(e.stream, (0, None))[0]:
+        head = heads.get(e.stream, (0, None))[0]
+        if e.n > head and head != DAMAGED:
             past[e.stream] = None
         snapshot = snapshots.get(e.stream)
         if snapshot is not None and e.seq is not None and 0 <= e.seq <= snapshot.seq:
@@ -413,7 +414,9 @@ async def _check(store: Store, group: _Group, left: Leftovers) -> list[AuditProb
     for sid, (n, digest) in heads.items():
         seen, seen_hash = last.get(sid, (0, None))
         keeper = "stream" if sid.startswith(_OWN_STREAMS) else "session"
-        if seen < n:
+        if n == DAMAGED:
+            reason = f"the length of the chain its {keeper} keeps is not a whole number"
+        elif seen < n:
             missing = f"entry {n} is" if seen + 1 == n else f"entries {seen + 1} to {n} are"
             reason = f"{missing} missing from the end of the {keeper}'s chain"
         elif seen == n and seen_hash != digest:

@@ -11,6 +11,7 @@ import pydantic
 from .._events import SCHEMA_VERSION
 from .._exceptions import SchemaVersionError, StoreDamaged, StoreError
 from .._types import InputRequest
+from ._audit import DAMAGED
 from ._base import Commit, RequestRow
 from ._codec import unpack_event
 
@@ -72,7 +73,8 @@ def request_row(row: Sequence[Any], unpack: Callable[[Any], Any]) -> RequestRow:
     return RequestRow(
         id=str(row[0]),
         session_id=str(row[1]),
-        audit_n=int(row[2]),
+        # A session's chain length a hand edit made text (SQLite keeps it): named by its head.
+        audit_n=row[2] if isinstance(row[2], int) and not isinstance(row[2], bool) else DAMAGED,
         agent=row[3],
         kind=row[4],
         tool=row[5],

@@ -17,7 +17,7 @@ from .._audit import (
     loaded_data,
     stored_snapshot,
 )
-from ._connection import Connection, kept
+from ._connection import Connection
 from ._schema import EARLIER_JOIN
 from ._transactions import reading
 
@@ -243,11 +243,7 @@ def _entry_hash(value: object) -> str:
 
 
 def _heads(rows: Iterable[tuple[Any, Any, Any]]) -> dict[str, tuple[int, str | None]]:
-    """Chain heads `(n, hash)` by stream, checked as a session row keeps them."""
-    return {
-        i: (
-            kept(n, int, i, "audit_n"),
-            None if h is None else kept(h, bytes, i, "audit_hash").hex(),
-        )
-        for i, n, h in rows
-    }
+    """Chain heads `(n, hash)` by stream. What a hand edit left that is no whole number reads as
+    `DAMAGED` and a hash that is not bytes as its text, as an entry's do: verification names
+    that session's head and goes on to the others, rather than stopping at it."""
+    return {i: (_entry_number(n), None if h is None else _entry_hash(h)) for i, n, h in rows}
