@@ -452,3 +452,39 @@ async def test_a_sqlite_flush_syncs_the_write_ahead_log(
         assert await rt.delete_session(sid) == [sid]
         conn = rt.store.conn  # type: ignore[attr-defined]
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+
+
+@pytest.mark.parametrize("opened_by", ["a symlink", "a relative path, then a chdir"])
+async def test_a_sqlite_prune_syncs_the_wal_beside_the_file_it_opened(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, opened_by: str
+) -> None:
+    """`flush` synced the store's path plus "-wal": through a symlink (SQLite keeps the -wal
+    beside the file it names) or by a relative path after a chdir no such file was there, which
+    it took for no WAL, so prune returned with its deletions not on disk."""
+    import os
+
+    data = tmp_path / "data"
+    data.mkdir()
+    real = data / "s.db"
+    if opened_by == "a symlink":
+        (tmp_path / "link.db").symlink_to(real)
+        url = f"sqlite:///{tmp_path / 'link.db'}"
+    else:
+        monkeypatch.chdir(data)
+        url = "sqlite:///s.db"
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    clock = ManualClock()
+    async with so.Runtime(agents(), store=url, clock=clock) as rt:
+        ids = await _finished(rt, clock, 2)
+        clock.advance(DAY)
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setattr(os, "fsync", spy)
+        assert await rt.prune(older_than=3600) == ids
+        assert os.path.getsize(f"{real}-wal") > 0  # the deletions are in the WAL
+        assert synced == [f"{real}-wal"]

@@ -8,6 +8,8 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 import signoff as so
 from signoff.stores import Commit, SQLiteStore
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
@@ -224,3 +226,27 @@ async def test_a_store_opened_through_a_symlink_folds_the_wal_beside_its_file(
         token = await store.acquire_lease("s1", "w", 30, 0)
         await store.commit(park("s1", 7, token))
         assert wal_bytes(tmp_path / "data" / "a.db") == 0
+
+
+async def test_a_store_opened_by_a_relative_path_folds_its_wal_after_a_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fold, and the store's size, looked for the -wal by the path as given: after a chdir
+    # a relative one named no file, so a park left the WAL unfolded.
+    monkeypatch.chdir(tmp_path)
+    store = SQLiteStore("sqlite:///state.db")
+    await new_session(store, "s1")
+    await fill_wal(store, "s1", 6)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    try:
+        assert wal_bytes(tmp_path / "state.db") > 0
+        token = await store.acquire_lease("s1", "w", 30, 0)
+        await store.commit(park("s1", 7, token))
+        assert wal_bytes(tmp_path / "state.db") == 0
+        files = [tmp_path / name for name in ("state.db", "state.db-shm")]
+        assert store.file_bytes() == sum(f.stat().st_size for f in files) > 0
+        assert not list(elsewhere.iterdir())
+    finally:
+        await store.close()

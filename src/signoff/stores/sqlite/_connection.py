@@ -498,6 +498,11 @@ class Connection:
     def _where(self) -> str:
         return self.path if self._opened is None else self._opened[0]
 
+    def _wal_file(self) -> str:
+        """The -wal file: the one the writing connection opened, found where its path led then
+        (not from another directory after a `chdir`), else the one beside the file now."""
+        return self._wal_paths[0] if self._wal is not None else beside(self._where(), "-wal")
+
     def _follow_writer(self) -> bool:
         """Swap the read-only connection for one reading the writer's -wal and -shm; until the
         writer has made its -shm too, keep reading the file as is. Returns whether it did."""

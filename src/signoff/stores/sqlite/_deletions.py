@@ -215,14 +215,15 @@ class Deletions(Connection):
         committed not `durable` are then durable too (a checkpoint synced what it moved)."""
         if self.path == ":memory:":
             return
+        wal = self._wal_file()
         try:
-            fd = os.open(self.path + "-wal", os.O_RDONLY)
+            fd = os.open(wal, os.O_RDONLY)
         except FileNotFoundError:
             return  # none: everything is in the database file, synced by its checkpoint
         try:
             os.fsync(fd)
         except OSError as exc:
-            raise StoreError(f"syncing {self.path}-wal to disk failed: {exc}") from exc
+            raise StoreError(f"syncing {wal} to disk failed: {exc}") from exc
         finally:
             os.close(fd)
 

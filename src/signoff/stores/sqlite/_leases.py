@@ -24,7 +24,6 @@ from .._codec import stored_type
 from .._memos import checked_memo_names, checked_memos
 from .._swept_rows import DamagedSession, swept_summary
 from ._connection import Connection, kept
-from ._files import beside
 from ._transactions import immediate, reading, serialised
 
 __all__ = ["Leases"]
@@ -390,7 +389,7 @@ class Leases(Connection):
         if self.path == ":memory:" or self._conn is None:
             return
         try:
-            if os.path.getsize(beside(self.path, "-wal")) == 0:
+            if os.path.getsize(self._wal_file()) == 0:
                 return
         except OSError:
             return

@@ -446,9 +446,10 @@ class Reads(AuditReads):
         """Bytes on disk: the database file plus its WAL and shared-memory files."""
         if self.path == ":memory:":
             return 0
+        where = self._where()  # the file opened, not another one after a `chdir`
         return sum(
             os.path.getsize(p)
-            for p in (self.path, beside(self.path, "-wal"), beside(self.path, "-shm"))
+            for p in (where, beside(where, "-wal"), beside(where, "-shm"))
             if os.path.exists(p)
         )
 
