@@ -1,5 +1,6 @@
 """Other processes on one SQLite file, for the tests of processes sharing it: one that holds the
-write lock until told to let go, and several that open a new file at the same moment."""
+write lock until told to let go, one that keeps the file open until told to close it, and several
+that open a new file at the same moment."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["NEW_TABLE", "STORE_ROW", "Holder", "holding", "open_together"]
+__all__ = ["NEW_TABLE", "STORE_ROW", "Holder", "Keeper", "holding", "kept_open", "open_together"]
 
 NEW_TABLE = "CREATE TABLE IF NOT EXISTS other (x); INSERT INTO other VALUES (1)"
 """A write that makes a new file in rollback-journal mode (not WAL yet)."""
@@ -55,6 +56,50 @@ class Holder:
         assert self.proc.stdout.readline().strip() == "released"
 
 
+_KEEP = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+print("open", flush=True)
+sys.stdin.readline()
+conn.close()
+print("closed", flush=True)
+"""
+
+
+class Keeper:
+    """Another process with a SQLite file in WAL mode open (its -wal and -shm made if missing)
+    until `close()`: meanwhile no other connection's close folds the WAL or deletes them."""
+
+    def __init__(self, path: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _KEEP, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline().strip() == "open"
+
+    def close(self) -> None:
+        """Close its connection; the file's last (no reader elsewhere) folds the WAL into the
+        file and deletes both."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "closed"
+
+
+def _ended(proc: subprocess.Popen[str]) -> None:
+    """Kill `proc` if it still runs, and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            stream.close()
+
+
 @contextmanager
 def holding(path: Path, sql: str = NEW_TABLE) -> Iterator[Holder]:
     """A `Holder` of `path`'s write lock, killed on the way out if it still holds it."""
@@ -62,13 +107,17 @@ def holding(path: Path, sql: str = NEW_TABLE) -> Iterator[Holder]:
     try:
         yield holder
     finally:
-        proc = holder.proc
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()
+        _ended(holder.proc)
+
+
+@contextmanager
+def kept_open(path: Path) -> Iterator[Keeper]:
+    """A `Keeper` of `path`, killed on the way out if it still has it open."""
+    keeper = Keeper(path)
+    try:
+        yield keeper
+    finally:
+        _ended(keeper.proc)
 
 
 def _at_once(

@@ -1,6 +1,8 @@
 """A SQLite store this process may read but not write (another user's file, a directory it may
 not write, a shared directory): it reads, creates no file, and a write is a `StoreError` naming
-the permission problem. Each test reads in a forked child that dropped root for real uids."""
+the permission problem. Each test reads in a forked child that dropped root for real uids; a
+writer that has the file open meanwhile is another process (tests/_locks.py's `Keeper`): a child
+forked while this one had it open may not open it."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from signoff.cli import app
 from signoff.stores import Commit, PendingFilter, SQLiteStore
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
 
+from ._locks import kept_open
 from .test_cli_queue import lapsed_pair, leases
 
 READER = 65534  # nobody
@@ -122,14 +125,15 @@ def test_a_store_in_a_directory_the_reader_may_not_write_is_read(folder: Path) -
 
 
 def test_a_store_a_writer_has_open_is_read_and_not_written(folder: Path) -> None:
+    # The writer is another process: a child forked while this one had the file open may not
+    # open it at all (SQLite's locks stay with the parent).
     path = folder / "state.db"
     _store_with_a_session(path)
     writer = SQLiteStore(f"sqlite:///{path}")
-    asyncio.run(writer.acquire_lease("s1", "W", 60, 0))  # its -wal and -shm now exist
-    try:
+    with kept_open(path):
+        asyncio.run(writer.acquire_lease("s1", "W", 60, 0))  # its -wal and -shm now exist
+        asyncio.run(writer.close())  # the other process keeps them
         head, _, refused = as_user(READER, lambda: _read_then_write(path))
-    finally:
-        writer.conn.close()
     assert head == 1 and "read-only to this process" in refused
 
 
@@ -304,13 +308,12 @@ def test_a_write_refused_by_a_wal_file_the_writer_may_not_write_names_why(folder
     _store_with_a_session(path)
     path.chmod(0o666)
     writer = SQLiteStore(f"sqlite:///{path}")
-    asyncio.run(writer.acquire_lease("s1", "W", 60, 0))
-    Path(f"{path}-wal").chmod(0o644)
-    Path(f"{path}-shm").chmod(0o644)
-    try:
+    with kept_open(path):
+        asyncio.run(writer.acquire_lease("s1", "W", 60, 0))
+        asyncio.run(writer.close())  # the other process keeps its -wal and -shm
+        Path(f"{path}-wal").chmod(0o644)
+        Path(f"{path}-shm").chmod(0o644)
         head, _, refused = as_user(READER, lambda: _read_then_write(path))
-    finally:
-        writer.conn.close()
     assert head == 1 and "may read the store but not write it" in refused, refused
 
 
@@ -432,14 +435,13 @@ def test_a_reader_sees_a_commit_by_a_writer_that_came_and_went(folder: Path) -> 
 
 
 def test_a_reader_sees_commits_after_the_writer_it_read_through_closed(folder: Path) -> None:
-    # The reader opened the file while a writer had it (reading through its -wal and -shm);
-    # that writer closes, deleting both, and another opens, commits and closes. The reader
+    # The reader opened the file while a writer (another process) had it, reading through its
+    # -wal and -shm; that writer closes, and another opens, commits and closes. The reader
     # must see that commit, not the file as it was when the first writer went.
     path = folder / "state.db"
     _store_with_a_session(path)
-    first = SQLiteStore(f"sqlite:///{path}")
-    asyncio.run(first.head("s1"))  # its -wal and -shm now exist
-    assert _follow_while_another_commits(path, first.conn.close) == (1, True, 2)
+    with kept_open(path) as first:  # its -wal and -shm now exist
+        assert _follow_while_another_commits(path, first.close) == (1, True, 2)
 
 
 def test_a_read_only_store_of_a_newer_signoff_says_to_upgrade(folder: Path) -> None:
@@ -501,16 +503,15 @@ def test_a_reader_through_a_symlink_sees_the_commits_in_the_writers_wal(folder: 
     (links / "state.db").symlink_to(real / "state.db")
     _store_with_a_session(real / "state.db")
     writer = SQLiteStore(f"sqlite:///{links / 'state.db'}")
-    asyncio.run(
-        writer.commit(
-            Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+    with kept_open(real / "state.db"):
+        asyncio.run(
+            writer.commit(
+                Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+            )
         )
-    )
-    try:
+        asyncio.run(writer.close())  # its commit stays in the -wal the other process keeps
         assert sorted(_files(real)) == ["state.db", "state.db-shm", "state.db-wal"]
         head, _, refused = as_user(READER, lambda: _read_then_write(links / "state.db"))
-    finally:
-        writer.conn.close()
     assert head == 2 and "read-only to this process" in refused, (head, refused)
     assert sorted(_files(links)) == ["state.db"]
 

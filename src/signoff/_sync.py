@@ -36,8 +36,8 @@ T = TypeVar("T")
 UNWIND = 5.0  # seconds an interrupted call is given to unwind (release its lease) on the loop
 FORKED = (
     "this runtime or client was in use when the process forked, and the thread that runs its "
-    "*_sync calls did not come along to this child: make a new one in the child (or close it "
-    "before forking)"
+    "*_sync calls did not come along to this child: close it before forking, or make a new one "
+    'in the child (not on a SQLite file the parent had open: start the child with "spawn")'
 )
 
 

@@ -21,6 +21,7 @@ from ..._exceptions import SchemaVersionError, StoreDamaged, StoreError, StoreGo
 from ..._settings import flag, seconds
 from .._base import FaultHook, older_schema
 from .._codec import PerSession, Tail, Tails
+from . import _forks
 from ._files import beside, open_access, unopenable
 from ._schema import (
     PAGE_SIZE,
@@ -272,6 +273,8 @@ class Connection:
                     "process had it open: restart the process to open it (SQLite would read it "
                     "through the old ones here)"
                 )
+            if _forks.inherited(on_disk):
+                raise _forks.refuse_inherited(self.path, "opened")
         conn: sqlite3.Connection | None = None
         access = self._access = open_access(self.path)
         if access == "immutable":
@@ -327,6 +330,8 @@ class Connection:
             self._among_writers(conn, self._opened[1])
         self._conn = conn
         self.schema_found = found
+        if self._opened is not None:
+            _forks.opened(self)
         if self.path == ":memory:":  # kept open by `close`: closed once the store is dropped
             weakref.finalize(self, conn.close)
 
@@ -393,8 +398,15 @@ class Connection:
     def _shut(self) -> None:
         """`close`, which a store opened read-only runs too, to open the file anew writable."""
         with self._lock:
-            if self._conn is not None and self._conn not in _ABANDONED_CONNECTIONS:
+            # One the process this one was forked from opened is kept open (`_forks`).
+            inherited = self._opened is not None and _forks.inherited(self._opened[1])
+            if (
+                self._conn is not None
+                and self._conn not in _ABANDONED_CONNECTIONS
+                and not inherited
+            ):
                 self._conn.close()
+            _forks.shut(self)
             if self._opened is not None and self._opened[1] is not None:
                 with _WRITERS_LOCK:
                     _WRITERS.get(self._opened[1], weakref.WeakSet()).discard(self)
@@ -472,6 +484,8 @@ class Connection:
                 "its -wal and -shm files in its directory; nothing was written. Check their "
                 "owner and mode, or run as the user that owns the store."
             )
+        if self._opened is not None and _forks.inherited(self._opened[1]):
+            raise _forks.refuse_inherited(self.path, "written")
         self._same_file()
 
     def _readable(self, every: float = READ_CHECK_EVERY) -> None:

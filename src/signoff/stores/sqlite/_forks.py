@@ -1,0 +1,71 @@
+"""The SQLite files a forked child may not use: those its parent had open when it forked. SQLite
+keeps one record per process of each file it has open and the locks it holds on it and its -shm;
+a fork copies the record but not the locks. A connection the child opened to such a file believed
+it held them and never took them, so the parent's close, finding no other process, folded the
+WAL into the file and deleted its -wal and -shm under the child, with the child's commits."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sqlite3
+import weakref
+from typing import TYPE_CHECKING
+
+from ..._exceptions import UsageError
+
+if TYPE_CHECKING:
+    from ._connection import Connection
+
+__all__ = ["INHERITED", "inherited", "opened", "refuse_inherited", "shut"]
+
+INHERITED: set[tuple[int, int]] = set()
+"""The database files (device, inode) a connection of a process this one was forked from had
+open at the fork (of its parent's parent too)."""
+_OPEN: weakref.WeakSet[Connection] = weakref.WeakSet()  # stores with a file open here
+_KEPT: list[sqlite3.Connection] = []
+
+
+def opened(store: Connection) -> None:
+    """Note that `store` has its file open in this process."""
+    _OPEN.add(store)
+
+
+def shut(store: Connection) -> None:
+    """Note that `store` closed its file."""
+    _OPEN.discard(store)
+
+
+def inherited(identity: tuple[int, int] | None) -> bool:
+    """Whether the database file `identity` was open in a process this one was forked from."""
+    return identity is not None and identity in INHERITED
+
+
+def refuse_inherited(path: str, done: str) -> UsageError:
+    """The error for a use of a file a process this one was forked from had open."""
+    return UsageError(
+        f"{path} was open in the process this one was forked from, which holds SQLite's locks "
+        f"on it: a connection here would hold none, and that process's close would delete the "
+        f"-wal and -shm under it; nothing was {done}. Close the store (or runtime) before "
+        'forking, or start the child with the "spawn" or "forkserver" method.'
+    )
+
+
+def _after_fork_in_child() -> None:
+    """Note the files the parent had open; keep the connections to them that came with the fork
+    from ever being closed here: closed as the file's last connection in this process, SQLite
+    would fold the WAL it saw at the fork into the file and delete the -wal there by name."""
+    for store in list(_OPEN):
+        conn, where = store._conn, store._opened
+        if conn is None or where is None or where[1] is None:
+            continue
+        try:
+            conn.total_changes  # noqa: B018  # a closed connection's raises ProgrammingError
+        except sqlite3.ProgrammingError:
+            continue
+        INHERITED.add(where[1])
+        _KEPT.append(conn)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(conn))  # not freed at exit, so not closed
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
