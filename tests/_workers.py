@@ -26,9 +26,11 @@ def refund_agent(
     hold: asyncio.Event | None = None,
     first: Callable[[list[so.Message]], Awaitable[so.ModelResponse]] | None = None,
     ttl: float | None = None,
+    repeat_last: bool = False,
 ) -> so.Agent:
-    """One refund call that needs approval (by default), then a text; the tool logs its key,
-    then takes `delay` seconds, or waits until `hold` is set."""
+    """One refund call that needs approval (by default), then a text (every later turn's too,
+    with `repeat_last`); the tool logs its key, then takes `delay` seconds, or waits until
+    `hold` is set."""
 
     @so.tool(approval=approval or so.always())
     async def issue_refund(ctx: so.ToolContext, order_id: str, amount: float) -> dict[str, Any]:
@@ -45,7 +47,7 @@ def refund_agent(
     steps: list[Any] = [first or call, so.ModelResponse(text="Done.")]
     return so.Agent(
         name="support",
-        model=so.models.Scripted(steps),
+        model=so.models.Scripted(steps, repeat_last=repeat_last),
         tools=[issue_refund],
         limits=so.Limits(ttl=ttl),
     )

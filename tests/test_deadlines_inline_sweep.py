@@ -8,13 +8,16 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from typing import Any
 
 import pytest
+from starlette.testclient import TestClient
 
 import signoff as so
 from signoff.server import create_app
 
+from ._steer import ALICE, BOB
 from ._workers import ORDER, is_, refund_agent, until
 
 SLOW = 1.0  # seconds the refund tool takes once a deadline approves it
@@ -269,3 +272,172 @@ async def test_an_inline_sweep_leaves_a_turn_a_persons_answer_resumed_to_its_cal
         hold.set()
         assert (await rt.generate(session_id=r.session_id)).status == "completed"
     assert len(runs) == 2
+
+
+async def _serving(app: Any, ready: asyncio.Event, stop: asyncio.Event) -> None:
+    """Run the app's lifespan: `ready` once started, shut down once `stop` is set."""
+    async with app.router.lifespan_context(app):
+        ready.set()
+        await stop.wait()
+
+
+@contextlib.asynccontextmanager
+async def served(app: Any) -> Any:
+    """Start the app's lifespan; the event its shutdown begins at, and its task."""
+    ready, stop = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(_serving(app, ready, stop))
+    try:
+        await ready.wait()
+        yield stop, task
+    finally:
+        stop.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_served_app_stopping_waits_for_the_turn_its_sweep_drives(
+    store_url: str,
+) -> None:
+    """Under `serve`, which owns the signals (a second one cuts the stop short) and so sets
+    `Background.grace`, the app's shutdown waits for a turn its sweep drives to finish: it was
+    cut short mid-tool, and the next process ran the tool's body again."""
+    runs: list[str] = []
+    hold = asyncio.Event()
+    rt = so.Runtime([approved_on_timeout_held(runs, hold)], store=store_url)
+    app = create_app(rt, dev=True, workers=0, sweep_every=0.05)
+    app.state.signoff.background.grace = 30.0
+    async with served(app) as (stop, task):
+        r = await rt.generate("support", prompt="Refund order 1042")
+        await until(lambda: asyncio.sleep(0, len(runs) == 1))  # its tool runs, held
+        stop.set()
+        assert not (await asyncio.wait([task], timeout=0.3))[0]  # the shutdown waits
+        hold.set()
+        await task
+    assert await is_(rt, r.session_id, "completed") and len(runs) == 1
+    await rt.close()
+
+
+async def test_a_served_app_stopping_cuts_its_sweeps_turn_short_past_its_bound(
+    store_url: str,
+) -> None:
+    """The graceful stop waits for a turn its sweep drives for `Background.grace` seconds at
+    most: then the turn is cut short and its lease given back, for the next process."""
+    runs: list[str] = []
+    hold = asyncio.Event()
+    rt = so.Runtime([approved_on_timeout_held(runs, hold)], store=store_url, lease_ttl=30.0)
+    app = create_app(rt, dev=True, workers=0, sweep_every=0.05)
+    app.state.signoff.background.grace = 0.3
+    try:
+        async with served(app) as (stop, task):
+            r = await rt.generate("support", prompt="Refund order 1042")
+            await until(lambda: asyncio.sleep(0, len(runs) == 1))  # its tool runs, held
+            stop.set()
+            began = time.monotonic()
+            async with asyncio.timeout(10):
+                await task
+            assert 0.3 <= time.monotonic() - began < 5
+    finally:
+        hold.set()
+    assert (await rt.state(r.session_id)).status == "running"
+    assert await rt.store.acquire_lease(r.session_id, "another", 10.0, rt.now()) is not None
+    await rt.close()
+
+
+async def test_a_served_app_stopping_starts_no_turn_its_sweep_queued(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one turn at a time for the sweep, a second deadline's turn waits for the first's:
+    once the app stops, the first finishes and the second is not started (it began once the
+    first ended, after the stop). Its deadline is recorded, and the next sweep goes on with it."""
+    from signoff import _sweeping
+
+    monkeypatch.setattr(_sweeping, "SWEEP_DRIVES", 1)
+    runs: list[str] = []
+    hold = asyncio.Event()
+    rt = so.Runtime([approved_on_timeout_held(runs, hold)], store=store_url)
+    app = create_app(rt, dev=True, workers=0, sweep_every=0.05)
+    app.state.signoff.background.grace = 30.0
+    async with served(app) as (stop, task):
+        first = await rt.generate("support", prompt="Refund order 1042")
+        await until(lambda: asyncio.sleep(0, len(runs) == 1))  # its tool runs, held
+        second = await rt.generate("support", prompt="Refund order 1043")
+        await until(lambda: closed(rt, second.pending[0].id))  # its turn queued behind
+        stop.set()
+        hold.set()
+        await task
+    assert await is_(rt, first.session_id, "completed") and len(runs) == 1
+    assert (await rt.state(second.session_id)).status == "running"
+    assert await rt.expire_due() == 1
+    assert await is_(rt, second.session_id, "completed") and len(runs) == 2
+    await rt.close()
+
+
+async def test_a_served_app_stopping_starts_the_message_queued_behind_its_sweeps_turn(
+    store_url: str,
+) -> None:
+    """A message queued behind a turn the sweep drives (another person's) is started by that
+    drive though the app is stopping, within the same bound: left there, as a worker's drive
+    leaves it, no process would start it (no claims in a runtime that drives its own turns, and
+    a sweep goes on only with turns a deadline resumed)."""
+    runs: list[str] = []
+    hold = asyncio.Event()
+    agent = refund_agent(
+        runs,
+        approval=so.always(expires_in=0.1, on_timeout="approve"),
+        hold=hold,
+        repeat_last=True,
+    )
+    rt = so.Runtime([agent], store=store_url)
+    app = create_app(rt, dev=True, workers=0, sweep_every=0.05)
+    app.state.signoff.background.grace = 30.0
+    async with (
+        served(app) as (stop, task),
+        so.Runtime([agent], store=store_url, inline=False) as elsewhere,
+    ):
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        await until(lambda: asyncio.sleep(0, len(runs) == 1))  # its tool runs, held
+        await elsewhere.send(r.session_id, "And 1043?", principal=BOB, turn_policy="queue")
+        stop.set()
+        hold.set()
+        await task
+    types = [e.type async for e in rt.events(r.session_id, follow=False)]
+    assert types.count("turn.started") == 2 and types.count("turn.completed") == 2, types
+    assert (await rt.state(r.session_id)).status == "idle" and len(runs) == 1
+    await rt.close()
+
+
+def approved_on_timeout_held(runs: list[str], hold: asyncio.Event) -> so.Agent:
+    """A refund approved once 0.1 s pass unanswered, its tool waiting until `hold` is set."""
+    return refund_agent(runs, approval=so.always(expires_in=0.1, on_timeout="approve"), hold=hold)
+
+
+def test_an_app_under_a_test_client_stops_at_once_with_a_turn_its_sweep_drives(
+    store_url: str,
+) -> None:
+    """Under the app's own server (uvicorn, Starlette's TestClient), which may not force a stop
+    on a second signal, the shutdown does not wait for a turn its sweep drives (a 30 s tool):
+    it is cut short at once, its lease given back, as before."""
+    runs: list[str] = []
+    agent = refund_agent(runs, approval=so.always(expires_in=0.1, on_timeout="approve"), delay=30)
+    with so.Runtime([agent], store=store_url) as asking:
+        session_id = asking.generate_sync("support", prompt="Refund order 1042").session_id
+    rt = so.Runtime([agent], store=store_url, lease_ttl=30.0)
+    app = create_app(rt, dev=True, workers=0, sweep_every=0.05, close_runtime=True)
+    with TestClient(app):
+        deadline = time.monotonic() + 10
+        while not runs:  # its tool runs
+            assert time.monotonic() < deadline, "the refund never began"
+            time.sleep(0.02)
+        began = time.monotonic()
+    assert time.monotonic() - began < 5
+
+    async def after() -> tuple[list[str], int | None]:
+        async with so.Runtime([], store=store_url) as reading:
+            types: list[str] = [e.type async for e in reading.events(session_id, follow=False)]
+            lease = await reading.store.acquire_lease(session_id, "another", 10.0, reading.now())
+            return types, lease
+
+    types, lease = asyncio.run(after())
+    assert "tool.started" in types and "tool.completed" not in types, types
+    assert lease is not None  # given back by the drive cut short

@@ -13,6 +13,7 @@ import pytest
 import signoff as so
 from signoff.server import create_app, load_runtime, serve
 from signoff.server._context import ServerContext
+from signoff.server._serve import SWEEP_GRACE
 
 from ._cli import offline_runtime
 from .test_server_common import auth, make_runtime, server_processes
@@ -78,6 +79,23 @@ def test_serve_refuses_an_address_or_log_level_before_opening_anything(
     with pytest.raises(so.UsageError, match=f"^{message}"):
         serve("tests._cli:offline_runtime", store=f"sqlite:///{tmp_path}/s.db", **setting)
     assert served == [] and not (tmp_path / "s.db").exists()
+
+
+def test_serve_waits_for_its_sweeps_turns_as_long_as_its_docs_say(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`serve` owns the signals (a second one forces the stop), so its graceful stop waits for
+    the turns its deadline sweep drives, `SWEEP_GRACE` seconds at most, as README says; an app
+    of `create_app` alone, under its own server, waits for none."""
+    import uvicorn
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self.config.app))
+    serve(offline_runtime())
+    assert served[0].state.signoff.background.grace == SWEEP_GRACE == 30
+    assert create_app(offline_runtime(), dev=True).state.signoff.background.grace == 0
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert "and so, within 30 s, do those its deadline sweep" in readme
 
 
 @pytest.mark.parametrize(

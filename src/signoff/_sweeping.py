@@ -35,15 +35,22 @@ _handing: ContextVar[Callable[[str, float | None], None] | None] = ContextVar(
 """Set around a sweep loop's sweeps (`SweepDrives.handing`): the turns their deadlines make
 runnable are handed to it, to run in the background, instead of driven inside the sweep."""
 
+_LEFT = "session %s: stopping; its turn (its deadline recorded) is left to the next process's sweep"
+
 
 class SweepDrives:
     """The turns a sweep loop's deadlines made runnable (`serve` with no workers, on a runtime
     that drives turns itself), driven in the background, `SWEEP_DRIVES` at once: driven inside
-    the sweep, a slow one held up every deadline passing after it until it ended."""
+    the sweep, a slow one held up every deadline passing after it until it ended. Once
+    `stopping()` (a graceful stop), it starts no more drives: a turn whose deadline was
+    recorded and whose drive had not started is left to the next process's sweep
+    (`_left_undriven`)."""
 
-    def __init__(self, runtime: Sweeps) -> None:
+    def __init__(self, runtime: Sweeps, stopping: Callable[[], bool] = lambda: False) -> None:
         self.runtime = runtime
+        self.stopping = stopping
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.started: set[str] = set()  # the sessions whose drive holds a slot
         self.slots = asyncio.Semaphore(SWEEP_DRIVES)
 
     @contextlib.contextmanager
@@ -57,23 +64,55 @@ class SweepDrives:
 
     def start(self, session_id: str, lease_wait: float | None = None) -> None:
         """Drive the session's turn in the background, unless a drive of it here runs already
-        (it goes on until the turn settles); `lease_wait` as `_drive`'s."""
-        if session_id not in self.tasks:
+        (it goes on until the turn settles) or this is stopping; `lease_wait` as `_drive`'s."""
+        if self.stopping():
+            log.info(_LEFT, session_id)
+        elif session_id not in self.tasks:
             task = asyncio.create_task(self._drive(session_id, lease_wait))
             self.tasks[session_id] = task
             task.add_done_callback(lambda _: self.tasks.pop(session_id, None))
 
     async def _drive(self, session_id: str, lease_wait: float | None) -> None:
         async with self.slots:
+            if self.stopping():  # queued behind the others when the stop came
+                log.info(_LEFT, session_id)
+                return
+            self.started.add(session_id)
             try:
+                # Not `stopping=` as a worker's drive: a message queued behind the turn is
+                # started here, as no other process would start it (no claims in a runtime that
+                # drives its own turns, and a sweep goes on only with turns a deadline resumed).
                 await self.runtime._drive(session_id, lease_wait=lease_wait)
             except SessionExpired:
                 pass
             except Exception:  # the deadline is recorded; the turn waits for the next call
                 log.exception("session %s: continuing after its deadline failed", session_id)
+            finally:
+                self.started.discard(session_id)
+
+    async def settle(self, grace: float) -> None:
+        """Wait up to `grace` seconds for the turns being driven (not those queued behind
+        them) to finish or park: a graceful stop. Cancelled (a forced stop), it leaves them to
+        `aclose`."""
+        running = [task for sid, task in self.tasks.items() if sid in self.started]
+        if running and grace > 0:
+            log.info(
+                "stopping: waiting up to %gs for %d turn(s) its deadline sweep drives",
+                grace,
+                len(running),
+            )
+            await asyncio.wait(running, timeout=grace)
 
     async def aclose(self) -> None:
         """Stop the drives running (their leases given back) and wait for them."""
+        cut = sorted(sid for sid, task in self.tasks.items() if sid in self.started)
+        if cut:  # a call cut short runs again where the turn is taken up: say which
+            log.warning(
+                "stopping now: interrupting %d turn(s) its deadline sweep drives, their leases "
+                "given back: %s",
+                len(cut),
+                ", ".join(cut),
+            )
         tasks = list(self.tasks.values())
         for task in tasks:
             task.cancel()

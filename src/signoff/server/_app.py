@@ -70,6 +70,19 @@ def _log_failure(task: asyncio.Task[None]) -> None:
         log.error("the in-process workers stopped", exc_info=task.exception())
 
 
+async def _unless_stopped(work: asyncio.Future[Any], stop: asyncio.Event) -> bool:
+    """Wait for `work` unless `stop` is set first, which cancels it; whether it ended."""
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:  # cancelled here too (a forced stop): neither is left running
+        stopped.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.wait([work])
+    return not work.cancelled()
+
+
 def _note_gone(context: ServerContext, task: asyncio.Task[None]) -> None:
     """Mark the server's store gone when the in-process workers stopped for that (`StoreGone`,
     which only a restart mends), so `/healthz` fails and a supervisor restarts the process, as
@@ -177,7 +190,9 @@ def create_app(
     `channels` (a `ChannelHub`) follows the queue while the app runs; its routes (e.g. Slack's
     interactivity endpoint) are mounted on the app. Every `sweep_every` seconds the app applies
     passed request deadlines (`Runtime.expire_due`), and goes on with the turns they make
-    runnable in the background; None turns that off (workers do it too).
+    runnable in the background; None turns that off (workers do it too). As the app shuts
+    down those turns are cut short, their leases given back for the next process (`serve`
+    waits up to 30 s for them first).
     A request body over `max_body_size` bytes is refused with 413 `payload_too_large`.
     `secret` keys the dashboard's CSRF tokens, which are bound to the sign-in's credential, and
     its sign-in cookies; set one (the same in every process), above all when the
@@ -253,24 +268,33 @@ def create_app(
             "only under the default rule"
         )
 
-    async def _sweep(every: float) -> None:
+    async def _sweep(every: float, stop: asyncio.Event, grace: float) -> None:
         # The turns its deadlines make runnable run in the background, not inside the sweep:
-        # a slow one would hold up every deadline passing after it until it ended.
-        drives = SweepDrives(runtime)
+        # a slow one would hold up every deadline passing after it until it ended. Once `stop`
+        # is set it sweeps and starts no more drives, and waits up to `grace` seconds for those
+        # running; then (or cancelled: a forced stop) it cuts them short.
+        drives = SweepDrives(runtime, stopping=stop.is_set)
         # The store down (an outage, no bug): said once, and once more when it works again.
         failing = Failing("applying request deadlines", log)
         try:
             with drives.handing():
-                while True:
-                    await asyncio.sleep(every)
-                    try:
-                        await runtime.expire_due()
-                    except StoreError as exc:  # retried at the next tick
-                        failing.failed(exc, every)
-                    except Exception:
-                        log.exception("applying request deadlines failed")
+                while not stop.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(every):
+                            await stop.wait()
+                    if stop.is_set():
+                        break
+                    sweeping = asyncio.ensure_future(runtime.expire_due())
+                    if not await _unless_stopped(sweeping, stop):
+                        break  # cut short by the stop: the next process sweeps it again
+                    error = sweeping.exception()
+                    if isinstance(error, StoreError):  # retried at the next tick
+                        failing.failed(error, every)
+                    elif error is not None:
+                        log.error("applying request deadlines failed", exc_info=error)
                     else:
                         failing.worked()
+            await drives.settle(grace)
         finally:
             await drives.aclose()
 
@@ -291,18 +315,22 @@ def create_app(
             sweeper = None
         else:
             working = None
-            sweeper = None if sweep_every is None else background.start(_sweep(sweep_every))
+            sweeper = None
+            if sweep_every is not None:
+                sweeper = background.start(_sweep(sweep_every, stop, background.grace))
         try:
             yield
         finally:
+            # Turns in flight finish or park (the workers', and the sweep's for up to its
+            # grace), their leases released, and none is claimed or swept from now on.
+            stop.set()
+            # Not `await`ed: a forced stop cancels them (`Background.cut_short`), their turns cut
+            # short and their leases given back, and this goes on at once.
             if sweeper is not None:
-                sweeper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sweeper
+                if not background.grace:  # not under `serve`: its turns cut short, as before
+                    sweeper.cancel()
+                await asyncio.wait([sweeper])
             if working is not None:
-                stop.set()  # turns in flight finish or park, and their leases are released
-                # Not `await working`: a forced stop cancels it (`Background.cut_short`), its
-                # turns cut short and their leases given back, and this goes on at once.
                 await asyncio.wait([working])  # its failure is logged (`_log_failure`)
             if channels is not None:
                 await channels.stop()

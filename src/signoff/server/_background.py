@@ -11,28 +11,35 @@ __all__ = ["Background"]
 
 
 class Background:
-    """The tasks the app's lifespan runs beside the requests. The in-process workers stop by the
-    lifespan's stop event, set as the server begins to stop (`stopping`) or at the latest at its
-    shutdown (the deadline sweep is cancelled there, its turns cut short); a forced stop (a
-    second Ctrl-C or SIGTERM) cancels them, their turns' leases given back: the lifespan's
-    shutdown waits for them, and uvicorn waits for it, or skips it and ends the process without
-    cancelling them."""
+    """The tasks the app's lifespan runs beside the requests. They stop by the lifespan's stop
+    event, set as the server begins to stop (`stopping`) or at the latest at its shutdown: the
+    in-process workers claim no more and their turns finish or park; the deadline sweep sweeps
+    no more, and its turns finish or park within `grace` seconds, else are cut short (at once
+    by default: under an app's own uvicorn or TestClient no second signal would force the
+    stop). A forced stop (a second Ctrl-C or SIGTERM) cancels them, their turns' leases given
+    back: the lifespan's shutdown waits for them, and uvicorn waits for it, or skips it and
+    ends the process without cancelling them."""
 
     def __init__(self) -> None:
         self.tasks: set[asyncio.Task[None]] = set()
         self.forced = False
+        # Seconds a graceful stop waits for the turns the deadline sweep drives: set by `serve`,
+        # whose second signal cuts the wait short; read as the lifespan starts.
+        self.grace = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
 
     def stop_event(self) -> asyncio.Event:
         """A new event for the tasks to stop by (one per lifespan), set once the server begins
-        to stop (`stopping`): the workers claim no more, and their turns finish or park."""
+        to stop (`stopping`): the workers claim and the sweep sweeps no more, and their turns
+        finish or park."""
         self._stop = asyncio.Event()
         return self._stop
 
     def stopping(self) -> None:
         """The server begins to stop: set the tasks' stop event, so a draining server claims
-        no new turns while it waits for its connections, not only once they all closed."""
+        and sweeps no new turns while it waits for its connections, not only once they all
+        closed."""
         if self._stop is not None:
             self._stop.set()
 

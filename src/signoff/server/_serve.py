@@ -40,6 +40,10 @@ MAX_CONNECTIONS = 1_000_000
 STALLED_GRACE = 2.0
 """Seconds a stopping server waits for a client that has stopped reading before dropping it."""
 
+SWEEP_GRACE = 30.0
+"""Seconds a graceful stop waits for the turns the deadline sweep (no in-process workers)
+drives before cutting them short, their leases given back for the next process."""
+
 
 def load_runtime(target: str, store: str | None = None) -> Runtime:
     """Import `module:attribute` (a `Runtime`, or a function returning one).
@@ -168,6 +172,7 @@ def serve(
     if port != 0:  # else once listening, on the port the system chose
         print(_banner(host, port))
     context = app.state.signoff
+    context.background.grace = SWEEP_GRACE  # a second signal cuts the wait short (`handle_exit`)
 
     class Server(uvicorn.Server):
         """Uvicorn, which ends the open event streams when it begins to stop: its graceful
@@ -190,7 +195,7 @@ def serve(
 
         async def shutdown(self, sockets: Any = None) -> None:
             context.closing = True
-            context.background.stopping()  # its workers claim no new turns while it drains
+            context.background.stopping()  # no new turns claimed or swept while it drains
             dropping = asyncio.create_task(self.drop_stalled())
             try:
                 await super().shutdown(sockets)
