@@ -55,7 +55,9 @@ class OneQuestion:
     def asked(self, request_id: str) -> tuple[list[Option], bool] | None:
         return None
 
-    async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any:
+    async def run_step(
+        self, index: int, name: str, run: Callable[[], Awaitable[Any]], *, plain: bool = False
+    ) -> Any:
         raise AssertionError("no steps here")
 
     def lost(self) -> bool:

@@ -475,3 +475,102 @@ async def test_a_close_while_a_parked_body_unwinds_stops_the_drive(store_url: st
         r = await again.generate(session_id=sid)
         assert r.status == "waiting" and len(r.pending) == 1, r
     assert charged == ["charge"]
+
+
+async def test_plain_steps_gathered_at_a_close_are_each_journaled(store_url: str) -> None:
+    """Two plain steps gathered, both threads running as `close` came: the first one's record
+    ended the `gather` (cancelled), the drive waited only for records already on their way and
+    gave its lease back while the second thread ran, so its record was refused and the resumed
+    turn ran it again. A plain step counts as on its way from its thread's start."""
+    runs: list[str] = []
+    go = {"a": threading.Event(), "b": threading.Event()}
+    both_running = threading.Barrier(3)
+
+    def charge(card: str) -> str:
+        runs.append(card)
+        if len(runs) <= 2:  # the first run of each: held until the close is under way
+            both_running.wait(timeout=10)
+            go[card].wait(timeout=10)
+        return f"charged {card}"
+
+    @so.tool
+    async def pay(ctx: so.ToolContext) -> list[str]:
+        """Charge both cards."""
+        both = await asyncio.gather(ctx.step("a", charge, "a"), ctx.step("b", charge, "b"))
+        return [str(r) for r in both]
+
+    def agent() -> so.Agent:
+        return scripted_agent("shop", [call_tools(call("pay")), reply("Paid.")], tools=[pay])
+
+    rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    async with rt:
+        sid = await rt.create_session("shop")
+        turn = asyncio.create_task(rt.generate(session_id=sid, prompt="pay"))
+        await asyncio.to_thread(both_running.wait, 10)
+        closing = asyncio.create_task(rt.close())
+        await asyncio.sleep(0.05)  # the close cancels the body meanwhile
+        go["a"].set()
+        await asyncio.sleep(0.05)  # the first step is journaled, the gather ends
+        go["b"].set()
+        await closing
+        with pytest.raises(so.UsageError, match="closed while this call ran"):
+            await turn
+    await resumed_to_the_end(agent(), store_url, sid)
+    assert sorted(runs) == ["a", "b"]
+
+
+async def test_a_step_returning_after_its_drive_stopped_writes_nothing(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step in a task the body left returned after `close` had stopped its drive and given
+    the lease back: its record went to the store all the same, reopening it behind the close
+    (and refused there). It is refused here (`UsageError`), and nothing reaches the store."""
+    confirm_may_return = asyncio.Event()
+    left: list[asyncio.Task[str]] = []
+    resumed: list[bool] = []
+
+    async def confirm() -> str:
+        await confirm_may_return.wait()
+        return "confirmed"
+
+    async def charge() -> str:
+        if not resumed:
+            await asyncio.sleep(30)  # the close comes meanwhile
+        return "charged"
+
+    @so.tool
+    async def pay(ctx: so.ToolContext) -> str:
+        """Charge, then confirm."""
+        left.append(asyncio.create_task(ctx.step("confirm", confirm)))
+        return str(await ctx.step("charge", charge))
+
+    def agent() -> so.Agent:
+        return scripted_agent("shop", [call_tools(call("pay")), reply("Paid.")], tools=[pay])
+
+    rt = so.Runtime([agent()], store=store_url, lease_ttl=600)
+    commits_after_close: list[Commit] = []
+    closed = asyncio.Event()
+    commit = rt.store.commit
+
+    async def watched(c: Commit) -> None:
+        if closed.is_set():
+            commits_after_close.append(c)
+        await commit(c)
+
+    monkeypatch.setattr(rt.store, "commit", watched)
+    async with rt:
+        sid = await rt.create_session("shop")
+        turn = asyncio.create_task(rt.generate(session_id=sid, prompt="pay"))
+        while not left:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # both steps under way
+        await rt.close()
+        closed.set()
+        with pytest.raises(so.UsageError, match="closed while this call ran"):
+            await turn
+    confirm_may_return.set()
+    with pytest.raises(so.UsageError, match="returned after its drive stopped"):
+        await left[0]
+    assert commits_after_close == []
+    resumed.append(True)
+    await resumed_to_the_end(agent(), store_url, sid)

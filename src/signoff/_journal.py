@@ -57,9 +57,11 @@ class CallJournal:
         self.quiet.set()
         # Records of steps whose function ended (their effect ran), on their way to the store:
         # a drive stopped mid-body waits for these, not for a function still running.
+        # A plain step's thread counts from its start: it cannot be cancelled, and runs on.
         self.recording = 0
         self.recorded = asyncio.Event()
         self.recorded.set()
+        self.over = False  # its drive stopped and gave the lease back: nothing is recorded now
         # A record of the body's that the store refused, or a drive it could not make here (a
         # subagent's, whose agent this process lacks): the drive fails, the call goes on later.
         self.failed: SignoffError | None = None
@@ -135,14 +137,20 @@ class CallJournal:
         call = self._call()
         return call.keyed or not call.journaled
 
-    async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any:
+    async def run_step(
+        self, index: int, name: str, run: Callable[[], Awaitable[Any]], *, plain: bool = False
+    ) -> Any:
         """Run a step's function and journal its result as JSON (`jsonable`). It counts as in
         flight meanwhile, so a body that parks waits for it instead of cancelling it between its
-        effect and its record (a cancelled step runs again on replay)."""
+        effect and its record (a cancelled step runs again on replay); a `plain` one (a thread,
+        which runs on whatever is cancelled) counts as on its way to its record from its start,
+        so a drive that stops waits for it too."""
         self._body_running(f"ctx.step({name!r})", "nothing ran")
         keyed = self.keyed  # as when `index` was claimed: empty only ever turns keyed
         self.refused()  # nothing more runs in a drive that failed to record: a retry steps
         self._busy(1)
+        if plain:
+            self._on_way(1)
         try:
             call = self._call()
             held_key = f"{call.idempotency_key or call.id}\0step\0{keyed}\0{index}\0{name}"
@@ -209,6 +217,8 @@ class CallJournal:
             await self._journaled_to_end(held_key, data)
             return data["result"]
         finally:
+            if plain:
+                self._on_way(-1)
             self._busy(-1)
 
     def _about_the_run(self, exc: BaseException) -> bool:
@@ -255,14 +265,26 @@ class CallJournal:
         round trips to PostgreSQL): the step's effect ran, so it is recorded and the cancel then
         goes on, rather than the step run again on resume. Not when the lease was lost: nothing
         can be recorded then, and another process may be running the call."""
-        self.recording += 1
-        self.recorded.clear()
+        if self.over:
+            # A branch's step that returned after its drive stopped: the lease is given back, and
+            # a record would reopen a store closed behind it (or write beside another process).
+            raise UsageError(
+                f"ctx.step({data['name']!r}) of call {self.call_id} returned after its drive "
+                "stopped (the runtime closed, or the turn was cancelled): nothing is recorded, "
+                "and the resumed body runs it again"
+            )
+        self._on_way(1)
         try:
             await to_end(self._journaled(held_key, data), self.lost)
         finally:
-            self.recording -= 1
-            if not self.recording:
-                self.recorded.set()
+            self._on_way(-1)
+
+    def _on_way(self, change: int) -> None:
+        self.recording += change
+        if self.recording:
+            self.recorded.clear()
+        else:
+            self.recorded.set()
 
     def lost(self) -> bool:
         """Whether the drive's lease was lost (another process may run the call now)."""

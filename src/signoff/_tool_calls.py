@@ -455,8 +455,11 @@ class ToolCalls(CallEnds):
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
-            if not (lease is not None and lease.lost):
-                await to_end(journal.recorded.wait(), journal.lost)
+            try:
+                if not (lease is not None and lease.lost):
+                    await to_end(journal.recorded.wait(), journal.lost)
+            finally:
+                journal.over = True  # a branch's step returning later records nothing
             raise
         finally:
             parked.cancel()

@@ -52,7 +52,9 @@ class Journal(Protocol):
         """The options and `allow_text` question `request_id` was asked with (None: unknown)."""
         ...
 
-    async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any: ...
+    async def run_step(
+        self, index: int, name: str, run: Callable[[], Awaitable[Any]], *, plain: bool = False
+    ) -> Any: ...
 
     def lost(self) -> bool:
         """Whether the session's lease was lost: nothing the call does can be recorded now."""
@@ -344,7 +346,8 @@ class ToolContext:
             return result
 
         try:
-            journaled = await journal.run_step(index, name, run)
+            plain = not inspect.iscoroutinefunction(fn)  # its thread runs on, cancelled or not
+            journaled = await journal.run_step(index, name, run, plain=plain)
         finally:
             if stopped:  # its effect (or failure) is journaled now: the cancel goes on
                 raise asyncio.CancelledError
