@@ -579,3 +579,42 @@ async def test_a_keyed_answer_or_first_message_sent_twice_at_once_acts_once(
         else:
             assert delivered.text == "Hello." and delivered.turn_id != r.turn_id
             assert [m for m, _, _ in await started(one, r.session_id)] == ["upgrade me", "hello"]
+
+
+@pytest.mark.parametrize("key", [None, "k1"])
+async def test_a_call_whose_turn_completes_is_not_told_the_next_persons_turn(
+    tmp_path: Path, key: str | None
+) -> None:
+    """Alice's turn completed while Bob's message waited behind it; her call's drive went on to
+    Bob's turn and returned it: Alice was told Bob's answer (and, keyed, her repeat then told
+    her own). Her call returns her own turn; Bob's runs all the same."""
+    gate, entered = asyncio.Event(), asyncio.Event()
+
+    @so.tool
+    async def slow() -> str:
+        """Take a while."""
+        entered.set()
+        await gate.wait()
+        return "slow"
+
+    steps = [call_tools(call("slow")), reply("answer to alice"), reply("answer to bob")]
+    agent = scripted_agent("s", steps, tools=[slow])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = await rt.create_session("s", auth=ALICE)
+        first = asyncio.create_task(
+            rt.generate(session_id=sid, prompt="alice asks", auth=ALICE, idempotency_key=key)
+        )
+        await entered.wait()
+        queued = await rt.send(sid, "bob asks", principal=BOB)
+        assert queued.queued
+        gate.set()
+        r = await first
+        assert (r.turn_id, r.text) == (queued.turn_id, "answer to alice")
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.id != r.turn_id
+        assert state.turn.text == "answer to bob"
+        if key is not None:
+            again = await rt.generate(
+                session_id=sid, prompt="alice asks", auth=ALICE, idempotency_key=key
+            )
+            assert (again.turn_id, again.text, again.replayed) == (r.turn_id, r.text, True)

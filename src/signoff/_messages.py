@@ -121,9 +121,15 @@ class Messages(Answering):
                         raise
                     self._remember(driver.state)
                     return await self._drive_after(session_id, message, principal, idem)
+                own: list[str] = []  # the turn it started, if it did not queue behind one
                 try:
                     started = await self._start_turn(
-                        session_id, message, principal, idem=idem, queue=turn_policy == "queue"
+                        session_id,
+                        message,
+                        principal,
+                        idem=idem,
+                        queue=turn_policy == "queue",
+                        own=own,
                     )
                     if not started:
                         return await self._replay(session_id, idem)
@@ -134,7 +140,8 @@ class Messages(Answering):
                         continue  # another message started a turn first: steer or queue on it
                     raise
                 if not state.queued:
-                    return await self._drive(session_id)  # the turn is this message's
+                    # the turn is this message's
+                    return await self._drive(session_id, own=own[0] if own else None)
                 # Behind messages a turn a retry could resume left waiting, this one may be
                 # queued too.
                 return await self._drive_after(session_id, message, principal, idem)

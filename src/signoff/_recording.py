@@ -290,17 +290,25 @@ async def load_turn(store: Store, session_id: str, turn_id: str, first_seq: int)
 
 
 async def ended_under(
-    store: Store, state: SessionState, began: TurnState | None
+    store: Store, state: SessionState, began: TurnState | None, own: str | None = None
 ) -> SessionState | None:
     """The turn `began` as it ended, when it was cancelled or failed for good under a drive
-    that then ran the turn a queued message started (`state`'s): what that drive's caller is
-    told, rather than the other turn's result. None if `began` is still the session's turn, or
-    completed."""
+    that then ran the turn a queued message started (`state`'s), or completed when it is the
+    turn the caller's own message started (`own`) and the later turn serves someone else:
+    what that drive's caller is told, rather than the other turn's result (another person's
+    answer; one its sender queued behind it is the caller's to read). None if `began` is
+    still the session's turn, or completed otherwise (it drove a turn its message queued
+    behind, and is told its own)."""
     if began is None or state.turn is None or state.turn.id == began.id:
         return None
     ended = await load_turn(store, state.id, began.id, began.first_seq)
     turn = ended.turn
-    return ended if turn is not None and turn_over(turn) and turn.status != "completed" else None
+    if turn is None or not turn_over(turn):
+        return None
+    if turn.status != "completed":
+        return ended
+    others = state.turn.principal != turn.principal
+    return ended if turn.id == own and others else None
 
 
 _TURN_PAGE = 256

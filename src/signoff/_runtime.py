@@ -259,9 +259,10 @@ class Runtime(Deletion):
             await self._of_agent(session_id, agent)
         if prompt is None:
             return await self._drive(session_id, retry=True)
-        if not await self._start_turn(session_id, prompt, auth, idem=idem):
+        own: list[str] = []  # the turn its message started, if it did not queue behind one
+        if not await self._start_turn(session_id, prompt, auth, idem=idem, own=own):
             return await self._replay(session_id, idem)
-        return await self._drive(session_id)
+        return await self._drive(session_id, own=own[0] if own else None)
 
     async def _of_agent(self, session_id: str, agent: str) -> None:
         """Refuse a call naming another agent than the session's, before it records anything."""
@@ -310,6 +311,7 @@ class Runtime(Deletion):
         `idempotency_key` (a job's run, say) makes a repeated call start nothing.
         """
         await self.open()
+        own: list[str] = []  # the turn its message started, if it did not queue behind one
         if session_id is None:
             check_prompt(prompt)  # before the session is created
             idem = keyed(idempotency_key, APP_PRINCIPAL, "start", agent, prompt)
@@ -320,11 +322,13 @@ class Runtime(Deletion):
             await self._of_agent(session_id, agent)  # else run as the session's own, unsaid
             idem = keyed(idempotency_key, APP_PRINCIPAL, "message", prompt)
             started = await self._start_turn(
-                session_id, prompt, APP_PRINCIPAL, source="schedule", idem=idem
+                session_id, prompt, APP_PRINCIPAL, source="schedule", idem=idem, own=own
             )
             lease = None
         result = await (
-            self._drive(session_id, leased=lease) if started else self._replay(session_id, idem)
+            self._drive(session_id, leased=lease, own=own[0] if own else None)
+            if started
+            else self._replay(session_id, idem)
         )
         if result.status == "failed" and (result.error or {}).get("code") == (
             SessionLimitReached.code

@@ -104,9 +104,12 @@ class SessionRunner(SessionCache):
         idem: Keyed | None = None,
         delegated: bool = False,
         queue: bool = False,
+        own: list[str] | None = None,
     ) -> bool:
         """Start a turn with `prompt`; False (nothing recorded) when its idempotency key
-        recorded it already, or, for the delegated turn, when it was started already. A
+        recorded it already, or, for the delegated turn, when it was started already. `own` is
+        given the turn's id when it is the prompt's (not one a message queued before it started,
+        the prompt queued behind it). A
         subagent's session's first turn is its delegate call's (`delegated`): a message finding
         none started yet is `SessionBusy`. So is one that waits behind a turn a retry can resume
         (`waits_for_retry`: it is `queue`d, or `auth` is not the person the turn serves)."""
@@ -195,6 +198,8 @@ class SessionRunner(SessionCache):
                 self._cache.pop(session_id, None)
                 raise
             self._remember(driver.state)
+            if own is not None and not state.queued:  # else it queued behind the first
+                own.append(turn_id)
             return True
         raise SessionBusy(
             f"session {session_id!r} kept changing under a new turn; try again", session_id
@@ -211,6 +216,7 @@ class SessionRunner(SessionCache):
         on_lost: Callable[[int], None] | None = None,  # told the token of a lease lost
         lease_wait: float | None = None,  # for the first lease; `self.lease_wait` if None
         stopping: Callable[[], bool] | None = None,
+        own: str | None = None,  # the turn this call's message started, if it knows it
     ) -> GenerateResult:
         """Drive the session's turn under a lease until it settles: one a worker `claimed`,
         one its creation took (`leased`), or else one acquired here. A lease lost is logged
@@ -231,6 +237,7 @@ class SessionRunner(SessionCache):
         keep_on_error = claimed is not None
         granted = getattr(self.store, "granted_head", None)
         began: TurnState | None = None  # the live turn the first pass found (`ended_under`)
+        first_is_own = leased is not None  # a new session's first turn: this call's own
         # Known to this process while it runs: a worker here claims no session it drives,
         # even once the lease lapsed under a stall (`Workers._claim`).
         self._driving[session_id] += 1
@@ -257,7 +264,7 @@ class SessionRunner(SessionCache):
                     if acquired is None:
                         state = await self._state(session_id)
                         # A cancel that started the message queued behind this drive's turn, say.
-                        ended = await ended_under(self.store, state, began)
+                        ended = await ended_under(self.store, state, began, own)
                         if ended is not None:
                             return self._result(ended, outcomes)
                         return self._result(state, outcomes, busy=True)
@@ -286,6 +293,8 @@ class SessionRunner(SessionCache):
                         state = await self._checked(session_id, lease=(owner, token), span=span)
                     if n == 0 and state.turn is not None and not turn_over(state.turn):
                         began = state.turn
+                        if first_is_own:
+                            own = began.id
                     span.begin(state, self.now())
                     driver = self._driver(state, (owner, token))
                     driver.traceparent = span.traceparent()
@@ -356,7 +365,7 @@ class SessionRunner(SessionCache):
                 if lost or (stopping is not None and stopping()):
                     return self._result(state, outcomes, busy=runnable(state))
                 if not runnable(state):
-                    ended = await ended_under(self.store, state, began)
+                    ended = await ended_under(self.store, state, began, own)
                     return self._result(state if ended is None else ended, outcomes)
             raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
         finally:
