@@ -262,3 +262,35 @@ async def test_a_keep_alive_between_refusals_says_the_server_is_back(canned: Can
     async with AsyncClient(canned.base) as c:
         got = await asyncio.wait_for(anext(aiter(c.events("ses_x", retries=2))), 20)
     assert got.seq == 1 and len(canned.seen) == 6
+
+
+async def test_a_reconnect_refused_while_the_servers_slots_are_full_is_asked_again(
+    canned: Canned,
+) -> None:
+    """A follower whose connection died silently (a network cut, a proxy dropping it) reconnects
+    while the server still counts the dead stream against the caller's `max_streams`: its 429
+    `too_many_streams` was raised, and the follower stopped following. On a reconnect it is
+    asked for again after its `Retry-After`, counting toward `retries`; a first connection
+    refused so is still raised at once (the caller holds too many streams)."""
+    full = error("429 Too Many Requests", "too_many_streams", extra="Retry-After: 1\r\n")
+    canned.on(EVENTS, stream(event(1)), full, full, stream(event(2)))
+    async with AsyncClient(canned.base) as c:
+        seqs = []
+        began = asyncio.get_running_loop().time()
+        async for e in c.events("ses_x", retries=2):
+            seqs.append(e.seq)
+            if e.seq == 2:
+                break
+        waited = asyncio.get_running_loop().time() - began
+    assert seqs == [1, 2]
+    assert [h.get("last-event-id") for _, h in canned.seen] == ["0", "0", "0", "0"]
+    assert waited >= 2.0  # the server's Retry-After, each time, not the 0.2 s backoff
+    for reconnected in (False, True):  # one refusal past the retries is raised
+        canned.seen.clear()
+        canned.on(EVENTS, *([stream(event(1))] if reconnected else []), full)
+        async with AsyncClient(canned.base) as c:
+            with pytest.raises(so.RemoteError) as caught:
+                async for _ in c.events("ses_x", retries=1):
+                    pass
+        assert (caught.value.code, caught.value.status) == ("too_many_streams", 429)
+        assert len(canned.seen) == (3 if reconnected else 1)

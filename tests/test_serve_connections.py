@@ -4,6 +4,8 @@ and an idle connection is closed after the timeout; from options or the environm
 
 from __future__ import annotations
 
+import platform
+import re
 import socket
 import threading
 import time
@@ -11,12 +13,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 
+import signoff as so
+from signoff.server import _serve
 from signoff.server._serve import KEEP_ALIVE_TIMEOUT
 
-from ._cli import TARGET, invoke, url
+from ._cli import TARGET, agent, invoke, url
 
 __all__ = ["url"]  # the fixture, used by name
 
@@ -127,3 +132,55 @@ def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(url: str) -> 
     # Not at once (the timer ran; asyncio may fire it a clock tick early), and by the 0.3 s
     # given, not by the default's 5 s: room for a loaded machine up to 15 times the timer.
     assert 0.29 <= waited < KEEP_ALIVE_TIMEOUT, waited
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="Linux's TCP option")
+def test_a_connection_whose_data_goes_unacknowledged_is_dropped_and_its_slot_given_back(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower's network path cut without a close (a NAT or firewall forgetting it): the
+    server's keep-alives go unacknowledged, and the kernel retried them for 15 minutes, the
+    stream holding its caller's stream slot meanwhile, so the follower's reconnects were 429
+    `too_many_streams`. `signoff serve` has the kernel drop a connection whose data goes three
+    heartbeats unacknowledged (`TCP_USER_TIMEOUT`, on the listening sockets, which accepted
+    ones inherit): here 1 s. A client that stops reading with its buffers full is such a
+    connection too (Linux 5.11 on), which is how the cut is made here on loopback."""
+    monkeypatch.setattr(_serve, "UNACKED_HEARTBEATS", 1 / 15, raising=False)  # 1 s of 15 s ones
+    rt = so.Runtime([agent], store=url)
+    try:
+        sid = rt.generate_sync("support", "x" * 1_000_000).session_id  # a 1 MB event to send
+    finally:
+        rt.close_sync()
+    server = built("--store", url, "--max-streams", "1", "--log-level", "error")
+    option = (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", 18))
+    with started(server) as port:
+        (listening,) = server.servers[0].sockets
+        assert listening.getsockopt(*option) == 1000
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)  # fills soon
+        path = f"/v1/sessions/{sid}/events"
+        events = f"http://127.0.0.1:{port}{path}"
+        with socket.socket() as stalled:
+            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stalled.connect(("127.0.0.1", port))
+            # A followed stream whose client never reads.
+            stalled.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            deadline = time.monotonic() + 10
+            while httpx.get(events, params={"follow": "false"}).status_code != 429:
+                assert time.monotonic() < deadline, "the stalled stream never took its slot"
+                time.sleep(0.05)
+            # The stalled one's, and maybe the last request's, closing.
+            taken = [c.transport.get_extra_info("socket") for c in server.server_state.connections]
+            assert {s.getsockopt(*option) for s in taken if s and s.fileno() >= 0} == {1000}
+            if _kernel() < (5, 11):
+                pytest.skip("a zero window counts toward TCP_USER_TIMEOUT from Linux 5.11")
+            deadline = time.monotonic() + 15  # about 1 s; it was 15 minutes
+            while (status := httpx.get(events, params={"follow": "false"}).status_code) == 429:
+                assert time.monotonic() < deadline, "the stalled stream kept its slot"
+                time.sleep(0.1)
+            assert status == 200
+
+
+def _kernel() -> tuple[int, ...]:
+    """This Linux kernel's version, as (major, minor)."""
+    numbers = re.findall(r"\d+", platform.release())[:2]
+    return tuple(int(n) for n in numbers)

@@ -474,15 +474,15 @@ class AsyncClient:
         shown: Event | None = None,
     ) -> AsyncGenerator[Event, None]:
         """The session's events after `after`; reconnects with `Last-Event-ID` if cut off, or
-        refused for a while (a proxy's 429 or 502-504 while the server restarts, a busy store),
-        up to `retries` failures in a row. A stream that sends nothing at all (a signoff server
-        sends its `retry:` line at once), or a read not followed that stays silent for
-        `timeout`, is such a failure: only a followed stream that was heard may stay quiet. A
-        reconnect asks again for the last event it yielded, and raises `EventsRewritten` if the
-        server has another one there, or none (the store lost commits: a crash, a restored copy),
-        rather than go on after it, skipping what was written anew. `shown`, the event at `after`
-        the caller already has (from an earlier read), is checked so too, from the first
-        connection on."""
+        refused for a while (a proxy's 429 or 502-504 while the server restarts, a busy store,
+        a reconnect's 429 `too_many_streams`), up to `retries` failures in a row. A stream
+        that sends nothing at all (a signoff server sends its `retry:` line at once), or a read
+        not followed that stays silent for `timeout`, is such a failure: only a followed stream
+        that was heard may stay quiet. A reconnect asks again for the last event it yielded, and
+        raises `EventsRewritten` if the server has another one there, or none (the store lost
+        commits: a crash, a restored copy), rather than go on after it, skipping what was
+        written anew. `shown`, the event at `after` the caller already has (from an earlier
+        read), is checked so too, from the first connection on."""
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             # As `Runtime.events` says it: "3" was sent, and a TypeError met the first event.
             raise errors.UsageError(

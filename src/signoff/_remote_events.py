@@ -39,6 +39,8 @@ async def remote_events(
     each cut-off, up to `retries` failures in a row."""
     last = after  # and `shown`, the last event yielded, is asked for again on a reconnect
     failures = 0
+    reopened = False  # a connection before this one was heard: this one is a reconnect
+    heard = _Heard()
     quiet = 0  # followed streams in a row that ended without an event
     while True:
         client._check_open()  # closed since the last connection: httpx's bare RuntimeError
@@ -49,6 +51,7 @@ async def remote_events(
         headers = {"Last-Event-ID": str(since), "Accept": "text/event-stream"}
         pause = 0.0
         streaming = False
+        reopened = reopened or heard.any
         heard = _Heard()
         last_seen = last
         try:
@@ -65,7 +68,10 @@ async def remote_events(
                     await response.aread()
                     if shown is not None and wire.past_head(response):
                         raise errors.EventsRewritten(session_id, shown.seq)
-                    if failures >= retries or not wire.transient(response):
+                    # A reconnect's 429 `too_many_streams`: the server still counts the
+                    # connection it replaces (one cut without a close it has seen yet).
+                    passing = wire.transient(response) or (reopened and wire.slots_full(response))
+                    if failures >= retries or not passing:
                         wire.raise_for(response)
                     failures += 1
                     pause = wire.backoff(failures, response)

@@ -31,6 +31,7 @@ __all__ = [
     "session_page",
     "session_view",
     "shown_url",
+    "slots_full",
     "sse_data",
     "streamed",
     "transient",
@@ -225,6 +226,18 @@ def transient(response: httpx.Response) -> bool:
     except Exception:
         return True  # not a signoff error body: the proxy's own page
     return code in (errors.StoreBusy.code, errors.StoreUnavailable.code)
+
+
+def slots_full(response: httpx.Response) -> bool:
+    """Whether a stream was refused as one more than the server serves the caller (429
+    `too_many_streams`): worth asking again on a reconnect, whose old connection the server may
+    not have seen go yet (it notices a silent cut only when its writes fail)."""
+    if response.status_code != 429:
+        return False
+    try:
+        return bool(response.json()["error"]["code"] == "too_many_streams")
+    except Exception:
+        return False
 
 
 def past_head(response: httpx.Response) -> bool:

@@ -42,7 +42,7 @@ async def queue_changes(
             return
         try:
             found, everything = read.result()
-        except LASTING as exc:  # the store's file deleted or replaced: it never comes back
+        except LASTING as exc:  # the store's file replaced, a request row damaged: it stays so
             yield end_event(exc)
             return
         except StoreError as exc:
@@ -67,7 +67,11 @@ async def queue_changes(
             return
         if ctx.closing or await request.is_disconnected():
             return
-        await asyncio.sleep(ctx.poll_interval)
+        async with aclosing(beat.pause(ctx.poll_interval)) as waits:
+            async for message in waits:
+                yield message
+        if beat.over:
+            return
 
 
 async def _queue_read(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +26,7 @@ from ._stream_slots import MAX_STREAMS
 if TYPE_CHECKING:
     from ..channels import Channel
 
-__all__ = ["DEFAULT_STORE", "load_runtime", "serve"]
+__all__ = ["DEFAULT_STORE", "UNACKED_HEARTBEATS", "drop_unacknowledged", "load_runtime", "serve"]
 
 DEFAULT_STORE = "sqlite:///.signoff/state.db"
 
@@ -43,6 +45,12 @@ STALLED_GRACE = 2.0
 SWEEP_GRACE = 30.0
 """Seconds a graceful stop waits for the turns the deadline sweep (no in-process workers)
 drives before cutting them short, their leases given back for the next process."""
+
+UNACKED_HEARTBEATS = 3
+"""Heartbeats (45 s) the data a connection sent may go unacknowledged by the client's machine
+before the kernel drops the connection (`TCP_USER_TIMEOUT`, Linux): a network path cut without
+a close (a NAT or firewall that forgot it) otherwise holds an event stream, and its caller's
+stream slot, for the kernel's 15 minutes of retransmissions, its keep-alives piling up unsent."""
 
 
 def load_runtime(target: str, store: str | None = None) -> Runtime:
@@ -121,8 +129,10 @@ def serve(
     `max_connections` (uvicorn's `limit_concurrency`; None: no bound) answers a request 503 at
     once while the process holds that many connections (the request's own, idle and event
     streams included) or runs that many requests, so a flood is refused instead of piling up;
-    an idle connection is closed `keep_alive_timeout` seconds after its last response. Neither
-    times a client that sends its request slowly: see docs/server.md, "Slow and idle clients".
+    an idle connection is closed `keep_alive_timeout` seconds after its last response, and one
+    whose data goes unacknowledged for three heartbeats (45 s: a network cut) is dropped. None
+    of these times a client that sends its request slowly: see docs/server.md, "Slow and idle
+    clients".
     """
     import uvicorn
 
@@ -180,6 +190,8 @@ def serve(
 
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
+            if self.started:
+                drop_unacknowledged(self, UNACKED_HEARTBEATS * context.heartbeat)
             if port == 0 and self.started:
                 bound = self.servers[0].sockets[0].getsockname()[1]
                 print(_banner(host, bound), flush=True)
@@ -245,6 +257,22 @@ def serve(
         server.run()
     finally:
         errors.removeFilter(cut_short)
+
+
+def drop_unacknowledged(server: Any, seconds: float) -> None:
+    """Have the kernel drop a connection of uvicorn's `server` whose sent data goes `seconds`
+    unacknowledged (`TCP_USER_TIMEOUT`, where the system has it): set on its listening sockets,
+    which the connections they accept inherit, and on the connections taken already."""
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is None:
+        return
+    taken = [getattr(c, "transport", None) for c in list(server.server_state.connections)]
+    sockets = [s for listening in server.servers for s in listening.sockets]
+    sockets += [t.get_extra_info("socket") for t in taken if t is not None]
+    for sock in sockets:
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):  # a connection closed meanwhile
+                sock.setsockopt(socket.IPPROTO_TCP, option, round(seconds * 1000))
 
 
 class _CutShort(logging.Filter):

@@ -22,6 +22,7 @@ from .._exceptions import (
     SessionError,
     SessionExpired,
     SignoffError,
+    StoreDamaged,
     StoreError,
     StoreGone,
     UnknownSession,
@@ -118,9 +119,10 @@ def parse_last_event_id(raw: str) -> int | None:
     return int(text)
 
 
-LASTING = (StoreGone, SchemaVersionError)
+LASTING = (StoreGone, SchemaVersionError, StoreDamaged)
 """Store failures that waiting does not mend (the file deleted or replaced, data of a newer
-signoff): a followed stream ends on them instead of waiting them out."""
+signoff, a row that does not decode): a stream ends on them with `end_event`, followed or not,
+instead of waiting them out or being cut off."""
 
 
 def end_event(exc: SignoffError) -> str:
@@ -223,17 +225,14 @@ async def event_stream(
             batch, ended, expires_at, check_at = read.result()
         except (EventsRewritten, UnknownSession) as exc:  # rewritten, or deleted, under it
             ended = exc
+        except LASTING as exc:  # told, not cut off: a client reads a cut stream again
+            ended = exc
         except StoreError as exc:
             if not follow:
                 raise
-            if isinstance(exc, LASTING):
-                ended = exc
-            else:
-                if not failing:
-                    log.warning(
-                        "session %s's event stream waits for the store: %s", session_id, exc
-                    )
-                failing = True
+            if not failing:
+                log.warning("session %s's event stream waits for the store: %s", session_id, exc)
+            failing = True
         else:
             failing = False
         if ended is not None:
@@ -271,19 +270,21 @@ async def event_stream(
         if ctx.closing or await request.is_disconnected():
             return
         wait = _change_wait(ctx, session_id, after, expires_at, min(check_at, beat.signed_at))
-        if wait is None:
-            await asyncio.sleep(poll_interval)
-            continue
-        async with aclosing(beat.awaiting(wait, client=True)) as waits:
+        if wait is not None:
+            async with aclosing(beat.awaiting(wait, client=True)) as waits:
+                async for message in waits:
+                    yield message
+            if beat.over:
+                return
+            if wait.exception() is None:
+                quiet = not wait.result()
+                continue
+            check_at = 0.0  # deleted, or the store failing: the read tells which
+        async with aclosing(beat.pause(poll_interval)) as waits:
             async for message in waits:
                 yield message
         if beat.over:
             return
-        if wait.exception() is not None:  # deleted, or the store failing: the read tells which
-            check_at = 0.0
-            await asyncio.sleep(poll_interval)
-        else:
-            quiet = not wait.result()
 
 
 def _change_wait(
@@ -303,9 +304,11 @@ def _change_wait(
         due = min(due, expires_at - ctx.runtime.now())
     else:  # a clock of its own may jump: look at it as often as before
         due = min(due, ctx.poll_interval)
-    # A `poll_interval` past the due time: a wait that ends a moment short of it would have the
-    # stream read, find nothing due, and wait a `poll_interval` again.
-    waiting: Awaitable[bool] = wait(session_id, max(due, 0.0) + ctx.poll_interval, after=after)
+    # A `poll_interval` past the due time (a `heartbeat` at most: the sign-in is read again
+    # each one, however long `poll_interval` is): a wait that ends a moment short of it would
+    # have the stream read, find nothing due, and wait again.
+    slack = min(ctx.poll_interval, ctx.heartbeat)
+    waiting: Awaitable[bool] = wait(session_id, max(due, 0.0) + slack, after=after)
     return asyncio.ensure_future(waiting)
 
 
@@ -381,6 +384,23 @@ class Beat:
         finally:
             drop(task)  # done already, unless the stream ended first
         self.over = not task.done()
+
+    async def pause(self, seconds: float) -> AsyncGenerator[str, None]:
+        """`seconds` between a polling stream's reads, with the keep-alives and sign-in checks
+        due meanwhile: a `poll_interval` longer than `heartbeat` slept at once held them back.
+        `over` is set when the stream must end (as `awaiting` and `sign_in_check` set it)."""
+        until = _soon(seconds)
+        while not self.over and time.monotonic() < until:
+            nap = asyncio.ensure_future(
+                asyncio.sleep(min(until, self.signed_at) - time.monotonic())
+            )
+            async with aclosing(self.awaiting(nap, client=True)) as waits:
+                async for message in waits:
+                    yield message
+            if not self.over:
+                async with aclosing(self.sign_in_check()) as checks:
+                    async for message in checks:
+                        yield message
 
     async def sign_in_check(self) -> AsyncGenerator[str, None]:
         """Once a `heartbeat`, whether the sign-in cookie that opened the stream has ended
