@@ -55,6 +55,26 @@ async def test_a_sqlite_file_with_another_programs_events_table_is_refused(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
 
 
+async def test_a_sqlite_file_with_another_programs_meta_table_is_refused(tmp_path: Path) -> None:
+    """Another program's `meta(key, value)` table was taken for signoff's own: the store was
+    created in its database and its schema mark written into that program's table. A `meta`
+    table without signoff's mark is refused as any other name is, the file kept as it was."""
+    db = tmp_path / "app.db"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    conn.execute("INSERT INTO meta VALUES ('app_version', '3')")
+    conn.execute("CREATE TABLE users (id INTEGER)")
+    conn.commit()
+    conn.close()
+    before = db.read_bytes()
+    for attempt in (SQLiteStore(f"sqlite:///{db}").migrate, SQLiteStore(f"sqlite:///{db}").open):
+        with pytest.raises(so.StoreError, match="another program's database") as info:
+            await attempt()
+        assert "(meta)" in str(info.value)
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
 def test_db_upgrade_refuses_a_sqlite_file_with_another_programs_tables(tmp_path: Path) -> None:
     """`signoff db upgrade` said "schema created" of such a file; it is one error line now,
     refused before the store opens it, as any other program's database is (`_store_files`)."""

@@ -86,14 +86,15 @@ def _switch_to_wal(conn: sqlite3.Connection, timeout: float) -> None:
         pause = min(pause * 2, 0.05)
 
 
-def _refuse_newer(path: str, conn: sqlite3.Connection) -> int:
+def _refuse_newer(path: str, conn: sqlite3.Connection, *, made_meta: bool = False) -> int:
     """The file's store schema (0 when it has none yet); a newer one than this signoff knows
-    is a `SchemaVersionError`."""
+    is a `SchemaVersionError`. `made_meta`: the `meta` table is this transaction's own."""
     try:
         row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        had_meta = not made_meta  # another program's `meta`, unless signoff's has no mark
     except sqlite3.OperationalError:
-        row = None  # no meta table yet: a new file
-    if row is None and (taken := names_taken(conn)):
+        row, had_meta = None, False  # no meta table yet: a new file
+    if row is None and (taken := ["meta"] * had_meta + names_taken(conn)):
         # Every signoff writes its tables and their mark in one transaction.
         raise StoreError(
             f"{path} has no store schema mark but has tables of signoff's names "
@@ -363,7 +364,7 @@ class Connection:
                 "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'"
             ).fetchone()
             conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-            found = _refuse_newer(self.path, conn)
+            found = _refuse_newer(self.path, conn, made_meta=new)
             if found == 1:
                 upgrade_from_1(conn)
             if 1 <= found < 4:
