@@ -92,6 +92,21 @@ def test_a_base_url_that_is_not_http_is_refused_at_once(base: str) -> None:
         AsyncClient(base)
 
 
+@pytest.mark.parametrize(
+    ("transport", "said"),
+    [("x", "not str"), (httpx.HTTPTransport(), "a sync transport cannot serve")],
+    ids=["text", "sync"],
+)
+def test_a_transport_that_cannot_serve_the_client_is_refused_at_once(
+    transport: Any, said: str
+) -> None:
+    """Taken as it was, every call and the close raised a bare AttributeError; a sync
+    transport (an easy mistake) too."""
+    for make in (AsyncClient, Client):
+        with pytest.raises(so.UsageError, match=said):
+            make("http://localhost:8000", transport=transport)
+
+
 async def test_a_server_stopping_mid_turn_then_the_answer_repeated_on_the_next(
     tmp_path: Path,
 ) -> None:

@@ -13,7 +13,15 @@ from pydantic import AfterValidator, SecretStr
 import signoff as so
 from signoff import testing
 from signoff.stores import PendingFilter
-from signoff.testing import Capture, Flaky, ManualClock, reply, scripted_agent, sqlite_runtime
+from signoff.testing import (
+    Capture,
+    ExecutionLog,
+    Flaky,
+    ManualClock,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+)
 
 from .test_server_common import ALICE, make_agents
 
@@ -292,6 +300,23 @@ def test_sqlite_runtime_refuses_what_it_would_misuse(
     with pytest.raises(so.UsageError, match=named):
         sqlite_runtime(where, scripted_agent("a", [reply("x")]), **given)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]  # no store was made
+
+
+@pytest.mark.parametrize("directory", [None, 123], ids=["none", "int"])
+def test_sqlite_runtime_refuses_a_directory_that_is_no_path(directory: Any) -> None:
+    """Was a bare TypeError from `Path()`."""
+    with pytest.raises(so.UsageError, match="directory to put state.db in"):
+        sqlite_runtime(directory, scripted_agent("a", [reply("x")]))
+
+
+def test_an_execution_log_refuses_what_is_no_file_path(tmp_path: Path) -> None:
+    """A directory (or "", which is ".") was taken, and every call of its tools then failed
+    before the body ran (`IsADirectoryError`, read by the model); another type was a bare
+    TypeError. Each is refused where the log is made."""
+    for given in (tmp_path, str(tmp_path), "", 123):
+        with pytest.raises(so.UsageError, match="ExecutionLog takes the path of a file"):
+            ExecutionLog(given)  # type: ignore[arg-type]
+    assert ExecutionLog(tmp_path / "log.jsonl").path == tmp_path / "log.jsonl"
 
 
 @pytest.mark.parametrize(

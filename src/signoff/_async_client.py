@@ -157,6 +157,17 @@ class AsyncClient:
             basic = httpx.BasicAuth(url.username, url.password)
             base_url = str(url.copy_with(userinfo=b""))
         seconds("timeout", timeout)  # httpx took 0, NaN or "5", and every call failed
+        if transport is not None and not isinstance(transport, httpx.AsyncBaseTransport):
+            # Taken as it was, every call (and the close) was a bare AttributeError.
+            sync = (
+                " (a sync transport cannot serve the client's async calls)"
+                if isinstance(transport, httpx.BaseTransport)
+                else ""
+            )
+            raise errors.UsageError(
+                "transport must be an httpx.AsyncBaseTransport (httpx.AsyncHTTPTransport, "
+                f"httpx.ASGITransport), not {type(transport).__name__}{sync}"
+            )
         self._max_reply = cap = check_reply_cap("AsyncClient", max_reply_bytes)
         self._timeout = float(timeout)
         headers = {"Accept-Encoding": KNOWN_ENCODINGS}

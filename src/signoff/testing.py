@@ -109,6 +109,12 @@ class ExecutionLog:
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        if path is not None and (
+            not isinstance(path, str | os.PathLike) or not str(path) or Path(path).is_dir()
+        ):
+            # A directory (or "", which is "."), taken, failed every recording tool's call
+            # before its body ran; another type was a bare TypeError.
+            raise UsageError(f"ExecutionLog takes the path of a file to append to, not {path!r}")
         self.path = None if path is None else Path(path)
         self._executions: list[Execution] = []
 
@@ -468,6 +474,11 @@ def sqlite_runtime(
         raise UsageError(
             "sqlite_runtime makes its own store (state.db in the directory): pass store= to "
             "so.Runtime(...) instead"
+        )
+    if not isinstance(directory, str | os.PathLike):  # was a bare TypeError from Path()
+        raise UsageError(
+            f"sqlite_runtime takes the directory to put state.db in (pytest's tmp_path), not "
+            f"{directory!r}"
         )
     where = Path(directory)
     if "://" in str(directory) or (where.exists() and not where.is_dir()):
