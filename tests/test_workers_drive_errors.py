@@ -133,3 +133,135 @@ async def test_a_worker_stopping_gives_back_at_once_a_lease_it_was_waiting_to(
             started = time.monotonic()
         assert time.monotonic() - started < 5  # at once, not 20 s
         assert await front.store.acquire_lease(r.session_id, "another", 10, front.now())
+
+
+class _Refusing:
+    """Stores whose writes fail while `down`: of each, those named (a database restarting
+    refuses them all). The first store's claims stay refused from the first refusal on, so
+    only another worker could take back a session its worker gave back (the claims of two
+    workers racing for it made certain)."""
+
+    def __init__(self, first: so.Runtime, names: dict[so.Runtime, tuple[str, ...]]) -> None:
+        self.down = False
+        self.refused: list[str] = []  # the first store's refused calls, in order
+        self.first = first
+        for rt, refused in names.items():
+            for name in refused:
+                real = getattr(rt.store, name)
+                setattr(rt.store, name, self._refusing(rt, name, real))
+
+    def _refusing(self, rt: so.Runtime, name: str, real: Any) -> Any:
+        async def refusing(*args: Any, **kwargs: Any) -> Any:
+            ours = rt is self.first
+            if self.down or (ours and name == "claim" and self.refused):
+                if ours:
+                    self.refused.append(name)
+                raise so.StoreError(f"{name}: the database is restarting (test)")
+            return await real(*args, **kwargs)
+
+        return refusing
+
+
+WRITES = ("commit", "claim", "acquire_lease", "renew_lease", "release_lease")
+
+
+@pytest.mark.parametrize("refused", ["writes", "commits"])
+async def test_a_running_worker_keeps_the_lease_of_a_session_whose_outcome_it_holds(
+    store_url: str, refused: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A running worker whose tool body ended while the store refused its record kept the
+    outcome in memory, yet gave the session's lease back: once the store was back another
+    worker claimed it and ran the refund again. It keeps the lease, taken again at each try
+    so it does not lapse, and drives the session again until the outcome is recorded: the
+    refund runs once. `writes`: every write refused, on both workers (the database
+    restarting); `commits`: only the first worker's commits, for longer than its lease."""
+    caplog.set_level(logging.INFO, logger="signoff.worker")
+    runs: list[str] = []
+    hold = asyncio.Event()
+    agent = refund_agent(runs, approval=so.never(), hold=hold)
+    async with (
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=1.0) as first,
+        so.Runtime([agent], store=store_url, inline=False) as second,
+    ):
+        if refused == "writes":
+            outage = _Refusing(first, {first: WRITES, second: WRITES})
+        else:
+            outage = _Refusing(first, {first: ("commit", "claim")})
+        r = await front.generate("support", prompt="Refund order 1042")
+        key = f"{r.session_id}:1:call_refund"
+        async with working(first):
+            await until(lambda: _true(runs == [key]))  # the first worker runs the body
+            async with working(second):
+                outage.down = True
+                hold.set()  # the refund ran; its record is refused
+
+                async def tried() -> bool:  # the drive failed, and its lease was seen to
+                    after = outage.refused[outage.refused.index("commit") + 1 :]
+                    done = any(n.endswith("_lease") for n in after) or after.count("commit") > 8
+                    return done or len(runs) > 1  # the old worker: given back at once
+
+                await until(lambda: _true("commit" in outage.refused))
+                await until(tried)
+                outage.down = False  # the database is back
+                await until(lambda: is_(front, r.session_id, "completed"))
+        assert runs == [key]  # once, by the first worker
+        types = [e.type async for e in front.events(r.session_id, follow=False)]
+        assert types.count("tool.completed") == types.count("turn.completed") == 1, types
+    said = [r.getMessage() for r in caplog.records if r.name == "signoff.worker"]
+    claims = [line for line in said if line.startswith(f"claimed session {r.session_id}")]
+    assert len(claims) == 1, said  # by the first worker only
+    assert any(
+        f"session {r.session_id}: the outcome of issue_refund call call_refund recorded" in line
+        for line in said
+    ), said
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_turn_the_store_fails_once_the_kept_outcome_is_recorded_is_given_back(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store failing the turn again just after the worker recorded the outcome it kept:
+    the outcome stays recorded and the lease is given back at once, as any drive's the store
+    failed, not kept until it lapses, so another worker finishes the turn without the refund."""
+    caplog.set_level(logging.INFO, logger="signoff.worker")
+    runs: list[str] = []
+    hold = asyncio.Event()
+    agent = refund_agent(runs, approval=so.never(), hold=hold)
+    async with (
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=LONG_TTL) as first,
+        so.Runtime([agent], store=store_url, inline=False) as second,
+    ):
+        outage = _Refusing(first, {first: ("commit", "claim")})
+        refusing = first.store.commit
+        after: list[str] = []
+
+        async def commit(c: Any) -> None:
+            if after == ["recorded"]:
+                after.append("refused")
+                raise so.StoreError("committing: the connection was lost again (test)")
+            await refusing(c)
+            if any(e.type == "tool.completed" for e in c.events):
+                after.append("recorded")
+
+        first.store.commit = commit  # type: ignore[method-assign,assignment]
+        r = await front.generate("support", prompt="Refund order 1042")
+        key = f"{r.session_id}:1:call_refund"
+        async with working(first):
+            await until(lambda: _true(runs == [key]))  # the first worker runs the body
+            async with working(second):
+                outage.down = True
+                hold.set()
+                await until(lambda: _true(outage.refused.count("commit") >= 2 or len(runs) > 1))
+                outage.down = False
+                # Well within the lease the first worker holds: given back, not left to lapse.
+                await until(lambda: is_(front, r.session_id, "completed"), timeout=LONG_TTL / 3)
+        assert after == ["recorded", "refused"]
+        assert runs == [key]
+    said = [r.getMessage() for r in caplog.records if r.name == "signoff.worker"]
+    assert any(
+        line.startswith(f"session {r.session_id}: the outcome of issue_refund call call_refund")
+        and "then the store failed the turn" in line
+        for line in said
+    ), said

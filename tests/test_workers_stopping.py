@@ -259,8 +259,11 @@ async def _stop_with_a_refused_outcome(
 
 
 async def _failed(worker: so.Runtime, outage: _Outage, session_id: str) -> bool:
-    """Whether the worker's drive of the session ended, the record of its outcome refused."""
-    return "commit" in outage.refused and session_id not in worker._driving
+    """Whether the worker's drive of the session ended, the record of its outcome refused: the
+    worker then asks for the session's lease again, to record it (once it asked, or drives the
+    session no more)."""
+    ended = session_id not in worker._driving or outage.asked.is_set()
+    return "commit" in outage.refused and ended
 
 
 @pytest.mark.parametrize("when", ["draining", "before"])

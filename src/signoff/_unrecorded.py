@@ -18,8 +18,8 @@ class Unrecorded:
     """Outcomes the store refused to record (a full disk, a database restarting), by key, each
     with its session: a later drive of the session in this process records them instead of
     running the body, and its side effects, again. Those still owed (not `fenced`) are lost
-    with the process: a stopping worker drives their sessions until it recorded them
-    (`Workers.work`)."""
+    with the process: a worker keeps their sessions' leases and drives them until it recorded
+    them, also once stopping (`Workers.work`)."""
 
     def __init__(self) -> None:
         # by key: (its session, what ran named for a log line, the events recording it, fenced)

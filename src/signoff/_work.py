@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from ._call_guards import closes_stop
 from ._exceptions import (
     SessionExpired,
+    StoreDamaged,
     StoreError,
     StoreGone,
     UnknownSession,
@@ -37,7 +38,8 @@ RECORD_KEPT_WITHIN = 60.0
 """Seconds a stopping worker keeps trying to record a session's tool outcomes that the store
 refused (the database restarting, a full disk), kept in memory (`Unrecorded`), before it gives
 them up as lost: it logs them as an error and fails (`signoff worker` exits 1). A second signal
-stops it at once."""
+stops it at once. A running worker tries until it records them, however long the store is down:
+it holds the session's lease meanwhile, and gives up only this long after it is told to stop."""
 
 
 class Failing:
@@ -133,8 +135,10 @@ class Workers(Sweeps):
         turns it was running have finished or parked (starting no message queued behind them:
         those are left to workers that go on), and the tool outcomes the store refused, kept in
         memory, are recorded: retried for `RECORD_KEPT_WITHIN` seconds, then a `StoreError`
-        names those lost. Cancelled, it cancels them first (their leases given back), so none
-        runs on once it is gone."""
+        names those lost. Until then a session with such an outcome keeps its lease here and is
+        driven again until it is recorded, not given back for another worker to run the tool
+        again. Cancelled, it cancels them first (their leases given back), so none runs on once
+        it is gone."""
         whole("concurrency", concurrency, least=1)
         if stop is not None and not isinstance(stop, asyncio.Event):
             raise UsageError(f"stop must be an asyncio.Event or None, not {stop!r}")
@@ -350,9 +354,9 @@ class Workers(Sweeps):
     ) -> None:
         """Drive a claimed session; once `stopping()`, the turn in flight is finished, and a
         message queued behind it left to another worker. A drive the store failed has its
-        lease given back by `give_backs`, if given, unless the worker is stopping and keeps
-        outcomes of the session the store refused: it records them first (`_record_kept`),
-        naming in `unsaved` those it could not."""
+        lease given back by `give_backs`, if given, unless this runtime keeps outcomes of the
+        session the store refused: it keeps the lease and records them (`_record_kept`), naming
+        in `unsaved` those it could not (given back, another worker would run them again)."""
         lost: list[int] = []
         try:
             result = await self._drive(
@@ -395,12 +399,12 @@ class Workers(Sweeps):
                 log.info("session %s: deleted while claimed; nothing to drive", session_id)
                 return
             if give_backs is not None and isinstance(exc, StoreError):
-                draining = stopping is not None and stopping()
-                if draining and unsaved is not None and self._unrecorded.of(session_id):
+                if unsaved is not None and self._unrecorded.of(session_id):
                     log.warning(
                         "session %s: the store failed the turn in the worker: %s", session_id, exc
                     )
-                    await self._record_kept(session_id, owner, unsaved)
+                    await self._record_kept(session_id, owner, unsaved, stopping or _running)
+                    give_backs.worked(session_id)
                     return
                 if not isinstance(exc, StoreGone):  # else only a restart mends it
                     wait = give_backs.failed(session_id, owner, token)
@@ -420,74 +424,123 @@ class Workers(Sweeps):
                 self.lease_ttl,
             )
 
-    async def _record_kept(self, session_id: str, owner: str, unsaved: list[str]) -> None:
+    async def _record_kept(
+        self,
+        session_id: str,
+        owner: str,
+        unsaved: list[str],
+        stopping: Callable[[], bool] = lambda: True,
+    ) -> None:
         """Drive the session again until the store records the tool outcomes this runtime keeps
-        of it (`Unrecorded`: the drive records them instead of running the bodies), retried
-        with backoff for `RECORD_KEPT_WITHIN` seconds: a worker that stopped with them in
-        memory left the next worker to run those tools again. What it could not record is
-        logged as an error and named in `unsaved`."""
+        of it (`Unrecorded`: the drive records them instead of running the bodies), with
+        backoff, its lease held meanwhile: each try takes it again before the last lapses, and
+        this worker claims it no more, so no other worker runs those bodies again. A running
+        worker tries until they are recorded; once `stopping()`, for `RECORD_KEPT_WITHIN`
+        seconds more. What it could not record is logged as an error and named in `unsaved`."""
         kept = self._unrecorded
         ran = ", ".join(kept.of(session_id))
         if not ran:
             return
-        log.warning(
-            "session %s: the store refused the outcome of %s, which ran; recording it before "
-            "the worker stops (trying for %.0fs)",
-            session_id,
-            ran,
-            RECORD_KEPT_WITHIN,
-        )
-        deadline = time.monotonic() + RECORD_KEPT_WITHIN
+        deadline: float | None = None
+        if stopping():
+            deadline = time.monotonic() + RECORD_KEPT_WITHIN
+            log.warning(
+                "session %s: the store refused the outcome of %s, which ran; recording it "
+                "before the worker stops (trying for %.0fs)",
+                session_id,
+                ran,
+                RECORD_KEPT_WITHIN,
+            )
+        else:
+            log.warning(
+                "session %s: the store refused the outcome of %s, which ran; its lease kept, "
+                "the session is driven again until the outcome is recorded",
+                session_id,
+                ran,
+            )
         delay = 0.05
-        while True:
-            try:
-                token = await self._try_acquire(session_id, owner)
-                if token is None:  # another drive holds it: one here records them too
-                    why = "another drive holds the session's lease"
-                else:
-                    result = await self._drive(
-                        session_id, claimed=(owner, token), stopping=lambda: True
-                    )
-                    if not kept.of(session_id):
-                        log.info(
-                            "session %s: the outcome of %s recorded (not run again); %s",
+        self._driving[session_id] += 1  # this worker's claims leave it to this loop
+        try:
+            while True:
+                token: int | None = None
+                try:
+                    token = await self._try_acquire(session_id, owner)  # ours: taken again
+                    if token is None:  # another drive holds it: one here records them too
+                        why = "another drive holds the session's lease"
+                    else:
+                        result = await self._drive(
+                            session_id, claimed=(owner, token), stopping=stopping
+                        )
+                        if not kept.of(session_id):
+                            log.info(
+                                "session %s: the outcome of %s recorded (not run again); %s",
+                                session_id,
+                                ran,
+                                result.status,
+                            )
+                            return
+                        # Recorded after all by the commit whose answer was lost, or the call
+                        # ended otherwise (its turn cancelled, the session taken over).
+                        log.warning(
+                            "session %s: the outcome kept of %s is not needed (the session went "
+                            "on past the call); %s",
                             session_id,
-                            ran,
+                            ", ".join(kept.forget(session_id)),
                             result.status,
                         )
                         return
-                    # Recorded after all by the commit whose answer was lost, or the call ended
-                    # otherwise (its turn cancelled, the session taken over): nothing to record.
-                    log.warning(
-                        "session %s: the outcome kept of %s is not needed (the session went on "
-                        "past the call); %s",
-                        session_id,
-                        ", ".join(kept.forget(session_id)),
-                        result.status,
-                    )
+                except (SessionExpired, UnknownSession) as exc:  # over: nothing runs it again
+                    kept.forget(session_id)
+                    log.warning("session %s: the outcome kept is not needed: %s", session_id, exc)
                     return
-            except (SessionExpired, UnknownSession) as exc:  # over: nothing runs the call again
-                kept.forget(session_id)
-                log.warning("session %s: the outcome kept is not needed: %s", session_id, exc)
-                return
-            except StoreGone as exc:  # only a restart mends it
-                why = str(exc)
-                break
-            except StoreError as exc:  # the database still down, say: tried again
-                why = str(exc)
-                log.debug("session %s: recording the outcome kept failed: %s", session_id, exc)
-            except Exception as exc:  # a bug: not retried
-                why = f"{type(exc).__name__}: {exc}"
-                break
-            finally:
-                self._let_go(session_id, owner)
-            if not kept.of(session_id):  # recorded by that other drive here
-                return
-            if time.monotonic() + delay >= deadline:
-                break
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, KEPT_RETRY)
+                except (StoreGone, StoreDamaged) as exc:  # only a restart (or a repair) mends it
+                    why = str(exc)
+                    break
+                except StoreError as exc:  # the database still down, say: tried again
+                    why = str(exc)
+                    if token is not None and not kept.of(session_id):
+                        # Recorded, then the store failed the turn after it: given back, as the
+                        # lease of any drive the store failed (else it lapses).
+                        log.warning(
+                            "session %s: the outcome of %s recorded (not run again); then the "
+                            "store failed the turn: %s",
+                            session_id,
+                            ran,
+                            exc,
+                        )
+                        with contextlib.suppress(StoreError):  # kept in `_unreleased` for later
+                            await self._release(session_id, owner, token)
+                        return
+                    log.debug("session %s: recording the outcome kept failed: %s", session_id, exc)
+                except Exception as exc:  # a bug: not retried
+                    why = f"{type(exc).__name__}: {exc}"
+                    break
+                finally:
+                    self._let_go(session_id, owner)
+                if not kept.of(session_id):  # recorded by that other drive here
+                    return
+                if deadline is None and stopping():
+                    deadline = time.monotonic() + RECORD_KEPT_WITHIN
+                    log.warning(
+                        "session %s: the worker is stopping; recording the outcome of %s is "
+                        "tried for %.0fs more",
+                        session_id,
+                        ran,
+                        RECORD_KEPT_WITHIN,
+                    )
+                if deadline is not None and time.monotonic() + delay >= deadline:
+                    break
+                await asyncio.sleep(delay)
+                # Each try takes the lease again: tried before it lapses, while the store works.
+                delay = min(delay * 2, KEPT_RETRY, self.lease_ttl / 3)
+        finally:
+            self._driving[session_id] -= 1
+            if not self._driving[session_id]:
+                del self._driving[session_id]
         names = kept.forget(session_id)
+        if not names:  # recorded, then the turn failed otherwise
+            log.error("session %s: the outcome of %s recorded; then: %s", session_id, ran, why)
+            return
         unsaved.extend(f"{name} in session {session_id}" for name in names)
         log.error(
             "session %s: the outcome of %s ran but could not be recorded (%s): lost, and run "
@@ -496,6 +549,11 @@ class Workers(Sweeps):
             ", ".join(names),
             why,
         )
+
+
+def _running() -> bool:
+    """`stopping` of a worker that is not told to stop."""
+    return False
 
 
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:

@@ -80,11 +80,12 @@ def worker(
 
     SIGTERM or Ctrl-C stops it gracefully (turns in flight finish or park, starting no message
     queued behind them; a second signal stops at once, interrupting them and giving their
-    leases back). A tool's result the store refused meanwhile (the database restarting) is
-    recorded before it exits, retried for up to a minute; one it cannot record is logged as an
-    error and ends it with exit status 1. Started while its database is down, it waits for it
-    (logging each retry); a store failing later is logged once and retried, one whose file was
-    deleted or replaced (`StoreGone`) ends it with exit status 1.
+    leases back). A tool's result the store refused (the database restarting) is recorded by
+    this worker, which holds the session meanwhile, and before it exits, retried for up to a
+    minute then; one it cannot record is logged as an error and ends it with exit status 1.
+    Started while its database is down, it waits for it (logging each retry); a store failing
+    later is logged once and retried, one whose file was deleted or replaced (`StoreGone`)
+    ends it with exit status 1.
     """
     import logging
     import os
