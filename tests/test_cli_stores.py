@@ -556,3 +556,44 @@ def test_a_command_that_asks_first_refuses_an_older_postgres_store_and_changes_n
     assert _pg_version(pg_url) == 4
     with psycopg.connect(pg_url) as conn:
         assert conn.execute(tables).fetchall() == columns
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["sessions", "tests._cli:agent"],
+            b"error: UsageError: cannot load 'tests._cli:agent': the current directory no "
+            b"longer exists",
+        ),
+        (
+            ["db", "upgrade", "--store", "sqlite:///rel.db"],
+            b"error: StoreError: cannot open SQLite store rel.db: the current directory no "
+            b"longer exists",
+        ),
+    ],
+    ids=["runtime", "relative-store"],
+)
+def test_a_working_directory_removed_is_one_line_not_a_traceback(
+    tmp_path: Path, args: list[str], said: bytes
+) -> None:
+    """Run from a directory removed since (`cd` into it, then `rm -r` from elsewhere): loading
+    a runtime (`os.getcwd`) and a relative store path (`abspath`) ended in a FileNotFoundError
+    traceback."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = (
+        "import os, runpy, sys; os.chdir(sys.argv[1]); os.rmdir(sys.argv[1]); "
+        "sys.argv = ['signoff', *sys.argv[2:]]; runpy.run_module('signoff', run_name='__main__')"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    env.pop("SIGNOFF_STORE", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(gone), *args],
+        capture_output=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc
+    assert proc.stderr.startswith(said), proc.stderr
+    assert b"Traceback" not in proc.stderr

@@ -83,7 +83,12 @@ def _close_unstarted(exc: BaseException) -> None:
 
 
 def _loaded(target: str, module_name: str, attribute: str, store: str | None) -> Runtime:
-    cwd = os.getcwd()
+    try:
+        cwd = os.getcwd()
+    except FileNotFoundError:  # a traceback: the command's error is the directory's
+        raise UsageError(
+            f"cannot load {target!r}: the current directory no longer exists; cd to one that does"
+        ) from None
     if cwd not in sys.path:
         sys.path.insert(0, cwd)  # like `python -m`: modules of the current directory load
     path_hint = _file_path_hint(module_name, attribute)

@@ -39,7 +39,10 @@ def unopenable(path: str) -> str | None:
         return "it is a directory, not a file"
     if os.path.exists(path) and not os.path.isfile(path):
         return "it is no regular file (a named pipe, device or socket)"
-    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        folder = os.path.dirname(os.path.abspath(path))
+    except FileNotFoundError:  # a relative path, from a directory removed since
+        return "the current directory no longer exists, which the path is relative to"
     if os.path.exists(path):
         if not os.access(path, os.R_OK):
             return "this user may not read it (permission denied)"
