@@ -109,7 +109,8 @@ class SweepDrives:
         if cut:  # a call cut short runs again where the turn is taken up: say which
             log.warning(
                 "stopping now: interrupting %d turn(s) its deadline sweep drives, their leases "
-                "given back: %s",
+                "given back once they unwind (a plain tool's thread is waited for, its outcome "
+                "recorded): %s",
                 len(cut),
                 ", ".join(cut),
             )
