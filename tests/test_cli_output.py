@@ -356,32 +356,6 @@ def test_a_c_locale_gets_escapes_not_a_traceback(url: str, command: list[str]) -
         assert b"40 \\u20ac" in proc.stdout and b"Zo\\xeb?" in proc.stdout, proc.stdout
 
 
-def test_a_c_locale_takes_utf8_arguments_as_the_text_they_are(url: str) -> None:
-    """In that locale Python decodes the arguments as ASCII, so `--agent zoë` came as lone
-    surrogates and was refused as "not valid UTF-8" though its bytes are: no non-ASCII answer,
-    reason or filter could be given at all. UTF-8 bytes are taken as their text; other bytes
-    are still refused."""
-    rt = so.Runtime([refunder], store=url)
-    try:
-        rt.generate_sync("zoë", "Refund Zoë")
-    finally:
-        rt.close_sync()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHONIO"))}
-    env = {**env, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
-
-    def sessions(agent: bytes) -> subprocess.CompletedProcess[bytes]:
-        command = [sys.executable.encode(), b"-m", b"signoff", b"sessions", b"--agent", agent]
-        return subprocess.run(
-            [*command, b"--store", url.encode()], cwd=ROOT, capture_output=True, env=env, timeout=60
-        )
-
-    found = sessions("zoë".encode())
-    assert found.returncode == 0, found.stderr.decode()
-    assert b"Sessions (1)" in found.stdout and b"zo\\xeb" in found.stdout, found
-    refused = sessions(b"zo\xff")
-    assert refused.returncode == 2 and b"not valid UTF-8" in refused.stderr, refused
-
-
 kuma = scripted_agent(
     "クマ",
     [

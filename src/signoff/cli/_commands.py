@@ -110,25 +110,13 @@ class Group(TyperGroup):
         except KeyboardInterrupt:  # outside a command's event loop (`serve` loading its runtime)
             _interrupted()
 
-    def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
-        if args is None:  # the process's own arguments, as Click would take them
-            args = [_as_utf8(a) for a in sys.argv[1:]]
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return super().main(args, *rest, **kwargs)
+            return super().main(*args, **kwargs)
         except OSError as exc:
             if exc.errno not in _WRITE_FAILED:
                 raise
             _unwritable(exc)
-
-
-def _as_utf8(argument: str) -> str:
-    """An argument as the UTF-8 text its bytes are: in a C or POSIX locale with UTF-8 mode off
-    Python decodes them as ASCII, and `café` came as lone surrogates, refused as "not valid
-    UTF-8". Bytes that are no UTF-8 are left so, for the commands to refuse."""
-    try:
-        return os.fsencode(argument).decode("utf-8") if not argument.isascii() else argument
-    except UnicodeError:
-        return argument
 
 
 def _interrupted() -> NoReturn:
