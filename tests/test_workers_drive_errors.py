@@ -13,6 +13,7 @@ import pytest
 
 import signoff as so
 from signoff import _work
+from signoff.stores import Commit
 
 from ._workers import is_, refund_agent, until, working
 
@@ -265,3 +266,71 @@ async def test_a_turn_the_store_fails_once_the_kept_outcome_is_recorded_is_given
         and "then the store failed the turn" in line
         for line in said
     ), said
+
+
+async def test_a_kept_outcome_of_a_later_pass_is_recorded_under_that_pass_lease(
+    store_url: str,
+) -> None:
+    """The worker's drive went on to a second pass (its turn cancelled from elsewhere and a
+    message sent), which takes a lease under an owner of its own; the store refused the record
+    of the refund that pass ran. The worker asked for the lease again as its claim's owner, was
+    refused (the pass kept it), and waited for it to lapse, when any worker could claim the
+    session and run the refund again. It takes the lease again as the pass's owner, at once."""
+    runs: list[str] = []
+    hold = asyncio.Event()
+
+    @so.tool
+    async def slow() -> str:
+        """Slow."""
+        await hold.wait()
+        return "ok"
+
+    @so.tool
+    async def issue_refund(ctx: so.ToolContext, order_id: str) -> str:
+        """Refund an order."""
+        runs.append(ctx.idempotency_key())
+        return f"refunded {order_id}"
+
+    refund = so.ModelResponse(
+        tool_calls=[so.ToolCall(name="issue_refund", input={"order_id": "1"})]
+    )
+    slowly = so.ModelResponse(tool_calls=[so.ToolCall(name="slow", input={})])
+    done = so.ModelResponse(text="Done.")
+
+    def agent(*steps: so.ModelResponse) -> so.Agent:
+        model = so.models.Scripted(list(steps), repeat_last=True)
+        return so.Agent(name="support", model=model, tools=[slow, issue_refund])
+
+    async with (
+        so.Runtime([agent(done)], store=store_url, inline=False) as front,
+        so.Runtime(
+            [agent(slowly, refund, done)], store=store_url, inline=False, lease_ttl=LONG_TTL
+        ) as first,
+    ):
+        commit = first.store.commit
+        refused: list[bool] = []
+
+        async def refusing_once(c: Commit) -> None:
+            if not refused and any(e.type == "tool.completed" for e in c.events):
+                if any(e.data.get("tool_name") == "issue_refund" for e in c.events):
+                    refused.append(True)
+                    raise so.StoreError("committing: the connection was lost (test)")
+            await commit(c)
+
+        first.store.commit = refusing_once  # type: ignore[method-assign,assignment]
+        sid = (await front.generate("support", prompt="Hi")).session_id
+        async with working(first):
+            await until(lambda: _started(front, sid, "slow"))
+            await front.cancel(sid)
+            await front.send(sid, "Refund order 1")
+            hold.set()
+            # Well within the lease's TTL: not after waiting for it to lapse.
+            await until(lambda: _started(front, sid, "issue_refund", completed=True), 10.0)
+    assert refused == [True] and len(runs) == 1, runs
+
+
+async def _started(rt: so.Runtime, session_id: str, tool: str, completed: bool = False) -> bool:
+    """Whether the session's log has a call of `tool` started (or `completed`)."""
+    kind = "tool.completed" if completed else "tool.started"
+    log = [e async for e in rt.events(session_id, follow=False)]
+    return any(e.type == kind and e.data.get("tool_name") == tool for e in log)

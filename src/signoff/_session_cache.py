@@ -173,6 +173,9 @@ class SessionCache(Leasing):
         self._expiries: dict[str, tuple[int, float]] = {}  # see `Leasing._hold`
         # The sessions drives of this runtime are running now, with how many each.
         self._driving: Counter[str] = Counter()
+        # The lease a claimed drive that failed kept, by session, under the owner of the pass
+        # that failed (a later pass takes one of its own): what the worker gives back or takes.
+        self._kept_on_error: dict[str, tuple[str, int]] = {}
         self._holders: dict[str, str] = {}  # see `Leasing._holders`
         self._opened = False
         self._settings_due = self._settings_warned = False  # see `_record_settings`

@@ -354,6 +354,8 @@ class SessionRunner(SessionCache):
                             await self._release(session_id, owner, token)
                     elif not (failed and keep_on_error):
                         await self._release(session_id, owner, token)
+                    else:  # the worker's to give back, or to take again (`Workers._work_on`)
+                        self._kept_on_error[session_id] = (owner, token)
                     self._let_go(session_id, owner)
                 retry = False
                 if driver is not None and driver.released and not failed:

@@ -390,6 +390,9 @@ class Workers(Sweeps):
             # Its TTL passed between the claim and the drive, which recorded that: not a failure.
             log.info("session %s: expired; its expiry is recorded", session_id)
         except Exception as exc:
+            # The lease the failed pass kept, under its own owner: a later pass of the drive
+            # (a queued message's turn) takes one of its own.
+            owner, token = self._kept_on_error.pop(session_id, (owner, token))
             if lost:  # then the session could not be read again: the loss is what happened
                 log.warning(lost_line(session_id, lost[-1]))
                 log.info("session %s: after its lease was lost: %s", session_id, exc)
@@ -463,6 +466,8 @@ class Workers(Sweeps):
         try:
             while True:
                 token: int | None = None
+                # A try whose drive failed in a later pass left the lease under that pass's owner.
+                owner = self._kept_on_error.pop(session_id, (owner, 0))[0]
                 try:
                     token = await self._try_acquire(session_id, owner)  # ours: taken again
                     if token is None:  # another drive holds it: one here records them too
