@@ -60,7 +60,9 @@ def _after_fork_in_child() -> None:
         if conn is None or where is None or where[1] is None:
             continue
         try:
-            conn.total_changes  # noqa: B018  # a closed connection's raises ProgrammingError
+            # A field read (sqlite3_total_changes takes no mutex a parent's thread may hold at
+            # the fork); a closed connection's raises ProgrammingError.
+            conn.total_changes  # noqa: B018
         except sqlite3.ProgrammingError:
             continue
         INHERITED.add(where[1])
