@@ -187,9 +187,10 @@ class RuntimeHost:
             except StoreError:
                 # A worker's failed drive keeps its lease until it lapses; this one is given
                 # back (or kept to give back first here), so a retry of the parent need not
-                # wait it out.
+                # wait it out: under the owner of the pass that failed, which kept it.
+                kept_owner, kept_token = rt._kept_on_error.pop(child, (owner, token))
                 with contextlib.suppress(StoreError):
-                    await rt._release(child, owner, token)
+                    await rt._release(child, kept_owner, kept_token)
                 raise
             finally:
                 delegating.reset(reset)
