@@ -447,10 +447,11 @@ class ToolCalls(CallEnds):
                 if not task.cancelled() and not (lease is not None and lease.lost):
                     return task, True
             # Closed first, as when it parks: neither its unwinding nor a branch it left
-            # running steps or asks now: a resume runs them. A step whose function ended is
-            # journaled before the drive gives its lease back (a `gather` whose other branch
-            # was cancelled ends the body while that record is on its way); one whose function
-            # still runs (a task the body left) is not waited for: it runs again on resume.
+            # running steps or asks now: a resume runs them. A step whose function ended, or a
+            # plain step's thread, is journaled before the drive gives its lease back (a
+            # `gather` whose other branch was cancelled ends the body while that record is on
+            # its way); an async function still running (a task the body left) is not waited
+            # for: it runs again on resume.
             journal.stop()
             task.cancel()
             with contextlib.suppress(BaseException):
