@@ -47,17 +47,32 @@ async def _copy(url: str) -> Restore:
             await conn.execute(f'CREATE TABLE public."saved_{t}" AS TABLE signoff."{t}"'.encode())
 
     async def put_back_tables() -> None:
-        async with await psycopg.AsyncConnection.connect(url) as conn:  # one transaction
-            await conn.execute("SET session_replication_role = replica")  # no foreign key checks
-            names = ", ".join(f'signoff."{t}"' for t in tables)
-            await conn.execute(f"TRUNCATE {names}".encode())
-            for t in tables:
-                await conn.execute(
-                    f'INSERT INTO signoff."{t}" OVERRIDING SYSTEM VALUE '
-                    f'SELECT * FROM public."saved_{t}"'.encode()
-                )
+        # The TRUNCATE locks table after table, so a follower's read holding one of them while
+        # it waits for another is a deadlock PostgreSQL breaks by failing this whole transaction:
+        # nothing of it is left, and it is run again.
+        for attempt in range(5):
+            try:
+                await _put_back(url, tables)
+                return
+            except psycopg.errors.DeadlockDetected:
+                if attempt == 4:
+                    raise
+                await asyncio.sleep(0.05)
 
     return put_back_tables
+
+
+async def _put_back(url: str, tables: list[str]) -> None:
+    """Put the tables saved by `_copy` back over the store's, in one transaction."""
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        await conn.execute("SET session_replication_role = replica")  # no foreign key checks
+        names = ", ".join(f'signoff."{t}"' for t in tables)
+        await conn.execute(f"TRUNCATE {names}".encode())
+        for t in tables:
+            await conn.execute(
+                f'INSERT INTO signoff."{t}" OVERRIDING SYSTEM VALUE '
+                f'SELECT * FROM public."saved_{t}"'.encode()
+            )
 
 
 def _two_steps() -> tuple[so.Agent, asyncio.Queue[tuple[str, str]], dict[str, asyncio.Event]]:
