@@ -444,9 +444,10 @@ async def test_a_log_cut_short_of_the_head_its_session_keeps_is_named(store_url:
 
 async def test_verifying_a_session_the_store_knows_nothing_of_is_refused(store_url: str) -> None:
     """A session id mistyped or of another store verifies nothing: `UnknownSession`, not an
-    empty list that reads as its trail checked out; reading or exporting its trail is refused
-    as well, not an empty trail (both listed nothing). A session with no audited event yet, and
-    a tool-setting stream, still verify as clean and read as empty."""
+    empty list that reads as its trail checked out; reading (as a session or as a stream) or
+    exporting its trail is refused as well, not an empty trail (each listed nothing). A session
+    with no audited event yet, and a tool-setting stream, still verify as clean and read as
+    empty."""
     quiet = scripted_agent("quiet", [reply("hello")])
     async with so.Runtime([agent(), quiet], store=store_url) as rt:
         r = await rt.generate("quiet", "hi")
@@ -461,10 +462,15 @@ async def test_verifying_a_session_the_store_knows_nothing_of_is_refused(store_u
         with pytest.raises(so.UnknownSession, match="ses_mistyped"):
             await rt.audit("ses_mistyped")
         with pytest.raises(so.UnknownSession, match="ses_mistyped"):
+            await rt.audit(stream="ses_mistyped")
+        assert await rt.audit(stream=r.session_id) == []
+        assert await rt.audit(stream="tools:quiet.nothing") == []
+        with pytest.raises(so.UnknownSession, match="ses_mistyped"):
             await rt.export_audit(out, "ses_mistyped")
         assert out.getvalue() == ""
         # An empty id (a form left blank) read every session's trail: refused as the others.
-        for call in (rt.audit, rt.verify_audit, lambda sid: rt.export_audit(out, sid)):
+        reads = (rt.audit, lambda sid: rt.audit(stream=sid), rt.verify_audit)
+        for call in (*reads, lambda sid: rt.export_audit(out, sid)):
             with pytest.raises(so.UnknownSession):
                 await call("")
         assert out.getvalue() == ""

@@ -26,7 +26,7 @@ class Auditing(Workers):
         """Audit entries (requests, evaluations, decisions, edits, expiries, executions and tool
         setting changes), oldest first; for one session or across all. At most `limit`: the
         list's `truncated` says whether more followed (`export_audit` writes them all). A session
-        id the store knows nothing of is `UnknownSession`, not an empty trail."""
+        id the store knows nothing of, given either way, is `UnknownSession`, not an empty trail."""
         session_id = _audit.check_stream(session_id, "session_id")
         stream = _audit.check_stream(stream)
         if session_id is not None and stream is not None and session_id != stream:
@@ -44,8 +44,8 @@ class Auditing(Workers):
                 out.truncated = True
                 break
             out.append(_audit.undamaged(e))
-        if not out and session_id is not None:
-            await self._known(session_id)
+        if not out and stream is not None:  # a session named either way: a typo is refused
+            await self._known(stream)
         return out
 
     @closes_stop
