@@ -50,7 +50,7 @@ LAYERS: list[set[str]] = [
     {"_mirrors", "_leasing", "_creation"},
     {"_child_closes"},
     {"_child_sessions"},
-    {"_runtime_host"},
+    {"_runtime_host", "_cancel_batch"},
     {"_deadlines", "_journal", "_subagents", "_eligibility"},
     {"_call_ends"},
     {"_model_step", "_tool_calls", "_unlisted", "_queue_page", "_session_page"},

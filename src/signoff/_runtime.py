@@ -19,7 +19,8 @@ from ._answers import Reply as _Reply
 from ._answers import check_principal, checked_cancel
 from ._answers import decisions as _decisions
 from ._call_guards import closes_stop
-from ._cancellation import cancel_specs, stop_calls, withdrawal
+from ._cancel_batch import CancelBatch
+from ._cancellation import stop_calls
 from ._deadlines import expiry_specs
 from ._deletion import Deletion
 from ._engine import Driver
@@ -39,7 +40,7 @@ from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
 from ._mirrors import followed_state, following_mirrors
 from ._prompts import check_prompt
 from ._queue_page import queue_page
-from ._recording import Batch, EventSpec, TurnStopped, load_turn
+from ._recording import EventSpec, TurnStopped, load_turn
 from ._results import GenerateResult
 from ._session_cache import check_agent_name, check_session_id
 from ._session_page import check_listing, session_page
@@ -511,39 +512,14 @@ class Runtime(Deletion):
             # Children its calls created and did not journal (their process died in between):
             # the cancel owes and cancels them as it does the journaled ones.
             made = [c for c in _child_sessions.unjournaled(state) if await self.store.head(c)]
-            withdrawn: list[InputRequest] = []
-            delegated: list[str] = []
-            built_on: list[int] = []  # the seq of the state the batch was built from
-
-            def build(
-                current: SessionState,
-                tid: str = turn.id,
-                withdrawn: list[InputRequest] = withdrawn,
-                delegated: list[str] = delegated,
-                built_on: list[int] = built_on,
-                made: list[str] = made,
-            ) -> Batch:
-                # Built from the state it is committed on: after a concurrent append the turn
-                # may have ended (nothing to cancel) or opened other requests (withdrawn too).
-                now = current.turn
-                if now is None or now.id != tid or turn_over(now):
-                    return Batch(specs=[])
-                withdrawn[:] = current.pending_requests()
-                delegated[:] = [*_child_sessions.delegated(current), *made]
-                built_on[:] = [current.seq]
-                return Batch(
-                    specs=cancel_specs(withdrawn, reason, by, made),
-                    resolve=[withdrawal(r.id, reason, by) for r in withdrawn],
-                )
-
+            build = CancelBatch(turn.id, reason, by, made)
             driver = self._driver(state, None)
             try:
                 recorded = await driver.record(build, durable=True)
             except RequestClosed:
                 self._cache.pop(session_id, None)
-                if built_on:  # rows changed behind the log's back: no retry gets past that
-                    resolves = [withdrawal(r.id, reason, by) for r in withdrawn]
-                    await self._rows_agree(session_id, built_on[0], resolves)
+                if build.built_on is not None:  # rows changed behind the log's back: no retry
+                    await self._rows_agree(session_id, build.built_on, build.resolves())
                 continue
             except TurnStopped:
                 self._cache.pop(session_id, None)
@@ -557,7 +533,9 @@ class Runtime(Deletion):
             if abort is not None:
                 stop_calls(abort)
             # Subagents under this turn: waiting on a person, or still running.
-            for child in dict.fromkeys([*_child_sessions.children(withdrawn), *delegated]):
+            for child in dict.fromkeys(
+                [*_child_sessions.children(build.withdrawn), *build.delegated]
+            ):
                 with contextlib.suppress(UnknownSession, SessionExpired):
                     await _child_sessions.cancel_delegated(self, child, reason, principal)
             # A subagent cancelled on its own: its parent's delegate call goes on.
