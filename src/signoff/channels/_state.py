@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import re
 import secrets
 import sqlite3
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from .._exceptions import SchemaVersionError, StoreError, UsageError
+from ..stores.sqlite import _forks
+from ..stores.sqlite._connection import _identity as _file_identity
 from ..stores.sqlite._connection import _switch_to_wal
 from ..stores.sqlite._files import unopenable
 from ._webhook_urls import masked
@@ -51,6 +54,8 @@ _ID = "state-id"
 _DEADLINE: ContextVar[float | None] = ContextVar("signoff_channel_state_deadline", default=None)
 
 _UNREADABLE = object()  # a memo's value that is not JSON
+
+_CLOSE = "the channel state (or its hub)"  # what a refused forked child's parent should close
 
 logger = logging.getLogger("signoff.channels")
 
@@ -107,6 +112,11 @@ class ChannelState:
 
     `identity()` names the file itself: hubs on one file share it, and hubs on other files
     (another machine's at the same path, say) do not.
+
+    In a process forked while a state had its file open, a new state on that file and any call
+    of the copy are a `UsageError` before anything is read or written (as for a SQLite store,
+    `stores.sqlite._forks`): SQLite's locks on the file stayed in the parent, whose close would
+    delete the -wal and -shm under the child.
     """
 
     def __init__(self, path: str | Path = ":memory:", *, busy_timeout: float = 5.0) -> None:
@@ -122,6 +132,10 @@ class ChannelState:
         self.closed = False
         self._unreadable: set[tuple[str, str, str]] = set()  # (hub, channel, key) logged
         self._id: str | None = None
+        # The file opened (absolute) and its (device, inode); None for memory (`_forks`).
+        self._opened: tuple[str, tuple[int, int] | None] | None = None
+        if self.path != ":memory:" and _forks.inherited(_file_identity(self.path)):
+            raise _forks.refuse_inherited(self.path, "opened", close=_CLOSE)
         conn: sqlite3.Connection | None = None
         make_room(self.path)
         # SQLite built with SQLITE_USE_URI (Debian's is) reads a name starting "file:" as a
@@ -135,6 +149,9 @@ class ChannelState:
             # Every commit synced: a memo saved before Slack hears back survives a power cut.
             conn.execute("PRAGMA synchronous=FULL")
             _set_up(self.path, conn)
+            if self.path != ":memory:":
+                where = os.path.abspath(self.path)
+                self._opened = (where, _file_identity(where))
         except BaseException as exc:
             if conn is not None:
                 conn.close()
@@ -143,11 +160,21 @@ class ChannelState:
                 raise StoreError(f"cannot open the channel state {self.path}: {why}") from exc
             raise
         self._conn = conn
+        if self._opened is not None:
+            _forks.opened(self)
+
+    def _inherited(self) -> bool:
+        """Whether the file is one a process this one was forked from had open (`_forks`)."""
+        return self._opened is not None and _forks.inherited(self._opened[1])
 
     @contextmanager
-    def _using(self, what: str) -> Iterator[sqlite3.Connection]:
-        """The connection, one caller at a time; a failure of SQLite is a `StoreError`. Inside
-        `waiting_until`, the waits for this lock and the file's end at its deadline."""
+    def _using(self, what: str, done: str = "written") -> Iterator[sqlite3.Connection]:
+        """The connection, one caller at a time; a failure of SQLite is a `StoreError`, a copy
+        a forked child has of a state whose file was open then a `UsageError` (nothing was
+        `done`). Inside `waiting_until`, the waits for this lock and the file's end at its
+        deadline."""
+        if self._inherited():
+            raise _forks.refuse_inherited(self.path, done, close=_CLOSE)
         deadline = _DEADLINE.get()
         if deadline is None:
             self._lock.acquire()
@@ -174,14 +201,16 @@ class ChannelState:
         """The file's own id: random, written in it at the first call on it (a hub's start),
         also in a file an older signoff wrote, and read from it after. A copy of the file
         carries it; each state in memory has one of its own."""
+        if self._inherited():  # the id read before the fork too: the copy answers nothing
+            raise _forks.refuse_inherited(self.path, "read", close=_CLOSE)
         if self._id is None:
-            with self._using("read its id") as conn:
+            with self._using("read its id", "read") as conn:
                 self._id = _identity(self.path, conn)
         return self._id
 
     def position(self, name: str) -> int | None:
         """The last audit entry id `name` has handled, or None if it never ran."""
-        with self._using("read a position") as conn:
+        with self._using("read a position", "read") as conn:
             row = conn.execute(
                 "SELECT after_id FROM channel_positions WHERE name=?", (name,)
             ).fetchone()
@@ -199,7 +228,7 @@ class ChannelState:
     def recall(self, channel: str, key: str, *, hub: str = "") -> Any:
         """The memo under `key` of `channel` (of `hub`), or None if there is none (or it cannot
         be read, logged)."""
-        with self._using("read a memo") as conn:
+        with self._using("read a memo", "read") as conn:
             row = conn.execute(
                 "SELECT value FROM channel_memos WHERE hub=? AND channel=? AND key=?",
                 (hub, channel, key),
@@ -220,7 +249,7 @@ class ChannelState:
     def memos(self, channel: str, prefix: str = "", *, hub: str = "") -> list[tuple[str, Any]]:
         """A channel's memos whose key starts with `prefix`, oldest first, but for those that
         cannot be read (logged)."""
-        with self._using("read memos") as conn:
+        with self._using("read memos", "read") as conn:
             rows = conn.execute(
                 "SELECT key, value FROM channel_memos WHERE hub=? AND channel=? "
                 "AND substr(key, 1, length(?))=? ORDER BY rowid",
@@ -259,10 +288,13 @@ class ChannelState:
             self._unreadable.discard((hub, channel, key))
 
     def close(self) -> None:
-        """Close the file; later calls are a `StoreError`."""
+        """Close the file; later calls are a `StoreError`. The copy of a forked child leaves
+        SQLite's connection open (`_forks` keeps it), its later calls still a `UsageError`."""
         with self._lock:
-            self._conn.close()
+            if not self._inherited():
+                self._conn.close()
             self.closed = True
+            _forks.shut(self)
 
 
 def _shown(key: str) -> str:
