@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from signoff import StoreError
 from signoff.stores import Commit
 from signoff.stores.postgres import PostgresStore
 
@@ -75,6 +76,48 @@ async def test_a_claim_committed_after_its_resend_is_given_back_and_taken_at_onc
         # Cut after 1 s, found not committed, sent again: the session's row is the first's.
         assert await asyncio.wait_for(claiming, 30) == []
         await locker.rollback()  # the first statement, still running, now commits
+        await _ended(watch, first)
+        cur = await watch.execute(f"SELECT owner, token FROM {s}.leases")
+        assert await cur.fetchall() == [("w", token + 1)]  # the worker's, and no drive of it
+    later = await store.server_time()
+    assert await store.claim("w", 30, later, 5) == [(sid, token + 2)]
+    assert await store.claim("w", 30, later, 5) == []  # given back once
+
+
+async def test_a_claim_whose_check_fails_too_is_given_back_once_it_commits(
+    store: PostgresStore, pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check that asks whether a cut claim committed cannot reach the server either (it
+    restarts): the claim fails with its outcome unknown, and what it committed later is still
+    given back by the worker's next claim, not left to lapse."""
+    sid = await new_session(store)
+    await store.commit(
+        Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], status="running")
+    )
+    now = await store.server_time()
+    token = await store.acquire_lease(sid, "other", 30, now)
+    assert token is not None
+    await store.release_lease(sid, "other", token)  # its lease row stays, free
+    checks: list[float] = []
+
+    async def unreachable(owner: str, expires_at: float) -> list[tuple[str, int]]:
+        checks.append(expires_at)
+        raise StoreError("connection refused (the server restarting)")
+
+    s = store._s
+    async with (
+        await psycopg.AsyncConnection.connect(pg_store_url, autocommit=True) as watch,
+        await psycopg.AsyncConnection.connect(pg_store_url) as locker,
+    ):
+        await locker.execute(f"SELECT 1 FROM {s}.leases FOR UPDATE")
+        monkeypatch.setattr(store, "_leased_until", unreachable)
+        claiming = asyncio.ensure_future(store.claim("w", 30, now, 5))
+        first = await _lock_waiter(watch, {locker.info.backend_pid})
+        with pytest.raises(StoreError, match="the outcome is unknown"):
+            await asyncio.wait_for(claiming, 30)
+        assert checks == [now + 30]
+        monkeypatch.undo()
+        await locker.rollback()  # the claim, still running on the server, commits
         await _ended(watch, first)
         cur = await watch.execute(f"SELECT owner, token FROM {s}.leases")
         assert await cur.fetchall() == [("w", token + 1)]  # the worker's, and no drive of it

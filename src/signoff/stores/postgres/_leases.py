@@ -160,25 +160,24 @@ class Leases(Connections):
             # Its leases are the ones this owner holds until exactly the time it set: none
             # means it did not commit (or claimed nothing), so sending it again is safe.
             nonlocal sent_again
-            found[:] = await self._leased_until(owner, now + ttl)
-            if not found and sent_again is None:
+            if sent_again is None:
                 # The server may still be running it (a connection cut by this process, or by
-                # the network, while it waited on a lock): the rows it holds are skipped by the
-                # resend, and what it commits later is given back by the next claim.
+                # the network, while it waited on a lock), or this check may fail (the server
+                # restarting), the claim's outcome unknown: what it commits is given back by
+                # the next claim, but for the sessions a claim here returns (`sent_again`).
                 sent_again = []
                 unsure.append((now + ttl, sent_again))
+            found[:] = await self._leased_until(owner, now + ttl)
             return bool(found)
 
         self._before(LEASE_CLAIMED)
         cur = await self._write(body, "claiming runnable sessions", committed=committed)
         self._after(LEASE_CLAIMED)
         if cur is None:  # committed, its acknowledgement lost: no heads (drives read them)
-            if sent_again is not None:
-                sent_again[:] = [session_id for session_id, _ in found]
+            _taken(unsure, now + ttl, [session_id for session_id, _ in found])
             return found
         claimed = [(str(row[0]), int(row[1]), row[2:]) for row in await cur.fetchall()]
-        if sent_again is not None:
-            sent_again[:] = [session_id for session_id, _, _ in claimed]
+        _taken(unsure, now + ttl, [session_id for session_id, _, _ in claimed])
         for session_id, token, row in claimed:
             self._granted[session_id] = (token, self._moved(session_id, row), _head_row(row))
         return [(session_id, token) for session_id, token, _ in claimed]
@@ -508,3 +507,11 @@ def _head_row(row: Sequence[Any]) -> Sequence[Any] | None:
     """The stored type, time and turn of the head event, from a grant's row (`head, audit_n,
     audit_hash, turn seq, turn`, then those): None when the session has no such row."""
     return None if row[5] is None else row[5:8]
+
+
+def _taken(unsure: list[tuple[float, list[str]]], until: float, sessions: list[str]) -> None:
+    """Note that a claim leasing `sessions` until `until` returned them (they have drives): no
+    earlier claim left unsure with that expiry (a clock that stood still) gives them back."""
+    for expiry, taken in unsure:
+        if expiry == until:
+            taken.extend(sessions)
