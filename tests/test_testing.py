@@ -63,6 +63,15 @@ def test_a_manual_clock_only_moves_forward(seconds: float) -> None:
     assert clock.advance(0) == 1000.0 and clock.advance(2.5) == 1002.5
 
 
+def test_a_manual_clock_never_reaches_inf() -> None:
+    """Two finite numbers added up to inf: the runtime then refused every reading of the clock
+    (`async with` left the store open)."""
+    clock = ManualClock(1e308)
+    with pytest.raises(so.UsageError, match="largest time"):
+        clock.advance(1e308)
+    assert clock() == 1e308
+
+
 def test_a_manual_clock_starts_at_a_finite_time() -> None:
     for start in (math.nan, "1700000000", None):  # text or None was a bare TypeError
         with pytest.raises(so.UsageError, match="start"):

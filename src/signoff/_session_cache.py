@@ -185,7 +185,12 @@ class SessionCache(Leasing):
         """Open the store; the first call does it, so only `async with` needs it named."""
         if not self._opened:
             await self.store.open()
-            await self._sync_lease_clock()
+            try:
+                await self._sync_lease_clock()
+            except BaseException:
+                with contextlib.suppress(Exception):  # the store's pool not left running
+                    await self.store.close()
+                raise
             self._settings_due = True
             self._opened = True
         else:
@@ -264,7 +269,11 @@ class SessionCache(Leasing):
             await asyncio.sleep(0.005)  # polled: another loop's task cannot wake this one
 
     async def __aenter__(self) -> Self:
-        await self.open()
+        try:
+            await self.open()
+        except BaseException:
+            await self.close()  # no `__aexit__` follows: nothing is left open (a pool's tasks)
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -424,6 +424,8 @@ class ManualClock:
         if not (finite(seconds) and seconds >= 0):
             # Backwards or to NaN, deadlines and leases mean nothing (NaN: AppendConflict).
             raise UsageError(f"seconds must be a finite number from 0, not {seconds!r}")
+        if not finite(self.now + seconds):  # two finite times may add up to inf
+            raise UsageError(f"advancing {self.now!r} by {seconds!r} passes the largest time")
         self.now += seconds
         return self.now
 
