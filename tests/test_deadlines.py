@@ -75,6 +75,38 @@ async def asked(
     return r.session_id, req, head
 
 
+async def test_a_sweep_counts_a_session_once_when_its_ttl_and_a_deadline_both_passed(
+    store_url: str,
+) -> None:
+    """The sweep recorded the session's expiry, then met the request's passed deadline of the
+    same session (expired now: nothing to apply) and counted it again: 2 for one session."""
+    clock = ManualClock()
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always(expires_in=60))
+    async def pay_invoice(invoice: str) -> str:
+        """Pay an invoice."""
+        return "paid"
+
+    agent = scripted_agent(
+        "pay",
+        [call_tools(call("pay_invoice", invoice="INV-7")), reply("done")],
+        tools=[pay_invoice],
+        limits=so.Limits(ttl=30),
+    )
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        r = await rt.generate("pay", prompt="pay INV-7", auth=ALICE)
+        assert r.status == "waiting"
+        clock.advance(120)
+        assert await rt.expire_due() == 1
+        assert await rt.expire_due() == 0
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.error is not None
+        assert (state.turn.status, state.turn.error["code"]) == ("failed", "session_expired")
+        assert state.pending_requests() == []
+    assert log.executions == []
+
+
 # -- deny (the default) --------------------------------------------------------------------------
 
 

@@ -308,7 +308,7 @@ class Sweeps(Messages):
                     hand(sid, None)
             else:
                 await self._drive_all(recorded)
-            return len(sessions)
+            return len(recorded)  # not one expired meanwhile (a sweep counted its expiry)
         # As a sweep: every deadline of the page recorded first, then their turns driven
         # `SWEEP_DRIVES` at once. One after another, a listing took as long as all their model
         # calls together, and each deadline waited for the turns before it.
