@@ -283,6 +283,42 @@ rt.close_sync()
     assert done.stderr.count(off) == 1, done.stderr
 
 
+@pytest.mark.parametrize("named", [True, False])
+def test_a_tracer_provider_named_without_opentelemetry_installed_is_one_warning(
+    tmp_path: Path, named: bool
+) -> None:
+    """OTEL_PYTHON_TRACER_PROVIDER set in a process without OpenTelemetry: turns ran untraced
+    with no word of why. One warning names the extra to install; none without the variable."""
+    code = f"""
+import logging, sys
+sys.modules["opentelemetry"] = None  # as if not installed
+import signoff as so
+from signoff.testing import reply, scripted_agent, sqlite_runtime
+
+logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+rt = sqlite_runtime({str(tmp_path)!r}, scripted_agent("a", [reply("hi")], repeat_last=True))
+print(rt.generate_sync("a", "hello").status, rt.generate_sync("a", "again").status)
+rt.close_sync()
+"""
+    env = {k: v for k, v in os.environ.items() if k != "OTEL_PYTHON_TRACER_PROVIDER"}
+    if named:
+        env["OTEL_PYTHON_TRACER_PROVIDER"] = "sdk_tracer_provider"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "completed completed"
+    if named:
+        off = (
+            "tracing is off: OTEL_PYTHON_TRACER_PROVIDER='sdk_tracer_provider' names a tracer "
+            "provider, but OpenTelemetry is not installed: pip install 'signoff[otel]'"
+        )
+        assert done.stderr.count(off) == 1, done.stderr
+        assert done.stderr.count("signoff.runtime") == 1, done.stderr
+    else:
+        assert done.stderr == ""
+
+
 async def test_a_result_over_its_bound_is_not_put_on_the_span_but_fails_it(
     tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
 ) -> None:

@@ -366,7 +366,22 @@ class Driver(ToolCalls, ModelStep):
                     if self.failed_turn is None:
                         self.failed_turn = self.state.copy()
         except TurnStopped:
+            if self._cancelled_elsewhere():
+                await self.reload()  # its span and the runtime's cache say the cancel
             return self.state
+
+    def _cancelled_elsewhere(self) -> bool:
+        """Whether the drive stopped on a cancel of its turn that another process recorded and
+        a read of the log found (`Held.cancelled`), which the state does not show yet."""
+        turn = self.state.turn
+        return (
+            self.held is not None
+            and self.held.cancelled is not None
+            and self.held.cancelled == self.own_turn
+            and turn is not None
+            and turn.id == self.own_turn
+            and turn.status != "cancelled"
+        )
 
     async def start_queued(self) -> None:
         """A message kept for after the turn starts the next turn. Decided on the state it is

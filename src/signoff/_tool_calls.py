@@ -21,6 +21,7 @@ from ._output_caps import spare
 from ._recording import (
     Batch,
     EventSpec,
+    TurnStopped,
     denial,
     dump_request,
     invalid_input,
@@ -492,7 +493,7 @@ async def _to_end(task: asyncio.Future[Any]) -> bool:
 def _traced(span: ToolSpan, task: asyncio.Future[Any] | None, bound: int) -> str | None:
     """Tell `span` how the body ended: a tool's error fails it, as a result over `bound` does
     (returned: why it is not stored; never put on the span); a question or approval it parks
-    on, or a question withdrawn, is an outcome."""
+    on, a question withdrawn, or its turn stopped under it, is an outcome."""
     if task is None:
         span.outcome("asking")
         return None
@@ -510,6 +511,8 @@ def _traced(span: ToolSpan, task: asyncio.Future[Any] | None, bound: int) -> str
         span.outcome("approval_required")
     elif isinstance(exc, QuestionWithdrawn):
         span.outcome("withdrawn")
+    elif isinstance(exc, TurnStopped):  # its turn was cancelled or replaced: not the tool's
+        span.outcome("stopped")
     else:
         span.fail(exc)
     return too_large

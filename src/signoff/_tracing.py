@@ -20,7 +20,8 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar, cast
 
 from ._error_text import error_message, error_text
-from ._exceptions import SignoffError, UsageError
+from ._exceptions import UsageError
+from ._span_errors import error_type, exception_type, named
 from ._text import cut
 from ._trace_content import MESSAGES_MAX, ShownInputs, json_text, messages_json, shown_input
 
@@ -112,25 +113,6 @@ def _tracer(provider: Any) -> Tracer:
     return cast("Tracer", _trace.get_tracer("signoff", version, tracer_provider=provider))
 
 
-def _error_type(exc: BaseException) -> str:
-    """`error.type`: signoff's stable code for its own errors, else the exception's class."""
-    return exc.code if isinstance(exc, SignoffError) else type(exc).__qualname__
-
-
-def _exception_type(exc: BaseException) -> str:
-    """`exception.type`: the exception's class, qualified by its module as the SDK names it."""
-    kind = type(exc)
-    module = kind.__module__
-    return kind.__qualname__ if module in ("builtins", "") else f"{module}.{kind.__qualname__}"
-
-
-def _named(exc: BaseException) -> str:
-    """A span's error description without the exception's text: its class, and signoff's
-    error code if it has one."""
-    name = type(exc).__name__
-    return f"{name} ({exc.code})" if isinstance(exc, SignoffError) else name
-
-
 def _guarded(method: Callable[_P, _R | None]) -> Callable[_P, _R | None]:
     """`method`, an exception of the tracer provider's (a span processor's `on_start` or
     `on_end`, an exporter called from them, a span of a third-party SDK) logged, not raised: a
@@ -193,18 +175,18 @@ class _Span:
         span = self.span
         if not span.is_recording():
             return
-        span.set_attribute("error.type", _error_type(exc))
+        span.set_attribute("error.type", error_type(exc))
         if self.content:
             why = cut(error_text(exc), _TEXT_MAX)
             # The event `record_exception` adds, but with the texts cut; and that reads the
             # message again, which may raise.
             stack = cut("".join(traceback.format_exception(exc)), _TEXT_MAX)
-            attributes = {"exception.type": _exception_type(exc), "exception.stacktrace": stack}
+            attributes = {"exception.type": exception_type(exc), "exception.stacktrace": stack}
             message = cut(error_message(exc), _TEXT_MAX)
             span.add_event("exception", {**attributes, "exception.message": message})
         else:
-            span.add_event("exception", {"exception.type": _exception_type(exc)})
-            why = _named(exc)
+            span.add_event("exception", {"exception.type": exception_type(exc)})
+            why = named(exc)
         span.set_status(_trace.Status(_trace.StatusCode.ERROR, why))
 
     def end(self) -> None:
@@ -223,7 +205,7 @@ class _Span:
 class DriveSpan(_Span):
     """`invoke_agent {agent}`: one process driving one turn until it completes, fails or parks."""
 
-    __slots__ = ()
+    __slots__ = ("began",)  # the turn `begin` named
 
     @_guarded
     def begin(self, state: SessionState, now: float) -> None:
@@ -238,6 +220,7 @@ class DriveSpan(_Span):
         if turn is None:
             return
         span.set_attribute("signoff.turn_id", turn.id)
+        self.began = turn.id
         resumed = bool(turn.calls) or turn.steps > 0 or turn.status != "running"
         span.set_attribute("signoff.drive.resumed", resumed)
         if turn.traceparent is not None and turn.status not in ("completed", "cancelled"):
@@ -282,7 +265,9 @@ class DriveSpan(_Span):
         if state is None or turn is None or not span.is_recording():
             return
         span.set_attribute("signoff.turn.status", turn.status)
-        span.set_attribute("signoff.turn_id", turn.id)  # a queued message may start another
+        if turn.id != getattr(self, "began", None):  # a queued message's, begun in this drive
+            span.set_attribute("signoff.turn_id", turn.id)
+            span.set_attribute("signoff.drive.resumed", False)
         if turn.status == "waiting":
             pending = state.pending_requests()
             span.add_event(
@@ -407,7 +392,7 @@ class ToolSpan(_Span):
     @_guarded
     def outcome(self, outcome: str, result: Any = None) -> None:
         """How the body ended without an error: `ok` (with its result, content on), `asking`
-        (parked on a question), `approval_required`, `withdrawn`."""
+        (parked on a question), `approval_required`, `withdrawn`, `stopped` (turn cancelled)."""
         span = self.span
         if span.is_recording():
             span.set_attribute("signoff.tool.outcome", outcome)
@@ -451,6 +436,12 @@ class _Off:
 _OFF_SPAN = _Off()
 
 
+_NOT_INSTALLED = (
+    "tracing is off: OTEL_PYTHON_TRACER_PROVIDER=%r names a tracer provider, but OpenTelemetry "
+    "is not installed: pip install 'signoff[otel]'"
+)
+
+
 class Tracing:
     """Starts the spans of a runtime's drives; `content` puts messages, tool input and tool
     results on them (off by default: they may hold personal data)."""
@@ -473,6 +464,8 @@ class Tracing:
                 return  # looked at again by the next drive, as cheaply
             if not _load():
                 self._unset = False  # not installed: off for good
+                if "OTEL_PYTHON_TRACER_PROVIDER" in os.environ:  # a provider asked for
+                    log.warning(_NOT_INSTALLED, os.environ["OTEL_PYTHON_TRACER_PROVIDER"])
                 return
         try:
             provider = _trace.get_tracer_provider()
