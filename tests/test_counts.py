@@ -160,6 +160,27 @@ async def test_an_answer_to_an_expired_session_is_refused_and_counted(tmp_path: 
     await rt.close()
 
 
+async def test_a_drive_that_records_its_sessions_expiry_is_a_failed_one(tmp_path: Path) -> None:
+    """A drive that finds the session's TTL passed records its expiry (the turn fails,
+    `session_expired`) and raises `SessionExpired`: it was not counted at all, as it recorded
+    through a driver of its own, not `Driver.drive`. Once recorded, a drive finding it so
+    records nothing and is no drive."""
+    clock = ManualClock()
+    rt = sqlite_runtime(tmp_path, refunding(limits=so.Limits(ttl=60)), clock=clock)
+    r = await rt.generate("a", prompt="refund order 1")
+    assert r.status == "waiting"
+    assert (rt._counts.drives, rt._counts.failed_drives) == (1, 0)
+    clock.advance(61)
+    for _ in range(2):
+        with pytest.raises(so.SessionExpired):
+            await rt.generate(session_id=r.session_id)
+        assert (rt._counts.drives, rt._counts.failed_drives) == (2, 1)
+    state = await rt.state(r.session_id)
+    assert state.turn is not None and state.turn.status == "failed"
+    assert (state.turn.error or {}).get("code") == "session_expired"
+    await rt.close()
+
+
 @pytest.mark.parametrize("closing", ["cancel", "deny"])
 async def test_a_message_whose_request_closed_meanwhile_is_delivered_not_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, closing: str

@@ -404,7 +404,7 @@ class SessionCache(Leasing):
         """Record that the session's TTL passed (its open requests expire, its unfinished turn
         fails), with `extra` in the same commit, then raise `SessionExpired`. A drive's `span`
         names the turn as it found it and says how the expiry left it, as a drive that runs the
-        turn does (docs/tracing.md)."""
+        turn does (docs/tracing.md); that drive, once it recorded it, is counted failed."""
         pending = state.pending_requests()
         specs = expiry_specs(state)
         if span is not None:
@@ -416,6 +416,8 @@ class SessionCache(Leasing):
             with contextlib.suppress(Exception):  # LeaseLost: another drive took it over
                 await driver.record([*specs, *extra], resolve=expiry_resolves(state))
                 left = driver.state
+            if span is not None and left is not None:
+                self._counts.drove(failed=True)
             self._cache.pop(state.id, None)
         if span is not None:
             span.finish(left)
