@@ -79,6 +79,32 @@ async def test_a_store_gone_for_good_fails_liveness_so_the_process_is_restarted(
             assert str(db) not in r.text
 
 
+async def test_a_metrics_scrape_that_meets_the_store_gone_fails_liveness(tmp_path: Path) -> None:
+    """A `/metrics` scrape whose count of open requests met the SQLite file deleted said
+    `signoff_store_up 0` but left `/healthz` 200 until an API call met it too; as any request
+    that meets it, it now fails liveness from then on, the scrape itself still answering."""
+    db = tmp_path / "state.db"
+    runtime = so.Runtime(make_agents(), store=f"sqlite:///{db}")
+    app = create_app(
+        runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True, metrics=True
+    )
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        admin = {"Authorization": "Bearer admin-token"}
+        assert "signoff_store_up 1.0" in (await c.get("/metrics", headers=admin)).text
+        assert (await c.get("/healthz")).status_code == 200
+        db.unlink()
+        await asyncio.sleep(READ_CHECK_EVERY)  # reads check the file at most this often
+        scraped = await c.get("/metrics", headers=admin)
+        assert scraped.status_code == 200, scraped.text
+        assert "signoff_store_up 0.0" in scraped.text.splitlines()
+        r = await c.get("/healthz")
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "store_gone"
+
+
 async def test_in_process_workers_stopped_by_a_store_gone_fail_liveness(tmp_path: Path) -> None:
     """The in-process workers meet the file replaced first and stop: the server went on serving
     with none, alive to its probe, until someone read its log."""
