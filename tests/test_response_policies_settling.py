@@ -301,3 +301,132 @@ async def test_a_request_recorded_before_the_flag_is_still_decided_by_its_policy
         r = await rt.respond(sid, approve, principal=ALICE)
         assert r.status == "completed" and r.text == "done" and log.count() == 1
         assert lines(await events_of(rt, sid, head)) == REFUSED + CANDIDATE_THEN_RAN
+
+
+@pytest.mark.parametrize("sweeper", ["another runtime", "this runtime", "its call cancelled"])
+async def test_an_escalation_recorded_while_the_policy_decides_spends_the_answer(
+    store_url: str, sweeper: str
+) -> None:
+    """Alice, on call, may answer until the deadline escalates her request to the managers.
+    Her answer is judged before; while the policy decides, a sweep (another runtime's, this
+    one's, or after her call was cancelled, the judging left going) records the escalation. The
+    answer was judged on the request as it stood before, so it is spent as the deadline would
+    have spent it unrecorded: `stale`, the request open to the managers, the tool not run."""
+    clock = ManualClock()
+    judging, release = asyncio.Event(), asyncio.Event()
+    seen: list[str | None] = []
+
+    async def on_call(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        seen.append(ctx.request.escalated_to)
+        judging.set()
+        await release.wait()
+        who = ctx.response.principal
+        allowed = {None: "alice", "managers": "bob"}[ctx.request.escalated_to]
+        if who is not None and who.principal_id == allowed:
+            return so.Allowed()
+        return so.Rejected(f"only {allowed} may answer now")
+
+    log = ExecutionLog()
+    rules = so.always(expires_in=60, on_timeout="escalate", escalate_to="managers")
+    # The policy's timeout outlasts the clock's jump: the sweep does not take the answer for
+    # one whose process died, to judge it again.
+    agent = refund_agent(log, so.ApprovalSpec(request=rules, response=on_call, timeout=60.0))
+    async with (
+        so.Runtime([agent], store=store_url, clock=clock) as rt,
+        so.Runtime([agent], store=store_url, clock=clock) as other,
+    ):
+        sid, req, head = await asked(rt, ALICE)
+        clock.advance(30)
+        yes = so.InputResponse(request_id=req.id, option_id="approve")
+        answer = asyncio.create_task(rt.respond(sid, [yes], principal=ALICE))
+        await judging.wait()
+        if sweeper == "its call cancelled":
+            answer.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await answer
+        clock.advance(31)  # the deadline passes while the policy decides
+        assert await (rt if sweeper == "this runtime" else other).expire_due() == 1
+        release.set()
+        if sweeper == "its call cancelled":
+            async for event in rt.events(sid, head, follow=True):  # until the answer ends
+                if event.type == "approval.settled" or event.data.get("outcome") == "stale":
+                    break
+        else:
+            (outcome,) = (await answer).outcomes
+            assert (outcome.outcome, outcome.applied) == ("stale", False)
+            assert outcome.reason == (
+                f"the deadline passed before this response could settle it (request {req.id}); "
+                "it was escalated to 'managers'"
+            )
+        assert seen == [None]
+        events = await events_of(rt, sid, head)
+        outcomes = [e.data["outcome"] for e in events if e.type == "approval.candidate"]
+        assert outcomes == ["pending", "escalated", "stale"]
+        assert not any(e.type == "approval.settled" for e in events)
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        assert stored.request.escalated_to == "managers"
+        assert log.count() == 0
+        r = await rt.respond(sid, [yes], principal=BOB)  # open to the managers
+        assert r.status == "completed" and log.count() == 1
+        assert seen == [None, "managers"]
+
+
+async def test_an_escalation_recorded_while_a_recovered_answer_is_judged_spends_it(
+    store_url: str,
+) -> None:
+    """Alice's keyed answer is left pending (her runtime closed while the policy judged it, as
+    one whose process died); a drive elsewhere judges it again, and while it does, a sweep
+    records the deadline's escalation. Judged on the request as it stood before, the answer is
+    spent (`stale`) as her own call's would be: the request stays open to the managers."""
+    clock = ManualClock()
+    judging, release = asyncio.Event(), asyncio.Event()
+    seen: list[str | None] = []
+
+    async def on_call(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        seen.append(ctx.request.escalated_to)
+        judging.set()
+        await release.wait()
+        who = ctx.response.principal
+        allowed = {None: "alice", "managers": "bob"}[ctx.request.escalated_to]
+        if who is not None and who.principal_id == allowed:
+            return so.Allowed()
+        return so.Rejected(f"only {allowed} may answer now")
+
+    log = ExecutionLog()
+    rules = so.always(expires_in=60, on_timeout="escalate", escalate_to="managers")
+    agent = refund_agent(log, so.ApprovalSpec(request=rules, response=on_call, timeout=30.0))
+    async with so.Runtime([agent], store=store_url, clock=clock) as dead:
+        sid, req, head = await asked(dead, ALICE)
+        clock.advance(10)
+        sent = dead.send(sid, "approve", principal=ALICE, idempotency_key="k-1")
+        first = asyncio.create_task(sent)
+        await judging.wait()
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+    judging.clear()
+    clock.advance(40)  # past the policy's timeout and the grace: taken for dead, not yet due
+    async with (
+        so.Runtime([agent], store=store_url, clock=clock) as rt,
+        so.Runtime([agent], store=store_url, clock=clock) as other,
+    ):
+        drive = asyncio.create_task(rt.generate(session_id=sid))
+        await judging.wait()
+        clock.advance(11)  # the deadline passes while the policy judges the answer again
+        sweep = asyncio.create_task(other.expire_due())
+        async for event in rt.events(sid, head, follow=True):
+            if event.data.get("outcome") == "escalated":
+                break
+        release.set()
+        assert (await drive).status == "waiting"
+        assert await sweep == 1
+        assert seen == [None, None]
+        events = await events_of(rt, sid, head)
+        outcomes = [e.data["outcome"] for e in events if e.type == "approval.candidate"]
+        assert outcomes == ["pending", "escalated", "stale"]
+        assert not any(e.type == "approval.settled" for e in events)
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        assert stored.request.escalated_to == "managers"
+        assert log.count() == 0

@@ -334,10 +334,12 @@ class Candidates(CandidateEnds):
         outcome: list[Outcome] = []
         refused: list[AnswerError] = []
         late: list[InputRequest] = []
+        moved: list[str | None] = []  # the group it was escalated to while the policy judged it
         lapsed: list[bool] = []
 
         def settle_or_count(st: SessionState) -> Batch:
             late.clear()
+            moved.clear()
             lapsed.clear()
             keyed.clear()
             if not ours(st):
@@ -387,6 +389,13 @@ class Candidates(CandidateEnds):
                     resolve=due.resolve,
                     updated_requests=due.updated_requests,
                 )
+            if evaluated and current.escalated_to != request.escalated_to:
+                # Another process (a sweep) recorded its deadline's escalation while the policy
+                # judged the request as it stood before: the deadline won there, as it would
+                # have here (`late`), and this answer is spent, the request open to the group.
+                moved.append(current.escalated_to)
+                spent = {**base, "outcome": "stale", "reason": f"{LATE} (request {rid})"}
+                return Batch(specs=[("approval.candidate", spent)])
             me = None if principal is None else principal.principal_id
             if wanted["decision"] == "approve" and current.approvers > 1:
                 if voted(current, principal) or _sent(st, mark):
@@ -451,16 +460,17 @@ class Candidates(CandidateEnds):
             return told
         if lapsed:
             raise SessionExpired(session_id, [rid])
+        why = f"{LATE} (request {rid})"
+        if late and late[-1].on_timeout == "escalate" and late[-1].escalated_to is None:
+            moved.append(late[-1].escalate_to)
+        if moved:
+            return Outcome(
+                request_id=rid,
+                outcome="stale",
+                applied=False,
+                reason=f"{why}; it was escalated to {moved[-1]!r}",
+            )
         if late:
-            why = f"{LATE} (request {rid})"
-            if late[-1].on_timeout == "escalate" and late[-1].escalated_to is None:
-                group = late[-1].escalate_to
-                return Outcome(
-                    request_id=rid,
-                    outcome="stale",
-                    applied=False,
-                    reason=f"{why}; it was escalated to {group!r}",
-                )
             raise RequestClosed(f"request {rid} expired: {why}", [rid])
         if refused:
             raise refused[-1]
