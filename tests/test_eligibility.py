@@ -10,7 +10,7 @@ import pytest
 import signoff as so
 from signoff import _eligibility
 from signoff._eligibility import refusal
-from signoff.testing import scripted_agent, store_contents
+from signoff.testing import call, call_tools, reply, scripted_agent, store_contents
 
 from ._delegation import refund_desk
 
@@ -128,6 +128,68 @@ async def test_a_request_that_carries_the_flag_reads_no_trail(
         unflagged = flagged.model_copy(update={"response_policy": False})
         assert await refusal(other.agents, other.store, unflagged, ALICE) is None
     assert read == [flagged.id]
+
+
+@pytest.mark.parametrize(
+    ("rule", "stranger", "eligible", "why"),
+    [
+        ("default", CAROL, ALICE, "carol may not settle it"),
+        ("quorum", None, BOB, "an anonymous answer does not count"),
+        ("four eyes", ALICE, BOB, "the requester may not"),
+    ],
+)
+async def test_who_may_not_answer_is_refused_as_such_whatever_the_answer(
+    store_url: str, rule: str, stranger: so.Principal | None, eligible: so.Principal, why: str
+) -> None:
+    """Someone who may not answer the request is refused as such (`NotAllowed`) whatever their
+    answer: an edit of the wrong type, a stale input hash or an option an approval lacks was
+    told its faults (`InvalidAnswer`, `StaleAnswer`, naming the tool's schema and the hash the
+    request is bound to) instead, the request open or closed. Nothing is recorded; someone who
+    may answer is told them."""
+    rules = {
+        "default": so.always(),
+        "quorum": so.always(approvers=2),
+        "four eyes": so.always(exclude_requester=True),
+    }[rule]
+
+    async def deploy(service: str, count: int = 1) -> str:
+        """Deploy a service."""
+        return f"{service} x{count}"
+
+    tool = so.tool(approval=rules)(deploy)
+    agent = scripted_agent(
+        "ops", [call_tools(call("deploy", service="api")), reply("done")], tools=[tool]
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("ops", prompt="deploy", auth=ALICE)
+        sid, (req,) = r.session_id, r.pending
+        answers: dict[str, dict[str, Any]] = {
+            "a valid edit": {"edited_input": {"service": "web"}},
+            "an edit of the wrong type": {"edited_input": {"service": 5}},
+            "a stale input hash": {"input_hash": "sha256:" + "0" * 64},
+            "an option an approval lacks": {"option_id": "maybe"},
+            "a denial with a stale input hash": {"option_id": "cancel", "input_hash": "sha256:0"},
+        }
+        before = await store_contents(rt.store, sid)
+        for given in answers.values():
+            answer = so.InputResponse(**{"request_id": req.id, "option_id": "approve", **given})
+            with pytest.raises(so.NotAllowed, match=why):
+                await rt.respond(sid, [answer], principal=stranger)
+            assert await store_contents(rt.store, sid) == before
+            if given != answers["a valid edit"]:
+                with pytest.raises((so.InvalidAnswer, so.StaleAnswer)):
+                    await rt.respond(sid, [answer], principal=eligible)
+        assert await store_contents(rt.store, sid) == before
+        yes = so.InputResponse(request_id=req.id, option_id="approve")
+        for who in [eligible, CAROL] if rule == "quorum" else [eligible]:
+            await rt.respond(sid, [yes], principal=who)
+        assert (await rt.state(sid)).requests[req.id].status == "settled"
+        settled = await store_contents(rt.store, sid)
+        for given in answers.values():  # nor once it is closed
+            answer = so.InputResponse(**{"request_id": req.id, "option_id": "approve", **given})
+            with pytest.raises(so.NotAllowed, match=why):
+                await rt.respond(sid, [answer], principal=stranger)
+        assert await store_contents(rt.store, sid) == settled
 
 
 def _asked_by(asker: so.Principal) -> so.InputRequest:

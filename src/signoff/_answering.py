@@ -239,6 +239,7 @@ class Answering(Candidates):
                 if only_approvals:
                     _check_decided(request)
                 tool = agent.tools.get(request.tool_name or "")
+                await self._may_not_answer(request, status, tool, reply, principal)
                 wanted = _resolution(request, reply, tool)
                 if status != "pending" and live is not None and request.kind == "tool-approval":
                     # The stored resolution holds the edited input the fold leaves out.
@@ -265,15 +266,11 @@ class Answering(Candidates):
                             await self._drive(session_id)
                         raise
                     continue
-                # A request recorded before requests carried the flag: the trail tells.
-                recorded = await policy_recorded(self.store, request, tool)
-                check_policy_present(request, tool, recorded=recorded, here=True)
                 gate = is_gated(request, tool)
                 text = (wanted.get("answer") or {}).get("text")
                 if text is not None and (tool is not None or request.source == "ask"):
                     # A free-text answer is bounded as its question is, by the tool's result:
                     # `ask_question` returns it whole, a tool's own `ctx.ask` as it likes.
-                    authorize(request, principal)  # who may answer first, as for an edit
                     limit = _answer_bound(request, tool, agent.limits)
                     if tool is not None:
                         echoed = echoes_answers(tool)
@@ -282,20 +279,10 @@ class Answering(Candidates):
                     shown = question_result(text) if echoed else text
                     _check_size(request, "answer", shown, limit)
                 if wanted.get("value") is not None:
-                    # The decision on a tool's own approval is its call's result, value and all;
-                    # judged, as an edit is, only for someone who may answer.
-                    if gate:
-                        check_quorum_eligibility(request, principal, wanted["decision"])
-                    else:
-                        authorize(request, principal)
+                    # The decision on a tool's own approval is its call's result, value and all.
                     limit = _answer_bound(request, tool, agent.limits)
                     _check_size(request, "value", wanted["value"], limit)
                 if wanted.get("edited_input") is not None and tool is not None:
-                    # The approval policy judges the edit only for someone who may answer.
-                    if gate:
-                        check_quorum_eligibility(request, principal, wanted["decision"])
-                    else:
-                        authorize(request, principal)
                     limit = result_bound(tool, agent.limits)
                     _check_size(request, "edited input", wanted["edited_input"], limit)
                     judge = gate and tool.response_policy is not None
@@ -319,7 +306,6 @@ class Answering(Candidates):
                 if gate:
                     gated.append((request, reply, wanted))
                     continue
-                authorize(request, principal)
                 wanted["by"] = None if principal is None else principal.model_dump()
                 specs.extend(
                     with_usage(_settlement_events(request, reply, wanted), reviews.get(rid))
@@ -336,8 +322,6 @@ class Answering(Candidates):
                 turn_id = request.turn_id
             if unknown:
                 raise UnknownRequest(session_id, unknown)
-            for request, _, wanted in gated:  # who may answer first, as under the default rule
-                check_quorum_eligibility(request, principal, wanted["decision"])
             if require_all and (resolves or gated):  # a call that only repeats is a no-op
                 answered = set(ids)
                 missing = [r for r in state.pending_requests() if r.id not in answered]
@@ -488,6 +472,31 @@ class Answering(Candidates):
             )
         return verdict
 
+    async def _may_not_answer(
+        self,
+        request: InputRequest,
+        status: str,
+        tool: Tool | None,
+        reply: _Reply,
+        principal: Principal | None,
+    ) -> None:
+        """Raise `NotAllowed` if `principal` may not answer `request` (open, or closed: as they
+        could not have answered it open), before anything is said of the answer `reply` (an edit
+        of the wrong type, a stale input hash); a response policy decides once it sees it."""
+        if status != "pending":
+            refused = await refusal(self.agents, self.store, request, principal)
+            if refused is not None:
+                raise refused
+            return
+        # A request recorded before requests carried the flag: the trail tells.
+        recorded = await policy_recorded(self.store, request, tool)
+        check_policy_present(request, tool, recorded=recorded, here=True)
+        if is_gated(request, tool):
+            decision = reply.option_id if reply.option_id in ("approve", "cancel") else None
+            check_quorum_eligibility(request, principal, decision)
+        else:
+            authorize(request, principal)
+
     async def _closed_refusal(
         self,
         state: SessionState,
@@ -495,13 +504,11 @@ class Answering(Candidates):
         wanted: dict[str, Any],
         principal: Principal | None,
     ) -> Outcome | None:
-        """Refuse `principal`'s answer to the closed `request` as it would have been refused
-        open: `NotAllowed` is raised, a response policy's verdict (recorded for an open request,
-        not for a closed one) returned; None if they could have answered it. A mirror is judged
-        on the subagent's request it stood for, under the subagent's tool and state."""
-        refused = await refusal(self.agents, self.store, request, principal)
-        if refused is not None:
-            raise refused
+        """The response policy's verdict on `principal`'s answer to the closed `request`, who
+        may answer it by the other rules (`_may_not_answer`), returned as it would have been
+        recorded open (not recorded for a closed one); None if they could have answered it. A
+        mirror is judged on the subagent's request it stood for, under the subagent's tool and
+        state."""
         decided = await deciding(self.store, request)
         agent = self.agents.get(decided.agent)
         tool = None if agent is None else agent.tools.get(decided.tool_name or "")

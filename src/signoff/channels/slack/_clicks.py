@@ -241,7 +241,7 @@ class Clicks:
         finally:
             checking.cancel()  # done by now, unless this task was cancelled
         # Who may not answer it is told so first, open or closed: not whether it closed, as
-        # an answer of theirs would not be (`Answering._closed_refusal`).
+        # an answer of theirs would not be (`Answering._may_not_answer`).
         if refused is not None:
             await ch._tell(where, refused)
             return
