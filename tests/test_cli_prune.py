@@ -15,6 +15,7 @@ from signoff.cli import _deletion, _prune, app
 from signoff.testing import ManualClock, reply, scripted_agent
 
 from ._cli import agent, invoke, refused_usage
+from .test_deletion_expired_tree import nested_desks
 from .test_store_edited_rows import edit
 
 
@@ -199,6 +200,50 @@ def test_prune_names_a_session_it_cannot_read_and_deletes_the_others(store_url: 
     gone = invoke("delete", damaged, "--store", store_url, "-y", "--force")
     assert gone.exit_code == 0, gone.output
     assert _left(store_url) == []
+
+
+def test_prune_names_a_session_whose_row_it_cannot_read_and_delete_force_takes_it(
+    tmp_path: object,
+) -> None:
+    """The oldest finished session's chain head hand-edited (SQLite keeps text in a number's
+    column): every prune failed on it (exit 1, nothing deleted), and so did `delete --force`.
+    It is named, the other deleted; `delete --force` deletes it."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    ids = _old(url, 2)
+    edit(url, "UPDATE sessions SET audit_n = 'x' WHERE id = ?", ids[0])
+    result = invoke("prune", "--older-than", "1h", "--store", url, "-y")
+    assert result.exit_code == 1, result.output
+    assert "deleted 1 session(s)" in result.stdout
+    assert f"not deleted: 1 session(s) that could not be read (damaged): {ids[0]};" in (
+        result.stderr
+    )
+    gone = invoke("delete", ids[0], "--store", url, "-y", "--force")
+    assert gone.exit_code == 0, gone.output
+    assert _left(url) == []
+    assert [e["session_id"] for e in _deletions(url)] == [ids[1], ids[0]]
+
+
+@pytest.mark.parametrize("command", ["delete", "prune"])
+def test_on_the_store_alone_an_expired_tree_whose_subagent_waits_is_deleted(
+    store_url: str, command: str
+) -> None:
+    """A parent whose TTL passed while its subagent's subagent waited on a person: on --store
+    alone `delete` recorded the parent's expiry and no more, then refused (exit 1, the
+    subagent's request still open), and every prune skipped the tree. Its delegated turns are
+    cancelled as its agent cancels them, and the tree deleted."""
+    with so.Runtime(nested_desks("front"), store=store_url, clock=ManualClock()) as rt:
+        r = rt.generate_sync("front", "go")
+        assert r.status == "waiting"  # its TTL long passed by the real clock
+    if command == "delete":
+        result = invoke("delete", r.session_id, "--store", store_url, "-y")
+        assert result.exit_code == 0, result.output
+        assert "and 2 subagent session(s)" in result.stdout
+    else:
+        result = invoke("prune", "--older-than", "1h", "--store", store_url, "-y")
+        assert result.exit_code == 0, result.output
+        assert "deleted 1 session(s)" in result.stdout and "skipped" not in result.stdout
+    assert _left(store_url) == []
+    assert [e["session_id"] for e in _deletions(store_url)] == [r.session_id]
 
 
 def test_prune_keeps_sessions_more_recent_than_the_duration(store_url: str) -> None:

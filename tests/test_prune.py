@@ -4,6 +4,7 @@ oldest first, a bounded batch at a time, each with its subagents' sessions and i
 
 from __future__ import annotations
 
+import io
 import math
 from typing import Any
 
@@ -313,6 +314,52 @@ async def test_a_session_whose_ttl_passed_but_cannot_be_read_is_logged_and_the_o
             await rt.delete_session(ids[0])  # unforced, it still says what is wrong
         assert await rt.delete_session(ids[0], force=True) == [ids[0]]
         assert await rt.prune(older_than=3600) == []
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "key"),
+    [("head", 2.5, "events"), ("audit_n", "x", "audit_n"), ("audit_hash", "x", "audit_hash")],
+)
+async def test_a_session_whose_row_is_damaged_is_skipped_and_deleted_with_force(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture, column: str, value: object, key: str
+) -> None:
+    """SQLite keeps text in a number's column: the oldest finished session's chain head (or
+    last event) hand-edited so. Every prune raised its `StoreDamaged`, deleting none, and so
+    did a forced deletion. It is skipped, logged and told (`damaged`), the others deleted;
+    forced, it goes, its entry saying what the row held, and the trail verifies, exported
+    too. (PostgreSQL's typed columns hold no such value.)"""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    clock = ManualClock()
+    async with so.Runtime(agents(), store=url, clock=clock) as rt:
+        r = await rt.generate("chat", prompt="refund it", auth=ALICE)
+        await rt.cancel(r.session_id, principal=ALICE)  # finished, with audit entries
+        clock.advance(1)
+        ids = [r.session_id, *await _finished(rt, clock, 2)]
+    edit(url, f"UPDATE sessions SET {column} = ? WHERE id = ?", value, ids[0])
+    async with so.Runtime(agents(), store=url, clock=clock) as rt:
+        with caplog.at_level("WARNING", logger="signoff.runtime"):
+            assert await rt.prune(older_than=0, limit=1) == [ids[1]]
+            deleted, listed, more, damaged = await rt._prune(
+                older_than=0, by=OPS, reason=None, limit=1000, agent=None
+            )
+        assert (deleted, listed, more) == ([ids[2]], [ids[0], ids[2]], False)
+        assert list(damaged) == [ids[0]] and f"its {column} is" in damaged[ids[0]]
+        lines = [r.getMessage() for r in caplog.records if r.name == "signoff.runtime"]
+        assert len(lines) == 2 and all(f"session {ids[0]}: not pruned" in ln for ln in lines)
+        with pytest.raises(so.StoreDamaged, match=f"its {column} is"):
+            await rt.delete_session(ids[0])  # unforced, it says what is wrong
+        assert await rt.delete_session(ids[0], by=OPS, force=True) == [ids[0]]
+        entry = (await rt.audit(stream=DELETIONS_STREAM))[-1]
+        [gone] = entry.data["sessions"]
+        assert entry.data["force"] is True and gone["id"] == ids[0]
+        assert gone[key] is None and gone["damaged"] == {key: repr(value)}
+        assert gone["audit_n" if key != "audit_n" else "events"] > 0
+        assert await rt.sessions() == []
+        assert await rt.verify_audit() == []
+        out = io.StringIO()
+        await rt.export_audit(out)
+        out.seek(0)
+        assert so.verify_audit_export(out) == []
 
 
 async def test_prune_of_one_agent_leaves_the_others(store_url: str) -> None:

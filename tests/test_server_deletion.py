@@ -225,6 +225,26 @@ def test_a_prune_over_http_tells_the_sessions_it_could_not_read(tmp_path: Path) 
     rt.close_sync()
 
 
+def test_a_prune_over_http_tells_a_session_whose_row_it_could_not_read(tmp_path: Path) -> None:
+    """The oldest finished session's chain head hand-edited (SQLite keeps text in a number's
+    column): every prune was a 503 `store_error`, deleting none. It is answered in `damaged`,
+    the other deleted, and a forced deletion takes it."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    rt = make_runtime(url)
+    with running(create_app(rt, auth=TokenAuth(TOKENS))) as base:
+        with httpx.Client(base_url=base, headers=auth("admin-token"), verify=PLAIN) as admin:
+            ids = [_finished(admin), _finished(admin)]
+            edit(url, "UPDATE sessions SET audit_n = 'x' WHERE id = ?", ids[0])
+            r = admin.post("/v1/prune", json={"olderThan": 0})
+            assert r.status_code == 200, r.text
+            got = {"deleted": ids[1:], "listed": ids, "more": False, "damaged": ids[:1]}
+            assert r.json() == got
+            r = admin.request("DELETE", f"/v1/sessions/{ids[0]}", json={"force": True})
+            assert r.status_code == 200 and r.json() == {"deleted": ids[:1]}, r.text
+    assert rt.verify_audit_sync() == []
+    rt.close_sync()
+
+
 def test_a_prune_over_http_is_no_ones_under_an_apps_own_access_rule(tmp_path: Path) -> None:
     """With an access rule of the app's own, `admin` may mean nothing to it: no caller is known
     to see every session, so none may prune them all over HTTP (403, nothing deleted)."""

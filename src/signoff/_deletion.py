@@ -6,15 +6,21 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, cast
 
 from ._answers import check_principal, check_text
 from ._call_guards import closes_stop
+from ._cancel_batch import CancelBatch
+from ._child_sessions import awaited, cancel_expired, delegating, first_turn
 from ._deadlines import expiry_resolves, expiry_specs
 from ._event_stream import EventStream
 from ._exceptions import (
     SessionBusy,
     SessionExpired,
     SessionWaiting,
+    StoreDamaged,
     StoreError,
     SubagentSession,
     UnknownSession,
@@ -24,15 +30,45 @@ from ._recording import Batch
 from ._session_cache import check_session_id
 from ._session_page import check_listing
 from ._settings import seconds, whole
-from ._state import SessionState
+from ._state import SessionState, turn_over
 from ._sweeps import STORE_FAILING
 from ._sync import twin
 from ._types import Principal
 from .stores._deletions import StaleKey
 
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
 __all__ = ["Deletion"]
 
 log = logging.getLogger("signoff.runtime")
+
+_PARENT_EXPIRED = "the parent session expired"
+"""The reason a delegated turn is cancelled with when its parent's TTL passed, as
+`cancel_expired` records it."""
+
+
+def _unread(session_id: str, exc: StoreError, damaged: dict[str, str]) -> list[str]:
+    """A prune's session it cannot read (a damaged row): noted in `damaged` and logged, none
+    deleted. Listed first at every prune, the others are deleted all the same, and this one is
+    left to a forced deletion, or to a prune once it is mended."""
+    damaged[session_id] = str(exc)
+    log.warning(
+        "session %s: not pruned, as it cannot be read (delete it with force): %s", session_id, exc
+    )
+    return []
+
+
+def _expiry(now: Callable[[], float]) -> Callable[[SessionState], Batch]:
+    """The batch recording a session's passed TTL (`expiry_specs`), built on its state at
+    `now()`: none once recorded."""
+
+    def build(current: SessionState) -> Batch:
+        if not (current.expired(now()) and expiry_specs(current)):
+            return Batch(specs=[])
+        return Batch(specs=expiry_specs(current), resolve=expiry_resolves(current))
+
+    return build
 
 
 def _deleter(by: Principal | None, reason: str | None) -> dict[str, object] | None:
@@ -62,12 +98,14 @@ class Deletion(EventStream):
         recorded (by whom, why, where each chain ended) in the audit stream `store:deletions`.
         Returns the ids deleted, the session's first. Refused, nothing changed: a turn running
         or with work to do, under a lease or not, before its TTL passes (`SessionBusy`), or
-        waiting on people (`SessionWaiting`): cancel it first; a subagent's
+        waiting on people (`SessionWaiting`): cancel it first (past its TTL, its expiry is
+        recorded as its agent records it, and it is deleted); a subagent's
         session whose parent exists (`SubagentSession`); an unknown id (`UnknownSession`).
 
         `force`: delete it unfinished too, its open requests with it, for a session no cancel
-        can finish (a damaged one: `StoreError`). Only a lease a drive plainly holds still
-        refuses it (`SessionBusy`); the deletion's audit entry says it was forced."""
+        can finish (a damaged one: `StoreError`), or whose row cannot be read (`StoreDamaged`).
+        Only a lease a drive plainly holds still refuses it (`SessionBusy`); the deletion's
+        audit entry says it was forced."""
         check_session_id(session_id)
         who = _deleter(by, reason)
         if not isinstance(force, bool):
@@ -94,11 +132,11 @@ class Deletion(EventStream):
         its subagents' sessions as `delete_session` deletes them: one transaction and one
         `store:deletions` entry per session, so a crash midway leaves each whole or gone, and
         the next prune goes on. A session found live, or touched since it was listed, is
-        skipped, as is one whose passed TTL it must record first but cannot read (a damaged
-        row: `delete_session(force=True)` deletes it), logged as a warning naming it; the prune
-        goes on past them until `limit` are deleted or none is left, so one that returns fewer
-        than `limit` left none it could delete. Returns the ids of the top-level sessions
-        deleted, oldest first."""
+        skipped, as is one it cannot read (a damaged row, or its events when its passed TTL
+        must be recorded first: `delete_session(force=True)` deletes it), logged as a warning
+        naming it; the prune goes on past them until `limit` are deleted or none is left, so
+        one that returns fewer than `limit` left none it could delete. Returns the ids of the
+        top-level sessions deleted, oldest first."""
         deleted, _, _, _ = await self._prune(
             older_than=older_than, by=by, reason=reason, limit=limit, agent=agent
         )
@@ -199,7 +237,8 @@ class Deletion(EventStream):
         with `before`, only if its last activity is older ([] if it was touched since); not
         `durable`, committed without waiting for the disk (the caller's `flush` syncs it);
         `force`, unfinished too (see `delete_session`). With `damaged` (a prune's), a session
-        whose TTL cannot be recorded as it cannot be read is noted there and logged ([])."""
+        that cannot be read (its row, or its events when its TTL must be recorded) is noted
+        there and logged ([])."""
         delete = self.store.delete_session  # type: ignore[attr-defined]
         since: dict[str, object] = {"durable": durable}
         if before is not None:
@@ -212,27 +251,23 @@ class Deletion(EventStream):
             ids: list[str] = await delete(
                 session_id, now=self.now(), by=who, reason=reason, **since
             )
-        except SessionWaiting:
+        except StoreDamaged as exc:  # its row: not its other sessions' to fail on
+            if damaged is None:
+                raise
+            return _unread(session_id, exc, damaged)
+        except SessionWaiting as waiting:
             # Waiting on requests no one can answer any more (its TTL passed): recorded as a
             # listing would record it (they expire), then deleted. Recording it is no activity
             # (`records_expiry`), but cancelling its subagents' turns with it is, and a session
             # past its TTL comes to life no more: no `before` then.
             try:
-                expired = await self._expired_now(session_id)
+                expired = await self._expired_now(session_id, waiting.held_by)
             except STORE_FAILING:
                 raise  # the store failing as a whole: a prune's other sessions would too
             except StoreError as exc:
                 if damaged is None:
                     raise
-                # Listed first at every prune: the others are deleted all the same, and this
-                # one is left to a forced deletion, or to a prune once it is mended.
-                damaged[session_id] = str(exc)
-                log.warning(
-                    "session %s: not pruned, as it cannot be read (delete it with force): %s",
-                    session_id,
-                    exc,
-                )
-                return []
+                return _unread(session_id, exc, damaged)
             if not expired:
                 raise
             ids = await delete(session_id, now=self.now(), by=who, reason=reason, durable=durable)
@@ -240,27 +275,80 @@ class Deletion(EventStream):
             self._cache.pop(sid, None)
         return ids
 
-    async def _expired_now(self, session_id: str) -> bool:
-        """Record the session's passed TTL, if it passed with its turn unfinished: whether it
-        did (its requests are then expired, no longer open)."""
+    async def _expired_now(self, session_id: str, held_by: Sequence[str] = ()) -> bool:
+        """Record the session's passed TTL, if it passed with its turn unfinished, as its expiry
+        records it: the delegated turns it waits on cancelled, its requests expired. Whether it
+        did; not (nothing recorded) if a request of `held_by`'s sessions would stay open (a
+        subagent's own turn, which its parent's expiry leaves alone)."""
         state = await self._state(session_id)
-        if not (state.expired(self.now()) and expiry_specs(state) and state.turn is not None):
+        turn = state.turn
+        if not (state.expired(self.now()) and expiry_specs(state) and turn is not None):
             return False
-        if state.agent in self.agents:
+        top, *kids = (await self._finished_with(state)).values()
+        if not {top.id, *(k.id for k in kids)}.issuperset(held_by):
+            return False
+        if top.agent in self.agents:  # its subagents' turns cancelled first, then its expiry
             with contextlib.suppress(SessionExpired, StoreError):
                 await self._checked(session_id)
-            return True
-        # A runtime without its agent (the CLI's on --store) records it as a stand-in, as it
-        # records a subagent's mirror closed (`_append`): nothing drives the session, deleted next.
-
-        def expiry(current: SessionState) -> Batch:
-            if not (current.expired(self.now()) and expiry_specs(current)):
-                return Batch(specs=[])
-            return Batch(specs=expiry_specs(current), resolve=expiry_resolves(current))
-
-        with contextlib.suppress(StoreError):
-            await self._append(session_id, expiry, durable=True, turn_id=state.turn.id)
+        # What that left (no agent of theirs here), or all of it for a runtime without the
+        # agent (the CLI's on --store), in the same order: nothing drives these sessions,
+        # deleted next.
+        for kid in kids:
+            await self._end_delegated(kid)
+        if top.agent not in self.agents:
+            # Recorded as a stand-in, as a subagent's mirror closed is (`_append`).
+            with contextlib.suppress(StoreError):
+                await self._append(session_id, _expiry(self.now), durable=True, turn_id=turn.id)
         return True
+
+    async def _end_delegated(self, kid: SessionState) -> None:
+        """End the delegated turn of `kid` its parent's expiry ends, unless it ended already:
+        cancelled (its own TTL passed: expired) by its agent if here, as `cancel_expired` does,
+        else by a stand-in that only records it."""
+        turn = kid.turn
+        assert turn is not None  # `_finished_with`'s: each with its turn unfinished
+        try:
+            now = (await self._state(kid.id)).turn
+        except UnknownSession:
+            return
+        if now is None or now.id != turn.id or turn_over(now):
+            return  # its agent here cancelled it with its parent's (`_checked`), or it ended
+        if kid.agent in self.agents:
+            reset = delegating.set(delegating.get() | {kid.id})  # its parent's expiry closes
+            try:
+                await cancel_expired(cast("Runtime", self), [kid.id])
+            finally:
+                delegating.reset(reset)
+            return
+        build: Callable[[SessionState], Batch] = (
+            _expiry(self.now)
+            if kid.expired(self.now())
+            else CancelBatch(turn.id, _PARENT_EXPIRED, None, [])
+        )
+        with contextlib.suppress(StoreError):
+            await self._append(kid.id, build, durable=True, turn_id=turn.id)
+
+    async def _finished_with(self, state: SessionState) -> dict[str, SessionState]:
+        """The sessions whose turns the expiry of `state` ends, it first: it, and the delegated
+        turns it waits on (`awaited`), recursively, as `cancel_delegated` cancels them (a turn a
+        message to the child started since is the child's own, and left)."""
+        found = {state.id: state}
+        todo = deque(awaited(state))
+        while todo:
+            child = todo.popleft()
+            if child in found:
+                continue
+            try:
+                kid = await self._state(child)
+            except UnknownSession:
+                continue
+            if kid.turn is None or turn_over(kid.turn):
+                continue
+            first = (await first_turn(cast("Runtime", self), kid)).turn
+            if first is not None and first.id == kid.turn.id:
+                found[child] = kid
+                todo.extend(awaited(kid))
+        return found
 
     delete_session_sync = twin(delete_session)
     prune_sync = twin(prune)

@@ -49,13 +49,17 @@ the closes a deletion reads to name, for each request it erases, the entry that 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Doomed:
     """A session about to be deleted, as its row kept it: its id, agent, last event and the
-    head of its audit chain (entries, last hash), which the deletion's entry records."""
+    head of its audit chain (entries, last hash), which the deletion's entry records. `damaged`:
+    those of them a hand edit left unreadable (None here; only a forced deletion takes such a
+    row), by the entry's name for each (`events`, `audit_n`, `audit_hash`), with what the row
+    held, as text."""
 
     id: str
     agent: str
-    head: int
-    audit_n: int
+    head: int | None
+    audit_n: int | None
     audit_hash: bytes | None
+    damaged: tuple[tuple[str, str], ...] = ()
 
 
 MAX_ERASED = 10_000
@@ -125,8 +129,9 @@ def deletion_row(
 ) -> AuditRow:
     """The deletion's audit entry: which sessions (the one asked for first, then its subagents'),
     who deleted them, when and why, where each one's event log and audit chain ended, the
-    requests each held that channels may show (`erased_requests`), and whether it was forced
-    (unfinished, `force`; said only then)."""
+    requests each held that channels may show (`erased_requests`), whether it was forced
+    (unfinished, `force`; said only then), and what of a session's row could not be read
+    (`Doomed.damaged`; said only then)."""
     return AuditRow(
         stream=DELETIONS_STREAM,
         type=SESSION_DELETED,
@@ -145,6 +150,7 @@ def deletion_row(
                     "audit_n": d.audit_n,
                     "audit_hash": None if d.audit_hash is None else d.audit_hash.hex(),
                     "requests": (requests or {}).get(d.id, []),
+                    **({"damaged": dict(d.damaged)} if d.damaged else {}),
                 }
                 for d in doomed
             ],

@@ -7,7 +7,7 @@ import os
 import sqlite3
 from typing import Any
 
-from ..._exceptions import StoreError
+from ..._exceptions import StoreDamaged, StoreError
 from .._codec import CHAIN_MAX
 from .._deletions import (
     FINISHED,
@@ -89,6 +89,37 @@ _CLOSES = (
     + " WHERE a.sk IN ({}) AND e.type IN (?, ?)"
 )
 """The `input.resolved` entries of the sessions whose keys fill `{}`, with their events."""
+
+
+def _doomed_row(
+    sid: str, agent: str, head: object, n: object, digest: object, *, force: bool
+) -> Doomed:
+    """A session of the tree as its row keeps it. A chain head or last event a hand edit left
+    unreadable is `StoreDamaged`, unless `force`: then it is None, named in `damaged` (the
+    deletion's entry says what the row held, and a damaged row is no longer every prune's to
+    fail on)."""
+    read: dict[str, Any] = {}
+    damaged: list[tuple[str, str]] = []
+    for name, column, value, kind in (
+        ("events", "head", head, int),
+        ("audit_n", "audit_n", n, int),
+        ("audit_hash", "audit_hash", digest, bytes),
+    ):
+        try:
+            read[name] = kept(value, kind, sid, column)
+        except StoreDamaged:
+            if not force:
+                raise
+            read[name] = None
+            damaged.append((name, f"{value!r:.40}"))
+    return Doomed(
+        id=sid,
+        agent=agent,
+        head=read["events"],
+        audit_n=read["audit_n"],
+        audit_hash=read["audit_hash"],
+        damaged=tuple(damaged),
+    )
 
 
 class Deletions(Connection):
@@ -243,7 +274,7 @@ class Deletions(Connection):
         self, conn: sqlite3.Connection, session_id: str, now: float, *, force: bool = False
     ) -> list[tuple[int, Doomed]]:
         """The session and its subagents' sessions, by key, checked deletable at `now` (`force`:
-        unfinished too, under no lease plainly held)."""
+        unfinished too, under no lease plainly held, and with a row a hand edit damaged)."""
         top = conn.execute(
             "SELECT s.sk, p.id FROM sessions s LEFT JOIN sessions p ON p.sk = s.parent "
             "WHERE s.id=?",
@@ -252,16 +283,7 @@ class Deletions(Connection):
         if top is None:
             refuse(session_id, found=False, parent=None, leased=None, waiting=())
         doomed = [
-            (
-                int(sk),
-                Doomed(
-                    id=str(sid),
-                    agent=str(agent),
-                    head=kept(head, int, sid, "head"),
-                    audit_n=kept(n, int, sid, "audit_n"),
-                    audit_hash=kept(digest, bytes, sid, "audit_hash"),
-                ),
-            )
+            (int(sk), _doomed_row(str(sid), str(agent), head, n, digest, force=force))
             for sk, sid, agent, head, n, digest in conn.execute(_TREE, (int(top[0]),))
         ]
         doomed.sort(key=lambda d: d[1].id != session_id)  # the one asked for first

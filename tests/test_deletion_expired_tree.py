@@ -1,0 +1,126 @@
+"""`delete_session` and `prune` of a session whose TTL passed while a subagent under it waited
+on a person, on both stores: its expiry is recorded first as its agent records it (the
+delegated turns it waited on cancelled, its requests expired), by a runtime without the agents
+too, and the tree is deleted; one a subagent's own turn keeps waiting is refused with nothing
+recorded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.stores._deletions import DELETIONS_STREAM
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+
+from .test_deletion import ALICE, OPS
+
+
+def nested_desks(ttl_of: str) -> list[so.Agent]:
+    """`front` delegates to `desk` (asking it `ask:refund 4`), `desk` asks `helper` what
+    follows `ask:` and refunds itself when asked to, `helper` refunds when asked to and
+    answers otherwise; each refund asks for approval. `ttl_of`'s sessions live 60 s."""
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    def asked(conversation: list[Any]) -> str | None:
+        last = conversation[-1]
+        return last.text if isinstance(last, so.UserMessage) else None
+
+    def front(conversation: list[Any]) -> so.ModelResponse:
+        if asked(conversation) is None:
+            return reply("done")
+        return call_tools(call("desk", message="ask:refund 4"))
+
+    def desk(conversation: list[Any]) -> so.ModelResponse:
+        text = asked(conversation)
+        if text is None:
+            return reply("done")
+        if text.startswith("ask:"):
+            return call_tools(call("helper", message=text[4:]))
+        return call_tools(call("refund", order_id="5"))
+
+    def helper(conversation: list[Any]) -> so.ModelResponse:
+        text = asked(conversation)
+        if text is not None and "refund" in text:
+            return call_tools(call("refund", order_id="6"))
+        return reply("order 3 is shipped")
+
+    made = [
+        scripted_agent("front", [front], tools=[so.delegate("desk")], repeat_last=True),
+        scripted_agent("desk", [desk], tools=[so.delegate("helper"), refund], repeat_last=True),
+        scripted_agent("helper", [helper], tools=[refund], repeat_last=True),
+    ]
+    for a in made:
+        if a.name == ttl_of:
+            a.limits = so.Limits(ttl=60)
+    return made
+
+
+async def _heads(rt: so.Runtime, ids: list[str]) -> list[int | None]:
+    """The last event of each session, as the store keeps it (`state` would record a TTL)."""
+    return [await rt.store.head(s) for s in ids]
+
+
+@pytest.mark.parametrize("how", ["delete", "prune"])
+@pytest.mark.parametrize("loaded", ["none", "front", "all"])
+async def test_an_expired_tree_whose_subagent_waits_is_deleted_whole(
+    store_url: str, how: str, loaded: str
+) -> None:
+    """`front` (TTL 60 s) waits on `desk`, which waits on `helper`, which waits on a person;
+    the TTL passes. A runtime without the agents (the CLI's on --store), or without the
+    subagents', recorded the parent's expiry and no more: `delete_session` then refused the
+    tree (`SessionWaiting`, the subagent's request still open) having changed it, and every
+    prune skipped it for ever. Its delegated turns are cancelled as its agent cancels them."""
+    clock = ManualClock()
+    agents = nested_desks("front")
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        r = await rt.generate("front", prompt="go", auth=ALICE)
+        assert r.status == "waiting"
+        found = {s.agent: s.id for s in await rt.sessions()}
+        tree = {a: found[a] for a in ("front", "desk", "helper")}
+    clock.advance(120)
+    here = {"none": [], "front": agents[:1], "all": agents}[loaded]
+    async with so.Runtime(here, store=store_url, clock=clock) as rt:
+        if how == "delete":
+            got = await rt.delete_session(tree["front"], by=OPS)
+            assert got == [tree["front"], tree["desk"], tree["helper"]]
+        else:
+            assert await rt.prune(older_than=60, by=OPS) == [tree["front"]]
+        assert await rt.sessions() == []
+        assert await rt.pending() == []
+        [entry] = await rt.audit(stream=DELETIONS_STREAM)
+        assert [s["id"] for s in entry.data["sessions"]] == list(tree.values())
+        assert await rt.verify_audit() == []
+
+
+@pytest.mark.parametrize("loaded", [False, True])
+async def test_an_expired_tree_a_subagents_own_turn_holds_is_refused_unchanged(
+    store_url: str, loaded: bool
+) -> None:
+    """`desk` (TTL 60 s) waits on its own refund's approval; `helper`, its subagent from an
+    earlier turn, waits on a refund a message to it asked for: that turn is the helper's own,
+    which the desk's expiry leaves alone. The deletion is refused, as it was, but only after
+    recording the desk's expiry: now nothing is recorded, and a prune skips it likewise."""
+    clock = ManualClock()
+    agents = nested_desks("desk")
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        r = await rt.generate("desk", prompt="ask:where is order 3?", auth=ALICE)
+        assert r.status == "completed"
+        desk = r.session_id
+        [helper] = [s.id for s in await rt.sessions(agent="helper")]
+        assert (await rt.generate(session_id=desk, prompt="refund 5", auth=ALICE)).pending
+        assert (await rt.generate(session_id=helper, prompt="refund 6", auth=ALICE)).pending
+        before = await _heads(rt, [desk, helper])
+    clock.advance(120)
+    async with so.Runtime(agents if loaded else [], store=store_url, clock=clock) as rt:
+        with pytest.raises(so.SessionWaiting) as refused:
+            await rt.delete_session(desk, by=OPS)
+        assert helper in refused.value.held_by
+        assert await rt.prune(older_than=60, by=OPS) == []
+        assert await _heads(rt, [desk, helper]) == before
+        assert await rt.audit(stream=DELETIONS_STREAM) == []
