@@ -124,3 +124,44 @@ async def test_a_claim_whose_check_fails_too_is_given_back_once_it_commits(
     later = await store.server_time()
     assert await store.claim("w", 30, later, 5) == [(sid, token + 2)]
     assert await store.claim("w", 30, later, 5) == []  # given back once
+
+
+async def test_the_give_back_leaves_the_leases_of_the_workers_drives(
+    store: PostgresStore, pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a clock that stands still (a test's), every claim and renewal of a worker sets the
+    same expiry: the give-back of a claim left unsure took back the lease a live drive of the
+    worker held (another worker then ran the session too). The sessions the worker drives
+    (`skip`) are not given back."""
+    driven, orphan = await new_session(store), await new_session(store)
+    for sid in (driven, orphan):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], status="running")
+        )
+    now = await store.server_time()
+    token = await store.acquire_lease(orphan, "other", 30, now)
+    assert token is not None
+    await store.release_lease(orphan, "other", token)
+    assert await store.claim("w", 30, now, 1) == [(driven, 1)]
+
+    async def unreachable(owner: str, expires_at: float) -> list[tuple[str, int]]:
+        raise StoreError("connection refused (the server restarting)")
+
+    s = store._s
+    async with (
+        await psycopg.AsyncConnection.connect(pg_store_url, autocommit=True) as watch,
+        await psycopg.AsyncConnection.connect(pg_store_url) as locker,
+    ):
+        await locker.execute(f"SELECT 1 FROM {s}.leases FOR UPDATE")
+        monkeypatch.setattr(store, "_leased_until", unreachable)
+        claiming = asyncio.ensure_future(store.claim("w", 30, now, 5, skip=[driven]))
+        first = await _lock_waiter(watch, {locker.info.backend_pid})
+        with pytest.raises(StoreError, match="the outcome is unknown"):
+            await asyncio.wait_for(claiming, 30)
+        monkeypatch.undo()
+        await locker.rollback()
+        await _ended(watch, first)
+    assert await store.renew_lease(driven, "w", 1, 30, now)
+    assert await store.claim("w", 30, now, 5, skip=[driven]) == [(orphan, token + 2)]
+    assert await store.renew_lease(driven, "w", 1, 30, now)  # still the drive's
+    assert await store.claim("w2", 30, now, 5) == []

@@ -153,7 +153,7 @@ class Leases(Connections):
 
         found: list[tuple[str, int]] = []
         unsure = self._unsure.setdefault(owner, [])
-        await self._give_back_orphans(owner, unsure, now)
+        await self._give_back_orphans(owner, unsure, now, skip)
         sent_again: list[str] | None = None
 
         async def committed() -> bool:
@@ -183,12 +183,18 @@ class Leases(Connections):
         return [(session_id, token) for session_id, token, _ in claimed]
 
     async def _give_back_orphans(
-        self, owner: str, unsure: list[tuple[float, list[str]]], now: float
+        self,
+        owner: str,
+        unsure: list[tuple[float, list[str]]],
+        now: float,
+        driven: Sequence[str] = (),
     ) -> None:
         """Give back the leases a claim of `owner` that was sent again took after all: the lost
         first statement committed them once the resend had passed its rows by, so no drive
         holds them, and they would wait for their lease to lapse. Each claim of `owner` does so
-        until that lease's expiry, the last time such a commit could matter."""
+        until that lease's expiry, the last time such a commit could matter. Not those of the
+        sessions the claimer drives (`driven`, its `skip`): under a clock that stands still (a
+        test's), their renewals set that very expiry."""
         unsure[:] = [(until, taken) for until, taken in unsure if until > now]
         if not unsure:
             return
@@ -201,7 +207,7 @@ class Leases(Connections):
                     f"UPDATE {s}.leases l SET owner = '', expires_at = {_NOW} "
                     f"FROM {s}.sessions x WHERE x.sk = l.sk AND l.owner = %s "
                     "AND l.expires_at = %s AND x.id <> ALL(%s)",
-                    (owner, until, taken),
+                    (owner, until, [*taken, *driven]),
                 )
 
         await self._write(body, "giving back the leases of a claim sent again", transaction=False)
