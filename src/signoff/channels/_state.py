@@ -27,8 +27,8 @@ from typing import Any, ParamSpec, TypeVar
 
 from .._exceptions import SchemaVersionError, StoreError, UsageError
 from ..stores.sqlite import _forks
-from ..stores.sqlite._connection import _identity as _file_identity
 from ..stores.sqlite._connection import _switch_to_wal
+from ..stores.sqlite._files import identity as _file_identity
 from ..stores.sqlite._files import unopenable
 from ._webhook_urls import masked
 

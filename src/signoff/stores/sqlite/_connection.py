@@ -22,7 +22,10 @@ from ..._settings import flag, seconds
 from .._base import FaultHook, older_schema
 from .._codec import PerSession, Tail, Tails
 from . import _forks
-from ._files import beside, open_access, unopenable
+from ._files import beside, no_room, no_space, open_access, unopenable
+from ._files import identity as _identity
+from ._files import stamp as _stamp
+from ._files import wal_files as _wal_files
 from ._schema import (
     PAGE_SIZE,
     SCHEMA,
@@ -121,16 +124,6 @@ def _is_current(conn: sqlite3.Connection) -> bool:
     return row is not None and row[0] == str(STORE_SCHEMA)
 
 
-def _stamp(path: str) -> tuple[int, int, int] | None:
-    """When the file at `path` last changed, and its size: what an immutable reader compares to
-    see that a writer came and went (checkpointing into the file) between two of its reads."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_ctime_ns, st.st_size
-
-
 _ABANDONED: set[tuple[int, int]] = set()
 """The database files (device, inode) whose connections `_abandon` left open in this process
 (or in the process it was forked from: SQLite's record of the old -shm is inherited too)."""
@@ -150,20 +143,6 @@ def _is_open(conn: sqlite3.Connection | None) -> bool:
     except sqlite3.ProgrammingError:
         return False
     return True
-
-
-def _wal_files(paths: tuple[str, str]) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
-    """The identities of the -wal and -shm files at `paths` (`beside` the database's)."""
-    return _identity(paths[0]), _identity(paths[1])
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    """The device and inode of the file at `path`, or None if there is none."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 class Connection:
@@ -208,6 +187,7 @@ class Connection:
         self._opened: tuple[str, tuple[int, int] | None] | None = None
         self._checked = -READ_CHECK_EVERY  # when a read last found the file the one opened
         self._access = "rw"
+        self._full = False  # opened read-only because its disk was full (`no_room`)
         self._stamp: tuple[int, int, int] | None = None  # the file as an immutable read saw it
         self._shm: tuple[int, int] | None = None  # the -shm a read-only connection reads through
         # The -wal and -shm a writing connection opened with: SQLite keeps both while any
@@ -276,8 +256,12 @@ class Connection:
                 )
             if _forks.inherited(on_disk):
                 raise _forks.refuse_inherited(self.path, "opened")
+        self._open_as(open_access(self.path), upgrade)
+
+    def _open_as(self, access: str, upgrade: bool) -> None:
+        """`_open` once the file is found openable, with `access` (`open_access`)."""
         conn: sqlite3.Connection | None = None
-        access = self._access = open_access(self.path)
+        self._access, self._full = access, access != "rw" and no_room(self.path)
         if access == "immutable":
             self._stamp = _stamp(self.path)  # before opening: a change meanwhile reopens it
         elif access == "ro":
@@ -310,16 +294,20 @@ class Connection:
             if upgrade and not _is_current(conn):
                 if access != "rw":
                     _refuse_newer(self.path, conn)  # writing it would not help: too new
+                    fix = "open it once as a user who may write the file and its directory"
                     raise StoreError(
-                        f"{self.path} is read-only to this process and has not this signoff's "
-                        "schema: open it once as a user who may write the file and its directory"
+                        f"{self.path} is {self._refusal()} and has not this signoff's schema: "
+                        + ("free space on its disk and open it again" if self._full else fix)
                     )
                 found = self._set_up(conn)
         except BaseException as exc:
             if conn is not None:
                 conn.close()
             if isinstance(exc, sqlite3.Error):
-                why = f"{unopenable(self.path) or exc}{damaged(exc)}"
+                if access == "rw" and no_space(self.path, exc):
+                    if open_access(self.path) == "immutable":  # the disk filled as it opened
+                        return self._open_as("immutable", upgrade)
+                why = f"{unopenable(self.path) or exc}{damaged(exc)}{no_space(self.path, exc)}"
                 raise StoreError(f"cannot open SQLite store {self.path}: {why}") from exc
             raise
         self._wal = None
@@ -480,14 +468,24 @@ class Connection:
     def _writable(self) -> None:
         """Refuse a write, naming why, to a store opened read-only or deleted or replaced."""
         if self._access != "rw":
-            raise StoreError(
-                f"{self.path} is read-only to this process: it may not write the file, or create "
-                "its -wal and -shm files in its directory; nothing was written. Check their "
-                "owner and mode, or run as the user that owns the store."
+            why = (
+                "SQLite cannot make the -wal and -shm files it writes through; nothing was "
+                "written. The store takes writes again at its first call once the disk has room."
+                if self._full
+                else "it may not write the file, or create its -wal and -shm files in its "
+                "directory; nothing was written. Check their owner and mode, or run as the user "
+                "that owns the store."
             )
+            raise StoreError(f"{self.path} is {self._refusal()}: {why}")
         if self._opened is not None and _forks.inherited(self._opened[1]):
             raise _forks.refuse_inherited(self.path, "written")
         self._same_file()
+
+    def _refusal(self) -> str:
+        """Why a store opened read-only may not write."""
+        if self._full:
+            return "on a full disk (no space left on the device)"
+        return "read-only to this process"
 
     def _readable(self, every: float = READ_CHECK_EVERY) -> None:
         """Before a read: `_same_file` (at most every `every` seconds); and once a writer has
@@ -558,8 +556,9 @@ class Connection:
 
     def _mended(self) -> None:
         """At the start of a store call (under the lock, no connection taken yet): a file opened
-        read-only whose mode (or its folder's) now lets this process write is opened anew,
-        writable, by the call; else its writes were refused until the process restarted."""
+        read-only whose mode (or its folder's) now lets this process write, or whose disk has
+        room now, is opened anew, writable, by the call; else its writes were refused until the
+        process restarted."""
         if self._conn is not None and self._access != "rw" and open_access(self.path) == "rw":
             self._shut()
 

@@ -1,11 +1,30 @@
 """Where the SQLite store's file is and what this process may do with it: how to open it
-(read-write, read-only through a writer's -wal, or immutable), and why SQLite could not."""
+(read-write, read-only through a writer's -wal, or immutable), and why SQLite could not (a full
+disk among the reasons); and what tells the file, its -wal and -shm from others put there."""
 
 from __future__ import annotations
 
 import os
+import sqlite3
 
-__all__ = ["beside", "open_access", "unopenable"]
+__all__ = [
+    "beside",
+    "identity",
+    "no_room",
+    "no_space",
+    "open_access",
+    "stamp",
+    "unopenable",
+    "wal_files",
+]
+
+SHM_BYTES = 32768
+"""The -shm SQLite makes first when it opens a file in WAL mode: every open connection's is as
+large, at least."""
+
+ROOM = 2 * SHM_BYTES
+"""Bytes free below which a file system is full to the store: too little for the -shm and a
+few pages of -wal."""
 
 
 def beside(path: str, suffix: str) -> str:
@@ -19,14 +38,48 @@ def open_access(path: str) -> str:
     and -shm files if missing); else read-only, "ro" while its -wal exists (a writer has it open,
     so SQLite reads the writer's -shm) or "immutable" when it has none: SQLite would have to
     create both, which it may not, or which would then belong to this user and stop the owner's
-    writes."""
+    writes. Also "immutable" on a full disk (`no_room`) while no connection uses a -wal: SQLite
+    could not make the -shm it reads through."""
     if path == ":memory:" or not os.path.exists(path):
         return "rw"
     wal = os.path.exists(beside(path, "-wal"))
     folder = os.path.dirname(os.path.realpath(path))
     if os.access(path, os.W_OK) and (wal or os.access(folder, os.W_OK)):
-        return "rw"
+        return "immutable" if no_room(path) and _wal_unused(path) else "rw"
     return "ro" if wal else "immutable"
+
+
+def no_room(path: str) -> bool:
+    """Whether the file system holding the file at `path` (or its directory, for a new one) has
+    less than `ROOM` free to this user. One that tells no sizes (some network and FUSE file
+    systems say 0 blocks) is taken to have room."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.realpath(path)))
+    except (OSError, AttributeError):  # no statvfs on Windows
+        return False
+    free = st.f_bfree if os.geteuid() == 0 else st.f_bavail  # root may use the reserved blocks
+    return st.f_blocks > 0 and free * st.f_frsize < ROOM
+
+
+def no_space(path: str, error: sqlite3.Error) -> str:
+    """What to add to SQLite's `error` for the file at `path` ("disk I/O error", "database or
+    disk is full") when its file system is full (`no_room`): that it is."""
+    code = getattr(error, "sqlite_errorcode", 0) & 0xFF
+    if code not in (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL) or not no_room(path):
+        return ""
+    return f" (no space left on the device holding {os.path.dirname(os.path.realpath(path))})"
+
+
+def _wal_unused(path: str) -> bool:
+    """Whether the file at `path` holds every commit: it has no -wal, or an empty one beside a
+    -shm (if any) smaller than any open connection's, as one that could not make its -shm on a
+    full disk leaves them. A writer commits only after making its -shm, or into its -wal."""
+    try:
+        if os.path.getsize(beside(path, "-wal")) > 0:
+            return False
+        return os.path.getsize(beside(path, "-shm")) < SHM_BYTES
+    except OSError:  # either missing
+        return True
 
 
 def unopenable(path: str) -> str | None:
@@ -61,6 +114,30 @@ def unopenable(path: str) -> str | None:
             return f"the file system holding {folder} is mounted read-only"
         return f"this user may not create files in {folder} (permission denied)"
     return None
+
+
+def identity(path: str) -> tuple[int, int] | None:
+    """The device and inode of the file at `path`, or None if there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def stamp(path: str) -> tuple[int, int, int] | None:
+    """When the file at `path` last changed, and its size: what an immutable reader compares to
+    see that a writer came and went (checkpointing into the file) between two of its reads."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_ctime_ns, st.st_size
+
+
+def wal_files(paths: tuple[str, str]) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """The identities of the -wal and -shm files at `paths` (`beside` the database's)."""
+    return identity(paths[0]), identity(paths[1])
 
 
 def _read_only(folder: str) -> bool:
