@@ -222,3 +222,39 @@ def test_a_state_in_memory_is_the_forked_childs_own_copy() -> None:
     assert sent == [("recalled", "(1, 2)"), ("done", "")]
     assert state.recall("slack", "child") is None  # the parent's is its own
     state.close()
+
+
+def _close_copy(state: ChannelState, out: Pipe) -> None:
+    """In the child: the copy of the state is closed, then refuses a read all the same."""
+    state.close()
+    out.send(("closed", str(state.closed)))
+    _try(out, lambda: state.recall("slack", "k"))
+
+
+def test_the_copy_closes_though_a_thread_of_the_parent_held_its_lock_at_the_fork(
+    tmp_path: Path,
+) -> None:
+    """A thread of the parent was in a call of the state at the fork (a hub's write waiting on
+    the file): the child's copy of its lock came locked, with no thread to let it go, and the
+    copy's close, taking it, hung for ever (a gunicorn worker's hub never stopped)."""
+    state = ChannelState(tmp_path / "channels.db")
+    read, write = FORK.Pipe(duplex=False)
+    try:
+        with state._lock:
+            child = FORK.Process(target=_close_copy, args=(state, write))
+            child.start()
+        write.close()
+        try:
+            assert read.poll(30), "the copy's close hung"
+            assert read.recv() == ("closed", "True")
+            _refused(read.recv(), "read")
+        finally:
+            child.join(timeout=30)
+            if child.is_alive():
+                child.kill()
+                child.join()
+        assert child.exitcode == 0
+        state.remember("slack", "k", 1)  # the parent's state goes on
+        assert state.recall("slack", "k") == 1
+    finally:
+        state.close()

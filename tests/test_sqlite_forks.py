@@ -11,6 +11,7 @@ import asyncio
 import multiprocessing
 import os
 import sqlite3
+import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
@@ -169,3 +170,52 @@ async def test_children_forked_after_the_store_closed_or_spawned_use_the_file(
     await store.close()
     await other.close()
     assert _sessions(path) == {"s1", "forked", "s2", "spawned", "s3"}
+
+
+def _close_copy(store: SQLiteStore, out: Pipe) -> None:
+    """In the child: the store that came with the fork is closed, then refuses a write."""
+    asyncio.run(store.close())
+    out.send(("closed", ""))
+    _try(out, lambda: _create(store, "copy"))
+
+
+def test_the_copy_closes_though_a_thread_of_the_parent_held_its_lock_at_the_fork(
+    tmp_path: Path,
+) -> None:
+    """A thread of the parent was in a call of the store at the fork: the child's copy of its
+    lock came locked, owned by no thread there, and the copy's close, taking it, hung for
+    ever."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    store = SQLiteStore(url)
+    _create(store, "first")
+    read, write = FORK.Pipe(duplex=False)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store._lock:
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        held.wait(30)
+        child = FORK.Process(target=_close_copy, args=(store, write))
+        child.start()
+        write.close()
+        try:
+            assert read.poll(30), "the copy's close hung"
+            assert read.recv() == ("closed", "")
+            _refused(read.recv(), "opened")
+        finally:
+            child.join(timeout=30)
+            if child.is_alive():
+                child.kill()
+                child.join()
+        assert child.exitcode == 0
+    finally:
+        release.set()
+        holder.join()
+    _create(store, "second")  # the parent's store goes on
+    asyncio.run(store.close())
+    assert _sessions(tmp_path / "s.db") == {"first", "second"}

@@ -290,9 +290,12 @@ class ChannelState:
     def close(self) -> None:
         """Close the file; later calls are a `StoreError`. The copy of a forked child leaves
         SQLite's connection open (`_forks` keeps it), its later calls still a `UsageError`."""
+        if self._inherited():  # its lock may have come locked (a parent's thread held it)
+            self.closed = True
+            _forks.shut(self)
+            return
         with self._lock:
-            if not self._inherited():
-                self._conn.close()
+            self._conn.close()
             self.closed = True
             _forks.shut(self)
 

@@ -386,25 +386,27 @@ class Connection:
 
     def _shut(self) -> None:
         """`close`, which a store opened read-only runs too, to open the file anew writable."""
+        if self._opened is not None and _forks.inherited(self._opened[1]):
+            # The copy a forked child has: its connection is kept open (`_forks`), and its lock
+            # may have come locked (a thread of the parent held it at the fork): forgotten only.
+            _forks.shut(self)
+            self._forget()
+            return
         with self._lock:
-            # One the process this one was forked from opened is kept open (`_forks`).
-            inherited = self._opened is not None and _forks.inherited(self._opened[1])
-            if (
-                self._conn is not None
-                and self._conn not in _ABANDONED_CONNECTIONS
-                and not inherited
-            ):
+            if self._conn is not None and self._conn not in _ABANDONED_CONNECTIONS:
                 self._conn.close()
             _forks.shut(self)
             if self._opened is not None and self._opened[1] is not None:
                 with _WRITERS_LOCK:
                     _WRITERS.get(self._opened[1], weakref.WeakSet()).discard(self)
-            self._conn = None
-            self._opened = None
-            self._wal = None
-            self._sk = PerSession()
-            self._tails = Tails()
-            self._named = Tails()
+            self._forget()
+
+    def _forget(self) -> None:
+        """Forget the file closed and what was known of it (`close`)."""
+        self._conn = self._opened = self._wal = None
+        self._sk = PerSession()
+        self._tails = Tails()
+        self._named = Tails()
 
     def _same_file(self, done: str = "written") -> None:
         """Refuse to write, or read, when the file at the store's path is no longer the one this

@@ -11,7 +11,7 @@ import ctypes
 import os
 import sqlite3
 import weakref
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..._exceptions import UsageError
 
@@ -27,6 +27,9 @@ class Holder(Protocol):
 
     @property
     def _opened(self) -> tuple[str, tuple[int, int] | None] | None: ...
+
+    @property
+    def _lock(self) -> Any: ...  # a `threading.Lock` or `RLock`
 
 
 INHERITED: set[tuple[int, int]] = set()
@@ -65,8 +68,11 @@ def refuse_inherited(path: str, done: str, *, close: str = "the store (or runtim
 def _after_fork_in_child() -> None:
     """Note the files the parent had open; keep the connections to them that came with the fork
     from ever being closed here: closed as the file's last connection in this process, SQLite
-    would fold the WAL it saw at the fork into the file and delete the -wal there by name."""
+    would fold the WAL it saw at the fork into the file and delete the -wal there by name.
+    Their locks are made anew: one a thread of the parent held at the fork came locked, with no
+    thread here to let it go, and the copy's refusals and close would wait on it for ever."""
     for holder in list(_OPEN):
+        holder._lock._at_fork_reinit()
         conn, where = holder._conn, holder._opened
         if conn is None or where is None or where[1] is None:
             continue
