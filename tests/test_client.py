@@ -393,7 +393,9 @@ async def test_a_bad_call_raises_the_same_class_over_http_as_in_process(tmp_path
                     lambda: c.respond(sid, [{"request_id": 5}]),
                 ),
                 "answer-of-the-wrong-kind": (
-                    lambda: rt.respond(one.session_id, [{**approve[0], "option_id": "maybe"}]),
+                    lambda: rt.respond(
+                        one.session_id, [{**approve[0], "option_id": "maybe"}], principal=ALICE
+                    ),
                     lambda: c.respond(one.session_id, [{**approve[0], "option_id": "maybe"}]),
                 ),
                 "unknown-agent": (

@@ -34,6 +34,7 @@ from ._server_api import (
     store,
 )
 from .test_server_common import (
+    ALICE,
     PLAIN,
     TOKENS,
     make_runtime,
@@ -621,7 +622,9 @@ async def test_an_answer_value_that_is_not_plain_json_is_refused_for_a_question_
                 assert error(r, 422, "invalid_answer")["request_ids"] == [rid], value
         with pytest.raises(so.InvalidAnswer, match="plain JSON"):
             await runtime.respond(
-                sid, [so.InputResponse(request_id=rid, text="Large", value=float("nan"))]
+                sid,
+                [so.InputResponse(request_id=rid, text="Large", value=float("nan"))],
+                principal=ALICE,
             )
         assert await store_contents(runtime.store, sid) == before
         ok = {"inputResponses": [{"requestId": rid, "text": "Large", "value": {"size": "L"}}]}
