@@ -113,7 +113,8 @@ HTTP_ATTACKS: dict[str, Call] = {
     "forged-id": Call(responses(A, lambda w: forged()), 404, "unknown_request"),
     "forged-id-helix": Call(approvals(A, lambda w: [forged()]), 404, "unknown_request"),
     "malformed-id": Call(responses(A, lambda w: "req_'; DROP TABLE--"), 404, "unknown_request"),
-    "empty-id": Call(responses(A, lambda w: ""), 422, "invalid_request"),
+    # no request has that id: 404, as `Runtime.respond` refuses it
+    "empty-id": Call(responses(A, lambda w: ""), 404, "unknown_request"),
     "numeric-id": Call(responses(A, lambda w: 7), 422, "invalid_request"),  # type: ignore[arg-type,return-value]
     "forged-session": Call(
         responses(lambda w: "ses_" + uuid.uuid4().hex[:20], RA), 404, "unknown_session"

@@ -75,7 +75,6 @@ BAD_RESPONSES: list[tuple[dict[str, Any], str]] = [
     ({}, "inputResponses"),
     ({"inputResponses": []}, "inputResponses"),
     ({"inputResponses": [{"optionId": "approve"}]}, "requestId"),
-    ({"inputResponses": [{"requestId": "r"}]}, "optionId"),
     ({"inputResponses": [{"requestId": 7, "optionId": "approve"}]}, "requestId"),
     ({"inputResponses": [{"requestId": "r", "optionId": "approve", "extra": 1}]}, "extra"),
     ({"input_responses": [{"requestId": "r", "optionId": "approve"}]}, "input_responses"),

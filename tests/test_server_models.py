@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import jsonschema_rs
 import pydantic
 import pytest
+from pydantic.alias_generators import to_camel
 
 import signoff as so
+from signoff import Principal
 from signoff._text import is_blank
 from signoff.server import AsyncClient, TokenAuth, create_app
 from signoff.server._models import CreateSession, SendMessage
+from signoff.testing import store_contents
 
-from .test_server_common import TOKENS, make_runtime
+from .test_server_common import ADMIN, ALICE, TOKENS, make_runtime
 
 # Lone surrogates are refused on their own account (not valid Unicode), and cannot reach a
 # JSON Schema validator as text at all.
@@ -101,3 +105,88 @@ async def test_an_empty_agent_name_is_an_unknown_agent_as_in_process(tmp_path: P
             assert r.status_code == 422 and r.json()["error"]["code"] == "unknown_agent"
             assert await runtime.sessions() == []
     await runtime.close()
+
+
+async def test_an_answer_is_refused_in_the_runtimes_order_not_by_its_body(
+    tmp_path: Path,
+) -> None:
+    """The body model refused an answer with neither `optionId` nor `text`, and an empty
+    request id, as 422 `invalid_request` before the session, the request or who answers was
+    looked at: the admin (who may not answer alice's call), an unknown request and an unknown
+    session were all told the answer's shape, and `AsyncClient` raised `InvalidAnswer` where
+    `Runtime` raises `NotAllowed`, `UnknownRequest` or `UnknownSession` (README, "Who may
+    answer is checked first"). Each is now the runtime's refusal, its status and code the
+    API's for it, the same class from the client, the shape told last; nothing is stored."""
+    runtime = make_runtime(f"sqlite:///{tmp_path / 'state.db'}")
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    gone = "ses_00000000000000000000"
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        clients = {
+            p.principal_id: AsyncClient("http://t", token=token, transport=transport)
+            for token, p in TOKENS.items()
+            if p in (ALICE, ADMIN)
+        }
+        started = await clients[ALICE.principal_id].generate(
+            "support", "Refund order 1042, it broke"
+        )
+        sid, rid = started.session_id, started.pending[0].id
+        before = await store_contents(runtime.store, sid)
+        no_answer = {"value": "ok"}
+        cases: list[tuple[Principal, str, str, dict[str, Any], type[so.SignoffError], int]] = [
+            (ADMIN, sid, "responses", {"request_id": rid, **no_answer}, so.NotAllowed, 403),
+            (
+                ALICE,
+                sid,
+                "responses",
+                {"request_id": "req_nope", **no_answer},
+                so.UnknownRequest,
+                404,
+            ),
+            (ALICE, gone, "responses", {"request_id": rid, **no_answer}, so.UnknownSession, 404),
+            (
+                ALICE,
+                sid,
+                "responses",
+                {"request_id": "", "option_id": "approve"},
+                so.UnknownRequest,
+                404,
+            ),
+            (
+                ALICE,
+                gone,
+                "responses",
+                {"request_id": "", "option_id": "approve"},
+                so.UnknownSession,
+                404,
+            ),
+            (ALICE, sid, "approvals", {"id": "", "approved": True}, so.UnknownRequest, 404),
+            (ALICE, gone, "approvals", {"id": "", "approved": True}, so.UnknownSession, 404),
+            (ALICE, sid, "responses", {"request_id": rid, **no_answer}, so.InvalidAnswer, 422),
+        ]
+        for principal, session_id, path, item, refusal, status in cases:
+            said = (principal.principal_id, session_id, path, item)
+            c = clients[principal.principal_id]
+            if path == "responses":
+                local = runtime.respond(session_id, [item], principal=principal)
+                remote = c.respond(session_id, [item])
+                body = {"inputResponses": [_camel(item)]}
+            else:
+                local = runtime.generate(session_id=session_id, approvals=[item], auth=principal)
+                remote = c.generate(session_id=session_id, approvals=[item])
+                body = {"approvals": [item]}
+            for call in (local, remote):
+                with pytest.raises(so.SignoffError) as raised:
+                    await call
+                assert type(raised.value) is refusal, (said, raised.value)
+            r = await c.http.post(f"/v1/sessions/{session_id}/{path}", json=body)
+            assert (r.status_code, r.json()["error"]["code"]) == (status, refusal.code), said
+        assert "option_id must be" in str(raised.value)  # the shape, told last
+        for c in clients.values():
+            await c.aclose()
+        assert await store_contents(runtime.store, sid) == before
+    await runtime.close()
+
+
+def _camel(item: dict[str, Any]) -> dict[str, Any]:
+    return {to_camel(k): v for k, v in item.items()}
