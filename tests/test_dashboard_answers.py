@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -521,4 +522,51 @@ def test_an_options_button_pressed_with_an_answer_typed_is_refused_not_cut(
     events = runtime.events_sync(sid)
     (done,) = [e for e in events if e.type == "tool.completed"]
     assert done.data["result"] == "Large, gift-wrapped"
+    runtime.close_sync()
+
+
+def test_a_form_from_one_who_may_not_answer_is_not_allowed_before_its_faults(
+    tmp_path: Path,
+) -> None:
+    """The dashboard refused a form's faults before asking who sent it: the requester of a
+    four-eyes call typing arguments that are not JSON, and an admin (who sees alice's question
+    but may not answer it) pressing an option with an answer typed, were told what was wrong
+    with the answer (422 `invalid_answer`), where the runtime says `NotAllowed` first (README,
+    "Who may answer is checked first"). Nothing is recorded either way."""
+
+    @so.tool(approval=so.always(exclude_requester=True))
+    async def deploy(ref: str) -> str:
+        """Deploy a ref."""
+        return "deployed"
+
+    @so.tool
+    async def size(ctx: so.ToolContext) -> str:
+        """Ask which size."""
+        answer = await ctx.ask("Which size?", options=["Small", "Large"], allow_text=True)
+        return str(answer.value)
+
+    def scripted(name: str, call: so.ToolCall, tool: Any) -> so.Agent:
+        script = [so.ModelResponse(tool_calls=[call]), so.ModelResponse(text="done")]
+        return so.Agent(name=name, model=so.models.Scripted(script), tools=[tool])
+
+    agents = [
+        scripted("ops", so.ToolCall(name="deploy", input={"ref": "v1"}), deploy),
+        scripted("shop", so.ToolCall(name="size", input={}), size),
+    ]
+    runtime = so.Runtime(agents, store=f"sqlite:///{tmp_path}/eyes.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
+        approval = start(base, "ops")["pending"][0]
+        question = start(base, "shop")["pending"][0]
+        sent = [
+            ("alice-token", approval, {"option": "approve", "edited_input": "{not json"}),
+            ("admin-token", question, {"option": question["options"][1]["id"], "text": "L"}),
+        ]
+        for token, request, fields in sent:
+            with signed_in(base, token) as c:
+                form = {"csrf": csrf_of(c.get("/_signoff/").text), **fields}
+                r = c.post(f"/_signoff/requests/{request['id']}/respond", data=form, headers=JSON)
+            assert r.status_code == 403, r.text
+            assert r.json()["error"]["code"] == "not_allowed", r.text
+        pending = {r.id for r in runtime.pending_sync()}
+        assert pending == {approval["id"], question["id"]}
     runtime.close_sync()

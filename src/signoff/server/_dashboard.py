@@ -37,7 +37,7 @@ from ._errors import public_message
 from ._forms import Refusal, form_key, form_token
 from ._json_body import RepeatedKey, unique_keys
 from ._login import return_to
-from ._message_page import dashboard_error, message_page, refused, wants_json
+from ._message_page import dashboard_error, form_fault, message_page, refused, wants_json
 from ._notes import (
     DELETED_COOKIE,
     NOT_CANCELLED_COOKIE,
@@ -163,9 +163,9 @@ async def respond(request: Request, request_id: str) -> Response:
             # A choice (a menu's, or an option's button) sent with an answer typed beside it:
             # neither is plainly meant, and the choice taken dropped the typed answer unsaid.
             said = _BOTH if fields.get("menu") else _BOTH_BUTTONS
-            both = InvalidAnswer(said, [request_id])
-            ctx.runtime._counts.refuse(both)  # a refused answer, as the runtime counts its own
-            return await dashboard_error(request, 422, both.code, said)
+            return await form_fault(
+                request, stored.request, viewer, InvalidAnswer(said, [request_id])
+            )
     else:
         input_hash = fields.get("input_hash") or None
         raw = (fields.get("edited_input") or "").strip()
@@ -173,8 +173,7 @@ async def respond(request: Request, request_id: str) -> Response:
             try:
                 parsed = _edited_arguments(raw)
             except InvalidAnswer as exc:
-                ctx.runtime._counts.refuse(exc)  # a refused answer, as the runtime counts its own
-                return await dashboard_error(request, 422, exc.code, str(exc))
+                return await form_fault(request, stored.request, viewer, exc)
             if not same_json(parsed, action.input):  # `true` for `1` is an edit
                 edited = parsed
     answer = InputResponse(

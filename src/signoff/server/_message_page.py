@@ -6,7 +6,15 @@ from __future__ import annotations
 from fastapi import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
-from .._exceptions import IdempotencyKeyReused, SignoffError, StoreBusy, StoreUnavailable
+from .._eligibility import refusal
+from .._exceptions import (
+    IdempotencyKeyReused,
+    InvalidAnswer,
+    SignoffError,
+    StoreBusy,
+    StoreUnavailable,
+)
+from .._types import InputRequest, Principal
 from ._auth import DASHBOARD_PREFIX
 from ._context import get_context
 from ._errors import public_message, status_for
@@ -16,6 +24,7 @@ from ._pages import env, render
 __all__ = [
     "dashboard_error",
     "error_page",
+    "form_fault",
     "message_page",
     "refused",
     "wants_json",
@@ -117,3 +126,18 @@ async def refused(request: Request, exc: SignoffError, message: str | None = Non
     if isinstance(exc, (StoreUnavailable, StoreBusy)):
         response.headers["Retry-After"] = str(exc.retry_after)
     return response
+
+
+async def form_fault(
+    request: Request, asked: InputRequest, viewer: Principal | None, fault: InvalidAnswer
+) -> Response:
+    """A fault of an answer's form found before the runtime sees it, told only to one who may
+    answer `asked`: another is refused as the runtime refuses them, before the answer's faults
+    (README, "Who may answer is checked first"). Counted as the runtime counts a refusal."""
+    runtime = get_context(request).runtime
+    try:
+        denied = await refusal(runtime.agents, runtime.store, asked, viewer)
+    except SignoffError as exc:
+        return await refused(request, exc)
+    runtime._counts.refuse(denied or fault)
+    return await refused(request, denied or fault)
