@@ -143,6 +143,11 @@ BAD_BODIES = {
         '"outcomes": [{"request_id": "req_1", "outcome": "approved"}]}'
     ),
     "total-past-any-float": '{"items": [], "total": 1e400}',  # inf: int() overflowed, bare
+    # A result holding a field of another type was returned as it came (`text` 5).
+    "text-a-number": '{"session_id": "ses_x", "status": "completed", "turn_id": "t", "text": 5}',
+    "turn-id-a-number": '{"session_id": "ses_x", "status": "completed", "turn_id": 7}',
+    "error-a-string": '{"session_id": "ses_x", "status": "failed", "error": "boom"}',
+    "retryable-a-string": '{"session_id": "ses_x", "status": "failed", "retryable": "no"}',
 }
 
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -168,8 +173,9 @@ async def test_a_json_body_of_the_wrong_shape_is_a_remote_error(canned: Canned, 
     canned.on("/v1/sessions/ses_x", http("200 OK", "[]"))
     canned.on("/v1/requests", http("200 OK", BAD_BODIES[name]))
     async with AsyncClient(canned.base) as c:
-        with pytest.raises(so.RemoteError, match="not a turn's result"):
+        with pytest.raises(so.RemoteError, match="not a turn's result") as raised:
             await c.cancel("ses_x")
+        assert raised.value.code == "http_error"
         with pytest.raises(so.RemoteError, match="not a session"):
             await c.state("ses_x")
         with pytest.raises(so.RemoteError, match="not a page of requests"):
@@ -217,6 +223,19 @@ BAD_STREAMS = {
     "end-status-infinite": (
         'event: stream.end\ndata: {"status": -Infinity, "error": {"code": "x", "message": "m"}}\n\n'
     ),
+    # Yielded as the session's: another session's event, a seq of text, data of pairs.
+    "another-sessions-event": event(2, "ses_OTHER"),
+    "seq-a-string": (
+        'data: {"session_id": "ses_x", "seq": "2", "type": "turn.started", "at": 1}\n\n'
+    ),
+    "data-not-an-object": (
+        'data: {"session_id": "ses_x", "seq": 2, "type": "turn.started", "at": 1, '
+        '"data": [["k", 1]]}\n\n'
+    ),
+    # Raised as `StoreDamaged`, as if this process's store were damaged.
+    "turn-id-a-number": (
+        'data: {"session_id": "ses_x", "seq": 2, "type": "turn.started", "at": 1, "turn_id": 5}\n\n'
+    ),
 }
 
 
@@ -227,10 +246,10 @@ async def test_an_event_stream_that_is_not_signoffs_is_a_remote_error(
     canned.on(EVENTS, stream(event(1) + BAD_STREAMS[name]))
     async with AsyncClient(canned.base) as c:
         seen: list[int] = []
-        with pytest.raises(so.RemoteError, match="event"):
+        with pytest.raises(so.RemoteError, match="event") as raised:
             async for e in c.events("ses_x", follow=False):
                 seen.append(e.seq)
-    assert seen == [1]
+    assert seen == [1] and raised.value.code == "http_error"
 
 
 @pytest.mark.parametrize("token", ["tök", "a\nb", "trailing ", " leading", "nul\x00", ""])

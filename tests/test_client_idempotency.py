@@ -66,7 +66,7 @@ async def test_a_new_empty_session_that_got_no_answer_is_opened_once_with_its_ke
 ) -> None:
     """`generate(agent)` with no prompt opens an empty session: the server honours a key there
     too, so a call that got no answer is sent once more with one, not opened anew."""
-    idle = {**json.loads(TURN), "status": "idle", "turn_id": None, "text": None}
+    idle = {**json.loads(TURN), "status": "idle", "turn_id": None, "text": ""}
     canned.on("/v1/sessions", dropped, http("201 Created", json.dumps(idle)))
     async with AsyncClient(canned.base) as c:
         result = await c.generate("support")

@@ -53,17 +53,33 @@ class RemoteResult:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RemoteResult:
+        """The result a server sent; a field of another type is a `ValueError` (a malformed
+        answer, `http_error`), not a result that holds it."""
         if not isinstance(data.get("session_id"), str) or not isinstance(data.get("status"), str):
             raise ValueError("it has no session_id and status")
+        turn_id, text, error = data.get("turn_id"), data.get("text", ""), data.get("error")
+        pending, outcomes = data.get("pending", []), data.get("outcomes", [])
+        retryable = data.get("retryable", False)
+        if not (
+            (turn_id is None or isinstance(turn_id, str))
+            and isinstance(text, str)
+            and (error is None or isinstance(error, dict))
+            and isinstance(pending, list)
+            and isinstance(outcomes, list)
+            and isinstance(retryable, bool)
+        ):
+            raise ValueError(
+                "its turn_id, text, error, pending, outcomes or retryable is not of its type"
+            )
         return cls(
             session_id=data["session_id"],
             status=data["status"],
-            turn_id=data.get("turn_id"),
-            text=data.get("text", ""),
-            pending=[InputRequest.model_validate(r) for r in data.get("pending", [])],
-            outcomes=[outcome(o) for o in data.get("outcomes", [])],
-            error=data.get("error"),
-            retryable=bool(data.get("retryable")),
+            turn_id=turn_id,
+            text=text,
+            pending=[InputRequest.model_validate(r) for r in pending],
+            outcomes=[outcome(o) for o in outcomes],
+            error=error,
+            retryable=retryable,
             replayed=data.get("replayed") is True,
             queued=data.get("queued") is True,
             cut_off=cut if isinstance(cut := data.get("cut_off"), str) else None,

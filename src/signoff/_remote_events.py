@@ -87,6 +87,14 @@ async def remote_events(
                             failures = 0
                             continue
                         event = wire.streamed(kind, data)
+                        if event.session_id != session_id:
+                            raise errors.RemoteError(
+                                f"{client._url(path)}: the event stream of session "
+                                f"{session_id!r} sent an event of session "
+                                f"{event.session_id[:100]!r}",
+                                "http_error",
+                                response.status_code,
+                            )
                         if event.seq <= last:
                             if shown is not None and event.seq == shown.seq and event != shown:
                                 raise errors.EventsRewritten(session_id, shown.seq)

@@ -172,16 +172,19 @@ def not_signoff(response: httpx.Response, wanted: str) -> errors.RemoteError:
 
 
 def event(data: Mapping[str, Any]) -> Event:
+    """The event a stream's message holds, its fields as sent: one of another type (a `"7"`
+    seq, a numeric turn_id) is `StoreDamaged` here, a malformed message (`streamed`)."""
     if not isinstance(data.get("session_id"), str) or not isinstance(data.get("type"), str):
         raise ValueError("it has no session_id and type")
+    at = data["at"]
     return Event.from_row(
         session_id=data["session_id"],
-        seq=int(data["seq"]),
+        seq=data["seq"],
         type=data["type"],
-        at=float(data["at"]),
+        at=float(at) if type(at) is int else at,
         turn_id=data.get("turn_id"),
-        data=dict(data.get("data") or {}),
-        v=int(data.get("v", 1)),
+        data=data.get("data") or {},
+        v=data.get("v", 1),
     )
 
 
@@ -267,7 +270,14 @@ def streamed(kind: str, data: Any) -> Event:
         if kind != "stream.end":
             return event(data)
         end = error(data["error"], int(data["status"]))  # the session can have no more events
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        AttributeError,
+        OverflowError,
+        errors.StoreDamaged,  # the server's message, not this process's store
+    ) as exc:
         raise errors.RemoteError(
             f"the event stream sent a {kind!r} message that is not a signoff event "
             f"({type(exc).__name__}: {str(exc)[:200]})",
