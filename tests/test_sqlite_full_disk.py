@@ -11,6 +11,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from signoff.stores import Commit, SQLiteStore
 from signoff.stores.sqlite import _connection
 from signoff.stores.sqlite._files import open_access
 from signoff.testing import reply, scripted_agent
+
+from .test_sqlite_permissions import READER, as_user
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="needs root, to mount a small file system and fill it"
@@ -191,3 +194,39 @@ async def test_a_disk_that_fills_as_the_store_opens_it_is_read(
             )
     finally:
         await store.close()
+
+
+@pytest.fixture
+def shared_disk() -> Iterator[Path]:
+    """A 2 MiB file system every uid can reach (pytest's tmp_path is root's alone), writable
+    by root alone."""
+    folder = Path(tempfile.mkdtemp(prefix="signoff-full-", dir="/tmp"))
+    folder.chmod(0o755)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=755", "tmpfs", folder], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
+        folder.rmdir()
+
+
+def test_a_store_read_only_to_the_process_on_a_full_disk_says_so(shared_disk: Path) -> None:
+    """The file is another user's to write: on a full disk its writes were refused as "on a full
+    disk … writes again once the disk has room", which room never brought; it is read-only to
+    this process, and said to be."""
+    url, sid = asyncio.run(_closed_store(shared_disk))
+
+    def write_as_reader() -> str:
+        store = SQLiteStore(url)
+        head = asyncio.run(store.head(sid))
+        event = so.Event(session_id=sid, seq=(head or 0) + 1, type="turn.waiting", at=9.0, data={})
+        try:
+            asyncio.run(store.commit(Commit(session_id=sid, expected_seq=head, events=[event])))
+        except so.StoreError as exc:
+            return str(exc)
+        finally:
+            asyncio.run(store.close())
+        return "written"
+
+    said = as_user(READER, write_as_reader)
+    assert "read-only to this process" in said and "full disk" not in said, said

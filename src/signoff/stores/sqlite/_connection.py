@@ -22,7 +22,7 @@ from ..._settings import flag, seconds
 from .._base import FaultHook, older_schema
 from .._codec import PerSession, Tail, Tails
 from . import _forks
-from ._files import beside, no_room, no_space, open_access, unopenable
+from ._files import beside, no_room, no_space, open_access, permitted, unopenable
 from ._files import identity as _identity
 from ._files import stamp as _stamp
 from ._files import wal_files as _wal_files
@@ -261,7 +261,8 @@ class Connection:
     def _open_as(self, access: str, upgrade: bool) -> None:
         """`_open` once the file is found openable, with `access` (`open_access`)."""
         conn: sqlite3.Connection | None = None
-        self._access, self._full = access, access != "rw" and no_room(self.path)
+        self._full = access != "rw" and permitted(self.path) and no_room(self.path)
+        self._access = access
         if access == "immutable":
             self._stamp = _stamp(self.path)  # before opening: a change meanwhile reopens it
         elif access == "ro":

@@ -13,6 +13,7 @@ __all__ = [
     "no_room",
     "no_space",
     "open_access",
+    "permitted",
     "stamp",
     "unopenable",
     "wal_files",
@@ -42,11 +43,17 @@ def open_access(path: str) -> str:
     could not make the -shm it reads through."""
     if path == ":memory:" or not os.path.exists(path):
         return "rw"
+    if permitted(path):
+        return "immutable" if no_room(path) and _wal_unused(path) else "rw"
+    return "ro" if os.path.exists(beside(path, "-wal")) else "immutable"
+
+
+def permitted(path: str) -> bool:
+    """Whether this process may write the existing file at `path`, and create its -wal and -shm
+    files if missing (the -wal there: a writer has it open, and its -shm)."""
     wal = os.path.exists(beside(path, "-wal"))
     folder = os.path.dirname(os.path.realpath(path))
-    if os.access(path, os.W_OK) and (wal or os.access(folder, os.W_OK)):
-        return "immutable" if no_room(path) and _wal_unused(path) else "rw"
-    return "ro" if wal else "immutable"
+    return os.access(path, os.W_OK) and (wal or os.access(folder, os.W_OK))
 
 
 def no_room(path: str) -> bool:
