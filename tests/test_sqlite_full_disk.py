@@ -219,7 +219,8 @@ def test_a_store_read_only_to_the_process_on_a_full_disk_says_so(shared_disk: Pa
     def write_as_reader() -> str:
         store = SQLiteStore(url)
         head = asyncio.run(store.head(sid))
-        event = so.Event(session_id=sid, seq=(head or 0) + 1, type="turn.waiting", at=9.0, data={})
+        assert head is not None
+        event = so.Event(session_id=sid, seq=head + 1, type="turn.waiting", at=9.0, data={})
         try:
             asyncio.run(store.commit(Commit(session_id=sid, expected_seq=head, events=[event])))
         except so.StoreError as exc:
