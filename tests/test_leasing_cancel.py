@@ -7,6 +7,7 @@ both stores."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import signoff as so
@@ -146,3 +147,87 @@ async def test_a_step_after_a_message_queued_elsewhere_runs_and_is_journaled(
         types = await event_types(rt, sid)
         assert types.count("tool.step") == 1 and types.count("turn.completed") == 2
         assert types.index("tool.step") < types.index("turn.completed")
+
+
+def _gated_renewals(store: Store, until: asyncio.Event, but: str | None = None) -> None:
+    """Hold the store's lease renewals (of every session but `but`) until `until` is set: what
+    a renewal reads of the log is read only after that."""
+    renew = store.renew_lease
+
+    async def gated(sid: str, owner: str, token: int, ttl: float, now: float) -> bool:
+        if sid != but:
+            await until.wait()
+        return await renew(sid, owner, token, ttl, now)
+
+    store.renew_lease = gated  # type: ignore[method-assign,assignment]
+
+
+async def test_a_read_in_the_driving_process_does_not_hide_a_cancel_made_elsewhere(
+    store_url: str,
+) -> None:
+    """Another process cancels the turn, then the driving process reads the session (a server
+    or dashboard showing it), folding the cancel into the state its drive holds. The drive's
+    next renewal still reads the cancel and sets the body's abort signal: it used to take that
+    state's seq for the last event the drive knew of, read nothing and never set it."""
+    payer = _Payer(on_abort=True)
+    agent = payer.agent()
+    read = asyncio.Event()
+    async with (
+        so.Runtime([agent], store=store_url, lease_ttl=1.5) as rt,
+        so.Runtime([agent], store=store_url, lease_wait=0, inline=False) as server,
+    ):
+        _gated_renewals(rt.store, read)  # no renewal reads the cancel before the state does
+        sid = await rt.create_session("bot", auth=ALICE)
+        drive = asyncio.create_task(rt.generate(session_id=sid, prompt="pay", auth=ALICE))
+        await asyncio.wait_for(payer.entered.wait(), timeout=10)
+        assert (await server.cancel(sid, "stop", principal=BOB)).cancelled
+        assert (await rt.state(sid)).turn_status == "cancelled"
+        read.set()
+        r = await asyncio.wait_for(drive, timeout=20)
+        assert payer.seen.get("abort_before_step") is True
+        assert payer.seen.get("step_raised") == "TurnStopped"
+        assert payer.effects == []
+        assert r.status == "cancelled"
+        assert "tool.step" not in await event_types(rt, sid)
+
+
+async def test_a_subagent_s_body_stops_when_its_parent_is_cancelled_elsewhere(
+    store_url: str,
+) -> None:
+    """Another process cancels a parent turn whose delegate call drives its child here; the
+    cancel reaches the child too. The parent's renewal reads it first and its delegate call
+    cancels the child, finding it cancelled already: the child's body is stopped then, as its
+    own process's cancel would stop it. Nothing set its abort signal: the body ran its full
+    time (a renewal of the child's own is held back here, as when the parent's came first)."""
+    stopped = asyncio.Event()
+    seen: list[bool] = []
+
+    @so.tool
+    async def crawl(ctx: so.ToolContext) -> str:
+        """A long task that stops when the turn is cancelled."""
+        entered.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ctx.abort_signal.wait(), timeout=10)
+        seen.append(ctx.abort_signal.is_set())
+        stopped.set()
+        return "stopped"
+
+    entered = asyncio.Event()
+    child = scripted_agent("crawler", [call_tools(call("crawl")), reply("Crawled.")], tools=[crawl])
+    parent = scripted_agent(
+        "lead",
+        [call_tools(call("crawler", message="crawl")), reply("Done.")],
+        tools=[so.delegate("crawler")],
+    )
+    async with (
+        so.Runtime([parent, child], store=store_url, lease_ttl=3.0) as rt,
+        so.Runtime([parent, child], store=store_url, lease_wait=0, inline=False) as server,
+    ):
+        sid = await rt.create_session("lead", auth=ALICE)
+        _gated_renewals(rt.store, stopped, but=sid)  # the child's renewals wait for its body
+        drive = asyncio.create_task(rt.generate(session_id=sid, prompt="go", auth=ALICE))
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        assert (await server.cancel(sid, "stop", principal=BOB)).cancelled
+        r = await asyncio.wait_for(drive, timeout=20)
+        assert seen == [True]
+        assert r.status == "cancelled"

@@ -118,13 +118,17 @@ class Driver(ToolCalls, ModelStep):
         # queued behind it: the drive is a failed one, and its span says that turn's failure.
         self.failed_turn: SessionState | None = None
         self.recorded = 0  # the seq of the last event this drive recorded
+        # The last event this drive read or recorded itself (`position`): not `state.seq`, which
+        # also moves when a read in this process folds others' events into the cached state.
+        self.seen = state.seq
         # Set by a worker's drive: once it says so (the worker is stopping), a message queued
         # behind the turn is left to start in another drive, not started by this one.
         self.stopping: Callable[[], bool] | None = None
 
     def position(self) -> tuple[str | None, int]:
-        """The turn this drive runs and the last event it knows of (`Held.drive`)."""
-        return self.own_turn, self.state.seq
+        """The turn this drive runs and the last event it read or recorded itself (`Held.drive`):
+        a cancel or steer that a read in this process folded into the state is still unread."""
+        return self.own_turn, self.seen
 
     # -- recording ----------------------------------------------------------------------------
 
@@ -267,6 +271,9 @@ class Driver(ToolCalls, ModelStep):
                 if snapshot is not None:
                     state.stale_snapshot = False
                 self.recorded = state.seq
+                read = 0 if self.held is None else self.held.read
+                if before <= max(self.seen, read):  # no one else's event left unread under it
+                    self.seen = state.seq
                 if any(e.type == "turn.started" for e in events):
                     self.own_turn = tid  # this drive goes on with the turn it started
                 self.released = release
@@ -296,6 +303,7 @@ class Driver(ToolCalls, ModelStep):
                 if call.journal is None and kept is not None and kept.journal is not None:
                     await load_journal(self.store, state, call, held=(kept, held.seq))
         self.state = state
+        self.seen = state.seq
         self._steered_meanwhile()
 
     def _steered_meanwhile(self) -> None:

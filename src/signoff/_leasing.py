@@ -470,7 +470,7 @@ class Leasing:
         head = None if turn is None else await self.store.head(session_id)
         if head is None or head == after:
             return
-        steered = False
+        steer = 0  # the last steering message of the turn found unread by the drive
         while True:
             events = await self.store.read_events(
                 session_id, after=after, limit=500, types=("turn.cancelled", "turn.message")
@@ -482,12 +482,14 @@ class Leasing:
                 if e.type == "turn.cancelled":
                     held.cancelled = turn
                 elif not e.data.get("queued") and e.seq > known:
-                    steered = True  # read again until the drive has read it: `held.read` stays
+                    steer = e.seq  # read again until the drive has read it: `held.read` stays
             if held.cancelled == turn or not events:
                 break
             after = events[-1].seq  # a cancel behind the steer is looked for all the same
-            if not steered:
+            if not steer:
                 held.read = after
+        # Asked again: its model may have read the steer (and cleared the signal) meanwhile.
+        steered = steer > drive()[1]
         if held.cancelled == turn or steered:
             abort = self._aborts.get(session_id)
             if abort is not None:

@@ -169,6 +169,9 @@ class ModelStep(DriverPart):
         )
         # The model reads every message now: the calls it proposes start un-aborted.
         self.abort_signal.clear()
+        # A cancel folded in meanwhile is not read so: a renewal is still to find it.
+        if s.turn is not None and s.turn.status != "cancelled":
+            self.seen = max(self.seen, read_through)
         span = self.tracing.model(s, self.agent.model, request, self.agent.tools)
         try:
             with span:  # ended, and no longer current, however the call ends

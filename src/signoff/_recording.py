@@ -476,6 +476,7 @@ class DriverPart:
     own_turn: str | None  # the turn this drive runs: `record` writes to no other unless told
     clock: Callable[[], float]
     abort_signal: asyncio.Event
+    seen: int  # the last event the drive read or recorded itself (`Driver.position`)
     host: Any  # what delegate tools drive subagents through; read by a running call's journal
     lease_check: Callable[[], Awaitable[None]] | None  # raises LeaseLost; before a tool body
     cancel_check: Callable[[], Awaitable[None]] | None  # reads a cancel made elsewhere; a step's

@@ -7,6 +7,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from ._budgets import budget_left, by_budget
+from ._cancellation import stop_calls
 from ._child_sessions import cancel_orphan, child_id, delegating, first_turn
 from ._creation import turn_events
 from ._events import Event
@@ -227,7 +228,20 @@ class RuntimeHost:
                 result = self.runtime._result(await self.runtime._state(child))
         finally:
             delegating.reset(reset)
+        if not result.cancelled and turn_id is not None and child in rt._holders:
+            await self._stop_cancelled(child, turn_id)
         return await self._delegated_turn(child) or result
+
+    async def _stop_cancelled(self, child: str, turn_id: str) -> None:
+        """Stop the tool bodies of the child's drive here, whose turn another process cancelled
+        first (the parent's cancel reaches its children): as this process's own cancel would,
+        not only at that drive's next lease renewal. Not once a later turn of the child began."""
+        rt = self.runtime
+        state = await rt._state(child)
+        if state.turn is not None and state.turn.id == turn_id and state.turn.status == "cancelled":
+            abort = rt._aborts.pop(child, None)  # read just now: no later turn is driven yet
+            if abort is not None:
+                stop_calls(abort)
 
     async def _delegated_turn(self, child: str) -> GenerateResult | None:
         """The result of the child's first turn, the one its delegate call started, once a
