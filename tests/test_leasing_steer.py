@@ -184,3 +184,59 @@ async def test_a_cancel_behind_hundreds_of_queued_messages_still_sets_the_abort_
         await asyncio.wait_for(drive, timeout=20)
         assert seen == [True]
         assert time.monotonic() - started < 4  # a renewal, not the body's 8 s
+
+
+async def test_messages_queued_behind_an_unread_steer_are_read_once_by_the_renewals(
+    store_url: str,
+) -> None:
+    """A steer the drive had not read yet (its tool body taking steps, not stopping) kept every
+    renewal and step check reading from the steer on: with messages queued behind it, the rows
+    read grew with their square. The steer is signalled once found, and signalled again while
+    unread, without reading what follows it again."""
+    entered, done = asyncio.Event(), asyncio.Event()
+
+    @so.tool
+    async def work(ctx: so.ToolContext) -> str:
+        """A long job in steps."""
+        entered.set()
+        i = 0
+        while not done.is_set():
+
+            async def step(i: int = i) -> int:
+                return i
+
+            await ctx.step(f"s{i}", step)
+            i += 1
+            await asyncio.sleep(0.02)
+        return "done"
+
+    queued = 30
+    steps = [call_tools(call("work")), *[reply(f"r{i}") for i in range(queued + 2)]]
+    agent = scripted_agent("a", steps, tools=[work])
+    async with so.Runtime([agent], store=store_url, lease_ttl=0.6) as rt:
+        plain = rt.store.read_events
+        rows = 0
+
+        async def counted(*args: object, **kw: object) -> list[so.Event]:
+            nonlocal rows
+            found: list[so.Event] = await plain(*args, **kw)  # type: ignore[arg-type]
+            if kw.get("types") == ("turn.cancelled", "turn.message"):
+                rows += len(found)
+            return found
+
+        rt.store.read_events = counted  # type: ignore[method-assign]
+        sid = await rt.create_session("a", auth=ALICE)
+        turn = asyncio.ensure_future(rt.generate(session_id=sid, prompt="go", auth=ALICE))
+        await entered.wait()
+        sent = [asyncio.ensure_future(rt.send(sid, "actually, stop", principal=ALICE))]
+        for i in range(queued):
+            await asyncio.sleep(0.02)  # spread over the steps and renewals of the body
+            sent.append(
+                asyncio.ensure_future(
+                    rt.send(sid, f"later {i}", principal=BOB, turn_policy="queue")
+                )
+            )
+        await asyncio.gather(*sent)
+        done.set()
+        await turn
+    assert rows <= 3 * (queued + 1), rows

@@ -21,6 +21,7 @@ from functools import partial
 from typing import Any
 
 from ._any_loop import AnyLoopEvent
+from ._events import Event
 from ._exceptions import LeaseLost, StoreError, UsageError
 from ._settings import finite
 from .stores import Store
@@ -100,6 +101,10 @@ class Held:
     # processes recorded since (`Leasing._cancelled_elsewhere`), a cancel or a steer.
     drive: Callable[[], tuple[str | None, int]] | None = None
     read: int = 0  # the last event those renewals read: the next reads on from there
+    # The last steering message of the drive's turn such a read found and signalled: signalled
+    # again at each renewal while the drive has not read it (a model step begun before it
+    # cleared the signal), without reading the messages after it again.
+    steered: int = 0
     # The drive's turn, once such a read found it cancelled: its tool bodies run no further
     # step or question (`CallJournal`), as when the cancel was made in this process.
     cancelled: str | None = None
@@ -468,10 +473,11 @@ class Leasing:
         turn, seq = drive()
         after = max(seq, held.read)
         head = None if turn is None else await self.store.head(session_id)
-        if head is None or head == after:
+        if head is None:
             return
-        steer = 0  # the last steering message of the turn found unread by the drive
-        while True:
+        steer = held.steered  # the last steering message of the turn found, read or not
+        events: list[Event] = []
+        while head != after:
             events = await self.store.read_events(
                 session_id, after=after, limit=500, types=("turn.cancelled", "turn.message")
             )
@@ -482,12 +488,11 @@ class Leasing:
                 if e.type == "turn.cancelled":
                     held.cancelled = turn
                 elif not e.data.get("queued") and e.seq > known:
-                    steer = e.seq  # read again until the drive has read it: `held.read` stays
+                    steer = e.seq
             if held.cancelled == turn or not events:
                 break
-            after = events[-1].seq  # a cancel behind the steer is looked for all the same
-            if not steer:
-                held.read = after
+            after = held.read = events[-1].seq  # a cancel behind a steer is looked for too
+        held.steered = steer
         # Asked again: its model may have read the steer (and cleared the signal) meanwhile.
         steered = steer > drive()[1]
         if held.cancelled == turn or steered:
