@@ -198,3 +198,45 @@ async def test_a_vote_that_leaves_the_turn_waiting_leaves_no_lease_held(store_ur
         )
         assert (done.status, done.text) == ("completed", "Done.")
         assert ran == ["tool in call", "model in call"]
+
+
+async def test_a_grant_whose_acknowledgement_was_lost_is_taken_again_by_its_call(
+    pg_store_url: str,
+) -> None:
+    """PostgreSQL lost the acknowledgement of the commit that granted the lease (found committed
+    on a fresh connection), and its re-reading failed too: the granted lease was left held by
+    no drive for its TTL, the call answered `running` after `lease_wait`, and so did the next.
+    The call takes its own lease again and runs the turn."""
+    agent = so.Agent(
+        name="support", model=so.models.Scripted([so.ModelResponse(text="Done.")], repeat_last=True)
+    )
+    async with so.Runtime([agent], store=pg_store_url, lease_wait=1.0, lease_ttl=30.0) as rt:
+        first = await rt.generate("support", "hello")
+        store: Any = rt.store
+        write, acquire = store._write, store.acquire_lease
+        lost, failed = [False], [False]
+
+        async def lost_ack(body: Any, what: str, **kw: Any) -> Any:
+            cur = await write(body, what, **kw)
+            if not lost[0] and what.startswith("commit to session"):
+                lost[0] = True
+                return None  # as when `committed` found it on a fresh connection
+            return cur
+
+        async def acquire_once_failing(*args: Any) -> int | None:
+            if not failed[0]:
+                failed[0] = True
+                raise so.StoreError("connection lost (the blip not over)")
+            token: int | None = await acquire(*args)
+            return token
+
+        store._write, store.acquire_lease = lost_ack, acquire_once_failing
+        try:
+            again = await rt.generate("support", "again", session_id=first.session_id)
+        finally:
+            store._write, store.acquire_lease = write, acquire
+        assert lost[0] and failed[0]
+        assert (again.status, again.text) == ("completed", "Done.")
+        assert dict(rt._driving) == {} and dict(rt._holders) == {}
+        later = await rt.generate("support", "more", session_id=first.session_id)
+        assert (later.status, later.text) == ("completed", "Done.")
