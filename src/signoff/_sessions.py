@@ -159,12 +159,10 @@ class SessionRunner(SessionCache):
 
     def _on_grant(self, ahead: _Ahead, token: int | None, asked: float) -> None:
         """A commit of the call that asked for the lease came back, granting its drive the
-        lease `token` (None: not granted, or not known to be: a lost acknowledgement whose
-        grant could not be read again, which `asking` keeps for `_lease_ahead` and `_drop_ahead`
-        to take again under its owner)."""
+        lease `token` (None: not granted), asked for at `asked`."""
+        ahead.asking = False
         if token is None:
             return
-        ahead.asking = False
         session_id = ahead.session_id
         ahead.token, ahead.granted = token, asked
         self._holders.setdefault(session_id, ahead.owner)  # `_drive` checks it is the call's
@@ -177,14 +175,6 @@ class SessionRunner(SessionCache):
         another answer after it), and given up if it lapsed and another took it over meanwhile
         (the drive then asks for the lease anew). The drive counts it in `_driving` from here."""
         ahead = self._ahead_of(session_id)
-        if ahead is not None and ahead.token is None and ahead.asking:
-            # Granted, for all this call knows (`_on_grant`): its owner takes it again, as a
-            # store grants an owner its own lease; refused (another's live lease), none was.
-            with contextlib.suppress(StoreError):
-                now = self.now()
-                again = await self.store.acquire_lease(session_id, ahead.owner, self.lease_ttl, now)
-                if again is not None:
-                    self._on_grant(ahead, again, now)
         if ahead is None or ahead.token is None:
             return None
         owner, token = ahead.owner, ahead.token
