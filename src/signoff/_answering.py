@@ -90,22 +90,13 @@ class Answering(Candidates):
             for r in input_responses(responses)
         ]
         judged: list[SessionState] = []
+        outcomes = await self._settle(
+            session_id, answers, principal, require_all=False, drive_expired=resume, judged=judged
+        )
         if not resume:
-            outcomes = await self._settle(
-                session_id,
-                answers,
-                principal,
-                require_all=False,
-                drive_expired=False,
-                judged=judged,
-            )
             state = judged[0] if judged else await self._state(session_id)
             return self._result(state, outcomes)
-        async with self._own_turn(session_id):
-            outcomes = await self._settle(
-                session_id, answers, principal, require_all=False, judged=judged
-            )
-            return await self._go_on(session_id, outcomes, judged)
+        return await self._go_on(session_id, outcomes, judged)
 
     async def _go_on(
         self,
