@@ -12,7 +12,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sqlite3
-from collections.abc import Callable
 from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import signoff as so
 from signoff.channels import ChannelState
 
-FORK = multiprocessing.get_context("fork")
+from ._fork_children import FORK, in_child, open_files, try_to
 
 
 def _memos(path: Path) -> dict[str, Any]:
@@ -36,43 +35,6 @@ def _memos(path: Path) -> dict[str, Any]:
     return found
 
 
-def _try(out: Pipe, call: Callable[[], Any]) -> None:
-    """Send what `call` did: "done", or its error's class and message."""
-    try:
-        call()
-        out.send(("done", ""))
-    except so.SignoffError as exc:
-        out.send((type(exc).__name__, str(exc)))
-
-
-def _open_files() -> set[str]:
-    """The files this process has open."""
-    found = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            found.add(os.readlink(f"/proc/self/fd/{fd}"))
-        except FileNotFoundError:  # the listing's own descriptor, closed since
-            pass
-    return found
-
-
-def _in_child(target: Callable[..., None], *args: Any, ctx: Any = FORK) -> list[tuple[str, str]]:
-    """Run `target(*args, pipe)` in a child started by `ctx`; what it sent."""
-    read, write = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=target, args=(*args, write))
-    child.start()
-    write.close()
-    sent = []
-    try:
-        while True:
-            sent.append(read.recv())
-    except EOFError:
-        pass
-    child.join(timeout=60)
-    assert child.exitcode == 0
-    return sent
-
-
 def _refused(sent: tuple[str, str], done: str) -> None:
     kind, message = sent
     assert kind == "UsageError", sent
@@ -82,7 +44,7 @@ def _refused(sent: tuple[str, str], done: str) -> None:
 
 def _new_state_remembers(path: str, key: str, out: Pipe) -> None:
     """In the child: a new state on `path` keeps memo `key`."""
-    _try(out, lambda: ChannelState(path).remember("slack", key, 1))
+    try_to(out, lambda: ChannelState(path).remember("slack", key, 1))
 
 
 def _keep(state: ChannelState, key: str, talk: Pipe) -> None:
@@ -112,23 +74,23 @@ def _writes_across_the_parents_close(path: str, talk: Pipe) -> None:
 def _copy_used_closed_used(state: ChannelState, out: Pipe) -> None:
     """In the child: the state that came with the fork reads and writes, is closed (whether the
     file is still open here is sent too), and writes again."""
-    _try(out, lambda: state.remember("slack", "copy", 1))
-    _try(out, lambda: state.set_position("hub:slack", 9))
-    _try(out, lambda: state.forget("slack", "p1"))
-    _try(out, lambda: state.recall("slack", "p1"))
-    _try(out, lambda: state.memos("slack"))
-    _try(out, lambda: state.position("hub:slack"))
-    _try(out, state.identity)
-    _try(out, state.close)
-    out.send(("open", str(os.path.realpath(state.path) in _open_files())))
-    _try(out, lambda: state.remember("slack", "copy", 1))
+    try_to(out, lambda: state.remember("slack", "copy", 1))
+    try_to(out, lambda: state.set_position("hub:slack", 9))
+    try_to(out, lambda: state.forget("slack", "p1"))
+    try_to(out, lambda: state.recall("slack", "p1"))
+    try_to(out, lambda: state.memos("slack"))
+    try_to(out, lambda: state.position("hub:slack"))
+    try_to(out, state.identity)
+    try_to(out, state.close)
+    out.send(("open", str(os.path.realpath(state.path) in open_files())))
+    try_to(out, lambda: state.remember("slack", "copy", 1))
 
 
 def _copy_in_memory_used(state: ChannelState, out: Pipe) -> None:
     """In the child: the state in memory that came with the fork keeps and reads a memo."""
     state.remember("slack", "child", 2)
     out.send(("recalled", str((state.recall("slack", "parent"), state.recall("slack", "child")))))
-    _try(out, state.close)
+    try_to(out, state.close)
 
 
 def test_what_a_child_forked_while_the_state_was_open_writes_is_kept_or_refused(
@@ -166,7 +128,7 @@ def test_a_child_forked_while_the_state_was_open_may_not_open_it(tmp_path: Path)
     path = tmp_path / "channels.db"
     state = ChannelState(path)
     state.remember("slack", "p1", 1)
-    [sent] = _in_child(_new_state_remembers, str(path), "child")
+    [sent] = in_child(_new_state_remembers, str(path), "child")
     _refused(sent, "opened")
     state.remember("slack", "p2", 2)  # the parent goes on
     state.close()  # with nothing of the child's to delete
@@ -181,7 +143,7 @@ def test_the_copy_of_an_open_state_a_child_was_forked_with_reads_and_writes_noth
     state.remember("slack", "p1", 1)
     state.set_position("hub:slack", 3)
     known = state.identity()  # the copy has it too
-    sent = _in_child(_copy_used_closed_used, state)
+    sent = in_child(_copy_used_closed_used, state)
     assert len(sent) == 10, sent
     *writes, recalled, listed, position, identity, closed, kept, again = sent
     for each in writes:
@@ -205,10 +167,10 @@ def test_children_forked_after_the_state_closed_or_spawned_use_the_file(tmp_path
     state = ChannelState(path)
     state.remember("slack", "p1", 1)
     state.close()
-    assert _in_child(_new_state_remembers, str(path), "forked") == [("done", "")]
+    assert in_child(_new_state_remembers, str(path), "forked") == [("done", "")]
     state = ChannelState(path)  # open again, in the parent
     spawn = multiprocessing.get_context("spawn")
-    assert _in_child(_new_state_remembers, str(path), "spawned", ctx=spawn) == [("done", "")]
+    assert in_child(_new_state_remembers, str(path), "spawned", ctx=spawn) == [("done", "")]
     state.remember("slack", "p2", 2)
     state.close()
     other.close()
@@ -218,7 +180,7 @@ def test_children_forked_after_the_state_closed_or_spawned_use_the_file(tmp_path
 def test_a_state_in_memory_is_the_forked_childs_own_copy() -> None:
     state = ChannelState()
     state.remember("slack", "parent", 1)
-    sent = _in_child(_copy_in_memory_used, state)
+    sent = in_child(_copy_in_memory_used, state)
     assert sent == [("recalled", "(1, 2)"), ("done", "")]
     assert state.recall("slack", "child") is None  # the parent's is its own
     state.close()
@@ -228,7 +190,7 @@ def _close_copy(state: ChannelState, out: Pipe) -> None:
     """In the child: the copy of the state is closed, then refuses a read all the same."""
     state.close()
     out.send(("closed", str(state.closed)))
-    _try(out, lambda: state.recall("slack", "k"))
+    try_to(out, lambda: state.recall("slack", "k"))
 
 
 def test_the_copy_closes_though_a_thread_of_the_parent_held_its_lock_at_the_fork(

@@ -12,16 +12,14 @@ import multiprocessing
 import os
 import sqlite3
 import threading
-from collections.abc import Callable
 from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
-from typing import Any
 
 import signoff as so
 from signoff.stores import SQLiteStore
 from signoff.testing import reply, scripted_agent
 
-FORK = multiprocessing.get_context("fork")
+from ._fork_children import FORK, in_child, open_files, try_to
 
 
 def _event(sid: str) -> so.Event:
@@ -36,42 +34,22 @@ def _sessions(path: Path) -> set[str]:
     return found
 
 
-def _try(out: Pipe, call: Callable[[], Any]) -> None:
-    """Send what `call` did: "done", or its error's class and message."""
-    try:
-        call()
-        out.send(("done", ""))
-    except so.SignoffError as exc:
-        out.send((type(exc).__name__, str(exc)))
-
-
-def _open_files() -> set[str]:
-    """The files this process has open."""
-    found = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            found.add(os.readlink(f"/proc/self/fd/{fd}"))
-        except FileNotFoundError:  # the listing's own descriptor, closed since
-            pass
-    return found
-
-
 def _create(store: SQLiteStore, sid: str) -> None:
     asyncio.run(store.create_session(sid, "a", [_event(sid)], None))
 
 
 def _new_store_writes(url: str, sid: str, out: Pipe) -> None:
     """In the child: a new store of `url` creates session `sid`."""
-    _try(out, lambda: _create(SQLiteStore(url), sid))
+    try_to(out, lambda: _create(SQLiteStore(url), sid))
 
 
 def _copy_writes_closes_writes(store: SQLiteStore, out: Pipe) -> None:
     """In the child: the store that came with the fork writes, is closed (whether the file is
     still open here is sent too), and writes again."""
-    _try(out, lambda: _create(store, "copy"))
-    _try(out, lambda: asyncio.run(store.close()))
-    out.send(("open", str(os.path.realpath(store.path) in _open_files())))
-    _try(out, lambda: _create(store, "copy"))
+    try_to(out, lambda: _create(store, "copy"))
+    try_to(out, lambda: asyncio.run(store.close()))
+    out.send(("open", str(os.path.realpath(store.path) in open_files())))
+    try_to(out, lambda: _create(store, "copy"))
 
 
 def _new_runtime_answers(url: str, out: Pipe) -> None:
@@ -82,24 +60,7 @@ def _new_runtime_answers(url: str, out: Pipe) -> None:
         async with so.Runtime([agent], store=url) as rt:
             await rt.generate("a", prompt="hi")
 
-    _try(out, lambda: asyncio.run(go()))
-
-
-def _in_child(target: Callable[..., None], *args: Any, ctx: Any = FORK) -> list[tuple[str, str]]:
-    """Run `target(*args, pipe)` in a child started by `ctx`; what it sent."""
-    read, write = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=target, args=(*args, write))
-    child.start()
-    write.close()
-    sent = []
-    try:
-        while True:
-            sent.append(read.recv())
-    except EOFError:
-        pass
-    child.join(timeout=60)
-    assert child.exitcode == 0
-    return sent
+    try_to(out, lambda: asyncio.run(go()))
 
 
 def _refused(sent: tuple[str, str], done: str) -> None:
@@ -114,7 +75,7 @@ async def test_a_child_forked_while_the_store_was_open_may_not_open_it(tmp_path:
     url = f"sqlite:///{path}"
     store = SQLiteStore(url)
     await store.create_session("s1", "a", [_event("s1")], None)
-    [sent] = _in_child(_new_store_writes, url, "child")
+    [sent] = in_child(_new_store_writes, url, "child")
     _refused(sent, "opened")
     await store.create_session("s2", "a", [_event("s2")], None)  # the parent goes on
     await store.close()  # with nothing of the child's to delete
@@ -129,7 +90,7 @@ async def test_a_runtime_made_in_a_forked_child_is_refused_the_file(tmp_path: Pa
     agent = scripted_agent("a", [reply("hi")], repeat_last=True)
     async with so.Runtime([agent], store=url) as rt:
         first = await rt.generate("a", prompt="hi")
-        [sent] = _in_child(_new_runtime_answers, url)
+        [sent] = in_child(_new_runtime_answers, url)
         _refused(sent, "opened")
         assert [s.id for s in await rt.sessions()] == [first.session_id]
     assert _sessions(path) == {first.session_id}
@@ -141,7 +102,7 @@ async def test_the_copy_of_an_open_store_a_child_was_forked_with_writes_nothing(
     path = tmp_path / "state.db"
     store = SQLiteStore(f"sqlite:///{path}")
     await store.create_session("s1", "a", [_event("s1")], None)
-    written, closed, kept, reopened = _in_child(_copy_writes_closes_writes, store)
+    written, closed, kept, reopened = in_child(_copy_writes_closes_writes, store)
     _refused(written, "written")
     # Closing it is no error, and leaves SQLite's connection open: closed as the file's last
     # connection in the child, SQLite would fold the WAL as it was at the fork into the file.
@@ -162,9 +123,9 @@ async def test_children_forked_after_the_store_closed_or_spawned_use_the_file(
     await other.create_session("o1", "a", [_event("o1")], None)
     await store.create_session("s1", "a", [_event("s1")], None)
     await store.close()
-    assert _in_child(_new_store_writes, url, "forked") == [("done", "")]
+    assert in_child(_new_store_writes, url, "forked") == [("done", "")]
     await store.create_session("s2", "a", [_event("s2")], None)  # open again, in the parent
-    spawned = _in_child(_new_store_writes, url, "spawned", ctx=multiprocessing.get_context("spawn"))
+    spawned = in_child(_new_store_writes, url, "spawned", ctx=multiprocessing.get_context("spawn"))
     assert spawned == [("done", "")]
     await store.create_session("s3", "a", [_event("s3")], None)
     await store.close()
@@ -176,7 +137,7 @@ def _close_copy(store: SQLiteStore, out: Pipe) -> None:
     """In the child: the store that came with the fork is closed, then refuses a write."""
     asyncio.run(store.close())
     out.send(("closed", ""))
-    _try(out, lambda: _create(store, "copy"))
+    try_to(out, lambda: _create(store, "copy"))
 
 
 def test_the_copy_closes_though_a_thread_of_the_parent_held_its_lock_at_the_fork(
