@@ -6,6 +6,7 @@ requests recorded before the flag.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -303,6 +304,26 @@ async def test_a_request_recorded_before_the_flag_is_still_decided_by_its_policy
         assert lines(await events_of(rt, sid, head)) == REFUSED + CANDIDATE_THEN_RAN
 
 
+def _on_call(
+    judging: asyncio.Event, release: asyncio.Event, seen: list[str | None]
+) -> Callable[[so.ResponseContext], Awaitable[so.Allowed | so.Rejected]]:
+    """Alice, on call, may answer until the request is escalated, then only bob (a manager):
+    the policy notes the escalation it was shown in `seen`, sets `judging`, and decides once
+    `release` is set."""
+
+    async def on_call(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        seen.append(ctx.request.escalated_to)
+        judging.set()
+        await release.wait()
+        who = ctx.response.principal
+        allowed = {None: "alice", "managers": "bob"}[ctx.request.escalated_to]
+        if who is not None and who.principal_id == allowed:
+            return so.Allowed()
+        return so.Rejected(f"only {allowed} may answer now")
+
+    return on_call
+
+
 @pytest.mark.parametrize("sweeper", ["another runtime", "this runtime", "its call cancelled"])
 async def test_an_escalation_recorded_while_the_policy_decides_spends_the_answer(
     store_url: str, sweeper: str
@@ -315,16 +336,7 @@ async def test_an_escalation_recorded_while_the_policy_decides_spends_the_answer
     clock = ManualClock()
     judging, release = asyncio.Event(), asyncio.Event()
     seen: list[str | None] = []
-
-    async def on_call(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
-        seen.append(ctx.request.escalated_to)
-        judging.set()
-        await release.wait()
-        who = ctx.response.principal
-        allowed = {None: "alice", "managers": "bob"}[ctx.request.escalated_to]
-        if who is not None and who.principal_id == allowed:
-            return so.Allowed()
-        return so.Rejected(f"only {allowed} may answer now")
+    on_call = _on_call(judging, release, seen)
 
     log = ExecutionLog()
     rules = so.always(expires_in=60, on_timeout="escalate", escalate_to="managers")
@@ -382,16 +394,7 @@ async def test_an_escalation_recorded_while_a_recovered_answer_is_judged_spends_
     clock = ManualClock()
     judging, release = asyncio.Event(), asyncio.Event()
     seen: list[str | None] = []
-
-    async def on_call(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
-        seen.append(ctx.request.escalated_to)
-        judging.set()
-        await release.wait()
-        who = ctx.response.principal
-        allowed = {None: "alice", "managers": "bob"}[ctx.request.escalated_to]
-        if who is not None and who.principal_id == allowed:
-            return so.Allowed()
-        return so.Rejected(f"only {allowed} may answer now")
+    on_call = _on_call(judging, release, seen)
 
     log = ExecutionLog()
     rules = so.always(expires_in=60, on_timeout="escalate", escalate_to="managers")
