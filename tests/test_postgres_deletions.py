@@ -12,7 +12,7 @@ import pytest
 
 import signoff as so
 from signoff.stores._deletions import DELETIONS_STREAM
-from signoff.testing import reply, scripted_agent
+from signoff.testing import ManualClock, reply, scripted_agent
 
 from .test_deletion import _erasing_meanwhile
 
@@ -87,12 +87,17 @@ async def test_a_deletion_waiting_for_another_ones_locks_finds_the_session_gone(
 
 async def test_two_prunes_meeting_one_session_count_it_once(pg_store_url: str) -> None:
     """Two prunes listed the same session: the one whose deletion found it gone skips it (as
-    deleted by another run), rather than counting it too (both did, in 28 of 30 races)."""
+    deleted by another run), rather than counting it too (both did, in 28 of 30 races). One
+    clock, moved on past the session's last activity: each runtime's reading of the database's
+    clock (likely) differed by milliseconds under load, and `a`, reading it behind, did not find
+    the session old enough (1 run in 75 with three busy loops beside it)."""
+    clock = ManualClock()
     async with (
-        so.Runtime([chat()], store=pg_store_url) as a,
-        so.Runtime([chat()], store=pg_store_url) as b,
+        so.Runtime([chat()], store=pg_store_url, clock=clock) as a,
+        so.Runtime([chat()], store=pg_store_url, clock=clock) as b,
     ):
         sid = await _finished(a)
+        clock.advance(60)
         first = _deleted_after_read(b, lambda: a.prune(older_than=0, reason="a"))
         assert await b.prune(older_than=0, reason="b") == []
         assert first == [sid]
