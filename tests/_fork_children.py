@@ -11,7 +11,7 @@ from typing import Any
 
 import signoff as so
 
-__all__ = ["FORK", "in_child", "open_files", "try_to"]
+__all__ = ["FORK", "ended", "in_child", "open_files", "try_to"]
 
 FORK = multiprocessing.get_context("fork")
 
@@ -51,3 +51,13 @@ def in_child(target: Callable[..., None], *args: Any, ctx: Any = FORK) -> list[t
     child.join(timeout=60)
     assert child.exitcode == 0
     return sent
+
+
+def ended(child: Any) -> int | None:
+    """`child`'s exit code once it ended, killing it if it has not within 30 s (a hung one)."""
+    child.join(timeout=30)
+    if child.is_alive():
+        child.kill()
+        child.join()
+    code: int | None = child.exitcode
+    return code

@@ -19,7 +19,7 @@ from typing import Any
 import signoff as so
 from signoff.channels import ChannelState
 
-from ._fork_children import FORK, in_child, open_files, try_to
+from ._fork_children import FORK, ended, in_child, open_files, try_to
 
 
 def _memos(path: Path) -> dict[str, Any]:
@@ -211,11 +211,8 @@ def test_the_copy_closes_though_a_thread_of_the_parent_held_its_lock_at_the_fork
             assert read.recv() == ("closed", "True")
             _refused(read.recv(), "read")
         finally:
-            child.join(timeout=30)
-            if child.is_alive():
-                child.kill()
-                child.join()
-        assert child.exitcode == 0
+            code = ended(child)
+        assert code == 0
         state.remember("slack", "k", 1)  # the parent's state goes on
         assert state.recall("slack", "k") == 1
     finally:

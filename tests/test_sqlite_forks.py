@@ -19,7 +19,7 @@ import signoff as so
 from signoff.stores import SQLiteStore
 from signoff.testing import reply, scripted_agent
 
-from ._fork_children import FORK, in_child, open_files, try_to
+from ._fork_children import FORK, ended, in_child, open_files, try_to
 
 
 def _event(sid: str) -> so.Event:
@@ -169,11 +169,8 @@ def test_the_copy_closes_though_a_thread_of_the_parent_held_its_lock_at_the_fork
             assert read.recv() == ("closed", "")
             _refused(read.recv(), "opened")
         finally:
-            child.join(timeout=30)
-            if child.is_alive():
-                child.kill()
-                child.join()
-        assert child.exitcode == 0
+            code = ended(child)
+        assert code == 0
     finally:
         release.set()
         holder.join()
