@@ -174,7 +174,11 @@ def recorded_around_people(tmp_path: Path) -> dict[str, set[str]]:
         for person in (bob, carol):
             vote = so.InputResponse(request_id=rid, option_id="approve")
             r = rt.respond_sync(sid, [vote], principal=person)
-        assert r.status == "waiting" and len(r.pending) == 3, r
+        # Carol's vote completes Alice's turn, which she is told; Dave's starts and waits.
+        assert (r.status, r.text) == ("completed", "Paid."), r
+        daves = rt.state_sync(sid)
+        assert daves.turn is not None and daves.turn.id != r.turn_id
+        assert daves.turn.status == "waiting" and len(daves.pending_requests()) == 3
         clock.advance(11)
         rt.pending_sync()  # the deadlines pass: approved, denied, escalated
         r = rt.generate_sync(session_id=sid)

@@ -307,21 +307,30 @@ async def test_send_says_when_the_message_waits_in_the_queue(tmp_path: Path) -> 
         assert again.replayed and again.queued
         q = await rt.send(r.session_id, "later, please", principal=ALICE, turn_policy="queue")
         assert q.queued and q.turn_id == r.turn_id
-        # Alice's answer ends her turn; Bob's message starts the next, which asks again.
+        # Alice's answer ends her turn (her call is told it); Bob's message starts the next,
+        # which asks again.
         done = await rt.send(r.session_id, "pro", principal=ALICE)
-        assert not done.queued and done.status == "waiting" and done.turn_id != r.turn_id
+        assert not done.queued and done.status == "completed" and done.turn_id == r.turn_id
+        bobs = await rt.state(r.session_id)
+        assert bobs.turn is not None and bobs.turn.status == "waiting"
+        assert bobs.turn.id != r.turn_id
         replay = await rt.send(r.session_id, "bob here", principal=BOB, idempotency_key="b-1")
-        assert replay.replayed and not replay.queued and replay.turn_id == done.turn_id
+        assert replay.replayed and not replay.queued and replay.turn_id == bobs.turn.id
         # Bob's turn is cancelled with Alice's message still queued: Carol's message waits
         # behind it, and the turn it starts asks again.
         await rt.cancel(r.session_id)
         carol = await rt.send(r.session_id, "carol here", principal=CAROL)
         assert carol.queued and carol.status == "waiting"
-        assert carol.turn_id not in (r.turn_id, done.turn_id)
+        assert carol.turn_id not in (r.turn_id, bobs.turn.id)
         [question] = carol.pending
         answer = so.InputResponse(request_id=question.id, option_id="basic")
+        # Alice's answer completes her turn, which she is told; Carol's runs next.
         last = await rt.respond(r.session_id, [answer], principal=ALICE)
-        assert last.status == "completed" and last.text == "Hi Carol." and not last.queued
+        assert last.status == "completed" and last.text == "ok" and not last.queued
+        assert last.turn_id == carol.turn_id
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.id != carol.turn_id
+        assert (state.turn.status, state.turn.text) == ("completed", "Hi Carol.")
         assert [m for m, _, _ in await started(rt, r.session_id)] == [
             "upgrade me",
             "bob here",
@@ -341,8 +350,12 @@ async def test_a_message_behind_a_failed_turns_queue_says_it_waits(tmp_path: Pat
         assert r.queued and r.status == "waiting"
         [question] = r.pending
         answer = so.InputResponse(request_id=question.id, option_id="basic")
+        # Bob's answer completes his turn (his call is told it); Alice's message runs next.
         done = await rt.respond(sid, [answer], principal=BOB)
-        assert done.status == "completed" and done.text == "Hi." and not done.queued
+        assert done.status == "completed" and done.text == "ok" and not done.queued
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.id != done.turn_id
+        assert (state.turn.status, state.turn.text) == ("completed", "Hi.")
         said = [m for m, _, _ in await started(rt, sid)]
         assert said == ["upgrade me", "bob here", "hello again"]
 
@@ -618,3 +631,50 @@ async def test_a_call_whose_turn_completes_is_not_told_the_next_persons_turn(
                 session_id=sid, prompt="alice asks", auth=ALICE, idempotency_key=key
             )
             assert (again.turn_id, again.text, again.replayed) == (r.turn_id, r.text, True)
+
+
+@pytest.mark.parametrize("how", ["respond", "send", "keyed send", "approvals"])
+async def test_an_answer_whose_turn_completes_is_not_told_the_next_persons_turn(
+    tmp_path: Path, how: str
+) -> None:
+    """Alice's answer completed her turn while Bob's message waited behind it; her call's drive
+    went on to Bob's turn and returned it, so she was told Bob's answer, as a prompt's call was
+    until it returned its own turn. An answer's call returns the turn it answered (a keyed
+    repeat too); Bob's runs all the same."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    steps = [
+        call_tools(call("issue_refund", call_id="r1", order_id="1042")),
+        reply("answer to alice"),
+        reply("answer to bob"),
+    ]
+    agent = scripted_agent("support", steps, tools=[issue_refund])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        [req] = r.pending
+        queued = await rt.send(r.session_id, "bob asks", principal=BOB)
+        assert queued.queued and queued.turn_id == r.turn_id
+
+        async def answer() -> so.GenerateResult:
+            if how == "respond":
+                approve = {"request_id": req.id, "option_id": "approve"}
+                return await rt.respond(r.session_id, [approve], principal=ALICE)
+            if how.endswith("send"):
+                key = "k1" if how == "keyed send" else None
+                return await rt.send(r.session_id, "approve", principal=ALICE, idempotency_key=key)
+            decision = so.Decision(id=req.id, approved=True)
+            return await rt.generate(session_id=r.session_id, approvals=[decision], auth=ALICE)
+
+        done = await answer()
+        assert (done.status, done.turn_id, done.text) == ("completed", r.turn_id, "answer to alice")
+        assert [o.outcome for o in done.outcomes] == ["approved"]
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.id != r.turn_id
+        assert (state.turn.status, state.turn.text) == ("completed", "answer to bob")
+        if how == "keyed send":
+            again = await answer()
+            assert (again.turn_id, again.text, again.replayed) == (r.turn_id, done.text, True)

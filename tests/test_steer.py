@@ -243,9 +243,13 @@ async def test_a_message_from_someone_else_waits_for_the_turn_to_end(
         assert b.status == "waiting"
         assert [p.id for p in b.pending] == [req.id]
         assert log.count() == 0
-        r = await rt.send(r.session_id, answer, principal=ALICE)
-        assert r.status == "completed"
-        assert r.text == "Hello Bob."
+        # Alice's answer completes her turn, which her call is told; Bob's message starts the
+        # next turn, which runs all the same.
+        mine = await rt.send(r.session_id, answer, principal=ALICE)
+        assert (mine.status, mine.turn_id, mine.text) == ("completed", r.turn_id, "Done for Alice.")
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.id != r.turn_id
+        assert (state.turn.status, state.turn.text) == ("completed", "Hello Bob.")
         log_events = await events(rt, r.session_id)
         tl = timeline(log_events)
         queued = tl.index(f"turn.message queued:{answer}")

@@ -90,13 +90,20 @@ class Answering(Candidates):
             for r in input_responses(responses)
         ]
         judged: list[SessionState] = []
+        turns: list[str] = []
         outcomes = await self._settle(
-            session_id, answers, principal, require_all=False, drive_expired=resume, judged=judged
+            session_id,
+            answers,
+            principal,
+            require_all=False,
+            drive_expired=resume,
+            judged=judged,
+            turns=turns,
         )
         if not resume:
             state = judged[0] if judged else await self._state(session_id)
             return self._result(state, outcomes)
-        return await self._go_on(session_id, outcomes, judged)
+        return await self._go_on(session_id, outcomes, judged, own=turns[0] if turns else None)
 
     async def _go_on(
         self,
@@ -105,10 +112,13 @@ class Answering(Candidates):
         judged: Sequence[SessionState],
         *,
         retry: bool = False,
+        own: str | None = None,
     ) -> GenerateResult:
         """Continue the turn after answers were settled; answers that only repeated earlier
         ones (`judged`: the state they were judged on, which they left as it was) return that
         state if a drive of it would do nothing, without taking and giving back the lease.
+        `own`: the turn the answers went to, which the call is told once it completes, not the
+        next person's turn its drive then runs (`ended_under`).
         Answers all refused by their outcome (a response policy's) settled nothing: the call
         drives only what is due anyway (`_refused_idle`)."""
         idle = await self._refused_idle(session_id, outcomes, retry=retry)
@@ -116,7 +126,7 @@ class Answering(Candidates):
             return self._result(idle, outcomes)
         if judged and self._nothing_to_drive(judged[0], retry=retry):
             return self._result(judged[0], outcomes)
-        return await self._drive(session_id, outcomes=outcomes, retry=retry)
+        return await self._drive(session_id, outcomes=outcomes, retry=retry, own=own)
 
     async def _refused_idle(
         self, session_id: str, outcomes: Sequence[Outcome], *, retry: bool = False
@@ -170,6 +180,7 @@ class Answering(Candidates):
         from_message: bool = False,
         judged: list[SessionState] | None = None,
         kept: list[bool] | None = None,
+        turns: list[str] | None = None,
     ) -> list[Outcome]:
         """Validate every answer, then settle them all in one durable commit (or none);
         `check_only` raises what settling would raise and records nothing. An answer to a request
@@ -181,7 +192,8 @@ class Answering(Candidates):
         delivers as a message if its request closed meanwhile (no refusal to count: `_counts`).
         `judged` is given the state the answers were judged on when settling recorded nothing
         (they only repeat earlier ones). `kept` is given True when `mark` was recorded with the
-        end of an answer that changed nothing (`Candidates._candidate`)."""
+        end of an answer that changed nothing (`Candidates._candidate`). `turns` is given the
+        turn the answers that were settled or judged went to."""
         if len(answers) > MAX_ANSWERS:
             raise InvalidAnswer(
                 f"at most {MAX_ANSWERS} answers in one call, not {len(answers)}: "
@@ -221,7 +233,7 @@ class Answering(Candidates):
             unknown: list[str] = []
             gated: list[tuple[InputRequest, _Reply, dict[str, Any]]] = []
             verdicts: dict[str, ResponseVerdict] = {}  # the response policy's, on edits
-            turn_id = None
+            turn_id = went_to = None
             for reply in answers:
                 rid = reply.request_id
                 live = state.requests.get(rid)
@@ -303,6 +315,7 @@ class Answering(Candidates):
                     # judge it again (nor a candidate be recorded, to be closed at once).
                     outcomes.append(already_counted(request))
                     continue
+                went_to = request.turn_id
                 if gate:
                     gated.append((request, reply, wanted))
                     continue
@@ -383,6 +396,8 @@ class Answering(Candidates):
                 outcomes.append(outcome)
             if judged is not None and not (resolves or gated):
                 judged.append(state)
+            if turns is not None and went_to is not None:
+                turns.append(went_to)
             return outcomes
         raise RequestClosed(f"could not settle in session {session_id!r}: too much contention", ids)
 

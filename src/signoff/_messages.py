@@ -158,6 +158,7 @@ class Messages(Answering):
                 reply = _match(first, message)
                 if reply is not None:
                     kept: list[bool] = []  # its key recorded with its answer's end
+                    turns: list[str] = []  # the turn it answered, its call's to be told
                     try:
                         outcomes = await self._settle(
                             session_id,
@@ -167,6 +168,7 @@ class Messages(Answering):
                             mark=idem,
                             from_message=True,
                             kept=kept,
+                            turns=turns,
                         )
                     except (RequestClosed, ConflictingAnswer):
                         # Answered or closed meanwhile: the message is delivered anew, as an
@@ -185,7 +187,8 @@ class Messages(Answering):
                     idle = await self._refused_idle(session_id, outcomes)
                     if idle is not None:  # settled nothing, nothing due: drives nothing
                         return self._result(idle, outcomes)
-                    return await self._drive(session_id, outcomes=outcomes)
+                    went_to = turns[0] if turns else None
+                    return await self._drive(session_id, outcomes=outcomes, own=went_to)
             held_on_approval = any(r.kind == "tool-approval" for r in pending)
             who = None if principal is None else principal.model_dump()
             if not same_person or (turn_policy == "queue" and not held_on_approval):

@@ -238,10 +238,18 @@ class Runtime(Deletion):
                 for d in decisions
             ]
             judged: list[SessionState] = []
+            turns: list[str] = []
             outcomes = await self._settle(
-                session_id, answers, auth, require_all=True, only_approvals=True, judged=judged
+                session_id,
+                answers,
+                auth,
+                require_all=True,
+                only_approvals=True,
+                judged=judged,
+                turns=turns,
             )
-            return await self._go_on(session_id, outcomes, judged, retry=True)
+            went_to = turns[0] if turns else None
+            return await self._go_on(session_id, outcomes, judged, retry=True, own=went_to)
         if session_id is None:
             if agent is None:
                 raise UsageError("generate() needs an agent name for a new session")
