@@ -1,10 +1,11 @@
 """`ChannelState` shared by several processes, as two `signoff serve --channel-state` on one file
 do: opening a new file together, and a lock held elsewhere. Each failure is a named
-`StoreError`, never a raw `sqlite3` error.
+`StoreError`, never a raw `sqlite3` error; an empty path is a `UsageError`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 import time
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff.channels import ChannelState
+from signoff.channels import ChannelHub, ChannelState
 from signoff.channels._base import waiting_until
 
 from ._locks import holding, open_together
@@ -189,3 +190,24 @@ def test_a_relative_path_starting_with_file_colon_is_that_file(
         assert again.recall("slack", "msg:r1") == {"ts": "1.2"}
     finally:
         again.close()
+
+
+def test_an_empty_state_path_is_refused_not_kept_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`state="$UNSET"` (as `signoff serve --channel-state ""` passed it) made a hub keep its
+    positions in memory, and `ChannelState("")` SQLite's temporary file: both lost on restart,
+    and neither said so."""
+    monkeypatch.chdir(tmp_path)
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(so.UsageError, match=r"^state must name a file, or be None for memory"):
+        ChannelHub(rt, [], state="")
+
+    async def in_a_loop() -> None:  # where a hub opens its file only when it starts
+        ChannelHub(rt, [], state="")
+
+    with pytest.raises(so.UsageError, match=r"^state must name a file"):
+        asyncio.run(in_a_loop())
+    with pytest.raises(so.UsageError, match=r"^path must name a file, or be ':memory:'"):
+        ChannelState("")
+    assert list(tmp_path.iterdir()) == []

@@ -382,6 +382,43 @@ def test_serve_refuses_an_empty_secret_in_one_line(
     assert started == [] and list(tmp_path.iterdir()) == []
 
 
+_HOOK = ["--webhook", "http://127.0.0.1:9/hook", "--webhook-secret", "s"]
+_SLACK = ["--slack-channel", "C0123", "--slack-token", "xoxb-1", "--slack-signing-secret", "s"]
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        ([*_HOOK, "--channel-state", ""], "--channel-state"),
+        ([*_SLACK, "--channel-state", ""], "--channel-state"),
+        (["--channel-state", ""], "--channel-state"),
+        (["--slack-channel", ""], "--slack-channel"),
+        ([*_SLACK, "--slack-users-by-email", "--slack-external-team", ""], "--slack-external-team"),
+        (["--host", ""], "--host"),
+    ],
+    ids=["state-webhook", "state-slack", "state-alone", "slack", "external-team", "host"],
+)
+def test_serve_refuses_an_empty_channel_state_slack_channel_or_host(
+    args: list[str], option: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`--channel-state "$STATE"` with the variable unset kept the channels' delivery positions
+    in memory (lost on restart), `--slack-channel "$CHANNEL"` served with Slack off though its
+    secrets were exported, and `--host "$HOST"` listened on every interface rather than this
+    machine's alone: each said nothing, where `--webhook ""` and `--secret ""` are refused."""
+    import uvicorn
+
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-1")
+    monkeypatch.setenv("SLACK_SIGNING_SECRET", "s")
+    started: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
+    store = f"sqlite:///{tmp_path}/s.db"
+    result = invoke("serve", "examples.support:runtime", "--store", store, "--port", "0", *args)
+    message = refused_usage(result)
+    assert message.startswith(f"Invalid value: {option} is empty"), message
+    assert "unset" in message, message
+    assert started == [] and list(tmp_path.iterdir()) == []
+
+
 def test_serve_started_while_postgres_is_down_waits_for_it(tmp_path: Path) -> None:
     """`signoff serve` started before its database waits for it, saying so on stderr (no
     traceback), then serves; SIGTERM while it waits ends it at once, with status 0."""

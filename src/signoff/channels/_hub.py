@@ -64,8 +64,9 @@ class ChannelHub(Standby):
     """Dispatches request openings, updates, escalations and resolutions to channels, in commit
     order.
 
-    `state` is a `ChannelState` or the path of its SQLite file (memory by default: positions are
-    then lost on restart, so it starts at the end); a hub made inside a running event loop opens
+    `state` is a `ChannelState` or the path of its SQLite file (memory by default, None:
+    positions are then lost on restart, so it starts at the end; an empty path is a
+    `UsageError`, not memory); a hub made inside a running event loop opens
     its file when it starts, in a worker thread. On a file, one hub at a time delivers to a
     channel (by hub `name` and channel name): it holds an OS lock next to the file while it
     runs, and another started on the same file (in this or another process on the machine)
@@ -124,6 +125,9 @@ class ChannelHub(Standby):
             raise UsageError(f"state must be a ChannelState or a file path, not {state!r}")
         if isinstance(state, str | os.PathLike) and "\x00" in os.fspath(state):
             raise UsageError(f"the state file's path holds a NUL: {state!r}")
+        if isinstance(state, str | os.PathLike) and os.fspath(state) == "":
+            # as `"$UNSET"` leaves it: it was kept in memory, and lost on restart
+            raise UsageError("state must name a file, or be None for memory, not ''")
         channels = list(channels)
         for ch in channels:
             if not isinstance(ch, Channel):
@@ -154,7 +158,10 @@ class ChannelHub(Standby):
         self.channels = channels
         self._own_state = not isinstance(state, ChannelState)
         self._state = state if isinstance(state, ChannelState) else None
-        self._path = state.path if isinstance(state, ChannelState) else str(state or ":memory:")
+        if isinstance(state, ChannelState):
+            self._path = state.path
+        else:
+            self._path = ":memory:" if state is None else str(state)
         if self._state is None and (self._path == ":memory:" or not _in_event_loop()):
             self._state = ChannelState(self._path)
         elif self._state is None:

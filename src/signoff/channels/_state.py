@@ -100,7 +100,8 @@ def waiting_until(deadline: float) -> Iterator[None]:
 class ChannelState:
     """Where channels keep what must survive a restart: feed positions and small memos.
 
-    A SQLite file (stdlib `sqlite3`), or memory with `":memory:"` (the default). A memo is a
+    A SQLite file (stdlib `sqlite3`), or memory with `":memory:"` (the default; an empty path, as
+    `"$UNSET"` leaves it, is a `UsageError`, not SQLite's temporary file). A memo is a
     JSON value under `(channel, key)` of a `hub` (the name of the `ChannelHub` the channel runs
     in: same-named channels of differently named hubs sharing a file keep theirs apart; `""`
     outside any hub), e.g. the Slack message that shows a request; each write is synced to disk
@@ -126,6 +127,9 @@ class ChannelState:
             or not 0 <= busy_timeout < math.inf  # NaN passed to SQLite as a wait
         ):
             raise UsageError(f"busy_timeout must be seconds from 0, not {busy_timeout!r}")
+        if isinstance(path, str | os.PathLike) and os.fspath(path) == "":
+            # SQLite's private temporary database: lost on close, as if in memory
+            raise UsageError("path must name a file, or be ':memory:', not ''")
         self.path = str(path)
         self.busy_timeout = busy_timeout
         self._lock = threading.Lock()

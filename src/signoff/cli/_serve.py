@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import os
 import signal
 import socket
 import sys
 import unicodedata
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -35,6 +34,14 @@ from ._app import (
 from ._commands import ClosedOutput
 from ._loading import load_runtime, split_target
 from ._numbers import number_of_seconds, seconds, whole
+from ._serve_channels import (
+    exported_empty,
+    refuse_empty_values,
+    refuse_missing_secrets,
+    refuse_stray_channel_options,
+    slack_channels,
+    webhook_channels,
+)
 from ._store_files import own_store, unopened_like
 from ._waiting import open_when_up
 
@@ -295,15 +302,16 @@ def serve(
     try:
         with misuse():  # the command line's own mistakes, before the runtime is imported
             split_target(target)
+            refuse_empty_values(host, channel_state, slack_channel, slack_external_team)
             auth = None if not token else TokenAuth(_token_principals(token))
-            _refuse_stray_channel_options(
-                ctx, bool(webhook), bool(slack_channel), slack_users_by_email
+            refuse_stray_channel_options(
+                ctx, bool(webhook), slack_channel is not None, slack_users_by_email
             )
             _check_metrics(ctx, metrics, metrics_token, auth)
-            _refuse_missing_secrets(
+            refuse_missing_secrets(
                 bool(webhook), webhook_secret, slack_channel, slack_token, slack_signing_secret
             )
-            channels = _webhook_channels(webhook, webhook_secret, backfill=webhook_backfill)
+            channels = webhook_channels(webhook, webhook_secret, backfill=webhook_backfill)
             if channel_state is not None and "://" in channel_state:  # as --store takes
                 url = channel_state
                 raise UsageError(
@@ -325,10 +333,10 @@ def serve(
         runtime = load_runtime(target, store)
         if lease_ttl is not None:
             runtime = runtime._replaced(lease_ttl=lease_ttl)
-        channels += _slack_channels(
+        channels += slack_channels(
             slack_channel,
-            slack_token if slack_channel else None,
-            slack_signing_secret if slack_channel else None,
+            slack_token if slack_channel is not None else None,
+            slack_signing_secret if slack_channel is not None else None,
             by_email=slack_users_by_email,
             external_teams=slack_external_team,
             principals=[p.principal_id for p in _token_principals(token or []).values()],
@@ -415,37 +423,6 @@ async def _check_store(store: Store, up: list[bool]) -> None:
         await runtime.close()
 
 
-def _refuse_stray_channel_options(
-    ctx: typer.Context, webhooks: bool, slack: bool, by_email: bool
-) -> None:
-    """Refuse a channel option typed on the command line without its channel (a mistake), while
-    the same secret exported in the environment alone is left unused (it may serve another run)."""
-
-    def typed(param: str) -> bool:
-        # By name: newer Typer vendors Click, so its ParameterSource is not click's own enum.
-        return getattr(ctx.get_parameter_source(param), "name", None) == "COMMANDLINE"
-
-    for param, flag, given, needed in (
-        ("webhook_secret", "--webhook-secret", webhooks, "--webhook URL"),
-        ("webhook_backfill", "--webhook-backfill", webhooks, "--webhook URL"),
-        ("slack_token", "--slack-token", slack, "--slack-channel"),
-        ("slack_signing_secret", "--slack-signing-secret", slack, "--slack-channel"),
-        ("slack_users_by_email", "--slack-users-by-email", slack, "--slack-channel"),
-        (
-            "slack_external_team",
-            "--slack-external-team",
-            slack and by_email,
-            "--slack-users-by-email",
-        ),
-    ):
-        if not given and typed(param):
-            raise UsageError(f"{flag} is given but no {needed}")
-    if not webhooks and not slack and typed("channel_state"):
-        raise UsageError(
-            "--channel-state is given but no --webhook or --slack-channel: it would keep nothing"
-        )
-
-
 def _check_metrics(ctx: typer.Context, metrics: bool, token: str | None, auth: object) -> None:
     """Refuse a `--metrics-token` the app would refuse (one of the `--token` secrets, say), and
     one typed without `--metrics`; one only exported is left unused."""
@@ -454,7 +431,7 @@ def _check_metrics(ctx: typer.Context, metrics: bool, token: str | None, auth: o
 
         if token is not None and not token:  # `--metrics-token "$UNSET"`
             raise UsageError("the metrics token (--metrics-token) must not be empty")
-        if _empty(token, "SIGNOFF_METRICS_TOKEN"):  # else no token: a scraper's is 401
+        if exported_empty(token, "SIGNOFF_METRICS_TOKEN"):  # else no token: a scraper's is 401
             instead = "unset it to serve /metrics to admins alone"
             raise UsageError(set_but_empty("SIGNOFF_METRICS_TOKEN", instead))
         if token is not None:
@@ -506,82 +483,3 @@ def _token_principals(tokens: list[str]) -> dict[str, Principal]:
             )
         principals[secret] = Principal(authenticator="token", principal_id=who)
     return principals
-
-
-def _refuse_missing_secrets(
-    webhooks: bool,
-    webhook_secret: str | None,
-    slack_channel: str | None,
-    slack_token: str | None,
-    slack_signing_secret: str | None,
-) -> None:
-    """Refuse a channel asked for without the secrets it needs, naming a variable of one set but
-    empty (which Click takes for unset)."""
-    for used, value, envvar, flag in (
-        (webhooks, webhook_secret, "SIGNOFF_WEBHOOK_SECRET", "--webhook-secret"),
-        (bool(slack_channel), slack_token, "SLACK_BOT_TOKEN", "--slack-token"),
-        (
-            bool(slack_channel),
-            slack_signing_secret,
-            "SLACK_SIGNING_SECRET",
-            "--slack-signing-secret",
-        ),
-    ):
-        if used and _empty(value, envvar):
-            raise UsageError(set_but_empty(envvar, f"give {flag}"))
-    if webhooks and not webhook_secret:
-        raise UsageError("--webhook needs --webhook-secret (or SIGNOFF_WEBHOOK_SECRET)")
-    if slack_channel and (not slack_token or not slack_signing_secret):
-        raise UsageError(
-            "--slack-channel needs --slack-token and --slack-signing-secret "
-            "(or SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET)"
-        )
-
-
-def _empty(value: str | None, envvar: str) -> bool:
-    """Whether an option left untyped (`value` None: a typed one is a string) has its variable
-    `envvar` set but empty. Checked only where the option is used: one only exported, as one
-    exported with a value, may be meant for another run."""
-    return value is None and os.environ.get(envvar) == ""
-
-
-def _webhook_channels(
-    webhooks: list[str] | None, webhook_secret: str | None, *, backfill: bool
-) -> list[Any]:
-    """The webhook channel `serve` was asked for, its URLs checked, before the server starts."""
-    if not webhooks or not webhook_secret:
-        return []
-    from ..channels.webhooks import WebhookChannel
-
-    return [WebhookChannel(webhooks, webhook_secret, backfill=backfill)]
-
-
-def _slack_channels(
-    slack_channel: str | None,
-    slack_token: str | None,
-    slack_signing_secret: str | None,
-    *,
-    by_email: bool = False,
-    external_teams: list[str] | None = None,
-    principals: list[str] | None = None,
-) -> list[Any]:
-    """The Slack channel `serve` was asked for, built before the server starts; `by_email`:
-    its users (of its own workspace and `external_teams`) act as the `--token` principal (of
-    `principals`) their confirmed email names, in any case."""
-    if not slack_channel or not slack_token or not slack_signing_secret:
-        return []
-    from ..channels import slack  # a UsageError with the install hint if missing
-
-    identify = slack.by_email("token", principals=principals) if by_email else None
-    return [
-        slack.SlackChannel(
-            slack_channel,
-            token=slack_token,
-            signing_secret=slack_signing_secret,
-            identify=identify,
-            external_teams=external_teams,
-        )
-    ]
-
-
-# -- the queue --------------------------------------------------------------------------------
