@@ -35,9 +35,11 @@ from ._schema import (
     keep_session_initiators,
     keep_session_parents,
     keep_stream_heads,
+    let_requests_hold_no_copy,
     names_missing,
     names_taken,
     order_children_by_expiry,
+    schema_mark,
     upgrade_from_1,
 )
 from ._transactions import _busy, damaged, immediate
@@ -49,18 +51,6 @@ READ_CHECK_EVERY = 0.1
 """Seconds a read may go without checking that the file is still the one opened. A `stat` costs
 about as much as the cheapest read; a read this soon after the file changed is no staler than
 one just before it, and writes and `wait_for_change`'s polls check every time."""
-
-
-def _schema_version(path: str, value: object) -> int:
-    """The store schema a file is marked with; a mark that is not a number, or not one any
-    signoff wrote (they start at 1), is a damaged file."""
-    try:
-        found = int(str(value))
-    except ValueError:
-        found = 0
-    if found < 1:
-        raise StoreError(f"{path} is damaged: its store schema mark is {value!r}")
-    return found
 
 
 def kept(value: object, kind: type | types.UnionType, session_id: str, what: str) -> Any:
@@ -103,7 +93,7 @@ def _refuse_newer(path: str, conn: sqlite3.Connection, *, made_meta: bool = Fals
             f"{path} has no store schema mark but has tables of signoff's names "
             f"({', '.join(taken)}): a damaged store or another program's database, not written to"
         )
-    found = 0 if row is None else _schema_version(path, row[0])
+    found = 0 if row is None else schema_mark(path, row[0])
     if found > STORE_SCHEMA:
         raise SchemaVersionError(
             f"{path} has store schema {row[0]}; this signoff knows up to {STORE_SCHEMA}. "
@@ -366,6 +356,8 @@ class Connection:
                 keep_session_initiators(conn)
             if 1 <= found < 8:
                 order_children_by_expiry(conn)
+            if 1 <= found < 11:
+                let_requests_hold_no_copy(conn)
             for statement in SCHEMA.strip().split(";"):
                 if statement.strip():
                     conn.execute(statement)

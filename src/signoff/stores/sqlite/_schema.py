@@ -17,6 +17,7 @@ __all__ = [
     "EARLIER_JOIN",
     "FIRST_TURN",
     "PAGE_SIZE",
+    "REQUESTS",
     "REQUEST_COLUMNS",
     "REQUEST_JOIN",
     "SCHEMA",
@@ -26,13 +27,16 @@ __all__ = [
     "keep_session_initiators",
     "keep_session_parents",
     "keep_stream_heads",
+    "let_requests_hold_no_copy",
     "names_missing",
     "names_taken",
     "order_children_by_expiry",
+    "rebuild_requests",
+    "schema_mark",
     "upgrade_from_1",
 ]
 
-STORE_SCHEMA = 10
+STORE_SCHEMA = 11
 """2: audit entries point at their events, chain heads in the session rows. 3: event rows hold a
 type code, a turn id only where it changes, and data that may be stored on the event before
 (`_codec.DEFLATE_ON_PREVIOUS`); an older signoff reads none of that, so it refuses the file.
@@ -62,6 +66,10 @@ session's subagents' sessions at once: without it SQLite built a temporary index
 session for each deletion, whose cost grew with the store. Its condition, `parent > 0` (every
 key is), is one only a query saying so can use: the queries of children by status and deadline,
 which say `parent IS NOT NULL`, keep to `sessions_children`.
+11: every file lets a request row go without `data`: one upgraded from schema 1 by a signoff
+before this one kept schema 1's `NOT NULL` on it (SQLite alters no constraint in place), so each
+new request, whose row's `data` is NULL when its event holds it, was refused; its `requests` is
+rebuilt, and any other file's left as is. An older signoff refuses the file, as any newer one.
 A file already marked with this version is opened without running `SCHEMA` (so that opening
 writes nothing), so any change to `SCHEMA` needs a new version."""
 
@@ -97,7 +105,30 @@ FIRST_TURN = CURRENT_TURN.replace("ORDER BY t.seq DESC", "ORDER BY t.seq")
 NULL before one."""
 
 
-SCHEMA = """
+REQUESTS = """CREATE TABLE IF NOT EXISTS requests (
+    id TEXT PRIMARY KEY,
+    sk INTEGER NOT NULL,
+    seq INTEGER,
+    idx INTEGER,
+    agent TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    tool TEXT,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    outcome TEXT,
+    data BLOB,
+    resolution BLOB,
+    expires_at REAL
+);
+CREATE INDEX IF NOT EXISTS requests_pending ON requests (created_at) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS requests_due ON requests (expires_at)
+    WHERE status = 'pending' AND expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS requests_by_session ON requests (sk, status);
+"""
+"""The request rows' table and its indexes, as `SCHEMA` creates them (`rebuild_requests`)."""
+
+SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS sessions (
     sk INTEGER PRIMARY KEY,
     id TEXT NOT NULL UNIQUE,
@@ -135,26 +166,9 @@ CREATE TABLE IF NOT EXISTS snapshots (
     seq INTEGER NOT NULL,
     data BLOB NOT NULL
 );
-CREATE TABLE IF NOT EXISTS requests (
-    id TEXT PRIMARY KEY,
-    sk INTEGER NOT NULL,
-    seq INTEGER,
-    idx INTEGER,
-    agent TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    tool TEXT,
-    status TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    outcome TEXT,
-    data BLOB,
-    resolution BLOB,
-    expires_at REAL
-);
-CREATE INDEX IF NOT EXISTS requests_pending ON requests (created_at) WHERE status = 'pending';
-CREATE INDEX IF NOT EXISTS requests_due ON requests (expires_at)
-    WHERE status = 'pending' AND expires_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS requests_by_session ON requests (sk, status);
-CREATE TABLE IF NOT EXISTS audit (
+"""
+    + REQUESTS
+    + """CREATE TABLE IF NOT EXISTS audit (
     id INTEGER PRIMARY KEY,
     sk INTEGER,
     stream TEXT,
@@ -180,18 +194,30 @@ CREATE TABLE IF NOT EXISTS channel_claims (
     after_id INTEGER
 );
 """
+)
+
+
+def schema_mark(path: str, value: object) -> int:
+    """The store schema a file is marked with; a mark that is not a number, or not one any
+    signoff wrote (they start at 1), is a damaged file."""
+    try:
+        found = int(str(value))
+    except ValueError:
+        found = 0
+    if found < 1:
+        raise StoreError(f"{path} is damaged: its store schema mark is {value!r}")
+    return found
 
 
 def upgrade_from_1(conn: sqlite3.Connection) -> None:
-    """Schema 1 to 2, in the opening transaction: request rows keep their own copies, audit
-    entries of sessions move to the compact form and the session rows learn their chain heads."""
+    """Schema 1 to 2, in the opening transaction: request rows keep their own copies (or none,
+    where their event holds them), audit entries of sessions move to the compact form and the
+    session rows learn their chain heads."""
     # NULL turn meant "no turn" in schema 1 and means "the turn of the event before" now.
     conn.execute("UPDATE events SET turn = '' WHERE turn IS NULL")
     conn.execute("ALTER TABLE sessions ADD COLUMN audit_n INTEGER NOT NULL DEFAULT 0")
     conn.execute("ALTER TABLE sessions ADD COLUMN audit_hash BLOB")
-    conn.execute("ALTER TABLE requests ADD COLUMN seq INTEGER")
-    conn.execute("ALTER TABLE requests ADD COLUMN idx INTEGER")
-    conn.execute("DROP INDEX IF EXISTS requests_by_status")
+    rebuild_requests(conn)  # its `data` NOT NULL, and `requests_by_status`, go with the old
     conn.execute("ALTER TABLE audit RENAME TO audit_1")
     conn.execute(
         "CREATE TABLE audit (id INTEGER PRIMARY KEY, sk INTEGER, stream TEXT, n INTEGER NOT NULL, "
@@ -217,6 +243,28 @@ def upgrade_from_1(conn: sqlite3.Connection) -> None:
         "(SELECT sk, n, hash FROM audit WHERE sk IS NOT NULL AND n = "
         "(SELECT MAX(n) FROM audit b WHERE b.sk = audit.sk)) a WHERE a.sk = sessions.sk"
     )
+
+
+def rebuild_requests(conn: sqlite3.Connection) -> None:
+    """`requests` made again as `REQUESTS` defines it, its rows kept, in the opening transaction:
+    SQLite changes no column's constraints in place. Columns the old table lacks are NULL."""
+    had = {row[1] for row in conn.execute("PRAGMA table_info(requests)")}
+    table, *indexes = (s for s in REQUESTS.split(";") if s.strip())
+    conn.execute("ALTER TABLE requests RENAME TO requests_old")
+    conn.execute(table)
+    kept = ", ".join(row[1] for row in conn.execute("PRAGMA table_info(requests)") if row[1] in had)
+    conn.execute(f"INSERT INTO requests ({kept}) SELECT {kept} FROM requests_old")
+    conn.execute("DROP TABLE requests_old")  # and its indexes, whose names `indexes` take
+    for index in indexes:
+        conn.execute(index)
+
+
+def let_requests_hold_no_copy(conn: sqlite3.Connection) -> None:
+    """Schema 10 (or older) to 11, in the opening transaction: a file an older signoff upgraded
+    from schema 1 kept that schema's `requests.data NOT NULL`, which refuses every new request
+    row held by its event (whose `data` is NULL); its table is rebuilt, any other left as is."""
+    if any(row[1] == "data" and row[3] for row in conn.execute("PRAGMA table_info(requests)")):
+        rebuild_requests(conn)
 
 
 def keep_stream_heads(conn: sqlite3.Connection) -> None:
