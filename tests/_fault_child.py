@@ -183,9 +183,12 @@ async def run(argv: list[str]) -> dict[str, Any]:
             async for e in rt.events(sid, follow=False)
             if e.type == "model.completed"
         ]
+        # The session's last turn: Bob's, whichever call ran it (Alice's answer is told hers).
+        last = (await rt.state(sid)).turn
+        assert last is not None
         return {
-            "status": r.status,
-            "text": r.text,
+            "status": last.status,
+            "text": last.text,
             "turns": turns,
             "texts": texts,
             "points": len(labels),

@@ -46,7 +46,7 @@ from ._idempotency import Keyed
 from ._mirrors import deciding
 from ._output_caps import spare
 from ._policy_inputs import session_info, typed_input
-from ._recording import Batch, runnable, with_usage
+from ._recording import Answered, Batch, runnable, with_usage
 from ._response import ResponseVerdict
 from ._results import GenerateResult, Outcome
 from ._settings import flag
@@ -90,7 +90,7 @@ class Answering(Candidates):
             for r in input_responses(responses)
         ]
         judged: list[SessionState] = []
-        turns: list[str] = []
+        turns: list[Answered] = []
         outcomes = await self._settle(
             session_id,
             answers,
@@ -103,7 +103,8 @@ class Answering(Candidates):
         if not resume:
             state = judged[0] if judged else await self._state(session_id)
             return self._result(state, outcomes)
-        return await self._go_on(session_id, outcomes, judged, own=turns[0] if turns else None)
+        went_to = turns[0] if turns else None
+        return await self._go_on(session_id, outcomes, judged, answered=went_to)
 
     async def _go_on(
         self,
@@ -112,13 +113,13 @@ class Answering(Candidates):
         judged: Sequence[SessionState],
         *,
         retry: bool = False,
-        own: str | None = None,
+        answered: Answered | None = None,
     ) -> GenerateResult:
         """Continue the turn after answers were settled; answers that only repeated earlier
         ones (`judged`: the state they were judged on, which they left as it was) return that
         state if a drive of it would do nothing, without taking and giving back the lease.
-        `own`: the turn the answers went to, which the call is told once it completes, not the
-        next person's turn its drive then runs (`ended_under`).
+        `answered`: the turn the answers went to, which the call is told once it is over, not
+        the next person's turn its drive then runs (`ended_under`).
         Answers all refused by their outcome (a response policy's) settled nothing: the call
         drives only what is due anyway (`_refused_idle`)."""
         idle = await self._refused_idle(session_id, outcomes, retry=retry)
@@ -126,7 +127,7 @@ class Answering(Candidates):
             return self._result(idle, outcomes)
         if judged and self._nothing_to_drive(judged[0], retry=retry):
             return self._result(judged[0], outcomes)
-        return await self._drive(session_id, outcomes=outcomes, retry=retry, own=own)
+        return await self._drive(session_id, outcomes=outcomes, retry=retry, answered=answered)
 
     async def _refused_idle(
         self, session_id: str, outcomes: Sequence[Outcome], *, retry: bool = False
@@ -180,7 +181,7 @@ class Answering(Candidates):
         from_message: bool = False,
         judged: list[SessionState] | None = None,
         kept: list[bool] | None = None,
-        turns: list[str] | None = None,
+        turns: list[Answered] | None = None,
     ) -> list[Outcome]:
         """Validate every answer, then settle them all in one durable commit (or none);
         `check_only` raises what settling would raise and records nothing. An answer to a request
@@ -193,7 +194,7 @@ class Answering(Candidates):
         `judged` is given the state the answers were judged on when settling recorded nothing
         (they only repeat earlier ones). `kept` is given True when `mark` was recorded with the
         end of an answer that changed nothing (`Candidates._candidate`). `turns` is given the
-        turn the answers that were settled or judged went to."""
+        turn the answers went to when they found it open (with who gave them)."""
         if len(answers) > MAX_ANSWERS:
             raise InvalidAnswer(
                 f"at most {MAX_ANSWERS} answers in one call, not {len(answers)}: "
@@ -215,7 +216,10 @@ class Answering(Candidates):
                     live = state.requests.get(reply.request_id)
                     if live is not None:
                         _check_decided(live.request)
+            went_to = _answered_turn(state, answers, principal)
             if _mirrors.routed(state, answers):  # mirrored from a subagent: settle it there
+                if turns is not None and went_to is not None and not check_only:
+                    turns.append(went_to)
                 return await _mirrors.settle_routed(
                     self,
                     state,
@@ -233,7 +237,7 @@ class Answering(Candidates):
             unknown: list[str] = []
             gated: list[tuple[InputRequest, _Reply, dict[str, Any]]] = []
             verdicts: dict[str, ResponseVerdict] = {}  # the response policy's, on edits
-            turn_id = went_to = None
+            turn_id = None
             for reply in answers:
                 rid = reply.request_id
                 live = state.requests.get(rid)
@@ -315,7 +319,6 @@ class Answering(Candidates):
                     # judge it again (nor a candidate be recorded, to be closed at once).
                     outcomes.append(already_counted(request))
                     continue
-                went_to = request.turn_id
                 if gate:
                     gated.append((request, reply, wanted))
                     continue
@@ -589,3 +592,18 @@ def _in_time(
 def _pending(state: SessionState, request_id: str) -> bool:
     live = state.requests.get(request_id)
     return live is not None and live.status == "pending"
+
+
+def _answered_turn(
+    state: SessionState, answers: Sequence[_Reply], principal: Principal | None
+) -> Answered | None:
+    """The session's turn, if an answer goes to an open request of it (a mirror's too): what
+    the call is told once that turn is over (`ended_under`)."""
+    turn = state.turn
+    if turn is None:
+        return None
+    for a in answers:
+        live = state.requests.get(a.request_id)
+        if live is not None and live.status == "pending" and live.request.turn_id == turn.id:
+            return Answered(turn.id, turn.first_seq, principal)
+    return None

@@ -24,7 +24,7 @@ from ._exceptions import (
 )
 from ._idempotency import Keyed, keyed, records, seen, session_for, turn_of
 from ._mirrors import following_mirrors, keep_vote_key
-from ._recording import Changed, EventSpec, TurnStopped, load_turn, unchanged
+from ._recording import Answered, Changed, EventSpec, TurnStopped, load_turn, unchanged
 from ._results import GenerateResult
 from ._state import SessionState, turn_over, waits_for_retry
 from ._text import NOTHING_SAID, is_blank
@@ -158,7 +158,7 @@ class Messages(Answering):
                 reply = _match(first, message)
                 if reply is not None:
                     kept: list[bool] = []  # its key recorded with its answer's end
-                    turns: list[str] = []  # the turn it answered, its call's to be told
+                    turns: list[Answered] = []  # the turn it answered, its call's to be told
                     try:
                         outcomes = await self._settle(
                             session_id,
@@ -188,7 +188,7 @@ class Messages(Answering):
                     if idle is not None:  # settled nothing, nothing due: drives nothing
                         return self._result(idle, outcomes)
                     went_to = turns[0] if turns else None
-                    return await self._drive(session_id, outcomes=outcomes, own=went_to)
+                    return await self._drive(session_id, outcomes=outcomes, answered=went_to)
             held_on_approval = any(r.kind == "tool-approval" for r in pending)
             who = None if principal is None else principal.model_dump()
             if not same_person or (turn_policy == "queue" and not held_on_approval):

@@ -24,7 +24,7 @@ from ._state import (
     turn_over,
 )
 from ._text import cut, is_blank
-from ._types import InputRequest, Usage, reported_usage, usage_fields
+from ._types import InputRequest, Principal, Usage, reported_usage, usage_fields
 from .stores import Resolve, Store
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ._unrecorded import Unrecorded
 
 __all__ = [
+    "Answered",
     "PARK_TYPES",
     "SNAPSHOT_EVERY",
     "STATUS_TYPES",
@@ -289,26 +290,53 @@ async def load_turn(store: Store, session_id: str, turn_id: str, first_seq: int)
     return state
 
 
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """The turn a call's answers went to (its id and first event), and who gave them: what that
+    call is told once the turn is over, rather than a later turn's result (`ended_under`)."""
+
+    turn_id: str
+    first_seq: int
+    by: Principal | None
+
+
+def _same_person(a: Principal | None, b: Principal | None) -> bool:
+    """Whether two turns serve one person (by identity, not attributes; None is no one)."""
+    return a is None if b is None else b.same_as(a)
+
+
 async def ended_under(
-    store: Store, state: SessionState, began: TurnState | None, own: str | None = None
+    store: Store,
+    state: SessionState,
+    began: TurnState | None,
+    own: str | None = None,
+    answered: Answered | None = None,
 ) -> SessionState | None:
     """The turn `began` as it ended, when it was cancelled or failed for good under a drive
     that then ran the turn a queued message started (`state`'s), or completed when it is the
     turn the caller's own message started (`own`) and the later turn serves someone else:
     what that drive's caller is told, rather than the other turn's result (another person's
-    answer; one its sender queued behind it is the caller's to read). None if `began` is
-    still the session's turn, or completed otherwise (it drove a turn its message queued
-    behind, and is told its own)."""
-    if began is None or state.turn is None or state.turn.id == began.id:
+    answer; one its sender queued behind it is the caller's to read). A call that answered
+    (`answered`) is told the turn it answered in the same way, whatever turn its drive found
+    first, unless the later turn is one the one who answered started. None if that turn is
+    still the session's, or completed otherwise (it drove a turn its message queued behind,
+    and is told its own)."""
+    if answered is not None:
+        turn_id, first_seq, own = answered.turn_id, answered.first_seq, answered.turn_id
+    elif began is not None:
+        turn_id, first_seq = began.id, began.first_seq
+    else:
         return None
-    ended = await load_turn(store, state.id, began.id, began.first_seq)
+    if state.turn is None or state.turn.id == turn_id:
+        return None
+    ended = await load_turn(store, state.id, turn_id, first_seq)
     turn = ended.turn
     if turn is None or not turn_over(turn):
         return None
-    if turn.status != "completed":
-        return ended
-    others = state.turn.principal != turn.principal
-    return ended if turn.id == own and others else None
+    if turn.status != "completed" or turn.id != own:
+        return ended if turn.status != "completed" else None
+    caller = turn.principal if answered is None else answered.by
+    return None if _same_person(state.turn.principal, caller) else ended
 
 
 _TURN_PAGE = 256

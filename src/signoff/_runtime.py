@@ -40,7 +40,7 @@ from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
 from ._mirrors import followed_state, following_mirrors
 from ._prompts import check_prompt
 from ._queue_page import queue_page
-from ._recording import EventSpec, TurnStopped, load_turn
+from ._recording import Answered, EventSpec, TurnStopped, load_turn
 from ._results import GenerateResult
 from ._session_cache import check_agent_name, check_session_id
 from ._session_page import check_listing, session_page
@@ -238,7 +238,7 @@ class Runtime(Deletion):
                 for d in decisions
             ]
             judged: list[SessionState] = []
-            turns: list[str] = []
+            turns: list[Answered] = []
             outcomes = await self._settle(
                 session_id,
                 answers,
@@ -249,7 +249,7 @@ class Runtime(Deletion):
                 turns=turns,
             )
             went_to = turns[0] if turns else None
-            return await self._go_on(session_id, outcomes, judged, retry=True, own=went_to)
+            return await self._go_on(session_id, outcomes, judged, retry=True, answered=went_to)
         if session_id is None:
             if agent is None:
                 raise UsageError("generate() needs an agent name for a new session")

@@ -18,7 +18,7 @@ from ._exceptions import LeaseLost, PartialAnswer, SessionBusy, SessionExpired, 
 from ._idempotency import Keyed, seen
 from ._leasing import lost_line
 from ._prompts import check_prompt, next_turn
-from ._recording import Changed, EventSpec, ended_under, new_id, runnable
+from ._recording import Answered, Changed, EventSpec, ended_under, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._session_cache import SessionCache, check_session_id
 from ._state import SessionState, TurnState, turn_over, waits_for_retry
@@ -217,6 +217,7 @@ class SessionRunner(SessionCache):
         lease_wait: float | None = None,  # for the first lease; `self.lease_wait` if None
         stopping: Callable[[], bool] | None = None,
         own: str | None = None,  # the turn this call's message started, if it knows it
+        answered: Answered | None = None,  # the turn this call's answers went to
     ) -> GenerateResult:
         """Drive the session's turn under a lease until it settles: one a worker `claimed`,
         one its creation took (`leased`), or else one acquired here. A lease lost is logged
@@ -264,7 +265,7 @@ class SessionRunner(SessionCache):
                     if acquired is None:
                         state = await self._state(session_id)
                         # A cancel that started the message queued behind this drive's turn, say.
-                        ended = await ended_under(self.store, state, began, own)
+                        ended = await ended_under(self.store, state, began, own, answered)
                         if ended is not None:
                             return self._result(ended, outcomes)
                         return self._result(state, outcomes, busy=True)
@@ -367,7 +368,7 @@ class SessionRunner(SessionCache):
                 if lost or (stopping is not None and stopping()):
                     return self._result(state, outcomes, busy=runnable(state))
                 if not runnable(state):
-                    ended = await ended_under(self.store, state, began, own)
+                    ended = await ended_under(self.store, state, began, own, answered)
                     return self._result(state if ended is None else ended, outcomes)
             raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
         finally:
