@@ -31,9 +31,10 @@ from ._text import cut
 from ._tool_json import jsonable, over_limit, recorded_bound, result_bound
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
 from ._tools import Tool, Unshown
+from ._trace_content import MASK
 from ._types import APPROVAL_OPTIONS, Action, InputRequest, same_json
 
-__all__ = ["IGNORED", "CallEnds", "Got", "form_before", "signal_in"]
+__all__ = ["IGNORED", "CallEnds", "Got", "asked_input", "form_before", "signal_in"]
 
 Got: TypeAlias = "dict[str, Any] | PydanticSerializationError | None"
 """A call's validated input as JSON (`Tool.approved_form`) before its body ran, or why it has
@@ -117,6 +118,19 @@ def _shown_as_got(tool: Tool, validated: BaseModel, got: Got) -> dict[str, Any]:
             "got does not show as itself validated again: copy an argument before changing it"
         )
     return got
+
+
+def asked_input(tool: Tool, got: Got, raw: Any) -> Any:
+    """The call's input as a question its body asks (`ctx.ask`) shows it: its JSON form as the
+    body got it (`got`, as an approval shows it: secrets masked, by alias), never the model's
+    raw arguments; `MASK` whole where it has none. A lazy input (`got` None) is validated again
+    from `raw`, the input the body got: its form would use up the iterator the body reads."""
+    try:
+        if got is None:
+            return tool.approved_form(tool.validate(raw))
+    except (PydanticSerializationError, ValidationError):
+        return MASK
+    return MASK if isinstance(got, PydanticSerializationError) else got
 
 
 class CallEnds(DriverPart):

@@ -46,9 +46,19 @@ fails apart from the step's function, never inside it."""
 class CallJournal:
     """The engine's side of `ctx.ask()` / `ctx.step()` for one call: records and replays."""
 
-    def __init__(self, driver: ToolCalls, call_id: str, principal: Principal | None) -> None:
+    def __init__(
+        self,
+        driver: ToolCalls,
+        call_id: str,
+        principal: Principal | None,
+        shown: Callable[[], Any],
+    ) -> None:
         self.driver = driver
         self.call_id = call_id
+        # The input the body's questions show (`asked_input`): taken at its first ask and kept,
+        # so every ask of this run shows the same (a lazy input is validated again to take it).
+        self._shown = shown
+        self._shown_input: tuple[Any] | None = None
         self.parked = asyncio.Event()
         self.closed = asyncio.Event()  # the body ended: a stray branch may ask no more
         self.stopped = False  # closed as the body parked (or its drive stopped), not at its end
@@ -328,6 +338,13 @@ class CallJournal:
         tool = self.driver.agent.tools.get(self._call().tool_name)
         return tool is not None and echoes_answers(tool)
 
+    def shown_input(self) -> Any:
+        """The call's input as its questions show it (`asked_input`): its JSON form as the body
+        got it, secrets masked, as an approval shows it; never as the model gave it."""
+        if self._shown_input is None:
+            self._shown_input = (self._shown(),)
+        return self._shown_input[0]
+
     def _busy(self, change: int) -> None:
         self.inflight += change
         if self.inflight:
@@ -353,7 +370,7 @@ class CallJournal:
                 session_id=s.id,
                 turn_id=turn.id,
                 agent=s.agent,
-                action=Action.of(call.id, call.tool_name, call.input),
+                action=Action.of(call.id, call.tool_name, self.shown_input()),
                 question=question,
                 options=options,
                 allow_text=allow_text,

@@ -14,7 +14,7 @@ from pydantic_core import PydanticSerializationError
 
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
 from ._bound_input import as_approved, as_started, left_out, still_bound
-from ._call_ends import IGNORED, CallEnds, form_before, signal_in
+from ._call_ends import IGNORED, CallEnds, asked_input, form_before, signal_in
 from ._exceptions import LeaseLost, TooLarge
 from ._journal import UNRECORDED_KEPT, CallJournal
 from ._output_caps import spare
@@ -373,7 +373,9 @@ class ToolCalls(CallEnds):
                     )
                 ]
             )
-        journal = CallJournal(self, call.id, principal)
+        got = form_before(tool, validated)  # what a request the body asks for shows
+        raw = call.input if call.edited_input is None else call.edited_input
+        journal = CallJournal(self, call.id, principal, lambda: asked_input(tool, got, raw))
         held = self.unrecorded.pop(key)
         if held is not None:  # the body ran in this process; only recording its outcome failed
             await self.end_call(key, journal, held)
@@ -387,7 +389,6 @@ class ToolCalls(CallEnds):
             abort_signal=self.abort_signal,
             journal=journal,
         )
-        got = form_before(tool, validated)  # what a request the body asks for shows
         with self.tracing.tool(s, call.id, call.tool_name, validated) as span:
             if self.lease_check is not None:
                 await self.lease_check()  # a drive that stalled past its lease runs no body
