@@ -4,6 +4,7 @@ its tool calls runs, for both adapters, `Scripted` and a model of one's own alik
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -168,3 +169,40 @@ async def test_a_reply_that_ended_on_its_own_is_not_marked(flavor: str) -> None:
 
             for _ in range(2):
                 assert (await model.complete(request())).cut_off is None
+
+
+@pytest.mark.parametrize(
+    ("flavor", "reason", "why"),
+    [
+        ("openai", "content_filter", "was filtered (finish_reason content_filter)"),
+        ("anthropic", "refusal", "was refused (stop_reason refusal)"),
+    ],
+)
+async def test_a_filtered_reply_of_blank_text_fails_its_turn(
+    tmp_path: Path, flavor: str, reason: str, why: str
+) -> None:
+    """A refused or filtered reply whose text is only whitespace has nothing usable in it, as a
+    reply cut at the token limit with blank text does; it ended the turn as the answer."""
+    with FakeLLM(flavor, strict=True) as fake:
+        fake.queue(stopped(text_reply(flavor, " \n"), flavor, reason))
+        model = provider_model(flavor, fake)
+        agent = so.Agent(name="a", model=model)
+        async with model, so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+            r = await rt.generate("a", prompt="refund policy?", auth=ALICE)
+            assert (r.status, r.retryable, r.cut_off) == ("failed", True, None)
+            assert r.error is not None and why in r.error["message"]
+            assert await model_events(rt, r.session_id) == []
+            assert (await rt.state(r.session_id)).usage.total_tokens == 36
+
+
+async def test_an_openai_refusal_beside_blank_content_is_the_text() -> None:
+    """Blank content beside the refusal the API sent: the refusal is what the model said."""
+    with FakeLLM("openai") as fake:
+        body = stopped(text_reply("openai", "  "), "openai", "content_filter")
+        body["choices"][0]["message"]["refusal"] = "I can't help with that."
+        fake.queue(body)
+        async with provider_model("openai", fake) as model:
+            from ._models import request
+
+            response = await model.complete(request())
+    assert (response.text, response.cut_off) == ("I can't help with that.", "content_filter")

@@ -41,7 +41,7 @@ from ._provider import (
     served_model,
     shown_url,
 )
-from ._provider_errors import body_error, hide_secrets
+from ._provider_errors import body_error, head, hide_secrets
 from ._reply_cap import DEFAULT_MAX_REPLY_BYTES, check_reply_cap
 from ._urls import check_endpoint
 
@@ -202,7 +202,7 @@ class Anthropic(SdkModel):
         """The next response from the Anthropic Messages API. Its errors never show
         the credentials the client sends (a server may echo the key it was sent)."""
         client = self._clients.get()
-        with hide_secrets(client):
+        with hide_secrets(client, self.params):
             return await self._complete(client, request)
 
     async def _complete(self, client: Any, request: ModelRequest) -> ModelResponse:
@@ -405,7 +405,7 @@ class Anthropic(SdkModel):
         if isinstance(message, str):  # the SDK's answer to a Content-Type other than JSON
             raise ModelError(
                 f"Anthropic messages call for {where} returned a body that is not JSON: "
-                f"{message[:200]!r}"
+                f"{head(message, 200)!r}"
             )
         content = getattr(message, "content", None)
         if not isinstance(content, list):
@@ -438,11 +438,11 @@ class Anthropic(SdkModel):
                 context_tokens=kept,
             )
         if stop == "refusal" and (
-            not any(getattr(b, "type", None) == "text" and getattr(b, "text", "") for b in content)
+            not any(getattr(b, "type", None) == "text" and _said(b) for b in content)
             or any(getattr(b, "type", None) == "tool_use" for b in content)
         ):
-            # Declined for safety, perhaps mid-call: an empty answer or half a tool call would pass
-            # for a real one, so the turn fails and says why.
+            # Declined for safety, perhaps mid-call: an empty (or blank) answer or half a tool
+            # call would pass for a real one, so the turn fails and says why.
             raise ModelError(
                 f"Anthropic messages call for {where} was refused (stop_reason refusal)",
                 usage=usage,
@@ -524,3 +524,9 @@ class Anthropic(SdkModel):
                 + output * price_out
             ) / 1_000_000
         return Usage(input_tokens=plain + written + read, output_tokens=output, cost_usd=cost)
+
+
+def _said(block: Any) -> bool:
+    """Whether a text block says anything: more than whitespace."""
+    text = getattr(block, "text", "")
+    return bool(text.strip() if isinstance(text, str) else text)

@@ -46,7 +46,7 @@ from ._provider import (
     served_model,
     shown_url,
 )
-from ._provider_errors import body_error, hide_secrets
+from ._provider_errors import body_error, head, hide_secrets
 from ._reply_cap import DEFAULT_MAX_REPLY_BYTES, check_reply_cap
 from ._urls import check_endpoint
 
@@ -217,7 +217,7 @@ class OpenAIChat(SdkModel):
         """The next response from the OpenAI-compatible Chat Completions API. Its errors never show
         the credentials the client sends (a server may echo the key it was sent)."""
         client = self._clients.get()
-        with hide_secrets(client):
+        with hide_secrets(client, self.params):
             return await self._complete(client, request)
 
     async def _complete(self, client: Any, request: ModelRequest) -> ModelResponse:
@@ -257,7 +257,7 @@ class OpenAIChat(SdkModel):
         if isinstance(completion, str):  # the SDK's answer to a Content-Type other than JSON
             raise ModelError(
                 f"OpenAI chat completion for {where} returned a body that is not JSON: "
-                f"{completion[:200]!r}"
+                f"{head(completion, 200)!r}"
             )
         choices = getattr(completion, "choices", None)
         if not isinstance(choices, list) or not choices:
@@ -298,8 +298,8 @@ class OpenAIChat(SdkModel):
                 f"OpenAI chat completion for {where} has {_misshapen(content)}", usage=billed
             )
         refusal = getattr(message, "refusal", None)
-        if not text and isinstance(refusal, str):
-            text = refusal
+        if not text.strip() and isinstance(refusal, str):
+            text = refusal  # blank content beside a refusal says nothing the refusal does not
         raw_calls = getattr(message, "tool_calls", None) or []
         if not isinstance(raw_calls, list):
             raise ModelError(
@@ -316,9 +316,9 @@ class OpenAIChat(SdkModel):
                 + (f": {error}" if error else ""),
                 usage=billed,
             )
-        if finish == "content_filter" and (not text or raw_calls):
-            # Filtered, perhaps mid-call: an empty answer or half a tool call would pass for a
-            # real one, so the turn fails and says why.
+        if finish == "content_filter" and (not text.strip() or raw_calls):
+            # Filtered, perhaps mid-call: an empty (or blank) answer or half a tool call would
+            # pass for a real one, so the turn fails and says why.
             raise ModelError(
                 f"OpenAI chat completion for {where} was filtered (finish_reason content_filter)",
                 usage=billed,

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from contextvars import ContextVar
 from html.parser import HTMLParser
 from typing import Any
 
 from .._exceptions import SignoffError
+from ._urls import SECRET_PARAM
 
 __all__ = [
     "body_error",
@@ -18,6 +20,7 @@ __all__ = [
     "client_secrets",
     "connection_problem",
     "cut",
+    "head",
     "hide_secrets",
     "page_text",
     "status_detail",
@@ -29,10 +32,20 @@ __all__ = [
 # would be stored whole in the turn's failure on every retry.
 _DETAIL_CHARS = 2000
 
+# The credentials of the call `hide_secrets` holds, which each cut hides before it cuts: hidden
+# after, a key the cut split (`sk-fake-t [cut]`) was recorded in part.
+_SECRETS: ContextVar[tuple[str, ...]] = ContextVar("signoff_model_secrets", default=())
+
 
 def cut(text: str) -> str:
     """`text` as an error message shows it: at most `_DETAIL_CHARS` characters, then `[cut]`."""
+    text = _hidden(text, _SECRETS.get())
     return text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS] + " [cut]"
+
+
+def head(text: str, chars: int) -> str:
+    """The first `chars` characters of `text`, the credentials of the call hidden first."""
+    return _hidden(text, _SECRETS.get())[:chars]
 
 
 def status_detail(exc: BaseException) -> str:
@@ -93,12 +106,13 @@ class _PageText(HTMLParser):
 def page_text(body: str) -> str:
     """The words of an error page or text (its first 32 KB read): tags, scripts and styles
     left out, entities read, runs of whitespace made one space."""
+    read = head(body, 16 * _DETAIL_CHARS)
     reader = _PageText()
     try:
-        reader.feed(body[: 16 * _DETAIL_CHARS])
+        reader.feed(read)
         reader.close()
     except Exception:  # the parser's own trouble with a malformed page: its text as it is
-        return " ".join(body[: 16 * _DETAIL_CHARS].split())
+        return " ".join(read.split())
     return " ".join(reader.words)
 
 
@@ -142,30 +156,44 @@ _SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie", re.IGNORECASE)
 _LEAST_SECRET = 8
 
 
-def client_secrets(client: Any) -> list[str]:
-    """The credentials an SDK client sends: its API key, auth token, and the values of its
-    custom headers named like credentials (a `Bearer` value's token alone too), longest first."""
+def client_secrets(client: Any, params: Mapping[str, Any] | None = None) -> list[str]:
+    """The credentials an SDK client sends, with a model's `params` on each call: its API key,
+    auth token, the values of its custom headers and `params`' `extra_headers` named like
+    credentials (a `Bearer` value's token alone too), and of its default query and `params`'
+    `extra_query` parameters named as credentials (`?key=`), longest first."""
     found: list[Any] = [getattr(client, "api_key", None), getattr(client, "auth_token", None)]
-    headers = getattr(client, "_custom_headers", None)
-    if isinstance(headers, Mapping):
-        for name, value in headers.items():
-            if isinstance(name, str) and isinstance(value, str) and _SECRET_HEADER.search(name):
+    extra = params if isinstance(params, Mapping) else {}
+    for headers in (getattr(client, "_custom_headers", None), extra.get("extra_headers")):
+        for name, value in _named(headers):
+            if _SECRET_HEADER.search(name):
                 found += [value, value.rpartition(" ")[2]]
+    for query in (getattr(client, "_custom_query", None), extra.get("extra_query")):
+        found += [value for name, value in _named(query) if SECRET_PARAM.search(name)]
     kept = {s for s in found if isinstance(s, str) and len(s.strip()) >= _LEAST_SECRET}
     return sorted(kept, key=len, reverse=True)
 
 
+def _named(values: Any) -> Iterator[tuple[str, str]]:
+    """The text values of a mapping of headers or query parameters, by name."""
+    if isinstance(values, Mapping):
+        for name, value in values.items():
+            if isinstance(name, str) and isinstance(value, str):
+                yield name, value
+
+
 @contextmanager
-def hide_secrets(client: Any) -> Iterator[None]:
-    """Within it, a signoff error raised has the credentials `client` sends replaced by
-    `[redacted]` in its message: a server or gateway that echoes the key it was sent in its
-    error (`invalid x-api-key sk-...`) had it recorded in the turn's failure, which anyone who
-    may read the session reads, and shown by the dashboard and the CLI. So do the messages of
-    the errors it was raised from (the SDK's)."""
+def hide_secrets(client: Any, params: Mapping[str, Any] | None = None) -> Iterator[None]:
+    """Within it, a signoff error raised has the credentials `client` sends (with `params` on
+    each call) replaced by `[redacted]` in its message, and an error text cut is hidden before
+    the cut: a server or gateway that echoes the key it was sent in its error (`invalid x-api-key
+    sk-...`) had it recorded in the turn's failure, which anyone who may read the session reads,
+    and shown by the dashboard and the CLI. So do the messages of the errors it was raised from
+    (the SDK's)."""
+    secrets = client_secrets(client, params)
+    token = _SECRETS.set(tuple(secrets))
     try:
         yield
     except SignoffError as exc:
-        secrets = client_secrets(client)
         seen: set[int] = set()
         error: BaseException | None = exc
         # The SDK's errors it was raised from too: a trace's stack (with content on) and a
@@ -177,9 +205,12 @@ def hide_secrets(client: Any) -> Iterator[None]:
                 error.message = _hidden(error.message, secrets)  # type: ignore[attr-defined]
             error = error.__cause__ or error.__context__
         raise
+    finally:
+        with suppress(ValueError):  # a call closed unfinished from another context restores none
+            _SECRETS.reset(token)
 
 
-def _hidden(text: str, secrets: list[str]) -> str:
+def _hidden(text: str, secrets: Sequence[str]) -> str:
     for secret in secrets:
         text = text.replace(secret, "[redacted]")
     return text

@@ -7,12 +7,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .._exceptions import UsageError
 
-__all__ = ["check_endpoint", "shown_url"]
+__all__ = ["SECRET_PARAM", "check_endpoint", "shown_url"]
 
 
 # Query parameters that carry a credential (`?key=`, `?api_key=`, `?token=`, an Azure `sig=`);
 # others (`api-version`) stay, to tell endpoints apart.
-_SECRET_PARAM = re.compile(r"key|token|secret|sig|auth|pass|credential", re.IGNORECASE)
+SECRET_PARAM = re.compile(r"key|token|secret|sig|auth|pass|credential", re.IGNORECASE)
 
 
 def shown_url(url: object) -> str:
@@ -29,7 +29,7 @@ def shown_url(url: object) -> str:
         params = parts.query.split("&")
         for i, param in enumerate(params):
             name, eq, value = param.partition("=")
-            if eq and value and _SECRET_PARAM.search(name):
+            if eq and value and SECRET_PARAM.search(name):
                 params[i] = f"{name}=***"
         parts = parts._replace(query="&".join(params))
     shown = urlunsplit(parts)
