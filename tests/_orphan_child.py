@@ -62,6 +62,15 @@ async def main(url: str) -> None:
             return token
 
         rt._acquire = acquired  # type: ignore[method-assign]
+        on_grant = rt._on_grant
+
+        async def granted(ahead: Any, token: int | None, asked: float) -> None:
+            # The lease the commit of the message's turn granted the call's drive.
+            await on_grant(ahead, token, asked)
+            if token is not None:
+                held[ahead.session_id] = (ahead.owner, token)
+
+        rt._on_grant = granted  # type: ignore[method-assign]
         create = _subagents.RuntimeHost.create_child
 
         async def create_child(

@@ -16,7 +16,7 @@ import pytest
 
 import signoff as so
 from signoff import _leasing
-from signoff.stores import Store
+from signoff.stores import Commit, Store
 
 from ._leasing import (
     SlowRefund,
@@ -31,9 +31,15 @@ from ._leasing import (
 
 def noting_expiry(store: Store) -> Callable[[], float]:
     """Note the expiry, by the lease clock, that `store` gives the runtime's leases as they are
-    granted and renewed; the returned function gives the latest (the store keeps the latest)."""
-    acquire, renew = store.acquire_lease, store.renew_lease
+    granted (asked for, or with the commit of a message's turn) and renewed; the returned
+    function gives the latest (the store keeps the latest)."""
+    acquire, renew, commit = store.acquire_lease, store.renew_lease, store.commit
     expiries = [0.0]
+
+    async def committed(c: Commit) -> None:
+        await commit(c)
+        if c.granted is not None and c.grant is not None:
+            expiries.append(c.grant[2] + c.grant[1])
 
     async def acquired(session_id: str, owner: str, ttl: float, now: float) -> int | None:
         token = await acquire(session_id, owner, ttl, now)
@@ -49,6 +55,7 @@ def noting_expiry(store: Store) -> Callable[[], float]:
 
     store.acquire_lease = acquired  # type: ignore[method-assign]
     store.renew_lease = renewed  # type: ignore[method-assign]
+    store.commit = committed  # type: ignore[method-assign,assignment]
     return lambda: max(expiries)
 
 

@@ -30,6 +30,40 @@ from .test_store_edited_rows import edit
 # -- leases ----------------------------------------------------------------------------------
 
 
+async def test_a_commit_grants_the_lease_it_asks_for_unless_another_holds_it(store: Store) -> None:
+    """`Commit.grant`: the commit that makes a turn runnable leases the session to the drive it
+    is for in the same write, so no claim takes the turn first; with another owner's lease live
+    it applies all the same and grants none, and a lapsed one is taken over (a newer token)."""
+    sid = await new_session(store)
+
+    def running(seq: int, at: float) -> Commit:
+        return Commit(
+            session_id=sid,
+            expected_seq=seq - 1,
+            events=[ev(sid, seq)],
+            status="running",
+            grant=("call", 10, at),
+        )
+
+    first = running(2, T0)
+    await store.commit(first)
+    assert first.granted is not None
+    assert await store.claim("worker", 10, T0 + 1, 10) == []  # leased with the commit
+    assert await store.acquire_lease(sid, "other", 10, T0 + 2) is None
+    assert await store.renew_lease(sid, "call", first.granted, 10, T0 + 2)
+    await store.release_lease(sid, "call", first.granted)
+    held = await store.acquire_lease(sid, "worker", 10, T0 + 3)
+    assert held is not None and held > first.granted
+    second = running(3, T0 + 4)
+    await store.commit(second)
+    assert second.granted is None and await store.head(sid) == 3  # applied, nothing granted
+    assert await store.renew_lease(sid, "worker", held, 10, T0 + 5)  # still the worker's
+    third = running(4, T0 + 30)  # the worker's lease lapsed
+    await store.commit(third)
+    assert third.granted is not None and third.granted > held
+    assert not await store.renew_lease(sid, "worker", held, 10, T0 + 31)
+
+
 async def test_leases_and_fencing(store: Store) -> None:
     sid = await new_session(store)
     t1 = await store.acquire_lease(sid, "w1", 10, T0)

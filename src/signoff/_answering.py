@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import _mirrors
-from ._agent import Limits
+from ._answer_sizes import answer_bound, check_size
 from ._answers import Reply as _Reply
 from ._answers import check_decided as _check_decided
 from ._answers import check_principal, input_responses
@@ -52,7 +52,7 @@ from ._results import GenerateResult, Outcome
 from ._settings import flag
 from ._state import SessionState
 from ._text import cut, is_utf8
-from ._tool_json import over_limit, result_bound
+from ._tool_json import result_bound
 from ._tools import Tool
 from ._types import InputRequest, InputResponse, Principal, Usage
 from .stores import Resolve
@@ -91,20 +91,23 @@ class Answering(Candidates):
         ]
         judged: list[SessionState] = []
         turns: list[Answered] = []
-        outcomes = await self._settle(
-            session_id,
-            answers,
-            principal,
-            require_all=False,
-            drive_expired=resume,
-            judged=judged,
-            turns=turns,
-        )
         if not resume:
+            outcomes = await self._settle(
+                session_id,
+                answers,
+                principal,
+                require_all=False,
+                drive_expired=False,
+                judged=judged,
+            )
             state = judged[0] if judged else await self._state(session_id)
             return self._result(state, outcomes)
-        went_to = turns[0] if turns else None
-        return await self._go_on(session_id, outcomes, judged, answered=went_to)
+        async with self._own_turn(session_id):
+            outcomes = await self._settle(
+                session_id, answers, principal, require_all=False, judged=judged, turns=turns
+            )
+            went_to = turns[0] if turns else None
+            return await self._go_on(session_id, outcomes, judged, answered=went_to)
 
     async def _go_on(
         self,
@@ -287,20 +290,20 @@ class Answering(Candidates):
                 if text is not None and (tool is not None or request.source == "ask"):
                     # A free-text answer is bounded as its question is, by the tool's result:
                     # `ask_question` returns it whole, a tool's own `ctx.ask` as it likes.
-                    limit = _answer_bound(request, tool, agent.limits)
+                    limit = answer_bound(request, tool, agent.limits)
                     if tool is not None:
                         echoed = echoes_answers(tool)
                     else:  # unknown under the default bound, which records neither: stricter
                         echoed = request.echoes_answer or request.max_result_bytes is None
                     shown = question_result(text) if echoed else text
-                    _check_size(request, "answer", shown, limit)
+                    check_size(request, "answer", shown, limit)
                 if wanted.get("value") is not None:
                     # The decision on a tool's own approval is its call's result, value and all.
-                    limit = _answer_bound(request, tool, agent.limits)
-                    _check_size(request, "value", wanted["value"], limit)
+                    limit = answer_bound(request, tool, agent.limits)
+                    check_size(request, "value", wanted["value"], limit)
                 if wanted.get("edited_input") is not None and tool is not None:
                     limit = result_bound(tool, agent.limits)
-                    _check_size(request, "edited input", wanted["edited_input"], limit)
+                    check_size(request, "edited input", wanted["edited_input"], limit)
                     judge = gate and tool.response_policy is not None
                     early, on_edit = await self._reviewed_edit(
                         state, tool, request, wanted, principal, judge, reviews, check_only
@@ -544,28 +547,6 @@ class Answering(Candidates):
     async def _may_answer(self, request: InputRequest, principal: Principal | None) -> bool:
         """Whether `principal` may answer `request` (for a mirror, the subagent's request)."""
         return await refusal(self.agents, self.store, request, principal) is None
-
-
-def _answer_bound(request: InputRequest, tool: Tool | None, limits: Limits) -> int:
-    """The bound on the result `request`'s answer makes its call return: its tool's when this
-    runtime has it (it runs the call on), else the one recorded when it asked, else `limits`'
-    (the default, which a question leaves unrecorded)."""
-    if tool is None and request.max_result_bytes is not None:
-        return request.max_result_bytes
-    return result_bound(tool, limits)
-
-
-def _check_size(request: InputRequest, what: str, value: Any, limit: int) -> None:
-    """Refuse an edit or a value over the tool's `max_result_bytes`: the call's result repeats
-    it to the model, which reads it again in every later call of the session."""
-    why = over_limit(
-        f"request {request.id}: the {what} is",
-        value,
-        limit,
-        tail=f"(max_result_bytes of {request.tool_name})",
-    )
-    if why is not None:
-        raise InvalidAnswer(why, [request.id])
 
 
 def _in_time(

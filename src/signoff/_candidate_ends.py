@@ -190,6 +190,7 @@ async def past_cancel(
             return await decide()
 
     task = asyncio.ensure_future(guarded())
+    rt._acting_for(task)  # its commit may lease the turn it makes runnable to the call's drive
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:

@@ -96,6 +96,11 @@ class Driver(ToolCalls, ModelStep):
         # also frees the lease (`released`), sparing a transaction; nothing is recorded after.
         self.release_at_end = False
         self.released = False
+        # Set by a call that drives the turn its own commit makes runnable (`_own_turn`): the
+        # owner such a commit asks the store to grant the lease to, with its TTL (None: none
+        # now), and what is told of the token granted, with the time it was asked at.
+        self.grant: Callable[[], tuple[str, float] | None] | None = None
+        self.on_grant: Callable[[int | None, float], Awaitable[None]] | None = None
         # Set with the lease: awaited before a tool body runs, it raises `LeaseLost` if the
         # lease lapsed and was taken over while this process stalled.
         self.lease_check: Callable[[], Awaitable[None]] | None = None
@@ -213,9 +218,20 @@ class Driver(ToolCalls, ModelStep):
                 )
                 if self.held is not None:  # given back for good once it commits
                     self.held.releasing = release
+                # A commit that leaves the session for the workers to claim (`running`), made
+                # with no lease, grants one to the drive it is for, if one is asked for.
+                ask = (
+                    self.grant()
+                    if self.grant is not None
+                    and spent is None
+                    and self.lease_token is None
+                    and after is not None
+                    and stored_status(after) == "running"
+                    else None
+                )
                 try:
                     await self.store.commit(
-                        Commit(
+                        commit := Commit(
                             session_id=state.id,
                             expected_seq=before,
                             events=events,
@@ -235,6 +251,7 @@ class Driver(ToolCalls, ModelStep):
                             release_lease=release,
                             waited=release and after is not None and waited_for_a_person(after),
                             expected_event=planned_on,
+                            grant=None if ask is None else (*ask, now),
                         )
                     )
                 except BaseException as exc:
@@ -277,6 +294,8 @@ class Driver(ToolCalls, ModelStep):
                 if any(e.type == "turn.started" for e in events):
                     self.own_turn = tid  # this drive goes on with the turn it started
                 self.released = release
+                if ask is not None and self.on_grant is not None:
+                    await self.on_grant(commit.granted, now)
                 if spent is not None:
                     raise TurnStopped
                 return events

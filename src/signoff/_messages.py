@@ -88,6 +88,18 @@ class Messages(Answering):
         # policy was part of them); `queue` is another call.
         policy = () if turn_policy == "steer" else (turn_policy,)
         idem = keyed(idempotency_key, principal, "message", message, *policy)
+        async with self._own_turn(session_id):
+            return await self._deliver(session_id, message, principal, turn_policy, idem)
+
+    async def _deliver(
+        self,
+        session_id: str,
+        message: str,
+        principal: Principal | None,
+        turn_policy: Literal["steer", "queue"],
+        idem: Keyed | None,
+    ) -> GenerateResult:
+        """`send`, its message checked: answer, start a turn, steer or queue, and drive."""
         key = {} if idem is None else {"idem": list(idem)}
         asked: set[str] | None = None  # the requests open when the message arrived
         for _ in range(20):

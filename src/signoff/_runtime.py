@@ -239,17 +239,18 @@ class Runtime(Deletion):
             ]
             judged: list[SessionState] = []
             turns: list[Answered] = []
-            outcomes = await self._settle(
-                session_id,
-                answers,
-                auth,
-                require_all=True,
-                only_approvals=True,
-                judged=judged,
-                turns=turns,
-            )
-            went_to = turns[0] if turns else None
-            return await self._go_on(session_id, outcomes, judged, retry=True, answered=went_to)
+            async with self._own_turn(session_id):
+                outcomes = await self._settle(
+                    session_id,
+                    answers,
+                    auth,
+                    require_all=True,
+                    only_approvals=True,
+                    judged=judged,
+                    turns=turns,
+                )
+                went_to = turns[0] if turns else None
+                return await self._go_on(session_id, outcomes, judged, retry=True, answered=went_to)
         if session_id is None:
             if agent is None:
                 raise UsageError("generate() needs an agent name for a new session")
@@ -269,9 +270,10 @@ class Runtime(Deletion):
         if prompt is None:
             return await self._drive(session_id, retry=True)
         own: list[str] = []  # the turn its message started, if it did not queue behind one
-        if not await self._start_turn(session_id, prompt, auth, idem=idem, own=own):
-            return await self._replay(session_id, idem)
-        return await self._drive(session_id, own=own[0] if own else None)
+        async with self._own_turn(session_id):
+            if not await self._start_turn(session_id, prompt, auth, idem=idem, own=own):
+                return await self._replay(session_id, idem)
+            return await self._drive(session_id, own=own[0] if own else None)
 
     async def _of_agent(self, session_id: str, agent: str) -> None:
         """Refuse a call naming another agent than the session's, before it records anything."""
@@ -321,24 +323,25 @@ class Runtime(Deletion):
         """
         await self.open()
         own: list[str] = []  # the turn its message started, if it did not queue behind one
-        if session_id is None:
-            check_prompt(prompt)  # before the session is created
-            idem = keyed(idempotency_key, APP_PRINCIPAL, "start", agent, prompt)
-            session_id, started, lease = await self._start_session(
-                self.agent(agent), prompt, APP_PRINCIPAL, source="schedule", idem=idem
+        async with self._own_turn(session_id):  # a new session's creation leases it itself
+            if session_id is None:
+                check_prompt(prompt)  # before the session is created
+                idem = keyed(idempotency_key, APP_PRINCIPAL, "start", agent, prompt)
+                session_id, started, lease = await self._start_session(
+                    self.agent(agent), prompt, APP_PRINCIPAL, source="schedule", idem=idem
+                )
+            else:
+                await self._of_agent(session_id, agent)  # else run as the session's own, unsaid
+                idem = keyed(idempotency_key, APP_PRINCIPAL, "message", prompt)
+                started = await self._start_turn(
+                    session_id, prompt, APP_PRINCIPAL, source="schedule", idem=idem, own=own
+                )
+                lease = None
+            result = await (
+                self._drive(session_id, leased=lease, own=own[0] if own else None)
+                if started
+                else self._replay(session_id, idem)
             )
-        else:
-            await self._of_agent(session_id, agent)  # else run as the session's own, unsaid
-            idem = keyed(idempotency_key, APP_PRINCIPAL, "message", prompt)
-            started = await self._start_turn(
-                session_id, prompt, APP_PRINCIPAL, source="schedule", idem=idem, own=own
-            )
-            lease = None
-        result = await (
-            self._drive(session_id, leased=lease, own=own[0] if own else None)
-            if started
-            else self._replay(session_id, idem)
-        )
         if result.status == "failed" and (result.error or {}).get("code") == (
             SessionLimitReached.code
         ):

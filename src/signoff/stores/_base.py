@@ -130,6 +130,12 @@ class Commit:
     # time are compared): a store that lost it in a crash, and had that seq written again since,
     # refuses the commit (`AppendConflict`) rather than have it build on what is gone.
     expected_event: Event | None = None
+    # Without a lease token: `(owner, ttl, now)`, as `acquire_lease` takes them, to grant that
+    # owner the session's lease in the same transaction if no other owner's is live, so no claim
+    # takes the turn the commit makes runnable before the drive it is for. The store sets
+    # `granted` to the lease's token (None: not granted; a store that cannot leaves it None).
+    grant: tuple[str, float, float] | None = None
+    granted: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -274,6 +274,10 @@ def create_sql(s: str, events: int, lease: bool, sync: bool, guard: bool = False
     )
 
 
+_LAST_TOKEN: Final = 2**63 - 1
+"""A BIGINT's largest value: a lease token there has no next one to grant."""
+
+
 @functools.lru_cache(maxsize=512)
 def commit_sql(
     s: str,
@@ -289,6 +293,7 @@ def commit_sql(
     owner: bool = False,
     checked: int = 0,
     shown: bool = False,
+    grant: bool = False,
 ) -> str:
     """`commit`'s statement for a commit of this shape.
 
@@ -301,8 +306,10 @@ def commit_sql(
     With `shown`, `h` holds whether the head event's time and type (code, or name as an older
     signoff stored it) are the ones the commit was planned on, and `g` requires it too. The
     answer is the state found and whether it applied (and the lease's owner, after the turn,
-    and with `shown` what `h` holds, last); `request_closed()` raises, undoing all of it, if a
-    request to resolve was not pending.
+    and with `grant` the token `k` granted, and with `shown` what `h` holds, last);
+    `request_closed()` raises, undoing all of it, if a request to resolve was not pending. With
+    `grant` (a commit without a lease token), `k` grants the session's lease as `acquire_lease`
+    does, unless another owner's is live: under the session row's lock, which a claim passes by.
 
     `t` sees the events as they were when the statement started. If it then waited for the row
     lock, events committed meanwhile are missing from it, but they moved the head too: `g` does
@@ -345,6 +352,14 @@ def commit_sql(
             f"AND p.seq = c.head - {i}) = %s::bytea"
         )
     parts.append(f"g AS (SELECT c.sk FROM c WHERE {check})")
+    if grant:
+        parts.append(
+            f"k AS (INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
+            "SELECT g.sk, %s, 1, %s FROM g ON CONFLICT (sk) DO UPDATE "
+            "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at "
+            "WHERE (l.owner = '' OR l.owner = excluded.owner OR l.expires_at <= %s) "
+            f"AND l.token < {_LAST_TOKEN} RETURNING l.token)"
+        )
     if resolve:
         parts.append(f"y AS (SELECT * FROM {rows_sql(resolve, _RESOLVE_COLUMNS)})")
         parts.append(
@@ -408,6 +423,8 @@ def commit_sql(
             "WHERE y.dup OR y.id NOT IN (SELECT id FROM r) ORDER BY y.i LIMIT 1) z "
             "WHERE EXISTS (SELECT FROM g))"
         )
+    if grant:
+        answer += ", (SELECT token FROM k)"
     if shown:
         answer += ", (SELECT same FROM h)"
     return "WITH " + ", ".join(parts) + " SELECT " + answer + " FROM c"

@@ -16,6 +16,7 @@ the leases (`_leases`) and the LISTEN connection (`_changes`) have their own.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -166,6 +167,7 @@ class PostgresStore(Reads, Leases, Deletions):
         sid = commit.session_id
         label = commit.events[0].type if commit.events else "commit"
         token, owner = commit.lease_token, commit.lease_owner
+        grant = commit.grant if token is None else None
         events = commit.events
         updated = {
             req.id: (pack_bytes(req.model_dump(mode="json", exclude_defaults=True)), req.expires_at)
@@ -201,7 +203,8 @@ class PostgresStore(Reads, Leases, Deletions):
             resolution = pack_bytes(r.resolution)
             resolve_rows.append((r.request_id, r.status, r.outcome, resolution, data, i, dup))
         updated_rows = [(rid, data, deadline) for rid, (data, deadline) in updated.items()]
-        sync = self._sync_setting(commit.durable)
+        # A grant is flushed, as `acquire_lease`'s: a crash must not lose the turn it leases.
+        sync = self._sync_setting(commit.durable or grant is not None)
         shown = commit.expected_event
         if shown is not None and shown.seq != commit.expected_seq:
             shown = None  # not the head it expects: nothing to compare it with
@@ -268,6 +271,7 @@ class PostgresStore(Reads, Leases, Deletions):
                 token is not None and owner is not None,
                 len(checked),
                 shown is not None,
+                grant is not None,
             )
             # In the order of their placeholders in `commit_sql`.
             params: list[Any] = [sid]
@@ -281,6 +285,8 @@ class PostgresStore(Reads, Leases, Deletions):
                 if owner is not None:
                     params.append(owner)
             params += checked
+            if grant is not None:
+                params += [grant[0], grant[2] + grant[1], grant[2]]
             if resolve_rows:
                 params += rows_params(resolve_rows)
             if new_rows:
@@ -327,6 +333,9 @@ class PostgresStore(Reads, Leases, Deletions):
             if cur is None:  # found committed after a lost connection: state unknown here
                 written.clear()
                 self._state.pop(sid, None)
+                if grant is not None:  # granted or not: its owner is granted it again, or not
+                    with contextlib.suppress(StoreError):
+                        commit.granted = await self.acquire_lease(sid, *grant)
                 break
             # The statement's answer, the state it found: it came back with its commit, so
             # reading it needs the connection no more.
@@ -335,6 +344,14 @@ class PostgresStore(Reads, Leases, Deletions):
                 self._state.pop(sid, None)
                 raise UnknownSession(sid)
             if row[4]:
+                if grant is not None:
+                    got = row[-2] if shown is not None else row[-1]
+                    commit.granted = None if got is None else int(got)
+                    if got is not None and events:
+                        # The head its drive begins at (`granted_head`), as this statement
+                        # wrote it: the drive reads none, as with `acquire_lease`'s.
+                        last = events[-1]
+                        self._granted[sid] = (int(got), last.seq, (last.type, last.at, None))
                 break
             head, n, digest = int(row[0]), int(row[2]), None if row[3] is None else bytes(row[3])
             self._remember(

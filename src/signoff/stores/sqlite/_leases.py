@@ -84,6 +84,31 @@ class Leases(Connection):
         self._granted(session_id, token, now, ttl)
         return token
 
+    @staticmethod
+    def _grant(conn: sqlite3.Connection, sk: int, owner: str, ttl: float, now: float) -> int | None:
+        """A commit's grant of the session's lease to `owner` (`Commit.grant`), in its
+        transaction: as `acquire_lease` grants it, but nothing (None) for a lease another owner
+        holds live, or one whose row is damaged (the commit is not refused for it)."""
+        lease = conn.execute(
+            "SELECT owner, token, expires_at FROM leases WHERE sk=?", (sk,)
+        ).fetchone()
+        if lease is None:
+            conn.execute(
+                "INSERT INTO leases (sk, owner, token, expires_at) VALUES (?,?,1,?)",
+                (sk, owner, now + ttl),
+            )
+            return 1
+        if not isinstance(lease[0], str) or _lease_damage(lease[1], lease[2]) is not None:
+            return None
+        if lease[0] not in ("", owner) and lease[2] > now:
+            return None
+        token = int(lease[1]) + 1
+        conn.execute(
+            "UPDATE leases SET owner=?, token=?, expires_at=? WHERE sk=?",
+            (owner, token, now + ttl, sk),
+        )
+        return token
+
     @serialised
     async def renew_lease(
         self, session_id: str, owner: str, token: int, ttl: float, now: float

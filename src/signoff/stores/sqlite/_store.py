@@ -274,6 +274,9 @@ class SQLiteStore(Reads, Leases, Deletions):
                         "UPDATE leases SET owner='', expires_at=0 WHERE sk=? AND token=?",
                         (sk, commit.lease_token),
                     )
+                granted = None
+                if commit.grant is not None and commit.lease_token is None:
+                    granted = self._grant(conn, sk, *commit.grant)
         except sqlite3.IntegrityError as exc:
             raise AppendConflict(f"session {commit.session_id!r}: {exc}") from exc
         except sqlite3.Error as exc:
@@ -285,6 +288,9 @@ class SQLiteStore(Reads, Leases, Deletions):
             self._tails.put(sk, commit.events[-1].seq, tail)
             self._named.put(sk, commit.events[-1].seq, (*named, version))
         self._after(label)
+        if granted is not None and commit.grant is not None:
+            commit.granted = granted
+            self._granted(commit.session_id, granted, commit.grant[2], commit.grant[1])
         if commit.release_lease and commit.lease_token is not None:
             parked = any(e.type == "turn.waiting" for e in commit.events)
             self._given_back(commit.session_id, commit.lease_token, rest=parked or commit.waited)
