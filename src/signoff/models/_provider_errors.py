@@ -10,6 +10,7 @@ from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from html.parser import HTMLParser
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 from .._exceptions import SignoffError
 from ._urls import SECRET_PARAM
@@ -160,7 +161,8 @@ def client_secrets(client: Any, params: Mapping[str, Any] | None = None) -> list
     """The credentials an SDK client sends, with a model's `params` on each call: its API key,
     auth token, the values of its custom headers and `params`' `extra_headers` named like
     credentials (a `Bearer` value's token alone too), and of its default query and `params`'
-    `extra_query` parameters named as credentials (`?key=`), longest first."""
+    `extra_query` parameters named as credentials (`?key=`, as given and URL-encoded), longest
+    first."""
     found: list[Any] = [getattr(client, "api_key", None), getattr(client, "auth_token", None)]
     extra = params if isinstance(params, Mapping) else {}
     for headers in (getattr(client, "_custom_headers", None), extra.get("extra_headers")):
@@ -168,7 +170,9 @@ def client_secrets(client: Any, params: Mapping[str, Any] | None = None) -> list
             if _SECRET_HEADER.search(name):
                 found += [value, value.rpartition(" ")[2]]
     for query in (getattr(client, "_custom_query", None), extra.get("extra_query")):
-        found += [value for name, value in _named(query) if SECRET_PARAM.search(name)]
+        for name, value in _named(query):
+            if SECRET_PARAM.search(name):  # and as a URL echoed carries it, encoded
+                found += [value, quote(value, safe=""), quote_plus(value)]
     kept = {s for s in found if isinstance(s, str) and len(s.strip()) >= _LEAST_SECRET}
     return sorted(kept, key=len, reverse=True)
 
