@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 import signoff as so
-from signoff._tool_json import jsonable
+from signoff._tool_json import json_size, jsonable, over_limit
 
 from ._cli import ROOT
 
@@ -117,3 +118,14 @@ def test_a_sets_items_are_sorted_by_value_or_else_by_their_json() -> None:
     assert form["keys"] == {"null": sorted(LABELS[:5])}
     assert jsonable({"x": {float("nan"), 1.5}}) == {"x": [1.5, None]}  # NaN as JSON writes it
     assert jsonable(frozenset()) == [] and jsonable(set("ba")) == ["a", "b"]
+
+
+@pytest.mark.parametrize("char", ["x", '"', "\n", "é", "€", "😀", "\ud800", "\x01", "\x1f"])
+def test_a_string_is_over_a_limit_exactly_when_its_json_is(char: str) -> None:
+    """Strings were let through unmeasured at up to 4 bytes a character: a control character
+    is 6 as JSON (`\\u0001`), so 999 of them, 5,996 bytes, passed a bound of 4,000."""
+    for limit in (4000, 4001, 4002, 4003, 4004, 4005):
+        # Around where each size of character (1 to 6 bytes) fills the limit.
+        for n in {(limit - 2) // k + d for k in range(1, 7) for d in range(-2, 3)}:
+            value = char * n
+            assert (over_limit("it is", value, limit) is None) == (json_size(value) <= limit)

@@ -335,3 +335,37 @@ async def test_an_approval_policys_reason_of_megabytes_is_cut(
     assert "because xxx" in shown and "[cut]" in shown
     assert max(len(json.dumps(e.data)) for e in events) < 10_000
     assert runs == (["1"] if approved else [])
+
+
+async def test_a_result_of_control_characters_is_bounded_as_its_json(tmp_path: Path) -> None:
+    """999 control characters are 5,996 bytes of JSON (`\\u0001` each): such a result, or a
+    step's, passed a bound of 4,000 bytes unmeasured, and was stored over it."""
+    blob = "\x01" * 999
+
+    @so.tool
+    async def dump(ctx: so.ToolContext, via: str) -> str:
+        """Dump a blob, or step it."""
+        if via == "result":
+            return blob
+        try:
+            await ctx.step("blob", lambda: blob)
+        except so.TooLarge as exc:
+            return str(exc)
+        return "stepped"
+
+    seen = Capture()
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("dump", via="result"), call("dump", via="step")), seen],
+        tools=[dump],
+        limits=so.Limits(max_result_bytes=4000),
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    result, stepped = tool_results(seen.last)
+    assert result.is_error
+    assert "5996 bytes, over the limit of 4000 bytes" in result.content["error"]
+    assert "step 'blob' returned 5996 bytes, over the limit of 4000" in stepped.content
+    assert not any("\x01" * 999 in json.dumps(e.data, ensure_ascii=False) for e in events)

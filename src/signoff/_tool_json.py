@@ -148,6 +148,11 @@ def _json_form(value: Any) -> Any:
         ) from None
 
 
+_MOST_BYTES_A_CHAR = 6
+"""The most bytes one character of a string takes as stored JSON: a control character (below
+U+0020, but for five with a short escape) is written as a six-character `\\u` escape."""
+
+
 def json_size(value: Any) -> int:
     """How many bytes `value` takes as stored JSON (UTF-8, compact)."""
     text = dumps(value)
@@ -171,7 +176,7 @@ def over_limit(
 ) -> str | None:
     """Why `value` may not be stored (its JSON is over `limit` bytes, ending with `tail`, the
     setting to blame and what to do), or None when it fits."""
-    if isinstance(value, str) and len(value) * 4 + 2 <= limit:
+    if isinstance(value, str) and len(value) * _MOST_BYTES_A_CHAR + 2 <= limit:
         return None  # fits however it encodes: no need to measure
     size = json_size(value)
     if size <= limit:
