@@ -447,3 +447,31 @@ async def test_a_model_errors_context_tokens_counts_only_as_a_whole_number_withi
         # At most its input: 10**9 is 10, the rest nothing.
         assert failed.data.get("context_tokens") == (10 if kept == 10**9 else None)
         assert (await rt.state(r.session_id)).last_input_tokens == 10
+
+
+async def test_max_calls_per_response_is_at_most_what_one_answer_call_settles(
+    tmp_path: Path,
+) -> None:
+    """Lifted (None) or set past it, the bound was taken as given: a response of 1,001 gated
+    calls opened 1,001 requests, which `generate(approvals=)` could never settle (all of them
+    are over the 1,000 answers of a call, fewer leave some open). It counts as 1,000."""
+    assert so.Limits(max_calls_per_response=None).max_calls_per_response == 1000
+    assert so.Limits(max_calls_per_response=10**9).max_calls_per_response == 1000
+    assert so.Limits(max_calls_per_response=999).max_calls_per_response == 999
+    ran.clear()
+    model = so.models.Scripted([_refunds(1001)])
+    lifted = so.Limits(max_calls_per_response=None)
+    agent = so.Agent(name="a", model=model, tools=[refund], limits=lifted)
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("a", prompt="refund everything", auth=ALICE)
+        assert (r.status, r.retryable, r.pending) == ("failed", True, [])
+        assert r.error is not None
+        why = "1001 tool calls, over the limit of 1000 (max_calls_per_response)"
+        assert why in r.error["message"]
+        model.steps = [_refunds(1000), so.ModelResponse(text="all done")]
+        r = await rt.generate(session_id=r.session_id, auth=ALICE)
+        assert r.status == "waiting" and len(r.pending) == 1000
+        approvals = [so.Decision(id=p.id, approved=True) for p in r.pending]
+        r = await rt.generate(session_id=r.session_id, approvals=approvals, auth=ALICE)
+        assert (r.status, r.text) == ("completed", "all done")
+    assert len(ran) == 1000

@@ -337,3 +337,46 @@ async def test_decisions_repeated_for_a_settled_mirror_are_a_no_op(store_url: st
         decided = [so.Decision(id=notice.id, approved=True)]
         done = await rt.generate(session_id=r.session_id, approvals=decided, auth=ALICE)
         assert done.status == "completed" and ran == ["refund", "notify"]
+
+
+async def test_more_mirrored_requests_than_one_call_answers_are_settled_in_batches(
+    tmp_path: Path,
+) -> None:
+    """Eight delegate calls whose children each propose 126 gated calls (under the default
+    `max_calls_per_response`) leave 1,008 mirrored requests in the parent: over the 1,000 one
+    call answers, so `generate(approvals=)` can settle them neither at once nor in batches. Its
+    refusals said "send them in batches" and "must be answered in one call"; they name the way
+    that works, `respond()` in batches, and change nothing."""
+
+    @so.tool(approval=so.always())
+    async def act(n: int) -> int:
+        """Act."""
+        return n
+
+    child = scripted_agent(
+        "billing", [call_tools(*[call("act", n=i) for i in range(126)]), reply("ok")], tools=[act]
+    )
+    asks = [call("billing", call_id=f"d{i}", message="go") for i in range(8)]
+    parent = scripted_agent(
+        "support", [call_tools(*asks), reply("done")], tools=[so.delegate("billing")]
+    )
+    async with sqlite_runtime(tmp_path, parent, child) as rt:
+        r = await rt.generate("support", prompt="go", auth=ALICE)
+        assert r.status == "waiting" and len(r.pending) == 1008
+        before = await store_contents(rt.store, r.session_id)
+        decisions = [so.Decision(id=p.id, approved=True) for p in r.pending]
+        with pytest.raises(so.InvalidAnswer, match="at most 1000 answers") as too_many:
+            await rt.generate(session_id=r.session_id, approvals=decisions, auth=ALICE)
+        assert "answer them with respond() in batches" in str(too_many.value)
+        with pytest.raises(so.PartialAnswer) as partial:
+            await rt.generate(session_id=r.session_id, approvals=decisions[:1000], auth=ALICE)
+        assert (
+            "1008 requests are pending, and one call answers at most 1000: answer them with "
+            "respond() in batches" in str(partial.value)
+        )
+        assert await store_contents(rt.store, r.session_id) == before
+        answers = [so.InputResponse(request_id=p.id, option_id="approve") for p in r.pending]
+        first = await rt.respond(r.session_id, answers[:1000], principal=ALICE)
+        assert first.status == "waiting" and len(first.pending) == 8
+        done = await rt.respond(r.session_id, answers[1000:], principal=ALICE)
+        assert (done.status, done.text) == ("completed", "done")

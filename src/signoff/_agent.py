@@ -13,7 +13,7 @@ from ._settings import positive_seconds
 from ._text import is_blank, is_utf8
 from ._tool_json import MAX_RESULT_BYTES
 from ._tools import Tool
-from ._types import MAX_REPLY_COST_USD, MAX_REPLY_TOKENS
+from ._types import MAX_ANSWERS, MAX_REPLY_COST_USD, MAX_REPLY_TOKENS
 from .models._base import not_a_model_class
 from .models._provider import SdkModel
 
@@ -43,9 +43,10 @@ class Limits:
     reads (a step or `ctx.ask()` raises `TooLarge`), not stored.
     `max_response_bytes` (1 MiB) bounds a model response as JSON: one over it fails the turn,
     retryably, before anything of it is stored.
-    `max_calls_per_response` (128; None for no bound) bounds the tool calls in one model
-    response: more fail the turn as a response over `max_response_bytes` does, as each gated
-    call would open an approval request (a notification) of its own.
+    `max_calls_per_response` (128; None for the most, 1,000) bounds the tool calls in one
+    model response: more fail the turn as a response over `max_response_bytes` does, as each
+    gated call would open an approval request (a notification) of its own. A larger value
+    counts as 1,000, the requests one `generate(approvals=)` settles.
     """
 
     max_tokens: int | None = None
@@ -79,6 +80,10 @@ class Limits:
                 # infinity (a cost of 1e308 at any price), and every model step raised, the
                 # session left running. `sys.maxsize`, as "no bound", still bounds nothing.
                 object.__setattr__(self, name, most)
+        calls = self.max_calls_per_response
+        if calls is None or calls > MAX_ANSWERS:
+            # More gated calls would open more requests than one `generate(approvals=)` settles.
+            object.__setattr__(self, "max_calls_per_response", MAX_ANSWERS)
         ttl = self.ttl.total_seconds() if isinstance(self.ttl, timedelta) else self.ttl
         if ttl is not None and not _positive(ttl, whole=False):
             raise UsageError(f"Limits(ttl=...) must be positive seconds or a timedelta: {ttl!r}")

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import _mirrors
-from ._answer_sizes import answer_bound, check_size
+from ._answer_sizes import answer_bound, check_all_answered, check_count, check_size
 from ._answers import Reply as _Reply
 from ._answers import check_decided as _check_decided
 from ._answers import check_principal, input_responses
@@ -36,7 +36,6 @@ from ._eligibility import (
 from ._exceptions import (
     AnswerError,
     InvalidAnswer,
-    PartialAnswer,
     RequestClosed,
     SessionExpired,
     StoreError,
@@ -54,14 +53,10 @@ from ._state import SessionState
 from ._text import cut, is_utf8
 from ._tool_json import result_bound
 from ._tools import Tool
-from ._types import InputRequest, InputResponse, Principal, Usage
+from ._types import MAX_ANSWERS, InputRequest, InputResponse, Principal, Usage
 from .stores import Resolve
 
 __all__ = ["MAX_ANSWERS", "Answering"]
-
-MAX_ANSWERS = 1000
-"""Requests one call may answer: a turn asks far fewer, and each answer costs checks and may
-cost a store read, so a body of tens of thousands of made-up ids held the server for minutes."""
 
 
 class Answering(Candidates):
@@ -198,11 +193,7 @@ class Answering(Candidates):
         (they only repeat earlier ones). `kept` is given True when `mark` was recorded with the
         end of an answer that changed nothing (`Candidates._candidate`). `turns` is given the
         turn the answers went to when they found it open (with who gave them)."""
-        if len(answers) > MAX_ANSWERS:
-            raise InvalidAnswer(
-                f"at most {MAX_ANSWERS} answers in one call, not {len(answers)}: "
-                "send them in batches"
-            )
+        check_count(session_id, len(answers), require_all=require_all)
         ids = [a.request_id for a in answers]
         dupes = sorted(i for i, n in Counter(ids).items() if n > 1)
         if dupes:
@@ -342,14 +333,7 @@ class Answering(Candidates):
             if unknown:
                 raise UnknownRequest(session_id, unknown)
             if require_all and (resolves or gated):  # a call that only repeats is a no-op
-                answered = set(ids)
-                missing = [r for r in state.pending_requests() if r.id not in answered]
-                if missing:
-                    raise PartialAnswer(
-                        session_id,
-                        [r.id for r in missing],
-                        [r.id for r in missing if r.kind != "tool-approval"],
-                    )
+                check_all_answered(state, ids)
             if check_only:
                 return []
             if resolves:

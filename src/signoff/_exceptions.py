@@ -298,9 +298,10 @@ class UnknownRequest(AnswerError):
 
 
 class PartialAnswer(AnswerError):
-    """A batch of decisions that leaves pending requests of the session unanswered, or a
-    prompt (`generate`, `schedule`) sent while requests are open (`prompt`), which must be
-    answered first or steered past with `send`."""
+    """A batch of decisions that leaves pending requests of the session unanswered (`way_out`
+    says what to do when no one batch can answer them all), or a prompt (`generate`,
+    `schedule`) sent while requests are open (`prompt`), which must be answered first or
+    steered past with `send`."""
 
     code = "partial_answer"
 
@@ -311,6 +312,7 @@ class PartialAnswer(AnswerError):
         questions: Iterable[str] = (),
         *,
         prompt: bool = False,
+        way_out: str | None = None,
     ) -> None:
         ids = list(request_ids)
         if prompt:  # no answer was given: say what the prompt waits on, and what to do
@@ -322,7 +324,7 @@ class PartialAnswer(AnswerError):
         else:
             message = (
                 f"every pending request of session {session_id!r} must be answered in one "
-                f"call; unanswered: {', '.join(ids)}"
+                f"call{'' if way_out is None else f' ({way_out})'}; unanswered: {', '.join(ids)}"
             )
         # A decision cannot answer a question: say how it is answered, else the message
         # sends the caller to add a decision for it, which `InvalidAnswer` then refuses.

@@ -11,11 +11,11 @@ import math
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
+from ._answer_sizes import check_all_answered
 from ._counts import CLOSED, refused_only, settled_before_raising
 from ._exceptions import (
     AnswerError,
     InvalidAnswer,
-    PartialAnswer,
     RequestClosed,
     SessionExpired,
 )
@@ -261,14 +261,7 @@ async def _settle_routed(
     # Complete only after who may answer was checked (above), as `_settle` has it; a call that
     # only repeats answers to closed requests is a no-op.
     if require_all and any(_open(state, a.request_id) for a in answers):
-        ids = {a.request_id for a in answers}
-        missing = [r for r in state.pending_requests() if r.id not in ids]
-        if missing:
-            raise PartialAnswer(
-                state.id,
-                [r.id for r in missing],
-                [r.id for r in missing if r.kind != "tool-approval"],
-            )
+        check_all_answered(state, [a.request_id for a in answers])
     if check_only:
         return []
     outcomes: list[Outcome] = []

@@ -196,7 +196,8 @@ class Runtime(Deletion):
 
         With `approvals`, settle every pending request of the session in one call (no prompt
         beside them) and continue; a decision answers no question, so one open raises
-        `PartialAnswer` (answer it with `respond`). With neither, resume the session's turn
+        `PartialAnswer` (answer it with `respond`), as do more than the 1,000 requests one call
+        answers (`respond` settles them in batches). With neither, resume the session's turn
         (a retry after a failure, or picking up a turn another process left); a turn that
         failed for good (`retryable` false: `max_steps`, a budget nobody can raise) is returned
         as it is, unless a message queued behind it has yet to start (its process died): the

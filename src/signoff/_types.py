@@ -35,6 +35,7 @@ __all__ = [
     "ToolResultMessage",
     "Usage",
     "UserMessage",
+    "MAX_ANSWERS",
     "MAX_OPTIONS",
     "MAX_REPLY_COST_USD",
     "MAX_REPLY_TOKENS",
@@ -143,6 +144,10 @@ MAX_REPLY_COST_USD = 1e18
 """The most one reply may cost: over what `MAX_REPLY_TOKENS` cost at any price a shipped model
 takes, and far enough from a float's range that a session's sum stays finite (two replies of
 1e308 added up to infinity, which no JSON reply can show)."""
+
+MAX_ANSWERS = 1000
+"""Requests one call may answer: a turn asks far fewer, and each answer costs checks and may
+cost a store read, so a body of tens of thousands of made-up ids held the server for minutes."""
 
 MODEL_NAME_MAX = 200
 """The most characters `ModelResponse.model` may have: longer is no model's name."""
