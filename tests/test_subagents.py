@@ -463,3 +463,31 @@ async def test_a_call_journaled_in_two_steps_by_an_older_signoff_replays_both(
 
 async def _started() -> bool:
     return True
+
+
+@pytest.mark.parametrize(
+    ("started", "source"),
+    [("schedule", "schedule"), ("app", "message"), ("alice", "message"), ("nobody", "message")],
+)
+async def test_a_subagents_turn_takes_its_parent_turns_source(
+    store_url: str, started: str, source: str
+) -> None:
+    """A parent turn the app started with `generate(auth=so.APP_PRINCIPAL)` is a message's, yet
+    its child's turn recorded `source: "schedule"` (taken from whether the parent could ask, not
+    from its turn): the child's turn takes the parent turn's, as docs/events.md says."""
+    child = scripted_agent("billing", [reply("billed")], repeat_last=True)
+    script = [call_tools(call("billing", message="bill it")), reply("ok")]
+    parent = scripted_agent("support", script, tools=[so.delegate("billing")])
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        if started == "schedule":
+            r = await rt.schedule("support", "go")
+        else:
+            auth = {"app": so.APP_PRINCIPAL, "alice": ALICE, "nobody": None}[started]
+            r = await rt.generate("support", prompt="go", auth=auth)
+        assert (r.status, r.text) == ("completed", "ok")
+        (kid,) = [s.id for s in await rt.sessions() if s.id != r.session_id]
+        sources = []
+        for session_id in (r.session_id, kid):
+            started_events = [e for e in await events(rt, session_id) if e.type == "turn.started"]
+            sources.append([e.data["source"] for e in started_events])
+        assert sources == [[source], [source]]

@@ -80,9 +80,12 @@ class CallJournal:
         self.turn_id = driver.own_turn
         # The seq of that turn's `turn.started` (a delegate call reads its cancel from there).
         self.turn_seq = turn.first_seq if turn is not None and turn.id == self.turn_id else 0
-        self.can_ask = not (
-            principal is not None and principal.principal_type == "runtime"
-        ) and not (turn is not None and turn.source == "schedule")
+        scheduled = turn is not None and turn.source == "schedule"
+        self.can_ask = (
+            not (principal is not None and principal.principal_type == "runtime") and not scheduled
+        )
+        # How the turn started (`message` or `schedule`): a subagent's turn takes it.
+        self.turn_source = "schedule" if scheduled else "message"
 
     def _call(self) -> CallState:
         """The call as the state shows it; `TurnStopped` once its turn was cancelled or replaced

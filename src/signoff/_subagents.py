@@ -68,6 +68,7 @@ class _DelegateJournal(Protocol):
     """The parts of the engine's call journal a delegate call needs (see `_CallJournal`)."""
 
     can_ask: bool
+    turn_source: str
     turn_id: str | None
     turn_seq: int
     failed: SignoffError | None
@@ -202,7 +203,7 @@ async def _delegated(ctx: ToolContext, journal: _DelegateJournal, agent: str, me
     host: RuntimeHost = journal.host
     principal = ctx.session.auth.current
     who = None if principal is None else principal.model_dump(mode="json")
-    source = "message" if journal.can_ask else "schedule"
+    source = journal.turn_source  # the parent turn's, as `_start_unstarted` takes it too
     key = ctx.idempotency_key(CHILD_KEY)
     task = (message, who, source)
     try:
