@@ -46,6 +46,7 @@ from ._app import (
     store_args,
     tool_line,
 )
+from ._asker import asker_hint
 from ._loading import load_runtime, split_target
 from ._store_files import own_store
 
@@ -302,7 +303,10 @@ class _Chat:
                     )
             except NotAllowed as exc:
                 self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
-                self.console.print("[dim]answer as the asker with --as AUTHENTICATOR:ID[/]")
+                again = f"chat ... --session {result.session_id}"
+                hint = asker_hint(again, request, self.principal)
+                if hint is not None:
+                    self.console.print(f"[dim]{printable(hint)}[/]")
                 self.refused = True
                 return False
             except AnswerError as exc:  # someone else answered first, or it closed meanwhile

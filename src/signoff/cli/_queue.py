@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import shlex
 import time
-from collections.abc import Iterator
 from typing import Annotated, NoReturn
 
 import typer
@@ -20,7 +18,6 @@ from .._audit_trail import response_policy_recorded
 from .._exceptions import (
     AnswerError,
     InvalidAnswer,
-    NotAllowed,
     SignoffError,
     UnknownRequest,
     UnknownSession,
@@ -30,7 +27,7 @@ from .._queue_page import counted_page
 from .._runtime import Runtime
 from .._session_page import session_page, shown_total
 from .._text import HIDDEN, escape_as_json
-from .._types import InputRequest, InputResponse, Principal
+from .._types import InputRequest, InputResponse
 from .._unlisted import unlisted
 from ..channels.terminal import compact_json, duration, printable
 from ..stores import PendingFilter, SessionSummary, SQLiteStore
@@ -59,6 +56,7 @@ from ._app import (
     store_args,
     store_of,
 )
+from ._asker import as_hint
 from ._loading import load_runtime, split_target
 from ._numbers import whole
 from ._store_files import existing_store, reading_store, refuse_unmade_schema
@@ -293,33 +291,6 @@ def _unknown_request(request_id: str, where: str) -> UnknownRequest:
 _SETTLED = frozenset({"approved", "cancelled", "answered"})
 
 
-@contextlib.contextmanager
-def _as_hint(command: str, request: InputRequest, principal: Principal) -> Iterator[None]:
-    """Add to the default rule's refusal the `--as` that answers as the asker, which a person
-    running the command for them (a token's holder, a web user) would otherwise have to work out."""
-    asker = request.requested_by
-    try:
-        yield
-    except NotAllowed as exc:
-        if (
-            asker is None
-            or principal.same_as(asker)
-            or request.response_policy
-            or request.approvers > 1
-            or request.exclude_requester
-            or request.escalated_to is not None
-            or asker.issuer is not None
-            or asker.principal_type != "user"
-            or ":" in asker.authenticator
-        ):
-            raise
-        raise NotAllowed(
-            f"{exc}: by default only the asker may answer; as them, run signoff {command} "
-            f"{request.id} --as {shlex.quote(f'{asker.authenticator}:{asker.principal_id}')}",
-            exc.request_ids,
-        ) from None
-
-
 async def _settle(
     command: str,
     request_id: str,
@@ -390,7 +361,7 @@ async def _settle(
             agents = [Agent(name=n, model=NoModel(n)) for n in dict.fromkeys(names)]
             settler = Runtime(agents, store=runtime.store)
             try:
-                with _as_hint(command, request, principal):
+                with as_hint(command, request, principal):
                     result = await settler.respond(
                         request.session_id, [answer], principal=principal, resume=False
                     )
@@ -399,7 +370,7 @@ async def _settle(
         else:
             head = await runtime.store.head(request.session_id)
             try:
-                with console.status("resuming the turn..."), _as_hint(command, request, principal):
+                with console.status("resuming the turn..."), as_hint(command, request, principal):
                     result = await runtime.respond(
                         request.session_id, [answer], principal=principal
                     )

@@ -1,0 +1,69 @@
+"""What `signoff chat` and `signoff approve` say after the default rule refused an answer
+(`_asker`): the `--as` that answers as the asker when it names them, and for a scheduled turn's
+request, which the app asked and no `--as` can name, that only the application can settle it."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+import signoff as so
+from signoff.cli import app
+
+from ._cli import TARGET, agent, invoke, log, park, refunds_run, url
+
+__all__ = ["url"]  # the fixture, used by name
+
+WIDE = {"COLUMNS": "300"}
+
+
+def scheduled(url: str) -> tuple[str, str]:
+    """A scheduled turn parked on an approval the app asked: (session id, request id)."""
+    rt = so.Runtime([agent], store=url)
+    try:
+        r = rt.schedule_sync("support", "Refund order 1042")
+        assert r.status == "waiting" and r.pending[0].requested_by == so.APP_PRINCIPAL
+        return r.session_id, r.pending[0].id
+    finally:
+        rt.close_sync()
+
+
+def test_chat_names_the_as_that_answers_as_the_asker(url: str) -> None:
+    """Chat said "answer as the asker with --as AUTHENTICATOR:ID" whoever asked; it names the
+    asker as `--as` takes them, as `signoff approve` does."""
+    session_id, _ = park(url, auth=so.Principal(authenticator="web", principal_id="alice"))
+    args = ["chat", TARGET, "--session", session_id, "--store", url]
+    refused = CliRunner().invoke(app, args, input="y\n", env=WIDE)
+    assert refused.exit_code == 1, refused.output
+    assert "NotAllowed" in refused.output
+    assert (
+        "by default only the asker may answer; as them, run signoff chat ... --session "
+        f"{session_id} --as web:alice"
+    ) in refused.output
+    assert "AUTHENTICATOR:ID" not in refused.output
+
+
+def test_chat_tells_no_as_for_a_request_the_app_asked(url: str) -> None:
+    """A scheduled turn's request is the app's: chat told the person to answer with `--as`,
+    which names a user, never the app (`--as app:signoff:app` is refused too). It says only the
+    application can settle it."""
+    session_id, _ = scheduled(url)
+    args = ["chat", TARGET, "--session", session_id, "--store", url]
+    for extra in ([], ["--as", "app:signoff:app"]):
+        refused = CliRunner().invoke(app, [*args, *extra], input="y\n", env=WIDE)
+        assert refused.exit_code == 1, refused.output
+        assert "was asked by app:signoff:app (runtime)" in refused.output
+        assert "answer as the asker" not in refused.output
+        assert "run signoff" not in refused.output
+        assert (
+            "only the application can settle it, from Python with principal=so.APP_PRINCIPAL"
+        ) in refused.output
+    assert refunds_run(log(url, session_id)) == 0
+
+
+def test_approve_says_only_the_app_settles_a_request_the_app_asked(url: str) -> None:
+    session_id, request_id = scheduled(url)
+    refused = invoke("approve", request_id, TARGET, "--store", url)
+    assert refused.exit_code == 1, refused.output
+    assert "NotAllowed" in refused.stderr and "run signoff" not in refused.stderr
+    assert "only the application can settle it" in refused.stderr
+    assert refunds_run(log(url, session_id)) == 0
