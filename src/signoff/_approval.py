@@ -97,7 +97,7 @@ class ApprovalContext:
     session: SessionInfo
     tool_name: str
     tool_input: Any
-    approved_tools: frozenset[str]  # a person approved a call of each (a deadline does not)
+    approved_tools: frozenset[str]  # a person approved a call of each (not a deadline, the app)
     call_id: str
     abort_signal: asyncio.Event  # set when the turn is cancelled or steered away
     pending_tools: frozenset[str] = field(default_factory=frozenset)

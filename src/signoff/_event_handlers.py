@@ -314,8 +314,7 @@ def _approval_settled(s: SessionState, e: Event) -> None:
     _drop_candidates(s, d["request_id"])
     req = s.requests.get(d["request_id"])
     approve = d["decision"] == "approve"
-    # A deadline's approval (on_timeout="approve") is nobody's: once() does not remember it.
-    if req is not None and req.request.action is not None and approve and not d.get("auto"):
+    if req is not None and req.request.action is not None and approve and _a_persons(d):
         s.approved_tools.add(req.request.action.tool_name)
     if s.turn is None or d.get("call_id") not in s.turn.calls:
         return
@@ -335,6 +334,15 @@ def _approval_settled(s: SessionState, e: Event) -> None:
         call.status = "decided"
     elif call.status == "requested":
         call.status = "approved" if approve else "denied"
+
+
+def _a_persons(d: dict[str, Any]) -> bool:
+    """Whether an approval is a person's, which `once()` remembers: not a deadline's
+    (`on_timeout="approve"`, by no one) nor the app's (`so.APP_PRINCIPAL`, a `runtime`)."""
+    by = d.get("by")
+    return not d.get("auto") and not (
+        isinstance(by, dict) and by.get("principal_type") == "runtime"
+    )
 
 
 def _input_resolved(s: SessionState, e: Event) -> None:

@@ -59,12 +59,13 @@ SNAPSHOT_VERSION = 2
 journals out (read back from the events); an older signoff refuses such a snapshot by its
 version. One of version 1 or before holds each journal whole, and still loads."""
 
-FOLD_VERSION = 4
+FOLD_VERSION = 5
 """Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`;
 none is 1), raised whenever an event comes to fold otherwise: a session loads only from a
 snapshot of this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`.
 3: a `tool.started` with a `policy_reason` gives its call that `decision`. 4: a call keeps
-its `tool.started`'s `filled`."""
+its `tool.started`'s `filled`. 5: the app's approval (a `runtime` principal's) grants no
+`once()` tool: a session it granted one folds again without the grant, and asks a person."""
 
 
 @dataclass(slots=True, kw_only=True)
