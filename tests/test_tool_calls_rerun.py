@@ -112,7 +112,8 @@ async def test_values_generated_deep_in_the_input_are_kept_and_secrets_are_not(
 ) -> None:
     """Ids generated in the items of a list the model sent are kept by their place; a secret
     the model sent reaches the re-run whole, from its own input, and neither it nor one
-    generated for it is recorded (its mask is left out, as a reviewer's form's is)."""
+    generated for it is recorded (its mask is left out of `filled`, as a reviewer's form's is;
+    the question the body asks shows the call's input masked, as a request does)."""
     seen: list[tuple[list[str], str, str]] = []
 
     @so.tool
@@ -141,7 +142,10 @@ async def test_values_generated_deep_in_the_input_are_kept_and_secrets_are_not(
     (ids, token, nonce), again = seen
     assert again == (ids, "t0k", "n-0") and ids[1] == "mine" and ids[0].startswith("ref-")
     assert started["filled"] == {"lines": [{"line_id": ids[0]}, {}]}
-    assert "n-0" not in log and "**********" not in log
+    assert "n-0" not in log  # the model.completed holds "t0k" as the model gave it
+    assert "**********" not in json.dumps(started)
+    assert question.action is not None
+    assert question.action.input["token"] == question.action.input["nonce"] == "**********"
 
 
 async def test_an_ordinary_call_records_nothing_filled_in(store_url: str) -> None:
