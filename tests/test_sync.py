@@ -305,3 +305,60 @@ async def test_a_sync_call_needing_a_lock_a_task_of_its_blocked_loop_holds_fails
     assert (await rt.state(sid)).seq == head  # nothing recorded
     assert (await rt.generate(session_id=sid, prompt="z")).status == "completed"
     await rt.close()
+
+
+async def test_a_sync_call_queued_behind_a_task_of_its_blocked_loop_goes_first(
+    tmp_path: Path,
+) -> None:
+    """Another thread's `cancel_sync` holds the session's lock (in its commit); a task of this
+    loop queues on it (`rt.cancel`), then this loop calls `cancel_sync`. Handed the lock, the
+    task could not run until that call returned, and the call waited behind it: the loop froze.
+    The call now goes first; the task runs once the loop does."""
+
+    @so.tool(approval=so.always())
+    async def refund(order: str) -> str:
+        """Refund an order."""
+        return "ok"  # pragma: no cover
+
+    agent = scripted_agent("a", [call_tools(call("refund", order="1"))], tools=[refund])
+    rt = sqlite_runtime(tmp_path, agent)
+    r = await rt.generate("a", prompt="refund order 1")
+    assert r.status == "waiting"
+    sid = r.session_id
+    lock, holding = rt._lock_of(sid), threading.Event()
+    commit = rt.store.commit
+
+    async def slow_commit(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "signoff-sync" and not holding.is_set():
+            holding.set()  # the other thread's call, holding the lock, waits for both behind
+            deadline = time.monotonic() + 10
+            while len(lock._waiters) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        return await commit(*args, **kwargs)
+
+    rt.store.commit = slow_commit  # type: ignore[method-assign]
+    statuses: list[str] = []
+    other = threading.Thread(target=lambda: statuses.append(rt.cancel_sync(sid, "T").status))
+    other.start()
+    done = threading.Event()
+
+    def rescue() -> None:  # were it to hang, close it from another thread: the call then fails
+        if not done.is_set():
+            rt.close_sync()
+
+    watchdog = threading.Timer(10, rescue)
+    try:
+        assert await asyncio.to_thread(holding.wait, 10)
+        task = asyncio.create_task(rt.cancel(sid, "A"))
+        while not lock._waiters:
+            await asyncio.sleep(0.01)
+        watchdog.start()
+        began = time.monotonic()
+        assert rt.cancel_sync(sid, "S").status == "cancelled"
+        assert time.monotonic() - began < 10
+    finally:
+        done.set()
+        watchdog.cancel()
+        await asyncio.to_thread(other.join, 30)
+    assert (await task).status == "cancelled" and statuses == ["cancelled"]
+    await rt.close()

@@ -102,8 +102,9 @@ def _settle(fut: asyncio.Future[None]) -> None:
 
 
 class AnyLoopLock:
-    """An `asyncio.Lock` any loop's tasks may share: first come, first served; the lock is handed
-    to the next waiter on release, on that waiter's loop. Not reentrant."""
+    """An `asyncio.Lock` any loop's tasks may share: first come, first served, save that a
+    waiter whose loop is blocked in a `*_sync` call lets those behind it go first; the lock is
+    handed to the next waiter on release, on that waiter's loop. Not reentrant."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
@@ -142,8 +143,18 @@ class AnyLoopLock:
             raise
         return True
 
+    def _next(self) -> asyncio.Future[None]:
+        """The first waiter whose loop is not `blocked`, else the first: handed the lock, a
+        waiter of a loop blocked in a `*_sync` call could not run before that call returned,
+        and that call may be what waits behind it. Passed over, it keeps its place."""
+        with _blocked_guard:
+            for fut in self._waiters:
+                if fut.get_loop() not in _blocked:
+                    return fut
+        return self._waiters[0]
+
     def release(self) -> None:
-        """Hand the lock to the next waiter whose loop can still run it, or free it."""
+        """Hand the lock to the next waiter whose loop can still run it (`_next`), or free it."""
         while True:
             with self._guard:
                 if not self._locked:
@@ -151,7 +162,8 @@ class AnyLoopLock:
                 if not self._waiters:
                     self._locked, self._holder = False, None
                     return
-                fut = self._waiters.popleft()  # handed over: it stays locked
+                fut = self._next()
+                self._waiters.remove(fut)  # handed over: it stays locked
                 self._holder = fut.get_loop()
             if _wake(fut):
                 return
