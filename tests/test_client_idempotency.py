@@ -3,14 +3,16 @@ a refused one is not, and a repeated key acts once against a real server."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 import signoff as so
-from signoff.server import AsyncClient
+from signoff.server import AsyncClient, Client
 
 from ._client import Canned, canned, dropped, error, http
 
@@ -274,3 +276,34 @@ async def test_a_message_failing_on_the_server_carries_its_key(
             await c.generate("support", "hello", idempotency_key="k-9")
     assert caught.value.idempotency_key == "k-9"
     assert [h["idempotency-key"] for _, h in canned.seen] == ["k-9"]
+
+
+@pytest.mark.parametrize(
+    ("path", "call"),
+    [
+        (MESSAGES, lambda c: c.send("ses_x", "hello")),
+        ("/v1/sessions", lambda c: c.generate("support", "hello")),
+    ],
+    ids=["send", "generate"],
+)
+async def test_a_blocking_call_cut_short_by_close_from_another_thread_carries_its_key(
+    canned: Canned, path: str, call: Any
+) -> None:
+    """`Client.close()` from another thread while a message waits for its answer: the loop was
+    stopped under the call, still unwinding, and its error was a `UsageError` without the key
+    the server got the message under (an `AsyncClient` closed so keeps it)."""
+    arrived = asyncio.Event()
+
+    async def silent(writer: asyncio.StreamWriter) -> None:
+        arrived.set()
+        await canned.done.wait()
+
+    canned.on(path, silent)
+    client = Client(canned.base, timeout=30)
+    calling = asyncio.create_task(asyncio.to_thread(call, client))
+    await asyncio.wait_for(arrived.wait(), 10)
+    await asyncio.to_thread(client.close)
+    with pytest.raises(so.SignoffError) as caught:
+        await asyncio.wait_for(calling, 30)
+    ((_, headers),) = canned.seen
+    assert caught.value.idempotency_key == headers["idempotency-key"]

@@ -124,6 +124,7 @@ class Client:
         self._closed = True
         self._closer.detach()
         self._bridge.run(self._async.aclose())
+        self._bridge.settle_calls()  # calls cut short by that end with their own errors
         self._bridge.close()
 
     generate = _blocking(AsyncClient.generate)

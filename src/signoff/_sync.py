@@ -182,21 +182,34 @@ class SyncBridge:
         """Cancel the calls running on the loop and wait (up to `UNWIND`) for them to unwind,
         giving their leases back, while the store they use is still open: the first step of
         closing, before the store is closed on this loop. Their callers get a `UsageError`."""
+        self._await_calls(cancel=True)
+
+    def settle_calls(self) -> None:
+        """Wait (up to `UNWIND`) for the calls running on the loop to end of themselves, as
+        they do once what they use is closed under them (a client's connections): each caller
+        gets its call's own error (with a message's idempotency key), not the `UsageError` of
+        a call the stopping loop cancelled."""
+        self._await_calls(cancel=False)
+
+    def _await_calls(self, *, cancel: bool) -> None:
         if self._forked():  # the calls are the parent's, running there
             return
         with self._lock:
-            loop = self._stopping = self._loop
+            loop = self._loop
+            if cancel:
+                self._stopping = loop
         if loop is None or threading.current_thread() is self._thread:
             return
 
-        async def cancel() -> None:
+        async def wait() -> None:
             calls = set(self._calls)
-            for task in calls:
-                task.cancel()
+            if cancel:
+                for task in calls:
+                    task.cancel()
             if calls:
                 await asyncio.wait(calls, timeout=UNWIND)
 
-        job = cancel()
+        job = wait()
         try:
             done = asyncio.run_coroutine_threadsafe(job, loop)
         except RuntimeError:  # the loop closed meanwhile: nothing runs on it
