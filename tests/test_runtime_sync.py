@@ -211,6 +211,40 @@ def test_an_exception_in_a_with_block_still_closes_the_store(
     assert _bridge_threads() - before == set()
 
 
+def test_a_with_block_whose_open_fails_leaves_no_thread(tmp_path: Path) -> None:
+    """A store that cannot be opened (a file that is not SQLite): `with` raised the open's
+    error and left its sync loop's thread running, `__exit__` never called to stop it (an
+    `async with` closes what its failed open began)."""
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database" * 1000)
+    before = _bridge_threads()
+    rt = so.Runtime([scripted_agent("a", [reply("hi")])], store=f"sqlite:///{garbage}")
+    with pytest.raises(so.StoreError, match="not a database"), rt:
+        pytest.fail("the block ran")  # pragma: no cover
+    assert _bridge_threads() - before == set() and not rt._opened
+
+
+def test_a_with_block_whose_open_fails_midway_closes_the_store(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store opened (a PostgreSQL pool's connections) before the runtime's open failed:
+    it is closed, and the sync loop's thread stopped, before the error is raised."""
+    before = _bridge_threads()
+    rt = so.Runtime([scripted_agent("a", [reply("hi")])], store=store_url)
+    closes = _closes(rt, monkeypatch)
+    store_open = rt.store.open
+
+    async def fails() -> None:
+        await store_open()
+        raise so.StoreError("refused after opening")
+
+    monkeypatch.setattr(rt.store, "open", fails)
+    with pytest.raises(so.StoreError, match="refused after opening"), rt:
+        pytest.fail("the block ran")  # pragma: no cover
+    assert closes == [1] and not rt._opened
+    assert _bridge_threads() - before == set()
+
+
 async def test_a_with_block_inside_a_running_loop_and_from_a_tool(tmp_path: Path) -> None:
     """In a running loop (a notebook), `with` works as the `*_sync` twins do there; from code
     the sync API runs (a tool), it is refused as a nested `*_sync` call is, not left hanging."""

@@ -47,7 +47,7 @@ from ._session_page import check_listing, session_page
 from ._sessions import to_claims
 from ._settings import check_page, finite, flag, seconds
 from ._state import SessionState, turn_over
-from ._sync import blocking_doc, twin
+from ._sync import blocking_doc, entered, twin
 from ._tracing import DriveSpan
 from ._types import (
     APP_PRINCIPAL,
@@ -591,7 +591,7 @@ class Runtime(Deletion):
 
     def __enter__(self) -> Self:
         """Open the store as the first `*_sync` call would (a `with` block from plain code)."""
-        self._sync.run(self.open())
+        entered(self._sync, self.open(), self.close_sync)
         return self
 
     def __exit__(self, *exc: object) -> None:

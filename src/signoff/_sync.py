@@ -22,6 +22,7 @@ __all__ = [
     "called_off_loop",
     "checked_clock",
     "checked_sleep",
+    "entered",
     "exited",
     "in_thread",
     "is_async",
@@ -232,6 +233,20 @@ class SyncBridge:
         if stopper is not None and stopper.detach() is not None:
             assert loop is not None and thread is not None
             _stop(loop, thread, pid)
+
+
+def entered(
+    bridge: SyncBridge, opening: Coroutine[Any, Any, object], close: Callable[[], None]
+) -> None:
+    """Run `opening` on `bridge` for a `with` block; if it fails, `close()` first (its own
+    error dropped for the opening's): no `__exit__` follows to stop what it began, the
+    bridge's thread among it, as `async with` closes after a failed open."""
+    try:
+        bridge.run(opening)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            close()
+        raise
 
 
 def twin(
