@@ -362,3 +362,51 @@ async def test_a_sync_call_queued_behind_a_task_of_its_blocked_loop_goes_first(
         await asyncio.to_thread(other.join, 30)
     assert (await task).status == "cancelled" and statuses == ["cancelled"]
     await rt.close()
+
+
+async def test_a_sync_call_queued_behind_a_task_of_its_blocked_loop_keeps_going_first(
+    tmp_path: Path,
+) -> None:
+    """As above, with a call that takes the lock twice (`respond_sync`: its answer's commit,
+    then the drive): at its first release the lock went to the loop's queued task, the only
+    waiter, and its second acquire was refused as a deadlock, the answer recorded. Left free
+    while every waiter's loop is blocked, the lock goes on to the task once the loop runs."""
+
+    @so.tool(approval=so.always())
+    async def refund(order: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    steps = [call_tools(call("refund", order="1")), reply("done")]
+    rt = sqlite_runtime(tmp_path, scripted_agent("a", steps, tools=[refund]))
+    r = await rt.generate("a", prompt="refund order 1")
+    [req] = r.pending
+    sid, lock = r.session_id, rt._lock_of(r.session_id)
+    other = asyncio.new_event_loop()  # another thread's call, holding the session's lock
+    thread = threading.Thread(target=other.run_forever, daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(lock.acquire(), other).result(10)
+        task = asyncio.create_task(rt.cancel(sid, "from the loop"))
+        while not lock._waiters:
+            await asyncio.sleep(0.01)
+
+        def release_once_both_wait() -> None:
+            deadline = time.monotonic() + 10
+            while len(lock._waiters) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            other.call_soon_threadsafe(lock.release)
+
+        releaser = threading.Thread(target=release_once_both_wait)
+        releaser.start()
+        approve = so.InputResponse(request_id=req.id, option_id="approve")
+        done = rt.respond_sync(sid, [approve])
+        releaser.join(10)
+        assert (done.status, done.text) == ("completed", "done")
+        assert (await asyncio.wait_for(task, 10)).cancelled is False
+        assert not lock.locked() and not lock._waiters
+    finally:
+        other.call_soon_threadsafe(other.stop)
+        thread.join(10)
+        other.close()
+        await rt.close()

@@ -24,6 +24,9 @@ __all__ = ["AnyLoopEvent", "AnyLoopLock", "blocked", "blocking", "waited_by"]
 
 _blocked: dict[asyncio.AbstractEventLoop, int] = {}
 _waited_by: dict[asyncio.Task[object], asyncio.AbstractEventLoop] = {}
+# Locks left free with their waiters queued, as each waiter's loop was blocked: handed on to
+# them once the loop runs again (`blocking`'s end).
+_parked: dict[asyncio.AbstractEventLoop, set[AnyLoopLock]] = {}
 _blocked_guard = threading.Lock()
 DEADLOCK = (
     "a *_sync call made from async code needs the session's lock, which a task of the event "
@@ -53,11 +56,15 @@ def blocking() -> Iterator[asyncio.AbstractEventLoop | None]:
     try:
         yield loop
     finally:
+        parked: set[AnyLoopLock] = set()
         with _blocked_guard:
             if _blocked[loop] == 1:
                 del _blocked[loop]
+                parked = _parked.pop(loop, parked)
             else:
                 _blocked[loop] -= 1
+        for lock in parked:
+            lock._unpark()
 
 
 @contextlib.contextmanager
@@ -143,30 +150,48 @@ class AnyLoopLock:
             raise
         return True
 
-    def _next(self) -> asyncio.Future[None]:
-        """The first waiter whose loop is not `blocked`, else the first: handed the lock, a
-        waiter of a loop blocked in a `*_sync` call could not run before that call returned,
-        and that call may be what waits behind it. Passed over, it keeps its place."""
+    def _next(self) -> asyncio.Future[None] | None:
+        """The first waiter whose loop is not `blocked`; None if every waiter's is, the lock
+        then parked until one of those loops runs again (`blocking`). Handed the lock, a waiter
+        of a loop blocked in a `*_sync` call could not run before that call returned, and that
+        call may be what waits behind it, to take the lock now or again after one commit of
+        its own. Passed over, a waiter keeps its place."""
         with _blocked_guard:
             for fut in self._waiters:
                 if fut.get_loop() not in _blocked:
                     return fut
-        return self._waiters[0]
+            for fut in self._waiters:
+                _parked.setdefault(fut.get_loop(), set()).add(self)
+        return None
 
     def release(self) -> None:
         """Hand the lock to the next waiter whose loop can still run it (`_next`), or free it."""
+        if not self._locked:
+            raise RuntimeError("Lock is not acquired.")
+        self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Give the held lock to the next waiter that can run (`_next`), or free it (its
+        waiters left queued while their loops are blocked)."""
         while True:
             with self._guard:
-                if not self._locked:
-                    raise RuntimeError("Lock is not acquired.")
-                if not self._waiters:
+                fut = self._next() if self._waiters else None
+                if fut is None:
                     self._locked, self._holder = False, None
                     return
-                fut = self._next()
                 self._waiters.remove(fut)  # handed over: it stays locked
                 self._holder = fut.get_loop()
             if _wake(fut):
                 return
+
+    def _unpark(self) -> None:
+        """A loop that blocked every waiter runs again: a lock left free meanwhile goes on to
+        the next waiter (one taken meanwhile is handed on by its release)."""
+        with self._guard:
+            if self._locked or not self._waiters:
+                return
+            self._locked = True  # taken on the waiters' behalf, and handed on at once
+        self._hand_on()
 
     async def __aenter__(self) -> None:
         await self.acquire()
