@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,25 @@ async def test_the_blocking_events_give_up_after_their_retries(canned: Canned) -
             await asyncio.to_thread(c.events, "ses_x", retries=1)
     assert caught.value.status == 502
     assert len(canned.seen) == 2
+
+
+async def test_a_close_from_another_thread_ends_a_streams_pause_at_once(canned: Canned) -> None:
+    """A stream pausing on a 429's `Retry-After: 20` before its next try slept on through
+    `Client.close()` from another thread, which waits for cut-short calls to end (so a keyed
+    call keeps its key) and so took its full 5 s; the pause now ends as the client closes."""
+    slow_down = http("429 Too Many Requests", "{}", extra="Retry-After: 20\r\n")
+    canned.on(EVENTS, slow_down)
+    c = Client(canned.base)
+    reading = asyncio.create_task(asyncio.to_thread(c.events, "ses_x", retries=5))
+    while not canned.seen:
+        await asyncio.sleep(0.01)
+    began = time.monotonic()
+    await asyncio.to_thread(c.close)
+    closing = time.monotonic() - began
+    with pytest.raises(so.UsageError, match="closed"):
+        await asyncio.wait_for(reading, 10)
+    assert closing < 4  # well under the 5 s it waited for the pause to end of itself
+    assert len(canned.seen) == 1
 
 
 async def test_events_sent_again_are_not_yielded_again(canned: Canned) -> None:

@@ -187,6 +187,7 @@ class AsyncClient:
             event_hooks={"response": [cap_replies]},
         )
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = asyncio.Event()  # set by `aclose`: it ends a stream's pause at once
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -196,7 +197,15 @@ class AsyncClient:
 
     async def aclose(self) -> None:
         """Close the client's connections; a later call raises `UsageError`."""
+        self._closing.set()
         await self.http.aclose()
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait `seconds` before a stream's next try, or until the client closes, which raises
+        `UsageError`: a pause of up to a `Retry-After`'s 30 s held `Client.close()` back."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing.wait(), seconds)
+        self._check_open()
 
     def _check_open(self) -> None:
         """Refuse a call on a closed client, or from another event loop than the first call's

@@ -113,28 +113,28 @@ async def remote_events(
                             )
                         pause = wire.backoff(failures)
             if pause:
-                await asyncio.sleep(pause)
+                await client._pause(pause)
                 continue
             if not follow:
                 return
             # The server closed a followed stream: reconnect, soon if it sent events,
             # else less and less often (up to every 2 s), not ten times a second for ever.
             quiet = 0 if last_seen < last else quiet + 1
-            await asyncio.sleep(wire.backoff(quiet) if quiet else 0.1)
+            await client._pause(wire.backoff(quiet) if quiet else 0.1)
         except ReplyTooLarge as exc:  # the next try would be as large
             raise too_large(exc) from None
         except TimeoutError:  # the opening trickled past twice the timeout
             failures += 1
             if failures > retries:
                 raise client._too_slow(path) from None
-            await asyncio.sleep(wire.backoff(failures))
+            await client._pause(wire.backoff(failures))
         except httpx.TransportError as exc:
             if streaming and follow and heard.any and isinstance(exc, httpx.ReadTimeout):
                 continue  # quiet, or dead: a reconnect tells; a dead server fails it
             failures += 1
             if failures > retries:
                 raise wire.transport_error(exc, client._url(path)) from exc
-            await asyncio.sleep(wire.backoff(failures))
+            await client._pause(wire.backoff(failures))
 
 
 class _Heard:
