@@ -241,7 +241,32 @@ def test_a_damaged_snapshot_loads_or_is_refused(
     _proof.record("hypothesis:test_damaged_snapshot:examples")
     snapshot = real["snapshot"]
     where = data.draw(st.sampled_from(paths(snapshot)))
-    decodes_or_refuses(SessionState.from_snapshot, damaged(snapshot, where, how, junk))
+    state = decodes_or_refuses(SessionState.from_snapshot, damaged(snapshot, where, how, junk))
+    if isinstance(state, SessionState):
+        folds_on(state)
+
+
+def folds_on(state: SessionState) -> None:
+    """Use a state read from a snapshot as a session's next event does: what the fold reads of
+    it (its seq, times, TTL, queue) holds the types the fold gives it, so nothing escapes but a
+    named StoreError (a snapshot's `seq` text was a TypeError here, its `ttl` text one in
+    `expired`, a queued number one as the next turn took it)."""
+    state.expired(0.0)
+    for queued in state.queued:
+        assert "message" in queued
+    for candidate in state.candidates.values():
+        assert (
+            isinstance(candidate["request_id"], str) and float(candidate["at"]) == candidate["at"]
+        )
+    message = {"message": "and then", "queued": True}
+    event = Event(
+        session_id=state.id,
+        seq=state.seq + 1,
+        type="turn.message",
+        at=state.updated_at + 1,
+        data=message,
+    )
+    decodes_or_refuses(state.copy().apply, event)
 
 
 @given(doc=st.one_of(json_objects, json_values))

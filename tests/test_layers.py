@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
         "_refused_replies",
         "_unrecorded",
     },
-    {"_state_parts", "_conversation", "_tool_json", "_sync"},
+    {"_state_parts", "_snapshot_fields", "_conversation", "_tool_json", "_sync"},
     {"_event_handlers", "_steps"},
     {"_state", "_approval", "stores", "models"},
     {

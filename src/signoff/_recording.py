@@ -256,14 +256,20 @@ async def _folded_before(
 
 
 def _from_snapshot(session_id: str, snapshot: dict[str, Any]) -> SessionState:
-    """The state a session's snapshot holds; a malformed one is a `StoreError` naming the
-    session, so a worker serving many can say which one is damaged."""
+    """The state a session's snapshot holds; a malformed one, or one of another session (a
+    restore that mixed rows up), is a `StoreError` naming the session, so a worker serving many
+    can say which one is damaged."""
     try:
-        return SessionState.from_snapshot(snapshot)
+        state = SessionState.from_snapshot(snapshot)
     except SchemaVersionError:
         raise  # it names the session already, and says to upgrade
     except StoreError as exc:
         raise StoreError(f"session {session_id!r}, its snapshot: {exc}") from exc
+    if state.id != session_id:
+        raise StoreError(
+            f"session {session_id!r}, its snapshot: it is of session {state.id[:100]!r}"
+        )
+    return state
 
 
 async def load_turn(store: Store, session_id: str, turn_id: str, first_seq: int) -> SessionState:

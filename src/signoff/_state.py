@@ -14,8 +14,9 @@ from typing import Any
 
 from ._conversation import MALFORMED, Conversation
 from ._event_handlers import HANDLERS
-from ._events import BOOKKEEPING, EVENT_TYPES, Event, EventType
+from ._events import BOOKKEEPING, Event, EventType
 from ._exceptions import SchemaVersionError, StoreError
+from ._snapshot_fields import check_fields, last_of, paused_of
 from ._state_parts import (
     CallState,
     CallStatus,
@@ -418,6 +419,7 @@ class SessionState:
                 f"snapshot of session {data.get('id')!r} has schema version {v}; this signoff "
                 f"reads up to {SNAPSHOT_VERSION}"
             )
+        check_fields(data)
         t = data["turn"]
         turn = None
         if t is not None:
@@ -436,7 +438,7 @@ class SessionState:
                 model_seq=t.get("model_seq", t.get("last_message_seq", 0)),
                 source=t.get("source", "message"),
                 traceparent=p if isinstance(p := t.get("traceparent"), str) else None,
-                paused=_paused_of(t.get("paused", [])),
+                paused=paused_of(t.get("paused", [])),
                 calls={c["id"]: _call_of(c, t) for c in t["calls"]},
             )
         state = cls(
@@ -456,12 +458,12 @@ class SessionState:
             owed=dict(data.get("owed", {})),
             short=dict(data.get("short", {})),
             queued=list(data.get("queued", [])),
-            lapsed=bool(data.get("lapsed", False)),
-            limit_grants=int(data.get("limit_grants", 0)),
+            lapsed=data.get("lapsed", False),
+            limit_grants=data.get("limit_grants", 0),
             headroom=dict(data.get("headroom", {})),
             parent_spent=dict(data.get("parent_spent", {})),
             # A snapshot that does not say (an older signoff's) may have dropped some.
-            earlier_requests=bool(data.get("earlier_requests", True)),
+            earlier_requests=data.get("earlier_requests", True),
             keys={str(k): list(v) for k, v in data.get("keys", {}).items()},
             candidates=dict(data.get("candidates", {})),
             requests={
@@ -475,7 +477,7 @@ class SessionState:
             },
             turn=turn,
             conversation=None,
-            last=_last_of(data.get("last")),
+            last=last_of(data.get("last")),
         )
         for call in () if turn is None else turn.calls.values():
             check_asked(call, state.requests)
@@ -499,28 +501,6 @@ def _data(value: Any) -> Any:
 
 
 _NESTED = (dict, list)
-
-
-def _last_of(value: Any) -> tuple[EventType, float, str | None] | None:
-    """The last event's type, time and turn as a snapshot keeps them; None if it does not (an
-    older signoff's), which leaves them to be read from the store."""
-    if value is None:
-        return None
-    kind, at, turn = value
-    if (
-        kind not in EVENT_TYPES
-        or not isinstance(at, int | float)
-        or not isinstance(turn, str | None)
-    ):
-        raise ValueError(f"a snapshot's last event is malformed: {value!r:.100}")
-    return kind, float(at), turn
-
-
-def _paused_of(value: Any) -> tuple[dict[str, Any], ...]:
-    """A turn's paused parts as a snapshot keeps them; `ValueError` unless a list of objects."""
-    if not isinstance(value, list) or not all(isinstance(p, dict) for p in value):
-        raise ValueError(f"a turn's paused parts are not a list of objects: {value!r:.100}")
-    return tuple(value)
 
 
 def _call_of(c: dict[str, Any], turn: dict[str, Any]) -> CallState:

@@ -1,0 +1,127 @@
+"""The checks a snapshot's session fields pass as it is read (`SessionState.from_snapshot`): a
+field of a type the fold never gives it (a hand edit, a half-restored copy) is refused then,
+not left to fail later as a bare TypeError in whatever reads it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ._events import EVENT_TYPES, EventType
+
+__all__ = ["check_fields", "last_of", "paused_of"]
+
+
+def check_fields(data: dict[str, Any]) -> None:
+    """Refuse (`ValueError`) a snapshot whose session fields (not its turn's or requests') are
+    not of the types the fold gives them; one left out is read as its default. Each is looked
+    at once, and the collections only one level down, so reading one costs what it holds."""
+    for name, ok in _FIELDS.items():
+        if name in data and not ok(value := data[name]):
+            raise ValueError(f"a snapshot's {name} is {value!r:.100}")
+
+
+def _text(v: object) -> bool:
+    return type(v) is str
+
+
+def _count(v: object) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _number(v: object) -> bool:
+    return type(v) is float or type(v) is int
+
+
+def _flag(v: object) -> bool:
+    return type(v) is bool
+
+
+def _or_none(ok: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda v: v is None or ok(v)
+
+
+def _texts(v: object) -> bool:
+    return type(v) is list and all(type(x) is str for x in v)
+
+
+def _owed(v: object) -> bool:
+    """child session id -> the turn that delegated to it"""
+    return type(v) is dict and all(type(x) is str for x in v.values())
+
+
+def _short(v: object) -> bool:
+    """child session id -> [the turn that delegated, what its call's end counted]"""
+    return type(v) is dict and all(
+        type(x) is list and len(x) == 2 and type(x[0]) is str and type(x[1]) is dict
+        for x in v.values()
+    )
+
+
+def _budgets(v: object) -> bool:
+    """a budget's name -> a number (`headroom`, `parent_spent`)"""
+    return type(v) is dict and all(_number(x) for x in v.values())
+
+
+def _queued(v: object) -> bool:
+    """the messages waiting for the turn's end, each with its message"""
+    return type(v) is list and all(type(x) is dict and "message" in x for x in v)
+
+
+def _keys(v: object) -> bool:
+    """an idempotency key's digest -> [what it asked, where its message went...]"""
+    return type(v) is dict and all(type(x) is list and x for x in v.values())
+
+
+def _candidates(v: object) -> bool:
+    """a candidate's id -> its `approval.candidate` data and time"""
+    return type(v) is dict and all(
+        type(x) is dict and type(x.get("request_id")) is str and _number(x.get("at"))
+        for x in v.values()
+    )
+
+
+_FIELDS: dict[str, Callable[[object], bool]] = {
+    "id": _text,
+    "agent": _text,
+    "seq": _count,
+    "created_at": _number,
+    "updated_at": _number,
+    "ttl": _or_none(_number),
+    "parent": _or_none(_text),
+    "approved_tools": _texts,
+    "model_responses": _count,
+    "owed": _owed,
+    "short": _short,
+    "queued": _queued,
+    "lapsed": _flag,
+    "limit_grants": _count,
+    "headroom": _budgets,
+    "parent_spent": _budgets,
+    "earlier_requests": _flag,
+    "keys": _keys,
+    "candidates": _candidates,
+    "requests": lambda v: type(v) is list,
+}
+
+
+def last_of(value: Any) -> tuple[EventType, float, str | None] | None:
+    """The last event's type, time and turn as a snapshot keeps them; None if it does not (an
+    older signoff's), which leaves them to be read from the store."""
+    if value is None:
+        return None
+    kind, at, turn = value
+    if (
+        kind not in EVENT_TYPES
+        or not isinstance(at, int | float)
+        or not isinstance(turn, str | None)
+    ):
+        raise ValueError(f"a snapshot's last event is malformed: {value!r:.100}")
+    return kind, float(at), turn
+
+
+def paused_of(value: Any) -> tuple[dict[str, Any], ...]:
+    """A turn's paused parts as a snapshot keeps them; `ValueError` unless a list of objects."""
+    if not isinstance(value, list) or not all(isinstance(p, dict) for p in value):
+        raise ValueError(f"a turn's paused parts are not a list of objects: {value!r:.100}")
+    return tuple(value)
