@@ -3,6 +3,7 @@ so the parent's request is a mirror of the subagent's."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import signoff as so
@@ -11,9 +12,12 @@ from signoff.testing import call, call_tools, reply, scripted_agent
 __all__ = ["refund_desk"]
 
 
-def refund_desk(approval: Any, ran: list[str]) -> list[so.Agent]:
+def refund_desk(
+    approval: Any, ran: list[str], guardrails: Sequence[so.Guardrail] = ()
+) -> list[so.Agent]:
     """`support` and `billing`: `support` delegates refunding order 9 to `billing`, whose
-    `refund` tool asks for `approval` and records each order it refunds in `ran`."""
+    `refund` tool asks for `approval` (and `guardrails`, billing's) and records each order it
+    refunds in `ran`."""
 
     @so.tool(approval=approval)
     async def refund(order_id: str) -> str:
@@ -22,7 +26,10 @@ def refund_desk(approval: Any, ran: list[str]) -> list[so.Agent]:
         return "ok"
 
     child = scripted_agent(
-        "billing", [call_tools(call("refund", order_id="9")), reply("refunded")], tools=[refund]
+        "billing",
+        [call_tools(call("refund", order_id="9")), reply("refunded")],
+        tools=[refund],
+        guardrails=guardrails,
     )
     parent = scripted_agent(
         "support",

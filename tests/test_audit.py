@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff.server._page_data import tool_rows
 from signoff.stores._audit import AuditRow, chain_hash, chain_parts
 from signoff.stores._codec import pack, unpack_event
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
-from ._audit import agent, run_scenario, wipe
+from ._audit import agent, only_bob, run_scenario, wipe
 
 
 async def test_the_trail_records_each_step_and_verifies(tmp_path: Path) -> None:
@@ -140,6 +141,93 @@ async def test_a_change_of_any_rule_of_an_approval_is_recorded(tmp_path: Path) -
     assert [e.data["new"] for e in history] == [said for _, said in settings]
     async with so.Runtime([], store=url) as rt:
         assert await rt.verify_audit() == []
+
+
+def _large(input: Any) -> bool:
+    return bool(input.disk == "sda")
+
+
+async def _recorded(url: str, approval: Any, guardrails: list[so.Guardrail]) -> list[str]:
+    """The settings recorded of `support.wipe` once a runtime with `approval` has opened."""
+    tool = so.tool(approval=approval)(wipe.fn)
+    a = scripted_agent("support", [reply("hi")], tools=[tool], guardrails=guardrails)
+    async with so.Runtime([a], store=url) as rt:
+        return [e.data["new"] for e in await rt.audit(stream="tools:support.wipe")]
+
+
+async def test_a_quorum_given_through_approval_spec_is_recorded(tmp_path: Path) -> None:
+    """Only `always()` said its approver count: a quorum given to any other policy through
+    `ApprovalSpec` (a predicate's 2 approvers made 5, `once()` given 3) was no entry."""
+    url = f"sqlite:///{tmp_path}/a.db"
+    for approval in (
+        so.ApprovalSpec(_large, approvers=2),
+        so.ApprovalSpec(_large, approvers=5),
+        so.once(),
+        so.ApprovalSpec(so.once(), approvers=3, expires_in=60),
+        so.always(approvers=2),
+    ):
+        history = await _recorded(url, approval, [])
+    assert history == [
+        "Conditional (_large) [2 approvers]",
+        "Conditional (_large) [5 approvers]",
+        "Once",
+        "Once [3 approvers; expires in 60 s]",
+        "Always (2 approvers)",
+    ]
+
+
+async def test_a_guarded_tool_records_its_own_rules_and_response_policy(tmp_path: Path) -> None:
+    """A guardrail's request takes the tool's quorum and deadline (a deadline that would
+    approve denies) and its response policy decides who answers: the setting recorded was
+    'Always (guardrail)' whatever they were, so none of their changes was an entry."""
+    url = f"sqlite:///{tmp_path}/a.db"
+    guard = [so.tool_policy(require_approval=["wipe"])]
+    two = so.always(approvers=2, expires_in=60, on_timeout="approve")
+    await _recorded(url, two, guard)
+    await _recorded(url, so.ApprovalSpec(two, only_bob), guard)
+    # Denied now, it asks no one, but its policy still decides who answers a request it parked.
+    denied = [so.tool_policy(require_approval=["wipe"], deny=["wipe"])]
+    assert await _recorded(url, so.ApprovalSpec(two, only_bob), denied) == [
+        "Always (guardrail) [2 approvers; expires in 60 s]",
+        "Always (guardrail) [2 approvers; expires in 60 s] + response policy",
+        "Never (denied by guardrail) + response policy",
+    ]
+
+
+async def test_a_guardrail_with_a_deny_method_of_its_own_is_recorded(tmp_path: Path) -> None:
+    """A guardrail of the app's whose `deny` is a method, not `tool_policy`'s set of names:
+    the setting looked for the tool in it, and every runtime's opening failed with a bare
+    TypeError. Its `tool_names()` say a guardrail asks for the tool."""
+
+    class Hours(so.Guardrail):
+        async def decide(self, ctx: so.ApprovalContext) -> so.Verdict | None:
+            return None
+
+        def deny(self) -> bool:
+            return False
+
+        def tool_names(self) -> list[str]:
+            return ["wipe"]
+
+    history = await _recorded(f"sqlite:///{tmp_path}/a.db", so.always(), [Hours()])
+    assert history == ["Always (guardrail)"]
+
+
+@pytest.mark.parametrize("deny_first", [True, False])
+async def test_a_tool_one_guardrail_denies_is_denied_on_both_surfaces(
+    tmp_path: Path, deny_first: bool
+) -> None:
+    """One guardrail denies the tool, another requires approval for it: every call is denied,
+    but the recorded setting took the first guardrail naming the tool and the dashboard's row
+    the last, so one of them said a person is asked. Both say it is denied, in either order."""
+    asks = so.tool_policy(require_approval=["wipe"])
+    denies = so.tool_policy(deny=["wipe"])
+    guards = [denies, asks] if deny_first else [asks, denies]
+    history = await _recorded(f"sqlite:///{tmp_path}/a.db", so.always(), guards)
+    tool = so.tool(approval=so.always())(wipe.fn)
+    (row,) = tool_rows(scripted_agent("support", [], tools=[tool], guardrails=guards))
+    assert history == ["Never (denied by guardrail)"]
+    assert row["guardrail"] == "Never (denied by guardrail)"
 
 
 async def test_a_runtime_opens_on_a_store_refusing_writes_and_records_its_settings_later(

@@ -73,16 +73,20 @@ async def test_a_mirror_is_judged_by_the_subagents_request_and_tool(store_url: s
             assert refused is not None and "response policy of billing.refund" in str(refused)
 
 
+@pytest.mark.parametrize("guarded", [False, True])
 async def test_a_request_recorded_before_the_flag_is_judged_by_its_recorded_policy(
-    store_url: str,
+    store_url: str, guarded: bool
 ) -> None:
     """A request parked before requests carried `response_policy`, seen by a runtime without
     its tool: the check read no trail and let the requester answer, which answering refuses
     (the trail records the tool's policy). Now it says so, as answering does, and changes
-    nothing; the runtime with the policy lets the requester (whom it allows) answer."""
+    nothing; the runtime with the policy lets the requester (whom it allows) answer. A tool a
+    guardrail also names was recorded without its response policy, and the requester settled
+    its request there."""
     ran: list[str] = []
     spec = so.ApprovalSpec(request=so.always(), response=only_bob)
-    _, child = refund_desk(spec, ran)
+    guard = [so.tool_policy(require_approval=["refund"])] if guarded else []
+    _, child = refund_desk(spec, ran, guard)
     tool = child.tools["refund"]
     async with so.Runtime([child], store=store_url) as rt:
         policy, tool.response_policy = tool.response_policy, None
@@ -101,7 +105,7 @@ async def test_a_request_recorded_before_the_flag_is_judged_by_its_recorded_poli
                 approve = [so.InputResponse(request_id=old.id, option_id="approve")]
                 await other.respond(r.session_id, approve, principal=who)
         assert await store_contents(other.store, r.session_id) == before
-    async with so.Runtime([refund_desk(spec, ran)[1]], store=store_url) as rt:
+    async with so.Runtime([refund_desk(spec, ran, guard)[1]], store=store_url) as rt:
         assert await refusal(rt.agents, rt.store, old, BOB) is None
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeAlias, TypeVar
 
 from ._error_text import error_text, readable
@@ -37,6 +37,7 @@ __all__ = [
     "as_policy",
     "never",
     "once",
+    "guardrail_setting",
     "own_decide",
     "policy",
     "predicate",
@@ -143,11 +144,12 @@ class RequestRules:
     on_timeout: OnTimeout = "deny"
     escalate_to: str | None = None
 
-    def described(self) -> str:
-        """The rules other than the defaults, in words ("" for none) beyond the approver count
-        `describe` gives: what the audit trail records of a tool's setting, so a change of
-        any of them (a deadline that now approves, the requester no longer excluded) is one."""
-        said = []
+    def described(self, *, quorum: bool = True) -> str:
+        """The rules other than the defaults, in words ("" for none), the approver count only
+        with `quorum` (a name that says it, `Always (2 approvers)`, does not): what the audit
+        trail records of a tool's setting, so a change of any of them (a deadline that now
+        approves, the requester no longer excluded) is one."""
+        said = [f"{self.approvers} approvers"] if quorum and self.approvers > 1 else []
         if self.exclude_requester:
             said.append("not the requester")
         if not self.distinct:
@@ -159,6 +161,13 @@ class RequestRules:
         if self.escalate_to is not None:
             said.append(f"escalates to {self.escalate_to}")
         return "; ".join(said)
+
+    def guarded(self) -> RequestRules:
+        """These rules as a guardrail's request takes them: the tool's deadline may deny or
+        escalate, but not approve the call unseen (the stricter of tool and guardrail wins)."""
+        if self.on_timeout != "approve":
+            return self
+        return replace(self, on_timeout="deny")
 
     def __post_init__(self) -> None:
         approvers = self.approvers
@@ -544,3 +553,20 @@ def tool_policy(*, require_approval: Iterable[str] = (), deny: Iterable[str] = (
                 )
         lists.append(names)
     return _ToolPolicy(*lists)
+
+
+DENIED_BY_GUARDRAIL = "Never (denied by guardrail)"
+ASKED_BY_GUARDRAIL = "Always (guardrail)"
+
+
+def guardrail_setting(guardrails: Iterable[Guardrail], name: str) -> str | None:
+    """What the agent's guardrails make of tool `name`, the strictest of them all as its calls
+    find (a deny of any wins over another's approval), or None when none names it: what both
+    the audit trail and the dashboard say of it."""
+    asked = False
+    for g in guardrails:
+        deny = getattr(g, "deny", ())
+        if isinstance(deny, (set, frozenset, list, tuple)) and name in deny:
+            return DENIED_BY_GUARDRAIL
+        asked = asked or name in set(g.tool_names())
+    return ASKED_BY_GUARDRAIL if asked else None

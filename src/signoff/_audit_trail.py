@@ -10,7 +10,7 @@ from typing import Any
 
 from ._agent import Agent
 from ._answers import check_text
-from ._approval import RequestRules
+from ._approval import DENIED_BY_GUARDRAIL, RequestRules, guardrail_setting
 from ._audit_logs import Gap, log_ends
 from ._audit_requests import PAGE as REQUESTS_PAGE
 from ._audit_requests import Leftovers, RequestTrail, request_rows
@@ -500,17 +500,18 @@ class _Unentried:
 
 
 def tool_setting(agent: Agent, name: str) -> str:
-    """The approval setting shown for a tool, guardrails included."""
+    """The approval setting shown for a tool: what the guardrails make of it (as the dashboard
+    names it) or its policy's name, then the rules its requests take and its response policy
+    (which still decides who answers a request parked before a guardrail denied the tool)."""
     tool = agent.tools[name]
-    for g in agent.guardrails:
-        if name in getattr(g, "deny", ()):
-            return "Never (denied by guardrail)"
-        if name in set(g.tool_names()):
-            return "Always (guardrail)"
-    setting = tool.approval.describe()
+    guarded = guardrail_setting(agent.guardrails, name)
+    setting = guarded or tool.approval.describe()
     rules = getattr(tool.approval, "rules", None)  # a policy of the app's may have others
-    if isinstance(rules, RequestRules) and rules.described():
-        setting += f" [{rules.described()}]"
+    if isinstance(rules, RequestRules) and guarded != DENIED_BY_GUARDRAIL:
+        if guarded is not None:
+            rules = rules.guarded()
+        said = rules.described(quorum=f"{rules.approvers} approvers" not in setting)
+        setting += f" [{said}]" if said else ""
     if tool.response_policy is not None:
         setting += RESPONSE_POLICY_NOTE
     return setting

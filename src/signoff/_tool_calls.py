@@ -226,10 +226,8 @@ class ToolCalls(CallEnds):
         dumped = tool.shown_form(validated)
         rules = tool.approval.rules
         guarded = verdict.reason == "guardrail"
-        if guarded and rules.on_timeout == "approve":
-            # A guardrail requires a person: the tool's own deadline may deny or escalate, but
-            # not approve the call unseen (the stricter of tool and guardrail wins).
-            rules = dataclasses.replace(rules, on_timeout="deny")
+        if guarded:
+            rules = rules.guarded()
         now = self.clock()
         error = verdict.error  # a policy's message of megabytes is cut
         if error is not None:

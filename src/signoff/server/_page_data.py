@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 from fastapi import Request
 
 from .._agent import Agent
+from .._approval import guardrail_setting
 from .._audit_trail import TOOL_SETTING, TOOLS_STREAM, entries
 from .._eligibility import refusal, voted
 from .._events import EVENT_TYPES, Event
@@ -547,11 +548,6 @@ async def session_context(
 
 
 def tool_rows(agent: Agent) -> list[dict[str, Any]]:
-    guarded: dict[str, str] = {}
-    for g in agent.guardrails:
-        deny: frozenset[str] = getattr(g, "deny", frozenset())
-        for name in g.tool_names():
-            guarded[name] = "Never (denied)" if name in deny else "Always (guardrail)"
     rows = []
     for t in agent.tools.values():
         label = t.approval.label
@@ -561,7 +557,7 @@ def tool_rows(agent: Agent) -> list[dict[str, Any]]:
                 "description": t.description,
                 "label": label,
                 "detail": t.approval.describe(),
-                "guardrail": guarded.get(t.name),
+                "guardrail": guardrail_setting(agent.guardrails, t.name),
                 "run_as": t.run_as,
                 "schema": t.json_schema(),
             }
