@@ -61,6 +61,19 @@ async def test_a_caution_review_counts_in_the_sessions_usage(store_url: str) -> 
         assert (await again.state(r.session_id)).usage == TURN + BILLED
 
 
+async def test_an_approvals_usage_counts_the_review_that_opened_it(store_url: str) -> None:
+    """A request's usage is the session's at park time: the `auto()` review that opened it is
+    recorded with it, so it counts there too (it was left out: the queue showed the turn's cost
+    without the review's)."""
+    agent = billing(ExecutionLog(), so.models.Scripted([review("caution")]))
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1", auth=ALICE)
+        (req,) = r.pending
+        assert req.usage == TURN + BILLED, req.usage
+        (queued,) = await rt.pending(session_id=r.session_id)
+        assert queued.usage == TURN + BILLED == (await rt.state(r.session_id)).usage
+
+
 async def test_a_review_nested_past_pythons_limit_is_unparsable_and_counts(
     store_url: str,
 ) -> None:

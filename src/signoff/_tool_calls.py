@@ -117,6 +117,10 @@ class ToolCalls(CallEnds):
         # recorded here (or the first call started), so a drive after this one (the workflow
         # call parked on a question) asks for them as decided, not reviewing them again.
         unrecorded: dict[str, dict[str, Any]] = {}
+        # A request's usage is the session's at park time: with what the reviews that the
+        # batch opening it records cost (those of every call that does not run here).
+        spent = Verdict.spent(v for _, _, _, v in decided if v.action != "run")
+        at_park = s.usage if spent is None else s.usage + spent
         for call, tool, validated, verdict in decided:
             # The outcome of a call that does not run carries what reviewing it cost.
             billed = {"usage": verdict.usage}
@@ -136,7 +140,7 @@ class ToolCalls(CallEnds):
                     results.append(tool_result(call, "denied", denial(IGNORED), **billed))
                     continue
                 try:
-                    requests.append(self._approval_request(call, tool, validated, verdict))
+                    requests.append(self._approval_request(call, tool, validated, verdict, at_park))
                 except PydanticSerializationError as exc:
                     # A validator made the input an object with no JSON form: there is nothing
                     # to show a reviewer, so the call cannot be approved.
@@ -218,7 +222,7 @@ class ToolCalls(CallEnds):
         return {"error": f"unknown tool {cut(name, 100)!r}; available: {known}"}
 
     def _approval_request(
-        self, call: CallState, tool: Tool, validated: BaseModel, verdict: Verdict
+        self, call: CallState, tool: Tool, validated: BaseModel, verdict: Verdict, usage: Usage
     ) -> InputRequest:
         s = self.state
         turn = s.turn
@@ -245,7 +249,7 @@ class ToolCalls(CallEnds):
             created_at=now,
             expires_at=None if rules.expires_in is None else now + rules.expires_in,
             policy_error=error,
-            usage=s.usage,
+            usage=usage,
             approvers=rules.approvers,
             distinct=rules.distinct,
             exclude_requester=rules.exclude_requester,
