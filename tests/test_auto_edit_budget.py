@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 import signoff as so
 from signoff.models import ModelRequest
-from signoff.testing import ExecutionLog, call, call_tools, reply
+from signoff.testing import ExecutionLog, call, call_tools, reply, store_contents
 
 from ._models import review_reads
 
@@ -165,3 +167,38 @@ async def test_with_nothing_left_an_edit_is_not_reviewed_and_stands(store_url: s
         assert (await rt.state(r.session_id)).usage.total_tokens == 100
     assert reviewer.caps == []
     assert [e.input["amount"] for e in log.executions] == [150.0]
+
+
+async def test_an_edit_in_a_call_refused_for_another_answer_is_not_reviewed(
+    store_url: str,
+) -> None:
+    """Every answer of a call is checked before an edit in it is reviewed: an edit sent with an
+    unknown id, a bad option on another approval, or (to `generate(approvals=)`) leaving one
+    open, is refused unreviewed and unbilled. Before, each refused call reviewed the edit and
+    dropped what it cost: repeated, it spent past the session's budget, counting none of it."""
+    log, reviewer = ExecutionLog(), Reviewer()
+    agent = agent_with(log, reviewer, so.Limits(max_tokens=1000), charges=("a", "b"))
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund", auth=ALICE)
+        sid, (a, b) = r.session_id, r.pending
+        before = await store_contents(rt.store, sid)
+        bad = [
+            so.InputResponse(request_id="req_nope", option_id="approve"),
+            so.InputResponse(request_id=b.id, option_id="bogus"),
+        ]
+        for other in bad:
+            with pytest.raises((so.UnknownRequest, so.InvalidAnswer)):
+                await rt.respond(sid, [*edit(a), other], principal=ALICE)
+        [edited] = edit(a)
+        with pytest.raises(so.PartialAnswer):
+            await rt.generate(
+                session_id=sid,
+                approvals=[so.Decision(id=a.id, approved=True, edited_input=edited.edited_input)],
+                auth=ALICE,
+            )
+        assert len(reviewer.caps) == 2  # the proposals' reviews only
+        assert await store_contents(rt.store, sid) == before
+        r = await rt.respond(sid, edit(a, b), principal=ALICE)
+        assert r.status == "completed"
+        assert (await rt.state(sid)).usage.total_tokens == 160
+    assert len(reviewer.caps) == 4

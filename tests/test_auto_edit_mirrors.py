@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 import signoff as so
 from signoff.models import ModelRequest
 from signoff.testing import call, call_tools, reply, scripted_agent, tool_results
@@ -98,4 +100,28 @@ async def test_an_edit_on_a_mirror_the_response_policy_rejects_is_not_reviewed(
         assert r.status == "completed" and ran == [90.0]
         child = await rt.state(mirror.child.session_id)
         assert child.usage.total_tokens == 2 * REVIEW.total_tokens
+    assert len(reviewer.inputs) == 2
+
+
+async def test_an_edit_on_a_mirror_in_a_refused_call_is_not_reviewed(store_url: str) -> None:
+    """An edit on a mirror sent with an unknown id is refused before the subagent reviews it:
+    the check of every answer comes before any review. Before, the child's reviewer was called
+    (and billed) for each refused call, its cost counted nowhere."""
+    ran: list[Any] = []
+    reviewer = Reviewer()
+    async with so.Runtime(agents(ran, reviewer), store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        edited = {"order_id": "1042", "amount": 90.0}
+        answer = so.InputResponse(request_id=mirror.id, option_id="approve", edited_input=edited)
+        unknown = so.InputResponse(request_id="req_nope", option_id="approve")
+        for _ in range(2):
+            with pytest.raises(so.UnknownRequest):
+                await rt.respond(r.session_id, [answer, unknown], principal=ALICE)
+        assert len(reviewer.inputs) == 1  # the proposal's
+        child = await rt.state(mirror.child.session_id)
+        assert child.usage.total_tokens == REVIEW.total_tokens
+        r = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert r.status == "completed" and ran == [90.0]
     assert len(reviewer.inputs) == 2

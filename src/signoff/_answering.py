@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import _mirrors
@@ -23,7 +23,7 @@ from ._ask import echoes_answers
 from ._call_guards import closes_stop
 from ._candidates import Candidates, already_counted
 from ._counts import counted_answers, refused_only, settled_before_raising
-from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
+from ._deadlines import due_batch, in_time
 from ._eligibility import (
     authorize,
     check_policy_present,
@@ -180,11 +180,15 @@ class Answering(Candidates):
         judged: list[SessionState] | None = None,
         kept: list[bool] | None = None,
         turns: list[Answered] | None = None,
+        review: bool = True,
     ) -> list[Outcome]:
-        """Validate every answer, then settle them all in one durable commit (or none);
-        `check_only` raises what settling would raise and records nothing. An answer to a request
-        whose deadline just passed continues the turn without it, unless not `drive_expired`
-        (`respond(resume=False)`, which must not run the turn: a sweep or worker will).
+        """Validate every answer, then review their edits (only once all are good: a review is
+        then recorded or refuses by its own denial), then settle them all in one durable commit
+        (or none); `check_only` raises what settling would raise and records nothing, and with
+        `review` False makes no review (`_mirrors` checks every session's answers so first).
+        An answer to a request whose deadline just passed continues the turn without it,
+        unless not `drive_expired` (`respond(resume=False)`, which must not run the turn: a
+        sweep or worker will).
         `mark` is the idempotency key of the message that gave the answers: the settlement's
         first event records it. `only_approvals`: the answers are decisions (approve or deny),
         which answer approvals only. `from_message`: the answer is a message's, which `send`
@@ -223,6 +227,7 @@ class Answering(Candidates):
                     check_only=check_only,
                     drive=drive_expired,
                     mark=mark,
+                    review=review,
                 )
             agent = self.agent(state.agent)
             outcomes: list[Outcome] = []
@@ -230,6 +235,8 @@ class Answering(Candidates):
             resolves: list[Resolve] = []
             unknown: list[str] = []
             gated: list[tuple[InputRequest, _Reply, dict[str, Any]]] = []
+            settling: list[tuple[InputRequest, _Reply, dict[str, Any]]] = []
+            edits: list[tuple[Tool, InputRequest, dict[str, Any], bool]] = []  # to review
             verdicts: dict[str, ResponseVerdict] = {}  # the response policy's, on edits
             turn_id = None
             for reply in answers:
@@ -292,31 +299,43 @@ class Answering(Candidates):
                     # The decision on a tool's own approval is its call's result, value and all.
                     limit = answer_bound(request, tool, agent.limits)
                     check_size(request, "value", wanted["value"], limit)
-                if wanted.get("edited_input") is not None and tool is not None:
-                    limit = result_bound(tool, agent.limits)
+                edited = tool if wanted.get("edited_input") is not None else None
+                if edited is not None:
+                    limit = result_bound(edited, agent.limits)
                     check_size(request, "edited input", wanted["edited_input"], limit)
-                    judge = gate and tool.response_policy is not None
-                    early, on_edit = await self._reviewed_edit(
-                        state, tool, request, wanted, principal, judge, reviews, check_only
-                    )
-                    if early is not None:
-                        verdicts[rid] = early
-                    usage = None if on_edit is None else on_edit.usage
-                    if usage is not None:
-                        reviews[rid] = usage + reviews[rid] if rid in reviews else usage
-                    if on_edit is not None and on_edit.auto is not None:
-                        # Recorded with the approval, for the trail.
-                        wanted["auto_verdict"] = on_edit.auto[0]
-                        wanted["auto_reason"] = cut(on_edit.auto[1], limit // 8)
                 if gate and wanted["decision"] == "approve" and voted(request, principal):
                     # Counted already: a no-op, as without a response policy, which need not
                     # judge it again (nor a candidate be recorded, to be closed at once).
                     outcomes.append(already_counted(request))
                     continue
+                if edited is not None:
+                    edits.append((edited, request, wanted, gate))
                 if gate:
                     gated.append((request, reply, wanted))
                     continue
                 wanted["by"] = None if principal is None else principal.model_dump()
+                settling.append((request, reply, wanted))
+                outcomes.append(Outcome(request_id=rid, outcome=wanted["outcome"], applied=True))
+                turn_id = request.turn_id
+            if unknown:
+                raise UnknownRequest(session_id, unknown)
+            if require_all and (settling or gated):  # a call that only repeats is a no-op
+                check_all_answered(state, ids)
+            if check_only and not review:
+                return []
+            # Every answer is good by now: a review made below is recorded with its answer, or
+            # refuses the call by its own denial (not billed for an answer refused after it).
+            for tool, request, wanted, gate in edits:
+                judge = gate and tool.response_policy is not None
+                early = await self._review_edit(
+                    state, tool, request, wanted, principal, judge, reviews, check_only
+                )
+                if early is not None:
+                    verdicts[request.id] = early
+            if check_only:
+                return []
+            for request, reply, wanted in settling:
+                rid = request.id
                 specs.extend(
                     with_usage(_settlement_events(request, reply, wanted), reviews.get(rid))
                 )
@@ -328,14 +347,6 @@ class Answering(Candidates):
                         resolution=wanted,
                     )
                 )
-                outcomes.append(Outcome(request_id=rid, outcome=wanted["outcome"], applied=True))
-                turn_id = request.turn_id
-            if unknown:
-                raise UnknownRequest(session_id, unknown)
-            if require_all and (resolves or gated):  # a call that only repeats is a no-op
-                check_all_answered(state, ids)
-            if check_only:
-                return []
             if resolves:
                 if mark is not None:
                     kind, data = specs[0]
@@ -346,7 +357,7 @@ class Answering(Candidates):
                 driver = self._driver(state, None)
                 try:
                     await driver.record(
-                        _in_time(self.now, batch, late, held), durable=True, turn_id=turn_id
+                        in_time(self.now, batch, late, held), durable=True, turn_id=turn_id
                     )
                 except RequestClosed:
                     self._cache.pop(session_id, None)
@@ -409,6 +420,33 @@ class Answering(Candidates):
         """Cancel the session's turn if it is a subagent's that its parent no longer waits on
         (the runtime knows subagents); returns whether it did."""
         return False
+
+    async def _review_edit(
+        self,
+        state: SessionState,
+        tool: Tool,
+        request: InputRequest,
+        wanted: dict[str, Any],
+        principal: Principal | None,
+        judge: bool,
+        reviews: dict[str, Usage],
+        check_only: bool,
+    ) -> ResponseVerdict | None:
+        """`_reviewed_edit` of the edit in `wanted`, whose review's cost is added to `reviews` and
+        whose `auto()` verdict goes into `wanted`, for the trail; returns the response policy's
+        verdict, if `judge`."""
+        rid = request.id
+        early, on_edit = await self._reviewed_edit(
+            state, tool, request, wanted, principal, judge, reviews, check_only
+        )
+        usage = None if on_edit is None else on_edit.usage
+        if usage is not None:
+            reviews[rid] = usage + reviews[rid] if rid in reviews else usage
+        if on_edit is not None and on_edit.auto is not None:
+            limit = result_bound(tool, self.agent(state.agent).limits)
+            wanted["auto_verdict"] = on_edit.auto[0]
+            wanted["auto_reason"] = cut(on_edit.auto[1], limit // 8)
+        return early
 
     async def _reviewed_edit(
         self,
@@ -531,27 +569,6 @@ class Answering(Candidates):
     async def _may_answer(self, request: InputRequest, principal: Principal | None) -> bool:
         """Whether `principal` may answer `request` (for a mirror, the subagent's request)."""
         return await refusal(self.agents, self.store, request, principal) is None
-
-
-def _in_time(
-    clock: Callable[[], float], batch: Batch, late: list[str], held: bool
-) -> Callable[[SessionState], Batch]:
-    """`batch`, which settles requests, built on the state it commits on: a deadline or TTL that
-    passed meanwhile (an edit's approval policy may be slow) wins, as while a response policy
-    runs, and what it closes is recorded instead; `late` then names the requests answered. A
-    TTL passed while a live drive runs the turn on (`held`: `_held_past_ttl`) is no expiry."""
-    ids = {r.request_id for r in batch.resolve}
-
-    def build(state: SessionState) -> Batch:
-        now = clock()
-        if state.expired(now) and not held:
-            late[:] = sorted(ids)
-            return Batch(specs=expiry_specs(state), resolve=expiry_resolves(state))
-        late[:] = [r.id for r in state.pending_requests() if r.id in ids and is_due(r, now)]
-        due = due_batch(state, now) if late else None
-        return batch if due is None else due
-
-    return build
 
 
 def _pending(state: SessionState, request_id: str) -> bool:

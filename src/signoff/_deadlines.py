@@ -8,7 +8,7 @@ named group (the response policy sees `request.escalated_to`) and lifts the dead
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -28,6 +28,7 @@ __all__ = [
     "due_batch",
     "expiry_resolves",
     "expiry_specs",
+    "in_time",
     "in_flight",
     "is_due",
     "is_lapsed",
@@ -296,3 +297,24 @@ def summary_after_expiry(
     `running_on` (a live drive runs its turn on past the TTL, a slow tool) is shown as it is."""
     lapsed = is_lapsed(row, now) and row.id not in running_on
     return replace(row, status="failed") if lapsed else row
+
+
+def in_time(
+    clock: Callable[[], float], batch: Batch, late: list[str], held: bool
+) -> Callable[[SessionState], Batch]:
+    """`batch`, which settles requests, built on the state it commits on: a deadline or TTL that
+    passed meanwhile (an edit's approval policy may be slow) wins, as while a response policy
+    runs, and what it closes is recorded instead; `late` then names the requests answered. A
+    TTL passed while a live drive runs the turn on (`held`: `_held_past_ttl`) is no expiry."""
+    ids = {r.request_id for r in batch.resolve}
+
+    def build(state: SessionState) -> Batch:
+        now = clock()
+        if state.expired(now) and not held:
+            late[:] = sorted(ids)
+            return Batch(specs=expiry_specs(state), resolve=expiry_resolves(state))
+        late[:] = [r.id for r in state.pending_requests() if r.id in ids and is_due(r, now)]
+        due = due_batch(state, now) if late else None
+        return batch if due is None else due
+
+    return build

@@ -218,6 +218,7 @@ async def _settle_routed(
     check_only: bool = False,
     drive: bool = True,
     mark: tuple[str, str] | None = None,
+    review: bool = True,
 ) -> list[Outcome]:
     """Settle answers to mirrored requests in their child sessions (each under the child's own
     policies), close the mirrors the children closed, and settle the rest here. `mark`, the
@@ -242,26 +243,32 @@ async def _settle_routed(
             rest.append(a)
         else:
             mirrored.append((a, state.requests[a.request_id].request, ref))
-    for a, mirror, ref in mirrored:
-        try:
-            with _naming(a, ref):
-                await rt._settle(
-                    ref.session_id,
-                    [_for_child(a, ref)],
-                    principal,
-                    require_all=False,
-                    check_only=True,
-                )
-        except CLOSED:
-            if not check_only:
-                await _closed_behind(rt, state.id, mirror, drive=drive)
-            raise
-    if rest:
-        await rt._settle(state.id, rest, principal, require_all=False, check_only=True)
-    # Complete only after who may answer was checked (above), as `_settle` has it; a call that
-    # only repeats answers to closed requests is a no-op.
-    if require_all and any(_open(state, a.request_id) for a in answers):
-        check_all_answered(state, [a.request_id for a in answers])
+    # Every answer is checked, then every edit reviewed (`REVIEWED`): a review is made only
+    # for answers that all pass, so none is billed for a call that is refused for another.
+    for reviewing in (False, True) if review else (False,):
+        for a, mirror, ref in mirrored:
+            try:
+                with _naming(a, ref):
+                    await rt._settle(
+                        ref.session_id,
+                        [_for_child(a, ref)],
+                        principal,
+                        require_all=False,
+                        check_only=True,
+                        review=reviewing,
+                    )
+            except CLOSED:
+                if not check_only:
+                    await _closed_behind(rt, state.id, mirror, drive=drive)
+                raise
+        if rest:
+            await rt._settle(
+                state.id, rest, principal, require_all=False, check_only=True, review=reviewing
+            )
+        # Complete only after who may answer was checked (above), as `_settle` has it; a call
+        # that only repeats answers to closed requests is a no-op.
+        if require_all and any(_open(state, a.request_id) for a in answers):
+            check_all_answered(state, [a.request_id for a in answers])
     if check_only:
         return []
     outcomes: list[Outcome] = []
