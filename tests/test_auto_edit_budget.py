@@ -6,7 +6,7 @@ would have asked. Run on both stores."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -202,3 +202,57 @@ async def test_an_edit_in_a_call_refused_for_another_answer_is_not_reviewed(
         assert r.status == "completed"
         assert (await rt.state(sid)).usage.total_tokens == 160
     assert len(reviewer.caps) == 4
+
+
+@pytest.mark.parametrize("reviewed_first", [True, False])
+async def test_an_edit_another_edits_policy_denies_bills_no_review(
+    store_url: str, reviewed_first: bool
+) -> None:
+    """One call edits two approvals: one reviewed by `auto(review_edits=True)`, the other denied
+    by its own tool's policy. The review ran and was billed before the denial refused the call,
+    its cost counted nowhere: 70 repeats spent past `max_tokens` with the session counting none
+    of it. The edits no review bills are checked first, so the denial comes before any review."""
+    log, reviewer = ExecutionLog(), Reviewer()
+
+    @log.tool(approval=so.auto(reviewer, review_edits=True))
+    async def refund_charge(charge_id: str, amount: float) -> str:
+        """Refund a charge."""
+        return "refunded"
+
+    def big_wires_denied(ctx: so.ApprovalContext) -> Literal["denied", "user-approval"]:
+        return "denied" if ctx.tool_input.amount > 1000 else "user-approval"
+
+    @log.tool(approval=so.policy(big_wires_denied))
+    async def wire(to: str, amount: float) -> str:
+        """Wire money."""
+        return "sent"
+
+    calls = [call("refund_charge", charge_id="a", amount=180), call("wire", to="x", amount=5)]
+    first = call_tools(*calls, usage=so.Usage(input_tokens=100))
+    agent = so.Agent(
+        name="billing",
+        model=so.models.Scripted([first, reply("done")]),
+        tools=[refund_charge, wire],
+        limits=so.Limits(max_tokens=1000),
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund", auth=ALICE)
+        refund = next(p for p in r.pending if p.tool_name == "refund_charge")
+        wired = next(p for p in r.pending if p.tool_name == "wire")
+        reviews = len(reviewer.caps)
+        before = await store_contents(rt.store, r.session_id)
+        edit_refund = so.InputResponse(
+            request_id=refund.id,
+            option_id="approve",
+            edited_input={"charge_id": "a", "amount": 150},
+        )
+        edit_wire = so.InputResponse(
+            request_id=wired.id, option_id="approve", edited_input={"to": "x", "amount": 5000}
+        )
+        answers = [edit_refund, edit_wire] if reviewed_first else [edit_wire, edit_refund]
+        for _ in range(3):
+            with pytest.raises(so.InvalidAnswer, match="denies the edited input"):
+                await rt.respond(r.session_id, answers, principal=ALICE)
+        assert len(reviewer.caps) == reviews  # no review billed for a refused call
+        assert await store_contents(rt.store, r.session_id) == before
+    assert log.count() == 0

@@ -325,7 +325,9 @@ class Answering(Candidates):
                 return []
             # Every answer is good by now: a review made below is recorded with its answer, or
             # refuses the call by its own denial (not billed for an answer refused after it).
-            for tool, request, wanted, gate in edits:
+            # The edits no review bills first: one their policy denies refuses the call before
+            # any billed review runs, whose cost a refusal would leave uncounted.
+            for tool, request, wanted, gate in sorted(edits, key=lambda e: _bills(e[0])):
                 judge = gate and tool.response_policy is not None
                 early = await self._review_edit(
                     state, tool, request, wanted, principal, judge, reviews, check_only
@@ -569,6 +571,11 @@ class Answering(Candidates):
     async def _may_answer(self, request: InputRequest, principal: Principal | None) -> bool:
         """Whether `principal` may answer `request` (for a mirror, the subagent's request)."""
         return await refusal(self.agents, self.store, request, principal) is None
+
+
+def _bills(tool: Tool) -> bool:
+    """Whether checking an edit of `tool`'s calls may bill a review (`auto(review_edits=True)`)."""
+    return bool(getattr(tool.approval, "review_edits", False))
 
 
 def _pending(state: SessionState, request_id: str) -> bool:
