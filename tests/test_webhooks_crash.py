@@ -5,7 +5,9 @@ under its one delivery id, the opening before the close, and nothing is left uns
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import sqlite3
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,7 +22,7 @@ from signoff.channels import ChannelHub, ChannelState, WebhookChannel, verify_we
 from . import _proof
 from ._forks import Forks
 from ._procs import lapse_leases
-from ._webhook_child import SECRET, make_agent
+from ._webhook_child import CHANNEL_WRITES, SECRET, make_agent
 
 
 class Receiver:
@@ -30,12 +32,14 @@ class Receiver:
     def __init__(self) -> None:
         got: list[dict[str, Any]] = []
         self.got = got
+        self.status = 204  # a 404 refuses every delivery
+        receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 got.append(verify_webhook(SECRET, dict(self.headers), body))
-                self.send_response(204)
+                self.send_response(receiver.status)
                 self.end_headers()
 
             def log_message(self, *args: Any) -> None:
@@ -166,3 +170,46 @@ async def test_a_delivery_kept_before_a_crash_is_sent_once_by_the_restart(
         finally:
             await hub.stop()
     assert [p["type"] for p in receiver.got] == ["request.opened"]
+
+
+@pytest.mark.parametrize("when", ["refusal recorded", "state's copy dropped"])
+def test_sigkill_after_a_refusal_is_recorded_sends_it_no_more(
+    tmp_path: Path, receiver: Receiver, children: Forks, when: str
+) -> None:
+    """The receiver refuses every delivery (404) and the hub is SIGKILLed right after the
+    state's write recording the first refusal, or the next one dropping the state's copy,
+    before the store's copy is dropped: the restart on the same state sends the refused
+    delivery no more (only the close, which it had not sent), and no copy of it is left in
+    the state or the store. Before, the store's copy was read as unsent and sent again."""
+    receiver.status = 404
+    (tmp_path / "baseline").mkdir()
+    rc, baseline = run(children, tmp_path / "baseline", receiver)
+    assert rc == 0 and baseline is not None, children.stderr()
+    names = baseline["names"]
+    # The refusal's writes: recorded, the state's copy dropped, then the store's.
+    at = next(
+        i
+        for i in range(len(names) - 2)
+        if names[i : i + 3] == ["remember", "forget", CHANNEL_WRITES[2]]
+    )
+    receiver.got.clear()
+    kill_at = at + 1 if when == "refusal recorded" else at + 2
+    rc, _ = run(children, tmp_path, receiver, kill_at=kill_at, when="after")
+    assert rc == -signal.SIGKILL, children.stderr()
+    _proof.record("crash-outside:kills")
+    (refused,) = [p["id"] for p in receiver.got]
+    lapse_leases(f"sqlite:///{tmp_path / 's.db'}")
+    rc, result = run(children, tmp_path, receiver)
+    assert rc == 0 and result is not None, children.stderr()
+    assert [p["id"] for p in receiver.got].count(refused) == 1, receiver.got
+    assert [p["type"] for p in receiver.got] == ["request.opened", "request.resolved"]
+    assert result["unsent"] == 0
+    state = ChannelState(tmp_path / "channels.db")
+    try:
+        kept = state.memos("webhooks", "refused:", hub="ops")
+    finally:
+        state.close()
+    assert [r["delivery"] for _, rs in kept for r in rs] == [refused, receiver.got[1]["id"]]
+    with contextlib.closing(sqlite3.connect(tmp_path / "s.db")) as db:
+        names = [n for (n,) in db.execute("SELECT name FROM channel_claims")]
+    assert [n for n in names if ":outbox:" in n] == []

@@ -11,10 +11,12 @@ import logging
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import signoff as so
+from signoff._exceptions import StoreUnavailable
 from signoff.channels import (
     ChannelHub,
     WebhookChannel,
@@ -224,3 +226,81 @@ async def test_an_answer_without_retry_after_lifts_what_an_earlier_one_asked() -
         assert await hooks.deliver(receiver.url, "whd_2", "request.opened", b"{}") is True
         await hooks.close()
     assert slept == [30]
+
+
+def _store_down_for_drops(rt: so.Runtime) -> tuple[Any, list[bool]]:
+    """Make the store fail each write dropping a delivery's copy while `down[0]` is True (an
+    outage that lets every other write through); returns the real write and `down`."""
+    store: Any = rt.store
+    real = store.keep_channel_memos
+    down = [True]
+
+    async def flaky(texts: dict[str, str | None], now: float, **kw: Any) -> None:
+        if down[0] and any(":outbox:" in k and v is None for k, v in texts.items()):
+            raise StoreUnavailable("the store is unreachable")
+        await real(texts, now, **kw)
+
+    store.keep_channel_memos = flaky
+    return real, down
+
+
+async def test_a_refusal_whose_store_copy_stays_is_not_sent_again_after_a_restart(
+    store_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store is down for the one write dropping a refused delivery's copy, and back only
+    after the hub stopped: the hub started again on the same state does not send the delivery
+    again (its refusal is recorded there) and drops the store's copy. Before, the copy read
+    as unsent was sent again."""
+    state = tmp_path / "hub.db"
+    async with (
+        Receiver([404]) as receiver,
+        so.Runtime([refund_agent()], store=store_url) as rt,
+    ):
+        _, down = _store_down_for_drops(rt)
+        hooks = WebhookChannel(receiver.url, SECRET, sleep=_instantly)
+        async with manual(ChannelHub(rt, [hooks], state=state)) as hub:
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+            (refusal,) = await hooks.refusals()
+        down[0] = False  # the store is back
+        again = WebhookChannel(receiver.url, SECRET, sleep=_instantly)
+        async with manual(ChannelHub(rt, [again], state=state)) as hub:
+            await hub.poll()
+            await again.drain()
+            assert await again.refusals() == [refusal]
+            assert again.memos("outbox:") == [] and again.memos("dropping:") == []
+        s: Any = rt.store
+        assert await s.channel_memos("hub.webhooks:outbox:") == []
+    assert [h["Signoff-Delivery"] for h, _ in receiver.attempts] == [refusal["delivery"]]
+    assert "was refused, but the store's copy of it stays" in caplog.text
+
+
+async def test_a_refused_deliverys_store_copy_is_dropped_once_the_store_is_back(
+    store_url: str, tmp_path: Path
+) -> None:
+    """The store is down for the write dropping a refused delivery's copy: the running hub
+    drops it at a poll once the store is back, so a hub on another state (which does not see
+    this state's refusals) does not send it again. Before, the copy stayed in the store."""
+    async with (
+        Receiver([404]) as receiver,
+        so.Runtime([refund_agent()], store=store_url) as rt,
+    ):
+        _, down = _store_down_for_drops(rt)
+        s: Any = rt.store
+        hooks = WebhookChannel(receiver.url, SECRET, sleep=_instantly)
+        async with manual(ChannelHub(rt, [hooks], state=tmp_path / "a.db")) as hub:
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+            assert len(await s.channel_memos("hub.webhooks:outbox:")) == 1
+            await hub.poll()  # still down: tried again at the next poll
+            down[0] = False
+            await hub.poll()
+            assert await s.channel_memos("hub.webhooks:outbox:") == []
+            assert hooks.memos("dropping:") == []
+        other = WebhookChannel(receiver.url, SECRET, sleep=_instantly)
+        async with manual(ChannelHub(rt, [other], state=tmp_path / "b.db")) as hub:
+            await hub.poll()
+            await other.drain()
+    assert len(receiver.attempts) == 1

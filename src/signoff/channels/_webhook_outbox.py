@@ -5,7 +5,9 @@ machine's state kept, instead of losing them with that state.
 Each is a memo `outbox:<digest of the URL> <delivery>` (a digest: a password in the URL stays
 out of the store), kept before the delivery is queued and dropped once it is sent or refused.
 A start keeps in its own state the copies of deliveries to its URLs that the state lacks, and
-sends them with its own: a delivery can then arrive twice, as receivers already expect.
+sends them with its own: a delivery can then arrive twice, as receivers already expect. One
+that the state records as refused is not sent again but dropped (a crash or a store outage
+kept it), and a copy the store failed to drop is dropped at a later tick (`DROPPING`).
 """
 
 from __future__ import annotations
@@ -16,22 +18,27 @@ from typing import TYPE_CHECKING, Any
 from .._exceptions import SignoffError
 from ._base import logger, off_loop
 from ._shared import Shared
-from ._webhook_urls import masked
+from ._webhook_refusals import refused
+from ._webhook_urls import endpoint, masked
 
 if TYPE_CHECKING:
     from .webhooks import WebhookChannel
 
 __all__ = [
+    "DROPPING",
     "OUTBOX",
     "digest",
     "drop_copy",
+    "drop_pending",
     "keep_copies",
     "kept_in_store",
     "readable",
     "take_copies",
+    "unsent",
 ]
 
 OUTBOX = "outbox:"  # memo key prefix of a delivery not yet sent: "outbox:{url} {delivery}"
+DROPPING = "dropping:"  # in the state: "dropping:{url} {delivery}", done, its store copy kept
 
 
 def digest(url: str) -> str:
@@ -61,9 +68,10 @@ async def keep_copies(
         await shared.keep({f"{OUTBOX}{digest(url)} {delivery}": kept for url in urls})
 
 
-async def drop_copy(channel: WebhookChannel, url: str, delivery: str) -> None:
-    """Drop the store's copy of a delivery sent or refused; a store that fails leaves it (a
-    hub taking over may send it again, which receivers dedupe), logged."""
+async def drop_copy(channel: WebhookChannel, url: str, delivery: str, outcome: str) -> None:
+    """Drop the store's copy of a delivery `outcome` (delivered or refused). A store that fails
+    leaves it, logged, and noted in the state (`DROPPING`) for a later tick to drop: until
+    then a hub taking over on another state may send it again."""
     shared = _shared(channel)
     if shared is None:
         return
@@ -71,8 +79,31 @@ async def drop_copy(channel: WebhookChannel, url: str, delivery: str) -> None:
         await shared.keep({f"{OUTBOX}{digest(url)} {delivery}": None})
     except SignoffError as exc:
         logger.warning(
-            "webhook %s: the store's copy of %s, sent, stays: %s", masked(url), delivery, exc
+            "webhook %s: %s was %s, but the store's copy of it stays (dropped at a later poll; "
+            "until then a hub on another state may send it again): %s",
+            masked(url),
+            delivery,
+            outcome,
+            exc,
         )
+        channel._undropped = True
+        try:
+            await off_loop(channel.remember, f"{DROPPING}{url} {delivery}", True)
+        except SignoffError as again:  # the state fails too: this run's ticks do not see it
+            logger.warning("webhook %s: keeping that in the state failed: %s", masked(url), again)
+
+
+async def drop_pending(channel: WebhookChannel) -> None:
+    """Drop the store's copies the store failed to drop when their deliveries were done
+    (`DROPPING`); a store still failing raises, for the next tick to try again."""
+    shared = _shared(channel)
+    pending = await off_loop(channel.memos, DROPPING)
+    if shared is not None and pending:
+        gone = [key.removeprefix(DROPPING).rpartition(" ") for key, _ in pending]
+        await shared.keep({f"{OUTBOX}{digest(url)} {delivery}": None for url, _, delivery in gone})
+    for key, _ in pending:
+        await off_loop(channel.forget, key)
+    channel._undropped = False
 
 
 async def take_copies(channel: WebhookChannel) -> None:
@@ -87,19 +118,24 @@ async def take_copies(channel: WebhookChannel) -> None:
         return
     urls = {digest(url): url for url in channel.urls}
 
-    def keep_absent() -> int:
+    def keep_absent() -> tuple[int, list[str]]:
         have = {key for key, _ in channel.memos(OUTBOX)}
-        taken = 0
+        done = refused(channel)
+        taken, stale = 0, []
         for key, kept, _ in copies:
             digest, _, delivery = key.removeprefix(OUTBOX).partition(" ")
             url = urls.get(digest)
+            if url is not None and f"{url} {delivery}" in done:
+                stale.append(key)  # refused, its copy kept by a crash or an outage
+                continue
             if url is None or not readable(kept) or f"{OUTBOX}{url} {delivery}" in have:
                 continue
             channel.remember(f"{OUTBOX}{url} {delivery}", kept)
             taken += 1
-        return taken
+        return taken, stale
 
-    taken = await off_loop(keep_absent)
+    taken, stale = await off_loop(keep_absent)
+    await shared.keep(dict.fromkeys(stale))
     if taken:
         logger.warning(
             "channel %s: sending %s deliveries another state kept in the store unsent",
@@ -115,3 +151,31 @@ def readable(kept: Any) -> bool:
         and isinstance(kept.get("event"), str)
         and isinstance(kept.get("body"), str)
     )
+
+
+def unsent(channel: WebhookChannel) -> list[tuple[str, str, dict[str, Any]]]:
+    """The deliveries an earlier run kept and did not send (`url`, `delivery`, the memo);
+    those of a URL no longer configured are dropped, and so are those the state records as
+    refused (a crash between the two writes kept them). One kept under another spelling of a
+    URL (an earlier version's key: `https://Example.com:443/x`) is kept again under its
+    `endpoint` first, so it is sent once and then forgotten. One kept damaged (no event and
+    body) is dropped, logged; one that is not JSON is passed by the state, logged."""
+    found: dict[str, tuple[str, str, dict[str, Any]]] = {}
+    done = refused(channel)
+    for key, kept in channel.memos(OUTBOX):
+        spelled, _, delivery = key.removeprefix(OUTBOX).rpartition(" ")  # a URL may hold " "
+        url = endpoint(spelled)
+        if url not in channel.urls:
+            logger.warning("webhook %s is no longer configured; dropping %s", masked(url), delivery)
+            channel.forget(key)
+        elif not readable(kept):  # damaged: no event and body to send
+            logger.warning("webhook %s: dropping %s, kept damaged", masked(url), delivery)
+            channel.forget(key)
+        elif f"{url} {delivery}" in done:
+            channel.forget(key)
+        else:
+            if url != spelled:  # kept again before the old key goes: a crash loses neither
+                channel.remember(f"{OUTBOX}{url} {delivery}", kept)
+                channel.forget(key)
+            found.setdefault(f"{url} {delivery}", (url, delivery, kept))  # one of two spellings
+    return list(found.values())

@@ -13,7 +13,15 @@ from ._webhook_urls import masked
 if TYPE_CHECKING:
     from .webhooks import WebhookChannel
 
-__all__ = ["REDIRECTED", "REFUSALS_KEPT", "REFUSED", "TOO_LARGE", "note_refusal", "refusals"]
+__all__ = [
+    "REDIRECTED",
+    "REFUSALS_KEPT",
+    "REFUSED",
+    "TOO_LARGE",
+    "note_refusal",
+    "refused",
+    "refusals",
+]
 
 REFUSALS_KEPT = 100  # refusals kept per URL, the oldest dropped first
 _KEY = "refused:"  # memo key prefix of the refusals of a URL: "refused:{url}"
@@ -38,6 +46,17 @@ def note_refusal(
     seen = [r for r in kept if isinstance(r, dict)] if isinstance(kept, list) else []
     entry = {"delivery": delivery, "event": event, "status": status, "reason": problem}
     ch.remember(key, [*seen, {**entry, "at": ch.clock()}][-REFUSALS_KEPT:])
+
+
+def refused(ch: WebhookChannel) -> set[str]:
+    """The deliveries `ch`'s state records as refused, each as `"{url} {delivery}"`: what a
+    crash or a store outage left kept after the refusal was recorded is not sent again."""
+    found: set[str] = set()
+    for key, kept in ch.memos(_KEY):
+        url = key.removeprefix(_KEY)
+        if isinstance(kept, list):
+            found.update(f"{url} {r.get('delivery')}" for r in kept if isinstance(r, dict))
+    return found
 
 
 async def refusals(ch: WebhookChannel) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from . import _given_up as given_up
 from ._base import logger, off_loop
 from ._retries import MAX_WAIT
+from ._webhook_outbox import unsent
 from ._webhook_urls import masked
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class Rounds:
         first, or only the oldest; the id of the first queued, None if none was."""
         ch = self.channel
         first = None
-        for spelled, delivery, kept in await off_loop(ch._unsent):
+        for spelled, delivery, kept in await off_loop(unsent, ch):
             key = f"{spelled} {delivery}"
             if spelled != url or key in ch._queued:
                 continue

@@ -21,8 +21,9 @@ same state (by a later poll if reading the state fails then), or by a
 hub on another state taking over: a copy of each is kept in the runtime's store
 (`_webhook_outbox`), so neither an in-memory state nor a lost machine loses it. A 3xx or a
 4xx other than 408, 425 and 429 is final: it is logged as an error saying what to do and
-recorded in the hub's state (`refusals()`), never sent again. A `Retry-After` longer than a
-minute also delays the next try of one given up on.
+recorded in the hub's state (`refusals()`), never sent again on that state, nor on another
+once the store dropped its copy (a later poll does where the store failed to). A
+`Retry-After` longer than a minute also delays the next try of one given up on.
 
 Each attempt is bounded by `timeout` as a whole and only the response's status is read, never
 its body. Redirects are not followed (a 3xx is a refusal, logged with where it points: the
@@ -51,12 +52,19 @@ from ._base import Channel, Erased, Escalation, Resolution, logger, off_loop
 from ._retries import Outage, doubled
 from ._webhook_bodies import MAX_BODY_BYTES, delivery_body, json_bytes, smallest, within
 from ._webhook_outbox import OUTBOX as _OUTBOX
-from ._webhook_outbox import drop_copy, keep_copies, kept_in_store, readable, take_copies
+from ._webhook_outbox import (
+    drop_copy,
+    drop_pending,
+    keep_copies,
+    kept_in_store,
+    take_copies,
+    unsent,
+)
 from ._webhook_posts import post_once
 from ._webhook_refusals import REDIRECTED, REFUSED, TOO_LARGE, note_refusal, refusals
 from ._webhook_rounds import Rounds
 from ._webhook_signatures import secret_list, sign_webhook, signed_headers, verify_webhook
-from ._webhook_urls import checked_urls, endpoint, httpx_module, masked
+from ._webhook_urls import checked_urls, httpx_module, masked
 from ._webhook_waits import Waits
 from ._webhook_warned import drop_warned, drop_warned_erased, keep_warned, was_warned
 
@@ -156,6 +164,7 @@ class WebhookChannel(Channel):
         self.backfill = backfill
         self._backfilled: set[str] = set()  # request ids whose opening `start` sent
         self._unrestored = False  # the deliveries kept by an earlier run are still to be queued
+        self._undropped = False  # the store failed to drop the copy of one sent or refused
         self._rounds = Rounds(self)  # the deliveries given up on, sent again in rounds
         # URL -> its last failed answer: status (None: no answer), what failed, Retry-After.
         self._answers: dict[str, tuple[int | None, str, float | None]] = {}
@@ -190,44 +199,17 @@ class WebhookChannel(Channel):
         """Queue the deliveries an earlier run kept and did not send. When reading them fails
         (the state locked too long, or damaged), `tick` tries again: no other start is left to
         send them. Those a hub on another state kept in the store come too (`take_copies`),
-        after what receivers asked an earlier run or another hub to wait (`Waits`)."""
+        after what receivers asked an earlier run or another hub to wait (`Waits`); those the
+        state records as refused do not (`unsent`), their copies dropped."""
         await self._waits.load()
+        await drop_pending(self)
         await take_copies(self)
-        for url, delivery, kept in await off_loop(self._unsent):
+        for url, delivery, kept in await off_loop(unsent, self):
             self._restored.add(f"{url} {delivery}")
             if f"{url} {delivery}" not in self._queued:
                 self._queued.add(f"{url} {delivery}")
                 self._queues[url].put_nowait((delivery, kept["event"], kept["body"].encode()))
         self._unrestored = False
-
-    def _unsent(self) -> list[tuple[str, str, dict[str, Any]]]:
-        """The deliveries an earlier run kept and did not send (`url`, `delivery`, the memo);
-        those of a URL no longer configured are dropped. One kept under another spelling of a
-        URL (an earlier version's key: `https://Example.com:443/x`) is kept again under its
-        `endpoint` first, so it is sent once and then forgotten. One kept damaged (no event and
-        body) is dropped, logged; one that is not JSON is passed by the state, logged."""
-        unsent = []
-        found: set[str] = set()
-        for key, kept in self.memos(_OUTBOX):
-            spelled, _, delivery = key.removeprefix(_OUTBOX).rpartition(" ")  # a URL may hold " "
-            url = endpoint(spelled)
-            if url not in self.urls:
-                logger.warning(
-                    "webhook %s is no longer configured; dropping %s", masked(url), delivery
-                )
-                self.forget(key)
-                continue
-            if not readable(kept):  # damaged: no event and body to send
-                logger.warning("webhook %s: dropping %s, kept damaged", masked(url), delivery)
-                self.forget(key)
-                continue
-            if url != spelled:  # kept again before the old key goes: a crash loses neither
-                self.remember(f"{_OUTBOX}{url} {delivery}", kept)
-                self.forget(key)
-            if f"{url} {delivery}" not in found:  # kept under two spellings: sent once
-                found.add(f"{url} {delivery}")
-                unsent.append((url, delivery, kept))
-        return unsent
 
     async def on_requested(self, request: InputRequest) -> None:
         if request.expires_at is not None:
@@ -276,6 +258,8 @@ class WebhookChannel(Channel):
         try:
             if self._unrestored:
                 await self._restore()
+            elif self._undropped:  # store copies of deliveries done that the store kept
+                await drop_pending(self)
             await self._warn(now)
             await self._rounds.redo()
         except StoreError as exc:
@@ -420,7 +404,7 @@ class WebhookChannel(Channel):
                             answer = self._answers.get(url, (None, "refused", None))
                             await off_loop(note_refusal, self, url, delivery, event, answer)
                         await off_loop(self.forget, f"{_OUTBOX}{url} {delivery}")
-                        await drop_copy(self, url, delivery)
+                        await drop_copy(self, url, delivery, outcome)
                     recorded = True
                     if probe:  # the receiver answered: what was given up on follows
                         await self._rounds.got_through(url)
