@@ -170,3 +170,39 @@ async def test_a_call_its_deadline_approved_says_so_in_its_resolution(tmp_path: 
     assert [b["type"] for b in bodies] == ["request.opened", "request.resolved"]
     resolution = bodies[1]["resolution"]
     assert (resolution["outcome"], resolution["on_timeout"]) == ("expired", "approve")
+
+
+def _opened(**request: Any) -> dict[str, Any]:
+    """A `request.opened` body for a request showing `request`."""
+    from signoff.channels._webhook_bodies import delivery_body
+
+    return delivery_body("request.opened", "req_1", {"id": "req_1", **request}, None, None, 1.0)
+
+
+def test_an_input_of_fewer_than_500_bytes_of_cjk_is_not_clipped() -> None:
+    """An input of 150 CJK characters is 458 bytes as sent (UTF-8), as an ASCII one of 450
+    characters is: clipping a long question is enough for both. Before, the CJK one was
+    measured with `\\u` escapes (906), over the 500 bytes of what is never clipped, and
+    nulled."""
+    from signoff.channels._webhook_bodies import json_bytes, within
+
+    for text in ("a" * 450, "漢" * 150, "🙂" * 112):
+        inp = {"t": text}
+        assert len(json_bytes(inp)) <= 458
+        body = within(_opened(question="q" * 3000, action={"input": inp}), 1024)
+        assert body["clipped"] == ["request.question"], text[0]
+        assert body["request"]["action"]["input"] == inp
+        assert len(json_bytes(body)) <= 1024
+
+
+def test_the_largest_part_as_sent_is_clipped_first() -> None:
+    """An input of 300 CJK characters (908 bytes as sent) and a payload of 1208 bytes of
+    ASCII: the payload is the larger, and clipping it alone fits. Before, the input measured
+    with `\\u` escapes (1808) went first."""
+    from signoff.channels._webhook_bodies import json_bytes, within
+
+    inp, payload = {"t": "漢" * 300}, {"t": "a" * 1200}
+    body = within(_opened(action={"input": inp}, payload=payload), 1500)
+    assert body["clipped"] == ["request.payload"]
+    assert body["request"]["action"]["input"] == inp
+    assert len(json_bytes(body)) <= 1500

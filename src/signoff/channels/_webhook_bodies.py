@@ -41,7 +41,7 @@ CLIPPABLE = (
 """What a body over `max_body_bytes` clips, the largest first, until it fits: what a request
 is about that may be megabytes, each readable whole at `GET /v1/requests/{id}`. Each is sent as
 null, but text marked to be cut (a reason, a question), cut to its first `CUT_CHARS` characters;
-none of `CUT_CHARS` or fewer (as JSON) is clipped."""
+none of `CUT_CHARS` bytes or fewer as sent (UTF-8 JSON; text without its quotes) is clipped."""
 
 CUT_CHARS = 500
 
@@ -60,8 +60,12 @@ def within(body: dict[str, Any], limit: int) -> dict[str, Any]:
     the largest first, until it fits, each named in `clipped` (in `CLIPPABLE`'s order): a
     receiver that caps its bodies (and answers 413, a refusal never sent again) still hears of
     the request, and of its close, with its id and `input_hash` to read it whole."""
-    if len(json_bytes(body)) <= limit:
+    raw = json_bytes(body)
+    if len(raw) <= limit:
         return body
+    # Each part is measured as the body is sent: an ASCII body has its other characters
+    # escaped (or none), measured the same with escapes.
+    escaped = raw.isascii()
     found: list[tuple[int, int, dict[str, Any], str]] = []
     for index, (_, path, _) in enumerate(CLIPPABLE):
         *parents, key = path
@@ -71,8 +75,10 @@ def within(body: dict[str, Any], limit: int) -> dict[str, Any]:
         value = holder.get(key) if isinstance(holder, dict) else None
         if value is None:
             continue
-        size = len(value) if isinstance(value, str) else len(json.dumps(value, default=str))
-        if size > CUT_CHARS:  # a few hundred bytes are not worth losing
+        size, cut = _sent_size(value, escaped), CLIPPABLE[index][2]
+        # A few hundred bytes are not worth losing; text cut to CUT_CHARS characters must be
+        # longer than that for the cut to save anything.
+        if size > CUT_CHARS and not (cut and isinstance(value, str) and len(value) <= CUT_CHARS):
             found.append((-size, index, holder, key))
     before = list(body.get("clipped") or [])
     done: list[tuple[int, dict[str, Any], str]] = []
@@ -93,6 +99,13 @@ def within(body: dict[str, Any], limit: int) -> dict[str, Any]:
             break
         holder[key] = None
     return body
+
+
+def _sent_size(value: Any, escaped: bool) -> int:
+    """The bytes `value` takes in a body as sent (`escaped`: with `\\u` escapes), a string's
+    without its quotes: a CJK character is 3 bytes of UTF-8, not the 6 of its escape."""
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=escaped, default=str).encode())
+    return size - 2 if isinstance(value, str) else size
 
 
 def smallest(raw: bytes) -> bytes | None:
