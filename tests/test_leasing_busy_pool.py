@@ -6,14 +6,22 @@ whose call another worker then ran again (the chaos test's `start` in a process 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+import uuid
+from collections.abc import AsyncIterator
 from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 import signoff as so
 from signoff.stores.postgres import PostgresStore
 
 from ._pg_events import new_session
 from .test_leasing_clock import _agent
+from .test_postgres import admin
 
 
 def _one_connection(url: str) -> str:
@@ -139,5 +147,101 @@ async def test_a_slow_read_of_what_others_recorded_holds_up_no_renewal(store_url
         finally:
             release.set()
             done = await asyncio.wait_for(drive, 10)
+        assert done.status == "completed"
+    assert runs == [f"{sid}:1:call_refund"]
+
+
+@contextlib.asynccontextmanager
+async def _limited_role(url: str, limit: int) -> AsyncIterator[str]:
+    """The URL of a new role that may hold `limit` connections ("too many connections for
+    role" past them: a full server, as far as that role can tell) and use the store's tables."""
+    role = f"app_{uuid.uuid4().hex[:8]}"
+    params = conninfo_to_dict(url)
+    conn = await admin(url)
+    async with conn:
+        await conn.execute(
+            f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT {limit}; '
+            f'GRANT USAGE ON SCHEMA signoff TO "{role}"; '
+            f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA signoff TO "{role}"; '
+            f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA signoff TO "{role}"'
+        )
+        try:
+            yield f"postgresql://{role}@{params['host']}:{params['port']}/{params['dbname']}"
+        finally:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (role,),
+            )
+            await conn.execute(f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
+
+
+async def test_a_renewal_the_server_refuses_a_lease_connection_uses_an_idle_one(
+    pg_store_url: str,
+) -> None:
+    """The server refuses the lease pool any connection (the role's one is the main pool's, as
+    a server full after the process opened): a renewal goes through on the main pool's idle
+    connection, where it failed "refuses new connections, and none of the pool's is open"."""
+    async with _limited_role(pg_store_url, 1) as url:
+        store = PostgresStore(f"{url}?pool_min=1&pool_max=1")
+        await store.open()
+        try:
+            sid = await new_session(store)
+            now = await store.server_time()
+            token = await store.acquire_lease(sid, "me", 30.0, now)
+            assert token is not None
+            for _ in range(3):  # the refusal once known, a renewal takes the idle one at once
+                assert await asyncio.wait_for(store.renew_lease(sid, "me", token, 30.0, now), 10)
+            holding, release = asyncio.Event(), asyncio.Event()
+
+            async def body(conn: Any) -> None:
+                holding.set()
+                await release.wait()
+
+            busy = asyncio.create_task(store._read(body, "holding the connection"))
+            try:
+                await asyncio.wait_for(holding.wait(), 10)
+                # The main pool's one busy with a call that may be long: not waited for.
+                with pytest.raises(so.StoreError, match="refuses new connections") as info:
+                    await asyncio.wait_for(store.renew_lease(sid, "me", token, 30.0, now), 10)
+                assert not busy.done()
+                assert "signoff-signoff-leases" in str(info.value)
+            finally:
+                release.set()
+            await busy
+        finally:
+            await store.close()
+
+
+async def test_a_drive_keeps_its_lease_while_the_server_is_full(pg_store_url: str) -> None:
+    """Other clients take every connection the server has left once the process is open: the
+    drive's renewals still get through (3.75 s, 2.5 TTLs, of a tool body), so the call runs
+    once and completes, where its lease lapsed and the drive was stopped."""
+    runs: list[str] = []
+    release = asyncio.Event()
+    agent = _agent(runs, release)
+    async with (
+        _limited_role(pg_store_url, 8) as url,
+        so.Runtime([agent], store=f"{url}?pool_min=2", lease_ttl=1.5) as holder,
+    ):
+        sid = await holder.create_session("support")
+        others: list[psycopg.AsyncConnection[Any]] = []
+        try:
+            while True:  # the server full, as far as the role goes
+                try:
+                    others.append(await psycopg.AsyncConnection.connect(url))
+                except psycopg.OperationalError as exc:
+                    assert "too many connections" in str(exc), exc
+                    break
+            drive = asyncio.create_task(holder.generate("support", "Refund", session_id=sid))
+            try:
+                while not runs:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(3.75)
+            finally:
+                release.set()
+                done = await asyncio.wait_for(drive, 10)
+        finally:
+            for other in others:
+                await other.close()
         assert done.status == "completed"
     assert runs == [f"{sid}:1:call_refund"]

@@ -78,13 +78,25 @@ async def test_a_call_from_another_loop_while_this_ones_connection_is_in_use(
             assert await store.head("ses_1") == 1
             assert await store._get_pool() is pool
             assert await asyncio.to_thread(there, store.head("ses_1")) == 1
-        assert await asyncio.to_thread(_backends, pg_store_url) == 2  # a pool of one each
+        # A pool of one each, and its lease connection (opened in the background).
+        assert await _backends_become(pg_store_url, 4) == 4
     finally:
         await store.close()  # closes this loop's pool, and the other's on its loop
         other.call_soon_threadsafe(other.stop)
         await asyncio.to_thread(thread.join, 10)
     assert not thread.is_alive()  # no pool left working on it
     assert await _backends_gone(pg_store_url)
+
+
+async def _backends_become(url: str, expected: int) -> int:
+    """How many backends the test's database has once there are `expected` (some connections
+    are opened in the background), or after a few seconds if they never are."""
+    for _ in range(100):
+        count = await asyncio.to_thread(_backends, url)
+        if count == expected:
+            break
+        await asyncio.sleep(0.05)
+    return count
 
 
 async def _backends_gone(url: str) -> bool:
@@ -173,8 +185,9 @@ async def test_waits_on_two_loops_by_turns_keep_one_listen_connection_each(
             for _ in range(4):
                 assert not await store.wait_for_change("ses_1", 0.1)
                 assert not await asyncio.to_thread(there, store.wait_for_change("ses_1", 0.1))
-                counts.append(await asyncio.to_thread(_backends, pg_store_url))
-            assert counts == [4] * 4  # a pool of one and a listener on each loop
+                counts.append(await _backends_become(pg_store_url, 6))
+            # On each loop a pool of one, its lease connection and a listener.
+            assert counts == [6] * 4
             waiting = asyncio.wrap_future(
                 asyncio.run_coroutine_threadsafe(store.wait_for_change("ses_1", 20), other)
             )

@@ -13,7 +13,9 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from ..._exceptions import StoreError
 
 if TYPE_CHECKING:
     from psycopg.rows import TupleRow
@@ -51,7 +53,12 @@ def sever(conn: Conn) -> None:
 
 LEASE_CONNECTIONS = 2
 """Connections of a store's lease pool (`Pool.leases`): lease renewals only, each one short
-statement, so a few serve every drive of the process."""
+statement, so a few serve every drive of the process. One is kept open from the pool's opening
+on, so renewals still get through once the server is full (`max_connections`)."""
+
+IDLE_WAIT = 0.1
+"""Seconds a renewal the server refuses a lease connection waits for an idle one of the main
+pool (another call may take it first): never long, so it does not queue behind busy calls."""
 
 
 class Pool(AsyncConnectionPool[Conn]):
@@ -117,6 +124,7 @@ class Borrowed:
     handed). The deadline is one timer on the event loop, cancelled when the call is done."""
 
     __slots__ = (
+        "beside",
         "busy_after",
         "conn",
         "expired",
@@ -135,8 +143,10 @@ class Borrowed:
         busy_after: float | None,
         timeout: float,
         fresh: bool = False,
+        beside: Pool | None = None,
     ) -> None:
         self.pool = pool
+        self.beside = beside
         self.outage = outage
         self.busy_after = busy_after
         self.timeout = timeout
@@ -146,10 +156,32 @@ class Borrowed:
     async def __aenter__(self) -> Conn:
         if self.fresh:  # not the pool's: they may all be on the server that refused the call
             self.conn, self.pooled = await self.outage.fresh(), False
+        elif self.beside is not None:
+            self.conn, self.pooled = await self._renewing(self.beside)
         else:
             self.conn, self.pooled = await self.outage.borrow(self.pool, self.busy_after)
         self.timer = asyncio.get_running_loop().call_later(self.timeout, self._expire)
         return self.conn
+
+    async def _renewing(self, main: Pool) -> tuple[Conn, bool]:
+        """A connection for a lease renewal: the lease pool's, or, when the server refuses that
+        pool a new one (too many clients) and it has none open, an idle one of the main pool,
+        at once if the refusal is known already. Only an idle one: one in use may be held by a
+        long call, which a renewal must not wait behind."""
+        outage = self.outage
+        if _refusing(outage) and not _idle(self.pool):
+            conn = await _take_idle(main)
+            if conn is not None:
+                self.pool = main
+                return conn, True
+        try:
+            return await outage.borrow(self.pool, self.busy_after)
+        except StoreError:
+            conn = await _take_idle(main) if _refusing(outage) else None
+            if conn is None:
+                raise
+            self.pool = main
+            return conn, True
 
     def _expire(self) -> None:
         self.expired = True
@@ -165,3 +197,22 @@ class Borrowed:
         elif not self.conn.closed:
             with contextlib.suppress(psycopg.Error):
                 await self.conn.close()
+
+
+def _refusing(outage: Outage) -> bool:
+    """Whether the server is up and refused the last new connection asked of it."""
+    return outage.since is None and outage.refused is not None
+
+
+def _idle(pool: Pool) -> bool:
+    return bool(pool.get_stats().get("pool_available", 0))
+
+
+async def _take_idle(pool: Pool) -> Conn | None:
+    """One of `pool`'s idle connections, or None if it has none (or another call took it)."""
+    if not _idle(pool):
+        return None
+    try:
+        return await pool.getconn(IDLE_WAIT)
+    except PoolTimeout:
+        return None

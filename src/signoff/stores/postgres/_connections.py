@@ -237,11 +237,13 @@ class Connections(Migrations):
         finally:
             await conn.close()
         pool = self._new_pool(self.min_size, self.max_size, "")
-        # Lease renewals have connections of their own, opened on first use: behind the
-        # process's other calls in a busy pool (drives just claimed, the pool still growing
-        # one connection at a time), they waited past their deadline and the lease lapsed
-        # under a live drive, whose call another worker then ran again.
-        pool.leases = self._new_pool(0, LEASE_CONNECTIONS, "-leases")
+        # Lease renewals have connections of their own: behind the process's other calls in a
+        # busy pool (drives just claimed, the pool still growing one connection at a time),
+        # they waited past their deadline and the lease lapsed under a live drive, whose call
+        # another worker then ran again. One is kept from now on (opened in the background):
+        # opened only when a drive first renewed, it was refused by a server full by then
+        # (max_connections), and every renewal failed while the main pool sat idle.
+        pool.leases = self._new_pool(1, LEASE_CONNECTIONS, "-leases")
         try:
             await pool.open(wait=True, timeout=self.timeout)
             await pool.leases.open()

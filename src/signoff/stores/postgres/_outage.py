@@ -153,10 +153,12 @@ class Outage:
         message += f"all {pool.max_size} of the pool's (`pool_max`) are in use"
         return StoreError(message) if busy_after is None else StoreBusy(message)
 
-    def refusing(self) -> StoreError:
+    def refusing(self, pool: Pool) -> StoreError:
+        """The server refused `pool` a new connection and it has none to lend: the pool is
+        named, as a store has two (the lease renewals' beside the main one)."""
         return StoreError(
-            f"PostgreSQL at {self._where} refuses new connections, and none of the pool's is "
-            f"open to use: {self.refused}"
+            f"PostgreSQL at {self._where} refuses new connections, and none of pool "
+            f"{pool.name!r}'s is open to use: {self.refused}"
         )
 
     async def borrow(self, pool: Pool, busy_after: float | None) -> tuple[Conn, bool]:
@@ -201,7 +203,7 @@ class Outage:
                     await asyncio.wait(either, timeout=limit, return_when=FIRST)
                     _raise(probing)
                     if probing.done() and not waiting.done() and self.refused and not pool.lent:
-                        raise self.refusing()  # no connection to come back, none to open
+                        raise self.refusing(pool)  # no connection to come back, none to open
                 if waiting.done():
                     try:
                         conn = waiting.result()

@@ -80,12 +80,15 @@ class Transactions:
                 raise failed(f"{what} failed at {self._where}", exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _borrow(self, pool: Pool, attempt: int, fresh: bool = False) -> Borrowed:
-        """A connection for an attempt of a call (a new one, not the pool's, if `fresh`): only a
-        first attempt may fail soon for want of one (`promptly()`), as a retry's statement may
-        have run already."""
+    def _borrow(
+        self, pool: Pool, attempt: int, fresh: bool = False, beside: Pool | None = None
+    ) -> Borrowed:
+        """A connection for an attempt of a call (a new one, not the pool's, if `fresh`; for a
+        lease renewal, `pool` is the lease pool and `beside` the main one): only a first attempt
+        may fail soon for want of one (`promptly()`), as a retry's statement may have run
+        already."""
         busy_after = self.request_timeout if attempt == 0 and is_prompt() else None
-        return Borrowed(pool, self._outage, busy_after, self.operation_timeout, fresh)
+        return Borrowed(pool, self._outage, busy_after, self.operation_timeout, fresh, beside)
 
     def _gone(self, what: str, exc: psycopg.Error) -> StoreGone:
         """The store's schema, or a table of it, was dropped under this process: what it knew of
@@ -128,16 +131,18 @@ class Transactions:
         it, or if it cannot tell, the caller gets a `StoreError`. Returns None when the write is
         found committed that way. With `transaction=False`, the body is one idempotent
         statement, retried whenever the connection is lost. A lease `renewal` runs on the
-        pool's lease connections (`Pool.leases`), never waiting behind the other calls.
+        pool's lease connections (`Pool.leases`), never waiting behind the other calls; on an
+        idle one of the main pool if the server refuses the lease pool one (`Borrowed`).
         """
         pool = await self._get_pool()
+        beside = None
         if renewal and pool.leases is not None:
-            pool = pool.leases
+            pool, beside = pool.leases, pool
         fresh = False  # a connection opened for the call, not another of the pool's
         for attempt in range(ATTEMPTS):
             phase = "connect"
             broken = False
-            borrowed = self._borrow(pool, attempt, fresh)
+            borrowed = self._borrow(pool, attempt, fresh, beside)
             try:
                 async with borrowed as conn:
                     try:
@@ -164,7 +169,7 @@ class Transactions:
                 if not broken and not expired:  # the server answered: it rolled back
                     raise failed(f"{what} failed at {self._where}", exc) from exc
                 if not expired:  # a server not answering would hold the check as long
-                    await self._after_loss(pool)
+                    await self._after_loss(borrowed.pool)  # the main pool's, for a renewal on it
                 if transaction and phase in ("commit", "done"):
                     # The server may or may not have committed before the connection dropped.
                     if committed is not None:
