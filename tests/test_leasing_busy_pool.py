@@ -18,6 +18,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 import signoff as so
 from signoff.stores.postgres import PostgresStore
+from signoff.stores.postgres._connections import _reconnect_again
 
 from ._pg_events import new_session
 from .test_leasing_clock import _agent
@@ -191,6 +192,19 @@ async def test_a_renewal_the_server_refuses_a_lease_connection_uses_an_idle_one(
             assert token is not None
             for _ in range(3):  # the refusal once known, a renewal takes the idle one at once
                 assert await asyncio.wait_for(store.renew_lease(sid, "me", token, 30.0, now), 10)
+            # The lease pool's wait the first renewal gave up is no call waiting: its reconnects,
+            # once they give up, are not started again for it (a full server refused a login a
+            # second for as long as it stayed full, the log a line each).
+            leases = store._pool.leases if store._pool is not None else None
+            assert leases is not None
+            checks: list[bool] = []
+
+            async def check() -> None:
+                checks.append(True)
+
+            leases.check = check  # type: ignore[method-assign]
+            await _reconnect_again(leases)
+            assert checks == [] and leases.waiting == 0
             holding, release = asyncio.Event(), asyncio.Event()
 
             async def body(conn: Any) -> None:

@@ -79,6 +79,10 @@ class Pool(AsyncConnectionPool[Conn]):
         # could not open its `min_size` connections in time "pool initialization incomplete".
         self.refused: psycopg.Error | None = None
         self.opened = 0  # new connections made
+        # Calls waiting in `getconn` now: psycopg_pool's own `requests_waiting` still counts a
+        # wait that was cancelled (a renewal that went to the main pool), until a connection
+        # comes, and a reconnect started again for it kept a full server refusing logins.
+        self.waiting = 0
 
     async def close(self, timeout: float = 5.0) -> None:
         leases, self.leases = self.leases, None
@@ -98,7 +102,11 @@ class Pool(AsyncConnectionPool[Conn]):
         return conn
 
     async def getconn(self, timeout: float | None = None) -> Conn:
-        conn = await super().getconn(timeout)
+        self.waiting += 1
+        try:
+            conn = await super().getconn(timeout)
+        finally:
+            self.waiting -= 1
         self.lent += 1
         return conn
 

@@ -462,9 +462,13 @@ went unused, every call failing, for up to as long again as it had been down."""
 
 
 async def _reconnect_again(pool: AsyncConnectionPool[Conn]) -> None:
-    """The pool gave up reconnecting: with calls waiting for a connection, start again now
-    (`check()` grows an empty pool); without, the next call starts it."""
-    if not pool.closed and pool.get_stats().get("requests_waiting", 0):
+    """The pool gave up reconnecting: with calls waiting for a connection (`Pool.waiting`, not
+    psycopg_pool's count, which keeps a cancelled wait), start again now (`check()` grows an
+    empty pool); without, the next call starts it."""
+    waiting = (
+        pool.waiting if isinstance(pool, Pool) else pool.get_stats().get("requests_waiting", 0)
+    )
+    if not pool.closed and waiting:
         with contextlib.suppress(psycopg.Error):
             await pool.check()
 
