@@ -79,6 +79,7 @@ class Pool(AsyncConnectionPool[Conn]):
         # could not open its `min_size` connections in time "pool initialization incomplete".
         self.refused: psycopg.Error | None = None
         self.opened = 0  # new connections made
+        self.tried = asyncio.Event()  # set once its first new connection is made or refused
         # Calls waiting in `getconn` now: psycopg_pool's own `requests_waiting` still counts a
         # wait that was cancelled (a renewal that went to the main pool), until a connection
         # comes, and a reconnect started again for it kept a full server refusing logins.
@@ -97,8 +98,10 @@ class Pool(AsyncConnectionPool[Conn]):
             conn = await super()._connect(timeout)
         except psycopg.Error as exc:
             self.refused = exc
+            self.tried.set()
             raise
         self.opened += 1
+        self.tried.set()
         return conn
 
     async def getconn(self, timeout: float | None = None) -> Conn:

@@ -247,6 +247,10 @@ class Connections(Migrations):
         try:
             await pool.open(wait=True, timeout=self.timeout)
             await pool.leases.open()
+            # Its first connection made (or refused: a server with room for `pool_min` alone
+            # still opens) before the store is used, not set up under its first calls.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(pool.leases.tried.wait(), self.timeout)
         except PoolTimeout as exc:
             await pool.close()
             raise self._unfilled(pool, exc) from exc
