@@ -61,19 +61,28 @@ def agents(ran: list[Any], reviewer: Reviewer, response: Any = None) -> list[so.
     return [parent, child]
 
 
+async def parked_on_mirror(
+    rt: so.Runtime,
+) -> tuple[so.GenerateResult, str, so.InputResponse]:
+    """Alice's turn parked on the mirror of the subagent's refund, the subagent's session id,
+    and her approval of the mirror with an edit (the amount made 90)."""
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    edited = {"order_id": "1042", "amount": 90.0}
+    answer = so.InputResponse(request_id=mirror.id, option_id="approve", edited_input=edited)
+    return r, mirror.child.session_id, answer
+
+
 async def test_an_edit_on_a_mirror_is_reviewed_once(store_url: str) -> None:
     """Before, the edit was reviewed twice (3 reviews in all) and one of the two was counted."""
     ran: list[Any] = []
     reviewer = Reviewer()
     async with so.Runtime(agents(ran, reviewer), store=store_url) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        [mirror] = r.pending
-        assert mirror.child is not None
-        edited = {"order_id": "1042", "amount": 90.0}
-        answer = so.InputResponse(request_id=mirror.id, option_id="approve", edited_input=edited)
+        r, child_id, answer = await parked_on_mirror(rt)
         r = await rt.respond(r.session_id, [answer], principal=ALICE)
         assert r.status == "completed" and ran == [90.0]
-        child = await rt.state(mirror.child.session_id)
+        child = await rt.state(child_id)
         assert child.usage.total_tokens == 2 * REVIEW.total_tokens
     assert len(reviewer.inputs) == 2
 
@@ -87,18 +96,14 @@ async def test_an_edit_on_a_mirror_the_response_policy_rejects_is_not_reviewed(
     ran: list[Any] = []
     reviewer = Reviewer()
     async with so.Runtime(agents(ran, reviewer, only_bob), store=store_url) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        [mirror] = r.pending
-        assert mirror.child is not None
-        edited = {"order_id": "1042", "amount": 90.0}
-        answer = so.InputResponse(request_id=mirror.id, option_id="approve", edited_input=edited)
+        r, child_id, answer = await parked_on_mirror(rt)
         r = await rt.respond(r.session_id, [answer], principal=ALICE)
         assert r.status == "waiting"
         assert (r.outcomes[0].outcome, r.outcomes[0].reason) == ("rejected", "not bob")
         assert len(reviewer.inputs) == 1
         r = await rt.respond(r.session_id, [answer], principal=BOB)
         assert r.status == "completed" and ran == [90.0]
-        child = await rt.state(mirror.child.session_id)
+        child = await rt.state(child_id)
         assert child.usage.total_tokens == 2 * REVIEW.total_tokens
     assert len(reviewer.inputs) == 2
 
@@ -110,17 +115,13 @@ async def test_an_edit_on_a_mirror_in_a_refused_call_is_not_reviewed(store_url: 
     ran: list[Any] = []
     reviewer = Reviewer()
     async with so.Runtime(agents(ran, reviewer), store=store_url) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        [mirror] = r.pending
-        assert mirror.child is not None
-        edited = {"order_id": "1042", "amount": 90.0}
-        answer = so.InputResponse(request_id=mirror.id, option_id="approve", edited_input=edited)
+        r, child_id, answer = await parked_on_mirror(rt)
         unknown = so.InputResponse(request_id="req_nope", option_id="approve")
         for _ in range(2):
             with pytest.raises(so.UnknownRequest):
                 await rt.respond(r.session_id, [answer, unknown], principal=ALICE)
         assert len(reviewer.inputs) == 1  # the proposal's
-        child = await rt.state(mirror.child.session_id)
+        child = await rt.state(child_id)
         assert child.usage.total_tokens == REVIEW.total_tokens
         r = await rt.respond(r.session_id, [answer], principal=ALICE)
         assert r.status == "completed" and ran == [90.0]

@@ -36,6 +36,25 @@ async def _hold_the_only_connection(store: PostgresStore, seconds: float) -> Non
     await store._read(body, "holding the connection")
 
 
+@contextlib.asynccontextmanager
+async def _main_connection_held(store: PostgresStore) -> AsyncIterator[asyncio.Task[None]]:
+    """A call holding one of the main pool's connections until the block ends (the call, a
+    task, is given: still running inside the block)."""
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def body(conn: Any) -> None:
+        holding.set()
+        await release.wait()
+
+    busy = asyncio.create_task(store._read(body, "holding the connection"))
+    try:
+        await asyncio.wait_for(holding.wait(), 10)
+        yield busy
+    finally:
+        release.set()
+    await busy
+
+
 async def _finds_it_busy(
     other: so.Runtime, sid: str, runs: list[str], release: asyncio.Event
 ) -> None:
@@ -64,20 +83,9 @@ async def test_a_renewal_does_not_wait_for_a_busy_pool(pg_store_url: str) -> Non
         now = await store.server_time()
         token = await store.acquire_lease(sid, "me", 30.0, now)
         assert token is not None
-        holding, release = asyncio.Event(), asyncio.Event()
-
-        async def body(conn: Any) -> None:
-            holding.set()
-            await release.wait()
-
-        busy = asyncio.create_task(store._read(body, "holding the connection"))
-        try:
-            await asyncio.wait_for(holding.wait(), 10)
+        async with _main_connection_held(store) as busy:
             live = await asyncio.wait_for(store.renew_lease(sid, "me", token, 30.0, now), 10)
             assert not busy.done()
-        finally:
-            release.set()
-        await busy
         assert live
     finally:
         await store.close()
@@ -205,23 +213,12 @@ async def test_a_renewal_the_server_refuses_a_lease_connection_uses_an_idle_one(
             leases.check = check  # type: ignore[method-assign]
             await _reconnect_again(leases)
             assert checks == [] and leases.waiting == 0
-            holding, release = asyncio.Event(), asyncio.Event()
-
-            async def body(conn: Any) -> None:
-                holding.set()
-                await release.wait()
-
-            busy = asyncio.create_task(store._read(body, "holding the connection"))
-            try:
-                await asyncio.wait_for(holding.wait(), 10)
+            async with _main_connection_held(store) as busy:
                 # The main pool's one busy with a call that may be long: not waited for.
                 with pytest.raises(so.StoreError, match="refuses new connections") as info:
                     await asyncio.wait_for(store.renew_lease(sid, "me", token, 30.0, now), 10)
                 assert not busy.done()
                 assert "signoff-signoff-leases" in str(info.value)
-            finally:
-                release.set()
-            await busy
         finally:
             await store.close()
 
