@@ -339,8 +339,10 @@ async def ended_under(
     turn = ended.turn
     if turn is None or not turn_over(turn):
         return None
-    if turn.status != "completed" or turn.id != own:
-        return ended if turn.status != "completed" else None
+    if turn.status != "completed":
+        return ended
+    if turn.id != own:
+        return None
     caller = turn.principal if answered is None else answered.by
     return None if _same_person(state.turn.principal, caller) else ended
 
