@@ -4,11 +4,12 @@ channel state file; with `--backfill` the request is opened before the hub first
 the channel announces it then.
 
 `python -m tests._webhook_child` serves `[STORE_URL, STATE_FILE, SESSION_FILE, RECEIVER,
-"--kill-at", N, "--when", "before"|"after", "--backfill"?]` commands, each in a child of its
-own (`_forks`). With `--kill-at N` that process SIGKILLs itself right before or right after
-the N-th write to the channel state (a position saved, a memo kept or dropped) or of the
-store's channel claims and memos (the hub's claim taken, renewed, given back). A run that
-ends gives the session's status, how many state writes it saw and the deliveries left unsent.
+"--kill-at", N, "--when", "before"|"after", "--kill-name", NAME?, "--backfill"?]` commands,
+each in a child of its own (`_forks`). With `--kill-at N` that process SIGKILLs itself right
+before or right after the N-th write to the channel state (a position saved, a memo kept or
+dropped) or of the store's channel claims and memos (the hub's claim taken, renewed, given
+back); with `--kill-name`, the N-th write of that name. A run that ends gives the session's
+status, how many state writes it saw and the deliveries left unsent.
 """
 
 from __future__ import annotations
@@ -40,17 +41,18 @@ CHANNEL_WRITES = (CHANNEL_CLAIMED, CHANNEL_RELEASED, CHANNEL_MEMOS)
 given back at its stop) and the channel's memos kept there."""
 
 
-def count_writes(kill_at: int, when: str) -> tuple[list[str], FaultHook]:
-    """Wrap `ChannelState`'s writes to count them and die at the `kill_at`-th; returns the
-    names of those made so far, and the fault hook that counts the store's writes of channel
-    claims and memos with them."""
+def count_writes(kill_at: int, when: str, only: str = "") -> tuple[list[str], FaultHook]:
+    """Wrap `ChannelState`'s writes to count them and die at the `kill_at`-th (of those named
+    `only`, if given: the hub's claim renewals land among the others as timing has it);
+    returns the names of those made so far, and the fault hook that counts the store's writes
+    of channel claims and memos with them."""
     seen: list[str] = []
 
     def hook(at: str, name: str) -> None:
         if at != when:
             return
         seen.append(name)
-        if len(seen) == kill_at:
+        if (seen.count(only) if only else len(seen)) == kill_at and name == (only or name):
             # In the state's worker thread: the event loop goes on a moment (a delivery under
             # way reaches the receiver) before the process dies.
             time.sleep(0.05)
@@ -89,7 +91,7 @@ def make_agent() -> so.Agent:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    writes, stored = count_writes(args.kill_at, args.when)
+    writes, stored = count_writes(args.kill_at, args.when, args.kill_name)
     # A TTL a loaded machine's stalls cannot outlast (a drive waking past its lease's expiry
     # gives the renewal a tenth of it); the parent lapses a killed child's lease (`lapse_leases`).
     rt = so.Runtime([make_agent()], store=args.store, lease_ttl=5.0)
@@ -153,6 +155,7 @@ def parser() -> argparse.ArgumentParser:
         parser.add_argument(name)
     parser.add_argument("--kill-at", type=int, default=0)
     parser.add_argument("--when", choices=["before", "after"], default="before")
+    parser.add_argument("--kill-name", choices=["", *WRITES, *CHANNEL_WRITES], default="")
     parser.add_argument("--backfill", action="store_true")
     return parser
 
