@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
+
+import pytest
 
 import signoff as so
 from signoff._sweeping import SWEEP_DRIVES
-from signoff.testing import ExecutionLog, ManualClock
+from signoff.testing import ExecutionLog, ManualClock, call, call_tools, reply, scripted_agent
 
 from .test_deadlines import ALICE, payout_agent
 
@@ -57,3 +60,80 @@ async def test_a_listing_records_every_deadline_before_it_drives_their_turns(
         for sid in sids:  # each turn moved on, as before
             state = await rt.state(sid)
             assert state.turn is not None and state.turn.status == "completed"
+
+
+async def test_a_listing_passes_over_a_session_deleted_after_it_read_the_page(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process cancels and deletes a session between the listing's read of its passed
+    deadline and the recording of it: the listing shows the rest, with their deadlines
+    recorded, and logs nothing. Before, `rt.pending()` raised `UnknownSession` for a session
+    the caller never asked about (`GET /v1/requests` answered 404), recording no other's."""
+    clock = ManualClock()
+    agent = payout_agent(ExecutionLog(), so.always(expires_in=60))
+    async with (
+        so.Runtime([agent], store=store_url, clock=clock) as rt,
+        so.Runtime([agent], store=store_url, clock=clock) as other,
+    ):
+        gone, kept = [(await rt.generate("pay", prompt="pay", auth=ALICE)).session_id for _ in "ab"]
+        clock.advance(60)
+        listed = rt.store.pending
+        deleted: list[str] = []
+
+        async def pending(flt: so.stores.PendingFilter) -> list[so.InputRequest]:
+            page = await listed(flt)
+            if not deleted and any(r.session_id == gone for r in page):
+                await other.cancel(gone)
+                deleted.extend(await other.delete_session(gone))
+            return page
+
+        rt.store.pending = pending  # type: ignore[method-assign]
+        with caplog.at_level(logging.WARNING, logger="signoff"):
+            assert await rt.pending() == []
+        assert deleted == [gone]
+        assert [r.message for r in caplog.records] == []
+        state = await rt.state(kept)  # its deadline recorded, its turn gone on with
+        assert state.turn is not None and state.turn.status == "completed"
+        with pytest.raises(so.UnknownSession):
+            await rt.state(gone)
+
+
+async def test_a_sweep_passes_over_a_session_deleted_after_it_listed_it(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same between an expiry sweep's listing of a session whose TTL passed and the
+    recording of its expiry (a prune in another process): before, the sweep logged an ERROR
+    with `UnknownSession`'s traceback."""
+    clock = ManualClock()
+
+    @so.tool(approval=so.always())
+    async def pay_invoice(invoice: str) -> str:
+        """Pay an invoice."""
+        return "paid"
+
+    agent = scripted_agent(
+        "pay",
+        [call_tools(call("pay_invoice", invoice="INV-7")), reply("done")],
+        tools=[pay_invoice],
+        limits=so.Limits(ttl=60),
+    )
+    async with (
+        so.Runtime([agent], store=store_url, clock=clock) as rt,
+        so.Runtime([agent], store=store_url, clock=clock) as other,
+    ):
+        sid = (await rt.generate("pay", prompt="pay", auth=ALICE)).session_id
+        clock.advance(120)
+        lapsed = rt._lapsed
+        pruned: list[str] = []
+
+        async def pruning(*args: Any, **kw: Any) -> Any:
+            rows = await lapsed(*args, **kw)
+            if not pruned and any(r.id == sid for r in rows):
+                pruned.extend(await other.prune(older_than=60))
+            return rows
+
+        rt._lapsed = pruning  # type: ignore[method-assign]
+        with caplog.at_level(logging.WARNING, logger="signoff"):
+            await rt.expire_due()
+        assert pruned == [sid]
+        assert [r.message for r in caplog.records] == []

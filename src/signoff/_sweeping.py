@@ -13,7 +13,7 @@ from contextvars import ContextVar
 
 from ._call_guards import closes_stop
 from ._deadlines import RESUMPTIONS, is_due, is_lapsed, resumed_by_deadline
-from ._exceptions import SessionExpired, StoreError
+from ._exceptions import SessionExpired, StoreError, UnknownSession
 from ._messages import Messages
 from ._queue_page import passing_page
 from ._sessions import to_claims
@@ -320,6 +320,10 @@ class Sweeps(Messages):
                 except StoreError as exc:  # a store this process may only read, say
                     log.warning("session %s: its passed deadlines not recorded: %s", sid, exc)
                     continue
+                except UnknownSession as exc:
+                    if exc.session_id != sid:
+                        raise
+                    continue  # deleted since the page was read: the listing reads it again
                 listed.append(sid)
             await asyncio.sleep(0)  # as above: the loop's other tasks run between them
         await self._drive_listed(listed)
@@ -336,8 +340,9 @@ class Sweeps(Messages):
                     await self._drive(sid)
                 except SessionExpired:
                     pass
-                except Exception:  # the deadline is recorded; the turn is retried later
-                    log.exception("session %s: continuing after its deadline failed", sid)
+                except Exception as exc:  # the deadline is recorded; the turn is retried later
+                    if not (isinstance(exc, UnknownSession) and exc.session_id == sid):
+                        log.exception("session %s: continuing after its deadline failed", sid)
 
         await asyncio.gather(*(one(sid) for sid in sessions))
 

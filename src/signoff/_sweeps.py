@@ -7,7 +7,14 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-from ._exceptions import SessionExpired, StoreBusy, StoreError, StoreGone, StoreUnavailable
+from ._exceptions import (
+    SessionExpired,
+    StoreBusy,
+    StoreError,
+    StoreGone,
+    StoreUnavailable,
+    UnknownSession,
+)
 
 __all__ = ["STORE_FAILING", "one_of_many"]
 
@@ -20,7 +27,8 @@ session's failure is logged and passed."""
 def one_of_many(log: logging.Logger, session_id: str, what: str) -> Iterator[None]:
     """A sweep's work on one of many sessions: its failure is logged and the sweep goes on, so a
     session the store cannot read (listed first at every sweep) does not stop the others'. A
-    store failing as a whole (gone, down, out of connections) still ends the sweep. Logged to
+    store failing as a whole (gone, down, out of connections) still ends the sweep. One deleted
+    since the sweep listed it (a prune in another process) is passed over quietly. Logged to
     `log`, the sweeping module's."""
     try:
         yield
@@ -28,5 +36,10 @@ def one_of_many(log: logging.Logger, session_id: str, what: str) -> Iterator[Non
         raise
     except StoreError as exc:
         log.warning("session %s: %s: %s", session_id, what, exc)
+    except UnknownSession as exc:
+        if exc.session_id != session_id:
+            log.exception("session %s: %s", session_id, what)
+        else:
+            log.debug("session %s: deleted meanwhile, so %s", session_id, what)
     except Exception:
         log.exception("session %s: %s", session_id, what)
