@@ -6,22 +6,30 @@ loop's connection finishes on it; closing the store closes every loop's pool."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 import signoff as so
+from signoff._exceptions import StoreError, StoreUnavailable
 from signoff.stores import Commit
 from signoff.stores.postgres import PostgresStore, _connections
+from signoff.stores.postgres._borrowed import Pool
 from signoff.stores.postgres._connections import CLOSE_THERE_WAIT
+from signoff.stores.postgres._outage import PROBE_AFTER
 from signoff.testing import ExecutionLog
 
 from ._loops import other_loop
+from ._pg_events import new_session
+from ._relay import Relay
 from ._sqlite_store import event
+from .test_postgres_outage import with_options
 from .test_runtime import refund_agent
 from .test_sqlite_store_threads import two_thread_calls
 
@@ -254,3 +262,173 @@ async def _others_done() -> None:
     others = asyncio.all_tasks() - {asyncio.current_task()}
     if others:
         await asyncio.wait(others)
+
+
+class _Restarting(Relay):
+    """A relay to PostgreSQL that can be down as a server restarting is: the connections open
+    are cut and new ones reset at once (as a port nothing listens on refuses them) until `back()`;
+    each one refused is put on `refusals`."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(host, port)
+        self.down = False
+        self.refusals: asyncio.Queue[None] = asyncio.Queue()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.down:
+            writer.transport.abort()
+            self.refusals.put_nowait(None)
+            return
+        await super()._accept(reader, writer)
+
+    def stop(self) -> None:
+        self.down = True
+        self.silence()
+        for writer in self.writers:
+            writer.transport.abort()
+        self.writers = []
+
+    def back(self) -> None:
+        self.down = False
+
+
+@contextlib.asynccontextmanager
+async def _restarting(url: str, **options: Any) -> AsyncIterator[tuple[_Restarting, str]]:
+    """A `_Restarting` relay in front of the server of `url`, and the URL through it with
+    `options` added."""
+    params = conninfo_to_dict(url)
+    relay = _Restarting(str(params["host"]), int(str(params["port"])))
+    port = await relay.start()
+    try:
+        yield relay, with_options(url.replace(f":{params['port']}/", f":{port}/"), **options)
+    finally:
+        await relay.close()
+
+
+async def _refused_again(relay: _Restarting, calling: asyncio.Future[Any]) -> None:
+    """Wait for the relay to refuse another connection: `calling` must still be waiting then."""
+    refused = asyncio.ensure_future(relay.refusals.get())
+    try:
+        await asyncio.wait({calling, refused}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        assert not calling.done(), f"it did not wait for the server: {calling.exception()!r}"
+        assert refused.done(), "no connection was tried within 10 s"
+    finally:
+        refused.cancel()
+
+
+def _there(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
+    """`coro` run on the other loop, as a future of this one."""
+    return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+
+async def test_a_new_loops_first_call_during_a_restart_waits_for_the_server(
+    pg_store_url: str,
+) -> None:
+    """An open store's first call from another event loop (a `*_sync` twin's, on the runtime's
+    bridge loop; a second `asyncio.run()`) made while the server restarts waits for it, as a
+    call on a loop that has its pool does, and goes through once it is back: its pool's opening
+    failed at once ("cannot connect to PostgreSQL"), a restart not ridden out."""
+    loop = asyncio.get_running_loop()
+    async with _restarting(pg_store_url, outage_grace=30) as (relay, url):
+        store = PostgresStore(url)
+        async with other_loop() as other:
+            try:
+                sid = await new_session(store)
+                relay.stop()
+                calling = _there(other, store.head(sid))
+                for _ in range(2):  # refused, and tried again
+                    await _refused_again(relay, calling)
+                relay.back()
+                started = loop.time()
+                assert await asyncio.wait_for(calling, 20) == 1
+                assert loop.time() - started < 5  # soon after it is back
+                assert await store.head(sid) == 1  # this loop's pool, back too
+            finally:
+                await store.close()
+
+
+async def test_a_new_loops_first_call_fails_as_a_call_does_once_the_outage_outlasts_its_grace(
+    pg_store_url: str,
+) -> None:
+    """The server stays down: the call waits out the grace, then fails with the
+    `StoreUnavailable` a call on a loop with its pool gives ("PostgreSQL unavailable ... for
+    1.0s"), and a call after it fails at once."""
+    loop = asyncio.get_running_loop()
+    async with _restarting(pg_store_url, outage_grace=1) as (relay, url):
+        store = PostgresStore(url)
+        async with other_loop() as other:
+            try:
+                sid = await new_session(store)
+                relay.stop()
+                started = loop.time()
+                with pytest.raises(StoreUnavailable) as caught:
+                    await _there(other, store.head(sid))
+                took = loop.time() - started
+                assert "PostgreSQL unavailable" in str(caught.value), caught.value
+                assert 1 <= took < 1 + 4, took
+                started = loop.time()
+                with pytest.raises(StoreUnavailable, match="PostgreSQL unavailable"):
+                    await _there(other, store.head(sid))
+                assert loop.time() - started < 3 * PROBE_AFTER + 1
+            finally:
+                await store.close()
+
+
+async def test_a_server_gone_between_a_new_loops_check_and_its_pool_is_an_outage_too(
+    pg_store_url: str,
+) -> None:
+    """Down after the new loop's first connection read the schema, before its pool connected:
+    the same outage, `StoreUnavailable` once the grace is over, not a `StoreError` after the
+    pool's whole timeout ("the pool opened 0 of the 1 connections")."""
+    loop = asyncio.get_running_loop()
+    async with _restarting(pg_store_url, outage_grace=1, pool_timeout=8) as (relay, url):
+        store = PostgresStore(url)
+        new_pool = store._new_pool
+
+        def going_down(min_size: int, max_size: int, suffix: str) -> Pool:
+            if asyncio.get_running_loop() is not loop:
+                store._new_pool = new_pool  # type: ignore[method-assign]
+                relay.down = True  # read by the relay on this loop: new connections are reset
+            return new_pool(min_size, max_size, suffix)
+
+        async with other_loop() as other:
+            try:
+                sid = await new_session(store)
+                store._new_pool = going_down  # type: ignore[method-assign]
+                started = loop.time()
+                with pytest.raises(StoreUnavailable) as caught:
+                    await _there(other, store.head(sid))
+                assert "PostgreSQL unavailable" in str(caught.value), caught.value
+                assert loop.time() - started < 1 + 4
+                relay.back()
+                assert await _there(other, store.head(sid)) == 1
+            finally:
+                await store.close()
+
+
+async def test_a_new_loops_pool_refused_by_a_server_that_is_up_fails_at_once(
+    pg_store_url: str,
+) -> None:
+    """A refusal that is no outage (here a database not accepting connections) is not waited
+    out: the new loop's call fails at once with a `StoreError` saying why."""
+    name = str(conninfo_to_dict(pg_store_url)["dbname"])
+    admin_url = pg_store_url.replace(f"/{name}", "/postgres", 1)
+
+    def allow(allowed: bool) -> None:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {allowed}')
+
+    loop = asyncio.get_running_loop()
+    store = PostgresStore(with_options(pg_store_url, outage_grace=30))
+    async with other_loop() as other:
+        try:
+            sid = await new_session(store)
+            await asyncio.to_thread(allow, False)
+            started = loop.time()
+            with pytest.raises(StoreError, match="not currently accepting connections") as caught:
+                await _there(other, store.head(sid))
+            assert not isinstance(caught.value, StoreUnavailable)
+            assert loop.time() - started < 5
+        finally:
+            await asyncio.to_thread(allow, True)
+            await store.close()

@@ -33,7 +33,7 @@ from . import _schema
 from ._borrowed import LEASE_CONNECTIONS, OPERATION_TIMEOUT, Pool
 from ._changes import Listener
 from ._migrations import Migrations
-from ._outage import GRACE, Outage, is_down
+from ._outage import GRACE, PROBE_AFTER, Outage, is_down
 from ._shared import settle
 from ._transactions import Conn
 from ._url import (
@@ -156,6 +156,9 @@ class Connections(Migrations):
         self._where = self._server + ("" if schema == "signoff" else f"?schema={schema}")
         self._pool: Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Whether a pool was opened since the store was made or closed: a new loop's opening
+        # then waits out an outage as the calls do (`_open_pool`).
+        self._opened = False
         # The pools of other event loops still running (a runtime's async calls and its sync
         # twins on its bridge loop), each taken back when its loop calls again.
         self._parked: dict[asyncio.AbstractEventLoop, Pool] = {}
@@ -216,11 +219,33 @@ class Connections(Migrations):
                 if self._pool is not None:
                     self._abandon()  # another loop's, taken while this one was opening
                 self._pool, self._loop = pool, loop
+                self._opened = True
             return pool
 
     async def _open_pool(self) -> Pool:
-        """A new pool of this event loop, once the schema is checked (and migrated if allowed)."""
-        conn = await self._connect()
+        """A new pool of this event loop, once the schema is checked (and migrated if allowed).
+        For a store open already (a pool of another loop, or this loop's earlier one), a server
+        found down is waited for as a call waits for a connection (`Outage.back`), up to the
+        outage grace; opening a store fails at once (`StoreUnavailable`)."""
+        riding = self._opened
+        outage = self._outage
+        conn = await outage.back() if riding and outage.down_since() is not None else None
+        while True:
+            started = asyncio.get_running_loop().time()
+            try:
+                checking, conn = conn or await self._connect(), None
+                await self._check(checking)
+                return await self._filled(riding)
+            except StoreUnavailable as exc:
+                down = exc.__cause__
+                if not riding or not isinstance(down, psycopg.Error):
+                    raise
+                outage.found_down(started, down)
+                conn = await outage.back()
+
+    async def _check(self, conn: Conn) -> None:
+        """Read the schema's version on a connection just made (migrating it if need be) and
+        the server's settings, then close it."""
         try:
             version = await self._read_version(conn)
             self._refuse_newer(version)
@@ -236,6 +261,11 @@ class Connections(Migrations):
             raise self._opening_failed("cannot read settings", exc) from exc
         finally:
             await conn.close()
+
+    async def _filled(self, riding: bool) -> Pool:
+        """A new pool, open with its `min_size` connections. If `riding` (the store is open
+        already), a server found down meanwhile is `StoreUnavailable` at once, for the caller to
+        wait for as an outage, rather than a `StoreError` after the pool's whole timeout."""
         pool = self._new_pool(self.min_size, self.max_size, "")
         # Lease renewals have connections of their own: behind the process's other calls in a
         # busy pool (drives just claimed, the pool still growing one connection at a time),
@@ -245,7 +275,19 @@ class Connections(Migrations):
         # (max_connections), and every renewal failed while the main pool sat idle.
         pool.leases = self._new_pool(1, LEASE_CONNECTIONS, "-leases")
         try:
-            await pool.open(wait=True, timeout=self.timeout)
+            opening = asyncio.ensure_future(pool.open(wait=True, timeout=self.timeout))
+            try:
+                while not opening.done():
+                    await asyncio.wait({opening}, timeout=PROBE_AFTER)
+                    refused = pool.refused
+                    if riding and not opening.done() and refused is not None and is_down(refused):
+                        detail = " ".join(str(refused).split()) or type(refused).__name__
+                        raise StoreUnavailable(
+                            f"cannot connect to PostgreSQL at {self._where}: {detail}"
+                        ) from refused
+                opening.result()
+            finally:
+                await settle(opening)
             await pool.leases.open()
             # Its first connection made (or refused: a server with room for `pool_min` alone
             # still opens) before the store is used, not set up under its first calls.
@@ -254,6 +296,9 @@ class Connections(Migrations):
         except PoolTimeout as exc:
             await pool.close()
             raise self._unfilled(pool, exc) from exc
+        except BaseException:
+            await pool.close()
+            raise
         return pool
 
     def _unfilled(self, pool: Pool, exc: PoolTimeout) -> StoreError:
@@ -354,6 +399,7 @@ class Connections(Migrations):
     async def close(self) -> None:
         here = asyncio.get_running_loop()
         with self._swap:
+            self._opened = False
             foreign = self._pool is not None and self._loop is not here
             if foreign:
                 self._abandon()

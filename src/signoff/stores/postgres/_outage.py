@@ -236,6 +236,38 @@ class Outage:
                 else:
                     await pool.putconn(conn)
 
+    def found_down(self, started: float, exc: psycopg.Error) -> None:
+        """Record that a connection asked for at `started` (this loop's time) found the server
+        down (`is_down(exc)`): the outage began then, if it was not known already."""
+        self.refused = None
+        self._silent = self._now() - started >= PROBE_AFTER
+        if self.since is None:
+            # Down since it was first asked: a connection that timed out took
+            # `connect_timeout` to tell, and that counts toward the grace.
+            self.since = started
+        self.error = " ".join(str(exc).split()) or type(exc).__name__
+
+    async def back(self) -> Conn | None:
+        """Wait for the server found down to answer again, as a call waiting for a connection
+        does (`borrow`), for a pool that is opening (a new event loop's): the connection a check
+        found it back on, or None once it answers without one for this caller (another call took
+        it, or the server refused the check: connect anew to learn why). `StoreUnavailable` once
+        the outage outlasts its grace: past it, after one short check, as a call fails."""
+        while True:
+            spare = self._take_spare()
+            if spare is not None:
+                return spare
+            past = self.over_grace()
+            within = (PROBE_AFTER if self._silent else ANSWERED_WITHIN) if past else None
+            conn = await self.probe(self.grace_left() if within is None else within)
+            if conn is not None:
+                return conn
+            if self.over_grace():
+                raise self.unavailable()
+            if self.down_since() is None:
+                return None
+            await asyncio.sleep(min(PROBE_AFTER, self.grace_left()))
+
     async def probe(self, within: float | None = None) -> Conn | None:
         """Check the server, waiting `within` seconds at most (the check goes on without the
         caller). Returns a live connection only when the check found the server back after a
@@ -283,13 +315,7 @@ class Outage:
             conn = await self._connect()
         except psycopg.Error as exc:
             if is_down(exc):
-                self.refused = None
-                self._silent = self._now() - started >= PROBE_AFTER
-                if self.since is None:
-                    # Down since it was first asked: a connection that timed out took
-                    # `connect_timeout` to tell, and that counts toward the grace.
-                    self.since = started
-                self.error = " ".join(str(exc).split()) or type(exc).__name__
+                self.found_down(started, exc)
             else:
                 self.since = None  # it answered: up, for whatever reason it refused us
                 self._silent = True  # a later outage is told by its own checks, as the first
