@@ -267,3 +267,58 @@ async def test_what_a_failed_read_folded_shows() -> None:
     with pytest.raises(so.RemoteError):
         await live.sync()
     assert (live.seq, live.requests["r1"].status) == (2, "settled")
+
+
+async def test_an_answer_to_a_request_asked_since_the_last_read_reads_it_first() -> None:
+    """r1 answered elsewhere (another tab, the dashboard), the turn asks r2, open on the
+    server; the view answering r2 before reading it raised `UnknownRequest` locally, the answer
+    not sent. It reads the stream first, then sends it; an id still unknown once read fails
+    here, nothing sent."""
+    remote = Remote([_asked(1, "r1")])
+    live = LiveSession(remote, "s1")
+    await live.sync()
+    resolved = {"request_id": "r1", "status": "settled", "outcome": "answered"}
+    remote.log += [_event(2, "input.resolved", resolved), _asked(3, "r2")]
+    await live.respond([{"request_id": "r2", "text": "order 8"}])
+    assert [[a.request_id for a in sent] for sent in remote.sent] == [["r2"]]
+    assert live.seq == 3
+    assert (live.requests["r1"].status, live.requests["r2"].status) == ("settled", "responded")
+    with pytest.raises(so.UnknownRequest):
+        await live.respond([{"request_id": "r9", "text": "order 8"}])
+    assert len(remote.sent) == 1  # still unknown once read: refused here
+
+
+async def test_a_live_view_answers_a_request_asked_after_it_was_opened(store_url: str) -> None:
+    """End to end on each store: the first approval answered through the client, the turn asks
+    a second; the view opened before it answers it as the client does (it raised
+    `UnknownRequest` without asking the server), and the turn completes."""
+    import httpx
+
+    from signoff.server import AsyncClient, TokenAuth, create_app
+    from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
+
+    from .test_server_common import TOKENS
+
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    steps = [call_tools(call("refund", order_id=n)) for n in ("1", "2")] + [reply("done")]
+    agent = scripted_agent("support", steps, tools=[refund])
+    async with so.Runtime([agent], store=store_url) as rt:
+        app = create_app(rt, auth=TokenAuth(TOKENS), sweep_every=None)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with AsyncClient("http://t", token="alice-token", transport=transport) as c:
+                r = await c.generate("support", "refund both")
+                live = await c.session(r.session_id)
+                approve = {"request_id": r.pending[0].id, "option_id": "approve"}
+                (second,) = (await c.respond(r.session_id, [approve])).pending
+                done = await live.respond([{"request_id": second.id, "option_id": "approve"}])
+                assert done.status == "completed"
+                assert [o.outcome for o in done.outcomes] == ["approved"]
+                assert live.requests[second.id].status == "responded"
+                assert [e.input["order_id"] for e in log.of("refund")] == ["1", "2"]

@@ -84,9 +84,11 @@ async def test_live_session_marks_answers_until_the_stream_confirms(base: str) -
         before = len(calls)
         with pytest.raises(so.RequestClosed):
             await live.respond([{"request_id": first, "option_id": "cancel"}])
+        assert len(calls) == before  # failed locally, no server call
         with pytest.raises(so.UnknownRequest):
             await live.respond([{"request_id": "req_typo", "option_id": "cancel"}])
-        assert len(calls) == before  # failed locally, no server call
+        # asked since the last read, it would be open: the stream is read, the answer not sent
+        assert calls[before:] == [f"GET /v1/sessions/{r.session_id}/events"]
 
         done = await live.respond([{"request_id": second, "option_id": "cancel"}])
         assert done.status == "completed"

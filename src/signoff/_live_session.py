@@ -1,6 +1,7 @@
 """`LiveSession`, the client-side reducer: it folds a session's stream into its requests; an
 answer it submits marks the request `responded` until the stream confirms it, and answering a
-request that is no longer open fails locally, the answer not sent.
+request that is no longer open fails locally, the answer not sent (one not read yet is read
+first).
 
 It reads and answers through any `SessionRemote` (`AsyncClient` is the one), so this module
 needs nothing of the client's and the client can make a `LiveSession` with no import cycle.
@@ -357,11 +358,12 @@ class LiveSession:
 
     async def respond(self, responses: Sequence[InputResponse | Mapping[str, Any]]) -> RemoteResult:
         """Answer requests; a request that is no longer open fails here, the answer not sent
-        (one shown closed only by what passed since it was read, once the stream is read again)."""
+        (one shown closed only by what passed since it was read, or not read yet, once the
+        stream is read again)."""
         answers = input_responses(responses)
         self._refresh()
         if self._overtaken(answers):
-            await self.sync()  # shown closed as far as read: the sessions may have gone on
+            await self.sync()  # shown closed or unread as far as read: the sessions went on
         if self._expired(self.clock()):  # as the server does, but for a turn a live drive runs on
             left = [i for i, r in self._recorded.items() if r.status in ("pending", "responded")]
             raise errors.SessionExpired(self.session_id, left)
@@ -400,12 +402,13 @@ class LiveSession:
 
     def _overtaken(self, answers: Sequence[InputResponse]) -> bool:
         """Whether the session, or a request answered, shows closed by what passed since it
-        was read (a TTL, a deadline, its subagent's), with nothing recorded that says so."""
+        was read (a TTL, a deadline, its subagent's), with nothing recorded that says so; or a
+        request answered was not read: asked since, it is open on the server."""
         if self._expired(self.clock()) and not self._lapsed:
             return True
         for a in answers:
             view, recorded = self.requests.get(a.request_id), self._recorded.get(a.request_id)
-            if view is not None and recorded is not None and view.status != recorded.status:
+            if view is None or recorded is None or view.status != recorded.status:
                 return True
         return False
 
