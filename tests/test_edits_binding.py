@@ -211,7 +211,11 @@ async def test_a_stale_answer_to_a_response_policy_tool_records_nothing(tmp_path
                 principal=BOB,
             )
         assert await store_contents(rt.store, sid) == before
-        assert calls == []  # refused before any candidate or policy
+        # No candidate: the policy only judged the decision (to refuse, it would have said so
+        # rather than the hash, test_response_policies), then the fault was told.
+        assert [(c.response.decision, c.response.edited_input) for c in calls] == [
+            ("approve", None)
+        ]
 
 
 # -- size: an edit is bounded like the call's result -----------------------------------------------

@@ -15,12 +15,15 @@ import pytest
 import signoff as so
 from signoff.testing import (
     ExecutionLog,
+    call,
+    call_tools,
     reply,
     scripted_agent,
     sqlite_runtime,
     store_contents,
 )
 
+from ._delegation import refund_desk
 from ._response_policies import (
     ALICE,
     BOB,
@@ -260,3 +263,140 @@ async def test_a_response_policy_that_is_falsy_still_decides(tmp_path: Path) -> 
         # The same refusal of the same person again is recorded once (test_refusals_repeated).
         assert lines(await events_of(rt, sid, head)) == REFUSED
         assert log.executions == []
+
+
+FAULTS: dict[str, dict[str, Any]] = {
+    "a stale input hash": {"input_hash": "sha256:" + "0" * 64},
+    "a deny with a stale input hash": {"option_id": "cancel", "input_hash": "sha256:0"},
+    "an edit of the wrong type": {"edited_input": {"tenant_id": "t1", "charge_id": 1, "amount": 5}},
+    "an edit over the bound": {
+        "edited_input": {"tenant_id": "t1", "charge_id": "c" * 1000, "amount": 5}
+    },
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize("settled", [False, True], ids=["open", "settled"])
+async def test_a_responder_the_policy_refuses_is_not_told_what_is_wrong_with_the_answer(
+    store_url: str, settled: bool, fault: str
+) -> None:
+    """Under a tenant guard, mallory's sound answer gets the policy's verdict, but her answer
+    with a stale input hash got `StaleAnswer` naming the hash the request is bound to, and her
+    edit of the wrong type (or over the tool's bound) `InvalidAnswer` naming the tool's schema
+    (its `max_result_bytes`), the request open or settled. She gets the verdict whatever her
+    answer, which the policy judges on its decision alone (no unsound edit reaches it), and
+    nothing is recorded for it; bob, whom the policy allows, is told the fault."""
+    log = ExecutionLog()
+    seen: list[tuple[str, Any]] = []
+
+    def guard(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        who = ctx.response.principal
+        seen.append(("" if who is None else who.principal_id, ctx.response.edited_input))
+        return tenant_guard(ctx)
+
+    spec = so.ApprovalSpec(request=so.always(), response=guard)
+    async with so.Runtime([refund_agent(log, spec, max_result_bytes=400)], store=store_url) as rt:
+        sid, req, _ = await asked(rt, ALICE)
+        sound = so.InputResponse(request_id=req.id, option_id="approve")
+        refused = await rt.respond(sid, [sound], principal=MALLORY)
+        [verdict] = refused.outcomes
+        assert (verdict.outcome, verdict.applied) == ("rejected", False)
+        if settled:
+            assert (await rt.respond(sid, [sound], principal=BOB)).status == "completed"
+        before = await store_contents(rt.store, sid)
+        answer = so.InputResponse(**{"request_id": req.id, "option_id": "approve", **FAULTS[fault]})
+        seen.clear()
+        r = await rt.respond(sid, [answer], principal=MALLORY)
+        assert r.outcomes == [verdict]
+        if not settled:  # nor through `generate(approvals=)`
+            decision = so.Decision(
+                id=req.id,
+                approved=answer.option_id == "approve",
+                edited_input=answer.edited_input,
+                input_hash=answer.input_hash,
+            )
+            r = await rt.generate(session_id=sid, approvals=[decision], auth=MALLORY)
+            assert r.outcomes == [verdict] and r.status == "waiting"
+        # An edit reaches the policy validated or not at all: the long one fits the schema,
+        # and its bound is checked for an open request only.
+        long = settled and fault == "an edit over the bound"
+        assert seen and all(who == "mallory" for who, _ in seen)
+        assert all((edited is not None) == long for _, edited in seen)
+        assert await store_contents(rt.store, sid) == before
+        assert req.action is not None
+        told: tuple[type[so.SignoffError], str] = {
+            "a stale input hash": (so.StaleAnswer, f"bound to {req.action.input_hash}"),
+            "a deny with a stale input hash": (so.StaleAnswer, "bound to sha256:"),
+            "an edit of the wrong type": (so.InvalidAnswer, "does not fit refund_charge's schema"),
+            "an edit over the bound": (so.InvalidAnswer, "max_result_bytes"),
+        }[fault]
+        if long:  # settled by bob with no edit
+            told = (so.ConflictingAnswer, "has other edited input")
+        with pytest.raises(told[0], match=told[1]):
+            await rt.respond(sid, [answer], principal=BOB)
+        assert await store_contents(rt.store, sid) == before
+        assert log.count() == (1 if settled else 0)
+
+
+@pytest.mark.parametrize("settled", [False, True], ids=["open", "settled"])
+async def test_through_a_mirror_a_refused_responder_is_not_told_what_is_wrong_either(
+    store_url: str, settled: bool
+) -> None:
+    """Through a parent's mirror of a subagent's approval, an answer of bob's (whom the
+    subagent's policy refuses) with a stale input hash or an edit of the wrong type got
+    `StaleAnswer` or `InvalidAnswer`, as on the subagent itself: it gets the verdict, neither
+    session changed; alice, whom it allows, is told the fault."""
+    only_alice = AllowList(["alice"])
+    async with so.Runtime(
+        refund_desk(so.ApprovalSpec(so.always(), only_alice), []), store=store_url
+    ) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        child = mirror.child
+        if settled:  # on the subagent's session, leaving the mirror open
+            sound = so.InputResponse(request_id=child.request_id, option_id="approve")
+            await rt.respond(child.session_id, [sound], principal=ALICE, resume=False)
+        sessions = (r.session_id, child.session_id)
+        before = [await store_contents(rt.store, sid) for sid in sessions]
+        faults: list[tuple[dict[str, Any], type[so.SignoffError]]] = [
+            ({"input_hash": "sha256:0"}, so.StaleAnswer),
+            ({"edited_input": {"order_id": []}}, so.InvalidAnswer),
+        ]
+        for given, fault in faults:
+            answer = so.InputResponse(request_id=mirror.id, option_id="approve", **given)
+            refused = await rt.respond(r.session_id, [answer], principal=BOB)
+            assert [(o.outcome, o.reason) for o in refused.outcomes] == [
+                ("rejected", "not on the allow-list")
+            ]
+            assert [await store_contents(rt.store, sid) for sid in sessions] == before
+            with pytest.raises(fault):
+                await rt.respond(r.session_id, [answer], principal=ALICE)
+            assert [await store_contents(rt.store, sid) for sid in sessions] == before
+
+
+async def test_approvals_leaving_a_request_open_are_partial_whatever_a_refused_answer(
+    store_url: str,
+) -> None:
+    """`generate(approvals=)` from mallory, whom the tenant guard refuses, answering one of two
+    open approvals raises `PartialAnswer` (before the policy judges her sound answer): so does
+    it when her answer has a stale input hash, which got `StaleAnswer` naming the bound hash."""
+    spec = so.ApprovalSpec(request=so.always(), response=tenant_guard)
+
+    @so.tool(approval=spec)
+    async def refund_charge(tenant_id: str, charge_id: str) -> str:
+        """Refund a charge."""
+        return charge_id
+
+    calls = [call("refund_charge", tenant_id="t1", charge_id=c) for c in ("ch_1", "ch_2")]
+    agent = scripted_agent("billing", [call_tools(*calls), reply("done")], tools=[refund_charge])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund both", auth=ALICE)
+        first, second = r.pending
+        before = await store_contents(rt.store, r.session_id)
+        for stale in (None, "sha256:0"):
+            decision = so.Decision(id=first.id, approved=True, input_hash=stale)
+            with pytest.raises(so.PartialAnswer) as partial:
+                await rt.generate(session_id=r.session_id, approvals=[decision], auth=MALLORY)
+            assert partial.value.request_ids == [second.id]
+        assert await store_contents(rt.store, r.session_id) == before

@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._agent import Limits
+from ._ask import answered as question_result
+from ._ask import echoes_answers
 from ._exceptions import InvalidAnswer, PartialAnswer
 from ._tool_json import over_limit, result_bound
 from ._tools import Tool
@@ -16,7 +18,7 @@ from ._types import MAX_ANSWERS, InputRequest
 if TYPE_CHECKING:
     from ._state import SessionState
 
-__all__ = ["answer_bound", "check_all_answered", "check_count", "check_size"]
+__all__ = ["answer_bound", "check_all_answered", "check_bounds", "check_count", "check_size"]
 
 _IN_BATCHES = "answer them with respond() in batches, over HTTP POST /v1/sessions/{}/responses"
 
@@ -41,6 +43,28 @@ def check_size(request: InputRequest, what: str, value: Any, limit: int) -> None
     )
     if why is not None:
         raise InvalidAnswer(why, [request.id])
+
+
+def check_bounds(
+    request: InputRequest, tool: Tool | None, wanted: dict[str, Any], limits: Limits
+) -> None:
+    """Refuse an answer to the open `request` whose free text, value or edit (in `wanted`, its
+    resolution) is over the bound of the result it becomes (`check_size`)."""
+    text = (wanted.get("answer") or {}).get("text")
+    if text is not None and (tool is not None or request.source == "ask"):
+        # A free-text answer is bounded as its question is, by the tool's result:
+        # `ask_question` returns it whole, a tool's own `ctx.ask` as it likes.
+        if tool is not None:
+            echoed = echoes_answers(tool)
+        else:  # unknown under the default bound, which records neither: stricter
+            echoed = request.echoes_answer or request.max_result_bytes is None
+        shown = question_result(text) if echoed else text
+        check_size(request, "answer", shown, answer_bound(request, tool, limits))
+    if wanted.get("value") is not None:
+        # The decision on a tool's own approval is its call's result, value and all.
+        check_size(request, "value", wanted["value"], answer_bound(request, tool, limits))
+    if wanted.get("edited_input") is not None and tool is not None:
+        check_size(request, "edited input", wanted["edited_input"], result_bound(tool, limits))
 
 
 def check_count(session_id: str, count: int, *, require_all: bool) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import _mirrors
-from ._answer_sizes import answer_bound, check_all_answered, check_count, check_size
+from ._answer_sizes import check_all_answered, check_bounds, check_count
 from ._answers import Reply as _Reply
 from ._answers import check_decided as _check_decided
 from ._answers import check_principal, input_responses
@@ -18,8 +18,6 @@ from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
 from ._approval import ApprovalContext, Verdict
-from ._ask import answered as question_result
-from ._ask import echoes_answers
 from ._call_guards import closes_stop
 from ._candidates import Candidates, already_counted
 from ._counts import counted_answers, refused_only, settled_before_raising
@@ -38,6 +36,7 @@ from ._exceptions import (
     InvalidAnswer,
     RequestClosed,
     SessionExpired,
+    StaleAnswer,
     StoreError,
     UnknownRequest,
 )
@@ -239,6 +238,7 @@ class Answering(Candidates):
             edits: list[tuple[Tool, InputRequest, dict[str, Any], bool]] = []  # to review
             verdicts: dict[str, ResponseVerdict] = {}  # the response policy's, on edits
             turn_id = None
+            refused_open = False  # an open request's answer its policy refused before its fault
             for reply in answers:
                 rid = reply.request_id
                 live = state.requests.get(rid)
@@ -257,7 +257,22 @@ class Answering(Candidates):
                     _check_decided(request)
                 tool = agent.tools.get(request.tool_name or "")
                 await self._may_not_answer(request, status, tool, reply, principal)
-                wanted = _resolution(request, reply, tool)
+                try:
+                    wanted = _resolution(request, reply, tool)
+                    if status == "pending":
+                        check_bounds(request, tool, wanted, agent.limits)
+                except (InvalidAnswer, StaleAnswer):
+                    # A response policy's refusal comes first, not the fault: judged on the
+                    # answer's decision alone, as neither its edit nor its hash is sound.
+                    refused = None
+                    if reply.option_id in ("approve", "cancel"):  # else it names no decision
+                        bare = {"decision": reply.option_id}
+                        refused = await self._policy_refusal(state, request, bare, principal)
+                    if refused is None:
+                        raise
+                    outcomes.append(refused)
+                    refused_open |= status == "pending"  # as a sound answer's refusal is
+                    continue
                 if status != "pending" and live is not None and request.kind == "tool-approval":
                     # The stored resolution holds the edited input the fold leaves out.
                     stored = await self.store.get_request(rid)
@@ -266,7 +281,7 @@ class Answering(Candidates):
                 if status != "pending":
                     # Who could not have answered it open is refused as then, not told how (or
                     # whether) it was settled.
-                    verdict = await self._closed_refusal(state, request, wanted, principal)
+                    verdict = await self._policy_refusal(state, request, wanted, principal)
                     if verdict is not None:
                         outcomes.append(verdict)
                         continue
@@ -284,25 +299,7 @@ class Answering(Candidates):
                         raise
                     continue
                 gate = is_gated(request, tool)
-                text = (wanted.get("answer") or {}).get("text")
-                if text is not None and (tool is not None or request.source == "ask"):
-                    # A free-text answer is bounded as its question is, by the tool's result:
-                    # `ask_question` returns it whole, a tool's own `ctx.ask` as it likes.
-                    limit = answer_bound(request, tool, agent.limits)
-                    if tool is not None:
-                        echoed = echoes_answers(tool)
-                    else:  # unknown under the default bound, which records neither: stricter
-                        echoed = request.echoes_answer or request.max_result_bytes is None
-                    shown = question_result(text) if echoed else text
-                    check_size(request, "answer", shown, limit)
-                if wanted.get("value") is not None:
-                    # The decision on a tool's own approval is its call's result, value and all.
-                    limit = answer_bound(request, tool, agent.limits)
-                    check_size(request, "value", wanted["value"], limit)
                 edited = tool if wanted.get("edited_input") is not None else None
-                if edited is not None:
-                    limit = result_bound(edited, agent.limits)
-                    check_size(request, "edited input", wanted["edited_input"], limit)
                 if gate and wanted["decision"] == "approve" and voted(request, principal):
                     # Counted already: a no-op, as without a response policy, which need not
                     # judge it again (nor a candidate be recorded, to be closed at once).
@@ -319,7 +316,7 @@ class Answering(Candidates):
                 turn_id = request.turn_id
             if unknown:
                 raise UnknownRequest(session_id, unknown)
-            if require_all and (settling or gated):  # a call that only repeats is a no-op
+            if require_all and (settling or gated or refused_open):  # one only repeating: no-op
                 check_all_answered(state, ids)
             if check_only and not review:
                 return []
@@ -527,7 +524,8 @@ class Answering(Candidates):
     ) -> None:
         """Raise `NotAllowed` if `principal` may not answer `request` (open, or closed: as they
         could not have answered it open), before anything is said of the answer `reply` (an edit
-        of the wrong type, a stale input hash); a response policy decides once it sees it."""
+        of the wrong type, a stale input hash); a response policy decides once it sees it, or
+        (judging its decision alone) before that fault is told."""
         if status != "pending":
             refused = await refusal(self.agents, self.store, request, principal)
             if refused is not None:
@@ -542,18 +540,18 @@ class Answering(Candidates):
         else:
             authorize(request, principal)
 
-    async def _closed_refusal(
+    async def _policy_refusal(
         self,
         state: SessionState,
         request: InputRequest,
         wanted: dict[str, Any],
         principal: Principal | None,
     ) -> Outcome | None:
-        """The response policy's verdict on `principal`'s answer to the closed `request`, who
-        may answer it by the other rules (`_may_not_answer`), returned as it would have been
-        recorded open (not recorded for a closed one); None if they could have answered it. A
-        mirror is judged on the subagent's request it stood for, under the subagent's tool and
-        state."""
+        """The response policy's verdict on `principal`'s answer `wanted` to `request`, closed or
+        unable to settle it (judged on its decision alone), who may answer it by the other rules
+        (`_may_not_answer`), returned as it would have been recorded for a sound answer to it
+        open, but not recorded; None if they could have answered it. A mirror is judged on the
+        subagent's request it stood for, under the subagent's tool and state."""
         decided = await deciding(self.store, request)
         agent = self.agents.get(decided.agent)
         tool = None if agent is None else agent.tools.get(decided.tool_name or "")

@@ -71,7 +71,8 @@ class RequestInfo:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResponseInfo:
-    """The submitted decision, who submitted it, and the edited input (validated) if any."""
+    """The submitted decision, who submitted it, and the edited input (validated) if any: None
+    for an answer judged before its fault is told (an edit of the wrong type, a stale hash)."""
 
     decision: Literal["approve", "cancel"]
     principal: Principal | None
