@@ -99,3 +99,66 @@ def test_edit_changed_names_the_first_change() -> None:
     assert edit_changed({"d": 1}, form) == (("d",), True, False)  # 1 is not true
     assert edit_changed({"a": [1]}, form) == (("a",), form["a"], False)
     assert edit_changed({"x": 1}, form) == (("x",), None, True)
+
+
+@so.tool(approval=so.always())
+async def notify(
+    order_ids: Annotated[list[int], AfterValidator(sorted)],
+    groups: dict[str, frozenset[int]] = {},  # noqa: B006 - pydantic copies it
+) -> str:
+    """Notify."""
+    ran.append((order_ids, groups))
+    return "ok"
+
+
+async def _notify(tmp_path: Path, edit: dict[str, Any]) -> None:
+    """Propose a notification, approve it with `edit`: raises what the answer raised."""
+    ran.clear()
+    proposed = {"order_ids": [1]}
+    agent = scripted_agent(
+        "a",
+        [call_tools(so.ToolCall(id="c1", name="notify", input=proposed)), reply("done")],
+        tools=[notify],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        answer = so.Decision(id=req.id, approved=True, edited_input=edit)
+        assert (
+            await rt.generate(session_id=r.session_id, approvals=[answer], auth=ALICE)
+        ).status == "completed"
+
+
+@pytest.mark.parametrize(("edit", "first"), [([3, 1, 2], 1), ([10, 9], 9)])
+async def test_a_list_a_validator_reorders_is_refused(
+    tmp_path: Path, edit: list[int], first: int
+) -> None:
+    """A `list[int]` its validator sorts: `[3, 1, 2]` ran as `[1, 2, 3]`, taken for a set's
+    items in JSON text's order, where `[10, 9]` (whose numbers' order is not that) was refused.
+    A list's order is its own: both are refused."""
+    changed = f"the edit's 'order_ids.0' comes out as {first}, not as the edit gives it"
+    with pytest.raises(so.InvalidAnswer, match=re.escape(changed)):
+        await _notify(tmp_path, {"order_ids": edit})
+    assert ran == []
+
+
+async def test_a_sets_items_in_a_dict_may_come_in_any_order(tmp_path: Path) -> None:
+    await _notify(tmp_path, {"order_ids": [2, 7], "groups": {"vip": [3, 1, 2], "new": []}})
+    assert ran == [([2, 7], {"vip": frozenset({1, 2, 3}), "new": frozenset()})]
+
+
+def test_edit_changed_takes_a_sorted_list_for_a_sets_items_only() -> None:
+    from signoff._tool_json import edit_changed
+
+    class Input(BaseModel):
+        ids: list[int]
+        tags: set[int]
+
+    validated = Input(ids=[1, 2, 3], tags={1, 2, 3})
+    form = {"ids": [1, 2, 3], "tags": [1, 2, 3]}
+    assert edit_changed({"ids": [1, 2, 3], "tags": [3, 1, 2]}, form, validated) is None
+    assert edit_changed({"ids": [3, 1, 2], "tags": [1, 2, 3]}, form, validated) == (
+        ("ids", 0),
+        1,
+        False,
+    )

@@ -403,9 +403,11 @@ def edit_changed(
     (`form`) holds, the form's value there (for a dropped key, the name the form shows it by,
     if it is a field's own name), and whether the form dropped that key: a validator that
     changed a value (`min(v, 1000)`), a model that ignored a misspelt key. Keys the edit leaves
-    out are the form's to fill; a list the form holds sorted as a set's items are is the same.
-    A computed field of a model (in `validated`, the edit validated) is no input: the form
-    shows it anew, so the edit's own (the stale one a dashboard posts back) is not compared."""
+    out are the form's to fill; a list may come back sorted as a set's items are only where
+    `validated` holds a set (or nothing to tell by: inside a set's items), so one a validator
+    sorts is changed. A computed field of a model (in `validated`, the edit validated) is no
+    input: the form shows it anew, so the edit's own (the stale one a dashboard posts back) is
+    not compared."""
     stack: list[tuple[Any, Any, Any, tuple[str | int, ...]]] = [(given, form, validated, ())]
     while stack:
         one, shown, value, where = stack.pop()
@@ -424,7 +426,7 @@ def edit_changed(
                 )
             )
         elif isinstance(one, list) and isinstance(shown, list) and len(one) == len(shown):
-            if _as_set(one, shown):
+            if (value is None or isinstance(value, set | frozenset)) and _as_set(one, shown):
                 continue
             inner = value if isinstance(value, list | tuple) and len(value) == len(one) else None
             pairs = enumerate(zip(one, shown, strict=True))
