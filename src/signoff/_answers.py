@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
-from pydantic_core import PydanticSerializationError
 
+from ._answer_edits import MAX_DEPTH, check_depth, edited_input, first_problems
 from ._events import EventType
 from ._exceptions import (
     ConflictingAnswer,
@@ -21,12 +21,13 @@ from ._exceptions import (
 )
 from ._option_names import how_to_choose, match_option, named_options
 from ._results import Outcome
-from ._text import cut, is_blank
-from ._tool_json import copied, edit_changed, holds_mask, key_not_text, nests_deeper, unlike
+from ._text import is_blank
+from ._tool_json import copied, key_not_text, nests_deeper
 from ._tools import Tool
 from ._types import Decision, InputRequest, InputResponse, Principal, same_json
 
 __all__ = [
+    "MAX_DEPTH",
     "MAX_PRINCIPAL_BYTES",
     "MAX_TEXT_BYTES",
     "Reply",
@@ -93,9 +94,10 @@ def check_unambiguous(request: InputRequest, text: str) -> None:
 def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) -> dict[str, Any]:
     """What settling `request` with `reply` records; raises InvalidAnswer for a bad reply.
 
-    An approval may carry `edited_input` (validated against the tool's schema); any answer may
-    carry the `input_hash` the reviewer saw, and one that is not the hash of the call the request
-    is bound to means the reviewer looked at another call: it is refused as stale.
+    An approval may carry `edited_input` (validated against the tool's schema, and none where
+    it is the call as proposed); any answer may carry the `input_hash` the reviewer saw, and
+    one that is not the hash of the call the request is bound to means the reviewer looked at
+    another call: it is refused as stale.
     """
     rid = request.id
     if request.kind == "tool-approval":
@@ -112,32 +114,7 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
         if reply.edited_input is not None:
             if reply.option_id != "approve":
                 raise InvalidAnswer(f"request {rid}: edited input only goes with approve", [rid])
-            if tool is None or request.source == "tool":
-                raise InvalidAnswer(f"request {rid}: this approval takes no edited input", [rid])
-            if request.approvers > 1:
-                # Each approver must approve the same call: one of them may not change it alone.
-                raise InvalidAnswer(
-                    f"request {rid} needs {request.approvers} approvers, who all approve the call "
-                    "as proposed: it takes no edited input",
-                    [rid],
-                )
-            _check_edit_as_given(rid, reply.edited_input)
-            try:
-                validated = tool.validate(reply.edited_input)
-                edited = tool.approved_form(validated)
-            except ValidationError as exc:
-                problems = _first_problems(exc)
-                raise InvalidAnswer(
-                    f"request {rid}: edited input does not fit {tool.name}'s schema: {problems}",
-                    [rid],
-                ) from None
-            except PydanticSerializationError as exc:
-                raise InvalidAnswer(
-                    f"request {rid}: validated, the edited input has no JSON form to record: {exc}",
-                    [rid],
-                ) from None
-            _check_edit_kept(rid, tool, validated, edited)
-            _check_edit_unchanged(rid, tool, reply.edited_input, edited, validated)
+            edited = edited_input(request, reply.edited_input, tool)
         approve = reply.option_id == "approve"
         out: dict[str, Any] = {
             "outcome": "approved" if approve else "cancelled",
@@ -263,7 +240,7 @@ def check_principal(value: object, name: str) -> Principal | None:
             # too, and each read of them failed (the session stuck running, an answer lost).
             value = Principal.model_validate({f: getattr(value, f) for f in Principal.model_fields})
     except ValidationError as exc:
-        raise UsageError(f"{name} is not a valid so.Principal: {_first_problems(exc)}") from None
+        raise UsageError(f"{name} is not a valid so.Principal: {first_problems(exc)}") from None
     problem = blank_identity(value)
     if problem is not None:
         raise UsageError(f"{name} names no one: {problem}")
@@ -311,106 +288,11 @@ def blank_identity(principal: Principal) -> str | None:
     return None
 
 
-MAX_DEPTH = 100
-"""How deeply an answer's value or edited input may nest (lists and objects)."""
-
-
-def _check_depth(rid: str, value: Any) -> None:
-    """Refuse `value` (an answer's value, an edit) if it nests deeper than `MAX_DEPTH` levels,
-    or holds a key that is not text: recorded as JSON, `{1: "a"}` would reach the run as it is
-    and a resumed run as `{"1": "a"}` (and `{1: "a", "1": "b"}` would lose a key)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (list, tuple, dict)):
-            if depth > MAX_DEPTH:
-                raise InvalidAnswer(
-                    f"request {rid}: the answer's value nests deeper than {MAX_DEPTH} levels", [rid]
-                )
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
-    problem = key_not_text(value)
-    if problem is not None:
-        raise InvalidAnswer(
-            f"request {rid}: the answer is not plain JSON: its {problem}; JSON keys are text",
-            [rid],
-        )
-
-
-def _check_edit_kept(rid: str, tool: Tool, validated: BaseModel, edited: dict[str, Any]) -> None:
-    """Refuse an edit the call would not run with: the recorded edit (the JSON form of the
-    `validated` edit) is validated again when the call runs, and must come out the same, as
-    JSON and as the tool gets it (a validator that changes a value would not, nor a value the
-    form leaves out or shows otherwise: a serializer's mask), holding no secret's mask (which
-    would run as the mask)."""
-    try:
-        again = tool.validate(edited)
-        form = None if holds_mask(again) else tool.approved_form(again)
-    except (ValidationError, PydanticSerializationError):
-        again, form = None, None
-    if form != edited:
-        raise InvalidAnswer(
-            f"request {rid}: {tool.name}'s input cannot be edited: validated again, the edit "
-            "does not come out as it went in (a masked secret, or a validator that changes "
-            "its value), so the call could not run with it",
-            [rid],
-        )
-    found = unlike(validated, again, edited)
-    if found is not None:
-        where = ".".join(str(part) for part in found[0]) or "the input"
-        raise InvalidAnswer(
-            f"request {rid}: {tool.name}'s input cannot be edited: its JSON form, which is "
-            f"recorded and runs, shows {where!r} otherwise than the edit gives it (a serializer "
-            "that shows less than the value), so the call would not run with the edit",
-            [rid],
-        )
-
-
-def _check_edit_unchanged(
-    rid: str, tool: Tool, given: Any, edited: dict[str, Any], validated: BaseModel | None = None
-) -> None:
-    """Refuse an edit that validation changed (`edit_changed`): the reviewer approved what they
-    gave, and the call would run with something else, recorded as if they had approved it."""
-    found = edit_changed(given, edited, validated)
-    if found is None:
-        return
-    loc, shown, dropped = found
-    where = ".".join(str(part) for part in loc) or "the input"
-    if dropped and shown is not None:
-        raise InvalidAnswer(
-            f"request {rid}: the edit's {where!r} is {tool.name}'s field shown as {shown!r} in "
-            f"the form, which is recorded and binds the approval: edit it by that name",
-            [rid],
-        )
-    if dropped:
-        what = "is dropped (a key the tool does not take)"
-    else:
-        what = f"comes out as {cut(json.dumps(shown), 100)}, not as the edit gives it"
-    raise InvalidAnswer(
-        f"request {rid}: validated, the edit's {where!r} {what}: {tool.name} would run with "
-        "other input than approved; edit it to the value it takes",
-        [rid],
-    )
-
-
-def _check_edit_as_given(rid: str, edited: Any) -> None:
-    """Refuse an edit pydantic would not refuse by name: one nested too deeply (its serializer
-    raises a bare ValueError), holding a lone surrogate (it turns a key's into U+FFFD) or an
-    integer past Python's digit limit (no JSON text holds it)."""
-    _check_depth(rid, edited)
-    try:
-        json.dumps(edited, ensure_ascii=False, default=str).encode()
-    except ValueError as exc:  # UnicodeEncodeError is one
-        raise InvalidAnswer(
-            f"request {rid}: the answer is not plain JSON text: {exc}", [rid]
-        ) from None
-
-
 def _check_json(rid: str, resolution: dict[str, Any]) -> None:
     """What is recorded must be plain JSON: no NaN or infinity, nothing unserialisable, text
     that is valid Unicode, nested at most `MAX_DEPTH` levels, so every reader can parse it."""
-    _check_depth(rid, resolution.get("value"))
-    _check_depth(rid, resolution.get("edited_input"))
+    check_depth(rid, resolution.get("value"))
+    check_depth(rid, resolution.get("edited_input"))
     try:
         size = len(json.dumps(resolution, allow_nan=False, ensure_ascii=False).encode())
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError (a lone surrogate) is one
@@ -513,22 +395,6 @@ def settlement_events(
     ]
 
 
-SHOWN_PROBLEMS = 10
-"""How many of an edit's schema problems a refusal names: one with thousands of unknown keys
-made a refusal twice the size of the body, and took seconds to write."""
-
-
-def _first_problems(exc: ValidationError) -> str:
-    """The first `SHOWN_PROBLEMS` problems of `exc`, and how many more there are."""
-    errors = exc.errors(include_url=False, include_context=False, include_input=False)
-    shown = "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}"
-        for e in errors[:SHOWN_PROBLEMS]
-    )
-    more = len(errors) - SHOWN_PROBLEMS
-    return shown if more <= 0 else f"{shown}; and {more} more"
-
-
 def decisions(approvals: Iterable[Decision | Mapping[str, Any]]) -> list[Decision]:
     if isinstance(approvals, (str, bytes, Mapping, Decision)) or not isinstance(
         approvals, Iterable
@@ -582,7 +448,7 @@ def input_responses(responses: Iterable[InputResponse | Mapping[str, Any]]) -> l
         except ValidationError as exc:
             rid = raw.get("request_id") if isinstance(raw, Mapping) else None
             raise InvalidAnswer(
-                f"response #{i + 1} is malformed: {_first_problems(exc)}",
+                f"response #{i + 1} is malformed: {first_problems(exc)}",
                 [rid] if isinstance(rid, str) else [],
             ) from None
     if not out:

@@ -29,13 +29,13 @@ from .._exceptions import (
 )
 from .._prompts import check_prompt
 from .._text import NOTHING_SAID, is_blank
-from .._types import InputRequest, InputResponse, Principal, same_json
+from .._types import InputRequest, InputResponse, Principal
 from ..stores import PendingFilter
 from ._auth import DASHBOARD_PREFIX
 from ._context import get_context
+from ._dashboard_edits import edit_recorded, posted_edit
 from ._errors import public_message
 from ._forms import Refusal, form_key, form_token
-from ._json_body import RepeatedKey, unique_keys
 from ._login import return_to
 from ._message_page import dashboard_error, form_fault, message_page, refused, wants_json
 from ._notes import (
@@ -171,11 +171,9 @@ async def respond(request: Request, request_id: str) -> Response:
         raw = (fields.get("edited_input") or "").strip()
         if option == "approve" and raw and action is not None:
             try:
-                parsed = _edited_arguments(raw)
+                edited = posted_edit(stored.request, raw)
             except InvalidAnswer as exc:
                 return await form_fault(request, stored.request, viewer, exc)
-            if not same_json(parsed, action.input):  # `true` for `1` is an edit
-                edited = parsed
     answer = InputResponse(
         request_id=request_id,
         option_id=option,
@@ -200,6 +198,8 @@ async def respond(request: Request, request_id: str) -> Response:
         reason = text if stored.request.kind == "tool-approval" else None
         already = await answered_by_another(ctx, request_id, viewer, reason)
     if wants_json(request):
+        took_edit = edited is not None and outcome == "approved"
+        took_edit = took_edit and await edit_recorded(ctx, request_id)
         return JSONResponse(
             {
                 "ok": True,
@@ -209,7 +209,7 @@ async def respond(request: Request, request_id: str) -> Response:
                 "session_id": session_id,
                 "status": result.status,
                 "text": _utf8(result.text),
-                "edited": edited is not None,
+                "edited": took_edit,
                 "already_by": already,
             }
         )
@@ -222,21 +222,6 @@ async def respond(request: Request, request_id: str) -> Response:
         return await message_page(request, 200, "Already answered", message)
     # The page the form was on, by the sign-in form's rule: no path that leaves the dashboard.
     return RedirectResponse(return_to(fields.get("next")) or DASHBOARD_PREFIX, status_code=303)
-
-
-def _edited_arguments(raw: str) -> dict[str, Any]:
-    """The arguments a reviewer typed, as one JSON object; `InvalidAnswer` if they are not."""
-    try:  # a key typed twice would silently mean its last value: refused
-        parsed = json.loads(raw, object_pairs_hook=unique_keys)
-    except RepeatedKey as exc:
-        raise InvalidAnswer(f"the edited arguments are ambiguous: {exc}") from None
-    except RecursionError:  # absurd nesting: the parser's own words name Python's stack
-        raise InvalidAnswer("the edited arguments are not JSON: nested too deeply") from None
-    except ValueError as exc:
-        raise InvalidAnswer(f"the edited arguments are not JSON: {exc}") from None
-    if not isinstance(parsed, dict):
-        raise InvalidAnswer("the edited arguments must be a JSON object")
-    return parsed
 
 
 @router.get("/requests/{request_id}/input")
