@@ -12,7 +12,7 @@ import pytest
 import signoff as so
 from signoff import _mirrors
 from signoff.cli._events import _summary as cli_summary
-from signoff.server._page_data import _summary as page_summary
+from signoff.server._trace_summary import summary as page_summary
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent, store_contents
 from tests._server_api import in_process
 from tests._subagents import Counted, refund_agents

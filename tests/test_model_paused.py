@@ -18,7 +18,7 @@ from signoff._paused_parts import paused_parts as _parts
 from signoff._state import fold
 from signoff.cli._events import _summary as cli_line
 from signoff.models import ModelRequest, PausedPart
-from signoff.server._page_data import _summary as trace_line
+from signoff.server._trace_summary import summary as trace_line
 from signoff.testing import sqlite_runtime
 
 from .test_docs_events import rows
