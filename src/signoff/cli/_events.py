@@ -82,8 +82,7 @@ def _summary(event: Event, tools: Tools = None) -> str:
     if t == "tool.step":
         return f"{d.get('tool_name')} step {d.get('name')} -> {compact_json(d.get('result'))}"
     if t == "approval.candidate":
-        by = (d.get("by") or {}).get("principal_id", "-")
-        return f"{d.get('request_id')} {d.get('decision')} by {by}: {d.get('outcome')}"
+        return _candidate(d)
     if t == "tool.completed":
         return tool_line(d)
     if t == "input.requested":
@@ -94,14 +93,14 @@ def _summary(event: Event, tools: Tools = None) -> str:
     if t == "turn.waiting":
         return f"on {d.get('on')}: {', '.join(d.get('request_ids', []))}"
     if t == "approval.settled":
-        by = (d.get("by") or {}).get("principal_id", "-")
+        if d.get("auto") == "timeout":  # no one approved it: its reason says as much again
+            return f"{d.get('request_id')} approved automatically when the deadline passed"
         why = f" ({d['reason']})" if d.get("reason") else ""
-        return f"{d.get('request_id')} {d.get('decision')} by {by}{why}"
+        return f"{d.get('request_id')} {d.get('decision')} by {_by(d)}{why}"
     if t == "input.resolved":
         return f"{d.get('request_id')} {d.get('outcome')}"
     if t == "input.repeated":
-        by = (d.get("by") or {}).get("principal_id", "-")
-        return f"{d.get('request_id')} answered again by {by} (nothing changed)"
+        return f"{d.get('request_id')} answered again by {_by(d)} (nothing changed)"
     if t == "turn.completed":
         return str(d.get("text", ""))  # the answer is the model.completed line before it
     if t == "turn.failed":
@@ -110,6 +109,24 @@ def _summary(event: Event, tools: Tools = None) -> str:
     if t == "turn.cancelled":
         return str(d.get("reason") or "")
     return ""
+
+
+def _by(d: Mapping[str, Any]) -> str:
+    """Who an event's `by` names: a principal's id, or `-` for the application (no one)."""
+    by = d.get("by")
+    return str(by.get("principal_id", "-")) if isinstance(by, dict) else "-"
+
+
+def _candidate(d: Mapping[str, Any]) -> str:
+    """An `approval.candidate`: a deadline's escalation (to a group, no answer in it), or an
+    answer's step: awaiting its response policy, refused by it, a quorum's vote, or stale."""
+    why = f" ({d['reason']})" if d.get("reason") else ""
+    if d.get("outcome") == "escalated":
+        return f"{d.get('request_id')} escalated to {d.get('to')}{why}"
+    said = f"{d.get('request_id')} {d.get('decision')} by {_by(d)}: {d.get('outcome')}"
+    if d.get("outcome") == "counted":
+        return f"{said} ({d.get('votes')} of {d.get('needed')})"
+    return said + why
 
 
 class _Failing:

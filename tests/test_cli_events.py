@@ -1,0 +1,95 @@
+"""What `signoff events` prints for each event of the approvals: a deadline's escalation and
+approval, a quorum's vote and a response policy's refusal, each in words, not `None by -`."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+import signoff as so
+from signoff.cli import app
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+
+ALICE = so.Principal(authenticator="token", principal_id="alice")
+
+
+def _finance_only(ctx: so.ResponseContext) -> so.Rejected:
+    return so.Rejected("only finance approves payouts")
+
+
+@so.tool(approval=so.always(expires_in=60, on_timeout="escalate", escalate_to="finance"))
+async def escalated(x: str) -> str:
+    """Handed to finance when no one decides in time."""
+    return "ran"
+
+
+@so.tool(approval=so.always(expires_in=60, on_timeout="approve"))
+async def lapsed(x: str) -> str:
+    """Approved when no one decides in time."""
+    return "ran"
+
+
+@so.tool(approval=so.always(approvers=2))
+async def paired(x: str) -> str:
+    """Needs two approvals."""
+    return "ran"
+
+
+@so.tool(approval=so.ApprovalSpec(request=so.always(), response=_finance_only))
+async def guarded(x: str) -> str:
+    """Only finance may approve it."""
+    return "ran"
+
+
+async def _session(url: str) -> tuple[str, dict[str, str]]:
+    """A session whose four calls wait; one vote of two counted, one answer refused, then the
+    deadline passes: one escalated, one approved. Returns it and its requests by tool."""
+    clock = ManualClock()
+    calls = [call(name, x="1") for name in ("escalated", "lapsed", "paired", "guarded")]
+    agent = scripted_agent(
+        "desk",
+        [call_tools(*calls), reply("done")],
+        tools=[escalated, lapsed, paired, guarded],
+    )
+    async with so.Runtime([agent], store=url, clock=clock) as rt:
+        parked = await rt.generate("desk", prompt="go", auth=ALICE)
+        ids = {str(r.tool_name): r.id for r in parked.pending}
+        for tool in ("paired", "guarded"):
+            answer = so.InputResponse(request_id=ids[tool], option_id="approve")
+            await rt.respond(parked.session_id, [answer], principal=ALICE)
+        clock.advance(61)
+        await rt.expire_due()
+    return parked.session_id, ids
+
+
+def test_events_says_what_a_deadline_a_quorum_and_a_response_policy_did(
+    tmp_path: Path,
+) -> None:
+    """An escalation printed `approval.candidate req_… None by -: escalated`, naming no group
+    (it carries `to`, no decision and no one); a deadline's approval read as approved `by -`, as
+    the application's would; a quorum's vote said not how many had voted, and a response
+    policy's refusal not why. Each says so now, in the channels' words."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    session_id, ids = asyncio.run(_session(url))
+    shown = CliRunner().invoke(app, ["events", session_id, "--store", url])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.stdout.splitlines()
+
+    def said(kind: str, tool: str) -> list[str]:
+        """What the lines of `kind` naming `tool`'s request say after the request's id."""
+        shape = re.compile(rf" {re.escape(kind)} +{ids[tool]} (.*)$")
+        return [m.group(1) for m in map(shape.search, lines) if m]
+
+    assert said("approval.candidate", "escalated") == [
+        "escalated to finance (no one decided before the deadline)"
+    ]
+    assert said("approval.settled", "lapsed") == ["approved automatically when the deadline passed"]
+    assert said("approval.candidate", "paired") == ["approve by alice: counted (1 of 2)"]
+    assert said("approval.candidate", "guarded") == [
+        "approve by alice: pending",
+        "approve by alice: rejected (only finance approves payouts)",
+    ]
+    assert "None" not in shown.stdout
