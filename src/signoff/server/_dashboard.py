@@ -31,6 +31,7 @@ from .._prompts import check_prompt
 from .._text import NOTHING_SAID, is_blank
 from .._types import InputRequest, InputResponse, Principal
 from ..stores import PendingFilter
+from ._audit_rows import audit_row
 from ._auth import DASHBOARD_PREFIX
 from ._context import get_context
 from ._dashboard_edits import edit_recorded, posted_edit
@@ -540,24 +541,7 @@ async def audit_page(request: Request) -> Response:
             viewer, PendingFilter(status=status, limit=end - begin, offset=begin)
         )
     newest = list(reversed(chunk))
-    entries = []
-    for r in newest:
-        stored = await ctx.runtime.store.get_request(r.id)
-        resolution = (stored.resolution if stored else None) or {}
-        # Cut, as the answer is: a reason of megabytes made a page of megabytes.
-        reason = _cut(resolution.get("reason"))
-        entries.append(
-            {
-                "request": r,
-                "outcome": stored.outcome if stored else None,
-                "by": resolution.get("by"),
-                "reason": reason,
-                "reason_cut": reason != resolution.get("reason"),  # the rest a link away
-                "answer": _answer(resolution),
-                # The arguments an approver ran the call with instead of those proposed.
-                "edited": resolution.get("edited_input"),
-            }
-        )
+    entries = [audit_row(r, await ctx.runtime.store.get_request(r.id)) for r in newest]
     return await render(
         "audit.html",
         request,
@@ -571,18 +555,3 @@ async def audit_page(request: Request) -> Response:
             pages=pages,
         ),
     )
-
-
-def _answer(resolution: dict[str, Any]) -> str | None:
-    """What a person answered, as the audit shows it: a question's answer (kept under
-    `answer`), else a decision's value; text as it is, other JSON as JSON, cut at 300."""
-    answer = resolution.get("answer")
-    return _cut(answer.get("value") if isinstance(answer, dict) else resolution.get("value"))
-
-
-def _cut(value: Any) -> str | None:
-    """`value` as the audit shows it: text as it is, other JSON as JSON, cut at 300."""
-    if value is None:
-        return None
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= 300 else text[:300] + "…"

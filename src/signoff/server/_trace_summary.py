@@ -88,6 +88,8 @@ def summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
         ]
         return [("Waiting for a person: ", False), *_listed(names)]
     if t == "approval.settled":
+        if d.get("auto") == "timeout":  # no one approved it; its reason says so again
+            return [("Approved automatically when the deadline passed", False)]
         verb = "Approved" if d.get("decision") == "approve" else "Denied"
         parts = [(f"{verb} by ", False), _said(who(d.get("by")))]
         if d.get("edited_input") is not None:
@@ -95,6 +97,8 @@ def summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
         if d.get("reason"):
             parts += [(": “", False), _said(d["reason"]), ("”", False)]
         return parts
+    if t == "approval.candidate":
+        return _candidate(d)
     if t == "input.resolved":
         return [(f"{d.get('request_id')} {d.get('outcome')}", False)]
     if t == "input.repeated":
@@ -131,6 +135,29 @@ def summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
         queued = " (queued)" if d.get("queued") else ""
         return [("Message: “", False), _said(d.get("message")), (f"”{queued}", False)]
     return []
+
+
+_ANSWERS = {"approve": "Approval", "cancel": "Denial"}
+
+
+def _candidate(d: dict[str, Any]) -> list[Part]:
+    """An `approval.candidate`: a deadline's escalation to a group, or a step of an answer a
+    response policy or a quorum judges: awaited, refused, counted, or one that changed nothing."""
+    outcome = d.get("outcome")
+    why: list[Part] = [(": ", False), _said(d["reason"])] if d.get("reason") else []
+    if outcome == "escalated":
+        return [("Escalated to ", False), _said(d.get("to")), *why]
+    answer = _ANSWERS.get(str(d.get("decision")), "Answer")
+    parts: list[Part] = [(f"{answer} by ", False), _said(who(d.get("by")))]
+    if outcome == "pending":
+        return [*parts, (": awaiting the response policy", False)]
+    if outcome == "counted":
+        return [*parts, (f" counted ({d.get('votes')} of {d.get('needed')})", False)]
+    if outcome in ("rejected", "failed", "timed-out"):
+        return [*parts, (f" not accepted ({outcome}", False), *why, (")", False)]
+    if outcome == "stale":
+        return [*parts, (" changed nothing", False), *why]
+    return [*parts, (f": {outcome}", False), *why]
 
 
 def _tokens(usage: object) -> int:
