@@ -156,3 +156,26 @@ async def test_a_lease_granted_to_a_call_stopped_before_the_answer_came_is_given
             await call
         assert runs == []
     await _driven_at_once(store_url, clock, runs, sid)
+
+
+async def test_a_lease_granted_by_a_commit_told_as_failed_is_given_back(store_url: str) -> None:
+    """The commit of a message's turn went through, granting the call's drive the lease, but
+    was told as failed (a PostgreSQL COMMIT whose connection was lost: the outcome unknown):
+    the call fails, and the lease it may have been granted is given back. Only a failure known
+    to have written nothing (`StoreBusy`, a lock waited for in vain) gives none back."""
+    runs: list[str] = []
+    clock = ManualClock()
+    sid, prompt = await _turn_to_go_on(store_url, clock, "message")
+    async with so.Runtime([_agent(runs)], store=store_url, clock=clock, lease_ttl=TTL) as rt:
+        commit = rt.store.commit
+
+        async def told_failed(c: Commit) -> None:
+            await commit(c)
+            if c.grant is not None:
+                raise so.StoreError("connection lost during COMMIT; the outcome is unknown")
+
+        rt.store.commit = told_failed  # type: ignore[method-assign,assignment]
+        with pytest.raises(so.StoreError, match="outcome is unknown"):
+            await rt.generate("support", prompt, session_id=sid)
+        assert runs == []
+    await _driven_at_once(store_url, clock, runs, sid)

@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -271,4 +272,143 @@ async def test_a_new_session_refused_as_busy_waits_once_not_twice(
         assert await runtime.sessions() == []
     finally:
         locker.close()
+        await runtime.close()
+
+
+async def test_a_new_session_refused_after_the_busy_timeout_waits_once_not_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same outside a request: a creation that waited out the busy timeout for the file's
+    lock (a plain `StoreError`, nothing written) gave back the lease it never took, waiting
+    as long again (60 s at the default 30). Nothing is given back now."""
+    path = tmp_path / "state.db"
+    runtime = so.Runtime(make_agents(), store=SQLiteStore(f"sqlite:///{path}", busy_timeout=0.3))
+    await runtime.open()
+    released: list[str] = []
+    release = runtime._release
+
+    async def counted(session_id: str, owner: str, token: int) -> None:
+        released.append(session_id)
+        await release(session_id, owner, token)
+
+    monkeypatch.setattr(runtime, "_release", counted)
+    locker = sqlite3.connect(path, isolation_level=None)
+    try:
+        locker.execute("BEGIN IMMEDIATE")
+        with pytest.raises(so.StoreError, match="locked"):
+            await runtime.generate("support", "Refund order 1042, it broke", auth=_alice())
+        assert released == []
+        locker.execute("ROLLBACK")
+        assert await runtime.sessions() == []
+    finally:
+        locker.close()
+        await runtime.close()
+
+
+def _writes(monkeypatch: pytest.MonkeyPatch, store: so.stores.Store) -> list[str]:
+    """The commits (`commit+grant` for one asking for the session's lease) and lease writes
+    the store is asked for from now on, in order."""
+    writes: list[str] = []
+    for name in ("commit", "acquire_lease", "release_lease", "renew_lease"):
+        method = getattr(store, name)
+
+        async def logged(*args: Any, _method: Any = method, _name: str = name) -> Any:
+            grants = _name == "commit" and args[0].grant is not None
+            writes.append(f"{_name}+grant" if grants else _name)
+            return await _method(*args)
+
+        monkeypatch.setattr(store, name, logged)
+    return writes
+
+
+def _answer_or_message(runtime: so.Runtime, call: str, sid: str, rid: str) -> Awaitable[object]:
+    if call == "respond":
+        answer = so.InputResponse(request_id=rid, option_id="approve")
+        return runtime.respond(sid, [answer], principal=_alice())
+    return runtime.send(sid, "Actually, refund 90 only", principal=_alice())
+
+
+@pytest.mark.parametrize("prompt", [True, False], ids=["request", "patient"])
+@pytest.mark.parametrize("call", ["respond", "send"])
+async def test_an_answer_or_message_refused_as_busy_waits_once_not_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str, prompt: bool
+) -> None:
+    """An answer or a message to a session on a locked SQLite file: its commit, which asks for
+    the lease of the turn it makes runnable, waited for the lock and gave up (nothing written);
+    then giving back the lease it never got waited for the lock as long again (503 after 6 s
+    where the docs say 3; 60 s at the default busy timeout outside a request). The refused
+    commit is the call's last write now."""
+    path = tmp_path / "state.db"
+    runtime = so.Runtime(make_agents(), store=SQLiteStore(f"sqlite:///{path}", busy_timeout=0.3))
+    await runtime.open()
+    sid, rid = await _answer_later(runtime)
+    writes = _writes(monkeypatch, runtime.store)
+    locker = sqlite3.connect(path, isolation_level=None)
+    try:
+        locker.execute("BEGIN IMMEDIATE")
+        wanted = so.StoreBusy if prompt else so.StoreError
+        with pytest.raises(wanted, match="locked"):
+            with promptly() if prompt else contextlib.nullcontext():
+                await _answer_or_message(runtime, call, sid, rid)
+        assert writes == ["commit+grant"]
+        locker.execute("ROLLBACK")
+        assert [r.id for r in await runtime.pending()] == [rid]
+    finally:
+        locker.close()
+        await runtime.close()
+
+
+@contextlib.asynccontextmanager
+async def _busy(store: so.stores.Store, path: Path | None) -> AsyncIterator[None]:
+    """The store busy for the block: the SQLite file at `path` locked by another connection,
+    or every connection of a PostgreSQL store's pool of 2 held."""
+    if path is None:
+        assert isinstance(store, PostgresStore)
+        async with held(store, 2):
+            yield
+        return
+    locker = sqlite3.connect(path, isolation_level=None)
+    try:
+        locker.execute("BEGIN IMMEDIATE")
+        yield
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+
+
+@pytest.mark.parametrize("call", ["respond", "send"])
+async def test_an_answer_refused_as_busy_leaves_the_lease_as_it_was(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """`StoreBusy` says the call wrote nothing, but once the store was free again (the other
+    process let go of the SQLite file, a pool connection came back) an answer or message
+    refused so went on to write the session's lease, taking and releasing it, to give back a
+    grant its refused commit never made. No lease is written now: the next grant is the one
+    that came after the creation's (token 1), as if the call had never been made."""
+    sqlite = store_url.startswith("sqlite:")
+    store: so.stores.Store = (
+        SQLiteStore(store_url, busy_timeout=0.3)
+        if sqlite
+        else PostgresStore(f"{store_url}?pool_min=2&pool_max=2&request_pool_timeout=0.3")
+    )
+    runtime = so.Runtime(make_agents(), store=store, poll_interval=0.05)
+    await runtime.open()
+    sid, rid = await _answer_later(runtime)
+    writes = _writes(monkeypatch, store)
+    commit = store.commit
+
+    async def refused(c: Any) -> None:  # busy for the commit that asks for the lease only
+        if c.grant is None:
+            return await commit(c)
+        async with _busy(store, tmp_path / "state.db" if sqlite else None):
+            return await commit(c)
+
+    monkeypatch.setattr(store, "commit", refused)
+    try:
+        with promptly(), pytest.raises(so.StoreBusy):
+            await _answer_or_message(runtime, call, sid, rid)
+        assert writes == ["commit+grant"]
+        assert [r.id for r in await runtime.pending()] == [rid]
+        assert await store.acquire_lease(sid, "probe", 30.0, runtime.now()) == 2
+    finally:
         await runtime.close()

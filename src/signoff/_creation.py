@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._agent import Agent
 from ._events import Event
-from ._exceptions import IdempotencyKeyReused, StoreBusy, StoreError
+from ._exceptions import IdempotencyKeyReused, StoreError, wrote_nothing
 from ._idempotency import Keyed, records, seen, session_for
 from ._prompts import next_turn
 from ._recording import new_id, stored_status
@@ -101,9 +101,9 @@ async def made(
             )
             break
         except StoreError as exc:
-            # Its write may have gone through, told as failed; not when busy (`StoreBusy`: no
-            # lock or connection came, nothing was written), where giving back waited again.
-            if owner is not None and not isinstance(exc, StoreBusy):
+            # Its write may have gone through, told as failed; not when no lock or connection
+            # came (`wrote_nothing`), where giving back would wait as long again.
+            if owner is not None and not wrote_nothing(exc):
                 await _give_back(rt, session_id, owner)
             if idem is None:
                 raise

@@ -18,7 +18,7 @@ from ._candidate_keys import closing_ends
 from ._counts import Counts
 from ._deadlines import records_expiry
 from ._events import BOOKKEEPING, Event
-from ._exceptions import AppendConflict, LeaseLost, StoreError
+from ._exceptions import AppendConflict, LeaseLost, StoreError, wrote_nothing
 from ._leasing import Held
 from ._model_step import ModelStep
 from ._recording import (
@@ -98,9 +98,11 @@ class Driver(ToolCalls, ModelStep):
         self.released = False
         # Set by a call that drives the turn its own commit makes runnable (`_own_turn`): the
         # owner such a commit asks the store to grant the lease to, with its TTL (None: none
-        # now), and what is told of the token granted, with the time it was asked at.
+        # now), and what is told of the token granted, with the time it was asked at; or, of
+        # one that failed having certainly written nothing (`wrote_nothing`), that none was.
         self.grant: Callable[[], tuple[str, float] | None] | None = None
         self.on_grant: Callable[[int | None, float], Awaitable[None]] | None = None
+        self.not_granted: Callable[[], None] | None = None
         # Set with the lease: awaited before a tool body runs, it raises `LeaseLost` if the
         # lease lapsed and was taken over while this process stalled.
         self.lease_check: Callable[[], Awaitable[None]] | None = None
@@ -257,7 +259,11 @@ class Driver(ToolCalls, ModelStep):
                 except BaseException as exc:
                     if self.held is not None:  # the lease is still ours to lose, or lost
                         self.held.releasing = False
-                    if not isinstance(exc, AppendConflict):
+                    beaten_to_it = isinstance(exc, AppendConflict)
+                    if ask is not None and self.not_granted is not None:
+                        if beaten_to_it or wrote_nothing(exc):
+                            self.not_granted()
+                    if not beaten_to_it:
                         raise
                     losses = beaten + unexplained
                     await asyncio.sleep(

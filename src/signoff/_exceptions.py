@@ -52,7 +52,7 @@ Every error that is about an answer leaves the store unchanged: nothing is claim
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from ._types import Usage
@@ -403,6 +403,7 @@ class StoreError(SignoffError):
     """The store failed or holds data signoff cannot use."""
 
     code = "store_error"
+    _unwritten = False  # set by `unwritten`, read by `wrote_nothing`
 
 
 class SchemaVersionError(StoreError):
@@ -471,9 +472,9 @@ class StoreUnavailable(StoreError):
 
 
 class StoreBusy(StoreError):
-    """Every connection to the database stayed in use for as long as a call made for an HTTP
-    request waits (`stores.promptly()`), before the request wrote anything: nothing was written;
-    try again soon (`retry_after` seconds is a hint)."""
+    """Every connection to the database (or a SQLite file's lock) stayed in use for as long as a
+    call made for an HTTP request waits (`stores.promptly()`), before the request wrote anything:
+    nothing was written; try again soon (`retry_after` seconds is a hint)."""
 
     code = "store_busy"
     retry_after = 1
@@ -493,3 +494,20 @@ class RemoteError(SignoffError):
         self.code = code
         self.status = status
         self.idempotency_key = idempotency_key  # to retry a call that got no answer with
+
+
+_E = TypeVar("_E", bound=StoreError)
+
+
+def unwritten(exc: _E) -> _E:
+    """`exc`, marked as the failure of a store call that certainly wrote nothing: it waited for a
+    SQLite file's lock or a pool's connection, and none came (`wrote_nothing`)."""
+    exc._unwritten = True
+    return exc
+
+
+def wrote_nothing(exc: BaseException) -> bool:
+    """Whether the store call that raised `exc` certainly wrote nothing: refused as busy
+    (`StoreBusy`), or given up waiting for a lock or connection (`unwritten`). Any other failure
+    may have been written all the same (a PostgreSQL COMMIT whose connection was lost)."""
+    return isinstance(exc, StoreBusy) or (isinstance(exc, StoreError) and exc._unwritten)

@@ -49,7 +49,7 @@ class _Ahead:
     # Tasks settling for the call (`_acting_for`: an answer judged or counted past a cancel).
     helpers: set[asyncio.Task[Any]] = field(default_factory=set)
     token: int | None = None  # None: not held (not granted yet, or handed to the drive)
-    asking: bool = False  # a commit asked for it, and its answer has not come (it may yet)
+    asking: int = 0  # commits that asked for it whose answer has not come (it may yet)
     granted: float = 0.0  # when it was asked for, by the lease clock (`Leasing.now`)
     closed: bool = False  # the call ended: nothing more is asked, and a grant come late given back
 
@@ -160,6 +160,7 @@ class SessionRunner(SessionCache):
         if ahead is not None:  # a commit of the call that may make its turn runnable
             driver.grant = partial(self._to_grant, ahead)
             driver.on_grant = partial(self._on_grant, ahead)
+            driver.not_granted = partial(self._not_granted, ahead)
         return driver
 
     def _to_grant(self, ahead: _Ahead) -> tuple[str, float] | None:
@@ -168,8 +169,15 @@ class SessionRunner(SessionCache):
         drive, whose lease a grant to its owner would replace: it has the turn already)."""
         if ahead.closed or ahead.token is not None or ahead.session_id in self._holders:
             return None
-        ahead.asking = True
+        ahead.asking += 1
         return ahead.owner, self.lease_ttl
+
+    @staticmethod
+    def _not_granted(ahead: _Ahead) -> None:
+        """A commit of the call that asked for the lease failed having written nothing (refused
+        as busy, say: `wrote_nothing`): it granted none, so none is given back for it, which
+        would wait for the busy store again, and write after the call was told nothing was."""
+        ahead.asking = max(0, ahead.asking - 1)  # none, if another of its commits granted it
 
     async def _on_grant(self, ahead: _Ahead, token: int | None, asked: float) -> None:
         """A commit of the call that asked for the lease came back, granting its drive the
@@ -179,7 +187,7 @@ class SessionRunner(SessionCache):
         on past its cancel) is given back at once."""
         if token is None:
             return
-        ahead.asking = False
+        ahead.asking = 0  # its owner's lease, whichever of its commits granted it
         if ahead.closed:
             with contextlib.suppress(StoreError):  # else kept in `_unreleased` for later
                 await self._release(ahead.session_id, ahead.owner, token)
@@ -222,7 +230,7 @@ class SessionRunner(SessionCache):
         commit stopped on its way (the call cancelled) may have granted all the same."""
         ahead.closed = True
         if ahead.asking:
-            ahead.asking = False
+            ahead.asking = 0
             await self._give_back_unseen(ahead.session_id, ahead.owner)
         if ahead.token is None:
             return

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from ..._exceptions import StoreBusy, StoreError, StoreUnavailable
+from ..._exceptions import StoreBusy, StoreError, StoreUnavailable, unwritten
 from ._shared import settle, shared
 
 if TYPE_CHECKING:
@@ -139,9 +139,9 @@ class Outage:
     def busy(self, pool: Pool, busy_after: float | None, refused: str | None = None) -> StoreError:
         """No connection came in time, the server up: `StoreBusy` for a call that was to wait
         only briefly (so a 503 `store_busy` always means the request wrote nothing), otherwise a
-        `StoreError` after the pool's whole timeout, as before. If the server `refused` a new
-        connection (a check the call waited on), that is why, however long the call was to
-        wait: a `StoreError` saying so."""
+        `StoreError` after the pool's whole timeout, as before; either wrote nothing
+        (`unwritten`). If the server `refused` a new connection (a check the call waited on),
+        that is why, however long the call was to wait: a `StoreError` saying so."""
         waited = pool.timeout if busy_after is None else min(busy_after, pool.timeout)
         message = f"no free PostgreSQL connection at {self._where} within {waited:g}s: "
         if refused is not None:
@@ -149,9 +149,9 @@ class Outage:
                 f"{pool.lent} of the pool's {pool.max_size} (`pool_max`) in use, and a new one "
                 f"refused: {refused}"
             )
-            return StoreError(message)
+            return unwritten(StoreError(message))
         message += f"all {pool.max_size} of the pool's (`pool_max`) are in use"
-        return StoreError(message) if busy_after is None else StoreBusy(message)
+        return unwritten(StoreError(message) if busy_after is None else StoreBusy(message))
 
     def refusing(self, pool: Pool) -> StoreError:
         """The server refused `pool` a new connection and it has none to lend: the pool is

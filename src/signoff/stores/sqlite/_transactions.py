@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
-from ..._exceptions import StoreBusy, StoreError, UsageError
+from ..._exceptions import StoreBusy, StoreError, UsageError, unwritten
 from .._prompt import REQUEST_WAIT, is_prompt, wrote
 
 if TYPE_CHECKING:
@@ -222,11 +222,12 @@ def serialised(
 
 
 def _gave_up(path: str, exc: sqlite3.Error, prompt: bool, waited: float) -> StoreError:
-    """The error of a write that waited `waited` seconds for another connection's lock."""
+    """The error of a write that waited `waited` seconds for another connection's lock: it never
+    began its transaction, so it wrote nothing (`unwritten`)."""
     said = (
         f"{failed('write to', path, exc)} (another connection held the file's lock for {waited:g}s)"
     )
-    return StoreBusy(said) if prompt else StoreError(said)
+    return unwritten(StoreBusy(said) if prompt else StoreError(said))
 
 
 def _through(coro: Coroutine[Any, Any, R]) -> R:
