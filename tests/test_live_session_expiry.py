@@ -149,3 +149,27 @@ async def test_a_subagents_late_spend_keeps_no_session_alive() -> None:
     live = LiveSession(Remote(log), "s1", clock=lambda: now[0])
     await live.sync()  # last active at 1.0 (`_state.SessionState` skips the spend too)
     assert live.open_requests() == [] and live.requests["r1"].status == "expired"
+
+
+async def test_an_escalation_keeps_no_session_alive() -> None:
+    """A deadline's escalation is no activity, which the server's TTL does not count from: the
+    live session counted from it, and showed the request open up to a TTL after the server
+    had expired the session."""
+    from .test_live_session import Remote, _asked
+
+    def at(seq: int, kind: Any, when: float, data: dict[str, Any]) -> so.Event:
+        return so.Event(session_id="s1", seq=seq, type=kind, at=when, turn_id="t1", data=data)
+
+    escalated = {"request_id": "r1", "outcome": "escalated", "to": "finance", "reason": "late"}
+    log = [
+        at(1, "session.created", 1.0, {"agent": "support", "ttl": 60}),
+        _asked(2, "r1"),
+        at(3, "approval.candidate", 50.0, escalated),
+    ]
+    now = [60.0]
+    live = LiveSession(Remote(log), "s1", clock=lambda: now[0])
+    await live.sync()
+    assert live.requests["r1"].request.escalated_to == "finance"
+    assert [q.id for q in live.open_requests()] == ["r1"]
+    now[0] = 62.0  # last active at 1.0 (`_state.SessionState` skips the escalation too)
+    assert live.open_requests() == [] and live.requests["r1"].status == "expired"

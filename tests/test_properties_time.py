@@ -24,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import signoff as so
 from signoff._deadlines import is_due
+from signoff._events import is_activity
 from signoff.stores import PendingFilter
 from signoff.testing import ManualClock
 
@@ -396,19 +397,22 @@ class ClockMachine(RuleBasedStateMachine):
 
     @invariant()
     def nothing_is_recorded_past_a_ttl_but_the_expiry(self) -> None:
-        """A session past its TTL takes no event but the record of its expiry, and stays
-        expired: every surface (its state, the store's row) says so from then on."""
+        """A session past its TTL (counted from its last activity: a deadline's escalation is
+        none) takes no event but the record of its expiry, and stays expired: every surface
+        (its state, the store's row) says so from then on."""
         now = self.clock.now
         for sid, log in self.read_logs().items():
-            lapsed_at = None
-            for prev, e in zip(log, log[1:], strict=False):
+            lapsed_at, active = None, log[0]["at"]
+            for e in log[1:]:
                 if lapsed_at is not None:
                     assert e["at"] == lapsed_at and _expiry(e), f"{sid}: {e['type']} after expiry"
-                elif e["at"] >= prev["at"] + TTL:
-                    assert _expiry(e), f"{sid}: {e['type']} recorded {e['at'] - prev['at']}s on"
+                elif e["at"] >= active + TTL:
+                    assert _expiry(e), f"{sid}: {e['type']} recorded {e['at'] - active}s on"
                     lapsed_at = e["at"]
                 elif _expiry(e):
                     raise AssertionError(f"{sid} recorded as expired before its TTL passed")
+                if is_activity(e["type"], e["data"]):
+                    active = e["at"]
             state = self.state(sid)
             if sid in self.expired_seen:
                 assert state.expired(now), f"{sid} expired, then came back to life"

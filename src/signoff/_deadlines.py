@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from ._cancellation import withdrawal
-from ._events import BOOKKEEPING, Event
+from ._events import Event, is_activity
 from ._recording import Batch, EventSpec
 from ._state import SessionState
 from ._types import InputRequest
@@ -253,12 +253,12 @@ _WAITING_OR_DONE = frozenset({"requested", "awaiting", "asking", "done"})
 
 
 def records_expiry(specs: Sequence[EventSpec], after: SessionState | None) -> bool:
-    """Whether `specs` only record the session's passed TTL (`expiry_specs`, and what its
-    subagents spent): time did that, not anyone, so the store keeps the session's last activity
-    (`Commit.activity`), which a prune ages it by, whoever looked first."""
+    """Whether `specs` only record the session's passed TTL (`expiry_specs`, beside what is no
+    activity: what its subagents spent): time did that, not anyone, so the store keeps the
+    session's last activity (`Commit.activity`), which a prune ages it by, whoever looked first."""
     expiry = False
     for type_, data in specs:
-        if type_ in BOOKKEEPING:
+        if not is_activity(type_, data):
             continue
         if type_ not in ("input.resolved", "turn.failed") or data.get("reason") != EXPIRED:
             return False

@@ -17,7 +17,7 @@ from ._any_loop import AnyLoopLock
 from ._candidate_keys import closing_ends
 from ._counts import Counts
 from ._deadlines import records_expiry
-from ._events import BOOKKEEPING, Event
+from ._events import Event, is_activity
 from ._exceptions import AppendConflict, LeaseLost, StoreError, wrote_nothing
 from ._leasing import Held
 from ._model_step import ModelStep
@@ -208,7 +208,7 @@ class Driver(ToolCalls, ModelStep):
                     for i, (t, d) in enumerate(batch)
                 ]
                 before, planned_on = state.seq, state.shown()
-                bookkeeping = all(t in BOOKKEEPING for t, _ in batch)
+                idle = not any(is_activity(t, d) for t, d in batch)
                 after = shadow(state, events, before)
                 snapshot = snapshot_after(state, events, before, after)
                 release = (
@@ -245,11 +245,12 @@ class Driver(ToolCalls, ModelStep):
                             snapshot=snapshot,
                             durable=durable or tells_a_person(batch, new_requests),
                             status=None if after is None else stored_status(after),
-                            expires_at=state.expires_at  # bookkeeping: the TTL runs on
-                            if bookkeeping
+                            # Bookkeeping, a deadline's escalation: the TTL runs on.
+                            expires_at=state.expires_at
+                            if idle
                             else self._expires_at(state, after, now),
                             # nor is it activity, as a passed TTL recorded is not
-                            activity=not (bookkeeping or records_expiry(batch, after)),
+                            activity=not (idle or records_expiry(batch, after)),
                             release_lease=release,
                             waited=release and after is not None and waited_for_a_person(after),
                             expected_event=planned_on,

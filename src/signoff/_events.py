@@ -26,6 +26,7 @@ __all__ = [
     "dumps",
     "event_of_row",
     "int_digits",
+    "is_activity",
     "loads",
 ]
 
@@ -61,6 +62,15 @@ EVENT_TYPES: Final[frozenset[str]] = frozenset(EventType.__args__)  # type: igno
 BOOKKEEPING: Final[frozenset[str]] = frozenset({"subagent.spent", "model.spent"})
 """Events that count what was spent after the turn that spent it ended: the session was not
 active, so its TTL runs on from the event before (the store's row keeps its deadline)."""
+
+
+def is_activity(type_: str, data: dict[str, Any]) -> bool:
+    """Whether an event of `type_` holding `data` is the session's activity, which its TTL and
+    its `updated_at` run from: not `BOOKKEEPING`, nor a passed deadline's escalation, which time
+    made, not anyone (the session waits on people as before, whoever recorded it and when)."""
+    if type_ in BOOKKEEPING:
+        return False
+    return not (type_ == "approval.candidate" and data.get("outcome") == "escalated")
 
 
 def dumps(value: Any) -> str:

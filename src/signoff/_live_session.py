@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Protocol
 from . import _exceptions as errors
 from ._deadlines import EXPIRED, after_deadline
 from ._event_handlers import candidate_applied
-from ._events import BOOKKEEPING, Event
+from ._events import Event, is_activity
 from ._mirrors import FOLLOWED, MAX_HOPS
 from ._payloads import RemoteResult, input_responses
 from ._types import InputRequest, InputResponse
@@ -64,7 +64,7 @@ class LiveSession:
     of the request it stands for, read from the subagent's session (`children`), whose stream
     records them: this session's never does. A request whose deadline passed by `clock` shows
     as that leaves it before the stream records it: escalated, or closed as `expired`; so do
-    all once the session's TTL passed (from its last event, as the server counts it)."""
+    all once the session's TTL passed (from its last activity, as the server counts it)."""
 
     client: SessionRemote
     session_id: str
@@ -72,7 +72,7 @@ class LiveSession:
     requests: dict[str, RequestView] = field(default_factory=dict)
     children: dict[str, LiveSession] = field(default_factory=dict, repr=False)
     clock: Callable[[], float] = field(default=time.time, repr=False)
-    # The session's TTL and last event's time (read from its stream, as the server's fold
+    # The session's TTL and last activity's time (read from its stream, as the server's fold
     # reads them), and whether its expiry is recorded.
     _ttl: float | None = field(default=None, init=False, repr=False)
     _updated_at: float = field(default=0.0, init=False, repr=False)
@@ -114,7 +114,7 @@ class LiveSession:
                 200,
             ) from None
         self.seq = event.seq
-        if event.type not in BOOKKEEPING:  # as the server's fold counts it
+        if is_activity(event.type, event.data):  # as the server's fold counts it
             self._updated_at = event.at
         self._last = event
         return fold()

@@ -14,7 +14,7 @@ from typing import Any
 
 from ._conversation import MALFORMED, Conversation
 from ._event_handlers import HANDLERS
-from ._events import BOOKKEEPING, Event, EventType
+from ._events import Event, EventType, is_activity
 from ._exceptions import SchemaVersionError, StoreError
 from ._snapshot_fields import check_fields, last_of, paused_of
 from ._state_parts import (
@@ -60,13 +60,14 @@ SNAPSHOT_VERSION = 2
 journals out (read back from the events); an older signoff refuses such a snapshot by its
 version. One of version 1 or before holds each journal whole, and still loads."""
 
-FOLD_VERSION = 5
+FOLD_VERSION = 6
 """Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`;
 none is 1), raised whenever an event comes to fold otherwise: a session loads only from a
 snapshot of this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`.
 3: a `tool.started` with a `policy_reason` gives its call that `decision`. 4: a call keeps
 its `tool.started`'s `filled`. 5: the app's approval (a `runtime` principal's) grants no
-`once()` tool: a session it granted one folds again without the grant, and asks a person."""
+`once()` tool: a session it granted one folds again without the grant, and asks a person.
+6: a deadline's escalation is no activity: the session's `updated_at` and TTL stay put."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -210,7 +211,7 @@ class SessionState:
             )
         self.seq = event.seq
         self.last = (event.type, event.at, event.turn_id)
-        if event.type not in BOOKKEEPING:  # the session was not active: its TTL runs on
+        if is_activity(event.type, event.data):  # else its TTL runs on from the event before
             self.updated_at = event.at  # (`Driver.record` keeps the row's deadline)
         handler = HANDLERS[event.type]
         try:
