@@ -9,6 +9,7 @@ fixtures in conftest.py run it against both backends.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -180,6 +181,31 @@ async def test_wait_for_change(store_url: str) -> None:
         await task
         with pytest.raises(UnknownSession):
             await wait("ses_nope", 1, after=0)
+    finally:
+        await waiter.close()
+        await writer.close()
+
+
+async def test_a_wait_since_a_mark_returns_at_once_for_a_commit_made_after_it(
+    store_url: str,
+) -> None:
+    """A worker reads `change_mark()` before it claims and waits with it as `since`: on SQLite
+    a commit made in between (while it claimed) ended no wait, which looked only for commits
+    made once it began, and the worker slept its whole `idle_wait` with work to do."""
+    waiter, writer = make_store(store_url), make_store(store_url)
+    await waiter.open()
+    await writer.open()
+    try:
+        s1 = await new_session(writer)
+        wait = waiter.wait_for_change  # type: ignore[attr-defined]
+        assert await wait(None, 0.05) is False  # PostgreSQL: starts the listener
+        mark = waiter.change_mark()  # type: ignore[attr-defined]
+        await writer.commit(Commit(session_id=s1, expected_seq=1, events=[ev(s1, 2)]))
+        began = time.monotonic()
+        assert await wait(None, 10, since=mark) is True
+        assert time.monotonic() - began < 5
+        mark = waiter.change_mark()  # type: ignore[attr-defined]
+        assert await wait(None, 0.2, since=mark) is False  # none since
     finally:
         await waiter.close()
         await writer.close()

@@ -300,6 +300,36 @@ def _as_schema_before_session_parents(url: str) -> None:
         conn.execute("DELETE FROM signoff.schema_version WHERE version = 7")
 
 
+async def test_an_idle_worker_applies_passed_deadlines_every_sweep_every(store_url: str) -> None:
+    """A worker waiting for changes swept only when its `idle_wait` ran out: with
+    `idle_wait=30, sweep_every=0.05`, a deadline that passed was applied up to 30 s late."""
+    clock = ManualClock()
+    log = ExecutionLog()
+    agent = payout_agent(log, so.always(expires_in=60, on_timeout="approve"))
+    async with (
+        so.Runtime([agent], store=store_url, clock=clock) as front,
+        so.Runtime([agent], store=store_url, clock=clock, inline=False) as worker,
+    ):
+        session_id, _, _ = await asked(front)
+        expire_due, swept = worker.expire_due, [0]
+
+        async def counted() -> int:
+            swept[0] += 1
+            return await expire_due()
+
+        worker.expire_due = counted  # type: ignore[method-assign]
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.work(stop=stop, idle_wait=30, sweep_every=0.05))
+        try:
+            await until(lambda: asyncio.sleep(0, swept[0] > 0))
+            clock.advance(60)  # after its first sweep: only a later one applies it
+            await until(lambda: is_(front, session_id, "completed"), timeout=5)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+        assert log.count() == 1
+
+
 async def test_a_store_upgraded_with_pending_deadlines_still_sweeps_them(store_url: str) -> None:
     """Requests parked with deadlines before the store kept them in their rows get them when
     the store is upgraded, so the sweep applies them on time."""

@@ -185,13 +185,14 @@ async def test_a_holder_that_stalled_before_a_tool_body_does_not_run_it_once_tak
         assert types.count("tool.started") == 1 and types.count("tool.completed") == 1
 
 
-async def test_a_change_announced_while_a_worker_claims_is_not_missed(pg_store_url: str) -> None:
+async def test_a_change_announced_while_a_worker_claims_is_not_missed(store_url: str) -> None:
     """A commit announced while an idle worker is busy claiming (or sweeping) wakes it as soon
-    as it goes back to waiting, not only when its `idle_wait` poll comes round."""
+    as it goes back to waiting, not only when its `idle_wait` poll comes round (on SQLite, a
+    commit made to the file while it claimed)."""
     agent = refund_agent([])
     async with (
-        so.Runtime([agent], store=pg_store_url, inline=False) as front,
-        so.Runtime([agent], store=pg_store_url, inline=False, lease_ttl=5.0) as worker,
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=5.0) as worker,
     ):
         claim = worker.store.claim
         late: list[str] = []

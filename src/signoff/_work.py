@@ -154,8 +154,9 @@ class Workers(Sweeps):
         owner = f"{self.owner}:worker"
         last_sweep = 0.0
         wait = getattr(self.store, "wait_for_change", None)
+        change_mark = getattr(self.store, "change_mark", None)  # for `wait`'s `since`
         last_empty = -1.0  # monotonic time of the last claim that found nothing
-        mark: int | None = None
+        mark: object = None
         claims, sweeps = Failing("claiming sessions"), Failing("applying passed deadlines")
         give_backs = _GiveBacks(self.store, self.lease_ttl, stop)
         retry_at = 0.0  # monotonic time before which claims that failed are not tried again
@@ -174,9 +175,9 @@ class Workers(Sweeps):
                                 await stop.wait()
                         if stop.is_set():
                             break
-                    # Changes announced from here on (while this claims and sweeps) end the wait.
-                    mark = getattr(self.store, "changes_seen", None)
                     try:
+                        # Changes made from here on (while this claims and sweeps) end the wait.
+                        mark = None if change_mark is None else change_mark()
                         claimed = await self._claim(owner, free)
                     except StoreGone as exc:
                         gone = exc
@@ -220,13 +221,14 @@ class Workers(Sweeps):
                         sweeps.worked()
                     finally:
                         to_claims.reset(leaving)
+                # Waits end by the next sweep, whatever `idle_wait` is (after CLAIM_GAP at least).
+                to_sweep = max(last_sweep + sweep_every - time.monotonic(), CLAIM_GAP)
+                nap = min(idle_wait, to_sweep)
                 if len(running) >= concurrency:
-                    await asyncio.wait(
-                        running, timeout=idle_wait, return_when=asyncio.FIRST_COMPLETED
-                    )
+                    await asyncio.wait(running, timeout=nap, return_when=asyncio.FIRST_COMPLETED)
                 elif wait is not None and claims.since is None:
                     since = {} if mark is None else {"since": mark}
-                    waiter = asyncio.ensure_future(wait(None, idle_wait, **since))
+                    waiter = asyncio.ensure_future(wait(None, nap, **since))
                     stopper = asyncio.ensure_future(stop.wait())
                     try:
                         await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -235,9 +237,9 @@ class Workers(Sweeps):
                             f.cancel()
                     if waiter.done() and not waiter.cancelled() and waiter.exception() is not None:
                         # Changes cannot be waited for (the store failing): sleep, do not spin.
-                        await _sleep(stop, idle_wait)
+                        await _sleep(stop, nap)
                 else:  # or until claims that failed are tried again
-                    await _sleep(stop, max(idle_wait, retry_at - time.monotonic()))
+                    await _sleep(stop, min(max(idle_wait, retry_at - time.monotonic()), to_sweep))
             if gone is not None:
                 log.error("stopping: %s", gone)
             if running:

@@ -523,6 +523,10 @@ class PostgresStore(Reads, Leases, Deletions):
         except RuntimeError:  # no running event loop
             return 0
 
+    def change_mark(self) -> int:
+        """`changes_seen` now, for a later `wait_for_change(since=...)` (the worker's)."""
+        return self.changes_seen
+
     async def wait_for_change(
         self,
         session_id: str | None,

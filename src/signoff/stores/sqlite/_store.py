@@ -426,10 +426,13 @@ class SQLiteStore(Reads, Leases, Deletions):
         *,
         after: int | None = None,
         poll_interval: float = 0.05,
+        since: tuple[int, ...] | None = None,
     ) -> bool:
         """Poll until a commit to `session_id` (any session if None) shows up; False on timeout.
 
-        Given `after`, it returns at once if the session's head is already past it. The waits
+        Given `after`, it returns at once if the session's head is already past it; given
+        `since` (a `change_mark` read before the caller last looked), if any commit was made to
+        the file since then, so none made while the caller was busy is missed. The waits
         for sessions share one poll per event loop, every `poll_interval`: it reads the heads of
         all their sessions in one query, and only when the file changed since its last look, so
         a thousand idle followers cost what one does. Each poll takes the store's lock; the
@@ -443,6 +446,8 @@ class SQLiteStore(Reads, Leases, Deletions):
                 except sqlite3.Error as exc:
                     raise StoreError(failed("read", self.path, exc)) from exc
 
+        if since is not None and self.change_mark() != since:
+            return True
         start = mark()
         if after is not None and session_id is not None and start[1] > after:
             return True
@@ -454,6 +459,14 @@ class SQLiteStore(Reads, Leases, Deletions):
             if mark() != start:
                 return True
         return False
+
+    def change_mark(self) -> tuple[int, ...]:
+        """A mark of the commits made to the file, for a later `wait_for_change(since=...)`."""
+        with self._lock:
+            try:
+                return self._mark(None)
+            except sqlite3.Error as exc:
+                raise StoreError(failed("read", self.path, exc)) from exc
 
     async def _follow(
         self,
