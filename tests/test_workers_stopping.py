@@ -7,16 +7,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from starlette.testclient import TestClient
 
 import signoff as so
 from signoff import _work
+from signoff.server import create_app
 
 from ._worker_procs import AGENT, ALICE, Worker, make_agent, read_records
 from ._workers import refund_agent, until, working
+
+BOB = so.Principal(authenticator="test", principal_id="bob")
 
 
 def chat_agent(inside: list[str], release: asyncio.Event) -> so.Agent:
@@ -371,3 +376,147 @@ async def test_a_second_stop_while_recording_a_kept_outcome_stops_at_once_and_sa
         line.startswith(f"stopping now: session {session_id}: the outcome of issue_refund call")
         for line in errors
     ), errors
+
+
+class _Delegation:
+    """A support agent delegating to billing, whose refund needs approval and waits for
+    `release`; once the child's result is in, the parent calls `parent_tool`, then answers.
+    `ran` names the tools that ran; `refunding` is set as the refund's body starts."""
+
+    def __init__(self, release: asyncio.Event | threading.Event) -> None:
+        self.ran: list[str] = []
+        self.refunding = threading.Event()
+
+        @so.tool(approval=so.always())
+        async def issue_refund(order_id: str) -> dict[str, Any]:
+            """Refund an order."""
+            self.ran.append("issue_refund")
+            self.refunding.set()
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+            return {"refunded": order_id}
+
+        @so.tool
+        async def parent_tool(x: int) -> dict[str, Any]:
+            """A side effect of the parent's turn, after its subagent's result."""
+            self.ran.append("parent_tool")
+            return {"x": x}
+
+        def support_model(messages: list[so.Message]) -> so.ModelResponse:
+            results = sum(isinstance(m, so.ToolResultMessage) for m in messages)
+            if results == 0:
+                call = so.ToolCall(id="d1", name="billing", input={"message": "Refund 1042"})
+                return so.ModelResponse(tool_calls=[call])
+            if results == 1:
+                call = so.ToolCall(id="p1", name="parent_tool", input={"x": 1})
+                return so.ModelResponse(tool_calls=[call])
+            return so.ModelResponse(text="Done.")
+
+        refund = so.ToolCall(id="r1", name="issue_refund", input={"order_id": "1042"})
+        billing_model = so.models.Scripted(
+            [so.ModelResponse(tool_calls=[refund]), so.ModelResponse(text="Refunded.")]
+        )
+        self.agents = [
+            so.Agent(
+                name="support",
+                model=so.models.Scripted([support_model], repeat_last=True),
+                tools=[so.delegate("billing"), parent_tool],
+            ),
+            so.Agent(name="billing", model=billing_model, tools=[issue_refund]),
+        ]
+
+    async def answered_with_a_message_queued(self, front: so.Runtime) -> str:
+        """The parent, waiting on its child's request, which is answered on the child with
+        `resume=False`, and a message queued behind the parent's turn; returns the parent."""
+        r = await front.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        answer = so.InputResponse(request_id=mirror.child.request_id, option_id="approve")
+        await front.respond(mirror.child.session_id, [answer], principal=ALICE, resume=False)
+        queued = await front.send(r.session_id, "And then?", principal=BOB)
+        assert queued.queued
+        return r.session_id
+
+
+async def test_a_stopping_worker_leaves_a_subagents_parent_to_others_with_its_queue(
+    store_url: str,
+) -> None:
+    """A worker of an inline runtime told to stop while it ran a subagent's turn (answered on
+    the child with `resume=False`) went on to drive the parent's turn, running its tool, and
+    then the message queued behind it, before `work()` returned. The parent is left runnable,
+    and a worker that goes on runs both."""
+    release = asyncio.Event()
+    setup = _Delegation(release)
+    async with (
+        so.Runtime(setup.agents, store=store_url) as front,
+        so.Runtime(setup.agents, store=store_url) as stopping,
+        so.Runtime(setup.agents, store=store_url) as other,
+    ):
+        parent = await setup.answered_with_a_message_queued(front)
+        stop = asyncio.Event()
+        # One turn at a time: the parent, runnable once its child's drive began, is not
+        # claimed before the stop (its turn would be one in flight).
+        task = asyncio.create_task(stopping.work(concurrency=1, stop=stop, idle_wait=0.05))
+        try:
+            await until(lambda: asyncio.sleep(0, setup.refunding.is_set()))
+            stop.set()
+            release.set()
+            await asyncio.wait_for(task, 10)
+        finally:
+            stop.set()
+            release.set()
+            await asyncio.wait_for(task, 10)
+        assert setup.ran == ["issue_refund"]  # the child's turn finished; the parent's not run
+        state = await front.state(parent)
+        assert state.status == "running" and state.queued
+        async with working(other):
+            await until(lambda: _idle(front, parent), timeout=10)
+        assert setup.ran == ["issue_refund", "parent_tool"]
+        turns = [e for e in await _events(front, parent) if e.type == "turn.completed"]
+        assert len(turns) == 2  # the delegating turn, then the queued message's
+
+
+def test_an_apps_workers_stopping_leave_a_subagents_parent_to_others(tmp_path: Path) -> None:
+    """The same through `create_app(workers=1)` (`signoff serve --workers 1`) shutting down:
+    its worker drove the parent's turn and the queued message's after the stop."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    release = threading.Event()
+    setup = _Delegation(release)
+
+    class Release(logging.Handler):  # the stop is set: the child's refund may end
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("stopping: waiting for"):
+                release.set()
+
+    async def prepare() -> str:
+        async with so.Runtime(setup.agents, store=url) as front:
+            return await setup.answered_with_a_message_queued(front)
+
+    parent = asyncio.run(prepare())
+    handler = Release()
+    logger = logging.getLogger("signoff.worker")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        app = create_app(so.Runtime(setup.agents, store=url), workers=1, dev=True)
+        with TestClient(app):
+            assert setup.refunding.wait(10)
+    finally:
+        release.set()
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert setup.ran == ["issue_refund"]
+
+    async def check() -> None:
+        async with so.Runtime(setup.agents, store=url) as front:
+            state = await front.state(parent)
+            assert state.status == "running" and state.queued
+            types = [e.type for e in await _events(front, parent)]
+            assert types.count("turn.completed") == 0, types
+
+    asyncio.run(check())
+
+
+async def _events(rt: so.Runtime, session_id: str) -> list[so.Event]:
+    return [e async for e in rt.events(session_id, follow=False)]

@@ -4,7 +4,9 @@ call goes on. The runtime calls these hooks through `_child_sessions`, which re-
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -16,10 +18,25 @@ from ._state import SessionState
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-__all__ = ["after_close", "after_drive", "before_drive", "delegating"]
+__all__ = ["after_close", "after_drive", "before_drive", "delegating", "parents_to_claims"]
 
 delegating: ContextVar[frozenset[str]] = ContextVar("signoff_delegating", default=frozenset())
 """Child sessions their parent's drive is handling in this task (it goes on by itself)."""
+
+_to_claims: ContextVar[asyncio.Task[Any] | None] = ContextVar("signoff_to_claims_in", default=None)
+"""The task of a worker's drive (`parents_to_claims`)."""
+
+
+@contextlib.contextmanager
+def parents_to_claims() -> Iterator[None]:
+    """Within, in this task, a worker drives a session it claimed: a subagent's parent that can
+    go on after it is left runnable for the worker's claims (`concurrency` at once, a stop
+    heeded), whatever `inline` is. The tasks it starts (its tools') drive as they would anywhere."""
+    reset = _to_claims.set(asyncio.current_task())
+    try:
+        yield
+    finally:
+        _to_claims.reset(reset)
 
 
 async def after_drive(rt: Runtime, session_id: str) -> None:
@@ -113,8 +130,12 @@ async def _lapsed(rt: Runtime, parent: SessionState) -> bool:
 
 async def _go_on(rt: Runtime, parent: str) -> None:
     """Drive the parent's turn if it can go on and this runtime has its agent; otherwise it is
-    left runnable in the store for a process (a worker) that has it. A parent deleted since it
-    was read (another process finished its turn, then a prune took the tree) has none."""
+    left runnable in the store for a process (a worker) that has it, as it is in a worker's
+    drive (`parents_to_claims`). A parent deleted since it was read (another process finished its
+    turn, then a prune took the tree) has none."""
+    worker = _to_claims.get()
+    if worker is not None and worker is asyncio.current_task():
+        return
     try:
         state = await rt._state(parent)
         if state.agent in rt.agents and runnable(state):

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ._call_guards import closes_stop
+from ._child_closes import parents_to_claims
 from ._exceptions import (
     SessionExpired,
     StoreDamaged,
@@ -130,15 +131,15 @@ class Workers(Sweeps):
         sweep_every: float = 5.0,
     ) -> None:
         """Run turns for any process (`signoff worker`): claim sessions that have work under a
-        lease, drive them, and apply passed deadlines (the turns those make runnable are left to
-        the claims, whether or not the runtime is `inline`); returns once `stop` is set and the
-        turns it was running have finished or parked (starting no message queued behind them:
-        those are left to workers that go on), and the tool outcomes the store refused, kept in
-        memory, are recorded: retried for `RECORD_KEPT_WITHIN` seconds, then a `StoreError`
-        names those lost. Until then a session with such an outcome keeps its lease here and is
-        driven again until it is recorded, not given back for another worker to run the tool
-        again. Cancelled, it cancels them first (their leases given back), so none runs on once
-        it is gone."""
+        lease, drive them, and apply passed deadlines (the turns those make runnable, and a
+        subagent's parent that a turn here lets go on, are left to the claims, whether or not the
+        runtime is `inline`); returns once `stop` is set and the turns it was running have
+        finished or parked (starting no message queued behind them: those are left to workers
+        that go on), and the tool outcomes the store refused, kept in memory, are recorded:
+        retried for `RECORD_KEPT_WITHIN` seconds, then a `StoreError` names those lost. Until
+        then a session with such an outcome keeps its lease here and is driven again until it
+        is recorded, not given back for another worker to run the tool again. Cancelled, it
+        cancels them first (their leases given back), so none runs on once it is gone."""
         whole("concurrency", concurrency, least=1)
         if stop is not None and not isinstance(stop, asyncio.Event):
             raise UsageError(f"stop must be an asyncio.Event or None, not {stop!r}")
@@ -355,15 +356,17 @@ class Workers(Sweeps):
         unsaved: list[str] | None = None,
     ) -> None:
         """Drive a claimed session; once `stopping()`, the turn in flight is finished, and a
-        message queued behind it left to another worker. A drive the store failed has its
-        lease given back by `give_backs`, if given, unless this runtime keeps outcomes of the
-        session the store refused: it keeps the lease and records them (`_record_kept`), naming
-        in `unsaved` those it could not (given back, another worker would run them again)."""
+        message queued behind it left to another worker (a subagent's parent its turn lets go
+        on is left to the claims, stopping or not). A drive the store failed has its lease given
+        back by `give_backs`, if given, unless this runtime keeps outcomes of the session the
+        store refused: it keeps the lease and records them (`_record_kept`), naming in `unsaved`
+        those it could not (given back, another worker would run them again)."""
         lost: list[int] = []
         try:
-            result = await self._drive(
-                session_id, claimed=(owner, token), on_lost=lost.append, stopping=stopping
-            )
+            with parents_to_claims():
+                result = await self._drive(
+                    session_id, claimed=(owner, token), on_lost=lost.append, stopping=stopping
+                )
             if give_backs is not None:
                 give_backs.worked(session_id)
             if lost:
@@ -475,9 +478,10 @@ class Workers(Sweeps):
                     if token is None:  # another drive holds it: one here records them too
                         why = "another drive holds the session's lease"
                     else:
-                        result = await self._drive(
-                            session_id, claimed=(owner, token), stopping=stopping
-                        )
+                        with parents_to_claims():
+                            result = await self._drive(
+                                session_id, claimed=(owner, token), stopping=stopping
+                            )
                         if not kept.of(session_id):
                             log.info(
                                 "session %s: the outcome of %s recorded (not run again); %s",
