@@ -5,7 +5,6 @@ token, `_page_data` reads and shapes what a page shows and `_message_page` shows
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
