@@ -86,11 +86,15 @@ async def announce(
             resolution = _read("resolution", Resolution.from_event, entry.data, entry.at)
             await ch.on_erased([Erased(session_id=entry.stream, resolution=resolution)])
     elif entry.type == SESSION_DELETED and entry.stream == DELETIONS_STREAM:
-        erased = [
-            e
-            for e, closed in _read("erased requests", Erased.from_deletion, entry.data, entry.at)
-            if ch.live_only or closed is None or told is None or not told(closed)
-        ]
+        named = _read("erased requests", Erased.from_deletion, entry.data, entry.at)
+        erased, closed_told = [], []
+        for e, closed in named:
+            if ch.live_only or closed is None or told is None or not told(closed):
+                erased.append(e)
+            else:
+                closed_told.append(e)
+        if closed_told:
+            await ch.on_erased_closed(closed_told)
         if erased:
             await ch.on_erased(erased)
 

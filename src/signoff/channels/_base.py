@@ -392,9 +392,14 @@ class Channel:
         channel was told they closed: the request is gone, so a channel closes what it kept of
         those it shows (their message, their place in a queue) and ignores the others. A
         `live_only` channel is handed every request a deletion erased, also ones it was told
-        closed before (it shows none of those); one that is not (it keeps nothing of the
-        requests it was shown) only those whose close its hub did not deliver to it. By
-        default nothing."""
+        closed before (it shows none of those); one that is not (it keeps no message of the
+        requests it was shown) only those whose close its hub did not deliver to it (the
+        others: `on_erased_closed`). By default nothing."""
+
+    async def on_erased_closed(self, erased: Sequence[Erased]) -> None:
+        """Requests erased with their session whose close was delivered to this channel, one
+        that is not `live_only` (`on_erased` has the others): it drops what it still keeps of
+        them to send (a webhook's deliveries its receiver has not taken). By default nothing."""
 
     async def tick(self, now: float) -> None:
         """Called on every hub poll, for time-based work (e.g. expiry warnings)."""
@@ -461,6 +466,7 @@ _HOOKS = (
     "on_escalated",
     "on_resolved",
     "on_erased",
+    "on_erased_closed",
     "tick",
     "close",
     "submit",

@@ -15,6 +15,7 @@ __all__ = [
     "CUT_CHARS",
     "MAX_BODY_BYTES",
     "delivery_body",
+    "delivery_id",
     "json_bytes",
     "smallest",
     "within",
@@ -122,6 +123,11 @@ def smallest(raw: bytes) -> bytes | None:
     return None if body.get("clipped", []) == before else json_bytes(body)
 
 
+def delivery_id(event: str, request_id: str) -> str:
+    """The id of the delivery of `event` for the request `request_id`: the same every time."""
+    return f"whd_{hashlib.sha256(f'{event}:{request_id}'.encode()).hexdigest()[:24]}"
+
+
 def delivery_body(
     event: str,
     request_id: str,
@@ -133,9 +139,8 @@ def delivery_body(
     """The JSON body of `event` for the request `request_id` as `request` shows it; its `id`
     is stable for the same event of the same request. A resolution's `edited_input` is null
     until the channel reads the approved input from the store (the audit entry lacks it)."""
-    digest = hashlib.sha256(f"{event}:{request_id}".encode()).hexdigest()[:24]
     return {
-        "id": f"whd_{digest}",
+        "id": delivery_id(event, request_id),
         "type": event,
         "at": at,
         "request": request,

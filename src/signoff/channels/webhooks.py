@@ -51,6 +51,7 @@ from . import _given_up as given_up
 from ._base import Channel, Erased, Escalation, Resolution, logger, off_loop
 from ._retries import Outage, doubled
 from ._webhook_bodies import MAX_BODY_BYTES, delivery_body, json_bytes, smallest, within
+from ._webhook_erased import erased_among, forget_erased, stripped
 from ._webhook_outbox import OUTBOX as _OUTBOX
 from ._webhook_outbox import (
     drop_copy,
@@ -75,6 +76,7 @@ __all__ = ["WebhookChannel", "sign_webhook", "verify_webhook"]
 
 _RETRY_STATUSES = frozenset({408, 425, 429})
 _DONE = {"delivered": "delivered", "refused": "refused", "gave up": "given up on"}
+_ERASED = "erased"  # `_send`'s outcome for a delivery of a request erased since it was queued
 _BACKFILLED = "backfilled"  # memo: the open requests were announced on a first start
 
 
@@ -161,6 +163,9 @@ class WebhookChannel(Channel):
         # "url delivery" kept by an earlier run and queued again by `start`: the hub, reading
         # the entry again (its position was not saved past it), must not send it once more.
         self._restored: set[str] = set()
+        # Delivery -> what is sent of it now that its request is erased (None: nothing), for
+        # the workers that have it queued or queue it again (`_webhook_erased`).
+        self._replaced: dict[str, bytes | None] = {}
         self.backfill = backfill
         self._backfilled: set[str] = set()  # request ids whose opening `start` sent
         self._unrestored = False  # the deliveries kept by an earlier run are still to be queued
@@ -200,11 +205,15 @@ class WebhookChannel(Channel):
         (the state locked too long, or damaged), `tick` tries again: no other start is left to
         send them. Those a hub on another state kept in the store come too (`take_copies`),
         after what receivers asked an earlier run or another hub to wait (`Waits`); those the
-        state records as refused do not (`unsent`), their copies dropped."""
+        state records as refused do not (`unsent`), their copies dropped, nor those of a
+        request the store no longer has (erased while no hub ran here: a close goes stripped)."""
         await self._waits.load()
         await drop_pending(self)
         await take_copies(self)
-        for url, delivery, kept in await off_loop(unsent, self):
+        found = await off_loop(unsent, self)
+        if await forget_erased(self, await erased_among(self, found)):
+            found = await off_loop(unsent, self)
+        for url, delivery, kept in found:
             self._restored.add(f"{url} {delivery}")
             if f"{url} {delivery}" not in self._queued:
                 self._queued.add(f"{url} {delivery}")
@@ -241,7 +250,9 @@ class WebhookChannel(Channel):
     async def on_erased(self, erased: Sequence[Erased]) -> None:
         """`request.resolved` for each request erased with its session before its close was
         delivered, whatever `accepts` says (the request is gone: it cannot be asked); its
-        `request` holds only its `id` and `session_id`."""
+        `request` holds only its `id` and `session_id`, its resolution no answer. What was kept
+        unsent of it goes, or is sent so stripped (`forget_erased`)."""
+        await forget_erased(self, [gone.request_id for gone in erased])
         for gone in erased:
             rid = gone.request_id
             self._deadlines.pop(rid, None)
@@ -249,7 +260,13 @@ class WebhookChannel(Channel):
             self._unkept.discard(rid)
             await drop_warned_erased(self, rid)
             left = {"id": rid, "session_id": gone.session_id}
-            await self._enqueue(self._payload("request.resolved", rid, left, gone.resolution))
+            body = self._payload("request.resolved", rid, left, gone.resolution)
+            await self._enqueue(stripped(body) or body)
+
+    async def on_erased_closed(self, erased: Sequence[Erased]) -> None:
+        """Requests erased whose close was delivered to the channel: what is kept unsent of
+        them goes (an opening, escalation or warning), or is sent stripped (the close)."""
+        await forget_erased(self, [gone.request_id for gone in erased])
 
     async def tick(self, now: float) -> None:
         """Queue the kept deliveries a start could not read, and the warnings now due. What the
@@ -398,7 +415,9 @@ class WebhookChannel(Channel):
             recorded = False  # what the receiver answered is kept in the state and store
             try:
                 outcome = await self._send(url, delivery, event, raw)
-                if outcome != "gave up":
+                if outcome == _ERASED:  # its copies went with the erasure (`forget_erased`)
+                    recorded = True
+                elif outcome != "gave up":
                     if self._state is not None:
                         if outcome == "refused":  # recorded before its copy to send goes
                             answer = self._answers.get(url, (None, "refused", None))
@@ -429,13 +448,20 @@ class WebhookChannel(Channel):
         return await self._send(url, delivery, event, raw) == "delivered"
 
     async def _send(self, url: str, delivery: str, event: str, raw: bytes) -> str:
-        """`deliver`'s attempts; `delivered`, `refused` (a final 4xx) or `gave up`."""
+        """`deliver`'s attempts; `delivered`, `refused` (a final 4xx) or `gave up`; `erased`
+        (nothing sent) for one of a request erased since, whose close is sent stripped."""
         import httpx
 
         client = self._http()
         await self._waits.wait_out(url, delivery, self._sleep)
         attempt = 0
+        swapped = False
         while attempt < self.max_attempts:
+            if not swapped and delivery in self._replaced:  # erased while it waited
+                swapped, swap = True, self._replaced[delivery]
+                if swap is None:
+                    return _ERASED
+                raw = swap
             attempt += 1
             stamp = int(self.clock())  # signed afresh: a late retry is not a stale delivery
             headers = signed_headers(self.secrets, stamp, raw, event, delivery)
@@ -543,6 +569,7 @@ class WebhookChannel(Channel):
         self._queues.clear()
         self._queued.clear()
         self._sending.clear()
+        self._replaced.clear()
         self._rounds = Rounds(self)  # what was given up on is kept: the next start sends it
         if self._own_client and self._client is not None:
             await self._client.aclose()
