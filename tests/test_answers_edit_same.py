@@ -166,3 +166,30 @@ async def test_auto_does_not_review_an_edit_that_is_the_proposal(tmp_path: Path)
         [settled] = [e for e in await rt.audit(sid) if e.type == "approval.settled"]
         assert "auto_verdict" not in settled.data
     assert reviews == ["review"]
+
+
+async def test_an_approval_recorded_with_the_proposal_as_its_edit_is_repeated_either_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request settled before this rule, its resolution holding the proposal as its edit: the
+    same answer again (a client's retry after the upgrade), and the plain approval, are no-ops,
+    not `ConflictingAnswer` (the recorded edit is the call as proposed, no edit)."""
+    import signoff._answers as answers
+
+    def as_before(request: so.InputRequest, given: dict[str, Any], tool: Any) -> Any:
+        return given  # what the code before recorded for a form posted back unchanged
+
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:
+        sid, req, _ = await asked(rt)
+        answer = so.InputResponse(request_id=req.id, option_id="approve", edited_input=PROPOSED)
+        with monkeypatch.context() as patched:
+            patched.setattr(answers, "edited_input", as_before)
+            assert (await rt.respond(sid, [answer], principal=ALICE)).status == "completed"
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.resolution is not None
+        assert stored.resolution["edited_input"] == PROPOSED
+        plain = so.InputResponse(request_id=req.id, option_id="approve")
+        for again in (answer, plain):
+            r = await rt.respond(sid, [again], principal=ALICE)
+            assert [(o.outcome, o.applied) for o in r.outcomes] == [("approved", False)]

@@ -4,11 +4,12 @@ edit silently before, so the body ran with, and the record said, what no one app
 
 # No `from __future__ import annotations`: the tools' hints name types local to a test.
 import re
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
-from pydantic import AfterValidator, BaseModel
+from pydantic import AfterValidator, BaseModel, RootModel
 
 import signoff as so
 from signoff.testing import call_tools, reply, scripted_agent, sqlite_runtime
@@ -162,3 +163,69 @@ def test_edit_changed_takes_a_sorted_list_for_a_sets_items_only() -> None:
         1,
         False,
     )
+
+
+class _Tags(RootModel[set[int]]):
+    pass
+
+
+class _Kind(Enum):
+    A = "a"
+
+
+def test_edit_changed_finds_the_value_under_keys_that_are_not_text() -> None:
+    """A list its validator sorts under a dict keyed by numbers or an Enum (the JSON form's key
+    `"1"` holds the value of key `1`) is compared item by item, as under text keys: before,
+    nothing was found there, and the list was taken for a set's items (it ran sorted)."""
+    from signoff._tool_json import edit_changed
+
+    class Input(BaseModel):
+        by_number: dict[int, list[int]]
+        by_kind: dict[_Kind, list[int]]
+
+    validated = Input(by_number={1: [1, 2, 3]}, by_kind={_Kind.A: [1, 2, 3]})
+    form = {"by_number": {"1": [1, 2, 3]}, "by_kind": {"a": [1, 2, 3]}}
+    assert edit_changed({"by_number": {"1": [3, 1, 2]}}, form, validated) == (
+        ("by_number", "1", 0),
+        1,
+        False,
+    )
+    assert edit_changed({"by_kind": {"a": [3, 1, 2]}}, form, validated) == (
+        ("by_kind", "a", 0),
+        1,
+        False,
+    )
+
+
+def test_edit_changed_takes_a_sets_items_in_any_order_inside_a_root_model() -> None:
+    """A set wrapped in a `RootModel`: its items may come in any order, as a plain set's."""
+    from signoff._tool_json import edit_changed
+
+    class Input(BaseModel):
+        tags: _Tags
+
+    validated = Input(tags=_Tags({1, 2, 3}))
+    assert edit_changed({"tags": [3, 1, 2]}, {"tags": [1, 2, 3]}, validated) is None
+
+
+@so.tool(approval=so.always())
+async def rebatch(batches: dict[int, Annotated[list[int], AfterValidator(sorted)]]) -> str:
+    """Rebatch."""
+    ran.append(batches)
+    return "ok"
+
+
+async def test_a_list_a_validator_sorts_under_a_number_key_is_refused(tmp_path: Path) -> None:
+    ran.clear()
+    agent = scripted_agent(
+        "a",
+        [call_tools(so.ToolCall(id="c1", name="rebatch", input={"batches": {"1": [5]}}))],
+        tools=[rebatch],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        answer = so.Decision(id=req.id, approved=True, edited_input={"batches": {"1": [3, 1, 2]}})
+        with pytest.raises(so.InvalidAnswer, match=re.escape("'batches.1.0' comes out as 1")):
+            await rt.generate(session_id=r.session_id, approvals=[answer], auth=ALICE)
+    assert ran == []

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ._answer_edits import MAX_DEPTH, check_depth, edited_input, first_problems
+from ._answer_edits import MAX_DEPTH, as_proposed, check_depth, edited_input, first_problems
 from ._events import EventType
 from ._exceptions import (
     ConflictingAnswer,
@@ -315,7 +315,10 @@ def repeat(
         outcome = first.get("outcome")  # said when it says more than the status (`expired`)
         how = f" ({outcome})" if outcome not in (None, status) else ""
         raise RequestClosed(f"request {rid} is {status}{how}; it takes no answers", [rid])
-    edited = same_json(first.get("edited_input"), wanted.get("edited_input"))
+    recorded = first.get("edited_input")
+    if recorded is not None and as_proposed(request, recorded):
+        recorded = None  # recorded as an edit before a form posted back unchanged was none
+    edited = same_json(recorded, wanted.get("edited_input"))
     if request.kind == "tool-approval":  # an approval of other edited input approves another call
         same = edited
         if request.source == "tool" and request.approvers <= 1:

@@ -10,7 +10,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Secret, SecretBytes, SecretStr
+from pydantic import BaseModel, RootModel, Secret, SecretBytes, SecretStr
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from ._events import FITS_BITS, check_digits, dumps
@@ -411,6 +411,8 @@ def edit_changed(
     stack: list[tuple[Any, Any, Any, tuple[str | int, ...]]] = [(given, form, validated, ())]
     while stack:
         one, shown, value, where = stack.pop()
+        while isinstance(value, RootModel):  # its JSON form is its root's
+            value = value.root
         if isinstance(one, dict) and isinstance(shown, dict):
             computed = _computed(value)
             for key in one:
@@ -467,8 +469,26 @@ def _inner(value: Any, key: str) -> Any:
                 return getattr(value, name)
         return (value.__pydantic_extra__ or {}).get(key)
     if _is_dataclass(value):
+        fields = getattr(type(value), "__pydantic_fields__", None) or {}
+        for name, info in fields.items():
+            if (info.serialization_alias or name) == key:
+                return getattr(value, name, None)
         return getattr(value, key, None)
-    return value.get(key) if isinstance(value, dict) else None
+    if not isinstance(value, dict):
+        return None
+    if key in value:
+        return value[key]
+    # A key that is not text (a number, an Enum) is shown by its JSON form.
+    return next((v for k, v in value.items() if _json_key(k) == key), None)
+
+
+def _json_key(key: Any) -> str | None:
+    """The text a dict's key is shown by in its JSON form, as pydantic writes it."""
+    try:
+        plain = to_jsonable_python(key)
+    except (PydanticSerializationError, ValueError):
+        return None
+    return plain if isinstance(plain, str) else json.dumps(plain)
 
 
 def _as_set(given: list[Any], shown: list[Any]) -> bool:
