@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff._sweeping import SWEEP_DRIVES
+from signoff._sweeping import SWEEP_DRIVES, SweepDrives
 from signoff.testing import ExecutionLog, ManualClock, call, call_tools, reply, scripted_agent
 
 from .test_deadlines import ALICE, payout_agent
@@ -137,3 +137,40 @@ async def test_a_sweep_passes_over_a_session_deleted_after_it_listed_it(
             await rt.expire_due()
         assert pruned == [sid]
         assert [r.message for r in caplog.records] == []
+
+
+async def test_a_sweeps_background_drive_passes_over_a_session_deleted_before_it_began(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`serve`'s sweep hands a turn its deadline made runnable to `SweepDrives`; another process
+    cancels and deletes the session before that drive begins (it waits behind others): nothing
+    is logged. Before, an ERROR with `UnknownSession`'s traceback."""
+    clock = ManualClock()
+    agent = payout_agent(ExecutionLog(), so.always(expires_in=60))
+    async with (
+        so.Runtime([agent], store=store_url, clock=clock) as rt,
+        so.Runtime([agent], store=store_url, clock=clock) as other,
+    ):
+        sid = (await rt.generate("pay", prompt="pay", auth=ALICE)).session_id
+        clock.advance(60)
+        drives = SweepDrives(rt)
+        deleting: list[asyncio.Task[None]] = []
+        start = drives.start
+
+        def deleted_first(session_id: str, lease_wait: float | None = None) -> None:
+            async def gone() -> None:
+                await other.cancel(session_id)
+                await other.delete_session(session_id)
+                start(session_id, lease_wait)
+
+            deleting.append(asyncio.create_task(gone()))
+
+        drives.start = deleted_first  # type: ignore[method-assign]
+        with caplog.at_level(logging.WARNING, logger="signoff"):
+            with drives.handing():
+                assert await rt.expire_due() == 1
+            await asyncio.gather(*deleting)
+            await asyncio.gather(*drives.tasks.values())
+        assert [r.message for r in caplog.records] == []
+        with pytest.raises(so.UnknownSession):
+            await rt.state(sid)

@@ -17,7 +17,7 @@ from ._exceptions import SessionExpired, StoreError, UnknownSession
 from ._messages import Messages
 from ._queue_page import passing_page
 from ._sessions import to_claims
-from ._sweeps import one_of_many
+from ._sweeps import deleted_meanwhile, one_of_many
 from ._types import InputRequest
 from .stores import PendingFilter, SessionSummary
 from .stores._swept_rows import readable_sessions
@@ -85,8 +85,9 @@ class SweepDrives:
                 await self.runtime._drive(session_id, lease_wait=lease_wait)
             except SessionExpired:
                 pass
-            except Exception:  # the deadline is recorded; the turn waits for the next call
-                log.exception("session %s: continuing after its deadline failed", session_id)
+            except Exception as exc:  # the deadline is recorded; the turn waits for the next call
+                if not deleted_meanwhile(exc, session_id):
+                    log.exception("session %s: continuing after its deadline failed", session_id)
             finally:
                 self.started.discard(session_id)
 
@@ -321,7 +322,7 @@ class Sweeps(Messages):
                     log.warning("session %s: its passed deadlines not recorded: %s", sid, exc)
                     continue
                 except UnknownSession as exc:
-                    if exc.session_id != sid:
+                    if not deleted_meanwhile(exc, sid):
                         raise
                     continue  # deleted since the page was read: the listing reads it again
                 listed.append(sid)
@@ -341,7 +342,7 @@ class Sweeps(Messages):
                 except SessionExpired:
                     pass
                 except Exception as exc:  # the deadline is recorded; the turn is retried later
-                    if not (isinstance(exc, UnknownSession) and exc.session_id == sid):
+                    if not deleted_meanwhile(exc, sid):
                         log.exception("session %s: continuing after its deadline failed", sid)
 
         await asyncio.gather(*(one(sid) for sid in sessions))

@@ -16,7 +16,7 @@ from ._exceptions import (
     UnknownSession,
 )
 
-__all__ = ["STORE_FAILING", "one_of_many"]
+__all__ = ["STORE_FAILING", "deleted_meanwhile", "one_of_many"]
 
 STORE_FAILING = (StoreGone, StoreUnavailable, StoreBusy)
 """The store failing as a whole (gone, down, out of connections): it ends a sweep, where one
@@ -36,10 +36,14 @@ def one_of_many(log: logging.Logger, session_id: str, what: str) -> Iterator[Non
         raise
     except StoreError as exc:
         log.warning("session %s: %s: %s", session_id, what, exc)
-    except UnknownSession as exc:
-        if exc.session_id != session_id:
-            log.exception("session %s: %s", session_id, what)
-        else:
+    except Exception as exc:
+        if deleted_meanwhile(exc, session_id):
             log.debug("session %s: deleted meanwhile, so %s", session_id, what)
-    except Exception:
-        log.exception("session %s: %s", session_id, what)
+        else:
+            log.exception("session %s: %s", session_id, what)
+
+
+def deleted_meanwhile(exc: BaseException, session_id: str) -> bool:
+    """Whether `exc` says that the session a sweep works on is gone: deleted (a prune in
+    another process) since the sweep listed it, which is nothing to log."""
+    return isinstance(exc, UnknownSession) and exc.session_id == session_id
