@@ -347,6 +347,29 @@ async def test_a_new_loops_first_call_during_a_restart_waits_for_the_server(
                 await store.close()
 
 
+async def test_a_store_closed_while_a_new_loop_waits_out_an_outage_keeps_no_pool(
+    pg_store_url: str,
+) -> None:
+    """Closed (on its first loop) while another loop's first call waits for the server: once the
+    server is back, that call fails (`StoreError`, "closed") and no pool is left on the closed
+    store. Before, the call opened a pool the closed store kept, its connections open for good."""
+    async with _restarting(pg_store_url, outage_grace=30) as (relay, url):
+        store = PostgresStore(url)
+        async with other_loop() as other:
+            try:
+                sid = await new_session(store)
+                relay.stop()
+                calling = _there(other, store.head(sid))
+                await _refused_again(relay, calling)
+                await store.close()
+                relay.back()
+                with pytest.raises(StoreError, match="was closed while this call opened"):
+                    await asyncio.wait_for(calling, 20)
+                assert store._pool is None and not store._opened
+            finally:
+                await store.close()
+
+
 async def test_a_new_loops_first_call_fails_as_a_call_does_once_the_outage_outlasts_its_grace(
     pg_store_url: str,
 ) -> None:

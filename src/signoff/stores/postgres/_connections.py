@@ -159,6 +159,7 @@ class Connections(Migrations):
         # Whether a pool was opened since the store was made or closed: a new loop's opening
         # then waits out an outage as the calls do (`_open_pool`).
         self._opened = False
+        self._closes = 0  # how many times it was closed: an opening it overtook is dropped
         # The pools of other event loops still running (a runtime's async calls and its sync
         # twins on its bridge loop), each taken back when its loop calls again.
         self._parked: dict[asyncio.AbstractEventLoop, Pool] = {}
@@ -214,23 +215,41 @@ class Connections(Migrations):
                 if parked is not None and not parked.closed:
                     self._pool, self._loop = parked, loop
                     return parked
-            pool = await self._open_pool()
+            closes = self._closes
+            pool = await self._open_pool(closes)
             with self._swap:
-                if self._pool is not None:
-                    self._abandon()  # another loop's, taken while this one was opening
-                self._pool, self._loop = pool, loop
-                self._opened = True
+                overtaken = self._closes != closes
+                if not overtaken:
+                    if self._pool is not None:
+                        self._abandon()  # another loop's, taken while this one was opening
+                    self._pool, self._loop = pool, loop
+                    self._opened = True
+            if overtaken:
+                await pool.close()
+                raise self._closed_meanwhile()
             return pool
 
-    async def _open_pool(self) -> Pool:
+    def _closed_meanwhile(self) -> StoreError:
+        """The store was closed while a call of another event loop opened that loop's pool
+        (waiting out an outage, say): the pool is not kept on a closed store."""
+        return StoreError(
+            f"PostgreSQL store {self._where} was closed while this call opened its connections"
+        )
+
+    async def _open_pool(self, closes: int) -> Pool:
         """A new pool of this event loop, once the schema is checked (and migrated if allowed).
         For a store open already (a pool of another loop, or this loop's earlier one), a server
         found down is waited for as a call waits for a connection (`Outage.back`), up to the
-        outage grace; opening a store fails at once (`StoreUnavailable`)."""
+        outage grace, unless the store is closed meanwhile (`closes`: its count of closes when
+        the opening began); opening a store fails at once (`StoreUnavailable`)."""
         riding = self._opened
         outage = self._outage
         conn = await outage.back() if riding and outage.down_since() is not None else None
         while True:
+            if self._closes != closes:
+                if conn is not None:
+                    await conn.close()
+                raise self._closed_meanwhile()
             started = asyncio.get_running_loop().time()
             try:
                 checking, conn = conn or await self._connect(), None
@@ -400,6 +419,7 @@ class Connections(Migrations):
         here = asyncio.get_running_loop()
         with self._swap:
             self._opened = False
+            self._closes += 1
             foreign = self._pool is not None and self._loop is not here
             if foreign:
                 self._abandon()
