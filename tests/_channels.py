@@ -19,7 +19,7 @@ from signoff.channels import (
     ChannelHub,
     TextChannel,
 )
-from signoff.testing import call, call_tools, reply, scripted_agent
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 __all__ = [
     "BOB",
@@ -29,6 +29,7 @@ __all__ = [
     "manual",
     "Monotonic",
     "runtime",
+    "slowly_escalating_refund",
     "status",
     "Texts",
     "three_refunds",
@@ -138,6 +139,36 @@ def escalating_refund(name: str = "support") -> so.Agent:
         [call_tools(call("issue_refund", order_id="A-1")), reply("Done.")],
         tools=[issue_refund],
         repeat_last=True,
+    )
+
+
+def slowly_escalating_refund(clock: ManualClock, name: str = "support") -> so.Agent:
+    """`escalating_refund` whose response policy, judging an answer before the escalation,
+    takes past the deadline (it moves `clock` on 61 s) and allows it, and allows any answer
+    once the request is escalated: the first answer is spent as the deadline escalates it."""
+
+    def finance(ctx: so.ResponseContext) -> so.Allowed:
+        if ctx.request.escalated_to is None:
+            clock.advance(61)
+        return so.Allowed()
+
+    spec = so.ApprovalSpec(
+        request=so.always(),
+        response=finance,
+        expires_in=60,
+        on_timeout="escalate",
+        escalate_to="finance",
+    )
+
+    @so.tool(approval=spec)
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    return scripted_agent(
+        name,
+        [call_tools(call("issue_refund", order_id="A-1")), reply("Done.")],
+        tools=[issue_refund],
     )
 
 

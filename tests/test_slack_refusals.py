@@ -1,6 +1,7 @@
 """What the Slack channel refuses and tells: a signed interaction of the wrong shape is a
-`SlackPayloadError` (a 400) and acts on nothing, and a person who may not answer a request is
-told exactly that, not that it can no longer be answered."""
+`SlackPayloadError` (a 400) and acts on nothing, a person who may not answer a request is told
+exactly that, not that it can no longer be answered, and one whose answer was spent as the
+request's deadline escalated it is told that, not that the request is closed."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from signoff.channels import ChannelHub
 from signoff.channels.slack import SlackPayloadError, slack_principal
 from signoff.channels.slack._clicks import read
 from signoff.server import create_app
+from signoff.testing import ManualClock
 
+from ._channels import slowly_escalating_refund
 from ._slack import (
     ALICE,
     PATH,
@@ -32,6 +35,7 @@ from ._slack import (
     refund_requested,
     sign,
 )
+from ._slack_replies import FIRST_TS, deliver, event
 
 __all__ = ["fake"]  # the fixture, used by name
 
@@ -238,3 +242,50 @@ async def test_a_form_naming_a_field_twice_or_not_utf8_is_a_400_and_acts_on_noth
                 await slack.idle()
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.outcome == "approved"
+
+
+@pytest.mark.parametrize("how", ["click", "reply"])
+async def test_an_answer_the_deadline_escalated_meanwhile_is_told_not_accepted(
+    tmp_path: Path, fake: FakeSlack, how: str
+) -> None:
+    """Approve, pressed or typed in the thread, is spent as the deadline escalates the request
+    while the policy judges it: the person is told their answer was not accepted and why; the
+    request stays open to the group, its message updated with its buttons, and a second
+    press settles it. A press was told "Request ... is already closed: settled by the
+    policy.", a typed reply nothing."""
+    clock = ManualClock()
+    agent = slowly_escalating_refund(clock)
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        (req,) = (await rt.generate("support", prompt="Refund A-1", auth=ALICE)).pending
+        slack = channel(fake)
+        approve = click({"action_id": "signoff.approve", "value": req.id, "type": "button"})
+        async with manual(ChannelHub(rt, [slack], clock=clock)) as hub:
+            await hub.poll()
+            if how == "click":
+                await slack.handle(approve, sign(approve, int(time.time())))
+                await slack.idle()
+            else:
+                await deliver(slack, event("approve"))
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.status == "pending"
+            assert stored.request.escalated_to == "finance"
+            (note,) = fake.of("chat.postEphemeral")
+            assert note["text"] == (
+                "Your answer was not accepted (stale: the deadline passed before this response"
+                f" could settle it (request {req.id}); it was escalated to 'finance')."
+            )
+            assert note.get("thread_ts") == (None if how == "click" else FIRST_TS)
+            await hub.poll()
+            (posted,) = fake.of("chat.postMessage")
+            (escalated,) = fake.of("chat.update")
+            assert "escalated to *finance*" in escalated["blocks"][2]["elements"][0]["text"]
+            assert escalated["blocks"][3] == posted["blocks"][3]  # Approve / Deny stay
+            again = click(
+                {"action_id": "signoff.approve", "value": req.id, "type": "button"},
+                trigger="13345224609.738474920.8088930838d88f008e1",
+            )
+            await slack.handle(again, sign(again, int(time.time())))
+            await slack.idle()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.outcome == "approved"
+        assert len(fake.of("chat.postEphemeral")) == 1

@@ -22,7 +22,14 @@ import signoff as so
 from signoff.channels import ChannelHub, TerminalChannel, TerminalTextChannel
 from signoff.testing import ManualClock
 
-from ._channels import BOB, escalating_refund, manual, status, three_refunds
+from ._channels import (
+    BOB,
+    escalating_refund,
+    manual,
+    slowly_escalating_refund,
+    status,
+    three_refunds,
+)
 
 
 def _prompts(read: Callable[[str], str | None]) -> tuple[TerminalTextChannel, io.StringIO]:
@@ -89,6 +96,33 @@ async def test_a_prompt_closed_while_no_hub_ran_is_told_not_asked_again(tmp_path
         assert "issue_refund was approved by the policy" in out.getvalue()
         assert len(asked) == 1 and "B-2" in asked[0]
         assert await status(rt, b.id) == ("pending", None)
+
+
+async def test_an_answer_the_deadline_escalated_meanwhile_is_asked_again(tmp_path: Path) -> None:
+    """Bob's `y` is spent as the deadline escalates the request while the policy judges it: he
+    is told his answer was not accepted and why, and the request is asked again, now for the
+    group, whose policy takes his second `y`. It used to say the request "was already settled
+    by the policy" and ask nothing more, the request left open."""
+    clock = ManualClock()
+    lines = iter(["y", "y"])
+    asked: list[str] = []
+
+    def read(prompt: str) -> str | None:
+        asked.append(prompt)
+        return next(lines, None)
+
+    agent = slowly_escalating_refund(clock)
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        (a,) = (await rt.generate("support", prompt="Refund A-1")).pending
+        prompts, out = _prompts(read)
+        async with manual(ChannelHub(rt, [prompts], clock=clock)) as hub:
+            await hub.poll()
+            await prompts.idle()
+        told = out.getvalue()
+        assert "Your answer was not accepted (stale: the deadline passed" in told
+        assert "already settled" not in told
+        assert len(asked) == 2
+        assert await status(rt, a.id) == ("settled", "approved")
 
 
 async def _reading(readers: Callable[[], int]) -> None:

@@ -53,6 +53,20 @@ QUEUED_NOTE = (
 """What a person whose message was queued (`GenerateResult.queued`) is told: the turn running
 serves someone else, or messages wait their turn."""
 
+SETTLED_OUTCOMES = frozenset({"approved", "cancelled", "answered"})
+"""An answer's outcomes that settle its request: one not applied repeats the settlement
+recorded, so the request is closed."""
+
+
+def not_accepted(outcome: Outcome) -> str | None:
+    """What a person is told of an answer that took no effect and left its request open: a
+    response policy's refusal, or one spent (`stale`) as its deadline escalated the request to
+    a group meanwhile. None for one applied, counted, or repeating the settlement recorded."""
+    if outcome.applied or outcome.outcome == "counted" or outcome.outcome in SETTLED_OUTCOMES:
+        return None
+    why = f": {outcome.reason}" if outcome.reason else ""
+    return f"Your answer was not accepted ({outcome.outcome}{why})."
+
 
 class InvalidSignature(SignoffError):
     """A signed request (from Slack, or a webhook) failed verification: nothing was done."""

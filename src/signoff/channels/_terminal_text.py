@@ -93,8 +93,10 @@ class TerminalTextChannel(TextChannel):
     async def _ask(self, request: InputRequest) -> None:
         """Ask `request` (or first take the line of the prompt a stopped hub left out), then
         each request shown next that no prompt has asked, until one is left unanswered (end of
-        input) or its answer leaves it on show (refused, or counted)."""
+        input) or its answer leaves it on show (refused, or counted); one whose answer was spent
+        as its deadline escalated it (`stale`) is asked again, for the group to answer."""
         while True:
+            again = None
             try:
                 if self._out is None:
                     ask = functools.partial(self.terminal.ask, request)
@@ -111,14 +113,27 @@ class TerminalTextChannel(TextChannel):
                 if response is None:
                     return
                 if await self._still_shown(request):
-                    await self.answer(request, response, self.principal)
+                    taken = await self.answer(request, response, self.principal)
+                    if taken is not None and taken.outcome == "stale" and not taken.applied:
+                        again = await self._open_here(request)
             except Exception:
                 logger.exception("terminal channel: asking %s failed", request.id)
                 return
+            if again is not None:
+                request = again
+                continue
             current = self.current
             if current is None or current.id == request.id:
                 return
             request = current
+
+    async def _open_here(self, request: InputRequest) -> InputRequest | None:
+        """`request` as stored, if it is open still and this channel takes it as it stands
+        (escalated, say); else None."""
+        stored = await self.runtime.store.get_request(request.id)
+        if stored is None or stored.status != "pending" or not self.accepts(stored.request):
+            return None
+        return stored.request
 
     async def _still_shown(self, request: InputRequest) -> bool:
         """Whether the line typed at `request`'s prompt is applied: not if the channel dropped

@@ -35,6 +35,7 @@ from ._base import (
     Escalation,
     Resolution,
     describe_principal,
+    not_accepted,
     off_loop,
     settled_as,
 )
@@ -500,9 +501,9 @@ class TextChannel(Channel):
             else:
                 await self._say(f"You approved this request before ({outcome.reason}).")
             return outcome
-        if not outcome.applied and outcome.outcome in ("rejected", "failed", "timed-out"):
-            why = f": {outcome.reason}" if outcome.reason else ""
-            await self._say(f"Your answer was not accepted ({outcome.outcome}{why}).")
+        refused = not_accepted(outcome)
+        if refused is not None:  # the request is open still: it stays shown (`on_escalated`)
+            await self._say(refused)
             return outcome
         if not outcome.applied:  # settled the same way before: say by whom, as on_resolved would
             await self._say(await self._settled_before(request))

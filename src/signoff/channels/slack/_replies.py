@@ -25,7 +25,7 @@ from ..._exceptions import SignoffError, StoreError
 from ..._messages import first_open
 from ..._results import Outcome
 from ..._text import is_blank
-from .._base import QUEUED_NOTE, logger, off_loop, waiting_until
+from .._base import QUEUED_NOTE, logger, not_accepted, off_loop, waiting_until
 from ._identity import SlackUserUnknown
 from ._inbox import RESUME_AFTER, RETRY_WINDOW, Inbox, seconds
 from ._payloads import SlackPayloadError, envelope_of, member_of
@@ -89,10 +89,7 @@ def outcome_note(outcome: Outcome) -> str | None:
         return f"Your approval was counted ({outcome.reason})."
     if outcome.outcome == "counted":
         return f"You approved this request before ({outcome.reason})."
-    if not outcome.applied and outcome.outcome in ("rejected", "failed", "timed-out"):
-        why = f": {outcome.reason}" if outcome.reason else ""
-        return f"Your answer was not accepted ({outcome.outcome}{why})."
-    return None
+    return not_accepted(outcome)
 
 
 class ThreadReplies:
