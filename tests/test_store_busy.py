@@ -23,6 +23,9 @@ from signoff.stores import PendingFilter, SQLiteStore, promptly
 from signoff.stores.postgres import PostgresStore
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
+
+from signoff.stores.sqlite._transactions import waiting_for_lock
+
 from ._ttl import ttl_agent
 from .test_server_common import TOKENS, auth, make_agents, make_runtime
 
@@ -581,3 +584,100 @@ async def test_a_sessions_read_on_a_locked_file_waits_for_its_lock_once(
         body = (await c.get(f"/v1/sessions/{sid}", headers=auth("alice-token"))).json()
         assert (body["status"], body["turn"]["text"]) == ("idle", "done")
     await runtime.close()
+
+
+async def _cancelled_waiting(call: Awaitable[object], waits: asyncio.Event) -> None:
+    """`call` cancelled (a caller's timeout) once it `waits` for the locked SQLite file's lock:
+    it ends at once, cancelled, rather than wait for the lock again first."""
+    task = asyncio.ensure_future(call)
+    await asyncio.wait_for(waits.wait(), BOUND)
+    assert waiting_for_lock()  # the cancel lands in the wait
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=BOUND)
+    assert task in done, "the cancelled call went on waiting for the lock"
+    assert task.cancelled()
+
+
+def _told(monkeypatch: pytest.MonkeyPatch, store: so.stores.Store, name: str) -> asyncio.Event:
+    """Set once the store's `name` call asks for the session's lease, then waits for the lock
+    (its first try runs before the task suspends: see `serialised`)."""
+    told = asyncio.Event()
+    method = getattr(store, name)
+
+    async def asked(*args: Any, **kwargs: Any) -> Any:
+        if name != "commit" or args[0].grant is not None:
+            told.set()
+        return await method(*args, **kwargs)
+
+    monkeypatch.setattr(store, name, asked)
+    return told
+
+
+@pytest.mark.parametrize("call", ["respond", "send"])
+async def test_an_answer_or_message_cancelled_waiting_for_the_lock_ends_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """An answer or message cancelled while its commit (which asks for the turn's lease) waits
+    for another connection's lock on the SQLite file: that commit never began, yet the call
+    gave back the lease it "may have granted", waiting for the lock a whole busy timeout more
+    (30 s past the caller's timeout), and wrote the lease once the lock was free, after its
+    caller was told it was cancelled. It ends at once now, and writes nothing."""
+    path = tmp_path / "state.db"
+    runtime = so.Runtime(make_agents(), store=SQLiteStore(f"sqlite:///{path}", busy_timeout=30))
+    await runtime.open()
+    try:
+        sid, rid = await _answer_later(runtime)
+        writes = _writes(monkeypatch, runtime.store)
+        waits = _told(monkeypatch, runtime.store, "commit")
+        async with _busy(runtime.store, path):
+            await _cancelled_waiting(_answer_or_message(runtime, call, sid, rid), waits)
+            assert writes == ["commit+grant"]
+        assert [r.id for r in await runtime.pending()] == [rid]
+        assert writes == ["commit+grant"]
+        assert await runtime.store.acquire_lease(sid, "probe", 30.0, runtime.now()) == 2
+    finally:
+        await runtime.close()
+
+
+async def test_a_new_session_cancelled_waiting_for_the_lock_ends_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new session's creation cancelled while it waits for the SQLite file's lock: it gave
+    back the lease its creation never took, waiting for the lock a busy timeout more (a
+    caller's 0.5 s timeout raised after 3.5 s at a 3 s busy timeout). It ends at once now."""
+    path = tmp_path / "state.db"
+    runtime = so.Runtime(make_agents(), store=SQLiteStore(f"sqlite:///{path}", busy_timeout=30))
+    await runtime.open()
+    try:
+        writes = _writes(monkeypatch, runtime.store)
+        waits = _told(monkeypatch, runtime.store, "create_session")
+        async with _busy(runtime.store, path):
+            new = runtime.generate("support", "Refund order 1042, it broke", auth=_alice())
+            await _cancelled_waiting(new, waits)
+        assert await runtime.sessions() == []
+        assert writes == []
+    finally:
+        await runtime.close()
+
+
+async def test_a_drive_cancelled_asking_for_the_lease_on_a_locked_file_ends_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A drive (here `generate` going on with a session) cancelled while its ask for the
+    session's lease waits for the SQLite file's lock: it asked again, to give back a lease it
+    was never granted, waiting a busy timeout more. It ends at once now, and writes nothing."""
+    path = tmp_path / "state.db"
+    runtime = so.Runtime(make_agents(), store=SQLiteStore(f"sqlite:///{path}", busy_timeout=30))
+    await runtime.open()
+    try:
+        sid, rid = await _answer_later(runtime)
+        writes = _writes(monkeypatch, runtime.store)
+        waits = _told(monkeypatch, runtime.store, "acquire_lease")
+        async with _busy(runtime.store, path):
+            await _cancelled_waiting(runtime.generate(session_id=sid), waits)
+            assert writes == ["acquire_lease"]
+        assert [r.id for r in await runtime.pending()] == [rid]
+        assert writes == ["acquire_lease"]
+        assert await runtime.store.acquire_lease(sid, "probe", 30.0, runtime.now()) == 2
+    finally:
+        await runtime.close()

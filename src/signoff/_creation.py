@@ -113,8 +113,10 @@ async def made(
                 raise
             # There and gone: deleted meanwhile. Made again, it is refused as such
             # (`SessionDeleted`), or made if it was never there (a write told as failed).
-        except asyncio.CancelledError:
-            if owner is not None:
+        except asyncio.CancelledError as exc:
+            # Not when cancelled waiting for a SQLite file's lock (`wrote_nothing`), which it
+            # would wait for again before the cancel came through.
+            if owner is not None and not wrote_nothing(exc):
                 await _give_back(rt, session_id, owner)
             raise
     rt._remember(state)

@@ -51,6 +51,7 @@ Every error that is about an answer leaves the store unchanged: nothing is claim
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -403,7 +404,6 @@ class StoreError(SignoffError):
     """The store failed or holds data signoff cannot use."""
 
     code = "store_error"
-    _unwritten = False  # set by `unwritten`, read by `wrote_nothing`
 
 
 class SchemaVersionError(StoreError):
@@ -496,18 +496,23 @@ class RemoteError(SignoffError):
         self.idempotency_key = idempotency_key  # to retry a call that got no answer with
 
 
-_E = TypeVar("_E", bound=StoreError)
+_E = TypeVar("_E", bound=StoreError | asyncio.CancelledError)
 
 
 def unwritten(exc: _E) -> _E:
     """`exc`, marked as the failure of a store call that certainly wrote nothing: it waited for a
-    SQLite file's lock or a pool's connection, and none came (`wrote_nothing`)."""
-    exc._unwritten = True
+    SQLite file's lock or a pool's connection, and none came, or it was cancelled as it waited
+    for the lock (`wrote_nothing`)."""
+    vars(exc)["_unwritten"] = True  # the instance's own: a CancelledError has no such attribute
     return exc
 
 
 def wrote_nothing(exc: BaseException) -> bool:
     """Whether the store call that raised `exc` certainly wrote nothing: refused as busy
-    (`StoreBusy`), or given up waiting for a lock or connection (`unwritten`). Any other failure
-    may have been written all the same (a PostgreSQL COMMIT whose connection was lost)."""
-    return isinstance(exc, StoreBusy) or (isinstance(exc, StoreError) and exc._unwritten)
+    (`StoreBusy`), given up waiting for a lock or connection, or cancelled while it waited for a
+    SQLite file's lock (`unwritten`). Any other failure, or cancel, may have been written all
+    the same (a PostgreSQL COMMIT whose connection was lost, or whose wait was cancelled)."""
+    if isinstance(exc, StoreBusy):
+        return True
+    marked = isinstance(exc, StoreError | asyncio.CancelledError) and vars(exc).get("_unwritten")
+    return marked is True

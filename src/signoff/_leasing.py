@@ -22,7 +22,7 @@ from typing import Any
 
 from ._any_loop import AnyLoopEvent
 from ._events import Event
-from ._exceptions import LeaseLost, StoreError, UsageError
+from ._exceptions import LeaseLost, StoreError, UsageError, wrote_nothing
 from ._settings import finite
 from .stores import Store
 
@@ -276,8 +276,9 @@ class Leasing:
             now = self.now()
             try:
                 got = await self.store.acquire_lease(session_id, owner, self.lease_ttl, now)
-            except asyncio.CancelledError:
-                await self._give_back_unseen(session_id, owner)
+            except asyncio.CancelledError as exc:
+                if not wrote_nothing(exc):  # cancelled waiting for a SQLite file's lock
+                    await self._give_back_unseen(session_id, owner)
                 raise
             if got is not None and await self._confirmed(session_id, owner, got, now):
                 token = got  # else born expired, and another owner took it meanwhile

@@ -175,8 +175,9 @@ class SessionRunner(SessionCache):
     @staticmethod
     def _not_granted(ahead: _Ahead) -> None:
         """A commit of the call that asked for the lease failed having written nothing (refused
-        as busy, say: `wrote_nothing`): it granted none, so none is given back for it, which
-        would wait for the busy store again, and write after the call was told nothing was."""
+        as busy, or cancelled waiting for a SQLite file's lock: `wrote_nothing`): it granted
+        none, so none is given back for it, which would wait for the busy store again, and
+        write after the call was told nothing was."""
         ahead.asking = max(0, ahead.asking - 1)  # none, if another of its commits granted it
 
     async def _on_grant(self, ahead: _Ahead, token: int | None, asked: float) -> None:

@@ -185,7 +185,8 @@ def serialised(
     its transaction, nor it reads their uncommitted writes or what the store remembers of them
     half-updated. While another connection holds the file's write lock, the call is run again
     after a sleep on the event loop, until the busy timeout (`REQUEST_WAIT` for an HTTP
-    request's: then `StoreBusy`) has passed."""
+    request's: then `StoreBusy`) has passed. A cancel can land only in that sleep, where the
+    call wrote nothing: its `CancelledError` is marked so (`unwritten`)."""
 
     @functools.wraps(call)
     async def locked(store: C, /, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -213,7 +214,11 @@ def serialised(
                     _LOCK_WAITS.add(waiting)
                 if now >= deadline:
                     raise _gave_up(store.path, turned_back, prompt, wait) from turned_back
-                await asyncio.sleep(min(pause, deadline - now))
+                try:
+                    await asyncio.sleep(min(pause, deadline - now))
+                except asyncio.CancelledError as exc:
+                    unwritten(exc)  # its transaction never began: nothing to give back
+                    raise
                 pause = min(pause * 2, _LONGEST_PAUSE)
         finally:
             _LOCK_WAITS.discard(waiting)
