@@ -400,3 +400,60 @@ async def test_approvals_leaving_a_request_open_are_partial_whatever_a_refused_a
                 await rt.generate(session_id=r.session_id, approvals=[decision], auth=MALLORY)
             assert partial.value.request_ids == [second.id]
         assert await store_contents(rt.store, r.session_id) == before
+
+
+# -- judged once a call through mirrors ---------------------------------------------------------
+
+# who answers, whether the subagent's request was settled (by alice, on its own session), and
+# the answer: the policy refuses bob's, allows alice's
+ONCE: dict[str, tuple[so.Principal, bool, dict[str, Any]]] = {
+    "bob, a stale input hash": (BOB, False, {"input_hash": "sha256:0"}),
+    "bob, an edit of the wrong type": (BOB, False, {"edited_input": {"order_id": []}}),
+    "bob, a sound answer to a closed request": (BOB, True, {}),
+    "alice, her answer again": (ALICE, True, {}),
+}
+
+
+@pytest.mark.parametrize("depth", [1, 2], ids=["mirror", "mirror of a mirror"])
+@pytest.mark.parametrize("case", list(ONCE))
+async def test_through_a_mirror_the_policy_judges_an_answer_once_a_call(
+    store_url: str, case: str, depth: int
+) -> None:
+    """An answer through a parent's mirror is checked in every session before any is settled,
+    and an answer the policy judges without settling it (unsound, or to a closed request) was
+    judged again in each pass: three times through a mirror, more through a mirror of one. A
+    policy may be slow or ask a model: it judges each answer once a call."""
+    who, closed, given = ONCE[case]
+    seen: list[str] = []
+
+    def only_alice(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        assert ctx.response.principal is not None
+        seen.append(ctx.response.principal.principal_id)
+        return AllowList(["alice"])(ctx)
+
+    desk = refund_desk(so.ApprovalSpec(so.always(), only_alice), [])
+    top = scripted_agent(
+        "top",
+        [call_tools(call("support", message="refund 9")), reply("done")],
+        tools=[so.delegate("support")],
+    )
+    async with so.Runtime([top, *desk], store=store_url) as rt:
+        r = await rt.generate("top" if depth == 2 else "support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        child = mirror.child
+        for _ in range(depth - 1):
+            assert child is not None
+            (deeper,) = (await rt.state(child.session_id)).pending_requests()
+            child = deeper.child
+        assert child is not None and child.agent == "billing"
+        if closed:  # on the subagent's session, leaving the mirrors open
+            sound = so.InputResponse(request_id=child.request_id, option_id="approve")
+            await rt.respond(child.session_id, [sound], principal=ALICE, resume=False)
+        seen.clear()
+        answer = so.InputResponse(request_id=mirror.id, option_id="approve", **given)
+        done = await rt.respond(r.session_id, [answer], principal=who)
+        assert seen == [who.principal_id]
+        if who == BOB:
+            assert [(o.outcome, o.applied) for o in done.outcomes] == [("rejected", False)]
+        else:
+            assert done.status == "completed"

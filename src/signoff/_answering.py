@@ -551,15 +551,14 @@ class Answering(Candidates):
         unable to settle it (judged on its decision alone), who may answer it by the other rules
         (`_may_not_answer`), returned as it would have been recorded for a sound answer to it
         open, but not recorded; None if they could have answered it. A mirror is judged on the
-        subagent's request it stood for, under the subagent's tool and state."""
+        subagent's request it stood for, under the subagent's tool and state, once for all the
+        passes of settling mirrored answers (`_mirrors.judged_once`)."""
         decided = await deciding(self.store, request)
         agent = self.agents.get(decided.agent)
         tool = None if agent is None else agent.tools.get(decided.tool_name or "")
         if decided.kind != "tool-approval" or tool is None or tool.response_policy is None:
             return None
-        own = decided.session_id == state.id
-        judged_in = state if own else await self._state(decided.session_id)
-        verdict = await self._judged(judged_in, tool, decided, wanted, principal)
+        verdict = await _mirrors.judged_once(self, state, tool, decided, wanted, principal)
         if verdict.outcome == "allowed":
             return None
         return Outcome(

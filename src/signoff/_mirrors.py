@@ -7,6 +7,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import json
 import math
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
@@ -32,9 +33,11 @@ if TYPE_CHECKING:
     from ._approval import Verdict
     from ._idempotency import Keyed
     from ._response import ResponseVerdict
+    from ._tools import Tool
 
 __all__ = [
     "FOLLOWED",
+    "JUDGED",
     "MAX_HOPS",
     "REVIEWED",
     "close_mirror",
@@ -42,6 +45,7 @@ __all__ = [
     "followed",
     "followed_state",
     "following_mirrors",
+    "judged_once",
     "keep_vote_key",
     "routed",
     "settle_routed",
@@ -60,6 +64,47 @@ REVIEWED: contextvars.ContextVar[
 """While `settle_routed` checks every answer and then settles them: the verdicts on each edit (by
 request id and edit), the response policy's and the approval policy's with what its review cost,
 so the settlement takes the check's, judging and reviewing nothing again."""
+
+JUDGED: contextvars.ContextVar[dict[str, ResponseVerdict] | None] = contextvars.ContextVar(
+    "judged", default=None
+)
+"""While `settle_routed` checks every answer and then settles them: the response policy's
+verdicts on answers judged without settling (to a closed request, or unsound: `judged_once`),
+by `_judging_key`, so no pass of the call judges one again. A policy may be slow or ask a model."""
+
+
+async def judged_once(
+    rt: Answering,
+    state: SessionState,
+    tool: Tool,
+    request: InputRequest,
+    wanted: dict[str, Any],
+    principal: Principal | None,
+) -> ResponseVerdict:
+    """The verdict of `tool`'s response policy on `principal`'s answer `wanted` to `request`
+    (judged in its own session, read unless it is `state`'s), or the one an earlier pass of this
+    `settle_routed` call gave it (`JUDGED`)."""
+    memo = JUDGED.get()
+    key = _judging_key(request, wanted, principal)
+    if memo is not None and key in memo:
+        return memo[key]
+    own = request.session_id == state.id
+    judged_in = state if own else await rt._state(request.session_id)
+    verdict = await rt._judged(judged_in, tool, request, wanted, principal)
+    if memo is not None:
+        memo[key] = verdict
+    return verdict
+
+
+def _judging_key(request: InputRequest, wanted: dict[str, Any], principal: Principal | None) -> str:
+    """What a response policy sees of an answer that may differ within one call."""
+    seen = {
+        "request": request.id,
+        "decision": wanted["decision"],
+        "edited_input": wanted.get("edited_input"),
+        "by": None if principal is None else principal.model_dump(mode="json"),
+    }
+    return json.dumps(seen, sort_keys=True, default=str)
 
 
 async def deciding(store: Store, request: InputRequest) -> InputRequest:
@@ -198,13 +243,15 @@ async def settle_routed(
     principal: Principal | None,
     **kwargs: Any,
 ) -> list[Outcome]:
-    """`_settle_routed`, with the reviews of edits its check makes kept for its settlement."""
+    """`_settle_routed`, with the reviews of edits its check makes kept for its settlement,
+    and the response policy's verdicts on answers it judges without settling for every pass."""
     if REVIEWED.get() is not None:  # a mirror of a mirror: the outermost call keeps them
         return await _settle_routed(rt, state, answers, principal, **kwargs)
-    token = REVIEWED.set({})
+    token, judged = REVIEWED.set({}), JUDGED.set({})
     try:
         return await _settle_routed(rt, state, answers, principal, **kwargs)
     finally:
+        JUDGED.reset(judged)
         REVIEWED.reset(token)
 
 
