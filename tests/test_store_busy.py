@@ -21,10 +21,8 @@ from signoff._wire import error as _error
 from signoff.server import TokenAuth, create_app
 from signoff.stores import PendingFilter, SQLiteStore, promptly
 from signoff.stores.postgres import PostgresStore
-from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
-
-
 from signoff.stores.sqlite._transactions import waiting_for_lock
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._ttl import ttl_agent
 from .test_server_common import TOKENS, auth, make_agents, make_runtime
