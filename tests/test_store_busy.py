@@ -679,3 +679,62 @@ async def test_a_drive_cancelled_asking_for_the_lease_on_a_locked_file_ends_at_o
         assert await runtime.store.acquire_lease(sid, "probe", 30.0, runtime.now()) == 2
     finally:
         await runtime.close()
+
+
+def _judged_agent() -> so.Agent:
+    """An approval whose answers a response policy judges (on a task of its own, which goes
+    on past the caller's cancel)."""
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=lambda ctx: so.Allowed()))
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    return scripted_agent(
+        "support",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Done.")],
+        tools=[issue_refund],
+    )
+
+
+async def test_an_answer_a_policy_judges_cancelled_waiting_for_the_lock_ends_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, for an answer a response policy judged: its settlement, committed on a task of
+    its own that goes on past the cancel, waits for the lock; the call gave back the lease that
+    commit asks for, waiting behind it for the lock. It ends at once now; the settlement's grant
+    is given back once the lock is free, and the session is not left leased."""
+    path = tmp_path / "state.db"
+    runtime = so.Runtime([_judged_agent()], store=SQLiteStore(f"sqlite:///{path}", busy_timeout=30))
+    await runtime.open()
+    try:
+        first = await runtime.generate("support", "Refund order 1042")
+        sid, rid = first.session_id, first.pending[0].id
+        writes = _writes(monkeypatch, runtime.store)
+        locker = sqlite3.connect(path, isolation_level=None)
+        waits = asyncio.Event()
+        commit = runtime.store.commit
+
+        async def locked_first(c: Any) -> Any:  # the settlement's commit meets the lock
+            if c.grant is not None and not waits.is_set():
+                locker.execute("BEGIN IMMEDIATE")
+                waits.set()
+            return await commit(c)
+
+        monkeypatch.setattr(runtime.store, "commit", locked_first)
+        try:
+            answer = so.InputResponse(request_id=rid, option_id="approve")
+            await _cancelled_waiting(runtime.respond(sid, [answer]), waits)
+            assert "acquire_lease" not in writes
+        finally:
+            locker.execute("ROLLBACK")
+            locker.close()
+        for _ in range(200):  # the settlement goes on past the cancel, once the lock is free
+            stored = await runtime.store.get_request(rid)
+            if stored is not None and stored.status == "settled" and "release_lease" in writes:
+                break
+            await asyncio.sleep(0.05)
+        assert stored is not None and stored.status == "settled"
+        assert await runtime.store.acquire_lease(sid, "probe", 30.0, runtime.now()) is not None
+    finally:
+        await runtime.close()

@@ -148,6 +148,8 @@ class Leasing:
     # call it runs would otherwise run twice at once. Set by `_acquire` (or `_drive`, for a
     # lease given it), cleared by `_let_go`.
     _holders: dict[str, str]
+    # Give-backs of leases asked for by answers settling past their call's end (`_drop_ahead`).
+    _giving_back: set[asyncio.Task[None]]
 
     def _unmeasured(self) -> None:
         """No measurement of the store's clock yet: `clock` is read as it is until `open`."""
@@ -296,6 +298,25 @@ class Leasing:
             token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, self.now())
             if token is not None:
                 await self.store.release_lease(session_id, owner, token)
+
+    def _give_back_after(
+        self,
+        session_id: str,
+        owner: str,
+        settling: set[asyncio.Task[Any]],
+        unanswered: Callable[[], bool],
+    ) -> None:
+        """`_give_back_unseen`, in the background once the tasks `settling` a call's answers end
+        (their commits asking for its lease), if one's ask is still `unanswered` then."""
+
+        async def given_back() -> None:
+            await asyncio.wait(settling)
+            if unanswered():
+                await self._give_back_unseen(session_id, owner)
+
+        task = asyncio.create_task(given_back())
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
 
     def _let_go(self, session_id: str, owner: str) -> None:
         """The drive of `owner` no longer holds the session here (see `_holders`)."""

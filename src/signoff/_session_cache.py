@@ -177,6 +177,7 @@ class SessionCache(Leasing):
         # that failed (a later pass takes one of its own): what the worker gives back or takes.
         self._kept_on_error: dict[str, tuple[str, int]] = {}
         self._holders: dict[str, str] = {}  # see `Leasing._holders`
+        self._giving_back: set[asyncio.Task[None]] = set()  # see `Leasing._giving_back`
         self._opened = False
         self._settings_due = self._settings_warned = False  # see `_record_settings`
         self._sync = SyncBridge()

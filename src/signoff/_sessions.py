@@ -64,6 +64,12 @@ def _unfinished(state: SessionState) -> bool:
     return turn is not None and turn.status in ("running", "waiting") and runnable(state)
 
 
+def _unanswered(ahead: _Ahead) -> bool:
+    """Whether a commit asked for the call's lease unanswered; none is from now on."""
+    asked, ahead.asking = ahead.asking, 0
+    return asked > 0
+
+
 class SessionRunner(SessionCache):
     """Loads sessions, starts turns and drives them under a lease; `Runtime` builds on it."""
 
@@ -230,8 +236,12 @@ class SessionRunner(SessionCache):
         """Give back the lease granted for a drive of the call that did not take it, or that a
         commit stopped on its way (the call cancelled) may have granted all the same."""
         ahead.closed = True
-        if ahead.asking:
-            ahead.asking = 0
+        settling = {task for task in ahead.helpers if not task.done()}
+        if ahead.asking and settling:  # answers judged past a cancel: a grant of theirs goes
+            # back at `_on_grant`, one unanswered when they end then, not waited for here
+            unanswered = partial(_unanswered, ahead)
+            self._give_back_after(ahead.session_id, ahead.owner, settling, unanswered)
+        elif _unanswered(ahead):
             await self._give_back_unseen(ahead.session_id, ahead.owner)
         if ahead.token is None:
             return
