@@ -38,6 +38,7 @@ __all__ = [
     "stored_after_deadline",
     "stored_after_expiry",
     "summary_after_expiry",
+    "time_to_record",
 ]
 
 TIMED_OUT = "no one decided before the deadline"
@@ -243,6 +244,12 @@ def expiry_specs(state: SessionState) -> list[EventSpec]:
         error = {"code": "session_expired", "message": "the session's TTL passed"}
         specs.append(("turn.failed", {"error": error, "retryable": False, "reason": EXPIRED}))
     return specs
+
+
+def time_to_record(state: SessionState, now: float) -> bool:
+    """Whether time left something to record on the session by `now`: its TTL passed with the
+    turn unfinished (`expiry_specs`), or a request's deadline passed (`due_batch`)."""
+    return bool(state.expired(now) and expiry_specs(state)) or due_batch(state, now) is not None
 
 
 def in_flight(state: SessionState) -> bool:

@@ -21,7 +21,7 @@ from ._answers import decisions as _decisions
 from ._call_guards import closes_stop
 from ._cancel_batch import CancelBatch
 from ._cancellation import stop_calls
-from ._deadlines import expiry_specs, state_after_deadlines
+from ._deadlines import expiry_specs, time_to_record
 from ._deletion import Deletion
 from ._engine import Driver
 from ._events import Event
@@ -434,14 +434,15 @@ class Runtime(Deletion):
 
     @closes_stop
     async def state(self, session_id: str) -> SessionState:
-        """The session's current state: a TTL that passed with the turn unfinished recorded first
-        (the turn fails; a store that refuses the write shows it so), passed deadlines shown as
-        their record leaves them (a read drives no turn: a listing or sweep records them and goes
-        on), its open mirrors with their subagents' requests' votes, escalation and deadline. The
-        caller's own copy: changing it changes nothing the runtime decides (`detached`)."""
+        """The session's current state. Like a listing, it first records a TTL that passed with the
+        turn unfinished (the turn fails, its requests expire) and passed deadlines (the turn left to
+        go on, undriven), so it never waits on answers no one can give (nor on a mirror of a
+        subagent's whose TTL passed); a store that refuses the write shows them unrecorded. Its open
+        mirrors show their subagents' requests' votes, escalation and deadline. It is the caller's
+        own copy: the runtime's later calls leave it as it is, and changing it (but for its calls'
+        journals' entries) changes nothing they decide (`SessionState.detached`)."""
         state = await self._state(session_id)
-        now = self.now()
-        if state.agent in self.agents and state.expired(now) and expiry_specs(state):
+        if state.agent in self.agents and time_to_record(state, self.now()):
             with contextlib.suppress(SessionExpired, StoreError):
                 await self._checked(session_id)
             state = await self._state(session_id)
@@ -455,9 +456,8 @@ class Runtime(Deletion):
                 to_claims.reset(leaving)
             if recorded:
                 state = await self._state(session_id)
-        state = state_after_deadlines(state.detached(), now)
         # Not the cached state, which the runtime folds on and decides from.
-        return await followed_state(self.store, state)
+        return await followed_state(self.store, state.detached())
 
     async def _record_expired_children(self, state: SessionState) -> bool:
         """Record the passed TTL of the subagents the session's open mirrors were asked for,

@@ -14,6 +14,7 @@ from starlette.requests import HTTPConnection
 
 from .._deadlines import (
     is_due,
+    state_after_deadlines,
     stored_after_deadline,
     stored_after_expiry,
 )
@@ -246,13 +247,16 @@ class ServerContext(OpenRequests):
         state = await self.runtime._state(session_id)
         if not shown:
             return state
-        # Passed deadlines recorded and their turn gone on with, as a listing of the queue does
-        # (one wait for a busy store); `Runtime.state` records a passed TTL, and shows those of
-        # an agent this process lacks (or a store it may only read) as their record leaves them.
+        # `Runtime.state` records a passed TTL and passed deadlines first, so it never reads as
+        # waiting on answers no one can give; the turn a deadline it recorded lets go on is
+        # gone on with here, as a listing of the queue does (it leaves it to the next call).
         due = [r for r in state.pending_requests() if is_due(r, self.runtime.now())]
-        if due:
+        head, state = state.seq, await self.runtime.state(session_id)
+        if due and state.seq > head:  # not if the store refused it: one wait, not two
             await self.runtime._apply_deadlines(due, listing=True)
-        return await self.runtime.state(session_id)
+            state = await self.runtime.state(session_id)
+        # Those of an agent this process lacks (or a store it may only read) are shown so.
+        return state_after_deadlines(state, self.runtime.now())
 
     async def _visible(self, session_id: str, caller: Principal) -> None:
         """`UnknownSession` unless the caller may see the session, decided from its first event
