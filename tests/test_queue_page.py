@@ -1,8 +1,7 @@
 """A page of the queue and its total are one read of the store: a request another process closes
 or opens between the page and the count cannot set them apart. Each test closes or opens one,
 on connections of its own, right before the store next counts requests (after the page a listing
-read, before its total), and checks that the total is what the page holds. And a listing of
-expired requests lists those that read `expired` though nothing recorded it yet."""
+read, before its total), and checks that the total is what the page holds."""
 
 from __future__ import annotations
 
@@ -22,9 +21,9 @@ import signoff as so
 from signoff._queue_page import counted_listing
 from signoff.server import TokenAuth, create_app
 from signoff.stores import PendingFilter, SQLiteStore, Store
-from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+from signoff.testing import ManualClock, call, call_tools, scripted_agent
 
-from .test_server_common import ALICE, TOKENS, auth
+from .test_server_common import TOKENS, auth
 
 Action = Callable[[so.Runtime], Awaitable[Any]]
 
@@ -245,68 +244,3 @@ async def test_a_store_without_pending_counted_is_read_twice(tmp_path: Path) -> 
         page, total = await counted_listing(own, PendingFilter(limit=2))  # type: ignore[arg-type]
         assert (len(page), total) == (2, 3)
         assert own.calls == ["pending", "count_pending"]
-
-
-def _expiring() -> list[so.Agent]:
-    """`deny`: its approval is denied if no one decides within 60 s; `ttl`: its sessions end 30 s
-    after their last event; `escalate`: its approval goes to `leads` after 60 s."""
-    agents = []
-    for name, policy, ttl in (
-        ("deny", so.always(expires_in=60), None),
-        ("ttl", so.always(), 30),
-        ("escalate", so.always(expires_in=60, on_timeout="escalate", escalate_to="leads"), None),
-    ):
-
-        @so.tool(approval=policy)
-        async def pay(invoice: str) -> str:
-            """Pay an invoice."""
-            return "paid"
-
-        limits = so.Limits(ttl=ttl) if ttl else None
-        steps = [call_tools(call("pay", invoice="7")), reply("done")]
-        agents.append(scripted_agent(name, steps, tools=[pay], limits=limits))
-    return agents
-
-
-@pytest.mark.parametrize("runs", [True, False], ids=["recorded", "unrecorded"])
-async def test_the_expired_listing_lists_what_reads_expired(store_url: str, runs: bool) -> None:
-    """Past a deadline that denies, and past a session's TTL, with no sweep run: `GET
-    /v1/requests?status=expired` (the dashboard's Expired tab) had neither (total 0), and
-    `?status=pending` neither, while `GET /v1/requests/{id}` read each `expired`. A process
-    with the agents records them first (and goes on with the turn); one without them lists
-    them as recording will close them, counted so. One whose deadline escalates is pending."""
-    clock = ManualClock()
-    async with so.Runtime(_expiring(), store=store_url, clock=clock) as rt:
-        asked = []
-        for a in ("deny", "ttl", "escalate"):
-            asked.append((await rt.generate(a, prompt="pay", auth=ALICE)).pending[0].id)
-            clock.advance(1)  # listed in this order
-    clock.advance(60)
-    expired, escalated = asked[:2], asked[2]
-    agents = _expiring() if runs else [_desk()]
-    runtime = so.Runtime(agents, store=store_url, clock=clock)
-    flt = PendingFilter(status="expired")
-    assert [r.id for r in await runtime.pending(flt)] == expired
-    assert {r.status for r in await runtime.pending(flt)} == {"expired"}
-    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
-    ):
-        for status, ids in (("expired", expired), ("pending", [escalated])):
-            got = await c.get(f"/v1/requests?status={status}", headers=auth("alice-token"))
-            body = got.json()
-            assert ([r["id"] for r in body["items"]], body["total"]) == (ids, len(ids)), status
-            assert {r["status"] for r in body["items"]} == {status}
-            if status == "pending":
-                assert body["items"][0]["escalated_to"] == "leads"
-            paged = await c.get(
-                f"/v1/requests?status={status}&limit=1&offset=1", headers=auth("alice-token")
-            )
-            assert [r["id"] for r in paged.json()["items"]] == ids[1:2]
-        for rid in expired:
-            one = await c.get(f"/v1/requests/{rid}", headers=auth("alice-token"))
-            assert one.json()["status"] == "expired"
-    stored = await runtime.store.pending(PendingFilter(status="expired"))
-    assert [r.id for r in stored] == (expired if runs else [])
-    await runtime.close()

@@ -1,13 +1,10 @@
 """A page of the sessions and its total are one read of the store: a session another process
 creates or cancels between the page and the count cannot set them apart. Each test makes the
 change, on connections of its own, right before the store next counts sessions (after a listing
-read its page, before its total), and checks that the total is what the page holds. And a
-session past its deadlines, nothing recorded yet, is listed as recording them leaves it."""
+read its page, before its total), and checks that the total is what the page holds."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import re
 from functools import partial
 from pathlib import Path
@@ -17,12 +14,10 @@ import httpx
 import pytest
 
 import signoff as so
-from signoff._session_page import counted_sessions, shown_total
+from signoff._session_page import counted_sessions
 from signoff.server import TokenAuth, create_app
 from signoff.stores import InitiatorFilter, SessionSummary, SQLiteStore, Store
-from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
-from ._cli import invoke
 from .test_queue_page import Action, _before_count, _desk, _elsewhere
 from .test_server_common import ALICE, TOKENS, auth
 
@@ -146,79 +141,3 @@ async def test_a_store_without_sessions_counted_is_read_twice(tmp_path: Path) ->
         )
         assert (len(page), total) == (2, 3)
         assert own.calls == ["sessions", "count_sessions"]
-
-
-def _payouts(name: str, **policy: Any) -> so.Agent:
-    """Agent `name`: each turn asks to approve a payout, which no one decides within 60 s."""
-
-    @so.tool(approval=so.always(expires_in=60, **policy))
-    async def pay(invoice: str) -> str:
-        """Pay an invoice."""
-        return "paid"
-
-    return scripted_agent(name, [call_tools(call("pay", invoice="7")), reply("done")], tools=[pay])
-
-
-async def test_a_session_past_its_only_deadline_is_never_listed_waiting(store_url: str) -> None:
-    """A session whose only request passed its deadline (denied on timeout), no sweep run yet:
-    `rt.sessions()`, `rt.sessions(status="waiting")` and `rt.state()` said `waiting` while the
-    queue had nothing to answer (README: `waiting` always means a person must act first). The
-    listing records the page's deadlines first and goes on with their turns, as the queue's
-    does; `rt.state()` records them as it records a passed TTL, leaving the turn to go on."""
-    clock = ManualClock()
-    async with so.Runtime([_payouts("pay")], store=store_url, clock=clock) as rt:
-        listed, read = [
-            (await rt.generate("pay", prompt="pay", auth=ALICE)).session_id for _ in "ab"
-        ]
-        clock.advance(60)
-        state = await rt.state(read)
-        assert (state.status, state.pending_requests()) == ("running", [])
-        assert await rt.sessions(status="waiting") == []
-        assert {s.id: s.status for s in await rt.sessions()} == {listed: "idle", read: "running"}
-        assert await rt.pending() == []
-
-
-async def test_a_session_past_a_deadline_it_cannot_record_reads_as_recording_leaves_it(
-    store_url: str,
-) -> None:
-    """A process without the session's agent (or on a store it may only read) cannot record a
-    passed deadline: every listing of sessions, the session's own read and `signoff sessions
-    --store` showed it `waiting`, with `pending: []`. It reads `running` now, as the record
-    will leave it (its turn goes on), counted so; one whose deadline escalates still waits."""
-    clock = ManualClock()
-    async with so.Runtime(
-        [_payouts("pay"), _payouts("esc", on_timeout="escalate", escalate_to="leads")],
-        store=store_url,
-        clock=clock,
-    ) as rt:
-        denied = (await rt.generate("pay", prompt="pay", auth=ALICE)).session_id
-        escalated = (await rt.generate("esc", prompt="pay", auth=ALICE)).session_id
-    clock.advance(60)
-    other = so.Runtime([_payouts("other")], store=store_url, clock=clock)
-    shown = {denied: "running", escalated: "waiting"}
-    assert {s.id: s.status for s in await other.sessions()} == shown
-    assert [s.id for s in await other.sessions(status="waiting")] == [escalated]
-    assert [s.id for s in await other.sessions(status="running")] == [denied]
-    for status in ("waiting", "running"):
-        assert await shown_total(other, None, status, clock.now) == 1
-    app = create_app(other, auth=TokenAuth(TOKENS), sweep_every=None)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
-    ):
-        listed = (await c.get("/v1/sessions", headers=auth("alice-token"))).json()
-        assert {s["id"]: s["status"] for s in listed["items"]} == shown
-        for status in ("waiting", "running"):
-            got = await c.get(f"/v1/sessions?status={status}", headers=auth("alice-token"))
-            assert [(s["id"], s["status"]) for s in got.json()["items"]] == [
-                (sid, status) for sid, shown_as in shown.items() if shown_as == status
-            ]
-            assert got.json()["total"] == 1
-        one = (await c.get(f"/v1/sessions/{denied}", headers=auth("alice-token"))).json()
-        assert (one["status"], one["turn"]["status"], one["pending"]) == ("running", "running", [])
-    await other.close()
-    result = await asyncio.to_thread(
-        invoke, "sessions", "--store", store_url, "--status", "waiting", "--json"
-    )
-    assert result.exit_code == 0, result.output
-    assert [r["id"] for r in json.loads(result.stdout)] == [escalated]

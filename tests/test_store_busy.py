@@ -19,12 +19,11 @@ import signoff as so
 from signoff._events import Event
 from signoff._wire import error as _error
 from signoff.server import TokenAuth, create_app
-from signoff.stores import PendingFilter, SQLiteStore, promptly
+from signoff.stores import SQLiteStore, promptly
 from signoff.stores.postgres import PostgresStore
 from signoff.stores.sqlite._transactions import waiting_for_lock
-from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+from signoff.testing import call, call_tools, reply, scripted_agent
 
-from ._ttl import ttl_agent
 from .test_server_common import TOKENS, auth, make_agents, make_runtime
 
 BOUND = 10.0
@@ -415,173 +414,6 @@ async def test_an_answer_refused_as_busy_leaves_the_lease_as_it_was(
         assert await store.acquire_lease(sid, "probe", 30.0, runtime.now()) == 2
     finally:
         await runtime.close()
-
-
-def _lock_waits(monkeypatch: pytest.MonkeyPatch, then: Any = None) -> list[tuple[bool, float]]:
-    """Each SQLite write that gave up waiting for the file's lock, as (made for an HTTP request,
-    seconds it waited), with such a request's wait 0.2 s; `then` runs after each."""
-    from signoff.stores.sqlite import _transactions
-
-    monkeypatch.setattr(_transactions, "REQUEST_WAIT", 0.2)
-    waits: list[tuple[bool, float]] = []
-    gave_up = _transactions._gave_up
-
-    def counted(path: str, exc: sqlite3.Error, prompt: bool, waited: float) -> so.StoreError:
-        waits.append((prompt, waited))
-        if then is not None:
-            then()
-        return gave_up(path, exc, prompt, waited)
-
-    monkeypatch.setattr(_transactions, "_gave_up", counted)
-    return waits
-
-
-def _payouts() -> so.Agent:
-    """Each turn asks to approve a payout, denied if no one decides within 60 s."""
-
-    @so.tool(approval=so.always(expires_in=60))
-    async def pay(invoice: str) -> str:
-        """Pay an invoice."""
-        return "paid"
-
-    return scripted_agent("pay", [call_tools(call("pay", invoice="7")), reply("done")], tools=[pay])
-
-
-async def test_a_listing_on_a_locked_file_waits_for_its_lock_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`rt.pending()` and `rt.sessions()` made for an HTTP request (`GET /v1/requests`, `GET
-    /v1/sessions`), with 3 sessions past their deadline, on a SQLite file another connection
-    holds locked: each waited for the lock once, then showed the rest as the deadlines leave
-    them (nothing to answer; the sessions `running`, as recording them will leave them).
-    Before, each deadline's write waited its 3 s in turn: 15 s for 5, 150 s for a page of 50."""
-    waits = _lock_waits(monkeypatch)
-    path = tmp_path / "state.db"
-    clock = ManualClock()
-    store = SQLiteStore(f"sqlite:///{path}", busy_timeout=5)
-    async with so.Runtime([_payouts()], store=store, clock=clock) as rt:
-        for _ in range(3):
-            assert (await rt.generate("pay", prompt="pay", auth=_alice())).status == "waiting"
-        clock.advance(60)
-        locker = sqlite3.connect(path, isolation_level=None)
-        try:
-            locker.execute("BEGIN IMMEDIATE")
-            with promptly():
-                assert await rt.pending() == []
-            assert waits == [(True, 0.2)]
-            with promptly():
-                assert [s.status for s in await rt.sessions()] == ["running"] * 3
-            assert waits == [(True, 0.2)] * 2
-        finally:
-            locker.execute("ROLLBACK")
-            locker.close()
-        with promptly():  # the file free: recorded, and the turns gone on with
-            assert [s.status for s in await rt.sessions()] == ["idle"] * 3
-        assert len(await rt.store.pending(PendingFilter(status="expired"))) == 3
-
-
-async def test_sessions_past_their_ttl_on_a_locked_file_wait_for_its_lock_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`GET /v1/sessions` with 3 sessions past their TTL on a locked SQLite file: the listing
-    waited for the lock once and showed them `failed`. Before, each expiry's write waited its
-    3 s in turn (and its failure was passed over unseen, so the next one waited too)."""
-    waits = _lock_waits(monkeypatch)
-    path = tmp_path / "state.db"
-    clock = ManualClock()
-    runtime = so.Runtime([ttl_agent()], store=f"sqlite:///{path}", clock=clock)
-    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
-    ):
-        for _ in range(3):
-            started = await c.post(
-                "/v1/sessions",
-                json={"agent": "desk", "message": "reset"},
-                headers=auth("alice-token"),
-            )
-            assert started.json()["status"] == "waiting", started.text
-        clock.advance(120)
-        locker = sqlite3.connect(path, isolation_level=None)
-        try:
-            locker.execute("BEGIN IMMEDIATE")
-            body = (await c.get("/v1/sessions", headers=auth("admin-token"))).json()
-            assert [s["status"] for s in body["items"]] == ["failed"] * 3
-            assert waits == [(True, 0.2)]
-        finally:
-            locker.execute("ROLLBACK")
-            locker.close()
-        body = (await c.get("/v1/sessions", headers=auth("admin-token"))).json()
-        assert [s["status"] for s in body["items"]] == ["failed"] * 3
-        assert await runtime.store.count_sessions(status="failed") == 3  # recorded now
-    await runtime.close()
-
-
-async def test_a_listings_writes_stay_prompt_after_one_it_made(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A listing made for an HTTP request that recorded one passed deadline went on as if it
-    had written an answer (`stores.wrote`): the next deadline's write, on a file locked
-    meanwhile, waited the store's whole busy timeout, not the request's 3 s. A listing's
-    records of deadlines leave it prompt."""
-    path = tmp_path / "state.db"
-    locker = sqlite3.connect(path, isolation_level=None)
-    waits = _lock_waits(monkeypatch, then=lambda: locker.execute("ROLLBACK"))
-    clock = ManualClock()
-    store = SQLiteStore(f"sqlite:///{path}", busy_timeout=2)
-    try:
-        async with so.Runtime([_payouts()], store=store, clock=clock) as rt:
-            for _ in range(2):
-                assert (await rt.generate("pay", prompt="pay", auth=_alice())).status == "waiting"
-            clock.advance(60)
-            checked = rt._checked
-
-            async def locking(session_id: str, **kw: Any) -> Any:
-                state = await checked(session_id, **kw)
-                if not locker.in_transaction and not waits:  # the first one recorded
-                    locker.execute("BEGIN IMMEDIATE")
-                return state
-
-            monkeypatch.setattr(rt, "_checked", locking)
-            with promptly():
-                assert await rt.pending() == []
-            assert waits == [(True, 0.2)]
-            assert [s.status for s in await rt.sessions()] == ["idle"] * 2
-    finally:
-        locker.close()
-
-
-async def test_a_sessions_read_on_a_locked_file_waits_for_its_lock_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`GET /v1/sessions/{id}` of a session past its deadline, on a locked SQLite file: the
-    read (`Runtime.state`, which records it) waits for the lock once, and the turn is not tried
-    again; it shows the session as the deadline leaves it. Once the file is free, the same read
-    records the deadline and goes on with the turn."""
-    waits = _lock_waits(monkeypatch)
-    path = tmp_path / "state.db"
-    clock = ManualClock()
-    runtime = so.Runtime([_payouts()], store=f"sqlite:///{path}", clock=clock)
-    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
-    ):
-        sid = (await runtime.generate("pay", prompt="pay", auth=_alice())).session_id
-        clock.advance(60)
-        locker = sqlite3.connect(path, isolation_level=None)
-        try:
-            locker.execute("BEGIN IMMEDIATE")
-            body = (await c.get(f"/v1/sessions/{sid}", headers=auth("alice-token"))).json()
-            assert (body["status"], body["pending"]) == ("running", [])
-            assert waits == [(True, 0.2)]
-        finally:
-            locker.execute("ROLLBACK")
-            locker.close()
-        body = (await c.get(f"/v1/sessions/{sid}", headers=auth("alice-token"))).json()
-        assert (body["status"], body["turn"]["text"]) == ("idle", "done")
-    await runtime.close()
 
 
 async def _cancelled_waiting(call: Awaitable[object], waits: asyncio.Event) -> None:

@@ -38,7 +38,6 @@ __all__ = [
     "stored_after_deadline",
     "stored_after_expiry",
     "summary_after_expiry",
-    "time_to_record",
 ]
 
 TIMED_OUT = "no one decided before the deadline"
@@ -87,19 +86,10 @@ def stored_after_deadline(stored: StoredRequest, now: float) -> StoredRequest:
 def state_after_deadlines(state: SessionState, now: float) -> SessionState:
     """`state` as its requests' passed deadlines leave it before anyone has recorded them (a
     session of an agent this process does not run), as the queue shows those requests:
-    escalated, or closed as `expired`, and its turn as their record leaves it (`running` once
-    it can go on: its status is never `waiting` with nothing to answer); `state` itself when
-    none has passed. Its `seq` is the store's: the record is not in the log."""
+    escalated, or closed as `expired`; `state` itself when none has passed."""
     due = [r for r in state.pending_requests() if is_due(r, now)]
-    batch = due_batch(state, now)
-    if not due or batch is None:
+    if not due:
         return state
-    turn_id = None if state.turn is None else state.turn.id
-    recorded = state.copy(journals=True)
-    for i, (type_, data) in enumerate(batch.specs, start=state.seq + 1):
-        recorded.apply(
-            Event(session_id=state.id, seq=i, type=type_, at=now, turn_id=turn_id, data=data)
-        )
     requests = dict(state.requests)
     for r in due:
         shown = after_deadline(r, now)
@@ -114,7 +104,7 @@ def state_after_deadlines(state: SessionState, now: float) -> SessionState:
             outcome="expired",
             resolution=resolution,
         )
-    return replace(state, requests=requests, turn=recorded.turn)
+    return replace(state, requests=requests)
 
 
 def stored_after_expiry(stored: StoredRequest, now: float) -> StoredRequest:
@@ -244,12 +234,6 @@ def expiry_specs(state: SessionState) -> list[EventSpec]:
         error = {"code": "session_expired", "message": "the session's TTL passed"}
         specs.append(("turn.failed", {"error": error, "retryable": False, "reason": EXPIRED}))
     return specs
-
-
-def time_to_record(state: SessionState, now: float) -> bool:
-    """Whether time left something to record on the session by `now`: its TTL passed with the
-    turn unfinished (`expiry_specs`), or a request's deadline passed (`due_batch`)."""
-    return bool(state.expired(now) and expiry_specs(state)) or due_batch(state, now) is not None
 
 
 def in_flight(state: SessionState) -> bool:

@@ -10,65 +10,29 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
-from ._deadlines import after_deadline, is_due, is_lapsed
+from ._deadlines import after_deadline, is_due
 from ._exceptions import StoreError
 from ._mirrors import followed
 from ._sweeps import STORE_FAILING, one_of_many
 from ._types import InputRequest
-from ._unlisted import unrecorded_expiries
 from .stores import PendingFilter, Store
 from .stores._pending import cursor_past
 
 if TYPE_CHECKING:
     from ._work import Workers
 
-__all__ = [
-    "counted_listing",
-    "counted_page",
-    "expired_listing",
-    "keyed_page",
-    "passing_page",
-    "queue_page",
-]
+__all__ = ["counted_listing", "counted_page", "keyed_page", "passing_page", "queue_page"]
 
 T = TypeVar("T")
 Read = Callable[[PendingFilter], Awaitable[tuple[list[InputRequest], T]]]
 Listed = tuple[int, tuple[float, str] | None]
 """How many rows a page's read listed, and the `PendingFilter.after` past them (None: none)."""
-_RECORDED = 500  # passed deadlines a listing of expired requests records at most
 
 
 async def queue_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool]:
     """The page `Runtime.pending_page` shows, and whether the store may hold more past it."""
-    flt = await expired_listing(rt, flt)
     shown, listed, _ = await _page(rt, flt, partial(_uncounted, rt.store), None)
     return shown, len(listed) >= flt.limit
-
-
-async def expired_listing(rt: Workers, flt: PendingFilter) -> PendingFilter:
-    """`flt`, when it lists `expired` requests, with those included that read `expired` though
-    the store holds them open (`unrecorded_expiries`), so a listing and its count show each as
-    its own read does: the passed TTLs of this runtime's agents are recorded first, and the
-    passed deadlines as a listing of the queue records its page's (their turns gone on with);
-    what is left (another agent's, a store it may only read, or busy) is included."""
-    if flt.status != "expired" or flt.included:
-        return flt
-    now = rt.now()
-    if await rt._listing_lapses(flt.agent, now):
-        # As many as a page of the queue, as it records: each one may drive a turn.
-        size = min(flt.limit, _RECORDED)
-        due = await rt.store.pending(
-            replace(
-                flt, status="pending", due_by=now, live_at=now, limit=size, offset=0, after=None
-            )
-        )
-        if due:
-            await rt._apply_deadlines(due, listing=True)
-    stale = [r for r in await rt._lapsed(now) if is_lapsed(r, now)]
-    held = await rt._running_past(stale, now)  # a live drive runs them on: not expired
-    lapsed = [r.id for r in stale if r.id not in held]
-    ids = await unrecorded_expiries(rt.store, flt, now, lapsed)
-    return replace(flt, included=tuple(ids)) if ids else flt
 
 
 async def keyed_page(
@@ -190,8 +154,7 @@ async def _page(
     `keyed_page`'s, also for a mirror whose subagent's request cannot be read."""
     page, total = await read(flt)
     now = rt.now() if at is None else at
-    included = set(flt.included)  # recorded already, if they could be (`expired_listing`)
-    due = [r for r in page if is_due(r, now) and r.id not in included]
+    due = [r for r in page if is_due(r, now)]
     if due and await rt._apply_deadlines(due, listing=True):
         page, total = await read(flt)
     # A mirror shows its subagent's request's votes, escalation and deadline, which that
@@ -201,16 +164,8 @@ async def _page(
     if flt.status == "pending":
         followed_page = await _followed(rt.store, page, now, passing)
         followed_page = [r for r in followed_page if r.status == "pending"]
-    shown = [a for r in followed_page if (a := _shown(r, now, included)) is not None]
+    shown = [a for r in followed_page if (a := after_deadline(r, now)) is not None]
     return shown, page, total
-
-
-def _shown(request: InputRequest, now: float, expired: set[str]) -> InputRequest | None:
-    """`request` as the page shows it: as its passed deadline leaves it; one of `expired` (an
-    open one a listing of expired requests includes), closed so."""
-    if request.id in expired and request.status == "pending":
-        return request.model_copy(update={"status": "expired"})
-    return after_deadline(request, now)
 
 
 async def _followed(

@@ -21,7 +21,7 @@ from ._answers import decisions as _decisions
 from ._call_guards import closes_stop
 from ._cancel_batch import CancelBatch
 from ._cancellation import stop_calls
-from ._deadlines import expiry_specs, time_to_record
+from ._deadlines import expiry_specs
 from ._deletion import Deletion
 from ._engine import Driver
 from ._events import Event
@@ -425,8 +425,8 @@ class Runtime(Deletion):
         offset: int = 0,
     ) -> list[SessionSummary]:
         """Sessions, most recently active first (`status`: idle, running, waiting, failed,
-        cancelled). Passed TTLs (the turn fails) and the page's passed deadlines (it goes on)
-        are recorded first, or else shown as they leave it, and filtered by `status` as shown."""
+        cancelled). Like a passed deadline, a TTL that passed with the turn unfinished is
+        recorded first (the turn fails), or else shown so, and filtered by `status` as shown."""
         await self.open()
         check_page(limit, offset)
         check_listing(agent, status)
@@ -434,15 +434,15 @@ class Runtime(Deletion):
 
     @closes_stop
     async def state(self, session_id: str) -> SessionState:
-        """The session's current state. Like a listing, it first records a TTL that passed with the
-        turn unfinished (the turn fails, its requests expire) and passed deadlines (the turn left to
-        go on, undriven), so it never waits on answers no one can give (nor on a mirror of a
-        subagent's whose TTL passed); a store that refuses the write shows them unrecorded. Its open
-        mirrors show their subagents' requests' votes, escalation and deadline. It is the caller's
-        own copy: the runtime's later calls leave it as it is, and changing it (but for its calls'
-        journals' entries) changes nothing they decide (`SessionState.detached`)."""
+        """The session's current state. Like a listing, it records a TTL that passed with the
+        turn unfinished first (the turn fails, its requests expire), so it never reads as
+        waiting on answers no one can give (nor on a mirror of a subagent's whose TTL passed);
+        a store that refuses the write shows it unrecorded. Its open mirrors show their
+        subagents' requests' votes, escalation and deadline. It is the caller's own copy: the
+        runtime's later calls leave it as it is, and changing it (but for the entries of its
+        calls' journals, shared) changes nothing they decide (`SessionState.detached`)."""
         state = await self._state(session_id)
-        if state.agent in self.agents and time_to_record(state, self.now()):
+        if state.expired(self.now()) and expiry_specs(state) and state.agent in self.agents:
             with contextlib.suppress(SessionExpired, StoreError):
                 await self._checked(session_id)
             state = await self._state(session_id)

@@ -411,22 +411,18 @@ class SessionCache(Leasing):
         if span is not None:
             span.begin(state, self.now())
         left: SessionState | None = state  # as the session is left: nothing to record
-        failure: Exception | None = None
         if specs:
             driver = self._driver(state, lease)
             left = None  # unknown, unless recorded
-            try:
+            with contextlib.suppress(Exception):  # LeaseLost: another drive took it over
                 await driver.record([*specs, *extra], resolve=expiry_resolves(state))
                 left = driver.state
-            except Exception as exc:  # LeaseLost: another drive took it over; the store busy
-                failure = exc
             if span is not None and left is not None:
                 self._counts.drove(failed=True)
             self._cache.pop(state.id, None)
         if span is not None:
             span.finish(left)
-        # Its cause, a record that failed: a listing stops recording on a store that refused it.
-        raise SessionExpired(state.id, [r.id for r in pending]) from failure
+        raise SessionExpired(state.id, [r.id for r in pending])
 
     def _driver(self, state: SessionState, lease: tuple[str, int] | None) -> Driver:
         """A driver of `state`, recording under `lease` (its owner and token) if given."""

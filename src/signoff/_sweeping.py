@@ -13,22 +13,13 @@ from contextvars import ContextVar
 
 from ._call_guards import closes_stop
 from ._deadlines import RESUMPTIONS, is_due, is_lapsed, resumed_by_deadline
-from ._exceptions import (
-    AppendConflict,
-    EventsRewritten,
-    LeaseLost,
-    SessionExpired,
-    StoreDamaged,
-    StoreError,
-    UnknownSession,
-)
+from ._exceptions import SessionExpired, StoreError, UnknownSession
 from ._messages import Messages
 from ._queue_page import passing_page
 from ._sessions import to_claims
 from ._sweeps import deleted_meanwhile, one_of_many
 from ._types import InputRequest
-from .stores import PendingFilter, SessionSummary, promptly
-from .stores._prompt import is_prompt
+from .stores import PendingFilter, SessionSummary
 from .stores._swept_rows import readable_sessions
 
 __all__ = ["SWEEP_DRIVES", "SweepDrives", "Sweeps"]
@@ -276,22 +267,12 @@ class Sweeps(Messages):
         return 0
 
     async def _record_lapsed(
-        self,
-        rows: Sequence[SessionSummary],
-        now: float,
-        probes: dict[str, bool] | None = None,
-        *,
-        listing: bool = False,
+        self, rows: Sequence[SessionSummary], now: float, probes: dict[str, bool] | None = None
     ) -> int:
         """Record the expiry of the sessions of `rows` (of agents this runtime has) whose TTL
-        passed with their turn unfinished; returns how many there were. `probes`: see `_busy`.
-        A `listing` is a read: the first write the store refuses (busy, read-only) ends it,
-        raised for the listing to show the rest unrecorded (`_listing_write`)."""
+        passed with their turn unfinished; returns how many there were. `probes`: see `_busy`."""
         ids = [r.id for r in rows if is_lapsed(r, now) and r.agent in self.agents]
         for sid in ids:
-            if listing:
-                await self._listing_write(sid, "its expiry not recorded", probes)
-                continue
             with (
                 contextlib.suppress(SessionExpired),
                 one_of_many(log, sid, "its expiry not recorded"),
@@ -299,58 +280,13 @@ class Sweeps(Messages):
                 await self._checked(sid, probes=probes)
         return len(ids)
 
-    async def _listing_lapses(
-        self, agent: str | None, now: float, probes: dict[str, bool] | None = None
-    ) -> bool:
-        """Record the passed TTLs of the sessions of `agent` (None: any) of this runtime's
-        agents, as a listing does before it reads them; returns False when the store refused
-        (it may only be read, or was busy): the listing then records nothing more, and shows
-        what is left as the TTLs and deadlines leave it."""
-        stale = [r for r in await self._lapsed(now) if agent in (None, r.agent)]
-        try:
-            await self._record_lapsed(stale, now, probes, listing=True)
-        except StoreError as exc:
-            log.warning("sessions whose TTL passed not recorded: %s", exc)
-            return False
-        return True
-
-    async def _listing_write(
-        self, session_id: str, what: str, probes: dict[str, bool] | None = None
-    ) -> bool:
-        """Record a listing's passed TTL or deadlines of the session (`_checked`); returns
-        whether it did, not for one that expired or went meanwhile, or whose own rows are
-        damaged (logged: `what` is left undone). The store refusing the write (busy, read-only,
-        down) is raised, and the listing writes no more: on a SQLite file another process held
-        locked, each write waited its 3 s, one after another. Made for an HTTP request, its
-        write leaves the request's later ones as prompt (`stores.promptly`): the next one
-        waits 3 s for a busy store, not its whole timeout."""
-        try:
-            with promptly(is_prompt()):
-                await self._checked(session_id, probes=probes)
-        except SessionExpired as exc:  # its expiry, recorded unless the store refused it
-            cause = exc.__cause__
-            if isinstance(cause, StoreError) and _refusal(cause):
-                raise cause from None
-            return False
-        except StoreError as exc:
-            if _refusal(exc):
-                raise
-            log.warning("session %s: %s: %s", session_id, what, exc)
-            return False
-        except UnknownSession as exc:
-            if not deleted_meanwhile(exc, session_id):
-                raise
-            return False  # deleted since the listing read it: it reads it again
-        return True
-
     async def _apply_deadlines(self, due: Sequence[InputRequest], *, listing: bool = False) -> int:
         """Record the passed deadlines of the sessions of `due` that this runtime runs, and go
         on with their turns; returns how many sessions that was. Each is recorded against the
         session's current state under a compare-and-set, so listings and sweeps racing in
         several processes apply one deadline once. Sessions of agents this runtime does not
         have are left to a process that has them (it could not go on with their turns). A
-        `listing` is a read: one that cannot record them (a read-only store, a busy one) shows
-        them instead, and stops at the first the store refuses (`_listing_write`)."""
+        `listing` is a read: one that cannot record them (a read-only store) shows them instead."""
         sessions = list(dict.fromkeys(r.session_id for r in due if r.agent in self.agents))
         if not listing:
             # Every deadline recorded before any turn is driven, then those turns beside each
@@ -378,20 +314,20 @@ class Sweeps(Messages):
         # `SWEEP_DRIVES` at once. One after another, a listing took as long as all their model
         # calls together, and each deadline waited for the turns before it.
         listed: list[str] = []
-        what = "its passed deadlines not recorded"
-        for i, sid in enumerate(sessions):
-            try:
-                if await self._listing_write(sid, what):
-                    listed.append(sid)
-            except StoreError as exc:  # a store this process may only read, or busy
-                left = len(sessions) - i - 1
-                log.warning("session %s (and %d after it): %s: %s", sid, left, what, exc)
-                break
+        for sid in sessions:
+            with contextlib.suppress(SessionExpired):
+                try:
+                    await self._checked(sid)
+                except StoreError as exc:  # a store this process may only read, say
+                    log.warning("session %s: its passed deadlines not recorded: %s", sid, exc)
+                    continue
+                except UnknownSession as exc:
+                    if not deleted_meanwhile(exc, sid):
+                        raise
+                    continue  # deleted since the page was read: the listing reads it again
+                listed.append(sid)
             await asyncio.sleep(0)  # as above: the loop's other tasks run between them
-        # Driven as the turn an answer resumes: once a deadline is recorded, not cut short
-        # behind a busy store as a request that wrote nothing is (`stores.wrote`).
-        with promptly(False):
-            await self._drive_listed(listed)
+        await self._drive_listed(listed)
         return len(sessions)
 
     async def _drive_listed(self, sessions: Sequence[str]) -> None:
@@ -429,9 +365,3 @@ class Sweeps(Messages):
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
-
-
-def _refusal(exc: StoreError) -> bool:
-    """Whether `exc` is the store refusing a write as a whole (busy, read-only, down, gone), not
-    one session's damage or a race with another writer, which leave the others to record."""
-    return not isinstance(exc, (StoreDamaged, AppendConflict, LeaseLost, EventsRewritten))

@@ -17,12 +17,13 @@ from .._deadlines import (
     state_after_deadlines,
     stored_after_deadline,
     stored_after_expiry,
+    summary_after_expiry,
 )
 from .._events import Event
 from .._exceptions import StoreDamaged, StoreError, StoreGone, UnknownRequest, UnknownSession
-from .._queue_page import counted_page, expired_listing, keyed_page
+from .._queue_page import counted_page, keyed_page
 from .._runtime import Runtime
-from .._session_page import Shown, counted_sessions, record_page_deadlines, shown_at
+from .._session_page import counted_sessions
 from .._state import SessionState
 from .._state_parts import load_principal
 from .._sync import in_thread, is_async
@@ -244,16 +245,14 @@ class ServerContext(OpenRequests):
         and passed deadlines recorded first; an answer or a stream leaves that to the runtime's
         own checks, which report what the expiry closes."""
         await self._visible(session_id, caller)
-        state = await self.runtime._state(session_id)
         if not shown:
-            return state
-        # `Runtime.state` records a passed TTL and passed deadlines first, so it never reads as
-        # waiting on answers no one can give; the turn a deadline it recorded lets go on is
-        # gone on with here, as a listing of the queue does (it leaves it to the next call).
-        due = [r for r in state.pending_requests() if is_due(r, self.runtime.now())]
-        head, state = state.seq, await self.runtime.state(session_id)
-        if due and state.seq > head:  # not if the store refused it: one wait, not two
-            await self.runtime._apply_deadlines(due, listing=True)
+            return await self.runtime._state(session_id)
+        # `Runtime.state` records a passed TTL first, so it never reads as waiting on answers
+        # no one can give; nor on a request past its deadline, applied first as the queue does.
+        state = await self.runtime.state(session_id)
+        now = self.runtime.now()
+        due = [r for r in state.pending_requests() if is_due(r, now)]
+        if due and await self.runtime._apply_deadlines(due, listing=True):
             state = await self.runtime.state(session_id)
         # Those of an agent this process lacks (or a store it may only read) are shown so.
         return state_after_deadlines(state, self.runtime.now())
@@ -326,9 +325,8 @@ class ServerContext(OpenRequests):
             flt = replace(flt, live_at=self.runtime.now())
         everyone = self.sees_every_request(caller)
         picks = None if everyone else self._picks(caller)
-        flt = flt if picks is None else replace(flt, initiated_by=picks)
-        flt = await expired_listing(self.runtime, flt)  # and what reads so, unrecorded
         if everyone or picks is not None:
+            flt = flt if picks is None else replace(flt, initiated_by=picks)
             flt = await self._listed(flt, record=True)
             # Passed deadlines applied first; the total read in the page's snapshot.
             picked, _, total = await counted_page(self.runtime, flt)
@@ -368,8 +366,7 @@ class ServerContext(OpenRequests):
         offset: int,
     ) -> tuple[list[SessionSummary], int]:
         """One page of the sessions (most recently active first) the caller may see, and their
-        total, after recording the TTLs that passed and the page's deadlines that did, shown as
-        they leave the sessions where they cannot be recorded (as `Runtime.sessions` does).
+        total, after recording the TTLs that passed (as `Runtime.sessions` does for its page).
         Under the default rule the store picks the caller's sessions by initiator (`picks`),
         so a page and its total are one read of one snapshot (`counted_sessions`), whatever the
         store holds; under another rule the `SESSION_SCAN` most recently active matching
@@ -377,47 +374,49 @@ class ServerContext(OpenRequests):
         rt = self.runtime
         await rt.open()
         now = rt.now()
-        writable = await rt._listing_lapses(agent, now)
-        shown = await shown_at(rt, agent, now)
-        page, total = await self._sessions(caller, agent, status, limit, offset, shown)
-        if writable and await record_page_deadlines(rt, shown, page):
-            shown = await shown_at(rt, agent, now)
-            page, total = await self._sessions(caller, agent, status, limit, offset, shown)
-        return page, total
-
-    async def _sessions(
-        self,
-        caller: Principal,
-        agent: str | None,
-        status: str | None,
-        limit: int,
-        offset: int,
-        shown: Shown,
-    ) -> tuple[list[SessionSummary], int]:
-        """`visible_sessions`' page and total, each session `shown` (a passed TTL or deadline
-        left unrecorded): the store cannot filter by a status one of those is shown in or out
-        of, so the sessions are then read and filtered here."""
-        trusted = shown.trusted(agent, status)
+        stale = await self._record_lapsed(now)
+        held = await rt._running_past(stale, now)  # a live drive runs them on: shown as held
+        stale = [r for r in stale if r.id not in held]
+        # A lapsed session left unrecorded is still `running` or `waiting` in the store but reads
+        # `failed`, so the store cannot filter by those while one of them matches the listing.
+        lapsing = status in ("running", "waiting", "failed")
+        trusted = not lapsing or not any(agent in (None, r.agent) for r in stale)
         everyone = self.sees_every_request(caller)
         picks = None if everyone else self._picks(caller)
         if not everyone and picks is None:
             return await self._scan_sessions(
-                None, caller, agent, status, trusted, limit, offset, shown
+                None, caller, agent, status, trusted, limit, offset, now, held
             )
         if not trusted:
             return await self._scan_sessions(
-                picks, None, agent, status, False, limit, offset, shown
+                picks, None, agent, status, False, limit, offset, now, held
             )
-        store = self.runtime.store
         rows, total = await counted_sessions(
-            store, agent=agent, status=status, limit=limit, offset=offset, initiated_by=picks
+            rt.store, agent=agent, status=status, limit=limit, offset=offset, initiated_by=picks
         )
-        return [shown.row(row) for row in rows], total
+        # Trusted: no row of a lapsed session unrecorded reads otherwise than its status.
+        return [summary_after_expiry(row, now, held) for row in rows], total
 
     def _picks(self, caller: Principal) -> InitiatorFilter | None:
         """The store filter of the sessions the caller may see: under the default rule, by who
         started them (`default_filter`); None when the store cannot apply the rule."""
         return default_filter(caller) if self._default_access() else None
+
+    async def _record_lapsed(self, now: float) -> list[SessionSummary]:
+        """Record the sessions whose TTL passed, as a sweep does, so the filters and counts
+        see them `failed`; returns those still unrecorded (another process's agents, or a
+        store this process may only read)."""
+        rt = self.runtime
+        lapsed = await rt._lapsed(now)
+        if not lapsed:
+            return []
+        try:
+            if not await rt._record_lapsed(lapsed, now):
+                return lapsed
+        except StoreError as exc:
+            log.warning("sessions whose TTL passed not recorded: %s", exc)
+            return lapsed
+        return await rt._lapsed(now)
 
     async def _scan_sessions(
         self,
@@ -428,13 +427,15 @@ class ServerContext(OpenRequests):
         by_store: bool,
         limit: int,
         offset: int,
-        shown: Shown,
+        now: float,
+        held: Collection[str] = (),
     ) -> tuple[list[SessionSummary], int]:
         """The page and total of a listing read session by session: those the store `picks`
         (None: every one), and of them those `caller` may see under the access rule (None:
         every one; else only the `SESSION_SCAN` most recently active are read), filtered by
-        `status` in the store if `by_store`, else as each is `shown`. Only the page is kept, so
-        memory stays that of one page and one chunk."""
+        `status` in the store if `by_store`, else as each is shown (those `held` by a live drive
+        past their TTL as the store holds them). Only the page is kept, so memory stays that of
+        one page and one chunk."""
         page: list[SessionSummary] = []
         total = scanned = 0
         previous: set[str] = set()  # pushed down a chunk by one active meanwhile: listed once
@@ -449,16 +450,16 @@ class ServerContext(OpenRequests):
             )
             rows = []
             for row in chunk:
-                seen_as = shown.row(row)  # as `Runtime.sessions` shows it
-                if row.id in previous or (status is not None and seen_as.status != status):
+                shown = summary_after_expiry(row, now, held)  # as `Runtime.sessions` shows it
+                if row.id in previous or (status is not None and shown.status != status):
                     continue
-                rows.append(seen_as)
+                rows.append(shown)
             if caller is not None:
                 seen = await self._sees(caller, {row.id for row in rows})
                 rows = [row for row in rows if seen[row.id]]
-            for row in rows:
+            for shown in rows:
                 if offset <= total < offset + limit:
-                    page.append(row)
+                    page.append(shown)
                 total += 1
             if len(chunk) < size:
                 break

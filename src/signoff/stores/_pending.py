@@ -46,9 +46,6 @@ class PendingFilter:
     # Not these requests (ids): those a listing would leave out though the store holds them
     # open (`_unlisted.unlisted`), so its pages and its count skip the same ones.
     excluded: tuple[str, ...] = ()
-    # Also these requests (ids), whatever `status` says: the open ones a listing of `expired`
-    # requests shows so though the store holds them open (`_unlisted.unrecorded_expiries`).
-    included: tuple[str, ...] = ()
     # Only requests past this one (its `created_at` and id) in the listing's order: a cursor
     # that, unlike `offset`, skips no request when one before it closes between two pages.
     after: tuple[float, str] | None = None
@@ -66,10 +63,7 @@ class PendingFilter:
             ("r.kind", self.kind),
             ("s.id", self.session_id),
         ):
-            if column == "r.status" and value is not None and self.included:
-                where.append(f"(r.status={ph} OR {_among(ph)})")
-                params += [value, _ids(ph, self.included)]
-            elif column == "r.status" and value == "pending":
+            if column == "r.status" and value == "pending":
                 # Written out, so the planner may use the indexes of pending requests only.
                 where.append("r.status='pending'")
             elif value is not None:
@@ -92,8 +86,13 @@ class PendingFilter:
             where.append(condition)
             params += more
         if self.excluded:
-            where.append(f"NOT ({_among(ph)})")
-            params.append(_ids(ph, self.excluded))
+            # One parameter however many: a JSON array (SQLite), an array (PostgreSQL).
+            if ph == "?":
+                where.append("r.id NOT IN (SELECT value FROM json_each(?))")
+                params.append(json.dumps(list(self.excluded)))
+            else:
+                where.append(f"NOT (r.id = ANY({ph}::text[]))")
+                params.append(list(self.excluded))
         if self.after is not None:
             # `>=` on its own: the range the index of `created_at` serves (the rest, its ties).
             at, rid = self.after
@@ -126,12 +125,12 @@ class PendingFilter:
                     f"PendingFilter({name}=...) must be a finite time (seconds) or None, "
                     f"not {moment!r}"
                 )
-        for name in ("excluded", "included"):
-            ids = getattr(self, name)
-            if not isinstance(ids, tuple) or not all(isinstance(i, str) for i in ids):
-                raise UsageError(
-                    f"PendingFilter({name}=...) must be a tuple of request ids, not {ids!r}"
-                )
+        if not isinstance(self.excluded, tuple) or not all(
+            isinstance(i, str) for i in self.excluded
+        ):
+            raise UsageError(
+                f"PendingFilter(excluded=...) must be a tuple of request ids, not {self.excluded!r}"
+            )
         if self.after is not None and not _cursor(self.after):
             raise UsageError(
                 "PendingFilter(after=...) must be a request's (created_at, id) or None, "
@@ -148,16 +147,6 @@ class PendingFilter:
                 raise UsageError(
                     f"PendingFilter({name}=...) must be a whole number from 0, not {count!r}"
                 )
-
-
-def _among(ph: str) -> str:
-    """SQL that `r.id` is one of the ids of one parameter however many (`_ids`)."""
-    return "r.id IN (SELECT value FROM json_each(?))" if ph == "?" else f"r.id = ANY({ph}::text[])"
-
-
-def _ids(ph: str, ids: tuple[str, ...]) -> Any:
-    """`_among`'s parameter: a JSON array (SQLite), an array (PostgreSQL)."""
-    return json.dumps(list(ids)) if ph == "?" else list(ids)
 
 
 def _above_live(ph: str, prefix: str) -> str:
