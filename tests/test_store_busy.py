@@ -22,7 +22,7 @@ from signoff.server import TokenAuth, create_app
 from signoff.stores import SQLiteStore, promptly
 from signoff.stores.postgres import PostgresStore
 from signoff.stores.sqlite._transactions import waiting_for_lock
-from signoff.testing import call, call_tools, reply, scripted_agent
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from .test_server_common import TOKENS, auth, make_agents, make_runtime
 
@@ -568,5 +568,52 @@ async def test_an_answer_a_policy_judges_cancelled_waiting_for_the_lock_ends_at_
             await asyncio.sleep(0.05)
         assert stored is not None and stored.status == "settled"
         assert await runtime.store.acquire_lease(sid, "probe", 30.0, runtime.now()) is not None
+    finally:
+        await runtime.close()
+
+
+def _payouts() -> so.Agent:
+    """Each turn asks to approve a payout, denied if no one decides within 60 s."""
+
+    @so.tool(approval=so.always(expires_in=60))
+    async def pay(invoice: str) -> str:
+        """Pay an invoice."""
+        return "paid"
+
+    return scripted_agent("pay", [call_tools(call("pay", invoice="7")), reply("done")], tools=[pay])
+
+
+async def test_a_queue_listing_on_a_locked_file_waits_for_its_lock_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rt.pending()` made for an HTTP request (`GET /v1/requests`) with 3 sessions past their
+    deadline, on a SQLite file another connection holds locked: it waits for the lock once,
+    records no more, and shows the rest as their deadlines leave them (nothing to answer).
+    Before, each deadline's write waited its 3 s in turn: 15 s for 5, 150 s for a page of 50."""
+    from signoff.stores.sqlite import _transactions
+
+    monkeypatch.setattr(_transactions, "REQUEST_WAIT", 0.2)
+    waits: list[float] = []
+    gave_up = _transactions._gave_up
+
+    def counted(path: str, exc: sqlite3.Error, prompt: bool, waited: float) -> so.StoreError:
+        waits.append(waited)
+        return gave_up(path, exc, prompt, waited)
+
+    monkeypatch.setattr(_transactions, "_gave_up", counted)
+    path = tmp_path / "state.db"
+    clock = ManualClock()
+    runtime = so.Runtime([_payouts()], store=SQLiteStore(f"sqlite:///{path}"), clock=clock)
+    await runtime.open()
+    try:
+        for _ in range(3):
+            await runtime.generate("pay", "pay it", auth=_alice())
+        clock.advance(61)
+        async with _busy(runtime.store, path):
+            with promptly():
+                assert await runtime.pending() == []
+        assert waits == [0.2]
+        assert len(await runtime.pending()) == 0  # the lock free: recorded, the turns gone on
+        assert {s.status for s in await runtime.sessions()} == {"idle"}
     finally:
         await runtime.close()

@@ -13,7 +13,7 @@ from contextvars import ContextVar
 
 from ._call_guards import closes_stop
 from ._deadlines import RESUMPTIONS, is_due, is_lapsed, resumed_by_deadline
-from ._exceptions import SessionExpired, StoreError, UnknownSession
+from ._exceptions import SessionExpired, StoreError, UnknownSession, wrote_nothing
 from ._messages import Messages
 from ._queue_page import passing_page
 from ._sessions import to_claims
@@ -286,7 +286,8 @@ class Sweeps(Messages):
         session's current state under a compare-and-set, so listings and sweeps racing in
         several processes apply one deadline once. Sessions of agents this runtime does not
         have are left to a process that has them (it could not go on with their turns). A
-        `listing` is a read: one that cannot record them (a read-only store) shows them instead."""
+        `listing` is a read: one that cannot record them (a read-only store) shows them instead,
+        and one the store refuses as busy records no more (each would wait as long)."""
         sessions = list(dict.fromkeys(r.session_id for r in due if r.agent in self.agents))
         if not listing:
             # Every deadline recorded before any turn is driven, then those turns beside each
@@ -314,12 +315,16 @@ class Sweeps(Messages):
         # `SWEEP_DRIVES` at once. One after another, a listing took as long as all their model
         # calls together, and each deadline waited for the turns before it.
         listed: list[str] = []
-        for sid in sessions:
+        for i, sid in enumerate(sessions):
             with contextlib.suppress(SessionExpired):
                 try:
                     await self._checked(sid)
                 except StoreError as exc:  # a store this process may only read, say
                     log.warning("session %s: its passed deadlines not recorded: %s", sid, exc)
+                    if wrote_nothing(exc):  # busy: the rest would wait as long, one by one
+                        left = len(sessions) - i - 1
+                        log.warning("%d more sessions' passed deadlines not recorded", left)
+                        break
                     continue
                 except UnknownSession as exc:
                     if not deleted_meanwhile(exc, sid):
