@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
@@ -583,13 +584,16 @@ def _payouts() -> so.Agent:
     return scripted_agent("pay", [call_tools(call("pay", invoice="7")), reply("done")], tools=[pay])
 
 
+@pytest.mark.parametrize("locked", ["from the start", "after one write"])
 async def test_a_queue_listing_on_a_locked_file_waits_for_its_lock_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, locked: str
 ) -> None:
     """`rt.pending()` made for an HTTP request (`GET /v1/requests`) with 3 sessions past their
     deadline, on a SQLite file another connection holds locked: it waits for the lock once,
     records no more, and shows the rest as their deadlines leave them (nothing to answer).
-    Before, each deadline's write waited its 3 s in turn: 15 s for 5, 150 s for a page of 50."""
+    Before, each deadline's write waited its 3 s in turn: 15 s for 5, 150 s for a page of 50;
+    and once one was recorded (the lock taken after it), the next waited the whole busy timeout
+    (30 s), and so did the drive of the recorded one, which then logged an ERROR."""
     from signoff.stores.sqlite import _transactions
 
     monkeypatch.setattr(_transactions, "REQUEST_WAIT", 0.2)
@@ -609,11 +613,80 @@ async def test_a_queue_listing_on_a_locked_file_waits_for_its_lock_once(
         for _ in range(3):
             await runtime.generate("pay", "pay it", auth=_alice())
         clock.advance(61)
-        async with _busy(runtime.store, path):
-            with promptly():
+        locker = sqlite3.connect(path, isolation_level=None)
+        commit = runtime.store.commit
+
+        async def then_locked(c: Any) -> None:
+            await commit(c)
+            if not locker.in_transaction:
+                locker.execute("BEGIN IMMEDIATE")
+
+        if locked == "from the start":
+            locker.execute("BEGIN IMMEDIATE")
+        else:
+            monkeypatch.setattr(runtime.store, "commit", then_locked)
+        try:
+            with promptly(), caplog.at_level(logging.ERROR, logger="signoff"):
                 assert await runtime.pending() == []
+        finally:
+            locker.execute("ROLLBACK")
+            locker.close()
+            monkeypatch.setattr(runtime.store, "commit", commit)
         assert waits == [0.2]
+        assert [r.message for r in caplog.records] == []
         assert len(await runtime.pending()) == 0  # the lock free: recorded, the turns gone on
+        await runtime.expire_due()  # the sweep goes on with one recorded while the store was busy
         assert {s.status for s in await runtime.sessions()} == {"idle"}
     finally:
         await runtime.close()
+
+
+async def test_a_close_gives_back_an_answers_lease_before_the_store_closes(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The give-back of the lease an answer settling past its call's cancel asked for (a
+    response policy's, above) runs before the runtime's close closes the store: before, it ran
+    after, and on PostgreSQL opened a new pool on the closed store, its connections left open."""
+    runtime = so.Runtime([_judged_agent()], store=store_url)
+    await runtime.open()
+    store = runtime.store
+    first = await runtime.generate("support", "Refund order 1042")
+    sid, rid = first.session_id, first.pending[0].id
+    entered, closed = asyncio.Event(), []
+    commit, close = store.commit, store.close
+
+    async def held(c: Any) -> Any:  # the settlement's commit, held until the close cancels it
+        if c.grant is not None:
+            entered.set()
+            try:
+                await asyncio.Event().wait()
+            finally:  # as a PostgreSQL statement takes a moment to be cancelled at the server
+                await asyncio.sleep(0.1)
+        return await commit(c)
+
+    async def closing() -> None:
+        closed.append(True)
+        await close()
+
+    monkeypatch.setattr(store, "commit", held)
+    monkeypatch.setattr(store, "close", closing)
+    lease_writes: list[tuple[str, bool]] = []
+    for name in ("acquire_lease", "release_lease"):
+        method = getattr(store, name)
+
+        async def logged(*args: Any, _method: Any = method, _name: str = name) -> Any:
+            lease_writes.append((_name, bool(closed)))
+            return await _method(*args)
+
+        monkeypatch.setattr(store, name, logged)
+    task = asyncio.ensure_future(
+        runtime.respond(sid, [so.InputResponse(request_id=rid, option_id="approve")])
+    )
+    await asyncio.wait_for(entered.wait(), BOUND)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await runtime.close()
+    await asyncio.sleep(0.5)  # a give-back left running would write by now
+    assert lease_writes == [("acquire_lease", False), ("release_lease", False)]
+    assert runtime._giving_back == set()

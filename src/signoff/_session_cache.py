@@ -237,12 +237,27 @@ class SessionCache(Leasing):
         """`close` but for the sync bridge, which `close_sync` runs this on: leases the store
         refused to take back are given back, then the store is closed."""
         await self._stop_async_calls()
+        await self._given_back()
         await self._stop_lease_check()
         for session_id, (owner, token) in list(self._unreleased.items()):
             with contextlib.suppress(StoreError):  # else it lapses after its TTL
                 await self._release(session_id, owner, token)
         await self.store.close()
         self._opened = False
+
+    async def _given_back(self) -> None:
+        """Wait (up to `UNWIND`) for the give-backs of leases that answers settling past their
+        call asked for (`_give_back_after`), while the store is still open; another loop's are
+        cancelled, their leases left to lapse: none runs on a closed store."""
+        loop = asyncio.get_running_loop()
+        mine = [task for task in self._giving_back if task.get_loop() is loop]
+        for task in self._giving_back - set(mine):
+            with contextlib.suppress(RuntimeError):  # its loop closed: it runs no more
+                task.get_loop().call_soon_threadsafe(task.cancel)
+        if mine:
+            _, late = await asyncio.wait(mine, timeout=UNWIND)
+            for task in late:
+                task.cancel()
 
     async def _stop_async_calls(self) -> None:
         """Cancel this runtime's calls still running on other tasks (`closes_stop`), on any
