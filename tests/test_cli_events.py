@@ -13,35 +13,9 @@ import signoff as so
 from signoff.cli import app
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
+from ._deadline_tools import escalated, guarded, lapsed, paired
+
 ALICE = so.Principal(authenticator="token", principal_id="alice")
-
-
-def _finance_only(ctx: so.ResponseContext) -> so.Rejected:
-    return so.Rejected("only finance approves payouts")
-
-
-@so.tool(approval=so.always(expires_in=60, on_timeout="escalate", escalate_to="finance"))
-async def escalated(x: str) -> str:
-    """Handed to finance when no one decides in time."""
-    return "ran"
-
-
-@so.tool(approval=so.always(expires_in=60, on_timeout="approve"))
-async def lapsed(x: str) -> str:
-    """Approved when no one decides in time."""
-    return "ran"
-
-
-@so.tool(approval=so.always(approvers=2))
-async def paired(x: str) -> str:
-    """Needs two approvals."""
-    return "ran"
-
-
-@so.tool(approval=so.ApprovalSpec(request=so.always(), response=_finance_only))
-async def guarded(x: str) -> str:
-    """Only finance may approve it."""
-    return "ran"
 
 
 async def _session(url: str) -> tuple[str, dict[str, str]]:

@@ -14,42 +14,8 @@ import signoff as so
 from signoff.server import TokenAuth, create_app
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
+from ._deadline_tools import escalated, guarded, lapsed, paired, refused
 from .test_server_common import ALICE, TOKENS, auth
-
-
-def _finance_only(ctx: so.ResponseContext) -> so.Rejected:
-    return so.Rejected("only finance approves payouts")
-
-
-@so.tool(approval=so.always(expires_in=60, on_timeout="escalate", escalate_to="finance"))
-async def escalated(x: str) -> str:
-    """Handed to finance when no one decides in time."""
-    return "ran"
-
-
-@so.tool(approval=so.always(expires_in=60, on_timeout="approve"))
-async def lapsed(x: str) -> str:
-    """Approved when no one decides in time."""
-    return "ran"
-
-
-@so.tool(approval=so.always(expires_in=60))
-async def refused(x: str) -> str:
-    """Denied when no one decides in time."""
-    return "ran"
-
-
-@so.tool(approval=so.always(approvers=2))
-async def paired(x: str) -> str:
-    """Needs two approvals."""
-    return "ran"
-
-
-@so.tool(approval=so.ApprovalSpec(request=so.always(), response=_finance_only))
-async def guarded(x: str) -> str:
-    """Only finance may approve it."""
-    return "ran"
-
 
 TOOLS = [escalated, lapsed, refused, paired, guarded]
 
