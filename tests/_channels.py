@@ -121,25 +121,7 @@ def escalating_refund(name: str = "support") -> so.Agent:
         allowed = ctx.request.escalated_to == "finance" and who is not None and who == BOB
         return so.Allowed() if allowed else so.Rejected("not finance")
 
-    spec = so.ApprovalSpec(
-        request=so.always(),
-        response=finance,
-        expires_in=60,
-        on_timeout="escalate",
-        escalate_to="finance",
-    )
-
-    @so.tool(approval=spec)
-    async def issue_refund(order_id: str) -> str:
-        """Refund an order."""
-        return "refunded"
-
-    return scripted_agent(
-        name,
-        [call_tools(call("issue_refund", order_id="A-1")), reply("Done.")],
-        tools=[issue_refund],
-        repeat_last=True,
-    )
+    return _escalating(finance, name, repeat_last=True)
 
 
 def slowly_escalating_refund(clock: ManualClock, name: str = "support") -> so.Agent:
@@ -152,9 +134,15 @@ def slowly_escalating_refund(clock: ManualClock, name: str = "support") -> so.Ag
             clock.advance(61)
         return so.Allowed()
 
+    return _escalating(finance, name)
+
+
+def _escalating(policy: Any, name: str, repeat_last: bool = False) -> so.Agent:
+    """An agent whose refund asks for an approval `policy` judges, escalated to finance when no
+    one decides within 60 s."""
     spec = so.ApprovalSpec(
         request=so.always(),
-        response=finance,
+        response=policy,
         expires_in=60,
         on_timeout="escalate",
         escalate_to="finance",
@@ -169,6 +157,7 @@ def slowly_escalating_refund(clock: ManualClock, name: str = "support") -> so.Ag
         name,
         [call_tools(call("issue_refund", order_id="A-1")), reply("Done.")],
         tools=[issue_refund],
+        repeat_last=repeat_last,
     )
 
 
