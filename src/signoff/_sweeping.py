@@ -20,7 +20,7 @@ from ._sessions import to_claims
 from ._sweeps import deleted_meanwhile, one_of_many
 from ._types import InputRequest
 from .stores import PendingFilter, SessionSummary, promptly
-from .stores._prompt import is_prompt
+from .stores._prompt import is_prompt, wrote
 from .stores._swept_rows import readable_sessions
 
 __all__ = ["SWEEP_DRIVES", "SweepDrives", "Sweeps"]
@@ -316,7 +316,6 @@ class Sweeps(Messages):
         # `SWEEP_DRIVES` at once. One after another, a listing took as long as all their model
         # calls together, and each deadline waited for the turns before it.
         listed: list[str] = []
-        busy = False
         for i, sid in enumerate(sessions):
             with contextlib.suppress(SessionExpired):
                 try:
@@ -324,7 +323,7 @@ class Sweeps(Messages):
                         await self._checked(sid)
                 except StoreError as exc:  # a store this process may only read, say
                     log.warning("session %s: its passed deadlines not recorded: %s", sid, exc)
-                    if busy := wrote_nothing(exc):  # the rest would wait as long, one by one
+                    if wrote_nothing(exc):  # busy: the rest would wait as long, one by one
                         left = len(sessions) - i - 1
                         log.warning("%d more sessions' passed deadlines not recorded", left)
                         break
@@ -335,9 +334,10 @@ class Sweeps(Messages):
                     continue  # deleted since the page was read: the listing reads it again
                 listed.append(sid)
             await asyncio.sleep(0)  # as above: the loop's other tasks run between them
-        if not busy:  # else their turns are left to a sweep, as the store is busy
-            with promptly(False):  # a turn a recorded deadline resumed is not cut short
-                await self._drive_listed(listed)
+        if listed:
+            wrote()  # what the request does next waits as a worker does: it recorded something
+        with promptly(False):  # a turn a recorded deadline resumed is not cut short
+            await self._drive_listed(listed)
         return len(sessions)
 
     async def _drive_listed(self, sessions: Sequence[str]) -> None:
