@@ -87,6 +87,38 @@ async def test_cancelling_the_parent_counts_what_its_waiting_child_spent(store_u
         assert (await rt2.state(parent)).delegated == tokens(40)  # folded again: the same
 
 
+@pytest.mark.parametrize("ends", ["cancelled", "expired"])
+async def test_a_child_left_to_its_process_is_counted_when_its_turn_ends_on_its_own(
+    store_url: str, ends: str
+) -> None:
+    """The parent is cancelled by a process without the child's agent (the child is left to one
+    that has it, and the parent owes its spend); the child's turn then ends on its own, cancelled
+    or its TTL passed: the parent counts what it spent then. Before, nothing did until the
+    parent's next cancel or drive, which a cancelled session rarely has."""
+    clock = ManualClock()
+    child_agent = orders(tokens(40))
+    if ends == "expired":
+        child_agent.limits = so.Limits(ttl=60)
+    agents = [support(), child_agent]
+    async with (
+        so.Runtime(agents, store=store_url, clock=clock) as rt,
+        so.Runtime([support()], store=store_url, clock=clock) as lacking,
+    ):
+        parent, child = await waiting_child(rt)
+        await lacking.cancel(parent, principal=ALICE)
+        assert child in (await rt.state(parent)).owed
+        if ends == "cancelled":
+            await rt.cancel(child, principal=ALICE)
+        else:
+            clock.advance(61)
+            await rt.expire_due()
+        state = await rt.state(parent)
+        assert (state.delegated, state.owed) == (tokens(40), {})
+        assert await spent(rt, parent) == [
+            {"session_id": child, "delegated": tokens(40).model_dump()}
+        ]
+
+
 async def test_a_parent_cannot_dodge_its_budget_by_being_cancelled(store_url: str) -> None:
     """max_tokens=100: each turn delegates (its child spends 60) and is cancelled while the child
     waits. The second turn starts at 70 spent; the third at 140 asks to continue or stop before

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._budgets import by_budget
-from ._child_closes import after_close, after_drive, before_drive, delegating
+from ._child_closes import after_close as _after_close
+from ._child_closes import after_drive, before_drive, delegating
 from ._events import Event
 from ._exceptions import (
     SessionExpired,
@@ -372,6 +373,15 @@ async def _settle(rt: Runtime, child: str) -> tuple[Usage, bool] | None:
 def _short(state: SessionState, turn: str) -> set[str]:
     """The children whose delegate calls of `turn` counted them short of their own children."""
     return {k for k, (t, _) in state.short.items() if t == turn}
+
+
+async def after_close(rt: Runtime, state: SessionState) -> None:
+    """`_child_closes.after_close`, then what the child spent counted in a parent that owes it
+    (`count_spent`): a parent cancelled by a process without the child's agent waits for the
+    child's turn to end on its own, cancelled or expired, which nothing else tells it."""
+    await _after_close(rt, state)
+    if state.parent is not None:
+        await count_spent(rt, state.id)
 
 
 async def count_spent(rt: Runtime, child: str) -> bool:
