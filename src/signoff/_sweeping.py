@@ -351,6 +351,8 @@ class Sweeps(Messages):
                     await self._drive(sid)
                 except SessionExpired:
                     pass
+                except StoreError as exc:  # busy, down: a sweep or the next call goes on with it
+                    log.warning("session %s: continuing after its deadline failed: %s", sid, exc)
                 except Exception as exc:  # the deadline is recorded; the turn is retried later
                     if not deleted_meanwhile(exc, sid):
                         log.exception("session %s: continuing after its deadline failed", sid)
