@@ -49,6 +49,19 @@ async def _answer_later(runtime: so.Runtime) -> tuple[str, str]:
     return result.session_id, result.pending[0].id
 
 
+def _releases(monkeypatch: pytest.MonkeyPatch, runtime: so.Runtime) -> list[str]:
+    """The sessions whose lease the runtime gives back from now on, in order."""
+    released: list[str] = []
+    release = runtime._release
+
+    async def counted(session_id: str, owner: str, token: int) -> None:
+        released.append(session_id)
+        await release(session_id, owner, token)
+
+    monkeypatch.setattr(runtime, "_release", counted)
+    return released
+
+
 def _alice() -> so.Principal:
     return TOKENS["alice-token"]
 
@@ -257,14 +270,7 @@ async def test_a_new_session_refused_as_busy_waits_once_not_twice(
     path = tmp_path / "state.db"
     runtime = make_runtime(f"sqlite:///{path}")
     await runtime.open()
-    released: list[str] = []
-    release = runtime._release
-
-    async def counted(session_id: str, owner: str, token: int) -> None:
-        released.append(session_id)
-        await release(session_id, owner, token)
-
-    monkeypatch.setattr(runtime, "_release", counted)
+    released = _releases(monkeypatch, runtime)
     locker = sqlite3.connect(path, isolation_level=None)
     try:
         locker.execute("BEGIN IMMEDIATE")
@@ -287,14 +293,7 @@ async def test_a_new_session_refused_after_the_busy_timeout_waits_once_not_twice
     path = tmp_path / "state.db"
     runtime = so.Runtime(make_agents(), store=SQLiteStore(f"sqlite:///{path}", busy_timeout=0.3))
     await runtime.open()
-    released: list[str] = []
-    release = runtime._release
-
-    async def counted(session_id: str, owner: str, token: int) -> None:
-        released.append(session_id)
-        await release(session_id, owner, token)
-
-    monkeypatch.setattr(runtime, "_release", counted)
+    released = _releases(monkeypatch, runtime)
     locker = sqlite3.connect(path, isolation_level=None)
     try:
         locker.execute("BEGIN IMMEDIATE")
