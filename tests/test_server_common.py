@@ -347,10 +347,12 @@ async def in_process(
     store_url: str,
     access: AccessRule | None = None,
     tokens: Mapping[str, so.Principal] = TOKENS,
+    agents: Sequence[so.Agent] = (),
 ) -> AsyncIterator[tuple[so.Runtime, httpx.AsyncClient]]:
-    """The server app over `make_agents()` in process (no sweeper), its lifespan running, and an
-    httpx client on it; `access=` only when given, so the default rule stays the server's own."""
-    runtime = so.Runtime(make_agents(), store=store_url)
+    """The server app over `make_agents()` and `agents` in process (no sweeper), its lifespan
+    running, and an httpx client on it; `access=` only when given, so the default rule stays the
+    server's own."""
+    runtime = so.Runtime([*make_agents(), *agents], store=store_url)
     extra: dict[str, Any] = {} if access is None else {"access": access}
     app = create_app(
         runtime, auth=TokenAuth(dict(tokens)), sweep_every=None, close_runtime=True, **extra

@@ -117,6 +117,7 @@ async def test_reads_of_a_file_damaged_under_an_open_store_are_store_errors(
             "read_events": lambda: store.read_events("s1"),
             "head": lambda: store.head("s1"),
             "get_request": lambda: store.get_request("req_1"),
+            "request_session": lambda: store.request_session("req_1"),
             "pending": lambda: store.pending(PendingFilter()),
             "count_pending": lambda: store.count_pending(PendingFilter()),
             "sessions": lambda: store.sessions(),

@@ -20,6 +20,7 @@ from signoff._exceptions import (
 from signoff.stores import Commit, PendingFilter, Resolve, Store
 
 from .test_store_conformance import T0, approval, ev, new_session, question, settle
+from .test_store_edited_rows import edit
 
 # -- requests --------------------------------------------------------------------------------
 
@@ -141,6 +142,26 @@ async def test_resolve_of_another_sessions_request_is_refused(store: Store) -> N
     r1 = await store.get_request("r1")
     assert r1 is not None and r1.status == "pending"
     assert await store.head(s2) == 1
+
+
+async def test_a_requests_session_is_read_without_its_data(store: Store, store_url: str) -> None:
+    """`request_session(id)`: the session holding a request, open or closed, read without the
+    request's data, so even a damaged row answers it (the server decides from it whether a
+    caller may see the request before reading that); None for an id no request has."""
+    s1, s2 = await new_session(store), await new_session(store)
+    for sid, rid in ((s1, "req_a"), (s2, "req_b")):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=1, events=[], new_requests=[approval(sid, rid)])
+        )
+    await store.commit(Commit(session_id=s2, expected_seq=1, events=[], resolve=[settle("req_b")]))
+    edit(store_url, "UPDATE {t}requests SET data = {p} WHERE id = {p}", b"garbage", "req_a")
+    with pytest.raises(so.StoreDamaged, match="req_a"):
+        await store.get_request("req_a")
+    session_of = store.request_session  # type: ignore[attr-defined]
+    assert await session_of("req_a") == s1
+    assert await session_of("req_b") == s2
+    for unknown in ("req_c", "req_a\x00", s1, ""):
+        assert await session_of(unknown) is None, unknown
 
 
 async def test_duplicate_request_id_conflicts_and_writes_nothing(store: Store) -> None:

@@ -12,13 +12,7 @@ from typing import Any, cast
 
 from starlette.requests import HTTPConnection
 
-from .._deadlines import (
-    is_due,
-    state_after_deadlines,
-    stored_after_deadline,
-    stored_after_expiry,
-    summary_after_expiry,
-)
+from .._deadlines import is_due, state_after_deadlines, summary_after_expiry
 from .._events import Event
 from .._exceptions import StoreDamaged, StoreError, StoreGone, UnknownRequest, UnknownSession
 from .._queue_page import counted_page, keyed_page
@@ -46,6 +40,7 @@ from ._auth import (
 from ._background import Background
 from ._errors import ApiError
 from ._open_requests import OpenRequests, digest
+from ._request_reads import as_it_stands, session_of
 from ._sign_ins import SIGN_IN_LIFETIME, Grant, Honoured, SignOuts, checked
 from ._stream_slots import MAX_STREAMS, StreamSlots
 from ._throttle import Failures, client_of, too_many
@@ -270,41 +265,23 @@ class ServerContext(OpenRequests):
 
     async def request(self, request_id: str, caller: Principal) -> StoredRequest:
         """The stored request, if the caller may see its session; otherwise `UnknownRequest`.
-        A missing request costs the read a foreign one makes (its session's first event), so
-        the time a 404 takes does not tell that a foreign request exists."""
+        Only its session's id is read before that is decided (`session_of`), and a missing
+        request costs the read a foreign one then makes (its session's first event), so the
+        time a 404 takes does not tell that a foreign request exists, however large it is."""
         await self.runtime.open()
-        stored = await self.runtime.store.get_request(request_id)
+        store = self.runtime.store
+        session_id, stored = await session_of(store, request_id)
         try:
-            if stored is None:
-                await self.runtime.store.read_events(request_id, limit=1)  # no session's id
+            if session_id is None:
+                await store.read_events(request_id, limit=1)  # no session's id
                 raise UnknownSession("")
-            await self._visible(stored.request.session_id, caller)  # its state is not needed
+            await self._visible(session_id, caller)  # its state is not needed
+            stored = stored or await store.get_request(request_id)
+            if stored is None:  # deleted since its session's id was read
+                raise UnknownSession("")
         except UnknownSession:
             raise UnknownRequest("", [request_id]) from None
-        if stored.status == "pending" and not await self._live(stored.request.session_id):
-            # Its session's TTL passed (or one's above it): the queue leaves it out. Record that,
-            # as the session's own read does; what is not recorded reads as recording closes it.
-            state = await self.runtime.state(stored.request.session_id)
-            stored = await self.runtime.store.get_request(request_id) or stored
-            now = self.runtime.now()
-            if state.expired(now) and await self.runtime._ended(state, now) is None:
-                return stored  # a live drive runs its turn on past the TTL: not closed
-            return stored_after_expiry(stored, now)
-        if is_due(stored.request, self.runtime.now()):
-            # Its deadline passed and no sweep applied it yet: apply it, as the queue does.
-            flt = PendingFilter(session_id=stored.request.session_id, limit=10_000)
-            await self.runtime.pending_page(flt)
-            stored = await self.runtime.store.get_request(request_id) or stored
-            # What this runtime could not record (another agent's session, a store it may only
-            # read) reads as the queue shows it.
-            stored = stored_after_deadline(stored, self.runtime.now())
-        return stored
-
-    async def _live(self, session_id: str) -> bool:
-        """Whether neither the session's TTL nor one above it has passed: it still has an open
-        request the store does not leave out as lapsed (one indexed count, no state loaded)."""
-        live = PendingFilter(session_id=session_id, live_at=self.runtime.now(), limit=1)
-        return await self.runtime.store.count_pending(live) > 0
+        return await as_it_stands(self.runtime, stored)
 
     async def visible_requests(
         self, caller: Principal, flt: PendingFilter

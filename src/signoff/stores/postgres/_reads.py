@@ -280,6 +280,17 @@ class Reads(AuditReads):
 
         return await self._read(body, f"reading request {request_id!r}")
 
+    async def request_session(self, request_id: str) -> str | None:
+        if not storable(request_id):
+            return None
+        sql = f"SELECT s.id FROM {self._s}.requests r JOIN {self._s}.sessions s ON s.sk = r.sk "
+
+        async def body(conn: Conn) -> str | None:
+            row = await (await conn.execute(sql + "WHERE r.id=%s", (request_id,))).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._read(body, f"reading the session of request {request_id!r}")
+
     async def stored_requests(
         self,
         *,

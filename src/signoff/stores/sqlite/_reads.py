@@ -222,6 +222,14 @@ class Reads(AuditReads):
         )
 
     @reading
+    async def request_session(self, request_id: str) -> str | None:
+        row = self.conn.execute(
+            "SELECT s.id FROM requests r JOIN sessions s ON s.sk = r.sk WHERE r.id=?",
+            (request_id,),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    @reading
     async def stored_requests(
         self,
         *,
