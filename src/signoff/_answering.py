@@ -12,8 +12,7 @@ from typing import Any
 from . import _mirrors
 from ._answer_sizes import check_all_answered, check_bounds, check_count
 from ._answers import Reply as _Reply
-from ._answers import check_decided as _check_decided
-from ._answers import check_principal, input_responses
+from ._answers import check_decided, check_principal, input_responses
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
@@ -209,10 +208,11 @@ class Answering(Candidates):
             if await self._orphaned(state):
                 continue  # its requests are withdrawn now: the answers are refused below
             if only_approvals:  # before routing: a mirror has the kind of the child's request
-                for reply in answers:
+                for reply in answers:  # told only to who may answer it: others are refused below
                     live = state.requests.get(reply.request_id)
-                    if live is not None:
-                        _check_decided(live.request)
+                    if live is not None and live.request.kind != "tool-approval":
+                        if await self._may_answer(live.request, principal):
+                            check_decided(live.request)
             went_to = _answered_turn(state, answers, principal)
             if _mirrors.routed(state, answers):  # mirrored from a subagent: settle it there
                 if turns is not None and went_to is not None and not check_only:
@@ -253,10 +253,10 @@ class Answering(Candidates):
                         unknown.append(rid)
                         continue
                     request, status, resolution = stored.request, stored.status, stored.resolution
-                if only_approvals:
-                    _check_decided(request)
                 tool = agent.tools.get(request.tool_name or "")
                 await self._may_not_answer(request, status, tool, reply, principal)
+                if only_approvals:
+                    check_decided(request)
                 try:
                     wanted = _resolution(request, reply, tool)
                     if status == "pending":
