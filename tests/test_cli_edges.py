@@ -19,6 +19,7 @@ from tests._cli import (
     invoke,
     log,
     park,
+    refunds_run,
     sizer,
     url,
 )
@@ -318,3 +319,69 @@ def test_approve_or_deny_refuses_a_question_whose_options_are_approve_and_cancel
     answered = invoke("answer", question.id, "--option", "cancel", "--store", url)
     assert answered.exit_code == 0, answered.output
     assert f"answered {question.id} with cancel" in answered.output
+
+
+ALICE_WEB = so.Principal(authenticator="web", principal_id="alice")
+
+
+def _sizing() -> list[so.Agent]:
+    """`sizing`, whose turn asks which size, and `desk`, which delegates to it (the question
+    then mirrored in desk's session); each with a script of its own."""
+    small, large = ({"label": s, "description": f"{s} cup"} for s in ("Small", "Large"))
+    ask = so.ToolCall(
+        name="ask_question", input={"question": "Which size?", "options": [small, large]}
+    )
+    sizing = so.Agent(
+        name="sizing",
+        model=so.models.Scripted([so.ModelResponse(tool_calls=[ask]), so.ModelResponse(text="ok")]),
+        tools=[so.ask_question()],
+    )
+    delegated = so.ToolCall(name="sizing", input={"message": "which size?"})
+    desk = so.Agent(
+        name="desk",
+        model=so.models.Scripted(
+            [so.ModelResponse(tool_calls=[delegated]), so.ModelResponse(text="done")]
+        ),
+        tools=[so.delegate("sizing")],
+    )
+    return [sizing, desk]
+
+
+@pytest.mark.parametrize("agent", ["sizing", "desk"], ids=["own", "mirrored"])
+def test_a_decision_on_a_question_is_refused_to_who_may_not_answer_it(url: str, agent: str) -> None:
+    """`approve` or `deny` of Alice's question `--as` someone else said it was a question (with
+    the command answering it) where their answer to it is refused (`NotAllowed`), as README's
+    "Who may answer is checked first" says; so does `answer` of Alice's approval with an option
+    a question's. Open or settled, mirrored or not, they are refused as the runtime refuses
+    them; Alice is still told the kind; nothing is recorded."""
+    rt = so.Runtime(_sizing(), store=url)
+    try:
+        question = rt.generate_sync(agent, "coffee", auth=ALICE_WEB).pending[0]
+    finally:
+        rt.close_sync()
+    as_carol = ("--as", "web:carol", "--store", url)
+    for settled in (False, True):
+        before = len(log(url, question.session_id))
+        answered = invoke("answer", question.id, "--option", "nope", *as_carol)
+        assert answered.exit_code == 1 and "NotAllowed" in answered.stderr, answered.output
+        for command in ("approve", "deny"):
+            result = invoke(command, question.id, *as_carol)
+            assert result.exit_code == 1, result.output
+            assert result.stderr == answered.stderr.replace(" answer ", f" {command} "), settled
+        told = invoke("approve", question.id, "--as", "web:alice", "--store", url)
+        assert told.stderr.startswith(
+            f"error: InvalidAnswer: {question.id} is a question (Which size?), not an approval"
+        ), told.output
+        assert len(log(url, question.session_id)) == before
+        if not settled:
+            option = question.options[0].id
+            done = invoke(
+                "answer", question.id, "--option", option, "--as", "web:alice", "--store", url
+            )
+            assert done.exit_code == 0, done.output
+    session_id, request_id = park(url, auth=ALICE_WEB)
+    for given in (["--text", "yes"], ["--option", "1"]):
+        refused = invoke("answer", request_id, *given, *as_carol)
+        assert refused.exit_code == 1, refused.output
+        assert refused.stderr.startswith(f"error: NotAllowed: request {request_id} was asked by")
+    assert refunds_run(log(url, session_id)) == 0

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from .._agent import Agent
 from .._audit_trail import response_policy_recorded
+from .._eligibility import refusal
 from .._exceptions import (
     AnswerError,
     InvalidAnswer,
@@ -291,6 +292,27 @@ def _unknown_request(request_id: str, where: str) -> UnknownRequest:
 _SETTLED = frozenset({"approved", "cancelled", "answered"})
 
 
+def _wrong_kind(command: str, request: InputRequest, answer: InputResponse) -> InvalidAnswer | None:
+    """An answer of the wrong kind, refused naming the command that answers `request`: a
+    decision answers approvals only (`check_decided`), not a question whose options happen to
+    be `approve` and `cancel` (with `--reason` it failed in the API's terms); `answer` with text
+    or a question's option decides no approval (the engine's refusal names `option_id`)."""
+    if command in ("approve", "deny") and request.kind != "tool-approval":
+        what = request.question or request.kind
+        return InvalidAnswer(
+            f"{request.id} is a {request.kind} ({what}), not an approval: "
+            f"signoff answer {request.id} {' or '.join(answer_flags(request))}",
+            [request.id],
+        )
+    if request.kind == "tool-approval" and answer.option_id not in ("approve", "cancel"):
+        return InvalidAnswer(
+            f"{request.id} is an approval ({request.tool_name}), not a question: "
+            f"signoff approve {request.id} or signoff deny {request.id}",
+            [request.id],
+        )
+    return None
+
+
 async def _settle(
     command: str,
     request_id: str,
@@ -321,25 +343,13 @@ async def _settle(
         if stored is None:
             raise _unknown_request(request_id, shown_store(runtime.store.url))
         request = stored.request
-        # A decision answers approvals only, as `check_decided`: not a question whose options
-        # happen to be `approve` and `cancel` (with `--reason` it failed in the API's terms).
-        if command in ("approve", "deny") and request.kind != "tool-approval":
-            what = request.question or request.kind
-            raise InvalidAnswer(
-                f"{request_id} is a {request.kind} ({what}), not an approval: "
-                f"signoff answer {request_id} {' or '.join(answer_flags(request))}",
-                [request_id],
-            )
+        wrong = _wrong_kind(command, request, answer)
+        # Told only to who may answer it: the runtime refuses anyone else, as for any answer.
         if (
-            command == "answer"
-            and request.kind == "tool-approval"
-            and answer.option_id not in ("approve", "cancel")
-        ):  # the engine's refusal names `option_id` and None, the API's terms
-            raise InvalidAnswer(
-                f"{request_id} is an approval ({request.tool_name}), not a question: "
-                f"signoff approve {request_id} or signoff deny {request_id}",
-                [request_id],
-            )
+            wrong is not None
+            and await refusal(runtime.agents, runtime.store, request, principal) is None
+        ):
+            raise wrong
         if loaded is None and (
             request.response_policy or await response_policy_recorded(runtime.store, request)
         ):
