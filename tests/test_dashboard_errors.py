@@ -71,3 +71,29 @@ def test_an_unknown_dashboard_address_is_a_page_a_browser_can_read(tmp_path: Pat
         # outside the dashboard, the API's JSON
         api = httpx.get(f"{base}/v1/no-such-thing", headers=BROWSER)
         assert api.status_code == 404 and api.json()["error"]["code"] == "not_found"
+
+
+def test_a_form_post_over_the_body_limit_is_a_page_a_browser_can_read(tmp_path: Path) -> None:
+    """A message form posted without JavaScript, over `max_body_size` with its `Content-Length`
+    (as a browser sends it), is refused before it is read: the browser got the API's JSON, shown
+    raw, where the same body sent in chunks got a page. It gets a page naming the code, with the
+    navigation; the page's script and API clients still get JSON. Nothing is sent."""
+    runtime = make_runtime(f"sqlite:///{tmp_path}/state.db")
+    app = create_app(runtime, auth=TokenAuth(TOKENS), max_body_size=64_000)
+    with running(app) as base, signed_in(base) as c:
+        sid = start(base)["session_id"]
+        seq = c.get(f"/v1/sessions/{sid}").json()["seq"]
+        path = f"/_signoff/sessions/{sid}/messages"
+        form = {"csrf": csrf_of(c.get(f"/_signoff/sessions/{sid}").text), "message": "x" * 70_000}
+        r = c.post(path, data=form, headers=BROWSER)
+        assert r.request.headers["content-length"] == str(len(r.request.content))
+        assert r.status_code == 413 and r.headers["content-type"].startswith("text/html"), r.text
+        assert "<code>payload_too_large</code>" in r.text
+        assert "larger than this server accepts (64000 bytes)" in r.text
+        assert 'aria-label="Dashboard"' in r.text  # the navigation of a signed-in reviewer
+        script = c.post(path, data=form, headers={"Accept": "application/json"})
+        assert script.status_code == 413
+        assert script.json()["error"]["code"] == "payload_too_large"
+        api = httpx.post(f"{base}/v1/sessions/{sid}/messages", content=b"x" * 70_000)
+        assert api.status_code == 413 and api.json()["error"]["code"] == "payload_too_large"
+        assert c.get(f"/v1/sessions/{sid}").json()["seq"] == seq

@@ -1,13 +1,18 @@
-"""`BodyLimit`: refuses request bodies over a size, as a JSON 413 `payload_too_large`; and
-`OneFraming`: refuses a body framed two ways, by a length and by chunks."""
+"""`BodyLimit`: refuses request bodies over a size, 413 `payload_too_large` (as JSON, or as a
+page to a browser on a dashboard address); and `OneFraming`: refuses a body framed two ways, by
+a length and by chunks."""
 
 from __future__ import annotations
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ._auth import is_dashboard
 from ._errors import error_response
+from ._message_page import error_page, wants_page
 
 __all__ = ["BodyLimit", "OneFraming"]
 
@@ -24,7 +29,8 @@ class BodyLimit:
 
     A declared `Content-Length` over the limit is refused up front; a streamed body is counted
     as it arrives, and the read that crosses the limit raises a 413 that the app's handlers
-    render like any other error.
+    render like any other error. A browser's form post refused up front on a dashboard address
+    gets a page naming the code, as that error would (it got the API's JSON, shown raw).
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
@@ -44,7 +50,12 @@ class BodyLimit:
             and declared.isdigit()
             and (len(declared) > 18 or int(declared) > self.max_bytes)
         ):
-            response = error_response(413, "payload_too_large", message)
+            request = Request(scope)
+            response: Response
+            if is_dashboard(request.url.path) and wants_page(request):
+                response = await error_page(request, 413, "payload_too_large", message)
+            else:
+                response = error_response(413, "payload_too_large", message)
             await response(scope, receive, send)
             return
         received = 0
