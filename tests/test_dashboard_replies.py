@@ -18,9 +18,11 @@ from ._dashboard import (
     signed_in,
     start,
 )
-from .test_server_common import PLAIN, TOKENS, auth, running
+from .test_server_common import PLAIN, TOKENS, auth, make_runtime, running
 
 __all__ = ["base"]  # the fixture, used by name
+
+JSON = {"Accept": "application/json"}
 
 
 def test_a_refused_reviewer_is_told_why(base: str) -> None:
@@ -112,6 +114,46 @@ def test_a_reply_with_a_lone_surrogate_does_not_fail_the_answer(tmp_path: Path) 
         )
         assert r.status_code == 200, r.text
         assert r.json()["text"] == "done \ufffd"
+
+
+def test_a_reviewer_named_with_a_lone_surrogate_does_not_fail_anothers_answer(
+    tmp_path: Path,
+) -> None:
+    """A reviewer's display name may hold a lone surrogate (an authenticator's, recorded as
+    given). Another reviewer's stale page answering after them got a 500 `internal_error` from
+    the script's JSON answer naming them (`already_by`, a conflict's "Already approved by ..."),
+    where the page without JavaScript was right. The JSON escapes the surrogate."""
+    odd = so.Principal(
+        authenticator="token",
+        principal_id="odd",
+        attributes={"tenant": "acme", "name": "Od\ud800d"},
+    )
+    runtime = make_runtime(f"sqlite:///{tmp_path}/state.db")
+    app = create_app(runtime, auth=TokenAuth({**TOKENS, "odd-token": odd}))
+    with (
+        running(app) as base,
+        signed_in(base, "odd-token") as last,
+        signed_in(base, "admin-token") as stale,
+    ):
+        body = start(base, "treasury")  # two approvers: Bob, then Od?d's vote settles it
+        sid, rid = body["session_id"], body["pending"][0]["id"]
+        vote = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+        url = f"{base}/v1/sessions/{sid}/responses"
+        r = httpx.post(url, json=vote, headers=auth("bob-token"), verify=PLAIN)
+        assert r.status_code == 200, r.text
+        path = f"/_signoff/requests/{rid}/respond"
+        form = {"option": "approve", "csrf": csrf_of(stale.get("/_signoff/").text)}
+        mine = {"option": "approve", "csrf": csrf_of(last.get("/_signoff/").text)}
+        r = last.post(path, data=mine, headers=JSON)
+        assert r.status_code == 200 and r.json()["outcome"] == "approved", r.text
+        r = stale.post(path, data=form, headers=JSON)
+        assert r.status_code == 200, r.text
+        assert r.json()["already_by"] == "Od\ud800d (odd)"
+        r = stale.post(path, data={**form, "option": "cancel"}, headers=JSON)
+        assert r.status_code == 409, r.text
+        error = r.json()["error"]
+        assert error["code"] == "conflicting_answer"
+        assert error["message"].startswith("Already approved by Od\ud800d (odd): "), error
 
 
 def test_starting_and_messaging_from_the_dashboard(base: str) -> None:

@@ -11,7 +11,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import (
     HTMLResponse,
-    JSONResponse,
     PlainTextResponse,
     RedirectResponse,
     Response,
@@ -36,6 +35,7 @@ from ._context import get_context
 from ._dashboard_edits import edit_recorded, posted_edit
 from ._errors import public_message
 from ._forms import Refusal, form_key, form_token
+from ._json_response import JSONText
 from ._login import return_to
 from ._message_page import dashboard_error, form_fault, message_page, refused, wants_json
 from ._notes import (
@@ -125,7 +125,7 @@ async def queue_stream(request: Request) -> Response:
 async def request_place_page(request: Request, request_id: str) -> Response:
     """Whether a request is open and which page of a list shows it (JSON): a card that left
     its page while the reviewer wrote in it is said closed only if it closed."""
-    return JSONResponse(await request_place(request, request_id))
+    return JSONText(await request_place(request, request_id))
 
 
 _BOTH = (
@@ -200,7 +200,7 @@ async def respond(request: Request, request_id: str) -> Response:
     if wants_json(request):
         took_edit = edited is not None and outcome == "approved"
         took_edit = took_edit and await edit_recorded(ctx, request_id)
-        return JSONResponse(
+        return JSONText(
             {
                 "ok": True,
                 "request_id": request_id,
@@ -360,7 +360,7 @@ def _repeated(
     next message, for a script, as a first sending."""
     if wants_json(request):
         fresh = form_token(secret, viewer, now)
-        return JSONResponse({"ok": True, "repeated": True, "url": where, "form": fresh})
+        return JSONText({"ok": True, "repeated": True, "url": where, "form": fresh})
     return RedirectResponse(where, status_code=303)
 
 
@@ -391,7 +391,7 @@ async def start_session(request: Request) -> Response:
     if result.replayed:
         return _repeated(request, ctx.secret, viewer, now, where)
     if wants_json(request):
-        return JSONResponse({"ok": True, "session_id": result.session_id, "url": where})
+        return JSONText({"ok": True, "session_id": result.session_id, "url": where})
     return RedirectResponse(where, status_code=303)
 
 
@@ -426,7 +426,7 @@ async def send_message(request: Request, session_id: str) -> Response:
         return _repeated(request, ctx.secret, viewer, now, where)
     if wants_json(request):
         fresh = form_token(ctx.secret, viewer, ctx.runtime.now())
-        return JSONResponse(
+        return JSONText(
             {
                 "ok": True,
                 "status": result.status,
@@ -456,7 +456,7 @@ async def session_fragment(request: Request, session_id: str) -> Response:
         "now": get_context(request).runtime.now(),
         **context,
     }
-    response = JSONResponse(
+    response = JSONText(
         {
             "seq": context["seq"],
             "more": context["more"],

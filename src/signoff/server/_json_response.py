@@ -1,4 +1,4 @@
-"""`JSONText`: the API's JSON responses, which can carry a lone surrogate.
+"""`JSONText`: the API's and the dashboard's JSON responses, which can carry a lone surrogate.
 
 A model's text or a tool's result may hold one (the store keeps it), and UTF-8 cannot: a
 response written as plain UTF-8 failed with a 500 after an answer was already recorded, and

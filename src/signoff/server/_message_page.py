@@ -4,7 +4,7 @@ navigation every page of a signed-in reviewer has; JSON instead for the dashboar
 from __future__ import annotations
 
 from fastapi import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, Response
 
 from .._eligibility import refusal
 from .._exceptions import (
@@ -18,6 +18,7 @@ from .._types import InputRequest, Principal
 from ._auth import DASHBOARD_PREFIX
 from ._context import get_context
 from ._errors import public_message, status_for
+from ._json_response import JSONText
 from ._page_data import base
 from ._pages import env, render
 
@@ -108,7 +109,7 @@ async def error_page(request: Request, status: int, code: str, message: str) -> 
 async def dashboard_error(request: Request, status: int, code: str, message: str) -> Response:
     """An error on a dashboard route: JSON for its scripts, a page for a plain form post."""
     if wants_json(request):
-        return JSONResponse({"ok": False, "error": {"code": code, "message": message}}, status)
+        return JSONText({"ok": False, "error": {"code": code, "message": message}}, status)
     return await message_page(request, status, "That did not work", message, code=code)
 
 

@@ -5,12 +5,13 @@ who may as they may see the session (the rule of the API's cancel and delete).""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 
 from .._exceptions import SignoffError, UnknownSession
 from .._types import Principal
 from ._auth import DASHBOARD_PREFIX
 from ._context import ServerContext
+from ._json_response import JSONText
 from ._message_page import dashboard_error, refused, wants_json
 from ._notes import DELETED_COOKIE, NOT_CANCELLED_COOKIE, deleted_note, session_mark, set_note
 from ._page_data import signed_in
@@ -59,9 +60,7 @@ async def cancel_turn(request: Request, session_id: str) -> Response:
     cancelled = result.turn_id == turn and result.cancelled
     where = f"{DASHBOARD_PREFIX}/sessions/{session_id}"
     if wants_json(request):
-        return JSONResponse(
-            {"ok": True, "cancelled": cancelled, "status": result.status, "url": where}
-        )
+        return JSONText({"ok": True, "cancelled": cancelled, "status": result.status, "url": where})
     response = RedirectResponse(where, status_code=303)
     if not cancelled:
         set_note(response, request, NOT_CANCELLED_COOKIE, session_mark(session_id))
@@ -92,7 +91,7 @@ async def delete_session(request: Request, session_id: str) -> Response:
         return await refused(request, exc)
     where = f"{DASHBOARD_PREFIX}/sessions"
     if wants_json(request):
-        return JSONResponse({"ok": True, "deleted": [utf8(d) for d in deleted], "url": where})
+        return JSONText({"ok": True, "deleted": [utf8(d) for d in deleted], "url": where})
     response = RedirectResponse(where, status_code=303)
     set_note(response, request, DELETED_COOKIE, deleted_note(ctx.secret, deleted))
     return response
