@@ -8,13 +8,18 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from starlette.requests import HTTPConnection
 from starlette.testclient import TestClient
 
+import signoff as so
+from signoff.server import create_app
 from signoff.server._login import return_to
 
+from .test_server_common import make_agents
 from .test_sign_ins import HTTP, JSON, _csrf, dashboard, sign_in
 
 LIFETIME = 600
+BROWSER = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
 
 
 def _next_of(location: str) -> str | None:
@@ -164,3 +169,71 @@ def test_a_form_posted_from_another_host_returns_to_no_page(tmp_path: Path) -> N
                 follow_redirects=False,
             )
             assert r.status_code == 303 and r.headers["location"] == "/_signoff/login", referer
+
+
+def _sso(request: HTTPConnection) -> so.Principal | None:
+    """An application's own authenticator: the cookie its sign-in proxy sets."""
+    user = request.cookies.get("sso_user")
+    attributes = {"tenant": "acme"}
+    return (
+        None
+        if not user
+        else so.Principal(authenticator="sso", principal_id=user, attributes=attributes)
+    )
+
+
+def test_an_applications_authenticator_that_does_not_recognise_a_visitor_says_so(
+    tmp_path: Path,
+) -> None:
+    """Under an authenticator of the application's (an SSO proxy's cookie), a visitor it does
+    not recognise got a 401 page saying "In dev mode only localhost may connect" (it was not
+    dev mode), naming no code; the page's script got that HTML where it reads JSON (its banner
+    said "Unexpected response (401)"); and the sign-in form's address served a token form that
+    signs no one in. The script gets 401 `unauthenticated` as JSON, the page names the code and
+    the authenticator, and the form's address leads to the page to return to."""
+    runtime = so.Runtime(make_agents(), store=f"sqlite:///{tmp_path}/s.db")
+    app = create_app(runtime, auth=_sso, secret="s3cret", sweep_every=None)
+    said = (
+        "this server's authenticator does not recognise you: sign in as you do for this "
+        "application, then reload the page"
+    )
+    with TestClient(app, base_url=HTTP) as c:
+        for headers in ({}, JSON, BROWSER):
+            r = c.get("/_signoff/fragments/queue", headers=headers)
+            assert r.status_code == 401, r.text
+            assert r.json()["error"] == {"code": "unauthenticated", "message": said}
+        csrf = _csrf(c.get("/_signoff/", headers=BROWSER).text)
+        form = {"option": "approve", "csrf": csrf}
+        r = c.post("/_signoff/requests/req_x/respond", data=form, headers=JSON)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthenticated"
+        for page in (
+            c.get("/_signoff/sessions/ses_1", headers=BROWSER),
+            c.post("/_signoff/requests/req_x/respond", data=form, headers=BROWSER),
+        ):
+            assert page.status_code == 401 and page.headers["content-type"].startswith("text/html")
+            assert "<code>unauthenticated</code>" in page.text
+            assert "This server&#39;s authenticator does not recognise you" in page.text
+            assert "dev mode" not in page.text and "/_signoff/login" not in page.text
+        r = c.get("/_signoff/login?next=%2F_signoff%2Ftools", follow_redirects=False)
+        assert (r.status_code, r.headers["location"]) == (303, "/_signoff/tools")
+        r = c.post("/_signoff/login", data={"token": "x", "csrf": csrf}, follow_redirects=False)
+        assert (r.status_code, r.headers["location"]) == (303, "/_signoff")
+        assert 'name="token"' not in c.get("/_signoff/login").text
+        c.cookies.set("sso_user", "alice")  # signed in at the proxy
+        r = c.get("/_signoff/login")
+        assert r.status_code == 200 and "Approval queue" in r.text, r.text
+
+
+def test_dev_mode_tells_a_caller_from_elsewhere_only_localhost_may_connect(
+    tmp_path: Path,
+) -> None:
+    """Dev mode keeps its own words, now with the code, and as JSON to a script."""
+    runtime = so.Runtime(make_agents(), store=f"sqlite:///{tmp_path}/s.db")
+    app = create_app(runtime, dev=True, sweep_every=None)
+    said = "this server does not recognise you: in dev mode only localhost may connect"
+    with TestClient(app, base_url=HTTP) as c:  # from "testclient", to signoff.test
+        r = c.get("/_signoff/fragments/queue")
+        assert r.status_code == 401 and r.json()["error"]["message"] == said
+        page = c.get("/_signoff/", headers=BROWSER)
+        assert page.status_code == 401 and "<code>unauthenticated</code>" in page.text
+        assert "This server does not recognise you: in dev mode only localhost" in page.text

@@ -8,11 +8,12 @@ import re
 from urllib.parse import SplitResult, quote, unquote, urlencode, urlsplit
 
 from fastapi import APIRouter, Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from ._auth import DASHBOARD_PREFIX, TokenAuth, is_dashboard, sign_in_cookie, token_cookie
+from ._auth import DASHBOARD_PREFIX, DevAuth, TokenAuth, is_dashboard, sign_in_cookie, token_cookie
 from ._context import get_context
 from ._errors import error_response
+from ._json_response import JSONText
 from ._message_page import message_page, wants_json
 from ._pages import check_csrf, render
 from ._route import check_query
@@ -32,6 +33,13 @@ _LOGIN = f"{DASHBOARD_PREFIX}/login"
 _NOT_RETURNED_TO = (_LOGIN, f"{DASHBOARD_PREFIX}/logout")
 _UNSAFE = re.compile(r"[\x00-\x20\x7f\\]")  # controls, spaces and `\` (which browsers read as /)
 _EXPIRED = "your sign-in has expired: sign in again"
+# Without TokenAuth there is no sign-in form here: the authenticator (dev mode's, or the
+# application's own, a proxy's header or cookie) decides who a request is.
+_DEV = "this server does not recognise you: in dev mode only localhost may connect"
+_UNRECOGNISED = (
+    "this server's authenticator does not recognise you: sign in as you do for this "
+    "application, then reload the page"
+)
 
 
 def _split(address: str) -> SplitResult | None:
@@ -91,25 +99,41 @@ def _had_sign_in(request: Request) -> bool:
 
 
 async def sign_in_redirect(request: Request) -> Response:
-    """What a visitor of a dashboard page who is not signed in gets: the sign-in form (or a 401
-    for a script), told when their sign-in has expired, returning to the page afterwards."""
+    """What a visitor of a dashboard page who is not signed in gets: with `TokenAuth` the
+    sign-in form, told when their sign-in has expired, returning to the page afterwards; else
+    a page saying the authenticator does not recognise them. A script gets a 401
+    `unauthenticated` as JSON, which its banner shows."""
     ctx = get_context(request)
-    if isinstance(ctx.auth, TokenAuth):
-        if request.url.path.startswith(f"{DASHBOARD_PREFIX}/fragments") or wants_json(request):
+    token = isinstance(ctx.auth, TokenAuth)
+    if request.url.path.startswith(f"{DASHBOARD_PREFIX}/fragments") or wants_json(request):
+        if token:
             message = _EXPIRED if _had_sign_in(request) else "sign in first"
-            return JSONResponse({"error": {"code": "unauthenticated", "message": message}}, 401)
+        else:
+            message = _DEV if isinstance(ctx.auth, DevAuth) else _UNRECOGNISED
+        return JSONText({"error": {"code": "unauthenticated", "message": message}}, 401)
+    if token:
         return RedirectResponse(_login_url(_came_from(request)), status_code=303)
-    message = "This server does not recognise you. In dev mode only localhost may connect."
-    return await message_page(request, 401, "Not signed in", message)
+    message = _DEV if isinstance(ctx.auth, DevAuth) else _UNRECOGNISED
+    said = f"{message[0].upper()}{message[1:]}."
+    return await message_page(request, 401, "Not signed in", said, code="unauthenticated")
+
+
+def _no_form(next_page: str | None) -> Response:
+    """The sign-in form's address without `TokenAuth`, which has no token to type: the page to
+    return to (or the queue), which the authenticator serves or says it does not recognise."""
+    return RedirectResponse(next_page or DASHBOARD_PREFIX, status_code=303)
 
 
 @router.get("/login", response_class=HTMLResponse)
 async def login_page(request: Request) -> Response:
-    """The sign-in form; `?next=` names the page to return to once signed in."""
+    """The sign-in form (with `TokenAuth`; any other authenticator has none); `?next=` names
+    the page to return to once signed in."""
     check_query(request)
     ctx = get_context(request)
-    expired = _had_sign_in(request) and await ctx.principal(request) is None
     next_page = return_to(request.query_params.get("next"))
+    if not isinstance(ctx.auth, TokenAuth):
+        return _no_form(next_page)
+    expired = _had_sign_in(request) and await ctx.principal(request) is None
     return await render(
         "login.html", request, viewer=None, error=None, expired=expired, next_page=next_page
     )
@@ -124,6 +148,8 @@ async def login(request: Request) -> Response:
     token = fields.get("token", "").strip()
     next_page = return_to(fields.get("next"))
     auth = ctx.auth
+    if not isinstance(auth, TokenAuth):
+        return _no_form(next_page)
     client = client_of(request)
     wait = ctx.failures.retry_after(client) if token else None
     if wait is not None:  # before the token is compared: the answer tells nothing of it
@@ -142,9 +168,9 @@ async def login(request: Request) -> Response:
             )
         response.headers.update(refusal.headers)
         return response
-    principal = auth.lookup(token) if isinstance(auth, TokenAuth) and token else None
+    principal = auth.lookup(token) if token else None
     if principal is None or ctx.naming(principal) is None:  # no cookie for no one
-        if principal is None and token and isinstance(auth, TokenAuth):
+        if principal is None and token:
             ctx.failures.failed(client)
         return await render(
             "login.html",

@@ -23,7 +23,9 @@
   const keepTyped = () => window.signoffDrafts && window.signoffDrafts.keep();
 
   // The sign-in ended (it expired, or was signed out in another tab): say so at the page's top,
-  // with a link to sign in again that comes back to this page.
+  // with a link to sign in again that comes back to this page. Without a sign-in form here (an
+  // authenticator of the application's, a proxy's sign-in), the link reloads the page, which
+  // goes through that sign-in.
   let signedOff = false;  // no stream is opened again: each would be refused alike
   function signInAgain(text) {
     signedOff = true;
@@ -41,8 +43,10 @@
     }
     note.textContent = text.charAt(0).toUpperCase() + text.slice(1) + ". ";
     const link = document.createElement("a");
-    link.href = prefix + "/login?next=" + encodeURIComponent(location.pathname + location.search);
-    link.textContent = "Sign in";
+    const form = document.body.dataset.signIn;
+    const here = location.pathname + location.search;
+    link.href = form ? form + "?next=" + encodeURIComponent(here) : here;
+    link.textContent = form ? "Sign in" : "Reload";
     note.appendChild(link);
   }
 

@@ -20,6 +20,7 @@
     } catch (e) { /* storage off or full: nothing is kept */ }
   });
   (function restoreDrafts() {
+    if (!boxes().length) return;  // a page with no box (a sign-in still refused) keeps them
     let kept = null;
     try {
       kept = JSON.parse(sessionStorage.getItem(draftsKey) || "null");
