@@ -246,6 +246,53 @@ def test_the_trace_context_of_the_drive_that_parked_a_turn_is_kept_by_snapshots(
     assert turn is not None and turn.traceparent is None
 
 
+def _resolved(seq: int, request_id: str) -> so.Event:
+    data = {"request_id": request_id, "outcome": "answered", "answer": {"option_id": "x"}}
+    return so.Event(
+        session_id="ses_1", seq=seq, type="input.resolved", at=1.0, turn_id="trn_1", data=data
+    )
+
+
+def test_a_turn_keeps_the_requests_closed_since_a_drive_last_parked_it() -> None:
+    """Closed requests of the turn are kept (`answered`, for the next drive's trace) until it
+    parks with no answered call left to run; a park while one is left (a quorum's vote) keeps
+    them. A snapshot and a copy keep them; one of an older signoff reads none."""
+    state = so.SessionState(id="ses_1")
+    state.turn = TurnState(id="trn_1", status="waiting")
+    call_state = CallState(id="c1", tool_name="t", input={}, status="requested")
+    state.turn.calls["c1"] = call_state
+    for rid, action in (("req_1", so.Action.of("c1", "t", {})), ("req_2", None)):
+        request = so.InputRequest(
+            id=rid,
+            kind="question",
+            session_id="ses_1",
+            turn_id="trn_1",
+            agent="a",
+            action=action,
+            created_at=1.0,
+        )
+        state.requests[rid] = RequestState(request=request)
+    state.apply(_resolved(1, "req_1"))
+    call_state.status = "approved"
+    state.apply(_waiting(2))  # a vote on another request: the approved call is still to run
+    assert state.turn.answered == ["req_1"]
+    snap = state.to_snapshot()
+    assert snap["turn"]["answered"] == ["req_1"]
+    for restored in (so.SessionState.from_snapshot(snap), state.copy()):
+        assert restored.turn is not None and restored.turn.answered == ["req_1"]
+    call_state.status = "asking"
+    state.apply(_waiting(3))  # the drive ran it, and parked on its question
+    assert state.turn.answered == [] and "answered" not in state.to_snapshot()["turn"]
+    state.apply(_resolved(4, "req_2"))
+    assert state.turn.answered == ["req_2"]
+    older = {**snap, "turn": {k: v for k, v in snap["turn"].items() if k != "answered"}}
+    turn = so.SessionState.from_snapshot(older).turn
+    assert turn is not None and turn.answered == []
+    for value in ("req_1", [1], None):
+        with pytest.raises(so.StoreError, match="answered"):
+            so.SessionState.from_snapshot({**snap, "turn": {**snap["turn"], "answered": value}})
+
+
 async def test_status_follows_the_turn(tmp_path: Path) -> None:
     log = ExecutionLog()
 
@@ -405,6 +452,7 @@ def _every_field_set() -> so.SessionState:
         source="schedule",
         traceparent=PARKED_BY,
         paused=({"model": "anthropic:m", "data": {"content": []}, "usage": {}, "read_through": 3},),
+        answered=["req_0"],
         # Its journal is read back from the events (`load_journal`): a snapshot leaves it out.
         calls={
             "c1": CallState(

@@ -248,6 +248,10 @@ def _input_requested(s: SessionState, e: Event) -> None:
 
 def _turn_waiting(s: SessionState, e: Event) -> None:
     turn = _turn(s, e)
+    if not any(c.status in _MOVING for c in turn.calls.values()):
+        # Parked with no answered call left to run: a drive went on with the answers before.
+        # (A vote that parks it again while one is left leaves them for the next drive.)
+        turn.answered = []
     turn.status = "waiting"
     _keyed(s, e, _in_turn(s, e))  # a keyed message's vote counted through a mirror
     # Only a traced drive stores its context; a re-park without one (a rejected answer, an
@@ -255,6 +259,10 @@ def _turn_waiting(s: SessionState, e: Event) -> None:
     traceparent = e.data.get("traceparent")
     if isinstance(traceparent, str):
         turn.traceparent = traceparent
+
+
+_MOVING = frozenset({"approved", "denied", "decided", "running"})
+"""The statuses of a call that a drive goes on with (runs, or tells the model it was denied)."""
 
 
 def _read_again(s: SessionState, e: Event) -> None:
@@ -363,6 +371,10 @@ def _input_resolved(s: SessionState, e: Event) -> None:
     req.outcome = outcome
     req.resolution = d
     child = req.request.child
+    turn = s.turn
+    if child is None and turn is not None and req.request.turn_id == turn.id:
+        if req.request.id not in turn.answered:
+            turn.answered.append(req.request.id)
     if child is not None:  # a subagent's request, settled there: its delegate call re-runs
         call = None if s.turn is None else s.turn.calls.get(child.call_id)
         still_waiting = any(

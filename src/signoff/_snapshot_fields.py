@@ -9,7 +9,7 @@ from typing import Any
 
 from ._events import EVENT_TYPES, EventType
 
-__all__ = ["check_fields", "last_of", "paused_of"]
+__all__ = ["check_fields", "ids_of", "last_of", "paused_of"]
 
 
 def check_fields(data: dict[str, Any]) -> None:
@@ -125,3 +125,11 @@ def paused_of(value: Any) -> tuple[dict[str, Any], ...]:
     if not isinstance(value, list) or not all(isinstance(p, dict) for p in value):
         raise ValueError(f"a turn's paused parts are not a list of objects: {value!r:.100}")
     return tuple(value)
+
+
+def ids_of(value: Any) -> list[str]:
+    """A turn's answered request ids as a snapshot keeps them; `ValueError` unless a list of
+    strings."""
+    if not _texts(value):
+        raise ValueError(f"a turn's answered requests are not a list of ids: {value!r:.100}")
+    return list(value)

@@ -16,7 +16,7 @@ from ._conversation import MALFORMED, Conversation
 from ._event_handlers import HANDLERS
 from ._events import Event, EventType, is_activity
 from ._exceptions import SchemaVersionError, StoreError
-from ._snapshot_fields import check_fields, last_of, paused_of
+from ._snapshot_fields import check_fields, ids_of, last_of, paused_of
 from ._state_parts import (
     CallState,
     CallStatus,
@@ -60,14 +60,15 @@ SNAPSHOT_VERSION = 2
 journals out (read back from the events); an older signoff refuses such a snapshot by its
 version. One of version 1 or before holds each journal whole, and still loads."""
 
-FOLD_VERSION = 6
+FOLD_VERSION = 7
 """Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`;
 none is 1), raised whenever an event comes to fold otherwise: a session loads only from a
 snapshot of this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`.
 3: a `tool.started` with a `policy_reason` gives its call that `decision`. 4: a call keeps
 its `tool.started`'s `filled`. 5: the app's approval (a `runtime` principal's) grants no
 `once()` tool: a session it granted one folds again without the grant, and asks a person.
-6: a deadline's escalation is no activity: the session's `updated_at` and TTL stay put."""
+6: a deadline's escalation is no activity: the session's `updated_at` and TTL stay put.
+7: a turn keeps the requests closed since a drive last parked it (`answered`)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -282,6 +283,7 @@ class SessionState:
                 "source": turn.source,
                 **({} if turn.traceparent is None else {"traceparent": turn.traceparent}),
                 **({"paused": list(turn.paused)} if turn.paused else {}),
+                **({"answered": list(turn.answered)} if turn.answered else {}),
                 "calls": [
                     {
                         "id": c.id,
@@ -329,6 +331,7 @@ class SessionState:
                 source=t.source,
                 traceparent=t.traceparent,
                 paused=t.paused,
+                answered=list(t.answered),
                 calls={
                     k: CallState(
                         id=c.id,
@@ -440,6 +443,7 @@ class SessionState:
                 source=t.get("source", "message"),
                 traceparent=p if isinstance(p := t.get("traceparent"), str) else None,
                 paused=paused_of(t.get("paused", [])),
+                answered=ids_of(t.get("answered", [])),
                 calls={c["id"]: _call_of(c, t) for c in t["calls"]},
             )
         state = cls(

@@ -310,18 +310,17 @@ def parked_by(
 
 
 def _answered(state: SessionState) -> list[Any]:
-    """The current turn's settled requests this drive goes on with: those of calls that have
-    yet to move (approved, denied, decided, or asking again), and a settled budget prompt the
-    turn still waits on."""
+    """The current turn's requests closed since a drive last parked it that this drive goes on
+    with, as they were asked: those of calls that have yet to move (approved, denied, decided,
+    or asking again), and a settled budget prompt the turn still waits on."""
     turn = state.turn
-    if turn is None:
+    if turn is None or not turn.answered:
         return []
+    closed = set(turn.answered)
     found = []
-    for r in reversed(state.requests.values()):  # newest first: stop at an earlier turn's
+    for r in state.requests.values():
         req = r.request
-        if req.turn_id != turn.id:
-            break
-        if r.status == "pending" or req.child is not None:
+        if req.id not in closed or r.status == "pending" or req.child is not None:
             continue
         action = req.action
         if action is None:
@@ -331,7 +330,7 @@ def _answered(state: SessionState) -> list[Any]:
         call = turn.calls.get(action.call_id)
         if call is not None and call.status in ("approved", "denied", "decided", "running"):
             found.append(r)
-    return found[::-1]
+    return found
 
 
 class ModelSpan(_Span):

@@ -1,0 +1,245 @@
+"""What a resumed drive's span says it goes on with (`_tracing`, docs/tracing.md): the answers
+given since the turn last parked (`signoff.turn.resumed`), how long the first of them waited
+(`signoff.waited_seconds`), and whether the turn had run before (`signoff.drive.resumed`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import signoff as so
+from signoff._state import FOLD_VERSION
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+
+from ._tracing import exporter, provider
+from .test_snapshot_fields import write_snapshot
+
+__all__ = ["exporter", "provider"]  # the fixtures, used by name
+
+ALICE = so.Principal(authenticator="web", principal_id="alice")
+
+
+def _drive(exporter: InMemorySpanExporter) -> ReadableSpan:
+    """The one drive span finished since the exporter was last cleared."""
+    (drive,) = [s for s in exporter.get_finished_spans() if s.name.startswith("invoke_agent")]
+    return drive
+
+
+def _resumed(drive: ReadableSpan) -> dict[str, Any]:
+    """The drive's `signoff.turn.resumed` event's attributes, as lists."""
+    (event,) = [e for e in drive.events if e.name == "signoff.turn.resumed"]
+    return {k: list(v) for k, v in (event.attributes or {}).items()}  # type: ignore[arg-type]
+
+
+def _answer(request: so.InputRequest, option: str) -> list[so.InputResponse]:
+    return [so.InputResponse(request_id=request.id, option_id=option)]
+
+
+@so.tool(approval=so.always())
+async def interview(ctx: so.ToolContext, topic: str) -> str:
+    """Approved first, then asks its question."""
+    answer = await ctx.ask(f"Which {topic}?", options=["x", "y"])
+    return answer.value or ""
+
+
+async def test_a_drive_after_a_gated_tools_question_names_that_answer_alone(
+    store_url: str, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """The approval waited an hour and the drive it resumed went on with it; the question that
+    drive asked waited 10 s. The drive its answer resumes named both and waited 3,610 s."""
+    agent = scripted_agent(
+        "desk", [call_tools(call("interview", topic="colour")), reply("done")], tools=[interview]
+    )
+    clock = ManualClock(1_000.0)
+    async with so.Runtime([agent], store=store_url, tracer_provider=provider, clock=clock) as rt:
+        r = await rt.generate("desk", "go", auth=ALICE)
+        (approval,) = r.pending
+        clock.advance(3_600)
+        exporter.clear()
+        r = await rt.respond(r.session_id, _answer(approval, "approve"), principal=ALICE)
+        (question,) = r.pending
+        assert question.kind == "question"
+        first = _drive(exporter)
+        assert _resumed(first)["signoff.request_ids"] == [approval.id]
+        assert (first.attributes or {})["signoff.waited_seconds"] == 3_600
+        clock.advance(10)
+        exporter.clear()
+        r = await rt.respond(r.session_id, _answer(question, "x"), principal=ALICE)
+        assert r.status == "completed"
+    drive = _drive(exporter)
+    assert (drive.attributes or {})["signoff.waited_seconds"] == 10
+    assert _resumed(drive) == {
+        "signoff.request_ids": [question.id],
+        "signoff.request_kinds": ["question"],
+        "signoff.request_outcomes": ["answered"],
+    }
+
+
+@so.tool
+async def lookup(n: int) -> str:
+    """Look something up."""
+    return "found"
+
+
+@so.tool(approval=so.always())
+async def refund(n: int) -> str:
+    """Refund."""
+    return "refunded"
+
+
+async def test_a_budget_prompt_answered_in_an_earlier_drive_is_not_named_again(
+    store_url: str, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """The session-limit prompt waited an hour; the drive its `continue` resumed proposed a
+    refund, parked on its approval, answered 10 s later. That answer's drive named the budget
+    prompt too, and counted its wait from it."""
+    spent = so.Usage(input_tokens=60, output_tokens=40)
+    model = so.models.Scripted(
+        [
+            call_tools(call("lookup", n=1), usage=spent),
+            call_tools(call("refund", n=1), usage=so.Usage(input_tokens=5, output_tokens=5)),
+            reply("done"),
+        ]
+    )
+    agent = so.Agent(
+        name="desk", model=model, tools=[lookup, refund], limits=so.Limits(max_tokens=100)
+    )
+    clock = ManualClock(1_000.0)
+    async with so.Runtime([agent], store=store_url, tracer_provider=provider, clock=clock) as rt:
+        r = await rt.generate("desk", "go", auth=ALICE)
+        (limit,) = r.pending
+        assert limit.kind == "session-limit"
+        clock.advance(3_600)
+        exporter.clear()
+        r = await rt.respond(r.session_id, _answer(limit, "continue"), principal=ALICE)
+        (approval,) = r.pending
+        assert approval.kind == "tool-approval"
+        first = _drive(exporter)
+        assert _resumed(first)["signoff.request_ids"] == [limit.id]
+        assert (first.attributes or {})["signoff.waited_seconds"] == 3_600
+        clock.advance(10)
+        exporter.clear()
+        r = await rt.respond(r.session_id, _answer(approval, "approve"), principal=ALICE)
+        assert r.status == "completed"
+    drive = _drive(exporter)
+    assert (drive.attributes or {})["signoff.waited_seconds"] == 10
+    assert _resumed(drive)["signoff.request_ids"] == [approval.id]
+    assert _resumed(drive)["signoff.request_kinds"] == ["tool-approval"]
+
+
+async def test_answers_given_apart_are_all_named_by_the_drive_that_goes_on_with_them(
+    store_url: str, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """Two refunds asked at once, answered an hour apart in a runtime that leaves its turns to
+    workers (so no drive goes on with the first before the second): the one drive that goes on
+    names both, with the wait of the first asked."""
+    agent = scripted_agent(
+        "desk",
+        [call_tools(call("refund", n=1), call("refund", n=2)), reply("done")],
+        tools=[refund],
+    )
+    clock = ManualClock(1_000.0)
+    kwargs: dict[str, Any] = {"store": store_url, "tracer_provider": provider, "clock": clock}
+    async with so.Runtime([agent], **kwargs) as rt:
+        r = await rt.generate("desk", "go", auth=ALICE)
+        one, two = r.pending
+    async with so.Runtime([agent], inline=False, **kwargs) as rt:
+        clock.advance(60)
+        await rt.respond(r.session_id, _answer(one, "approve"), principal=ALICE)
+        clock.advance(3_600)
+        await rt.respond(r.session_id, _answer(two, "cancel"), principal=ALICE)
+    exporter.clear()
+    async with so.Runtime([agent], **kwargs) as rt:
+        done = await rt.generate(session_id=r.session_id)
+        assert done.status == "completed"
+    drive = _drive(exporter)
+    assert (drive.attributes or {})["signoff.waited_seconds"] == 3_660
+    assert _resumed(drive)["signoff.request_ids"] == [one.id, two.id]
+    assert _resumed(drive)["signoff.request_outcomes"] == ["approved", "cancelled"]
+
+
+@so.tool(approval=so.always(approvers=2))
+async def payout(n: int) -> str:
+    """Pay out, once two people approve."""
+    return "paid"
+
+
+async def test_an_answer_is_named_though_a_vote_parked_the_turn_again_after_it(
+    store_url: str, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """A refund approved, then a first vote of two on a payout: the vote parks the turn again
+    (`turn.waiting`) before any drive went on with the refund, which the drive after the second
+    vote still names."""
+    agent = scripted_agent(
+        "desk",
+        [call_tools(call("refund", n=1), call("payout", n=2)), reply("done")],
+        tools=[refund, payout],
+    )
+    clock = ManualClock(1_000.0)
+    kwargs: dict[str, Any] = {"store": store_url, "tracer_provider": provider, "clock": clock}
+    bob = so.Principal(authenticator="web", principal_id="bob")
+    async with so.Runtime([agent], **kwargs) as rt:
+        r = await rt.generate("desk", "go", auth=ALICE)
+        one, two = r.pending
+    async with so.Runtime([agent], inline=False, **kwargs) as rt:
+        clock.advance(60)
+        await rt.respond(r.session_id, _answer(one, "approve"), principal=ALICE)
+        clock.advance(60)
+        voted = await rt.respond(r.session_id, _answer(two, "approve"), principal=ALICE)
+        assert [o.outcome for o in voted.outcomes] == ["counted"]
+        waiting = [e async for e in rt.events(r.session_id, follow=False)][-1]
+        assert waiting.type == "turn.waiting"
+        clock.advance(60)
+        await rt.respond(r.session_id, _answer(two, "approve"), principal=bob)
+    exporter.clear()
+    async with so.Runtime([agent], **kwargs) as rt:
+        done = await rt.generate(session_id=r.session_id)
+        assert done.status == "completed"
+    drive = _drive(exporter)
+    assert (drive.attributes or {})["signoff.waited_seconds"] == 180
+    assert _resumed(drive)["signoff.request_ids"] == [one.id, two.id]
+
+
+async def test_a_snapshot_of_fold_6_taken_after_an_answer_is_folded_again(
+    store_url: str, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """Fold 6 kept no turn's `answered`: its snapshot taken between an answer and the drive
+    that goes on with it would have the drive name nothing. It is folded again instead, and
+    verification names nothing; the same snapshot recording this fold is named by the field."""
+    agent = scripted_agent("desk", [call_tools(call("refund", n=1)), reply("done")], tools=[refund])
+    clock = ManualClock(1_000.0)
+    kwargs: dict[str, Any] = {"store": store_url, "tracer_provider": provider, "clock": clock}
+    async with so.Runtime([agent], **kwargs) as rt:
+        r = await rt.generate("desk", "go", auth=ALICE)
+        (request,) = r.pending
+    async with so.Runtime([agent], inline=False, **kwargs) as rt:
+        clock.advance(60)
+        await rt.respond(r.session_id, _answer(request, "approve"), principal=ALICE)
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    now = so.SessionState(id=r.session_id)
+    for e in events:
+        now.apply(e)
+    assert now.turn is not None and now.turn.answered == [request.id]
+    snapshot = now.to_snapshot()
+    older = {**snapshot, "fold": 6, "turn": {**snapshot["turn"]}}
+    del older["turn"]["answered"]
+    write_snapshot(store_url, r.session_id, older)
+    exporter.clear()
+    async with so.Runtime([agent], **kwargs) as rt:
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.answered == [request.id]
+        assert await rt.verify_audit() == []
+        assert (await rt.generate(session_id=r.session_id)).status == "completed"
+    drive = _drive(exporter)
+    assert (drive.attributes or {})["signoff.waited_seconds"] == 60
+    assert _resumed(drive)["signoff.request_ids"] == [request.id]
+    write_snapshot(store_url, r.session_id, {**older, "fold": FOLD_VERSION})
+    async with so.Runtime([agent], **kwargs) as rt:
+        [problem] = await rt.verify_audit()
+    assert (problem.stream, problem.reason) == (
+        r.session_id,
+        f"the snapshot at event {now.seq} differs from the event log: turn.answered",
+    )
