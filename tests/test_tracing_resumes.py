@@ -11,8 +11,9 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import signoff as so
-from signoff._state import FOLD_VERSION
-from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+from signoff._state import FOLD_VERSION, TurnState
+from signoff._tracing import Tracing, tracing_for
+from signoff.testing import Flaky, ManualClock, call, call_tools, reply, scripted_agent
 
 from ._tracing import exporter, provider
 from .test_snapshot_fields import write_snapshot
@@ -243,3 +244,56 @@ async def test_a_snapshot_of_fold_6_taken_after_an_answer_is_folded_again(
         r.session_id,
         f"the snapshot at event {now.seq} differs from the event log: turn.answered",
     )
+
+
+async def test_a_workers_retry_of_a_failed_turn_is_a_resumed_drive(
+    store_url: str, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """The turn's first model call fails; its retry (`generate(session_id=...)`) is left to a
+    worker, whose drive finds the turn running again, with no step or call: it said the turn
+    had not run before, where an inline retry, which finds it failed, says it had."""
+    flaky = Flaky(reply("done"), failures=1, error=ConnectionError("provider down"))
+    agent = so.Agent(name="desk", model=so.models.Scripted([flaky]))
+    async with so.Runtime([agent], store=store_url, tracer_provider=provider, inline=False) as rt:
+        owner = f"{rt.owner}:worker"
+
+        async def work() -> ReadableSpan:
+            exporter.clear()
+            [(session_id, token)] = await rt.store.claim(owner, rt.lease_ttl, rt.now(), 1)
+            await rt._work_on(session_id, owner, token)
+            return _drive(exporter)
+
+        r = await rt.generate("desk", "go")
+        first = await work()
+        assert (first.attributes or {})["signoff.turn.status"] == "failed"
+        assert (first.attributes or {})["signoff.drive.resumed"] is False
+        assert (await rt.generate(session_id=r.session_id)).status == "running"
+        retry = await work()
+    assert (retry.attributes or {})["signoff.turn.status"] == "completed"
+    assert (retry.attributes or {})["signoff.drive.resumed"] is True
+
+
+def _begun(tracing: Tracing, turn: TurnState) -> None:
+    """A drive of a session whose turn is `turn`, begun and ended."""
+    state = so.SessionState(id="ses_1", agent="desk", turn=turn)
+    with tracing.drive("ses_1") as span:
+        span.begin(state, 1.0)
+
+
+def test_a_turn_with_a_paused_reply_journaled_or_a_retry_asked_for_ran_before(
+    exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """A drive that finds the turn running with no step or call yet: its first (not resumed),
+    one after a drive died mid-reply (a paused part journaled), or one after a retry was asked
+    for (the failure's error kept)."""
+    tracing = tracing_for(provider, False)
+    part = {"model": "anthropic:m", "data": {"content": []}, "usage": {}, "read_through": 3}
+    for turn, resumed in (
+        (TurnState(id="trn_1"), False),
+        (TurnState(id="trn_1", paused=(part,)), True),
+        (TurnState(id="trn_1", error={"code": "model_error"}, retryable=True), True),
+    ):
+        exporter.clear()
+        _begun(tracing, turn)
+        (drive,) = exporter.get_finished_spans()
+        assert (drive.attributes or {})["signoff.drive.resumed"] is resumed, turn

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
     from ._state import SessionState
+    from ._state_parts import TurnState
 
 __all__ = [
     "MESSAGES_MAX",
@@ -221,8 +222,7 @@ class DriveSpan(_Span):
             return
         span.set_attribute("signoff.turn_id", turn.id)
         self.began = turn.id
-        resumed = bool(turn.calls) or turn.steps > 0 or turn.status != "running"
-        span.set_attribute("signoff.drive.resumed", resumed)
+        span.set_attribute("signoff.drive.resumed", _ran_before(turn))
         if turn.traceparent is not None and turn.status not in ("completed", "cancelled"):
             self._link(turn.traceparent)
         answered = [r for r in _answered(state) if r.request.created_at]
@@ -285,6 +285,20 @@ class DriveSpan(_Span):
             # The turn's error message may quote the model's or a tool's text: content only.
             why = cut(str(error.get("message") or code), _TEXT_MAX) if self.content else code
             span.set_status(_trace.Status(_trace.StatusCode.ERROR, why))
+
+
+def _ran_before(turn: TurnState) -> bool:
+    """Whether a drive ran the turn before this one: it holds its model's calls or steps, it
+    waits or failed, a retry of its failure was asked for (its error stays until the next reply:
+    a worker's drive finds it running again), or a reply it paused is journaled (its drive died
+    or lost the turn mid-reply)."""
+    return (
+        bool(turn.calls)
+        or turn.steps > 0
+        or turn.status != "running"
+        or turn.error is not None
+        or bool(turn.paused)
+    )
 
 
 def _span_context(traceparent: object) -> Any:
