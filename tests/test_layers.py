@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "signoff"
 LAYERS: list[set[str]] = [
     {"_text"},
     {"_exceptions", "_types", "_error_text", "_logs", "_form_fields"},
-    {"_trace_content", "_option_names", "_span_errors"},
+    {"_trace_content", "_trace_resumes", "_option_names", "_span_errors"},
     {
         "_any_loop",
         "_call_guards",

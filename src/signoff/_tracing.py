@@ -24,12 +24,12 @@ from ._exceptions import UsageError
 from ._span_errors import error_type, exception_type, named
 from ._text import cut
 from ._trace_content import MESSAGES_MAX, ShownInputs, json_text, messages_json, shown_input
+from ._trace_resumes import goes_on_with, ran_before
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
     from ._state import SessionState
-    from ._state_parts import TurnState
 
 __all__ = [
     "MESSAGES_MAX",
@@ -222,10 +222,10 @@ class DriveSpan(_Span):
             return
         span.set_attribute("signoff.turn_id", turn.id)
         self.began = turn.id
-        span.set_attribute("signoff.drive.resumed", _ran_before(turn))
+        span.set_attribute("signoff.drive.resumed", ran_before(turn))
         if turn.traceparent is not None and turn.status not in ("completed", "cancelled"):
             self._link(turn.traceparent)
-        answered = [r for r in _answered(state) if r.request.created_at]
+        answered = [r for r in goes_on_with(state) if r.request.created_at]
         if answered:
             asked = min(r.request.created_at for r in answered)
             span.set_attribute("signoff.waited_seconds", max(0.0, now - asked))
@@ -287,20 +287,6 @@ class DriveSpan(_Span):
             span.set_status(_trace.Status(_trace.StatusCode.ERROR, why))
 
 
-def _ran_before(turn: TurnState) -> bool:
-    """Whether a drive ran the turn before this one: it holds its model's calls or steps, it
-    waits or failed, a retry of its failure was asked for (its error stays until the next reply:
-    a worker's drive finds it running again), or a reply it paused is journaled (its drive died
-    or lost the turn mid-reply)."""
-    return (
-        bool(turn.calls)
-        or turn.steps > 0
-        or turn.status != "running"
-        or turn.error is not None
-        or bool(turn.paused)
-    )
-
-
 def _span_context(traceparent: object) -> Any:
     """The remote `SpanContext` a stored `traceparent` names, or None if it is not one."""
     found = _TRACEPARENT.fullmatch(traceparent) if isinstance(traceparent, str) else None
@@ -321,30 +307,6 @@ def parked_by(
         (kind, {**data, "traceparent": traceparent} if kind == "turn.waiting" else data)
         for kind, data in specs
     ]
-
-
-def _answered(state: SessionState) -> list[Any]:
-    """The current turn's requests closed since a drive last parked it that this drive goes on
-    with, as they were asked: those of calls that have yet to move (approved, denied, decided,
-    or asking again), and a settled budget prompt the turn still waits on."""
-    turn = state.turn
-    if turn is None or not turn.answered:
-        return []
-    closed = set(turn.answered)
-    found = []
-    for r in state.requests.values():
-        req = r.request
-        if req.id not in closed or r.status == "pending" or req.child is not None:
-            continue
-        action = req.action
-        if action is None:
-            if req.kind == "session-limit" and turn.status == "waiting":
-                found.append(r)
-            continue
-        call = turn.calls.get(action.call_id)
-        if call is not None and call.status in ("approved", "denied", "decided", "running"):
-            found.append(r)
-    return found
 
 
 class ModelSpan(_Span):
