@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "signoff"
 LAYERS: list[set[str]] = [
     {"_text"},
     {"_exceptions", "_types", "_error_text", "_logs", "_form_fields"},
-    {"_trace_content", "_trace_resumes", "_option_names", "_span_errors"},
+    {"_trace_content", "_trace_resumes", "_option_names", "_span_errors", "_refused_replies"},
     {
         "_any_loop",
         "_call_guards",
@@ -27,7 +27,6 @@ LAYERS: list[set[str]] = [
         "_sweeps",
         "_json_keys",
         "_output_caps",
-        "_refused_replies",
         "_unrecorded",
     },
     {"_state_parts", "_snapshot_fields", "_conversation", "_tool_json", "_sync"},

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 import signoff as so
 from signoff.models import PausedPart
@@ -263,6 +264,35 @@ async def test_a_paused_turn_is_journaled_part_by_part_and_traced_whole(
     (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
     attrs = span.attributes or {}
     assert (attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"]) == (250, 50)
+
+
+async def test_a_continuation_that_fails_leaves_the_parts_billed_on_the_failed_span(
+    store_url: str, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """Two parts journaled, then the continuation fails (HTTP 500): the session counts what the
+    parts cost, and the failed model call's span says so too; it said nothing of usage."""
+    with FakeLLM("anthropic", strict=True) as server:
+        server.queue(
+            paused("Searching. ", SEARCH, usage=(100, 20)),
+            paused("Reading. ", RESULTS, usage=(101, 21)),
+        )  # then the script runs out: HTTP 500
+        claude = so.models.Anthropic(
+            "claude-haiku-4-5", base_url=server.base_url, api_key=API_KEY, max_retries=0
+        )
+        agent = so.Agent(name="support", model=claude, tools=[])
+        async with so.Runtime([agent], store=store_url, tracer_provider=provider) as rt:
+            r = await rt.generate("support", prompt="policy?")
+            usage = (await rt.state(r.session_id)).usage
+        await claude.aclose()
+    assert r.status == "failed"
+    assert (usage.input_tokens, usage.output_tokens) == (201, 41)
+    (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
+    attrs = span.attributes or {}
+    assert span.status.status_code == StatusCode.ERROR
+    assert (attrs.get("gen_ai.usage.input_tokens"), attrs.get("gen_ai.usage.output_tokens")) == (
+        201,
+        41,
+    )
 
 
 async def test_a_retry_after_a_failed_continuation_goes_on_from_the_last_part(

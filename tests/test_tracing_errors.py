@@ -206,6 +206,53 @@ async def test_a_failing_model_fails_its_span_and_the_drive(
     assert d["signoff.turn.retryable"] is True
 
 
+_BILLED = so.Usage(input_tokens=1200, output_tokens=4096, cost_usd=0.05)
+
+
+@so.tool
+async def lookup(n: int) -> str:
+    """Look up."""
+    return "found"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        so.ModelResponse(tool_calls=[call("lookup", n=1)], cut_off="max_tokens", usage=_BILLED),
+        so.ModelError("refused after billing", usage=_BILLED),
+        so.BudgetSpent("cut at the budget", usage=_BILLED),
+    ],
+    ids=["cut-off-with-a-call", "model-error", "budget-spent"],
+)
+async def test_a_reply_billed_but_refused_is_on_its_failed_span_as_in_the_sessions_usage(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider, answer: Any
+) -> None:
+    """The provider billed the reply, which signoff refused (cut off with a tool call, a
+    `ModelError` or `BudgetSpent` carrying its `usage`): the session counts it, and so does the
+    failed model span; it carried no usage at all."""
+    agent = so.Agent(
+        name="support",
+        model=so.models.Scripted([answer]),
+        tools=[lookup],
+        limits=so.Limits(max_tokens=10_000),
+    )
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider)
+    r = await rt.generate("support", "go")
+    usage = (await rt.state(r.session_id)).usage
+    await rt.close()
+    assert r.status == ("waiting" if isinstance(answer, so.BudgetSpent) else "failed")
+    assert (usage.input_tokens, usage.output_tokens) == (1200, 4096)
+    (model,) = _by_name(exporter.get_finished_spans())["chat"]
+    assert model.status.status_code == StatusCode.ERROR
+    m = model.attributes or {}
+    assert (m.get("gen_ai.usage.input_tokens"), m.get("gen_ai.usage.output_tokens")) == (
+        1200,
+        4096,
+    )
+    assert m["signoff.usage.cost_usd"] == pytest.approx(usage.cost_usd) == pytest.approx(0.05)
+    assert "signoff.tool_calls" not in m  # the reply proposed none the turn could run
+
+
 async def test_a_store_error_fails_the_drive_span(
     tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
 ) -> None:

@@ -172,7 +172,7 @@ class ModelStep(DriverPart):
         # A cancel folded in meanwhile is not read so: a renewal is still to find it.
         if s.turn is not None and s.turn.status != "cancelled":
             self.seen = max(self.seen, read_through)
-        span = self.tracing.model(s, self.agent.model, request, self.agent.tools)
+        span = self.tracing.model(s, self.agent.model, request, self.agent.tools, parts=journaled)
         try:
             with span:  # ended, and no longer current, however the call ends
                 response = await self._complete(request)
@@ -189,11 +189,7 @@ class ModelStep(DriverPart):
                         else response.usage,
                         context_tokens=response.context_tokens,
                     )
-                if journaled:  # the trace says what the call billed, its paused parts too
-                    billed = sum(journaled, Usage()) + response.usage
-                    span.responded(response.model_copy(update={"usage": billed}))
-                else:
-                    span.responded(response)
+                span.responded(response)  # what the call billed, its paused parts too
         except (Exception, asyncio.CancelledError) as exc:
             if not isinstance(exc, Exception) and not own_cancel(exc):
                 raise  # this drive is being cancelled, not failed by the model

@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar, cast
 
 from ._error_text import error_message, error_text
 from ._exceptions import UsageError
+from ._refused_replies import refused_cost
 from ._span_errors import error_type, exception_type, named
 from ._text import cut
 from ._trace_content import MESSAGES_MAX, ShownInputs, json_text, messages_json, shown_input
 from ._trace_resumes import goes_on_with, ran_before
+from ._types import Usage
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
@@ -310,9 +312,10 @@ def parked_by(
 
 
 class ModelSpan(_Span):
-    """`chat {model}`: one call of the agent's model, whose `tools` show its calls' input."""
+    """`chat {model}`: one call of the agent's model, whose `tools` show its calls' input, and
+    whose reply's `parts` the provider paused are journaled as they come (billed, each)."""
 
-    __slots__ = ("tools",)
+    __slots__ = ("parts", "tools")
 
     def __init__(
         self,
@@ -321,10 +324,32 @@ class ModelSpan(_Span):
         attributes: dict[str, Any],
         content: bool,
         tools: Mapping[str, Any],
+        parts: Sequence[Usage] = (),
     ) -> None:
         self.tools = tools
+        self.parts = parts
         model = attributes.get("gen_ai.request.model")
         super().__init__(tracer, f"chat {model}" if model else "chat", kind, attributes, content)
+
+    def _usage(self, usage: Usage | None) -> None:
+        """Record what the call billed: `usage`, and its paused parts journaled before."""
+        if self.parts:
+            usage = sum(self.parts, Usage()) + (usage or Usage())
+        if usage is None:
+            return
+        span = self.span
+        span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
+        span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+        span.set_attribute("signoff.usage.cost_usd", usage.cost_usd)
+
+    @_guarded
+    def fail(self, exc: BaseException) -> None:
+        """Fail the span, with what the call billed all the same: a reply refused though the
+        provider billed it (`refused_cost`, which the failed turn counts) and the parts of it
+        journaled before."""
+        super().fail(exc)
+        if self.span.is_recording():
+            self._usage(refused_cost(exc))
 
     @_guarded
     def responded(self, response: Any) -> None:
@@ -332,10 +357,7 @@ class ModelSpan(_Span):
         span = self.span
         if not span.is_recording():
             return
-        usage = response.usage
-        span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
-        span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
-        span.set_attribute("signoff.usage.cost_usd", usage.cost_usd)
+        self._usage(response.usage)
         span.set_attribute("signoff.tool_calls", len(response.tool_calls))
         if self.content:
             parts: list[dict[str, Any]] = []
@@ -484,10 +506,12 @@ class Tracing:
         tools: Mapping[str, Any] = _NO_TOOLS,
         *,
         reviewed: str | None = None,
+        parts: Sequence[Usage] = (),
     ) -> ModelSpan:
         """Start a call of `model` with `request`, for an agent with `tools` (by name): with
         content on, its calls' input is shown as they validate it, secrets masked. `reviewed`:
-        the id of the tool call the model reviews (an `auto()` policy's)."""
+        the id of the tool call the model reviews (an `auto()` policy's); `parts`: what the
+        parts of the reply its provider paused cost, added to as they are journaled."""
         if not self.on:
             return cast(ModelSpan, _OFF_SPAN)
         assert self.tracer is not None
@@ -516,7 +540,7 @@ class Tracing:
             except Exception:
                 log.warning("tracing failed to show a model call's messages", exc_info=True)
         kind = _trace.SpanKind.CLIENT
-        return ModelSpan(self.tracer, kind, attributes, self.content, tools)
+        return ModelSpan(self.tracer, kind, attributes, self.content, tools, parts)
 
     @contextlib.contextmanager
     def reviews(self, state: SessionState) -> Iterator[None]:
