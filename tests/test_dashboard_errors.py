@@ -76,8 +76,9 @@ def test_an_unknown_dashboard_address_is_a_page_a_browser_can_read(tmp_path: Pat
 def test_a_form_post_over_the_body_limit_is_a_page_a_browser_can_read(tmp_path: Path) -> None:
     """A message form posted without JavaScript, over `max_body_size` with its `Content-Length`
     (as a browser sends it), is refused before it is read: the browser got the API's JSON, shown
-    raw, where the same body sent in chunks got a page. It gets a page naming the code, with the
-    navigation; the page's script and API clients still get JSON. Nothing is sent."""
+    raw, where the same body sent in chunks got a page. It gets a page naming the code, drawn
+    without asking who is signed in (`bare_error_page`); the page's script and API clients still
+    get JSON. Nothing is sent."""
     runtime = make_runtime(f"sqlite:///{tmp_path}/state.db")
     app = create_app(runtime, auth=TokenAuth(TOKENS), max_body_size=64_000)
     with running(app) as base, signed_in(base) as c:
@@ -90,10 +91,32 @@ def test_a_form_post_over_the_body_limit_is_a_page_a_browser_can_read(tmp_path: 
         assert r.status_code == 413 and r.headers["content-type"].startswith("text/html"), r.text
         assert "<code>payload_too_large</code>" in r.text
         assert "larger than this server accepts (64000 bytes)" in r.text
-        assert 'aria-label="Dashboard"' in r.text  # the navigation of a signed-in reviewer
+        assert 'aria-label="Dashboard"' not in r.text  # no reviewer's navigation: none asked
         script = c.post(path, data=form, headers={"Accept": "application/json"})
         assert script.status_code == 413
         assert script.json()["error"]["code"] == "payload_too_large"
         api = httpx.post(f"{base}/v1/sessions/{sid}/messages", content=b"x" * 70_000)
         assert api.status_code == 413 and api.json()["error"]["code"] == "payload_too_large"
         assert c.get(f"/v1/sessions/{sid}").json()["seq"] == seq
+
+
+def test_a_form_post_over_the_body_limit_is_a_413_page_when_telling_who_is_signed_in_fails(
+    tmp_path: Path,
+) -> None:
+    """The body limit's page does not ask who is signed in: an application's authenticator
+    that raises (its directory down) turned the browser's 413 into a 500 `internal_error`, as
+    the check ran in the middleware, outside the app's error handlers. Nothing is sent."""
+    runtime = make_runtime(f"sqlite:///{tmp_path}/state.db")
+    calls: list[str] = []
+
+    def directory_down(request: Any) -> so.Principal | None:
+        calls.append(request.url.path)
+        raise ConnectionError("directory down")
+
+    app = create_app(runtime, auth=directory_down, max_body_size=64_000, sweep_every=None)
+    with running(app) as base:
+        path = "/_signoff/sessions/ses_x/messages"
+        r = httpx.post(f"{base}{path}", data={"message": "x" * 70_000}, headers=BROWSER)
+        assert r.status_code == 413 and r.headers["content-type"].startswith("text/html"), r.text
+        assert "<code>payload_too_large</code>" in r.text
+        assert calls == []

@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._auth import is_dashboard
 from ._errors import error_response
-from ._message_page import error_page, wants_page
+from ._message_page import bare_error_page, wants_page
 
 __all__ = ["BodyLimit", "OneFraming"]
 
@@ -30,8 +30,9 @@ class BodyLimit:
     A declared `Content-Length` over the limit is refused up front; a streamed body is counted
     as it arrives, and the read that crosses the limit raises a 413 that the app's handlers
     render like any other error. A browser's form post refused up front on a dashboard address
-    gets a page naming the code, as that error would (it got the API's JSON, shown raw).
-    """
+    gets a page naming the code, as that error would (it got the API's JSON, shown raw), drawn
+    without asking who is signed in: the refusal depends on neither the authenticator nor the
+    store (this runs outside the app's error handlers and the store's time bound)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -53,7 +54,7 @@ class BodyLimit:
             request = Request(scope)
             response: Response
             if is_dashboard(request.url.path) and wants_page(request):
-                response = await error_page(request, 413, "payload_too_large", message)
+                response = bare_error_page(request, 413, "payload_too_large", message)
             else:
                 response = error_response(413, "payload_too_large", message)
             await response(scope, receive, send)

@@ -23,6 +23,7 @@ from ._page_data import base
 from ._pages import env, render
 
 __all__ = [
+    "bare_error_page",
     "dashboard_error",
     "error_page",
     "form_fault",
@@ -92,18 +93,25 @@ async def error_page(request: Request, status: int, code: str, message: str) -> 
     try:
         return await message_page(request, status, title, message, code=code, hint=hint)
     except SignoffError:
-        html = env.get_template("message.html").render(
-            prefix=DASHBOARD_PREFIX,
-            csrf="",
-            path=request.url.path,
-            now=get_context(request).runtime.now(),
-            viewer=None,
-            title=title,
-            message=message,
-            error=code,
-            hint=hint,
-        )
-        return HTMLResponse(html, status)
+        return bare_error_page(request, status, code, message)
+
+
+def bare_error_page(request: Request, status: int, code: str, message: str) -> HTMLResponse:
+    """`error_page` without the navigation, drawn without asking who is signed in (neither the
+    authenticator nor the store): for a refusal that must not depend on them, as a body over
+    the limit, refused before the request reaches the store's time bound (`PromptStore`)."""
+    html = env.get_template("message.html").render(
+        prefix=DASHBOARD_PREFIX,
+        csrf="",
+        path=request.url.path,
+        now=get_context(request).runtime.now(),
+        viewer=None,
+        title=_TITLES.get(status, "That did not work"),
+        message=message,
+        error=code,
+        hint=_HINTS.get(status),
+    )
+    return HTMLResponse(html, status)
 
 
 async def dashboard_error(request: Request, status: int, code: str, message: str) -> Response:
