@@ -41,6 +41,7 @@ LAYERS: list[set[str]] = [
         "_cancellation",
         "_tool_context",
         "_refusals",
+        "_request_session",
     },
     {"_tools"},
     {"_answer_edits"},

@@ -44,6 +44,7 @@ from ._mirrors import deciding
 from ._output_caps import spare
 from ._policy_inputs import session_info, typed_input
 from ._recording import Answered, Batch, runnable, with_usage
+from ._request_session import request_in
 from ._response import ResponseVerdict
 from ._results import GenerateResult, Outcome
 from ._settings import flag
@@ -247,9 +248,10 @@ class Answering(Candidates):
                 else:
                     # An id holding a lone surrogate names no request (no store can look it up),
                     # and one a state holding every request of the session lacks names none.
+                    # Another session's is not read whole: its refusal costs a missing one's.
                     looked_up = state.earlier_requests and is_utf8(rid)
-                    stored = await self.store.get_request(rid) if looked_up else None
-                    if stored is None or stored.request.session_id != session_id:
+                    stored = await request_in(self.store, rid, session_id) if looked_up else None
+                    if stored is None:
                         unknown.append(rid)
                         continue
                     request, status, resolution = stored.request, stored.status, stored.resolution

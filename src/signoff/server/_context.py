@@ -16,6 +16,7 @@ from .._deadlines import is_due, state_after_deadlines, summary_after_expiry
 from .._events import Event
 from .._exceptions import StoreDamaged, StoreError, StoreGone, UnknownRequest, UnknownSession
 from .._queue_page import counted_page, keyed_page
+from .._request_session import session_of
 from .._runtime import Runtime
 from .._session_page import counted_sessions
 from .._state import SessionState
@@ -40,7 +41,7 @@ from ._auth import (
 from ._background import Background
 from ._errors import ApiError
 from ._open_requests import OpenRequests, digest
-from ._request_reads import as_it_stands, session_of
+from ._request_reads import as_it_stands
 from ._sign_ins import SIGN_IN_LIFETIME, Grant, Honoured, SignOuts, checked
 from ._stream_slots import MAX_STREAMS, StreamSlots
 from ._throttle import Failures, client_of, too_many

@@ -1,28 +1,14 @@
-"""One request read for a caller (`ServerContext.request`): its session's id first, so that
-whether the caller may see it is decided before anything large is read, and then the request as
-it stands now (a passed TTL or deadline recorded first)."""
+"""One request read for a caller (`ServerContext.request`), once its session's id decided that
+they may see it (`_request_session.session_of`): the request as it stands now (a passed TTL or
+deadline recorded first)."""
 
 from __future__ import annotations
 
-from typing import cast
-
 from .._deadlines import is_due, stored_after_deadline, stored_after_expiry
 from .._runtime import Runtime
-from ..stores import PendingFilter, Store, StoredRequest
+from ..stores import PendingFilter, StoredRequest
 
-__all__ = ["as_it_stands", "session_of"]
-
-
-async def session_of(store: Store, request_id: str) -> tuple[str | None, StoredRequest | None]:
-    """The id of the session holding `request_id` (None if there is no such request), read
-    alone where the store has `request_session` (both built-in stores do): a foreign request's
-    input is then not read and decoded, which would make its 404 slower than a missing one's.
-    A store without it has the whole request read, returned beside the id."""
-    alone = getattr(store, "request_session", None)
-    if alone is not None:
-        return cast(str | None, await alone(request_id)), None
-    stored = await store.get_request(request_id)
-    return (None, None) if stored is None else (stored.request.session_id, stored)
+__all__ = ["as_it_stands"]
 
 
 async def as_it_stands(runtime: Runtime, stored: StoredRequest) -> StoredRequest:
