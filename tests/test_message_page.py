@@ -11,10 +11,12 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
+import signoff as so
 from signoff.server import create_app
+from signoff.testing import store_contents
 
 from ._dashboard import csrf_of, signed_in, start
-from .test_server_common import PLAIN, auth, make_runtime, served
+from .test_server_common import PLAIN, _echo, auth, in_process, make_runtime, served
 
 
 @pytest.fixture
@@ -71,3 +73,56 @@ def test_a_message_page_for_a_visitor_not_signed_in_has_no_navigation(tmp_path: 
         r = c.get("/_signoff/sessions/ses_nope")
     assert r.status_code == 401 and "Not signed in" in r.text
     assert '<nav class="nav"' not in r.text and 'class="viewer-name"' not in r.text
+
+
+def _front(name: str, subagent: str) -> so.Agent:
+    """An agent whose turn delegates to `subagent`, whose request it then mirrors."""
+    handed = so.ModelResponse(tool_calls=[so.ToolCall(name=subagent, input={"message": "go"})])
+    model = so.models.Scripted([handed, _echo], repeat_last=True)
+    return so.Agent(name=name, model=model, tools=[so.delegate(subagent)])
+
+
+@pytest.mark.parametrize(
+    ("agent", "fault"),
+    [("desk", {"text": "Large"}), ("front", {"edited_input": "{nope"})],
+    ids=["question", "approval"],
+)
+async def test_a_forms_fault_on_a_mirror_is_refused_naming_the_mirror(
+    store_url: str, agent: str, fault: dict[str, str]
+) -> None:
+    """Bob (Alice's tenant, who may see her session but not answer it) sending a mirror's form
+    with a fault (an option with an answer typed; an edit that is not JSON) was refused naming
+    the subagent's request (`request req_<child> was asked by alice`), where the same answer
+    through the API, or the form without the fault, names the mirror answered. Now they all say
+    the same; nothing is recorded."""
+    agents = [_front("desk", "helper"), _front("front", "support")]  # a question, an approval
+    async with in_process(store_url, agents=agents) as (rt, c):
+        alice, bob = auth("alice-token"), {**auth("bob-token"), "Accept": "application/json"}
+        page = await c.get("/_signoff/", headers=bob)
+        match = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert match, page.text[:300]
+        started = await c.post(
+            "/v1/sessions", json={"agent": agent, "message": "hi"}, headers=alice
+        )
+        assert started.status_code == 201, started.text
+        sid, (mirror,) = started.json()["session_id"], started.json()["pending"]
+        child = mirror["child"]
+        option = mirror["options"][0]["id"]
+        before = [await store_contents(rt.store, s) for s in (sid, child["session_id"])]
+        api = await c.post(
+            f"/v1/sessions/{sid}/responses",
+            json={"inputResponses": [{"requestId": mirror["id"], "optionId": option}]},
+            headers=bob,
+        )
+        assert api.status_code == 403, api.text
+        said = api.json()["error"]["message"]
+        named = f"request {mirror['id']} (asked for {child['agent']}'s {child['request_id']})"
+        assert said.startswith(named), said
+        for fields in ({}, fault):
+            form = {"csrf": match.group(1), "option": option, **fields}
+            sent = await c.post(
+                f"/_signoff/requests/{mirror['id']}/respond", data=form, headers=bob
+            )
+            assert sent.status_code == 403, (agent, fields, sent.text)
+            assert sent.json()["error"] == {"code": "not_allowed", "message": said}, fields
+        assert [await store_contents(rt.store, s) for s in (sid, child["session_id"])] == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import html
 import re
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ from signoff._audit_trail import record_tool_settings
 from signoff.server import TokenAuth, create_app
 from signoff.server._context import ServerContext
 
-from .test_server_common import PLAIN, TOKENS, auth, running
+from .test_server_common import PLAIN, TOKENS, _echo, auth, in_process, running
 
 T0 = 1_700_000_000.0
 NEWEST = ["Conditional (large)", "Never", "Always"]
@@ -123,3 +124,37 @@ async def test_a_session_page_never_shows_events_past_the_state_it_draws(
         assert seq is not None and events is not None
         assert seq.group(1) == events.group(1)
         assert 'value="approve"' in whole
+
+
+async def test_a_mirrors_card_says_why_naming_the_mirror(store_url: str) -> None:
+    """Bob (Alice's tenant) seeing her mirror of a subagent's question was told on its card
+    `You may not answer this: request req_<child> was asked by alice`, an id the card does not
+    show; it names the mirror as his answer's refusal does."""
+    handed = so.ModelResponse(tool_calls=[so.ToolCall(name="helper", input={"message": "go"})])
+    desk = so.Agent(
+        name="desk",
+        model=so.models.Scripted([handed, _echo], repeat_last=True),
+        tools=[so.delegate("helper")],
+    )
+    async with in_process(store_url, agents=[desk]) as (_, c):
+        started = await c.post(
+            "/v1/sessions", json={"agent": "desk", "message": "hi"}, headers=auth("alice-token")
+        )
+        assert started.status_code == 201, started.text
+        sid, (mirror,) = started.json()["session_id"], started.json()["pending"]
+        child = mirror["child"]
+        refused = await c.post(
+            f"/v1/sessions/{sid}/responses",
+            json={"inputResponses": [{"requestId": mirror["id"], "optionId": "x"}]},
+            headers=auth("bob-token"),
+        )
+        assert refused.status_code == 403, refused.text
+        said = refused.json()["error"]["message"]
+        assert said.startswith(f"request {mirror['id']} (asked for helper's {child['request_id']})")
+        for path in ("/_signoff/", f"/_signoff/sessions/{sid}"):
+            page = (await c.get(path, headers=auth("bob-token"))).text
+            card = page[page.index(f'data-request-id="{mirror["id"]}"') :]
+            barred = re.search(r"<p [^>]*data-not-allowed>You may not answer this: (.*?)</p>", card)
+            assert barred, card[:2000]
+            shown = re.sub(r"<[^>]+>", "", barred.group(1))  # ids set apart for bidi
+            assert html.unescape(shown) == said, path

@@ -214,3 +214,52 @@ async def test_a_decision_on_a_question_over_http_is_a_403_to_who_may_not_answer
                     headers=auth("alice-token"),
                 )
                 assert answered.status_code == 200, answered.text
+
+
+@pytest.mark.parametrize("levels", [2, 3], ids=["mirror", "mirror-of-a-mirror"])
+async def test_a_mirror_left_behind_is_refused_naming_the_mirror(
+    store_url: str, levels: int
+) -> None:
+    """Once Alice's next turn left her answered mirror behind, Carol's answer to it was refused
+    naming the subagent's request (`request req_<leaf> was asked by alice`, request_ids the
+    leaf's), where the same answer open or settled names the mirror: the other words told her
+    the turn had moved on. Now each is refused in the same words, naming the mirror."""
+    agents, below = [asking("leaf")], "leaf"
+    for level in range(levels - 1):
+        name = f"level{level}"
+        script = [call_tools(call(below, message="ship 1")), reply("done"), reply("again")]
+        agents.append(scripted_agent(name, script, tools=[so.delegate(below)]))
+        below = name
+    async with so.Runtime(agents, store=store_url) as rt:
+        r = await rt.generate(below, prompt="ship 1", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        said: dict[str, set[str]] = {}
+        for stage in ("open", "settled", "left behind"):
+            before = await store_contents(rt.store, r.session_id)
+            for option, text in (("yes", None), ("yes", "and now")):
+                answer = so.InputResponse(request_id=mirror.id, option_id=option, text=text)
+                with pytest.raises(so.NotAllowed) as answered:
+                    await rt.respond(r.session_id, [answer], principal=CAROL)
+                assert answered.value.request_ids == [mirror.id], (stage, str(answered.value))
+                said.setdefault(stage, set()).add(str(answered.value))
+            with pytest.raises(so.NotAllowed) as decided:
+                await rt.generate(
+                    session_id=r.session_id,
+                    approvals=[so.Decision(id=mirror.id, approved=True)],
+                    auth=CAROL,
+                )
+            assert decided.value.request_ids == [mirror.id], (stage, str(decided.value))
+            said[stage].add(str(decided.value))
+            assert await store_contents(rt.store, r.session_id) == before, stage
+            if stage == "open":
+                answer = so.InputResponse(request_id=mirror.id, option_id="yes")
+                done = await rt.respond(r.session_id, [answer], principal=ALICE)
+                assert (done.status, done.text) == ("completed", "done")
+            elif stage == "settled":
+                more = await rt.generate(session_id=r.session_id, prompt="more", auth=ALICE)
+                assert more.status == "completed"
+                assert mirror.id not in (await rt.state(r.session_id)).requests  # left behind
+        (words,) = {w for ws in said.values() for w in ws}  # one refusal, whatever the stage
+        named = f"request {mirror.id} (asked for {mirror.child.agent}'s {mirror.child.request_id})"
+        assert words.startswith(named) and "was asked by alice; carol may not" in words, words

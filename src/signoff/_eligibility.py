@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from ._agent import Agent
 from ._audit_trail import response_policy_recorded
 from ._exceptions import NotAllowed
-from ._mirrors import deciding
+from ._mirrors import deciding_way, named_as_answered
 from ._tools import Tool
 from ._types import InputRequest, Principal
 from .stores import Store
@@ -29,8 +29,10 @@ async def refusal(
 ) -> NotAllowed | None:
     """Why `principal` may not answer `request` (`None` if they may, as far as can be told
     before answering: a response policy decides only once it sees the answer). A mirror is
-    judged on the request an answer to it settles, the subagent's, under the subagent's tool."""
-    request = await deciding(store, request)
+    judged on the request an answer to it settles, the subagent's, under the subagent's tool,
+    and its refusal names the mirror as a refusal of an answer through it does."""
+    way = await deciding_way(store, request)
+    request = way[-1]
     agent = agents.get(request.agent)
     tool = None if agent is None else agent.tools.get(request.tool_name or "")
     try:
@@ -41,7 +43,7 @@ async def refusal(
         else:
             authorize(request, principal)
     except NotAllowed as exc:
-        return exc
+        return named_as_answered(exc, way)
     return None
 
 

@@ -42,11 +42,13 @@ __all__ = [
     "REVIEWED",
     "close_mirror",
     "deciding",
+    "deciding_way",
     "followed",
     "followed_state",
     "following_mirrors",
     "judged_once",
     "keep_vote_key",
+    "named_as_answered",
     "routed",
     "settle_routed",
     "stored_followed",
@@ -111,13 +113,21 @@ async def deciding(store: Store, request: InputRequest) -> InputRequest:
     """The request an answer to `request` settles: itself, or for a mirror the subagent's
     request it stands for (hop by hop), whose tool, rules and votes decide. No read for a
     request that is no mirror."""
+    return (await deciding_way(store, request))[-1]
+
+
+async def deciding_way(store: Store, request: InputRequest) -> list[InputRequest]:
+    """`request`, then for a mirror each request down the way to the one it stands for, hop by
+    hop: the last is `deciding`'s, and `named_as_answered` names the first in its faults."""
     return (await _stands_for(store, request))[0]
 
 
-async def _stands_for(store: Store, request: InputRequest) -> tuple[InputRequest, float | None]:
-    """`deciding`, and the first time a session down the way (not `request`'s own) passes its
-    TTL, after which the mirror takes no answer: None if none has a TTL."""
-    expires: float | None = None
+async def _stands_for(
+    store: Store, request: InputRequest
+) -> tuple[list[InputRequest], float | None]:
+    """`deciding_way`, and the first time a session down the way (not `request`'s own) passes
+    its TTL, after which the mirror takes no answer: None if none has a TTL."""
+    way, expires = [request], None
     for _ in range(MAX_HOPS):
         if request.child is None:
             break
@@ -125,9 +135,30 @@ async def _stands_for(store: Store, request: InputRequest) -> tuple[InputRequest
         if stored is None:
             break
         request = stored.request
+        way.append(request)
         if stored.session_expires_at is not None:
             expires = min(stored.session_expires_at, math.inf if expires is None else expires)
-    return request, expires
+    return way, expires
+
+
+_E = TypeVar("_E", bound=AnswerError | InvalidAnswer)
+
+
+def named_as_answered(exc: _E, way: Sequence[InputRequest]) -> _E:
+    """`exc`, a fault of the last request of `way` (`deciding_way`), naming the first, which
+    the caller answered, beside each it stands for, as a refusal of an answer routed through
+    them names it (`_naming`): the same words however it was reached."""
+    for mirror in reversed(way[:-1]):
+        assert mirror.child is not None
+        _rename(exc, mirror.id, mirror.child)
+    return exc
+
+
+def _rename(exc: AnswerError | InvalidAnswer, answered: str, ref: ChildRef) -> None:
+    """Name `answered`, a mirror, where `exc` names the subagent's request `ref` it stands for."""
+    exc.request_ids = [answered if i == ref.request_id else i for i in exc.request_ids]
+    named = f"{answered} (asked for {ref.agent}'s {ref.request_id})"
+    exc.args = (str(exc).replace(ref.request_id, named), *exc.args[1:])
 
 
 FOLLOWED = ("approved_by", "escalated_to", "expires_at")
@@ -148,7 +179,8 @@ async def followed(
     out: list[InputRequest] = []
     for r in requests:
         if r.child is not None and r.status == "pending":
-            current, expires = await _stands_for(store, r)
+            way, expires = await _stands_for(store, r)
+            current = way[-1]
             if now is not None and expires is not None and expires <= now:
                 out.append(r.model_copy(update={"status": "expired"}))
                 continue
@@ -416,9 +448,7 @@ def _naming(answer: Reply, ref: ChildRef) -> Iterator[None]:
                 [ref.request_id],
             ) from None
     except (AnswerError, InvalidAnswer) as exc:
-        exc.request_ids = [answer.request_id if i == ref.request_id else i for i in exc.request_ids]
-        named = f"{answer.request_id} (asked for {ref.agent}'s {ref.request_id})"
-        exc.args = (str(exc).replace(ref.request_id, named), *exc.args[1:])
+        _rename(exc, answer.request_id, ref)
         raise
 
 

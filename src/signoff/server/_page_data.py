@@ -16,7 +16,7 @@ from .._audit_trail import TOOL_SETTING, TOOLS_STREAM, entries
 from .._eligibility import refusal, voted
 from .._events import EVENT_TYPES, Event
 from .._exceptions import UnknownRequest, UnknownSession
-from .._mirrors import deciding as _deciding
+from .._mirrors import deciding_way, named_as_answered
 from .._state import SessionState
 from .._trace_content import shown_data
 from .._types import InputRequest, Principal
@@ -224,13 +224,14 @@ async def _offers(
     (`deciding`), by the runtime's own rules: the tool to edit against (`schemas`), why the
     viewer may not answer (`refusals`) and the quorum their approval already counts toward
     (`votes`)."""
-    deciding: dict[str, InputRequest] = {}
+    ways: dict[str, list[InputRequest]] = {}
     for r in items:
-        deciding[r.id] = await _deciding(ctx.runtime.store, r)
+        ways[r.id] = await deciding_way(ctx.runtime.store, r)
+    deciding = {rid: way[-1] for rid, way in ways.items()}
     return {
         "deciding": deciding,
         "schemas": _schemas(ctx, deciding),
-        "refusals": await _refusals(ctx, viewer, items, deciding),
+        "refusals": await _refusals(ctx, viewer, items, ways),
         "votes": {i: d.progress for i, d in deciding.items() if voted(d, viewer)},
     }
 
@@ -239,18 +240,19 @@ async def _refusals(
     ctx: ServerContext,
     viewer: Principal,
     items: list[InputRequest],
-    deciding: dict[str, InputRequest],
+    ways: dict[str, list[InputRequest]],
 ) -> dict[str, str]:
     """Per request the viewer may see but not answer (another's question, their own call that
     needs someone else, one of a session whose agent this server does not run), why: its card
-    offers no buttons that could only fail."""
+    offers no buttons that could only fail. A mirror's is judged on the request it stands for
+    (the last of its `deciding_way`) and names the mirror, as an answer's refusal does."""
     out: dict[str, str] = {}
     rt = ctx.runtime
     for item in items:
-        rid, r = item.id, deciding[item.id]
+        rid, r = item.id, ways[item.id][-1]
         refused = await refusal(rt.agents, rt.store, r, viewer)
         if refused is not None:
-            out[rid] = str(refused)
+            out[rid] = str(named_as_answered(refused, ways[rid]))
             continue
         # The runtime refuses such an answer as `unknown_agent`, whoever gives it: it would
         # continue that agent's turn (for a mirror, the subagent's, then its parent's).
