@@ -353,21 +353,31 @@ def test_a_decision_on_a_question_is_refused_to_who_may_not_answer_it(url: str, 
     the command answering it) where their answer to it is refused (`NotAllowed`), as README's
     "Who may answer is checked first" says; so does `answer` of Alice's approval with an option
     a question's. Open or settled, mirrored or not, they are refused as the runtime refuses
-    them; Alice is still told the kind; nothing is recorded."""
+    them, told to run as Alice the commands that answer it (not the one typed, which would be
+    refused as the wrong kind); Alice is still told the kind; nothing is recorded."""
     rt = so.Runtime(_sizing(), store=url)
     try:
         question = rt.generate_sync(agent, "coffee", auth=ALICE_WEB).pending[0]
     finally:
         rt.close_sync()
     as_carol = ("--as", "web:carol", "--store", url)
+    # The refusal's hint names what answers a question as Alice, not the `approve` typed, which
+    # would then be refused as the wrong kind.
+    hint = " or ".join(
+        f"signoff answer {question.id} {flag} --as web:alice"
+        for flag in ("--option ID", "--text TEXT")
+    )
     for settled in (False, True):
         before = len(log(url, question.session_id))
         answered = invoke("answer", question.id, "--option", "nope", *as_carol)
         assert answered.exit_code == 1 and "NotAllowed" in answered.stderr, answered.output
+        refused, _ = answered.stderr.split(": by default only the asker may answer")
         for command in ("approve", "deny"):
             result = invoke(command, question.id, *as_carol)
             assert result.exit_code == 1, result.output
-            assert result.stderr == answered.stderr.replace(" answer ", f" {command} "), settled
+            assert result.stderr == (
+                f"{refused}: by default only the asker may answer; as them, run {hint}\n"
+            ), settled
         told = invoke("approve", question.id, "--as", "web:alice", "--store", url)
         assert told.stderr.startswith(
             f"error: InvalidAnswer: {question.id} is a question (Which size?), not an approval"
@@ -384,4 +394,8 @@ def test_a_decision_on_a_question_is_refused_to_who_may_not_answer_it(url: str, 
         refused = invoke("answer", request_id, *given, *as_carol)
         assert refused.exit_code == 1, refused.output
         assert refused.stderr.startswith(f"error: NotAllowed: request {request_id} was asked by")
+        assert refused.stderr.endswith(
+            f"as them, run signoff approve {request_id} --as web:alice"
+            f" or signoff deny {request_id} --as web:alice\n"
+        ), refused.stderr
     assert refunds_run(log(url, session_id)) == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from .._exceptions import NotAllowed
 from .._types import InputRequest, Principal
@@ -17,10 +17,13 @@ APP_ONLY = (
 )
 
 
-def asker_hint(command: str, request: InputRequest, principal: Principal) -> str | None:
+def asker_hint(
+    command: str | Sequence[str], request: InputRequest, principal: Principal
+) -> str | None:
     """What to do instead when `principal` was refused `request`, if the default rule refused it
-    (no response policy, quorum, escalation): run `command` as the asker, a user `--as` names,
-    or leave it to the app; None where neither would be let answer, or `--as` cannot say who."""
+    (no response policy, quorum, escalation): run `command` (or one of several) as the asker, a
+    user `--as` names, or leave it to the app; None where neither would be let answer, or
+    `--as` cannot say who."""
     asker = request.requested_by
     if (
         asker is None
@@ -37,17 +40,24 @@ def asker_hint(command: str, request: InputRequest, principal: Principal) -> str
     if asker.principal_type != "user" or ":" in asker.authenticator:
         return None
     who = shlex.quote(f"{asker.authenticator}:{asker.principal_id}")
-    return f"by default only the asker may answer; as them, run signoff {command} --as {who}"
+    commands = [command] if isinstance(command, str) else command
+    run = " or ".join(f"signoff {c} --as {who}" for c in commands)
+    return f"by default only the asker may answer; as them, run {run}"
 
 
 @contextlib.contextmanager
-def as_hint(command: str, request: InputRequest, principal: Principal) -> Iterator[None]:
+def as_hint(
+    command: str | Sequence[str], request: InputRequest, principal: Principal
+) -> Iterator[None]:
     """Add `asker_hint` to the default rule's refusal, which a person running the command for
-    the asker (a token's holder, a web user) would otherwise have to work out."""
+    the asker (a token's holder, a web user) would otherwise have to work out: `command` on
+    `request`, or the full commands given instead (those that answer a request of the other
+    kind than the one typed)."""
     try:
         yield
     except NotAllowed as exc:
-        hint = asker_hint(f"{command} {request.id}", request, principal)
+        commands = f"{command} {request.id}" if isinstance(command, str) else command
+        hint = asker_hint(commands, request, principal)
         if hint is None:
             raise
         raise NotAllowed(f"{exc}: {hint}", exc.request_ids) from None

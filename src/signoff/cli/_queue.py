@@ -313,6 +313,14 @@ def _wrong_kind(command: str, request: InputRequest, answer: InputResponse) -> I
     return None
 
 
+def _answering(request: InputRequest) -> list[str]:
+    """The commands (after `signoff`) that answer `request`: `approve` or `deny` for an approval,
+    `answer` with each option it takes for a question."""
+    if request.kind == "tool-approval":
+        return [f"approve {request.id}", f"deny {request.id}"]
+    return [f"answer {request.id} {flag}" for flag in answer_flags(request)]
+
+
 async def _settle(
     command: str,
     request_id: str,
@@ -350,6 +358,8 @@ async def _settle(
             and await refusal(runtime.agents, runtime.store, request, principal) is None
         ):
             raise wrong
+        # Who may not answer it is told to run as the asker what answers it, not what was typed.
+        hinted: str | list[str] = command if wrong is None else _answering(request)
         if loaded is None and (
             request.response_policy or await response_policy_recorded(runtime.store, request)
         ):
@@ -371,7 +381,7 @@ async def _settle(
             agents = [Agent(name=n, model=NoModel(n)) for n in dict.fromkeys(names)]
             settler = Runtime(agents, store=runtime.store)
             try:
-                with as_hint(command, request, principal):
+                with as_hint(hinted, request, principal):
                     result = await settler.respond(
                         request.session_id, [answer], principal=principal, resume=False
                     )
@@ -380,7 +390,7 @@ async def _settle(
         else:
             head = await runtime.store.head(request.session_id)
             try:
-                with console.status("resuming the turn..."), as_hint(command, request, principal):
+                with console.status("resuming the turn..."), as_hint(hinted, request, principal):
                     result = await runtime.respond(
                         request.session_id, [answer], principal=principal
                     )
