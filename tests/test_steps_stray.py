@@ -4,6 +4,10 @@ failed, a task the body started): its `ctx.step` runs nothing once the call has 
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
+
+import pytest
 
 import signoff as so
 from signoff.testing import Capture, call, call_tools, reply, scripted_agent, tool_results
@@ -295,3 +299,49 @@ async def test_a_finally_of_a_body_parked_on_a_question_asks_nothing(store_url: 
         assert [p.question for p in await rt.pending()] == ["Go on?"]
         [exc] = refused
         assert "nothing was asked" in str(exc)
+
+
+async def test_a_finally_refused_a_step_as_its_body_parks_names_the_unwinding_and_logs_nothing(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The body's `finally` stepped as the body was cancelled to park, and let the refusal
+    (`so.UsageError`, no outcome of the call) go: the body's task ended with it, never
+    retrieved, and asyncio logged it at ERROR on every park, its message blaming "a branch of
+    its body outlived it". The refusal is retrieved, and names the body's unwinding."""
+    effects: list[str] = []
+    refused: list[BaseException] = []
+
+    def effect(name: str) -> str:
+        effects.append(name)
+        return name
+
+    @so.tool
+    async def confirm(ctx: so.ToolContext) -> str:
+        """Ask, and clean up on the way out."""
+        try:
+            return (await ctx.ask("Go on?", options=["yes", "no"])).value
+        finally:
+            try:
+                await ctx.step("cleanup", effect, "cleanup")
+            except so.UsageError as exc:
+                refused.append(exc)
+                raise
+
+    gc.collect()  # an earlier test's task, logged as it is collected, is not this one's
+    caplog.clear()
+    agent = scripted_agent("shop", [call_tools(call("confirm")), reply("Done.")], tools=[confirm])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="confirm")
+        assert r.status == "waiting"
+        gc.collect()  # a task whose exception nobody retrieved is logged as it is collected
+        logged = [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "asyncio" and r.levelno >= logging.ERROR
+        ]
+        [exc] = refused
+        assert (logged, "outlived" in str(exc), "unwinding" in str(exc)) == ([], False, True)
+        assert "stopped" in str(exc) and "nothing ran" in str(exc)
+        r = await rt.send(r.session_id, "yes")
+        assert (r.status, r.text) == ("completed", "Done.")
+    assert effects == ["cleanup"]

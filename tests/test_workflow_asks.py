@@ -4,6 +4,8 @@ call in a worker and name who answered."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +228,50 @@ async def test_the_answer_names_the_responder_without_channel_attributes(tmp_pat
         log = await events(rt, r.session_id)
         resolved = next(e.data for e in log if e.type == "input.resolved")
         assert resolved["by"]["attributes"] == {"channel": "C42", "thread_ts": "1700000000.1"}
+
+
+async def test_a_task_group_branch_is_cancelled_as_its_body_parks_and_nothing_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A `TaskGroup` branch waiting on its question woke as the body parked, before the body's
+    cancel reached it, and was told its question was withdrawn (with no request id) while it
+    stayed open; the body then ended with that group, and asyncio logged it at ERROR as a task
+    exception never retrieved. The branch is cancelled with the body, and nothing is logged."""
+    caught: list[BaseException] = []
+
+    @so.tool
+    async def review(ctx: so.ToolContext, doc: str) -> str:
+        """Ask whether to publish, from a branch."""
+
+        async def confirm() -> str:
+            try:
+                return (await ctx.ask(f"Publish {doc}?", ["yes", "no"], allow_text=False)).value
+            except BaseException as exc:
+                caught.append(exc)
+                raise
+
+        async with asyncio.TaskGroup() as tg:
+            answer = tg.create_task(confirm())
+        return answer.result()
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("docs", [call_tools(call("review", doc="faq")), seen], tools=[review])
+    gc.collect()  # an earlier test's task, logged as it is collected, is not this one's
+    caplog.clear()
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("docs", prompt="review", auth=ALICE)
+        assert [(p.question, p.status) for p in r.pending] == [("Publish faq?", "pending")]
+        gc.collect()  # a task whose exception nobody retrieved is logged as it is collected
+        logged = [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "asyncio" and r.levelno >= logging.ERROR
+        ]
+        assert ([type(exc) for exc in caught], logged) == ([asyncio.CancelledError], [])
+        r = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=r.pending[0].id, option_id="yes")],
+            principal=ALICE,
+        )
+        assert (r.status, r.text) == ("completed", "Done.")
+    assert tool_results(seen.last)[0].content == "yes"

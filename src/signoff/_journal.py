@@ -264,11 +264,19 @@ class CallJournal:
                 if self.stopped
                 else "ended"
             )
-            raise UsageError(
-                f"{what} after call {self.call_id} {when}: a branch of its body outlived it "
-                "(use asyncio.TaskGroup, which cancels its tasks when one fails or the body is "
-                f"cancelled); {nothing}"
-            )
+            task = asyncio.current_task()
+            if self.stopped and task is not None and task.cancelling():
+                why = (
+                    "the body (or a branch cancelled with it) is unwinding, in a `finally` or an "
+                    "`except asyncio.CancelledError`, and the resumed body runs this when it "
+                    "gets there"
+                )
+            else:
+                why = (
+                    "a branch of its body outlived it (use asyncio.TaskGroup, which cancels its "
+                    "tasks when one fails or the body is cancelled)"
+                )
+            raise UsageError(f"{what} after call {self.call_id} {when}: {why}; {nothing}")
         if self.driver.released:
             raise TurnStopped
 
@@ -459,8 +467,14 @@ class CallJournal:
         return len(copies) if recorded else 0
 
     async def park(self) -> NoReturn:
+        """Wait until the engine stops the body to park the call. Woken as the body is stopped,
+        ahead of the cancel (a `TaskGroup`'s branch wakes before its body's cancel reaches it),
+        it is cancelled like the body, its question still open; woken as the body ended (a
+        gather's sibling failed), its question was withdrawn with the call's end."""
         self.parked.set()
-        await self.closed.wait()  # the engine cancels the body, unless it already ended
+        await self.closed.wait()
+        if self.stopped:
+            raise asyncio.CancelledError
         raise QuestionWithdrawn("", "cancelled")
 
     def ending(

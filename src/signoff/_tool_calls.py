@@ -435,7 +435,12 @@ class ToolCalls(CallEnds):
                 # now would be replayed as the first run did it: the resumed body runs that.
                 journal.stop()
                 task.cancel()
-                if await _to_end(task):  # what it raised (the refusal, say) is no outcome
+                cancelled = await _to_end(task)
+                if not task.cancelled():
+                    # What it raised as it unwound (a `finally`'s refused step) is no outcome:
+                    # retrieved, so asyncio does not log it as never retrieved.
+                    task.exception()
+                if cancelled:
                     raise asyncio.CancelledError  # the drive was stopped as the body unwound
                 await journal.quiet.wait()
                 return None, False
