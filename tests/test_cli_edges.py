@@ -354,7 +354,10 @@ def test_a_decision_on_a_question_is_refused_to_who_may_not_answer_it(url: str, 
     "Who may answer is checked first" says; so does `answer` of Alice's approval with an option
     a question's. Open or settled, mirrored or not, they are refused as the runtime refuses
     them, told to run as Alice the commands that answer it (not the one typed, which would be
-    refused as the wrong kind); Alice is still told the kind; nothing is recorded."""
+    refused as the wrong kind); Alice is still told the kind; nothing is recorded. An `answer`
+    of the right kind is hinted with its flag, shell-quoted, as Alice can run it (a bare
+    `signoff answer ID` is a usage error, exit 2); one naming no option of it, with the flags
+    that answer it."""
     rt = so.Runtime(_sizing(), store=url)
     try:
         question = rt.generate_sync(agent, "coffee", auth=ALICE_WEB).pending[0]
@@ -372,22 +375,29 @@ def test_a_decision_on_a_question_is_refused_to_who_may_not_answer_it(url: str, 
         answered = invoke("answer", question.id, "--option", "nope", *as_carol)
         assert answered.exit_code == 1 and "NotAllowed" in answered.stderr, answered.output
         refused, _ = answered.stderr.split(": by default only the asker may answer")
+        as_alice = f"{refused}: by default only the asker may answer; as them, run"
+        assert answered.stderr == f"{as_alice} {hint}\n", settled
         for command in ("approve", "deny"):
             result = invoke(command, question.id, *as_carol)
             assert result.exit_code == 1, result.output
-            assert result.stderr == (
-                f"{refused}: by default only the asker may answer; as them, run {hint}\n"
-            ), settled
+            assert result.stderr == f"{as_alice} {hint}\n", settled
+        hinted = {}
+        for typed, flag in (
+            (("--option", "1"), "--option 1"),
+            (("--text", "a big one"), "--text 'a big one'"),
+        ):
+            result = invoke("answer", question.id, *typed, *as_carol)
+            assert result.exit_code == 1, result.output
+            hinted[flag] = f"signoff answer {question.id} {flag} --as web:alice"
+            assert result.stderr == f"{as_alice} {hinted[flag]}\n", settled
         told = invoke("approve", question.id, "--as", "web:alice", "--store", url)
         assert told.stderr.startswith(
             f"error: InvalidAnswer: {question.id} is a question (Which size?), not an approval"
         ), told.output
         assert len(log(url, question.session_id)) == before
-        if not settled:
-            option = question.options[0].id
-            done = invoke(
-                "answer", question.id, "--option", option, "--as", "web:alice", "--store", url
-            )
+        if not settled:  # Alice runs the hint as it was given
+            assert question.options[0].id == "1"
+            done = invoke(*shlex.split(hinted["--option 1"])[1:], "--store", url)
             assert done.exit_code == 0, done.output
     session_id, request_id = park(url, auth=ALICE_WEB)
     for given in (["--text", "yes"], ["--option", "1"]):
@@ -398,4 +408,9 @@ def test_a_decision_on_a_question_is_refused_to_who_may_not_answer_it(url: str, 
             f"as them, run signoff approve {request_id} --as web:alice"
             f" or signoff deny {request_id} --as web:alice\n"
         ), refused.stderr
+    decided = invoke("answer", request_id, "--option", "approve", *as_carol)
+    assert decided.exit_code == 1, decided.output
+    assert decided.stderr.endswith(
+        f"as them, run signoff answer {request_id} --option approve --as web:alice\n"
+    ), decided.stderr
     assert refunds_run(log(url, session_id)) == 0

@@ -9,7 +9,9 @@ import shlex
 from collections.abc import Iterator, Sequence
 
 from .._exceptions import NotAllowed
-from .._types import InputRequest, Principal
+from .._text import is_blank
+from .._types import InputRequest, InputResponse, Principal
+from ._app import answer_flags
 
 APP_ONLY = (
     "the app asked it (so.APP_PRINCIPAL, as for a scheduled turn), which no --as names: only the "
@@ -45,18 +47,35 @@ def asker_hint(
     return f"by default only the asker may answer; as them, run {run}"
 
 
+def answering(command: str, request: InputRequest, typed: InputResponse | None) -> list[str]:
+    """The commands (after `signoff`) that answer `request`: `command` as typed (an `answer`
+    with its flag, shell-quoted) where the request takes that answer, else `approve` or `deny`
+    for an approval and `answer` with each flag a question takes. `typed` is None where it was
+    of the wrong kind."""
+    rid = request.id
+    if typed is not None:
+        if command != "answer":
+            return [f"{command} {rid}"]
+        option, text = typed.option_id, typed.text
+        if option is not None and (
+            request.kind == "tool-approval" or any(o.id == option for o in request.options)
+        ):
+            return [f"answer {rid} --option {shlex.quote(option)}"]
+        if text is not None and request.allow_text and not is_blank(text):
+            return [f"answer {rid} --text {shlex.quote(text)}"]
+    if request.kind == "tool-approval":
+        return [f"approve {rid}", f"deny {rid}"]
+    return [f"answer {rid} {flag}" for flag in answer_flags(request)]
+
+
 @contextlib.contextmanager
-def as_hint(
-    command: str | Sequence[str], request: InputRequest, principal: Principal
-) -> Iterator[None]:
+def as_hint(commands: Sequence[str], request: InputRequest, principal: Principal) -> Iterator[None]:
     """Add `asker_hint` to the default rule's refusal, which a person running the command for
-    the asker (a token's holder, a web user) would otherwise have to work out: `command` on
-    `request`, or the full commands given instead (those that answer a request of the other
-    kind than the one typed)."""
+    the asker (a token's holder, a web user) would otherwise have to work out: `commands`
+    (`answering`), each a full command that answers `request` as the asker."""
     try:
         yield
     except NotAllowed as exc:
-        commands = f"{command} {request.id}" if isinstance(command, str) else command
         hint = asker_hint(commands, request, principal)
         if hint is None:
             raise

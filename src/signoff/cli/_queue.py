@@ -57,7 +57,7 @@ from ._app import (
     store_args,
     store_of,
 )
-from ._asker import as_hint
+from ._asker import answering, as_hint
 from ._loading import load_runtime, split_target
 from ._numbers import whole
 from ._store_files import existing_store, reading_store, refuse_unmade_schema
@@ -313,14 +313,6 @@ def _wrong_kind(command: str, request: InputRequest, answer: InputResponse) -> I
     return None
 
 
-def _answering(request: InputRequest) -> list[str]:
-    """The commands (after `signoff`) that answer `request`: `approve` or `deny` for an approval,
-    `answer` with each option it takes for a question."""
-    if request.kind == "tool-approval":
-        return [f"approve {request.id}", f"deny {request.id}"]
-    return [f"answer {request.id} {flag}" for flag in answer_flags(request)]
-
-
 async def _settle(
     command: str,
     request_id: str,
@@ -358,8 +350,9 @@ async def _settle(
             and await refusal(runtime.agents, runtime.store, request, principal) is None
         ):
             raise wrong
-        # Who may not answer it is told to run as the asker what answers it, not what was typed.
-        hinted: str | list[str] = command if wrong is None else _answering(request)
+        # Who may not answer it is told to run as the asker what answers it: what was typed,
+        # with its flag, where the request takes it.
+        hinted = answering(command, request, None if wrong is not None else answer)
         if loaded is None and (
             request.response_policy or await response_policy_recorded(runtime.store, request)
         ):
