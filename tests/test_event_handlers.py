@@ -170,3 +170,60 @@ def test_a_turn_failed_for_good_or_replaced_owes_its_open_calls_children() -> No
     state.apply(event(6, "tool.completed", call_id="c1", **ended))
     state.apply(event(7, "turn.cancelled", reason=None, by=None))
     assert state.owed == {}
+
+
+def test_an_answer_leaves_the_turns_answered_when_a_drive_goes_on_with_it() -> None:
+    """`answered` (what the next drive's trace names) loses an answer when its call moves: it
+    starts, ends, or asks again (a workflow's body ran past it), or when the model is called
+    (its reply, or a budget prompt asked before it). A park keeps it: a vote's, made while a
+    workflow call still asks another question it asked at once (it used to clear it)."""
+
+    def event(seq: int, type: EventType, **data: Any) -> so.Event:
+        return so.Event(session_id="ses_1", seq=seq, type=type, at=1.0, turn_id="trn_1", data=data)
+
+    def asked(seq: int, call_id: str | None, *ids: str, kind: str = "question") -> so.Event:
+        requests = [
+            so.InputRequest(
+                id=rid,
+                kind=kind,
+                session_id="ses_1",
+                turn_id="trn_1",
+                agent="a",
+                action=None if call_id is None else so.Action.of(call_id, "survey", {}),
+                source="ask",
+                created_at=1.0,
+            ).model_dump(mode="json")
+            for rid in ids
+        ]
+        return event(seq, "input.requested", requests=requests)
+
+    def answered(seq: int, rid: str) -> so.Event:
+        return event(seq, "input.resolved", request_id=rid, outcome="answered", answer={})
+
+    calls = [{"id": "c1", "name": "survey", "input": {}}]
+    state = so.SessionState(id="ses_1")
+    state.apply(event(1, "session.created", agent="a"))
+    state.apply(event(2, "turn.started", message="go"))
+    state.apply(event(3, "model.completed", tool_calls=calls))
+    state.apply(event(4, "tool.started", call_id="c1", tool_name="survey"))
+    state.apply(asked(5, "c1", "q1", "q2"))
+    state.apply(answered(6, "q1"))
+    state.apply(event(7, "turn.waiting", on="input", request_ids=["q2"]))  # a vote's
+    assert state.turn is not None and state.turn.answered == ["q1"]
+    state.apply(answered(8, "q2"))
+    assert state.turn.answered == ["q1", "q2"]
+    state.apply(asked(9, "c1", "q3"))  # the body replayed them and asked again
+    assert state.turn.answered == []
+    state.apply(answered(10, "q3"))
+    assert state.turn.answered == ["q3"]
+    state.apply(event(11, "tool.completed", call_id="c1", tool_name="survey", status="ok"))
+    assert state.turn.answered == []
+    state.apply(asked(12, None, "l1", kind="session-limit"))
+    state.apply(answered(13, "l1"))
+    assert state.turn.answered == ["l1"]
+    state.apply(asked(14, None, "l2", kind="session-limit"))  # the next model call's budget
+    assert state.turn.answered == []
+    state.apply(answered(15, "l2"))
+    assert state.turn.answered == ["l2"]
+    state.apply(event(16, "model.completed", text="done"))
+    assert state.turn.answered == []

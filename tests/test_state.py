@@ -253,10 +253,10 @@ def _resolved(seq: int, request_id: str) -> so.Event:
     )
 
 
-def test_a_turn_keeps_the_requests_closed_since_a_drive_last_parked_it() -> None:
-    """Closed requests of the turn are kept (`answered`, for the next drive's trace) until it
-    parks with no answered call left to run; a park while one is left (a quorum's vote) keeps
-    them. A snapshot and a copy keep them; one of an older signoff reads none."""
+def test_a_turn_keeps_the_requests_closed_since_a_drive_last_went_on() -> None:
+    """Closed requests of the turn are kept (`answered`, for the next drive's trace) until a
+    drive goes on with them (their call starts); a park (a quorum's vote) keeps them. A
+    snapshot and a copy keep them; one of an older signoff reads none."""
     state = so.SessionState(id="ses_1")
     state.turn = TurnState(id="trn_1", status="waiting")
     call_state = CallState(id="c1", tool_name="t", input={}, status="requested")
@@ -280,8 +280,7 @@ def test_a_turn_keeps_the_requests_closed_since_a_drive_last_parked_it() -> None
     assert snap["turn"]["answered"] == ["req_1"]
     for restored in (so.SessionState.from_snapshot(snap), state.copy()):
         assert restored.turn is not None and restored.turn.answered == ["req_1"]
-    call_state.status = "asking"
-    state.apply(_waiting(3))  # the drive ran it, and parked on its question
+    state.apply(dataclasses.replace(_waiting(3), type="tool.started", data={"call_id": "c1"}))
     assert state.turn.answered == [] and "answered" not in state.to_snapshot()["turn"]
     state.apply(_resolved(4, "req_2"))
     assert state.turn.answered == ["req_2"]

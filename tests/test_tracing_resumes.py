@@ -1,10 +1,11 @@
 """What a resumed drive's span says it goes on with (`_tracing`, docs/tracing.md): the answers
-given since the turn last parked (`signoff.turn.resumed`), how long the first of them waited
+no earlier drive went on with (`signoff.turn.resumed`), how long the first of them waited
 (`signoff.waited_seconds`), and whether the turn had run before (`signoff.drive.resumed`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -202,6 +203,95 @@ async def test_an_answer_is_named_though_a_vote_parked_the_turn_again_after_it(
     drive = _drive(exporter)
     assert (drive.attributes or {})["signoff.waited_seconds"] == 180
     assert _resumed(drive)["signoff.request_ids"] == [one.id, two.id]
+
+
+@so.tool
+async def survey(ctx: so.ToolContext, n: int) -> str:
+    """Ask two things at once."""
+    colour, size = await asyncio.gather(
+        ctx.ask("Colour?", options=["x", "y"]), ctx.ask("Size?", options=["s", "m"])
+    )
+    return f"{colour.value} {size.value}"
+
+
+async def test_answers_asked_at_once_are_named_though_a_keyed_vote_parked_the_turn_between(
+    store_url: str, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """One reply delegates to a child whose payout needs two approvers (mirrored here) and asks
+    two questions at once (a workflow call). The first is answered; Alice's vote on the mirror,
+    sent as a keyed message, parks the turn again (`keep_vote_key`) while the workflow call
+    still asks the second; then the second is answered and Bob's vote settles the payout. The
+    drive that goes on names both answers: it named the second alone, the first dropped by the
+    vote's park."""
+    child = scripted_agent(
+        "payer", [call_tools(call("payout", n=2)), reply("paid")], tools=[payout]
+    )
+    parent = scripted_agent(
+        "desk",
+        [call_tools(call("payer", message="pay"), call("survey", n=1)), reply("done")],
+        tools=[so.delegate("payer"), survey],
+    )
+    clock = ManualClock(1_000.0)
+    kwargs: dict[str, Any] = {"store": store_url, "tracer_provider": provider, "clock": clock}
+    bob = so.Principal(authenticator="web", principal_id="bob")
+    async with so.Runtime([parent, child], **kwargs) as rt:
+        r = await rt.generate("desk", "go", auth=ALICE)
+        (mirror,) = [p for p in r.pending if p.child is not None]
+        colour, size = [p for p in r.pending if p.kind == "question"]
+    async with so.Runtime([parent, child], inline=False, **kwargs) as rt:
+        clock.advance(60)
+        await rt.respond(r.session_id, _answer(colour, "x"), principal=ALICE)
+        clock.advance(60)
+        voted = await rt.send(r.session_id, "approve", principal=ALICE, idempotency_key="k1")
+        assert [(o.request_id, o.outcome) for o in voted.outcomes] == [(mirror.id, "counted")]
+        waiting = [e async for e in rt.events(r.session_id, follow=False)][-1]
+        assert waiting.type == "turn.waiting" and "idem" in waiting.data
+        clock.advance(60)
+        await rt.respond(r.session_id, _answer(size, "s"), principal=ALICE)
+        await rt.respond(r.session_id, _answer(mirror, "approve"), principal=bob)
+    exporter.clear()
+    async with so.Runtime([parent, child], **kwargs) as rt:
+        done = await rt.generate(session_id=r.session_id)
+        assert done.status == "completed"
+    (drive,) = [
+        s
+        for s in exporter.get_finished_spans()
+        if s.name.startswith("invoke_agent")
+        and (s.attributes or {}).get("signoff.session_id") == r.session_id
+    ]
+    assert _resumed(drive)["signoff.request_ids"] == [colour.id, size.id]
+    assert (drive.attributes or {})["signoff.waited_seconds"] == 180
+
+
+@so.tool
+async def intake(ctx: so.ToolContext, n: int) -> str:
+    """Ask one thing, then another."""
+    colour = await ctx.ask("Colour?", options=["x", "y"])
+    size = await ctx.ask("Size?", options=["s", "m"])
+    return f"{colour.value} {size.value}"
+
+
+async def test_a_workflows_earlier_answer_is_not_named_by_the_drive_after_its_next_question(
+    store_url: str, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """A workflow call asks a question; the drive its answer resumes replays it and asks the
+    next, with no `tool.started` (the call is running already). The drive after that answer
+    names it alone and waits from when it was asked."""
+    agent = scripted_agent("desk", [call_tools(call("intake", n=1)), reply("done")], tools=[intake])
+    clock = ManualClock(1_000.0)
+    async with so.Runtime([agent], store=store_url, tracer_provider=provider, clock=clock) as rt:
+        r = await rt.generate("desk", "go", auth=ALICE)
+        (colour,) = r.pending
+        clock.advance(3_600)
+        r = await rt.respond(r.session_id, _answer(colour, "x"), principal=ALICE)
+        (size,) = r.pending
+        clock.advance(10)
+        exporter.clear()
+        r = await rt.respond(r.session_id, _answer(size, "s"), principal=ALICE)
+        assert r.status == "completed"
+    drive = _drive(exporter)
+    assert _resumed(drive)["signoff.request_ids"] == [size.id]
+    assert (drive.attributes or {})["signoff.waited_seconds"] == 10
 
 
 async def test_a_snapshot_of_fold_6_taken_after_an_answer_is_folded_again(

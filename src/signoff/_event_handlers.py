@@ -96,6 +96,7 @@ def _model_completed(s: SessionState, e: Event) -> None:
     s.last_input_tokens = usage.input_tokens if kept is None else kept
     turn.steps += 1
     turn.model_seq = e.seq
+    turn.answered = []  # a new reply: every answer of the turn was gone on with
     turn.status = "running"
     turn.retryable = False
     turn.error = None
@@ -120,11 +121,13 @@ def _model_paused(s: SessionState, e: Event) -> None:
     turn = _turn(s, e)
     s.usage = s.usage + kept_usage(e.data["usage"], strict=False)
     turn.paused = (*turn.paused, e.data)
+    turn.answered = []  # the model is called: every answer of the turn was gone on with
 
 
 def _tool_started(s: SessionState, e: Event) -> None:
     call = _call(s, e)
     call.status = "running"
+    _went_on(s, call.id)
     _revive(_turn(s, e))
     call.idempotency_key = e.data.get("idempotency_key")
     _billed(s, e)  # what reviewing the call cost (an auto() policy's model)
@@ -213,6 +216,7 @@ def _turn_message(s: SessionState, e: Event) -> None:
 def _tool_completed(s: SessionState, e: Event) -> None:
     call = _call(s, e)
     call.status = "done"
+    _went_on(s, call.id)
     _revive(_turn(s, e))
     _billed(s, e)  # a review (an auto() policy's model) of a call that did not run
     if "delegated" in e.data:  # what a delegate call's child spent (`with_spend`)
@@ -231,6 +235,8 @@ def _input_requested(s: SessionState, e: Event) -> None:
         if request.kind == "session-limit":  # its usage is a reply cut at what was left
             _read_again(s, e)
         s.requests[request.id] = RequestState(request=request)
+        if request.kind == "session-limit" and request.child is None:
+            turn.answered = []  # asked before a model call: every answer was gone on with
         if request.child is not None:  # mirrored from a subagent: its delegate call waits
             if request.child.call_id in turn.calls:
                 turn.calls[request.child.call_id].status = "asking"
@@ -238,6 +244,7 @@ def _input_requested(s: SessionState, e: Event) -> None:
         if request.action is None or request.action.call_id not in turn.calls:
             continue
         call = turn.calls[request.action.call_id]
+        _went_on(s, call.id)  # asking again: its body ran past what it asked before
         if request.source == "ask":
             _asked(call, request, e.data)
             call.status = "asking"
@@ -248,10 +255,6 @@ def _input_requested(s: SessionState, e: Event) -> None:
 
 def _turn_waiting(s: SessionState, e: Event) -> None:
     turn = _turn(s, e)
-    if not any(c.status in _MOVING for c in turn.calls.values()):
-        # Parked with no answered call left to run: a drive went on with the answers before.
-        # (A vote that parks it again while one is left leaves them for the next drive.)
-        turn.answered = []
     turn.status = "waiting"
     _keyed(s, e, _in_turn(s, e))  # a keyed message's vote counted through a mirror
     # Only a traced drive stores its context; a re-park without one (a rejected answer, an
@@ -261,8 +264,20 @@ def _turn_waiting(s: SessionState, e: Event) -> None:
         turn.traceparent = traceparent
 
 
-_MOVING = frozenset({"approved", "denied", "decided", "running"})
-"""The statuses of a call that a drive goes on with (runs, or tells the model it was denied)."""
+def _went_on(s: SessionState, call_id: str) -> None:
+    """The call moved (started, ended, or asked again): a drive went on with the answers it
+    waited on, which leave the turn's `answered`. A park does not: a vote parks it again (a
+    quorum's, a keyed message's through a mirror) with answers still to go on with."""
+    turn = s.turn
+    if turn is None or not turn.answered:
+        return
+    turn.answered = [
+        rid
+        for rid in turn.answered
+        if (r := s.requests.get(rid)) is None
+        or r.request.action is None
+        or r.request.action.call_id != call_id
+    ]
 
 
 def _read_again(s: SessionState, e: Event) -> None:

@@ -68,7 +68,8 @@ snapshot of this fold (`of_this_fold`). 2: a failed turn cancelled after is not 
 its `tool.started`'s `filled`. 5: the app's approval (a `runtime` principal's) grants no
 `once()` tool: a session it granted one folds again without the grant, and asks a person.
 6: a deadline's escalation is no activity: the session's `updated_at` and TTL stay put.
-7: a turn keeps the requests closed since a drive last parked it (`answered`)."""
+7: a turn keeps the requests closed that no drive went on with yet (`answered`): their call
+moving or the model's call drops them, a park does not."""
 
 
 @dataclass(slots=True, kw_only=True)

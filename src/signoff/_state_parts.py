@@ -267,8 +267,9 @@ class TurnState:
     # The parts of the model's reply being made that the provider paused (`model.paused`
     # data, in order): a drive resumed after a crash continues from them.
     paused: tuple[dict[str, Any], ...] = ()
-    # The ids of its requests closed since a drive last parked it, in the order closed: what
-    # its next drive may go on with, which that drive's trace names (`_tracing`).
+    # The ids of its requests closed that no drive went on with yet (their call has not moved
+    # since, nor the model been called), in the order closed: what its next drive may go on
+    # with, which that drive's trace names (`_tracing`).
     answered: list[str] = field(default_factory=list)
 
     @property

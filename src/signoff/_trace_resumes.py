@@ -27,9 +27,10 @@ def ran_before(turn: TurnState) -> bool:
 
 
 def goes_on_with(state: SessionState) -> list[Any]:
-    """The current turn's requests closed since a drive last parked it that this drive goes on
-    with, as they were asked: those of calls that have yet to move (approved, denied, decided,
-    or asking again), and a settled budget prompt the turn still waits on."""
+    """The current turn's requests closed that no drive went on with yet (`TurnState.answered`)
+    and this one goes on with, as they were asked: those of calls that have yet to move
+    (approved, denied, decided, or asking again), and a settled budget prompt the turn still
+    waits on."""
     turn = state.turn
     if turn is None or not turn.answered:
         return []
