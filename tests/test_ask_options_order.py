@@ -219,3 +219,48 @@ async def test_a_question_an_older_signoff_asked_replays_in_another_order(
         assert done.status == "completed"
     [result] = tool_results(seen.last)
     assert (result.is_error, result.content) == (False, "? (1)")
+
+
+@pytest.mark.parametrize(
+    ("options", "older"),
+    [
+        ([{"label": "\N{THUMBS UP SIGN}"}, {"label": "\N{THUMBS DOWN SIGN}"}], False),
+        ([{"id": "", "label": "?"}, {"label": "!"}], True),  # asked with an older signoff's ids
+    ],
+    ids=["by-place", "older-signoff"],
+)
+async def test_options_given_as_a_generator_replay_in_another_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: list[Any], older: bool
+) -> None:
+    """Options from a generator (`({"label": r} for r in REACTIONS)`, over a set) were used up
+    by the first reading: replayed in another order, the ids asked with were looked for in an
+    empty generator, and the answer was lost to a ReplayError. It is read once, as a list."""
+    from signoff import _tool_context, _types
+
+    runs: list[int] = []
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Ask which."""
+        runs.append(1)
+        shown = (dict(o) for o in options[:: -1 if len(runs) > 1 else 1])
+        answer = await ctx.ask("Which?", options=shown, allow_text=False)
+        return f"{answer.value} ({answer.option_id})"
+
+    seen = Capture(reply("Noted."))
+    agent = scripted_agent("bot", [call_tools(call("pick")), seen], tools=[pick])
+    with monkeypatch.context() as before_the_upgrade:
+        if older:
+            made = partial(_types.make_options, before_ids_checked=True)
+            before_the_upgrade.setattr(_tool_context, "make_options", made)
+        async with sqlite_runtime(tmp_path, agent) as rt:
+            r = await rt.generate("bot", prompt="go", auth=ALICE)
+            (asked,) = r.pending
+    first = asked.options[0]
+    assert first.id == "1"
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        answer = so.InputResponse(request_id=asked.id, option_id=first.id)
+        done = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert done.status == "completed" and len(runs) == 2
+    [result] = tool_results(seen.last)
+    assert (result.is_error, result.content) == (False, f"{first.label} (1)")

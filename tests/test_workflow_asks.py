@@ -103,6 +103,7 @@ async def test_a_step_where_an_ask_was_recorded_is_a_replay_error(tmp_path: Path
         # a string is not a list of options: it was split into one option per character
         ({"question": "Pick", "options": "yes"}, "options must be a list"),
         ({"question": "Pick", "options": {"yes": "Yes"}}, "options must be a list"),
+        ({"question": "Pick", "options": 2}, "options must be a list"),  # was a TypeError
         # a blank option cannot be picked on the dashboard, and Slack refuses its menu
         ({"question": "Pick", "options": ["", "b"]}, "option #1 has a blank label"),
         ({"question": "Pick", "options": ["a", {"label": "  "}]}, "option #2 has a blank label"),
@@ -118,6 +119,7 @@ async def test_a_step_where_an_ask_was_recorded_is_a_replay_error(tmp_path: Path
         "bad-option",
         "string-options",
         "mapping-options",
+        "number-options",
         "blank-label",
         "blank-dict-label",
         "blank-id",

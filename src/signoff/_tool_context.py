@@ -7,7 +7,7 @@ import asyncio
 import contextvars
 import inspect
 import types
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
 from ._approval import SessionInfo
@@ -356,7 +356,7 @@ class ToolContext:
     async def ask(
         self,
         question: str,
-        options: Sequence[str | Option | dict[str, Any]] | None = None,
+        options: Iterable[str | Option | dict[str, Any]] | None = None,
         allow_text: bool = True,
     ) -> Answer:
         """Ask a person and park the turn durably until they answer; returns their answer.
@@ -365,6 +365,10 @@ class ToolContext:
         `max_result_bytes` as JSON, raise `TooLarge` and ask nothing."""
         if not isinstance(question, str) or not question.strip():
             raise UsageError("ctx.ask() needs a non-empty question")
+        if isinstance(options, Iterable) and not isinstance(options, (str, bytes, Mapping)):
+            # Read once: a replay makes them again (`_as_asked`), which a generator used up
+            # would make none of (a ReplayError, the person's answer lost).
+            options = list(options)
         if not isinstance(allow_text, bool):
             # "no" is true, so it passed the check below, and the request read it as False.
             raise UsageError(f"ctx.ask(): allow_text must be True or False, not {allow_text!r}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
@@ -424,7 +424,8 @@ def make_options(
     question it asked that replays. `asked`: the options a replayed question was asked with,
     whose ids those without one take (`_ids_as_asked`).
     """
-    if isinstance(options, (str, bytes, Mapping)):
+    listed = options is None or isinstance(options, Iterable)  # a number was a TypeError
+    if not listed or isinstance(options, (str, bytes, Mapping)):
         raise ValueError(f"options must be a list, not {type(options).__name__}")
     out: list[Option] = []
     derived: list[int] = []  # the positions of options whose id comes from their label
