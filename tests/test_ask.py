@@ -58,6 +58,37 @@ async def test_options_a_reply_cannot_tell_apart_are_the_models_invalid_input(
 
 
 @pytest.mark.parametrize(
+    ("question", "options", "loc"),
+    [
+        ("Ship to Jos\udce9?", None, ["question"]),
+        ("Which?", [{"label": "A", "description": "d\ud800"}, *_options("B")], ["options", 0]),
+        ("Which?", [*_options("A"), {"label": "B\udfff", "description": "d"}], ["options", 1]),
+    ],
+    ids=["question", "description", "label"],
+)
+async def test_text_that_is_not_valid_unicode_is_the_models_invalid_input(
+    tmp_path: Path, question: str, options: list[dict[str, str]] | None, loc: list[Any]
+) -> None:
+    """A lone surrogate in what the model asks (a JSON `\\udce9` escape) is its invalid input,
+    which it reads and can ask again: no UTF-8 transport could show such a question."""
+    seen = Capture(reply("I'll ask differently."))
+    given = (
+        {"question": question} if options is None else {"question": question, "options": options}
+    )
+    agent = scripted_agent(
+        "bot", [call_tools(call("ask_question", **given)), seen], tools=[so.ask_question()]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bot", prompt="hi", auth=ALICE)
+        assert r.status == "completed" and r.pending == []
+        (result,) = tool_results(seen.last)
+        assert result.is_error and result.content["error"] == "invalid input"
+        (detail,) = result.content["details"]
+        assert detail["loc"][: len(loc)] == loc and detail["type"] == "string_unicode"
+        assert await rt.pending() == []
+
+
+@pytest.mark.parametrize(
     ("labels", "reply_text", "answer"),
     [
         (("Red", "Blue"), "blue", "Blue"),

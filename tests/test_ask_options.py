@@ -148,6 +148,37 @@ async def test_an_invisible_option_or_question_is_refused_as_a_blank_one(
 
 
 @pytest.mark.parametrize(
+    ("question", "options", "words"),
+    [
+        ("Ship to Jos\udce9?", ["yes", "no"], "the question is not valid Unicode text"),
+        (
+            "Which?",
+            [{"label": "Fast", "description": "by air \ud800"}, "Slow"],
+            "option #1's description is not valid Unicode text",
+        ),
+        (
+            "Which?",
+            ["Fast", so.Option(id="slow", label="Slow", description="\udfff")],
+            "option #2's description is not valid Unicode text",
+        ),
+    ],
+    ids=["question", "dict-description", "option-description"],
+)
+async def test_a_question_or_description_that_is_not_valid_unicode_is_refused(
+    tmp_path: Path, question: str, options: list[Any], words: str
+) -> None:
+    """A lone surrogate (a name read with `errors="surrogateescape"`) was refused in a label or
+    id but asked in a question or an option's description, which no UTF-8 transport can send:
+    a text channel failed to show it on every retry, and every request after it waited."""
+    r, results, stored = await _asked(tmp_path, question, options)
+    assert r.status == "completed" and r.pending == []
+    assert stored.requests == [] and stored.pending == []
+    (result,) = results
+    assert result.is_error is True
+    assert result.content["error"] == f"UsageError: ctx.ask(): {words}"
+
+
+@pytest.mark.parametrize(
     "options",
     [
         ["1", "2"],  # each its own number

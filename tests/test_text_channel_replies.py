@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import unicodedata
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 
@@ -153,6 +153,56 @@ async def test_bidirectional_controls_in_what_a_text_channel_sends_show_as_escap
             await hub.poll()
         assert all(not BIDI.search(text) for text in sms.sent), sms.sent
         assert sms.sent[-1].endswith(": ok \\u202eon.")
+
+
+class _Utf8Texts(Texts):
+    """`Texts` through a transport that sends UTF-8, as an SMS API or an HTTP client does."""
+
+    async def send_text(self, text: str) -> None:
+        text.encode("utf-8")
+        await super().send_text(text)
+
+
+async def test_a_lone_surrogate_in_a_request_stored_is_sent_as_an_escape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A question and an option's description asked with a lone surrogate (before `ctx.ask`
+    refused them) reached `send_text` raw: a transport that sends UTF-8 failed on every retry,
+    no later request was shown, and a reply raised UnicodeEncodeError. They are sent as
+    `\\udce9` escapes, as Slack shows them, and the reply answers the request shown."""
+    from signoff import _tool_context
+
+    @so.tool
+    async def confirm(ctx: so.ToolContext) -> str:
+        """Confirm the address."""
+        options: list[Any] = [{"label": "yes", "description": "to Jos\udce9"}, "no"]
+        return (await ctx.ask("Ship to Jos\udce9?", options=options)).value
+
+    @so.tool
+    async def wrap(ctx: so.ToolContext) -> str:
+        """Ask about wrapping."""
+        return (await ctx.ask("Gift wrap?", options=["yes", "no"])).value
+
+    ship = scripted_agent("ship", [call_tools(call("confirm")), reply("Sent.")], tools=[confirm])
+    gift = scripted_agent("gift", [call_tools(call("wrap")), reply("Done.")], tools=[wrap])
+    async with runtime(tmp_path, ship, gift) as rt:
+        with monkeypatch.context() as before_the_check:
+            before_the_check.setattr(_tool_context, "_askable", lambda question, options: None)
+            (shipping,) = (await rt.generate("ship", prompt="go", auth=BOB)).pending
+        (wrapping,) = (await rt.generate("gift", prompt="go", auth=BOB)).pending
+        sms = _Utf8Texts()
+        async with manual(ChannelHub(rt, [sms], retry_backoff=0)) as hub:
+            await hub.poll()
+            assert sms.sent[:1] == [
+                "Ship to Jos\\udce9?\n1. yes - to Jos\\udce9\n2. no\n"
+                "Reply with a number (1-2) or your own answer."
+            ]
+            outcome = await sms.reply("yes", BOB)
+            assert outcome is not None and outcome.outcome == "answered"
+            await hub.poll()
+            assert sms.sent[-1].startswith("Gift wrap?\n")
+        assert await status(rt, shipping.id) == ("settled", "answered")
+        assert await status(rt, wrapping.id) == ("pending", None)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from ._exceptions import TooLarge, UsageError
 from ._option_names import shadowed_number, twin_labels
 from ._steps import raise_recorded
 from ._sync import exited, thread_to_end
-from ._text import is_blank
+from ._text import is_blank, is_utf8
 from ._tool_json import copied
 from ._tool_signals import (
     ApprovalRequired,
@@ -437,15 +437,20 @@ class ToolContext:
 def _askable(question: str, options: list[Option]) -> None:
     """Refuse a new question a person cannot read or answer: one that shows nothing, an option
     whose label or id shows nothing (only invisible characters: an empty button), two options
-    whose labels read the same (`twin_labels`), or a label `#2` that takes the reply naming the
-    second option (`shadowed_number`). Only a new one: a question recorded before these checks
-    replays as it was asked."""
+    whose labels read the same (`twin_labels`), a label `#2` that takes the reply naming the
+    second option (`shadowed_number`), or a question or description no UTF-8 transport can send
+    (a lone surrogate). Only a new one: a question recorded before these checks replays as it
+    was asked."""
     if is_blank(question):
         raise UsageError("ctx.ask() needs a non-empty question")
+    if not is_utf8(question):
+        raise UsageError("ctx.ask(): the question is not valid Unicode text")
     for i, option in enumerate(options, 1):
         for field in ("label", "id"):
             if is_blank(getattr(option, field)):
                 raise UsageError(f"ctx.ask(): option #{i} has a blank {field}")
+        if not is_utf8(option.description or ""):
+            raise UsageError(f"ctx.ask(): option #{i}'s description is not valid Unicode text")
     problem = twin_labels(options) or shadowed_number(options)
     if problem is not None:
         raise UsageError(f"ctx.ask(): {problem}")

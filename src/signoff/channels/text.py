@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
@@ -58,11 +59,13 @@ __all__ = ["TextChannel", "parse_reply"]
 
 _MAX_RESHOW_WAIT = 60.0  # seconds: the longest a tick waits to show again what start could not
 _AT_ONCE = -sys.float_info.max  # `_reshow_at` for the first tick (after the first poll's entries)
+_ESCAPED = re.compile(f"{BIDI.pattern}|[\ud800-\udfff]")
 
 
 def _shown(text: str) -> str:
-    """`text` with its bidirectional controls written as `\\u202e`-style escapes."""
-    return BIDI.sub(escape_as_json, text)
+    """`text` with its bidirectional controls and lone surrogates (in a request stored before
+    `ctx.ask` refused them, which no UTF-8 transport sends) written as `\\u202e`-style escapes."""
+    return _ESCAPED.sub(escape_as_json, text)
 
 
 def _when(at: float) -> str:
@@ -143,7 +146,8 @@ class TextChannel(Channel):
 
     def render(self, request: InputRequest) -> str:
         """The text that shows a request, with how to answer it (bidirectional controls, which
-        reorder what the person reads, as `\\u202e` escapes, as in every message sent)."""
+        reorder what the person reads, and lone surrogates as `\\u202e` escapes, as in every
+        message sent)."""
         if request.kind == "tool-approval":
             lines = [
                 f"{request.agent} wants to run {request.tool_name}({compact_json(request.input)})"
