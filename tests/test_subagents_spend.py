@@ -14,6 +14,7 @@ import pytest
 
 import signoff as so
 from signoff import _child_sessions
+from signoff.models import ModelRequest
 from signoff.server import create_app
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
@@ -242,6 +243,93 @@ async def test_a_child_cancelled_while_it_runs_is_counted_once_its_drive_stopped
         assert turn is not None and turn.status == "cancelled"
         assert (await rt.state(sid)).delegated == tokens(40)
         assert len(await spent(rt, sid)) == 1
+
+
+class Slow:
+    """A child's model whose one reply (400 tokens in, 100 out) comes once `release` is set;
+    `started` is set as it is asked."""
+
+    def __init__(self) -> None:
+        self.started, self.release = asyncio.Event(), asyncio.Event()
+
+    async def complete(self, request: ModelRequest) -> so.ModelResponse:
+        self.started.set()
+        await self.release.wait()
+        return so.ModelResponse(text="late", usage=LATE)
+
+
+LATE = so.Usage(input_tokens=400, output_tokens=100)
+
+
+async def test_a_reply_billed_after_the_parents_cancel_is_counted_in_the_parent(
+    store_url: str,
+) -> None:
+    """The parent (max_tokens=300, its own step 10 tokens) is cancelled while its child's model
+    call is in flight; that reply, billed once the child's turn was cancelled (`model.spent` on
+    the child: 500 tokens), is counted in the parent, once, and the parent's next turn asks to
+    continue or stop (510 of 300). Before, the cancel counted the child at 0 as its turn ended,
+    and the late bill reached the child's usage only: the next turn went on without asking."""
+    model = Slow()
+    async with so.Runtime(
+        [support(max_tokens=300), so.Agent(name="orders", model=model)], store=store_url
+    ) as rt:
+        sid = await rt.create_session("support", auth=ALICE)
+        running = asyncio.create_task(rt.generate(session_id=sid, prompt="refund", auth=ALICE))
+        await asyncio.wait_for(model.started.wait(), 10)
+        await rt.cancel(sid, principal=ALICE)
+        [kid] = await rt.sessions(agent="orders")
+        turn = (await rt.state(kid.id)).turn
+        assert turn is not None and turn.status == "cancelled"
+        model.release.set()
+        await asyncio.wait_for(running, 10)
+        assert (await rt.state(kid.id)).usage == LATE
+        state = await rt.state(sid)
+        assert (state.usage, state.delegated, state.owed) == (tokens(10), LATE, {})
+        assert await spent(rt, sid) == [{"session_id": kid.id, "delegated": LATE.model_dump()}]
+        r = await rt.generate(session_id=sid, prompt="refund again", auth=ALICE)
+        [limit] = r.pending
+        assert limit.kind == "session-limit"
+        assert "510 of max_tokens=300 (500 of them by its subagents)" in (limit.question or "")
+        assert len(await rt.sessions(agent="orders")) == 1  # the next turn delegated nothing
+
+
+def test_a_death_right_after_a_late_bill_leaves_it_for_the_parents_next_turn(
+    store_url: str, tmp_path: Path
+) -> None:
+    """As above, but the process is killed right after it recorded the late bill on the child
+    (`model.spent`), before counting it in the parent. The parent's next turn, in a new process
+    once the dead one's leases lapsed, counts it before its model runs, once, and asks."""
+    from . import _late_bill_child as crash
+    from ._forks import Forks
+
+    clock = ManualClock()
+
+    async def start() -> str:
+        async with so.Runtime(crash.agents(), store=store_url, clock=clock) as rt:
+            return await rt.create_session("support", auth=ALICE)
+
+    sid = asyncio.run(start())
+    forks = Forks("tests._late_bill_child", tmp_path)
+    try:
+        code, _ = forks.run(store_url, str(clock()), sid)
+        assert code == -signal.SIGKILL, forks.stderr()
+    finally:
+        forks.close()
+    clock.advance(31)  # past the dead process's leases (30 s)
+
+    async def after() -> None:
+        agents = crash.agents(scripted_agent("orders", [reply("done")]).model)
+        async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+            [kid, *_] = await rt.sessions(agent="orders")
+            assert (await rt.state(kid.id)).usage == LATE  # the killed process recorded it
+            r = await rt.generate(session_id=sid, prompt="refund again", auth=ALICE)
+            [limit] = r.pending
+            assert limit.kind == "session-limit"
+            assert "510 of max_tokens=300 (500 of them by its subagents)" in (limit.question or "")
+            assert await spent(rt, sid) == [{"session_id": kid.id, "delegated": LATE.model_dump()}]
+            assert len(await rt.sessions(agent="orders")) == 1  # the next turn delegated nothing
+
+    asyncio.run(after())
 
 
 async def test_the_dashboard_trace_says_what_a_child_spent_after_its_parents_cancel(

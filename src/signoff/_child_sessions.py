@@ -1,7 +1,7 @@
 """The child sessions of delegate calls, seen from their parent: closing the parent's mirrors
 when a child's requests close (`reconcile`; the hooks around a child's own drives are
-`_child_closes`'s, re-exported here), cancelling a delegated turn its parent no longer waits on,
-and counting in the parent what its children spent.
+`_child_closes`'s, re-exported or wrapped here), cancelling a delegated turn its parent no
+longer waits on, and counting in the parent what its children spent.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from ._budgets import by_budget
 from ._child_closes import after_close as _after_close
-from ._child_closes import after_drive, before_drive, delegating
+from ._child_closes import after_drive as _after_drive
+from ._child_closes import before_drive, delegating
 from ._events import Event
 from ._exceptions import (
     SessionExpired,
@@ -340,7 +341,8 @@ async def with_spend(rt: Runtime, call: CallState, specs: list[EventSpec]) -> li
 
 async def _settle(rt: Runtime, child: str) -> tuple[Usage, bool] | None:
     """What the child spent through its delegated (first) turn once that turn ended (None while
-    it runs or waits), its usage and its children's, and whether every child of that turn is
+    it runs or waits, or while a drive still holds it cancelled, whose model call in flight may
+    yet be billed), its usage and its children's, and whether every child of that turn is
     counted in it. The ones that turn left owed are counted first (those still live cancelled:
     their parent's turn ended), so a grandchild's spend is in the child's figure before the top
     counts it, even where a process died between the child's cancel and the grandchild's
@@ -352,6 +354,11 @@ async def _settle(rt: Runtime, child: str) -> tuple[Usage, bool] | None:
         return None
     if turn is None:
         return first.usage + first.delegated, True
+    if turn.status == "cancelled" and state.turn is not None and state.turn.id == turn.id:
+        if await rt._busy(child):
+            return None  # its drive goes on: counted once it stopped (`after_drive`)
+        state = await rt._state(child)  # read after: a bill recorded before it stopped is in it
+        first = await first_turn(rt, state)
     if any(t == turn.id for t in state.owed.values()):
         for kid in [k for k, t in state.owed.items() if t == turn.id]:
             with contextlib.suppress(UnknownSession, SessionExpired):
@@ -375,6 +382,26 @@ def _short(state: SessionState, turn: str) -> set[str]:
     return {k for k, (t, _) in state.short.items() if t == turn}
 
 
+async def after_drive(rt: Runtime, session_id: str) -> None:
+    """`_child_closes.after_drive`, then what the child spent counted in a parent that owes it
+    (`count_spent`): a drive still at the child's turn as its parent's cancel cancelled it (its
+    model call in flight) may record what the reply was billed (`model.spent`) before it stops,
+    so the cancel left the count to the end of that drive (`_settle`)."""
+    await _after_drive(rt, session_id)
+    state = rt._cache.get(session_id)
+    if state is None:
+        try:
+            state = await rt._state(session_id)
+        except UnknownSession:  # deleted with its tree meanwhile: nothing owes it
+            return
+    turn = state.turn
+    if state.parent is None or turn is None or turn.status != "cancelled":
+        return
+    first = (await first_turn(rt, state)).turn
+    if first is not None and first.id == turn.id:  # its delegated turn, which `_settle` left
+        await count_spent(rt, session_id)
+
+
 async def after_close(rt: Runtime, state: SessionState) -> None:
     """`_child_closes.after_close`, then what the child spent counted in a parent that owes it
     (`count_spent`): a parent cancelled by a process without the child's agent waits for the
@@ -386,9 +413,10 @@ async def after_close(rt: Runtime, state: SessionState) -> None:
 
 async def count_spent(rt: Runtime, child: str) -> bool:
     """Count in the child's parent what the child spent through its delegated turn (its usage
-    and its own `delegated`), once that turn ended and its own children are counted in it, if
-    the parent owes it: the parent's turn ended before the delegate call did. A count reaches on
-    up, to a grandparent that owes the parent. Whether it recorded; safe to repeat, anywhere."""
+    and its own `delegated`), once that turn ended, no drive is at it (`_settle`) and its own
+    children are counted in it, if the parent owes it: the parent's turn ended before the
+    delegate call did. A count reaches on up, to a grandparent that owes the parent. Whether it
+    recorded; safe to repeat, anywhere."""
     try:
         state = await rt._state(child)
         if state.parent is None:
