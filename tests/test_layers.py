@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
         "_unrecorded",
     },
     {"_state_parts", "_snapshot_fields", "_conversation", "_tool_json", "_sync"},
-    {"_event_handlers", "_steps"},
+    {"_event_handlers", "_steps", "_response_checks"},
     {"_state", "_approval", "stores", "models"},
     {
         "_budgets",
