@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import signoff as so
 from signoff._events import EventType
 from signoff._idempotency import KEPT
@@ -227,3 +229,55 @@ def test_an_answer_leaves_the_turns_answered_when_a_drive_goes_on_with_it() -> N
     assert state.turn.answered == ["l2"]
     state.apply(event(16, "model.completed", text="done"))
     assert state.turn.answered == []
+
+
+def test_a_child_stopped_on_the_share_is_kept_until_the_question_is_answered() -> None:
+    """A delegate call's end naming a child stopped on the session's share (`share_spent`) marks
+    the turn, through a snapshot and a copy, for its model steps to ask; the session's own
+    session-limit question answered clears it (asked, or withdrawn by a steering message, or a
+    subagent's mirrored one answered, it stays), as does a model reply. A snapshot naming
+    something else than a session there is a `StoreError`."""
+    state, event = _delegating()
+    ended = {"tool_name": "orders", "status": "error", "result": "failed"}
+    state.apply(event(6, "tool.completed", call_id="c1", **ended, share_spent="ses_c"))
+    assert state.turn is not None and state.turn.share_spent == "ses_c"
+    snap = state.to_snapshot()
+    for kept in (so.SessionState.from_snapshot(snap), state.copy()):
+        assert kept.turn is not None and kept.turn.share_spent == "ses_c"
+    with pytest.raises(so.StoreError, match="share_spent"):
+        so.SessionState.from_snapshot({**snap, "turn": {**snap["turn"], "share_spent": 1}})
+
+    def ask(seq: int, child: so.ChildRef | None) -> Any:
+        request = so.InputRequest(
+            id=f"req_{seq}",
+            kind="session-limit",
+            session_id="ses_1",
+            turn_id="trn_1",
+            agent="a",
+            created_at=1.0,
+            child=child,
+        )
+        return event(seq, "input.requested", requests=[request.model_dump(mode="json")])
+
+    def resolve(seq: int, request_id: str, outcome: str) -> Any:
+        how: dict[str, Any]
+        if outcome == "answered":
+            how = {"answer": {"option_id": "continue"}}
+        else:  # a steering message withdrew it
+            how = {"status": "withdrawn"}
+        return event(seq, "input.resolved", request_id=request_id, outcome=outcome, **how)
+
+    mirrored = so.ChildRef(session_id="ses_c", request_id="req_0", agent="b", call_id="c1")
+    state.apply(ask(7, mirrored))
+    state.apply(resolve(8, "req_7", "answered"))
+    state.apply(ask(9, None))
+    assert state.turn.share_spent == "ses_c"
+    state.apply(resolve(10, "req_9", "cancelled"))
+    state.apply(ask(11, None))
+    assert state.turn.share_spent == "ses_c"
+    state.apply(resolve(12, "req_11", "answered"))
+    assert state.turn.share_spent is None and state.limit_grants == 1
+    state, event = _delegating()
+    state.apply(event(6, "tool.completed", call_id="c1", **ended, share_spent="ses_c"))
+    state.apply(event(7, "model.completed", tool_calls=[], usage={}))
+    assert state.turn is not None and state.turn.share_spent is None

@@ -452,6 +452,7 @@ def _every_field_set() -> so.SessionState:
         traceparent=PARKED_BY,
         paused=({"model": "anthropic:m", "data": {"content": []}, "usage": {}, "read_through": 3},),
         answered=["req_0"],
+        share_spent="ses_3",
         # Its journal is read back from the events (`load_journal`): a snapshot leaves it out.
         calls={
             "c1": CallState(

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import signoff as so
 from signoff.testing import call, call_tools, reply, scripted_agent
 
@@ -119,3 +121,69 @@ async def test_a_cost_budget_bounds_by_cost_and_no_budget_by_nothing(store_url: 
         kid = limit.child.session_id
         assert "headroom" not in await created(rt, kid)
         assert (await rt.state(kid)).usage == tokens(20)
+
+
+@pytest.mark.parametrize("answer", ["continue", "stop"])
+async def test_a_child_whose_next_call_would_not_fit_its_share_makes_the_parent_ask(
+    store_url: str, answer: str
+) -> None:
+    """The parent (max_tokens=200) spent 10 and delegates: the child's first reply reads 100
+    tokens and writes 10, leaving 80 of its share, which its next call (reading at least 100)
+    cannot fit, so it fails on its parent's share. The parent, at 120 of 200, asks to continue
+    or stop at its next model step (docs/subagents.md); before, its model read the failure and
+    went on, nobody asked. `continue` raises its budget and goes on; `stop` ends the turn."""
+    agents = [
+        delegating("support", "orders", so.Usage(input_tokens=10), max_tokens=200),
+        busy("orders", so.Usage(input_tokens=100, output_tokens=10)),
+    ]
+    async with so.Runtime(agents, store=store_url) as rt:
+        r = await rt.generate("support", prompt="where is 3?", auth=ALICE)
+        [child] = await rt.sessions(agent="orders")
+        kid = (await rt.state(child.id)).turn
+        assert kid is not None and kid.error is not None
+        assert "not one output token of what its parent session had left" in kid.error["message"]
+        assert r.status == "waiting"
+        [limit] = r.pending
+        assert limit.kind == "session-limit" and limit.child is None
+        [ended] = [e for e in await events(rt, r.session_id) if e.type == "tool.completed"]
+        assert ended.data["share_spent"] == child.id
+        question = limit.question or ""
+        assert f"its subagent (session {child.id}) stopped on what" in question
+        assert "120 of max_tokens=200 (110 of them by its subagents)" in question
+        reply_ = so.InputResponse(request_id=limit.id, option_id=answer)
+        r = await rt.respond(r.session_id, [reply_], principal=ALICE)
+        if answer == "continue":
+            assert (r.status, r.text) == ("completed", "done")
+        else:
+            assert r.status == "failed" and r.error is not None
+            assert r.error["code"] == "session_limit_reached"
+            assert "the person chose to stop" in r.error["message"]
+        assert len(await rt.sessions(agent="orders")) == 1
+
+
+@pytest.mark.parametrize("own", [None, 1000])
+async def test_a_middle_session_on_its_share_fails_in_turn_and_the_top_asks(
+    store_url: str, own: int | None
+) -> None:
+    """As above, a level down: the grandchild stops on its share, which its parent (no budget of
+    its own, or one that leaves more) had from the top. That parent cannot raise the top's
+    budget, so it fails on its share in turn, and the top (130 of 200) asks."""
+    limits = {} if own is None else {"max_tokens": own}
+    agents = [
+        delegating("support", "orders", so.Usage(input_tokens=10), max_tokens=200),
+        delegating("orders", "stock", so.Usage(input_tokens=10), **limits),
+        busy("stock", so.Usage(input_tokens=100, output_tokens=10)),
+    ]
+    async with so.Runtime(agents, store=store_url) as rt:
+        r = await rt.generate("support", prompt="where is 3?", auth=ALICE)
+        [child] = await rt.sessions(agent="orders")
+        [grandchild] = await rt.sessions(agent="stock")
+        c = (await rt.state(child.id)).turn
+        assert c is not None and c.status == "failed" and c.error is not None
+        assert f"its subagent (session {grandchild.id}) stopped" in c.error["message"]
+        assert "its parent session had left when it delegated" in c.error["message"]
+        [limit] = r.pending
+        assert limit.kind == "session-limit" and limit.child is None
+        question = limit.question or ""
+        assert f"its subagent (session {child.id}) stopped on what" in question
+        assert "130 of max_tokens=200 (120 of them by its subagents)" in question

@@ -318,12 +318,15 @@ async def with_spend(rt: Runtime, call: CallState, specs: list[EventSpec]) -> li
     """`specs` ending `call`, its `tool.completed` carrying as `delegated` what the call's
     child spent through the turn the call started (its own usage and its children's, which its
     own delegate calls recorded): the parent's budgets count it. A call ended again after a
-    failure to record it (a replay, a restart) reads the same figure from the child's log."""
+    failure to record it (a replay, a restart) reads the same figure from the child's log. A
+    child that failed on its share of the parent's budgets is named (`share_spent`): the
+    parent asks about them at its next model step."""
     kids = call.subagents()
     if not kids or any(kind == "tool.completed" and "delegated" in d for kind, d in specs):
         return specs
     spent = Usage()
     short: dict[str, Any] = {}
+    stopped: list[str] = []
     for child in dict.fromkeys(kids):
         with contextlib.suppress(UnknownSession):
             settled = await _settle(rt, child)
@@ -333,10 +336,28 @@ async def with_spend(rt: Runtime, call: CallState, specs: list[EventSpec]) -> li
             spent = spent + settled[0]
             if not settled[1]:  # a child of its spends on elsewhere: the rest counted later
                 short[child] = settled[0].model_dump()
-    if spent == Usage() and not short:
+            if await _on_share(rt, child):
+                stopped.append(child)
+    if spent == Usage() and not short and not stopped:
         return specs
-    more = {"delegated": spent.model_dump(), **({"short": short} if short else {})}
+    more = {
+        "delegated": spent.model_dump(),
+        **({"short": short} if short else {}),
+        **({"share_spent": stopped[0]} if stopped else {}),
+    }
     return [(kind, {**d, **more}) if kind == "tool.completed" else (kind, d) for kind, d in specs]
+
+
+async def _on_share(rt: Runtime, child: str) -> bool:
+    """Whether the child's delegated turn failed on its share of its parent's budgets (its
+    `turn.failed` says `share`)."""
+    turn = (await first_turn(rt, await rt._state(child))).turn
+    if turn is None or turn.status != "failed" or turn.error is None:
+        return False
+    if turn.error.get("code") != "session_limit_reached":
+        return False
+    ends = await rt.store.read_events(child, turn.first_seq, types=["turn.failed"])
+    return any(e.turn_id == turn.id and e.data.get("share") is True for e in ends)
 
 
 async def _settle(rt: Runtime, child: str) -> tuple[Usage, bool] | None:

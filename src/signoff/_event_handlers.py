@@ -111,6 +111,7 @@ def _model_completed(s: SessionState, e: Event) -> None:
     }
     if turn.paused:
         turn.paused = ()  # the reply they were parts of is made
+    turn.share_spent = None  # its step went past it
     if s.conversation is not None:
         s.conversation.add(e)
 
@@ -223,6 +224,9 @@ def _tool_completed(s: SessionState, e: Event) -> None:
         s.delegated = s.delegated + kept_usage(e.data["delegated"], strict=False)
     for child, counted in (e.data.get("short") or {}).items():  # the rest counted later
         s.short.setdefault(child, [_turn(s, e).id, counted])
+    stopped = e.data.get("share_spent")  # its child stopped on the share: the next step asks
+    if isinstance(stopped, str):
+        _turn(s, e).share_spent = stopped
     if s.conversation is not None:
         s.conversation.add(e)
 
@@ -381,6 +385,8 @@ def _input_resolved(s: SessionState, e: Event) -> None:
     if mine and req.request.kind == "session-limit" and outcome == "answered":
         if (d.get("answer") or {}).get("option_id") == "continue":
             s.limit_grants += 1
+        if s.turn is not None and req.request.turn_id == s.turn.id:
+            s.turn.share_spent = None  # answered: a subagent stopped on its share is asked about
     if mine and outcome == "expired" and d.get("reason") == "session expired":
         s.lapsed = True
     req.outcome = outcome

@@ -112,9 +112,11 @@ class ModelStep(DriverPart):
         past, theirs = await self._past_headroom()
         if past is not None:
             # The budget spent is its parent's: not this session's to raise (it would ask to
-            # raise its own). The delegate call fails, and the parent, whose spend plus this
-            # child's reached its budget, asks to continue or stop at its next model step.
-            await self._fail_limit(past)
+            # raise its own). The delegate call fails, naming it (`share_spent`), and the parent
+            # asks to continue or stop at its next model step, as this check does below.
+            await self._fail_limit(past, share=True)
+            return True
+        if turn.share_spent is not None and await self._share_spent(turn.share_spent, theirs):
             return True
         # The reply may spend on output what the budgets leave, its own or its parent's share,
         # less what its input costs at least (the input of the last call, which this one reads
@@ -369,7 +371,7 @@ class ModelStep(DriverPart):
             what = "not one output token was left"
         if parents:
             left = f"its parent session had left when it delegated (session {s.parent})"
-            await self._fail_limit(f"{what} of what {left}", usage=spent, kept=kept)
+            await self._fail_limit(f"{what} of what {left}", usage=spent, kept=kept, share=True)
             return True
         limits = self.agent.limits
         used = "; ".join(t for t, _ in spending(s, limits.max_tokens, limits.max_cost_usd, spent))
@@ -377,16 +379,41 @@ class ModelStep(DriverPart):
         return await self._session_limit(problem, usage=spent, kept=kept)
 
     async def _fail_limit(
-        self, problem: str, *, usage: Usage | None = None, kept: int | None = None
+        self,
+        problem: str,
+        *,
+        usage: Usage | None = None,
+        kept: int | None = None,
+        share: bool = False,
     ) -> None:
         """Fail the turn for good with `session_limit_reached`, counting `usage` (a reply the
-        budget cut off, which the next call reads `kept` input tokens of again: `billing`)."""
+        budget cut off, which the next call reads `kept` input tokens of again: `billing`);
+        `share`: on its share of its parent's budgets, which its parent then asks about."""
         failed: dict[str, Any] = {
             "error": {"code": "session_limit_reached", "message": problem},
             "retryable": False,
             **billing(usage, kept),
+            **({"share": True} if share else {}),
         }
         await self.record([("turn.failed", failed), ("session.waiting", {})])
+
+    async def _share_spent(self, child: str, theirs: dict[str, float]) -> bool:
+        """A subagent (`child`) stopped on this session's share of its budgets, which its spend
+        and the subagent's may not reach (its next call's input left no output token): ask to
+        raise them, as at a spent budget, or, where this session's own share of its parent's
+        leaves the least, fail on it as the subagent did, for its parent to ask. False when no
+        budget bounds it (the model step goes on)."""
+        s, limits = self.state, self.agent.limits
+        own = own_left(s, limits)
+        stopped = f"its subagent (session {child}) stopped on what"
+        if theirs and any(v <= own.get(k, float("inf")) for k, v in theirs.items()):
+            left = f"its parent session had left when it delegated (session {s.parent})"
+            await self._fail_limit(f"{stopped} {left}", share=True)
+            return True
+        used = "; ".join(t for t, _ in spending(s, limits.max_tokens, limits.max_cost_usd, None))
+        if not used:
+            return False
+        return await self._session_limit(f"{stopped} this session's budget left it: {used}")
 
     async def _session_limit(
         self, problem: str, *, usage: Usage | None = None, kept: int | None = None

@@ -9,7 +9,7 @@ from typing import Any
 
 from ._events import EVENT_TYPES, EventType
 
-__all__ = ["check_fields", "ids_of", "last_of", "paused_of"]
+__all__ = ["check_fields", "ids_of", "last_of", "paused_of", "session_of"]
 
 
 def check_fields(data: dict[str, Any]) -> None:
@@ -133,3 +133,11 @@ def ids_of(value: Any) -> list[str]:
     if not _texts(value):
         raise ValueError(f"a turn's answered requests are not a list of ids: {value!r:.100}")
     return list(value)
+
+
+def session_of(value: Any) -> str | None:
+    """A turn's subagent stopped on its share (`share_spent`) as a snapshot keeps it; `ValueError`
+    unless a session id or None."""
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"a turn's share_spent is not a session id: {value!r:.100}")
+    return value

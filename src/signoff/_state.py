@@ -16,7 +16,7 @@ from ._conversation import MALFORMED, Conversation
 from ._event_handlers import HANDLERS
 from ._events import Event, EventType, is_activity
 from ._exceptions import SchemaVersionError, StoreError
-from ._snapshot_fields import check_fields, ids_of, last_of, paused_of
+from ._snapshot_fields import check_fields, ids_of, last_of, paused_of, session_of
 from ._state_parts import (
     CallState,
     CallStatus,
@@ -60,7 +60,7 @@ SNAPSHOT_VERSION = 2
 journals out (read back from the events); an older signoff refuses such a snapshot by its
 version. One of version 1 or before holds each journal whole, and still loads."""
 
-FOLD_VERSION = 7
+FOLD_VERSION = 8
 """Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`;
 none is 1), raised whenever an event comes to fold otherwise: a session loads only from a
 snapshot of this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`.
@@ -69,7 +69,9 @@ its `tool.started`'s `filled`. 5: the app's approval (a `runtime` principal's) g
 `once()` tool: a session it granted one folds again without the grant, and asks a person.
 6: a deadline's escalation is no activity: the session's `updated_at` and TTL stay put.
 7: a turn keeps the requests closed that no drive went on with yet (`answered`): their call
-moving or the model's call drops them, a park does not."""
+moving or the model's call drops them, a park does not.
+8: a turn keeps the subagent stopped on its share of the budgets until its question is
+answered (`share_spent`)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -285,6 +287,7 @@ class SessionState:
                 **({} if turn.traceparent is None else {"traceparent": turn.traceparent}),
                 **({"paused": list(turn.paused)} if turn.paused else {}),
                 **({"answered": list(turn.answered)} if turn.answered else {}),
+                **({} if turn.share_spent is None else {"share_spent": turn.share_spent}),
                 "calls": [
                     {
                         "id": c.id,
@@ -333,6 +336,7 @@ class SessionState:
                 traceparent=t.traceparent,
                 paused=t.paused,
                 answered=list(t.answered),
+                share_spent=t.share_spent,
                 calls={
                     k: CallState(
                         id=c.id,
@@ -445,6 +449,7 @@ class SessionState:
                 traceparent=p if isinstance(p := t.get("traceparent"), str) else None,
                 paused=paused_of(t.get("paused", [])),
                 answered=ids_of(t.get("answered", [])),
+                share_spent=session_of(t.get("share_spent")),
                 calls={c["id"]: _call_of(c, t) for c in t["calls"]},
             )
         state = cls(

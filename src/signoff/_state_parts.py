@@ -271,6 +271,10 @@ class TurnState:
     # since, nor the model been called), in the order closed: what its next drive may go on
     # with, which that drive's trace names (`_tracing`).
     answered: list[str] = field(default_factory=list)
+    # The subagent whose delegate call ended with it stopped on this session's share of its
+    # budgets (`tool.completed`'s `share_spent`): the model steps ask to raise them until a
+    # person answers (or a model reply is made).
+    share_spent: str | None = None
 
     @property
     def steered(self) -> bool:
