@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _child_sessions
 from ._cancellation import cancel_specs, withdrawal
+from ._mirrors import keeping, mirrored_keys
 from ._recording import Batch
 from ._state import SessionState, turn_over
 from ._types import InputRequest
 from .stores import Resolve
+
+if TYPE_CHECKING:
+    from ._answering import Answering
 
 __all__ = ["CancelBatch"]
 
@@ -21,12 +25,18 @@ class CancelBatch:
     last build withdrew and found delegated is kept for the steps after its commit."""
 
     def __init__(
-        self, turn_id: str, reason: str | None, by: dict[str, Any] | None, made: Sequence[str]
+        self,
+        turn_id: str,
+        reason: str | None,
+        by: dict[str, Any] | None,
+        made: Sequence[str],
+        voted: dict[str, list[list[str]]] | None = None,
     ) -> None:
         self.turn_id = turn_id
         self.reason = reason
         self.by = by
         self.made = list(made)  # children its calls created and did not journal
+        self.voted = voted or {}  # the keys each mirror's subagent recorded (`mirrored_keys`)
         self.withdrawn: list[InputRequest] = []
         self.delegated: list[str] = []
         self.built_on: int | None = None  # the seq of the state the batch was built from
@@ -38,10 +48,24 @@ class CancelBatch:
         self.withdrawn = current.pending_requests()
         self.delegated = [*_child_sessions.delegated(current), *self.made]
         self.built_on = current.seq
-        return Batch(
-            specs=cancel_specs(self.withdrawn, self.reason, self.by, self.made),
-            resolve=self.resolves(),
-        )
+        specs = cancel_specs(self.withdrawn, self.reason, self.by, self.made)
+        return Batch(specs=keeping(current, specs, self.voted), resolve=self.resolves())
+
+    @classmethod
+    async def of(
+        cls,
+        rt: Answering,
+        state: SessionState,
+        reason: str | None,
+        by: dict[str, Any] | None,
+        made: Sequence[str],
+    ) -> CancelBatch:
+        """The cancel of `state`'s turn, its mirrors' withdrawals keeping the keys their
+        subagents' sessions recorded (`keeping`): a keyed vote through one, which the parent
+        had yet to keep, is a repeat once the parent moves on to another turn."""
+        assert state.turn is not None
+        voted = await mirrored_keys(rt, state.pending_requests())
+        return cls(state.turn.id, reason, by, made, voted)
 
     def resolves(self) -> list[Resolve]:
         """The store's records of the requests the last build withdrew."""

@@ -36,8 +36,11 @@ def _keyed(s: SessionState, e: Event, went: list[Any]) -> None:
     """Remember the idempotency key the event recorded a message (or a session) under, and
     where the message went (`went`, in the forms `_idempotency` lists)."""
     idem = e.data.get("idem")
-    if idem is None:
-        return
+    if idem is not None:
+        _keep(s, idem, went)
+
+
+def _keep(s: SessionState, idem: list[Any], went: list[Any]) -> None:
     key, asked = idem
     s.keys.pop(key, None)  # to the end: the newest are kept
     s.keys[key] = [asked, *went]
@@ -375,6 +378,9 @@ def _a_persons(d: dict[str, Any]) -> bool:
 def _input_resolved(s: SessionState, e: Event) -> None:
     d = e.data
     _keyed(s, e, _in_turn(s, e))
+    for idem in d.get("kept") or ():  # a mirror's: keys its subagent's session recorded
+        if idem[0] not in s.keys:
+            _keep(s, idem, _in_turn(s, e))
     _drop_candidates(s, d["request_id"])
     req = s.requests.get(d["request_id"])
     if req is None:

@@ -23,7 +23,7 @@ from ._exceptions import (
     UsageError,
 )
 from ._idempotency import Keyed, keyed, records, seen, session_for, turn_of
-from ._mirrors import following_mirrors, keep_vote_key
+from ._mirrors import following_mirrors, keep_vote_key, keeping, mirrored_keys
 from ._recording import Answered, Changed, EventSpec, TurnStopped, load_turn, unchanged
 from ._results import GenerateResult
 from ._state import SessionState, turn_over, waits_for_retry
@@ -227,8 +227,9 @@ class Messages(Answering):
         """Whether the message keyed `idem` cast a vote through one of the session's mirrors
         (open or closed) that only the subagent's session records: a process died between that
         commit and the one recording the key here, or the mirror closed in between. The key is
-        recorded here then, if the mirror is still open. `IdempotencyKeyReused` if the key came
-        with another message there."""
+        recorded here then, if the mirror is still open (the commit that closed or withdrew it
+        kept it: `_mirrors.keeping`). `IdempotencyKeyReused` if the key came with another
+        message there."""
         if idem is None:
             return False
         for live in list(state.requests.values()):
@@ -320,8 +321,10 @@ class Messages(Answering):
     async def _steer(
         self, state: SessionState, message: str, who: dict[str, Any] | None, idem: Keyed | None
     ) -> GenerateResult:
-        """Withdraw what the turn waits on and put the message in front of the model."""
+        """Withdraw what the turn waits on and put the message in front of the model. A mirror's
+        withdrawal keeps the keys its subagent's session recorded (`keeping`)."""
         pending = state.pending_requests()
+        voted = await mirrored_keys(self, pending)
         specs: list[Any] = []
         resolves = []
         for r in pending:
@@ -350,6 +353,7 @@ class Messages(Answering):
         data = {"message": message, "principal": who, "policy": "steer"}
         specs.append(("turn.message", data if idem is None else {**data, "idem": list(idem)}))
         driver = self._driver(state, None)
+        specs = keeping(state, specs, voted)
         try:
             await driver.record(unchanged(state, specs, resolves), durable=bool(resolves))
         except Exception:

@@ -524,7 +524,7 @@ class Runtime(Deletion):
             # Children its calls created and did not journal (their process died in between):
             # the cancel owes and cancels them as it does the journaled ones.
             made = [c for c in _child_sessions.unjournaled(state) if await self.store.head(c)]
-            build = CancelBatch(turn.id, reason, by, made)
+            build = await CancelBatch.of(self, state, reason, by, made)
             driver = self._driver(state, None)
             try:
                 recorded = await driver.record(build, durable=True)
