@@ -1,10 +1,10 @@
 """A keyed vote through a subagent's mirror is recorded in the subagent's session, and its key in
-the parent by a commit after it (`keep_vote_key`), made only while the mirror is open. Another
-answer that closes the mirror in between (the last vote of the quorum, from another process)
-left the key in the subagent's session alone: once the parent moved on to a next turn, the
-vote sent again with its key started that turn anew with "approve" as its prompt. The commit
-closing the mirror keeps the key (`kept`), on both stores. (A process killed in between:
-test_idempotency_mirror_crash.py.)"""
+the parent by a commit after it (`keep_vote_key`), which was made only while the mirror was
+open. Another answer that closes the mirror in between (the last vote of the quorum, from
+another process) left the key in the subagent's session alone: once the parent moved on to a
+next turn, the vote sent again with its key started that turn anew with "approve" as its
+prompt. The commit closing the mirror keeps the key (`kept`), on both stores. (A process killed
+in between: test_idempotency_mirror_crash.py; what `kept` holds: test_mirror_keys.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff import _mirrors
+from signoff import _mirror_keys, _mirrors
 from signoff.testing import call, call_tools, reply, scripted_agent, store_contents
 from tests._mirror_vote_crash import BOB, CAROL, KEY, agents
 from tests._subagents import ALICE, Counted
@@ -31,7 +31,7 @@ async def test_a_keyed_vote_whose_mirror_closed_before_the_parent_kept_its_key_i
     ):
         first = await rt.generate("support", prompt="refund 1042", auth=ALICE)
         sid = first.session_id
-        keep = _mirrors.keep_vote_key
+        keep = _mirror_keys.keep_vote_key
         closed: list[so.GenerateResult] = []
 
         async def carol_first(*args: Any) -> None:

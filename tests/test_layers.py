@@ -47,7 +47,7 @@ LAYERS: list[set[str]] = [
     {"_answer_edits"},
     {"_agent", "_ask", "_auto", "_answers", "_bound_input", "_policy_inputs"},
     {"_recording", "_audit_trail", "_answer_sizes"},
-    {"_prompts", "_verdicts", "_paused_parts", "_audit_export", "_candidate_keys"},
+    {"_prompts", "_verdicts", "_paused_parts", "_audit_export", "_candidate_keys", "_mirror_keys"},
     {"_mirrors", "_leasing", "_creation"},
     {"_child_closes"},
     {"_child_sessions"},

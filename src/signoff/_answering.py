@@ -39,7 +39,7 @@ from ._exceptions import (
     StoreError,
     UnknownRequest,
 )
-from ._idempotency import Keyed
+from ._idempotency import Keyed, key_fields
 from ._mirrors import deciding
 from ._output_caps import spare
 from ._policy_inputs import session_info, typed_input
@@ -351,7 +351,7 @@ class Answering(Candidates):
             if resolves:
                 if mark is not None:
                     kind, data = specs[0]
-                    specs[0] = (kind, {**data, "idem": list(mark)})
+                    specs[0] = (kind, {**data, **key_fields(mark)})
                 late: list[str] = []
                 batch = Batch(specs=[*specs, *extra], resolve=resolves)
                 held = await self._held_past_ttl(state)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _child_sessions
 from ._cancellation import cancel_specs, withdrawal
-from ._mirrors import keeping, mirrored_keys
+from ._mirror_keys import keep_late, keeping, mirrored_keys
 from ._recording import Batch
 from ._state import SessionState, turn_over
 from ._types import InputRequest
@@ -66,6 +66,12 @@ class CancelBatch:
         assert state.turn is not None
         voted = await mirrored_keys(rt, state.pending_requests())
         return cls(state.turn.id, reason, by, made, voted)
+
+    async def keep_late(self, rt: Answering, session_id: str) -> None:
+        """Once the cancel is recorded and its subagents' turns cancelled: keep the keys they
+        recorded for messages sent through the mirrors it withdrew since it read them
+        (`_mirror_keys.keep_late`)."""
+        await keep_late(rt, session_id, self.withdrawn, self.voted)
 
     def resolves(self) -> list[Resolve]:
         """The store's records of the requests the last build withdrew."""

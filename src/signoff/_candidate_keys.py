@@ -11,6 +11,7 @@ from typing import Any
 
 from ._answers import repeat
 from ._exceptions import AnswerError
+from ._idempotency import key_fields, mark_of
 from ._recording import EventSpec
 from ._state import SessionState
 from ._types import InputRequest
@@ -36,7 +37,7 @@ def closing_ends(
     """The `stale` ends of the keyed messages' candidates (`message_idem`) pending in `state`
     whose requests `specs`, a commit on it for turn `turn_id`, close without ending them. One
     whose request was settled with its answer (as a live call finds it: `repeat`) was taken,
-    and its end records its key (`idem`) with that turn, as its call would have: the message
+    and its end records its key (`idem`, `via`) with that turn, as its call would have: the message
     sent again is a repeat. Another (closed otherwise, or settled with another answer) takes
     no key: its call would have delivered the message anew, and so does the message sent
     again."""
@@ -50,11 +51,11 @@ def closing_ends(
     ends: list[EventSpec] = []
     for cid, c in state.candidates.items():
         rid = c.get("request_id")
-        sent = c.get("message_idem")
+        sent = mark_of(c, "message_idem")
         live = state.requests.get(rid) if isinstance(rid, str) else None
         if live is None or live.status != "pending" or rid not in closed or cid in named:
             continue
-        if not (isinstance(sent, list) and len(sent) == 2):
+        if sent is None:
             continue  # no key to keep: the fold drops it, as before
         why = f"request {rid} was closed before this response could settle it"
         end = {**base(live.request, cid, c.get("decision"), c.get("by")), "outcome": "stale"}
@@ -64,7 +65,7 @@ def closing_ends(
             and sent[0] not in keys
             and taken(live.request, closed[rid], specs, c)
         ):
-            end["idem"] = list(sent)
+            end.update(key_fields(sent))
             keys.add(sent[0])
         ends.append(("approval.candidate", end))
     return ends

@@ -27,7 +27,7 @@ from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import authorize, voted
 from ._error_text import error_text
 from ._exceptions import AnswerError, InvalidAnswer, RequestClosed, SessionExpired, StoreError
-from ._idempotency import Keyed
+from ._idempotency import Keyed, key_fields, mark_of
 from ._policy_inputs import proposed_input, session_info, typed_input
 from ._recording import Batch, EventSpec, new_id, with_usage
 from ._refusals import InFlight, Lost, Moved, Refusals
@@ -93,10 +93,7 @@ class Candidates(CandidateEnds):
             )
             by = c.get("by")
             principal = None if by is None else Principal.model_validate(by)
-            sent = c.get("message_idem")  # the key of the message that gave it, if keyed
-            mark = (
-                (str(sent[0]), str(sent[1])) if isinstance(sent, list) and len(sent) == 2 else None
-            )
+            mark = mark_of(c, "message_idem")  # the key of the message that gave it, if keyed
             log.info("re-evaluating response %s to request %s", cid, live.request.id)
             recovered = True
             try:
@@ -269,7 +266,7 @@ class Candidates(CandidateEnds):
 
         by = None if principal is None else principal.model_dump()
         base = _base(request, cid, wanted["decision"], by)
-        key = {} if mark is None else {"idem": list(mark)}
+        key = {} if mark is None else key_fields(mark)
         tid = request.turn_id
         after = 0  # the seq of the candidate this call records: its end is looked for after it
         keep = mark is not None and (recovered is not None or kept is not None)
@@ -306,7 +303,7 @@ class Candidates(CandidateEnds):
                 "value": wanted["value"],
                 "edited_input": reply.edited_input,
                 **edit_review(wanted),
-                **({} if mark is None else {"message_idem": list(mark)}),
+                **({} if mark is None else key_fields(mark, "message_idem")),
             }
             if recovered is None:
                 proposed = await self._proposed(

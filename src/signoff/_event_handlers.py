@@ -36,16 +36,29 @@ def _keyed(s: SessionState, e: Event, went: list[Any]) -> None:
     """Remember the idempotency key the event recorded a message (or a session) under, and
     where the message went (`went`, in the forms `_idempotency` lists)."""
     idem = e.data.get("idem")
-    if idem is not None:
-        _keep(s, idem, went)
-
-
-def _keep(s: SessionState, idem: list[Any], went: list[Any]) -> None:
+    if idem is None:
+        return
     key, asked = idem
+    entry = [asked, *went]
+    hops = e.data.get("via")  # given through mirrors above this session (`Via`)
+    if type(hops) is int and hops > 0:
+        entry = [*entry, *[None] * (3 - len(entry)), hops]
     s.keys.pop(key, None)  # to the end: the newest are kept
-    s.keys[key] = [asked, *went]
+    s.keys[key] = entry
     while len(s.keys) > KEPT:
         del s.keys[next(iter(s.keys))]
+
+
+def _keep_before(s: SessionState, idem: list[Any], went: list[Any], turn_id: str | None) -> None:
+    """Remember a key a mirror's close kept (`kept`) as older than every key recorded in its
+    turn or waiting in the queue: it pushes none of those out, so neither one recorded since
+    its vote nor its own record here, pushed out before, which would come back as the newest."""
+    key, asked = idem
+    entries = list(s.keys.items())
+    at = next((i for i, (_, k) in enumerate(entries) if k[1:2] in ([turn_id], [""])), None)
+    entries.insert(len(entries) if at is None else at, (key, [asked, *went]))
+    s.keys.clear()
+    s.keys.update(entries[-KEPT:])
 
 
 def _in_turn(s: SessionState, e: Event) -> list[Any]:
@@ -378,9 +391,9 @@ def _a_persons(d: dict[str, Any]) -> bool:
 def _input_resolved(s: SessionState, e: Event) -> None:
     d = e.data
     _keyed(s, e, _in_turn(s, e))
-    for idem in d.get("kept") or ():  # a mirror's: keys its subagent's session recorded
+    for idem in (d.get("kept") or [])[-KEPT:]:  # a mirror's: its subagent's session's keys
         if idem[0] not in s.keys:
-            _keep(s, idem, _in_turn(s, e))
+            _keep_before(s, idem, _in_turn(s, e), e.turn_id)
     _drop_candidates(s, d["request_id"])
     req = s.requests.get(d["request_id"])
     if req is None:

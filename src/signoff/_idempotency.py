@@ -22,13 +22,17 @@ __all__ = [
     "KEPT",
     "MAX_KEY",
     "Keyed",
+    "Via",
     "caller_parts",
     "check_key",
+    "key_fields",
     "keyed",
+    "mark_of",
     "records",
     "same_ask",
     "seen",
     "session_for",
+    "through",
     "turn_of",
 ]
 
@@ -47,7 +51,49 @@ Keyed = tuple[str, str]
 #   [asked, turn_id, first_seq]  the turn the message started, steered or answered in, or that
 #                                took it from the queue, and the seq of that turn's first event;
 #   [asked, "", None]            the message waits in the queue for a turn to take it;
-#   [asked, turn_id or ""]       a message recorded before signoff kept where it went.
+#   [asked, turn_id or ""]       a message recorded before signoff kept where it went;
+#   [asked, turn_id, first_seq or None, hops]
+#                                in a subagent's session, a message sent to a session `hops`
+#                                mirrors above it, whose answer went through them (`Via`).
+
+
+class Via(tuple[str, str]):
+    """A message's key (`Keyed`) as a subagent's session records the answer the message gave
+    to a session `hops` mirrors above it (`via` beside `idem`): the commit closing a mirror keeps
+    the keys of the messages sent through it (`_mirror_keys`), not of those sent to the
+    subagent's session itself, which are another call there."""
+
+    hops: int
+
+    def __new__(cls, mark: Keyed, hops: int) -> Via:
+        made = super().__new__(cls, mark)
+        made.hops = hops
+        return made
+
+
+def through(mark: Keyed | None) -> Keyed | None:
+    """`mark`, of a message whose answer to a mirror is settled in the subagent's session, as
+    that session records it: one mirror further (`Via`)."""
+    if mark is None:
+        return None
+    return Via(mark, (mark.hops if isinstance(mark, Via) else 0) + 1)
+
+
+def key_fields(mark: Keyed, name: str = "idem") -> dict[str, Any]:
+    """The fields an event records `mark` with: `name` (`idem`, or a pending candidate's
+    `message_idem`) and, for a key given through mirrors (`Via`), `via` (`message_via`)."""
+    hops = {name.replace("idem", "via"): mark.hops} if isinstance(mark, Via) else {}
+    return {name: list(mark), **hops}
+
+
+def mark_of(data: dict[str, Any], name: str = "idem") -> Keyed | None:
+    """The key an event's `data` recorded with `key_fields`; None without one."""
+    sent = data.get(name)
+    if not (isinstance(sent, list) and len(sent) == 2):
+        return None
+    mark = (str(sent[0]), str(sent[1]))
+    hops = data.get(name.replace("idem", "via"))
+    return Via(mark, hops) if type(hops) is int and hops > 0 else mark
 
 
 def check_key(key: object) -> str:

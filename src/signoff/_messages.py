@@ -23,7 +23,8 @@ from ._exceptions import (
     UsageError,
 )
 from ._idempotency import Keyed, keyed, records, seen, session_for, turn_of
-from ._mirrors import following_mirrors, keep_vote_key, keeping, mirrored_keys
+from ._mirror_keys import keep_late, keep_vote_key, keeping, mirrored_keys
+from ._mirrors import following_mirrors
 from ._recording import Answered, Changed, EventSpec, TurnStopped, load_turn, unchanged
 from ._results import GenerateResult
 from ._state import SessionState, turn_over, waits_for_retry
@@ -106,7 +107,9 @@ class Messages(Answering):
             state = await self._checked(session_id)
             if asked is None:
                 asked = {r.id for r in state.pending_requests()}
-            if seen(state.keys, idem, session_id) or await self._voted_behind(state, idem):
+            if seen(state.keys, idem, session_id) or await self._voted_behind(
+                state, idem, principal
+            ):
                 return await self._replay(session_id, idem)
             turn = state.turn
             # A turn a retry can resume has not ended: only a `steer` message from the person
@@ -223,12 +226,14 @@ class Messages(Answering):
                 continue  # the turn ended or its requests changed meanwhile: decide again
         raise SessionBusy(f"could not deliver the message to {session_id!r}", session_id)
 
-    async def _voted_behind(self, state: SessionState, idem: Keyed | None) -> bool:
+    async def _voted_behind(
+        self, state: SessionState, idem: Keyed | None, principal: Principal | None
+    ) -> bool:
         """Whether the message keyed `idem` cast a vote through one of the session's mirrors
         (open or closed) that only the subagent's session records: a process died between that
         commit and the one recording the key here, or the mirror closed in between. The key is
-        recorded here then, if the mirror is still open (the commit that closed or withdrew it
-        kept it: `_mirrors.keeping`). `IdempotencyKeyReused` if the key came with another
+        recorded here then, while the mirror's turn is the session's (the commit that closed or
+        withdrew it kept it: `kept`). `IdempotencyKeyReused` if the key came with another
         message there."""
         if idem is None:
             return False
@@ -240,7 +245,7 @@ class Messages(Answering):
             except UnknownSession:
                 continue  # a subagent's session gone: it holds no key
             if taken:
-                await keep_vote_key(self, state.id, live.request, idem)
+                await keep_vote_key(self, state.id, live.request, idem, principal)
                 return True
         return False
 
@@ -322,7 +327,8 @@ class Messages(Answering):
         self, state: SessionState, message: str, who: dict[str, Any] | None, idem: Keyed | None
     ) -> GenerateResult:
         """Withdraw what the turn waits on and put the message in front of the model. A mirror's
-        withdrawal keeps the keys its subagent's session recorded (`keeping`)."""
+        withdrawal keeps the keys its subagent's session recorded for messages sent through it
+        (`keeping`), and those it recorded meanwhile (`keep_late`)."""
         pending = state.pending_requests()
         voted = await mirrored_keys(self, pending)
         specs: list[Any] = []
@@ -363,6 +369,7 @@ class Messages(Answering):
         # meanwhile (the engine clears it once the model reads).
         stop_calls(self._abort_of(state.id))
         self._remember(driver.state)
+        await keep_late(self, state.id, pending, voted)
         return await self._drive(state.id)
 
     async def _replay(self, session_id: str, idem: Keyed | None) -> GenerateResult:

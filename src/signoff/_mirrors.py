@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import json
 import math
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from ._answer_sizes import check_all_answered
@@ -19,9 +19,9 @@ from ._exceptions import (
     InvalidAnswer,
     RequestClosed,
     SessionExpired,
-    UnknownSession,
 )
-from ._idempotency import same_ask
+from ._idempotency import key_fields, through
+from ._mirror_keys import MAX_HOPS, keep_vote_key, kept, voted_below
 from ._recording import Batch, EventSpec, runnable
 from ._results import GenerateResult, Outcome
 from ._state import SessionState
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from ._answering import Answering
     from ._answers import Reply
     from ._approval import Verdict
-    from ._idempotency import Keyed
     from ._response import ResponseVerdict
     from ._tools import Tool
 
@@ -48,9 +47,6 @@ __all__ = [
     "followed_state",
     "following_mirrors",
     "judged_once",
-    "keep_vote_key",
-    "keeping",
-    "mirrored_keys",
     "named_as_answered",
     "routed",
     "settle_routed",
@@ -59,9 +55,6 @@ __all__ = [
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R", bound="_Reading")
-
-MAX_HOPS = 100
-"""How far down a chain of subagents a mirrored request is followed to the one it stands for."""
 
 REVIEWED: contextvars.ContextVar[
     dict[tuple[str, str], tuple[ResponseVerdict | None, Verdict | None]] | None
@@ -306,8 +299,9 @@ async def _settle_routed(
     policies), close the mirrors the children closed, and settle the rest here. `mark`, the
     idempotency key of the message that gave the answers, is recorded here, by the first
     mirror's closing, or the vote it counted there (`keep_vote_key`), or the rest's
-    settlement, so the message repeated is not taken again, and in the child with its answer,
-    where a vote it cast is not counted again.
+    settlement, so the message repeated is not taken again, and in the child with its answer
+    (marked as given through the mirror: `through`), where a vote it cast is not counted
+    again.
 
     Every answer is checked before any is settled: a bad one leaves every session unchanged,
     but for a mirror whose child's request had closed unseen, which an answer refused as
@@ -365,7 +359,8 @@ async def _settle_routed(
                         principal,
                         require_all=False,
                         drive_expired=drive,
-                        mark=mark if i == 0 else None,  # a vote there counts the message once
+                        # a vote there counts the message once, as given through the mirror
+                        mark=through(mark) if i == 0 else None,
                     )
                 refused = refused_only(got)
             except (AnswerError, InvalidAnswer) as exc:
@@ -375,7 +370,7 @@ async def _settle_routed(
                 if not refused:
                     await close_mirror(rt, state.id, mirror, mark=mark if i == 0 else None)
             if i == 0 and mark is not None:
-                await keep_vote_key(rt, state.id, mirror, mark)
+                await keep_vote_key(rt, state.id, mirror, mark, principal)
             outcomes.extend(dataclasses.replace(o, request_id=a.request_id) for o in got)
         if rest:
             key = None if mirrored else mark
@@ -463,8 +458,9 @@ async def close_mirror(
     The resolution is the child's stored one, which holds the decision, value and edited input
     the session's fold leaves out, so the mirror reads (and is repeated) as the child's does.
     Its event records `mark`, the idempotency key of the message whose answer closed it, and
-    keeps the keys the child (and any session below it) recorded with that request's votes
-    (`_voted_below`).
+    keeps the keys the child (and any session below it) recorded in that request's turn for
+    messages sent through it (`voted_below`), whose own record here a process killed after
+    the child's commit never made (`kept`).
     """
     ref = mirror.child
     assert ref is not None
@@ -481,7 +477,7 @@ async def close_mirror(
         return
     if status == "pending":
         return
-    voted = await _voted_below(rt, child, asked)
+    voted = await voted_below(rt, child, asked)
     data = {
         **(resolution or {}),
         "request_id": mirror.id,
@@ -495,125 +491,11 @@ async def close_mirror(
         now = st.requests.get(mirror.id)
         if now is None or now.status != "pending":
             return Batch(specs=[])
-        key = {} if mark is None else {"idem": list(mark)}
-        spec: EventSpec = ("input.resolved", {**data, **key, **_kept(st, voted, mark)})
+        key = {} if mark is None else key_fields(mark)
+        spec: EventSpec = ("input.resolved", {**data, **key, **kept(st, voted, mark)})
         resolve = Resolve(
             request_id=mirror.id, status=closed_as, outcome=data["outcome"], resolution=data
         )
         return Batch(specs=[spec], resolve=[resolve])
 
     await rt._append(parent, build, durable=True, turn_id=mirror.turn_id)
-
-
-async def keep_vote_key(rt: Answering, parent: str, mirror: InputRequest, mark: Keyed) -> None:
-    """Record in `parent` the key `mark` of the message whose vote on the subagent's request
-    behind `mirror` was counted there (the child holds the key) and left it open, on a
-    `turn.waiting` of the turn that still waits on the mirror: the parent, where the message
-    was sent, then judges the message sent again (`send`), as the child does. Nothing if the
-    child does not hold the key, the parent holds it already, or the mirror is closed (the
-    commit that closed or withdrew it kept the key: `close_mirror`, `keeping`)."""
-    ref = mirror.child
-    assert ref is not None
-    child = await rt._state(ref.session_id)
-    if not same_ask((child.keys.get(mark[0]) or [None])[0], mark):
-        return
-
-    def build(st: SessionState) -> Batch:
-        live = st.requests.get(mirror.id)
-        turn = st.turn
-        if (
-            live is None
-            or live.status != "pending"
-            or mark[0] in st.keys
-            or turn is None
-            or turn.id != mirror.turn_id
-            or turn.status != "waiting"  # a drive still running parks it when done
-        ):
-            return Batch(specs=[])
-        ids = [r.id for r in st.pending_requests()]
-        waiting = {"on": "input", "request_ids": ids, "idem": list(mark)}
-        return Batch(specs=[("turn.waiting", waiting)])
-
-    await rt._append(parent, build, durable=True, turn_id=mirror.turn_id)
-
-
-def _voted_keys(child: SessionState, request: InputRequest) -> list[list[str]]:
-    """The idempotency keys (their `idem` form) that `child`, a subagent's session, recorded in
-    the turn that asked `request`: a keyed vote counted there through a parent's mirror among
-    them, whose key the parent records in a commit of its own after the child's
-    (`keep_vote_key`), which a process killed in between, or the mirror closed in between,
-    never makes. The parent's commit that closes or withdraws the mirror keeps them (`kept`):
-    once the parent's next turn drops the mirror, its calls no longer look in the child."""
-    return [[key, known[0]] for key, known in child.keys.items() if known[1:2] == [request.turn_id]]
-
-
-async def mirrored_keys(
-    rt: Answering, requests: Iterable[InputRequest]
-) -> dict[str, list[list[str]]]:
-    """The keys the subagents' sessions recorded for each mirror among `requests` (by its id:
-    `_voted_below`), read before a commit that withdraws them (a cancel, a steering message),
-    for it to keep (`keeping`)."""
-    out: dict[str, list[list[str]]] = {}
-    for r in requests:
-        if r.child is None:
-            continue
-        try:
-            child = await rt._state(r.child.session_id)
-        except UnknownSession:
-            continue  # deleted: it holds no key
-        asked = await _asked(rt, child, r.child)
-        if asked is not None:
-            out[r.id] = await _voted_below(rt, child, asked)
-    return out
-
-
-async def _voted_below(rt: Answering, child: SessionState, asked: InputRequest) -> list[list[str]]:
-    """`_voted_keys` of `child` for its request `asked`, and of each session further down the
-    way `asked` mirrors: a vote through a chain of mirrors is recorded at its end first."""
-    keys = _voted_keys(child, asked)
-    for _ in range(MAX_HOPS):
-        ref = asked.child
-        if ref is None:
-            break
-        try:
-            child = await rt._state(ref.session_id)
-        except UnknownSession:
-            break
-        below = await _asked(rt, child, ref)
-        if below is None:
-            break
-        asked = below
-        known = {k[0] for k in keys}
-        keys += [k for k in _voted_keys(child, asked) if k[0] not in known]
-    return keys
-
-
-async def _asked(rt: Answering, child: SessionState, ref: ChildRef) -> InputRequest | None:
-    """The request `ref` names in `child`, its session (read from the store once the session's
-    next turn dropped it); None if there is none."""
-    live = child.requests.get(ref.request_id)
-    if live is not None:
-        return live.request
-    stored = await rt.store.get_request(ref.request_id)
-    return None if stored is None else stored.request
-
-
-def keeping(
-    st: SessionState, specs: Sequence[EventSpec], voted: dict[str, list[list[str]]]
-) -> list[EventSpec]:
-    """`specs`, a commit on `st`, with each `input.resolved` of a mirror keeping the keys
-    `mirrored_keys` read for it (`kept`)."""
-    out = list(specs)
-    for i, (type_, data) in enumerate(specs):
-        keys = voted.get(data.get("request_id", "")) if type_ == "input.resolved" else None
-        kept = _kept(st, keys or [], data.get("idem"))
-        if kept:
-            out[i] = (type_, {**data, **kept})
-    return out
-
-
-def _kept(st: SessionState, voted: list[list[str]], mark: Sequence[str] | None) -> dict[str, Any]:
-    """The `kept` field of the event that closes a mirror in `st`: the keys of `voted` that `st`
-    does not hold, but the closing message's own (`mark`, its `idem`)."""
-    kept = [k for k in voted if k[0] not in st.keys and (mark is None or k[0] != mark[0])]
-    return {"kept": kept} if kept else {}

@@ -550,6 +550,7 @@ class Runtime(Deletion):
             ):
                 with contextlib.suppress(UnknownSession, SessionExpired):
                     await _child_sessions.cancel_delegated(self, child, reason, principal)
+            await build.keep_late(self, session_id)
             # A subagent cancelled on its own: its parent's delegate call goes on.
             await _child_sessions.after_close(self, driver.state)
             return dataclasses.replace(await self._after_cancel(driver.state), cancelled=True)

@@ -71,7 +71,10 @@ its `tool.started`'s `filled`. 5: the app's approval (a `runtime` principal's) g
 7: a turn keeps the requests closed that no drive went on with yet (`answered`): their call
 moving or the model's call drops them, a park does not.
 8: a turn keeps the subagent stopped on its share of the budgets until its question is
-answered (`share_spent`)."""
+answered (`share_spent`).
+9: a mirror's `input.resolved` keeps the keys of `kept`, and an event's `via` marks its key as
+given through mirrors above the session: a key a keyed vote left in a subagent's session alone
+is a repeat in its parent."""
 
 
 @dataclass(slots=True, kw_only=True)

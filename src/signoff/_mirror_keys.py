@@ -1,0 +1,181 @@
+"""The idempotency keys of messages whose answers went through a mirror (a subagent's request
+asked again in its parent). The subagent's session records the key with the answer, marked as
+given through the mirror (`via`, `Via`), and the parent by a commit of its own after it
+(`keep_vote_key`). A process killed between the two leaves the key in the subagent's session
+alone, where the parent's calls stop looking once its next turn drops the mirror: the parent's
+commit that closes or withdraws the mirror keeps it (`kept`), and a cancel or a steering
+message looks again once recorded (`keep_late`), for a vote counted while it was recorded."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._exceptions import StoreDamaged, UnknownSession
+from ._idempotency import KEPT, Keyed, key_fields, same_ask
+from ._recording import Batch, EventSpec
+from ._state import SessionState
+from ._types import ChildRef, InputRequest, Principal
+
+if TYPE_CHECKING:
+    from ._answering import Answering
+
+__all__ = [
+    "MAX_HOPS",
+    "keep_late",
+    "keep_vote_key",
+    "kept",
+    "keeping",
+    "mirrored_keys",
+    "voted_below",
+]
+
+MAX_HOPS = 100
+"""How far down a chain of subagents a mirrored request is followed to the one it stands for."""
+
+
+async def keep_vote_key(
+    rt: Answering, parent: str, mirror: InputRequest, mark: Keyed, principal: Principal | None
+) -> None:
+    """Record in `parent` the key `mark` of the message whose answer to `mirror` the subagent's
+    session recorded: on a `turn.waiting` of the turn still waiting on the mirror, or else on
+    an `input.repeated` of the mirror's turn, however the mirror closed meanwhile (another
+    answer made the quorum, a cancel or a steering message withdrew it) and the turn went on,
+    as long as it is the session's. The parent, where the message was sent, then judges it sent
+    again (`send`), as the child does. Nothing if the child does not hold the key, the parent
+    does, or a next turn started (the commit that closed or withdrew the mirror kept it)."""
+    ref = mirror.child
+    assert ref is not None
+    child = await rt._state(ref.session_id)
+    if not same_ask((child.keys.get(mark[0]) or [None])[0], mark):
+        return
+    key = key_fields(mark)
+    who = None if principal is None else principal.model_dump()
+
+    def build(st: SessionState) -> Batch:
+        turn = st.turn
+        if mark[0] in st.keys or turn is None or turn.id != mirror.turn_id:
+            return Batch(specs=[])
+        live = st.requests.get(mirror.id)
+        if live is not None and live.status == "pending" and turn.status == "waiting":
+            ids = [r.id for r in st.pending_requests()]
+            return Batch(specs=[("turn.waiting", {"on": "input", "request_ids": ids, **key})])
+        # Closed, or the turn runs on: a `turn.waiting` would park it.
+        return Batch(specs=[("input.repeated", {"request_id": mirror.id, "by": who, **key})])
+
+    await rt._append(parent, build, durable=True, turn_id=mirror.turn_id)
+
+
+def _voted_keys(child: SessionState, request: InputRequest, hops: int) -> list[list[str]]:
+    """The keys (their `idem` form) that `child`, a subagent's session, recorded in the turn
+    that asked `request` for messages sent to the session `hops` mirrors above it, or further
+    up (`Via`): not those sent to a session below, which are another call there."""
+    return [
+        [key, known[0]]
+        for key, known in child.keys.items()
+        if known[1:2] == [request.turn_id] and known[3:4] and known[3] >= hops
+    ]
+
+
+async def mirrored_keys(
+    rt: Answering, requests: Iterable[InputRequest]
+) -> dict[str, list[list[str]]]:
+    """The keys the subagents' sessions recorded for each mirror among `requests` (by its id:
+    `voted_below`), read before a commit that withdraws them (a cancel, a steering message),
+    for it to keep (`keeping`), or after it (`keep_late`). A subagent's session the store
+    cannot read holds none that can be kept: the commit goes on as before."""
+    out: dict[str, list[list[str]]] = {}
+    for r in requests:
+        if r.child is None:
+            continue
+        try:
+            child = await rt._state(r.child.session_id)
+            asked = await _asked(rt, child, r.child)
+            if asked is not None:
+                out[r.id] = await voted_below(rt, child, asked)
+        except (UnknownSession, StoreDamaged):
+            continue  # deleted, or damaged: it holds no key to keep
+    return out
+
+
+async def voted_below(rt: Answering, child: SessionState, asked: InputRequest) -> list[list[str]]:
+    """`_voted_keys` of `child` for its request `asked`, and of each session further down the
+    way `asked` mirrors: a vote through a chain of mirrors is recorded at its end first."""
+    keys = _voted_keys(child, asked, 1)
+    for hops in range(2, MAX_HOPS + 2):
+        ref = asked.child
+        if ref is None:
+            break
+        try:
+            child = await rt._state(ref.session_id)
+        except (UnknownSession, StoreDamaged):
+            break
+        below = await _asked(rt, child, ref)
+        if below is None:
+            break
+        asked = below
+        known = {k[0] for k in keys}
+        keys += [k for k in _voted_keys(child, asked, hops) if k[0] not in known]
+    return keys
+
+
+async def _asked(rt: Answering, child: SessionState, ref: ChildRef) -> InputRequest | None:
+    """The request `ref` names in `child`, its session (read from the store once the session's
+    next turn dropped it); None if there is none."""
+    live = child.requests.get(ref.request_id)
+    if live is not None:
+        return live.request
+    stored = await rt.store.get_request(ref.request_id)
+    return None if stored is None else stored.request
+
+
+def keeping(
+    st: SessionState, specs: Sequence[EventSpec], voted: dict[str, list[list[str]]]
+) -> list[EventSpec]:
+    """`specs`, a commit on `st`, with each `input.resolved` of a mirror keeping the keys
+    `mirrored_keys` read for it (`kept`)."""
+    out = list(specs)
+    for i, (type_, data) in enumerate(specs):
+        keys = voted.get(data.get("request_id", "")) if type_ == "input.resolved" else None
+        more = kept(st, keys or [], data.get("idem"))
+        if more:
+            out[i] = (type_, {**data, **more})
+    return out
+
+
+def kept(st: SessionState, voted: list[list[str]], mark: Sequence[str] | None) -> dict[str, Any]:
+    """The `kept` field of the event that closes a mirror in `st`: the keys of `voted` that `st`
+    does not hold, but the closing message's own (`mark`, its `idem`); the newest `KEPT`."""
+    keys = [k for k in voted if k[0] not in st.keys and (mark is None or k[0] != mark[0])]
+    return {"kept": keys[-KEPT:]} if keys else {}
+
+
+async def keep_late(
+    rt: Answering,
+    parent: str,
+    mirrors: Sequence[InputRequest],
+    before: dict[str, list[list[str]]],
+) -> None:
+    """After a cancel or a steering message withdrew `mirrors` in `parent`, keeping the keys
+    `mirrored_keys` read `before` its commit: record those their subagents' sessions recorded
+    since, each on an `input.repeated` of the mirror's turn while it is the session's. A vote
+    counted between that read and the commit, whose process died before its own commit here
+    (`keep_vote_key`), would leave its key in the subagent's session alone."""
+    mirrors = [r for r in mirrors if r.child is not None]
+    if not mirrors:
+        return
+    now = await mirrored_keys(rt, mirrors)
+    late = [(r, k) for r in mirrors for k in now.get(r.id, []) if k not in before.get(r.id, [])]
+    if not late:
+        return
+
+    def build(st: SessionState) -> list[EventSpec]:
+        specs: list[EventSpec] = []
+        keys = set(st.keys)
+        for r, k in late:
+            if st.turn is not None and st.turn.id == r.turn_id and k[0] not in keys:
+                keys.add(k[0])
+                specs.append(("input.repeated", {"request_id": r.id, "idem": k}))
+        return specs
+
+    await rt._append(parent, build, durable=True, turn_id=late[0][0].turn_id)
