@@ -33,9 +33,10 @@ def _snapshot_at(url: str, session_id: str) -> int:
     return int(found[0][0]) if found else 0
 
 
-def _refunds(ran: list[str]) -> list[so.Agent]:
+def _refunds(ran: list[str], *, together: bool = False) -> list[so.Agent]:
     """support delegates each refund it is asked for to billing, whose refund one person
-    approves: "refund 1042", then "refund 1043 too" in a later turn, each behind a mirror."""
+    approves: "refund 1042", then "refund 1043 too" in a later turn, each behind a mirror (or
+    both at once, `together`: two mirrors of one turn)."""
 
     @so.tool(approval=so.always())
     async def refund(order_id: str) -> str:
@@ -48,6 +49,10 @@ def _refunds(ran: list[str]) -> list[so.Agent]:
         return call_tools(call("refund", call_id="c1", order_id=said.split()[-1]))
 
     billing = scripted_agent("billing", [asked, reply("done")], tools=[refund])
+    if together:
+        both = [call("billing", call_id=f"d{n}", message=f"Refund {n}") for n in (1042, 1043)]
+        steps = [call_tools(*both), reply("Done.")]
+        return [scripted_agent("support", steps, tools=[so.delegate("billing")]), billing]
     support = scripted_agent(
         "support",
         [
@@ -91,6 +96,32 @@ async def test_a_key_sent_to_the_subagents_session_itself_is_another_call_in_the
         assert (again.turn_id, again.status, ran) == (nxt.turn_id, "completed", ["1042", "1043"])
         assert [e async for e in rt.events(sid, follow=False) if e.data.get("kept")] == []
         assert await rt.verify_audit() == []
+
+
+async def test_a_key_sent_to_one_subagents_session_is_another_call_on_the_parents_other_mirror(
+    store_url: str,
+) -> None:
+    """Both refunds wait behind mirrors of one turn. Alice approves one in its subagent's
+    session itself with "k1", then sends "approve" with "k1" to the parent, where the other
+    waits: another call there, which approves it, and records no key of the first. The parent
+    took the key in the first subagent's session for a vote through its mirror, closed by
+    then: a repeat, and the other refund waited on."""
+    ran: list[str] = []
+    async with so.Runtime(_refunds(ran, together=True), store=store_url) as rt:
+        first = await rt.generate("support", prompt="refund both", auth=ALICE)
+        sid, (one, _) = first.session_id, first.pending
+        assert one.child is not None
+        direct = await rt.send(
+            one.child.session_id, "approve", principal=ALICE, idempotency_key="k1"
+        )
+        assert direct.status == "completed" and len(ran) == 1
+        assert (await rt.state(sid)).keys == {}
+        again = await rt.send(sid, "approve", principal=ALICE, idempotency_key="k1")
+        assert not again.replayed
+        assert (again.turn_id, again.status) == (first.turn_id, "completed")
+        assert sorted(ran) == ["1042", "1043"]
+        repeated = [e async for e in rt.events(sid, follow=False) if e.type == "input.repeated"]
+        assert repeated == [] and await rt.verify_audit() == []
 
 
 async def test_a_kept_key_pushes_no_newer_key_out_of_the_parent(store_url: str) -> None:

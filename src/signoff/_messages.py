@@ -19,11 +19,10 @@ from ._exceptions import (
     PartialAnswer,
     RequestClosed,
     SessionBusy,
-    UnknownSession,
     UsageError,
 )
 from ._idempotency import Keyed, keyed, records, seen, session_for, turn_of
-from ._mirror_keys import keep_late, keep_vote_key, keeping, mirrored_keys
+from ._mirror_keys import keep_late, keep_vote_key, keeping, mirrored_keys, voted_through
 from ._mirrors import following_mirrors
 from ._recording import Answered, Changed, EventSpec, TurnStopped, load_turn, unchanged
 from ._results import GenerateResult
@@ -230,24 +229,16 @@ class Messages(Answering):
         self, state: SessionState, idem: Keyed | None, principal: Principal | None
     ) -> bool:
         """Whether the message keyed `idem` cast a vote through one of the session's mirrors
-        (open or closed) that only the subagent's session records: a process died between that
-        commit and the one recording the key here, or the mirror closed in between. The key is
-        recorded here then, while the mirror's turn is the session's (the commit that closed or
-        withdrew it kept it: `kept`). `IdempotencyKeyReused` if the key came with another
-        message there."""
-        if idem is None:
+        (open or closed) that only the subagent's session records (`voted_through`): a process
+        died between that commit and the one recording the key here, or the mirror closed in
+        between. The key is recorded here then, while the mirror's turn is the session's (the
+        commit that closed or withdrew it kept it: `kept`). `IdempotencyKeyReused` if the key
+        came with another message through it."""
+        mirror = None if idem is None else await voted_through(self, state, idem)
+        if idem is None or mirror is None:
             return False
-        for live in list(state.requests.values()):
-            if live.request.child is None:
-                continue
-            try:
-                taken = await self._taken(state.id, live.request, idem)
-            except UnknownSession:
-                continue  # a subagent's session gone: it holds no key
-            if taken:
-                await keep_vote_key(self, state.id, live.request, idem, principal)
-                return True
-        return False
+        await keep_vote_key(self, state.id, mirror, idem, principal)
+        return True
 
     async def _taken(self, session_id: str, request: InputRequest, idem: Keyed) -> bool:
         """Whether the message keyed `idem` answered `request` before: its key is recorded in the

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._exceptions import StoreDamaged, UnknownSession
-from ._idempotency import KEPT, Keyed, key_fields, same_ask
+from ._idempotency import KEPT, Keyed, key_fields, same_ask, seen
 from ._recording import Batch, EventSpec
 from ._state import SessionState
 from ._types import ChildRef, InputRequest, Principal
@@ -28,6 +28,7 @@ __all__ = [
     "keeping",
     "mirrored_keys",
     "voted_below",
+    "voted_through",
 ]
 
 MAX_HOPS = 100
@@ -64,6 +65,28 @@ async def keep_vote_key(
         return Batch(specs=[("input.repeated", {"request_id": mirror.id, "by": who, **key})])
 
     await rt._append(parent, build, durable=True, turn_id=mirror.turn_id)
+
+
+async def voted_through(rt: Answering, state: SessionState, idem: Keyed) -> InputRequest | None:
+    """The mirror of `state` (open or closed in its turn) through which the message keyed
+    `idem` gave an answer that only a session down its way records, as given through it
+    (`via`): a process died before `state`'s own record of the key, or the mirror closed in
+    between. None if there is none: a key sent to a subagent's session itself is another call
+    here. `IdempotencyKeyReused`, naming `state`'s session, if the key came with another
+    message through it."""
+    for live in list(state.requests.values()):
+        ref, hops = live.request.child, 1
+        while ref is not None and hops <= MAX_HOPS:
+            try:
+                child = await rt._state(ref.session_id)
+            except UnknownSession:
+                break  # a subagent's session gone: it holds no key
+            known = child.keys.get(idem[0]) or []
+            if known[3:4] and known[3] >= hops and seen(child.keys, idem, state.id):
+                return live.request
+            below = child.requests.get(ref.request_id)
+            ref, hops = None if below is None else below.request.child, hops + 1
+    return None
 
 
 def _voted_keys(child: SessionState, request: InputRequest, hops: int) -> list[list[str]]:
