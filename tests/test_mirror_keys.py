@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff import _cancel_batch, _messages, _mirror_keys, _mirrors
+from signoff import _cancel_batch, _engine, _messages, _mirror_keys, _mirrors
+from signoff.server._trace_summary import summary
+from signoff.stores._codec import pack_bytes
 from signoff.testing import call, call_tools, reply, scripted_agent, store_contents
 
 from ._audit import alter
@@ -290,3 +292,126 @@ async def test_a_subagents_session_the_store_cannot_read_holds_back_no_cancel_or
         assert state.turn is not None and state.turn.id == first.turn_id
         assert state.pending_requests() == []
         assert state.turn.status == ("cancelled" if end == "cancel" else "running")
+
+
+@pytest.mark.parametrize("end", ["cancel", "steer"])
+async def test_a_subagents_session_with_an_event_that_does_not_fold_holds_back_no_cancel_or_steer(
+    store_url: str, end: str
+) -> None:
+    """The subagent's last event decodes but does not fold (its `idem` is no key): the parent's
+    cancel or steering message withdraws the mirror all the same, keeping no key from there,
+    and fails on that session afterwards, as it did before it read the mirror's keys. The read
+    raised that `StoreError` before the commit: nothing was recorded in the parent."""
+    async with so.Runtime(_refunds([]), store=store_url) as rt:
+        first = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        sid, (mirror,) = first.session_id, first.pending
+        assert mirror.child is not None
+        child = mirror.child.session_id
+        (last,) = [e async for e in rt.events(child, follow=False)][-1:]
+        first_seq = (await rt.state(sid)).seq
+    assert last.type == "turn.waiting"
+    malformed = {**last.data, "idem": "x"}
+    where = "sk = (SELECT sk FROM {t}sessions WHERE id = {p})"
+    alter(
+        store_url,
+        f"UPDATE {{t}}events SET data = {{p}} WHERE {where} AND seq = {{p}}",
+        pack_bytes(malformed),
+        child,
+        last.seq,
+    )
+    alter(store_url, f"DELETE FROM {{t}}snapshots WHERE {where}", child)
+    async with so.Runtime(_refunds([]), store=store_url) as rt:
+        with pytest.raises(so.StoreError, match="is malformed"):
+            if end == "cancel":
+                await rt.cancel(sid, principal=ALICE)
+            else:
+                await rt.send(sid, "never mind", principal=ALICE)
+        events = [e async for e in rt.events(sid, follow=False) if e.seq > first_seq]
+        withdrawn = "turn.cancelled" if end == "cancel" else "turn.message"
+        assert [e.type for e in events][:2] == ["input.resolved", withdrawn]
+        assert not any(e.data.get("kept") for e in events)
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.id == first.turn_id
+        assert state.pending_requests() == [] and state.keys == {}
+        assert state.turn.status == ("cancelled" if end == "cancel" else "running")
+
+
+async def test_a_keyed_vote_a_signoff_before_fold_9_counted_through_a_mirror_is_a_repeat(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bob's keyed vote through the mirror, counted by a process of the signoff before fold 9
+    (its key in the subagent's session has no `via`), which died before the parent's commit;
+    Carol's vote makes the quorum and the parent's turn completes. Bob's vote sent again, in
+    that turn still, is a repeat, as that signoff took it. The key, not marked as given through
+    the mirror, was taken for a call sent to the subagent's session: the vote started a turn."""
+    ran: list[str] = []
+    after = Counted("Done.")
+    async with so.Runtime(agents(ran, after), store=store_url) as rt:
+        first = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        sid, (mirror,) = first.session_id, first.pending
+        assert mirror.child is not None
+        with monkeypatch.context() as m:  # as the signoff before fold 9 records it
+
+            async def killed(*args: Any) -> None:
+                return None  # the process died before the parent's commit
+
+            m.setattr(_mirrors, "through", lambda mark: mark)
+            m.setattr(_engine, "sent_here", lambda specs: list(specs), raising=False)
+            m.setattr(_mirrors, "keep_vote_key", killed)
+            bobs = await rt.send(sid, "approve", principal=BOB, idempotency_key=KEY)
+        assert bobs.status == "waiting" and (await rt.state(sid)).keys == {}
+        (bob_key, held), *_ = (await rt.state(mirror.child.session_id)).keys.items()
+        assert len(held) < 4  # no `via`
+        done = await rt.send(sid, "approve", principal=CAROL)
+        assert (done.turn_id, done.status, ran) == (first.turn_id, "completed", ["1042"])
+        calls = after.calls
+        again = await rt.send(sid, "approve", principal=BOB, idempotency_key=KEY)
+        assert again.replayed and (again.turn_id, again.status) == (first.turn_id, "completed")
+        assert after.calls == calls and ran == ["1042"]
+        assert bob_key in (await rt.state(sid)).keys and await rt.verify_audit() == []
+
+
+@pytest.mark.parametrize("end", ["cancel", "steer"])
+async def test_a_key_kept_after_a_cancel_or_steer_names_who_voted(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, end: str
+) -> None:
+    """Bob's keyed vote is counted in the subagent's session while Alice's cancel or steering
+    message is recorded, and his process dies before its own commit in the parent: Alice's call,
+    looking again once committed, keeps the key on an `input.repeated` by Bob, as the subagent's
+    session recorded his vote, and the session's trace says so. It named no one: the
+    application answered again."""
+    async with (
+        so.Runtime(agents([], Counted("Done.")), store=store_url) as rt,
+        so.Runtime(agents([], Counted("Done.")), store=store_url) as other,
+    ):
+        first = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        sid = first.session_id
+        owner = _cancel_batch if end == "cancel" else _messages
+        read = _mirror_keys.mirrored_keys
+        voted: list[so.GenerateResult] = []
+
+        async def killed(*args: Any) -> None:
+            return None  # Bob's process died before its commit in the parent
+
+        async def bob_between(*args: Any) -> dict[str, list[list[Any]]]:
+            out = await read(*args)
+            if not voted:
+                with monkeypatch.context() as m:
+                    m.setattr(_mirrors, "keep_vote_key", killed)
+                    voted.append(
+                        await other.send(sid, "approve", principal=BOB, idempotency_key=KEY)
+                    )
+            return out
+
+        monkeypatch.setattr(owner, "mirrored_keys", bob_between)
+        if end == "cancel":
+            await rt.cancel(sid, principal=ALICE)
+        else:
+            await rt.send(sid, "never mind", principal=ALICE)
+        monkeypatch.undo()
+        assert [r.status for r in voted] == ["waiting"]
+        state = await rt.state(sid)
+        (repeated,) = [e async for e in rt.events(sid, follow=False) if e.type == "input.repeated"]
+        assert repeated.data["by"] == BOB.model_dump()
+        line = "".join(text for text, _ in summary(repeated, state.requests))
+        assert line.endswith("answered again by bob (nothing changed)")

@@ -19,6 +19,7 @@ from ._counts import Counts
 from ._deadlines import records_expiry
 from ._events import Event, is_activity
 from ._exceptions import AppendConflict, LeaseLost, StoreError, wrote_nothing
+from ._idempotency import sent_here
 from ._leasing import Held
 from ._model_step import ModelStep
 from ._recording import (
@@ -194,6 +195,8 @@ class Driver(ToolCalls, ModelStep):
                     return []
                 # A request it closes ends the keyed answers still judged for it, in this commit.
                 batch = [*batch, *closing_ends(state, batch, tid)]
+                if state.parent is not None:
+                    batch = sent_here(batch)
                 if self.traceparent is not None:
                     batch = parked_by(batch, self.traceparent)
                 events = [

@@ -39,24 +39,31 @@ def _keyed(s: SessionState, e: Event, went: list[Any]) -> None:
     if idem is None:
         return
     key, asked = idem
-    entry = [asked, *went]
-    hops = e.data.get("via")  # given through mirrors above this session (`Via`)
-    if type(hops) is int and hops > 0:
-        entry = [*entry, *[None] * (3 - len(entry)), hops]
     s.keys.pop(key, None)  # to the end: the newest are kept
-    s.keys[key] = entry
+    s.keys[key] = _entry(asked, went, e.data.get("via"))
     while len(s.keys) > KEPT:
         del s.keys[next(iter(s.keys))]
+
+
+def _entry(asked: str, went: list[Any], hops: object) -> list[Any]:
+    """A key's entry in `SessionState.keys`: with `hops`, in a subagent's session, the mirrors
+    above it the message was sent through (`Via`; 0: sent to this session itself)."""
+    entry = [asked, *went]
+    if type(hops) is int and hops >= 0:
+        entry = [*entry, *[None] * (3 - len(entry)), hops]
+    return entry
 
 
 def _keep_before(s: SessionState, idem: list[Any], went: list[Any], turn_id: str | None) -> None:
     """Remember a key a mirror's close kept (`kept`) as older than every key recorded in its
     turn or waiting in the queue: it pushes none of those out, so neither one recorded since
-    its vote nor its own record here, pushed out before, which would come back as the newest."""
-    key, asked = idem
+    its vote nor its own record here, pushed out before, which would come back as the newest.
+    Its `via` (none: 0) is the mirrors above this session the message was sent through."""
+    key, asked, *via = idem
     entries = list(s.keys.items())
     at = next((i for i, (_, k) in enumerate(entries) if k[1:2] in ([turn_id], [""])), None)
-    entries.insert(len(entries) if at is None else at, (key, [asked, *went]))
+    entry = _entry(asked, went, via[0] if via else 0)
+    entries.insert(len(entries) if at is None else at, (key, entry))
     s.keys.clear()
     s.keys.update(entries[-KEPT:])
 
@@ -89,8 +96,9 @@ def _turn_started(s: SessionState, e: Event) -> None:
     )
     _keyed(s, e, [e.turn_id, e.seq])
     known = None if taken is None else s.keys.get(taken)
-    if taken is not None and known is not None and known[1:] == ["", None]:
-        s.keys[taken] = [known[0], e.turn_id, e.seq]  # its queued message's turn, at last
+    if taken is not None and known is not None and known[1:3] == ["", None]:
+        # its queued message's turn, at last
+        s.keys[taken] = [known[0], e.turn_id, e.seq, *known[3:]]
     # Requests of earlier turns are all closed by now; keep the state small.
     kept = {k: r for k, r in s.requests.items() if r.status == "pending"}
     s.earlier_requests = s.earlier_requests or len(kept) < len(s.requests)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from ._exceptions import IdempotencyKeyReused, UsageError
 from ._types import Principal
@@ -31,10 +32,13 @@ __all__ = [
     "records",
     "same_ask",
     "seen",
+    "sent_here",
     "session_for",
     "through",
     "turn_of",
 ]
+
+_T = TypeVar("_T", bound=str)
 
 KEPT = 32
 """Keys a session state remembers (the newest ones): a repeat of an older one is not known."""
@@ -54,7 +58,10 @@ Keyed = tuple[str, str]
 #   [asked, turn_id or ""]       a message recorded before signoff kept where it went;
 #   [asked, turn_id, first_seq or None, hops]
 #                                in a subagent's session, a message sent to a session `hops`
-#                                mirrors above it, whose answer went through them (`Via`).
+#                                mirrors above it, whose answer went through them (`Via`), or
+#                                to this session itself (0: `sent_here`); a key without `hops`
+#                                there was recorded by a signoff before fold 9, which could
+#                                not tell the two apart.
 
 
 class Via(tuple[str, str]):
@@ -94,6 +101,19 @@ def mark_of(data: dict[str, Any], name: str = "idem") -> Keyed | None:
     mark = (str(sent[0]), str(sent[1]))
     hops = data.get(name.replace("idem", "via"))
     return Via(mark, hops) if type(hops) is int and hops > 0 else mark
+
+
+def sent_here(specs: Sequence[tuple[_T, dict[str, Any]]]) -> list[tuple[_T, dict[str, Any]]]:
+    """`specs`, a commit on a subagent's session, with each key recorded with no `via` (nor a
+    pending candidate's `message_via`) marked as given by a message sent to this session itself
+    (0): its parent's calls tell it from a vote through their mirror (`_mirror_keys`)."""
+    out = []
+    for type_, data in specs:
+        for name, via in (("idem", "via"), ("message_idem", "message_via")):
+            if isinstance(data.get(name), list) and via not in data:
+                data = {**data, via: 0}
+        out.append((type_, data))
+    return out
 
 
 def check_key(key: object) -> str:

@@ -381,7 +381,7 @@ class Messages(Answering):
                 if at is not None and at[0] != result.turn_id:
                     result = await self._earlier(state, *at)
         # A key whose message waits in the queue went to no turn yet (`_turn_message`).
-        waits = idem is not None and state.keys.get(idem[0], [])[1:] == ["", None]
+        waits = idem is not None and state.keys.get(idem[0], [])[1:3] == ["", None]
         return dataclasses.replace(result, replayed=True, queued=waits)
 
     async def _first(self, state: SessionState, idem: Keyed) -> tuple[str, int] | None:

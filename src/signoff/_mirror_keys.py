@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._exceptions import StoreDamaged, UnknownSession
+from ._exceptions import StoreBusy, StoreError, StoreGone, StoreUnavailable, UnknownSession
 from ._idempotency import KEPT, Keyed, key_fields, same_ask, seen
 from ._recording import Batch, EventSpec
 from ._state import SessionState
@@ -70,10 +70,11 @@ async def keep_vote_key(
 async def voted_through(rt: Answering, state: SessionState, idem: Keyed) -> InputRequest | None:
     """The mirror of `state` (open or closed in its turn) through which the message keyed
     `idem` gave an answer that only a session down its way records, as given through it
-    (`via`): a process died before `state`'s own record of the key, or the mirror closed in
-    between. None if there is none: a key sent to a subagent's session itself is another call
-    here. `IdempotencyKeyReused`, naming `state`'s session, if the key came with another
-    message through it."""
+    (`via`), or with no `via` (a signoff before fold 9 recorded it, marking none: taken as such
+    an answer, as that signoff took it): a process died before `state`'s own record of the key,
+    or the mirror closed in between. None if there is none: a key sent to a subagent's session
+    itself (`via` 0) is another call here. `IdempotencyKeyReused`, naming `state`'s session,
+    if the key came with another message through it."""
     for live in list(state.requests.values()):
         ref, hops = live.request.child, 1
         while ref is not None and hops <= MAX_HOPS:
@@ -81,62 +82,74 @@ async def voted_through(rt: Answering, state: SessionState, idem: Keyed) -> Inpu
                 child = await rt._state(ref.session_id)
             except UnknownSession:
                 break  # a subagent's session gone: it holds no key
-            known = child.keys.get(idem[0]) or []
-            if known[3:4] and known[3] >= hops and seen(child.keys, idem, state.id):
+            known = child.keys.get(idem[0])
+            if (
+                known is not None
+                and (len(known) < 4 or known[3] >= hops)
+                and seen(child.keys, idem, state.id)
+            ):
                 return live.request
             below = child.requests.get(ref.request_id)
             ref, hops = None if below is None else below.request.child, hops + 1
     return None
 
 
-def _voted_keys(child: SessionState, request: InputRequest, hops: int) -> list[list[str]]:
-    """The keys (their `idem` form) that `child`, a subagent's session, recorded in the turn
+def _voted_keys(child: SessionState, request: InputRequest, hops: int) -> list[list[Any]]:
+    """The keys (their `kept` form) that `child`, a subagent's session, recorded in the turn
     that asked `request` for messages sent to the session `hops` mirrors above it, or further
-    up (`Via`): not those sent to a session below, which are another call there."""
+    up (`Via`, its count from there on beside the key): not those sent to a session below,
+    which are another call there, nor those a signoff before fold 9 recorded with no `via`."""
     return [
-        [key, known[0]]
+        [key, known[0], *([known[3] - hops] if known[3] > hops else [])]
         for key, known in child.keys.items()
-        if known[1:2] == [request.turn_id] and known[3:4] and known[3] >= hops
+        if known[1:2] == [request.turn_id] and len(known) > 3 and known[3] >= hops
     ]
+
+
+_TRANSIENT = (StoreUnavailable, StoreBusy, StoreGone)
+
+
+async def _below(rt: Answering, ref: ChildRef) -> tuple[SessionState, InputRequest] | None:
+    """The session `ref` names and its request there; None if there is none, or if the store
+    cannot read them (damaged, malformed, of a newer schema): such a session holds no key that
+    can be kept, and a commit reading it first goes on as before. A store that cannot answer
+    now raises."""
+    try:
+        child = await rt._state(ref.session_id)
+        asked = await _asked(rt, child, ref)
+    except UnknownSession:
+        return None  # deleted
+    except StoreError as exc:
+        if isinstance(exc, _TRANSIENT):
+            raise
+        return None
+    return None if asked is None else (child, asked)
 
 
 async def mirrored_keys(
     rt: Answering, requests: Iterable[InputRequest]
-) -> dict[str, list[list[str]]]:
+) -> dict[str, list[list[Any]]]:
     """The keys the subagents' sessions recorded for each mirror among `requests` (by its id:
     `voted_below`), read before a commit that withdraws them (a cancel, a steering message),
     for it to keep (`keeping`), or after it (`keep_late`). A subagent's session the store
-    cannot read holds none that can be kept: the commit goes on as before."""
-    out: dict[str, list[list[str]]] = {}
+    cannot read holds none that can be kept (`_below`): the commit goes on as before."""
+    out: dict[str, list[list[Any]]] = {}
     for r in requests:
-        if r.child is None:
-            continue
-        try:
-            child = await rt._state(r.child.session_id)
-            asked = await _asked(rt, child, r.child)
-            if asked is not None:
-                out[r.id] = await voted_below(rt, child, asked)
-        except (UnknownSession, StoreDamaged):
-            continue  # deleted, or damaged: it holds no key to keep
+        found = None if r.child is None else await _below(rt, r.child)
+        if found is not None:
+            out[r.id] = await voted_below(rt, *found)
     return out
 
 
-async def voted_below(rt: Answering, child: SessionState, asked: InputRequest) -> list[list[str]]:
+async def voted_below(rt: Answering, child: SessionState, asked: InputRequest) -> list[list[Any]]:
     """`_voted_keys` of `child` for its request `asked`, and of each session further down the
     way `asked` mirrors: a vote through a chain of mirrors is recorded at its end first."""
     keys = _voted_keys(child, asked, 1)
     for hops in range(2, MAX_HOPS + 2):
-        ref = asked.child
-        if ref is None:
+        found = None if asked.child is None else await _below(rt, asked.child)
+        if found is None:
             break
-        try:
-            child = await rt._state(ref.session_id)
-        except (UnknownSession, StoreDamaged):
-            break
-        below = await _asked(rt, child, ref)
-        if below is None:
-            break
-        asked = below
+        child, asked = found
         known = {k[0] for k in keys}
         keys += [k for k in _voted_keys(child, asked, hops) if k[0] not in known]
     return keys
@@ -153,7 +166,7 @@ async def _asked(rt: Answering, child: SessionState, ref: ChildRef) -> InputRequ
 
 
 def keeping(
-    st: SessionState, specs: Sequence[EventSpec], voted: dict[str, list[list[str]]]
+    st: SessionState, specs: Sequence[EventSpec], voted: dict[str, list[list[Any]]]
 ) -> list[EventSpec]:
     """`specs`, a commit on `st`, with each `input.resolved` of a mirror keeping the keys
     `mirrored_keys` read for it (`kept`)."""
@@ -166,39 +179,72 @@ def keeping(
     return out
 
 
-def kept(st: SessionState, voted: list[list[str]], mark: Sequence[str] | None) -> dict[str, Any]:
+def kept(st: SessionState, voted: list[list[Any]], mark: Sequence[str] | None) -> dict[str, Any]:
     """The `kept` field of the event that closes a mirror in `st`: the keys of `voted` that `st`
     does not hold, but the closing message's own (`mark`, its `idem`); the newest `KEPT`."""
     keys = [k for k in voted if k[0] not in st.keys and (mark is None or k[0] != mark[0])]
     return {"kept": keys[-KEPT:]} if keys else {}
 
 
+_VOTES = ["approval.candidate", "approval.settled", "input.resolved", "input.repeated"]
+"""The events that record a message's key with its answer, and who sent it (`by`)."""
+
+
+async def _voter(rt: Answering, ref: ChildRef, key: str) -> dict[str, Any] | None:
+    """Who sent the message keyed `key` (its digest) whose answer a session down `ref`'s way
+    recorded: the `by` of the event that recorded it there, in the turn that took it."""
+    at: ChildRef | None = ref
+    for _ in range(MAX_HOPS):
+        found = None if at is None else await _below(rt, at)
+        if at is None or found is None:
+            return None
+        child, asked = found
+        known = child.keys.get(key)
+        if known is not None:
+            first = known[2] if len(known) > 2 and type(known[2]) is int else 1
+            for e in await rt.store.read_events(at.session_id, first - 1, types=_VOTES):
+                if (e.data.get("idem") or [None])[0] == key and e.data.get("by") is not None:
+                    return dict(e.data["by"])
+        at = asked.child
+    return None
+
+
 async def keep_late(
     rt: Answering,
     parent: str,
     mirrors: Sequence[InputRequest],
-    before: dict[str, list[list[str]]],
+    before: dict[str, list[list[Any]]],
 ) -> None:
     """After a cancel or a steering message withdrew `mirrors` in `parent`, keeping the keys
     `mirrored_keys` read `before` its commit: record those their subagents' sessions recorded
-    since, each on an `input.repeated` of the mirror's turn while it is the session's. A vote
-    counted between that read and the commit, whose process died before its own commit here
-    (`keep_vote_key`), would leave its key in the subagent's session alone."""
+    since, each on an `input.repeated` of the mirror's turn while it is the session's, by the
+    person whose vote there recorded it (`_voter`). A vote counted between that read and the
+    commit, whose process died before its own commit here (`keep_vote_key`), would leave its
+    key in the subagent's session alone."""
     mirrors = [r for r in mirrors if r.child is not None]
     if not mirrors:
         return
     now = await mirrored_keys(rt, mirrors)
-    late = [(r, k) for r in mirrors for k in now.get(r.id, []) if k not in before.get(r.id, [])]
+    late = []
+    for r in mirrors:
+        had = {k[0] for k in before.get(r.id, [])}
+        for k in now.get(r.id, []):
+            if k[0] not in had:
+                assert r.child is not None
+                late.append((r, k, await _voter(rt, r.child, k[0])))
     if not late:
         return
 
     def build(st: SessionState) -> list[EventSpec]:
         specs: list[EventSpec] = []
         keys = set(st.keys)
-        for r, k in late:
+        for r, k, by in late:
             if st.turn is not None and st.turn.id == r.turn_id and k[0] not in keys:
                 keys.add(k[0])
-                specs.append(("input.repeated", {"request_id": r.id, "idem": k}))
+                via = {"via": k[2]} if len(k) > 2 else {}
+                specs.append(
+                    ("input.repeated", {"request_id": r.id, "by": by, "idem": k[:2], **via})
+                )
         return specs
 
     await rt._append(parent, build, durable=True, turn_id=late[0][0].turn_id)
