@@ -15,6 +15,7 @@ import pytest
 
 import signoff as so
 from signoff import _cancel_batch, _engine, _messages, _mirror_keys, _mirrors
+from signoff._state import FOLD_VERSION
 from signoff.server._trace_summary import summary
 from signoff.stores._codec import pack_bytes
 from signoff.testing import call, call_tools, reply, scripted_agent, store_contents
@@ -225,10 +226,10 @@ async def test_a_keyed_vote_counted_while_a_cancel_or_steer_is_recorded_keeps_it
 async def test_a_snapshot_of_the_fold_before_kept_keys_is_folded_again(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A snapshot taken after a mirror's close kept Bob's key, by a process of fold 7 (which
-    reads no `kept`): the session loads from its events, so Bob's vote sent again after later
-    turns is a repeat, and verification names nothing. Fold 7's snapshot was loaded as this
-    fold's: the key was lost, and verification named the snapshot (`keys`)."""
+    """A snapshot taken after a mirror's close kept Bob's key, by a process of the fold before
+    (which reads no `kept`): the session loads from its events, so Bob's vote sent again after
+    later turns is a repeat, and verification names nothing. That fold's snapshot was loaded as
+    this fold's: the key was lost, and verification named the snapshot (`keys`)."""
     ran: list[str] = []
     after = Counted("Done.")
     async with so.Runtime(agents(ran, after), store=store_url) as rt:
@@ -252,7 +253,7 @@ async def test_a_snapshot_of_the_fold_before_kept_keys_is_folded_again(
     assert at > close.seq and bob_key in snapshot["keys"]
     older = {
         **snapshot,
-        "fold": 7,
+        "fold": FOLD_VERSION - 1,
         "keys": {k: v for k, v in snapshot["keys"].items() if k != bob_key},
     }
     put_snapshot(store_url, sid, older)
