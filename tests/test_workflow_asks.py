@@ -277,3 +277,49 @@ async def test_a_task_group_branch_is_cancelled_as_its_body_parks_and_nothing_is
         )
         assert (r.status, r.text) == ("completed", "Done.")
     assert tool_results(seen.last)[0].content == "yes"
+
+
+async def test_a_task_group_branch_parked_is_cancelled_once_and_its_cleanup_runs(
+    tmp_path: Path,
+) -> None:
+    """A branch waiting on its question as the body parks is cancelled as asyncio cancels a
+    `TaskGroup`'s tasks: once, by its group, so its own async cleanup runs to its end. It was
+    thrown a cancel of its own first, and the group's came in the middle of that cleanup."""
+    trace: list[str] = []
+
+    @so.tool
+    async def review(ctx: so.ToolContext, doc: str) -> str:
+        """Ask whether to publish, from a branch that releases a lock as it ends."""
+
+        async def confirm() -> str:
+            try:
+                return (await ctx.ask(f"Publish {doc}?", ["yes", "no"], allow_text=False)).value
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                trace.append(f"cancelled {task.cancelling() if task else None}")
+                raise
+            finally:
+                try:
+                    await asyncio.sleep(0.01)  # the lock's release
+                    trace.append("released")
+                except asyncio.CancelledError:
+                    trace.append("release cut short")
+                    raise
+
+        async with asyncio.TaskGroup() as tg:
+            answer = tg.create_task(confirm())
+        return answer.result()
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("docs", [call_tools(call("review", doc="faq")), seen], tools=[review])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("docs", prompt="review", auth=ALICE)
+        assert [(p.question, p.status) for p in r.pending] == [("Publish faq?", "pending")]
+        assert trace == ["cancelled 1", "released"]
+        r = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=r.pending[0].id, option_id="yes")],
+            principal=ALICE,
+        )
+        assert (r.status, r.text) == ("completed", "Done.")
+    assert tool_results(seen.last)[0].content == "yes"

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 __all__ = ["UNRECORDED_KEPT", "CallJournal"]
 
+_CANCEL_YIELDS = 3
+"""Loop turns a parked branch waits for the body's cancel to reach it through its group."""
+
 _NOT_THE_STEPS = (TurnStopped, ApprovalRequired, QuestionWithdrawn, InputUnavailable)
 """What a step may raise that is about the run, not the step's effect: never journaled, so the
 step runs again on replay (as after a crash). The signals steer the call, not the step. Nor is
@@ -470,10 +473,14 @@ class CallJournal:
         """Wait until the engine stops the body to park the call. Woken as the body is stopped,
         ahead of the cancel (a `TaskGroup`'s branch wakes before its body's cancel reaches it),
         it is cancelled like the body, its question still open; woken as the body ended (a
-        gather's sibling failed), its question was withdrawn with the call's end."""
+        gather's sibling failed), its question was withdrawn with the call's end. Stopped, it
+        yields first: the group's own cancel then reaches it here, once, as asyncio's would, so
+        its cleanup runs whole; a branch no one cancels ends after the yields all the same."""
         self.parked.set()
         await self.closed.wait()
         if self.stopped:
+            for _ in range(_CANCEL_YIELDS):
+                await asyncio.sleep(0)
             raise asyncio.CancelledError
         raise QuestionWithdrawn("", "cancelled")
 
