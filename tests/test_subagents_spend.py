@@ -293,6 +293,51 @@ async def test_a_reply_billed_after_the_parents_cancel_is_counted_in_the_parent(
         assert len(await rt.sessions(agent="orders")) == 1  # the next turn delegated nothing
 
 
+class SlowThenQuick(Slow):
+    """`Slow`, whose replies after the first come at once (1 input token each)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    async def complete(self, request: ModelRequest) -> so.ModelResponse:
+        self.calls += 1
+        if self.calls == 1:
+            return await super().complete(request)
+        return so.ModelResponse(text="next", usage=so.Usage(input_tokens=1))
+
+
+async def test_a_late_bill_is_counted_when_the_drive_went_on_to_a_queued_message(
+    store_url: str,
+) -> None:
+    """As above, with a message queued on the child behind its delegated turn: the drive that
+    recorded the late bill went on to that message's turn, and its end counted nothing (the
+    child's turn then was the message's): the parent owed the child for good. Counted once the
+    drive stops, the delegated turn's figure only."""
+    model = SlowThenQuick()
+    async with so.Runtime(
+        [support(max_tokens=300), so.Agent(name="orders", model=model)], store=store_url
+    ) as rt:
+        sid = await rt.create_session("support", auth=ALICE)
+        running = asyncio.create_task(rt.generate(session_id=sid, prompt="refund", auth=ALICE))
+        await asyncio.wait_for(model.started.wait(), 10)
+        [kid] = await rt.sessions(agent="orders")
+        queued = await rt.send(kid.id, "also this", principal=ALICE, turn_policy="queue")
+        assert queued.queued
+        await rt.cancel(sid, principal=ALICE)
+        model.release.set()
+        await asyncio.wait_for(running, 10)
+        for _ in range(200):  # the drive runs the queued message's turn on after the cancel
+            child = await rt.state(kid.id)
+            if child.turn is not None and child.turn.status == "completed":
+                break
+            await asyncio.sleep(0.02)
+        assert child.turn is not None and child.turn.status == "completed"
+        state = await rt.state(sid)
+        assert (state.delegated, state.owed) == (LATE, {})
+        assert await spent(rt, sid) == [{"session_id": kid.id, "delegated": LATE.model_dump()}]
+
+
 def test_a_death_right_after_a_late_bill_leaves_it_for_the_parents_next_turn(
     store_url: str, tmp_path: Path
 ) -> None:

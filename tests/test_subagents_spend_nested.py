@@ -144,8 +144,10 @@ async def test_a_grandchild_counted_after_the_childs_next_turn_started_reaches_t
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As above, but a message sent to the child starts its next turn (which delegates anew)
-    before the sweep: the grandchild counted in the child after that turn started still belongs
-    to the delegated turn's figure, and reaches the top: 70 tokens, once."""
+    before the sweep: the end of that turn's drive counts what the child's cancelled delegated
+    turn owes (`counted_once_stopped`), the grandchild cancelled and counted in the child after
+    that turn started, which still belongs to the delegated turn's figure, and reaches the top:
+    70 tokens, once. The sweep then has nothing left to do."""
     async with so.Runtime(agents(), store=store_url) as rt:
         top, child, grandchild = await nested(rt)
         listed, journaled = _child_sessions.children, _child_sessions.delegated
@@ -168,7 +170,11 @@ async def test_a_grandchild_counted_after_the_childs_next_turn_started_reaches_t
             await rt.cancel(top, principal=ALICE)
         again = await rt.generate(session_id=child, prompt="refund 4", auth=ALICE)
         assert again.status == "waiting"  # its own turn, delegating to a new grandchild
-        assert await rt.expire_due() == 1
+        turn = (await rt.state(grandchild)).turn
+        assert turn is not None and turn.status == "cancelled"
+        assert (await rt.state(top)).delegated == tokens(70)
+        assert await spent(rt, top) == [child]
+        assert await rt.expire_due() == 0
         assert (await rt.state(top)).delegated == tokens(70)
         assert await spent(rt, top) == [child]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._budgets import by_budget
@@ -30,6 +30,7 @@ from ._state import CallState, SessionState, delegated_turn, fold
 from ._types import InputRequest, Principal, Usage
 
 if TYPE_CHECKING:
+    from ._results import GenerateResult
     from ._runtime import Runtime
 
 __all__ = [
@@ -45,9 +46,11 @@ __all__ = [
     "child_id",
     "children",
     "count_owed",
+    "counted_once_stopped",
     "count_spent",
     "delegated",
     "delegating",
+    "driven",
     "first_turn",
     "headroom_now",
     "reconcile",
@@ -403,23 +406,43 @@ def _short(state: SessionState, turn: str) -> set[str]:
     return {k for k, (t, _) in state.short.items() if t == turn}
 
 
+async def driven(rt: Runtime, session_id: str, drive: Awaitable[GenerateResult]) -> GenerateResult:
+    """`drive`, a drive of the session, then `after_drive`; a drive that raises (its runtime
+    closed, its store failed) still counts what a subagent spent (`counted_once_stopped`), as
+    well as it can: the cancel that left the count to the drive's end counts nothing more."""
+    try:
+        result = await drive
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await counted_once_stopped(rt, session_id)
+        raise
+    await after_drive(rt, session_id)
+    return result
+
+
 async def after_drive(rt: Runtime, session_id: str) -> None:
     """`_child_closes.after_drive`, then what the child spent counted in a parent that owes it
-    (`count_spent`): a drive still at the child's turn as its parent's cancel cancelled it (its
-    model call in flight) may record what the reply was billed (`model.spent`) before it stops,
-    so the cancel left the count to the end of that drive (`_settle`)."""
+    (`counted_once_stopped`)."""
     await _after_drive(rt, session_id)
+    await counted_once_stopped(rt, session_id)
+
+
+async def counted_once_stopped(rt: Runtime, session_id: str) -> None:
+    """What a child spent through its delegated turn, cancelled, counted in a parent that owes
+    it (`count_spent`): a drive at that turn as its parent's cancel cancelled it (its model call
+    in flight) may record what the reply was billed (`model.spent`) before it stops, so the
+    cancel left the count to the end of that drive (`_settle`), also when the drive went on to a
+    message queued behind the turn."""
     state = rt._cache.get(session_id)
     if state is None:
         try:
             state = await rt._state(session_id)
         except UnknownSession:  # deleted with its tree meanwhile: nothing owes it
             return
-    turn = state.turn
-    if state.parent is None or turn is None or turn.status != "cancelled":
+    if state.parent is None or state.turn is None:
         return
     first = (await first_turn(rt, state)).turn
-    if first is not None and first.id == turn.id:  # its delegated turn, which `_settle` left
+    if first is not None and first.status == "cancelled":  # its delegated turn, `_settle` left
         await count_spent(rt, session_id)
 
 

@@ -132,9 +132,8 @@ class Runtime(Deletion):
                 with contextlib.suppress(StoreError):  # else kept in `_unreleased` for later
                     await self._release(session_id, *given)
             raise
-        result = await super()._drive(session_id, **kwargs)
-        await _child_sessions.after_drive(self, session_id)  # a subagent's parent may go on now
-        return result
+        # A subagent's parent may go on after it, and counts what it spent once it stopped.
+        return await _child_sessions.driven(self, session_id, super()._drive(session_id, **kwargs))
 
     async def _recover(self, state: SessionState) -> bool:
         recovered = await super()._recover(state)
