@@ -4,6 +4,8 @@ request, which the app asked and no `--as` can name, that only the application c
 
 from __future__ import annotations
 
+import shlex
+
 from typer.testing import CliRunner
 
 import signoff as so
@@ -29,17 +31,19 @@ def scheduled(url: str) -> tuple[str, str]:
 
 def test_chat_names_the_as_that_answers_as_the_asker(url: str) -> None:
     """Chat said "answer as the asker with --as AUTHENTICATOR:ID" whoever asked; it names the
-    asker as `--as` takes them, as `signoff approve` does."""
+    asker as `--as` takes them, as `signoff approve` does, in a command that runs as printed
+    (it said `signoff chat ... --session`, with no runtime or store)."""
     session_id, _ = park(url, auth=so.Principal(authenticator="web", principal_id="alice"))
     args = ["chat", TARGET, "--session", session_id, "--store", url]
     refused = CliRunner().invoke(app, args, input="y\n", env=WIDE)
     assert refused.exit_code == 1, refused.output
     assert "NotAllowed" in refused.output
-    assert (
-        "by default only the asker may answer; as them, run signoff chat ... --session "
-        f"{session_id} --as web:alice"
-    ) in refused.output
+    hint = shlex.join([*args, "--as", "web:alice"])
+    assert f"by default only the asker may answer; as them, run signoff {hint}\n" in refused.output
     assert "AUTHENTICATOR:ID" not in refused.output
+    done = CliRunner().invoke(app, shlex.split(hint), input="y\n", env=WIDE)
+    assert done.exit_code == 0, done.output
+    assert refunds_run(log(url, session_id)) == 1
 
 
 def test_chat_tells_no_as_for_a_request_the_app_asked(url: str) -> None:
@@ -67,3 +71,32 @@ def test_approve_says_only_the_app_settles_a_request_the_app_asked(url: str) -> 
     assert "NotAllowed" in refused.stderr and "run signoff" not in refused.stderr
     assert "only the application can settle it" in refused.stderr
     assert refunds_run(log(url, session_id)) == 0
+
+
+def test_approve_with_a_runtime_hints_it_with_the_store(url: str) -> None:
+    """`approve ID MODULE:RUNTIME --store URL` refused to another than the asker said to run
+    `signoff approve ID --as web:alice`: without the runtime it only records the decision, and
+    without the store (run where it was) it finds none. It names both, and runs as printed."""
+    session_id, request_id = park(url, auth=so.Principal(authenticator="web", principal_id="alice"))
+    refused = invoke("approve", request_id, TARGET, "--store", url, "--as", "web:carol")
+    assert refused.exit_code == 1, refused.output
+    _, hint = refused.stderr.split("; as them, run signoff ")
+    assert shlex.split(hint) == [
+        *("approve", request_id, TARGET, "--store", url, "--as", "web:alice")
+    ]
+    done = invoke(*shlex.split(hint))
+    assert done.exit_code == 0, done.output
+    assert refunds_run(log(url, session_id)) == 1
+
+
+def test_no_as_is_hinted_for_an_asker_one_line_cannot_show(url: str) -> None:
+    """An asker whose id holds a line break or a control character was hinted `--as` as the
+    one-line error showed it (`'web:al ice'`, `'web:al\\x1bice'`), which names someone else:
+    the refusal names no `--as` then."""
+    for principal_id in ("al\nice", "al\x1bice"):
+        asker = so.Principal(authenticator="web", principal_id=principal_id)
+        _, request_id = park(url, auth=asker)
+        refused = invoke("deny", request_id, "--as", "web:carol", "--store", url)
+        assert refused.exit_code == 1, refused.output
+        assert refused.stderr.endswith("carol may not settle it\n"), refused.stderr
+        assert "run signoff" not in refused.stderr

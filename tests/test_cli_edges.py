@@ -8,6 +8,7 @@ import json
 import re
 import shlex
 import time
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -357,17 +358,18 @@ def test_a_decision_on_a_question_is_refused_to_who_may_not_answer_it(url: str, 
     refused as the wrong kind); Alice is still told the kind; nothing is recorded. An `answer`
     of the right kind is hinted with its flag, shell-quoted, as Alice can run it (a bare
     `signoff answer ID` is a usage error, exit 2); one naming no option of it, with the flags
-    that answer it."""
+    that answer it, each with the store given: Alice runs the hint as printed."""
     rt = so.Runtime(_sizing(), store=url)
     try:
         question = rt.generate_sync(agent, "coffee", auth=ALICE_WEB).pending[0]
     finally:
         rt.close_sync()
     as_carol = ("--as", "web:carol", "--store", url)
+    on = f"--store {shlex.quote(url)}"
     # The refusal's hint names what answers a question as Alice, not the `approve` typed, which
     # would then be refused as the wrong kind.
     hint = " or ".join(
-        f"signoff answer {question.id} {flag} --as web:alice"
+        f"signoff answer {question.id} {on} {flag} --as web:alice"
         for flag in ("--option ID", "--text TEXT")
     )
     for settled in (False, True):
@@ -388,7 +390,7 @@ def test_a_decision_on_a_question_is_refused_to_who_may_not_answer_it(url: str, 
         ):
             result = invoke("answer", question.id, *typed, *as_carol)
             assert result.exit_code == 1, result.output
-            hinted[flag] = f"signoff answer {question.id} {flag} --as web:alice"
+            hinted[flag] = f"signoff answer {question.id} {on} {flag} --as web:alice"
             assert result.stderr == f"{as_alice} {hinted[flag]}\n", settled
         told = invoke("approve", question.id, "--as", "web:alice", "--store", url)
         assert told.stderr.startswith(
@@ -397,7 +399,7 @@ def test_a_decision_on_a_question_is_refused_to_who_may_not_answer_it(url: str, 
         assert len(log(url, question.session_id)) == before
         if not settled:  # Alice runs the hint as it was given
             assert question.options[0].id == "1"
-            done = invoke(*shlex.split(hinted["--option 1"])[1:], "--store", url)
+            done = invoke(*shlex.split(hinted["--option 1"])[1:])
             assert done.exit_code == 0, done.output
     session_id, request_id = park(url, auth=ALICE_WEB)
     for given in (["--text", "yes"], ["--option", "1"]):
@@ -405,12 +407,81 @@ def test_a_decision_on_a_question_is_refused_to_who_may_not_answer_it(url: str, 
         assert refused.exit_code == 1, refused.output
         assert refused.stderr.startswith(f"error: NotAllowed: request {request_id} was asked by")
         assert refused.stderr.endswith(
-            f"as them, run signoff approve {request_id} --as web:alice"
-            f" or signoff deny {request_id} --as web:alice\n"
+            f"as them, run signoff approve {request_id} {on} --as web:alice"
+            f" or signoff deny {request_id} {on} --as web:alice\n"
         ), refused.stderr
     decided = invoke("answer", request_id, "--option", "approve", *as_carol)
     assert decided.exit_code == 1, decided.output
     assert decided.stderr.endswith(
-        f"as them, run signoff answer {request_id} --option approve --as web:alice\n"
+        f"as them, run signoff answer {request_id} {on} --option approve --as web:alice\n"
     ), decided.stderr
     assert refunds_run(log(url, session_id)) == 0
+
+
+def _hint(result: Any) -> list[str]:
+    """The command a refusal by the default rule says to run as the asker, as a shell reads it
+    (after `signoff`)."""
+    assert result.exit_code == 1 and "NotAllowed" in result.stderr, result.output
+    _, hint = result.stderr.split("; as them, run signoff ")
+    return shlex.split(hint)
+
+
+# What one red line cannot show as typed: its line breaks are joined with spaces, a tab is
+# expanded, a control character is shown escaped (`\x1b`), which a shell reads literally.
+UNSHOWABLE = (
+    "a big one, please:\n  no sugar\n  oat milk",
+    "big\r\nplease",
+    "big\u2028please",
+    "big\tplease",
+    "big \x1b[1mplease",
+    "big\x85please",
+)
+
+
+def test_a_refused_text_answer_is_hinted_as_typed_or_as_text(url: str) -> None:
+    """`answer QUESTION --text ... --as web:carol` hinted Alice the text as the one-line error
+    showed it: a multi-line text came out joined with spaces, and run as printed recorded that.
+    A text the line shows as typed is hinted shell-quoted, and the hint run as printed records
+    it; any other is hinted `--text TEXT`, never another text."""
+    rt = so.Runtime(_sizing(), store=url)
+    try:
+        question = rt.generate_sync("sizing", "coffee", auth=ALICE_WEB).pending[0]
+    finally:
+        rt.close_sync()
+    as_carol = ("--as", "web:carol", "--store", url)
+    hinted = ["answer", question.id, "--store", url, "--text", "TEXT", "--as", "web:alice"]
+    for typed in UNSHOWABLE:
+        hint = _hint(invoke("answer", question.id, "--text", typed, *as_carol))
+        assert hint[hint.index("--text") + 1] == "TEXT", typed
+        assert hint == hinted
+    typed = "it's a [bold]big[/bold] one :coffee: \\"
+    hint = _hint(invoke("answer", question.id, "--text", typed, *as_carol))
+    assert hint == ["answer", question.id, "--store", url, "--text", typed, "--as", "web:alice"]
+    done = invoke(*hint)
+    assert done.exit_code == 0, done.output
+    (resolved,) = [e for e in log(url, question.session_id) if e.type == "input.resolved"]
+    assert resolved.data["answer"]["text"] == typed
+
+
+@pytest.mark.parametrize("command", ["approve", "deny"])
+def test_a_refused_decision_is_hinted_with_its_reason(url: str, command: str) -> None:
+    """`deny APPROVAL --reason ... --as web:carol` hinted Alice `signoff deny ID --as
+    web:alice`, without the reason typed (which the model reads). The hint keeps `--reason`,
+    shell-quoted, or `--reason TEXT` where the line cannot show it as typed; run as printed, it
+    records the reason."""
+    session_id, request_id = park(url, auth=ALICE_WEB)
+    as_carol = ("--as", "web:carol", "--store", url)
+    typed = "wrong account, refund order 1043 instead; it's 'urgent'"
+    hint = _hint(invoke(command, request_id, "--reason", typed, *as_carol))
+    assert "--reason" in hint and hint[hint.index("--reason") + 1] == typed, hint
+    assert hint == [command, request_id, "--store", url, "--reason", typed, "--as", "web:alice"]
+    for unshowable in UNSHOWABLE:
+        given = _hint(invoke(command, request_id, "--reason", unshowable, *as_carol))
+        assert given == [*hint[:4], "--reason", "TEXT", "--as", "web:alice"], unshowable
+    assert _hint(invoke(command, request_id, *as_carol)) == [*hint[:4], "--as", "web:alice"]
+    assert not [e for e in log(url, session_id) if e.type == "input.resolved"]
+    done = invoke(*hint)
+    assert done.exit_code == 0, done.output
+    (resolved,) = [e for e in log(url, session_id) if e.type == "input.resolved"]
+    assert resolved.data["reason"] == typed
+    assert resolved.data["by"]["principal_id"] == "alice"

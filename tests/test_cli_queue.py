@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import shlex
 import time
 import uuid
 from pathlib import Path
@@ -482,7 +483,6 @@ def test_a_failed_turns_resume_command_names_the_schema_of_the_runtimes_store(
     """A runtime whose store names its schema as an argument (`PostgresStore(url, schema=)`):
     the `signoff chat ...` printed to resume the failed turn names that schema, so that run as
     printed it resumes the session, rather than look in (and create) the default schema."""
-    import shlex
 
     target = tenant_runtime(tmp_path, monkeypatch, "queue_schema_runtime", pg_url, agent="flaky")
     flaky_step.failed = False
@@ -517,7 +517,7 @@ def test_pending_shows_the_asker_as_as_takes_it(url: str) -> None:
     # and says what to run instead
     assert refused.stderr.endswith(
         "by default only the asker may answer; as them, run signoff approve "
-        f"{request_id} --as token:ops\n"
+        f"{request_id} --store {shlex.quote(url)} --as token:ops\n"
     )
     done = invoke("approve", request_id, "--store", url, "--as", "token:ops")
     assert done.exit_code == 0, done.output
@@ -530,7 +530,7 @@ def test_a_refusal_names_no_as_where_the_asker_alone_could_not_answer(url: str) 
     _, request_id = park(url, auth=ops)
     refused = invoke("deny", request_id, "--store", url)
     assert refused.exit_code == 1
-    assert f"signoff deny {request_id} --as token:ops" in refused.stderr
+    assert f"signoff deny {request_id} --store {shlex.quote(url)} --as token:ops" in refused.stderr
 
     @so.tool(approval=so.always(approvers=2, exclude_requester=True))
     async def wire(amount: float) -> float:

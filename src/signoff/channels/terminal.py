@@ -85,6 +85,13 @@ def printable(text: str) -> str:
     return apart(escape(shown[: trailing.start()])) + trailing.group() * 2 + _END
 
 
+def shows_as_is(text: str) -> bool:
+    """Whether `printable(text)`, printed on one line, shows `text` itself, so that a command
+    copied from it runs with it: no control character (shown escaped), tab (expanded) or line
+    break (which a one-line error joins)."""
+    return _CONTROLS.search(text) is None and "\t" not in text and text.splitlines() in ([], [text])
+
+
 def _may_read_as_emoji(text: str) -> bool:
     """Whether Rich could read an emoji code in `text`, or with a colon of the markup around
     it: a code lies between two colons with no colon between (Rich's `Emoji.replace` says)."""

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from .._exceptions import NotAllowed
 from .._text import is_blank
 from .._types import InputRequest, InputResponse, Principal
+from ..channels.terminal import shows_as_is
 from ._app import answer_flags
 
 APP_ONLY = (
@@ -39,33 +40,43 @@ def asker_hint(
         return None
     if asker.principal_type == "runtime":
         return APP_ONLY
-    if asker.principal_type != "user" or ":" in asker.authenticator:
+    said = f"{asker.authenticator}:{asker.principal_id}"
+    if asker.principal_type != "user" or ":" in asker.authenticator or not shows_as_is(said):
         return None
-    who = shlex.quote(f"{asker.authenticator}:{asker.principal_id}")
+    who = shlex.quote(said)
     commands = [command] if isinstance(command, str) else command
     run = " or ".join(f"signoff {c} --as {who}" for c in commands)
     return f"by default only the asker may answer; as them, run {run}"
 
 
-def answering(command: str, request: InputRequest, typed: InputResponse | None) -> list[str]:
+def answering(
+    command: str, request: InputRequest, typed: InputResponse | None, where: Sequence[str] = ()
+) -> list[str]:
     """The commands (after `signoff`) that answer `request`: `command` as typed (an `answer`
-    with its flag, shell-quoted) where the request takes that answer, else `approve` or `deny`
-    for an approval and `answer` with each flag a question takes. `typed` is None where it was
-    of the wrong kind."""
-    rid = request.id
+    with its flag, `approve` or `deny` with its `--reason`, shell-quoted) where the request
+    takes that answer, else `approve` or `deny` for an approval and `answer` with each flag a
+    question takes. `typed` is None where it was of the wrong kind; `where` (MODULE:RUNTIME,
+    `store_args`) follows the id, so that each runs as printed where this one did."""
+    rid = shlex.join([request.id, *where])
     if typed is not None:
-        if command != "answer":
-            return [f"{command} {rid}"]
         option, text = typed.option_id, typed.text
+        if command != "answer":
+            return [f"{command} {rid}" + ("" if text is None else f" {_flag('--reason', text)}")]
         if option is not None and (
             request.kind == "tool-approval" or any(o.id == option for o in request.options)
         ):
-            return [f"answer {rid} --option {shlex.quote(option)}"]
+            return [f"answer {rid} {_flag('--option', option, 'ID')}"]
         if text is not None and request.allow_text and not is_blank(text):
-            return [f"answer {rid} --text {shlex.quote(text)}"]
+            return [f"answer {rid} {_flag('--text', text)}"]
     if request.kind == "tool-approval":
         return [f"approve {rid}", f"deny {rid}"]
     return [f"answer {rid} {flag}" for flag in answer_flags(request)]
+
+
+def _flag(name: str, value: str, metavar: str = "TEXT") -> str:
+    """`name` with `value` shell-quoted, or with its metavar where the one-line error would not
+    show `value` as typed (a line break, a tab, a control character): never another value."""
+    return f"{name} {shlex.quote(value) if shows_as_is(value) else metavar}"
 
 
 @contextlib.contextmanager

@@ -303,7 +303,9 @@ class _Chat:
                     )
             except NotAllowed as exc:
                 self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
-                again = f"chat ... --session {result.session_id}"
+                url = getattr(self.runtime.store, "url", None)
+                on = store_args(url) if isinstance(url, str) else []
+                again = shlex.join(["chat", self.target, "--session", result.session_id, *on])
                 hint = asker_hint(again, request, self.principal)
                 if hint is not None:
                     self.console.print(f"[dim]{printable(hint)}[/]")

@@ -351,8 +351,9 @@ async def _settle(
         ):
             raise wrong
         # Who may not answer it is told to run as the asker what answers it: what was typed,
-        # with its flag, where the request takes it.
-        hinted = answering(command, request, None if wrong is not None else answer)
+        # with its flag, where the request takes it, on this runtime and store.
+        runs_on = [*([target] if target else []), *store_args(runtime.store.url)]
+        hinted = answering(command, request, None if wrong is not None else answer, runs_on)
         if loaded is None and (
             request.response_policy or await response_policy_recorded(runtime.store, request)
         ):
