@@ -5,13 +5,15 @@ request, which the app asked and no `--as` can name, that only the application c
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 import signoff as so
 from signoff.cli import app
 
-from ._cli import TARGET, agent, invoke, log, park, refunds_run, url
+from ._cli import TARGET, agent, invoke, log, park, refunds_run, runtime_module, url
 
 __all__ = ["url"]  # the fixture, used by name
 
@@ -84,6 +86,23 @@ def test_approve_with_a_runtime_hints_it_with_the_store(url: str) -> None:
     assert shlex.split(hint) == [
         *("approve", request_id, TARGET, "--store", url, "--as", "web:alice")
     ]
+    done = invoke(*shlex.split(hint))
+    assert done.exit_code == 0, done.output
+    assert refunds_run(log(url, session_id)) == 1
+
+
+def test_a_runtime_with_its_own_store_is_hinted_without_one(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`approve ID MODULE:RUNTIME` with no `--store` names no store in its hint: the runtime
+    opens its own, and its URL as shown (a password masked) would not open it (a PostgreSQL
+    store with a password failed authentication run as printed). It runs as printed."""
+    target = runtime_module(tmp_path, monkeypatch, "own_store", repr(url))
+    session_id, request_id = park(url, auth=so.Principal(authenticator="web", principal_id="alice"))
+    refused = invoke("approve", request_id, target, "--as", "web:carol")
+    assert refused.exit_code == 1, refused.output
+    _, hint = refused.stderr.split("; as them, run signoff ")
+    assert shlex.split(hint) == ["approve", request_id, target, "--as", "web:alice"]
     done = invoke(*shlex.split(hint))
     assert done.exit_code == 0, done.output
     assert refunds_run(log(url, session_id)) == 1

@@ -279,12 +279,14 @@ async def test_a_task_group_branch_is_cancelled_as_its_body_parks_and_nothing_is
     assert tool_results(seen.last)[0].content == "yes"
 
 
+@pytest.mark.parametrize("depth", [1, 6])
 async def test_a_task_group_branch_parked_is_cancelled_once_and_its_cleanup_runs(
-    tmp_path: Path,
+    tmp_path: Path, depth: int
 ) -> None:
     """A branch waiting on its question as the body parks is cancelled as asyncio cancels a
-    `TaskGroup`'s tasks: once, by its group, so its own async cleanup runs to its end. It was
-    thrown a cancel of its own first, and the group's came in the middle of that cleanup."""
+    `TaskGroup`'s tasks: once, by its group, so its own async cleanup runs to its end, also
+    under groups nested `depth` deep (each a loop turn later). It was thrown a cancel of its
+    own first, and the group's came in the middle of that cleanup."""
     trace: list[str] = []
 
     @so.tool
@@ -306,9 +308,12 @@ async def test_a_task_group_branch_parked_is_cancelled_once_and_its_cleanup_runs
                     trace.append("release cut short")
                     raise
 
-        async with asyncio.TaskGroup() as tg:
-            answer = tg.create_task(confirm())
-        return answer.result()
+        async def nested(level: int) -> str:
+            async with asyncio.TaskGroup() as tg:
+                answer = tg.create_task(confirm() if level == 1 else nested(level - 1))
+            return answer.result()
+
+        return await nested(depth)
 
     seen = Capture(reply("Done."))
     agent = scripted_agent("docs", [call_tools(call("review", doc="faq")), seen], tools=[review])

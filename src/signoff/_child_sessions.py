@@ -441,6 +441,12 @@ async def counted_once_stopped(rt: Runtime, session_id: str) -> None:
             return
     if state.parent is None or state.turn is None:
         return
+    try:
+        parent = await rt._state(state.parent)
+    except UnknownSession:
+        return
+    if session_id not in parent.owed and session_id not in parent.short:
+        return  # the common case: its parent counted it, or its call is still at it
     first = (await first_turn(rt, state)).turn
     if first is not None and first.status == "cancelled":  # its delegated turn, `_settle` left
         await count_spent(rt, session_id)

@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 
 __all__ = ["UNRECORDED_KEPT", "CallJournal"]
 
-_CANCEL_YIELDS = 3
-"""Loop turns a parked branch waits for the body's cancel to reach it through its group."""
+_CANCEL_YIELDS = 100
+"""Loop turns a parked branch waits at most for the body's cancel to reach it through its groups
+(one a group nested in the body); the cancel ends the wait at once."""
 
 _NOT_THE_STEPS = (TurnStopped, ApprovalRequired, QuestionWithdrawn, InputUnavailable)
 """What a step may raise that is about the run, not the step's effect: never journaled, so the

@@ -91,9 +91,11 @@ class _Chat:
         *,
         target: str,
         acting_as: str | None = None,
+        store: str | None = None,
     ) -> None:
         self.runtime = runtime
         self.target = target
+        self.store = store  # as given (`--store`, `SIGNOFF_STORE`), over the runtime's own
         self.acting_as = acting_as
         self.agent = agent
         self.console = console
@@ -303,8 +305,8 @@ class _Chat:
                     )
             except NotAllowed as exc:
                 self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
-                url = getattr(self.runtime.store, "url", None)
-                on = store_args(url) if isinstance(url, str) else []
+                # The store only as typed: the runtime's own URL, password masked, would not open.
+                on = store_args(self.store) if self.store else []
                 again = shlex.join(["chat", self.target, "--session", result.session_id, *on])
                 hint = asker_hint(again, request, self.principal)
                 if hint is not None:
@@ -400,7 +402,9 @@ def chat(
                 owner = (await runtime.state(str(session))).agent
                 # one it lacks: any of its agents, which `reopen` then refuses, naming them
                 picked = runtime.agents.get(owner) or next(iter(runtime.agents.values()))
-            chat = _Chat(runtime, picked, console, principal, target=target, acting_as=acting_as)
+            chat = _Chat(
+                runtime, picked, console, principal, target=target, acting_as=acting_as, store=store
+            )
             await chat.run(session)
             undone = chat.undone
 

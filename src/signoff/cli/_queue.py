@@ -351,8 +351,12 @@ async def _settle(
         ):
             raise wrong
         # Who may not answer it is told to run as the asker what answers it: what was typed,
-        # with its flag, where the request takes it, on this runtime and store.
-        runs_on = [*([target] if target else []), *store_args(runtime.store.url)]
+        # with its flag, where the request takes it, on this runtime and store (a runtime's
+        # own store is not named: its URL, password masked, would not open it).
+        if target:
+            runs_on = [target, *(store_args(store) if store else [])]
+        else:
+            runs_on = store_args(runtime.store.url)
         hinted = answering(command, request, None if wrong is not None else answer, runs_on)
         if loaded is None and (
             request.response_policy or await response_policy_recorded(runtime.store, request)
