@@ -43,7 +43,7 @@ from ._idempotency import Keyed, key_fields
 from ._mirrors import deciding
 from ._output_caps import spare
 from ._policy_inputs import session_info, typed_input
-from ._recording import Answered, Batch, runnable, with_usage
+from ._recording import Answered, Batch, runnable, unclaimed, with_usage
 from ._request_session import request_in
 from ._response import ResponseVerdict
 from ._results import GenerateResult, Outcome
@@ -358,7 +358,9 @@ class Answering(Candidates):
                 driver = self._driver(state, None)
                 try:
                     await driver.record(
-                        in_time(self.now, batch, late, held), durable=True, turn_id=turn_id
+                        unclaimed(in_time(self.now, batch, late, held), mark, session_id),
+                        durable=True,
+                        turn_id=turn_id,
                     )
                 except RequestClosed:
                     self._cache.pop(session_id, None)

@@ -13,18 +13,21 @@ from ._answers import check_text as _check_text
 from ._answers import match as _match
 from ._call_guards import closes_stop
 from ._cancellation import stop_calls
+from ._candidates import RECOVERY_GRACE
 from ._counts import refused_only
 from ._exceptions import (
     ConflictingAnswer,
     PartialAnswer,
     RequestClosed,
     SessionBusy,
+    UnknownSession,
     UsageError,
 )
-from ._idempotency import Keyed, keyed, records, seen, session_for, turn_of
+from ._idempotency import Keyed, held, keyed, records, seen, session_for, turn_of
 from ._mirror_keys import keep_late, keep_vote_key, keeping, mirrored_keys, voted_through
 from ._mirrors import following_mirrors
 from ._recording import Answered, Changed, EventSpec, TurnStopped, load_turn, unchanged
+from ._refusals import wait_ended
 from ._results import GenerateResult
 from ._state import SessionState, turn_over, waits_for_retry
 from ._text import NOTHING_SAID, is_blank
@@ -73,7 +76,8 @@ class Messages(Answering):
         With an `idempotency_key`, a message sent again with the same key (by the same
         `principal`) is not delivered again: the call returns the turn the message went to, as
         it stands (`replayed`, see `_replay`), or raises `IdempotencyKeyReused` if the key came
-        with another message or `turn_policy`.
+        with another message or `turn_policy`. While a response policy judges the answer its
+        message gave, the message sent again waits for that verdict.
         """
         principal = check_principal(principal, "principal")
         await self.open()
@@ -102,6 +106,7 @@ class Messages(Answering):
         """`send`, its message checked: answer, start a turn, steer or queue, and drive."""
         key = {} if idem is None else {"idem": list(idem)}
         asked: set[str] | None = None  # the requests open when the message arrived
+        waited: set[str] = set()  # the candidates of its answer judged meanwhile, waited for
         for _ in range(20):
             state = await self._checked(session_id)
             if asked is None:
@@ -110,6 +115,13 @@ class Messages(Answering):
                 state, idem, principal
             ):
                 return await self._replay(session_id, idem)
+            judging = await self._judging(state, idem)
+            if judging is not None and judging[1] not in waited:
+                # Its answer, given by this call sent before, is being judged: its verdict is
+                # waited for, then replayed (or the message delivered anew if it was refused).
+                waited.add(judging[1])
+                await self._verdict(*judging)
+                continue
             turn = state.turn
             # A turn a retry can resume has not ended: only a `steer` message from the person
             # it serves starts the next turn past it; any other waits, as on a running turn.
@@ -240,6 +252,47 @@ class Messages(Answering):
         await keep_vote_key(self, state.id, mirror, idem, principal)
         return True
 
+    async def _judging(
+        self, state: SessionState, idem: Keyed | None
+    ) -> tuple[SessionState, str] | None:
+        """The candidate (the state of its session and its id) that holds the key of `idem`
+        aside while a response policy judges its message's answer, in the session or in a
+        subagent's one of its open mirrors stands for (hop by hop): the key is recorded only
+        with its verdict. `IdempotencyKeyReused`, naming the session, if it came with another
+        message there: a message sent with it meanwhile would act beside that answer."""
+        if idem is None:
+            return None
+        todo, visited = [state], set()
+        while todo:
+            st = todo.pop()
+            visited.add(st.id)
+            cid = held(st.candidates, idem, state.id)
+            if cid is not None:
+                return st, cid
+            for live in st.pending_requests():
+                ref = live.child
+                if ref is None or ref.session_id in visited:
+                    continue
+                try:
+                    todo.append(await self._state(ref.session_id))
+                except UnknownSession:
+                    continue  # a subagent's session gone: it judges nothing
+        return None
+
+    async def _verdict(self, state: SessionState, cid: str) -> None:
+        """Wait for the verdict on candidate `cid`, pending in `state`: its end, its request's
+        close, or the time its judging may take passing (its process died: a drive or an
+        answer judges it again). Not for a tool this runtime does not know."""
+        c = state.candidates[cid]
+        rid, agent = c["request_id"], self.agents.get(state.agent)
+        live = state.requests.get(rid)
+        name = None if live is None else live.request.tool_name
+        tool = None if agent is None or name is None else agent.tools.get(name)
+        if tool is None:
+            return
+        until = float(c["at"]) + tool.response_timeout + RECOVERY_GRACE
+        await wait_ended(self.store, state.id, rid, cid, state.seq, self.now, until)
+
     async def _taken(self, session_id: str, request: InputRequest, idem: Keyed) -> bool:
         """Whether the message keyed `idem` answered `request` before: its key is recorded in the
         session, or in the subagent's session a mirrored request stands for, where its vote on
@@ -274,7 +327,7 @@ class Messages(Answering):
         taken: list[bool] = []
 
         def build(st: SessionState) -> list[EventSpec]:
-            taken[:] = [idem[0] in st.keys and seen(st.keys, idem, session_id)]
+            taken[:] = [seen(st.keys, idem, session_id, st.candidates)]
             if idem[0] in st.keys or st.turn is None or st.turn.id != request.turn_id:
                 return []
             return [("input.repeated", data)]
