@@ -7,16 +7,27 @@ holds the key aside: another message sent with it meanwhile is refused, the same
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 import signoff as so
-from signoff import _refusals
+from signoff import _key_commits, _mirrors, _refusals
+from signoff._candidates import RECOVERY_GRACE
 from signoff._messages import Messages
+from signoff._response import DEFAULT_RESPONSE_TIMEOUT
 from signoff._state import SessionState
-from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent, store_contents
+from signoff.testing import (
+    ExecutionLog,
+    ManualClock,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    store_contents,
+)
 
 from ._response_policies import ALICE, BOB, asked, events_of, refund_agent
 from ._server_api import in_process
@@ -176,7 +187,9 @@ async def test_the_same_message_with_the_key_of_an_answer_being_judged_waits_for
 ) -> None:
     """The keyed "approve" sent again while its response policy judges it (in the session, or
     in a subagent's through the parent's mirror) is the same call: it waits for that verdict
-    and replays it, judging nothing again and recording nothing."""
+    and replays it, judging nothing again and recording nothing. A guard: the answer path
+    waited for that verdict before the key was held (its double click, `InFlight`), and this
+    passes there too; a runtime that cannot judge it is pinned below."""
     started, release, waiting = asyncio.Event(), asyncio.Event(), asyncio.Event()
     judged: list[str] = []
     log = ExecutionLog()
@@ -210,6 +223,89 @@ async def test_the_same_message_with_the_key_of_an_answer_being_judged_waits_for
         assert judged == ["approve"] and log.count() == 1
         assert await messages(rt, sid) == ["refund ch_1"]
         assert await rt.verify_audit() == []
+
+
+def _without_the_tool() -> so.Agent:
+    """The billing agent as a runtime deployed without its refund tool has it."""
+
+    @so.tool
+    async def lookup(charge_id: str) -> str:
+        """Look a charge up."""
+        return charge_id
+
+    return scripted_agent("billing", [reply("done")], tools=[lookup])
+
+
+@pytest.mark.parametrize("who", [ALICE, BOB], ids=["alice", "bob"])
+async def test_the_same_message_reaching_a_runtime_without_the_tool_waits_for_its_verdict(
+    store_url: str, who: so.Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keyed "approve" sent again while judged reaches a runtime whose agent lacks the
+    tool: it did not wait (it cannot know the policy's time), and was delivered as a new
+    message: Bob's queued (the refund ran, then his "approve" started a turn of its own),
+    Alice's refused (`NotAllowed`). It waits the default policy time for the verdict the
+    other runtime gives, and replays it."""
+    started, release, waiting = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    looked = _refusals.ended
+
+    async def ended(*args: Any) -> bool:
+        waiting.set()
+        return await looked(*args)
+
+    monkeypatch.setattr(_refusals, "ended", ended)
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=_first_waits(started, release))
+    async with (
+        so.Runtime([refund_agent(log, spec)], store=store_url) as rt,
+        so.Runtime([_without_the_tool()], store=store_url) as elsewhere,
+    ):
+        sid, _, _ = await asked(rt, ALICE)
+        first = asyncio.create_task(rt.send(sid, "approve", principal=who, idempotency_key="k"))
+        await started.wait()
+        second = asyncio.create_task(
+            elsewhere.send(sid, "approve", principal=who, idempotency_key="k")
+        )
+        await asyncio.wait(
+            [second, asyncio.create_task(waiting.wait())], return_when=asyncio.FIRST_COMPLETED
+        )
+        release.set()
+        done = await first
+        (again,) = await asyncio.gather(second, return_exceptions=True)
+        assert isinstance(again, so.GenerateResult), again
+        assert (again.replayed, again.turn_id) == (True, done.turn_id)
+        assert (done.status, log.count()) == ("completed", 1)
+        assert await messages(rt, sid) == ["refund ch_1"]
+        assert await rt.verify_audit() == []
+
+
+@pytest.mark.parametrize("who", [ALICE, BOB], ids=["alice", "bob"])
+async def test_the_same_message_reaching_a_runtime_without_the_tool_past_its_time_is_refused(
+    store_url: str, who: so.Principal
+) -> None:
+    """Sent again past the time its judging may take, to a runtime without the tool, the keyed
+    "approve" is refused as an answer from there is (`NotAllowed`, naming the request), storing
+    nothing: never delivered as another message beside the answer still being judged."""
+    started, release = asyncio.Event(), asyncio.Event()
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=_first_waits(started, release))
+    late = ManualClock(time.time() + DEFAULT_RESPONSE_TIMEOUT + RECOVERY_GRACE + 60)
+    async with (
+        so.Runtime([refund_agent(log, spec)], store=store_url) as rt,
+        so.Runtime([_without_the_tool()], store=store_url, clock=late) as elsewhere,
+    ):
+        sid, req, _ = await asked(rt, ALICE)
+        first = asyncio.create_task(rt.send(sid, "approve", principal=who, idempotency_key="k"))
+        await started.wait()
+        before = await store_contents(rt.store, sid)
+        with pytest.raises(so.NotAllowed) as caught:
+            await elsewhere.send(sid, "approve", principal=who, idempotency_key="k")
+        assert caught.value.request_ids == [req.id]
+        assert "has no tool 'refund_charge'" in str(caught.value)
+        assert await store_contents(rt.store, sid) == before
+        release.set()
+        done = await first
+        assert (done.status, done.replayed, log.count()) == ("completed", False, 1)
+        assert await messages(rt, sid) == ["refund ch_1"]
 
 
 def _delegating(child: so.Agent) -> list[so.Agent]:
@@ -290,12 +386,13 @@ async def test_another_message_with_the_key_of_an_answer_being_judged_is_409_ove
 
 def _let_through(monkeypatch: pytest.MonkeyPatch) -> None:
     """Send as a process of an older signoff did: blind to the keys held aside by answers being
-    judged, so another message with such a key is delivered."""
+    judged, when it reads and when it commits, so another message with such a key is delivered."""
 
     async def blind(self: Messages, state: SessionState, idem: object) -> None:
         return None
 
     monkeypatch.setattr(Messages, "_judging", blind, raising=False)
+    monkeypatch.setattr(_key_commits, "_judged", lambda state, key: False)
 
 
 def _refunds(log: ExecutionLog, spec: so.ApprovalSpec) -> so.Agent:
@@ -364,8 +461,14 @@ async def test_a_key_another_message_took_in_the_parent_while_judged_in_its_chil
     with the key of his "approve" that the subagent judges. The subagent settles it (the key
     is its own there), and the mirror's close in the parent then took the key over from the
     queued message, so that message's retry was refused though it ran. The close leaves the
-    key to it: that message replays, and the "approve" sent again to the parent is refused."""
+    key to it: that message replays, and the "approve" sent again to the parent is refused.
+    (The "approve" came through an older signoff too, which held no key in the parent.)"""
     started, release = asyncio.Event(), asyncio.Event()
+
+    async def no_hold(*args: object) -> None:
+        return None
+
+    monkeypatch.setattr(_mirrors, "hold_key", no_hold)
     log = ExecutionLog()
     spec = so.ApprovalSpec(request=so.always(), response=_first_waits(started, release))
     async with so.Runtime(_delegating(refund_agent(log, spec)), store=store_url) as rt:

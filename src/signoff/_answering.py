@@ -40,10 +40,11 @@ from ._exceptions import (
     UnknownRequest,
 )
 from ._idempotency import Keyed, key_fields
+from ._key_commits import unclaimed
 from ._mirrors import deciding
 from ._output_caps import spare
 from ._policy_inputs import session_info, typed_input
-from ._recording import Answered, Batch, runnable, unclaimed, with_usage
+from ._recording import Answered, Batch, runnable, with_usage
 from ._request_session import request_in
 from ._response import ResponseVerdict
 from ._results import GenerateResult, Outcome

@@ -26,6 +26,7 @@ __all__ = [
     "Via",
     "caller_parts",
     "check_key",
+    "free_for",
     "held",
     "key_fields",
     "key_reused",
@@ -54,7 +55,10 @@ Keyed = tuple[str, str]
 (`idem`)."""
 
 # What the session state keeps per key digest (`SessionState.keys`):
-#   [asked, None]                only the session is created, no message recorded yet;
+#   [asked, None]                only the session is created, no message recorded yet; or a
+#                                message's answer to a mirror holds the key while the subagent's
+#                                session settles it (`input.repeated`'s `held_idem`: `_key_holds`;
+#                                in a subagent's session with `hops` after it, as below);
 #   [asked, turn_id, first_seq]  the turn the message started, steered or answered in, or that
 #                                took it from the queue, and the seq of that turn's first event;
 #   [asked, "", None]            the message waits in the queue for a turn to take it;
@@ -112,7 +116,11 @@ def sent_here(specs: Sequence[tuple[_T, dict[str, Any]]]) -> list[tuple[_T, dict
     (0): its parent's calls tell it from a vote through their mirror (`_mirror_keys`)."""
     out = []
     for type_, data in specs:
-        for name, via in (("idem", "via"), ("message_idem", "message_via")):
+        for name, via in (
+            ("idem", "via"),
+            ("message_idem", "message_via"),
+            ("held_idem", "held_via"),
+        ):
             if isinstance(data.get(name), list) and via not in data:
                 data = {**data, via: 0}
         out.append((type_, data))
@@ -243,6 +251,13 @@ def held(candidates: dict[str, dict[str, Any]], idem: Keyed | None, session_id: 
             raise key_reused(session_id)
         return cid
     return None
+
+
+def free_for(keys: dict[str, Any], idem: Keyed) -> bool:
+    """Whether the key of `idem` is free to record for its message: not recorded, or only held
+    for that message while its answer to a mirror is settled below (`[asked, None]`)."""
+    known = keys.get(idem[0])
+    return known is None or (known[1] is None and same_ask(known[0], idem))
 
 
 def taken_by_another(keys: dict[str, Any], idem: Keyed) -> bool:

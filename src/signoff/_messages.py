@@ -5,7 +5,7 @@ its end. Built on `Answering`, which settles what a message answers."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from ._answering import Answering
 from ._answers import Reply, check_principal, check_unambiguous, names_several
@@ -15,22 +15,27 @@ from ._call_guards import closes_stop
 from ._cancellation import stop_calls
 from ._candidates import RECOVERY_GRACE
 from ._counts import refused_only
+from ._eligibility import check_policy_present
 from ._exceptions import (
     ConflictingAnswer,
+    NotAllowed,
     PartialAnswer,
     RequestClosed,
     SessionBusy,
     UnknownSession,
     UsageError,
 )
-from ._idempotency import Keyed, held, keyed, records, seen, session_for, turn_of
+from ._idempotency import Keyed, free_for, held, keyed, records, seen, session_for, turn_of
+from ._key_commits import unchanged
 from ._mirror_keys import keep_late, keep_vote_key, keeping, mirrored_keys, voted_through
-from ._mirrors import following_mirrors
-from ._recording import Answered, Changed, EventSpec, TurnStopped, load_turn, unchanged
+from ._mirrors import following_mirrors, named_as_answered
+from ._recording import Answered, Changed, EventSpec, TurnStopped, load_turn
 from ._refusals import wait_ended
+from ._response import DEFAULT_RESPONSE_TIMEOUT
 from ._results import GenerateResult
 from ._state import SessionState, turn_over, waits_for_retry
 from ._text import NOTHING_SAID, is_blank
+from ._tools import Tool
 from ._types import InputRequest, Principal
 from .stores import Resolve
 
@@ -116,12 +121,16 @@ class Messages(Answering):
             ):
                 return await self._replay(session_id, idem)
             judging = await self._judging(state, idem)
-            if judging is not None and judging[1] not in waited:
+            if judging is not None and judging.cid not in waited:
                 # Its answer, given by this call sent before, is being judged: its verdict is
                 # waited for, then replayed (or the message delivered anew if it was refused).
-                waited.add(judging[1])
-                await self._verdict(*judging)
+                waited.add(judging.cid)
+                await self._verdict(judging)
                 continue
+            if judging is not None:
+                # Still judged past its time (its process died): this message is that answer,
+                # judged again below where this runtime can, and never delivered as another.
+                self._judges(judging)
             turn = state.turn
             # A turn a retry can resume has not ended: only a `steer` message from the person
             # it serves starts the next turn past it; any other waits, as on a running turn.
@@ -129,6 +138,8 @@ class Messages(Answering):
                 turn, principal, queue=turn_policy == "queue"
             ) and not await self._retry_refused(session_id)
             if turn is None or (turn.status in ("completed", "failed", "cancelled") and not held):
+                if judging is not None:
+                    raise _still_judged(session_id, judging)
                 if state.queued and turn is not None and turn_over(turn):
                     # Messages that waited for the turn's end go first: this one queues too
                     # (a drive or a worker starts the first of them).
@@ -179,6 +190,8 @@ class Messages(Answering):
                 # Asked after the message arrived (a subagent's next question, once an answer
                 # to the request it replied to closed that): its sender never saw it.
                 first = None
+            if judging is not None and (first is None or first.id != judging.way[0].id):
+                raise _still_judged(session_id, judging)
             if first is not None:
                 check_unambiguous(first, message)
                 reply = _match(first, message)
@@ -252,46 +265,61 @@ class Messages(Answering):
         await keep_vote_key(self, state.id, mirror, idem, principal)
         return True
 
-    async def _judging(
-        self, state: SessionState, idem: Keyed | None
-    ) -> tuple[SessionState, str] | None:
-        """The candidate (the state of its session and its id) that holds the key of `idem`
-        aside while a response policy judges its message's answer, in the session or in a
-        subagent's one of its open mirrors stands for (hop by hop): the key is recorded only
-        with its verdict. `IdempotencyKeyReused`, naming the session, if it came with another
-        message there: a message sent with it meanwhile would act beside that answer."""
+    async def _judging(self, state: SessionState, idem: Keyed | None) -> _Judged | None:
+        """The candidate that holds the key of `idem` aside while a response policy judges its
+        message's answer, in the session or in a subagent's one of its open mirrors stands for
+        (hop by hop): the key is recorded only with its verdict. `IdempotencyKeyReused`, naming
+        the session, if it came with another message there: a message sent with it meanwhile
+        would act beside that answer."""
         if idem is None:
             return None
-        todo, visited = [state], set()
+        todo: list[tuple[SessionState, list[InputRequest]]] = [(state, [])]
+        visited: set[str] = set()
         while todo:
-            st = todo.pop()
+            st, way = todo.pop()
             visited.add(st.id)
             cid = held(st.candidates, idem, state.id)
-            if cid is not None:
-                return st, cid
-            for live in st.pending_requests():
-                ref = live.child
+            live = None if cid is None else st.requests.get(st.candidates[cid]["request_id"])
+            if cid is not None and live is not None:
+                return _Judged(st, cid, [*way, live.request])
+            for r in st.pending_requests():
+                ref = r.child
                 if ref is None or ref.session_id in visited:
                     continue
                 try:
-                    todo.append(await self._state(ref.session_id))
+                    todo.append((await self._state(ref.session_id), [*way, r]))
                 except UnknownSession:
                     continue  # a subagent's session gone: it judges nothing
         return None
 
-    async def _verdict(self, state: SessionState, cid: str) -> None:
-        """Wait for the verdict on candidate `cid`, pending in `state`: its end, its request's
-        close, or the time its judging may take passing (its process died: a drive or an
-        answer judges it again). Not for a tool this runtime does not know."""
-        c = state.candidates[cid]
-        rid, agent = c["request_id"], self.agents.get(state.agent)
-        live = state.requests.get(rid)
-        name = None if live is None else live.request.tool_name
-        tool = None if agent is None or name is None else agent.tools.get(name)
-        if tool is None:
-            return
-        until = float(c["at"]) + tool.response_timeout + RECOVERY_GRACE
-        await wait_ended(self.store, state.id, rid, cid, state.seq, self.now, until)
+    def _judging_tool(self, judged: _Judged) -> Tool | None:
+        """The tool whose response policy judges `judged`'s answer, if this runtime has it."""
+        agent = self.agents.get(judged.state.agent)
+        return None if agent is None else agent.tools.get(judged.way[-1].tool_name or "")
+
+    async def _verdict(self, judged: _Judged) -> None:
+        """Wait for the verdict on `judged`'s candidate: its end, its request's close, or the
+        time its judging may take passing (its process died: a drive or an answer judges it
+        again); the default policy's time where this runtime lacks the tool, which some other
+        runtime judges it with."""
+        tool = self._judging_tool(judged)
+        timeout = DEFAULT_RESPONSE_TIMEOUT if tool is None else tool.response_timeout
+        st, cid = judged.state, judged.cid
+        until = float(st.candidates[cid]["at"]) + timeout + RECOVERY_GRACE
+        rid = judged.way[-1].id
+        await wait_ended(self.store, st.id, rid, cid, st.seq, self.now, until)
+
+    def _judges(self, judged: _Judged) -> None:
+        """`NotAllowed`, as an answer to its request would be, if this runtime cannot judge
+        `judged`'s answer again: it lacks the agent, the tool or its response policy."""
+        tool = self._judging_tool(judged)
+        request = judged.way[-1]
+        try:
+            check_policy_present(
+                request, tool, recorded=True, here=judged.state.agent in self.agents
+            )
+        except NotAllowed as exc:
+            raise named_as_answered(exc, judged.way) from None
 
     async def _taken(self, session_id: str, request: InputRequest, idem: Keyed) -> bool:
         """Whether the message keyed `idem` answered `request` before: its key is recorded in the
@@ -328,7 +356,7 @@ class Messages(Answering):
 
         def build(st: SessionState) -> list[EventSpec]:
             taken[:] = [seen(st.keys, idem, session_id, st.candidates)]
-            if idem[0] in st.keys or st.turn is None or st.turn.id != request.turn_id:
+            if not free_for(st.keys, idem) or st.turn is None or st.turn.id != request.turn_id:
                 return []
             return [("input.repeated", data)]
 
@@ -455,6 +483,25 @@ class Messages(Answering):
         result = self._result(await load_turn(self.store, state.id, turn_id, first_seq))
         open_now = {r.id for r in state.pending_requests()}
         return dataclasses.replace(result, pending=[r for r in result.pending if r.id in open_now])
+
+
+class _Judged(NamedTuple):
+    """A pending candidate holding a message's key (`Messages._judging`): its session's state,
+    its id, and the way from the request the message answered down to the candidate's own."""
+
+    state: SessionState
+    cid: str
+    way: list[InputRequest]
+
+
+def _still_judged(session_id: str, judged: _Judged) -> SessionBusy:
+    """The error of a message whose answer is still judged past its time, which this call
+    would otherwise deliver as another message (its request is not the one it answers now)."""
+    return SessionBusy(
+        f"the answer this message gave to request {judged.way[0].id} is still being judged, "
+        "past its response policy's time: send it again later",
+        session_id,
+    )
 
 
 def _denies(request: InputRequest, reply: Reply | None) -> bool:

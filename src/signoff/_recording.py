@@ -14,7 +14,6 @@ from pydantic import ValidationError
 from ._event_handlers import journal_fold
 from ._events import Event, EventType
 from ._exceptions import SchemaVersionError, StoreError, UnknownSession
-from ._idempotency import Keyed, seen
 from ._state import (
     CallState,
     SessionState,
@@ -61,8 +60,6 @@ __all__ = [
     "stored_status",
     "tells_a_person",
     "tool_result",
-    "unchanged",
-    "unclaimed",
     "waited_for_a_person",
     "waiting_after",
     "with_usage",
@@ -543,67 +540,6 @@ class DriverPart:
         async def budget_left(self) -> dict[str, float]: ...  # `ModelStep.budget_left`
 
 
-_TURN_ENDED = ("completed", "failed", "cancelled")
-
-
 class Changed(Exception):
     """Internal (`unchanged`): the session moved on between the checks that decided a batch
     and its append."""
-
-
-def unchanged(
-    checked: SessionState, specs: Sequence[EventSpec], resolve: Sequence[Resolve] = ()
-) -> Callable[[SessionState], Batch]:
-    """`specs` for `Driver.record`, refused (`Changed`) when the state they are committed on
-    differs from the `checked` one in what decided them: the turn, whether it ended, its open
-    requests, and the idempotency keys the specs record, recorded or held aside by an answer
-    being judged. A message decided on a running turn must not land after it ended, nor twice
-    when two calls with its key raced: the caller, reading again, replays the first (or is
-    refused, for another message)."""
-    turn = checked.turn
-    pending = [r.id for r in checked.pending_requests()]
-    keys = {d["idem"][0]: _keyed_in(checked, d["idem"][0]) for _, d in specs if d.get("idem")}
-
-    def build(current: SessionState) -> Batch:
-        now = current.turn
-        if (
-            (now is None) != (turn is None)
-            or (
-                now is not None
-                and turn is not None
-                and (now.id, now.status in _TURN_ENDED) != (turn.id, turn.status in _TURN_ENDED)
-            )
-            or [r.id for r in current.pending_requests()] != pending
-            or any(_keyed_in(current, k) != was for k, was in keys.items())
-        ):
-            raise Changed
-        return Batch(specs=specs, resolve=resolve)
-
-    return build
-
-
-def unclaimed(
-    build: Callable[[SessionState], Batch], idem: Keyed | None, session_id: str
-) -> Callable[[SessionState], Batch]:
-    """`build`, which records the key of `idem`, refused (`IdempotencyKeyReused`) when the
-    state it is committed on has that key recorded, or held aside by an answer being judged,
-    for another call: that call took it meanwhile, and this one is refused, storing nothing."""
-
-    def checked(current: SessionState) -> Batch:
-        batch = build(current)
-        if any(d.get("idem") for _, d in batch.specs):  # not a deadline's, recorded instead
-            seen(current.keys, idem, session_id, current.candidates)
-        return batch
-
-    return checked
-
-
-def _keyed_in(state: SessionState, key: str) -> tuple[Any, list[str]]:
-    """What `state` holds of the idempotency key `key`: its record, and the candidates holding
-    it aside (`message_idem`) while a response policy judges their answers."""
-    holding = [
-        cid
-        for cid, c in state.candidates.items()
-        if isinstance(c.get("message_idem"), list) and c["message_idem"][:1] == [key]
-    ]
-    return state.keys.get(key), holding
