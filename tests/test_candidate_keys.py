@@ -308,6 +308,56 @@ async def test_the_same_message_reaching_a_runtime_without_the_tool_past_its_tim
         assert await messages(rt, sid) == ["refund ch_1"]
 
 
+@pytest.mark.parametrize("who", [ALICE, BOB], ids=["alice", "bob"])
+async def test_the_same_message_a_runtime_without_the_tool_waited_for_is_refused_once_refused(
+    store_url: str, who: so.Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keyed "approve" sent again to a runtime without the tool waits for the verdict; once
+    that verdict refuses it, it was delivered there as another message (Bob's queued, to start a
+    turn of its own). It is refused as an answer from there (`NotAllowed`), storing nothing."""
+    started, release, waiting = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    looked = _refusals.ended
+
+    async def ended(*args: Any) -> bool:
+        waiting.set()
+        return await looked(*args)
+
+    async def policy(ctx: so.ResponseContext) -> so.Rejected:
+        started.set()
+        await release.wait()
+        return so.Rejected("not now")
+
+    monkeypatch.setattr(_refusals, "ended", ended)
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=policy)
+    async with (
+        so.Runtime([refund_agent(log, spec)], store=store_url) as rt,
+        so.Runtime([_without_the_tool()], store=store_url) as elsewhere,
+    ):
+        sid, req, _ = await asked(rt, ALICE)
+        first = asyncio.create_task(rt.send(sid, "approve", principal=who, idempotency_key="k"))
+        await started.wait()
+        second = asyncio.create_task(
+            elsewhere.send(sid, "approve", principal=who, idempotency_key="k")
+        )
+        await waiting.wait()
+        release.set()
+        done = await first
+        assert [o.outcome for o in done.outcomes] == ["rejected"]
+        with pytest.raises(so.NotAllowed) as caught:
+            await second
+        assert caught.value.request_ids == [req.id]
+        assert "has no tool 'refund_charge'" in str(caught.value)
+        kinds = [e.type for e in await events_of(rt, sid)]
+        assert kinds[kinds.index("approval.candidate") :] == [
+            "approval.candidate",
+            "approval.candidate",
+            "turn.waiting",
+        ]
+        assert await messages(rt, sid) == ["refund ch_1"]
+        assert log.count() == 0
+
+
 def _delegating(child: so.Agent) -> list[so.Agent]:
     """A support agent that delegates the refund to `child` ("billing")."""
     parent = scripted_agent(

@@ -131,8 +131,7 @@ async def test_another_message_checked_before_the_answer_went_down_is_refused_at
         assert (held.type, held.data["request_id"]) == ("input.repeated", mirror.id)
         assert held.data["held_idem"] is not None and held.data["by"] == BOB.model_dump()
         assert all(f"`{field}`" in rows()["input.repeated"] for field in held.data)
-        said = f"{mirror.id} answered by bob (its message's key held here while the subagent "
-        said += "settles it)"
+        said = f"{mirror.id} key held for bob's message, sent on to the subagent"
         assert cli_summary(held) == said  # `signoff events`
         assert "".join(part for part, _ in page_summary(held, {})) == said  # the dashboard
         release.set()
@@ -168,8 +167,11 @@ async def test_the_key_of_a_refused_answer_through_a_mirror_stays_held_for_its_m
         with pytest.raises(so.IdempotencyKeyReused):
             await rt.send(sid, OTHER, principal=BOB, idempotency_key="k")
         assert await store_contents(rt.store, sid) == before
-        held = [e.type for e in await events_of(rt, sid) if e.data.get("held_idem")]
-        assert held == ["input.repeated"]  # held once, by the first
+        held = [e for e in await events_of(rt, sid) if e.data.get("held_idem")]
+        assert [e.type for e in held] == ["input.repeated"]  # held once, by the first
+        # Its trace never words the hold as an answer, which was refused.
+        lines = [cli_summary(held[0]), "".join(p for p, _ in page_summary(held[0], {}))]
+        assert not any("answered" in line for line in lines), lines
         assert log.count() == 0 and await rt.verify_audit() == []
 
 

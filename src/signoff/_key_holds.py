@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 
 __all__ = ["HELD", "hold_key"]
 
-HELD = " (its message's key held here while the subagent settles it)"
-"""How a listing ends the line of an `input.repeated` holding a key (`held_idem`)."""
+HELD = ("key held for ", "'s message, sent on to the subagent")
+"""How a listing words an `input.repeated` holding a key (`held_idem`), around its sender: never
+as an answer, which the subagent may refuse, or a process killed meanwhile never give."""
 
 
 async def hold_key(

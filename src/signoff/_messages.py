@@ -112,6 +112,7 @@ class Messages(Answering):
         key = {} if idem is None else {"idem": list(idem)}
         asked: set[str] | None = None  # the requests open when the message arrived
         waited: set[str] = set()  # the candidates of its answer judged meanwhile, waited for
+        verdict: _Judged | None = None  # the last of them
         for _ in range(20):
             state = await self._checked(session_id)
             if asked is None:
@@ -121,10 +122,17 @@ class Messages(Answering):
             ):
                 return await self._replay(session_id, idem)
             judging = await self._judging(state, idem)
+            if judging is None and verdict is not None:
+                # Refused (or its policy timed out): judged again only where this runtime can,
+                # never delivered as another message; allowed meanwhile, it is replayed.
+                if idem is not None and await self._taken(session_id, verdict.way[0], idem):
+                    return await self._replay(session_id, idem)
+                self._judges(verdict)
             if judging is not None and judging.cid not in waited:
                 # Its answer, given by this call sent before, is being judged: its verdict is
                 # waited for, then replayed (or the message delivered anew if it was refused).
                 waited.add(judging.cid)
+                verdict = judging
                 await self._verdict(judging)
                 continue
             if judging is not None:

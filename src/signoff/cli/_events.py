@@ -101,7 +101,7 @@ def _summary(event: Event, tools: Tools = None) -> str:
     if t == "input.resolved":
         return f"{d.get('request_id')} {d.get('outcome')}"
     if t == "input.repeated" and d.get("held_idem") is not None:
-        return f"{d.get('request_id')} answered by {_by(d)}{HELD}"
+        return f"{d.get('request_id')} {HELD[0]}{_by(d)}{HELD[1]}"
     if t == "input.repeated":
         return f"{d.get('request_id')} answered again by {_by(d)} (nothing changed)"
     if t == "turn.completed":

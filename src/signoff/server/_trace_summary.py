@@ -103,8 +103,8 @@ def summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
     if t == "input.resolved":
         return [(f"{d.get('request_id')} {d.get('outcome')}", False)]
     if t == "input.repeated" and d.get("held_idem") is not None:
-        held = f"{d.get('request_id')} answered by "
-        return [(held, False), _said(who(d.get("by"))), (HELD, False)]
+        held = f"{d.get('request_id')} {HELD[0]}"
+        return [(held, False), _said(who(d.get("by"))), (HELD[1], False)]
     if t == "input.repeated":
         repeated = f"{d.get('request_id')} answered again by "
         return [(repeated, False), _said(who(d.get("by"))), (" (nothing changed)", False)]
