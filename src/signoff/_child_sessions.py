@@ -407,9 +407,8 @@ def _short(state: SessionState, turn: str) -> set[str]:
 
 
 async def driven(rt: Runtime, session_id: str, drive: Awaitable[GenerateResult]) -> GenerateResult:
-    """`drive`, a drive of the session, then `after_drive`; a drive that raises (its runtime
-    closed, its store failed) still counts what a subagent spent (`counted_once_stopped`), as
-    well as it can: the cancel that left the count to the drive's end counts nothing more."""
+    """`drive`, a drive of the session, then `after_drive`; a drive that raises still counts
+    what a subagent spent (`counted_once_stopped`): the cancel left that to the drive's end."""
     try:
         result = await drive
     except BaseException:
