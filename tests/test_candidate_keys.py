@@ -543,3 +543,42 @@ async def test_a_key_another_message_took_in_the_parent_while_judged_in_its_chil
             await rt.send(sid, "approve", principal=BOB, idempotency_key="k")
         assert await store_contents(rt.store, sid) == before
         assert await rt.verify_audit() == []
+
+
+async def test_the_same_message_a_runtime_without_the_tool_waited_for_goes_on_once_closed(
+    store_url: str,
+) -> None:
+    """Bob's keyed "approve" is judged (slowly); his second click, on a runtime without the
+    tool, waits for the verdict; meanwhile Alice's "deny" closes the request, which spends his
+    answer (`stale`). The second click was refused (`NotAllowed`, naming the closed request)
+    while the first delivered the message anew under the key: it goes on as any message does,
+    once, and the other click replays it."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def policy(ctx: so.ResponseContext) -> so.Allowed:
+        who = ctx.response.principal
+        if who is not None and who.principal_id == "bob":
+            started.set()
+            await release.wait()
+        return so.Allowed()
+
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=policy)
+    async with (
+        so.Runtime([refund_agent(log, spec)], store=store_url) as rt,
+        so.Runtime([_without_the_tool()], store=store_url) as elsewhere,
+    ):
+        sid, _, _ = await asked(rt, ALICE)
+        first = asyncio.create_task(rt.send(sid, "approve", principal=BOB, idempotency_key="k"))
+        await asyncio.wait_for(started.wait(), 10)
+        second = asyncio.create_task(
+            elsewhere.send(sid, "approve", principal=BOB, idempotency_key="k")
+        )
+        await asyncio.sleep(0.3)  # the second click waits for the verdict
+        denied = await rt.send(sid, "deny", principal=ALICE)
+        assert denied.status == "completed"
+        release.set()
+        results = await asyncio.wait_for(asyncio.gather(first, second), 20)
+        assert sorted(r.replayed for r in results) == [False, True]
+        assert (await messages(rt, sid)).count("approve") == 1
+        assert log.count() == 0

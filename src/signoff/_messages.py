@@ -124,10 +124,13 @@ class Messages(Answering):
             judging = await self._judging(state, idem)
             if judging is None and verdict is not None:
                 # Refused (or its policy timed out): judged again only where this runtime can,
-                # never delivered as another message; allowed meanwhile, it is replayed.
+                # never delivered as another message; allowed meanwhile, it is replayed; its
+                # request closed by another answer meanwhile, it goes on as any message does.
                 if idem is not None and await self._taken(session_id, verdict.way[0], idem):
                     return await self._replay(session_id, idem)
-                self._judges(verdict)
+                if await self._still_open(verdict):
+                    self._judges(verdict)
+                verdict = None
             if judging is not None and judging.cid not in waited:
                 # Its answer, given by this call sent before, is being judged: its verdict is
                 # waited for, then replayed (or the message delivered anew if it was refused).
@@ -316,6 +319,12 @@ class Messages(Answering):
         until = float(st.candidates[cid]["at"]) + timeout + RECOVERY_GRACE
         rid = judged.way[-1].id
         await wait_ended(self.store, st.id, rid, cid, st.seq, self.now, until)
+
+    async def _still_open(self, judged: _Judged) -> bool:
+        """Whether the request `judged`'s answer decides is still open (not closed meanwhile by
+        another answer, which spent that answer: `stale`)."""
+        stored = await self.store.get_request(judged.way[-1].id)
+        return stored is not None and stored.status == "pending"
 
     def _judges(self, judged: _Judged) -> None:
         """`NotAllowed`, as an answer to its request would be, if this runtime cannot judge
