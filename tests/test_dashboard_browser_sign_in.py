@@ -8,28 +8,16 @@ from pathlib import Path
 
 import httpx
 from playwright.sync_api import Browser, expect
-from starlette.requests import HTTPConnection
 
-import signoff as so
 from signoff.server import create_app
 
 from ._dashboard_browser import browser, csp_violations
+from .test_login import _sso
 from .test_server_common import PLAIN, make_runtime, running
 
 __all__ = ["browser"]  # the fixture, used by name
 
 REASON = "Checked the photos: the screen is cracked"
-
-
-def _sso(request: HTTPConnection) -> so.Principal | None:
-    """The application's own authenticator: the cookie its sign-in proxy sets."""
-    user = request.cookies.get("sso_user")
-    attributes = {"tenant": "acme"}
-    return (
-        None
-        if not user
-        else so.Principal(authenticator="sso", principal_id=user, attributes=attributes)
-    )
 
 
 def test_a_sign_in_the_applications_authenticator_ended_offers_a_reload(
