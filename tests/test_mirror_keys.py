@@ -124,7 +124,8 @@ async def test_a_key_sent_to_one_subagents_session_is_another_call_on_the_parent
         assert (again.turn_id, again.status) == (first.turn_id, "completed")
         assert sorted(ran) == ["1042", "1043"]
         repeated = [e async for e in rt.events(sid, follow=False) if e.type == "input.repeated"]
-        assert repeated == [] and await rt.verify_audit() == []
+        # Only the hold of its own answer going down the other mirror (`held_idem`).
+        assert [e.data.get("idem") for e in repeated] == [None] and await rt.verify_audit() == []
 
 
 async def test_a_kept_key_pushes_no_newer_key_out_of_the_parent(store_url: str) -> None:
@@ -359,6 +360,7 @@ async def test_a_keyed_vote_a_signoff_before_fold_9_counted_through_a_mirror_is_
             m.setattr(_mirrors, "through", lambda mark: mark)
             m.setattr(_engine, "sent_here", lambda specs: list(specs), raising=False)
             m.setattr(_mirrors, "keep_vote_key", killed)
+            m.setattr(_mirrors, "hold_key", killed)  # nor held its key in the parent first
             bobs = await rt.send(sid, "approve", principal=BOB, idempotency_key=KEY)
         assert bobs.status == "waiting" and (await rt.state(sid)).keys == {}
         (bob_key, held), *_ = (await rt.state(mirror.child.session_id)).keys.items()
@@ -412,7 +414,11 @@ async def test_a_key_kept_after_a_cancel_or_steer_names_who_voted(
         monkeypatch.undo()
         assert [r.status for r in voted] == ["waiting"]
         state = await rt.state(sid)
-        (repeated,) = [e async for e in rt.events(sid, follow=False) if e.type == "input.repeated"]
+        (repeated,) = [
+            e
+            async for e in rt.events(sid, follow=False)
+            if e.type == "input.repeated" and e.data.get("idem")  # not Bob's hold (`held_idem`)
+        ]
         assert repeated.data["by"] == BOB.model_dump()
         line = "".join(text for text, _ in summary(repeated, state.requests))
         assert line.endswith("answered again by bob (nothing changed)")

@@ -40,6 +40,7 @@ from ._exceptions import (
     UnknownRequest,
 )
 from ._idempotency import Keyed, key_fields
+from ._key_commits import unclaimed
 from ._mirrors import deciding
 from ._output_caps import spare
 from ._policy_inputs import session_info, typed_input
@@ -358,7 +359,9 @@ class Answering(Candidates):
                 driver = self._driver(state, None)
                 try:
                     await driver.record(
-                        in_time(self.now, batch, late, held), durable=True, turn_id=turn_id
+                        unclaimed(in_time(self.now, batch, late, held), mark, session_id),
+                        durable=True,
+                        turn_id=turn_id,
                     )
                 except RequestClosed:
                     self._cache.pop(session_id, None)

@@ -27,7 +27,7 @@ from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import authorize, voted
 from ._error_text import error_text
 from ._exceptions import AnswerError, InvalidAnswer, RequestClosed, SessionExpired, StoreError
-from ._idempotency import Keyed, key_fields, mark_of
+from ._idempotency import Keyed, key_fields, key_reused, mark_of, seen, taken_by_another
 from ._policy_inputs import proposed_input, session_info, typed_input
 from ._recording import Batch, EventSpec, new_id, with_usage
 from ._refusals import InFlight, Lost, Moved, Refusals
@@ -57,6 +57,8 @@ __all__ = [
 log = logging.getLogger("signoff.runtime")
 
 LATE = "the deadline passed before this response could settle it"
+
+REUSED = "its message's idempotency key was taken by another message while it was judged"
 
 RECOVERY_GRACE = 5.0
 """Seconds beyond a response policy's timeout after which a pending candidate counts as lost."""
@@ -213,8 +215,9 @@ class Candidates(CandidateEnds):
         `_EndedElsewhere`, the answer's own call returns (or raises) what was recorded (`_told`).
         `mark` is the idempotency key of the message that gave the answer: its vote or its
         settlement records the key too, so the message repeated with it is not taken again (one
-        refused, or closed under it by a deadline, is not taken: `send` delivers it anew). Its
-        pending candidate keeps the key aside (`message_idem`, which takes nothing), for the
+        refused, or closed under it by a deadline, is not taken: `send` delivers it anew; one
+        whose key another message took meanwhile is spent: `IdempotencyKeyReused`). Its pending
+        candidate holds the key aside (`message_idem`, which no other message may take), for the
         process that judges it again if this one dies (`_recover`), or for the commit that
         closes its request meanwhile (`closing_ends`). An answer that changed nothing (its
         sender's vote counted before, its request settled with it meanwhile) is taken all the
@@ -333,12 +336,14 @@ class Candidates(CandidateEnds):
         late: list[InputRequest] = []
         moved: list[str | None] = []  # the group it was escalated to while the policy judged it
         lapsed: list[bool] = []
+        reused: list[bool] = []  # its key was taken by another message meanwhile
 
         def settle_or_count(st: SessionState) -> Batch:
             late.clear()
             moved.clear()
             lapsed.clear()
             keyed.clear()
+            reused.clear()
             if not ours(st):
                 return Batch(specs=[])
             live = st.requests.get(rid)
@@ -393,6 +398,13 @@ class Candidates(CandidateEnds):
                 moved.append(current.escalated_to)
                 spent = {**base, "outcome": "stale", "reason": f"{LATE} (request {rid})"}
                 return Batch(specs=[("approval.candidate", spent)])
+            if mark is not None and taken_by_another(st.keys, mark):
+                # Another message took its key while it was judged (a process of an older
+                # signoff let it through): the key stays that message's, and this answer is
+                # spent, as its call would have been refused before it was judged.
+                reused.append(True)
+                spent = {**base, "outcome": "stale", "reason": REUSED}
+                return Batch(specs=[("approval.candidate", spent)] if evaluated else [])
             me = None if principal is None else principal.principal_id
             if wanted["decision"] == "approve" and current.approvers > 1:
                 if voted(current, principal) or _sent(st, mark):
@@ -457,6 +469,10 @@ class Candidates(CandidateEnds):
             return told
         if lapsed:
             raise SessionExpired(session_id, [rid])
+        if reused:
+            if recovered is None:
+                raise key_reused(session_id)
+            return Outcome(request_id=rid, outcome="stale", applied=False, reason=REUSED)
         why = f"{LATE} (request {rid})"
         if late and late[-1].on_timeout == "escalate" and late[-1].escalated_to is None:
             moved.append(late[-1].escalate_to)
@@ -496,11 +512,13 @@ class Candidates(CandidateEnds):
         `recording` holds True while the candidate is being committed, and once it is."""
         sid, tid, rid = state.id, request.turn_id, request.id
         once = Refusals(self.store, state, request, pending["by"], wanted["decision"])
+        mark = mark_of(pending, "message_idem")
         lost_after = tool.response_timeout + RECOVERY_GRACE
 
         guarded = [usage is None]
 
         def propose(st: SessionState) -> list[EventSpec]:
+            seen(st.keys, mark, sid, st.candidates)  # another message took its key meanwhile
             if guarded[0]:
                 once.guard(st, self.now(), lost_after)
             recording[:] = [True]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._events import Event
 from ._exceptions import StoreError
-from ._idempotency import KEPT
+from ._idempotency import KEPT, free_for
 from ._state_parts import CallState, RequestState, TurnState, kept_usage, load_principal
 from ._types import InputRequest
 
@@ -32,15 +32,16 @@ def _session_created(s: SessionState, e: Event) -> None:
     _keyed(s, e, [None])
 
 
-def _keyed(s: SessionState, e: Event, went: list[Any]) -> None:
-    """Remember the idempotency key the event recorded a message (or a session) under, and
-    where the message went (`went`, in the forms `_idempotency` lists)."""
-    idem = e.data.get("idem")
+def _keyed(s: SessionState, e: Event, went: list[Any], name: str = "idem") -> None:
+    """Remember the idempotency key the event recorded a message (or a session) under (its
+    field `name`, its `via` beside it), and where the message went (`went`, in the forms
+    `_idempotency` lists)."""
+    idem = e.data.get(name)
     if idem is None:
         return
     key, asked = idem
     s.keys.pop(key, None)  # to the end: the newest are kept
-    s.keys[key] = _entry(asked, went, e.data.get("via"))
+    s.keys[key] = _entry(asked, went, e.data.get(name.replace("idem", "via")))
     while len(s.keys) > KEPT:
         del s.keys[next(iter(s.keys))]
 
@@ -58,8 +59,10 @@ def _keep_before(s: SessionState, idem: list[Any], went: list[Any], turn_id: str
     """Remember a key a mirror's close kept (`kept`) as older than every key recorded in its
     turn or waiting in the queue: it pushes none of those out, so neither one recorded since
     its vote nor its own record here, pushed out before, which would come back as the newest.
-    Its `via` (none: 0) is the mirrors above this session the message was sent through."""
+    Its `via` (none: 0) is the mirrors above this session the message was sent through. It
+    takes the place of a hold of the key for its message (`held_idem`), recorded before."""
     key, asked, *via = idem
+    s.keys.pop(key, None)
     entries = list(s.keys.items())
     at = next((i for i, (_, k) in enumerate(entries) if k[1:2] in ([turn_id], [""])), None)
     entry = _entry(asked, went, via[0] if via else 0)
@@ -400,7 +403,7 @@ def _input_resolved(s: SessionState, e: Event) -> None:
     d = e.data
     _keyed(s, e, _in_turn(s, e))
     for idem in (d.get("kept") or [])[-KEPT:]:  # a mirror's: its subagent's session's keys
-        if idem[0] not in s.keys:
+        if free_for(s.keys, (idem[0], idem[1])):  # or held here for that message
             _keep_before(s, idem, _in_turn(s, e), e.turn_id)
     _drop_candidates(s, d["request_id"])
     req = s.requests.get(d["request_id"])
@@ -466,8 +469,13 @@ def _input_resolved(s: SessionState, e: Event) -> None:
 
 
 def _input_repeated(s: SessionState, e: Event) -> None:
-    """A keyed message's answer that changed nothing: only its key is kept, with its turn."""
+    """A keyed message's answer that changed nothing: only its key is kept, with its turn. Or
+    (`held_idem`) its answer to a mirror, going down to the subagent's session: the key is
+    held for it, where the message went not known yet, unless it is recorded already."""
     _keyed(s, e, _in_turn(s, e))
+    held = e.data.get("held_idem")
+    if isinstance(held, list) and len(held) == 2 and held[0] not in s.keys:
+        _keyed(s, e, [None], "held_idem")
 
 
 def _turn_completed(s: SessionState, e: Event) -> None:

@@ -26,7 +26,10 @@ __all__ = [
     "Via",
     "caller_parts",
     "check_key",
+    "free_for",
+    "held",
     "key_fields",
+    "key_reused",
     "keyed",
     "mark_of",
     "records",
@@ -34,6 +37,7 @@ __all__ = [
     "seen",
     "sent_here",
     "session_for",
+    "taken_by_another",
     "through",
     "turn_of",
 ]
@@ -51,7 +55,10 @@ Keyed = tuple[str, str]
 (`idem`)."""
 
 # What the session state keeps per key digest (`SessionState.keys`):
-#   [asked, None]                only the session is created, no message recorded yet;
+#   [asked, None]                only the session is created, no message recorded yet; or a
+#                                message's answer to a mirror holds the key while the subagent's
+#                                session settles it (`input.repeated`'s `held_idem`: `_key_holds`;
+#                                in a subagent's session with `hops` after it, as below);
 #   [asked, turn_id, first_seq]  the turn the message started, steered or answered in, or that
 #                                took it from the queue, and the seq of that turn's first event;
 #   [asked, "", None]            the message waits in the queue for a turn to take it;
@@ -109,7 +116,11 @@ def sent_here(specs: Sequence[tuple[_T, dict[str, Any]]]) -> list[tuple[_T, dict
     (0): its parent's calls tell it from a vote through their mirror (`_mirror_keys`)."""
     out = []
     for type_, data in specs:
-        for name, via in (("idem", "via"), ("message_idem", "message_via")):
+        for name, via in (
+            ("idem", "via"),
+            ("message_idem", "message_via"),
+            ("held_idem", "held_via"),
+        ):
             if isinstance(data.get(name), list) and via not in data:
                 data = {**data, via: 0}
         out.append((type_, data))
@@ -205,21 +216,65 @@ def session_for(idem: Keyed) -> str:
     return "ses_" + _digest("signoff-session", idem[0])[:20]
 
 
-def seen(keys: dict[str, Any], idem: Keyed | None, session_id: str) -> bool:
+def seen(
+    keys: dict[str, Any],
+    idem: Keyed | None,
+    session_id: str,
+    candidates: dict[str, dict[str, Any]] | None = None,
+) -> bool:
     """Whether the key of `idem` recorded a message in the session already (a repeat); raises
-    `IdempotencyKeyReused` if it was recorded for something else."""
+    `IdempotencyKeyReused` if it was recorded for something else, or if one of `candidates`
+    (the session's, given) holds it aside for another message (`held`)."""
     if idem is None:
         return False
+    if candidates:
+        held(candidates, idem, session_id)
     known = keys.get(idem[0])
     if known is None:
         return False
     if not same_ask(known[0], idem):
-        raise IdempotencyKeyReused(
-            f"this idempotency key was used in session {session_id!r} for another "
-            "agent, prompt, message or turn policy: use a new key for a new call",
-            session_id,
-        )
+        raise key_reused(session_id)
     return known[1] is not None
+
+
+def held(candidates: dict[str, dict[str, Any]], idem: Keyed | None, session_id: str) -> str | None:
+    """The pending candidate (its id) that holds the key of `idem` aside for the message whose
+    answer a response policy judges (`message_idem`: the key is recorded only with its end), if
+    one does; raises `IdempotencyKeyReused` if that message is another, as `seen` does."""
+    if idem is None:
+        return None
+    for cid, c in candidates.items():
+        sent = c.get("message_idem")
+        if not (isinstance(sent, list) and len(sent) == 2 and sent[0] == idem[0]):
+            continue
+        if not same_ask(sent[1], idem):
+            raise key_reused(session_id)
+        return cid
+    return None
+
+
+def free_for(keys: dict[str, Any], idem: Keyed) -> bool:
+    """Whether the key of `idem` is free to record for its message: not recorded, or only held
+    for that message while its answer to a mirror is settled below (`[asked, None]`)."""
+    known = keys.get(idem[0])
+    return known is None or (known[1] is None and same_ask(known[0], idem))
+
+
+def taken_by_another(keys: dict[str, Any], idem: Keyed) -> bool:
+    """Whether the key of `idem` is recorded for another call than `idem`'s: one a process of
+    an older signoff let through while `idem`'s answer was judged, which that answer's end must
+    not take the key from (that call, which acted, would be refused when repeated)."""
+    known = keys.get(idem[0])
+    return known is not None and not same_ask(known[0], idem)
+
+
+def key_reused(session_id: str) -> IdempotencyKeyReused:
+    """The error of a key given in session `session_id` for another call than it was for."""
+    return IdempotencyKeyReused(
+        f"this idempotency key was used in session {session_id!r} for another "
+        "agent, prompt, message or turn policy: use a new key for a new call",
+        session_id,
+    )
 
 
 def turn_of(keys: dict[str, Any], idem: Keyed) -> tuple[str, int] | None:

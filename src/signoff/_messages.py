@@ -5,7 +5,7 @@ its end. Built on `Answering`, which settles what a message answers."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from ._answering import Answering
 from ._answers import Reply, check_principal, check_unambiguous, names_several
@@ -13,21 +13,29 @@ from ._answers import check_text as _check_text
 from ._answers import match as _match
 from ._call_guards import closes_stop
 from ._cancellation import stop_calls
+from ._candidates import RECOVERY_GRACE
 from ._counts import refused_only
+from ._eligibility import check_policy_present
 from ._exceptions import (
     ConflictingAnswer,
+    NotAllowed,
     PartialAnswer,
     RequestClosed,
     SessionBusy,
+    UnknownSession,
     UsageError,
 )
-from ._idempotency import Keyed, keyed, records, seen, session_for, turn_of
+from ._idempotency import Keyed, free_for, held, keyed, records, seen, session_for, turn_of
+from ._key_commits import unchanged
 from ._mirror_keys import keep_late, keep_vote_key, keeping, mirrored_keys, voted_through
-from ._mirrors import following_mirrors
-from ._recording import Answered, Changed, EventSpec, TurnStopped, load_turn, unchanged
+from ._mirrors import following_mirrors, named_as_answered
+from ._recording import Answered, Changed, EventSpec, TurnStopped, load_turn
+from ._refusals import wait_ended
+from ._response import DEFAULT_RESPONSE_TIMEOUT
 from ._results import GenerateResult
 from ._state import SessionState, turn_over, waits_for_retry
 from ._text import NOTHING_SAID, is_blank
+from ._tools import Tool
 from ._types import InputRequest, Principal
 from .stores import Resolve
 
@@ -73,7 +81,8 @@ class Messages(Answering):
         With an `idempotency_key`, a message sent again with the same key (by the same
         `principal`) is not delivered again: the call returns the turn the message went to, as
         it stands (`replayed`, see `_replay`), or raises `IdempotencyKeyReused` if the key came
-        with another message or `turn_policy`.
+        with another message or `turn_policy`. While a response policy judges the answer its
+        message gave, the message sent again waits for that verdict.
         """
         principal = check_principal(principal, "principal")
         await self.open()
@@ -102,6 +111,8 @@ class Messages(Answering):
         """`send`, its message checked: answer, start a turn, steer or queue, and drive."""
         key = {} if idem is None else {"idem": list(idem)}
         asked: set[str] | None = None  # the requests open when the message arrived
+        waited: set[str] = set()  # the candidates of its answer judged meanwhile, waited for
+        verdict: _Judged | None = None  # the last of them
         for _ in range(20):
             state = await self._checked(session_id)
             if asked is None:
@@ -110,6 +121,27 @@ class Messages(Answering):
                 state, idem, principal
             ):
                 return await self._replay(session_id, idem)
+            judging = await self._judging(state, idem)
+            if judging is None and verdict is not None:
+                # Refused (or its policy timed out): judged again only where this runtime can,
+                # never delivered as another message; allowed meanwhile, it is replayed; its
+                # request closed by another answer meanwhile, it goes on as any message does.
+                if idem is not None and await self._taken(session_id, verdict.way[0], idem):
+                    return await self._replay(session_id, idem)
+                if await self._still_open(verdict):
+                    self._judges(verdict)
+                verdict = None
+            if judging is not None and judging.cid not in waited:
+                # Its answer, given by this call sent before, is being judged: its verdict is
+                # waited for, then replayed (or the message delivered anew if it was refused).
+                waited.add(judging.cid)
+                verdict = judging
+                await self._verdict(judging)
+                continue
+            if judging is not None:
+                # Still judged past its time (its process died): this message is that answer,
+                # judged again below where this runtime can, and never delivered as another.
+                self._judges(judging)
             turn = state.turn
             # A turn a retry can resume has not ended: only a `steer` message from the person
             # it serves starts the next turn past it; any other waits, as on a running turn.
@@ -117,6 +149,8 @@ class Messages(Answering):
                 turn, principal, queue=turn_policy == "queue"
             ) and not await self._retry_refused(session_id)
             if turn is None or (turn.status in ("completed", "failed", "cancelled") and not held):
+                if judging is not None:
+                    raise _still_judged(session_id, judging)
                 if state.queued and turn is not None and turn_over(turn):
                     # Messages that waited for the turn's end go first: this one queues too
                     # (a drive or a worker starts the first of them).
@@ -167,6 +201,8 @@ class Messages(Answering):
                 # Asked after the message arrived (a subagent's next question, once an answer
                 # to the request it replied to closed that): its sender never saw it.
                 first = None
+            if judging is not None and (first is None or first.id != judging.way[0].id):
+                raise _still_judged(session_id, judging)
             if first is not None:
                 check_unambiguous(first, message)
                 reply = _match(first, message)
@@ -240,6 +276,68 @@ class Messages(Answering):
         await keep_vote_key(self, state.id, mirror, idem, principal)
         return True
 
+    async def _judging(self, state: SessionState, idem: Keyed | None) -> _Judged | None:
+        """The candidate that holds the key of `idem` aside while a response policy judges its
+        message's answer, in the session or in a subagent's one of its open mirrors stands for
+        (hop by hop): the key is recorded only with its verdict. `IdempotencyKeyReused`, naming
+        the session, if it came with another message there: a message sent with it meanwhile
+        would act beside that answer."""
+        if idem is None:
+            return None
+        todo: list[tuple[SessionState, list[InputRequest]]] = [(state, [])]
+        visited: set[str] = set()
+        while todo:
+            st, way = todo.pop()
+            visited.add(st.id)
+            cid = held(st.candidates, idem, state.id)
+            live = None if cid is None else st.requests.get(st.candidates[cid]["request_id"])
+            if cid is not None and live is not None:
+                return _Judged(st, cid, [*way, live.request])
+            for r in st.pending_requests():
+                ref = r.child
+                if ref is None or ref.session_id in visited:
+                    continue
+                try:
+                    todo.append((await self._state(ref.session_id), [*way, r]))
+                except UnknownSession:
+                    continue  # a subagent's session gone: it judges nothing
+        return None
+
+    def _judging_tool(self, judged: _Judged) -> Tool | None:
+        """The tool whose response policy judges `judged`'s answer, if this runtime has it."""
+        agent = self.agents.get(judged.state.agent)
+        return None if agent is None else agent.tools.get(judged.way[-1].tool_name or "")
+
+    async def _verdict(self, judged: _Judged) -> None:
+        """Wait for the verdict on `judged`'s candidate: its end, its request's close, or the
+        time its judging may take passing (its process died: a drive or an answer judges it
+        again); the default policy's time where this runtime lacks the tool, which some other
+        runtime judges it with."""
+        tool = self._judging_tool(judged)
+        timeout = DEFAULT_RESPONSE_TIMEOUT if tool is None else tool.response_timeout
+        st, cid = judged.state, judged.cid
+        until = float(st.candidates[cid]["at"]) + timeout + RECOVERY_GRACE
+        rid = judged.way[-1].id
+        await wait_ended(self.store, st.id, rid, cid, st.seq, self.now, until)
+
+    async def _still_open(self, judged: _Judged) -> bool:
+        """Whether the request `judged`'s answer decides is still open (not closed meanwhile by
+        another answer, which spent that answer: `stale`)."""
+        stored = await self.store.get_request(judged.way[-1].id)
+        return stored is not None and stored.status == "pending"
+
+    def _judges(self, judged: _Judged) -> None:
+        """`NotAllowed`, as an answer to its request would be, if this runtime cannot judge
+        `judged`'s answer again: it lacks the agent, the tool or its response policy."""
+        tool = self._judging_tool(judged)
+        request = judged.way[-1]
+        try:
+            check_policy_present(
+                request, tool, recorded=True, here=judged.state.agent in self.agents
+            )
+        except NotAllowed as exc:
+            raise named_as_answered(exc, judged.way) from None
+
     async def _taken(self, session_id: str, request: InputRequest, idem: Keyed) -> bool:
         """Whether the message keyed `idem` answered `request` before: its key is recorded in the
         session, or in the subagent's session a mirrored request stands for, where its vote on
@@ -274,8 +372,8 @@ class Messages(Answering):
         taken: list[bool] = []
 
         def build(st: SessionState) -> list[EventSpec]:
-            taken[:] = [idem[0] in st.keys and seen(st.keys, idem, session_id)]
-            if idem[0] in st.keys or st.turn is None or st.turn.id != request.turn_id:
+            taken[:] = [seen(st.keys, idem, session_id, st.candidates)]
+            if not free_for(st.keys, idem) or st.turn is None or st.turn.id != request.turn_id:
                 return []
             return [("input.repeated", data)]
 
@@ -402,6 +500,25 @@ class Messages(Answering):
         result = self._result(await load_turn(self.store, state.id, turn_id, first_seq))
         open_now = {r.id for r in state.pending_requests()}
         return dataclasses.replace(result, pending=[r for r in result.pending if r.id in open_now])
+
+
+class _Judged(NamedTuple):
+    """A pending candidate holding a message's key (`Messages._judging`): its session's state,
+    its id, and the way from the request the message answered down to the candidate's own."""
+
+    state: SessionState
+    cid: str
+    way: list[InputRequest]
+
+
+def _still_judged(session_id: str, judged: _Judged) -> SessionBusy:
+    """The error of a message whose answer is still judged past its time, which this call
+    would otherwise deliver as another message (its request is not the one it answers now)."""
+    return SessionBusy(
+        f"the answer this message gave to request {judged.way[0].id} is still being judged, "
+        "past its response policy's time: send it again later",
+        session_id,
+    )
 
 
 def _denies(request: InputRequest, reply: Reply | None) -> bool:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._exceptions import StoreBusy, StoreError, StoreGone, StoreUnavailable, UnknownSession
-from ._idempotency import KEPT, Keyed, key_fields, same_ask, seen
+from ._idempotency import KEPT, Keyed, free_for, key_fields, same_ask, seen
 from ._recording import Batch, EventSpec
 from ._state import SessionState
 from ._types import ChildRef, InputRequest, Principal
@@ -44,7 +44,8 @@ async def keep_vote_key(
     answer made the quorum, a cancel or a steering message withdrew it) and the turn went on,
     as long as it is the session's. The parent, where the message was sent, then judges it sent
     again (`send`), as the child does. Nothing if the child does not hold the key, the parent
-    does, or a next turn started (the commit that closed or withdrew the mirror kept it)."""
+    records it (a hold for this message, `held_idem`, is recorded over), or a next turn started
+    (the commit that closed or withdrew the mirror kept it)."""
     ref = mirror.child
     assert ref is not None
     child = await rt._state(ref.session_id)
@@ -55,7 +56,7 @@ async def keep_vote_key(
 
     def build(st: SessionState) -> Batch:
         turn = st.turn
-        if mark[0] in st.keys or turn is None or turn.id != mirror.turn_id:
+        if not free_for(st.keys, mark) or turn is None or turn.id != mirror.turn_id:
             return Batch(specs=[])
         live = st.requests.get(mirror.id)
         if live is not None and live.status == "pending" and turn.status == "waiting":
@@ -181,8 +182,11 @@ def keeping(
 
 def kept(st: SessionState, voted: list[list[Any]], mark: Sequence[str] | None) -> dict[str, Any]:
     """The `kept` field of the event that closes a mirror in `st`: the keys of `voted` that `st`
-    does not hold, but the closing message's own (`mark`, its `idem`); the newest `KEPT`."""
-    keys = [k for k in voted if k[0] not in st.keys and (mark is None or k[0] != mark[0])]
+    does not hold (or holds only for their message, its answer gone down: `held_idem`), but the
+    closing message's own (`mark`, its `idem`); the newest `KEPT`."""
+    keys = [
+        k for k in voted if free_for(st.keys, (k[0], k[1])) and (mark is None or k[0] != mark[0])
+    ]
     return {"kept": keys[-KEPT:]} if keys else {}
 
 
@@ -237,10 +241,15 @@ async def keep_late(
 
     def build(st: SessionState) -> list[EventSpec]:
         specs: list[EventSpec] = []
-        keys = set(st.keys)
+        done: set[str] = set()
         for r, k, by in late:
-            if st.turn is not None and st.turn.id == r.turn_id and k[0] not in keys:
-                keys.add(k[0])
+            if (
+                st.turn is not None
+                and st.turn.id == r.turn_id
+                and k[0] not in done
+                and free_for(st.keys, (k[0], k[1]))
+            ):
+                done.add(k[0])
                 via = {"via": k[2]} if len(k) > 2 else {}
                 specs.append(
                     ("input.repeated", {"request_id": r.id, "by": by, "idem": k[:2], **via})

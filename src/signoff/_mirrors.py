@@ -20,7 +20,8 @@ from ._exceptions import (
     RequestClosed,
     SessionExpired,
 )
-from ._idempotency import key_fields, through
+from ._idempotency import key_fields, taken_by_another, through
+from ._key_holds import hold_key
 from ._mirror_keys import MAX_HOPS, keep_vote_key, kept, voted_below
 from ._recording import Batch, EventSpec, runnable
 from ._results import GenerateResult, Outcome
@@ -347,6 +348,8 @@ async def _settle_routed(
             check_all_answered(state, [a.request_id for a in answers])
     if check_only:
         return []
+    if mark is not None and mirrored:  # held here first: another message sees it (`hold_key`)
+        await hold_key(rt, state.id, mirrored[0][1], principal, mark)
     outcomes: list[Outcome] = []
     try:
         for i, (a, mirror, ref) in enumerate(mirrored):
@@ -491,7 +494,8 @@ async def close_mirror(
         now = st.requests.get(mirror.id)
         if now is None or now.status != "pending":
             return Batch(specs=[])
-        key = {} if mark is None else key_fields(mark)
+        # Its key, unless another call took it here (an older process let it through).
+        key = {} if mark is None or taken_by_another(st.keys, mark) else key_fields(mark)
         spec: EventSpec = ("input.resolved", {**data, **key, **kept(st, voted, mark)})
         resolve = Resolve(
             request_id=mirror.id, status=closed_as, outcome=data["outcome"], resolution=data

@@ -60,7 +60,6 @@ __all__ = [
     "stored_status",
     "tells_a_person",
     "tool_result",
-    "unchanged",
     "waited_for_a_person",
     "waiting_after",
     "with_usage",
@@ -541,39 +540,6 @@ class DriverPart:
         async def budget_left(self) -> dict[str, float]: ...  # `ModelStep.budget_left`
 
 
-_TURN_ENDED = ("completed", "failed", "cancelled")
-
-
 class Changed(Exception):
     """Internal (`unchanged`): the session moved on between the checks that decided a batch
     and its append."""
-
-
-def unchanged(
-    checked: SessionState, specs: Sequence[EventSpec], resolve: Sequence[Resolve] = ()
-) -> Callable[[SessionState], Batch]:
-    """`specs` for `Driver.record`, refused (`Changed`) when the state they are committed on
-    differs from the `checked` one in what decided them: the turn, whether it ended, its open
-    requests, and the idempotency keys the specs record. A message decided on a running turn
-    must not land after it ended, nor twice when two calls with its key raced: the caller,
-    reading again, replays the first."""
-    turn = checked.turn
-    pending = [r.id for r in checked.pending_requests()]
-    keys = {d["idem"][0]: checked.keys.get(d["idem"][0]) for _, d in specs if d.get("idem")}
-
-    def build(current: SessionState) -> Batch:
-        now = current.turn
-        if (
-            (now is None) != (turn is None)
-            or (
-                now is not None
-                and turn is not None
-                and (now.id, now.status in _TURN_ENDED) != (turn.id, turn.status in _TURN_ENDED)
-            )
-            or [r.id for r in current.pending_requests()] != pending
-            or any(current.keys.get(k) != was for k, was in keys.items())
-        ):
-            raise Changed
-        return Batch(specs=specs, resolve=resolve)
-
-    return build

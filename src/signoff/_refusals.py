@@ -12,7 +12,7 @@ from ._state import SessionState
 from ._types import InputRequest
 from .stores import Store
 
-__all__ = ["REFUSAL_OUTCOMES", "InFlight", "Lost", "Moved", "Refusals", "ended"]
+__all__ = ["REFUSAL_OUTCOMES", "InFlight", "Lost", "Moved", "Refusals", "ended", "wait_ended"]
 
 REFUSAL_OUTCOMES = frozenset({"rejected", "failed", "timed-out"})
 """A response policy's verdicts that refuse an answer (`ResponseVerdict.outcome`)."""
@@ -95,17 +95,30 @@ class Refusals:
             raise Moved
 
     async def ended(self, clock: Callable[[], float], cid: str, until: float) -> None:
-        """Wait until candidate `cid` is ended (its verdict recorded), its request closed, or
-        `until` passed by `clock` (its process died: the next drive judges it again), or as
-        many seconds of real time (a clock a test holds still)."""
-        pause, longest = _POLL
-        loop = asyncio.get_running_loop()
-        stop = loop.time() + max(until - clock(), 0.0)
-        while clock() < until and loop.time() < stop:
-            if await ended(self.store, self.session_id, self.request_id, cid, self.seen):
-                return
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, longest)
+        """`wait_ended` for candidate `cid` of the request, recorded after the last read."""
+        await wait_ended(self.store, self.session_id, self.request_id, cid, self.seen, clock, until)
+
+
+async def wait_ended(
+    store: Store,
+    session_id: str,
+    request_id: str,
+    cid: str,
+    after: int,
+    clock: Callable[[], float],
+    until: float,
+) -> None:
+    """Wait until candidate `cid`, not ended by seq `after`, is ended (its verdict recorded),
+    its request closed, or `until` passed by `clock` (its process died: the next drive judges
+    it again), or as many seconds of real time (a clock a test holds still)."""
+    pause, longest = _POLL
+    loop = asyncio.get_running_loop()
+    stop = loop.time() + max(until - clock(), 0.0)
+    while clock() < until and loop.time() < stop:
+        if await ended(store, session_id, request_id, cid, after):
+            return
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, longest)
 
 
 async def ended(store: Store, session_id: str, request_id: str, cid: str, after: int) -> bool:

@@ -30,6 +30,7 @@ from ._sync import called_off_loop, thread_note
 from ._types import Principal
 
 __all__ = [
+    "DEFAULT_RESPONSE_TIMEOUT",
     "Allowed",
     "ApprovalSpec",
     "Rejected",
@@ -93,6 +94,10 @@ ResponsePolicy: TypeAlias = Callable[
 ]
 
 
+DEFAULT_RESPONSE_TIMEOUT = 10.0
+"""Seconds a response policy may judge an answer, unless its `ApprovalSpec(timeout=...)` says."""
+
+
 @dataclass(frozen=True, slots=True)
 class ResponseVerdict:
     """`allowed`, `rejected`, `failed` (the policy raised) or `timed-out`."""
@@ -114,7 +119,7 @@ class ApprovalSpec:
         request: ApprovalArg = None,
         response: ResponsePolicy | None = None,
         *,
-        timeout: float = 10.0,
+        timeout: float = DEFAULT_RESPONSE_TIMEOUT,
         approvers: int | None = None,
         distinct: bool | None = None,
         exclude_requester: bool | None = None,

@@ -301,7 +301,7 @@ class SessionRunner(SessionCache):
         fresh = False
         for _ in range(10):
             state = await self._checked(session_id, trust_cache=not fresh)
-            if seen(state.keys, idem, session_id):
+            if seen(state.keys, idem, session_id, state.candidates):
                 return False
             # Its delegate call, and its parent's cancel starting it to cancel (`_child_sessions`),
             # may both start it: one does, and the other, reading a turn, starts none after it.

@@ -60,7 +60,7 @@ SNAPSHOT_VERSION = 2
 journals out (read back from the events); an older signoff refuses such a snapshot by its
 version. One of version 1 or before holds each journal whole, and still loads."""
 
-FOLD_VERSION = 9
+FOLD_VERSION = 10
 """Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`;
 none is 1), raised whenever an event comes to fold otherwise: a session loads only from a
 snapshot of this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`.
@@ -74,7 +74,9 @@ moving or the model's call drops them, a park does not.
 answered (`share_spent`).
 9: a mirror's `input.resolved` keeps the keys of `kept`, and an event's `via` marks its key as
 given through mirrors above the session (0: to the session itself): a key a keyed vote left in
-a subagent's session alone is a repeat in its parent."""
+a subagent's session alone is a repeat in its parent.
+10: an `input.repeated`'s `held_idem` holds its key for a message's answer going down a mirror,
+until the answer's key (its `idem`, or a mirror's `kept`) is recorded over it."""
 
 
 @dataclass(slots=True, kw_only=True)

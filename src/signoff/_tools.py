@@ -16,7 +16,7 @@ from pydantic_core import PydanticSerializationError
 
 from ._approval import ApprovalArg, ApprovalPolicy, as_policy
 from ._exceptions import UsageError
-from ._response import ApprovalSpec, ResponsePolicy
+from ._response import DEFAULT_RESPONSE_TIMEOUT, ApprovalSpec, ResponsePolicy
 from ._sync import called_off_loop, exited, is_async
 from ._tool_context import ToolContext
 from ._tool_json import (
@@ -110,7 +110,7 @@ class Tool:
             raise UsageError(f"tool {self.name!r}: description must be text, not {description!r}")
         self.description = description or _describe(fn)
         self.response_policy: ResponsePolicy | None = None
-        self.response_timeout = 10.0
+        self.response_timeout = DEFAULT_RESPONSE_TIMEOUT
         if isinstance(approval, ApprovalSpec):
             self.response_policy = approval.response
             self.response_timeout = approval.timeout

@@ -24,6 +24,7 @@ from .._exceptions import (
     StoreUnavailable,
     UsageError,
 )
+from .._key_holds import HELD
 from .._runtime import Runtime
 from .._text import HIDDEN, escape_as_json
 from .._trace_content import shown_data
@@ -99,6 +100,8 @@ def _summary(event: Event, tools: Tools = None) -> str:
         return f"{d.get('request_id')} {d.get('decision')} by {_by(d)}{why}"
     if t == "input.resolved":
         return f"{d.get('request_id')} {d.get('outcome')}"
+    if t == "input.repeated" and d.get("held_idem") is not None:
+        return f"{d.get('request_id')} {HELD[0]}{_by(d)}{HELD[1]}"
     if t == "input.repeated":
         return f"{d.get('request_id')} answered again by {_by(d)} (nothing changed)"
     if t == "turn.completed":

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._events import Event
+from .._key_holds import HELD
 from .._state_parts import RequestState
 from ._pages import who
 
@@ -101,6 +102,9 @@ def summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
         return _candidate(d)
     if t == "input.resolved":
         return [(f"{d.get('request_id')} {d.get('outcome')}", False)]
+    if t == "input.repeated" and d.get("held_idem") is not None:
+        held = f"{d.get('request_id')} {HELD[0]}"
+        return [(held, False), _said(who(d.get("by"))), (HELD[1], False)]
     if t == "input.repeated":
         repeated = f"{d.get('request_id')} answered again by "
         return [(repeated, False), _said(who(d.get("by"))), (" (nothing changed)", False)]
