@@ -16,6 +16,7 @@ import contextlib
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -41,6 +42,12 @@ from ._order import pytest_collection_modifyitems as pytest_collection_modifyite
 from ._proof import pytest_sessionfinish as pytest_sessionfinish
 from ._proof import pytest_terminal_summary as pytest_terminal_summary
 from ._proof import pytest_testnodedown as pytest_testnodedown
+
+# A suite started in the background by a shell without job control (`cmd &` in a script, as CI
+# runners and `nohup` do) inherits SIGINT ignored, and so would every child a test spawns: the
+# tests that press Ctrl-C at a child need it delivered as at a shell, whoever started the suite.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 PG_BIN = Path(os.environ.get("SIGNOFF_PG_BIN", "/usr/lib/postgresql/15/bin"))
 STORE_KINDS = ["sqlite", "postgres"]
