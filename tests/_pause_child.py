@@ -2,8 +2,9 @@
 process drives an agent on the real `anthropic` client against the parent's loopback fake, and
 the parent SIGKILLs it while the fake holds a continuation.
 
-Run as `python -m tests._pause_child STORE_URL BASE_URL MAX_TOKENS` (0 for no budget); it prints
-`{"event": "ready"}` once its runtime is open, then drives one turn, which the parent kills.
+Run as `python -m tests._pause_child STORE_URL BASE_URL MAX_TOKENS [SESSION_ID]` (0 for no
+budget); it prints `{"event": "ready"}` once its runtime is open, then drives one turn (with a
+session id, the retry of that session's failed turn), which the parent kills.
 """
 
 from __future__ import annotations
@@ -111,17 +112,20 @@ class PausingLLM:
         )
 
 
-async def run(store: str, base_url: str, max_tokens: int) -> None:
+async def run(store: str, base_url: str, max_tokens: int, session_id: str | None) -> None:
     agent = pause_agent(base_url, max_tokens=max_tokens or None)
     async with so.Runtime([agent], store=store, lease_ttl=2.0) as rt:
         print(json.dumps({"event": "ready"}), flush=True)
-        r = await rt.generate("support", prompt=PROMPT)
+        if session_id:
+            r = await rt.generate(session_id=session_id)
+        else:
+            r = await rt.generate("support", prompt=PROMPT)
         print(json.dumps({"event": "result", "status": r.status, "text": r.text}), flush=True)
 
 
 def main(argv: list[str]) -> Any:
-    store, base_url, max_tokens = argv
-    asyncio.run(run(store, base_url, int(max_tokens)))
+    store, base_url, max_tokens, *session_id = argv
+    asyncio.run(run(store, base_url, int(max_tokens), session_id[0] if session_id else None))
 
 
 if __name__ == "__main__":

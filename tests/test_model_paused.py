@@ -164,6 +164,24 @@ def test_parts_journaled_after_the_reply_started_over_are_gone_on_from() -> None
     assert _parts(state.turn) == ()
 
 
+def test_a_failure_that_starts_over_drops_the_parts_and_the_retrys_are_gone_on_from() -> None:
+    """A `turn.failed` saying `start_over` (Anthropic's ninth pause) drops the parts, counted
+    still, so its retry asks afresh, and the parts the retry journals are gone on from alone;
+    another failure keeps them. Before, the parts stayed and every retry failed on them."""
+    error = {"code": "model_error", "message": "paused its turn 9 times"}
+    kept = fold([*_log(), _event(5, "turn.failed", {"error": error, "retryable": True})])
+    assert kept.turn is not None and len(_parts(kept.turn)) == 2
+    data = {"error": error, "retryable": True, "start_over": True}
+    state = fold([*_log(), _event(5, "turn.failed", data)])
+    assert state.turn is not None and state.turn.paused == () and _parts(state.turn) == ()
+    assert state.usage == kept.usage and state.turn.retryable
+    state.apply(_event(6, "turn.resumed", {}))
+    state.apply(_paused(7, "Again. ", (102, 22), read=6))
+    assert [p.data["content"][0]["text"] for p in _parts(state.turn)] == ["Again. "]
+    again = so.SessionState.from_snapshot(state.to_snapshot())  # as a resumed process loads it
+    assert again.turn is not None and _parts(again.turn) == _parts(state.turn)
+
+
 def test_parts_after_another_models_are_gone_on_from_alone() -> None:
     """The agent's model changed, so the reply started over with the new one's parts: those
     are gone on from, and the old model's are given to nobody (nor mixed with them)."""

@@ -20,23 +20,24 @@ from signoff.channels import ChannelHub
 from ._channels import Texts, manual
 from ._pause_child import FINAL, PARTS, PROMPT, PausingLLM, pause_agent
 from ._procs import Child, lapse_leases, query
-from .fakes.llm import FakeLLM
+from .fakes.llm import FakeLLM, anthropic_message
 from .test_docs_events import rows
 
 ANSWER = "".join(text for text, _, _ in PARTS) + FINAL[0]
 
 
-def _spawn(tmp: Path, url: str, base_url: str, max_tokens: int = 0) -> Child:
-    argv = [url, base_url, str(max_tokens)]
+def _spawn(tmp: Path, url: str, base_url: str, max_tokens: int = 0, retry: str = "") -> Child:
+    argv = [url, base_url, str(max_tokens), *([retry] if retry else [])]
     return Child(argv, tmp / "pause-child.err", module="tests._pause_child")
 
 
 def _kill_at_the_held_continuation(
-    tmp: Path, url: str, fake: FakeLLM, llm: PausingLLM, max_tokens: int = 0
+    tmp: Path, url: str, fake: FakeLLM, llm: PausingLLM, max_tokens: int = 0, retry: str = ""
 ) -> str:
-    """Start the turn in a child, SIGKILL it while the fake holds the continuation it was
-    told to (`PausingLLM.hold`), and return the session's id."""
-    child = _spawn(tmp, url, fake.base_url, max_tokens)
+    """Start the turn in a child (or the retry of session `retry`'s failed turn), SIGKILL it
+    while the fake holds the continuation it was told to (`PausingLLM.hold`), and return the
+    session's id."""
+    child = _spawn(tmp, url, fake.base_url, max_tokens, retry)
     try:
         child.expect("ready", timeout=60)  # a bound on a hang: 8 jobs on 2 CPUs took over 30 s
         assert llm.held.wait(30), f"no continuation held; stderr:\n{child.stderr()}"
@@ -166,6 +167,43 @@ async def test_a_runtime_closed_mid_continuation_resumes_from_its_last_part(
     assert llm.parts_sent_back == [0, 1, 2, 2]
     assert (r.status, r.text) == ("completed", ANSWER)
     assert (state.usage.input_tokens, state.usage.output_tokens) == llm.billed_usage[:2]
+
+
+async def test_a_retry_killed_after_the_ninth_pause_resumes_from_its_new_reply_alone(
+    tmp_path: Path, store_url: str
+) -> None:
+    """The turn failed on the ninth pause; its retry, in a child, asks the model afresh,
+    journals the new reply's first part and is SIGKILLed in its continuation: the next drive
+    goes on from that one part, not from the nine dropped (which no request could go on from).
+    Before, the retry failed on the nine parts without a request, again and again."""
+    nine = []
+    for i in range(9):
+        body = anthropic_message(f"Part {i}. ", usage={"input_tokens": 90, "output_tokens": 10})
+        nine.append({**body, "stop_reason": "pause_turn"})
+    llm = PausingLLM(hold=1)
+    with FakeLLM("anthropic", strict=True) as fake:
+        fake.queue(*nine, *[llm] * 8)
+        agent = pause_agent(fake.base_url)
+        async with so.Runtime([agent], store=store_url) as rt:
+            failed = await rt.generate("support", prompt=PROMPT)
+        await agent.model.aclose()  # type: ignore[attr-defined]
+        assert (failed.status, failed.retryable, len(fake.received)) == ("failed", True, 9)
+        sid = failed.session_id
+        assert _kill_at_the_held_continuation(tmp_path, store_url, fake, llm, retry=sid) == sid
+        assert llm.parts_sent_back == [0, 1]  # asked afresh, then the new part sent back
+        agent = pause_agent(fake.base_url)
+        async with so.Runtime([agent], store=store_url) as rt:
+            r = await rt.generate(session_id=sid)
+            state = await rt.state(sid)
+        await agent.model.aclose()  # type: ignore[attr-defined]
+    assert (r.status, r.turn_id, r.text) == ("completed", failed.turn_id, ANSWER)
+    assert llm.parts_sent_back == [0, 1, 1, 2]
+    assert fake.bodies[-1]["messages"][:-1] == fake.bodies[0]["messages"]  # only the new parts
+    billed_in, billed_out, _ = llm.billed_usage
+    assert (state.usage.input_tokens, state.usage.output_tokens) == (
+        9 * 90 + billed_in,
+        9 * 10 + billed_out,
+    )
 
 
 async def _events(rt: so.Runtime, session_id: str) -> list[so.Event]:

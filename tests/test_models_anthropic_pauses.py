@@ -26,6 +26,9 @@ from .fakes.llm import API_KEY, FakeLLM, Reply, anthropic_message
 
 __all__ = ["exporter", "fake", "model", "provider"]  # the fixtures, used by name
 
+ALICE = so.Principal(authenticator="app", principal_id="alice")
+BOB = so.Principal(authenticator="app", principal_id="bob")
+
 SEARCH = {
     "type": "server_tool_use",
     "id": "srvtoolu_01",
@@ -81,6 +84,7 @@ async def test_continuations_are_bounded_and_what_they_cost_counts(fake, model) 
     assert len(fake.received) == MAX_CONTINUATIONS + 1
     assert e.value.usage is not None
     assert e.value.usage.output_tokens == 20 * (MAX_CONTINUATIONS + 1)
+    assert e.value.start_over  # no retry could go on from the parts: it asks afresh
 
 
 async def test_a_continuation_that_fails_counts_the_paused_part(fake, model) -> None:
@@ -89,6 +93,7 @@ async def test_a_continuation_that_fails_counts_the_paused_part(fake, model) -> 
         await model.complete(request())
     assert e.value.usage is not None
     assert (e.value.usage.input_tokens, e.value.usage.output_tokens) == (100, 20)
+    assert not e.value.start_over  # a retry goes on from the part
 
 
 async def test_a_continuation_is_capped_at_what_the_budgets_leave(fake, model) -> None:
@@ -327,6 +332,40 @@ async def test_a_retry_after_a_failed_continuation_goes_on_from_the_last_part(
     assert (usage.input_tokens, usage.output_tokens) == (351, 71)
 
 
+async def test_a_retry_after_the_ninth_pause_asks_the_model_afresh(store_url: str) -> None:
+    """The ninth pause fails the turn retryably, saying `start_over`: its retry asks the model
+    afresh, sending back none of the nine parts (counted once, when journaled), and the message
+    queued behind the turn runs after it. Before, every retry went on from the nine parts and
+    failed on them without a request, and the queued message never started."""
+    nine = MAX_CONTINUATIONS + 1
+    with FakeLLM("anthropic", strict=True) as server:
+        server.queue(*[paused(f"part {i}. ", SEARCH, usage=(100, 20)) for i in range(nine)])
+        claude = so.models.Anthropic(
+            "claude-haiku-4-5", base_url=server.base_url, api_key=API_KEY, max_retries=0
+        )
+        agent = so.Agent(name="support", model=claude, tools=[])
+        async with so.Runtime([agent], store=store_url) as rt:
+            r = await rt.generate("support", prompt="policy?", auth=ALICE)
+            assert (r.status, r.retryable, len(server.received)) == ("failed", True, nine)
+            sid, turn = r.session_id, r.turn_id
+            assert (await rt.send(sid, "and shipping?", principal=BOB)).queued
+            server.queue(
+                anthropic_message("Fresh.", usage={"input_tokens": 150, "output_tokens": 30}),
+                anthropic_message("Free.", usage={"input_tokens": 160, "output_tokens": 5}),
+            )
+            r = await rt.generate(session_id=sid, auth=ALICE)
+            events = [e async for e in rt.events(sid, follow=False)]
+            usage = (await rt.state(sid)).usage
+        await claude.aclose()
+    assert r.status == "completed" and len(server.received) == nine + 2
+    assert server.bodies[nine]["messages"] == server.bodies[0]["messages"]  # none sent back
+    (failed,) = [e.data for e in events if e.type == "turn.failed"]
+    assert failed["retryable"] is True and failed["start_over"] is True
+    replies = [(e.turn_id == turn, e.data["text"]) for e in events if e.type == "model.completed"]
+    assert replies == [(True, "Fresh."), (False, "Free.")]  # the retry's, then the queued turn's
+    assert (usage.input_tokens, usage.output_tokens) == (100 * nine + 310, 20 * nine + 35)
+
+
 def _part(text: str, output: int = 20, model: str = "anthropic:claude-haiku-4-5") -> PausedPart:
     content = [{"type": "text", "text": text}, SEARCH]
     usage = so.Usage(input_tokens=100, output_tokens=output, cost_usd=0.5)
@@ -410,6 +449,7 @@ async def test_parts_journaled_past_the_bound_fail_without_a_request(fake, model
     with pytest.raises(so.ModelError, match=f"paused its turn {MAX_CONTINUATIONS + 1} times") as e:
         await model.complete(dataclasses.replace(request(), paused=parts))
     assert fake.received == [] and e.value.usage is None  # each part was counted when journaled
+    assert e.value.start_over
 
 
 async def test_a_paused_part_of_the_wrong_shape_is_not_sent_back(fake, model) -> None:

@@ -487,6 +487,8 @@ def _turn_failed(s: SessionState, e: Event) -> None:
     turn.status = "failed"
     turn.retryable = bool(e.data.get("retryable"))
     turn.error = e.data.get("error")
+    if e.data.get("start_over") is True:
+        turn.paused = ()  # counted when journaled, and never gone on from: a retry asks afresh
     _billed(s, e)  # a reply the provider billed that the turn could not use
     _read_again(s, e)
     if e.data.get("reason") == "session expired":

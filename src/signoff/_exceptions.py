@@ -367,18 +367,26 @@ class ModelError(SignoffError):
     """The model call failed or returned something unusable. `usage` is what a reply refused
     as unusable cost (it was billed, so the failed turn counts it against the session's
     budgets); None when no reply came. `context_tokens`, as `ModelResponse.context_tokens`:
-    how much of that reply's input the next call reads again, when not all of it."""
+    how much of that reply's input the next call reads again, when not all of it. `start_over`:
+    the reply's paused parts (`ModelRequest.paused` and those journaled since) cannot be gone on
+    from, so a retry of the turn asks the model afresh (they stay counted)."""
 
     code = "model_error"
     usage: Usage | None = None  # also for one built by an older signoff, or without __init__
     context_tokens: int | None = None
+    start_over: bool = False
 
     def __init__(
-        self, *args: object, usage: Usage | None = None, context_tokens: int | None = None
+        self,
+        *args: object,
+        usage: Usage | None = None,
+        context_tokens: int | None = None,
+        start_over: bool = False,
     ) -> None:
         super().__init__(*args)
         self.usage = usage
         self.context_tokens = context_tokens
+        self.start_over = start_over
 
 
 class BudgetSpent(ModelError):

@@ -199,6 +199,9 @@ class ModelStep(DriverPart):
             message = cut(error_text(exc), limits.max_response_bytes // 4)
             failed: dict[str, Any] = {"error": {"code": code, "message": message}}
             failed["retryable"] = True
+            if getattr(exc, "start_over", False) is True and s.turn is not None and s.turn.paused:
+                # The reply's parts journaled cannot be gone on from: a retry asks afresh.
+                failed["start_over"] = True
             spent = refused_cost(exc)
             failed.update(billing(spent, read_again(exc, spent)))
             await self.record(

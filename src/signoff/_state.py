@@ -60,7 +60,7 @@ SNAPSHOT_VERSION = 2
 journals out (read back from the events); an older signoff refuses such a snapshot by its
 version. One of version 1 or before holds each journal whole, and still loads."""
 
-FOLD_VERSION = 10
+FOLD_VERSION = 11
 """Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`;
 none is 1), raised whenever an event comes to fold otherwise: a session loads only from a
 snapshot of this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`.
@@ -76,7 +76,8 @@ answered (`share_spent`).
 given through mirrors above the session (0: to the session itself): a key a keyed vote left in
 a subagent's session alone is a repeat in its parent.
 10: an `input.repeated`'s `held_idem` holds its key for a message's answer going down a mirror,
-until the answer's key (its `idem`, or a mirror's `kept`) is recorded over it."""
+until the answer's key (its `idem`, or a mirror's `kept`) is recorded over it.
+11: a `turn.failed` with `start_over` drops the turn's paused parts: its retry asks afresh."""
 
 
 @dataclass(slots=True, kw_only=True)

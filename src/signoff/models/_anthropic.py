@@ -330,7 +330,8 @@ class Anthropic(SdkModel):
         the paused content (of the `new` parts of `parts`) sent back as the assistant's (and its
         code-execution container named), its output capped at what `cap` leaves of it after the
         parts this call received (`here`) when that is below the model's own limit. True when
-        the budgets set its limit (`binds`: they set the last one's)."""
+        the budgets set its limit (`binds`: they set the last one's). Past `MAX_CONTINUATIONS`
+        parts the reply fails, to be asked afresh (`start_over`): no retry could go on from them."""
         spent = _total(unjournaled)
         if len(parts) > MAX_CONTINUATIONS:
             raise ModelError(
@@ -338,6 +339,7 @@ class Anthropic(SdkModel):
                 f"(stop_reason pause_turn): signoff continues one at most {MAX_CONTINUATIONS} "
                 "times",
                 usage=spent if unjournaled else None,
+                start_over=True,
             )
         messages = list(kwargs["messages"])
         for part in new:

@@ -62,7 +62,9 @@ class ModelRequest:
     raises `BudgetSpent` when they leave none: the model lets that end its reply. `paused` holds
     the parts journaled of this reply before the process stopped, in order: the model continues
     from the last of them (the budgets counted them already, and `max_output_tokens` holds back
-    the last one's input), or ignores them to start over. Other models ignore all three.
+    the last one's input), or ignores them to start over. A reply that can go on no further
+    from its parts (too many) raises `ModelError` with `start_over`: the turn fails, and its
+    retry asks afresh, given none of them. Other models ignore all three.
     """
 
     session_id: str
