@@ -281,3 +281,34 @@ def test_a_child_stopped_on_the_share_is_kept_until_the_question_is_answered() -
     state.apply(event(6, "tool.completed", call_id="c1", **ended, share_spent="ses_c"))
     state.apply(event(7, "model.completed", tool_calls=[], usage={}))
     assert state.turn is not None and state.turn.share_spent is None
+
+
+def test_a_reply_that_did_not_read_a_message_leaves_the_turn_steered() -> None:
+    """A message that came while the model answered, after what its reply read (`read_through`),
+    steers the turn once the reply is folded (its position was taken as read, so its gated call
+    was asked as if no one had written), through a snapshot and a copy, until a reply reads it;
+    a queued message steers nothing. A snapshot holding no position there is a `StoreError`."""
+
+    def event(seq: int, type: EventType, **data: Any) -> so.Event:
+        return so.Event(session_id="ses_1", seq=seq, type=type, at=1.0, turn_id="trn_1", data=data)
+
+    calls = [{"id": "c1", "name": "refund", "input": {}}]
+    state = so.SessionState(id="ses_1")
+    state.apply(event(1, "session.created", agent="a"))
+    state.apply(event(2, "turn.started", message="refund it"))
+    state.apply(event(3, "turn.message", message="later", queued=True))
+    state.apply(event(4, "model.completed", tool_calls=calls, usage={}))
+    assert state.turn is not None and not state.turn.steered  # a queued message steers nothing
+    state.apply(event(5, "turn.message", message="only half", policy="steer"))
+    state.apply(event(6, "model.completed", tool_calls=calls, usage={}, read_through=4))
+    assert state.turn is not None and state.turn.steered
+    assert (state.turn.model_seq, state.turn.read_seq) == (6, 4)
+    snap = state.to_snapshot()
+    for kept in (so.SessionState.from_snapshot(snap), state.copy()):
+        assert kept.turn is not None and kept.turn.read_seq == 4 and kept.turn.steered
+    for bad in (-1, "4", None):
+        with pytest.raises(so.StoreError, match="read_seq"):
+            so.SessionState.from_snapshot({**snap, "turn": {**snap["turn"], "read_seq": bad}})
+    state.apply(event(7, "model.completed", text="half then", usage={}))
+    assert state.turn is not None and not state.turn.steered and state.turn.read_seq == 7
+    assert "read_seq" not in state.to_snapshot()["turn"]  # as its reply's own: left out

@@ -448,6 +448,7 @@ def _every_field_set() -> so.SessionState:
         first_seq=2,
         last_message_seq=4,
         model_seq=3,
+        read_seq=2,
         source="schedule",
         traceparent=PARKED_BY,
         paused=({"model": "anthropic:m", "data": {"content": []}, "usage": {}, "read_through": 3},),
@@ -556,7 +557,7 @@ def test_a_snapshot_from_before_model_seq_reads_the_turn_as_not_steered() -> Non
     """Older snapshots have no `model_seq`: the last message read is taken as read by the model
     then, so a restored turn does not count as steered by a message it already saw."""
     snap = _every_field_set().to_snapshot()
-    del snap["turn"]["model_seq"]
+    del snap["turn"]["model_seq"], snap["turn"]["read_seq"]  # `read_seq` is newer still
     restored = so.SessionState.from_snapshot(snap)
     assert restored.turn is not None and not restored.turn.steered
 

@@ -22,7 +22,7 @@ from signoff.testing import (
     tool_results,
 )
 
-from ._steer import ALICE, BOB, events, plan_agent, refund_agent, refund_tool, texts
+from ._steer import ALICE, BOB, PACKS, events, plan_agent, refund_agent, refund_tool, texts
 
 
 @pytest.mark.parametrize("policy", ["steer", "queue"])
@@ -352,3 +352,132 @@ async def test_a_message_racing_one_from_another_process_steers_the_turn_that_st
         assert "turn.message from A" in lines
         assert "input.resolved ignored" in lines
         assert await a.pending(session_id=sid) == []
+
+
+async def _while_the_model_answers(
+    store_url: str, response: so.ModelResponse, tools: list[so.Tool], message: str, **send: Any
+) -> tuple[so.GenerateResult, so.GenerateResult, list[so.Event], Capture]:
+    """Alice's `message` sent while the model writes `response` (its call in flight, her
+    message recorded before the reply is): the turn's result, her send's, the log, and the
+    model's next call."""
+    asked, go = asyncio.Event(), asyncio.Event()
+
+    async def thinking(conversation: list[so.Message]) -> so.ModelResponse:
+        asked.set()
+        await go.wait()
+        return response
+
+    after = Capture(reply("Only the three-pack then."))
+    agent = scripted_agent("support", [thinking, after], tools=tools)
+    async with so.Runtime([agent], store=store_url) as rt:
+        turn = asyncio.create_task(rt.generate("support", prompt="refund 1042", auth=ALICE))
+        await asyncio.wait_for(asked.wait(), 10)
+        [summary] = await rt.sessions(limit=1)
+        sent = asyncio.create_task(rt.send(summary.id, message, principal=ALICE, **send))
+        while not [e for e in await events(rt, summary.id) if e.type == "turn.message"]:
+            await asyncio.sleep(0.01)  # in the log; `send` waits for the turn
+        go.set()
+        r = await asyncio.wait_for(turn, 10)
+        s = await asyncio.wait_for(sent, 10)
+        return r, s, await events(rt, summary.id), after
+
+
+@pytest.mark.parametrize("kind", ["approval", "question"])
+async def test_a_message_steering_while_the_model_answers_steers_the_calls_of_its_reply(
+    store_url: str, kind: str
+) -> None:
+    """A message that steered while the model answered, its reply read only up to before it
+    (`read_through`), left the reply's gated call asked and `ask_question` asking, the turn
+    parked on them as if no one had written. Now the approval is `ignored` and the question
+    withdrawn before either is asked, the ungated call beside them runs, and the model reads
+    their results and the message next, on either store."""
+    log = ExecutionLog()
+
+    @so.tool
+    async def look_up(order_id: str) -> str:
+        """Read an order."""
+        return f"order {order_id}: shipped"
+
+    if kind == "approval":
+        gated = call("issue_refund", call_id="r1", order_id="1042", amount=180)
+    else:
+        gated = call("ask_question", call_id="q1", question="Which size?", options=PACKS)
+    response = call_tools(call("look_up", call_id="l1", order_id="1042"), gated)
+    tools = [look_up, refund_tool(log), so.ask_question()]
+    steer = "wait, only refund the three-pack"
+    r, s, log_events, after = await _while_the_model_answers(store_url, response, tools, steer)
+    assert (r.status, r.pending, s.status, s.pending) == ("completed", [], "completed", []), (r, s)
+    assert r.text == "Only the three-pack then." and log.count() == 0
+    lines = timeline(log_events)
+    assert not [line for line in lines if line.startswith("input.requested")], lines
+    replied = next(e for e in log_events if e.type == "model.completed")
+    assert replied.data["read_through"] < lines.index(f"turn.message {steer}") + 1
+    results = {m.call_id: m for m in tool_results(after.last)}
+    assert results["l1"].content == "order 1042: shipped"
+    if kind == "approval":
+        assert "tool.completed issue_refund denied" in lines
+        assert results["r1"].is_error and results["r1"].content["outcome"] == "ignored"
+    else:
+        assert "tool.completed ask_question ok" in lines
+        assert results["q1"].content == {"interrupted": True}
+    assert texts(after.last)[-1] == ("user", steer)
+
+
+async def test_a_message_queued_while_the_model_answers_steers_nothing(store_url: str) -> None:
+    """A `queue` message sent while the model answers is no steer: the reply's gated call is
+    asked, the turn waits on it, and the message waits behind the turn."""
+    log = ExecutionLog()
+    response = call_tools(call("issue_refund", call_id="r1", order_id="1042", amount=180))
+    r, s, log_events, after = await _while_the_model_answers(
+        store_url, response, [refund_tool(log)], "and the invoice", turn_policy="queue"
+    )
+    assert (r.status, s.turn_id, s.queued) == ("waiting", r.turn_id, True)
+    assert [p.tool_name for p in r.pending] == ["issue_refund"] and after.conversations == []
+    assert timeline(log_events)[2:] == [
+        "turn.message queued:and the invoice",
+        "model.completed",
+        "input.requested tool-approval:issue_refund",
+        "turn.waiting",
+    ]
+
+
+async def test_a_message_steering_a_subagent_while_its_model_answers_is_read_by_it(
+    store_url: str,
+) -> None:
+    """A message sent to a child session while its model wrote a gated call (the parent's
+    delegate call driving it) left that approval asked, mirrored on the parent, both turns
+    waiting. Now the child's approval is `ignored`, its model reads the message, and the
+    parent's call takes the child's answer."""
+    log = ExecutionLog()
+    asked, go = asyncio.Event(), asyncio.Event()
+
+    async def thinking(conversation: list[so.Message]) -> so.ModelResponse:
+        asked.set()
+        await go.wait()
+        return call_tools(call("issue_refund", call_id="r1", order_id="1042", amount=180))
+
+    after = Capture(reply("Not refunding, then."))
+    child = scripted_agent("billing", [thinking, after], tools=[refund_tool(log)])
+    delegating = call_tools(call("billing", call_id="d1", message="refund 1042"))
+    parent = scripted_agent("support", [delegating, reply("Done.")], tools=[so.delegate("billing")])
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        turn = asyncio.create_task(rt.generate("support", prompt="refund 1042", auth=ALICE))
+        await asyncio.wait_for(asked.wait(), 10)
+        [kid] = [s.id for s in await rt.sessions(agent="billing")]
+        sent = asyncio.create_task(rt.send(kid, "wait, do not refund", principal=ALICE))
+        while not [e for e in await events(rt, kid) if e.type == "turn.message"]:
+            await asyncio.sleep(0.01)  # in the log; `send` waits for the turn
+        go.set()
+        r = await asyncio.wait_for(turn, 10)
+        s = await asyncio.wait_for(sent, 10)
+        assert (r.status, r.pending, s.status, s.text) == (
+            "completed",
+            [],
+            "completed",
+            "Not refunding, then.",
+        ), (r, s)
+        assert log.count() == 0 and texts(after.last)[-1] == ("user", "wait, do not refund")
+        lines = timeline(await events(rt, kid))
+        assert "input.requested tool-approval:issue_refund" not in lines, lines
+        assert "tool.completed issue_refund denied" in lines
+        assert not [e for e in await events(rt, r.session_id) if e.type == "input.requested"]

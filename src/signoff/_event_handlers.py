@@ -123,6 +123,8 @@ def _model_completed(s: SessionState, e: Event) -> None:
     s.last_input_tokens = usage.input_tokens if kept is None else kept
     turn.steps += 1
     turn.model_seq = e.seq
+    read = e.data.get("read_through")  # a message came while it answered, which it did not read
+    turn.read_seq = min(read, e.seq) if isinstance(read, int) else e.seq
     turn.answered = []  # a new reply: every answer of the turn was gone on with
     turn.status = "running"
     turn.retryable = False

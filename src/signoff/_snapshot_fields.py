@@ -9,7 +9,7 @@ from typing import Any
 
 from ._events import EVENT_TYPES, EventType
 
-__all__ = ["check_fields", "ids_of", "last_of", "paused_of", "session_of"]
+__all__ = ["check_fields", "ids_of", "last_of", "paused_of", "seq_of", "session_of"]
 
 
 def check_fields(data: dict[str, Any]) -> None:
@@ -140,4 +140,12 @@ def session_of(value: Any) -> str | None:
     unless a session id or None."""
     if value is not None and not isinstance(value, str):
         raise ValueError(f"a turn's share_spent is not a session id: {value!r:.100}")
+    return value
+
+
+def seq_of(value: Any) -> int:
+    """The last event a turn's latest reply read (`read_seq`) as a snapshot keeps it;
+    `ValueError` unless a position in the log."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"a turn's read_seq is not a position in the log: {value!r:.100}")
     return value

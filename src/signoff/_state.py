@@ -16,7 +16,7 @@ from ._conversation import MALFORMED, Conversation
 from ._event_handlers import HANDLERS
 from ._events import Event, EventType, is_activity
 from ._exceptions import SchemaVersionError, StoreError
-from ._snapshot_fields import check_fields, ids_of, last_of, paused_of, session_of
+from ._snapshot_fields import check_fields, ids_of, last_of, paused_of, seq_of, session_of
 from ._state_parts import (
     CallState,
     CallStatus,
@@ -60,7 +60,7 @@ SNAPSHOT_VERSION = 2
 journals out (read back from the events); an older signoff refuses such a snapshot by its
 version. One of version 1 or before holds each journal whole, and still loads."""
 
-FOLD_VERSION = 11
+FOLD_VERSION = 12
 """Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`;
 none is 1), raised whenever an event comes to fold otherwise: a session loads only from a
 snapshot of this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`.
@@ -70,14 +70,15 @@ its `tool.started`'s `filled`. 5: the app's approval (a `runtime` principal's) g
 6: a deadline's escalation is no activity: the session's `updated_at` and TTL stay put.
 7: a turn keeps the requests closed that no drive went on with yet (`answered`): their call
 moving or the model's call drops them, a park does not.
-8: a turn keeps the subagent stopped on its share of the budgets until its question is
-answered (`share_spent`).
+8: a turn keeps the subagent stopped on its share of the budgets until answered (`share_spent`).
 9: a mirror's `input.resolved` keeps the keys of `kept`, and an event's `via` marks its key as
 given through mirrors above the session (0: to the session itself): a key a keyed vote left in
 a subagent's session alone is a repeat in its parent.
 10: an `input.repeated`'s `held_idem` holds its key for a message's answer going down a mirror,
 until the answer's key (its `idem`, or a mirror's `kept`) is recorded over it.
-11: a `turn.failed` with `start_over` drops the turn's paused parts: its retry asks afresh."""
+11: a `turn.failed` with `start_over` drops the turn's paused parts: its retry asks afresh.
+12: a turn keeps the last event its latest reply read (`read_seq`, a `model.completed`'s
+`read_through`): a message that came while the model answered steers its calls."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -289,6 +290,7 @@ class SessionState:
                 "first_seq": turn.first_seq,
                 "last_message_seq": turn.last_message_seq,
                 "model_seq": turn.model_seq,
+                **({} if turn.read_seq == turn.model_seq else {"read_seq": turn.read_seq}),
                 "source": turn.source,
                 **({} if turn.traceparent is None else {"traceparent": turn.traceparent}),
                 **({"paused": list(turn.paused)} if turn.paused else {}),
@@ -338,6 +340,7 @@ class SessionState:
                 first_seq=t.first_seq,
                 last_message_seq=t.last_message_seq,
                 model_seq=t.model_seq,
+                read_seq=t.read_seq,
                 source=t.source,
                 traceparent=t.traceparent,
                 paused=t.paused,
@@ -450,7 +453,8 @@ class SessionState:
                 error=t["error"],
                 first_seq=t["first_seq"],
                 last_message_seq=t.get("last_message_seq", 0),
-                model_seq=t.get("model_seq", t.get("last_message_seq", 0)),
+                model_seq=(replied := t.get("model_seq", t.get("last_message_seq", 0))),
+                read_seq=seq_of(t.get("read_seq", replied)),
                 source=t.get("source", "message"),
                 traceparent=p if isinstance(p := t.get("traceparent"), str) else None,
                 paused=paused_of(t.get("paused", [])),

@@ -260,7 +260,10 @@ class TurnState:
     error: dict[str, Any] | None = None
     first_seq: int = 0
     last_message_seq: int = 0
-    model_seq: int = 0  # the latest model.completed: a message after it is not read yet
+    model_seq: int = 0  # the latest model.completed
+    # The last event its latest reply read (`read_through`, else that reply's own): a message
+    # after it steers, though it came before the reply was recorded.
+    read_seq: int = 0
     source: str = "message"
     # The W3C trace context of the last traced drive that parked the turn (`_tracing`).
     traceparent: str | None = None
@@ -279,7 +282,7 @@ class TurnState:
     @property
     def steered(self) -> bool:
         """A steering message arrived that the model has not read yet."""
-        return self.last_message_seq > self.model_seq
+        return self.last_message_seq > self.read_seq
 
 
 def dump_principal(p: Principal | None) -> dict[str, Any] | None:
