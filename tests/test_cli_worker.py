@@ -177,5 +177,76 @@ def test_db_status_names_an_index_or_function_dropped_by_hand_on_postgres(pg_url
     result = invoke("db", "status", "--store", url)
     assert result.exit_code == 1, result.output
     assert "lacks sessions_children and request_closed(), dropped outside" in result.stderr
-    assert invoke("db", "upgrade", "--store", url).exit_code == 0  # nothing to migrate
+    result = invoke("db", "upgrade", "--store", url)  # nothing to migrate, and nothing made
+    assert result.exit_code == 1 and "up to date" not in result.output, result.output
     assert invoke("db", "status", "--store", url).exit_code == 1
+
+
+def test_db_upgrade_refuses_a_sqlite_store_lacking_part_of_its_schema(tmp_path: Path) -> None:
+    """A store whose mark is current but which lacks a table or index of the schema: `db
+    upgrade` said "schema is up to date" with exit status 0, where `db status` calls it damaged.
+    It fails as `db status` does, naming them, and changes nothing."""
+    db = tmp_path / "state.db"
+    assert invoke("db", "upgrade", "--store", f"sqlite:///{db}").exit_code == 0
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP INDEX requests_due")
+        conn.execute("DROP TABLE snapshots")
+    conn.close()
+    before = db.read_bytes()
+    result = invoke("db", "upgrade", "--store", f"sqlite:///{db}")
+    assert result.exit_code == 1, result.output
+    assert "up to date" not in result.output, result.output
+    assert f"sqlite:///{db} has schema version " in result.stderr
+    assert "lacks snapshots and requests_due, dropped outside signoff" in result.stderr
+    assert "Restore it from a backup" in result.stderr
+    assert db.read_bytes() == before
+
+
+def test_db_upgrade_refuses_a_postgres_schema_lacking_part_of_it(pg_url: str) -> None:
+    """`db upgrade` of a schema at the current version lacking an index dropped by hand said
+    "schema is up to date" with exit status 0. It fails naming it, as `db status` does."""
+    import psycopg
+
+    from signoff.stores.postgres._schema import STORE_SCHEMA
+    from signoff.stores.postgres._url import describe
+
+    url = pg_url + "?schema=lacking"
+    assert invoke("db", "upgrade", "--store", url).exit_code == 0
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DROP INDEX lacking.requests_due")
+    result = invoke("db", "upgrade", "--store", url)
+    assert result.exit_code == 1, result.output
+    assert "up to date" not in result.output, result.output
+    where = f"{describe(url)}, schema 'lacking'"
+    assert f"{where} has schema version {STORE_SCHEMA} but lacks requests_due, dropped" in (
+        " ".join(result.stderr.split())
+    )
+
+
+def test_db_upgrade_migrates_a_postgres_schema_then_names_what_it_lacks(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real migration makes only what the newer migrations add, not an index of an older
+    one dropped by hand: it said "upgraded" with exit status 0 on a store `db status` then
+    called damaged. The migration done is said, then the damage, with exit status 1."""
+    import psycopg
+
+    import signoff.stores.postgres._schema as module
+    from signoff.stores.postgres import PostgresStore
+    from signoff.stores.postgres._url import describe
+
+    current = module.STORE_SCHEMA
+    # a schema of migration 2 that lost an index of migration 1, then upgraded
+    older = pg_url + "?schema=older_lacking"
+    monkeypatch.setattr(module, "MIGRATIONS", module.MIGRATIONS[:2])
+    monkeypatch.setattr(module, "STORE_SCHEMA", 2)
+    assert asyncio.run(PostgresStore(older, migrate=False).migrate()) == (0, 2)
+    monkeypatch.undo()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DROP INDEX older_lacking.requests_by_session")
+    result = invoke("db", "upgrade", "--store", older)
+    assert result.exit_code == 1, result.output
+    where = f"{describe(older)}, schema 'older_lacking'"
+    assert result.stdout == f"schema upgraded from version 2 to {current} ({where})\n"
+    assert "lacks requests_by_session, dropped outside signoff" in result.stderr
+    assert asyncio.run(PostgresStore(older, migrate=False).schema_version()) == current

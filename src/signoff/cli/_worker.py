@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -31,6 +31,9 @@ from ._numbers import seconds, whole
 from ._store_files import own_store, reading_store, unopened_like
 from ._stuck import ctrl_c_in_sqlite
 from ._waiting import open_when_up
+
+if TYPE_CHECKING:
+    from ..stores.postgres import PostgresStore
 
 CONCURRENCY = whole(1, 100_000)
 IDLE_WAIT = seconds(0.01, 60)
@@ -167,7 +170,9 @@ app.add_typer(db_app, name="db")
 
 @db_app.command("upgrade")
 def db_upgrade(target: RuntimeArgument = None, store: StoreOption = None) -> None:
-    """Create or migrate the store's schema to this signoff's version (PostgreSQL or SQLite)."""
+    """Create or migrate the store's schema to this signoff's version (PostgreSQL or SQLite);
+    exit status 1, as `db status`, when the store then lacks a table, index or function of it
+    (dropped by hand), naming them."""
 
     async def go() -> None:
         given = store_of(target, store)
@@ -182,15 +187,14 @@ def db_upgrade(target: RuntimeArgument = None, store: StoreOption = None) -> Non
             before, after = await postgres.migrate()
             # which database, and which schema of it (`?schema=`, which the URL shown leaves out)
             where = f"{shown_store(url)}, schema {postgres.schema!r}"
-            out().print(f"{_migrated(before, after)} ({printable(where)})")
+            await _said_migrated(postgres, before, after, where)
             return
         own_store(url)
         async with Runtime([], store=unopened_like(given, migrate=True)) as runtime:
             sqlite = runtime.store
             assert isinstance(sqlite, SQLiteStore)  # a URL of neither kind was refused
             before, after = await sqlite.migrate()
-            # printable: a path may hold a byte that is not UTF-8, which a terminal cannot take
-            out().print(f"{_migrated(before, after)} ({printable(sqlite.url)})")
+            await _said_migrated(sqlite, before, after, sqlite.url)
 
     run(go())
 
@@ -215,18 +219,38 @@ def db_status(target: RuntimeArgument = None, store: StoreOption = None) -> None
                 assert isinstance(opened, PostgresStore)
                 version = POSTGRES_SCHEMA
                 where = f"{shown_store(opened.url)}, schema {opened.schema!r}"
-            missing = await opened.schema_missing()
-            if missing:
-                raise StoreError(
-                    f"{printable(where)} has schema version {version} but lacks "
-                    f"{_listed(missing)}, dropped outside signoff: the store is damaged. Restore "
-                    "it from a backup; no `signoff db upgrade` makes them again"
-                )
+            await _refuse_damaged(opened, version, where)
             out().print(f"schema is up to date (version {version}) ({printable(where)})")
         finally:
             await opened.close()
 
     run(go())
+
+
+async def _said_migrated(
+    store: SQLiteStore | PostgresStore, before: int, after: int, where: str
+) -> None:
+    """Print what `db upgrade` did to the store at `where`, then refuse it as `db status` does
+    if it lacks part of its schema: "up to date" with exit status 0 read as healthy."""
+    # printable: a path may hold a byte that is not UTF-8, which a terminal cannot take
+    said = f"{_migrated(before, after)} ({printable(where)})"
+    if before != after:  # a migration committed is said, damaged or not
+        out().print(said)
+    await _refuse_damaged(store, after, where)
+    if before == after:
+        out().print(said)
+
+
+async def _refuse_damaged(store: SQLiteStore | PostgresStore, version: int, where: str) -> None:
+    """Raise a `StoreError` naming the tables, indexes and functions of the schema at `version`
+    that the store at `where` lacks, dropped by hand: no migration makes them again."""
+    missing = await store.schema_missing()
+    if missing:
+        raise StoreError(
+            f"{printable(where)} has schema version {version} but lacks "
+            f"{_listed(missing)}, dropped outside signoff: the store is damaged. Restore "
+            "it from a backup; no `signoff db upgrade` makes them again"
+        )
 
 
 def _migrated(before: int, after: int) -> str:
