@@ -408,14 +408,20 @@ def _short(state: SessionState, turn: str) -> set[str]:
 
 async def driven(rt: Runtime, session_id: str, drive: Awaitable[GenerateResult]) -> GenerateResult:
     """`drive`, a drive of the session, then `after_drive`; a drive that raises still counts
-    what a subagent spent (`counted_once_stopped`): the cancel left that to the drive's end."""
+    what a subagent spent (`counted_once_stopped`): the cancel left that to the drive's end.
+    Its tree deleted once the turn gave its lease back (a prune) leaves `after_drive` nothing
+    to do: the result stands, whichever session of the tree it found gone first."""
     try:
         result = await drive
     except BaseException:
         with contextlib.suppress(Exception):
             await counted_once_stopped(rt, session_id)
         raise
-    await after_drive(rt, session_id)
+    try:
+        await after_drive(rt, session_id)
+    except UnknownSession:
+        if await rt.store.head(session_id) is not None:
+            raise  # a session it looked at is gone, but not its tree: not a deletion's doing
     return result
 
 
