@@ -60,6 +60,7 @@ LAYERS: list[set[str]] = [
     {"_mirrors", "_leasing", "_creation"},
     {"_child_closes"},
     {"_child_sessions"},
+    {"_child_drives"},
     {"_runtime_host", "_cancel_batch"},
     {"_deadlines", "_journal", "_subagents", "_eligibility"},
     {"_call_ends"},

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from collections.abc import Awaitable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._budgets import by_budget
@@ -30,7 +30,6 @@ from ._state import CallState, SessionState, delegated_turn, fold
 from ._types import InputRequest, Principal, Usage
 
 if TYPE_CHECKING:
-    from ._results import GenerateResult
     from ._runtime import Runtime
 
 __all__ = [
@@ -50,7 +49,6 @@ __all__ = [
     "count_spent",
     "delegated",
     "delegating",
-    "driven",
     "first_turn",
     "headroom_now",
     "reconcile",
@@ -404,25 +402,6 @@ async def _settle(rt: Runtime, child: str) -> tuple[Usage, bool] | None:
 def _short(state: SessionState, turn: str) -> set[str]:
     """The children whose delegate calls of `turn` counted them short of their own children."""
     return {k for k, (t, _) in state.short.items() if t == turn}
-
-
-async def driven(rt: Runtime, session_id: str, drive: Awaitable[GenerateResult]) -> GenerateResult:
-    """`drive`, a drive of the session, then `after_drive`; a drive that raises still counts
-    what a subagent spent (`counted_once_stopped`): the cancel left that to the drive's end.
-    Its tree deleted once the turn gave its lease back (a prune) leaves `after_drive` nothing
-    to do: the result stands, whichever session of the tree it found gone first."""
-    try:
-        result = await drive
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await counted_once_stopped(rt, session_id)
-        raise
-    try:
-        await after_drive(rt, session_id)
-    except UnknownSession:
-        if await rt.store.head(session_id) is not None:
-            raise  # a session it looked at is gone, but not its tree: not a deletion's doing
-    return result
 
 
 async def after_drive(rt: Runtime, session_id: str) -> None:

@@ -21,6 +21,7 @@ from ._answers import decisions as _decisions
 from ._call_guards import closes_stop
 from ._cancel_batch import CancelBatch
 from ._cancellation import stop_calls
+from ._child_drives import driven
 from ._deadlines import expiry_specs
 from ._deletion import Deletion
 from ._engine import Driver
@@ -133,7 +134,7 @@ class Runtime(Deletion):
                     await self._release(session_id, *given)
             raise
         # A subagent's parent may go on after it, and counts what it spent once it stopped.
-        return await _child_sessions.driven(self, session_id, super()._drive(session_id, **kwargs))
+        return await driven(self, session_id, super()._drive(session_id, **kwargs))
 
     async def _recover(self, state: SessionState) -> bool:
         recovered = await super()._recover(state)

@@ -1,4 +1,4 @@
-"""`_child_sessions.driven`: what a subagent's drive does once its turn ended and gave its lease
+"""`_child_drives.driven`: what a subagent's drive does once its turn ended and gave its lease
 back (closing its parent's mirrors, counting its spend in a parent that owes it) finds the tree
 deleted meanwhile, and the drive's result stands: a worker logs no failure. Both stores."""
 
