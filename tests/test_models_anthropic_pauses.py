@@ -7,7 +7,9 @@ fake, through the real SDK."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import threading
 from typing import Any
 
 import pytest
@@ -364,6 +366,45 @@ async def test_a_retry_after_the_ninth_pause_asks_the_model_afresh(store_url: st
     replies = [(e.turn_id == turn, e.data["text"]) for e in events if e.type == "model.completed"]
     assert replies == [(True, "Fresh."), (False, "Free.")]  # the retry's, then the queued turn's
     assert (usage.input_tokens, usage.output_tokens) == (100 * nine + 310, 20 * nine + 35)
+
+
+async def test_the_ninth_pause_says_start_over_after_a_message_from_another_process(
+    store_url: str,
+) -> None:
+    """A message queued from another process while the first part was asked for makes the
+    journaling of that part conflict and reload the turn: the ninth pause's failure read the
+    turn as it was before (no parts) and said nothing of `start_over`, so the first retry went
+    on from the nine parts again and failed without a request."""
+    nine = MAX_CONTINUATIONS + 1
+    asked, go_on = threading.Event(), threading.Event()
+
+    def first(got: Any) -> Reply:
+        asked.set()
+        go_on.wait(10)
+        return Reply(paused("part 0. ", SEARCH))
+
+    with FakeLLM("anthropic", strict=True) as server:
+        server.queue(first, *[paused(f"part {i}. ", SEARCH) for i in range(1, nine)])
+        claude = so.models.Anthropic(
+            "claude-haiku-4-5", base_url=server.base_url, api_key=API_KEY, max_retries=0
+        )
+        agent = so.Agent(name="support", model=claude, tools=[])
+        async with so.Runtime([agent], store=store_url) as rt:
+            sid = await rt.create_session("support", auth=ALICE)
+            running = asyncio.create_task(rt.generate(session_id=sid, prompt="policy?", auth=ALICE))
+            assert await asyncio.to_thread(asked.wait, 10)
+            async with so.Runtime([agent], store=store_url) as other:
+                sent = await other.send(sid, "and shipping?", principal=BOB, turn_policy="queue")
+            go_on.set()
+            r = await running
+            assert (sent.queued, r.status, r.retryable) == (True, "failed", True)
+            server.queue(anthropic_message("Fresh."), anthropic_message("Free."))
+            r = await rt.generate(session_id=sid, auth=ALICE)
+            events = [e async for e in rt.events(sid, follow=False)]
+        await claude.aclose()
+    said = [e.data.get("start_over") for e in events if e.type == "turn.failed"]
+    assert said == [True]  # one failure, and its retry asked afresh
+    assert r.status == "completed" and len(server.received) == nine + 2
 
 
 def _part(text: str, output: int = 20, model: str = "anthropic:claude-haiku-4-5") -> PausedPart:

@@ -199,7 +199,8 @@ class ModelStep(DriverPart):
             message = cut(error_text(exc), limits.max_response_bytes // 4)
             failed: dict[str, Any] = {"error": {"code": code, "message": message}}
             failed["retryable"] = True
-            if getattr(exc, "start_over", False) is True and s.turn is not None and s.turn.paused:
+            now = self.state.turn  # reloaded since `s` if journaling a part met another's commit
+            if getattr(exc, "start_over", False) is True and now is not None and now.paused:
                 # The reply's parts journaled cannot be gone on from: a retry asks afresh.
                 failed["start_over"] = True
             spent = refused_cost(exc)
