@@ -462,7 +462,12 @@ async def count_spent(rt: Runtime, child: str) -> bool:
     short = parent.short.get(child)
     if turn is None and short is None:  # its call counted it whole, or it is counted already
         return False
-    settled = await _settle(rt, child)
+    try:
+        settled = await _settle(rt, child)
+    except UnknownSession:  # its tree deleted meanwhile (a prune, once its turn ended)?
+        if await rt.store.head(child) is not None:
+            raise
+        return False  # nothing is owed it; and the session found gone is not one asked about
     if settled is None or not settled[1]:
         return False  # it (or a child of its) spends on: counted once its turn ends
     whole = turn is not None
@@ -478,7 +483,12 @@ async def count_spent(rt: Runtime, child: str) -> bool:
         owing = current.owed if whole else current.short
         return [("subagent.spent", data)] if child in owing else []
 
-    recorded = bool(await rt._append(parent.id, build, turn_id=turn))
+    try:
+        recorded = bool(await rt._append(parent.id, build, turn_id=turn))
+    except UnknownSession:  # the parent deleted with its tree since it was read
+        if await rt.store.head(child) is not None:
+            raise
+        return False
     if recorded:  # the parent, a subagent counted late in its own parent, may be owed on up
         await count_spent(rt, parent.id)
     return recorded
