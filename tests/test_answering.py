@@ -231,27 +231,39 @@ async def test_an_edit_from_someone_who_may_not_answer_is_not_judged(
         assert judged == [5000]
 
 
-@pytest.mark.parametrize("checked_by", ["approval policy", "response policy"])
+@pytest.mark.parametrize(
+    "checked_by",
+    [
+        "approval policy",
+        "response policy",
+        "response policy on an edit",
+        "approval policy beside a response policy",
+    ],
+)
 async def test_a_ttl_that_passes_while_an_answer_is_checked_wins(
     store_url: str, checked_by: str
 ) -> None:
     """The session's TTL passing while an answer is checked (an edit by the approval policy, or
     any answer by a response policy, both of which may be slow) expires the session, as it
-    would have had anyone looked: the answer does not revive it, and the call does not run."""
+    would have had anyone looked: the answer does not revive it, and the call does not run.
+    An edit under a response policy, checked before its answer is recorded, was recorded after
+    the TTL passed, which renewed it: the answer settled and the call ran."""
     clock = ManualClock()
     ran: list[float] = []
+    slow_edit = checked_by.startswith("approval policy")
 
     def slow_check(input: Any) -> bool:
-        if input.amount == 500:  # the edit
+        if input.amount == 500 and slow_edit:  # the edit
             clock.advance(120)
         return True
 
     def slow_policy(ctx: so.ResponseContext) -> so.Allowed:
-        clock.advance(120)
+        if not slow_edit:
+            clock.advance(120)
         return so.Allowed()
 
-    by_policy = checked_by == "response policy"
-    spec = so.ApprovalSpec(so.always(), slow_policy) if by_policy else so.ApprovalSpec(slow_check)
+    by_policy = checked_by != "approval policy"
+    spec = so.ApprovalSpec(slow_check, slow_policy) if by_policy else so.ApprovalSpec(slow_check)
 
     @so.tool(approval=spec)
     async def pay_invoice(invoice: str, amount: float) -> dict[str, str]:
@@ -268,7 +280,7 @@ async def test_a_ttl_that_passes_while_an_answer_is_checked_wins(
     async with so.Runtime([agent], store=store_url, clock=clock) as rt:
         parked = await rt.generate("pay", prompt="pay INV-7", auth=ALICE)
         [request] = parked.pending
-        edit = None if by_policy else {"invoice": "INV-7", "amount": 500}
+        edit = None if checked_by == "response policy" else {"invoice": "INV-7", "amount": 500}
         answer = so.InputResponse(request_id=request.id, option_id="approve", edited_input=edit)
         with pytest.raises(so.SessionExpired):
             await rt.respond(parked.session_id, [answer], principal=ALICE)
@@ -277,12 +289,61 @@ async def test_a_ttl_that_passes_while_an_answer_is_checked_wins(
         assert stored is not None and stored.status == "expired"
         events = [e async for e in rt.events(parked.session_id, follow=False)]
         assert "approval.settled" not in [e.type for e in events]
-        candidates = [e.data["outcome"] for e in events if e.type == "approval.candidate"]
-        assert candidates == (["pending", "stale"] if by_policy else [])
+        candidates = [e.data for e in events if e.type == "approval.candidate"]
+        assert [c["outcome"] for c in candidates] == (["pending", "stale"] if by_policy else [])
+        if by_policy:  # the answer as given, spent by the TTL
+            assert candidates[0]["edited_input"] == edit
+            assert "the session expired" in candidates[1]["reason"]
         failed = [e.data["error"]["code"] for e in events if e.type == "turn.failed"]
         assert failed == ["session_expired"]
         with pytest.raises(so.SessionExpired):
             await rt.generate(session_id=parked.session_id, prompt="again")
+
+
+async def test_a_refusal_judged_past_the_ttl_does_not_revive_the_session(store_url: str) -> None:
+    """Bob's answer, judged by a slow response policy that refuses it, meets the session's TTL
+    passed meanwhile: his call is refused with `SessionExpired`, and the expiry is recorded with
+    his answer's end. The refusal was recorded alone, which as activity renewed the TTL: Alice's
+    approve after it settled the request and the call ran."""
+    clock = ManualClock()
+    ran: list[float] = []
+
+    def policy(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        if ctx.response.principal is not None and ctx.response.principal.principal_id == "bob":
+            clock.advance(120)  # a slow lookup
+            return so.Rejected("bob may not")
+        return so.Allowed()
+
+    @so.tool(approval=so.ApprovalSpec(so.always(), policy))
+    async def pay_invoice(invoice: str, amount: float) -> dict[str, str]:
+        """Pay an invoice."""
+        ran.append(amount)
+        return {"paid": invoice}
+
+    agent = scripted_agent(
+        "pay",
+        [call_tools(call("pay_invoice", invoice="INV-7", amount=900)), reply("paid")],
+        tools=[pay_invoice],
+        limits=so.Limits(ttl=60),
+    )
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        parked = await rt.generate("pay", prompt="pay INV-7", auth=ALICE)
+        [request] = parked.pending
+        answer = so.InputResponse(request_id=request.id, option_id="approve")
+        for who in (BOB, ALICE):
+            with pytest.raises(so.SessionExpired):
+                await rt.respond(parked.session_id, [answer], principal=who)
+        assert ran == []
+        stored = await rt.store.get_request(request.id)
+        assert stored is not None and stored.status == "expired"
+        events = [e async for e in rt.events(parked.session_id, follow=False)]
+        candidates = [e.data for e in events if e.type == "approval.candidate"]
+        assert [(c["outcome"], c["by"]["principal_id"]) for c in candidates] == [
+            ("pending", "bob"),
+            ("stale", "bob"),
+        ]
+        failed = [e.data["error"]["code"] for e in events if e.type == "turn.failed"]
+        assert failed == ["session_expired"]
 
 
 async def test_a_request_id_holding_a_lone_surrogate_is_an_unknown_request_on_both_stores(

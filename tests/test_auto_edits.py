@@ -14,7 +14,7 @@ import pytest
 
 import signoff as so
 from signoff.models import ModelRequest
-from signoff.testing import ExecutionLog, call, call_tools, reply
+from signoff.testing import ExecutionLog, ManualClock, call, call_tools, reply
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
 REVIEW = so.Usage(input_tokens=10, output_tokens=5, cost_usd=0.5)
@@ -39,7 +39,12 @@ class Reviewer:
         )
 
 
-def agent_with(log: ExecutionLog, policy: so.ApprovalPolicy, response: Any = None) -> so.Agent:
+def agent_with(
+    log: ExecutionLog,
+    policy: so.ApprovalPolicy,
+    response: Any = None,
+    limits: so.Limits | None = None,
+) -> so.Agent:
     approval = policy if response is None else so.ApprovalSpec(request=policy, response=response)
 
     @log.tool(approval=approval)
@@ -52,6 +57,7 @@ def agent_with(log: ExecutionLog, policy: so.ApprovalPolicy, response: Any = Non
         name="billing",
         model=so.models.Scripted([proposal, reply("done", usage=TURN)]),
         tools=[refund_charge],
+        limits=limits,
     )
 
 
@@ -125,6 +131,43 @@ async def test_a_reviewed_edit_under_a_response_policy_has_its_verdict_on_the_ca
             assert entry.data["auto_verdict"] == "caution"
             assert entry.data["auto_reason"] == "the edit raised the refund to 5000"
     assert [e.input["amount"] for e in log.executions] == [5000.0]
+
+
+class SlowReviewer(Reviewer):
+    """A `Reviewer` whose review of the edit takes two minutes of `clock`."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    async def complete(self, request: ModelRequest) -> so.ModelResponse:
+        verdict = await super().complete(request)
+        if '"amount": 5000' in self.reviewed[-1]:
+            self.clock.advance(120)
+        return verdict
+
+
+@pytest.mark.parametrize("response", [False, True], ids=["alone", "with a response policy"])
+async def test_a_review_of_an_edit_the_ttl_overtakes_is_billed_and_settles_nothing(
+    store_url: str, response: bool
+) -> None:
+    """The session's TTL passes while the edit is reviewed: the answer is refused with
+    `SessionExpired` and the call does not run, and the review is counted all the same. Under
+    a response policy the answer, recorded after the review, renewed the TTL and settled."""
+    clock = ManualClock()
+    log, reviewer = ExecutionLog(), SlowReviewer(clock)
+    allowed = (lambda ctx: so.Allowed()) if response else None
+    agent = agent_with(log, so.auto(reviewer, review_edits=True), allowed, so.Limits(ttl=60))
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        r = await rt.generate("billing", prompt="refund a", auth=ALICE)
+        [ask] = r.pending
+        with pytest.raises(so.SessionExpired):
+            await rt.respond(r.session_id, raised(ask), principal=ALICE)
+        state = await rt.state(r.session_id)
+        assert state.lapsed
+        assert state.usage == TURN + REVIEW + REVIEW
+    assert len(reviewer.reviewed) == 2
+    assert log.executions == []
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])

@@ -313,9 +313,15 @@ def _allow(ctx: so.ResponseContext) -> so.Allowed:
     return so.Allowed()
 
 
-def _refunds(out: Path, *, digits_only: bool) -> so.Agent:
+def _refunds(
+    out: Path,
+    *,
+    digits_only: bool,
+    response: Callable[[so.ResponseContext], Any] = _allow,
+    limits: so.Limits | None = None,
+) -> so.Agent:
     """A refund agent whose order ids are any text, or (a later deploy) digits only."""
-    spec = so.ApprovalSpec(request=so.always(), response=_allow, timeout=1.0)
+    spec = so.ApprovalSpec(request=so.always(), response=response, timeout=1.0)
 
     async def text_id(order_id: str) -> dict[str, Any]:
         """Refund an order."""
@@ -334,7 +340,7 @@ def _refunds(out: Path, *, digits_only: bool) -> so.Agent:
             so.ModelResponse(text="refunded"),
         ]
     )
-    return so.Agent(name="support", model=model, tools=[refund])
+    return so.Agent(name="support", model=model, tools=[refund], limits=limits)
 
 
 async def test_a_dead_candidate_whose_edit_the_tool_now_refuses_ends_and_frees_the_session(
@@ -380,3 +386,87 @@ async def test_a_dead_candidate_whose_edit_the_tool_now_refuses_ends_and_frees_t
         done = await rt.respond(r.session_id, [yes], principal=BOB)
         assert done.status == "completed"
     assert out.read_text().splitlines() == ["'9'"]
+
+
+def _dead(request: so.InputRequest, edited_input: dict[str, Any] | None) -> dict[str, Any]:
+    """Bob's approve of `request`, recorded pending by a process that then died."""
+    return {
+        "request_id": request.id,
+        "call_id": request.call_id,
+        "candidate_id": "cand_dead",
+        "decision": "approve",
+        "by": BOB.model_dump(),
+        "outcome": "pending",
+        "text": None,
+        "value": None,
+        "edited_input": edited_input,
+    }
+
+
+async def _expired_with_its_end(rt: so.Runtime, session_id: str, request_id: str) -> None:
+    """The session expired, its request with it, and the dead response ended (`stale`)."""
+    stored = await rt.store.get_request(request_id)
+    assert stored is not None and stored.status == "expired"
+    state = await rt.state(session_id)
+    assert state.lapsed and not state.candidates
+    events = [e async for e in rt.events(session_id, follow=False)]
+    ends = [e.data for e in events if e.type == "approval.candidate"]
+    assert [c["outcome"] for c in ends] == ["pending", "stale"]
+    assert "the session expired" in ends[-1]["reason"]
+    failed = [e.data["error"]["code"] for e in events if e.type == "turn.failed"]
+    assert failed == ["session_expired"]
+
+
+async def test_a_dead_candidate_refused_again_past_the_ttl_expires_the_session(
+    store_url: str, tmp_path: Path
+) -> None:
+    """A dead response judged again by a slow policy that refuses it meets the session's TTL
+    passed meanwhile: its end is recorded with the expiry, and the drive raises
+    `SessionExpired`. The refusal was recorded alone, which as activity renewed the TTL: the
+    expired session waited on, open to answers."""
+    out = tmp_path / "runs"
+    now = [1_000_000.0]
+
+    def slow_refusal(ctx: so.ResponseContext) -> so.Rejected:
+        now[0] += 120  # a slow lookup
+        return so.Rejected("not today")
+
+    agent = _refunds(out, digits_only=False, response=slow_refusal, limits=so.Limits(ttl=60))
+    async with so.Runtime([agent], store=store_url, clock=lambda: now[0]) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (req,) = r.pending
+        driver = rt._driver((await rt.state(r.session_id)).copy(), None)
+        await driver.record([("approval.candidate", _dead(req, None))], durable=True)
+        now[0] += 1.0 + RECOVERY_GRACE + 1  # its process is taken for dead; the TTL is 60 s
+        with pytest.raises(so.SessionExpired):
+            await rt.generate(session_id=r.session_id)
+        await _expired_with_its_end(rt, r.session_id, req.id)
+    assert not out.exists()
+
+
+async def test_a_dead_candidate_that_cannot_settle_ends_with_the_expiry_past_the_ttl(
+    store_url: str, tmp_path: Path
+) -> None:
+    """A dead response whose edit a later deploy's schema refuses, ended by a process that read
+    the session just before its TTL passed (`_recover`, as a drive or an answer's call runs
+    it): its end is recorded with the expiry, and `SessionExpired` raised. Its end was recorded
+    alone, which as activity renewed the TTL of the expired session."""
+    out = tmp_path / "runs"
+    now = [1_000_000.0]
+    ttl = so.Limits(ttl=60)
+    async with so.Runtime(
+        [_refunds(out, digits_only=False, limits=ttl)], store=store_url, clock=lambda: now[0]
+    ) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (req,) = r.pending
+        driver = rt._driver((await rt.state(r.session_id)).copy(), None)
+        await driver.record([("approval.candidate", _dead(req, {"order_id": "A-9"}))])
+    async with so.Runtime(
+        [_refunds(out, digits_only=True, limits=ttl)], store=store_url, clock=lambda: now[0]
+    ) as rt:
+        state = await rt._state(r.session_id)
+        now[0] += 120
+        with pytest.raises(so.SessionExpired):
+            await rt._recover(state)
+        await _expired_with_its_end(rt, r.session_id, req.id)
+    assert not out.exists()

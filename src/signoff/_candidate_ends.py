@@ -14,6 +14,7 @@ from ._answers import repeat as _repeat
 from ._call_guards import running
 from ._candidate_keys import base
 from ._counts import counted_elsewhere, unawaited
+from ._deadlines import lapse
 from ._eligibility import voted
 from ._exceptions import AnswerError, SessionExpired, SignoffError
 from ._idempotency import Keyed, same_ask
@@ -30,6 +31,7 @@ __all__ = [
     "already_counted",
     "base",
     "ending",
+    "expired_end",
     "naming",
     "past_cancel",
     "sent",
@@ -134,6 +136,48 @@ class CandidateEnds(SessionRunner):
             return _repeat(request, "withdrawn", None, wanted)
         return _repeat(request, stored.status, stored.resolution, wanted)
 
+    async def _held_now(self, state: SessionState) -> bool:
+        """`_held_past_ttl` of the session as it stands now, read again only if `state`, read
+        before (a slow policy judged an answer since), is past its TTL: later activity only
+        puts the TTL off."""
+        if not state.expired(self.now()):
+            return False
+        return await self._held_past_ttl(await self._state(state.id))
+
+    async def _spoiled(
+        self,
+        session_id: str,
+        request: InputRequest,
+        cid: str,
+        candidate: dict[str, Any],
+        why: str,
+    ) -> bool:
+        """End a recorded response that can no longer settle its request (`stale`, saying
+        why); the request stays open for another answer. False if another process ended it
+        meanwhile (nothing recorded). Past the session's TTL, the expiry is recorded with that
+        end and `SessionExpired` raised."""
+        ended = {
+            **base(request, cid, candidate.get("decision"), candidate.get("by")),
+            "outcome": "stale",
+            "reason": f"this response can no longer settle the request: {why}",
+        }
+        here: list[bool] = []
+        held = await self._held_past_ttl(await self._state(session_id))
+        lapsed: list[bool] = []
+
+        def end(st: SessionState) -> Any:
+            here[:] = [cid in st.candidates]
+            if not here[0]:
+                return []  # another process ended it meanwhile
+            expiry = lapse(st, self.now(), held, expired_end(ended, request.id))
+            lapsed[:] = [] if expiry is None else [True]
+            return ending(st, request.id, ended) if expiry is None else expiry
+
+        await self._append(session_id, end, turn_id=request.turn_id)
+        if here == [True] and lapsed:
+            raise SessionExpired(session_id, [request.id])
+        return here == [True]
+
 
 class EndedElsewhere(Exception):
     """A candidate judged again after its process died was ended by another process judging it
@@ -162,6 +206,13 @@ def naming(specs: list[EventSpec], cid: str) -> list[EventSpec]:
 def waiting(st: SessionState) -> EventSpec:
     """The turn waiting again, on the requests still pending."""
     return ("turn.waiting", {"on": "input", "request_ids": [r.id for r in st.pending_requests()]})
+
+
+def expired_end(ended: dict[str, Any], rid: str) -> list[EventSpec]:
+    """The `stale` end of a pending candidate (`ended`: what its events say) whose session's TTL
+    passed before it could settle request `rid`."""
+    why = f"the session expired before this response could settle request {rid}"
+    return [("approval.candidate", {**ended, "outcome": "stale", "reason": why})]
 
 
 def ending(st: SessionState, rid: str, ended: dict[str, Any]) -> list[EventSpec]:

@@ -19,11 +19,12 @@ from ._candidate_ends import RECHECKED, CandidateEnds, already_counted, past_can
 from ._candidate_ends import EndedElsewhere as _EndedElsewhere
 from ._candidate_ends import base as _base
 from ._candidate_ends import ending as _ending
+from ._candidate_ends import expired_end as _expired_end
 from ._candidate_ends import naming as _naming
 from ._candidate_ends import sent as _sent
 from ._candidate_ends import waiting as _waiting
 from ._candidate_keys import keyable
-from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
+from ._deadlines import due_batch, is_due, lapse
 from ._eligibility import authorize, voted
 from ._error_text import error_text
 from ._exceptions import AnswerError, InvalidAnswer, RequestClosed, SessionExpired, StoreError
@@ -104,8 +105,12 @@ class Candidates(CandidateEnds):
             except (InvalidAnswer, AnswerError) as exc:
                 # Valid when given, it is not under this deploy (the tool's schema changed):
                 # it ends here, as raising would refuse everyone who touches the session.
-                if await self._spoiled(session_id, live.request, cid, c, error_text(exc)):
-                    self._counts.refuse(exc)  # as that answer given now is refused
+                try:
+                    if await self._spoiled(session_id, live.request, cid, c, error_text(exc)):
+                        self._counts.refuse(exc)  # as that answer given now is refused
+                except SessionExpired as lapsed:
+                    self._counts.refuse(lapsed)
+                    raise
                 continue
             try:
                 outcome = await self._candidate(
@@ -122,33 +127,6 @@ class Candidates(CandidateEnds):
                 continue
             self._counts.answered([outcome])
         return recovered
-
-    async def _spoiled(
-        self,
-        session_id: str,
-        request: InputRequest,
-        cid: str,
-        candidate: dict[str, Any],
-        why: str,
-    ) -> bool:
-        """End a recorded response that can no longer settle its request (`stale`, saying
-        why); the request stays open for another answer. False if another process ended it
-        meanwhile (nothing recorded)."""
-        ended = {
-            **_base(request, cid, candidate.get("decision"), candidate.get("by")),
-            "outcome": "stale",
-            "reason": f"this response can no longer settle the request: {why}",
-        }
-        here: list[bool] = []
-
-        def end(st: SessionState) -> list[EventSpec]:
-            here[:] = [cid in st.candidates]
-            if not here[0]:
-                return []  # another process ended it meanwhile
-            return _ending(st, request.id, ended)
-
-        await self._append(session_id, end, turn_id=request.turn_id)
-        return here == [True]
 
     async def _candidate(
         self,
@@ -283,6 +261,7 @@ class Candidates(CandidateEnds):
             keyed[:] = [True]
             return {**ended, **key}
 
+        lapsed: list[bool] = []  # the session's TTL passed first: its expiry is recorded
         live = state.requests.get(rid)
         if (
             evaluated
@@ -319,13 +298,23 @@ class Candidates(CandidateEnds):
             if verdict.outcome != "allowed":
                 reason = verdict.reason
                 refusal = {**base, "outcome": verdict.outcome, "reason": reason}
+                held = await self._held_now(state)
 
-                def refuse(st: SessionState) -> list[EventSpec]:
-                    return _ending(st, rid, refusal) if ours(st) else []
+                def refuse(st: SessionState) -> Any:
+                    lapsed.clear()
+                    if not ours(st):
+                        return []
+                    expiry = lapse(st, self.now(), held, _expired_end(base, rid))
+                    if expiry is None:
+                        return _ending(st, rid, refusal)
+                    lapsed.append(True)  # a refusal is activity too: it would revive it
+                    return expiry
 
                 told = await end(refuse)
                 if told is not None:
                     return told
+                if lapsed:
+                    raise SessionExpired(session_id, [rid])
                 return Outcome(
                     request_id=rid, outcome=verdict.outcome, applied=False, reason=reason
                 )
@@ -335,7 +324,6 @@ class Candidates(CandidateEnds):
         refused: list[AnswerError] = []
         late: list[InputRequest] = []
         moved: list[str | None] = []  # the group it was escalated to while the policy judged it
-        lapsed: list[bool] = []
         reused: list[bool] = []  # its key was taken by another message meanwhile
 
         def settle_or_count(st: SessionState) -> Batch:
@@ -370,15 +358,11 @@ class Candidates(CandidateEnds):
                 return Batch(specs=[("approval.candidate", stale)])
             current = live.request
             now = self.now()
-            if st.expired(now) and not held:
-                # The session's TTL passed while the response was decided: it wins too, and is
-                # recorded as a reading of the session would record it (not while a live drive
-                # runs the turn on, as a reading leaves it).
+            # The session's TTL passed while the response was decided: it wins too.
+            expiry = lapse(st, now, held, _expired_end(base, rid) if evaluated else ())
+            if expiry is not None:
                 lapsed.append(True)
-                why = f"the session expired before this response could settle request {rid}"
-                stale = {**base, "outcome": "stale", "reason": why}
-                ended: list[EventSpec] = [("approval.candidate", stale)] if evaluated else []
-                return Batch(specs=[*ended, *expiry_specs(st)], resolve=expiry_resolves(st))
+                return expiry
             due = due_batch(st, now) if is_due(current, now) else None
             if due is not None:
                 # Its deadline passed while the response was decided (a slow policy): the
@@ -463,7 +447,7 @@ class Candidates(CandidateEnds):
                 ],
             )
 
-        held = await self._held_past_ttl(await self._state(session_id))
+        held = await self._held_now(state)
         told = await end(settle_or_count, durable=True)
         if told is not None:
             return told
@@ -508,7 +492,8 @@ class Candidates(CandidateEnds):
         another call or process) is waited for, not judged beside it; one whose process died
         is judged again first (`_recover`), so its refusal is the one recorded. Returns the
         verdict given or judged here (None if neither) and the seq of the candidate recorded. An
-        answer whose edit review cost usage is always recorded (its usage must be billed).
+        answer whose edit review cost usage is always recorded (its usage must be billed): past
+        the session's TTL too, spent (`stale`) with the expiry, and `SessionExpired` raised.
         `recording` holds True while the candidate is being committed, and once it is."""
         sid, tid, rid = state.id, request.turn_id, request.id
         once = Refusals(self.store, state, request, pending["by"], wanted["decision"])
@@ -516,13 +501,31 @@ class Candidates(CandidateEnds):
         lost_after = tool.response_timeout + RECOVERY_GRACE
 
         guarded = [usage is None]
+        held = [False]
+        lapsed: list[bool] = []
+        given = with_usage([("approval.candidate", pending)], usage)
+        spent = _expired_end(
+            _base(request, pending["candidate_id"], pending["decision"], pending["by"]), rid
+        )
 
-        def propose(st: SessionState) -> list[EventSpec]:
-            seen(st.keys, mark, sid, st.candidates)  # another message took its key meanwhile
-            if guarded[0]:
-                once.guard(st, self.now(), lost_after)
+        def propose(st: SessionState) -> Any:
+            # The session's TTL passed while the answer was checked (its edit): it is recorded
+            # spent with the expiry, as its candidate alone is activity, which would revive it.
+            expiry = lapse(st, self.now(), held[0], [*given, *spent])
+            lapsed[:] = [] if expiry is None else [True]
+            if expiry is None:
+                seen(st.keys, mark, sid, st.candidates)  # another message took its key meanwhile
+                if guarded[0]:
+                    once.guard(st, self.now(), lost_after)
             recording[:] = [True]
-            return with_usage([("approval.candidate", pending)], usage)
+            return given if expiry is None else expiry
+
+        async def record() -> int:
+            held[0] = await self._held_now(state)
+            recorded = await self._append(sid, propose, durable=True, turn_id=tid)
+            if lapsed:
+                raise SessionExpired(sid, [rid])
+            return recorded[0].seq
 
         for _ in range(20 if guarded[0] else 0):
             await once.read()
@@ -532,7 +535,7 @@ class Candidates(CandidateEnds):
                 if (outcome, reason) in once.refused:
                     return Outcome(request_id=rid, outcome=outcome, applied=False, reason=reason)
             try:
-                recorded = await self._append(sid, propose, durable=True, turn_id=tid)
+                seq = await record()
             except Moved:
                 recording.clear()
                 continue
@@ -549,10 +552,9 @@ class Candidates(CandidateEnds):
                 if closed is not None:
                     return closed
                 continue
-            return verdict, recorded[0].seq
+            return verdict, seq
         guarded[0] = False  # so much contention: recorded as it is
-        recorded = await self._append(sid, propose, durable=True, turn_id=tid)
-        return verdict, recorded[0].seq
+        return verdict, await record()
 
     async def _judged(
         self,

@@ -14,7 +14,7 @@ from typing import Any
 
 from ._cancellation import withdrawal
 from ._events import Event, is_activity
-from ._recording import Batch, EventSpec
+from ._recording import Batch, EventSpec, spent_in
 from ._state import SessionState
 from ._types import InputRequest
 from .stores import Resolve, SessionSummary, StoredRequest
@@ -32,6 +32,7 @@ __all__ = [
     "in_flight",
     "is_due",
     "is_lapsed",
+    "lapse",
     "records_expiry",
     "resumed_by_deadline",
     "state_after_deadlines",
@@ -299,6 +300,19 @@ def summary_after_expiry(
     return replace(row, status="failed") if lapsed else row
 
 
+def lapse(
+    state: SessionState, now: float, held: bool, first: Sequence[EventSpec] = ()
+) -> Batch | None:
+    """What a commit on `state` that answers or judges a request records instead once the
+    session's TTL passed at `now` (a slow policy checked the answer meanwhile): `first`, then
+    the expiry, as a reading of the session records it. Any other event of that commit would be
+    activity, which renews the TTL, so the expired session would live on. None while it lives,
+    or while a live drive runs its turn on past the TTL (`held`: `_held_past_ttl`)."""
+    if held or not state.expired(now):
+        return None
+    return Batch(specs=[*first, *expiry_specs(state)], resolve=expiry_resolves(state))
+
+
 def in_time(
     clock: Callable[[], float], batch: Batch, late: list[str], held: bool
 ) -> Callable[[SessionState], Batch]:
@@ -307,12 +321,14 @@ def in_time(
     runs, and what it closes is recorded instead; `late` then names the requests answered. A
     TTL passed while a live drive runs the turn on (`held`: `_held_past_ttl`) is no expiry."""
     ids = {r.request_id for r in batch.resolve}
+    spent = spent_in(batch.specs)  # what reviews of their edits cost, billed all the same
 
     def build(state: SessionState) -> Batch:
         now = clock()
-        if state.expired(now) and not held:
+        expiry = lapse(state, now, held, () if spent is None else [spent])
+        if expiry is not None:
             late[:] = sorted(ids)
-            return Batch(specs=expiry_specs(state), resolve=expiry_resolves(state))
+            return expiry
         late[:] = [r.id for r in state.pending_requests() if r.id in ids and is_due(r, now)]
         due = due_batch(state, now) if late else None
         return batch if due is None else due

@@ -32,19 +32,19 @@ from ._recording import (
     new_id,
     shadow,
     snapshot_after,
+    spent_in,
     stored_status,
     tells_a_person,
     waited_for_a_person,
 )
 from ._state import SessionState, starts_queued
-from ._state_parts import kept_usage
 from ._tool_calls import ToolCalls
 from ._tracing import OFF, Tracing, parked_by
-from ._types import InputRequest, Usage
+from ._types import InputRequest
 from ._unrecorded import Unrecorded
 from .stores import Commit, Resolve, Store
 
-__all__ = ["APPEND_PATIENCE", "Driver", "spent_in"]
+__all__ = ["APPEND_PATIENCE", "Driver"]
 
 # An append that others' appends to the session keep beating is tried again for this long (in
 # seconds, from its first try), however many times it loses: it is refused with `AppendConflict`
@@ -439,19 +439,6 @@ class Driver(ToolCalls, ModelStep):
             return [("turn.started", data)]
 
         await self.record(start, turn_id=new_id("trn"))
-
-
-def spent_in(specs: Sequence[EventSpec]) -> EventSpec | None:
-    """The `model.spent` counting what `specs` say was billed (their `usage`), or None when
-    they count nothing; its cost is `cost_reported` when each of theirs was."""
-    billed = [d for _, d in specs if "usage" in d]
-    usage = sum((kept_usage(d["usage"], strict=False) for d in billed), Usage())
-    if usage == Usage():  # nothing billed (a scripted model, a cached reply): nothing to count
-        return None
-    data: dict[str, Any] = {"usage": usage.model_dump()}
-    if all(d.get("cost_reported") for d in billed):
-        data["cost_reported"] = True
-    return ("model.spent", data)
 
 
 def _given_up(sid: str, first: float, beaten: int, unexplained: int, exc: BaseException) -> None:

@@ -23,6 +23,7 @@ from ._state import (
     runnable,
     turn_over,
 )
+from ._state_parts import kept_usage
 from ._text import cut, is_blank
 from ._types import InputRequest, Principal, Usage, reported_usage, usage_fields
 from .stores import Resolve, Store
@@ -57,6 +58,7 @@ __all__ = [
     "shadow",
     "snapshot_after",
     "snapshot_due",
+    "spent_in",
     "stored_status",
     "tells_a_person",
     "tool_result",
@@ -449,6 +451,19 @@ def with_usage(specs: Sequence[EventSpec], usage: Usage | None) -> list[EventSpe
         usage = usage + (reported_usage(there) if data.get("cost_reported") else there)
     data = {k: v for k, v in data.items() if k != "cost_reported"}  # said again if still so
     return [(kind, {**data, **usage_fields(usage)}), *rest]
+
+
+def spent_in(specs: Sequence[EventSpec]) -> EventSpec | None:
+    """The `model.spent` counting what `specs` say was billed (their `usage`), or None when
+    they count nothing; its cost is `cost_reported` when each of theirs was."""
+    billed = [d for _, d in specs if "usage" in d]
+    usage = sum((kept_usage(d["usage"], strict=False) for d in billed), Usage())
+    if usage == Usage():  # nothing billed (a scripted model, a cached reply): nothing to count
+        return None
+    data: dict[str, Any] = {"usage": usage.model_dump()}
+    if all(d.get("cost_reported") for d in billed):
+        data["cost_reported"] = True
+    return ("model.spent", data)
 
 
 def denial(decision: dict[str, Any]) -> dict[str, Any]:
