@@ -1,7 +1,8 @@
 """Idempotency keys as older states recorded them, and the turns a key points at: a repeat of
 a key kept without its turn's first event, a queue entry without its key, an earlier turn read
 from its own events; what a call asked digested unambiguously, a key digested before still
-replaying."""
+replaying; a key scoped before an issuer of "" was told from none, and a `queue` message's key
+from before its policy was part of it, found again."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from signoff._idempotency import _digest, caller_parts, keyed, turn_of
 from signoff._recording import load_turn
 from signoff._state import fold
 from signoff.stores import Commit
+from signoff.testing import call, call_tools, reply, scripted_agent
 
 from ._server_api import in_process
 from .test_idempotency import ALICE, counts, two_answers
@@ -160,3 +162,148 @@ async def test_a_key_recorded_before_for_a_message_holding_a_nul_still_replays(
         )
         assert queued.replayed  # as that key was read before: it holds no more than that
         assert await counts(rt) == before
+
+
+DANA = so.Principal(authenticator="okta", issuer="", principal_id="dana")
+DANA_NONE = so.Principal(authenticator="okta", principal_id="dana")  # another person (`same_as`)
+CAROL = so.Principal(authenticator="okta", principal_id="carol")
+
+
+def _scoped_before(principal: so.Principal | None) -> tuple[str, ...]:
+    """Who gave a key, as signoff scoped it before it told an issuer of "" from none."""
+    if principal is None:
+        return ()
+    p = principal
+    return (p.authenticator, p.issuer or "", p.principal_type, p.principal_id)
+
+
+def _refunding(refunds: list[int]) -> so.Agent:
+    """A first turn that parks on an approved refund (counted when it runs), then answers."""
+
+    @so.tool(approval=so.always())
+    async def refund(amount: int) -> str:
+        """Refund an amount."""
+        refunds.append(amount)
+        return "refunded"
+
+    return scripted_agent(
+        "shop",
+        [call_tools(call("refund", amount=5)), reply("done")],
+        tools=[refund],
+        repeat_last=True,
+    )
+
+
+async def test_a_key_given_with_an_issuer_of_empty_before_it_was_scoped_exactly_replays(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A principal with an issuer of "" had its keys scoped as one with none until signoff
+    told them apart: its call repeated after the upgrade found no key, so it started a second
+    session (the refund approved twice) and sent its messages again. Its keys recorded so are
+    found again, as its own (the principal its record names); another person's, scoped alike
+    (an issuer of None), stays another call."""
+    refunds: list[int] = []
+    async with so.Runtime([_refunding(refunds)], store=store_url) as rt:
+        with monkeypatch.context() as m:
+            m.setattr(_idempotency, "caller_parts", _scoped_before)
+            first = await rt.generate("shop", prompt="refund", auth=DANA, idempotency_key="s")
+            sid = first.session_id
+            approved = await rt.send(sid, "approve", principal=DANA, idempotency_key="a")
+            more = await rt.send(sid, "more", principal=DANA, idempotency_key="m")
+            later = await rt.generate(
+                session_id=sid, prompt="later", auth=DANA, idempotency_key="g"
+            )
+            opened = await rt.create_session("shop", auth=DANA, idempotency_key="o")
+        assert refunds == [5] and approved.text == "done" and more.turn_id != first.turn_id
+    async with so.Runtime([_refunding(refunds)], store=store_url) as rt:
+        before = await counts(rt)
+        again = await rt.generate("shop", prompt="refund", auth=DANA, idempotency_key="s")
+        assert again.replayed and (again.session_id, again.turn_id) == (sid, first.turn_id)
+        approved_again = await rt.send(sid, "approve", principal=DANA, idempotency_key="a")
+        assert approved_again.replayed and approved_again.turn_id == first.turn_id
+        more_again = await rt.send(sid, "more", principal=DANA, idempotency_key="m")
+        assert more_again.replayed and more_again.turn_id == more.turn_id
+        later_again = await rt.generate(
+            session_id=sid, prompt="later", auth=DANA, idempotency_key="g"
+        )
+        assert later_again.replayed and later_again.turn_id == later.turn_id != more.turn_id
+        assert await rt.create_session("shop", auth=DANA, idempotency_key="o") == opened
+        with pytest.raises(so.IdempotencyKeyReused):
+            await rt.send(sid, "other", principal=DANA, idempotency_key="m")
+        assert await counts(rt) == before and refunds == [5]
+        # A key of another person scoped alike then: DANA's call with it is her own.
+        theirs = await rt.send(sid, "hi", principal=DANA_NONE, idempotency_key="x")
+        mine = await rt.send(sid, "hi", principal=DANA, idempotency_key="x")
+        assert not mine.replayed and mine.turn_id != theirs.turn_id
+        # Recorded naming no sender (as a vote a mirror counted is): not told apart, refused.
+        state = await rt.state(sid)
+        assert state.turn is not None
+        idem = [_digest("signoff-key", *_scoped_before(DANA), "v"), _joined("message", "v")]
+        repeated = so.Event(
+            session_id=sid,
+            seq=state.seq + 1,
+            type="input.repeated",
+            at=state.updated_at,
+            turn_id=state.turn.id,
+            data={"request_id": "req_gone", "by": None, "idem": idem},
+        )
+        await rt.store.commit(Commit(session_id=sid, expected_seq=state.seq, events=[repeated]))
+        before = await counts(rt)
+        with pytest.raises(so.IdempotencyKeyReused):
+            await rt.send(sid, "v", principal=DANA, idempotency_key="v")
+        assert await counts(rt) == before
+
+
+async def test_a_queue_message_keyed_before_its_policy_was_part_of_the_key_replays(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `queue` message's key was recorded with the message alone before the policy was part
+    of what it asked: sent again after the upgrade, it was refused as a key reused. Recorded
+    waiting in the queue with that policy, it replays, in the queue and once a turn took it;
+    a `steer` message's key (recorded so still) is no `queue` one, nor one an older signoff
+    recorded for a `queue` message that started its turn itself (README)."""
+    joined = _idempotency._asked
+
+    def asked_before(asked: tuple[str, ...]) -> str:
+        queued = len(asked) == 3 and asked[::2] == ("message", "queue")
+        return _joined(*asked[:2]) if queued else joined(asked)
+
+    refunds: list[int] = []
+    async with so.Runtime([_refunding(refunds)], store=store_url) as rt:
+        sid = (await rt.generate("shop", prompt="refund", auth=ALICE)).session_id
+        idle = (await rt.generate("shop", prompt="refund", auth=ALICE)).session_id
+        await rt.send(idle, "approve", principal=ALICE)
+        with monkeypatch.context() as m:
+            m.setattr(_idempotency, "_asked", asked_before)
+            queued = await rt.send(
+                sid, "also 2", principal=CAROL, turn_policy="queue", idempotency_key="q"
+            )
+            started = await rt.send(
+                idle, "go on", principal=ALICE, turn_policy="queue", idempotency_key="i"
+            )
+        steered = await rt.send(sid, "also 3", principal=CAROL, idempotency_key="s")
+        assert queued.queued and steered.queued and not started.queued
+    async with so.Runtime([_refunding(refunds)], store=store_url) as rt:
+        before = await counts(rt)
+        again = await rt.send(
+            sid, "also 2", principal=CAROL, turn_policy="queue", idempotency_key="q"
+        )
+        assert again.replayed and again.queued and again.turn_id == queued.turn_id
+        with pytest.raises(so.IdempotencyKeyReused):  # a steer message's key
+            await rt.send(sid, "also 3", principal=CAROL, turn_policy="queue", idempotency_key="s")
+        with pytest.raises(so.IdempotencyKeyReused):  # not told from a steer message's
+            await rt.send(idle, "go on", principal=ALICE, turn_policy="queue", idempotency_key="i")
+        with pytest.raises(so.IdempotencyKeyReused):
+            await rt.send(sid, "also 4", principal=CAROL, turn_policy="queue", idempotency_key="q")
+        assert await counts(rt) == before
+        await rt.send(sid, "approve", principal=ALICE)
+        taken = await rt.send(
+            sid, "also 2", principal=CAROL, turn_policy="queue", idempotency_key="q"
+        )
+        assert taken.replayed and not taken.queued and taken.turn_id != queued.turn_id
+        started_on = [
+            e.data["message"]
+            async for e in rt.events(sid, follow=False)
+            if e.type == "turn.started"
+        ]
+        assert started_on == ["refund", "also 2", "also 3"]

@@ -56,6 +56,7 @@ LAYERS: list[set[str]] = [
         "_mirror_keys",
         "_key_holds",
         "_key_commits",
+        "_key_forms",
     },
     {"_mirrors", "_leasing", "_creation"},
     {"_child_closes"},

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from ._exceptions import IdempotencyKeyReused, UsageError
 from ._types import Principal
@@ -22,8 +22,10 @@ from ._types import Principal
 __all__ = [
     "KEPT",
     "MAX_KEY",
+    "Before",
     "Keyed",
     "Via",
+    "before",
     "caller_parts",
     "check_key",
     "free_for",
@@ -32,6 +34,7 @@ __all__ = [
     "key_reused",
     "keyed",
     "mark_of",
+    "queued_before",
     "records",
     "same_ask",
     "seen",
@@ -196,19 +199,54 @@ def records(data: object, idem: Keyed) -> bool:
 def caller_parts(principal: Principal | None) -> tuple[str, ...]:
     """Who gave a key, as its scope: the principal's full identity (`Principal.same_as`). An
     issuer of "" was taken for none, and a NUL in a field could join two fields as another
-    pair's: such a principal (rare) is its JSON form instead, so two people never share one."""
+    pair's: such a principal (rare) is its JSON form instead, so two people never share one
+    (its keys recorded before are found by `before`)."""
+    fields = _fields(principal)
+    if principal is not None and (principal.issuer == "" or any("\0" in f for f in fields)):
+        exact = [principal.authenticator, principal.issuer, *fields[2:]]
+        return ("exact", json.dumps(exact, ensure_ascii=False))
+    return fields  # as keys were scoped before: a key given then still replays
+
+
+def _fields(principal: Principal | None) -> tuple[str, ...]:
+    """The scope of a key given by `principal` before `caller_parts` told an issuer of "" from
+    none: its fields, an issuer of None as ""."""
     if principal is None:
         return ()
-    fields = (
+    return (
         principal.authenticator,
         principal.issuer or "",
         principal.principal_type,
         principal.principal_id,
     )
-    if principal.issuer == "" or any("\0" in f for f in fields):
-        exact = [principal.authenticator, principal.issuer, *fields[2:]]
-        return ("exact", json.dumps(exact, ensure_ascii=False))
-    return fields  # as keys were scoped before: a key given then still replays
+
+
+class Before(NamedTuple):
+    """How an older signoff recorded a call's key where it differs from `keyed`'s record:
+    `scope`, the key's digest before `caller_parts` scoped the principal exactly; `ask`, a
+    `queue` message's ask before the policy was part of it (the message's alone, as a `steer`
+    one's still is). Either None where it is as now. Taken only on evidence in the session
+    that the call recorded it so (`_key_forms`): the same digests are another's call now."""
+
+    scope: str | None
+    ask: str | None
+
+
+def before(key: str | None, principal: Principal | None, *asked: str) -> Before | None:
+    """The forms (`Before`) an older signoff recorded `key` given by `principal` for a call
+    that asked `asked` in, where they differ from `keyed`'s; None without a key or a change."""
+    if key is None:
+        return None
+    fields = _fields(principal)
+    scope = None if caller_parts(principal) == fields else _digest("signoff-key", *fields, key)
+    queued = len(asked) == 3 and asked[0] == "message" and asked[2] == "queue"
+    ask = queued_before(asked[1]) if queued else None
+    return None if scope is None and ask is None else Before(scope, ask)
+
+
+def queued_before(message: str) -> str:
+    """What a `queue` message asked, as an older signoff digested it (`Before.ask`)."""
+    return _digest("signoff-asked", "message", message)
 
 
 def session_for(idem: Keyed) -> str:

@@ -25,8 +25,20 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
-from ._idempotency import Keyed, free_for, held, keyed, records, seen, session_for, turn_of
+from ._idempotency import (
+    Before,
+    Keyed,
+    before,
+    free_for,
+    held,
+    keyed,
+    records,
+    seen,
+    session_for,
+    turn_of,
+)
 from ._key_commits import unchanged
+from ._key_forms import as_recorded
 from ._mirror_keys import keep_late, keep_vote_key, keeping, mirrored_keys, voted_through
 from ._mirrors import following_mirrors, named_as_answered
 from ._recording import Answered, Changed, EventSpec, TurnStopped, load_turn
@@ -97,8 +109,9 @@ class Messages(Answering):
         # policy was part of them); `queue` is another call.
         policy = () if turn_policy == "steer" else (turn_policy,)
         idem = keyed(idempotency_key, principal, "message", message, *policy)
+        older = before(idempotency_key, principal, "message", message, *policy)
         async with self._own_turn(session_id):
-            return await self._deliver(session_id, message, principal, turn_policy, idem)
+            return await self._deliver(session_id, message, principal, turn_policy, idem, older)
 
     async def _deliver(
         self,
@@ -107,14 +120,17 @@ class Messages(Answering):
         principal: Principal | None,
         turn_policy: Literal["steer", "queue"],
         idem: Keyed | None,
+        older: Before | None,
     ) -> GenerateResult:
-        """`send`, its message checked: answer, start a turn, steer or queue, and drive."""
-        key = {} if idem is None else {"idem": list(idem)}
+        """`send`, its message checked: answer, start a turn, steer or queue, and drive. Its
+        key is taken in the form the session recorded it in (`older`: `as_recorded`)."""
         asked: set[str] | None = None  # the requests open when the message arrived
         waited: set[str] = set()  # the candidates of its answer judged meanwhile, waited for
         verdict: _Judged | None = None  # the last of them
         for _ in range(20):
             state = await self._checked(session_id)
+            idem = await as_recorded(self.store, state, idem, principal, older)
+            key = {} if idem is None else {"idem": list(idem)}
             if asked is None:
                 asked = {r.id for r in state.pending_requests()}
             if seen(state.keys, idem, session_id) or await self._voted_behind(

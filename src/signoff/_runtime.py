@@ -37,6 +37,7 @@ from ._exceptions import (
     UsageError,
 )
 from ._idempotency import keyed
+from ._key_forms import keyed_in, keyed_start
 from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
 from ._mirrors import followed_state, following_mirrors
 from ._prompts import check_prompt
@@ -259,13 +260,13 @@ class Runtime(Deletion):
                 raise UsageError("generate() needs a prompt to start a session")
             check_prompt(prompt)  # before the session is created
             spec = self.agent(agent)
-            idem = keyed(idempotency_key, auth, "start", agent, prompt)
+            idem = await keyed_start(self.store, idempotency_key, auth, "start", agent, prompt)
             # The session and its first turn are one write.
             session_id, started, lease = await self._start_session(spec, prompt, auth, idem=idem)
             if not started:
                 return await self._replay(session_id, idem)
             return await self._drive(session_id, leased=lease)
-        idem = keyed(idempotency_key, auth, "message", prompt or "")
+        idem = await keyed_in(self, session_id, idempotency_key, auth, "message", prompt or "")
         if agent is not None:
             await self._of_agent(session_id, agent)
         if prompt is None:
@@ -298,7 +299,7 @@ class Runtime(Deletion):
         auth = check_principal(auth, "auth")
         await self.open()
         spec = self.agent(agent)
-        idem = keyed(idempotency_key, auth, "open", agent)
+        idem = await keyed_start(self.store, idempotency_key, auth, "open", agent)
         if idem is None:
             return await self._create(spec, auth), False
         return await self._open_keyed(spec, auth, idem, opens=True)
