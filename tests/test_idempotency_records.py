@@ -235,7 +235,7 @@ async def test_a_key_given_with_an_issuer_of_empty_before_it_was_scoped_exactly_
         theirs = await rt.send(sid, "hi", principal=DANA_NONE, idempotency_key="x")
         mine = await rt.send(sid, "hi", principal=DANA, idempotency_key="x")
         assert not mine.replayed and mine.turn_id != theirs.turn_id
-        # Recorded naming no sender (as a vote a mirror counted is): not told apart, refused.
+        # Recorded naming no sender, nor a mirror whose subagent names one: not told apart, refused.
         state = await rt.state(sid)
         assert state.turn is not None
         idem = [_digest("signoff-key", *_scoped_before(DANA), "v"), _joined("message", "v")]

@@ -30,7 +30,6 @@ from ._idempotency import (
     Keyed,
     before,
     free_for,
-    held,
     keyed,
     records,
     seen,
@@ -38,7 +37,7 @@ from ._idempotency import (
     turn_of,
 )
 from ._key_commits import unchanged
-from ._key_forms import as_recorded
+from ._key_forms import as_recorded, held_as, looked_for
 from ._mirror_keys import keep_late, keep_vote_key, keeping, mirrored_keys, voted_through
 from ._mirrors import following_mirrors, named_as_answered
 from ._recording import Answered, Changed, EventSpec, TurnStopped, load_turn
@@ -129,15 +128,17 @@ class Messages(Answering):
         verdict: _Judged | None = None  # the last of them
         for _ in range(20):
             state = await self._checked(session_id)
-            idem = await as_recorded(self.store, state, idem, principal, older)
+            idem = await as_recorded(self, state, idem, principal, older)
             key = {} if idem is None else {"idem": list(idem)}
             if asked is None:
                 asked = {r.id for r in state.pending_requests()}
-            if seen(state.keys, idem, session_id) or await self._voted_behind(
-                state, idem, principal
-            ):
+            forms = looked_for(idem, principal, older)
+            if seen(state.keys, idem, session_id):
                 return await self._replay(session_id, idem)
-            judging = await self._judging(state, idem)
+            voted = await self._voted_behind(state, forms, principal)
+            if voted is not None:
+                return await self._replay(session_id, voted)
+            judging = await self._judging(state, forms)
             if judging is None and verdict is not None:
                 # Refused (or its policy timed out): judged again only where this runtime can,
                 # never delivered as another message; allowed meanwhile, it is replayed; its
@@ -278,34 +279,43 @@ class Messages(Answering):
         raise SessionBusy(f"could not deliver the message to {session_id!r}", session_id)
 
     async def _voted_behind(
-        self, state: SessionState, idem: Keyed | None, principal: Principal | None
-    ) -> bool:
-        """Whether the message keyed `idem` cast a vote through one of the session's mirrors
-        (open or closed) that only the subagent's session records (`voted_through`): a process
-        died between that commit and the one recording the key here, or the mirror closed in
-        between. The key is recorded here then, while the mirror's turn is the session's (the
-        commit that closed or withdrew it kept it: `kept`). `IdempotencyKeyReused` if the key
-        came with another message through it."""
-        mirror = None if idem is None else await voted_through(self, state, idem)
-        if idem is None or mirror is None:
-            return False
-        await keep_vote_key(self, state.id, mirror, idem, principal)
-        return True
+        self,
+        state: SessionState,
+        forms: list[tuple[Keyed, Principal | None]],
+        principal: Principal | None,
+    ) -> Keyed | None:
+        """The key, in the form found (`looked_for`'s `forms`), of the message that cast a vote
+        through one of the session's mirrors (open or closed) that only the subagent's session
+        records (`voted_through`): a process died between that commit and the one recording
+        the key here, or the mirror closed in between. The key is recorded here then, while the
+        mirror's turn is the session's (the commit that closed or withdrew it kept it: `kept`).
+        None if it cast none; `IdempotencyKeyReused` if it came with another message there."""
+        for mark, whose in forms:
+            mirror = await voted_through(self, state, mark, whose)
+            if mirror is not None:
+                await keep_vote_key(self, state.id, mirror, mark, principal)
+                return mark
+        return None
 
-    async def _judging(self, state: SessionState, idem: Keyed | None) -> _Judged | None:
-        """The candidate that holds the key of `idem` aside while a response policy judges its
-        message's answer, in the session or in a subagent's one of its open mirrors stands for
-        (hop by hop): the key is recorded only with its verdict. `IdempotencyKeyReused`, naming
-        the session, if it came with another message there: a message sent with it meanwhile
-        would act beside that answer."""
-        if idem is None:
+    async def _judging(
+        self, state: SessionState, forms: list[tuple[Keyed, Principal | None]]
+    ) -> _Judged | None:
+        """The candidate that holds the key (in a form of `forms`: `looked_for`) aside while a
+        response policy judges its message's answer, in the session or in a subagent's one of
+        its open mirrors stands for (hop by hop): the key is recorded only with its verdict.
+        `IdempotencyKeyReused`, naming the session, if it came with another message there: a
+        message sent with it meanwhile would act beside that answer."""
+        if not forms:
             return None
         todo: list[tuple[SessionState, list[InputRequest]]] = [(state, [])]
         visited: set[str] = set()
         while todo:
             st, way = todo.pop()
             visited.add(st.id)
-            cid = held(st.candidates, idem, state.id)
+            cid = next(
+                (c for m, w in forms if (c := held_as(st.candidates, m, w, state.id)) is not None),
+                None,
+            )
             live = None if cid is None else st.requests.get(st.candidates[cid]["request_id"])
             if cid is not None and live is not None:
                 return _Judged(st, cid, [*way, live.request])

@@ -15,10 +15,12 @@ from ._exceptions import StoreBusy, StoreError, StoreGone, StoreUnavailable, Unk
 from ._idempotency import KEPT, Keyed, free_for, key_fields, same_ask, seen
 from ._recording import Batch, EventSpec
 from ._state import SessionState
+from ._state_parts import load_principal
 from ._types import ChildRef, InputRequest, Principal
 
 if TYPE_CHECKING:
     from ._answering import Answering
+    from ._session_cache import SessionCache
 
 __all__ = [
     "MAX_HOPS",
@@ -29,6 +31,7 @@ __all__ = [
     "mirrored_keys",
     "voted_below",
     "voted_through",
+    "voter",
 ]
 
 MAX_HOPS = 100
@@ -45,7 +48,7 @@ async def keep_vote_key(
     as long as it is the session's. The parent, where the message was sent, then judges it sent
     again (`send`), as the child does. Nothing if the child does not hold the key, the parent
     records it (a hold for this message, `held_idem`, is recorded over), or a next turn started
-    (the commit that closed or withdrew the mirror kept it)."""
+    (the commit that closed or withdrew the mirror kept it). Either names its sender (`by`)."""
     ref = mirror.child
     assert ref is not None
     child = await rt._state(ref.session_id)
@@ -61,21 +64,26 @@ async def keep_vote_key(
         live = st.requests.get(mirror.id)
         if live is not None and live.status == "pending" and turn.status == "waiting":
             ids = [r.id for r in st.pending_requests()]
-            return Batch(specs=[("turn.waiting", {"on": "input", "request_ids": ids, **key})])
+            data = {"on": "input", "request_ids": ids, "by": who, **key}
+            return Batch(specs=[("turn.waiting", data)])
         # Closed, or the turn runs on: a `turn.waiting` would park it.
         return Batch(specs=[("input.repeated", {"request_id": mirror.id, "by": who, **key})])
 
     await rt._append(parent, build, durable=True, turn_id=mirror.turn_id)
 
 
-async def voted_through(rt: Answering, state: SessionState, idem: Keyed) -> InputRequest | None:
+async def voted_through(
+    rt: Answering, state: SessionState, idem: Keyed, whose: Principal | None = None
+) -> InputRequest | None:
     """The mirror of `state` (open or closed in its turn) through which the message keyed
     `idem` gave an answer that only a session down its way records, as given through it
     (`via`), or with no `via` (a signoff before fold 9 recorded it, marking none: taken as such
     an answer, as that signoff took it): a process died before `state`'s own record of the key,
     or the mirror closed in between. None if there is none: a key sent to a subagent's session
     itself (`via` 0) is another call here. `IdempotencyKeyReused`, naming `state`'s session,
-    if the key came with another message through it."""
+    if the key came with another message through it. With `whose`, `idem` is a key in the
+    scope an older signoff gave it (`Before.scope`), which was another person's as well: taken
+    only where that session names `whose` as the sender (`voter`)."""
     for live in list(state.requests.values()):
         ref, hops = live.request.child, 1
         while ref is not None and hops <= MAX_HOPS:
@@ -87,6 +95,7 @@ async def voted_through(rt: Answering, state: SessionState, idem: Keyed) -> Inpu
             if (
                 known is not None
                 and (len(known) < 4 or known[3] >= hops)
+                and (whose is None or _named(await voter(rt, ref, idem[0]), whose))
                 and seen(child.keys, idem, state.id)
             ):
                 return live.request
@@ -110,7 +119,12 @@ def _voted_keys(child: SessionState, request: InputRequest, hops: int) -> list[l
 _TRANSIENT = (StoreUnavailable, StoreBusy, StoreGone)
 
 
-async def _below(rt: Answering, ref: ChildRef) -> tuple[SessionState, InputRequest] | None:
+def _named(by: dict[str, Any] | None, whose: Principal) -> bool:
+    """Whether `by`, a principal as an event records it, is `whose`."""
+    return by is not None and whose.same_as(load_principal(by))
+
+
+async def _below(rt: SessionCache, ref: ChildRef) -> tuple[SessionState, InputRequest] | None:
     """The session `ref` names and its request there; None if there is none, or if the store
     cannot read them (damaged, malformed, of a newer schema): such a session holds no key that
     can be kept, and a commit reading it first goes on as before. A store that cannot answer
@@ -156,7 +170,7 @@ async def voted_below(rt: Answering, child: SessionState, asked: InputRequest) -
     return keys
 
 
-async def _asked(rt: Answering, child: SessionState, ref: ChildRef) -> InputRequest | None:
+async def _asked(rt: SessionCache, child: SessionState, ref: ChildRef) -> InputRequest | None:
     """The request `ref` names in `child`, its session (read from the store once the session's
     next turn dropped it); None if there is none."""
     live = child.requests.get(ref.request_id)
@@ -194,7 +208,7 @@ _VOTES = ["approval.candidate", "approval.settled", "input.resolved", "input.rep
 """The events that record a message's key with its answer, and who sent it (`by`)."""
 
 
-async def _voter(rt: Answering, ref: ChildRef, key: str) -> dict[str, Any] | None:
+async def voter(rt: SessionCache, ref: ChildRef, key: str) -> dict[str, Any] | None:
     """Who sent the message keyed `key` (its digest) whose answer a session down `ref`'s way
     recorded: the `by` of the event that recorded it there, in the turn that took it."""
     at: ChildRef | None = ref
@@ -222,7 +236,7 @@ async def keep_late(
     """After a cancel or a steering message withdrew `mirrors` in `parent`, keeping the keys
     `mirrored_keys` read `before` its commit: record those their subagents' sessions recorded
     since, each on an `input.repeated` of the mirror's turn while it is the session's, by the
-    person whose vote there recorded it (`_voter`). A vote counted between that read and the
+    person whose vote there recorded it (`voter`). A vote counted between that read and the
     commit, whose process died before its own commit here (`keep_vote_key`), would leave its
     key in the subagent's session alone."""
     mirrors = [r for r in mirrors if r.child is not None]
@@ -235,7 +249,7 @@ async def keep_late(
         for k in now.get(r.id, []):
             if k[0] not in had:
                 assert r.child is not None
-                late.append((r, k, await _voter(rt, r.child, k[0])))
+                late.append((r, k, await voter(rt, r.child, k[0])))
     if not late:
         return
 
