@@ -14,14 +14,13 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, Self, get_args
 
-from . import _child_sessions, _subagents, stores
+from . import _child_drives, _child_sessions, _subagents, stores
 from ._answers import Reply as _Reply
 from ._answers import check_principal, checked_cancel
 from ._answers import decisions as _decisions
 from ._call_guards import closes_stop
 from ._cancel_batch import CancelBatch
 from ._cancellation import stop_calls
-from ._child_drives import driven
 from ._deadlines import expiry_specs
 from ._deletion import Deletion
 from ._engine import Driver
@@ -135,7 +134,7 @@ class Runtime(Deletion):
                     await self._release(session_id, *given)
             raise
         # A subagent's parent may go on after it, and counts what it spent once it stopped.
-        return await driven(self, session_id, super()._drive(session_id, **kwargs))
+        return await _child_drives.driven(self, session_id, super()._drive(session_id, **kwargs))
 
     async def _recover(self, state: SessionState) -> bool:
         recovered = await super()._recover(state)
