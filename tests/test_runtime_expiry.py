@@ -261,6 +261,68 @@ async def test_sessions_filtered_by_status_as_shown_when_ttl_unrecorded(store_ur
         assert await reader.sessions(status="failed", offset=1) == []
 
 
+async def test_a_state_read_without_the_agent_shows_the_ttl_passed(store_url: str) -> None:
+    """A runtime without the session's agent cannot record its passed TTL, and its `rt.state`
+    showed the session `waiting` on a request no one can answer any more, while its listing
+    and queue showed it failed and the request gone. It shows the state as recording the
+    expiry leaves it (the turn failed for good, the request expired), writing nothing, and
+    the same as the agent's runtime reads once it recorded it."""
+    log = ExecutionLog()
+    clock = ManualClock()
+    agent = refund_agent(log, limits=so.Limits(ttl=60))
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        r = await waiting_session(rt)
+        rid = r.pending[0].id
+    clock.advance(61)
+    other = refund_agent(log, name="other")
+    async with so.Runtime([other], store=store_url, clock=clock) as reader:
+        before = await types_of(reader, r.session_id)
+        shown = await reader.state(r.session_id)
+        assert (shown.status, shown.pending_requests()) == ("failed", [])
+        assert shown.turn is not None and shown.turn.error is not None
+        assert (shown.turn.error["code"], shown.turn.retryable) == ("session_expired", False)
+        assert shown.requests[rid].status == "expired"
+        assert shown.expired(clock()) and shown.seq == len(before)
+        assert [s.status for s in await reader.sessions()] == ["failed"]  # as listed
+        assert await types_of(reader, r.session_id) == before  # a read: nothing recorded
+        stored = await reader.store.get_request(rid)
+        assert stored is not None and stored.status == "pending"
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        recorded = await rt.state(r.session_id)
+        assert await types_of(rt, r.session_id) == [*before, "input.resolved", "turn.failed"]
+    assert recorded.status == shown.status and recorded.turn is not None
+    assert (recorded.turn.status, recorded.turn.error) == ("failed", shown.turn.error)
+    assert {k: (v.status, v.outcome) for k, v in recorded.requests.items()} == {
+        k: (v.status, v.outcome) for k, v in shown.requests.items()
+    }
+    assert log.count() == 0
+
+
+async def test_a_state_read_whose_store_refuses_the_expiry_shows_it(store_url: str) -> None:
+    """A store refusing the write that records a passed TTL (one this process may only read)
+    left `rt.state` showing the session `waiting` on a request no one can answer any more,
+    as its listing did not: it is shown as recording leaves it, and recorded once it can be."""
+    clock = ManualClock()
+    agent = refund_agent(ExecutionLog(), limits=so.Limits(ttl=60))
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        r = await waiting_session(rt)
+        clock.advance(61)
+
+        async def refused(*args: Any, **kwargs: Any) -> None:
+            raise so.StoreError("the store is read-only to this process")
+
+        rt.store.commit = refused  # type: ignore[method-assign]
+        try:
+            shown = await rt.state(r.session_id)
+            assert (shown.status, shown.pending_requests()) == ("failed", [])
+            assert [s.status for s in await rt.sessions()] == ["failed"]
+        finally:
+            del rt.store.commit
+        assert (await types_of(rt, r.session_id))[-1] == "turn.waiting"  # nothing recorded
+        assert (await rt.state(r.session_id)).status == "failed"
+        assert (await types_of(rt, r.session_id))[-2:] == ["input.resolved", "turn.failed"]
+
+
 async def test_a_seq_past_the_log_is_refused_not_followed(store_url: str) -> None:
     """`rt.events(after=N)` with N past the session's last event matched no event: followed, it
     waited in silence and would skip every event up to N, and once the TTL passed it spun on

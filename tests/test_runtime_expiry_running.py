@@ -133,6 +133,32 @@ async def test_a_listing_shows_a_turn_running_past_the_ttl_running(store_url: st
         assert [r.status for r in await rt.sessions()] == ["idle"]
 
 
+async def test_a_state_read_without_the_agent_shows_a_turn_running_past_the_ttl_running(
+    store_url: str,
+) -> None:
+    """A runtime without the session's agent shows a passed TTL it cannot record as recording
+    it leaves the session (failed); but not one whose turn a live drive runs on past the TTL
+    (a slow tool): that session is not idle, so it reads `running`, as listed."""
+    clock = ManualClock()
+    started, go = asyncio.Event(), asyncio.Event()
+    async with (
+        so.Runtime([slow_agent(started, go)], store=store_url, clock=clock, lease_ttl=600) as rt,
+        so.Runtime([], store=store_url, clock=clock) as reader,
+    ):
+        turn = asyncio.create_task(rt.generate("a", prompt="hi"))
+        try:
+            await started.wait()
+            clock.advance(61)
+            [row] = await reader.sessions()
+            shown = await reader.state(row.id)
+            assert (row.status, shown.status, shown.turn_status) == ("running",) * 3
+        finally:
+            go.set()
+            result = await turn
+        assert result.status == "completed"
+        assert (await reader.state(row.id)).status == "idle"
+
+
 @pytest.mark.parametrize("status", [None, "running", "failed"])
 async def test_a_listing_probes_a_turn_running_past_the_ttl_once(
     store_url: str, status: SessionStatus | None

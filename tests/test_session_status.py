@@ -120,8 +120,13 @@ class World:
 
 
 @asynccontextmanager
-async def world(store_url: str, **kw: Any) -> AsyncIterator[World]:
-    rt = so.Runtime(agents(), store=store_url, poll_interval=0.01, **kw)
+async def world(
+    store_url: str, serving: list[so.Agent] | None = None, **kw: Any
+) -> AsyncIterator[World]:
+    """The surfaces of a server whose runtime has `serving` (every agent of `agents()` if None)."""
+    rt = so.Runtime(
+        agents() if serving is None else serving, store=store_url, poll_interval=0.01, **kw
+    )
     app = create_app(rt, auth=TokenAuth(TOKENS), sweep_every=None)
     transport = httpx.ASGITransport(app=app)
     async with app.router.lifespan_context(app), rt:
@@ -266,3 +271,28 @@ async def test_a_turn_its_ttl_caught_is_failed_everywhere_first_of_all_in_the_st
         await w.agree(r.session_id, "failed")
         types = [e.type async for e in w.rt.events(r.session_id, follow=False)]
         assert types[-2:] == ["input.resolved", "turn.failed"]
+
+
+async def test_a_turn_its_ttl_caught_is_failed_everywhere_on_a_server_without_its_agent(
+    store_url: str,
+) -> None:
+    """A server whose runtime lacks the session's agent cannot record its passed TTL: its
+    listings, queue and request read showed the session failed and its request expired, but
+    `rt.state`, `GET /v1/sessions/{id}` and the dashboard's page `waiting` on that request. Each
+    shows it as recording the expiry leaves it, and nothing is recorded by reading it."""
+    now = [1_000_000.0]
+    async with so.Runtime(agents(), store=store_url, clock=lambda: now[0]) as parked:
+        r = await parked.generate("fleeting", prompt="refund", auth=ALICE)
+        assert r.status == "waiting"
+    now[0] += 61
+    async with world(
+        store_url, [scripted_agent("other", [reply("hi")])], clock=lambda: now[0]
+    ) as w:
+        before = [e.type async for e in w.rt.events(r.session_id, follow=False)]
+        await w.agree(r.session_id, "failed")
+        body = (await w.api.get(f"/v1/sessions/{r.session_id}")).json()
+        assert (body["pending"], body["turn"]["error"]["code"]) == ([], "session_expired")
+        rid = r.pending[0].id
+        assert (await w.api.get(f"/v1/requests/{rid}")).json()["status"] == "expired"
+        assert (await w.api.get("/v1/requests")).json()["total"] == 0
+        assert [e.type async for e in w.rt.events(r.session_id, follow=False)] == before

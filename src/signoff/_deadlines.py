@@ -36,6 +36,7 @@ __all__ = [
     "records_expiry",
     "resumed_by_deadline",
     "state_after_deadlines",
+    "state_after_expiry",
     "stored_after_deadline",
     "stored_after_expiry",
     "summary_after_expiry",
@@ -106,6 +107,29 @@ def state_after_deadlines(state: SessionState, now: float) -> SessionState:
             resolution=resolution,
         )
     return replace(state, requests=requests)
+
+
+def state_after_expiry(state: SessionState, now: float) -> SessionState:
+    """`state` as recording its passed TTL (`expiry_specs`) leaves it, before anyone has (a
+    session of an agent this process does not run, a store it may only read): its open
+    requests expired, its unfinished turn failed for good; `state` itself when nothing is to
+    record. Its seq, `updated_at` and `expires_at` stay the store's: no event is made up."""
+    specs = expiry_specs(state) if state.expired(now) else []
+    if not specs:
+        return state
+    shown = state.copy(journals=True, conversation=True)
+    turn_id = state.turn.id if state.turn is not None else None
+    for i, (type_, data) in enumerate(specs, start=state.seq + 1):
+        shown.apply(
+            Event(session_id=state.id, seq=i, type=type_, at=now, turn_id=turn_id, data=data)
+        )
+    shown.seq, shown.last, shown.updated_at, shown.lapsed = (
+        state.seq,
+        state.last,
+        state.updated_at,
+        state.lapsed,
+    )
+    return shown
 
 
 def stored_after_expiry(stored: StoredRequest, now: float) -> StoredRequest:

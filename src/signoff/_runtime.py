@@ -435,12 +435,12 @@ class Runtime(Deletion):
     @closes_stop
     async def state(self, session_id: str) -> SessionState:
         """The session's current state. Like a listing, it records a TTL that passed with the
-        turn unfinished first (the turn fails, its requests expire), so it never reads as
-        waiting on answers no one can give (nor on a mirror of a subagent's whose TTL passed);
-        a store that refuses the write shows it unrecorded. Its open mirrors show their
-        subagents' requests' votes, escalation and deadline. It is the caller's own copy: the
-        runtime's later calls leave it as it is, and changing it (but for the entries of its
-        calls' journals, shared) changes nothing they decide (`SessionState.detached`)."""
+        turn unfinished first (the turn fails, its requests expire), or shows it so if it cannot
+        (another agent's, a store refusing the write), unless a live drive runs the turn on: no
+        reading it as waiting on answers no one can give (nor on an expired subagent's mirror).
+        Its open mirrors show their subagents' requests' votes, escalation and deadline. It is
+        the caller's own copy: the runtime's later calls leave it as it is, and changing it (but
+        its calls' journals' entries, shared) changes nothing they decide (`detached`)."""
         state = await self._state(session_id)
         if state.expired(self.now()) and expiry_specs(state) and state.agent in self.agents:
             with contextlib.suppress(SessionExpired, StoreError):
@@ -457,7 +457,7 @@ class Runtime(Deletion):
             if recorded:
                 state = await self._state(session_id)
         # Not the cached state, which the runtime folds on and decides from.
-        return await followed_state(self.store, state.detached())
+        return await followed_state(self.store, await self._as_recorded(state.detached()))
 
     async def _record_expired_children(self, state: SessionState) -> bool:
         """Record the passed TTL of the subagents the session's open mirrors were asked for,

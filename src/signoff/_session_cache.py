@@ -25,7 +25,7 @@ from ._agent import Agent, by_name
 from ._any_loop import AnyLoopEvent, AnyLoopLock, blocked
 from ._audit_trail import record_tool_settings
 from ._counts import Counts
-from ._deadlines import due_batch, expiry_resolves, expiry_specs, in_flight
+from ._deadlines import due_batch, expiry_resolves, expiry_specs, in_flight, state_after_expiry
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
@@ -512,6 +512,19 @@ class SessionCache(Leasing):
         except StoreError:  # a store this process may only read: it cannot tell
             pass
         return SessionExpired(state.id, [r.id for r in state.pending_requests()])
+
+    async def _as_recorded(self, state: SessionState) -> SessionState:
+        """`state` as recording its passed TTL leaves it (`state_after_expiry`), for a read of
+        what this runtime could not record (another agent's session, a store it may only read);
+        itself while its TTL has not passed, or while a live drive runs its turn on (`_ended`)."""
+        now = self.now()
+        if (
+            not state.expired(now)
+            or not expiry_specs(state)
+            or await self._ended(state, now) is None
+        ):
+            return state
+        return state_after_expiry(state, now)
 
     def _result(
         self, state: SessionState, outcomes: Sequence[Outcome] = (), *, busy: bool = False

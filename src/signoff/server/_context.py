@@ -243,8 +243,9 @@ class ServerContext(OpenRequests):
         await self._visible(session_id, caller)
         if not shown:
             return await self.runtime._state(session_id)
-        # `Runtime.state` records a passed TTL first, so it never reads as waiting on answers
-        # no one can give; nor on a request past its deadline, applied first as the queue does.
+        # `Runtime.state` records a passed TTL first (or shows it so, if it cannot), so it never
+        # reads as waiting on answers no one can give; nor on a request past its deadline,
+        # applied first as the queue does.
         state = await self.runtime.state(session_id)
         now = self.runtime.now()
         due = [r for r in state.pending_requests() if is_due(r, now)]
