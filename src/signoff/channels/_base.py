@@ -8,6 +8,7 @@ caller.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -421,6 +422,13 @@ class Channel:
     async def close(self) -> None:
         """Release resources; the hub calls it when it stops."""
 
+    def cut_short(self) -> list[asyncio.Task[Any]]:
+        """A forced stop (`signoff serve`'s second Ctrl-C or SIGTERM): cancel the work this
+        channel runs in the background (a turn it resumed: cut short, its lease given back), so
+        that `close` does not wait for it; the tasks still running, to be given a moment to end.
+        Called on the event loop, before or during the hub's stop; by default nothing."""
+        return []
+
     # -- answering ----------------------------------------------------------------------------
 
     async def submit(
@@ -491,7 +499,8 @@ def plain_hooks(ch: Channel) -> None:
     """Refuse a channel whose hooks (what the hub awaits) are plain methods: the hub awaited
     what one returned, a TypeError after its work was done ("object NoneType can't be used in
     'await' expression"), so it delivered the entry again, each attempt posting it once more,
-    and on every later poll and start after giving up."""
+    and on every later poll and start after giving up. And one whose `cut_short`, which nothing
+    awaits, is an async def: it would cancel nothing."""
     for hook in _HOOKS:
         method = getattr(type(ch), hook, None)
         if method is not None and not inspect.iscoroutinefunction(method):
@@ -499,3 +508,8 @@ def plain_hooks(ch: Channel) -> None:
                 f"channel {ch.name!r}: {type(ch).__name__}.{hook} must be an async def, as "
                 "Channel's is: the hub awaits it"
             )
+    if inspect.iscoroutinefunction(getattr(type(ch), "cut_short", None)):
+        raise UsageError(
+            f"channel {ch.name!r}: {type(ch).__name__}.cut_short must be a plain def, as "
+            "Channel's is: a forced stop calls it, awaiting nothing"
+        )

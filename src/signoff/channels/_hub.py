@@ -347,6 +347,18 @@ class ChannelHub(Standby):
             await off_loop(self.state.close)
         self._started = False
 
+    def cut_short(self) -> list[asyncio.Task[Any]]:
+        """A forced stop (`serve`'s second signal): each channel cancels the work it runs in
+        the background (`Channel.cut_short`), so that `stop` does not wait for it; the tasks
+        still running, to be given a moment to end."""
+        cut: list[asyncio.Task[Any]] = []
+        for ch in self.channels:
+            try:
+                cut.extend(ch.cut_short())
+            except Exception:
+                logger.exception("channel %s failed to cut its work short", ch.name)
+        return cut
+
     async def _finish_poll(self) -> None:
         """Wait (at most `_STOP_GRACE` seconds) for a poll in progress to end, so a delivery the
         service already has (a Slack post) is saved rather than cut off and made again later."""

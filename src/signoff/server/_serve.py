@@ -188,7 +188,10 @@ def serve(
         """Uvicorn, which ends the open event streams when it begins to stop: its graceful
         shutdown waits for every response to finish, and a followed stream never does."""
 
+        signalled: asyncio.AbstractEventLoop | None = None  # where a forced stop cancels
+
         async def startup(self, sockets: Any = None) -> None:
+            self.signalled = asyncio.get_running_loop()
             await super().startup(sockets)
             if self.started:
                 drop_unacknowledged(self, UNACKED_HEARTBEATS * context.heartbeat)
@@ -204,6 +207,11 @@ def serve(
             super().handle_exit(sig, frame)
             if self.force_exit:  # the lifespan's shutdown may be waiting for them, unbounded
                 context.background.cut_short()
+                loop = self.signalled
+                if hub is not None and loop is not None and not loop.is_closed():
+                    # The turns its channels resumed (a Slack click's), which the hub's stop
+                    # waits for; on the loop, as this runs in a signal handler.
+                    loop.call_soon_threadsafe(hub.cut_short)
 
         async def shutdown(self, sockets: Any = None) -> None:
             context.closing = True
@@ -218,13 +226,15 @@ def serve(
 
         async def cut_short(self) -> None:
             """Cancel the requests and the app's own work (in-process workers, the sweep's
-            turns) still running on a forced stop, and give them a moment to unwind (a turn
-            gives its lease back): a SIGTERM uvicorn raises again as it returns ends the process
-            at once, before `asyncio.run` would cancel them."""
+            turns, the turns its channels resumed) still running on a forced stop, and give them
+            a moment to unwind (a turn gives its lease back): a SIGTERM uvicorn raises again as
+            it returns ends the process at once, before `asyncio.run` would cancel them."""
             tasks = [*self.server_state.tasks, *context.background.tasks]
             running = [task for task in tasks if not task.done()]
             for task in running:
                 task.cancel()
+            if hub is not None:  # none left unless uvicorn skipped the lifespan's shutdown
+                running += hub.cut_short()  # cancelled there, once
             if running:
                 await asyncio.wait(running, timeout=STALLED_GRACE)
 

@@ -182,6 +182,7 @@ class SlackChannel(Channel):
         self._seen: dict[str, float] = {}  # signature -> when it can be forgotten
         self._answered: dict[str, dict[str, Any] | None] = {}  # signature -> what Slack got
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._cut = False  # a forced stop cancels the background work (`cut_short`)
         self._router: Any = None
         self._presence: Presence | None = None  # held while it may act on the work it took
         self._presence_lock = threading.Lock()
@@ -200,6 +201,7 @@ class SlackChannel(Channel):
         # Those never posted (e.g. opened before the first start); what Slack's rate limit
         # or a failure holds back is posted on the hub's ticks (`_backlog`).
         self.backlog.start(open_requests)
+        self._cut = False
         if self._closing is None or self._closing.is_set():  # else notes wait on it already
             self._closing = asyncio.Event()
         # Answers acknowledged and not settled (or sent) before a crash, on this state or (in
@@ -330,6 +332,18 @@ class SlackChannel(Channel):
         await self.idle()
         if self._presence is not None:
             self._presence.release()  # what it left undone is now any process's to take up
+
+    def cut_short(self) -> list[asyncio.Task[Any]]:
+        """Cancel the answers and replies being settled in the background, and start none until
+        the channel starts again, so `close` waits only for them to end: a turn one resumed is
+        cut short, its lease given back. The click or reply stays saved, and the next start
+        acts on it again, which records nothing twice, and goes on with the turn."""
+        self._cut = True
+        running = [task for task in self._tasks if not task.done()]
+        for task in running:
+            if not task.cancelling():  # cancelled once: a second would cut its unwinding short
+                task.cancel()
+        return running
 
     def owner(self) -> str:
         """The token this channel object saves in the work it takes (clicks, replies), holding
@@ -487,6 +501,8 @@ class SlackChannel(Channel):
             task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self._cut:
+            task.cancel()
         return task
 
     async def _tell(self, where: dict[str, str], text: str) -> None:
