@@ -21,8 +21,8 @@ cancel reaches the child a moment after it records the parent's."""
 async def check_subagents(
     front: so.Runtime, sessions: list[SessionSummary], swept: dict[str, float], seed: int
 ) -> None:
-    """Each delegate call's result is its child's turn as it ended, and no child's turn went
-    on after its parent's turn was cancelled."""
+    """Each delegate call's result is its child's turn as it ended (a completed turn's text,
+    all its replies said), and no child's turn went on after its parent's turn was cancelled."""
     ended = ("turn.completed", "turn.cancelled", "turn.failed")
     delegated: dict[str, tuple[str, list[so.Event]]] = {}  # child -> (parent, parent's events)
     for s in sessions:
@@ -67,13 +67,16 @@ async def check_subagents(
         turn_id = next((e.turn_id for e in own if e.type == "turn.started"), None)
         assert turn_id is not None, (seed, parent, child, [e.type for e in own])
         [end] = [e for e in own if e.turn_id == turn_id and e.type in ended]
-        text = [e.data["text"] for e in own if e.turn_id == turn_id and e.type == "model.completed"]
+        # The turn's text joins what each of its replies said: a message that came while the
+        # model wrote the last one (read_through before it) gets a reply of its own.
+        said = [e.data["text"] for e in own if e.turn_id == turn_id and e.type == "model.completed"]
+        text = "\n\n".join(t for t in said if t)
         if results:
             [result] = results
             assert result.data["status"] == "ok", (seed, parent, child, result.data)
             got = result.data["result"]
             if isinstance(got, str):  # the child's turn completed with this text
-                assert end.type == "turn.completed" and got == text[-1], (seed, child, got, end)
+                assert end.type == "turn.completed" and got == text, (seed, child, got, said, end)
             else:  # {"cancelled": true} or {"interrupted": true}: the child's turn was cancelled
                 assert end.type == "turn.cancelled", (seed, child, got, end)
         else:  # the parent's turn ended first: cancelled, and so the child's turn with it
