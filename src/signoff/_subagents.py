@@ -89,7 +89,8 @@ class _DelegateJournal(Protocol):
 
 
 def delegate(agent: str, *, name: str | None = None, description: str | None = None) -> Tool:
-    """A tool that hands the model's `message` to `agent` and returns that agent's final text.
+    """A tool that hands the model's `message` to `agent` and returns the text of the turn it
+    runs: what each of its replies said, joined by a blank line, as `generate` returns it.
 
     Each call runs one turn of `agent` in its own child session (created once per call, so a
     replay or a restart reuses it). Requests the child makes are asked on the parent session
