@@ -26,8 +26,9 @@ def base(tmp_path: Path) -> Iterator[str]:
 
 @contextmanager
 def signed_in(base: str, token: str = "alice-token") -> Iterator[httpx.Client]:
-    """A browser-like client: cookies, the login form, the CSRF token from the page."""
-    with httpx.Client(base_url=base, timeout=10, verify=PLAIN) as c:
+    """A browser-like client: cookies, the login form, the CSRF token from the page. Its
+    timeout is no claim about speed: a CI run beside other work once took over 10 s here."""
+    with httpx.Client(base_url=base, timeout=30, verify=PLAIN) as c:
         page = c.get("/_signoff/login")
         r = c.post("/_signoff/login", data={"token": token, "csrf": csrf_of(page.text)})
         assert r.status_code == 303 and r.headers["location"] == "/_signoff"
