@@ -17,9 +17,11 @@ __all__ = ["before_child_deadlines", "session_updates"]
 def before_child_deadlines(url: str) -> None:
     """The PostgreSQL store at `url` as migration 10 left it: no `child_expires_at`, its
     children indexed by status and `expires_at`, migrations 11, 12 (channel claims), 13
-    (deleted sessions) and 14 (children by parent) not marked (SQLite: as it is)."""
+    (deleted sessions), 14 (children by parent) and 15 (the leases' TTL and grant time) not
+    marked (SQLite: as it is)."""
     if url.startswith("sqlite:///"):
         return
+    alter(url, "ALTER TABLE {t}leases DROP COLUMN ttl, DROP COLUMN granted_at")  # migration 15's
     alter(url, "DROP INDEX {t}sessions_by_parent")  # migration 14's, after this one
     alter(url, "DROP TABLE {t}deleted_sessions")  # migration 13's, after this one
     alter(url, "DROP TABLE {t}channel_claims")  # migration 12's, after this one

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import uuid
 from typing import Any
 
 import psycopg
@@ -245,4 +248,92 @@ async def test_writes_go_back_to_the_primary_of_a_url_of_two_hosts_once_it_is_ba
     finally:
         if standby is not None:
             standby.stop()
+        cluster.stop()
+
+
+async def _started(url: str) -> float:
+    """When the server last started by its clock (seconds since the epoch): its postmaster, or
+    its restart of every process after one crashed, which resets the shared statistics."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT extract(epoch FROM GREATEST(pg_postmaster_start_time(), "
+            "pg_stat_get_bgwriter_stat_reset_time()))::float8"
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return float(row[0])
+
+
+async def _crash(url: str) -> None:
+    """Kill one server process (SIGKILL, as the OOM killer does): the server ends the others
+    and starts them again (crash recovery), its postmaster running on."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT pg_backend_pid()")
+        row = await cur.fetchone()
+        assert row is not None
+        os.kill(int(row[0]), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("outage", ["restart", "crash"])
+async def test_a_lease_lapsed_while_the_server_was_down_is_its_holders_for_a_ttl(
+    outage: str,
+) -> None:
+    """A worker's leases lapse while the server is down (a tool it ran then keeps its result,
+    to record once the store is back, README "Scale-out"): another worker that claimed them
+    as soon as the server was back ran the tool again. For one lease TTL after the server
+    starts (again, or its processes after one crashed) no other owner claims, acquires or
+    commits its way to them, while their holder takes one back; the other is claimed once that
+    TTL is over. A lease granted since the start is judged by its expiry alone, as ever."""
+    ttl = 3.0
+    cluster = PgCluster.start()
+    url = cluster.admin_url
+    holder, other = PostgresStore(url, grace=5), PostgresStore(url, grace=5)
+    try:
+        kept, left, fresh = (f"ses_{uuid.uuid4().hex[:20]}" for _ in range(3))
+        for sid in (kept, left):
+            first = [ev(sid, 1, "session.created")]
+            await holder.create_session(sid, "support", first, None, status="running")
+        before = await _started(url)
+        now = await holder.server_time()
+        # Granted so as to lapse soon: a lease last renewed well before the server stops.
+        claimed = await holder.claim("a", ttl, now - ttl + 0.2, 10)
+        assert sorted(claimed) == sorted([(kept, 1), (left, 1)])
+        if outage == "restart":
+            await asyncio.to_thread(cluster.halt)
+            await asyncio.sleep(0.3)  # down for longer than the leases had left
+            await asyncio.to_thread(cluster.resume)
+        else:
+            await _crash(url)
+            await asyncio.sleep(0.3)  # the leases lapse meanwhile, or once it is back
+        now = await other.server_time()  # once the server answers again
+        started = await _started(url)
+        assert started > before
+        assert now - started < ttl - 1, "the server took too long to start for this test"
+        # Granted since the start, lapsed at once: judged by its expiry alone.
+        first = [ev(fresh, 1, "session.created")]
+        lapsed = ("c", ttl, now - 10)
+        await holder.create_session(fresh, "support", first, None, status="running", lease=lapsed)
+        assert await other.claim("b", ttl, now, 10) == [(fresh, 2)]
+        assert await holder.acquire_lease(kept, "a", 60, now) == 2  # its holder takes it back
+        tries = 0
+        while (now := await other.server_time()) < started + ttl - 0.2:
+            assert await other.claim("b", ttl, now, 10) == []
+            assert await other.acquire_lease(left, "b", ttl, now) is None
+            assert await other.acquire_lease(kept, "b", ttl, now) is None
+            seq = 1 + tries
+            commit = Commit(
+                session_id=left, expected_seq=seq, events=[ev(left, seq + 1)], grant=("b", ttl, now)
+            )
+            await other.commit(commit)  # written, its lease not granted
+            assert commit.granted is None
+            tries += 1
+            await asyncio.sleep(0.1)
+        assert tries >= 3
+        while (now := await other.server_time()) <= started + ttl:
+            await asyncio.sleep(0.05)
+        assert await other.claim("b", ttl, now, 10) == [(left, 2)]
+        assert await other.acquire_lease(kept, "b", ttl, now) is None  # the holder's, live
+    finally:
+        await holder.close()
+        await other.close()
         cluster.stop()

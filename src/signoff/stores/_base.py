@@ -367,7 +367,9 @@ class Store(Protocol):
         self, session_id: str, owner: str, ttl: float, now: float
     ) -> int | None:
         """Lease the session to `owner` until `now + ttl` and return the new token (which fences
-        commits under older ones), or None while another owner's lease is live."""
+        commits under older ones), or None while another owner's lease is live (on PostgreSQL,
+        also one granted before the server last started, for one TTL of its own after that:
+        its holder could not renew it while the server was down)."""
         ...
 
     async def renew_lease(
@@ -392,10 +394,11 @@ class Store(Protocol):
         *,
         skip: Sequence[str] = (),
     ) -> list[tuple[str, int]]:
-        """Lease up to `limit` sessions that have work and no live lease (of `agents` only, if
-        given: a worker leaves others' sessions to workers that can drive them), none of `skip`
-        (those its process drives now: a lease of theirs lapsed under a stall is still theirs
-        to renew, not a second drive's to take in the same process)."""
+        """Lease up to `limit` sessions that have work and no live lease, nor a lapsed one that
+        `acquire_lease` leaves to its holder (of `agents` only, if given: a worker leaves others'
+        sessions to workers that can drive them), none of `skip` (those its process drives now:
+        a lease of theirs lapsed under a stall is still theirs to renew, not a second drive's to
+        take in the same process)."""
         ...
 
     async def sessions(

@@ -27,15 +27,13 @@ from .._memos import checked_memo_names, checked_memos
 from .._shown import check_shown
 from .._swept_rows import DamagedSession, swept_summary
 from ._connections import Conn, Connections, storable
-from ._sql import named_turn
+from ._sql import LEASE_GRANT, named_turn, takeable
+from ._sql import NOW as _NOW
 
 __all__ = ["Leases"]
 
 # A BIGINT's largest value: a lease token there has no next one to grant.
 _LAST_TOKEN = 2**63 - 1
-
-# The database's clock, in seconds since the epoch, as of the statement's start.
-_NOW = "extract(epoch FROM statement_timestamp())::float8"
 
 
 class Leases(Connections):
@@ -102,9 +100,9 @@ class Leases(Connections):
         *,
         skip: Sequence[str] = (),
     ) -> list[tuple[str, int]]:
-        """Lease up to `limit` sessions with work and no live lease (of `agents` only, if given;
-        none of `skip`), skipping rows another worker is claiming right now (`FOR UPDATE SKIP
-        LOCKED`): `(id, token)` each."""
+        """Lease up to `limit` sessions with work and no lease another owner may not take
+        (`takeable`) (of `agents` only, if given; none of `skip`), skipping rows another worker
+        is claiming right now (`FOR UPDATE SKIP LOCKED`): `(id, token)` each."""
         s = self._s
         if agents is not None and not agents:
             return []
@@ -125,18 +123,20 @@ class Leases(Connections):
                 f"FROM {s}.sessions s "
                 f"LEFT JOIN {s}.leases l ON l.sk = s.sk "
                 "WHERE s.status = 'running' "
-                "AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < %s) "
+                f"AND (l.sk IS NULL OR l.owner = '' OR {takeable('l')}) "
                 # A token a hand edit left at the column's largest has no next: taken, it failed
                 # the whole statement, every claim. Passed over, its session is left unclaimed.
                 f"AND (l.sk IS NULL OR l.token < {_LAST_TOKEN}) "
                 # a session whose TTL passed can never run again: no worker is to claim it
                 "AND (s.expires_at IS NULL OR s.expires_at > %s) "
                 f"{only}ORDER BY s.updated_at LIMIT %s FOR UPDATE OF s SKIP LOCKED), "
-                f"i AS (INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
-                "SELECT sk, %s, 1, %s FROM c ON CONFLICT (sk) DO UPDATE "
-                "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at "
+                f"i AS (INSERT INTO {s}.leases AS l "
+                "(sk, owner, token, expires_at, ttl, granted_at) "
+                f"SELECT sk, %s, 1, %s, {LEASE_GRANT} FROM c ON CONFLICT (sk) DO UPDATE "
+                "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at, "
+                "ttl=excluded.ttl, granted_at=excluded.granted_at "
                 # re-checked on the latest row: an acquire_lease may have won meanwhile
-                "WHERE l.owner = '' OR l.expires_at < %s "
+                f"WHERE l.owner = '' OR {takeable('l')} "
                 "RETURNING l.sk, l.token) "
                 "SELECT c.id, i.token, c.head, c.audit_n, c.audit_hash, t.seq, t.turn, "
                 "h.type, h.at, h.turn"
@@ -147,7 +147,7 @@ class Leases(Connections):
                 "ORDER BY c.updated_at",
                 (now, now, *([] if agents is None else [list(agents)]))
                 + ((list(skip),) if skip else ())
-                + (limit, owner, now + ttl, now)
+                + (limit, owner, now + ttl, ttl, now)
                 + (() if sync is None else (sync,)),
             )
 
@@ -243,16 +243,19 @@ class Leases(Connections):
             cur = await conn.execute(
                 f"WITH x AS (SELECT sk, head, audit_n, audit_hash FROM {s}.sessions "
                 "WHERE id=%s FOR KEY SHARE), "
-                f"i AS (INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
-                "SELECT sk, %s, 1, %s FROM x ON CONFLICT (sk) DO UPDATE "
-                "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at "
-                "WHERE l.owner = '' OR l.owner = excluded.owner OR l.expires_at <= %s "
+                f"i AS (INSERT INTO {s}.leases AS l "
+                "(sk, owner, token, expires_at, ttl, granted_at) "
+                f"SELECT sk, %s, 1, %s, {LEASE_GRANT} FROM x ON CONFLICT (sk) DO UPDATE "
+                "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at, "
+                "ttl=excluded.ttl, granted_at=excluded.granted_at "
+                "WHERE l.owner = '' OR l.owner = excluded.owner OR "
+                f"{takeable('l', '<=')} "
                 "RETURNING token) "
                 "SELECT (SELECT token FROM i), x.head, x.audit_n, x.audit_hash, t.seq, t.turn, "
                 "h.type, h.at, h.turn FROM x LEFT JOIN LATERAL "
                 f"({named_turn(s, 'x.sk', 'x.head')}) t ON true "
                 f"LEFT JOIN {s}.events h ON h.sk = x.sk AND h.seq = x.head",
-                (session_id, owner, now + ttl, now),
+                (session_id, owner, now + ttl, ttl, now),
             )
             row = await cur.fetchone()
             if row is None:

@@ -276,6 +276,16 @@ CREATE TABLE {s}.deleted_sessions (
 CREATE INDEX sessions_by_parent ON {s}.sessions (parent) WHERE parent > 0;
 """,
     ),
+    (
+        15,
+        "lease rows keep their TTL and when the server granted them, so a lease that lapsed "
+        "while the server was down is left to its holder for one TTL after the server starts",
+        """
+-- Nullable, no default: added without a rewrite. A row granted before (NULL) is judged by its
+-- expiry alone, as it was. Renewals leave both as granted (`takeable` in _sql.py).
+ALTER TABLE {s}.leases ADD COLUMN ttl DOUBLE PRECISION, ADD COLUMN granted_at DOUBLE PRECISION;
+""",
+    ),
 ]
 """Versioned migrations, applied in order; `{s}` is the quoted schema name. Append, never edit.
 A migration that SQL alone cannot complete has a step in `FILLS` too, run after its SQL in the

@@ -27,6 +27,8 @@ __all__ = [
     "EARLIER_COLUMNS",
     "EARLIER_JOIN",
     "FIRST_TURN",
+    "LEASE_GRANT",
+    "NOW",
     "REQUEST_COLUMNS",
     "REQUEST_JOIN",
     "TURN",
@@ -37,6 +39,7 @@ __all__ = [
     "named_turn",
     "rows_params",
     "rows_sql",
+    "takeable",
 ]
 
 TURN = (
@@ -222,6 +225,33 @@ def named_turn(s: str, sk: str, head: str) -> str:
     )
 
 
+NOW: Final = "extract(epoch FROM statement_timestamp())::float8"
+"""The database's clock, in seconds since the epoch, as of the statement's start."""
+
+_STARTED: Final = (
+    "extract(epoch FROM GREATEST(pg_postmaster_start_time(), "
+    "pg_stat_get_bgwriter_stat_reset_time()))"
+)
+"""When the server last started, by its clock: its postmaster, or its restart of every process
+after one crashed (which resets the shared statistics: so does a reset of them by hand)."""
+
+LEASE_GRANT: Final = f"%s::float8, {NOW}"
+"""The `ttl, granted_at` of a lease row granted now (migration 15), its TTL the parameter."""
+
+
+def takeable(lease: str, lapsed: str = "<") -> str:
+    """SQL true when lease row `lease`, another owner's, may be taken at the time of its one
+    parameter: its expiry is `lapsed` that time, and if it was granted before the server last
+    started, one TTL of its own has passed since the start (by the server's clock). Its holder
+    could not renew it while the server was down: a worker keeping the outcome of a tool that
+    ran meanwhile takes it back first, so no other runs the tool again. A lease granted by an
+    older signoff (no `granted_at`) is judged by its expiry alone."""
+    return (
+        f"({lease}.expires_at {lapsed} %s AND ({lease}.granted_at IS NULL "
+        f"OR {lease}.granted_at >= {_STARTED} OR {NOW} >= {_STARTED} + {lease}.ttl))"
+    )
+
+
 @functools.lru_cache(maxsize=64)
 def create_sql(s: str, events: int, lease: bool, sync: bool, guard: bool = False) -> str:
     """`create_session`'s statement: the session row, its first events, its lease (token 1,
@@ -263,8 +293,8 @@ def create_sql(s: str, events: int, lease: bool, sync: bool, guard: bool = False
         f"e AS (INSERT INTO {s}.events (sk, seq, type, turn, at, v, data) "
         f"SELECT i.sk, x.* FROM i, {rows_sql(events, _EVENT_COLUMNS)}) "
         + (
-            f", l AS (INSERT INTO {s}.leases (sk, owner, token, expires_at) "
-            "SELECT i.sk, %s, 1, %s FROM i) "
+            f", l AS (INSERT INTO {s}.leases (sk, owner, token, expires_at, ttl, granted_at) "
+            f"SELECT i.sk, %s, 1, %s, {LEASE_GRANT} FROM i) "
             if lease
             else ""
         )
@@ -354,10 +384,11 @@ def commit_sql(
     parts.append(f"g AS (SELECT c.sk FROM c WHERE {check})")
     if grant:
         parts.append(
-            f"k AS (INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
-            "SELECT g.sk, %s, 1, %s FROM g ON CONFLICT (sk) DO UPDATE "
-            "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at "
-            "WHERE (l.owner = '' OR l.owner = excluded.owner OR l.expires_at <= %s) "
+            f"k AS (INSERT INTO {s}.leases AS l (sk, owner, token, expires_at, ttl, granted_at) "
+            f"SELECT g.sk, %s, 1, %s, {LEASE_GRANT} FROM g ON CONFLICT (sk) DO UPDATE "
+            "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at, "
+            "ttl=excluded.ttl, granted_at=excluded.granted_at "
+            f"WHERE (l.owner = '' OR l.owner = excluded.owner OR {takeable('l', '<=')}) "
             f"AND l.token < {_LAST_TOKEN} RETURNING l.token)"
         )
     if resolve:

@@ -112,7 +112,7 @@ class PostgresStore(Reads, Leases, Deletions):
         params += rows_params(rows)
         if lease is not None:
             owner, ttl, now = lease
-            params += [owner, now + ttl]
+            params += [owner, now + ttl, ttl]
         params += [self.channel, f"{session_id} {last}"]
         if sync is not None:
             params.append(sync)
@@ -286,7 +286,7 @@ class PostgresStore(Reads, Leases, Deletions):
                     params.append(owner)
             params += checked
             if grant is not None:
-                params += [grant[0], grant[2] + grant[1], grant[2]]
+                params += [grant[0], grant[2] + grant[1], grant[1], grant[2]]
             if resolve_rows:
                 params += rows_params(resolve_rows)
             if new_rows:
