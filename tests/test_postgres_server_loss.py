@@ -337,3 +337,38 @@ async def test_a_lease_lapsed_while_the_server_was_down_is_its_holders_for_a_ttl
         await holder.close()
         await other.close()
         cluster.stop()
+
+
+async def test_a_lease_lapsed_while_the_server_was_down_is_claimed_back_by_its_own_owner() -> None:
+    """The holder of a lease that lapsed while the server was down, still alive (a worker whose
+    drives gave up their sessions as their leases ran out), claims it back as soon as the server
+    answers, as before a restart: its tool waited a whole TTL after the restart. Another owner
+    still waits that TTL out, and the holder's claim leaves the sessions it drives (`skip`)."""
+    ttl = 3.0
+    cluster = PgCluster.start()
+    url = cluster.admin_url
+    holder, other = PostgresStore(url, grace=5), PostgresStore(url, grace=5)
+    try:
+        mine, driven = (f"ses_{uuid.uuid4().hex[:20]}" for _ in range(2))
+        for sid in (mine, driven):
+            first = [ev(sid, 1, "session.created")]
+            await holder.create_session(sid, "support", first, None, status="running")
+        now = await holder.server_time()
+        claimed = await holder.claim("a", ttl, now - ttl + 0.2, 10)  # lapses while it is down
+        assert sorted(claimed) == sorted([(mine, 1), (driven, 1)])
+        await asyncio.to_thread(cluster.halt)
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(cluster.resume)
+        now = await other.server_time()
+        started = await _started(url)
+        assert now - started < ttl - 1, "the server took too long to start for this test"
+        assert await other.claim("b", ttl, now, 10) == []
+        assert await holder.claim("a", ttl, now, 10, skip=[driven]) == [(mine, 2)]
+        assert await holder.claim("a", ttl, now, 10) == [(driven, 2)]
+        assert await holder.claim("a", ttl, now, 10) == []  # its own, live: not taken again
+        assert await other.claim("b", ttl, now, 10) == []
+        assert await other.server_time() < started + ttl  # all within the holder's TTL
+    finally:
+        await holder.close()
+        await other.close()
+        cluster.stop()

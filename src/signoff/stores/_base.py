@@ -395,10 +395,10 @@ class Store(Protocol):
         skip: Sequence[str] = (),
     ) -> list[tuple[str, int]]:
         """Lease up to `limit` sessions that have work and no live lease, nor a lapsed one that
-        `acquire_lease` leaves to its holder (of `agents` only, if given: a worker leaves others'
-        sessions to workers that can drive them), none of `skip` (those its process drives now:
-        a lease of theirs lapsed under a stall is still theirs to renew, not a second drive's to
-        take in the same process)."""
+        `acquire_lease` leaves to its holder, unless `owner` is that holder (of `agents` only, if
+        given: a worker leaves others' sessions to workers that can drive them), none of `skip`
+        (those its process drives now: a lease of theirs lapsed under a stall is still theirs
+        to renew, not a second drive's to take in the same process)."""
         ...
 
     async def sessions(

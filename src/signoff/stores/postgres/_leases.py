@@ -101,8 +101,9 @@ class Leases(Connections):
         skip: Sequence[str] = (),
     ) -> list[tuple[str, int]]:
         """Lease up to `limit` sessions with work and no lease another owner may not take
-        (`takeable`) (of `agents` only, if given; none of `skip`), skipping rows another worker
-        is claiming right now (`FOR UPDATE SKIP LOCKED`): `(id, token)` each."""
+        (`takeable`; a lapsed one of `owner`'s own is taken) (of `agents` only, if given; none
+        of `skip`), skipping rows another worker is claiming right now (`FOR UPDATE SKIP
+        LOCKED`): `(id, token)` each."""
         s = self._s
         if agents is not None and not agents:
             return []
@@ -123,7 +124,10 @@ class Leases(Connections):
                 f"FROM {s}.sessions s "
                 f"LEFT JOIN {s}.leases l ON l.sk = s.sk "
                 "WHERE s.status = 'running' "
-                f"AND (l.sk IS NULL OR l.owner = '' OR {takeable('l')}) "
+                # A lapsed lease of the claimer's own it takes back at once, restart or not (as
+                # acquire_lease does): no other process has its owner, and the sessions its own
+                # still drives, a tool's outcome kept included, are `skip`.
+                f"AND (l.sk IS NULL OR l.owner = '' OR {takeable('l', taker='%s')}) "
                 # A token a hand edit left at the column's largest has no next: taken, it failed
                 # the whole statement, every claim. Passed over, its session is left unclaimed.
                 f"AND (l.sk IS NULL OR l.token < {_LAST_TOKEN}) "
@@ -136,7 +140,7 @@ class Leases(Connections):
                 "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at, "
                 "ttl=excluded.ttl, granted_at=excluded.granted_at "
                 # re-checked on the latest row: an acquire_lease may have won meanwhile
-                f"WHERE l.owner = '' OR {takeable('l')} "
+                f"WHERE l.owner = '' OR {takeable('l', taker='excluded.owner')} "
                 "RETURNING l.sk, l.token) "
                 "SELECT c.id, i.token, c.head, c.audit_n, c.audit_hash, t.seq, t.turn, "
                 "h.type, h.at, h.turn"
@@ -145,7 +149,7 @@ class Leases(Connections):
                 f"LEFT JOIN LATERAL ({named_turn(s, 'c.sk', 'c.head')}) t ON true "
                 f"LEFT JOIN {s}.events h ON h.sk = c.sk AND h.seq = c.head "
                 "ORDER BY c.updated_at",
-                (now, now, *([] if agents is None else [list(agents)]))
+                (now, owner, now, *([] if agents is None else [list(agents)]))
                 + ((list(skip),) if skip else ())
                 + (limit, owner, now + ttl, ttl, now)
                 + (() if sync is None else (sync,)),

@@ -239,15 +239,17 @@ LEASE_GRANT: Final = f"%s::float8, {NOW}"
 """The `ttl, granted_at` of a lease row granted now (migration 15), its TTL the parameter."""
 
 
-def takeable(lease: str, lapsed: str = "<") -> str:
+def takeable(lease: str, lapsed: str = "<", taker: str | None = None) -> str:
     """SQL true when lease row `lease`, another owner's, may be taken at the time of its one
     parameter: its expiry is `lapsed` that time, and if it was granted before the server last
     started, one TTL of its own has passed since the start (by the server's clock). Its holder
     could not renew it while the server was down: a worker keeping the outcome of a tool that
     ran meanwhile takes it back first, so no other runs the tool again. A lease granted by an
-    older signoff (no `granted_at`) is judged by its expiry alone."""
+    older signoff (no `granted_at`) is judged by its expiry alone, and one of `taker`'s (SQL
+    naming the owner taking it, if given) too: that holder is the one the wait is for."""
+    own = "" if taker is None else f"{lease}.owner = {taker} OR "
     return (
-        f"({lease}.expires_at {lapsed} %s AND ({lease}.granted_at IS NULL "
+        f"({lease}.expires_at {lapsed} %s AND ({own}{lease}.granted_at IS NULL "
         f"OR {lease}.granted_at >= {_STARTED} OR {NOW} >= {_STARTED} + {lease}.ttl))"
     )
 
