@@ -151,3 +151,49 @@ def test_signoff_pending_leaves_out_a_mirror_whose_subagents_session_passed_its_
     result = invoke("pending", "--store", store_url)
     assert result.exit_code == 0, result.output
     assert mirror.id not in result.stdout and "No pending requests." in result.stdout
+
+
+async def test_a_session_read_shows_a_mirror_its_subagents_unrecorded_ttl_closed(
+    store_url: str,
+) -> None:
+    """A runtime (or server) without the agents cannot record the subagent's passed TTL: its
+    `rt.state`, `GET /v1/sessions/{id}` and dashboard page showed the parent `waiting` on the
+    mirror, `pending`, while its queue and `GET /v1/requests/{id}` said the mirror expired. It is
+    shown closed as recording closes it, the delegate call going on (`running`), as the runtime
+    with the agents reads it once it recorded that; nothing is written by reading it."""
+    clock = ManualClock()
+    async with so.Runtime(_desk([]), store=store_url, clock=clock) as rt:
+        session_id, mirror = await _parked(rt)
+    clock.advance(60)
+    async with so.Runtime([], store=store_url, clock=clock) as reader:
+        before = [e.type async for e in reader.events(session_id, follow=False)]
+        shown = await reader.state(session_id)
+        assert (shown.status, shown.pending_requests()) == ("running", [])
+        assert shown.requests[mirror.id].status == "expired" and shown.seq == len(before)
+        app = create_app(reader, auth=TokenAuth(TOKENS))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            body = (await c.get(f"/v1/sessions/{session_id}", headers=auth("alice-token"))).json()
+            one = (await c.get(f"/v1/requests/{mirror.id}", headers=auth("alice-token"))).json()
+            login = (await c.get("/_signoff/login")).text
+            csrf = re.search(r'name="csrf-token" content="([^"]+)"', login)
+            assert csrf is not None
+            form = {"token": "alice-token", "csrf": csrf.group(1)}
+            assert (await c.post("/_signoff/login", data=form)).status_code == 303
+            page = (await c.get(f"/_signoff/sessions/{session_id}")).text
+        assert (body["status"], body["pending"], one["status"]) == ("running", [], "expired")
+        assert re.findall(r"data-session-status>([a-z]+)<", page) == ["running"]
+        assert [e.type async for e in reader.events(session_id, follow=False)] == before
+    async with so.Runtime(_desk([]), store=store_url, clock=clock) as rt:
+        recorded = await rt.state(session_id)
+    assert (recorded.status, recorded.turn_status) == (shown.status, shown.turn_status)
+    assert recorded.turn is not None and shown.turn is not None
+    assert {c.id: c.status for c in recorded.turn.calls.values()} == {
+        c.id: c.status for c in shown.turn.calls.values()
+    }
+    closed, seen = recorded.requests[mirror.id], shown.requests[mirror.id]
+    assert (closed.status, closed.outcome, closed.resolution) == (
+        seen.status,
+        seen.outcome,
+        seen.resolution,
+    )

@@ -18,7 +18,7 @@ from signoff.testing import (
 )
 
 from ._ttl import ttl_agent
-from .test_runtime import refund_agent, tools, types_of, waiting_session
+from .test_runtime import ALICE, BOB, refund_agent, tools, types_of, waiting_session
 
 
 async def test_session_ttl_expired_with_pending_requests(tmp_path: Path) -> None:
@@ -321,6 +321,41 @@ async def test_a_state_read_whose_store_refuses_the_expiry_shows_it(store_url: s
         assert (await types_of(rt, r.session_id))[-1] == "turn.waiting"  # nothing recorded
         assert (await rt.state(r.session_id)).status == "failed"
         assert (await types_of(rt, r.session_id))[-2:] == ["input.resolved", "turn.failed"]
+
+
+async def test_a_state_read_without_the_agent_keeps_a_message_queued_behind_the_expiry(
+    store_url: str,
+) -> None:
+    """A message another person sent while the turn waited is queued behind it; once the TTL
+    passed, a runtime without the agent showed the session `running` (the queued message as if
+    it could start), while its listing and the agent's runtime, once it recorded the expiry,
+    said `failed`: the TTL's failure starts no queued message, shown or recorded."""
+    log = ExecutionLog()
+    clock = ManualClock()
+    agent = refund_agent(log, limits=so.Limits(ttl=60))
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        r = await waiting_session(rt, auth=ALICE)
+        assert (await rt.send(r.session_id, "and order 2", principal=BOB)).queued
+    clock.advance(61)
+    async with so.Runtime(
+        [refund_agent(log, name="other")], store=store_url, clock=clock
+    ) as reader:
+        before = await types_of(reader, r.session_id)
+        shown = await reader.state(r.session_id)
+        assert (shown.status, shown.turn_status, len(shown.queued)) == ("failed", "failed", 1)
+        [row] = await reader.sessions()
+        assert (row.status, row.expires_at) == ("failed", shown.expires_at)  # the store's
+        assert await types_of(reader, r.session_id) == before
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        recorded = await rt.state(r.session_id)
+        assert await types_of(rt, r.session_id) == [*before, "input.resolved", "turn.failed"]
+    assert recorded.turn is not None and shown.turn is not None
+    assert (recorded.status, recorded.turn.id, len(recorded.queued)) == (
+        "failed",
+        shown.turn.id,
+        1,
+    )
+    assert log.count() == 0
 
 
 async def test_a_seq_past_the_log_is_refused_not_followed(store_url: str) -> None:

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import pytest
 from typer.testing import CliRunner
 
 import signoff as so
+from signoff.cli import _deletion
 from signoff.cli import app as cli_app
 from signoff.server import TokenAuth, create_app
 from signoff.testing import call, call_tools, reply, scripted_agent
@@ -295,4 +297,32 @@ async def test_a_turn_its_ttl_caught_is_failed_everywhere_on_a_server_without_it
         rid = r.pending[0].id
         assert (await w.api.get(f"/v1/requests/{rid}")).json()["status"] == "expired"
         assert (await w.api.get("/v1/requests")).json()["total"] == 0
+        assert [e.type async for e in w.rt.events(r.session_id, follow=False)] == before
+
+
+async def test_a_message_queued_behind_a_turn_its_ttl_caught_starts_nothing_on_any_surface(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another person's message is queued behind the parked turn when its TTL passes: a server
+    without the session's agent showed it `running` (`rt.state`, `GET /v1/sessions/{id}`, the
+    dashboard's badge, `signoff delete`'s question) as if the message could start, while its
+    listings said `failed`. The TTL's failure starts nothing queued behind it, recorded or not."""
+    now = [1_000_000.0]
+    async with so.Runtime(agents(), store=store_url, clock=lambda: now[0]) as parked:
+        r = await parked.generate("fleeting", prompt="refund", auth=ALICE)
+        assert (await parked.send(r.session_id, "and another", principal=BOB)).queued
+    now[0] += 61
+    async with world(
+        store_url, [scripted_agent("other", [reply("hi")])], clock=lambda: now[0]
+    ) as w:
+        before = [e.type async for e in w.rt.events(r.session_id, follow=False)]
+        await w.agree(r.session_id, "failed")
+        body = (await w.api.get(f"/v1/sessions/{r.session_id}")).json()
+        assert (body["pending"], body["turn"]["error"]["code"]) == ([], "session_expired")
+        monkeypatch.setattr(_deletion, "_can_ask", lambda: True)
+        asked = await asyncio.to_thread(
+            CliRunner().invoke, cli_app, ["delete", r.session_id, "--store", w.url], input="n\n"
+        )
+        assert asked.exit_code == 1, asked.output
+        assert f"Delete session {r.session_id} (fleeting, failed, " in asked.stdout
         assert [e.type async for e in w.rt.events(r.session_id, follow=False)] == before

@@ -14,7 +14,7 @@ from typing import Any
 
 from ._cancellation import withdrawal
 from ._events import Event, is_activity
-from ._recording import Batch, EventSpec, spent_in
+from ._recording import Batch, EventSpec, shown_recorded, spent_in
 from ._state import SessionState
 from ._types import InputRequest
 from .stores import Resolve, SessionSummary, StoredRequest
@@ -117,18 +117,8 @@ def state_after_expiry(state: SessionState, now: float) -> SessionState:
     specs = expiry_specs(state) if state.expired(now) else []
     if not specs:
         return state
-    shown = state.copy(journals=True, conversation=True)
-    turn_id = state.turn.id if state.turn is not None else None
-    for i, (type_, data) in enumerate(specs, start=state.seq + 1):
-        shown.apply(
-            Event(session_id=state.id, seq=i, type=type_, at=now, turn_id=turn_id, data=data)
-        )
-    shown.seq, shown.last, shown.updated_at, shown.lapsed = (
-        state.seq,
-        state.last,
-        state.updated_at,
-        state.lapsed,
-    )
+    shown = shown_recorded(state, specs, now)
+    shown.lapsed = state.lapsed  # its `expires_at` the store's (`runnable` reads the turn's end)
     return shown
 
 

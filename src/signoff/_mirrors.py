@@ -23,7 +23,7 @@ from ._exceptions import (
 from ._idempotency import key_fields, taken_by_another, through
 from ._key_holds import hold_key
 from ._mirror_keys import MAX_HOPS, keep_vote_key, kept, voted_below
-from ._recording import Batch, EventSpec, runnable
+from ._recording import Batch, EventSpec, runnable, shown_recorded
 from ._results import GenerateResult, Outcome
 from ._state import SessionState
 from ._types import ChildRef, InputRequest, Principal
@@ -195,23 +195,33 @@ def stored_followed(stored: StoredRequest, shown: InputRequest) -> StoredRequest
     `close_mirror` will record it, when its subagent's session passed its TTL unrecorded."""
     if shown.status != "expired" or stored.status != "pending" or shown.child is None:
         return dataclasses.replace(stored, request=shown)
-    resolution = {
-        "outcome": "expired",
-        "request_id": shown.id,
-        "status": "expired",
-        "child_request_id": shown.child.request_id,
-    }
+    resolution = _expired_close(shown, shown.child)
     return dataclasses.replace(
         stored, request=shown, status="expired", outcome="expired", resolution=resolution
     )
+
+
+def _expired_close(mirror: InputRequest, ref: ChildRef) -> dict[str, Any]:
+    """What `close_mirror` records for `mirror` once its subagent's session's passed TTL closed
+    the request (`ref`) it stands for as `expired`."""
+    return {
+        "outcome": "expired",
+        "request_id": mirror.id,
+        "status": "expired",
+        "child_request_id": ref.request_id,
+    }
 
 
 def _copied(value: Any) -> Any:
     return list(value) if isinstance(value, list) else value
 
 
-async def followed_state(store: Store, state: SessionState) -> SessionState:
-    """`state` with its open mirrors `followed`: a copy when it has any, else `state` itself."""
+async def followed_state(
+    store: Store, state: SessionState, now: float | None = None
+) -> SessionState:
+    """`state` with its open mirrors `followed`: a copy when it has any, else `state` itself.
+    Given `now`, one whose subagent's TTL passed by then, unrecorded, is shown closed as
+    `close_mirror` records it, its delegate call going on (`shown_recorded`: nothing written)."""
     mirrors = [
         live
         for live in state.requests.values()
@@ -220,10 +230,15 @@ async def followed_state(store: Store, state: SessionState) -> SessionState:
     if not mirrors:
         return state
     requests = dict(state.requests)
+    closes: list[EventSpec] = []
     for live in mirrors:
-        [shown] = await followed(store, [live.request])
-        requests[shown.id] = dataclasses.replace(live, request=shown)
-    return dataclasses.replace(state, requests=requests)
+        [shown] = await followed(store, [live.request], now)
+        if shown.status == "expired" and shown.child is not None:
+            closes.append(("input.resolved", _expired_close(shown, shown.child)))
+        else:
+            requests[shown.id] = dataclasses.replace(live, request=shown)
+    state = dataclasses.replace(state, requests=requests)
+    return shown_recorded(state, closes, now) if closes and now is not None else state
 
 
 class _Reading(Protocol):

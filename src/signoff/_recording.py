@@ -56,6 +56,7 @@ __all__ = [
     "new_id",
     "runnable",
     "shadow",
+    "shown_recorded",
     "snapshot_after",
     "snapshot_due",
     "spent_in",
@@ -130,6 +131,20 @@ def shadow(
     for e in events:
         copy.apply(e)
     return copy
+
+
+def shown_recorded(state: SessionState, specs: Sequence[EventSpec], at: float) -> SessionState:
+    """`state` as recording `specs` at `at` leaves it, folded onto a copy for a read of what this
+    process does not record (another agent's session, a store it may only read), written
+    nowhere: its seq, last event and `updated_at` stay the store's, as no event is made up."""
+    shown = state.copy(journals=True, conversation=True)
+    turn_id = state.turn.id if state.turn is not None else None
+    for i, (type_, data) in enumerate(specs, start=state.seq + 1):
+        shown.apply(
+            Event(session_id=state.id, seq=i, type=type_, at=at, turn_id=turn_id, data=data)
+        )
+    shown.seq, shown.last, shown.updated_at = state.seq, state.last, state.updated_at
+    return shown
 
 
 def snapshot_after(

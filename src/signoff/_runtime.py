@@ -456,8 +456,8 @@ class Runtime(Deletion):
                 to_claims.reset(leaving)
             if recorded:
                 state = await self._state(session_id)
-        # Not the cached state, which the runtime folds on and decides from.
-        return await followed_state(self.store, await self._as_recorded(state.detached()))
+        shown = await self._as_recorded(state.detached())  # not the cached state: it decides
+        return await followed_state(self.store, shown, self.now())
 
     async def _record_expired_children(self, state: SessionState) -> bool:
         """Record the passed TTL of the subagents the session's open mirrors were asked for,

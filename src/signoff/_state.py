@@ -577,9 +577,9 @@ def runnable(state: SessionState, *, retry: bool = False) -> bool:
     if turn.status == "failed" and turn.retryable:
         return retry  # the messages queued behind it wait for the retry (or the next message)
     if turn_over(turn):
-        # Messages that waited for the turn's end start now, whichever way it ended; not in a
-        # session whose TTL ended it (it stays expired).
-        return bool(state.queued) and not (turn.status == "failed" and state.lapsed)
+        # Messages queued behind it start now, unless its TTL failed it (recorded, or shown so).
+        ttl = state.lapsed or (turn.error or {}).get("code") == "session_expired"
+        return bool(state.queued) and not (turn.status == "failed" and ttl)
     if turn.status == "waiting":
         statuses = {c.status for c in turn.calls.values()}
         if statuses & {"approved", "denied", "decided", "running"}:
