@@ -456,7 +456,7 @@ class Runtime(Deletion):
                 to_claims.reset(leaving)
             if recorded:
                 state = await self._state(session_id)
-        shown = await self._as_recorded(state.detached())  # not the cached state: it decides
+        shown = await self._as_recorded(state.detached())  # a copy: the cached one decides
         return await followed_state(self.store, shown, self.now())
 
     async def _record_expired_children(self, state: SessionState) -> bool:
