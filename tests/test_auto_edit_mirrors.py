@@ -1,6 +1,7 @@
 """An edit given on a subagent's request mirrored on its parent is reviewed once: the check of
 every answer before any is settled (`check_only`) and the settlement share the review, whose
-cost counts once, in the child. Run on both stores."""
+cost counts once, in the child, whatever comes of the answer after it (a TTL passing meanwhile).
+Run on both stores."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 import signoff as so
 from signoff.models import ModelRequest
-from signoff.testing import call, call_tools, reply, scripted_agent, tool_results
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent, tool_results
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
 BOB = so.Principal(authenticator="test", principal_id="bob")
@@ -19,13 +20,17 @@ REVIEW = so.Usage(input_tokens=10, output_tokens=5)
 
 
 class Reviewer:
-    """Answers caution to every review, and counts them."""
+    """Answers caution to every review, and counts them; a review of an edit takes two minutes
+    of `clock`, if given."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: ManualClock | None = None) -> None:
         self.inputs: list[str] = []
+        self.clock = clock
 
     async def complete(self, request: ModelRequest) -> so.ModelResponse:
         self.inputs.append(request.messages[0].text)  # type: ignore[union-attr]
+        if self.clock is not None and '"amount": 90' in self.inputs[-1]:
+            self.clock.advance(120)
         text = json.dumps({"verdict": "caution", "reason": "a refund"})
         return so.ModelResponse(text=text, usage=REVIEW)
 
@@ -126,3 +131,32 @@ async def test_an_edit_on_a_mirror_in_a_refused_call_is_not_reviewed(store_url: 
         r = await rt.respond(r.session_id, [answer], principal=ALICE)
         assert r.status == "completed" and ran == [90.0]
     assert len(reviewer.inputs) == 2
+
+
+@pytest.mark.parametrize("expiring", ["billing", "support"], ids=["subagent's", "parent's"])
+async def test_a_review_of_an_edit_on_a_mirror_a_ttl_overtakes_is_billed(
+    store_url: str, expiring: str
+) -> None:
+    """The subagent's (or the parent's) TTL passes while the edit given on the mirror is
+    reviewed: the answer is refused (the mirror closed with the subagent's expiry; the parent's
+    own `SessionExpired`), nothing runs, and the review counts in the child, and in the parent
+    through it. Before, the review kept for the settlement was never counted: the settlement
+    never came."""
+    clock = ManualClock()
+    ran: list[Any] = []
+    parent, child = agents(ran, Reviewer(clock))
+    (parent if expiring == "support" else child).limits = so.Limits(ttl=60)
+    async with so.Runtime([parent, child], store=store_url, clock=clock) as rt:
+        r, child_id, answer = await parked_on_mirror(rt)
+        refused = so.SessionExpired if expiring == "support" else so.RequestClosed
+        with pytest.raises(refused):
+            await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert ran == []
+        state = await rt.state(child_id)
+        assert state.usage.total_tokens == 2 * REVIEW.total_tokens
+        if expiring == "support":
+            assert state.turn is not None and state.turn.status == "cancelled"
+            above = await rt.state(r.session_id)
+            assert above.lapsed and above.delegated.total_tokens == 2 * REVIEW.total_tokens
+        else:
+            assert state.lapsed

@@ -44,8 +44,11 @@ def agent_with(
     policy: so.ApprovalPolicy,
     response: Any = None,
     limits: so.Limits | None = None,
+    expires_in: float | None = None,
 ) -> so.Agent:
-    approval = policy if response is None else so.ApprovalSpec(request=policy, response=response)
+    approval: Any = policy
+    if response is not None or expires_in is not None:
+        approval = so.ApprovalSpec(request=policy, response=response, expires_in=expires_in)
 
     @log.tool(approval=approval)
     async def refund_charge(charge_id: str, amount: float) -> str:
@@ -134,16 +137,16 @@ async def test_a_reviewed_edit_under_a_response_policy_has_its_verdict_on_the_ca
 
 
 class SlowReviewer(Reviewer):
-    """A `Reviewer` whose review of the edit takes two minutes of `clock`."""
+    """A `Reviewer` whose review of an edit takes `seconds` (two minutes) of `clock`."""
 
-    def __init__(self, clock: ManualClock) -> None:
+    def __init__(self, clock: ManualClock, seconds: float = 120) -> None:
         super().__init__()
-        self.clock = clock
+        self.clock, self.seconds = clock, seconds
 
     async def complete(self, request: ModelRequest) -> so.ModelResponse:
         verdict = await super().complete(request)
         if '"amount": 5000' in self.reviewed[-1]:
-            self.clock.advance(120)
+            self.clock.advance(self.seconds)
         return verdict
 
 
@@ -166,6 +169,66 @@ async def test_a_review_of_an_edit_the_ttl_overtakes_is_billed_and_settles_nothi
         state = await rt.state(r.session_id)
         assert state.lapsed
         assert state.usage == TURN + REVIEW + REVIEW
+    assert len(reviewer.reviewed) == 2
+    assert log.executions == []
+
+
+@pytest.mark.parametrize(
+    "responses", [(True, True), (False, True)], ids=["both", "one under a response policy"]
+)
+async def test_every_review_of_a_call_the_ttl_overtakes_is_billed(
+    store_url: str, responses: tuple[bool, bool]
+) -> None:
+    """Two edits in one call, each reviewed for 40 s, the TTL 60 s: the answers are refused with
+    `SessionExpired` and both reviews are counted. Before, only the first was: the second was
+    under a response policy, whose answer's record the expiry of the first took the place of."""
+    clock = ManualClock()
+    log, reviewer = ExecutionLog(), SlowReviewer(clock, 40)
+    policy = so.auto(reviewer, review_edits=True)
+    tools = []
+    for name, response in zip(("refund_a", "refund_b"), responses, strict=True):
+        allowed = so.ApprovalSpec(request=policy, response=lambda ctx: so.Allowed())
+
+        @log.tool(name=name, approval=allowed if response else policy)
+        async def refund(charge_id: str, amount: float) -> str:
+            """Refund a charge."""
+            return "refunded"
+
+        tools.append(refund)
+    proposal = call_tools(
+        call("refund_a", charge_id="a", amount=50),
+        call("refund_b", charge_id="b", amount=50),
+        usage=TURN,
+    )
+    model = so.models.Scripted([proposal, reply("done", usage=TURN)])
+    agent = so.Agent(name="billing", model=model, tools=tools, limits=so.Limits(ttl=60))
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        r = await rt.generate("billing", prompt="refund a and b", auth=ALICE)
+        answers = [a for ask in r.pending for a in raised(ask)]
+        with pytest.raises(so.SessionExpired):
+            await rt.respond(r.session_id, answers, principal=ALICE)
+        state = await rt.state(r.session_id)
+        assert state.lapsed
+        assert state.usage == TURN + REVIEW + REVIEW + REVIEW + REVIEW
+    assert len(reviewer.reviewed) == 4
+    assert log.executions == []
+
+
+async def test_a_review_of_an_edit_the_deadline_overtakes_is_billed(store_url: str) -> None:
+    """The request's deadline passes while the edit is reviewed: the answer is refused with
+    `RequestClosed`, the call does not run and the turn goes on without it, and the review is
+    counted. Before, it was not: the deadline's record took the place of the settlement."""
+    clock = ManualClock()
+    log, reviewer = ExecutionLog(), SlowReviewer(clock)
+    agent = agent_with(log, so.auto(reviewer, review_edits=True), expires_in=60)
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        r = await rt.generate("billing", prompt="refund a", auth=ALICE)
+        [ask] = r.pending
+        with pytest.raises(so.RequestClosed):
+            await rt.respond(r.session_id, raised(ask), principal=ALICE)
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.status == "completed"
+        assert state.usage == TURN + REVIEW + REVIEW + TURN
     assert len(reviewer.reviewed) == 2
     assert log.executions == []
 

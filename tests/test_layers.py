@@ -70,6 +70,7 @@ LAYERS: list[set[str]] = [
     {"_sessions"},
     {"_candidate_ends"},
     {"_candidates"},
+    {"_edit_checks"},
     {"_answering"},
     {"_messages"},
     {"_sweeping"},

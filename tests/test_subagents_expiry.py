@@ -215,3 +215,75 @@ async def test_the_parents_state_records_a_waiting_childs_passed_ttl(store_url: 
         assert ended is not None and ended.status == "failed"
         assert (await rt.generate(session_id=parent)).status == "completed"
         assert ran == []
+
+
+@pytest.mark.parametrize("way", ["mirror", "child"], ids=["through the mirror", "to the child"])
+async def test_a_parents_ttl_passing_while_the_childs_policy_judges_an_answer_wins(
+    store_url: str, way: str
+) -> None:
+    """The parent's TTL passes while billing's slow response policy judges an approval: the
+    answer is refused (`SessionExpired` through the parent's mirror, `RequestClosed` given to
+    the child, as once the parent expired), the refund never runs, and the parent stays
+    expired, its child's turn cancelled. Before, the child settled the answer and, through the
+    mirror, its close on the parent was activity: the parent lived on and its call ran."""
+    clock = ManualClock()
+
+    def slow(ctx: so.ResponseContext) -> so.Allowed:
+        clock.advance(120)
+        return so.Allowed()
+
+    ran: list[str] = []
+    support, billing = refund_desk(so.ApprovalSpec(so.always(), slow), ran)
+    support.limits = so.Limits(ttl=60)
+    async with so.Runtime([support, billing], store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        parent, child = r.session_id, mirror.child.session_id
+        to, rid = (parent, mirror.id) if way == "mirror" else (child, mirror.child.request_id)
+        refused = so.SessionExpired if way == "mirror" else so.RequestClosed
+        with pytest.raises(refused):
+            await rt.respond(
+                to, [so.InputResponse(request_id=rid, option_id="approve")], principal=ALICE
+            )
+        assert ran == []
+        await _assert_child_cancelled(rt, parent, child)
+        assert (await rt.state(parent)).lapsed
+        with pytest.raises(so.SessionExpired):
+            await rt.generate(session_id=parent)
+        assert ran == []
+
+
+async def test_a_mirror_closed_after_the_parents_ttl_passed_does_not_revive_it(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent's TTL passes between the child's settling of an answer given through the
+    mirror and the mirror's close (the check for an expired parent, made first, missed it): the
+    mirror is not closed, as that is activity, which would count the parent's TTL again and run
+    its turn on; the parent's expiry is recorded instead, and the refund never runs."""
+    clock = ManualClock()
+
+    def slow(ctx: so.ResponseContext) -> so.Allowed:
+        clock.advance(120)
+        return so.Allowed()
+
+    async def missed(self: so.Runtime, state: object) -> bool:
+        return False
+
+    ran: list[str] = []
+    support, billing = refund_desk(so.ApprovalSpec(so.always(), slow), ran)
+    support.limits = so.Limits(ttl=60)
+    async with so.Runtime([support, billing], store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        monkeypatch.setattr(so.Runtime, "_orphaned", missed)
+        with pytest.raises(so.SessionExpired):
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=mirror.id, option_id="approve")],
+                principal=ALICE,
+            )
+        assert ran == []
+        await _assert_child_cancelled(rt, r.session_id, mirror.child.session_id)
+        assert (await rt.state(r.session_id)).lapsed

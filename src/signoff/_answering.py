@@ -3,8 +3,6 @@ follow-up messages."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,11 +14,11 @@ from ._answers import check_decided, check_principal, input_responses
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
-from ._approval import ApprovalContext, Verdict
 from ._call_guards import closes_stop
-from ._candidates import Candidates, already_counted
+from ._candidates import already_counted
 from ._counts import counted_answers, refused_only, settled_before_raising
 from ._deadlines import due_batch, in_time
+from ._edit_checks import EditChecks, bills
 from ._eligibility import (
     authorize,
     check_policy_present,
@@ -42,16 +40,13 @@ from ._exceptions import (
 from ._idempotency import Keyed, key_fields
 from ._key_commits import unclaimed
 from ._mirrors import deciding
-from ._output_caps import spare
-from ._policy_inputs import session_info, typed_input
-from ._recording import Answered, Batch, runnable, with_usage
+from ._recording import Answered, Batch, billing, runnable, with_usage
 from ._request_session import request_in
 from ._response import ResponseVerdict
 from ._results import GenerateResult, Outcome
 from ._settings import flag
 from ._state import SessionState
-from ._text import cut, is_utf8
-from ._tool_json import result_bound
+from ._text import is_utf8
 from ._tools import Tool
 from ._types import MAX_ANSWERS, InputRequest, InputResponse, Principal, Usage
 from .stores import Resolve
@@ -59,7 +54,7 @@ from .stores import Resolve
 __all__ = ["MAX_ANSWERS", "Answering"]
 
 
-class Answering(Candidates):
+class Answering(EditChecks):
     """Answers by request id (`respond`) and by message (`send`), built on `SessionRunner`."""
 
     @closes_stop
@@ -327,7 +322,7 @@ class Answering(Candidates):
             # refuses the call by its own denial (not billed for an answer refused after it).
             # The edits no review bills first: one their policy denies refuses the call before
             # any billed review runs, whose cost a refusal would leave uncounted.
-            for tool, request, wanted, gate in sorted(edits, key=lambda e: _bills(e[0])):
+            for tool, request, wanted, gate in sorted(edits, key=lambda e: bills(e[0])):
                 judge = gate and tool.response_policy is not None
                 early = await self._review_edit(
                     state, tool, request, wanted, principal, judge, reviews, check_only
@@ -335,6 +330,8 @@ class Answering(Candidates):
                 if early is not None:
                     verdicts[request.id] = early
             if check_only:
+                if _mirrors.REVIEWED.get() is not None:  # billed now: see `_reviewed_edit`
+                    await self._bill(state, billing(*reviews.values()))
                 return []
             for request, reply, wanted in settling:
                 rid = request.id
@@ -357,9 +354,10 @@ class Answering(Candidates):
                 batch = Batch(specs=[*specs, *extra], resolve=resolves)
                 held = await self._held_past_ttl(state)
                 driver = self._driver(state, None)
+                owed = _spent(reviews, gated)
                 try:
                     await driver.record(
-                        unclaimed(in_time(self.now, batch, late, held), mark, session_id),
+                        unclaimed(in_time(self.now, batch, late, held, owed), mark, session_id),
                         durable=True,
                         turn_id=turn_id,
                     )
@@ -372,6 +370,7 @@ class Answering(Candidates):
                     raise
                 self._remember(driver.state)
                 if late:
+                    reviews.clear()  # billed with what closed their requests
                     if driver.state.expired(self.now()):
                         raise SessionExpired(session_id, late)
                     continue  # read again: the closed request refuses its answer, the turn goes on
@@ -386,6 +385,7 @@ class Answering(Candidates):
                         principal,
                         mark=key,
                         usage=reviews.get(request.id),
+                        owed=_spent(reviews, gated[i + 1 :]),
                         verdict=verdicts.get(request.id),
                         kept=None if key is None else kept,
                     )
@@ -419,105 +419,6 @@ class Answering(Candidates):
                 f"session {session_id!r} is damaged: request(s) {', '.join(ids)} are pending in "
                 "its log, but their rows in the store are not (or are gone)"
             )
-
-    async def _orphaned(self, state: SessionState) -> bool:
-        """Cancel the session's turn if it is a subagent's that its parent no longer waits on
-        (the runtime knows subagents); returns whether it did."""
-        return False
-
-    async def _review_edit(
-        self,
-        state: SessionState,
-        tool: Tool,
-        request: InputRequest,
-        wanted: dict[str, Any],
-        principal: Principal | None,
-        judge: bool,
-        reviews: dict[str, Usage],
-        check_only: bool,
-    ) -> ResponseVerdict | None:
-        """`_reviewed_edit` of the edit in `wanted`, whose review's cost is added to `reviews` and
-        whose `auto()` verdict goes into `wanted`, for the trail; returns the response policy's
-        verdict, if `judge`."""
-        rid = request.id
-        early, on_edit = await self._reviewed_edit(
-            state, tool, request, wanted, principal, judge, reviews, check_only
-        )
-        usage = None if on_edit is None else on_edit.usage
-        if usage is not None:
-            reviews[rid] = usage + reviews[rid] if rid in reviews else usage
-        if on_edit is not None and on_edit.auto is not None:
-            limit = result_bound(tool, self.agent(state.agent).limits)
-            wanted["auto_verdict"] = on_edit.auto[0]
-            wanted["auto_reason"] = cut(on_edit.auto[1], limit // 8)
-        return early
-
-    async def _reviewed_edit(
-        self,
-        state: SessionState,
-        tool: Tool,
-        request: InputRequest,
-        wanted: dict[str, Any],
-        principal: Principal | None,
-        judge: bool,
-        reviews: Mapping[str, Usage],
-        check_only: bool,
-    ) -> tuple[ResponseVerdict | None, Verdict | None]:
-        """The verdict of the tool's response policy on an answer with an edit (if `judge`),
-        then `_check_edit`'s of the edit unless that policy refused the answer: neither the
-        approval policy nor a billed review sees an answer that cannot settle the request.
-        Once for the check of every answer that settling mirrored requests makes first
-        (`_mirrors.REVIEWED`) and the settlement after."""
-        edited = wanted["edited_input"]
-        memo = _mirrors.REVIEWED.get()
-        key = (request.id, json.dumps(edited, sort_keys=True, default=str))
-        if memo is not None and key in memo:
-            return memo[key] if check_only else memo.pop(key)
-        early = await self._judged(state, tool, request, wanted, principal) if judge else None
-        verdict = None
-        if early is None or early.outcome == "allowed":
-            spent = sum(reviews.values(), Usage())
-            verdict = await self._check_edit(state, tool, request, edited, spent)
-        if memo is not None and check_only:
-            memo[key] = (early, verdict)
-        return early, verdict
-
-    async def _check_edit(
-        self,
-        state: SessionState,
-        tool: Tool,
-        request: InputRequest,
-        edited: dict[str, Any],
-        spent: Usage,
-    ) -> Verdict:
-        """An edit is a new call: the tool's approval policy and guardrails must not deny it.
-        Returns their verdict, with what their review cost (`auto()` with `review_edits`),
-        capped as a proposal's is at what the budgets leave, less what reviews of this answer's
-        other edits (`spent`) cost."""
-        driver = self._driver(state, None)
-        left = spare(await driver.budget_left(), spent)
-        ctx = ApprovalContext(
-            session=session_info(state, request),
-            tool_name=tool.name,
-            tool_input=typed_input(tool, edited),
-            approved_tools=frozenset(state.approved_tools),
-            call_id=request.call_id or "",
-            abort_signal=asyncio.Event(),
-            pending_tools=frozenset(r.tool_name for r in state.pending_requests() if r.tool_name),
-            budget_left=left,
-            edited=True,
-        )
-        # Only a denial refuses the edit: a caution asks a person, and the approver is one.
-        verdict = await driver.verdict(tool, ctx)
-        if verdict.action == "deny":
-            whose = " or a guardrail" if driver.agent.guardrails else ""
-            why = f": {verdict.reason}" if verdict.reason else ""
-            raise InvalidAnswer(
-                f"request {request.id}: {tool.name}'s approval policy{whose} denies the edited "
-                f"input{why}",
-                [request.id],
-            )
-        return verdict
 
     async def _may_not_answer(
         self,
@@ -575,9 +476,9 @@ class Answering(Candidates):
         return await refusal(self.agents, self.store, request, principal) is None
 
 
-def _bills(tool: Tool) -> bool:
-    """Whether checking an edit of `tool`'s calls may bill a review (`auto(review_edits=True)`)."""
-    return bool(getattr(tool.approval, "review_edits", False))
+def _spent(reviews: Mapping[str, Usage], answers: Sequence[tuple[InputRequest, Any, Any]]) -> Usage:
+    """What reviewing the edits of `answers` (each a request first) cost."""
+    return sum((reviews[r.id] for r, *_ in answers if r.id in reviews), Usage())
 
 
 def _pending(state: SessionState, request_id: str) -> bool:

@@ -1,11 +1,13 @@
-"""How a response's candidate ends: the events that end one, what an answer's call meets
-when another process ended its candidate or closed its request meanwhile, and the judging that
-goes on when the call is cancelled (`past_cancel`). A part of `Candidates`, apart from
-`_candidates` so that one keeps to recording and judging responses."""
+"""How a response's candidate ends: the response policy's verdict on it (`_judged`), the
+events that end one, what an answer's call meets when another process ended its candidate or
+closed its request meanwhile, and the judging that goes on when the call is cancelled
+(`past_cancel`). A part of `Candidates`, apart from `_candidates` so that one keeps to
+recording responses and settling or counting them."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -18,10 +20,21 @@ from ._deadlines import lapse
 from ._eligibility import voted
 from ._exceptions import AnswerError, SessionExpired, SignoffError
 from ._idempotency import Keyed, same_ask
+from ._policy_inputs import proposed_input, session_info, typed_input
 from ._recording import EventSpec
+from ._response import (
+    RequestInfo,
+    ResponseContext,
+    ResponseInfo,
+    ResponseVerdict,
+    evaluate_response,
+)
 from ._results import Outcome
 from ._sessions import SessionRunner
 from ._state import SessionState
+from ._text import cut
+from ._tool_json import result_bound
+from ._tools import Tool
 from ._types import InputRequest, Principal
 
 __all__ = [
@@ -49,8 +62,8 @@ it settled its request (`CandidateEnds._told`)."""
 
 
 class CandidateEnds(SessionRunner):
-    """What an answer's call meets when its candidate or its request was ended elsewhere; the
-    base of `Candidates`."""
+    """The response policy's verdict on an answer, and what an answer's call meets when its
+    candidate or its request was ended elsewhere; the base of `Candidates`."""
 
     async def _told(
         self,
@@ -135,6 +148,56 @@ class CandidateEnds(SessionRunner):
         if stored is None:
             return _repeat(request, "withdrawn", None, wanted)
         return _repeat(request, stored.status, stored.resolution, wanted)
+
+    async def _judged(
+        self,
+        state: SessionState,
+        tool: Tool,
+        request: InputRequest,
+        wanted: dict[str, Any],
+        principal: Principal | None,
+    ) -> ResponseVerdict:
+        """The verdict of `tool`'s response policy on `principal`'s answer `wanted` to `request`
+        of session `state`; a reason of megabytes is cut, as an approval policy's is: it is
+        recorded for every answer refused, and returned with each."""
+        assert tool.response_policy is not None
+        edited = wanted.get("edited_input")
+        verdict = await evaluate_response(
+            tool.response_policy,
+            ResponseContext(
+                request=RequestInfo(
+                    request_id=request.id,
+                    call_id=request.call_id or "",
+                    tool_name=request.tool_name or "",
+                    tool_input=proposed_input(state, tool, request),
+                    principal=request.requested_by,
+                    escalated_to=request.escalated_to,
+                ),
+                response=ResponseInfo(
+                    decision=wanted["decision"],
+                    principal=principal,
+                    edited_input=None if edited is None else typed_input(tool, edited),
+                ),
+                session=session_info(state, request),
+            ),
+            tool.response_timeout,
+        )
+        if verdict.reason is None:
+            return verdict
+        cap = result_bound(tool, self.agent(state.agent).limits) // 8
+        return dataclasses.replace(verdict, reason=cut(verdict.reason, cap))
+
+    async def _orphaned(self, state: SessionState) -> bool:
+        """Cancel the session's turn if it is a subagent's that its parent no longer waits on
+        (its TTL passed, say; the runtime knows subagents); returns whether it did."""
+        return False
+
+    async def _bill(self, state: SessionState, spent: list[EventSpec]) -> None:
+        """Record `spent` (`billing`'s) in the session, on its own: it changes no turn, and is
+        no activity, which would restart the session's TTL."""
+        if spent:
+            turn = None if state.turn is None else state.turn.id
+            await self._append(state.id, lambda st: spent, turn_id=turn)
 
     async def _held_now(self, state: SessionState) -> bool:
         """`_held_past_ttl` of the session as it stands now, read again only if `state`, read

@@ -5,7 +5,6 @@ candidate meanwhile is `_candidate_ends`'s."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -29,20 +28,11 @@ from ._eligibility import authorize, voted
 from ._error_text import error_text
 from ._exceptions import AnswerError, InvalidAnswer, RequestClosed, SessionExpired, StoreError
 from ._idempotency import Keyed, key_fields, key_reused, mark_of, seen, taken_by_another
-from ._policy_inputs import proposed_input, session_info, typed_input
-from ._recording import Batch, EventSpec, new_id, with_usage
+from ._recording import Batch, EventSpec, billing, new_id, with_usage
 from ._refusals import InFlight, Lost, Moved, Refusals
-from ._response import (
-    RequestInfo,
-    ResponseContext,
-    ResponseInfo,
-    ResponseVerdict,
-    evaluate_response,
-)
+from ._response import ResponseVerdict
 from ._results import Outcome
 from ._state import SessionState
-from ._text import cut
-from ._tool_json import result_bound
 from ._tools import Tool
 from ._types import InputRequest, Principal, Usage
 from .stores import Resolve
@@ -139,6 +129,7 @@ class Candidates(CandidateEnds):
         recovered: str | None = None,
         mark: Keyed | None = None,
         usage: Usage | None = None,
+        owed: Usage | None = None,
         verdict: ResponseVerdict | None = None,
         kept: list[bool] | None = None,
     ) -> Outcome:
@@ -159,6 +150,7 @@ class Candidates(CandidateEnds):
                 recovered=recovered,
                 mark=mark,
                 usage=usage,
+                owed=owed,
                 verdict=verdict,
                 kept=kept,
                 recording=recording,
@@ -179,6 +171,7 @@ class Candidates(CandidateEnds):
         recovered: str | None = None,
         mark: Keyed | None = None,
         usage: Usage | None = None,
+        owed: Usage | None = None,
         verdict: ResponseVerdict | None = None,
         kept: list[bool] | None = None,
         recording: list[bool],
@@ -202,7 +195,9 @@ class Candidates(CandidateEnds):
         same: the end of its candidate records the key, in a recovery or when `kept` is given,
         which is then told (True appended), as it is when such an end recorded elsewhere did.
         `usage` is what reviewing the answer's edit cost: the first event it records counts it;
-        `verdict` the response policy's, judged already (before the edit's check), not again.
+        `owed` what reviews of the call's answers after it cost, counted with the session's
+        expiry if its TTL passed first (the call ends there); `verdict` the response policy's,
+        judged already (before the edit's check), not again.
         `recording` is given True once the answer's candidate is about to be committed.
         """
         rid = request.id
@@ -262,6 +257,7 @@ class Candidates(CandidateEnds):
             return {**ended, **key}
 
         lapsed: list[bool] = []  # the session's TTL passed first: its expiry is recorded
+        later = billing(owed)  # with that expiry: the call's later answers record none
         live = state.requests.get(rid)
         if (
             evaluated
@@ -289,7 +285,16 @@ class Candidates(CandidateEnds):
             }
             if recovered is None:
                 proposed = await self._proposed(
-                    state, tool, request, wanted, principal, pending, usage, verdict, recording
+                    state,
+                    tool,
+                    request,
+                    wanted,
+                    principal,
+                    pending,
+                    usage,
+                    later,
+                    verdict,
+                    recording,
                 )
                 if isinstance(proposed, Outcome):
                     return proposed
@@ -304,7 +309,7 @@ class Candidates(CandidateEnds):
                     lapsed.clear()
                     if not ours(st):
                         return []
-                    expiry = lapse(st, self.now(), held, _expired_end(base, rid))
+                    expiry = lapse(st, self.now(), held, [*_expired_end(base, rid), *later])
                     if expiry is None:
                         return _ending(st, rid, refusal)
                     lapsed.append(True)  # a refusal is activity too: it would revive it
@@ -358,8 +363,10 @@ class Candidates(CandidateEnds):
                 return Batch(specs=[("approval.candidate", stale)])
             current = live.request
             now = self.now()
-            # The session's TTL passed while the response was decided: it wins too.
-            expiry = lapse(st, now, held, _expired_end(base, rid) if evaluated else ())
+            # The session's TTL passed while the response was decided: it wins too, recorded
+            # with what reviews cost (a candidate recorded its answer's own).
+            ended = [*_expired_end(base, rid), *later] if evaluated else billing(usage, owed)
+            expiry = lapse(st, now, held, ended)
             if expiry is not None:
                 lapsed.append(True)
                 return expiry
@@ -369,9 +376,11 @@ class Candidates(CandidateEnds):
                 # deadline wins, as it would have had anyone looked, and this answer is spent.
                 late.append(current)
                 spent = {**base, "outcome": "stale", "reason": f"{LATE} (request {rid})"}
-                first: list[EventSpec] = [("approval.candidate", spent)] if evaluated else []
+                first = [("approval.candidate", spent)] if evaluated else billing(usage)
+                # The call ends here (`late`) unless the deadline escalates the request.
+                ends = current.on_timeout != "escalate" or current.escalated_to is not None
                 return Batch(
-                    specs=[*first, *due.specs],
+                    specs=[*first, *due.specs, *(later if ends else [])],
                     resolve=due.resolve,
                     updated_requests=due.updated_requests,
                 )
@@ -447,6 +456,10 @@ class Candidates(CandidateEnds):
                 ],
             )
 
+        if evaluated and state.parent is not None:
+            # Its parent's TTL passed while the policy judged it (its expiry cancels this turn,
+            # whose answer then finds its request withdrawn): the parent lives on otherwise.
+            await self._orphaned(await self._state(session_id))
         held = await self._held_now(state)
         told = await end(settle_or_count, durable=True)
         if told is not None:
@@ -482,6 +495,7 @@ class Candidates(CandidateEnds):
         principal: Principal | None,
         pending: dict[str, Any],
         usage: Usage | None,
+        later: list[EventSpec],
         verdict: ResponseVerdict | None,
         recording: list[bool],
     ) -> Outcome | tuple[ResponseVerdict | None, int]:
@@ -493,7 +507,8 @@ class Candidates(CandidateEnds):
         is judged again first (`_recover`), so its refusal is the one recorded. Returns the
         verdict given or judged here (None if neither) and the seq of the candidate recorded. An
         answer whose edit review cost usage is always recorded (its usage must be billed): past
-        the session's TTL too, spent (`stale`) with the expiry, and `SessionExpired` raised.
+        the session's TTL too, spent (`stale`) with the expiry (and `later`: `_decide`'s), and
+        `SessionExpired` raised.
         `recording` holds True while the candidate is being committed, and once it is."""
         sid, tid, rid = state.id, request.turn_id, request.id
         once = Refusals(self.store, state, request, pending["by"], wanted["decision"])
@@ -511,7 +526,7 @@ class Candidates(CandidateEnds):
         def propose(st: SessionState) -> Any:
             # The session's TTL passed while the answer was checked (its edit): it is recorded
             # spent with the expiry, as its candidate alone is activity, which would revive it.
-            expiry = lapse(st, self.now(), held[0], [*given, *spent])
+            expiry = lapse(st, self.now(), held[0], [*given, *spent, *later])
             lapsed[:] = [] if expiry is None else [True]
             if expiry is None:
                 seen(st.keys, mark, sid, st.candidates)  # another message took its key meanwhile
@@ -555,41 +570,3 @@ class Candidates(CandidateEnds):
             return verdict, seq
         guarded[0] = False  # so much contention: recorded as it is
         return verdict, await record()
-
-    async def _judged(
-        self,
-        state: SessionState,
-        tool: Tool,
-        request: InputRequest,
-        wanted: dict[str, Any],
-        principal: Principal | None,
-    ) -> ResponseVerdict:
-        """The verdict of `tool`'s response policy on `principal`'s answer `wanted` to `request`
-        of session `state`; a reason of megabytes is cut, as an approval policy's is: it is
-        recorded for every answer refused, and returned with each."""
-        assert tool.response_policy is not None
-        edited = wanted.get("edited_input")
-        verdict = await evaluate_response(
-            tool.response_policy,
-            ResponseContext(
-                request=RequestInfo(
-                    request_id=request.id,
-                    call_id=request.call_id or "",
-                    tool_name=request.tool_name or "",
-                    tool_input=proposed_input(state, tool, request),
-                    principal=request.requested_by,
-                    escalated_to=request.escalated_to,
-                ),
-                response=ResponseInfo(
-                    decision=wanted["decision"],
-                    principal=principal,
-                    edited_input=None if edited is None else typed_input(tool, edited),
-                ),
-                session=session_info(state, request),
-            ),
-            tool.response_timeout,
-        )
-        if verdict.reason is None:
-            return verdict
-        cap = result_bound(tool, self.agent(state.agent).limits) // 8
-        return dataclasses.replace(verdict, reason=cut(verdict.reason, cap))

@@ -14,9 +14,9 @@ from typing import Any
 
 from ._cancellation import withdrawal
 from ._events import Event, is_activity
-from ._recording import Batch, EventSpec, shown_recorded, spent_in
+from ._recording import Batch, EventSpec, billing, shown_recorded, spent_in
 from ._state import SessionState
-from ._types import InputRequest
+from ._types import InputRequest, Usage
 from .stores import Resolve, SessionSummary, StoredRequest
 
 __all__ = [
@@ -328,14 +328,20 @@ def lapse(
 
 
 def in_time(
-    clock: Callable[[], float], batch: Batch, late: list[str], held: bool
+    clock: Callable[[], float],
+    batch: Batch,
+    late: list[str],
+    held: bool,
+    owed: Usage | None = None,
 ) -> Callable[[SessionState], Batch]:
     """`batch`, which settles requests, built on the state it commits on: a deadline or TTL that
     passed meanwhile (an edit's approval policy may be slow) wins, as while a response policy
     runs, and what it closes is recorded instead; `late` then names the requests answered. A
-    TTL passed while a live drive runs the turn on (`held`: `_held_past_ttl`) is no expiry."""
+    TTL passed while a live drive runs the turn on (`held`: `_held_past_ttl`) is no expiry.
+    What reviews of the edits cost is billed all the same: the batch's, and `owed`, of the
+    call's other answers, which no commit of theirs records once this one wins."""
     ids = {r.request_id for r in batch.resolve}
-    spent = spent_in(batch.specs)  # what reviews of their edits cost, billed all the same
+    spent = spent_in([*batch.specs, *billing(owed)])
 
     def build(state: SessionState) -> Batch:
         now = clock()
@@ -345,6 +351,8 @@ def in_time(
             return expiry
         late[:] = [r.id for r in state.pending_requests() if r.id in ids and is_due(r, now)]
         due = due_batch(state, now) if late else None
-        return batch if due is None else due
+        if due is None:
+            return batch
+        return due if spent is None else replace(due, specs=[*due.specs, spent])
 
     return build

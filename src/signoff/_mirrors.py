@@ -288,15 +288,23 @@ async def settle_routed(
     **kwargs: Any,
 ) -> list[Outcome]:
     """`_settle_routed`, with the reviews of edits its check makes kept for its settlement,
-    and the response policy's verdicts on answers it judges without settling for every pass."""
-    if REVIEWED.get() is not None:  # a mirror of a mirror: the outermost call keeps them
-        return await _settle_routed(rt, state, answers, principal, **kwargs)
-    token, judged = REVIEWED.set({}), JUDGED.set({})
+    and the response policy's verdicts on answers it judges without settling for every pass.
+    An answer refused as closed once the session's own TTL passed (a subagent's slow policy
+    judged it meanwhile, and the session's expiry withdrew the subagent's request) raises
+    `SessionExpired`, the expiry recorded, as an answer to a request of its own does."""
     try:
-        return await _settle_routed(rt, state, answers, principal, **kwargs)
-    finally:
-        JUDGED.reset(judged)
-        REVIEWED.reset(token)
+        if REVIEWED.get() is not None:  # a mirror of a mirror: the outermost call keeps them
+            return await _settle_routed(rt, state, answers, principal, **kwargs)
+        token, judged = REVIEWED.set({}), JUDGED.set({})
+        try:
+            return await _settle_routed(rt, state, answers, principal, **kwargs)
+        finally:
+            JUDGED.reset(judged)
+            REVIEWED.reset(token)
+    except CLOSED:
+        if (await rt._state(state.id)).expired(rt.now()):
+            await rt._checked(state.id)  # raises `SessionExpired`, unless a live drive runs on
+        raise
 
 
 async def _settle_routed(
@@ -471,7 +479,8 @@ def _naming(answer: Reply, ref: ChildRef) -> Iterator[None]:
 async def close_mirror(
     rt: Answering, parent: str, mirror: InputRequest, *, mark: tuple[str, str] | None = None
 ) -> None:
-    """Resolve the mirror as its child request was resolved; nothing while that is open.
+    """Resolve the mirror as its child request was resolved; nothing while that is open, nor
+    once the parent's TTL passed (unless a live drive runs it on): its expiry closes the mirror.
 
     The resolution is the child's stored one, which holds the decision, value and edited input
     the session's fold leaves out, so the mirror reads (and is repeated) as the child's does.
@@ -504,11 +513,14 @@ async def close_mirror(
     }
     data.setdefault("outcome", "cancelled")
     closed_as: Any = status
+    held = await rt._held_past_ttl(await rt._state(parent))
 
     def build(st: SessionState) -> Batch:
         now = st.requests.get(mirror.id)
         if now is None or now.status != "pending":
             return Batch(specs=[])
+        if st.expired(rt.now()) and not held:
+            return Batch(specs=[])  # closing it is activity, which would revive the parent
         # Its key, unless another call took it here (an older process let it through).
         key = {} if mark is None or taken_by_another(st.keys, mark) else key_fields(mark)
         spec: EventSpec = ("input.resolved", {**data, **key, **kept(st, voted, mark)})

@@ -44,6 +44,7 @@ __all__ = [
     "DriverPart",
     "EventSpec",
     "TurnStopped",
+    "billing",
     "denial",
     "dump_request",
     "ends_drive",
@@ -479,6 +480,12 @@ def spent_in(specs: Sequence[EventSpec]) -> EventSpec | None:
     if all(d.get("cost_reported") for d in billed):
         data["cost_reported"] = True
     return ("model.spent", data)
+
+
+def billing(*usages: Usage | None) -> list[EventSpec]:
+    """The `model.spent` counting `usages` (reviews no event of their answers records), if any."""
+    spent = spent_in([("model.spent", usage_fields(u)) for u in usages if u is not None])
+    return [] if spent is None else [spent]
 
 
 def denial(decision: dict[str, Any]) -> dict[str, Any]:
