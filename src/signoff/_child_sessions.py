@@ -154,7 +154,8 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
     if parent.expired(rt.now()) and parent.agent in rt.agents:
         with contextlib.suppress(SessionExpired):  # recorded first: its mirrors read expired
             await rt._checked(parent.id)
-    if _takes_results(parent, rt.now()) and (
+    held = await rt._held_past_ttl(parent)  # its TTL passed, but a live drive runs it on
+    if _takes_results(parent, rt.now(), held=held) and (
         state.id in _journaled(parent, done=True)
         # Created (its turn started with it) by a call of the parent's turn that has yet to
         # journal it and has no result: that call journals it still, or its retry does.
@@ -201,11 +202,12 @@ async def orphaned_retry(rt: Runtime, session_id: str) -> bool:
     return False
 
 
-def _takes_results(parent: SessionState, now: float) -> bool:
+def _takes_results(parent: SessionState, now: float, *, held: bool = False) -> bool:
     """Whether the parent's turn may still take its delegate calls' results: it runs or waits,
-    or failed in a way a retry resumes, and its session has not passed its TTL."""
+    or failed in a way a retry resumes, and its session has not passed its TTL (or has, with a
+    live drive running it on: `held`, no expiry)."""
     turn = parent.turn
-    if turn is None or parent.expired(now):
+    if turn is None or (parent.expired(now) and not held):
         return False
     return turn.status in ("running", "waiting") or (turn.status == "failed" and turn.retryable)
 
