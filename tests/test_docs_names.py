@@ -317,7 +317,7 @@ def channel_figures() -> list[tuple[str, str, Any, Any]]:
     """The README's figures of the channel hub, its state file and the Slack channel."""
     import inspect
 
-    from signoff.channels import ChannelHub, _given_up, _hub, _state
+    from signoff.channels import ChannelHub, _given_up, _hub_stop, _state
     from signoff.channels.slack import _blocks, _channel, _identity, _inbox, _replies
 
     hub = inspect.signature(ChannelHub).parameters
@@ -326,7 +326,7 @@ def channel_figures() -> list[tuple[str, str, Any, Any]]:
     return [
         (readme, "within a poll (half a second)", hub["poll_interval"].default, 0.5),
         (readme, "a write waits up to five seconds", state["busy_timeout"].default, 5),
-        (readme, "(up to ten seconds)", _hub._STOP_GRACE, 10),
+        (readme, "(up to ten seconds)", _hub_stop.STOP_GRACE, 10),
         (readme, "delivered again once a minute while the hub runs", _given_up.REDO_EVERY, 60),
         (readme, "sent again once a minute while the hub runs", _given_up.REDO_EVERY, 60),
         (readme, "is clipped to 3,000 characters", _blocks._MAX_TEXT, 3000),

@@ -43,6 +43,7 @@ from ._base import (
 from ._claims import Claims
 from ._given_up import note_given_up, redeliver
 from ._hub_standby import Standby
+from ._hub_stop import cut_channels, finish_poll
 from ._hub_trail import behind_the_end, open_requests, start_at
 from ._lease import HubLease
 from ._retries import Retries
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
 __all__ = ["ChannelHub"]
 
 _PAGE = 500
-_STOP_GRACE = 10.0  # seconds: how long stop() lets a poll in progress finish its deliveries
 # The memo (under the hub's key for a channel) of the entries it delivered above its position
 # (past a hole); those it gave up on are `_given_up`'s.
 _DELIVERED = "delivered"
@@ -191,6 +191,7 @@ class ChannelHub(Standby):
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._cut = asyncio.Event()  # set by a forced stop (`cut_short`) until the next start
         self._started = False
 
     @property
@@ -240,6 +241,7 @@ class ChannelHub(Standby):
         for ch in self.channels:  # a standby's channels answer too (e.g. Slack's clicks)
             ch.bind(self.runtime, self._state, hub=self.name)
         self._started = True
+        self._cut = asyncio.Event()
         try:
             # The hubs on this file by this path (only those) succeed each other's claims at once.
             self._claims.bind(await off_loop(self.state.identity), self._path)
@@ -320,7 +322,7 @@ class ChannelHub(Standby):
             # The flag as well as the cancel: Python 3.11's asyncio.wait_for (inside
             # psycopg_pool) can swallow a cancellation, and the loop must end all the same.
             self._stopping = True
-            await self._finish_poll()
+            await finish_poll(self._lock, self._cut, self.name)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -348,28 +350,11 @@ class ChannelHub(Standby):
         self._started = False
 
     def cut_short(self) -> list[asyncio.Task[Any]]:
-        """A forced stop (`serve`'s second signal): each channel cancels the work it runs in
-        the background (`Channel.cut_short`), so that `stop` does not wait for it; the tasks
-        still running, to be given a moment to end."""
-        cut: list[asyncio.Task[Any]] = []
-        for ch in self.channels:
-            try:
-                cut.extend(ch.cut_short())
-            except Exception:
-                logger.exception("channel %s failed to cut its work short", ch.name)
-        return cut
-
-    async def _finish_poll(self) -> None:
-        """Wait (at most `_STOP_GRACE` seconds) for a poll in progress to end, so a delivery the
-        service already has (a Slack post) is saved rather than cut off and made again later."""
-        if not self._lock.locked():
-            return
-        waiter = asyncio.ensure_future(self._lock.acquire())
-        await asyncio.wait({waiter}, timeout=_STOP_GRACE)
-        if not waiter.cancel():  # it took the lock: no await follows until the task is cancelled
-            self._lock.release()
-        else:
-            logger.warning("channel hub %s: stopping in the middle of a delivery", self.name)
+        """A forced stop (`serve`'s second signal): `stop` does not wait for a poll in progress
+        (`finish_poll`), and each channel cancels the work it runs in the background
+        (`Channel.cut_short`); the tasks still running, to be given a moment to end."""
+        self._cut.set()
+        return cut_channels(self.channels)
 
     async def __aenter__(self) -> ChannelHub:
         await self.start()

@@ -57,7 +57,6 @@ from ._webhook_outbox import (
     drop_copy,
     drop_pending,
     keep_copies,
-    kept_in_store,
     take_copies,
     unsent,
 )
@@ -65,6 +64,7 @@ from ._webhook_posts import post_once
 from ._webhook_refusals import REDIRECTED, REFUSED, TOO_LARGE, note_refusal, refusals
 from ._webhook_rounds import Rounds
 from ._webhook_signatures import secret_list, sign_webhook, signed_headers, verify_webhook
+from ._webhook_stop import Stop
 from ._webhook_urls import checked_urls, httpx_module, masked
 from ._webhook_waits import Waits
 from ._webhook_warned import drop_warned, drop_warned_erased, keep_warned, was_warned
@@ -171,6 +171,7 @@ class WebhookChannel(Channel):
         self._unrestored = False  # the deliveries kept by an earlier run are still to be queued
         self._undropped = False  # the store failed to drop the copy of one sent or refused
         self._rounds = Rounds(self)  # the deliveries given up on, sent again in rounds
+        self._stop = Stop(self)  # how `close` waits for the queues to drain
         # URL -> its last failed answer: status (None: no answer), what failed, Retry-After.
         self._answers: dict[str, tuple[int | None, str, float | None]] = {}
         # What each URL's last answer asked with Retry-After, kept for other hubs too.
@@ -184,6 +185,7 @@ class WebhookChannel(Channel):
     # -- what the hub tells it ----------------------------------------------------------------
 
     async def start(self, open_requests: Sequence[InputRequest]) -> None:
+        self._stop = Stop(self)  # not cut short (a forced stop's `cut_short`) any more
         self._ensure_workers()
         for r in open_requests:
             if r.expires_at is not None:
@@ -540,26 +542,18 @@ class WebhookChannel(Channel):
         for queue in self._queues.values():
             await queue.join()
 
+    def cut_short(self) -> list[asyncio.Task[Any]]:
+        """A forced stop (`serve`'s second signal): `close` waits for no delivery, also if it is
+        waiting already; those left unsent are kept for the next start, as at any close."""
+        return self._stop.cut_short()
+
     async def close(self) -> None:
-        """Send what is queued (for up to `timeout` seconds), then stop. Deliveries still unsent
-        are counted in `failed` and logged as an error: the hub's state keeps them for its next
-        start, and the store for a hub's on any state (no hub, or an in-memory state on a
-        store without channel memos, loses them)."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.timeout):
-                await self.drain()
-        lost = len(self._sending) + sum(q.qsize() for q in self._queues.values())
-        if lost:
-            self.failed += lost
-            kept = self._state is not None and (
-                self._state.path != ":memory:" or kept_in_store(self)
-            )
-            logger.error(
-                "webhooks: %s deliveries were not sent within %ss of closing and %s",
-                lost,
-                self.timeout,
-                "are sent when the hub next starts" if kept else "are lost",
-            )
+        """Send what is queued (for up to `timeout` seconds, none once cut short), then stop.
+        Deliveries still unsent are counted in `failed` and logged as an error: the hub's state
+        keeps them for its next start, and the store for a hub's on any state (no hub, or an
+        in-memory state on a store without channel memos, loses them)."""
+        await self._stop.drain()
+        self._stop.count_unsent()
         for task in self._workers:
             task.cancel()
         for task in self._workers:

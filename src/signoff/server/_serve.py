@@ -209,8 +209,8 @@ def serve(
                 context.background.cut_short()
                 loop = self.signalled
                 if hub is not None and loop is not None and not loop.is_closed():
-                    # The turns its channels resumed (a Slack click's), which the hub's stop
-                    # waits for; on the loop, as this runs in a signal handler.
+                    # What the hub's stop waits for: a poll, the turns its channels resumed (a
+                    # Slack click's), unsent webhooks; on the loop, as this is a signal handler.
                     loop.call_soon_threadsafe(hub.cut_short)
 
         async def shutdown(self, sockets: Any = None) -> None:
