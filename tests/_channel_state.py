@@ -14,7 +14,15 @@ import signoff as so
 from signoff.channels import Channel
 from signoff.testing import call, call_tools, scripted_agent
 
-__all__ = ["OLD_LAYOUT", "Seen", "damage_memo", "gated", "old_state_file", "open_one"]
+__all__ = [
+    "OLD_LAYOUT",
+    "Seen",
+    "damage_memo",
+    "erased",
+    "gated",
+    "old_state_file",
+    "open_one",
+]
 
 
 # -- one hub delivers per state file: the others stand by ---------------------------------------
@@ -48,6 +56,16 @@ def gated(tmp_path: Path, store: str | None = None) -> so.Runtime:
 async def open_one(rt: so.Runtime) -> str:
     (request,) = (await rt.generate("ops", prompt="deploy")).pending
     return request.id
+
+
+async def erased(rt: so.Runtime) -> None:
+    """A session with six audit entries (a request asked, answered, its call run, the next
+    asked), deleted: a hole of six ids."""
+    r = await rt.generate("ops", prompt="deploy")
+    await rt.respond(
+        r.session_id, [so.InputResponse(request_id=r.pending[0].id, option_id="approve")]
+    )
+    await rt.delete_session(r.session_id, reason="GDPR request 12", force=True)
 
 
 # -- the file's layout: older ones brought up to date in place, newer ones refused --------------

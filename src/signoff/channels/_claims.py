@@ -1,6 +1,8 @@
 """`Claims`: the claim a `ChannelHub` holds in the runtime's store on delivering to each of its
 channels, so hubs in any processes sharing the store (on any machines, with any channel state)
 deliver each entry to a channel once.
+Beside it, in a memo of the store's (`delivered`), the hub keeps the entries it delivered above
+the position saved in it (past a hole in the ids), which the hub that takes it next skips.
 
 A claim names the hub and the channel (as the hub's file lock does), its owner (this hub) and
 when it lapses; the delivering hub renews it at its polls, saving the position it reached, and
@@ -20,11 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import secrets
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
+
+from ._base import logger
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -38,6 +43,9 @@ MARGIN = 0.1
 # Seconds within which a claim given back or lapsed passes its position on to the hub that
 # takes it next; a hub taking an older one (with no position of its own) starts at the end.
 FRESH = 600.0
+# The key of the memo (`<hub>.<channel>:hub:delivered`) of the entries delivered above the
+# claim's position; no channel's own memo key starts with `hub:`.
+DELIVERED = "hub:delivered"
 
 
 class Claims:
@@ -181,3 +189,38 @@ class Claims:
                     self.name(channel), self.owner, self.ttl, self.now(), after_id=position
                 )
             await self.store.release_channel(self.name(channel), self.owner, self.now())
+
+    def _memos(self) -> Any:
+        """The store, if it keeps memos beside the claims (not one of an earlier signoff)."""
+        store = self.store
+        return store if self.kept and hasattr(store, "keep_channel_memos") else None
+
+    async def delivered(self, channel: str) -> list[int]:
+        """The ids the hubs holding the claim on `channel` before delivered above the position
+        they saved in it (`keep_delivered`); none if the store keeps none, or unreadable."""
+        store = self._memos()
+        if store is None or not hasattr(store, "channel_memo"):
+            return []
+        name = f"{self.name(channel)}:{DELIVERED}"
+        raw = await store.channel_memo(name)
+        if raw is None:
+            return []
+        try:
+            ids = json.loads(raw)
+        except ValueError:
+            ids = None
+        if not isinstance(ids, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in ids
+        ):
+            logger.warning("the channel memo %s in the store is unreadable", name)
+            return []
+        return ids
+
+    async def keep_delivered(self, channel: str, ids: list[int]) -> None:
+        """Keep (or, with none, drop) the ids delivered above the position saved in the claim
+        on `channel`, for the hub that takes it next (on this state or another)."""
+        store = self._memos()
+        if store is None:
+            return
+        text = json.dumps(ids, separators=(",", ":")) if ids else None
+        await store.keep_channel_memos({f"{self.name(channel)}:{DELIVERED}": text}, self.now())

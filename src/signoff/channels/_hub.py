@@ -42,6 +42,7 @@ from ._base import (
 )
 from ._claims import Claims
 from ._given_up import note_given_up, redeliver
+from ._hub_holes import Holes, advanced
 from ._hub_standby import Standby
 from ._hub_stop import cut_channels, finish_poll
 from ._hub_trail import behind_the_end, open_requests, start_at
@@ -76,7 +77,8 @@ class ChannelHub(Standby):
     exclude each other by a claim in it (`_claims`): the delivering hub renews it at its polls
     with the position it reached, and in the background while a poll takes longer; a standby
     takes it once it is given back (within two seconds) or lapses `claim_ttl` seconds after its
-    hub died or stalled, and goes on from that position. A
+    hub died or stalled, and goes on from that position, skipping the entries the hub before
+    delivered above it (past a hole), which it keeps beside the claim. A
     channel's positions and memos (Slack's messages, webhooks not yet sent) are the hub's own
     too: hubs of different names keep theirs apart on one file, also for channels of the same
     name. Hub and channel names must not contain `:`
@@ -187,7 +189,8 @@ class ChannelHub(Standby):
         self._given_up_at: dict[str, float] = {}
         self._seen: dict[str, set[int]] = {}
         self._kept: dict[str, list[int]] = {}  # `_seen` as saved in the state
-        self._gaps: dict[int, float] = {}
+        self._shared: dict[str, list[int]] = {}  # ... and beside the claim in the store
+        self._holes = Holes()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -270,11 +273,14 @@ class ChannelHub(Standby):
         for ch in channels:
             saved = await off_loop(self.state.position, self._key(ch))
             shared = self._claims.saved.pop(ch.name, None)
+            # What the hubs before (on any state) delivered, or passed over at a first start,
+            # past the position they saved: not delivered again.
+            past = await self._claims.delivered(ch.name)
+            self._shared[ch.name] = past
             if shared is not None and (saved is None or shared > saved):
                 # Where a hub on another state stopped: what it delivered is not delivered again.
                 saved = shared
                 await off_loop(self.state.set_position, self._key(ch), saved)
-                self._seen[ch.name] = set()
             if saved is None:
                 if start is None:
                     start = await start_at(self.runtime.store, _PAGE)
@@ -284,11 +290,16 @@ class ChannelHub(Standby):
             elif saved > 0 and not await self.runtime.store.audit(after_id=saved - 1, limit=1):
                 saved = await behind_the_end(self.runtime.store, self.state, self._key(ch), saved)
                 self._seen[ch.name] = set()  # the ids are taken again
-            else:  # what the hub before delivered past a hole, not to be delivered again
+                past = []
+            else:  # what the hub before on this state delivered past a hole
                 kept = await off_loop(self.state.recall, self._key(ch), _DELIVERED)
                 self._kept[ch.name] = kept if isinstance(kept, list) else []
                 self._seen[ch.name] = {i for i in self._kept[ch.name] if _whole(i) and i > saved}
+            self._seen[ch.name].update(i for i in past if i > saved)
             self._positions[ch.name] = saved
+            # The position this hub goes on from, in the claim before the ids below it leave
+            # its memo (a first start's, which a hub taking over would otherwise go back from).
+            await self._claims.renew(ch.name, saved)
             await self._keep_seen(ch)
         self._active.update(ch.name for ch in channels)
         if channels:
@@ -451,17 +462,16 @@ class ChannelHub(Standby):
                 cursor = top = entries[-1].id
             if len(entries) < _PAGE:
                 break
+        self._holes.read(top, time.monotonic())
         for ch in live:
             if ch.name in self._claims.held:  # else another hub's now: it moves on from its own
                 await self._advance(ch, top, present)
         return total
 
     async def _advance(self, ch: Channel, top: int, present: set[int]) -> None:
-        """Move a channel's saved position over every id it handled, up to the first hole.
+        """Move a channel's saved position (its state's, then its claim's) over every id it
+        handled, and over the holes whose wait is over (`_hub_holes`).
 
-        Ids are assigned before commit, so on PostgreSQL a lower id can become visible after a
-        higher one: a missing id holds the position back until it shows up (it is delivered
-        then) or `gap_timeout` passes (a rolled-back transaction leaves a permanent hole).
         A hole below an entry the channel has not handled yet (it failed, or waits for its
         retry) holds it back too: it may be a close its session's deletion erased, which that
         deletion's entry, read later, tells only while the close is above the position
@@ -470,37 +480,31 @@ class ChannelHub(Standby):
         seen = self._seen.setdefault(ch.name, set())
         pos = self._positions[ch.name]
         held = any(i > pos and i not in seen for i in present)
-        now = time.monotonic()
-        while pos < top:
-            nxt = pos + 1
-            if nxt in seen:
-                seen.discard(nxt)
-            elif nxt in present:
-                break  # fetched but not handled: the channel failed on it
-            else:
-                since = self._gaps.setdefault(nxt, now)
-                if held or now - since < self.gap_timeout:
-                    break
-            pos = nxt
+        passed = self._holes.passed(self.gap_timeout, time.monotonic())
+        pos = advanced(pos, top, present, seen, held=held, passed=passed)
         if pos != self._positions[ch.name]:
             self._positions[ch.name] = pos
             await off_loop(self.state.set_position, self._key(ch), pos)
-            low = min(self._positions[n] for n in self._active)
-            for gap in [g for g in self._gaps if g <= low]:
-                del self._gaps[gap]
+            # Before the ids past it leave the claim's memo (`_keep_seen`): a hub taking over
+            # from the position before would deliver them again.
+            await self._claims.renew(ch.name, pos)
+            self._holes.forget(min(self._positions[n] for n in self._active))
         await self._keep_seen(ch)
 
     async def _keep_seen(self, ch: Channel) -> None:
-        """Save the entries delivered above the channel's position (past a hole, on PostgreSQL)
-        where they changed: a hub that takes over from the position skips them."""
+        """Save the entries delivered (or passed over at a first start) above the channel's
+        position where they changed, in its state and beside its claim in the store: a hub
+        that takes over from the position, on this state or another, skips them."""
         ids = sorted(self._seen.get(ch.name, ()))
-        if ids == self._kept.get(ch.name, []):
-            return
-        if ids:
-            await off_loop(self.state.remember, self._key(ch), _DELIVERED, ids)
-        else:
-            await off_loop(self.state.forget, self._key(ch), _DELIVERED)
-        self._kept[ch.name] = ids
+        if ids != self._kept.get(ch.name, []):
+            if ids:
+                await off_loop(self.state.remember, self._key(ch), _DELIVERED, ids)
+            else:
+                await off_loop(self.state.forget, self._key(ch), _DELIVERED)
+            self._kept[ch.name] = ids
+        if ids != self._shared.get(ch.name, []) and ch.name in self._claims.held:
+            await self._claims.keep_delivered(ch.name, ids)
+            self._shared[ch.name] = ids
 
     async def _dispatch(self, entry: AuditEntry, blocked: set[str]) -> int:
         """Deliver one entry to every channel that has not had it; 1 if any handled it."""
