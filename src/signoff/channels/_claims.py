@@ -2,7 +2,8 @@
 channels, so hubs in any processes sharing the store (on any machines, with any channel state)
 deliver each entry to a channel once.
 Beside it, in a memo of the store's (`delivered`), the hub keeps the entries it delivered above
-the position saved in it (past a hole in the ids), which the hub that takes it next skips.
+the position saved in it (past a hole in the ids), which the hub that takes it next skips; it
+writes both together, and only while the claim still names it (`renew`).
 
 A claim names the hub and the channel (as the hub's file lock does), its owner (this hub) and
 when it lapses; the delivering hub renews it at its polls, saving the position it reached, and
@@ -149,22 +150,43 @@ class Claims:
             return self.ttl / 3
         return max(0.0, min(times) + self.ttl / 3 - time.monotonic())
 
-    async def renew(self, channel: str, position: int, *, force: bool = False) -> bool:
+    async def renew(
+        self,
+        channel: str,
+        position: int,
+        *,
+        force: bool = False,
+        delivered: list[int] | None = None,
+    ) -> bool:
         """Keep the claim on `channel`, saving `position` in it, when a third of `ttl` has
-        passed since the last renewal or the position moved (or `force`); False if another
-        hub took it meanwhile (this one stalled past `ttl`), or it was lost or given back
-        before (only `take` claims it again)."""
+        passed since the last renewal or the position moved (or `force`, or `delivered` is
+        given: the ids delivered above `position`, kept beside it in the same write); False
+        if another hub took it meanwhile (this one stalled past `ttl`), even one that gave it
+        back since, or it was lost or given back before (only `take` claims it again)."""
         if not self.kept:
             return True
+        memos = None
+        if delivered is not None and self._memos() is not None:
+            text = json.dumps(delivered, separators=(",", ":")) if delivered else None
+            memos = {f"{self.name(channel)}:{DELIVERED}": text}
         async with self._writing:  # one at a time: a second one finds the first's done
             if channel not in self.held:
                 return False
             at, kept = self._renewed.get(channel, (0.0, None))
-            if not force and kept == position and time.monotonic() - at < self.ttl / 3:
+            recent = time.monotonic() - at < self.ttl / 3
+            if not force and memos is None and kept == position and recent:
                 return True
             asked = time.monotonic()
+            # Only while the claim still names this hub: one that took it meanwhile went on
+            # from its position and memo, which this one's must not overwrite.
             held, _, _ = await self.store.claim_channel(
-                self.name(channel), self.owner, self.ttl, self.now(), after_id=position
+                self.name(channel),
+                self.owner,
+                self.ttl,
+                self.now(),
+                after_id=position,
+                renewing=True,
+                memos=memos,
             )
             if not held:
                 self.held.discard(channel)
@@ -186,7 +208,12 @@ class Claims:
         async with self._writing:  # after a renewal under way, not before it
             if position is not None:
                 await self.store.claim_channel(
-                    self.name(channel), self.owner, self.ttl, self.now(), after_id=position
+                    self.name(channel),
+                    self.owner,
+                    self.ttl,
+                    self.now(),
+                    after_id=position,
+                    renewing=True,
                 )
             await self.store.release_channel(self.name(channel), self.owner, self.now())
 
@@ -197,7 +224,7 @@ class Claims:
 
     async def delivered(self, channel: str) -> list[int]:
         """The ids the hubs holding the claim on `channel` before delivered above the position
-        they saved in it (`keep_delivered`); none if the store keeps none, or unreadable."""
+        they saved in it (`renew`'s `delivered`); none if the store keeps none, or unreadable."""
         store = self._memos()
         if store is None or not hasattr(store, "channel_memo"):
             return []
@@ -215,12 +242,3 @@ class Claims:
             logger.warning("the channel memo %s in the store is unreadable", name)
             return []
         return ids
-
-    async def keep_delivered(self, channel: str, ids: list[int]) -> None:
-        """Keep (or, with none, drop) the ids delivered above the position saved in the claim
-        on `channel`, for the hub that takes it next (on this state or another)."""
-        store = self._memos()
-        if store is None:
-            return
-        text = json.dumps(ids, separators=(",", ":")) if ids else None
-        await store.keep_channel_memos({f"{self.name(channel)}:{DELIVERED}": text}, self.now())

@@ -297,10 +297,9 @@ class ChannelHub(Standby):
                 self._seen[ch.name] = {i for i in self._kept[ch.name] if _whole(i) and i > saved}
             self._seen[ch.name].update(i for i in past if i > saved)
             self._positions[ch.name] = saved
-            # The position this hub goes on from, in the claim before the ids below it leave
-            # its memo (a first start's, which a hub taking over would otherwise go back from).
-            await self._claims.renew(ch.name, saved)
-            await self._keep_seen(ch)
+            # The position this hub goes on from (a first start's, which a hub taking over
+            # would otherwise go back from) with the ids past it, in one write.
+            await self._keep_seen(ch, moved=True)
         self._active.update(ch.name for ch in channels)
         if channels:
             open_requests = await self._open_requests()
@@ -482,19 +481,19 @@ class ChannelHub(Standby):
         held = any(i > pos and i not in seen for i in present)
         passed = self._holes.passed(self.gap_timeout, time.monotonic())
         pos = advanced(pos, top, present, seen, held=held, passed=passed)
-        if pos != self._positions[ch.name]:
+        moved = pos != self._positions[ch.name]
+        if moved:
             self._positions[ch.name] = pos
             await off_loop(self.state.set_position, self._key(ch), pos)
-            # Before the ids past it leave the claim's memo (`_keep_seen`): a hub taking over
-            # from the position before would deliver them again.
-            await self._claims.renew(ch.name, pos)
             self._holes.forget(min(self._positions[n] for n in self._active))
-        await self._keep_seen(ch)
+        await self._keep_seen(ch, moved=moved)
 
-    async def _keep_seen(self, ch: Channel) -> None:
+    async def _keep_seen(self, ch: Channel, *, moved: bool) -> None:
         """Save the entries delivered (or passed over at a first start) above the channel's
-        position where they changed, in its state and beside its claim in the store: a hub
-        that takes over from the position, on this state or another, skips them."""
+        position where they changed, in its state and, with the position (if `moved`), in its
+        claim in the store: a hub that takes over from the position, on this state or
+        another, skips them. The claim's are written together, and only while it still names
+        this hub: one that took it over (this hub stalled) keeps its own."""
         ids = sorted(self._seen.get(ch.name, ()))
         if ids != self._kept.get(ch.name, []):
             if ids:
@@ -502,9 +501,12 @@ class ChannelHub(Standby):
             else:
                 await off_loop(self.state.forget, self._key(ch), _DELIVERED)
             self._kept[ch.name] = ids
-        if ids != self._shared.get(ch.name, []) and ch.name in self._claims.held:
-            await self._claims.keep_delivered(ch.name, ids)
-            self._shared[ch.name] = ids
+        shared = None if ids == self._shared.get(ch.name, []) else ids
+        if shared is None and not moved:
+            return
+        pos = self._positions[ch.name]
+        if await self._claims.renew(ch.name, pos, delivered=shared) and shared is not None:
+            self._shared[ch.name] = shared
 
     async def _dispatch(self, entry: AuditEntry, blocked: set[str]) -> int:
         """Deliver one entry to every channel that has not had it; 1 if any handled it."""

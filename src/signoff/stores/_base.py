@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -467,13 +467,19 @@ class Store(Protocol):
         *,
         after_id: int | None = None,
         succeeds: str | None = None,
+        renewing: bool = False,
+        memos: Mapping[str, str | None] | None = None,
     ) -> tuple[bool, int | None, float | None]:
         """Take or keep the claim `name` (a channel hub's on a channel) for `owner` until
         `now + ttl`, if it is free, lapsed or `owner`'s (or its owner's name starts with
         `succeeds`): `(True, the position saved in it, when it lapsed or was given back)`,
-        saving `after_id` first if given; else `(False, None, None)`. A store with a clock of
-        its own (PostgreSQL) times claims by it rather than by `now`. A store without it (an
-        earlier signoff's) leaves each hub to deliver on its own."""
+        saving `after_id` first if given; else `(False, None, None)`. With `renewing`, only
+        while it still names `owner` (a hub's renewal never takes back a claim another hub
+        took, even one given back since); `memos` (as `keep_channel_memos` takes them) are kept
+        in the same transaction, only if the claim is held. A store with a clock of its own
+        (PostgreSQL) times claims by it rather than by `now`. A store without it (an earlier
+        signoff's) leaves each hub to deliver on its own; one written before it took
+        `renewing` and `memos` must take them to be used by this signoff."""
         ...
 
     async def release_channel(self, name: str, owner: str, now: float) -> None:

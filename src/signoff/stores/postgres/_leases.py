@@ -396,32 +396,59 @@ class Leases(Connections):
         *,
         after_id: int | None = None,
         succeeds: str | None = None,
+        renewing: bool = False,
+        memos: Mapping[str, str | None] | None = None,
     ) -> tuple[bool, int | None, float | None]:
         """Take or keep the claim `name` (a hub's on a channel) for `owner` until `ttl` seconds
         from now: it is free, lapsed or `owner`'s already. `(True, the position saved in it,
         when it lapsed or was given back or lapses)`, saving `after_id` first if given (`None`
         for a claim never taken before); `(False, None, None)` while another owner holds it. An
         owner whose name starts with `succeeds` is taken over at once, lapsed or not (the caller
-        knows it is gone). Now is the database's clock at the statement, not `now`: a process's
-        reckoning of it is measured when it opens and goes stale (the server's clock stepped,
-        say by a failover), and two hubs would then both deliver."""
+        knows it is gone). `renewing`: kept only while it still names `owner`, lapsed or not
+        (not taken back once another took it, even given back since). `memos` (as
+        `keep_channel_memos` takes them) are kept in the same statement, if it is held. Now is
+        the database's clock at the statement, not `now`: a process's reckoning of it is
+        measured when it opens and goes stale (the server's clock stepped, say by a
+        failover), and two hubs would then both deliver."""
         s = self._s
-        heir = "" if succeeds is None else " OR left(c.owner, %s) = %s"
-        args: tuple[Any, ...] = (name, name, owner, ttl, after_id)
-        args += () if succeeds is None else (len(succeeds), succeeds)
-
-        async def body(conn: Conn) -> tuple[bool, int | None, float | None]:
-            # `was` reads the row as it stood before this statement: when it lapsed.
-            cur = await conn.execute(
-                f"WITH was AS (SELECT expires_at FROM {s}.channel_claims WHERE name = %s) "
+        given = memos or {}
+        names = checked_memos(given)
+        # `was` reads the row as it stood before this statement: when it lapsed.
+        sql = f"WITH was AS (SELECT expires_at FROM {s}.channel_claims WHERE name = %s), k AS ("
+        args: list[Any] = [name]
+        if renewing:
+            sql += (
+                f"UPDATE {s}.channel_claims AS c SET expires_at={_NOW} + %s::float8, "
+                "after_id=COALESCE(%s::bigint, c.after_id) WHERE name = %s AND owner = %s "
+            )
+            args += [ttl, after_id, name, owner]
+        else:
+            heir = "" if succeeds is None else " OR left(c.owner, %s) = %s"
+            sql += (
                 f"INSERT INTO {s}.channel_claims AS c (name, owner, expires_at, after_id) "
                 f"VALUES (%s, %s, {_NOW} + %s::float8, %s::bigint) ON CONFLICT (name) DO UPDATE "
                 "SET owner=excluded.owner, expires_at=excluded.expires_at, "
                 "after_id=COALESCE(excluded.after_id, c.after_id) "
                 f"WHERE c.owner IN ('', excluded.owner) OR c.expires_at <= {_NOW}{heir} "
-                "RETURNING after_id, (SELECT expires_at FROM was)",
-                args,
             )
+            args += [name, owner, ttl, after_id]
+            args += [] if succeeds is None else [len(succeeds), succeeds]
+        sql += "RETURNING after_id, (SELECT expires_at FROM was) AS was_at)"
+        if names:  # only where `k` kept the claim: its rows are the memos' (names with a `:`)
+            kept = [n for n in names if given[n] is not None]
+            sql += (
+                f", d AS (DELETE FROM {s}.channel_claims "
+                "WHERE name = ANY(%s::text[]) AND EXISTS (SELECT 1 FROM k)), "
+                f"m AS (INSERT INTO {s}.channel_claims AS c (name, owner, expires_at) "
+                f"SELECT n, v, {_NOW} FROM unnest(%s::text[], %s::text[]) AS t(n, v) "
+                "WHERE EXISTS (SELECT 1 FROM k) ON CONFLICT (name) DO UPDATE "
+                "SET owner=excluded.owner, expires_at=excluded.expires_at)"
+            )
+            args += [[n for n in names if given[n] is None], kept, [given[n] for n in kept]]
+        sql += " SELECT after_id, was_at FROM k"
+
+        async def body(conn: Conn) -> tuple[bool, int | None, float | None]:
+            cur = await conn.execute(sql, args)
             row = await cur.fetchone()
             return (False, None, None) if row is None else (True, row[0], row[1])
 

@@ -273,13 +273,18 @@ class Leases(Connection):
         *,
         after_id: int | None = None,
         succeeds: str | None = None,
+        renewing: bool = False,
+        memos: Mapping[str, str | None] | None = None,
     ) -> tuple[bool, int | None, float | None]:
         """Take or keep the claim `name` (a hub's on a channel) for `owner` until `now + ttl`:
         it is free, lapsed or `owner`'s already. `(True, the position saved in it, when it
         lapsed or was given back or lapses)`, saving `after_id` first if given (`None` for a
         claim never taken before); `(False, None, None)` while another owner holds it. An owner
         whose name starts with `succeeds` is taken over at once, lapsed or not (the caller
-        knows it is gone)."""
+        knows it is gone). `renewing`: kept only while it still names `owner`, lapsed or not
+        (not taken back once another took it, even given back since). `memos` (as
+        `keep_channel_memos` takes them) are kept in the same transaction, if it is held."""
+        names = checked_memos(memos or {})
         conn = self.conn
         self._before(CHANNEL_CLAIMED)
         with immediate(conn, self._writable, self.path):
@@ -295,6 +300,8 @@ class Leases(Connection):
                 heir = succeeds is not None and str(held_by).startswith(succeeds)
                 if held_by not in ("", owner) and until > now and not heir:
                     return False, None, None
+            if renewing and (row is None or row[0] != owner):
+                return False, None, None
             conn.execute(
                 "INSERT INTO channel_claims (name, owner, expires_at, after_id) "
                 "VALUES (?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET owner=excluded.owner, "
@@ -302,6 +309,7 @@ class Leases(Connection):
                 "after_id=COALESCE(excluded.after_id, channel_claims.after_id)",
                 (name, owner, now + ttl, after_id),
             )
+            _keep_memos(conn, names, memos or {}, now)
         self._after(CHANNEL_CLAIMED)
         if row is None:
             return True, after_id, None
@@ -334,17 +342,7 @@ class Leases(Connection):
             conn.execute("PRAGMA synchronous=FULL")
         try:
             with immediate(conn, self._writable, self.path):
-                for name in names:
-                    value = memos[name]
-                    if value is None:
-                        conn.execute("DELETE FROM channel_claims WHERE name=?", (name,))
-                        continue
-                    conn.execute(
-                        "INSERT INTO channel_claims (name, owner, expires_at, after_id) "
-                        "VALUES (?, ?, ?, NULL) ON CONFLICT (name) DO UPDATE SET "
-                        "owner=excluded.owner, expires_at=excluded.expires_at",
-                        (name, value, now),
-                    )
+                _keep_memos(conn, names, memos, now)
         finally:
             if durable:
                 conn.execute("PRAGMA synchronous=NORMAL")
@@ -428,3 +426,20 @@ class Leases(Connection):
         finally:
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
         self._after("wal.fold")
+
+
+def _keep_memos(
+    conn: sqlite3.Connection, names: list[str], memos: Mapping[str, str | None], now: float
+) -> None:
+    """Keep each of the memos `names` (checked) in the transaction under way, or drop it."""
+    for name in names:
+        value = memos[name]
+        if value is None:
+            conn.execute("DELETE FROM channel_claims WHERE name=?", (name,))
+            continue
+        conn.execute(
+            "INSERT INTO channel_claims (name, owner, expires_at, after_id) "
+            "VALUES (?, ?, ?, NULL) ON CONFLICT (name) DO UPDATE SET "
+            "owner=excluded.owner, expires_at=excluded.expires_at",
+            (name, value, now),
+        )
