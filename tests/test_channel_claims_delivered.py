@@ -311,3 +311,51 @@ async def test_a_renewal_keeps_only_a_claim_that_still_names_its_owner(store_url
         assert await s.channel_memo(memo) == "[7,8]"
         held, saved, _ = await s.claim_channel("hub.slack", "c", ttl, now)
         assert held and saved == 6  # b's position, given back
+
+
+async def test_a_store_class_whose_claim_channel_predates_renewing_still_runs_a_hub(
+    tmp_path: Path,
+) -> None:
+    """A store class of an application's own, with `claim_channel` as the Store protocol had it
+    before `renewing` and `memos`: the hub's renewals leave them out (as then) rather than fail
+    its start with a TypeError, and it delivers."""
+    from signoff.stores.sqlite import SQLiteStore
+    from signoff.testing import call, call_tools, scripted_agent
+
+    class OwnStore(SQLiteStore):
+        async def claim_channel(  # type: ignore[override]
+            self,
+            name: str,
+            owner: str,
+            ttl: float,
+            now: float,
+            *,
+            after_id: int | None = None,
+            succeeds: str | None = None,
+        ) -> Any:
+            return await super().claim_channel(
+                name, owner, ttl, now, after_id=after_id, succeeds=succeeds
+            )
+
+    @so.tool(approval=so.always())
+    async def deploy(env: str) -> str:
+        """Deploy."""
+        return env
+
+    agent = scripted_agent(
+        "ops", [call_tools(call("deploy", env="prod"))], tools=[deploy], repeat_last=True
+    )
+    seen = Seen()
+    own: Any = OwnStore(f"sqlite:///{tmp_path / 's.db'}")  # not the Store protocol's any more
+    async with so.Runtime([agent], store=own) as rt:
+        hub = ChannelHub(rt, [seen], poll_interval=0.05)
+        await hub.start()
+        try:
+            r = await rt.generate("ops", prompt="ship it")
+            for _ in range(200):
+                if seen.opened:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            await hub.stop()
+    assert seen.opened == [r.pending[0].id]

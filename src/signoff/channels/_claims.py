@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 import os
 import secrets
@@ -67,6 +68,7 @@ class Claims:
         self._renewed: dict[str, tuple[float, int | None]] = {}
         self._tried_at: float | None = None  # monotonic time of the last try for free claims
         self._writing = asyncio.Lock()  # renewals (the poll's, the keeper's) and give-backs
+        self._checked: bool | None = None  # whether the store's renewals name their owner
 
     def bind(self, state_id: str, state_path: str) -> None:
         """Name the state this hub is on: its file's own id (`ChannelState.identity`) and the
@@ -185,8 +187,7 @@ class Claims:
                 self.ttl,
                 self.now(),
                 after_id=position,
-                renewing=True,
-                memos=memos,
+                **self._renewing(memos),
             )
             if not held:
                 self.held.discard(channel)
@@ -213,9 +214,24 @@ class Claims:
                     self.ttl,
                     self.now(),
                     after_id=position,
-                    renewing=True,
+                    **self._renewing(None),
                 )
             await self.store.release_channel(self.name(channel), self.owner, self.now())
+
+    def _renewing(self, memos: dict[str, str | None] | None) -> dict[str, Any]:
+        """`claim_channel`'s keywords for a renewal: kept only while the claim names this hub,
+        `memos` in the same write; none for a store class of an application's own written
+        before they were (its renewals as then, and no memo kept: a takeover on another state
+        may deliver again what this hub delivered past a hole)."""
+        if self._checked is None:
+            try:
+                params = list(inspect.signature(self.store.claim_channel).parameters.values())
+            except (TypeError, ValueError):  # its signature cannot tell: take it as current
+                params = [inspect.Parameter("renewing", inspect.Parameter.KEYWORD_ONLY)]
+            self._checked = any(
+                p.name == "renewing" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params
+            )
+        return {"renewing": True, "memos": memos} if self._checked else {}
 
     def _memos(self) -> Any:
         """The store, if it keeps memos beside the claims (not one of an earlier signoff)."""
