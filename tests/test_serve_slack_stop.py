@@ -18,20 +18,11 @@ import pytest
 import signoff as so
 from signoff.stores import SQLiteStore
 from tests._cli import ROOT, _free_port
+from tests._serve_lines import ended, line
 from tests._slack import FakeSlack, click, fake, sign
 from tests._slack_serve_child import napper
 
 __all__ = ["fake"]  # the fixture, used by name
-
-
-async def _line(child: asyncio.subprocess.Process, text: str) -> None:
-    """Read `child`'s stderr up to a line holding `text`; it ending first fails the test."""
-    assert child.stderr is not None
-    while True:
-        line = (await asyncio.wait_for(child.stderr.readline(), 30)).decode()
-        assert line, f"it ended before printing {text!r}"
-        if text in line:
-            return
 
 
 async def _park(rt: so.Runtime) -> tuple[str, str]:
@@ -62,7 +53,7 @@ async def _serving(
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
     )
     try:
-        await _line(child, "Application startup complete")
+        await line(child, "Application startup complete")
         yield child, port
     finally:
         if child.returncode is None:
@@ -89,14 +80,6 @@ async def _napping(rt: so.Runtime, *session_ids: str) -> None:
         while "tool.started" not in await _types(rt, session_id):
             assert time.monotonic() < deadline, f"the nap of {session_id} never began"
             await asyncio.sleep(0.05)
-
-
-async def _ended(child: asyncio.subprocess.Process) -> str | None:
-    """`child`'s stderr to its end, once it ends within 10 s; None if it still runs then."""
-    try:
-        return (await asyncio.wait_for(child.communicate(), 10))[1].decode()
-    except TimeoutError:
-        return None
 
 
 async def _types(rt: so.Runtime, session_id: str) -> list[str]:
@@ -128,9 +111,9 @@ async def test_a_second_signal_cuts_short_the_turn_a_slack_click_resumed(
             await _press_approve(port, request_id)
             await _napping(rt, session_id)
             child.send_signal(sig)
-            await _line(child, "Waiting for application shutdown")
+            await line(child, "Waiting for application shutdown")
             child.send_signal(sig)
-            rest = await _ended(child)
+            rest = await ended(child)
             assert rest is not None, "serve still ran 10 s after its second signal"
         assert child.returncode == (130 if sig == signal.SIGINT else -signal.SIGTERM), rest
         assert "Traceback" not in rest and "CancelledError" not in rest, rest
@@ -164,9 +147,9 @@ async def test_a_second_signal_while_a_request_runs_cuts_short_the_turn_a_click_
                 try:
                     await _napping(rt, posted)
                     child.send_signal(signal.SIGTERM)
-                    await _line(child, "Waiting for connections to close")
+                    await line(child, "Waiting for connections to close")
                     child.send_signal(signal.SIGTERM)
-                    rest = await _ended(child)
+                    rest = await ended(child)
                 finally:
                     with contextlib.suppress(httpx.HTTPError):
                         await approving  # cut off with the server

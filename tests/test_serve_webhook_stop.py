@@ -18,25 +18,8 @@ import signoff as so
 from signoff.channels import ChannelHub, WebhookChannel, verify_webhook
 from tests._cli import ROOT, _free_port
 from tests._hanging_receiver import receiving
+from tests._serve_lines import ended, line
 from tests._webhook_serve_child import SECRET, refunder
-
-
-async def _line(child: asyncio.subprocess.Process, text: str) -> None:
-    """Read `child`'s stderr up to a line holding `text`; it ending first fails the test."""
-    assert child.stderr is not None
-    while True:
-        line = (await asyncio.wait_for(child.stderr.readline(), 30)).decode()
-        assert line, f"it ended before printing {text!r}"
-        if text in line:
-            return
-
-
-async def _ended(child: asyncio.subprocess.Process) -> str | None:
-    """`child`'s stderr to its end, once it ends within 10 s; None if it still runs then."""
-    try:
-        return (await asyncio.wait_for(child.communicate(), 10))[1].decode()
-    except TimeoutError:
-        return None
 
 
 @contextlib.asynccontextmanager
@@ -59,7 +42,7 @@ async def _serving(
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
     )
     try:
-        await _line(child, "Application startup complete")
+        await line(child, "Application startup complete")
         yield child
     finally:
         if child.returncode is None:
@@ -82,9 +65,9 @@ async def test_a_second_signal_stops_serve_at_once_and_the_next_start_sends_the_
             (request,) = parked.pending
             await asyncio.wait_for(receiver.reached.wait(), 30)
             child.send_signal(sig)
-            await _line(child, "Waiting for application shutdown")
+            await line(child, "Waiting for application shutdown")
             child.send_signal(sig)
-            rest = await _ended(child)
+            rest = await ended(child)
             assert rest is not None, "serve still ran 10 s after its second signal"
         assert child.returncode == (130 if sig == signal.SIGINT else -signal.SIGTERM), rest
         assert "Traceback" not in rest and "CancelledError" not in rest, rest
