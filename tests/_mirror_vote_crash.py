@@ -30,11 +30,12 @@ CAROL = so.Principal(authenticator="okta", principal_id="carol")
 KEY = "vote-1"
 
 
-def agents(ran: list[str], after: Counted) -> list[so.Agent]:
-    """A support agent delegating refund 1042 to billing, whose refund two people approve; the
-    support agent's model, once the delegate call ends (or a message steers it), is `after`."""
+def agents(ran: list[str], after: Counted, distinct: bool = True) -> list[so.Agent]:
+    """A support agent delegating refund 1042 to billing, whose refund two people approve (two
+    approvals by one person when not `distinct`); the support agent's model, once the delegate
+    call ends (or a message steers it), is `after`."""
 
-    @so.tool(approval=so.always(approvers=2))
+    @so.tool(approval=so.always(approvers=2, distinct=distinct))
     async def refund(order_id: str) -> str:
         """Refund an order."""
         ran.append(order_id)

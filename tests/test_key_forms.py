@@ -17,7 +17,9 @@ from signoff import _idempotency, _mirror_keys, _mirrors
 from signoff._messages import Messages
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent, store_contents
 
+from ._mirror_vote_crash import agents
 from ._response_policies import refund_agent
+from ._subagents import Counted
 from .test_idempotency_records import _scoped_before
 
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
@@ -27,26 +29,7 @@ DANA_NONE = so.Principal(authenticator="okta", principal_id="dana")  # another p
 
 def _delegating(ran: list[str], distinct: bool = True) -> list[so.Agent]:
     """A support agent delegating refund 1042 to billing, whose refund two approve."""
-
-    @so.tool(approval=so.always(approvers=2, distinct=distinct))
-    async def refund(order_id: str) -> str:
-        """Refund an order."""
-        ran.append(order_id)
-        return "refunded"
-
-    child = scripted_agent(
-        "billing",
-        [call_tools(call("refund", call_id="c1", order_id="1042")), reply("done")],
-        tools=[refund],
-        repeat_last=True,
-    )
-    parent = scripted_agent(
-        "support",
-        [call_tools(call("billing", call_id="d1", message="Refund 1042")), reply("Done.")],
-        tools=[so.delegate("billing", description="Billing specialist.")],
-        repeat_last=True,
-    )
-    return [parent, child]
+    return agents(ran, Counted("Done."), distinct=distinct)
 
 
 def _parent_keeps(m: pytest.MonkeyPatch, how: str) -> None:
