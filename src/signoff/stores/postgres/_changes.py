@@ -95,7 +95,7 @@ class Listener:
                     found = await head(session_id)
                     if found is None:
                         raise UnknownSession(session_id)
-                    if found > after:
+                    if found != after:  # past it, or behind it: the store lost what was read
                         return True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -125,7 +125,8 @@ class Listener:
 
     async def _rechecking(self, heads: Callable[[list[str]], Awaitable[dict[str, int]]]) -> None:
         """The safety net against a lost notification, shared by every wait given `after`: each
-        `poll_interval`, one read of all their sessions' heads wakes those whose head moved on.
+        `poll_interval`, one read of all their sessions' heads wakes those whose head moved on
+        (or back: a server that crashed may lose the last commits its followers read).
         A session not found, or a failed read, has each of its waits read its own head again
         (which raises what it always did: `UnknownSession`, a `StoreError`)."""
         try:
@@ -140,7 +141,7 @@ class Listener:
                     found = {}
                 for fut, (sid, after) in follows:
                     seq = found.get(sid)
-                    if not fut.done() and (seq is None or seq > after):
+                    if not fut.done() and (seq is None or seq != after):
                         fut.set_result(seq is not None)
         except asyncio.CancelledError:
             raise  # stopped: `stop` wakes every wait

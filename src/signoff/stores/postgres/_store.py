@@ -539,7 +539,8 @@ class PostgresStore(Reads, Leases, Deletions):
         on a session with work left is released.
 
         Returns True on a change (or a possibly missed one: the listener reconnected), False on
-        timeout. Given `after`, it returns at once if the session's head is already past it; one
+        timeout. Given `after`, it returns at once if the session's head is already past it (or
+        behind it: a crash lost events the caller read, which its next read finds); one
         read of the heads of every session waited on this way, every `poll_interval`, re-checks
         them all, so a lost notification only delays a wake-up (by `poll_interval` at most, plus
         that read) and a thousand followers cost that one read, not a thousand.
