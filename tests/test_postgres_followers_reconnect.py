@@ -6,21 +6,26 @@ not ~30 s later when its wait times out."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import time
 from collections.abc import Iterator
-from typing import cast
+from typing import Any, cast
 
+import httpx
 import psycopg
 import pytest
 
 import signoff as so
+from signoff.server import TokenAuth, create_app
 from signoff.stores.postgres import PostgresStore
 from signoff.testing import reply
 
 from .conftest import PgCluster
 from .test_followers_lost_commits import _agents
 from .test_postgres_followers_crash import _head, _until
+from .test_server_common import TOKENS, auth, running
 
 
 @pytest.fixture
@@ -88,3 +93,106 @@ async def test_a_follower_whose_shown_events_a_crash_lost_stops_once_the_server_
             vars(listener).pop("_wake_all", None)
     assert (rewritten.value.session_id, rewritten.value.seq) == (sid, reached)
     assert [e.seq for e in shown] == list(range(1, reached + 1))
+
+
+async def test_followers_resumed_past_what_a_crash_kept_stop_without_spinning(
+    cluster: PgCluster,
+) -> None:
+    """Followers resumed at the second turn's last seq (`events(after=)`, an HTTP stream's
+    `Last-Event-ID`), nothing shown yet, when a crash loses that turn's last events: each ends
+    (`EventsRewritten`; `stream.end` 409 `events_rewritten`) soon after the server is back,
+    woken by the head now behind what they resumed at. They waited for their periodic look at
+    the session (30 s; the stream's `heartbeat`), and a wake that found no event to read must
+    not have them read again at once, over and over, until that look."""
+    url = cluster.url(cluster.create_database())
+    async with so.Runtime(
+        _agents([reply("One."), reply("Two.")]), store=url, poll_interval=0.05
+    ) as rt:
+        sid = (await rt.generate("a", "one")).session_id
+        async with await psycopg.AsyncConnection.connect(cluster.admin_url, autocommit=True) as a:
+            await a.execute("CHECKPOINT")  # all so far on disk
+            cur = await a.execute(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'"
+            )
+            (walwriter,) = await cur.fetchone() or (0,)
+        server = so.Runtime(_agents([]), store=url, poll_interval=0.05)
+        reads = 0
+        read_events = server.store.read_events
+
+        async def counted(*args: Any, **kwargs: Any) -> list[so.Event]:
+            nonlocal reads
+            reads += 1
+            return await read_events(*args, **kwargs)
+
+        server.store.read_events = counted  # type: ignore[method-assign]
+        # The stream's heartbeat (its periodic look) longer than the test's bound.
+        app = create_app(server, auth=TokenAuth(TOKENS), poll_interval=0.05, heartbeat=20.0)
+        store = cast(PostgresStore, server.store)
+        followed: list[so.Event] = []
+        raw: list[dict[str, Any]] = []
+        with running(app) as base:
+            os.kill(walwriter, signal.SIGSTOP)  # async commits stay in the WAL buffers
+            try:
+                await rt.generate(session_id=sid, prompt="two")
+                reached = await rt.store.head(sid)
+                assert reached is not None
+
+                async def follow() -> None:
+                    async for event in server.events(sid, after=reached):
+                        followed.append(event)
+
+                following = asyncio.create_task(follow())
+                streaming = asyncio.create_task(_resumed_stream(base, sid, reached, raw))
+            except BaseException:
+                os.kill(walwriter, signal.SIGKILL)
+                raise
+            try:
+                try:
+                    # One wait on this loop's listener, one on the server's (its own loop).
+                    await _until(lambda: _waits(store, (sid, reached)) == 2, "both followers wait")
+                finally:
+                    os.kill(walwriter, signal.SIGKILL)  # the server crashes and recovers
+                after = await _head(url, sid)
+                assert after < reached  # it lost the last ones
+                back, reads = time.monotonic(), 0
+                with pytest.raises(so.EventsRewritten) as rewritten:
+                    await asyncio.wait_for(following, 10)
+                await asyncio.wait_for(streaming, 10)
+                took, read = time.monotonic() - back, reads
+            finally:
+                following.cancel()
+                streaming.cancel()
+    assert (rewritten.value.session_id, rewritten.value.seq) == (sid, reached)
+    assert followed == []
+    end = raw[-1]["data"]
+    assert raw[-1]["event"] == "stream.end" and end["error"]["code"] == "events_rewritten", end
+    assert (end["status"], end["error"]["seq"]) == (409, reached)
+    # A few reads each (a poll_interval apart at most while the server recovers), not one per
+    # loop of a wait that returns at once.
+    assert read <= 20 + 2 * took / 0.05, (read, took)
+
+
+def _waits(store: PostgresStore, follow: tuple[str, int]) -> int:
+    """How many waits, on every event loop's listener, follow this session past this seq."""
+    listeners = list(store._listeners.values())
+    return sum(list(listener._follows.values()).count(follow) for listener in listeners)
+
+
+async def _resumed_stream(base: str, sid: str, last: int, messages: list[dict[str, Any]]) -> None:
+    """The session's followed HTTP stream resumed after `last` (`Last-Event-ID`), each
+    message's event type, id and data kept."""
+    headers = {**auth("admin-token"), "Last-Event-ID": str(last)}
+    async with (
+        httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as http,
+        http.stream("GET", f"/v1/sessions/{sid}/events") as response,
+    ):
+        assert response.status_code == 200, await response.aread()
+        message: dict[str, Any] = {}
+        async for line in response.aiter_lines():
+            if not line:
+                if "data" in message:
+                    messages.append(message)
+                message = {}
+            elif line.startswith(("id:", "event:", "data:")):
+                key, _, value = line.partition(":")
+                message[key] = json.loads(value) if key == "data" else value.strip()

@@ -113,6 +113,10 @@ class EventStream(Auditing):
                 wait = getattr(self.store, "wait_for_change", None)
                 due = self._follow_wait(expires_at, checked + _RECHECK_FOLLOWED)
                 if wait is not None:  # woken by the store (LISTEN/NOTIFY), polling as fallback
-                    await wait(session_id, due, after=after)
+                    if await wait(session_id, due, after=after):
+                        # A wake whose read finds no event looks at the state: the head may be
+                        # behind `after` (a crash lost them), which a read with nothing shown
+                        # cannot tell, and the wait would then return at once, over and over.
+                        expires_at = 0.0
                 else:
                     await asyncio.sleep(self.poll_interval)

@@ -278,6 +278,10 @@ async def event_stream(
                 return
             if wait.exception() is None:
                 quiet = not wait.result()
+                if not quiet:
+                    # A wake whose read finds no event looks at the session (the head may be
+                    # behind `after`: then the wait would return at once, over and over).
+                    check_at = 0.0
                 continue
             check_at = 0.0  # deleted, or the store failing: the read tells which
         async with aclosing(beat.pause(poll_interval)) as waits:
