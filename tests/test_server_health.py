@@ -18,6 +18,7 @@ from signoff.server import TokenAuth, _health, create_app
 from signoff.server._context import ServerContext
 from signoff.stores.sqlite._connection import READ_CHECK_EVERY
 
+from ._dashboard import csrf_of
 from .test_server_common import TOKENS, make_agents
 
 
@@ -100,6 +101,24 @@ async def test_a_metrics_scrape_that_meets_the_store_gone_fails_liveness(tmp_pat
         scraped = await c.get("/metrics", headers=admin)
         assert scraped.status_code == 200, scraped.text
         assert "signoff_store_up 0.0" in scraped.text.splitlines()
+        r = await c.get("/healthz")
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "store_gone"
+
+
+async def test_a_dashboard_form_that_meets_the_store_gone_fails_liveness(tmp_path: Path) -> None:
+    """A dashboard form refused for the store gone (`store_gone`, as its page or JSON) left
+    `/healthz` 200: the refusal was drawn without the API's error handler, which notes it. An
+    authenticator that reads nothing of the store (a bearer token here) lets the form reach it."""
+    db = tmp_path / "state.db"
+    async with probed(f"sqlite:///{db}") as (_, c, _ctx):
+        c.headers["Authorization"] = "Bearer alice-token"
+        csrf = csrf_of((await c.get("/_signoff/")).text)
+        db.unlink()
+        await asyncio.sleep(READ_CHECK_EVERY)  # reads check the file at most this often
+        form = {"csrf": csrf, "agent": "support", "message": "Refund 1042"}
+        r = await c.post("/_signoff/sessions", data=form, headers={"Accept": "application/json"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "store_gone", r.text
         r = await c.get("/healthz")
         assert r.status_code == 503, r.text
         assert r.json()["error"]["code"] == "store_gone"

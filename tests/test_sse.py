@@ -180,10 +180,17 @@ def _end_event(lines: list[str]) -> dict[str, Any]:
     return data
 
 
+def _assert_not_alive(c: httpx.Client) -> None:
+    """`/healthz` fails (`store_gone`) once a stream met the store gone, before any other
+    request meets it: it stayed 200 after a stream's `stream.end` said so."""
+    r = c.get("/healthz")
+    assert r.status_code == 503 and r.json()["error"]["code"] == "store_gone", r.text
+
+
 def test_a_stream_ends_when_its_sqlite_file_is_deleted(tmp_path: Path) -> None:
     """A store file deleted under the server never comes back: the stream used to wait for it
-    with keep-alives for ever. It ends with a `stream.end` event naming why, and a reconnect
-    is refused (503), which makes an EventSource stop."""
+    with keep-alives for ever. It ends with a `stream.end` event naming why, `/healthz` fails
+    from then on, and a reconnect is refused (503), which makes an EventSource stop."""
     from signoff.server import TokenAuth, create_app
 
     from .test_server_common import TOKENS, make_runtime, running
@@ -208,13 +215,15 @@ def test_a_stream_ends_when_its_sqlite_file_is_deleted(tmp_path: Path) -> None:
         end = _end_event(lines)
         assert end["status"] == 503 and end["error"]["code"] == "store_gone", end
         assert str(path) not in end["error"]["message"]  # the server's log names the file
+        _assert_not_alive(c)
         r = c.get(f"/v1/sessions/{sid}/events")
         assert r.status_code == 503 and r.json()["error"]["code"] == "store_gone", r.text
 
 
 def test_the_dashboard_stream_ends_when_its_sqlite_file_is_deleted(tmp_path: Path) -> None:
     """The queue's stream waited with keep-alives for a deleted store file; it ends with
-    `stream.end`, and the page's EventSource reconnecting gets a 503, which stops it."""
+    `stream.end`, `/healthz` fails from then on, and the page's EventSource reconnecting gets a
+    503, which stops it."""
     from signoff.server import TokenAuth, create_app
 
     from .test_server_common import TOKENS, make_runtime, running
@@ -238,6 +247,7 @@ def test_the_dashboard_stream_ends_when_its_sqlite_file_is_deleted(tmp_path: Pat
             lines = _follow_until_closed(s, "event: queue", delete)
         end = _end_event(lines)
         assert end["status"] == 503 and end["error"]["code"] == "store_gone", end
+        _assert_not_alive(c)
         r = c.get("/_signoff/stream")
         assert r.status_code == 503 and r.json()["error"]["code"] == "store_gone", r.text
 

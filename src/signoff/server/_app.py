@@ -10,7 +10,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from importlib.resources import files
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -20,7 +20,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from .. import __version__
-from .._exceptions import SignoffError, StoreError, StoreGone, UsageError
+from .._exceptions import SignoffError, StoreError, UsageError
 from .._runtime import Runtime
 from .._settings import flag, positive_seconds
 from .._sweeping import SweepDrives
@@ -87,8 +87,8 @@ def _note_gone(context: ServerContext, task: asyncio.Task[None]) -> None:
     """Mark the server's store gone when the in-process workers stopped for that (`StoreGone`,
     which only a restart mends), so `/healthz` fails and a supervisor restarts the process, as
     `signoff worker` ends then."""
-    if not task.cancelled() and isinstance(task.exception(), StoreGone):
-        context.gone = cast(StoreGone, task.exception())
+    if not task.cancelled():
+        context.met(task.exception())
 
 
 class AppChannels(Protocol):

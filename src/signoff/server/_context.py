@@ -115,6 +115,12 @@ class ServerContext(OpenRequests):
         self.honoured = Honoured()
         self.streams = StreamSlots(self.max_streams, retry_after=math.ceil(self.heartbeat))
 
+    def met(self, exc: BaseException | None) -> None:
+        """Note a failure this process met, whoever turns it into an answer: a `StoreGone`, which
+        only a restart mends, fails `/healthz` from then on."""
+        if isinstance(exc, StoreGone):
+            self.gone = exc
+
     async def principal(self, request: HTTPConnection) -> Principal | None:
         """The caller, or `None` when the authenticator does not recognise it or answers a
         principal naming no one (asked once per request: a page and its CSRF token must agree
@@ -206,7 +212,8 @@ class ServerContext(OpenRequests):
             return True
         try:
             return await self.sign_outs.revoked(self.runtime.store, grant, now)
-        except StoreError:
+        except StoreError as exc:
+            self.met(exc)
             return False
 
     async def sign_out(self, grant: Grant) -> None:
@@ -393,6 +400,7 @@ class ServerContext(OpenRequests):
             if not await rt._record_lapsed(lapsed, now):
                 return lapsed
         except StoreError as exc:
+            self.met(exc)
             log.warning("sessions whose TTL passed not recorded: %s", exc)
             return lapsed
         return await rt._lapsed(now)

@@ -35,7 +35,6 @@ from .._exceptions import (
     StaleAnswer,
     StoreBusy,
     StoreError,
-    StoreGone,
     StoreUnavailable,
     TooLarge,
     UnknownAgent,
@@ -230,8 +229,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_signoff(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, SignoffError)
         context = getattr(request.app.state, "signoff", None)
-        if isinstance(exc, StoreGone) and context is not None:  # only a restart mends it:
-            context.gone = exc  # `/healthz` says so from now on
+        if context is not None:
+            context.met(exc)  # a `StoreGone` fails `/healthz` from now on
         # An expired session names the requests its expiry closed (`.pending`).
         ids = exc.pending if isinstance(exc, SessionExpired) else getattr(exc, "request_ids", None)
         response = error_response(

@@ -53,7 +53,7 @@ async def readyz(request: Request) -> dict[str, str]:
     try:
         await within(ctx.runtime.store.head(PROBE_SESSION), READY_TIMEOUT)
     except StoreGone as gone:  # for good: `/healthz` fails too from now on
-        ctx.gone = gone
+        ctx.met(gone)
         raise
     except TimeoutError:
         exc: StoreError = StoreUnavailable(f"the store did not answer within {READY_TIMEOUT:g} s")

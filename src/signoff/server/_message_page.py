@@ -92,7 +92,8 @@ async def error_page(request: Request, status: int, code: str, message: str) -> 
     hint = _HINTS.get(status)
     try:
         return await message_page(request, status, title, message, code=code, hint=hint)
-    except SignoffError:
+    except SignoffError as exc:
+        get_context(request).met(exc)
         return bare_error_page(request, status, code, message)
 
 
@@ -127,7 +128,9 @@ _RESENT = "this form was sent already with other content: reload the page to sen
 async def refused(request: Request, exc: SignoffError, message: str | None = None) -> Response:
     """The runtime refused what a form asked (nothing was done: sending it again may try again),
     said in `message` or the error's own words; a form sent again with other content is told to
-    reload, not about keys. A store down or busy says when to try again, as the API does."""
+    reload, not about keys. A store down or busy says when to try again, as the API does; a
+    store gone is noted (`ServerContext.met`), as the API's error handler notes it."""
+    get_context(request).met(exc)
     if isinstance(exc, IdempotencyKeyReused):
         return await dashboard_error(request, 409, "form_already_sent", _RESENT)
     said = public_message(exc) if message is None else message

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .._exceptions import StoreGone, UsageError
+from .._exceptions import UsageError
 from ._auth import TokenAuth, bearer_token, token_digest
 from ._context import ServerContext, get_context
 from ._errors import ApiError
@@ -150,8 +150,7 @@ async def metrics(request: Request) -> Response:
     try:
         open_requests = await within(_counted(ctx), STORE_TIMEOUT)
     except Exception as exc:  # the scrape still answers: `signoff_store_up` says it failed
-        if isinstance(exc, StoreGone):  # for good: `/healthz` fails from now on, as on `/readyz`
-            ctx.gone = exc
+        ctx.met(exc)  # a `StoreGone` fails `/healthz` from now on, as on `/readyz`
         log.debug("metrics: counting open requests failed", exc_info=exc)
     body, content_type = exporter.render(request.headers.get("accept", ""), open_requests)
     return Response(body, media_type=content_type)

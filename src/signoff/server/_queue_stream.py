@@ -43,7 +43,7 @@ async def queue_changes(
         try:
             found, everything = read.result()
         except LASTING as exc:  # the store's file replaced, a request row damaged: it stays so
-            yield end_event(exc)
+            yield end_event(ctx, exc)
             return
         except StoreError as exc:
             # The database restarting, say: keep the stream (keep-alives go on); the page's

@@ -125,9 +125,11 @@ signoff, a row that does not decode): a stream ends on them with `end_event`, fo
 instead of waiting them out or being cut off."""
 
 
-def end_event(exc: SignoffError) -> str:
+def end_event(ctx: ServerContext, exc: SignoffError) -> str:
     """The final `stream.end` event: why the stream ended, as the error body a reconnect would
-    get (`status`, `error`). It carries no id, so a reconnect resumes after the last event."""
+    get (`status`, `error`). It carries no id, so a reconnect resumes after the last event.
+    The failure is noted (`ServerContext.met`), as the API's error handler notes a request's."""
+    ctx.met(exc)
     body: dict[str, Any] = {"code": exc.code, "message": public_message(exc)}
     if isinstance(exc, SessionError | EventsRewritten):
         body["session_id"] = exc.session_id
@@ -236,7 +238,7 @@ async def event_stream(
         else:
             failing = False
         if ended is not None:
-            yield end_event(ended)
+            yield end_event(ctx, ended)
             return
         if not follow and head is not None:  # a snapshot: none written after the read began
             batch = [e for e in batch if e.seq <= head]
