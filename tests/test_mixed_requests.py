@@ -13,13 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 import signoff as so
 from signoff.stores import PendingFilter
-from signoff.testing import ExecutionLog, call, call_tools, store_contents, timeline
+from signoff.testing import (
+    ExecutionLog,
+    ManualClock,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    store_contents,
+    timeline,
+)
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
 LOG = ExecutionLog()
@@ -470,3 +480,31 @@ async def test_a_message_answers_a_subagents_limit_prompt_before_an_earlier_ques
         ]
         assert resolved == [(limit.id, "answered"), (question.id, "answered")]
         assert not any(e.type == "turn.message" for e in log)
+
+
+async def test_questions_of_one_moment_are_listed_and_answered_in_the_order_asked(
+    store_url: str,
+) -> None:
+    """Six questions of one response on a clock that stands still share their `created_at`:
+    the queue lists them (whole, and page by page) in the order asked, as `r.pending` does,
+    so the top of the listing is the request a message answers."""
+    calls = [call("ask_question", call_id=f"q{i}", question=f"Question {i}?") for i in range(6)]
+    agent = scripted_agent("asker", [call_tools(*calls), reply("ok")], tools=[so.ask_question()])
+    async with so.Runtime([agent], store=store_url, clock=ManualClock()) as rt:
+        r = await rt.generate("asker", prompt="go", auth=ALICE)
+        asked = [p.id for p in r.pending]
+        assert [p.question for p in r.pending] == [f"Question {i}?" for i in range(6)]
+        assert [p.id for p in await rt.pending(session_id=r.session_id)] == asked
+        paged: list[str] = []
+        flt = PendingFilter(session_id=r.session_id, limit=4)
+        while True:
+            page, more = await rt.pending_page(flt)
+            paged += [p.id for p in page]
+            if not more:
+                break
+            flt = replace(flt, after=(page[-1].created_at, page[-1].id))
+        assert paged == asked
+        top = (await rt.pending(session_id=r.session_id, limit=1))[0]
+        await rt.send(r.session_id, "my answer", principal=ALICE)
+        log = await events(rt, r.session_id)
+        assert [e.data["request_id"] for e in log if e.type == "input.resolved"] == [top.id]

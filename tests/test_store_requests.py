@@ -17,7 +17,9 @@ from signoff._exceptions import (
     RequestClosed,
     StoreError,
 )
+from signoff._recording import dump_request
 from signoff.stores import Commit, PendingFilter, Resolve, Store
+from signoff.stores._pending import cursor_past
 
 from .test_store_conformance import T0, approval, ev, new_session, question, settle
 from .test_store_edited_rows import edit
@@ -291,9 +293,10 @@ def test_a_pending_filter_of_the_wrong_kind_is_refused_when_made(
 async def test_pages_read_after_a_request_skip_none_when_an_earlier_one_closes(
     store: Store,
 ) -> None:
-    """`PendingFilter.after` pages by the listing's order (`created_at`, then the id byte by
-    byte): a request closed on the first page before the second is read shifts nothing out of
-    it, where an offset would skip the request that moved up to the first page."""
+    """`PendingFilter.after` pages by the listing's order (`created_at`, then, for rows that
+    no event holds, as here, the id byte by byte): a request closed on the first page before
+    the second is read shifts nothing out of it, where an offset would skip the request that
+    moved up to the first page."""
     sid = await new_session(store)
     made = [("req_b", T0), ("req_B", T0), ("req_a", T0), ("req_z", T0 - 1), ("req_0", T0 + 1)]
     new = [approval(sid, rid, at=at) for rid, at in made]
@@ -317,3 +320,32 @@ async def test_pages_read_after_a_request_skip_none_when_an_earlier_one_closes(
     assert seen == order
     assert await store.count_pending(PendingFilter(after=(T0, "req_B"))) == 3
     assert await store.pending(PendingFilter(after=(T0 + 1, "req_0"))) == []
+
+
+async def test_requests_of_one_moment_are_listed_and_paged_in_the_order_asked(
+    store: Store,
+) -> None:
+    """Requests made at one moment (one response's, or a clock that stands still) are listed
+    in the order their `input.requested` events asked them, not by their random ids: a page,
+    each page past the last one's request, the keys of a damaged page, and the count past one."""
+    sid = await new_session(store)
+    first = [question(sid, rid) for rid in ("req_d", "req_c", "req_b")]
+    asked = [ev(sid, 2, "input.requested", requests=[dump_request(r) for r in first])]
+    await store.commit(Commit(session_id=sid, expected_seq=1, events=asked, new_requests=first))
+    later = [approval(sid, "req_a"), approval(sid, "req_0", at=T0 - 1)]
+    asked = [ev(sid, 3, "input.requested", requests=[dump_request(r) for r in later])]
+    await store.commit(Commit(session_id=sid, expected_seq=2, events=asked, new_requests=later))
+    order = ["req_0", "req_d", "req_c", "req_b", "req_a"]
+    assert [r.id for r in await store.pending(PendingFilter(session_id=sid))] == order
+    keys = await store.pending_keys(PendingFilter(session_id=sid))  # type: ignore[attr-defined]
+    assert [rid for _, rid, _ in keys] == order
+    seen: list[str] = []
+    after: tuple[float, str] | None = None
+    while page := await store.pending(PendingFilter(limit=2, after=after)):
+        seen += [r.id for r in page]
+        after = cursor_past(page[-1], after)
+    assert seen == order
+    assert await store.count_pending(PendingFilter(after=(T0, "req_c"))) == 2
+    assert [r.id for r in await store.pending(PendingFilter(after=(T0, "req_d")))] == order[2:]
+    # A cursor whose request is gone (its session deleted meanwhile) skips none of its moment.
+    assert [r.id for r in await store.pending(PendingFilter(after=(T0, "req_e")))] == order[1:]

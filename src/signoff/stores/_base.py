@@ -355,7 +355,8 @@ class Store(Protocol):
         ...
 
     async def pending(self, flt: PendingFilter) -> list[InputRequest]:
-        """The requests `flt` picks, oldest first (by `created_at`, then id), one page
+        """The requests `flt` picks, oldest first (by `created_at`, then those of one moment
+        in the order asked, then id: `_pending.listing_order`), one page
         (`flt.limit` from `flt.offset`, past `flt.after` if given)."""
         ...
 

@@ -16,7 +16,15 @@ from ._initiators import InitiatorFilter
 if TYPE_CHECKING:
     from .._types import InputRequest
 
-__all__ = ["DEEPEST", "TIME_LIMIT", "PendingFilter", "created_before", "cursor_past"]
+__all__ = [
+    "DEEPEST",
+    "TIME_LIMIT",
+    "PendingFilter",
+    "created_before",
+    "cursor_past",
+    "listing_order",
+    "tie_order",
+]
 
 
 TIME_LIMIT = 2**63
@@ -46,8 +54,9 @@ class PendingFilter:
     # Not these requests (ids): those a listing would leave out though the store holds them
     # open (`_unlisted.unlisted`), so its pages and its count skip the same ones.
     excluded: tuple[str, ...] = ()
-    # Only requests past this one (its `created_at` and id) in the listing's order: a cursor
-    # that, unlike `offset`, skips no request when one before it closes between two pages.
+    # Only requests past this one (its `created_at` and id) in the listing's order (its row
+    # tells where it was asked): a cursor that, unlike `offset`, skips no request when one
+    # before it closes between two pages.
     after: tuple[float, str] | None = None
 
     def where(self, ph: str, prefix: str = "") -> tuple[str, list[Any]]:
@@ -94,11 +103,18 @@ class PendingFilter:
                 where.append(f"NOT (r.id = ANY({ph}::text[]))")
                 params.append(list(self.excluded))
         if self.after is not None:
-            # `>=` on its own: the range the index of `created_at` serves (the rest, its ties).
+            # `>=` on its own: the range the index of `created_at` serves (the rest, its ties,
+            # past the cursor's request in the order asked, read from its row by its id; with
+            # that row gone, its session deleted, its moment's others are listed again: none
+            # is skipped).
             at, rid = self.after
-            by_id = "r.id" if ph == "?" else 'r.id COLLATE "C"'  # the listing's own order
-            where.append(f"r.created_at>={ph} AND (r.created_at>{ph} OR {by_id}>{ph})")
-            params += [at, at, rid]
+            asked = f"(SELECT c.{{}} FROM {prefix}requests c WHERE c.id = {ph})"
+            cursor = f"COALESCE({asked.format('seq')}, 0), COALESCE({asked.format('idx')}, 0)"
+            where.append(
+                f"r.created_at>={ph} AND (r.created_at>{ph} OR "
+                f"({tie_order(ph)}) > ({cursor}, {ph}))"
+            )
+            params += [at, at, rid, rid, rid]
         return (" WHERE " + " AND ".join(where)) if where else "", params
 
     limit: int = 100
@@ -147,6 +163,21 @@ class PendingFilter:
                 raise UsageError(
                     f"PendingFilter({name}=...) must be a whole number from 0, not {count!r}"
                 )
+
+
+def tie_order(ph: str) -> str:
+    """SQL: the order of requests made at one `created_at` (one model response's, or any of a
+    clock that stands still): as asked, by the `input.requested` event holding each and its
+    place there, then by id byte by byte. A row its event does not hold (one of schema 1, or
+    its own copy) has neither and comes first, as 0; `ph` tells the store, as in `where`."""
+    by_id = "r.id" if ph == "?" else 'r.id COLLATE "C"'
+    return f"COALESCE(r.seq, 0), COALESCE(r.idx, 0), {by_id}"
+
+
+def listing_order(ph: str) -> str:
+    """SQL: the `ORDER BY` of `pending()` and its keyset (`PendingFilter.after`): oldest
+    first, and those of one moment in the order asked (`tie_order`)."""
+    return f"r.created_at, {tie_order(ph)}"
 
 
 def _above_live(ph: str, prefix: str) -> str:
@@ -201,9 +232,9 @@ def created_before(now: float, older_than: float | None) -> float | None:
 def cursor_past(last: InputRequest, after: tuple[float, str] | None) -> tuple[float, str]:
     """The `PendingFilter.after` of the page after the one `last` ends, read past `after`;
     a StoreError if it is not past `after` (else the next page is this one or an earlier one
-    again, and paging never ends)."""
+    again, and paging never ends). Of one moment, the order asked is the store's to tell."""
     cursor = (last.created_at, last.id)
-    if after is not None and cursor <= after:  # Python orders text as both stores do
+    if after is not None and (cursor[0] < after[0] or cursor == after):
         raise StoreError(
             f"request {last.id!r}: its row is listed past {after!r}, but its data says it "
             f"was made at {last.created_at!r} (the row edited behind the runtime's back?)"

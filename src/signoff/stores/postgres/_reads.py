@@ -22,6 +22,7 @@ from .._base import (
 )
 from .._codec import EventTexts, parse, stored_type, type_name, unpack, unpack_snapshot
 from .._initiators import InitiatorFilter, checked_filter
+from .._pending import listing_order
 from .._request_rows import REQUEST_ROW_COLUMNS, request_row, stored_request, stored_resolution
 from .._shown import check_shown
 from .._swept_rows import DamagedSession, swept_summary
@@ -385,7 +386,7 @@ class Reads(AuditReads):
         return (
             f"SELECT {before}{columns} FROM {s}.requests r "
             f"{join or REQUEST_JOIN.format(s=s)}{clause} "
-            'ORDER BY r.created_at, r.id COLLATE "C" LIMIT %s OFFSET %s'
+            f"ORDER BY {listing_order('%s')} LIMIT %s OFFSET %s"
         )
 
     def _count_sql(self, clause: str) -> str:

@@ -34,6 +34,7 @@ from .._codec import (
     unpack_snapshot,
 )
 from .._initiators import InitiatorFilter, checked_filter
+from .._pending import listing_order
 from .._request_rows import REQUEST_ROW_COLUMNS, request_row, stored_request, stored_resolution
 from .._shown import check_shown
 from .._swept_rows import DamagedSession, swept_summary
@@ -299,7 +300,7 @@ class Reads(AuditReads):
         return self.conn.execute(
             f"SELECT {columns} FROM requests r "
             f"{'INDEXED BY requests_due ' if due else ''}{join}"
-            f"{clause} ORDER BY r.created_at, r.id LIMIT ? OFFSET ?",
+            f"{clause} ORDER BY {listing_order('?')} LIMIT ? OFFSET ?",
             [*params, flt.limit, flt.offset],
         ).fetchall()
 
