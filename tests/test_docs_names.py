@@ -418,7 +418,9 @@ def test_every_event_type_the_docs_name_is_one_signoff_writes() -> None:
     import signoff as so
     from signoff._events import EVENT_TYPES
 
-    webhooks = (ROOT / "src/signoff/channels/webhooks.py").read_text()
+    channels = ROOT / "src/signoff/channels"
+    modules = [channels / "webhooks.py", *sorted(channels.glob("_webhook_*.py"))]
+    webhooks = "".join(m.read_text() for m in modules)
     sent = set(re.findall(r"(?:enqueue|payload)\(\"(request\.\w+)\"", webhooks))
     fields = {f"request.{name}" for name in so.InputRequest.model_fields}
     assert {"request.opened", "request.escalated", "request.resolved", "request.expiring"} <= sent

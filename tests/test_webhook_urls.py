@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub, WebhookChannel
+from signoff.channels._webhook_outbox import digest
 from signoff.channels._webhook_urls import masked
 
 from .test_webhooks import SECRET, Receiver, manual, refund_agent
@@ -218,7 +220,7 @@ def test_a_host_in_capitals_or_its_default_port_is_the_same_url() -> None:
         assert WebhookChannel(kept, SECRET).urls == [kept]  # not the scheme's own port
     spellings = ("https://Example.com/hook", "https://example.com:0443/hook", "HTTPS://E.X")
     for spelling in spellings:
-        same = "https://e.x" if spelling.startswith("HTTPS") else "https://example.com/hook"
+        same = "https://e.x/" if spelling.startswith("HTTPS") else "https://example.com/hook"
         with pytest.raises(so.UsageError, match=f"'{same}' is given twice"):
             WebhookChannel([spelling, same], SECRET)
     assert len(WebhookChannel(["https://h.x/hook", "https://h.x/Hook"], SECRET).urls) == 2
@@ -258,3 +260,53 @@ async def test_a_delivery_kept_under_an_older_spelling_of_the_url_is_sent_once(
                 assert hub.state.memos("webhooks", "outbox:", hub=hub.name) == []
             await client.aclose()
     assert sent == [("https://example.com/hook", body["id"])]
+
+
+def test_a_url_without_a_path_is_the_same_as_with_slash() -> None:
+    """httpx sends `http://host` to `/`: it and `http://host/` were two URLs, a queue each, so
+    each delivery went twice to one receiver. No path is written `/`."""
+    assert WebhookChannel("https://Example.com", SECRET).urls == ["https://example.com/"]
+    assert WebhookChannel("http://h.x?token=t", SECRET).urls == ["http://h.x/?token=t"]
+    assert WebhookChannel("http://[::1]:8080", SECRET).urls == ["http://[::1]:8080/"]
+    for pair in (["http://h.x", "http://h.x/"], ["http://h.x/?a=1", "http://H.x:80?a=1"]):
+        with pytest.raises(so.UsageError, match="is given twice"):
+            WebhookChannel(pair, SECRET)
+
+
+@pytest.mark.parametrize("configured", ["https://example.com", "https://example.com/"])
+@pytest.mark.parametrize("kept_in", ["state and store", "store"])
+async def test_a_delivery_kept_under_a_url_without_a_path_is_sent_once(
+    store_url: str, tmp_path: Path, configured: str, kept_in: str
+) -> None:
+    """A delivery an earlier version kept unsent under `https://example.com` (in the state, and
+    its copy in the store under that spelling's digest) is `https://example.com/`'s now: sent
+    by the next start, once, also by a hub on another state (the state lost with its machine),
+    and then kept nowhere: not dropped as a URL no longer configured, nor sent again by each
+    start from a copy left under the old digest."""
+    sent: list[tuple[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append((str(request.url), request.headers["Signoff-Delivery"]))
+        return httpx.Response(204)
+
+    async with so.Runtime([refund_agent()], store=store_url) as rt:
+        [request] = (await rt.generate("support", prompt="Refund 1042")).pending
+        store: Any = rt.store
+        for n in range(2):  # the second start sends nothing
+            client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+            hooks = WebhookChannel(configured, SECRET, client=client)
+            hub = ChannelHub(rt, [hooks], state=tmp_path / "hub.db")
+            if n == 0:
+                body = hooks.payload("request.opened", request)
+                kept = {"event": "request.opened", "body": json.dumps(body)}
+                old = "https://example.com"
+                if kept_in == "state and store":
+                    hub.state.remember("webhooks", f"outbox:{old} {body['id']}", kept, hub=hub.name)
+                name = f"{hub.name}.webhooks:outbox:{digest(old)} {body['id']}"
+                await store.keep_channel_memos({name: json.dumps(kept)}, rt.now())
+            async with manual(hub):
+                await asyncio.wait_for(hooks.drain(), 10)
+                assert hub.state.memos("webhooks", "outbox:", hub=hub.name) == []
+            assert await store.channel_memos(f"{hub.name}.webhooks:outbox:") == []
+            await client.aclose()
+    assert sent == [("https://example.com/", body["id"])]

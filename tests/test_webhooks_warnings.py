@@ -15,6 +15,7 @@ import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub, WebhookChannel, verify_webhook
+from signoff.channels import _given_up as given_up
 from signoff.testing import ManualClock
 
 from .test_webhooks import SECRET, Receiver, manual, refund_agent
@@ -153,3 +154,105 @@ async def test_a_warning_the_state_keeps_failing_is_logged_once_and_sent_once_it
         assert len(logged) == 2, logged
         assert logged[0][0] == "WARNING" and "malformed" in logged[0][1]
         assert logged[1][0] == "INFO" and "works again" in logged[1][1]
+
+
+async def test_a_request_row_the_store_cannot_read_holds_back_no_warning_nor_redelivery(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A's row is damaged (`StoreDamaged` when read) while it waits to be warned of: each tick
+    failed on it, so B (open, and due) was never warned of, and C's opening (given up on) was
+    not sent again, until A's deadline passed. A is passed, logged once naming it and its
+    session; B and C are warned of and C's opening is sent again."""
+    from .test_store_edited_rows import edit
+
+    clock = ManualClock()
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime([refund_agent(expires_in=3600)], store=store_url, clock=clock) as rt,
+    ):
+        hooks = WebhookChannel(
+            receiver.url, SECRET, expiring_within=600, clock=clock, max_attempts=1, sleep=_instantly
+        )
+        async with manual(ChannelHub(rt, [hooks], clock=clock)) as hub:
+            a = (await rt.generate("support", prompt="Refund A")).pending[0]
+            b = (await rt.generate("support", prompt="Refund B")).pending[0]
+            await hub.poll()
+            await hooks.drain()
+            receiver.statuses = [503]  # C's opening is given up on
+            c = (await rt.generate("support", prompt="Refund C")).pending[0]
+            await hub.poll()
+            await hooks.drain()
+            edit(store_url, "UPDATE {t}requests SET data = {p} WHERE id = {p}", b"{broken", a.id)
+            monkeypatch.setattr(given_up, "REDO_EVERY", 0.0)
+            clock.advance(3100)  # within 600 s of every deadline
+            with caplog.at_level(logging.WARNING, logger="signoff.channels"):
+                for _ in range(3):
+                    await hub.poll()
+                    await hooks.drain()
+            stored = await rt.store.get_request(b.id)
+            assert stored is not None and stored.status == "pending"  # B is still due
+        names = {a.id: "A", b.id: "B", c.id: "C"}
+        got = [json.loads(body) for _, body in receiver.accepted]
+        sent = sorted((p["type"], names[p["request"]["id"]]) for p in got)
+        assert sent == [
+            ("request.expiring", "B"),
+            ("request.expiring", "C"),
+            ("request.opened", "A"),
+            ("request.opened", "B"),
+            ("request.opened", "C"),
+        ]
+        passed = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+        assert len(passed) == 1, passed
+        assert a.id in passed[0] and a.session_id in passed[0]
+
+
+async def _instantly(seconds: float) -> None:
+    return None
+
+
+async def test_a_warning_that_fails_holds_back_no_round_of_redelivery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state fails to read whether a request was warned of, at every tick: the tick
+    stopped there, before its round of the deliveries given up on, so B's opening was not sent
+    again while the warning failed. It is; the warning goes once the state works."""
+    clock = ManualClock()
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime(
+            [refund_agent(expires_in=3600)], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock
+        ) as rt,
+    ):
+        hooks = WebhookChannel(
+            receiver.url, SECRET, expiring_within=600, clock=clock, max_attempts=1, sleep=_instantly
+        )
+        hub = ChannelHub(rt, [hooks], state=tmp_path / "hub.db", clock=clock)
+        read = hub.state.recall
+        broken = [True]
+
+        def recall(channel: str, key: str, **hub: str) -> Any:
+            if key.startswith("warned:") and broken:
+                raise so.StoreError("channel state: database disk image is malformed")
+            return read(channel, key, **hub)
+
+        monkeypatch.setattr(hub.state, "recall", recall)
+        async with manual(hub):
+            await rt.generate("support", prompt="Refund A")
+            await hub.poll()
+            await hooks.drain()
+            receiver.statuses = [503]  # B's opening is given up on
+            await rt.generate("support", prompt="Refund B")
+            await hub.poll()
+            await hooks.drain()
+            monkeypatch.setattr(given_up, "REDO_EVERY", 0.0)
+            clock.advance(3100)  # within 600 s of the deadlines: each warning fails
+            for _ in range(2):
+                await hub.poll()
+                await hooks.drain()
+            types = [json.loads(b)["type"] for _, b in receiver.accepted]
+            assert types == ["request.opened", "request.opened"]
+            broken.clear()
+            await hub.poll()
+            await hooks.drain()
+        types = [json.loads(b)["type"] for _, b in receiver.accepted]
+        assert types == ["request.opened"] * 2 + ["request.expiring"] * 2

@@ -19,7 +19,7 @@ from .._exceptions import SignoffError
 from ._base import logger, off_loop
 from ._shared import Shared
 from ._webhook_refusals import refused
-from ._webhook_urls import endpoint, masked
+from ._webhook_urls import endpoint, masked, spellings
 
 if TYPE_CHECKING:
     from .webhooks import WebhookChannel
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DROPPING",
     "OUTBOX",
+    "by_digest",
     "digest",
     "drop_copy",
     "drop_pending",
@@ -116,32 +117,44 @@ async def take_copies(channel: WebhookChannel) -> None:
     copies = await shared.listed(OUTBOX)
     if not copies:
         return
-    urls = {digest(url): url for url in channel.urls}
+    urls = by_digest(channel.urls)
 
-    def keep_absent() -> tuple[int, list[str]]:
+    def keep_absent() -> tuple[int, dict[str, Any]]:
         have = {key for key, _ in channel.memos(OUTBOX)}
         done = refused(channel)
-        taken, stale = 0, []
+        taken = 0
+        rekeyed: dict[str, Any] = {}
         for key, kept, _ in copies:
-            digest, _, delivery = key.removeprefix(OUTBOX).partition(" ")
-            url = urls.get(digest)
+            named, _, delivery = key.removeprefix(OUTBOX).partition(" ")
+            url = urls.get(named)
             if url is not None and f"{url} {delivery}" in done:
-                stale.append(key)  # refused, its copy kept by a crash or an outage
+                rekeyed[key] = None  # refused, its copy kept by a crash or an outage
                 continue
-            if url is None or not readable(kept) or f"{OUTBOX}{url} {delivery}" in have:
+            if url is None or not readable(kept):
                 continue
-            channel.remember(f"{OUTBOX}{url} {delivery}", kept)
-            taken += 1
-        return taken, stale
+            if named != digest(url):  # an earlier spelling's: kept again under the URL's own
+                rekeyed[f"{OUTBOX}{digest(url)} {delivery}"] = kept
+                rekeyed[key] = None
+            if f"{OUTBOX}{url} {delivery}" not in have:
+                channel.remember(f"{OUTBOX}{url} {delivery}", kept)
+                have.add(f"{OUTBOX}{url} {delivery}")
+                taken += 1
+        return taken, rekeyed
 
-    taken, stale = await off_loop(keep_absent)
-    await shared.keep(dict.fromkeys(stale))
+    taken, rekeyed = await off_loop(keep_absent)
+    await shared.keep(rekeyed)  # one write: a crash loses neither key's copy
     if taken:
         logger.warning(
             "channel %s: sending %s deliveries another state kept in the store unsent",
             channel.name,
             taken,
         )
+
+
+def by_digest(urls: list[str]) -> dict[str, str]:
+    """Each URL by the `digest` its deliveries' copies and waits are kept under in the store,
+    and by that of the spelling an earlier signoff kept them under (`spellings`)."""
+    return {digest(spelled): url for url in urls for spelled in reversed(spellings(url))}
 
 
 def readable(kept: Any) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._base import off_loop
-from ._webhook_urls import masked
+from ._webhook_urls import endpoint, masked
 
 if TYPE_CHECKING:
     from .webhooks import WebhookChannel
@@ -50,10 +50,11 @@ def note_refusal(
 
 def refused(ch: WebhookChannel) -> set[str]:
     """The deliveries `ch`'s state records as refused, each as `"{url} {delivery}"`: what a
-    crash or a store outage left kept after the refusal was recorded is not sent again."""
+    crash or a store outage left kept after the refusal was recorded is not sent again. One
+    an earlier signoff recorded under another spelling of the URL is under its `endpoint`."""
     found: set[str] = set()
     for key, kept in ch.memos(_KEY):
-        url = key.removeprefix(_KEY)
+        url = endpoint(key.removeprefix(_KEY))
         if isinstance(kept, list):
             found.update(f"{url} {r.get('delivery')}" for r in kept if isinstance(r, dict))
     return found

@@ -9,7 +9,7 @@ from typing import Any
 
 from .._exceptions import UsageError
 
-__all__ = ["checked_urls", "endpoint", "httpx_module", "masked", "without_login"]
+__all__ = ["checked_urls", "endpoint", "httpx_module", "masked", "spellings", "without_login"]
 
 _HOST = re.compile(rb"[A-Za-z0-9._-]+")
 """A host as httpx sends it (IDNA-encoded): a name, or an IPv4 address."""
@@ -19,7 +19,8 @@ def checked_urls(urls: str | Sequence[str]) -> list[str]:
     """`urls` as a list, each an http(s) URL httpx can send to, naming a host and a usable port,
     none twice (one queue per URL: twice would deliver twice). Each is its `endpoint`: a scheme
     and a host are case-insensitive (RFC 3986 3.1, 3.2.2) and a scheme's own port is no other,
-    so `HTTPS://Example.com:443/x` and `https://example.com/x` are one URL."""
+    so `HTTPS://Example.com:443/x` and `https://example.com/x` are one URL, as are
+    `http://host` and `http://host/`."""
     httpx = httpx_module()  # fail at configuration time, with the install hint
     if not isinstance(urls, str | Sequence):
         raise UsageError(f"WebhookChannel takes a URL or a list of URLs, not {urls!r}")
@@ -58,9 +59,10 @@ _OWN_PORTS = {"http": "80", "https": "443"}
 
 def endpoint(url: str) -> str:
     """`url` as one endpoint is written however it was spelled: its scheme and host in
-    lowercase, its scheme's own port (`:443` of https) left out, the rest (path, query, any
-    login) as it is. Deliveries are queued and kept under it. A URL httpx cannot read, or one
-    whose rewriting httpx would read otherwise, is returned as it is."""
+    lowercase, its scheme's own port (`:443` of https) left out, no path as `/` (what httpx
+    sends to), the rest (path, query, any login) as it is. Deliveries are queued and kept
+    under it. A URL httpx cannot read, or one whose rewriting httpx would read otherwise, is
+    returned as it is."""
     httpx = httpx_module()
     scheme, sep, rest = str(_lowercase_scheme(url)).partition("://")
     # The authority as httpx reads it: up to the first `/`, `?` or `#`; its host after the
@@ -75,12 +77,24 @@ def endpoint(url: str) -> str:
         host, _, port = hostport.partition(":")
     if port.lstrip("0") == _OWN_PORTS.get(scheme):  # no int(): a stored key may be anything
         port = ""
-    shown = f"{scheme}{sep}{login}{at}{host.lower()}{':' if port else ''}{port}{rest[end:]}"
+    path = rest[end:] if rest[end:].startswith("/") else f"/{rest[end:]}"  # as httpx sends it
+    shown = f"{scheme}{sep}{login}{at}{host.lower()}{':' if port else ''}{port}{path}"
     try:
         same = _read(httpx.URL(shown)) == _read(httpx.URL(url))
     except (httpx.InvalidURL, UnicodeError):
         return url
     return shown if same else url
+
+
+def spellings(url: str) -> list[str]:
+    """`url` (an `endpoint`) and the spelling an earlier signoff kept its deliveries and waits
+    under in the store, by digest, when it was given without a path (`http://host`, now
+    `http://host/`). Other spellings were written as the operator gave them, and are not known."""
+    scheme, sep, rest = url.partition("://")
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    if not sep or rest[end : end + 1] != "/" or rest[end + 1 : end + 2] not in ("", "?", "#"):
+        return [url]
+    return [url, f"{scheme}{sep}{rest[:end]}{rest[end + 1 :]}"]
 
 
 def _read(url: Any) -> tuple[Any, ...]:

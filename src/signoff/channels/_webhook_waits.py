@@ -16,7 +16,7 @@ from .._exceptions import SignoffError
 from ._base import logger, off_loop
 from ._retries import MAX_WAIT
 from ._shared import Shared
-from ._webhook_outbox import digest
+from ._webhook_outbox import by_digest, digest
 from ._webhook_urls import masked
 
 if TYPE_CHECKING:
@@ -72,15 +72,22 @@ class Waits:
         shared = self._shared()
         now = time.monotonic()
         if shared is not None:
-            urls = {digest(url): url for url in ch.urls}
+            urls = by_digest(ch.urls)
             over: dict[str, Any] = {}
+            moved: set[str] = set()
             for key, kept, age in await shared.listed(ASKED):
                 wait = _seconds(kept) - age
-                url = urls.get(key.removeprefix(ASKED))
+                named = key.removeprefix(ASKED)
+                url = urls.get(named)
                 if wait <= 0:
                     over[key] = None
                 elif url is not None:
                     self.until[url] = max(self.until.get(url, 0.0), now + min(wait, MAX_WAIT))
+                    if named != digest(url):  # an earlier spelling's: kept under the URL's own
+                        over[key] = None
+                        moved.add(url)
+            for url in moved:
+                over[f"{ASKED}{digest(url)}"] = {"seconds": self.left(url)}
             if over:
                 await shared.keep(over)
         elif ch._state is not None:

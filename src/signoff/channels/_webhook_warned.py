@@ -3,13 +3,17 @@ runtime's store beside the hub's claim (memo `<hub>.<channel>:warned:<request>`)
 the hub's state: a hub taking over on another machine (another state), or started again on a
 state that lost the memo, does not warn of the same request again. Both are dropped when the
 request closes. On a store without channel memos (one of your own, an earlier signoff's) it is
-kept in the state only, as before."""
+kept in the state only, as before.
+
+A request whose row the store cannot read (`StoreDamaged`) is passed, logged once: the
+others are warned of as due, and the channel's rounds of redelivery go on."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._base import off_loop
+from .._exceptions import SchemaVersionError, StoreDamaged
+from ._base import logger, off_loop
 from ._shared import Shared
 
 if TYPE_CHECKING:
@@ -22,6 +26,7 @@ __all__ = [
     "drop_warned_erased",
     "keep_warned",
     "may_be_warned",
+    "warn",
     "was_warned",
 ]
 
@@ -80,3 +85,63 @@ async def drop_warned(channel: WebhookChannel, request: InputRequest) -> None:
     if shared is not None and may_be_warned(request):
         await shared.keep({key: None})
     await off_loop(channel.forget, key)
+
+
+async def warn(channel: WebhookChannel, now: float) -> None:
+    """Queue `request.expiring` for each request within `expiring_within` of its deadline. A
+    row written by a newer signoff (`SchemaVersionError`) is tried again at the next tick, the
+    others warned of first; any other store failure is raised at once (the next tick tries
+    again)."""
+    newer: SchemaVersionError | None = None
+    for rid, r in list(channel._deadlines.items()):
+        assert r.expires_at is not None
+        if now < r.expires_at - channel.expiring_within:
+            continue
+        try:
+            due = rid in channel._unkept or (
+                now < r.expires_at
+                and await _still_expiring(channel, r)
+                and not await was_warned(channel, rid)
+            )
+        except SchemaVersionError as exc:
+            newer = newer or exc
+            continue
+        if due:
+            # Queued (and kept) before it counts as warned, in the store and the state: one
+            # that fails in between leaves it for the next tick instead of losing it, which
+            # keeps the memo without queuing the warning again.
+            if rid not in channel._unkept:
+                await channel.enqueue("request.expiring", r)
+                channel._unkept.add(rid)
+            await keep_warned(channel, rid)
+            channel._unkept.discard(rid)
+        channel._deadlines.pop(rid, None)
+    if newer is not None:
+        raise newer
+
+
+async def _still_expiring(channel: WebhookChannel, request: InputRequest) -> bool:
+    """Whether `request` is open with the deadline it was shown with, as stored now. An
+    opening delivered late (one the hub gave up on, delivered again at its next start) can
+    come after the request's close: it is not warned about, and no memo is left behind
+    that its close (already delivered) would have dropped. A row the store cannot decode is
+    not (logged, and passed for good: it reads the same at every tick)."""
+    if channel._runtime is None:
+        return True
+    try:
+        stored = await channel._runtime.store.get_request(request.id)
+    except StoreDamaged as exc:
+        logger.warning(
+            "channel %s passes request %s (session %s): the store holds its row damaged: %s; "
+            "no request.expiring is sent for it",
+            channel.name,
+            request.id,
+            request.session_id,
+            exc,
+        )
+        return False
+    return (
+        stored is not None
+        and stored.status == "pending"
+        and stored.request.expires_at == request.expires_at
+    )

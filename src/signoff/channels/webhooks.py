@@ -67,7 +67,7 @@ from ._webhook_signatures import secret_list, sign_webhook, signed_headers, veri
 from ._webhook_stop import Stop
 from ._webhook_urls import checked_urls, httpx_module, masked
 from ._webhook_waits import Waits
-from ._webhook_warned import drop_warned, drop_warned_erased, keep_warned, was_warned
+from ._webhook_warned import drop_warned, drop_warned_erased, warn
 
 if TYPE_CHECKING:
     import httpx
@@ -274,52 +274,23 @@ class WebhookChannel(Channel):
         """Queue the kept deliveries a start could not read, and the warnings now due. What the
         state fails is tried again at the next tick, logged when it starts failing, when its
         error changes and once it works, not at every poll."""
+        failure: StoreError | None = None
         try:
             if self._unrestored:
                 await self._restore()
             elif self._undropped:  # store copies of deliveries done that the store kept
                 await drop_pending(self)
-            await self._warn(now)
+            await warn(self, now)
+        except StoreError as exc:
+            failure = exc
+        try:  # a warning that fails holds back no redelivery
             await self._rounds.redo()
         except StoreError as exc:
-            self._failing.failed(exc)
-            return
-        self._failing.worked()
-
-    async def _warn(self, now: float) -> None:
-        """Queue `request.expiring` for each request within `expiring_within` of its deadline."""
-        for rid, r in list(self._deadlines.items()):
-            assert r.expires_at is not None
-            if now < r.expires_at - self.expiring_within:
-                continue
-            if rid in self._unkept or (
-                now < r.expires_at
-                and await self._still_expiring(r)
-                and not await was_warned(self, rid)
-            ):
-                # Queued (and kept) before it counts as warned, in the store and the state: one
-                # that fails in between leaves it for the next tick instead of losing it, which
-                # keeps the memo without queuing the warning again.
-                if rid not in self._unkept:
-                    await self.enqueue("request.expiring", r)
-                    self._unkept.add(rid)
-                await keep_warned(self, rid)
-                self._unkept.discard(rid)
-            self._deadlines.pop(rid, None)
-
-    async def _still_expiring(self, request: InputRequest) -> bool:
-        """Whether `request` is open with the deadline it was shown with, as stored now. An
-        opening delivered late (one the hub gave up on, delivered again at its next start) can
-        come after the request's close: it is not warned about, and no memo is left behind
-        that its close (already delivered) would have dropped."""
-        if self._runtime is None:
-            return True
-        stored = await self._runtime.store.get_request(request.id)
-        return (
-            stored is not None
-            and stored.status == "pending"
-            and stored.request.expires_at == request.expires_at
-        )
+            failure = failure or exc
+        if failure is not None:
+            self._failing.failed(failure)
+        else:
+            self._failing.worked()
 
     # -- delivery -----------------------------------------------------------------------------
 
