@@ -310,3 +310,21 @@ async def test_a_delivery_kept_under_a_url_without_a_path_is_sent_once(
             assert await store.channel_memos(f"{hub.name}.webhooks:outbox:") == []
             await client.aclose()
     assert sent == [("https://example.com/", body["id"])]
+
+
+async def test_a_wait_kept_under_a_url_without_a_path_is_waited_out(store_url: str) -> None:
+    """What `https://example.com` asked with `Retry-After`, kept in the store under that
+    spelling's digest, holds back `https://example.com/` too, and is kept again under its own
+    digest (so a later answer lifts it), not left to be waited out again."""
+    async with so.Runtime([refund_agent()], store=store_url) as rt:
+        store: Any = rt.store
+        hooks = WebhookChannel("https://example.com", SECRET)
+        hub = ChannelHub(rt, [hooks])
+        old = f"{hub.name}.webhooks:asked:{digest('https://example.com')}"
+        await store.keep_channel_memos({old: json.dumps({"seconds": 600})}, rt.now())
+        async with manual(hub):
+            assert 590 < hooks._waits.left("https://example.com/") <= 600
+            kept = await store.channel_memos(f"{hub.name}.webhooks:asked:")
+        assert [name for name, _, _ in kept] == [
+            f"{hub.name}.webhooks:asked:{digest('https://example.com/')}"
+        ]
