@@ -22,6 +22,7 @@ __all__ = [
     "csp_violations",
     "page",
     "session",
+    "settled",
     "start",
 ]
 
@@ -137,3 +138,14 @@ def session(base: str, sid: str) -> dict[str, Any]:
     )
     body: dict[str, Any] = r.json()
     return body
+
+
+def settled(p: Page, rid: str) -> None:
+    """Wait until no button of the request's card moved on screen less than 0.8 s ago: a click
+    on one that a live change (a card leaving, the page's scroll pulled back) just moved is
+    refused (aim.js)."""
+    p.wait_for_function(
+        """(rid) => [...document.querySelectorAll(`[data-request-id="${rid}"] button`)]
+          .every((b) => !(performance.now() - Number(b.dataset.movedAt) < 800))""",
+        arg=rid,
+    )

@@ -18,7 +18,7 @@ from playwright.sync_api import Browser, Page, expect
 import signoff as so
 from signoff.server import TokenAuth, create_app
 
-from ._dashboard_browser import base, browser, page, session, start
+from ._dashboard_browser import base, browser, page, session, settled, start
 from .test_server_common import PLAIN, ROOT, TOKENS, auth, running, tool_output
 
 __all__ = ["base", "browser", "page"]  # the fixtures, used by name
@@ -281,6 +281,7 @@ def test_enter_in_a_text_box_never_picks_an_action(
     if javascript:
         expect(reason).to_have_value("Refunds over 100 need a manager")  # still typed
         card = p.locator(f"[data-request-id='{rid}']")
+        settled(p, rid)  # the answered card's leaving shortened the page: this one slid down
         card.get_by_text("Edit arguments before approving").click()
         card.locator("textarea[name=edited_input]").fill("{")
         card.get_by_role("button", name="Approve").click()

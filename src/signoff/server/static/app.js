@@ -334,7 +334,10 @@
     const was = drawn.dataset.query;
     const said = drawn.querySelector(".pager-note");
     if (said && !pager.querySelector(".pager-note") && pager.dataset.query === was) pager.append(said);
+    // One dropped or shorter on a page scrolled to its bottom pulls the cards above down.
+    moved(false);
     drawn.replaceWith(pager);
+    moved(true);
     if (pager.dataset.query !== was) {
       const query = pager.dataset.query ? "?" + pager.dataset.query : "";
       history.replaceState(history.state, "", location.pathname + query + location.hash);
@@ -400,10 +403,10 @@
         const trace = document.getElementById("trace");
         const rows = fragment(data.rows);
         rows.querySelectorAll("li").forEach((li) => li.classList.add("new"));
-        trace.appendChild(rows);
         const status = () => (document.querySelector("[data-session-status]") || {}).textContent;
         const was = status();
         moved(false);
+        trace.appendChild(rows);
         document.getElementById("session-header").innerHTML = data.header;
         moved(true);
         if (status() !== was) toast("The session is now " + status());  // read out, too
@@ -416,7 +419,11 @@
           const forms = [...root.querySelectorAll("form")].map((f) => f.id + ":" + ((f.elements.namedItem("turn") || {}).value || ""));
           return forms.length ? forms.join(" ") : (root.textContent || "").trim();
         };
-        if (drawn && shape(offer) !== shape(drawn)) drawn.replaceChildren(offer);
+        if (drawn && shape(offer) !== shape(drawn)) {
+          moved(false);
+          drawn.replaceChildren(offer);
+          moved(true);
+        }
         mergeCards(document.getElementById("session-pending"), data.pending,
           (id) => prefix + "/requests/" + encodeURIComponent(id) + "/place?in=session");
         repage(fragment(data.pager).querySelector("[data-pager]"));
