@@ -1,9 +1,11 @@
 """What `signoff chat` and `signoff approve` say after the default rule refused an answer
 (`_asker`): the `--as` that answers as the asker when it names them, and for a scheduled turn's
-request, which the app asked and no `--as` can name, that only the application can settle it."""
+request, which the app asked and no `--as` can name, that only the application can settle it;
+and that their hints naming a MODULE:RUNTIME name no store but one typed."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -13,7 +15,18 @@ from typer.testing import CliRunner
 import signoff as so
 from signoff.cli import app
 
-from ._cli import TARGET, agent, invoke, log, park, refunds_run, runtime_module, url
+from ._cli import (
+    TARGET,
+    agent,
+    flaky,
+    flaky_step,
+    invoke,
+    log,
+    park,
+    refunds_run,
+    runtime_module,
+    url,
+)
 
 __all__ = ["url"]  # the fixture, used by name
 
@@ -106,6 +119,51 @@ def test_a_runtime_with_its_own_store_is_hinted_without_one(
     done = invoke(*shlex.split(hint))
     assert done.exit_code == 0, done.output
     assert refunds_run(log(url, session_id)) == 1
+
+
+def test_chat_hints_a_response_policys_runtime_without_its_own_store(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request left pending at chat's prompt whose tool has a response policy is answered
+    with the runtime, which opens its own store: the hint named that store too, its password as
+    `***`, so that run as printed it failed (PostgreSQL refused the password)."""
+    target = runtime_module(tmp_path, monkeypatch, "own_store", repr(url), agent="deployer")
+    chat = CliRunner().invoke(app, ["chat", target], input="Deploy prod\n", env=WIDE)
+    assert chat.exit_code == 0, chat.output
+    later = re.search(r"answer it later with `signoff (approve [^`]+)`", chat.output)
+    assert later, chat.output
+    with so.Runtime([], store=url) as rt:
+        [request] = rt.pending_sync()
+    assert shlex.split(later.group(1)) == ["approve", request.id, target]
+    # as printed, but by another than the asker, whom the policy lets approve
+    done = invoke(*shlex.split(later.group(1)), "--as", "web:bob")
+    assert done.exit_code == 0, done.output
+    assert "deployer: Deployed." in done.stdout
+
+
+def test_a_failed_turns_resume_command_names_no_runtimes_own_store(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`approve ID MODULE:RUNTIME`, whose turn then fails, says the `signoff chat` that resumes
+    it: with the runtime, which opens its own store, and so without that store's URL (a
+    password masked in it, it failed as printed). It resumes the turn as printed."""
+    target = runtime_module(tmp_path, monkeypatch, "own_store", repr(url), agent="flaky")
+    flaky_step.failed = False
+    rt = so.Runtime([flaky], store=url)
+    try:
+        parked = rt.generate_sync("flaky", "Refund order 1042")
+    finally:
+        rt.close_sync()
+    result = invoke("approve", parked.pending[0].id, target)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        "error: the turn failed: ModelError: upstream timed out; it resumes with signoff chat "
+        f"{target} --session {parked.session_id}\n"
+    )
+    _, resume = result.stderr.split("; it resumes with signoff ")
+    resumed = CliRunner().invoke(app, shlex.split(resume), input="")
+    assert resumed.exit_code == 0, resumed.output
+    assert "flaky: Refunded 180.00." in resumed.output
 
 
 def test_no_as_is_hinted_for_an_asker_one_line_cannot_show(url: str) -> None:

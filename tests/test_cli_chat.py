@@ -157,6 +157,25 @@ def test_an_answer_chat_cannot_take_is_asked_again(url: str) -> None:
     assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
 
 
+def test_a_yes_holding_a_byte_not_utf8_approves_nothing(url: str) -> None:
+    """`y` and a byte that is not UTF-8, piped in (a lone surrogate to Python), approved the
+    call: the byte was passed over as a character that draws nothing. The approval is asked
+    again, as at any other line it does not take."""
+    chat = subprocess.run(
+        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
+        cwd=ROOT,
+        input=b"refund 1042\ny\xff\nn\n\n",
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8:surrogateescape"},
+        timeout=60,
+    )
+    output = chat.stdout.decode()
+    [session] = json.loads(invoke("sessions", "--store", url, "--json").stdout)
+    assert refunds_run(log(url, session["id"])) == 0, output
+    assert chat.returncode == 0, (output, chat.stderr)
+    assert "answer y or n" in output and output.count("(y/N)") == 2, output
+
+
 def test_chat_names_the_schema_of_its_store_in_the_command_it_prints(
     pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

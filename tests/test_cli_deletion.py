@@ -3,21 +3,28 @@ refused with nothing changed, and the confirmation asked at a terminal."""
 
 from __future__ import annotations
 
+import asyncio
+import importlib
+import io
 import os
 import pty
 import signal
 import subprocess
 import sys
+import uuid
+from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 import signoff as so
+from signoff.channels import TerminalChannel
 from signoff.cli import _deletion, app
-from signoff.testing import reply, scripted_agent
+from signoff.testing import ManualClock, reply, scripted_agent
 
 from ._audit import alter
-from ._cli import ROOT, invoke, park, refused_usage, url
+from ._cli import ROOT, invoke, log, park, refused_usage, url
 from .test_cli_interrupts import _read_until, _wait_until_blocked
 
 __all__ = ["url"]  # the fixture, used by name
@@ -186,3 +193,51 @@ def test_with_standard_input_closed_deleting_asks_for_yes(url: str, command: str
     assert done.returncode == 2, done.stderr
     assert "pass --yes" in done.stderr and "Traceback" not in done.stderr
     assert _deletions(url) == []
+
+
+def test_delete_with_the_runtime_answered_no_records_no_passed_ttl(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`delete SESSION_ID MODULE:RUNTIME` read the session for its question through the loaded
+    runtime, which recorded the TTL that had passed with nothing recording it (its request
+    expired, the turn failed) before asking: an answer of no left two events more. The question
+    shows the state as recorded, and only a yes writes."""
+    monkeypatch.setattr(_deletion, "_can_ask", lambda: True)
+    module = f"short_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text(
+        "import signoff as so\nfrom tests._cli import agent\n"
+        "short = so.Agent(name='support', model=agent.model, tools=list(agent.tools.values()), "
+        "limits=so.Limits(ttl=60))\n"
+        f"runtime = so.Runtime([short], store={store_url!r})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
+    short = importlib.import_module(module).short
+    with so.Runtime([short], store=store_url, clock=ManualClock(1_600_000_000)) as rt:
+        session_id = rt.generate_sync("support", "Refund order 1042").session_id
+    before = log(store_url, session_id)
+    kept = CliRunner().invoke(app, ["delete", session_id, f"{module}:runtime"], input="n\n")
+    assert kept.exit_code == 1, kept.output
+    assert f"Delete session {session_id} (support, failed, " in kept.stdout
+    assert "Nothing deleted." in kept.stdout
+    assert log(store_url, session_id) == before
+    assert _deletions(store_url) == []
+    gone = CliRunner().invoke(app, ["delete", session_id, f"{module}:runtime"], input="y\n")
+    assert gone.exit_code == 0, gone.output
+    assert [e["session_id"] for e in _deletions(store_url)] == [session_id]
+
+
+def test_the_confirmation_takes_no_yes_holding_a_byte_not_utf8(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`y` and a byte that is not UTF-8 (Python's lone surrogate) read as `y`: the byte was
+    passed over as a character that draws nothing. It is asked again, as at `maybe`."""
+    typed = io.TextIOWrapper(io.BytesIO(b"y\xff\nn\n"), errors="surrogateescape")
+    monkeypatch.setattr(sys, "stdin", typed)
+    console = Console(record=True, file=io.StringIO())
+
+    async def ask() -> bool:  # in a command's event loop, as `delete` asks
+        return _deletion._confirmed(TerminalChannel(console), "Delete it?")
+
+    assert not asyncio.run(ask())
+    assert "answer y or n" in console.export_text()

@@ -345,6 +345,25 @@ def test_channel_reads_a_full_width_yes_or_no_as_the_text_channel_does(
     assert "answer y or n" not in console.export_text()
 
 
+@pytest.mark.parametrize("typed", ["y\udcff", "\udcffyes", "1\udcff"])
+def test_channel_refuses_a_line_holding_a_byte_not_utf8(typed: str) -> None:
+    """A byte that is not UTF-8, piped in (Python's lone surrogate), was passed over as if it
+    drew nothing: `y` and it approved the call, `1` and it chose the first option. The line is
+    refused and asked again, as any other the prompt does not take."""
+    question = _request(
+        kind="question", action=None, question="Which?", options=[so.Option(id="s", label="S")]
+    )
+    asked = typed.startswith("1")
+    channel, prompts, console = _channel([typed, "S"] if asked else [typed, "no", ""])
+    try:
+        answer = channel.ask(question if asked else _request())
+        then = "s" if asked else "cancel"  # what the line after it says
+        assert answer == so.InputResponse(request_id="req_1", option_id=then)
+        assert ("choose 1" if asked else "answer y or n") in console.export_text()
+    finally:
+        console.file.close()
+
+
 def test_channel_denies_by_default_and_asks_why() -> None:
     channel, prompts, console = _channel(["", "too much"])
     try:

@@ -22,7 +22,7 @@ from rich.markup import escape
 from .._exceptions import UsageError
 from .._option_names import folded, how_to_choose, named_options, numbers_clash
 from .._sync import checked_clock, is_async
-from .._text import HIDDEN, escape_as_json, is_blank
+from .._text import HIDDEN, escape_as_json, is_blank, is_utf8
 from .._types import InputRequest, InputResponse
 from ._tty import read_terminal_line, terminal_stdin
 
@@ -250,6 +250,9 @@ class TerminalChannel:
             answer = self.read(prompt)
             if answer is None:
                 return None
+            if not is_utf8(answer):  # a byte not UTF-8 (piped in), which `folded` would drop
+                self.console.print("  [red]answer y or n[/]")
+                continue
             answer = folded(answer)  # as the text channel reads it: `ｙｅｓ` is yes
             if answer in _VIEW:
                 self._show_all(request)
@@ -282,7 +285,8 @@ class TerminalChannel:
             answer = self.read(f"  [dim]({hint}):[/] ")
             if answer is None:
                 return None
-            named = named_options(request.options, answer)
+            # A byte not UTF-8 names no option (`1` and one would be the first): text refused.
+            named = named_options(request.options, answer) if is_utf8(answer) else []
             if len(named) == 1:
                 return InputResponse(request_id=request.id, option_id=named[0].id)
             if len(named) > 1:  # a label that is another option's number: never guessed

@@ -183,10 +183,11 @@ class _Chat:
         """The arguments that answer `request` from another terminal as this chat would: its
         store and principal, and the runtime when only the tool's response policy can decide."""
         args = [request.id]
-        if request.response_policy:
-            args.append(self.target)
         url = getattr(self.runtime.store, "url", None)
-        if isinstance(url, str):
+        if request.response_policy:
+            # The store only as typed: the runtime's own URL, password masked, would not open.
+            args += [self.target, *(store_args(self.store) if self.store else [])]
+        elif isinstance(url, str):
             args += store_args(url)
         if self.acting_as is not None:
             args += ["--as", self.acting_as]

@@ -13,6 +13,7 @@ import typer
 from .._exceptions import StoreBusy, StoreError, StoreUnavailable, UsageError
 from .._option_names import folded
 from .._runtime import Runtime
+from .._text import is_utf8
 from .._types import Principal
 from ..channels.terminal import TerminalChannel, printable
 from ..stores import SQLiteStore
@@ -90,7 +91,7 @@ def _confirmed(terminal: TerminalChannel, question: str) -> bool:
         if answer is None:
             terminal.console.print()
             return False
-        answer = folded(answer)
+        answer = folded(answer) if is_utf8(answer) else answer  # a byte not UTF-8: never y
         if answer in ("y", "yes"):
             return True
         if answer in ("", "n", "no"):
@@ -143,9 +144,12 @@ async def _delete(
     force: bool = False,
 ) -> None:
     console = out()
-    async with await store_runtime(target, store, upgrade=False) as runtime:
+    runtime = await store_runtime(target, store, upgrade=False)
+    # The question's look writes nothing: MODULE:RUNTIME's read would record a passed TTL (and
+    # its tool settings) before the answer. One of no agents shows the state as recorded.
+    async with Runtime([], store=runtime.store) as looking:
         try:  # an unknown id: UnknownSession, asked nothing
-            state = await runtime.state(session_id)
+            state = await looking.state(session_id)
             about = f"{printable(state.agent)}, {state.status}, {state.seq} events"
         except (StoreUnavailable, StoreBusy):
             raise
@@ -162,6 +166,7 @@ async def _delete(
             if not _confirmed(TerminalChannel(console), shown):
                 console.print("Nothing deleted.")
                 raise typer.Exit(1)
+    async with runtime:
         deleted = await runtime.delete_session(session_id, by=principal, reason=reason, force=force)
     others = deleted[1:]
     also = f" and {len(others)} subagent session(s): {', '.join(others)}" if others else ""

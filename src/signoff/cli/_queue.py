@@ -352,11 +352,13 @@ async def _settle(
             raise wrong
         # Who may not answer it is told to run as the asker what answers it: what was typed,
         # with its flag, where the request takes it, on this runtime and store (a runtime's
-        # own store is not named: its URL, password masked, would not open it).
+        # own store is not named: its URL, password masked, would not open it); so too in
+        # the `signoff chat` printed to continue the turn.
         if target:
-            runs_on = [target, *(store_args(store) if store else [])]
+            on_store = store_args(store) if store else []
         else:
-            runs_on = store_args(runtime.store.url)
+            on_store = store_args(runtime.store.url)
+        runs_on = [target, *on_store] if target else on_store
         hinted = answering(command, request, None if wrong is not None else answer, runs_on)
         if loaded is None and (
             request.response_policy or await response_policy_recorded(runtime.store, request)
@@ -421,7 +423,7 @@ async def _settle(
     else:
         given = answer.option_id if answer.option_id is not None else compact_json(answer.text)
         console.print(f"[green]answered[/] {request_id} with {printable(given)} {where}")
-    on = "".join(f" {shlex.quote(arg)}" for arg in store_args(runtime.store.url))
+    on = "".join(f" {shlex.quote(arg)}" for arg in on_store)
     if result.pending:  # `running` too: an approved call can run while another still waits
         ids = ", ".join(r.id for r in result.pending)
         console.print(f"[yellow]the turn still waits on: {ids}[/]")
