@@ -34,6 +34,30 @@ def cluster() -> Iterator[PgCluster]:
         cluster.stop()
 
 
+_WRITERS = ("walwriter", "background writer", "checkpointer", "autovacuum launcher")
+"""The server processes that write the WAL out on their own: the WAL writer, and those that may
+flush it first (a dirty page written, a checkpoint, an autovacuum worker's commit)."""
+
+
+async def _wal_writers(admin_url: str) -> list[int]:
+    """After a checkpoint (all so far on disk), the pids of the server's `_WRITERS`: stopped
+    (SIGSTOP), async commits stay in the WAL buffers whatever the machine's timing, and a crash
+    (SIGKILL) loses them; stopping only the WAL writer, a page written meanwhile once kept them."""
+    async with await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as a:
+        await a.execute("CHECKPOINT")
+        cur = await a.execute(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = ANY(%s)", (list(_WRITERS),)
+        )
+        pids = [int(pid) for (pid,) in await cur.fetchall()]
+    assert len(pids) == len(_WRITERS), pids
+    return pids
+
+
+def _signal(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        os.kill(pid, sig)
+
+
 async def _head(url: str, sid: str) -> int:
     """The session's head once the server answers again (it restarts after the crash)."""
     for _ in range(600):
@@ -68,12 +92,7 @@ async def test_followers_across_a_server_crash_that_lost_shown_events_stop(
     ) as rt:
         sid = (await rt.generate("a", "one")).session_id
         kept = await rt.store.head(sid)
-        async with await psycopg.AsyncConnection.connect(cluster.admin_url, autocommit=True) as a:
-            await a.execute("CHECKPOINT")  # all so far on disk
-            cur = await a.execute(
-                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'"
-            )
-            (walwriter,) = await cur.fetchone() or (0,)
+        writers = await _wal_writers(cluster.admin_url)  # all so far on disk
         server = so.Runtime(_agents([]), store=url, poll_interval=0.05)
         app = create_app(server, auth=TokenAuth(TOKENS), poll_interval=0.05, heartbeat=0.5)
         with running(app) as base:
@@ -88,7 +107,7 @@ async def test_followers_across_a_server_crash_that_lost_shown_events_stop(
             streaming = asyncio.create_task(_raw_stream(base, sid, raw))
             try:
                 await _until(lambda: len(shown) == len(raw) == kept, "the followers caught up")
-                os.kill(walwriter, signal.SIGSTOP)  # async commits stay in the WAL buffers
+                _signal(writers, signal.SIGSTOP)  # async commits stay in the WAL buffers
                 try:
                     await rt.generate(session_id=sid, prompt="two")
                     reached = await rt.store.head(sid)
@@ -98,7 +117,7 @@ async def test_followers_across_a_server_crash_that_lost_shown_events_stop(
                         "the followers showed the second turn",
                     )
                 finally:
-                    os.kill(walwriter, signal.SIGKILL)  # the server crashes and recovers
+                    _signal(writers, signal.SIGKILL)  # the server crashes and recovers
                 after = await _head(url, sid)
                 assert kept is not None and kept < after < reached  # it lost the last ones
                 # Another process resumes the turn the crash left running (its message was

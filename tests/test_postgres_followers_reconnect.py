@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import time
 from collections.abc import Iterator
 from typing import Any, cast
 
 import httpx
-import psycopg
 import pytest
 
 import signoff as so
@@ -24,7 +22,7 @@ from signoff.testing import reply
 
 from .conftest import PgCluster
 from .test_followers_lost_commits import _agents
-from .test_postgres_followers_crash import _head, _until
+from .test_postgres_followers_crash import _head, _signal, _until, _wal_writers
 from .test_server_common import TOKENS, auth, running
 
 
@@ -57,12 +55,7 @@ async def test_a_follower_whose_shown_events_a_crash_lost_stops_once_the_server_
             listener._wake_all = lambda: None  # type: ignore[method-assign]
         sid = (await rt.generate("a", "one")).session_id
         kept = await rt.store.head(sid)
-        async with await psycopg.AsyncConnection.connect(cluster.admin_url, autocommit=True) as a:
-            await a.execute("CHECKPOINT")  # all so far on disk
-            cur = await a.execute(
-                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'"
-            )
-            (walwriter,) = await cur.fetchone() or (0,)
+        writers = await _wal_writers(cluster.admin_url)  # all so far on disk
         shown: list[so.Event] = []
 
         async def follow() -> None:
@@ -72,7 +65,7 @@ async def test_a_follower_whose_shown_events_a_crash_lost_stops_once_the_server_
         following = asyncio.create_task(follow())
         try:
             await _until(lambda: len(shown) == kept, "the follower caught up")
-            os.kill(walwriter, signal.SIGSTOP)  # async commits stay in the WAL buffers
+            _signal(writers, signal.SIGSTOP)  # async commits stay in the WAL buffers
             try:
                 await rt.generate(session_id=sid, prompt="two")
                 reached = await rt.store.head(sid)
@@ -83,7 +76,7 @@ async def test_a_follower_whose_shown_events_a_crash_lost_stops_once_the_server_
                     lambda: (sid, reached) in listener._follows.values(), "the follower waits"
                 )
             finally:
-                os.kill(walwriter, signal.SIGKILL)  # the server crashes and recovers
+                _signal(writers, signal.SIGKILL)  # the server crashes and recovers
             after = await _head(url, sid)
             assert kept is not None and kept < after < reached  # it lost the last ones
             with pytest.raises(so.EventsRewritten) as rewritten:
@@ -109,12 +102,7 @@ async def test_followers_resumed_past_what_a_crash_kept_stop_without_spinning(
         _agents([reply("One."), reply("Two.")]), store=url, poll_interval=0.05
     ) as rt:
         sid = (await rt.generate("a", "one")).session_id
-        async with await psycopg.AsyncConnection.connect(cluster.admin_url, autocommit=True) as a:
-            await a.execute("CHECKPOINT")  # all so far on disk
-            cur = await a.execute(
-                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'"
-            )
-            (walwriter,) = await cur.fetchone() or (0,)
+        writers = await _wal_writers(cluster.admin_url)  # all so far on disk
         server = so.Runtime(_agents([]), store=url, poll_interval=0.05)
         reads = 0
         read_events = server.store.read_events
@@ -131,7 +119,7 @@ async def test_followers_resumed_past_what_a_crash_kept_stop_without_spinning(
         followed: list[so.Event] = []
         raw: list[dict[str, Any]] = []
         with running(app) as base:
-            os.kill(walwriter, signal.SIGSTOP)  # async commits stay in the WAL buffers
+            _signal(writers, signal.SIGSTOP)  # async commits stay in the WAL buffers
             try:
                 await rt.generate(session_id=sid, prompt="two")
                 reached = await rt.store.head(sid)
@@ -144,14 +132,14 @@ async def test_followers_resumed_past_what_a_crash_kept_stop_without_spinning(
                 following = asyncio.create_task(follow())
                 streaming = asyncio.create_task(_resumed_stream(base, sid, reached, raw))
             except BaseException:
-                os.kill(walwriter, signal.SIGKILL)
+                _signal(writers, signal.SIGKILL)
                 raise
             try:
                 try:
                     # One wait on this loop's listener, one on the server's (its own loop).
                     await _until(lambda: _waits(store, (sid, reached)) == 2, "both followers wait")
                 finally:
-                    os.kill(walwriter, signal.SIGKILL)  # the server crashes and recovers
+                    _signal(writers, signal.SIGKILL)  # the server crashes and recovers
                 after = await _head(url, sid)
                 assert after < reached  # it lost the last ones
                 back, reads = time.monotonic(), 0
