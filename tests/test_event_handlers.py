@@ -134,7 +134,7 @@ def _delegating() -> tuple[so.SessionState, Any]:
     state.apply(event(3, "model.completed", tool_calls=calls, usage={"input_tokens": 5}))
     state.apply(event(4, "tool.started", call_id="c1", tool_name="orders"))
     step: dict[str, Any] = {"call_id": "c1", "tool_name": "orders", "index": 0, "kind": "step"}
-    state.apply(event(5, "tool.step", **step, name="subagent.session", result="ses_c"))
+    state.apply(event(5, "tool.step", **step, name="subagent.session", result="ses_c", child=True))
     return state, event
 
 

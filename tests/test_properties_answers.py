@@ -56,7 +56,13 @@ class OneQuestion:
         return None
 
     async def run_step(
-        self, index: int, name: str, run: Callable[[], Awaitable[Any]], *, plain: bool = False
+        self,
+        index: int,
+        name: str,
+        run: Callable[[], Awaitable[Any]],
+        *,
+        plain: bool = False,
+        child: bool = False,
     ) -> Any:
         raise AssertionError("no steps here")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -135,7 +136,7 @@ def test_a_keyed_journal_read_whole_places_entries_where_they_are() -> None:
     assert copy.turn is not None
     copied = copy.turn.calls["c"]
     assert copied.journal is None and copied.journaled and copied.keyed
-    copied.record(1, {"kind": "step", "name": "subagent.session", "result": "ses_2"})
+    copied.record(1, {"kind": "step", "name": "subagent.session", "result": "ses_2", "child": True})
     assert copied.subagents() == ["ses_2"]
     original = state.turn.calls["c"]
     assert [e and e.get("result") for e in original.journal or []] == [1, None, 2]
@@ -156,21 +157,44 @@ def test_the_children_kept_beside_the_journal_are_those_it_holds() -> None:
     as read from a whole journal (`kept_beside`)."""
     child = "subagent.session"
     positional = CallState(id="c", tool_name="x", input={})
-    positional.record(3, {"kind": "step", "name": child, "result": "ses_3"})
-    positional.record(1, {"kind": "step", "name": child, "result": "ses_1"})
-    positional.record(0, {"kind": "step", "name": child, "result": "ses_0"})
+    positional.record(3, {"kind": "step", "name": child, "result": "ses_3", "child": True})
+    positional.record(1, {"kind": "step", "name": child, "result": "ses_1", "child": True})
+    positional.record(0, {"kind": "step", "name": child, "result": "ses_0", "child": True})
     positional.record(0, {"kind": "step", "name": "other", "result": "x"})  # replaced
     positional.record(2, {"kind": "ask", "name": child, "request_id": "r"})
     positional.keyed = True  # as an older signoff's `tool.started` marked it, after entries
-    positional.record(0, {"kind": "step", "name": child, "result": "ses_k0"})
+    positional.record(0, {"kind": "step", "name": child, "result": "ses_k0", "child": True})
     positional.record(0, {"kind": "ask", "name": child, "request_id": "r2"})  # not a step's
-    positional.record(1, {"kind": "step", "name": child, "result": {"not": "an id"}})
+    positional.record(1, {"kind": "step", "name": child, "result": {"not": "an id"}, "child": True})
     assert positional.subagents() == ["ses_1", "ses_3", "ses_k0"]
     whole = CallState(id="c", tool_name="x", input={}, keyed=True, journal=positional.journal)
     whole.kept_beside()
     assert whole.subagents() == positional.subagents() and whole.kids == positional.kids
     assert whole.journaled
     without = CallState(id="c", tool_name="x", input={}, journal=None)
-    without.record(3, {"kind": "step", "name": child, "result": "ses_3"})
-    without.record(1, {"kind": "step", "name": child, "result": "ses_1"})
+    without.record(3, {"kind": "step", "name": child, "result": "ses_3", "child": True})
+    without.record(1, {"kind": "step", "name": child, "result": "ses_1", "child": True})
     assert without.subagents() == ["ses_1", "ses_3"] and without.journal is None
+
+
+def test_only_a_delegate_calls_own_step_makes_a_session_its_child() -> None:
+    """A `subagent.session` step names the call's child if it is marked so (`child`, as a
+    delegate call journals it) or, unmarked as an older signoff journaled it, names the session
+    the call's key derives (`child_id`); a tool's own step of that name naming any other session
+    makes it no child, read as it is recorded or from a whole journal (`kept_beside`)."""
+    name, key = "subagent.session", "ses_1:1:c"
+    own = "ses_" + hashlib.sha256(f"{key}:subagent".encode()).hexdigest()[:20]
+    for keyed in (False, True):
+        call = CallState(id="c", tool_name="x", input={}, idempotency_key=key, keyed=keyed)
+        call.record(0, {"kind": "step", "name": name, "result": "ses_other"})
+        call.record(1, {"kind": "step", "name": name, "result": own})
+        call.record(2, {"kind": "step", "name": name, "result": "ses_made", "child": True})
+        assert call.subagents() == [own, "ses_made"]
+        whole = CallState(
+            id="c", tool_name="x", input={}, idempotency_key=key, keyed=keyed, journal=call.journal
+        )
+        whole.kept_beside()
+        assert whole.kids == call.kids
+    unkeyed = CallState(id="c", tool_name="x", input={})  # no key: only a marked step names one
+    unkeyed.record(0, {"kind": "step", "name": name, "result": own})
+    assert unkeyed.subagents() == []

@@ -517,7 +517,9 @@ class _Recorded:
     def entries(self) -> list[dict[str, Any] | None]:
         return self.journal
 
-    async def run_step(self, index: int, name: str, run: object, *, plain: bool = False) -> object:
+    async def run_step(
+        self, index: int, name: str, run: object, *, plain: bool = False, child: bool = False
+    ) -> object:
         raise AssertionError(f"step {name!r} {index} ran again")
 
 

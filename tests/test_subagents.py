@@ -439,15 +439,15 @@ async def test_a_call_journaled_in_two_steps_by_an_older_signoff_replays_both(
     after = Counted("The refund went through.")
     parent, child = refund_agents(ran, after)
     two_step_children(monkeypatch)
-    step = ToolContext.step
+    step = ToolContext._step
 
-    async def older(ctx: ToolContext, name: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        result = await step(ctx, name, fn, *args, **kwargs)
+    async def older(ctx: ToolContext, name: str, fn: Any, *args: Any, child: bool = False) -> Any:
+        result = await step(ctx, name, fn, *args)  # unmarked (`child`), as it journaled it
         if name == "subagent.session":  # its second step, journaled (the turn starts after)
-            await step(ctx, "subagent.turn", _started)
+            await step(ctx, "subagent.turn", _started, (), {})
         return result
 
-    monkeypatch.setattr(ToolContext, "step", older)
+    monkeypatch.setattr(ToolContext, "_step", older)
     async with so.Runtime([parent, child], store=store_url) as rt:
         r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
         [mirror] = r.pending

@@ -217,7 +217,7 @@ class CallEnds(DriverPart):
             None if turn is None or turn.id != journal.turn_id else turn.calls.get(journal.call_id)
         )
         if call is not None and self.host is not None:  # a delegate call: what its child spent
-            specs = await with_spend(self.host.runtime, call, specs)
+            specs = await with_spend(self.host.runtime, self.state.id, call, specs)
         steered = None
         if call is not None and requests:
             # A message that steered the turn while the body ran ignores the approval it asked

@@ -7,7 +7,6 @@ longer waits on, and counting in the parent what its children spent.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ from ._exceptions import (
 from ._mirrors import close_mirror
 from ._recording import EventSpec
 from ._state import CallState, SessionState, delegated_turn, fold
+from ._state_parts import CHILD_KEY, child_id
 from ._types import InputRequest, Principal, Usage
 
 if TYPE_CHECKING:
@@ -95,15 +95,6 @@ def children(requests: Iterable[InputRequest]) -> list[str]:
         if r.child is not None and r.child.session_id not in out:
             out.append(r.child.session_id)
     return out
-
-
-CHILD_KEY = "subagent"
-"""The name a delegate call's child session id derives from, within the call's idempotency key."""
-
-
-def child_id(key: str) -> str:
-    """The child session of the delegate call whose idempotency key (`CHILD_KEY`'s) is `key`."""
-    return "ses_" + hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
 def unjournaled(state: SessionState) -> list[str]:
@@ -221,13 +212,13 @@ def awaited(state: SessionState) -> list[str]:
     return list(dict.fromkeys([*children(state.pending_requests()), *delegated(state)]))
 
 
-async def cancel_expired(rt: Runtime, kids: Iterable[str]) -> None:
-    """Cancel the delegated turns of `kids`, which a session whose TTL passed waited on
-    (`awaited`): its delegate calls can never take their results, so a child waiting on a
+async def cancel_expired(rt: Runtime, kids: Iterable[str], parent: str) -> None:
+    """Cancel the delegated turns of `kids`, which `parent`, a session whose TTL passed, waited
+    on (`awaited`): its delegate calls can never take their results, so a child waiting on a
     person is not left open for ever, nor run once answered."""
     for child in kids:
         try:
-            await cancel_delegated(rt, child, "the parent session expired", None)
+            await cancel_delegated(rt, parent, child, "the parent session expired", None)
         except (UnknownSession, SessionExpired):
             pass
         except SignoffError as exc:  # the parent's expiry is what its caller must hear of
@@ -235,11 +226,14 @@ async def cancel_expired(rt: Runtime, kids: Iterable[str]) -> None:
 
 
 async def cancel_delegated(
-    rt: Runtime, child: str, reason: str | None, principal: Principal | None
+    rt: Runtime, parent: str, child: str, reason: str | None, principal: Principal | None
 ) -> None:
-    """Cancel the child's delegated turn for its parent's cancel; a later turn, which a message
-    sent to the child started, is the child's own and is left alone."""
+    """Cancel the child's delegated turn for its `parent`'s cancel; a later turn, which a message
+    sent to the child started, is the child's own and is left alone, as is a session whose
+    creation named another parent (or none): it is no child of this one, to cancel or count."""
     state = await rt._state(child)
+    if state.parent != parent:
+        return
     if state.turn is None and state.parent is not None:
         state = await _start_unstarted(rt, state)
     first = (await first_turn(rt, state)).turn
@@ -317,13 +311,16 @@ def _journaled(state: SessionState, *, done: bool) -> list[str]:
     return out
 
 
-async def with_spend(rt: Runtime, call: CallState, specs: list[EventSpec]) -> list[EventSpec]:
-    """`specs` ending `call`, its `tool.completed` carrying as `delegated` what the call's
-    child spent through the turn the call started (its own usage and its children's, which its
-    own delegate calls recorded): the parent's budgets count it. A call ended again after a
-    failure to record it (a replay, a restart) reads the same figure from the child's log. A
-    child that failed on its share of the parent's budgets is named (`share_spent`): the
-    parent asks about them at its next model step."""
+async def with_spend(
+    rt: Runtime, parent: str, call: CallState, specs: list[EventSpec]
+) -> list[EventSpec]:
+    """`specs` ending `call` (of session `parent`), its `tool.completed` carrying as `delegated`
+    what the call's child (a session whose creation names `parent`) spent through the turn the
+    call started (its own usage and its children's, which its own delegate calls recorded): the
+    parent's budgets count it. A call ended again after a failure to record it (a replay, a
+    restart) reads the same figure from the child's log. A child that failed on its share of
+    the parent's budgets is named (`share_spent`): the parent asks about them at its next model
+    step."""
     kids = call.subagents()
     if not kids or any(kind == "tool.completed" and "delegated" in d for kind, d in specs):
         return specs
@@ -332,6 +329,8 @@ async def with_spend(rt: Runtime, call: CallState, specs: list[EventSpec]) -> li
     stopped: list[str] = []
     for child in dict.fromkeys(kids):
         with contextlib.suppress(UnknownSession):
+            if (await rt._state(child)).parent != parent:
+                continue
             settled = await _settle(rt, child)
             if settled is None:  # not ended: what it spent so far
                 first = await first_turn(rt, await rt._state(child))
@@ -506,21 +505,24 @@ async def count_owed(rt: Runtime, state: SessionState) -> bool:
     return recorded
 
 
-async def cancel_for_expiry(rt: Runtime, kids: list[str]) -> list[EventSpec]:
-    """Before a parent's expiry is recorded: cancel the delegated turns of `kids`, which it
-    waited on (`awaited`), and give a `subagent.spent` for each whose turn ended, to commit with
-    the expiry. A process dying in between leaves the expiry unrecorded, for the next look (a
-    sweep) to record with the spend; nothing is left owed that no one would count."""
+async def cancel_for_expiry(rt: Runtime, kids: list[str], parent: str) -> list[EventSpec]:
+    """Before `parent`'s expiry is recorded: cancel the delegated turns of `kids`, which it
+    waited on (`awaited`; those whose creation named it: `cancel_delegated`), and give a
+    `subagent.spent` for each whose turn ended, to commit with the expiry. A process dying in
+    between leaves the expiry unrecorded, for the next look (a sweep) to record with the spend;
+    nothing is left owed that no one would count."""
     if not kids:
         return []
     reset = delegating.set(delegating.get() | set(kids))  # the expiry closes the mirrors
     try:
-        await cancel_expired(rt, kids)  # counts nothing yet: the parent owes them at its expiry
+        await cancel_expired(rt, kids, parent)  # counts nothing yet: owed at its expiry
     finally:
         delegating.reset(reset)
     specs: list[EventSpec] = []
     for child in kids:
         try:
+            if (await rt._state(child)).parent != parent:
+                continue
             settled = await _settle(rt, child)
         except (UnknownSession, SessionExpired):
             continue

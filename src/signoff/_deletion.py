@@ -306,7 +306,7 @@ class Deletion(EventStream):
         cancelled (its own TTL passed: expired) by its agent if here, as `cancel_expired` does,
         else by a stand-in that only records it."""
         turn = kid.turn
-        assert turn is not None  # `_finished_with`'s: each with its turn unfinished
+        assert turn is not None and kid.parent is not None  # `_finished_with`'s: a live child
         try:
             now = (await self._state(kid.id)).turn
         except UnknownSession:
@@ -316,7 +316,7 @@ class Deletion(EventStream):
         if kid.agent in self.agents:
             reset = delegating.set(delegating.get() | {kid.id})  # its parent's expiry closes
             try:
-                await cancel_expired(cast("Runtime", self), [kid.id])
+                await cancel_expired(cast("Runtime", self), [kid.id], kid.parent)
             finally:
                 delegating.reset(reset)
             return
@@ -333,21 +333,21 @@ class Deletion(EventStream):
         turns it waits on (`awaited`), recursively, as `cancel_delegated` cancels them (a turn a
         message to the child started since is the child's own, and left)."""
         found = {state.id: state}
-        todo = deque(awaited(state))
+        todo = deque((state.id, child) for child in awaited(state))
         while todo:
-            child = todo.popleft()
+            parent, child = todo.popleft()
             if child in found:
                 continue
             try:
                 kid = await self._state(child)
             except UnknownSession:
                 continue
-            if kid.turn is None or turn_over(kid.turn):
-                continue
+            if kid.parent != parent or kid.turn is None or turn_over(kid.turn):
+                continue  # a session whose creation named another parent is not its child
             first = (await first_turn(cast("Runtime", self), kid)).turn
             if first is not None and first.id == kid.turn.id:
                 found[child] = kid
-                todo.extend(awaited(kid))
+                todo.extend((child, grandchild) for grandchild in awaited(kid))
         return found
 
     delete_session_sync = twin(delete_session)

@@ -178,6 +178,8 @@ def _stepped(call: CallState, d: dict[str, Any]) -> None:
     if not call.journaled and d.get("keyed"):  # `_key_journal`, inline: one call per step
         call.keyed = True
     entry = {"kind": "step", "name": d["name"], "result": d.get("result")}
+    if d.get("child") is True:  # a delegate call's creation of its child (`_child`)
+        entry["child"] = True
     error = d.get("error")
     if error is not None:  # the step raised: its replay raises it again
         entry["error"] = error
@@ -213,6 +215,7 @@ def journal_fold(call: CallState, turn_id: str, e: Event) -> CallState:
         if any(c["id"] == call.id for c in d.get("tool_calls", [])):
             return CallState(id=call.id, tool_name=call.tool_name, input=None, since=e.seq)
     elif kind == "tool.started" and d["call_id"] == call.id:
+        call.idempotency_key = d.get("idempotency_key")  # an older child's entry needs it
         if d.get("keyed"):
             call.keyed = True
     elif kind == "input.requested":

@@ -155,13 +155,20 @@ class CallJournal:
         return call.keyed or not call.journaled
 
     async def run_step(
-        self, index: int, name: str, run: Callable[[], Awaitable[Any]], *, plain: bool = False
+        self,
+        index: int,
+        name: str,
+        run: Callable[[], Awaitable[Any]],
+        *,
+        plain: bool = False,
+        child: bool = False,
     ) -> Any:
         """Run a step's function and journal its result as JSON (`jsonable`). It counts as in
         flight meanwhile, so a body that parks waits for it instead of cancelling it between its
         effect and its record (a cancelled step runs again on replay); a `plain` one (a thread,
         which runs on whatever is cancelled) counts as on its way to its record from its start,
-        so a drive that stops waits for it too."""
+        so a drive that stops waits for it too. A `child` one is marked as a delegate call's
+        creation of its child session (`_state_parts._child`)."""
         self._body_running(f"ctx.step({name!r})", "nothing ran")
         keyed = self.keyed  # as when `index` was claimed: empty only ever turns keyed
         self.refused()  # nothing more runs in a drive that failed to record: a retry steps
@@ -204,6 +211,8 @@ class CallJournal:
             }
             if keyed:
                 data["keyed"] = True
+            if child:
+                data["child"] = True
             returned = False  # once the function returned, its effect ran: never run again
             try:
                 result = await run()

@@ -381,6 +381,7 @@ async def load_journal(
     turn = state.turn
     assert turn is not None
     scratch = CallState(id=call.id, tool_name=call.tool_name, input=None, since=call.since)
+    scratch.idempotency_key = call.idempotency_key  # which child an older entry names
     seq = call.since - 1
     if held is not None and held[0].journal is not None and held[0].since == call.since:
         kept, at = held

@@ -167,7 +167,7 @@ class Runtime(Deletion):
         kids = _child_sessions.awaited(state)  # before: recording the expiry moves `state` on
         # A parent's subagents are cancelled first and what they spent is counted in the same
         # commit as its expiry: a process dying in between leaves the expiry for the next look.
-        spent = await _child_sessions.cancel_for_expiry(self, kids)
+        spent = await _child_sessions.cancel_for_expiry(self, kids, state.id)
         if kids:  # recorded on the parent as it is now, whatever cancelling them appended
             state = await self._state(state.id)
         try:
@@ -176,7 +176,7 @@ class Runtime(Deletion):
             # A subagent's session expired: its parent's delegate call goes on without it.
             await _child_sessions.after_close(self, state)
             # A parent's: its subagents' turns are cancelled, their results never taken.
-            await _child_sessions.cancel_expired(self, kids)
+            await _child_sessions.cancel_expired(self, kids, state.id)
             raise
 
     @closes_stop
@@ -544,12 +544,12 @@ class Runtime(Deletion):
             abort = self._aborts.pop(session_id, None)
             if abort is not None:
                 stop_calls(abort)
-            # Subagents under this turn: waiting on a person, or still running.
-            for child in dict.fromkeys(
-                [*_child_sessions.children(build.withdrawn), *build.delegated]
-            ):
+            kids = dict.fromkeys([*_child_sessions.children(build.withdrawn), *build.delegated])
+            for child in kids:  # subagents under this turn: waiting on a person, or running
                 with contextlib.suppress(UnknownSession, SessionExpired):
-                    await _child_sessions.cancel_delegated(self, child, reason, principal)
+                    await _child_sessions.cancel_delegated(
+                        self, session_id, child, reason, principal
+                    )
             await build.keep_late(self, session_id)
             # A subagent cancelled on its own: its parent's delegate call goes on.
             await _child_sessions.after_close(self, driver.state)

@@ -60,25 +60,25 @@ SNAPSHOT_VERSION = 2
 journals out (read back from the events); an older signoff refuses such a snapshot by its
 version. One of version 1 or before holds each journal whole, and still loads."""
 
-FOLD_VERSION = 12
-"""Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`;
-none is 1), raised whenever an event comes to fold otherwise: a session loads only from a
-snapshot of this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`.
-3: a `tool.started` with a `policy_reason` gives its call that `decision`. 4: a call keeps
-its `tool.started`'s `filled`. 5: the app's approval (a `runtime` principal's) grants no
-`once()` tool: a session it granted one folds again without the grant, and asks a person.
-6: a deadline's escalation is no activity: the session's `updated_at` and TTL stay put.
-7: a turn keeps the requests closed that no drive went on with yet (`answered`): their call
-moving or the model's call drops them, a park does not.
-8: a turn keeps the subagent stopped on its share of the budgets until answered (`share_spent`).
-9: a mirror's `input.resolved` keeps the keys of `kept`, and an event's `via` marks its key as
-given through mirrors above the session (0: to the session itself): a key a keyed vote left in
-a subagent's session alone is a repeat in its parent.
-10: an `input.repeated`'s `held_idem` holds its key for a message's answer going down a mirror,
-until the answer's key (its `idem`, or a mirror's `kept`) is recorded over it.
-11: a `turn.failed` with `start_over` drops the turn's paused parts: its retry asks afresh.
-12: a turn keeps the last event its latest reply read (`read_seq`, a `model.completed`'s
-`read_through`): a message that came while the model answered steers its calls."""
+FOLD_VERSION = 13
+"""Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`; none
+is 1), raised whenever an event comes to fold otherwise: a session loads only from a snapshot of
+this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`. 3: a `tool.started`
+with a `policy_reason` gives its call that `decision`. 4: a call keeps its `tool.started`'s
+`filled`. 5: the app's approval (a `runtime` principal's) grants no `once()` tool: a session it
+granted one folds again without the grant, and asks a person. 6: a deadline's escalation is no
+activity: the session's `updated_at` and TTL stay put. 7: a turn keeps the requests closed that no
+drive went on with yet (`answered`): their call moving or the model's call drops them, a park does
+not. 8: a turn keeps the subagent stopped on its share of the budgets until answered
+(`share_spent`). 9: a mirror's `input.resolved` keeps the keys of `kept`, and an event's `via` marks
+its key as given through mirrors above the session (0: to the session itself): a key a keyed vote
+left in a subagent's session alone is a repeat in its parent. 10: an `input.repeated`'s `held_idem`
+holds its key for a message's answer going down a mirror, until the answer's key (its `idem`, or a
+mirror's `kept`) is recorded over it. 11: a `turn.failed` with `start_over` drops the turn's paused
+parts: its retry asks afresh. 12: a turn keeps the last event its latest reply read (`read_seq`, a
+`model.completed`'s `read_through`): a message that came while the model answered steers its calls.
+13: a session is a call's child (`kids`) only by a delegate call's own step (marked `child`, or an
+older one naming the child the call's key derives), not any step of its name."""
 
 
 @dataclass(slots=True, kw_only=True)

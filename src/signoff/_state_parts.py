@@ -4,6 +4,7 @@ Apart from `_state` so the event handlers of `_event_handlers`, below it, can bu
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -11,6 +12,8 @@ from typing import Any, Literal
 from ._types import InputRequest, Principal, Usage
 
 __all__ = [
+    "CHILD_KEY",
+    "CHILD_STEP",
     "CallState",
     "CallStatus",
     "RequestState",
@@ -18,6 +21,7 @@ __all__ = [
     "TurnStatus",
     "check_asked",
     "check_kept",
+    "child_id",
     "dump_principal",
     "kept_count",
     "kept_usage",
@@ -67,9 +71,9 @@ class CallState:
     # What validation filled in of the input the model left out when the body first ran (its
     # `tool.started`'s `filled`: a `default_factory`'s id), which a re-run of an ungated call gets.
     filled: dict[str, Any] | None = None
-    # The entries of child sessions (`subagent.session` steps), by `p` and position or `n` and
-    # occurrence (in the order first recorded), with their child (None: not a child's id now):
-    # `subagents()` without the journal.
+    # The entries of child sessions (a delegate call's `subagent.session` steps, `_child`), by
+    # `p` and position or `n` and occurrence (in the order first recorded), with their child
+    # (None: not a child's id now): `subagents()` without the journal.
     kids: dict[str, str | None] = field(default_factory=dict)
     # Where each entry of a keyed journal is, by kind, name and occurrence: recording one is
     # then a look-up, not a scan of every entry (a call of N steps cost N² as they were folded).
@@ -88,7 +92,7 @@ class CallState:
             entry["n"] = index
             self.journaled = True
             if name == CHILD_STEP and kind == "step":
-                self.kids[f"n{index}"] = _child(entry)
+                self.kids[f"n{index}"] = _child(entry, self.idempotency_key)
             journal, placed = self.journal, self.placed
             if journal is None:
                 return
@@ -108,7 +112,7 @@ class CallState:
         ):
             raise ValueError(f"journal position {index!r} of call {self.id!r} is out of range")
         self.journaled = True
-        child = _child(entry)  # positions sort them, so one replaced is dropped
+        child = _child(entry, self.idempotency_key)  # positions sort them: one replaced drops
         if child is None:
             self.kids.pop(f"p{index}", None)
         else:
@@ -151,8 +155,8 @@ class CallState:
                 continue
             if "n" in e:
                 if e["kind"] == "step" and e["name"] == CHILD_STEP:
-                    self.kids[f"n{e['n']}"] = _child(e)
-            elif (child := _child(e)) is not None:
+                    self.kids[f"n{e['n']}"] = _child(e, self.idempotency_key)
+            elif (child := _child(e, self.idempotency_key)) is not None:
                 self.kids[f"p{i}"] = child
 
 
@@ -231,11 +235,27 @@ def kept_usage(value: object, *, strict: bool = True) -> Usage:
 CHILD_STEP = "subagent.session"
 """The step of a delegate call that creates its child session; its result is the child's id."""
 
+CHILD_KEY = "subagent"
+"""The name a delegate call's child session id derives from, within the call's idempotency key."""
 
-def _child(entry: dict[str, Any]) -> str | None:
-    """The child session an entry journaled creating, if it is such an entry."""
+
+def child_id(key: str) -> str:
+    """The child session of the delegate call whose idempotency key (`CHILD_KEY`'s) is `key`."""
+    return "ses_" + hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def _child(entry: dict[str, Any], call_key: str | None) -> str | None:
+    """The child session an entry journaled creating, if it is a delegate call's: marked so
+    (`child`, which a tool's own `ctx.step` of that name cannot give), or, as an older signoff
+    journaled it unmarked, naming the child the call's key derives (`child_id`). Any other
+    session an entry names is not the call's child, to cancel with it or bill it for."""
     result = entry.get("result")
-    return result if entry.get("name") == CHILD_STEP and isinstance(result, str) else None
+    if entry.get("name") != CHILD_STEP or not isinstance(result, str):
+        return None
+    if entry.get("child") is True:
+        return result
+    derived = None if call_key is None else child_id(f"{call_key}:{CHILD_KEY}")
+    return result if result == derived else None
 
 
 @dataclass(slots=True, kw_only=True)

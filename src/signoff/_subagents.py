@@ -37,6 +37,7 @@ from ._exceptions import (
 from ._recording import TurnStopped
 from ._results import GenerateResult
 from ._runtime_host import MAX_DEPTH, RuntimeHost, SubagentFailed
+from ._state_parts import CHILD_STEP
 from ._sweeps import one_of_many
 from ._text import NOTHING_SAID, is_blank
 from ._tool_context import ToolContext
@@ -210,7 +211,10 @@ async def _delegated(ctx: ToolContext, journal: _DelegateJournal, agent: str, me
     try:
         made = partial(host.create_child, turn=journal.turn_id, task=task)
         create = partial(_ours, journal, made)
-        child = await ctx.step("subagent.session", create, agent, journal.session_id, key)
+        # Marked as the child's creation (`child`): a tool's own step of that name is not.
+        child = await ctx._step(
+            CHILD_STEP, create, (agent, journal.session_id, key), {}, child=True
+        )
     except TurnStopped:  # the parent's turn ended after the child's creation, before its record
         await host.abandon_child(child_id(key), message, who, source, journal.turn_id)
         raise

@@ -53,7 +53,13 @@ class Journal(Protocol):
         ...
 
     async def run_step(
-        self, index: int, name: str, run: Callable[[], Awaitable[Any]], *, plain: bool = False
+        self,
+        index: int,
+        name: str,
+        run: Callable[[], Awaitable[Any]],
+        *,
+        plain: bool = False,
+        child: bool = False,
     ) -> Any: ...
 
     def lost(self) -> bool:
@@ -296,6 +302,19 @@ class ToolContext:
         over `MAX_STEP_NAME_CHARS` characters raises `TooLarge`, and nothing runs (one journaled
         before that limit replays).
         """
+        return await self._step(name, fn, args, kwargs)
+
+    async def _step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        child: bool = False,
+    ) -> Any:
+        """`step`; `child` marks it as a delegate call's creation of its child session (the
+        runtime's own, `_subagents`): a tool's step of the same name makes no session its child."""
         # The name is journaled as JSON and looked up by it on replay: a tuple came back a list
         # (unhashable, so the replay failed after the step had run), a number was no name.
         if not isinstance(name, str) or not name:
@@ -347,7 +366,7 @@ class ToolContext:
 
         try:
             plain = not inspect.iscoroutinefunction(fn)  # its thread runs on, cancelled or not
-            journaled = await journal.run_step(index, name, run, plain=plain)
+            journaled = await journal.run_step(index, name, run, plain=plain, child=child)
         finally:
             if stopped:  # its effect (or failure) is journaled now: the cancel goes on
                 raise asyncio.CancelledError
