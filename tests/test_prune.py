@@ -390,6 +390,17 @@ async def test_prune_of_one_agent_leaves_the_others(store_url: str) -> None:
         ({"older_than": 60, "agent": 5}, "agent must be text"),
         ({"older_than": 60, "reason": 5}, "reason must be a string"),
         ({"older_than": 60, "by": "ops"}, "by"),
+        (
+            {"older_than": 60, "by": so.Principal(authenticator="t", principal_id="o\ud800")},
+            "by is not valid Unicode text",
+        ),
+        (
+            {
+                "older_than": 60,
+                "by": so.Principal(authenticator="t", principal_id="o", issuer="\udcff"),
+            },
+            "by is not valid Unicode text",
+        ),
     ],
 )
 async def test_bad_arguments_are_usage_errors_and_delete_nothing(
