@@ -328,3 +328,24 @@ async def test_a_wait_kept_under_a_url_without_a_path_is_waited_out(store_url: s
         assert [name for name, _, _ in kept] == [
             f"{hub.name}.webhooks:asked:{digest('https://example.com/')}"
         ]
+
+
+async def test_a_wait_kept_in_the_state_under_a_url_without_a_path_is_waited_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a store without channel memos, what `https://example.com` asked with `Retry-After`,
+    kept in the hub's state under that spelling, holds back `https://example.com/` too, and is
+    kept again under it, the old memo gone: it was ignored (no wait) and left for good."""
+    from signoff.channels import _shared
+
+    monkeypatch.setattr(_shared.Shared, "kept", property(lambda self: False))
+    async with so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        hooks = WebhookChannel("https://example.com", SECRET)
+        hub = ChannelHub(rt, [hooks], state=tmp_path / "hub.db")
+        until = hooks.clock() + 600
+        hub.state.remember("webhooks", "asked:https://example.com", {"until": until}, hub=hub.name)
+        async with manual(hub):
+            assert 590 < hooks._waits.left("https://example.com/") <= 600
+            kept = hooks.memos("asked:")
+        assert [name for name, _ in kept] == ["asked:https://example.com/"]
+        assert 590 < kept[0][1]["until"] - hooks.clock() <= 600

@@ -17,7 +17,7 @@ from ._base import logger, off_loop
 from ._retries import MAX_WAIT
 from ._shared import Shared
 from ._webhook_outbox import by_digest, digest
-from ._webhook_urls import masked
+from ._webhook_urls import endpoint, masked
 
 if TYPE_CHECKING:
     from .webhooks import WebhookChannel
@@ -91,11 +91,30 @@ class Waits:
             if over:
                 await shared.keep(over)
         elif ch._state is not None:
+            respelled: dict[str, list[str]] = {}
             for key, kept in await off_loop(ch.memos, ASKED):
-                url = key.removeprefix(ASKED)
+                spelled = key.removeprefix(ASKED)
+                url = endpoint(spelled)  # an earlier signoff's spelling too (no path: no `/`)
                 wait = _seconds(kept, "until") - ch.clock()  # kept as a time of the clock
-                if url in ch.urls and wait > 0:
+                if url not in ch.urls:
+                    continue
+                if wait > 0:
                     self.until[url] = max(self.until.get(url, 0.0), now + min(wait, MAX_WAIT))
+                if url != spelled:
+                    respelled.setdefault(url, []).append(key)
+            if respelled:
+                await off_loop(self._respell, respelled)
+
+    def _respell(self, respelled: dict[str, list[str]]) -> None:
+        """Keep in the state what each URL still asks under its own spelling, then forget the
+        keys of earlier spellings (`respelled`), so a later answer lifts it (as `unsent` does:
+        a crash between the two writes loses neither)."""
+        ch = self.channel
+        for url, keys in respelled.items():
+            if (left := self.left(url)) > 0:
+                ch.remember(f"{ASKED}{url}", {"until": ch.clock() + left})
+            for key in keys:
+                ch.forget(key)
 
     async def note(self, url: str, asked: float | None) -> None:
         """Note until when `url`'s answer asks not to be called (its `Retry-After`, at most
