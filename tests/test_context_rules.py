@@ -17,6 +17,7 @@ from signoff.server._auth import default_access
 from signoff.server._context import ServerContext
 from signoff.server._sign_ins import Grant
 from signoff.stores import PendingFilter
+from signoff.testing import Capture, ManualClock, call, call_tools, reply, scripted_agent
 
 from ._ttl import ttl_agent
 from .test_server_common import ADMIN, ALICE, BOB, MALLORY, make_agents
@@ -196,6 +197,36 @@ async def test_a_queue_of_more_requests_than_one_read_is_paged_whole(
             page, total = await ctx.visible_requests(ALICE, PendingFilter(limit=3, offset=offset))
             assert [r.id for r in page] == everything[offset : offset + 3] and total == 12
         assert await ctx.visible_requests(MALLORY, PendingFilter(limit=50)) == ([], 0)
+
+
+async def test_a_queue_read_past_a_deleted_sessions_request_lists_each_request_once(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a rule of the application's own, the queue is read in keyset chunks: the session
+    whose request ends one chunk deleted before the next is read, the store lists that moment's
+    other requests again (none skipped). They were listed and counted twice (8 of 6)."""
+    monkeypatch.setattr(_context, "REQUEST_CHUNK", 4)
+    questions = [call("ask_question", call_id=f"q{i}", question=f"Q{i}?") for i in range(3)]
+    agent = scripted_agent(
+        "a", [call_tools(*questions), Capture(reply("ok"))], tools=[so.ask_question()]
+    )
+    async with so.Runtime([agent], store=store_url, clock=ManualClock()) as rt:
+        for _ in range(3):  # nine requests of one moment
+            await rt.generate("a", prompt="go", auth=ALICE)
+        real = rt.store.pending
+
+        async def deleting(flt: PendingFilter) -> list[so.InputRequest]:
+            page = await real(flt)
+            if flt.after is None and page:  # the first chunk
+                await rt.delete_session(page[-1].session_id, by=ALICE, force=True)
+            return page
+
+        monkeypatch.setattr(rt.store, "pending", deleting)
+        items, total = await _ctx(rt, _own_only).visible_requests(ALICE, PendingFilter(limit=50))
+        monkeypatch.setattr(rt.store, "pending", real)
+        ids = [r.id for r in items]
+        assert len(set(ids)) == len(ids) == total
+        assert {r.id for r in await rt.pending()} <= set(ids)
 
 
 async def test_the_queue_version_changes_when_the_newest_request_is_replaced(

@@ -18,6 +18,8 @@ from signoff.testing import (
     ExecutionLog,
     Flaky,
     ManualClock,
+    call,
+    call_tools,
     reply,
     scripted_agent,
     sqlite_runtime,
@@ -393,6 +395,31 @@ async def test_store_contents_reads_every_request_page_by_page(
         contents = await testing.store_contents(rt.store, sids[0])
     assert contents.pending == [r.id for r in everything]
     assert contents.requests == [(r.id, r.status) for r in everything if r.session_id == sids[0]]
+
+
+async def test_store_contents_lists_each_request_once_when_a_cursors_session_is_deleted(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests of one moment past a page's last one whose session is deleted before the next
+    page are listed again by the store (none skipped): the queue held them twice."""
+    questions = [call("ask_question", call_id=f"q{i}", question=f"Q{i}?") for i in range(2)]
+    agent = scripted_agent(
+        "a", [call_tools(*questions), Capture(reply("ok"))], tools=[so.ask_question()]
+    )
+    async with so.Runtime([agent], store=store_url, clock=ManualClock()) as rt:
+        sids = [(await rt.generate("a", prompt="go", auth=ALICE)).session_id for _ in range(3)]
+        listed = await rt.store.pending(PendingFilter(limit=100))
+        real = rt.store.pending
+
+        async def deleting(flt: PendingFilter) -> list[so.InputRequest]:
+            page = await real(flt)
+            if flt.session_id is None and flt.after is None and page:  # the queue's first
+                await rt.delete_session(page[-1].session_id, by=ALICE, force=True)
+            return page
+
+        monkeypatch.setattr(rt.store, "pending", deleting)
+        contents = await testing.store_contents(rt.store, sids[0])
+    assert contents.pending == [r.id for r in listed]
 
 
 class _Handle:

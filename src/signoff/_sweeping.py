@@ -20,6 +20,7 @@ from ._sessions import to_claims
 from ._sweeps import deleted_meanwhile, one_of_many
 from ._types import InputRequest
 from .stores import PendingFilter, SessionSummary, promptly
+from .stores._pending import first_seen
 from .stores._prompt import is_prompt, wrote
 from .stores._swept_rows import readable_sessions
 
@@ -139,6 +140,7 @@ class Sweeps(Messages):
         # Before this sweep records any: those it records it goes on with itself, below.
         left = await self._left_undriven(now) if self.inline and not to_claims.get() else []
         due: list[InputRequest] = []
+        read: set[str] = set()  # a request listed again past a deleted one's cursor
         # Only the due ones, from an index, and only of the agents it has: those of others it
         # could not apply, and would read again at every sweep for as long as they stay open.
         # Paged by keyset: one closed meanwhile (another process) shifts no later one out.
@@ -148,7 +150,7 @@ class Sweeps(Messages):
                 flt = PendingFilter(limit=_SWEEP_PAGE, after=after, due_by=now, agent=agent)
                 what = "its passed deadline not applied"
                 page, (listed, last) = await passing_page(self.store, flt, log=log, what=what)
-                due += [r for r in page if is_due(r, now)]
+                due += [r for r in first_seen(page, read) if is_due(r, now)]
                 if listed < _SWEEP_PAGE:
                     break
                 after = last

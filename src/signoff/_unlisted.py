@@ -13,7 +13,7 @@ from ._deadlines import after_deadline
 from ._mirrors import followed
 from ._types import InputRequest
 from .stores import PendingFilter, Store
-from .stores._pending import cursor_past
+from .stores._pending import cursor_past, first_seen
 
 __all__ = ["unlisted"]
 
@@ -52,9 +52,10 @@ async def _pages(store: Store, flt: PendingFilter) -> AsyncIterator[list[InputRe
     """Every request `flt` matches, page after page by keyset (not `flt`'s offset): one closed
     meanwhile on an earlier page shifts no later one out."""
     after = flt.after
+    seen: set[str] = set()  # a request listed again past a deleted one's cursor
     while True:
         page = await store.pending(replace(flt, limit=_SCAN, offset=0, after=after))
-        yield page
+        yield first_seen(page, seen)
         if len(page) < _SCAN:
             return
         after = cursor_past(page[-1], after)

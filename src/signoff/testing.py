@@ -38,6 +38,7 @@ from ._types import InputRequest, Message, ModelResponse, ToolCall, ToolResultMe
 from .models import Scripted
 from .models._scripted import Step, misfit
 from .stores import PendingFilter, Store
+from .stores._pending import first_seen
 from .stores.sqlite._url import sqlite_url
 
 __all__ = [
@@ -459,9 +460,10 @@ async def _every(store: Store, flt: PendingFilter) -> list[InputRequest]:
     """Every request `flt` picks, read page after page (past the last one read) until the
     store gives an empty one: a store may give fewer than the limit it was asked for."""
     found: list[InputRequest] = []
+    seen: set[str] = set()  # a request listed again past a deleted one's cursor
     flt = replace(flt, limit=1000)
     while page := await store.pending(flt):
-        found += page
+        found += first_seen(page, seen)
         flt = replace(flt, after=(page[-1].created_at, page[-1].id))
     return found
 

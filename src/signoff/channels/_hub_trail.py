@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from .._queue_page import keyed_page
 from .._types import InputRequest
 from ..stores import PendingFilter, Store
+from ..stores._pending import first_seen
 from ._base import ChannelState, logger, off_loop
 
 if TYPE_CHECKING:
@@ -75,8 +76,8 @@ async def open_requests(
     while True:
         flt = PendingFilter(limit=page, after=after, live_at=clock())
         found, after = await keyed_page(runtime, flt, passing=(logger, _UNREAD))
-        out.extend(r for r in found if r.child is None and r.id not in ids)
-        ids.update(r.id for r in found)  # a row edited to list later is handed over once
+        # Once: a row edited to list later, and one listed again past a deleted one's cursor.
+        out.extend(r for r in first_seen(found, ids) if r.child is None)
         if after is None:
             return out
 

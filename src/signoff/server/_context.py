@@ -25,6 +25,7 @@ from .._sync import in_thread, is_async
 from .._types import InputRequest, Principal
 from .._unlisted import unlisted
 from ..stores import InitiatorFilter, PendingFilter, SessionSummary, StoredRequest
+from ..stores._pending import first_seen
 from ._auth import (
     AccessRule,
     Authenticator,
@@ -318,6 +319,7 @@ class ServerContext(OpenRequests):
             picked, _, total = await counted_page(self.runtime, flt)
             return picked, total
         seen: dict[str, bool] = {}
+        read_ids: set[str] = set()  # a request listed again past a deleted one's cursor
         page: list[InputRequest] = []
         total = 0
         start, end = 0, None
@@ -332,7 +334,7 @@ class ServerContext(OpenRequests):
             at = start if read == start else 0
             chunk, after = await keyed_page(self.runtime, _page(flt, size, at, after))
             seen.update(await self._sees(caller, {r.session_id for r in chunk} - seen.keys()))
-            for request in chunk:
+            for request in first_seen(chunk, read_ids):
                 if seen[request.session_id]:
                     if flt.offset <= total < flt.offset + flt.limit:
                         page.append(request)

@@ -4,6 +4,7 @@ one SQL condition both stores share, checked when it is made."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "PendingFilter",
     "created_before",
     "cursor_past",
+    "first_seen",
     "listing_order",
     "tie_order",
 ]
@@ -240,3 +242,12 @@ def cursor_past(last: InputRequest, after: tuple[float, str] | None) -> tuple[fl
             f"was made at {last.created_at!r} (the row edited behind the runtime's back?)"
         )
     return cursor
+
+
+def first_seen(page: Iterable[InputRequest], seen: set[str]) -> list[InputRequest]:
+    """The requests of `page` whose ids are not in `seen`, which takes theirs: a reader paging
+    by `after` reads each once, though a cursor whose request's row is gone (its session
+    deleted between two pages) has the store list that moment's others again."""
+    fresh = [r for r in page if r.id not in seen]
+    seen.update(r.id for r in fresh)
+    return fresh
