@@ -11,6 +11,7 @@ import json
 import os
 import pty
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -489,12 +490,16 @@ def _ctrl_c_twice(proc: subprocess.Popen[str], between: str) -> str:
 
 
 def _lease_taken(url: str, session_id: str) -> bool:
-    """Whether another worker can take the session's lease now (the last holder gave it back)."""
+    """Whether another worker can take the session's lease now (the last holder gave it back);
+    given back at once, so that the turn can go on."""
 
     async def take() -> int | None:
         store = SQLiteStore(url)
         try:
-            return await store.acquire_lease(session_id, "another-worker", 30.0, time.time())
+            token = await store.acquire_lease(session_id, "another-worker", 30.0, time.time())
+            if token is not None:
+                await store.release_lease(session_id, "another-worker", token)
+            return token
         finally:
             await store.close()
 
@@ -569,7 +574,30 @@ def test_ctrl_c_while_approve_runs_the_turn_ends_it_and_gives_the_lease_back(url
     assert stderr == (
         f"interrupted: {request_id} is approved, recorded; its turn stopped here and goes on "
         "in a signoff worker or serve of its runtime, or with signoff chat "
-        f"tests.test_cli_interrupts:gated_napper --session {session_id}\n"
+        f"tests.test_cli_interrupts:gated_napper --session {session_id} "
+        f"--store {shlex.quote(url)}\n"
     ), stderr
     assert "approval.settled" in [e.type for e in log(url, session_id)]
     assert _lease_taken(url, session_id)
+    # Run as printed, it resumes the turn in this store (without the typed --store it opened
+    # another: UnknownSession, exit 1), and is stopped there.
+    _, hint = stderr.split(", or with signoff ")
+    env = {k: v for k, v in os.environ.items() if k != "SIGNOFF_STORE"}
+    resumed = subprocess.Popen(
+        [sys.executable, "-u", "-m", "signoff", *shlex.split(hint)],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert resumed.stdout is not None
+        said: list[str] = []
+        while not said or f"session {session_id} (resumed)" not in said[-1]:
+            said.append(resumed.stdout.readline())
+            assert said[-1], "".join(said)
+    finally:
+        resumed.kill()
+        resumed.communicate()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -38,6 +40,11 @@ def _left(url: str) -> list[str]:
     with so.Runtime([], store=url) as rt:
         assert rt.verify_audit_sync() == []
         return sorted(s.id for s in rt.sessions_sync())
+
+
+def _audit(url: str) -> list[tuple[str, str]]:
+    with so.Runtime([], store=url) as rt:
+        return [(e.stream, e.type) for e in rt.audit_sync()]
 
 
 def _deletions(url: str) -> list[dict[str, object]]:
@@ -275,6 +282,36 @@ def test_prune_asks_at_a_terminal_and_no_keeps_the_sessions(
     gone = CliRunner().invoke(app, args, input="y\n")
     assert gone.exit_code == 0, gone.output
     assert len(_deletions(store_url)) == 2 and _left(store_url) == []
+
+
+def test_prune_with_the_runtime_answered_no_records_no_tool_settings(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`prune --older-than 1d MODULE:RUNTIME` counted the sessions for its question through the
+    loaded runtime, whose opening recorded its tool settings (`tool.approval_changed`): an
+    answer of no printed "Nothing deleted." with two audit entries more. Only a yes writes."""
+    monkeypatch.setattr(_deletion, "_can_ask", lambda: True)
+    module = f"tooled_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text(
+        "import signoff as so\nfrom tests._cli import agent\n"
+        f"runtime = so.Runtime([agent], store={store_url!r})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
+    greeter = scripted_agent("greeter", [reply("hello")])
+    with so.Runtime([greeter], store=store_url, clock=ManualClock()) as rt:
+        ids = [rt.generate_sync("greeter", "hi").session_id]  # no tool's settings recorded
+    before = _audit(store_url)
+    args = ["prune", "--older-than", "1d", f"{module}:runtime"]
+    kept = CliRunner().invoke(app, args, input="n\n")
+    assert kept.exit_code == 1, kept.output
+    assert "Delete 1 finished session(s) last active more than 1 day ago" in kept.stdout
+    assert "Nothing deleted." in kept.stdout
+    assert _audit(store_url) == before
+    assert _left(store_url) == ids
+    gone = CliRunner().invoke(app, args, input="y\n")
+    assert gone.exit_code == 0, gone.output
+    assert [e["session_id"] for e in _deletions(store_url)] == ids
 
 
 def test_prune_deletes_no_more_than_it_asked_about(

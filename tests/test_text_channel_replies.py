@@ -231,6 +231,27 @@ def test_an_approval_reads_its_separators_in_any_width(
     assert parse_reply(approval, "１．５") is None  # a number, as `1.5` is: no yes or no
 
 
+@pytest.mark.parametrize("typed", ["y\udcff", "\udcffy", "yes\udcff", "1\udcff", "\udcff"])
+def test_a_reply_not_utf8_answers_nothing(typed: str) -> None:
+    """`y` and a byte that is not UTF-8 (Python's lone surrogate, as a byte piped in reads)
+    approved, and `1` and one chose the first option: the byte was passed over as a character
+    that draws nothing. Such a reply answers nothing, free text included."""
+    base: dict[str, Any] = {"id": "req_1", "session_id": "s", "turn_id": "t", "agent": "a"}
+    approval = so.InputRequest(kind="tool-approval", created_at=0.0, **base)
+    question = so.InputRequest(
+        kind="question",
+        question="Which?",
+        options=[so.Option(id="a", label="Alpha"), so.Option(id="b", label="Beta")],
+        allow_text=True,
+        created_at=0.0,
+        **base,
+    )
+    assert parse_reply(approval, typed) is None
+    assert parse_reply(question, typed) is None
+    assert parse_reply(approval, "y") == so.InputResponse(request_id="req_1", option_id="approve")
+    assert parse_reply(question, "1") == so.InputResponse(request_id="req_1", option_id="a")
+
+
 def _asking(options: list[str], allow_text: bool) -> so.Agent:
     """An agent that asks one question of `options`."""
 

@@ -10,7 +10,7 @@ import unicodedata
 from collections.abc import Callable
 
 from .._option_names import folded, named_options
-from .._text import is_blank, visible
+from .._text import is_blank, is_utf8, visible
 from .._types import InputRequest, InputResponse
 
 __all__ = ["parse_reply"]
@@ -29,10 +29,12 @@ def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
 
     Approvals take `yes` / `no` (or approve / deny, 1 / 2), optionally followed by a reason
     (`no: too large`); questions take an option's id, label or number, or free text if allowed.
-    Text that shows nothing, or names two options at once, answers nothing.
+    Text that shows nothing, names two options at once, or is not UTF-8 (a lone surrogate, as
+    a byte piped in reads) answers nothing: the byte, drawing nothing, was passed over, so that
+    `y` and one approved.
     """
     text = text.strip()
-    if is_blank(text):
+    if is_blank(text) or not is_utf8(text):
         return None
     if request.kind == "tool-approval":
         compatible, typed_at = _compatible(text)

@@ -136,12 +136,14 @@ async def _prune(
         return
     # Opened as the --dry-run look is: an older schema refused, not upgraded before the
     # answer (which would lock out the older processes still using it).
-    async with await store_runtime(target, store, upgrade=False) as runtime:
-        await runtime.open()
+    runtime = await store_runtime(target, store, upgrade=False)
+    # Counted and asked through one of no agents on the same store (and clock): MODULE:RUNTIME's
+    # opening records its tool settings, which an answer of no must not leave behind.
+    async with Runtime([], store=runtime.store, clock=runtime.clock) as looking:
         # One moment for the question and the deletion: the cutoff read a minute later (the
         # person taking that long to answer) took in sessions the question had not counted.
-        at = runtime.now()
-        _, found, _, _ = await _batch(runtime, older_than, agent, limit, reason, principal, at=at)
+        at = looking.now()
+        _, found, _, _ = await _batch(looking, older_than, agent, limit, reason, principal, at=at)
         if not found:
             console.print("Nothing to delete: no finished session was last active that long ago.")
             return
@@ -155,6 +157,7 @@ async def _prune(
             if not _deletion._confirmed(TerminalChannel(console), shown):
                 console.print("Nothing deleted.")
                 raise typer.Exit(1)
+    async with runtime:
         # At most as many as it asked about, each one old enough at that moment (one skipped
         # now, found live, lets the next oldest go in its place).
         deleted, listed, more, damaged = await _batch(

@@ -359,6 +359,7 @@ async def _settle(
         else:
             on_store = store_args(runtime.store.url)
         runs_on = [target, *on_store] if target else on_store
+        on = "".join(f" {shlex.quote(arg)}" for arg in on_store)
         hinted = answering(command, request, None if wrong is not None else answer, runs_on)
         if loaded is None and (
             request.response_policy or await response_policy_recorded(runtime.store, request)
@@ -386,7 +387,7 @@ async def _settle(
                         request.session_id, [answer], principal=principal, resume=False
                     )
             except asyncio.CancelledError:  # Ctrl-C: say whether the answer stands
-                await _interrupted(runtime, request, None)
+                await _interrupted(runtime, request, None, on)
         else:
             head = await runtime.store.head(request.session_id)
             try:
@@ -395,7 +396,7 @@ async def _settle(
                         request.session_id, [answer], principal=principal
                     )
             except asyncio.CancelledError:  # Ctrl-C: say whether the answer stands
-                await _interrupted(runtime, request, target)
+                await _interrupted(runtime, request, target, on)
             ran = await runtime.store.head(request.session_id) != head
     outcome = result.outcomes[0] if result.outcomes else None
     what = request.tool_name or request.question or request.kind
@@ -423,7 +424,6 @@ async def _settle(
     else:
         given = answer.option_id if answer.option_id is not None else compact_json(answer.text)
         console.print(f"[green]answered[/] {request_id} with {printable(given)} {where}")
-    on = "".join(f" {shlex.quote(arg)}" for arg in on_store)
     if result.pending:  # `running` too: an approved call can run while another still waits
         ids = ", ".join(r.id for r in result.pending)
         console.print(f"[yellow]the turn still waits on: {ids}[/]")
@@ -459,10 +459,13 @@ async def _settle(
         console.print("[yellow]another process is running this session's turn[/]")
 
 
-async def _interrupted(runtime: Runtime, request: InputRequest, target: str | None) -> NoReturn:
+async def _interrupted(
+    runtime: Runtime, request: InputRequest, target: str | None, on: str
+) -> NoReturn:
     """Ctrl-C while the command recorded the answer or ran the turn on (`target`, its runtime):
     whether the answer was recorded before, as a bare "interrupted" left the person to find out,
-    and how the turn goes on; exit 130, also when the store fails to tell."""
+    and how the turn goes on, in a `signoff chat` naming the store as typed (`on`: its
+    arguments); exit 130, also when the store fails to tell."""
     try:
         async with asyncio.timeout(_TELL_WITHIN):  # a Ctrl-C is not to wait on a pool's timeout
             stored = await runtime.store.get_request(request.id)
@@ -481,13 +484,13 @@ async def _interrupted(runtime: Runtime, request: InputRequest, target: str | No
                 f"interrupted: {request.id} is {stored.outcome or stored.status}, recorded; the "
                 f"turn continues when a process running agent {request.agent!r} picks it up: a "
                 "signoff worker or signoff serve of its runtime does so by itself, or signoff "
-                f"chat MODULE:RUNTIME --session {request.session_id}"
+                f"chat MODULE:RUNTIME --session {request.session_id}{on}"
             )
         else:
             say = (
                 f"interrupted: {request.id} is {stored.outcome or stored.status}, recorded; its "
                 "turn stopped here and goes on in a signoff worker or serve of its runtime, or "
-                f"with signoff chat {shlex.quote(target)} --session {request.session_id}"
+                f"with signoff chat {shlex.quote(target)} --session {request.session_id}{on}"
             )
     err().print(printable(say), soft_wrap=True)
     raise typer.Exit(130)
