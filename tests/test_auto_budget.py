@@ -25,12 +25,14 @@ class Reviewer:
 
     def __init__(self, usage: so.Usage, price: Any = None) -> None:
         self.caps: list[int | None] = []
+        self.budgeted: list[bool] = []
         self.reads: list[int] = []  # each review's input as held back: its text's bytes / 4
         self.usage = usage
         self.price_per_mtok = price
 
     async def complete(self, request: ModelRequest) -> so.ModelResponse:
         self.caps.append(request.max_output_tokens)
+        self.budgeted.append(getattr(request, "budgeted", False))  # a model may not read it
         self.reads.append(review_reads(request))
         return so.ModelResponse(text=CLEAR, usage=self.usage)
 
@@ -82,6 +84,29 @@ async def test_a_cost_budget_caps_a_review_at_its_own_models_output_price(store_
         assert r.status == "completed"
     [read] = reviewer.reads
     assert reviewer.caps == [math.floor(round((0.0008 - read * 1e-6) / 20e-6, 6))]
+
+
+async def test_a_reviewer_with_free_output_still_holds_its_input_back(store_url: str) -> None:
+    """max_cost_usd=0.001 with $0.0008 left, output free: at $1 per million input tokens the
+    review's input fits, so it is sent uncapped but said budgeted; at $10 per million it does
+    not, so none is made and a person is asked. Before, free output left the input unchecked
+    and the review unbudgeted: both were made."""
+    first = call_tools(call("refund_charge", charge_id="a"), usage=so.Usage(cost_usd=0.0002))
+    cheap = Reviewer(so.Usage(), price=(1.0, 0.0))
+    agent, log = agent_with(cheap, so.Limits(max_cost_usd=0.001), first, reply("done"))
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund", auth=ALICE)
+        assert (r.status, log.count()) == ("completed", 1)
+    assert (cheap.caps, cheap.budgeted) == ([None], [True])
+    dear = Reviewer(so.Usage(), price=(10.0, 0.0))
+    agent, log = agent_with(dear, so.Limits(max_cost_usd=0.001), first)
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund", auth=ALICE)
+        assert r.status == "waiting"
+        [ask] = r.pending
+        assert ask.auto_verdict == "failed" and ask.auto_reason is not None
+        assert "once its input" in ask.auto_reason
+    assert dear.caps == [] and log.count() == 0
 
 
 async def test_a_reviews_input_is_held_back_from_what_the_budgets_leave(store_url: str) -> None:

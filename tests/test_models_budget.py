@@ -379,3 +379,17 @@ def test_a_request_cap_that_is_not_a_positive_count_is_refused(cap: Any) -> None
             response_index=0,
             max_output_tokens=cap,
         )
+
+
+@pytest.mark.parametrize("budgeted", [None, 1, "no"])
+def test_a_request_budgeted_that_is_not_a_bool_is_refused(budgeted: Any) -> None:
+    with pytest.raises(so.UsageError, match="budgeted must be a bool"):
+        ModelRequest(
+            session_id="s",
+            agent="a",
+            instructions="",
+            messages=[],
+            tools=[],
+            response_index=0,
+            budgeted=budgeted,
+        )

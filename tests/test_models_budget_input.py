@@ -11,7 +11,7 @@ import signoff as so
 from signoff.testing import call, call_tools, reply
 
 from ._models import Capped, lookup_order
-from .fakes.llm import API_KEY, FakeLLM, anthropic_message
+from .fakes.llm import API_KEY, FakeLLM, anthropic_message, openai_completion
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
 
@@ -152,3 +152,40 @@ async def test_a_billed_reply_the_turn_did_not_use_is_read_again_by_the_next_cal
         r = await rt.generate(session_id=r.session_id)
         assert (r.status, r.text) == ("completed", "Done.")
     assert failing.caps == [1000, 150]
+
+
+@pytest.mark.parametrize("flavor", ["openai", "anthropic"])
+async def test_free_output_still_holds_the_input_back(store_url: str, flavor: str) -> None:
+    """Input at $3 per million, output free, max_cost_usd=0.032: the first call read 10,000
+    tokens ($0.03), and the next reads them again at no less than $0.003 (Anthropic's cache
+    read) or $0.03: more than is left, so it is not made and the person is asked. Before, free
+    output left the call uncapped and the input unchecked: it was made, spending $0.06."""
+    with FakeLLM(flavor) as fake:
+        if flavor == "openai":
+            body = openai_completion("ok")
+            body["usage"] = {
+                "prompt_tokens": 10_000,
+                "completion_tokens": 2,
+                "total_tokens": 10_002,
+            }
+            model: so.models.OpenAIChat | so.models.Anthropic = so.models.OpenAIChat(
+                "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, price_per_mtok=(3, 0)
+            )
+        else:
+            body = anthropic_message("ok", usage={"input_tokens": 10_000, "output_tokens": 2})
+            model = so.models.Anthropic(
+                "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, price_per_mtok=(3, 0)
+            )
+        fake.queue(body, body)
+        agent = so.Agent(name="a", model=model, limits=so.Limits(max_cost_usd=0.032))
+        async with model, so.Runtime([agent], store=store_url) as rt:
+            r = await rt.generate("a", prompt="hi", auth=ALICE)
+            assert r.status == "completed"
+            r = await rt.generate(session_id=r.session_id, prompt="again", auth=ALICE)
+            assert r.status == "waiting"
+            [ask] = r.pending
+            assert ask.kind == "session-limit"
+            assert ask.question is not None
+            assert "would read at least 10000 input tokens" in ask.question
+            assert (await rt.state(r.session_id)).usage.cost_usd == pytest.approx(0.03)
+    assert len(fake.received) == 1

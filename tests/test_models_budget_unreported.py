@@ -6,6 +6,7 @@ against loopback fakes, on both stores."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -77,3 +78,36 @@ async def test_without_a_budget_a_reply_that_reports_no_usage_is_used(flavor: st
         async with _model(flavor, fake) as m:
             r = await m.complete(request())
     assert (r.text, r.usage) == ("Here you go.", so.Usage())
+
+
+@pytest.mark.parametrize("flavor", ["openai", "anthropic"])
+async def test_free_output_under_a_cost_budget_fails_a_reply_that_reports_no_usage(
+    store_url: str, flavor: str
+) -> None:
+    """Output free, max_cost_usd the only budget: no output cap is sent, yet the session is
+    budgeted. Before, the model took the missing cap for no budget and counted each reply
+    as free: five turns completed at $0 on a budget of $0.01."""
+    with FakeLLM(flavor) as fake:
+        fake.queue(*[_unreported(flavor, ...)] * 5)
+        kind = so.models.OpenAIChat if flavor == "openai" else so.models.Anthropic
+        model = kind(
+            "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, price_per_mtok=(3, 0)
+        )
+        agent = so.Agent(name="a", model=model, limits=so.Limits(max_cost_usd=0.01))
+        async with model, so.Runtime([agent], store=store_url) as rt:
+            r = await rt.generate("a", prompt="hi")
+            state = await rt.state(r.session_id)
+    assert (r.status, r.retryable) == ("failed", True)
+    assert r.error is not None and r.error["code"] == "model_error"
+    assert "reported no usage the session's budgets can count" in r.error["message"]
+    assert state.usage == so.Usage()
+    assert len(fake.received) == 1
+
+
+@pytest.mark.parametrize("flavor", ["openai", "anthropic"])
+async def test_a_request_said_budgeted_fails_a_reply_that_reports_no_usage(flavor: str) -> None:
+    with FakeLLM(flavor) as fake:
+        fake.queue(_unreported(flavor, ...))
+        async with _model(flavor, fake) as m:
+            with pytest.raises(so.ModelError, match="reported no usage"):
+                await m.complete(replace(request(), budgeted=True))

@@ -132,6 +132,7 @@ class _Auto(ApprovalPolicy):
             tools=[],
             response_index=0,
             max_output_tokens=cap,
+            budgeted=bool(ctx.budget_left),
         )
         bound = asyncio.timeout(self.timeout)
         try:

@@ -118,7 +118,7 @@ def call_cap(
     if cap != 0:
         return cap, parents, 0
     before = output_cap(theirs if parents else own_room, price)
-    return cap, parents, floor if before else 0
+    return cap, parents, floor if before != 0 else 0
 
 
 def over_budget(

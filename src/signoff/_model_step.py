@@ -147,6 +147,9 @@ class ModelStep(DriverPart):
             starved.append((by_parent, why))
             raise BudgetSpent("the budgets leave no output token for the paused reply's next part")
 
+        # Said outright: free output under a cost budget is capped nowhere, but the reply's
+        # usage must still be counted.
+        budgeted = bool(own_left(s, limits)) or bool(theirs)
         request = ModelRequest(
             session_id=s.id,
             agent=s.agent,
@@ -158,6 +161,7 @@ class ModelStep(DriverPart):
             ],
             response_index=s.model_responses,
             max_output_tokens=cap,
+            budgeted=budgeted,
             paused=paused,
             on_pause=journal_pauses(self, read_through, journaled, next_cap),
         )

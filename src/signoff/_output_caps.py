@@ -69,9 +69,13 @@ def input_price_floor(model: object) -> float | None:
 
 def output_cap(left: Mapping[str, float], price: float | None) -> int | None:
     """The most output tokens a reply may take within what the budgets leave (`left`): their
-    tokens, and their cost at the output `price`; None when nothing bounds it."""
+    tokens, and their cost at the output `price`; None when nothing bounds it. A cost budget
+    with nothing left bounds it at 0 whatever the price (free output, or none known): the input
+    held back spent it."""
     counts = [left["max_tokens"]] if "max_tokens" in left else []
-    if "max_cost_usd" in left and price is not None:
+    if "max_cost_usd" in left and left["max_cost_usd"] <= 0:
+        counts.append(0)
+    elif "max_cost_usd" in left and price is not None:
         counts.append(left["max_cost_usd"] / price)
     # Rounded first: 0.001 / 0.00001 is 99.99999999999999 in floats.
     return max(0, math.floor(round(min(counts), 6))) if counts else None

@@ -260,7 +260,7 @@ class Anthropic(SdkModel):
                     exc.usage = _total([*unjournaled, exc.usage])
                     exc.context_tokens = 0  # read again each call, not kept: how much, unknown
                 raise
-            budgeted = cap is not None
+            budgeted = request.budgeted or cap is not None
             if not _paused(message):
                 bound = cap if binds else None
                 return self._parse(

@@ -53,6 +53,10 @@ class ModelRequest:
     `max_output_tokens` is what the session's budgets (`Limits.max_tokens`, `max_cost_usd` at
     the model's output price, a subagent's share of its parent's) leave for the reply, None for
     no bound: a model caps its reply there and raises `BudgetSpent` when the reply stopped at it.
+    `budgeted`: a budget (`max_tokens` or `max_cost_usd`, its own or its share of its parent's)
+    bounds the session, even where it leaves the output unbounded (free output under a cost
+    budget): a reply whose usage the budgets cannot count then fails the call. A request with
+    `max_output_tokens` counts as budgeted too.
 
     A model whose reply comes in parts hands each paused part to `on_pause` (the engine journals
     it) before asking for the next, and then leaves what that part cost out of its response's
@@ -76,11 +80,14 @@ class ModelRequest:
     max_output_tokens: int | None = None
     paused: Sequence[PausedPart] = ()
     on_pause: Callable[[PausedPart], Awaitable[int | None]] | None = None
+    budgeted: bool = False
 
     def __post_init__(self) -> None:
         cap = self.max_output_tokens
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise UsageError(f"ModelRequest: max_output_tokens must be None or >= 1, not {cap!r}")
+        if not isinstance(self.budgeted, bool):  # "no" would pass for true
+            raise UsageError(f"ModelRequest: budgeted must be a bool, not {self.budgeted!r}")
 
 
 @runtime_checkable

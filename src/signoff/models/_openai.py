@@ -246,7 +246,7 @@ class OpenAIChat(SdkModel):
             "OpenAI chat completion",
             where,
         )
-        budgeted = request.max_output_tokens is not None
+        budgeted = request.budgeted or request.max_output_tokens is not None
         return self._parse(completion, where, cap, budgeted=budgeted)
 
     def _parse(
