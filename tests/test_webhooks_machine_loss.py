@@ -82,14 +82,19 @@ async def test_a_delivery_queued_by_a_machine_lost_is_sent_by_a_hub_on_another_s
         hooks = WebhookChannel(receiver.url, SECRET, backoff=0.05)
         hub = ChannelHub(rt, [hooks], state=tmp_path / "b.db", poll_interval=0.05, claim_ttl=1.0)
         async with hub:
-            await until(lambda: len(receiver.accepted) > 0)
+            # Hub B's own sending, not an acceptance: the dead hub's last retry, in the socket
+            # when it was killed, may be answered after the 503s are cleared (it counts in
+            # `accepted`, and its hub never drops the store's copy).
+            await until(lambda: hooks.delivered > 0)
             await hooks.drain()
         s: Any = rt.store
         assert await s.channel_memos("hub.webhooks:outbox:") == []
-    ((headers, body),) = receiver.accepted
-    sent = json.loads(body)
-    assert (sent["type"], sent["request"]["id"]) == ("request.opened", rid)
-    assert {headers["Signoff-Delivery"]} == tried  # the delivery the dead hub was trying
+    assert hooks.delivered == 1
+    assert len(receiver.accepted) in (1, 2)  # hub B's, and perhaps the dead hub's last retry
+    for headers, body in receiver.accepted:
+        sent = json.loads(body)
+        assert (sent["type"], sent["request"]["id"]) == ("request.opened", rid)
+        assert {headers["Signoff-Delivery"]} == tried  # the delivery the dead hub was trying
 
 
 async def test_a_hub_in_memory_started_again_sends_what_it_left_unsent(
