@@ -9,6 +9,7 @@ process append first, each time, before its commit reaches the store."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Awaitable, Callable
 
@@ -200,12 +201,22 @@ async def test_contention_that_never_lets_up_is_reported_after_the_patience(
             await colleagues.send(sid, "more", principal=BOB, turn_policy="queue")
 
         expected = _beaten(canceller, 10_000, colleague_writes)
-        started = time.monotonic()
-        with pytest.raises(so.AppendConflict, match=r"beaten by others' appends \d+ times"):
-            await canceller.cancel(sid, "user left")
-        assert 0.5 <= time.monotonic() - started < 5
-        assert len(expected) > 3
-        go.set()
+        try:
+            started = time.monotonic()
+            with pytest.raises(so.AppendConflict) as raised:
+                await canceller.cancel(sid, "user left")
+            took = time.monotonic() - started
+            assert 0.5 <= took < 5
+            # How many tries a colleague's send beat in that time is the machine's speed (a
+            # loaded one sends slowly): the message says what happened, whatever it was.
+            said = re.search(
+                r"beaten by others' appends (\d+) times in ([\d.]+) s", str(raised.value)
+            )
+            assert said is not None, str(raised.value)
+            assert int(said[1]) == len(expected) >= 1
+            assert 0.5 <= float(said[2]) <= round(took, 1)
+        finally:
+            go.set()
         await asyncio.wait_for(drive, timeout=20)  # the queued messages' turns run out of script
         types = [e.type async for e in rt.events(sid, follow=False)]
         assert "turn.cancelled" not in types and types.count("turn.message") == len(expected)
