@@ -157,13 +157,22 @@ async def test_a_sync_body_whose_renewals_fail_is_left_before_its_lease_lapses(
     async with so.Runtime([refund_agent(issue_refund)], store=store_url, lease_ttl=ttl) as rt:
         expiry = noting_expiry(rt.store)
         counting_renewals(rt.store, failing=lambda: bool(runs))
+        release, given_back = rt.store.release_lease, []
+
+        async def releasing(session_id: str, owner: str, token: int) -> None:
+            given_back.append((rt.now(), expiry()))  # when, by the lease clock, and its expiry
+            await release(session_id, owner, token)
+
+        rt.store.release_lease = releasing  # type: ignore[method-assign]
         sid = await rt.create_session("support")
         drive = asyncio.create_task(rt.generate("support", "Refund", session_id=sid))
         try:
             await until(lambda: bool(runs))
             before = await event_types(rt, sid)
             result = await asyncio.wait_for(drive, 10)
-            assert rt.now() < expiry()  # left while the lease was still live
+            # When the drive gave the lease back, not when this task resumed after it ended.
+            ((left, expires),) = given_back
+            assert left < expires == expiry()  # left while the lease was still live
             assert result.status == "running" and not returned.is_set()
             assert not await rt._busy(sid)  # given back: another worker may take it over
         finally:
