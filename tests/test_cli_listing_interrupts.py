@@ -50,7 +50,9 @@ def test_ctrl_c_while_a_listing_is_laid_out_stops_it(store_url: str, command: st
     assert (status, out, err) == (130, "", "interrupted\n")  # no row printed
 
 
-# As above, each event printed slowly (a log of 100,000 events takes seconds to print).
+# As above, each event printed slowly (a log of 100,000 events takes seconds to print), the
+# first only once the test's SIGINT came (20 s at most): sent 0.2 s after "printing" by a test
+# descheduled for longer, it found the first event printed.
 _EVENTS_SCRIPT = """
 import sys, time
 import signoff.cli._events as events
@@ -63,6 +65,7 @@ def slow_print(*args, **kwargs):
     if not said:
         said.append(True)
         print("printing", file=sys.stderr, flush=True)
+        time.sleep(20)  # a Ctrl-C ends it, if it ends the printing
     time.sleep(0.2)
     return print_event(*args, **kwargs)
 
