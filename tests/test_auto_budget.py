@@ -109,19 +109,6 @@ async def test_a_reviewer_with_free_output_still_holds_its_input_back(store_url:
     assert dear.caps == [] and log.count() == 0
 
 
-async def test_a_free_reviewer_under_a_cost_budget_is_not_said_budgeted(store_url: str) -> None:
-    """A reviewer priced `(0, 0)` costs nothing whatever it reads or writes: under a cost budget
-    alone its review is not said budgeted (a usage-less one would fail and ask a person),
-    where one of any price is."""
-    first = call_tools(call("refund_charge", charge_id="a"), usage=so.Usage(cost_usd=0.0002))
-    free = Reviewer(so.Usage(), price=(0.0, 0.0))
-    agent, log = agent_with(free, so.Limits(max_cost_usd=0.001), first, reply("done"))
-    async with so.Runtime([agent], store=store_url) as rt:
-        r = await rt.generate("billing", prompt="refund", auth=ALICE)
-        assert (r.status, log.count()) == ("completed", 1)
-    assert (free.caps, free.budgeted) == ([None], [False])
-
-
 async def test_a_reviews_input_is_held_back_from_what_the_budgets_leave(store_url: str) -> None:
     """max_tokens=1000 with 900 spent: 100 left pay for the review's output, but not once its
     input (its instructions, criteria and the call, well over 100 tokens) is counted: no review

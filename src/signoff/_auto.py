@@ -19,7 +19,6 @@ from ._error_text import error_text
 from ._exceptions import ModelError, UsageError
 from ._output_caps import (
     BYTES_PER_TOKEN,
-    counts_spend,
     input_price,
     output_cap,
     output_price,
@@ -133,7 +132,7 @@ class _Auto(ApprovalPolicy):
             tools=[],
             response_index=0,
             max_output_tokens=cap,
-            budgeted=counts_spend(ctx.budget_left, self.model),
+            budgeted=bool(ctx.budget_left),
         )
         bound = asyncio.timeout(self.timeout)
         try:

@@ -21,7 +21,7 @@ from ._child_sessions import headroom_now
 from ._conversation import MESSAGE_EVENT_TYPES, Conversation, conversation
 from ._error_text import error_text
 from ._exceptions import BudgetSpent, LeaseLost, ModelError, SignoffError
-from ._output_caps import counts_spend, spare
+from ._output_caps import spare
 from ._paused_parts import journal_pauses, paused_parts
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
 from ._refused_replies import billing, read_again, refused_cost
@@ -148,9 +148,8 @@ class ModelStep(DriverPart):
             raise BudgetSpent("the budgets leave no output token for the paused reply's next part")
 
         # Said outright: free output under a cost budget is capped nowhere, but the reply's
-        # usage must still be counted (unless nothing it counts could cost: a free model's).
-        model = self.agent.model
-        budgeted = counts_spend(own_left(s, limits), model) or counts_spend(theirs, model)
+        # usage must still be counted.
+        budgeted = bool(own_left(s, limits)) or bool(theirs)
         request = ModelRequest(
             session_id=s.id,
             agent=s.agent,

@@ -10,7 +10,6 @@ from ._types import Usage
 
 __all__ = [
     "BYTES_PER_TOKEN",
-    "counts_spend",
     "input_price",
     "input_price_floor",
     "output_cap",
@@ -66,24 +65,6 @@ def input_price_floor(model: object) -> float | None:
     if isinstance(least, bool) or not isinstance(least, int | float) or not 0 <= least < math.inf:
         return None
     return least / 1_000_000
-
-
-def counts_spend(left: Mapping[str, float], model: object) -> bool:
-    """Whether a reply's counts can spend what the budgets bound (`left`, by budget): any
-    under a token budget; under a cost budget, those of a model not free (`price_per_mtok` of
-    `(0, 0)`, as README tells a free model's, costs nothing whatever it read or wrote, so a
-    reply reporting no usage is one the budgets count right)."""
-    if "max_tokens" in left:
-        return True
-    if "max_cost_usd" not in left:
-        return False
-    price = getattr(model, "price_per_mtok", None)
-    free = (
-        isinstance(price, tuple | list)
-        and len(price) == 2
-        and all(isinstance(p, int | float) and not isinstance(p, bool) and p == 0 for p in price)
-    )
-    return not free
 
 
 def output_cap(left: Mapping[str, float], price: float | None) -> int | None:
