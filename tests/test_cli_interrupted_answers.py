@@ -5,11 +5,13 @@ failed meanwhile) says so, and the command still ends as Ctrl-C does, 130."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 
 import pytest
 
 import signoff as so
+from signoff.cli._app import store_args
 from tests._cli import ROOT, agent, ctrl_c_after, log
 
 # Run as the console script runs `main`, with `Runtime.respond` slowed in this interpreter only:
@@ -69,14 +71,17 @@ def test_ctrl_c_after_a_recorded_answer_says_it_was_recorded(
     store_url: str, command: str, outcome: str
 ) -> None:
     """`approve REQ` without a runtime only records the answer: a Ctrl-C once it is stored said
-    a bare "interrupted", leaving the person to wonder whether to answer again."""
+    a bare "interrupted", leaving the person to wonder whether to answer again. Its chat hint
+    names the store typed (6646e220), as the message of an answer not interrupted does: without
+    it, run as printed, chat opened another store."""
     session_id, request_id = _park(store_url)
     status, out, err = _ctrl_c([command, request_id, "--store", store_url], "after")
     assert status == 130, err
+    on = "".join(f" {shlex.quote(arg)}" for arg in store_args(store_url))
     assert err == (
         f"interrupted: {request_id} is {outcome}, recorded; the turn continues when a process "
         "running agent 'support' picks it up: a signoff worker or signoff serve of its runtime "
-        f"does so by itself, or signoff chat MODULE:RUNTIME --session {session_id}\n"
+        f"does so by itself, or signoff chat MODULE:RUNTIME --session {session_id}{on}\n"
     ), err
     assert out == ""
     assert "approval.settled" in [e.type for e in log(store_url, session_id)]
