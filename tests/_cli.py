@@ -22,6 +22,7 @@ __all__ = [
     "agent",
     "bracketed",
     "ctrl_c_after",
+    "ctrl_c_timed",
     "deployer",
     "double",
     "flaky",
@@ -409,6 +410,23 @@ def ctrl_c_after(
 ) -> tuple[int, str, str]:
     """Run `args` as typed at a shell, send SIGINT once the first line of its stderr is
     `marker` (asserted), and return its status, its stdout and the rest of its stderr."""
+    status, out, rest, _ = ctrl_c_timed(
+        args, marker, cwd=cwd, env=env, stdin=stdin, timeout=timeout
+    )
+    return status, out, rest
+
+
+def ctrl_c_timed(
+    args: list[str],
+    marker: str,
+    *,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    stdin: int | None = None,
+    timeout: float = 30,
+) -> tuple[int, str, str, float]:
+    """`ctrl_c_after`, and the seconds from the SIGINT to the process's exit: how long the
+    Ctrl-C took, without the interpreter's start and imports before the marker."""
     proc = subprocess.Popen(
         args,
         cwd=cwd,
@@ -423,10 +441,12 @@ def ctrl_c_after(
         assert proc.stderr is not None
         line = proc.stderr.readline()
         assert line == marker, line + proc.stderr.read()
+        pressed = time.monotonic()
         proc.send_signal(signal.SIGINT)
         out, rest = proc.communicate(timeout=timeout)
+        took = time.monotonic() - pressed
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    return proc.returncode, out, rest
+    return proc.returncode, out, rest, took

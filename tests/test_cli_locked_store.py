@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 
 import signoff as so
-from tests._cli import ROOT, ctrl_c_after, park
+from tests._cli import ROOT, ctrl_c_timed, park
 
 # As the console script runs `main`, saying "recording" on stderr as the answer is about to be
 # written: the test's SIGINT comes while the write waits for the lock.
@@ -35,6 +35,26 @@ async def announced(self, *args, **kwargs):
     return await respond(self, *args, **kwargs)
 
 signoff._runtime.Runtime.respond = announced
+sys.argv = ["signoff", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+# As the console script runs `main`, saying "waiting" on stderr as a store's set-up is about to
+# wait inside SQLite for the file's lock (counted by `waiting_for_lock`): the test's SIGINT comes
+# while the upgrade waits, however long the interpreter took to start and import.
+_UPGRADE_SCRIPT = """
+import sys
+from signoff.stores.sqlite import _transactions
+from signoff.cli import main
+
+begin = _transactions._begin
+
+def announced(conn):
+    if _transactions.waiting_for_lock():
+        print("waiting", file=sys.stderr, flush=True)
+    return begin(conn)
+
+_transactions._begin = announced
 sys.argv = ["signoff", *sys.argv[1:]]
 sys.exit(main())
 """
@@ -80,9 +100,7 @@ def test_ctrl_c_while_an_answer_waits_on_a_locked_store_ends_at_once(store_url: 
     _, request_id = park(store_url)
     with _write_locked(store_url):
         argv = [sys.executable, "-c", _SCRIPT, "approve", request_id, "--store", store_url]
-        started = time.monotonic()
-        status, out, err = ctrl_c_after(argv, "recording\n", cwd=ROOT, timeout=60)
-        took = time.monotonic() - started
+        status, out, err, took = ctrl_c_timed(argv, "recording\n", cwd=ROOT, timeout=60)
     assert status == 130, err
     assert took < 10, took
     assert out == ""
@@ -140,27 +158,10 @@ def test_ctrl_c_while_an_upgrade_waits_on_a_locked_file_ends_it_at_once_unwritte
     db.write_bytes(fixture.read_bytes())
     before = db.read_bytes()
     url = f"sqlite:///{db}"
-    argv = [sys.executable, "-m", "signoff", "db", "upgrade", "--store", url]
+    argv = [sys.executable, "-c", _UPGRADE_SCRIPT, "db", "upgrade", "--store", url]
     with _write_locked(url):
-        proc = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            stderr=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a shell
-        )
-        try:
-            time.sleep(3)  # its upgrade waits on the lock
-            pressed = time.monotonic()
-            proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=60)
-            took = time.monotonic() - pressed
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    assert proc.returncode == 130, err
+        status, out, err, took = ctrl_c_timed(argv, "waiting\n", cwd=ROOT, timeout=60)
+    assert status == 130, err
     assert took < 10, took
     assert out == "" and "Traceback" not in err
     assert err.endswith("what this command was writing is not recorded\n"), err
