@@ -20,7 +20,11 @@ from signoff.channels import Channel, ChannelHub, _claims
 
 from ._channel_state import gated, open_one
 
-TTL = 1.0  # seconds: the claims' time in these tests, which a poll here outlasts twice over
+TTL = 1.0  # seconds: the claims' time in the tests of a claim lost, which they wait out
+# Seconds: the claims' time in the tests of a claim kept, whose poll (or start) outlasts it twice
+# over. Its renewal falls due every third of it, so a stall of the test process past about half
+# of it (a loaded machine) lets the claim lapse as documented: it must be long beside such stalls.
+KEPT_TTL = 3.0
 
 
 class Slow(Channel):
@@ -61,16 +65,17 @@ async def test_a_poll_longer_than_the_claim_keeps_it(
     store_url: str, tmp_path: Path, shape: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Hub one (a state in memory) works through requests for more than twice `claim_ttl`:
-    22 at 0.1 s each, or 3 of which the first takes 2.2 s. Hub two stands by, polling all the
-    while: it never takes the claim, and every request is delivered once, by one, in order."""
+    22 of a tenth of it each, or 3 of which the first takes 2.2 times it. Hub two stands by,
+    polling all the while: it never takes the claim, and every request is delivered once, by
+    one, in order."""
     monkeypatch.setattr(_claims, "TRY_EVERY", 0.0)  # the standby tries at every poll
     async with gated(tmp_path, store_url) as rt:
         if shape == "backlog":
-            first, second = Slow(each=0.1), Slow(each=0.1)
+            first, second = Slow(each=KEPT_TTL / 10), Slow(each=KEPT_TTL / 10)
         else:
-            first, second = Slow(first=2.2), Slow(first=2.2)
-        one = ChannelHub(rt, [first], claim_ttl=TTL)
-        two = ChannelHub(rt, [second], claim_ttl=TTL)
+            first, second = Slow(first=KEPT_TTL * 2.2), Slow(first=KEPT_TTL * 2.2)
+        one = ChannelHub(rt, [first], claim_ttl=KEPT_TTL)
+        two = ChannelHub(rt, [second], claim_ttl=KEPT_TTL)
         await one.start(follow=False)
         await two.start(follow=False)
         try:
@@ -78,7 +83,7 @@ async def test_a_poll_longer_than_the_claim_keeps_it(
             ids = [await open_one(rt) for _ in range(22 if shape == "backlog" else 3)]
             began = time.monotonic()
             seen = await _standing_by(two, asyncio.create_task(one.poll()))
-            assert time.monotonic() - began > 2 * TTL  # the poll outlasted the claim's time
+            assert time.monotonic() - began > 2 * KEPT_TTL  # the poll outlasted the claim's time
             await one.poll()  # (one late renewal stops the poll: the next one goes on)
             await two.poll()
             assert not any(seen) and not two.active and one.active
@@ -91,14 +96,14 @@ async def test_a_poll_longer_than_the_claim_keeps_it(
 async def test_a_long_start_keeps_the_claim(
     store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Hub one starts with open requests that its channel takes 2.2 s to show: hub two,
-    started beside it and polling, stands by all the while and shows none of them."""
+    """Hub one starts with open requests that its channel takes 2.2 times `claim_ttl` to show:
+    hub two, started beside it and polling, stands by all the while and shows none of them."""
     monkeypatch.setattr(_claims, "TRY_EVERY", 0.0)
     async with gated(tmp_path, store_url) as rt:
         ids = [await open_one(rt) for _ in range(2)]
-        first, second = Slow(start=2.2), Slow(start=2.2)
-        one = ChannelHub(rt, [first], claim_ttl=TTL)
-        two = ChannelHub(rt, [second], claim_ttl=TTL)
+        first, second = Slow(start=KEPT_TTL * 2.2), Slow(start=KEPT_TTL * 2.2)
+        one = ChannelHub(rt, [first], claim_ttl=KEPT_TTL)
+        two = ChannelHub(rt, [second], claim_ttl=KEPT_TTL)
         starting = asyncio.create_task(one.start(follow=False))
         while not one.active:  # its claim taken, its channel starting
             await asyncio.sleep(0.01)
