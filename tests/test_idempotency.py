@@ -588,3 +588,24 @@ async def test_a_key_is_scoped_to_the_callers_exact_identity(tmp_path: Path) -> 
         first = await rt.generate("a", prompt="hello", auth=none, idempotency_key="k")
         second = await rt.generate("a", prompt="hello", auth=empty, idempotency_key="k")
         assert second.session_id != first.session_id and not second.replayed
+
+
+@pytest.mark.parametrize("keyed_call", [False, True], ids=["unkeyed", "keyed"])
+async def test_a_keyed_call_with_a_wrong_typed_agent_or_prompt_is_a_usage_error(
+    store_url: str, keyed_call: bool
+) -> None:
+    """The key was made of the agent and prompt before either was checked: with a key, a
+    `None` agent or an int prompt raised a bare TypeError from the key's hashing, where the
+    same call without one was a UsageError. Each is a UsageError either way, nothing stored."""
+    key: dict[str, Any] = {"idempotency_key": "k1"} if keyed_call else {}
+    async with so.Runtime([chat_agent()], store=store_url) as rt:
+        sid = (await rt.generate("chat", prompt="hi")).session_id
+        before = await so.testing.store_contents(rt.store, sid)
+        with pytest.raises(so.UsageError, match="agent must be text"):
+            await rt.schedule(None, "x", **key)  # type: ignore[arg-type]
+        with pytest.raises(so.UsageError, match="prompt must be a string"):
+            await rt.schedule("chat", 5, session_id=sid, **key)  # type: ignore[arg-type]
+        with pytest.raises(so.UsageError, match="prompt must be a string"):
+            await rt.generate("chat", 5, session_id=sid, **key)  # type: ignore[arg-type]
+        assert await so.testing.store_contents(rt.store, sid) == before
+        assert [s.id for s in await rt.sessions()] == [sid]

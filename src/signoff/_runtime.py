@@ -265,6 +265,8 @@ class Runtime(Deletion):
             if not started:
                 return await self._replay(session_id, idem)
             return await self._drive(session_id, leased=lease)
+        if prompt is not None:  # checked before its key is made of it (a TypeError there)
+            check_prompt(prompt)
         idem = await keyed_in(self, session_id, idempotency_key, auth, "message", prompt or "")
         if agent is not None:
             await self._of_agent(session_id, agent)
@@ -313,23 +315,21 @@ class Runtime(Deletion):
         session_id: str | None = None,
         idempotency_key: str | None = None,
     ) -> GenerateResult:
-        """Run a turn with no person behind it, as the app principal (`APP_PRINCIPAL`).
-
-        Policies can skip approval for such turns (see `session.auth.current`), and
-        `ask_question` answers `{"status": "unavailable"}` since nobody can answer, and a spent
-        budget raises `SessionLimitReached` (there is nobody to raise it). A `session_id` must
-        be a session of `agent` (else `UsageError`), as with `generate`, refused likewise while
-        its turn runs (`SessionBusy`) or a person's turn a retry can resume waits for it. An
-        `idempotency_key` (a job's run, say) makes a repeated call start nothing.
-        """
+        """Run a turn with no person behind it, as the app principal (`APP_PRINCIPAL`): policies
+        can skip approval for it (`session.auth.current`), `ask_question` answers `{"status":
+        "unavailable"}` and a spent budget raises `SessionLimitReached` (nobody can answer or
+        raise it). A `session_id` must be a session of `agent` (else `UsageError`), refused as
+        `generate` is while its turn runs (`SessionBusy`) or a person's retryable turn waits. An
+        `idempotency_key` (a job's run, say) makes a repeated call start nothing."""
         await self.open()
         own: list[str] = []  # the turn its message started, if it did not queue behind one
         async with self._own_turn(session_id):  # a new session's creation leases it itself
+            check_prompt(prompt)  # before the session is created, or a key made of it
             if session_id is None:
-                check_prompt(prompt)  # before the session is created
+                spec = self.agent(agent)  # before a key is made of it too
                 idem = keyed(idempotency_key, APP_PRINCIPAL, "start", agent, prompt)
                 session_id, started, lease = await self._start_session(
-                    self.agent(agent), prompt, APP_PRINCIPAL, source="schedule", idem=idem
+                    spec, prompt, APP_PRINCIPAL, source="schedule", idem=idem
                 )
             else:
                 await self._of_agent(session_id, agent)  # else run as the session's own, unsaid
