@@ -160,12 +160,17 @@ async def test_a_follower_whose_shown_events_were_lost_stops_before_the_session_
         assert shown[-1].seq == head
 
 
-async def _raw_stream(base: str, sid: str, messages: list[dict[str, Any]]) -> None:
-    """The session's followed HTTP stream, each message's event type, id and data kept."""
+async def _raw_stream(
+    base: str, sid: str, messages: list[dict[str, Any]], last: int | None = None
+) -> None:
+    """The session's followed HTTP stream (resumed after `last`, its `Last-Event-ID`, if
+    given), each message's event type, id and data kept."""
+    headers = auth("admin-token") | ({} if last is None else {"Last-Event-ID": str(last)})
     async with (
-        httpx.AsyncClient(base_url=base, headers=auth("admin-token"), timeout=30) as http,
+        httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as http,
         http.stream("GET", f"/v1/sessions/{sid}/events") as response,
     ):
+        assert response.status_code == 200, await response.aread()
         message: dict[str, Any] = {}
         async for line in response.aiter_lines():
             if not line:

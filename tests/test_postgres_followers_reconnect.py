@@ -6,13 +6,11 @@ not ~30 s later when its wait times out."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
 from collections.abc import Iterator
 from typing import Any, cast
 
-import httpx
 import pytest
 
 import signoff as so
@@ -21,9 +19,9 @@ from signoff.stores.postgres import PostgresStore
 from signoff.testing import reply
 
 from .conftest import PgCluster
-from .test_followers_lost_commits import _agents
+from .test_followers_lost_commits import _agents, _raw_stream
 from .test_postgres_followers_crash import _head, _signal, _until, _wal_writers
-from .test_server_common import TOKENS, auth, running
+from .test_server_common import TOKENS, running
 
 
 @pytest.fixture
@@ -130,7 +128,7 @@ async def test_followers_resumed_past_what_a_crash_kept_stop_without_spinning(
                         followed.append(event)
 
                 following = asyncio.create_task(follow())
-                streaming = asyncio.create_task(_resumed_stream(base, sid, reached, raw))
+                streaming = asyncio.create_task(_raw_stream(base, sid, raw, last=reached))
             except BaseException:
                 _signal(writers, signal.SIGKILL)
                 raise
@@ -164,23 +162,3 @@ def _waits(store: PostgresStore, follow: tuple[str, int]) -> int:
     """How many waits, on every event loop's listener, follow this session past this seq."""
     listeners = list(store._listeners.values())
     return sum(list(listener._follows.values()).count(follow) for listener in listeners)
-
-
-async def _resumed_stream(base: str, sid: str, last: int, messages: list[dict[str, Any]]) -> None:
-    """The session's followed HTTP stream resumed after `last` (`Last-Event-ID`), each
-    message's event type, id and data kept."""
-    headers = {**auth("admin-token"), "Last-Event-ID": str(last)}
-    async with (
-        httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as http,
-        http.stream("GET", f"/v1/sessions/{sid}/events") as response,
-    ):
-        assert response.status_code == 200, await response.aread()
-        message: dict[str, Any] = {}
-        async for line in response.aiter_lines():
-            if not line:
-                if "data" in message:
-                    messages.append(message)
-                message = {}
-            elif line.startswith(("id:", "event:", "data:")):
-                key, _, value = line.partition(":")
-                message[key] = json.loads(value) if key == "data" else value.strip()
