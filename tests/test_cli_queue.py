@@ -17,7 +17,6 @@ from psycopg import conninfo
 from typer.testing import CliRunner
 
 import signoff as so
-from signoff._answers import principal_not_text
 from signoff.cli import app, local_principal
 from signoff.testing import call, call_tools, reply, scripted_agent, tool_results
 
@@ -664,16 +663,3 @@ def test_a_hint_masks_all_of_a_password_libpq_reads_from_the_query() -> None:
         "--store",
         "postgresql://app:***@db/prod",
     ]
-
-
-def test_a_login_name_not_utf8_is_a_principal_the_store_records(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The login name is read with surrogateescape: bytes not UTF-8 made a lone surrogate, so
-    every answer from the CLI without `--as` was refused ("principal is not valid Unicode
-    text"), naming nothing the user gave. Its bytes are written as `\\xNN`, one stable id."""
-    monkeypatch.setattr("getpass.getuser", lambda: "ev\udcff")
-    principal = local_principal()
-    assert principal.principal_id == "ev\\xff"
-    assert so.Principal.model_validate(principal.model_dump()) == principal
-    assert principal_not_text(principal) is None

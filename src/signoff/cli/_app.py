@@ -341,13 +341,6 @@ def local_principal() -> Principal:
         user = getpass.getuser()
     except Exception:
         user = f"uid-{os.getuid()}" if hasattr(os, "getuid") else "unknown"
-    if not is_utf8(user):
-        # A login name whose bytes are not UTF-8, read with surrogateescape: no store can record
-        # it (every answer was refused, naming a `principal` never given). Its bytes as `\xNN`.
-        try:
-            user = user.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        except UnicodeEncodeError:  # a surrogate no byte was read as
-            user = user.encode("utf-8", "backslashreplace").decode("utf-8")
     return Principal(authenticator="local", principal_id=user)
 
 
