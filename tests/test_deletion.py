@@ -779,12 +779,12 @@ async def test_forcing_still_refuses_a_session_a_drive_holds(store_url: str) -> 
 
 
 async def test_a_deleter_whose_text_holds_a_lone_surrogate_is_misuse(store_url: str) -> None:
-    """A `by` principal the deletion's entry, text, cannot hold: a bare UnicodeEncodeError came
-    out of the store's write, on both stores. It is `UsageError` before anything is written,
-    as a `reason` holding one is (and as such a principal is wherever one is taken)."""
+    """A `by` principal the session's records hold (it started the session) but the deletion's
+    entry, text, cannot: a bare UnicodeEncodeError came out of the store's write, on both
+    stores. It is `UsageError` before anything is written, as a `reason` holding one is."""
     odd = so.Principal(authenticator="test", principal_id="ops", issuer="i\ud800")
     async with so.Runtime(agents(), store=store_url) as rt:
-        sid = (await rt.generate("chat", prompt="hi", auth=ALICE)).session_id
+        sid = (await rt.generate("chat", prompt="hi", auth=odd)).session_id
         before = await _rows(store_url)
         with pytest.raises(so.UsageError, match="by is not valid Unicode text"):
             await rt.delete_session(sid, by=odd)

@@ -21,7 +21,7 @@ from ._exceptions import (
 )
 from ._option_names import how_to_choose, match_option, named_options
 from ._results import Outcome
-from ._text import is_blank, is_utf8
+from ._text import is_blank
 from ._tool_json import copied, key_not_text, nests_deeper
 from ._tools import Tool
 from ._types import Decision, InputRequest, InputResponse, Principal, same_json
@@ -41,7 +41,6 @@ __all__ = [
     "input_responses",
     "match",
     "names_several",
-    "principal_not_text",
     "principal_too_large",
     "repeat",
     "resolution",
@@ -245,9 +244,6 @@ def check_principal(value: object, name: str) -> Principal | None:
     problem = blank_identity(value)
     if problem is not None:
         raise UsageError(f"{name} names no one: {problem}")
-    problem = principal_not_text(value)
-    if problem is not None:
-        raise UsageError(f"{name} is not valid Unicode text: {problem}")
     problem = principal_too_large(value)
     if problem is not None:
         raise UsageError(f"{name} is {problem}")
@@ -279,23 +275,6 @@ def principal_too_large(principal: Principal) -> str | None:
         f"{size} bytes as JSON, over the limit of {MAX_PRINCIPAL_BYTES} bytes (a principal is "
         "recorded on every event it signs: keep only the attributes a policy reads)"
     )
-
-
-def principal_not_text(principal: Principal) -> str | None:
-    """What of `principal` has no UTF-8 form (a lone surrogate), if anything: every store
-    records it as text, so each write it signs failed with a bare UnicodeEncodeError (a
-    dashboard sign-out, a deletion)."""
-    for field in ("authenticator", "issuer", "principal_type", "principal_id"):
-        value = getattr(principal, field)
-        if isinstance(value, str) and not is_utf8(value):
-            return f"its {field} holds a lone surrogate"
-    try:
-        json.dumps(principal.attributes, ensure_ascii=False, default=repr).encode()
-    except UnicodeEncodeError:
-        return "its attributes hold a lone surrogate"
-    except (TypeError, ValueError, RecursionError):
-        return None  # not JSON at all: refused as such where it is checked
-    return None
 
 
 def blank_identity(principal: Principal) -> str | None:

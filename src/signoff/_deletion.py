@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ from ._settings import seconds, whole
 from ._state import SessionState, turn_over
 from ._sweeps import STORE_FAILING
 from ._sync import twin
+from ._text import is_utf8
 from ._types import Principal
 from .stores._deletions import StaleKey
 
@@ -77,8 +79,15 @@ def _deleter(by: Principal | None, reason: str | None) -> dict[str, object] | No
         raise UsageError(f"reason must be a string, not {type(reason).__name__}")
     if reason is not None:
         check_text(reason, "the reason")
-    principal = check_principal(by, "by")  # one the deletion's entry can hold as text
-    return None if principal is None else principal.model_dump()
+    principal = check_principal(by, "by")
+    if principal is None:
+        return None
+    # The deletion's entry holds it as text, which neither store can hold with a lone
+    # surrogate: refused here, before anything is listed or written (a bare
+    # UnicodeEncodeError came out of the first deletion).
+    if not is_utf8(json.dumps(principal.model_dump(), ensure_ascii=False)):
+        raise UsageError("by is not valid Unicode text: it holds a lone surrogate")
+    return principal.model_dump()
 
 
 class Deletion(EventStream):

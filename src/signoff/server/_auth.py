@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection
 
-from .._answers import blank_identity, principal_not_text, principal_too_large
+from .._answers import blank_identity, principal_too_large
 from .._exceptions import UsageError
 from .._types import Principal
 from ..stores import InitiatorFilter
@@ -87,23 +87,21 @@ class Naming:
     def __call__(self, principal: Principal) -> Principal | None:
         """`principal`, or None when it names no one (a blank `authenticator` or
         `principal_id`, as an authenticator reading a missing header as "" answers: every such
-        caller would be one person), is not valid Unicode text or is too large to record."""
+        caller would be one person) or is too large to record."""
         problem = blank_identity(principal)
-        if problem is not None:
-            kind, said = problem, f"names no one: {problem}"
-        elif (problem := principal_not_text(principal)) is not None:
-            kind, said = "not text", f"is not valid Unicode text: {problem}"
-        elif (problem := principal_too_large(principal)) is not None:
-            kind, said = "too large", f"is {problem}"
-        else:
+        kind = problem or "too large"
+        if problem is None:
+            problem = principal_too_large(principal)
+        if problem is None:
             return principal
         if kind not in self.told:
             self.told.add(kind)
             _log.error(
-                "the authenticator %s answered a principal that %s; the requests it answers "
+                "the authenticator %s answered a principal that %s %s; the requests it answers "
                 "so are served as unauthenticated (401): fix the authenticator",
                 _name_of(self.auth),
-                said,
+                "is" if kind == "too large" else "names no one:",
+                problem,
             )
         return None
 
@@ -154,11 +152,6 @@ class TokenAuth:
             problem = blank_identity(principal)
             if problem is not None:
                 raise UsageError(f"API token #{number}'s principal names no one: {problem}")
-            problem = principal_not_text(principal)
-            if problem is not None:
-                raise UsageError(
-                    f"API token #{number}'s principal is not valid Unicode text: {problem}"
-                )
             problem = principal_too_large(principal)
             if problem is not None:
                 raise UsageError(f"API token #{number}'s principal is {problem}")
@@ -205,9 +198,6 @@ class DevAuth:
         problem = None if principal is None else blank_identity(principal)
         if problem is not None:
             raise UsageError(f"DevAuth's principal names no one: {problem}")
-        problem = None if principal is None else principal_not_text(principal)
-        if problem is not None:
-            raise UsageError(f"DevAuth's principal is not valid Unicode text: {problem}")
         self.principal = principal or Principal(
             authenticator="dev",
             principal_id="dev",
