@@ -146,12 +146,20 @@ honoured then."""
 
 
 def _who_of(principal: Principal) -> Who:
+    """`principal` as its sign-outs name it, as text a store can hold: a token's principal
+    changed in place to one holding a lone surrogate (which no request authenticates as) may
+    still be a browser's earlier sign-in, signed out when it signs in again."""
     return (
-        principal.authenticator,
-        principal.issuer,
-        principal.principal_type,
-        principal.principal_id,
+        _storable(principal.authenticator),
+        None if principal.issuer is None else _storable(principal.issuer),
+        _storable(principal.principal_type),
+        _storable(principal.principal_id),
     )
+
+
+def _storable(text: str) -> str:
+    """`text` with each lone surrogate written as its escape (`\\udcff`), which UTF-8 holds."""
+    return text.encode("utf-8", "backslashreplace").decode()
 
 
 def _who(data: Mapping[str, object]) -> Who:
@@ -219,16 +227,16 @@ class SignOuts:
     async def revoke(self, store: Store, grant: Grant, now: float) -> None:
         """Record that `grant` is signed out, for every process serving `store`: past `limit`
         sign-outs of its principal kept, as every sign-in of the principal made until now."""
-        who = grant.principal
+        who = _who_of(grant.principal)
         data: dict[str, object] = {
             "sign_in": grant.id,
             "issued": grant.issued,
-            "authenticator": who.authenticator,
-            "issuer": who.issuer,
-            "principal_type": who.principal_type,
-            "principal_id": who.principal_id,
+            "authenticator": who[0],
+            "issuer": who[1],
+            "principal_type": who[2],
+            "principal_id": who[3],
         }
-        if self._counts.get(_who_of(who), 0) >= self.limit:
+        if self._counts.get(who, 0) >= self.limit:
             data["upto"] = max(int(now), grant.issued)
         await store.record_audit(
             [AuditRow(stream=SIGN_OUTS, type=SIGNED_OUT, at=now, seq=None, data=data)]
