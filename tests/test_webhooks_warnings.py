@@ -127,15 +127,7 @@ async def test_a_warning_the_state_keeps_failing_is_logged_once_and_sent_once_it
     ):
         hooks = WebhookChannel(receiver.url, SECRET, expiring_within=600, clock=clock)
         hub = ChannelHub(rt, [hooks], state=tmp_path / "hub.db", clock=clock)
-        read = hub.state.recall
-        broken = [True]
-
-        def recall(channel: str, key: str, **hub: str) -> Any:
-            if key.startswith("warned:") and broken:
-                raise so.StoreError("channel state: database disk image is malformed")
-            return read(channel, key, **hub)
-
-        monkeypatch.setattr(hub.state, "recall", recall)
+        broken = _warned_failing(hub, monkeypatch)
         async with manual(hub):
             await rt.generate("support", prompt="Refund 1042")
             await hub.poll()
@@ -206,6 +198,21 @@ async def test_a_request_row_the_store_cannot_read_holds_back_no_warning_nor_red
         assert a.id in passed[0] and a.session_id in passed[0]
 
 
+def _warned_failing(hub: ChannelHub, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Make `hub`'s state fail each read of whether a request was warned of, while the list
+    returned holds an item (empty it: the state works again)."""
+    read = hub.state.recall
+    broken = [True]
+
+    def recall(channel: str, key: str, **hub: str) -> Any:
+        if key.startswith("warned:") and broken:
+            raise so.StoreError("channel state: database disk image is malformed")
+        return read(channel, key, **hub)
+
+    monkeypatch.setattr(hub.state, "recall", recall)
+    return broken
+
+
 async def _instantly(seconds: float) -> None:
     return None
 
@@ -227,15 +234,7 @@ async def test_a_warning_that_fails_holds_back_no_round_of_redelivery(
             receiver.url, SECRET, expiring_within=600, clock=clock, max_attempts=1, sleep=_instantly
         )
         hub = ChannelHub(rt, [hooks], state=tmp_path / "hub.db", clock=clock)
-        read = hub.state.recall
-        broken = [True]
-
-        def recall(channel: str, key: str, **hub: str) -> Any:
-            if key.startswith("warned:") and broken:
-                raise so.StoreError("channel state: database disk image is malformed")
-            return read(channel, key, **hub)
-
-        monkeypatch.setattr(hub.state, "recall", recall)
+        broken = _warned_failing(hub, monkeypatch)
         async with manual(hub):
             await rt.generate("support", prompt="Refund A")
             await hub.poll()
