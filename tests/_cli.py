@@ -27,6 +27,7 @@ __all__ = [
     "double",
     "flaky",
     "flaky_step",
+    "park_flaky",
     "_free_port",
     "invoke",
     "issue_refund",
@@ -195,6 +196,17 @@ flaky = so.Agent(
     ),
     tools=[issue_refund],
 )
+
+
+def park_flaky(store: str) -> so.GenerateResult:
+    """A `flaky` turn parked on its refund's approval in `store`: the model fails once the
+    approval lets the turn go on."""
+    flaky_step.failed = False
+    rt = so.Runtime([flaky], store=store)
+    try:
+        return rt.generate_sync("flaky", "Refund order 1042")
+    finally:
+        rt.close_sync()
 
 
 def _picked(conversation: list[so.Message]) -> so.ModelResponse:

@@ -18,11 +18,10 @@ from signoff.cli import app
 from ._cli import (
     TARGET,
     agent,
-    flaky,
-    flaky_step,
     invoke,
     log,
     park,
+    park_flaky,
     refunds_run,
     runtime_module,
     url,
@@ -148,12 +147,7 @@ def test_a_failed_turns_resume_command_names_no_runtimes_own_store(
     it: with the runtime, which opens its own store, and so without that store's URL (a
     password masked in it, it failed as printed). It resumes the turn as printed."""
     target = runtime_module(tmp_path, monkeypatch, "own_store", repr(url), agent="flaky")
-    flaky_step.failed = False
-    rt = so.Runtime([flaky], store=url)
-    try:
-        parked = rt.generate_sync("flaky", "Refund order 1042")
-    finally:
-        rt.close_sync()
+    parked = park_flaky(url)
     result = invoke("approve", parked.pending[0].id, target)
     assert result.exit_code == 1, result.output
     assert result.stderr == (

@@ -25,11 +25,10 @@ from ._cli import (
     agent,
     deployer,
     double,
-    flaky,
-    flaky_step,
     invoke,
     log,
     park,
+    park_flaky,
     pg_schemas,
     refunds_run,
     refused_usage,
@@ -459,12 +458,7 @@ def test_as_naming_no_one_is_refused_before_anything_runs(
 def test_approve_that_continues_a_turn_which_then_fails_exits_1(url: str) -> None:
     """The answer is recorded, but the turn this command went on to run failed: a script must
     not read that as success (it exited 0, the failure a line on stdout among the others)."""
-    flaky_step.failed = False
-    rt = so.Runtime([flaky], store=url)
-    try:
-        parked = rt.generate_sync("flaky", "Refund order 1042")
-    finally:
-        rt.close_sync()
+    parked = park_flaky(url)
     request_id = parked.pending[0].id
     result = invoke("approve", request_id, "tests._cli:flaky", "--store", url)
     assert result.exit_code == 1, result.output
@@ -485,12 +479,7 @@ def test_a_failed_turns_resume_command_names_the_schema_of_the_runtimes_store(
     printed it resumes the session, rather than look in (and create) the default schema."""
 
     target = tenant_runtime(tmp_path, monkeypatch, "queue_schema_runtime", pg_url, agent="flaky")
-    flaky_step.failed = False
-    rt = so.Runtime([flaky], store=f"{pg_url}?schema=tenant_a")
-    try:
-        parked = rt.generate_sync("flaky", "Refund order 1042")
-    finally:
-        rt.close_sync()
+    parked = park_flaky(f"{pg_url}?schema=tenant_a")
     result = invoke("approve", parked.pending[0].id, target)
     assert result.exit_code == 1, result.output
     said = result.stderr.split("; it resumes with signoff ")
@@ -631,12 +620,7 @@ def test_a_resume_hint_opens_the_store_with_its_password(
     params = conninfo.conninfo_to_dict(pg_url)  # the test cluster trusts loopback: any
     url = f"postgresql://{params['user']}:hunter2@{params['host']}:{params['port']}/"  # password
     url += str(params["dbname"])
-    flaky_step.failed = False
-    rt = so.Runtime([flaky], store=url)
-    try:
-        parked = rt.generate_sync("flaky", "Refund order 1042")
-    finally:
-        rt.close_sync()
+    parked = park_flaky(url)
     if from_env:
         monkeypatch.setenv("SIGNOFF_STORE", url)
         result = invoke("approve", parked.pending[0].id, "tests._cli:flaky")

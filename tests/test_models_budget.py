@@ -367,29 +367,26 @@ async def test_a_subagent_is_capped_at_its_share_and_fails_when_cut(store_url: s
     assert parent.caps == [100]
 
 
+def _request(**fields: Any) -> ModelRequest:
+    """A request of no conversation, with `fields` given."""
+    return ModelRequest(
+        session_id="s",
+        agent="a",
+        instructions="",
+        messages=[],
+        tools=[],
+        response_index=0,
+        **fields,
+    )
+
+
 @pytest.mark.parametrize("cap", [0, -3, True, 1.5, "40"])
 def test_a_request_cap_that_is_not_a_positive_count_is_refused(cap: Any) -> None:
     with pytest.raises(so.UsageError, match="max_output_tokens"):
-        ModelRequest(
-            session_id="s",
-            agent="a",
-            instructions="",
-            messages=[],
-            tools=[],
-            response_index=0,
-            max_output_tokens=cap,
-        )
+        _request(max_output_tokens=cap)
 
 
 @pytest.mark.parametrize("budgeted", [None, 1, "no"])
 def test_a_request_budgeted_that_is_not_a_bool_is_refused(budgeted: Any) -> None:
     with pytest.raises(so.UsageError, match="budgeted must be a bool"):
-        ModelRequest(
-            session_id="s",
-            agent="a",
-            instructions="",
-            messages=[],
-            tools=[],
-            response_index=0,
-            budgeted=budgeted,
-        )
+        _request(budgeted=budgeted)
