@@ -136,6 +136,21 @@ async def test_a_worker_stopping_gives_back_at_once_a_lease_it_was_waiting_to(
         assert await front.store.acquire_lease(r.session_id, "another", 10, front.now())
 
 
+async def test_a_session_failed_without_end_waits_out_the_ttl_not_an_overflow(
+    store_url: str,
+) -> None:
+    """The wait before a failed drive's lease is given back doubles up to the TTL however many
+    times in a row the session failed: the 1,026th failure (8.5 hours of them at 30 s) once
+    raised OverflowError computing 2 ** 1024 before the cap, and no lease was given back."""
+    async with so.Runtime([refund_agent([])], store=store_url, inline=False) as rt:
+        backs = _work._GiveBacks(rt.store, 30.0, asyncio.Event())
+        backs.failures["ses"] = 5_000
+        assert backs.failed("ses", "owner", 1) == 30.0
+        assert backs.failed("ses", "owner", 1) == 30.0
+        backs.stop.set()
+        await asyncio.gather(*backs.tasks)
+
+
 class _Refusing:
     """Stores whose writes fail while `down`: of each, those named (a database restarting
     refuses them all). The first store's claims stay refused from the first refusal on, so

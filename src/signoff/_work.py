@@ -90,7 +90,7 @@ class _GiveBacks:
 
     def failed(self, session_id: str, owner: str, token: int) -> float:
         """Give the lease back later; returns in how many seconds."""
-        n = self.failures.pop(session_id, 0) + 1
+        n = min(self.failures.pop(session_id, 0) + 1, 64)  # 2 ** 1024 is no float
         self.failures[session_id] = n  # the newest last: the oldest forgotten first
         if len(self.failures) > 10_000:
             del self.failures[next(iter(self.failures))]
