@@ -66,6 +66,20 @@ def test_delete_records_the_principal_given_with_as(url: str) -> None:
     assert isinstance(by, dict) and by["principal_id"] == "dpo@example.com"
 
 
+def test_delete_by_a_local_user_whose_name_is_not_utf8_records_it_escaped(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user name of a byte not UTF-8 (read as a lone surrogate) was refused as `by`; the
+    deletion's entry holds it escaped, as a dashboard sign-out's, and the trail verifies."""
+    session_id = _finished(url)
+    monkeypatch.setenv("LOGNAME", "o\udcff")  # what getpass reads first: the byte 0xff
+    result = invoke("delete", session_id, "--store", url, "--yes")
+    assert result.exit_code == 0, result.output
+    (entry,) = _deletions(url)
+    by = entry["by"]
+    assert isinstance(by, dict) and by["principal_id"] == "o\\udcff"
+
+
 def test_delete_refuses_a_session_waiting_on_people_and_changes_nothing(url: str) -> None:
     session_id, request_id = park(url)
     result = invoke("delete", session_id, "--store", url, "--yes")

@@ -6,6 +6,7 @@ readers of a deleted session (listings, followers, trails) told it is unknown.""
 from __future__ import annotations
 
 import asyncio
+import io
 from typing import Any
 
 import pytest
@@ -778,19 +779,50 @@ async def test_forcing_still_refuses_a_session_a_drive_holds(store_url: str) -> 
         assert await rt.pending() == []
 
 
-async def test_a_deleter_whose_text_holds_a_lone_surrogate_is_misuse(store_url: str) -> None:
+ODD = so.Principal(
+    authenticator="test",
+    principal_id="ops",
+    issuer="i\ud800",
+    attributes={"team": ["a\ud800", {"k": "\udfff"}], "n": 1},
+)
+"""A principal whose text holds lone surrogates, as the session's events hold it."""
+
+ODD_RECORDED = {
+    "authenticator": "test",
+    "principal_id": "ops",
+    "principal_type": "user",
+    "issuer": "i\\ud800",
+    "attributes": {"team": ["a\\ud800", {"k": "\\udfff"}], "n": 1},
+}
+"""`ODD` as a deletion's entry records it: each lone surrogate as its escape, as a sign-out's."""
+
+
+async def test_a_deleter_whose_text_holds_a_lone_surrogate_is_recorded_escaped(
+    store_url: str,
+) -> None:
     """A `by` principal the session's records hold (it started the session) but the deletion's
-    entry, text, cannot: a bare UnicodeEncodeError came out of the store's write, on both
-    stores. It is `UsageError` before anything is written, as a `reason` holding one is."""
-    odd = so.Principal(authenticator="test", principal_id="ops", issuer="i\ud800")
+    entry, UTF-8 text, cannot: a bare UnicodeEncodeError came out of the store's write, then
+    the deletion was refused (`UsageError`). It deletes now, its text escaped in the entry as a
+    dashboard sign-out's is, and the trail verifies, in the store and exported. A `reason`
+    holding one is still refused."""
     async with so.Runtime(agents(), store=store_url) as rt:
-        sid = (await rt.generate("chat", prompt="hi", auth=odd)).session_id
+        sid = (await rt.generate("chat", prompt="hi", auth=ODD)).session_id
         before = await _rows(store_url)
-        with pytest.raises(so.UsageError, match="by is not valid Unicode text"):
-            await rt.delete_session(sid, by=odd)
+        with pytest.raises(so.UsageError, match="the reason is not valid Unicode text"):
+            await rt.delete_session(sid, by=ODD, reason="a\ud800")  # text a person typed
         assert await _rows(store_url) == before
-        assert await rt.audit(stream=DELETIONS_STREAM) == []
-        assert await rt.delete_session(sid, by=ALICE) == [sid]
+        assert await rt.delete_session(sid, by=ODD, reason="asked") == [sid]
+        with pytest.raises(so.UnknownSession):
+            await rt.state(sid)
+    async with so.Runtime(agents(), store=store_url) as rt:  # as the store reads it back
+        [entry] = await rt.audit(stream=DELETIONS_STREAM)
+        assert entry.data["by"] == ODD_RECORDED
+        assert entry.data["session_id"] == sid and entry.data["reason"] == "asked"
+        assert await rt.verify_audit() == []
+        assert await rt.verify_audit(DELETIONS_STREAM) == []
+        exported = io.StringIO()
+        await rt.export_audit(exported)
+        assert so.verify_audit_export(exported.getvalue().splitlines()) == []
 
 
 async def test_a_lease_row_a_hand_edit_left_odd_does_not_hold_a_forced_deletion(

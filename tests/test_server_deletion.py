@@ -57,6 +57,24 @@ def test_a_deletion_over_http(tmp_path: Path) -> None:
     rt.close_sync()
 
 
+def test_a_caller_whose_principal_holds_a_lone_surrogate_deletes(tmp_path: Path) -> None:
+    """An authenticator's principal with a lone surrogate (here in an attribute) starts and
+    cancels sessions; its DELETE was 400 naming `by`. It deletes, `by` escaped in the entry."""
+    odd = so.Principal(authenticator="token", principal_id="odd", attributes={"name": "O\ud800"})
+    rt = make_runtime(f"sqlite:///{tmp_path / 's.db'}")
+    with running(create_app(rt, auth=TokenAuth({"odd-token": odd}))) as base:
+        with httpx.Client(base_url=base, headers=auth("odd-token"), verify=PLAIN) as c:
+            sid = _waiting(c)["session_id"]
+            assert c.post(f"/v1/sessions/{sid}/cancel").status_code == 200
+            r = c.delete(f"/v1/sessions/{sid}")
+            assert r.status_code == 200, r.text
+            assert r.json() == {"deleted": [sid]}
+    [entry] = rt.audit_sync(stream=DELETIONS_STREAM)
+    assert entry.data["by"]["attributes"] == {"name": "O\\ud800"}
+    assert rt.verify_audit_sync() == []
+    rt.close_sync()
+
+
 def test_a_stream_following_a_deleted_session_ends(tmp_path: Path) -> None:
     rt = make_runtime(f"sqlite:///{tmp_path / 's.db'}")
     with running(create_app(rt, auth=TokenAuth(TOKENS))) as base:

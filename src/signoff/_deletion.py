@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -34,7 +33,7 @@ from ._settings import seconds, whole
 from ._state import SessionState, turn_over
 from ._sweeps import STORE_FAILING
 from ._sync import twin
-from ._text import is_utf8
+from ._text import storable
 from ._types import Principal
 from .stores._deletions import StaleKey
 
@@ -74,7 +73,8 @@ def _expiry(now: Callable[[], float]) -> Callable[[SessionState], Batch]:
 
 
 def _deleter(by: Principal | None, reason: str | None) -> dict[str, object] | None:
-    """`by` as a deletion records it, once it and `reason` are checked (`UsageError`)."""
+    """`by` as a deletion records it (its text `storable`), once it and `reason` are checked
+    (`UsageError`)."""
     if reason is not None and not isinstance(reason, str):
         raise UsageError(f"reason must be a string, not {type(reason).__name__}")
     if reason is not None:
@@ -82,12 +82,21 @@ def _deleter(by: Principal | None, reason: str | None) -> dict[str, object] | No
     principal = check_principal(by, "by")
     if principal is None:
         return None
-    # The deletion's entry holds it as text, which neither store can hold with a lone
-    # surrogate: refused here, before anything is listed or written (a bare
-    # UnicodeEncodeError came out of the first deletion).
-    if not is_utf8(json.dumps(principal.model_dump(), ensure_ascii=False)):
-        raise UsageError("by is not valid Unicode text: it holds a lone surrogate")
-    return principal.model_dump()
+    # The deletion's entry is written as UTF-8 text, which cannot hold a lone surrogate (the
+    # session's events, which `by` may have signed, can): kept escaped, as a sign-out's is.
+    return {key: _escaped(value) for key, value in principal.model_dump().items()}
+
+
+def _escaped(value: object) -> object:
+    """`value` (plain JSON, as `check_principal` leaves attributes: keys UTF-8 text) with its
+    text `storable`: each lone surrogate as its escape."""
+    if isinstance(value, str):
+        return storable(value)
+    if isinstance(value, dict):
+        return {key: _escaped(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_escaped(item) for item in value]
+    return value
 
 
 class Deletion(EventStream):

@@ -17,6 +17,7 @@ __all__ = [
     "in_utc",
     "is_blank",
     "is_utf8",
+    "storable",
     "utc_text",
     "visible",
 ]
@@ -85,6 +86,12 @@ def is_utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def storable(text: str) -> str:
+    """`text` with each lone surrogate written as its escape (`\\udcff`), which UTF-8 holds: a
+    principal's text as an audit entry keeps it (a sign-out's, a deletion's `by`)."""
+    return text.encode("utf-8", "backslashreplace").decode()
 
 
 def escape_as_json(match: re.Match[str]) -> str:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from .._audit_trail import SIGN_OUTS_STREAM
 from .._settings import seconds
+from .._text import storable
 from .._types import Principal
 from ..stores import Store
 from ..stores._audit import AuditRow
@@ -150,16 +151,11 @@ def _who_of(principal: Principal) -> Who:
     changed in place to one holding a lone surrogate (which no request authenticates as) may
     still be a browser's earlier sign-in, signed out when it signs in again."""
     return (
-        _storable(principal.authenticator),
-        None if principal.issuer is None else _storable(principal.issuer),
-        _storable(principal.principal_type),
-        _storable(principal.principal_id),
+        storable(principal.authenticator),
+        None if principal.issuer is None else storable(principal.issuer),
+        storable(principal.principal_type),
+        storable(principal.principal_id),
     )
-
-
-def _storable(text: str) -> str:
-    """`text` with each lone surrogate written as its escape (`\\udcff`), which UTF-8 holds."""
-    return text.encode("utf-8", "backslashreplace").decode()
 
 
 def _who(data: Mapping[str, object]) -> Who:
