@@ -15,6 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 import signoff as so
+import signoff._tool_calls
 from signoff.testing import (
     Capture,
     call,
@@ -94,6 +95,93 @@ async def test_tool_context_is_passed_when_asked_for(tmp_path: Path) -> None:
     assert first.idempotency_key("charge") == f"{key}:charge"
     assert second.idempotency_key() != key
     assert not first.abort_signal.is_set()
+
+
+def _keyed_tool(keys: dict[tuple[str, str | None], str]) -> so.Tool:
+    """A tool that records the key its call is given (`label` None) or the named one."""
+
+    @so.tool
+    async def keyed(ctx: so.ToolContext, label: str | None = None) -> str:
+        """Send something once, keyed."""
+        keys[(ctx.call_id, label)] = ctx.idempotency_key(label)
+        return "sent"
+
+    return keyed
+
+
+async def test_no_two_calls_of_a_response_share_an_idempotency_key(tmp_path: Path) -> None:
+    """A key was `session:response:call id`, a named one that and `:name`: call `a` asking for
+    `x` got call `a:x`'s own key, and an external system deduping on it skipped one refund.
+    A call id's `%` and `:` are escaped now, so no two calls' keys are alike."""
+    keys: dict[tuple[str, str | None], str] = {}
+    calls = [("a", "x"), ("a:x", None), ("b", "x:y"), ("b:x", "y"), ("b%3Ax", "y")]
+    agent = scripted_agent(
+        "a",
+        [call_tools(*(call("keyed", call_id=c, label=n) for c, n in calls)), reply("ok")],
+        tools=[_keyed_tool(keys)],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+    assert r.status == "completed"
+    assert set(keys) == set(calls)
+    assert len(set(keys.values())) == len(calls), keys
+    sid = r.session_id
+    assert keys[("a", "x")] == f"{sid}:1:a:x"
+    assert keys[("a:x", None)] == f"{sid}:1:a%3Ax"
+    assert keys[("b%3Ax", "y")] == f"{sid}:1:b%253Ax:y"
+
+
+async def test_an_ordinary_call_id_keeps_the_key_it_always_had(tmp_path: Path) -> None:
+    keys: dict[tuple[str, str | None], str] = {}
+    ids = ["call_abc", "toolu_01A09q90qw90lq917835lq9", "call_7-x.y"]
+    agent = scripted_agent(
+        "a",
+        [call_tools(*(call("keyed", call_id=c, label="charge") for c in ids)), reply("ok")],
+        tools=[_keyed_tool(keys)],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        started = [e async for e in rt.events(r.session_id, follow=False)]
+    assert keys == {(c, "charge"): f"{r.session_id}:1:{c}:charge" for c in ids}
+    recorded = [e.data["idempotency_key"] for e in started if e.type == "tool.started"]
+    assert recorded == [f"{r.session_id}:1:{c}" for c in ids]
+
+
+async def test_a_call_recorded_with_an_older_key_runs_again_with_that_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call an older signoff started (its key recorded on `tool.started`, the call id's `:`
+    unescaped) and parked on a question runs again, after the upgrade, with that same key and
+    the same named keys: the external system it keys dedupes the run that follows."""
+    runs: list[tuple[str, str]] = []
+
+    @so.tool
+    async def refund(ctx: so.ToolContext, order_id: str) -> str:
+        """Refund an order once the customer confirms."""
+        runs.append((ctx.idempotency_key(), ctx.idempotency_key("refund")))
+        answer = await ctx.ask(f"Refund order {order_id}?", options=["yes", "no"])
+        return answer.value
+
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("refund", call_id="functions.refund:0", order_id="7")), reply("ok")],
+        tools=[refund],
+    )
+
+    def older(session_id: str, response: int, call_id: str) -> str:
+        return f"{session_id}:{response}:{call_id}"  # the form before escaping
+
+    monkeypatch.setattr(signoff._tool_calls, "call_key", older)
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="refund 7")
+    assert r.status == "waiting"
+    monkeypatch.undo()  # the upgrade: a new process reads the parked turn from the store
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        answer = so.InputResponse(request_id=r.pending[0].id, option_id="yes")
+        done = await rt.respond(r.session_id, [answer])
+    assert done.status == "completed"
+    old = f"{r.session_id}:1:functions.refund:0"
+    assert runs == [(old, f"{old}:refund")] * 2
 
 
 async def test_sync_tools_run_off_the_event_loop(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -177,7 +178,10 @@ class CallJournal:
             self._on_way(1)
         try:
             call = self._call()
-            held_key = f"{call.idempotency_key or call.id}\0step\0{keyed}\0{index}\0{name}"
+            # In memory only; as a JSON list no part (a call id or name holding NUL) runs into
+            # another, nor is it a call's own key (`Unrecorded` holds both, of every session).
+            at = [self.driver.state.id, self.turn_id, call.idempotency_key or call.id]
+            held_key = json.dumps(["step", *at, keyed, index, name])
             held = self.driver.unrecorded.pop(held_key)
             if held is not None:  # it ran in this process; only recording it failed
                 await self._journaled_to_end(held_key, held[0][1])

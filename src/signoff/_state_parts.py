@@ -19,6 +19,7 @@ __all__ = [
     "RequestState",
     "TurnState",
     "TurnStatus",
+    "call_key",
     "check_asked",
     "check_kept",
     "child_id",
@@ -237,6 +238,19 @@ CHILD_STEP = "subagent.session"
 
 CHILD_KEY = "subagent"
 """The name a delegate call's child session id derives from, within the call's idempotency key."""
+
+
+def call_key(session_id: str, response: int, call_id: str) -> str:
+    """The idempotency key of a new tool call: its session, the number of the model response
+    that asked for it and its id, joined by `:`, each with `%` and `:` escaped (`%25`, `%3A`) so
+    that no key, nor a named one (`ctx.idempotency_key(name)` adds `:name`), is another call's.
+    Parts holding neither character read as written (as an older signoff's keys did)."""
+    return ":".join((_escaped(session_id), str(response), _escaped(call_id)))
+
+
+def _escaped(part: str) -> str:
+    """`part` with `%` and `:` percent-encoded, so that it holds no `:` and decodes uniquely."""
+    return part.replace("%", "%25").replace(":", "%3A")
 
 
 def child_id(key: str) -> str:

@@ -31,6 +31,7 @@ from ._recording import (
     with_usage,
 )
 from ._state import CallState, SessionState
+from ._state_parts import call_key
 from ._sync import to_end
 from ._text import cut
 from ._tool_context import ToolContext
@@ -356,8 +357,9 @@ class ToolCalls(CallEnds):
         decided: dict[str, Any] | None = None,
     ) -> None:
         s = self.state
-        # Models may reuse call ids across responses: the response number keeps keys unique.
-        key = call.idempotency_key or f"{s.id}:{s.model_responses}:{call.id}"
+        # Models may reuse call ids across responses: the response number keeps keys unique. A
+        # call started before keeps the key it was recorded with (an older signoff's form).
+        key = call.idempotency_key or call_key(s.id, s.model_responses, call.id)
         if call.status != "running":
             await self.record(
                 [

@@ -445,7 +445,9 @@ class ToolContext:
         )
 
     def idempotency_key(self, name: str | None = None) -> str:
-        """A key stable across replays and processes for this call (and `name` within it)."""
+        """A key stable across replays and processes for this call (and `name` within it):
+        `<session>:<n>:<call id>`, the id's `%` and `:` escaped, then `:<name>`, so no two calls'
+        keys are alike, named or not. A call keeps the key it started with (an older signoff's)."""
         return self._key if name is None else f"{self._key}:{name}"
 
     def request_approval(self, payload: Any = None) -> NoReturn:
