@@ -93,6 +93,17 @@ def test_a_base_url_that_is_not_http_is_refused_at_once(base: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "base", ["http://h:1?key=s3cret", "http://h:1/api?key=s3cret", "http://h/#s3cret"]
+)
+def test_a_base_url_with_a_query_or_fragment_is_refused_without_showing_it(base: str) -> None:
+    """httpx put each call's path after the query (`http://h:1/?key=…/v1/sessions`), so every
+    call failed, naming the dashboard's redirect: refused at once, the query (a key) unshown."""
+    with pytest.raises(so.UsageError, match="no query or fragment") as refused:
+        AsyncClient(base)
+    assert "s3cret" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
     ("transport", "said"),
     [("x", "not str"), (httpx.HTTPTransport(), "a sync transport cannot serve")],
     ids=["text", "sync"],
@@ -217,6 +228,10 @@ def test_an_async_client_used_on_a_second_event_loop_says_so(tmp_path: Path) -> 
 
         with pytest.raises(so.UsageError, match="event loop"):
             asyncio.run(first_event())
+        # Closing it there closes what it can, not a bare `Event loop is closed`; it is closed.
+        asyncio.run(c.aclose())
+        with pytest.raises(so.UsageError, match="the client is closed"):
+            asyncio.run(c.pending())
         # Its pooled connection is the first loop's, which closed without closing it: the
         # misuse leaks it, which is not what this test is about.
         with warnings.catch_warnings():

@@ -145,6 +145,12 @@ class AsyncClient:
         if url.scheme not in ("http", "https"):
             shown = wire.shown_url(url) if url.userinfo else base_url
             raise errors.UsageError(f"the base URL must be http(s)://host[:port], not {shown!r}")
+        if url.query or url.fragment:  # httpx puts each call's path after it, in the query
+            bare = wire.shown_url(url.copy_with(query=None, fragment=None))
+            raise errors.UsageError(
+                f"the base URL takes no query or fragment (each call's path goes after it): "
+                f"{bare!r} with ?… or #… (left out here: it may hold a key)"
+            )
         # A user and password in the URL are sent as basic authentication, but from `auth`,
         # not the URL, which httpx logs at each call (and errors show).
         basic = None
@@ -198,6 +204,12 @@ class AsyncClient:
     async def aclose(self) -> None:
         """Close the client's connections; a later call raises `UsageError`."""
         self._closing.set()
+        if self._loop not in (None, asyncio.get_running_loop()):
+            # Its pooled connections belong to an earlier loop (closed by its asyncio.run), so
+            # closing them here is a bare RuntimeError: they were dropped with that loop.
+            with contextlib.suppress(RuntimeError):
+                await self.http.aclose()
+            return
         await self.http.aclose()
 
     async def _pause(self, seconds: float) -> None:
