@@ -1,5 +1,6 @@
-"""What the Slack channel refuses and tells: a signed interaction of the wrong shape is a
-`SlackPayloadError` (a 400) and acts on nothing, a person who may not answer a request is told
+"""What the Slack channel refuses and tells: a signed interaction of the wrong shape, or an
+interaction or event naming an id no store can look up, is a `SlackPayloadError` (a 400) and
+acts on nothing, a person who may not answer a request is told
 exactly that, not that it can no longer be answered, and one whose answer was spent as the
 request's deadline escalated it is told that, not that the request is closed."""
 
@@ -33,9 +34,11 @@ from ._slack import (
     manual,
     question_agent,
     refund_requested,
+    serving,
     sign,
+    submission,
 )
-from ._slack_replies import FIRST_TS, deliver, event
+from ._slack_replies import EVENTS, FIRST_TS, deliver, event
 
 __all__ = ["fake"]  # the fixture, used by name
 
@@ -242,6 +245,45 @@ async def test_a_form_naming_a_field_twice_or_not_utf8_is_a_400_and_acts_on_noth
                 await slack.idle()
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.outcome == "approved"
+
+
+async def test_a_signed_request_naming_an_id_with_a_lone_surrogate_is_a_400(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """JSON can escape a lone surrogate (`"\\ud800"`), which no store can look up: a reply
+    whose thread or channel held one was a 500 (`internal_error`, the store's
+    UnicodeEncodeError), and a press whose request id held one was taken (a 200) and failed in
+    the background. Either endpoint refuses such an id, a 400 `invalid_payload`, and nothing
+    is saved, answered or told."""
+    lone = "\ud800"
+    async with refund_requested(tmp_path, []) as (rt, req):
+        press = {"action_id": "signoff.approve", "value": req.id, "type": "button"}
+        meta = {"request_id": req.id, "channel": "C42", "user": "U045EF6GH"}
+        bodies = {
+            "reply's thread": (EVENTS, event("deny", thread=lone)),
+            "reply's channel": (EVENTS, event("deny", channel=lone)),
+            "reply's author": (EVENTS, event("deny", user=lone)),
+            "press's request": (PATH, click(press | {"value": lone})),
+            "press's author": (PATH, click(press, user=lone)),
+            "form's request": (PATH, submission("signoff.deny", meta | {"request_id": lone}, {})),
+            "form's channel": (PATH, submission("signoff.deny", meta | {"channel": lone}, {})),
+        }
+        async with serving(rt, fake, tmp_path / "hub.db") as (slack, _, app):
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            answers = {}
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                for name, (path, body) in bodies.items():
+                    headers = sign(body, int(time.time()))
+                    response = await http.post(path, content=body, headers=headers)
+                    await slack.idle()
+                    error = response.json().get("error", {}) if response.content else {}
+                    said = "lone surrogate" in error.get("message", "")
+                    answers[name] = (response.status_code, error.get("code"), said)
+            assert answers == dict.fromkeys(bodies, (400, "invalid_payload", True))
+            assert slack.memos("event:") == [] and slack.memos("click:") == []
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        assert fake.of("chat.postEphemeral") == [] and fake.of("chat.update") == []
 
 
 @pytest.mark.parametrize("how", ["click", "reply"])

@@ -21,6 +21,7 @@ from ._slack import (
     FakeSlack,
     channel,
     manual,
+    refund_requested,
     refund_runtime,
 )
 from ._slack_replies import (
@@ -77,6 +78,35 @@ async def test_a_typed_reply_answers_the_first_open_question_whichever_thread_it
         assert state.turn.text == "Reordered."
         # Both messages were updated in place as answered; nobody was told anything else.
         assert len(fake.of("chat.update")) == 2
+        assert fake.of("chat.postEphemeral") == []
+
+
+async def test_a_reply_with_a_file_attached_answers_by_its_text(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """Slack sends a message with files attached as subtype `file_share`, the typed text in
+    `text`: an approver's "deny" with a screenshot was acknowledged and dropped, with nothing
+    written and no note. It answers as typed; files sent with no text are ignored, as an empty
+    reply is."""
+    photo = [{"id": "F0PHOTO", "name": "photo.jpg", "mimetype": "image/jpeg"}]
+    log: list[Any] = []
+    async with refund_requested(tmp_path, log) as (rt, req):
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            alone = event("", subtype="file_share", files=photo, upload=True)
+            assert await deliver(slack, alone) is None
+            assert slack.memos("event:") == []
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.status == "pending"
+            typed = event("deny", event_id="Ev02", subtype="file_share", files=photo, upload=True)
+            assert await deliver(slack, typed) is None
+            await hub.poll()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.outcome == "cancelled"
+        assert stored.resolution is not None
+        assert stored.resolution["by"]["principal_id"] == f"slack:{TEAM}:{ALLOWED}"
+        assert log == []
         assert fake.of("chat.postEphemeral") == []
 
 

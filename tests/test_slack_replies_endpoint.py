@@ -51,6 +51,7 @@ async def test_what_is_not_a_persons_reply_in_a_request_thread_is_ignored(
                 event("Large", subtype="message_changed"),  # an edit
                 event("Large", subtype="message_deleted"),  # a deletion
                 event("Large", subtype="channel_join"),
+                event("Large", subtype=["file_share"]),  # not a subtype Slack sends
                 event("Large", thread=None),  # not in a thread
                 event("Large", thread="1700000500.000100"),  # starts a thread of its own
                 event("Large", thread="1699999999.000001"),  # the thread of a message not ours

@@ -14,7 +14,7 @@ import pytest
 
 import signoff as so
 from signoff.channels import ChannelState
-from signoff.channels.slack import SlackChannel
+from signoff.channels.slack import SlackChannel, SlackPayloadError
 from signoff.channels.slack._replies import KEEP_THREADS, TypedReply, thread_key
 
 from ._slack import TEAM
@@ -56,14 +56,52 @@ async def test_a_persons_reply_in_the_thread_is_read(slack: SlackChannel) -> Non
         {"bot_id": "B0OTHER", "user": "U0OTHERAPP"},  # another app's bot, posting as a user
         {"user": BOT},  # this app's own bot user
         {"subtype": "message_changed"},
+        {"subtype": ["file_share"]},  # not a subtype Slack sends
         {"ts": FIRST_TS},  # the thread's parent, not a reply in it
     ],
-    ids=["another-bot", "own-bot", "edit", "parent"],
+    ids=["another-bot", "own-bot", "edit", "subtype-list", "parent"],
 )
 async def test_posts_of_bots_and_edits_are_not_replies(
     slack: SlackChannel, fields: dict[str, Any]
 ) -> None:
     assert _read(slack, "Large", **fields) is None
+
+
+_PHOTO = [{"id": "F0PHOTO", "name": "photo.jpg", "mimetype": "image/jpeg"}]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"subtype": "file_share", "files": _PHOTO, "upload": True}, {"subtype": "me_message"}],
+    ids=["file-attached", "me"],
+)
+async def test_a_reply_with_a_file_or_by_me_is_read_by_its_text(
+    slack: SlackChannel, fields: dict[str, Any]
+) -> None:
+    """Slack sends a message with a file attached as subtype `file_share` (the typed text in
+    `text`): an approver's "deny" with a screenshot was acknowledged and dropped. It counts by
+    its text, as does a `/me` message; a file sent with no text is ignored as an empty reply."""
+    found = _read(slack, "deny", **fields)
+    assert found is not None and (found.request_id, found.user, found.text) == (
+        "req_1",
+        ALLOWED,
+        "deny",
+    )
+    assert _read(slack, "", **fields) is None
+    assert _read(slack, "deny", bot_id="B0OTHER", **fields) is None  # a bot's, still not
+
+
+@pytest.mark.parametrize("field", ["thread_ts", "channel", "user", "user_team"])
+async def test_a_reply_naming_an_id_with_a_lone_surrogate_is_unreadable(
+    slack: SlackChannel, field: str
+) -> None:
+    """JSON can escape a lone surrogate (`"\\ud800"`), which no store can look up: such an id
+    is a `SlackPayloadError` (a 400), not an error of the store (a 500) or a reply that fails
+    later."""
+    envelope = json.loads(event("deny"))
+    envelope["event"][field] = "\ud800"
+    with pytest.raises(SlackPayloadError, match=r"not valid Unicode text"):
+        slack.replies._reply(envelope)
 
 
 async def test_a_person_of_another_workspace_replies_as_a_member_of_their_own(

@@ -46,6 +46,7 @@ from ._inbox import Inbox
 from ._payloads import (
     SlackPayloadError,
     api_error,
+    check_ids,
     interaction_of,
     maybe_done,
     member_of,
@@ -320,14 +321,25 @@ def read(payload: dict[str, Any]) -> tuple[Interaction | None, dict[str, Any] | 
         if not isinstance(user, str) or not isinstance(team, str):
             raise TypeError("user and team ids must be strings")
         if kind == "block_actions":
-            return _action(payload, team, user), None
-        if kind == "view_submission":
-            return _submission(payload, team, user)
+            found, answer = _action(payload, team, user), None
+        elif kind == "view_submission":
+            found, answer = _submission(payload, team, user)
+        else:
+            return None, None  # other interactions are not ours
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as exc:
         # AttributeError: a field of the wrong type (a string where an object belongs);
         # RecursionError: modal metadata nested deeper than json reads
         raise SlackPayloadError(f"unreadable Slack interaction: {exc!r}") from None
-    return None, None  # other interactions are not ours
+    if found is not None:  # before it is saved: no store could look such an id up
+        check_ids(
+            user=found.user,
+            team=found.team,
+            channel=found.channel,
+            request=found.request_id,
+            option=found.option_id,
+            trigger=found.trigger_id,
+        )
+    return found, answer
 
 
 def _action(payload: dict[str, Any], team: str, user: str) -> Interaction | None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..._exceptions import SignoffError
 from ..._form_fields import TOO_MANY_FIELDS, too_many_fields
 from ..._json_keys import cut_repr
-from ..._text import cut
+from ..._text import cut, is_utf8
 from ..._types import Principal
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ __all__ = [
     "REFUSED_TOKEN",
     "SlackPayloadError",
     "api_error",
+    "check_ids",
     "envelope_of",
     "interaction_of",
     "maybe_done",
@@ -129,6 +130,15 @@ def envelope_of(body: bytes) -> dict[str, Any]:
     if not isinstance(envelope, dict):
         raise SlackPayloadError("the event is not a JSON object")
     return envelope
+
+
+def check_ids(**ids: object) -> None:
+    """Refuse (`SlackPayloadError`) an id given as text holding a lone surrogate: JSON can
+    escape one (`"\\ud800"`) though Slack never sends one, and no store can keep or look it up
+    (a request taken so would fail later, or an endpoint with a 500)."""
+    for name, value in ids.items():
+        if isinstance(value, str) and not is_utf8(value):
+            raise SlackPayloadError(f"the {name} id is not valid Unicode text: a lone surrogate")
 
 
 def api_error(exc: SlackApiError, field: str = "error") -> str | None:

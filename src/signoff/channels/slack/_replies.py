@@ -28,7 +28,7 @@ from ..._text import is_blank
 from .._base import QUEUED_NOTE, logger, not_accepted, off_loop, waiting_until
 from ._identity import SlackUserUnknown
 from ._inbox import RESUME_AFTER, RETRY_WINDOW, Inbox, seconds
-from ._payloads import SlackPayloadError, envelope_of, member_of
+from ._payloads import SlackPayloadError, check_ids, envelope_of, member_of
 from ._speakers import policy_refuses
 
 if TYPE_CHECKING:
@@ -49,6 +49,11 @@ KEEP_THREADS = 7 * 86400.0  # seconds the thread of a closed request still takes
 CHECKS_PER_SWEEP = 100
 _EVENT_ID = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # it becomes part of an idempotency key
 _LEADING_MENTION = re.compile(r"^\s*<@([A-Z0-9]+)(?:\|[^>]*)?>[\s:,]*")
+# The subtypes of a message a person typed: none, a reply also sent to the channel
+# (thread_broadcast), one with files attached (file_share: its text is what was typed) and
+# one of /me (me_message). Others are edits, deletions, joins and bots' posts. A tuple: `in`
+# compares, where a set would hash a subtype of the wrong type (a list) and raise.
+_TYPED = (None, "thread_broadcast", "file_share", "me_message")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,15 +76,17 @@ def thread_key(channel: str, ts: str) -> str:
 
 def _thread_of(envelope: dict[str, Any]) -> tuple[str, str] | None:
     """The channel and thread of the person's message in a thread an event carries, if it
-    carries one (read as `_reply` reads it; what it refuses is refused there)."""
+    carries one (read as `_reply` reads it; what it refuses is refused there, and an id no
+    store can look up is a `SlackPayloadError` here too)."""
     event = envelope.get("event")
     if not isinstance(event, dict) or event.get("type") != "message" or event.get("bot_id"):
         return None
-    if event.get("subtype") not in (None, "thread_broadcast"):
+    if event.get("subtype") not in _TYPED:
         return None
     thread, ts, where = event.get("thread_ts"), event.get("ts"), event.get("channel")
     if not isinstance(thread, str) or thread == ts or not isinstance(where, str):
         return None
+    check_ids(thread=thread, channel=where)  # before the store is asked of them
     return where, thread
 
 
@@ -187,9 +194,7 @@ class ThreadReplies:
                 raise TypeError("event must be an object and event_id Slack's kind of id")
             if event.get("type") != "message":
                 return None
-            # thread_broadcast: a reply also sent to the channel; others are edits, deletions,
-            # joins, files and bots' posts.
-            if event.get("subtype") not in (None, "thread_broadcast") or event.get("bot_id"):
+            if event.get("subtype") not in _TYPED or event.get("bot_id"):
                 return None
             bots = {
                 a.get("user_id")
@@ -213,6 +218,7 @@ class ThreadReplies:
             team = member_of(own, auth.get("team_id"), auth.get("enterprise_id"))
             if not isinstance(team, str) or not isinstance(text, str):
                 raise TypeError("team and text must be strings")
+            check_ids(user=user, team=team, channel=where, thread=thread)
         except (KeyError, TypeError) as exc:
             raise SlackPayloadError(f"unreadable Slack event: {exc!r}") from None
         request_id = self._request_of(where, thread) or elsewhere
