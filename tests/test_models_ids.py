@@ -4,7 +4,8 @@ model produced its ids, so each adapter maps them to ids its API accepts."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import random
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -251,3 +252,96 @@ async def test_ids_that_differ_only_in_lone_surrogates_stay_apart_on_openai(
     ids = [c["id"] for c in assistant["tool_calls"]]
     assert len(set(ids)) == 2 and [m["tool_call_id"] for m in results] == ids
     assert "\ufffd" not in "".join(ids)
+
+
+def _old_unique(call_id: str | None, fits: Callable[[str], bool], used: set[str]) -> str:
+    """The search for a free wire id as it was before it resumed (kept to compare with)."""
+    from signoff.models._ids import _derived
+
+    base = call_id if call_id and fits(call_id) else _derived(call_id)
+    wire, n = base, 1
+    while wire in used:
+        n += 1
+        wire = f"{base}_{n}"
+        if not fits(wire):
+            base = _derived(call_id)
+            wire = f"{base}_{n}"
+    used.add(wire)
+    return wire
+
+
+def _sent_call_ids(history: list[so.Message], fits: Callable[[str], bool]) -> list[str | None]:
+    from signoff.models._ids import wire_ids
+
+    sent = wire_ids(history, fits)
+    return [c.id for m in sent if isinstance(m, so.AssistantMessage) for c in m.tool_calls]
+
+
+def test_wire_ids_are_those_the_search_from_the_start_gave() -> None:
+    """Ids are sent again with every later request, so resuming the search for a free id must
+    give exactly the ids that searching from the start did: including when a later call's own
+    id is one made for an earlier (`x_2`), a suffix makes an id too long (`y` * 39 + `_10`), or
+    an id fits with some suffixes and not others."""
+    from signoff.models._ids import _derived, anthropic_id_fits, openai_id_fits
+
+    pool: list[str | None] = [
+        *("x", "x_2", "x_3", "x_2_2", "x_10", "x_2_3"),
+        *("a.b", "a:b", _derived("a.b"), _derived("a.b") + "_2", _derived("a:b") + "_3"),
+        *("y" * 38, "y" * 38 + "_2", "y" * 39, "y" * 39 + "_2", "y" * 40),
+        *(None, "", "call_" + "0" * 5, "\ud800", "functions.lookup:0"),
+    ]
+    fitting: list[Callable[[str], bool]] = [
+        anthropic_id_fits,
+        openai_id_fits,
+        lambda i: len(i) <= 6,
+        lambda i: not i.endswith(("_3", "_5")),
+    ]
+    rng = random.Random(58)
+    for trial in range(300):
+        ids = [rng.choice(pool) for _ in range(rng.randint(1, 60))]
+        history: list[so.Message] = [so.UserMessage(text="hi")]
+        i = 0
+        while i < len(ids):
+            batch = ids[i : i + rng.randint(1, 4)]
+            i += len(batch)
+            history.append(
+                so.AssistantMessage(
+                    tool_calls=[so.ToolCall(id=c, name="t", input={}) for c in batch]
+                )
+            )
+            history += [
+                so.ToolResultMessage(call_id=c or "", tool_name="t", content=1) for c in batch
+            ]
+        for fits in fitting:
+            used: set[str] = set()
+            assert _sent_call_ids(history, fits) == [_old_unique(c, fits, used) for c in ids], trial
+
+
+def test_wire_ids_for_calls_sharing_one_id_take_linear_work() -> None:
+    """A server that numbers its calls per reply (Kimi's `functions.lookup:0`) gives every call
+    one id: the search for a free one started from `_2` each time, so converting a conversation
+    of 4,000 such calls took seconds on the event loop, before every model call."""
+    from signoff.models._ids import anthropic_id_fits, openai_id_fits
+
+    calls = 2000
+    for reused, fits in (
+        ("functions.lookup:0", anthropic_id_fits),
+        ("functions.lookup:0", openai_id_fits),
+        ("call_0", openai_id_fits),
+        ("y" * 38, openai_id_fits),  # `_10` on makes it too long: derived ids from there
+    ):
+        history: list[so.Message] = [so.UserMessage(text="hi")]
+        for n in range(calls):
+            call = so.ToolCall(id=reused, name="lookup", input={"q": n})
+            history.append(so.AssistantMessage(tool_calls=[call]))
+            history.append(so.ToolResultMessage(call_id=reused, tool_name="lookup", content=1))
+        asked = 0
+
+        def counted(call_id: str, fits: Callable[[str], bool] = fits) -> bool:
+            nonlocal asked
+            asked += 1
+            return fits(call_id)
+
+        ids = _sent_call_ids(history, counted)
+        assert len(set(ids)) == calls
+        assert asked <= 3 * calls, (reused, asked)  # searching from the start: ~2,000,000

@@ -58,6 +58,7 @@ def wire_ids(messages: Iterable[Any], fits: Callable[[str], bool]) -> list[Any]:
     given to its call in the assistant message before it.
     """
     used: set[str] = set()
+    resume: dict[str | None, tuple[str, int, str]] = {}  # see `_unique`
     given: dict[str, list[str]] = {}  # id in the history -> wire ids of the last calls message
     out: list[Any] = []
     for m in messages:
@@ -65,7 +66,7 @@ def wire_ids(messages: Iterable[Any], fits: Callable[[str], bool]) -> list[Any]:
             given = {}
             calls = []
             for c in m.tool_calls:
-                wire = _unique(c.id, fits, used)
+                wire = _unique(c.id, fits, used, resume)
                 given.setdefault(c.id or "", []).append(wire)
                 name = wire_name(c.name)
                 if (wire, name) != (c.id, c.name):
@@ -85,10 +86,23 @@ def wire_ids(messages: Iterable[Any], fits: Callable[[str], bool]) -> list[Any]:
     return out
 
 
-def _unique(call_id: str | None, fits: Callable[[str], bool], used: set[str]) -> str:
-    """`call_id` if it fits and is not `used` yet, else the first free id derived from it."""
-    base = call_id if call_id and fits(call_id) else _derived(call_id)
-    wire, n = base, 1
+def _unique(
+    call_id: str | None,
+    fits: Callable[[str], bool],
+    used: set[str],
+    resume: dict[str | None, tuple[str, int, str]],
+) -> str:
+    """`call_id` if it fits and is not `used` yet, else the first free id derived from it
+    (`call_id_2`, `call_id_3`, ...). The candidates tried for one id are always the same, and
+    `used` only grows, so `resume` keeps where the last search for each id stopped and the next
+    starts there: a server that gives every call one id (`functions.lookup:0`) made each
+    request's conversion quadratic in the calls before it."""
+    state = resume.get(call_id)
+    if state is None:
+        base = call_id if call_id and fits(call_id) else _derived(call_id)
+        n, wire = 1, base
+    else:
+        base, n, wire = state
     while wire in used:
         n += 1
         wire = f"{base}_{n}"
@@ -96,4 +110,5 @@ def _unique(call_id: str | None, fits: Callable[[str], bool], used: set[str]) ->
             base = _derived(call_id)
             wire = f"{base}_{n}"
     used.add(wire)
+    resume[call_id] = (base, n, wire)
     return wire
