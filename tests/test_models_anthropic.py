@@ -219,6 +219,13 @@ def test_newer_models_are_priced_as_anthropic_lists_them() -> None:
     assert lookup_price("claude-haiku-5-5", ANTHROPIC_PRICES) is None
 
 
+def test_the_claude_4_aliases_are_priced_as_their_models() -> None:
+    """`claude-sonnet-4-0` and `claude-opus-4-0` are Anthropic's aliases of the Claude 4
+    snapshots; no date suffix, so they were priced at nothing (and refused a cost budget)."""
+    assert lookup_price("claude-sonnet-4-0", ANTHROPIC_PRICES) == (3.0, 15.0)
+    assert lookup_price("claude-opus-4-0", ANTHROPIC_PRICES) == (15.0, 75.0)
+
+
 async def test_a_body_without_content_is_a_model_error(fake, model) -> None:
     fake.queue({"id": "msg", "type": "message", "role": "assistant"})
     with pytest.raises(so.ModelError, match="no content list"):

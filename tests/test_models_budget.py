@@ -178,6 +178,26 @@ async def test_a_model_with_no_limit_of_its_own_is_capped_only_below_its_known_o
     assert "max_tokens" not in body
 
 
+async def test_openais_eu_host_gets_max_completion_tokens_and_the_budgets_cap() -> None:
+    """OpenAI's EU data-residency host was taken for a compatible server: sent `max_tokens`,
+    which o3 refuses, and no budget cap at all (no output limit known there)."""
+    import openai
+
+    seen: list[dict[str, Any]] = []
+    http = answer(seen)
+    base = "https://eu.api.openai.com/v1"
+    client = openai.AsyncOpenAI(api_key="k", base_url=base, max_retries=0, http_client=http)
+    own = so.models.OpenAIChat("o3", client=client, max_tokens=4000)
+    assert (await own.complete(request())).text == "hi"
+    capped = so.models.OpenAIChat("o3", client=client)
+    assert (await capped.complete(request(max_output_tokens=500))).text == "hi"
+    await client.close()
+    assert [{k: v for k, v in body.items() if "tokens" in k} for body in seen] == [
+        {"max_completion_tokens": 4000},
+        {"max_completion_tokens": 500},
+    ]
+
+
 async def test_a_limit_given_in_params_or_extra_body_is_lowered_and_the_params_kept() -> None:
     params = {"max_completion_tokens": 5000, "extra_body": {"max_tokens": 4000}}
     given = copy.deepcopy(params)

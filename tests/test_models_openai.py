@@ -10,8 +10,8 @@ import pytest
 
 import signoff as so
 from signoff.models import ToolSpec
-from signoff.models._openai import max_tokens_key
-from signoff.models._provider import OPENAI_PRICES, lookup_price
+from signoff.models._openai import is_openai_host, max_tokens_key
+from signoff.models._provider import OPENAI_CACHED_PRICES, OPENAI_PRICES, lookup_price
 
 from ._models import REFUND_SCHEMA, request
 from ._models_openai import fake, model
@@ -161,6 +161,28 @@ def test_only_openai_itself_gets_max_completion_tokens() -> None:
     assert max_tokens_key("my-vllm.internal") == "max_tokens"
 
 
+@pytest.mark.parametrize(
+    ("host", "openai_itself"),
+    [
+        ("eu.api.openai.com", True),  # the EU data-residency host
+        ("us.api.openai.com", True),
+        ("API.OpenAI.com", True),
+        ("api.openai.com.", True),
+        ("openai.com", False),
+        ("evil-api.openai.com", False),
+        ("api.openai.com.example", False),
+        ("evil-api.openai.com.example", False),
+        ("eu.api.openai.com.evil.example", False),
+        ("xapi.openai.com", False),
+    ],
+)
+def test_openai_regional_hosts_are_openai_itself(host: str, openai_itself: bool) -> None:
+    """`eu.api.openai.com` was sent the classic `max_tokens`, which OpenAI's reasoning models
+    refuse; a host that only looks like OpenAI's is not taken for it."""
+    assert is_openai_host(host) is openai_itself
+    assert max_tokens_key(host) == ("max_completion_tokens" if openai_itself else "max_tokens")
+
+
 async def test_text_usage_and_cost_are_extracted(fake) -> None:
     fake.queue(openai_completion("Hello there", usage=(1000, 500)))
     async with so.models.OpenAIChat(
@@ -291,6 +313,27 @@ def test_price_lookup_accepts_date_suffixes_only() -> None:
     assert lookup_price("gpt-4o-latest", OPENAI_PRICES) == (2.50, 10.00)
     assert lookup_price("o3-pro", OPENAI_PRICES) is None  # not priced as o3
     assert lookup_price("gpt-4o-audio-preview", OPENAI_PRICES) is None
+
+
+@pytest.mark.parametrize("asked", ["gpt-4o-2024-05-13", "gpt-4o"])
+async def test_a_snapshot_listed_at_other_prices_than_its_base_is_priced_as_listed(
+    fake, asked: str
+) -> None:
+    """gpt-4o-2024-05-13 is listed at $5 / $15 with no cached-input discount, where gpt-4o is
+    at $2.50 / $10 (and $1.25 cached): the date suffix had it counted at gpt-4o's prices, asked
+    for by name or named by the reply; the other snapshots stay at their base's."""
+    assert lookup_price("gpt-4o-2024-05-13", OPENAI_PRICES) == (5.00, 15.00)
+    assert lookup_price("gpt-4o-2024-05-13", OPENAI_CACHED_PRICES) == 5.00
+    assert lookup_price("gpt-4o-2024-11-20", OPENAI_PRICES) == (2.50, 10.00)
+    assert lookup_price("gpt-4o-2024-11-20", OPENAI_CACHED_PRICES) == 1.25
+    body = openai_completion("hi", usage=(1_000_000, 1_000_000), model="gpt-4o-2024-05-13")
+    body["usage"]["prompt_tokens_details"] = {"cached_tokens": 400_000}
+    fake.queue(body)
+    async with so.models.OpenAIChat(
+        asked, base_url=fake.base_url, api_key=API_KEY, max_retries=0
+    ) as m:
+        r = await m.complete(request())
+    assert r.usage.cost_usd == pytest.approx(5.00 + 15.00)
 
 
 async def test_tool_calls_are_parsed_with_their_ids(fake, model) -> None:

@@ -234,7 +234,7 @@ class OpenAIChat(SdkModel):
             kwargs[key] = self.max_tokens
         kwargs.update(self.params)
         cap = request.max_output_tokens
-        known = OPENAI_MAX_OUTPUT.get(self.model) if client.base_url.host == OPENAI_HOST else None
+        known = OPENAI_MAX_OUTPUT.get(self.model) if is_openai_host(client.base_url.host) else None
         if not cap_output(kwargs, ("max_completion_tokens", "max_tokens"), key, cap, known):
             cap = None  # the model's own limit binds: a reply it cut is no budget's doing
         sdk = self._sdk
@@ -473,9 +473,16 @@ def to_openai_messages(instructions: str, messages: Any) -> list[dict[str, Any]]
 OPENAI_HOST = "api.openai.com"
 
 
+def is_openai_host(host: str) -> bool:
+    """Whether `host` is OpenAI's own API: `api.openai.com` or a regional host under it (the EU
+    data-residency `eu.api.openai.com`), which takes the same parameters and models."""
+    host = host.lower().removesuffix(".")
+    return host == OPENAI_HOST or host.endswith("." + OPENAI_HOST)
+
+
 def max_tokens_key(host: str) -> str:
     """OpenAI itself wants the newer name (reasoning models refuse the old); others the classic."""
-    return "max_completion_tokens" if host == OPENAI_HOST else "max_tokens"
+    return "max_completion_tokens" if is_openai_host(host) else "max_tokens"
 
 
 def tool_text(m: ToolResultMessage) -> str:

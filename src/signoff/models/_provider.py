@@ -51,9 +51,12 @@ Price = tuple[float, float]
 
 # USD per million (input, output) tokens of well-known models, list prices of late 2025 (and
 # the newer Anthropic models below, with their source).
-# Matched exactly or with a date / "-latest" suffix; pass `price_per_mtok=` to override.
+# Matched exactly or with a date / "-latest" suffix; pass `price_per_mtok=` to override. A
+# dated snapshot listed at other prices than its base model is named exactly (it is found
+# before the suffix match would give it its base's).
 OPENAI_PRICES: dict[str, Price] = {
     "gpt-4o": (2.50, 10.00),
+    "gpt-4o-2024-05-13": (5.00, 15.00),
     "gpt-4o-mini": (0.15, 0.60),
     "gpt-4.1": (2.00, 8.00),
     "gpt-4.1-mini": (0.40, 1.60),
@@ -66,6 +69,7 @@ OPENAI_PRICES: dict[str, Price] = {
 # prompt's), the same list prices: a quarter or half of the input price.
 OPENAI_CACHED_PRICES: dict[str, float] = {
     "gpt-4o": 1.25,
+    "gpt-4o-2024-05-13": 5.00,  # no prompt caching: the input price, not gpt-4o's discount
     "gpt-4o-mini": 0.075,
     "gpt-4.1": 0.50,
     "gpt-4.1-mini": 0.10,
@@ -81,8 +85,10 @@ ANTHROPIC_PRICES: dict[str, Price] = {
     "claude-3-5-sonnet": (3.00, 15.00),
     "claude-3-7-sonnet": (3.00, 15.00),
     "claude-sonnet-4": (3.00, 15.00),
+    "claude-sonnet-4-0": (3.00, 15.00),  # the alias of claude-sonnet-4-20250514
     "claude-sonnet-4-5": (3.00, 15.00),
     "claude-opus-4": (15.00, 75.00),
+    "claude-opus-4-0": (15.00, 75.00),  # the alias of claude-opus-4-20250514
     "claude-opus-4-1": (15.00, 75.00),
     # From Anthropic's own model pages, platform.claude.com/docs/en/models/<model>/overview
     # ("Input pricing" / "Output pricing"), and the comparison tables on those pages (Sonnet
