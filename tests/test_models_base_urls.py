@@ -46,11 +46,28 @@ async def test_a_password_in_the_base_url_is_not_shown_nor_recorded(name: str) -
         ("https://gw.example/v1?api-version=1", "https://gw.example/v1?api-version=1"),
         ("https://bob:s3cret@gw.example:8443/v1", "https://bob:***@gw.example:8443/v1"),
         ("https://:s3cret@gw.example/v1", "https://:***@gw.example/v1"),
-        ("https://bob@gw.example/v1", "https://bob@gw.example/v1"),
+        # a user name with no password is the credential (`https://TOKEN@gateway`)
+        ("https://bob@gw.example/v1", "https://***@gw.example/v1"),
+        ("https://s3cret:@gw.example/v1", "https://***@gw.example/v1"),
+        ("https://s3%2Fcret@[::1]:8443/v1?key=1", "https://***@[::1]:8443/v1?key=***"),
+        ("https://@gw.example/v1", "https://@gw.example/v1"),
     ],
 )
-def test_shown_url_leaves_out_only_the_password(url: str, shown: str) -> None:
+def test_shown_url_leaves_out_the_password_or_a_lone_user_name(url: str, shown: str) -> None:
     assert shown_url(url) == shown
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+async def test_a_token_as_the_base_urls_user_name_is_not_shown_nor_recorded(name: str) -> None:
+    """`https://TOKEN@gateway` (no password): the token was in the model's repr and in every
+    error recorded in `turn.failed`, where only a password was left out."""
+    make, path = MODELS[name]
+    base = f"http://tok-hunter2-8f3a@127.0.0.1:{_closed_port()}{path}"
+    async with make("m", base_url=base, api_key=API_KEY, max_retries=0) as m:
+        assert "hunter2" not in repr(m) and "http://***@127.0.0.1" in repr(m)
+        with pytest.raises(so.ModelError, match="cannot connect") as info:
+            await m.complete(request())
+    assert "hunter2" not in str(info.value) and "http://***@127.0.0.1" in str(info.value)
 
 
 @pytest.mark.parametrize(

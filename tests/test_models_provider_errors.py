@@ -4,10 +4,12 @@ a part of one that the cut of a long error text split."""
 
 from __future__ import annotations
 
+import base64
 import json
 import traceback
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import anthropic
 import openai
@@ -114,6 +116,46 @@ async def test_a_credential_sent_as_a_query_parameter_is_not_recorded(
     assert "HTTP 404" in message and "key=[redacted]" in message
     assert "api-version=2024-10-21" in message and key not in message
     assert "YmFy" not in message
+
+
+class LoginGateway(FakeLLM):
+    """A gateway reading its own login (basic authentication) in place of an API key."""
+
+    def _authorized(self, got: Received) -> bool:
+        return True
+
+
+def echo_login(got: Received) -> Reply:
+    """A gateway refusing the login of the URL it was sent: the basic-auth header, and the
+    user name and password it decoded from it."""
+    header = got.headers.get("authorization", "")
+    basic = header.removeprefix("Basic ")
+    login = base64.b64decode(basic).decode() if basic != header else "none"
+    message = f"authorization {header!r} refused: login {login!r} unknown"
+    return Reply({"error": {"type": "authentication_error", "message": message}}, 401)
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize(
+    "login", ["tok-8f3a91c2e7", "tok-8f3a91c2e7:", "gateway-user:pw-4d2c7b9e", "tok%2F8f3a91c2e7"]
+)
+async def test_the_login_in_the_base_url_is_not_recorded(flavor: str, login: str) -> None:
+    """The user name and password of the base URL (`https://TOKEN@gateway`) are sent too, as
+    basic authentication: a gateway that echoed them had them recorded in `turn.failed`."""
+    with LoginGateway(flavor) as fake:
+        fake.queue(echo_login)
+        base = fake.base_url.replace("://", f"://{login}@", 1)
+        kind = so.models.OpenAIChat if flavor == "openai" else so.models.Anthropic
+        async with kind("m", base_url=base, api_key=API_KEY, max_retries=0) as model:
+            with pytest.raises(so.ModelError, match="HTTP 401") as info:
+                await model.complete(request())
+        sent = fake.received[0].headers.get("authorization", "")
+    shown = "".join(traceback.format_exception(info.value))
+    assert "authorization 'Basic [redacted]' refused: login '[redacted]" in shown, shown
+    user, _, password = login.partition(":")
+    secrets = [user, unquote(user), sent.removeprefix("Basic ")] + [password] * bool(password)
+    assert all(secret not in shown for secret in secrets), shown
+    assert "8f3a91c2e7" not in shown and "4d2c7b9e" not in shown
 
 
 # Where the cut of a long error text falls: 2,000 characters in, 9 of the key's kept before it.

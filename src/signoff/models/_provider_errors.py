@@ -3,6 +3,7 @@ credentials its client sends hidden, and what a connection error means."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -10,7 +11,7 @@ from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from html.parser import HTMLParser
 from typing import Any
-from urllib.parse import quote, quote_plus
+from urllib.parse import quote, quote_plus, unquote, urlsplit
 
 from .._exceptions import SignoffError
 from ._urls import SECRET_PARAM
@@ -159,11 +160,12 @@ _LEAST_SECRET = 8
 
 def client_secrets(client: Any, params: Mapping[str, Any] | None = None) -> list[str]:
     """The credentials an SDK client sends, with a model's `params` on each call: its API key,
-    auth token, the values of its custom headers and `params`' `extra_headers` named like
-    credentials (a `Bearer` value's token alone too), and of its default query and `params`'
-    `extra_query` parameters named as credentials (`?key=`, as given and URL-encoded), longest
-    first."""
+    auth token, the login in its base URL (`_userinfo`), the values of its custom headers and
+    `params`' `extra_headers` named like credentials (a `Bearer` value's token alone too), and
+    of its default query and `params`' `extra_query` parameters named as credentials (`?key=`,
+    as given and URL-encoded), longest first."""
     found: list[Any] = [getattr(client, "api_key", None), getattr(client, "auth_token", None)]
+    found += _userinfo(getattr(client, "base_url", None))
     extra = params if isinstance(params, Mapping) else {}
     for headers in (getattr(client, "_custom_headers", None), extra.get("extra_headers")):
         for name, value in _named(headers):
@@ -175,6 +177,25 @@ def client_secrets(client: Any, params: Mapping[str, Any] | None = None) -> list
                 found += [value, quote(value, safe=""), quote_plus(value)]
     kept = {s for s in found if isinstance(s, str) and len(s.strip()) >= _LEAST_SECRET}
     return sorted(kept, key=len, reverse=True)
+
+
+def _userinfo(url: Any) -> list[str]:
+    """The user name and password in a client's base URL, as written there and decoded, and
+    the basic-auth token the HTTP client makes of them for each request: a lone user name is
+    often a token (`https://TOKEN@gateway`), and a server may echo what it was sent."""
+    if url is None:
+        return []
+    try:
+        parts = urlsplit(str(url))
+        user, password = parts.username, parts.password
+    except ValueError:  # a malformed URL: no request went anywhere with it
+        return []
+    if not user and not password:
+        return []
+    found = [s for s in (user, password) if s]
+    found += [unquote(s) for s in found]
+    pair = f"{unquote(user or '')}:{unquote(password or '')}".encode("utf-8", "surrogatepass")
+    return [*found, base64.b64encode(pair).decode("ascii")]
 
 
 def _named(values: Any) -> Iterator[tuple[str, str]]:

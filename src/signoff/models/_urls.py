@@ -16,14 +16,17 @@ SECRET_PARAM = re.compile(r"key|token|secret|sig|auth|pass|credential", re.IGNOR
 
 
 def shown_url(url: object) -> str:
-    """A URL as a repr or an error shows it, its password and the values of query parameters
-    named as credentials (`?key=...`) left out: an error is recorded in the session's log, which
-    anyone who may read the session reads."""
+    """A URL as a repr or an error shows it, its password (or a user name with none, often a
+    token: `https://TOKEN@host`) and the values of query parameters named as credentials
+    (`?key=...`) left out: an error is recorded in the session's log, which anyone who may read
+    the session reads."""
     text = str(url)
     parts = urlsplit(text)
-    if parts.password is not None:
+    host = parts.netloc.rpartition("@")[2]
+    if parts.username and not parts.password:  # `TOKEN@host`, `TOKEN:@host`
+        parts = parts._replace(netloc=f"***@{host}")
+    elif parts.password is not None:
         user = parts.username or ""
-        host = parts.netloc.rpartition("@")[2]
         parts = parts._replace(netloc=f"{user}:***@{host}")
     if parts.query:
         params = parts.query.split("&")
