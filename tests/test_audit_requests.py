@@ -18,6 +18,7 @@ from signoff.stores._codec import pack_bytes
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._audit import ALICE, BOB, agent, alter, run_scenario, wipe
+from ._delegation import refund_desk
 from ._procs import query
 
 
@@ -503,3 +504,36 @@ async def test_a_mirror_rows_votes_and_edit_removed_are_named(store_url: str) ->
             reasons = [p.reason for p in await rt.verify_audit()]
         assert any(rid in r and f"its resolution's {key} differ" in r for r in reasons), reasons
         set_resolution(store_url, rid, row.resolution)
+
+
+async def test_a_quorums_rows_hold_its_last_vote_as_an_older_signoff_did_not(
+    store_url: str,
+) -> None:
+    """A quorum's request, and the parent's mirror of it, now hold every vote that approved it
+    once settled; an older signoff left the request's row without the last one and the mirror's
+    with none. Both forms follow the trail; a vote no entry records is named."""
+    ran: list[str] = []
+    carol = so.Principal(authenticator="test", principal_id="carol")
+    desk = refund_desk(so.always(approvers=2), ran)
+    async with so.Runtime(desk, store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        for who in (BOB, carol):
+            vote = {"request_id": mirror.id, "option_id": "approve"}
+            await rt.respond(r.session_id, [vote], principal=who)
+        assert ran == ["9"]
+        ids = (mirror.child.request_id, mirror.id)
+        rows = {rid: await rt.store.get_request(rid) for rid in ids}
+        assert await rt.verify_audit() == []
+    both = ["bob", "carol"]
+    for (rid, row), before in zip(rows.items(), (["bob"], []), strict=True):
+        assert row is not None and row.request.approved_by == both
+        data = row.request.model_dump(mode="json", exclude_defaults=True)
+        for votes, named in ((before, False), (["mallory", "carol"], True), (both, False)):
+            form = pack_bytes({**data, "approved_by": votes})
+            alter(store_url, "UPDATE {t}requests SET data={p} WHERE id={p}", form, rid)
+            async with so.Runtime(desk, store=store_url) as rt:
+                reasons = [p.reason for p in await rt.verify_audit()]
+            assert bool(reasons) is named, (rid, votes, reasons)
+            assert not named or (rid in reasons[0] and "its data (approved_by)" in reasons[0])

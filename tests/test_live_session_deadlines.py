@@ -14,6 +14,7 @@ from signoff._payloads import RemoteResult
 from signoff.testing import ManualClock
 
 from ._delegation import refund_desk
+from ._server_api import in_process
 from .test_live_session_mirrors import Over
 from .test_server_common import ALICE
 
@@ -123,3 +124,44 @@ async def test_an_answer_to_an_expired_request_says_so_once(store_url: str) -> N
             await rt.respond(r.session_id, [answer], principal=ALICE)
         assert (str(remote.value), remote.value.code) == (said, "request_closed")
         assert ran == []
+
+
+async def test_an_answer_to_a_call_its_deadline_approved_says_it_ran(store_url: str) -> None:
+    """`on_timeout="approve"`: the deadline approved the call, which ran, yet a late answer was
+    told `request … is expired; it takes no answers`, as for a call its deadline denied. The
+    runtime, the live session (before and after the stream records it) and the HTTP API's 409
+    `request_closed` say it was approved automatically."""
+    clock = ManualClock()
+    ran: list[str] = []
+    approving = so.always(expires_in=60, on_timeout="approve")
+    async with so.Runtime(refund_desk(approving, ran), store=store_url, clock=clock) as rt:
+        r = await rt.generate("billing", prompt="refund 9", auth=ALICE)
+        (asked,) = r.pending
+        live = LiveSession(Counted(rt, ALICE), r.session_id, clock=clock)
+        await live.sync()
+        clock.advance(61)
+        said = (
+            f"request {asked.id} was approved automatically when its deadline passed "
+            "(on_timeout='approve'); it takes no answers"
+        )
+        answer = {"request_id": asked.id, "option_id": "approve"}
+        with pytest.raises(so.RequestClosed) as local:
+            await live.respond([answer])
+        assert (str(local.value), local.value.code) == (said, "request_closed")
+        assert await rt.pending(session_id=r.session_id) == []  # which records it
+        assert ran == ["9"]
+        with pytest.raises(so.RequestClosed) as remote:
+            await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert (str(remote.value), remote.value.code) == (said, "request_closed")
+        await live.sync()  # as the stream recorded it
+        assert live.requests[asked.id].on_timeout == "approve"
+        with pytest.raises(so.RequestClosed) as recorded:
+            await live.respond([answer])
+        assert str(recorded.value) == said
+        async with in_process(rt) as c:
+            given = {"inputResponses": [{"requestId": asked.id, "optionId": "approve"}]}
+            refused = await c.post(f"/v1/sessions/{r.session_id}/responses", json=given)
+        assert refused.status_code == 409
+        assert refused.json()["error"]["code"] == "request_closed"
+        assert refused.json()["error"]["message"] == said
+        assert ran == ["9"]

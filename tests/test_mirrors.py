@@ -68,6 +68,13 @@ async def test_a_quorums_mirror_shows_the_votes_its_subagents_request_counted(
         )
         assert done.status == "completed" and ran == ["9"]
         assert await rt.pending(session_id=r.session_id) == []
+        # Closed, the mirror follows no more: its row holds the votes that approved the
+        # subagent's request, as that request's does (it kept its own copy's "0 of 3").
+        for rid in (mirror.id, child.request_id):
+            closed = await rt.store.get_request(rid)
+            assert closed is not None and closed.status == "settled"
+            assert closed.request.approved_by == ["bob", "carol", "alice"]
+            assert closed.request.progress == "3 of 3"
 
 
 ESCALATING = so.always(expires_in=60, on_timeout="escalate", escalate_to="finance")

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
 import pytest
 
 import signoff as so
 from signoff._candidates import RECOVERY_GRACE
-from signoff.server import DevAuth, TokenAuth
+from signoff.channels import Channel, ChannelHub, Resolution
+from signoff.server import DevAuth, TokenAuth, create_app
+from signoff.stores import PendingFilter
 from signoff.testing import (
     ExecutionLog,
     ManualClock,
@@ -20,6 +23,7 @@ from signoff.testing import (
     scripted_agent,
     store_contents,
 )
+from tests._channels import manual
 from tests.test_quorum import ALICE, BOB, CAROL, asked, deploy_agent, events_of, vote
 
 
@@ -271,3 +275,77 @@ async def test_a_tool_raised_approval_keeps_the_tools_quorum_and_four_eyes(
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.resolution is not None
         assert stored.resolution["approved_by"] == ["bob", "carol"]
+
+
+class Closes(Channel):
+    """Records each request as a channel is told it closed."""
+
+    def __init__(self) -> None:
+        super().__init__(name="closes")
+        self.closed: list[so.InputRequest] = []
+
+    async def on_resolved(self, request: so.InputRequest, resolution: Resolution) -> None:
+        self.closed.append(request)
+
+
+def leads(ctx: so.ResponseContext) -> so.Allowed:
+    return so.Allowed()
+
+
+@pytest.mark.parametrize("judged", [False, True], ids=["quorum", "response-policy"])
+async def test_a_settled_quorum_reads_every_vote_that_approved_it(
+    store_url: str, judged: bool
+) -> None:
+    """Bob and then Carol approved a call that needs two: its approval records both, yet the
+    request as stored (and so as `get_request`, the listings, the HTTP API and the channels read
+    it) kept Bob's alone, `1 of 2`, its last vote only in its resolution."""
+    log = ExecutionLog()
+    spec: Any = so.always(approvers=2, exclude_requester=True)
+    if judged:
+        spec = so.ApprovalSpec(
+            request=so.always(), response=leads, approvers=2, exclude_requester=True
+        )
+    both = ["bob", "carol"]
+    async with so.Runtime([deploy_agent(log, spec)], store=store_url) as rt:
+        closes = Closes()
+        async with manual(ChannelHub(rt, [closes])) as hub:
+            sid, req, _ = await asked(rt)
+            await rt.respond(sid, vote(req.id), principal=BOB)
+            r = await rt.respond(sid, vote(req.id), principal=CAROL)
+            assert r.status == "completed" and log.count() == 1
+            await hub.poll()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.resolution is not None
+        assert (stored.status, stored.resolution["approved_by"]) == ("settled", both)
+        assert (stored.request.approved_by, stored.request.progress) == (both, "2 of 2")
+        flt = PendingFilter(session_id=sid, status="settled", limit=10)
+        assert [q.approved_by for q in (await rt.pending_page(flt))[0]] == [both]
+        assert [q.approved_by for q in closes.closed] == [both]
+        app = create_app(rt, auth=TokenAuth({"alice-token": ALICE}), sweep_every=None)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app),
+                base_url="http://t",
+                headers={"Authorization": "Bearer alice-token"},
+            ) as c,
+        ):
+            one = (await c.get(f"/v1/requests/{req.id}")).json()
+            page = (await c.get("/v1/requests", params={"status": "settled"})).json()
+        assert one["request"]["approved_by"] == both
+        assert [q["approved_by"] for q in page["items"]] == [both]
+        assert await rt.verify_audit() == []  # the row's last vote is the trail's
+
+
+async def test_a_denied_quorum_keeps_the_votes_it_counted(store_url: str) -> None:
+    """A deny is no vote: the request denied after Bob's approval holds Bob's alone."""
+    log = ExecutionLog()
+    spec = so.always(approvers=2, exclude_requester=True)
+    async with so.Runtime([deploy_agent(log, spec)], store=store_url) as rt:
+        sid, req, _ = await asked(rt)
+        await rt.respond(sid, vote(req.id), principal=BOB)
+        await rt.respond(sid, vote(req.id, "cancel"), principal=CAROL)
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.outcome == "cancelled"
+        assert (stored.request.approved_by, stored.request.progress) == (["bob"], "1 of 2")
+        assert await rt.verify_audit() == []

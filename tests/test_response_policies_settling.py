@@ -233,6 +233,41 @@ async def test_a_deadline_that_passes_while_the_policy_decides_wins(store_url: s
         assert log.count() == 0
 
 
+async def test_a_deadline_that_approves_while_the_policy_decides_says_the_call_ran(
+    store_url: str,
+) -> None:
+    """`on_timeout="approve"`: the deadline that passed while the policy decided approved the
+    call, which runs; the answer it overtook was told the request `expired`, as though the
+    deadline had denied the call, and is told it was approved automatically."""
+    clock = ManualClock()
+
+    async def slow(ctx: so.ResponseContext) -> so.Allowed:
+        clock.advance(61)
+        return so.Allowed()
+
+    log = ExecutionLog()
+    approving = so.always(expires_in=60, on_timeout="approve")
+    spec = so.ApprovalSpec(request=approving, response=slow)
+    async with so.Runtime([refund_agent(log, spec)], store=store_url, clock=clock) as rt:
+        sid, req, head = await asked(rt, ALICE)
+        with pytest.raises(so.RequestClosed) as late:
+            await rt.respond(
+                sid, [so.InputResponse(request_id=req.id, option_id="approve")], principal=BOB
+            )
+        assert str(late.value) == (
+            f"request {req.id} was approved automatically when its deadline passed "
+            "(on_timeout='approve'): the deadline passed before this response could settle it "
+            f"(request {req.id})"
+        )
+        events = await events_of(rt, sid, head)
+        settled = [e.data for e in events if e.type == "approval.settled"]
+        assert [(d["decision"], d["by"], d["auto"]) for d in settled] == [
+            ("approve", None, "timeout")
+        ]
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "expired"
+
+
 async def test_a_deadline_that_escalates_while_the_policy_decides_leaves_the_request_open(
     store_url: str,
 ) -> None:

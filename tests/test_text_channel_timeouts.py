@@ -45,3 +45,38 @@ async def test_a_call_its_deadline_approved_is_told_as_approved_not_expired(
             "deploy was approved automatically when its deadline passed at 2025-06-15 15:07 UTC "
             "(no one decided before the deadline)."
         ]
+
+
+async def test_a_reply_after_the_deadline_approved_the_call_is_told_so(tmp_path: Path) -> None:
+    """A reply to the request still shown once its deadline approved the call (the hub not yet
+    caught up) was told `This request can no longer be answered: request … is expired`, as if
+    the call had not run; it is told the call was approved automatically."""
+    runs: list[str] = []
+
+    @so.tool(approval=so.always(expires_in=60, on_timeout="approve"))
+    async def deploy(env: str) -> str:
+        """Deploy."""
+        runs.append(env)
+        return "deployed"
+
+    agent = scripted_agent(
+        "ops", [call_tools(call("deploy", env="prod")), reply("Deployed.")], tools=[deploy]
+    )
+    clock = ManualClock(1_750_000_000.0)
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms], clock=clock)) as hub:
+            r = await rt.generate("ops", prompt="Deploy")
+            (asked,) = r.pending
+            await hub.poll()
+            clock.advance(61)
+            assert (
+                await sms.reply("yes", so.Principal(authenticator="sms", principal_id="+1")) is None
+            )
+        stored = await rt.store.get_request(asked.id)
+        assert stored is not None and stored.resolution is not None
+        assert stored.resolution["on_timeout"] == "approve"  # the call runs on its drive
+        assert sms.sent[-1] == (
+            f"This request can no longer be answered: request {asked.id} was approved "
+            "automatically when its deadline passed (on_timeout='approve'); it takes no answers"
+        )

@@ -27,15 +27,18 @@ from ._tools import Tool
 from ._types import Decision, InputRequest, InputResponse, Principal, same_json
 
 __all__ = [
+    "AUTO_APPROVED",
     "MAX_DEPTH",
     "MAX_PRINCIPAL_BYTES",
     "MAX_TEXT_BYTES",
     "Reply",
+    "approved_on_timeout",
     "blank_identity",
     "check_decided",
     "check_principal",
     "checked_cancel",
     "check_unambiguous",
+    "closed_text",
     "decisions",
     "edit_review",
     "input_responses",
@@ -312,9 +315,8 @@ def repeat(
     first = resolution or {}
     rid = request.id
     if status != "settled":
-        outcome = first.get("outcome")  # said when it says more than the status (`expired`)
-        how = f" ({outcome})" if outcome not in (None, status) else ""
-        raise RequestClosed(f"request {rid} is {status}{how}; it takes no answers", [rid])
+        told = closed_text(request, status, first.get("outcome"), first.get("on_timeout"))
+        raise RequestClosed(told, [rid])
     recorded = first.get("edited_input")
     if recorded is not None and as_proposed(request, recorded):
         recorded = None  # recorded as an edit before a form posted back unchanged was none
@@ -345,6 +347,26 @@ def repeat(
             [rid],
         )
     return Outcome(request_id=rid, outcome=str(first.get("outcome")), applied=False)
+
+
+AUTO_APPROVED = "was approved automatically when its deadline passed (on_timeout='approve')"
+"""How a call its deadline approved closed: `expired`, yet it ran, approved by no one."""
+
+
+def approved_on_timeout(request: InputRequest, outcome: object, on_timeout: object) -> bool:
+    """Whether `request` closed as its passed deadline approved it (`on_timeout="approve"`):
+    recorded `expired`, but the call ran, which a late answer is told rather than `expired`."""
+    return request.kind == "tool-approval" and outcome == "expired" and on_timeout == "approve"
+
+
+def closed_text(request: InputRequest, status: str, outcome: object, on_timeout: object) -> str:
+    """What an answer to `request`, closed as `status` (`outcome`) and not settled, is told:
+    a call its deadline approved was approved automatically, not expired as one it denied."""
+    rid = request.id
+    if approved_on_timeout(request, outcome, on_timeout):
+        return f"request {rid} {AUTO_APPROVED}; it takes no answers"
+    how = f" ({outcome})" if outcome not in (None, status) else ""  # said when it says more
+    return f"request {rid} is {status}{how}; it takes no answers"
 
 
 def edit_review(answer: Mapping[str, Any]) -> dict[str, Any]:

@@ -209,6 +209,12 @@ def _said(row: RequestRow, entries: list[tuple[int, int, str, dict[str, Any]]]) 
             request = request.model_copy(update={"escalated_to": d.get("to"), "expires_at": None})
     said = []
     assert row.request is not None
+    final = {**settled, **(resolved or {})}.get("approved_by")  # a mirror's close has them
+    if isinstance(final, list) and row.request.approved_by == final:
+        # Its quorum's settlement records the last vote in the row too (a mirror's close, the
+        # votes of its subagent's request); a row a signoff before that settled holds the
+        # votes counted until then (as the trail's `counted` entries give: a mirror's, none).
+        request = request.model_copy(update={"approved_by": final})
     mine = row.request.model_dump(mode="json", exclude_defaults=True, exclude={"status"})
     theirs = request.model_dump(mode="json", exclude_defaults=True, exclude={"status"})
     # `same_json`, not `!=`: a row's `true` where the trail has `1` is another value

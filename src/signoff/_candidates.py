@@ -9,8 +9,8 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from ._answers import AUTO_APPROVED, approved_on_timeout, edit_review
 from ._answers import Reply as _Reply
-from ._answers import edit_review
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
@@ -399,6 +399,7 @@ class Candidates(CandidateEnds):
                 spent = {**base, "outcome": "stale", "reason": REUSED}
                 return Batch(specs=[("approval.candidate", spent)] if evaluated else [])
             me = None if principal is None else principal.principal_id
+            voted_in: list[InputRequest] = []
             if wanted["decision"] == "approve" and current.approvers > 1:
                 if voted(current, principal) or _sent(st, mark):
                     again = already_counted(current)
@@ -437,6 +438,9 @@ class Candidates(CandidateEnds):
                         updated_requests=[progressed],
                     )
                 wanted["approved_by"] = votes
+                # The request holds its quorum's votes, the last one too, as its resolution
+                # does: else its row read one short once settled ("1 of 2").
+                voted_in = [current.model_copy(update={"approved_by": votes})]
             resolution = {**wanted, "by": by}
             outcome.append(Outcome(request_id=rid, outcome=wanted["outcome"], applied=True))
             settled = _settlement_events(current, reply, resolution)
@@ -454,6 +458,7 @@ class Candidates(CandidateEnds):
                         resolution=resolution,
                     )
                 ],
+                updated_requests=voted_in,
             )
 
         if evaluated and state.parent is not None:
@@ -481,7 +486,10 @@ class Candidates(CandidateEnds):
                 reason=f"{why}; it was escalated to {moved[-1]!r}",
             )
         if late:
-            raise RequestClosed(f"request {rid} expired: {why}", [rid])
+            # A deadline that approved it ran the call: it did not merely expire.
+            ran = approved_on_timeout(late[-1], "expired", late[-1].on_timeout)
+            ended = AUTO_APPROVED if ran else "expired"
+            raise RequestClosed(f"request {rid} {ended}: {why}", [rid])
         if refused:
             raise refused[-1]
         return outcome[-1]

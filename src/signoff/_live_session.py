@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from . import _exceptions as errors
+from ._answers import closed_text
 from ._deadlines import EXPIRED, after_deadline
 from ._event_handlers import candidate_applied
 from ._events import Event, is_activity
@@ -49,11 +50,13 @@ class SessionRemote(Protocol):
 @dataclass(slots=True, kw_only=True)
 class RequestView:
     """A request as the client knows it: `pending`, `responded` (sent, not yet confirmed),
-    or closed (`settled`, `expired`, `withdrawn`) with its outcome."""
+    or closed (`settled`, `expired`, `withdrawn`) with its outcome; `on_timeout`: what its
+    passed deadline did when that closed it (`approve`: the call ran), else None."""
 
     request: InputRequest
     status: str = "pending"
     outcome: str | None = None
+    on_timeout: str | None = None
 
 
 @dataclass(slots=True)
@@ -172,9 +175,11 @@ class LiveSession:
         status, outcome = d.get("status") or "settled", d.get("outcome")
         if not isinstance(status, str) or not isinstance(outcome, str | None):
             raise TypeError(f"it closes the request as {status!r} ({outcome!r})")
+        on_timeout = d.get("on_timeout")  # what its deadline did, if that closed it
+        on_timeout = on_timeout if isinstance(on_timeout, str) else None
 
         def resolve() -> tuple[str, ...]:
-            self._record(request_id, status=status, outcome=outcome)
+            self._record(request_id, status=status, outcome=outcome, on_timeout=on_timeout)
             if was.request.child is None and d.get("reason") == EXPIRED:
                 self._lapsed = True  # as the server's fold: the session expired
             return (request_id,)
@@ -243,7 +248,7 @@ class LiveSession:
             if child is not None and ref is not None and not whole:
                 child._refresh((ref.request_id,))
             shown = self._shown(recorded, now, lapsed)
-            view.request, view.status, view.outcome = shown
+            view.request, view.status, view.outcome, view.on_timeout = shown
             if shown.status in ("pending", "responded"):
                 self._due = min(self._due, _due(shown.request, child, now))
 
@@ -253,7 +258,7 @@ class LiveSession:
         session says now (its deadline only while that request is open; closed once it
         closed); then, as nothing recorded yet, `expired` once the session's TTL passed, and
         escalated or `expired` once the request's deadline passed."""
-        request, status, outcome = recorded
+        request, status, outcome, on_timeout = recorded
         if status not in ("pending", "responded"):
             return recorded
         ref = request.child
@@ -263,15 +268,15 @@ class LiveSession:
             update = {f: _copied(getattr(current.request, f)) for f in FOLLOWED}
             if current.status not in ("pending", "responded"):
                 update["expires_at"] = None  # closed: the mirror closes with it, not by this
-                status, outcome = current.status, current.outcome
+                status, outcome, on_timeout = current.status, current.outcome, current.on_timeout
             request = request.model_copy(update=update)
         if status != "pending":
-            return _Recorded(request, status, outcome)
+            return _Recorded(request, status, outcome, on_timeout)
         if lapsed:
             return _Recorded(request, "expired", "expired")
         shown = after_deadline(request, now)
         return (
-            _Recorded(request, "expired", "expired")
+            _Recorded(request, "expired", "expired", request.on_timeout)
             if shown is None
             else _Recorded(shown, status, outcome)
         )
@@ -372,12 +377,8 @@ class LiveSession:
             if view is None:
                 raise errors.UnknownRequest(self.session_id, [a.request_id])
             if view.status != "pending":
-                raise errors.RequestClosed(
-                    f"request {a.request_id} is {view.status}"
-                    + (f" ({view.outcome})" if view.outcome not in (None, view.status) else "")
-                    + "; it takes no answers",
-                    [a.request_id],
-                )
+                told = closed_text(view.request, view.status, view.outcome, view.on_timeout)
+                raise errors.RequestClosed(told, [a.request_id])
         for a in answers:
             self._mark(a.request_id, "pending", "responded")
         try:
@@ -428,6 +429,7 @@ class _Recorded(NamedTuple):
     request: InputRequest
     status: str
     outcome: str | None
+    on_timeout: str | None = None
 
 
 def _due(request: InputRequest, child: LiveSession | None, now: float) -> float:

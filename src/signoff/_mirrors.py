@@ -527,6 +527,12 @@ async def close_mirror(
         resolve = Resolve(
             request_id=mirror.id, status=closed_as, outcome=data["outcome"], resolution=data
         )
-        return Batch(specs=[spec], resolve=[resolve])
+        # Its row holds the votes that approved the child's request, as its close records
+        # them: open, it showed them as it followed that request; closed, it follows no more.
+        votes = data.get("approved_by")
+        if not isinstance(votes, list) or now.request.approved_by == votes:
+            return Batch(specs=[spec], resolve=[resolve])
+        shown = now.request.model_copy(update={"approved_by": [str(v) for v in votes]})
+        return Batch(specs=[spec], resolve=[resolve], updated_requests=[shown])
 
     await rt._append(parent, build, durable=True, turn_id=mirror.turn_id)

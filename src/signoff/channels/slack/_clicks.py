@@ -200,7 +200,9 @@ class Clicks:
         shown, who = settled_as(resolution)
         decided = principal.same_as(Principal.model_validate(by) if isinstance(by, dict) else None)
         if not decided and stored is not None and resolution.get("outcome") == "approved":
-            votes = resolution.get("approved_by")  # the quorum's, the decider's vote last
+            # The quorum's, the decider's vote last, which the row of a request an older
+            # signoff settled lacks (it holds the votes before it only).
+            votes = resolution.get("approved_by")
             voters = [*stored.request.approved_by, *(votes if isinstance(votes, list) else ())]
             decided = principal.principal_id in voters
         return f"Request {request_id} is already closed: {shown} by {who}.", decided
