@@ -39,6 +39,19 @@ async def test_a_password_in_the_base_url_is_not_shown_nor_recorded(name: str) -
     assert "hunter2" not in str(info.value) and "bob:***@127.0.0.1" in str(info.value)
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+async def test_a_user_name_beside_a_password_is_shown_not_blanked(name: str) -> None:
+    """Only the password is hidden: a user name of 8 characters or more that is also the host
+    (`localhost`) blanked the host in every error, `http://[redacted]:***@[redacted]:port`."""
+    make, path = MODELS[name]
+    base = f"http://localhost:pw-4d2c7b9e@localhost:{_closed_port()}{path}"
+    async with make("m", base_url=base, api_key=API_KEY, max_retries=0) as m:
+        with pytest.raises(so.ModelError, match="cannot connect") as info:
+            await m.complete(request())
+    assert "pw-4d2c7b9e" not in str(info.value)
+    assert "http://localhost:***@localhost:" in str(info.value), str(info.value)
+
+
 @pytest.mark.parametrize(
     ("url", "shown"),
     [

@@ -145,7 +145,7 @@ class AsyncClient:
         if url.scheme not in ("http", "https"):
             shown = wire.shown_url(url) if url.userinfo else base_url
             raise errors.UsageError(f"the base URL must be http(s)://host[:port], not {shown!r}")
-        if url.query or url.fragment:  # httpx puts each call's path after it, in the query
+        if b"?" in url.raw_path or url.fragment:  # each call's path would go in the query
             bare = wire.shown_url(url.copy_with(query=None, fragment=None))
             raise errors.UsageError(
                 f"the base URL takes no query or fragment (each call's path goes after it): "

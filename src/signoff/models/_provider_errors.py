@@ -180,9 +180,10 @@ def client_secrets(client: Any, params: Mapping[str, Any] | None = None) -> list
 
 
 def _userinfo(url: Any) -> list[str]:
-    """The user name and password in a client's base URL, as written there and decoded, and
-    the basic-auth token the HTTP client makes of them for each request: a lone user name is
-    often a token (`https://TOKEN@gateway`), and a server may echo what it was sent."""
+    """The password in a client's base URL (or a user name with none, often a token:
+    `https://TOKEN@gateway`), as written there and decoded, and the basic-auth token the HTTP
+    client makes of them for each request, which a server may echo. A user name beside a
+    password is shown, as `shown_url` shows it (`svc-gateway` blanked the host too)."""
     if url is None:
         return []
     try:
@@ -192,7 +193,7 @@ def _userinfo(url: Any) -> list[str]:
         return []
     if not user and not password:
         return []
-    found = [s for s in (user, password) if s]
+    found = [password] if password else [user]
     found += [unquote(s) for s in found]
     pair = f"{unquote(user or '')}:{unquote(password or '')}".encode("utf-8", "surrogatepass")
     return [*found, base64.b64encode(pair).decode("ascii")]
