@@ -58,8 +58,11 @@ async def test_a_persons_reply_in_the_thread_is_read(slack: SlackChannel) -> Non
         {"subtype": "message_changed"},
         {"subtype": ["file_share"]},  # not a subtype Slack sends
         {"ts": FIRST_TS},  # the thread's parent, not a reply in it
+        # a file another app uploaded with its bot token: its bot user, no bot_id
+        {"subtype": "file_share", "user": "U0OTHERAPP", "bot_profile": {"id": "B0OTHER"}},
+        {"subtype": "file_share", "user": "U0OTHERAPP", "display_as_bot": True},
     ],
-    ids=["another-bot", "own-bot", "edit", "subtype-list", "parent"],
+    ids=["another-bot", "own-bot", "edit", "subtype-list", "parent", "app-file", "as-bot"],
 )
 async def test_posts_of_bots_and_edits_are_not_replies(
     slack: SlackChannel, fields: dict[str, Any]

@@ -56,6 +56,14 @@ _LEADING_MENTION = re.compile(r"^\s*<@([A-Z0-9]+)(?:\|[^>]*)?>[\s:,]*")
 _TYPED = (None, "thread_broadcast", "file_share", "me_message")
 
 
+def _from_bot(event: dict[str, Any]) -> bool:
+    """Whether an app posted the message: a bot's post carries `bot_id`; a file another app
+    uploaded with its bot token carries its bot user and `bot_profile` or `display_as_bot`."""
+    return (
+        bool(event.get("bot_id") or event.get("bot_profile")) or event.get("display_as_bot") is True
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class TypedReply:
     """One message a person typed in a request's thread, as the Events API delivered it."""
@@ -79,7 +87,7 @@ def _thread_of(envelope: dict[str, Any]) -> tuple[str, str] | None:
     carries one (read as `_reply` reads it; what it refuses is refused there, and an id no
     store can look up is a `SlackPayloadError` here too)."""
     event = envelope.get("event")
-    if not isinstance(event, dict) or event.get("type") != "message" or event.get("bot_id"):
+    if not isinstance(event, dict) or event.get("type") != "message" or _from_bot(event):
         return None
     if event.get("subtype") not in _TYPED:
         return None
@@ -194,7 +202,7 @@ class ThreadReplies:
                 raise TypeError("event must be an object and event_id Slack's kind of id")
             if event.get("type") != "message":
                 return None
-            if event.get("subtype") not in _TYPED or event.get("bot_id"):
+            if event.get("subtype") not in _TYPED or _from_bot(event):
                 return None
             bots = {
                 a.get("user_id")
