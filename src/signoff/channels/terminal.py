@@ -17,7 +17,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.emoji import Emoji
-from rich.markup import escape
 
 from .._exceptions import UsageError
 from .._option_names import folded, how_to_choose, named_options, numbers_clash
@@ -63,26 +62,48 @@ _CONTROLS = re.compile(
 
 
 _TRAILING_BACKSLASHES = re.compile(r"\\+\Z")
-_COLON = re.compile(r"(\\*):")
+_OPENING = re.compile(r"(\\*)\[")
+_TAG = re.compile(r"[a-z#/@][^[]*?]")
+"""What Rich reads as a tag after a `[` (`rich.markup.RE_TAGS`)."""
 
 _END = "[none][/none]"
 """An empty span of no style: Rich reads backslashes just before it as escaping it (two print
 one), so doubled they print as they are whatever markup follows."""
 
+_APART = f"{_END}:{_END}"
+"""A colon in a span of its own: Rich reads emoji codes only within the text between tags."""
+
 
 def printable(text: str) -> str:
     """`text` as Rich markup that prints it as it is and cannot steer the terminal: markup is
     escaped and control characters (from a model, a reviewer, a store) show as `\\x1b` and
-    the like, a lone surrogate as `\\udcff`. Backslashes ending it are doubled and closed
-    off (`_END`): Rich's `escape` left them to escape the style's end after them, or print
-    one too many at the end of a line. Each colon stands between two `_END`s, so no emoji
-    code (`:thumbs_up:`, which Rich shows as its emoji) is read in it or with the text around."""
+    the like, a lone surrogate as `\\udcff`. Where an emoji code (`:thumbs_up:`, which Rich
+    shows as its emoji) could be read in it or with the text around, each colon stands apart
+    (`_APART`), and the text between colons is escaped on its own."""
     shown = _CONTROLS.sub(lambda m: ascii(m.group())[1:-1], text)
-    trailing = _TRAILING_BACKSLASHES.search(shown)
-    apart = _colons_apart if _may_read_as_emoji(shown) else lambda markup: markup
-    if trailing is None:
-        return apart(escape(shown))
-    return apart(escape(shown[: trailing.start()])) + trailing.group() * 2 + _END
+    if not _may_read_as_emoji(shown):
+        return _escaped(shown)
+    return _APART.join(_escaped(part) for part in shown.split(":"))
+
+
+def _escaped(text: str) -> str:
+    """`text` as markup of itself. Rich reads a backslash before any `[` as escaping it: before
+    a tag the backslashes are doubled and one more escapes it (as `rich.markup.escape` does),
+    and before any other `[` one more is added, which that function left out (so `\\[x \\]`
+    showed as `[x \\]`). Backslashes ending it are doubled and closed off (`_END`), else they
+    escaped the style's end after them, or printed one too many at the end of a line."""
+
+    trailing = _TRAILING_BACKSLASHES.search(text)
+    head = text if trailing is None else text[: trailing.start()]
+
+    def bracket(match: re.Match[str]) -> str:
+        backslashes = match.group(1)
+        if _TAG.match(head, match.end()):
+            return f"{backslashes * 2}\\["
+        return f"{backslashes}\\[" if backslashes else "["
+
+    escaped = _OPENING.sub(bracket, head)
+    return escaped if trailing is None else escaped + trailing.group() * 2 + _END
 
 
 def shows_as_is(text: str) -> bool:
@@ -99,12 +120,6 @@ def _may_read_as_emoji(text: str) -> bool:
     return len(parts) > 1 and any(
         len(part) <= 64 and Emoji.replace(f":{part}:") != f":{part}:" for part in parts
     )
-
-
-def _colons_apart(markup: str) -> str:
-    """`markup` with each colon in a span of its own, as Rich reads emoji codes only within
-    the text between two tags; backslashes before a colon are doubled, as they are before one."""
-    return _COLON.sub(lambda m: m.group(1) * 2 + _END + ":" + _END, markup)
 
 
 def _tidy(value: Any) -> Any:
