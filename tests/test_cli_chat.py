@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pexpect
 import pytest
 from typer.testing import CliRunner
 
@@ -174,6 +175,66 @@ def test_a_yes_holding_a_byte_not_utf8_approves_nothing(url: str) -> None:
     assert refunds_run(log(url, session["id"])) == 0, output
     assert chat.returncode == 0, (output, chat.stderr)
     assert "answer y or n" in output and output.count("(y/N)") == 2, output
+
+
+@pytest.mark.parametrize(
+    ("typed", "then"),
+    [(b"y\xe9\ny\n", "support: Refunded 180.00."), (b"n\nbro\xe9ken\nn\nbroken\n", "broken.")],
+)
+def test_a_byte_not_utf8_is_asked_again_where_input_is_decoded_strictly(
+    url: str, typed: bytes, then: str
+) -> None:
+    """Under a locale whose standard input Python decodes strictly (en_US.UTF-8, here by
+    PYTHONIOENCODING), a byte that is not UTF-8 ended chat with a UnicodeDecodeError traceback,
+    every line piped in with it lost. It answers no prompt and is asked again, as in C.UTF-8."""
+    chat = subprocess.run(
+        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
+        cwd=ROOT,
+        input=b"refund 1042\n" + typed,
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"},
+        timeout=60,
+    )
+    output = chat.stdout.decode()
+    assert chat.returncode == 0, (output, chat.stderr)
+    assert "Traceback" not in chat.stderr.decode() and output.count("(y/N)") == 2, output
+    assert then in output, output
+    assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+
+
+def test_a_line_typed_while_the_agent_works_answers_no_prompt(url: str) -> None:
+    """`y` and Enter typed at the terminal before the approval was shown (meant for a prompt
+    gone by, or typed ahead) approved the call unseen. It is discarded, the person told so, and
+    the line typed at the prompt answers it. A pipe's lines are all kept (the tests above)."""
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "200"}
+    env.pop("NO_COLOR", None)
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "signoff", "chat", TARGET, "--store", url],
+        cwd=str(ROOT),
+        env=env,
+        encoding="utf-8",
+        timeout=30,
+        dimensions=(50, 200),
+    )
+    try:
+        child.expect_exact("you:")
+        child.send("refund 1042\ny\n")  # the `y` waits in the terminal while the model works
+        shown = child.expect_exact(["what you typed before this was asked is discarded", "(y/N)"])
+        assert shown == 0, child.before
+        child.expect_exact("(y/N)")
+        child.sendline("n")
+        child.expect_exact("Reason")
+        child.sendline("not now")
+        child.expect_exact("Not refunded: not now.")
+        child.expect_exact("you:")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    [session] = json.loads(invoke("sessions", "--store", url, "--json").stdout)
+    assert refunds_run(log(url, session["id"])) == 0
 
 
 def test_chat_names_the_schema_of_its_store_in_the_command_it_prints(

@@ -1,5 +1,6 @@
 """Reading a typed line at a terminal (a pseudo-terminal here): whole lines, Ctrl-D, bytes that
-are no UTF-8, and signals that come while it waits."""
+are no UTF-8, and signals that come while it waits; what was typed before a prompt is shown, and
+standard input decoded strictly."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ import sys
 import threading
 import time
 import tty
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
 import pytest
+from rich.console import Console
 
-from signoff.channels._tty import read_terminal_line, terminal_stdin
+import signoff as so
+from signoff.channels import TerminalChannel
+from signoff.channels._tty import discard_typed_ahead, read_terminal_line, terminal_stdin
 
 
 @pytest.fixture
@@ -186,3 +190,148 @@ def test_a_terminal_that_hands_over_bytes_as_typed_is_read_one_line_at_a_time(
     os.write(keyboard, b"first\nsecond\n")
     assert read_terminal_line(screen) == "first"
     assert read_terminal_line(screen) == "second"
+
+
+class _Screen(io.StringIO):
+    """A console's file that tells when a prompt is out (`prompted`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompted = threading.Event()
+
+    def write(self, text: str) -> int:
+        if "(y/N)" in text:
+            self.prompted.set()
+        return super().write(text)
+
+
+def _approval() -> so.InputRequest:
+    return so.InputRequest.model_validate(
+        {
+            "kind": "tool-approval",
+            "id": "req_1",
+            "session_id": "ses_1",
+            "turn_id": "trn_1",
+            "agent": "payer",
+            "action": {
+                "call_id": "call_1",
+                "tool_name": "pay",
+                "input": {"to": "mallory", "amount": 9999},
+                "input_hash": "sha256:x",
+            },
+            "created_at": 0.0,
+        }
+    )
+
+
+def _typing_once_prompted(screen: _Screen, keyboard: int, typed: bytes) -> threading.Thread:
+    def type_it() -> None:
+        assert screen.prompted.wait(20)
+        os.write(keyboard, typed)
+
+    typist = threading.Thread(target=type_it)
+    typist.start()
+    return typist
+
+
+def test_a_line_typed_before_a_prompt_is_shown_does_not_answer_it(
+    terminal: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`y` and Enter typed while tools ran (meant for a prompt gone by) approved the next call
+    the moment it was shown, unseen. What was typed before the prompt is discarded, the person
+    told so; the answer is the line typed once it is shown."""
+    keyboard, screen = terminal
+    with open(screen, closefd=False) as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        os.write(keyboard, b"y\n")
+        shown = _Screen()
+        channel = TerminalChannel(Console(file=shown, width=200, highlight=False))
+        typist = _typing_once_prompted(shown, keyboard, b"n\nnot this one\n")
+        try:
+            answer = channel.ask(_approval())
+        finally:
+            typist.join()
+    assert answer == so.InputResponse(request_id="req_1", option_id="cancel", text="not this one")
+    assert "what you typed before this was asked is discarded" in shown.getvalue()
+
+
+def test_nothing_typed_ahead_is_nothing_discarded(terminal: tuple[int, int]) -> None:
+    keyboard, screen = terminal
+    with open(screen, closefd=False) as stdin:
+        original, sys.stdin = sys.stdin, stdin
+        try:
+            assert discard_typed_ahead() is False
+            os.write(keyboard, b"y\n")
+            assert discard_typed_ahead() is True
+            os.write(keyboard, b"n\n")
+            assert read_terminal_line(screen) == "n"
+        finally:
+            sys.stdin = original
+
+
+def test_answers_piped_in_ahead_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script pipes its answers in before any prompt is shown: none is discarded."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"y\n")
+    os.close(write_end)
+    with open(read_end) as pipe:
+        monkeypatch.setattr(sys, "stdin", pipe)
+        assert discard_typed_ahead() is False
+        shown = _Screen()
+        channel = TerminalChannel(Console(file=shown, width=200, highlight=False))
+        assert channel.ask(_approval()) == so.InputResponse(request_id="req_1", option_id="approve")
+    assert "discarded" not in shown.getvalue()
+
+
+def _in_a_thread(ask: Callable[[], so.InputResponse | None]) -> so.InputResponse | None:
+    """`ask()` where a hub's terminal channel runs it: in a thread, reading by `input()`."""
+    got: list[so.InputResponse | None] = []
+    asker = threading.Thread(target=lambda: got.append(ask()))
+    asker.start()
+    asker.join(30)
+    assert got, "the prompt failed (see the thread's exception above)"
+    return got[0]
+
+
+def test_a_byte_not_utf8_is_asked_again_where_input_is_decoded_strictly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under a locale whose standard input Python decodes strictly (en_US.UTF-8), a byte that
+    is not UTF-8 raised UnicodeDecodeError out of the prompt (and lost every line read with
+    it): `signoff chat` crashed, a hub's prompt died. It is read as a lone surrogate, which
+    answers no prompt: asked again, as in a C.UTF-8 locale."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"y\xe9\ny\n")
+    os.close(write_end)
+    with io.TextIOWrapper(open(read_end, "rb"), encoding="utf-8", errors="strict") as strict:
+        monkeypatch.setattr(sys, "stdin", strict)
+        shown = _Screen()
+        channel = TerminalChannel(Console(file=shown, width=200, highlight=False))
+        answer = _in_a_thread(lambda: channel.ask(_approval()))
+        assert strict.errors == "surrogateescape"
+    assert answer == so.InputResponse(request_id="req_1", option_id="approve")
+    assert shown.getvalue().count("(y/N)") == 2 and "answer y or n" in shown.getvalue()
+
+
+def test_a_line_that_cannot_be_decoded_is_asked_again(
+    terminal: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Standard input read strictly before the channel's first prompt keeps its strict
+    decoding (Python changes it only before the first read): the line it cannot decode is
+    asked again, not the prompt's end."""
+    keyboard, screen = terminal
+    raw = open(screen, "rb", buffering=0, closefd=False)
+    with io.TextIOWrapper(raw, encoding="utf-8", errors="strict") as strict:
+        monkeypatch.setattr(sys, "stdin", strict)
+        os.write(keyboard, b"read before\n")
+        assert strict.readline() == "read before\n"
+        shown = _Screen()
+        channel = TerminalChannel(Console(file=shown, width=200, highlight=False))
+        typist = _typing_once_prompted(shown, keyboard, b"\xe9\ny\n")
+        try:
+            answer = _in_a_thread(lambda: channel.ask(_approval()))
+        finally:
+            typist.join()
+        assert strict.errors == "strict"
+    assert answer == so.InputResponse(request_id="req_1", option_id="approve")
+    assert "that line could not be read" in shown.getvalue()

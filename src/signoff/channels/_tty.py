@@ -12,6 +12,7 @@ import asyncio
 import codecs
 import contextlib
 import contextvars
+import io
 import os
 import select
 import signal
@@ -20,7 +21,13 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["in_daemon_thread", "read_terminal_line", "terminal_stdin"]
+__all__ = [
+    "discard_typed_ahead",
+    "in_daemon_thread",
+    "lenient_stdin",
+    "read_terminal_line",
+    "terminal_stdin",
+]
 
 _T = TypeVar("_T")
 
@@ -36,6 +43,40 @@ def terminal_stdin() -> int | None:
     except (AttributeError, ValueError, OSError):  # closed, replaced, or no file underneath
         return None
     return fd if os.isatty(fd) else None
+
+
+def lenient_stdin() -> None:
+    """Have standard input read a byte its encoding does not take as a lone surrogate
+    (`surrogateescape`, as Python's C.UTF-8 locale has it) rather than raise: decoding strictly
+    (as under en_US.UTF-8), one such byte piped in failed the read, and what was read with it
+    was lost. Left as it is once read from: Python allows no change then."""
+    stdin = sys.stdin
+    if isinstance(stdin, io.TextIOWrapper) and stdin.errors == "strict":
+        with contextlib.suppress(io.UnsupportedOperation, ValueError):  # read from, or closed
+            stdin.reconfigure(errors="surrogateescape")
+
+
+def discard_typed_ahead() -> bool:
+    """Discard what was typed at the terminal on standard input and not read yet (a stray `y`
+    and Enter while tools ran), so that only a line typed once a request is shown answers it;
+    whether a whole line was discarded. Input that is no terminal (a pipe) is left alone."""
+    if os.name != "posix":
+        return False
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, ValueError, OSError):  # closed, replaced, or no file underneath
+        return False
+    if not os.isatty(fd):
+        return False
+    import termios
+
+    try:
+        # Line editing on, a terminal is readable once a line is complete (Enter, or Ctrl-D).
+        typed = bool(select.select([fd], [], [], 0)[0])
+        termios.tcflush(fd, termios.TCIFLUSH)
+    except (OSError, ValueError, termios.error):
+        return False
+    return typed
 
 
 @contextlib.contextmanager

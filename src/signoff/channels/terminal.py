@@ -23,7 +23,7 @@ from .._option_names import folded, how_to_choose, named_options, numbers_clash
 from .._sync import checked_clock, is_async
 from .._text import HIDDEN, escape_as_json, is_blank, is_utf8
 from .._types import InputRequest, InputResponse
-from ._tty import read_terminal_line, terminal_stdin
+from ._tty import discard_typed_ahead, lenient_stdin, read_terminal_line, terminal_stdin
 
 __all__ = ["SHOWN_CHARS", "TerminalChannel", "compact_json", "duration", "printable"]
 
@@ -165,15 +165,22 @@ class TerminalChannel:
 
     def _console_read(self, prompt: str) -> str | None:
         """The console's `input`, but at a terminal a wait that Ctrl-C ends at any moment:
-        `input()` misses a SIGINT that comes just after its prompt until the next Enter."""
-        try:
-            fd = terminal_stdin()
-            if fd is None:
-                return self.console.input(prompt)
-            self.console.print(prompt, end="")
-            return read_terminal_line(fd)
-        except EOFError:
-            return None
+        `input()` misses a SIGINT that comes just after its prompt until the next Enter. A
+        line holding a byte that is not UTF-8 is read as a lone surrogate (`lenient_stdin`),
+        which no prompt takes; one standard input cannot decode (read strictly before) is asked
+        again."""
+        lenient_stdin()
+        while True:
+            try:
+                fd = terminal_stdin()
+                if fd is None:
+                    return self.console.input(prompt)
+                self.console.print(prompt, end="")
+                return read_terminal_line(fd)
+            except EOFError:
+                return None
+            except UnicodeDecodeError as exc:
+                self.console.print(f"  [red]that line could not be read: {printable(str(exc))}[/]")
 
     def read(self, prompt: str) -> str | None:
         """Show `prompt` (Rich markup) and read one line; None at end of input."""
@@ -252,8 +259,12 @@ class TerminalChannel:
 
     def ask(self, request: InputRequest) -> InputResponse | None:
         """Show one request, read the answer; None leaves it pending (the input ended, also at
-        a denial's reason prompt: the denial is not sent)."""
+        a denial's reason prompt: the denial is not sent). What was typed at the terminal
+        before it is shown is discarded, not taken as the answer to a prompt not yet seen."""
+        discarded = self._read == self._console_read and discard_typed_ahead()
         self.show(request)
+        if discarded:
+            self.console.print("  [yellow]what you typed before this was asked is discarded[/]")
         if request.kind == "tool-approval":
             return self._ask_approval(request)
         return self._ask_question(request)

@@ -10,6 +10,7 @@ from typing import TextIO
 # Each registers its commands, which `--help` lists in this order: the queue's before the log's.
 from . import _chat, _queue  # noqa: F401  # isort: skip
 from . import _events, _cancellation, _deletion, _prune, _serve, _worker  # noqa: F401  # isort: skip
+from ..channels._tty import lenient_stdin
 from ._app import app, local_principal, parse_principal
 from ._commands import ClosedOutput, finish_help
 from ._loading import load_runtime
@@ -31,6 +32,10 @@ def run() -> None:
         # all else; what is printed holds no lone surrogate for it to pass on (`printable`).
         if isinstance(stream, io.TextIOWrapper) and stream.errors in _FAILING:
             stream.reconfigure(errors="backslashreplace")
+    # Input read strictly (en_US.UTF-8) failed on a byte that is not UTF-8, piped in or typed
+    # (Latin-1, a meta key), and lost the lines read with it: read as a lone surrogate, the
+    # line is refused and asked again, as in a C.UTF-8 locale.
+    lenient_stdin()
     app()
 
 
