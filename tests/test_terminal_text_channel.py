@@ -14,8 +14,10 @@ import textwrap
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pexpect
+import pytest
 from rich.console import Console
 
 import signoff as so
@@ -123,6 +125,56 @@ async def test_an_answer_the_deadline_escalated_meanwhile_is_asked_again(tmp_pat
         assert "already settled" not in told
         assert len(asked) == 2
         assert await status(rt, a.id) == ("settled", "approved")
+
+
+@pytest.mark.parametrize(
+    ("error", "asked_again"),
+    [
+        (so.StoreBusy("database is locked"), True),
+        (so.InvalidAnswer("an answer of the wrong shape"), True),
+        (so.NotAllowed("only finance may answer"), False),
+    ],
+)
+async def test_an_answer_an_error_refused_for_now_is_asked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, asked_again: bool
+) -> None:
+    """A's answer met a busy store once: the person was told it was not accepted, and A was
+    never asked again (no prompt out, none for B and C either) until the hub started anew. It
+    is asked again, as chat asks again what it could not take; a refusal (`NotAllowed`) leaves
+    it shown, no prompt out, as before: the same answer would be refused again."""
+    runs: list[str] = []
+    lines = iter(["y", "y", "y", "y"])
+    asked: list[str] = []
+
+    def read(prompt: str) -> str | None:
+        asked.append(prompt)
+        return next(lines, None)
+
+    async with so.Runtime([three_refunds(runs)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a = r.pending[0]
+        respond = rt.respond
+        failed: list[Exception] = []
+
+        async def once_refused(*args: Any, **kwargs: Any) -> so.GenerateResult:
+            if not failed:
+                failed.append(error)
+                raise error
+            return await respond(*args, **kwargs)
+
+        monkeypatch.setattr(rt, "respond", once_refused)
+        prompts, out = _prompts(read)
+        async with manual(ChannelHub(rt, [prompts], state=tmp_path / "ch.db")) as hub:
+            await hub.poll()
+            await prompts.idle()
+        assert str(error) in out.getvalue()
+        if asked_again:
+            assert len(asked) == 4 and "A-1" in asked[0] and "A-1" in asked[1]
+            assert runs == ["A-1", "B-2", "C-3"]
+            assert await status(rt, a.id) == ("settled", "approved")
+        else:
+            assert len(asked) == 1 and runs == []
+            assert await status(rt, a.id) == ("pending", None)
 
 
 async def _reading(readers: Callable[[], int]) -> None:

@@ -8,7 +8,8 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .._exceptions import UsageError
+from .._exceptions import AnswerError, SignoffError, UsageError
+from .._results import Outcome
 from .._types import InputRequest, InputResponse, Principal
 from ._base import logger
 from ._state import ChannelState
@@ -54,6 +55,7 @@ class TerminalTextChannel(TextChannel):
         # started again takes the line it reads rather than asking in a second read.
         self._out: tuple[InputRequest, asyncio.Future[InputResponse | None]] | None = None
         self._noted: str | None = None  # the last one told of as closed while it waited
+        self._not_taken: str | None = None  # the request whose answer an error refused for now
 
     async def send_text(self, text: str) -> None:
         # printable: another reviewer's reason or answer must not steer the terminal
@@ -94,7 +96,9 @@ class TerminalTextChannel(TextChannel):
         """Ask `request` (or first take the line of the prompt a stopped hub left out), then
         each request shown next that no prompt has asked, until one is left unanswered (end of
         input) or its answer leaves it on show (refused, or counted); one whose answer was spent
-        as its deadline escalated it (`stale`) is asked again, for the group to answer."""
+        as its deadline escalated it (`stale`) is asked again, for the group to answer, and so
+        is one whose answer an error refused for now (a busy store, an answer of the wrong
+        shape): no prompt would be out for it, nor for the requests after it."""
         while True:
             again = None
             try:
@@ -113,9 +117,13 @@ class TerminalTextChannel(TextChannel):
                 if response is None:
                     return
                 if await self._still_shown(request):
+                    self._not_taken = None
                     taken = await self.answer(request, response, self.principal)
                     if taken is not None and taken.outcome == "stale" and not taken.applied:
                         again = await self._open_here(request)
+                    elif taken is None and self._not_taken == request.id:
+                        # shown still: not dropped as its session was deleted, nor closed
+                        again = next((r for r in self._queue[:1] if r.id == request.id), None)
             except Exception:
                 logger.exception("terminal channel: asking %s failed", request.id)
                 return
@@ -126,6 +134,20 @@ class TerminalTextChannel(TextChannel):
             if current is None or current.id == request.id:
                 return
             request = current
+
+    async def submit(
+        self, request: InputRequest, response: InputResponse, principal: Principal | None
+    ) -> Outcome:
+        """As `Channel.submit`, noting an error that refused the answer for now, for `_ask` to
+        ask again; not a refusal (`NotAllowed`) or a close (`AnswerError`), which leave the
+        request shown, no prompt out: asked again, the same answer would be refused again."""
+        try:
+            return await super().submit(request, response, principal)
+        except AnswerError:
+            raise
+        except SignoffError:
+            self._not_taken = request.id
+            raise
 
     async def _open_here(self, request: InputRequest) -> InputRequest | None:
         """`request` as stored, if it is open still and this channel takes it as it stands
