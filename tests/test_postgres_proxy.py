@@ -2,26 +2,32 @@
 answers the first statement with an error of its own (SQLSTATE 08P01, "pgbouncer cannot connect
 to server", "server login has been failing"). That is the server being down, as a connection
 refused is when signoff connects to it directly: `StoreUnavailable` naming the proxy's answer,
-at once when the store opens, after the outage grace once it is open."""
+at once when the store opens, after the outage grace once it is open.
+
+And a pgbouncer that shares one server connection between its clients (`pool_mode` transaction
+or statement): signoff's prepared statements, session settings and LISTEN do not survive it, so
+the store refuses it when it opens, before writing anything, and a call that meets its symptoms
+all the same (a proxy switched to it later) names the likely cause."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
+import asyncio
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
+import psycopg
 import pytest
 
-from signoff._exceptions import StoreUnavailable
+import signoff as so
+from signoff._exceptions import StoreError, StoreUnavailable
 from signoff.stores.postgres import PostgresStore
+from signoff.stores.postgres._outage import unreachable
+from signoff.stores.postgres._proxy import ANSWER_WITHIN
+from signoff.stores.postgres._transactions import failed
+from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
 
-from ._pg_proxy import pg_proxy
+from ._pg_proxy import free_port, pg_proxy, pgbouncer
 
 DOWN = (
     "pgbouncer cannot connect to server",
@@ -75,58 +81,9 @@ async def test_a_proxy_whose_server_goes_away_is_an_outage_ridden_out(pg_store_u
 
 @pytest.fixture
 def pgbouncer_port() -> Iterator[int]:
-    """A real pgbouncer on a free loopback port, in front of a port no server listens on
-    (scripts/setup installs Debian's pgbouncer)."""
-    binary = shutil.which("pgbouncer") or (
-        "/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None
-    )
-    if binary is None:
-        pytest.fail("pgbouncer is not installed: run scripts/setup (apt-get install pgbouncer)")
-    directory = Path(tempfile.mkdtemp(prefix="signoff-pgbouncer-"))
-    as_pg: list[str] = []
-    if os.geteuid() == 0:  # pgbouncer refuses to run as root
-        as_pg = ["runuser", "-u", "postgres", "--"]
-    port, nobody = _free_port(), _free_port()
-    (directory / "users.txt").write_text('"postgres" ""\n')
-    (directory / "pgbouncer.ini").write_text(
-        f"[databases]\n* = host=127.0.0.1 port={nobody}\n[pgbouncer]\n"
-        f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
-        f"auth_type = trust\nauth_file = {directory / 'users.txt'}\npool_mode = session\n"
-        "ignore_startup_parameters = extra_float_digits,options\n"
-    )
-    directory.chmod(0o755)
-    for path in (directory, directory / "users.txt", directory / "pgbouncer.ini"):
-        if as_pg:
-            shutil.chown(path, "postgres")
-    proc = subprocess.Popen(
-        [*as_pg, binary, str(directory / "pgbouncer.ini")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        until = time.monotonic() + 10
-        while True:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if proc.poll() is not None or time.monotonic() > until:
-                pytest.fail("pgbouncer did not start")
-            time.sleep(0.05)
+    """A real pgbouncer in front of a port no server listens on."""
+    with pgbouncer(free_port()) as port:
         yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_pgbouncer_whose_server_is_down_fails_an_opening_store_as_unavailable(
@@ -148,3 +105,140 @@ async def test_pgbouncer_whose_server_is_down_fails_an_opening_store_as_unavaila
             assert time.monotonic() - began < 6, caught.value
         finally:
             await store.close()
+
+
+SHARED = r"pool_mode = session\) or a direct connection"
+"""What a store reached through a proxy sharing server connections says to do."""
+
+
+@pytest.mark.parametrize("mode", ["transaction", "statement"])
+async def test_pgbouncer_sharing_server_connections_is_refused_as_the_store_opens(
+    pg_url: str, mode: str
+) -> None:
+    """Behind pgbouncer pooling by transaction (or statement), nearly every concurrent call
+    failed with "prepared statement "_pg3_0" already exists" (or did not exist, or took another
+    statement's parameters: a silent wrong write when their counts matched). Now opening the
+    store says so, before its schema is made in the empty database; and again on a retry."""
+    with pgbouncer(_port(pg_url), mode) as port:
+        store = PostgresStore(_through(pg_url, port))
+        try:
+            for _ in range(2):
+                with pytest.raises(StoreError, match=SHARED) as caught:
+                    await store.head("ses_x")
+                assert type(caught.value) is StoreError, caught.value  # not an outage to ride
+                assert "pool_mode = transaction or statement" in str(caught.value)
+                assert "Nothing was written" in str(caught.value)
+        finally:
+            await store.close()
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        cur = await conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'signoff'")
+        assert await cur.fetchone() == (0,)  # no schema made
+
+
+async def test_pgbouncer_pooling_by_session_opens_the_store_and_runs_concurrent_turns(
+    pg_url: str,
+) -> None:
+    """Session pooling gives each client a server connection of its own: the store opens (its
+    schema migrated through pgbouncer), and concurrent approvals all complete."""
+    with pgbouncer(_port(pg_url), "session", pool_size=40) as port:
+        log = ExecutionLog()
+
+        @log.tool(approval=so.always())
+        async def refund(order_id: str, amount: float) -> dict[str, float]:
+            return {"refunded": amount}
+
+        script = [call_tools(call("refund", order_id="1", amount=5)), reply("Done.")]
+        agent = scripted_agent("support", script, tools=[refund])
+        rt = so.Runtime(agents=[agent], store=_through(pg_url, port))
+
+        async def flow() -> str:
+            first = await rt.generate("support", "refund order 1")
+            approval = so.Decision(id=first.pending[0].id, approved=True)
+            done = await rt.generate(session_id=first.session_id, approvals=[approval])
+            return done.status
+
+        try:
+            assert await asyncio.gather(*(flow() for _ in range(12))) == ["completed"] * 12
+        finally:
+            await rt.close()
+        assert log.count("refund") == 12
+
+
+async def test_pgbouncer_pooling_by_session_with_no_server_connection_to_spare_still_opens(
+    pg_store_url: str,
+) -> None:
+    """The check's second connection waits for a server connection while another client holds
+    the only other one (pgbouncer holds it up to its `query_wait_timeout`, 120 s): the check
+    gives up soon, not taking that for sharing, and the store opens as it did without it."""
+    with pgbouncer(_port(pg_store_url), "session", pool_size=2) as port:
+        url = _through(pg_store_url, port)
+        store = PostgresStore(url + "?pool_timeout=1")
+        try:
+            async with await psycopg.AsyncConnection.connect(url) as other:
+                await other.execute("SELECT 1")  # it keeps its server connection
+                began = time.monotonic()
+                await store.open()
+                assert time.monotonic() - began < ANSWER_WITHIN + 1 + 3
+        finally:
+            await store.close()
+
+
+async def test_a_shared_server_connection_met_by_a_call_is_named_as_the_likely_cause(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proxy the opening check missed (busy, or switched to transaction pooling later): two
+    stores' connections on pgbouncer's one server connection each prepare their first
+    statement under psycopg's first name, and the second finds it taken (SQLSTATE 42P05). The
+    `StoreError` says what the server said and what most likely caused it."""
+    monkeypatch.setattr(PostgresStore, "_refuse_shared", _unchecked, raising=False)
+    with pgbouncer(_port(pg_store_url), "transaction", pool_size=1) as port:
+        first, second = (PostgresStore(_through(pg_store_url, port)) for _ in range(2))
+        try:
+            assert await first.head("ses_a") is None
+            with pytest.raises(StoreError, match=SHARED) as caught:
+                await second.head("ses_b")
+            assert 'prepared statement "_pg3_0" already exists' in str(caught.value)
+            assert "shares one server connection" in str(caught.value)
+        finally:
+            await first.close()
+            await second.close()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        psycopg.errors.DuplicatePreparedStatement('prepared statement "_pg3_0" already exists'),
+        psycopg.errors.InvalidSqlStatementName('prepared statement "_pg3_3" does not exist'),
+        psycopg.errors.ProtocolViolation(
+            'bind message supplies 2 parameters, but prepared statement "_pg3_1" requires 1'
+        ),
+    ],
+)
+def test_each_symptom_of_a_shared_server_connection_names_the_likely_cause(
+    error: psycopg.Error,
+) -> None:
+    message = str(failed("committing x failed at here", error))
+    assert message.startswith(f"committing x failed at here: {error}")
+    assert "shares one server connection" in message
+    assert "pool_mode = session) or a direct connection" in message
+    assert not unreachable(error)  # on a connection just made too: not the server down
+
+
+def test_a_protocol_violation_of_another_kind_is_not_put_down_to_a_proxy() -> None:
+    """08P01 is also pgbouncer's own "cannot connect to server": only a Bind that does not fit
+    its prepared statement is the symptom."""
+    error = psycopg.errors.ProtocolViolation("pgbouncer cannot connect to server")
+    assert str(failed("x failed at here", error)) == (
+        "x failed at here: pgbouncer cannot connect to server"
+    )
+    assert unreachable(error)
+
+
+async def _unchecked(*_args: object) -> None:
+    """The opening check skipped, as a busy proxy may make it miss."""
+
+
+def _port(url: str) -> int:
+    port = urlsplit(url).port
+    assert port is not None
+    return port

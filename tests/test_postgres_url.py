@@ -353,8 +353,8 @@ def _settings(conn: Conn) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def _record_connections(store: PostgresStore) -> list[tuple[dict[str, int], dict[str, int]]]:
-    """The settings of every connection the store opens outside its pool (the one `open()`
-    reads the schema version on, the LISTEN connection, the outage probe's), as it opens them."""
+    """The settings of every connection the store opens outside its pool (the two of `open()`'s
+    check, the LISTEN connection, the outage probe's), as it opens them."""
     opened: list[tuple[dict[str, int], dict[str, int]]] = []
     connect = store._connect_raw
 
@@ -378,7 +378,7 @@ def _expected(url_settings: dict[str, int]) -> dict[str, int]:
 async def test_every_kind_of_connection_gets_the_tcp_settings(
     pg_store_url: str, url_settings: dict[str, int]
 ) -> None:
-    """The pooled connections (every read and write, claims and leases among them), the one
+    """The pooled connections (every read and write, claims and leases among them), the two
     `open()` uses, the LISTEN connection and the outage probe's all get the defaults, or the
     URL's values where it sets them, from libpq to the kernel's socket."""
     query = "".join(f"&{k}={v}" for k, v in url_settings.items())
@@ -395,7 +395,9 @@ async def test_every_kind_of_connection_gets_the_tcp_settings(
         assert await store.wait_for_change(f"ses_{uuid.uuid4().hex}", 0.05) is False
         probe = await store._probe_connect()
         try:
-            assert opened == [(want, want)] * 3  # open()'s, the listener's, the probe's
+            # open()'s two (the second checks for a proxy sharing server connections), the
+            # listener's, the probe's
+            assert opened == [(want, want)] * 4
         finally:
             await probe.close()
     finally:

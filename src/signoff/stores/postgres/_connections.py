@@ -34,6 +34,7 @@ from ._borrowed import LEASE_CONNECTIONS, OPERATION_TIMEOUT, Pool
 from ._changes import Listener
 from ._migrations import Migrations
 from ._outage import GRACE, PROBE_AFTER, Outage, is_down
+from ._proxy import BACKEND, discard, refused, shares_backend
 from ._shared import settle
 from ._transactions import Conn
 from ._url import (
@@ -263,9 +264,17 @@ class Connections(Migrations):
                 conn = await outage.back()
 
     async def _check(self, conn: Conn) -> None:
-        """Read the schema's version on a connection just made (migrating it if need be) and
-        the server's settings, then close it."""
+        """On a connection just made, refuse a proxy sharing server connections (with a second
+        connection, made meanwhile: once this one is, so that a server with room for one more
+        connection still takes this one), read the server's settings and the schema's version
+        (migrating it if need be), then close both."""
+        second = asyncio.ensure_future(self._connect())
         try:
+            cur = await conn.execute(f"{BACKEND}, current_setting('synchronous_commit')")
+            row = await cur.fetchone()
+            assert row is not None  # a SELECT without FROM returns its row
+            await self._refuse_shared(row[:2], second)
+            self._server_async = row[2] == "off"
             version = await self._read_version(conn)
             self._refuse_newer(version)
             if version < _schema.STORE_SCHEMA:
@@ -273,13 +282,18 @@ class Connections(Migrations):
                     where = f"PostgreSQL store {self._server} (schema {self.schema!r})"
                     raise older_schema(where, version, _schema.STORE_SCHEMA)
                 await self._migrate(conn)
-            cur = await conn.execute("SELECT current_setting('synchronous_commit')")
-            row = await cur.fetchone()
-            self._server_async = row is not None and row[0] == "off"
         except psycopg.Error as exc:
             raise self._opening_failed("cannot read settings", exc) from exc
         finally:
             await conn.close()
+            await discard(second)
+
+    async def _refuse_shared(self, mine: Sequence[Any], second: asyncio.Future[Conn]) -> None:
+        """Refuse a proxy that shares one server connection between its clients (`_proxy`),
+        before anything is written: the first connection's process (`mine`) runs the second's
+        statement too, though both are open."""
+        if await shares_backend(mine, second):
+            raise refused(self._where, mine[0])
 
     async def _filled(self, riding: bool) -> Pool:
         """A new pool, open with its `min_size` connections. If `riding` (the store is open

@@ -15,6 +15,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 from ..._exceptions import StoreBusy, StoreError, StoreUnavailable, unwritten
+from ._proxy import symptom
 from ._shared import settle, shared
 
 if TYPE_CHECKING:
@@ -75,8 +76,10 @@ def unreachable(exc: psycopg.Error) -> bool:
     """Whether a statement failed because the server is not there (a connection that was just
     made): the connection was lost, or a proxy in front of it (pgbouncer) accepted the login but
     answered that it cannot reach the server ("pgbouncer cannot connect to server", "server
-    login has been failing", SQLSTATE 08P01, of class 08: connection exceptions)."""
-    if not isinstance(exc, psycopg.OperationalError):
+    login has been failing", SQLSTATE 08P01, of class 08: connection exceptions). Not a Bind
+    that does not fit its prepared statement (08P01 too): a proxy sharing the connection
+    (`_proxy.symptom`)."""
+    if not isinstance(exc, psycopg.OperationalError) or symptom(exc):
         return False
     return exc.sqlstate is None or exc.sqlstate.startswith("08")
 

@@ -24,6 +24,7 @@ from ..._exceptions import (
 from .._prompt import is_prompt, wrote
 from ._borrowed import Borrowed, Pool
 from ._outage import Outage
+from ._proxy import SHARED, symptom
 from ._shared import shared
 
 __all__ = ["Conn", "Transactions", "failed"]
@@ -254,9 +255,12 @@ connections fail it at once; a slower one is a silent server, met as an outage (
 def failed(head: str, exc: psycopg.Error) -> StoreError:
     """The `StoreError` of a statement the server refused (`head`: what failed, and where), with
     what to do when a setting of the role or database ended it: the server's message names the
-    setting, not the fix."""
+    setting, not the fix; and the likely cause of a prepared statement found taken, gone or
+    another's (a proxy sharing the connection, `_proxy`), which the message does not name."""
     detail = " ".join(str(exc).split()) or type(exc).__name__
     message = f"{head}: {detail}"
+    if symptom(exc):
+        return StoreError(f"{message}. The likely cause: {SHARED}")
     setting = next((name for name in _TIMEOUTS if name.replace("_", " ") in detail), None)
     if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable) and setting:
         message += (
