@@ -11,8 +11,9 @@ import pytest
 
 import signoff as so
 from signoff._candidates import RECOVERY_GRACE
+from signoff._live_session import LiveSession
 from signoff.channels import Channel, ChannelHub, Resolution
-from signoff.server import DevAuth, TokenAuth, create_app
+from signoff.server import AsyncClient, DevAuth, TokenAuth, create_app
 from signoff.stores import PendingFilter
 from signoff.testing import (
     ExecutionLog,
@@ -24,6 +25,8 @@ from signoff.testing import (
     store_contents,
 )
 from tests._channels import manual
+from tests._delegation import refund_desk
+from tests.test_live_session_mirrors import Over
 from tests.test_quorum import ALICE, BOB, CAROL, asked, deploy_agent, events_of, vote
 
 
@@ -348,4 +351,79 @@ async def test_a_denied_quorum_keeps_the_votes_it_counted(store_url: str) -> Non
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.outcome == "cancelled"
         assert (stored.request.approved_by, stored.request.progress) == (["bob"], "1 of 2")
+        assert await rt.verify_audit() == []
+
+
+def _shown(live: LiveSession, request_id: str) -> tuple[str, list[str], str]:
+    view = live.requests[request_id]
+    return view.status, view.request.approved_by, view.request.progress
+
+
+@pytest.mark.parametrize("judged", [False, True], ids=["quorum", "response-policy"])
+async def test_state_reads_every_vote_of_a_settled_quorum_as_its_row_does(
+    store_url: str, judged: bool
+) -> None:
+    """Bob and then Carol approved a call that needs two: its row holds both, yet `state()`,
+    folded from the events, kept the votes `approval.candidate` counted, Bob's alone ("1 of 2"),
+    and so did a `LiveSession`, which folds the stream alike (in process and over HTTP)."""
+    log = ExecutionLog()
+    spec: Any = so.always(approvers=2, exclude_requester=True)
+    if judged:
+        spec = so.ApprovalSpec(
+            request=so.always(), response=leads, approvers=2, exclude_requester=True
+        )
+    both = ["bob", "carol"]
+    async with so.Runtime([deploy_agent(log, spec)], store=store_url) as rt:
+        sid, req, _ = await asked(rt)
+        await rt.respond(sid, vote(req.id), principal=BOB)
+        await rt.respond(sid, vote(req.id), principal=CAROL)
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.request.approved_by == both
+        folded = (await rt.state(sid)).requests[req.id]
+        assert (folded.status, folded.outcome) == ("settled", "approved")
+        assert (folded.request.approved_by, folded.request.progress) == (both, "2 of 2")
+        row = {"status"}  # the row's own; the fold keeps it beside (`folded.status`)
+        assert folded.request.model_dump(exclude=row) == stored.request.model_dump(exclude=row)
+        live = LiveSession(Over(rt, ALICE), sid)
+        await live.sync()
+        assert _shown(live, req.id) == ("settled", both, "2 of 2")
+        app = create_app(rt, auth=TokenAuth({"alice-token": ALICE}), sweep_every=None)
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            AsyncClient("http://t", token="alice-token", transport=transport) as c,
+        ):
+            remote = await c.session(sid)
+            assert _shown(remote, req.id) == ("settled", both, "2 of 2")
+    async with so.Runtime([deploy_agent(log, spec)], store=store_url) as rt:  # loaded afresh
+        assert (await rt.state(sid)).requests[req.id].request.approved_by == both
+        assert await rt.verify_audit() == []
+
+
+async def test_a_closed_mirror_reads_its_subagents_votes_in_state(store_url: str) -> None:
+    """Bob and Carol approved the subagent's request through the parent's mirror: the mirror's
+    row holds their votes once closed, yet the parent's `state()` kept its own copy's `[]`
+    ("0 of 2"), and the subagent's `state()` Bob's vote alone; a `LiveSession` on the parent
+    (which folds the mirror's close) showed the same."""
+    ran: list[str] = []
+    carol = so.Principal(authenticator="test", principal_id="carol")
+    async with so.Runtime(refund_desk(so.always(approvers=2), ran), store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        child = mirror.child
+        assert child is not None
+        live = LiveSession(Over(rt, ALICE), r.session_id)
+        await live.sync()
+        for who in (BOB, carol):
+            answer = so.InputResponse(request_id=mirror.id, option_id="approve")
+            await rt.respond(r.session_id, [answer], principal=who)
+        assert ran == ["9"]
+        await live.sync()
+        both = ["bob", "carol"]
+        assert _shown(live, mirror.id) == ("settled", both, "2 of 2")
+        for sid, rid in ((r.session_id, mirror.id), (child.session_id, child.request_id)):
+            folded = (await rt.state(sid)).requests[rid]
+            stored = await rt.store.get_request(rid)
+            assert stored is not None and folded.status == "settled"
+            assert folded.request.approved_by == stored.request.approved_by == both
         assert await rt.verify_audit() == []

@@ -16,12 +16,14 @@ import signoff._recording as recording
 from signoff._events import EventType
 from signoff._state import FOLD_VERSION, of_this_fold
 from signoff.stores._codec import pack_bytes
-from signoff.testing import reply, scripted_agent
+from signoff.testing import ExecutionLog, reply, scripted_agent
 
 from ._audit import ALICE, alter
 from ._procs import query
 from .test_audit_verify_snapshots import _long_session, ops, ran
 from .test_journal_snapshots import put_snapshot, stored_snapshot
+from .test_quorum import BOB, CAROL, asked, deploy_agent, vote
+from .test_snapshot_fields import write_snapshot
 
 
 def _event(seq: int, type: EventType, **data: Any) -> so.Event:
@@ -298,3 +300,41 @@ async def test_the_events_under_a_snapshot_of_another_fold_are_read_no_further(
     assert state.seq > seq
     pages = [(after, limit) for after, limit, _ in asked if after < seq]
     assert pages == [(after, min(8, seq - after)) for after in range(0, seq, 8)]
+
+
+async def test_a_settled_quorums_snapshot_of_fold_13_is_folded_again_with_every_vote(
+    store_url: str,
+) -> None:
+    """Fold 13 left a quorum's approval settled with the votes `approval.candidate` counted,
+    Bob's alone ("1 of 2"), though Carol's settled it (as its row and resolution say): a session
+    whose snapshot is of that fold loads from its events, with both votes, and verification
+    names nothing; the same snapshot recording this fold is what loads, and is named."""
+    log = ExecutionLog()
+    agents = [deploy_agent(log, so.always(approvers=2, exclude_requester=True))]
+    async with so.Runtime(agents, store=store_url) as rt:
+        sid, req, _ = await asked(rt)
+        await rt.respond(sid, vote(req.id), principal=BOB)
+        await rt.respond(sid, vote(req.id), principal=CAROL)
+        events = await rt.store.read_events(sid)
+    folded = so.SessionState(id=sid)
+    for event in events:
+        folded.apply(event)
+    snapshot = folded.to_snapshot()
+    (entry,) = snapshot["requests"]
+    assert entry["request"]["approved_by"] == ["bob", "carol"] and FOLD_VERSION >= 14
+    shown = {**entry, "request": {**entry["request"], "approved_by": ["bob"]}}
+    older = {**snapshot, "fold": 13, "requests": [shown]}
+    write_snapshot(store_url, sid, older)
+    async with so.Runtime(agents, store=store_url) as rt:
+        state = await rt.state(sid)
+        assert (state.seq, state.requests[req.id].request.progress) == (folded.seq, "2 of 2")
+        assert state.requests[req.id].request.approved_by == ["bob", "carol"]
+        assert await rt.verify_audit() == []
+    write_snapshot(store_url, sid, {**older, "fold": FOLD_VERSION})
+    async with so.Runtime(agents, store=store_url) as rt:
+        assert (await rt.state(sid)).requests[req.id].request.approved_by == ["bob"]
+        [problem] = await rt.verify_audit()
+        assert (problem.stream, problem.reason) == (
+            sid,
+            f"the snapshot at event {folded.seq} differs from the event log: requests",
+        )

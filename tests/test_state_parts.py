@@ -1,4 +1,5 @@
-"""The parts of a session state (`_state_parts`): a call's journal as its entries are recorded."""
+"""The parts of a session state (`_state_parts`): a call's journal as its entries are recorded,
+and an approval as its settling leaves it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff._state_parts import CallState
+from signoff._state_parts import CallState, settled_applied
 
 
 def test_a_keyed_journal_keeps_one_entry_per_kind_name_and_occurrence() -> None:
@@ -198,3 +199,31 @@ def test_only_a_delegate_calls_own_step_makes_a_session_its_child() -> None:
     unkeyed = CallState(id="c", tool_name="x", input={})  # no key: only a marked step names one
     unkeyed.record(0, {"kind": "step", "name": name, "result": own})
     assert unkeyed.subagents() == []
+
+
+def test_an_approvals_settling_gives_it_its_quorums_votes_and_nothing_else_does() -> None:
+    """Approved with its quorum's votes (`approval.settled`, or a mirror's `input.resolved`),
+    an approval holds them all; a deny, a settling that names no votes (one approver, or its
+    deadline), or a question leaves the request as it was."""
+    asked = so.InputRequest(
+        kind="tool-approval",
+        id="r1",
+        session_id="s1",
+        turn_id="t1",
+        agent="a",
+        created_at=1.0,
+        approvers=2,
+    )
+    voted = asked.model_copy(update={"approved_by": ["bob"]})
+    both = {"approved_by": ["bob", "carol"]}
+    assert settled_applied(voted, {"decision": "approve", **both}).approved_by == ["bob", "carol"]
+    assert settled_applied(asked, {"outcome": "approved", **both}).approved_by == ["bob", "carol"]
+    for data in (
+        {"decision": "cancel", **both},
+        {"outcome": "cancelled", **both},
+        {"decision": "approve", "approved_by": None},
+        {"outcome": "approved"},
+    ):
+        assert settled_applied(voted, data) is voted
+    question = voted.model_copy(update={"kind": "question"})
+    assert settled_applied(question, {"outcome": "approved", **both}) is question

@@ -9,13 +9,21 @@ from typing import TYPE_CHECKING, Any
 from ._events import Event
 from ._exceptions import StoreError
 from ._idempotency import KEPT, free_for
-from ._state_parts import CallState, RequestState, TurnState, kept_usage, load_principal
+from ._state_parts import (
+    CallState,
+    RequestState,
+    TurnState,
+    candidate_applied,
+    kept_usage,
+    load_principal,
+    settled_applied,
+)
 from ._types import InputRequest
 
 if TYPE_CHECKING:
     from ._state import SessionState
 
-__all__ = ["HANDLERS", "candidate_applied", "journal_fold"]
+__all__ = ["HANDLERS", "journal_fold"]
 
 
 # -- one handler per event type ----------------------------------------------------------------
@@ -354,24 +362,14 @@ def _approval_candidate(s: SessionState, e: Event) -> None:
     req.request = candidate_applied(req.request, d)
 
 
-def candidate_applied(request: InputRequest, d: dict[str, Any]) -> InputRequest:
-    """An open request as an `approval.candidate` leaves it: a quorum's counted vote adds its
-    voter, an escalation names the group and lifts the deadline (`LiveSession` folds it too)."""
-    if d.get("outcome") == "counted":
-        by = d.get("by") or {}
-        approved_by = [*request.approved_by, str(by.get("principal_id"))]
-        return request.model_copy(update={"approved_by": approved_by})
-    if d.get("outcome") == "escalated":
-        return request.model_copy(update={"escalated_to": d.get("to"), "expires_at": None})
-    return request
-
-
 def _approval_settled(s: SessionState, e: Event) -> None:
     d = e.data
     _keyed(s, e, _in_turn(s, e))
     _billed(s, e)  # what reviewing the answer's edit cost (an auto() policy's model)
     _drop_candidates(s, d["request_id"])
     req = s.requests.get(d["request_id"])
+    if req is not None and req.status == "pending":  # a quorum's votes, the last one too
+        req.request = settled_applied(req.request, d)
     approve = d["decision"] == "approve"
     if req is not None and req.request.action is not None and approve and _a_persons(d):
         s.approved_tools.add(req.request.action.tool_name)
@@ -424,6 +422,7 @@ def _input_resolved(s: SessionState, e: Event) -> None:
             s.turn.share_spent = None  # answered: a subagent stopped on its share is asked about
     if mine and outcome == "expired" and d.get("reason") == "session expired":
         s.lapsed = True
+    req.request = settled_applied(req.request, d)  # a mirror's: its subagent's votes
     req.outcome = outcome
     req.resolution = d
     child = req.request.child

@@ -20,10 +20,10 @@ from typing import Any, NamedTuple, Protocol
 from . import _exceptions as errors
 from ._answers import closed_text
 from ._deadlines import EXPIRED, after_deadline
-from ._event_handlers import candidate_applied
 from ._events import Event, is_activity
 from ._mirrors import FOLLOWED, MAX_HOPS
 from ._payloads import RemoteResult, input_responses
+from ._state_parts import candidate_applied, settled_applied
 from ._types import InputRequest, InputResponse
 
 __all__ = ["LiveSession", "RequestView", "SessionRemote"]
@@ -152,7 +152,7 @@ class LiveSession:
                 return tuple(r.id for r in requests)
 
             return ask
-        if event.type not in ("approval.candidate", "input.resolved"):
+        if event.type not in ("approval.candidate", "approval.settled", "input.resolved"):
             return tuple
         request_id = d.get("request_id", "")
         if not isinstance(request_id, str):
@@ -160,12 +160,14 @@ class LiveSession:
         was = self._recorded.get(request_id)
         if was is None:
             return tuple
-        if event.type == "approval.candidate":  # a quorum's vote, or an escalation
+        if event.type != "input.resolved":  # a quorum's vote, an escalation, or its settling
             if was.status not in ("pending", "responded"):  # closed on the server
                 return tuple
             if not isinstance(d.get("to"), str | None):
                 raise TypeError(f"it escalates to {d.get('to')!r}")
-            request = candidate_applied(was.request, d)
+            # As the server's fold: a quorum's settling holds every vote, the last one too.
+            applied = settled_applied if event.type == "approval.settled" else candidate_applied
+            request = applied(was.request, d)
 
             def candidate() -> tuple[str, ...]:
                 self._record(request_id, request=request)
@@ -178,8 +180,12 @@ class LiveSession:
         on_timeout = d.get("on_timeout")  # what its deadline did, if that closed it
         on_timeout = on_timeout if isinstance(on_timeout, str) else None
 
+        request = settled_applied(was.request, d)  # a mirror's close: its subagent's votes
+
         def resolve() -> tuple[str, ...]:
-            self._record(request_id, status=status, outcome=outcome, on_timeout=on_timeout)
+            self._record(
+                request_id, request=request, status=status, outcome=outcome, on_timeout=on_timeout
+            )
             if was.request.child is None and d.get("reason") == EXPIRED:
                 self._lapsed = True  # as the server's fold: the session expired
             return (request_id,)

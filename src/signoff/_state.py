@@ -30,13 +30,7 @@ from ._state_parts import (
     kept_usage,
     load_principal,
 )
-from ._types import (
-    InputRequest,
-    Message,
-    Principal,
-    SessionStatus,
-    Usage,
-)
+from ._types import InputRequest, Message, Principal, SessionStatus, Usage
 
 __all__ = [
     "FOLD_VERSION",
@@ -60,7 +54,7 @@ SNAPSHOT_VERSION = 2
 journals out (read back from the events); an older signoff refuses such a snapshot by its
 version. One of version 1 or before holds each journal whole, and still loads."""
 
-FOLD_VERSION = 13
+FOLD_VERSION = 14
 """Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`; none
 is 1), raised whenever an event comes to fold otherwise: a session loads only from a snapshot of
 this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`. 3: a `tool.started`
@@ -78,7 +72,9 @@ mirror's `kept`) is recorded over it. 11: a `turn.failed` with `start_over` drop
 parts: its retry asks afresh. 12: a turn keeps the last event its latest reply read (`read_seq`, a
 `model.completed`'s `read_through`): a message that came while the model answered steers its calls.
 13: a session is a call's child (`kids`) only by a delegate call's own step (marked `child`, or an
-older one naming the child the call's key derives), not any step of its name."""
+older one naming the child the call's key derives), not any step of its name. 14: a quorum's
+approval settled holds every vote, the last one too (its settling's `approved_by`; a mirror's, those
+of its subagent's request), as its stored row does."""
 
 
 @dataclass(slots=True, kw_only=True)

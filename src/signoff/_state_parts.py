@@ -1,5 +1,6 @@
 """The parts a `SessionState` is made of: its turn (`TurnState`), the turn's tool calls
-(`CallState`, with the statuses a call moves through) and its input requests (`RequestState`).
+(`CallState`, with the statuses a call moves through) and its input requests (`RequestState`),
+and what an approval's events make of an open request (which `LiveSession` folds alike).
 Apart from `_state` so the event handlers of `_event_handlers`, below it, can build them."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ __all__ = [
     "TurnState",
     "TurnStatus",
     "call_key",
+    "candidate_applied",
     "check_asked",
     "check_kept",
     "child_id",
@@ -27,6 +29,7 @@ __all__ = [
     "kept_count",
     "kept_usage",
     "load_principal",
+    "settled_applied",
 ]
 
 CallStatus = Literal[
@@ -325,3 +328,26 @@ def dump_principal(p: Principal | None) -> dict[str, Any] | None:
 
 def load_principal(d: dict[str, Any] | None) -> Principal | None:
     return None if d is None else Principal.model_validate(d)
+
+
+def candidate_applied(request: InputRequest, d: dict[str, Any]) -> InputRequest:
+    """An open request as an `approval.candidate` leaves it: a quorum's counted vote adds its
+    voter, an escalation names the group and lifts the deadline (`LiveSession` folds it too)."""
+    if d.get("outcome") == "counted":
+        by = d.get("by") or {}
+        approved_by = [*request.approved_by, str(by.get("principal_id"))]
+        return request.model_copy(update={"approved_by": approved_by})
+    if d.get("outcome") == "escalated":
+        return request.model_copy(update={"escalated_to": d.get("to"), "expires_at": None})
+    return request
+
+
+def settled_applied(request: InputRequest, d: dict[str, Any]) -> InputRequest:
+    """An open approval as the record approving it leaves it: with every vote of its quorum, the
+    last one too, as its row holds them (`approval.settled`'s `approved_by`; a mirror's close,
+    `input.resolved`, records its subagent's). Fold 14; `LiveSession` folds it too."""
+    votes = d.get("approved_by")
+    approved = d.get("decision") == "approve" or d.get("outcome") == "approved"
+    if request.kind != "tool-approval" or not approved or not isinstance(votes, list):
+        return request
+    return request.model_copy(update={"approved_by": [str(v) for v in votes]})
