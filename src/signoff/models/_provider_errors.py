@@ -193,7 +193,7 @@ def _userinfo(url: Any) -> list[str]:
         return []
     if not user and not password:
         return []
-    found = [password] if password else [user]
+    found = [password or user or ""]  # one of them is there
     found += [unquote(s) for s in found]
     pair = f"{unquote(user or '')}:{unquote(password or '')}".encode("utf-8", "surrogatepass")
     return [*found, base64.b64encode(pair).decode("ascii")]
