@@ -13,6 +13,7 @@ import typer
 
 import signoff as so
 from signoff.cli._app import fail
+from signoff.cli._commands import _unwritable
 from tests._cli import ROOT, park
 
 COMMANDS = [
@@ -126,4 +127,16 @@ def test_an_error_is_one_line_with_its_notes(capsys: pytest.CaptureFixture[str])
     assert said == (
         "error: StoreError: the disk is full while deleting; the 2 deletion(s) before it may not "
         "be on disk"
+    )
+
+
+def test_an_output_error_is_printed_as_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """Its text went through Rich's `escape`, which left `\\[` before a non-tag to print as
+    `[`: the error line read otherwise than the error (`printable` keeps it)."""
+    with pytest.raises(SystemExit) as ended:
+        _unwritable(OSError(5, r"I/O error on C:\[Backup] at \[1]"))
+    assert ended.value.code == 1
+    assert (
+        capsys.readouterr().err.strip()
+        == r"error: OSError: [Errno 5] I/O error on C:\[Backup] at \[1]"
     )

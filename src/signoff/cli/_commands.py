@@ -14,7 +14,6 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 # Typer's public API cannot write this help, checked against Typer 0.29.2 (the CLI tests pin it:
 # tests/test_cli_commands.py), so these are Typer's internals, tied to its minor version:
@@ -35,6 +34,8 @@ from rich.markup import escape
 #   `rich_markup_mode="markdown"`, which joins them, also drops the backticks from `(y/N)`.
 from typer import _click
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+from ..channels.terminal import printable
 
 __all__ = ["ClosedOutput", "Command", "Group", "closed_pipe", "finish_help"]
 
@@ -142,7 +143,8 @@ def _unwritable(exc: OSError) -> NoReturn:
     message = " ".join(str(exc).split())
     try:
         Console(stderr=True, highlight=False).print(
-            f"[bold red]error:[/] [red]{type(exc).__name__}: {escape(message)}[/]", soft_wrap=True
+            f"[bold red]error:[/] [red]{type(exc).__name__}: {printable(message)}[/]",
+            soft_wrap=True,
         )
     except OSError:  # stderr fails too: the status says it
         pass
