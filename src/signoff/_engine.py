@@ -39,7 +39,8 @@ from ._recording import (
 )
 from ._state import SessionState, starts_queued
 from ._tool_calls import ToolCalls
-from ._tracing import OFF, Tracing, parked_by
+from ._trace_resumes import parked_by
+from ._tracing import OFF, Tracing
 from ._types import InputRequest
 from ._unrecorded import Unrecorded
 from .stores import Commit, Resolve, Store

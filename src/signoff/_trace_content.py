@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, get_args, get_origin, is_typeddict
 
 from pydantic import AliasChoices, AliasPath, BaseModel, Secret, SecretBytes, SecretStr
 
-from ._text import cut
+from ._text import cut, storable
 
 if TYPE_CHECKING:
     from ._types import ToolCall
@@ -27,6 +27,8 @@ __all__ = [
     "messages_json",
     "shown_data",
     "shown_input",
+    "span_attributes",
+    "span_value",
 ]
 
 MASK = "**********"
@@ -40,9 +42,31 @@ every model span: 500 turns made the last one's 280 KB, and the turn's spans 70 
 _SECRETS = (SecretStr, SecretBytes, Secret)
 
 
+def span_value(value: Any) -> Any:
+    """`value` as a span carries it: text (or each text of a list) `storable`, each lone
+    surrogate written as its escape (`\\udce9`; JSON's own, in JSON text). The OTLP exporter
+    cannot encode one: it dropped the attribute, or for a status description the whole batch."""
+    if isinstance(value, str):
+        return storable(value)
+    if isinstance(value, list | tuple):
+        return [storable(v) if isinstance(v, str) else v for v in value]
+    return value
+
+
+def span_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """`attributes` with each value as `span_value` gives it."""
+    return {key: span_value(value) for key, value in attributes.items()}
+
+
 def json_text(value: Any) -> str:
     """`value` as JSON text for an attribute: pydantic models by their JSON form, anything
-    else with none by its text. It never raises: a trace must not fail the turn."""
+    else with none by its text, a lone surrogate as its escape (`span_value`), so the bound on
+    the conversation counts the bytes a span carries. It never raises: a trace must not fail
+    the turn."""
+    return storable(_json_dumps(value))
+
+
+def _json_dumps(value: Any) -> str:
     try:
         return json.dumps(value, ensure_ascii=False, default=json_form)
     except Exception:  # a key JSON has no form for, a container holding itself, deep nesting
@@ -265,5 +289,5 @@ def _cut_message(text: str, room: int) -> str:
 
 
 def _utf8_size(text: str) -> int:
-    """How many bytes `text` takes as UTF-8 (a lone surrogate as UTF-8 would encode it)."""
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    """How many bytes `text` (from `json_text`, so holding no lone surrogate) takes as UTF-8."""
+    return len(text) if text.isascii() else len(text.encode())

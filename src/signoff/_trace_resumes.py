@@ -1,15 +1,29 @@
 """What a drive's span says of the turn it resumes (`DriveSpan.begin`, docs/tracing.md): whether
-the turn had run before, and the answers it goes on with."""
+the turn had run before, the answers it goes on with, and the drive that parked it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from ._state import SessionState
     from ._state_parts import TurnState
 
-__all__ = ["goes_on_with", "ran_before"]
+__all__ = ["goes_on_with", "parked_by", "ran_before"]
+
+_Type = TypeVar("_Type", bound=str)
+
+
+def parked_by(
+    specs: Sequence[tuple[_Type, dict[str, Any]]], traceparent: str
+) -> list[tuple[_Type, dict[str, Any]]]:
+    """`specs` with the parking drive's `traceparent` added to their `turn.waiting`: the drive
+    that resumes the turn links to it."""
+    return [
+        (kind, {**data, "traceparent": traceparent} if kind == "turn.waiting" else data)
+        for kind, data in specs
+    ]
 
 
 def ran_before(turn: TurnState) -> bool:

@@ -24,7 +24,15 @@ from ._exceptions import UsageError
 from ._refused_replies import refused_cost
 from ._span_errors import error_type, exception_type, named
 from ._text import cut
-from ._trace_content import MESSAGES_MAX, ShownInputs, json_text, messages_json, shown_input
+from ._trace_content import (
+    MESSAGES_MAX,
+    ShownInputs,
+    json_text,
+    messages_json,
+    shown_input,
+    span_attributes,
+    span_value,
+)
 from ._trace_resumes import goes_on_with, ran_before
 from ._types import Usage
 
@@ -40,7 +48,6 @@ __all__ = [
     "ModelSpan",
     "ToolSpan",
     "Tracing",
-    "parked_by",
     "review",
     "tracing_for",
 ]
@@ -48,7 +55,6 @@ __all__ = [
 # Set on model spans for the providers signoff knows; other models get none.
 _PROVIDERS = {"OpenAIChat": "openai", "Anthropic": "anthropic"}
 
-_Type = TypeVar("_Type", bound=str)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -150,11 +156,23 @@ class _Span:
 
     @_guarded
     def _start(self, tracer: Tracer, name: str, kind: Any, attributes: dict[str, Any]) -> None:
-        span = tracer.start_span(name, kind=kind, attributes=attributes)
+        shown = span_attributes(attributes)
+        span = tracer.start_span(span_value(name), kind=kind, attributes=shown)
         self.span = span
         # The no-op tracer hands back the current span: nothing to make current then.
         if span.is_recording() or span.get_span_context().is_valid:
             self._token = _context.attach(_trace.set_span_in_context(span))
+
+    # Every text signoff puts on a span goes through these: `span_value` escapes the lone
+    # surrogates the OTLP exporter cannot encode.
+    def _set(self, key: str, value: Any) -> None:
+        self.span.set_attribute(key, span_value(value))
+
+    def _event(self, name: str, attributes: Mapping[str, Any]) -> None:
+        self.span.add_event(name, span_attributes(attributes))
+
+    def _error(self, why: str) -> None:
+        self.span.set_status(_trace.Status(_trace.StatusCode.ERROR, span_value(why)))
 
     def __enter__(self) -> Self:
         return self
@@ -178,7 +196,7 @@ class _Span:
         span = self.span
         if not span.is_recording():
             return
-        span.set_attribute("error.type", error_type(exc))
+        self._set("error.type", error_type(exc))
         if self.content:
             why = cut(error_text(exc), _TEXT_MAX)
             # The event `record_exception` adds, but with the texts cut; and that reads the
@@ -186,11 +204,11 @@ class _Span:
             stack = cut("".join(traceback.format_exception(exc)), _TEXT_MAX)
             attributes = {"exception.type": exception_type(exc), "exception.stacktrace": stack}
             message = cut(error_message(exc), _TEXT_MAX)
-            span.add_event("exception", {**attributes, "exception.message": message})
+            self._event("exception", {**attributes, "exception.message": message})
         else:
-            span.add_event("exception", {"exception.type": exception_type(exc)})
+            self._event("exception", {"exception.type": exception_type(exc)})
             why = named(exc)
-        span.set_status(_trace.Status(_trace.StatusCode.ERROR, why))
+        self._error(why)
 
     def end(self) -> None:
         try:
@@ -218,20 +236,20 @@ class DriveSpan(_Span):
         if not span.is_recording():
             return
         turn = state.turn
-        span.update_name(f"invoke_agent {state.agent}")
-        span.set_attribute("gen_ai.agent.name", state.agent)
+        span.update_name(span_value(f"invoke_agent {state.agent}"))
+        self._set("gen_ai.agent.name", state.agent)
         if turn is None:
             return
-        span.set_attribute("signoff.turn_id", turn.id)
+        self._set("signoff.turn_id", turn.id)
         self.began = turn.id
-        span.set_attribute("signoff.drive.resumed", ran_before(turn))
+        self._set("signoff.drive.resumed", ran_before(turn))
         if turn.traceparent is not None and turn.status not in ("completed", "cancelled"):
             self._link(turn.traceparent)
         answered = [r for r in goes_on_with(state) if r.request.created_at]
         if answered:
             asked = min(r.request.created_at for r in answered)
-            span.set_attribute("signoff.waited_seconds", max(0.0, now - asked))
-            span.add_event(
+            self._set("signoff.waited_seconds", max(0.0, now - asked))
+            self._event(
                 "signoff.turn.resumed",
                 {
                     "signoff.request_ids": [r.request.id for r in answered],
@@ -266,13 +284,13 @@ class DriveSpan(_Span):
         turn = None if state is None else state.turn
         if state is None or turn is None or not span.is_recording():
             return
-        span.set_attribute("signoff.turn.status", turn.status)
+        self._set("signoff.turn.status", turn.status)
         if turn.id != getattr(self, "began", None):  # a queued message's, begun in this drive
-            span.set_attribute("signoff.turn_id", turn.id)
-            span.set_attribute("signoff.drive.resumed", False)
+            self._set("signoff.turn_id", turn.id)
+            self._set("signoff.drive.resumed", False)
         if turn.status == "waiting":
             pending = state.pending_requests()
-            span.add_event(
+            self._event(
                 "signoff.turn.parked",
                 {
                     "signoff.request_ids": [r.id for r in pending],
@@ -282,11 +300,11 @@ class DriveSpan(_Span):
         elif turn.status == "failed":
             error = turn.error or {}
             code = str(error.get("code") or "turn_failed")
-            span.set_attribute("error.type", code)
-            span.set_attribute("signoff.turn.retryable", turn.retryable)
+            self._set("error.type", code)
+            self._set("signoff.turn.retryable", turn.retryable)
             # The turn's error message may quote the model's or a tool's text: content only.
             why = cut(str(error.get("message") or code), _TEXT_MAX) if self.content else code
-            span.set_status(_trace.Status(_trace.StatusCode.ERROR, why))
+            self._error(why)
 
 
 def _span_context(traceparent: object) -> Any:
@@ -299,16 +317,6 @@ def _span_context(traceparent: object) -> Any:
         trace_id, span_id, is_remote=True, trace_flags=_trace.TraceFlags(flags)
     )
     return context if context.is_valid else None
-
-
-def parked_by(
-    specs: Sequence[tuple[_Type, dict[str, Any]]], traceparent: str
-) -> list[tuple[_Type, dict[str, Any]]]:
-    """`specs` with the parking drive's `traceparent` added to their `turn.waiting`."""
-    return [
-        (kind, {**data, "traceparent": traceparent} if kind == "turn.waiting" else data)
-        for kind, data in specs
-    ]
 
 
 class ModelSpan(_Span):
@@ -337,10 +345,9 @@ class ModelSpan(_Span):
             usage = sum(self.parts, Usage()) + (usage or Usage())
         if usage is None:
             return
-        span = self.span
-        span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
-        span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
-        span.set_attribute("signoff.usage.cost_usd", usage.cost_usd)
+        self._set("gen_ai.usage.input_tokens", usage.input_tokens)
+        self._set("gen_ai.usage.output_tokens", usage.output_tokens)
+        self._set("signoff.usage.cost_usd", usage.cost_usd)
 
     @_guarded
     def fail(self, exc: BaseException) -> None:
@@ -358,7 +365,7 @@ class ModelSpan(_Span):
         if not span.is_recording():
             return
         self._usage(response.usage)
-        span.set_attribute("signoff.tool_calls", len(response.tool_calls))
+        self._set("signoff.tool_calls", len(response.tool_calls))
         if self.content:
             parts: list[dict[str, Any]] = []
             if response.text:
@@ -373,7 +380,7 @@ class ModelSpan(_Span):
                 for c in response.tool_calls
             ]
             output = [{"role": "assistant", "parts": parts}]
-            span.set_attribute("gen_ai.output.messages", json_text(output))
+            self._set("gen_ai.output.messages", json_text(output))
 
 
 class ToolSpan(_Span):
@@ -390,11 +397,10 @@ class ToolSpan(_Span):
     def outcome(self, outcome: str, result: Any = None) -> None:
         """How the body ended without an error: `ok` (with its result, content on), `asking`
         (parked on a question), `approval_required`, `withdrawn`, `stopped` (turn cancelled)."""
-        span = self.span
-        if span.is_recording():
-            span.set_attribute("signoff.tool.outcome", outcome)
+        if self.span.is_recording():
+            self._set("signoff.tool.outcome", outcome)
             if self.content and outcome == "ok":
-                span.set_attribute("gen_ai.tool.call.result", json_text(result))
+                self._set("gen_ai.tool.call.result", json_text(result))
 
 
 class _Off:
