@@ -32,9 +32,9 @@ SCRAPE = "scrape-s3cret"
 async def metered(url: str, **kwargs: Any) -> AsyncIterator[tuple[so.Runtime, httpx.AsyncClient]]:
     """A running app with metrics on the store at `url`, and a client sending no credentials."""
     runtime = so.Runtime(make_agents(), store=url)
+    kwargs.setdefault("auth", TokenAuth(TOKENS))
     app = create_app(
         runtime,
-        auth=TokenAuth(TOKENS),
         sweep_every=None,
         close_runtime=True,
         metrics=True,
@@ -154,6 +154,36 @@ async def test_a_guessed_scrape_token_is_throttled_as_any_guess(tmp_path: Path) 
         assert codes[0] == 401 and codes[-1] == 429
         r = await c.get("/metrics", headers=auth(SCRAPE))  # the right one waits its turn too
         assert (r.status_code, r.json()["error"]["code"]) == (429, "too_many_failures")
+
+
+def _proxy_auth(request: Any) -> so.Principal | None:
+    """An app's own authenticator: a proxy's header names the caller; bearer tokens mean nothing."""
+    user = request.headers.get("x-user")
+    return None if not user else so.Principal(authenticator="proxy", principal_id=user)
+
+
+async def test_a_guessed_scrape_token_is_throttled_under_an_apps_own_authenticator(
+    tmp_path: Path,
+) -> None:
+    """Only `TokenAuth` counted a wrong token as a guess, so under an app's own authenticator
+    (which never sees the scrape token) guessing it was unbounded: every guess a 401."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    async with metered(url, metrics_token=SCRAPE, auth=_proxy_auth) as (_, c):
+        codes = [
+            (await c.get("/metrics", headers=auth(f"guess-{n}"))).status_code for n in range(40)
+        ]
+        assert codes[0] == 401 and codes[-1] == 429
+        r = await c.get("/metrics", headers=auth(SCRAPE))  # the right one waits its turn too
+        assert (r.status_code, r.json()["error"]["code"]) == (429, "too_many_failures")
+
+
+async def test_a_scrape_with_the_token_under_an_apps_own_authenticator_is_no_guess(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path}/s.db"
+    async with metered(url, metrics_token=SCRAPE, auth=_proxy_auth) as (_, c):
+        for _ in range(40):
+            await scrape(c, auth(SCRAPE))
 
 
 async def test_the_scrape_token_sent_to_the_api_is_refused_as_such_not_as_a_guess(

@@ -74,13 +74,21 @@ class Scraping:
         sent = bearer_token(request)
         # Of two Authorization headers, which one counts is each reader's guess: neither.
         alone = len(request.headers.getlist("authorization")) == 1
-        if ctx.scrape_digest is not None and sent is not None and alone:
+        guess = ctx.scrape_digest is not None and sent is not None and alone
+        if guess:
             wait = ctx.failures.retry_after(client_of(request))
             if wait is not None:
                 raise too_many(wait)
             if ctx.scrape_token(sent):
                 return
-        caller = await ctx.require(request)  # counts a token no one has as a guess
+        try:
+            caller = await ctx.require(request)  # `TokenAuth` counts a token no one has
+        except ApiError as exc:
+            # An app's own authenticator judges its credentials, not this token: a wrong one
+            # counts as a guess here, or guessing it went unbounded (a proxy's header auth).
+            if guess and exc.status == 401 and not isinstance(ctx.auth, TokenAuth):
+                ctx.failures.failed(client_of(request))
+            raise
         if not ctx.sees_every_request(caller):  # under an app's own access rule, no one does
             raise ApiError(
                 403,
