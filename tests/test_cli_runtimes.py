@@ -324,11 +324,11 @@ def connected(monkeypatch: pytest.MonkeyPatch, *, refused: bool) -> list[Any]:
     stores: list[Any] = []
     real = Connections._connect_raw
 
-    async def recorded(self: Connections) -> Any:
+    async def recorded(self: Connections, **where: Any) -> Any:
         stores.append(self)
         if refused:
             raise psycopg.OperationalError('FATAL:  password authentication failed for user "u"')
-        return await real(self)
+        return await real(self, **where)
 
     monkeypatch.setattr(Connections, "_connect_raw", recorded)
     return stores

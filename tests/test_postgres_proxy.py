@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
@@ -23,7 +24,7 @@ import signoff as so
 from signoff._exceptions import StoreError, StoreUnavailable
 from signoff.stores.postgres import PostgresStore
 from signoff.stores.postgres._outage import unreachable
-from signoff.stores.postgres._proxy import ANSWER_WITHIN
+from signoff.stores.postgres._proxy import ANSWER_WITHIN, shares_backend
 from signoff.stores.postgres._transactions import failed
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
 
@@ -242,3 +243,67 @@ def _port(url: str) -> int:
     port = urlsplit(url).port
     assert port is not None
     return port
+
+
+async def test_the_check_connects_beside_the_host_reached_not_a_dead_first_one_again(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A URL naming a host that takes connections and never answers, then the server: the check's
+    second connection went through the whole host list again, so opening waited out a second
+    `connect_timeout` on the dead host; it goes to the host the first connection reached."""
+    target = urlsplit(pg_store_url)
+    accepted: list[object] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # held open, never answered
+
+    dead = await asyncio.start_server(silent, "127.0.0.1", 0)
+    dead_port = dead.sockets[0].getsockname()[1]
+    url = (
+        f"postgresql://{target.username}@127.0.0.1:{dead_port},{target.hostname}:{target.port}"
+        f"{target.path}?connect_timeout=2&{target.query}".rstrip("&?")
+    )
+    from signoff.stores.postgres._connections import Connections
+
+    checked: list[int] = []  # the dead host's connections once the check is done
+    fill = Connections._filled
+
+    async def filled(self: Connections, riding: bool) -> Any:
+        checked.append(len(accepted))
+        return await fill(self, riding)
+
+    monkeypatch.setattr(Connections, "_filled", filled)
+    store = PostgresStore(url)
+    try:
+        await store.open()
+        assert checked == [1]  # the first connection's try only, not the check's too
+    finally:
+        await store.close()
+        dead.close()
+        for writer in accepted:
+            writer.close()  # type: ignore[attr-defined]
+
+
+async def test_a_store_open_already_is_not_checked_again_on_another_event_loop(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each event loop opens a pool of its own; the proxy check, passed as the store opened,
+    made one more connection for each (a round trip or more apiece)."""
+    from signoff.stores.postgres import _connections
+
+    checks: list[object] = []
+    real = shares_backend
+
+    async def counted(*args: object) -> bool:
+        checks.append(args)
+        return await real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_connections, "shares_backend", counted)
+    store = PostgresStore(pg_store_url)
+    try:
+        await store.head("ses_x")
+        assert len(checks) == 1
+        await asyncio.to_thread(asyncio.run, store.head("ses_x"))  # another loop's pool
+        assert len(checks) == 1
+    finally:
+        await store.close()

@@ -358,8 +358,8 @@ def _record_connections(store: PostgresStore) -> list[tuple[dict[str, int], dict
     opened: list[tuple[dict[str, int], dict[str, int]]] = []
     connect = store._connect_raw
 
-    async def recording() -> Conn:
-        conn = await connect()
+    async def recording(**where: Any) -> Conn:
+        conn = await connect(**where)
         opened.append(_settings(conn))
         return conn
 

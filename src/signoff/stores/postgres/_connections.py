@@ -34,7 +34,7 @@ from ._borrowed import LEASE_CONNECTIONS, OPERATION_TIMEOUT, Pool
 from ._changes import Listener
 from ._migrations import Migrations
 from ._outage import GRACE, PROBE_AFTER, Outage, is_down
-from ._proxy import BACKEND, discard, refused, shares_backend
+from ._proxy import BACKEND, beside, discard, refused, shares_backend
 from ._shared import settle
 from ._transactions import Conn
 from ._url import (
@@ -254,7 +254,7 @@ class Connections(Migrations):
             started = asyncio.get_running_loop().time()
             try:
                 checking, conn = conn or await self._connect(), None
-                await self._check(checking)
+                await self._check(checking, proxy=not riding)  # once the store was opened
                 return await self._filled(riding)
             except StoreUnavailable as exc:
                 down = exc.__cause__
@@ -263,17 +263,18 @@ class Connections(Migrations):
                 outage.found_down(started, down)
                 conn = await outage.back()
 
-    async def _check(self, conn: Conn) -> None:
-        """On a connection just made, refuse a proxy sharing server connections (with a second
-        connection, made meanwhile: once this one is, so that a server with room for one more
-        connection still takes this one), read the server's settings and the schema's version
-        (migrating it if need be), then close both."""
-        second = asyncio.ensure_future(self._connect())
+    async def _check(self, conn: Conn, *, proxy: bool) -> None:
+        """On a connection just made, refuse a proxy sharing server connections (if `proxy`:
+        with a second connection to the same host, made meanwhile: once this one is, so that a
+        server with room for one more connection still takes this one), read the server's
+        settings and the schema's version (migrating it if need be), then close both."""
+        second = asyncio.ensure_future(self._connect_raw(**beside(conn))) if proxy else None
         try:
             cur = await conn.execute(f"{BACKEND}, current_setting('synchronous_commit')")
             row = await cur.fetchone()
             assert row is not None  # a SELECT without FROM returns its row
-            await self._refuse_shared(row[:2], second)
+            if second is not None:
+                await self._refuse_shared(row[:2], second)
             self._server_async = row[2] == "off"
             version = await self._read_version(conn)
             self._refuse_newer(version)
@@ -286,7 +287,8 @@ class Connections(Migrations):
             raise self._opening_failed("cannot read settings", exc) from exc
         finally:
             await conn.close()
-            await discard(second)
+            if second is not None:
+                await discard(second)
 
     async def _refuse_shared(self, mine: Sequence[Any], second: asyncio.Future[Conn]) -> None:
         """Refuse a proxy that shares one server connection between its clients (`_proxy`),
@@ -410,13 +412,14 @@ class Connections(Migrations):
             error = StoreUnavailable if is_down(exc) else StoreError
             raise error(f"cannot connect to PostgreSQL at {self._where}: {detail}") from exc
 
-    async def _connect_raw(self) -> Conn:
+    async def _connect_raw(self, **where: Any) -> Conn:
         return await psycopg.AsyncConnection.connect(
             self._dsn,
             autocommit=True,
             # A role's or database's LATIN1, say, would make any text outside it a raw
             # UnicodeEncodeError.
             client_encoding="utf8",
+            **where,
         )
 
     async def _probe_connect(self) -> Conn:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 else:
     Conn = Any
 
-__all__ = ["BACKEND", "SHARED", "discard", "refused", "shares_backend", "symptom"]
+__all__ = ["BACKEND", "SHARED", "beside", "discard", "refused", "shares_backend", "symptom"]
 
 BACKEND = "SELECT pg_backend_pid(), pg_postmaster_start_time()"
 """The server process a connection's statement ran on, and its server's start: two servers
@@ -46,15 +46,25 @@ _PREPARED = ("42P05", "26000")
 """SQLSTATEs duplicate_prepared_statement and invalid_sql_statement_name."""
 
 
+def beside(conn: Conn) -> dict[str, str]:
+    """Where the check's second connection goes: to the host `conn` reached, not the first of
+    a URL's hosts again, which down would cost the check a whole `connect_timeout` more."""
+    info = conn.info
+    where = {"host": info.host, "port": str(info.port)}
+    if info.hostaddr:
+        where["hostaddr"] = info.hostaddr
+    return where
+
+
 async def shares_backend(mine: Sequence[Any], connecting: asyncio.Future[Conn]) -> bool:
     """Whether a second connection, made while the first (whose `BACKEND` row is `mine`) is
     still open, runs its statement on the same server process: directly, or through a proxy
     pooling by session, two clients connected at once never do. False when it cannot tell (the
     second connection refused, as by a server at its limit of clients, or not answering within
     `ANSWER_WITHIN`), and it may miss a busy proxy, which can hand it another idle one."""
-    try:
-        conn = await connecting
-    except StoreError:
+    try:  # its making too: a server slow to take one more must not hold the opening
+        conn = await asyncio.wait_for(asyncio.shield(connecting), ANSWER_WITHIN)
+    except (StoreError, psycopg.Error, TimeoutError):
         return False
     # Cut, not cancelled: psycopg would wait up to 5 s more for the server to end the query.
     timer = asyncio.get_running_loop().call_later(ANSWER_WITHIN, sever, conn)
