@@ -167,8 +167,9 @@ class TerminalChannel:
         """The console's `input`, but at a terminal a wait that Ctrl-C ends at any moment:
         `input()` misses a SIGINT that comes just after its prompt until the next Enter. A
         line holding a byte that is not UTF-8 is read as a lone surrogate (`lenient_stdin`),
-        which no prompt takes; one standard input cannot decode (read strictly before) is asked
-        again."""
+        which no prompt takes. Standard input an application read strictly before cannot be
+        made lenient: a line it cannot decode is told and the prompt asked again, but what was
+        read with it (the rest of a piped chunk) is lost with it."""
         lenient_stdin()
         while True:
             try:
