@@ -87,6 +87,26 @@ def test_output_closed_is_one_line_and_status_1(command: list[str], tmp_path: Pa
     assert done.stderr.splitlines() == ["error: OSError: [Errno 9] standard output is closed"]
 
 
+def test_serve_whose_banner_cannot_be_written_stops_with_one_line(tmp_path: Path) -> None:
+    """`serve --port 0 > /dev/full`: its banner, printed once listening, failed inside uvicorn's
+    start-up, which logged it as a traceback of some 37 lines; the server stops, and the error
+    is one line, status 1, as for any command's output."""
+    url = f"sqlite:///{tmp_path}/state.db"
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "signoff", "serve", "examples.support:runtime", "--port", "0"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "SIGNOFF_STORE": url},
+            timeout=60,
+        )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == "error: OSError: [Errno 28] No space left on device"
+
+
 @pytest.mark.parametrize("unbuffered", ["1", None], ids=["unbuffered", "buffered"])
 def test_output_cut_short_in_one_write_is_status_141(
     unbuffered: str | None, tmp_path: Path

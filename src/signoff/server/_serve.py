@@ -189,6 +189,7 @@ def serve(
         shutdown waits for every response to finish, and a followed stream never does."""
 
         signalled: asyncio.AbstractEventLoop | None = None  # where a forced stop cancels
+        unwritten: OSError | None = None  # the banner's, raised once the server has stopped
 
         async def startup(self, sockets: Any = None) -> None:
             self.signalled = asyncio.get_running_loop()
@@ -197,7 +198,12 @@ def serve(
                 drop_unacknowledged(self, UNACKED_HEARTBEATS * context.heartbeat)
             if port == 0 and self.started:
                 bound = self.servers[0].sockets[0].getsockname()[1]
-                print(_banner(host, bound), flush=True)
+                try:
+                    print(_banner(host, bound), flush=True)
+                except OSError as exc:  # its output gone (a full disk, no reader any more)
+                    # Stopped, and raised as it returns: raised here, uvicorn logged it as a
+                    # traceback of its start-up, where the caller ends it as any output's.
+                    self.unwritten, self.should_exit = exc, True
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             # uvicorn forces the stop only on a second SIGINT; a second SIGTERM (a supervisor
@@ -267,6 +273,8 @@ def serve(
         server.run()
     finally:
         errors.removeFilter(cut_short)
+    if server.unwritten is not None:
+        raise server.unwritten
 
 
 def drop_unacknowledged(server: Any, seconds: float) -> None:
