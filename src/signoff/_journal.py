@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from ._ask import echoes_answers
 from ._events import Event
 from ._exceptions import LeaseLost, SignoffError, StoreError, TooLarge, UsageError
-from ._recording import Batch, EventSpec, TurnStopped, dump_request, load_journal, new_id
+from ._recording import (
+    Batch,
+    EventSpec,
+    TurnStopped,
+    dump_request,
+    load_journal,
+    new_id,
+    own_cancel,
+)
 from ._state import CallState, SessionState
 from ._steps import failure_of, raise_recorded
 from ._sync import to_end
@@ -43,9 +51,11 @@ child on this store, down a moment), after which the drive fails and a retry run
 is signoff's refusal of the step's function stepping or asking (`misuse_in_step`): a bug in the
 tool's code, which once fixed runs the step. Nor an exception group holding one of these (the
 step's function ran an `asyncio.TaskGroup`). Any other exception is the step's own failure,
-which the tool may catch and go on from: journaled, a `SignoffError` too, and a `StoreError` of
+which the tool may catch and go on from: journaled, a `SignoffError` too, a `StoreError` of
 the step's own code (another store's, a signoff server's it called): the journal's own record
-fails apart from the step's function, never inside it."""
+fails apart from the step's function, never inside it; and a `CancelledError` the step's code
+raised itself, its task not being cancelled (`own_cancel`: an inner future someone else
+cancelled), unlike the body's cancel reaching the step where it awaits, which runs it again."""
 
 
 class CallJournal:
@@ -228,7 +238,9 @@ class CallJournal:
                 if too_large is not None:
                     del data["result"]
                     raise TooLarge(too_large)
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:
+                if not isinstance(exc, Exception) and not own_cancel(exc):
+                    raise  # the body is cancelled where the step awaits: it runs again
                 if not returned and (refused_misuse(exc) or self._about_the_run(exc)):
                     raise
                 # The step's own failure, which the tool may catch and go on from: journaled,

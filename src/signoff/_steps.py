@@ -4,6 +4,7 @@ same path on every run without running the step again."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import sys
 from typing import Any, NoReturn
@@ -22,18 +23,19 @@ MAX_GROUP_DEPTH = 20
 
 
 def failure_of(
-    exc: Exception, *, cut: int | None = None, attributes: bool = True
+    exc: Exception | asyncio.CancelledError, *, cut: int | None = None, attributes: bool = True
 ) -> dict[str, Any]:
-    """How `exc`, raised by a step, is journaled: its class by module and name, its message, and
-    its arguments and attributes when they are plain JSON (to build it again on replay); an
-    exception group's (a `TaskGroup` in the step) its own message and its exceptions so. With
-    `cut` (for one too big to store), the message's first `cut` characters and no arguments;
-    without `attributes`, none of a class not signoff's own (too big to store)."""
+    """How `exc`, raised by a step (a `CancelledError` of its own code too), is journaled: its
+    class by module and name, its message, and its arguments and attributes when they are plain
+    JSON (to build it again on replay); an exception group's (a `TaskGroup` in the step) its own
+    message and its exceptions so. With `cut` (for one too big to store), the message's first
+    `cut` characters and no arguments; without `attributes`, none of a class not signoff's own
+    (too big to store)."""
     return _failure(exc, cut, 0, attributes)
 
 
 def _failure(
-    exc: Exception, cut: int | None, depth: int, attributes: bool = True
+    exc: Exception | asyncio.CancelledError, cut: int | None, depth: int, attributes: bool = True
 ) -> dict[str, Any]:
     cls = type(exc)
     message = error_message(exc)
@@ -83,7 +85,7 @@ def raise_recorded(step: str, error: dict[str, Any]) -> NoReturn:
     raise StepFailed(step, name, str(error.get("message", "")))
 
 
-def _rebuilt(error: dict[str, Any], depth: int) -> Exception | None:
+def _rebuilt(error: dict[str, Any], depth: int) -> BaseException | None:
     """The exception `error` records, built again, or None when it cannot be as it was."""
     cls = _loaded_class(str(error.get("module")), str(error.get("type")))
     args = error.get("args")
@@ -112,7 +114,7 @@ def _rebuilt(error: dict[str, Any], depth: int) -> Exception | None:
     return None
 
 
-def _restore(exc: Exception, state: dict[str, Any]) -> None:
+def _restore(exc: BaseException, state: dict[str, Any]) -> None:
     """Set the attributes `state` keeps on `exc`, as unpickling restores them: each by `setattr`,
     so a slot of the class's own (an `ImportError`'s `name`) is set too; one that refuses it is
     kept in the instance's `__dict__`, as it was before."""
@@ -123,7 +125,7 @@ def _restore(exc: Exception, state: dict[str, Any]) -> None:
             exc.__dict__[key] = value
 
 
-def _reduced(exc: Exception) -> tuple[list[Any], dict[str, Any]]:
+def _reduced(exc: BaseException) -> tuple[list[Any], dict[str, Any]]:
     """The arguments that build `exc` again and the state set on it after, as pickle takes them
     (`__reduce__`): an `OSError`'s file and a `JSONDecodeError`'s document are in its message
     but not in its `args`, and an `ImportError`'s `name` and `path` are in its state alone."""
@@ -138,15 +140,16 @@ def _reduced(exc: Exception) -> tuple[list[Any], dict[str, Any]]:
     return list(exc.args), {}
 
 
-def _loaded_class(module: str, qualname: str) -> type[Exception] | None:
+def _loaded_class(module: str, qualname: str) -> type[BaseException] | None:
     """The exception class by name, only from a module already imported: a journal never makes
-    signoff import code."""
+    signoff import code. An `Exception`, or a `CancelledError` (the only other kind a step's
+    failure is journaled as): never a `SystemExit` or `KeyboardInterrupt`."""
     found: Any = sys.modules.get(module)
     for part in qualname.split("."):
         if found is None or part == "<locals>":
             return None
         found = getattr(found, part, None)
-    if isinstance(found, type) and issubclass(found, Exception):
+    if isinstance(found, type) and issubclass(found, (Exception, asyncio.CancelledError)):
         return found
     return None
 

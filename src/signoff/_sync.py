@@ -276,13 +276,17 @@ def blocking_doc(method: Callable[..., Any]) -> str:
 async def in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """`fn(*args, **kwargs)` run in a thread. A `StopIteration` it raises is a `RuntimeError`,
     as a coroutine makes it: asyncio cannot hand one to the task awaiting the thread, which
-    then waited for ever."""
+    then waited for ever. So is a `concurrent.futures.CancelledError` (`_pooled_cancel`)."""
 
     def call() -> Any:
         try:
             return fn(*args, **kwargs)
         except StopIteration as exc:
             raise RuntimeError("the function raised StopIteration") from exc
+        except concurrent.futures.CancelledError as exc:
+            if type(exc) is not concurrent.futures.CancelledError:
+                raise  # a subclass asyncio hands on as it is
+            raise _pooled_cancel(exc) from exc
         except SystemExit as exc:
             raise exited(exc) from exc
         except KeyboardInterrupt as exc:
@@ -356,6 +360,16 @@ def exited(exc: SystemExit) -> RuntimeError:
     arguments, a stray `sys.exit()`): its failure, not the process's end, which the event loop
     would let it be (out of `asyncio.run`, ending every session the process runs)."""
     return RuntimeError(f"the function raised SystemExit({exc.code!r})")
+
+
+def _pooled_cancel(exc: concurrent.futures.CancelledError) -> RuntimeError:
+    """The error of a function run in a thread that raised `concurrent.futures.CancelledError`
+    (`.result()` of a pool's cancelled future), an ordinary failure: asyncio hands that class
+    to the awaiting task as `asyncio.CancelledError`, its own cancel, which a step's journal
+    and a tool's error then missed (the class and message lost)."""
+    message = str(exc)
+    said = f": {message}" if message else ""
+    return RuntimeError(f"the function raised concurrent.futures.CancelledError{said}")
 
 
 def is_async(fn: object) -> bool:
