@@ -6,6 +6,7 @@ against loopback fakes, on both stores."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -111,3 +112,26 @@ async def test_a_request_said_budgeted_fails_a_reply_that_reports_no_usage(flavo
         async with _model(flavor, fake) as m:
             with pytest.raises(so.ModelError, match="reported no usage"):
                 await m.complete(replace(request(), budgeted=True))
+
+
+@pytest.mark.parametrize("flavor", ["openai", "anthropic"])
+async def test_a_budget_at_its_most_is_none_and_a_reply_without_usage_is_used(
+    flavor: str, tmp_path: Any
+) -> None:
+    """`Limits(max_tokens=sys.maxsize)` counts as the most, which the docs say bounds nothing
+    as None does; yet the session was budgeted, and a reply reporting no usage failed its turn
+    where under None it completed. So with `max_cost_usd` at its most on an unpriced model."""
+    with FakeLLM(flavor) as fake:
+        fake.queue(*[_unreported(flavor, ...)] * 2)
+        model = _model(flavor, fake)
+        kind = so.models.OpenAIChat if flavor == "openai" else so.models.Anthropic
+        unpriced = kind("my-own-model", base_url=fake.base_url, api_key=API_KEY, max_retries=0)
+        agents = [
+            so.Agent(name="a", model=model, limits=so.Limits(max_tokens=sys.maxsize)),
+            so.Agent(name="b", model=unpriced, limits=so.Limits(max_cost_usd=1e300)),
+        ]
+        async with model, unpriced, so.Runtime(agents, store=f"sqlite:///{tmp_path}/s.db") as rt:
+            first = await rt.generate("a", prompt="hi")
+            second = await rt.generate("b", prompt="hi")
+    assert (first.status, first.text) == ("completed", "Here you go.")
+    assert (second.status, second.text) == ("completed", "Here you go.")

@@ -58,6 +58,17 @@ class Limits:
     max_response_bytes: int = MAX_RESULT_BYTES
     max_calls_per_response: int | None = MAX_CALLS_PER_RESPONSE
 
+    @property
+    def tokens_bound(self) -> int | None:
+        """`max_tokens` as the budgets take it: None at the most (`sys.maxsize` counts as it),
+        which bounds nothing, so a session under it is unbudgeted, as under None."""
+        return None if self.max_tokens == MAX_REPLY_TOKENS else self.max_tokens
+
+    @property
+    def cost_bound(self) -> float | None:
+        """`max_cost_usd` as the budgets take it: None at the most, as `tokens_bound`."""
+        return None if self.max_cost_usd == MAX_REPLY_COST_USD else self.max_cost_usd
+
     def __post_init__(self) -> None:
         # A bound that cannot work is refused here, before a session is made under it.
         for name, value, whole in (
@@ -139,7 +150,7 @@ class Agent:
             raise UsageError(f"agent {name!r}: instructions must be text, not {instructions!r}")
         if limits is not None and not isinstance(limits, Limits):
             raise UsageError(f"agent {name!r}: limits must be a so.Limits, not {limits!r}")
-        if limits is not None and limits.max_cost_usd is not None and unpriced(model):
+        if limits is not None and limits.cost_bound is not None and unpriced(model):
             # Its responses would all cost 0: the budget could never be spent.
             raise UsageError(
                 f"agent {name!r}: max_cost_usd cannot bound {model!r}, whose price signoff does "
@@ -161,7 +172,7 @@ class Agent:
             if t.name in self.tools:
                 raise UsageError(f"agent {name!r}: two tools are named {t.name!r}")
             self.tools[t.name] = t
-        if limits is not None and limits.max_cost_usd is not None:
+        if limits is not None and limits.cost_bound is not None:
             for t in self.tools.values():
                 review = t.approval.reviewer()
                 if review is not None and unpriced(review):

@@ -94,7 +94,7 @@ def own_left(s: SessionState, limits: Limits) -> dict[str, float]:
     times = 1 + s.limit_grants
     bound = {
         k: v * times
-        for k, v in (("max_tokens", limits.max_tokens), ("max_cost_usd", limits.max_cost_usd))
+        for k, v in (("max_tokens", limits.tokens_bound), ("max_cost_usd", limits.cost_bound))
         if v is not None
     }
     return spare(bound, s.usage + s.delegated)

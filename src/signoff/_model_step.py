@@ -99,7 +99,7 @@ class ModelStep(DriverPart):
         turn = s.turn
         assert turn is not None
         limits = self.agent.limits
-        budget = over_budget(s, limits.max_tokens, limits.max_cost_usd)
+        budget = over_budget(s, limits.tokens_bound, limits.cost_bound)
         stopped = await stopped_at_limit(s, self.store)
         if stopped is not None:
             await self._fail_limit(f"{budget or stopped}; the person chose to stop")
@@ -382,7 +382,7 @@ class ModelStep(DriverPart):
             await self._fail_limit(f"{what} of what {left}", usage=spent, kept=kept, share=True)
             return True
         limits = self.agent.limits
-        used = "; ".join(t for t, _ in spending(s, limits.max_tokens, limits.max_cost_usd, spent))
+        used = "; ".join(t for t, _ in spending(s, limits.tokens_bound, limits.cost_bound, spent))
         problem = f"{what} in the session's budget: {used}"
         return await self._session_limit(problem, usage=spent, kept=kept)
 
@@ -418,7 +418,7 @@ class ModelStep(DriverPart):
             left = f"its parent session had left when it delegated (session {s.parent})"
             await self._fail_limit(f"{stopped} {left}", share=True)
             return True
-        used = "; ".join(t for t, _ in spending(s, limits.max_tokens, limits.max_cost_usd, None))
+        used = "; ".join(t for t, _ in spending(s, limits.tokens_bound, limits.cost_bound, None))
         if not used:
             return False
         return await self._session_limit(f"{stopped} this session's budget left it: {used}")

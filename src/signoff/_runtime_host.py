@@ -72,7 +72,7 @@ class RuntimeHost:
         # What the parent may still spend bounds the child while it runs: fixed here, in its
         # `session.created`, so a replay or a restart bounds it the same way.
         limits = rt.agent(parent_state.agent).limits
-        left = budget_left(parent_state, limits.max_tokens, limits.max_cost_usd)
+        left = budget_left(parent_state, limits.tokens_bound, limits.cost_bound)
         spent = parent_state.usage + parent_state.delegated
         event = Event(
             session_id=child,

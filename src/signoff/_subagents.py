@@ -132,7 +132,7 @@ def unpriced_delegates(agents: Mapping[str, Agent]) -> str | None:
     reviewer) counts every response as free (`unpriced`): what that subagent spent would count
     as nothing against the budget."""
     for agent in agents.values():
-        if agent.limits.max_cost_usd is None:
+        if agent.limits.cost_bound is None:
             continue
         seen, below = {agent.name}, [agent]
         while below:
