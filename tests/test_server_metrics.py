@@ -177,6 +177,41 @@ async def test_a_guessed_scrape_token_is_throttled_under_an_apps_own_authenticat
         assert (r.status_code, r.json()["error"]["code"]) == (429, "too_many_failures")
 
 
+def _proxy_admin(request: Any) -> so.Principal | None:
+    """A proxy that names its user in a header and forwards a bearer of its own (an id token)."""
+    user = request.headers.get("x-user")
+    if not user:
+        return None
+    return so.Principal(authenticator="proxy", principal_id=user, attributes={"admin": True})
+
+
+async def test_an_admin_behind_a_proxy_forwarding_a_bearer_is_not_throttled(
+    tmp_path: Path,
+) -> None:
+    """The throttle was asked before the app's authenticator: after ten stale scrapes from the
+    proxy's address (every client's), an admin's scrape with the proxy's forwarded bearer was
+    429. The authenticator judges first; only a caller it names no one is a guess."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    admin = {"x-user": "ops", **auth("forwarded-id-token")}
+    async with metered(url, metrics_token=SCRAPE, auth=_proxy_admin) as (_, c):
+        for n in range(20):
+            await c.get("/metrics", headers=auth(f"guess-{n}"))
+        await scrape(c, admin)
+
+
+async def test_the_api_does_not_tell_the_scrape_token_under_an_apps_own_authenticator(
+    tmp_path: Path,
+) -> None:
+    """The API told the scrape token from any other ("the metrics token opens /metrics only")
+    with no throttle under an app's own authenticator: a free test of each guess."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    async with metered(url, metrics_token=SCRAPE, auth=_proxy_auth) as (_, c):
+        right = await c.get("/v1/sessions", headers=auth(SCRAPE))
+        wrong = await c.get("/v1/sessions", headers=auth("guess"))
+    assert right.status_code == wrong.status_code == 401
+    assert right.json() == wrong.json()
+
+
 async def test_a_scrape_with_the_token_under_an_apps_own_authenticator_is_no_guess(
     tmp_path: Path,
 ) -> None:

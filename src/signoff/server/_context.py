@@ -232,7 +232,9 @@ class ServerContext(OpenRequests):
             # dev mode has no token to ask for: say what it serves instead
             if isinstance(self.auth, DevAuth):
                 message = DEV_REFUSED
-            elif self.scrape_token(bearer_token(request)):  # a scraper sent to the wrong path
+            # a scraper sent to the wrong path; under `TokenAuth` only, where a guess counts
+            # (else telling the scrape token from others here would let it be guessed freely)
+            elif isinstance(self.auth, TokenAuth) and self.scrape_token(bearer_token(request)):
                 message = SCRAPE_TOKEN_ONLY
             elif bearer_token(request) is not None:  # a token, refused: not "send one"
                 message = TOKEN_REFUSED

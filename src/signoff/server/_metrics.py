@@ -28,6 +28,7 @@ from ._throttle import client_of, too_many
 from ._waits import within
 
 if TYPE_CHECKING:
+    from .._types import Principal
     from ._exporter import Exporter
 
 __all__ = ["STORE_TIMEOUT", "Observed", "Scraping", "check_token", "exporter_type", "router"]
@@ -70,25 +71,25 @@ class Scraping:
             ctx.scrape_digest = token_digest(token)
 
     async def check(self, ctx: ServerContext, request: Request) -> None:
-        """Let the scrape token or an admin through; 401 or 403 `admin_only` otherwise."""
+        """Let the scrape token or an admin through; 401 or 403 `admin_only` otherwise. A token
+        sent that is neither counts as a guess (`failures`): under `TokenAuth` as any wrong
+        token does; under an app's own authenticator, which never judges this token, here, once
+        the authenticator named no one (an admin behind a proxy forwarding a bearer of its own
+        is served, not throttled)."""
         sent = bearer_token(request)
         # Of two Authorization headers, which one counts is each reader's guess: neither.
         alone = len(request.headers.getlist("authorization")) == 1
         guess = ctx.scrape_digest is not None and sent is not None and alone
-        if guess:
-            wait = ctx.failures.retry_after(client_of(request))
-            if wait is not None:
-                raise too_many(wait)
-            if ctx.scrape_token(sent):
+        if guess and not isinstance(ctx.auth, TokenAuth):
+            caller = await self._named_or_scraper(ctx, request, sent)
+            if caller is None:
                 return
-        try:
+        else:
+            if guess:
+                self._held(ctx, request)
+                if ctx.scrape_token(sent):
+                    return
             caller = await ctx.require(request)  # `TokenAuth` counts a token no one has
-        except ApiError as exc:
-            # An app's own authenticator judges its credentials, not this token: a wrong one
-            # counts as a guess here, or guessing it went unbounded (a proxy's header auth).
-            if guess and exc.status == 401 and not isinstance(ctx.auth, TokenAuth):
-                ctx.failures.failed(client_of(request))
-            raise
         if not ctx.sees_every_request(caller):  # under an app's own access rule, no one does
             raise ApiError(
                 403,
@@ -96,6 +97,30 @@ class Scraping:
                 "the metrics count every tenant's activity: scrape them with an admin's token "
                 "(under the default access rule) or the metrics token",
             )
+
+    async def _named_or_scraper(
+        self, ctx: ServerContext, request: Request, sent: str | None
+    ) -> Principal | None:
+        """The caller the app's authenticator names, else None for the scrape token; any other
+        token is a guess, counted, and the 401 raised."""
+        try:
+            return await ctx.require(request)
+        except ApiError as exc:
+            if exc.status != 401:
+                raise
+            refused = exc
+        self._held(ctx, request)
+        if ctx.scrape_token(sent):
+            return None
+        ctx.failures.failed(client_of(request))
+        raise refused
+
+    @staticmethod
+    def _held(ctx: ServerContext, request: Request) -> None:
+        """429 while the caller's address is held for its guesses."""
+        wait = ctx.failures.retry_after(client_of(request))
+        if wait is not None:
+            raise too_many(wait)
 
 
 def check_token(token: object, auth: object) -> None:
