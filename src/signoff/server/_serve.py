@@ -196,14 +196,18 @@ def serve(
             await super().startup(sockets)
             if self.started:
                 drop_unacknowledged(self, UNACKED_HEARTBEATS * context.heartbeat)
-            if port == 0 and self.started:
+
+        async def main_loop(self) -> None:
+            if port == 0:  # listening: the banner names the port the system chose
                 bound = self.servers[0].sockets[0].getsockname()[1]
                 try:
                     print(_banner(host, bound), flush=True)
                 except OSError as exc:  # its output gone (a full disk, no reader any more)
-                    # Stopped, and raised as it returns: raised here, uvicorn logged it as a
-                    # traceback of its start-up, where the caller ends it as any output's.
-                    self.unwritten, self.should_exit = exc, True
+                    # Stopped, its shutdown run, and raised as it returns, for the caller to end
+                    # it as any output's: raised in the start-up, uvicorn logged a traceback.
+                    self.unwritten = exc
+                    return
+            await super().main_loop()
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             # uvicorn forces the stop only on a second SIGINT; a second SIGTERM (a supervisor
