@@ -307,3 +307,20 @@ async def test_a_store_open_already_is_not_checked_again_on_another_event_loop(
         assert len(checks) == 1
     finally:
         await store.close()
+
+
+def test_the_check_goes_beside_by_host_alone_where_libpq_cannot_say_the_address() -> None:
+    """`conn.info.hostaddr` raises with a libpq before 12 (a psycopg built against an old one):
+    it escaped raw from the store's opening, the first connection left unclosed."""
+    from types import SimpleNamespace
+
+    from signoff.stores.postgres._proxy import beside
+
+    class OldInfo:
+        host, port = "db.example", 5433
+
+        @property
+        def hostaddr(self) -> str:
+            raise psycopg.NotSupportedError("PQhostaddr requires libpq from PostgreSQL 12")
+
+    assert beside(SimpleNamespace(info=OldInfo())) == {"host": "db.example", "port": "5433"}  # type: ignore[arg-type]

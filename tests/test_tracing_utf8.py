@@ -142,3 +142,27 @@ def test_the_bound_on_the_conversation_counts_the_escapes() -> None:
     alone = messages_json([so.UserMessage(text=NAME * 20_000)], lambda c: c.input)
     assert len(alone.encode()) <= MESSAGES_MAX
     assert json.loads(json_text(NAME)) == NAME
+
+
+async def test_an_error_of_lone_surrogates_is_cut_after_it_is_escaped(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """The 16,384-character bound was applied before escaping, so a message of lone surrogates
+    went on the span six times as long (98,240 characters for 20,000 of them)."""
+
+    @so.tool
+    async def read_backup(prefix: str) -> str:
+        """Read a file's backup."""
+        raise RuntimeError("\udce9" * 20_000)
+
+    agent = scripted_agent(
+        "files", [call_tools(call("read_backup", prefix="caf")), reply("none")], tools=[read_backup]
+    )
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider, trace_content=True)
+    await rt.generate("files", "read the backup")
+    await rt.close()
+    (tool,) = _by_name(exporter.get_finished_spans())["execute_tool read_backup"]
+    (exc,) = [e for e in tool.events if e.name == "exception"]
+    for text in (tool.status.description, (exc.attributes or {})["exception.message"]):
+        assert isinstance(text, str)
+        assert 16_000 < len(text) <= 16_384 + len(" [cut]"), len(text)

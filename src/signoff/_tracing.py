@@ -23,7 +23,7 @@ from ._error_text import error_message, error_text
 from ._exceptions import UsageError
 from ._refused_replies import refused_cost
 from ._span_errors import error_type, exception_type, named
-from ._text import cut
+from ._text import cut, storable
 from ._trace_content import (
     MESSAGES_MAX,
     ShownInputs,
@@ -198,12 +198,12 @@ class _Span:
             return
         self._set("error.type", error_type(exc))
         if self.content:
-            why = cut(error_text(exc), _TEXT_MAX)
+            why = cut(storable(error_text(exc)), _TEXT_MAX)
             # The event `record_exception` adds, but with the texts cut; and that reads the
             # message again, which may raise.
-            stack = cut("".join(traceback.format_exception(exc)), _TEXT_MAX)
+            stack = cut(storable("".join(traceback.format_exception(exc))), _TEXT_MAX)
             attributes = {"exception.type": exception_type(exc), "exception.stacktrace": stack}
-            message = cut(error_message(exc), _TEXT_MAX)
+            message = cut(storable(error_message(exc)), _TEXT_MAX)
             self._event("exception", {**attributes, "exception.message": message})
         else:
             self._event("exception", {"exception.type": exception_type(exc)})
@@ -303,7 +303,8 @@ class DriveSpan(_Span):
             self._set("error.type", code)
             self._set("signoff.turn.retryable", turn.retryable)
             # The turn's error message may quote the model's or a tool's text: content only.
-            why = cut(str(error.get("message") or code), _TEXT_MAX) if self.content else code
+            said = storable(str(error.get("message") or code))
+            why = cut(said, _TEXT_MAX) if self.content else code
             self._error(why)
 
 

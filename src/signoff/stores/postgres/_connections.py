@@ -268,8 +268,10 @@ class Connections(Migrations):
         with a second connection to the same host, made meanwhile: once this one is, so that a
         server with room for one more connection still takes this one), read the server's
         settings and the schema's version (migrating it if need be), then close both."""
-        second = asyncio.ensure_future(self._connect_raw(**beside(conn))) if proxy else None
+        second: asyncio.Future[Conn] | None = None
         try:
+            if proxy:
+                second = asyncio.ensure_future(self._connect_raw(**beside(conn)))
             cur = await conn.execute(f"{BACKEND}, current_setting('synchronous_commit')")
             row = await cur.fetchone()
             assert row is not None  # a SELECT without FROM returns its row

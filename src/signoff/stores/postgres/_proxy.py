@@ -51,8 +51,9 @@ def beside(conn: Conn) -> dict[str, str]:
     a URL's hosts again, which down would cost the check a whole `connect_timeout` more."""
     info = conn.info
     where = {"host": info.host, "port": str(info.port)}
-    if info.hostaddr:
-        where["hostaddr"] = info.hostaddr
+    with contextlib.suppress(psycopg.NotSupportedError):  # libpq before 12: the host alone
+        if info.hostaddr:
+            where["hostaddr"] = info.hostaddr
     return where
 
 
