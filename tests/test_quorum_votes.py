@@ -295,6 +295,16 @@ def leads(ctx: so.ResponseContext) -> so.Allowed:
     return so.Allowed()
 
 
+def _two_votes(judged: bool) -> Any:
+    """An approval two people other than the requester give: by the quorum alone, or `judged`
+    by a response policy too (`leads`)."""
+    if judged:
+        return so.ApprovalSpec(
+            request=so.always(), response=leads, approvers=2, exclude_requester=True
+        )
+    return so.always(approvers=2, exclude_requester=True)
+
+
 @pytest.mark.parametrize("judged", [False, True], ids=["quorum", "response-policy"])
 async def test_a_settled_quorum_reads_every_vote_that_approved_it(
     store_url: str, judged: bool
@@ -303,11 +313,7 @@ async def test_a_settled_quorum_reads_every_vote_that_approved_it(
     request as stored (and so as `get_request`, the listings, the HTTP API and the channels read
     it) kept Bob's alone, `1 of 2`, its last vote only in its resolution."""
     log = ExecutionLog()
-    spec: Any = so.always(approvers=2, exclude_requester=True)
-    if judged:
-        spec = so.ApprovalSpec(
-            request=so.always(), response=leads, approvers=2, exclude_requester=True
-        )
+    spec = _two_votes(judged)
     both = ["bob", "carol"]
     async with so.Runtime([deploy_agent(log, spec)], store=store_url) as rt:
         closes = Closes()
@@ -367,11 +373,7 @@ async def test_state_reads_every_vote_of_a_settled_quorum_as_its_row_does(
     folded from the events, kept the votes `approval.candidate` counted, Bob's alone ("1 of 2"),
     and so did a `LiveSession`, which folds the stream alike (in process and over HTTP)."""
     log = ExecutionLog()
-    spec: Any = so.always(approvers=2, exclude_requester=True)
-    if judged:
-        spec = so.ApprovalSpec(
-            request=so.always(), response=leads, approvers=2, exclude_requester=True
-        )
+    spec = _two_votes(judged)
     both = ["bob", "carol"]
     async with so.Runtime([deploy_agent(log, spec)], store=store_url) as rt:
         sid, req, _ = await asked(rt)

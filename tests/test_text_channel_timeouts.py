@@ -13,12 +13,9 @@ from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 from ._channels import Texts, manual
 
 
-async def test_a_call_its_deadline_approved_is_told_as_approved_not_expired(
-    tmp_path: Path,
-) -> None:
-    """Before, the request read "Expires <date>." and its close "deploy expired at …", as for
-    a call that never ran, though the deadline approved it and it ran."""
-    runs: list[str] = []
+def _deploying(runs: list[str]) -> so.Agent:
+    """An agent deploying to prod once, by a tool its deadline approves after 60 s: `runs`
+    records each deployment."""
 
     @so.tool(approval=so.always(expires_in=60, on_timeout="approve"))
     async def deploy(env: str) -> str:
@@ -26,9 +23,18 @@ async def test_a_call_its_deadline_approved_is_told_as_approved_not_expired(
         runs.append(env)
         return "deployed"
 
-    agent = scripted_agent(
+    return scripted_agent(
         "ops", [call_tools(call("deploy", env="prod")), reply("Deployed.")], tools=[deploy]
     )
+
+
+async def test_a_call_its_deadline_approved_is_told_as_approved_not_expired(
+    tmp_path: Path,
+) -> None:
+    """Before, the request read "Expires <date>." and its close "deploy expired at …", as for
+    a call that never ran, though the deadline approved it and it ran."""
+    runs: list[str] = []
+    agent = _deploying(runs)
     clock = ManualClock(1_750_000_000.0)
     async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
         sms = Texts()
@@ -52,16 +58,7 @@ async def test_a_reply_after_the_deadline_approved_the_call_is_told_so(tmp_path:
     caught up) was told `This request can no longer be answered: request … is expired`, as if
     the call had not run; it is told the call was approved automatically."""
     runs: list[str] = []
-
-    @so.tool(approval=so.always(expires_in=60, on_timeout="approve"))
-    async def deploy(env: str) -> str:
-        """Deploy."""
-        runs.append(env)
-        return "deployed"
-
-    agent = scripted_agent(
-        "ops", [call_tools(call("deploy", env="prod")), reply("Deployed.")], tools=[deploy]
-    )
+    agent = _deploying(runs)
     clock = ManualClock(1_750_000_000.0)
     async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
         sms = Texts()
