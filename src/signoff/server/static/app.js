@@ -247,6 +247,28 @@
     let failures = 0;
     let over = false;
     let down = null;  // why the server cannot reach its store, while it cannot ("" unknown)
+    // A hidden tab holds no stream: over HTTP/1.1 a browser opens 6 connections to a host, so
+    // six tabs' streams left a seventh page (and every form's post) waiting. It is closed when
+    // the tab is hidden (or not opened, `paused`) and opened again when it is shown, which
+    // reads the page once as a reconnect does.
+    let stream = null;
+    let paused = false;
+    const hidden = () => document.visibilityState === "hidden";
+    document.addEventListener("visibilitychange", () => {
+      if (over || signedOff) return;
+      if (hidden()) {
+        if (!stream) return;  // a retry's pause: its end sees the tab hidden
+        stream.close();
+        stream = null;
+        paused = true;
+        if (dot) dot.classList.remove("on");
+        reconnecting(false);
+      } else if (paused) {
+        paused = false;
+        if (ended) ended({});
+        open();
+      }
+    });
     // After a pause that doubles from 1 s to 30 s at most (a little random, so pages refused
     // together do not come back together), a HEAD asks for the status the browser hides: 200
     // opens the stream; 404 or 410 is a stream that will never come back (the page's read shows
@@ -266,6 +288,7 @@
       }
       setTimeout(async () => {
         if (over || signedOff) return;
+        if (hidden()) { paused = true; reconnecting(false); return; }
         const res = await fetch(url(), { method: "HEAD", credentials: "same-origin" }).catch(() => null);
         if (over || signedOff) return;
         if (res && res.ok) open();
@@ -282,7 +305,10 @@
       }, pause);
     };
     const open = () => {
+      if (over || signedOff) return;
+      if (hidden()) { paused = true; return; }
       const es = new EventSource(url());
+      stream = es;
       es.onopen = () => {
         failures = 0;
         down = null;
@@ -297,6 +323,7 @@
         // while the stream was down, a proxy's 502 or a 429): the browser gives up; the page is
         // read once more, which says why or shows the truth, and the stream is tried again.
         if (es.readyState !== EventSource.CLOSED) { reconnecting(true); return; }
+        stream = null;
         if (ended) ended({});
         retry();
       };
@@ -304,6 +331,7 @@
       // retry; `ended` reads the page's last state (an expiry is recorded by that read).
       es.addEventListener("stream.end", (ev) => {
         es.close();
+        stream = null;
         if (dot) dot.classList.remove("on");
         reconnecting(false);
         const end = JSON.parse(ev.data || "{}");
