@@ -14,7 +14,7 @@ import signoff as so
 from signoff.server import TokenAuth, create_app
 
 from ._dashboard import signed_in
-from .test_server_common import running
+from .test_server_common import auth, running, served
 
 DANA = so.Principal(
     authenticator="token", principal_id="dana", attributes={"admin": True, "name": "דנה כהן"}
@@ -49,6 +49,22 @@ class _Unisolated(HTMLParser):
         if RTL.search(data) and not any(isolates for _, isolates in self.open):
             where = " > ".join(tag for tag, _ in self.open[-3:])
             self.found.append(f"{where}: {data.strip()[:60]!r}")
+
+
+class _TextBoxes(HTMLParser):
+    """Collects the text boxes a person types words into (not JSON): each with its `dir`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[tuple[str, str | None]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        typed = tag == "textarea" or (tag == "input" and a.get("type") in (None, "text", "search"))
+        if typed and a.get("name") != "edited_input":
+            self.found.append(
+                (str(a.get("aria-label") or a.get("id") or a.get("name")), a.get("dir"))
+            )
 
 
 def _unisolated(page: str) -> list[str]:
@@ -127,3 +143,26 @@ def test_right_to_left_text_is_isolated_on_every_page(tmp_path: Path) -> None:
             assert _unisolated(page.text) == [], path
         assert _unisolated(session) == []
         assert _unisolated(live) == []
+
+
+def test_every_text_box_takes_the_direction_of_what_is_typed(tmp_path: Path) -> None:
+    """A reviewer's reason, a session's message and a new conversation's message lacked
+    `dir="auto"`, unlike the other boxes: Hebrew typed there showed left to right."""
+    with served(f"sqlite:///{tmp_path}/s.db") as base, signed_in(base) as c:
+        r = c.post(
+            "/v1/sessions",
+            json={"agent": "support", "message": "Refund order 1042"},
+            headers=auth("alice-token"),
+        )
+        assert r.status_code == 201, r.text
+        sid = r.json()["session_id"]
+        boxes: list[tuple[str, str | None]] = []
+        for path in ("/_signoff/", f"/_signoff/sessions/{sid}", "/_signoff/new"):
+            page = c.get(path)
+            assert page.status_code == 200, path
+            parser = _TextBoxes()
+            parser.feed(page.text)
+            boxes += parser.found
+        names = {name for name, _ in boxes}
+        assert {"Reason", "Send a message", "Message", "cancel-reason"} <= names
+        assert [name for name, d in boxes if d != "auto"] == []
