@@ -67,6 +67,35 @@ def test_text_typed_on_a_page_of_an_older_sign_in_is_there_after_the_reload(
     expect(page.locator("#send textarea")).to_have_value(MESSAGE)
 
 
+def test_text_typed_when_a_form_token_is_refused_is_there_after_the_reload(
+    page: Page, base: str
+) -> None:
+    """A message's form token refused as out of date (`invalid_form`) or as spent on another
+    message (`form_already_sent`): each refusal said to reload the page, which emptied the box
+    (only `csrf_failed` kept the text)."""
+    sid = start(base)["session_id"]
+    page.goto(f"/_signoff/sessions/{sid}")
+    expect(page.locator("#live-dot.on")).to_be_attached()
+    token = page.locator("#send input[name=form]")
+    token.evaluate("(el) => { el.value = 'out-of-date'; }")
+    page.fill("#send textarea", MESSAGE)
+    page.click("#send button")
+    expect(page.locator("#send .form-error")).to_contain_text("out of date")
+    page.reload()
+    expect(page.locator("#send textarea")).to_have_value(MESSAGE)
+
+    spent = token.input_value()
+    page.click("#send button")  # sent: the box empties, the form takes a fresh token
+    expect(page.locator("#send textarea")).to_have_value("")
+    expect(token).not_to_have_value(spent)
+    token.evaluate("(el, spent) => { el.value = spent; }", spent)
+    page.fill("#send textarea", REASON)
+    page.click("#send button")
+    expect(page.locator("#send .form-error")).to_contain_text("sent already")
+    page.reload()
+    expect(page.locator("#send textarea")).to_have_value(REASON)
+
+
 def test_a_card_closed_elsewhere_while_a_reason_is_typed_says_so(page: Page, base: str) -> None:
     """Another tab denied the request while the reviewer wrote a reason for it: the live update
     took the card away mid-sentence, with no word of why or of the text. The card stays, says

@@ -6,6 +6,13 @@
   const csrf = (document.querySelector('meta[name="csrf-token"]') || {}).content || "";
   const { toast, signInAgain, keepTyped, leave } = window.signoffPage;
 
+  // The refusals that ask for a reload (a CSRF token of an older sign-in, a form token out of
+  // date or not this viewer's, a form token spent on other content): what was typed outlives it.
+  const reloadAsked = ["csrf_failed", "invalid_form", "form_already_sent"];
+  const keepIfReload = (data) => {
+    if (data.error && reloadAsked.includes(data.error.code)) keepTyped();
+  };
+
   // Where a removed form had the focus, its note takes it (and is read out): not the page's start.
   function noteFor(card, text, kind) {
     const note = document.createElement("p");
@@ -69,7 +76,7 @@
         });
         const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
         if (res.status === 401) signInAgain(data.error && data.error.message || "you are no longer signed in");
-        if (data.error && data.error.code === "csrf_failed") keepTyped();  // a reload is asked
+        keepIfReload(data);
         if (!data.ok) throw new Error(data.error && data.error.message || "Sending failed");
         send.querySelector("textarea").value = "";
         // The form's token was spent on this message: the next one needs its own.
@@ -113,7 +120,7 @@
       });
       const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
       if (res.status === 401) signInAgain(data.error && data.error.message || "you are no longer signed in");
-      if (data.error && data.error.code === "csrf_failed") keepTyped();  // a reload is asked
+      keepIfReload(data);
       if (!data.ok) {
         const failed = new Error(data.error && data.error.message || "Request failed");
         failed.code = data.error && data.error.code;
