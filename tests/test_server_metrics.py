@@ -199,6 +199,29 @@ async def test_an_admin_behind_a_proxy_forwarding_a_bearer_is_not_throttled(
         await scrape(c, admin)
 
 
+def _jwt_only(request: Any) -> so.Principal | None:
+    """An app's authenticator that raises on any bearer it cannot read (every one here)."""
+    if request.headers.get("authorization"):
+        raise ValueError("not a JWT")
+    return None
+
+
+def _guest(request: Any) -> so.Principal | None:
+    """An app's authenticator naming a guest when no proxy header names someone."""
+    return so.Principal(authenticator="proxy", principal_id=request.headers.get("x-user", "guest"))
+
+
+@pytest.mark.parametrize("app_auth", [_jwt_only, _guest], ids=["raising", "guest"])
+async def test_the_scrape_token_is_not_handed_to_an_apps_own_authenticator(
+    tmp_path: Path, app_auth: Any
+) -> None:
+    """The scrape token is compared first: handed to the app's authenticator, a scrape was a
+    500 where it raised on a bearer it could not read, and a 403 where it named a guest."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    async with metered(url, metrics_token=SCRAPE, auth=app_auth) as (_, c):
+        await scrape(c, auth(SCRAPE))
+
+
 async def test_the_api_does_not_tell_the_scrape_token_under_an_apps_own_authenticator(
     tmp_path: Path,
 ) -> None:

@@ -73,9 +73,8 @@ class Scraping:
     async def check(self, ctx: ServerContext, request: Request) -> None:
         """Let the scrape token or an admin through; 401 or 403 `admin_only` otherwise. A token
         sent that is neither counts as a guess (`failures`): under `TokenAuth` as any wrong
-        token does; under an app's own authenticator, which never judges this token, here, once
-        the authenticator named no one (an admin behind a proxy forwarding a bearer of its own
-        is served, not throttled)."""
+        token does; under an app's own authenticator here, once it named no one (an admin
+        behind a proxy forwarding a bearer of its own is served, not throttled)."""
         sent = bearer_token(request)
         # Of two Authorization headers, which one counts is each reader's guess: neither.
         alone = len(request.headers.getlist("authorization")) == 1
@@ -101,19 +100,21 @@ class Scraping:
     async def _named_or_scraper(
         self, ctx: ServerContext, request: Request, sent: str | None
     ) -> Principal | None:
-        """The caller the app's authenticator names, else None for the scrape token; any other
-        token is a guess, counted, and the 401 raised."""
+        """None for the scrape token, compared first (the app's authenticator never sees it,
+        unless the address is held); else the caller the authenticator names. Any other token
+        it names no one is a guess, counted, and refused (429 while the address is held)."""
+        wait = ctx.failures.retry_after(client_of(request))
+        if wait is None and ctx.scrape_token(sent):
+            return None
         try:
             return await ctx.require(request)
         except ApiError as exc:
             if exc.status != 401:
                 raise
-            refused = exc
-        self._held(ctx, request)
-        if ctx.scrape_token(sent):
-            return None
-        ctx.failures.failed(client_of(request))
-        raise refused
+            if wait is not None:
+                raise too_many(wait) from None
+            ctx.failures.failed(client_of(request))
+            raise
 
     @staticmethod
     def _held(ctx: ServerContext, request: Request) -> None:
