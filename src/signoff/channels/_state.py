@@ -9,6 +9,9 @@ Each file has an id of its own (`ChannelState.identity`), written in it by the f
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import functools
 import hashlib
 import json
 import logging
@@ -63,14 +66,45 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+def _in_own_thread(call: Callable[[], R]) -> asyncio.Future[R]:
+    """`call()` started in a thread of its own, its outcome in the future returned. Not the
+    event loop's default executor, which anything may fill (a webhook's host lookup hung for
+    minutes, a blocking tool) while the channels' state waits behind it; and not a pool kept
+    for the process, whose idle threads a forked child would not have. Not a daemon: a write
+    in flight ends before the interpreter exits."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[R] = loop.create_future()
+
+    def deliver(setter: Callable[[Any], None], value: Any) -> None:
+        def settle() -> None:
+            if not future.done():
+                setter(value)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits for it
+            loop.call_soon_threadsafe(settle)
+
+    def run() -> None:
+        try:
+            result = call()
+        except BaseException as exc:  # handed to the awaiting task, as by `asyncio.to_thread`
+            deliver(future.set_exception, exc)
+        else:
+            deliver(future.set_result, result)
+
+    threading.Thread(target=run, name="signoff-channel-state").start()
+    return future
+
+
 async def off_loop(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-    """`fn(*args, **kwargs)` (`ChannelState` calls) in a worker thread: waiting for another
-    process's lock on the state file must not stall the event loop (HTTP, SSE, leases).
+    """`fn(*args, **kwargs)` (`ChannelState` calls) in a thread of its own (`_in_own_thread`),
+    in the caller's context (as `asyncio.to_thread`): waiting for another process's lock on
+    the state file must not stall the event loop (HTTP, SSE, leases).
 
     A caller cancelled meanwhile still waits for the call to end before it sees the
     cancellation, so nothing it wrote lands after what is written next (or after a hub's
     lock is let go)."""
-    work = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+    work = _in_own_thread(call)
     interrupted: asyncio.CancelledError | None = None
     while not work.done():
         try:

@@ -12,7 +12,8 @@ or on another machine: `_webhook_waits`);
 `Signoff-Delivery` (and the payload's `id`) stays the same across retries and restarts so receivers
 can dedupe: a delivery can arrive twice, and `verify_webhook` accepts a replay within its window.
 Deliveries wait in a queue per URL, each with its own worker (so a slow or hanging receiver
-holds up no other URL or channel, their redeliveries included) and are kept in
+holds up no other URL or channel, their redeliveries included, nor does a host name that does
+not resolve in time: `_webhook_lookups`) and are kept in
 the hub's state until sent: one given up on after `max_attempts` (logged as an error) is sent
 again every minute while the hub runs (the oldest of its URL first, the others once it got
 through, up to one that fails again, from which the next round goes on), and one given up
@@ -52,6 +53,7 @@ from ._base import Channel, Erased, Escalation, Resolution, logger, off_loop
 from ._retries import Outage, doubled
 from ._webhook_bodies import MAX_BODY_BYTES, delivery_body, json_bytes, smallest, within
 from ._webhook_erased import erased_among, forget_erased, stripped
+from ._webhook_lookups import own_client
 from ._webhook_outbox import OUTBOX as _OUTBOX
 from ._webhook_outbox import (
     drop_copy,
@@ -65,7 +67,7 @@ from ._webhook_refusals import REDIRECTED, REFUSED, TOO_LARGE, note_refusal, ref
 from ._webhook_rounds import Rounds
 from ._webhook_signatures import secret_list, sign_webhook, signed_headers, verify_webhook
 from ._webhook_stop import Stop
-from ._webhook_urls import checked_urls, httpx_module, masked
+from ._webhook_urls import checked_urls, masked
 from ._webhook_waits import Waits
 from ._webhook_warned import drop_warned, drop_warned_erased, warn
 
@@ -505,7 +507,7 @@ class WebhookChannel(Channel):
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx_module().AsyncClient(timeout=self.timeout)
+            self._client = own_client(self.timeout)
         return self._client
 
     async def drain(self) -> None:
