@@ -235,6 +235,106 @@ async def test_a_request_closed_elsewhere_leaves_one_prompt_reading_the_terminal
         assert runs == ["A-1", "B-2"]
 
 
+def _store_fails_once_in(rt: so.Runtime, monkeypatch: pytest.MonkeyPatch, where: str) -> list[str]:
+    """Have the store's `get_request` raise `StoreBusy` once, when the channel's `where` reads
+    it (as "database is locked" with several processes); the failures, for the test to see."""
+    get_request = rt.store.get_request
+    failed: list[str] = []
+
+    async def flaky(request_id: str) -> Any:
+        if not failed and sys._getframe(1).f_code.co_name == where:
+            failed.append(request_id)
+            raise so.StoreBusy("database is locked")
+        return await get_request(request_id)
+
+    monkeypatch.setattr(rt.store, "get_request", flaky)
+    return failed
+
+
+@pytest.mark.parametrize("where", ["_still_shown", "_settled_before"])
+async def test_a_store_read_that_fails_for_now_does_not_end_the_prompts(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    where: str,
+) -> None:
+    """A closed elsewhere while its prompt waits; the store read the line typed at it makes
+    (is A shown still? how did it close?) met a busy store: that was logged and the prompts
+    ended there, B and C never asked until the hub started anew. After a short pause the one
+    shown then is asked (A again, if it still is, the person told why); the failure is logged
+    once."""
+    monkeypatch.setattr("signoff.channels._terminal_text.PAUSE", 0.01, raising=False)
+    runs: list[str] = []
+    typed: queue.Queue[str | None] = queue.Queue()
+    asked: list[str] = []
+
+    def read(prompt: str) -> str | None:
+        asked.append(prompt)
+        return typed.get(timeout=10)
+
+    async with so.Runtime([three_refunds(runs)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a, b, c = r.pending
+        prompts, out = _prompts(read)
+        async with manual(ChannelHub(rt, [prompts])) as hub:
+            await hub.poll()
+            await _reading(lambda: len(asked))
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+            if where == "_still_shown":
+                await hub.poll()  # A closed: dropped from the queue, B shown
+            failed = _store_fails_once_in(rt, monkeypatch, where)
+            for line in ("y", "y", "y", "y", None):
+                typed.put(line)
+            await prompts.idle()
+        assert failed == [a.id]
+        assert [await status(rt, x.id) for x in (b, c)] == [("settled", "approved")] * 2
+        assert runs == ["A-1", "B-2", "C-3"]
+        told = [m for m in caplog.messages if "for now" in m]
+        assert len(told) == 1 and "database is locked" in told[0]
+        if where == "_settled_before":  # A shown still: asked again, the person told why
+            assert "A-1" in asked[1] and "asked again" in out.getvalue()
+            assert "issue_refund was already approved by the policy." in out.getvalue()
+        else:
+            assert "B-2" in asked[1]
+
+
+async def test_a_hub_stopped_while_the_store_keeps_failing_ends_the_pause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store stays busy: the prompts wait to ask again, and a hub stopped meanwhile ends
+    that wait at once, not after the pause."""
+    monkeypatch.setattr("signoff.channels._terminal_text.PAUSE", 60.0)
+    typed: queue.Queue[str | None] = queue.Queue()
+    asked: list[str] = []
+
+    def read(prompt: str) -> str | None:
+        asked.append(prompt)
+        return typed.get(timeout=10)
+
+    async def busy(request_id: str) -> Any:
+        raise so.StoreBusy("database is locked")
+
+    async with so.Runtime([three_refunds([])], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        prompts, _ = _prompts(read)
+        async with manual(ChannelHub(rt, [prompts])) as hub:
+            await hub.poll()
+            await _reading(lambda: len(asked))
+            await rt.respond(
+                r.session_id, [so.InputResponse(request_id=r.pending[0].id, option_id="approve")]
+            )
+            await hub.poll()  # A closed: its line makes the store read that fails
+            monkeypatch.setattr(rt.store, "get_request", busy)
+            typed.put("y")
+            async with asyncio.timeout(10):
+                while not any("for now" in m for m in caplog.messages):
+                    await asyncio.sleep(0.01)
+            monkeypatch.undo()
+        async with asyncio.timeout(5):
+            await prompts.idle()
+        assert len(asked) == 1
+
+
 async def test_a_line_typed_for_a_request_the_channel_dropped_is_not_applied(
     tmp_path: Path,
 ) -> None:

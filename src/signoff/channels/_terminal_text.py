@@ -8,10 +8,19 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .._exceptions import AnswerError, SignoffError, UsageError
+from .._exceptions import (
+    AnswerError,
+    SchemaVersionError,
+    SignoffError,
+    StoreDamaged,
+    StoreError,
+    StoreGone,
+    UsageError,
+)
 from .._results import Outcome
 from .._types import InputRequest, InputResponse, Principal
 from ._base import logger
+from ._retries import doubled
 from ._state import ChannelState
 from ._tty import in_daemon_thread
 from .terminal import TerminalChannel, printable
@@ -21,6 +30,10 @@ if TYPE_CHECKING:
     from .._runtime import Runtime
 
 __all__ = ["TerminalTextChannel"]
+
+PAUSE = 0.5  # seconds: the first pause before asking again after a store failure, doubled
+MOST_PAUSE = 10.0  # seconds: the longest of those pauses
+LASTING = (StoreGone, StoreDamaged, SchemaVersionError)  # waiting does not mend these
 
 
 class TerminalTextChannel(TextChannel):
@@ -98,7 +111,10 @@ class TerminalTextChannel(TextChannel):
         input) or its answer leaves it on show (refused, or counted); one whose answer was spent
         as its deadline escalated it (`stale`) is asked again, for the group to answer, and so
         is one whose answer an error refused for now (a busy store, an answer of the wrong
-        shape): no prompt would be out for it, nor for the requests after it."""
+        shape): no prompt would be out for it, nor for the requests after it. A store failure
+        that passes (busy, locked) does not end them either: the one shown is asked after a
+        pause (`_failed_for_now`)."""
+        failures = 0
         while True:
             again = None
             try:
@@ -124,9 +140,20 @@ class TerminalTextChannel(TextChannel):
                     elif taken is None and self._not_taken == request.id:
                         # shown still: not dropped as its session was deleted, nor closed
                         again = next((r for r in self._queue[:1] if r.id == request.id), None)
+            except StoreError as exc:
+                if isinstance(exc, LASTING):
+                    logger.exception("terminal channel: asking %s failed", request.id)
+                    return
+                failures += 1
+                again = await self._failed_for_now(request, exc, failures)
+                if again is None:
+                    return
+                request = again
+                continue
             except Exception:
                 logger.exception("terminal channel: asking %s failed", request.id)
                 return
+            failures = 0
             if again is not None:
                 request = again
                 continue
@@ -134,6 +161,30 @@ class TerminalTextChannel(TextChannel):
             if current is None or current.id == request.id:
                 return
             request = current
+
+    async def _failed_for_now(
+        self, request: InputRequest, exc: StoreError, failures: int
+    ) -> InputRequest | None:
+        """The request shown after a pause (doubled for each failure in a row, to `MOST_PAUSE`)
+        that follows a store failure that passes, to ask; None when none is shown. Logged once
+        in a row; a hub stopped ends the pause (`close` cancels this task)."""
+        if failures == 1:
+            logger.warning(
+                "terminal channel: asking %s failed for now, asking again after a pause "
+                "(not logged again while it fails): %s",
+                request.id,
+                exc,
+                exc_info=True,
+            )
+        else:
+            logger.debug("terminal channel: asking %s failed again: %s", request.id, exc)
+        await asyncio.sleep(min(doubled(PAUSE, failures - 1), MOST_PAUSE))
+        current = self.current
+        if current is not None and current.id == request.id:  # its answer was not taken
+            self.terminal.console.print(
+                f"  [dim]the store failed for now ({printable(str(exc))}); asked again[/]"
+            )
+        return current
 
     async def submit(
         self, request: InputRequest, response: InputResponse, principal: Principal | None
