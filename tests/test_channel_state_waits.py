@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 import signoff as so
 from signoff.channels import Channel, ChannelHub, ChannelState, WebhookChannel
 from signoff.channels._base import off_loop
+from signoff.channels._state import MOST_THREADS
 from signoff.testing import ManualClock
 
 from ._channel_state import Seen, gated, open_one
@@ -219,3 +221,25 @@ async def test_off_loop_passes_on_what_the_call_raises(tmp_path: Path) -> None:
     state.close()
     with pytest.raises(so.StoreError, match="channel state"):
         await off_loop(state.recall, "slack", "msg:r1")
+
+
+async def test_off_loop_runs_a_few_threads_at_once_however_many_calls_wait() -> None:
+    """Each call had a thread of its own: a burst of deliveries while another hub held the
+    state file started one per call (2,000 threads waiting on one lock)."""
+    lock = threading.Lock()
+    running, most = [0], [0]
+    release = threading.Event()
+
+    def call() -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        release.wait(5)
+        with lock:
+            running[0] -= 1
+
+    calls = [asyncio.ensure_future(off_loop(call)) for _ in range(50)]
+    await asyncio.sleep(0.3)
+    release.set()
+    await asyncio.gather(*calls)
+    assert 1 <= most[0] <= MOST_THREADS

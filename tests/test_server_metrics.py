@@ -220,6 +220,36 @@ async def test_the_scrape_token_is_not_handed_to_an_apps_own_authenticator(
     url = f"sqlite:///{tmp_path}/s.db"
     async with metered(url, metrics_token=SCRAPE, auth=app_auth) as (_, c):
         await scrape(c, auth(SCRAPE))
+        if app_auth is _jwt_only:  # it raises on these too: a 500 each, never a guess
+            return
+        for n in range(20):  # the guest is no admin: 403, no guess either
+            await c.get("/metrics", headers=auth(f"guess-{n}"))
+        await scrape(c, auth(SCRAPE))
+
+
+async def test_while_held_the_scrape_token_is_refused_not_handed_to_the_authenticator(
+    tmp_path: Path,
+) -> None:
+    """Held, the scrape token went to the app's authenticator (a 500 where it raised on it,
+    the secret seen by it): it is refused 429 as a wrong token is."""
+    seen: list[str] = []
+
+    def recording(request: Any) -> so.Principal | None:
+        bearer = request.headers.get("authorization", "")
+        seen.append(bearer)
+        if bearer.startswith("Bearer guess-"):
+            return None
+        raise ValueError("not a token the IdP knows the shape of")
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    async with metered(url, metrics_token=SCRAPE, auth=recording) as (_, c):
+        codes = [
+            (await c.get("/metrics", headers=auth(f"guess-{n}"))).status_code for n in range(20)
+        ]
+        assert codes[0] == 401 and codes[-1] == 429
+        r = await c.get("/metrics", headers=auth(SCRAPE))
+        assert (r.status_code, r.json()["error"]["code"]) == (429, "too_many_failures")
+    assert f"Bearer {SCRAPE}" not in seen
 
 
 async def test_the_api_does_not_tell_the_scrape_token_under_an_apps_own_authenticator(

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from signoff.channels import ChannelState, WebhookChannel
 from signoff.channels._state import off_loop
+from signoff.channels._webhook_lookups import interleaved
 
 from .test_webhooks import SECRET, Receiver
 
@@ -233,3 +234,17 @@ async def test_an_address_that_does_not_answer_is_not_waited_for_before_the_next
     async with asyncio.timeout(20):
         assert await backend.connect_tcp("hooks.slow.example", 443, 30) is stream
     assert tried == ["10.0.0.1", "10.0.0.2"] and cancelled == ["10.0.0.1"]
+
+
+def test_the_first_address_of_the_other_family_is_tried_second() -> None:
+    """Tried in getaddrinfo's order, three silent IPv6 addresses each cost the stagger before
+    the IPv4 one was tried: anyio (RFC 8305) tries the other family's first address second."""
+    six = ["2001:db8::1", "2001:db8::2", "2001:db8::3"]
+    assert interleaved([*six, "192.0.2.1"]) == ["2001:db8::1", "192.0.2.1", *six[1:]]
+    assert interleaved(["192.0.2.1", "192.0.2.2", *six]) == [
+        "192.0.2.1",
+        "2001:db8::1",
+        "192.0.2.2",
+        *six[1:],
+    ]
+    assert interleaved(six) == six and interleaved([]) == []

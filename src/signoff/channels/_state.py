@@ -22,6 +22,7 @@ import secrets
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -95,6 +96,26 @@ def _in_own_thread(call: Callable[[], R]) -> asyncio.Future[R]:
     return future
 
 
+MOST_THREADS = 4
+"""Threads `off_loop` runs at once in an event loop: a state's calls take its lock one at a
+time, so more add nothing but waiting threads (a burst of deliveries while another hub holds
+the file started one each, 2,000 of them)."""
+
+_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _bounded(call: Callable[[], R]) -> R:
+    """`call()` in a thread of its own once one of the loop's `MOST_THREADS` is free."""
+    loop = asyncio.get_running_loop()
+    slots = _SLOTS.get(loop)
+    if slots is None:
+        slots = _SLOTS[loop] = asyncio.Semaphore(MOST_THREADS)
+    async with slots:
+        return await _in_own_thread(call)
+
+
 async def off_loop(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     """`fn(*args, **kwargs)` (`ChannelState` calls) in a thread of its own (`_in_own_thread`),
     in the caller's context (as `asyncio.to_thread`): waiting for another process's lock on
@@ -104,7 +125,7 @@ async def off_loop(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     cancellation, so nothing it wrote lands after what is written next (or after a hub's
     lock is let go)."""
     call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-    work = _in_own_thread(call)
+    work = asyncio.ensure_future(_bounded(call))
     interrupted: asyncio.CancelledError | None = None
     while not work.done():
         try:

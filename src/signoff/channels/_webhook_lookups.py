@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import httpcore
     import httpx
 
-__all__ = ["STAGGER", "addresses", "own_client"]
+__all__ = ["STAGGER", "addresses", "interleaved", "own_client"]
 
 STAGGER = 0.25
 """Seconds an address may take to connect before the next one is tried alongside it (happy
@@ -116,6 +116,18 @@ def own_client(timeout: float) -> httpx.AsyncClient:
     return client  # type: ignore[no-any-return]
 
 
+def interleaved(found: list[str]) -> list[str]:
+    """`found` with the first address of the other family second, as anyio (RFC 8305) tries
+    them: several silent IPv6 addresses do not each cost `STAGGER` before an IPv4 one."""
+    if not found:
+        return found
+    v6 = ":" in found[0]
+    other = next((a for a in found[1:] if (":" in a) != v6), None)
+    if other is None:
+        return found
+    return [found[0], other, *(a for a in found[1:] if a != other)]
+
+
 def _is_address(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
@@ -158,7 +170,7 @@ def _backend_class() -> Callable[[Any], httpcore.AsyncNetworkBackend]:
                 raise httpcore.ConnectError(str(exc)) from exc
             if not found:
                 raise httpcore.ConnectError(f"{host} has no address")
-            return await first_connected(host, [to(address) for address in found])
+            return await first_connected(host, [to(address) for address in interleaved(found)])
 
         async def connect_unix_socket(
             self, path: str, timeout: float | None = None, socket_options: Any = None

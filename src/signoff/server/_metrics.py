@@ -100,11 +100,13 @@ class Scraping:
     async def _named_or_scraper(
         self, ctx: ServerContext, request: Request, sent: str | None
     ) -> Principal | None:
-        """None for the scrape token, compared first (the app's authenticator never sees it,
-        unless the address is held); else the caller the authenticator names. Any other token
+        """None for the scrape token, compared first (the app's authenticator never sees it);
+        else the caller the authenticator names. Any other token
         it names no one is a guess, counted, and refused (429 while the address is held)."""
         wait = ctx.failures.retry_after(client_of(request))
-        if wait is None and ctx.scrape_token(sent):
+        if ctx.scrape_token(sent):  # held, the right token is refused as a wrong one is
+            if wait is not None:
+                raise too_many(wait)
             return None
         try:
             return await ctx.require(request)
