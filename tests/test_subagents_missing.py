@@ -8,12 +8,16 @@ leaves the store as a process with every agent can carry on from.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from typing import Any, NamedTuple
+from collections.abc import Coroutine
+from typing import Any, Literal, NamedTuple
 
+import httpx
 import pytest
 
 import signoff as so
+from signoff.server import TokenAuth, create_app
 from signoff.testing import (
     call,
     call_tools,
@@ -23,6 +27,7 @@ from signoff.testing import (
     tool_results,
 )
 
+from ._server_api import error
 from ._subagents import ALICE, Counted, refund_agents
 
 
@@ -226,3 +231,97 @@ async def test_a_process_with_only_the_childs_agent_sweeps_the_child_a_cancel_le
         assert state.turn is not None and state.turn.status == "cancelled"
         assert await rt.pending() == []
     assert ran == [] and after.calls == 0
+
+
+def _answering_the_mirror(
+    how: str, rt: so.Runtime, session_id: str, mirror: str
+) -> Coroutine[Any, Any, so.GenerateResult]:
+    """The call `how` answering the parent's mirror `mirror` (approve) in `rt`, as ALICE."""
+    approve = so.InputResponse(request_id=mirror, option_id="approve")
+    if how == "respond":
+        return rt.respond(session_id, [approve], principal=ALICE)
+    if how == "respond-unresumed":
+        return rt.respond(session_id, [approve], principal=ALICE, resume=False)
+    if how == "decision":
+        decision = so.Decision(id=mirror, approved=True)
+        return rt.generate(session_id=session_id, approvals=[decision], auth=ALICE)
+    policy: Literal["steer", "queue"] = "queue" if how == "send-queue" else "steer"
+    return rt.send(session_id, "approve", principal=ALICE, turn_policy=policy)
+
+
+@pytest.mark.parametrize("how", ["respond", "respond-unresumed", "decision", "send", "send-queue"])
+async def test_answering_a_mirror_in_a_process_lacking_the_parents_agent_is_refused_unchanged(
+    store_url: str, how: str
+) -> None:
+    """A process with the child's agent only took an answer given through the parent: it
+    settled the child's request (the refund ran) and closed the mirror, then raised
+    `UnknownAgent` driving the parent, which says nothing was stored. Now such an answer, by id
+    (resumed or not), as a decision or by message, is refused first and records nothing in
+    either session; the child's own request answered there directly still goes through, and a
+    process with the parent's agent then takes the child's result."""
+    r, mirror, ran, after, parent, child = await _parked(store_url, "The refund went through.")
+    assert mirror.child is not None
+    kid_id, kid_request = mirror.child.session_id, mirror.child.request_id
+    async with so.Runtime([child], store=store_url) as rt:
+        before = await store_contents(rt.store, r.session_id)
+        kid = await store_contents(rt.store, kid_id)
+        assert {mirror.id, kid_request} <= set(before.pending)
+        with pytest.raises(so.UnknownAgent, match="unknown agent 'support'"):
+            await asyncio.wait_for(_answering_the_mirror(how, rt, r.session_id, mirror.id), 30)
+        assert await store_contents(rt.store, r.session_id) == before
+        assert await store_contents(rt.store, kid_id) == kid
+        assert ran == []
+        direct = so.InputResponse(request_id=kid_request, option_id="approve")
+        done = await asyncio.wait_for(rt.respond(kid_id, [direct], principal=ALICE), 30)
+        assert done.status == "completed"
+    assert ran == [{"order_id": "1042", "amount": 180.0}]
+    async with so.Runtime([parent], store=store_url) as rt:
+        resumed = await asyncio.wait_for(rt.generate(session_id=r.session_id), 30)
+        assert resumed.status == "completed" and resumed.text == "The refund went through."
+        assert await rt.pending() == []
+    assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "payload"),
+    [
+        ("responses", {"inputResponses": [{"requestId": "MIRROR", "optionId": "approve"}]}),
+        ("approvals", {"approvals": [{"id": "MIRROR", "approved": True}]}),
+        ("messages", {"text": "approve"}),
+    ],
+)
+async def test_a_server_lacking_the_parents_agent_refuses_an_answer_to_its_mirror(
+    store_url: str, path: str, payload: dict[str, Any]
+) -> None:
+    """Over HTTP a server running the child's agent only answered the parent's mirror with 422
+    `unknown_agent` ("nothing is stored") after settling the child's request and closing the
+    mirror. Now each route refuses first, both sessions as they were and both requests still
+    pending; the child's own request is answered there."""
+    r, mirror, ran, after, parent, child = await _parked(store_url, "The refund went through.")
+    assert mirror.child is not None
+    kid_id, kid_request = mirror.child.session_id, mirror.child.request_id
+    body = json.loads(json.dumps(payload).replace("MIRROR", mirror.id))
+    runtime = so.Runtime([child], store=store_url)
+    app = create_app(runtime, auth=TokenAuth({"alice": ALICE}), sweep_every=None)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://t",
+            headers={"Authorization": "Bearer alice"},
+        ) as c,
+    ):
+        before = await store_contents(runtime.store, r.session_id)
+        kid = await store_contents(runtime.store, kid_id)
+        got = await c.post(f"/v1/sessions/{r.session_id}/{path}", json=body)
+        assert "'support'" in error(got, 422, "unknown_agent")["message"]
+        assert await store_contents(runtime.store, r.session_id) == before
+        assert await store_contents(runtime.store, kid_id) == kid
+        assert {mirror.id, kid_request} <= set(before.pending) and ran == []
+        got = await c.post(
+            f"/v1/sessions/{kid_id}/responses",
+            json={"inputResponses": [{"requestId": kid_request, "optionId": "approve"}]},
+        )
+        assert got.status_code == 200, got.text
+    await runtime.close()
+    assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 0

@@ -204,6 +204,9 @@ class Answering(EditChecks):
             state = await self._checked(session_id)
             if await self._orphaned(state):
                 continue  # its requests are withdrawn now: the answers are refused below
+            # Its turn goes on only where its agent is: refused first, nothing stored (an answer
+            # to a mirror too, settled in the subagent's session before its parent is driven).
+            agent = self.agent(state.agent)
             if only_approvals:  # before routing: a mirror has the kind of the child's request
                 for reply in answers:  # told only to who may answer it: others are refused below
                     live = state.requests.get(reply.request_id)
@@ -225,7 +228,6 @@ class Answering(EditChecks):
                     mark=mark,
                     review=review,
                 )
-            agent = self.agent(state.agent)
             outcomes: list[Outcome] = []
             specs: list[Any] = []
             resolves: list[Resolve] = []

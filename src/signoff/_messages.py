@@ -135,6 +135,9 @@ class Messages(Answering):
             forms = looked_for(idem, principal, older)
             if seen(state.keys, idem, session_id):
                 return await self._replay(session_id, idem)
+            # Any other delivery goes on with the session's turn, only where its agent is: it is
+            # refused first, nothing stored (an answer to a mirror too: see `_settle`).
+            self.agent(state.agent)
             voted = await self._voted_behind(state, forms, principal)
             if voted is not None:
                 return await self._replay(session_id, voted)
