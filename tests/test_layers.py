@@ -57,7 +57,7 @@ LAYERS: list[set[str]] = [
         "_key_holds",
         "_key_commits",
     },
-    {"_mirrors", "_leasing", "_creation", "_key_forms"},
+    {"_mirrors", "_leasing", "_creation", "_key_forms", "_dropped_keys"},
     {"_child_closes"},
     {"_child_sessions"},
     {"_child_drives"},

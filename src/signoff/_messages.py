@@ -15,6 +15,7 @@ from ._call_guards import closes_stop
 from ._cancellation import stop_calls
 from ._candidates import RECOVERY_GRACE
 from ._counts import refused_only
+from ._dropped_keys import queued_here, sent_before
 from ._eligibility import check_policy_present
 from ._exceptions import (
     ConflictingAnswer,
@@ -22,6 +23,7 @@ from ._exceptions import (
     PartialAnswer,
     RequestClosed,
     SessionBusy,
+    SessionExpired,
     UnknownSession,
     UsageError,
 )
@@ -127,13 +129,20 @@ class Messages(Answering):
         waited: set[str] = set()  # the candidates of its answer judged meanwhile, waited for
         verdict: _Judged | None = None  # the last of them
         for _ in range(20):
-            state = await self._checked(session_id)
+            try:
+                state = await self._checked(session_id)
+            except SessionExpired:  # its TTL passed: a repeat of a message sent before replays
+                state = await self._state(session_id)
+                idem = await as_recorded(self, state, idem, principal, older)
+                if not await sent_before(self.store, state, idem, older, principal):
+                    raise
+                return await self._replay(session_id, idem)
             idem = await as_recorded(self, state, idem, principal, older)
             key = {} if idem is None else {"idem": list(idem)}
             if asked is None:
                 asked = {r.id for r in state.pending_requests()}
             forms = looked_for(idem, principal, older)
-            if seen(state.keys, idem, session_id):
+            if await sent_before(self.store, state, idem, older, principal):
                 return await self._replay(session_id, idem)
             # Any other delivery goes on with the session's turn, only where its agent is: it is
             # refused first, nothing stored (an answer to a mirror too: see `_settle`).
@@ -493,13 +502,23 @@ class Messages(Answering):
     async def _replay(self, session_id: str, idem: Keyed | None) -> GenerateResult:
         """What a call repeated with its idempotency key returns: the result of the turn its
         message started, steered, answered in or was taken from the queue by, as it stands (the
-        session's turn driven as a first call would have, left to its process if one runs it).
-        A message still in the queue gets what its first call got: the turn it waits behind;
-        a key recorded before signoff kept its turn, the session as it stands."""
+        session's turn driven as a first call would have, left to its process if one runs it;
+        once the session's TTL passed, as it was left). A message still in the queue gets what
+        its first call got: the turn it waits behind; a key recorded before signoff kept its
+        turn, the session as it stands."""
         state = await self._state(session_id)
+        expired = False
+        if state.expired(self.now()):
+            try:
+                state = await self._checked(session_id)  # its expiry recorded, if not yet
+            except SessionExpired:
+                expired = True
+                state = await self._state(session_id)
         at = None if idem is None else turn_of(state.keys, idem) or await self._first(state, idem)
         if at is not None and (state.turn is None or state.turn.id != at[0]):
             result = await self._earlier(state, *at)
+        elif expired:
+            result = self._result(state)
         else:
             result = await self._drive(session_id)
             if idem is not None and result.turn_id != (None if at is None else at[0]):
@@ -508,7 +527,10 @@ class Messages(Answering):
                 if at is not None and at[0] != result.turn_id:
                     result = await self._earlier(state, *at)
         # A key whose message waits in the queue went to no turn yet (`_turn_message`).
-        waits = idem is not None and state.keys.get(idem[0], [])[1:3] == ["", None]
+        # (Or, its key pushed out of the state by newer ones, waits there all the same.)
+        waits = idem is not None and (
+            state.keys.get(idem[0], [])[1:3] == ["", None] or queued_here(state, idem)
+        )
         return dataclasses.replace(result, replayed=True, queued=waits)
 
     async def _first(self, state: SessionState, idem: Keyed) -> tuple[str, int] | None:

@@ -14,10 +14,11 @@ from typing import Any
 
 from . import _creation
 from ._agent import Agent
+from ._dropped_keys import sent_before
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import LeaseLost, PartialAnswer, SessionBusy, SessionExpired, StoreError
-from ._idempotency import Keyed, seen
+from ._idempotency import Keyed
 from ._leasing import lost_line
 from ._prompts import check_prompt, next_turn
 from ._recording import Answered, Changed, EventSpec, ended_under, new_id, runnable
@@ -300,8 +301,14 @@ class SessionRunner(SessionCache):
         # message is refused on its account.
         fresh = False
         for _ in range(10):
-            state = await self._checked(session_id, trust_cache=not fresh)
-            if seen(state.keys, idem, session_id, state.candidates):
+            try:
+                state = await self._checked(session_id, trust_cache=not fresh)
+            except SessionExpired:  # its TTL passed: a repeat of a prompt sent before replays
+                state = await self._state(session_id)
+                if not await sent_before(self.store, state, idem, None, auth, held=True):
+                    raise
+                return False
+            if await sent_before(self.store, state, idem, None, auth, held=True):
                 return False
             # Its delegate call, and its parent's cancel starting it to cancel (`_child_sessions`),
             # may both start it: one does, and the other, reading a turn, starts none after it.
