@@ -380,7 +380,7 @@ async def test_a_step_still_running_in_a_task_the_body_left_does_not_hold_a_clos
     step whose function returned is waited for; this one runs again on resume."""
     runs: list[str] = []
     resumed: list[bool] = []
-    waiting = asyncio.Event()
+    waiting, charging = asyncio.Event(), asyncio.Event()
     left: set[asyncio.Task[str]] = set()
 
     @so.tool
@@ -396,6 +396,7 @@ async def test_a_step_still_running_in_a_task_the_body_left_does_not_hold_a_clos
 
         async def charge() -> str:
             runs.append("charge")
+            charging.set()
             if not resumed:
                 await asyncio.sleep(30)  # the close comes meanwhile
             return "charged"
@@ -413,7 +414,10 @@ async def test_a_step_still_running_in_a_task_the_body_left_does_not_hold_a_clos
     async with rt:
         sid = await rt.create_session("shop")
         turn = asyncio.create_task(rt.generate(session_id=sid, prompt="pay"))
+        # Both steps under way: the charge's start (a PostgreSQL read first) may come after the
+        # confirm's, and a close before it ran no charge.
         await waiting.wait()
+        await charging.wait()
         await rt.close()
         assert turn.done()  # not left waiting past the close's bound for the confirm
         with pytest.raises(so.UsageError, match="closed while this call ran"):
