@@ -86,27 +86,12 @@ def stored_after_deadline(stored: StoredRequest, now: float) -> StoredRequest:
 
 
 def state_after_deadlines(state: SessionState, now: float) -> SessionState:
-    """`state` as its requests' passed deadlines leave it before anyone has recorded them (a
-    session of an agent this process does not run), as the queue shows those requests:
-    escalated, or closed as `expired`; `state` itself when none has passed."""
-    due = [r for r in state.pending_requests() if is_due(r, now)]
-    if not due:
-        return state
-    requests = dict(state.requests)
-    for r in due:
-        shown = after_deadline(r, now)
-        if shown is not None:
-            requests[r.id] = replace(requests[r.id], request=shown)
-            continue
-        resolution = {"outcome": "expired", "reason": TIMED_OUT, "on_timeout": r.on_timeout}
-        requests[r.id] = replace(
-            requests[r.id],
-            request=r.model_copy(update={"status": "expired"}),
-            status="expired",
-            outcome="expired",
-            resolution=resolution,
-        )
-    return replace(state, requests=requests)
+    """`state` as recording its requests' passed deadlines (`due_batch`) leaves it, before
+    anyone has (a session of an agent this process does not run, a store it may only read):
+    escalated, or closed, the turn then `running` as the fold leaves it, with nothing written;
+    `state` itself when none has passed."""
+    batch = due_batch(state, now)
+    return state if batch is None else shown_recorded(state, batch.specs, now)
 
 
 def state_after_expiry(state: SessionState, now: float) -> SessionState:
@@ -305,13 +290,21 @@ def is_lapsed(row: SessionSummary, now: float) -> bool:
 
 
 def summary_after_expiry(
-    row: SessionSummary, now: float, running_on: Collection[str] = ()
+    row: SessionSummary,
+    now: float,
+    running_on: Collection[str] = (),
+    freed: Collection[str] = (),
 ) -> SessionSummary:
     """A listed session as its passed TTL leaves it before anyone has recorded that (a store
     this process may only read, another agent's session): its turn failed. One of
-    `running_on` (a live drive runs its turn on past the TTL, a slow tool) is shown as it is."""
-    lapsed = is_lapsed(row, now) and row.id not in running_on
-    return replace(row, status="failed") if lapsed else row
+    `running_on` (a live drive runs its turn on past the TTL, a slow tool) is shown as it is.
+    One waiting only on requests whose passed deadlines close them (`freed`) is `running`,
+    as recording those leaves it (`state_after_deadlines`)."""
+    if is_lapsed(row, now) and row.id not in running_on:
+        return replace(row, status="failed")
+    if row.status == "waiting" and row.id in freed:
+        return replace(row, status="running")
+    return row
 
 
 def lapse(

@@ -21,7 +21,7 @@ from ._answers import decisions as _decisions
 from ._call_guards import closes_stop
 from ._cancel_batch import CancelBatch
 from ._cancellation import stop_calls
-from ._deadlines import expiry_specs
+from ._deadlines import expiry_specs, state_after_deadlines
 from ._deletion import Deletion
 from ._engine import Driver
 from ._events import Event
@@ -435,20 +435,19 @@ class Runtime(Deletion):
     @closes_stop
     async def state(self, session_id: str) -> SessionState:
         """The session's current state. Like a listing, it records a TTL that passed with the
-        turn unfinished first (the turn fails, its requests expire), or shows it so if it cannot
-        (another agent's, a store refusing the write), unless a live drive runs the turn on: no
-        reading it as waiting on answers no one can give (nor on an expired subagent's mirror).
-        Its open mirrors show their subagents' requests' votes, escalation and deadline. It is
-        the caller's own copy: the runtime's later calls leave it as it is, and changing it (but
-        its calls' journals' entries, shared) changes nothing they decide (`detached`)."""
+        turn unfinished first (the turn fails, its requests expire), and passed deadlines (the
+        turn gone on with), or shows them so if it cannot (another agent's, a store refusing the
+        write), unless a live drive runs the turn on: no reading it as waiting on answers no one
+        can give (nor on an expired subagent's mirror, whose votes, escalation and deadline its
+        open mirrors show). It is the caller's own copy: changing it (but its calls' journals'
+        entries, shared) changes nothing the runtime decides, nor do its calls change it."""
         state = await self._state(session_id)
         if state.expired(self.now()) and expiry_specs(state) and state.agent in self.agents:
             with contextlib.suppress(SessionExpired, StoreError):
                 await self._checked(session_id)
             state = await self._state(session_id)
         else:
-            # A read drives no turn: the parent's delegate call, which the child's expiry lets
-            # go on, is left runnable for the next call or a worker, as `resume=False` leaves it.
+            # The delegate call a child's expiry lets go on is left to the next call or a worker.
             leaving = to_claims.set(True)
             try:
                 recorded = await self._record_expired_children(state)
@@ -456,8 +455,9 @@ class Runtime(Deletion):
                 to_claims.reset(leaving)
             if recorded:
                 state = await self._state(session_id)
-        shown = await self._as_recorded(state.detached())  # a copy: the cached one decides
-        return await followed_state(self.store, shown, self.now())
+        shown = await self._as_recorded((await self._deadlines_recorded(state)).detached())
+        now = self.now()
+        return state_after_deadlines(await followed_state(self.store, shown, now), now)
 
     async def _record_expired_children(self, state: SessionState) -> bool:
         """Record the passed TTL of the subagents the session's open mirrors were asked for,

@@ -1,17 +1,28 @@
 """A page of the sessions and their total read in one snapshot of the store, for the listings
 that show a total (`GET /v1/sessions`, the dashboard): a session created, or changing status,
 meanwhile cannot set the total and the page apart. And `lapsed_page`, a page filtered by status
-as a passed TTL no one recorded yet shows it, and `check_listing`, the filters' own checks."""
+as a passed TTL no one recorded yet shows it (or passed deadlines, `freed_sessions`), and
+`check_listing`, the filters' own checks."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from ._deadlines import is_lapsed, summary_after_expiry
-from ._exceptions import StoreError, UsageError
+from ._deadlines import (
+    after_deadline,
+    is_due,
+    is_lapsed,
+    state_after_deadlines,
+    summary_after_expiry,
+)
+from ._exceptions import StoreError, UnknownSession, UsageError
+from ._mirrors import followed, followed_state
 from ._text import is_utf8
-from .stores import InitiatorFilter, SessionSummary, Store
+from ._types import InputRequest
+from .stores import InitiatorFilter, PendingFilter, SessionSummary, Store
+from .stores._pending import cursor_past, first_seen
 
 if TYPE_CHECKING:
     from ._work import Workers
@@ -20,6 +31,7 @@ __all__ = [
     "STATUSES",
     "check_listing",
     "counted_sessions",
+    "freed_sessions",
     "lapsed_page",
     "session_page",
     "shown_total",
@@ -29,6 +41,10 @@ log = logging.getLogger("signoff.worker")
 
 _LAPSING = ("running", "waiting", "failed")
 """The statuses a passed TTL left unrecorded reads otherwise than the store holds it."""
+
+_FREEING = (None, "running", "waiting")
+"""The filters a passed deadline left unrecorded lists otherwise than the store (`waiting`
+shown `running`)."""
 
 CHUNK = 500  # sessions read per store query while filtering them as shown
 
@@ -81,13 +97,15 @@ async def lapsed_page(
     offset: int,
     now: float,
     probes: dict[str, bool] | None = None,
+    freed: Collection[str] = (),
 ) -> list[SessionSummary] | None:
     """The page of `Runtime.sessions` when a session it matches passed its TTL unrecorded (of
     an agent this runtime lacks, or a store it may only read): it reads `failed` though the
     store holds it `running` or `waiting`, so the store's own filter would list it under the
-    wrong status. Those of this runtime's agents are recorded first. None when the store's
-    filter is right (no such session, or a status a passed TTL does not touch). `probes`
-    keeps which drives hold a turn, for the caller to reuse (`Workers._busy`)."""
+    wrong status; so does one `freed` by passed deadlines, `running` though held `waiting`.
+    Those of this runtime's agents are recorded first. None when the store's filter is right
+    (no such session, or a status neither touches). `probes` keeps which drives hold a turn,
+    for the caller to reuse (`Workers._busy`)."""
     if status not in _LAPSING:
         return None
     stale = await _stale(rt, agent, now)
@@ -97,17 +115,19 @@ async def lapsed_page(
     except StoreError as exc:  # a store this process may only read, say
         log.warning("sessions whose TTL passed not recorded: %s", exc)
     held = await rt._running_past(stale, now, probes)  # shown as the store holds them
-    if not [r for r in stale if r.id not in held]:
+    moved = status in ("running", "waiting") and bool(freed)
+    if not moved and not [r for r in stale if r.id not in held]:
         return None
-    # `failed` ones are also those the store holds running or waiting: read them all.
-    by_store = None if status == "failed" else status
+    # `failed` ones are also those the store holds running or waiting, and `running` ones
+    # those it holds waiting, deadlines freeing them: read them all.
+    by_store = None if status == "failed" or (status == "running" and freed) else status
     page: list[SessionSummary] = []
     seen = read = 0
     while True:
         chunk = await rt.store.sessions(agent=agent, status=by_store, limit=CHUNK, offset=read)
         for row in chunk:
-            shown = summary_after_expiry(row, now, held)
-            if (status == "failed") != (shown.status == "failed"):
+            shown = summary_after_expiry(row, now, held, freed)
+            if shown.status != status:
                 continue
             if offset <= seen < offset + limit:
                 page.append(shown)
@@ -126,9 +146,11 @@ async def session_page(
     now: float,
     probes: dict[str, bool],
 ) -> list[SessionSummary]:
-    """The page of `Runtime.sessions` (its arguments checked) as of `now`. `probes` keeps which
-    drives hold a turn, for `shown_total` to reuse: a lease probe is a round trip."""
-    lapsed = await lapsed_page(rt, agent, status, limit, offset, now, probes)
+    """The page of `Runtime.sessions` (its arguments checked) as of `now`, passed deadlines
+    recorded first or shown so (`freed_sessions`). `probes` keeps which drives hold a turn, for
+    `shown_total` to reuse: a lease probe is a round trip."""
+    freed = await freed_sessions(rt, agent, now) if status in _FREEING else set[str]()
+    lapsed = await lapsed_page(rt, agent, status, limit, offset, now, probes, freed)
     if lapsed is not None:
         return lapsed
     page = await rt.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
@@ -138,7 +160,7 @@ async def session_page(
     except StoreError as exc:  # a store this process may only read, say
         log.warning("sessions whose TTL passed not recorded: %s", exc)
     held = await rt._running_past(page, now, probes)
-    shown = [summary_after_expiry(r, now, held) for r in page]
+    shown = [summary_after_expiry(r, now, held, freed) for r in page]
     return [r for r in shown if status is None or r.status == status]
 
 
@@ -152,8 +174,9 @@ async def shown_total(
     """How many sessions `Runtime.sessions` lists with these filters and no limit: the store's
     count (from its index of sessions by status), less or plus those a passed TTL left
     unrecorded, which it lists `failed` while the store holds them running or waiting (read
-    from the store's range of those, as `lapsed_page` reads them: none, mostly). Of two reads,
-    so a session another process records meanwhile can shift it by one."""
+    from the store's range of those, as `lapsed_page` reads them: none, mostly), and those
+    passed deadlines free (`freed_sessions`), listed `running` while held `waiting`. Of two
+    reads, so a session another process records meanwhile can shift it by one."""
     counted = await rt.store.count_sessions(agent=agent, status=status)
     if status not in _LAPSING:
         return counted
@@ -162,7 +185,52 @@ async def shown_total(
     shown_failed = [r for r in stale if r.id not in held]
     if status == "failed":
         return counted + len(shown_failed)
-    return counted - sum(r.status == status for r in shown_failed)
+    failed = {r.id for r in shown_failed}
+    freed = len(await freed_sessions(rt, agent, now, record=False) - failed)
+    moved = freed if status == "running" else -freed
+    return counted + moved - sum(r.status == status for r in shown_failed)
+
+
+async def freed_sessions(
+    rt: Workers, agent: str | None, now: float, *, record: bool = True
+) -> set[str]:
+    """The live waiting sessions of `agent` (None: any) that passed deadlines no one recorded
+    leave `running` (every open request closed: `on_timeout` deny or approve), as `rt.state`
+    shows them. Those of this runtime's agents are recorded first (`record`), their turns gone
+    on with, as a listing of the queue does. Read from the store's index of passed deadlines
+    (none, mostly), and the state of each session found there."""
+    due = await _due(rt, agent, now)
+    if record and due and await rt._apply_deadlines(due, listing=True):
+        due = await _due(rt, agent, now)
+    shown = await followed(rt.store, due, now)  # a mirror's as its subagent's request stands
+    closes = [r for r in shown if r.status == "pending" and after_deadline(r, now) is None]
+    closing = {r.session_id for r in closes}
+    freed: set[str] = set()
+    for session_id in sorted(closing):
+        try:
+            state = await rt._state(session_id)
+        except UnknownSession:  # deleted since its requests were read
+            continue
+        if state.status != "waiting":
+            continue
+        after = state_after_deadlines(await followed_state(rt.store, state, now), now)
+        if after.status != "waiting":
+            freed.add(session_id)
+    return freed
+
+
+async def _due(rt: Workers, agent: str | None, now: float) -> list[InputRequest]:
+    """The open requests of the live sessions of `agent` (None: any) past their deadline."""
+    due: list[InputRequest] = []
+    read: set[str] = set()  # a request listed again past a deleted one's cursor
+    after: tuple[float, str] | None = None
+    while True:
+        flt = PendingFilter(agent=agent, live_at=now, due_by=now, limit=CHUNK, after=after)
+        page = await rt.store.pending(flt)
+        due += [r for r in first_seen(page, read) if is_due(r, now)]
+        if len(page) < CHUNK:
+            return due
+        after = cursor_past(page[-1], after)
 
 
 async def _stale(rt: Workers, agent: str | None, now: float) -> list[SessionSummary]:

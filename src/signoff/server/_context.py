@@ -12,13 +12,13 @@ from typing import Any, cast
 
 from starlette.requests import HTTPConnection
 
-from .._deadlines import is_due, state_after_deadlines, summary_after_expiry
+from .._deadlines import summary_after_expiry
 from .._events import Event
 from .._exceptions import StoreDamaged, StoreError, StoreGone, UnknownRequest, UnknownSession
 from .._queue_page import counted_page, keyed_page
 from .._request_session import session_of
 from .._runtime import Runtime
-from .._session_page import counted_sessions
+from .._session_page import counted_sessions, freed_sessions
 from .._state import SessionState
 from .._state_parts import load_principal
 from .._sync import in_thread, is_async
@@ -253,16 +253,9 @@ class ServerContext(OpenRequests):
         await self._visible(session_id, caller)
         if not shown:
             return await self.runtime._state(session_id)
-        # `Runtime.state` records a passed TTL first (or shows it so, if it cannot), so it never
-        # reads as waiting on answers no one can give; nor on a request past its deadline,
-        # applied first as the queue does.
-        state = await self.runtime.state(session_id)
-        now = self.runtime.now()
-        due = [r for r in state.pending_requests() if is_due(r, now)]
-        if due and await self.runtime._apply_deadlines(due, listing=True):
-            state = await self.runtime.state(session_id)
-        # Those of an agent this process lacks (or a store it may only read) are shown so.
-        return state_after_deadlines(state, self.runtime.now())
+        # `Runtime.state` records a passed TTL and passed deadlines first (or shows them so, if
+        # it cannot), so it never reads as waiting on answers no one can give.
+        return await self.runtime.state(session_id)
 
     async def _visible(self, session_id: str, caller: Principal) -> None:
         """`UnknownSession` unless the caller may see the session, decided from its first event
@@ -367,25 +360,31 @@ class ServerContext(OpenRequests):
         stale = await self._record_lapsed(now)
         held = await rt._running_past(stale, now)  # a live drive runs them on: shown as held
         stale = [r for r in stale if r.id not in held]
+        # Passed deadlines recorded first, as `Runtime.sessions` does; those left unrecorded
+        # free a `waiting` session, which then reads `running`.
+        moving = status in (None, "running", "waiting")
+        freed = await freed_sessions(rt, agent, now) if moving else set[str]()
         # A lapsed session left unrecorded is still `running` or `waiting` in the store but reads
-        # `failed`, so the store cannot filter by those while one of them matches the listing.
+        # `failed`, so the store cannot filter by those while one of them matches the listing;
+        # nor by `running` or `waiting` while a freed one does.
         lapsing = status in ("running", "waiting", "failed")
         trusted = not lapsing or not any(agent in (None, r.agent) for r in stale)
+        trusted = trusted and not (status is not None and freed)
         everyone = self.sees_every_request(caller)
         picks = None if everyone else self._picks(caller)
         if not everyone and picks is None:
             return await self._scan_sessions(
-                None, caller, agent, status, trusted, limit, offset, now, held
+                None, caller, agent, status, trusted, limit, offset, now, held, freed
             )
         if not trusted:
             return await self._scan_sessions(
-                picks, None, agent, status, False, limit, offset, now, held
+                picks, None, agent, status, False, limit, offset, now, held, freed
             )
         rows, total = await counted_sessions(
             rt.store, agent=agent, status=status, limit=limit, offset=offset, initiated_by=picks
         )
         # Trusted: no row of a lapsed session unrecorded reads otherwise than its status.
-        return [summary_after_expiry(row, now, held) for row in rows], total
+        return [summary_after_expiry(row, now, held, freed) for row in rows], total
 
     def _picks(self, caller: Principal) -> InitiatorFilter | None:
         """The store filter of the sessions the caller may see: under the default rule, by who
@@ -420,13 +419,14 @@ class ServerContext(OpenRequests):
         offset: int,
         now: float,
         held: Collection[str] = (),
+        freed: Collection[str] = (),
     ) -> tuple[list[SessionSummary], int]:
         """The page and total of a listing read session by session: those the store `picks`
         (None: every one), and of them those `caller` may see under the access rule (None:
         every one; else only the `SESSION_SCAN` most recently active are read), filtered by
         `status` in the store if `by_store`, else as each is shown (those `held` by a live drive
-        past their TTL as the store holds them). Only the page is kept, so memory stays that of
-        one page and one chunk."""
+        past their TTL as the store holds them, those passed deadlines `freed` as running).
+        Only the page is kept, so memory stays that of one page and one chunk."""
         page: list[SessionSummary] = []
         total = scanned = 0
         previous: set[str] = set()  # pushed down a chunk by one active meanwhile: listed once
@@ -441,7 +441,7 @@ class ServerContext(OpenRequests):
             )
             rows = []
             for row in chunk:
-                shown = summary_after_expiry(row, now, held)  # as `Runtime.sessions` shows it
+                shown = summary_after_expiry(row, now, held, freed)  # as `Runtime.sessions` does
                 if row.id in previous or (status is not None and shown.status != status):
                     continue
                 rows.append(shown)

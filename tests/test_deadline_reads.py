@@ -1,0 +1,123 @@
+"""A session whose requests' deadlines passed with no sweep yet reads alike everywhere: its
+state, the sessions listing (page, filters, totals) and HTTP. Before, `rt.state`, the listing
+and `signoff sessions` showed it `waiting` on a request the queue no longer offered and an
+answer was refused as expired, while `GET /v1/sessions/{id}` recorded the deadline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+import signoff as so
+from signoff._session_page import session_page, shown_total
+from signoff.server import TokenAuth, create_app
+from signoff.testing import ExecutionLog, ManualClock
+
+from .test_deadlines import payout_agent
+from .test_runtime import types_of
+
+ALICE = so.Principal(authenticator="token", principal_id="alice")
+
+
+def _agent(on_timeout: str) -> so.Agent:
+    more: dict[str, Any] = {"escalate_to": "finance"} if on_timeout == "escalate" else {}
+    approval = so.always(expires_in=60, on_timeout=on_timeout, **more)  # type: ignore[arg-type]
+    return payout_agent(ExecutionLog(), approval)
+
+
+async def _sessions(store_url: str, on_timeout: str, clock: ManualClock) -> tuple[str, str]:
+    """A session whose request's deadline passes, then one asked later, still in time."""
+    async with so.Runtime([_agent(on_timeout)], store=store_url, clock=clock) as rt:
+        due = (await rt.generate("pay", prompt="pay")).session_id
+        clock.advance(30)
+        live = (await rt.generate("pay", prompt="pay")).session_id
+        clock.advance(31)  # the first one's deadline passed, the second's not
+    return due, live
+
+
+async def test_a_state_read_records_a_passed_deadline(store_url: str) -> None:
+    """`rt.state` read `waiting` on a request past its deadline, as the listing did: it records
+    the deadline first, as the queue and the session's HTTP read do, and the turn goes on."""
+    clock = ManualClock()
+    async with so.Runtime([_agent("deny")], store=store_url, clock=clock) as rt:
+        r = await rt.generate("pay", prompt="pay")
+        clock.advance(61)
+        state = await rt.state(r.session_id)
+        assert state.status == "idle" and state.pending_requests() == []
+        assert state.requests[r.pending[0].id].status == "expired"
+        assert await rt.sessions(status="waiting") == []
+        assert [s.status for s in await rt.sessions()] == ["idle"]
+
+
+async def test_a_listing_records_a_passed_deadline_before_it_filters(store_url: str) -> None:
+    """The sessions listing of the agent's runtime records a passed deadline first, as it
+    records a passed TTL: the session is no longer listed `waiting`."""
+    clock = ManualClock()
+    due, live = await _sessions(store_url, "deny", clock)
+    async with so.Runtime([_agent("deny")], store=store_url, clock=clock) as rt:
+        assert [s.id for s in await rt.sessions(status="waiting")] == [live]
+        assert {s.id: s.status for s in await rt.sessions()} == {due: "idle", live: "waiting"}
+        assert "input.resolved" in await types_of(rt, due)
+
+
+@pytest.mark.parametrize("on_timeout", ["deny", "approve", "escalate"])
+async def test_a_reader_without_the_agent_shows_a_passed_deadline_as_recorded(
+    store_url: str, on_timeout: str
+) -> None:
+    """A runtime without the agent cannot record the deadline: it shows the session as the
+    record leaves it, writing nothing. A deadline that closes the request leaves the turn
+    `running` (the runtime's to go on with), in its state, its listing's page, filters and
+    totals alike; one that escalates leaves it waiting on the group."""
+    clock = ManualClock()
+    due, live = await _sessions(store_url, on_timeout, clock)
+    closes = on_timeout != "escalate"
+    shown = "running" if closes else "waiting"
+    async with so.Runtime([], store=store_url, clock=clock) as reader:
+        before = await types_of(reader, due)
+        state = await reader.state(due)
+        assert state.status == shown
+        (request,) = state.requests.values()
+        if closes:
+            assert (request.status, request.outcome) == ("expired", "expired")
+        else:
+            assert (request.status, request.request.escalated_to) == ("pending", "finance")
+        assert {s.id: s.status for s in await reader.sessions()} == {due: shown, live: "waiting"}
+        waiting = [live] if closes else [live, due]
+        assert [s.id for s in await reader.sessions(status="waiting")] == waiting
+        assert [s.id for s in await reader.sessions(status="waiting", limit=1)] == [live]
+        assert [s.id for s in await reader.sessions(status="running")] == [due] * closes
+        assert await reader.sessions(status="running", offset=1) == []
+        now = reader.now()
+        for status, count in (("waiting", len(waiting)), ("running", closes), (None, 2)):
+            assert await shown_total(reader, None, status, now) == count  # `signoff sessions`
+            assert len(await session_page(reader, "pay", status, 10, 0, now, {})) == count
+        assert await types_of(reader, due) == before  # a read: nothing recorded
+        stored = await reader.store.get_request(request.request.id)
+        assert stored is not None and stored.status == "pending"
+    async with so.Runtime([_agent(on_timeout)], store=store_url, clock=clock) as rt:
+        recorded = await rt._deadlines_recorded(await rt._state(due))
+        assert recorded.status in (shown, "idle")
+        assert (await rt.state(due)).status == ("idle" if closes else "waiting")
+
+
+def test_the_http_listing_agrees_with_the_sessions_read(tmp_path: Any) -> None:
+    """`GET /v1/sessions?status=waiting` listed (and counted) the session `waiting` while
+    `GET /v1/sessions/{id}` and the queue showed its request closed, for a server without
+    the agent (another process's): both show it as the record leaves it, `running`."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    clock = ManualClock()
+    with so.Runtime([_agent("deny")], store=url, clock=clock) as rt:
+        sid = rt.generate_sync("pay", prompt="pay").session_id
+    clock.advance(61)
+    reader = so.Runtime([], store=url, clock=clock)
+    app = create_app(reader, auth=TokenAuth({"tok": ALICE}), sweep_every=None)
+    with TestClient(app, headers={"Authorization": "Bearer tok"}) as c:
+        waiting = c.get("/v1/sessions", params={"status": "waiting"}).json()
+        assert (waiting["total"], waiting["items"]) == (0, [])
+        running = c.get("/v1/sessions", params={"status": "running"}).json()
+        assert (running["total"], [s["id"] for s in running["items"]]) == (1, [sid])
+        assert [s["status"] for s in c.get("/v1/sessions").json()["items"]] == ["running"]
+        assert c.get(f"/v1/sessions/{sid}").json()["status"] == "running"
+        assert c.get("/v1/requests").json()["total"] == 0
