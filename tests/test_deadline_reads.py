@@ -1,7 +1,8 @@
 """A session whose requests' deadlines passed with no sweep yet reads alike everywhere: its
 state, the sessions listing (page, filters, totals) and HTTP. Before, `rt.state`, the listing
 and `signoff sessions` showed it `waiting` on a request the queue no longer offered and an
-answer was refused as expired, while `GET /v1/sessions/{id}` recorded the deadline."""
+answer was refused as expired, while `GET /v1/sessions/{id}` recorded the deadline. They show
+it as recording leaves it, and write nothing: a read drives no turn."""
 
 from __future__ import annotations
 
@@ -37,29 +38,46 @@ async def _sessions(store_url: str, on_timeout: str, clock: ManualClock) -> tupl
     return due, live
 
 
-async def test_a_state_read_records_a_passed_deadline(store_url: str) -> None:
-    """`rt.state` read `waiting` on a request past its deadline, as the listing did: it records
-    the deadline first, as the queue and the session's HTTP read do, and the turn goes on."""
+async def test_a_state_read_shows_a_passed_deadline_without_recording_it(
+    store_url: str,
+) -> None:
+    """`rt.state` read `waiting` on a request past its deadline: it shows the session as
+    recording the deadline leaves it (the request closed, the turn `running`), as the sessions
+    listing does, writing nothing and driving no turn; the queue's listing records it."""
     clock = ManualClock()
     async with so.Runtime([_agent("deny")], store=store_url, clock=clock) as rt:
         r = await rt.generate("pay", prompt="pay")
         clock.advance(61)
+        before = await types_of(rt, r.session_id)
         state = await rt.state(r.session_id)
-        assert state.status == "idle" and state.pending_requests() == []
+        assert state.status == "running" and state.pending_requests() == []
         assert state.requests[r.pending[0].id].status == "expired"
         assert await rt.sessions(status="waiting") == []
-        assert [s.status for s in await rt.sessions()] == ["idle"]
+        assert [s.status for s in await rt.sessions()] == ["running"]
+        assert [s.id for s in await rt.sessions(status="running")] == [r.session_id]
+        assert await types_of(rt, r.session_id) == before  # a read: nothing recorded
+        stored = await rt.store.get_request(r.pending[0].id)
+        assert stored is not None and stored.status == "pending"
+        assert await rt.pending() == []  # the queue records it, and the turn goes on
+        assert "input.resolved" in await types_of(rt, r.session_id)
+        assert (await rt.state(r.session_id)).status == "idle"
 
 
-async def test_a_listing_records_a_passed_deadline_before_it_filters(store_url: str) -> None:
-    """The sessions listing of the agent's runtime records a passed deadline first, as it
-    records a passed TTL: the session is no longer listed `waiting`."""
+async def test_a_listing_shows_a_passed_deadline_without_recording_it(store_url: str) -> None:
+    """The sessions listing of the agent's runtime shows a passed deadline as recording leaves
+    it, filters and totals alike, and records nothing: the session is no longer listed
+    `waiting`, nor is its turn driven from a read."""
     clock = ManualClock()
     due, live = await _sessions(store_url, "deny", clock)
     async with so.Runtime([_agent("deny")], store=store_url, clock=clock) as rt:
+        before = await types_of(rt, due)
         assert [s.id for s in await rt.sessions(status="waiting")] == [live]
-        assert {s.id: s.status for s in await rt.sessions()} == {due: "idle", live: "waiting"}
-        assert "input.resolved" in await types_of(rt, due)
+        assert [s.id for s in await rt.sessions(status="running")] == [due]
+        assert {s.id: s.status for s in await rt.sessions()} == {due: "running", live: "waiting"}
+        now = rt.now()
+        assert await shown_total(rt, None, "waiting", now) == 1
+        assert await shown_total(rt, None, "running", now) == 1
+        assert await types_of(rt, due) == before
 
 
 @pytest.mark.parametrize("on_timeout", ["deny", "approve", "escalate"])
@@ -97,8 +115,10 @@ async def test_a_reader_without_the_agent_shows_a_passed_deadline_as_recorded(
         stored = await reader.store.get_request(request.request.id)
         assert stored is not None and stored.status == "pending"
     async with so.Runtime([_agent(on_timeout)], store=store_url, clock=clock) as rt:
-        recorded = await rt._deadlines_recorded(await rt._state(due))
-        assert recorded.status in (shown, "idle")
+        assert (await rt.state(due)).status == shown  # the agent's runtime shows it alike
+        assert await types_of(rt, due) == before
+        await rt.pending()  # the queue's listing records it
+        assert await types_of(rt, due) != before
         assert (await rt.state(due)).status == ("idle" if closes else "waiting")
 
 
@@ -121,3 +141,26 @@ def test_the_http_listing_agrees_with_the_sessions_read(tmp_path: Any) -> None:
         assert [s["status"] for s in c.get("/v1/sessions").json()["items"]] == ["running"]
         assert c.get(f"/v1/sessions/{sid}").json()["status"] == "running"
         assert c.get("/v1/requests").json()["total"] == 0
+
+
+def test_the_http_session_read_records_a_passed_deadline_a_listing_only_shows(
+    tmp_path: Any,
+) -> None:
+    """A server with the agent: `GET /v1/sessions` shows the session as the deadline leaves it,
+    recording nothing, while `GET /v1/sessions/{id}` records the deadline first, as it did
+    before, and the turn goes on."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    clock = ManualClock()
+    with so.Runtime([_agent("deny")], store=url, clock=clock) as rt:
+        sid = rt.generate_sync("pay", prompt="pay").session_id
+    clock.advance(61)
+    rt = so.Runtime([_agent("deny")], store=url, clock=clock)
+    app = create_app(rt, auth=TokenAuth({"tok": ALICE}), sweep_every=None)
+    events = f"/v1/sessions/{sid}/events"
+    with TestClient(app, headers={"Authorization": "Bearer tok"}) as c:
+        before = c.get(events, params={"follow": "false"}).text
+        assert c.get("/v1/sessions", params={"status": "waiting"}).json()["total"] == 0
+        assert [s["status"] for s in c.get("/v1/sessions").json()["items"]] == ["running"]
+        assert c.get(events, params={"follow": "false"}).text == before
+        assert c.get(f"/v1/sessions/{sid}").json()["status"] == "idle"
+        assert "input.resolved" in c.get(events, params={"follow": "false"}).text

@@ -425,8 +425,8 @@ class Runtime(Deletion):
         offset: int = 0,
     ) -> list[SessionSummary]:
         """Sessions, most recently active first (`status`: idle, running, waiting, failed,
-        cancelled). Like a passed deadline, a TTL that passed with the turn unfinished is
-        recorded first (the turn fails), or else shown so, and filtered by `status` as shown."""
+        cancelled). A TTL that passed with the turn unfinished is recorded first (the turn fails),
+        or else shown so; passed deadlines only shown (`state`); filtered by `status` as shown."""
         await self.open()
         check_page(limit, offset)
         check_listing(agent, status)
@@ -435,19 +435,21 @@ class Runtime(Deletion):
     @closes_stop
     async def state(self, session_id: str) -> SessionState:
         """The session's current state. Like a listing, it records a TTL that passed with the
-        turn unfinished first (the turn fails, its requests expire), and passed deadlines (the
-        turn gone on with), or shows them so if it cannot (another agent's, a store refusing the
-        write), unless a live drive runs the turn on: no reading it as waiting on answers no one
-        can give (nor on an expired subagent's mirror, whose votes, escalation and deadline its
-        open mirrors show). It is the caller's own copy: changing it (but its calls' journals'
-        entries, shared) changes nothing the runtime decides, nor do its calls change it."""
+        turn unfinished first (the turn fails, its requests expire), or shows it so if it cannot
+        (another agent's, a store refusing the write), unless a live drive runs the turn on, and
+        shows passed deadlines as recording leaves them, writing nothing: no reading it as
+        waiting on answers no one can give (nor on an expired subagent's mirror). Its open
+        mirrors show their subagents' requests' votes, escalation and deadline. It is the
+        caller's own copy: the runtime's later calls leave it as it is, and changing it (but its
+        calls' journals' entries, shared) changes nothing they decide (`detached`)."""
         state = await self._state(session_id)
         if state.expired(self.now()) and expiry_specs(state) and state.agent in self.agents:
             with contextlib.suppress(SessionExpired, StoreError):
                 await self._checked(session_id)
             state = await self._state(session_id)
         else:
-            # The delegate call a child's expiry lets go on is left to the next call or a worker.
+            # A read drives no turn: the parent's delegate call, which the child's expiry lets
+            # go on, is left runnable for the next call or a worker, as `resume=False` leaves it.
             leaving = to_claims.set(True)
             try:
                 recorded = await self._record_expired_children(state)
@@ -455,9 +457,9 @@ class Runtime(Deletion):
                 to_claims.reset(leaving)
             if recorded:
                 state = await self._state(session_id)
-        shown = await self._as_recorded((await self._deadlines_recorded(state)).detached())
-        now = self.now()
-        return state_after_deadlines(await followed_state(self.store, shown, now), now)
+        shown = await self._as_recorded(state.detached())  # a copy: the cached one decides
+        shown = await followed_state(self.store, shown, now := self.now())
+        return state_after_deadlines(shown, now)  # shown as recorded: a read drives no turn
 
     async def _record_expired_children(self, state: SessionState) -> bool:
         """Record the passed TTL of the subagents the session's open mirrors were asked for,

@@ -103,9 +103,9 @@ async def lapsed_page(
     an agent this runtime lacks, or a store it may only read): it reads `failed` though the
     store holds it `running` or `waiting`, so the store's own filter would list it under the
     wrong status; so does one `freed` by passed deadlines, `running` though held `waiting`.
-    Those of this runtime's agents are recorded first. None when the store's filter is right
-    (no such session, or a status neither touches). `probes` keeps which drives hold a turn,
-    for the caller to reuse (`Workers._busy`)."""
+    Lapsed ones of this runtime's agents are recorded first (deadlines never: only shown). None
+    when the store's filter is right (no such session, or a status neither touches). `probes`
+    keeps which drives hold a turn, for the caller to reuse (`Workers._busy`)."""
     if status not in _LAPSING:
         return None
     stale = await _stale(rt, agent, now)
@@ -147,8 +147,8 @@ async def session_page(
     probes: dict[str, bool],
 ) -> list[SessionSummary]:
     """The page of `Runtime.sessions` (its arguments checked) as of `now`, passed deadlines
-    recorded first or shown so (`freed_sessions`). `probes` keeps which drives hold a turn, for
-    `shown_total` to reuse: a lease probe is a round trip."""
+    shown as recording leaves them, unrecorded (`freed_sessions`). `probes` keeps which drives
+    hold a turn, for `shown_total` to reuse: a lease probe is a round trip."""
     freed = await freed_sessions(rt, agent, now) if status in _FREEING else set[str]()
     lapsed = await lapsed_page(rt, agent, status, limit, offset, now, probes, freed)
     if lapsed is not None:
@@ -186,22 +186,17 @@ async def shown_total(
     if status == "failed":
         return counted + len(shown_failed)
     failed = {r.id for r in shown_failed}
-    freed = len(await freed_sessions(rt, agent, now, record=False) - failed)
+    freed = len(await freed_sessions(rt, agent, now) - failed)
     moved = freed if status == "running" else -freed
     return counted + moved - sum(r.status == status for r in shown_failed)
 
 
-async def freed_sessions(
-    rt: Workers, agent: str | None, now: float, *, record: bool = True
-) -> set[str]:
+async def freed_sessions(rt: Workers, agent: str | None, now: float) -> set[str]:
     """The live waiting sessions of `agent` (None: any) that passed deadlines no one recorded
     leave `running` (every open request closed: `on_timeout` deny or approve), as `rt.state`
-    shows them. Those of this runtime's agents are recorded first (`record`), their turns gone
-    on with, as a listing of the queue does. Read from the store's index of passed deadlines
-    (none, mostly), and the state of each session found there."""
+    shows them: a read records none, so drives no turn. Read from the store's index of passed
+    deadlines (none, mostly), and the state of each session found there."""
     due = await _due(rt, agent, now)
-    if record and due and await rt._apply_deadlines(due, listing=True):
-        due = await _due(rt, agent, now)
     shown = await followed(rt.store, due, now)  # a mirror's as its subagent's request stands
     closes = [r for r in shown if r.status == "pending" and after_deadline(r, now) is None]
     closing = {r.session_id for r in closes}

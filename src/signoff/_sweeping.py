@@ -17,7 +17,6 @@ from ._exceptions import SessionExpired, StoreError, UnknownSession, wrote_nothi
 from ._messages import Messages
 from ._queue_page import passing_page
 from ._sessions import to_claims
-from ._state import SessionState
 from ._sweeps import deleted_meanwhile, one_of_many
 from ._types import InputRequest
 from .stores import PendingFilter, SessionSummary, promptly
@@ -283,15 +282,6 @@ class Sweeps(Messages):
             ):
                 await self._checked(sid, probes=probes)
         return len(ids)
-
-    async def _deadlines_recorded(self, state: SessionState) -> SessionState:
-        """`state` read again once its passed deadlines are recorded, as a listing of the queue
-        records them (its turn then gone on with), where this runtime can; else `state`."""
-        now = self.now()
-        due = [r for r in state.pending_requests() if is_due(r, now)]
-        if due and await self._apply_deadlines(due, listing=True):
-            return await self._state(state.id)
-        return state
 
     async def _apply_deadlines(self, due: Sequence[InputRequest], *, listing: bool = False) -> int:
         """Record the passed deadlines of the sessions of `due` that this runtime runs, and go

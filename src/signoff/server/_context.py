@@ -12,9 +12,10 @@ from typing import Any, cast
 
 from starlette.requests import HTTPConnection
 
-from .._deadlines import summary_after_expiry
+from .._deadlines import is_due, summary_after_expiry
 from .._events import Event
 from .._exceptions import StoreDamaged, StoreError, StoreGone, UnknownRequest, UnknownSession
+from .._mirrors import followed_state
 from .._queue_page import counted_page, keyed_page
 from .._request_session import session_of
 from .._runtime import Runtime
@@ -253,9 +254,16 @@ class ServerContext(OpenRequests):
         await self._visible(session_id, caller)
         if not shown:
             return await self.runtime._state(session_id)
-        # `Runtime.state` records a passed TTL and passed deadlines first (or shows them so, if
-        # it cannot), so it never reads as waiting on answers no one can give.
-        return await self.runtime.state(session_id)
+        # `Runtime.state` records a passed TTL first (or shows it so) and shows passed deadlines
+        # as recorded; this read records those first (where it can), as the queue does.
+        rt = self.runtime
+        state = await rt.state(session_id)
+        now = rt.now()
+        held = await followed_state(rt.store, await rt._state(session_id), now)
+        due = [r for r in held.pending_requests() if is_due(r, now)]
+        if due and await rt._apply_deadlines(due, listing=True):
+            state = await rt.state(session_id)
+        return state
 
     async def _visible(self, session_id: str, caller: Principal) -> None:
         """`UnknownSession` unless the caller may see the session, decided from its first event
@@ -360,7 +368,7 @@ class ServerContext(OpenRequests):
         stale = await self._record_lapsed(now)
         held = await rt._running_past(stale, now)  # a live drive runs them on: shown as held
         stale = [r for r in stale if r.id not in held]
-        # Passed deadlines recorded first, as `Runtime.sessions` does; those left unrecorded
+        # As in `Runtime.sessions`, passed deadlines (left unrecorded: a listing drives no turn)
         # free a `waiting` session, which then reads `running`.
         moving = status in (None, "running", "waiting")
         freed = await freed_sessions(rt, agent, now) if moving else set[str]()
