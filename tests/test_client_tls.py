@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 import signoff as so
 from signoff.server import AsyncClient, Client
+from tests._tls import self_signed
 
 STATE = {"id": "ses_x", "status": "idle"}
 
@@ -23,15 +23,7 @@ STATE = {"id": "ses_x", "status": "idle"}
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     """A self-signed certificate for 127.0.0.1 and its key, made by Debian's `openssl`."""
     where = tmp_path_factory.mktemp("tls")
-    cert, key = where / "cert.pem", where / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
-        + ["-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2"]
-        + ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True,
-        capture_output=True,
-    )
-    yield cert, key
+    yield self_signed(where, "127.0.0.1", "IP:127.0.0.1")
 
 
 class TlsServer:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-import subprocess
 import threading
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ from signoff.channels import ChannelState, WebhookChannel
 from signoff.channels._state import off_loop
 from signoff.channels._webhook_lookups import interleaved
 
+from ._tls import self_signed
 from .test_webhooks import SECRET, Receiver
 
 HANGING = "hooks.dns-down.example"
@@ -147,15 +147,7 @@ async def test_each_address_of_a_name_is_tried_in_order(resolver: Resolver) -> N
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A self-signed certificate for the name hooks.tls.example alone, and its key."""
     where = tmp_path_factory.mktemp("tls")
-    cert, key = where / "cert.pem", where / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
-        + ["-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2"]
-        + ["-subj", "/CN=hooks.tls.example", "-addext", "subjectAltName=DNS:hooks.tls.example"],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
+    return self_signed(where, "hooks.tls.example", "DNS:hooks.tls.example")
 
 
 @asynccontextmanager
