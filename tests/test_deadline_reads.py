@@ -14,7 +14,15 @@ from starlette.testclient import TestClient
 import signoff as so
 from signoff._session_page import session_page, shown_total
 from signoff.server import TokenAuth, create_app
-from signoff.testing import ExecutionLog, ManualClock
+from signoff.testing import (
+    ExecutionLog,
+    ManualClock,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    tool_results,
+)
 
 from .test_deadlines import payout_agent
 from .test_runtime import types_of
@@ -164,3 +172,43 @@ def test_the_http_session_read_records_a_passed_deadline_a_listing_only_shows(
         assert c.get(events, params={"follow": "false"}).text == before
         assert c.get(f"/v1/sessions/{sid}").json()["status"] == "idle"
         assert "input.resolved" in c.get(events, params={"follow": "false"}).text
+
+
+async def test_a_parent_waiting_on_a_subagents_lapsed_request_reads_alike_everywhere(
+    store_url: str,
+) -> None:
+    """`state()` gave the parent's mirror its subagent's passed deadline and showed the parent
+    `running`, while the listings, which find passed deadlines in the store's index (a mirror
+    has none of its own), kept it `waiting`: the two reads disagreed. The parent reads as the
+    listings read it until the subagent's deadline is recorded; the child reads `running`."""
+
+    @so.tool(approval=so.always(expires_in=60))
+    async def payout(amount: float) -> str:
+        """Pay out."""
+        return "paid"
+
+    child = scripted_agent(
+        "billing",
+        [
+            call_tools(call("payout", amount=5)),
+            lambda conv: reply(f"payout: {tool_results(conv)[-1].content}"),
+        ],
+        tools=[payout],
+    )
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", message="pay 5")), reply("timed out")],
+        tools=[so.delegate("billing")],
+    )
+    clock = ManualClock()
+    async with so.Runtime([parent, child], store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="pay 5")
+        clock.advance(61)
+        listed = {s.agent: s.status for s in await rt.sessions()}
+        shown = (await rt.state(r.session_id)).status
+        assert listed == {"support": shown, "billing": "running"}, (listed, shown)
+        await rt.pending()  # the queue records the deadline: both go on
+        assert {s.agent: s.status for s in await rt.sessions()} == {
+            "support": "idle",
+            "billing": "idle",
+        }

@@ -226,3 +226,26 @@ async def test_a_repeat_over_http_after_the_ttl_passed_replays(tmp_path: Path) -
             r = await c.post(path, json=body, headers={"Idempotency-Key": key + "-new"})
             assert r.status_code == 410 and r.json()["error"]["code"] == "session_expired"
     await runtime.close()
+
+
+async def test_a_new_keyed_message_to_an_idle_session_reads_no_log(tmp_path: Path) -> None:
+    """With the state's keys full, each new keyed message read the last turn's events (and
+    the whole log when the queue had given that turn: 8,004 events at 2,000 messages), though
+    that turn had ended: only a turn still running or waiting may hold a dropped key."""
+    chat = scripted_agent("chat", [reply("ok")], repeat_last=True)
+    async with so.Runtime([chat], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        first = await rt.generate("chat", prompt="hi", auth=ALICE)
+        for i in range(KEPT + 8):
+            await rt.send(first.session_id, f"m{i}", principal=ALICE, idempotency_key=f"k{i}")
+        state = await rt.state(first.session_id)
+        assert len(state.keys) == KEPT and state.status == "idle", state.status
+        reads: list[object] = []
+        real = rt.store.read_events
+
+        async def counted(*args: object, **kwargs: object) -> object:
+            reads.append(args)
+            return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+        rt.store.read_events = counted  # type: ignore[method-assign,assignment]
+        r = await rt.send(first.session_id, "new", principal=ALICE, idempotency_key="fresh")
+        assert not r.replayed and reads == []

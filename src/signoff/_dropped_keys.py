@@ -70,8 +70,8 @@ async def _dropped(
         found = await _scan(store, state.id, 0, lambda e: _queued(e) and _recorded(e, idem[0]))
         return found is not None and _same(state, found, idem, older)
     turn = state.turn
-    if turn is None:
-        return False
+    if turn is None or turn.status not in ("running", "waiting"):
+        return False  # an ended turn's keys are forgotten past `KEPT`, as documented
     dequeued = False
     found = None
     after = max(turn.first_seq - 1, 0)

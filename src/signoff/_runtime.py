@@ -458,8 +458,9 @@ class Runtime(Deletion):
             if recorded:
                 state = await self._state(session_id)
         shown = await self._as_recorded(state.detached())  # a copy: the cached one decides
-        shown = await followed_state(self.store, shown, now := self.now())
-        return state_after_deadlines(shown, now)  # shown as recorded: a read drives no turn
+        # Shown as recorded (no turn driven), before mirrors take deadlines listings do not see.
+        shown = state_after_deadlines(shown, now := self.now())
+        return await followed_state(self.store, shown, now)
 
     async def _record_expired_children(self, state: SessionState) -> bool:
         """Record the passed TTL of the subagents the session's open mirrors were asked for,
