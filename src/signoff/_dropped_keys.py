@@ -9,23 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ._events import Event
-from ._idempotency import KEPT, Before, Keyed, key_reused, records, seen
+from ._idempotency import KEPT, KEYED_TYPES, Before, Keyed, key_reused, records, seen
 from ._state import SessionState
 from ._types import Principal
 from .stores import Store
 
 __all__ = ["queued_here", "sent_before"]
 
-_KEYED = (
-    "turn.started",
-    "turn.message",
-    "turn.waiting",
-    "approval.candidate",
-    "approval.settled",
-    "input.resolved",
-    "input.repeated",
-)
-"""The event types that record a message's key where it went (`_event_handlers._keyed`)."""
 
 _PAGE = 500
 
@@ -76,7 +66,7 @@ async def _dropped(
     found = None
     after = max(turn.first_seq - 1, 0)
     while True:
-        page = await store.read_events(state.id, after, limit=_PAGE, types=_KEYED)
+        page = await store.read_events(state.id, after, limit=_PAGE, types=KEYED_TYPES)
         for e in page:
             if e.seq == turn.first_seq and e.type == "turn.started" and e.data.get("dequeued"):
                 dequeued = _same_person(sender, turn.principal)  # its message, maybe
@@ -133,10 +123,10 @@ def _same(state: SessionState, e: Event, idem: Keyed, older: Before | None) -> b
 async def _scan(
     store: Store, session_id: str, after: int, match: Callable[[Event], bool]
 ) -> Event | None:
-    """The last event of the session after `after` (of `_KEYED` types) that `match`es."""
+    """The last event of the session after `after` (of `KEYED_TYPES`) that `match`es."""
     found = None
     while True:
-        page = await store.read_events(session_id, after, limit=_PAGE, types=_KEYED)
+        page = await store.read_events(session_id, after, limit=_PAGE, types=KEYED_TYPES)
         found = next((e for e in reversed(page) if match(e)), found)
         if len(page) < _PAGE:
             return found

@@ -21,6 +21,7 @@ from ._types import Principal
 
 __all__ = [
     "KEPT",
+    "KEYED_TYPES",
     "MAX_KEY",
     "Before",
     "Keyed",
@@ -49,6 +50,18 @@ _T = TypeVar("_T", bound=str)
 
 KEPT = 32
 """Keys a session state remembers (the newest ones): a repeat of an older one is not known."""
+
+KEYED_TYPES = (
+    "session.created",
+    "turn.started",
+    "turn.message",
+    "turn.waiting",
+    "approval.candidate",
+    "approval.settled",
+    "input.resolved",
+    "input.repeated",
+)
+"""The event types that record a key (`_event_handlers._keyed`)."""
 
 MAX_KEY = 200
 """The longest key taken, in characters."""

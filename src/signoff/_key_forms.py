@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ._events import Event
 from ._exceptions import UnknownSession
 from ._idempotency import (
+    KEYED_TYPES,
     Before,
     Keyed,
     before,
@@ -33,17 +34,6 @@ if TYPE_CHECKING:
 
 __all__ = ["as_recorded", "held_as", "keyed_in", "keyed_start", "looked_for"]
 
-_KEYED = (
-    "session.created",
-    "turn.started",
-    "turn.message",
-    "turn.waiting",
-    "approval.candidate",
-    "approval.settled",
-    "input.resolved",
-    "input.repeated",
-)
-"""The event types that record a key (`_event_handlers._keyed`)."""
 
 _SENDER = {"session.created": "initiator", "turn.started": "principal", "turn.message": "principal"}
 """The field naming who sent what an event recorded a key for; `by` on the others."""
@@ -148,7 +138,7 @@ async def _recording(store: Store, session_id: str, digest: str) -> Event | None
     found = None
     after = 0
     while True:
-        page = await store.read_events(session_id, after, limit=_PAGE, types=_KEYED)
+        page = await store.read_events(session_id, after, limit=_PAGE, types=KEYED_TYPES)
         for e in page:
             if _records(e, digest) or any(
                 isinstance(k, list) and k[:1] == [digest] for k in e.data.get("kept") or []
