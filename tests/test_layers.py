@@ -67,6 +67,7 @@ LAYERS: list[set[str]] = [
     {"_model_step", "_tool_calls", "_unlisted", "_queue_page", "_session_page"},
     {"_engine"},
     {"_session_cache"},
+    {"_turn_leases"},
     {"_sessions"},
     {"_candidate_ends"},
     {"_candidates"},

@@ -45,11 +45,11 @@ from ._recording import Answered, EventSpec, TurnStopped, load_turn
 from ._results import GenerateResult
 from ._session_cache import check_agent_name, check_session_id
 from ._session_page import check_listing, session_page
-from ._sessions import to_claims
 from ._settings import check_page, finite, flag, seconds
 from ._state import SessionState, turn_over
 from ._sync import blocking_doc, entered, twin
 from ._tracing import DriveSpan
+from ._turn_leases import to_claims
 from ._types import (
     APP_PRINCIPAL,
     Decision,

@@ -16,8 +16,8 @@ from ._deadlines import RESUMPTIONS, is_due, is_lapsed, resumed_by_deadline
 from ._exceptions import SessionExpired, StoreError, UnknownSession, wrote_nothing
 from ._messages import Messages
 from ._queue_page import passing_page
-from ._sessions import to_claims
 from ._sweeps import deleted_meanwhile, one_of_many
+from ._turn_leases import to_claims
 from ._types import InputRequest
 from .stores import PendingFilter, SessionSummary, promptly
 from .stores._pending import first_seen

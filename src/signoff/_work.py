@@ -20,9 +20,9 @@ from ._exceptions import (
     UsageError,
 )
 from ._leasing import lost_line
-from ._sessions import to_claims
 from ._settings import seconds, whole
 from ._sweeping import Sweeps
+from ._turn_leases import to_claims
 from .stores import Store
 
 __all__ = ["Failing", "Workers"]
