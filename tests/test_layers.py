@@ -79,6 +79,7 @@ LAYERS: list[set[str]] = [
     {"_work_audit"},
     {"_wire", "_payloads", "_event_stream"},
     {"_live_session", "_keyed_calls", "_remote_events", "_deletion"},
+    {"_cancelling"},
     {"_runtime", "_async_client"},
     {"_client"},
     {"_exports"},

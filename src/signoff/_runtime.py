@@ -9,26 +9,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, Self, get_args
 
 from . import _child_drives, _child_sessions, _subagents, stores
 from ._answers import Reply as _Reply
-from ._answers import check_principal, checked_cancel
+from ._answers import check_principal
 from ._answers import decisions as _decisions
 from ._call_guards import closes_stop
-from ._cancel_batch import CancelBatch
-from ._cancellation import stop_calls
+from ._cancelling import Cancelling
 from ._deadlines import expiry_specs, state_after_deadlines
-from ._deletion import Deletion
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
     InvalidAnswer,
-    RequestClosed,
-    SessionBusy,
     SessionExpired,
     SessionLimitReached,
     StoreError,
@@ -41,12 +36,12 @@ from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
 from ._mirrors import followed_state, following_mirrors
 from ._prompts import check_prompt
 from ._queue_page import queue_page
-from ._recording import Answered, EventSpec, TurnStopped, load_turn
+from ._recording import Answered, EventSpec
 from ._results import GenerateResult
 from ._session_cache import check_agent_name, check_session_id
 from ._session_page import check_listing, session_page
 from ._settings import check_page, finite, flag, seconds
-from ._state import SessionState, turn_over
+from ._state import SessionState
 from ._sync import blocking_doc, entered, twin
 from ._tracing import DriveSpan
 from ._turn_leases import to_claims
@@ -70,7 +65,7 @@ log = logging.getLogger("signoff.worker")
 _UNSET = (None, None, None, None, None, 100, 0)  # `Runtime.pending`'s keyword defaults
 
 
-class Runtime(Deletion):
+class Runtime(Cancelling):
     """Runs the turns of `agents` (a list of `Agent`) against a store, and answers, lists,
     follows and cancels them.
 
@@ -479,86 +474,6 @@ class Runtime(Deletion):
                 recorded = True
         return recorded
 
-    @closes_stop
-    @following_mirrors
-    async def cancel(
-        self,
-        session_id: str,
-        reason: str | None = None,
-        *,
-        principal: Principal | None = None,
-        turn_id: str | None = None,
-    ) -> GenerateResult:
-        """Cancel the running or waiting turn, or one a retry could resume (it failed on a
-        model error, say); its open requests are withdrawn. `principal`, who cancels, is
-        recorded with the cancellation (in the audited `turn.cancelled`). With `turn_id`, only
-        that turn is cancelled: once another has started, the session is reported as it is,
-        nothing cancelled (a cancel sent again, or from a page shown before, stops no later
-        turn); the result's `cancelled` says whether this call cancelled the turn it reports.
-        A session past its TTL raises `SessionExpired`, as every call does; one whose turn a
-        live drive runs on past it (a tool slower than the TTL) is not idle, so not past it:
-        that turn is cancelled."""
-        await self.open()
-        principal, by = checked_cancel(reason, turn_id, principal)
-        began: tuple[str, int] | None = None  # the turn to cancel: not one that followed it
-        for _ in range(20):
-            state = await self._state(session_id)
-            if state.expired(self.now()):
-                # Records what the TTL left unfinished, and raises; unless a live drive runs
-                # the turn on, which is then cancelled as any running turn is.
-                await self._expire(state)
-            turn = state.turn
-            if began is not None and (turn is None or turn.id != began[0]):  # ended meanwhile
-                return self._result(await load_turn(self.store, session_id, *began))
-            if turn_id is not None and (turn is None or turn.id != turn_id):
-                return self._result(state)  # not (or no longer) the session's turn
-            if turn is None or turn_over(turn):
-                if turn is not None and turn.status == "cancelled":
-                    # A cancel that died before reaching the turn's subagents: finish it.
-                    for child in _child_sessions.delegated(state):
-                        with contextlib.suppress(UnknownSession):
-                            await _child_sessions.cancel_orphan(self, await self._state(child))
-                # And one that died before counting what they spent, or the rest of a child
-                # whose call counted it short of a grandchild (any turn's end leaves that).
-                if await _child_sessions.count_owed(self, await self._state(session_id)):
-                    state = await self._state(session_id)
-                return self._result(state)
-            began = (turn.id, turn.first_seq)
-            # Children its calls created and did not journal (their process died in between):
-            # the cancel owes and cancels them as it does the journaled ones.
-            made = [c for c in _child_sessions.unjournaled(state) if await self.store.head(c)]
-            build = await CancelBatch.of(self, state, reason, by, made)
-            driver = self._driver(state, None)
-            try:
-                recorded = await driver.record(build, durable=True)
-            except RequestClosed:
-                self._cache.pop(session_id, None)
-                if build.built_on is not None:  # rows changed behind the log's back: no retry
-                    await self._rows_agree(session_id, build.built_on, build.resolves())
-                continue
-            except TurnStopped:
-                self._cache.pop(session_id, None)
-                continue
-            if not recorded:  # the turn ended meanwhile: report it as it is now
-                self._cache.pop(session_id, None)
-                continue
-            self._remember(driver.state)
-            # Only once recorded: a cancel the store refused leaves the turn, and its calls, going.
-            abort = self._aborts.pop(session_id, None)
-            if abort is not None:
-                stop_calls(abort)
-            kids = dict.fromkeys([*_child_sessions.children(build.withdrawn), *build.delegated])
-            for child in kids:  # subagents under this turn: waiting on a person, or running
-                with contextlib.suppress(UnknownSession, SessionExpired):
-                    await _child_sessions.cancel_delegated(
-                        self, session_id, child, reason, principal
-                    )
-            await build.keep_late(self, session_id)
-            # A subagent cancelled on its own: its parent's delegate call goes on.
-            await _child_sessions.after_close(self, driver.state)
-            return dataclasses.replace(await self._after_cancel(driver.state), cancelled=True)
-        raise SessionBusy(f"could not cancel session {session_id!r}", session_id)
-
     # -- sync twins ---------------------------------------------------------------------------
 
     generate_sync = twin(generate)
@@ -568,7 +483,7 @@ class Runtime(Deletion):
     expire_due_sync = twin(Workers.expire_due)
     pending_sync = twin(pending)
     pending_page_sync = twin(pending_page)
-    cancel_sync = twin(cancel)
+    cancel_sync = twin(Cancelling.cancel)
     state_sync = twin(state)
     create_session_sync = twin(create_session)
     sessions_sync = twin(sessions)
