@@ -40,7 +40,7 @@ from ._tool_signals import ApprovalRequired, QuestionWithdrawn
 from ._tools import Tool, Unshown
 from ._tracing import ToolSpan
 from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, Usage, usage_fields
-from ._verdicts import strictest
+from ._verdicts import still_allowed, strictest
 
 __all__ = ["UNRECORDED_KEPT", "ToolCalls"]
 
@@ -335,6 +335,16 @@ class ToolCalls(CallEnds):
             }
             await self.record([tool_result(call, "error", unapproved)])
             return
+        checked = None
+        if call.status == "approved" and self.agent.guardrails:
+            # A guardrail deployed since the approval may deny the call: asked again before its
+            # body first starts, their decision recorded with that start or as the denial.
+            checked = await self._still_allowed(call, tool, validated)
+            if checked.action == "deny":
+                by_policy = {"denied": True, "reason": checked.reason, "by": "policy"}
+                shown = self._cut(call, by_policy)  # as a denial at proposal reads
+                await self.record([tool_result(call, "denied", shown, usage=checked.usage)])
+                return
         note = None
         # A person's reason, or a policy's `so.Approved` one (its `tool.started` records it when
         # the body first runs, and the fold makes it the call's decision): a re-run tells it too.
@@ -343,7 +353,28 @@ class ToolCalls(CallEnds):
             by = decision.get("by")
             who = by.get("principal_id") if isinstance(by, dict) else by
             note = {"approved": True, "by": who, "reason": decision["reason"]}
-        await self.run_tool(call, tool, validated, principal, approval=note)
+        usage = None if checked is None else checked.usage
+        await self.run_tool(call, tool, validated, principal, approval=note, usage=usage)
+
+    async def _still_allowed(self, call: CallState, tool: Tool, validated: BaseModel) -> Verdict:
+        """What the agent's guardrails make now of approved `call` (`still_allowed`): only they
+        are asked again, not the tool's policy, whose question the approval answered."""
+        s = self.state
+        ctx = ApprovalContext(
+            session=self.session_info(),
+            tool_name=tool.name,
+            tool_input=validated,
+            approved_tools=frozenset(s.approved_tools),
+            call_id=call.id,
+            abort_signal=self.abort_signal,
+            pending_tools=frozenset(r.tool_name for r in s.pending_requests() if r.tool_name),
+            budget_left=await self.budget_left(),
+            edited=call.edited_input is not None,
+        )
+        asked = s.requests.get(call.request_id) if call.request_id is not None else None
+        by_deadline = asked is not None and asked.outcome == "expired"
+        with self.tracing.reviews(s):  # a review a guardrail makes is a model call traced
+            return await still_allowed(ctx, self.agent.guardrails, by_deadline)
 
     async def run_tool(
         self,

@@ -1,5 +1,6 @@
 """A proposed call's verdict: the strictest of its tool's policy and the agent's guardrails,
-each failing closed (a person is asked) when it raises or returns something else."""
+each failing closed (a person is asked) when it raises or returns something else; and the
+guardrails' again as an approved call would start (a deploy since may deny it)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from ._recording import own_cancel
 from ._sync import called_off_loop, thread_note
 from ._tools import Tool
 
-__all__ = ["strictest"]
+__all__ = ["still_allowed", "strictest"]
 
 
 async def strictest(tool: Tool, ctx: ApprovalContext, guardrails: Sequence[Guardrail]) -> Verdict:
@@ -29,7 +30,46 @@ async def strictest(tool: Tool, ctx: ApprovalContext, guardrails: Sequence[Guard
         own = Verdict("ask", error=f"approval policy raised {_policy_error(exc)}{note}")
     if not _is_verdict(own):
         own = Verdict("ask", error=f"approval policy returned {_shown(own)}, not a Verdict")
-    verdicts = [own]
+    verdicts = [own, *await _guardrails(ctx, guardrails, own)]
+    chosen = next((v for a in ("deny", "ask") for v in verdicts if v.action == a), verdicts[0])
+    guard = next((v for v in verdicts[1:] if v.action == "ask"), None)
+    if chosen is own and own.action == "ask" and guard is not None:
+        # Asked by both: a guardrail's request, whose deadline never approves the call (the
+        # tool's review and error kept with it).
+        chosen = dataclasses.replace(guard, error=own.error or guard.error, auto=own.auto)
+    # What any of them spent (an auto() review) is counted whichever decides.
+    return _with_text_reason(dataclasses.replace(chosen, usage=Verdict.spent(verdicts)))
+
+
+async def still_allowed(
+    ctx: ApprovalContext, guardrails: Sequence[Guardrail], by_deadline: bool
+) -> Verdict:
+    """What `guardrails` make now of an approved call about to start (a deploy since the
+    approval may have added one): `deny` if one denies it, or if one asks a person and only
+    the request's deadline approved it (`by_deadline`: a guardrail's request is never approved
+    so); else `run`. What their reviews spent is counted either way."""
+    verdicts = await _guardrails(ctx, guardrails, None)
+    spent = Verdict.spent(verdicts)
+    chosen = next((v for v in verdicts if v.action == "deny"), Verdict("run"))
+    if chosen.action == "run" and by_deadline:
+        asks = next((v for v in verdicts if v.action == "ask"), None)
+        if asks is not None:
+            why = f" ({asks.error})" if asks.error else ""
+            chosen = Verdict(
+                "deny",
+                f"a guardrail asks a person to approve {ctx.tool_name}{why}, and only the "
+                "request's deadline approved it, which never approves a call a guardrail asks for",
+            )
+    return _with_text_reason(dataclasses.replace(chosen, usage=spent))
+
+
+async def _guardrails(
+    ctx: ApprovalContext, guardrails: Sequence[Guardrail], own: Verdict | None
+) -> list[Verdict]:
+    """The verdicts of `guardrails` that decide something (None leaves the call to the tool's
+    policy), each failing closed (a person is asked); each sees a budget less what `own` (the
+    tool's policy) and the guardrails before it spent."""
+    verdicts = [] if own is None else [own]
     for guardrail in guardrails:
         spent = Verdict.spent(verdicts)
         seen = ctx
@@ -46,14 +86,7 @@ async def strictest(tool: Tool, ctx: ApprovalContext, guardrails: Sequence[Guard
             v = Verdict("ask", "guardrail", v.error, usage=v.usage)
         if v is not None:
             verdicts.append(v)
-    chosen = next((v for a in ("deny", "ask") for v in verdicts if v.action == a), verdicts[0])
-    guard = next((v for v in verdicts[1:] if v.action == "ask"), None)
-    if chosen is own and own.action == "ask" and guard is not None:
-        # Asked by both: a guardrail's request, whose deadline never approves the call (the
-        # tool's review and error kept with it).
-        chosen = dataclasses.replace(guard, error=own.error or guard.error, auto=own.auto)
-    # What any of them spent (an auto() review) is counted whichever decides.
-    return _with_text_reason(dataclasses.replace(chosen, usage=Verdict.spent(verdicts)))
+    return verdicts if own is None else verdicts[1:]
 
 
 def _policy_error(exc: BaseException) -> str:
