@@ -106,3 +106,68 @@ async def test_close_sync_from_the_loop_a_turn_runs_on_stops_it_once_that_loop_i
         assert await store.acquire_lease(row.id, "another-worker", 30.0, time.time()) is not None
     finally:
         await store.close()
+
+
+async def test_close_stops_a_follower_busy_with_an_event_at_its_next_step(store_url: str) -> None:
+    """A follower whose caller was handling an event when `close` ran (not waiting in the
+    runtime, so not among its running calls) went on: it yielded the rest of its batch, then
+    read the store again, opening it behind the close, and followed for ever. Its next step
+    raises the `UsageError` a waiting follower raises now, and the store stays closed."""
+    rt = so.Runtime([scripted_agent("a", [reply("hi")], repeat_last=True)], store=store_url)
+    sid = (await rt.generate("a", "x")).session_id
+    head = (await rt.state(sid)).seq
+    assert head > 2  # the rest of the first read's batch is still to be yielded
+    busy, closed = asyncio.Event(), asyncio.Event()
+    seen: list[int] = []
+
+    async def follow() -> None:
+        async for event in rt.events(sid):
+            seen.append(event.seq)
+            busy.set()
+            await closed.wait()  # handling the event while the runtime is closed
+
+    follower = asyncio.create_task(follow())
+    await busy.wait()
+    await rt.close()
+    assert not follower.done()  # it was in its caller's code: nothing of the runtime's to stop
+    async with so.Runtime([scripted_agent("a", [reply("more")])], store=store_url) as other:
+        await other.generate("a", "y", session_id=sid)  # another process goes on with it
+    closed.set()
+    with pytest.raises(so.UsageError, match="closed while this call ran"):
+        await asyncio.wait_for(follower, 10)
+    assert seen == [1]
+    await asyncio.sleep(0.1)
+    assert not _store_open(rt)
+
+
+async def test_a_runtime_opened_again_leaves_its_old_followers_stopped(store_url: str) -> None:
+    """A later call opens a closed runtime again; a follower begun before the close, busy with
+    an event across it, must not go on following on the reopened store: its next step raises
+    `UsageError`. A follower begun after reads on as any call does."""
+    rt = so.Runtime([scripted_agent("a", [reply("hi")], repeat_last=True)], store=store_url)
+    sid = (await rt.generate("a", "x")).session_id
+    head = (await rt.state(sid)).seq
+    busy, closed = asyncio.Event(), asyncio.Event()
+    seen: list[int] = []
+
+    async def follow() -> None:
+        async for event in rt.events(sid):
+            seen.append(event.seq)
+            if event.seq == head:
+                busy.set()
+                await closed.wait()
+
+    follower = asyncio.create_task(follow())
+    await busy.wait()
+    await rt.close()
+    await rt.generate("a", "y", session_id=sid)  # opens the store again, appends events
+    new_head = (await rt.state(sid)).seq
+    assert new_head > head
+    closed.set()
+    with pytest.raises(so.UsageError, match="closed while this call ran"):
+        await asyncio.wait_for(follower, 10)
+    assert seen == list(range(1, head + 1))
+    fresh = [e.seq async for e in rt.events(sid, follow=False)]
+    assert fresh == list(range(1, new_head + 1))
+    await rt.close()
+    assert not _store_open(rt)

@@ -15,7 +15,7 @@ from ._exceptions import UsageError
 if TYPE_CHECKING:
     from ._session_cache import SessionCache
 
-__all__ = ["CLOSED_MIDWAY", "CLOSING", "closes_stop", "running"]
+__all__ = ["CLOSED_MIDWAY", "CLOSING", "closes_stop", "closes_begun", "running", "since_close"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -53,8 +53,12 @@ def closes_stop(
 
 
 @contextlib.contextmanager
-def running(runtime: SessionCache) -> Iterator[None]:
-    """Mark the block a call of `runtime` that its `close` stops (`closes_stop`)."""
+def running(runtime: SessionCache, since: int | None = None) -> Iterator[None]:
+    """Mark the block a call of `runtime` that its `close` stops (`closes_stop`); with `since`
+    (`closes_begun`), one stretch of a call that spans its caller's code, refused once a
+    close has begun since (`since_close`)."""
+    if since is not None:
+        since_close(runtime, since)
     task = _entered(runtime)
     try:
         yield
@@ -64,6 +68,24 @@ def running(runtime: SessionCache) -> Iterator[None]:
         raise
     finally:
         _left(runtime, task)
+
+
+def closes_begun(runtime: SessionCache) -> int:
+    """How many closes of `runtime` have begun: what a call that spans its caller's code (an
+    `events` follower) takes at its start, to tell at each step whether one came since."""
+    with runtime._per_session:
+        return runtime._closes
+
+
+def since_close(runtime: SessionCache, since: int) -> None:
+    """Raise `UsageError` if `runtime` began a close after `closes_begun` gave `since`. A
+    follower in its caller's code when `close` ran is no running call that close can stop:
+    it went on reading, opening the store again behind the close (or after a later call
+    opened it again) and following for ever."""
+    with runtime._per_session:
+        closed = runtime._closes != since
+    if closed:
+        raise UsageError(CLOSED_MIDWAY)
 
 
 def _entered(runtime: SessionCache) -> asyncio.Task[Any]:

@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator
 
 from . import stores
-from ._call_guards import running
+from ._call_guards import closes_begun, running, since_close
 from ._deadlines import expiry_specs
 from ._events import Event, check_shown_event
 from ._exceptions import EventsRewritten, SessionExpired, StoreError, UnknownSession, UsageError
@@ -46,7 +46,10 @@ class EventStream(Auditing):
         flag("follow", follow)
         check_session_id(session_id)
         check_shown_event(shown, session_id, after)
-        with running(self):  # each stretch between two events: `close` stops a follower too
+        # Each stretch between two events is a call `close` stops; a close while the caller
+        # handles an event stops the follower at its next step, whatever opened the store since.
+        closes = closes_begun(self)
+        with running(self, closes):
             await self.open()
             head = await self.store.head(session_id)
         if head is None:
@@ -68,7 +71,7 @@ class EventStream(Auditing):
             at_end = not follow and after >= head  # read up to the head read above
             if at_end and not unchecked:
                 return  # no read to find the end (one of none but the check, unchecked)
-            with running(self):
+            with running(self, closes):
                 batch = await self.store.read_events(
                     session_id,
                     after=after,
@@ -80,6 +83,7 @@ class EventStream(Auditing):
             for event in batch:
                 if not follow and event.seq > head:
                     return  # a snapshot: none written after the call began
+                since_close(self, closes)  # not the rest of a batch read before a close
                 yield event
                 after, shown = event.seq, event
             if batch:
@@ -89,7 +93,7 @@ class EventStream(Auditing):
                 raise expired
             if not follow:
                 return
-            with running(self):
+            with running(self, closes):
                 if self.now() >= expires_at or time.monotonic() - checked >= _RECHECK_FOLLOWED:
                     state = await self._state(session_id)  # UnknownSession once deleted
                     if state.seq < after:  # the store lost it, and no new event is read yet

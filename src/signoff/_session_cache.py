@@ -166,6 +166,7 @@ class SessionCache(Leasing):
         self._calls: dict[asyncio.Task[Any], int] = {}
         self._stopped: dict[asyncio.Task[Any], bool] = {}
         self._closing = 0  # closes under way: no call begins meanwhile (`_entered`)
+        self._closes = 0  # closes begun: a follower begun before one stops (`since_close`)
         # Outcomes of tool bodies that ran but were not recorded (`ToolCalls.end_call`).
         self._unrecorded = Unrecorded()
         # Leases of ended drives the store refused to release: given back by the next drive here.
@@ -215,7 +216,8 @@ class SessionCache(Leasing):
     async def close(self) -> None:
         """Close the store; a later call opens it again. A call of this runtime still running
         (a `*_sync` call in another thread, an async one on another task, a follower of
-        `events`) is stopped first: its lease given back, it raises `UsageError`."""
+        `events`) is stopped first: its lease given back, it raises `UsageError`; a follower
+        whose caller is busy with an event raises it at its next step."""
         with self._closing_now():
             self._sync.stop_calls()  # `*_sync` calls in other threads first: see `close_sync`
             await self._close_store()
@@ -227,6 +229,7 @@ class SessionCache(Leasing):
         returned, a call opens the store again."""
         with self._per_session:
             self._closing += 1
+            self._closes += 1
         try:
             yield
         finally:
