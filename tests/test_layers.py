@@ -60,7 +60,7 @@ LAYERS: list[set[str]] = [
     {"_mirrors", "_leasing", "_creation", "_key_forms", "_dropped_keys"},
     {"_child_closes"},
     {"_child_sessions"},
-    {"_child_drives"},
+    {"_child_drives", "_child_headroom"},
     {"_runtime_host", "_cancel_batch"},
     {"_deadlines", "_journal", "_subagents", "_eligibility"},
     {"_call_ends"},

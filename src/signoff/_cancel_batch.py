@@ -22,7 +22,8 @@ __all__ = ["CancelBatch"]
 class CancelBatch:
     """Cancels turn `turn_id` as of the state it is built from: after a concurrent append the
     turn may have ended (nothing to cancel) or opened other requests (withdrawn too). What the
-    last build withdrew and found delegated is kept for the steps after its commit."""
+    last build withdrew and found delegated is kept for the steps after its commit. `expiry`:
+    a passed TTL above the session ends its delegated turn (`cancel_specs`)."""
 
     def __init__(
         self,
@@ -31,12 +32,15 @@ class CancelBatch:
         by: dict[str, Any] | None,
         made: Sequence[str],
         voted: dict[str, list[list[str]]] | None = None,
+        *,
+        expiry: bool = False,
     ) -> None:
         self.turn_id = turn_id
         self.reason = reason
         self.by = by
         self.made = list(made)  # children its calls created and did not journal
         self.voted = voted or {}  # the keys each mirror's subagent recorded (`mirrored_keys`)
+        self.expiry = expiry
         self.withdrawn: list[InputRequest] = []
         self.delegated: list[str] = []
         self.built_on: int | None = None  # the seq of the state the batch was built from
@@ -48,7 +52,7 @@ class CancelBatch:
         self.withdrawn = current.pending_requests()
         self.delegated = [*_child_sessions.delegated(current), *self.made]
         self.built_on = current.seq
-        specs = cancel_specs(self.withdrawn, self.reason, self.by, self.made)
+        specs = cancel_specs(self.withdrawn, self.reason, self.by, self.made, expiry=self.expiry)
         return Batch(specs=keeping(current, specs, self.voted), resolve=self.resolves())
 
     @classmethod
@@ -59,13 +63,15 @@ class CancelBatch:
         reason: str | None,
         by: dict[str, Any] | None,
         made: Sequence[str],
+        *,
+        expiry: bool = False,
     ) -> CancelBatch:
         """The cancel of `state`'s turn, its mirrors' withdrawals keeping the keys their
         subagents' sessions recorded (`keeping`): a keyed vote through one, which the parent
         had yet to keep, is a repeat once the parent moves on to another turn."""
         assert state.turn is not None
         voted = await mirrored_keys(rt, state.pending_requests())
-        return cls(state.turn.id, reason, by, made, voted)
+        return cls(state.turn.id, reason, by, made, voted, expiry=expiry)
 
     async def keep_late(self, rt: Answering, session_id: str) -> None:
         """Once the cancel is recorded and its subagents' turns cancelled: keep the keys they

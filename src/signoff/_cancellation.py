@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from ._state_parts import load_principal
 from ._types import InputRequest, Principal
 from .stores import Resolve, Store
 
-__all__ = ["cancel_specs", "cancelled_by", "stop_calls", "withdrawal"]
+__all__ = ["cancel_specs", "cancelled_by", "expiring", "for_expiry", "stop_calls", "withdrawal"]
+
+expiring: ContextVar[frozenset[str]] = ContextVar("signoff_expiring", default=frozenset())
+"""Child sessions whose delegated turn a cancel in this task ends because a session above them
+passed its TTL: the cancel records what time did (`expiry` in its `turn.cancelled`)."""
 
 
 def _withdrawn_because(reason: str | None) -> str:
@@ -25,10 +30,13 @@ def cancel_specs(
     reason: str | None,
     by: dict[str, Any] | None,
     children: Sequence[str] = (),
+    *,
+    expiry: bool = False,
 ) -> list[Any]:
     """The events of a turn's cancellation by `by`: its open requests withdrawn, then the
     cancellation, naming the `children` its delegate calls created and did not journal (owed,
-    as the journaled ones are, for their spend)."""
+    as the journaled ones are, for their spend), and marked `expiry` when a passed TTL above
+    the session ends its delegated turn (no one did: `for_expiry`)."""
     specs: list[Any] = [
         (
             "input.resolved",
@@ -45,7 +53,15 @@ def cancel_specs(
     cancelled: dict[str, Any] = {"reason": reason, "by": by}
     if children:
         cancelled["children"] = list(children)
+    if expiry:
+        cancelled["expiry"] = True
     return [*specs, ("turn.cancelled", cancelled), ("session.waiting", {})]
+
+
+def for_expiry(specs: Sequence[tuple[str, dict[str, Any]]]) -> bool:
+    """Whether `specs` cancel a delegated turn because a session above it passed its TTL: a
+    `turn.cancelled` marked `expiry` (`cancel_specs`), with what else that cancel records."""
+    return any(t == "turn.cancelled" and d.get("expiry") is True for t, d in specs)
 
 
 def withdrawal(request_id: str, reason: str | None, by: dict[str, Any] | None) -> Resolve:

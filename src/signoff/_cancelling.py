@@ -11,7 +11,7 @@ from . import _child_sessions
 from ._answers import checked_cancel
 from ._call_guards import closes_stop
 from ._cancel_batch import CancelBatch
-from ._cancellation import stop_calls
+from ._cancellation import expiring, stop_calls
 from ._deletion import Deletion
 from ._exceptions import RequestClosed, SessionBusy, SessionExpired, UnknownSession
 from ._mirrors import following_mirrors
@@ -51,6 +51,8 @@ class Cancelling(Deletion):
         await self.open()
         rt = cast("Runtime", self)  # `_child_sessions` works on the whole runtime
         principal, by = checked_cancel(reason, turn_id, principal)
+        # A delegated turn a passed TTL above it ends: no one's activity, nor its subagents'.
+        expiry = session_id in expiring.get()
         began: tuple[str, int] | None = None  # the turn to cancel: not one that followed it
         for _ in range(20):
             state = await self._state(session_id)
@@ -78,7 +80,7 @@ class Cancelling(Deletion):
             # Children its calls created and did not journal (their process died in between):
             # the cancel owes and cancels them as it does the journaled ones.
             made = [c for c in _child_sessions.unjournaled(state) if await self.store.head(c)]
-            build = await CancelBatch.of(self, state, reason, by, made)
+            build = await CancelBatch.of(self, state, reason, by, made, expiry=expiry)
             driver = self._driver(state, None)
             try:
                 recorded = await driver.record(build, durable=True)
@@ -99,9 +101,15 @@ class Cancelling(Deletion):
             if abort is not None:
                 stop_calls(abort)
             kids = dict.fromkeys([*_child_sessions.children(build.withdrawn), *build.delegated])
-            for child in kids:  # subagents under this turn: waiting on a person, or running
-                with contextlib.suppress(UnknownSession, SessionExpired):
-                    await _child_sessions.cancel_delegated(rt, session_id, child, reason, principal)
+            reset = expiring.set(expiring.get() | (set(kids) if expiry else set()))
+            try:
+                for child in kids:  # subagents under this turn: waiting on a person, or running
+                    with contextlib.suppress(UnknownSession, SessionExpired):
+                        await _child_sessions.cancel_delegated(
+                            rt, session_id, child, reason, principal
+                        )
+            finally:
+                expiring.reset(reset)
             await build.keep_late(self, session_id)
             # A subagent cancelled on its own: its parent's delegate call goes on.
             await _child_sessions.after_close(rt, driver.state)

@@ -1,7 +1,8 @@
 """The child sessions of delegate calls, seen from their parent: closing the parent's mirrors
 when a child's requests close (`reconcile`; the hooks around a child's own drives are
 `_child_closes`'s, re-exported or wrapped here), cancelling a delegated turn its parent no
-longer waits on, and counting in the parent what its children spent.
+longer waits on, and counting in the parent what its children spent (what a child may still
+spend is `_child_headroom`'s).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ._budgets import by_budget
+from ._cancellation import expiring
 from ._child_closes import after_close as _after_close
 from ._child_closes import after_drive as _after_drive
 from ._child_closes import before_drive, delegating
@@ -25,7 +26,7 @@ from ._exceptions import (
 )
 from ._mirrors import close_mirror
 from ._recording import EventSpec
-from ._state import CallState, SessionState, delegated_turn, fold
+from ._state import CallState, SessionState, fold
 from ._state_parts import CHILD_KEY, child_id
 from ._types import InputRequest, Principal, Usage
 
@@ -50,7 +51,6 @@ __all__ = [
     "delegated",
     "delegating",
     "first_turn",
-    "headroom_now",
     "reconcile",
     "orphaned_retry",
     "refuse_orphaned_retry",
@@ -154,10 +154,25 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
     ):
         return False
     cancelled = True
-    with contextlib.suppress(SessionExpired):  # its expiry is recorded instead: as good
-        cancelled = await _cancel_child(rt, state, "the parent turn ended", None)
+    # Ended by the parent's passed TTL (a process without this agent recorded it): no activity.
+    lapsed = _lapsed_turn(parent, rt.now(), held=held)
+    reset = expiring.set(expiring.get() | ({state.id} if lapsed else set()))
+    try:
+        with contextlib.suppress(SessionExpired):  # its expiry is recorded instead: as good
+            cancelled = await _cancel_child(rt, state, "the parent turn ended", None)
+    finally:
+        expiring.reset(reset)
     await count_spent(rt, state.id)
     return cancelled
+
+
+def _lapsed_turn(parent: SessionState, now: float, *, held: bool) -> bool:
+    """Whether the parent's TTL ended its turn: its expiry recorded, or its TTL passed with the
+    turn unfinished and no live drive running it on (`held`)."""
+    turn = parent.turn
+    if held or not parent.expired(now):
+        return False
+    return parent.lapsed or (turn is not None and turn.status in ("running", "waiting"))
 
 
 async def refuse_orphaned_retry(rt: Runtime, session_id: str) -> None:
@@ -215,14 +230,20 @@ def awaited(state: SessionState) -> list[str]:
 async def cancel_expired(rt: Runtime, kids: Iterable[str], parent: str) -> None:
     """Cancel the delegated turns of `kids`, which `parent`, a session whose TTL passed, waited
     on (`awaited`): its delegate calls can never take their results, so a child waiting on a
-    person is not left open for ever, nor run once answered."""
-    for child in kids:
-        try:
-            await cancel_delegated(rt, parent, child, "the parent session expired", None)
-        except (UnknownSession, SessionExpired):
-            pass
-        except SignoffError as exc:  # the parent's expiry is what its caller must hear of
-            log.warning("subagent session %s is left to the orphan sweep: %s", child, exc)
+    person is not left open for ever, nor run once answered. Time did that, not anyone: no
+    activity of theirs (`expiring`)."""
+    kids = list(kids)
+    reset = expiring.set(expiring.get() | set(kids))
+    try:
+        for child in kids:
+            try:
+                await cancel_delegated(rt, parent, child, "the parent session expired", None)
+            except (UnknownSession, SessionExpired):
+                pass
+            except SignoffError as exc:  # the parent's expiry is what its caller must hear of
+                log.warning("subagent session %s is left to the orphan sweep: %s", child, exc)
+    finally:
+        expiring.reset(reset)
 
 
 async def cancel_delegated(
@@ -533,67 +554,3 @@ async def cancel_for_expiry(rt: Runtime, kids: list[str], parent: str) -> list[E
             spent = settled[0].model_dump()
             specs.append(("subagent.spent", {"session_id": child, "delegated": spent}))
     return specs
-
-
-_DEEPEST = 9  # how far up `headroom_now` and down `_live_spend` look: subagents nest 8 deep
-
-
-async def headroom_now(rt: Runtime, state: SessionState, depth: int = 0) -> dict[str, float]:
-    """What the child may spend through its delegated turn, by budget, as its parent stands now:
-    its `headroom` less what the parent counted since the child was created and what its other
-    subagents spend uncounted (children started from one model response share what the parent
-    had left), and no more than the parent's own such bound leaves it. Read from the store at
-    each model step, so a restart decides on what was recorded; a child created without
-    `parent_spent` (an older signoff's) keeps its headroom as it was fixed."""
-    bound = dict(state.headroom)
-    if not bound or not state.parent_spent or state.parent is None or depth >= _DEEPEST:
-        return bound
-    try:
-        parent = await rt._state(state.parent)
-    except UnknownSession:
-        return bound
-    counted = parent.usage + parent.delegated
-    others = await _uncounted_spend(rt, parent, depth, but=state.id)
-    now, theirs = by_budget(counted, bound), by_budget(others, bound)
-    for key, cap in bound.items():
-        bound[key] = cap - (now[key] - state.parent_spent.get(key, now[key])) - theirs[key]
-    if parent.headroom and delegated_turn(parent):
-        above = await headroom_now(rt, parent, depth + 1)
-        for key, cap in above.items():
-            if key in bound:
-                bound[key] = min(bound[key], cap - now[key] - theirs[key])
-    return bound
-
-
-def _uncounted(parent: SessionState) -> list[str]:
-    """The parent's children whose spend it has not counted: those of its turn's delegate calls
-    without a result, and those it owes."""
-    return list(dict.fromkeys([*delegated(parent), *parent.owed]))
-
-
-async def _uncounted_spend(
-    rt: Runtime, parent: SessionState, depth: int, *, but: str | None = None
-) -> Usage:
-    """What the parent's children (`but` one) spent that it has not counted: those it has not
-    counted at all, and those counted short, past that count."""
-    spent = Usage()
-    if depth >= _DEEPEST:
-        return spent
-    for kid in _uncounted(parent):
-        if kid != but:
-            with contextlib.suppress(UnknownSession):
-                spent = spent + await _live_spend(rt, kid, depth)
-    for kid, (_, counted) in parent.short.items():
-        if kid == but:
-            continue
-        with contextlib.suppress(UnknownSession):
-            live = (await _live_spend(rt, kid, depth)).model_dump()
-            spent = spent + Usage(**{k: max(v - counted.get(k, 0), 0) for k, v in live.items()})
-    return spent
-
-
-async def _live_spend(rt: Runtime, child: str, depth: int) -> Usage:
-    """What the child spent through its delegated turn so far, with what its own children spent
-    that it has not counted yet."""
-    first = await first_turn(rt, await rt._state(child))
-    return first.usage + first.delegated + await _uncounted_spend(rt, first, depth + 1)

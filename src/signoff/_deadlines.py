@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ._cancellation import withdrawal
+from ._cancellation import for_expiry, withdrawal
 from ._events import Event, is_activity
 from ._recording import Batch, EventSpec, billing, shown_recorded, spent_in
 from ._state import SessionState
@@ -253,17 +253,28 @@ _WAITING_OR_DONE = frozenset({"requested", "awaiting", "asking", "done"})
 
 
 def records_expiry(specs: Sequence[EventSpec], after: SessionState | None) -> bool:
-    """Whether `specs` only record the session's passed TTL (`expiry_specs`, beside what is no
-    activity: what its subagents spent): time did that, not anyone, so the store keeps the
-    session's last activity (`Commit.activity`), which a prune ages it by, whoever looked first."""
+    """Whether `specs` only record the session's passed TTL (`expiry_specs`), or the cancel of
+    its delegated turn that a passed TTL above it makes (`for_expiry`: its requests withdrawn,
+    the turn cancelled), beside what is no activity (what its subagents spent): time did that,
+    not anyone, so the store keeps the session's last activity (`Commit.activity`), which a
+    prune ages its tree by, whoever looked first."""
+    cancel = for_expiry(specs)
     expiry = False
     for type_, data in specs:
         if not is_activity(type_, data):
             continue
-        if type_ not in ("input.resolved", "turn.failed") or data.get("reason") != EXPIRED:
+        if type_ in ("input.resolved", "turn.failed") and data.get("reason") == EXPIRED:
+            expiry = True
+        elif not (cancel and _cancels(type_, data)):
             return False
-        expiry = True
-    return expiry and after is not None and after.lapsed
+    return cancel or (expiry and after is not None and after.lapsed)
+
+
+def _cancels(type_: str, data: dict[str, Any]) -> bool:
+    """Whether the event is one a turn's cancel records (`cancel_specs`)."""
+    if type_ == "input.resolved":
+        return data.get("outcome") == "cancelled" and data.get("status") == "withdrawn"
+    return type_ in ("turn.cancelled", "session.waiting")
 
 
 def expiry_resolves(state: SessionState) -> list[Resolve]:

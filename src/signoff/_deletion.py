@@ -275,9 +275,9 @@ class Deletion(EventStream):
             return _unread(session_id, exc, damaged)
         except SessionWaiting as waiting:
             # Waiting on requests no one can answer any more (its TTL passed): recorded as a
-            # listing would record it (they expire), then deleted. Recording it is no activity
-            # (`records_expiry`), but cancelling its subagents' turns with it is, and a session
-            # past its TTL comes to life no more: no `before` then.
+            # listing would record it (they expire), then deleted. Recording it, its subagents'
+            # turns cancelled with it, is no activity (`records_expiry`), and a session past its
+            # TTL comes to life no more: no `before` then.
             try:
                 expired = await self._expired_now(session_id, waiting.held_by)
             except STORE_FAILING:
@@ -341,7 +341,7 @@ class Deletion(EventStream):
         build: Callable[[SessionState], Batch] = (
             _expiry(self.now)
             if kid.expired(self.now())
-            else CancelBatch(turn.id, _PARENT_EXPIRED, None, [])
+            else CancelBatch(turn.id, _PARENT_EXPIRED, None, [], expiry=True)
         )
         with contextlib.suppress(StoreError):
             await self._append(kid.id, build, durable=True, turn_id=turn.id)

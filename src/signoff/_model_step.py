@@ -17,7 +17,7 @@ from ._budgets import (
     spending,
     stopped_at_limit,
 )
-from ._child_sessions import headroom_now
+from ._child_headroom import headroom_now
 from ._conversation import MESSAGE_EVENT_TYPES, Conversation, conversation
 from ._error_text import error_text
 from ._exceptions import BudgetSpent, LeaseLost, ModelError, SignoffError

@@ -87,7 +87,7 @@ class RuntimeHost:
                 "ttl": ttl,
                 **({"headroom": left} if left else {}),
                 # What the parent had counted then: its other subagents' spend counted later
-                # comes out of this child's share (`_child_sessions.headroom_now`).
+                # comes out of this child's share (`_child_headroom.headroom_now`).
                 **({"parent_spent": by_budget(spent, left)} if left else {}),
             },
         )
