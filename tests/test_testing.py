@@ -330,6 +330,21 @@ def test_an_execution_log_refuses_what_is_no_file_path(tmp_path: Path) -> None:
     assert ExecutionLog(tmp_path / "log.jsonl").path == tmp_path / "log.jsonl"
 
 
+def test_an_execution_log_refuses_a_file_in_no_directory(tmp_path: Path) -> None:
+    """A file whose directory did not exist was taken, and every call of its tools then failed
+    before the body ran (`FileNotFoundError`, read by the model), so a count of 0 proved
+    nothing. It is refused where the log is made; a file in an existing directory is not."""
+    for given in (tmp_path / "logs" / "runs.jsonl", str(tmp_path / "a" / "b" / "runs.jsonl")):
+        with pytest.raises(so.UsageError, match="in no existing directory: make"):
+            ExecutionLog(given)
+    (tmp_path / "logs").mkdir()
+    log = ExecutionLog(tmp_path / "logs" / "runs.jsonl")
+    log.record(
+        testing.Execution(tool_name="t", session_id="s", call_id="c", idempotency_key="k", input={})
+    )
+    assert log.count("t") == 1
+
+
 @pytest.mark.parametrize(
     "now",
     [datetime.now, lambda: "1700000000", lambda: math.nan, lambda: object()],

@@ -116,6 +116,13 @@ class ExecutionLog:
             # A directory (or "", which is "."), taken, failed every recording tool's call
             # before its body ran; another type was a bare TypeError.
             raise UsageError(f"ExecutionLog takes the path of a file to append to, not {path!r}")
+        if path is not None and not Path(path).absolute().parent.is_dir():
+            # Taken, every recording tool's call failed before its body ran, the model read
+            # that as the tool's error, and a count of 0 proved nothing.
+            raise UsageError(
+                f"ExecutionLog's file {str(path)!r} is in no existing directory: make "
+                f"{str(Path(path).absolute().parent)!r} first"
+            )
         self.path = None if path is None else Path(path)
         self._executions: list[Execution] = []
 
