@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,29 @@ async def test_a_hanging_review_times_out_and_asks_a_person(tmp_path: Path) -> N
         assert r.status == "waiting"
         (req,) = r.pending
         assert (req.auto_verdict, req.auto_reason) == ("failed", "the review took longer than 0.2s")
+        assert log.count() == 0
+
+
+async def test_a_review_that_blocks_past_its_timeout_asks_a_person_and_still_counts(
+    tmp_path: Path,
+) -> None:
+    """A reviewer blocking past its timeout (a sync HTTP client inside `complete`, never
+    awaiting), which asyncio enforces only at an await, then saying clear ran the call: its
+    verdict came too late all the same, as a response policy's does. What it cost counts."""
+    billed = so.Usage(input_tokens=30, output_tokens=5, cost_usd=0.5)
+
+    def blocking(messages: list[so.Message]) -> so.ModelResponse:
+        time.sleep(0.6)
+        return so.ModelResponse(text=verdict("clear", "fine").text, usage=billed)
+
+    log = ExecutionLog()
+    agent = refund_agent(log, so.auto(so.models.Scripted([blocking]), timeout=0.2))
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await asyncio.wait_for(rt.generate("billing", prompt="refund", auth=ALICE), 5)
+        assert r.status == "waiting"
+        (req,) = r.pending
+        assert (req.auto_verdict, req.auto_reason) == ("failed", "the review took longer than 0.2s")
+        assert (await rt.state(r.session_id)).usage == billed
         assert log.count() == 0
 
 

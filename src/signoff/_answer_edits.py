@@ -12,7 +12,7 @@ from pydantic_core import PydanticSerializationError
 
 from ._exceptions import InvalidAnswer
 from ._text import cut
-from ._tool_json import edit_changed, holds_mask, key_not_text, unlike
+from ._tool_json import edit_changed, holds_mask, kept, key_not_text, own_input, unlike
 from ._tools import Tool
 from ._types import InputRequest, same_json
 
@@ -74,6 +74,8 @@ def _validated_edit(rid: str, tool: Tool, given: dict[str, Any]) -> dict[str, An
     _check_edit_as_given(rid, given)
     try:
         validated = tool.validate(given)
+        if tool.lazy:
+            kept(validated)  # its form uses the iterators up: what they held is compared
         edited = tool.approved_form(validated)
     except ValidationError as exc:
         problems = first_problems(exc)
@@ -97,7 +99,7 @@ def _check_edit_kept(rid: str, tool: Tool, validated: BaseModel, edited: dict[st
     would run as the mask)."""
     try:
         again = tool.validate(edited)
-        form = None if holds_mask(again) else tool.approved_form(again)
+        form = None if holds_mask(again) else tool.approved_form(own_input(tool, edited, again))
     except (ValidationError, PydanticSerializationError):
         again, form = None, None
     if form != edited:

@@ -6,7 +6,6 @@ asks a person. The verdict and reason are recorded on the request the person see
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from dataclasses import dataclass
@@ -26,7 +25,8 @@ from ._output_caps import (
     text_tokens,
 )
 from ._settings import flag, positive_seconds, shown_value
-from ._tool_json import unlike
+from ._sync import TimeBound
+from ._tool_json import kept, unlike
 from ._tracing import review
 from ._types import ModelResponse, Usage, UserMessage, billable, reported_usage
 from .models._base import not_a_model_class
@@ -134,7 +134,8 @@ class _Auto(ApprovalPolicy):
             max_output_tokens=cap,
             budgeted=bool(ctx.budget_left),
         )
-        bound = asyncio.timeout(self.timeout)
+        bound = TimeBound(self.timeout)
+        late = f"the review took longer than {self.timeout:g}s"
         try:
             with review(self.model, request, ctx.call_id) as span:  # failed by what it raises
                 async with bound:
@@ -143,7 +144,7 @@ class _Auto(ApprovalPolicy):
                     span.responded(response)
         except TimeoutError as exc:
             if bound.expired():
-                return _caution("failed", f"the review took longer than {self.timeout:g}s")
+                return _caution("failed", late)
             # The model's own (a provider's read timeout), raised before this one: it failed.
             return _caution("failed", f"the review failed: {error_text(exc)}")
         except Exception as exc:
@@ -154,6 +155,10 @@ class _Auto(ApprovalPolicy):
         spent = billable(getattr(response, "usage", None))
         if spent is not None and getattr(response, "cost_reported", False) is True:
             spent = reported_usage(spent)  # recorded as the provider's figure, as a turn's reply
+        if bound.overran():
+            # A reviewer that blocked (a sync HTTP client, never awaiting) past its timeout,
+            # which asyncio enforces only at an await: its verdict came too late all the same.
+            return _caution("failed", late, spent)
         cut = getattr(response, "cut_off", None)
         if cut is not None:  # half a review clears nothing: `{"verdict": "clear", "reason": "but`
             return _caution("failed", f"the review was cut off ({cut})", spent)
@@ -196,6 +201,7 @@ def _unescaped(match: re.Match[str]) -> str:
 def _shown(validated: BaseModel) -> dict[str, Any] | None:
     """Validated input as JSON, by the names the model is shown, as a person would see it; None
     if validated again it is other input (`unlike`): a review of it would not see what runs."""
+    kept(validated)  # a lazy input (this review's own): its form uses up the iterators
     form = validated.model_dump(mode="json", by_alias=True)
     try:
         again = type(validated).model_validate(form)

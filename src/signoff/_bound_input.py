@@ -9,11 +9,11 @@ from typing import Any
 from pydantic import BaseModel, Secret, SecretBytes, SecretStr, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from ._tool_json import holds_mask, is_mask
+from ._tool_json import holds_mask, is_mask, own_input
 from ._tools import Tool
 from ._types import Action, input_hash
 
-__all__ = ["as_approved", "as_started", "left_out", "still_bound"]
+__all__ = ["as_approved", "as_started", "binds", "left_out", "still_bound"]
 
 
 def still_bound(action: Action, tool: Tool, validated: BaseModel) -> bool:
@@ -26,6 +26,16 @@ def still_bound(action: Action, tool: Tool, validated: BaseModel) -> bool:
     return input_hash(form, tool_name=action.tool_name, call_id=action.call_id) == (
         action.input_hash
     )
+
+
+def binds(action: Action, tool: Tool, raw: Any, validated: BaseModel) -> bool:
+    """Whether `validated` (of `raw`) is the input `action` binds (`still_bound`), leaving it
+    whole for the body: a lazy input is checked on a validation of its own, as the check uses
+    up its iterators."""
+    try:
+        return still_bound(action, tool, own_input(tool, raw, validated))
+    except ValidationError:  # validated again, it is not valid: no input anybody approved
+        return False
 
 
 def as_approved(action: Action, tool: Tool, raw: Any) -> BaseModel | None:
@@ -125,7 +135,7 @@ def _bound(action: Action, tool: Tool, raw: Any) -> BaseModel | None:
         validated = tool.validate(raw)
     except ValidationError:
         return None
-    if holds_mask(validated) or not still_bound(action, tool, validated):
+    if holds_mask(validated) or not binds(action, tool, raw, validated):
         return None
     return validated
 

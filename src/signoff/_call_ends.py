@@ -96,13 +96,17 @@ def form_before(tool: Tool, validated: BaseModel) -> Got:
         return exc
 
 
-def _shown_as_got(tool: Tool, validated: BaseModel, got: Got) -> dict[str, Any]:
+def _shown_as_got(tool: Tool, validated: BaseModel, got: Got, raw: Any) -> dict[str, Any]:
     """What a reviewer is shown of the input a body asking for approval got: `got`, checked as
     `Tool.shown_form` checks a form, and raising as it does. The input as the body holds it now
     is checked too, as a form that shows otherwise than a value (a serializer's mask) is one
-    whatever the value; where the body changed it, `got` validated again must show as itself."""
+    whatever the value; where the body changed it, `got` validated again must show as itself.
+    A lazy input (`got` None) is shown validated anew from `raw`: the body used up its own."""
     if got is None:
-        return tool.shown_form(validated)
+        try:
+            return tool.shown_form(tool.validate(raw))
+        except ValidationError as exc:
+            raise Unshown(f"validated again, the input is not valid now: {exc}") from None
     if isinstance(got, PydanticSerializationError):
         raise got
     if same_json(tool.shown_form(validated), got):
@@ -282,7 +286,8 @@ class CallEnds(DriverPart):
             await self.end_call(key, journal, [tool_result(call, "error", {"error": too_large})])
             return
         try:
-            shown = _shown_as_got(tool, validated, got)
+            raw = call.input if call.edited_input is None else call.edited_input
+            shown = _shown_as_got(tool, validated, got, raw)
         except PydanticSerializationError as exc:
             error = {"error": f"the input has no JSON form to show a reviewer: {exc}"}
             await self.end_call(key, journal, [tool_result(call, "error", error)])

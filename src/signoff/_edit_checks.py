@@ -114,7 +114,7 @@ class EditChecks(Candidates):
             edited=True,
         )
         # Only a denial refuses the edit: a caution asks a person, and the approver is one.
-        verdict = await driver.verdict(tool, ctx)
+        verdict = await driver.verdict(tool, ctx, edited)
         if verdict.action == "deny":
             whose = " or a guardrail" if driver.agent.guardrails else ""
             why = f": {verdict.reason}" if verdict.reason else ""

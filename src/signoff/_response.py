@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
@@ -26,7 +25,7 @@ from ._approval import (
 from ._error_text import error_text
 from ._exceptions import UsageError
 from ._settings import positive_seconds, shown_value
-from ._sync import called_off_loop, thread_note
+from ._sync import TimeBound, called_off_loop, thread_note
 from ._types import Principal
 
 __all__ = [
@@ -186,8 +185,7 @@ async def evaluate_response(
     """Run a response policy; raising gives `failed`, exceeding `timeout` gives `timed-out`."""
 
     late = ResponseVerdict("timed-out", f"response policy took longer than {timeout:g}s")
-    started = time.monotonic()
-    bound = asyncio.timeout(timeout)
+    bound = TimeBound(timeout)
     try:
         async with bound:
             # A sync one in a thread, as a sync tool: blocking, it would stop lease renewals
@@ -204,7 +202,7 @@ async def evaluate_response(
             raise  # the answer itself is cancelled; a CancelledError of the policy's own is not
         note = thread_note(policy, exc)
         return ResponseVerdict("failed", f"response policy raised {error_text(exc)}{note}")
-    if time.monotonic() - started > timeout:
+    if bound.overran():
         # A coroutine that blocked (sync work, never awaiting) past its timeout, which asyncio
         # only enforces at an await: its verdict came too late all the same.
         return late

@@ -9,6 +9,7 @@ import functools
 import inspect
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -18,6 +19,7 @@ from ._exceptions import UsageError
 
 __all__ = [
     "SyncBridge",
+    "TimeBound",
     "blocking_doc",
     "called_off_loop",
     "checked_clock",
@@ -353,6 +355,33 @@ async def called_off_loop(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) 
     except SystemExit as exc:
         raise exited(exc) from exc
     return result
+
+
+class TimeBound:
+    """`asyncio.timeout(seconds)`, telling also whether the work it bounds ran past it: asyncio
+    cuts work short only at an await, so a coroutine that blocks (sync work, never awaiting)
+    runs on past its bound, and what it gives then came too late all the same."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._bound = asyncio.timeout(seconds)
+        self._started = time.monotonic()
+
+    async def __aenter__(self) -> TimeBound:
+        self._started = time.monotonic()
+        await self._bound.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._bound.__aexit__(*exc_info)  # suppresses nothing: raises a TimeoutError
+
+    def expired(self) -> bool:
+        """Whether the bound cut the work short: a `TimeoutError` raised then is its own."""
+        return self._bound.expired()
+
+    def overran(self) -> bool:
+        """Whether the work ran past the bound, cut short or not."""
+        return self._bound.expired() or time.monotonic() - self._started > self.seconds
 
 
 def exited(exc: SystemExit) -> RuntimeError:

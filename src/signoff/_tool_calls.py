@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
-from ._bound_input import as_approved, as_started, left_out, still_bound
+from ._bound_input import as_approved, as_started, binds, left_out
 from ._call_ends import IGNORED, CallEnds, asked_input, form_before, signal_in
 from ._exceptions import LeaseLost, TooLarge
 from ._journal import UNRECORDED_KEPT, CallJournal
@@ -35,7 +35,7 @@ from ._state_parts import call_key
 from ._sync import to_end
 from ._text import cut
 from ._tool_context import ToolContext
-from ._tool_json import over_limit
+from ._tool_json import over_limit, own_input
 from ._tool_signals import ApprovalRequired, QuestionWithdrawn
 from ._tools import Tool, Unshown
 from ._tracing import ToolSpan
@@ -99,7 +99,7 @@ class ToolCalls(CallEnds):
             held = self.deferred.pop(f"{s.model_responses}:{call.id}", None)
             if held is None and call.held is not None:  # held back by a drive gone since
                 held = _unheld(call.held)
-            verdict = held if held is not None else await self.verdict(tool, ctx)
+            verdict = held if held is not None else await self.verdict(tool, ctx, call.input)
             if verdict.usage is not None:
                 left = spare(left, verdict.usage)
             if verdict.action == "ask":
@@ -150,9 +150,9 @@ class ToolCalls(CallEnds):
                         f"reviewer, so it cannot be approved: {exc}"
                     }
                     results.append(tool_result(call, "error", shown, **billed))
-                except Unshown as exc:
+                except (Unshown, ValidationError) as exc:
                     # Its form would not show what the tool gets: approving it would run unseen
-                    # input.
+                    # input (or a lazy one, validated again for the form, is not valid now).
                     shown = {
                         "error": f"the input of {tool.name} cannot be shown to a reviewer as "
                         f"the tool would get it, so it cannot be approved: {exc}"
@@ -228,7 +228,7 @@ class ToolCalls(CallEnds):
         s = self.state
         turn = s.turn
         assert turn is not None
-        dumped = tool.shown_form(validated)
+        dumped = tool.shown_form(own_input(tool, call.input, validated))  # the body's is untouched
         rules = tool.approval.rules
         guarded = verdict.reason == "guardrail"
         if guarded:
@@ -261,10 +261,11 @@ class ToolCalls(CallEnds):
             response_policy=tool.response_policy is not None,
         )
 
-    async def verdict(self, tool: Tool, ctx: ApprovalContext) -> Verdict:
-        """The strictest of the tool's policy and the agent's guardrails: deny > ask > run."""
+    async def verdict(self, tool: Tool, ctx: ApprovalContext, raw: Any) -> Verdict:
+        """The strictest of the tool's policy and the agent's guardrails: deny > ask > run (of
+        the call's `raw` input, `ctx.tool_input` validated)."""
         with self.tracing.reviews(self.state):  # an auto() review is a model call traced
-            return await strictest(tool, ctx, self.agent.guardrails)
+            return await strictest(tool, ctx, self.agent.guardrails, raw)
 
     # -- tools --------------------------------------------------------------------------------
 
@@ -323,11 +324,12 @@ class ToolCalls(CallEnds):
         except ValidationError as exc:
             await self.record([tool_result(call, "error", invalid_input(exc))])
             return
-        if bound is not None and not still_bound(bound, tool, validated):
-            approved = None if call.edited_input is not None else as_approved(bound, tool, raw)
+        unbound = bound is not None and not binds(bound, tool, raw, validated)
+        if bound is not None and unbound and call.edited_input is None:
+            approved = as_approved(bound, tool, raw)  # checked to be the input approved
             if approved is not None:
-                validated = approved
-        if bound is not None and not still_bound(bound, tool, validated):
+                validated, unbound = approved, False
+        if unbound:
             unapproved = {
                 "error": f"the input of {call.tool_name} validates now to other input than was "
                 "approved (its parameters changed since, or a validator is not deterministic); "
@@ -339,7 +341,7 @@ class ToolCalls(CallEnds):
         if call.status == "approved" and self.agent.guardrails:
             # A guardrail deployed since the approval may deny the call: asked again before its
             # body first starts, their decision recorded with that start or as the denial.
-            checked = await self._still_allowed(call, tool, validated)
+            checked = await self._still_allowed(call, tool, raw, validated)
             if checked.action == "deny":
                 by_policy = {"denied": True, "reason": checked.reason, "by": "policy"}
                 shown = self._cut(call, by_policy)  # as a denial at proposal reads
@@ -356,7 +358,9 @@ class ToolCalls(CallEnds):
         usage = None if checked is None else checked.usage
         await self.run_tool(call, tool, validated, principal, approval=note, usage=usage)
 
-    async def _still_allowed(self, call: CallState, tool: Tool, validated: BaseModel) -> Verdict:
+    async def _still_allowed(
+        self, call: CallState, tool: Tool, raw: Any, validated: BaseModel
+    ) -> Verdict:
         """What the agent's guardrails make now of approved `call` (`still_allowed`): only they
         are asked again, not the tool's policy, whose question the approval answered."""
         s = self.state
@@ -374,7 +378,9 @@ class ToolCalls(CallEnds):
         asked = s.requests.get(call.request_id) if call.request_id is not None else None
         by_deadline = asked is not None and asked.outcome == "expired"
         with self.tracing.reviews(s):  # a review a guardrail makes is a model call traced
-            return await still_allowed(ctx, self.agent.guardrails, by_deadline)
+            return await still_allowed(
+                tool, ctx, self.agent.guardrails, raw, by_deadline=by_deadline
+            )
 
     async def run_tool(
         self,
@@ -424,7 +430,9 @@ class ToolCalls(CallEnds):
             abort_signal=self.abort_signal,
             journal=journal,
         )
-        with self.tracing.tool(s, call.id, call.tool_name, validated) as span:
+        # A lazy input is traced by a form of its own: the body's would have its iterators used up.
+        traced = asked_input(tool, None, raw) if tool.lazy else validated
+        with self.tracing.tool(s, call.id, call.tool_name, traced) as span:
             if self.lease_check is not None:
                 await self.lease_check()  # a drive that stalled past its lease runs no body
             task, stopped = await self._run_body(tool, ctx, validated, journal)

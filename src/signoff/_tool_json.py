@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, RootModel, Secret, SecretBytes, SecretStr
@@ -46,10 +47,12 @@ __all__ = [
     "is_mask",
     "json_size",
     "jsonable",
+    "kept",
     "key_not_text",
     "keys_alike",
     "nests_deeper",
     "over_limit",
+    "own_input",
     "recorded_bound",
     "result_bound",
     "sets_sorted",
@@ -314,6 +317,13 @@ def unlike(validated: Any, again: Any, form: Any) -> tuple[tuple[str | int, ...]
     ]
     while stack:
         one, other, shown, where, left_out = stack.pop()
+        if isinstance(one, _Kept):
+            # A lazy iterator its form used up: what it gave, against what `again`'s gives.
+            one = one.items
+            try:
+                other = list(other) if isinstance(other, Iterator) else other
+            except (Exception, SystemExit):  # an item of the form is no valid input
+                return where, left_out
         if isinstance(one, SecretStr | SecretBytes | Secret) and type(one) is type(other):
             value = other.get_secret_value()
             if value not in (_MASK, _MASK.encode()) and one.get_secret_value() != value:
@@ -394,6 +404,65 @@ def _plain(value: Any) -> bool:
 
 def _is_dataclass(value: Any) -> bool:
     return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def own_input(tool: Tool, raw: Any, validated: BaseModel) -> BaseModel:
+    """`validated` (of `raw`) for one more reader, or for a lazy tool `raw` validated anew:
+    whoever reads a lazy input (a policy, a guardrail, a reviewer's form, the body) uses up
+    its iterators, so each gets its own. Raises `ValidationError` as `Tool.validate` does."""
+    return tool.validate(raw) if tool.lazy else validated
+
+
+class _Kept(Iterator[Any]):
+    """A lazy iterator of validated input (an `Iterable[...]` parameter), keeping the items it
+    gives: its JSON form uses it up, and `unlike` compares what it held."""
+
+    def __init__(self, inner: Iterator[Any]) -> None:
+        self.inner = inner
+        self.items: list[Any] = []
+
+    def __next__(self) -> Any:
+        item = kept(next(self.inner))
+        self.items.append(item)
+        return item
+
+
+def kept(value: Any) -> Any:
+    """`value`, validated input of its reader's own, with each lazy iterator in it made one
+    that keeps its items (in place; one in a tuple is left as it is, and compares as unlike):
+    its JSON form uses the iterators up, and `unlike` is to compare what they held. Walked
+    without recursion."""
+    if isinstance(value, Iterator):
+        return _Kept(value)
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, BaseModel):
+            slots: Any = item.__dict__  # a frozen model's fields too, as pydantic reads them
+            if item.__pydantic_extra__:
+                stack.append(item.__pydantic_extra__)
+        elif _is_dataclass(item):
+            slots = {f.name: getattr(item, f.name) for f in dataclasses.fields(item)}
+        elif isinstance(item, dict | list):
+            slots = item
+        else:
+            if isinstance(item, tuple):
+                stack.extend(item)
+            continue
+        for key, inner in list(slots.items() if isinstance(slots, dict) else enumerate(slots)):
+            if isinstance(inner, Iterator) and not isinstance(inner, _Kept):
+                inner = _Kept(inner)
+                if _is_dataclass(item):
+                    object.__setattr__(item, key, inner)
+                else:
+                    slots[key] = inner
+            else:
+                stack.append(inner)
+    return value
 
 
 def edit_changed(

@@ -23,6 +23,7 @@ from ._tool_json import (
     MAX_INPUT_DEPTH,
     UNPARSED_ARGUMENTS,
     jsonable,
+    kept,
     keys_alike,
     sets_sorted,
     unlike,
@@ -229,6 +230,8 @@ class Tool:
         mask aside), so that what they approve is what runs. Raises `Unshown` if it does not (a
         field the form leaves out or shows otherwise, a validator that changes it again), and
         `PydanticSerializationError` if it has no JSON form. Asked of gated calls only."""
+        if self.lazy:
+            kept(validated)  # its form uses the iterators up (`own_input`): their items compare
         form = self.approved_form(validated)
         try:
             again = self.validate(form)

@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
 
 from ._approval import ApprovalContext, Guardrail, Verdict, reason_text
 from ._error_text import error_text
@@ -18,19 +21,22 @@ from ._tools import Tool
 __all__ = ["still_allowed", "strictest"]
 
 
-async def strictest(tool: Tool, ctx: ApprovalContext, guardrails: Sequence[Guardrail]) -> Verdict:
-    """The strictest of the tool's policy and `guardrails`: deny > ask > run."""
+async def strictest(
+    tool: Tool, ctx: ApprovalContext, guardrails: Sequence[Guardrail], raw: Any
+) -> Verdict:
+    """The strictest of the tool's policy and `guardrails`: deny > ask > run. `raw` is the
+    input `ctx.tool_input` was validated from: a lazy one is validated anew for each of them."""
     # A `decide` of a subclass's own may be a plain method (the docs say it returns a verdict):
     # awaited as it was, its deny asked a person instead, with a TypeError for the reason. It
     # runs in a thread, as a plain policy function does, so one that blocks stops no renewal.
     try:
-        own = await called_off_loop(tool.approval.decide, ctx)
+        own = await called_off_loop(tool.approval.decide, _own_input(tool, ctx, raw))
     except (Exception, asyncio.CancelledError) as exc:  # fail closed: a person is asked
         note = thread_note(tool.approval.decide, exc)
         own = Verdict("ask", error=f"approval policy raised {_policy_error(exc)}{note}")
     if not _is_verdict(own):
         own = Verdict("ask", error=f"approval policy returned {_shown(own)}, not a Verdict")
-    verdicts = [own, *await _guardrails(ctx, guardrails, own)]
+    verdicts = [own, *await _guardrails(tool, ctx, guardrails, raw, own)]
     chosen = next((v for a in ("deny", "ask") for v in verdicts if v.action == a), verdicts[0])
     guard = next((v for v in verdicts[1:] if v.action == "ask"), None)
     if chosen is own and own.action == "ask" and guard is not None:
@@ -42,13 +48,19 @@ async def strictest(tool: Tool, ctx: ApprovalContext, guardrails: Sequence[Guard
 
 
 async def still_allowed(
-    ctx: ApprovalContext, guardrails: Sequence[Guardrail], by_deadline: bool
+    tool: Tool,
+    ctx: ApprovalContext,
+    guardrails: Sequence[Guardrail],
+    raw: Any,
+    *,
+    by_deadline: bool,
 ) -> Verdict:
     """What `guardrails` make now of an approved call about to start (a deploy since the
     approval may have added one): `deny` if one denies it, or if one asks a person and only
     the request's deadline approved it (`by_deadline`: a guardrail's request is never approved
-    so); else `run`. What their reviews spent is counted either way."""
-    verdicts = await _guardrails(ctx, guardrails, None)
+    so); else `run`. What their reviews spent is counted either way. `raw` as `strictest`
+    takes it."""
+    verdicts = await _guardrails(tool, ctx, guardrails, raw, None)
     spent = Verdict.spent(verdicts)
     chosen = next((v for v in verdicts if v.action == "deny"), Verdict("run"))
     if chosen.action == "run" and by_deadline:
@@ -64,7 +76,11 @@ async def still_allowed(
 
 
 async def _guardrails(
-    ctx: ApprovalContext, guardrails: Sequence[Guardrail], own: Verdict | None
+    tool: Tool,
+    ctx: ApprovalContext,
+    guardrails: Sequence[Guardrail],
+    raw: Any,
+    own: Verdict | None,
 ) -> list[Verdict]:
     """The verdicts of `guardrails` that decide something (None leaves the call to the tool's
     policy), each failing closed (a person is asked); each sees a budget less what `own` (the
@@ -76,7 +92,7 @@ async def _guardrails(
         if spent is not None and ctx.budget_left:  # what its own review may spend is less
             seen = dataclasses.replace(ctx, budget_left=spare(ctx.budget_left, spent))
         try:
-            v = await called_off_loop(guardrail.decide, seen)
+            v = await called_off_loop(guardrail.decide, _own_input(tool, seen, raw))
         except (Exception, asyncio.CancelledError) as exc:  # fail closed, like a policy
             note = thread_note(guardrail.decide, exc)
             v = Verdict("ask", error=f"guardrail raised {_policy_error(exc)}{note}")
@@ -87,6 +103,17 @@ async def _guardrails(
         if v is not None:
             verdicts.append(v)
     return verdicts if own is None else verdicts[1:]
+
+
+def _own_input(tool: Tool, ctx: ApprovalContext, raw: Any) -> ApprovalContext:
+    """`ctx` with input of one reader's own, if it is lazy: reading it uses up its iterators (a
+    predicate's `sum(input.amounts)`), so the next policy or the body would get none."""
+    if not tool.lazy:
+        return ctx
+    try:
+        return dataclasses.replace(ctx, tool_input=tool.validate(raw))
+    except ValidationError:  # as `typed_input`: input that does not validate is seen raw
+        return dataclasses.replace(ctx, tool_input=raw)
 
 
 def _policy_error(exc: BaseException) -> str:

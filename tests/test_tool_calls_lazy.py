@@ -1,0 +1,298 @@
+"""A gated tool with a lazy input (`_tool_calls`): an `Iterable[...]` parameter, which pydantic
+validates to a one-shot iterator. Each reader of the input (the policy, a guardrail, an `auto()`
+review, the form a reviewer is shown, the trace, the body) gets its own validation of it: one
+validation shared used it up, so the body got nothing (a refund of nothing, silently), and an
+approval of such a call could never be asked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic import BaseModel, PlainSerializer
+
+import signoff as so
+from signoff.models import ModelRequest
+from signoff.testing import (
+    Capture,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    tool_results,
+)
+
+from ._cli import ROOT
+from ._tracing import _by_name, exporter, provider
+
+__all__ = ["exporter", "provider"]  # the fixtures, used by name
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+AMOUNTS = [10.0, 20.0, 30.0]
+Rounded = Annotated[float, PlainSerializer(round)]  # module level: tool hints are resolved here
+
+
+class Batch(BaseModel):
+    amounts: Iterable[float]
+
+
+def refunds(approval: Any, got: list[list[float]], *, nested: bool = False) -> so.Tool:
+    """A tool refunding a batch of amounts, given as a parameter or inside a model's field."""
+    if nested:
+
+        @so.tool(approval=approval, name="refund_batch")
+        async def refund_nested(batch: Batch) -> dict[str, Any]:
+            """Refund several amounts."""
+            got.append(list(batch.amounts))
+            return {"refunded": got[-1]}
+
+        return refund_nested
+
+    @so.tool(approval=approval)
+    async def refund_batch(amounts: Iterable[float]) -> dict[str, Any]:
+        """Refund several amounts."""
+        got.append(list(amounts))
+        return {"refunded": got[-1]}
+
+    return refund_batch
+
+
+def given(nested: bool) -> dict[str, Any]:
+    return {"batch": {"amounts": AMOUNTS}} if nested else {"amounts": AMOUNTS}
+
+
+async def run(
+    tmp_path: Path, tool: so.Tool, input: dict[str, Any], **agent: Any
+) -> tuple[so.GenerateResult, Capture]:
+    """Propose one call of `tool`; approve it if a person is asked. The result, and what the
+    model read after it."""
+    seen = Capture(reply("done"))
+    proposal = call_tools(so.ToolCall(id="c1", name=tool.name, input=input))
+    a = scripted_agent("a", [proposal, seen], tools=[tool], **agent)
+    async with sqlite_runtime(tmp_path, a) as rt:
+        r = await rt.generate("a", prompt="refund", auth=ALICE)
+        if r.pending:
+            [req] = r.pending
+            assert req.input == input, req.input  # shown whole
+            approve = so.Decision(id=req.id, approved=True)
+            r = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
+    return r, seen
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["parameter", "nested"])
+@pytest.mark.parametrize("limit", [100, 1000], ids=["asks", "runs"])
+async def test_a_predicate_reading_a_lazy_input_leaves_the_body_all_of_it(
+    tmp_path: Path, nested: bool, limit: int
+) -> None:
+    """`approval=lambda input: sum(input.amounts) > limit`: the predicate read the iterator the
+    body then got, and the body refunded nothing, whether it ran at once or once approved."""
+    got: list[list[float]] = []
+    read: list[float] = []
+
+    def big(input: Any) -> bool:
+        total = float(sum(input.batch.amounts if nested else input.amounts))
+        read.append(total)
+        return total > limit
+
+    r, seen = await run(tmp_path, refunds(big, got, nested=nested), given(nested))
+    assert r.status == "completed"
+    assert read == [60.0]
+    assert got == [AMOUNTS]
+    assert [m.content for m in tool_results(seen.last)] == [{"refunded": AMOUNTS}]
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["parameter", "nested"])
+async def test_an_always_gated_lazy_input_is_shown_approved_and_run_whole(
+    tmp_path: Path, nested: bool
+) -> None:
+    """Its form used up the iterator, and validated again did not compare as the input (two
+    iterators): the call could never be asked about ("cannot be shown to a reviewer")."""
+    got: list[list[float]] = []
+    r, seen = await run(tmp_path, refunds(so.always(), got, nested=nested), given(nested))
+    assert r.status == "completed"
+    assert got == [AMOUNTS]
+    assert [m.content for m in tool_results(seen.last)] == [{"refunded": AMOUNTS}]
+
+
+async def test_an_edit_of_a_lazy_input_is_taken_and_runs_whole(tmp_path: Path) -> None:
+    """The edit's form used up its iterator, and validated again did not compare as the edit:
+    every edit of such a call was refused ("cannot be edited")."""
+    got: list[list[float]] = []
+    seen = Capture(reply("done"))
+    proposal = call_tools(so.ToolCall(id="c1", name="refund_batch", input=given(False)))
+    agent = scripted_agent("a", [proposal, seen], tools=[refunds(so.always(), got)])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="refund", auth=ALICE)
+        [req] = r.pending
+        edit = so.Decision(id=req.id, approved=True, edited_input={"amounts": [1, 2]})
+        done = await rt.generate(session_id=r.session_id, approvals=[edit], auth=ALICE)
+    assert done.status == "completed"
+    assert got == [[1.0, 2.0]]
+    [result] = tool_results(seen.last)
+    assert result.content["result"] == {"refunded": [1.0, 2.0]}
+
+
+async def test_the_policy_and_each_guardrail_read_a_lazy_input_of_their_own(
+    tmp_path: Path,
+) -> None:
+    read: list[tuple[str, list[float]]] = []
+
+    def policy(ctx: so.ApprovalContext) -> str:
+        read.append(("policy", list(ctx.tool_input.amounts)))
+        return "approved"
+
+    class Watch(so.Guardrail):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def decide(self, ctx: so.ApprovalContext) -> so.Verdict | None:
+            read.append((self.name, list(ctx.tool_input.amounts)))
+            return None
+
+    got: list[list[float]] = []
+    tool = refunds(policy, got)
+    r, _ = await run(tmp_path, tool, given(False), guardrails=[Watch("g1"), Watch("g2")])
+    assert r.status == "completed"
+    assert read == [("policy", AMOUNTS), ("g1", AMOUNTS), ("g2", AMOUNTS)]
+    assert got == [AMOUNTS]
+
+
+async def test_auto_reviews_a_lazy_input_whole_and_a_clear_runs_it(tmp_path: Path) -> None:
+    """The review's form used up the body's iterator; and validated again, the form did not
+    compare as the input, so no lazy input could ever be reviewed."""
+    prompts: list[str] = []
+
+    def clear(request: ModelRequest) -> so.ModelResponse:
+        [message] = request.messages
+        assert isinstance(message, so.UserMessage)
+        prompts.append(message.text)
+        return so.ModelResponse(text=json.dumps({"verdict": "clear", "reason": "small"}))
+
+    class Reviewer:
+        async def complete(self, request: ModelRequest) -> so.ModelResponse:
+            return clear(request)
+
+    got: list[list[float]] = []
+    r, seen = await run(tmp_path, refunds(so.auto(Reviewer()), got), given(False))
+    assert r.status == "completed"
+    assert got == [AMOUNTS]
+    [prompt] = prompts
+    assert 'Input (JSON): {"amounts": [10.0, 20.0, 30.0]}' in prompt
+
+
+async def test_a_lazy_item_shown_otherwise_than_it_runs_cannot_be_approved(
+    tmp_path: Path,
+) -> None:
+    """The iterators' items are compared as any input's: one whose form shows less than its
+    value (a serializer that rounds) would run unseen input if approved."""
+    ran: list[list[float]] = []
+
+    @so.tool(approval=so.always())
+    async def pay(amounts: Iterable[Rounded]) -> str:
+        """Pay."""
+        ran.append(list(amounts))
+        return "paid"
+
+    seen = Capture(reply("sorry"))
+    proposal = call_tools(call("pay", amounts=[1.4, 2.0]))
+    async with sqlite_runtime(tmp_path, scripted_agent("a", [proposal, seen], tools=[pay])) as rt:
+        r = await rt.generate("a", prompt="pay", auth=ALICE)
+        assert r.status == "completed" and r.pending == []
+    [result] = tool_results(seen.last)
+    assert result.is_error and "cannot be shown to a reviewer" in result.content["error"]
+    assert "'amounts.0'" in result.content["error"]
+    assert ran == []
+
+
+async def test_a_lazy_tool_asking_approval_in_its_body_shows_its_whole_input(
+    tmp_path: Path,
+) -> None:
+    """`ctx.request_approval()` after the body read its input: the body's used-up input was
+    checked for the form, which could not be shown at all."""
+    got: list[list[float]] = []
+
+    @so.tool
+    async def refund_batch(ctx: so.ToolContext, amounts: Iterable[float]) -> dict[str, Any]:
+        """Refund several amounts."""
+        got.append(list(amounts))
+        ctx.request_approval({"total": sum(got[-1])})
+
+    r, seen = await run(tmp_path, refund_batch, given(False))  # asserts the request's input
+    assert r.status == "completed"
+    assert got == [AMOUNTS]
+    [result] = tool_results(seen.last)
+    assert not result.is_error and result.content["approved"] is True, result.content
+
+
+async def test_a_traced_lazy_input_leaves_the_body_all_of_it(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """`trace_content=True` put the input on the tool's span by its JSON form, which used up
+    the iterator the body then read."""
+    got: list[list[float]] = []
+    tool = refunds(so.never(), got)
+    seen = Capture(reply("done"))
+    proposal = call_tools(so.ToolCall(id="c1", name=tool.name, input=given(False)))
+    agent = scripted_agent("a", [proposal, seen], tools=[tool])
+    async with sqlite_runtime(tmp_path, agent, tracer_provider=provider, trace_content=True) as rt:
+        r = await rt.generate("a", prompt="refund", auth=ALICE)
+    assert r.status == "completed" and got == [AMOUNTS]
+    [span] = _by_name(exporter.get_finished_spans())["execute_tool refund_batch"]
+    shown = (span.attributes or {})["gen_ai.tool.call.arguments"]
+    assert json.loads(str(shown)) == given(False)
+
+
+@so.tool(approval=so.always())
+async def refund_batch(amounts: Iterable[float]) -> dict[str, Any]:
+    """Refund several amounts."""
+    return {"refunded": list(amounts)}
+
+
+_ASK_OR_APPROVE = """
+import asyncio, sys
+import signoff as so
+from signoff.testing import call_tools, reply, scripted_agent
+from tests.test_tool_calls_lazy import ALICE, AMOUNTS, refund_batch
+
+async def main(url, session_id="", request_id=""):
+    proposal = call_tools(so.ToolCall(id="c1", name="refund_batch", input={"amounts": AMOUNTS}))
+    agent = scripted_agent("a", [proposal, reply("ok")], tools=[refund_batch])
+    async with so.Runtime([agent], store=url) as rt:
+        if not request_id:
+            r = await rt.generate("a", prompt="go", auth=ALICE)
+            print(r.session_id, r.pending[0].id)
+            return
+        approve = so.Decision(id=request_id, approved=True)
+        await rt.generate(session_id=session_id, approvals=[approve], auth=ALICE)
+        events = [e async for e in rt.events(session_id, follow=False)]
+        [done] = [e.data for e in events if e.type == "tool.completed"]
+        print(done["status"], done["result"])
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+def test_an_approved_lazy_call_runs_whole_in_another_process(tmp_path: Path) -> None:
+    """Resumed by another process (a worker, a server restarted since), the approved call is
+    validated again from the log, checked against its approval and run on validations of
+    their own: the check used up what the body got."""
+    url = f"sqlite:///{tmp_path}/state.db"
+
+    def run(*args: str) -> str:
+        env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+        code = [sys.executable, "-c", _ASK_OR_APPROVE, url, *args]
+        done = subprocess.run(code, env=env, cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    session_id, request_id = run().split()
+    assert run(session_id, request_id) == "ok {'refunded': [10.0, 20.0, 30.0]}"
