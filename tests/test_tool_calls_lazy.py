@@ -166,6 +166,26 @@ async def test_the_policy_and_each_guardrail_read_a_lazy_input_of_their_own(
     assert got == [AMOUNTS]
 
 
+async def test_a_guardrail_asked_again_as_an_approved_lazy_call_starts_leaves_it_whole(
+    tmp_path: Path,
+) -> None:
+    """An approved call's guardrails are asked again as its body would start (a deploy may
+    have added one since): each reads a lazy input of its own there too, not the body's."""
+    read: list[list[float]] = []
+
+    class Watch(so.Guardrail):
+        async def decide(self, ctx: so.ApprovalContext) -> so.Verdict | None:
+            read.append(list(ctx.tool_input.amounts))
+            return None
+
+    got: list[list[float]] = []
+    r, seen = await run(tmp_path, refunds(so.always(), got), given(False), guardrails=[Watch()])
+    assert r.status == "completed"
+    assert read == [AMOUNTS, AMOUNTS]  # as proposed, then as the approved call starts
+    assert got == [AMOUNTS]
+    assert [m.content for m in tool_results(seen.last)] == [{"refunded": AMOUNTS}]
+
+
 async def test_auto_reviews_a_lazy_input_whole_and_a_clear_runs_it(tmp_path: Path) -> None:
     """The review's form used up the body's iterator; and validated again, the form did not
     compare as the input, so no lazy input could ever be reviewed."""
