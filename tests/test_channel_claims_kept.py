@@ -229,3 +229,32 @@ async def test_a_channel_whose_claim_lapsed_while_another_started_is_started_lat
             assert ("requested", [second]) in told or second in told[0][1]
         finally:
             await hub.stop()
+
+
+async def test_a_hub_polling_less_often_than_its_claim_lapses_keeps_it(
+    store_url: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hub one follows with a `poll_interval` past `claim_ttl` (a minute's beside 30 s): it
+    renews its claims between its polls too. Renewed only at the polls, they lapsed between two
+    and the standby took the channel (the hubs then took it from each other in turn, each start
+    of it posting the open requests again)."""
+    monkeypatch.setattr(_claims, "TRY_EVERY", 0.0)
+    async with gated(tmp_path, store_url) as rt:
+        first, second = Slow(), Slow()
+        one = ChannelHub(rt, [first], claim_ttl=KEPT_TTL, poll_interval=KEPT_TTL * 5)
+        two = ChannelHub(rt, [second], claim_ttl=KEPT_TTL)
+        with caplog.at_level(logging.WARNING, logger="signoff.channels"):
+            await one.start()
+            await two.start(follow=False)
+            try:
+                assert one.active and not two.active
+                waiting = asyncio.create_task(asyncio.sleep(KEPT_TTL * 1.5))
+                seen = await _standing_by(two, waiting)  # one sleeps past its claim's time
+                assert not any(seen) and one.active
+            finally:
+                await two.stop()
+                await one.stop()
+    assert "took over" not in caplog.text and "lapsed" not in caplog.text

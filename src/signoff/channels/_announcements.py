@@ -26,6 +26,7 @@ from ..stores import Store, StoredRequest
 from ..stores._audit import AuditEntry
 from ..stores._deletions import DELETIONS_STREAM, SESSION_DELETED
 from ._base import Channel, Erased, Escalation, RateLimited, Resolution, logger
+from ._stray_cancels import stray_cancels
 
 __all__ = ["Damaged", "announce", "passed"]
 
@@ -51,9 +52,23 @@ async def announce(
     taken as not delivered). `Damaged` once the rest is told, for what cannot be read.
     For an entry opening several requests: `shown` holds those `ch` was told of (by an attempt
     that failed on another), which are not told again, and gets those told now; `every` tells
-    each past one the channel fails on, then raises that failure (else it is raised at once)."""
+    each past one the channel fails on, then raises that failure (else it is raised at once).
+    A `CancelledError` of the channel's own is its failure (`_stray_cancels`)."""
+    with stray_cancels(ch.name, f"audit entry {entry.id}"):
+        await _announce(store, ch, entry, told, set() if shown is None else shown, every)
+
+
+async def _announce(
+    store: Store,
+    ch: Channel,
+    entry: AuditEntry,
+    told: Callable[[int], bool] | None,
+    shown: set[str],
+    every: bool,
+) -> None:
+    """`announce`, with `shown` given."""
     if entry.type == "input.requested":
-        await _requested(store, ch, entry, set() if shown is None else shown, every)
+        await _requested(store, ch, entry, shown, every)
     elif entry.type == "approval.candidate" and entry.data.get("outcome") == "counted":
         stored = await _stored(store, entry)
         if (
@@ -147,7 +162,8 @@ async def _requested(
                 # entry given up on and delivered again, or read late) were told to no message.
                 request = stored.request
         try:
-            await ch.on_requested(request)
+            with stray_cancels(ch.name, f"audit entry {entry.id}"):
+                await ch.on_requested(request)
         except RateLimited:
             raise  # the service said when to come back: no more now
         except Exception as exc:

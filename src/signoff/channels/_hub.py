@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import StoreError, UsageError
+from .._recording import own_cancel
 from .._settings import positive_seconds, whole
 from .._sync import checked_clock
 from .._types import InputRequest
@@ -49,6 +50,7 @@ from ._hub_trail import behind_the_end, open_requests, start_at
 from ._lease import HubLease
 from ._retries import Retries
 from ._state import make_room
+from ._stray_cancels import stray_cancels
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -75,10 +77,11 @@ class ChannelHub(Standby):
     next poll when the first stops or dies (skipping what the first delivered past a hole).
     Across states (in memory, other files, other machines) hubs sharing the runtime's store
     exclude each other by a claim in it (`_claims`): the delivering hub renews it at its polls
-    with the position it reached, and in the background while a poll takes longer; a standby
-    takes it once it is given back (within two seconds) or lapses `claim_ttl` seconds after its
-    hub died or stalled, and goes on from that position, skipping the entries the hub before
-    delivered above it (past a hole), which it keeps beside the claim. A
+    with the position it reached, and in the background between them (while it follows) and
+    while a poll takes longer; a standby takes it once it is given back (within two seconds)
+    or lapses `claim_ttl` seconds after its hub died or stalled, and goes on from that
+    position, skipping the entries the hub before delivered above it (past a hole), which it
+    keeps beside the claim. A
     channel's positions and memos (Slack's messages, webhooks not yet sent) are the hub's own
     too: hubs of different names keep theirs apart on one file, also for channels of the same
     name. Hub and channel names must not contain `:`
@@ -182,6 +185,7 @@ class ChannelHub(Standby):
         }
         self._active: set[str] = set()  # the channels this hub delivers to (holding their locks)
         self._claims = Claims(runtime, name, claim_ttl)
+        self._renewals = Failing(f"channel hub {name}: renewing its claims", logger)
         self._unclaimed: set[str] = set()  # channels locked here whose claim another hub holds
         self._positions: dict[str, int] = {}
         self._retries = Retries()
@@ -315,7 +319,8 @@ class ChannelHub(Standby):
                     await self._stand_by(ch)
                     continue
                 try:
-                    await ch.start([r for r in open_requests if ch.accepts(r)])
+                    with stray_cancels(ch.name, "start"):
+                        await ch.start([r for r in open_requests if ch.accepts(r)])
                 except Exception:  # a service that is down must not keep the server from starting
                     logger.exception("channel %s failed to start", ch.name)
                 await self._redeliver(ch)
@@ -338,7 +343,8 @@ class ChannelHub(Standby):
                 await task
         for ch in self.channels:
             try:
-                await ch.close()
+                with stray_cancels(ch.name, "close"):
+                    await ch.close()
             except Exception:
                 logger.exception("channel %s failed to close", ch.name)
         for ch in self.channels:  # with the positions reached, for a hub on another state
@@ -390,25 +396,21 @@ class ChannelHub(Standby):
             try:
                 handled = await self.poll()
                 failing.worked()
-            except asyncio.CancelledError:
-                raise
             except StoreError as exc:  # an outage: logged once, not at every poll
                 failing.failed(exc, self.poll_interval)
                 handled = 0
             except Exception:
                 logger.exception("channel hub %s: reading the audit trail failed", self.name)
                 handled = 0
-            if handled:
-                continue
-            if wait is not None:
-                try:
-                    await wait(None, self.poll_interval)
-                except asyncio.CancelledError:
+            except asyncio.CancelledError as exc:
+                # Only a cancel of this task (a stop) ends it: one of something the poll
+                # awaited ended it silently, for every channel, the hub still seeming started.
+                if self._stopping or not own_cancel(exc):
                     raise
-                except Exception:
-                    await asyncio.sleep(self.poll_interval)
-            else:
-                await asyncio.sleep(self.poll_interval)
+                logger.exception("channel hub %s: a poll was cancelled from within", self.name)
+                handled = 0
+            if not handled:
+                await self._pause(self.poll_interval, wait)
 
     # -- the feed -----------------------------------------------------------------------------
 
@@ -427,7 +429,8 @@ class ChannelHub(Standby):
                 now = self.clock()
                 for ch in live:
                     try:
-                        await ch.tick(now)
+                        with stray_cancels(ch.name, "tick"):
+                            await ch.tick(now)
                     except Exception:
                         logger.exception("channel %s failed on tick", ch.name)
             return total
@@ -435,7 +438,9 @@ class ChannelHub(Standby):
     async def _deliver(self, live: list[Channel]) -> int:
         """Dispatch the entries past the positions of the `live` channels, page by page, and
         move the positions on; how many were new. A channel whose claim is not live any more
-        (another hub took it, or it was not renewed in time) is given nothing more."""
+        (another hub took it, or it was not renewed in time) is given nothing more. Read from
+        the lowest position of those not held back (for a retry): from a held one's, each poll
+        read all written since it stopped. It reads from its own once its hold ends."""
         total = 0
         for ch in live:  # the entries given up on before, which a rate limit held back
             if not self._claims.live(ch.name):
@@ -444,11 +449,14 @@ class ChannelHub(Standby):
                 await self._redeliver(ch)
             elif self._redo_due(ch):  # ... or which failed: the service may be back
                 await self._redeliver(ch, until_failure=True)
-        cursor = min(self._positions[ch.name] for ch in live)
         # Channels that failed and wait for their retry: they go on from there later;
         # those another hub delivers to are never told anything here.
         blocked = self._retries.blocked()
         blocked.update(ch.name for ch in self.channels if ch.name not in self._active)
+        reading = [ch for ch in live if ch.name not in blocked]
+        if not reading:
+            return total
+        cursor = start = min(self._positions[ch.name] for ch in reading)
         top = cursor
         present: set[int] = set()
         while True:
@@ -463,7 +471,8 @@ class ChannelHub(Standby):
                 break
         self._holes.read(top, time.monotonic())
         for ch in live:
-            if ch.name in self._claims.held:  # else another hub's now: it moves on from its own
+            # Not one held below what was read (its ids unread, not holes), nor another hub's
+            if ch.name in self._claims.held and self._positions[ch.name] >= start:
                 await self._advance(ch, top, present)
         return total
 

@@ -4,20 +4,23 @@ A hub delivers to a channel while it holds both the OS lock next to its state fi
 against hubs on that file of this machine) and the claim in the runtime's store (`Claims`,
 against hubs on any other state); for the others it stands by, and takes over at a poll once
 the hub before let go of them or its claim lapsed. While it delivers (a poll, a start) it
-renews its claims in the background, however long that takes (`_keeping`).
+renews its claims in the background, however long that takes (`_keeping`), and so it does while
+it waits for its next poll (`_pause`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from .._exceptions import StoreError
 from .._work import Failing
 from ._base import Channel, logger
 from ._claims import Claims
 from ._lease import HubLease
+from ._stray_cancels import stray_cancels
 
 __all__ = ["Standby"]
 
@@ -32,6 +35,7 @@ class Standby:
     _claims: Claims
     _unclaimed: set[str]  # channels locked here whose claim another hub holds
     _positions: dict[str, int]  # the last entry each channel delivered to handled
+    _renewals: Failing  # the keeper's renewals (`_keep`), logged once while they fail
 
     async def _activate(self, channels: list[Channel]) -> None:
         """Start delivering to `channels`, whose locks and claims this hub holds (`ChannelHub`
@@ -96,7 +100,8 @@ class Standby:
         # Before the lock goes: a channel started (webhooks sending what the hub before left
         # unsent) would go on beside the hub that takes the lock next.
         try:
-            await ch.close()
+            with stray_cancels(ch.name, "close"):
+                await ch.close()
         except Exception:
             logger.exception("channel %s failed to close", ch.name)
         if lost:
@@ -149,7 +154,7 @@ class Standby:
         """Renew the claims held as each falls due (`Claims.due_in`) until `done`; a failure
         (the store down) is logged once and tried again a sixth of `claim_ttl` later, while
         `Claims.live` stops the deliveries under a claim not renewed in time."""
-        failing = Failing(f"channel hub {self.name}: renewing its claims", logger)
+        failing = self._renewals
         wait = self._claims.due_in(self._to_renew())
         while True:
             with contextlib.suppress(TimeoutError):
@@ -170,6 +175,22 @@ class Standby:
                 continue
             failing.worked()
             wait = self._claims.due_in(self._to_renew())
+
+    async def _pause(
+        self, seconds: float, wait: Callable[[None, float], Awaitable[Any]] | None
+    ) -> None:
+        """Wait `seconds` for the next poll (or less, for the store's word of a change: `wait`,
+        a plain sleep if it fails), renewing the claims held meanwhile (`_keeping`): renewed
+        only at the polls, a `poll_interval` past `claim_ttl` let them lapse between two, and
+        hubs sharing the store took the channels from each other in turn."""
+        async with self._keeping():
+            if wait is not None:
+                try:
+                    await wait(None, seconds)
+                    return
+                except Exception:
+                    pass
+            await asyncio.sleep(seconds)
 
     def _to_renew(self) -> list[str]:
         """The channels whose claims the keeper renews: delivered to, and claimed still."""

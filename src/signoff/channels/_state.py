@@ -164,7 +164,8 @@ class ChannelState:
     lock; any failure of SQLite (the file locked longer, a full disk) is a `StoreError`, and a
     file written by a newer signoff is a `SchemaVersionError`. A memo that is not JSON (damaged
     by hand or by a tool) is read as absent, its key logged once, so a channel goes on with its
-    other memos; it stays in the file until written again or forgotten.
+    other memos; it stays in the file until written again or forgotten. So is a position that
+    is no audit entry id (text, a fraction, below 0), logged.
 
     `identity()` names the file itself: hubs on one file share it, and hubs on other files
     (another machine's at the same path, say) do not.
@@ -268,12 +269,26 @@ class ChannelState:
         return self._id
 
     def position(self, name: str) -> int | None:
-        """The last audit entry id `name` has handled, or None if it never ran."""
+        """The last audit entry id `name` has handled, or None if it never ran; one that is
+        no id from 0 (damaged by hand or by a tool) is read as absent, as a damaged memo is,
+        and logged: the hub's start failed on it with a bare ValueError."""
         with self._using("read a position", "read") as conn:
             row = conn.execute(
                 "SELECT after_id FROM channel_positions WHERE name=?", (name,)
             ).fetchone()
-        return None if row is None else int(row[0])
+        if row is None:
+            return None
+        value = row[0]
+        if isinstance(value, int) and value >= 0:
+            return value
+        logger.warning(
+            "channel state %s: the position of %s cannot be read (%.60r); it is taken as "
+            "absent until written again (a hub goes on as for a channel without one)",
+            self.path,
+            name,
+            value,
+        )
+        return None
 
     def set_position(self, name: str, after_id: int) -> None:
         """Save that `name` has handled the audit trail up to entry `after_id`."""
