@@ -293,3 +293,31 @@ async def test_a_request_a_channel_never_takes_holds_back_none_beside_it_in_its_
             await hub.poll()  # the next: the refused one alone
             assert picky.seen == shown
             assert picky.attempts == 4 + 3 + 2 + 1
+
+
+async def test_a_damaged_memo_of_entries_given_up_on_keeps_its_ids_and_the_hub_polling(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """A hand-damaged memo (ids that are not entry ids beside those that are) failed every poll
+    of the hub with a bare ValueError (`int("x")`): the ids it holds are delivered again, the
+    rest left out and logged, as a memo that is not JSON is read as absent."""
+    state = tmp_path / "hub.db"
+    async with so.Runtime([_refund([])], store=store_url) as rt:
+        down = Flaky(1)
+        hub = ChannelHub(rt, [down], state=state, max_attempts=1)
+        async with manual(hub):
+            first = (await rt.generate("support", prompt="Refund A")).pending[0]
+            await hub.poll()  # given up on
+            key = hub._key(down)
+            [kept] = hub.state.recall(key, "skipped")
+            hub.state.remember(key, "skipped", ["x", kept, True, {"a": 1}, -2])
+            monkeypatch.setattr(given_up, "REDO_EVERY", 0.0)
+            await hub.poll()
+            assert down.seen == [("requested", first.id)]
+            second = (await rt.generate("support", prompt="Refund B")).pending[0]
+            await hub.poll()
+            assert down.seen == [("requested", first.id), ("requested", second.id)]
+            hub.state.remember(key, "skipped", {"a": 1})  # no list: no ids, the new one kept
+            given_up._note(hub.state, key, 9)
+            assert hub.state.recall(key, "skipped") == [9]
+    assert "holds what is no entry id ('x', True, {'a': 1}, -2): left out" in caplog.text

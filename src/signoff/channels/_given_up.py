@@ -26,7 +26,7 @@ async def note_given_up(state: ChannelState, key: str, entry_id: int) -> None:
 
 
 def _note(state: ChannelState, key: str, entry_id: int) -> None:
-    skipped = [int(i) for i in state.recall(key, _SKIPPED) or []]
+    skipped = _skipped(state.recall(key, _SKIPPED), key)
     if entry_id not in skipped:
         state.remember(key, _SKIPPED, [*skipped, entry_id])
 
@@ -49,7 +49,7 @@ async def redeliver(
     round while the hub runs, which stops at the first entry that fails again (the service is
     still down) rather than hold the poll through one failure per entry; see `_in_turn` for
     the one it tries after it."""
-    skipped = [int(i) for i in await off_loop(state.recall, key, _SKIPPED) or []]
+    skipped = _skipped(await off_loop(state.recall, key, _SKIPPED), key)
     if not skipped:
         retries.redo.discard(ch.name)
         retries.stuck.pop(ch.name, None)
@@ -123,6 +123,25 @@ async def redeliver(
     else:
         retries.redo.discard(ch.name)
     return 0 if limited else len(left)
+
+
+def _skipped(memo: object, key: str) -> list[int]:
+    """The entry ids a memo of entries given up on holds. A hand-damaged one (not a list of
+    entry ids) keeps what ids it has, the rest logged, as a memo that is not JSON is read as
+    absent: a bare error here failed every poll of the hub."""
+    if memo is None:
+        return []
+    items = memo if isinstance(memo, list) else [memo]
+    ids = [i for i in items if type(i) is int and i > 0]
+    bad = [i for i in items if not (type(i) is int and i > 0)]
+    if bad:
+        logger.warning(
+            "channel state: the memo of entries given up on for %s holds what is no entry id "
+            "(%s): left out",
+            key,
+            ", ".join(map(repr, bad))[:200],
+        )
+    return ids
 
 
 def _in_turn(skipped: list[int], stuck: tuple[int, int | None] | None) -> int | None:
