@@ -29,8 +29,9 @@ LAYERS: list[set[str]] = [
         "_output_caps",
         "_unrecorded",
     },
+    {"_input_sets"},
     {"_state_parts", "_snapshot_fields", "_conversation", "_tool_json", "_sync"},
-    {"_event_handlers", "_steps", "_response_checks"},
+    {"_event_handlers", "_steps", "_response_checks", "_input_schema"},
     {"_state", "_approval", "stores", "models"},
     {
         "_budgets",

@@ -223,3 +223,113 @@ def test_an_async_tool_that_raises_keyboard_interrupt_interrupts_the_caller(
         assert isinstance(r, KeyboardInterrupt), r
         sessions = _within(20, lambda: rt.pending_sync())
         assert not isinstance(sessions, BaseException), sessions  # the loop still runs
+
+
+class Abort(BaseException):
+    """A library's own kind that is no `Exception` (gevent's `Timeout`, a job runner's abort)."""
+
+
+async def test_a_tool_that_raises_another_base_exception_fails_its_call_once(
+    tmp_path: Path,
+) -> None:
+    """It left `body_ended`: `generate` raised it, the session stayed `running`, and each
+    resume (a worker's, at each lease lapse) ran the body again. Now it is the call's error, as
+    a `SystemExit` is: an async body's on the loop, a plain one's from its thread."""
+    runs: list[str] = []
+
+    @so.tool
+    async def on_loop() -> str:
+        """Time out."""
+        runs.append("loop")
+        raise Abort("timed out")
+
+    @so.tool
+    def in_thread() -> str:
+        """Time out."""
+        runs.append("thread")
+        raise Abort
+
+    seen = Capture(reply("Sorry."))
+    calls = call_tools(call("on_loop"), call("in_thread"))
+    agent = scripted_agent("ops", [calls, seen], tools=[on_loop, in_thread])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("ops", prompt="go")
+        assert r.status == "completed", r
+        [info] = await rt.sessions()
+        assert info.status == "idle"
+        assert (await rt.generate(session_id=r.session_id)).status == "completed"
+    looped, threaded = tool_results(seen.last)
+    assert looped.is_error and "the function raised Abort: timed out" in str(looped.content)
+    assert threaded.is_error and "the function raised Abort" in str(threaded.content)
+    assert sorted(runs) == ["loop", "thread"]
+
+
+async def test_a_step_or_policy_that_raises_another_base_exception_fails_as_for_exit(
+    tmp_path: Path,
+) -> None:
+    """A step's is journaled as its failure, which the tool may catch; a policy's asks a
+    person."""
+    steps: list[str] = []
+
+    async def fetch() -> str:  # on the loop: a plain one's thread is the tool's above
+        steps.append("fetch")
+        raise Abort("slow")
+
+    @so.tool
+    async def report(ctx: so.ToolContext) -> str:
+        """Report."""
+        try:
+            return str(await ctx.step("fetch", fetch))
+        except RuntimeError as exc:
+            return f"failed: {exc}"
+
+    def policy(ctx: so.ApprovalContext) -> bool:
+        raise Abort
+
+    @so.tool(approval=policy)
+    async def refund(order_id: str) -> str:
+        """Refund."""
+        return order_id
+
+    seen = Capture(reply("ok"))
+    calls = call_tools(call("report"), call("refund", order_id="1"))
+    agent = scripted_agent("ops", [calls, seen], tools=[report, refund])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("ops", prompt="go")
+        assert r.status == "waiting", r
+        [req] = r.pending
+        assert "the function raised Abort" in str(req.policy_error)
+        r = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=req.id, approved=True)]
+        )
+        assert r.status == "completed", r
+    reported, _ = tool_results(seen.last)
+    assert reported.content == "failed: the function raised Abort: slow"
+    assert steps == ["fetch"]
+
+
+def _aborting(args: str) -> str:
+    if args == "--slow":
+        raise Abort("slow")
+    return args
+
+
+async def test_a_validator_that_raises_another_base_exception_is_invalid_input(
+    tmp_path: Path,
+) -> None:
+    """As its `SystemExit`: it escaped `Tool.validate`, and the session stayed `running`."""
+
+    @so.tool
+    async def run_aborting(args: Annotated[str, AfterValidator(_aborting)]) -> str:
+        """Run."""
+        return args
+
+    seen = Capture(reply("Sorry."))
+    agent = scripted_agent(
+        "ops", [call_tools(call("run_aborting", args="--slow")), seen], tools=[run_aborting]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("ops", prompt="report")
+        assert r.status == "completed", r
+    [result] = tool_results(seen.last)
+    assert result.is_error and "the function raised Abort: slow" in str(result.content), result

@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ._any_loop import blocking, waited_by
+from ._error_text import readable
 from ._exceptions import UsageError
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "checked_sleep",
     "entered",
     "exited",
+    "failure",
     "in_thread",
     "is_async",
     "thread_note",
@@ -278,7 +280,8 @@ def blocking_doc(method: Callable[..., Any]) -> str:
 async def in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """`fn(*args, **kwargs)` run in a thread. A `StopIteration` it raises is a `RuntimeError`,
     as a coroutine makes it: asyncio cannot hand one to the task awaiting the thread, which
-    then waited for ever. So is a `concurrent.futures.CancelledError` (`_pooled_cancel`)."""
+    then waited for ever. So is a `concurrent.futures.CancelledError` (`_pooled_cancel`), and
+    any `BaseException` that is no `Exception` but asyncio's cancel (`failure`)."""
 
     def call() -> Any:
         try:
@@ -289,12 +292,13 @@ async def in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any
             if type(exc) is not concurrent.futures.CancelledError:
                 raise  # a subclass asyncio hands on as it is
             raise _pooled_cancel(exc) from exc
-        except SystemExit as exc:
-            raise exited(exc) from exc
-        except KeyboardInterrupt as exc:
-            # The function's own (a Ctrl-C reaches the main thread, not this one): its failure,
-            # as SystemExit is, not an interrupt of the loop awaiting it.
-            raise RuntimeError("the function raised KeyboardInterrupt") from exc
+        except BaseException as exc:
+            # Its `SystemExit`, and its `KeyboardInterrupt` too (a Ctrl-C reaches the main
+            # thread, not this one): its failure, not an interrupt of the loop awaiting it.
+            failed = failure(exc, in_thread=True)
+            if failed is None:
+                raise
+            raise failed from exc
 
     return await asyncio.to_thread(call)
 
@@ -344,7 +348,9 @@ async def to_end(work: Coroutine[Any, Any, T], give_up: Callable[[], bool]) -> T
 async def called_off_loop(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """`fn(*args, **kwargs)`, awaited if it gives an awaitable: a coroutine function on the
     loop, any other function (a sync tool, a hook) in a thread (`in_thread`), so one that blocks
-    stops no lease renewal of the process's sessions."""
+    stops no lease renewal of the process's sessions. A `BaseException` it raises that is no
+    `Exception` is a `RuntimeError` (`failure`), but a cancel, `KeyboardInterrupt` or
+    `GeneratorExit` on the loop."""
     try:
         if is_async(fn):
             result = await fn(*args, **kwargs)
@@ -352,8 +358,11 @@ async def called_off_loop(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) 
             result = await in_thread(fn, *args, **kwargs)
         if inspect.isawaitable(result):
             result = await result
-    except SystemExit as exc:
-        raise exited(exc) from exc
+    except BaseException as exc:
+        failed = failure(exc)
+        if failed is None:
+            raise
+        raise failed from exc
     return result
 
 
@@ -389,6 +398,24 @@ def exited(exc: SystemExit) -> RuntimeError:
     arguments, a stray `sys.exit()`): its failure, not the process's end, which the event loop
     would let it be (out of `asyncio.run`, ending every session the process runs)."""
     return RuntimeError(f"the function raised SystemExit({exc.code!r})")
+
+
+def failure(exc: BaseException, *, in_thread: bool = False) -> RuntimeError | None:
+    """The error of a function that raised `exc`, a `BaseException` that is no `Exception`
+    (`SystemExit`, a library's own kind): its failure, recorded as any other, not one that left
+    its session running and ran it again at each resume. None for what goes on as raised: an
+    `Exception`, a cancel (`own_cancel` tells the function's own), and, on the loop, a
+    `KeyboardInterrupt` (a real Ctrl-C in a main thread's loop) or a `GeneratorExit` (the
+    coroutine closed)."""
+    if isinstance(exc, Exception | asyncio.CancelledError):
+        return None
+    if isinstance(exc, SystemExit):
+        return exited(exc)
+    if not in_thread and isinstance(exc, KeyboardInterrupt | GeneratorExit):
+        return None
+    message = readable(exc, "message")
+    said = f": {message}" if message else ""
+    return RuntimeError(f"the function raised {type(exc).__name__}{said}")
 
 
 def _pooled_cancel(exc: concurrent.futures.CancelledError) -> RuntimeError:

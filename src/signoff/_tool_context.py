@@ -14,7 +14,7 @@ from ._approval import SessionInfo
 from ._exceptions import TooLarge, UsageError
 from ._option_names import shadowed_number, twin_labels
 from ._steps import raise_recorded
-from ._sync import exited, thread_to_end
+from ._sync import failure, thread_to_end
 from ._text import is_blank, is_utf8
 from ._tool_json import copied
 from ._tool_signals import (
@@ -358,8 +358,11 @@ class ToolContext:
                     result = work.result()
                 if inspect.isawaitable(result):
                     result = await result
-            except SystemExit as exc:  # the step's failure, not the process's end
-                raise exited(exc) from exc
+            except BaseException as exc:  # its SystemExit: the step's failure, not the end
+                failed = failure(exc)
+                if failed is None:
+                    raise
+                raise failed from exc
             finally:
                 _IN_STEP.reset(running)
             return result

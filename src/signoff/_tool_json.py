@@ -16,7 +16,8 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from ._events import FITS_BITS, check_digits, dumps
 from ._exceptions import UsageError
-from ._json_keys import as_json_keys, check_keys, key_not_text
+from ._input_sets import json_key
+from ._json_keys import as_json_keys, check_keys, in_order, key_not_text
 from ._text import cut
 from ._types import same_json
 
@@ -55,22 +56,9 @@ __all__ = [
     "own_input",
     "recorded_bound",
     "result_bound",
-    "sets_sorted",
     "unlike",
     "unwritable",
 ]
-
-
-def sets_sorted(value: Any, form: Any) -> Any:
-    """`form` (the JSON dump of `value`) with the lists that hold a set of `value` sorted."""
-    if isinstance(value, set | frozenset) and isinstance(form, list):
-        return sorted(form, key=lambda item: json.dumps(item, sort_keys=True))
-    if isinstance(value, dict) and isinstance(form, dict) and len(value) == len(form):
-        pairs = zip(form.items(), value.values(), strict=True)
-        return {k: sets_sorted(v, f) for (k, f), v in pairs}
-    if isinstance(value, list | tuple) and isinstance(form, list) and len(value) == len(form):
-        return [sets_sorted(v, f) for v, f in zip(value, form, strict=True)]
-    return form
 
 
 _MASK = "**********"
@@ -497,7 +485,8 @@ def edit_changed(
                 )
             )
         elif isinstance(one, list) and isinstance(shown, list) and len(one) == len(shown):
-            if (value is None or isinstance(value, set | frozenset)) and _as_set(one, shown):
+            held = isinstance(value, set | frozenset)
+            if (value is None or held) and _as_set(one, shown, held):
                 continue
             inner = value if isinstance(value, list | tuple) and len(value) == len(one) else None
             pairs = enumerate(zip(one, shown, strict=True))
@@ -548,22 +537,16 @@ def _inner(value: Any, key: str) -> Any:
     if key in value:
         return value[key]
     # A key that is not text (a number, an Enum) is shown by its JSON form.
-    return next((v for k, v in value.items() if _json_key(k) == key), None)
+    return next((v for k, v in value.items() if json_key(k) == key), None)
 
 
-def _json_key(key: Any) -> str | None:
-    """The text a dict's key is shown by in its JSON form, as pydantic writes it."""
-    try:
-        plain = to_jsonable_python(key)
-    except (PydanticSerializationError, ValueError):
-        return None
-    return plain if isinstance(plain, str) else json.dumps(plain)
-
-
-def _as_set(given: list[Any], shown: list[Any]) -> bool:
-    """Whether `shown` is `given` sorted as `approved_form` sorts a set's items."""
+def _as_set(given: list[Any], shown: list[Any], held: bool) -> bool:
+    """Whether `shown` is `given` sorted as `approved_form` sorts a set's items: by their JSON
+    text, or, where the input is known to hold a set (`held`), as a result's set is too
+    (`sets_sorted`)."""
     try:
         ordered = sorted(given, key=lambda item: json.dumps(item, sort_keys=True))
     except (TypeError, ValueError):
         return False
-    return ordered != given and same_json(ordered, shown)
+    sorts = (ordered, in_order(given)) if held else (ordered,)
+    return any(o != given and same_json(o, shown) for o in sorts)

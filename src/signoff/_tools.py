@@ -12,12 +12,19 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeAlias, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, PydanticUserError, ValidationError, create_model
-from pydantic_core import PydanticSerializationError
+from pydantic_core import PydanticSerializationError, to_json
 
 from ._approval import ApprovalArg, ApprovalPolicy, as_policy
 from ._exceptions import UsageError
+from ._input_schema import (
+    check_async_functions,
+    check_shown_fields,
+    give_arrays_items,
+    short_repr,
+)
+from ._input_sets import may_hold_sets, sets_sorted
 from ._response import DEFAULT_RESPONSE_TIMEOUT, ApprovalSpec, ResponsePolicy
-from ._sync import called_off_loop, exited, is_async
+from ._sync import called_off_loop, failure, is_async
 from ._tool_context import ToolContext
 from ._tool_json import (
     MAX_INPUT_DEPTH,
@@ -25,7 +32,6 @@ from ._tool_json import (
     jsonable,
     kept,
     keys_alike,
-    sets_sorted,
     unlike,
     unwritable,
 )
@@ -128,7 +134,8 @@ class Tool:
         self.takes_context, self.input_model, schema = _input_model(fn, self.name)
         schema.pop("title", None)
         self._schema = schema  # built once, when the model was checked
-        self._has_sets: bool | None = None
+        self._sets: tuple[bool, bool] | None = None  # whether its schema declares a set, and
+        # whether its validated input may hold one (`may_hold_sets`)
         self._lazy: bool | None = None
         # A workflow tool may ask people things; approvals of its siblings wait for it.
         self.workflow = self.takes_context if workflow is None else workflow
@@ -141,9 +148,10 @@ class Tool:
         return self._schema
 
     def validate(self, raw: Any) -> BaseModel:
-        """Validate model-proposed input; raises `pydantic.ValidationError`, also for any other
-        error a validator raises on it (`SystemExit` too) and for a value JSON cannot write (NaN,
-        one inside itself)."""
+        """Validate model-proposed input (or an edit, or a form: JSON each) in pydantic's JSON
+        mode, as what it is; raises `pydantic.ValidationError`, also for any other error a
+        validator raises on it (`SystemExit` too) and for a value JSON cannot write (NaN, one
+        inside itself)."""
         if not isinstance(raw, dict):
             raise ValidationError.from_exception_data(
                 self.input_model.__name__,
@@ -156,16 +164,18 @@ class Tool:
                 [{"type": "json_invalid", "loc": (), "input": raw, "ctx": {"error": _UNREAD}}],
             )
         try:
-            validated = self.input_model.model_validate(raw)
+            validated = _from_json(self.input_model, raw)
             dumped = validated.model_dump()
         except ValidationError:
             raise
-        except (Exception, SystemExit) as exc:
+        except BaseException as raised:
             # pydantic passes on what a validator raises other than ValueError: raised here, it
             # would fail the drive and leave its session running for good; a `SystemExit` (a
-            # stray `sys.exit()`, argparse) would end the process, out of the event loop.
-            if isinstance(exc, SystemExit):
-                exc = exited(exc)
+            # stray `sys.exit()`, argparse) would end the process, out of the event loop. So
+            # would any other that is no `Exception`, but a cancel or a Ctrl-C (`failure`).
+            exc = raised if isinstance(raised, Exception) else failure(raised)
+            if exc is None:
+                raise
             raise ValidationError.from_exception_data(
                 self.input_model.__name__,
                 [
@@ -200,7 +210,8 @@ class Tool:
     def approved_form(self, validated: BaseModel) -> dict[str, Any]:
         """Validated input as a reviewer sees it and an approval binds it: JSON, by the names
         the model is shown (aliases), so that it validates again to the same input; a set in
-        sorted order, as its own order is another in each process (hash randomization). Raises
+        sorted order, as its own order is another in each process (hash randomization), a set
+        the schema declares or one a validator made (`sets_sorted`). Raises
         `PydanticSerializationError` if it has no JSON form."""
         try:
             form = validated.model_dump(mode="json", by_alias=True)
@@ -210,11 +221,14 @@ class Tool:
             # pydantic's own for a key JSON cannot write (a frozenset) or a value too deep:
             # raised as they are, they failed the drive and left its session running.
             raise PydanticSerializationError(f"{type(exc).__name__}: {exc}") from None
-        if self._has_sets is None:  # a set is an array of unique items to JSON schema
-            self._has_sets = "uniqueItems" in json.dumps(self.json_schema())
-        if not self._has_sets:
+        if self._sets is None:  # a set is an array of unique items to JSON schema
+            declared = "uniqueItems" in json.dumps(self.json_schema())
+            self._sets = declared, may_hold_sets(self.input_model.__pydantic_core_schema__)
+        declared, held = self._sets
+        if not (declared or held):
             return form
-        return sets_sorted(validated.model_dump(by_alias=True), form)  # type: ignore[no-any-return]
+        dumped = validated.model_dump(by_alias=True) if declared else None  # as forms were
+        return sets_sorted(validated, dumped, form)  # type: ignore[no-any-return]
 
     @property
     def lazy(self) -> bool:
@@ -260,6 +274,23 @@ class Tool:
         kwargs = {name: getattr(validated, name) for name in type(validated).model_fields}
         args = (ctx,) if self.takes_context else ()
         return jsonable(await called_off_loop(self.fn, *args, **kwargs))
+
+
+def _from_json(model: type[BaseModel], raw: dict[str, Any]) -> BaseModel:
+    """`raw` validated as the JSON it is (a model's arguments, a reviewer's edit, a form): a
+    strict model takes a date, a UUID, an enum's value or a tuple from JSON, as its schema tells
+    the model, and refuses them from Python. What pydantic cannot write and read back as JSON (a
+    lone surrogate, an integer of thousands of digits) is validated as Python, as before."""
+    try:
+        text = to_json(raw, inf_nan_mode="constants")  # NaN as NaN: `unwritable` names it
+    except PydanticSerializationError:
+        return model.model_validate(raw)
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        if [(e["type"], e["loc"]) for e in exc.errors()] == [("json_invalid", ())]:
+            return model.model_validate(raw)  # not JSON it reads back
+        raise
 
 
 def _describe(fn: Callable[..., Any]) -> str:
@@ -347,9 +378,9 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseMode
             f"tool {name!r}: its parameters must be JSON types (str, int, float, bool, lists, "
             f"dicts, pydantic models...): {problem}"
         ) from None
-    _check_async_functions(model, name)
+    check_async_functions(model, name)
     _check_defaults(model, name)
-    _check_shown_fields(model, name)
+    check_shown_fields(model, name)
     for key in schema.get("properties", {}):
         if not _PROPERTY_NAME.fullmatch(key):
             # Anthropic refuses the request (every one of the agent's calls) over such a key.
@@ -357,7 +388,7 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseMode
                 f"tool {name!r}: its parameter {key!r} is a name providers refuse (letters, "
                 "digits, '_', '.' and '-' only, at most 64): rename it, or give it an alias"
             )
-    _give_arrays_items(schema)
+    give_arrays_items(schema)
     try:  # a nested model's default of NaN or infinity, an object in `json_schema_extra`
         json.dumps(schema, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -370,116 +401,6 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseMode
 
 _PROPERTY_NAME = re.compile(r"[a-zA-Z0-9_.-]{1,64}")
 """What Anthropic takes as a name of a tool's parameter (its input schema's property)."""
-
-
-def _give_arrays_items(schema: Any) -> None:
-    """Give each array in `schema` that has none an `items`: OpenAI refuses an array without
-    one, which pydantic makes of a tuple (`prefixItems` alone), so every call failed. Its
-    `prefixItems` (and `maxItems`) still say what each place holds."""
-    if isinstance(schema, list):
-        for item in schema:
-            _give_arrays_items(item)
-        return
-    if not isinstance(schema, dict):
-        return
-    if schema.get("type") == "array" and "items" not in schema:
-        places = schema.get("prefixItems") or []
-        kinds = [p for i, p in enumerate(places) if p not in places[:i]]
-        schema["items"] = kinds[0] if len(kinds) == 1 else ({"anyOf": kinds} if kinds else {})
-    for value in schema.values():
-        _give_arrays_items(value)
-
-
-def _check_async_functions(model: type[BaseModel], name: str) -> None:
-    """Refuse an async validator (or serializer) anywhere in the input's schema: pydantic calls
-    it without awaiting, and its coroutine became the value, so the check never ran and the body
-    got a coroutine for its argument (or, to be approved, the input could not be shown)."""
-    found: list[Any] = []
-    seen: set[int] = set()  # each container once: a default inside itself looped for ever
-    stack: list[Any] = [model.__pydantic_core_schema__]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict | list | tuple):
-            if id(item) in seen:
-                continue
-            seen.add(id(item))
-        if isinstance(item, dict):
-            for key, value in item.items():
-                if key == "function" and callable(value):
-                    found.append(value)
-                else:
-                    stack.append(value)
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    for fn in found:
-        if is_async(fn):
-            shown = getattr(fn, "__qualname__", None) or repr(fn)
-            raise UsageError(
-                f"tool {name!r}: the validator {shown} is async; pydantic calls validators "
-                "without awaiting them, so its check would never run: make it a plain def"
-            )
-
-
-_FIELDS = ("model-field", "dataclass-field", "typed-dict-field")
-_NOT_INPUT = ("return_schema", "json_schema_input_schema")
-"""Schemas in a core schema of no input the tool gets: what a serializer returns, what a
-validator's JSON schema says it takes."""
-
-
-def _check_shown_fields(model: type[BaseModel], name: str) -> None:
-    """Refuse a field (a parameter, or one of a model in one) left out of the input's JSON form
-    (`exclude=True`, `exclude_if`): a reviewer approving a call would not see the value the
-    model gave it, which the tool gets; or named there other than the model reads it
-    (`_check_names`). Its core schema is walked, each container once."""
-    seen: set[int] = set()
-    stack: list[tuple[Any, Any]] = [(model.__pydantic_core_schema__, None)]
-    while stack:
-        item, key = stack.pop()
-        if not isinstance(item, dict | list | tuple) or id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, dict):
-            if item.get("type") in _FIELDS and (
-                item.get("serialization_exclude") or item.get("serialization_exclude_if")
-            ):
-                field = item.get("name", key)
-                raise UsageError(
-                    f"tool {name!r}: field {field!r} is excluded from the input's JSON form "
-                    "(exclude=True or exclude_if), which a reviewer approves, yet the tool "
-                    "would get it: drop the exclusion, or take the value other than from the "
-                    "model"
-                )
-            if item.get("type") in _FIELDS:
-                _check_names(item, item.get("name", key), name)
-            parts = [(value, k) for k, value in item.items() if k not in _NOT_INPUT]
-            stack.extend(reversed(parts))  # in order
-        else:
-            stack.extend(reversed([(value, None) for value in item]))
-
-
-def _check_names(field: dict[str, Any], key: Any, name: str) -> None:
-    """Refuse a field read from the model by one name and shown to a reviewer by another
-    (`validation_alias`, `serialization_alias`): the form named it other than the schema the
-    model is shown, so an edit in it was refused and a filled-in approved call never ran."""
-    read = _one_name(field.get("validation_alias", key))
-    shown = field.get("serialization_alias", key)
-    if read == shown:
-        return
-    raise UsageError(
-        f"tool {name!r}: field {key!r} is read from the model as {_shown(read)} but shown to a "
-        f"reviewer as {shown!r}: give it one name, `Field(alias=...)` (no AliasChoices or "
-        "AliasPath), so the form a reviewer approves names it as the model does"
-    )
-
-
-def _one_name(alias: Any) -> Any:
-    """A validation alias that names one key (`AliasChoices("to")`, `AliasPath("to")`, in the
-    core schema `[["to"]]` and `["to"]`) as that key; any other as it is."""
-    if isinstance(alias, list) and len(alias) == 1 and isinstance(alias[0], list):
-        alias = alias[0]
-    if isinstance(alias, list) and len(alias) == 1 and isinstance(alias[0], str):
-        return alias[0]
-    return alias
 
 
 def _check_defaults(model: type[BaseModel], name: str) -> None:
@@ -504,9 +425,9 @@ def _check_defaults(model: type[BaseModel], name: str) -> None:
                 continue
             problem = found
         raise UsageError(
-            f"tool {name!r}: the default {_shown(default)} of parameter {field!r} is not what its "
-            f"type hint takes ({problem}); give it a default of its type (`x: int | None = None` "
-            "for none)"
+            f"tool {name!r}: the default {short_repr(default)} of parameter {field!r} is not "
+            f"what its type hint takes ({problem}); give it a default of its type (`x: int | None "
+            "= None` for none)"
         )
 
 
@@ -523,17 +444,12 @@ def _unwritable_default(dumped: Any) -> str | None:
 
 def _keys_alike(first: Any, second: Any, text: str) -> str:
     """What is wrong with a dict whose keys `first` and `second` JSON writes as `text`."""
-    both = f"{_shown(first)} and {_shown(second)}"
+    both = f"{short_repr(first)} and {short_repr(second)}"
     return (
         f"a dict with two keys that JSON writes as the same text ({both}, both "
-        f"{_shown(text)}): its JSON form, which is shown and recorded, would keep one where "
+        f"{short_repr(text)}): its JSON form, which is shown and recorded, would keep one where "
         "the tool gets both; make its keys text, each its own"
     )
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:60] + "…"
 
 
 @overload

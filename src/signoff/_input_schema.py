@@ -1,0 +1,135 @@
+"""Checks of a tool's input model made once, when the tool is made: what its schema must hold
+for providers, and what pydantic would run or show wrongly. Apart from `_tools` so that one
+keeps to the tool."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from ._exceptions import UsageError
+from ._sync import is_async
+
+__all__ = [
+    "check_async_functions",
+    "check_shown_fields",
+    "give_arrays_items",
+    "short_repr",
+]
+
+
+def give_arrays_items(schema: Any) -> None:
+    """Give each array in `schema` that has none an `items`: OpenAI refuses an array without
+    one, which pydantic makes of a tuple (`prefixItems` alone), so every call failed. Its
+    `prefixItems` (and `maxItems`) still say what each place holds."""
+    if isinstance(schema, list):
+        for item in schema:
+            give_arrays_items(item)
+        return
+    if not isinstance(schema, dict):
+        return
+    if schema.get("type") == "array" and "items" not in schema:
+        places = schema.get("prefixItems") or []
+        kinds = [p for i, p in enumerate(places) if p not in places[:i]]
+        schema["items"] = kinds[0] if len(kinds) == 1 else ({"anyOf": kinds} if kinds else {})
+    for value in schema.values():
+        give_arrays_items(value)
+
+
+def check_async_functions(model: type[BaseModel], name: str) -> None:
+    """Refuse an async validator (or serializer) anywhere in the input's schema: pydantic calls
+    it without awaiting, and its coroutine became the value, so the check never ran and the body
+    got a coroutine for its argument (or, to be approved, the input could not be shown)."""
+    found: list[Any] = []
+    seen: set[int] = set()  # each container once: a default inside itself looped for ever
+    stack: list[Any] = [model.__pydantic_core_schema__]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if key == "function" and callable(value):
+                    found.append(value)
+                else:
+                    stack.append(value)
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    for fn in found:
+        if is_async(fn):
+            shown = getattr(fn, "__qualname__", None) or repr(fn)
+            raise UsageError(
+                f"tool {name!r}: the validator {shown} is async; pydantic calls validators "
+                "without awaiting them, so its check would never run: make it a plain def"
+            )
+
+
+_FIELDS = ("model-field", "dataclass-field", "typed-dict-field")
+_NOT_INPUT = ("return_schema", "json_schema_input_schema")
+"""Schemas in a core schema of no input the tool gets: what a serializer returns, what a
+validator's JSON schema says it takes."""
+
+
+def check_shown_fields(model: type[BaseModel], name: str) -> None:
+    """Refuse a field (a parameter, or one of a model in one) left out of the input's JSON form
+    (`exclude=True`, `exclude_if`): a reviewer approving a call would not see the value the
+    model gave it, which the tool gets; or named there other than the model reads it
+    (`_check_names`). Its core schema is walked, each container once."""
+    seen: set[int] = set()
+    stack: list[tuple[Any, Any]] = [(model.__pydantic_core_schema__, None)]
+    while stack:
+        item, key = stack.pop()
+        if not isinstance(item, dict | list | tuple) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, dict):
+            if item.get("type") in _FIELDS and (
+                item.get("serialization_exclude") or item.get("serialization_exclude_if")
+            ):
+                field = item.get("name", key)
+                raise UsageError(
+                    f"tool {name!r}: field {field!r} is excluded from the input's JSON form "
+                    "(exclude=True or exclude_if), which a reviewer approves, yet the tool "
+                    "would get it: drop the exclusion, or take the value other than from the "
+                    "model"
+                )
+            if item.get("type") in _FIELDS:
+                _check_names(item, item.get("name", key), name)
+            parts = [(value, k) for k, value in item.items() if k not in _NOT_INPUT]
+            stack.extend(reversed(parts))  # in order
+        else:
+            stack.extend(reversed([(value, None) for value in item]))
+
+
+def _check_names(field: dict[str, Any], key: Any, name: str) -> None:
+    """Refuse a field read from the model by one name and shown to a reviewer by another
+    (`validation_alias`, `serialization_alias`): the form named it other than the schema the
+    model is shown, so an edit in it was refused and a filled-in approved call never ran."""
+    read = _one_name(field.get("validation_alias", key))
+    shown_as = field.get("serialization_alias", key)
+    if read == shown_as:
+        return
+    raise UsageError(
+        f"tool {name!r}: field {key!r} is read from the model as {short_repr(read)} but shown to "
+        f"a reviewer as {shown_as!r}: give it one name, `Field(alias=...)` (no AliasChoices or "
+        "AliasPath), so the form a reviewer approves names it as the model does"
+    )
+
+
+def _one_name(alias: Any) -> Any:
+    """A validation alias that names one key (`AliasChoices("to")`, `AliasPath("to")`, in the
+    core schema `[["to"]]` and `["to"]`) as that key; any other as it is."""
+    if isinstance(alias, list) and len(alias) == 1 and isinstance(alias[0], list):
+        alias = alias[0]
+    if isinstance(alias, list) and len(alias) == 1 and isinstance(alias[0], str):
+        return alias[0]
+    return alias
+
+
+def short_repr(value: Any) -> str:
+    """`repr(value)`, cut to 60 characters: a value named in an error."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "…"

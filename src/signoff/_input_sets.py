@@ -1,0 +1,155 @@
+"""Sets in a tool's validated input: whether its model may make one at all, and its JSON form
+(which a reviewer approves and an approval binds) with each set sorted, as a set's own order is
+another in each process (hash randomization)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from pydantic import BaseModel, RootModel
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from ._json_keys import in_order
+from ._types import same_json
+
+__all__ = ["json_key", "may_hold_sets", "sets_sorted"]
+
+
+def sets_sorted(value: Any, dumped: Any, form: Any) -> Any:
+    """`form` (validated input's JSON form) with each list that shows a set sorted, as a set's
+    own order is another in each process (hash randomization): where `dumped` (the input's
+    Python dump, or None) holds a set, by each item's JSON text, as a set the schema declares
+    always was; else where `value` (the validated input) holds one, whatever the schema says (a
+    validator's `set`, a serializer's `list(s)`), as a result's set is (`in_order`: text as
+    text, numbers by value), which keeps the order of a serializer that sorts. A set's items
+    that hold sets are sorted first."""
+    while isinstance(value, RootModel):  # its JSON form is its root's
+        value = value.root
+    if isinstance(form, dict):
+        keys = dumped.values() if isinstance(dumped, dict) and len(dumped) == len(form) else None
+        inner = [None] * len(form) if keys is None else list(keys)  # paired by place, as ever
+        parts = _parts(value)
+        return {
+            k: sets_sorted(parts.get(k), d, f) if isinstance(f, dict | list) else f
+            for (k, f), d in zip(form.items(), inner, strict=True)
+        }
+    if not isinstance(form, list):
+        return form
+    held = isinstance(value, set | frozenset) and len(value) == len(form)
+    if held and any(isinstance(f, dict | list) for f in form) and _iterated(value, form):
+        form = [sets_sorted(v, None, f) for v, f in zip(value, form, strict=True)]
+    if isinstance(dumped, set | frozenset):
+        return sorted(form, key=_set_order)
+    if held:
+        return in_order(form)
+    values = value if isinstance(value, list | tuple) and len(value) == len(form) else None
+    dumps = dumped if isinstance(dumped, list | tuple) and len(dumped) == len(form) else None
+    if values is None and dumps is None:
+        return form
+    return [
+        sets_sorted(None if values is None else values[i], None if dumps is None else dumps[i], f)
+        if isinstance(f, dict | list)
+        else f
+        for i, f in enumerate(form)
+    ]
+
+
+def _parts(value: Any) -> dict[Any, Any]:
+    """What `value` (validated input, a part of it) holds under each key of its JSON form: a
+    model's fields by the names the form shows, a dict's values by their keys' JSON text."""
+    if isinstance(value, BaseModel):
+        fields = type(value).__pydantic_fields__
+        shown = {info.serialization_alias or n: getattr(value, n) for n, info in fields.items()}
+        return {**(value.__pydantic_extra__ or {}), **shown}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        named = getattr(type(value), "__pydantic_fields__", None) or {}
+        plain = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
+        return {**plain, **{i.serialization_alias or n: plain.get(n) for n, i in named.items()}}
+    if not isinstance(value, dict):
+        return {}
+    if all(type(key) is str for key in value):
+        return value
+    # A key that is not text (a number, an Enum) is shown by its JSON form (None: it has none).
+    return {json_key(key): v for key, v in value.items()}
+
+
+def _set_order(item: Any) -> str:
+    return json.dumps(item, sort_keys=True)
+
+
+def _iterated(value: set[Any] | frozenset[Any], form: list[Any]) -> bool:
+    """Whether `form` shows the set `value` item by item in its own order, each as its JSON
+    form: so an item of the form is that of the set's item in its place."""
+    try:
+        return same_json(to_jsonable_python(list(value), by_alias=True), form)
+    except (PydanticSerializationError, ValueError, TypeError, RecursionError):
+        return False
+
+
+def json_key(key: Any) -> str | None:
+    """The text a dict's key is shown by in its JSON form, as pydantic writes it."""
+    try:
+        plain = to_jsonable_python(key)
+    except (PydanticSerializationError, ValueError):
+        return None
+    return plain if isinstance(plain, str) else json.dumps(plain)
+
+
+_MADE_BY_CODE = ("function", "default_factory")
+"""Keys of a core schema whose callable makes a value: a validator, a serializer, a factory."""
+
+
+def may_hold_sets(schema: Any) -> bool:
+    """Whether input a core schema validates may hold a set (or frozenset), whatever the JSON
+    schema says: a `set` field, a validator's or factory's value (`AfterValidator(set)`), a
+    model's own `__init__` or `model_post_init`, a default that holds one. JSON alone, which is
+    all a tool is given, makes none where none of these is: no set to look for, each call.
+    Walked without recursion, each container once."""
+    seen: set[int] = set()
+    stack: list[Any] = [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+        if isinstance(item, dict):
+            if item.get("type") in ("set", "frozenset") or item.get("custom_init"):
+                return True
+            if item.get("post_init") or _holds_set(item.get("default")):
+                return True
+            if any(_made_by_code(item.get(key)) for key in _MADE_BY_CODE):
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+def _made_by_code(fn: Any) -> bool:
+    """Whether `fn` is code that may make a set: any but pydantic's own (a `SecretStr`'s, a
+    `Path`'s, a URL's validator, which make their own types), so a tool taking one of those
+    is not walked for sets at each call."""
+    if not callable(fn):
+        return False
+    module = getattr(fn, "__module__", None)
+    return not (isinstance(module, str) and module.split(".")[0] in ("pydantic", "pydantic_core"))
+
+
+def _holds_set(value: Any) -> bool:
+    """Whether a default holds a set anywhere in its containers."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, set | frozenset):
+            return True
+        if isinstance(item, dict | list | tuple) and id(item) not in seen:
+            seen.add(id(item))
+            stack.extend(item.values() if isinstance(item, dict) else item)
+        elif isinstance(item, BaseModel) and id(item) not in seen:
+            seen.add(id(item))
+            stack.extend(vars(item).values())
+    return False

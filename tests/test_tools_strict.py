@@ -1,0 +1,117 @@
+"""A tool's input is validated as the JSON it is (`Tool.validate`, pydantic's JSON mode): the
+model's arguments, a reviewer's edit and a form validated again. Validated as Python, a strict
+model (`ConfigDict(strict=True)`, common to stop `"5"` becoming 5, or `Strict()` fields)
+refused every call: a date, a UUID or an enum's value is text in JSON, a tuple an array, and
+Python's strict mode wants the objects ("Input should be an instance of Currency")."""
+
+# No `from __future__ import annotations`: the tools' hints name types local to a test.
+import datetime as dt
+import enum
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Strict, ValidationError
+
+import signoff as so
+from signoff.testing import Capture, call_tools, reply, scripted_agent, sqlite_runtime, tool_results
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+ORDER = "12345678-1234-5678-1234-567812345678"
+
+
+class Currency(enum.StrEnum):
+    EUR = "EUR"
+    USD = "USD"
+
+
+class Refund(BaseModel):
+    model_config = ConfigDict(strict=True)
+    amount: int
+    currency: Currency
+    when: dt.date
+    order: uuid.UUID
+
+
+@so.tool
+async def refund(r: Refund) -> str:
+    """Refund."""
+    return f"refunded {r.amount} {r.currency.value} on {r.when} for {r.order}"
+
+
+@so.tool(approval=so.always())
+async def book(
+    day: Annotated[dt.date, Strict()], slot: Annotated[tuple[int, int], Strict()]
+) -> str:
+    """Book a slot."""
+    return f"booked {day} {slot}"
+
+
+GOOD = {"amount": 5, "currency": "EUR", "when": "2024-05-01", "order": ORDER}
+
+
+async def _results(tmp_path: Path, tool: so.Tool, *inputs: dict[str, Any]) -> list[Any]:
+    """What the model read of calls of `tool` with `inputs`, each approved as proposed."""
+    seen = Capture(reply("done"))
+    calls = [so.ToolCall(id=f"c{i}", name=tool.name, input=given) for i, given in enumerate(inputs)]
+    agent = scripted_agent("a", [call_tools(*calls), seen], tools=[tool])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        if r.pending:
+            approve = [so.Decision(id=p.id, approved=True) for p in r.pending]
+            r = await rt.generate(session_id=r.session_id, approvals=approve, auth=ALICE)
+        assert r.status == "completed", r
+    return [(result.is_error, result.content) for result in tool_results(seen.last)]
+
+
+async def test_a_strict_models_json_input_runs(tmp_path: Path) -> None:
+    """What the schema tells the model to send: an enum's value, a date and a UUID as text."""
+    [(failed, content)] = await _results(tmp_path, refund, {"r": GOOD})
+    assert (failed, content) == (False, f"refunded 5 EUR on 2024-05-01 for {ORDER}")
+
+
+async def test_a_strict_model_still_refuses_what_json_does_not_give(tmp_path: Path) -> None:
+    """`"5"` for an int, as JSON's strict mode refuses it: the strictness asked for stays."""
+    [(failed, content)] = await _results(tmp_path, refund, {"r": {**GOOD, "amount": "5"}})
+    assert failed and content["details"][0]["loc"] == ["r", "amount"], content
+
+
+async def test_strict_fields_of_a_gated_call_are_asked_and_run(tmp_path: Path) -> None:
+    """A form validated again (what a reviewer is shown, what the approval binds) is JSON too."""
+    [(failed, content)] = await _results(tmp_path, book, {"day": "2024-05-01", "slot": [9, 10]})
+    assert (failed, content) == (False, "booked 2024-05-01 (9, 10)")
+
+
+async def test_an_edit_of_strict_fields_is_taken(tmp_path: Path) -> None:
+    seen = Capture(reply("done"))
+    proposal = call_tools(
+        so.ToolCall(id="c1", name="book", input={"day": "2024-05-01", "slot": [9, 10]})
+    )
+    agent = scripted_agent("a", [proposal, seen], tools=[book])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        edit = {"day": "2024-05-02", "slot": [11, 12]}
+        answer = so.Decision(id=req.id, approved=True, edited_input=edit)
+        r = await rt.generate(session_id=r.session_id, approvals=[answer], auth=ALICE)
+        assert r.status == "completed", r
+    [result] = tool_results(seen.last)
+    assert result.content["result"] == "booked 2024-05-02 (11, 12)"
+
+
+def test_what_json_cannot_carry_is_validated_as_before() -> None:
+    """A lone surrogate, or an integer of more digits than JSON reads back, is validated as
+    Python; NaN is still named as no finite number."""
+
+    def take(text: str, n: int, x: float = 0.0) -> str:
+        """Take."""
+        return text
+
+    tool = so.tool(take)
+    big = 10**5000
+    validated = tool.validate({"text": "\ud800", "n": big})
+    assert (validated.text, validated.n) == ("\ud800", big)  # type: ignore[attr-defined]
+    with pytest.raises(ValidationError) as raised:
+        tool.validate({"text": "a", "n": 1, "x": float("nan")})
+    assert raised.value.errors()[0]["type"] == "finite_number"
