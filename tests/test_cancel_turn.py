@@ -1,16 +1,17 @@
 """Cancelling one turn by its id (`Runtime.cancel(turn_id=)`): a cancel sent again, or from a page
 shown before, stops that turn and never a later one; a turn id that is not the session's cancels
-nothing and reports the session as it is; a malformed one is a `UsageError`. Both stores."""
+nothing and reports the session as it is; a malformed one is a `UsageError`. A cancel records
+an approval's passed deadline first. Both stores."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 import signoff as so
-from signoff.testing import Capture, call, call_tools
+from signoff.testing import Capture, ManualClock, call, call_tools, reply, scripted_agent, timeline
 
 from ._steer import ALICE, events, plan_agent
 
@@ -99,3 +100,70 @@ async def test_the_requests_a_cancel_withdraws_carry_its_reason(store_url: str) 
         stored = await rt.store.get_request(second.pending[0].id)
         assert stored is not None and stored.resolution is not None
         assert stored.resolution["reason"] == "turn cancelled"
+
+
+def _expiring(ran: list[str], on_timeout: Literal["deny", "approve", "escalate"]) -> so.Agent:
+    """A refund whose approval's deadline passes 60 s after it is asked."""
+    group = "finance" if on_timeout == "escalate" else None
+    spec = so.always(expires_in=60, on_timeout=on_timeout, escalate_to=group)
+
+    @so.tool(approval=spec)
+    def refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "refunded"
+
+    steps = [call_tools(call("refund", order_id="1")), reply("Done.")]
+    return scripted_agent("support", steps, tools=[refund])
+
+
+@pytest.mark.parametrize(
+    ("on_timeout", "closed", "status"),
+    [
+        ("deny", ["input.resolved expired"], "expired"),
+        ("approve", ["approval.settled approve", "input.resolved expired"], "expired"),
+        # Escalated, the request stays open: the cancel withdraws it.
+        ("escalate", ["approval.candidate", "input.resolved cancelled"], "withdrawn"),
+    ],
+)
+async def test_a_cancel_records_an_approvals_passed_deadline_first(
+    store_url: str,
+    on_timeout: Literal["deny", "approve", "escalate"],
+    closed: list[str],
+    status: str,
+) -> None:
+    """The request read `withdrawn` (cancelled), though `rt.state()` showed it expired just
+    before: the cancel withdrew it without recording its deadline. Now the deadline's close
+    comes first, then the cancel of the turn it resumed (or still waits on, escalated), in
+    which the call it approved never ran."""
+    ran: list[str] = []
+    clock = ManualClock()
+    async with so.Runtime([_expiring(ran, on_timeout)], store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("support", "refund order 1", auth=ALICE)
+        sid, rid = waiting.session_id, waiting.pending[0].id
+        clock.advance(61)
+        done = await rt.cancel(sid, "never mind", turn_id=waiting.turn_id, principal=ALICE)
+        assert (done.status, done.turn_id, done.cancelled) == ("cancelled", waiting.turn_id, True)
+        assert timeline(await events(rt, sid))[5:] == [
+            *closed,
+            "turn.cancelled",
+            "session.waiting",
+        ]
+        stored = await rt.store.get_request(rid)
+        assert stored is not None and stored.status == status
+        assert ran == []
+        assert (await rt.state(sid)).status == "cancelled"
+
+
+async def test_a_cancel_naming_another_turn_records_no_passed_deadline(store_url: str) -> None:
+    """It reports the session as it is and writes nothing: a deadline it recorded would leave
+    the turn runnable, with no one to drive it."""
+    clock = ManualClock()
+    async with so.Runtime([_expiring([], "deny")], store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("support", "refund order 1", auth=ALICE)
+        sid = waiting.session_id
+        clock.advance(61)
+        seq = await rt.store.head(sid)
+        other = await rt.cancel(sid, turn_id="trn_not_this_one", principal=ALICE)
+        assert (other.turn_id, other.cancelled) == (waiting.turn_id, False)
+        assert await rt.store.head(sid) == seq

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff.testing import ManualClock
 
 from ._workers import ORDER, is_, until, working
 
@@ -317,3 +318,48 @@ async def test_a_grant_whose_acknowledgement_was_lost_is_taken_again_by_its_call
         assert dict(rt._driving) == {} and dict(rt._holders) == {}
         later = await rt.generate("support", "more", session_id=first.session_id)
         assert (later.status, later.text) == ("completed", "Done.")
+
+
+@pytest.mark.parametrize("whose", ["own", "other"])
+async def test_a_message_whose_send_recorded_a_deadline_runs_that_turn_in_the_call(
+    store_url: str, whose: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The send records the approval's passed deadline, which makes the turn runnable, and
+    queues its message behind it: that commit leased the turn to the call's drive, so the
+    worker's claim that follows takes nothing, and the call runs the turn, then the message's.
+    The workers keep a clock of their own, before the deadline: their sweeps record nothing."""
+    ran: list[str] = []
+    clock = ManualClock()
+    agent = agent_of(ran, approval=so.ApprovalSpec(so.always(), expires_in=60))
+    async with (
+        so.Runtime([agent], store=store_url, clock=clock, lease_wait=0.5) as rt,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        claimer = rt
+        if whose == "other":
+            other = so.Runtime([agent], store=store_url, clock=ManualClock(clock.now))
+            claimer = await stack.enter_async_context(other)
+        waiting = await rt.generate("support", "Refund order 1042.")
+        assert waiting.status == "waiting"
+        swept = asyncio.Event()
+        expire_due = claimer.expire_due
+
+        async def sweep(*args: Any, **kwargs: Any) -> int:
+            swept.set()
+            return await expire_due(*args, **kwargs)
+
+        monkeypatch.setattr(claimer, "expire_due", sweep)
+        async with working(claimer, sweep_every=3600):
+            await asyncio.wait_for(swept.wait(), 10)  # the next sweep is an hour away
+            clock.advance(61)
+
+            async def send() -> so.GenerateResult:
+                CALLER.set(True)
+                return await rt.send(waiting.session_id, "And my parcel?", turn_policy="queue")
+
+            taken = gap_at(monkeypatch, rt, "_drive_after", claimer, after=False)
+            result = await asyncio.create_task(send())
+        assert (result.status, result.text, result.queued) == ("completed", "Done again.", False)
+        assert ran == ["model in call", "model in call"]  # the call denied on timeout, not run
+        assert taken and all(got == [] for got in taken), taken  # claims made in the gap
+        assert dict(rt._driving) == {} and dict(rt._holders) == {}

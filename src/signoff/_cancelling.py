@@ -12,6 +12,7 @@ from ._answers import checked_cancel
 from ._call_guards import closes_stop
 from ._cancel_batch import CancelBatch
 from ._cancellation import expiring, stop_calls
+from ._deadlines import due_batch
 from ._deletion import Deletion
 from ._exceptions import RequestClosed, SessionBusy, SessionExpired, UnknownSession
 from ._mirrors import following_mirrors
@@ -45,6 +46,7 @@ class Cancelling(Deletion):
         that turn is cancelled: once another has started, the session is reported as it is,
         nothing cancelled (a cancel sent again, or from a page shown before, stops no later
         turn); the result's `cancelled` says whether this call cancelled the turn it reports.
+        Passed deadlines of the turn it cancels are recorded first: their requests read expired.
         A session past its TTL raises `SessionExpired`, as every call does; one whose turn a
         live drive runs on past it (a tool slower than the TTL) is not idle, so not past it:
         that turn is cancelled."""
@@ -65,6 +67,12 @@ class Cancelling(Deletion):
                 return self._result(await load_turn(self.store, session_id, *began))
             if turn_id is not None and (turn is None or turn.id != turn_id):
                 return self._result(state)  # not (or no longer) the session's turn
+            if not expiry and due_batch(state, self.now()) is not None:
+                # Passed deadlines first, as any call records them: their requests read expired,
+                # not withdrawn, and the turn one resumed is cancelled. (Not where a TTL above
+                # ends the turn: that records what time did, and a deadline's record is activity.)
+                await self._checked(session_id)
+                continue  # decided again on the state that left
             if turn is None or turn_over(turn):
                 if turn is not None and turn.status == "cancelled":
                     # A cancel that died before reaching the turn's subagents: finish it.

@@ -46,7 +46,7 @@ from ._recording import Answered, Changed, EventSpec, TurnStopped, load_turn
 from ._refusals import wait_ended
 from ._response import DEFAULT_RESPONSE_TIMEOUT
 from ._results import GenerateResult
-from ._state import SessionState, turn_over, waits_for_retry
+from ._state import SessionState, runnable, turn_over, waits_for_retry
 from ._text import NOTHING_SAID, is_blank
 from ._tools import Tool
 from ._types import InputRequest, Principal
@@ -85,6 +85,9 @@ class Messages(Answering):
         default),
         open approvals are ignored, open questions withdrawn and the model reads the message;
         with `queue` it waits for the end of the turn, unless the turn is held on an approval.
+        An approval whose deadline closed it before the message came holds nothing: the turn
+        that deadline resumed is driven on (by this call, if it recorded the deadline), with a
+        `queue` message (or someone else's) behind it, a `steer` one read in it.
         A message from someone other than the person the turn serves waits for the turn's end.
         A turn that failed in a way a retry can resume has not ended: such a message, and a
         `queue` one, waits for the retry to finish it (or a cancel); only a `steer` message from
@@ -128,9 +131,10 @@ class Messages(Answering):
         asked: set[str] | None = None  # the requests open when the message arrived
         waited: set[str] = set()  # the candidates of its answer judged meanwhile, waited for
         verdict: _Judged | None = None  # the last of them
+        woke: list[bool] = []  # given True once this call recorded passed deadlines
         for _ in range(20):
             try:
-                state = await self._checked(session_id)
+                state = await self._checked(session_id, applied=woke)
             except SessionExpired:  # its TTL passed: a repeat of a message sent before replays
                 state = await self._state(session_id)
                 idem = await as_recorded(self, state, idem, principal, older)
@@ -283,6 +287,11 @@ class Messages(Answering):
                     self._cache.pop(session_id, None)
                     raise
                 self._remember(driver.state)
+                if woke and runnable(driver.state):
+                    # A passed deadline this call recorded closed the approval before the
+                    # message came, and made the turn runnable: the call drives it on, as an
+                    # answer would, and the message waits behind it.
+                    return await self._drive_after(session_id, message, principal, idem)
                 return dataclasses.replace(self._result(driver.state), queued=True)
             try:
                 return await self._steer(state, message, who, idem)

@@ -372,12 +372,14 @@ class SessionCache(Leasing):
         head: int | None = None,
         probes: dict[str, bool] | None = None,
         span: DriveSpan | None = None,
+        applied: list[bool] | None = None,
     ) -> SessionState:
         """The session's state with its lapsed TTL and passed deadlines applied; `lease` is the
         caller's lease on it (owner and token), if any, and `head` the session's head when it
         was granted. `trust_cache` skips the store's head when nothing is due on the cached
         state: a stale cache makes the caller's append conflict instead. `probes`: see
-        `_busy`. `span`: the caller's drive's, which an expiry names (`_expire`)."""
+        `_busy`. `span`: the caller's drive's, which an expiry names (`_expire`). `applied` is
+        given True when this call recorded passed deadlines (which may make the turn runnable)."""
         check_session_id(session_id)
         now = self.now()
         cached = self._cache.get(session_id) if trust_cache else None
@@ -387,12 +389,14 @@ class SessionCache(Leasing):
         if state.expired(now):
             await self._expire(state, lease, probes, span=span)
         if due_batch(state, now) is not None:
-            await self._append(
+            recorded = await self._append(
                 session_id,
                 lambda st: due_batch(st, self.now()) or Batch(specs=[]),
                 durable=True,
                 turn_id=state.turn.id if state.turn else None,
             )
+            if recorded and applied is not None:
+                applied.append(True)
             state = await self._state(session_id)
         return state
 

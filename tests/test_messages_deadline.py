@@ -1,0 +1,145 @@
+"""A message sent once an approval's deadline passed (`send`): the deadline closed the approval
+first, so the turn is held on it no more. The send records the deadline and drives the turn it
+resumed on (an inline runtime), a `queue` message, or someone else's, waiting behind it and a
+`steer` one read in it; it had left a `queue` message queued and the turn `running` with
+nothing to drive it. With `inline=False` the turn is left to the workers. Both stores."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pytest
+
+import signoff as so
+from signoff.testing import Capture, ManualClock, call, call_tools, reply, scripted_agent
+
+from ._steer import ALICE, BOB, events, texts
+from ._workers import is_, until, working
+
+NO_ONE_DECIDED = {
+    "timed_out": True,
+    "ran": False,
+    "reason": "no one decided before the approval deadline",
+}
+
+
+def refund_agent(
+    ran: list[str], *steps: Any, on_timeout: Literal["deny", "approve"] = "deny"
+) -> so.Agent:
+    """A refund whose approval expires 60 s after it is asked; then `steps`."""
+
+    @so.tool(approval=so.ApprovalSpec(so.always(), expires_in=60, on_timeout=on_timeout))
+    def refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "refunded"
+
+    return scripted_agent(
+        "support", [call_tools(call("refund", order_id="1")), *steps], tools=[refund]
+    )
+
+
+async def started(rt: so.Runtime, session_id: str) -> list[tuple[str, str | None]]:
+    """(message, principal id) of each turn the session started, in order."""
+    out = []
+    for e in await events(rt, session_id):
+        if e.type == "turn.started":
+            out.append((e.data["message"], (e.data.get("principal") or {}).get("principal_id")))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("sender", "policy"),
+    [(ALICE, "queue"), (BOB, "steer")],
+    ids=["queue", "someone else's"],
+)
+async def test_a_message_after_the_deadline_waits_behind_the_turn_the_send_drives_on(
+    store_url: str, sender: so.Principal, policy: Literal["steer", "queue"]
+) -> None:
+    ran: list[str] = []
+    resumed = Capture(reply("The refund expired."))
+    answer = Capture(reply("Your parcel is on its way."))
+    clock = ManualClock()
+    async with so.Runtime([refund_agent(ran, resumed, answer)], store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("support", "refund order 1", auth=ALICE)
+        assert waiting.status == "waiting"
+        sid, rid = waiting.session_id, waiting.pending[0].id
+        clock.advance(61)
+        r = await rt.send(sid, "where is my parcel?", principal=sender, turn_policy=policy)
+        # Driven in the call: the deadline's turn, then the message's own, which it is told.
+        assert (r.status, r.text, r.queued) == ("completed", "Your parcel is on its way.", False)
+        state = await rt.state(sid)
+        assert state.status == "idle" and state.queued == []
+        assert await started(rt, sid) == [
+            ("refund order 1", "alice"),
+            ("where is my parcel?", sender.principal_id),
+        ]
+        # The model read the deadline's result in the turn it resumed, not the message.
+        assert texts(resumed.last)[-1] == ("tool", NO_ONE_DECIDED)
+        assert texts(answer.last)[-1] == ("user", "where is my parcel?")
+        stored = await rt.store.get_request(rid)
+        assert stored is not None and stored.status == "expired"
+        assert ran == []
+
+
+async def test_a_steer_after_the_deadline_is_read_in_the_turn_it_resumed(store_url: str) -> None:
+    """The person the turn serves steers the turn the deadline resumed: the model reads the
+    deadline's result, then the message, in that one turn."""
+    ran: list[str] = []
+    resumed = Capture(reply("It expired; your parcel is on its way."))
+    clock = ManualClock()
+    async with so.Runtime([refund_agent(ran, resumed)], store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("support", "refund order 1", auth=ALICE)
+        clock.advance(61)
+        r = await rt.send(waiting.session_id, "where is my parcel?", principal=ALICE)
+        assert (r.status, r.queued, r.turn_id) == ("completed", False, waiting.turn_id)
+        assert texts(resumed.last)[-2:] == [
+            ("tool", NO_ONE_DECIDED),
+            ("user", "where is my parcel?"),
+        ]
+        assert await started(rt, waiting.session_id) == [("refund order 1", "alice")]
+
+
+async def test_a_message_after_an_approving_deadline_waits_for_the_call_it_ran(
+    store_url: str,
+) -> None:
+    """`on_timeout="approve"`: the call the deadline approved runs in the send's drive, before
+    the message's turn."""
+    ran: list[str] = []
+    clock = ManualClock()
+    agent = refund_agent(ran, reply("Refunded."), reply("On its way."), on_timeout="approve")
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("support", "refund order 1", auth=ALICE)
+        clock.advance(61)
+        r = await rt.send(waiting.session_id, "parcel?", principal=ALICE, turn_policy="queue")
+        assert (r.status, r.text, r.queued) == ("completed", "On its way.", False)
+        assert ran == ["1"]
+        assert [m for m, _ in await started(rt, waiting.session_id)] == [
+            "refund order 1",
+            "parcel?",
+        ]
+
+
+async def test_without_inline_the_turn_the_deadline_resumed_is_left_to_the_workers(
+    store_url: str,
+) -> None:
+    ran: list[str] = []
+    clock = ManualClock()
+    agent = refund_agent(ran, reply("The refund expired."), reply("On its way."))
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        waiting = await rt.generate("support", "refund order 1", auth=ALICE)
+    sid = waiting.session_id
+    async with so.Runtime([agent], store=store_url, clock=clock, inline=False) as client:
+        clock.advance(61)
+        r = await client.send(sid, "parcel?", principal=ALICE, turn_policy="queue")
+        assert (r.status, r.queued, r.turn_id) == ("running", True, waiting.turn_id)
+        assert [m for m, _ in await started(client, sid)] == ["refund order 1"]
+        async with working(client):
+            await until(lambda: is_(client, sid, "completed"))
+            await until(lambda: _idle(client, sid))
+        assert [m for m, _ in await started(client, sid)] == ["refund order 1", "parcel?"]
+        assert (await client.state(sid)).turn.text == "On its way."  # type: ignore[union-attr]
+
+
+async def _idle(rt: so.Runtime, session_id: str) -> bool:
+    return (await rt.state(session_id)).status == "idle"
