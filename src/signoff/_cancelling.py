@@ -18,6 +18,7 @@ from ._exceptions import RequestClosed, SessionBusy, SessionExpired, UnknownSess
 from ._mirrors import following_mirrors
 from ._recording import TurnStopped, load_turn
 from ._results import GenerateResult
+from ._session_cache import check_session_id
 from ._state import turn_over
 from ._types import Principal
 
@@ -53,6 +54,7 @@ class Cancelling(Deletion):
         await self.open()
         rt = cast("Runtime", self)  # `_child_sessions` works on the whole runtime
         principal, by = checked_cancel(reason, turn_id, principal)
+        check_session_id(session_id)  # before it is looked up: a list is no key
         # A delegated turn a passed TTL above it ends: no one's activity, nor its subagents'.
         expiry = session_id in expiring.get()
         began: tuple[str, int] | None = None  # the turn to cancel: not one that followed it
