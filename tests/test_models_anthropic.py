@@ -93,6 +93,56 @@ async def test_conversation_and_tools_reach_the_server_as_content_blocks(fake, m
     ]
 
 
+async def test_a_conversation_that_used_tools_is_sent_with_stand_ins_when_none_are_left(
+    fake,
+) -> None:
+    # The API refuses tool_use/tool_result blocks in a request without `tools` (a 400 on every
+    # later call of the session): the tools the conversation names are declared, taking any
+    # input, and `tool_choice` none keeps the model from calling them, whatever params chose.
+    fake.queue(anthropic_message("ok"), anthropic_message("ok"))
+    calls: list[so.Message] = [
+        so.UserMessage(text="Refund order 1042"),
+        so.AssistantMessage(
+            tool_calls=[
+                so.ToolCall(name="lookup_order", input={"order_id": "1042"}, id="toolu_a"),
+                so.ToolCall(name="multi.tool", input={}, id="toolu_b"),  # a made-up name
+            ]
+        ),
+        so.ToolResultMessage(call_id="toolu_a", tool_name="lookup_order", content={"t": 1}),
+        so.ToolResultMessage(call_id="toolu_b", tool_name="multi.tool", content="", is_error=True),
+        so.AssistantMessage(
+            tool_calls=[so.ToolCall(name="lookup_order", input={"order_id": "7"}, id="toolu_c")]
+        ),
+        so.ToolResultMessage(call_id="toolu_c", tool_name="lookup_order", content={"t": 2}),
+        so.UserMessage(text="thanks"),
+    ]
+    chosen = {"tool_choice": {"type": "auto"}, "extra_body": {"tool_choice": {"type": "any"}}}
+    async with so.models.Anthropic(
+        "claude-haiku-4-5", base_url=fake.base_url, api_key=API_KEY, params=chosen
+    ) as m:
+        assert (await m.complete(request(*calls))).text == "ok"
+        lookup = ToolSpec(name="lookup_order", description="Look.", input_schema=REFUND_SCHEMA)
+        assert (await m.complete(request(*calls, tools=[lookup]))).text == "ok"
+    stand_in = {
+        "description": "No longer available: this conversation used it earlier.",
+        "input_schema": {"type": "object"},
+    }
+    bare, given = fake.bodies
+    assert bare["tools"] == [
+        {"name": "lookup_order", **stand_in},
+        {"name": "multi_tool", **stand_in},  # as the conversation names it on the wire
+    ]
+    assert bare["tool_choice"] == {"type": "none"}
+    assert [b["type"] for m in bare["messages"] for b in m["content"]] == [
+        "text", "tool_use", "tool_use", "tool_result", "tool_result", "tool_use", "tool_result",
+        "text",
+    ]  # fmt: skip
+    # With tools of its own, the request is as it was: theirs, and the choice params made.
+    assert given["messages"] == bare["messages"]
+    assert [t["name"] for t in given["tools"]] == ["lookup_order"]
+    assert given["tool_choice"] == {"type": "any"}  # extra_body's, over params'
+
+
 async def test_roles_alternate_and_the_first_message_is_the_users(fake, model) -> None:
     fake.queue(anthropic_message("ok"))
     await model.complete(

@@ -195,3 +195,56 @@ async def test_blank_text_never_reaches_the_api(fake, model, tmp_path: Path) -> 
     assert fake.bodies[2]["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "(empty message)"}]},
     ]
+
+
+async def _used_a_tool_then_lost_it(fake: FakeLLM, model: so.models.Anthropic, db: str) -> str:
+    """A session whose agent looked an order up; the session of the same agent, deployed again
+    without tools, where the next prompt goes."""
+    fake.queue(
+        anthropic_message(tool_use("toolu_look", "lookup_order", {"order_id": "1042"})),
+        anthropic_message("It shipped."),
+    )
+    agent = so.Agent(name="support", model=model, tools=[lookup_order])
+    async with so.Runtime([agent], store=db) as rt:
+        r = await rt.generate("support", prompt="Where is order 1042?")
+        assert (r.status, r.text) == ("completed", "It shipped.")
+    assert "tool_choice" not in fake.bodies[1]  # with tools, nothing changes
+    return r.session_id
+
+
+async def test_a_session_that_used_tools_goes_on_once_its_agent_has_none(
+    fake: FakeLLM, model: so.models.Anthropic, tmp_path: Path
+) -> None:
+    # The API refuses tool_use/tool_result blocks without `tools`: every later turn of such a
+    # session failed with a 400, marked retryable, for good.
+    db = f"sqlite:///{tmp_path}/s.db"
+    session_id = await _used_a_tool_then_lost_it(fake, model, db)
+    fake.queue(anthropic_message("You're welcome."))
+    async with so.Runtime([so.Agent(name="support", model=model)], store=db) as rt:
+        r = await rt.generate(session_id=session_id, prompt="thanks")
+        assert (r.status, r.error, r.text) == ("completed", None, "You're welcome.")
+    body = fake.bodies[2]
+    assert [(t["name"], t["input_schema"]) for t in body["tools"]] == [
+        ("lookup_order", {"type": "object"})
+    ]
+    assert body["tool_choice"] == {"type": "none"}
+    assert body["messages"][:3] == fake.bodies[1]["messages"]  # the history as it was sent
+
+
+async def test_a_stand_in_the_model_calls_anyway_is_an_unknown_tool(
+    fake: FakeLLM, model: so.models.Anthropic, tmp_path: Path
+) -> None:
+    # `tool_choice` none should keep the model from calling one; if it did, the call is answered
+    # as any call of a tool the agent lacks, and the turn goes on.
+    db = f"sqlite:///{tmp_path}/s.db"
+    session_id = await _used_a_tool_then_lost_it(fake, model, db)
+    fake.queue(
+        anthropic_message(tool_use("toolu_again", "lookup_order", {"order_id": "7"})),
+        anthropic_message("I can no longer look orders up."),
+    )
+    async with so.Runtime([so.Agent(name="support", model=model)], store=db) as rt:
+        r = await rt.generate(session_id=session_id, prompt="and order 7?")
+        assert (r.status, r.text) == ("completed", "I can no longer look orders up.")
+    [result] = fake.bodies[3]["messages"][-1]["content"]
+    assert (result["tool_use_id"], result["is_error"]) == ("toolu_again", True)
+    assert "unknown tool 'lookup_order'; available: none" in result["content"]

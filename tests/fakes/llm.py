@@ -186,13 +186,32 @@ _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 def wire_problem(flavor: str, body: Any) -> str | None:
     """Why the real API would refuse this request's conversation with a 400, or None: each
-    tool call answered by exactly one result right after it, roles in order, no blank text."""
+    tool call answered by exactly one result right after it, roles in order, no blank text, and
+    (Anthropic) tools defined when the conversation holds tool blocks."""
     messages = body.get("messages") if isinstance(body, dict) else None
     if not isinstance(messages, list) or not messages:
         return "messages: at least one message is required"
     if flavor == "openai":
         return _openai_problem(messages)
-    return _thinking_problem(body.get("thinking"), messages) or _anthropic_problem(messages)
+    return (
+        _tools_problem(body, messages)
+        or _thinking_problem(body.get("thinking"), messages)
+        or _anthropic_problem(messages)
+    )
+
+
+def _tools_problem(body: dict[str, Any], messages: list[Any]) -> str | None:
+    """The messages API wants `tools` defined (each named as it allows) whenever the
+    conversation holds `tool_use` or `tool_result` blocks, even with `tool_choice` none."""
+    tools = body.get("tools")
+    for i, tool in enumerate(tools if isinstance(tools, list) else []):
+        name = tool.get("name") if isinstance(tool, dict) else None
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            return f"tools.{i}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'"
+    blocks = [b for m in messages if isinstance(m.get("content"), list) for b in m["content"]]
+    if not tools and any(b.get("type") in ("tool_use", "tool_result") for b in blocks):
+        return "Requests which include `tool_use` or `tool_result` blocks must define tools."
+    return None
 
 
 _THINKING = ("thinking", "redacted_thinking")

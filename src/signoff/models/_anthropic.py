@@ -18,6 +18,7 @@ from ._anthropic_replies import total as _total
 from ._anthropic_wire import (
     REASONING,
     last_turn_thinks,
+    stand_in_tools,
     thinking_on,
     to_anthropic_messages,
     to_anthropic_tool,
@@ -85,7 +86,10 @@ class Anthropic(SdkModel):
     retried, and the error says so. `params`
     are passed to `messages.create` as they are (`thinking`, `stop_sequences`, `extra_body`,
     ...), but neither they nor their `extra_body` may set the model, messages, tools, system
-    or stream. Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in
+    or stream. A conversation that used tools, sent for an agent that now has none, declares
+    stand-ins for them with `tool_choice` none: the API refuses tool calls and results without
+    tools.
+    Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in
     list price for well-known models (the reply's `model`'s, when known), else 0, and each web
     search its server tool ran (`usage.server_tool_use.web_search_requests`)
     `web_search_price_per_1k` / 1000 (Anthropic's $10 per 1,000 searches by default). `env`
@@ -220,9 +224,19 @@ class Anthropic(SdkModel):
         }
         if request.instructions:
             kwargs["system"] = scrub(request.instructions)
+        stand_ins: list[dict[str, Any]] = []
         if request.tools:
             kwargs["tools"] = scrub([to_anthropic_tool(t) for t in request.tools])
+        else:  # the API refuses earlier tool calls and results in a request without tools
+            stand_ins = stand_in_tools(messages)
+            if stand_ins:
+                kwargs["tools"] = scrub(stand_ins)
         kwargs.update(self.params)
+        if stand_ins:  # tools the agent no longer has: whatever `params` chose, none is called
+            kwargs["tool_choice"] = {"type": "none"}
+            extra = kwargs.get("extra_body")
+            if isinstance(extra, Mapping) and "tool_choice" in extra:
+                kwargs["extra_body"] = {k: v for k, v in extra.items() if k != "tool_choice"}
         if not thinking and thinking_on(self.params):
             kwargs.pop("thinking", None)
             extra = kwargs.get("extra_body")

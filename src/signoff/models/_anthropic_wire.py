@@ -13,6 +13,7 @@ from ._provider import encode_tool_result
 __all__ = [
     "REASONING",
     "last_turn_thinks",
+    "stand_in_tools",
     "thinking_on",
     "to_anthropic_messages",
     "to_anthropic_tool",
@@ -21,6 +22,9 @@ __all__ = [
 # The reasoning blocks of a response and their fields, sent back as they came.
 REASONING = {"thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
 
+# What a stand-in for a tool the conversation used and the agent no longer has says of itself.
+_STAND_IN = "No longer available: this conversation used it earlier."
+
 
 def to_anthropic_tool(spec: ToolSpec) -> dict[str, Any]:
     """A tool as a messages-API tool definition."""
@@ -28,6 +32,22 @@ def to_anthropic_tool(spec: ToolSpec) -> dict[str, Any]:
     if spec.description:
         tool["description"] = spec.description
     return tool
+
+
+def stand_in_tools(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tools to declare for a request that has none while its conversation holds `tool_use`
+    blocks (the agent's tools were removed since, or a model made a call up): the API refuses
+    them without `tools`. One per tool the conversation names, taking any input, sent with
+    `tool_choice` none so the model calls none of them."""
+    names: dict[str, None] = {}  # in order, once each
+    for m in messages:
+        for b in m["content"]:
+            if b["type"] == "tool_use":
+                names[b["name"]] = None  # a name the API takes (`wire_name`)
+    return [
+        {"name": name, "description": _STAND_IN, "input_schema": {"type": "object"}}
+        for name in names
+    ]
 
 
 def thinking_on(params: Mapping[str, Any]) -> bool:
