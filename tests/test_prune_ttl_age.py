@@ -183,3 +183,31 @@ async def test_a_grandchild_cancelled_with_the_expiry_keeps_its_last_activity(
         await rt.sessions()
         assert len(await rt.sessions()) == 3
         await _tree_stays_put(rt, r.session_id, t0, clock)
+
+
+async def test_the_orphan_sweep_cancelling_a_grandchild_under_an_expired_top_keeps_its_age(
+    store_url: str,
+) -> None:
+    """desk (TTL 60 s) -> support -> orders: a runtime without `orders` records the top's expiry
+    at t0+61, cancelling support's turn (`expiry`) and leaving orders to the orphan sweep. Its
+    parent, support, has no TTL of its own, but its turn was ended by the one above: the sweep's
+    cancel of orders (at t0+66) says `expiry` and is no activity, so a prune of those idle
+    over 150 s deletes the tree at t0+205."""
+    clock = ManualClock()
+    async with (
+        so.Runtime([desk(), support(), orders(tokens(40))], store=store_url, clock=clock) as rt,
+        so.Runtime([desk(), support()], store=store_url, clock=clock) as lacking,
+    ):
+        r = await rt.generate("desk", prompt="refund 3", auth=ALICE)
+        assert r.status == "waiting"
+        top, t0 = r.session_id, clock()
+        clock.advance(61)
+        await lacking.state(top)
+        kid = next(s.id for s in await lacking.sessions() if s.agent == "orders")
+        turn = (await rt.state(kid)).turn
+        assert turn is not None and turn.status == "waiting"  # left to `rt`
+        clock.advance(5)
+        assert await rt.expire_due() >= 1
+        [cancelled] = [e for e in await events(rt, kid) if e.type == "turn.cancelled"]
+        assert cancelled.data["expiry"] is True and cancelled.at == t0 + 66
+        await _tree_stays_put(rt, top, t0, clock)

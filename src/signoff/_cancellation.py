@@ -8,11 +8,20 @@ from collections.abc import Sequence
 from contextvars import ContextVar
 from typing import Any
 
+from ._events import Event
 from ._state_parts import load_principal
 from ._types import InputRequest, Principal
 from .stores import Resolve, Store
 
-__all__ = ["cancel_specs", "cancelled_by", "expiring", "for_expiry", "stop_calls", "withdrawal"]
+__all__ = [
+    "cancel_specs",
+    "cancelled_by",
+    "cancelled_for_expiry",
+    "expiring",
+    "for_expiry",
+    "stop_calls",
+    "withdrawal",
+]
 
 expiring: ContextVar[frozenset[str]] = ContextVar("signoff_expiring", default=frozenset())
 """Child sessions whose delegated turn a cancel in this task ends because a session above them
@@ -93,11 +102,27 @@ async def cancelled_by(
     """The reason and canceller of the turn `turn_id` (started at seq `began`) if it was
     cancelled, read from its `turn.cancelled`: the first after it began, as no other turn
     starts before it ends. None if it was not."""
+    cancel = await _cancel_of(store, session_id, turn_id, began)
+    if cancel is None:
+        return None
+    return cancel.data.get("reason"), load_principal(cancel.data.get("by"))
+
+
+async def cancelled_for_expiry(store: Store, session_id: str, turn_id: str, began: int) -> bool:
+    """Whether the turn `turn_id` (started at seq `began`) was cancelled because a session above
+    it passed its TTL (`expiry` in its `turn.cancelled`): its subagents' turns end by time too."""
+    cancel = await _cancel_of(store, session_id, turn_id, began)
+    return cancel is not None and cancel.data.get("expiry") is True
+
+
+async def _cancel_of(
+    store: Store, session_id: str, turn_id: str | None, began: int
+) -> Event | None:
+    """The turn's `turn.cancelled`: the first after it began, as no other turn starts before it
+    ends. None if it was not cancelled."""
     if turn_id is None:
         return None
     cancels = await store.read_events(
         session_id, max(began - 1, 0), limit=1, types=("turn.cancelled",)
     )
-    if not cancels or cancels[0].turn_id != turn_id:
-        return None
-    return cancels[0].data.get("reason"), load_principal(cancels[0].data.get("by"))
+    return cancels[0] if cancels and cancels[0].turn_id == turn_id else None

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ._cancellation import expiring
+from ._cancellation import cancelled_for_expiry, expiring
 from ._child_closes import after_close as _after_close
 from ._child_closes import after_drive as _after_drive
 from ._child_closes import before_drive, delegating
@@ -154,8 +154,9 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
     ):
         return False
     cancelled = True
-    # Ended by the parent's passed TTL (a process without this agent recorded it): no activity.
-    lapsed = _lapsed_turn(parent, rt.now(), held=held)
+    # Ended by a passed TTL, the parent's or one above it that cancelled the parent's turn (a
+    # process without this agent recorded it): no activity.
+    lapsed = _lapsed_turn(parent, rt.now(), held=held) or await _ended_by_expiry(rt, parent, state)
     reset = expiring.set(expiring.get() | ({state.id} if lapsed else set()))
     try:
         with contextlib.suppress(SessionExpired):  # its expiry is recorded instead: as good
@@ -173,6 +174,17 @@ def _lapsed_turn(parent: SessionState, now: float, *, held: bool) -> bool:
     if held or not parent.expired(now):
         return False
     return parent.lapsed or (turn is not None and turn.status in ("running", "waiting"))
+
+
+async def _ended_by_expiry(rt: Runtime, parent: SessionState, child: SessionState) -> bool:
+    """Whether the parent's turn that created `child` was cancelled because a session above it
+    passed its TTL (`expiry`): that ends the child's delegated turn by time too, however deep."""
+    turn = parent.turn
+    if turn is None or turn.status != "cancelled":
+        return False
+    if child.id not in _journaled(parent, done=True) and child.id not in unjournaled(parent):
+        return False  # a child of an earlier turn: the parent moved on since
+    return await cancelled_for_expiry(rt.store, parent.id, turn.id, turn.first_seq)
 
 
 async def refuse_orphaned_retry(rt: Runtime, session_id: str) -> None:
