@@ -173,3 +173,43 @@ async def test_guardrails_are_asked_again_once_before_the_body_starts_and_not_on
     assert ended["status"] == "ok" and ended["result"] == "eu"
     billed = sum(e.data.get("usage", {}).get("input_tokens", 0) for e in events)
     assert billed == 14  # the proposal's review and the start's, each once
+
+
+class _Judge(so.Guardrail):
+    """A guardrail with a billed review, made only for a call not yet approved: asked again as
+    an approved call would start (`ApprovalContext.approved`), it leaves the call as it was."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[bool, bool]] = []  # (approved, edited) each time it was asked
+
+    async def decide(self, ctx: so.ApprovalContext) -> so.Verdict | None:
+        self.seen.append((ctx.approved, ctx.edited))
+        if ctx.approved:
+            return None
+        return so.Verdict("ask", usage=so.Usage(input_tokens=1000))
+
+
+@pytest.mark.parametrize("edit", [False, True], ids=["approve", "edit"])
+async def test_a_guardrail_tells_the_asking_as_an_approved_call_starts_from_its_proposal(
+    tmp_path: Path, edit: bool
+) -> None:
+    """`ApprovalContext.approved` is false as the call is proposed (and as an approver's edit is
+    checked), true when the guardrails are asked again as the approved call would start: a
+    costly review can then decide cheaply, and the call's review is billed once."""
+    log = ExecutionLog()
+    judge = _Judge()
+    async with sqlite_runtime(tmp_path, _agent(log, so.never(), Capture(reply("ok")), judge)) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        assert judge.seen == [(False, False)]
+        answer = so.InputResponse(
+            request_id=r.pending[0].id,
+            option_id="approve",
+            **({"edited_input": {"order_id": "2"}} if edit else {}),
+        )
+        r = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert r.status == "completed" and log.count() == 1
+        events = await _events(rt, r.session_id)
+    asked = [(False, False), *([(False, True)] if edit else []), (True, edit)]
+    assert judge.seen == asked
+    billed = sum(e.data.get("usage", {}).get("input_tokens", 0) for e in events)
+    assert billed == 1000 * (2 if edit else 1)

@@ -350,12 +350,14 @@ def repeat(
 
 
 AUTO_APPROVED = "was approved automatically when its deadline passed (on_timeout='approve')"
-"""How a call its deadline approved closed: `expired`, yet it ran, approved by no one."""
+"""How a call its deadline approved closed: `expired`, yet approved by no one to run (a
+guardrail asked again as it would start may still deny it)."""
 
 
 def approved_on_timeout(request: InputRequest, outcome: object, on_timeout: object) -> bool:
     """Whether `request` closed as its passed deadline approved it (`on_timeout="approve"`):
-    recorded `expired`, but the call ran, which a late answer is told rather than `expired`."""
+    recorded `expired`, but the call was approved to run (a guardrail may still deny it as it
+    would start), which a late answer is told rather than `expired`."""
     return request.kind == "tool-approval" and outcome == "expired" and on_timeout == "approve"
 
 

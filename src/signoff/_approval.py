@@ -93,7 +93,9 @@ class ApprovalContext:
     and its share of its parent's, less what earlier reviews of the same reply spent); empty
     when none bounds them. `auto()` caps its review's output there, less its input. `edited`:
     the input is an approver's edit of a call a person was asked about, which only a denial
-    refuses (a person has approved it)."""
+    refuses (a person has approved it). `approved`: the call was approved and is about to
+    start, and only the guardrails are asked again (a deploy since may have changed them);
+    false as the call is proposed and as an edit is checked."""
 
     session: SessionInfo
     tool_name: str
@@ -104,6 +106,7 @@ class ApprovalContext:
     pending_tools: frozenset[str] = field(default_factory=frozenset)
     budget_left: Mapping[str, float] = field(default_factory=dict)
     edited: bool = False
+    approved: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,7 +511,9 @@ class Guardrail:
     """Something an agent consults before each call, for tools it cannot modify."""
 
     async def decide(self, ctx: ApprovalContext) -> Verdict | None:
-        """A verdict on this call, or None to leave it to the tool's own policy. An override is
+        """A verdict on this call, or None to leave it to the tool's own policy. Asked as the
+        call is proposed, and again as an approved call would start (`ctx.approved`), where a
+        denial wins over the approval: a costly review may decide cheaply then. An override is
         an `async def`; a plain one (which a type checker flags) runs in a thread, as a plain
         policy function does."""
         raise NotImplementedError

@@ -51,7 +51,8 @@ class SessionRemote(Protocol):
 class RequestView:
     """A request as the client knows it: `pending`, `responded` (sent, not yet confirmed),
     or closed (`settled`, `expired`, `withdrawn`) with its outcome; `on_timeout`: what its
-    passed deadline did when that closed it (`approve`: the call ran), else None."""
+    passed deadline did when that closed it (`approve`: the call was approved to run, though a
+    guardrail asked again as it would start may deny it), else None."""
 
     request: InputRequest
     status: str = "pending"

@@ -374,6 +374,7 @@ class ToolCalls(CallEnds):
             pending_tools=frozenset(r.tool_name for r in s.pending_requests() if r.tool_name),
             budget_left=await self.budget_left(),
             edited=call.edited_input is not None,
+            approved=True,
         )
         asked = s.requests.get(call.request_id) if call.request_id is not None else None
         by_deadline = asked is not None and asked.outcome == "expired"

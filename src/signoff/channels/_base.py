@@ -114,8 +114,9 @@ DELETED = "deleted"
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Resolution:
     """How a request closed: its outcome, who decided (if a person did), when, and why.
-    `on_timeout`: what its passed deadline did when that closed it (`approve`: the call ran,
-    approved automatically; `deny`), None when no deadline closed it."""
+    `on_timeout`: what its passed deadline did when that closed it (`approve`: the call was
+    approved automatically, though a guardrail asked again as it would start may deny it;
+    `deny`), None when no deadline closed it."""
 
     request_id: str
     outcome: str  # answered | approved | cancelled | ignored | expired | deleted
@@ -160,7 +161,8 @@ class Resolution:
     @property
     def approved_on_timeout(self) -> bool:
         """Whether its passed deadline approved it (`on_timeout="approve"`): it closed as
-        `expired`, and the call ran all the same, approved by no one."""
+        `expired`, and the call was approved all the same, by no one (a guardrail asked again
+        as it would start may still deny it)."""
         return self.outcome == "expired" and self.on_timeout == "approve"
 
     @property

@@ -193,7 +193,7 @@ class TextChannel(Channel):
             text = f"{what} was denied by {by} at {when}"
         elif resolution.outcome == "answered":
             text = f"{what} was answered by {by} at {when}: {resolution.value}"
-        elif resolution.approved_on_timeout:  # the call ran
+        elif resolution.approved_on_timeout:  # approved by no one
             text = f"{what} was approved automatically when its deadline passed at {when}"
         elif resolution.outcome == "expired":
             text = f"{what} expired at {when}"

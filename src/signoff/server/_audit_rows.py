@@ -20,7 +20,7 @@ def audit_row(request: InputRequest, stored: StoredRequest | None) -> dict[str, 
     return {
         "request": request,
         "outcome": outcome,
-        # Closed `expired`, but its deadline approved it (`on_timeout="approve"`): the call ran.
+        # Closed `expired`, but its deadline approved it (`on_timeout="approve"`).
         "approved_on_timeout": outcome == "expired" and resolution.get("on_timeout") == "approve",
         "by": resolution.get("by"),
         "reason": reason,

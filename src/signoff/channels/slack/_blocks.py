@@ -461,7 +461,7 @@ def chosen_option(request: InputRequest, value: str) -> str:
 
 def closed_as(resolution: Resolution) -> str:
     """How a request closed, in a word or two: Approved, Approved automatically (its deadline
-    passed with `on_timeout="approve"`: the call ran), Denied, Answered, Expired, Deleted (with
+    passed with `on_timeout="approve"`: no one decided), Denied, Answered, Expired, Deleted (with
     its session) or Withdrawn."""
     if resolution.outcome == "approved":
         return "Approved"
@@ -489,7 +489,7 @@ def _closing_line(resolution: Resolution) -> str:
     if closed == "Approved":
         return f":white_check_mark: *Approved* by {by} {when}{reason}"
     if closed == "Approved automatically":
-        passed = f"when the deadline passed {when}"  # the call ran: no one decided
+        passed = f"when the deadline passed {when}"  # no one decided
         return f":white_check_mark: *Approved automatically* {passed}{reason}"
     if closed == "Denied":
         return f":x: *Denied* by {by} {when}{reason}"
