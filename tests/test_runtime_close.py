@@ -171,3 +171,20 @@ async def test_a_runtime_opened_again_leaves_its_old_followers_stopped(store_url
     assert fresh == list(range(1, new_head + 1))
     await rt.close()
     assert not _store_open(rt)
+
+
+async def test_a_follower_made_before_the_close_but_first_stepped_after_reads_as_a_new_call(
+    store_url: str,
+) -> None:
+    """An `events()` generator is a call once it is first stepped, not when it is made: one made
+    before the close and first stepped after it reads every event, opening the store again as
+    any call does (README), and the next close closes it."""
+    rt = so.Runtime([scripted_agent("a", [reply("hi")])], store=store_url)
+    sid = (await rt.generate("a", "x")).session_id
+    head = (await rt.state(sid)).seq
+    stream = rt.events(sid, follow=False)
+    await rt.close()
+    assert not _store_open(rt)
+    assert [e.seq async for e in stream] == list(range(1, head + 1))
+    await rt.close()
+    assert not _store_open(rt)
