@@ -504,3 +504,59 @@ async def test_a_session_chain_head_edited_into_text_is_named_not_raised(
     assert sorted(problems) == sorted([(edited, reason), (other, "content does not match")]), (
         problems
     )
+
+
+@pytest.mark.parametrize("requests", [None, 7])
+async def test_an_entry_asking_no_list_of_requests_is_named_not_raised(
+    store_url: str, requests: object
+) -> None:
+    """An `input.requested` whose `requests` an edit left no list (a null, a number): checking
+    the request rows against it raised a bare TypeError out of `verify_audit` (and the
+    dashboard's verify, a 500), where the export of the same trail verifies to the entry named;
+    now the entry is named in process too."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        asked = next(e for e in await rt.audit(sid) if e.type == "input.requested")
+        events = await rt.store.read_events(sid)
+    for event in events:  # each kept on no event before it, so one can change alone
+        data = {**event.data, "requests": requests} if event.seq == asked.seq else event.data
+        alter(
+            store_url,
+            "UPDATE {t}events SET data={p} WHERE seq={p} AND sk="
+            "(SELECT sk FROM {t}sessions WHERE id={p})",
+            pack_bytes(data),
+            event.seq,
+            sid,
+        )
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        named = [(asked.id, sid, "content does not match")]
+        for problems in (await rt2.verify_audit(sid), await rt2.verify_audit()):
+            assert [(p.id, p.stream, p.reason) for p in problems] == named
+        out = io.StringIO()
+        await rt2.export_audit(out)
+    exported = so.verify_audit_export(out.getvalue())
+    assert [(p.id, p.stream, p.reason) for p in exported] == named
+
+
+async def test_an_entry_of_no_session_nor_stream_is_named_not_raised(store_url: str) -> None:
+    """An audit row whose session key a hand edit cleared (its `stream` is NULL, as a session's
+    entries keep it): it was read with no stream, and `verify_audit` raised a bare
+    AttributeError (`None.startswith`), its export a line no verifier reads as an entry. It
+    reads as a stream naming it, which no chain holds: named, as the session's chain it left."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        first = (await rt.audit(sid))[0]
+    alter(store_url, "UPDATE {t}audit SET sk=NULL WHERE id={p}", first.id)
+    orphan = f"entry #{first.id} (of no session or stream)"
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        problems = await rt2.verify_audit()
+        assert {p.stream for p in problems} == {sid, orphan}, problems
+        assert (first.id, orphan, "content does not match") in {
+            (p.id, p.stream, p.reason) for p in problems
+        }
+        assert [e.stream for e in await rt2.audit() if e.id == first.id] == [orphan]
+        out = io.StringIO()
+        await rt2.export_audit(out)
+    assert {p.stream for p in so.verify_audit_export(out.getvalue())} == {sid, orphan}

@@ -157,7 +157,8 @@ def test_event_from_row_takes_anything(**row: Any) -> None:
     if isinstance(event, Event):  # what is accepted is well-formed
         assert isinstance(event.session_id, str) and isinstance(event.seq, int)
         assert event.type in EVENT_TYPES and isinstance(event.data, dict)
-        assert isinstance(event.at, float | int) and isinstance(event.v, int)
+        assert isinstance(event.at, float | int) and math.isfinite(event.at)
+        assert isinstance(event.v, int)
         assert event.turn_id is None or isinstance(event.turn_id, str)
 
 
@@ -281,7 +282,9 @@ def test_an_arbitrary_snapshot_loads_or_is_refused(doc: Any) -> None:
 def test_a_damaged_log_folds_or_is_refused(
     real: dict[str, Any], data: Any, how: str, junk: Any
 ) -> None:
-    """Damage one field of one stored event: reading and folding the log fails only by name."""
+    """Damage one field of one stored event: reading and folding the log fails only by name, and
+    what it folds holds the types later code reads (a text `ttl` folded was a TypeError in
+    `expired`, a null call id a ValidationError as its request was answered)."""
     _proof.record("hypothesis:test_damaged_log:examples")
     log = real["events"]
     where = data.draw(st.sampled_from([p for p in paths(log) if len(p) > 1]))  # not whole rows
@@ -292,7 +295,12 @@ def test_a_damaged_log_folds_or_is_refused(
     def read_and_fold() -> SessionState:
         return fold([Event.from_row(**r) for r in rows])
 
-    decodes_or_refuses(read_and_fold)
+    state = decodes_or_refuses(read_and_fold)
+    if isinstance(state, SessionState):
+        assert isinstance(state.agent, str) and isinstance(state.parent, str | None)
+        calls = [] if state.turn is None else state.turn.calls.values()
+        assert all(isinstance(c.id, str) and isinstance(c.tool_name, str) for c in calls)
+        folds_on(state)
 
 
 @given(

@@ -8,6 +8,7 @@ UnknownSession. Nothing is written."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -34,8 +35,11 @@ DAMAGES: dict[str, Callable[[dict[str, Any]], None]] = {
     "seq null": _set(seq=None),
     "seq negative": _set(seq=-1),
     "ttl text": _set(ttl="3600"),
+    "ttl more than a float holds": _set(ttl=10**400),
     "created_at text": _set(created_at="2024"),
+    "created_at NaN": _set(created_at=math.nan),
     "updated_at null": _set(updated_at=None),
+    "updated_at infinite": _set(updated_at=math.inf),
     "agent a number": _set(agent=5),
     "parent a number": _set(parent=5),
     "approved tools text": _set(approved_tools="abc"),

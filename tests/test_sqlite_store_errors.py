@@ -288,6 +288,34 @@ async def test_reading_a_session_row_holding_text_for_a_number_is_a_store_error(
         await store.close()
 
 
+@pytest.mark.parametrize("column", ["agent", "status", "id"])
+async def test_a_session_row_holding_a_blob_for_text_is_a_store_error(
+    tmp_path: Path, column: str
+) -> None:
+    """SQLite keeps the BLOB a hand edit puts in a text column (`SET agent = X'ff...'`): the
+    listings handed its bytes on, and failed whole (HTTP 500, `signoff sessions` a traceback),
+    and a BLOB id failed the trail's verification and export with a bare TypeError. The
+    listings name it now (`StoreDamaged`), as verification does a BLOB id (sessions are paged
+    by their ids); the export holds no bytes."""
+    agent, url, _ = await _parked_refund(tmp_path)
+    with sqlite3.connect(tmp_path / "state.db") as conn:
+        conn.execute(f"UPDATE sessions SET {column} = ?", (b"\xffa",))
+    conn.close()
+    async with so.Runtime([agent], store=url) as rt:
+        store = rt.store
+        assert isinstance(store, SQLiteStore)
+        for read in (rt.sessions, store.sessions_counted):
+            with pytest.raises(so.StoreDamaged, match=re.escape(f"its {column} is b'\\xffa'")):
+                await read()
+        out = io.StringIO()
+        assert await rt.export_audit(out) > 0
+        if column == "id":
+            with pytest.raises(so.StoreDamaged, match=re.escape("its id is b'\\xffa'")):
+                await rt.verify_audit()
+        else:
+            assert await rt.verify_audit() == []
+
+
 @pytest.mark.parametrize(
     ("damage", "named"),
     [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -661,3 +662,64 @@ async def test_a_damaged_message_before_a_snapshot_is_named_when_the_model_reads
     async with so.Runtime([agent], store=store_url) as rt:
         with pytest.raises(so.StoreError, match=rf"event {sid}:2 \(turn.started\) is malformed"):
             await rt.generate(session_id=sid, prompt="again")
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        {"session_created": {"agent": None}},
+        {"session_created": {"agent": "a", "ttl": "3600"}},
+        {"session_created": {"agent": "a", "ttl": True}},
+        {"session_created": {"agent": "a", "ttl": 10**400}},
+        {"session_created": {"agent": "a", "parent": 5}},
+        {"session_created": {"agent": "a", "headroom": {"max_tokens": "x"}}},
+        {"session_created": {"agent": "a", "parent_spent": {"max_cost_usd": None}}},
+        {"model_completed": {"text": "", "tool_calls": [{"id": None, "name": "t"}]}},
+        {"model_completed": {"text": "", "tool_calls": [{"id": "c", "name": 5}]}},
+    ],
+)
+def test_a_field_of_the_wrong_type_that_later_code_reads_is_refused_as_it_is_folded(
+    corrupt: dict[str, dict[str, Any]],
+) -> None:
+    """A field a hand edit left of the wrong type, which the fold kept and later code failed on
+    with a bare exception (a text `ttl` a TypeError in `expires_at`, a null `agent` or call id
+    a ValidationError in a request or a listing): the fold names the event, as a state loaded
+    from the store folds it (without its conversation, which checks its own fields)."""
+    state = so.SessionState(id="s", conversation=None)
+    with pytest.raises(so.StoreError, match=r"event s:\d \(.*\) is malformed: TypeError"):
+        for event in _chat(**corrupt):
+            state.apply(event)
+
+
+@pytest.mark.parametrize("ttl", [3600, 3600.5, math.inf, math.nan])
+def test_a_session_created_as_any_signoff_wrote_it_still_folds(ttl: float) -> None:
+    """What a signoff could write still folds as it did: a TTL in seconds, int or float, and an
+    infinite one (or NaN), as `Limits(ttl=...)` took before it was checked, which never passes
+    and gives no deadline (a store's row keeps no infinity)."""
+    created = {"agent": "a", "ttl": ttl, "parent": "p", "headroom": {"max_tokens": 5}}
+    state = fold(_chat(session_created=created))
+    assert state.agent == "a" and state.parent == "p" and state.headroom == {"max_tokens": 5}
+    assert state.ttl is ttl
+    assert state.expires_at == (None if not math.isfinite(ttl) else 1.0 + ttl)
+    assert state.expired(1e300) is math.isfinite(ttl)
+
+
+async def test_a_session_of_an_infinite_ttl_writes_no_infinite_deadline(tmp_path: Path) -> None:
+    """A session an early signoff created with `Limits(ttl=math.inf)` (before it was checked):
+    its commits keep no deadline in its row, where an infinity is a damaged row, but none."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    agent = scripted_agent("a", [reply("ok")])
+    created = so.Event(
+        session_id="ses_old",
+        seq=1,
+        type="session.created",
+        at=1.0,
+        data={"agent": "a", "ttl": math.inf},
+    )
+    async with so.Runtime([agent], store=url) as rt:
+        await rt.open()
+        await rt.store.create_session("ses_old", "a", [created], None)
+        assert (await rt.generate(session_id="ses_old", prompt="hi")).status == "completed"
+        [row] = await rt.store.sessions()
+        assert (row.id, row.expires_at) == ("ses_old", None)
+        assert (await rt.state("ses_old")).expires_at is None

@@ -8,6 +8,7 @@ fixtures in conftest.py run it against both backends.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -277,3 +278,128 @@ async def test_a_sqlite_row_of_the_wrong_types_is_store_damaged(
         with pytest.raises(StoreError, match=f"session '{one.session_id}'") as info:
             await attempts[read]()
         assert type(info.value) is so.StoreDamaged, info.value
+
+
+NOT_A_TIME = [
+    ("sessions", "expires_at", math.inf),
+    ("sessions", "updated_at", -math.inf),
+    ("sessions", "created_at", math.inf),
+    ("sessions", "updated_at", math.nan),
+    ("events", "at", math.inf),
+    ("events", "at", math.nan),
+]
+
+
+@pytest.mark.parametrize(("table", "column", "value"), NOT_A_TIME)
+async def test_a_time_that_is_no_finite_number_is_store_damaged(
+    store_url: str, table: str, column: str, value: float
+) -> None:
+    """PostgreSQL keeps 'infinity' and 'NaN' in a `double precision` column (an operator's
+    `SET expires_at = 'infinity'`, to keep a session from expiring), SQLite 9e999: such a time
+    of a session row, or of an event, is `StoreDamaged` naming the session, as text there is. It
+    was read as a number: the listing of every session failed its JSON (HTTP 500 for every
+    caller), `signoff sessions` and `signoff events` their dates. Nothing is written, and the
+    other session goes on."""
+    if math.isnan(value) and store_url.startswith("sqlite"):
+        pytest.skip("SQLite keeps NaN as NULL")
+    async with so.Runtime([gated_agent()], store=store_url) as rt:
+        one, two = await parked_pair(rt)
+    sid = one.session_id
+    if table == "sessions":
+        edit(store_url, f"UPDATE {{t}}sessions SET {column} = {{p}} WHERE id = {{p}}", value, sid)
+    else:  # its last event, which the session's state reads last
+        edit(
+            store_url,
+            "UPDATE {t}events SET at = {p} WHERE sk = (SELECT sk FROM {t}sessions WHERE id = {p}) "
+            "AND seq = (SELECT head FROM {t}sessions WHERE id = {p})",
+            value,
+            sid,
+            sid,
+        )
+    before = session_rows(store_url, sid)
+    async with so.Runtime([gated_agent()], store=store_url) as fresh:  # nothing cached
+        await fresh.open()
+        answer = so.InputResponse(request_id=one.pending[0].id, option_id="approve")
+        if table == "sessions":
+            attempts: list[Any] = [fresh.sessions, fresh.store.sessions_counted]  # type: ignore[attr-defined]
+            if column == "expires_at":  # read with its requests too
+                attempts.append(lambda: fresh.store.get_request(one.pending[0].id))
+            named = f"session '{sid}' is damaged: its {column} is {value!r}"
+        else:
+            attempts = [
+                lambda: fresh.store.read_events(sid),
+                lambda: fresh.state(sid),
+                lambda: fresh.respond(sid, [answer]),
+            ]
+            named = f"event '{sid}':\\d+ is malformed"
+        for attempt in attempts:
+            with pytest.raises(so.StoreDamaged, match=named):
+                await attempt()
+        answer = so.InputResponse(request_id=two.pending[0].id, option_id="approve")
+        assert (await fresh.respond(two.session_id, [answer])).status == "completed"
+    assert session_rows(store_url, sid) == before
+
+
+def rewrite_events(url: str, session_id: str, events: list[so.Event]) -> None:
+    """Store each of `events` (of `session_id`) as its own plain document, kept on no event
+    before it, so one of them can be changed alone."""
+    for event in events:
+        edit(
+            url,
+            "UPDATE {t}events SET data = {p} WHERE seq = {p} AND sk = "
+            "(SELECT sk FROM {t}sessions WHERE id = {p})",
+            pack_bytes(event.data),
+            event.seq,
+            session_id,
+        )
+
+
+def _ttl_text(data: dict[str, Any]) -> None:
+    data["ttl"] = "3600"
+
+
+def _no_agent(data: dict[str, Any]) -> None:
+    data["agent"] = None
+
+
+def _call_id_null(data: dict[str, Any]) -> None:
+    data["tool_calls"][0]["id"] = None
+
+
+@pytest.mark.parametrize(
+    ("event_type", "damage"),
+    [
+        ("session.created", _ttl_text),
+        ("session.created", _no_agent),
+        ("model.completed", _call_id_null),
+    ],
+)
+async def test_an_event_field_of_the_wrong_type_is_named_before_anything_is_written(
+    store_url: str, event_type: str, damage: Any
+) -> None:
+    """An event a hand edit left readable, of its type, but with a field of the wrong type that
+    the fold kept: a text `ttl` failed every read of the session with a bare TypeError, a null
+    `agent` its page (500), and a null call id an answer with a bare ValidationError after the
+    store held the approval settled and its request resolved, the session left `running`. Now
+    its state is a `StoreError` naming the event, and answering writes nothing."""
+    async with so.Runtime([gated_agent()], store=store_url) as rt:
+        one, two = await parked_pair(rt)
+        sid = one.session_id
+        events = await rt.store.read_events(sid)
+    target = next(e for e in events if e.type == event_type)
+    damage(target.data)
+    rewrite_events(store_url, sid, events)
+    before = session_rows(store_url, sid)
+    requests = query(store_url, "SELECT status FROM {t}requests WHERE id = {p}", one.pending[0].id)
+    async with so.Runtime([gated_agent()], store=store_url) as fresh:  # nothing cached
+        answer = so.InputResponse(request_id=one.pending[0].id, option_id="approve")
+        for attempt in (lambda: fresh.state(sid), lambda: fresh.respond(sid, [answer])):
+            malformed = rf"event {sid}:{target.seq} \({event_type}\) is malformed: TypeError"
+            with pytest.raises(so.StoreError, match=malformed):
+                await attempt()
+        answer = so.InputResponse(request_id=two.pending[0].id, option_id="approve")
+        assert (await fresh.respond(two.session_id, [answer])).status == "completed"
+    assert session_rows(store_url, sid) == before
+    assert query(store_url, "SELECT status FROM {t}requests WHERE id = {p}", one.pending[0].id) == (
+        requests
+    )

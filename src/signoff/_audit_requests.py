@@ -122,7 +122,10 @@ class RequestTrail:
         if e.seq is None or e.type not in _TYPES:
             return
         if e.type == "input.requested":
-            for raw in e.data.get("requests", ()):
+            asked = e.data.get("requests")
+            # An edit that left no list (a null) asks nothing: its hash no longer matches, and
+            # the rows of its requests are named as asked by no entry.
+            for raw in asked if isinstance(asked, list) else ():
                 rid = raw.get("id") if isinstance(raw, dict) else None
                 if isinstance(rid, str):
                     self.asked.setdefault(rid, _Asked(e.stream)).entries.append(
@@ -202,8 +205,9 @@ def _said(row: RequestRow, entries: list[tuple[int, int, str, dict[str, Any]]]) 
             resolved = d
             status, outcome = d.get("status") or "settled", d.get("outcome")
         elif status == "pending" and d.get("outcome") == "counted":
-            by = d.get("by") or {}
-            votes = [*request.approved_by, str(by.get("principal_id"))]
+            by = d.get("by")
+            who = by.get("principal_id") if isinstance(by, dict) else None
+            votes = [*request.approved_by, str(who)]
             request = request.model_copy(update={"approved_by": votes})
         elif status == "pending" and d.get("outcome") == "escalated":
             request = request.model_copy(update={"escalated_to": d.get("to"), "expires_at": None})

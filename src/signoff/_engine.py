@@ -37,6 +37,7 @@ from ._recording import (
     tells_a_person,
     waited_for_a_person,
 )
+from ._snapshot_fields import ttl_end
 from ._state import SessionState, starts_queued
 from ._tool_calls import ToolCalls
 from ._trace_resumes import parked_by
@@ -319,7 +320,7 @@ class Driver(ToolCalls, ModelStep):
             return None
         if state.lapsed or (after is not None and after.lapsed):
             return now  # passed by the time anyone looks again
-        return now + state.ttl
+        return ttl_end(now, state.ttl)
 
     async def reload(self) -> None:
         """Rebuild the state from the store (snapshot plus tail) after a failed append, with the

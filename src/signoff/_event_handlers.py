@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ._events import Event
 from ._exceptions import StoreError
 from ._idempotency import KEPT, free_for
+from ._snapshot_fields import budgets_of, text_of, ttl_of
 from ._state_parts import (
     CallState,
     RequestState,
@@ -30,13 +31,17 @@ __all__ = ["HANDLERS", "journal_fold"]
 
 
 def _session_created(s: SessionState, e: Event) -> None:
-    s.agent = e.data["agent"]
+    d = e.data
+    # Checked as a snapshot's are (`_snapshot_fields`): a null or a text a hand edit left here
+    # was kept, and a later read failed on it with a bare TypeError or ValidationError.
+    s.agent = text_of(d["agent"], "agent")
     s.created_at = e.at
-    s.ttl = e.data.get("ttl")
-    s.initiator = load_principal(e.data.get("initiator"))
-    s.parent = e.data.get("parent")
-    s.headroom = dict(e.data.get("headroom") or {})
-    s.parent_spent = dict(e.data.get("parent_spent") or {})
+    s.ttl = ttl_of(d.get("ttl"))
+    s.initiator = load_principal(d.get("initiator"))
+    parent = d.get("parent")
+    s.parent = None if parent is None else text_of(parent, "parent")
+    s.headroom = budgets_of(d.get("headroom"), "headroom")
+    s.parent_spent = budgets_of(d.get("parent_spent"), "parent_spent")
     _keyed(s, e, [None])
 
 
@@ -143,7 +148,9 @@ def _model_completed(s: SessionState, e: Event) -> None:
     cut = e.data.get("cut_off")
     turn.cut_off = cut if isinstance(cut, str) else None
     turn.calls = {
-        c["id"]: CallState(id=c["id"], tool_name=c["name"], input=c.get("input"), since=e.seq)
+        text_of(c["id"], "call id"): CallState(
+            id=c["id"], tool_name=text_of(c["name"], "tool name"), input=c.get("input"), since=e.seq
+        )
         for c in e.data.get("tool_calls", [])
     }
     if turn.paused:

@@ -196,14 +196,16 @@ def _check_row(
         and isinstance(type, str)
         and isinstance(v, int)
         and not isinstance(v, bool)
-        and (at.__class__ is float or (isinstance(at, int | float) and not isinstance(at, bool)))
+        # finite: `at - at` is NaN for an infinity and for NaN (what PostgreSQL and SQLite keep
+        # if a hand edit puts it there), which failed the event's JSON and its time shown
+        and ((at.__class__ is float and at - at == 0.0) or _is_time(at))
         and (turn_id is None or isinstance(turn_id, str))
         and isinstance(data, dict)
     )
     if not fields:
         raise StoreDamaged(
             f"event {session_id!r}:{seq!r} is malformed: seq and v must be integers, at a "
-            "number, session_id, type and turn_id strings and data an object"
+            "finite number, session_id, type and turn_id strings and data an object"
         )
     if v > SCHEMA_VERSION:
         raise SchemaVersionError(
@@ -242,6 +244,11 @@ _set_session_id, _set_seq, _set_type, _set_at, _set_turn_id, _set_data, _set_v =
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_time(value: object) -> bool:
+    """An event's time other than a plain float: an int, or a finite float of a subclass."""
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
 def check_shown_event(shown: object, session_id: str, after: int) -> None:

@@ -1,4 +1,5 @@
-"""The checks a snapshot's session fields pass as it is read (`SessionState.from_snapshot`): a
+"""The checks a snapshot's session fields pass as it is read (`SessionState.from_snapshot`), and
+the fold's of those it takes from a `session.created` (`text_of`, `ttl_of`, `budgets_of`): a
 field of a type the fold never gives it (a hand edit, a half-restored copy) is refused then,
 not left to fail later as a bare TypeError in whatever reads it."""
 
@@ -8,8 +9,20 @@ from collections.abc import Callable
 from typing import Any
 
 from ._events import EVENT_TYPES, EventType
+from ._settings import finite
 
-__all__ = ["check_fields", "ids_of", "last_of", "paused_of", "seq_of", "session_of"]
+__all__ = [
+    "budgets_of",
+    "check_fields",
+    "ids_of",
+    "last_of",
+    "paused_of",
+    "seq_of",
+    "session_of",
+    "text_of",
+    "ttl_end",
+    "ttl_of",
+]
 
 
 def check_fields(data: dict[str, Any]) -> None:
@@ -31,6 +44,17 @@ def _count(v: object) -> bool:
 
 def _number(v: object) -> bool:
     return type(v) is float or type(v) is int
+
+
+def _time(v: object) -> bool:
+    """A finite number: an infinite or NaN time fails the JSON of the state shown."""
+    return (type(v) is float or type(v) is int) and finite(v)
+
+
+def _ttl(v: object) -> bool:
+    """None, or seconds: any float (a signoff that did not check `Limits(ttl=...)` yet could
+    record an infinite one, which `ttl_end` takes as never), or an int a float holds."""
+    return v is None or type(v) is float or (type(v) is int and finite(v))
 
 
 def _flag(v: object) -> bool:
@@ -85,9 +109,9 @@ _FIELDS: dict[str, Callable[[object], bool]] = {
     "id": _text,
     "agent": _text,
     "seq": _count,
-    "created_at": _number,
-    "updated_at": _number,
-    "ttl": _or_none(_number),
+    "created_at": _time,
+    "updated_at": _time,
+    "ttl": _ttl,
     "parent": _or_none(_text),
     "approved_tools": _texts,
     "model_responses": _count,
@@ -103,6 +127,37 @@ _FIELDS: dict[str, Callable[[object], bool]] = {
     "candidates": _candidates,
     "requests": lambda v: type(v) is list,
 }
+
+
+def text_of(value: Any, name: str) -> str:
+    """`value`, a `session.created`'s `name` or a call's id or name; `TypeError` unless text."""
+    if not isinstance(value, str):
+        raise TypeError(f"its {name} is {type(value).__name__}, not text")
+    return value
+
+
+def ttl_of(value: Any) -> float | None:
+    """A `session.created`'s ttl (`_ttl`); `TypeError` unless None or seconds."""
+    if not _ttl(value):
+        raise TypeError(f"its ttl is {type(value).__name__}, not seconds")
+    return value  # type: ignore[no-any-return]
+
+
+def budgets_of(value: Any, name: str) -> dict[str, float]:
+    """A `session.created`'s budgets (`headroom`, `parent_spent`: a budget's name -> a number,
+    as `budget_left` gives them); `TypeError` unless numbers."""
+    budgets = dict(value or {})
+    if not _budgets(budgets):
+        raise TypeError(f"its {name} are not numbers: {budgets!r:.100}")
+    return budgets
+
+
+def ttl_end(start: float, ttl: float) -> float | None:
+    """When a TTL of `ttl` seconds from `start` passes, None for never: an infinite (or NaN)
+    TTL, as a signoff that did not check `Limits(ttl=...)` yet could record, passes no time,
+    and a store's row keeps no such number (a damaged row's, `StoreDamaged`)."""
+    end = start + ttl
+    return end if end - end == 0.0 else None
 
 
 def last_of(value: Any) -> tuple[EventType, float, str | None] | None:

@@ -197,7 +197,8 @@ class SessionState:
         the events that recorded it."""
         if self.ttl is None:
             return None
-        return self.updated_at if self.lapsed else self.updated_at + self.ttl
+        end = self.updated_at if self.lapsed else self.updated_at + self.ttl
+        return end if end - end == 0.0 else None  # an infinite TTL never passes (`ttl_end`)
 
     def expired(self, now: float) -> bool:
         """Whether the session's TTL has passed at `now` (or its lapse is recorded)."""

@@ -31,6 +31,7 @@ __all__ = [
     "chain_hash",
     "chain_parts",
     "chain_session",
+    "entry_stream",
     "entry_type",
     "int_time_hash",
     "loaded_data",
@@ -199,6 +200,17 @@ def loaded_data(stored: Stored | None, earlier: Sequence[Stored | None] = ()) ->
     except StoreDamaged:
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def entry_stream(stored: object, entry_id: object) -> str:
+    """An entry's stream as read back: one a hand edit left that is no text (its session's key
+    and its stream both NULL, a BLOB) reads as a text naming it, which matches no chain, so
+    verification names that entry instead of failing on it."""
+    if isinstance(stored, str):
+        return stored
+    if stored is None:
+        return f"entry #{entry_id} (of no session or stream)"
+    return f"{stored!r:.60} (not text)"
 
 
 def entry_type(stored: object) -> str:

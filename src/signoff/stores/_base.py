@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 from .._events import Event
 from .._exceptions import SchemaVersionError, StoreDamaged, UsageError
@@ -39,6 +40,7 @@ __all__ = [
     "lapsed_ancestors_sql",
     "older_schema",
     "parent_of",
+    "session_expiry",
 ]
 
 READ_BYTES = 4 << 20
@@ -179,23 +181,39 @@ def session_summary(row: Sequence[Any]) -> SessionSummary:
     """A listing row read as `(id, agent, status, head, created_at, updated_at, expires_at)`."""
     i, a, st, h, c, u, x = row
     return SessionSummary(
-        id=i,
-        agent=a,
-        status=st,
+        id=_text(i, i, "id"),
+        agent=_text(a, i, "agent"),
+        status=cast(SessionStatus, _text(st, i, "status")),
         head=int(_number(h, i, "head", whole=True)),
         created_at=float(_number(c, i, "created_at")),
         updated_at=float(_number(u, i, "updated_at")),
-        expires_at=None if x is None else float(_number(x, i, "expires_at")),
+        expires_at=session_expiry(x, i),
     )
 
 
-def _number(value: Any, session_id: str, what: str, *, whole: bool = False) -> Any:
+def session_expiry(value: Any, session_id: object) -> float | None:
+    """A session row's `expires_at` (None: it never expires), checked as its other numbers."""
+    return None if value is None else float(_number(value, session_id, "expires_at"))
+
+
+def _number(value: Any, session_id: object, what: str, *, whole: bool = False) -> Any:
     """A number a session row keeps, checked (else `StoreDamaged`): SQLite keeps whatever a
     hand edit puts in a column, and converting text would fail a whole listing with a bare
-    ValueError."""
-    if isinstance(value, int if whole else int | float) and not isinstance(value, bool):
+    ValueError. A time must be finite: PostgreSQL keeps 'infinity' and 'NaN', SQLite 9e999,
+    which failed a listing's JSON and the command line's dates (no write of signoff's makes
+    one: a session that never expires keeps NULL)."""
+    if isinstance(value, int) and not isinstance(value, bool):
         return value
-    raise StoreDamaged(f"session {session_id!r} is damaged: its {what} is {value!r:.40}")
+    if not whole and isinstance(value, float) and math.isfinite(value):
+        return value
+    raise StoreDamaged(f"session {session_id!r:.60} is damaged: its {what} is {value!r:.40}")
+
+
+def _text(value: Any, session_id: object, what: str) -> str:
+    """A text column of a session row, else `StoreDamaged` (a BLOB a hand edit left in SQLite)."""
+    if isinstance(value, str):
+        return value
+    raise StoreDamaged(f"session {session_id!r:.60} is damaged: its {what} is {value!r:.40}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,6 +11,7 @@ from .._audit import (
     AuditEntry,
     LogShape,
     StoredSnapshot,
+    entry_stream,
     entry_type,
     loaded_data,
     stored_snapshot,
@@ -92,7 +93,7 @@ class AuditReads(Connections):
             return [
                 AuditEntry(
                     id=int(i),
-                    stream=st,
+                    stream=entry_stream(st, i),
                     n=int(n),
                     type=entry_type(t),
                     at=float(at) if at is not None else 0.0,

@@ -18,6 +18,7 @@ from .._base import (
     StoredRequest,
     check_listing,
     lapsed_ancestors_sql,
+    session_expiry,
     session_summary,
 )
 from .._codec import EventTexts, parse, stored_type, type_name, unpack, unpack_snapshot
@@ -271,12 +272,13 @@ class Reads(AuditReads):
             row = await cur.fetchone()
             if row is None:
                 return None
+            request = stored_request(*row[3:8], unpack, *row[8:])
             return StoredRequest(
-                request=stored_request(*row[3:8], unpack, *row[8:]),
+                request=request,
                 status=row[7],
                 outcome=row[0],
                 resolution=stored_resolution(request_id, row[1], unpack),
-                session_expires_at=None if row[2] is None else float(row[2]),
+                session_expires_at=session_expiry(row[2], request.session_id),
             )
 
         return await self._read(body, f"reading request {request_id!r}")

@@ -7,12 +7,14 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..._exceptions import StoreDamaged
 from .._audit import (
     AUDITED_STORED,
     DAMAGED,
     AuditEntry,
     LogShape,
     StoredSnapshot,
+    entry_stream,
     entry_type,
     loaded_data,
     stored_snapshot,
@@ -87,7 +89,7 @@ class AuditReads(Connection):
             entries.append(
                 AuditEntry(
                     id=i,
-                    stream=st,
+                    stream=entry_stream(st, i),
                     n=_entry_number(n),
                     type=entry_type(t),
                     at=_entry_time(at),
@@ -245,5 +247,16 @@ def _entry_hash(value: object) -> str:
 def _heads(rows: Iterable[tuple[Any, Any, Any]]) -> dict[str, tuple[int, str | None]]:
     """Chain heads `(n, hash)` by stream. What a hand edit left that is no whole number reads as
     `DAMAGED` and a hash that is not bytes as its text, as an entry's do: verification names
-    that session's head and goes on to the others, rather than stopping at it."""
-    return {i: (_entry_number(n), None if h is None else _entry_hash(h)) for i, n, h in rows}
+    that session's head and goes on to the others, rather than stopping at it. A session id or
+    stream that is no text (a BLOB) is `StoreDamaged`: sessions are paged by their ids."""
+    return {
+        _head_stream(i): (_entry_number(n), None if h is None else _entry_hash(h))
+        for i, n, h in rows
+    }
+
+
+def _head_stream(value: object) -> str:
+    """A chain head's session id or stream, else `StoreDamaged`."""
+    if isinstance(value, str):
+        return value
+    raise StoreDamaged(f"an audit chain's session or stream is damaged: its id is {value!r:.40}")

@@ -21,6 +21,7 @@ from .._base import (
     StoredRequest,
     check_listing,
     lapsed_ancestors_sql,
+    session_expiry,
     session_summary,
 )
 from .._codec import (
@@ -211,15 +212,12 @@ class Reads(AuditReads):
         if row is None:
             return None
         request = stored_request(*row[3:8], unpack, *row[8:])
-        expires_at = row[2]
-        if expires_at is not None:
-            expires_at = float(kept(expires_at, int | float, request.session_id, "expires_at"))
         return StoredRequest(
             request=request,
             status=row[7],
             outcome=row[0],
             resolution=stored_resolution(request_id, row[1], unpack),
-            session_expires_at=expires_at,
+            session_expires_at=session_expiry(row[2], request.session_id),
         )
 
     @reading
