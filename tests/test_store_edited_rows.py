@@ -281,7 +281,7 @@ async def test_a_sqlite_row_of_the_wrong_types_is_store_damaged(
 
 
 NOT_A_TIME = [
-    ("sessions", "expires_at", math.inf),
+    ("sessions", "expires_at", -math.inf),
     ("sessions", "updated_at", -math.inf),
     ("sessions", "created_at", math.inf),
     ("sessions", "updated_at", math.nan),
@@ -294,9 +294,9 @@ NOT_A_TIME = [
 async def test_a_time_that_is_no_finite_number_is_store_damaged(
     store_url: str, table: str, column: str, value: float
 ) -> None:
-    """PostgreSQL keeps 'infinity' and 'NaN' in a `double precision` column (an operator's
-    `SET expires_at = 'infinity'`, to keep a session from expiring), SQLite 9e999: such a time
-    of a session row, or of an event, is `StoreDamaged` naming the session, as text there is. It
+    """PostgreSQL keeps 'infinity' and 'NaN' in a `double precision` column, SQLite 9e999: such
+    a time of a session row, or of an event, is `StoreDamaged` naming the session, as text there
+    is (but a deadline of +infinity: `test_an_infinite_session_deadline_never_expires`). It
     was read as a number: the listing of every session failed its JSON (HTTP 500 for every
     caller), `signoff sessions` and `signoff events` their dates. Nothing is written, and the
     other session goes on."""
@@ -338,6 +338,26 @@ async def test_a_time_that_is_no_finite_number_is_store_damaged(
         answer = so.InputResponse(request_id=two.pending[0].id, option_id="approve")
         assert (await fresh.respond(two.session_id, [answer])).status == "completed"
     assert session_rows(store_url, sid) == before
+
+
+async def test_an_infinite_session_deadline_never_expires(store_url: str) -> None:
+    """A signoff before 7c6bc9b4 wrote `expires_at` +infinity for `Limits(ttl=math.inf)`, and an
+    operator's `SET expires_at = 'infinity'` on PostgreSQL means as much: read as a session that
+    never expires. Read as damage, it failed every caller's listing of sessions and every read of
+    the session's requests (the request page, Slack, webhooks), until a commit healed the row."""
+    async with so.Runtime([gated_agent()], store=store_url) as rt:
+        one, two = await parked_pair(rt)
+    sid = one.session_id
+    edit(store_url, "UPDATE {t}sessions SET expires_at = {p} WHERE id = {p}", math.inf, sid)
+    async with so.Runtime([gated_agent()], store=store_url) as fresh:  # nothing cached
+        await fresh.open()
+        listed = {s.id: s for s in await fresh.sessions()}
+        assert listed[sid].expires_at is None and listed[sid].status == "waiting"
+        stored = await fresh.store.get_request(one.pending[0].id)
+        assert stored is not None and stored.session_expires_at is None
+        answer = so.InputResponse(request_id=one.pending[0].id, option_id="approve")
+        assert (await fresh.respond(sid, [answer])).status == "completed"
+        assert two.session_id in listed
 
 
 def rewrite_events(url: str, session_id: str, events: list[so.Event]) -> None:

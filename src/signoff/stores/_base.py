@@ -192,16 +192,20 @@ def session_summary(row: Sequence[Any]) -> SessionSummary:
 
 
 def session_expiry(value: Any, session_id: object) -> float | None:
-    """A session row's `expires_at` (None: it never expires), checked as its other numbers."""
-    return None if value is None else float(_number(value, session_id, "expires_at"))
+    """A session row's `expires_at` (None: it never expires), checked as its other numbers, but
+    for +infinity, which is never too: a signoff before 7c6bc9b4 wrote it for `Limits(ttl=inf)`,
+    and an operator's `SET expires_at = 'infinity'` on PostgreSQL means as much."""
+    if value is None or (isinstance(value, float) and value == math.inf):
+        return None
+    return float(_number(value, session_id, "expires_at"))
 
 
 def _number(value: Any, session_id: object, what: str, *, whole: bool = False) -> Any:
     """A number a session row keeps, checked (else `StoreDamaged`): SQLite keeps whatever a
     hand edit puts in a column, and converting text would fail a whole listing with a bare
     ValueError. A time must be finite: PostgreSQL keeps 'infinity' and 'NaN', SQLite 9e999,
-    which failed a listing's JSON and the command line's dates (no write of signoff's makes
-    one: a session that never expires keeps NULL)."""
+    which failed a listing's JSON and the command line's dates (no write of this signoff's
+    makes one: a session that never expires keeps NULL; `session_expiry` reads +infinity so)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if not whole and isinstance(value, float) and math.isfinite(value):
