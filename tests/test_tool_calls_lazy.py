@@ -2,7 +2,8 @@
 validates to a one-shot iterator. Each reader of the input (the policy, a guardrail, an `auto()`
 review, the form a reviewer is shown, the trace, the body) gets its own validation of it: one
 validation shared used it up, so the body got nothing (a refund of nothing, silently), and an
-approval of such a call could never be asked."""
+approval of such a call could never be asked. So too an iterator a validator makes, with no
+`Iterable` declared."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Annotated, Any
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from pydantic import BaseModel, PlainSerializer
+from pydantic import AfterValidator, BaseModel, Field, PlainSerializer
 
 import signoff as so
 from signoff.models import ModelRequest
@@ -39,14 +40,28 @@ __all__ = ["exporter", "provider"]  # the fixtures, used by name
 ALICE = so.Principal(authenticator="test", principal_id="alice")
 AMOUNTS = [10.0, 20.0, 30.0]
 Rounded = Annotated[float, PlainSerializer(round)]  # module level: tool hints are resolved here
+# No `Iterable` declared (`Tool.lazy` is False), but the value a validator makes is an iterator.
+MadeIterator = Annotated[Any, AfterValidator(iter)]
 
 
 class Batch(BaseModel):
     amounts: Iterable[float]
 
 
-def refunds(approval: Any, got: list[list[float]], *, nested: bool = False) -> so.Tool:
-    """A tool refunding a batch of amounts, given as a parameter or inside a model's field."""
+def refunds(
+    approval: Any, got: list[list[float]], *, nested: bool = False, made: bool = False
+) -> so.Tool:
+    """A tool refunding a batch of amounts, given as a parameter or inside a model's field, or
+    (`made`) as a parameter a validator makes an iterator of."""
+    if made:
+
+        @so.tool(approval=approval, name="refund_batch")
+        async def refund_made(amounts: MadeIterator) -> dict[str, Any]:
+            """Refund several amounts."""
+            got.append(list(amounts))
+            return {"refunded": got[-1]}
+
+        return refund_made
     if nested:
 
         @so.tool(approval=approval, name="refund_batch")
@@ -253,13 +268,14 @@ async def test_a_lazy_tool_asking_approval_in_its_body_shows_its_whole_input(
     assert not result.is_error and result.content["approved"] is True, result.content
 
 
+@pytest.mark.parametrize("made", [False, True], ids=["iterable", "validator"])
 async def test_a_traced_lazy_input_leaves_the_body_all_of_it(
-    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider, made: bool
 ) -> None:
     """`trace_content=True` put the input on the tool's span by its JSON form, which used up
     the iterator the body then read."""
     got: list[list[float]] = []
-    tool = refunds(so.never(), got)
+    tool = refunds(so.never(), got, made=made)
     seen = Capture(reply("done"))
     proposal = call_tools(so.ToolCall(id="c1", name=tool.name, input=given(False)))
     agent = scripted_agent("a", [proposal, seen], tools=[tool])
@@ -269,6 +285,104 @@ async def test_a_traced_lazy_input_leaves_the_body_all_of_it(
     [span] = _by_name(exporter.get_finished_spans())["execute_tool refund_batch"]
     shown = (span.attributes or {})["gen_ai.tool.call.arguments"]
     assert json.loads(str(shown)) == given(False)
+
+
+@pytest.mark.parametrize("approval", ["auto", "predicate", "always"])
+async def test_an_iterator_a_validator_makes_is_read_by_each_reader_on_its_own(
+    tmp_path: Path, approval: str
+) -> None:
+    """No `Iterable` parameter (`Tool.lazy` is False), but a validator makes the value an
+    iterator: `auto()`'s form of the body's own input used it up, and its clear ran the body
+    with nothing (a refund of nothing); a predicate or a guardrail reading it did the same.
+    Laziness is told from the value too, so each reader validates an input of its own."""
+    read: list[list[float]] = []
+
+    class Watch(so.Guardrail):
+        async def decide(self, ctx: so.ApprovalContext) -> so.Verdict | None:
+            read.append(list(ctx.tool_input.amounts))
+            return None
+
+    class Reviewer:
+        async def complete(self, request: ModelRequest) -> so.ModelResponse:
+            return so.ModelResponse(text=json.dumps({"verdict": "clear", "reason": "small"}))
+
+    def big(input: Any) -> bool:
+        return float(sum(input.amounts)) > 50
+
+    policy = {"auto": so.auto(Reviewer()), "predicate": big, "always": so.always()}[approval]
+    got: list[list[float]] = []
+    tool = refunds(policy, got, made=True)
+    assert not tool.lazy
+    r, seen = await run(tmp_path, tool, given(False), guardrails=[Watch()])
+    assert r.status == "completed"
+    assert got == [AMOUNTS]
+    assert [m.content for m in tool_results(seen.last)] == [{"refunded": AMOUNTS}]
+    # As proposed, and again as the approved call starts (an auto() clear asks nobody).
+    assert read == [AMOUNTS] * (1 if approval == "auto" else 2)
+
+
+async def test_a_lazy_input_a_validator_makes_asking_in_its_body_shows_it_whole(
+    tmp_path: Path,
+) -> None:
+    """`ctx.request_approval()` after the body read an iterator a validator made: its form is
+    taken of an input validated anew, as of an `Iterable` parameter's."""
+    got: list[list[float]] = []
+
+    @so.tool
+    async def refund_batch(ctx: so.ToolContext, amounts: MadeIterator) -> dict[str, Any]:
+        """Refund several amounts."""
+        got.append(list(amounts))
+        ctx.request_approval({"total": sum(got[-1])})
+
+    r, seen = await run(tmp_path, refund_batch, given(False))  # asserts the request's input
+    assert r.status == "completed"
+    assert got == [AMOUNTS]
+    [result] = tool_results(seen.last)
+    assert not result.is_error and result.content["approved"] is True, result.content
+
+
+_refs = iter(f"ref{n}" for n in range(1000))
+
+
+async def test_an_approved_lazy_call_is_read_as_the_input_it_runs_with(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    """A value validation makes anew each time (a `default_factory`'s id): an approved call's
+    body runs with the one the reviewer saw (the model's input filled in from the form), but
+    the guardrail asked again at its start, and its trace, validated the model's own input
+    again: they read another id than the one that ran."""
+    seen_by: dict[str, list[str]] = {"guardrail": [], "body": []}
+
+    class Watch(so.Guardrail):
+        async def decide(self, ctx: so.ApprovalContext) -> so.Verdict | None:
+            seen_by["guardrail"].append(ctx.tool_input.ref)
+            return None
+
+    @so.tool(approval=so.always())
+    async def refund_batch(
+        amounts: Iterable[float], ref: str = Field(default_factory=lambda: next(_refs))
+    ) -> dict[str, Any]:
+        """Refund several amounts."""
+        seen_by["body"].append(ref)
+        return {"ref": ref, "refunded": list(amounts)}
+
+    proposal = call_tools(so.ToolCall(id="c1", name="refund_batch", input=given(False)))
+    agent = scripted_agent(
+        "a", [proposal, reply("done")], tools=[refund_batch], guardrails=[Watch()]
+    )
+    async with sqlite_runtime(tmp_path, agent, tracer_provider=provider, trace_content=True) as rt:
+        r = await rt.generate("a", prompt="refund", auth=ALICE)
+        [req] = r.pending
+        shown = req.input["ref"]
+        approve = so.Decision(id=req.id, approved=True)
+        r = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
+    assert r.status == "completed"
+    assert seen_by["body"] == [shown]
+    [_, at_start] = seen_by["guardrail"]  # as proposed (a validation of its own), then:
+    assert at_start == shown  # asked again as the approved call starts
+    [span] = _by_name(exporter.get_finished_spans())["execute_tool refund_batch"]
+    traced = json.loads(str((span.attributes or {})["gen_ai.tool.call.arguments"]))
+    assert traced == {**given(False), "ref": shown}
 
 
 @so.tool(approval=so.always())

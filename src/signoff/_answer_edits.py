@@ -74,7 +74,7 @@ def _validated_edit(rid: str, tool: Tool, given: dict[str, Any]) -> dict[str, An
     _check_edit_as_given(rid, given)
     try:
         validated = tool.validate(given)
-        if tool.lazy:
+        if tool.holds_lazy(validated):
             kept(validated)  # its form uses the iterators up: what they held is compared
         edited = tool.approved_form(validated)
     except ValidationError as exc:

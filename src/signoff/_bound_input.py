@@ -38,22 +38,26 @@ def binds(action: Action, tool: Tool, raw: Any, validated: BaseModel) -> bool:
         return False
 
 
-def as_approved(action: Action, tool: Tool, raw: Any) -> BaseModel | None:
+def as_approved(action: Action, tool: Tool, raw: Any) -> tuple[Any, BaseModel] | None:
     """The input approved, when the model's own no longer validates to it: a value pydantic
     generates for what is left out (a `default_factory`: an id, a time) is another one each
     time, the one the reviewer saw is in the form. First the model's input with what it left
     out taken from the form (a secret's mask left out: its default applies, unless generated);
     else, as that pairs list items by place (a validator that sorts them, a text it makes an
     object of), the form itself, when it holds no mask. Either is taken only if its hash is
-    the one approved; a deploy that changed what the input validates to is refused. None if
-    neither is the input approved."""
+    the one approved; a deploy that changed what the input validates to is refused. The raw
+    input taken, with it validated (a lazy input's other readers validate that raw too, so
+    they read the values that run); None if neither is the input approved."""
     filled, masks_left = _filled(raw, action.input)
     validated = _bound(action, tool, filled)
     if validated is not None and masks_left:
         again = _bound(action, tool, filled)  # a secret generated anew: not one anybody saw
         if again is None or _secrets(again) != _secrets(validated):
             validated = None
-    return validated if validated is not None else _bound(action, tool, action.input)
+    if validated is not None:
+        return filled, validated
+    validated = _bound(action, tool, action.input)
+    return None if validated is None else (action.input, validated)
 
 
 def left_out(tool: Tool, raw: Any, validated: BaseModel) -> dict[str, Any] | None:
@@ -62,7 +66,7 @@ def left_out(tool: Tool, raw: Any, validated: BaseModel) -> dict[str, Any] | Non
     time is another one each time the input is validated, and a re-run of an ungated call's
     body is to get the one its first run got (`as_started`). None if nothing was, or the input
     has no JSON form; a parameter's plain default, the same every time, is not kept."""
-    if not isinstance(raw, dict) or tool.lazy:  # its form would use up the body's iterator
+    if not isinstance(raw, dict) or tool.holds_lazy(validated):  # its form uses up the body's
         return None
     try:
         form = tool.approved_form(validated)
@@ -80,19 +84,20 @@ def left_out(tool: Tool, raw: Any, validated: BaseModel) -> dict[str, Any] | Non
     return found or None
 
 
-def as_started(tool: Tool, raw: Any, filled: Any) -> BaseModel | None:
+def as_started(tool: Tool, raw: Any, filled: Any) -> tuple[Any, BaseModel] | None:
     """The input an ungated call's body first ran with: the model's `raw` input with what
     validation filled in then (`left_out`) put back, as `as_approved` fills it from a reviewer's
-    form. None if that is no valid input now, holds a secret's mask, or validates to other
-    values than those (a validator that changes a value it is given): `raw` is validated then,
-    as before the values were kept."""
+    form, and that validated. None if that is no valid input now, holds a secret's mask, or
+    validates to other values than those (a validator that changes a value it is given): `raw`
+    is validated then, as before the values were kept."""
+    given = _filled(raw, filled)[0]
     try:
-        validated = tool.validate(_filled(raw, filled)[0])
+        validated = tool.validate(given)
     except ValidationError:
         return None
     if holds_mask(validated) or left_out(tool, raw, validated) != filled:
         return None
-    return validated
+    return given, validated
 
 
 def _lacking(raw: Any, form: Any) -> Any:

@@ -38,7 +38,8 @@ __all__ = ["IGNORED", "CallEnds", "Got", "asked_input", "form_before", "signal_i
 
 Got: TypeAlias = "dict[str, Any] | PydanticSerializationError | None"
 """A call's validated input as JSON (`Tool.approved_form`) before its body ran, or why it has
-no JSON form; None when none was taken (`Tool.lazy`: taking it would use up an iterator)."""
+no JSON form; None when none was taken (`Tool.holds_lazy`: taking it would use up an
+iterator)."""
 
 IGNORED = {"reason": "the user sent a new message instead", "outcome": "ignored"}
 """The decision on an approval a message steered past before it was asked."""
@@ -88,7 +89,7 @@ def form_before(tool: Tool, validated: BaseModel) -> Got:
     in place (clears a list it was given) and then asks for approval would show the reviewer,
     and bind the approval to, input the model never sent. Only the form, as cheap as a dump: the
     checks of what a reviewer is shown run only if the body asks (`_shown_as_got`)."""
-    if tool.lazy:
+    if tool.holds_lazy(validated):
         return None
     try:
         return tool.approved_form(validated)
@@ -147,13 +148,15 @@ class CallEnds(DriverPart):
         too_large: str | None,
         journal: CallJournal,
         tool: Tool,
+        raw: Any,
         validated: BaseModel,
         got: Got,
         key: str,
         approval: dict[str, Any] | None,
     ) -> None:
         """Record how the body of `call` ended: its result, its error, or what it asked for;
-        none of them if the store refused a record of the body's, whatever it made of that."""
+        none of them if the store refused a record of the body's, whatever it made of that.
+        `validated` is the body's input, validated from `raw`."""
         try:
             result = task.result()
         except (Exception, asyncio.CancelledError) as raised:
@@ -165,7 +168,7 @@ class CallEnds(DriverPart):
                 raise exc from (None if exc is raised else raised)
             journal.refused()  # the store refused a step, or a child its drive: not the tool's
             if isinstance(exc, ApprovalRequired):
-                await self.request_from_tool(call, exc, journal, tool, validated, got, key)
+                await self.request_from_tool(call, exc, journal, tool, raw, validated, got, key)
                 return
             if isinstance(exc, QuestionWithdrawn):
                 cancelled = {"cancelled": True, "reason": str(exc)}
@@ -255,14 +258,15 @@ class CallEnds(DriverPart):
         signal: ApprovalRequired,
         journal: CallJournal,
         tool: Tool,
+        raw: Any,
         validated: BaseModel,
         got: Got,
         key: str,
     ) -> None:
         """Ask for the approval `tool` raised, showing the reviewer its validated input as a
         policy's approval shows it (a secret masked, not the model's raw arguments), as the body
-        got it (`got`, its form before the body ran). The body ran: what ends the call is kept
-        if the store fails to take it (`end_call`)."""
+        got it (`got`, its form before the body ran; a lazy input's, `raw` validated anew). The
+        body ran: what ends the call is kept if the store fails to take it (`end_call`)."""
         s = self.state
         turn = s.turn
         assert turn is not None
@@ -286,7 +290,6 @@ class CallEnds(DriverPart):
             await self.end_call(key, journal, [tool_result(call, "error", {"error": too_large})])
             return
         try:
-            raw = call.input if call.edited_input is None else call.edited_input
             shown = _shown_as_got(tool, validated, got, raw)
         except PydanticSerializationError as exc:
             error = {"error": f"the input has no JSON form to show a reviewer: {exc}"}

@@ -209,9 +209,8 @@ class ToolCalls(CallEnds):
             paid, unbilled = _plus(unbilled, verdict.usage), None
             if unrecorded:
                 ran_because["held"], unrecorded = unrecorded, {}
-            await self.run_tool(
-                current, tool, validated, principal, approval=note, usage=paid, decided=ran_because
-            )
+            ran = (current, tool, call.input, validated, principal)  # as the model proposed it
+            await self.run_tool(*ran, approval=note, usage=paid, decided=ran_because)
         if unbilled is not None and to_run:  # no call started after all: asked with it later
             self.deferred.update(held_back)
         return len(requests) + len(results) + len(to_run)
@@ -304,11 +303,15 @@ class ToolCalls(CallEnds):
         # the reviewer saw would mask secrets or run a value-changing validator twice), or an
         # edit; either way it must still be the input the approval is bound to. An ungated call
         # run before gets what validation filled in then (a default_factory's id), not anew.
+        # `raw` is what the body's input is validated from: a lazy input's other readers (the
+        # guardrails asked again, the trace, a question's form) validate it too.
         raw = call.input
         bound: Action | None = None
         validated: BaseModel | None = None
         if call.request_id is None and call.filled is not None:
-            validated = as_started(tool, raw, call.filled)
+            started = as_started(tool, raw, call.filled)
+            if started is not None:
+                raw, validated = started
         elif call.request_id is not None:
             req = s.requests[call.request_id].request
             if call.edited_input is not None:
@@ -328,7 +331,7 @@ class ToolCalls(CallEnds):
         if bound is not None and unbound and call.edited_input is None:
             approved = as_approved(bound, tool, raw)  # checked to be the input approved
             if approved is not None:
-                validated, unbound = approved, False
+                (raw, validated), unbound = approved, False
         if unbound:
             unapproved = {
                 "error": f"the input of {call.tool_name} validates now to other input than was "
@@ -356,7 +359,7 @@ class ToolCalls(CallEnds):
             who = by.get("principal_id") if isinstance(by, dict) else by
             note = {"approved": True, "by": who, "reason": decision["reason"]}
         usage = None if checked is None else checked.usage
-        await self.run_tool(call, tool, validated, principal, approval=note, usage=usage)
+        await self.run_tool(call, tool, raw, validated, principal, approval=note, usage=usage)
 
     async def _still_allowed(
         self, call: CallState, tool: Tool, raw: Any, validated: BaseModel
@@ -387,6 +390,7 @@ class ToolCalls(CallEnds):
         self,
         call: CallState,
         tool: Tool,
+        raw: Any,
         validated: BaseModel,
         principal: Principal | None,
         *,
@@ -394,6 +398,8 @@ class ToolCalls(CallEnds):
         usage: Usage | None = None,
         decided: dict[str, Any] | None = None,
     ) -> None:
+        """Run `call`'s body on `validated`, its input validated from `raw` (which a lazy input's
+        other readers, its trace and a question's form, validate anew)."""
         s = self.state
         # Models may reuse call ids across responses: the response number keeps keys unique. A
         # call started before keeps the key it was recorded with (an older signoff's form).
@@ -416,7 +422,6 @@ class ToolCalls(CallEnds):
                 ]
             )
         got = form_before(tool, validated)  # what a request the body asks for shows
-        raw = call.input if call.edited_input is None else call.edited_input
         journal = CallJournal(self, call.id, principal, lambda: asked_input(tool, got, raw))
         held = self.unrecorded.pop(key)
         if held is not None:  # the body ran in this process; only recording its outcome failed
@@ -432,7 +437,7 @@ class ToolCalls(CallEnds):
             journal=journal,
         )
         # A lazy input is traced by a form of its own: the body's would have its iterators used up.
-        traced = asked_input(tool, None, raw) if tool.lazy else validated
+        traced = asked_input(tool, None, raw) if tool.holds_lazy(validated) else validated
         with self.tracing.tool(s, call.id, call.tool_name, traced) as span:
             if self.lease_check is not None:
                 await self.lease_check()  # a drive that stalled past its lease runs no body
@@ -441,7 +446,9 @@ class ToolCalls(CallEnds):
         if task is None:
             journal.refused()  # a branch's record refused, which the body caught
             return  # parked on ctx.ask(): the call is "asking" now
-        await self.body_ended(call, task, too_large, journal, tool, validated, got, key, approval)
+        await self.body_ended(
+            call, task, too_large, journal, tool, raw, validated, got, key, approval
+        )
         if stopped:  # a plain body ran on to its end while its drive was cancelled
             raise asyncio.CancelledError
 

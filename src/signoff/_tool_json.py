@@ -44,6 +44,7 @@ __all__ = [
     "UNPARSED_ARGUMENTS",
     "copied",
     "edit_changed",
+    "holds_iterator",
     "holds_mask",
     "is_mask",
     "json_size",
@@ -395,10 +396,48 @@ def _is_dataclass(value: Any) -> bool:
 
 
 def own_input(tool: Tool, raw: Any, validated: BaseModel) -> BaseModel:
-    """`validated` (of `raw`) for one more reader, or for a lazy tool `raw` validated anew:
-    whoever reads a lazy input (a policy, a guardrail, a reviewer's form, the body) uses up
-    its iterators, so each gets its own. Raises `ValidationError` as `Tool.validate` does."""
-    return tool.validate(raw) if tool.lazy else validated
+    """`validated` (of `raw`) for one more reader, or for a lazy input (`Tool.holds_lazy`) `raw`
+    validated anew: whoever reads a lazy input (a policy, a guardrail, a reviewer's form, the
+    body) uses up its iterators, so each gets its own. Raises `ValidationError` as
+    `Tool.validate` does."""
+    return tool.validate(raw) if tool.holds_lazy(validated) else validated
+
+
+def holds_iterator(value: Any) -> bool:
+    """Whether validated input holds an iterator anywhere (a model's field or extra, a
+    dataclass's, a container's item), which one reading uses up; looked at, not read. Walked
+    without recursion, each container once."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind in _PLAIN:
+            continue
+        if kind is dict:
+            items: Any = item.values()
+        elif kind is list or kind is tuple:
+            items = item
+        elif isinstance(item, Iterator):
+            return True
+        elif isinstance(item, BaseModel):
+            items = [*item.__dict__.values(), *(item.__pydantic_extra__ or {}).values()]
+        elif _is_dataclass(item):
+            items = [getattr(item, f.name) for f in dataclasses.fields(item)]
+        elif isinstance(item, dict):
+            items = item.values()
+        elif isinstance(item, list | tuple | set | frozenset):
+            items = item
+        else:
+            continue
+        if id(item) not in seen:
+            seen.add(id(item))
+            stack.extend(items)
+    return False
+
+
+_PLAIN = frozenset({str, int, float, bool, type(None), bytes})
+"""Types of values with nothing inside, passed over at once (most of an input's)."""
 
 
 class _Kept(Iterator[Any]):

@@ -29,6 +29,7 @@ from ._tool_context import ToolContext
 from ._tool_json import (
     MAX_INPUT_DEPTH,
     UNPARSED_ARGUMENTS,
+    holds_iterator,
     jsonable,
     kept,
     keys_alike,
@@ -239,12 +240,19 @@ class Tool:
             self._lazy = _generates(self.input_model.__pydantic_core_schema__)
         return self._lazy
 
+    def holds_lazy(self, validated: Any) -> bool:
+        """Whether `validated` (input of this tool) holds an iterator that one reading uses up:
+        an `Iterable[...]` parameter's (`lazy`), or one a validator made (`AfterValidator(iter)`),
+        which the declared types do not tell. Each reader of such an input gets its own
+        validation of it (`own_input`)."""
+        return self.lazy or holds_iterator(validated)
+
     def shown_form(self, validated: BaseModel) -> dict[str, Any]:
         """`approved_form`, for a reviewer: it must validate again to `validated` (a secret's
         mask aside), so that what they approve is what runs. Raises `Unshown` if it does not (a
         field the form leaves out or shows otherwise, a validator that changes it again), and
         `PydanticSerializationError` if it has no JSON form. Asked of gated calls only."""
-        if self.lazy:
+        if self.holds_lazy(validated):
             kept(validated)  # its form uses the iterators up (`own_input`): their items compare
         form = self.approved_form(validated)
         try:

@@ -108,7 +108,7 @@ async def _guardrails(
 def _own_input(tool: Tool, ctx: ApprovalContext, raw: Any) -> ApprovalContext:
     """`ctx` with input of one reader's own, if it is lazy: reading it uses up its iterators (a
     predicate's `sum(input.amounts)`), so the next policy or the body would get none."""
-    if not tool.lazy:
+    if not tool.holds_lazy(ctx.tool_input):  # an `Iterable` parameter's, or a validator's
         return ctx
     try:
         return dataclasses.replace(ctx, tool_input=tool.validate(raw))
