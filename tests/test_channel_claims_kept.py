@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -258,3 +259,49 @@ async def test_a_hub_polling_less_often_than_its_claim_lapses_keeps_it(
                 await two.stop()
                 await one.stop()
     assert "took over" not in caplog.text and "lapsed" not in caplog.text
+
+
+async def test_a_give_back_waits_for_a_renewal_under_way_and_one_cut_off_writes_nothing(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop between polls cuts off the keeper's renewal under way, the store slow to answer
+    (`Standby._keeping`): the give-back after it waits for it (`Claims._writing`), so the
+    renewal cut off writes nothing once the claim is given back, and another hub takes it at
+    once, from the position the give-back saved."""
+    async with gated(tmp_path, store_url) as rt:
+        claims = _claims.Claims(rt, "hub", KEPT_TTL)
+        assert await claims.take("seen", locked=False)
+        real_claim, real_release = rt.store.claim_channel, rt.store.release_channel
+        calls: list[str] = []
+        slow = asyncio.Event()
+
+        async def claim_channel(*args: Any, **kwargs: Any) -> Any:
+            if not slow.is_set():
+                slow.set()
+                calls.append(f"renewing at {kwargs['after_id']}")
+                await asyncio.sleep(30)
+            found = await real_claim(*args, **kwargs)
+            calls.append(f"wrote {kwargs['after_id']}")
+            return found
+
+        async def release_channel(*args: Any, **kwargs: Any) -> None:
+            await real_release(*args, **kwargs)
+            calls.append("given back")
+
+        monkeypatch.setattr(rt.store, "claim_channel", claim_channel)
+        monkeypatch.setattr(rt.store, "release_channel", release_channel)
+        renewal = asyncio.create_task(claims.renew("seen", 5, force=True))
+        await slow.wait()
+        release = asyncio.create_task(claims.release("seen", 7))
+        await asyncio.sleep(0.2)
+        assert not release.done() and calls == ["renewing at 5"]  # it waits for the renewal
+        renewal.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await renewal
+        await asyncio.wait_for(release, 10)
+        await asyncio.sleep(0.1)
+        assert calls == ["renewing at 5", "wrote 7", "given back"]
+        monkeypatch.undo()
+        other = _claims.Claims(rt, "hub", KEPT_TTL)
+        assert await other.take("seen", locked=False)
+        assert other.saved["seen"] == 7

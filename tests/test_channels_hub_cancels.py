@@ -156,3 +156,113 @@ async def test_a_poll_cancelled_from_within_is_logged_and_the_hub_goes_on(
             finally:
                 await hub.stop()
     assert "channel hub hub: a poll was cancelled from within" in caplog.text
+
+
+async def test_a_renewal_cancelled_from_within_between_polls_is_a_failed_one(
+    store_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stray `CancelledError` out of the store as the hub renews its claims while it waits for
+    its next poll is a failed renewal, logged and tried again; the hub goes on. Before, it ended
+    the claims' keeper, then the wait and the follow task with it, silently: no channel heard
+    anything again, the hub still seeming started."""
+    async with so.Runtime([refunder], store=store_url) as rt:
+        hooks = Odd("hooks", set())
+        # Each wait (a second) outlasts a third of the claim's time: the keeper renews in it.
+        hub = ChannelHub(rt, [hooks], claim_ttl=1.5, poll_interval=1.0)
+        real, real_pause = rt.store.claim_channel, hub._pause
+        strays: list[int] = []
+        pausing: list[int] = []  # non-empty while the hub waits for its next poll
+
+        async def claim_channel(*args: Any, **kwargs: Any) -> Any:
+            task = asyncio.current_task()
+            keeper = task is not None and task.get_name() == "signoff-hub-hub-claims"
+            if pausing and keeper and not strays:  # the keeper's, as the hub waits
+                strays.append(1)
+                await _stray_cancel()
+            return await real(*args, **kwargs)
+
+        async def pause(*args: Any) -> None:
+            pausing.append(1)
+            try:
+                await real_pause(*args)
+            finally:
+                pausing.pop()
+
+        monkeypatch.setattr(rt.store, "claim_channel", claim_channel)
+        monkeypatch.setattr(hub, "_pause", pause)
+        with caplog.at_level(logging.WARNING, logger="signoff.channels"):
+            await hub.start()
+            try:
+                await _until(lambda: bool(strays))
+                r = await rt.generate("refunder", prompt="Refund order 1")
+                await _until(lambda: hooks.seen == [r.pending[0].id], timeout=8.0)
+                assert hub._task is not None and not hub._task.done()
+                assert hub.active
+            finally:
+                await hub.stop()
+    assert "channel hub hub: a renewal was cancelled from within" in caplog.text
+
+
+async def test_a_wait_for_a_change_cancelled_from_within_is_a_plain_sleep(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store's wait for word of a change (PostgreSQL's) raising a stray `CancelledError` of
+    its own is a wait that failed: the hub sleeps instead and goes on, as for any other error
+    of it. Before, the cancel ended the wait between polls, and the follow task with it."""
+    async with so.Runtime([refunder], store=store_url) as rt:
+        hub = ChannelHub(rt, [Odd("hooks", set())])
+        waits: list[float] = []
+
+        async def wait(_: None, seconds: float) -> None:
+            waits.append(seconds)
+            await _stray_cancel()
+
+        async with manual(hub):
+            started = time.monotonic()
+            await hub._pause(0.2, wait)
+            assert waits == [0.2] and time.monotonic() - started >= 0.2
+
+
+async def test_a_stop_does_not_wait_for_a_renewal_under_way_between_polls(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop while the hub renews its claims between polls, the store slow to answer, is
+    prompt: the renewal is cut off, and writes nothing after the claim is given back (which
+    waits for it, `Claims._writing`): another hub takes the channel at once. Before, the stop
+    waited for the renewal (5 seconds here)."""
+    async with so.Runtime([refunder], store=store_url) as rt:
+        hub = ChannelHub(rt, [Odd("hooks", set())], claim_ttl=1.5, poll_interval=10.0)
+        real_claim, real_release = rt.store.claim_channel, rt.store.release_channel
+        calls: list[str] = []
+        slow = asyncio.Event()
+
+        async def claim_channel(*args: Any, **kwargs: Any) -> Any:
+            if slow.is_set() and kwargs.get("renewing") and "slow" not in calls:
+                calls.append("slow")
+                await asyncio.sleep(5)
+                calls.append("slow renewal wrote")
+            return await real_claim(*args, **kwargs)
+
+        async def release_channel(*args: Any, **kwargs: Any) -> Any:
+            calls.append("released")
+            return await real_release(*args, **kwargs)
+
+        monkeypatch.setattr(rt.store, "claim_channel", claim_channel)
+        monkeypatch.setattr(rt.store, "release_channel", release_channel)
+        await hub.start()
+        other = ChannelHub(rt, [Odd("hooks", set())], claim_ttl=1.5)
+        try:
+            await asyncio.sleep(0.2)  # its first poll done: waiting ten seconds for the next
+            slow.set()
+            await _until(lambda: "slow" in calls)  # the keeper's renewal, under way
+            started = time.monotonic()
+            await hub.stop()
+            assert time.monotonic() - started < 2.0
+            assert calls == ["slow", "released"]
+            await other.start(follow=False)
+            assert other.active  # given back: not left to lapse
+            await asyncio.sleep(0.1)
+            assert calls == ["slow", "released"]
+        finally:
+            await other.stop()
+            await hub.stop()

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from .._exceptions import StoreError
+from .._recording import own_cancel
 from .._work import Failing
 from ._base import Channel, logger
 from ._claims import Claims
@@ -36,6 +37,7 @@ class Standby:
     _unclaimed: set[str]  # channels locked here whose claim another hub holds
     _positions: dict[str, int]  # the last entry each channel delivered to handled
     _renewals: Failing  # the keeper's renewals (`_keep`), logged once while they fail
+    _stopping: bool  # a stop under way: a cancel of the hub's task is its own
 
     async def _activate(self, channels: list[Channel]) -> None:
         """Start delivering to `channels`, whose locks and claims this hub holds (`ChannelHub`
@@ -132,23 +134,36 @@ class Standby:
         return kept
 
     @contextlib.asynccontextmanager
-    async def _keeping(self) -> AsyncIterator[None]:
+    async def _keeping(self, *, waiting: bool = False) -> AsyncIterator[None]:
         """Renew the claims of the channels delivered to while the body (a poll, a start)
         runs, whenever they fall due (`_keep`): a backlog, a slow channel or one delivery
         longer than `claim_ttl` keeps them, where renewing only between polls let a standby
         take over while this hub still delivered, and both did. A claim found taken meanwhile
-        is no longer held (`Claims.live`): the body delivers nothing more under it."""
+        is no longer held (`Claims.live`): the body delivers nothing more under it.
+        `waiting`: the body is the wait between polls (`_pause`), which a stop cancels."""
         if not self._claims.kept:
             yield
             return
         done = asyncio.Event()
         keeper = asyncio.create_task(self._keep(done), name=f"signoff-hub-{self.name}-claims")
+        cut = False
         try:
             yield
+        except asyncio.CancelledError:
+            cut = waiting
+            raise
         finally:
             done.set()
-            # Shielded: a poll cut off (a stop) waits for a renewal under way, not cancels it.
-            await asyncio.shield(keeper)
+            if cut:
+                # A stop is prompt, not held by a slow renewal under way. Cut off, it writes
+                # nothing after the give-back that follows: `Claims.release` waits for it, and
+                # a renewal is kept only while the claim still names this hub (`renewing`).
+                keeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keeper
+            else:
+                # Shielded: a poll cut off (a stop) waits for a renewal under way.
+                await asyncio.shield(keeper)
 
     async def _keep(self, done: asyncio.Event) -> None:
         """Renew the claims held as each falls due (`Claims.due_in`) until `done`; a failure
@@ -173,6 +188,14 @@ class Standby:
                 logger.exception("channel hub %s: renewing its claims failed", self.name)
                 wait = self._claims.ttl / 6
                 continue
+            except asyncio.CancelledError as exc:
+                # The store's own (something it awaited was cancelled), not this task's: a
+                # failed renewal. Re-raised, it ended the keeper, and the hub's wait with it.
+                if not own_cancel(exc):
+                    raise
+                logger.exception("channel hub %s: a renewal was cancelled from within", self.name)
+                wait = self._claims.ttl / 6
+                continue
             failing.worked()
             wait = self._claims.due_in(self._to_renew())
 
@@ -183,14 +206,26 @@ class Standby:
         a plain sleep if it fails), renewing the claims held meanwhile (`_keeping`): renewed
         only at the polls, a `poll_interval` past `claim_ttl` let them lapse between two, and
         hubs sharing the store took the channels from each other in turn."""
-        async with self._keeping():
-            if wait is not None:
-                try:
-                    await wait(None, seconds)
-                    return
-                except Exception:
-                    pass
-            await asyncio.sleep(seconds)
+        try:
+            async with self._keeping(waiting=True):
+                if wait is not None:
+                    try:
+                        await wait(None, seconds)
+                        return
+                    except Exception:
+                        pass
+                    except asyncio.CancelledError as exc:  # the store's own: `wait` failed
+                        if not own_cancel(exc):
+                            raise
+                await asyncio.sleep(seconds)
+        except asyncio.CancelledError as exc:
+            # As for a poll (`_follow`), only a cancel of the hub's task (a stop) ends it: a
+            # stray one (of something the keeper awaited) ended it silently, for every channel.
+            if self._stopping or not own_cancel(exc):
+                raise
+            logger.exception(
+                "channel hub %s: its wait for the next poll was cancelled from within", self.name
+            )
 
     def _to_renew(self) -> list[str]:
         """The channels whose claims the keeper renews: delivered to, and claimed still."""
