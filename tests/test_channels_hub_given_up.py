@@ -321,3 +321,30 @@ async def test_a_damaged_memo_of_entries_given_up_on_keeps_its_ids_and_the_hub_p
             given_up._note(hub.state, key, 9)
             assert hub.state.recall(key, "skipped") == [9]
     assert "holds what is no entry id ('x', True, {'a': 1}, -2): left out" in caplog.text
+
+
+async def test_a_damaged_memo_of_entries_given_up_on_is_cleaned_and_logged_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """A hand-damaged memo whose entries keep failing is written back cleaned at the first
+    round: its warning is logged once, not at every round for as long as the hub runs. One
+    holding no entry id at all is dropped."""
+    async with so.Runtime([_refund([])], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        down = Flaky(100)
+        hub = ChannelHub(rt, [down], state=tmp_path / "hub.db", max_attempts=1)
+        async with manual(hub):
+            await rt.generate("support", prompt="Refund A")
+            await hub.poll()  # given up on
+            key = hub._key(down)
+            [kept] = hub.state.recall(key, "skipped")
+            hub.state.remember(key, "skipped", ["x", kept])
+            monkeypatch.setattr(given_up, "REDO_EVERY", 0.0)
+            for _ in range(4):
+                await hub.poll()  # a round each, failing again
+            assert hub.state.recall(key, "skipped") == [kept]
+            assert caplog.text.count("holds what is no entry id") == 1
+            hub.state.remember(key, "skipped", ["x"])
+            await hub._redeliver(down)
+            assert hub.state.recall(key, "skipped") is None
+            await hub._redeliver(down)
+            assert caplog.text.count("holds what is no entry id") == 2

@@ -49,8 +49,11 @@ async def redeliver(
     round while the hub runs, which stops at the first entry that fails again (the service is
     still down) rather than hold the poll through one failure per entry; see `_in_turn` for
     the one it tries after it."""
-    skipped = _skipped(await off_loop(state.recall, key, _SKIPPED), key)
+    memo = await off_loop(state.recall, key, _SKIPPED)
+    skipped = _skipped(memo, key)
     if not skipped:
+        if memo is not None:  # damaged, holding no entry id: dropped, logged once
+            await off_loop(state.forget, key, _SKIPPED)
         retries.redo.discard(ch.name)
         retries.stuck.pop(ch.name, None)
         return 0
@@ -113,7 +116,7 @@ async def redeliver(
                 tried = stuck[1]
             retries.stuck[ch.name] = (failed, tried)
     left = [i for i in skipped if i not in done]
-    if left != skipped:
+    if left != memo:  # a damaged memo too, cleaned: its warning logged once, not every round
         if left:
             await off_loop(state.remember, key, _SKIPPED, left)
         else:
