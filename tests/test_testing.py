@@ -495,3 +495,24 @@ def test_call_gives_a_tool_its_id_input_and_takes_the_calls_own_as_call_id(
     (result,) = testing.tool_results(seen.last)
     assert (result.call_id, result.content, result.is_error) == ("c1", {"order": "42"}, False)
     assert [e.input for e in log.of("get_order")] == [{"id": "42"}]
+
+
+def test_an_execution_log_refuses_a_symlink_into_no_directory(tmp_path: Path) -> None:
+    """A symlink, dangling, to a file in a directory that does not exist was taken (its own
+    directory exists), and every call of its tools then failed before the body ran; so was a
+    symlink loop. Each is refused where the log is made; a symlink to a file to be made in an
+    existing directory is not."""
+    dangling = tmp_path / "runs.jsonl"
+    dangling.symlink_to(tmp_path / "gone" / "runs.jsonl")
+    with pytest.raises(so.UsageError, match="in no existing directory: make .*gone"):
+        ExecutionLog(dangling)
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(so.UsageError, match="symlink loop"):
+        ExecutionLog(tmp_path / "a")
+    (tmp_path / "gone").mkdir()
+    log = ExecutionLog(dangling)
+    log.record(
+        testing.Execution(tool_name="t", session_id="s", call_id="c", idempotency_key="k", input={})
+    )
+    assert log.count("t") == 1 and (tmp_path / "gone" / "runs.jsonl").exists()

@@ -102,6 +102,21 @@ def _execution(line: str, path: Path, number: int) -> Execution:
         raise UsageError(f"{where}: {exc}") from None
 
 
+def _check_log_file(path: str | os.PathLike[str]) -> None:
+    """Refuse a log file in no existing directory, also where a symlink points (dangling or
+    in a loop): taken, every recording tool's call failed before its body ran, the model read
+    that as the tool's error, and a count of 0 proved nothing."""
+    target = Path(os.path.realpath(path))  # through symlinks, those dangling too
+    if target.is_symlink():  # realpath stops at a loop
+        raise UsageError(f"ExecutionLog's file {str(path)!r} is a symlink loop")
+    for where in (Path(path).absolute().parent, target.parent):
+        if not where.is_dir():
+            raise UsageError(
+                f"ExecutionLog's file {str(path)!r} is in no existing directory: make "
+                f"{str(where)!r} first"
+            )
+
+
 class ExecutionLog:
     """Records every execution of the tools it made; with `path`, shared across processes.
 
@@ -116,13 +131,8 @@ class ExecutionLog:
             # A directory (or "", which is "."), taken, failed every recording tool's call
             # before its body ran; another type was a bare TypeError.
             raise UsageError(f"ExecutionLog takes the path of a file to append to, not {path!r}")
-        if path is not None and not Path(path).absolute().parent.is_dir():
-            # Taken, every recording tool's call failed before its body ran, the model read
-            # that as the tool's error, and a count of 0 proved nothing.
-            raise UsageError(
-                f"ExecutionLog's file {str(path)!r} is in no existing directory: make "
-                f"{str(Path(path).absolute().parent)!r} first"
-            )
+        if path is not None:
+            _check_log_file(path)
         self.path = None if path is None else Path(path)
         self._executions: list[Execution] = []
 
