@@ -2,7 +2,9 @@
 good) with a message queued behind it that never started: its process died between the commit
 that ended the turn and the one that starts the message. Chat runs that message's turn, as
 `generate(session_id=...)` does, on reopening the session or on `/retry` when it happened while
-chat was open. Run on both stores."""
+chat was open. And one whose turn failed in a way a retry can resume, with someone else's
+message queued behind it: chat shows the retried turn, not the next person's. Run on both
+stores."""
 
 from __future__ import annotations
 
@@ -185,3 +187,45 @@ def test_chat_retry_starts_a_message_left_queued_behind_a_turn_that_ended(
     assert started == ["hi", "refund order 1042", "bob here"]
     assert state.queued == [] and state.turn is not None
     assert (state.turn.status, state.turn.principal) == ("completed", BOB)
+
+
+async def _failed_with_bob_behind(url: str) -> str:
+    """Alice's first turn fails on a model error a retry can resume, and Bob's request for a
+    refund is queued behind it: the session's id."""
+    broken = so.Agent(name="clerk", model=so.models.Scripted([so.ModelError("provider 503")]))
+    async with so.Runtime([broken], store=url) as rt:
+        r = await rt.generate("clerk", "hello", auth=ALICE)
+        assert (r.status, r.retryable) == ("failed", True)
+        assert (await rt.send(r.session_id, "refund order 1042", principal=BOB)).queued
+        return r.session_id
+
+
+def test_chat_reopening_a_failed_session_shows_its_own_turn_not_the_next_persons(
+    store_url: str,
+) -> None:
+    """`chat --session` as Alice retries her failed turn, which then drives on into Bob's,
+    waiting on his approval of a refund. Chat shows her answer and leaves his approval to him:
+    the retry used to return Bob's turn, so Alice was asked to approve his refund, and refused."""
+    sid = asyncio.run(_failed_with_bob_behind(store_url))
+    chat = CliRunner().invoke(
+        app,
+        [
+            "chat",
+            "tests.test_cli_chat_queued:talker",
+            "--session",
+            sid,
+            "--store",
+            store_url,
+            "--as",
+            "okta:alice",
+        ],
+        input="/exit\n",
+    )
+    assert chat.exit_code == 0, chat.output
+    assert "clerk: re: hello" in chat.output, chat.output
+    assert "(y/N)" not in chat.output and "NotAllowed" not in chat.output, chat.output
+    state, started = asyncio.run(_after(store_url, sid))
+    assert started == ["hello", "refund order 1042"]
+    assert (state.status, state.turn.principal) == ("waiting", BOB)  # type: ignore[union-attr]
+    [asked] = state.pending_requests()
+    assert asked.requested_by == BOB

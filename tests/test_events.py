@@ -424,12 +424,12 @@ async def test_what_each_event_records_is_what_the_event_page_says(tmp_path: Pat
         await rt.cancel(r.session_id, "changed my mind", principal=alice)
         events = await all_events(rt, r.session_id)
     rows, pairs = _documented_events()
-    # Left out: a worker's resumption (docs/events.md says when it is written), a subagent's
-    # spend counted after its parent's turn ended (the next test), a paused reply's part
-    # (Anthropic's: test_models_anthropic_pause_crash checks its fields), a reply billed after
-    # its turn ended (test_engine_spent_after_cancel) and a keyed message's answer that changed
-    # nothing (test_idempotency_answers checks its fields).
-    left_out = {"turn.resumed", "subagent.spent", "model.paused", "model.spent", "input.repeated"}
+    # Left out: a subagent's spend counted after its parent's turn ended (the next test), a
+    # paused reply's part (Anthropic's: test_models_anthropic_pause_crash checks its fields), a
+    # reply billed after its turn ended (test_engine_spent_after_cancel) and a keyed message's
+    # answer that changed nothing (test_idempotency_answers checks its fields). The retry above
+    # writes `turn.resumed`, inline as a worker's does.
+    left_out = {"subagent.spent", "model.paused", "model.spent", "input.repeated"}
     assert {e.type for e in events} == set(rows) - left_out
     for e in events:
         for key in e.data:

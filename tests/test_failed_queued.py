@@ -1,7 +1,8 @@
 """A message queued behind a turn that fails: a turn that failed for good (`max_steps`, a budget
 nobody can raise) has ended, as a completed or cancelled one has, so the message starts its turn
 then (at once inline, else by a worker); a turn a retry can resume keeps the message waiting
-until it is retried. Run on both stores."""
+until it is retried, and the retry is told that turn; a message sent while the retry runs
+steers it. Run on both stores."""
 
 from __future__ import annotations
 
@@ -12,9 +13,19 @@ import pytest
 
 import signoff as so
 from signoff._engine import Driver
-from signoff.testing import Capture, Flaky, reply, timeline
+from signoff.models import ModelRequest
+from signoff.testing import (
+    Capture,
+    ExecutionLog,
+    Flaky,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    timeline,
+)
 
-from ._steer import ALICE, BOB, events, plan_agent, texts
+from ._steer import ALICE, BOB, events, plan_agent, refund_tool, texts
 
 ENDED_THEN_BOB = [
     "turn.failed",
@@ -143,7 +154,8 @@ async def test_a_turn_a_retry_can_resume_keeps_the_queued_message_until_it_is_re
 ) -> None:
     """Alice's turn fails on a model error a retry can resume: Bob's message keeps waiting
     (the session reads `failed`, no worker's to claim), as the turn has not ended; the retry
-    finishes her turn, and Bob's starts then."""
+    finishes her turn, and Bob's starts then. Her retry is told her turn, not Bob's answer
+    (it returned his turn, with any approval of his pending)."""
     bob = Capture(reply("Hi Bob."))
     broken = Capture(Flaky(reply("Pro it is."), error=ValueError("the model broke")))
     agent = plan_agent(broken, bob)
@@ -156,9 +168,11 @@ async def test_a_turn_a_retry_can_resume_keeps_the_queued_message_until_it_is_re
         assert [s.status for s in await rt.store.sessions()] == ["failed"]
         assert bob.conversations == []
         again = await rt.generate(session_id=sid)
-        assert again.status == "completed" and again.text == "Hi Bob."
+        assert (again.status, again.turn_id, again.text) == ("completed", alice, "Pro it is.")
         assert texts(bob.last)[-1] == ("user", "bob here")
-        assert (await rt.state(sid)).queued == []
+        state = await rt.state(sid)
+        assert state.queued == [] and state.turn is not None and state.turn.id != alice
+        assert (state.turn.status, state.turn.text) == ("completed", "Hi Bob.")
 
 
 async def test_cancelling_a_turn_a_retry_could_resume_starts_the_queued_message(
@@ -251,7 +265,8 @@ async def test_a_message_sent_after_a_turn_failed_retryably_waits_for_the_retry(
     """Once Alice's turn failed in a way a retry can resume, Bob's message (or her own `queue`
     one) started a new turn at once in the sender's name: her retry then found her turn gone
     and reported that one. The turn has not ended: the message waits, as one sent before the
-    failure does; the retry finishes her turn, and the message's turn starts then."""
+    failure does; the retry finishes her turn, and the message's turn starts then. The retry
+    is told her turn, as the call whose turn it is (it was told Bob's)."""
     broken = Capture(Flaky(reply("Pro it is."), error=ValueError("the model broke")))
     later = Capture(reply("Hi later."))
     async with so.Runtime([plan_agent(broken, later)], store=store_url) as rt:
@@ -265,7 +280,11 @@ async def test_a_message_sent_after_a_turn_failed_retryably_waits_for_the_retry(
         again = await rt.generate(session_id=sid)
         assert len(broken.conversations) == 2  # her turn resumed
         assert texts(broken.last)[-1] == ("tool", "pro")
-        assert again.status == "completed" and again.text == "Hi later."
+        if sender is BOB:  # her retry is told her turn, not his answer
+            assert (again.status, again.turn_id, again.text) == ("completed", alice, "Pro it is.")
+        else:  # behind her own message, that later turn
+            assert again.status == "completed" and again.text == "Hi later."
+        assert (await rt.state(sid)).turn.text == "Hi later."  # type: ignore[union-attr]
         assert texts(later.last)[-2:] == [("assistant", "Pro it is."), ("user", "later here")]
         started = [e for e in await events(rt, sid) if e.type == "turn.started"]
         assert [e.data["message"] for e in started] == ["upgrade me", "later here"]
@@ -291,3 +310,89 @@ async def test_someone_elses_prompt_past_a_turn_a_retry_can_resume_is_refused(
         assert state.turn is not None and state.turn.id == alice
         mine = await rt.generate(session_id=sid, prompt="new plan", auth=ALICE)
         assert mine.status == "completed" and mine.turn_id != alice
+
+
+async def test_a_retry_is_told_its_own_turn_not_the_next_persons_waiting_on_their_approval(
+    store_url: str,
+) -> None:
+    """Alice's turn fails on a model error with Bob's message queued behind it; her retry
+    finishes her turn and drives on into his, which asks for the approval of a refund. The
+    retry is told her turn, as the call whose turn it is: it was told Bob's, with his approval
+    pending, which a chat as Alice then asked her for and refused."""
+    refund = call_tools(call("issue_refund", call_id="r1", order_id="1042", amount=180))
+    flaky = Flaky(reply("Hi Alice."), error=so.ModelError("provider 503"))
+    agent = scripted_agent("support", [flaky, refund], tools=[refund_tool(ExecutionLog())])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("support", "hello", auth=ALICE)
+        assert (r.status, r.retryable) == ("failed", True)
+        assert (await rt.send(r.session_id, "refund 1042", principal=BOB)).queued
+        again = await rt.generate(session_id=r.session_id)
+        assert (again.status, again.turn_id, again.text) == ("completed", r.turn_id, "Hi Alice.")
+        assert again.pending == []
+        state = await rt.state(r.session_id)
+        assert state.status == "waiting" and state.turn is not None
+        assert (state.turn.id != r.turn_id, state.turn.principal) == (True, BOB)
+        [asked] = state.pending_requests()
+        assert asked.requested_by == BOB
+
+
+class _HeldRetry:
+    """Fails its first call; the second (the retry's) answers once `go` is set, the rest at once;
+    records what each call was sent."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.asked = asyncio.Event()
+        self.conversations: list[list[so.Message]] = []
+
+    async def complete(self, request: ModelRequest) -> so.ModelResponse:
+        self.conversations.append(list(request.messages))
+        n = len(self.conversations)
+        if n == 1:
+            raise so.ModelError("provider 503")
+        if n == 2:
+            self.asked.set()
+            await self.go.wait()
+            return reply("Your balance is 40.", usage=so.Usage(input_tokens=1000, output_tokens=5))
+        return reply("Last month it was 30.")
+
+
+async def test_a_message_sent_while_an_inline_retry_asks_the_model_steers_it(
+    store_url: str,
+) -> None:
+    """While an inline retry waits on its model, the session read `failed` (only a worker's
+    retry recorded `turn.resumed` first): Alice's follow-up then started a new turn past it, and
+    the retry's billed reply was thrown away (`model.spent`), its call told the new turn. The
+    retry records the resume as its first commit: the session reads `running`, the follow-up
+    steers the turn, and both replies are kept in it."""
+    model = _HeldRetry()
+    async with so.Runtime([so.Agent(name="desk", model=model)], store=store_url) as rt:
+        r = await rt.generate("desk", "my balance?", auth=ALICE)
+        assert (r.status, r.retryable) == ("failed", True)
+        retry = asyncio.create_task(rt.generate(session_id=r.session_id))
+        try:
+            await asyncio.wait_for(model.asked.wait(), timeout=10)
+            status = (await rt.state(r.session_id)).status
+            sent = await rt.send(r.session_id, "and last month?", principal=ALICE)
+        finally:
+            model.go.set()
+            again = await asyncio.wait_for(retry, timeout=10)
+        assert status == "running"
+        assert (sent.turn_id, sent.queued) == (r.turn_id, False)
+        assert (again.status, again.turn_id) == ("completed", r.turn_id)
+        assert again.text == "Your balance is 40.\n\nLast month it was 30."
+        assert texts(model.conversations[-1])[-2:] == [
+            ("assistant", "Your balance is 40."),
+            ("user", "and last month?"),
+        ]
+        types = [e.type for e in await events(rt, r.session_id)]
+        assert types[2:] == [
+            "turn.failed",
+            "session.waiting",
+            "turn.resumed",
+            "turn.message",
+            "model.completed",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]

@@ -378,8 +378,12 @@ class Driver(ToolCalls, ModelStep):
                     continue
                 if turn is None or turn.status in ("completed", "cancelled"):
                     return self.state
-                if turn.status == "failed" and not (retry and turn.retryable):
-                    return self.state  # a retry cannot lift max_steps or an unraisable budget
+                if turn.status == "failed":
+                    if not (retry and turn.retryable):
+                        return self.state  # a retry cannot lift max_steps or an unraisable budget
+                    retry = False
+                    await self.record(_resumed)
+                    continue
                 retry = False
                 calls = list(turn.calls.values())
                 proposed = [c for c in calls if c.status == "proposed"]
@@ -441,6 +445,16 @@ class Driver(ToolCalls, ModelStep):
             return [("turn.started", data)]
 
         await self.record(start, turn_id=new_id("trn"))
+
+
+def _resumed(state: SessionState) -> list[EventSpec]:
+    """A retry's first commit under its lease, as `_mark_runnable` records it for the workers:
+    the turn reads `running` while its model is asked again, so a message steers it rather than
+    starting the next turn past it; nothing if the turn is no longer the failed, retryable one."""
+    turn = state.turn
+    if turn is None or turn.status != "failed" or not turn.retryable:
+        return []
+    return [("turn.resumed", {"reason": "retry"})]
 
 
 def _given_up(sid: str, first: float, beaten: int, unexplained: int, exc: BaseException) -> None:

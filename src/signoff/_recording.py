@@ -337,8 +337,8 @@ async def ended_under(
 ) -> SessionState | None:
     """The turn `began` as it ended, when it was cancelled or failed for good under a drive
     that then ran the turn a queued message started (`state`'s), or completed when it is the
-    turn the caller's own message started (`own`) and the later turn serves someone else:
-    what that drive's caller is told, rather than the other turn's result (another person's
+    turn the caller's own message started or retried (`own`) and the later turn serves someone
+    else: what that drive's caller is told, rather than the other turn's result (another person's
     answer; one its sender queued behind it is the caller's to read). A call that answered
     (`answered`) is told the turn it answered in the same way, whatever turn its drive found
     first, unless the later turn is one the one who answered started. None if that turn is

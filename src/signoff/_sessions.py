@@ -303,7 +303,9 @@ class SessionRunner(TurnLeases):
                         state = await self._checked(session_id, lease=(owner, token), span=span)
                     if n == 0 and state.turn is not None and not turn_over(state.turn):
                         began = state.turn
-                        if first_is_own:
+                        # A retry's call is the failed turn's own: it is told that turn, not
+                        # the next person's its drive goes on to (`ended_under`).
+                        if first_is_own or (retry and began.status == "failed"):
                             own = began.id
                     span.begin(state, self.now())
                     driver = self._driver(state, (owner, token))
@@ -413,7 +415,10 @@ class SessionRunner(TurnLeases):
             session_id,
             lambda st: (
                 [("turn.resumed", {"reason": "retry"})]
-                if st.turn is not None and st.turn.status == "failed"
+                if st.turn is not None
+                and st.turn.id == turn.id
+                and st.turn.status == "failed"
+                and st.turn.retryable
                 else []
             ),
             turn_id=turn.id,
