@@ -197,3 +197,38 @@ async def test_a_session_read_shows_a_mirror_its_subagents_unrecorded_ttl_closed
         seen.outcome,
         seen.resolution,
     )
+
+
+async def test_a_mirror_its_subagents_ttl_closed_keeps_the_votes_counted(store_url: str) -> None:
+    """Bob approved through the mirror of a call that needs two, then billing's session passed
+    its TTL: read before anything recorded it, the mirror showed closed with none of its
+    subagent's votes ("0 of 2"), as recording then closed it; both now hold Bob's, as the
+    subagent's request does."""
+    clock = ManualClock()
+    support, billing = refund_desk(so.always(approvers=2, exclude_requester=True), [])
+    billing.limits = so.Limits(ttl=60)
+    bob = so.Principal(authenticator="sso", principal_id="bob")
+    async with so.Runtime([support, billing], store=store_url, clock=clock) as rt:
+        session_id, mirror = await _parked(rt)
+        answer = so.InputResponse(request_id=mirror.id, option_id="approve")
+        await rt.respond(session_id, [answer], principal=bob)
+    clock.advance(60)
+    async with so.Runtime([], store=store_url, clock=clock) as reader:
+        seen = (await reader.state(session_id)).requests[mirror.id]
+        assert (seen.status, seen.request.approved_by, seen.request.progress) == (
+            "expired",
+            ["bob"],
+            "1 of 2",
+        )
+        app = create_app(reader, auth=TokenAuth(TOKENS))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            one = (await c.get(f"/v1/requests/{mirror.id}", headers=auth("alice-token"))).json()
+        assert (one["status"], one["request"]["approved_by"]) == ("expired", ["bob"])
+    async with so.Runtime([support, billing], store=store_url, clock=clock) as rt:
+        closed = (await rt.state(session_id)).requests[mirror.id]
+        stored = await rt.store.get_request(mirror.id)
+        assert stored is not None and stored.request.approved_by == ["bob"]
+        assert (closed.status, closed.request.approved_by) == ("expired", ["bob"])
+        assert closed.resolution == seen.resolution
+        assert await rt.verify_audit() == []

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 import signoff as so
+import signoff._mirrors as _mirrors
 from signoff._candidates import RECOVERY_GRACE
 from signoff._live_session import LiveSession
 from signoff.channels import Channel, ChannelHub, Resolution
@@ -428,4 +429,70 @@ async def test_a_closed_mirror_reads_its_subagents_votes_in_state(store_url: str
             stored = await rt.store.get_request(rid)
             assert stored is not None and folded.status == "settled"
             assert folded.request.approved_by == stored.request.approved_by == both
+        assert await rt.verify_audit() == []
+
+
+@pytest.mark.parametrize("closed_by", ["deny-through-mirror", "deny-on-subagent", "deadline"])
+async def test_a_mirror_closed_unapproved_keeps_its_subagents_votes(
+    store_url: str, closed_by: str
+) -> None:
+    """Bob approved through the parent's mirror of a call that needs two, then Carol denied it
+    (through the mirror or on the subagent's request) or its deadline passed: the subagent's
+    request kept Bob's vote ("1 of 2"), yet the mirror's close recorded none (only an
+    approval's did), so its row, `state()` and a `LiveSession` read "0 of 2" once closed."""
+    ran: list[str] = []
+    clock = ManualClock()
+    spec = so.always(approvers=2, exclude_requester=True, expires_in=60)
+    async with so.Runtime(refund_desk(spec, ran), store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        child = mirror.child
+        assert child is not None
+        live = LiveSession(Over(rt, ALICE), r.session_id)
+        await live.sync()
+        await rt.respond(r.session_id, vote(mirror.id), principal=BOB)
+        if closed_by == "deny-through-mirror":
+            await rt.respond(r.session_id, vote(mirror.id, "cancel"), principal=CAROL)
+        elif closed_by == "deny-on-subagent":
+            await rt.respond(child.session_id, vote(child.request_id, "cancel"), principal=CAROL)
+        else:
+            clock.advance(61)
+            assert await rt.expire_due() >= 1
+        status = "expired" if closed_by == "deadline" else "settled"
+        await live.sync()
+        assert _shown(live, mirror.id) == (status, ["bob"], "1 of 2")
+        for sid, rid in ((r.session_id, mirror.id), (child.session_id, child.request_id)):
+            folded = (await rt.state(sid)).requests[rid]
+            stored = await rt.store.get_request(rid)
+            assert stored is not None and (folded.status, stored.status) == (status, status)
+            assert folded.request.approved_by == stored.request.approved_by == ["bob"]
+            assert stored.request.progress == "1 of 2"
+        assert ran == [] and await rt.verify_audit() == []
+    async with so.Runtime(refund_desk(spec, ran), store=store_url, clock=clock) as rt:
+        assert (await rt.state(r.session_id)).requests[mirror.id].request.approved_by == ["bob"]
+
+
+async def test_a_denied_mirror_an_older_signoff_closed_reads_as_it_did(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older signoff closed a denied mirror recording no votes, its row keeping the `[]` it
+    was asked with: its session reads that as before (no vote on the mirror, Bob's on the
+    subagent's request) and verification names nothing."""
+    ran: list[str] = []
+    spec = so.always(approvers=2, exclude_requester=True)
+    with monkeypatch.context() as older:
+        older.setattr(_mirrors, "_votes_of", lambda asked, resolution: {})
+        async with so.Runtime(refund_desk(spec, ran), store=store_url) as rt:
+            r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+            (mirror,) = r.pending
+            await rt.respond(r.session_id, vote(mirror.id), principal=BOB)
+            await rt.respond(r.session_id, vote(mirror.id, "cancel"), principal=CAROL)
+            events = await rt.store.read_events(r.session_id)
+    closes = [e.data for e in events if e.type == "input.resolved"]
+    assert [d["outcome"] for d in closes] == ["cancelled"] and "approved_by" not in closes[0]
+    async with so.Runtime(refund_desk(spec, ran), store=store_url) as rt:
+        folded = (await rt.state(r.session_id)).requests[mirror.id]
+        stored = await rt.store.get_request(mirror.id)
+        assert stored is not None and folded.outcome == stored.outcome == "cancelled"
+        assert folded.request.approved_by == stored.request.approved_by == []
         assert await rt.verify_audit() == []

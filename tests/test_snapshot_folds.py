@@ -19,6 +19,7 @@ from signoff.stores._codec import pack_bytes
 from signoff.testing import ExecutionLog, reply, scripted_agent
 
 from ._audit import ALICE, alter
+from ._delegation import refund_desk
 from ._procs import query
 from .test_audit_verify_snapshots import _long_session, ops, ran
 from .test_journal_snapshots import put_snapshot, stored_snapshot
@@ -338,3 +339,39 @@ async def test_a_settled_quorums_snapshot_of_fold_13_is_folded_again_with_every_
             sid,
             f"the snapshot at event {folded.seq} differs from the event log: requests",
         )
+
+
+async def test_a_denied_mirrors_snapshot_of_fold_14_is_folded_again_with_its_votes(
+    store_url: str,
+) -> None:
+    """Fold 14 left a mirror closed unapproved with its own copy's `[]`, though its close now
+    records the votes its subagent's request counted, Bob's (as its row holds them): a session
+    whose snapshot is of that fold loads from its events, with Bob's vote; the same snapshot
+    recording this fold is what loads."""
+    ran: list[str] = []
+    desk = refund_desk(so.always(approvers=2, exclude_requester=True), ran)
+    async with so.Runtime(desk, store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        await rt.respond(r.session_id, vote(mirror.id), principal=BOB)
+        await rt.respond(r.session_id, vote(mirror.id, "cancel"), principal=CAROL)
+        events = await rt.store.read_events(r.session_id)
+    folded = so.SessionState(id=r.session_id)
+    for event in events:
+        folded.apply(event)
+    snapshot = folded.to_snapshot()
+    entries = {e["request"]["id"]: e for e in snapshot["requests"]}
+    entry = entries[mirror.id]
+    assert entry["request"]["approved_by"] == ["bob"] and FOLD_VERSION >= 15
+    shown = {**entry, "request": {**entry["request"], "approved_by": []}}
+    requests = [shown if rid == mirror.id else e for rid, e in entries.items()]
+    older = {**snapshot, "fold": 14, "requests": requests}
+    write_snapshot(store_url, r.session_id, older)
+    async with so.Runtime(desk, store=store_url) as rt:
+        state = await rt.state(r.session_id)
+        assert state.seq == folded.seq and state.requests[mirror.id].request.progress == "1 of 2"
+        assert await rt.verify_audit() == []
+    write_snapshot(store_url, r.session_id, {**older, "fold": FOLD_VERSION})
+    async with so.Runtime(desk, store=store_url) as rt:  # this fold's: loaded as it is
+        assert (await rt.state(r.session_id)).requests[mirror.id].request.approved_by == []
+    assert ran == []

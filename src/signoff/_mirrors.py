@@ -179,7 +179,9 @@ async def followed(
             way, expires = await _stands_for(store, r)
             current = way[-1]
             if now is not None and expires is not None and expires <= now:
-                out.append(r.model_copy(update={"status": "expired"}))
+                # closed with the votes that request counted, as `close_mirror` records them
+                votes = list(current.approved_by)
+                out.append(r.model_copy(update={"status": "expired", "approved_by": votes}))
                 continue
             update = {f: _copied(getattr(current, f)) for f in FOLLOWED}
             if current.status != "pending" and "expires_at" in update:
@@ -202,13 +204,26 @@ def stored_followed(stored: StoredRequest, shown: InputRequest) -> StoredRequest
 
 
 def _expired_close(mirror: InputRequest, ref: ChildRef) -> dict[str, Any]:
-    """What `close_mirror` records for `mirror` once its subagent's session's passed TTL closed
-    the request (`ref`) it stands for as `expired`."""
+    """What `close_mirror` records for `mirror` (shown with the votes of the request `ref` it
+    stands for: `followed`) once its subagent's session's passed TTL closed that as `expired`."""
     return {
         "outcome": "expired",
         "request_id": mirror.id,
         "status": "expired",
         "child_request_id": ref.request_id,
+        **_votes_of(mirror, None),
+    }
+
+
+def _votes_of(asked: InputRequest, resolution: dict[str, Any] | None) -> dict[str, Any]:
+    """The `approved_by` a mirror's close records: the votes of the subagent's request `asked`
+    it stands for, whatever closed it (a denial's or an expiry's resolution holds none), or the
+    list an approval's `resolution` holds, its quorum's; nothing for a question (no votes)."""
+    if asked.kind != "tool-approval":
+        return {}
+    votes = (resolution or {}).get("approved_by")
+    return {
+        "approved_by": [str(v) for v in (votes if isinstance(votes, list) else asked.approved_by)]
     }
 
 
@@ -510,6 +525,7 @@ async def close_mirror(
         "request_id": mirror.id,
         "status": status,
         "child_request_id": ref.request_id,
+        **_votes_of(asked, resolution),
     }
     data.setdefault("outcome", "cancelled")
     closed_as: Any = status
@@ -527,8 +543,8 @@ async def close_mirror(
         resolve = Resolve(
             request_id=mirror.id, status=closed_as, outcome=data["outcome"], resolution=data
         )
-        # Its row holds the votes that approved the child's request, as its close records
-        # them: open, it showed them as it followed that request; closed, it follows no more.
+        # Its row holds the votes of the child's request, as its close records them: open, it
+        # showed them as it followed that request; closed, it follows no more.
         votes = data.get("approved_by")
         if not isinstance(votes, list) or now.request.approved_by == votes:
             return Batch(specs=[spec], resolve=[resolve])

@@ -54,7 +54,7 @@ SNAPSHOT_VERSION = 2
 journals out (read back from the events); an older signoff refuses such a snapshot by its
 version. One of version 1 or before holds each journal whole, and still loads."""
 
-FOLD_VERSION = 14
+FOLD_VERSION = 15
 """Version of the fold (`SessionState.apply`) that made this signoff's snapshots (their `fold`; none
 is 1), raised whenever an event comes to fold otherwise: a session loads only from a snapshot of
 this fold (`of_this_fold`). 2: a failed turn cancelled after is not `retryable`. 3: a `tool.started`
@@ -74,7 +74,8 @@ parts: its retry asks afresh. 12: a turn keeps the last event its latest reply r
 13: a session is a call's child (`kids`) only by a delegate call's own step (marked `child`, or an
 older one naming the child the call's key derives), not any step of its name. 14: a quorum's
 approval settled holds every vote, the last one too (its settling's `approved_by`; a mirror's, those
-of its subagent's request), as its stored row does."""
+of its subagent's request), as its stored row does. 15: a mirror closed unapproved (denied, expired)
+holds the votes its subagent's request counted, as its close records them (`approved_by`)."""
 
 
 @dataclass(slots=True, kw_only=True)

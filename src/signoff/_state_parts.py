@@ -344,10 +344,13 @@ def candidate_applied(request: InputRequest, d: dict[str, Any]) -> InputRequest:
 
 def settled_applied(request: InputRequest, d: dict[str, Any]) -> InputRequest:
     """An open approval as the record approving it leaves it: with every vote of its quorum, the
-    last one too, as its row holds them (`approval.settled`'s `approved_by`; a mirror's close,
-    `input.resolved`, records its subagent's). Fold 14; `LiveSession` folds it too."""
+    last one too, as its row holds them (`approval.settled`'s `approved_by`). A mirror's close
+    (`input.resolved`) records its subagent's request's votes however it closed (fold 15; an
+    older signoff's close of one not approved records none). Fold 14; `LiveSession` folds it too."""
     votes = d.get("approved_by")
     approved = d.get("decision") == "approve" or d.get("outcome") == "approved"
-    if request.kind != "tool-approval" or not approved or not isinstance(votes, list):
+    if request.kind != "tool-approval" or not isinstance(votes, list):
+        return request
+    if not approved and request.child is None:
         return request
     return request.model_copy(update={"approved_by": [str(v) for v in votes]})
