@@ -284,7 +284,8 @@ def test_a_damaged_log_folds_or_is_refused(
 ) -> None:
     """Damage one field of one stored event: reading and folding the log fails only by name, and
     what it folds holds the types later code reads (a text `ttl` folded was a TypeError in
-    `expired`, a null call id a ValidationError as its request was answered)."""
+    `expired`, a null call id a ValidationError as its request was answered, a text error an
+    AttributeError on the session's page)."""
     _proof.record("hypothesis:test_damaged_log:examples")
     log = real["events"]
     where = data.draw(st.sampled_from([p for p in paths(log) if len(p) > 1]))  # not whole rows
@@ -300,6 +301,7 @@ def test_a_damaged_log_folds_or_is_refused(
         assert isinstance(state.agent, str) and isinstance(state.parent, str | None)
         calls = [] if state.turn is None else state.turn.calls.values()
         assert all(isinstance(c.id, str) and isinstance(c.tool_name, str) for c in calls)
+        assert state.turn is None or isinstance(state.turn.error, dict | None)
         folds_on(state)
 
 

@@ -723,3 +723,33 @@ async def test_a_session_of_an_infinite_ttl_writes_no_infinite_deadline(tmp_path
         [row] = await rt.store.sessions()
         assert (row.id, row.expires_at) == ("ses_old", None)
         assert (await rt.state("ses_old")).expires_at is None
+
+
+@pytest.mark.parametrize("error", ["the model is down", ["boom"], 5])
+def test_a_failed_turns_error_that_is_no_object_is_refused_as_it_is_folded(error: Any) -> None:
+    """A `turn.failed` whose `error` a hand edit left as text: the fold kept it, and every reader
+    of the turn's error took it for an object (the dashboard's header a 500, `GET
+    /v1/sessions/{id}` a ValidationError, `runnable` an AttributeError). The fold names the
+    event, as a snapshot holding such an error is named as it is read; None or an object
+    folds as any signoff wrote it."""
+    failed = so.Event(
+        session_id="s",
+        seq=5,
+        type="turn.failed",
+        at=1.0,
+        turn_id="trn_1",
+        data={"error": error, "retryable": False},
+    )
+    state = so.SessionState(id="s", conversation=None)
+    with pytest.raises(so.StoreError, match=r"event s:5 \(turn.failed\) is malformed: TypeError"):
+        for event in [*_chat(), failed]:
+            state.apply(event)
+    for written in (None, {"code": "model_error", "message": "boom"}):
+        done = fold([*_chat(), dataclasses.replace(failed, data={"error": written})])
+        assert done.turn is not None and done.turn.error == written
+        snapshot = done.to_snapshot()
+        loaded = so.SessionState.from_snapshot(snapshot).turn
+        assert loaded is not None and loaded.error == written
+        snapshot["turn"]["error"] = error
+        with pytest.raises(so.StoreError, match="a snapshot is malformed: TypeError"):
+            so.SessionState.from_snapshot(snapshot)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ._events import Event
 from ._exceptions import StoreError
 from ._idempotency import KEPT, free_for
-from ._snapshot_fields import budgets_of, text_of, ttl_of
+from ._snapshot_fields import budgets_of, error_of, text_of, ttl_of
 from ._state_parts import (
     CallState,
     RequestState,
@@ -497,7 +497,7 @@ def _turn_failed(s: SessionState, e: Event) -> None:
     turn = _turn(s, e)
     turn.status = "failed"
     turn.retryable = bool(e.data.get("retryable"))
-    turn.error = e.data.get("error")
+    turn.error = error_of(e.data.get("error"))  # text a hand edit left failed every page
     if e.data.get("start_over") is True:
         turn.paused = ()  # counted when journaled, and never gone on from: a retry asks afresh
     _billed(s, e)  # a reply the provider billed that the turn could not use

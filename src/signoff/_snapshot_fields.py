@@ -1,7 +1,8 @@
 """The checks a snapshot's session fields pass as it is read (`SessionState.from_snapshot`), and
-the fold's of those it takes from a `session.created` (`text_of`, `ttl_of`, `budgets_of`): a
-field of a type the fold never gives it (a hand edit, a half-restored copy) is refused then,
-not left to fail later as a bare TypeError in whatever reads it."""
+the fold's of those it takes from a `session.created` (`text_of`, `ttl_of`, `budgets_of`) and a
+`turn.failed` (`error_of`): a field of a type the fold never gives it (a hand edit, a
+half-restored copy) is refused then, not left to fail later as a bare TypeError in whatever
+reads it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ._settings import finite
 __all__ = [
     "budgets_of",
     "check_fields",
+    "error_of",
     "ids_of",
     "last_of",
     "paused_of",
@@ -150,6 +152,14 @@ def budgets_of(value: Any, name: str) -> dict[str, float]:
     if not _budgets(budgets):
         raise TypeError(f"its {name} are not numbers: {budgets!r:.100}")
     return budgets
+
+
+def error_of(value: Any) -> dict[str, Any] | None:
+    """A failed turn's `error` (`code`, `message`), as a `turn.failed` or a snapshot holds it;
+    `TypeError` unless None or an object, which every reader of a turn's error takes it for."""
+    if value is not None and not isinstance(value, dict):
+        raise TypeError(f"its error is {type(value).__name__}, not an object")
+    return value
 
 
 def ttl_end(start: float, ttl: float) -> float | None:

@@ -16,7 +16,15 @@ from ._conversation import MALFORMED, Conversation
 from ._event_handlers import HANDLERS
 from ._events import Event, EventType, is_activity
 from ._exceptions import SchemaVersionError, StoreError
-from ._snapshot_fields import check_fields, ids_of, last_of, paused_of, seq_of, session_of
+from ._snapshot_fields import (
+    check_fields,
+    error_of,
+    ids_of,
+    last_of,
+    paused_of,
+    seq_of,
+    session_of,
+)
 from ._state_parts import (
     CallState,
     CallStatus,
@@ -448,7 +456,7 @@ class SessionState:
                 text=t["text"],
                 cut_off=c if isinstance(c := t.get("cut_off"), str) else None,
                 retryable=t["retryable"],
-                error=t["error"],
+                error=error_of(t["error"]),
                 first_seq=t["first_seq"],
                 last_message_seq=t.get("last_message_seq", 0),
                 model_seq=(replied := t.get("model_seq", t.get("last_message_seq", 0))),

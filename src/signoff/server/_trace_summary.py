@@ -3,6 +3,7 @@ others wrote (a model, a tool, a person) kept apart so the page can isolate it."
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .._events import Event
@@ -33,10 +34,21 @@ def _listed(values: list[Any], between: str = ", ") -> list[Part]:
     return parts
 
 
+def _items(value: object) -> list[Any]:
+    """`value` if it is a list, else none: a field the fold never reads may be anything in a
+    damaged log, and the page shows the event (its data whole beside) rather than fail."""
+    return value if isinstance(value, list) else []
+
+
+def _field(value: object, key: str) -> Any:
+    """`value[key]` if `value` is an object, else None (a damaged log's item)."""
+    return value.get(key) if isinstance(value, dict) else None
+
+
 def _waiting(d: dict[str, Any], requests: dict[str, RequestState]) -> list[Part]:
     """A parked turn's row names what it awaits: the approval of which tools, the answer to
     which questions (a spent budget's too), so a run waiting on approval reads as such."""
-    ids = d.get("request_ids") or ()
+    ids = _items(d.get("request_ids"))
     asked = [requests[i].request for i in ids if isinstance(i, str) and i in requests]
     if d.get("on", "input") != "input" or not asked:
         return [(f"Waiting on {d.get('on', 'input')}", False)]
@@ -63,7 +75,7 @@ def summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
             return [("“", False), _said(msg), ("”", False)]
         return [(f"Turn started ({d.get('source', 'message')})", False)]
     if t == "model.completed":
-        names = [c.get("name", "?") for c in d.get("tool_calls", [])]
+        names = [_field(c, "name") or "?" for c in _items(d.get("tool_calls"))]
         text = d.get("text") or ""
         parts: list[Part] = [("“", False), _said(text), ("”", False)] if text else []
         if names:
@@ -84,8 +96,11 @@ def summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
         return [_said(d.get("tool_name")), (f" → {d.get('status')}", False)]
     if t == "input.requested":
         names = [
-            (r.get("action") or {}).get("tool_name") or r.get("question") or r.get("kind")
-            for r in d.get("requests", [])
+            _field(_field(r, "action"), "tool_name")
+            or _field(r, "question")
+            or _field(r, "kind")
+            or "?"
+            for r in _items(d.get("requests"))
         ]
         return [("Waiting for a person: ", False), *_listed(names)]
     if t == "approval.settled":
@@ -109,8 +124,9 @@ def summary(e: Event, requests: dict[str, RequestState]) -> list[Part]:
         repeated = f"{d.get('request_id')} answered again by "
         return [(repeated, False), _said(who(d.get("by"))), (" (nothing changed)", False)]
     if t == "turn.failed":
-        err = d.get("error") or {}
-        return [_said(err.get("message") or err)] if err else [("failed", False)]
+        err = d.get("error")
+        said = _field(err, "message") or err  # an error object's message, or whatever it is
+        return [_said(said)] if said else [("failed", False)]
     if t == "turn.completed":
         return [("Turn completed", False)]
     if t == "turn.waiting":
@@ -165,10 +181,17 @@ def _candidate(d: dict[str, Any]) -> list[Part]:
 
 
 def _tokens(usage: object) -> int:
-    """The tokens a recorded usage figure counts (0 for one that is not a figure)."""
+    """The tokens a recorded usage figure counts (0 for one that is not a figure, or for a
+    count in it that is no number)."""
     if not isinstance(usage, dict):
         return 0
-    return int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+    return sum(_count(usage.get(k)) for k in ("input_tokens", "output_tokens"))
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return 0
+    return int(value)
 
 
 SUMMARY_CHARS = 300
