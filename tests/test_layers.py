@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
         "_unrecorded",
     },
     {"_input_sets"},
-    {"_state_parts", "_snapshot_fields", "_conversation", "_tool_json", "_sync"},
+    {"_state_parts", "_snapshot_fields", "_conversation", "_tool_json", "_sync", "_turn_status"},
     {"_event_handlers", "_steps", "_response_checks", "_input_schema"},
     {"_state", "_approval", "stores", "models"},
     {
