@@ -213,3 +213,229 @@ def test_plain_input_holds_no_set_to_look_for() -> None:
     assert not may_hold_sets(so.tool(plain).input_model.__pydantic_core_schema__)
     for tool in (made, written, batched):
         assert may_hold_sets(tool.input_model.__pydantic_core_schema__)
+
+
+BEFORE = "0b50568a"
+"""The commit before sets were sorted by the validated input (6e200b7d): its forms bound
+approvals, and still must where they were the same in every process."""
+
+_FORMS = """
+import datetime, json, sys, warnings
+warnings.simplefilter("ignore")
+from typing import Annotated
+from pydantic import AfterValidator, BaseModel, PlainSerializer
+import signoff as so
+
+LABELS = ["red", "green", "blue", "amber", "teal", "plum", "ochre", "sand"]
+INTS = [8, 1, 17, 9, 100, 3]
+Written = Annotated[set[int], PlainSerializer(list)]
+WrittenText = Annotated[set[str], PlainSerializer(list)]
+Made = Annotated[list[int], AfterValidator(set)]
+MadeText = Annotated[list[str], AfterValidator(set)]
+
+class Lot(BaseModel):
+    ids: Written
+    made: Made
+
+class Box(BaseModel):  # a set the schema declares: the whole form as declared ones were
+    tags: set[str]
+    ids: Made
+    more: Written
+
+def declared_ints(xs: set[int]) -> str: ...
+def declared_text(xs: set[str]) -> str: ...
+def nested_ints(xs: set[frozenset[int]]) -> str: ...
+def nested_text(xs: set[frozenset[str]]) -> str: ...
+def written_ints(xs: Written) -> str: ...
+def written_text(xs: WrittenText) -> str: ...
+def made_ints(xs: Made) -> str: ...
+def made_text(xs: MadeText) -> str: ...
+def made_dates(xs: Annotated[list[datetime.date], AfterValidator(set)]) -> str: ...
+def lots(xs: list[Lot]) -> str: ...
+def boxes(xs: list[Box]) -> str: ...
+def mixed(xs: set[int], ys: Made, zs: Written) -> str: ...
+def keyed(xs: dict[str, frozenset[int]]) -> str: ...
+def tuples(xs: tuple[frozenset[int], ...]) -> str: ...
+
+CASES = {
+    declared_ints: {"xs": INTS},
+    declared_text: {"xs": LABELS},
+    nested_ints: {"xs": [[8, 1], [17, 9, 3], [100]]},
+    nested_text: {"xs": [LABELS[:4], LABELS[4:]]},
+    written_ints: {"xs": INTS},
+    written_text: {"xs": LABELS},
+    made_ints: {"xs": INTS},
+    made_text: {"xs": LABELS},
+    made_dates: {"xs": ["2024-05-%02d" % d for d in range(1, 9)]},
+    lots: {"xs": [{"ids": INTS, "made": INTS[::-1]}, {"ids": [2, 10], "made": [10, 2]}]},
+    boxes: {"xs": [{"tags": LABELS, "ids": INTS, "more": INTS[::-1]}]},
+    mixed: {"xs": INTS, "ys": INTS, "zs": INTS},
+    keyed: {"xs": {"k": [8, 1], "j": [17, 9, 1]}},
+    tuples: {"xs": [[8, 1], [9, 17]]},
+}
+forms = {}
+for fn, raw in CASES.items():
+    tool = so.tool(fn)
+    forms[fn.__name__] = tool.approved_form(tool.validate(raw))
+print(json.dumps(forms))
+"""
+
+
+def _old_source(tmp_path: Path) -> Path:
+    """`src` of `BEFORE`, from the repository's history."""
+    found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{BEFORE}^{{commit}}"])
+    if found.returncode != 0:
+        pytest.skip(f"no git history with {BEFORE} to build the old forms with")
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", BEFORE, "src"], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive.stdout, check=True)
+    return tmp_path / "src"
+
+
+def _in_process(src: Path, seed: str, code: str, *args: str) -> Any:
+    env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": f"{src}:{ROOT}"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_forms_stable_before_are_kept_byte_for_byte(tmp_path: Path) -> None:
+    """A form the older signoff built alike in every process (sets of numbers: their hashes are
+    no seed's) is built the same now, so its approval still binds; only sets whose order was
+    another in each process (text, dates, items holding them) are sorted anew."""
+    old = {seed: _in_process(_old_source(tmp_path), seed, _FORMS) for seed in ("1", "2")}
+    new = {seed: _in_process(ROOT / "src", seed, _FORMS) for seed in ("1", "2")}
+    assert new["1"] == new["2"]  # every form now the same in every process
+    stable = {name for name, form in old["1"].items() if form == old["2"][name]}
+    assert stable == {
+        "declared_ints",
+        "declared_text",  # declared: by JSON text
+        "nested_ints",
+        "written_ints",
+        "made_ints",
+        "lots",
+        "boxes",
+        "mixed",
+        "keyed",
+        "tuples",
+    }
+    for name in stable:
+        assert json.dumps(new["1"][name]) == json.dumps(old["1"][name]), name
+
+
+_ASK_BEFORE = """
+import asyncio, json, sys, warnings
+warnings.simplefilter("ignore")
+from typing import Annotated
+from pydantic import AfterValidator, PlainSerializer
+import signoff as so
+from signoff.testing import call_tools, reply, scripted_agent
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+INTS = [8, 1, 17, 9, 100, 3]
+
+@so.tool(approval=so.always())
+async def nested(xs: set[frozenset[int]]) -> str:
+    return repr(sorted(sorted(x) for x in xs))
+
+@so.tool(approval=so.always())
+async def written(xs: Annotated[set[int], PlainSerializer(list)]) -> str:
+    return repr(sorted(xs))
+
+@so.tool(approval=so.always())
+async def made(xs: Annotated[list[int], AfterValidator(set)]) -> str:
+    return repr(sorted(xs))
+
+async def main(url, session_id=""):
+    proposal = call_tools(
+        so.ToolCall(id="c1", name="nested", input={"xs": [[8, 1], [17, 9, 3]]}),
+        so.ToolCall(id="c2", name="written", input={"xs": INTS}),
+        so.ToolCall(id="c3", name="made", input={"xs": INTS}),
+    )
+    agent = scripted_agent("a", [proposal, reply("ok")], tools=[nested, written, made])
+    async with so.Runtime([agent], store=url) as rt:
+        if not session_id:
+            r = await rt.generate("a", prompt="go", auth=ALICE)
+            print(json.dumps(r.session_id))
+            return
+        pending = (await rt.state(session_id)).pending_requests()
+        approve = [so.Decision(id=p.id, approved=True) for p in pending]
+        await rt.generate(session_id=session_id, approvals=approve, auth=ALICE)
+        events = [e async for e in rt.events(session_id, follow=False)]
+        print(json.dumps([[e.data["status"], e.data["result"]] for e in events
+                          if e.type == "tool.completed"]))
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+def test_an_approval_asked_before_binds_now(tmp_path: Path) -> None:
+    """Asked by the older signoff, approved by this one (in a process of another seed): each
+    call runs, none "validates now to other input than was approved"."""
+    url = f"sqlite:///{tmp_path}/state.db"
+    session_id = _in_process(_old_source(tmp_path), "1", _ASK_BEFORE, url)
+    done = _in_process(ROOT / "src", "2", _ASK_BEFORE, url, session_id)
+    ints = repr(sorted([8, 1, 17, 9, 100, 3]))
+    assert done == [["ok", "[[1, 8], [3, 9, 17]]"], ["ok", ints], ["ok", ints]]
+
+
+@so.tool(approval=so.always())
+async def numbered(ids: Annotated[list[int], AfterValidator(set)]) -> str:
+    """Number, each once."""
+    ran.append(ids)
+    return ",".join(map(str, sorted(ids)))
+
+
+@MADE_WARNS
+async def test_an_edit_of_a_set_shown_in_its_own_order_is_no_change(tmp_path: Path) -> None:
+    """A set of numbers is shown in its own order, as before ({1, 8} as [8, 1]): an edit giving
+    its items in another is the same set, taken."""
+    ran.clear()
+    proposal = call_tools(so.ToolCall(id="c1", name="numbered", input={"ids": [3]}))
+    agent = scripted_agent("a", [proposal, reply("done")], tools=[numbered])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        assert _form(numbered, {"ids": [1, 8]}) == {"ids": [8, 1]}
+        edit = so.Decision(id=req.id, approved=True, edited_input={"ids": [1, 8]})
+        done = await rt.generate(session_id=r.session_id, approvals=[edit], auth=ALICE)
+        assert done.status == "completed", done
+    assert ran == [{1, 8}]
+
+
+def test_which_sets_iterate_alike_in_every_process() -> None:
+    """Numbers (an `IntEnum`'s are `int`'s), UUIDs, and tuples and frozensets of them: their
+    hashes are no seed's. Text, bytes, dates, a `StrEnum`, NaN (its address) are."""
+    import datetime as dt
+    import enum
+    import uuid
+
+    from signoff._input_sets import _seeded
+
+    class Level(enum.IntEnum):
+        LOW = 1
+
+    class Tone(enum.StrEnum):
+        RED = "red"
+
+    alike: list[set[Any]] = [
+        {1, 2},
+        {True},
+        {Level.LOW},
+        {(1, 2.5)},
+        {frozenset({1})},
+        {uuid.UUID(int=7)},
+    ]
+    varying: list[set[Any]] = [
+        {"a"},
+        {b"a"},
+        {Tone.RED},
+        {(1, "a")},
+        {frozenset({"a"})},
+        {dt.date(2024, 5, 1)},
+    ]
+    assert not any(_seeded(s) for s in alike)
+    assert all(_seeded(s) for s in varying + [{float("nan")}])

@@ -1,18 +1,21 @@
-"""A tool's input is validated as the JSON it is (`Tool.validate`, pydantic's JSON mode): the
-model's arguments, a reviewer's edit and a form validated again. Validated as Python, a strict
-model (`ConfigDict(strict=True)`, common to stop `"5"` becoming 5, or `Strict()` fields)
-refused every call: a date, a UUID or an enum's value is text in JSON, a tuple an array, and
-Python's strict mode wants the objects ("Input should be an instance of Currency")."""
+"""A tool's input that Python refuses is validated as the JSON it is (`Tool.validate`,
+pydantic's JSON mode): the model's arguments, a reviewer's edit and a form validated again.
+Validated as Python alone, a strict model (`ConfigDict(strict=True)`, common to stop `"5"`
+becoming 5, or `Strict()` fields) refused every call: a date, a UUID or an enum's value is text
+in JSON, a tuple an array, and Python's strict mode wants the objects ("Input should be an
+instance of Currency"). Validated as JSON alone, a lax tool got other values than it had: a
+`str | UUID` a UUID (smart union), so Python mode comes first."""
 
 # No `from __future__ import annotations`: the tools' hints name types local to a test.
 import datetime as dt
 import enum
 import uuid
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Strict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Strict, ValidationError, ValidationInfo
 
 import signoff as so
 from signoff.testing import Capture, call_tools, reply, scripted_agent, sqlite_runtime, tool_results
@@ -115,3 +118,62 @@ def test_what_json_cannot_carry_is_validated_as_before() -> None:
     with pytest.raises(ValidationError) as raised:
         tool.validate({"text": "a", "n": 1, "x": float("nan")})
     assert raised.value.errors()[0]["type"] == "finite_number"
+
+
+@so.tool
+async def lookup(
+    order: str | uuid.UUID,
+    path: Path | str,
+    body: bytes | str,
+    amount: Decimal | str,
+    parts: list[bytes | str],
+) -> str:
+    """Look up."""
+    return " ".join(type(v).__name__ for v in (order, path, body, amount, *parts))
+
+
+async def test_a_lax_tool_gets_what_it_got_before(tmp_path: Path) -> None:
+    """Validated as Python first: JSON mode's smart union took the typed member over `str` for
+    text (a UUID, a `PosixPath`, bytes, a `Decimal`), and a body testing `isinstance(x, str)`
+    broke."""
+    given = {"order": ORDER, "path": "/tmp/x", "body": "hi", "amount": "1.5", "parts": ["a"]}
+    [(failed, content)] = await _results(tmp_path, lookup, given)
+    assert (failed, content) == (False, "str str str str str")
+
+
+def test_a_validator_of_a_lax_tool_reads_python_mode() -> None:
+    modes: list[str] = []
+
+    def noted(value: str, info: ValidationInfo) -> str:
+        modes.append(info.mode)
+        return value
+
+    def take(text: Annotated[str, AfterValidator(noted)]) -> str:
+        """Take."""
+        return text
+
+    tool = so.tool(take)
+    tool.validate({"text": "a"})
+    tool.shown_form(tool.validate({"text": "b"}))  # its form validated again
+    assert modes == ["python"] * 3
+
+
+class _Line(BaseModel):
+    sku: str
+
+
+def test_input_both_modes_refuse_is_told_as_python_tells_it() -> None:
+    """What the model read before, for a lax tool; a strict model's JSON error alone, as its
+    Python error also named what JSON gave right ("an instance of Currency")."""
+
+    def order(line: _Line) -> str:
+        """Order."""
+        return ""
+
+    with pytest.raises(ValidationError) as raised:
+        so.tool(order).validate({"line": "abc"})
+    [error] = raised.value.errors()
+    assert error["msg"] == "Input should be a valid dictionary or instance of _Line"
+    with pytest.raises(ValidationError) as raised:
+        refund.validate({"r": {**GOOD, "amount": "5"}})
+    assert [e["loc"] for e in raised.value.errors()] == [("r", "amount")]

@@ -12,6 +12,7 @@ from ._exceptions import UsageError
 from ._sync import is_async
 
 __all__ = [
+    "asks_strict",
     "check_async_functions",
     "check_shown_fields",
     "give_arrays_items",
@@ -35,6 +36,26 @@ def give_arrays_items(schema: Any) -> None:
         schema["items"] = kinds[0] if len(kinds) == 1 else ({"anyOf": kinds} if kinds else {})
     for value in schema.values():
         give_arrays_items(value)
+
+
+def asks_strict(schema: Any) -> bool:
+    """Whether a core schema asks for strict validation anywhere (`ConfigDict(strict=True)`,
+    `Strict()`, `Field(strict=True)`): such a model refuses from Python what JSON gives it.
+    Walked without recursion, each container once."""
+    seen: set[int] = set()
+    stack: list[Any] = [schema]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, dict | list | tuple) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, dict):
+            if item.get("strict") is True:
+                return True
+            stack.extend(item.values())
+        else:
+            stack.extend(item)
+    return False
 
 
 def check_async_functions(model: type[BaseModel], name: str) -> None:

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
+from uuid import UUID
 
 from pydantic import BaseModel, RootModel
 from pydantic_core import PydanticSerializationError, to_jsonable_python
@@ -18,13 +22,13 @@ __all__ = ["json_key", "may_hold_sets", "sets_sorted"]
 
 
 def sets_sorted(value: Any, dumped: Any, form: Any) -> Any:
-    """`form` (validated input's JSON form) with each list that shows a set sorted, as a set's
-    own order is another in each process (hash randomization): where `dumped` (the input's
-    Python dump, or None) holds a set, by each item's JSON text, as a set the schema declares
-    always was; else where `value` (the validated input) holds one, whatever the schema says (a
-    validator's `set`, a serializer's `list(s)`), as a result's set is (`in_order`: text as
-    text, numbers by value), which keeps the order of a serializer that sorts. A set's items
-    that hold sets are sorted first."""
+    """`form` (validated input's JSON form) with each list that shows a set in an order another
+    process may not give sorted: where `dumped` (the input's Python dump, or None) holds a set
+    (one the schema declares), by each item's JSON text, as such a set always was; else where
+    `value` (the validated input) holds one whose order may vary (`_seeded`: text, bytes, a
+    date...), whatever the schema says (a validator's `set`, a serializer's `list(s)`), as a
+    result's set is (`in_order`). Any other list is left as it was, so a form an older signoff
+    hashed still binds. A set's items that hold sets are sorted first."""
     while isinstance(value, RootModel):  # its JSON form is its root's
         value = value.root
     if isinstance(form, dict):
@@ -38,22 +42,48 @@ def sets_sorted(value: Any, dumped: Any, form: Any) -> Any:
     if not isinstance(form, list):
         return form
     held = isinstance(value, set | frozenset) and len(value) == len(form)
+    values: Any = value if isinstance(value, list | tuple) and len(value) == len(form) else None
     if held and any(isinstance(f, dict | list) for f in form) and _iterated(value, form):
-        form = [sets_sorted(v, None, f) for v, f in zip(value, form, strict=True)]
+        values = list(value)  # the form shows it item by item, in its order
+    dumps = dumped if isinstance(dumped, list | tuple) and len(dumped) == len(form) else None
+    if values is not None or dumps is not None:
+        vs = [None] * len(form) if values is None else values
+        ds = [None] * len(form) if dumps is None else dumps
+        form = [
+            sets_sorted(v, d, f) if isinstance(f, dict | list) else f
+            for v, d, f in zip(vs, ds, form, strict=True)
+        ]
     if isinstance(dumped, set | frozenset):
         return sorted(form, key=_set_order)
-    if held:
-        return in_order(form)
-    values = value if isinstance(value, list | tuple) and len(value) == len(form) else None
-    dumps = dumped if isinstance(dumped, list | tuple) and len(dumped) == len(form) else None
-    if values is None and dumps is None:
-        return form
-    return [
-        sets_sorted(None if values is None else values[i], None if dumps is None else dumps[i], f)
-        if isinstance(f, dict | list)
-        else f
-        for i, f in enumerate(form)
-    ]
+    return in_order(form) if held and _seeded(value) else form
+
+
+def _seeded(items: set[Any] | frozenset[Any]) -> bool:
+    """Whether a set's order may be another in another process: some item's hash is not its
+    value's alone (text, bytes, a date, a `StrEnum`, a model: hash randomization, or an
+    address), or is a NaN's (its address). A set of numbers (an `IntEnum` too) and UUIDs, in
+    tuples and frozensets, iterates alike in every process: its form, unsorted, was always
+    stable, and is kept as it was."""
+    stack = list(items)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, tuple | frozenset) and type(item).__hash__ in _OF_ITEMS:
+            stack.extend(item)
+        elif type(item).__hash__ not in _FIXED_HASH or item != item:  # NaN
+            return True
+    return False
+
+
+_FIXED_HASH: tuple[Any, ...] = tuple(
+    kind.__hash__ for kind in (int, float, complex, Decimal, Fraction, UUID)
+)
+"""Hashes that are a function of the value alone, the same in every process (`bool`'s and an
+`IntEnum`'s are `int`'s)."""
+if sys.version_info >= (3, 12):  # None's hash was its address before
+    _FIXED_HASH += (type(None).__hash__,)
+
+_OF_ITEMS = (tuple.__hash__, frozenset.__hash__)
+"""Hashes that are their items' (a `NamedTuple`'s too)."""
 
 
 def _parts(value: Any) -> dict[Any, Any]:

@@ -17,7 +17,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 from ._events import FITS_BITS, check_digits, dumps
 from ._exceptions import UsageError
 from ._input_sets import json_key
-from ._json_keys import as_json_keys, check_keys, in_order, key_not_text
+from ._json_keys import as_json_keys, check_keys, key_not_text
 from ._text import cut
 from ._types import same_json
 
@@ -499,8 +499,8 @@ def edit_changed(
     (`form`) holds, the form's value there (for a dropped key, the name the form shows it by,
     if it is a field's own name), and whether the form dropped that key: a validator that
     changed a value (`min(v, 1000)`), a model that ignored a misspelt key. Keys the edit leaves
-    out are the form's to fill; a list may come back sorted as a set's items are only where
-    `validated` holds a set (or nothing to tell by: inside a set's items), so one a validator
+    out are the form's to fill; a list may come back in another order only where `validated`
+    holds a set (or, sorted, where nothing tells: inside a set's items), so one a validator
     sorts is changed. A computed field of a model (in `validated`, the edit validated) is no
     input: the form shows it anew, so the edit's own (the stale one a dashboard posts back) is
     not compared."""
@@ -580,12 +580,18 @@ def _inner(value: Any, key: str) -> Any:
 
 
 def _as_set(given: list[Any], shown: list[Any], held: bool) -> bool:
-    """Whether `shown` is `given` sorted as `approved_form` sorts a set's items: by their JSON
-    text, or, where the input is known to hold a set (`held`), as a result's set is too
+    """Whether `shown` is `given` sorted as `approved_form` sorts a set's items (by their JSON
+    text), or, where the input is known to hold a set (`held`), its items in any order: a set
+    is shown sorted as a result's set is, or in its own order where that is every process's
     (`sets_sorted`)."""
     try:
-        ordered = sorted(given, key=lambda item: json.dumps(item, sort_keys=True))
+        ordered = sorted(given, key=_json_text)
+        if held:
+            return same_json(ordered, sorted(shown, key=_json_text))
     except (TypeError, ValueError):
         return False
-    sorts = (ordered, in_order(given)) if held else (ordered,)
-    return any(o != given and same_json(o, shown) for o in sorts)
+    return ordered != given and same_json(ordered, shown)
+
+
+def _json_text(item: Any) -> str:
+    return json.dumps(item, sort_keys=True)

@@ -17,6 +17,7 @@ from pydantic_core import PydanticSerializationError, to_json
 from ._approval import ApprovalArg, ApprovalPolicy, as_policy
 from ._exceptions import UsageError
 from ._input_schema import (
+    asks_strict,
     check_async_functions,
     check_shown_fields,
     give_arrays_items,
@@ -138,6 +139,8 @@ class Tool:
         self._sets: tuple[bool, bool] | None = None  # whether its schema declares a set, and
         # whether its validated input may hold one (`may_hold_sets`)
         self._lazy: bool | None = None
+        # Whether its model asks for strictness (which error to tell of input both modes refuse).
+        self._strict = asks_strict(self.input_model.__pydantic_core_schema__)
         # A workflow tool may ask people things; approvals of its siblings wait for it.
         self.workflow = self.takes_context if workflow is None else workflow
 
@@ -149,10 +152,10 @@ class Tool:
         return self._schema
 
     def validate(self, raw: Any) -> BaseModel:
-        """Validate model-proposed input (or an edit, or a form: JSON each) in pydantic's JSON
-        mode, as what it is; raises `pydantic.ValidationError`, also for any other error a
-        validator raises on it (`SystemExit` too) and for a value JSON cannot write (NaN, one
-        inside itself)."""
+        """Validate model-proposed input (or an edit, or a form: JSON each) as Python, or as the
+        JSON it is where Python refuses it (a strict model: `_validated`); raises
+        `pydantic.ValidationError`, also for any other error a validator raises on it
+        (`SystemExit` too) and for a value JSON cannot write (NaN, one inside itself)."""
         if not isinstance(raw, dict):
             raise ValidationError.from_exception_data(
                 self.input_model.__name__,
@@ -165,7 +168,7 @@ class Tool:
                 [{"type": "json_invalid", "loc": (), "input": raw, "ctx": {"error": _UNREAD}}],
             )
         try:
-            validated = _from_json(self.input_model, raw)
+            validated = _validated(self.input_model, raw, self._strict)
             dumped = validated.model_dump()
         except ValidationError:
             raise
@@ -210,9 +213,9 @@ class Tool:
 
     def approved_form(self, validated: BaseModel) -> dict[str, Any]:
         """Validated input as a reviewer sees it and an approval binds it: JSON, by the names
-        the model is shown (aliases), so that it validates again to the same input; a set in
-        sorted order, as its own order is another in each process (hash randomization), a set
-        the schema declares or one a validator made (`sets_sorted`). Raises
+        the model is shown (aliases), so that it validates again to the same input; a set the
+        schema declares sorted, and one a validator made whose order is another in each process
+        (hash randomization), its form as before where it was stable (`sets_sorted`). Raises
         `PydanticSerializationError` if it has no JSON form."""
         try:
             form = validated.model_dump(mode="json", by_alias=True)
@@ -284,21 +287,28 @@ class Tool:
         return jsonable(await called_off_loop(self.fn, *args, **kwargs))
 
 
-def _from_json(model: type[BaseModel], raw: dict[str, Any]) -> BaseModel:
-    """`raw` validated as the JSON it is (a model's arguments, a reviewer's edit, a form): a
-    strict model takes a date, a UUID, an enum's value or a tuple from JSON, as its schema tells
-    the model, and refuses them from Python. What pydantic cannot write and read back as JSON (a
-    lone surrogate, an integer of thousands of digits) is validated as Python, as before."""
+def _validated(model: type[BaseModel], raw: dict[str, Any], strict: bool) -> BaseModel:
+    """`raw` (a model's arguments, a reviewer's edit, a form: JSON each) validated as Python, as
+    a tool's input always was, so a lax tool gets what it got (`str | UUID` the text sent, a
+    validator's `info.mode` "python"); if that fails, as the JSON it is, which a strict model
+    (`strict` True) takes and Python refuses: a date, UUID or enum's value as text, a tuple as
+    an array. When both fail the Python error is raised, what the model was told before; for a
+    strict model the JSON one, as its Python error names fields sent right ("an instance of")."""
     try:
-        text = to_json(raw, inf_nan_mode="constants")  # NaN as NaN: `unwritable` names it
-    except PydanticSerializationError:
         return model.model_validate(raw)
+    except ValidationError as as_python:
+        failed = as_python
     try:
+        text = to_json(raw, inf_nan_mode="constants")  # NaN as NaN, as Python mode takes it
         return model.model_validate_json(text)
-    except ValidationError as exc:
-        if [(e["type"], e["loc"]) for e in exc.errors()] == [("json_invalid", ())]:
-            return model.model_validate(raw)  # not JSON it reads back
-        raise
+    except PydanticSerializationError:  # a lone surrogate: no JSON to validate
+        pass
+    except ValidationError as as_json:
+        # A huge integer JSON does not read back is `json_invalid`: no error of the input.
+        unread = [(e["type"], e["loc"]) for e in as_json.errors()] == [("json_invalid", ())]
+        if strict and not unread:
+            failed = as_json
+    raise failed
 
 
 def _describe(fn: Callable[..., Any]) -> str:
