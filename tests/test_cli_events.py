@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 from pathlib import Path
+from typing import Any
 
 from typer.testing import CliRunner
 
@@ -67,3 +68,23 @@ def test_events_says_what_a_deadline_a_quorum_and_a_response_policy_did(
         "approve by alice: rejected (only finance approves payouts)",
     ]
     assert "None" not in shown.stdout
+
+
+def test_a_hand_damaged_event_is_summarised_as_far_as_it_goes() -> None:
+    """`signoff events` read a `turn.waiting` whose `request_ids` is no list, a call or request
+    of no object, as the log gives them: a bare TypeError or KeyError ended the listing of the
+    whole session with a traceback (the fold does not read those fields, so the session loads)."""
+    from signoff.cli._events import _summary
+
+    def of(type_: str, data: dict[str, Any]) -> str:
+        return _summary(so.Event(session_id="ses_1", seq=3, type=type_, at=0.0, data=data))  # type: ignore[arg-type]
+
+    assert of("turn.waiting", {"on": "input", "request_ids": 7}) == "on input: "
+    assert of("turn.waiting", {"on": "input", "request_ids": ["req_1", 2]}) == "on input: req_1, 2"
+    calls = {"tool_calls": [7, {"id": "c1", "input": {}}, {"name": "pay", "input": {"a": 1}}]}
+    masked = '"**********"'  # inputs masked whole: no agent, so no tools to read secrets by
+    assert of("model.completed", calls) == f"None({masked}); pay({masked})"
+    assert of("model.completed", {"text": "hi", "tool_calls": "x"}) == '"hi"'
+    asked = {"requests": [None, {"kind": "question"}, {"id": "req_2", "action": "x"}]}
+    assert of("input.requested", asked) == "None (question), req_2 (None)"
+    assert of("input.requested", {"requests": {"id": "req_3"}}) == ""

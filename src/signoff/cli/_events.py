@@ -68,7 +68,9 @@ def _summary(event: Event, tools: Tools = None) -> str:
     if t == "turn.started":
         return compact_json(d.get("message"))
     if t == "model.completed":
-        calls = [f"{c['name']}({compact_json(c.get('input'))})" for c in d.get("tool_calls", [])]
+        calls = [
+            f"{c.get('name')}({compact_json(c.get('input'))})" for c in _objects(d, "tool_calls")
+        ]
         parts = ([compact_json(d["text"])] if d.get("text") else []) + calls
         cut = f" [cut off: {d['cut_off']}]" if d.get("cut_off") else ""
         return "; ".join(parts) + cut
@@ -88,11 +90,12 @@ def _summary(event: Event, tools: Tools = None) -> str:
         return tool_line(d)
     if t == "input.requested":
         return ", ".join(
-            f"{r['id']} ({(r.get('action') or {}).get('tool_name') or r.get('kind')})"
-            for r in d.get("requests", [])
+            f"{r.get('id')} ({_object(r.get('action')).get('tool_name') or r.get('kind')})"
+            for r in _objects(d, "requests")
         )
     if t == "turn.waiting":
-        return f"on {d.get('on')}: {', '.join(d.get('request_ids', []))}"
+        ids = d.get("request_ids")
+        return f"on {d.get('on')}: {', '.join(map(str, ids if isinstance(ids, list) else []))}"
     if t == "approval.settled":
         if d.get("auto") == "timeout":  # no one approved it: its reason says as much again
             return f"{d.get('request_id')} approved automatically when the deadline passed"
@@ -112,6 +115,17 @@ def _summary(event: Event, tools: Tools = None) -> str:
     if t == "turn.cancelled":
         return str(d.get("reason") or "")
     return ""
+
+
+def _objects(d: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    """The objects of the list `d[key]`: a hand-damaged event (no list there, or items of
+    another type) is shown as far as it goes, not a traceback ending the listing."""
+    items = d.get(key)
+    return [i for i in items if isinstance(i, Mapping)] if isinstance(items, list) else []
+
+
+def _object(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def _by(d: Mapping[str, Any]) -> str:
